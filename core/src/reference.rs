@@ -1,0 +1,325 @@
+//! Scalar reference for every GPU op, written for clarity and computed in f64.
+//! Activations come in as f32, weights as bf16 bits or f32, results go out as
+//! f64 so tests can measure the shaders' own error. Layouts are contiguous
+//! and row-major; strided views are the launchers' business.
+
+use libm::{exp, sqrt};
+
+/// A weight tensor as stored: bf16 bit patterns or f32 values.
+#[derive(Debug, Clone, Copy)]
+pub enum Weights<'a> {
+    Bf16(&'a [u16]),
+    F32(&'a [f32]),
+}
+
+impl Weights<'_> {
+    pub fn get(&self, i: usize) -> f64 {
+        match self {
+            Weights::Bf16(w) => crate::bf16::to_f32(w[i]) as f64,
+            Weights::F32(w) => w[i] as f64,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        match self {
+            Weights::Bf16(w) => w.len(),
+            Weights::F32(w) => w.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+pub fn silu(x: f64) -> f64 {
+    x / (1.0 + exp(-x))
+}
+
+/// `y[m, n] = Σ_k x[m, k]·w[n, k] + b[n]`.
+pub fn linear(x: &[f32], w: Weights<'_>, bias: Option<Weights<'_>>, m: usize, n: usize, k: usize, y: &mut [f64]) {
+    for r in 0..m {
+        for c in 0..n {
+            let mut acc = bias.map_or(0.0, |b| b.get(c));
+            for i in 0..k {
+                acc += x[r * k + i] as f64 * w.get(c * k + i);
+            }
+            y[r * n + c] = acc;
+        }
+    }
+}
+
+/// RMSNorm of each `d`-wide row: `w · x / sqrt(mean(x²) + eps)`. Per-head
+/// norms are the same with one row per (token, head).
+pub fn rms_norm(x: &[f32], w: Weights<'_>, rows: usize, d: usize, eps: f64, y: &mut [f64]) {
+    for r in 0..rows {
+        let row = &x[r * d..(r + 1) * d];
+        let ms = row.iter().map(|&v| (v as f64) * (v as f64)).sum::<f64>() / d as f64;
+        let inv = 1.0 / sqrt(ms + eps);
+        for i in 0..d {
+            y[r * d + i] = w.get(i) * row[i] as f64 * inv;
+        }
+    }
+}
+
+/// LayerNorm without affine, then `(1 + scale)·x̂ + shift` with per-feature
+/// `scale` and `shift` shared by every row (AdaLN modulation).
+pub fn layer_norm_modulate(x: &[f32], shift: &[f32], scale: &[f32], rows: usize, d: usize, eps: f64, y: &mut [f64]) {
+    for r in 0..rows {
+        let row = &x[r * d..(r + 1) * d];
+        let mean = row.iter().map(|&v| v as f64).sum::<f64>() / d as f64;
+        let var = row.iter().map(|&v| (v as f64 - mean) * (v as f64 - mean)).sum::<f64>() / d as f64;
+        let inv = 1.0 / sqrt(var + eps);
+        for i in 0..d {
+            let xn = (row[i] as f64 - mean) * inv;
+            y[r * d + i] = xn * (1.0 + scale[i] as f64) + shift[i] as f64;
+        }
+    }
+}
+
+/// GroupNorm over a `[channels, pixels]` tensor with per-channel affine,
+/// optionally followed by SiLU (the VAE's usual pairing).
+#[allow(clippy::too_many_arguments)]
+pub fn group_norm(
+    x: &[f32],
+    gamma: Weights<'_>,
+    beta: Weights<'_>,
+    channels: usize,
+    pixels: usize,
+    groups: usize,
+    eps: f64,
+    then_silu: bool,
+    y: &mut [f64],
+) {
+    let per = channels / groups;
+    for g in 0..groups {
+        let span = &x[g * per * pixels..(g + 1) * per * pixels];
+        let n = span.len() as f64;
+        let mean = span.iter().map(|&v| v as f64).sum::<f64>() / n;
+        let var = span.iter().map(|&v| (v as f64 - mean) * (v as f64 - mean)).sum::<f64>() / n;
+        let inv = 1.0 / sqrt(var + eps);
+        for c in g * per..(g + 1) * per {
+            for p in 0..pixels {
+                let v = (x[c * pixels + p] as f64 - mean) * inv * gamma.get(c) + beta.get(c);
+                y[c * pixels + p] = if then_silu { silu(v) } else { v };
+            }
+        }
+    }
+}
+
+/// RoPE on interleaved pairs `(x_2i, x_2i+1)` of each head of `[tokens, heads, head_dim]`,
+/// with `cos`/`sin` tables `[tokens, head_dim]` (pair entries repeated).
+pub fn rope_interleaved(x: &[f32], cos: &[f32], sin: &[f32], tokens: usize, heads: usize, head_dim: usize, y: &mut [f64]) {
+    for t in 0..tokens {
+        for h in 0..heads {
+            let base = (t * heads + h) * head_dim;
+            for i in 0..head_dim / 2 {
+                let (a, b) = (x[base + 2 * i] as f64, x[base + 2 * i + 1] as f64);
+                let (c, s) = (cos[t * head_dim + 2 * i] as f64, sin[t * head_dim + 2 * i] as f64);
+                y[base + 2 * i] = a * c - b * s;
+                y[base + 2 * i + 1] = b * c + a * s;
+            }
+        }
+    }
+}
+
+/// RoPE in the rotate-half convention: `y = x·cos + cat(-x2, x1)·sin` per head.
+pub fn rope_rotate_half(x: &[f32], cos: &[f32], sin: &[f32], tokens: usize, heads: usize, head_dim: usize, y: &mut [f64]) {
+    let half = head_dim / 2;
+    for t in 0..tokens {
+        for h in 0..heads {
+            let base = (t * heads + h) * head_dim;
+            for i in 0..head_dim {
+                let rotated = if i < half { -(x[base + i + half] as f64) } else { x[base + i - half] as f64 };
+                let tab = t * head_dim + i;
+                y[base + i] = x[base + i] as f64 * cos[tab] as f64 + rotated * sin[tab] as f64;
+            }
+        }
+    }
+}
+
+/// The shape and masking of one attention call.
+#[derive(Debug, Clone, Copy)]
+pub struct AttentionShape {
+    pub q_len: usize,
+    pub kv_len: usize,
+    pub q_heads: usize,
+    /// Query head `h` reads kv head `h / (q_heads / kv_heads)` (grouped-query attention).
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub scale: f64,
+    /// Query `i` sees keys `j ≤ i` only.
+    pub causal: bool,
+}
+
+/// `softmax(q·kᵀ·scale + mask)·v` per head over `[len, heads, head_dim]`
+/// tensors. `key_keep[j] == 0` masks key `j` for every query. A query that
+/// sees no key gets zeros. `scratch` holds `kv_len` scores.
+pub fn attention(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    key_keep: Option<&[u32]>,
+    s: AttentionShape,
+    scratch: &mut [f64],
+    out: &mut [f64],
+) {
+    let d = s.head_dim;
+    let group = s.q_heads / s.kv_heads;
+    for h in 0..s.q_heads {
+        let kh = h / group;
+        for i in 0..s.q_len {
+            let qrow = &q[(i * s.q_heads + h) * d..][..d];
+            let mut max = f64::NEG_INFINITY;
+            for j in 0..s.kv_len {
+                let visible = !(s.causal && j > i) && key_keep.is_none_or(|m| m[j] != 0);
+                scratch[j] = if visible {
+                    let krow = &k[(j * s.kv_heads + kh) * d..][..d];
+                    qrow.iter().zip(krow).map(|(&a, &b)| a as f64 * b as f64).sum::<f64>() * s.scale
+                } else {
+                    f64::NEG_INFINITY
+                };
+                max = max.max(scratch[j]);
+            }
+            let orow = &mut out[(i * s.q_heads + h) * d..][..d];
+            orow.fill(0.0);
+            if max == f64::NEG_INFINITY {
+                continue;
+            }
+            let mut denom = 0.0;
+            for j in 0..s.kv_len {
+                let p = exp(scratch[j] - max);
+                denom += p;
+                let vrow = &v[(j * s.kv_heads + kh) * d..][..d];
+                for (o, &vv) in orow.iter_mut().zip(vrow) {
+                    *o += p * vv as f64;
+                }
+            }
+            for o in orow.iter_mut() {
+                *o /= denom;
+            }
+        }
+    }
+}
+
+/// The geometry of one 2-D convolution over `[channels, height, width]`.
+#[derive(Debug, Clone, Copy)]
+pub struct ConvShape {
+    pub in_channels: usize,
+    pub out_channels: usize,
+    pub height: usize,
+    pub width: usize,
+    pub kernel: usize,
+    pub stride: usize,
+    /// Zero padding before the first row and column; the output size decides the rest.
+    pub pad_top: usize,
+    pub pad_left: usize,
+    pub out_height: usize,
+    pub out_width: usize,
+}
+
+impl ConvShape {
+    /// A stride-1 "same" convolution (3×3 with padding 1, or 1×1).
+    pub fn same(in_channels: usize, out_channels: usize, height: usize, width: usize, kernel: usize) -> Self {
+        let pad = kernel / 2;
+        Self {
+            in_channels,
+            out_channels,
+            height,
+            width,
+            kernel,
+            stride: 1,
+            pad_top: pad,
+            pad_left: pad,
+            out_height: height,
+            out_width: width,
+        }
+    }
+}
+
+/// Cross-correlation with bias, weights `[out, in, k, k]`, as `torch.nn.Conv2d`.
+pub fn conv2d(x: &[f32], w: Weights<'_>, bias: Weights<'_>, s: ConvShape, y: &mut [f64]) {
+    let kk = s.kernel;
+    for co in 0..s.out_channels {
+        for oy in 0..s.out_height {
+            for ox in 0..s.out_width {
+                let mut acc = bias.get(co);
+                for ci in 0..s.in_channels {
+                    for ky in 0..kk {
+                        for kx in 0..kk {
+                            let iy = (oy * s.stride + ky) as isize - s.pad_top as isize;
+                            let ix = (ox * s.stride + kx) as isize - s.pad_left as isize;
+                            if iy < 0 || ix < 0 || iy >= s.height as isize || ix >= s.width as isize {
+                                continue;
+                            }
+                            let xi = (ci * s.height + iy as usize) * s.width + ix as usize;
+                            acc += x[xi] as f64 * w.get(((co * s.in_channels + ci) * kk + ky) * kk + kx);
+                        }
+                    }
+                }
+                y[(co * s.out_height + oy) * s.out_width + ox] = acc;
+            }
+        }
+    }
+}
+
+/// Nearest-neighbour ×2 upsampling of `[channels, height, width]`.
+pub fn upsample_nearest2x(x: &[f32], channels: usize, height: usize, width: usize, y: &mut [f64]) {
+    for c in 0..channels {
+        for oy in 0..2 * height {
+            for ox in 0..2 * width {
+                y[(c * 2 * height + oy) * 2 * width + ox] = x[(c * height + oy / 2) * width + ox / 2] as f64;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn linear_small_case_by_hand() {
+        let x = [1.0f32, 2.0, 3.0, 4.0];
+        let w = [1.0f32, 0.0, 0.5, -1.0, 2.0, 2.0];
+        let b = [0.25f32, 0.0, -1.0];
+        let mut y = [0.0; 6];
+        linear(&x, Weights::F32(&w), Some(Weights::F32(&b)), 2, 3, 2, &mut y);
+        assert_eq!(y, [1.25, -1.5, 5.0, 3.25, -2.5, 13.0]);
+    }
+
+    #[test]
+    fn attention_with_one_visible_key_returns_its_value() {
+        let shape = AttentionShape { q_len: 2, kv_len: 2, q_heads: 1, kv_heads: 1, head_dim: 1, scale: 1.0, causal: true };
+        let (q, k, v) = ([1.0f32, 1.0], [3.0f32, -2.0], [7.0f32, 9.0]);
+        let mut scratch = [0.0; 2];
+        let mut out = [0.0; 2];
+        attention(&q, &k, &v, None, shape, &mut scratch, &mut out);
+        assert_eq!(out[0], 7.0);
+        let p = [exp(3.0), exp(-2.0)];
+        assert!((out[1] - (p[0] * 7.0 + p[1] * 9.0) / (p[0] + p[1])).abs() < 1e-12);
+        // Masking key 0 leaves query 0 with nothing to see.
+        attention(&q, &k, &v, Some(&[0, 1]), shape, &mut scratch, &mut out);
+        assert_eq!(out, [0.0, 9.0]);
+    }
+
+    #[test]
+    fn rotate_half_matches_the_formula() {
+        let x = [1.0f32, 2.0, 3.0, 4.0];
+        let cos = [0.5f32; 4];
+        let sin = [0.25f32; 4];
+        let mut y = [0.0; 4];
+        rope_rotate_half(&x, &cos, &sin, 1, 1, 4, &mut y);
+        assert_eq!(y, [0.5 - 0.75, 1.0 - 1.0, 1.5 + 0.25, 2.0 + 0.5]);
+    }
+
+    #[test]
+    fn conv_padding_sees_zeros() {
+        // 1 channel 2×2 input, 3×3 all-ones kernel, padding 1: each output sums the whole input.
+        let x = [1.0f32, 2.0, 3.0, 4.0];
+        let w = [1.0f32; 9];
+        let mut y = [0.0; 4];
+        conv2d(&x, Weights::F32(&w), Weights::F32(&[0.5]), ConvShape::same(1, 1, 2, 2, 3), &mut y);
+        assert_eq!(y, [10.5; 4]);
+    }
+}
