@@ -1,0 +1,133 @@
+// softmax(q·kᵀ·scale + mask)·v over [len, heads, head_dim] views, tiled with
+// an online softmax: scores live only for one BQ×BK tile in workgroup memory,
+// never as a full matrix. One workgroup handles BQ queries of one head; each
+// invocation owns output dims t, t+64, … (head_dim ≤ 512) for all BQ rows.
+// Grouped-query heads: query head h reads kv head h / (q_heads / kv_heads).
+
+struct Params {
+    q_len: u32, kv_len: u32, q_heads: u32, kv_heads: u32, head_dim: u32,
+    q_offset: u32, q_stride: u32,
+    k_offset: u32, k_stride: u32,
+    v_offset: u32, v_stride: u32,
+    o_offset: u32, o_stride: u32,
+    scale: f32, causal: u32, use_mask: u32, mask_offset: u32,
+    _pad0: u32, _pad1: u32, _pad2: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> q: array<f32>;
+@group(0) @binding(2) var<storage, read> k: array<f32>;
+@group(0) @binding(3) var<storage, read> v: array<f32>;
+@group(0) @binding(4) var<storage, read> key_keep: array<u32>;
+@group(0) @binding(5) var<storage, read_write> o: array<f32>;
+
+const BQ: u32 = 8u;
+const BK: u32 = 16u;
+const THREADS: u32 = 64u;
+const SLOTS: u32 = 8u;
+// Marks a masked score; every real score is larger.
+const MASKED: f32 = -3.0e38;
+
+var<workgroup> scores: array<f32, 128>; // [BQ][BK], then the tile's probabilities
+var<workgroup> row_max: array<f32, 8>;
+var<workgroup> row_sum: array<f32, 8>;
+var<workgroup> row_rescale: array<f32, 8>;
+
+fn visible(qi: u32, kj: u32) -> bool {
+    if (qi >= p.q_len || kj >= p.kv_len) { return false; }
+    if (p.causal != 0u && kj > qi) { return false; }
+    if (p.use_mask != 0u && key_keep[p.mask_offset + kj] == 0u) { return false; }
+    return true;
+}
+
+@compute @workgroup_size(64)
+fn attention(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+    let t = lid.x;
+    let h = wid.y;
+    let kvh = h / (p.q_heads / p.kv_heads);
+    let q0 = wid.x * BQ;
+    var acc: array<array<f32, 8>, 8>; // [row][slot]
+    if (t < BQ) {
+        row_max[t] = MASKED;
+        row_sum[t] = 0.0;
+    }
+    var k_end = p.kv_len;
+    if (p.causal != 0u) {
+        k_end = min(p.kv_len, q0 + BQ);
+    }
+    workgroupBarrier();
+    for (var k0 = 0u; k0 < k_end; k0 += BK) {
+        for (var e = t; e < BQ * BK; e += THREADS) {
+            let qi = q0 + e / BK;
+            let kj = k0 + e % BK;
+            var s = MASKED;
+            if (visible(qi, kj)) {
+                let qb = p.q_offset + qi * p.q_stride + h * p.head_dim;
+                let kb = p.k_offset + kj * p.k_stride + kvh * p.head_dim;
+                var dot = 0.0;
+                for (var c = 0u; c < p.head_dim; c++) {
+                    dot = fma(q[qb + c], k[kb + c], dot);
+                }
+                s = dot * p.scale;
+            }
+            scores[e] = s;
+        }
+        workgroupBarrier();
+        if (t < BQ) {
+            let m_old = row_max[t];
+            var m_new = m_old;
+            for (var j = 0u; j < BK; j++) {
+                m_new = max(m_new, scores[t * BK + j]);
+            }
+            var tile_sum = 0.0;
+            for (var j = 0u; j < BK; j++) {
+                let s = scores[t * BK + j];
+                var pr = 0.0;
+                if (s > MASKED) {
+                    pr = exp(s - m_new);
+                }
+                scores[t * BK + j] = pr;
+                tile_sum += pr;
+            }
+            let rescale = exp(m_old - m_new);
+            row_rescale[t] = rescale;
+            row_sum[t] = row_sum[t] * rescale + tile_sum;
+            row_max[t] = m_new;
+        }
+        workgroupBarrier();
+        for (var r = 0u; r < BQ; r++) {
+            let a = row_rescale[r];
+            for (var sl = 0u; sl < SLOTS; sl++) {
+                acc[r][sl] *= a;
+            }
+        }
+        let j_end = min(BK, p.kv_len - k0);
+        for (var j = 0u; j < j_end; j++) {
+            let vb = p.v_offset + (k0 + j) * p.v_stride + kvh * p.head_dim;
+            for (var sl = 0u; sl < SLOTS; sl++) {
+                let c = t + sl * THREADS;
+                if (c < p.head_dim) {
+                    let vv = v[vb + c];
+                    for (var r = 0u; r < BQ; r++) {
+                        acc[r][sl] = fma(scores[r * BK + j], vv, acc[r][sl]);
+                    }
+                }
+            }
+        }
+        workgroupBarrier();
+    }
+    for (var r = 0u; r < BQ; r++) {
+        let qi = q0 + r;
+        if (qi < p.q_len) {
+            let l = row_sum[r];
+            let inv = select(0.0, 1.0 / l, l > 0.0);
+            let ob = p.o_offset + qi * p.o_stride + h * p.head_dim;
+            for (var sl = 0u; sl < SLOTS; sl++) {
+                let c = t + sl * THREADS;
+                if (c < p.head_dim) {
+                    o[ob + c] = acc[r][sl] * inv;
+                }
+            }
+        }
+    }
+}

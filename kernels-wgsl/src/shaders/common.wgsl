@@ -1,0 +1,11 @@
+// Shared helpers, prepended to every kernel module.
+
+// Element `i` of a bf16 array packed two per u32 (even index in the low half).
+fn bf16_at(word: u32, i: u32) -> f32 {
+    return bitcast<f32>(select(word << 16u, word & 0xffff0000u, (i & 1u) == 1u));
+}
+
+// Grids with more than 65535 workgroups wrap into y; this undoes the wrap.
+fn flat_workgroup(wid: vec3<u32>, nwg: vec3<u32>) -> u32 {
+    return wid.x + wid.y * nwg.x;
+}

@@ -1,0 +1,157 @@
+// Row normalisations. One workgroup per row (or per GroupNorm group); rows
+// are addressed as (token, head) so per-head norms of a [tokens, heads·d]
+// view need no copy. Statistics are accumulated in f32, variance in two
+// passes (mean first) so large means do not cancel.
+
+override WEIGHT_BF16: bool = true;
+
+struct Params {
+    rows: u32, d: u32, heads: u32,
+    src_offset: u32, src_stride: u32,
+    dst_offset: u32, dst_stride: u32,
+    w_offset: u32, eps: f32,
+    shift_offset: u32, scale_offset: u32,
+    groups: u32, silu: u32,
+    _pad0: u32, _pad1: u32, _pad2: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> src: array<f32>;
+@group(0) @binding(2) var<storage, read_write> dst: array<f32>;
+@group(0) @binding(3) var<storage, read> w: array<u32>;
+@group(0) @binding(4) var<storage, read> w2: array<u32>;
+@group(0) @binding(5) var<storage, read> modulation: array<f32>;
+
+const THREADS: u32 = 128u;
+var<workgroup> partial: array<f32, 128>;
+
+fn weight(i: u32) -> f32 {
+    if (WEIGHT_BF16) {
+        return bf16_at(w[i >> 1u], i);
+    }
+    return bitcast<f32>(w[i]);
+}
+
+fn weight2(i: u32) -> f32 {
+    if (WEIGHT_BF16) {
+        return bf16_at(w2[i >> 1u], i);
+    }
+    return bitcast<f32>(w2[i]);
+}
+
+// Sum of `v` over the workgroup; every invocation gets the total.
+fn workgroup_sum(v: f32, t: u32) -> f32 {
+    partial[t] = v;
+    workgroupBarrier();
+    for (var s = THREADS / 2u; s > 0u; s >>= 1u) {
+        if (t < s) {
+            partial[t] += partial[t + s];
+        }
+        workgroupBarrier();
+    }
+    let total = partial[0];
+    workgroupBarrier();
+    return total;
+}
+
+fn src_index(row: u32, i: u32) -> u32 {
+    return p.src_offset + (row / p.heads) * p.src_stride + (row % p.heads) * p.d + i;
+}
+
+fn dst_index(row: u32, i: u32) -> u32 {
+    return p.dst_offset + (row / p.heads) * p.dst_stride + (row % p.heads) * p.d + i;
+}
+
+// dst = w · src / sqrt(mean(src²) + eps)
+@compute @workgroup_size(128)
+fn rms_norm(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>,
+            @builtin(num_workgroups) nwg: vec3<u32>) {
+    let row = flat_workgroup(wid, nwg);
+    if (row >= p.rows) { return; }
+    let t = lid.x;
+    var ss = 0.0;
+    for (var i = t; i < p.d; i += THREADS) {
+        let v = src[src_index(row, i)];
+        ss = fma(v, v, ss);
+    }
+    let inv = inverseSqrt(workgroup_sum(ss, t) / f32(p.d) + p.eps);
+    for (var i = t; i < p.d; i += THREADS) {
+        dst[dst_index(row, i)] = weight(p.w_offset + i) * (src[src_index(row, i)] * inv);
+    }
+}
+
+// The same, in place on dst (per-head q/k norms).
+@compute @workgroup_size(128)
+fn rms_norm_inplace(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>,
+                    @builtin(num_workgroups) nwg: vec3<u32>) {
+    let row = flat_workgroup(wid, nwg);
+    if (row >= p.rows) { return; }
+    let t = lid.x;
+    var ss = 0.0;
+    for (var i = t; i < p.d; i += THREADS) {
+        let v = dst[dst_index(row, i)];
+        ss = fma(v, v, ss);
+    }
+    let inv = inverseSqrt(workgroup_sum(ss, t) / f32(p.d) + p.eps);
+    for (var i = t; i < p.d; i += THREADS) {
+        let j = dst_index(row, i);
+        dst[j] = weight(p.w_offset + i) * (dst[j] * inv);
+    }
+}
+
+// dst = LN(src)·(1 + scale) + shift, LN without affine; scale and shift are
+// d-wide vectors in `modulation`, shared by every row.
+@compute @workgroup_size(128)
+fn layer_norm_modulate(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>,
+                       @builtin(num_workgroups) nwg: vec3<u32>) {
+    let row = flat_workgroup(wid, nwg);
+    if (row >= p.rows) { return; }
+    let t = lid.x;
+    var s = 0.0;
+    for (var i = t; i < p.d; i += THREADS) {
+        s += src[src_index(row, i)];
+    }
+    let mean = workgroup_sum(s, t) / f32(p.d);
+    var sq = 0.0;
+    for (var i = t; i < p.d; i += THREADS) {
+        let c = src[src_index(row, i)] - mean;
+        sq = fma(c, c, sq);
+    }
+    let inv = inverseSqrt(workgroup_sum(sq, t) / f32(p.d) + p.eps);
+    for (var i = t; i < p.d; i += THREADS) {
+        let xn = (src[src_index(row, i)] - mean) * inv;
+        dst[dst_index(row, i)] = fma(xn, 1.0 + modulation[p.scale_offset + i], modulation[p.shift_offset + i]);
+    }
+}
+
+// GroupNorm over [channels, pixels] (channels = rows, pixels = d): one
+// workgroup per group of rows/groups channels; affine gamma (w), beta (w2);
+// SiLU after when p.silu != 0.
+@compute @workgroup_size(128)
+fn group_norm(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+    let g = wid.x;
+    let t = lid.x;
+    let per = p.rows / p.groups;
+    let count = per * p.d;
+    let base_src = p.src_offset + g * count;
+    let base_dst = p.dst_offset + g * count;
+    var s = 0.0;
+    for (var i = t; i < count; i += THREADS) {
+        s += src[base_src + i];
+    }
+    let mean = workgroup_sum(s, t) / f32(count);
+    var sq = 0.0;
+    for (var i = t; i < count; i += THREADS) {
+        let c = src[base_src + i] - mean;
+        sq = fma(c, c, sq);
+    }
+    let inv = inverseSqrt(workgroup_sum(sq, t) / f32(count) + p.eps);
+    for (var i = t; i < count; i += THREADS) {
+        let ch = g * per + i / p.d;
+        var v = fma((src[base_src + i] - mean) * inv, weight(p.w_offset + ch), weight2(p.w_offset + ch));
+        if (p.silu != 0u) {
+            v = v / (1.0 + exp(-v));
+        }
+        dst[base_dst + i] = v;
+    }
+}
