@@ -11,15 +11,16 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image
 from safetensors.torch import save_file
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import Qwen2TokenizerFast, Qwen3Config, Qwen3ForCausalLM
+from transformers.utils import logging as transformers_logging
 
 from diffusers import (
     AutoencoderKLFlux2,
@@ -27,15 +28,21 @@ from diffusers import (
     Flux2KleinPipeline,
     Flux2Transformer2DModel,
 )
+from diffusers.utils import logging as diffusers_logging
 
 ROOT = Path(__file__).resolve().parent
 MODELS_DIR = ROOT / "models"
 GOLDENS_DIR = ROOT / "goldens"
 MAX_SEQ = 512
 CLAMP_LIMIT = 0.30  # max fraction of decoded pixels allowed to sit at 0 or 1
+MODULATION_GAIN = 2.0  # weight gain of the DiT's AdaLN modulation linears (see build_transformer)
 
 torch.set_num_threads(2)
 torch.use_deterministic_algorithms(True)
+diffusers_logging.disable_progress_bar()
+diffusers_logging.set_verbosity_error()
+transformers_logging.disable_progress_bar()
+warnings.filterwarnings("ignore", category=FutureWarning)
 
 # --------------------------------------------------------------------------------------------
 # Tokenizer: a tiny byte-level BPE in the Qwen2/Qwen3 tokenizer.json format.
@@ -56,22 +63,26 @@ ADDED_TOKENS = [
 ]
 
 # Qwen3-style chat template (the tool-calling branches of the public template are left out).
-CHAT_TEMPLATE = (
-    "{%- for message in messages %}"
-    "{%- if message.content is string %}{%- set content = message.content %}{%- else %}{%- set content = '' %}{%- endif %}"
-    "{%- if message.role == 'system' or message.role == 'user' %}"
-    "{{- '<|im_start|>' + message.role + '\\n' + content + '<|im_end|>' + '\\n' }}"
-    "{%- elif message.role == 'assistant' %}"
-    "{{- '<|im_start|>assistant\\n' + content + '<|im_end|>' + '\\n' }}"
-    "{%- endif %}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}"
-    "{{- '<|im_start|>assistant\\n' }}"
-    "{%- if enable_thinking is defined and enable_thinking is false %}"
-    "{{- '<think>\\n\\n</think>\\n\\n' }}"
-    "{%- endif %}"
-    "{%- endif %}"
-)
+CHAT_TEMPLATE = """\
+{%- for message in messages %}
+    {%- if message.content is string %}
+        {%- set content = message.content %}
+    {%- else %}
+        {%- set content = '' %}
+    {%- endif %}
+    {%- if message.role == 'system' or message.role == 'user' %}
+        {{- '<|im_start|>' + message.role + '\\n' + content + '<|im_end|>' + '\\n' }}
+    {%- elif message.role == 'assistant' %}
+        {{- '<|im_start|>assistant\\n' + content + '<|im_end|>' + '\\n' }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\\n' }}
+    {%- if enable_thinking is defined and enable_thinking is false %}
+        {{- '<think>\\n\\n</think>\\n\\n' }}
+    {%- endif %}
+{%- endif %}
+"""
 
 TRAINING_TEXT = """\
 A red fox trots across the snow at dawn, leaving a neat line of prints behind it.
@@ -132,7 +143,7 @@ def build_tokenizer() -> Qwen2TokenizerFast:
         ]
     )
     tok.post_processor = processors.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
-    tok.decoder = decoders.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=BPE_VOCAB_SIZE,
         min_frequency=2,
@@ -248,9 +259,6 @@ class ModelSpec:
     qwen: dict
     vae: dict
     out_layers: tuple[int, ...]
-    # Multiplier on the VAE decoder's conv_out weight and bias (tuned so that decoded images are
-    # mostly unclamped; see CLAMP_LIMIT).
-    vae_out_gain: float = 1.0
     # Components re-saved as sharded checkpoints, with the shard size used.
     sharded: dict = field(default_factory=dict)
     # Write the Qwen3 rope base as the legacy top-level `rope_theta` key (transformers 4.x style).
@@ -369,6 +377,7 @@ TINY_B = ModelSpec(
     ),
     out_layers=(2, 4, 6),
     sharded={"text_encoder": "100KB", "transformer": "300KB"},
+    legacy_rope_theta=True,
 )
 
 MODEL_SPECS = [TINY_A, TINY_B]
@@ -416,7 +425,13 @@ def build_text_encoder(spec: ModelSpec, vocab_size: int, gen: torch.Generator) -
 @torch.no_grad()
 def build_transformer(spec: ModelSpec, gen: torch.Generator) -> Flux2Transformer2DModel:
     model = Flux2Transformer2DModel(**spec.transformer).eval()
-    # nn.Linear default init (uniform, std 1/sqrt(3 fan_in)) is kept for the projections.
+    # nn.Linear's default init (std 1/sqrt(3 fan_in)) leaves the AdaLN gates near 0.03, so attention,
+    # the text and the timestep hardly reach the velocity (two prompts gave PNGs within 1 level).
+    # Variance-preserving weights, doubled on the modulation heads, make every path visible.
+    for name, m in model.named_modules():
+        if isinstance(m, torch.nn.Linear):
+            gain = MODULATION_GAIN if ("modulation" in name or name.startswith("norm_out")) else 1.0
+            m.weight.copy_(torch.randn(m.weight.shape, generator=gen) * (gain / math.sqrt(m.in_features)))
     n = randomize_norms(model, gen)
     expected = 4 * spec.transformer["num_layers"] + 2 * spec.transformer["num_single_layers"]
     assert n == expected, (n, expected)
@@ -430,8 +445,6 @@ def build_vae(spec: ModelSpec, gen: torch.Generator) -> AutoencoderKLFlux2:
     bn = model.bn
     bn.running_mean.copy_(0.5 * torch.randn(bn.running_mean.shape, generator=gen))
     bn.running_var.copy_(0.5 + 1.5 * torch.rand(bn.running_var.shape, generator=gen))
-    model.decoder.conv_out.weight.mul_(spec.vae_out_gain)
-    model.decoder.conv_out.bias.mul_(spec.vae_out_gain)
     return model
 
 
@@ -529,6 +542,7 @@ class Recorder:
         self.pipe = pipe
         self.te_inputs: list[dict] = []
         self.te_hidden: list[tuple] = []
+        self.te_layer_out: list[torch.Tensor] = []  # raw decoder-layer outputs, all calls in order
         self.qwen_rope: list[tuple] = []
         self.tr_calls: list[dict] = []
         self.pos_embed: list[tuple] = []
@@ -555,12 +569,16 @@ class Recorder:
         def te_post(_m, _args, _kwargs, out):
             self.te_hidden.append(tuple(h.detach().clone() for h in out.hidden_states))
 
+        def layer_post(_m, _args, out):
+            self.te_layer_out.append((out[0] if isinstance(out, tuple) else out).detach().clone())
+
         def rope_post(_m, _args, out):
             self.qwen_rope.append((out[0].detach().clone(), out[1].detach().clone()))
 
         def tr_post(_m, _args, kwargs, out):
             self.tr_calls.append(
                 {
+                    "hidden_states": kwargs["hidden_states"].detach().clone(),
                     "encoder_hidden_states": kwargs["encoder_hidden_states"].detach().clone(),
                     "timestep": kwargs["timestep"].detach().clone(),
                     "txt_ids": kwargs["txt_ids"].detach().clone(),
@@ -583,6 +601,7 @@ class Recorder:
             te.register_forward_pre_hook(te_pre, with_kwargs=True),
             te.register_forward_hook(te_post, with_kwargs=True),
             te.model.rotary_emb.register_forward_hook(rope_post),
+            *[layer.register_forward_hook(layer_post) for layer in te.model.layers],
             tr.register_forward_hook(tr_post, with_kwargs=True),
             tr.pos_embed.register_forward_hook(pos_post),
             tr.time_guidance_embed.register_forward_hook(temb_post),
@@ -631,7 +650,7 @@ def f32(t: torch.Tensor) -> torch.Tensor:
 
 
 def load_float32_pipeline(model_dir: Path) -> Flux2KleinPipeline:
-    pipe = Flux2KleinPipeline.from_pretrained(model_dir, torch_dtype=torch.float32)
+    pipe = Flux2KleinPipeline.from_pretrained(model_dir, dtype=torch.float32)
     pipe.set_progress_bar_config(disable=True)
     for comp in ("text_encoder", "transformer", "vae"):
         module = getattr(pipe, comp)
@@ -684,7 +703,8 @@ def run_case(pipe, case: Case) -> dict:
             width=case.width,
             num_inference_steps=case.steps,
             guidance_scale=case.guidance,
-            latents=packed.to(torch.float32),
+            # diffusers packs the (B, C, h, w) latents itself (prepare_latents); pass them unpacked.
+            latents=noise.to(torch.float32),
             output_type="pil",
             max_sequence_length=MAX_SEQ,
             text_encoder_out_layers=spec.out_layers,
@@ -705,8 +725,12 @@ def run_case(pipe, case: Case) -> dict:
     g["attention_mask"] = rec.te_inputs[0]["attention_mask"][0].to(torch.int64)
     hidden = rec.te_hidden[0]
     assert len(hidden) == pipe.text_encoder.config.num_hidden_layers + 1
+    num_layers = pipe.text_encoder.config.num_hidden_layers
     for k in spec.out_layers:
+        # hidden_states[k] is the raw output of decoder layer k-1 (only the last entry is normed).
+        assert torch.equal(hidden[k], rec.te_layer_out[k - 1]), k
         g[f"hidden_states.{k}"] = f32(hidden[k][0])
+    assert not torch.equal(hidden[num_layers], rec.te_layer_out[num_layers - 1])
     prompt_embeds = rec.tr_calls[0]["encoder_hidden_states"][0]
     g["prompt_embeds"] = f32(prompt_embeds)
     # prompt_embeds[:, slot*hidden + d] = hidden_states[out_layers[slot]][:, d]
@@ -723,6 +747,7 @@ def run_case(pipe, case: Case) -> dict:
     g["qwen_rope_sin"] = f32(qsin[0])
 
     g["noise"] = f32(packed[0])
+    assert torch.equal(rec.tr_calls[0]["hidden_states"][0], g["noise"])  # diffusers packed it the same way
     g["sigmas"] = f32(sched.sigmas)
     g["timesteps"] = f32(sched.timesteps)
     assert g["sigmas"].shape == (n + 1,) and g["timesteps"].shape == (n,)
@@ -745,6 +770,8 @@ def run_case(pipe, case: Case) -> dict:
             assert torch.equal(rec.temb[2 * i], rec.temb[2 * i + 1])
             g[f"velocity_pos.{i}"] = f32(call["out"][0, :S])
             g[f"velocity_neg.{i}"] = f32(rec.tr_calls[2 * i + 1]["out"][0, :S])
+            guided = g[f"velocity_neg.{i}"] + case.guidance * (g[f"velocity_pos.{i}"] - g[f"velocity_neg.{i}"])
+            assert torch.equal(guided, rec.sched_steps[i]["velocity"][0])
         g[f"velocity.{i}"] = f32(rec.sched_steps[i]["velocity"][0])
         g[f"latents.{i}"] = f32(rec.step_latents[i][0])
         if not do_cfg:
@@ -817,6 +844,17 @@ def make_noise_shape(case: Case) -> tuple[int, ...]:
     return (1, case.model.transformer["in_channels"], case.height // (2 * s), case.width // (2 * s))
 
 
+def dump_tokenizer_cases(cases: list[dict]) -> str:
+    """JSON with one line per field, so that the 512-long id lists stay on one line each."""
+    parts = []
+    for c in cases:
+        fields = ",\n".join(f"   {json.dumps(k)}: {json.dumps(v, ensure_ascii=False)}" for k, v in c.items())
+        parts.append("  {\n" + fields + "\n  }")
+    text = '{\n "max_length": %d,\n "cases": [\n%s\n ]\n}\n' % (MAX_SEQ, ",\n".join(parts))
+    assert json.loads(text) == {"max_length": MAX_SEQ, "cases": cases}
+    return text
+
+
 def main() -> None:
     tokenizer = build_tokenizer()
     check_tokenizer(tokenizer)
@@ -831,6 +869,11 @@ def main() -> None:
         model_dirs[spec.name] = save_pipeline(spec, pipe16)
         pipe32 = load_float32_pipeline(model_dirs[spec.name])
         check_weights_match(pipe32, pipe16)
+        # The Qwen3 rope base survived the round trip through config.json (either spelling).
+        te = pipe32.text_encoder
+        hd = te.config.head_dim
+        want_inv_freq = 1.0 / (1_000_000.0 ** (torch.arange(0, hd, 2, dtype=torch.int64).float() / hd))
+        assert torch.allclose(te.model.rotary_emb.inv_freq, want_inv_freq, rtol=1e-6, atol=0)
         # The tokenizer as the Rust side will read it (from the saved folder).
         saved_tok = pipe32.tokenizer
         check_tokenizer(saved_tok)
@@ -850,9 +893,7 @@ def main() -> None:
     check_tokenizer(tok)
     cases = tokenizer_cases(tok)
     assert cases == tokenizer_cases(tokenizer)
-    (GOLDENS_DIR / "tokenizer_cases.json").write_text(
-        json.dumps({"max_length": MAX_SEQ, "cases": cases}, indent=1, ensure_ascii=False) + "\n"
-    )
+    (GOLDENS_DIR / "tokenizer_cases.json").write_text(dump_tokenizer_cases(cases))
     print(f"tokenizer: {len(tok)} tokens, {len(cases)} cases")
 
 

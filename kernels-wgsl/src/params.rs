@@ -76,7 +76,9 @@ pub struct AttentionParams {
     pub causal: u32,
     pub use_mask: u32,
     pub mask_offset: u32,
-    pub _pad: [u32; 3],
+    /// Position of local query 0 (causal masking of a window of queries).
+    pub q_position: u32,
+    pub _pad: [u32; 2],
 }
 
 /// `elementwise.wgsl`.

@@ -1,1 +1,13 @@
+//! flux-lite-platform: everything that touches the outside world. The GPU
+//! device and its pipelines, core's ops as WGSL dispatches, and the official
+//! diffusers model folder read through memory maps.
 
+pub mod config_json;
+pub mod error;
+pub mod gpu;
+pub mod model;
+pub mod ops;
+pub mod safetensors_store;
+
+pub use error::{GpuError, LoadError};
+pub use gpu::{Backend, Gpu, GpuOptions};

@@ -3,6 +3,8 @@
 // never as a full matrix. One workgroup handles BQ queries of one head; each
 // invocation owns output dims t, t+64, … (head_dim ≤ 512) for all BQ rows.
 // Grouped-query heads: query head h reads kv head h / (q_heads / kv_heads).
+// Causal: local query i sits at position q_position + i (so queries can be
+// split into windows) and sees keys 0..=that position.
 
 struct Params {
     q_len: u32, kv_len: u32, q_heads: u32, kv_heads: u32, head_dim: u32,
@@ -11,7 +13,7 @@ struct Params {
     v_offset: u32, v_stride: u32,
     o_offset: u32, o_stride: u32,
     scale: f32, causal: u32, use_mask: u32, mask_offset: u32,
-    _pad0: u32, _pad1: u32, _pad2: u32,
+    q_position: u32, _pad0: u32, _pad1: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -35,7 +37,7 @@ var<workgroup> row_rescale: array<f32, 8>;
 
 fn visible(qi: u32, kj: u32) -> bool {
     if (qi >= p.q_len || kj >= p.kv_len) { return false; }
-    if (p.causal != 0u && kj > qi) { return false; }
+    if (p.causal != 0u && kj > qi + p.q_position) { return false; }
     if (p.use_mask != 0u && key_keep[p.mask_offset + kj] == 0u) { return false; }
     return true;
 }
@@ -53,7 +55,7 @@ fn attention(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id
     }
     var k_end = p.kv_len;
     if (p.causal != 0u) {
-        k_end = min(p.kv_len, q0 + BQ);
+        k_end = min(p.kv_len, q0 + BQ + p.q_position);
     }
     workgroupBarrier();
     for (var k0 = 0u; k0 < k_end; k0 += BK) {

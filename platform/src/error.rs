@@ -1,0 +1,87 @@
+//! Typed errors. Each names the file, tensor or setting at fault, so the CLI
+//! can print it as one line.
+
+use std::fmt;
+use std::path::PathBuf;
+
+#[derive(Debug)]
+pub enum GpuError {
+    /// No adapter for the chosen backend (no driver, or no GPU at all).
+    NoAdapter { backend: &'static str, detail: String },
+    /// `FLUX_LITE_BACKEND` names no backend we know.
+    UnknownBackend(String),
+    /// The adapter refused the device we asked for.
+    RequestDevice(String),
+    /// A tensor window exceeds what one storage binding may hold and the op cannot split it.
+    BindingTooLarge { what: &'static str, bytes: u64, limit: u64 },
+    /// A shape the kernel cannot take (e.g. head dim above its maximum).
+    UnsupportedShape(String),
+    /// wgpu reported an error while running work.
+    Device(String),
+    /// Reading a buffer back failed.
+    Readback(String),
+}
+
+impl fmt::Display for GpuError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            GpuError::NoAdapter { backend, detail } => write!(
+                f,
+                "no GPU adapter found for the {backend} backend ({detail}); install a driver \
+                 (e.g. Debian's mesa-vulkan-drivers for a software Vulkan device) or choose another \
+                 with FLUX_LITE_BACKEND=vulkan|metal|dx12|gl"
+            ),
+            GpuError::UnknownBackend(b) => {
+                write!(f, "FLUX_LITE_BACKEND={b:?} is not one of vulkan, metal, dx12, gl")
+            }
+            GpuError::RequestDevice(e) => write!(f, "the GPU adapter refused to create a device: {e}"),
+            GpuError::BindingTooLarge { what, bytes, limit } => write!(
+                f,
+                "{what} needs a {bytes}-byte storage binding, above the adapter's limit of {limit} bytes"
+            ),
+            GpuError::UnsupportedShape(s) => write!(f, "unsupported shape: {s}"),
+            GpuError::Device(e) => write!(f, "GPU error: {e}"),
+            GpuError::Readback(e) => write!(f, "reading GPU memory back failed: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for GpuError {}
+
+#[derive(Debug)]
+pub enum LoadError {
+    /// A file or folder the model needs is missing or unreadable.
+    Io { path: PathBuf, source: std::io::Error },
+    /// A JSON file is not valid JSON.
+    Json { path: PathBuf, detail: String },
+    /// A config field is missing or has the wrong type.
+    Field { path: PathBuf, field: String, problem: String },
+    /// A safetensors file's header is malformed or its data does not match it.
+    Safetensors { path: PathBuf, detail: String },
+    /// A tensor the architecture needs is absent.
+    MissingTensor { component: String, name: String },
+    /// A tensor is present but not what the config says it should be.
+    WrongTensor { component: String, name: String, expected: String, found: String },
+    /// A tensor the architecture does not have.
+    UnexpectedTensor { component: String, name: String },
+}
+
+impl fmt::Display for LoadError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LoadError::Io { path, source } => write!(f, "{}: {source}", path.display()),
+            LoadError::Json { path, detail } => write!(f, "{}: invalid JSON: {detail}", path.display()),
+            LoadError::Field { path, field, problem } => write!(f, "{}: `{field}` {problem}", path.display()),
+            LoadError::Safetensors { path, detail } => write!(f, "{}: {detail}", path.display()),
+            LoadError::MissingTensor { component, name } => write!(f, "{component}: tensor `{name}` is missing"),
+            LoadError::WrongTensor { component, name, expected, found } => {
+                write!(f, "{component}: tensor `{name}` should be {expected} but is {found}")
+            }
+            LoadError::UnexpectedTensor { component, name } => {
+                write!(f, "{component}: unexpected tensor `{name}` for this architecture")
+            }
+        }
+    }
+}
+
+impl std::error::Error for LoadError {}

@@ -1,0 +1,283 @@
+//! The device context: backend and adapter choice, the device with its
+//! limits, a pipeline cache, and upload/readback.
+
+use crate::error::GpuError;
+use flux_lite_kernels::{Kernel, Module};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use wgpu::util::DeviceExt;
+
+/// The native APIs flux-lite can run on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Vulkan,
+    Metal,
+    Dx12,
+    Gl,
+}
+
+impl Backend {
+    /// Metal on macOS, Vulkan elsewhere.
+    pub fn platform_default() -> Self {
+        if cfg!(target_os = "macos") {
+            Backend::Metal
+        } else {
+            Backend::Vulkan
+        }
+    }
+
+    /// `FLUX_LITE_BACKEND` if set, else the platform default.
+    pub fn from_env() -> Result<Self, GpuError> {
+        match std::env::var("FLUX_LITE_BACKEND") {
+            Ok(v) if !v.trim().is_empty() => Self::parse(v.trim()),
+            _ => Ok(Self::platform_default()),
+        }
+    }
+
+    pub fn parse(s: &str) -> Result<Self, GpuError> {
+        match s.to_ascii_lowercase().as_str() {
+            "vulkan" => Ok(Backend::Vulkan),
+            "metal" => Ok(Backend::Metal),
+            "dx12" => Ok(Backend::Dx12),
+            "gl" => Ok(Backend::Gl),
+            _ => Err(GpuError::UnknownBackend(s.to_string())),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Vulkan => "vulkan",
+            Backend::Metal => "metal",
+            Backend::Dx12 => "dx12",
+            Backend::Gl => "gl",
+        }
+    }
+
+    fn wgpu(self) -> wgpu::Backends {
+        match self {
+            Backend::Vulkan => wgpu::Backends::VULKAN,
+            Backend::Metal => wgpu::Backends::METAL,
+            Backend::Dx12 => wgpu::Backends::DX12,
+            Backend::Gl => wgpu::Backends::GL,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct GpuOptions {
+    /// `None`: from `FLUX_LITE_BACKEND`, else the platform default.
+    pub backend: Option<Backend>,
+    /// Ask for a device whose largest storage binding is at most this many
+    /// bytes (tests use it to force the split paths).
+    pub max_storage_binding: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct PipelineKey {
+    module: Module,
+    entry: &'static str,
+    constants: Vec<(&'static str, u32)>,
+}
+
+/// A device ready to run flux-lite's kernels.
+#[derive(Debug)]
+pub struct Gpu {
+    pub device: wgpu::Device,
+    pub queue: wgpu::Queue,
+    pub info: wgpu::AdapterInfo,
+    pub limits: wgpu::Limits,
+    modules: Mutex<HashMap<Module, wgpu::ShaderModule>>,
+    pipelines: Mutex<HashMap<PipelineKey, Arc<wgpu::ComputePipeline>>>,
+}
+
+impl Gpu {
+    pub fn new(options: &GpuOptions) -> Result<Self, GpuError> {
+        let backend = match options.backend {
+            Some(b) => b,
+            None => Backend::from_env()?,
+        };
+        let mut desc = wgpu::InstanceDescriptor::new_without_display_handle_from_env();
+        desc.backends = backend.wgpu();
+        let instance = wgpu::Instance::new(desc);
+        let adapter = pollster::block_on(instance.request_adapter(&wgpu::RequestAdapterOptions {
+            power_preference: wgpu::PowerPreference::HighPerformance,
+            ..Default::default()
+        }))
+        .map_err(|e| GpuError::NoAdapter { backend: backend.name(), detail: e.to_string() })?;
+        let mut limits = adapter.limits();
+        if let Some(cap) = options.max_storage_binding {
+            limits.max_storage_buffer_binding_size = limits.max_storage_buffer_binding_size.min(cap);
+        }
+        let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+            label: Some("flux-lite"),
+            required_features: wgpu::Features::empty(),
+            required_limits: limits.clone(),
+            experimental_features: wgpu::ExperimentalFeatures::disabled(),
+            memory_hints: wgpu::MemoryHints::Performance,
+            trace: wgpu::Trace::Off,
+        }))
+        .map_err(|e| GpuError::RequestDevice(e.to_string()))?;
+        Ok(Self {
+            device,
+            queue,
+            info: adapter.get_info(),
+            limits,
+            modules: Mutex::default(),
+            pipelines: Mutex::default(),
+        })
+    }
+
+    /// One line naming the adapter, e.g. `llvmpipe (LLVM 15.0.6, 256 bits) (Vulkan, Cpu)`.
+    pub fn describe(&self) -> String {
+        format!("{} ({:?}, {:?})", self.info.name, self.info.backend, self.info.device_type)
+    }
+
+    /// Largest byte range one storage binding may cover.
+    pub fn max_binding(&self) -> u64 {
+        self.limits.max_storage_buffer_binding_size
+    }
+
+    /// Required alignment of a storage binding's offset.
+    pub fn binding_alignment(&self) -> u64 {
+        self.limits.min_storage_buffer_offset_alignment as u64
+    }
+
+    /// The compute pipeline for `kernel` with its override constants, built once.
+    pub fn pipeline(&self, kernel: &Kernel, constants: &[(&'static str, u32)]) -> Arc<wgpu::ComputePipeline> {
+        let key = PipelineKey { module: kernel.module, entry: kernel.entry, constants: constants.to_vec() };
+        if let Some(p) = lock(&self.pipelines).get(&key) {
+            return p.clone();
+        }
+        let module = {
+            let mut modules = lock(&self.modules);
+            modules
+                .entry(kernel.module)
+                .or_insert_with(|| {
+                    self.device.create_shader_module(wgpu::ShaderModuleDescriptor {
+                        label: Some(kernel.module.name()),
+                        source: wgpu::ShaderSource::Wgsl(kernel.module.source().into()),
+                    })
+                })
+                .clone()
+        };
+        let values: Vec<(&str, f64)> = constants.iter().map(|&(n, v)| (n, v as f64)).collect();
+        let pipeline = Arc::new(self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some(kernel.entry),
+            layout: None,
+            module: &module,
+            entry_point: Some(kernel.entry),
+            compilation_options: wgpu::PipelineCompilationOptions {
+                constants: &values,
+                zero_initialize_workgroup_memory: false,
+            },
+            cache: None,
+        }));
+        lock(&self.pipelines).insert(key, pipeline.clone());
+        pipeline
+    }
+
+    /// A storage buffer holding `bytes`, padded to a multiple of 4.
+    pub fn upload_bytes(&self, label: &str, bytes: &[u8]) -> wgpu::Buffer {
+        let padded;
+        let contents = if bytes.len() % 4 == 0 && !bytes.is_empty() {
+            bytes
+        } else {
+            let mut v = bytes.to_vec();
+            v.resize(bytes.len().div_ceil(4).max(1) * 4, 0);
+            padded = v;
+            &padded
+        };
+        self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some(label),
+            contents,
+            usage: storage_usage(),
+        })
+    }
+
+    pub fn upload_f32(&self, label: &str, data: &[f32]) -> wgpu::Buffer {
+        self.upload_bytes(label, bytemuck::cast_slice(data))
+    }
+
+    /// bf16 bit patterns, two per u32 word as the shaders read them.
+    pub fn upload_bf16(&self, label: &str, data: &[u16]) -> wgpu::Buffer {
+        self.upload_bytes(label, bytemuck::cast_slice(data))
+    }
+
+    pub fn upload_u32(&self, label: &str, data: &[u32]) -> wgpu::Buffer {
+        self.upload_bytes(label, bytemuck::cast_slice(data))
+    }
+
+    /// An uninitialised (zeroed) storage buffer of at least `bytes`.
+    pub fn storage(&self, label: &str, bytes: u64) -> wgpu::Buffer {
+        self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size: bytes.div_ceil(4).max(1) * 4,
+            usage: storage_usage(),
+            mapped_at_creation: false,
+        })
+    }
+
+    /// Runs `record` on a fresh encoder and submits it.
+    pub fn submit(&self, record: impl FnOnce(&mut wgpu::CommandEncoder) -> Result<(), GpuError>) -> Result<(), GpuError> {
+        let mut encoder = self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+        record(&mut encoder)?;
+        self.queue.submit([encoder.finish()]);
+        Ok(())
+    }
+
+    /// Copies `count` f32 values starting at element `offset` back to the host.
+    pub fn read_f32(&self, buffer: &wgpu::Buffer, offset: u64, count: usize) -> Result<Vec<f32>, GpuError> {
+        let bytes = self.read_bytes(buffer, offset * 4, count as u64 * 4)?;
+        Ok(bytemuck::pod_collect_to_vec(&bytes))
+    }
+
+    pub fn read_bytes(&self, buffer: &wgpu::Buffer, offset: u64, len: u64) -> Result<Vec<u8>, GpuError> {
+        if len == 0 {
+            return Ok(Vec::new());
+        }
+        let padded = len.div_ceil(4) * 4;
+        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("readback"),
+            size: padded,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        self.submit(|enc| {
+            enc.copy_buffer_to_buffer(buffer, offset, &staging, 0, padded);
+            Ok(())
+        })?;
+        let (tx, rx) = std::sync::mpsc::channel();
+        staging.map_async(wgpu::MapMode::Read, .., move |r| {
+            let _ = tx.send(r);
+        });
+        self.device
+            .poll(wgpu::PollType::Wait { submission_index: None, timeout: None })
+            .map_err(|e| GpuError::Readback(e.to_string()))?;
+        rx.recv()
+            .map_err(|e| GpuError::Readback(e.to_string()))?
+            .map_err(|e| GpuError::Readback(e.to_string()))?;
+        let view = staging.get_mapped_range(..).map_err(|e| GpuError::Readback(e.to_string()))?;
+        let out = view[..len as usize].to_vec();
+        drop(view);
+        staging.unmap();
+        Ok(out)
+    }
+
+    /// Waits until all submitted work has finished.
+    pub fn wait(&self) -> Result<(), GpuError> {
+        self.device
+            .poll(wgpu::PollType::Wait { submission_index: None, timeout: None })
+            .map(|_| ())
+            .map_err(|e| GpuError::Device(e.to_string()))
+    }
+}
+
+fn storage_usage() -> wgpu::BufferUsages {
+    wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST
+}
+
+/// Locks a cache; a poisoned lock only means another thread panicked mid-insert
+/// of a complete value, so the map is still sound.
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}

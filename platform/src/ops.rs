@@ -1,0 +1,737 @@
+//! Launchers: core's ops as WGSL dispatches over views of device buffers.
+//!
+//! Every storage binding covers only the window of a buffer that the
+//! dispatch touches. When a window would exceed the device's largest storage
+//! binding, the op is split into row chunks (tokens, channels) and, for
+//! linear layers, output-column chunks, each with its own windows; the
+//! kernels receive element offsets relative to their window.
+
+use crate::error::GpuError;
+use crate::gpu::Gpu;
+use bytemuck::Pod;
+use flux_lite_kernels as k;
+
+/// An f32 tensor viewed as rows: row `r` starts at element `offset + r·stride`.
+#[derive(Debug, Clone, Copy)]
+pub struct Mat<'a> {
+    pub buf: &'a wgpu::Buffer,
+    pub offset: u64,
+    pub stride: u64,
+}
+
+impl<'a> Mat<'a> {
+    /// A contiguous `[rows, width]` tensor at the start of `buf`.
+    pub fn new(buf: &'a wgpu::Buffer, width: u64) -> Self {
+        Self { buf, offset: 0, stride: width }
+    }
+
+    /// The same rows starting `cols` elements further right (a column slice).
+    pub fn cols_from(self, cols: u64) -> Self {
+        Self { offset: self.offset + cols, ..self }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WeightDtype {
+    Bf16,
+    F32,
+}
+
+impl WeightDtype {
+    fn bytes(self) -> u64 {
+        match self {
+            WeightDtype::Bf16 => 2,
+            WeightDtype::F32 => 4,
+        }
+    }
+
+    fn constant(self) -> u32 {
+        (self == WeightDtype::Bf16) as u32
+    }
+}
+
+/// A weight tensor (bf16 or f32) starting at element `offset` of `buf`.
+#[derive(Debug, Clone, Copy)]
+pub struct Weight<'a> {
+    pub buf: &'a wgpu::Buffer,
+    pub offset: u64,
+    pub dtype: WeightDtype,
+}
+
+impl<'a> Weight<'a> {
+    pub fn bf16(buf: &'a wgpu::Buffer) -> Self {
+        Self { buf, offset: 0, dtype: WeightDtype::Bf16 }
+    }
+
+    pub fn f32(buf: &'a wgpu::Buffer) -> Self {
+        Self { buf, offset: 0, dtype: WeightDtype::F32 }
+    }
+}
+
+/// A bound window of a buffer and where the addressed data starts inside it.
+struct Window<'a> {
+    binding: wgpu::BufferBinding<'a>,
+    /// Element index of the first addressed element, relative to the window.
+    local: u32,
+}
+
+/// Binds elements `[first, end)` (of `elem_bytes` each) of `buf`.
+fn window<'a>(
+    gpu: &Gpu,
+    buf: &'a wgpu::Buffer,
+    elem_bytes: u64,
+    first: u64,
+    end: u64,
+    what: &'static str,
+) -> Result<Window<'a>, GpuError> {
+    let start = first * elem_bytes;
+    let stop = (end.max(first + 1)) * elem_bytes;
+    let aligned = start / gpu.binding_alignment() * gpu.binding_alignment();
+    let size = ((stop - aligned).div_ceil(4) * 4).min(buf.size() - aligned);
+    if size > gpu.max_binding() {
+        return Err(GpuError::BindingTooLarge { what, bytes: size, limit: gpu.max_binding() });
+    }
+    Ok(Window {
+        binding: wgpu::BufferBinding { buffer: buf, offset: aligned, size: wgpu::BufferSize::new(size) },
+        local: to_u32((start - aligned) / elem_bytes, what)?,
+    })
+}
+
+fn to_u32(v: u64, what: &'static str) -> Result<u32, GpuError> {
+    u32::try_from(v).map_err(|_| GpuError::UnsupportedShape(format!("{what}: {v} exceeds 32-bit indexing")))
+}
+
+/// A row-major operand split along rows: `width` elements of row `r` start at `offset + r·stride`.
+#[derive(Clone, Copy)]
+struct Rows<'a> {
+    buf: &'a wgpu::Buffer,
+    elem_bytes: u64,
+    offset: u64,
+    stride: u64,
+    width: u64,
+    what: &'static str,
+}
+
+impl<'a> Rows<'a> {
+    fn mat(m: Mat<'a>, width: u64, what: &'static str) -> Self {
+        Self { buf: m.buf, elem_bytes: 4, offset: m.offset, stride: m.stride, width, what }
+    }
+
+    fn window(&self, gpu: &Gpu, r0: u64, r1: u64) -> Result<Window<'a>, GpuError> {
+        let first = self.offset + r0 * self.stride;
+        let end = self.offset + (r1 - 1) * self.stride + self.width;
+        window(gpu, self.buf, self.elem_bytes, first, end, self.what)
+    }
+
+    /// Most rows whose window fits in `budget` bytes (0 if not even one).
+    fn max_rows(&self, budget: u64) -> u64 {
+        let words = budget / self.elem_bytes;
+        if words < self.width {
+            0
+        } else if self.stride == 0 {
+            u64::MAX
+        } else {
+            (words - self.width) / self.stride + 1
+        }
+    }
+}
+
+/// Rows per chunk so every operand's window fits; `granule` rounds chunks down
+/// to whole kernel tiles when there is room.
+fn rows_per_chunk(gpu: &Gpu, rows: u64, operands: &[Rows<'_>], granule: u64) -> Result<u64, GpuError> {
+    // A window may start up to one alignment unit before its data.
+    let budget = gpu.max_binding().saturating_sub(gpu.binding_alignment());
+    let mut chunk = rows.max(1);
+    for op in operands {
+        let fit = op.max_rows(budget);
+        if fit == 0 {
+            return Err(GpuError::BindingTooLarge {
+                what: op.what,
+                bytes: op.width * op.elem_bytes + gpu.binding_alignment(),
+                limit: gpu.max_binding(),
+            });
+        }
+        chunk = chunk.min(fit);
+    }
+    if chunk < rows && chunk >= granule {
+        chunk -= chunk % granule;
+    }
+    Ok(chunk)
+}
+
+/// Records one dispatch of `kernel` with `params` and the given storage windows.
+fn dispatch<P: Pod>(
+    gpu: &Gpu,
+    enc: &mut wgpu::CommandEncoder,
+    kernel: &k::Kernel,
+    constants: &[(&'static str, u32)],
+    params: &P,
+    storage: &[(u32, &Window<'_>)],
+    grid: [u32; 3],
+) {
+    debug_assert_eq!(size_of::<P>(), kernel.params_size);
+    debug_assert_eq!(storage.len(), kernel.storage.len());
+    let pipeline = gpu.pipeline(kernel, constants);
+    let uniform = wgpu::util::DeviceExt::create_buffer_init(
+        &gpu.device,
+        &wgpu::util::BufferInitDescriptor {
+            label: Some(kernel.entry),
+            contents: bytemuck::bytes_of(params),
+            usage: wgpu::BufferUsages::UNIFORM,
+        },
+    );
+    let mut entries = vec![wgpu::BindGroupEntry { binding: 0, resource: uniform.as_entire_binding() }];
+    entries.extend(
+        storage
+            .iter()
+            .map(|(slot, w)| wgpu::BindGroupEntry { binding: *slot, resource: wgpu::BindingResource::Buffer(w.binding.clone()) }),
+    );
+    let bind_group = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
+        label: Some(kernel.entry),
+        layout: &pipeline.get_bind_group_layout(0),
+        entries: &entries,
+    });
+    let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(kernel.entry), timestamp_writes: None });
+    pass.set_pipeline(&pipeline);
+    pass.set_bind_group(0, &bind_group, &[]);
+    pass.dispatch_workgroups(grid[0], grid[1], grid[2]);
+}
+
+/// Grid for `invocations` one-dimensional invocations of a 64-wide kernel.
+fn grid64(invocations: u64) -> [u32; 3] {
+    k::wrapped_grid(invocations.div_ceil(64))
+}
+
+/// `y[m, n] = x[m, k]·W[n, k]ᵀ (+ b[n])`, W contiguous `[n, k]`.
+#[allow(clippy::too_many_arguments)]
+pub fn linear(
+    gpu: &Gpu,
+    enc: &mut wgpu::CommandEncoder,
+    x: Mat<'_>,
+    w: Weight<'_>,
+    bias: Option<Weight<'_>>,
+    y: Mat<'_>,
+    m: u64,
+    n: u64,
+    kdim: u64,
+) -> Result<(), GpuError> {
+    if m == 0 || n == 0 {
+        return Ok(());
+    }
+    let [tile_m, tile_n] = k::LINEAR_TILE.map(u64::from);
+    let eb = w.dtype.bytes();
+    let w_rows = Rows { buf: w.buf, elem_bytes: eb, offset: w.offset, stride: kdim, width: kdim, what: "linear weight" };
+    let n_chunk = rows_per_chunk(gpu, n, &[w_rows], tile_n)?;
+    let x_rows = Rows::mat(x, kdim, "linear input");
+    let y_rows = Rows::mat(y, n_chunk.min(n), "linear output");
+    let m_chunk = rows_per_chunk(gpu, m, &[x_rows, y_rows], tile_m)?;
+    let constants = [("WEIGHT_BF16", w.dtype.constant()), ("HAS_BIAS", bias.is_some() as u32)];
+    for m0 in (0..m).step_by(m_chunk as usize) {
+        let m1 = (m0 + m_chunk).min(m);
+        let xw = x_rows.window(gpu, m0, m1)?;
+        for n0 in (0..n).step_by(n_chunk as usize) {
+            let n1 = (n0 + n_chunk).min(n);
+            let ww = w_rows.window(gpu, n0, n1)?;
+            let bw = match bias {
+                Some(b) => window(gpu, b.buf, eb, b.offset + n0, b.offset + n1, "linear bias")?,
+                None => w_rows.window(gpu, n0, n0 + 1)?,
+            };
+            let yw = Rows { offset: y.offset + n0, width: n1 - n0, ..y_rows }.window(gpu, m0, m1)?;
+            let params = k::LinearParams {
+                m: to_u32(m1 - m0, "linear rows")?,
+                n: to_u32(n1 - n0, "linear cols")?,
+                k: to_u32(kdim, "linear k")?,
+                x_offset: xw.local,
+                x_stride: to_u32(x.stride, "linear input stride")?,
+                w_offset: ww.local,
+                b_offset: bw.local,
+                y_offset: yw.local,
+                y_stride: to_u32(y.stride, "linear output stride")?,
+                _pad: [0; 3],
+            };
+            let grid = [(n1 - n0).div_ceil(tile_n) as u32, (m1 - m0).div_ceil(tile_m) as u32, 1];
+            dispatch(gpu, enc, &k::LINEAR, &constants, &params, &[(1, &xw), (2, &ww), (3, &bw), (4, &yw)], grid);
+        }
+    }
+    Ok(())
+}
+
+/// Shape of a row normalisation over `[tokens, heads·d]` views.
+#[derive(Debug, Clone, Copy)]
+pub struct RowNorm {
+    pub tokens: u64,
+    /// Rows per token (1 for whole-row norms, the head count for per-head norms).
+    pub heads: u64,
+    pub d: u64,
+    pub eps: f32,
+}
+
+/// RMSNorm with weight: `dst = w·src/√(mean(src²)+eps)` per (token, head) row.
+pub fn rms_norm(gpu: &Gpu, enc: &mut wgpu::CommandEncoder, src: Mat<'_>, w: Weight<'_>, dst: Mat<'_>, s: RowNorm) -> Result<(), GpuError> {
+    row_norm(gpu, enc, &k::RMS_NORM, Some(src), dst, w_or_mod(Some(w), None), s)
+}
+
+/// RMSNorm in place (per-head q/k norms).
+pub fn rms_norm_inplace(gpu: &Gpu, enc: &mut wgpu::CommandEncoder, data: Mat<'_>, w: Weight<'_>, s: RowNorm) -> Result<(), GpuError> {
+    row_norm(gpu, enc, &k::RMS_NORM_INPLACE, None, data, w_or_mod(Some(w), None), s)
+}
+
+/// `dst = LN(src)·(1 + scale) + shift`; `shift` and `scale` are `d`-wide rows of the modulation buffer.
+pub fn layer_norm_modulate(
+    gpu: &Gpu,
+    enc: &mut wgpu::CommandEncoder,
+    src: Mat<'_>,
+    shift: Mat<'_>,
+    scale: Mat<'_>,
+    dst: Mat<'_>,
+    s: RowNorm,
+) -> Result<(), GpuError> {
+    if !std::ptr::eq(shift.buf, scale.buf) {
+        return Err(GpuError::UnsupportedShape("shift and scale must live in one modulation buffer".into()));
+    }
+    row_norm(gpu, enc, &k::LAYER_NORM_MODULATE, Some(src), dst, w_or_mod(None, Some((shift, scale))), s)
+}
+
+enum NormExtra<'a> {
+    Weight(Weight<'a>),
+    Modulation(Mat<'a>, Mat<'a>),
+}
+
+fn w_or_mod<'a>(w: Option<Weight<'a>>, m: Option<(Mat<'a>, Mat<'a>)>) -> NormExtra<'a> {
+    match (w, m) {
+        (Some(w), _) => NormExtra::Weight(w),
+        (None, Some((a, b))) => NormExtra::Modulation(a, b),
+        (None, None) => unreachable!("every row norm has a weight or a modulation"),
+    }
+}
+
+fn row_norm(
+    gpu: &Gpu,
+    enc: &mut wgpu::CommandEncoder,
+    kernel: &k::Kernel,
+    src: Option<Mat<'_>>,
+    dst: Mat<'_>,
+    extra: NormExtra<'_>,
+    s: RowNorm,
+) -> Result<(), GpuError> {
+    if s.tokens == 0 {
+        return Ok(());
+    }
+    let width = s.heads * s.d;
+    let src_rows = src.map(|m| Rows::mat(m, width, "norm input"));
+    let dst_rows = Rows::mat(dst, width, "norm output");
+    let operands: Vec<Rows<'_>> = src_rows.iter().copied().chain([dst_rows]).collect();
+    let chunk = rows_per_chunk(gpu, s.tokens, &operands, 1)?;
+    for t0 in (0..s.tokens).step_by(chunk as usize) {
+        let t1 = (t0 + chunk).min(s.tokens);
+        let dw = dst_rows.window(gpu, t0, t1)?;
+        let sw = match src_rows {
+            Some(r) => Some(r.window(gpu, t0, t1)?),
+            None => None,
+        };
+        let mut params = k::NormParams {
+            rows: to_u32((t1 - t0) * s.heads, "norm rows")?,
+            d: to_u32(s.d, "norm width")?,
+            heads: to_u32(s.heads, "norm heads")?,
+            src_offset: sw.as_ref().map_or(0, |w| w.local),
+            src_stride: to_u32(src.map_or(0, |m| m.stride), "norm input stride")?,
+            dst_offset: dw.local,
+            dst_stride: to_u32(dst.stride, "norm output stride")?,
+            eps: s.eps,
+            ..Default::default()
+        };
+        let (constants, extra_window) = match &extra {
+            NormExtra::Weight(w) => {
+                let ww = window(gpu, w.buf, w.dtype.bytes(), w.offset, w.offset + s.d, "norm weight")?;
+                params.w_offset = ww.local;
+                ([("WEIGHT_BF16", w.dtype.constant())].to_vec(), ww)
+            }
+            NormExtra::Modulation(shift, scale) => {
+                let lo = shift.offset.min(scale.offset);
+                let hi = shift.offset.max(scale.offset) + s.d;
+                let mw = window(gpu, shift.buf, 4, lo, hi, "modulation")?;
+                params.shift_offset = mw.local + (shift.offset - lo) as u32;
+                params.scale_offset = mw.local + (scale.offset - lo) as u32;
+                (Vec::new(), mw)
+            }
+        };
+        let grid = k::wrapped_grid((t1 - t0) * s.heads);
+        let extra_slot = if matches!(extra, NormExtra::Weight(_)) { 3 } else { 5 };
+        let mut storage: Vec<(u32, &Window<'_>)> = Vec::new();
+        if let Some(w) = &sw {
+            storage.push((1, w));
+        }
+        storage.push((2, &dw));
+        storage.push((extra_slot, &extra_window));
+        dispatch(gpu, enc, kernel, &constants, &params, &storage, grid);
+    }
+    Ok(())
+}
+
+/// GroupNorm with affine over a contiguous `[channels, pixels]` tensor, SiLU after when `silu`.
+#[allow(clippy::too_many_arguments)]
+pub fn group_norm(
+    gpu: &Gpu,
+    enc: &mut wgpu::CommandEncoder,
+    src: Mat<'_>,
+    gamma: Weight<'_>,
+    beta: Weight<'_>,
+    dst: Mat<'_>,
+    channels: u64,
+    pixels: u64,
+    groups: u64,
+    eps: f32,
+    silu: bool,
+) -> Result<(), GpuError> {
+    if groups == 0 || channels % groups != 0 || gamma.dtype != beta.dtype {
+        return Err(GpuError::UnsupportedShape(format!("group norm: {channels} channels in {groups} groups")));
+    }
+    let n = channels * pixels;
+    let sw = window(gpu, src.buf, 4, src.offset, src.offset + n, "group norm input")?;
+    let dw = window(gpu, dst.buf, 4, dst.offset, dst.offset + n, "group norm output")?;
+    let gw = window(gpu, gamma.buf, gamma.dtype.bytes(), gamma.offset, gamma.offset + channels, "group norm weight")?;
+    let bw = window(gpu, beta.buf, beta.dtype.bytes(), beta.offset, beta.offset + channels, "group norm bias")?;
+    if gw.local != bw.local {
+        // The kernel indexes gamma and beta with one offset.
+        return Err(GpuError::UnsupportedShape("group norm weight and bias must be equally aligned".into()));
+    }
+    let params = k::NormParams {
+        rows: to_u32(channels, "group norm channels")?,
+        d: to_u32(pixels, "group norm pixels")?,
+        heads: 1,
+        src_offset: sw.local,
+        dst_offset: dw.local,
+        w_offset: gw.local,
+        eps,
+        groups: to_u32(groups, "groups")?,
+        silu: silu as u32,
+        ..Default::default()
+    };
+    let constants = [("WEIGHT_BF16", gamma.dtype.constant())];
+    dispatch(gpu, enc, &k::GROUP_NORM, &constants, &params, &[(1, &sw), (2, &dw), (3, &gw), (4, &bw)], [groups as u32, 1, 1]);
+    Ok(())
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RopeStyle {
+    /// FLUX.2: pairs (x[2i], x[2i+1]).
+    Interleaved,
+    /// Qwen3: pairs (x[i], x[i + d/2]).
+    RotateHalf,
+}
+
+/// RoPE in place on `[tokens, heads, head_dim]` rows of `data`; token `t`
+/// reads row `table_row + t` of the `[rows, head_dim]` cos/sin tables.
+#[allow(clippy::too_many_arguments)]
+pub fn rope(
+    gpu: &Gpu,
+    enc: &mut wgpu::CommandEncoder,
+    style: RopeStyle,
+    data: Mat<'_>,
+    cos: &wgpu::Buffer,
+    sin: &wgpu::Buffer,
+    table_row: u64,
+    tokens: u64,
+    heads: u64,
+    head_dim: u64,
+) -> Result<(), GpuError> {
+    if tokens == 0 {
+        return Ok(());
+    }
+    let data_rows = Rows::mat(data, heads * head_dim, "rope data");
+    let table = |buf| Rows { buf, elem_bytes: 4, offset: table_row * head_dim, stride: head_dim, width: head_dim, what: "rope table" };
+    let (cos_rows, sin_rows) = (table(cos), table(sin));
+    let chunk = rows_per_chunk(gpu, tokens, &[data_rows, cos_rows, sin_rows], 1)?;
+    let kernel = match style {
+        RopeStyle::Interleaved => &k::ROPE_INTERLEAVED,
+        RopeStyle::RotateHalf => &k::ROPE_HALF,
+    };
+    for t0 in (0..tokens).step_by(chunk as usize) {
+        let t1 = (t0 + chunk).min(tokens);
+        let dw = data_rows.window(gpu, t0, t1)?;
+        let cw = cos_rows.window(gpu, t0, t1)?;
+        let sw = sin_rows.window(gpu, t0, t1)?;
+        if cw.local != sw.local {
+            return Err(GpuError::UnsupportedShape("rope cos and sin tables must be equally aligned".into()));
+        }
+        let params = k::RopeParams {
+            tokens: to_u32(t1 - t0, "rope tokens")?,
+            heads: to_u32(heads, "rope heads")?,
+            head_dim: to_u32(head_dim, "rope head dim")?,
+            offset: dw.local,
+            token_stride: to_u32(data.stride, "rope stride")?,
+            table_row: cw.local / head_dim as u32,
+            _pad: [0; 2],
+        };
+        let grid = grid64((t1 - t0) * heads * (head_dim / 2));
+        dispatch(gpu, enc, kernel, &[], &params, &[(1, &dw), (2, &cw), (3, &sw)], grid);
+    }
+    Ok(())
+}
+
+/// Shape and masking of one attention call over `[len, heads, head_dim]` views.
+#[derive(Debug, Clone, Copy)]
+pub struct Attention {
+    pub q_len: u64,
+    pub kv_len: u64,
+    pub q_heads: u64,
+    pub kv_heads: u64,
+    pub head_dim: u64,
+    pub scale: f32,
+    pub causal: bool,
+}
+
+/// `o = softmax(q·kᵀ·scale + mask)·v`; `key_keep[j] == 0` masks key `j`.
+#[allow(clippy::too_many_arguments)]
+pub fn attention(
+    gpu: &Gpu,
+    enc: &mut wgpu::CommandEncoder,
+    q: Mat<'_>,
+    kmat: Mat<'_>,
+    v: Mat<'_>,
+    key_keep: Option<&wgpu::Buffer>,
+    o: Mat<'_>,
+    s: Attention,
+) -> Result<(), GpuError> {
+    if s.head_dim > k::ATTENTION_MAX_HEAD_DIM as u64 || s.kv_heads == 0 || s.q_heads % s.kv_heads != 0 {
+        return Err(GpuError::UnsupportedShape(format!(
+            "attention with {} query heads, {} kv heads, head dim {} (max {})",
+            s.q_heads,
+            s.kv_heads,
+            s.head_dim,
+            k::ATTENTION_MAX_HEAD_DIM
+        )));
+    }
+    if s.q_len == 0 || s.kv_len == 0 {
+        return Ok(());
+    }
+    let kw = Rows::mat(kmat, s.kv_heads * s.head_dim, "attention keys").window(gpu, 0, s.kv_len)?;
+    let vw = Rows::mat(v, s.kv_heads * s.head_dim, "attention values").window(gpu, 0, s.kv_len)?;
+    let mw = match key_keep {
+        Some(m) => window(gpu, m, 4, 0, s.kv_len, "attention mask")?,
+        None => Rows::mat(kmat, 1, "attention keys").window(gpu, 0, 1)?,
+    };
+    let q_rows = Rows::mat(q, s.q_heads * s.head_dim, "attention queries");
+    let o_rows = Rows::mat(o, s.q_heads * s.head_dim, "attention output");
+    let per_group = k::ATTENTION_QUERIES_PER_GROUP as u64;
+    let chunk = rows_per_chunk(gpu, s.q_len, &[q_rows, o_rows], per_group)?;
+    for q0 in (0..s.q_len).step_by(chunk as usize) {
+        let q1 = (q0 + chunk).min(s.q_len);
+        let qw = q_rows.window(gpu, q0, q1)?;
+        let ow = o_rows.window(gpu, q0, q1)?;
+        let params = k::AttentionParams {
+            q_len: to_u32(q1 - q0, "attention queries")?,
+            kv_len: to_u32(s.kv_len, "attention keys")?,
+            q_heads: to_u32(s.q_heads, "attention heads")?,
+            kv_heads: to_u32(s.kv_heads, "attention kv heads")?,
+            head_dim: s.head_dim as u32,
+            q_offset: qw.local,
+            q_stride: to_u32(q.stride, "attention q stride")?,
+            k_offset: kw.local,
+            k_stride: to_u32(kmat.stride, "attention k stride")?,
+            v_offset: vw.local,
+            v_stride: to_u32(v.stride, "attention v stride")?,
+            o_offset: ow.local,
+            o_stride: to_u32(o.stride, "attention o stride")?,
+            scale: s.scale,
+            causal: s.causal as u32,
+            use_mask: key_keep.is_some() as u32,
+            mask_offset: mw.local,
+            q_position: to_u32(q0, "attention query position")?,
+            _pad: [0; 2],
+        };
+        let grid = [to_u32((q1 - q0).div_ceil(per_group), "attention query blocks")?, s.q_heads as u32, 1];
+        dispatch(gpu, enc, &k::ATTENTION, &[], &params, &[(1, &qw), (2, &kw), (3, &vw), (4, &mw), (5, &ow)], grid);
+    }
+    Ok(())
+}
+
+/// The elementwise ops over `[rows, cols]` views.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Elementwise {
+    /// dst = silu(a)
+    Silu,
+    /// dst = silu(a)·b
+    SwiGlu,
+    /// dst += gate ⊙ a (gate: one cols-wide row, broadcast)
+    GatedResidual,
+    /// dst = a + b
+    Add,
+    /// dst += a
+    AddInPlace,
+    /// dst = a·s
+    Scale(f32),
+    /// dst = a (concatenation and split along features)
+    Copy,
+}
+
+/// Runs `op` over `rows × cols`; `b` is the second operand (or the gate row for `GatedResidual`).
+#[allow(clippy::too_many_arguments)]
+pub fn elementwise(
+    gpu: &Gpu,
+    enc: &mut wgpu::CommandEncoder,
+    op: Elementwise,
+    a: Mat<'_>,
+    b: Option<Mat<'_>>,
+    dst: Mat<'_>,
+    rows: u64,
+    cols: u64,
+) -> Result<(), GpuError> {
+    let kernel = match op {
+        Elementwise::Silu => &k::SILU,
+        Elementwise::SwiGlu => &k::SWIGLU,
+        Elementwise::GatedResidual => &k::GATED_RESIDUAL,
+        Elementwise::Add => &k::ADD,
+        Elementwise::AddInPlace => &k::ADD_INPLACE,
+        Elementwise::Scale(_) => &k::SCALE,
+        Elementwise::Copy => &k::COPY,
+    };
+    let needs_b = kernel.storage.len() == 3;
+    let b = match (needs_b, b) {
+        (true, Some(b)) => Some(b),
+        (false, None) => None,
+        _ => return Err(GpuError::UnsupportedShape(format!("{op:?} takes {} inputs", 1 + needs_b as u32))),
+    };
+    if rows == 0 || cols == 0 {
+        return Ok(());
+    }
+    let a_rows = Rows::mat(a, cols, "elementwise input");
+    let d_rows = Rows::mat(dst, cols, "elementwise output");
+    let gate = op == Elementwise::GatedResidual;
+    let b_rows = b.filter(|_| !gate).map(|b| Rows::mat(b, cols, "elementwise input"));
+    let operands: Vec<Rows<'_>> = [a_rows, d_rows].into_iter().chain(b_rows).collect();
+    let chunk = rows_per_chunk(gpu, rows, &operands, 1)?;
+    for r0 in (0..rows).step_by(chunk as usize) {
+        let r1 = (r0 + chunk).min(rows);
+        let aw = a_rows.window(gpu, r0, r1)?;
+        let dw = d_rows.window(gpu, r0, r1)?;
+        let bw = match (b, b_rows) {
+            (Some(g), None) => Some(window(gpu, g.buf, 4, g.offset, g.offset + cols, "gate")?),
+            (_, Some(br)) => Some(br.window(gpu, r0, r1)?),
+            (None, None) => None,
+        };
+        let params = k::ElementwiseParams {
+            rows: to_u32(r1 - r0, "elementwise rows")?,
+            cols: to_u32(cols, "elementwise cols")?,
+            a_offset: aw.local,
+            a_stride: to_u32(a.stride, "elementwise stride")?,
+            b_offset: if gate { 0 } else { bw.as_ref().map_or(0, |w| w.local) },
+            b_stride: to_u32(b.map_or(0, |b| b.stride), "elementwise stride")?,
+            dst_offset: dw.local,
+            dst_stride: to_u32(dst.stride, "elementwise stride")?,
+            scalar: if let Elementwise::Scale(s) = op { s } else { 0.0 },
+            gate_offset: if gate { bw.as_ref().map_or(0, |w| w.local) } else { 0 },
+            _pad: [0; 2],
+        };
+        let mut storage = vec![(1, &aw)];
+        if let Some(w) = &bw {
+            storage.push((2, w));
+        }
+        storage.push((3, &dw));
+        dispatch(gpu, enc, kernel, &[], &params, &storage, grid64((r1 - r0) * cols));
+    }
+    Ok(())
+}
+
+/// `dst[c, r] = a[r, c]`: between `[tokens, features]` and `[channels, pixels]`.
+pub fn transpose(gpu: &Gpu, enc: &mut wgpu::CommandEncoder, a: Mat<'_>, dst: Mat<'_>, rows: u64, cols: u64) -> Result<(), GpuError> {
+    if rows == 0 || cols == 0 {
+        return Ok(());
+    }
+    let aw = Rows::mat(a, cols, "transpose input").window(gpu, 0, rows)?;
+    let dw = Rows::mat(dst, rows, "transpose output").window(gpu, 0, cols)?;
+    let params = k::ElementwiseParams {
+        rows: to_u32(rows, "transpose rows")?,
+        cols: to_u32(cols, "transpose cols")?,
+        a_offset: aw.local,
+        a_stride: to_u32(a.stride, "transpose stride")?,
+        dst_offset: dw.local,
+        dst_stride: to_u32(dst.stride, "transpose stride")?,
+        ..Default::default()
+    };
+    dispatch(gpu, enc, &k::TRANSPOSE, &[], &params, &[(1, &aw), (3, &dw)], grid64(rows * cols));
+    Ok(())
+}
+
+pub use flux_lite_core::reference::ConvShape;
+
+/// 2-D convolution with bias over contiguous `[channels, height, width]`
+/// tensors, split over output channels when the output or weights are large.
+pub fn conv2d(
+    gpu: &Gpu,
+    enc: &mut wgpu::CommandEncoder,
+    x: Mat<'_>,
+    w: Weight<'_>,
+    bias: Weight<'_>,
+    y: Mat<'_>,
+    s: ConvShape,
+) -> Result<(), GpuError> {
+    if w.dtype != bias.dtype {
+        return Err(GpuError::UnsupportedShape("conv weight and bias must share a dtype".into()));
+    }
+    let in_elems = (s.in_channels * s.height * s.width) as u64;
+    let xw = window(gpu, x.buf, 4, x.offset, x.offset + in_elems, "conv input")?;
+    let plane = (s.out_height * s.out_width) as u64;
+    let per_out = (s.in_channels * s.kernel * s.kernel) as u64;
+    let eb = w.dtype.bytes();
+    let y_rows = Rows { buf: y.buf, elem_bytes: 4, offset: y.offset, stride: plane, width: plane, what: "conv output" };
+    let w_rows = Rows { buf: w.buf, elem_bytes: eb, offset: w.offset, stride: per_out, width: per_out, what: "conv weight" };
+    let b_rows = Rows { buf: bias.buf, elem_bytes: eb, offset: bias.offset, stride: 1, width: 1, what: "conv bias" };
+    let cout = s.out_channels as u64;
+    let chunk = rows_per_chunk(gpu, cout, &[y_rows, w_rows, b_rows], 1)?;
+    let constants = [("WEIGHT_BF16", w.dtype.constant())];
+    for c0 in (0..cout).step_by(chunk as usize) {
+        let c1 = (c0 + chunk).min(cout);
+        let (yw, ww, bw) = (y_rows.window(gpu, c0, c1)?, w_rows.window(gpu, c0, c1)?, b_rows.window(gpu, c0, c1)?);
+        let params = k::ConvParams {
+            in_channels: s.in_channels as u32,
+            height: s.height as u32,
+            width: s.width as u32,
+            out_channels: (c1 - c0) as u32,
+            out_height: s.out_height as u32,
+            out_width: s.out_width as u32,
+            kernel: s.kernel as u32,
+            stride: s.stride as u32,
+            pad_top: s.pad_top as u32,
+            pad_left: s.pad_left as u32,
+            x_offset: xw.local,
+            w_offset: ww.local,
+            b_offset: bw.local,
+            y_offset: yw.local,
+            _pad: [0; 2],
+        };
+        dispatch(gpu, enc, &k::CONV2D, &constants, &params, &[(1, &xw), (2, &ww), (3, &bw), (4, &yw)], grid64((c1 - c0) * plane));
+    }
+    Ok(())
+}
+
+/// Nearest-neighbour ×2 upsampling of a contiguous `[channels, height, width]` tensor.
+#[allow(clippy::too_many_arguments)]
+pub fn upsample_nearest2x(
+    gpu: &Gpu,
+    enc: &mut wgpu::CommandEncoder,
+    x: Mat<'_>,
+    y: Mat<'_>,
+    channels: u64,
+    height: u64,
+    width: u64,
+) -> Result<(), GpuError> {
+    let plane = height * width;
+    let x_rows = Rows { buf: x.buf, elem_bytes: 4, offset: x.offset, stride: plane, width: plane, what: "upsample input" };
+    let y_rows = Rows { buf: y.buf, elem_bytes: 4, offset: y.offset, stride: 4 * plane, width: 4 * plane, what: "upsample output" };
+    let chunk = rows_per_chunk(gpu, channels, &[x_rows, y_rows], 1)?;
+    for c0 in (0..channels).step_by(chunk as usize) {
+        let c1 = (c0 + chunk).min(channels);
+        let (xw, yw) = (x_rows.window(gpu, c0, c1)?, y_rows.window(gpu, c0, c1)?);
+        let params = k::ConvParams {
+            in_channels: (c1 - c0) as u32,
+            height: height as u32,
+            width: width as u32,
+            x_offset: xw.local,
+            y_offset: yw.local,
+            ..Default::default()
+        };
+        dispatch(gpu, enc, &k::UPSAMPLE_NEAREST2X, &[], &params, &[(1, &xw), (4, &yw)], grid64((c1 - c0) * 4 * plane));
+    }
+    Ok(())
+}

@@ -1,0 +1,98 @@
+//! Shared helpers for the GPU tests: one device per test binary, seeded
+//! random inputs, and the comparison every kernel test uses.
+#![allow(dead_code)]
+
+use flux_lite_platform::{Gpu, GpuOptions};
+use std::sync::OnceLock;
+
+/// The test device (lavapipe in CI). Fails loudly when there is none: the
+/// kernel tests are the point of running on a machine without a GPU.
+pub fn gpu() -> &'static Gpu {
+    static GPU: OnceLock<Gpu> = OnceLock::new();
+    GPU.get_or_init(|| Gpu::new(&GpuOptions::default()).unwrap_or_else(|e| panic!("{e}")))
+}
+
+/// A device whose storage bindings are capped at `bytes`, to force the split paths.
+pub fn small_binding_gpu(bytes: u64) -> Gpu {
+    Gpu::new(&GpuOptions { max_storage_binding: Some(bytes), ..Default::default() }).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// SplitMix64: small, seedable, good enough for test data.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Self(seed)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e3779b97f4a7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58476d1ce4e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d049bb133111eb);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [-1, 1).
+    pub fn uniform(&mut self) -> f32 {
+        ((self.next_u64() >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+
+    /// Standard normal (Box–Muller).
+    pub fn normal(&mut self) -> f32 {
+        let u1 = ((self.next_u64() >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
+        let u2 = (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
+        ((-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()) as f32
+    }
+
+    pub fn normals(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        (0..n).map(|_| self.normal() * scale).collect()
+    }
+
+    pub fn bf16s(&mut self, n: usize, scale: f32) -> Vec<u16> {
+        (0..n).map(|_| flux_lite_core::bf16::from_f32(self.normal() * scale)).collect()
+    }
+}
+
+/// Fresh output buffers hold NaN, so an element a kernel forgot to write fails the comparison.
+pub fn poisoned(gpu: &Gpu, n: usize) -> wgpu::Buffer {
+    gpu.upload_f32("poisoned", &vec![f32::NAN; n])
+}
+
+/// Relative L2 error of `got` against the f64 reference, with the worst element named on failure.
+pub fn assert_close(what: &str, got: &[f32], want: &[f64], tol: f64) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    let mut diff2 = 0.0f64;
+    let mut ref2 = 0.0f64;
+    let mut worst = (0usize, 0.0f64);
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        let d = g as f64 - w;
+        diff2 += d * d;
+        ref2 += w * w;
+        if !(d.abs() <= worst.1) {
+            worst = (i, if d.is_nan() { f64::INFINITY } else { d.abs() });
+        }
+    }
+    let rel = (diff2 / ref2.max(f64::MIN_POSITIVE)).sqrt();
+    assert!(
+        rel <= tol,
+        "{what}: relative L2 error {rel:.3e} > {tol:.0e}; worst element {} got {} want {}",
+        worst.0,
+        got[worst.0],
+        want[worst.0]
+    );
+}
+
+/// Records and submits work, then reads `count` floats of `buf` back.
+pub fn run_and_read(
+    gpu: &Gpu,
+    buf: &wgpu::Buffer,
+    count: usize,
+    record: impl FnOnce(&mut wgpu::CommandEncoder) -> Result<(), flux_lite_platform::GpuError>,
+) -> Vec<f32> {
+    gpu.submit(record).unwrap_or_else(|e| panic!("{e}"));
+    gpu.read_f32(buf, 0, count).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// The f32 kernels' tolerance (DESIGN.md, Tests).
+pub const F32_TOL: f64 = 1e-5;
