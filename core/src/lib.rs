@@ -14,3 +14,5 @@ pub mod rope;
 pub mod tensors;
 
 pub use arena::{ArenaError, ArenaSlice, BumpArena};
+// Config structs expose heapless collections; dependents use the same version.
+pub use heapless;

@@ -41,7 +41,9 @@ pub fn qwen_row(pos: usize, head_dim: usize, theta: f64, cos_row: &mut [f32], si
     let half = head_dim / 2;
     for i in 0..half {
         let exponent = ((2 * i) as f32) / head_dim as f32;
-        let inv_freq = (1.0 / libm_pow(theta, exponent as f64)) as f32;
+        // Two float32 roundings, as torch does them: the power, then its reciprocal.
+        let power = libm_pow(theta, exponent as f64) as f32;
+        let inv_freq = 1.0f32 / power;
         let angle = (pos as f32 * inv_freq) as f64;
         let (s, c) = (sin(angle) as f32, cos(angle) as f32);
         cos_row[i] = c;

@@ -1,0 +1,108 @@
+//! The official diffusers model folder: `model_index.json`, `scheduler/`,
+//! `text_encoder/`, `tokenizer/`, `transformer/`, `vae/`. Architecture comes
+//! from each component's `config.json`.
+
+use crate::config_json::{self, JsonFile};
+use crate::error::LoadError;
+use crate::safetensors_store::WeightStore;
+use flux_lite_core::config::{ModelIndex, Qwen3Config, SchedulerConfig, TransformerConfig, VaeConfig};
+use flux_lite_core::tensors::{self, TensorSpec};
+use std::path::{Path, PathBuf};
+
+/// A model folder with every config read and validated (weights are opened on demand).
+#[derive(Debug)]
+pub struct ModelFolder {
+    pub root: PathBuf,
+    pub index: ModelIndex,
+    pub transformer: TransformerConfig,
+    pub text_encoder: Qwen3Config,
+    pub vae: VaeConfig,
+    pub scheduler: SchedulerConfig,
+}
+
+impl ModelFolder {
+    pub fn open(root: &Path) -> Result<Self, LoadError> {
+        if !root.is_dir() {
+            return Err(LoadError::Io {
+                path: root.into(),
+                source: std::io::Error::new(std::io::ErrorKind::NotFound, "model folder not found"),
+            });
+        }
+        let index = config_json::model_index(&JsonFile::read(&root.join("model_index.json"))?)?;
+        let transformer = config_json::transformer(&JsonFile::read(&root.join("transformer/config.json"))?)?;
+        let text_encoder = config_json::qwen3(&JsonFile::read(&root.join("text_encoder/config.json"))?)?;
+        let vae = config_json::vae(&JsonFile::read(&root.join("vae/config.json"))?)?;
+        let scheduler = config_json::scheduler(&JsonFile::read(&root.join("scheduler/scheduler_config.json"))?)?;
+        let folder = Self { root: root.into(), index, transformer, text_encoder, vae, scheduler };
+        folder.check_cross_component()?;
+        Ok(folder)
+    }
+
+    /// The shapes that must agree between components (spec §5).
+    fn check_cross_component(&self) -> Result<(), LoadError> {
+        let mismatch = |file: &str, field: &str, problem: String| LoadError::Field {
+            path: self.root.join(file),
+            field: field.into(),
+            problem,
+        };
+        let joint = 3 * self.text_encoder.hidden_size;
+        if self.transformer.joint_attention_dim != joint {
+            return Err(mismatch(
+                "transformer/config.json",
+                "joint_attention_dim",
+                format!("is {} but the text encoder gives 3 × {} = {joint}", self.transformer.joint_attention_dim, self.text_encoder.hidden_size),
+            ));
+        }
+        let latent = self.vae.patchified_channels();
+        if self.transformer.in_channels != latent {
+            return Err(mismatch(
+                "transformer/config.json",
+                "in_channels",
+                format!("is {} but the VAE's patchified latent has {latent} channels", self.transformer.in_channels),
+            ));
+        }
+        Ok(())
+    }
+
+    pub fn component_dir(&self, component: &str) -> PathBuf {
+        self.root.join(component)
+    }
+
+    /// Opens a component's weights and checks them against its architecture.
+    pub fn weights(&self, component: Component) -> Result<WeightStore, LoadError> {
+        let store = WeightStore::open(&self.component_dir(component.dir()), component.dir())?;
+        store.check(&self.expected_tensors(component))?;
+        Ok(store)
+    }
+
+    pub fn expected_tensors(&self, component: Component) -> Vec<TensorSpec> {
+        let mut specs = Vec::new();
+        let push = |s: &TensorSpec| specs.push(s.clone());
+        match component {
+            Component::Transformer => tensors::transformer(&self.transformer, push),
+            Component::TextEncoder => tensors::text_encoder(&self.text_encoder, push),
+            Component::Vae => tensors::vae(&self.vae, push),
+        }
+        specs
+    }
+}
+
+/// The components that carry weights.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Component {
+    Transformer,
+    TextEncoder,
+    Vae,
+}
+
+impl Component {
+    pub const ALL: [Component; 3] = [Component::TextEncoder, Component::Transformer, Component::Vae];
+
+    pub fn dir(self) -> &'static str {
+        match self {
+            Component::Transformer => "transformer",
+            Component::TextEncoder => "text_encoder",
+            Component::Vae => "vae",
+        }
+    }
+}

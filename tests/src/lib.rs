@@ -1,1 +1,93 @@
-pub fn placeholder() {}
+//! Helpers for the end-to-end tests: where the test vectors live and how to
+//! read the diffusers goldens.
+
+use safetensors::tensor::{Dtype, SafeTensors};
+use std::path::{Path, PathBuf};
+
+/// `test_vectors/` at the top of the repository.
+pub fn test_vectors() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../test_vectors")
+}
+
+/// A tiny model folder, e.g. `tiny-a`.
+pub fn model_dir(name: &str) -> PathBuf {
+    test_vectors().join("models").join(name)
+}
+
+/// The golden tensors of one case (`tiny-a/one-step`), read into memory.
+#[derive(Debug)]
+pub struct Goldens {
+    pub dir: PathBuf,
+    bytes: Vec<u8>,
+}
+
+impl Goldens {
+    pub fn load(case: &str) -> Self {
+        let dir = test_vectors().join("goldens").join(case);
+        let path = dir.join("goldens.safetensors");
+        let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        Self { dir, bytes }
+    }
+
+    fn view(&self, name: &str) -> (Dtype, Vec<usize>, &[u8]) {
+        let st = SafeTensors::deserialize(&self.bytes).expect("goldens are valid safetensors");
+        let t = st.tensor(name).unwrap_or_else(|_| panic!("golden tensor {name} missing in {}", self.dir.display()));
+        let data = t.data();
+        // Re-borrow from our own buffer so the slice outlives `st`.
+        let start = data.as_ptr() as usize - self.bytes.as_ptr() as usize;
+        (t.dtype(), t.shape().to_vec(), &self.bytes[start..start + data.len()])
+    }
+
+    /// An f32 tensor and its shape.
+    pub fn f32(&self, name: &str) -> (Vec<f32>, Vec<usize>) {
+        let (dtype, shape, data) = self.view(name);
+        assert_eq!(dtype, Dtype::F32, "{name}");
+        (data.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(), shape)
+    }
+
+    /// An i64 tensor and its shape.
+    pub fn i64(&self, name: &str) -> (Vec<i64>, Vec<usize>) {
+        let (dtype, shape, data) = self.view(name);
+        assert_eq!(dtype, Dtype::I64, "{name}");
+        (data.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes"))).collect(), shape)
+    }
+
+    pub fn case_json(&self) -> serde_json::Value {
+        let text = std::fs::read_to_string(self.dir.join("case.json")).expect("case.json");
+        serde_json::from_str(&text).expect("case.json is JSON")
+    }
+}
+
+/// The cases the generator wrote.
+pub const CASES: [&str; 4] = ["tiny-a/one-step", "tiny-a/four-step-wide", "tiny-b/three-step", "tiny-b/cfg"];
+
+/// Largest |a − b| and where it is.
+pub fn max_abs_diff(a: &[f32], b: &[f32]) -> (f32, usize) {
+    assert_eq!(a.len(), b.len());
+    a.iter().zip(b).enumerate().fold((0.0, 0), |(m, at), (i, (x, y))| {
+        let d = (x - y).abs();
+        if d > m || d.is_nan() { (d, i) } else { (m, at) }
+    })
+}
+
+/// A fresh, empty scratch folder for one test.
+pub fn scratch_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("flux-lite-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("create scratch dir");
+    dir
+}
+
+/// Copies a folder tree (the tiny models are small).
+pub fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).expect("create dir");
+    for entry in std::fs::read_dir(from).expect("read dir") {
+        let entry = entry.expect("dir entry");
+        let target = to.join(entry.file_name());
+        if entry.file_type().expect("file type").is_dir() {
+            copy_tree(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), &target).expect("copy file");
+        }
+    }
+}
