@@ -52,7 +52,7 @@ impl TransformerConfig {
         )?;
         check(axes_sum == self.attention_head_dim, "axes_dims_rope", "must sum to attention_head_dim")?;
         check(self.mlp_ratio > 0.0, "mlp_ratio", "must be positive")?;
-        check(self.timestep_guidance_channels % 2 == 0, "timestep_guidance_channels", "must be even")?;
+        check(self.timestep_guidance_channels.is_multiple_of(2), "timestep_guidance_channels", "must be even")?;
         check(!self.guidance_embeds, "guidance_embeds", "guidance-distilled models are not supported")?;
         Ok(())
     }
@@ -86,11 +86,11 @@ impl Qwen3Config {
         check(self.num_hidden_layers >= 4, "num_hidden_layers", "must be at least 4")?;
         check(self.num_key_value_heads > 0, "num_key_value_heads", "must be positive")?;
         check(
-            self.num_attention_heads % self.num_key_value_heads == 0,
+            self.num_attention_heads.is_multiple_of(self.num_key_value_heads),
             "num_attention_heads",
             "must be a multiple of num_key_value_heads",
         )?;
-        check(self.head_dim % 2 == 0 && self.head_dim > 0, "head_dim", "must be even and positive")?;
+        check(self.head_dim.is_multiple_of(2) && self.head_dim > 0, "head_dim", "must be even and positive")?;
         check(self.vocab_size > 0, "vocab_size", "must be positive")?;
         check(self.rope_theta > 0.0, "rope_theta", "must be positive")?;
         Ok(())
@@ -138,7 +138,7 @@ impl VaeConfig {
             "must have as many levels as block_out_channels",
         )?;
         check(self.norm_num_groups > 0, "norm_num_groups", "must be positive")?;
-        let divides = |c: &usize| *c % self.norm_num_groups == 0;
+        let divides = |c: &usize| (*c).is_multiple_of(self.norm_num_groups);
         check(
             self.block_out_channels.iter().all(divides) && self.decoder_channels().iter().all(divides),
             "norm_num_groups",

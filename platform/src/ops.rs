@@ -127,12 +127,10 @@ impl<'a> Rows<'a> {
     fn max_rows(&self, budget: u64) -> u64 {
         let words = budget / self.elem_bytes;
         if words < self.width {
-            0
-        } else if self.stride == 0 {
-            u64::MAX
-        } else {
-            (words - self.width) / self.stride + 1
+            return 0;
         }
+        // A stride of 0 repeats one row: any number of rows fits.
+        (words - self.width).checked_div(self.stride).map_or(u64::MAX, |r| r + 1)
     }
 }
 
@@ -383,7 +381,7 @@ pub fn group_norm(
     eps: f32,
     silu: bool,
 ) -> Result<(), GpuError> {
-    if groups == 0 || channels % groups != 0 || gamma.dtype != beta.dtype {
+    if groups == 0 || !channels.is_multiple_of(groups) || gamma.dtype != beta.dtype {
         return Err(GpuError::UnsupportedShape(format!("group norm: {channels} channels in {groups} groups")));
     }
     let n = channels * pixels;
@@ -493,7 +491,7 @@ pub fn attention(
     o: Mat<'_>,
     s: Attention,
 ) -> Result<(), GpuError> {
-    if s.head_dim > k::ATTENTION_MAX_HEAD_DIM as u64 || s.kv_heads == 0 || s.q_heads % s.kv_heads != 0 {
+    if s.head_dim > k::ATTENTION_MAX_HEAD_DIM as u64 || s.kv_heads == 0 || !s.q_heads.is_multiple_of(s.kv_heads) {
         return Err(GpuError::UnsupportedShape(format!(
             "attention with {} query heads, {} kv heads, head dim {} (max {})",
             s.q_heads,

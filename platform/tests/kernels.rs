@@ -1,6 +1,8 @@
 //! Every WGSL kernel against core's f64 reference, on fresh random inputs,
 //! with sizes that are not multiples of the tiles and poisoned outputs.
 
+#![allow(clippy::unwrap_used)]
+
 mod common;
 
 use common::*;

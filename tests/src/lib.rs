@@ -1,6 +1,8 @@
 //! Helpers for the end-to-end tests: where the test vectors live and how to
 //! read the diffusers goldens.
 
+#![allow(clippy::unwrap_used)]
+
 use safetensors::tensor::{Dtype, SafeTensors};
 use std::path::{Path, PathBuf};
 

@@ -1,6 +1,8 @@
 //! The loader on the real saved model folders (single-file and sharded), and
 //! its errors on damaged copies.
 
+#![allow(clippy::unwrap_used)]
+
 use flux_lite_platform::model::{Component, ModelFolder};
 use flux_lite_platform::LoadError;
 use flux_lite_tests::{copy_tree, model_dir, scratch_dir};

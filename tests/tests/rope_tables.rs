@@ -1,6 +1,8 @@
 //! Host-side RoPE tables against the ones diffusers and transformers built
 //! for the golden runs.
 
+#![allow(clippy::unwrap_used)]
+
 use flux_lite_core::rope;
 use flux_lite_platform::model::ModelFolder;
 use flux_lite_tests::{max_abs_diff, model_dir, Goldens, CASES};

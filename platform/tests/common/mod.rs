@@ -2,6 +2,8 @@
 //! random inputs, and the comparison every kernel test uses.
 #![allow(dead_code)]
 
+#![allow(clippy::unwrap_used)]
+
 use flux_lite_platform::{Gpu, GpuOptions};
 use std::sync::OnceLock;
 
@@ -64,13 +66,14 @@ pub fn assert_close(what: &str, got: &[f32], want: &[f64], tol: f64) {
     assert_eq!(got.len(), want.len(), "{what}: length");
     let mut diff2 = 0.0f64;
     let mut ref2 = 0.0f64;
-    let mut worst = (0usize, 0.0f64);
+    let mut worst = (0usize, -1.0f64);
     for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
         let d = g as f64 - w;
         diff2 += d * d;
         ref2 += w * w;
-        if !(d.abs() <= worst.1) {
-            worst = (i, if d.is_nan() { f64::INFINITY } else { d.abs() });
+        let size = if d.is_nan() { f64::INFINITY } else { d.abs() };
+        if size > worst.1 {
+            worst = (i, size);
         }
     }
     let rel = (diff2 / ref2.max(f64::MIN_POSITIVE)).sqrt();

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The test command (README.md): driver setup, the no_std build of core,
+# clippy with warnings denied, then every test of the workspace.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+bash ci/setup-vulkan.sh
+
+# Mesa's WSI layer complains on every device creation without a runtime dir.
+if [ -z "${XDG_RUNTIME_DIR:-}" ] || [ ! -d "${XDG_RUNTIME_DIR}" ]; then
+    export XDG_RUNTIME_DIR="${TMPDIR:-/tmp}/flux-lite-xdg-$(id -u)"
+    mkdir -p "$XDG_RUNTIME_DIR" && chmod 700 "$XDG_RUNTIME_DIR"
+fi
+
+echo "== no_std build of flux-lite-core"
+cargo build --locked -p flux-lite-core --no-default-features
+
+echo "== clippy"
+cargo clippy --locked --workspace --all-targets -- -D warnings
+
+echo "== tests"
+cargo test --locked --workspace
