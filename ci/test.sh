@@ -19,4 +19,12 @@ echo "== clippy"
 cargo clippy --locked --workspace --all-targets -- -D warnings
 
 echo "== tests"
-cargo test --locked --workspace
+log="$(mktemp)"
+set +e
+cargo test --locked --workspace 2>&1 | tee "$log"
+status=${PIPESTATUS[0]}
+set -e
+# One closing line for the whole workspace (cargo prints one per test binary).
+awk '/^test result:/ { passed += $4; failed += $6 } END { printf "tests: %d passed, %d failed\n", passed, failed }' "$log"
+rm -f "$log"
+exit "$status"
