@@ -9,9 +9,11 @@
 pub mod arena;
 pub mod bf16;
 pub mod config;
+pub mod program;
 pub mod reference;
 pub mod rope;
 pub mod tensors;
+pub mod transformer;
 
 pub use arena::{ArenaError, ArenaSlice, BumpArena};
 // Config structs expose heapless collections; dependents use the same version.

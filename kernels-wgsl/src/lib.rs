@@ -97,16 +97,16 @@ const fn kernel(
 }
 
 pub const LINEAR: Kernel =
-    kernel(Module::Linear, "linear", [16, 16, 1], &[(1, R), (2, R), (3, R), (4, RW)], size_of::<LinearParams>(), true);
+    kernel(Module::Linear, "linear", [16, 16, 1], &[(1, RW), (2, R), (3, R), (4, RW)], size_of::<LinearParams>(), true);
 
 pub const RMS_NORM: Kernel =
-    kernel(Module::Norm, "rms_norm", [128, 1, 1], &[(1, R), (2, RW), (3, R)], size_of::<NormParams>(), true);
+    kernel(Module::Norm, "rms_norm", [128, 1, 1], &[(1, RW), (2, RW), (3, R)], size_of::<NormParams>(), true);
 pub const RMS_NORM_INPLACE: Kernel =
     kernel(Module::Norm, "rms_norm_inplace", [128, 1, 1], &[(2, RW), (3, R)], size_of::<NormParams>(), true);
 pub const LAYER_NORM_MODULATE: Kernel =
-    kernel(Module::Norm, "layer_norm_modulate", [128, 1, 1], &[(1, R), (2, RW), (5, R)], size_of::<NormParams>(), false);
+    kernel(Module::Norm, "layer_norm_modulate", [128, 1, 1], &[(1, RW), (2, RW), (5, RW)], size_of::<NormParams>(), false);
 pub const GROUP_NORM: Kernel =
-    kernel(Module::Norm, "group_norm", [128, 1, 1], &[(1, R), (2, RW), (3, R), (4, R)], size_of::<NormParams>(), true);
+    kernel(Module::Norm, "group_norm", [128, 1, 1], &[(1, RW), (2, RW), (3, R), (4, R)], size_of::<NormParams>(), true);
 
 pub const ROPE_INTERLEAVED: Kernel =
     kernel(Module::Rope, "rope_interleaved", [64, 1, 1], &[(1, RW), (2, R), (3, R)], size_of::<RopeParams>(), false);
@@ -117,7 +117,7 @@ pub const ATTENTION: Kernel = kernel(
     Module::Attention,
     "attention",
     [64, 1, 1],
-    &[(1, R), (2, R), (3, R), (4, R), (5, RW)],
+    &[(1, RW), (2, RW), (3, RW), (4, R), (5, RW)],
     size_of::<AttentionParams>(),
     false,
 );
@@ -126,10 +126,10 @@ pub const ATTENTION_QUERIES_PER_GROUP: u32 = 8;
 pub const ATTENTION_MAX_HEAD_DIM: u32 = 512;
 
 const fn unary(entry: &'static str) -> Kernel {
-    kernel(Module::Elementwise, entry, [64, 1, 1], &[(1, R), (3, RW)], size_of::<ElementwiseParams>(), false)
+    kernel(Module::Elementwise, entry, [64, 1, 1], &[(1, RW), (3, RW)], size_of::<ElementwiseParams>(), false)
 }
 const fn binary(entry: &'static str) -> Kernel {
-    kernel(Module::Elementwise, entry, [64, 1, 1], &[(1, R), (2, R), (3, RW)], size_of::<ElementwiseParams>(), false)
+    kernel(Module::Elementwise, entry, [64, 1, 1], &[(1, RW), (2, RW), (3, RW)], size_of::<ElementwiseParams>(), false)
 }
 pub const SILU: Kernel = unary("silu_op");
 pub const SWIGLU: Kernel = binary("swiglu");
@@ -137,13 +137,14 @@ pub const GATED_RESIDUAL: Kernel = binary("gated_residual");
 pub const ADD: Kernel = binary("add");
 pub const ADD_INPLACE: Kernel = unary("add_inplace");
 pub const SCALE: Kernel = unary("scale");
+pub const AXPY: Kernel = unary("axpy");
 pub const COPY: Kernel = unary("copy");
 pub const TRANSPOSE: Kernel = unary("transpose");
 
 pub const CONV2D: Kernel =
-    kernel(Module::Conv, "conv2d", [64, 1, 1], &[(1, R), (2, R), (3, R), (4, RW)], size_of::<ConvParams>(), true);
+    kernel(Module::Conv, "conv2d", [64, 1, 1], &[(1, RW), (2, R), (3, R), (4, RW)], size_of::<ConvParams>(), true);
 pub const UPSAMPLE_NEAREST2X: Kernel =
-    kernel(Module::Conv, "upsample_nearest2x", [64, 1, 1], &[(1, R), (4, RW)], size_of::<ConvParams>(), false);
+    kernel(Module::Conv, "upsample_nearest2x", [64, 1, 1], &[(1, RW), (4, RW)], size_of::<ConvParams>(), false);
 
 /// Every kernel, for validation and pipeline warm-up.
 pub const ALL_KERNELS: &[Kernel] = &[
@@ -161,6 +162,7 @@ pub const ALL_KERNELS: &[Kernel] = &[
     ADD,
     ADD_INPLACE,
     SCALE,
+    AXPY,
     COPY,
     TRANSPOSE,
     CONV2D,

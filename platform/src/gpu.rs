@@ -86,6 +86,8 @@ pub struct Gpu {
     pub queue: wgpu::Queue,
     pub info: wgpu::AdapterInfo,
     pub limits: wgpu::Limits,
+    /// A small buffer bound where a kernel's optional input is absent.
+    placeholder: wgpu::Buffer,
     modules: Mutex<HashMap<Module, wgpu::ShaderModule>>,
     pipelines: Mutex<HashMap<PipelineKey, Arc<wgpu::ComputePipeline>>>,
 }
@@ -117,7 +119,14 @@ impl Gpu {
             trace: wgpu::Trace::Off,
         }))
         .map_err(|e| GpuError::RequestDevice(e.to_string()))?;
+        let placeholder = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("placeholder"),
+            size: 256,
+            usage: storage_usage(),
+            mapped_at_creation: false,
+        });
         Ok(Self {
+            placeholder,
             device,
             queue,
             info: adapter.get_info(),
@@ -130,6 +139,11 @@ impl Gpu {
     /// One line naming the adapter, e.g. `llvmpipe (LLVM 15.0.6, 256 bits) (Vulkan, Cpu)`.
     pub fn describe(&self) -> String {
         format!("{} ({:?}, {:?})", self.info.name, self.info.backend, self.info.device_type)
+    }
+
+    /// Bound in place of an absent optional input (bias, mask); never read.
+    pub fn placeholder(&self) -> &wgpu::Buffer {
+        &self.placeholder
     }
 
     /// Largest byte range one storage binding may cover.

@@ -7,7 +7,9 @@ pub mod error;
 pub mod gpu;
 pub mod model;
 pub mod ops;
+pub mod runner;
 pub mod safetensors_store;
+pub mod transformer;
 
 pub use error::{GpuError, LoadError};
 pub use gpu::{Backend, Gpu, GpuOptions};

@@ -232,7 +232,7 @@ pub fn linear(
             let ww = w_rows.window(gpu, n0, n1)?;
             let bw = match bias {
                 Some(b) => window(gpu, b.buf, eb, b.offset + n0, b.offset + n1, "linear bias")?,
-                None => w_rows.window(gpu, n0, n0 + 1)?,
+                None => window(gpu, gpu.placeholder(), 4, 0, 1, "placeholder")?,
             };
             let yw = Rows { offset: y.offset + n0, width: n1 - n0, ..y_rows }.window(gpu, m0, m1)?;
             let params = k::LinearParams {
@@ -507,7 +507,7 @@ pub fn attention(
     let vw = Rows::mat(v, s.kv_heads * s.head_dim, "attention values").window(gpu, 0, s.kv_len)?;
     let mw = match key_keep {
         Some(m) => window(gpu, m, 4, 0, s.kv_len, "attention mask")?,
-        None => Rows::mat(kmat, 1, "attention keys").window(gpu, 0, 1)?,
+        None => window(gpu, gpu.placeholder(), 4, 0, 1, "placeholder")?,
     };
     let q_rows = Rows::mat(q, s.q_heads * s.head_dim, "attention queries");
     let o_rows = Rows::mat(o, s.q_heads * s.head_dim, "attention output");
@@ -559,6 +559,8 @@ pub enum Elementwise {
     AddInPlace,
     /// dst = a·s
     Scale(f32),
+    /// dst += s·a
+    Axpy(f32),
     /// dst = a (concatenation and split along features)
     Copy,
 }
@@ -582,6 +584,7 @@ pub fn elementwise(
         Elementwise::Add => &k::ADD,
         Elementwise::AddInPlace => &k::ADD_INPLACE,
         Elementwise::Scale(_) => &k::SCALE,
+        Elementwise::Axpy(_) => &k::AXPY,
         Elementwise::Copy => &k::COPY,
     };
     let needs_b = kernel.storage.len() == 3;
@@ -617,7 +620,10 @@ pub fn elementwise(
             b_stride: to_u32(b.map_or(0, |b| b.stride), "elementwise stride")?,
             dst_offset: dw.local,
             dst_stride: to_u32(dst.stride, "elementwise stride")?,
-            scalar: if let Elementwise::Scale(s) = op { s } else { 0.0 },
+            scalar: match op {
+                Elementwise::Scale(s) | Elementwise::Axpy(s) => s,
+                _ => 0.0,
+            },
             gate_offset: if gate { bw.as_ref().map_or(0, |w| w.local) } else { 0 },
             _pad: [0; 2],
         };

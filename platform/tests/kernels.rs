@@ -351,13 +351,14 @@ fn check_elementwise(op: Elementwise, seed: u64) {
                 Elementwise::Add => x + y,
                 Elementwise::AddInPlace => d + x,
                 Elementwise::Scale(s) => x * s as f64,
+                Elementwise::Axpy(s) => d + (x as f32 * s) as f64,
                 Elementwise::Copy => x,
             }
         })
         .collect();
     let ab = gpu.upload_f32("a", &a_wide);
     let bb = gpu.upload_f32("b", if op == Elementwise::GatedResidual { &gate } else { &b });
-    let reads_dst = matches!(op, Elementwise::GatedResidual | Elementwise::AddInPlace);
+    let reads_dst = matches!(op, Elementwise::GatedResidual | Elementwise::AddInPlace | Elementwise::Axpy(_));
     let db = if reads_dst { gpu.upload_f32("dst", &dst0) } else { poisoned(gpu, rows * cols) };
     let second = match op {
         Elementwise::SwiGlu | Elementwise::Add => Some(Mat::new(&bb, cols as u64)),
@@ -380,6 +381,7 @@ fn elementwise_ops() {
         Elementwise::Add,
         Elementwise::AddInPlace,
         Elementwise::Scale(-0.37),
+        Elementwise::Axpy(-0.0625),
         Elementwise::Copy,
     ]
     .into_iter()

@@ -93,3 +93,25 @@ pub fn copy_tree(from: &Path, to: &Path) {
         }
     }
 }
+
+/// Relative L2 error of `got` against `want`, and the element with the largest |Δ|.
+pub fn rel_l2(got: &[f32], want: &[f32]) -> (f64, usize) {
+    assert_eq!(got.len(), want.len(), "lengths differ");
+    let (mut d2, mut r2) = (0.0f64, 0.0f64);
+    for (&g, &w) in got.iter().zip(want) {
+        d2 += (g as f64 - w as f64).powi(2);
+        r2 += (w as f64).powi(2);
+    }
+    ((d2 / r2.max(f64::MIN_POSITIVE)).sqrt(), max_abs_diff(got, want).1)
+}
+
+/// Fails with the worst element named when `got` is further than `tol` (relative L2) from `want`.
+pub fn assert_rel_l2(what: &str, got: &[f32], want: &[f32], tol: f64) {
+    let (err, worst) = rel_l2(got, want);
+    assert!(
+        err <= tol,
+        "{what}: relative L2 error {err:.3e} > {tol:.0e}; worst element {worst}: got {} want {}",
+        got[worst],
+        want[worst]
+    );
+}

@@ -1,4 +1,9 @@
 // Shared helpers, prepended to every kernel module.
+//
+// Activation inputs are declared read_write although kernels only read them:
+// activations share one arena buffer, and a dispatch may not bind one buffer
+// both read-only and writable. Weights and tables, in buffers of their own,
+// stay read-only.
 
 // Element `i` of a bf16 array packed two per u32 (even index in the low half).
 fn bf16_at(word: u32, i: u32) -> f32 {

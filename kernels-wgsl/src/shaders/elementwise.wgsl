@@ -12,8 +12,8 @@ struct Params {
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> a: array<f32>;
-@group(0) @binding(2) var<storage, read> b: array<f32>;
+@group(0) @binding(1) var<storage, read_write> a: array<f32>;
+@group(0) @binding(2) var<storage, read_write> b: array<f32>;
 @group(0) @binding(3) var<storage, read_write> dst: array<f32>;
 
 struct Cell {
@@ -75,6 +75,17 @@ fn add_inplace(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workg
 fn scale(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let e = cell(gid, nwg);
     if (e.ok) { dst[e.dst] = a[e.a] * p.scalar; }
+}
+
+// dst += s·a (the Euler step, with s = σ_next − σ). Rounded like torch's
+// `dst + s * a`: the product first, then the sum.
+@compute @workgroup_size(64)
+fn axpy(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let e = cell(gid, nwg);
+    if (e.ok) {
+        let step = a[e.a] * p.scalar;
+        dst[e.dst] = dst[e.dst] + step;
+    }
 }
 
 // Copy a column window: concatenation and split along features.

@@ -16,11 +16,11 @@ struct Params {
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> src: array<f32>;
+@group(0) @binding(1) var<storage, read_write> src: array<f32>;
 @group(0) @binding(2) var<storage, read_write> dst: array<f32>;
 @group(0) @binding(3) var<storage, read> w: array<u32>;
 @group(0) @binding(4) var<storage, read> w2: array<u32>;
-@group(0) @binding(5) var<storage, read> modulation: array<f32>;
+@group(0) @binding(5) var<storage, read_write> modulation: array<f32>;
 
 const THREADS: u32 = 128u;
 var<workgroup> partial: array<f32, 128>;

@@ -1,0 +1,51 @@
+//! Block programs: what a model block does, as a list of kernel steps over
+//! slices of one f32 activation arena. Core decides the steps and the
+//! layout; platform turns each step into a dispatch.
+
+use crate::tensors::TensorName;
+
+/// A row-major f32 view into the activation arena: row `r` starts at
+/// element `offset + r·stride`. A stride of 0 broadcasts one row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Span {
+    pub offset: u64,
+    pub stride: u64,
+}
+
+impl Span {
+    pub fn new(offset: u64, stride: u64) -> Self {
+        Self { offset, stride }
+    }
+
+    /// The view starting `rows` rows further down.
+    pub fn rows_from(self, rows: u64) -> Self {
+        Self { offset: self.offset + rows * self.stride, ..self }
+    }
+
+    /// The view starting `cols` columns further right.
+    pub fn cols_from(self, cols: u64) -> Self {
+        Self { offset: self.offset + cols, ..self }
+    }
+}
+
+/// One kernel step of a block program. Weights are named as in the model's
+/// files; the runner resolves names to device buffers.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Op {
+    /// `y[rows, cols] = x[rows, inner]·Wᵀ (+ b)`
+    Linear { x: Span, w: TensorName, bias: Option<TensorName>, y: Span, rows: u64, cols: u64, inner: u64 },
+    /// Per-head RMSNorm with weight, in place.
+    RmsNormHeads { data: Span, w: TensorName, tokens: u64, heads: u64, head_dim: u64, eps: f32 },
+    /// `dst = LN(src)·(1 + scale) + shift` (no affine), shift/scale broadcast rows.
+    LayerNormModulate { src: Span, dst: Span, shift: Span, scale: Span, tokens: u64, d: u64, eps: f32 },
+    /// Interleaved-pair RoPE in place; token `t` uses table row `table_row + t`.
+    RopeInterleaved { data: Span, table_row: u64, tokens: u64, heads: u64, head_dim: u64 },
+    /// Non-causal attention, `scale = 1/√head_dim`.
+    Attention { q: Span, k: Span, v: Span, o: Span, len: u64, heads: u64, head_dim: u64 },
+    /// `dst = silu(gate)·up`
+    SwiGlu { gate: Span, up: Span, dst: Span, rows: u64, cols: u64 },
+    /// `dst += gate ⊙ y`, gate one broadcast row.
+    GatedResidual { dst: Span, gate: Span, y: Span, rows: u64, cols: u64 },
+    /// `dst = silu(src)`
+    Silu { src: Span, dst: Span, rows: u64, cols: u64 },
+}

@@ -1,0 +1,336 @@
+//! `Flux2Transformer2DModel` as block programs over one activation arena.
+//!
+//! The residual stream is one `[text + image, D]` tensor with the text rows
+//! first: the double blocks update its two parts with their own weights,
+//! joint attention runs over it directly, and the single blocks need no
+//! concatenation. Every dimension comes from the config.
+
+use crate::arena::{ArenaError, BumpArena};
+use crate::config::TransformerConfig;
+use crate::program::{Op, Span};
+use crate::tensors::TensorName;
+use core::fmt::Write;
+
+/// Where each activation lives (element offsets into the f32 arena) for
+/// `text` prompt tokens and `image` latent tokens.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TransformerLayout {
+    pub text: u64,
+    pub image: u64,
+    pub dim: u64,
+    pub mlp: u64,
+    pub heads: u64,
+    pub head_dim: u64,
+    pub in_channels: u64,
+    pub out_channels: u64,
+    pub joint_dim: u64,
+    pub sinusoid_dim: u64,
+    pub eps: f32,
+    /// Inputs written by the host: packed latents `[image, in]`, prompt `[text, joint]`, sinusoid `[256]`.
+    pub latents: Span,
+    pub prompt: Span,
+    pub sinusoid: Span,
+    /// Timestep MLP and the shared modulation vectors.
+    pub t_hidden: Span,
+    pub t_act: Span,
+    pub temb: Span,
+    pub temb_silu: Span,
+    pub mod_img: Span,
+    pub mod_txt: Span,
+    pub mod_single: Span,
+    pub mod_out: Span,
+    /// The residual stream `[text + image, D]` and its normalised copy.
+    pub stream: Span,
+    pub normed: Span,
+    /// Double-block attention tensors, `[text + image, D]` each.
+    pub q: Span,
+    pub k: Span,
+    pub v: Span,
+    pub attn: Span,
+    /// A projection's output before its gated residual, `[text + image, D]`.
+    pub proj: Span,
+    /// Feed-forward input projection `[max(text, image), 2F]` and activation `[.., F]`.
+    pub ff_in: Span,
+    pub ff_act: Span,
+    /// Single block: fused projection `[text + image, 3D + 2F]` and `[attention ; mlp]` `[.., D + F]`.
+    pub fused: Span,
+    pub joined: Span,
+    /// The velocity, `[image, out]`.
+    pub velocity: Span,
+}
+
+/// Bytes per activation element (f32).
+const F32: u64 = 4;
+/// Slices start on 256-byte boundaries (the usual storage-binding offset alignment).
+const ALIGN: u64 = 256;
+
+impl TransformerLayout {
+    /// Lays out every activation of one forward pass in `arena`.
+    pub fn new(cfg: &TransformerConfig, text: u64, image: u64, arena: &mut BumpArena) -> Result<Self, ArenaError> {
+        let dim = cfg.inner_dim() as u64;
+        let mlp = cfg.mlp_hidden_dim() as u64;
+        let rows = text + image;
+        let mut take = |r: u64, width: u64| -> Result<Span, ArenaError> {
+            let s = arena.alloc(r * width * F32, ALIGN)?;
+            Ok(Span::new(s.offset / F32, width))
+        };
+        Ok(Self {
+            text,
+            image,
+            dim,
+            mlp,
+            heads: cfg.num_attention_heads as u64,
+            head_dim: cfg.attention_head_dim as u64,
+            in_channels: cfg.in_channels as u64,
+            out_channels: cfg.out_channels as u64,
+            joint_dim: cfg.joint_attention_dim as u64,
+            sinusoid_dim: cfg.timestep_guidance_channels as u64,
+            eps: cfg.eps as f32,
+            latents: take(image, cfg.in_channels as u64)?,
+            prompt: take(text, cfg.joint_attention_dim as u64)?,
+            sinusoid: take(1, cfg.timestep_guidance_channels as u64)?,
+            t_hidden: take(1, dim)?,
+            t_act: take(1, dim)?,
+            temb: take(1, dim)?,
+            temb_silu: take(1, dim)?,
+            mod_img: take(1, 6 * dim)?,
+            mod_txt: take(1, 6 * dim)?,
+            mod_single: take(1, 3 * dim)?,
+            mod_out: take(1, 2 * dim)?,
+            stream: take(rows, dim)?,
+            normed: take(rows, dim)?,
+            q: take(rows, dim)?,
+            k: take(rows, dim)?,
+            v: take(rows, dim)?,
+            attn: take(rows, dim)?,
+            proj: take(rows, dim)?,
+            ff_in: take(text.max(image), 2 * mlp)?,
+            ff_act: take(text.max(image), mlp)?,
+            fused: take(rows, 3 * dim + 2 * mlp)?,
+            joined: take(rows, dim + mlp)?,
+            velocity: take(image, cfg.out_channels as u64)?,
+        })
+    }
+
+    fn rows(&self) -> u64 {
+        self.text + self.image
+    }
+
+    /// Chunk `i` (width D) of a modulation vector, as a broadcast row.
+    fn chunk(&self, m: Span, i: u64) -> Span {
+        Span::new(m.offset + i * self.dim, 0)
+    }
+}
+
+fn name(args: core::fmt::Arguments<'_>) -> TensorName {
+    let mut n = TensorName::new();
+    n.write_fmt(args).expect("tensor names fit in 128 bytes");
+    n
+}
+
+fn linear(x: Span, w: TensorName, y: Span, rows: u64, cols: u64, inner: u64) -> Op {
+    Op::Linear { x, w, bias: None, y, rows, cols, inner }
+}
+
+/// Timestep MLP, the shared modulations, and the two input embedders.
+pub fn prologue(l: &TransformerLayout, mut emit: impl FnMut(Op)) {
+    let d = l.dim;
+    let one = |s: Span| Span::new(s.offset, 0);
+    emit(linear(l.sinusoid, name(format_args!("time_guidance_embed.timestep_embedder.linear_1.weight")), l.t_hidden, 1, d, l.sinusoid_dim));
+    emit(Op::Silu { src: l.t_hidden, dst: l.t_act, rows: 1, cols: d });
+    emit(linear(l.t_act, name(format_args!("time_guidance_embed.timestep_embedder.linear_2.weight")), l.temb, 1, d, d));
+    emit(Op::Silu { src: l.temb, dst: l.temb_silu, rows: 1, cols: d });
+    emit(linear(one(l.temb_silu), name(format_args!("double_stream_modulation_img.linear.weight")), l.mod_img, 1, 6 * d, d));
+    emit(linear(one(l.temb_silu), name(format_args!("double_stream_modulation_txt.linear.weight")), l.mod_txt, 1, 6 * d, d));
+    emit(linear(one(l.temb_silu), name(format_args!("single_stream_modulation.linear.weight")), l.mod_single, 1, 3 * d, d));
+    emit(linear(one(l.temb_silu), name(format_args!("norm_out.linear.weight")), l.mod_out, 1, 2 * d, d));
+    emit(linear(l.prompt, name(format_args!("context_embedder.weight")), l.stream, l.text, d, l.joint_dim));
+    emit(linear(l.latents, name(format_args!("x_embedder.weight")), l.stream.rows_from(l.text), l.image, d, l.in_channels));
+}
+
+/// One stream (text or image) of a double block: which rows, which weights.
+struct Stream<'a> {
+    first_row: u64,
+    rows: u64,
+    modulation: Span,
+    q: &'a str,
+    k: &'a str,
+    v: &'a str,
+    out: &'a str,
+    q_norm: &'a str,
+    k_norm: &'a str,
+    ff: &'a str,
+}
+
+/// Double-stream block `b`: each stream modulated and projected with its
+/// own weights, joint attention over `[text ; image]`, gated residuals,
+/// SwiGLU feed-forward.
+pub fn double_block(l: &TransformerLayout, b: usize, mut emit: impl FnMut(Op)) {
+    let (d, f, hd, heads) = (l.dim, l.mlp, l.head_dim, l.heads);
+    let txt = Stream {
+        first_row: 0,
+        rows: l.text,
+        modulation: l.mod_txt,
+        q: "add_q_proj",
+        k: "add_k_proj",
+        v: "add_v_proj",
+        out: "to_add_out",
+        q_norm: "norm_added_q",
+        k_norm: "norm_added_k",
+        ff: "ff_context",
+    };
+    let img = Stream {
+        first_row: l.text,
+        rows: l.image,
+        modulation: l.mod_img,
+        q: "to_q",
+        k: "to_k",
+        v: "to_v",
+        out: "to_out.0",
+        q_norm: "norm_q",
+        k_norm: "norm_k",
+        ff: "ff",
+    };
+    let w = |part: &str| name(format_args!("transformer_blocks.{b}.{part}.weight"));
+    let attn_w = |part: &str| name(format_args!("transformer_blocks.{b}.attn.{part}.weight"));
+    for s in [&txt, &img] {
+        let rows = |span: Span| span.rows_from(s.first_row);
+        emit(Op::LayerNormModulate {
+            src: rows(l.stream),
+            dst: rows(l.normed),
+            shift: l.chunk(s.modulation, 0),
+            scale: l.chunk(s.modulation, 1),
+            tokens: s.rows,
+            d,
+            eps: l.eps,
+        });
+        for (proj, dst) in [(s.q, l.q), (s.k, l.k), (s.v, l.v)] {
+            emit(linear(rows(l.normed), attn_w(proj), rows(dst), s.rows, d, d));
+        }
+        for (norm, dst) in [(s.q_norm, l.q), (s.k_norm, l.k)] {
+            emit(Op::RmsNormHeads { data: rows(dst), w: attn_w(norm), tokens: s.rows, heads, head_dim: hd, eps: l.eps });
+        }
+    }
+    for data in [l.q, l.k] {
+        emit(Op::RopeInterleaved { data, table_row: 0, tokens: l.rows(), heads, head_dim: hd });
+    }
+    emit(Op::Attention { q: l.q, k: l.k, v: l.v, o: l.attn, len: l.rows(), heads, head_dim: hd });
+    for s in [&txt, &img] {
+        let rows = |span: Span| span.rows_from(s.first_row);
+        emit(linear(rows(l.attn), attn_w(s.out), rows(l.proj), s.rows, d, d));
+        emit(Op::GatedResidual { dst: rows(l.stream), gate: l.chunk(s.modulation, 2), y: rows(l.proj), rows: s.rows, cols: d });
+        emit(Op::LayerNormModulate {
+            src: rows(l.stream),
+            dst: rows(l.normed),
+            shift: l.chunk(s.modulation, 3),
+            scale: l.chunk(s.modulation, 4),
+            tokens: s.rows,
+            d,
+            eps: l.eps,
+        });
+        emit(linear(rows(l.normed), w(&format_str(s.ff, "linear_in")), l.ff_in, s.rows, 2 * f, d));
+        emit(Op::SwiGlu { gate: l.ff_in, up: l.ff_in.cols_from(f), dst: l.ff_act, rows: s.rows, cols: f });
+        emit(linear(l.ff_act, w(&format_str(s.ff, "linear_out")), rows(l.proj), s.rows, d, f));
+        emit(Op::GatedResidual { dst: rows(l.stream), gate: l.chunk(s.modulation, 5), y: rows(l.proj), rows: s.rows, cols: d });
+    }
+}
+
+fn format_str(a: &str, b: &str) -> heapless::String<64> {
+    let mut s = heapless::String::new();
+    s.write_fmt(format_args!("{a}.{b}")).expect("short part names");
+    s
+}
+
+/// Single-stream block `b` over the whole `[text ; image]` stream: one fused
+/// projection to q, k, v and the SwiGLU halves, attention, one output
+/// projection of `[attention ; mlp]`, one gated residual.
+pub fn single_block(l: &TransformerLayout, b: usize, mut emit: impl FnMut(Op)) {
+    let (d, f, hd, heads, rows) = (l.dim, l.mlp, l.head_dim, l.heads, l.rows());
+    let w = |part: &str| name(format_args!("single_transformer_blocks.{b}.attn.{part}.weight"));
+    emit(Op::LayerNormModulate {
+        src: l.stream,
+        dst: l.normed,
+        shift: l.chunk(l.mod_single, 0),
+        scale: l.chunk(l.mod_single, 1),
+        tokens: rows,
+        d,
+        eps: l.eps,
+    });
+    emit(linear(l.normed, w("to_qkv_mlp_proj"), l.fused, rows, 3 * d + 2 * f, d));
+    let (q, k, v) = (l.fused, l.fused.cols_from(d), l.fused.cols_from(2 * d));
+    emit(Op::RmsNormHeads { data: q, w: w("norm_q"), tokens: rows, heads, head_dim: hd, eps: l.eps });
+    emit(Op::RmsNormHeads { data: k, w: w("norm_k"), tokens: rows, heads, head_dim: hd, eps: l.eps });
+    for data in [q, k] {
+        emit(Op::RopeInterleaved { data, table_row: 0, tokens: rows, heads, head_dim: hd });
+    }
+    emit(Op::Attention { q, k, v, o: l.joined, len: rows, heads, head_dim: hd });
+    emit(Op::SwiGlu { gate: l.fused.cols_from(3 * d), up: l.fused.cols_from(3 * d + f), dst: l.joined.cols_from(d), rows, cols: f });
+    emit(linear(l.joined, w("to_out"), l.proj, rows, d, d + f));
+    emit(Op::GatedResidual { dst: l.stream, gate: l.chunk(l.mod_single, 2), y: l.proj, rows, cols: d });
+}
+
+/// Final AdaLN (scale first, then shift) on the image rows and the output projection.
+pub fn epilogue(l: &TransformerLayout, mut emit: impl FnMut(Op)) {
+    let img = |s: Span| s.rows_from(l.text);
+    emit(Op::LayerNormModulate {
+        src: img(l.stream),
+        dst: img(l.normed),
+        shift: l.chunk(l.mod_out, 1),
+        scale: l.chunk(l.mod_out, 0),
+        tokens: l.image,
+        d: l.dim,
+        eps: l.eps,
+    });
+    emit(linear(img(l.normed), name(format_args!("proj_out.weight")), l.velocity, l.image, l.out_channels, l.dim));
+}
+
+/// The `[cos, sin]` timestep sinusoid of `Flux2` for timestep `t` (already ×1000),
+/// as diffusers computes it in float32: the exponent `−ln(10⁴)·j/half`, the
+/// frequency and the angle `t·f` are rounded to f32 step by step as torch
+/// rounds them, then the cos/sin of that f32 angle are taken in f64. (The
+/// angle's rounding is the table's real error; torch's own float32 `exp` is
+/// off by an ulp for a few `j`, which moves those angles by an ulp.)
+pub fn timestep_sinusoid(t: f32, out: &mut [f32]) {
+    let half = out.len() / 2;
+    for j in 0..half {
+        let exponent = (-(libm::log(10000.0) as f32) * j as f32) / half as f32;
+        let freq = libm::exp(exponent as f64) as f32;
+        let angle = (t * freq) as f64;
+        out[j] = libm::cos(angle) as f32;
+        out[half + j] = libm::sin(angle) as f32;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::klein_4b;
+
+    #[test]
+    fn layout_fits_the_4b_model_at_1024px() {
+        let cfg = klein_4b::transformer();
+        let mut arena = BumpArena::new(u64::MAX / 2);
+        let l = TransformerLayout::new(&cfg, 512, 4096, &mut arena).unwrap();
+        assert_eq!(l.fused.stride, 3 * 3072 + 2 * 9216);
+        assert_eq!(l.joined.stride, 3072 + 9216);
+        // Spans do not overlap: each starts after the previous one ends.
+        assert!(l.velocity.offset * 4 + 4096 * 128 * 4 <= arena.used());
+    }
+
+    #[test]
+    fn double_block_reads_its_own_weights() {
+        let cfg = klein_4b::transformer();
+        let mut arena = BumpArena::new(u64::MAX / 2);
+        let l = TransformerLayout::new(&cfg, 512, 64, &mut arena).unwrap();
+        let mut names = heapless::Vec::<TensorName, 32>::new();
+        double_block(&l, 3, |op| {
+            if let Op::Linear { w, .. } | Op::RmsNormHeads { w, .. } = op {
+                names.push(w).unwrap();
+            }
+        });
+        // 8 attention projections, 4 norms, 2 × 2 feed-forward linears.
+        assert_eq!(names.len(), 16);
+        assert!(names.iter().all(|n| n.starts_with("transformer_blocks.3.")));
+        assert!(names.iter().any(|n| n.as_str() == "transformer_blocks.3.ff_context.linear_out.weight"));
+    }
+}

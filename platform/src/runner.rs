@@ -1,0 +1,157 @@
+//! Runs core's block programs: one f32 activation arena on the device, the
+//! weights the programs name, and the RoPE tables.
+
+use crate::error::{GpuError, LoadError};
+use crate::gpu::Gpu;
+use crate::ops::{self, Attention, Elementwise, Mat, RopeStyle, RowNorm, Weight, WeightDtype};
+use crate::safetensors_store::{TensorRef, WeightStore};
+use flux_lite_core::program::{Op, Span};
+use safetensors::tensor::Dtype;
+use std::collections::HashMap;
+
+/// A weight tensor on the device.
+#[derive(Debug)]
+pub struct DeviceWeight {
+    pub buffer: wgpu::Buffer,
+    pub dtype: WeightDtype,
+}
+
+impl DeviceWeight {
+    /// Uploads a tensor as stored (bf16 or f32); f16 is widened to f32 on the host.
+    pub fn upload(gpu: &Gpu, name: &str, t: TensorRef<'_>) -> Result<Self, LoadError> {
+        let (buffer, dtype) = match t.dtype {
+            Dtype::BF16 => (gpu.upload_bytes(name, t.bytes), WeightDtype::Bf16),
+            Dtype::F32 => (gpu.upload_bytes(name, t.bytes), WeightDtype::F32),
+            Dtype::F16 => {
+                let wide: Vec<f32> = t
+                    .bytes
+                    .chunks_exact(2)
+                    .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
+                    .collect();
+                (gpu.upload_f32(name, &wide), WeightDtype::F32)
+            }
+            other => {
+                return Err(LoadError::WrongTensor {
+                    component: String::new(),
+                    name: name.into(),
+                    expected: "a bf16, f16 or f32 tensor".into(),
+                    found: format!("{other:?}"),
+                })
+            }
+        };
+        Ok(Self { buffer, dtype })
+    }
+
+    fn view(&self) -> Weight<'_> {
+        Weight { buf: &self.buffer, offset: 0, dtype: self.dtype }
+    }
+}
+
+/// Every weight of a component, uploaded once.
+#[derive(Debug, Default)]
+pub struct DeviceWeights {
+    map: HashMap<String, DeviceWeight>,
+}
+
+impl DeviceWeights {
+    pub fn upload_all(gpu: &Gpu, store: &WeightStore) -> Result<Self, LoadError> {
+        let mut map = HashMap::new();
+        for name in store.names() {
+            map.insert(name.to_string(), DeviceWeight::upload(gpu, name, store.tensor(name)?)?);
+        }
+        Ok(Self { map })
+    }
+
+    fn get(&self, name: &str) -> Result<&DeviceWeight, GpuError> {
+        self.map
+            .get(name)
+            .ok_or_else(|| GpuError::UnsupportedShape(format!("the program names weight `{name}`, which was not loaded")))
+    }
+}
+
+/// The activation arena and the tables a program reads.
+#[derive(Debug)]
+pub struct Runner {
+    pub arena: wgpu::Buffer,
+    pub rope_cos: wgpu::Buffer,
+    pub rope_sin: wgpu::Buffer,
+}
+
+impl Runner {
+    fn mat(&self, s: Span) -> Mat<'_> {
+        Mat { buf: &self.arena, offset: s.offset, stride: s.stride }
+    }
+
+    /// Records one program step.
+    pub fn record(&self, gpu: &Gpu, enc: &mut wgpu::CommandEncoder, weights: &DeviceWeights, op: &Op) -> Result<(), GpuError> {
+        match op {
+            Op::Linear { x, w, bias, y, rows, cols, inner } => {
+                let bias = match bias {
+                    Some(b) => Some(weights.get(b)?.view()),
+                    None => None,
+                };
+                ops::linear(gpu, enc, self.mat(*x), weights.get(w)?.view(), bias, self.mat(*y), *rows, *cols, *inner)
+            }
+            Op::RmsNormHeads { data, w, tokens, heads, head_dim, eps } => {
+                let s = RowNorm { tokens: *tokens, heads: *heads, d: *head_dim, eps: *eps };
+                ops::rms_norm_inplace(gpu, enc, self.mat(*data), weights.get(w)?.view(), s)
+            }
+            Op::LayerNormModulate { src, dst, shift, scale, tokens, d, eps } => {
+                let s = RowNorm { tokens: *tokens, heads: 1, d: *d, eps: *eps };
+                ops::layer_norm_modulate(gpu, enc, self.mat(*src), self.mat(*shift), self.mat(*scale), self.mat(*dst), s)
+            }
+            Op::RopeInterleaved { data, table_row, tokens, heads, head_dim } => ops::rope(
+                gpu,
+                enc,
+                RopeStyle::Interleaved,
+                self.mat(*data),
+                &self.rope_cos,
+                &self.rope_sin,
+                *table_row,
+                *tokens,
+                *heads,
+                *head_dim,
+            ),
+            Op::Attention { q, k, v, o, len, heads, head_dim } => {
+                let s = Attention {
+                    q_len: *len,
+                    kv_len: *len,
+                    q_heads: *heads,
+                    kv_heads: *heads,
+                    head_dim: *head_dim,
+                    scale: (1.0 / (*head_dim as f64).sqrt()) as f32,
+                    causal: false,
+                };
+                ops::attention(gpu, enc, self.mat(*q), self.mat(*k), self.mat(*v), None, self.mat(*o), s)
+            }
+            Op::SwiGlu { gate, up, dst, rows, cols } => {
+                ops::elementwise(gpu, enc, Elementwise::SwiGlu, self.mat(*gate), Some(self.mat(*up)), self.mat(*dst), *rows, *cols)
+            }
+            Op::GatedResidual { dst, gate, y, rows, cols } => ops::elementwise(
+                gpu,
+                enc,
+                Elementwise::GatedResidual,
+                self.mat(*y),
+                Some(self.mat(*gate)),
+                self.mat(*dst),
+                *rows,
+                *cols,
+            ),
+            Op::Silu { src, dst, rows, cols } => {
+                ops::elementwise(gpu, enc, Elementwise::Silu, self.mat(*src), None, self.mat(*dst), *rows, *cols)
+            }
+        }
+    }
+
+    /// Writes rows of f32 data into a contiguous span of the arena.
+    pub fn write(&self, gpu: &Gpu, span: Span, data: &[f32]) {
+        gpu.queue.write_buffer(&self.arena, span.offset * 4, bytemuck::cast_slice(data));
+    }
+
+    /// Reads `rows × cols` values of a span back (rows `stride` apart).
+    pub fn read(&self, gpu: &Gpu, span: Span, rows: u64, cols: u64) -> Result<Vec<f32>, GpuError> {
+        let stride = span.stride.max(cols);
+        let all = gpu.read_f32(&self.arena, span.offset, ((rows.max(1) - 1) * stride + cols) as usize)?;
+        Ok((0..rows).flat_map(|r| all[(r * stride) as usize..(r * stride + cols) as usize].to_vec()).collect())
+    }
+}

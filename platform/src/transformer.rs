@@ -1,0 +1,187 @@
+//! The FLUX.2 transformer on the GPU: weights uploaded once, one activation
+//! arena laid out by core before the first step, the forward pass as core's
+//! block programs, and the Euler update on the device.
+
+use crate::error::{GpuError, LoadError};
+use crate::gpu::Gpu;
+use crate::ops::{self, Elementwise, Mat};
+use crate::runner::{DeviceWeights, Runner};
+use crate::safetensors_store::WeightStore;
+use flux_lite_core::config::TransformerConfig;
+use flux_lite_core::program::Op;
+use flux_lite_core::rope;
+use flux_lite_core::transformer::{self as program, TransformerLayout};
+use flux_lite_core::BumpArena;
+
+/// Where a forward pass is, for progress reporting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlockProgress {
+    /// Blocks finished in this forward pass (prologue and epilogue count as blocks).
+    pub done: usize,
+    pub total: usize,
+}
+
+#[derive(Debug)]
+pub struct Transformer {
+    pub config: TransformerConfig,
+    pub layout: TransformerLayout,
+    runner: Runner,
+    weights: DeviceWeights,
+    /// The whole forward pass, grouped by block.
+    blocks: Vec<Vec<Op>>,
+    pub arena_bytes: u64,
+}
+
+impl Transformer {
+    /// Uploads the weights, lays out the activations for `text` prompt tokens
+    /// and a `latent_h × latent_w` token grid, and builds the RoPE tables.
+    pub fn new(
+        gpu: &Gpu,
+        config: &TransformerConfig,
+        store: &WeightStore,
+        text: usize,
+        latent_h: usize,
+        latent_w: usize,
+    ) -> Result<Self, TransformerError> {
+        let image = latent_h * latent_w;
+        let mut arena = BumpArena::new(u64::MAX);
+        let layout = TransformerLayout::new(config, text as u64, image as u64, &mut arena)
+            .map_err(|e| TransformerError::Gpu(GpuError::UnsupportedShape(e.to_string())))?;
+        let arena_bytes = arena.high_water();
+        let weights = DeviceWeights::upload_all(gpu, store)?;
+        let hd = config.attention_head_dim;
+        let rows = text + image;
+        let (mut cos, mut sin) = (vec![0f32; rows * hd], vec![0f32; rows * hd]);
+        for t in 0..rows {
+            let pos = if t < text { rope::text_position(t) } else { rope::image_position(0, (t - text) / latent_w, (t - text) % latent_w) };
+            rope::flux_row(pos, &config.axes_dims_rope, config.rope_theta, &mut cos[t * hd..][..hd], &mut sin[t * hd..][..hd]);
+        }
+        let runner = Runner {
+            arena: gpu.storage("transformer activations", arena_bytes),
+            rope_cos: gpu.upload_f32("rope cos", &cos),
+            rope_sin: gpu.upload_f32("rope sin", &sin),
+        };
+        let mut blocks = Vec::new();
+        let mut collect = |f: &dyn Fn(&mut dyn FnMut(Op))| {
+            let mut ops = Vec::new();
+            f(&mut |op| ops.push(op));
+            blocks.push(ops);
+        };
+        collect(&|emit| program::prologue(&layout, emit));
+        for b in 0..config.num_layers {
+            collect(&|emit| program::double_block(&layout, b, emit));
+        }
+        for b in 0..config.num_single_layers {
+            collect(&|emit| program::single_block(&layout, b, emit));
+        }
+        collect(&|emit| program::epilogue(&layout, emit));
+        Ok(Self { config: config.clone(), layout, runner, weights, blocks, arena_bytes })
+    }
+
+    /// Sets the prompt embeddings `[text, joint_attention_dim]`.
+    pub fn set_prompt(&self, gpu: &Gpu, prompt: &[f32]) -> Result<(), TransformerError> {
+        let want = (self.layout.text * self.layout.joint_dim) as usize;
+        if prompt.len() != want {
+            return Err(TransformerError::Input(format!(
+                "prompt embeddings hold {} values, the transformer needs {} × {} = {want}",
+                prompt.len(),
+                self.layout.text,
+                self.layout.joint_dim
+            )));
+        }
+        self.runner.write(gpu, self.layout.prompt, prompt);
+        Ok(())
+    }
+
+    /// Sets the packed latents `[image, in_channels]`.
+    pub fn set_latents(&self, gpu: &Gpu, latents: &[f32]) -> Result<(), TransformerError> {
+        let want = (self.layout.image * self.layout.in_channels) as usize;
+        if latents.len() != want {
+            return Err(TransformerError::Input(format!("latents hold {} values, expected {want}", latents.len())));
+        }
+        self.runner.write(gpu, self.layout.latents, latents);
+        Ok(())
+    }
+
+    pub fn latents(&self, gpu: &Gpu) -> Result<Vec<f32>, GpuError> {
+        self.runner.read(gpu, self.layout.latents, self.layout.image, self.layout.in_channels)
+    }
+
+    pub fn velocity(&self, gpu: &Gpu) -> Result<Vec<f32>, GpuError> {
+        self.runner.read(gpu, self.layout.velocity, self.layout.image, self.layout.out_channels)
+    }
+
+    /// Number of progress units in one forward pass.
+    pub fn block_count(&self) -> usize {
+        self.blocks.len()
+    }
+
+    /// Runs one forward pass at timestep `t` (the scheduler's σ·1000); the
+    /// velocity lands in `layout.velocity`.
+    pub fn forward(&self, gpu: &Gpu, t: f32, progress: &mut dyn FnMut(BlockProgress)) -> Result<(), GpuError> {
+        // diffusers passes t/1000 to the model, which multiplies by 1000 again (in f32).
+        let t_in = (t / 1000.0) * 1000.0;
+        let mut sinusoid = vec![0f32; self.layout.sinusoid_dim as usize];
+        program::timestep_sinusoid(t_in, &mut sinusoid);
+        self.runner.write(gpu, self.layout.sinusoid, &sinusoid);
+        for (i, block) in self.blocks.iter().enumerate() {
+            self.run_ops(gpu, block)?;
+            progress(BlockProgress { done: i + 1, total: self.blocks.len() });
+        }
+        Ok(())
+    }
+
+    /// Runs a list of program steps in one submission.
+    pub fn run_ops(&self, gpu: &Gpu, ops: &[Op]) -> Result<(), GpuError> {
+        gpu.submit(|enc| ops.iter().try_for_each(|op| self.runner.record(gpu, enc, &self.weights, op)))
+    }
+
+    /// The Euler step on the device: `latents += (σ_next − σ)·velocity`.
+    pub fn euler_step(&self, gpu: &Gpu, sigma: f32, sigma_next: f32) -> Result<(), GpuError> {
+        let l = &self.layout;
+        let mat = |s: flux_lite_core::program::Span| Mat { buf: &self.runner.arena, offset: s.offset, stride: s.stride };
+        gpu.submit(|enc| {
+            ops::elementwise(gpu, enc, Elementwise::Axpy(sigma_next - sigma), mat(l.velocity), None, mat(l.latents), l.image, l.in_channels)
+        })
+    }
+
+    /// The program steps of each block, in order (prologue, doubles, singles, epilogue).
+    pub fn blocks(&self) -> &[Vec<Op>] {
+        &self.blocks
+    }
+
+    pub fn runner(&self) -> &Runner {
+        &self.runner
+    }
+}
+
+#[derive(Debug)]
+pub enum TransformerError {
+    Load(LoadError),
+    Gpu(GpuError),
+    Input(String),
+}
+
+impl std::fmt::Display for TransformerError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TransformerError::Load(e) => e.fmt(f),
+            TransformerError::Gpu(e) => e.fmt(f),
+            TransformerError::Input(e) => f.write_str(e),
+        }
+    }
+}
+
+impl std::error::Error for TransformerError {}
+
+impl From<LoadError> for TransformerError {
+    fn from(e: LoadError) -> Self {
+        TransformerError::Load(e)
+    }
+}
+
+impl From<GpuError> for TransformerError {
+    fn from(e: GpuError) -> Self {
+        TransformerError::Gpu(e)
+    }
+}
