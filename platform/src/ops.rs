@@ -157,10 +157,50 @@ fn rows_per_chunk(gpu: &Gpu, rows: u64, operands: &[Rows<'_>], granule: u64) -> 
     Ok(chunk)
 }
 
-/// Records one dispatch of `kernel` with `params` and the given storage windows.
+/// One prepared dispatch: pipeline, bindings and grid, ready to encode any
+/// number of times. Its parameters live in `params`, which a caller may
+/// rewrite between runs (the Euler step's scalar).
+#[derive(Debug)]
+pub struct Dispatch {
+    pub label: &'static str,
+    pub pipeline: std::sync::Arc<wgpu::ComputePipeline>,
+    pub bind_group: wgpu::BindGroup,
+    pub params: wgpu::Buffer,
+    pub grid: [u32; 3],
+}
+
+/// Where launchers put their dispatches: straight into a command encoder,
+/// or into a list prepared once and encoded every step.
+pub trait Sink {
+    fn put(&mut self, dispatch: Dispatch);
+}
+
+impl Sink for wgpu::CommandEncoder {
+    fn put(&mut self, dispatch: Dispatch) {
+        encode(self, std::slice::from_ref(&dispatch));
+    }
+}
+
+impl Sink for Vec<Dispatch> {
+    fn put(&mut self, dispatch: Dispatch) {
+        self.push(dispatch);
+    }
+}
+
+/// Encodes prepared dispatches in order, in one compute pass.
+pub fn encode(enc: &mut wgpu::CommandEncoder, dispatches: &[Dispatch]) {
+    let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: None, timestamp_writes: None });
+    for d in dispatches {
+        pass.set_pipeline(&d.pipeline);
+        pass.set_bind_group(0, &d.bind_group, &[]);
+        pass.dispatch_workgroups(d.grid[0], d.grid[1], d.grid[2]);
+    }
+}
+
+/// Builds one dispatch of `kernel` with `params` and the given storage windows.
 fn dispatch<P: Pod>(
     gpu: &Gpu,
-    enc: &mut wgpu::CommandEncoder,
+    sink: &mut dyn Sink,
     kernel: &k::Kernel,
     constants: &[(&'static str, u32)],
     params: &P,
@@ -175,7 +215,7 @@ fn dispatch<P: Pod>(
         &wgpu::util::BufferInitDescriptor {
             label: Some(kernel.entry),
             contents: bytemuck::bytes_of(params),
-            usage: wgpu::BufferUsages::UNIFORM,
+            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
         },
     );
     let mut entries = vec![wgpu::BindGroupEntry { binding: 0, resource: uniform.as_entire_binding() }];
@@ -189,10 +229,7 @@ fn dispatch<P: Pod>(
         layout: &pipeline.get_bind_group_layout(0),
         entries: &entries,
     });
-    let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(kernel.entry), timestamp_writes: None });
-    pass.set_pipeline(&pipeline);
-    pass.set_bind_group(0, &bind_group, &[]);
-    pass.dispatch_workgroups(grid[0], grid[1], grid[2]);
+    sink.put(Dispatch { label: kernel.entry, pipeline, bind_group, params: uniform, grid });
 }
 
 /// Grid for `invocations` one-dimensional invocations of a 64-wide kernel.
@@ -204,7 +241,7 @@ fn grid64(invocations: u64) -> [u32; 3] {
 #[allow(clippy::too_many_arguments)]
 pub fn linear(
     gpu: &Gpu,
-    enc: &mut wgpu::CommandEncoder,
+    sink: &mut dyn Sink,
     x: Mat<'_>,
     w: Weight<'_>,
     bias: Option<Weight<'_>>,
@@ -248,7 +285,7 @@ pub fn linear(
                 _pad: [0; 3],
             };
             let grid = [(n1 - n0).div_ceil(tile_n) as u32, (m1 - m0).div_ceil(tile_m) as u32, 1];
-            dispatch(gpu, enc, &k::LINEAR, &constants, &params, &[(1, &xw), (2, &ww), (3, &bw), (4, &yw)], grid);
+            dispatch(gpu, sink, &k::LINEAR, &constants, &params, &[(1, &xw), (2, &ww), (3, &bw), (4, &yw)], grid);
         }
     }
     Ok(())
@@ -265,19 +302,19 @@ pub struct RowNorm {
 }
 
 /// RMSNorm with weight: `dst = w·src/√(mean(src²)+eps)` per (token, head) row.
-pub fn rms_norm(gpu: &Gpu, enc: &mut wgpu::CommandEncoder, src: Mat<'_>, w: Weight<'_>, dst: Mat<'_>, s: RowNorm) -> Result<(), GpuError> {
-    row_norm(gpu, enc, &k::RMS_NORM, Some(src), dst, w_or_mod(Some(w), None), s)
+pub fn rms_norm(gpu: &Gpu, sink: &mut dyn Sink, src: Mat<'_>, w: Weight<'_>, dst: Mat<'_>, s: RowNorm) -> Result<(), GpuError> {
+    row_norm(gpu, sink, &k::RMS_NORM, Some(src), dst, w_or_mod(Some(w), None), s)
 }
 
 /// RMSNorm in place (per-head q/k norms).
-pub fn rms_norm_inplace(gpu: &Gpu, enc: &mut wgpu::CommandEncoder, data: Mat<'_>, w: Weight<'_>, s: RowNorm) -> Result<(), GpuError> {
-    row_norm(gpu, enc, &k::RMS_NORM_INPLACE, None, data, w_or_mod(Some(w), None), s)
+pub fn rms_norm_inplace(gpu: &Gpu, sink: &mut dyn Sink, data: Mat<'_>, w: Weight<'_>, s: RowNorm) -> Result<(), GpuError> {
+    row_norm(gpu, sink, &k::RMS_NORM_INPLACE, None, data, w_or_mod(Some(w), None), s)
 }
 
 /// `dst = LN(src)·(1 + scale) + shift`; `shift` and `scale` are `d`-wide rows of the modulation buffer.
 pub fn layer_norm_modulate(
     gpu: &Gpu,
-    enc: &mut wgpu::CommandEncoder,
+    sink: &mut dyn Sink,
     src: Mat<'_>,
     shift: Mat<'_>,
     scale: Mat<'_>,
@@ -287,7 +324,7 @@ pub fn layer_norm_modulate(
     if !std::ptr::eq(shift.buf, scale.buf) {
         return Err(GpuError::UnsupportedShape("shift and scale must live in one modulation buffer".into()));
     }
-    row_norm(gpu, enc, &k::LAYER_NORM_MODULATE, Some(src), dst, w_or_mod(None, Some((shift, scale))), s)
+    row_norm(gpu, sink, &k::LAYER_NORM_MODULATE, Some(src), dst, w_or_mod(None, Some((shift, scale))), s)
 }
 
 enum NormExtra<'a> {
@@ -305,7 +342,7 @@ fn w_or_mod<'a>(w: Option<Weight<'a>>, m: Option<(Mat<'a>, Mat<'a>)>) -> NormExt
 
 fn row_norm(
     gpu: &Gpu,
-    enc: &mut wgpu::CommandEncoder,
+    sink: &mut dyn Sink,
     kernel: &k::Kernel,
     src: Option<Mat<'_>>,
     dst: Mat<'_>,
@@ -361,7 +398,7 @@ fn row_norm(
         }
         storage.push((2, &dw));
         storage.push((extra_slot, &extra_window));
-        dispatch(gpu, enc, kernel, &constants, &params, &storage, grid);
+        dispatch(gpu, sink, kernel, &constants, &params, &storage, grid);
     }
     Ok(())
 }
@@ -370,7 +407,7 @@ fn row_norm(
 #[allow(clippy::too_many_arguments)]
 pub fn group_norm(
     gpu: &Gpu,
-    enc: &mut wgpu::CommandEncoder,
+    sink: &mut dyn Sink,
     src: Mat<'_>,
     gamma: Weight<'_>,
     beta: Weight<'_>,
@@ -406,7 +443,7 @@ pub fn group_norm(
         ..Default::default()
     };
     let constants = [("WEIGHT_BF16", gamma.dtype.constant())];
-    dispatch(gpu, enc, &k::GROUP_NORM, &constants, &params, &[(1, &sw), (2, &dw), (3, &gw), (4, &bw)], [groups as u32, 1, 1]);
+    dispatch(gpu, sink, &k::GROUP_NORM, &constants, &params, &[(1, &sw), (2, &dw), (3, &gw), (4, &bw)], [groups as u32, 1, 1]);
     Ok(())
 }
 
@@ -423,7 +460,7 @@ pub enum RopeStyle {
 #[allow(clippy::too_many_arguments)]
 pub fn rope(
     gpu: &Gpu,
-    enc: &mut wgpu::CommandEncoder,
+    sink: &mut dyn Sink,
     style: RopeStyle,
     data: Mat<'_>,
     cos: &wgpu::Buffer,
@@ -462,7 +499,7 @@ pub fn rope(
             _pad: [0; 2],
         };
         let grid = grid64((t1 - t0) * heads * (head_dim / 2));
-        dispatch(gpu, enc, kernel, &[], &params, &[(1, &dw), (2, &cw), (3, &sw)], grid);
+        dispatch(gpu, sink, kernel, &[], &params, &[(1, &dw), (2, &cw), (3, &sw)], grid);
     }
     Ok(())
 }
@@ -483,7 +520,7 @@ pub struct Attention {
 #[allow(clippy::too_many_arguments)]
 pub fn attention(
     gpu: &Gpu,
-    enc: &mut wgpu::CommandEncoder,
+    sink: &mut dyn Sink,
     q: Mat<'_>,
     kmat: Mat<'_>,
     v: Mat<'_>,
@@ -539,7 +576,7 @@ pub fn attention(
             _pad: [0; 2],
         };
         let grid = [to_u32((q1 - q0).div_ceil(per_group), "attention query blocks")?, s.q_heads as u32, 1];
-        dispatch(gpu, enc, &k::ATTENTION, &[], &params, &[(1, &qw), (2, &kw), (3, &vw), (4, &mw), (5, &ow)], grid);
+        dispatch(gpu, sink, &k::ATTENTION, &[], &params, &[(1, &qw), (2, &kw), (3, &vw), (4, &mw), (5, &ow)], grid);
     }
     Ok(())
 }
@@ -569,7 +606,7 @@ pub enum Elementwise {
 #[allow(clippy::too_many_arguments)]
 pub fn elementwise(
     gpu: &Gpu,
-    enc: &mut wgpu::CommandEncoder,
+    sink: &mut dyn Sink,
     op: Elementwise,
     a: Mat<'_>,
     b: Option<Mat<'_>>,
@@ -632,13 +669,13 @@ pub fn elementwise(
             storage.push((2, w));
         }
         storage.push((3, &dw));
-        dispatch(gpu, enc, kernel, &[], &params, &storage, grid64((r1 - r0) * cols));
+        dispatch(gpu, sink, kernel, &[], &params, &storage, grid64((r1 - r0) * cols));
     }
     Ok(())
 }
 
 /// `dst[c, r] = a[r, c]`: between `[tokens, features]` and `[channels, pixels]`.
-pub fn transpose(gpu: &Gpu, enc: &mut wgpu::CommandEncoder, a: Mat<'_>, dst: Mat<'_>, rows: u64, cols: u64) -> Result<(), GpuError> {
+pub fn transpose(gpu: &Gpu, sink: &mut dyn Sink, a: Mat<'_>, dst: Mat<'_>, rows: u64, cols: u64) -> Result<(), GpuError> {
     if rows == 0 || cols == 0 {
         return Ok(());
     }
@@ -653,7 +690,7 @@ pub fn transpose(gpu: &Gpu, enc: &mut wgpu::CommandEncoder, a: Mat<'_>, dst: Mat
         dst_stride: to_u32(dst.stride, "transpose stride")?,
         ..Default::default()
     };
-    dispatch(gpu, enc, &k::TRANSPOSE, &[], &params, &[(1, &aw), (3, &dw)], grid64(rows * cols));
+    dispatch(gpu, sink, &k::TRANSPOSE, &[], &params, &[(1, &aw), (3, &dw)], grid64(rows * cols));
     Ok(())
 }
 
@@ -663,7 +700,7 @@ pub use flux_lite_core::reference::ConvShape;
 /// tensors, split over output channels when the output or weights are large.
 pub fn conv2d(
     gpu: &Gpu,
-    enc: &mut wgpu::CommandEncoder,
+    sink: &mut dyn Sink,
     x: Mat<'_>,
     w: Weight<'_>,
     bias: Weight<'_>,
@@ -704,7 +741,7 @@ pub fn conv2d(
             y_offset: yw.local,
             _pad: [0; 2],
         };
-        dispatch(gpu, enc, &k::CONV2D, &constants, &params, &[(1, &xw), (2, &ww), (3, &bw), (4, &yw)], grid64((c1 - c0) * plane));
+        dispatch(gpu, sink, &k::CONV2D, &constants, &params, &[(1, &xw), (2, &ww), (3, &bw), (4, &yw)], grid64((c1 - c0) * plane));
     }
     Ok(())
 }
@@ -713,7 +750,7 @@ pub fn conv2d(
 #[allow(clippy::too_many_arguments)]
 pub fn upsample_nearest2x(
     gpu: &Gpu,
-    enc: &mut wgpu::CommandEncoder,
+    sink: &mut dyn Sink,
     x: Mat<'_>,
     y: Mat<'_>,
     channels: u64,
@@ -735,7 +772,7 @@ pub fn upsample_nearest2x(
             y_offset: yw.local,
             ..Default::default()
         };
-        dispatch(gpu, enc, &k::UPSAMPLE_NEAREST2X, &[], &params, &[(1, &xw), (4, &yw)], grid64((c1 - c0) * 4 * plane));
+        dispatch(gpu, sink, &k::UPSAMPLE_NEAREST2X, &[], &params, &[(1, &xw), (4, &yw)], grid64((c1 - c0) * 4 * plane));
     }
     Ok(())
 }

@@ -83,26 +83,26 @@ impl Runner {
     }
 
     /// Records one program step.
-    pub fn record(&self, gpu: &Gpu, enc: &mut wgpu::CommandEncoder, weights: &DeviceWeights, op: &Op) -> Result<(), GpuError> {
+    pub fn record(&self, gpu: &Gpu, sink: &mut dyn ops::Sink, weights: &DeviceWeights, op: &Op) -> Result<(), GpuError> {
         match op {
             Op::Linear { x, w, bias, y, rows, cols, inner } => {
                 let bias = match bias {
                     Some(b) => Some(weights.get(b)?.view()),
                     None => None,
                 };
-                ops::linear(gpu, enc, self.mat(*x), weights.get(w)?.view(), bias, self.mat(*y), *rows, *cols, *inner)
+                ops::linear(gpu, sink, self.mat(*x), weights.get(w)?.view(), bias, self.mat(*y), *rows, *cols, *inner)
             }
             Op::RmsNormHeads { data, w, tokens, heads, head_dim, eps } => {
                 let s = RowNorm { tokens: *tokens, heads: *heads, d: *head_dim, eps: *eps };
-                ops::rms_norm_inplace(gpu, enc, self.mat(*data), weights.get(w)?.view(), s)
+                ops::rms_norm_inplace(gpu, sink, self.mat(*data), weights.get(w)?.view(), s)
             }
             Op::LayerNormModulate { src, dst, shift, scale, tokens, d, eps } => {
                 let s = RowNorm { tokens: *tokens, heads: 1, d: *d, eps: *eps };
-                ops::layer_norm_modulate(gpu, enc, self.mat(*src), self.mat(*shift), self.mat(*scale), self.mat(*dst), s)
+                ops::layer_norm_modulate(gpu, sink, self.mat(*src), self.mat(*shift), self.mat(*scale), self.mat(*dst), s)
             }
             Op::RopeInterleaved { data, table_row, tokens, heads, head_dim } => ops::rope(
                 gpu,
-                enc,
+                sink,
                 RopeStyle::Interleaved,
                 self.mat(*data),
                 &self.rope_cos,
@@ -122,14 +122,14 @@ impl Runner {
                     scale: (1.0 / (*head_dim as f64).sqrt()) as f32,
                     causal: false,
                 };
-                ops::attention(gpu, enc, self.mat(*q), self.mat(*k), self.mat(*v), None, self.mat(*o), s)
+                ops::attention(gpu, sink, self.mat(*q), self.mat(*k), self.mat(*v), None, self.mat(*o), s)
             }
             Op::SwiGlu { gate, up, dst, rows, cols } => {
-                ops::elementwise(gpu, enc, Elementwise::SwiGlu, self.mat(*gate), Some(self.mat(*up)), self.mat(*dst), *rows, *cols)
+                ops::elementwise(gpu, sink, Elementwise::SwiGlu, self.mat(*gate), Some(self.mat(*up)), self.mat(*dst), *rows, *cols)
             }
             Op::GatedResidual { dst, gate, y, rows, cols } => ops::elementwise(
                 gpu,
-                enc,
+                sink,
                 Elementwise::GatedResidual,
                 self.mat(*y),
                 Some(self.mat(*gate)),
@@ -138,7 +138,7 @@ impl Runner {
                 *cols,
             ),
             Op::Silu { src, dst, rows, cols } => {
-                ops::elementwise(gpu, enc, Elementwise::Silu, self.mat(*src), None, self.mat(*dst), *rows, *cols)
+                ops::elementwise(gpu, sink, Elementwise::Silu, self.mat(*src), None, self.mat(*dst), *rows, *cols)
             }
         }
     }

@@ -4,7 +4,7 @@
 
 use crate::error::{GpuError, LoadError};
 use crate::gpu::Gpu;
-use crate::ops::{self, Elementwise, Mat};
+use crate::ops::{self, Dispatch, Elementwise, Mat};
 use crate::runner::{DeviceWeights, Runner};
 use crate::safetensors_store::WeightStore;
 use flux_lite_core::config::TransformerConfig;
@@ -21,6 +21,9 @@ pub struct BlockProgress {
     pub total: usize,
 }
 
+/// Longest timestep sinusoid supported without allocating (`timestep_guidance_channels`).
+const MAX_SINUSOID: usize = 1024;
+
 #[derive(Debug)]
 pub struct Transformer {
     pub config: TransformerConfig,
@@ -29,6 +32,10 @@ pub struct Transformer {
     weights: DeviceWeights,
     /// The whole forward pass, grouped by block.
     blocks: Vec<Vec<Op>>,
+    /// The same, as dispatches built once (pipelines, bindings, parameters).
+    prepared: Vec<Vec<Dispatch>>,
+    /// `latents += s·velocity`; `s` is rewritten in its parameters each step.
+    euler: Dispatch,
     pub arena_bytes: u64,
 }
 
@@ -44,6 +51,12 @@ impl Transformer {
         latent_w: usize,
     ) -> Result<Self, TransformerError> {
         let image = latent_h * latent_w;
+        if config.timestep_guidance_channels > MAX_SINUSOID {
+            return Err(TransformerError::Input(format!(
+                "timestep_guidance_channels {} is above the supported {MAX_SINUSOID}",
+                config.timestep_guidance_channels
+            )));
+        }
         let mut arena = BumpArena::new(u64::MAX);
         let layout = TransformerLayout::new(config, text as u64, image as u64, &mut arena)
             .map_err(|e| TransformerError::Gpu(GpuError::UnsupportedShape(e.to_string())))?;
@@ -75,7 +88,22 @@ impl Transformer {
             collect(&|emit| program::single_block(&layout, b, emit));
         }
         collect(&|emit| program::epilogue(&layout, emit));
-        Ok(Self { config: config.clone(), layout, runner, weights, blocks, arena_bytes })
+        let mut prepared = Vec::with_capacity(blocks.len());
+        for block in &blocks {
+            let mut dispatches = Vec::new();
+            for op in block {
+                runner.record(gpu, &mut dispatches, &weights, op)?;
+            }
+            prepared.push(dispatches);
+        }
+        let mut euler = Vec::new();
+        let mat = |s: flux_lite_core::program::Span| Mat { buf: &runner.arena, offset: s.offset, stride: s.stride };
+        ops::elementwise(gpu, &mut euler, Elementwise::Axpy(0.0), mat(layout.velocity), None, mat(layout.latents), layout.image, layout.in_channels)?;
+        let euler = match <[Dispatch; 1]>::try_from(euler) {
+            Ok([d]) => d,
+            Err(_) => return Err(TransformerError::Input("the latents are too large for one Euler dispatch".into())),
+        };
+        Ok(Self { config: config.clone(), layout, runner, weights, blocks, prepared, euler, arena_bytes })
     }
 
     /// Sets the prompt embeddings `[text, joint_attention_dim]`.
@@ -117,31 +145,37 @@ impl Transformer {
     }
 
     /// Runs one forward pass at timestep `t` (the scheduler's σ·1000); the
-    /// velocity lands in `layout.velocity`.
+    /// velocity lands in `layout.velocity`. Encodes the dispatches prepared
+    /// at construction: nothing is allocated on the device here.
     pub fn forward(&self, gpu: &Gpu, t: f32, progress: &mut dyn FnMut(BlockProgress)) -> Result<(), GpuError> {
         // diffusers passes t/1000 to the model, which multiplies by 1000 again (in f32).
         let t_in = (t / 1000.0) * 1000.0;
-        let mut sinusoid = vec![0f32; self.layout.sinusoid_dim as usize];
-        program::timestep_sinusoid(t_in, &mut sinusoid);
-        self.runner.write(gpu, self.layout.sinusoid, &sinusoid);
-        for (i, block) in self.blocks.iter().enumerate() {
-            self.run_ops(gpu, block)?;
-            progress(BlockProgress { done: i + 1, total: self.blocks.len() });
+        let mut sinusoid = [0f32; MAX_SINUSOID];
+        let sinusoid = &mut sinusoid[..self.layout.sinusoid_dim as usize];
+        program::timestep_sinusoid(t_in, sinusoid);
+        self.runner.write(gpu, self.layout.sinusoid, sinusoid);
+        for (i, block) in self.prepared.iter().enumerate() {
+            gpu.submit(|enc| {
+                ops::encode(enc, block);
+                Ok(())
+            })?;
+            progress(BlockProgress { done: i + 1, total: self.prepared.len() });
         }
         Ok(())
     }
 
-    /// Runs a list of program steps in one submission.
+    /// Runs a list of program steps in one submission (building their dispatches now).
     pub fn run_ops(&self, gpu: &Gpu, ops: &[Op]) -> Result<(), GpuError> {
         gpu.submit(|enc| ops.iter().try_for_each(|op| self.runner.record(gpu, enc, &self.weights, op)))
     }
 
     /// The Euler step on the device: `latents += (σ_next − σ)·velocity`.
     pub fn euler_step(&self, gpu: &Gpu, sigma: f32, sigma_next: f32) -> Result<(), GpuError> {
-        let l = &self.layout;
-        let mat = |s: flux_lite_core::program::Span| Mat { buf: &self.runner.arena, offset: s.offset, stride: s.stride };
+        let offset = std::mem::offset_of!(flux_lite_kernels::ElementwiseParams, scalar) as u64;
+        gpu.queue.write_buffer(&self.euler.params, offset, bytemuck::bytes_of(&(sigma_next - sigma)));
         gpu.submit(|enc| {
-            ops::elementwise(gpu, enc, Elementwise::Axpy(sigma_next - sigma), mat(l.velocity), None, mat(l.latents), l.image, l.in_channels)
+            ops::encode(enc, std::slice::from_ref(&self.euler));
+            Ok(())
         })
     }
 
