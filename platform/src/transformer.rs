@@ -74,20 +74,14 @@ impl Transformer {
             rope_cos: gpu.upload_f32("rope cos", &cos),
             rope_sin: gpu.upload_f32("rope sin", &sin),
         };
-        let mut blocks = Vec::new();
-        let mut collect = |f: &dyn Fn(&mut dyn FnMut(Op))| {
-            let mut ops = Vec::new();
-            f(&mut |op| ops.push(op));
-            blocks.push(ops);
-        };
-        collect(&|emit| program::prologue(&layout, emit));
+        let mut blocks = vec![collect_ops(|emit| program::prologue(&layout, emit))];
         for b in 0..config.num_layers {
-            collect(&|emit| program::double_block(&layout, b, emit));
+            blocks.push(collect_ops(|emit| program::double_block(&layout, b, emit)));
         }
         for b in 0..config.num_single_layers {
-            collect(&|emit| program::single_block(&layout, b, emit));
+            blocks.push(collect_ops(|emit| program::single_block(&layout, b, emit)));
         }
-        collect(&|emit| program::epilogue(&layout, emit));
+        blocks.push(collect_ops(|emit| program::epilogue(&layout, emit)));
         let mut prepared = Vec::with_capacity(blocks.len());
         for block in &blocks {
             let mut dispatches = Vec::new();
@@ -187,6 +181,12 @@ impl Transformer {
     pub fn runner(&self) -> &Runner {
         &self.runner
     }
+}
+
+fn collect_ops(program: impl FnOnce(&mut dyn FnMut(Op))) -> Vec<Op> {
+    let mut ops = Vec::new();
+    program(&mut |op| ops.push(op));
+    ops
 }
 
 #[derive(Debug)]
