@@ -6,6 +6,8 @@ use flux_lite_platform::{Gpu, GpuOptions};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+mod gen;
+
 /// flux-lite: FLUX.2-klein text-to-image on any GPU, in WGSL through wgpu.
 #[derive(FromArgs, Debug)]
 struct Cli {
@@ -16,6 +18,7 @@ struct Cli {
 #[derive(FromArgs, Debug)]
 #[argh(subcommand)]
 enum Command {
+    Gen(gen::GenArgs),
     Info(InfoArgs),
     Gpu(GpuArgs),
 }
@@ -37,6 +40,7 @@ struct GpuArgs {}
 fn main() -> ExitCode {
     let cli: Cli = argh::from_env();
     let result = match cli.command {
+        Command::Gen(args) => gen::run(&args),
         Command::Info(args) => info(&args),
         Command::Gpu(_) => gpu(),
     };
@@ -111,7 +115,7 @@ fn gpu() -> Result<(), String> {
     Ok(())
 }
 
-fn human_bytes(b: u64) -> String {
+pub(crate) fn human_bytes(b: u64) -> String {
     const UNITS: [&str; 4] = ["B", "KiB", "MiB", "GiB"];
     let mut v = b as f64;
     let mut unit = 0;

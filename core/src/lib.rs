@@ -11,7 +11,9 @@ pub mod bf16;
 pub mod config;
 pub mod program;
 pub mod reference;
+pub mod rng;
 pub mod rope;
+pub mod schedule;
 pub mod tensors;
 pub mod transformer;
 

@@ -3,6 +3,7 @@
 //! diffusers model folder read through memory maps.
 
 pub mod config_json;
+pub mod denoise;
 pub mod error;
 pub mod gpu;
 pub mod model;

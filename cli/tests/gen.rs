@@ -1,0 +1,150 @@
+//! `flux-lite gen --embeddings` end to end against the diffusers goldens:
+//! noise from the seed, schedule, every step on the GPU, the latents file.
+
+#![allow(clippy::unwrap_used)]
+
+use safetensors::tensor::{Dtype, SafeTensors, TensorView};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn vectors() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../test_vectors")
+}
+
+fn golden(case: &str, name: &str) -> (Vec<f32>, Vec<usize>) {
+    let bytes = std::fs::read(vectors().join("goldens").join(case).join("goldens.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let t = st.tensor(name).unwrap();
+    assert_eq!(t.dtype(), Dtype::F32);
+    (t.data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(), t.shape().to_vec())
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("flux-lite-cli-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// The golden prompt embeddings as an embeddings file, in f32 or bf16.
+fn embeddings_file(case: &str, dir: &Path, bf16: bool) -> PathBuf {
+    let (values, shape) = golden(case, "prompt_embeds");
+    let bytes: Vec<u8> = if bf16 {
+        values.iter().flat_map(|&v| flux_lite_bf16(v).to_le_bytes()).collect()
+    } else {
+        values.iter().flat_map(|v| v.to_le_bytes()).collect()
+    };
+    let view = TensorView::new(if bf16 { Dtype::BF16 } else { Dtype::F32 }, shape, &bytes).unwrap();
+    let path = dir.join("embeds.safetensors");
+    std::fs::write(&path, safetensors::serialize([("prompt_embeds", view)], None).unwrap()).unwrap();
+    path
+}
+
+fn flux_lite_bf16(v: f32) -> u16 {
+    // Round to nearest even, as torch's .to(bfloat16).
+    let bits = v.to_bits();
+    ((bits + 0x7fff + ((bits >> 16) & 1)) >> 16) as u16
+}
+
+fn gen(model: &str, args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_flux-lite"))
+        .arg("gen")
+        .arg("--model")
+        .arg(vectors().join("models").join(model))
+        .args(args)
+        .arg("--quiet")
+        .output()
+        .unwrap()
+}
+
+fn rel_l2(got: &[f32], want: &[f32]) -> f64 {
+    let d: f64 = got.iter().zip(want).map(|(a, b)| (*a as f64 - *b as f64).powi(2)).sum();
+    let r: f64 = want.iter().map(|b| (*b as f64).powi(2)).sum();
+    (d / r).sqrt()
+}
+
+fn check_case(case: &str, model: &str, seed: &str, steps: usize, width: &str, height: &str) {
+    let dir = scratch(&case.replace('/', "-"));
+    let out = dir.join("latents.safetensors");
+    let embeds = embeddings_file(case, &dir, false);
+    let run = gen(
+        model,
+        &[
+            "--embeddings",
+            embeds.to_str().unwrap(),
+            "--seed",
+            seed,
+            "--steps",
+            &steps.to_string(),
+            "--width",
+            width,
+            "--height",
+            height,
+            "--output-latents",
+            out.to_str().unwrap(),
+        ],
+    );
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    assert!(String::from_utf8_lossy(&run.stderr).contains(&format!("seed: {seed}")));
+    let bytes = std::fs::read(&out).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let t = st.tensor("latents").unwrap();
+    let got: Vec<f32> = t.data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+    let (want, shape) = golden(case, &format!("latents.{}", steps - 1));
+    assert_eq!(t.shape(), shape.as_slice());
+    let err = rel_l2(&got, &want);
+    assert!(err <= 1e-4, "{case}: final latents off by relative L2 {err:.3e}");
+}
+
+#[test]
+fn one_step_from_seed_42() {
+    check_case("tiny-a/one-step", "tiny-a", "42", 1, "32", "32");
+}
+
+#[test]
+fn four_steps_non_square() {
+    check_case("tiny-a/four-step-wide", "tiny-a", "7", 4, "48", "32");
+}
+
+#[test]
+fn three_steps_on_the_base_model_without_guidance() {
+    // guidance 1.0: diffusers runs no CFG on the base model either.
+    check_case("tiny-b/three-step", "tiny-b", "0", 3, "32", "32");
+}
+
+#[test]
+fn bf16_embeddings_are_accepted() {
+    let dir = scratch("bf16");
+    let embeds = embeddings_file("tiny-a/one-step", &dir, true);
+    let out = dir.join("latents.safetensors");
+    let run = gen("tiny-a", &["--embeddings", embeds.to_str().unwrap(), "--seed", "1", "--steps", "1", "--width", "16", "--height", "16", "--output-latents", out.to_str().unwrap()]);
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    assert!(out.exists());
+}
+
+fn expect_error(model: &str, args: &[&str], needle: &str, out: &Path) {
+    let run = gen(model, args);
+    assert!(!run.status.success());
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error: ")).collect();
+    assert_eq!(errors.len(), 1, "{stderr}");
+    assert!(errors[0].contains(needle), "{stderr}");
+    assert!(!out.exists(), "a failed run left {}", out.display());
+}
+
+#[test]
+fn bad_sizes_steps_and_embeddings_are_one_error_line_and_no_file() {
+    let dir = scratch("errors");
+    let embeds = embeddings_file("tiny-a/one-step", &dir, false);
+    let e = embeds.to_str().unwrap();
+    let out = dir.join("never.safetensors");
+    let o = out.to_str().unwrap();
+    // tiny-a's VAE has scale factor 2: sizes must be multiples of 4.
+    expect_error("tiny-a", &["--embeddings", e, "--width", "30", "--height", "32", "--output-latents", o], "--width 30", &out);
+    expect_error("tiny-a", &["--embeddings", e, "--width", "32", "--height", "0", "--output-latents", o], "--height 0", &out);
+    expect_error("tiny-a", &["--embeddings", e, "--steps", "0", "--width", "32", "--height", "32", "--output-latents", o], "--steps 0", &out);
+    // tiny-b expects 144-wide embeddings.
+    expect_error("tiny-b", &["--embeddings", e, "--width", "32", "--height", "32", "--output-latents", o], "expected [512, 144]", &out);
+    let missing = dir.join("missing.safetensors");
+    expect_error("tiny-a", &["--embeddings", missing.to_str().unwrap(), "--output-latents", o], "missing.safetensors", &out);
+}

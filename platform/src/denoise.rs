@@ -1,0 +1,68 @@
+//! Text-to-latents: the starting noise as diffusers draws it, the schedule,
+//! and the denoising loop over the prepared transformer.
+
+use crate::gpu::Gpu;
+use crate::transformer::{BlockProgress, Transformer, TransformerError};
+use flux_lite_core::config::{SchedulerConfig, VaeConfig};
+use flux_lite_core::rng::TorchGenerator;
+use flux_lite_core::schedule;
+
+/// The latent token grid for an image size: `(H/(2s), W/(2s))`, s the VAE
+/// scale factor. Sizes must be positive multiples of `2s` (16 for the real VAE).
+pub fn latent_grid(vae: &VaeConfig, width: usize, height: usize) -> Result<(usize, usize), String> {
+    let unit = 2 * vae.scale_factor();
+    for (flag, v) in [("--width", width), ("--height", height)] {
+        if v == 0 || v % unit != 0 {
+            return Err(format!("{flag} {v} is not a positive multiple of {unit} (2 × the VAE scale factor)"));
+        }
+    }
+    Ok((height / unit, width / unit))
+}
+
+/// `torch.randn((1, channels, h, w), generator=manual_seed(seed), dtype=bfloat16)`,
+/// widened to f32 and packed to `[h·w, channels]` (token `y·w + x`), as
+/// `Flux2KleinPipeline` packs its latents.
+pub fn packed_noise(seed: u64, channels: usize, h: usize, w: usize) -> Vec<f32> {
+    let mut bits = vec![0u16; channels * h * w];
+    TorchGenerator::new(seed).fill_randn_bf16(&mut bits);
+    let mut packed = vec![0f32; bits.len()];
+    for c in 0..channels {
+        for t in 0..h * w {
+            packed[t * channels + c] = flux_lite_core::bf16::to_f32(bits[c * h * w + t]);
+        }
+    }
+    packed
+}
+
+/// Where the loop is, for progress reporting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StepProgress {
+    /// 0-based step index.
+    pub step: usize,
+    pub steps: usize,
+    pub block: BlockProgress,
+}
+
+/// Runs `steps` Euler steps from `noise` with the prompt already set on the
+/// transformer, and returns the final packed latents `[tokens, channels]`.
+/// Everything on the device was allocated before the first step; the
+/// latents stay on the device until the end.
+pub fn denoise(
+    gpu: &Gpu,
+    transformer: &Transformer,
+    scheduler: &SchedulerConfig,
+    steps: usize,
+    noise: &[f32],
+    progress: &mut dyn FnMut(StepProgress),
+) -> Result<Vec<f32>, TransformerError> {
+    let tokens = transformer.layout.image as usize;
+    let mut sigmas = vec![0f32; steps + 1];
+    schedule::sigmas(scheduler, tokens, steps, &mut sigmas).map_err(|e| TransformerError::Input(format!("--steps: {e}")))?;
+    transformer.set_latents(gpu, noise)?;
+    for step in 0..steps {
+        let t = schedule::timestep_for(scheduler.num_train_timesteps, sigmas[step]);
+        transformer.forward(gpu, t, &mut |block| progress(StepProgress { step, steps, block }))?;
+        transformer.euler_step(gpu, sigmas[step], sigmas[step + 1])?;
+    }
+    Ok(transformer.latents(gpu)?)
+}
