@@ -303,12 +303,12 @@ pub struct RowNorm {
 
 /// RMSNorm with weight: `dst = w·src/√(mean(src²)+eps)` per (token, head) row.
 pub fn rms_norm(gpu: &Gpu, sink: &mut dyn Sink, src: Mat<'_>, w: Weight<'_>, dst: Mat<'_>, s: RowNorm) -> Result<(), GpuError> {
-    row_norm(gpu, sink, &k::RMS_NORM, Some(src), dst, w_or_mod(Some(w), None), s)
+    row_norm(gpu, sink, &k::RMS_NORM, Some(src), dst, NormExtra::Weight(w), s)
 }
 
 /// RMSNorm in place (per-head q/k norms).
 pub fn rms_norm_inplace(gpu: &Gpu, sink: &mut dyn Sink, data: Mat<'_>, w: Weight<'_>, s: RowNorm) -> Result<(), GpuError> {
-    row_norm(gpu, sink, &k::RMS_NORM_INPLACE, None, data, w_or_mod(Some(w), None), s)
+    row_norm(gpu, sink, &k::RMS_NORM_INPLACE, None, data, NormExtra::Weight(w), s)
 }
 
 /// `dst = LN(src)·(1 + scale) + shift`; `shift` and `scale` are `d`-wide rows of the modulation buffer.
@@ -324,20 +324,13 @@ pub fn layer_norm_modulate(
     if !std::ptr::eq(shift.buf, scale.buf) {
         return Err(GpuError::UnsupportedShape("shift and scale must live in one modulation buffer".into()));
     }
-    row_norm(gpu, sink, &k::LAYER_NORM_MODULATE, Some(src), dst, w_or_mod(None, Some((shift, scale))), s)
+    row_norm(gpu, sink, &k::LAYER_NORM_MODULATE, Some(src), dst, NormExtra::Modulation(shift, scale), s)
 }
 
+/// What a row norm reads besides its input: a weight, or modulation rows (shift, scale).
 enum NormExtra<'a> {
     Weight(Weight<'a>),
     Modulation(Mat<'a>, Mat<'a>),
-}
-
-fn w_or_mod<'a>(w: Option<Weight<'a>>, m: Option<(Mat<'a>, Mat<'a>)>) -> NormExtra<'a> {
-    match (w, m) {
-        (Some(w), _) => NormExtra::Weight(w),
-        (None, Some((a, b))) => NormExtra::Modulation(a, b),
-        (None, None) => unreachable!("every row norm has a weight or a modulation"),
-    }
 }
 
 fn row_norm(

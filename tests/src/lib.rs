@@ -3,7 +3,11 @@
 
 #![allow(clippy::unwrap_used)]
 
+use flux_lite_platform::model::{Component, ModelFolder};
+use flux_lite_platform::transformer::Transformer;
+use flux_lite_platform::{Gpu, GpuOptions};
 use safetensors::tensor::{Dtype, SafeTensors};
+use std::sync::OnceLock;
 use std::path::{Path, PathBuf};
 
 /// `test_vectors/` at the top of the repository.
@@ -114,4 +118,42 @@ pub fn assert_rel_l2(what: &str, got: &[f32], want: &[f32], tol: f64) {
         got[worst],
         want[worst]
     );
+}
+
+/// The test device, one per test binary (lavapipe in CI).
+pub fn gpu() -> &'static Gpu {
+    static GPU: OnceLock<Gpu> = OnceLock::new();
+    GPU.get_or_init(|| Gpu::new(&GpuOptions::default()).unwrap_or_else(|e| panic!("{e}")))
+}
+
+/// A golden case with its model's transformer on the test device, laid out
+/// for the case's image size.
+#[derive(Debug)]
+pub struct TransformerCase {
+    pub name: &'static str,
+    pub goldens: Goldens,
+    pub transformer: Transformer,
+    pub steps: usize,
+    pub cfg: bool,
+}
+
+impl TransformerCase {
+    pub fn load(name: &'static str) -> Self {
+        let goldens = Goldens::load(name);
+        let json = goldens.case_json();
+        let field = |k: &str| json[k].clone();
+        let model_name = field("model").as_str().map(str::to_string).unwrap_or_else(|| panic!("{name}: case.json model"));
+        let model = ModelFolder::open(&model_dir(&model_name)).unwrap_or_else(|e| panic!("{e}"));
+        let shape: Vec<usize> = field("noise_shape")
+            .as_array()
+            .map(|a| a.iter().filter_map(|v| v.as_u64()).map(|v| v as usize).collect())
+            .unwrap_or_default();
+        assert_eq!(shape.len(), 4, "{name}: noise_shape");
+        let store = model.weights(Component::Transformer).unwrap_or_else(|e| panic!("{e}"));
+        let transformer =
+            Transformer::new(gpu(), &model.transformer, &store, 512, shape[2], shape[3]).unwrap_or_else(|e| panic!("{e}"));
+        let steps = field("steps").as_u64().unwrap_or_else(|| panic!("{name}: steps")) as usize;
+        let cfg = field("cfg").as_bool().unwrap_or_else(|| panic!("{name}: cfg"));
+        Self { name, goldens, transformer, steps, cfg }
+    }
 }

@@ -5,38 +5,10 @@
 #![allow(clippy::unwrap_used)]
 
 use flux_lite_core::transformer::timestep_sinusoid;
-use flux_lite_platform::model::{Component, ModelFolder};
-use flux_lite_platform::transformer::Transformer;
-use flux_lite_platform::{Gpu, GpuOptions};
-use flux_lite_tests::{assert_rel_l2, max_abs_diff, model_dir, Goldens, CASES};
-use std::sync::OnceLock;
-
-fn gpu() -> &'static Gpu {
-    static GPU: OnceLock<Gpu> = OnceLock::new();
-    GPU.get_or_init(|| Gpu::new(&GpuOptions::default()).unwrap_or_else(|e| panic!("{e}")))
-}
+use flux_lite_tests::{assert_rel_l2, gpu, max_abs_diff, Goldens, TransformerCase, CASES};
 
 /// Per-step tolerance of the issue: relative L2 ≤ 1e-4.
 const STEP_TOL: f64 = 1e-4;
-
-struct Case {
-    goldens: Goldens,
-    transformer: Transformer,
-    steps: usize,
-    cfg: bool,
-}
-
-fn load(case: &str) -> Case {
-    let goldens = Goldens::load(case);
-    let json = goldens.case_json();
-    let model = ModelFolder::open(&model_dir(json["model"].as_str().unwrap())).unwrap();
-    let shape: Vec<usize> = json["noise_shape"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as usize).collect();
-    let store = model.weights(Component::Transformer).unwrap();
-    let transformer = Transformer::new(gpu(), &model.transformer, &store, 512, shape[2], shape[3]).unwrap();
-    let steps = json["steps"].as_u64().unwrap() as usize;
-    let cfg = json["cfg"].as_bool().unwrap();
-    Case { goldens, transformer, steps, cfg }
-}
 
 #[test]
 fn timestep_sinusoid_matches_diffusers() {
@@ -62,7 +34,7 @@ fn timestep_sinusoid_matches_diffusers() {
 #[test]
 fn velocities_and_latents_follow_diffusers_step_by_step() {
     for name in CASES {
-        let c = load(name);
+        let c = TransformerCase::load(name);
         let g = &c.goldens;
         let gpu = gpu();
         c.transformer.set_prompt(gpu, &g.f32("prompt_embeds").0).unwrap();

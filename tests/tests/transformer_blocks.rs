@@ -5,16 +5,8 @@
 
 #![allow(clippy::unwrap_used)]
 
-use flux_lite_platform::model::{Component, ModelFolder};
 use flux_lite_platform::transformer::Transformer;
-use flux_lite_platform::{Gpu, GpuOptions};
-use flux_lite_tests::{assert_rel_l2, model_dir, Goldens, CASES};
-use std::sync::OnceLock;
-
-fn gpu() -> &'static Gpu {
-    static GPU: OnceLock<Gpu> = OnceLock::new();
-    GPU.get_or_init(|| Gpu::new(&GpuOptions::default()).unwrap_or_else(|e| panic!("{e}")))
-}
+use flux_lite_tests::{assert_rel_l2, gpu, Goldens, TransformerCase, CASES};
 
 /// One block is a few dozen f32 kernels; diffusers runs the same math in
 /// float32, so the two agree to about 1e-6.
@@ -22,16 +14,10 @@ const BLOCK_TOL: f64 = 1e-5;
 
 fn for_each_case(check: impl Fn(&str, &Goldens, &Transformer, usize)) {
     for name in CASES {
-        let g = Goldens::load(name);
-        let json = g.case_json();
-        let model = ModelFolder::open(&model_dir(json["model"].as_str().unwrap())).unwrap();
-        let shape: Vec<usize> = json["noise_shape"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as usize).collect();
-        let store = model.weights(Component::Transformer).unwrap();
-        let t = Transformer::new(gpu(), &model.transformer, &store, 512, shape[2], shape[3]).unwrap();
+        let c = TransformerCase::load(name);
         // Step 0 and the last step see the most different inputs.
-        let steps = json["steps"].as_u64().unwrap() as usize;
-        for step in [0, steps - 1] {
-            check(name, &g, &t, step);
+        for step in [0, c.steps - 1] {
+            check(name, &c.goldens, &c.transformer, step);
         }
     }
 }
