@@ -28,17 +28,11 @@ var<workgroup> x_tile: array<f32, 1024>; // [TK][TM]
 var<workgroup> w_tile: array<f32, 1024>; // [TK][TN]
 
 fn weight(i: u32) -> f32 {
-    if (WEIGHT_BF16) {
-        return bf16_at(w[i >> 1u], i);
-    }
-    return bitcast<f32>(w[i]);
+    return weight_value(w[weight_word(i, WEIGHT_BF16)], i, WEIGHT_BF16);
 }
 
 fn bias(i: u32) -> f32 {
-    if (WEIGHT_BF16) {
-        return bf16_at(b[i >> 1u], i);
-    }
-    return bitcast<f32>(b[i]);
+    return weight_value(b[weight_word(i, WEIGHT_BF16)], i, WEIGHT_BF16);
 }
 
 @compute @workgroup_size(16, 16)

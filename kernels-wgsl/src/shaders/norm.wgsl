@@ -26,17 +26,11 @@ const THREADS: u32 = 128u;
 var<workgroup> partial: array<f32, 128>;
 
 fn weight(i: u32) -> f32 {
-    if (WEIGHT_BF16) {
-        return bf16_at(w[i >> 1u], i);
-    }
-    return bitcast<f32>(w[i]);
+    return weight_value(w[weight_word(i, WEIGHT_BF16)], i, WEIGHT_BF16);
 }
 
 fn weight2(i: u32) -> f32 {
-    if (WEIGHT_BF16) {
-        return bf16_at(w2[i >> 1u], i);
-    }
-    return bitcast<f32>(w2[i]);
+    return weight_value(w2[weight_word(i, WEIGHT_BF16)], i, WEIGHT_BF16);
 }
 
 // Sum of `v` over the workgroup; every invocation gets the total.
