@@ -3,34 +3,16 @@
 
 #![allow(clippy::unwrap_used)]
 
+use flux_lite_tests::{model_dir, rel_l2, scratch_dir, Goldens};
 use safetensors::tensor::{Dtype, SafeTensors, TensorView};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-fn vectors() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../test_vectors")
-}
-
-fn golden(case: &str, name: &str) -> (Vec<f32>, Vec<usize>) {
-    let bytes = std::fs::read(vectors().join("goldens").join(case).join("goldens.safetensors")).unwrap();
-    let st = SafeTensors::deserialize(&bytes).unwrap();
-    let t = st.tensor(name).unwrap();
-    assert_eq!(t.dtype(), Dtype::F32);
-    (t.data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(), t.shape().to_vec())
-}
-
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("flux-lite-cli-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
 /// The golden prompt embeddings as an embeddings file, in f32 or bf16.
 fn embeddings_file(case: &str, dir: &Path, bf16: bool) -> PathBuf {
-    let (values, shape) = golden(case, "prompt_embeds");
+    let (values, shape) = Goldens::load(case).f32("prompt_embeds");
     let bytes: Vec<u8> = if bf16 {
-        values.iter().flat_map(|&v| flux_lite_bf16(v).to_le_bytes()).collect()
+        values.iter().flat_map(|&v| flux_lite_core::bf16::from_f32(v).to_le_bytes()).collect()
     } else {
         values.iter().flat_map(|v| v.to_le_bytes()).collect()
     };
@@ -40,31 +22,19 @@ fn embeddings_file(case: &str, dir: &Path, bf16: bool) -> PathBuf {
     path
 }
 
-fn flux_lite_bf16(v: f32) -> u16 {
-    // Round to nearest even, as torch's .to(bfloat16).
-    let bits = v.to_bits();
-    ((bits + 0x7fff + ((bits >> 16) & 1)) >> 16) as u16
-}
-
 fn gen(model: &str, args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_flux-lite"))
         .arg("gen")
         .arg("--model")
-        .arg(vectors().join("models").join(model))
+        .arg(model_dir(model))
         .args(args)
         .arg("--quiet")
         .output()
         .unwrap()
 }
 
-fn rel_l2(got: &[f32], want: &[f32]) -> f64 {
-    let d: f64 = got.iter().zip(want).map(|(a, b)| (*a as f64 - *b as f64).powi(2)).sum();
-    let r: f64 = want.iter().map(|b| (*b as f64).powi(2)).sum();
-    (d / r).sqrt()
-}
-
 fn check_case(case: &str, model: &str, seed: &str, steps: usize, width: &str, height: &str) {
-    let dir = scratch(&case.replace('/', "-"));
+    let dir = scratch_dir(&format!("cli-{}", case.replace('/', "-")));
     let out = dir.join("latents.safetensors");
     let embeds = embeddings_file(case, &dir, false);
     let run = gen(
@@ -90,9 +60,9 @@ fn check_case(case: &str, model: &str, seed: &str, steps: usize, width: &str, he
     let st = SafeTensors::deserialize(&bytes).unwrap();
     let t = st.tensor("latents").unwrap();
     let got: Vec<f32> = t.data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
-    let (want, shape) = golden(case, &format!("latents.{}", steps - 1));
+    let (want, shape) = Goldens::load(case).f32(&format!("latents.{}", steps - 1));
     assert_eq!(t.shape(), shape.as_slice());
-    let err = rel_l2(&got, &want);
+    let (err, _) = rel_l2(&got, &want);
     assert!(err <= 1e-4, "{case}: final latents off by relative L2 {err:.3e}");
 }
 
@@ -114,7 +84,7 @@ fn three_steps_on_the_base_model_without_guidance() {
 
 #[test]
 fn bf16_embeddings_are_accepted() {
-    let dir = scratch("bf16");
+    let dir = scratch_dir("cli-bf16");
     let embeds = embeddings_file("tiny-a/one-step", &dir, true);
     let out = dir.join("latents.safetensors");
     let run = gen("tiny-a", &["--embeddings", embeds.to_str().unwrap(), "--seed", "1", "--steps", "1", "--width", "16", "--height", "16", "--output-latents", out.to_str().unwrap()]);
@@ -134,7 +104,7 @@ fn expect_error(model: &str, args: &[&str], needle: &str, out: &Path) {
 
 #[test]
 fn bad_sizes_steps_and_embeddings_are_one_error_line_and_no_file() {
-    let dir = scratch("errors");
+    let dir = scratch_dir("cli-errors");
     let embeds = embeddings_file("tiny-a/one-step", &dir, false);
     let e = embeds.to_str().unwrap();
     let out = dir.join("never.safetensors");

@@ -284,7 +284,13 @@ pub fn epilogue(l: &TransformerLayout, mut emit: impl FnMut(Op)) {
     emit(linear(img(l.normed), name(format_args!("proj_out.weight")), l.velocity, l.image, l.out_channels, l.dim));
 }
 
-/// The `[cos, sin]` timestep sinusoid of `Flux2` for timestep `t` (already ×1000),
+/// The timestep the model's sinusoid sees for scheduler timestep `t`: the
+/// pipeline passes `t / 1000` and the model multiplies by 1000 again, both in f32.
+pub fn model_timestep(t: f32) -> f32 {
+    (t / 1000.0) * 1000.0
+}
+
+/// The `[cos, sin]` timestep sinusoid of `Flux2` for timestep `t` (see [`model_timestep`]),
 /// as diffusers computes it in float32: the exponent `−ln(10⁴)·j/half`, the
 /// frequency and the angle `t·f` are rounded to f32 step by step as torch
 /// rounds them, then the cos/sin of that f32 angle are taken in f64. (The

@@ -18,7 +18,7 @@ pub struct DeviceWeight {
 
 impl DeviceWeight {
     /// Uploads a tensor as stored (bf16 or f32); f16 is widened to f32 on the host.
-    pub fn upload(gpu: &Gpu, name: &str, t: TensorRef<'_>) -> Result<Self, LoadError> {
+    pub fn upload(gpu: &Gpu, component: &str, name: &str, t: TensorRef<'_>) -> Result<Self, LoadError> {
         let (buffer, dtype) = match t.dtype {
             Dtype::BF16 => (gpu.upload_bytes(name, t.bytes), WeightDtype::Bf16),
             Dtype::F32 => (gpu.upload_bytes(name, t.bytes), WeightDtype::F32),
@@ -32,7 +32,7 @@ impl DeviceWeight {
             }
             other => {
                 return Err(LoadError::WrongTensor {
-                    component: String::new(),
+                    component: component.into(),
                     name: name.into(),
                     expected: "a bf16, f16 or f32 tensor".into(),
                     found: format!("{other:?}"),
@@ -57,7 +57,7 @@ impl DeviceWeights {
     pub fn upload_all(gpu: &Gpu, store: &WeightStore) -> Result<Self, LoadError> {
         let mut map = HashMap::new();
         for name in store.names() {
-            map.insert(name.to_string(), DeviceWeight::upload(gpu, name, store.tensor(name)?)?);
+            map.insert(name.to_string(), DeviceWeight::upload(gpu, &store.component, name, store.tensor(name)?)?);
         }
         Ok(Self { map })
     }

@@ -142,11 +142,9 @@ impl Transformer {
     /// velocity lands in `layout.velocity`. Encodes the dispatches prepared
     /// at construction: nothing is allocated on the device here.
     pub fn forward(&self, gpu: &Gpu, t: f32, progress: &mut dyn FnMut(BlockProgress)) -> Result<(), GpuError> {
-        // diffusers passes t/1000 to the model, which multiplies by 1000 again (in f32).
-        let t_in = (t / 1000.0) * 1000.0;
         let mut sinusoid = [0f32; MAX_SINUSOID];
         let sinusoid = &mut sinusoid[..self.layout.sinusoid_dim as usize];
-        program::timestep_sinusoid(t_in, sinusoid);
+        program::timestep_sinusoid(program::model_timestep(t), sinusoid);
         self.runner.write(gpu, self.layout.sinusoid, sinusoid);
         for (i, block) in self.prepared.iter().enumerate() {
             gpu.submit(|enc| {

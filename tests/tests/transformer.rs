@@ -4,7 +4,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-use flux_lite_core::transformer::timestep_sinusoid;
+use flux_lite_core::transformer::{model_timestep, timestep_sinusoid};
 use flux_lite_tests::{assert_rel_l2, gpu, max_abs_diff, Goldens, TransformerCase, CASES};
 
 /// Per-step tolerance of the issue: relative L2 ≤ 1e-4.
@@ -18,7 +18,7 @@ fn timestep_sinusoid_matches_diffusers() {
         for (i, &t) in t.iter().enumerate() {
             let (want, _) = g.f32(&format!("timestep_sinusoid.{i}"));
             let mut got = vec![0f32; want.len()];
-            timestep_sinusoid((t / 1000.0) * 1000.0, &mut got);
+            timestep_sinusoid(model_timestep(t), &mut got);
             // Where our f32 angle equals torch's, only float32 cos/sin's own
             // rounding remains (≤ 3e-7). torch's float32 exp is not correctly
             // rounded for a few frequencies (2 of 128 here); those angles then

@@ -37,7 +37,8 @@ fn prologue_matches_embedders_and_modulations() {
         let latents = if step == 0 { g.f32("noise").0 } else { g.f32(&format!("latents.{}", step - 1)).0 };
         t.set_latents(gpu, &latents).unwrap();
         let mut sinusoid = vec![0f32; l.sinusoid_dim as usize];
-        flux_lite_core::transformer::timestep_sinusoid(g.f32("timesteps").0[step], &mut sinusoid);
+        let t_in = flux_lite_core::transformer::model_timestep(g.f32("timesteps").0[step]);
+        flux_lite_core::transformer::timestep_sinusoid(t_in, &mut sinusoid);
         t.runner().write(gpu, l.sinusoid, &sinusoid);
         t.run_ops(gpu, &t.blocks()[0]).unwrap();
         let at = |what: &str| format!("{name} step {step} {what}");
