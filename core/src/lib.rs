@@ -15,6 +15,7 @@ pub mod rng;
 pub mod rope;
 pub mod schedule;
 pub mod tensors;
+pub mod text_encoder;
 pub mod transformer;
 
 pub use arena::{ArenaError, ArenaSlice, BumpArena};

@@ -48,4 +48,27 @@ pub enum Op {
     GatedResidual { dst: Span, gate: Span, y: Span, rows: u64, cols: u64 },
     /// `dst = silu(src)`
     Silu { src: Span, dst: Span, rows: u64, cols: u64 },
+    /// Whole-row RMSNorm with weight: `dst = w · src / rms(src)`.
+    RmsNorm { src: Span, dst: Span, w: TensorName, tokens: u64, d: u64, eps: f32 },
+    /// Rotate-half RoPE in place (table halves share an angle); token `t` uses table row `table_row + t`.
+    RopeRotateHalf { data: Span, table_row: u64, tokens: u64, heads: u64, head_dim: u64 },
+    /// Causal self-attention with grouped-query heads and the runner's key
+    /// padding mask, `scale = 1/√head_dim`.
+    CausalAttention { q: Span, k: Span, v: Span, o: Span, len: u64, q_heads: u64, kv_heads: u64, head_dim: u64 },
+    /// `dst += y`
+    Residual { dst: Span, y: Span, rows: u64, cols: u64 },
+    /// `dst = src`
+    Copy { src: Span, dst: Span, rows: u64, cols: u64 },
+}
+
+impl Op {
+    /// The weight tensors this step reads, by name.
+    pub fn weights(&self) -> impl Iterator<Item = &TensorName> {
+        let (first, second) = match self {
+            Op::Linear { w, bias, .. } => (Some(w), bias.as_ref()),
+            Op::RmsNormHeads { w, .. } | Op::RmsNorm { w, .. } => (Some(w), None),
+            _ => (None, None),
+        };
+        first.into_iter().chain(second)
+    }
 }

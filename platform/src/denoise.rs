@@ -2,7 +2,8 @@
 //! and the denoising loop over the prepared transformer.
 
 use crate::gpu::Gpu;
-use crate::transformer::{BlockProgress, Transformer, TransformerError};
+use crate::error::RunError;
+use crate::transformer::{BlockProgress, Transformer};
 use flux_lite_core::config::{SchedulerConfig, VaeConfig};
 use flux_lite_core::rng::TorchGenerator;
 use flux_lite_core::schedule;
@@ -54,10 +55,10 @@ pub fn denoise(
     steps: usize,
     noise: &[f32],
     progress: &mut dyn FnMut(StepProgress),
-) -> Result<Vec<f32>, TransformerError> {
+) -> Result<Vec<f32>, RunError> {
     let tokens = transformer.layout.image as usize;
     let mut sigmas = vec![0f32; steps + 1];
-    schedule::sigmas(scheduler, tokens, steps, &mut sigmas).map_err(|e| TransformerError::Input(format!("--steps: {e}")))?;
+    schedule::sigmas(scheduler, tokens, steps, &mut sigmas).map_err(|e| RunError::Input(format!("--steps: {e}")))?;
     transformer.set_latents(gpu, noise)?;
     for step in 0..steps {
         let t = schedule::timestep_for(scheduler.num_train_timesteps, sigmas[step]);

@@ -85,3 +85,35 @@ impl fmt::Display for LoadError {
 }
 
 impl std::error::Error for LoadError {}
+
+/// Running a model component: loading its weights, the GPU, or the input it was given.
+#[derive(Debug)]
+pub enum RunError {
+    Load(LoadError),
+    Gpu(GpuError),
+    Input(String),
+}
+
+impl fmt::Display for RunError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RunError::Load(e) => e.fmt(f),
+            RunError::Gpu(e) => e.fmt(f),
+            RunError::Input(e) => f.write_str(e),
+        }
+    }
+}
+
+impl std::error::Error for RunError {}
+
+impl From<LoadError> for RunError {
+    fn from(e: LoadError) -> Self {
+        RunError::Load(e)
+    }
+}
+
+impl From<GpuError> for RunError {
+    fn from(e: GpuError) -> Self {
+        RunError::Gpu(e)
+    }
+}

@@ -55,11 +55,23 @@ pub struct DeviceWeights {
 
 impl DeviceWeights {
     pub fn upload_all(gpu: &Gpu, store: &WeightStore) -> Result<Self, LoadError> {
+        Self::upload_named(gpu, store, store.names())
+    }
+
+    /// Uploads only the named tensors (each once), e.g. those a program reads.
+    pub fn upload_named<'n>(gpu: &Gpu, store: &WeightStore, names: impl IntoIterator<Item = &'n str>) -> Result<Self, LoadError> {
         let mut map = HashMap::new();
-        for name in store.names() {
-            map.insert(name.to_string(), DeviceWeight::upload(gpu, &store.component, name, store.tensor(name)?)?);
+        for name in names {
+            if !map.contains_key(name) {
+                map.insert(name.to_string(), DeviceWeight::upload(gpu, &store.component, name, store.tensor(name)?)?);
+            }
         }
         Ok(Self { map })
+    }
+
+    /// Bytes of weights on the device.
+    pub fn bytes(&self) -> u64 {
+        self.map.values().map(|w| w.buffer.size()).sum()
     }
 
     fn get(&self, name: &str) -> Result<&DeviceWeight, GpuError> {
@@ -75,6 +87,8 @@ pub struct Runner {
     pub arena: wgpu::Buffer,
     pub rope_cos: wgpu::Buffer,
     pub rope_sin: wgpu::Buffer,
+    /// One u32 per key (0 = padding) for `CausalAttention`; `None` attends to every key.
+    pub key_keep: Option<wgpu::Buffer>,
 }
 
 impl Runner {
@@ -140,7 +154,54 @@ impl Runner {
             Op::Silu { src, dst, rows, cols } => {
                 ops::elementwise(gpu, sink, Elementwise::Silu, self.mat(*src), None, self.mat(*dst), *rows, *cols)
             }
+            Op::RmsNorm { src, dst, w, tokens, d, eps } => {
+                let s = RowNorm { tokens: *tokens, heads: 1, d: *d, eps: *eps };
+                ops::rms_norm(gpu, sink, self.mat(*src), weights.get(w)?.view(), self.mat(*dst), s)
+            }
+            Op::RopeRotateHalf { data, table_row, tokens, heads, head_dim } => ops::rope(
+                gpu,
+                sink,
+                RopeStyle::RotateHalf,
+                self.mat(*data),
+                &self.rope_cos,
+                &self.rope_sin,
+                *table_row,
+                *tokens,
+                *heads,
+                *head_dim,
+            ),
+            Op::CausalAttention { q, k, v, o, len, q_heads, kv_heads, head_dim } => {
+                let s = Attention {
+                    q_len: *len,
+                    kv_len: *len,
+                    q_heads: *q_heads,
+                    kv_heads: *kv_heads,
+                    head_dim: *head_dim,
+                    scale: (1.0 / (*head_dim as f64).sqrt()) as f32,
+                    causal: true,
+                };
+                let (q, k, v, o) = (self.mat(*q), self.mat(*k), self.mat(*v), self.mat(*o));
+                ops::attention(gpu, sink, q, k, v, self.key_keep.as_ref(), o, s)
+            }
+            Op::Residual { dst, y, rows, cols } => {
+                ops::elementwise(gpu, sink, Elementwise::AddInPlace, self.mat(*y), None, self.mat(*dst), *rows, *cols)
+            }
+            Op::Copy { src, dst, rows, cols } => {
+                ops::elementwise(gpu, sink, Elementwise::Copy, self.mat(*src), None, self.mat(*dst), *rows, *cols)
+            }
         }
+    }
+
+    /// Builds the dispatches of each block once (pipelines, bindings, parameters).
+    pub fn prepare(&self, gpu: &Gpu, weights: &DeviceWeights, blocks: &[Vec<Op>]) -> Result<Vec<Vec<ops::Dispatch>>, GpuError> {
+        blocks
+            .iter()
+            .map(|block| {
+                let mut dispatches = Vec::new();
+                block.iter().try_for_each(|op| self.record(gpu, &mut dispatches, weights, op))?;
+                Ok(dispatches)
+            })
+            .collect()
     }
 
     /// Writes rows of f32 data into a contiguous span of the arena.
@@ -154,4 +215,11 @@ impl Runner {
         let all = gpu.read_f32(&self.arena, span.offset, ((rows.max(1) - 1) * stride + cols) as usize)?;
         Ok((0..rows).flat_map(|r| all[(r * stride) as usize..(r * stride + cols) as usize].to_vec()).collect())
     }
+}
+
+/// The steps a block program emits, in order.
+pub fn collect_ops(program: impl FnOnce(&mut dyn FnMut(Op))) -> Vec<Op> {
+    let mut ops = Vec::new();
+    program(&mut |op| ops.push(op));
+    ops
 }

@@ -2,10 +2,10 @@
 //! arena laid out by core before the first step, the forward pass as core's
 //! block programs, and the Euler update on the device.
 
-use crate::error::{GpuError, LoadError};
+use crate::error::{GpuError, RunError};
 use crate::gpu::Gpu;
 use crate::ops::{self, Dispatch, Elementwise, Mat};
-use crate::runner::{DeviceWeights, Runner};
+use crate::runner::{collect_ops, DeviceWeights, Runner};
 use crate::safetensors_store::WeightStore;
 use flux_lite_core::config::TransformerConfig;
 use flux_lite_core::program::Op;
@@ -49,17 +49,17 @@ impl Transformer {
         text: usize,
         latent_h: usize,
         latent_w: usize,
-    ) -> Result<Self, TransformerError> {
+    ) -> Result<Self, RunError> {
         let image = latent_h * latent_w;
         if config.timestep_guidance_channels > MAX_SINUSOID {
-            return Err(TransformerError::Input(format!(
+            return Err(RunError::Input(format!(
                 "timestep_guidance_channels {} is above the supported {MAX_SINUSOID}",
                 config.timestep_guidance_channels
             )));
         }
         let mut arena = BumpArena::new(u64::MAX);
         let layout = TransformerLayout::new(config, text as u64, image as u64, &mut arena)
-            .map_err(|e| TransformerError::Gpu(GpuError::UnsupportedShape(e.to_string())))?;
+            .map_err(|e| RunError::Gpu(GpuError::UnsupportedShape(e.to_string())))?;
         let arena_bytes = arena.high_water();
         let weights = DeviceWeights::upload_all(gpu, store)?;
         let hd = config.attention_head_dim;
@@ -73,6 +73,7 @@ impl Transformer {
             arena: gpu.storage("transformer activations", arena_bytes),
             rope_cos: gpu.upload_f32("rope cos", &cos),
             rope_sin: gpu.upload_f32("rope sin", &sin),
+            key_keep: None,
         };
         let mut blocks = vec![collect_ops(|emit| program::prologue(&layout, emit))];
         for b in 0..config.num_layers {
@@ -82,29 +83,22 @@ impl Transformer {
             blocks.push(collect_ops(|emit| program::single_block(&layout, b, emit)));
         }
         blocks.push(collect_ops(|emit| program::epilogue(&layout, emit)));
-        let mut prepared = Vec::with_capacity(blocks.len());
-        for block in &blocks {
-            let mut dispatches = Vec::new();
-            for op in block {
-                runner.record(gpu, &mut dispatches, &weights, op)?;
-            }
-            prepared.push(dispatches);
-        }
+        let prepared = runner.prepare(gpu, &weights, &blocks)?;
         let mut euler = Vec::new();
         let mat = |s: flux_lite_core::program::Span| Mat { buf: &runner.arena, offset: s.offset, stride: s.stride };
         ops::elementwise(gpu, &mut euler, Elementwise::Axpy(0.0), mat(layout.velocity), None, mat(layout.latents), layout.image, layout.in_channels)?;
         let euler = match <[Dispatch; 1]>::try_from(euler) {
             Ok([d]) => d,
-            Err(_) => return Err(TransformerError::Input("the latents are too large for one Euler dispatch".into())),
+            Err(_) => return Err(RunError::Input("the latents are too large for one Euler dispatch".into())),
         };
         Ok(Self { config: config.clone(), layout, runner, weights, blocks, prepared, euler, arena_bytes })
     }
 
     /// Sets the prompt embeddings `[text, joint_attention_dim]`.
-    pub fn set_prompt(&self, gpu: &Gpu, prompt: &[f32]) -> Result<(), TransformerError> {
+    pub fn set_prompt(&self, gpu: &Gpu, prompt: &[f32]) -> Result<(), RunError> {
         let want = (self.layout.text * self.layout.joint_dim) as usize;
         if prompt.len() != want {
-            return Err(TransformerError::Input(format!(
+            return Err(RunError::Input(format!(
                 "prompt embeddings hold {} values, the transformer needs {} × {} = {want}",
                 prompt.len(),
                 self.layout.text,
@@ -116,10 +110,10 @@ impl Transformer {
     }
 
     /// Sets the packed latents `[image, in_channels]`.
-    pub fn set_latents(&self, gpu: &Gpu, latents: &[f32]) -> Result<(), TransformerError> {
+    pub fn set_latents(&self, gpu: &Gpu, latents: &[f32]) -> Result<(), RunError> {
         let want = (self.layout.image * self.layout.in_channels) as usize;
         if latents.len() != want {
-            return Err(TransformerError::Input(format!("latents hold {} values, expected {want}", latents.len())));
+            return Err(RunError::Input(format!("latents hold {} values, expected {want}", latents.len())));
         }
         self.runner.write(gpu, self.layout.latents, latents);
         Ok(())
@@ -178,42 +172,5 @@ impl Transformer {
 
     pub fn runner(&self) -> &Runner {
         &self.runner
-    }
-}
-
-fn collect_ops(program: impl FnOnce(&mut dyn FnMut(Op))) -> Vec<Op> {
-    let mut ops = Vec::new();
-    program(&mut |op| ops.push(op));
-    ops
-}
-
-#[derive(Debug)]
-pub enum TransformerError {
-    Load(LoadError),
-    Gpu(GpuError),
-    Input(String),
-}
-
-impl std::fmt::Display for TransformerError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            TransformerError::Load(e) => e.fmt(f),
-            TransformerError::Gpu(e) => e.fmt(f),
-            TransformerError::Input(e) => f.write_str(e),
-        }
-    }
-}
-
-impl std::error::Error for TransformerError {}
-
-impl From<LoadError> for TransformerError {
-    fn from(e: LoadError) -> Self {
-        TransformerError::Load(e)
-    }
-}
-
-impl From<GpuError> for TransformerError {
-    fn from(e: GpuError) -> Self {
-        TransformerError::Gpu(e)
     }
 }

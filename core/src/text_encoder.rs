@@ -1,0 +1,226 @@
+//! The Qwen3 text encoder as block programs over one activation arena.
+//!
+//! FLUX.2-klein reads `hidden_states[k]` of Qwen3 for three layers `k`
+//! (`hidden_states[0]` is the embedding output, `hidden_states[k]` the raw
+//! output of decoder layer `k − 1`, and only `hidden_states[L]` has the final
+//! norm applied) and concatenates them along features, slot-major. The
+//! program copies each picked state into its slot of `embeds` as soon as it
+//! exists and runs no layer past the last pick.
+
+use crate::arena::{ArenaError, BumpArena};
+use crate::config::Qwen3Config;
+use crate::program::{Op, Span};
+use crate::tensors::TensorName;
+use core::fmt::Write;
+
+/// Where each activation lives (element offsets into the f32 arena) for a
+/// prompt of `tokens` tokens.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TextEncoderLayout {
+    pub tokens: u64,
+    pub hidden: u64,
+    pub heads: u64,
+    pub kv_heads: u64,
+    pub head_dim: u64,
+    pub intermediate: u64,
+    pub eps: f32,
+    /// The `hidden_states` indices that make the embedding, in slot order.
+    pub picks: [usize; 3],
+    /// Total decoder layers in the model (`hidden_states[layers]` is normalised).
+    pub layers: usize,
+    /// The residual stream `[tokens, hidden]`; the host writes the embedding rows here.
+    pub stream: Span,
+    pub normed: Span,
+    pub q: Span,
+    pub k: Span,
+    pub v: Span,
+    pub attn: Span,
+    /// A projection's output before it is added to the stream.
+    pub proj: Span,
+    pub gate: Span,
+    pub up: Span,
+    pub act: Span,
+    /// The prompt embedding `[tokens, 3·hidden]`, feature = slot·hidden + d.
+    pub embeds: Span,
+}
+
+const F32: u64 = 4;
+/// Slices start on 256-byte boundaries (the usual storage-binding offset alignment).
+const ALIGN: u64 = 256;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PickError {
+    /// A picked `hidden_states` index is beyond the model's layers.
+    OutOfRange { pick: usize, layers: usize },
+    Arena(ArenaError),
+}
+
+impl core::fmt::Display for PickError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            PickError::OutOfRange { pick, layers } => {
+                write!(f, "hidden_states[{pick}] was asked for, but the text encoder has {layers} layers")
+            }
+            PickError::Arena(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl From<ArenaError> for PickError {
+    fn from(e: ArenaError) -> Self {
+        PickError::Arena(e)
+    }
+}
+
+impl TextEncoderLayout {
+    /// Lays out one forward pass over `tokens` tokens that yields `hidden_states[k]` for each k in `picks`.
+    pub fn new(cfg: &Qwen3Config, tokens: u64, picks: [usize; 3], arena: &mut BumpArena) -> Result<Self, PickError> {
+        let layers = cfg.num_hidden_layers;
+        if let Some(&pick) = picks.iter().find(|&&p| p > layers) {
+            return Err(PickError::OutOfRange { pick, layers });
+        }
+        let hidden = cfg.hidden_size as u64;
+        let head_dim = cfg.head_dim as u64;
+        let q_dim = cfg.num_attention_heads as u64 * head_dim;
+        let kv_dim = cfg.num_key_value_heads as u64 * head_dim;
+        let inter = cfg.intermediate_size as u64;
+        let mut take = |width: u64| -> Result<Span, ArenaError> {
+            let s = arena.alloc(tokens * width * F32, ALIGN)?;
+            Ok(Span::new(s.offset / F32, width))
+        };
+        Ok(Self {
+            tokens,
+            hidden,
+            heads: cfg.num_attention_heads as u64,
+            kv_heads: cfg.num_key_value_heads as u64,
+            head_dim,
+            intermediate: inter,
+            eps: cfg.rms_norm_eps as f32,
+            picks,
+            layers,
+            stream: take(hidden)?,
+            normed: take(hidden)?,
+            q: take(q_dim)?,
+            k: take(kv_dim)?,
+            v: take(kv_dim)?,
+            attn: take(q_dim)?,
+            proj: take(hidden)?,
+            gate: take(inter)?,
+            up: take(inter)?,
+            act: take(inter)?,
+            embeds: take(3 * hidden)?,
+        })
+    }
+
+    /// Decoder layers that must run: up to the deepest pick.
+    pub fn layers_to_run(&self) -> usize {
+        self.picks.iter().copied().max().unwrap_or(0).min(self.layers)
+    }
+
+    /// Slot `i` of the embedding, as a strided view.
+    fn slot(&self, i: usize) -> Span {
+        self.embeds.cols_from(i as u64 * self.hidden)
+    }
+
+    /// Stores `hidden_states[state]` (now in the stream) into every slot that picks it.
+    fn store_picks(&self, state: usize, mut emit: impl FnMut(Op)) {
+        for (i, _) in self.picks.iter().enumerate().filter(|(_, &p)| p == state) {
+            let (rows, cols) = (self.tokens, self.hidden);
+            if state == self.layers {
+                let w = name(format_args!("model.norm.weight"));
+                emit(Op::RmsNorm { src: self.stream, dst: self.slot(i), w, tokens: rows, d: cols, eps: self.eps });
+            } else {
+                emit(Op::Copy { src: self.stream, dst: self.slot(i), rows, cols });
+            }
+        }
+    }
+}
+
+fn name(args: core::fmt::Arguments<'_>) -> TensorName {
+    let mut n = TensorName::new();
+    n.write_fmt(args).expect("tensor names fit in 128 bytes");
+    n
+}
+
+fn linear(x: Span, w: TensorName, y: Span, rows: u64, cols: u64, inner: u64) -> Op {
+    Op::Linear { x, w, bias: None, y, rows, cols, inner }
+}
+
+/// Picks that read the embedding output itself (`hidden_states[0]`).
+pub fn prologue(l: &TextEncoderLayout, emit: impl FnMut(Op)) {
+    l.store_picks(0, emit);
+}
+
+/// Decoder layer `i` (0-based): pre-norm attention with per-head q/k RMSNorm
+/// before rotate-half RoPE, causal grouped-query attention over the padding
+/// mask, then the pre-norm SwiGLU MLP; each adds to the stream. Stores the
+/// layer's output if it is picked.
+pub fn layer(l: &TextEncoderLayout, i: usize, mut emit: impl FnMut(Op)) {
+    let (t, h, hd, inter) = (l.tokens, l.hidden, l.head_dim, l.intermediate);
+    let (q_dim, kv_dim) = (l.heads * hd, l.kv_heads * hd);
+    let w = |part: &str| name(format_args!("model.layers.{i}.{part}.weight"));
+    emit(Op::RmsNorm { src: l.stream, dst: l.normed, w: w("input_layernorm"), tokens: t, d: h, eps: l.eps });
+    emit(linear(l.normed, w("self_attn.q_proj"), l.q, t, q_dim, h));
+    emit(linear(l.normed, w("self_attn.k_proj"), l.k, t, kv_dim, h));
+    emit(linear(l.normed, w("self_attn.v_proj"), l.v, t, kv_dim, h));
+    emit(Op::RmsNormHeads { data: l.q, w: w("self_attn.q_norm"), tokens: t, heads: l.heads, head_dim: hd, eps: l.eps });
+    emit(Op::RmsNormHeads { data: l.k, w: w("self_attn.k_norm"), tokens: t, heads: l.kv_heads, head_dim: hd, eps: l.eps });
+    emit(Op::RopeRotateHalf { data: l.q, table_row: 0, tokens: t, heads: l.heads, head_dim: hd });
+    emit(Op::RopeRotateHalf { data: l.k, table_row: 0, tokens: t, heads: l.kv_heads, head_dim: hd });
+    emit(Op::CausalAttention { q: l.q, k: l.k, v: l.v, o: l.attn, len: t, q_heads: l.heads, kv_heads: l.kv_heads, head_dim: hd });
+    emit(linear(l.attn, w("self_attn.o_proj"), l.proj, t, h, q_dim));
+    emit(Op::Residual { dst: l.stream, y: l.proj, rows: t, cols: h });
+    emit(Op::RmsNorm { src: l.stream, dst: l.normed, w: w("post_attention_layernorm"), tokens: t, d: h, eps: l.eps });
+    emit(linear(l.normed, w("mlp.gate_proj"), l.gate, t, inter, h));
+    emit(linear(l.normed, w("mlp.up_proj"), l.up, t, inter, h));
+    emit(Op::SwiGlu { gate: l.gate, up: l.up, dst: l.act, rows: t, cols: inter });
+    emit(linear(l.act, w("mlp.down_proj"), l.proj, t, h, inter));
+    emit(Op::Residual { dst: l.stream, y: l.proj, rows: t, cols: h });
+    l.store_picks(i + 1, emit);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::klein_4b;
+
+    fn layout(picks: [usize; 3]) -> Result<TextEncoderLayout, PickError> {
+        let mut arena = BumpArena::new(u64::MAX / 2);
+        TextEncoderLayout::new(&klein_4b::text_encoder(), 512, picks, &mut arena)
+    }
+
+    #[test]
+    fn klein_stops_after_layer_27_and_stacks_three_slots() {
+        let cfg = klein_4b::text_encoder();
+        let l = layout(cfg.output_layers()).unwrap();
+        assert_eq!(l.layers_to_run(), 27);
+        assert_eq!(l.embeds.stride, 3 * 2560);
+        let mut copies = heapless::Vec::<Span, 4>::new();
+        for i in 0..l.layers_to_run() {
+            layer(&l, i, |op| {
+                if let Op::Copy { dst, .. } = op {
+                    copies.push(dst).unwrap();
+                }
+            });
+        }
+        // After layers 9, 18 and 27 (1-based), in slot order.
+        let offsets: heapless::Vec<u64, 4> = copies.iter().map(|s| s.offset - l.embeds.offset).collect();
+        assert_eq!(offsets.as_slice(), &[0, 2560, 5120]);
+    }
+
+    #[test]
+    fn the_last_hidden_state_is_normalised_and_the_first_is_the_embedding() {
+        let l = layout([0, 18, 36]).unwrap();
+        let mut first = heapless::Vec::<Op, 2>::new();
+        prologue(&l, |op| first.push(op).unwrap());
+        assert!(matches!(first.as_slice(), [Op::Copy { .. }]));
+        let mut last = None;
+        layer(&l, 35, |op| last = Some(op));
+        assert!(matches!(last, Some(Op::RmsNorm { w, .. }) if w.as_str() == "model.norm.weight"));
+    }
+
+    #[test]
+    fn a_pick_past_the_last_layer_is_refused() {
+        assert_eq!(layout([9, 18, 37]), Err(PickError::OutOfRange { pick: 37, layers: 36 }));
+    }
+}

@@ -1,0 +1,180 @@
+//! The Qwen3 text encoder on the GPU: token ids and the padding mask in,
+//! the stacked prompt embedding `[tokens, 3·hidden]` out.
+//!
+//! The embedding table stays in the memory-mapped file: the host gathers the
+//! rows of the prompt's tokens and writes them into the arena, so the table
+//! (778 MB for Qwen3-4B) never reaches the device. Only the layers up to the
+//! deepest picked hidden state are uploaded and run. Dropping the encoder
+//! releases all of its device memory.
+
+use crate::error::{GpuError, LoadError, RunError};
+use crate::gpu::Gpu;
+use crate::ops::{self, Dispatch};
+use crate::runner::{collect_ops, DeviceWeights, Runner};
+use crate::safetensors_store::WeightStore;
+use crate::transformer::BlockProgress;
+use flux_lite_core::bf16;
+use flux_lite_core::config::Qwen3Config;
+use flux_lite_core::program::Op;
+use flux_lite_core::rope;
+use flux_lite_core::text_encoder::{self as program, TextEncoderLayout};
+use flux_lite_core::BumpArena;
+use safetensors::tensor::Dtype;
+
+const EMBEDDING: &str = "model.embed_tokens.weight";
+
+#[derive(Debug)]
+pub struct TextEncoder {
+    pub config: Qwen3Config,
+    pub layout: TextEncoderLayout,
+    store: WeightStore,
+    runner: Runner,
+    weights: DeviceWeights,
+    /// The prologue (picks of the embedding itself), then one block per layer.
+    blocks: Vec<Vec<Op>>,
+    prepared: Vec<Vec<Dispatch>>,
+    pub arena_bytes: u64,
+}
+
+impl TextEncoder {
+    /// Uploads the layers needed for the `picks` hidden states, lays out the
+    /// activations for `tokens` tokens and builds the RoPE tables (positions 0..tokens).
+    pub fn new(gpu: &Gpu, config: &Qwen3Config, store: WeightStore, tokens: usize, picks: [usize; 3]) -> Result<Self, RunError> {
+        let mut arena = BumpArena::new(u64::MAX);
+        let layout = TextEncoderLayout::new(config, tokens as u64, picks, &mut arena).map_err(|e| RunError::Input(e.to_string()))?;
+        let arena_bytes = arena.high_water();
+        let mut blocks = vec![collect_ops(|emit| program::prologue(&layout, emit))];
+        for i in 0..layout.layers_to_run() {
+            blocks.push(collect_ops(|emit| program::layer(&layout, i, emit)));
+        }
+        let names = blocks.iter().flatten().flat_map(|op| op.weights()).map(|n| n.as_str());
+        let weights = DeviceWeights::upload_named(gpu, &store, names)?;
+        embedding_table(&store, config)?;
+        let hd = config.head_dim;
+        let (mut cos, mut sin) = (vec![0f32; tokens * hd], vec![0f32; tokens * hd]);
+        for t in 0..tokens {
+            rope::qwen_row(t, hd, config.rope_theta, &mut cos[t * hd..][..hd], &mut sin[t * hd..][..hd]);
+        }
+        let runner = Runner {
+            arena: gpu.storage("text encoder activations", arena_bytes),
+            rope_cos: gpu.upload_f32("qwen rope cos", &cos),
+            rope_sin: gpu.upload_f32("qwen rope sin", &sin),
+            key_keep: Some(gpu.storage("qwen key mask", 4 * tokens.max(1) as u64)),
+        };
+        let prepared = runner.prepare(gpu, &weights, &blocks)?;
+        Ok(Self { config: config.clone(), layout, store, runner, weights, blocks, prepared, arena_bytes })
+    }
+
+    /// Number of progress units in one encode (the prologue counts as one).
+    pub fn block_count(&self) -> usize {
+        self.blocks.len()
+    }
+
+    /// Bytes of weights on the device.
+    pub fn weight_bytes(&self) -> u64 {
+        self.weights.bytes()
+    }
+
+    /// Encodes one tokenized prompt: `input_ids` and `attention_mask` (1 =
+    /// real token) of `tokens` entries each. Returns `[tokens, 3·hidden]`.
+    pub fn encode(
+        &self,
+        gpu: &Gpu,
+        input_ids: &[u32],
+        attention_mask: &[u32],
+        progress: &mut dyn FnMut(BlockProgress),
+    ) -> Result<Vec<f32>, RunError> {
+        let tokens = self.layout.tokens as usize;
+        if input_ids.len() != tokens || attention_mask.len() != tokens {
+            return Err(RunError::Input(format!(
+                "the text encoder takes {tokens} token ids and mask entries, got {} and {}",
+                input_ids.len(),
+                attention_mask.len()
+            )));
+        }
+        let rows = self.gather_embeddings(input_ids)?;
+        self.runner.write(gpu, self.layout.stream, &rows);
+        if let Some(mask) = &self.runner.key_keep {
+            gpu.queue.write_buffer(mask, 0, bytemuck::cast_slice(attention_mask));
+        }
+        for (i, block) in self.prepared.iter().enumerate() {
+            gpu.submit(|enc| {
+                ops::encode(enc, block);
+                Ok(())
+            })?;
+            progress(BlockProgress { done: i + 1, total: self.prepared.len() });
+        }
+        Ok(self.runner.read(gpu, self.layout.embeds, self.layout.tokens, 3 * self.layout.hidden)?)
+    }
+
+    /// The embedding rows of `ids`, widened to f32 on the host.
+    fn gather_embeddings(&self, ids: &[u32]) -> Result<Vec<f32>, RunError> {
+        let table = embedding_table(&self.store, &self.config)?;
+        let hidden = self.config.hidden_size;
+        let elem = table.elem_bytes;
+        let mut out = Vec::with_capacity(ids.len() * hidden);
+        for &id in ids {
+            let id = id as usize;
+            if id >= self.config.vocab_size {
+                return Err(RunError::Input(format!(
+                    "token id {id} is outside the text encoder's vocabulary of {}",
+                    self.config.vocab_size
+                )));
+            }
+            let row = &table.bytes[id * hidden * elem..][..hidden * elem];
+            out.extend(row.chunks_exact(elem).map(|b| match table.dtype {
+                Dtype::BF16 => bf16::to_f32(u16::from_le_bytes([b[0], b[1]])),
+                Dtype::F16 => half::f16::from_le_bytes([b[0], b[1]]).to_f32(),
+                _ => f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
+            }));
+        }
+        Ok(out)
+    }
+
+    /// Runs a list of program steps in one submission (building their dispatches now).
+    pub fn run_ops(&self, gpu: &Gpu, ops: &[Op]) -> Result<(), GpuError> {
+        gpu.submit(|enc| ops.iter().try_for_each(|op| self.runner.record(gpu, enc, &self.weights, op)))
+    }
+
+    /// The program steps: the prologue, then one block per layer.
+    pub fn blocks(&self) -> &[Vec<Op>] {
+        &self.blocks
+    }
+
+    pub fn runner(&self) -> &Runner {
+        &self.runner
+    }
+}
+
+struct Table<'a> {
+    dtype: Dtype,
+    elem_bytes: usize,
+    bytes: &'a [u8],
+}
+
+/// The embedding table, checked to be `[vocab, hidden]` in a float dtype.
+fn embedding_table<'a>(store: &'a WeightStore, config: &Qwen3Config) -> Result<Table<'a>, LoadError> {
+    let t = store.tensor(EMBEDDING)?;
+    let elem_bytes = match t.dtype {
+        Dtype::BF16 | Dtype::F16 => 2,
+        Dtype::F32 => 4,
+        other => {
+            return Err(LoadError::WrongTensor {
+                component: store.component.clone(),
+                name: EMBEDDING.into(),
+                expected: "a bf16, f16 or f32 tensor".into(),
+                found: format!("{other:?}"),
+            })
+        }
+    };
+    let want = [config.vocab_size, config.hidden_size];
+    if t.shape != want || t.bytes.len() != want[0] * want[1] * elem_bytes {
+        return Err(LoadError::WrongTensor {
+            component: store.component.clone(),
+            name: EMBEDDING.into(),
+            expected: format!("shape {want:?}"),
+            found: format!("shape {:?} ({} bytes)", t.shape, t.bytes.len()),
+        });
+    }
+    Ok(Table { dtype: t.dtype, elem_bytes, bytes: t.bytes })
+}
