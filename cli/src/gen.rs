@@ -1,13 +1,12 @@
 //! `flux-lite gen`: prompt embeddings → denoised latents.
 
 use argh::FromArgs;
-use flux_lite_platform::denoise::{self, StepProgress};
+use flux_lite_platform::denoise::{self, Conditioning, StepProgress};
 use flux_lite_platform::model::{Component, ModelFolder};
 use flux_lite_platform::transformer::Transformer;
 use flux_lite_platform::{Gpu, GpuOptions};
 use safetensors::tensor::{Dtype, SafeTensors, TensorView};
 use std::collections::HashMap;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -70,7 +69,6 @@ pub fn run(args: &GenArgs) -> Result<(), String> {
     let store = model.weights(Component::Transformer).map_err(|e| e.to_string())?;
     let transformer =
         Transformer::new(&gpu, &model.transformer, &store, text, lat_h, lat_w).map_err(|e| e.to_string())?;
-    transformer.set_prompt(&gpu, &prompt).map_err(|e| e.to_string())?;
     if args.verbose {
         eprintln!("transformer activations: {}", crate::human_bytes(transformer.arena_bytes));
     }
@@ -90,7 +88,7 @@ pub fn run(args: &GenArgs) -> Result<(), String> {
         }
     };
     let latents =
-        denoise::denoise(&gpu, &transformer, &model.scheduler, steps, &noise, &mut progress).map_err(|e| e.to_string())?;
+        denoise::denoise(&gpu, &transformer, &model.scheduler, steps, &noise, Conditioning::Prompt(&prompt), &mut progress).map_err(|e| e.to_string())?;
     if !quiet {
         eprintln!();
     }
@@ -149,14 +147,7 @@ fn write_latents(
     .map(|(k, v)| (k.to_string(), v))
     .collect();
     let data = safetensors::serialize([("latents", view)], Some(metadata)).map_err(|e| e.to_string())?;
-    let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
-    let result = std::fs::File::create(&tmp)
-        .and_then(|mut f| f.write_all(&data).and_then(|_| f.sync_all()))
-        .and_then(|_| std::fs::rename(&tmp, path));
-    result.map_err(|e| {
-        let _ = std::fs::remove_file(&tmp);
-        format!("{}: {e}", path.display())
-    })
+    flux_lite_platform::output::write_atomically(path, &data)
 }
 
 fn random_seed() -> u64 {

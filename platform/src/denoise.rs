@@ -44,25 +44,54 @@ pub struct StepProgress {
     pub block: BlockProgress,
 }
 
-/// Runs `steps` Euler steps from `noise` with the prompt already set on the
-/// transformer, and returns the final packed latents `[tokens, channels]`.
-/// Everything on the device was allocated before the first step; the
-/// latents stay on the device until the end.
+/// The prompt embeddings a denoising run conditions on.
+#[derive(Debug, Clone, Copy)]
+pub enum Conditioning<'a> {
+    /// One pass per step.
+    Prompt(&'a [f32]),
+    /// Classifier-free guidance: an unconditional and a conditional pass per
+    /// step (in that order), `v = v_neg + scale·(v_pos − v_neg)`.
+    Guided { positive: &'a [f32], negative: &'a [f32], scale: f32 },
+}
+
+/// Runs `steps` Euler steps from `noise` and returns the final packed
+/// latents `[tokens, channels]`. Everything on the device was allocated
+/// before the first step; the latents stay on the device until the end.
 pub fn denoise(
     gpu: &Gpu,
     transformer: &Transformer,
     scheduler: &SchedulerConfig,
     steps: usize,
     noise: &[f32],
+    conditioning: Conditioning<'_>,
     progress: &mut dyn FnMut(StepProgress),
 ) -> Result<Vec<f32>, RunError> {
     let tokens = transformer.layout.image as usize;
     let mut sigmas = vec![0f32; steps + 1];
     schedule::sigmas(scheduler, tokens, steps, &mut sigmas).map_err(|e| RunError::Input(format!("--steps: {e}")))?;
     transformer.set_latents(gpu, noise)?;
+    let blocks = transformer.block_count();
     for step in 0..steps {
         let t = schedule::timestep_for(scheduler.num_train_timesteps, sigmas[step]);
-        transformer.forward(gpu, t, &mut |block| progress(StepProgress { step, steps, block }))?;
+        match conditioning {
+            Conditioning::Prompt(prompt) => {
+                transformer.set_prompt(gpu, prompt)?;
+                transformer.forward(gpu, t, &mut |block| progress(StepProgress { step, steps, block }))?;
+            }
+            Conditioning::Guided { positive, negative, scale } => {
+                // Progress counts both passes as one step of 2 × blocks.
+                transformer.set_prompt(gpu, negative)?;
+                transformer.forward(gpu, t, &mut |b| {
+                    progress(StepProgress { step, steps, block: BlockProgress { done: b.done, total: 2 * blocks } })
+                })?;
+                transformer.keep_unconditional(gpu)?;
+                transformer.set_prompt(gpu, positive)?;
+                transformer.forward(gpu, t, &mut |b| {
+                    progress(StepProgress { step, steps, block: BlockProgress { done: blocks + b.done, total: 2 * blocks } })
+                })?;
+                transformer.guide(gpu, scale)?;
+            }
+        }
         transformer.euler_step(gpu, sigmas[step], sigmas[step + 1])?;
     }
     Ok(transformer.latents(gpu)?)

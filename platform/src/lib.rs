@@ -8,6 +8,7 @@ pub mod error;
 pub mod gpu;
 pub mod model;
 pub mod ops;
+pub mod output;
 pub mod runner;
 pub mod safetensors_store;
 pub mod text_encoder;

@@ -36,6 +36,8 @@ pub struct Transformer {
     prepared: Vec<Vec<Dispatch>>,
     /// `latents += s·velocity`; `s` is rewritten in its parameters each step.
     euler: Dispatch,
+    /// The unconditional velocity of a guided step, `[image, out]`.
+    unconditional: wgpu::Buffer,
     pub arena_bytes: u64,
 }
 
@@ -91,7 +93,8 @@ impl Transformer {
             Ok([d]) => d,
             Err(_) => return Err(RunError::Input("the latents are too large for one Euler dispatch".into())),
         };
-        Ok(Self { config: config.clone(), layout, runner, weights, blocks, prepared, euler, arena_bytes })
+        let unconditional = gpu.storage("unconditional velocity", 4 * layout.image * layout.out_channels);
+        Ok(Self { config: config.clone(), layout, runner, weights, blocks, prepared, euler, unconditional, arena_bytes })
     }
 
     /// Sets the prompt embeddings `[text, joint_attention_dim]`.
@@ -162,6 +165,27 @@ impl Transformer {
         gpu.submit(|enc| {
             ops::encode(enc, std::slice::from_ref(&self.euler));
             Ok(())
+        })
+    }
+
+    /// Keeps the velocity just computed as the unconditional one of a guided step.
+    pub fn keep_unconditional(&self, gpu: &Gpu) -> Result<(), GpuError> {
+        let (rows, cols) = (self.layout.image, self.layout.out_channels);
+        let velocity = Mat { buf: &self.runner.arena, offset: self.layout.velocity.offset, stride: self.layout.velocity.stride };
+        let uncond = Mat { buf: &self.unconditional, offset: 0, stride: cols };
+        gpu.submit(|enc| ops::elementwise(gpu, enc, Elementwise::Copy, velocity, None, uncond, rows, cols))
+    }
+
+    /// Classifier-free guidance on the conditional velocity just computed:
+    /// `v = v_neg + g·(v_pos − v_neg)`, with diffusers' order of roundings.
+    pub fn guide(&self, gpu: &Gpu, scale: f32) -> Result<(), GpuError> {
+        let (rows, cols) = (self.layout.image, self.layout.out_channels);
+        let v = Mat { buf: &self.runner.arena, offset: self.layout.velocity.offset, stride: self.layout.velocity.stride };
+        let uncond = Mat { buf: &self.unconditional, offset: 0, stride: cols };
+        gpu.submit(|enc| {
+            ops::elementwise(gpu, enc, Elementwise::Axpy(-1.0), uncond, None, v, rows, cols)?;
+            ops::elementwise(gpu, enc, Elementwise::Scale(scale), v, None, v, rows, cols)?;
+            ops::elementwise(gpu, enc, Elementwise::Axpy(1.0), uncond, None, v, rows, cols)
         })
     }
 

@@ -58,3 +58,30 @@ fn velocities_and_latents_follow_diffusers_step_by_step() {
         }
     }
 }
+
+#[test]
+fn denoising_reproduces_diffusers_latents_with_and_without_guidance() {
+    use flux_lite_platform::denoise::{denoise, Conditioning};
+    use flux_lite_platform::model::ModelFolder;
+    for name in ["tiny-a/four-step-wide", "tiny-b/cfg"] {
+        let c = TransformerCase::load(name);
+        let g = &c.goldens;
+        let model = ModelFolder::open(&flux_lite_tests::model_dir(g.case_json()["model"].as_str().unwrap())).unwrap();
+        let positive = g.f32("prompt_embeds").0;
+        let negative = if c.cfg { g.f32("negative_prompt_embeds").0 } else { Vec::new() };
+        let conditioning = if c.cfg {
+            let scale = g.case_json()["guidance"].as_f64().unwrap() as f32;
+            Conditioning::Guided { positive: &positive, negative: &negative, scale }
+        } else {
+            Conditioning::Prompt(&positive)
+        };
+        let mut blocks_seen = 0;
+        let got = denoise(gpu(), &c.transformer, &model.scheduler, c.steps, &g.f32("noise").0, conditioning, &mut |p| {
+            blocks_seen = blocks_seen.max(p.block.total);
+        })
+        .unwrap();
+        let passes = if c.cfg { 2 } else { 1 };
+        assert_eq!(blocks_seen, passes * c.transformer.block_count());
+        assert_rel_l2(&format!("{name} final latents"), &got, &g.f32(&format!("latents.{}", c.steps - 1)).0, STEP_TOL);
+    }
+}
