@@ -1,40 +1,54 @@
-//! `flux-lite gen`: prompt embeddings → denoised latents.
+//! `flux-lite gen`: prompt → PNG.
 
+use crate::progress::Bar;
 use argh::FromArgs;
-use flux_lite_platform::denoise::{self, Conditioning, StepProgress};
-use flux_lite_platform::model::{Component, ModelFolder};
-use flux_lite_platform::transformer::Transformer;
-use flux_lite_platform::{Gpu, GpuOptions};
-use safetensors::tensor::{Dtype, SafeTensors, TensorView};
-use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use flux_lite_platform::embeddings_file::{self, EmbeddingsFile};
+use flux_lite_platform::model::ModelFolder;
+use flux_lite_platform::pipeline::{self, Request, Timings};
+use flux_lite_platform::{denoise, output, Gpu, GpuOptions};
+use std::path::PathBuf;
 use std::time::Instant;
 
-/// Generate: run the denoiser from precomputed prompt embeddings and write the final latents.
+/// Generate an image from a text prompt.
 #[derive(FromArgs, Debug)]
 #[argh(subcommand, name = "gen")]
 pub struct GenArgs {
-    /// the diffusers model folder
+    /// the diffusers model folder (model_index.json, text_encoder/, tokenizer/, transformer/, vae/, scheduler/)
     #[argh(option)]
     model: PathBuf,
-    /// safetensors file holding `prompt_embeds` [512, joint_attention_dim] (f32 or bf16), e.g. from diffusers' encode_prompt
+    /// the text prompt
     #[argh(option)]
-    embeddings: PathBuf,
-    /// where to write the final packed latents (safetensors, tensor `latents` [tokens, channels])
+    prompt: Option<String>,
+    /// where to write the PNG (written whole or not at all)
     #[argh(option)]
-    output_latents: PathBuf,
-    /// random seed (default: random, printed)
-    #[argh(option)]
-    seed: Option<u64>,
+    output: Option<PathBuf>,
+    /// image width in pixels, a multiple of 16 for the real VAE (default 1024)
+    #[argh(option, default = "1024")]
+    width: usize,
+    /// image height in pixels, a multiple of 16 for the real VAE (default 1024)
+    #[argh(option, default = "1024")]
+    height: usize,
     /// denoising steps (default: 4 for distilled models, 50 otherwise)
     #[argh(option)]
     steps: Option<usize>,
-    /// image width in pixels, a multiple of 2 × the VAE scale factor (default 1024)
-    #[argh(option, default = "1024")]
-    width: usize,
-    /// image height in pixels, a multiple of 2 × the VAE scale factor (default 1024)
-    #[argh(option, default = "1024")]
-    height: usize,
+    /// random seed (default: random; always printed)
+    #[argh(option)]
+    seed: Option<u64>,
+    /// classifier-free guidance scale (default: 1.0 for distilled models, 4.0 otherwise; distilled models ignore it)
+    #[argh(option)]
+    guidance: Option<f32>,
+    /// use prompt embeddings from this safetensors file (`prompt_embeds` [512, joint], as `flux-lite encode` writes) instead of --prompt
+    #[argh(option)]
+    embeddings: Option<PathBuf>,
+    /// read the transformer from this folder instead of the model's transformer/
+    #[argh(option)]
+    transformer: Option<PathBuf>,
+    /// decode the VAE in tiles of this many pixels (default: untiled while the image fits)
+    #[argh(option)]
+    vae_tile: Option<usize>,
+    /// also write the final packed latents (safetensors, tensor `latents` [tokens, channels])
+    #[argh(option)]
+    output_latents: Option<PathBuf>,
     /// no progress bar
     #[argh(switch)]
     quiet: bool,
@@ -48,106 +62,137 @@ const MAX_STEPS: usize = 1000;
 
 pub fn run(args: &GenArgs) -> Result<(), String> {
     let started = Instant::now();
-    let model = ModelFolder::open(&args.model).map_err(|e| e.to_string())?;
-    let (lat_h, lat_w) = denoise::latent_grid(&model.vae, args.width, args.height)?;
-    let steps = args.steps.unwrap_or(if model.index.is_distilled { 4 } else { 50 });
+    if args.output.is_none() && args.output_latents.is_none() {
+        return Err("give --output FILE.png (or --output-latents FILE)".into());
+    }
+    let prompt_text = match (&args.prompt, &args.embeddings) {
+        (Some(p), None) => p.clone(),
+        (None, Some(_)) => String::new(),
+        (Some(_), Some(_)) => return Err("give --prompt or --embeddings, not both".into()),
+        (None, None) => return Err("give --prompt TEXT (or --embeddings FILE)".into()),
+    };
+    let mut model = ModelFolder::open(&args.model).map_err(|e| e.to_string())?;
+    if let Some(dir) = &args.transformer {
+        model = model.with_transformer(dir).map_err(|e| e.to_string())?;
+    }
+    denoise::latent_grid(&model.vae, args.width, args.height)?;
+    let distilled = model.index.is_distilled;
+    let steps = args.steps.unwrap_or(if distilled { 4 } else { 50 });
     if steps == 0 || steps > MAX_STEPS {
         return Err(format!("--steps {steps} is outside 1..={MAX_STEPS}"));
     }
-    let prompt = read_embeddings(&args.embeddings, model.transformer.joint_attention_dim)?;
-    let text = prompt.len() / model.transformer.joint_attention_dim;
+    let guidance = args.guidance.unwrap_or(if distilled { 1.0 } else { 4.0 });
+    if !guidance.is_finite() || guidance < 0.0 {
+        return Err(format!("--guidance {guidance} must be a finite number ≥ 0"));
+    }
+    if distilled && guidance > 1.0 {
+        eprintln!("warning: {} is guidance-distilled; --guidance {guidance} is ignored", args.model.display());
+    }
+    if let Some(tile) = args.vae_tile {
+        let unit = 2 * model.vae.scale_factor();
+        if tile == 0 || tile % unit != 0 {
+            return Err(format!("--vae-tile {tile} is not a positive multiple of {unit}"));
+        }
+    }
+    let joint = model.transformer.joint_attention_dim;
+    let from_file = match &args.embeddings {
+        Some(path) => {
+            let file = EmbeddingsFile::open(path)?;
+            let positive = file
+                .get(embeddings_file::PROMPT, joint)?
+                .ok_or_else(|| format!("{}: no tensor `{}`", path.display(), embeddings_file::PROMPT))?;
+            Some((positive, file.get(embeddings_file::NEGATIVE, joint)?))
+        }
+        None => None,
+    };
     let seed = args.seed.unwrap_or_else(random_seed);
     eprintln!("seed: {seed}");
-    if !model.index.is_distilled {
-        eprintln!("warning: {} is a base (non-distilled) model; classifier-free guidance is not applied yet", args.model.display());
-    }
 
     let gpu = Gpu::new(&GpuOptions::default()).map_err(|e| e.to_string())?;
     if args.verbose {
         eprintln!("adapter: {}", gpu.describe());
     }
-    let store = model.weights(Component::Transformer).map_err(|e| e.to_string())?;
-    let transformer =
-        Transformer::new(&gpu, &model.transformer, &store, text, lat_h, lat_w).map_err(|e| e.to_string())?;
-    if args.verbose {
-        eprintln!("transformer activations: {}", crate::human_bytes(transformer.arena_bytes));
-    }
-    let loaded = started.elapsed();
-
-    let noise = denoise::packed_noise(seed, model.transformer.in_channels, lat_h, lat_w);
-    let mut step_started = Instant::now();
-    let mut step_times = Vec::with_capacity(steps);
-    let quiet = args.quiet;
-    let mut progress = |p: StepProgress| {
-        if !quiet {
-            eprint!("\rstep {}/{} block {}/{}   ", p.step + 1, p.steps, p.block.done, p.block.total);
-        }
-        if p.block.done == p.block.total {
-            step_times.push(step_started.elapsed());
-            step_started = Instant::now();
+    let mut timings = Timings::default();
+    let mut bar = Bar::new(args.quiet);
+    let guided = pipeline::uses_guidance(&model, guidance);
+    let (positive, negative) = match from_file {
+        Some((positive, Some(negative))) => (positive, Some(negative)),
+        Some((positive, None)) if guided => (positive, Some(encode(&gpu, &model, &[""], &mut timings, &mut bar)?.remove(0))),
+        Some((positive, None)) => (positive, None),
+        None => {
+            let prompts: &[&str] = if guided { &[&prompt_text, ""] } else { &[&prompt_text] };
+            let mut e = encode(&gpu, &model, prompts, &mut timings, &mut bar)?.into_iter();
+            (e.next().unwrap_or_default(), e.next())
         }
     };
-    let latents =
-        denoise::denoise(&gpu, &transformer, &model.scheduler, steps, &noise, Conditioning::Prompt(&prompt), &mut progress).map_err(|e| e.to_string())?;
-    if !quiet {
-        eprintln!();
+    let request = Request { width: args.width, height: args.height, steps, seed, guidance, vae_tile: args.vae_tile };
+    let mut show = |p| bar.show(p);
+    let latents = pipeline::denoise(&gpu, &model, &request, &positive, negative.as_deref(), &mut timings, &mut show);
+    let image = match (&latents, &args.output) {
+        (Ok(latents), Some(_)) => Some(pipeline::decode(&gpu, &model, &request, latents, &mut timings, &mut show)),
+        _ => None,
+    };
+    bar.finish();
+    let latents = latents.map_err(|e| e.to_string())?;
+    let image = image.transpose().map_err(|e| e.to_string())?;
+
+    let mut text = vec![
+        ("prompt", prompt_text.clone()),
+        ("seed", seed.to_string()),
+        ("steps", steps.to_string()),
+        ("size", format!("{}x{}", args.width, args.height)),
+        ("guidance", guidance.to_string()),
+        ("model", args.model.display().to_string()),
+        ("software", format!("flux-lite {}", env!("CARGO_PKG_VERSION"))),
+    ];
+    if let Some(path) = &args.embeddings {
+        text.push(("embeddings", path.display().to_string()));
     }
-    write_latents(&args.output_latents, &latents, lat_h * lat_w, model.transformer.in_channels, seed, steps, args)?;
-    let per_step: Vec<String> = step_times.iter().map(|d| format!("{:.2}s", d.as_secs_f64())).collect();
+    if let Some(path) = &args.output_latents {
+        write_latents(path, &latents, model.transformer.in_channels, &text)?;
+    }
+    if let (Some(path), Some(image)) = (&args.output, &image) {
+        let png = output::encode_png(image.width as u32, image.height as u32, &image.rgb, &text)?;
+        output::write_atomically(path, &png)?;
+        eprintln!("wrote {}", path.display());
+    }
+    let per_step: Vec<String> = timings.steps.iter().map(|d| format!("{:.2}s", d.as_secs_f64())).collect();
     eprintln!(
-        "time: load {:.2}s, steps [{}], total {:.2}s",
-        loaded.as_secs_f64(),
+        "time: load {:.2}s, encode {:.2}s, steps [{}], decode {:.2}s, total {:.2}s",
+        timings.load.as_secs_f64(),
+        timings.encode.as_secs_f64(),
         per_step.join(", "),
+        timings.decode.as_secs_f64(),
         started.elapsed().as_secs_f64()
     );
     Ok(())
 }
 
-/// `prompt_embeds` of an embeddings file as f32, `[text, joint]` (a leading batch of 1 is allowed).
-fn read_embeddings(path: &Path, joint: usize) -> Result<Vec<f32>, String> {
-    let name = path.display();
-    let bytes = std::fs::read(path).map_err(|e| format!("{name}: {e}"))?;
-    let st = SafeTensors::deserialize(&bytes).map_err(|e| format!("{name}: not a valid safetensors file: {e}"))?;
-    let t = st.tensor("prompt_embeds").map_err(|_| format!("{name}: no tensor `prompt_embeds`"))?;
-    let shape = t.shape();
-    let rows = match shape {
-        [rows, j] | [1, rows, j] if *j == joint && *rows > 0 => *rows,
-        _ => return Err(format!("{name}: `prompt_embeds` has shape {shape:?}, expected [512, {joint}]")),
-    };
-    let values: Vec<f32> = match t.dtype() {
-        Dtype::F32 => t.data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
-        Dtype::BF16 => t.data().chunks_exact(2).map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
-        other => return Err(format!("{name}: `prompt_embeds` is {other:?}; expected F32 or BF16")),
-    };
-    debug_assert_eq!(values.len(), rows * joint);
-    Ok(values)
+/// Encodes prompts, printing any truncation warning on its own line.
+fn encode(gpu: &Gpu, model: &ModelFolder, prompts: &[&str], timings: &mut Timings, bar: &mut Bar) -> Result<Vec<Vec<f32>>, String> {
+    let encoded = pipeline::encode_prompts(gpu, model, prompts, timings, &mut |p| bar.show(p)).map_err(|e| {
+        bar.finish();
+        e.to_string()
+    })?;
+    let mut out = Vec::with_capacity(encoded.len());
+    for e in encoded {
+        if let Some(w) = e.truncation_warning {
+            bar.finish();
+            eprintln!("{w}");
+        }
+        out.push(e.values);
+    }
+    Ok(out)
 }
 
-/// Writes the latents next to their final name and renames, so a failed run
-/// never leaves a partial file.
-fn write_latents(
-    path: &Path,
-    latents: &[f32],
-    tokens: usize,
-    channels: usize,
-    seed: u64,
-    steps: usize,
-    args: &GenArgs,
-) -> Result<(), String> {
+/// The final packed latents as safetensors, with the run's settings as metadata.
+fn write_latents(path: &std::path::Path, latents: &[f32], channels: usize, text: &[(&str, String)]) -> Result<(), String> {
+    use safetensors::tensor::{Dtype, TensorView};
     let bytes: Vec<u8> = latents.iter().flat_map(|v| v.to_le_bytes()).collect();
-    let view = TensorView::new(Dtype::F32, vec![tokens, channels], &bytes).map_err(|e| e.to_string())?;
-    let metadata: HashMap<String, String> = [
-        ("seed", seed.to_string()),
-        ("steps", steps.to_string()),
-        ("width", args.width.to_string()),
-        ("height", args.height.to_string()),
-        ("model", args.model.display().to_string()),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_string(), v))
-    .collect();
+    let view = TensorView::new(Dtype::F32, vec![latents.len() / channels.max(1), channels], &bytes).map_err(|e| e.to_string())?;
+    let metadata = text.iter().map(|(k, v)| (k.to_string(), v.clone())).collect();
     let data = safetensors::serialize([("latents", view)], Some(metadata)).map_err(|e| e.to_string())?;
-    flux_lite_platform::output::write_atomically(path, &data)
+    output::write_atomically(path, &data)
 }
 
 fn random_seed() -> u64 {

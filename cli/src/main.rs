@@ -6,7 +6,9 @@ use flux_lite_platform::{Gpu, GpuOptions};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+mod encode;
 mod gen;
+mod progress;
 
 /// flux-lite: FLUX.2-klein text-to-image on any GPU, in WGSL through wgpu.
 #[derive(FromArgs, Debug)]
@@ -19,6 +21,7 @@ struct Cli {
 #[argh(subcommand)]
 enum Command {
     Gen(gen::GenArgs),
+    Encode(encode::EncodeArgs),
     Info(InfoArgs),
     Gpu(GpuArgs),
 }
@@ -41,6 +44,7 @@ fn main() -> ExitCode {
     let cli: Cli = argh::from_env();
     let result = match cli.command {
         Command::Gen(args) => gen::run(&args),
+        Command::Encode(args) => encode::run(&args),
         Command::Info(args) => info(&args),
         Command::Gpu(_) => gpu(),
     };

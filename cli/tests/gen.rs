@@ -33,7 +33,7 @@ fn gen(model: &str, args: &[&str]) -> std::process::Output {
         .unwrap()
 }
 
-fn check_case(case: &str, model: &str, seed: &str, steps: usize, width: &str, height: &str) {
+fn check_case(case: &str, model: &str, seed: &str, steps: usize, width: &str, height: &str, extra: &[&str]) {
     let dir = scratch_dir(&format!("cli-{}", case.replace('/', "-")));
     let out = dir.join("latents.safetensors");
     let embeds = embeddings_file(case, &dir, false);
@@ -52,7 +52,11 @@ fn check_case(case: &str, model: &str, seed: &str, steps: usize, width: &str, he
             height,
             "--output-latents",
             out.to_str().unwrap(),
-        ],
+        ]
+        .iter()
+        .chain(extra)
+        .copied()
+        .collect::<Vec<_>>(),
     );
     assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
     assert!(String::from_utf8_lossy(&run.stderr).contains(&format!("seed: {seed}")));
@@ -68,18 +72,18 @@ fn check_case(case: &str, model: &str, seed: &str, steps: usize, width: &str, he
 
 #[test]
 fn one_step_from_seed_42() {
-    check_case("tiny-a/one-step", "tiny-a", "42", 1, "32", "32");
+    check_case("tiny-a/one-step", "tiny-a", "42", 1, "32", "32", &[]);
 }
 
 #[test]
 fn four_steps_non_square() {
-    check_case("tiny-a/four-step-wide", "tiny-a", "7", 4, "48", "32");
+    check_case("tiny-a/four-step-wide", "tiny-a", "7", 4, "48", "32", &[]);
 }
 
 #[test]
 fn three_steps_on_the_base_model_without_guidance() {
     // guidance 1.0: diffusers runs no CFG on the base model either.
-    check_case("tiny-b/three-step", "tiny-b", "0", 3, "32", "32");
+    check_case("tiny-b/three-step", "tiny-b", "0", 3, "32", "32", &["--guidance", "1"]);
 }
 
 #[test]

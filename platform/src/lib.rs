@@ -4,6 +4,7 @@
 
 pub mod config_json;
 pub mod denoise;
+pub mod embeddings_file;
 pub mod error;
 pub mod gpu;
 pub mod model;

@@ -18,6 +18,8 @@ pub struct ModelFolder {
     pub text_encoder: Qwen3Config,
     pub vae: VaeConfig,
     pub scheduler: SchedulerConfig,
+    /// Where the transformer is read from: `root/transformer` unless replaced.
+    transformer_dir: PathBuf,
 }
 
 impl ModelFolder {
@@ -33,22 +35,22 @@ impl ModelFolder {
         let text_encoder = config_json::qwen3(&JsonFile::read(&root.join("text_encoder/config.json"))?)?;
         let vae = config_json::vae(&JsonFile::read(&root.join("vae/config.json"))?)?;
         let scheduler = config_json::scheduler(&JsonFile::read(&root.join("scheduler/scheduler_config.json"))?)?;
-        let folder = Self { root: root.into(), index, transformer, text_encoder, vae, scheduler };
+        let transformer_dir = root.join("transformer");
+        let folder = Self { root: root.into(), index, transformer, text_encoder, vae, scheduler, transformer_dir };
         folder.check_cross_component()?;
         Ok(folder)
     }
 
     /// The shapes that must agree between components (spec §5).
     fn check_cross_component(&self) -> Result<(), LoadError> {
-        let mismatch = |file: &str, field: &str, problem: String| LoadError::Field {
-            path: self.root.join(file),
+        let mismatch = |field: &str, problem: String| LoadError::Field {
+            path: self.transformer_dir.join("config.json"),
             field: field.into(),
             problem,
         };
         let joint = 3 * self.text_encoder.hidden_size;
         if self.transformer.joint_attention_dim != joint {
             return Err(mismatch(
-                "transformer/config.json",
                 "joint_attention_dim",
                 format!("is {} but the text encoder gives 3 × {} = {joint}", self.transformer.joint_attention_dim, self.text_encoder.hidden_size),
             ));
@@ -56,7 +58,6 @@ impl ModelFolder {
         let latent = self.vae.patchified_channels();
         if self.transformer.in_channels != latent {
             return Err(mismatch(
-                "transformer/config.json",
                 "in_channels",
                 format!("is {} but the VAE's patchified latent has {latent} channels", self.transformer.in_channels),
             ));
@@ -64,8 +65,22 @@ impl ModelFolder {
         Ok(())
     }
 
+    /// Reads the transformer from `dir` (a diffusers transformer folder with
+    /// its own config.json, e.g. a fine-tune or a compressed copy) instead of
+    /// the model's own.
+    pub fn with_transformer(mut self, dir: &Path) -> Result<Self, LoadError> {
+        self.transformer = config_json::transformer(&JsonFile::read(&dir.join("config.json"))?)?;
+        self.transformer_dir = dir.into();
+        self.check_cross_component()?;
+        Ok(self)
+    }
+
     pub fn component_dir(&self, component: &str) -> PathBuf {
-        self.root.join(component)
+        if component == Component::Transformer.dir() {
+            self.transformer_dir.clone()
+        } else {
+            self.root.join(component)
+        }
     }
 
     /// Opens a component's weights and checks them against its architecture.

@@ -20,6 +20,28 @@ pub fn model_dir(name: &str) -> PathBuf {
     test_vectors().join("models").join(name)
 }
 
+/// A decoded 8-bit RGB PNG and its text chunks (tEXt and iTXt).
+#[derive(Debug)]
+pub struct Png {
+    pub width: usize,
+    pub height: usize,
+    pub rgb: Vec<u8>,
+    pub text: Vec<(String, String)>,
+}
+
+pub fn read_png(path: &Path) -> Png {
+    let file = std::fs::File::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let mut reader = png::Decoder::new(std::io::BufReader::new(file)).read_info().unwrap();
+    let mut rgb = vec![0; reader.output_buffer_size().unwrap()];
+    let frame = reader.next_frame(&mut rgb).unwrap();
+    assert_eq!((frame.color_type, frame.bit_depth), (png::ColorType::Rgb, png::BitDepth::Eight), "{}", path.display());
+    rgb.truncate(frame.buffer_size());
+    let info = reader.info();
+    let mut text: Vec<(String, String)> = info.uncompressed_latin1_text.iter().map(|t| (t.keyword.clone(), t.text.clone())).collect();
+    text.extend(info.utf8_text.iter().map(|t| (t.keyword.clone(), t.get_text().unwrap())));
+    Png { width: frame.width as usize, height: frame.height as usize, rgb, text }
+}
+
 /// The golden tensors of one case (`tiny-a/one-step`), read into memory.
 #[derive(Debug)]
 pub struct Goldens {
@@ -28,8 +50,13 @@ pub struct Goldens {
 }
 
 impl Goldens {
+    /// The folder of a case (`case.json`, `goldens.safetensors`, `image.png`).
+    pub fn dir(case: &str) -> PathBuf {
+        test_vectors().join("goldens").join(case)
+    }
+
     pub fn load(case: &str) -> Self {
-        let dir = test_vectors().join("goldens").join(case);
+        let dir = Self::dir(case);
         let path = dir.join("goldens.safetensors");
         let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         Self { dir, bytes }

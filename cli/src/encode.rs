@@ -1,0 +1,51 @@
+//! `flux-lite encode`: prompt → prompt embeddings file.
+
+use crate::progress::Bar;
+use argh::FromArgs;
+use flux_lite_platform::embeddings_file;
+use flux_lite_platform::model::ModelFolder;
+use flux_lite_platform::pipeline::{self, Timings};
+use flux_lite_platform::{Gpu, GpuOptions};
+use std::path::PathBuf;
+
+/// Encode a prompt with the model's Qwen3 text encoder and write `prompt_embeds` [512, joint_attention_dim] (f32 safetensors).
+#[derive(FromArgs, Debug)]
+#[argh(subcommand, name = "encode")]
+pub struct EncodeArgs {
+    /// the diffusers model folder
+    #[argh(option)]
+    model: PathBuf,
+    /// the text prompt
+    #[argh(option)]
+    prompt: String,
+    /// where to write the embeddings (safetensors)
+    #[argh(option)]
+    output: PathBuf,
+    /// no progress bar
+    #[argh(switch)]
+    quiet: bool,
+}
+
+pub fn run(args: &EncodeArgs) -> Result<(), String> {
+    let model = ModelFolder::open(&args.model).map_err(|e| e.to_string())?;
+    let gpu = Gpu::new(&GpuOptions::default()).map_err(|e| e.to_string())?;
+    let mut bar = Bar::new(args.quiet);
+    let mut timings = Timings::default();
+    let encoded = pipeline::encode_prompts(&gpu, &model, &[&args.prompt], &mut timings, &mut |p| bar.show(p));
+    bar.finish();
+    let encoded = encoded.map_err(|e| e.to_string())?.remove(0);
+    if let Some(w) = &encoded.truncation_warning {
+        eprintln!("{w}");
+    }
+    let joint = model.transformer.joint_attention_dim;
+    let metadata = [("prompt", args.prompt.clone()), ("model", args.model.display().to_string())];
+    embeddings_file::write(&args.output, &[(embeddings_file::PROMPT, &encoded.values)], joint, &metadata)?;
+    eprintln!(
+        "wrote {} ({} × {joint}); load {:.2}s, encode {:.2}s",
+        args.output.display(),
+        encoded.values.len() / joint,
+        timings.load.as_secs_f64(),
+        timings.encode.as_secs_f64()
+    );
+    Ok(())
+}

@@ -1,0 +1,147 @@
+//! Text to image in stages, as `Flux2KleinPipeline` runs them: tokenize,
+//! encode, denoise, decode. Each stage's device memory is released before
+//! the next one allocates its own.
+
+use crate::denoise::{self, Conditioning, StepProgress};
+use crate::error::RunError;
+use crate::gpu::Gpu;
+use crate::model::{Component, ModelFolder};
+use crate::text_encoder::TextEncoder;
+use crate::tokenizer::PromptTokenizer;
+use crate::transformer::{BlockProgress, Transformer};
+use crate::vae::VaeDecoder;
+use std::time::{Duration, Instant};
+
+/// Tokens per prompt: diffusers' `max_sequence_length`, which the transformer attends over in full.
+pub const PROMPT_TOKENS: usize = 512;
+
+/// Where a run is, for the progress bar.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Progress {
+    /// Prompt `prompt` of `prompts`, block by block.
+    Encode { prompt: usize, prompts: usize, block: BlockProgress },
+    Denoise(StepProgress),
+    /// Tile `done` of `tiles` decoded.
+    Decode { done: usize, tiles: usize },
+}
+
+/// Wall time of each stage. Loading counts weight uploads and layout, wherever they happen.
+#[derive(Debug, Clone, Default)]
+pub struct Timings {
+    pub load: Duration,
+    pub encode: Duration,
+    pub steps: Vec<Duration>,
+    pub decode: Duration,
+}
+
+/// One prompt's embedding `[PROMPT_TOKENS, 3·hidden]`, and the warning to print if it was truncated.
+#[derive(Debug, Clone)]
+pub struct PromptEmbedding {
+    pub values: Vec<f32>,
+    pub truncation_warning: Option<String>,
+}
+
+/// Tokenizes and encodes each prompt with one text encoder, which is
+/// dropped (its device memory released) before this returns.
+pub fn encode_prompts(
+    gpu: &Gpu,
+    model: &ModelFolder,
+    prompts: &[&str],
+    timings: &mut Timings,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<Vec<PromptEmbedding>, RunError> {
+    let started = Instant::now();
+    let tokenizer = PromptTokenizer::load(&model.component_dir("tokenizer"))?;
+    let store = model.weights(Component::TextEncoder)?;
+    let encoder = TextEncoder::new(gpu, &model.text_encoder, store, PROMPT_TOKENS, model.text_encoder.output_layers())?;
+    timings.load += started.elapsed();
+    let started = Instant::now();
+    let mut out = Vec::with_capacity(prompts.len());
+    for (i, prompt) in prompts.iter().enumerate() {
+        let tokens = tokenizer.encode_prompt(prompt, PROMPT_TOKENS).map_err(|e| RunError::Input(e.to_string()))?;
+        let values = encoder.encode(gpu, &tokens.input_ids, &tokens.attention_mask, &mut |block| {
+            progress(Progress::Encode { prompt: i, prompts: prompts.len(), block })
+        })?;
+        out.push(PromptEmbedding { values, truncation_warning: tokens.truncation_warning() });
+    }
+    timings.encode += started.elapsed();
+    Ok(out)
+}
+
+/// What to generate, with every default already resolved.
+#[derive(Debug, Clone)]
+pub struct Request {
+    pub width: usize,
+    pub height: usize,
+    pub steps: usize,
+    pub seed: u64,
+    /// Classifier-free guidance scale; applied only when > 1 and the model is not distilled.
+    pub guidance: f32,
+    /// Forced VAE tile size in pixels; `None` decodes untiled when it fits.
+    pub vae_tile: Option<usize>,
+}
+
+/// Whether `Flux2KleinPipeline` would run classifier-free guidance.
+pub fn uses_guidance(model: &ModelFolder, guidance: f32) -> bool {
+    guidance > 1.0 && !model.index.is_distilled
+}
+
+/// The decoded image, 8-bit RGB, row-major.
+#[derive(Debug, Clone)]
+pub struct Image {
+    pub width: usize,
+    pub height: usize,
+    pub rgb: Vec<u8>,
+}
+
+/// Denoises from the seed's noise under `positive` (and `negative` when
+/// guided) and returns the packed latents `[tokens, channels]`. The
+/// transformer's device memory is released before this returns.
+pub fn denoise(
+    gpu: &Gpu,
+    model: &ModelFolder,
+    request: &Request,
+    positive: &[f32],
+    negative: Option<&[f32]>,
+    timings: &mut Timings,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<Vec<f32>, RunError> {
+    let (lat_h, lat_w) = denoise::latent_grid(&model.vae, request.width, request.height).map_err(RunError::Input)?;
+    let started = Instant::now();
+    let store = model.weights(Component::Transformer)?;
+    let transformer = Transformer::new(gpu, &model.transformer, &store, PROMPT_TOKENS, lat_h, lat_w)?;
+    timings.load += started.elapsed();
+    let noise = denoise::packed_noise(request.seed, model.transformer.in_channels, lat_h, lat_w);
+    let conditioning = match negative {
+        Some(negative) if uses_guidance(model, request.guidance) => Conditioning::Guided { positive, negative, scale: request.guidance },
+        _ => Conditioning::Prompt(positive),
+    };
+    let mut step_started = Instant::now();
+    let steps = &mut timings.steps;
+    denoise::denoise(gpu, &transformer, &model.scheduler, request.steps, &noise, conditioning, &mut |p| {
+        progress(Progress::Denoise(p));
+        if p.block.done == p.block.total {
+            steps.push(step_started.elapsed());
+            step_started = Instant::now();
+        }
+    })
+}
+
+/// Decodes packed latents to the image, in tiles when asked or needed.
+pub fn decode(
+    gpu: &Gpu,
+    model: &ModelFolder,
+    request: &Request,
+    latents: &[f32],
+    timings: &mut Timings,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<Image, RunError> {
+    let started = Instant::now();
+    let store = model.weights(Component::Vae)?;
+    let vae = VaeDecoder::new(gpu, &model.vae, &store, request.width, request.height, request.vae_tile)?;
+    timings.load += started.elapsed();
+    let started = Instant::now();
+    let rgb = vae.decode(gpu, latents, &mut |done, tiles| progress(Progress::Decode { done, tiles }))?;
+    timings.decode += started.elapsed();
+    Ok(Image { width: request.width, height: request.height, rgb })
+}
