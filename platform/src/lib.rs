@@ -10,7 +10,8 @@ pub mod model;
 pub mod ops;
 pub mod runner;
 pub mod safetensors_store;
+pub mod tokenizer;
 pub mod transformer;
 
-pub use error::{GpuError, LoadError};
+pub use error::{GpuError, LoadError, TokenizeError};
 pub use gpu::{Backend, Gpu, GpuOptions};
