@@ -64,6 +64,8 @@ pub enum LoadError {
     WrongTensor { component: String, name: String, expected: String, found: String },
     /// A tensor the architecture does not have.
     UnexpectedTensor { component: String, name: String },
+    /// `tokenizer.json` is readable but the tokenizer library cannot build a tokenizer from it.
+    Tokenizer { path: PathBuf, detail: String },
 }
 
 impl fmt::Display for LoadError {
@@ -80,6 +82,7 @@ impl fmt::Display for LoadError {
             LoadError::UnexpectedTensor { component, name } => {
                 write!(f, "{component}: unexpected tensor `{name}` for this architecture")
             }
+            LoadError::Tokenizer { path, detail } => write!(f, "{}: not a tokenizer we can read: {detail}", path.display()),
         }
     }
 }
@@ -117,3 +120,18 @@ impl From<GpuError> for RunError {
         RunError::Gpu(e)
     }
 }
+
+/// Tokenizing a prompt failed. The byte-level BPE of Qwen tokenizers covers every
+/// byte, so this only happens with a tokenizer.json whose model cannot spell some text.
+#[derive(Debug)]
+pub struct TokenizeError {
+    pub detail: String,
+}
+
+impl fmt::Display for TokenizeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "tokenizing the prompt failed: {}", self.detail)
+    }
+}
+
+impl std::error::Error for TokenizeError {}

@@ -10,10 +10,12 @@ pub mod gpu;
 pub mod model;
 pub mod ops;
 pub mod output;
+pub mod pipeline;
 pub mod runner;
 pub mod safetensors_store;
 pub mod text_encoder;
+pub mod tokenizer;
 pub mod transformer;
 
-pub use error::{GpuError, LoadError, RunError};
+pub use error::{GpuError, LoadError, RunError, TokenizeError};
 pub use gpu::{Backend, Gpu, GpuOptions};
