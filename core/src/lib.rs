@@ -16,6 +16,7 @@ pub mod rope;
 pub mod schedule;
 pub mod tensors;
 pub mod transformer;
+pub mod vae;
 
 pub use arena::{ArenaError, ArenaSlice, BumpArena};
 // Config structs expose heapless collections; dependents use the same version.

@@ -11,6 +11,7 @@ pub mod ops;
 pub mod runner;
 pub mod safetensors_store;
 pub mod transformer;
+pub mod vae;
 
 pub use error::{GpuError, LoadError};
 pub use gpu::{Backend, Gpu, GpuOptions};
