@@ -17,6 +17,7 @@ pub mod schedule;
 pub mod tensors;
 pub mod text_encoder;
 pub mod transformer;
+pub mod vae;
 
 pub use arena::{ArenaError, ArenaSlice, BumpArena};
 // Config structs expose heapless collections; dependents use the same version.

@@ -2,6 +2,7 @@
 //! slices of one f32 activation arena. Core decides the steps and the
 //! layout; platform turns each step into a dispatch.
 
+use crate::reference::ConvShape;
 use crate::tensors::TensorName;
 
 /// A row-major f32 view into the activation arena: row `r` starts at
@@ -59,6 +60,33 @@ pub enum Op {
     Residual { dst: Span, y: Span, rows: u64, cols: u64 },
     /// `dst = src`
     Copy { src: Span, dst: Span, rows: u64, cols: u64 },
+    /// 2-D convolution with bias over contiguous `[channels, height, width]` tensors.
+    Conv2d { x: Span, w: TensorName, bias: TensorName, y: Span, shape: ConvShape },
+    /// GroupNorm with affine over contiguous `[channels, pixels]`, SiLU after when `silu`.
+    GroupNorm {
+        src: Span,
+        dst: Span,
+        gamma: TensorName,
+        beta: TensorName,
+        channels: u64,
+        pixels: u64,
+        groups: u64,
+        eps: f32,
+        silu: bool,
+    },
+    /// Nearest-neighbour ×2 upsampling of contiguous `[channels, height, width]`.
+    UpsampleNearest2x { x: Span, y: Span, channels: u64, height: u64, width: u64 },
+    /// `dst[c, r] = src[r, c]` for a `[rows, cols]` source.
+    Transpose { src: Span, dst: Span, rows: u64, cols: u64 },
+    /// `dst = a + b` (`dst` may be `a` or `b`).
+    Add { a: Span, b: Span, dst: Span, rows: u64, cols: u64 },
+    /// Packed latents `[height·width tokens, 4·channels]` to the VAE latent
+    /// `[channels, 2·height, 2·width]`: BatchNorm de-normalisation
+    /// `x·√(var + eps) + mean` per patchified channel, then unpatchify
+    /// (channel `c·4 + py·2 + px` of token `(y, x)` lands at `(2y + py, 2x + px)`).
+    DenormUnpatchify { packed: Span, latent: Span, mean: TensorName, var: TensorName, channels: u64, height: u64, width: u64, eps: f32 },
+    /// `dst = round(clamp(src/2 + 1/2, 0, 1)·255)` over `count` contiguous values: 8-bit levels as f32.
+    PixelLevels { src: Span, dst: Span, count: u64 },
 }
 
 impl Op {
@@ -67,6 +95,9 @@ impl Op {
         let (first, second) = match self {
             Op::Linear { w, bias, .. } => (Some(w), bias.as_ref()),
             Op::RmsNormHeads { w, .. } | Op::RmsNorm { w, .. } => (Some(w), None),
+            Op::Conv2d { w, bias, .. } => (Some(w), Some(bias)),
+            Op::GroupNorm { gamma, beta, .. } => (Some(gamma), Some(beta)),
+            Op::DenormUnpatchify { mean, var, .. } => (Some(mean), Some(var)),
             _ => (None, None),
         };
         first.into_iter().chain(second)

@@ -203,7 +203,7 @@ pub fn attention(
 }
 
 /// The geometry of one 2-D convolution over `[channels, height, width]`.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ConvShape {
     pub in_channels: usize,
     pub out_channels: usize,
@@ -274,6 +274,47 @@ pub fn upsample_nearest2x(x: &[f32], channels: usize, height: usize, width: usiz
     }
 }
 
+/// The packed latents `[height·width, 4·channels]` as the VAE decoder's input
+/// `[channels, 2·height, 2·width]`: `x·√(var + eps) + mean` per patchified
+/// channel, then unpatchify (spec §1.5).
+#[allow(clippy::too_many_arguments)]
+pub fn denorm_unpatchify(
+    packed: &[f32],
+    mean: Weights<'_>,
+    var: Weights<'_>,
+    channels: usize,
+    height: usize,
+    width: usize,
+    eps: f64,
+    y: &mut [f64],
+) {
+    let (out_h, out_w) = (2 * height, 2 * width);
+    for c in 0..channels {
+        for oy in 0..out_h {
+            for ox in 0..out_w {
+                let pc = c * 4 + (oy % 2) * 2 + ox % 2;
+                let token = (oy / 2) * width + ox / 2;
+                let v = packed[token * 4 * channels + pc] as f64;
+                y[(c * out_h + oy) * out_w + ox] = v * sqrt(var.get(pc) + eps) + mean.get(pc);
+            }
+        }
+    }
+}
+
+/// The 8-bit level of a decoded value as diffusers' post-processing makes it:
+/// `round(clamp(x·0.5 + 0.5, 0, 1)·255)`. Unlike the other references this one
+/// rounds in f32 step by step, as torch and numpy do, because a level is an
+/// integer: f64 arithmetic would move values that sit on a half level.
+/// numpy's `round` sends ties to the even neighbour.
+pub fn pixel_level(x: f32) -> f64 {
+    let unit = (x * 0.5 + 0.5).clamp(0.0, 1.0);
+    let v = unit * 255.0;
+    let r = libm::roundf(v);
+    // `roundf` sends ties away from zero.
+    let level = if v - libm::truncf(v) == 0.5 && r % 2.0 != 0.0 { r - 1.0 } else { r };
+    level as f64
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -311,6 +352,26 @@ mod tests {
         let mut y = [0.0; 4];
         rope_rotate_half(&x, &cos, &sin, 1, 1, 4, &mut y);
         assert_eq!(y, [0.5 - 0.75, 1.0 - 1.0, 1.5 + 0.25, 2.0 + 0.5]);
+    }
+
+    #[test]
+    fn pixel_levels_round_half_levels_to_even() {
+        assert_eq!(pixel_level(-2.0), 0.0);
+        assert_eq!(pixel_level(2.0), 255.0);
+        // Inputs whose f32 level is exactly k + 0.5 (found with numpy float32).
+        assert_eq!(pixel_level(0.0), 128.0); // 127.5
+        assert_eq!(pixel_level(-0.494_117_65), 64.0); // 64.5
+        assert_eq!(pixel_level(-0.486_274_5), 66.0); // 65.5
+    }
+
+    #[test]
+    fn unpatchify_places_patch_channels_on_the_pixel_grid() {
+        // One latent channel, one token: its 4 patch channels become a 2×2 block.
+        let packed = [1.0f32, 2.0, 3.0, 4.0];
+        let (mean, var) = ([0.5f32; 4], [3.0f32; 4]);
+        let mut y = [0.0; 4];
+        denorm_unpatchify(&packed, Weights::F32(&mean), Weights::F32(&var), 1, 1, 1, 1.0, &mut y);
+        assert_eq!(y, [2.5, 4.5, 6.5, 8.5]);
     }
 
     #[test]

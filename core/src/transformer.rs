@@ -122,7 +122,7 @@ impl TransformerLayout {
     }
 }
 
-fn name(args: core::fmt::Arguments<'_>) -> TensorName {
+pub(crate) fn name(args: core::fmt::Arguments<'_>) -> TensorName {
     let mut n = TensorName::new();
     n.write_fmt(args).expect("tensor names fit in 128 bytes");
     n

@@ -21,11 +21,12 @@ pub enum Module {
     Attention,
     Elementwise,
     Conv,
+    Vae,
 }
 
 impl Module {
-    pub const ALL: [Module; 6] =
-        [Module::Linear, Module::Norm, Module::Rope, Module::Attention, Module::Elementwise, Module::Conv];
+    pub const ALL: [Module; 7] =
+        [Module::Linear, Module::Norm, Module::Rope, Module::Attention, Module::Elementwise, Module::Conv, Module::Vae];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -35,6 +36,7 @@ impl Module {
             Module::Attention => "attention",
             Module::Elementwise => "elementwise",
             Module::Conv => "conv",
+            Module::Vae => "vae",
         }
     }
 
@@ -51,6 +53,7 @@ impl Module {
             Module::Attention => with_common!("attention.wgsl"),
             Module::Elementwise => with_common!("elementwise.wgsl"),
             Module::Conv => with_common!("conv.wgsl"),
+            Module::Vae => with_common!("vae.wgsl"),
         }
     }
 }
@@ -146,6 +149,11 @@ pub const CONV2D: Kernel =
 pub const UPSAMPLE_NEAREST2X: Kernel =
     kernel(Module::Conv, "upsample_nearest2x", [64, 1, 1], &[(1, RW), (4, RW)], size_of::<ConvParams>(), false);
 
+pub const DENORM_UNPATCHIFY: Kernel =
+    kernel(Module::Vae, "denorm_unpatchify", [64, 1, 1], &[(1, RW), (2, R), (3, R), (4, RW)], size_of::<VaeParams>(), true);
+pub const PIXEL_LEVELS: Kernel =
+    kernel(Module::Vae, "pixel_levels", [64, 1, 1], &[(1, RW), (4, RW)], size_of::<VaeParams>(), false);
+
 /// Every kernel, for validation and pipeline warm-up.
 pub const ALL_KERNELS: &[Kernel] = &[
     LINEAR,
@@ -167,6 +175,8 @@ pub const ALL_KERNELS: &[Kernel] = &[
     TRANSPOSE,
     CONV2D,
     UPSAMPLE_NEAREST2X,
+    DENORM_UNPATCHIFY,
+    PIXEL_LEVELS,
 ];
 
 /// Most workgroups one grid dimension may have on every adapter.

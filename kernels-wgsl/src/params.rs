@@ -118,3 +118,20 @@ pub struct ConvParams {
     pub y_offset: u32,
     pub _pad: [u32; 2],
 }
+
+/// `vae.wgsl` — the decoder's input (de-normalise, unpatchify) and output (8-bit levels).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Pod, Zeroable)]
+pub struct VaeParams {
+    /// Latent channels, and the packed token grid (rows, columns).
+    pub channels: u32,
+    pub height: u32,
+    pub width: u32,
+    pub src_offset: u32,
+    pub dst_offset: u32,
+    /// Offset of the BatchNorm mean and variance (equally aligned windows).
+    pub stats_offset: u32,
+    /// Values to convert to levels.
+    pub count: u32,
+    pub eps: f32,
+}

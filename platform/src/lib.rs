@@ -16,6 +16,7 @@ pub mod safetensors_store;
 pub mod text_encoder;
 pub mod tokenizer;
 pub mod transformer;
+pub mod vae;
 
 pub use error::{GpuError, LoadError, RunError, TokenizeError};
 pub use gpu::{Backend, Gpu, GpuOptions};

@@ -769,3 +769,74 @@ pub fn upsample_nearest2x(
     }
     Ok(())
 }
+
+/// The BatchNorm statistics of the patchified latent (`bn.running_mean`, `bn.running_var`).
+#[derive(Debug, Clone, Copy)]
+pub struct LatentStats<'a> {
+    pub mean: Weight<'a>,
+    pub var: Weight<'a>,
+    pub eps: f32,
+}
+
+/// Packed latents `[height·width tokens, 4·channels]` to the VAE latent
+/// `[channels, 2·height, 2·width]`: `x·√(var + eps) + mean` per patchified
+/// channel, then unpatchify.
+#[allow(clippy::too_many_arguments)]
+pub fn denorm_unpatchify(
+    gpu: &Gpu,
+    sink: &mut dyn Sink,
+    packed: Mat<'_>,
+    stats: LatentStats<'_>,
+    latent: Mat<'_>,
+    channels: u64,
+    height: u64,
+    width: u64,
+) -> Result<(), GpuError> {
+    if stats.mean.dtype != stats.var.dtype {
+        return Err(GpuError::UnsupportedShape("the latent BatchNorm mean and variance must share a dtype".into()));
+    }
+    let n = 4 * channels * height * width;
+    if n == 0 {
+        return Ok(());
+    }
+    let sw = window(gpu, packed.buf, 4, packed.offset, packed.offset + n, "packed latents")?;
+    let dw = window(gpu, latent.buf, 4, latent.offset, latent.offset + n, "unpatchified latent")?;
+    let eb = stats.mean.dtype.bytes();
+    let (m, v) = (stats.mean, stats.var);
+    let mw = window(gpu, m.buf, eb, m.offset, m.offset + 4 * channels, "latent BatchNorm mean")?;
+    let vw = window(gpu, v.buf, eb, v.offset, v.offset + 4 * channels, "latent BatchNorm variance")?;
+    if mw.local != vw.local {
+        // The kernel indexes both statistics with one offset.
+        return Err(GpuError::UnsupportedShape("the latent BatchNorm mean and variance must be equally aligned".into()));
+    }
+    let params = k::VaeParams {
+        channels: to_u32(channels, "latent channels")?,
+        height: to_u32(height, "latent token rows")?,
+        width: to_u32(width, "latent token columns")?,
+        src_offset: sw.local,
+        dst_offset: dw.local,
+        stats_offset: mw.local,
+        count: 0,
+        eps: stats.eps,
+    };
+    let constants = [("WEIGHT_BF16", m.dtype.constant())];
+    dispatch(gpu, sink, &k::DENORM_UNPATCHIFY, &constants, &params, &[(1, &sw), (2, &mw), (3, &vw), (4, &dw)], grid64(n));
+    Ok(())
+}
+
+/// `dst = round(clamp(src/2 + 1/2, 0, 1)·255)` over `count` contiguous values.
+pub fn pixel_levels(gpu: &Gpu, sink: &mut dyn Sink, src: Mat<'_>, dst: Mat<'_>, count: u64) -> Result<(), GpuError> {
+    if count == 0 {
+        return Ok(());
+    }
+    let sw = window(gpu, src.buf, 4, src.offset, src.offset + count, "decoded image")?;
+    let dw = window(gpu, dst.buf, 4, dst.offset, dst.offset + count, "pixel levels")?;
+    let params = k::VaeParams {
+        src_offset: sw.local,
+        dst_offset: dw.local,
+        count: to_u32(count, "pixel values")?,
+        ..Default::default()
+    };
+    dispatch(gpu, sink, &k::PIXEL_LEVELS, &[], &params, &[(1, &sw), (4, &dw)], grid64(count));
+    Ok(())
+}

@@ -138,10 +138,10 @@ pub fn decode(
 ) -> Result<Image, RunError> {
     let started = Instant::now();
     let store = model.weights(Component::Vae)?;
-    let vae = VaeDecoder::new(gpu, &model.vae, &store, request.width, request.height, request.vae_tile)?;
+    let mut vae = VaeDecoder::new(gpu, &model.vae, &store, request.width, request.height, request.vae_tile)?;
     timings.load += started.elapsed();
     let started = Instant::now();
-    let rgb = vae.decode(gpu, latents, &mut |done, tiles| progress(Progress::Decode { done, tiles }))?;
+    let image = vae.decode(gpu, latents, &mut |t| progress(Progress::Decode { done: t.done, tiles: t.total }))?;
     timings.decode += started.elapsed();
-    Ok(Image { width: request.width, height: request.height, rgb })
+    Ok(Image { width: image.width, height: image.height, rgb: image.rgb })
 }

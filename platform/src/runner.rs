@@ -189,6 +189,34 @@ impl Runner {
             Op::Copy { src, dst, rows, cols } => {
                 ops::elementwise(gpu, sink, Elementwise::Copy, self.mat(*src), None, self.mat(*dst), *rows, *cols)
             }
+            Op::Conv2d { x, w, bias, y, shape } => {
+                ops::conv2d(gpu, sink, self.mat(*x), weights.get(w)?.view(), weights.get(bias)?.view(), self.mat(*y), *shape)
+            }
+            Op::GroupNorm { src, dst, gamma, beta, channels, pixels, groups, eps, silu } => ops::group_norm(
+                gpu,
+                sink,
+                self.mat(*src),
+                weights.get(gamma)?.view(),
+                weights.get(beta)?.view(),
+                self.mat(*dst),
+                *channels,
+                *pixels,
+                *groups,
+                *eps,
+                *silu,
+            ),
+            Op::UpsampleNearest2x { x, y, channels, height, width } => {
+                ops::upsample_nearest2x(gpu, sink, self.mat(*x), self.mat(*y), *channels, *height, *width)
+            }
+            Op::Transpose { src, dst, rows, cols } => ops::transpose(gpu, sink, self.mat(*src), self.mat(*dst), *rows, *cols),
+            Op::Add { a, b, dst, rows, cols } => {
+                ops::elementwise(gpu, sink, Elementwise::Add, self.mat(*a), Some(self.mat(*b)), self.mat(*dst), *rows, *cols)
+            }
+            Op::DenormUnpatchify { packed, latent, mean, var, channels, height, width, eps } => {
+                let stats = ops::LatentStats { mean: weights.get(mean)?.view(), var: weights.get(var)?.view(), eps: *eps };
+                ops::denorm_unpatchify(gpu, sink, self.mat(*packed), stats, self.mat(*latent), *channels, *height, *width)
+            }
+            Op::PixelLevels { src, dst, count } => ops::pixel_levels(gpu, sink, self.mat(*src), self.mat(*dst), *count),
         }
     }
 
@@ -214,6 +242,13 @@ impl Runner {
         let stride = span.stride.max(cols);
         let all = gpu.read_f32(&self.arena, span.offset, ((rows.max(1) - 1) * stride + cols) as usize)?;
         Ok((0..rows).flat_map(|r| all[(r * stride) as usize..(r * stride + cols) as usize].to_vec()).collect())
+    }
+}
+
+impl DeviceWeights {
+    /// Adds one uploaded tensor (components that upload a chosen subset of their files).
+    pub fn insert(&mut self, name: &str, weight: DeviceWeight) {
+        self.map.insert(name.to_string(), weight);
     }
 }
 

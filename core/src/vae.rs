@@ -1,0 +1,539 @@
+//! `AutoencoderKLFlux2`'s decoder as block programs over one activation
+//! arena, and how diffusers' `tiled_decode` cuts a latent into tiles.
+//!
+//! Activations are channel-major `[C, H·W]`, the layout the convolutions and
+//! GroupNorm read. Three equal buffers sized for the largest activation take
+//! turns: the residual stream stays in `a` from block to block, and each
+//! block's intermediates go through `b` and `c`, so the arena holds about
+//! three full-resolution activations whatever the depth. A layout is for one
+//! latent tile; an image that fits is one tile. Every dimension comes from
+//! the config.
+
+use crate::arena::{ArenaError, BumpArena};
+use crate::config::{VaeConfig, MAX_LIST};
+use crate::program::{Op, Span};
+use crate::reference::ConvShape;
+use crate::transformer::name;
+use core::fmt::{self, Write};
+
+/// Bytes per activation element (f32).
+const F32: u64 = 4;
+/// Slices start on 256-byte boundaries (the usual storage-binding offset alignment).
+const ALIGN: u64 = 256;
+/// Epsilon of every decoder GroupNorm (diffusers builds the decoder with `resnet_eps = 1e-6`).
+const NORM_EPS: f32 = 1e-6;
+
+/// A latent or tile size the decoder cannot take, or an arena too small for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VaePlanError {
+    Size(&'static str),
+    Arena(ArenaError),
+}
+
+impl fmt::Display for VaePlanError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            VaePlanError::Size(s) => f.write_str(s),
+            VaePlanError::Arena(e) => e.fmt(f),
+        }
+    }
+}
+
+impl From<ArenaError> for VaePlanError {
+    fn from(e: ArenaError) -> Self {
+        VaePlanError::Arena(e)
+    }
+}
+
+/// Where each activation of one tile's decode lives (element offsets into
+/// the f32 arena), and the decoder dimensions the programs need.
+#[derive(Debug, Clone, PartialEq)]
+pub struct VaeLayout {
+    /// The tile in VAE latent cells (the decoder's input grid); both even.
+    pub latent_h: u64,
+    pub latent_w: u64,
+    pub latent_channels: u64,
+    /// Decoder widths by level, finest first (`decoder_block_out_channels`).
+    pub channels: heapless::Vec<u64, MAX_LIST>,
+    pub layers_per_block: u64,
+    pub groups: u64,
+    pub out_channels: u64,
+    pub attention: bool,
+    pub post_quant_conv: bool,
+    pub bn_eps: f32,
+    /// Input written by the host: packed latents `[tokens, 4·latent_channels]`, token = y·(w/2) + x.
+    pub packed: Span,
+    /// The de-normalised, unpatchified latent `[latent_channels, h·w]`.
+    pub latent: Span,
+    /// The three activation buffers, each holding the largest `[C, pixels]` of the decode.
+    pub a: Span,
+    pub b: Span,
+    pub c: Span,
+    /// Mid-block attention projections `[h·w, C_top]` each.
+    pub q: Span,
+    pub k: Span,
+    pub v: Span,
+    /// Where the decoder's output `[out_channels, H·W]` lands, and its 8-bit levels.
+    pub decoded: Span,
+    pub levels: Span,
+}
+
+impl VaeLayout {
+    /// Lays out the decode of a `latent_h × latent_w` tile in `arena`.
+    pub fn new(cfg: &VaeConfig, latent_h: u64, latent_w: u64, arena: &mut BumpArena) -> Result<Self, VaePlanError> {
+        if !whole_tokens(latent_h, latent_w) {
+            return Err(VaePlanError::Size("a latent tile must have an even, non-zero height and width"));
+        }
+        let mut channels = heapless::Vec::new();
+        for &c in cfg.decoder_channels() {
+            channels.push(c as u64).map_err(|_| VaePlanError::Size("too many VAE levels"))?;
+        }
+        let top = *channels.last().ok_or(VaePlanError::Size("the VAE has no levels"))?;
+        let p0 = latent_h * latent_w;
+        let lc = cfg.latent_channels as u64;
+        let largest = largest_activation(cfg, p0);
+        // Spans of channel-major tensors carry no row width: each op views them
+        // with its own (`rows`), since one buffer holds tensors of many widths.
+        let mut take = |elems: u64| -> Result<Span, ArenaError> {
+            let s = arena.alloc(elems * F32, ALIGN)?;
+            Ok(Span::new(s.offset / F32, 0))
+        };
+        let packed = take(p0 * lc)?;
+        let latent = take(p0 * lc)?;
+        let (a, b, c) = (take(largest)?, take(largest)?, take(largest)?);
+        // Without mid-block attention nothing reads q, k, v; they take no space.
+        let (q, k, v) = if cfg.mid_block_add_attention {
+            (take(p0 * top)?, take(p0 * top)?, take(p0 * top)?)
+        } else {
+            (a, a, a)
+        };
+        Ok(Self {
+            latent_h,
+            latent_w,
+            latent_channels: lc,
+            layers_per_block: cfg.layers_per_block as u64,
+            groups: cfg.norm_num_groups as u64,
+            out_channels: cfg.out_channels as u64,
+            attention: cfg.mid_block_add_attention,
+            post_quant_conv: cfg.use_post_quant_conv,
+            bn_eps: cfg.batch_norm_eps as f32,
+            packed: Span::new(packed.offset, 4 * lc),
+            latent,
+            decoded: c,
+            levels: b,
+            channels,
+            a,
+            b,
+            c,
+            q,
+            k,
+            v,
+        })
+    }
+
+    /// Pixels per latent cell.
+    pub fn scale(&self) -> u64 {
+        1 << (self.channels.len() - 1)
+    }
+
+    /// Output size in pixels (height, width).
+    pub fn image_size(&self) -> (u64, u64) {
+        (self.latent_h * self.scale(), self.latent_w * self.scale())
+    }
+
+    /// Packed latent tokens of the tile.
+    pub fn tokens(&self) -> u64 {
+        self.latent_h * self.latent_w / 4
+    }
+
+    /// Elements of the decoded output `[out_channels, H·W]`.
+    pub fn decoded_len(&self) -> u64 {
+        let (h, w) = self.image_size();
+        self.out_channels * h * w
+    }
+
+    fn top(&self) -> u64 {
+        self.channels[self.channels.len() - 1]
+    }
+}
+
+/// Whether a latent of `h × w` cells is a whole, non-empty grid of 2×2-cell packed tokens.
+fn whole_tokens(h: u64, w: u64) -> bool {
+    h > 0 && w > 0 && h.is_multiple_of(2) && w.is_multiple_of(2)
+}
+
+/// The most elements any `[C, pixels]` activation of the decode holds.
+fn largest_activation(cfg: &VaeConfig, p0: u64) -> u64 {
+    let dec = cfg.decoder_channels();
+    let levels = dec.len();
+    let top = dec[levels - 1] as u64;
+    let mut most = (top * p0).max(cfg.latent_channels as u64 * p0);
+    let (mut cin, mut pixels) = (top, p0);
+    for i in 0..levels {
+        let cout = dec[levels - 1 - i] as u64;
+        most = most.max(cin.max(cout) * pixels);
+        if i + 1 < levels {
+            pixels *= 4;
+            most = most.max(cout * pixels);
+        }
+        cin = cout;
+    }
+    most.max(cfg.out_channels as u64 * pixels)
+}
+
+/// A contiguous `[rows, cols]` view of a span.
+fn rows(s: Span, cols: u64) -> Span {
+    Span::new(s.offset, cols)
+}
+
+fn conv(x: Span, prefix: &str, y: Span, shape: ConvShape) -> Op {
+    Op::Conv2d {
+        x,
+        w: name(format_args!("{prefix}.weight")),
+        bias: name(format_args!("{prefix}.bias")),
+        y,
+        shape,
+    }
+}
+
+/// A "same" convolution at `h × w` (3×3 with padding 1, or 1×1).
+fn same(cin: u64, cout: u64, h: u64, w: u64, kernel: usize) -> ConvShape {
+    ConvShape::same(cin as usize, cout as usize, h as usize, w as usize, kernel)
+}
+
+fn group_norm(l: &VaeLayout, src: Span, dst: Span, prefix: &str, channels: u64, pixels: u64, silu: bool) -> Op {
+    Op::GroupNorm {
+        src,
+        dst,
+        gamma: name(format_args!("{prefix}.weight")),
+        beta: name(format_args!("{prefix}.bias")),
+        channels,
+        pixels,
+        groups: l.groups,
+        eps: NORM_EPS,
+        silu,
+    }
+}
+
+type Prefix = heapless::String<96>;
+
+fn prefix(args: fmt::Arguments<'_>) -> Prefix {
+    let mut p = Prefix::new();
+    p.write_fmt(args).expect("VAE module paths fit in 96 bytes");
+    p
+}
+
+/// Packed latents to the decoder's first activation (in `a`): de-normalise
+/// and unpatchify, `post_quant_conv` when the model has it, `conv_in`.
+pub fn input(l: &VaeLayout, mut emit: impl FnMut(Op)) {
+    let (h, w, lc) = (l.latent_h, l.latent_w, l.latent_channels);
+    emit(Op::DenormUnpatchify {
+        packed: l.packed,
+        latent: l.latent,
+        mean: name(format_args!("bn.running_mean")),
+        var: name(format_args!("bn.running_var")),
+        channels: lc,
+        height: h / 2,
+        width: w / 2,
+        eps: l.bn_eps,
+    });
+    let mut x = l.latent;
+    if l.post_quant_conv {
+        emit(conv(x, "post_quant_conv", l.b, same(lc, lc, h, w, 1)));
+        x = l.b;
+    }
+    emit(conv(x, "decoder.conv_in", l.a, same(lc, l.top(), h, w, 3)));
+}
+
+/// `ResnetBlock2D` on the stream in `a`: `a = shortcut(a) + conv2(SiLU(GN2(conv1(SiLU(GN1(a))))))`.
+fn resnet(l: &VaeLayout, p: &str, cin: u64, cout: u64, h: u64, w: u64, emit: &mut impl FnMut(Op)) {
+    let pixels = h * w;
+    emit(group_norm(l, l.a, l.b, &prefix(format_args!("{p}.norm1")), cin, pixels, true));
+    emit(conv(l.b, &prefix(format_args!("{p}.conv1")), l.c, same(cin, cout, h, w, 3)));
+    emit(group_norm(l, l.c, l.b, &prefix(format_args!("{p}.norm2")), cout, pixels, true));
+    emit(conv(l.b, &prefix(format_args!("{p}.conv2")), l.c, same(cout, cout, h, w, 3)));
+    let residual = if cin != cout {
+        emit(conv(l.a, &prefix(format_args!("{p}.conv_shortcut")), l.b, same(cin, cout, h, w, 1)));
+        l.b
+    } else {
+        l.a
+    };
+    emit(Op::Add { a: rows(residual, pixels), b: rows(l.c, pixels), dst: rows(l.a, pixels), rows: cout, cols: pixels });
+}
+
+/// The mid-block attention on the stream in `a`: one head as wide as the
+/// channels over every pixel of the tile, with its own GroupNorm and a residual.
+fn attention(l: &VaeLayout, emit: &mut impl FnMut(Op)) {
+    let (c, pixels) = (l.top(), l.latent_h * l.latent_w);
+    let p = "decoder.mid_block.attentions.0";
+    emit(group_norm(l, l.a, l.b, &prefix(format_args!("{p}.group_norm")), c, pixels, false));
+    // Tokens `[pixels, C]` in `c` for the projections.
+    emit(Op::Transpose { src: rows(l.b, pixels), dst: rows(l.c, c), rows: c, cols: pixels });
+    for (proj, dst) in [("to_q", l.q), ("to_k", l.k), ("to_v", l.v)] {
+        emit(Op::Linear {
+            x: rows(l.c, c),
+            w: name(format_args!("{p}.{proj}.weight")),
+            bias: Some(name(format_args!("{p}.{proj}.bias"))),
+            y: rows(dst, c),
+            rows: pixels,
+            cols: c,
+            inner: c,
+        });
+    }
+    let (q, k, v) = (rows(l.q, c), rows(l.k, c), rows(l.v, c));
+    emit(Op::Attention { q, k, v, o: rows(l.b, c), len: pixels, heads: 1, head_dim: c });
+    emit(Op::Linear {
+        x: rows(l.b, c),
+        w: name(format_args!("{p}.to_out.0.weight")),
+        bias: Some(name(format_args!("{p}.to_out.0.bias"))),
+        y: rows(l.c, c),
+        rows: pixels,
+        cols: c,
+        inner: c,
+    });
+    emit(Op::Transpose { src: rows(l.c, c), dst: rows(l.b, pixels), rows: pixels, cols: c });
+    emit(Op::Add { a: rows(l.a, pixels), b: rows(l.b, pixels), dst: rows(l.a, pixels), rows: c, cols: pixels });
+}
+
+/// `decoder.mid_block`: resnet, attention (when the model has it), resnet.
+pub fn mid_block(l: &VaeLayout, mut emit: impl FnMut(Op)) {
+    let (c, h, w) = (l.top(), l.latent_h, l.latent_w);
+    resnet(l, "decoder.mid_block.resnets.0", c, c, h, w, &mut emit);
+    if l.attention {
+        attention(l, &mut emit);
+    }
+    resnet(l, "decoder.mid_block.resnets.1", c, c, h, w, &mut emit);
+}
+
+/// Number of `decoder.up_blocks`.
+pub fn up_block_count(l: &VaeLayout) -> usize {
+    l.channels.len()
+}
+
+/// `decoder.up_blocks.{i}`: `layers_per_block + 1` resnets, then nearest ×2
+/// and a 3×3 convolution on every block but the last.
+pub fn up_block(l: &VaeLayout, i: usize, mut emit: impl FnMut(Op)) {
+    let levels = l.channels.len();
+    let cout = l.channels[levels - 1 - i];
+    let cin = if i == 0 { l.top() } else { l.channels[levels - i] };
+    let (h, w) = (l.latent_h << i, l.latent_w << i);
+    for j in 0..=l.layers_per_block {
+        let p = prefix(format_args!("decoder.up_blocks.{i}.resnets.{j}"));
+        resnet(l, &p, if j == 0 { cin } else { cout }, cout, h, w, &mut emit);
+    }
+    if i + 1 < levels {
+        emit(Op::UpsampleNearest2x { x: l.a, y: l.b, channels: cout, height: h, width: w });
+        let p = prefix(format_args!("decoder.up_blocks.{i}.upsamplers.0.conv"));
+        emit(conv(l.b, &p, l.a, same(cout, cout, 2 * h, 2 * w, 3)));
+    }
+}
+
+/// `conv_norm_out` → SiLU → `conv_out`, into `decoded`.
+pub fn output(l: &VaeLayout, mut emit: impl FnMut(Op)) {
+    let (h, w) = l.image_size();
+    let c0 = l.channels[0];
+    emit(group_norm(l, l.a, l.b, "decoder.conv_norm_out", c0, h * w, true));
+    emit(conv(l.b, "decoder.conv_out", l.decoded, same(c0, l.out_channels, h, w, 3)));
+}
+
+/// The whole decode of one tile: packed latents in `packed` to the decoder's output in `decoded`.
+pub fn decode(l: &VaeLayout, mut emit: impl FnMut(Op)) {
+    input(l, &mut emit);
+    mid_block(l, &mut emit);
+    for i in 0..up_block_count(l) {
+        up_block(l, i, &mut emit);
+    }
+    output(l, &mut emit);
+}
+
+/// The 8-bit levels of the first `count` values of `decoded`, into `levels`.
+pub fn pixel_levels(l: &VaeLayout, count: u64) -> Op {
+    Op::PixelLevels { src: l.decoded, dst: l.levels, count }
+}
+
+/// One tile of a [`TileGrid`], in latent cells.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tile {
+    pub row: u64,
+    pub col: u64,
+    pub y0: u64,
+    pub x0: u64,
+    pub h: u64,
+    pub w: u64,
+}
+
+/// How diffusers' `tiled_decode` cuts a latent: square tiles of
+/// `tile_sample_min_size / scale` cells starting every 3/4 tile (overlap
+/// factor 0.25), the edge tiles cut short by the latent's border. Each
+/// decoded tile is blended with the tile above and the tile to its left over
+/// `blend_px` pixels and then cropped to its first `keep_px` rows and columns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TileGrid {
+    pub latent_h: u64,
+    pub latent_w: u64,
+    /// Pixels per latent cell.
+    pub scale: u64,
+    /// Tile side in latent cells (`tile_latent_min_size`).
+    pub tile: u64,
+    /// Distance between tile starts in latent cells (`int(tile · 0.75)`).
+    pub stride: u64,
+}
+
+impl TileGrid {
+    /// Tiles of `tile_px` pixels over a `latent_h × latent_w` latent. The tile
+    /// side in latent cells must be a multiple of 8 so every tile starts on an
+    /// even cell (a whole packed token) and the 1/4 overlap is a whole number
+    /// of pixels, as it is for diffusers' 1024-pixel default.
+    pub fn new(latent_h: u64, latent_w: u64, scale: u64, tile_px: u64) -> Result<Self, VaePlanError> {
+        if !whole_tokens(latent_h, latent_w) {
+            return Err(VaePlanError::Size("the latent must have an even, non-zero height and width"));
+        }
+        if scale == 0 || tile_px == 0 || !tile_px.is_multiple_of(8 * scale) {
+            return Err(VaePlanError::Size("the VAE tile size must be a positive multiple of 8 × the VAE scale factor pixels"));
+        }
+        let tile = tile_px / scale;
+        Ok(Self { latent_h, latent_w, scale, tile, stride: tile * 3 / 4 })
+    }
+
+    /// One tile covering the whole latent (no tiling).
+    pub fn whole(latent_h: u64, latent_w: u64, scale: u64) -> Result<Self, VaePlanError> {
+        if !whole_tokens(latent_h, latent_w) {
+            return Err(VaePlanError::Size("the latent must have an even, non-zero height and width"));
+        }
+        let tile = latent_h.max(latent_w);
+        Ok(Self { latent_h, latent_w, scale, tile, stride: tile })
+    }
+
+    /// diffusers decodes in tiles only when the latent exceeds one tile on some side.
+    pub fn is_tiled(&self) -> bool {
+        self.latent_h > self.tile || self.latent_w > self.tile
+    }
+
+    pub fn rows(&self) -> u64 {
+        if self.is_tiled() { self.latent_h.div_ceil(self.stride) } else { 1 }
+    }
+
+    pub fn cols(&self) -> u64 {
+        if self.is_tiled() { self.latent_w.div_ceil(self.stride) } else { 1 }
+    }
+
+    pub fn count(&self) -> u64 {
+        self.rows() * self.cols()
+    }
+
+    /// The largest tile (the first one), which sizes the arena.
+    pub fn max_tile(&self) -> (u64, u64) {
+        (self.tile.min(self.latent_h), self.tile.min(self.latent_w))
+    }
+
+    pub fn tile(&self, row: u64, col: u64) -> Tile {
+        let (y0, x0) = (row * self.stride, col * self.stride);
+        let h = self.tile.min(self.latent_h - y0);
+        let w = self.tile.min(self.latent_w - x0);
+        Tile { row, col, y0, x0, h, w }
+    }
+
+    /// Rows (and columns) over which a tile is blended with its neighbour, in pixels.
+    pub fn blend_px(&self) -> u64 {
+        self.tile * self.scale / 4
+    }
+
+    /// Rows (and columns) of a blended tile that make it into the image, in pixels.
+    pub fn keep_px(&self) -> u64 {
+        self.tile * self.scale - self.blend_px()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::klein_4b;
+    use crate::tensors::{self, TensorName};
+
+    type Names = heapless::Vec<TensorName, 256>;
+
+    fn program_weights(l: &VaeLayout) -> Names {
+        let mut names = Names::new();
+        let mut add = |n: &TensorName| {
+            if !names.contains(n) {
+                names.push(n.clone()).unwrap();
+            }
+        };
+        decode(l, |op| match &op {
+            Op::Conv2d { w, bias, .. } => [w, bias].into_iter().for_each(&mut add),
+            Op::GroupNorm { gamma, beta, .. } => [gamma, beta].into_iter().for_each(&mut add),
+            Op::Linear { w, bias, .. } => [Some(w), bias.as_ref()].into_iter().flatten().for_each(&mut add),
+            Op::DenormUnpatchify { mean, var, .. } => [mean, var].into_iter().for_each(&mut add),
+            _ => {}
+        });
+        names
+    }
+
+    fn decoder_tensors(cfg: &VaeConfig) -> Names {
+        let mut names = Names::new();
+        tensors::vae(cfg, |s| {
+            let n = &s.name;
+            if n.starts_with("decoder.") || n.starts_with("post_quant_conv.") || n.starts_with("bn.running_") {
+                names.push(n.clone()).unwrap();
+            }
+        });
+        names
+    }
+
+    fn assert_same_names(cfg: &VaeConfig) {
+        let l = VaeLayout::new(cfg, 8, 6, &mut BumpArena::new(u64::MAX / 2)).unwrap();
+        let (got, want) = (program_weights(&l), decoder_tensors(cfg));
+        for n in &want {
+            assert!(got.contains(n), "the program never reads {n}");
+        }
+        for n in &got {
+            assert!(want.contains(n), "the program reads {n}, which the model does not have");
+        }
+    }
+
+    #[test]
+    fn the_program_reads_every_decoder_tensor_and_nothing_else() {
+        assert_same_names(&klein_4b::vae());
+        let mut small = klein_4b::vae();
+        small.block_out_channels = heapless::Vec::from_slice(&[16, 32, 32]).unwrap();
+        small.layers_per_block = 1;
+        small.norm_num_groups = 8;
+        small.mid_block_add_attention = false;
+        small.use_post_quant_conv = false;
+        assert_same_names(&small);
+    }
+
+    #[test]
+    fn the_4b_layout_holds_three_full_resolution_activations() {
+        let cfg = klein_4b::vae();
+        let mut arena = BumpArena::new(u64::MAX / 2);
+        let l = VaeLayout::new(&cfg, 16, 12, &mut arena).unwrap();
+        // The largest activation: the third up block's output, 256 channels
+        // upsampled to full resolution (128 × 96 pixels).
+        let full = 256 * (16 * 8) * (12 * 8);
+        assert_eq!(l.b.offset - l.a.offset, full);
+        assert_eq!(l.image_size(), (128, 96));
+        assert_eq!(l.decoded_len(), 3 * 128 * 96);
+        assert!(l.v.offset * 4 + 16 * 12 * 512 * 4 <= arena.used());
+        assert!(VaeLayout::new(&cfg, 15, 12, &mut arena).is_err());
+    }
+
+    #[test]
+    fn tiles_follow_diffusers_tiled_decode() {
+        // 96×64 pixels at scale 2 in 32-pixel tiles: 16-cell tiles every 12 cells.
+        let g = TileGrid::new(48, 32, 2, 32).unwrap();
+        assert!(g.is_tiled());
+        assert_eq!((g.rows(), g.cols(), g.stride), (4, 3, 12));
+        assert_eq!(g.tile(3, 2), Tile { row: 3, col: 2, y0: 36, x0: 24, h: 12, w: 8 });
+        assert_eq!((g.blend_px(), g.keep_px()), (8, 24));
+        assert_eq!(g.max_tile(), (16, 16));
+        // The klein default: 1024-pixel tiles, 768 kept, 256 blended. Once one
+        // side needs tiles, the other is cut too (a 32-cell sliver at 96), as in diffusers.
+        let g = TileGrid::new(256, 128, 8, 1024).unwrap();
+        assert_eq!((g.rows(), g.cols(), g.blend_px(), g.keep_px()), (3, 2, 256, 768));
+        assert_eq!(g.tile(2, 1), Tile { row: 2, col: 1, y0: 192, x0: 96, h: 64, w: 32 });
+        assert!(!TileGrid::new(128, 128, 8, 1024).unwrap().is_tiled());
+        assert!(TileGrid::new(48, 32, 2, 24).is_err());
+        assert!(TileGrid::new(47, 32, 2, 32).is_err());
+    }
+}

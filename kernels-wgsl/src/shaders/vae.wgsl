@@ -1,0 +1,56 @@
+// The VAE decoder's two ends: packed latents to the decoder's input
+// (BatchNorm de-normalisation and unpatchify in one pass), and decoded
+// values to 8-bit levels. One invocation per output element.
+
+override WEIGHT_BF16: bool = true;
+
+struct Params {
+    channels: u32, height: u32, width: u32,
+    src_offset: u32, dst_offset: u32, stats_offset: u32,
+    count: u32, eps: f32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read_write> src: array<f32>;
+@group(0) @binding(2) var<storage, read> mean: array<u32>;
+@group(0) @binding(3) var<storage, read> variance: array<u32>;
+@group(0) @binding(4) var<storage, read_write> dst: array<f32>;
+
+fn mean_at(i: u32) -> f32 {
+    return weight_value(mean[weight_word(i, WEIGHT_BF16)], i, WEIGHT_BF16);
+}
+
+fn variance_at(i: u32) -> f32 {
+    return weight_value(variance[weight_word(i, WEIGHT_BF16)], i, WEIGHT_BF16);
+}
+
+// src: tokens [height·width, 4·channels], token y·width + x; dst: [channels, 2·height, 2·width].
+// Channel c·4 + py·2 + px of token (y, x) is latent pixel (2y + py, 2x + px) of channel c.
+// Product and sum stay two roundings, as torch computes `x·std + mean`.
+@compute @workgroup_size(64)
+fn denorm_unpatchify(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let flat = gid.x + gid.y * nwg.x * 64u;
+    let ow = 2u * p.width;
+    let plane = 4u * p.height * p.width;
+    if (flat >= p.channels * plane) { return; }
+    let c = flat / plane;
+    let oy = (flat % plane) / ow;
+    let ox = flat % ow;
+    let pc = c * 4u + (oy % 2u) * 2u + ox % 2u;
+    let token = (oy / 2u) * p.width + ox / 2u;
+    let s = p.stats_offset + pc;
+    let deviation = sqrt(variance_at(s) + p.eps);
+    let scaled = src[p.src_offset + token * 4u * p.channels + pc] * deviation;
+    dst[p.dst_offset + flat] = scaled + mean_at(s);
+}
+
+// dst = round(clamp(src·0.5 + 0.5, 0, 1)·255): diffusers' post-processing to
+// 8-bit levels, kept as f32. WGSL's round sends ties to even, as numpy's does;
+// src·0.5 is exact, so a fused multiply-add cannot change the result.
+@compute @workgroup_size(64)
+fn pixel_levels(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let flat = gid.x + gid.y * nwg.x * 64u;
+    if (flat >= p.count) { return; }
+    let unit = clamp(src[p.src_offset + flat] * 0.5 + 0.5, 0.0, 1.0);
+    dst[p.dst_offset + flat] = round(unit * 255.0);
+}
