@@ -32,7 +32,7 @@ impl Bar {
             }
             Progress::Decode { done, tiles } => ("decode".into(), done, tiles, format!("tile {done}/{tiles}")),
         };
-        let filled = if total == 0 { WIDTH } else { done * WIDTH / total };
+        let filled = (done * WIDTH).checked_div(total).unwrap_or(WIDTH);
         let bar: String = (0..WIDTH).map(|i| if i < filled { '#' } else { '.' }).collect();
         eprint!("\r{label:<10} [{bar}] {detail:<28}");
         let _ = std::io::stderr().flush();
