@@ -162,8 +162,9 @@ fn whole_tokens(h: u64, w: u64) -> bool {
     h > 0 && w > 0 && h.is_multiple_of(2) && w.is_multiple_of(2)
 }
 
-/// The most elements any `[C, pixels]` activation of the decode holds.
-fn largest_activation(cfg: &VaeConfig, p0: u64) -> u64 {
+/// The most elements any `[C, pixels]` activation of the decode holds,
+/// for a tile of `p0` latent cells.
+pub fn largest_activation(cfg: &VaeConfig, p0: u64) -> u64 {
     let dec = cfg.decoder_channels();
     let levels = dec.len();
     let top = dec[levels - 1] as u64;

@@ -138,7 +138,8 @@ pub fn decode(
 ) -> Result<Image, RunError> {
     let started = Instant::now();
     let store = model.weights(Component::Vae)?;
-    let mut vae = VaeDecoder::new(gpu, &model.vae, &store, request.width, request.height, request.vae_tile)?;
+    let tile = request.vae_tile.or_else(|| VaeDecoder::automatic_tile(gpu, &model.vae, request.width, request.height));
+    let mut vae = VaeDecoder::new(gpu, &model.vae, &store, request.width, request.height, tile)?;
     timings.load += started.elapsed();
     let started = Instant::now();
     let image = vae.decode(gpu, latents, &mut |t| progress(Progress::Decode { done: t.done, tiles: t.total }))?;

@@ -113,6 +113,26 @@ impl VaeDecoder {
         Ok(Self { config: config.clone(), grid, runner, weights, arena_bytes, largest, programs: HashMap::new(), last: None })
     }
 
+    /// The tile size to use when none is forced: `None` (untiled) while the
+    /// whole image's activations fit in one device buffer and its largest
+    /// tensor in one storage binding (a convolution binds its whole input),
+    /// else the largest square tile, in steps of 8 × the scale factor, that does.
+    pub fn automatic_tile(gpu: &Gpu, config: &VaeConfig, width: usize, height: usize) -> Option<usize> {
+        let scale = config.scale_factor();
+        let fits = |lat_h: usize, lat_w: usize| {
+            let mut arena = BumpArena::new(u64::MAX);
+            let arena_ok = VaeLayout::new(config, lat_h as u64, lat_w as u64, &mut arena).is_ok()
+                && arena.high_water() <= gpu.limits.max_buffer_size;
+            arena_ok && 4 * program::largest_activation(config, (lat_h * lat_w) as u64) <= gpu.max_binding()
+        };
+        if fits(height / scale, width / scale) {
+            return None;
+        }
+        let unit = 8 * scale;
+        let start = width.max(height) / unit * unit;
+        (1..=start / unit).rev().map(|n| n * unit).find(|&t| fits(t / scale, t / scale)).or(Some(unit))
+    }
+
     /// Bytes of the activation arena (fixed by the tile, whatever the image size).
     pub fn arena_bytes(&self) -> u64 {
         self.arena_bytes

@@ -5,7 +5,7 @@
 use flux_lite_platform::model::{Component, ModelFolder};
 use flux_lite_platform::vae::{DecodedImage, TileProgress, VaeDecoder};
 use flux_lite_platform::RunError;
-use flux_lite_tests::{gpu, model_dir, rel_l2, Goldens, CASES};
+use flux_lite_tests::{gpu, model_dir, read_png, rel_l2, Goldens, CASES};
 
 /// Stage tolerance of the issue for the decoded image: relative L2 ≤ 1e-4.
 const DECODED_TOL: f64 = 1e-4;
@@ -29,8 +29,8 @@ fn case_inputs(g: &Goldens) -> (String, usize, usize, Vec<f32>) {
 
 /// image.png as interleaved RGB bytes, with its width and height.
 fn png_rgb(g: &Goldens) -> (usize, usize, Vec<u8>) {
-    let img = image::open(g.dir.join("image.png")).unwrap().to_rgb8();
-    (img.width() as usize, img.height() as usize, img.into_raw())
+    let png = read_png(&g.dir.join("image.png"));
+    (png.width, png.height, png.rgb)
 }
 
 /// Largest |Δ| between two byte images and how many bytes differ.
@@ -187,4 +187,21 @@ fn bad_sizes_and_latents_are_errors() {
     let err = vae.decode(gpu(), &[0.0; 10], &mut |_| {}).unwrap_err();
     assert!(matches!(err, RunError::Input(_)), "{err}");
     assert!(matches!(vae.last_latent(gpu()), Err(RunError::Input(_))));
+}
+
+#[test]
+fn the_automatic_tile_is_untiled_when_it_fits_and_bounded_by_the_binding_otherwise() {
+    use flux_lite_platform::{Gpu, GpuOptions};
+    let m = ModelFolder::open(&model_dir("tiny-a")).unwrap();
+    assert_eq!(VaeDecoder::automatic_tile(gpu(), &m.vae, 64, 96), None);
+    // A device whose storage bindings hold 64 KiB: tiny-a's largest activation
+    // (64 channels at full resolution) fits 256 pixels, a 16-pixel square tile.
+    let small = Gpu::new(&GpuOptions { max_storage_binding: Some(64 * 1024), ..Default::default() }).unwrap();
+    let tile = VaeDecoder::automatic_tile(&small, &m.vae, 64, 96);
+    assert_eq!(tile, Some(16));
+    let store = m.weights(Component::Vae).unwrap();
+    let mut vae = VaeDecoder::new(&small, &m.vae, &store, 64, 96, tile).unwrap();
+    let latents = Goldens::load("tiny-a/tiled-decode").f32("latents").0;
+    let image = vae.decode(&small, &latents, &mut |_| {}).unwrap();
+    assert_eq!(image.rgb.len(), 64 * 96 * 3);
 }
