@@ -4,6 +4,24 @@
 
 use crate::reference::ConvShape;
 use crate::tensors::TensorName;
+use core::fmt::Write;
+
+/// Bytes per activation element (f32).
+pub(crate) const F32: u64 = 4;
+/// Slices start on 256-byte boundaries (the usual storage-binding offset alignment).
+pub(crate) const ALIGN: u64 = 256;
+
+/// A tensor name built from format arguments.
+pub(crate) fn name(args: core::fmt::Arguments<'_>) -> TensorName {
+    let mut n = TensorName::new();
+    n.write_fmt(args).expect("tensor names fit in 128 bytes");
+    n
+}
+
+/// A linear step without bias.
+pub(crate) fn linear(x: Span, w: TensorName, y: Span, rows: u64, cols: u64, inner: u64) -> Op {
+    Op::Linear { x, w, bias: None, y, rows, cols, inner }
+}
 
 /// A row-major f32 view into the activation arena: row `r` starts at
 /// element `offset + r·stride`. A stride of 0 broadcasts one row.

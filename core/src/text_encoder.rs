@@ -9,9 +9,7 @@
 
 use crate::arena::{ArenaError, BumpArena};
 use crate::config::Qwen3Config;
-use crate::program::{Op, Span};
-use crate::tensors::TensorName;
-use core::fmt::Write;
+use crate::program::{linear, name, Op, Span, ALIGN, F32};
 
 /// Where each activation lives (element offsets into the f32 arena) for a
 /// prompt of `tokens` tokens.
@@ -44,9 +42,6 @@ pub struct TextEncoderLayout {
     pub embeds: Span,
 }
 
-const F32: u64 = 4;
-/// Slices start on 256-byte boundaries (the usual storage-binding offset alignment).
-const ALIGN: u64 = 256;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PickError {
@@ -134,16 +129,6 @@ impl TextEncoderLayout {
             }
         }
     }
-}
-
-fn name(args: core::fmt::Arguments<'_>) -> TensorName {
-    let mut n = TensorName::new();
-    n.write_fmt(args).expect("tensor names fit in 128 bytes");
-    n
-}
-
-fn linear(x: Span, w: TensorName, y: Span, rows: u64, cols: u64, inner: u64) -> Op {
-    Op::Linear { x, w, bias: None, y, rows, cols, inner }
 }
 
 /// Picks that read the embedding output itself (`hidden_states[0]`).

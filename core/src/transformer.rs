@@ -7,8 +7,7 @@
 
 use crate::arena::{ArenaError, BumpArena};
 use crate::config::TransformerConfig;
-use crate::program::{Op, Span};
-use crate::tensors::TensorName;
+use crate::program::{linear, name, Op, Span, ALIGN, F32};
 use core::fmt::Write;
 
 /// Where each activation lives (element offsets into the f32 arena) for
@@ -59,10 +58,6 @@ pub struct TransformerLayout {
     pub velocity: Span,
 }
 
-/// Bytes per activation element (f32).
-const F32: u64 = 4;
-/// Slices start on 256-byte boundaries (the usual storage-binding offset alignment).
-const ALIGN: u64 = 256;
 
 impl TransformerLayout {
     /// Lays out every activation of one forward pass in `arena`.
@@ -120,16 +115,6 @@ impl TransformerLayout {
     fn chunk(&self, m: Span, i: u64) -> Span {
         Span::new(m.offset + i * self.dim, 0)
     }
-}
-
-pub(crate) fn name(args: core::fmt::Arguments<'_>) -> TensorName {
-    let mut n = TensorName::new();
-    n.write_fmt(args).expect("tensor names fit in 128 bytes");
-    n
-}
-
-fn linear(x: Span, w: TensorName, y: Span, rows: u64, cols: u64, inner: u64) -> Op {
-    Op::Linear { x, w, bias: None, y, rows, cols, inner }
 }
 
 /// Timestep MLP, the shared modulations, and the two input embedders.
@@ -328,7 +313,7 @@ mod tests {
         let cfg = klein_4b::transformer();
         let mut arena = BumpArena::new(u64::MAX / 2);
         let l = TransformerLayout::new(&cfg, 512, 64, &mut arena).unwrap();
-        let mut names = heapless::Vec::<TensorName, 32>::new();
+        let mut names = heapless::Vec::<crate::tensors::TensorName, 32>::new();
         double_block(&l, 3, |op| {
             if let Op::Linear { w, .. } | Op::RmsNormHeads { w, .. } = op {
                 names.push(w).unwrap();

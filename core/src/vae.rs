@@ -11,15 +11,10 @@
 
 use crate::arena::{ArenaError, BumpArena};
 use crate::config::{VaeConfig, MAX_LIST};
-use crate::program::{Op, Span};
+use crate::program::{name, Op, Span, ALIGN, F32};
 use crate::reference::ConvShape;
-use crate::transformer::name;
 use core::fmt::{self, Write};
 
-/// Bytes per activation element (f32).
-const F32: u64 = 4;
-/// Slices start on 256-byte boundaries (the usual storage-binding offset alignment).
-const ALIGN: u64 = 256;
 /// Epsilon of every decoder GroupNorm (diffusers builds the decoder with `resnet_eps = 1e-6`).
 const NORM_EPS: f32 = 1e-6;
 
