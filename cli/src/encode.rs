@@ -5,7 +5,7 @@ use argh::FromArgs;
 use flux_lite_platform::embeddings_file;
 use flux_lite_platform::model::ModelFolder;
 use flux_lite_platform::pipeline::{self, Timings};
-use flux_lite_platform::{Gpu, GpuOptions};
+use flux_lite_platform::{output, Gpu, GpuOptions};
 use std::path::PathBuf;
 
 /// Encode a prompt with the model's Qwen3 text encoder and write `prompt_embeds` [512, joint_attention_dim] (f32 safetensors).
@@ -39,7 +39,7 @@ pub fn run(args: &EncodeArgs) -> Result<(), String> {
     }
     let joint = model.transformer.joint_attention_dim;
     let metadata = [("prompt", args.prompt.clone()), ("model", args.model.display().to_string())];
-    embeddings_file::write(&args.output, &[(embeddings_file::PROMPT, &encoded.values)], joint, &metadata)?;
+    output::write_f32_tensors(&args.output, &[(embeddings_file::PROMPT, &encoded.values)], joint, &metadata)?;
     eprintln!(
         "wrote {} ({} × {joint}); load {:.2}s, encode {:.2}s",
         args.output.display(),

@@ -149,7 +149,7 @@ pub fn run(args: &GenArgs) -> Result<(), String> {
         text.push(("embeddings", path.display().to_string()));
     }
     if let Some(path) = &args.output_latents {
-        write_latents(path, &latents, model.transformer.in_channels, &text)?;
+        output::write_f32_tensors(path, &[("latents", &latents)], model.transformer.in_channels, &text)?;
     }
     if let (Some(path), Some(image)) = (&args.output, &image) {
         let png = output::encode_png(image.width as u32, image.height as u32, &image.rgb, &text)?;
@@ -183,16 +183,6 @@ fn encode(gpu: &Gpu, model: &ModelFolder, prompts: &[&str], timings: &mut Timing
         out.push(e.values);
     }
     Ok(out)
-}
-
-/// The final packed latents as safetensors, with the run's settings as metadata.
-fn write_latents(path: &std::path::Path, latents: &[f32], channels: usize, text: &[(&str, String)]) -> Result<(), String> {
-    use safetensors::tensor::{Dtype, TensorView};
-    let bytes: Vec<u8> = latents.iter().flat_map(|v| v.to_le_bytes()).collect();
-    let view = TensorView::new(Dtype::F32, vec![latents.len() / channels.max(1), channels], &bytes).map_err(|e| e.to_string())?;
-    let metadata = text.iter().map(|(k, v)| (k.to_string(), v.clone())).collect();
-    let data = safetensors::serialize([("latents", view)], Some(metadata)).map_err(|e| e.to_string())?;
-    output::write_atomically(path, &data)
 }
 
 fn random_seed() -> u64 {

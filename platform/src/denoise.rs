@@ -3,7 +3,8 @@
 
 use crate::gpu::Gpu;
 use crate::error::RunError;
-use crate::transformer::{BlockProgress, Transformer};
+use crate::runner::BlockProgress;
+use crate::transformer::Transformer;
 use flux_lite_core::config::{SchedulerConfig, VaeConfig};
 use flux_lite_core::rng::TorchGenerator;
 use flux_lite_core::schedule;

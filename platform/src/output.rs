@@ -1,6 +1,8 @@
 //! Output files: written beside their final name and renamed into place, so
 //! a failed or interrupted run never leaves a partial file under that name.
 
+use safetensors::tensor::{Dtype, TensorView};
+use std::collections::HashMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -22,6 +24,19 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), String> {
         let _ = std::fs::remove_file(&tmp);
         format!("{}: {e}", path.display())
     })
+}
+
+/// Writes f32 `[rows, cols]` tensors as safetensors with string metadata, atomically.
+pub fn write_f32_tensors(path: &Path, tensors: &[(&str, &[f32])], cols: usize, metadata: &[(&str, String)]) -> Result<(), String> {
+    let bytes: Vec<Vec<u8>> = tensors.iter().map(|(_, v)| v.iter().flat_map(|x| x.to_le_bytes()).collect()).collect();
+    let mut views = Vec::with_capacity(tensors.len());
+    for ((name, values), data) in tensors.iter().zip(&bytes) {
+        let shape = vec![values.len() / cols.max(1), cols];
+        views.push((*name, TensorView::new(Dtype::F32, shape, data).map_err(|e| format!("{name}: {e}"))?));
+    }
+    let metadata: HashMap<String, String> = metadata.iter().map(|(k, v)| (k.to_string(), v.clone())).collect();
+    let data = safetensors::serialize(views, Some(metadata)).map_err(|e| e.to_string())?;
+    write_atomically(path, &data)
 }
 
 /// An 8-bit RGB PNG with UTF-8 text chunks (iTXt, so prompts in any script survive).

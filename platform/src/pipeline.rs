@@ -8,7 +8,8 @@ use crate::gpu::Gpu;
 use crate::model::{Component, ModelFolder};
 use crate::text_encoder::TextEncoder;
 use crate::tokenizer::PromptTokenizer;
-use crate::transformer::{BlockProgress, Transformer};
+use crate::runner::BlockProgress;
+use crate::transformer::Transformer;
 use crate::vae::VaeDecoder;
 use std::time::{Duration, Instant};
 

@@ -4,7 +4,7 @@
 use crate::error::{GpuError, LoadError};
 use crate::gpu::Gpu;
 use crate::ops::{self, Attention, Elementwise, Mat, RopeStyle, RowNorm, Weight, WeightDtype};
-use crate::safetensors_store::{TensorRef, WeightStore};
+use crate::safetensors_store::{widen_to_f32, TensorRef, WeightStore};
 use flux_lite_core::program::{Op, Span};
 use safetensors::tensor::Dtype;
 use std::collections::HashMap;
@@ -23,11 +23,8 @@ impl DeviceWeight {
             Dtype::BF16 => (gpu.upload_bytes(name, t.bytes), WeightDtype::Bf16),
             Dtype::F32 => (gpu.upload_bytes(name, t.bytes), WeightDtype::F32),
             Dtype::F16 => {
-                let wide: Vec<f32> = t
-                    .bytes
-                    .chunks_exact(2)
-                    .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
-                    .collect();
+                let mut wide = Vec::with_capacity(t.bytes.len() / 2);
+                widen_to_f32(t.dtype, t.bytes, &mut wide);
                 (gpu.upload_f32(name, &wide), WeightDtype::F32)
             }
             other => {
@@ -250,6 +247,26 @@ impl DeviceWeights {
     pub fn insert(&mut self, name: &str, weight: DeviceWeight) {
         self.map.insert(name.to_string(), weight);
     }
+}
+
+/// Where a pass over a model's blocks is, for progress reporting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlockProgress {
+    /// Blocks finished in this pass (a prologue and an epilogue count as blocks).
+    pub done: usize,
+    pub total: usize,
+}
+
+/// Runs prepared blocks in order, one submission each, reporting after each.
+pub fn run_prepared(gpu: &Gpu, blocks: &[Vec<ops::Dispatch>], progress: &mut dyn FnMut(BlockProgress)) -> Result<(), GpuError> {
+    for (i, block) in blocks.iter().enumerate() {
+        gpu.submit(|enc| {
+            ops::encode(enc, block);
+            Ok(())
+        })?;
+        progress(BlockProgress { done: i + 1, total: blocks.len() });
+    }
+    Ok(())
 }
 
 /// The steps a block program emits, in order.

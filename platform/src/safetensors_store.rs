@@ -19,6 +19,18 @@ pub struct TensorRef<'a> {
     pub bytes: &'a [u8],
 }
 
+/// Appends little-endian `bytes` of a bf16, f16 or f32 tensor to `out` as
+/// f32 (exact for all three). Returns false, appending nothing, for any other dtype.
+pub fn widen_to_f32(dtype: Dtype, bytes: &[u8], out: &mut Vec<f32>) -> bool {
+    match dtype {
+        Dtype::BF16 => out.extend(bytes.chunks_exact(2).map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())),
+        Dtype::F16 => out.extend(bytes.chunks_exact(2).map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())),
+        Dtype::F32 => out.extend(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))),
+        _ => return false,
+    }
+    true
+}
+
 #[derive(Debug)]
 struct Shard {
     path: PathBuf,

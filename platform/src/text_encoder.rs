@@ -7,13 +7,11 @@
 //! deepest picked hidden state are uploaded and run. Dropping the encoder
 //! releases all of its device memory.
 
-use crate::error::{GpuError, LoadError, RunError};
+use crate::error::{LoadError, RunError};
 use crate::gpu::Gpu;
-use crate::ops::{self, Dispatch};
-use crate::runner::{collect_ops, DeviceWeights, Runner};
-use crate::safetensors_store::WeightStore;
-use crate::transformer::BlockProgress;
-use flux_lite_core::bf16;
+use crate::ops::Dispatch;
+use crate::runner::{self, collect_ops, BlockProgress, DeviceWeights, Runner};
+use crate::safetensors_store::{widen_to_f32, WeightStore};
 use flux_lite_core::config::Qwen3Config;
 use flux_lite_core::program::Op;
 use flux_lite_core::rope;
@@ -97,13 +95,7 @@ impl TextEncoder {
         if let Some(mask) = &self.runner.key_keep {
             gpu.queue.write_buffer(mask, 0, bytemuck::cast_slice(attention_mask));
         }
-        for (i, block) in self.prepared.iter().enumerate() {
-            gpu.submit(|enc| {
-                ops::encode(enc, block);
-                Ok(())
-            })?;
-            progress(BlockProgress { done: i + 1, total: self.prepared.len() });
-        }
+        runner::run_prepared(gpu, &self.prepared, progress)?;
         Ok(self.runner.read(gpu, self.layout.embeds, self.layout.tokens, 3 * self.layout.hidden)?)
     }
 
@@ -121,28 +113,15 @@ impl TextEncoder {
                     self.config.vocab_size
                 )));
             }
-            let row = &table.bytes[id * hidden * elem..][..hidden * elem];
-            out.extend(row.chunks_exact(elem).map(|b| match table.dtype {
-                Dtype::BF16 => bf16::to_f32(u16::from_le_bytes([b[0], b[1]])),
-                Dtype::F16 => half::f16::from_le_bytes([b[0], b[1]]).to_f32(),
-                _ => f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
-            }));
+            // The table's dtype was checked to be one of the three when it was opened.
+            widen_to_f32(table.dtype, &table.bytes[id * hidden * elem..][..hidden * elem], &mut out);
         }
         Ok(out)
-    }
-
-    /// Runs a list of program steps in one submission (building their dispatches now).
-    pub fn run_ops(&self, gpu: &Gpu, ops: &[Op]) -> Result<(), GpuError> {
-        gpu.submit(|enc| ops.iter().try_for_each(|op| self.runner.record(gpu, enc, &self.weights, op)))
     }
 
     /// The program steps: the prologue, then one block per layer.
     pub fn blocks(&self) -> &[Vec<Op>] {
         &self.blocks
-    }
-
-    pub fn runner(&self) -> &Runner {
-        &self.runner
     }
 }
 

@@ -5,21 +5,13 @@
 use crate::error::{GpuError, RunError};
 use crate::gpu::Gpu;
 use crate::ops::{self, Dispatch, Elementwise, Mat};
-use crate::runner::{collect_ops, DeviceWeights, Runner};
+use crate::runner::{self, collect_ops, BlockProgress, DeviceWeights, Runner};
 use crate::safetensors_store::WeightStore;
 use flux_lite_core::config::TransformerConfig;
 use flux_lite_core::program::Op;
 use flux_lite_core::rope;
 use flux_lite_core::transformer::{self as program, TransformerLayout};
 use flux_lite_core::BumpArena;
-
-/// Where a forward pass is, for progress reporting.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct BlockProgress {
-    /// Blocks finished in this forward pass (prologue and epilogue count as blocks).
-    pub done: usize,
-    pub total: usize,
-}
 
 /// Longest timestep sinusoid supported without allocating (`timestep_guidance_channels`).
 const MAX_SINUSOID: usize = 1024;
@@ -143,14 +135,7 @@ impl Transformer {
         let sinusoid = &mut sinusoid[..self.layout.sinusoid_dim as usize];
         program::timestep_sinusoid(program::model_timestep(t), sinusoid);
         self.runner.write(gpu, self.layout.sinusoid, sinusoid);
-        for (i, block) in self.prepared.iter().enumerate() {
-            gpu.submit(|enc| {
-                ops::encode(enc, block);
-                Ok(())
-            })?;
-            progress(BlockProgress { done: i + 1, total: self.prepared.len() });
-        }
-        Ok(())
+        runner::run_prepared(gpu, &self.prepared, progress)
     }
 
     /// Runs a list of program steps in one submission (building their dispatches now).
