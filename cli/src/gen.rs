@@ -43,7 +43,7 @@ pub struct GenArgs {
     /// read the transformer from this folder instead of the model's transformer/
     #[argh(option)]
     transformer: Option<PathBuf>,
-    /// decode the VAE in tiles of this many pixels (default: untiled while the image fits)
+    /// VAE device memory as for a square image of this many pixels; larger images decode by bands (default: untiled while the image fits)
     #[argh(option)]
     vae_tile: Option<usize>,
     /// also write the final packed latents (safetensors, tensor `latents` [tokens, channels])

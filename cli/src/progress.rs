@@ -30,7 +30,7 @@ impl Bar {
                 let detail = format!("step {}/{} block {}/{}", s.step + 1, s.steps, s.block.done, s.block.total);
                 ("denoise".into(), done, s.steps * s.block.total, detail)
             }
-            Progress::Decode { done, tiles } => ("decode".into(), done, tiles, format!("tile {done}/{tiles}")),
+            Progress::Decode { done, total } => ("decode".into(), done, total, format!("{done}/{total}")),
         };
         let filled = (done * WIDTH).checked_div(total).unwrap_or(WIDTH);
         let bar: String = (0..WIDTH).map(|i| if i < filled { '#' } else { '.' }).collect();

@@ -129,3 +129,9 @@ fn a_killed_run_leaves_no_file() {
     assert!(!out.exists());
     assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "partial files left behind");
 }
+
+#[test]
+fn vae_tiles_much_smaller_than_the_image_keep_the_image() {
+    // 8-pixel tiles on a 48×32 image: the decode runs by bands of a few rows.
+    reproduce("tiny-a/four-step-wide", &["--vae-tile", "8"]);
+}

@@ -61,6 +61,10 @@ pub enum Op {
     RopeInterleaved { data: Span, table_row: u64, tokens: u64, heads: u64, head_dim: u64 },
     /// Non-causal attention, `scale = 1/√head_dim`.
     Attention { q: Span, k: Span, v: Span, o: Span, len: u64, heads: u64, head_dim: u64 },
+    /// Non-causal attention of `q_len` queries over `kv_len` keys that also
+    /// writes each row's log-sum-exp of scaled scores into `lse` `[q_len, heads]`,
+    /// so attention over separate key chunks can be combined.
+    PartialAttention { q: Span, k: Span, v: Span, o: Span, lse: Span, q_len: u64, kv_len: u64, heads: u64, head_dim: u64 },
     /// `dst = silu(gate)·up`
     SwiGlu { gate: Span, up: Span, dst: Span, rows: u64, cols: u64 },
     /// `dst += gate ⊙ y`, gate one broadcast row.
@@ -92,6 +96,12 @@ pub enum Op {
         eps: f32,
         silu: bool,
     },
+    /// One band's share of a GroupNorm's statistics: each group's
+    /// `(mean, Σ(x − mean)²)` over contiguous `[channels, pixels]` into `stats` `[groups, 2]`.
+    GroupStats { src: Span, stats: Span, channels: u64, pixels: u64, groups: u64 },
+    /// GroupNorm with the whole tensor's statistics given: `stats` `[groups, 2]`
+    /// holds `(mean, 1/√(var + eps))`; affine, SiLU after when `silu`.
+    GroupNormApply { src: Span, stats: Span, dst: Span, gamma: TensorName, beta: TensorName, channels: u64, pixels: u64, groups: u64, silu: bool },
     /// Nearest-neighbour ×2 upsampling of contiguous `[channels, height, width]`.
     UpsampleNearest2x { x: Span, y: Span, channels: u64, height: u64, width: u64 },
     /// `dst[c, r] = src[r, c]` for a `[rows, cols]` source.
@@ -114,7 +124,7 @@ impl Op {
             Op::Linear { w, bias, .. } => (Some(w), bias.as_ref()),
             Op::RmsNormHeads { w, .. } | Op::RmsNorm { w, .. } => (Some(w), None),
             Op::Conv2d { w, bias, .. } => (Some(w), Some(bias)),
-            Op::GroupNorm { gamma, beta, .. } => (Some(gamma), Some(beta)),
+            Op::GroupNorm { gamma, beta, .. } | Op::GroupNormApply { gamma, beta, .. } => (Some(gamma), Some(beta)),
             Op::DenormUnpatchify { mean, var, .. } => (Some(mean), Some(var)),
             _ => (None, None),
         };

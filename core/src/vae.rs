@@ -1,13 +1,11 @@
-//! `AutoencoderKLFlux2`'s decoder as block programs over one activation
-//! arena, and how diffusers' `tiled_decode` cuts a latent into tiles.
+//! `AutoencoderKLFlux2`'s decoder as block programs over one activation arena.
 //!
 //! Activations are channel-major `[C, H·W]`, the layout the convolutions and
 //! GroupNorm read. Three equal buffers sized for the largest activation take
 //! turns: the residual stream stays in `a` from block to block, and each
 //! block's intermediates go through `b` and `c`, so the arena holds about
-//! three full-resolution activations whatever the depth. A layout is for one
-//! latent tile; an image that fits is one tile. Every dimension comes from
-//! the config.
+//! three full-resolution activations whatever the depth. Every dimension
+//! comes from the config.
 
 use crate::arena::{ArenaError, BumpArena};
 use crate::config::{VaeConfig, MAX_LIST};
@@ -18,7 +16,7 @@ use core::fmt::{self, Write};
 /// Epsilon of every decoder GroupNorm (diffusers builds the decoder with `resnet_eps = 1e-6`).
 const NORM_EPS: f32 = 1e-6;
 
-/// A latent or tile size the decoder cannot take, or an arena too small for it.
+/// A latent size the decoder cannot take, or an arena too small for it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum VaePlanError {
     Size(&'static str),
@@ -40,11 +38,11 @@ impl From<ArenaError> for VaePlanError {
     }
 }
 
-/// Where each activation of one tile's decode lives (element offsets into
+/// Where each activation of one decode lives (element offsets into
 /// the f32 arena), and the decoder dimensions the programs need.
 #[derive(Debug, Clone, PartialEq)]
 pub struct VaeLayout {
-    /// The tile in VAE latent cells (the decoder's input grid); both even.
+    /// The latent in VAE cells (the decoder's input grid); both even.
     pub latent_h: u64,
     pub latent_w: u64,
     pub latent_channels: u64,
@@ -74,10 +72,10 @@ pub struct VaeLayout {
 }
 
 impl VaeLayout {
-    /// Lays out the decode of a `latent_h × latent_w` tile in `arena`.
+    /// Lays out the decode of a `latent_h × latent_w` latent in `arena`.
     pub fn new(cfg: &VaeConfig, latent_h: u64, latent_w: u64, arena: &mut BumpArena) -> Result<Self, VaePlanError> {
         if !whole_tokens(latent_h, latent_w) {
-            return Err(VaePlanError::Size("a latent tile must have an even, non-zero height and width"));
+            return Err(VaePlanError::Size("the latent must have an even, non-zero height and width"));
         }
         let mut channels = heapless::Vec::new();
         for &c in cfg.decoder_channels() {
@@ -136,7 +134,7 @@ impl VaeLayout {
         (self.latent_h * self.scale(), self.latent_w * self.scale())
     }
 
-    /// Packed latent tokens of the tile.
+    /// Packed latent tokens of the latent.
     pub fn tokens(&self) -> u64 {
         self.latent_h * self.latent_w / 4
     }
@@ -158,7 +156,7 @@ fn whole_tokens(h: u64, w: u64) -> bool {
 }
 
 /// The most elements any `[C, pixels]` activation of the decode holds,
-/// for a tile of `p0` latent cells.
+/// for a latent of `p0` latent cells.
 pub fn largest_activation(cfg: &VaeConfig, p0: u64) -> u64 {
     let dec = cfg.decoder_channels();
     let levels = dec.len();
@@ -258,7 +256,7 @@ fn resnet(l: &VaeLayout, p: &str, cin: u64, cout: u64, h: u64, w: u64, emit: &mu
 }
 
 /// The mid-block attention on the stream in `a`: one head as wide as the
-/// channels over every pixel of the tile, with its own GroupNorm and a residual.
+/// channels over every latent cell, with its own GroupNorm and a residual.
 fn attention(l: &VaeLayout, emit: &mut impl FnMut(Op)) {
     let (c, pixels) = (l.top(), l.latent_h * l.latent_w);
     let p = "decoder.mid_block.attentions.0";
@@ -332,7 +330,7 @@ pub fn output(l: &VaeLayout, mut emit: impl FnMut(Op)) {
     emit(conv(l.b, "decoder.conv_out", l.decoded, same(c0, l.out_channels, h, w, 3)));
 }
 
-/// The whole decode of one tile: packed latents in `packed` to the decoder's output in `decoded`.
+/// The whole decode: packed latents in `packed` to the decoder's output in `decoded`.
 pub fn decode(l: &VaeLayout, mut emit: impl FnMut(Op)) {
     input(l, &mut emit);
     mid_block(l, &mut emit);
@@ -345,99 +343,6 @@ pub fn decode(l: &VaeLayout, mut emit: impl FnMut(Op)) {
 /// The 8-bit levels of the first `count` values of `decoded`, into `levels`.
 pub fn pixel_levels(l: &VaeLayout, count: u64) -> Op {
     Op::PixelLevels { src: l.decoded, dst: l.levels, count }
-}
-
-/// One tile of a [`TileGrid`], in latent cells.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Tile {
-    pub row: u64,
-    pub col: u64,
-    pub y0: u64,
-    pub x0: u64,
-    pub h: u64,
-    pub w: u64,
-}
-
-/// How diffusers' `tiled_decode` cuts a latent: square tiles of
-/// `tile_sample_min_size / scale` cells starting every 3/4 tile (overlap
-/// factor 0.25), the edge tiles cut short by the latent's border. Each
-/// decoded tile is blended with the tile above and the tile to its left over
-/// `blend_px` pixels and then cropped to its first `keep_px` rows and columns.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TileGrid {
-    pub latent_h: u64,
-    pub latent_w: u64,
-    /// Pixels per latent cell.
-    pub scale: u64,
-    /// Tile side in latent cells (`tile_latent_min_size`).
-    pub tile: u64,
-    /// Distance between tile starts in latent cells (`int(tile · 0.75)`).
-    pub stride: u64,
-}
-
-impl TileGrid {
-    /// Tiles of `tile_px` pixels over a `latent_h × latent_w` latent. The tile
-    /// side in latent cells must be a multiple of 8 so every tile starts on an
-    /// even cell (a whole packed token) and the 1/4 overlap is a whole number
-    /// of pixels, as it is for diffusers' 1024-pixel default.
-    pub fn new(latent_h: u64, latent_w: u64, scale: u64, tile_px: u64) -> Result<Self, VaePlanError> {
-        if !whole_tokens(latent_h, latent_w) {
-            return Err(VaePlanError::Size("the latent must have an even, non-zero height and width"));
-        }
-        if scale == 0 || tile_px == 0 || !tile_px.is_multiple_of(8 * scale) {
-            return Err(VaePlanError::Size("the VAE tile size must be a positive multiple of 8 × the VAE scale factor pixels"));
-        }
-        let tile = tile_px / scale;
-        Ok(Self { latent_h, latent_w, scale, tile, stride: tile * 3 / 4 })
-    }
-
-    /// One tile covering the whole latent (no tiling).
-    pub fn whole(latent_h: u64, latent_w: u64, scale: u64) -> Result<Self, VaePlanError> {
-        if !whole_tokens(latent_h, latent_w) {
-            return Err(VaePlanError::Size("the latent must have an even, non-zero height and width"));
-        }
-        let tile = latent_h.max(latent_w);
-        Ok(Self { latent_h, latent_w, scale, tile, stride: tile })
-    }
-
-    /// diffusers decodes in tiles only when the latent exceeds one tile on some side.
-    pub fn is_tiled(&self) -> bool {
-        self.latent_h > self.tile || self.latent_w > self.tile
-    }
-
-    pub fn rows(&self) -> u64 {
-        if self.is_tiled() { self.latent_h.div_ceil(self.stride) } else { 1 }
-    }
-
-    pub fn cols(&self) -> u64 {
-        if self.is_tiled() { self.latent_w.div_ceil(self.stride) } else { 1 }
-    }
-
-    pub fn count(&self) -> u64 {
-        self.rows() * self.cols()
-    }
-
-    /// The largest tile (the first one), which sizes the arena.
-    pub fn max_tile(&self) -> (u64, u64) {
-        (self.tile.min(self.latent_h), self.tile.min(self.latent_w))
-    }
-
-    pub fn tile(&self, row: u64, col: u64) -> Tile {
-        let (y0, x0) = (row * self.stride, col * self.stride);
-        let h = self.tile.min(self.latent_h - y0);
-        let w = self.tile.min(self.latent_w - x0);
-        Tile { row, col, y0, x0, h, w }
-    }
-
-    /// Rows (and columns) over which a tile is blended with its neighbour, in pixels.
-    pub fn blend_px(&self) -> u64 {
-        self.tile * self.scale / 4
-    }
-
-    /// Rows (and columns) of a blended tile that make it into the image, in pixels.
-    pub fn keep_px(&self) -> u64 {
-        self.tile * self.scale - self.blend_px()
-    }
 }
 
 #[cfg(test)]
@@ -512,24 +417,5 @@ mod tests {
         assert_eq!(l.decoded_len(), 3 * 128 * 96);
         assert!(l.v.offset * 4 + 16 * 12 * 512 * 4 <= arena.used());
         assert!(VaeLayout::new(&cfg, 15, 12, &mut arena).is_err());
-    }
-
-    #[test]
-    fn tiles_follow_diffusers_tiled_decode() {
-        // 96×64 pixels at scale 2 in 32-pixel tiles: 16-cell tiles every 12 cells.
-        let g = TileGrid::new(48, 32, 2, 32).unwrap();
-        assert!(g.is_tiled());
-        assert_eq!((g.rows(), g.cols(), g.stride), (4, 3, 12));
-        assert_eq!(g.tile(3, 2), Tile { row: 3, col: 2, y0: 36, x0: 24, h: 12, w: 8 });
-        assert_eq!((g.blend_px(), g.keep_px()), (8, 24));
-        assert_eq!(g.max_tile(), (16, 16));
-        // The klein default: 1024-pixel tiles, 768 kept, 256 blended. Once one
-        // side needs tiles, the other is cut too (a 32-cell sliver at 96), as in diffusers.
-        let g = TileGrid::new(256, 128, 8, 1024).unwrap();
-        assert_eq!((g.rows(), g.cols(), g.blend_px(), g.keep_px()), (3, 2, 256, 768));
-        assert_eq!(g.tile(2, 1), Tile { row: 2, col: 1, y0: 192, x0: 96, h: 64, w: 32 });
-        assert!(!TileGrid::new(128, 128, 8, 1024).unwrap().is_tiled());
-        assert!(TileGrid::new(48, 32, 2, 24).is_err());
-        assert!(TileGrid::new(47, 32, 2, 32).is_err());
     }
 }

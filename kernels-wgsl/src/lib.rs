@@ -110,6 +110,16 @@ pub const LAYER_NORM_MODULATE: Kernel =
     kernel(Module::Norm, "layer_norm_modulate", [128, 1, 1], &[(1, RW), (2, RW), (5, RW)], size_of::<NormParams>(), false);
 pub const GROUP_NORM: Kernel =
     kernel(Module::Norm, "group_norm", [128, 1, 1], &[(1, RW), (2, RW), (3, R), (4, R)], size_of::<NormParams>(), true);
+pub const GROUP_STATS: Kernel =
+    kernel(Module::Norm, "group_stats", [128, 1, 1], &[(1, RW), (5, RW)], size_of::<NormParams>(), false);
+pub const GROUP_NORM_APPLY: Kernel = kernel(
+    Module::Norm,
+    "group_norm_apply",
+    [128, 1, 1],
+    &[(1, RW), (2, RW), (3, R), (4, R), (5, RW)],
+    size_of::<NormParams>(),
+    true,
+);
 
 pub const ROPE_INTERLEAVED: Kernel =
     kernel(Module::Rope, "rope_interleaved", [64, 1, 1], &[(1, RW), (2, R), (3, R)], size_of::<RopeParams>(), false);
@@ -120,7 +130,7 @@ pub const ATTENTION: Kernel = kernel(
     Module::Attention,
     "attention",
     [64, 1, 1],
-    &[(1, RW), (2, RW), (3, RW), (4, R), (5, RW)],
+    &[(1, RW), (2, RW), (3, RW), (4, R), (5, RW), (6, RW)],
     size_of::<AttentionParams>(),
     false,
 );
@@ -161,6 +171,8 @@ pub const ALL_KERNELS: &[Kernel] = &[
     RMS_NORM_INPLACE,
     LAYER_NORM_MODULATE,
     GROUP_NORM,
+    GROUP_STATS,
+    GROUP_NORM_APPLY,
     ROPE_INTERLEAVED,
     ROPE_HALF,
     ATTENTION,

@@ -78,7 +78,9 @@ pub struct AttentionParams {
     pub mask_offset: u32,
     /// Position of local query 0 (causal masking of a window of queries).
     pub q_position: u32,
-    pub _pad: [u32; 2],
+    /// Where each row's log-sum-exp goes when `write_lse` is 1.
+    pub lse_offset: u32,
+    pub write_lse: u32,
 }
 
 /// `elementwise.wgsl`.

@@ -17,6 +17,7 @@ pub mod text_encoder;
 pub mod tokenizer;
 pub mod transformer;
 pub mod vae;
+pub mod vae_bands;
 
 pub use error::{GpuError, LoadError, RunError, TokenizeError};
 pub use gpu::{Backend, Gpu, GpuOptions};

@@ -440,6 +440,76 @@ pub fn group_norm(
     Ok(())
 }
 
+/// The GroupNorm of a `[channels, pixels]` tensor, for [`group_stats`] and [`group_norm_apply`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Groups {
+    pub channels: u64,
+    pub pixels: u64,
+    pub groups: u64,
+}
+
+impl Groups {
+    fn params(self, src: &Window<'_>, dst: u32, stats: &Window<'_>) -> Result<k::NormParams, GpuError> {
+        if self.groups == 0 || !self.channels.is_multiple_of(self.groups) {
+            return Err(GpuError::UnsupportedShape(format!("group norm: {} channels in {} groups", self.channels, self.groups)));
+        }
+        Ok(k::NormParams {
+            rows: to_u32(self.channels, "group norm channels")?,
+            d: to_u32(self.pixels, "group norm pixels")?,
+            heads: 1,
+            src_offset: src.local,
+            dst_offset: dst,
+            shift_offset: stats.local,
+            groups: to_u32(self.groups, "groups")?,
+            ..Default::default()
+        })
+    }
+}
+
+/// Per group of a contiguous `[channels, pixels]` band: `(mean, Σ(x − mean)²)`
+/// into `stats` `[groups, 2]`, the part of a GroupNorm's statistics that one
+/// band of a larger image contributes.
+pub fn group_stats(gpu: &Gpu, sink: &mut dyn Sink, src: Mat<'_>, stats: Mat<'_>, g: Groups) -> Result<(), GpuError> {
+    let sw = window(gpu, src.buf, 4, src.offset, src.offset + g.channels * g.pixels, "group stats input")?;
+    let tw = window(gpu, stats.buf, 4, stats.offset, stats.offset + 2 * g.groups, "group stats output")?;
+    let params = g.params(&sw, 0, &tw)?;
+    dispatch(gpu, sink, &k::GROUP_STATS, &[], &params, &[(1, &sw), (5, &tw)], [g.groups as u32, 1, 1]);
+    Ok(())
+}
+
+/// GroupNorm with given statistics: `stats` `[groups, 2]` holds each group's
+/// `(mean, 1/√(var + eps))`; affine, SiLU after when `silu`.
+#[allow(clippy::too_many_arguments)]
+pub fn group_norm_apply(
+    gpu: &Gpu,
+    sink: &mut dyn Sink,
+    src: Mat<'_>,
+    stats: Mat<'_>,
+    gamma: Weight<'_>,
+    beta: Weight<'_>,
+    dst: Mat<'_>,
+    g: Groups,
+    silu: bool,
+) -> Result<(), GpuError> {
+    if gamma.dtype != beta.dtype {
+        return Err(GpuError::UnsupportedShape("group norm weight and bias must share a dtype".into()));
+    }
+    let n = g.channels * g.pixels;
+    let sw = window(gpu, src.buf, 4, src.offset, src.offset + n, "group norm input")?;
+    let dw = window(gpu, dst.buf, 4, dst.offset, dst.offset + n, "group norm output")?;
+    let tw = window(gpu, stats.buf, 4, stats.offset, stats.offset + 2 * g.groups, "group norm statistics")?;
+    let gw = window(gpu, gamma.buf, gamma.dtype.bytes(), gamma.offset, gamma.offset + g.channels, "group norm weight")?;
+    let bw = window(gpu, beta.buf, beta.dtype.bytes(), beta.offset, beta.offset + g.channels, "group norm bias")?;
+    if gw.local != bw.local {
+        return Err(GpuError::UnsupportedShape("group norm weight and bias must be equally aligned".into()));
+    }
+    let params = k::NormParams { w_offset: gw.local, silu: silu as u32, ..g.params(&sw, dw.local, &tw)? };
+    let constants = [("WEIGHT_BF16", gamma.dtype.constant())];
+    let bindings = [(1, &sw), (2, &dw), (3, &gw), (4, &bw), (5, &tw)];
+    dispatch(gpu, sink, &k::GROUP_NORM_APPLY, &constants, &params, &bindings, [g.groups as u32, 1, 1]);
+    Ok(())
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RopeStyle {
     /// FLUX.2: pairs (x[2i], x[2i+1]).
@@ -519,6 +589,7 @@ pub fn attention(
     v: Mat<'_>,
     key_keep: Option<&wgpu::Buffer>,
     o: Mat<'_>,
+    lse: Option<Mat<'_>>,
     s: Attention,
 ) -> Result<(), GpuError> {
     if s.head_dim > k::ATTENTION_MAX_HEAD_DIM as u64 || s.kv_heads == 0 || !s.q_heads.is_multiple_of(s.kv_heads) {
@@ -541,12 +612,21 @@ pub fn attention(
     };
     let q_rows = Rows::mat(q, s.q_heads * s.head_dim, "attention queries");
     let o_rows = Rows::mat(o, s.q_heads * s.head_dim, "attention output");
+    let lse_rows = lse.map(|l| Rows { buf: l.buf, elem_bytes: 4, offset: l.offset, stride: s.q_heads, width: s.q_heads, what: "attention log-sum-exp" });
     let per_group = k::ATTENTION_QUERIES_PER_GROUP as u64;
-    let chunk = rows_per_chunk(gpu, s.q_len, &[q_rows, o_rows], per_group)?;
+    let chunk = match &lse_rows {
+        Some(l) => rows_per_chunk(gpu, s.q_len, &[q_rows, o_rows, *l], per_group)?,
+        None => rows_per_chunk(gpu, s.q_len, &[q_rows, o_rows], per_group)?,
+    };
     for q0 in (0..s.q_len).step_by(chunk as usize) {
         let q1 = (q0 + chunk).min(s.q_len);
         let qw = q_rows.window(gpu, q0, q1)?;
         let ow = o_rows.window(gpu, q0, q1)?;
+        // Without a log-sum-exp output the binding takes the output's window, unwritten.
+        let lw = match &lse_rows {
+            Some(l) => l.window(gpu, q0, q1)?,
+            None => o_rows.window(gpu, q0, q1)?,
+        };
         let params = k::AttentionParams {
             q_len: to_u32(q1 - q0, "attention queries")?,
             kv_len: to_u32(s.kv_len, "attention keys")?,
@@ -566,10 +646,12 @@ pub fn attention(
             use_mask: key_keep.is_some() as u32,
             mask_offset: mw.local,
             q_position: to_u32(q0, "attention query position")?,
-            _pad: [0; 2],
+            lse_offset: lw.local,
+            write_lse: lse_rows.is_some() as u32,
         };
         let grid = [to_u32((q1 - q0).div_ceil(per_group), "attention query blocks")?, s.q_heads as u32, 1];
-        dispatch(gpu, sink, &k::ATTENTION, &[], &params, &[(1, &qw), (2, &kw), (3, &vw), (4, &mw), (5, &ow)], grid);
+        let bindings = [(1, &qw), (2, &kw), (3, &vw), (4, &mw), (5, &ow), (6, &lw)];
+        dispatch(gpu, sink, &k::ATTENTION, &[], &params, &bindings, grid);
     }
     Ok(())
 }

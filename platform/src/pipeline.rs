@@ -22,8 +22,8 @@ pub enum Progress {
     /// Prompt `prompt` of `prompts`, block by block.
     Encode { prompt: usize, prompts: usize, block: BlockProgress },
     Denoise(StepProgress),
-    /// Tile `done` of `tiles` decoded.
-    Decode { done: usize, tiles: usize },
+    /// Step `done` of `total` of the VAE decode (one untiled; one per decoder op when banded).
+    Decode { done: usize, total: usize },
 }
 
 /// Wall time of each stage. Loading counts weight uploads and layout, wherever they happen.
@@ -143,7 +143,7 @@ pub fn decode(
     let mut vae = VaeDecoder::new(gpu, &model.vae, &store, request.width, request.height, tile)?;
     timings.load += started.elapsed();
     let started = Instant::now();
-    let image = vae.decode(gpu, latents, &mut |t| progress(Progress::Decode { done: t.done, tiles: t.total }))?;
+    let image = vae.decode(gpu, latents, &mut |t| progress(Progress::Decode { done: t.done, total: t.total }))?;
     timings.decode += started.elapsed();
     Ok(Image { width: image.width, height: image.height, rgb: image.rgb })
 }

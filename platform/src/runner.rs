@@ -133,7 +133,20 @@ impl Runner {
                     scale: (1.0 / (*head_dim as f64).sqrt()) as f32,
                     causal: false,
                 };
-                ops::attention(gpu, sink, self.mat(*q), self.mat(*k), self.mat(*v), None, self.mat(*o), s)
+                ops::attention(gpu, sink, self.mat(*q), self.mat(*k), self.mat(*v), None, self.mat(*o), None, s)
+            }
+            Op::PartialAttention { q, k, v, o, lse, q_len, kv_len, heads, head_dim } => {
+                let s = Attention {
+                    q_len: *q_len,
+                    kv_len: *kv_len,
+                    q_heads: *heads,
+                    kv_heads: *heads,
+                    head_dim: *head_dim,
+                    scale: (1.0 / (*head_dim as f64).sqrt()) as f32,
+                    causal: false,
+                };
+                let (q, k, v, o, lse) = (self.mat(*q), self.mat(*k), self.mat(*v), self.mat(*o), self.mat(*lse));
+                ops::attention(gpu, sink, q, k, v, None, o, Some(lse), s)
             }
             Op::SwiGlu { gate, up, dst, rows, cols } => {
                 ops::elementwise(gpu, sink, Elementwise::SwiGlu, self.mat(*gate), Some(self.mat(*up)), self.mat(*dst), *rows, *cols)
@@ -178,7 +191,7 @@ impl Runner {
                     causal: true,
                 };
                 let (q, k, v, o) = (self.mat(*q), self.mat(*k), self.mat(*v), self.mat(*o));
-                ops::attention(gpu, sink, q, k, v, self.key_keep.as_ref(), o, s)
+                ops::attention(gpu, sink, q, k, v, self.key_keep.as_ref(), o, None, s)
             }
             Op::Residual { dst, y, rows, cols } => {
                 ops::elementwise(gpu, sink, Elementwise::AddInPlace, self.mat(*y), None, self.mat(*dst), *rows, *cols)
@@ -202,6 +215,15 @@ impl Runner {
                 *eps,
                 *silu,
             ),
+            Op::GroupStats { src, stats, channels, pixels, groups } => {
+                let g = ops::Groups { channels: *channels, pixels: *pixels, groups: *groups };
+                ops::group_stats(gpu, sink, self.mat(*src), self.mat(*stats), g)
+            }
+            Op::GroupNormApply { src, stats, dst, gamma, beta, channels, pixels, groups, silu } => {
+                let g = ops::Groups { channels: *channels, pixels: *pixels, groups: *groups };
+                let (gamma, beta) = (weights.get(gamma)?.view(), weights.get(beta)?.view());
+                ops::group_norm_apply(gpu, sink, self.mat(*src), self.mat(*stats), gamma, beta, self.mat(*dst), g, *silu)
+            }
             Op::UpsampleNearest2x { x, y, channels, height, width } => {
                 ops::upsample_nearest2x(gpu, sink, self.mat(*x), self.mat(*y), *channels, *height, *width)
             }

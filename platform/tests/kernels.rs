@@ -204,6 +204,58 @@ fn group_norm_then_silu() {
     check_group_norm(true);
 }
 
+/// GroupNorm split over pixel bands: each band's moments from `group_stats`
+/// against f64, merged on the host, then `group_norm_apply` on every band
+/// against the reference GroupNorm of the whole tensor.
+#[test]
+fn group_norm_over_pixel_bands_matches_the_whole() {
+    use flux_lite_platform::vae_bands::Moments;
+    let gpu = gpu();
+    let (channels, groups, pixels) = (12usize, 4usize, 37usize);
+    let per = channels / groups;
+    let mut rng = Rng::new(70);
+    let x: Vec<f32> = rng.normals(channels * pixels, 1.5).into_iter().map(|v| v + 2.0).collect();
+    let (gamma, beta) = (rng.bf16s(channels, 1.0), rng.bf16s(channels, 1.0));
+    let eps = 1e-6;
+    let mut want = vec![0.0; channels * pixels];
+    r::group_norm(&x, Weights::Bf16(&gamma), Weights::Bf16(&beta), channels, pixels, groups, eps, true, &mut want);
+    let band = |p0: usize, p1: usize| -> Vec<f32> { (0..channels).flat_map(|c| x[c * pixels + p0..c * pixels + p1].to_vec()).collect() };
+    let bands = [(0, 10), (10, 25), (25, 37)];
+    let g = |n: usize| ops::Groups { channels: channels as u64, pixels: n as u64, groups: groups as u64 };
+
+    let mut moments = vec![Moments::default(); groups];
+    for &(p0, p1) in &bands {
+        let xs = band(p0, p1);
+        let xb = gpu.upload_f32("x", &xs);
+        let sb = poisoned(gpu, 2 * groups);
+        let got = run_and_read(gpu, &sb, 2 * groups, |enc| ops::group_stats(gpu, enc, Mat::new(&xb, 0), Mat::new(&sb, 0), g(p1 - p0)));
+        let n = per * (p1 - p0);
+        let want: Vec<f64> = xs
+            .chunks(n)
+            .flat_map(|grp| {
+                let mean = grp.iter().map(|&v| v as f64).sum::<f64>() / n as f64;
+                [mean, grp.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>()]
+            })
+            .collect();
+        assert_close(&format!("group_stats pixels {p0}..{p1}"), &got, &want, F32_TOL);
+        for (m, s) in moments.iter_mut().zip(got.chunks(2)) {
+            m.merge(Moments { count: n as f64, mean: s[0] as f64, m2: s[1] as f64 });
+        }
+    }
+    let stats: Vec<f32> = moments.iter().flat_map(|m| [m.mean as f32, (1.0 / (m.variance() + eps).sqrt()) as f32]).collect();
+    let (gb, bb, sb) = (gpu.upload_bf16("gamma", &gamma), gpu.upload_bf16("beta", &beta), gpu.upload_f32("stats", &stats));
+    for &(p0, p1) in &bands {
+        let xb = gpu.upload_f32("x", &band(p0, p1));
+        let n = channels * (p1 - p0);
+        let yb = poisoned(gpu, n);
+        let got = run_and_read(gpu, &yb, n, |enc| {
+            ops::group_norm_apply(gpu, enc, Mat::new(&xb, 0), Mat::new(&sb, 0), Weight::bf16(&gb), Weight::bf16(&bb), Mat::new(&yb, 0), g(p1 - p0), true)
+        });
+        let want_band: Vec<f64> = (0..channels).flat_map(|c| want[c * pixels + p0..c * pixels + p1].to_vec()).collect();
+        assert_close(&format!("group_norm_apply pixels {p0}..{p1}"), &got, &want_band, F32_TOL);
+    }
+}
+
 #[test]
 fn rope_interleaved_with_flux_tables() {
     let gpu = gpu();
@@ -298,7 +350,7 @@ fn check_attention(gpu: &flux_lite_platform::Gpu, c: AttnCase, seed: u64) {
     let got = run_and_read(gpu, &ob, q.len(), |enc| {
         let qw = (c.q_heads * c.head_dim) as u64;
         let kw = (c.kv_heads * c.head_dim) as u64;
-        ops::attention(gpu, enc, Mat::new(&qb, qw), Mat::new(&kb, kw), Mat::new(&vb, kw), mask.map(|_| &mb), Mat::new(&ob, qw), s)
+        ops::attention(gpu, enc, Mat::new(&qb, qw), Mat::new(&kb, kw), Mat::new(&vb, kw), mask.map(|_| &mb), Mat::new(&ob, qw), None, s)
     });
     assert_close(
         &format!("attention {}x{} heads {}/{} d {} causal={}", c.q_len, c.kv_len, c.q_heads, c.kv_heads, c.head_dim, c.causal),
@@ -329,6 +381,48 @@ fn attention_splits_queries_and_keeps_causality() {
     // 8 KiB bindings: each query window holds a few rows; causal positions must carry over.
     let gpu = small_binding_gpu(8 << 10);
     check_attention(&gpu, AttnCase { q_len: 60, kv_len: 60, q_heads: 2, kv_heads: 1, head_dim: 8, causal: true, padded_keys: 5 }, 15);
+}
+
+/// Attention over two key chunks, each with its log-sum-exp, merged on the
+/// host: equals attention over all keys; each chunk's log-sum-exp equals f64.
+#[test]
+fn attention_over_key_chunks_merges_by_log_sum_exp() {
+    use flux_lite_platform::vae_bands::AttentionMerge;
+    let gpu = gpu();
+    let (q_len, kv_len, heads, d) = (21usize, 40usize, 2usize, 24usize);
+    let mut rng = Rng::new(71);
+    let (q, k, v) = (rng.normals(q_len * heads * d, 1.0), rng.normals(kv_len * heads * d, 1.0), rng.normals(kv_len * heads * d, 1.0));
+    let scale = (1.0 / (d as f64).sqrt()) as f32;
+    let shape = |kv: usize| r::AttentionShape { q_len, kv_len: kv, q_heads: heads, kv_heads: heads, head_dim: d, scale: scale as f64, causal: false };
+    let mut want = vec![0.0; q.len()];
+    r::attention(&q, &k, &v, None, shape(kv_len), &mut vec![0.0; kv_len], &mut want);
+    let width = heads * d;
+    let mut merge = AttentionMerge::new(q_len as u64, heads as u64, d as u64);
+    let qb = gpu.upload_f32("q", &q);
+    for (k0, k1) in [(0usize, 17usize), (17, 40)] {
+        let (kb, vb) = (gpu.upload_f32("k", &k[k0 * width..k1 * width]), gpu.upload_f32("v", &v[k0 * width..k1 * width]));
+        let (ob, lb) = (poisoned(gpu, q.len()), poisoned(gpu, q_len * heads));
+        let s = Attention { q_len: q_len as u64, kv_len: (k1 - k0) as u64, q_heads: heads as u64, kv_heads: heads as u64, head_dim: d as u64, scale, causal: false };
+        let w = width as u64;
+        let lse = run_and_read(gpu, &lb, q_len * heads, |enc| {
+            ops::attention(gpu, enc, Mat::new(&qb, w), Mat::new(&kb, w), Mat::new(&vb, w), None, Mat::new(&ob, w), Some(Mat::new(&lb, heads as u64)), s)
+        });
+        let out = run_and_read(gpu, &ob, q.len(), |_| Ok(()));
+        let want_lse: Vec<f64> = (0..q_len * heads)
+            .map(|i| {
+                let (row, h) = (i / heads, i % heads);
+                let qr = &q[(row * heads + h) * d..][..d];
+                let scores: Vec<f64> = (k0..k1)
+                    .map(|j| qr.iter().zip(&k[(j * heads + h) * d..][..d]).map(|(&a, &b)| a as f64 * b as f64).sum::<f64>() * scale as f64)
+                    .collect();
+                let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                m + scores.iter().map(|s| (s - m).exp()).sum::<f64>().ln()
+            })
+            .collect();
+        assert_close(&format!("attention log-sum-exp keys {k0}..{k1}"), &lse, &want_lse, F32_TOL);
+        merge.add(&out, &lse);
+    }
+    assert_close("attention merged over key chunks", &merge.finish(), &want, F32_TOL);
 }
 
 fn check_elementwise(op: Elementwise, seed: u64) {
@@ -545,7 +639,7 @@ fn vae_mid_block_attention_through_the_attention_kernel() {
             ops::linear(gpu, enc, Mat::new(tok, cu), Weight::bf16(&lb[i].0), Some(Weight::bf16(&lb[i].1)), Mat::new(dst, cu), pu, cu, cu)?;
         }
         let s = Attention { q_len: pu, kv_len: pu, q_heads: 1, kv_heads: 1, head_dim: cu, scale, causal: false };
-        ops::attention(gpu, enc, Mat::new(qb, cu), Mat::new(kb, cu), Mat::new(vb, cu), None, Mat::new(ab, cu), s)?;
+        ops::attention(gpu, enc, Mat::new(qb, cu), Mat::new(kb, cu), Mat::new(vb, cu), None, Mat::new(ab, cu), None, s)?;
         ops::linear(gpu, enc, Mat::new(ab, cu), Weight::bf16(&lb[3].0), Some(Weight::bf16(&lb[3].1)), Mat::new(ob, cu), pu, cu, cu)?;
         ops::transpose(gpu, enc, Mat::new(ob, cu), Mat::new(&result, pu), pu, cu)?;
         ops::elementwise(gpu, enc, Elementwise::AddInPlace, Mat::new(&result, pu), None, Mat::new(&xb, pu), cu, pu)

@@ -1,9 +1,10 @@
 #![allow(clippy::unwrap_used)]
 //! The VAE decoder on the GPU against the diffusers goldens (de-normalised
-//! latent, decoded output, PNG), and tiled against untiled decoding.
+//! latent, decoded output, PNG), and the banded decode against the untiled one.
 
 use flux_lite_platform::model::{Component, ModelFolder};
 use flux_lite_platform::vae::{DecodedImage, TileProgress, VaeDecoder};
+use flux_lite_core::rng::TorchGenerator;
 use flux_lite_platform::RunError;
 use flux_lite_tests::{gpu, model_dir, read_png, rel_l2, Goldens, CASES};
 
@@ -101,77 +102,70 @@ fn assert_decoded(what: &str, got: &[f32], want: &[f32]) {
     assert!(err <= DECODED_TOL, "{what}: relative L2 {err:.3e} > {DECODED_TOL:.0e}; worst element {at}: got {} want {}", got[at], want[at]);
 }
 
-/// Tiled decoding against diffusers' own `tiled_decode` on the same latent
-/// (`test_vectors/generate_vae_tiling.py`): tiny-a (scale 2), a 64×96 image
-/// (a 32×48 latent) in 32-pixel tiles, i.e. 16-cell tiles every 12 cells: 4
-/// rows × 3 columns with short tiles at the bottom and right, 8-pixel blends.
-///
-/// The issue asked for tiled within 3 levels of untiled. diffusers itself is
-/// 84 levels apart here (mean 7.7): each tile's GroupNorm statistics and
-/// attention see only the tile, and this tiny random VAE's receptive field is
-/// wider than its 16-cell tiles. So the test holds our tiled image to
-/// diffusers' tiled image, and our tiled-vs-untiled gap to diffusers' gap.
-#[test]
-fn tiled_decode_matches_diffusers_tiled_decode() {
-    let g = Goldens::load("tiny-a/tiled-decode");
-    let (latents, _) = g.f32("latents");
-    let (width, height) = (64, 96);
-    let (whole, _) = decode(&mut decoder("tiny-a", width, height, None), &latents);
-    let mut vae = decoder("tiny-a", width, height, Some(32));
-    let (tiled, ticks) = decode(&mut vae, &latents);
-    assert_eq!((vae.grid().rows(), vae.grid().cols()), (4, 3));
-    assert_eq!(ticks, (1..=12).map(|done| TileProgress { done, total: 12 }).collect::<Vec<_>>());
-
-    let (want_whole, _) = g.f32("decoded");
-    let (want_tiled, _) = g.f32("decoded_tiled");
-    assert_decoded("untiled decode", &whole.decoded, &want_whole);
-    assert_decoded("tiled decode", &tiled.decoded, &want_tiled);
-
-    let rgb = |planar: &[u8]| {
-        let n = width * height;
-        (0..n).flat_map(|i| [planar[i], planar[n + i], planar[2 * n + i]]).collect::<Vec<u8>>()
-    };
-    let reference_tiled = rgb(&vae.pixel_levels(gpu(), &want_tiled).unwrap());
-    let reference_whole = rgb(&vae.pixel_levels(gpu(), &want_whole).unwrap());
-    let (max, count) = byte_diff(&tiled.rgb, &reference_tiled);
-    println!("tiled image vs diffusers' tiled image: max |Δ| {max}, {count} bytes differ");
-    assert!(max <= 1, "tiled image differs from diffusers' tiled image by up to {max} levels ({count} bytes)");
-
-    let (gap, _) = byte_diff(&tiled.rgb, &whole.rgb);
-    let (reference_gap, _) = byte_diff(&reference_tiled, &reference_whole);
-    let mean = tiled.rgb.iter().zip(&whole.rgb).map(|(&a, &b)| a.abs_diff(b) as f64).sum::<f64>() / whole.rgb.len() as f64;
-    println!("tiled vs untiled: max |Δ| {gap} (diffusers: {reference_gap}), mean |Δ| {mean:.3}");
-    assert!(gap.abs_diff(reference_gap) <= 1, "tiled vs untiled gap {gap}, diffusers' {reference_gap}");
+/// Random packed latents for a `width × height` tiny-a image (scale 2: 16 features per token).
+fn random_latents(width: usize, height: usize, seed: u64) -> Vec<f32> {
+    let mut out = vec![0f32; (width / 4) * (height / 4) * 16];
+    TorchGenerator::new(seed).fill_randn_f32(&mut out);
+    out
 }
 
-/// Away from every blend, a tiled image is each tile decoded on its own: the
-/// top-left tile's kept 24×24 pixels equal an untiled decode of its latent alone.
+/// Largest and mean |Δ| between two byte images.
+fn level_gap(a: &[u8], b: &[u8]) -> (u8, f64) {
+    let (max, _) = byte_diff(a, b);
+    (max, a.iter().zip(b).map(|(&x, &y)| x.abs_diff(y) as f64).sum::<f64>() / a.len() as f64)
+}
+
+/// The banded decode runs every op of the program over bands of rows with
+/// halos, whole-image GroupNorm statistics and attention over every token,
+/// so it must equal the untiled decode up to rounding: here a 64×96 image
+/// in 16-pixel tiles (bands of a few rows, several key chunks in the
+/// mid-block attention), and the golden cases' own latents in 8-pixel tiles.
 #[test]
-fn the_first_tile_is_its_latent_decoded_alone() {
-    let g = Goldens::load("tiny-a/tiled-decode");
-    let (latents, _) = g.f32("latents");
+fn banded_decode_matches_the_untiled_decode() {
     let (width, height) = (64, 96);
-    let (tiled, _) = decode(&mut decoder("tiny-a", width, height, Some(32)), &latents);
-    // The 16×16-cell tile is the first 8 × 8 of the 16-token-wide grid of 16 features.
-    let tokens: Vec<f32> = (0..8).flat_map(|y| latents[y * 16 * 16..(y * 16 + 8) * 16].to_vec()).collect();
-    let (alone, _) = decode(&mut decoder("tiny-a", 32, 32, None), &tokens);
-    for c in 0..3 {
-        for y in 0..24 {
-            let row = &tiled.decoded[(c * height + y) * width..][..24];
-            assert_eq!(row, &alone.decoded[(c * 32 + y) * 32..][..24], "channel {c} row {y}");
-        }
+    let latents = random_latents(width, height, 7);
+    let mut banded = decoder("tiny-a", width, height, Some(16));
+    assert!(banded.is_banded());
+    let (tiled, ticks) = decode(&mut banded, &latents);
+    let (whole, _) = decode(&mut decoder("tiny-a", width, height, None), &latents);
+    assert_eq!(ticks.last().map(|t| (t.done, t.total)), Some((ticks.len(), ticks.len())), "one tick per op");
+    assert_decoded("banded vs untiled decoded", &tiled.decoded, &whole.decoded);
+    let (max, mean) = level_gap(&tiled.rgb, &whole.rgb);
+    println!("banded vs untiled 64×96 in 16-px tiles: max |Δ| {max}, mean |Δ| {mean:.5}");
+    assert!(max <= 3 && mean <= 0.2, "banded vs untiled: max |Δ| {max}, mean |Δ| {mean}");
+
+    for case in CASES {
+        let g = Goldens::load(case);
+        let (model, width, height, latents) = case_inputs(&g);
+        let (tiled, _) = decode(&mut decoder(&model, width, height, Some(8)), &latents);
+        let (_, _, png) = png_rgb(&g);
+        let (max, mean) = level_gap(&tiled.rgb, &png);
+        println!("{case}: banded in 8-px tiles vs image.png: max |Δ| {max}, mean |Δ| {mean:.5}");
+        assert!(max <= 3 && mean <= 0.2, "{case}: banded decode vs image.png: max |Δ| {max}, mean |Δ| {mean}");
     }
 }
 
 #[test]
 fn the_tile_arena_does_not_grow_with_the_image() {
-    let small = decoder("tiny-a", 64, 64, Some(32));
-    let large = decoder("tiny-a", 256, 256, Some(32));
+    let small = decoder("tiny-a", 64, 64, Some(16));
+    let large = decoder("tiny-a", 128, 128, Some(16));
     let whole = decoder("tiny-a", 64, 64, None);
-    println!("tile arena {} bytes; untiled 64×64: {} bytes", small.arena_bytes(), whole.arena_bytes());
+    println!("banded arena {} and {} bytes at 64² and 128²; untiled 64²: {} bytes", small.arena_bytes(), large.arena_bytes(), whole.arena_bytes());
+    assert!(small.is_banded() && large.is_banded());
     assert_eq!(small.arena_bytes(), large.arena_bytes());
     assert!(small.arena_bytes() < whole.arena_bytes());
-    assert_eq!(large.grid().count(), 11 * 11);
+    // And the large image decodes in it.
+    let mut large = large;
+    let image = large.decode(gpu(), &random_latents(128, 128, 8), &mut |_| {}).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(image.rgb.len(), 128 * 128 * 3);
+}
+
+#[test]
+fn a_tile_too_small_for_one_band_is_an_error_naming_the_flag() {
+    // A 4-pixel tile holds fewer values than one convolution row of a 1024-pixel-wide image.
+    let mut vae = decoder("tiny-a", 1024, 16, Some(4));
+    let err = vae.decode(gpu(), &random_latents(1024, 16, 9), &mut |_| {}).unwrap_err();
+    assert!(matches!(err, RunError::Input(_)) && err.to_string().contains("--vae-tile"), "{err}");
 }
 
 #[test]
@@ -179,9 +173,10 @@ fn bad_sizes_and_latents_are_errors() {
     let m = ModelFolder::open(&model_dir("tiny-a")).unwrap();
     let store = m.weights(Component::Vae).unwrap();
     let new = |w, h, t| VaeDecoder::new(gpu(), &m.vae, &store, w, h, t);
-    // tiny-a's scale factor is 2: sizes must be multiples of 4, tiles of 16.
+    // tiny-a's scale factor is 2: sizes and tiles must be multiples of 4.
     assert!(matches!(new(30, 32, None), Err(RunError::Input(_))));
-    assert!(matches!(new(32, 32, Some(24)), Err(RunError::Input(_))));
+    assert!(matches!(new(32, 32, Some(6)), Err(RunError::Input(_))));
+    assert!(matches!(new(32, 32, Some(0)), Err(RunError::Input(_))));
     assert!(matches!(new(0, 32, None), Err(RunError::Input(_))));
     let mut vae = new(32, 32, None).unwrap();
     let err = vae.decode(gpu(), &[0.0; 10], &mut |_| {}).unwrap_err();
@@ -201,7 +196,7 @@ fn the_automatic_tile_is_untiled_when_it_fits_and_bounded_by_the_binding_otherwi
     assert_eq!(tile, Some(16));
     let store = m.weights(Component::Vae).unwrap();
     let mut vae = VaeDecoder::new(&small, &m.vae, &store, 64, 96, tile).unwrap();
-    let latents = Goldens::load("tiny-a/tiled-decode").f32("latents").0;
-    let image = vae.decode(&small, &latents, &mut |_| {}).unwrap();
+    assert!(vae.is_banded());
+    let image = vae.decode(&small, &random_latents(64, 96, 10), &mut |_| {}).unwrap();
     assert_eq!(image.rgb.len(), 64 * 96 * 3);
 }

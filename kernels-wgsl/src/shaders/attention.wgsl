@@ -4,7 +4,9 @@
 // invocation owns output dims t, t+64, … (head_dim ≤ 512) for all BQ rows.
 // Grouped-query heads: query head h reads kv head h / (q_heads / kv_heads).
 // Causal: local query i sits at position q_position + i (so queries can be
-// split into windows) and sees keys 0..=that position.
+// split into windows) and sees keys 0..=that position. With write_lse, each
+// row's log Σ exp(score) lands in lse[lse_offset + row·q_heads + head], so a
+// caller can combine attention over separate key chunks.
 
 struct Params {
     q_len: u32, kv_len: u32, q_heads: u32, kv_heads: u32, head_dim: u32,
@@ -13,7 +15,7 @@ struct Params {
     v_offset: u32, v_stride: u32,
     o_offset: u32, o_stride: u32,
     scale: f32, causal: u32, use_mask: u32, mask_offset: u32,
-    q_position: u32, _pad0: u32, _pad1: u32,
+    q_position: u32, lse_offset: u32, write_lse: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -22,6 +24,7 @@ struct Params {
 @group(0) @binding(3) var<storage, read_write> v: array<f32>;
 @group(0) @binding(4) var<storage, read> key_keep: array<u32>;
 @group(0) @binding(5) var<storage, read_write> o: array<f32>;
+@group(0) @binding(6) var<storage, read_write> lse: array<f32>;
 
 const BQ: u32 = 8u;
 const BK: u32 = 16u;
@@ -123,6 +126,9 @@ fn attention(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id
         if (qi < p.q_len) {
             let l = row_sum[r];
             let inv = select(0.0, 1.0 / l, l > 0.0);
+            if (p.write_lse != 0u && t == 0u) {
+                lse[p.lse_offset + qi * p.q_heads + h] = row_max[r] + log(l);
+            }
             let ob = p.o_offset + qi * p.o_stride + h * p.head_dim;
             for (var sl = 0u; sl < SLOTS; sl++) {
                 let c = t + sl * THREADS;

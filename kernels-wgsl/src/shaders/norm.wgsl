@@ -120,26 +120,29 @@ fn layer_norm_modulate(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(wo
 
 // GroupNorm over [channels, pixels] (channels = rows, pixels = d): one
 // workgroup per group of rows/groups channels; affine gamma (w), beta (w2);
-// SiLU after when p.silu != 0.
-@compute @workgroup_size(128)
-fn group_norm(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
-    let g = wid.x;
-    let t = lid.x;
-    let per = p.rows / p.groups;
-    let count = per * p.d;
-    let base_src = p.src_offset + g * count;
-    let base_dst = p.dst_offset + g * count;
+// SiLU after when p.silu != 0. A group's elements are contiguous.
+
+// (mean, Σ(x − mean)²) of `count` contiguous values from `base` of src.
+fn group_moments(base: u32, count: u32, t: u32) -> vec2<f32> {
     var s = 0.0;
     for (var i = t; i < count; i += THREADS) {
-        s += src[base_src + i];
+        s += src[base + i];
     }
     let mean = workgroup_sum(s, t) / f32(count);
     var sq = 0.0;
     for (var i = t; i < count; i += THREADS) {
-        let c = src[base_src + i] - mean;
+        let c = src[base + i] - mean;
         sq = fma(c, c, sq);
     }
-    let inv = inverseSqrt(workgroup_sum(sq, t) / f32(count) + p.eps);
+    return vec2<f32>(mean, workgroup_sum(sq, t));
+}
+
+// dst = (src − mean)·inv·gamma + beta (then SiLU) over group g.
+fn group_write(g: u32, t: u32, mean: f32, inv: f32) {
+    let per = p.rows / p.groups;
+    let count = per * p.d;
+    let base_src = p.src_offset + g * count;
+    let base_dst = p.dst_offset + g * count;
     for (var i = t; i < count; i += THREADS) {
         let ch = g * per + i / p.d;
         var v = fma((src[base_src + i] - mean) * inv, weight(p.w_offset + ch), weight2(p.w_offset + ch));
@@ -148,4 +151,34 @@ fn group_norm(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_i
         }
         dst[base_dst + i] = v;
     }
+}
+
+@compute @workgroup_size(128)
+fn group_norm(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+    let g = wid.x;
+    let count = (p.rows / p.groups) * p.d;
+    let m = group_moments(p.src_offset + g * count, count, lid.x);
+    group_write(g, lid.x, m.x, inverseSqrt(m.y / f32(count) + p.eps));
+}
+
+// The first half of a GroupNorm split over pixel bands: each group's
+// (mean, Σ(x − mean)²) over this band, into modulation[shift_offset + 2g ..].
+// The host combines the bands and hands back (mean, 1/√(var + eps)).
+@compute @workgroup_size(128)
+fn group_stats(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+    let g = wid.x;
+    let count = (p.rows / p.groups) * p.d;
+    let m = group_moments(p.src_offset + g * count, count, lid.x);
+    if (lid.x == 0u) {
+        modulation[p.shift_offset + 2u * g] = m.x;
+        modulation[p.shift_offset + 2u * g + 1u] = m.y;
+    }
+}
+
+// The second half: normalise with the whole image's (mean, inv) per group
+// from modulation[shift_offset + 2g ..].
+@compute @workgroup_size(128)
+fn group_norm_apply(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+    let g = wid.x;
+    group_write(g, lid.x, modulation[p.shift_offset + 2u * g], modulation[p.shift_offset + 2u * g + 1u]);
 }

@@ -1,0 +1,507 @@
+//! The VAE decode of an image too large for the device's VAE memory: core's
+//! decode program run op by op over bands of rows, with every activation of
+//! the whole image kept on the host.
+//!
+//! Each op sees what it would see untiled: a 3×3 convolution gets a row of
+//! halo from the neighbouring bands, a GroupNorm takes its statistics over
+//! the whole image (each band's moments combined on the host), and the
+//! mid-block attention sees every token (key chunks combined by their
+//! log-sum-exp). The image therefore equals the untiled decode up to
+//! rounding, while the device holds one band's operands: a fixed number of
+//! elements whatever the image size.
+
+use crate::error::RunError;
+use crate::gpu::Gpu;
+use crate::runner::{DeviceWeights, Runner};
+use flux_lite_core::program::{Op, Span};
+use flux_lite_core::reference::ConvShape;
+use flux_lite_core::tensors::TensorName;
+use flux_lite_core::BumpArena;
+use std::collections::HashMap;
+
+/// Device operands one band op uses at most (attention: q, k, v, o, lse).
+const MAX_OPERANDS: u64 = 5;
+/// Storage-binding offset alignment in bytes; each operand may lose this much to it.
+const ALIGN: u64 = 256;
+
+/// Bytes of a device arena that holds `elements` f32 of band operands.
+pub fn arena_bytes(elements: u64) -> u64 {
+    4 * elements + ALIGN * MAX_OPERANDS
+}
+
+/// The whole image's activations on the host, one buffer per arena span of
+/// core's full-size layout (keyed by the span's offset), grown on first write.
+#[derive(Debug, Default)]
+pub struct HostTensors {
+    map: HashMap<u64, Vec<f32>>,
+}
+
+impl HostTensors {
+    pub fn insert(&mut self, span: Span, data: Vec<f32>) {
+        self.map.insert(span.offset, data);
+    }
+
+    /// The first `len` values of a span's buffer.
+    pub fn get(&self, span: Span, len: u64) -> Result<&[f32], RunError> {
+        self.map
+            .get(&span.offset)
+            .and_then(|v| v.get(..len as usize))
+            .ok_or_else(|| RunError::Input(format!("banded VAE decode read {len} values at {} before they were written", span.offset)))
+    }
+
+    /// The span's buffer, grown to at least `len` values.
+    fn get_mut(&mut self, span: Span, len: u64) -> &mut [f32] {
+        let v = self.map.entry(span.offset).or_default();
+        if v.len() < len as usize {
+            v.resize(len as usize, 0.0);
+        }
+        &mut v[..len as usize]
+    }
+}
+
+/// Count, mean and Σ(x − mean)² of a set of values, merged band by band (Chan et al.).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Moments {
+    pub count: f64,
+    pub mean: f64,
+    pub m2: f64,
+}
+
+impl Moments {
+    pub fn merge(&mut self, other: Moments) {
+        let total = self.count + other.count;
+        if total == 0.0 {
+            return;
+        }
+        let delta = other.mean - self.mean;
+        self.mean += delta * other.count / total;
+        self.m2 += other.m2 + delta * delta * self.count * other.count / total;
+        self.count = total;
+    }
+
+    /// The population variance (what GroupNorm divides by).
+    pub fn variance(&self) -> f64 {
+        self.m2 / self.count
+    }
+}
+
+/// Columns `[c0, c1)` of every row of a row-major `[rows, cols]` tensor, packed.
+fn gather(src: &[f32], rows: u64, cols: u64, c0: u64, c1: u64) -> Vec<f32> {
+    let (cols, c0, c1) = (cols as usize, c0 as usize, c1 as usize);
+    (0..rows as usize).flat_map(|r| src[r * cols + c0..r * cols + c1].iter().copied()).collect()
+}
+
+/// Writes a packed `[rows, c1 − c0]` band into columns `[c0, c1)` of `[rows, cols]`.
+fn scatter(dst: &mut [f32], rows: u64, cols: u64, c0: u64, c1: u64, band: &[f32]) {
+    let (cols, c0, c1) = (cols as usize, c0 as usize, c1 as usize);
+    let width = c1 - c0;
+    for r in 0..rows as usize {
+        dst[r * cols + c0..r * cols + c1].copy_from_slice(&band[r * width..(r + 1) * width]);
+    }
+}
+
+/// `[lo, hi)` steps of `band` over `0..n`.
+fn bands(n: u64, band: u64) -> impl Iterator<Item = (u64, u64)> {
+    (0..n).step_by(band.max(1) as usize).map(move |lo| (lo, (lo + band).min(n)))
+}
+
+/// Runs ops of a VAE program over bands in a device arena of `capacity` elements.
+#[derive(Debug)]
+pub struct BandRunner<'a> {
+    pub gpu: &'a Gpu,
+    pub runner: &'a Runner,
+    pub weights: &'a DeviceWeights,
+    /// f32 elements one band's operands may take.
+    pub capacity: u64,
+}
+
+/// Hands out aligned operand spans in the band arena, from its start, for one band op.
+struct Operands(BumpArena);
+
+impl Operands {
+    fn take(&mut self, elements: u64) -> Result<Span, RunError> {
+        let s = self.0.alloc(4 * elements.max(1), ALIGN).map_err(|e| RunError::Input(format!("banded VAE decode: {e}")))?;
+        Ok(Span::new(s.offset / 4, 0))
+    }
+}
+
+impl BandRunner<'_> {
+    /// Runs one op of core's decode program on the host-held activations.
+    pub fn run(&self, host: &mut HostTensors, op: &Op) -> Result<(), RunError> {
+        match op {
+            Op::DenormUnpatchify { packed, latent, channels, height, width, .. } => {
+                self.denorm_unpatchify(host, op, *packed, *latent, *channels, *height, *width)
+            }
+            Op::Conv2d { x, w, bias, y, shape } => self.conv(host, *x, w, bias, *y, *shape),
+            Op::GroupNorm { src, dst, gamma, beta, channels, pixels, groups, eps, silu } => {
+                let g = Norm { gamma, beta, channels: *channels, pixels: *pixels, groups: *groups, eps: *eps, silu: *silu };
+                self.group_norm(host, *src, *dst, g)
+            }
+            Op::Add { a, b, dst, rows, cols } => self.add(host, *a, *b, *dst, *rows, *cols),
+            Op::UpsampleNearest2x { x, y, channels, height, width } => self.upsample(host, *x, *y, *channels, *height, *width),
+            Op::Transpose { src, dst, rows, cols } => self.transpose(host, *src, *dst, *rows, *cols),
+            Op::Linear { x, w, bias, y, rows, cols, inner } => self.linear(host, *x, w, bias.as_ref(), *y, *rows, *cols, *inner),
+            Op::Attention { q, k, v, o, len, heads, head_dim } => self.attention(host, [*q, *k, *v, *o], *len, *heads, *head_dim),
+            other => Err(RunError::Input(format!("the banded VAE decode cannot run {other:?}"))),
+        }
+    }
+
+    fn operands(&self) -> Operands {
+        Operands(BumpArena::new(arena_bytes(self.capacity)))
+    }
+
+    /// The most units (rows, pixels, tokens) a band can hold when its
+    /// operands take `fixed + units · per_unit` elements.
+    fn band(&self, fixed: u64, per_unit: u64, what: &str) -> Result<u64, RunError> {
+        let units = self.capacity.saturating_sub(fixed) / per_unit.max(1);
+        if units == 0 {
+            return Err(RunError::Input(format!(
+                "the VAE tile holds {} values, too few for one {what} of this image ({} needed); use a larger --vae-tile",
+                self.capacity,
+                fixed + per_unit
+            )));
+        }
+        Ok(units)
+    }
+
+    fn exec(&self, op: Op) -> Result<(), RunError> {
+        self.gpu.submit(|enc| self.runner.record(self.gpu, enc, self.weights, &op))?;
+        Ok(())
+    }
+
+    fn upload(&self, span: Span, data: &[f32]) {
+        self.runner.write(self.gpu, span, data);
+    }
+
+    fn download(&self, span: Span, len: u64) -> Result<Vec<f32>, RunError> {
+        Ok(self.runner.read(self.gpu, span, 1, len)?)
+    }
+
+    /// Packed tokens `[height·width, 4c]` to the latent `[c, 2·height, 2·width]`, by rows of tokens.
+    #[allow(clippy::too_many_arguments)]
+    fn denorm_unpatchify(&self, host: &mut HostTensors, op: &Op, packed: Span, latent: Span, c: u64, h: u64, w: u64) -> Result<(), RunError> {
+        let Op::DenormUnpatchify { mean, var, eps, .. } = op else {
+            return Err(RunError::Input("not a de-normalisation".into()));
+        };
+        let row = w * 4 * c;
+        let band = self.band(0, 2 * row, "row of latent tokens")?;
+        for (t0, t1) in bands(h, band) {
+            let input = host.get(packed, h * row)?[(t0 * row) as usize..(t1 * row) as usize].to_vec();
+            let mut arena = self.operands();
+            let (xs, ys) = (arena.take(input.len() as u64)?, arena.take(input.len() as u64)?);
+            self.upload(xs, &input);
+            let (mean, var) = (mean.clone(), var.clone());
+            let n = t1 - t0;
+            self.exec(Op::DenormUnpatchify { packed: xs, latent: ys, mean, var, channels: c, height: n, width: w, eps: *eps })?;
+            let out = self.download(ys, input.len() as u64)?;
+            let pixels = 4 * h * w;
+            scatter(host.get_mut(latent, c * pixels), c, pixels, t0 * 4 * w, t1 * 4 * w, &out);
+        }
+        Ok(())
+    }
+
+    /// A stride-1 "same" convolution by bands of output rows, each reading
+    /// `kernel/2` rows of halo above and below (zeros only at the image border).
+    fn conv(&self, host: &mut HostTensors, x: Span, w: &TensorName, bias: &TensorName, y: Span, s: ConvShape) -> Result<(), RunError> {
+        let halo = (s.kernel / 2) as u64;
+        let same = s.stride == 1 && s.kernel % 2 == 1 && s.pad_top as u64 == halo && s.pad_left as u64 == halo;
+        if !same || s.out_height != s.height || s.out_width != s.width || x.offset == y.offset {
+            return Err(RunError::Input(format!("the banded VAE decode only runs out-of-place same convolutions, not {s:?}")));
+        }
+        let (cin, cout, h, wd) = (s.in_channels as u64, s.out_channels as u64, s.height as u64, s.width as u64);
+        let band = self.band(2 * halo * wd * cin, wd * (cin + cout), "convolution row")?;
+        for (y0, y1) in bands(h, band) {
+            let (g0, g1) = (y0.saturating_sub(halo), (y1 + halo).min(h));
+            let input = gather(host.get(x, cin * h * wd)?, cin, h * wd, g0 * wd, g1 * wd);
+            let mut arena = self.operands();
+            let out_len = cout * (y1 - y0) * wd;
+            let (xs, ys) = (arena.take(input.len() as u64)?, arena.take(out_len)?);
+            self.upload(xs, &input);
+            let shape = ConvShape { height: (g1 - g0) as usize, pad_top: (halo - (y0 - g0)) as usize, out_height: (y1 - y0) as usize, ..s };
+            self.exec(Op::Conv2d { x: xs, w: w.clone(), bias: bias.clone(), y: ys, shape })?;
+            let out = self.download(ys, out_len)?;
+            scatter(host.get_mut(y, cout * h * wd), cout, h * wd, y0 * wd, y1 * wd, &out);
+        }
+        Ok(())
+    }
+
+    /// GroupNorm in two passes over pixel bands: each band's per-group
+    /// moments, merged on the host, then every band normalised with the whole
+    /// image's mean and 1/√(var + eps).
+    fn group_norm(&self, host: &mut HostTensors, src: Span, dst: Span, g: Norm<'_>) -> Result<(), RunError> {
+        let (c, p, groups) = (g.channels, g.pixels, g.groups);
+        if groups == 0 || !c.is_multiple_of(groups) {
+            return Err(RunError::Input(format!("group norm: {c} channels in {groups} groups")));
+        }
+        let per = c / groups;
+        let mut moments = vec![Moments::default(); groups as usize];
+        for (p0, p1) in bands(p, self.band(2 * groups, c, "GroupNorm pixel")?) {
+            let input = gather(host.get(src, c * p)?, c, p, p0, p1);
+            let mut arena = self.operands();
+            let (xs, ss) = (arena.take(input.len() as u64)?, arena.take(2 * groups)?);
+            self.upload(xs, &input);
+            self.exec(Op::GroupStats { src: xs, stats: ss, channels: c, pixels: p1 - p0, groups })?;
+            let stats = self.download(ss, 2 * groups)?;
+            for (m, s) in moments.iter_mut().zip(stats.chunks_exact(2)) {
+                m.merge(Moments { count: (per * (p1 - p0)) as f64, mean: s[0] as f64, m2: s[1] as f64 });
+            }
+        }
+        let stats: Vec<f32> = moments.iter().flat_map(|m| [m.mean as f32, (1.0 / (m.variance() + g.eps as f64).sqrt()) as f32]).collect();
+        for (p0, p1) in bands(p, self.band(2 * groups, 2 * c, "GroupNorm pixel")?) {
+            let input = gather(host.get(src, c * p)?, c, p, p0, p1);
+            let mut arena = self.operands();
+            let n = input.len() as u64;
+            let (xs, ss, ys) = (arena.take(n)?, arena.take(2 * groups)?, arena.take(n)?);
+            self.upload(xs, &input);
+            self.upload(ss, &stats);
+            let (gamma, beta) = (g.gamma.clone(), g.beta.clone());
+            let pixels = p1 - p0;
+            self.exec(Op::GroupNormApply { src: xs, stats: ss, dst: ys, gamma, beta, channels: c, pixels, groups, silu: g.silu })?;
+            let out = self.download(ys, n)?;
+            scatter(host.get_mut(dst, c * p), c, p, p0, p1, &out);
+        }
+        Ok(())
+    }
+
+    /// `dst = a + b` over `[rows, cols]`, by bands of columns.
+    fn add(&self, host: &mut HostTensors, a: Span, b: Span, dst: Span, rows: u64, cols: u64) -> Result<(), RunError> {
+        for (c0, c1) in bands(cols, self.band(0, 3 * rows, "sum column")?) {
+            let (ia, ib) = (gather(host.get(a, rows * cols)?, rows, cols, c0, c1), gather(host.get(b, rows * cols)?, rows, cols, c0, c1));
+            let mut arena = self.operands();
+            let (w, n) = (c1 - c0, ia.len() as u64);
+            let (sa, sb, sd) = (arena.take(n)?, arena.take(n)?, arena.take(n)?);
+            self.upload(sa, &ia);
+            self.upload(sb, &ib);
+            let view = |s: Span| Span::new(s.offset, w);
+            self.exec(Op::Add { a: view(sa), b: view(sb), dst: view(sd), rows, cols: w })?;
+            let out = self.download(sd, n)?;
+            scatter(host.get_mut(dst, rows * cols), rows, cols, c0, c1, &out);
+        }
+        Ok(())
+    }
+
+    /// Nearest ×2 of `[c, h, w]`, by bands of input rows.
+    fn upsample(&self, host: &mut HostTensors, x: Span, y: Span, c: u64, h: u64, w: u64) -> Result<(), RunError> {
+        for (y0, y1) in bands(h, self.band(0, 5 * c * w, "upsampled row")?) {
+            let input = gather(host.get(x, c * h * w)?, c, h * w, y0 * w, y1 * w);
+            let mut arena = self.operands();
+            let n = input.len() as u64;
+            let (xs, ys) = (arena.take(n)?, arena.take(4 * n)?);
+            self.upload(xs, &input);
+            self.exec(Op::UpsampleNearest2x { x: xs, y: ys, channels: c, height: y1 - y0, width: w })?;
+            let out = self.download(ys, 4 * n)?;
+            let plane = 4 * h * w;
+            scatter(host.get_mut(y, c * plane), c, plane, 4 * y0 * w, 4 * y1 * w, &out);
+        }
+        Ok(())
+    }
+
+    /// `dst[c, r] = src[r, c]` by bands along the longer side (the pixels).
+    fn transpose(&self, host: &mut HostTensors, src: Span, dst: Span, rows: u64, cols: u64) -> Result<(), RunError> {
+        let n = rows * cols;
+        if cols >= rows {
+            // Columns [c0, c1) of src become rows [c0, c1) of dst: contiguous.
+            for (c0, c1) in bands(cols, self.band(0, 2 * rows, "transposed column")?) {
+                let input = gather(host.get(src, n)?, rows, cols, c0, c1);
+                let mut arena = self.operands();
+                let (xs, ys) = (arena.take(input.len() as u64)?, arena.take(input.len() as u64)?);
+                self.upload(xs, &input);
+                self.exec(Op::Transpose { src: Span::new(xs.offset, c1 - c0), dst: Span::new(ys.offset, rows), rows, cols: c1 - c0 })?;
+                let out = self.download(ys, input.len() as u64)?;
+                host.get_mut(dst, n)[(c0 * rows) as usize..(c1 * rows) as usize].copy_from_slice(&out);
+            }
+        } else {
+            // Rows [r0, r1) of src become columns [r0, r1) of dst.
+            for (r0, r1) in bands(rows, self.band(0, 2 * cols, "transposed row")?) {
+                let input = host.get(src, n)?[(r0 * cols) as usize..(r1 * cols) as usize].to_vec();
+                let mut arena = self.operands();
+                let (xs, ys) = (arena.take(input.len() as u64)?, arena.take(input.len() as u64)?);
+                self.upload(xs, &input);
+                self.exec(Op::Transpose { src: Span::new(xs.offset, cols), dst: Span::new(ys.offset, r1 - r0), rows: r1 - r0, cols })?;
+                let out = self.download(ys, input.len() as u64)?;
+                scatter(host.get_mut(dst, n), cols, rows, r0, r1, &out);
+            }
+        }
+        Ok(())
+    }
+
+    /// `y = x·Wᵀ + b` over contiguous rows, by bands of rows.
+    #[allow(clippy::too_many_arguments)]
+    fn linear(
+        &self,
+        host: &mut HostTensors,
+        x: Span,
+        w: &TensorName,
+        bias: Option<&TensorName>,
+        y: Span,
+        rows: u64,
+        cols: u64,
+        inner: u64,
+    ) -> Result<(), RunError> {
+        if x.stride != inner || y.stride != cols {
+            return Err(RunError::Input("the banded VAE decode only runs linears over contiguous rows".into()));
+        }
+        for (r0, r1) in bands(rows, self.band(0, inner + cols, "linear row")?) {
+            let input = host.get(x, rows * inner)?[(r0 * inner) as usize..(r1 * inner) as usize].to_vec();
+            let mut arena = self.operands();
+            let n = r1 - r0;
+            let (xs, ys) = (arena.take(n * inner)?, arena.take(n * cols)?);
+            self.upload(xs, &input);
+            let op = Op::Linear {
+                x: Span::new(xs.offset, inner),
+                w: w.clone(),
+                bias: bias.cloned(),
+                y: Span::new(ys.offset, cols),
+                rows: n,
+                cols,
+                inner,
+            };
+            self.exec(op)?;
+            let out = self.download(ys, n * cols)?;
+            host.get_mut(y, rows * cols)[(r0 * cols) as usize..(r1 * cols) as usize].copy_from_slice(&out);
+        }
+        Ok(())
+    }
+
+    /// Non-causal attention over `len` tokens `[len, heads·head_dim]`, by
+    /// bands of queries and chunks of keys. Each chunk's output and
+    /// log-sum-exp are merged on the host (in f64); a single chunk is taken as it is.
+    fn attention(&self, host: &mut HostTensors, [q, k, v, o]: [Span; 4], len: u64, heads: u64, head_dim: u64) -> Result<(), RunError> {
+        let width = heads * head_dim;
+        let n = len * width;
+        let band = self.band(0, 4 * width + heads, "attention token")?;
+        for (q0, q1) in bands(len, band) {
+            let rows = q1 - q0;
+            let queries = host.get(q, n)?[(q0 * width) as usize..(q1 * width) as usize].to_vec();
+            let mut merged = AttentionMerge::new(rows, heads, head_dim);
+            let chunks: Vec<(u64, u64)> = bands(len, band).collect();
+            for &(k0, k1) in &chunks {
+                let keys = k0 as usize * width as usize..k1 as usize * width as usize;
+                let mut arena = self.operands();
+                let (qs, ks, vs) = (arena.take(rows * width)?, arena.take((k1 - k0) * width)?, arena.take((k1 - k0) * width)?);
+                let (os, ls) = (arena.take(rows * width)?, arena.take(rows * heads)?);
+                self.upload(qs, &queries);
+                self.upload(ks, &host.get(k, n)?[keys.clone()]);
+                self.upload(vs, &host.get(v, n)?[keys]);
+                let view = |s: Span| Span::new(s.offset, width);
+                let lse = Span::new(ls.offset, heads);
+                let (q_len, kv_len) = (rows, k1 - k0);
+                self.exec(Op::PartialAttention { q: view(qs), k: view(ks), v: view(vs), o: view(os), lse, q_len, kv_len, heads, head_dim })?;
+                let out = self.download(os, rows * width)?;
+                if chunks.len() == 1 {
+                    host.get_mut(o, n)[(q0 * width) as usize..(q1 * width) as usize].copy_from_slice(&out);
+                    continue;
+                }
+                merged.add(&out, &self.download(ls, rows * heads)?);
+            }
+            if chunks.len() > 1 {
+                host.get_mut(o, n)[(q0 * width) as usize..(q1 * width) as usize].copy_from_slice(&merged.finish());
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A GroupNorm's weights and shape.
+#[derive(Debug, Clone, Copy)]
+struct Norm<'a> {
+    gamma: &'a TensorName,
+    beta: &'a TensorName,
+    channels: u64,
+    pixels: u64,
+    groups: u64,
+    eps: f32,
+    silu: bool,
+}
+
+/// Attention outputs of one query band over several key chunks, merged as
+/// `Σ exp(lse_j − m)·o_j / Σ exp(lse_j − m)` per row and head, in f64.
+#[derive(Debug)]
+pub struct AttentionMerge {
+    head_dim: usize,
+    max: Vec<f64>,
+    sum: Vec<f64>,
+    acc: Vec<f64>,
+}
+
+impl AttentionMerge {
+    pub fn new(rows: u64, heads: u64, head_dim: u64) -> Self {
+        let (rows, heads, head_dim) = (rows as usize, heads as usize, head_dim as usize);
+        Self { head_dim, max: vec![f64::NEG_INFINITY; rows * heads], sum: vec![0.0; rows * heads], acc: vec![0.0; rows * heads * head_dim] }
+    }
+
+    /// One key chunk's normalised output `[rows, heads·head_dim]` and log-sum-exp `[rows, heads]`.
+    pub fn add(&mut self, out: &[f32], lse: &[f32]) {
+        for (i, &l) in lse.iter().enumerate() {
+            let l = l as f64;
+            if l == f64::NEG_INFINITY {
+                continue;
+            }
+            let m = self.max[i].max(l);
+            let (keep, take) = ((self.max[i] - m).exp(), (l - m).exp());
+            self.max[i] = m;
+            self.sum[i] = self.sum[i] * keep + take;
+            let row = &mut self.acc[i * self.head_dim..(i + 1) * self.head_dim];
+            for (a, &x) in row.iter_mut().zip(&out[i * self.head_dim..(i + 1) * self.head_dim]) {
+                *a = *a * keep + x as f64 * take;
+            }
+        }
+    }
+
+    pub fn finish(&self) -> Vec<f32> {
+        let d = self.head_dim;
+        (0..self.sum.len()).flat_map(|i| self.acc[i * d..(i + 1) * d].iter().map(move |&a| (a / self.sum[i]) as f32)).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn moments_merge_to_the_whole_sets_moments() {
+        let xs = [3.0f64, -1.0, 4.5, 2.0, 9.0, -7.25, 0.5];
+        let of = |s: &[f64]| {
+            let mean = s.iter().sum::<f64>() / s.len() as f64;
+            Moments { count: s.len() as f64, mean, m2: s.iter().map(|x| (x - mean) * (x - mean)).sum() }
+        };
+        let mut m = Moments::default();
+        for part in [&xs[..2], &xs[2..3], &xs[3..]] {
+            m.merge(of(part));
+        }
+        let whole = of(&xs);
+        assert!((m.mean - whole.mean).abs() < 1e-12 && (m.m2 - whole.m2).abs() < 1e-9, "{m:?} vs {whole:?}");
+        assert_eq!(m.count, 7.0);
+    }
+
+    #[test]
+    fn gather_and_scatter_move_a_column_band() {
+        let src: Vec<f32> = (0..12).map(|i| i as f32).collect();
+        let band = gather(&src, 3, 4, 1, 3);
+        assert_eq!(band, [1.0, 2.0, 5.0, 6.0, 9.0, 10.0]);
+        let mut dst = vec![0.0; 12];
+        scatter(&mut dst, 3, 4, 1, 3, &band);
+        assert_eq!(dst, [0.0, 1.0, 2.0, 0.0, 0.0, 5.0, 6.0, 0.0, 0.0, 9.0, 10.0, 0.0]);
+        assert_eq!(bands(7, 3).collect::<Vec<_>>(), [(0, 3), (3, 6), (6, 7)]);
+    }
+
+    #[test]
+    fn merged_attention_chunks_equal_one_softmax() {
+        // One query, one head of dim 1, four keys with scores s and values v,
+        // split 1 + 3: each chunk normalised on its own.
+        let (s, v) = ([0.5f64, 2.0, -1.0, 1.5], [1.0f64, -2.0, 4.0, 3.0]);
+        let chunk = |r: std::ops::Range<usize>| {
+            let z: f64 = r.clone().map(|j| s[j].exp()).sum();
+            let o = r.clone().map(|j| s[j].exp() * v[j]).sum::<f64>() / z;
+            ([o as f32], [z.ln() as f32])
+        };
+        let mut m = AttentionMerge::new(1, 1, 1);
+        for r in [0..1, 1..4] {
+            let (o, l) = chunk(r);
+            m.add(&o, &l);
+        }
+        let z: f64 = s.iter().map(|x| x.exp()).sum();
+        let want = s.iter().zip(&v).map(|(a, b)| a.exp() * b).sum::<f64>() / z;
+        assert!((m.finish()[0] as f64 - want).abs() < 1e-6);
+    }
+}
