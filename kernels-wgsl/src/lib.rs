@@ -22,11 +22,20 @@ pub enum Module {
     Elementwise,
     Conv,
     Vae,
+    Df11,
 }
 
 impl Module {
-    pub const ALL: [Module; 7] =
-        [Module::Linear, Module::Norm, Module::Rope, Module::Attention, Module::Elementwise, Module::Conv, Module::Vae];
+    pub const ALL: [Module; 8] = [
+        Module::Linear,
+        Module::Norm,
+        Module::Rope,
+        Module::Attention,
+        Module::Elementwise,
+        Module::Conv,
+        Module::Vae,
+        Module::Df11,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -37,6 +46,7 @@ impl Module {
             Module::Elementwise => "elementwise",
             Module::Conv => "conv",
             Module::Vae => "vae",
+            Module::Df11 => "df11",
         }
     }
 
@@ -54,6 +64,7 @@ impl Module {
             Module::Elementwise => with_common!("elementwise.wgsl"),
             Module::Conv => with_common!("conv.wgsl"),
             Module::Vae => with_common!("vae.wgsl"),
+            Module::Df11 => with_common!("df11.wgsl"),
         }
     }
 }
@@ -164,6 +175,18 @@ pub const DENORM_UNPATCHIFY: Kernel =
 pub const PIXEL_LEVELS: Kernel =
     kernel(Module::Vae, "pixel_levels", [64, 1, 1], &[(1, RW), (4, RW)], size_of::<VaeParams>(), false);
 
+pub const DF11_DECODE: Kernel = kernel(
+    Module::Df11,
+    "df11_decode",
+    [256, 1, 1],
+    &[(1, R), (2, R), (3, R), (4, R), (5, R), (6, RW)],
+    size_of::<Df11Params>(),
+    false,
+);
+pub const DF11_CLEAR: Kernel = kernel(Module::Df11, "df11_clear", [256, 1, 1], &[(6, RW)], size_of::<Df11Params>(), false);
+/// Bytes of the exponent stream one DF11 workgroup decodes (the official block).
+pub const DF11_BLOCK_BYTES: u64 = 4096;
+
 /// Every kernel, for validation and pipeline warm-up.
 pub const ALL_KERNELS: &[Kernel] = &[
     LINEAR,
@@ -189,6 +212,8 @@ pub const ALL_KERNELS: &[Kernel] = &[
     UPSAMPLE_NEAREST2X,
     DENORM_UNPATCHIFY,
     PIXEL_LEVELS,
+    DF11_DECODE,
+    DF11_CLEAR,
 ];
 
 /// Most workgroups one grid dimension may have on every adapter.

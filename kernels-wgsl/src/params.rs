@@ -137,3 +137,25 @@ pub struct VaeParams {
     pub count: u32,
     pub eps: f32,
 }
+
+/// `df11.wgsl`: one dispatch expands blocks `block0..` of a DF11 group. Each
+/// `*_shift` is the index (bytes for byte arrays, elements otherwise) of the
+/// first element of the bound window in its buffer.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Pod, Zeroable)]
+pub struct Df11Params {
+    pub n_luts: u32,
+    pub n_bytes: u32,
+    pub n_elements: u32,
+    pub block0: u32,
+    pub stream_shift: u32,
+    pub sign_shift: u32,
+    pub gaps_shift: u32,
+    pub positions_shift: u32,
+    /// Element of the slot buffer where the group's element 0 lands (even).
+    pub out_base: u32,
+    pub out_shift: u32,
+    /// Elements whose words `df11_clear` zeroes.
+    pub clear_first: u32,
+    pub clear_end: u32,
+}

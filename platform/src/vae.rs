@@ -39,7 +39,7 @@ pub struct DecodedImage {
 #[derive(Debug)]
 enum Mode {
     /// In one pass, the program recorded once over the whole image's layout.
-    Whole { layout: VaeLayout, dispatches: Vec<Dispatch> },
+    Whole { layout: Box<VaeLayout>, dispatches: Vec<Dispatch> },
     /// Op by op over bands whose operands take at most `capacity` f32.
     Banded { capacity: u64 },
 }
@@ -122,7 +122,7 @@ impl VaeDecoder {
                 for op in &ops {
                     runner.record(gpu, &mut dispatches, &weights, op)?;
                 }
-                Mode::Whole { layout, dispatches }
+                Mode::Whole { layout: Box::new(layout), dispatches }
             }
             None => Mode::Banded { capacity: (arena_bytes - vae_bands::arena_bytes(0)) / 4 },
         };
