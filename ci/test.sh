@@ -12,8 +12,9 @@ if [ -z "${XDG_RUNTIME_DIR:-}" ] || [ ! -d "${XDG_RUNTIME_DIR}" ]; then
     mkdir -p "$XDG_RUNTIME_DIR" && chmod 700 "$XDG_RUNTIME_DIR"
 fi
 
-echo "== no_std build of flux-lite-core"
+echo "== no_std builds of flux-lite-core (without and with alloc)"
 cargo build --locked -p flux-lite-core --no-default-features
+cargo build --locked -p flux-lite-core --no-default-features --features alloc
 
 echo "== clippy"
 cargo clippy --locked --workspace --all-targets -- -D warnings

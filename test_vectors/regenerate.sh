@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Rebuilds every test vector: the tiny models and pipeline goldens, then the
-# noise and schedule vectors (generate.py clears goldens/, so this order).
+# noise and schedule vectors and the DF11 files written by the official
+# compressor (generate.py clears goldens/, so this order).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 test_vectors/generate.py
 python3 test_vectors/generate_numerics.py
+python3 test_vectors/generate_df11.py

@@ -2,13 +2,17 @@
 //!
 //! Model configurations as plain structs, the bump arena that hands out device
 //! slices, bf16 helpers, host-side tables (RoPE), and the scalar reference for
-//! every GPU op. No I/O, no threads, no wgpu; `no_std` without the `std`
-//! feature.
+//! every GPU op, and the DF11 codec. No I/O, no threads, no wgpu; `no_std`
+//! without the `std` feature (the DF11 encoder needs `alloc`).
 #![cfg_attr(not(feature = "std"), no_std)]
+
+#[cfg(feature = "alloc")]
+extern crate alloc;
 
 pub mod arena;
 pub mod bf16;
 pub mod config;
+pub mod df11;
 pub mod program;
 pub mod reference;
 pub mod rng;
