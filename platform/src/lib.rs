@@ -4,6 +4,7 @@
 
 pub mod config_json;
 pub mod denoise;
+pub mod df11;
 pub mod embeddings_file;
 pub mod error;
 pub mod gpu;

@@ -69,7 +69,13 @@ impl ModelFolder {
     /// its own config.json, e.g. a fine-tune or a compressed copy) instead of
     /// the model's own.
     pub fn with_transformer(mut self, dir: &Path) -> Result<Self, LoadError> {
-        self.transformer = config_json::transformer(&JsonFile::read(&dir.join("config.json"))?)?;
+        let json = JsonFile::read(&dir.join("config.json"))?;
+        // An official DF11 folder's config.json holds only `dfloat11_config`:
+        // the architecture stays the model folder's.
+        let df11_only = json.value.get("dfloat11_config").is_some() && json.value.get("num_layers").is_none();
+        if !df11_only {
+            self.transformer = config_json::transformer(&json)?;
+        }
         self.transformer_dir = dir.into();
         self.check_cross_component()?;
         Ok(self)
@@ -85,7 +91,7 @@ impl ModelFolder {
 
     /// Opens a component's weights and checks them against its architecture.
     pub fn weights(&self, component: Component) -> Result<WeightStore, LoadError> {
-        let store = WeightStore::open(&self.component_dir(component.dir()), component.dir())?;
+        let mut store = WeightStore::open(&self.component_dir(component.dir()), component.dir())?;
         store.check(&self.expected_tensors(component))?;
         Ok(store)
     }

@@ -3,7 +3,9 @@
 //! checked against what the architecture expects.
 
 use crate::config_json::JsonFile;
+use crate::df11::{self, Df11Config};
 use crate::error::LoadError;
+use flux_lite_core::df11::{Df11Field, Df11Fields, Df11Group};
 use flux_lite_core::tensors::{Kind, TensorSpec};
 use memmap2::Mmap;
 use safetensors::tensor::{Dtype, SafeTensors};
@@ -39,13 +41,29 @@ struct Shard {
     data_start: usize,
 }
 
+/// Where a tensor's bytes are: a byte range of a shard's data section, or a
+/// buffer expanded from DF11 at open.
+#[derive(Debug, Clone, Copy)]
+enum Source {
+    Shard { shard: usize, range: (usize, usize) },
+    Expanded(usize),
+}
+
 #[derive(Debug)]
 struct Entry {
-    shard: usize,
+    source: Source,
     dtype: Dtype,
     shape: Vec<usize>,
-    /// Byte range inside the shard's data section.
-    range: (usize, usize),
+}
+
+/// A DF11 group found in a component: its module path, the weights it held
+/// (now expanded), and its compressed size.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Df11GroupInfo {
+    pub module: String,
+    pub weights: Vec<String>,
+    pub elements: u64,
+    pub compressed_bytes: u64,
 }
 
 /// The weights of one component folder (`transformer/`, `text_encoder/`, `vae/`).
@@ -54,6 +72,9 @@ pub struct WeightStore {
     pub component: String,
     shards: Vec<Shard>,
     entries: BTreeMap<String, Entry>,
+    /// bf16 bytes of the weights expanded from DF11 groups.
+    expanded: Vec<Vec<u8>>,
+    df11_groups: Vec<Df11GroupInfo>,
 }
 
 impl WeightStore {
@@ -89,13 +110,17 @@ impl WeightStore {
                 source: std::io::Error::new(std::io::ErrorKind::NotFound, "no .safetensors files"),
             });
         }
-        let mut store = Self { component: component.into(), shards: Vec::new(), entries: BTreeMap::new() };
+        let mut store =
+            Self { component: component.into(), shards: Vec::new(), entries: BTreeMap::new(), expanded: Vec::new(), df11_groups: Vec::new() };
         for path in files {
             store.add_shard(path)?;
         }
         if let Some((index_path, map)) = weight_map {
             for (name, file) in map {
-                let found = store.entries.get(&name).map(|e| &store.shards[e.shard].path);
+                let found = match store.entries.get(&name).map(|e| e.source) {
+                    Some(Source::Shard { shard, .. }) => Some(&store.shards[shard].path),
+                    _ => None,
+                };
                 if found.and_then(|p| p.file_name()).map(|f| f.to_string_lossy()) != Some(file.as_str().into()) {
                     return Err(LoadError::Safetensors {
                         path: index_path,
@@ -104,7 +129,73 @@ impl WeightStore {
                 }
             }
         }
+        let config = dir.join("config.json");
+        if config.is_file() {
+            if let Some(df11) = Df11Config::read(&JsonFile::read(&config)?)? {
+                store.expand_df11(&df11, dir)?;
+            }
+        }
         Ok(store)
+    }
+
+    /// Replaces every DF11 group's six tensors with the bf16 weights they encode.
+    fn expand_df11(&mut self, config: &Df11Config, dir: &Path) -> Result<(), LoadError> {
+        let suffix = format!(".{}", Df11Field::EncodedExponent.name());
+        let modules: Vec<String> = self.entries.keys().filter_map(|n| n.strip_suffix(&suffix)).map(String::from).collect();
+        for module in modules {
+            let bad = |detail: String| LoadError::Safetensors { path: dir.into(), detail: format!("DF11 group `{module}`: {detail}") };
+            let field = |f: Df11Field| -> Result<&[u8], LoadError> {
+                let name = format!("{module}.{}", f.name());
+                let t = self.tensor(&name)?;
+                let want = if f == Df11Field::SplitPositions { Dtype::I64 } else { Dtype::U8 };
+                if t.dtype != want {
+                    return Err(bad(format!("`{name}` is {:?}, expected {want:?}", t.dtype)));
+                }
+                Ok(t.bytes)
+            };
+            let fields = Df11Fields {
+                luts: field(Df11Field::Luts)?,
+                encoded_exponent: field(Df11Field::EncodedExponent)?,
+                sign_mantissa: field(Df11Field::SignMantissa)?,
+                output_positions: field(Df11Field::OutputPositions)?,
+                gaps: field(Df11Field::Gaps)?,
+                split_positions: field(Df11Field::SplitPositions)?,
+            };
+            let group = Df11Group::new(fields).map_err(|e| bad(e.to_string()))?;
+            let weights = config.weights_of(&module).ok_or_else(|| bad("no pattern of dfloat11_config matches it".into()))?;
+            let ranges: Vec<std::ops::Range<usize>> = group.weight_ranges().collect();
+            if ranges.len() != weights.len() {
+                return Err(bad(format!("it holds {} weights, its pattern lists {}", ranges.len(), weights.len())));
+            }
+            let mut words = vec![0u16; group.n_elements()];
+            df11::expand_on_host(&group, &mut words).map_err(|e| bad(e.to_string()))?;
+            let info = Df11GroupInfo {
+                module: module.clone(),
+                weights: weights.clone(),
+                elements: group.n_elements() as u64,
+                compressed_bytes: fields.total_bytes() as u64,
+            };
+            for (name, range) in weights.into_iter().zip(ranges) {
+                if self.entries.contains_key(&name) {
+                    return Err(bad(format!("`{name}` is stored both plain and compressed")));
+                }
+                let bytes: Vec<u8> = words[range.clone()].iter().flat_map(|w| w.to_le_bytes()).collect();
+                self.expanded.push(bytes);
+                // The flat shape becomes the expected one in `check`.
+                let entry = Entry { source: Source::Expanded(self.expanded.len() - 1), dtype: Dtype::BF16, shape: vec![range.len()] };
+                self.entries.insert(name, entry);
+            }
+            for f in Df11Field::ALL {
+                self.entries.remove(&format!("{module}.{}", f.name()));
+            }
+            self.df11_groups.push(info);
+        }
+        Ok(())
+    }
+
+    /// The DF11 groups this component was stored in (empty for plain weights).
+    pub fn df11_groups(&self) -> &[Df11GroupInfo] {
+        &self.df11_groups
     }
 
     fn add_shard(&mut self, path: PathBuf) -> Result<(), LoadError> {
@@ -118,10 +209,8 @@ impl WeightStore {
             if self.entries.contains_key(&name) {
                 return Err(bad(format!("tensor `{name}` appears in more than one file")));
             }
-            self.entries.insert(
-                name,
-                Entry { shard, dtype: info.dtype, shape: info.shape.clone(), range: info.data_offsets },
-            );
+            let source = Source::Shard { shard, range: info.data_offsets };
+            self.entries.insert(name, Entry { source, dtype: info.dtype, shape: info.shape.clone() });
         }
         self.shards.push(Shard { path, map, data_start: 8 + header_len });
         Ok(())
@@ -136,19 +225,28 @@ impl WeightStore {
             .entries
             .get(name)
             .ok_or_else(|| LoadError::MissingTensor { component: self.component.clone(), name: name.into() })?;
-        let shard = &self.shards[e.shard];
-        Ok(TensorRef {
-            dtype: e.dtype,
-            shape: &e.shape,
-            bytes: &shard.map[shard.data_start + e.range.0..shard.data_start + e.range.1],
-        })
+        let bytes = match e.source {
+            Source::Shard { shard, range } => {
+                let shard = &self.shards[shard];
+                &shard.map[shard.data_start + range.0..shard.data_start + range.1]
+            }
+            Source::Expanded(i) => &self.expanded[i],
+        };
+        Ok(TensorRef { dtype: e.dtype, shape: &e.shape, bytes })
     }
 
     /// Checks that the files hold exactly the expected tensors, each with its
     /// shape and a usable dtype.
-    pub fn check(&self, expected: &[TensorSpec]) -> Result<(), LoadError> {
+    pub fn check(&mut self, expected: &[TensorSpec]) -> Result<(), LoadError> {
         let mut wanted: HashMap<&str, &TensorSpec> = HashMap::new();
         for spec in expected {
+            // A weight expanded from DF11 is flat until it meets its architecture.
+            if let Some(e) = self.entries.get_mut(spec.name.as_str()) {
+                let n: usize = spec.shape.iter().product();
+                if matches!(e.source, Source::Expanded(_)) && e.shape == [n] {
+                    e.shape = spec.shape.to_vec();
+                }
+            }
             wanted.insert(spec.name.as_str(), spec);
             let t = self.tensor(&spec.name)?;
             let dtype_ok = match spec.kind {
@@ -173,7 +271,13 @@ impl WeightStore {
 
     /// Total bytes of tensor data.
     pub fn data_bytes(&self) -> u64 {
-        self.entries.values().map(|e| (e.range.1 - e.range.0) as u64).sum()
+        self.entries
+            .values()
+            .map(|e| match e.source {
+                Source::Shard { range, .. } => (range.1 - range.0) as u64,
+                Source::Expanded(i) => self.expanded[i].len() as u64,
+            })
+            .sum()
     }
 }
 

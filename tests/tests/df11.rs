@@ -272,3 +272,70 @@ fn synthetic_cases_cover_what_they_claim() {
     let lengths = &near_uniform.fields().luts[near_uniform.fields().luts.len() - 256..];
     assert_eq!(lengths.iter().filter(|&&l| l != 0).count(), 240, "near_uniform codes every exponent 0..=239");
 }
+
+/// Every official group (the tiny-b transformer's and the synthetic ones)
+/// expanded by the `df11_decode` kernel into a slot at a non-zero offset, on
+/// the default device and on one whose 64 KiB bindings split the larger
+/// groups into dispatches of two or three blocks: bit for bit the CPU
+/// decode, and the slot around it untouched.
+#[test]
+fn the_gpu_kernel_decodes_official_groups_bit_for_bit() {
+    use flux_lite_platform::df11::Df11DeviceGroup;
+    use flux_lite_platform::{Gpu, GpuOptions};
+    let transformer = df11_dir().join("tiny-b-transformer/model.safetensors");
+    let synthetic = df11_dir().join("synthetic.safetensors");
+    let (tb, sb) = (read(&transformer), read(&synthetic));
+    let (ts, ss) = (parse(&tb, &transformer), parse(&sb, &synthetic));
+    let mut groups: Vec<(String, Df11Fields<'_>)> = CASES.iter().map(|c| (c.to_string(), fields(&ss, c))).collect();
+    for (name, _) in ts.tensors() {
+        if let Some(prefix) = name.strip_suffix(".encoded_exponent") {
+            groups.push((prefix.to_string(), fields(&ts, prefix)));
+        }
+    }
+    assert!(groups.len() >= 13, "four synthetic groups and nine from the transformer");
+    let small = Gpu::new(&GpuOptions { max_storage_binding: Some(64 * 1024), ..Default::default() }).unwrap_or_else(|e| panic!("{e}"));
+    for gpu in [flux_lite_tests::gpu(), &small] {
+        for (name, f) in &groups {
+            let group = Df11Group::new(*f).unwrap_or_else(|e| panic!("{name}: {e}"));
+            let want = decode(&group);
+            let device = Df11DeviceGroup::upload(gpu, &group);
+            // Poisoned words before, inside and after the group's place in the slot.
+            let base = 128usize;
+            let poison = vec![0xbeefu16; base + want.len() + 130];
+            let poison_bytes: Vec<u8> = poison.iter().flat_map(|w| w.to_le_bytes()).collect();
+            let slot = gpu.upload_bytes("slot", &poison_bytes);
+            gpu.submit(|enc| device.record_decode(gpu, enc, &slot, base as u64)).unwrap_or_else(|e| panic!("{name}: {e}"));
+            let bytes = gpu.read_bytes(&slot, 0, 2 * poison.len() as u64).unwrap_or_else(|e| panic!("{e}"));
+            let got = words(&bytes);
+            if let Some(k) = (0..want.len()).find(|&k| got[base + k] != want[k]) {
+                panic!("{name}: element {k} of {}: {:#06x}, want {:#06x}", want.len(), got[base + k], want[k]);
+            }
+            assert!(got[..base].iter().all(|&w| w == 0xbeef), "{name}: words before the group were written");
+            // The word holding an odd group's last element may gain a zero high half.
+            let after = base + want.len().next_multiple_of(2);
+            assert!(got[after..].iter().all(|&w| w == 0xbeef), "{name}: words after the group were written");
+        }
+    }
+}
+
+/// A model folder with the official DF11 transformer: the store expands every
+/// group and then holds exactly the plain transformer's tensors, byte for byte.
+#[test]
+fn an_official_df11_folder_loads_as_the_bf16_transformer() {
+    use flux_lite_platform::model::{Component, ModelFolder};
+    let plain = ModelFolder::open(&model_dir(MODEL)).unwrap_or_else(|e| panic!("{e}"));
+    let want = plain.weights(Component::Transformer).unwrap_or_else(|e| panic!("{e}"));
+    let df11 = ModelFolder::open(&model_dir(MODEL))
+        .and_then(|m| m.with_transformer(&df11_dir().join("tiny-b-transformer")))
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(df11.transformer, plain.transformer, "the architecture comes from the model folder");
+    let got = df11.weights(Component::Transformer).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(got.df11_groups().len(), 9);
+    let names: Vec<&str> = want.names().collect();
+    assert_eq!(got.names().collect::<Vec<_>>(), names);
+    for name in names {
+        let (a, b) = (got.tensor(name).unwrap(), want.tensor(name).unwrap());
+        assert_eq!((a.dtype, a.shape), (b.dtype, b.shape), "{name}");
+        assert!(a.bytes == b.bytes, "{name}: expanded bytes differ");
+    }
+}

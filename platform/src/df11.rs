@@ -1,0 +1,154 @@
+//! DF11 weights in a component folder, as the official loader reads them:
+//! `config.json` holds `dfloat11_config`, whose `pattern_dict` maps module
+//! regexes to the linears each matched module concatenates; every matched
+//! module stores its group as six tensors under its own path. Groups are
+//! expanded to bf16 on the host, their 4 KiB blocks spread over threads, or
+//! on the device by the `df11_decode` kernel.
+
+use crate::config_json::JsonFile;
+use crate::error::{GpuError, LoadError};
+use crate::gpu::Gpu;
+use crate::ops;
+use flux_lite_core::df11::{Df11Error, Df11Group};
+use rayon::prelude::*;
+use regex::Regex;
+
+/// `dfloat11_config` of a component.
+#[derive(Debug, Clone)]
+pub struct Df11Config {
+    pub version: String,
+    /// `(pattern, its regex anchored at both ends, sub-module paths)` in file order.
+    patterns: Vec<(String, Regex, Vec<String>)>,
+}
+
+impl Df11Config {
+    /// The component's `dfloat11_config`, if its config.json has one.
+    pub fn read(json: &JsonFile) -> Result<Option<Self>, LoadError> {
+        let Some(cfg) = json.value.get("dfloat11_config") else {
+            return Ok(None);
+        };
+        let bad = |field: &str, problem: String| LoadError::Field { path: json.path.clone(), field: field.into(), problem };
+        let version = cfg.get("version").and_then(|v| v.as_str()).unwrap_or("unknown").to_string();
+        let dict = cfg
+            .get("pattern_dict")
+            .and_then(|d| d.as_object())
+            .ok_or_else(|| bad("dfloat11_config.pattern_dict", "missing or not an object".into()))?;
+        let mut patterns = Vec::new();
+        for (pattern, subs) in dict {
+            let regex = Regex::new(&format!("^(?:{pattern})$"))
+                .map_err(|e| bad("dfloat11_config.pattern_dict", format!("pattern `{pattern}`: {e}")))?;
+            let subs = subs
+                .as_array()
+                .and_then(|a| a.iter().map(|s| s.as_str().map(String::from)).collect::<Option<Vec<_>>>())
+                .ok_or_else(|| bad("dfloat11_config.pattern_dict", format!("`{pattern}` must map to a list of module paths")))?;
+            patterns.push((pattern.clone(), regex, subs));
+        }
+        Ok(Some(Self { version, patterns }))
+    }
+
+    /// A config with these `(pattern, sub-module paths)` entries (what the compressor writes).
+    pub fn new(patterns: &[(&str, &[&str])]) -> Result<Self, regex::Error> {
+        let patterns = patterns
+            .iter()
+            .map(|(p, subs)| Ok((p.to_string(), Regex::new(&format!("^(?:{p})$"))?, subs.iter().map(|s| s.to_string()).collect())))
+            .collect::<Result<_, regex::Error>>()?;
+        Ok(Self { version: flux_lite_core::df11::FORMAT_VERSION.into(), patterns })
+    }
+
+    /// The weights a group at module path `module` holds, in concatenation
+    /// order: `<module>.<sub>.weight` for each listed sub-module, or the
+    /// module's own `weight` when the list is empty (a lone linear).
+    pub fn weights_of(&self, module: &str) -> Option<Vec<String>> {
+        let (_, _, subs) = self.patterns.iter().find(|(_, re, _)| re.is_match(module))?;
+        Some(if subs.is_empty() { vec![format!("{module}.weight")] } else { subs.iter().map(|s| format!("{module}.{s}.weight")).collect() })
+    }
+
+    /// `(pattern, sub-module paths)` in order, for writing config.json.
+    pub fn patterns(&self) -> impl Iterator<Item = (&str, &[String])> {
+        self.patterns.iter().map(|(p, _, s)| (p.as_str(), s.as_slice()))
+    }
+
+    /// The JSON value of `dfloat11_config`, as the official compressor writes it.
+    pub fn to_json(&self) -> serde_json::Value {
+        let dict: serde_json::Map<String, serde_json::Value> =
+            self.patterns().map(|(p, subs)| (p.to_string(), serde_json::json!(subs))).collect();
+        serde_json::json!({
+            "version": self.version,
+            "threads_per_block": [flux_lite_core::df11::THREADS_PER_BLOCK],
+            "bytes_per_thread": flux_lite_core::df11::BYTES_PER_THREAD,
+            "pattern_dict": dict,
+        })
+    }
+}
+
+/// Expands a group into `out` (one bf16 word per element), blocks in parallel.
+pub fn expand_on_host(group: &Df11Group<'_>, out: &mut [u16]) -> Result<(), Df11Error> {
+    let pieces: Vec<(usize, &mut [u16])> = group.split_output(out)?.collect();
+    pieces.into_par_iter().try_for_each(|(block, piece)| group.decode_block_into(block, piece))
+}
+
+/// A DF11 group's arrays on the device, for [`ops::df11_decode`]; byte
+/// arrays padded to whole words (and `gaps` by one more word, which the last
+/// thread's two-byte read may touch).
+#[derive(Debug)]
+pub struct Df11DeviceGroup {
+    luts: wgpu::Buffer,
+    stream: wgpu::Buffer,
+    sign_mantissa: wgpu::Buffer,
+    gaps: wgpu::Buffer,
+    positions: wgpu::Buffer,
+    host_positions: Vec<u32>,
+    n_luts: u32,
+    n_bytes: u64,
+    n_elements: u64,
+}
+
+impl Df11DeviceGroup {
+    pub fn upload(gpu: &Gpu, group: &Df11Group<'_>) -> Self {
+        let f = group.fields();
+        let n_elements = group.n_elements();
+        // Official files may stop one entry short (spec §2.7): every block gets its start, then the end.
+        let host_positions: Vec<u32> = (0..group.n_blocks())
+            .map(|b| group.block_output_range(b).map_or(n_elements, |r| r.start) as u32)
+            .chain([n_elements as u32])
+            .collect();
+        let mut gaps = f.gaps.to_vec();
+        gaps.extend([0; 4]);
+        Self {
+            luts: gpu.upload_bytes("df11 luts", f.luts),
+            stream: gpu.upload_bytes("df11 exponents", f.encoded_exponent),
+            sign_mantissa: gpu.upload_bytes("df11 signs and mantissas", f.sign_mantissa),
+            gaps: gpu.upload_bytes("df11 gaps", &gaps),
+            positions: gpu.upload_u32("df11 positions", &host_positions),
+            host_positions,
+            n_luts: group.n_luts() as u32,
+            n_bytes: group.n_bytes() as u64,
+            n_elements: n_elements as u64,
+        }
+    }
+
+    pub fn n_elements(&self) -> u64 {
+        self.n_elements
+    }
+
+    /// Device bytes the compressed group takes.
+    pub fn device_bytes(&self) -> u64 {
+        [&self.luts, &self.stream, &self.sign_mantissa, &self.gaps, &self.positions].iter().map(|b| b.size()).sum()
+    }
+
+    /// Records the expansion into bf16 elements `[out_base, out_base + n_elements)` of `slot`.
+    pub fn record_decode(&self, gpu: &Gpu, sink: &mut dyn ops::Sink, slot: &wgpu::Buffer, out_base: u64) -> Result<(), GpuError> {
+        let arrays = ops::Df11Arrays {
+            luts: &self.luts,
+            n_luts: self.n_luts,
+            stream: &self.stream,
+            n_bytes: self.n_bytes,
+            sign_mantissa: &self.sign_mantissa,
+            n_elements: self.n_elements,
+            gaps: &self.gaps,
+            positions: &self.positions,
+            host_positions: &self.host_positions,
+        };
+        ops::df11_decode(gpu, sink, arrays, slot, out_base)
+    }
+}
