@@ -6,6 +6,7 @@ use flux_lite_platform::{Gpu, GpuOptions};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+mod bench;
 mod encode;
 mod gen;
 mod progress;
@@ -24,6 +25,7 @@ enum Command {
     Encode(encode::EncodeArgs),
     Info(InfoArgs),
     Gpu(GpuArgs),
+    Bench(bench::BenchArgs),
 }
 
 /// Print a model folder's configuration and weight sizes without running it.
@@ -47,6 +49,7 @@ fn main() -> ExitCode {
         Command::Encode(args) => encode::run(&args),
         Command::Info(args) => info(&args),
         Command::Gpu(_) => gpu(),
+        Command::Bench(args) => bench::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -3,6 +3,7 @@
 //! diffusers model folder read through memory maps.
 
 pub mod config_json;
+pub mod bench;
 pub mod denoise;
 pub mod df11;
 pub mod embeddings_file;
