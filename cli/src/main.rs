@@ -6,6 +6,7 @@ use flux_lite_platform::{Gpu, GpuOptions};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+mod compress;
 mod encode;
 mod gen;
 mod progress;
@@ -22,6 +23,7 @@ struct Cli {
 enum Command {
     Gen(gen::GenArgs),
     Encode(encode::EncodeArgs),
+    Compress(compress::CompressArgs),
     Info(InfoArgs),
     Gpu(GpuArgs),
 }
@@ -45,6 +47,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Gen(args) => gen::run(&args),
         Command::Encode(args) => encode::run(&args),
+        Command::Compress(args) => compress::run(&args),
         Command::Info(args) => info(&args),
         Command::Gpu(_) => gpu(),
     };
