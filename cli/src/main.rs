@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 mod bench;
+mod compress;
 mod encode;
 mod gen;
 mod progress;
@@ -23,6 +24,7 @@ struct Cli {
 enum Command {
     Gen(gen::GenArgs),
     Encode(encode::EncodeArgs),
+    Compress(compress::CompressArgs),
     Info(InfoArgs),
     Gpu(GpuArgs),
     Bench(bench::BenchArgs),
@@ -47,6 +49,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Gen(args) => gen::run(&args),
         Command::Encode(args) => encode::run(&args),
+        Command::Compress(args) => compress::run(&args),
         Command::Info(args) => info(&args),
         Command::Gpu(_) => gpu(),
         Command::Bench(args) => bench::run(&args),

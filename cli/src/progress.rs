@@ -17,9 +17,6 @@ impl Bar {
     }
 
     pub fn show(&mut self, p: Progress) {
-        if self.quiet {
-            return;
-        }
         let (label, done, total, detail) = match p {
             Progress::Encode { prompt, prompts, block } => {
                 let label = if prompts > 1 { format!("encode {}/{prompts}", prompt + 1) } else { "encode".into() };
@@ -32,6 +29,14 @@ impl Bar {
             }
             Progress::Decode { done, total } => ("decode".into(), done, total, format!("{done}/{total}")),
         };
+        self.draw(&label, done, total, &detail);
+    }
+
+    /// One line: `label [####......] detail`, `done` of `total` filled.
+    pub fn draw(&mut self, label: &str, done: usize, total: usize, detail: &str) {
+        if self.quiet {
+            return;
+        }
         let filled = (done * WIDTH).checked_div(total).unwrap_or(WIDTH);
         let bar: String = (0..WIDTH).map(|i| if i < filled { '#' } else { '.' }).collect();
         eprint!("\r{label:<10} [{bar}] {detail:<28}");

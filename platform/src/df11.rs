@@ -63,6 +63,27 @@ impl Df11Config {
         Some(if subs.is_empty() { vec![format!("{module}.weight")] } else { subs.iter().map(|s| format!("{module}.{s}.weight")).collect() })
     }
 
+    /// The groups a compressor makes from a component whose tensors are
+    /// `names`: every module path (dotted prefix of a name) a pattern matches,
+    /// pattern by pattern in dict order and, within a pattern, in model order
+    /// (numeric parts compared as numbers), as `compress_model` visits
+    /// `named_modules()`. A module an earlier pattern took is not taken again.
+    pub fn modules_in<'a>(&self, names: impl IntoIterator<Item = &'a str>) -> Vec<String> {
+        let mut paths = std::collections::BTreeSet::new();
+        for name in names {
+            paths.extend(name.match_indices('.').map(|(i, _)| &name[..i]));
+        }
+        let mut taken = std::collections::HashSet::new();
+        let mut modules = Vec::new();
+        for (_, re, _) in &self.patterns {
+            let mut matched: Vec<&str> = paths.iter().copied().filter(|p| re.is_match(p) && !taken.contains(p)).collect();
+            matched.sort_by(|a, b| model_order(a, b));
+            taken.extend(matched.iter().copied());
+            modules.extend(matched.into_iter().map(String::from));
+        }
+        modules
+    }
+
     /// `(pattern, sub-module paths)` in order, for writing config.json.
     pub fn patterns(&self) -> impl Iterator<Item = (&str, &[String])> {
         self.patterns.iter().map(|(p, _, s)| (p.as_str(), s.as_slice()))
@@ -79,6 +100,15 @@ impl Df11Config {
             "pattern_dict": dict,
         })
     }
+}
+
+/// Module paths in model order: `blocks.2` before `blocks.10`.
+fn model_order(a: &str, b: &str) -> std::cmp::Ordering {
+    // Numeric parts sort before words, by value among themselves.
+    fn parts(s: &str) -> impl Iterator<Item = (bool, u64, &str)> {
+        s.split('.').map(|p| p.parse::<u64>().map_or((true, 0, p), |n| (false, n, p)))
+    }
+    parts(a).cmp(parts(b))
 }
 
 /// Expands a group into `out` (one bf16 word per element), blocks in parallel.

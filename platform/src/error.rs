@@ -135,3 +135,48 @@ impl fmt::Display for TokenizeError {
 }
 
 impl std::error::Error for TokenizeError {}
+
+/// Writing a compressed model folder failed.
+#[derive(Debug)]
+pub enum CompressError {
+    /// Reading the model failed.
+    Load(LoadError),
+    /// The output folder is already there; it is never overwritten.
+    OutputExists(PathBuf),
+    /// The output would land inside the model folder it copies.
+    OutputInsideModel { output: PathBuf, model: PathBuf },
+    /// A component with no DF11 layout (the VAE).
+    NotCompressible(&'static str),
+    /// A weight to compress is not bf16.
+    NotBf16 { component: &'static str, name: String, dtype: String },
+    /// The DF11 encoder refused a group (an exponent it cannot code, a group over 2^31 elements).
+    Encode { component: &'static str, module: String, detail: String },
+    /// Creating, copying or writing a file of the output failed (the message names it).
+    Write(String),
+}
+
+impl fmt::Display for CompressError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CompressError::Load(e) => e.fmt(f),
+            CompressError::OutputExists(p) => write!(f, "--output {}: already exists; give a new folder", p.display()),
+            CompressError::OutputInsideModel { output, model } => {
+                write!(f, "--output {}: inside the model folder {}; give a folder outside it", output.display(), model.display())
+            }
+            CompressError::NotCompressible(c) => write!(f, "--components: {c} has no DF11 layout (compress transformer, text_encoder)"),
+            CompressError::NotBf16 { component, name, dtype } => {
+                write!(f, "{component}: tensor `{name}` is {dtype}; DF11 compresses bf16 weights only")
+            }
+            CompressError::Encode { component, module, detail } => write!(f, "{component}: DF11 group `{module}`: {detail}"),
+            CompressError::Write(e) => f.write_str(e),
+        }
+    }
+}
+
+impl std::error::Error for CompressError {}
+
+impl From<LoadError> for CompressError {
+    fn from(e: LoadError) -> Self {
+        CompressError::Load(e)
+    }
+}

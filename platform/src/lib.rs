@@ -2,6 +2,7 @@
 //! device and its pipelines, core's ops as WGSL dispatches, and the official
 //! diffusers model folder read through memory maps.
 
+pub mod compress;
 pub mod config_json;
 pub mod bench;
 pub mod denoise;
@@ -21,5 +22,5 @@ pub mod transformer;
 pub mod vae;
 pub mod vae_bands;
 
-pub use error::{GpuError, LoadError, RunError, TokenizeError};
+pub use error::{CompressError, GpuError, LoadError, RunError, TokenizeError};
 pub use gpu::{Backend, Gpu, GpuOptions};

@@ -1,9 +1,11 @@
 //! Output files: written beside their final name and renamed into place, so
 //! a failed or interrupted run never leaves a partial file under that name.
 
-use safetensors::tensor::{Dtype, TensorView};
+use safetensors::tensor::{Dtype, TensorView, View};
+use std::borrow::Cow;
 use std::collections::HashMap;
-use std::io::Write;
+use std::fs::File;
+use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
 /// The temporary name a file is written under before the rename: hidden,
@@ -16,9 +18,18 @@ fn temp_path(path: &Path) -> PathBuf {
 /// Writes `bytes` to `path` atomically: temp file, fsync, rename. On error
 /// the temp file is removed and `path` is left as it was.
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), String> {
+    write_atomically_with(path, |w| w.write_all(bytes))
+}
+
+/// [`write_atomically`], the contents streamed by `write`.
+fn write_atomically_with(path: &Path, write: impl FnOnce(&mut BufWriter<File>) -> std::io::Result<()>) -> Result<(), String> {
     let tmp = temp_path(path);
-    let result = std::fs::File::create(&tmp)
-        .and_then(|mut f| f.write_all(bytes).and_then(|_| f.sync_all()))
+    let result = File::create(&tmp)
+        .and_then(|f| {
+            let mut w = BufWriter::with_capacity(1 << 20, f);
+            write(&mut w)?;
+            w.into_inner().map_err(|e| e.into_error())?.sync_all()
+        })
         .and_then(|_| std::fs::rename(&tmp, path));
     result.map_err(|e| {
         let _ = std::fs::remove_file(&tmp);
@@ -26,17 +37,66 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), String> {
     })
 }
 
+/// A tensor as safetensors' header writer sees it: its length, not its bytes,
+/// which [`write_tensors`] streams after the header.
+struct Layout {
+    dtype: Dtype,
+    shape: Vec<usize>,
+    len: usize,
+}
+
+impl View for Layout {
+    fn dtype(&self) -> Dtype {
+        self.dtype
+    }
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    fn data(&self) -> Cow<'_, [u8]> {
+        Cow::Borrowed(&[])
+    }
+    fn data_len(&self) -> usize {
+        self.len
+    }
+}
+
+/// Writes tensors `(name, dtype, shape, little-endian bytes)` as one
+/// safetensors file, atomically, the data streamed from the given slices
+/// (never gathered in memory). Metadata, when given, goes in the header's
+/// `__metadata__`.
+pub fn write_tensors<'a>(
+    path: &Path,
+    tensors: impl IntoIterator<Item = (String, Dtype, Vec<usize>, &'a [u8])>,
+    metadata: &[(&str, String)],
+) -> Result<(), String> {
+    let failed = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
+    let mut data: HashMap<String, &[u8]> = HashMap::new();
+    let mut layouts = Vec::new();
+    for (name, dtype, shape, bytes) in tensors {
+        TensorView::new(dtype, shape.clone(), bytes).map_err(|e| failed(&format!("tensor `{name}`: {e}")))?;
+        layouts.push((name.clone(), Layout { dtype, shape, len: bytes.len() }));
+        data.insert(name, bytes);
+    }
+    let metadata = (!metadata.is_empty()).then(|| metadata.iter().map(|(k, v)| (k.to_string(), v.clone())).collect());
+    // safetensors lays out the header (its order, offsets and padding); the data follows in offset order.
+    let header = safetensors::serialize(layouts, metadata).map_err(|e| failed(&e))?;
+    let parsed: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(&header[8..]).map_err(|e| failed(&e))?;
+    let start = |name: &str| parsed.get(name).and_then(|t| t["data_offsets"][0].as_u64()).unwrap_or(0);
+    let mut order: Vec<(&String, &[u8])> = data.iter().map(|(n, b)| (n, *b)).collect();
+    order.sort_by_key(|(name, _)| start(name));
+    write_atomically_with(path, |w| {
+        w.write_all(&header)?;
+        order.iter().try_for_each(|(_, bytes)| w.write_all(bytes))
+    })
+}
+
 /// Writes f32 `[rows, cols]` tensors as safetensors with string metadata, atomically.
 pub fn write_f32_tensors(path: &Path, tensors: &[(&str, &[f32])], cols: usize, metadata: &[(&str, String)]) -> Result<(), String> {
     let bytes: Vec<Vec<u8>> = tensors.iter().map(|(_, v)| v.iter().flat_map(|x| x.to_le_bytes()).collect()).collect();
-    let mut views = Vec::with_capacity(tensors.len());
-    for ((name, values), data) in tensors.iter().zip(&bytes) {
-        let shape = vec![values.len() / cols.max(1), cols];
-        views.push((*name, TensorView::new(Dtype::F32, shape, data).map_err(|e| format!("{name}: {e}"))?));
-    }
-    let metadata: HashMap<String, String> = metadata.iter().map(|(k, v)| (k.to_string(), v.clone())).collect();
-    let data = safetensors::serialize(views, Some(metadata)).map_err(|e| e.to_string())?;
-    write_atomically(path, &data)
+    let entries = tensors.iter().zip(&bytes).map(|((name, values), data)| {
+        (name.to_string(), Dtype::F32, vec![values.len() / cols.max(1), cols], data.as_slice())
+    });
+    write_tensors(path, entries, metadata)
 }
 
 /// An 8-bit RGB PNG with UTF-8 text chunks (iTXt, so prompts in any script survive).
@@ -72,6 +132,24 @@ mod tests {
         let mut buf = vec![0; reader.output_buffer_size().unwrap()];
         reader.next_frame(&mut buf).unwrap();
         assert_eq!(buf, rgb);
+    }
+
+    #[test]
+    fn streamed_tensors_are_the_file_safetensors_serializes() {
+        let (a, b, c): (Vec<u8>, Vec<u8>, Vec<u8>) = ((0..6).collect(), (0..16).map(|i| i * 3).collect(), vec![]);
+        let tensors = [
+            ("b.weight".to_string(), Dtype::BF16, vec![2, 4], b.as_slice()),
+            ("a.luts".to_string(), Dtype::U8, vec![6], a.as_slice()),
+            ("a.split_positions".to_string(), Dtype::I64, vec![0], c.as_slice()),
+        ];
+        let path = std::env::temp_dir().join(format!("flux-lite-tensors-{}.safetensors", std::process::id()));
+        for metadata in [vec![], vec![("k", "v".to_string())]] {
+            write_tensors(&path, tensors.iter().cloned(), &metadata).unwrap();
+            let views = tensors.iter().map(|(n, d, s, b)| (n.as_str(), TensorView::new(*d, s.clone(), b).unwrap()));
+            let meta = (!metadata.is_empty()).then(|| metadata.iter().map(|(k, v)| (k.to_string(), v.clone())).collect());
+            assert_eq!(std::fs::read(&path).unwrap(), safetensors::serialize(views, meta).unwrap());
+        }
+        std::fs::remove_file(&path).unwrap();
     }
 
     #[test]
