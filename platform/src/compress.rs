@@ -8,7 +8,7 @@
 //! temporary name beside the output and renamed when complete.
 
 use crate::config_json::JsonFile;
-use crate::df11::Df11Config;
+use crate::df11::{self, Df11Config};
 use crate::error::{CompressError, LoadError};
 use crate::model::{Component, ModelFolder};
 use crate::output;
@@ -218,12 +218,12 @@ fn compress_component(
     for ((module, _), group) in groups.iter().zip(&encoded) {
         for field in Df11Field::ALL {
             let bytes = group.fields().get(field);
-            let (dtype, shape) = match field {
-                Df11Field::Luts => (Dtype::U8, vec![bytes.len() / 256, 256]),
-                Df11Field::SplitPositions => (Dtype::I64, vec![bytes.len() / 8]),
-                _ => (Dtype::U8, vec![bytes.len()]),
+            let shape = match field {
+                Df11Field::Luts => vec![bytes.len() / 256, 256],
+                Df11Field::SplitPositions => vec![bytes.len() / 8],
+                _ => vec![bytes.len()],
             };
-            tensors.push((format!("{module}.{field}"), dtype, shape, bytes));
+            tensors.push((format!("{module}.{field}"), df11::field_dtype(field), shape, bytes));
         }
     }
     output::write_tensors(&dir.join(WEIGHTS_FILE), tensors, &[]).map_err(CompressError::Write)?;

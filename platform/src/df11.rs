@@ -9,7 +9,8 @@ use crate::config_json::JsonFile;
 use crate::error::{GpuError, LoadError};
 use crate::gpu::Gpu;
 use crate::ops;
-use flux_lite_core::df11::{Df11Error, Df11Group};
+use flux_lite_core::df11::{Df11Error, Df11Field, Df11Group};
+use safetensors::tensor::Dtype;
 use rayon::prelude::*;
 use regex::Regex;
 
@@ -59,8 +60,14 @@ impl Df11Config {
     /// order: `<module>.<sub>.weight` for each listed sub-module, or the
     /// module's own `weight` when the list is empty (a lone linear).
     pub fn weights_of(&self, module: &str) -> Option<Vec<String>> {
-        let (_, _, subs) = self.patterns.iter().find(|(_, re, _)| re.is_match(module))?;
+        let subs = self.patterns_matching(module).next()?;
         Some(if subs.is_empty() { vec![format!("{module}.weight")] } else { subs.iter().map(|s| format!("{module}.{s}.weight")).collect() })
+    }
+
+    /// The sub-module lists of every pattern that matches `module`, in dict
+    /// order (the official loader takes the first).
+    pub fn patterns_matching<'s>(&'s self, module: &'s str) -> impl Iterator<Item = &'s [String]> {
+        self.patterns.iter().filter(|(_, re, _)| re.is_match(module)).map(|(_, _, subs)| subs.as_slice())
     }
 
     /// The groups a compressor makes from a component whose tensors are
@@ -109,6 +116,15 @@ fn model_order(a: &str, b: &str) -> std::cmp::Ordering {
         s.split('.').map(|p| p.parse::<u64>().map_or((true, 0, p), |n| (false, n, p)))
     }
     parts(a).cmp(parts(b))
+}
+
+/// The safetensors dtype official files store a group field in.
+pub fn field_dtype(field: Df11Field) -> Dtype {
+    if field == Df11Field::SplitPositions {
+        Dtype::I64
+    } else {
+        Dtype::U8
+    }
 }
 
 /// Expands a group into `out` (one bf16 word per element), blocks in parallel.

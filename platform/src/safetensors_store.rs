@@ -147,7 +147,7 @@ impl WeightStore {
             let field = |f: Df11Field| -> Result<&[u8], LoadError> {
                 let name = format!("{module}.{}", f.name());
                 let t = self.tensor(&name)?;
-                let want = if f == Df11Field::SplitPositions { Dtype::I64 } else { Dtype::U8 };
+                let want = df11::field_dtype(f);
                 if t.dtype != want {
                     return Err(bad(format!("`{name}` is {:?}, expected {want:?}", t.dtype)));
                 }

@@ -5,6 +5,8 @@
 //! official size (printed) and, for these vectors, byte-identical.
 
 use flux_lite_core::df11::{Codebook, Df11Field, Df11Fields, Df11Group, Df11GroupBuf};
+use flux_lite_platform::config_json::JsonFile;
+use flux_lite_platform::df11::{field_dtype, Df11Config};
 use flux_lite_tests::{model_dir, test_vectors};
 use safetensors::tensor::{Dtype, SafeTensors};
 use std::collections::BTreeMap;
@@ -30,8 +32,7 @@ fn fields<'a>(st: &'a SafeTensors<'a>, prefix: &str) -> Df11Fields<'a> {
     let get = |field: Df11Field| {
         let name = format!("{prefix}.{}", field.name());
         let t = st.tensor(&name).unwrap_or_else(|e| panic!("{name}: {e}"));
-        let dtype = if field == Df11Field::SplitPositions { Dtype::I64 } else { Dtype::U8 };
-        assert_eq!(t.dtype(), dtype, "{name}");
+        assert_eq!(t.dtype(), field_dtype(field), "{name}");
         let rank = if field == Df11Field::Luts { 2 } else { 1 };
         assert_eq!(t.shape().len(), rank, "{name}");
         t.data()
@@ -63,33 +64,8 @@ fn differences(ours: &Df11Fields<'_>, official: &Df11Fields<'_>) -> Option<Strin
     (!differ.is_empty()).then(|| differ.join(", "))
 }
 
-/// Matches the pattern_dict keys of the FLUX.2 configs: literal text, `\.` and `\d+`.
-fn full_match(pattern: &str, name: &str) -> bool {
-    let (p, n) = (pattern.as_bytes(), name.as_bytes());
-    let (mut i, mut j) = (0, 0);
-    while i < p.len() {
-        if p[i..].starts_with(br"\d+") {
-            let digits = n[j..].iter().take_while(|c| c.is_ascii_digit()).count();
-            if digits == 0 {
-                return false;
-            }
-            j += digits;
-            i += 3;
-        } else {
-            let (c, step) = if p[i..].starts_with(br"\.") { (b'.', 2) } else { (p[i], 1) };
-            assert!(!br"\[]()*+?|^${}".contains(&c) || step == 2, "pattern {pattern}: unsupported regex syntax");
-            if n.get(j) != Some(&c) {
-                return false;
-            }
-            i += step;
-            j += 1;
-        }
-    }
-    j == n.len()
-}
-
-/// The official DF11 transformer folder: the file, each group's linear sub-paths (empty for a
-/// lone linear) from `dfloat11_config.pattern_dict`, and the original bf16 weights.
+/// The official DF11 transformer folder: the file, each group's weight names in concatenation
+/// order (from `dfloat11_config.pattern_dict`), and the original bf16 weights.
 struct Transformer {
     path: PathBuf,
     bytes: Vec<u8>,
@@ -100,23 +76,20 @@ struct Transformer {
 impl Transformer {
     fn load() -> Self {
         let dir = df11_dir().join(format!("{MODEL}-transformer"));
-        let config: serde_json::Value =
-            serde_json::from_slice(&read(&dir.join("config.json"))).expect("config.json is JSON");
-        let df11 = &config["dfloat11_config"];
+        let json = JsonFile::read(&dir.join("config.json")).unwrap_or_else(|e| panic!("{e}"));
+        let df11 = &json.value["dfloat11_config"];
         assert_eq!(df11["version"], "0.5.0");
         assert_eq!(df11["threads_per_block"], serde_json::json!([512]));
         assert_eq!(df11["bytes_per_thread"], 8);
-        let patterns = df11["pattern_dict"].as_object().expect("pattern_dict");
+        let patterns = Df11Config::read(&json).unwrap_or_else(|e| panic!("{e}")).expect("dfloat11_config");
 
         let path = dir.join("model.safetensors");
         let bytes = read(&path);
         let names: Vec<String> = parse(&bytes, &path).names().into_iter().map(str::to_string).collect();
         let mut groups = BTreeMap::new();
         for prefix in names.iter().filter_map(|n| n.strip_suffix(".luts")) {
-            let matching: Vec<_> = patterns.iter().filter(|(p, _)| full_match(p, prefix)).collect();
-            assert_eq!(matching.len(), 1, "{prefix}: exactly one pattern");
-            let subs = matching[0].1.as_array().expect("list").iter().map(|s| s.as_str().expect("str").to_string());
-            groups.insert(prefix.to_string(), subs.collect());
+            assert_eq!(patterns.patterns_matching(prefix).count(), 1, "{prefix}: exactly one pattern");
+            groups.insert(prefix.to_string(), patterns.weights_of(prefix).expect("a pattern"));
         }
 
         let mut original = BTreeMap::new();
@@ -136,13 +109,8 @@ impl Transformer {
 
     /// The original weights of a group's linears, in concatenation order.
     fn weights(&self, prefix: &str) -> Vec<&[u16]> {
-        let subs = &self.groups[prefix];
-        let names: Vec<String> = if subs.is_empty() {
-            vec![format!("{prefix}.weight")]
-        } else {
-            subs.iter().map(|s| format!("{prefix}.{s}.weight")).collect()
-        };
-        names.iter().map(|n| self.original.get(n).unwrap_or_else(|| panic!("{n} not in the bf16 model")).as_slice()).collect()
+        self.groups[prefix]
+            .iter().map(|n| self.original.get(n).unwrap_or_else(|| panic!("{n} not in the bf16 model")).as_slice()).collect()
     }
 }
 
