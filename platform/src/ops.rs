@@ -396,51 +396,7 @@ fn row_norm(
     Ok(())
 }
 
-/// GroupNorm with affine over a contiguous `[channels, pixels]` tensor, SiLU after when `silu`.
-#[allow(clippy::too_many_arguments)]
-pub fn group_norm(
-    gpu: &Gpu,
-    sink: &mut dyn Sink,
-    src: Mat<'_>,
-    gamma: Weight<'_>,
-    beta: Weight<'_>,
-    dst: Mat<'_>,
-    channels: u64,
-    pixels: u64,
-    groups: u64,
-    eps: f32,
-    silu: bool,
-) -> Result<(), GpuError> {
-    if groups == 0 || !channels.is_multiple_of(groups) || gamma.dtype != beta.dtype {
-        return Err(GpuError::UnsupportedShape(format!("group norm: {channels} channels in {groups} groups")));
-    }
-    let n = channels * pixels;
-    let sw = window(gpu, src.buf, 4, src.offset, src.offset + n, "group norm input")?;
-    let dw = window(gpu, dst.buf, 4, dst.offset, dst.offset + n, "group norm output")?;
-    let gw = window(gpu, gamma.buf, gamma.dtype.bytes(), gamma.offset, gamma.offset + channels, "group norm weight")?;
-    let bw = window(gpu, beta.buf, beta.dtype.bytes(), beta.offset, beta.offset + channels, "group norm bias")?;
-    if gw.local != bw.local {
-        // The kernel indexes gamma and beta with one offset.
-        return Err(GpuError::UnsupportedShape("group norm weight and bias must be equally aligned".into()));
-    }
-    let params = k::NormParams {
-        rows: to_u32(channels, "group norm channels")?,
-        d: to_u32(pixels, "group norm pixels")?,
-        heads: 1,
-        src_offset: sw.local,
-        dst_offset: dw.local,
-        w_offset: gw.local,
-        eps,
-        groups: to_u32(groups, "groups")?,
-        silu: silu as u32,
-        ..Default::default()
-    };
-    let constants = [("WEIGHT_BF16", gamma.dtype.constant())];
-    dispatch(gpu, sink, &k::GROUP_NORM, &constants, &params, &[(1, &sw), (2, &dw), (3, &gw), (4, &bw)], [groups as u32, 1, 1]);
-    Ok(())
-}
-
-/// The GroupNorm of a `[channels, pixels]` tensor, for [`group_stats`] and [`group_norm_apply`].
+/// The GroupNorm of a contiguous `[channels, pixels]` tensor.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Groups {
     pub channels: u64,
@@ -449,7 +405,8 @@ pub struct Groups {
 }
 
 impl Groups {
-    fn params(self, src: &Window<'_>, dst: u32, stats: &Window<'_>) -> Result<k::NormParams, GpuError> {
+    /// The parameters every GroupNorm kernel shares.
+    fn params(self, src: &Window<'_>, dst: u32) -> Result<k::NormParams, GpuError> {
         if self.groups == 0 || !self.channels.is_multiple_of(self.groups) {
             return Err(GpuError::UnsupportedShape(format!("group norm: {} channels in {} groups", self.channels, self.groups)));
         }
@@ -459,20 +416,65 @@ impl Groups {
             heads: 1,
             src_offset: src.local,
             dst_offset: dst,
-            shift_offset: stats.local,
             groups: to_u32(self.groups, "groups")?,
             ..Default::default()
         })
     }
+
+    fn input<'a>(self, gpu: &Gpu, src: Mat<'a>) -> Result<Window<'a>, GpuError> {
+        window(gpu, src.buf, 4, src.offset, src.offset + self.channels * self.pixels, "group norm input")
+    }
+
+    fn output<'a>(self, gpu: &Gpu, dst: Mat<'a>) -> Result<Window<'a>, GpuError> {
+        window(gpu, dst.buf, 4, dst.offset, dst.offset + self.channels * self.pixels, "group norm output")
+    }
+
+    /// Each group's two statistics `[groups, 2]`.
+    fn stats<'a>(self, gpu: &Gpu, stats: Mat<'a>) -> Result<Window<'a>, GpuError> {
+        window(gpu, stats.buf, 4, stats.offset, stats.offset + 2 * self.groups, "group norm statistics")
+    }
+
+    /// Windows of the affine weight and bias; the kernels index both with one offset.
+    fn affine<'a>(self, gpu: &Gpu, gamma: Weight<'a>, beta: Weight<'a>) -> Result<(Window<'a>, Window<'a>), GpuError> {
+        if gamma.dtype != beta.dtype {
+            return Err(GpuError::UnsupportedShape("group norm weight and bias must share a dtype".into()));
+        }
+        let c = self.channels;
+        let gw = window(gpu, gamma.buf, gamma.dtype.bytes(), gamma.offset, gamma.offset + c, "group norm weight")?;
+        let bw = window(gpu, beta.buf, beta.dtype.bytes(), beta.offset, beta.offset + c, "group norm bias")?;
+        if gw.local != bw.local {
+            return Err(GpuError::UnsupportedShape("group norm weight and bias must be equally aligned".into()));
+        }
+        Ok((gw, bw))
+    }
 }
 
-/// Per group of a contiguous `[channels, pixels]` band: `(mean, Σ(x − mean)²)`
-/// into `stats` `[groups, 2]`, the part of a GroupNorm's statistics that one
-/// band of a larger image contributes.
+/// GroupNorm with affine, SiLU after when `silu`.
+#[allow(clippy::too_many_arguments)]
+pub fn group_norm(
+    gpu: &Gpu,
+    sink: &mut dyn Sink,
+    src: Mat<'_>,
+    gamma: Weight<'_>,
+    beta: Weight<'_>,
+    dst: Mat<'_>,
+    g: Groups,
+    eps: f32,
+    silu: bool,
+) -> Result<(), GpuError> {
+    let (sw, dw) = (g.input(gpu, src)?, g.output(gpu, dst)?);
+    let (gw, bw) = g.affine(gpu, gamma, beta)?;
+    let params = k::NormParams { w_offset: gw.local, eps, silu: silu as u32, ..g.params(&sw, dw.local)? };
+    let constants = [("WEIGHT_BF16", gamma.dtype.constant())];
+    dispatch(gpu, sink, &k::GROUP_NORM, &constants, &params, &[(1, &sw), (2, &dw), (3, &gw), (4, &bw)], [g.groups as u32, 1, 1]);
+    Ok(())
+}
+
+/// Per group of a band: `(mean, Σ(x − mean)²)` into `stats` `[groups, 2]`,
+/// the part of a GroupNorm's statistics that one band of a larger image contributes.
 pub fn group_stats(gpu: &Gpu, sink: &mut dyn Sink, src: Mat<'_>, stats: Mat<'_>, g: Groups) -> Result<(), GpuError> {
-    let sw = window(gpu, src.buf, 4, src.offset, src.offset + g.channels * g.pixels, "group stats input")?;
-    let tw = window(gpu, stats.buf, 4, stats.offset, stats.offset + 2 * g.groups, "group stats output")?;
-    let params = g.params(&sw, 0, &tw)?;
+    let (sw, tw) = (g.input(gpu, src)?, g.stats(gpu, stats)?);
+    let params = k::NormParams { shift_offset: tw.local, ..g.params(&sw, 0)? };
     dispatch(gpu, sink, &k::GROUP_STATS, &[], &params, &[(1, &sw), (5, &tw)], [g.groups as u32, 1, 1]);
     Ok(())
 }
@@ -491,19 +493,9 @@ pub fn group_norm_apply(
     g: Groups,
     silu: bool,
 ) -> Result<(), GpuError> {
-    if gamma.dtype != beta.dtype {
-        return Err(GpuError::UnsupportedShape("group norm weight and bias must share a dtype".into()));
-    }
-    let n = g.channels * g.pixels;
-    let sw = window(gpu, src.buf, 4, src.offset, src.offset + n, "group norm input")?;
-    let dw = window(gpu, dst.buf, 4, dst.offset, dst.offset + n, "group norm output")?;
-    let tw = window(gpu, stats.buf, 4, stats.offset, stats.offset + 2 * g.groups, "group norm statistics")?;
-    let gw = window(gpu, gamma.buf, gamma.dtype.bytes(), gamma.offset, gamma.offset + g.channels, "group norm weight")?;
-    let bw = window(gpu, beta.buf, beta.dtype.bytes(), beta.offset, beta.offset + g.channels, "group norm bias")?;
-    if gw.local != bw.local {
-        return Err(GpuError::UnsupportedShape("group norm weight and bias must be equally aligned".into()));
-    }
-    let params = k::NormParams { w_offset: gw.local, silu: silu as u32, ..g.params(&sw, dw.local, &tw)? };
+    let (sw, dw, tw) = (g.input(gpu, src)?, g.output(gpu, dst)?, g.stats(gpu, stats)?);
+    let (gw, bw) = g.affine(gpu, gamma, beta)?;
+    let params = k::NormParams { w_offset: gw.local, silu: silu as u32, shift_offset: tw.local, ..g.params(&sw, dw.local)? };
     let constants = [("WEIGHT_BF16", gamma.dtype.constant())];
     let bindings = [(1, &sw), (2, &dw), (3, &gw), (4, &bw), (5, &tw)];
     dispatch(gpu, sink, &k::GROUP_NORM_APPLY, &constants, &params, &bindings, [g.groups as u32, 1, 1]);

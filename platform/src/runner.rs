@@ -202,19 +202,11 @@ impl Runner {
             Op::Conv2d { x, w, bias, y, shape } => {
                 ops::conv2d(gpu, sink, self.mat(*x), weights.get(w)?.view(), weights.get(bias)?.view(), self.mat(*y), *shape)
             }
-            Op::GroupNorm { src, dst, gamma, beta, channels, pixels, groups, eps, silu } => ops::group_norm(
-                gpu,
-                sink,
-                self.mat(*src),
-                weights.get(gamma)?.view(),
-                weights.get(beta)?.view(),
-                self.mat(*dst),
-                *channels,
-                *pixels,
-                *groups,
-                *eps,
-                *silu,
-            ),
+            Op::GroupNorm { src, dst, gamma, beta, channels, pixels, groups, eps, silu } => {
+                let g = ops::Groups { channels: *channels, pixels: *pixels, groups: *groups };
+                let (gamma, beta) = (weights.get(gamma)?.view(), weights.get(beta)?.view());
+                ops::group_norm(gpu, sink, self.mat(*src), gamma, beta, self.mat(*dst), g, *eps, *silu)
+            }
             Op::GroupStats { src, stats, channels, pixels, groups } => {
                 let g = ops::Groups { channels: *channels, pixels: *pixels, groups: *groups };
                 ops::group_stats(gpu, sink, self.mat(*src), self.mat(*stats), g)

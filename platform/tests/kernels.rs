@@ -189,7 +189,8 @@ fn check_group_norm(silu: bool) {
     let (xb, gb, bb) = (gpu.upload_f32("x", &x), gpu.upload_bf16("gamma", &gamma), gpu.upload_bf16("beta", &beta));
     let yb = poisoned(gpu, channels * pixels);
     let got = run_and_read(gpu, &yb, channels * pixels, |enc| {
-        ops::group_norm(gpu, enc, Mat::new(&xb, 0), Weight::bf16(&gb), Weight::bf16(&bb), Mat::new(&yb, 0), channels as u64, pixels as u64, groups as u64, 1e-6, silu)
+        let g = ops::Groups { channels: channels as u64, pixels: pixels as u64, groups: groups as u64 };
+        ops::group_norm(gpu, enc, Mat::new(&xb, 0), Weight::bf16(&gb), Weight::bf16(&bb), Mat::new(&yb, 0), g, 1e-6, silu)
     });
     assert_close(&format!("group_norm silu={silu}"), &got, &want, F32_TOL);
 }
@@ -633,7 +634,7 @@ fn vae_mid_block_attention_through_the_attention_kernel() {
     let result = poisoned(gpu, c * p);
     let got = run_and_read(gpu, &xb, c * p, |enc| {
         let (cu, pu) = (c as u64, p as u64);
-        ops::group_norm(gpu, enc, Mat::new(&xb, 0), Weight::bf16(&gb), Weight::bf16(&bb), Mat::new(gnb, 0), cu, pu, groups as u64, 1e-6, false)?;
+        ops::group_norm(gpu, enc, Mat::new(&xb, 0), Weight::bf16(&gb), Weight::bf16(&bb), Mat::new(gnb, 0), ops::Groups { channels: cu, pixels: pu, groups: groups as u64 }, 1e-6, false)?;
         ops::transpose(gpu, enc, Mat::new(gnb, pu), Mat::new(tok, cu), cu, pu)?;
         for (i, dst) in [qb, kb, vb].into_iter().enumerate() {
             ops::linear(gpu, enc, Mat::new(tok, cu), Weight::bf16(&lb[i].0), Some(Weight::bf16(&lb[i].1)), Mat::new(dst, cu), pu, cu, cu)?;
