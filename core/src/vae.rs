@@ -340,11 +340,6 @@ pub fn decode(l: &VaeLayout, mut emit: impl FnMut(Op)) {
     output(l, &mut emit);
 }
 
-/// The 8-bit levels of the first `count` values of `decoded`, into `levels`.
-pub fn pixel_levels(l: &VaeLayout, count: u64) -> Op {
-    Op::PixelLevels { src: l.decoded, dst: l.levels, count }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -12,7 +12,7 @@ use crate::runner::{collect_ops, DeviceWeight, DeviceWeights, Runner};
 use crate::safetensors_store::WeightStore;
 use crate::vae_bands::{self, BandRunner, HostTensors};
 use flux_lite_core::config::VaeConfig;
-use flux_lite_core::program::Span;
+use flux_lite_core::program::{Op, Span};
 use flux_lite_core::tensors::{self, TensorSpec};
 use flux_lite_core::vae::{self as program, VaeLayout, VaePlanError};
 use flux_lite_core::BumpArena;
@@ -89,16 +89,17 @@ impl VaeDecoder {
         }
         let (latent_h, latent_w) = ((height / scale) as u64, (width / scale) as u64);
         let banded = tile_px.filter(|&t| t < width.max(height));
-        let (mode_layout, arena_bytes) = match banded {
+        // The whole image's layout, or the elements a band's operands may take.
+        let (layout, capacity, arena_bytes) = match banded {
             None => {
                 let mut arena = BumpArena::new(u64::MAX);
                 let layout = VaeLayout::new(config, latent_h, latent_w, &mut arena).map_err(plan_error)?;
-                (Some(layout), arena.high_water())
+                (Some(layout), 0, arena.high_water())
             }
             Some(t) => {
                 let side = (t / scale) as u64;
                 let capacity = whole_arena_bytes(config, side, side)?.min(gpu.max_binding()) / 4;
-                (None, vae_bands::arena_bytes(capacity))
+                (None, capacity, vae_bands::arena_bytes(capacity))
             }
         };
         if arena_bytes > gpu.limits.max_buffer_size {
@@ -115,7 +116,7 @@ impl VaeDecoder {
             rope_sin: gpu.storage("unused", 4),
             key_keep: None,
         };
-        let mode = match mode_layout {
+        let mode = match layout {
             Some(layout) => {
                 let ops = collect_ops(|emit| program::decode(&layout, emit));
                 let mut dispatches = Vec::new();
@@ -124,7 +125,7 @@ impl VaeDecoder {
                 }
                 Mode::Whole { layout: Box::new(layout), dispatches }
             }
-            None => Mode::Banded { capacity: (arena_bytes - vae_bands::arena_bytes(0)) / 4 },
+            None => Mode::Banded { capacity },
         };
         Ok(Self { config: config.clone(), latent_h, latent_w, mode, runner, weights, arena_bytes, decoded_once: false })
     }
@@ -207,7 +208,7 @@ impl VaeDecoder {
         let mut out = Vec::with_capacity(decoded.len());
         for part in decoded.chunks(chunk) {
             self.runner.write(gpu, src, part);
-            let op = flux_lite_core::program::Op::PixelLevels { src, dst, count: part.len() as u64 };
+            let op = Op::PixelLevels { src, dst, count: part.len() as u64 };
             gpu.submit(|enc| self.runner.record(gpu, enc, &self.weights, &op))?;
             let levels = self.runner.read(gpu, dst, 1, part.len() as u64)?;
             // The values are whole numbers in [0, 255]; the cast only changes the type.

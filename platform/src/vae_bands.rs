@@ -129,8 +129,9 @@ impl BandRunner<'_> {
     /// Runs one op of core's decode program on the host-held activations.
     pub fn run(&self, host: &mut HostTensors, op: &Op) -> Result<(), RunError> {
         match op {
-            Op::DenormUnpatchify { packed, latent, channels, height, width, .. } => {
-                self.denorm_unpatchify(host, op, *packed, *latent, *channels, *height, *width)
+            Op::DenormUnpatchify { packed, latent, mean, var, channels, height, width, eps } => {
+                let stats = LatentStats { mean, var, eps: *eps };
+                self.denorm_unpatchify(host, *packed, *latent, stats, *channels, *height, *width)
             }
             Op::Conv2d { x, w, bias, y, shape } => self.conv(host, *x, w, bias, *y, *shape),
             Op::GroupNorm { src, dst, gamma, beta, channels, pixels, groups, eps, silu } => {
@@ -179,10 +180,16 @@ impl BandRunner<'_> {
 
     /// Packed tokens `[height·width, 4c]` to the latent `[c, 2·height, 2·width]`, by rows of tokens.
     #[allow(clippy::too_many_arguments)]
-    fn denorm_unpatchify(&self, host: &mut HostTensors, op: &Op, packed: Span, latent: Span, c: u64, h: u64, w: u64) -> Result<(), RunError> {
-        let Op::DenormUnpatchify { mean, var, eps, .. } = op else {
-            return Err(RunError::Input("not a de-normalisation".into()));
-        };
+    fn denorm_unpatchify(
+        &self,
+        host: &mut HostTensors,
+        packed: Span,
+        latent: Span,
+        stats: LatentStats<'_>,
+        c: u64,
+        h: u64,
+        w: u64,
+    ) -> Result<(), RunError> {
         let row = w * 4 * c;
         let band = self.band(0, 2 * row, "row of latent tokens")?;
         for (t0, t1) in bands(h, band) {
@@ -190,9 +197,8 @@ impl BandRunner<'_> {
             let mut arena = self.operands();
             let (xs, ys) = (arena.take(input.len() as u64)?, arena.take(input.len() as u64)?);
             self.upload(xs, &input);
-            let (mean, var) = (mean.clone(), var.clone());
-            let n = t1 - t0;
-            self.exec(Op::DenormUnpatchify { packed: xs, latent: ys, mean, var, channels: c, height: n, width: w, eps: *eps })?;
+            let (mean, var, eps) = (stats.mean.clone(), stats.var.clone(), stats.eps);
+            self.exec(Op::DenormUnpatchify { packed: xs, latent: ys, mean, var, channels: c, height: t1 - t0, width: w, eps })?;
             let out = self.download(ys, input.len() as u64)?;
             let pixels = 4 * h * w;
             scatter(host.get_mut(latent, c * pixels), c, pixels, t0 * 4 * w, t1 * 4 * w, &out);
@@ -370,11 +376,11 @@ impl BandRunner<'_> {
         let width = heads * head_dim;
         let n = len * width;
         let band = self.band(0, 4 * width + heads, "attention token")?;
-        for (q0, q1) in bands(len, band) {
+        let chunks: Vec<(u64, u64)> = bands(len, band).collect();
+        for &(q0, q1) in &chunks {
             let rows = q1 - q0;
             let queries = host.get(q, n)?[(q0 * width) as usize..(q1 * width) as usize].to_vec();
             let mut merged = AttentionMerge::new(rows, heads, head_dim);
-            let chunks: Vec<(u64, u64)> = bands(len, band).collect();
             for &(k0, k1) in &chunks {
                 let keys = k0 as usize * width as usize..k1 as usize * width as usize;
                 let mut arena = self.operands();
@@ -400,6 +406,14 @@ impl BandRunner<'_> {
         }
         Ok(())
     }
+}
+
+/// The latent BatchNorm statistics a de-normalisation reads.
+#[derive(Debug, Clone, Copy)]
+struct LatentStats<'a> {
+    mean: &'a TensorName,
+    var: &'a TensorName,
+    eps: f32,
 }
 
 /// A GroupNorm's weights and shape.
