@@ -167,7 +167,9 @@ fn compress_component(
     let config = df11_config(component).ok_or(CompressError::NotCompressible(component.dir()))?;
     let name = component.dir();
     let source = model.component_dir(name);
-    let store = model.weights(component)?;
+    let mut store = model.weights(component)?;
+    // A component already compressed is compressed again from its bf16 weights.
+    store.expand_df11_on_host()?;
     fs::create_dir(dir).map_err(|e| write_error(dir, e))?;
     // What the component holds besides its config and weights (e.g. generation_config.json).
     let is_weights = |f: &str| f.ends_with(".safetensors") || f.ends_with(".safetensors.index.json");

@@ -6,6 +6,7 @@ pub mod compress;
 pub mod config_json;
 pub mod bench;
 pub mod denoise;
+pub mod device_weights;
 pub mod df11;
 pub mod embeddings_file;
 pub mod error;

@@ -2,6 +2,7 @@
 //! encode, denoise, decode. Each stage's device memory is released before
 //! the next one allocates its own.
 
+use crate::device_weights::Df11Placement;
 use crate::denoise::{self, Conditioning, StepProgress};
 use crate::error::RunError;
 use crate::gpu::Gpu;
@@ -110,7 +111,8 @@ pub fn denoise(
     let (lat_h, lat_w) = denoise::latent_grid(&model.vae, request.width, request.height).map_err(RunError::Input)?;
     let started = Instant::now();
     let store = model.weights(Component::Transformer)?;
-    let transformer = Transformer::new(gpu, &model.transformer, &store, PROMPT_TOKENS, lat_h, lat_w)?;
+    let df11 = Df11Placement::PerBlock { slots: 1 };
+    let transformer = Transformer::new(gpu, &model.transformer, &store, df11, PROMPT_TOKENS, lat_h, lat_w)?;
     timings.load += started.elapsed();
     let noise = denoise::packed_noise(request.seed, model.transformer.in_channels, lat_h, lat_w);
     let conditioning = match negative {
@@ -138,7 +140,8 @@ pub fn decode(
     progress: &mut dyn FnMut(Progress),
 ) -> Result<Image, RunError> {
     let started = Instant::now();
-    let store = model.weights(Component::Vae)?;
+    let mut store = model.weights(Component::Vae)?;
+    store.expand_df11_on_host()?;
     let tile = request.vae_tile.or_else(|| VaeDecoder::automatic_tile(gpu, &model.vae, request.width, request.height));
     let mut vae = VaeDecoder::new(gpu, &model.vae, &store, request.width, request.height, tile)?;
     timings.load += started.elapsed();

@@ -1,82 +1,11 @@
 //! Runs core's block programs: one f32 activation arena on the device, the
 //! weights the programs name, and the RoPE tables.
 
-use crate::error::{GpuError, LoadError};
+use crate::device_weights::DeviceWeights;
+use crate::error::GpuError;
 use crate::gpu::Gpu;
-use crate::ops::{self, Attention, Elementwise, Mat, RopeStyle, RowNorm, Weight, WeightDtype};
-use crate::safetensors_store::{widen_to_f32, TensorRef, WeightStore};
+use crate::ops::{self, Attention, Elementwise, Mat, RopeStyle, RowNorm};
 use flux_lite_core::program::{Op, Span};
-use safetensors::tensor::Dtype;
-use std::collections::HashMap;
-
-/// A weight tensor on the device.
-#[derive(Debug)]
-pub struct DeviceWeight {
-    pub buffer: wgpu::Buffer,
-    pub dtype: WeightDtype,
-}
-
-impl DeviceWeight {
-    /// Uploads a tensor as stored (bf16 or f32); f16 is widened to f32 on the host.
-    pub fn upload(gpu: &Gpu, component: &str, name: &str, t: TensorRef<'_>) -> Result<Self, LoadError> {
-        let (buffer, dtype) = match t.dtype {
-            Dtype::BF16 => (gpu.upload_bytes(name, t.bytes), WeightDtype::Bf16),
-            Dtype::F32 => (gpu.upload_bytes(name, t.bytes), WeightDtype::F32),
-            Dtype::F16 => {
-                let mut wide = Vec::with_capacity(t.bytes.len() / 2);
-                widen_to_f32(t.dtype, t.bytes, &mut wide);
-                (gpu.upload_f32(name, &wide), WeightDtype::F32)
-            }
-            other => {
-                return Err(LoadError::WrongTensor {
-                    component: component.into(),
-                    name: name.into(),
-                    expected: "a bf16, f16 or f32 tensor".into(),
-                    found: format!("{other:?}"),
-                })
-            }
-        };
-        Ok(Self { buffer, dtype })
-    }
-
-    fn view(&self) -> Weight<'_> {
-        Weight { buf: &self.buffer, offset: 0, dtype: self.dtype }
-    }
-}
-
-/// Every weight of a component, uploaded once.
-#[derive(Debug, Default)]
-pub struct DeviceWeights {
-    map: HashMap<String, DeviceWeight>,
-}
-
-impl DeviceWeights {
-    pub fn upload_all(gpu: &Gpu, store: &WeightStore) -> Result<Self, LoadError> {
-        Self::upload_named(gpu, store, store.names())
-    }
-
-    /// Uploads only the named tensors (each once), e.g. those a program reads.
-    pub fn upload_named<'n>(gpu: &Gpu, store: &WeightStore, names: impl IntoIterator<Item = &'n str>) -> Result<Self, LoadError> {
-        let mut map = HashMap::new();
-        for name in names {
-            if !map.contains_key(name) {
-                map.insert(name.to_string(), DeviceWeight::upload(gpu, &store.component, name, store.tensor(name)?)?);
-            }
-        }
-        Ok(Self { map })
-    }
-
-    /// Bytes of weights on the device.
-    pub fn bytes(&self) -> u64 {
-        self.map.values().map(|w| w.buffer.size()).sum()
-    }
-
-    fn get(&self, name: &str) -> Result<&DeviceWeight, GpuError> {
-        self.map
-            .get(name)
-            .ok_or_else(|| GpuError::UnsupportedShape(format!("the program names weight `{name}`, which was not loaded")))
-    }
-}
 
 /// The activation arena and the tables a program reads.
 #[derive(Debug)]
@@ -231,16 +160,20 @@ impl Runner {
         }
     }
 
-    /// Builds the dispatches of each block once (pipelines, bindings, parameters).
+    /// Builds the dispatches of each block once (pipelines, bindings,
+    /// parameters): the expansions of the weights the block keeps compressed,
+    /// then its own steps.
     pub fn prepare(&self, gpu: &Gpu, weights: &DeviceWeights, blocks: &[Vec<Op>]) -> Result<Vec<Vec<ops::Dispatch>>, GpuError> {
-        blocks
-            .iter()
-            .map(|block| {
-                let mut dispatches = Vec::new();
-                block.iter().try_for_each(|op| self.record(gpu, &mut dispatches, weights, op))?;
-                Ok(dispatches)
-            })
-            .collect()
+        (0..blocks.len()).map(|b| self.prepare_block(gpu, weights, b, &blocks[b])).collect()
+    }
+
+    /// The dispatches of block `index` of the blocks `weights` were placed
+    /// for, running `steps` (the block's program, or a part of it).
+    pub fn prepare_block(&self, gpu: &Gpu, weights: &DeviceWeights, index: usize, steps: &[Op]) -> Result<Vec<ops::Dispatch>, GpuError> {
+        let mut dispatches = Vec::new();
+        weights.record_fills(gpu, index, &mut dispatches)?;
+        steps.iter().try_for_each(|op| self.record(gpu, &mut dispatches, weights, op))?;
+        Ok(dispatches)
     }
 
     /// Writes rows of f32 data into a contiguous span of the arena.
@@ -253,13 +186,6 @@ impl Runner {
         let stride = span.stride.max(cols);
         let all = gpu.read_f32(&self.arena, span.offset, ((rows.max(1) - 1) * stride + cols) as usize)?;
         Ok((0..rows).flat_map(|r| all[(r * stride) as usize..(r * stride + cols) as usize].to_vec()).collect())
-    }
-}
-
-impl DeviceWeights {
-    /// Adds one uploaded tensor (components that upload a chosen subset of their files).
-    pub fn insert(&mut self, name: &str, weight: DeviceWeight) {
-        self.map.insert(name.to_string(), weight);
     }
 }
 

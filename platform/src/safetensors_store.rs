@@ -41,11 +41,13 @@ struct Shard {
     data_start: usize,
 }
 
-/// Where a tensor's bytes are: a byte range of a shard's data section, or a
-/// buffer expanded from DF11 at open.
-#[derive(Debug, Clone, Copy)]
+/// Where a tensor's bytes are: a byte range of a shard's data section, a
+/// range of elements of a DF11 group still compressed, or a buffer expanded
+/// from DF11 on the host.
+#[derive(Debug, Clone)]
 enum Source {
     Shard { shard: usize, range: (usize, usize) },
+    Df11 { group: usize, elements: std::ops::Range<usize> },
     Expanded(usize),
 }
 
@@ -56,8 +58,8 @@ struct Entry {
     shape: Vec<usize>,
 }
 
-/// A DF11 group found in a component: its module path, the weights it held
-/// (now expanded), and its compressed size.
+/// A DF11 group found in a component: its module path, the weights it
+/// holds in concatenation order, and its compressed size.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Df11GroupInfo {
     pub module: String,
@@ -66,15 +68,25 @@ pub struct Df11GroupInfo {
     pub compressed_bytes: u64,
 }
 
+/// A DF11 group as stored: where its six fields lie in the shards, and
+/// whether it has been expanded on the host.
+#[derive(Debug)]
+struct StoredGroup {
+    info: Df11GroupInfo,
+    /// `(shard, byte range)` of each field, in [`Df11Field::ALL`] order.
+    fields: Vec<(usize, (usize, usize))>,
+    expanded: bool,
+}
+
 /// The weights of one component folder (`transformer/`, `text_encoder/`, `vae/`).
 #[derive(Debug)]
 pub struct WeightStore {
     pub component: String,
     shards: Vec<Shard>,
     entries: BTreeMap<String, Entry>,
-    /// bf16 bytes of the weights expanded from DF11 groups.
+    /// bf16 bytes of the weights expanded from DF11 groups on the host.
     expanded: Vec<Vec<u8>>,
-    df11_groups: Vec<Df11GroupInfo>,
+    df11_groups: Vec<StoredGroup>,
 }
 
 impl WeightStore {
@@ -117,8 +129,8 @@ impl WeightStore {
         }
         if let Some((index_path, map)) = weight_map {
             for (name, file) in map {
-                let found = match store.entries.get(&name).map(|e| e.source) {
-                    Some(Source::Shard { shard, .. }) => Some(&store.shards[shard].path),
+                let found = match store.entries.get(&name).map(|e| &e.source) {
+                    Some(Source::Shard { shard, .. }) => Some(&store.shards[*shard].path),
                     _ => None,
                 };
                 if found.and_then(|p| p.file_name()).map(|f| f.to_string_lossy()) != Some(file.as_str().into()) {
@@ -132,70 +144,137 @@ impl WeightStore {
         let config = dir.join("config.json");
         if config.is_file() {
             if let Some(df11) = Df11Config::read(&JsonFile::read(&config)?)? {
-                store.expand_df11(&df11, dir)?;
+                store.find_df11_groups(&df11, dir)?;
             }
         }
         Ok(store)
     }
 
-    /// Replaces every DF11 group's six tensors with the bf16 weights they encode.
-    fn expand_df11(&mut self, config: &Df11Config, dir: &Path) -> Result<(), LoadError> {
+    /// Replaces every DF11 group's six tensors with entries for the bf16
+    /// weights it encodes, checking the group's invariants; the weights stay
+    /// compressed until the device or [`Self::expand_df11_on_host`] expands them.
+    fn find_df11_groups(&mut self, config: &Df11Config, dir: &Path) -> Result<(), LoadError> {
         let suffix = format!(".{}", Df11Field::EncodedExponent.name());
         let modules: Vec<String> = self.entries.keys().filter_map(|n| n.strip_suffix(&suffix)).map(String::from).collect();
         for module in modules {
             let bad = |detail: String| LoadError::Safetensors { path: dir.into(), detail: format!("DF11 group `{module}`: {detail}") };
-            let field = |f: Df11Field| -> Result<&[u8], LoadError> {
+            let mut fields = Vec::with_capacity(Df11Field::ALL.len());
+            for f in Df11Field::ALL {
                 let name = format!("{module}.{}", f.name());
-                let t = self.tensor(&name)?;
+                let e = self.entries.get(&name).ok_or_else(|| bad(format!("`{name}` is missing")))?;
                 let want = df11::field_dtype(f);
-                if t.dtype != want {
-                    return Err(bad(format!("`{name}` is {:?}, expected {want:?}", t.dtype)));
+                if e.dtype != want {
+                    return Err(bad(format!("`{name}` is {:?}, expected {want:?}", e.dtype)));
                 }
-                Ok(t.bytes)
-            };
-            let fields = Df11Fields {
-                luts: field(Df11Field::Luts)?,
-                encoded_exponent: field(Df11Field::EncodedExponent)?,
-                sign_mantissa: field(Df11Field::SignMantissa)?,
-                output_positions: field(Df11Field::OutputPositions)?,
-                gaps: field(Df11Field::Gaps)?,
-                split_positions: field(Df11Field::SplitPositions)?,
-            };
-            let group = Df11Group::new(fields).map_err(|e| bad(e.to_string()))?;
+                match e.source {
+                    Source::Shard { shard, range } => fields.push((shard, range)),
+                    _ => return Err(bad(format!("`{name}` is not stored in a file"))),
+                }
+            }
+            let group = self.group_view(&fields).map_err(|e| bad(e.to_string()))?;
             let weights = config.weights_of(&module).ok_or_else(|| bad("no pattern of dfloat11_config matches it".into()))?;
             let ranges: Vec<std::ops::Range<usize>> = group.weight_ranges().collect();
             if ranges.len() != weights.len() {
                 return Err(bad(format!("it holds {} weights, its pattern lists {}", ranges.len(), weights.len())));
             }
-            let mut words = vec![0u16; group.n_elements()];
-            df11::expand_on_host(&group, &mut words).map_err(|e| bad(e.to_string()))?;
             let info = Df11GroupInfo {
                 module: module.clone(),
                 weights: weights.clone(),
                 elements: group.n_elements() as u64,
-                compressed_bytes: fields.total_bytes() as u64,
+                compressed_bytes: group.fields().total_bytes() as u64,
             };
-            for (name, range) in weights.into_iter().zip(ranges) {
+            let index = self.df11_groups.len();
+            for (name, elements) in weights.into_iter().zip(ranges) {
                 if self.entries.contains_key(&name) {
                     return Err(bad(format!("`{name}` is stored both plain and compressed")));
                 }
-                let bytes: Vec<u8> = words[range.clone()].iter().flat_map(|w| w.to_le_bytes()).collect();
-                self.expanded.push(bytes);
                 // The flat shape becomes the expected one in `check`.
-                let entry = Entry { source: Source::Expanded(self.expanded.len() - 1), dtype: Dtype::BF16, shape: vec![range.len()] };
-                self.entries.insert(name, entry);
+                let shape = vec![elements.len()];
+                self.entries.insert(name, Entry { source: Source::Df11 { group: index, elements }, dtype: Dtype::BF16, shape });
             }
             for f in Df11Field::ALL {
                 self.entries.remove(&format!("{module}.{}", f.name()));
             }
-            self.df11_groups.push(info);
+            self.df11_groups.push(StoredGroup { info, fields, expanded: false });
         }
         Ok(())
     }
 
+    fn group_view(&self, fields: &[(usize, (usize, usize))]) -> Result<Df11Group<'_>, flux_lite_core::df11::Df11Error> {
+        let bytes = |f: Df11Field| {
+            let (shard, (a, b)) = fields[Df11Field::ALL.iter().position(|&x| x == f).unwrap_or(0)];
+            let shard = &self.shards[shard];
+            &shard.map[shard.data_start + a..shard.data_start + b]
+        };
+        Df11Group::new(Df11Fields {
+            luts: bytes(Df11Field::Luts),
+            encoded_exponent: bytes(Df11Field::EncodedExponent),
+            sign_mantissa: bytes(Df11Field::SignMantissa),
+            output_positions: bytes(Df11Field::OutputPositions),
+            gaps: bytes(Df11Field::Gaps),
+            split_positions: bytes(Df11Field::SplitPositions),
+        })
+    }
+
     /// The DF11 groups this component was stored in (empty for plain weights).
-    pub fn df11_groups(&self) -> &[Df11GroupInfo] {
-        &self.df11_groups
+    pub fn df11_groups(&self) -> impl ExactSizeIterator<Item = &Df11GroupInfo> {
+        self.df11_groups.iter().map(|g| &g.info)
+    }
+
+    /// The compressed group `index` (of [`Self::df11_groups`]), unless it was expanded on the host.
+    pub fn df11_group(&self, index: usize) -> Option<Df11Group<'_>> {
+        let g = self.df11_groups.get(index).filter(|g| !g.expanded)?;
+        // The invariants were checked when the store was opened.
+        self.group_view(&g.fields).ok()
+    }
+
+    /// Where a weight still compressed lies: its group and its elements in the group's output.
+    pub fn df11_location(&self, name: &str) -> Option<(usize, std::ops::Range<usize>)> {
+        match &self.entries.get(name)?.source {
+            Source::Df11 { group, elements } => Some((*group, elements.clone())),
+            _ => None,
+        }
+    }
+
+    /// Expands every DF11 group still compressed on the host (rayon over
+    /// its 4 KiB blocks), so [`Self::tensor`] serves its weights as bf16 bytes.
+    pub fn expand_df11_on_host(&mut self) -> Result<(), LoadError> {
+        for index in 0..self.df11_groups.len() {
+            self.expand_group_on_host(index)?;
+        }
+        Ok(())
+    }
+
+    /// Expands on the host the group holding `name`, if it is compressed.
+    pub fn expand_df11_holding(&mut self, name: &str) -> Result<(), LoadError> {
+        match self.df11_location(name) {
+            Some((group, _)) => self.expand_group_on_host(group),
+            None => Ok(()),
+        }
+    }
+
+    fn expand_group_on_host(&mut self, index: usize) -> Result<(), LoadError> {
+        let Some(group) = self.df11_group(index) else {
+            return Ok(());
+        };
+        let stored = &self.df11_groups[index];
+        let bad = |detail: String| LoadError::Safetensors {
+            path: self.shards[stored.fields[0].0].path.clone(),
+            detail: format!("DF11 group `{}`: {detail}", stored.info.module),
+        };
+        let mut words = vec![0u16; group.n_elements()];
+        df11::expand_on_host(&group, &mut words).map_err(|e| bad(e.to_string()))?;
+        let names = stored.info.weights.clone();
+        for name in names {
+            let Some(entry) = self.entries.get_mut(&name) else { continue };
+            if let Source::Df11 { elements, .. } = &entry.source {
+                let bytes: Vec<u8> = words[elements.clone()].iter().flat_map(|w| w.to_le_bytes()).collect();
+                self.expanded.push(bytes);
+                entry.source = Source::Expanded(self.expanded.len() - 1);
+            }
+        }
+        self.df11_groups[index].expanded = true;
+        Ok(())
     }
 
     fn add_shard(&mut self, path: PathBuf) -> Result<(), LoadError> {
@@ -225,12 +304,20 @@ impl WeightStore {
             .entries
             .get(name)
             .ok_or_else(|| LoadError::MissingTensor { component: self.component.clone(), name: name.into() })?;
-        let bytes = match e.source {
+        let bytes = match &e.source {
             Source::Shard { shard, range } => {
-                let shard = &self.shards[shard];
+                let shard = &self.shards[*shard];
                 &shard.map[shard.data_start + range.0..shard.data_start + range.1]
             }
-            Source::Expanded(i) => &self.expanded[i],
+            Source::Expanded(i) => &self.expanded[*i],
+            Source::Df11 { group, .. } => {
+                return Err(LoadError::WrongTensor {
+                    component: self.component.clone(),
+                    name: name.into(),
+                    expected: "bf16 bytes".into(),
+                    found: format!("still compressed in DF11 group `{}`", self.df11_groups[*group].info.module),
+                })
+            }
         };
         Ok(TensorRef { dtype: e.dtype, shape: &e.shape, bytes })
     }
@@ -240,15 +327,17 @@ impl WeightStore {
     pub fn check(&mut self, expected: &[TensorSpec]) -> Result<(), LoadError> {
         let mut wanted: HashMap<&str, &TensorSpec> = HashMap::new();
         for spec in expected {
-            // A weight expanded from DF11 is flat until it meets its architecture.
-            if let Some(e) = self.entries.get_mut(spec.name.as_str()) {
-                let n: usize = spec.shape.iter().product();
-                if matches!(e.source, Source::Expanded(_)) && e.shape == [n] {
-                    e.shape = spec.shape.to_vec();
-                }
+            // A weight from a DF11 group is flat until it meets its architecture.
+            let e = self
+                .entries
+                .get_mut(spec.name.as_str())
+                .ok_or_else(|| LoadError::MissingTensor { component: self.component.clone(), name: spec.name.to_string() })?;
+            let n: usize = spec.shape.iter().product();
+            if matches!(e.source, Source::Df11 { .. } | Source::Expanded(_)) && e.shape == [n] {
+                e.shape = spec.shape.to_vec();
             }
             wanted.insert(spec.name.as_str(), spec);
-            let t = self.tensor(&spec.name)?;
+            let t = &*e;
             let dtype_ok = match spec.kind {
                 Kind::Float => matches!(t.dtype, Dtype::BF16 | Dtype::F16 | Dtype::F32),
                 Kind::Int => matches!(t.dtype, Dtype::I64 | Dtype::I32),
@@ -269,15 +358,18 @@ impl WeightStore {
         Ok(())
     }
 
-    /// Total bytes of tensor data.
+    /// Bytes of tensor data as held: compressed groups count their compressed size.
     pub fn data_bytes(&self) -> u64 {
-        self.entries
+        let plain: u64 = self
+            .entries
             .values()
-            .map(|e| match e.source {
+            .map(|e| match &e.source {
                 Source::Shard { range, .. } => (range.1 - range.0) as u64,
-                Source::Expanded(i) => self.expanded[i].len() as u64,
+                Source::Expanded(i) => self.expanded[*i].len() as u64,
+                Source::Df11 { .. } => 0,
             })
-            .sum()
+            .sum();
+        plain + self.df11_groups.iter().filter(|g| !g.expanded).map(|g| g.info.compressed_bytes).sum::<u64>()
     }
 }
 

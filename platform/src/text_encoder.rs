@@ -10,7 +10,8 @@
 use crate::error::{LoadError, RunError};
 use crate::gpu::Gpu;
 use crate::ops::Dispatch;
-use crate::runner::{self, collect_ops, BlockProgress, DeviceWeights, Runner};
+use crate::device_weights::{Df11Placement, DeviceWeights};
+use crate::runner::{self, collect_ops, BlockProgress, Runner};
 use crate::safetensors_store::{widen_to_f32, WeightStore};
 use flux_lite_core::config::Qwen3Config;
 use flux_lite_core::program::Op;
@@ -37,7 +38,11 @@ pub struct TextEncoder {
 impl TextEncoder {
     /// Uploads the layers needed for the `picks` hidden states, lays out the
     /// activations for `tokens` tokens and builds the RoPE tables (positions 0..tokens).
-    pub fn new(gpu: &Gpu, config: &Qwen3Config, store: WeightStore, tokens: usize, picks: [usize; 3]) -> Result<Self, RunError> {
+    ///
+    /// Layers stored as DF11 groups stay compressed on the device and are
+    /// expanded into one bf16 slot as each runs; a compressed embedding table
+    /// is expanded on the host, where its rows are gathered.
+    pub fn new(gpu: &Gpu, config: &Qwen3Config, mut store: WeightStore, tokens: usize, picks: [usize; 3]) -> Result<Self, RunError> {
         let mut arena = BumpArena::new(u64::MAX);
         let layout = TextEncoderLayout::new(config, tokens as u64, picks, &mut arena).map_err(|e| RunError::Input(e.to_string()))?;
         let arena_bytes = arena.high_water();
@@ -45,8 +50,8 @@ impl TextEncoder {
         for i in 0..layout.layers_to_run() {
             blocks.push(collect_ops(|emit| program::layer(&layout, i, emit)));
         }
-        let names = blocks.iter().flatten().flat_map(|op| op.weights()).map(|n| n.as_str());
-        let weights = DeviceWeights::upload_named(gpu, &store, names)?;
+        store.expand_df11_holding(EMBEDDING)?;
+        let weights = DeviceWeights::for_blocks(gpu, &store, &blocks, Df11Placement::PerBlock { slots: 1 })?;
         embedding_table(&store, config)?;
         let hd = config.head_dim;
         let (mut cos, mut sin) = (vec![0f32; tokens * hd], vec![0f32; tokens * hd]);

@@ -5,7 +5,8 @@
 use crate::error::{GpuError, RunError};
 use crate::gpu::Gpu;
 use crate::ops::{self, Dispatch, Elementwise, Mat};
-use crate::runner::{self, collect_ops, BlockProgress, DeviceWeights, Runner};
+use crate::device_weights::{Df11Placement, DeviceWeights};
+use crate::runner::{self, collect_ops, BlockProgress, Runner};
 use crate::safetensors_store::WeightStore;
 use flux_lite_core::config::TransformerConfig;
 use flux_lite_core::program::Op;
@@ -34,12 +35,14 @@ pub struct Transformer {
 }
 
 impl Transformer {
-    /// Uploads the weights, lays out the activations for `text` prompt tokens
-    /// and a `latent_h × latent_w` token grid, and builds the RoPE tables.
+    /// Uploads the weights (DF11 groups placed by `df11`), lays out the
+    /// activations for `text` prompt tokens and a `latent_h × latent_w`
+    /// token grid, and builds the RoPE tables.
     pub fn new(
         gpu: &Gpu,
         config: &TransformerConfig,
         store: &WeightStore,
+        df11: Df11Placement,
         text: usize,
         latent_h: usize,
         latent_w: usize,
@@ -55,7 +58,6 @@ impl Transformer {
         let layout = TransformerLayout::new(config, text as u64, image as u64, &mut arena)
             .map_err(|e| RunError::Gpu(GpuError::UnsupportedShape(e.to_string())))?;
         let arena_bytes = arena.high_water();
-        let weights = DeviceWeights::upload_all(gpu, store)?;
         let hd = config.attention_head_dim;
         let rows = text + image;
         let (mut cos, mut sin) = (vec![0f32; rows * hd], vec![0f32; rows * hd]);
@@ -77,6 +79,7 @@ impl Transformer {
             blocks.push(collect_ops(|emit| program::single_block(&layout, b, emit)));
         }
         blocks.push(collect_ops(|emit| program::epilogue(&layout, emit)));
+        let weights = DeviceWeights::for_blocks(gpu, store, &blocks, df11)?;
         let prepared = runner.prepare(gpu, &weights, &blocks)?;
         let mut euler = Vec::new();
         let mat = |s: flux_lite_core::program::Span| Mat { buf: &runner.arena, offset: s.offset, stride: s.stride };
@@ -138,9 +141,24 @@ impl Transformer {
         runner::run_prepared(gpu, &self.prepared, progress)
     }
 
-    /// Runs a list of program steps in one submission (building their dispatches now).
-    pub fn run_ops(&self, gpu: &Gpu, ops: &[Op]) -> Result<(), GpuError> {
-        gpu.submit(|enc| ops.iter().try_for_each(|op| self.runner.record(gpu, enc, &self.weights, op)))
+    /// Runs steps of block `block` (its program or a part of it) in one
+    /// submission, after expanding the weights the block keeps compressed.
+    pub fn run_ops(&self, gpu: &Gpu, block: usize, ops: &[Op]) -> Result<(), GpuError> {
+        let dispatches = self.runner.prepare_block(gpu, &self.weights, block, ops)?;
+        gpu.submit(|enc| {
+            ops::encode(enc, &dispatches);
+            Ok(())
+        })
+    }
+
+    /// Bytes of weights on the device (compressed groups and their slots included).
+    pub fn weight_bytes(&self) -> u64 {
+        self.weights.bytes()
+    }
+
+    /// Bytes of the bf16 slots DF11 groups are expanded into per block.
+    pub fn weight_slot_bytes(&self) -> u64 {
+        self.weights.slot_bytes()
     }
 
     /// The Euler step on the device: `latents += (σ_next − σ)·velocity`.

@@ -8,7 +8,8 @@
 use crate::error::{GpuError, LoadError, RunError};
 use crate::gpu::Gpu;
 use crate::ops::{self, Dispatch};
-use crate::runner::{collect_ops, DeviceWeight, DeviceWeights, Runner};
+use crate::device_weights::{DeviceWeight, DeviceWeights};
+use crate::runner::{collect_ops, Runner};
 use crate::safetensors_store::WeightStore;
 use crate::vae_bands::{self, BandRunner, HostTensors};
 use flux_lite_core::config::VaeConfig;

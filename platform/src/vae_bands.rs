@@ -12,7 +12,8 @@
 
 use crate::error::RunError;
 use crate::gpu::Gpu;
-use crate::runner::{DeviceWeights, Runner};
+use crate::device_weights::DeviceWeights;
+use crate::runner::Runner;
 use flux_lite_core::program::{Op, Span};
 use flux_lite_core::reference::ConvShape;
 use flux_lite_core::tensors::TensorName;

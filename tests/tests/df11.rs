@@ -297,8 +297,9 @@ fn an_official_df11_folder_loads_as_the_bf16_transformer() {
         .and_then(|m| m.with_transformer(&df11_dir().join("tiny-b-transformer")))
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(df11.transformer, plain.transformer, "the architecture comes from the model folder");
-    let got = df11.weights(Component::Transformer).unwrap_or_else(|e| panic!("{e}"));
+    let mut got = df11.weights(Component::Transformer).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(got.df11_groups().len(), 9);
+    got.expand_df11_on_host().unwrap_or_else(|e| panic!("{e}"));
     let names: Vec<&str> = want.names().collect();
     assert_eq!(got.names().collect::<Vec<_>>(), names);
     for name in names {
@@ -306,4 +307,49 @@ fn an_official_df11_folder_loads_as_the_bf16_transformer() {
         assert_eq!((a.dtype, a.shape), (b.dtype, b.shape), "{name}");
         assert!(a.bytes == b.bytes, "{name}: expanded bytes differ");
     }
+}
+
+/// The transformer run from the official DF11 groups, expanded on the device
+/// per block (one or two slots) or once at load, computes the bf16 model's
+/// velocity bit for bit; per-block expansion keeps only one block's groups
+/// expanded at a time.
+#[test]
+fn the_transformer_runs_from_groups_expanded_on_the_device() {
+    use flux_lite_platform::device_weights::Df11Placement;
+    use flux_lite_platform::model::{Component, ModelFolder};
+    use flux_lite_platform::transformer::Transformer;
+    let gpu = flux_lite_tests::gpu();
+    let (text, lat_h, lat_w) = (8, 2, 3);
+    let run = |model: &ModelFolder, placement: Df11Placement| {
+        let store = model.weights(Component::Transformer).unwrap_or_else(|e| panic!("{e}"));
+        let t = Transformer::new(gpu, &model.transformer, &store, placement, text, lat_h, lat_w).unwrap_or_else(|e| panic!("{e}"));
+        let prompt: Vec<f32> = (0..text * t.layout.joint_dim as usize).map(|i| ((i * 37 % 101) as f32 / 50.0) - 1.0).collect();
+        let latents: Vec<f32> = (0..lat_h * lat_w * t.layout.in_channels as usize).map(|i| ((i * 53 % 89) as f32 / 44.0) - 1.0).collect();
+        t.set_prompt(gpu, &prompt).unwrap();
+        t.set_latents(gpu, &latents).unwrap();
+        // Two passes: the second finds the slots holding the previous pass's last blocks.
+        for t_step in [900.0, 400.0] {
+            t.forward(gpu, t_step, &mut |_| {}).unwrap();
+        }
+        (t.velocity(gpu).unwrap(), t.weight_bytes(), t.weight_slot_bytes())
+    };
+    let plain = ModelFolder::open(&model_dir(MODEL)).unwrap_or_else(|e| panic!("{e}"));
+    let (want, plain_bytes, _) = run(&plain, Df11Placement::ExpandAtLoad);
+    let df11 = ModelFolder::open(&model_dir(MODEL))
+        .and_then(|m| m.with_transformer(&df11_dir().join("tiny-b-transformer")))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let groups_bf16: u64 = {
+        let store = df11.weights(Component::Transformer).unwrap();
+        store.df11_groups().map(|g| 2 * g.elements).sum()
+    };
+    let mut slots = Vec::new();
+    for placement in [Df11Placement::ExpandAtLoad, Df11Placement::PerBlock { slots: 1 }, Df11Placement::PerBlock { slots: 2 }] {
+        let (got, bytes, slot) = run(&df11, placement);
+        assert!(got.iter().map(|v| v.to_bits()).eq(want.iter().map(|v| v.to_bits())), "{placement:?}: velocity differs from bf16");
+        println!("{placement:?}: {bytes} device bytes of weights, {slot} in slots (bf16 model: {plain_bytes}; groups as bf16: {groups_bf16})");
+        slots.push(slot);
+    }
+    assert_eq!(slots[0], 0, "expanded at load: no slots");
+    assert!(slots[1] > 0 && 2 * slots[1] < groups_bf16, "one slot holds one block's groups, not all: {slots:?}");
+    assert!(slots[2] > slots[1] && slots[2] <= 2 * slots[1], "two slots: {slots:?}");
 }

@@ -40,7 +40,7 @@ fn prologue_matches_embedders_and_modulations() {
         let t_in = flux_lite_core::transformer::model_timestep(g.f32("timesteps").0[step]);
         flux_lite_core::transformer::timestep_sinusoid(t_in, &mut sinusoid);
         t.runner().write(gpu, l.sinusoid, &sinusoid);
-        t.run_ops(gpu, &t.blocks()[0]).unwrap();
+        t.run_ops(gpu, 0, &t.blocks()[0]).unwrap();
         let at = |what: &str| format!("{name} step {step} {what}");
         assert_rel_l2(&at("temb"), &t.runner().read(gpu, l.temb, 1, l.dim).unwrap(), &g.f32(&format!("temb.{step}")).0, BLOCK_TOL);
         for (span, width, golden) in [(l.mod_img, 6, "tr.mod_img"), (l.mod_txt, 6, "tr.mod_txt"), (l.mod_single, 3, "tr.mod_single")] {
@@ -62,7 +62,7 @@ fn each_double_block_matches() {
         for b in 0..t.config.num_layers {
             t.runner().write(gpu, l.stream, &g.f32(&format!("tr.double.{b}.in_txt.{step}")).0);
             t.runner().write(gpu, l.stream.rows_from(l.text), &g.f32(&format!("tr.double.{b}.in_img.{step}")).0);
-            t.run_ops(gpu, &t.blocks()[1 + b]).unwrap();
+            t.run_ops(gpu, 1 + b, &t.blocks()[1 + b]).unwrap();
             let txt = t.runner().read(gpu, l.stream, l.text, l.dim).unwrap();
             let img = t.runner().read(gpu, l.stream.rows_from(l.text), l.image, l.dim).unwrap();
             let at = |s: &str| format!("{name} step {step} double block {b} {s}");
@@ -80,7 +80,7 @@ fn each_single_block_matches() {
         let first_single = 1 + t.config.num_layers;
         for b in 0..t.config.num_single_layers {
             t.runner().write(gpu, l.stream, &g.f32(&format!("tr.single.{b}.in.{step}")).0);
-            t.run_ops(gpu, &t.blocks()[first_single + b]).unwrap();
+            t.run_ops(gpu, first_single + b, &t.blocks()[first_single + b]).unwrap();
             let got = t.runner().read(gpu, l.stream, l.text + l.image, l.dim).unwrap();
             let want = g.f32(&format!("tr.single.{b}.out.{step}")).0;
             assert_rel_l2(&format!("{name} step {step} single block {b}"), &got, &want, BLOCK_TOL);
@@ -108,8 +108,8 @@ fn epilogue_matches_norm_out_and_velocity() {
             .cloned()
             .collect();
         assert_eq!(norm_out_steps.len(), 2);
-        t.run_ops(gpu, &norm_out_steps).unwrap();
-        t.run_ops(gpu, t.blocks().last().unwrap()).unwrap();
+        t.run_ops(gpu, 0, &norm_out_steps).unwrap();
+        t.run_ops(gpu, t.blocks().len() - 1, t.blocks().last().unwrap()).unwrap();
         let normed = t.runner().read(gpu, l.normed.rows_from(l.text), l.image, l.dim).unwrap();
         assert_rel_l2(&format!("{name} step {step} norm_out"), &normed, &g.f32(&format!("tr.norm_out.{step}")).0, BLOCK_TOL);
         let cfg = g.case_json()["cfg"].as_bool().unwrap();
