@@ -80,6 +80,23 @@ impl BumpArena {
     pub fn reset(&mut self) {
         self.next = 0;
     }
+
+    /// Frees the slices handed out since [`Self::used`] returned `mark`, so
+    /// the next ones overlap them (scratch of steps that never run together).
+    /// A mark beyond what is in use changes nothing.
+    pub fn rewind(&mut self, mark: u64) {
+        self.next = self.next.min(mark);
+    }
+
+    /// Moves the next offset to at least `end`, keeping `[.., end)` in use.
+    pub fn reserve_to(&mut self, end: u64) -> Result<(), ArenaError> {
+        if end > self.capacity {
+            return Err(ArenaError::OutOfSpace { requested: end - self.next.min(end), aligned_offset: self.next, capacity: self.capacity });
+        }
+        self.next = self.next.max(end);
+        self.high_water = self.high_water.max(self.next);
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -109,6 +126,25 @@ mod tests {
         assert_eq!(a.used(), 0);
         assert_eq!(a.alloc(64, 16).unwrap().offset, 0);
         assert_eq!(a.high_water(), 64);
+    }
+
+    #[test]
+    fn rewound_slices_overlap_and_reserve_keeps_the_longer_run() {
+        let mut a = BumpArena::new(1000);
+        a.alloc(100, 1).unwrap();
+        let mark = a.used();
+        let first = a.alloc(300, 1).unwrap();
+        let first_end = a.used();
+        a.rewind(mark);
+        let second = a.alloc(200, 1).unwrap();
+        assert_eq!(second.offset, first.offset);
+        a.reserve_to(first_end).unwrap();
+        assert_eq!(a.used(), 400);
+        assert_eq!(a.alloc(10, 1).unwrap().offset, 400);
+        assert_eq!(a.high_water(), 410);
+        assert!(a.reserve_to(1001).is_err());
+        a.rewind(5000);
+        assert_eq!(a.used(), 410);
     }
 
     #[test]

@@ -12,7 +12,7 @@ use crate::df11::{self, Df11Config};
 use crate::error::{CompressError, LoadError};
 use crate::model::{Component, ModelFolder};
 use crate::output;
-use flux_lite_core::df11::{Df11Field, Df11GroupBuf};
+use flux_lite_core::df11::{layout, Df11Field, Df11GroupBuf};
 use rayon::prelude::*;
 use safetensors::tensor::Dtype;
 use std::borrow::Cow;
@@ -21,62 +21,20 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-/// FLUX.2-klein's diffusers transformer, grouped as the community klein DF11
-/// checkpoints group it (spec/df11.md §4): a double block's 12 linears, a
-/// single block's 2, and five lone linears.
-const TRANSFORMER_PATTERNS: &[(&str, &[&str])] = &[
-    (
-        r"transformer_blocks\.\d+",
-        &[
-            "attn.to_q",
-            "attn.to_k",
-            "attn.to_v",
-            "attn.to_out.0",
-            "attn.add_q_proj",
-            "attn.add_k_proj",
-            "attn.add_v_proj",
-            "attn.to_add_out",
-            "ff.linear_in",
-            "ff.linear_out",
-            "ff_context.linear_in",
-            "ff_context.linear_out",
-        ],
-    ),
-    (r"single_transformer_blocks\.\d+", &["attn.to_qkv_mlp_proj", "attn.to_out"]),
-    (r"double_stream_modulation_img\.linear", &[]),
-    (r"double_stream_modulation_txt\.linear", &[]),
-    (r"single_stream_modulation\.linear", &[]),
-    (r"context_embedder", &[]),
-    (r"norm_out\.linear", &[]),
-];
-
-/// Qwen3 (transformers names): one group per decoder layer. The embedding
-/// table stays bf16: the host gathers its rows from the file.
-const TEXT_ENCODER_PATTERNS: &[(&str, &[&str])] = &[(
-    r"model\.layers\.\d+",
-    &[
-        "self_attn.q_proj",
-        "self_attn.k_proj",
-        "self_attn.v_proj",
-        "self_attn.o_proj",
-        "mlp.gate_proj",
-        "mlp.up_proj",
-        "mlp.down_proj",
-    ],
-)];
-
 /// The one weights file of a compressed component, named as the official compressor names it.
 pub const WEIGHTS_FILE: &str = "model.safetensors";
 
 /// The `dfloat11_config` a component is compressed with; `None` for the VAE,
 /// which has no DF11 layout.
 pub fn df11_config(component: Component) -> Option<Df11Config> {
-    let patterns = match component {
-        Component::Transformer => TRANSFORMER_PATTERNS,
-        Component::TextEncoder => TEXT_ENCODER_PATTERNS,
+    let groups = match component {
+        Component::Transformer => layout::TRANSFORMER_GROUPS,
+        Component::TextEncoder => layout::TEXT_ENCODER_GROUPS,
         Component::Vae => return None,
     };
-    Some(Df11Config::new(patterns).expect("the built-in patterns are valid regexes"))
+    let keys: Vec<String> = groups.iter().map(|g| g.regex()).collect();
+    let patterns: Vec<(&str, &[&str])> = keys.iter().zip(groups).map(|(k, g)| (k.as_str(), g.linears)).collect();
+    Some(Df11Config::new(&patterns).expect("the built-in patterns are valid regexes"))
 }
 
 /// Groups encoded so far in the component being compressed.

@@ -12,6 +12,7 @@
 mod decode;
 mod error;
 mod group;
+pub mod layout;
 
 #[cfg(feature = "alloc")]
 mod codebook;
