@@ -254,6 +254,38 @@ pub mod klein_4b {
     }
 }
 
+/// The published klein-9B shapes: 8 double and 24 single blocks, 32 heads,
+/// a Qwen3-8B text encoder; the VAE is the 4B's.
+pub mod klein_9b {
+    use super::*;
+
+    pub fn transformer() -> TransformerConfig {
+        TransformerConfig {
+            num_layers: 8,
+            num_single_layers: 24,
+            num_attention_heads: 32,
+            joint_attention_dim: 12288,
+            ..klein_4b::transformer()
+        }
+    }
+
+    pub fn text_encoder() -> Qwen3Config {
+        Qwen3Config {
+            hidden_size: 4096,
+            intermediate_size: 12288,
+            num_hidden_layers: 36,
+            num_attention_heads: 32,
+            num_key_value_heads: 8,
+            tie_word_embeddings: false,
+            ..klein_4b::text_encoder()
+        }
+    }
+
+    pub fn vae() -> VaeConfig {
+        klein_4b::vae()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

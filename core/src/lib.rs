@@ -13,6 +13,7 @@ pub mod arena;
 pub mod bf16;
 pub mod config;
 pub mod df11;
+pub mod plan;
 pub mod program;
 pub mod reference;
 pub mod rng;

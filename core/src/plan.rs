@@ -1,0 +1,450 @@
+//! The memory plan. For an image size, a prompt length and a device budget
+//! it lays out every device byte of each phase (encode, denoise, decode) and
+//! picks, per phase, the fastest way to hold the weights that fits:
+//!
+//! 1. all weights resident as bf16 (DF11 groups expanded once at load);
+//! 2. DF11 groups resident compressed, expanded per block into two, then one, bf16 slot;
+//! 3. every block's weights streamed from host memory into two, then one, slot.
+//!
+//! The VAE decodes untiled when that fits, else in the largest tile that
+//! does. When nothing fits, the error names the smallest budget that would.
+//! Pure arithmetic over the configs: no weights are read.
+
+use crate::arena::BumpArena;
+use crate::config::{Qwen3Config, TransformerConfig, VaeConfig};
+use crate::df11::layout::{self, GroupPattern};
+use crate::program::Op;
+use crate::tensors::{self, TensorSpec};
+use crate::{text_encoder, transformer, vae};
+use core::fmt;
+
+/// Device bytes for what the plan does not itemise: the placeholder binding
+/// and the parameter buffers of dispatches (a few dozen bytes each).
+pub const FIXED_OVERHEAD: u64 = 64 << 10;
+/// Parameter bytes allowed per program step (a step may split into several dispatches).
+pub const OVERHEAD_PER_STEP: u64 = 512;
+/// Compressed size of a DF11 group as a fraction of its bf16 bytes, for
+/// plans made without the files: 70.1% measured on the tiny test model,
+/// 70% in the published klein DF11 checkpoints.
+pub const DF11_ESTIMATE_PERCENT: u64 = 71;
+
+/// Weight bytes of one block of a component's program.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BlockWeights {
+    /// Weights outside DF11 groups, as the device holds them.
+    pub plain: u64,
+    /// DF11 group weights expanded to bf16 (slot bytes, alignment included).
+    pub grouped: u64,
+    /// The same groups compressed, as the device holds them.
+    pub compressed: u64,
+}
+
+/// A component's weight bytes, summed and maximised over its blocks.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WeightSizes {
+    pub blocks: u64,
+    pub plain: u64,
+    pub grouped: u64,
+    pub compressed: u64,
+    /// Largest `plain + grouped` of one block: a streaming slot.
+    pub max_block: u64,
+    /// Largest `grouped` of one block: a DF11 expansion slot.
+    pub max_block_grouped: u64,
+}
+
+impl WeightSizes {
+    pub fn add_block(&mut self, b: BlockWeights) {
+        self.blocks += 1;
+        self.plain += b.plain;
+        self.grouped += b.grouped;
+        self.compressed += b.compressed;
+        self.max_block = self.max_block.max(b.plain + b.grouped);
+        self.max_block_grouped = self.max_block_grouped.max(b.grouped);
+    }
+
+    /// Whether the weights are held as DF11 groups.
+    pub fn has_df11(&self) -> bool {
+        self.compressed > 0
+    }
+
+    /// Device bytes of the weights under `s`.
+    pub fn bytes(&self, s: WeightStrategy) -> u64 {
+        match s {
+            WeightStrategy::ResidentBf16 => self.plain + self.grouped,
+            WeightStrategy::ResidentDf11 { slots } => self.plain + self.compressed + slots as u64 * self.max_block_grouped,
+            WeightStrategy::Streamed { slots } => slots as u64 * self.max_block,
+        }
+    }
+
+    /// The strategies that apply, fastest first.
+    pub fn strategies(&self) -> impl Iterator<Item = WeightStrategy> {
+        let df11 = self.has_df11();
+        [
+            Some(WeightStrategy::ResidentBf16),
+            df11.then_some(WeightStrategy::ResidentDf11 { slots: 2 }),
+            df11.then_some(WeightStrategy::ResidentDf11 { slots: 1 }),
+            Some(WeightStrategy::Streamed { slots: 2 }),
+            Some(WeightStrategy::Streamed { slots: 1 }),
+        ]
+        .into_iter()
+        .flatten()
+    }
+}
+
+/// How a component's weights are held on the device while it runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WeightStrategy {
+    /// Every weight resident as bf16 (DF11 groups expanded once at load).
+    ResidentBf16,
+    /// Plain weights and compressed DF11 groups resident; each block's
+    /// groups expanded into bf16 slot `block mod slots` as it starts.
+    ResidentDf11 { slots: u8 },
+    /// Nothing resident: each block's weights are copied from host memory
+    /// into slot `block mod slots` as it starts.
+    Streamed { slots: u8 },
+}
+
+impl fmt::Display for WeightStrategy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let plural = |n: u8| if n == 1 { "" } else { "s" };
+        match self {
+            WeightStrategy::ResidentBf16 => f.write_str("weights resident as bf16"),
+            WeightStrategy::ResidentDf11 { slots } => {
+                write!(f, "DF11 resident, expanded per block into {slots} bf16 slot{}", plural(*slots))
+            }
+            WeightStrategy::Streamed { slots } => write!(f, "streamed per block from host memory into {slots} slot{}", plural(*slots)),
+        }
+    }
+}
+
+/// The device bytes of one phase.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PhasePlan {
+    pub weights: WeightStrategy,
+    pub weight_bytes: u64,
+    /// The activation arena.
+    pub arena_bytes: u64,
+    /// Tables, masks, result buffers, readback staging and dispatch parameters.
+    pub other_bytes: u64,
+}
+
+impl PhasePlan {
+    pub fn peak(&self) -> u64 {
+        self.weight_bytes + self.arena_bytes + self.other_bytes
+    }
+}
+
+/// The VAE decode: untiled (`tile: None`) or by bands in an arena of a `tile`-pixel square.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DecodePlan {
+    pub tile: Option<u64>,
+    pub weight_bytes: u64,
+    pub arena_bytes: u64,
+    pub other_bytes: u64,
+}
+
+impl DecodePlan {
+    pub fn peak(&self) -> u64 {
+        self.weight_bytes + self.arena_bytes + self.other_bytes
+    }
+}
+
+/// Every device byte of a run, phase by phase. Phases run one after another
+/// and each frees its memory before the next allocates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Plan {
+    pub encode: PhasePlan,
+    pub denoise: PhasePlan,
+    pub decode: DecodePlan,
+}
+
+impl Plan {
+    pub fn peak(&self) -> u64 {
+        self.encode.peak().max(self.denoise.peak()).max(self.decode.peak())
+    }
+}
+
+/// What the adapter allows for one buffer and one binding.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceLimits {
+    pub max_buffer: u64,
+    pub max_binding: u64,
+}
+
+/// Everything a plan depends on.
+#[derive(Debug, Clone, Copy)]
+pub struct PlanInput<'a> {
+    pub transformer: &'a TransformerConfig,
+    pub text_encoder: &'a Qwen3Config,
+    pub vae: &'a VaeConfig,
+    pub width: u64,
+    pub height: u64,
+    pub prompt_tokens: u64,
+    /// Two transformer passes per step (classifier-free guidance).
+    pub guided: bool,
+    pub transformer_weights: WeightSizes,
+    pub text_encoder_weights: WeightSizes,
+    /// The VAE decoder's weights, always resident.
+    pub vae_weight_bytes: u64,
+    pub limits: DeviceLimits,
+    /// `None`: no limit; every phase takes its fastest strategy.
+    pub budget: Option<u64>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PlanError {
+    /// The size cannot be laid out at all (not a multiple of the latent cell, or beyond 64 bits).
+    Size(&'static str),
+    /// No strategy of `phase` fits the budget; `minimum` is the smallest budget that works for the run.
+    TooSmall { budget: u64, phase: &'static str, minimum: u64 },
+}
+
+impl fmt::Display for PlanError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PlanError::Size(why) => f.write_str(why),
+            PlanError::TooSmall { budget, phase, minimum } => write!(
+                f,
+                "--memory-budget {}: too small ({phase} needs more); the smallest budget that works for this size is {} ({minimum} B)",
+                Bytes(*budget),
+                Bytes(*minimum)
+            ),
+        }
+    }
+}
+
+/// A byte count in the largest binary unit that keeps it readable.
+#[derive(Debug, Clone, Copy)]
+pub struct Bytes(pub u64);
+
+impl fmt::Display for Bytes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
+        if self.0 < 1024 {
+            return write!(f, "{} B", self.0);
+        }
+        let mut v = self.0 as f64 / 1024.0;
+        let mut unit = 0;
+        while v >= 1024.0 && unit + 1 < UNITS.len() {
+            v /= 1024.0;
+            unit += 1;
+        }
+        // Round up, so a printed minimum always suffices.
+        let rounded = libm::ceil(v * 100.0) / 100.0;
+        write!(f, "{rounded:.2} {}", UNITS[unit])
+    }
+}
+
+/// Plans a run: each phase's fastest strategy within the budget.
+pub fn plan(input: &PlanInput<'_>) -> Result<Plan, PlanError> {
+    let encode_fixed = encode_fixed(input)?;
+    let denoise_fixed = denoise_fixed(input)?;
+    let phases = [("the text encoder", input.text_encoder_weights, encode_fixed), ("the transformer", input.transformer_weights, denoise_fixed)];
+    let choose = |weights: WeightSizes, fixed: (u64, u64), budget: u64| {
+        weights.strategies().map(|s| phase(weights, s, fixed)).find(|p| p.peak() <= budget)
+    };
+    let smallest = |weights: WeightSizes, fixed: (u64, u64)| weights.strategies().map(|s| phase(weights, s, fixed).peak()).min().unwrap_or(0);
+    let budget = input.budget.unwrap_or(u64::MAX);
+    let decode = decode_plan(input, budget);
+    let too_small = |phase: &'static str| -> PlanError {
+        let minimum = phases.iter().map(|(_, w, f)| smallest(*w, *f)).max().unwrap_or(0).max(smallest_decode(input));
+        PlanError::TooSmall { budget, phase, minimum }
+    };
+    let encode = choose(phases[0].1, encode_fixed, budget).ok_or_else(|| too_small(phases[0].0))?;
+    let denoise = choose(phases[1].1, denoise_fixed, budget).ok_or_else(|| too_small(phases[1].0))?;
+    let decode = decode.ok_or_else(|| too_small("the VAE decoder"))?;
+    Ok(Plan { encode, denoise, decode })
+}
+
+/// Every strategy for the text encoder's phase, fastest first, with its bytes.
+pub fn encode_options<'a>(input: &'a PlanInput<'a>) -> Result<impl Iterator<Item = PhasePlan> + 'a, PlanError> {
+    let fixed = encode_fixed(input)?;
+    let w = input.text_encoder_weights;
+    Ok(w.strategies().map(move |s| phase(w, s, fixed)))
+}
+
+/// Every strategy for the transformer's phase, fastest first, with its bytes.
+pub fn denoise_options<'a>(input: &'a PlanInput<'a>) -> Result<impl Iterator<Item = PhasePlan> + 'a, PlanError> {
+    let fixed = denoise_fixed(input)?;
+    let w = input.transformer_weights;
+    Ok(w.strategies().map(move |s| phase(w, s, fixed)))
+}
+
+fn phase(weights: WeightSizes, s: WeightStrategy, (arena_bytes, other_bytes): (u64, u64)) -> PhasePlan {
+    PhasePlan { weights: s, weight_bytes: weights.bytes(s), arena_bytes, other_bytes }
+}
+
+/// Parameter bytes for a program of `steps` steps.
+fn overhead(steps: u64) -> u64 {
+    FIXED_OVERHEAD + OVERHEAD_PER_STEP * steps
+}
+
+/// The text encoder's arena, and its other bytes: RoPE tables, key mask, readback of the embedding.
+fn encode_fixed(input: &PlanInput<'_>) -> Result<(u64, u64), PlanError> {
+    let c = input.text_encoder;
+    let tokens = input.prompt_tokens;
+    let mut arena = BumpArena::new(u64::MAX);
+    let l = text_encoder::TextEncoderLayout::new(c, tokens, c.output_layers(), &mut arena)
+        .map_err(|_| PlanError::Size("the text encoder's picked layers do not exist"))?;
+    let mut steps = count(|emit| text_encoder::prologue(&l, emit));
+    for i in 0..l.layers_to_run() {
+        steps += count(|emit| text_encoder::layer(&l, i, emit));
+    }
+    let tables = 2 * 4 * tokens * c.head_dim as u64 + 4 * tokens.max(1);
+    let readback = 4 * tokens * 3 * c.hidden_size as u64;
+    Ok((arena.high_water(), tables + readback + overhead(steps)))
+}
+
+/// The transformer's arena, and its other bytes: RoPE tables, the unconditional velocity, readback of the latents.
+fn denoise_fixed(input: &PlanInput<'_>) -> Result<(u64, u64), PlanError> {
+    let c = input.transformer;
+    let (lat_h, lat_w) = latent_grid(input)?;
+    let image = lat_h * lat_w;
+    let text = input.prompt_tokens;
+    let mut arena = BumpArena::new(u64::MAX);
+    let l = transformer::TransformerLayout::new(c, text, image, &mut arena).map_err(|_| PlanError::Size("the image is too large to lay out"))?;
+    let mut steps = count(|emit| transformer::prologue(&l, emit)) + count(|emit| transformer::epilogue(&l, emit)) + 1;
+    steps += c.num_layers as u64 * count(|emit| transformer::double_block(&l, 0, emit));
+    steps += c.num_single_layers as u64 * count(|emit| transformer::single_block(&l, 0, emit));
+    let tables = 2 * 4 * (text + image) * c.attention_head_dim as u64;
+    let unconditional = 4 * image * c.out_channels as u64;
+    let readback = 4 * image * c.in_channels as u64;
+    Ok((arena.high_water(), tables + unconditional + readback + overhead(steps)))
+}
+
+/// Packed latent tokens `(rows, cols)` of the image.
+fn latent_grid(input: &PlanInput<'_>) -> Result<(u64, u64), PlanError> {
+    let unit = 2 * input.vae.scale_factor() as u64;
+    if input.width == 0 || input.height == 0 || !input.width.is_multiple_of(unit) || !input.height.is_multiple_of(unit) {
+        return Err(PlanError::Size("the image size is not a positive multiple of 2 × the VAE scale factor"));
+    }
+    Ok((input.height / unit, input.width / unit))
+}
+
+/// Arena bytes of an untiled decode of a `lat_h × lat_w`-cell latent, if the adapter can bind it.
+pub fn vae_arena(cfg: &VaeConfig, lat_h: u64, lat_w: u64, limits: DeviceLimits) -> Option<u64> {
+    let mut arena = BumpArena::new(limits.max_buffer);
+    vae::VaeLayout::new(cfg, lat_h, lat_w, &mut arena).ok()?;
+    (4 * vae::largest_activation(cfg, lat_h * lat_w) <= limits.max_binding).then_some(arena.high_water())
+}
+
+/// The decode of the whole image: untiled, or banded in the largest square tile that fits.
+fn decode_plan(input: &PlanInput<'_>, budget: u64) -> Option<DecodePlan> {
+    decode_candidates(input).find(|p| p.peak() <= budget)
+}
+
+fn smallest_decode(input: &PlanInput<'_>) -> u64 {
+    decode_candidates(input).map(|p| p.peak()).min().unwrap_or(u64::MAX)
+}
+
+/// Decode layouts from the fastest (untiled) to the smallest tile.
+fn decode_candidates<'a>(input: &'a PlanInput<'a>) -> impl Iterator<Item = DecodePlan> + 'a {
+    let cfg = input.vae;
+    let scale = cfg.scale_factor() as u64;
+    let (w, h) = (input.width, input.height);
+    let weights = input.vae_weight_bytes;
+    let steps = {
+        let mut arena = BumpArena::new(u64::MAX);
+        vae::VaeLayout::new(cfg, 2, 2, &mut arena).map_or(0, |l| count(|emit| vae::decode(&l, emit)))
+    };
+    // The 8-bit levels of the image come back through a staging buffer.
+    let levels = 4 * 3 * w * h;
+    let whole = vae_arena(cfg, h / scale, w / scale, input.limits)
+        .map(|arena| DecodePlan { tile: None, weight_bytes: weights, arena_bytes: arena, other_bytes: levels + overhead(steps) });
+    let unit = 2 * scale;
+    let largest = w.max(h) / unit;
+    let tiles = (1..=largest).rev().filter_map(move |n| {
+        let tile = n * unit;
+        let arena = vae_arena(cfg, tile / scale, tile / scale, input.limits)?;
+        // Each band's result comes back through a staging buffer of at most the arena.
+        Some(DecodePlan { tile: Some(tile), weight_bytes: weights, arena_bytes: arena, other_bytes: arena + levels + overhead(steps) })
+    });
+    whole.into_iter().chain(tiles)
+}
+
+fn count(program: impl FnOnce(&mut dyn FnMut(Op))) -> u64 {
+    let mut n = 0;
+    program(&mut |_| n += 1);
+    n
+}
+
+/// Weight sizes of a component from its tensor specs, every weight bf16,
+/// grouped as `groups` says with compressed sizes estimated at
+/// [`DF11_ESTIMATE_PERCENT`] (`df11: false`: a plain bf16 model). `block_of`
+/// maps a tensor name to its block; `blocks` is the number of blocks.
+pub fn estimate_weights(
+    specs: &mut dyn FnMut(&mut dyn FnMut(&TensorSpec)),
+    groups: &[GroupPattern],
+    df11: bool,
+    blocks: usize,
+    block_of: &dyn Fn(&str) -> Option<usize>,
+) -> WeightSizes {
+    const MAX_BLOCKS: usize = 256;
+    let mut per_block = [BlockWeights::default(); MAX_BLOCKS];
+    specs(&mut |s: &TensorSpec| {
+        let Some(b) = block_of(&s.name).filter(|&b| b < blocks.min(MAX_BLOCKS)) else { return };
+        let bytes = 2 * s.shape.iter().product::<usize>() as u64;
+        if df11 && layout::grouped(groups, &s.name) {
+            // Slot offsets of groups are rounded to 128 elements.
+            per_block[b].grouped += bytes.next_multiple_of(256);
+            per_block[b].compressed += bytes * DF11_ESTIMATE_PERCENT / 100;
+        } else {
+            per_block[b].plain += bytes;
+        }
+    });
+    let mut sizes = WeightSizes::default();
+    per_block.iter().take(blocks.min(MAX_BLOCKS)).for_each(|b| sizes.add_block(*b));
+    sizes
+}
+
+/// The transformer's weight sizes by program block (prologue, doubles, singles, epilogue), estimated from the config.
+pub fn transformer_weights(c: &TransformerConfig, df11: bool) -> WeightSizes {
+    let (doubles, singles) = (c.num_layers, c.num_single_layers);
+    let block_of = |name: &str| -> Option<usize> {
+        let index = |rest: &str| rest.split('.').next().and_then(|n| n.parse::<usize>().ok());
+        if let Some(rest) = name.strip_prefix("transformer_blocks.") {
+            index(rest).map(|i| 1 + i)
+        } else if let Some(rest) = name.strip_prefix("single_transformer_blocks.") {
+            index(rest).map(|i| 1 + doubles + i)
+        } else if name.starts_with("proj_out.") {
+            Some(1 + doubles + singles)
+        } else {
+            // The embedders and every modulation, `norm_out`'s included, run in the prologue.
+            Some(0)
+        }
+    };
+    estimate_weights(&mut |sink| tensors::transformer(c, sink), layout::TRANSFORMER_GROUPS, df11, doubles + singles + 2, &block_of)
+}
+
+/// The text encoder's weight sizes by block (prologue, then the layers up
+/// to the deepest picked state), estimated from the config. The embedding
+/// table stays on the host.
+pub fn text_encoder_weights(c: &Qwen3Config, df11: bool) -> WeightSizes {
+    let layers = c.output_layers().into_iter().max().unwrap_or(0).min(c.num_hidden_layers);
+    let block_of = |name: &str| -> Option<usize> {
+        if let Some(rest) = name.strip_prefix("model.layers.") {
+            rest.split('.').next().and_then(|n| n.parse::<usize>().ok()).filter(|&i| i < layers).map(|i| 1 + i)
+        } else if name == "model.norm.weight" {
+            // Read by the last layer run only when the last hidden state is picked.
+            (layers == c.num_hidden_layers).then_some(layers)
+        } else {
+            None
+        }
+    };
+    estimate_weights(&mut |sink| tensors::text_encoder(c, sink), layout::TEXT_ENCODER_GROUPS, df11, layers + 1, &block_of)
+}
+
+/// The VAE decoder's weight bytes (bf16), estimated from the config.
+pub fn vae_decoder_weights(c: &VaeConfig) -> u64 {
+    let mut bytes = 0;
+    tensors::vae(c, |s| {
+        let n = s.name.as_str();
+        if n.starts_with("decoder.") || n.starts_with("post_quant_conv.") || n.starts_with("bn.running_") {
+            bytes += 2 * s.shape.iter().product::<usize>() as u64;
+        }
+    });
+    bytes
+}
+
+#[cfg(test)]
+mod tests;
