@@ -21,17 +21,25 @@ pub struct EncodeArgs {
     /// where to write the embeddings (safetensors)
     #[argh(option)]
     output: PathBuf,
+    /// device memory the encode may allocate, e.g. 2GiB (default: no limit)
+    #[argh(option, from_str_fn(parse_budget))]
+    memory_budget: Option<u64>,
     /// no progress bar
     #[argh(switch)]
     quiet: bool,
 }
 
+fn parse_budget(text: &str) -> Result<u64, String> {
+    crate::budget::parse_memory_budget(text)
+}
+
 pub fn run(args: &EncodeArgs) -> Result<(), String> {
     let model = ModelFolder::open(&args.model).map_err(|e| e.to_string())?;
     let gpu = Gpu::new(&GpuOptions::default()).map_err(|e| e.to_string())?;
+    let plan = pipeline::plan_encode(&gpu, &model, args.memory_budget).map_err(|e| e.to_string())?;
     let mut bar = Bar::new(args.quiet);
     let mut timings = Timings::default();
-    let encoded = pipeline::encode_prompts(&gpu, &model, &[&args.prompt], &mut timings, &mut |p| bar.show(p));
+    let encoded = pipeline::encode_prompts(&gpu, &model, plan.weights, &[&args.prompt], &mut timings, &mut |p| bar.show(p));
     bar.finish();
     let encoded = encoded.map_err(|e| e.to_string())?.remove(0);
     if let Some(w) = &encoded.truncation_warning {

@@ -6,6 +6,7 @@ use flux_lite_platform::embeddings_file::{self, EmbeddingsFile};
 use flux_lite_platform::model::ModelFolder;
 use flux_lite_platform::pipeline::{self, Request, Timings};
 use flux_lite_platform::{denoise, output, Gpu, GpuOptions};
+use flux_lite_core::plan::WeightStrategy;
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -46,6 +47,9 @@ pub struct GenArgs {
     /// VAE device memory as for a square image of this many pixels; larger images decode by bands (default: untiled while the image fits)
     #[argh(option)]
     vae_tile: Option<usize>,
+    /// device memory the run may allocate, e.g. 2GiB or 512MiB (default: no limit, everything resident)
+    #[argh(option, from_str_fn(parse_budget))]
+    memory_budget: Option<u64>,
     /// also write the final packed latents (safetensors, tensor `latents` [tokens, channels])
     #[argh(option)]
     output_latents: Option<PathBuf>,
@@ -59,6 +63,10 @@ pub struct GenArgs {
 
 /// Steps above this are refused as a typo rather than run for hours.
 const MAX_STEPS: usize = 1000;
+
+fn parse_budget(text: &str) -> Result<u64, String> {
+    crate::budget::parse_memory_budget(text)
+}
 
 pub fn run(args: &GenArgs) -> Result<(), String> {
     let started = Instant::now();
@@ -112,24 +120,34 @@ pub fn run(args: &GenArgs) -> Result<(), String> {
     if args.verbose {
         eprintln!("adapter: {}", gpu.describe());
     }
+    let request =
+        Request { width: args.width, height: args.height, steps, seed, guidance, vae_tile: args.vae_tile, memory_budget: args.memory_budget };
+    let plan = pipeline::plan(&gpu, &model, &request).map_err(|e| e.to_string())?;
+    if args.verbose {
+        eprintln!("plan: text encoder {}; transformer {}", plan.encode.weights, plan.denoise.weights);
+        match plan.decode.tile {
+            Some(tile) => eprintln!("plan: VAE in bands, arena of a {tile}-pixel square"),
+            None => eprintln!("plan: VAE untiled"),
+        }
+    }
     let mut timings = Timings::default();
     let mut bar = Bar::new(args.quiet);
     let guided = pipeline::uses_guidance(&model, guidance);
+    let te = plan.encode.weights;
     let (positive, negative) = match from_file {
         Some((positive, Some(negative))) => (positive, Some(negative)),
-        Some((positive, None)) if guided => (positive, Some(encode(&gpu, &model, &[""], &mut timings, &mut bar)?.remove(0))),
+        Some((positive, None)) if guided => (positive, Some(encode(&gpu, &model, te, &[""], &mut timings, &mut bar)?.remove(0))),
         Some((positive, None)) => (positive, None),
         None => {
             let prompts: &[&str] = if guided { &[&prompt_text, ""] } else { &[&prompt_text] };
-            let mut e = encode(&gpu, &model, prompts, &mut timings, &mut bar)?.into_iter();
+            let mut e = encode(&gpu, &model, te, prompts, &mut timings, &mut bar)?.into_iter();
             (e.next().unwrap_or_default(), e.next())
         }
     };
-    let request = Request { width: args.width, height: args.height, steps, seed, guidance, vae_tile: args.vae_tile };
     let mut show = |p| bar.show(p);
-    let latents = pipeline::denoise(&gpu, &model, &request, &positive, negative.as_deref(), &mut timings, &mut show);
+    let latents = pipeline::denoise(&gpu, &model, &request, plan.denoise.weights, &positive, negative.as_deref(), &mut timings, &mut show);
     let image = match (&latents, &args.output) {
-        (Ok(latents), Some(_)) => Some(pipeline::decode(&gpu, &model, &request, latents, &mut timings, &mut show)),
+        (Ok(latents), Some(_)) => Some(pipeline::decode(&gpu, &model, &request, plan.decode.tile, latents, &mut timings, &mut show)),
         _ => None,
     };
     bar.finish();
@@ -156,6 +174,14 @@ pub fn run(args: &GenArgs) -> Result<(), String> {
         output::write_atomically(path, &png)?;
         eprintln!("wrote {}", path.display());
     }
+    if args.verbose {
+        let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+        let peak = gpu.memory().high_water;
+        match args.memory_budget {
+            Some(budget) => eprintln!("peak device memory: {:.2} MiB of budget {:.2} MiB (planned {:.2} MiB)", mib(peak), mib(budget), mib(plan.peak())),
+            None => eprintln!("peak device memory: {:.2} MiB, no budget (planned {:.2} MiB)", mib(peak), mib(plan.peak())),
+        }
+    }
     let per_step: Vec<String> = timings.steps.iter().map(|d| format!("{:.2}s", d.as_secs_f64())).collect();
     eprintln!(
         "time: load {:.2}s, encode {:.2}s, steps [{}], decode {:.2}s, total {:.2}s",
@@ -169,8 +195,15 @@ pub fn run(args: &GenArgs) -> Result<(), String> {
 }
 
 /// Encodes prompts, printing any truncation warning on its own line.
-fn encode(gpu: &Gpu, model: &ModelFolder, prompts: &[&str], timings: &mut Timings, bar: &mut Bar) -> Result<Vec<Vec<f32>>, String> {
-    let encoded = pipeline::encode_prompts(gpu, model, prompts, timings, &mut |p| bar.show(p)).map_err(|e| {
+fn encode(
+    gpu: &Gpu,
+    model: &ModelFolder,
+    strategy: WeightStrategy,
+    prompts: &[&str],
+    timings: &mut Timings,
+    bar: &mut Bar,
+) -> Result<Vec<Vec<f32>>, String> {
+    let encoded = pipeline::encode_prompts(gpu, model, strategy, prompts, timings, &mut |p| bar.show(p)).map_err(|e| {
         bar.finish();
         e.to_string()
     })?;

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 mod bench;
+mod budget;
 mod compress;
 mod encode;
 mod gen;

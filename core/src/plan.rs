@@ -50,6 +50,8 @@ pub struct WeightSizes {
     pub max_block: u64,
     /// Largest `grouped` of one block: a DF11 expansion slot.
     pub max_block_grouped: u64,
+    /// Weights several blocks read, resident under every strategy.
+    pub shared: u64,
 }
 
 impl WeightSizes {
@@ -69,11 +71,12 @@ impl WeightSizes {
 
     /// Device bytes of the weights under `s`.
     pub fn bytes(&self, s: WeightStrategy) -> u64 {
-        match s {
-            WeightStrategy::ResidentBf16 => self.plain + self.grouped,
-            WeightStrategy::ResidentDf11 { slots } => self.plain + self.compressed + slots as u64 * self.max_block_grouped,
-            WeightStrategy::Streamed { slots } => slots as u64 * self.max_block,
-        }
+        self.shared
+            + match s {
+                WeightStrategy::ResidentBf16 => self.plain + self.grouped,
+                WeightStrategy::ResidentDf11 { slots } => self.plain + self.compressed + slots as u64 * self.max_block_grouped,
+                WeightStrategy::Streamed { slots } => slots as u64 * self.max_block,
+            }
     }
 
     /// The strategies that apply, fastest first.
@@ -368,12 +371,15 @@ fn count(program: impl FnOnce(&mut dyn FnMut(Op))) -> u64 {
     n
 }
 
+/// Calls its argument with every tensor spec of a component.
+pub type SpecSource<'a> = dyn FnMut(&mut dyn FnMut(&TensorSpec)) + 'a;
+
 /// Weight sizes of a component from its tensor specs, every weight bf16,
 /// grouped as `groups` says with compressed sizes estimated at
 /// [`DF11_ESTIMATE_PERCENT`] (`df11: false`: a plain bf16 model). `block_of`
 /// maps a tensor name to its block; `blocks` is the number of blocks.
 pub fn estimate_weights(
-    specs: &mut dyn FnMut(&mut dyn FnMut(&TensorSpec)),
+    specs: &mut SpecSource<'_>,
     groups: &[GroupPattern],
     df11: bool,
     blocks: usize,

@@ -1,22 +1,25 @@
-//! A component's weights on the device, placed for its block programs.
+//! A component's weights on the device, placed for its block programs as
+//! the plan's [`WeightStrategy`] says:
 //!
-//! Plain tensors are uploaded once. A DF11 group stays compressed on the
-//! device when one block alone reads it: `df11_decode` expands it into a
-//! shared bf16 slot at the start of that block, so the bf16 weights of only
-//! one block (or two, with two slots) exist at a time. Any other group is
-//! expanded once, on the device, when it is loaded.
+//! - resident bf16: plain tensors uploaded once, DF11 groups expanded once on the device;
+//! - DF11 resident: a group that one block alone reads stays compressed and
+//!   `df11_decode` expands it into a bf16 slot at the start of that block, so
+//!   only one block's (or two blocks') bf16 weights exist at a time;
+//! - streamed: every weight one block alone reads is copied from host memory
+//!   into a slot as that block starts.
+//!
+//! Weights that several blocks read stay resident under every strategy.
 
 use crate::df11::Df11DeviceGroup;
 use crate::error::{GpuError, LoadError, RunError};
 use crate::gpu::Gpu;
 use crate::ops::{self, Weight, WeightDtype};
 use crate::safetensors_store::{widen_to_f32, TensorRef, WeightStore};
+use flux_lite_core::plan::{BlockWeights, WeightSizes, WeightStrategy};
 use flux_lite_core::program::Op;
 use safetensors::tensor::Dtype;
 use std::collections::HashMap;
 
-/// Element alignment of a group in a slot (`df11_decode` starts groups on a binding boundary).
-const GROUP_ALIGN: u64 = 128;
 
 /// A weight tensor on the device: `buffer` from element `offset` on.
 #[derive(Debug)]
@@ -54,15 +57,89 @@ impl DeviceWeight {
     }
 }
 
-/// Where the DF11 groups of a component are expanded.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Df11Placement {
-    /// Every group once, at load: the weights are resident as bf16.
-    ExpandAtLoad,
-    /// A group that one block alone reads stays compressed and is expanded
-    /// at the start of that block into slot `block mod slots` (1 or 2 slots:
-    /// with two, a block's expansion need not wait for the previous block).
-    PerBlock { slots: usize },
+/// Byte alignment of a weight or a group in a slot (a binding offset; `df11_decode` starts groups on 128 elements).
+const SLOT_ALIGN: u64 = 256;
+
+/// Which weights each block reads alone, and which several blocks share.
+#[derive(Debug, Default)]
+struct Assignment {
+    /// Per block: plain weights and DF11 groups only it reads, in order of first use.
+    own: Vec<(Vec<String>, Vec<usize>)>,
+    shared_plain: Vec<String>,
+    shared_groups: Vec<usize>,
+}
+
+impl Assignment {
+    fn new(store: &WeightStore, blocks: &[Vec<Op>]) -> Self {
+        #[derive(PartialEq, Eq, Hash, Clone)]
+        enum Key {
+            Plain(String),
+            Group(usize),
+        }
+        let mut readers: Vec<(Key, Vec<usize>)> = Vec::new();
+        let mut index: HashMap<Key, usize> = HashMap::new();
+        for (b, block) in blocks.iter().enumerate() {
+            for name in block.iter().flat_map(|op| op.weights()).map(|n| n.as_str()) {
+                let key = match store.df11_location(name) {
+                    Some((group, _)) => Key::Group(group),
+                    None => Key::Plain(name.to_string()),
+                };
+                match index.get(&key) {
+                    Some(&i) if readers[i].1.last() != Some(&b) => readers[i].1.push(b),
+                    Some(_) => {}
+                    None => {
+                        index.insert(key.clone(), readers.len());
+                        readers.push((key, vec![b]));
+                    }
+                }
+            }
+        }
+        let mut a = Assignment { own: vec![(Vec::new(), Vec::new()); blocks.len()], ..Default::default() };
+        for (key, bs) in readers {
+            match (key, bs.as_slice()) {
+                (Key::Plain(n), &[b]) => a.own[b].0.push(n),
+                (Key::Group(g), &[b]) => a.own[b].1.push(g),
+                (Key::Plain(n), _) => a.shared_plain.push(n),
+                (Key::Group(g), _) => a.shared_groups.push(g),
+            }
+        }
+        a
+    }
+}
+
+/// Device bytes of a plain tensor as uploaded (f16 widens to f32).
+fn plain_bytes(t: TensorRef<'_>) -> u64 {
+    let bytes = t.bytes.len() as u64;
+    if t.dtype == Dtype::F16 { 2 * bytes } else { bytes }.next_multiple_of(4)
+}
+
+/// Whether a tensor can be copied into a slot as stored (bf16 or f32).
+fn streamable(t: TensorRef<'_>) -> bool {
+    matches!(t.dtype, Dtype::BF16 | Dtype::F32)
+}
+
+/// A block's weights summed as the planner counts them.
+fn block_weights(store: &WeightStore, plain: &[String], groups: &[usize]) -> Result<BlockWeights, RunError> {
+    let mut b = BlockWeights::default();
+    for name in plain {
+        b.plain += plain_bytes(store.tensor(name)?).next_multiple_of(SLOT_ALIGN);
+    }
+    for &g in groups {
+        // Streamed, each weight of the group takes its own aligned place (at least the group's expanded bytes).
+        let group = compressed(store, g)?;
+        b.grouped += group.weight_ranges().map(|r| (2 * r.len() as u64).next_multiple_of(SLOT_ALIGN)).sum::<u64>();
+        b.compressed += Df11DeviceGroup::device_bytes_of(&group);
+    }
+    Ok(b)
+}
+
+/// A weight copied from host memory into a slot as its block starts.
+#[derive(Debug, Clone)]
+struct StreamedWeight {
+    name: String,
+    slot: usize,
+    /// Byte offset in the slot.
+    offset: u64,
 }
 
 /// A group expansion recorded at the start of a block.
@@ -83,72 +160,125 @@ pub struct DeviceWeights {
     slots: Vec<wgpu::Buffer>,
     /// The expansions at the start of each block.
     fills: Vec<Vec<SlotFill>>,
+    /// The copies from host memory at the start of each block.
+    streams: Vec<Vec<StreamedWeight>>,
     /// Device bytes held: plain tensors, expanded groups, compressed groups, slots.
     bytes: u64,
 }
 
 impl DeviceWeights {
-    /// Places the weights that `blocks` (run in order) read.
-    pub fn for_blocks(gpu: &Gpu, store: &WeightStore, blocks: &[Vec<Op>], placement: Df11Placement) -> Result<Self, RunError> {
-        let mut weights = Self::default();
-        // Blocks reading each compressed group, in order of first use.
-        let mut readers: Vec<(usize, Vec<usize>)> = Vec::new();
-        for (b, block) in blocks.iter().enumerate() {
-            for name in block.iter().flat_map(|op| op.weights()).map(|n| n.as_str()) {
-                match store.df11_location(name) {
-                    Some((group, _)) => match readers.iter_mut().find(|(g, _)| *g == group) {
-                        Some((_, bs)) if bs.last() == Some(&b) => {}
-                        Some((_, bs)) => bs.push(b),
-                        None => readers.push((group, vec![b])),
-                    },
-                    None if !weights.map.contains_key(name) => {
-                        let w = DeviceWeight::upload(gpu, &store.component, name, store.tensor(name)?)?;
-                        weights.bytes += w.buffer.size();
-                        weights.map.insert(name.to_string(), w);
-                    }
-                    None => {}
+    /// The weight bytes of each block of `blocks` and of what they share,
+    /// as [`Self::for_blocks`] lays them out, for the planner.
+    pub fn sizes(store: &WeightStore, blocks: &[Vec<Op>]) -> Result<WeightSizes, RunError> {
+        let a = Assignment::new(store, blocks);
+        let mut sizes = WeightSizes::default();
+        for (plain, groups) in &a.own {
+            sizes.add_block(block_weights(store, plain, groups)?);
+        }
+        let shared = block_weights(store, &a.shared_plain, &a.shared_groups)?;
+        sizes.shared = shared.plain + shared.grouped;
+        Ok(sizes)
+    }
+
+    /// Places the weights that `blocks` (run in order) read, as `strategy`
+    /// says. Weights several blocks read are resident under every strategy.
+    /// Streaming reads weights from `store` as each block starts: a
+    /// component stored as DF11 must be expanded on the host first.
+    pub fn for_blocks(gpu: &Gpu, store: &WeightStore, blocks: &[Vec<Op>], strategy: WeightStrategy) -> Result<Self, RunError> {
+        let a = Assignment::new(store, blocks);
+        let mut w = Self { fills: vec![Vec::new(); blocks.len()], streams: vec![Vec::new(); blocks.len()], ..Self::default() };
+        for name in &a.shared_plain {
+            w.upload(gpu, store, name)?;
+        }
+        for &g in &a.shared_groups {
+            w.expand_at_load(gpu, store, g)?;
+        }
+        let slots = match strategy {
+            WeightStrategy::ResidentBf16 => 0,
+            WeightStrategy::ResidentDf11 { slots } | WeightStrategy::Streamed { slots } => (slots as usize).clamp(1, 2),
+        };
+        let mut slot_bytes = vec![0u64; slots];
+        // (weight, slot, element offset) of the weights that live in a slot.
+        let mut in_slots: Vec<(String, usize, u64, WeightDtype)> = Vec::new();
+        for (block, (plain, groups)) in a.own.iter().enumerate() {
+            let slot = if slots > 0 { block % slots } else { 0 };
+            let mut cursor = 0u64;
+            for name in plain {
+                let t = store.tensor(name)?;
+                if matches!(strategy, WeightStrategy::Streamed { .. }) && streamable(t) {
+                    let offset = cursor.next_multiple_of(SLOT_ALIGN);
+                    cursor = offset + t.bytes.len() as u64;
+                    let dtype = if t.dtype == Dtype::F32 { WeightDtype::F32 } else { WeightDtype::Bf16 };
+                    let elem = if dtype == WeightDtype::F32 { 4 } else { 2 };
+                    in_slots.push((name.clone(), slot, offset / elem, dtype));
+                    w.streams[block].push(StreamedWeight { name: name.clone(), slot, offset });
+                } else {
+                    w.upload(gpu, store, name)?;
                 }
             }
-        }
-        let slots = match placement {
-            Df11Placement::PerBlock { slots } => slots.clamp(1, 2),
-            Df11Placement::ExpandAtLoad => 0,
-        };
-        weights.fills = vec![Vec::new(); blocks.len()];
-        let mut slot_elements = vec![0u64; slots];
-        let mut cursor = vec![0u64; blocks.len()];
-        // (weight, slot, first element) of the weights that live in a slot.
-        let mut in_slots: Vec<(String, usize, u64)> = Vec::new();
-        for (group, bs) in readers {
-            match bs.as_slice() {
-                &[block] if slots > 0 => {
-                    let g = compressed(store, group)?;
-                    let info = group_info(store, group)?;
-                    let base = cursor[block].next_multiple_of(GROUP_ALIGN);
-                    cursor[block] = base + g.n_elements() as u64;
-                    let slot = block % slots;
-                    slot_elements[slot] = slot_elements[slot].max(cursor[block]);
-                    for (name, elements) in info.weights.iter().zip(g.weight_ranges()) {
-                        in_slots.push((name.clone(), slot, base + elements.start as u64));
+            for &g in groups {
+                match strategy {
+                    WeightStrategy::ResidentBf16 => w.expand_at_load(gpu, store, g)?,
+                    WeightStrategy::ResidentDf11 { .. } => {
+                        let group = compressed(store, g)?;
+                        let info = group_info(store, g)?;
+                        let base = cursor.next_multiple_of(SLOT_ALIGN);
+                        cursor = base + 2 * group.n_elements() as u64;
+                        for (name, elements) in info.weights.iter().zip(group.weight_ranges()) {
+                            in_slots.push((name.clone(), slot, base / 2 + elements.start as u64, WeightDtype::Bf16));
+                        }
+                        let device = Df11DeviceGroup::upload(gpu, &group);
+                        w.bytes += device.device_bytes();
+                        w.fills[block].push(SlotFill { group: w.groups.len(), slot, base: base / 2 });
+                        w.groups.push(device);
                     }
-                    let device = Df11DeviceGroup::upload(gpu, &g);
-                    weights.bytes += device.device_bytes();
-                    weights.fills[block].push(SlotFill { group: weights.groups.len(), slot, base });
-                    weights.groups.push(device);
+                    WeightStrategy::Streamed { .. } => {
+                        return Err(RunError::Input(format!(
+                            "{}: DF11 group `{}` must be expanded on the host before its weights can be streamed",
+                            store.component,
+                            group_info(store, g)?.module
+                        )))
+                    }
                 }
-                _ => weights.expand_at_load(gpu, store, group)?,
+            }
+            if slots > 0 {
+                slot_bytes[slot] = slot_bytes[slot].max(cursor);
             }
         }
         // Slots hold whole u32 words: an odd group's last element shares one.
-        slot_elements.retain(|&n| n > 0);
-        weights.slots =
-            slot_elements.iter().enumerate().map(|(i, &n)| gpu.storage(&format!("bf16 weight slot {i}"), 2 * n.next_multiple_of(2))).collect();
-        weights.bytes += weights.slot_bytes();
-        for (name, slot, offset) in in_slots {
-            let w = DeviceWeight { buffer: weights.slots[slot].clone(), offset, dtype: WeightDtype::Bf16 };
-            weights.map.insert(name, w);
+        slot_bytes.retain(|&n| n > 0);
+        w.slots = slot_bytes.iter().enumerate().map(|(i, &n)| gpu.storage(&format!("weight slot {i}"), n)).collect();
+        w.bytes += w.slot_bytes();
+        for (name, slot, offset, dtype) in in_slots {
+            w.map.insert(name, DeviceWeight { buffer: w.slots[slot].clone(), offset, dtype });
         }
-        Ok(weights)
+        Ok(w)
+    }
+
+    fn upload(&mut self, gpu: &Gpu, store: &WeightStore, name: &str) -> Result<(), RunError> {
+        if !self.map.contains_key(name) {
+            let weight = DeviceWeight::upload(gpu, &store.component, name, store.tensor(name)?)?;
+            self.insert(name, weight);
+        }
+        Ok(())
+    }
+
+    /// Copies the weights block `block` streams from host memory into its slot.
+    /// The copy is queued before the block's dispatches are submitted.
+    pub fn stream_in(&self, gpu: &Gpu, store: &WeightStore, block: usize) -> Result<(), RunError> {
+        for s in self.streams.get(block).into_iter().flatten() {
+            let bytes = store.tensor(&s.name)?.bytes;
+            let whole = bytes.len() / 4 * 4;
+            if whole > 0 {
+                gpu.queue.write_buffer(&self.slots[s.slot], s.offset, &bytes[..whole]);
+            }
+            if whole < bytes.len() {
+                let mut tail = [0u8; 4];
+                tail[..bytes.len() - whole].copy_from_slice(&bytes[whole..]);
+                gpu.queue.write_buffer(&self.slots[s.slot], s.offset + whole as u64, &tail);
+            }
+        }
+        Ok(())
     }
 
     /// Expands group `group` once into its own bf16 buffer and maps its weights there.

@@ -177,6 +177,13 @@ impl Df11DeviceGroup {
         self.n_elements
     }
 
+    /// Device bytes [`Self::upload`] would take for `group`.
+    pub fn device_bytes_of(group: &Df11Group<'_>) -> u64 {
+        let f = group.fields();
+        let words = |n: usize| (n.div_ceil(4).max(1) * 4) as u64;
+        words(f.luts.len()) + words(f.encoded_exponent.len()) + words(f.sign_mantissa.len()) + words(f.gaps.len() + 4) + 4 * (group.n_blocks() as u64 + 1)
+    }
+
     /// Device bytes the compressed group takes.
     pub fn device_bytes(&self) -> u64 {
         [&self.luts, &self.stream, &self.sign_mantissa, &self.gaps, &self.positions].iter().map(|b| b.size()).sum()

@@ -4,6 +4,7 @@
 use crate::error::GpuError;
 use flux_lite_kernels::{Kernel, Module};
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use wgpu::util::DeviceExt;
 
@@ -90,6 +91,32 @@ pub struct Gpu {
     placeholder: wgpu::Buffer,
     modules: Mutex<HashMap<Module, wgpu::ShaderModule>>,
     pipelines: Mutex<HashMap<PipelineKey, Arc<wgpu::ComputePipeline>>>,
+    memory: MemoryCounter,
+}
+
+/// Device bytes allocated through [`Gpu`]: every buffer flux-lite creates is
+/// counted when created; a phase starts from the device's own buffers again
+/// once the previous phase's objects are dropped ([`Gpu::begin_phase`]).
+/// Readback staging is counted while it lives.
+#[derive(Debug, Default)]
+struct MemoryCounter {
+    /// Bytes of the buffers the device itself keeps (the placeholder).
+    base: AtomicU64,
+    live: AtomicU64,
+    high_water: AtomicU64,
+    /// Buffers created so far.
+    allocations: AtomicU64,
+}
+
+/// A snapshot of [`Gpu::memory`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceMemory {
+    /// Bytes of this phase's buffers.
+    pub live: u64,
+    /// The most bytes live at once since the device was made.
+    pub high_water: u64,
+    /// Buffers created since the device was made.
+    pub allocations: u64,
 }
 
 impl Gpu {
@@ -125,7 +152,12 @@ impl Gpu {
             usage: storage_usage(),
             mapped_at_creation: false,
         });
+        let memory = MemoryCounter::default();
+        memory.base.store(placeholder.size(), Ordering::Relaxed);
+        memory.live.store(placeholder.size(), Ordering::Relaxed);
+        memory.high_water.store(placeholder.size(), Ordering::Relaxed);
         Ok(Self {
+            memory,
             placeholder,
             device,
             queue,
@@ -201,11 +233,53 @@ impl Gpu {
             padded = v;
             &padded
         };
+        self.count(contents.len() as u64);
         self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
             label: Some(label),
             contents,
             usage: storage_usage(),
         })
+    }
+
+    /// A uniform buffer holding a dispatch's parameters (rewritable).
+    pub fn uniform(&self, label: &str, bytes: &[u8]) -> wgpu::Buffer {
+        self.count(bytes.len().div_ceil(4) as u64 * 4);
+        self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some(label),
+            contents: bytes,
+            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+        })
+    }
+
+    fn count(&self, bytes: u64) {
+        let m = &self.memory;
+        m.allocations.fetch_add(1, Ordering::Relaxed);
+        let live = m.live.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        m.high_water.fetch_max(live, Ordering::Relaxed);
+    }
+
+    fn uncount(&self, bytes: u64) {
+        let _ = self.memory.live.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |l| Some(l.saturating_sub(bytes)));
+    }
+
+    /// Device bytes allocated: live in this phase, the high-water mark, the number of buffers.
+    pub fn memory(&self) -> DeviceMemory {
+        let m = &self.memory;
+        DeviceMemory {
+            live: m.live.load(Ordering::Relaxed),
+            high_water: m.high_water.load(Ordering::Relaxed),
+            allocations: m.allocations.load(Ordering::Relaxed),
+        }
+    }
+
+    /// The limits the memory planner lays buffers out under.
+    pub fn plan_limits(&self) -> flux_lite_core::plan::DeviceLimits {
+        flux_lite_core::plan::DeviceLimits { max_buffer: self.limits.max_buffer_size, max_binding: self.max_binding() }
+    }
+
+    /// Starts counting a new phase: the caller has dropped every buffer of the previous one.
+    pub fn begin_phase(&self) {
+        self.memory.live.store(self.memory.base.load(Ordering::Relaxed), Ordering::Relaxed);
     }
 
     pub fn upload_f32(&self, label: &str, data: &[f32]) -> wgpu::Buffer {
@@ -223,9 +297,11 @@ impl Gpu {
 
     /// An uninitialised (zeroed) storage buffer of at least `bytes`.
     pub fn storage(&self, label: &str, bytes: u64) -> wgpu::Buffer {
+        let size = bytes.div_ceil(4).max(1) * 4;
+        self.count(size);
         self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some(label),
-            size: bytes.div_ceil(4).max(1) * 4,
+            size,
             usage: storage_usage(),
             mapped_at_creation: false,
         })
@@ -250,6 +326,13 @@ impl Gpu {
             return Ok(Vec::new());
         }
         let padded = len.div_ceil(4) * 4;
+        self.count(padded);
+        let result = self.read_through_staging(buffer, offset, padded, len);
+        self.uncount(padded);
+        result
+    }
+
+    fn read_through_staging(&self, buffer: &wgpu::Buffer, offset: u64, padded: u64, len: u64) -> Result<Vec<u8>, GpuError> {
         let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("readback"),
             size: padded,

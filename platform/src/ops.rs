@@ -210,14 +210,7 @@ fn dispatch<P: Pod>(
     debug_assert_eq!(size_of::<P>(), kernel.params_size);
     debug_assert_eq!(storage.len(), kernel.storage.len());
     let pipeline = gpu.pipeline(kernel, constants);
-    let uniform = wgpu::util::DeviceExt::create_buffer_init(
-        &gpu.device,
-        &wgpu::util::BufferInitDescriptor {
-            label: Some(kernel.entry),
-            contents: bytemuck::bytes_of(params),
-            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
-        },
-    );
+    let uniform = gpu.uniform(kernel.entry, bytemuck::bytes_of(params));
     let mut entries = vec![wgpu::BindGroupEntry { binding: 0, resource: uniform.as_entire_binding() }];
     entries.extend(
         storage

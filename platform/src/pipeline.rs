@@ -2,7 +2,6 @@
 //! encode, denoise, decode. Each stage's device memory is released before
 //! the next one allocates its own.
 
-use crate::device_weights::Df11Placement;
 use crate::denoise::{self, Conditioning, StepProgress};
 use crate::error::RunError;
 use crate::gpu::Gpu;
@@ -12,6 +11,7 @@ use crate::tokenizer::PromptTokenizer;
 use crate::runner::BlockProgress;
 use crate::transformer::Transformer;
 use crate::vae::VaeDecoder;
+use flux_lite_core::plan::{self as planner, DeviceLimits, PhasePlan, Plan, PlanInput, WeightStrategy};
 use std::time::{Duration, Instant};
 
 /// Tokens per prompt: diffusers' `max_sequence_length`, which the transformer attends over in full.
@@ -48,14 +48,16 @@ pub struct PromptEmbedding {
 pub fn encode_prompts(
     gpu: &Gpu,
     model: &ModelFolder,
+    strategy: WeightStrategy,
     prompts: &[&str],
     timings: &mut Timings,
     progress: &mut dyn FnMut(Progress),
 ) -> Result<Vec<PromptEmbedding>, RunError> {
     let started = Instant::now();
+    gpu.begin_phase();
     let tokenizer = PromptTokenizer::load(&model.component_dir("tokenizer"))?;
     let store = model.weights(Component::TextEncoder)?;
-    let encoder = TextEncoder::new(gpu, &model.text_encoder, store, PROMPT_TOKENS, model.text_encoder.output_layers())?;
+    let encoder = TextEncoder::new(gpu, &model.text_encoder, store, strategy, PROMPT_TOKENS, model.text_encoder.output_layers())?;
     timings.load += started.elapsed();
     let started = Instant::now();
     let mut out = Vec::with_capacity(prompts.len());
@@ -79,8 +81,77 @@ pub struct Request {
     pub seed: u64,
     /// Classifier-free guidance scale; applied only when > 1 and the model is not distilled.
     pub guidance: f32,
-    /// Forced VAE tile size in pixels; `None` decodes untiled when it fits.
+    /// Forced VAE tile size in pixels; `None` takes the plan's.
     pub vae_tile: Option<usize>,
+    /// Device bytes the run may allocate; `None` keeps everything resident.
+    pub memory_budget: Option<u64>,
+}
+
+/// What the planner needs from a model folder, its weight files and the adapter.
+struct PlanSources {
+    transformer: planner::WeightSizes,
+    text_encoder: planner::WeightSizes,
+    vae: u64,
+    limits: DeviceLimits,
+}
+
+fn plan_sources(limits: DeviceLimits, model: &ModelFolder, width: usize, height: usize) -> Result<PlanSources, RunError> {
+    let (lat_h, lat_w) = denoise::latent_grid(&model.vae, width, height).map_err(RunError::Input)?;
+    let transformer = Transformer::weight_sizes(&model.transformer, &model.weights(Component::Transformer)?, PROMPT_TOKENS, lat_h * lat_w)?;
+    let picks = model.text_encoder.output_layers();
+    let text_encoder = TextEncoder::weight_sizes(&model.text_encoder, &model.weights(Component::TextEncoder)?, PROMPT_TOKENS, picks)?;
+    let vae = crate::vae::decoder_weight_bytes(&model.vae, &model.weights(Component::Vae)?)?;
+    Ok(PlanSources { transformer, text_encoder, vae, limits })
+}
+
+/// Lays out every device byte of a run (text encoder, transformer, VAE)
+/// for the request's size and budget, from the weight files' real sizes
+/// and the adapter's limits; fails at once, naming the smallest budget that
+/// would work, when nothing fits.
+pub fn plan(gpu: &Gpu, model: &ModelFolder, request: &Request) -> Result<Plan, RunError> {
+    let s = plan_sources(gpu.plan_limits(), model, request.width, request.height)?;
+    let input = PlanInput {
+        transformer: &model.transformer,
+        text_encoder: &model.text_encoder,
+        vae: &model.vae,
+        width: request.width as u64,
+        height: request.height as u64,
+        prompt_tokens: PROMPT_TOKENS as u64,
+        guided: uses_guidance(model, request.guidance),
+        transformer_weights: s.transformer,
+        text_encoder_weights: s.text_encoder,
+        vae_weight_bytes: s.vae,
+        limits: s.limits,
+        budget: request.memory_budget,
+    };
+    planner::plan(&input).map_err(|e| RunError::Input(e.to_string()))
+}
+
+/// The text encoder's phase alone (for `encode`): its fastest strategy within `budget`.
+pub fn plan_encode(gpu: &Gpu, model: &ModelFolder, budget: Option<u64>) -> Result<PhasePlan, RunError> {
+    let unit = 2 * model.vae.scale_factor();
+    let s = plan_sources(gpu.plan_limits(), model, unit, unit)?;
+    let input = PlanInput {
+        transformer: &model.transformer,
+        text_encoder: &model.text_encoder,
+        vae: &model.vae,
+        width: unit as u64,
+        height: unit as u64,
+        prompt_tokens: PROMPT_TOKENS as u64,
+        guided: false,
+        transformer_weights: s.transformer,
+        text_encoder_weights: s.text_encoder,
+        vae_weight_bytes: s.vae,
+        limits: s.limits,
+        budget,
+    };
+    let options: Vec<PhasePlan> = planner::encode_options(&input).map_err(|e| RunError::Input(e.to_string()))?.collect();
+    let budget = budget.unwrap_or(u64::MAX);
+    options.iter().copied().find(|p| p.peak() <= budget).ok_or_else(|| {
+        let minimum = options.iter().map(|p| p.peak()).min().unwrap_or(0);
+        let e = planner::PlanError::TooSmall { budget, phase: "the text encoder", minimum };
+        RunError::Input(e.to_string())
+    })
 }
 
 /// Whether `Flux2KleinPipeline` would run classifier-free guidance.
@@ -103,6 +174,7 @@ pub fn denoise(
     gpu: &Gpu,
     model: &ModelFolder,
     request: &Request,
+    strategy: WeightStrategy,
     positive: &[f32],
     negative: Option<&[f32]>,
     timings: &mut Timings,
@@ -110,9 +182,9 @@ pub fn denoise(
 ) -> Result<Vec<f32>, RunError> {
     let (lat_h, lat_w) = denoise::latent_grid(&model.vae, request.width, request.height).map_err(RunError::Input)?;
     let started = Instant::now();
+    gpu.begin_phase();
     let store = model.weights(Component::Transformer)?;
-    let df11 = Df11Placement::PerBlock { slots: 1 };
-    let transformer = Transformer::new(gpu, &model.transformer, &store, df11, PROMPT_TOKENS, lat_h, lat_w)?;
+    let transformer = Transformer::new(gpu, &model.transformer, store, strategy, PROMPT_TOKENS, lat_h, lat_w)?;
     timings.load += started.elapsed();
     let noise = denoise::packed_noise(request.seed, model.transformer.in_channels, lat_h, lat_w);
     let conditioning = match negative {
@@ -130,19 +202,23 @@ pub fn denoise(
     })
 }
 
-/// Decodes packed latents to the image, in tiles when asked or needed.
+/// Decodes packed latents to the image, in the request's tiles if it forces
+/// them, else in the plan's (`None`: untiled).
+#[allow(clippy::too_many_arguments)]
 pub fn decode(
     gpu: &Gpu,
     model: &ModelFolder,
     request: &Request,
+    planned_tile: Option<u64>,
     latents: &[f32],
     timings: &mut Timings,
     progress: &mut dyn FnMut(Progress),
 ) -> Result<Image, RunError> {
     let started = Instant::now();
+    gpu.begin_phase();
     let mut store = model.weights(Component::Vae)?;
     store.expand_df11_on_host()?;
-    let tile = request.vae_tile.or_else(|| VaeDecoder::automatic_tile(gpu, &model.vae, request.width, request.height));
+    let tile = request.vae_tile.or(planned_tile.map(|t| t as usize));
     let mut vae = VaeDecoder::new(gpu, &model.vae, &store, request.width, request.height, tile)?;
     timings.load += started.elapsed();
     let started = Instant::now();

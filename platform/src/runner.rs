@@ -2,7 +2,8 @@
 //! weights the programs name, and the RoPE tables.
 
 use crate::device_weights::DeviceWeights;
-use crate::error::GpuError;
+use crate::error::{GpuError, RunError};
+use crate::safetensors_store::WeightStore;
 use crate::gpu::Gpu;
 use crate::ops::{self, Attention, Elementwise, Mat, RopeStyle, RowNorm};
 use flux_lite_core::program::{Op, Span};
@@ -197,9 +198,17 @@ pub struct BlockProgress {
     pub total: usize,
 }
 
-/// Runs prepared blocks in order, one submission each, reporting after each.
-pub fn run_prepared(gpu: &Gpu, blocks: &[Vec<ops::Dispatch>], progress: &mut dyn FnMut(BlockProgress)) -> Result<(), GpuError> {
+/// Runs prepared blocks in order, one submission each, reporting after
+/// each. A block whose weights stream from `store` has them queued first.
+pub fn run_prepared(
+    gpu: &Gpu,
+    weights: &DeviceWeights,
+    store: &WeightStore,
+    blocks: &[Vec<ops::Dispatch>],
+    progress: &mut dyn FnMut(BlockProgress),
+) -> Result<(), RunError> {
     for (i, block) in blocks.iter().enumerate() {
+        weights.stream_in(gpu, store, i)?;
         gpu.submit(|enc| {
             ops::encode(enc, block);
             Ok(())

@@ -10,10 +10,11 @@
 use crate::error::{LoadError, RunError};
 use crate::gpu::Gpu;
 use crate::ops::Dispatch;
-use crate::device_weights::{Df11Placement, DeviceWeights};
+use crate::device_weights::DeviceWeights;
 use crate::runner::{self, collect_ops, BlockProgress, Runner};
 use crate::safetensors_store::{widen_to_f32, WeightStore};
 use flux_lite_core::config::Qwen3Config;
+use flux_lite_core::plan::{WeightSizes, WeightStrategy};
 use flux_lite_core::program::Op;
 use flux_lite_core::rope;
 use flux_lite_core::text_encoder::{self as program, TextEncoderLayout};
@@ -36,22 +37,24 @@ pub struct TextEncoder {
 }
 
 impl TextEncoder {
-    /// Uploads the layers needed for the `picks` hidden states, lays out the
-    /// activations for `tokens` tokens and builds the RoPE tables (positions 0..tokens).
-    ///
-    /// Layers stored as DF11 groups stay compressed on the device and are
-    /// expanded into one bf16 slot as each runs; a compressed embedding table
-    /// is expanded on the host, where its rows are gathered.
-    pub fn new(gpu: &Gpu, config: &Qwen3Config, mut store: WeightStore, tokens: usize, picks: [usize; 3]) -> Result<Self, RunError> {
-        let mut arena = BumpArena::new(u64::MAX);
-        let layout = TextEncoderLayout::new(config, tokens as u64, picks, &mut arena).map_err(|e| RunError::Input(e.to_string()))?;
-        let arena_bytes = arena.high_water();
-        let mut blocks = vec![collect_ops(|emit| program::prologue(&layout, emit))];
-        for i in 0..layout.layers_to_run() {
-            blocks.push(collect_ops(|emit| program::layer(&layout, i, emit)));
-        }
+    /// Places the layers needed for the `picks` hidden states as `strategy`
+    /// says, lays out the activations for `tokens` tokens and builds the RoPE
+    /// tables (positions 0..tokens). A compressed embedding table is expanded
+    /// on the host, where its rows are gathered.
+    pub fn new(
+        gpu: &Gpu,
+        config: &Qwen3Config,
+        mut store: WeightStore,
+        strategy: WeightStrategy,
+        tokens: usize,
+        picks: [usize; 3],
+    ) -> Result<Self, RunError> {
+        let (layout, blocks, arena_bytes) = programs(config, tokens, picks)?;
         store.expand_df11_holding(EMBEDDING)?;
-        let weights = DeviceWeights::for_blocks(gpu, &store, &blocks, Df11Placement::PerBlock { slots: 1 })?;
+        if matches!(strategy, WeightStrategy::Streamed { .. }) {
+            store.expand_df11_on_host()?;
+        }
+        let weights = DeviceWeights::for_blocks(gpu, &store, &blocks, strategy)?;
         embedding_table(&store, config)?;
         let hd = config.head_dim;
         let (mut cos, mut sin) = (vec![0f32; tokens * hd], vec![0f32; tokens * hd]);
@@ -66,6 +69,12 @@ impl TextEncoder {
         };
         let prepared = runner.prepare(gpu, &weights, &blocks)?;
         Ok(Self { config: config.clone(), layout, store, runner, weights, blocks, prepared, arena_bytes })
+    }
+
+    /// The weight bytes of each block for the planner, as [`Self::new`] would place them.
+    pub fn weight_sizes(config: &Qwen3Config, store: &WeightStore, tokens: usize, picks: [usize; 3]) -> Result<WeightSizes, RunError> {
+        let (_, blocks, _) = programs(config, tokens, picks)?;
+        DeviceWeights::sizes(store, &blocks)
     }
 
     /// Number of progress units in one encode (the prologue counts as one).
@@ -100,7 +109,7 @@ impl TextEncoder {
         if let Some(mask) = &self.runner.key_keep {
             gpu.queue.write_buffer(mask, 0, bytemuck::cast_slice(attention_mask));
         }
-        runner::run_prepared(gpu, &self.prepared, progress)?;
+        runner::run_prepared(gpu, &self.weights, &self.store, &self.prepared, progress)?;
         Ok(self.runner.read(gpu, self.layout.embeds, self.layout.tokens, 3 * self.layout.hidden)?)
     }
 
@@ -161,4 +170,16 @@ fn embedding_table<'a>(store: &'a WeightStore, config: &Qwen3Config) -> Result<T
         });
     }
     Ok(Table { dtype: t.dtype, elem_bytes, bytes: t.bytes })
+}
+
+/// The activation layout, the block programs (prologue, then one per layer
+/// run) and the arena bytes of one encode.
+fn programs(config: &Qwen3Config, tokens: usize, picks: [usize; 3]) -> Result<(TextEncoderLayout, Vec<Vec<Op>>, u64), RunError> {
+    let mut arena = BumpArena::new(u64::MAX);
+    let layout = TextEncoderLayout::new(config, tokens as u64, picks, &mut arena).map_err(|e| RunError::Input(e.to_string()))?;
+    let mut blocks = vec![collect_ops(|emit| program::prologue(&layout, emit))];
+    for i in 0..layout.layers_to_run() {
+        blocks.push(collect_ops(|emit| program::layer(&layout, i, emit)));
+    }
+    Ok((layout, blocks, arena.high_water()))
 }

@@ -5,10 +5,11 @@
 use crate::error::{GpuError, RunError};
 use crate::gpu::Gpu;
 use crate::ops::{self, Dispatch, Elementwise, Mat};
-use crate::device_weights::{Df11Placement, DeviceWeights};
+use crate::device_weights::DeviceWeights;
 use crate::runner::{self, collect_ops, BlockProgress, Runner};
 use crate::safetensors_store::WeightStore;
 use flux_lite_core::config::TransformerConfig;
+use flux_lite_core::plan::{WeightSizes, WeightStrategy};
 use flux_lite_core::program::Op;
 use flux_lite_core::rope;
 use flux_lite_core::transformer::{self as program, TransformerLayout};
@@ -22,6 +23,7 @@ pub struct Transformer {
     pub config: TransformerConfig,
     pub layout: TransformerLayout,
     runner: Runner,
+    store: WeightStore,
     weights: DeviceWeights,
     /// The whole forward pass, grouped by block.
     blocks: Vec<Vec<Op>>,
@@ -35,29 +37,31 @@ pub struct Transformer {
 }
 
 impl Transformer {
-    /// Uploads the weights (DF11 groups placed by `df11`), lays out the
-    /// activations for `text` prompt tokens and a `latent_h × latent_w`
-    /// token grid, and builds the RoPE tables.
+    /// Places the weights as `strategy` says, lays out the activations for
+    /// `text` prompt tokens and a `latent_h × latent_w` token grid, and
+    /// builds the RoPE tables. Streaming reads the weights from `store` at
+    /// every pass; a DF11 store is then expanded on the host first.
     pub fn new(
         gpu: &Gpu,
         config: &TransformerConfig,
-        store: &WeightStore,
-        df11: Df11Placement,
+        mut store: WeightStore,
+        strategy: WeightStrategy,
         text: usize,
         latent_h: usize,
         latent_w: usize,
     ) -> Result<Self, RunError> {
-        let image = latent_h * latent_w;
         if config.timestep_guidance_channels > MAX_SINUSOID {
             return Err(RunError::Input(format!(
                 "timestep_guidance_channels {} is above the supported {MAX_SINUSOID}",
                 config.timestep_guidance_channels
             )));
         }
-        let mut arena = BumpArena::new(u64::MAX);
-        let layout = TransformerLayout::new(config, text as u64, image as u64, &mut arena)
-            .map_err(|e| RunError::Gpu(GpuError::UnsupportedShape(e.to_string())))?;
-        let arena_bytes = arena.high_water();
+        let image = latent_h * latent_w;
+        let (layout, blocks, arena_bytes) = programs(config, text, image)?;
+        if matches!(strategy, WeightStrategy::Streamed { .. }) {
+            store.expand_df11_on_host()?;
+        }
+        let weights = DeviceWeights::for_blocks(gpu, &store, &blocks, strategy)?;
         let hd = config.attention_head_dim;
         let rows = text + image;
         let (mut cos, mut sin) = (vec![0f32; rows * hd], vec![0f32; rows * hd]);
@@ -71,15 +75,6 @@ impl Transformer {
             rope_sin: gpu.upload_f32("rope sin", &sin),
             key_keep: None,
         };
-        let mut blocks = vec![collect_ops(|emit| program::prologue(&layout, emit))];
-        for b in 0..config.num_layers {
-            blocks.push(collect_ops(|emit| program::double_block(&layout, b, emit)));
-        }
-        for b in 0..config.num_single_layers {
-            blocks.push(collect_ops(|emit| program::single_block(&layout, b, emit)));
-        }
-        blocks.push(collect_ops(|emit| program::epilogue(&layout, emit)));
-        let weights = DeviceWeights::for_blocks(gpu, store, &blocks, df11)?;
         let prepared = runner.prepare(gpu, &weights, &blocks)?;
         let mut euler = Vec::new();
         let mat = |s: flux_lite_core::program::Span| Mat { buf: &runner.arena, offset: s.offset, stride: s.stride };
@@ -89,7 +84,13 @@ impl Transformer {
             Err(_) => return Err(RunError::Input("the latents are too large for one Euler dispatch".into())),
         };
         let unconditional = gpu.storage("unconditional velocity", 4 * layout.image * layout.out_channels);
-        Ok(Self { config: config.clone(), layout, runner, weights, blocks, prepared, euler, unconditional, arena_bytes })
+        Ok(Self { config: config.clone(), layout, runner, store, weights, blocks, prepared, euler, unconditional, arena_bytes })
+    }
+
+    /// The weight bytes of each block for the planner, as [`Self::new`] would place them.
+    pub fn weight_sizes(config: &TransformerConfig, store: &WeightStore, text: usize, image: usize) -> Result<WeightSizes, RunError> {
+        let (_, blocks, _) = programs(config, text, image)?;
+        DeviceWeights::sizes(store, &blocks)
     }
 
     /// Sets the prompt embeddings `[text, joint_attention_dim]`.
@@ -133,22 +134,24 @@ impl Transformer {
     /// Runs one forward pass at timestep `t` (the scheduler's σ·1000); the
     /// velocity lands in `layout.velocity`. Encodes the dispatches prepared
     /// at construction: nothing is allocated on the device here.
-    pub fn forward(&self, gpu: &Gpu, t: f32, progress: &mut dyn FnMut(BlockProgress)) -> Result<(), GpuError> {
+    pub fn forward(&self, gpu: &Gpu, t: f32, progress: &mut dyn FnMut(BlockProgress)) -> Result<(), RunError> {
         let mut sinusoid = [0f32; MAX_SINUSOID];
         let sinusoid = &mut sinusoid[..self.layout.sinusoid_dim as usize];
         program::timestep_sinusoid(program::model_timestep(t), sinusoid);
         self.runner.write(gpu, self.layout.sinusoid, sinusoid);
-        runner::run_prepared(gpu, &self.prepared, progress)
+        runner::run_prepared(gpu, &self.weights, &self.store, &self.prepared, progress)
     }
 
     /// Runs steps of block `block` (its program or a part of it) in one
     /// submission, after expanding the weights the block keeps compressed.
-    pub fn run_ops(&self, gpu: &Gpu, block: usize, ops: &[Op]) -> Result<(), GpuError> {
+    pub fn run_ops(&self, gpu: &Gpu, block: usize, ops: &[Op]) -> Result<(), RunError> {
         let dispatches = self.runner.prepare_block(gpu, &self.weights, block, ops)?;
+        self.weights.stream_in(gpu, &self.store, block)?;
         gpu.submit(|enc| {
             ops::encode(enc, &dispatches);
             Ok(())
-        })
+        })?;
+        Ok(())
     }
 
     /// Bytes of weights on the device (compressed groups and their slots included).
@@ -200,4 +203,21 @@ impl Transformer {
     pub fn runner(&self) -> &Runner {
         &self.runner
     }
+}
+
+/// The activation layout, the block programs (prologue, doubles, singles,
+/// epilogue) and the arena bytes of a forward pass.
+fn programs(config: &TransformerConfig, text: usize, image: usize) -> Result<(TransformerLayout, Vec<Vec<Op>>, u64), RunError> {
+    let mut arena = BumpArena::new(u64::MAX);
+    let layout = TransformerLayout::new(config, text as u64, image as u64, &mut arena)
+        .map_err(|e| RunError::Gpu(GpuError::UnsupportedShape(e.to_string())))?;
+    let mut blocks = vec![collect_ops(|emit| program::prologue(&layout, emit))];
+    for b in 0..config.num_layers {
+        blocks.push(collect_ops(|emit| program::double_block(&layout, b, emit)));
+    }
+    for b in 0..config.num_single_layers {
+        blocks.push(collect_ops(|emit| program::single_block(&layout, b, emit)));
+    }
+    blocks.push(collect_ops(|emit| program::epilogue(&layout, emit)));
+    Ok((layout, blocks, arena.high_water()))
 }

@@ -131,24 +131,6 @@ impl VaeDecoder {
         Ok(Self { config: config.clone(), latent_h, latent_w, mode, runner, weights, arena_bytes, decoded_once: false })
     }
 
-    /// The tile size to use when none is forced: `None` (untiled) while the
-    /// whole image's activations fit in one device buffer and its largest
-    /// tensor in one storage binding (a convolution binds its whole input),
-    /// else the largest square tile, in steps of 8 × the scale factor, that does.
-    pub fn automatic_tile(gpu: &Gpu, config: &VaeConfig, width: usize, height: usize) -> Option<usize> {
-        let scale = config.scale_factor();
-        let fits = |lat_h: usize, lat_w: usize| {
-            let arena_ok = whole_arena_bytes(config, lat_h as u64, lat_w as u64).is_ok_and(|b| b <= gpu.limits.max_buffer_size);
-            arena_ok && 4 * program::largest_activation(config, (lat_h * lat_w) as u64) <= gpu.max_binding()
-        };
-        if fits(height / scale, width / scale) {
-            return None;
-        }
-        let unit = 8 * scale;
-        let start = width.max(height) / unit * unit;
-        (1..=start / unit).rev().map(|n| n * unit).find(|&t| fits(t / scale, t / scale)).or(Some(unit))
-    }
-
     /// Bytes of the activation arena (fixed by the tile when banded, whatever the image size).
     pub fn arena_bytes(&self) -> u64 {
         self.arena_bytes
@@ -253,9 +235,8 @@ fn whole_arena_bytes(config: &VaeConfig, lat_h: u64, lat_w: u64) -> Result<u64, 
     Ok(arena.high_water())
 }
 
-/// Uploads what decoding reads: `decoder.*`, `post_quant_conv.*` and the
-/// latent BatchNorm statistics, each checked against the config's shape.
-fn upload_decoder(gpu: &Gpu, config: &VaeConfig, store: &WeightStore) -> Result<DeviceWeights, LoadError> {
+/// What decoding reads: `decoder.*`, `post_quant_conv.*` and the latent BatchNorm statistics.
+fn decoder_specs(config: &VaeConfig) -> Vec<TensorSpec> {
     let mut specs: Vec<TensorSpec> = Vec::new();
     tensors::vae(config, |s| {
         let n = s.name.as_str();
@@ -263,6 +244,23 @@ fn upload_decoder(gpu: &Gpu, config: &VaeConfig, store: &WeightStore) -> Result<
             specs.push(s.clone());
         }
     });
+    specs
+}
+
+/// Device bytes of the decoder's weights as [`VaeDecoder::new`] uploads them.
+pub fn decoder_weight_bytes(config: &VaeConfig, store: &WeightStore) -> Result<u64, LoadError> {
+    let mut bytes = 0;
+    for spec in decoder_specs(config) {
+        let t = store.tensor(&spec.name)?;
+        let widened = if t.dtype == safetensors::tensor::Dtype::F16 { 2 } else { 1 };
+        bytes += (widened * t.bytes.len() as u64).div_ceil(4).max(1) * 4;
+    }
+    Ok(bytes)
+}
+
+/// Uploads what decoding reads, each checked against the config's shape.
+fn upload_decoder(gpu: &Gpu, config: &VaeConfig, store: &WeightStore) -> Result<DeviceWeights, LoadError> {
+    let specs = decoder_specs(config);
     let mut weights = DeviceWeights::default();
     for spec in &specs {
         let t = store.tensor(&spec.name)?;

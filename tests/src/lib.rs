@@ -3,7 +3,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-use flux_lite_platform::device_weights::Df11Placement;
+use flux_lite_core::plan::WeightStrategy;
 use flux_lite_platform::model::{Component, ModelFolder};
 use flux_lite_platform::transformer::Transformer;
 use flux_lite_platform::{Gpu, GpuOptions};
@@ -179,7 +179,7 @@ impl TransformerCase {
         assert_eq!(shape.len(), 4, "{name}: noise_shape");
         let store = model.weights(Component::Transformer).unwrap_or_else(|e| panic!("{e}"));
         let transformer =
-            Transformer::new(gpu(), &model.transformer, &store, Df11Placement::ExpandAtLoad, 512, shape[2], shape[3]).unwrap_or_else(|e| panic!("{e}"));
+            Transformer::new(gpu(), &model.transformer, store, WeightStrategy::ResidentBf16, 512, shape[2], shape[3]).unwrap_or_else(|e| panic!("{e}"));
         let steps = field("steps").as_u64().unwrap_or_else(|| panic!("{name}: steps")) as usize;
         let cfg = field("cfg").as_bool().unwrap_or_else(|| panic!("{name}: cfg"));
         Self { name, goldens, transformer, steps, cfg }

@@ -310,19 +310,19 @@ fn an_official_df11_folder_loads_as_the_bf16_transformer() {
 }
 
 /// The transformer run from the official DF11 groups, expanded on the device
-/// per block (one or two slots) or once at load, computes the bf16 model's
-/// velocity bit for bit; per-block expansion keeps only one block's groups
-/// expanded at a time.
+/// per block (one or two slots), once at load, or on the host and streamed,
+/// computes the bf16 model's velocity bit for bit; per-block expansion keeps
+/// only one block's groups expanded at a time.
 #[test]
 fn the_transformer_runs_from_groups_expanded_on_the_device() {
-    use flux_lite_platform::device_weights::Df11Placement;
+    use flux_lite_core::plan::WeightStrategy;
     use flux_lite_platform::model::{Component, ModelFolder};
     use flux_lite_platform::transformer::Transformer;
     let gpu = flux_lite_tests::gpu();
     let (text, lat_h, lat_w) = (8, 2, 3);
-    let run = |model: &ModelFolder, placement: Df11Placement| {
+    let run = |model: &ModelFolder, placement: WeightStrategy| {
         let store = model.weights(Component::Transformer).unwrap_or_else(|e| panic!("{e}"));
-        let t = Transformer::new(gpu, &model.transformer, &store, placement, text, lat_h, lat_w).unwrap_or_else(|e| panic!("{e}"));
+        let t = Transformer::new(gpu, &model.transformer, store, placement, text, lat_h, lat_w).unwrap_or_else(|e| panic!("{e}"));
         let prompt: Vec<f32> = (0..text * t.layout.joint_dim as usize).map(|i| ((i * 37 % 101) as f32 / 50.0) - 1.0).collect();
         let latents: Vec<f32> = (0..lat_h * lat_w * t.layout.in_channels as usize).map(|i| ((i * 53 % 89) as f32 / 44.0) - 1.0).collect();
         t.set_prompt(gpu, &prompt).unwrap();
@@ -334,7 +334,7 @@ fn the_transformer_runs_from_groups_expanded_on_the_device() {
         (t.velocity(gpu).unwrap(), t.weight_bytes(), t.weight_slot_bytes())
     };
     let plain = ModelFolder::open(&model_dir(MODEL)).unwrap_or_else(|e| panic!("{e}"));
-    let (want, plain_bytes, _) = run(&plain, Df11Placement::ExpandAtLoad);
+    let (want, plain_bytes, _) = run(&plain, WeightStrategy::ResidentBf16);
     let df11 = ModelFolder::open(&model_dir(MODEL))
         .and_then(|m| m.with_transformer(&df11_dir().join("tiny-b-transformer")))
         .unwrap_or_else(|e| panic!("{e}"));
@@ -343,8 +343,20 @@ fn the_transformer_runs_from_groups_expanded_on_the_device() {
         store.df11_groups().map(|g| 2 * g.elements).sum()
     };
     let mut slots = Vec::new();
-    for placement in [Df11Placement::ExpandAtLoad, Df11Placement::PerBlock { slots: 1 }, Df11Placement::PerBlock { slots: 2 }] {
+    let strategies = [
+        WeightStrategy::ResidentBf16,
+        WeightStrategy::ResidentDf11 { slots: 1 },
+        WeightStrategy::ResidentDf11 { slots: 2 },
+        WeightStrategy::Streamed { slots: 1 },
+        WeightStrategy::Streamed { slots: 2 },
+    ];
+    let sizes = {
+        let store = df11.weights(Component::Transformer).unwrap();
+        Transformer::weight_sizes(&df11.transformer, &store, text, lat_h * lat_w).unwrap()
+    };
+    for placement in strategies {
         let (got, bytes, slot) = run(&df11, placement);
+        assert!(bytes <= sizes.bytes(placement), "{placement:?}: {bytes} device bytes, planned {}", sizes.bytes(placement));
         assert!(got.iter().map(|v| v.to_bits()).eq(want.iter().map(|v| v.to_bits())), "{placement:?}: velocity differs from bf16");
         println!("{placement:?}: {bytes} device bytes of weights, {slot} in slots (bf16 model: {plain_bytes}; groups as bf16: {groups_bf16})");
         slots.push(slot);

@@ -20,7 +20,7 @@ fn encoder(model: &str) -> (ModelFolder, TextEncoder) {
     let folder = ModelFolder::open(&model_dir(model)).unwrap();
     let store = folder.weights(Component::TextEncoder).unwrap();
     let picks = folder.text_encoder.output_layers();
-    let enc = TextEncoder::new(gpu(), &folder.text_encoder, store, 512, picks).unwrap();
+    let enc = TextEncoder::new(gpu(), &folder.text_encoder, store, flux_lite_core::plan::WeightStrategy::ResidentBf16, 512, picks).unwrap();
     (folder, enc)
 }
 

@@ -185,14 +185,16 @@ fn bad_sizes_and_latents_are_errors() {
 }
 
 #[test]
-fn the_automatic_tile_is_untiled_when_it_fits_and_bounded_by_the_binding_otherwise() {
+fn the_planned_tile_is_untiled_when_it_fits_and_bounded_by_the_binding_otherwise() {
+    use flux_lite_platform::pipeline::{self, Request};
     use flux_lite_platform::{Gpu, GpuOptions};
     let m = ModelFolder::open(&model_dir("tiny-a")).unwrap();
-    assert_eq!(VaeDecoder::automatic_tile(gpu(), &m.vae, 64, 96), None);
+    let request = Request { width: 96, height: 64, steps: 1, seed: 0, guidance: 1.0, vae_tile: None, memory_budget: None };
+    assert_eq!(pipeline::plan(gpu(), &m, &request).unwrap().decode.tile, None);
     // A device whose storage bindings hold 64 KiB: tiny-a's largest activation
     // (64 channels at full resolution) fits 256 pixels, a 16-pixel square tile.
     let small = Gpu::new(&GpuOptions { max_storage_binding: Some(64 * 1024), ..Default::default() }).unwrap();
-    let tile = VaeDecoder::automatic_tile(&small, &m.vae, 64, 96);
+    let tile = pipeline::plan(&small, &m, &request).unwrap().decode.tile.map(|t| t as usize);
     assert_eq!(tile, Some(16));
     let store = m.weights(Component::Vae).unwrap();
     let mut vae = VaeDecoder::new(&small, &m.vae, &store, 64, 96, tile).unwrap();

@@ -146,7 +146,7 @@ fn the_vae_tiles_when_the_budget_is_tight_and_its_arena_stops_growing() {
     let budget = untiled.peak() / 2;
     let tight = plan(&model.input(1024, Some(budget))).unwrap_or_else(|e| panic!("{e}"));
     let tile = tight.decode.tile.expect("tiled under half the untiled bytes");
-    assert!(tile % 16 == 0 && tile < 1024);
+    assert!(tile.is_multiple_of(16) && tile < 1024);
     assert!(tight.decode.peak() <= budget);
     // A 4× larger image (2× per side) under the same budget decodes in the same arena.
     // (The transformer needs more at 2048²: the decode phase alone is checked.)

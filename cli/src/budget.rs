@@ -1,0 +1,45 @@
+//! `--memory-budget SIZE`: a byte count with a binary unit.
+
+/// Parses `512MiB`, `3GiB`, `1.5 GiB`, `4096B` or `64KiB` (units B, KiB, MiB, GiB, TiB).
+pub fn parse_memory_budget(text: &str) -> Result<u64, String> {
+    let bad = || format!("--memory-budget {text:?}: expected a size such as 512MiB or 3GiB (units B, KiB, MiB, GiB, TiB)");
+    let t = text.trim();
+    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).ok_or_else(bad)?;
+    let (number, unit) = (&t[..split], t[split..].trim());
+    let shift = match unit {
+        "B" => 0,
+        "KiB" => 10,
+        "MiB" => 20,
+        "GiB" => 30,
+        "TiB" => 40,
+        _ => return Err(bad()),
+    };
+    let value: f64 = number.parse().map_err(|_| bad())?;
+    let bytes = value * (1u64 << shift) as f64;
+    if !bytes.is_finite() || bytes < 1.0 || bytes > u64::MAX as f64 || (shift == 0 && number.contains('.')) {
+        return Err(bad());
+    }
+    Ok(bytes as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_with_units() {
+        assert_eq!(parse_memory_budget("512MiB"), Ok(512 << 20));
+        assert_eq!(parse_memory_budget("3GiB"), Ok(3 << 30));
+        assert_eq!(parse_memory_budget("1.5 GiB"), Ok(3 << 29));
+        assert_eq!(parse_memory_budget("4096B"), Ok(4096));
+        assert_eq!(parse_memory_budget("1KiB"), Ok(1024));
+    }
+
+    #[test]
+    fn bad_sizes_are_errors() {
+        for bad in ["", "12", "GiB", "3GB", "3 gib", "-1GiB", "0B", "1.5B", "1e3MiB", "3GiBs", "99999999999TiB"] {
+            let err = parse_memory_budget(bad).unwrap_err();
+            assert!(err.starts_with("--memory-budget"), "{bad}: {err}");
+        }
+    }
+}
