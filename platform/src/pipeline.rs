@@ -170,6 +170,7 @@ pub struct Image {
 /// Denoises from the seed's noise under `positive` (and `negative` when
 /// guided) and returns the packed latents `[tokens, channels]`. The
 /// transformer's device memory is released before this returns.
+#[allow(clippy::too_many_arguments)]
 pub fn denoise(
     gpu: &Gpu,
     model: &ModelFolder,

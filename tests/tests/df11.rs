@@ -365,3 +365,33 @@ fn the_transformer_runs_from_groups_expanded_on_the_device() {
     assert!(slots[1] > 0 && 2 * slots[1] < groups_bf16, "one slot holds one block's groups, not all: {slots:?}");
     assert!(slots[2] > slots[1] && slots[2] <= 2 * slots[1], "two slots: {slots:?}");
 }
+
+/// Nothing is allocated on the device inside the denoising loop: forward
+/// passes and Euler steps under each strategy create no buffer (a device of
+/// its own, so other tests' buffers are not counted).
+#[test]
+fn forward_passes_allocate_no_device_memory() {
+    use flux_lite_core::plan::WeightStrategy;
+    use flux_lite_platform::model::{Component, ModelFolder};
+    use flux_lite_platform::transformer::Transformer;
+    use flux_lite_platform::{Gpu, GpuOptions};
+    let gpu = Gpu::new(&GpuOptions::default()).unwrap_or_else(|e| panic!("{e}"));
+    let df11 = ModelFolder::open(&model_dir(MODEL))
+        .and_then(|m| m.with_transformer(&df11_dir().join("tiny-b-transformer")))
+        .unwrap_or_else(|e| panic!("{e}"));
+    for strategy in [WeightStrategy::ResidentBf16, WeightStrategy::ResidentDf11 { slots: 1 }, WeightStrategy::Streamed { slots: 2 }] {
+        gpu.begin_phase();
+        let store = df11.weights(Component::Transformer).unwrap();
+        let t = Transformer::new(&gpu, &df11.transformer, store, strategy, 8, 2, 2).unwrap_or_else(|e| panic!("{e}"));
+        t.set_prompt(&gpu, &vec![0.5; 8 * t.layout.joint_dim as usize]).unwrap();
+        t.set_latents(&gpu, &vec![0.25; 4 * t.layout.in_channels as usize]).unwrap();
+        let before = gpu.memory();
+        for (sigma, next) in [(1.0, 0.5), (0.5, 0.0)] {
+            t.forward(&gpu, sigma * 1000.0, &mut |_| {}).unwrap();
+            t.euler_step(&gpu, sigma, next).unwrap();
+        }
+        let after = gpu.memory();
+        assert_eq!(after.allocations, before.allocations, "{strategy:?}: buffers created inside the loop");
+        assert_eq!(after.live, before.live, "{strategy:?}");
+    }
+}

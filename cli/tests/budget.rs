@@ -1,0 +1,92 @@
+//! `--memory-budget` end to end on every tiny model: 1 KiB fails at once
+//! naming the smallest budget; that budget works, its measured peak stays
+//! within it, the latents are byte-identical to the unbudgeted run's (the
+//! transformer and text encoder only change where their weights live) and
+//! the PNG stays within the regression tolerance (the VAE may decode in bands).
+
+#![allow(clippy::unwrap_used)]
+
+use flux_lite_tests::{model_dir, read_png, scratch_dir};
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn gen(model: &Path, out: &Path, extra: &[&str]) -> Output {
+    let (png, latents) = (out.join("out.png"), out.join("latents.safetensors"));
+    Command::new(env!("CARGO_BIN_EXE_flux-lite"))
+        .arg("gen")
+        .args(["--model", model.to_str().unwrap(), "--prompt", "a red fox in the snow", "--seed", "7", "--steps", "2"])
+        .args(["--width", "64", "--height", "48", "--quiet"])
+        .args(["--output", png.to_str().unwrap(), "--output-latents", latents.to_str().unwrap()])
+        .args(extra)
+        .output()
+        .unwrap()
+}
+
+/// The MiB figures of `peak device memory: X MiB of budget Y MiB …`.
+fn peak_line(stderr: &str) -> (f64, f64) {
+    let line = stderr.lines().find(|l| l.starts_with("peak device memory: ")).unwrap_or_else(|| panic!("no peak line in {stderr}"));
+    let words: Vec<&str> = line.split_whitespace().collect();
+    (words[3].parse().unwrap(), words[7].parse().unwrap())
+}
+
+fn check_model(name: &str) {
+    let model = model_dir(name);
+    let dir = scratch_dir(&format!("budget-{name}"));
+    let (free, tight, tiny) = (dir.join("free"), dir.join("tight"), dir.join("tiny"));
+    for d in [&free, &tight, &tiny] {
+        std::fs::create_dir_all(d).unwrap();
+    }
+
+    let run = gen(&model, &tiny, &["--memory-budget", "1KiB"]);
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(!run.status.success(), "{name}: 1 KiB must fail");
+    let line = stderr.lines().find(|l| l.starts_with("error: ")).unwrap_or_else(|| panic!("{stderr}"));
+    assert!(line.contains("--memory-budget 1.00 KiB") && line.contains("the smallest budget that works"), "{line}");
+    let minimum: u64 = line.rsplit_once('(').unwrap().1.trim_end_matches(" B)").parse().unwrap();
+    assert!(!tiny.join("out.png").exists() && !tiny.join("latents.safetensors").exists(), "{name}: a refused run wrote a file");
+
+    let run = gen(&model, &free, &[]);
+    assert!(run.status.success(), "{name}: {}", String::from_utf8_lossy(&run.stderr));
+    let budget = format!("{minimum}B");
+    let run = gen(&model, &tight, &["--memory-budget", &budget, "--verbose"]);
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "{name} at its minimum {minimum} B: {stderr}");
+    let (peak, allowed) = peak_line(&stderr);
+    eprintln!("{name}: minimum {minimum} B; peak {peak} MiB of {allowed} MiB\n{stderr}");
+    assert!(peak <= allowed, "{name}: peak {peak} MiB above the budget {allowed} MiB");
+    assert!(stderr.contains("plan: text encoder") && stderr.contains("transformer"), "{stderr}");
+
+    // The tensor's bytes, not the file's: metadata keys may come in any order.
+    let latents = |d: &Path| {
+        let bytes = std::fs::read(d.join("latents.safetensors")).unwrap();
+        safetensors::SafeTensors::deserialize(&bytes).unwrap().tensor("latents").unwrap().data().to_vec()
+    };
+    assert!(latents(&free) == latents(&tight), "{name}: the budgeted latents differ");
+    let (a, b) = (read_png(&free.join("out.png")), read_png(&tight.join("out.png")));
+    let max = a.rgb.iter().zip(&b.rgb).map(|(x, y)| x.abs_diff(*y)).max().unwrap();
+    let mean = a.rgb.iter().zip(&b.rgb).map(|(x, y)| x.abs_diff(*y) as f64).sum::<f64>() / a.rgb.len() as f64;
+    eprintln!("{name}: budgeted PNG max |Δ| {max}, mean {mean:.4}");
+    assert!(max <= 3 && mean <= 0.2, "{name}: max |Δ| {max}, mean {mean:.4}");
+}
+
+#[test]
+fn tiny_a_runs_at_its_minimum_budget() {
+    check_model("tiny-a");
+}
+
+#[test]
+fn tiny_b_runs_at_its_minimum_budget() {
+    check_model("tiny-b");
+}
+
+#[test]
+fn bad_budgets_are_one_error_line() {
+    for bad in ["3GB", "lots", "0B"] {
+        let dir = scratch_dir(&format!("budget-bad-{bad}"));
+        let run = gen(&model_dir("tiny-a"), &dir, &["--memory-budget", bad]);
+        let stderr = String::from_utf8_lossy(&run.stderr);
+        assert!(!run.status.success(), "{bad}");
+        assert!(stderr.contains("--memory-budget"), "{bad}: {stderr}");
+        assert!(!dir.join("out.png").exists());
+    }
+}
