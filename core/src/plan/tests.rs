@@ -169,3 +169,19 @@ fn bytes_print_rounded_up() {
     assert_eq!(format!("{}", Bytes(2 * GIB)), "2.00 GiB");
     assert_eq!(format!("{}", Bytes(GIB + 1)), "1.01 GiB");
 }
+
+/// The figures README.md quotes: each transformer strategy's phase peak for
+/// the 4B at 1024² (`cargo test -p flux-lite-core plan::tests::figures -- --nocapture`).
+#[test]
+fn figures_for_the_4b_at_1024px() {
+    for df11 in [false, true] {
+        let model = Model::klein_4b(df11);
+        let input = model.input(1024, None);
+        for p in denoise_options(&input).unwrap() {
+            println!("4B 1024² denoise, {}: {} (weights {}, activations {})", p.weights, Bytes(p.peak()), Bytes(p.weight_bytes), Bytes(p.arena_bytes));
+        }
+        let err = plan(&model.input(1024, Some(1024))).unwrap_err();
+        println!("{err}");
+        assert!(matches!(err, PlanError::TooSmall { minimum, .. } if minimum < 2 * GIB));
+    }
+}
