@@ -22,21 +22,18 @@ pub struct EncodeArgs {
     #[argh(option)]
     output: PathBuf,
     /// device memory the encode may allocate, e.g. 2GiB (default: no limit)
-    #[argh(option, from_str_fn(parse_budget))]
+    #[argh(option, from_str_fn(crate::budget::parse_memory_budget))]
     memory_budget: Option<u64>,
     /// no progress bar
     #[argh(switch)]
     quiet: bool,
 }
 
-fn parse_budget(text: &str) -> Result<u64, String> {
-    crate::budget::parse_memory_budget(text)
-}
 
 pub fn run(args: &EncodeArgs) -> Result<(), String> {
     let model = ModelFolder::open(&args.model).map_err(|e| e.to_string())?;
     let gpu = Gpu::new(&GpuOptions::default()).map_err(|e| e.to_string())?;
-    let plan = pipeline::plan_encode(&gpu, &model, args.memory_budget).map_err(|e| e.to_string())?;
+    let plan = pipeline::plan_encode(&model, args.memory_budget).map_err(|e| e.to_string())?;
     let mut bar = Bar::new(args.quiet);
     let mut timings = Timings::default();
     let encoded = pipeline::encode_prompts(&gpu, &model, plan.weights, &[&args.prompt], &mut timings, &mut |p| bar.show(p));

@@ -48,7 +48,7 @@ pub struct GenArgs {
     #[argh(option)]
     vae_tile: Option<usize>,
     /// device memory the run may allocate, e.g. 2GiB or 512MiB (default: no limit, everything resident)
-    #[argh(option, from_str_fn(parse_budget))]
+    #[argh(option, from_str_fn(crate::budget::parse_memory_budget))]
     memory_budget: Option<u64>,
     /// also write the final packed latents (safetensors, tensor `latents` [tokens, channels])
     #[argh(option)]
@@ -64,9 +64,6 @@ pub struct GenArgs {
 /// Steps above this are refused as a typo rather than run for hours.
 const MAX_STEPS: usize = 1000;
 
-fn parse_budget(text: &str) -> Result<u64, String> {
-    crate::budget::parse_memory_budget(text)
-}
 
 pub fn run(args: &GenArgs) -> Result<(), String> {
     let started = Instant::now();

@@ -183,8 +183,6 @@ pub struct PlanInput<'a> {
     pub width: u64,
     pub height: u64,
     pub prompt_tokens: u64,
-    /// Two transformer passes per step (classifier-free guidance).
-    pub guided: bool,
     pub transformer_weights: WeightSizes,
     pub text_encoder_weights: WeightSizes,
     /// The VAE decoder's weights, always resident.
@@ -240,41 +238,56 @@ impl fmt::Display for Bytes {
 
 /// Plans a run: each phase's fastest strategy within the budget.
 pub fn plan(input: &PlanInput<'_>) -> Result<Plan, PlanError> {
-    let encode_fixed = encode_fixed(input)?;
-    let denoise_fixed = denoise_fixed(input)?;
-    let phases = [("the text encoder", input.text_encoder_weights, encode_fixed), ("the transformer", input.transformer_weights, denoise_fixed)];
-    let choose = |weights: WeightSizes, fixed: (u64, u64), budget: u64| {
-        weights.strategies().map(|s| phase(weights, s, fixed)).find(|p| p.peak() <= budget)
-    };
-    let smallest = |weights: WeightSizes, fixed: (u64, u64)| weights.strategies().map(|s| phase(weights, s, fixed).peak()).min().unwrap_or(0);
+    let encode = encode_phase(input.text_encoder, input.prompt_tokens, input.text_encoder_weights)?;
+    let denoise = PhaseOptions { weights: input.transformer_weights, fixed: denoise_fixed(input)? };
     let budget = input.budget.unwrap_or(u64::MAX);
-    let decode = decode_plan(input, budget);
-    let too_small = |phase: &'static str| -> PlanError {
-        let minimum = phases.iter().map(|(_, w, f)| smallest(*w, *f)).max().unwrap_or(0).max(smallest_decode(input));
+    let too_small = |phase: &'static str| {
+        let minimum = encode.smallest().max(denoise.smallest()).max(smallest_decode(input));
         PlanError::TooSmall { budget, phase, minimum }
     };
-    let encode = choose(phases[0].1, encode_fixed, budget).ok_or_else(|| too_small(phases[0].0))?;
-    let denoise = choose(phases[1].1, denoise_fixed, budget).ok_or_else(|| too_small(phases[1].0))?;
-    let decode = decode.ok_or_else(|| too_small("the VAE decoder"))?;
-    Ok(Plan { encode, denoise, decode })
+    Ok(Plan {
+        encode: encode.fastest_within(budget).ok_or_else(|| too_small("the text encoder"))?,
+        denoise: denoise.fastest_within(budget).ok_or_else(|| too_small("the transformer"))?,
+        decode: decode_plan(input, budget).ok_or_else(|| too_small("the VAE decoder"))?,
+    })
 }
 
-/// Every strategy for the text encoder's phase, fastest first, with its bytes.
-pub fn encode_options<'a>(input: &'a PlanInput<'a>) -> Result<impl Iterator<Item = PhasePlan> + 'a, PlanError> {
-    let fixed = encode_fixed(input)?;
-    let w = input.text_encoder_weights;
-    Ok(w.strategies().map(move |s| phase(w, s, fixed)))
+/// Plans the text encoder's phase alone (`flux-lite encode`): its fastest
+/// strategy within `budget` for `prompt_tokens` tokens.
+pub fn plan_encode(c: &Qwen3Config, prompt_tokens: u64, weights: WeightSizes, budget: Option<u64>) -> Result<PhasePlan, PlanError> {
+    let options = encode_phase(c, prompt_tokens, weights)?;
+    let budget = budget.unwrap_or(u64::MAX);
+    options.fastest_within(budget).ok_or(PlanError::TooSmall { budget, phase: "the text encoder", minimum: options.smallest() })
 }
 
 /// Every strategy for the transformer's phase, fastest first, with its bytes.
-pub fn denoise_options<'a>(input: &'a PlanInput<'a>) -> Result<impl Iterator<Item = PhasePlan> + 'a, PlanError> {
-    let fixed = denoise_fixed(input)?;
-    let w = input.transformer_weights;
-    Ok(w.strategies().map(move |s| phase(w, s, fixed)))
+pub fn denoise_options(input: &PlanInput<'_>) -> Result<impl Iterator<Item = PhasePlan>, PlanError> {
+    Ok(PhaseOptions { weights: input.transformer_weights, fixed: denoise_fixed(input)? }.iter())
 }
 
-fn phase(weights: WeightSizes, s: WeightStrategy, (arena_bytes, other_bytes): (u64, u64)) -> PhasePlan {
-    PhasePlan { weights: s, weight_bytes: weights.bytes(s), arena_bytes, other_bytes }
+/// A phase's weight sizes and its bytes that do not depend on the strategy.
+#[derive(Debug, Clone, Copy)]
+struct PhaseOptions {
+    weights: WeightSizes,
+    /// Arena bytes and other bytes.
+    fixed: (u64, u64),
+}
+
+impl PhaseOptions {
+    /// The phase under each strategy, fastest first.
+    fn iter(self) -> impl Iterator<Item = PhasePlan> {
+        let (arena_bytes, other_bytes) = self.fixed;
+        let w = self.weights;
+        w.strategies().map(move |s| PhasePlan { weights: s, weight_bytes: w.bytes(s), arena_bytes, other_bytes })
+    }
+
+    fn fastest_within(self, budget: u64) -> Option<PhasePlan> {
+        self.iter().find(|p| p.peak() <= budget)
+    }
+
+    fn smallest(self) -> u64 {
+        self.iter().map(|p| p.peak()).min().unwrap_or(0)
+    }
 }
 
 /// Parameter bytes for a program of `steps` steps.
@@ -282,10 +295,8 @@ fn overhead(steps: u64) -> u64 {
     FIXED_OVERHEAD + OVERHEAD_PER_STEP * steps
 }
 
-/// The text encoder's arena, and its other bytes: RoPE tables, key mask, readback of the embedding.
-fn encode_fixed(input: &PlanInput<'_>) -> Result<(u64, u64), PlanError> {
-    let c = input.text_encoder;
-    let tokens = input.prompt_tokens;
+/// The text encoder's options; its other bytes are the RoPE tables, the key mask and the readback of the embedding.
+fn encode_phase(c: &Qwen3Config, tokens: u64, weights: WeightSizes) -> Result<PhaseOptions, PlanError> {
     let mut arena = BumpArena::new(u64::MAX);
     let l = text_encoder::TextEncoderLayout::new(c, tokens, c.output_layers(), &mut arena)
         .map_err(|_| PlanError::Size("the text encoder's picked layers do not exist"))?;
@@ -295,7 +306,7 @@ fn encode_fixed(input: &PlanInput<'_>) -> Result<(u64, u64), PlanError> {
     }
     let tables = 2 * 4 * tokens * c.head_dim as u64 + 4 * tokens.max(1);
     let readback = 4 * tokens * 3 * c.hidden_size as u64;
-    Ok((arena.high_water(), tables + readback + overhead(steps)))
+    Ok(PhaseOptions { weights, fixed: (arena.high_water(), tables + readback + overhead(steps)) })
 }
 
 /// The transformer's arena, and its other bytes: RoPE tables, the unconditional velocity, readback of the latents.
@@ -326,9 +337,8 @@ fn latent_grid(input: &PlanInput<'_>) -> Result<(u64, u64), PlanError> {
 
 /// Arena bytes of an untiled decode of a `lat_h × lat_w`-cell latent, if the adapter can bind it.
 pub fn vae_arena(cfg: &VaeConfig, lat_h: u64, lat_w: u64, limits: DeviceLimits) -> Option<u64> {
-    let mut arena = BumpArena::new(limits.max_buffer);
-    vae::VaeLayout::new(cfg, lat_h, lat_w, &mut arena).ok()?;
-    (4 * vae::largest_activation(cfg, lat_h * lat_w) <= limits.max_binding).then_some(arena.high_water())
+    let bytes = vae::arena_bytes(cfg, lat_h, lat_w).ok().filter(|&b| b <= limits.max_buffer)?;
+    (4 * vae::largest_activation(cfg, lat_h * lat_w) <= limits.max_binding).then_some(bytes)
 }
 
 /// The decode of the whole image: untiled, or banded in the largest square tile that fits.
@@ -358,7 +368,8 @@ fn decode_candidates<'a>(input: &'a PlanInput<'a>) -> impl Iterator<Item = Decod
     let largest = w.max(h) / unit;
     let tiles = (1..=largest).rev().filter_map(move |n| {
         let tile = n * unit;
-        let arena = vae_arena(cfg, tile / scale, tile / scale, input.limits)?;
+        vae_arena(cfg, tile / scale, tile / scale, input.limits)?;
+        let arena = vae::band_arena_bytes(vae::band_capacity(cfg, tile / scale, input.limits.max_binding).ok()?);
         // Each band's result comes back through a staging buffer of at most the arena.
         Some(DecodePlan { tile: Some(tile), weight_bytes: weights, arena_bytes: arena, other_bytes: arena + levels + overhead(steps) })
     });

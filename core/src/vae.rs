@@ -155,6 +155,29 @@ fn whole_tokens(h: u64, w: u64) -> bool {
     h > 0 && w > 0 && h.is_multiple_of(2) && w.is_multiple_of(2)
 }
 
+/// Bytes of the arena that decodes a `latent_h × latent_w` latent in one pass.
+pub fn arena_bytes(cfg: &VaeConfig, latent_h: u64, latent_w: u64) -> Result<u64, VaePlanError> {
+    let mut arena = BumpArena::new(u64::MAX);
+    VaeLayout::new(cfg, latent_h, latent_w, &mut arena)?;
+    Ok(arena.high_water())
+}
+
+/// Device operands one op of a banded decode uses at most (attention: q, k, v, o, lse).
+pub const BAND_OPERANDS: u64 = 5;
+/// Storage-binding offset alignment in bytes; each band operand may lose this much to it.
+pub const BAND_ALIGN: u64 = 256;
+
+/// f32 elements of band operands when the VAE has the device memory of an
+/// untiled `tile × tile`-cell latent, within one binding of `max_binding` bytes.
+pub fn band_capacity(cfg: &VaeConfig, tile: u64, max_binding: u64) -> Result<u64, VaePlanError> {
+    Ok(arena_bytes(cfg, tile, tile)?.min(max_binding) / 4)
+}
+
+/// Bytes of the device arena of a banded decode whose operands take `capacity` f32.
+pub fn band_arena_bytes(capacity: u64) -> u64 {
+    4 * capacity + BAND_ALIGN * BAND_OPERANDS
+}
+
 /// The most elements any `[C, pixels]` activation of the decode holds,
 /// for a latent of `p0` latent cells.
 pub fn largest_activation(cfg: &VaeConfig, p0: u64) -> u64 {

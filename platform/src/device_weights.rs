@@ -20,7 +20,6 @@ use flux_lite_core::program::Op;
 use safetensors::tensor::Dtype;
 use std::collections::HashMap;
 
-
 /// A weight tensor on the device: `buffer` from element `offset` on.
 #[derive(Debug)]
 pub struct DeviceWeight {
@@ -209,8 +208,7 @@ impl DeviceWeights {
                     let offset = cursor.next_multiple_of(SLOT_ALIGN);
                     cursor = offset + t.bytes.len() as u64;
                     let dtype = if t.dtype == Dtype::F32 { WeightDtype::F32 } else { WeightDtype::Bf16 };
-                    let elem = if dtype == WeightDtype::F32 { 4 } else { 2 };
-                    in_slots.push((name.clone(), slot, offset / elem, dtype));
+                    in_slots.push((name.clone(), slot, offset / dtype.bytes(), dtype));
                     w.streams[block].push(StreamedWeight { name: name.clone(), slot, offset });
                 } else {
                     w.upload(gpu, store, name)?;

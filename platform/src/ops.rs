@@ -38,7 +38,7 @@ pub enum WeightDtype {
 }
 
 impl WeightDtype {
-    fn bytes(self) -> u64 {
+    pub(crate) fn bytes(self) -> u64 {
         match self {
             WeightDtype::Bf16 => 2,
             WeightDtype::F32 => 4,

@@ -11,7 +11,7 @@ use crate::tokenizer::PromptTokenizer;
 use crate::runner::BlockProgress;
 use crate::transformer::Transformer;
 use crate::vae::VaeDecoder;
-use flux_lite_core::plan::{self as planner, DeviceLimits, PhasePlan, Plan, PlanInput, WeightStrategy};
+use flux_lite_core::plan::{self as planner, PhasePlan, Plan, PlanInput, WeightStrategy};
 use std::time::{Duration, Instant};
 
 /// Tokens per prompt: diffusers' `max_sequence_length`, which the transformer attends over in full.
@@ -87,21 +87,10 @@ pub struct Request {
     pub memory_budget: Option<u64>,
 }
 
-/// What the planner needs from a model folder, its weight files and the adapter.
-struct PlanSources {
-    transformer: planner::WeightSizes,
-    text_encoder: planner::WeightSizes,
-    vae: u64,
-    limits: DeviceLimits,
-}
-
-fn plan_sources(limits: DeviceLimits, model: &ModelFolder, width: usize, height: usize) -> Result<PlanSources, RunError> {
-    let (lat_h, lat_w) = denoise::latent_grid(&model.vae, width, height).map_err(RunError::Input)?;
-    let transformer = Transformer::weight_sizes(&model.transformer, &model.weights(Component::Transformer)?, PROMPT_TOKENS, lat_h * lat_w)?;
+/// The text encoder's weight bytes by block, from its files.
+fn text_encoder_sizes(model: &ModelFolder) -> Result<planner::WeightSizes, RunError> {
     let picks = model.text_encoder.output_layers();
-    let text_encoder = TextEncoder::weight_sizes(&model.text_encoder, &model.weights(Component::TextEncoder)?, PROMPT_TOKENS, picks)?;
-    let vae = crate::vae::decoder_weight_bytes(&model.vae, &model.weights(Component::Vae)?)?;
-    Ok(PlanSources { transformer, text_encoder, vae, limits })
+    TextEncoder::weight_sizes(&model.text_encoder, &model.weights(Component::TextEncoder)?, PROMPT_TOKENS, picks)
 }
 
 /// Lays out every device byte of a run (text encoder, transformer, VAE)
@@ -109,7 +98,8 @@ fn plan_sources(limits: DeviceLimits, model: &ModelFolder, width: usize, height:
 /// and the adapter's limits; fails at once, naming the smallest budget that
 /// would work, when nothing fits.
 pub fn plan(gpu: &Gpu, model: &ModelFolder, request: &Request) -> Result<Plan, RunError> {
-    let s = plan_sources(gpu.plan_limits(), model, request.width, request.height)?;
+    let (lat_h, lat_w) = denoise::latent_grid(&model.vae, request.width, request.height).map_err(RunError::Input)?;
+    let transformer = model.weights(Component::Transformer)?;
     let input = PlanInput {
         transformer: &model.transformer,
         text_encoder: &model.text_encoder,
@@ -117,41 +107,19 @@ pub fn plan(gpu: &Gpu, model: &ModelFolder, request: &Request) -> Result<Plan, R
         width: request.width as u64,
         height: request.height as u64,
         prompt_tokens: PROMPT_TOKENS as u64,
-        guided: uses_guidance(model, request.guidance),
-        transformer_weights: s.transformer,
-        text_encoder_weights: s.text_encoder,
-        vae_weight_bytes: s.vae,
-        limits: s.limits,
+        transformer_weights: Transformer::weight_sizes(&model.transformer, &transformer, PROMPT_TOKENS, lat_h * lat_w)?,
+        text_encoder_weights: text_encoder_sizes(model)?,
+        vae_weight_bytes: crate::vae::decoder_weight_bytes(&model.vae, &model.weights(Component::Vae)?)?,
+        limits: gpu.plan_limits(),
         budget: request.memory_budget,
     };
     planner::plan(&input).map_err(|e| RunError::Input(e.to_string()))
 }
 
 /// The text encoder's phase alone (for `encode`): its fastest strategy within `budget`.
-pub fn plan_encode(gpu: &Gpu, model: &ModelFolder, budget: Option<u64>) -> Result<PhasePlan, RunError> {
-    let unit = 2 * model.vae.scale_factor();
-    let s = plan_sources(gpu.plan_limits(), model, unit, unit)?;
-    let input = PlanInput {
-        transformer: &model.transformer,
-        text_encoder: &model.text_encoder,
-        vae: &model.vae,
-        width: unit as u64,
-        height: unit as u64,
-        prompt_tokens: PROMPT_TOKENS as u64,
-        guided: false,
-        transformer_weights: s.transformer,
-        text_encoder_weights: s.text_encoder,
-        vae_weight_bytes: s.vae,
-        limits: s.limits,
-        budget,
-    };
-    let options: Vec<PhasePlan> = planner::encode_options(&input).map_err(|e| RunError::Input(e.to_string()))?.collect();
-    let budget = budget.unwrap_or(u64::MAX);
-    options.iter().copied().find(|p| p.peak() <= budget).ok_or_else(|| {
-        let minimum = options.iter().map(|p| p.peak()).min().unwrap_or(0);
-        let e = planner::PlanError::TooSmall { budget, phase: "the text encoder", minimum };
-        RunError::Input(e.to_string())
-    })
+pub fn plan_encode(model: &ModelFolder, budget: Option<u64>) -> Result<PhasePlan, RunError> {
+    let sizes = text_encoder_sizes(model)?;
+    planner::plan_encode(&model.text_encoder, PROMPT_TOKENS as u64, sizes, budget).map_err(|e| RunError::Input(e.to_string()))
 }
 
 /// Whether `Flux2KleinPipeline` would run classifier-free guidance.

@@ -11,7 +11,7 @@ use crate::ops::{self, Dispatch};
 use crate::device_weights::{DeviceWeight, DeviceWeights};
 use crate::runner::{collect_ops, Runner};
 use crate::safetensors_store::WeightStore;
-use crate::vae_bands::{self, BandRunner, HostTensors};
+use crate::vae_bands::{BandRunner, HostTensors};
 use flux_lite_core::config::VaeConfig;
 use flux_lite_core::program::{Op, Span};
 use flux_lite_core::tensors::{self, TensorSpec};
@@ -99,8 +99,8 @@ impl VaeDecoder {
             }
             Some(t) => {
                 let side = (t / scale) as u64;
-                let capacity = whole_arena_bytes(config, side, side)?.min(gpu.max_binding()) / 4;
-                (None, capacity, vae_bands::arena_bytes(capacity))
+                let capacity = program::band_capacity(config, side, gpu.max_binding()).map_err(plan_error)?;
+                (None, capacity, program::band_arena_bytes(capacity))
             }
         };
         if arena_bytes > gpu.limits.max_buffer_size {
@@ -226,13 +226,6 @@ impl VaeDecoder {
         }
         Ok(host.get(full.decoded, full.decoded_len())?.to_vec())
     }
-}
-
-/// Bytes of the arena that decodes a `lat_h × lat_w` latent in one pass.
-fn whole_arena_bytes(config: &VaeConfig, lat_h: u64, lat_w: u64) -> Result<u64, RunError> {
-    let mut arena = BumpArena::new(u64::MAX);
-    VaeLayout::new(config, lat_h, lat_w, &mut arena).map_err(plan_error)?;
-    Ok(arena.high_water())
 }
 
 /// What decoding reads: `decoder.*`, `post_quant_conv.*` and the latent BatchNorm statistics.

@@ -20,15 +20,7 @@ use flux_lite_core::tensors::TensorName;
 use flux_lite_core::BumpArena;
 use std::collections::HashMap;
 
-/// Device operands one band op uses at most (attention: q, k, v, o, lse).
-const MAX_OPERANDS: u64 = 5;
-/// Storage-binding offset alignment in bytes; each operand may lose this much to it.
-const ALIGN: u64 = 256;
-
-/// Bytes of a device arena that holds `elements` f32 of band operands.
-pub fn arena_bytes(elements: u64) -> u64 {
-    4 * elements + ALIGN * MAX_OPERANDS
-}
+use flux_lite_core::vae::{band_arena_bytes, BAND_ALIGN as ALIGN};
 
 /// The whole image's activations on the host, one buffer per arena span of
 /// core's full-size layout (keyed by the span's offset), grown on first write.
@@ -149,7 +141,7 @@ impl BandRunner<'_> {
     }
 
     fn operands(&self) -> Operands {
-        Operands(BumpArena::new(arena_bytes(self.capacity)))
+        Operands(BumpArena::new(band_arena_bytes(self.capacity)))
     }
 
     /// The most units (rows, pixels, tokens) a band can hold when its

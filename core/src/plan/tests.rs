@@ -29,7 +29,6 @@ impl Model {
             width: size,
             height: size,
             prompt_tokens: 512,
-            guided: false,
             transformer_weights: transformer_weights(&self.transformer, self.df11),
             text_encoder_weights: text_encoder_weights(&self.text_encoder, self.df11),
             vae_weight_bytes: vae_decoder_weights(&self.vae),
