@@ -7,3 +7,4 @@ cd "$(dirname "$0")/.."
 python3 test_vectors/generate.py
 python3 test_vectors/generate_numerics.py
 python3 test_vectors/generate_df11.py
+python3 test_vectors/generate_configs.py

@@ -1,6 +1,6 @@
 //! `flux-lite compress`: a model folder → the same folder with DF11 weights.
 
-use crate::human_bytes;
+use flux_lite_core::plan::Bytes;
 use crate::progress::Bar;
 use argh::FromArgs;
 use flux_lite_platform::compress::{self, ComponentSizes};
@@ -51,12 +51,12 @@ fn summary(s: &ComponentSizes) -> String {
     format!(
         "{}: {} → {} ({:.1}%) in {} DF11 groups; component {} → {} ({:.1}%)",
         s.component.dir(),
-        human_bytes(s.weights_bf16),
-        human_bytes(s.weights_df11),
+        Bytes(s.weights_bf16),
+        Bytes(s.weights_df11),
         percent(s.weights_df11, s.weights_bf16),
         s.groups,
-        human_bytes(s.total_before),
-        human_bytes(s.total_after),
+        Bytes(s.total_before),
+        Bytes(s.total_after),
         percent(s.total_after, s.total_before)
     )
 }

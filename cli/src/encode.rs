@@ -5,7 +5,7 @@ use argh::FromArgs;
 use flux_lite_platform::embeddings_file;
 use flux_lite_platform::model::ModelFolder;
 use flux_lite_platform::pipeline::{self, Timings};
-use flux_lite_platform::{output, Gpu, GpuOptions};
+use flux_lite_platform::{output, planning, Gpu, GpuOptions};
 use std::path::PathBuf;
 
 /// Encode a prompt with the model's Qwen3 text encoder and write `prompt_embeds` [512, joint_attention_dim] (f32 safetensors).
@@ -33,7 +33,7 @@ pub struct EncodeArgs {
 pub fn run(args: &EncodeArgs) -> Result<(), String> {
     let model = ModelFolder::open(&args.model).map_err(|e| e.to_string())?;
     let gpu = Gpu::new(&GpuOptions::default()).map_err(|e| e.to_string())?;
-    let plan = pipeline::plan_encode(&model, args.memory_budget).map_err(|e| e.to_string())?;
+    let plan = planning::plan_encode(&model, args.memory_budget).map_err(|e| e.to_string())?;
     let mut bar = Bar::new(args.quiet);
     let mut timings = Timings::default();
     let encoded = pipeline::encode_prompts(&gpu, &model, plan.weights, &[&args.prompt], &mut timings, &mut |p| bar.show(p));

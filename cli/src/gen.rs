@@ -5,7 +5,7 @@ use argh::FromArgs;
 use flux_lite_platform::embeddings_file::{self, EmbeddingsFile};
 use flux_lite_platform::model::ModelFolder;
 use flux_lite_platform::pipeline::{self, Request, Timings};
-use flux_lite_platform::{denoise, output, Gpu, GpuOptions};
+use flux_lite_platform::{denoise, output, planning, Gpu, GpuOptions};
 use flux_lite_core::plan::WeightStrategy;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -119,7 +119,7 @@ pub fn run(args: &GenArgs) -> Result<(), String> {
     }
     let request =
         Request { width: args.width, height: args.height, steps, seed, guidance, vae_tile: args.vae_tile, memory_budget: args.memory_budget };
-    let plan = pipeline::plan(&gpu, &model, &request).map_err(|e| e.to_string())?;
+    let plan = planning::plan(&gpu, &model, &request).map_err(|e| e.to_string())?;
     if args.verbose {
         eprintln!("plan: text encoder {}; transformer {}", plan.encode.weights, plan.denoise.weights);
         match plan.decode.tile {

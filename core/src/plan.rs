@@ -23,6 +23,9 @@ use core::fmt;
 pub const FIXED_OVERHEAD: u64 = 64 << 10;
 /// Parameter bytes allowed per program step (a step may split into several dispatches).
 pub const OVERHEAD_PER_STEP: u64 = 512;
+/// Byte alignment of each weight in a slot: a binding offset (`df11_decode`
+/// starts groups on 128 elements); device weight sizes are counted in it.
+pub const SLOT_ALIGN: u64 = 256;
 /// Compressed size of a DF11 group as a fraction of its bf16 bytes, for
 /// plans made without the files: 70.1% measured on the tiny test model,
 /// 70% in the published klein DF11 checkpoints.
@@ -174,6 +177,11 @@ pub struct DeviceLimits {
     pub max_binding: u64,
 }
 
+impl DeviceLimits {
+    /// WebGPU's default limits, which every adapter grants: 256 MiB buffers, 128 MiB bindings.
+    pub const WEBGPU_DEFAULT: DeviceLimits = DeviceLimits { max_buffer: 256 << 20, max_binding: 128 << 20 };
+}
+
 /// Everything a plan depends on.
 #[derive(Debug, Clone, Copy)]
 pub struct PlanInput<'a> {
@@ -241,10 +249,7 @@ pub fn plan(input: &PlanInput<'_>) -> Result<Plan, PlanError> {
     let encode = encode_phase(input.text_encoder, input.prompt_tokens, input.text_encoder_weights)?;
     let denoise = PhaseOptions { weights: input.transformer_weights, fixed: denoise_fixed(input)? };
     let budget = input.budget.unwrap_or(u64::MAX);
-    let too_small = |phase: &'static str| {
-        let minimum = encode.smallest().max(denoise.smallest()).max(smallest_decode(input));
-        PlanError::TooSmall { budget, phase, minimum }
-    };
+    let too_small = |phase: &'static str| PlanError::TooSmall { budget, phase, minimum: run_minimum(encode, denoise, input) };
     Ok(Plan {
         encode: encode.fastest_within(budget).ok_or_else(|| too_small("the text encoder"))?,
         denoise: denoise.fastest_within(budget).ok_or_else(|| too_small("the transformer"))?,
@@ -260,9 +265,33 @@ pub fn plan_encode(c: &Qwen3Config, prompt_tokens: u64, weights: WeightSizes, bu
     options.fastest_within(budget).ok_or(PlanError::TooSmall { budget, phase: "the text encoder", minimum: options.smallest() })
 }
 
+/// The smallest budget under which the whole run works: the largest of the
+/// phases' smallest peaks (each phase frees its memory before the next).
+pub fn minimum_budget(input: &PlanInput<'_>) -> Result<u64, PlanError> {
+    let encode = encode_phase(input.text_encoder, input.prompt_tokens, input.text_encoder_weights)?;
+    let denoise = PhaseOptions { weights: input.transformer_weights, fixed: denoise_fixed(input)? };
+    Ok(run_minimum(encode, denoise, input))
+}
+
+fn run_minimum(encode: PhaseOptions, denoise: PhaseOptions, input: &PlanInput<'_>) -> u64 {
+    encode.smallest().max(denoise.smallest()).max(smallest_decode(input))
+}
+
+/// Every strategy for the text encoder's phase, fastest first, with its bytes.
+pub fn encode_options(input: &PlanInput<'_>) -> Result<impl Iterator<Item = PhasePlan>, PlanError> {
+    Ok(encode_phase(input.text_encoder, input.prompt_tokens, input.text_encoder_weights)?.iter())
+}
+
 /// Every strategy for the transformer's phase, fastest first, with its bytes.
 pub fn denoise_options(input: &PlanInput<'_>) -> Result<impl Iterator<Item = PhasePlan>, PlanError> {
     Ok(PhaseOptions { weights: input.transformer_weights, fixed: denoise_fixed(input)? }.iter())
+}
+
+/// Every layout of the VAE decode, fastest first: untiled when the adapter
+/// can bind it, then square tiles from the largest down to 16 pixels.
+pub fn decode_options<'a>(input: &'a PlanInput<'a>) -> Result<impl Iterator<Item = DecodePlan> + 'a, PlanError> {
+    latent_grid(input)?;
+    Ok(decode_candidates(input))
 }
 
 /// A phase's weight sizes and its bytes that do not depend on the strategy.
@@ -401,17 +430,39 @@ pub fn estimate_weights(
     specs(&mut |s: &TensorSpec| {
         let Some(b) = block_of(&s.name).filter(|&b| b < blocks.min(MAX_BLOCKS)) else { return };
         let bytes = 2 * s.shape.iter().product::<usize>() as u64;
+        // Each weight takes its own aligned place in a slot.
         if df11 && layout::grouped(groups, &s.name) {
-            // Slot offsets of groups are rounded to 128 elements.
-            per_block[b].grouped += bytes.next_multiple_of(256);
+            per_block[b].grouped += bytes.next_multiple_of(SLOT_ALIGN);
             per_block[b].compressed += bytes * DF11_ESTIMATE_PERCENT / 100;
         } else {
-            per_block[b].plain += bytes;
+            per_block[b].plain += bytes.next_multiple_of(SLOT_ALIGN);
         }
     });
     let mut sizes = WeightSizes::default();
     per_block.iter().take(blocks.min(MAX_BLOCKS)).for_each(|b| sizes.add_block(*b));
     sizes
+}
+
+/// A component's size as its files would hold it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ComponentBytes {
+    pub parameters: u64,
+    /// Every weight as bf16.
+    pub bf16: u64,
+    /// Grouped weights compressed (estimated at [`DF11_ESTIMATE_PERCENT`]), the rest bf16.
+    pub df11: u64,
+}
+
+/// The bf16 and estimated DF11 bytes of every tensor `specs` names, grouped as `groups` says.
+pub fn component_bytes(specs: &mut SpecSource<'_>, groups: &[GroupPattern]) -> ComponentBytes {
+    let mut total = ComponentBytes::default();
+    specs(&mut |s: &TensorSpec| {
+        let parameters = s.shape.iter().product::<usize>() as u64;
+        total.parameters += parameters;
+        total.bf16 += 2 * parameters;
+        total.df11 += if layout::grouped(groups, &s.name) { 2 * parameters * DF11_ESTIMATE_PERCENT / 100 } else { 2 * parameters };
+    });
+    total
 }
 
 /// The transformer's weight sizes by program block (prologue, doubles, singles, epilogue), estimated from the config.
@@ -457,7 +508,8 @@ pub fn vae_decoder_weights(c: &VaeConfig) -> u64 {
     tensors::vae(c, |s| {
         let n = s.name.as_str();
         if n.starts_with("decoder.") || n.starts_with("post_quant_conv.") || n.starts_with("bn.running_") {
-            bytes += 2 * s.shape.iter().product::<usize>() as u64;
+            // Each weight is its own buffer, a whole number of 4-byte words.
+            bytes += (2 * s.shape.iter().product::<usize>() as u64).next_multiple_of(4);
         }
     });
     bytes

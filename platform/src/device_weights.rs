@@ -15,7 +15,7 @@ use crate::error::{GpuError, LoadError, RunError};
 use crate::gpu::Gpu;
 use crate::ops::{self, Weight, WeightDtype};
 use crate::safetensors_store::{widen_to_f32, TensorRef, WeightStore};
-use flux_lite_core::plan::{BlockWeights, WeightSizes, WeightStrategy};
+use flux_lite_core::plan::{BlockWeights, WeightSizes, WeightStrategy, SLOT_ALIGN};
 use flux_lite_core::program::Op;
 use safetensors::tensor::Dtype;
 use std::collections::HashMap;
@@ -55,9 +55,6 @@ impl DeviceWeight {
         Weight { buf: &self.buffer, offset: self.offset, dtype: self.dtype }
     }
 }
-
-/// Byte alignment of a weight or a group in a slot (a binding offset; `df11_decode` starts groups on 128 elements).
-const SLOT_ALIGN: u64 = 256;
 
 /// Which weights each block reads alone, and which several blocks share.
 #[derive(Debug, Default)]

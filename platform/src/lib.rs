@@ -15,6 +15,7 @@ pub mod model;
 pub mod ops;
 pub mod output;
 pub mod pipeline;
+pub mod planning;
 pub mod runner;
 pub mod safetensors_store;
 pub mod text_encoder;

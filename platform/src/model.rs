@@ -96,6 +96,16 @@ impl ModelFolder {
         Ok(store)
     }
 
+    /// Whether a component's folder holds weight files (`*.safetensors`, or a shard index).
+    pub fn has_weight_files(&self, component: Component) -> bool {
+        let Ok(listing) = std::fs::read_dir(self.component_dir(component.dir())) else { return false };
+        listing.flatten().any(|e| {
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            name.ends_with(".safetensors") || name.ends_with(".safetensors.index.json")
+        })
+    }
+
     pub fn expected_tensors(&self, component: Component) -> Vec<TensorSpec> {
         let mut specs = Vec::new();
         let push = |s: &TensorSpec| specs.push(s.clone());

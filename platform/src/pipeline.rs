@@ -11,7 +11,7 @@ use crate::tokenizer::PromptTokenizer;
 use crate::runner::BlockProgress;
 use crate::transformer::Transformer;
 use crate::vae::VaeDecoder;
-use flux_lite_core::plan::{self as planner, PhasePlan, Plan, PlanInput, WeightStrategy};
+use flux_lite_core::plan::WeightStrategy;
 use std::time::{Duration, Instant};
 
 /// Tokens per prompt: diffusers' `max_sequence_length`, which the transformer attends over in full.
@@ -85,41 +85,6 @@ pub struct Request {
     pub vae_tile: Option<usize>,
     /// Device bytes the run may allocate; `None` keeps everything resident.
     pub memory_budget: Option<u64>,
-}
-
-/// The text encoder's weight bytes by block, from its files.
-fn text_encoder_sizes(model: &ModelFolder) -> Result<planner::WeightSizes, RunError> {
-    let picks = model.text_encoder.output_layers();
-    TextEncoder::weight_sizes(&model.text_encoder, &model.weights(Component::TextEncoder)?, PROMPT_TOKENS, picks)
-}
-
-/// Lays out every device byte of a run (text encoder, transformer, VAE)
-/// for the request's size and budget, from the weight files' real sizes
-/// and the adapter's limits; fails at once, naming the smallest budget that
-/// would work, when nothing fits.
-pub fn plan(gpu: &Gpu, model: &ModelFolder, request: &Request) -> Result<Plan, RunError> {
-    let (lat_h, lat_w) = denoise::latent_grid(&model.vae, request.width, request.height).map_err(RunError::Input)?;
-    let transformer = model.weights(Component::Transformer)?;
-    let input = PlanInput {
-        transformer: &model.transformer,
-        text_encoder: &model.text_encoder,
-        vae: &model.vae,
-        width: request.width as u64,
-        height: request.height as u64,
-        prompt_tokens: PROMPT_TOKENS as u64,
-        transformer_weights: Transformer::weight_sizes(&model.transformer, &transformer, PROMPT_TOKENS, lat_h * lat_w)?,
-        text_encoder_weights: text_encoder_sizes(model)?,
-        vae_weight_bytes: crate::vae::decoder_weight_bytes(&model.vae, &model.weights(Component::Vae)?)?,
-        limits: gpu.plan_limits(),
-        budget: request.memory_budget,
-    };
-    planner::plan(&input).map_err(|e| RunError::Input(e.to_string()))
-}
-
-/// The text encoder's phase alone (for `encode`): its fastest strategy within `budget`.
-pub fn plan_encode(model: &ModelFolder, budget: Option<u64>) -> Result<PhasePlan, RunError> {
-    let sizes = text_encoder_sizes(model)?;
-    planner::plan_encode(&model.text_encoder, PROMPT_TOKENS as u64, sizes, budget).map_err(|e| RunError::Input(e.to_string()))
 }
 
 /// Whether `Flux2KleinPipeline` would run classifier-free guidance.

@@ -5,7 +5,7 @@
 use flux_lite_platform::model::{Component, ModelFolder};
 use flux_lite_platform::vae::{DecodedImage, TileProgress, VaeDecoder};
 use flux_lite_core::rng::TorchGenerator;
-use flux_lite_platform::RunError;
+use flux_lite_platform::{planning, RunError};
 use flux_lite_tests::{gpu, model_dir, read_png, rel_l2, Goldens, CASES};
 
 /// Stage tolerance of the issue for the decoded image: relative L2 ≤ 1e-4.
@@ -186,15 +186,15 @@ fn bad_sizes_and_latents_are_errors() {
 
 #[test]
 fn the_planned_tile_is_untiled_when_it_fits_and_bounded_by_the_binding_otherwise() {
-    use flux_lite_platform::pipeline::{self, Request};
+    use flux_lite_platform::pipeline::Request;
     use flux_lite_platform::{Gpu, GpuOptions};
     let m = ModelFolder::open(&model_dir("tiny-a")).unwrap();
     let request = Request { width: 96, height: 64, steps: 1, seed: 0, guidance: 1.0, vae_tile: None, memory_budget: None };
-    assert_eq!(pipeline::plan(gpu(), &m, &request).unwrap().decode.tile, None);
+    assert_eq!(planning::plan(gpu(), &m, &request).unwrap().decode.tile, None);
     // A device whose storage bindings hold 64 KiB: tiny-a's largest activation
     // (64 channels at full resolution) fits 256 pixels, a 16-pixel square tile.
     let small = Gpu::new(&GpuOptions { max_storage_binding: Some(64 * 1024), ..Default::default() }).unwrap();
-    let tile = pipeline::plan(&small, &m, &request).unwrap().decode.tile.map(|t| t as usize);
+    let tile = planning::plan(&small, &m, &request).unwrap().decode.tile.map(|t| t as usize);
     assert_eq!(tile, Some(16));
     let store = m.weights(Component::Vae).unwrap();
     let mut vae = VaeDecoder::new(&small, &m.vae, &store, 64, 96, tile).unwrap();

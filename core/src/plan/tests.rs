@@ -184,3 +184,45 @@ fn figures_for_the_4b_at_1024px() {
         assert!(matches!(err, PlanError::TooSmall { minimum, .. } if minimum < 2 * GIB));
     }
 }
+
+#[test]
+fn the_minimum_budget_is_the_one_a_failed_plan_names() {
+    for model in [Model::klein_4b(false), Model::klein_4b(true), Model::klein_9b(true)] {
+        for size in [512, 1024, 2048] {
+            let PlanError::TooSmall { minimum, .. } = plan(&model.input(size, Some(1024))).unwrap_err() else { panic!("{size}") };
+            assert_eq!(minimum_budget(&model.input(size, None)).unwrap(), minimum, "{size}");
+        }
+    }
+}
+
+#[test]
+fn phase_options_run_fastest_first_and_end_at_the_phase_minimum() {
+    let model = Model::klein_4b(true);
+    let input = model.input(1024, None);
+    let encode: heapless::Vec<PhasePlan, 8> = encode_options(&input).unwrap().collect();
+    assert_eq!(encode.len(), 5);
+    assert!(encode.windows(2).all(|w| w[1].peak() < w[0].peak()), "{encode:#?}");
+    let decode: heapless::Vec<DecodePlan, 128> = decode_options(&input).unwrap().collect();
+    assert_eq!(decode[0].tile, None, "untiled first");
+    let tiles: heapless::Vec<u64, 128> = decode.iter().filter_map(|p| p.tile).collect();
+    assert_eq!(tiles.first(), Some(&1024));
+    assert_eq!(tiles.last(), Some(&16));
+    assert!(tiles.windows(2).all(|w| w[1] + 16 == w[0]));
+    let smallest = [encode.iter().map(|p| p.peak()).min(), denoise_options(&input).unwrap().map(|p| p.peak()).min(), decode.iter().map(|p| p.peak()).min()];
+    assert_eq!(minimum_budget(&input).unwrap(), smallest.iter().map(|m| m.unwrap()).max().unwrap());
+    let mut odd = model.input(1024, None);
+    odd.height = 1000;
+    assert!(decode_options(&odd).is_err());
+}
+
+#[test]
+fn component_bytes_of_the_4b_transformer() {
+    let b = component_bytes(&mut |sink| crate::tensors::transformer(&klein_4b::transformer(), sink), crate::df11::layout::TRANSFORMER_GROUPS);
+    assert_eq!(b.bf16, 2 * b.parameters);
+    assert!((3_800_000_000..4_000_000_000).contains(&b.parameters), "{}", b.parameters);
+    // Almost every byte is in a group: the whole is just over the estimate's fraction.
+    let percent = b.df11 * 100 / b.bf16;
+    assert!((DF11_ESTIMATE_PERCENT..DF11_ESTIMATE_PERCENT + 2).contains(&percent), "{percent}%");
+    let vae = component_bytes(&mut |sink| crate::tensors::vae(&klein_4b::vae(), sink), &[]);
+    assert_eq!(vae.df11, vae.bf16, "nothing of the VAE is grouped");
+}

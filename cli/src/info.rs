@@ -1,0 +1,187 @@
+//! `flux-lite info`: a model folder's configs, sizes and memory plan, without running it.
+
+use argh::FromArgs;
+use flux_lite_core::df11::layout;
+use flux_lite_core::plan::{self as planner, Bytes, ComponentBytes, DecodePlan, DeviceLimits, PhasePlan, PlanInput};
+use flux_lite_core::tensors;
+use flux_lite_platform::model::{Component, ModelFolder};
+use flux_lite_platform::planning::ModelSizes;
+use flux_lite_platform::pipeline::PROMPT_TOKENS;
+use flux_lite_platform::{Gpu, GpuOptions};
+use std::path::PathBuf;
+
+/// Print a model folder's configuration, weight sizes and memory plan without
+/// running it; the folder may hold only its config files.
+#[derive(FromArgs, Debug)]
+#[argh(subcommand, name = "info")]
+pub struct InfoArgs {
+    /// the diffusers model folder (model_index.json, transformer/, text_encoder/, vae/, scheduler/)
+    #[argh(option)]
+    model: PathBuf,
+    /// read the transformer from this folder instead of the model's transformer/
+    #[argh(option)]
+    transformer: Option<PathBuf>,
+    /// image width the plan is for, in pixels (default 1024)
+    #[argh(option, default = "1024")]
+    width: usize,
+    /// image height the plan is for, in pixels (default 1024)
+    #[argh(option, default = "1024")]
+    height: usize,
+    /// also plan the run within this device memory, e.g. 2GiB (fails, naming the minimum, when too small)
+    #[argh(option, from_str_fn(crate::budget::parse_memory_budget))]
+    memory_budget: Option<u64>,
+}
+
+pub fn run(args: &InfoArgs) -> Result<(), String> {
+    let mut model = ModelFolder::open(&args.model).map_err(|e| e.to_string())?;
+    if let Some(dir) = &args.transformer {
+        model = model.with_transformer(dir).map_err(|e| e.to_string())?;
+    }
+    print_configs(&model);
+    for c in Component::ALL {
+        print_component_bytes(&model, c)?;
+    }
+    let sizes = ModelSizes::from_files_or_configs(&model, args.width, args.height).map_err(|e| e.to_string())?;
+    let (limits, adapter) = adapter_limits();
+    let input = sizes.plan_input(&model, args.width, args.height, limits, args.memory_budget);
+    println!();
+    println!(
+        "plan for {}×{} with {PROMPT_TOKENS} prompt tokens, under {adapter}: max buffer {}, max binding {}",
+        args.width,
+        args.height,
+        Bytes(limits.max_buffer),
+        Bytes(limits.max_binding)
+    );
+    print_plan_options(&input, &sizes)?;
+    let minimum = planner::minimum_budget(&input).map_err(|e| e.to_string())?;
+    println!("smallest budget for the whole run: {} ({minimum} B)", Bytes(minimum));
+    if let Some(budget) = args.memory_budget {
+        let plan = planner::plan(&input).map_err(|e| e.to_string())?;
+        println!(
+            "within --memory-budget {}: text encoder {}; transformer {}; VAE {}; peak {}",
+            Bytes(budget),
+            plan.encode.weights,
+            plan.denoise.weights,
+            decode_layout(&plan.decode),
+            Bytes(plan.peak())
+        );
+    }
+    Ok(())
+}
+
+fn print_configs(m: &ModelFolder) {
+    let t = &m.transformer;
+    let q = &m.text_encoder;
+    let v = &m.vae;
+    println!("model: {}", m.root.display());
+    println!("distilled: {}", m.index.is_distilled);
+    println!(
+        "transformer: {} double + {} single blocks, {} heads × {}, inner {}, mlp {}, joint {}, in {} channels, RoPE axes {:?} θ {}",
+        t.num_layers,
+        t.num_single_layers,
+        t.num_attention_heads,
+        t.attention_head_dim,
+        t.inner_dim(),
+        t.mlp_hidden_dim(),
+        t.joint_attention_dim,
+        t.in_channels,
+        t.axes_dims_rope.as_slice(),
+        t.rope_theta
+    );
+    println!(
+        "text encoder: Qwen3 {} layers, hidden {}, {} / {} heads × {}, mlp {}, vocab {}, RoPE θ {}, prompt layers {:?}",
+        q.num_hidden_layers,
+        q.hidden_size,
+        q.num_attention_heads,
+        q.num_key_value_heads,
+        q.head_dim,
+        q.intermediate_size,
+        q.vocab_size,
+        q.rope_theta,
+        q.output_layers()
+    );
+    println!(
+        "vae: channels {:?}, {} latent channels, scale factor {}, {} groups",
+        v.block_out_channels.as_slice(),
+        v.latent_channels,
+        v.scale_factor(),
+        v.norm_num_groups
+    );
+}
+
+/// One line: parameters, bf16 and DF11 bytes, and what the files hold.
+fn print_component_bytes(m: &ModelFolder, c: Component) -> Result<(), String> {
+    let bytes: ComponentBytes = match c {
+        Component::Transformer => planner::component_bytes(&mut |sink| tensors::transformer(&m.transformer, sink), layout::TRANSFORMER_GROUPS),
+        Component::TextEncoder => planner::component_bytes(&mut |sink| tensors::text_encoder(&m.text_encoder, sink), layout::TEXT_ENCODER_GROUPS),
+        Component::Vae => planner::component_bytes(&mut |sink| tensors::vae(&m.vae, sink), &[]),
+    };
+    let files = if m.has_weight_files(c) {
+        let store = m.weights(c).map_err(|e| e.to_string())?;
+        let kind = if store.df11_groups().len() > 0 { "DF11" } else { "uncompressed" };
+        format!("{} in files ({kind})", Bytes(store.data_bytes()))
+    } else {
+        "no weight files".to_string()
+    };
+    let df11 = if bytes.df11 < bytes.bf16 { format!("DF11 about {}", Bytes(bytes.df11)) } else { "no DF11 groups".to_string() };
+    println!("{}: {} parameters; bf16 {}, {df11}; {files}", c.dir(), bytes.parameters, Bytes(bytes.bf16));
+    Ok(())
+}
+
+/// The limits `gen` would plan under on this machine: the adapter's, or WebGPU's defaults without one.
+fn adapter_limits() -> (DeviceLimits, String) {
+    match Gpu::new(&GpuOptions::default()) {
+        Ok(gpu) => (gpu.plan_limits(), format!("the limits of {}", gpu.describe())),
+        Err(_) => (DeviceLimits::WEBGPU_DEFAULT, "WebGPU's default limits (no adapter found)".to_string()),
+    }
+}
+
+/// Each phase's options, fastest first, with the bytes each needs.
+fn print_plan_options(input: &PlanInput<'_>, sizes: &ModelSizes) -> Result<(), String> {
+    let source = |c: Component| match (sizes.estimated.contains(&c), c) {
+        (false, _) => String::new(),
+        (true, Component::Vae) => " (sizes estimated from the config)".to_string(),
+        (true, _) => format!(" (sizes estimated from the config, DF11 groups at {}%)", planner::DF11_ESTIMATE_PERCENT),
+    };
+    println!("text encoder{}:", source(Component::TextEncoder));
+    for p in planner::encode_options(input).map_err(|e| e.to_string())? {
+        print_phase(&p);
+    }
+    println!("transformer{}:", source(Component::Transformer));
+    for p in planner::denoise_options(input).map_err(|e| e.to_string())? {
+        print_phase(&p);
+    }
+    println!("vae decoder{}:", source(Component::Vae));
+    let options: Vec<DecodePlan> = planner::decode_options(input).map_err(|e| e.to_string())?.collect();
+    let fastest = options.first();
+    let smallest = options.iter().min_by_key(|p| p.peak());
+    for p in fastest.into_iter().chain(smallest.filter(|s| Some(*s) != fastest)) {
+        println!(
+            "  {}: {} (weights {}, activations {}, other {})",
+            decode_layout(p),
+            Bytes(p.peak()),
+            Bytes(p.weight_bytes),
+            Bytes(p.arena_bytes),
+            Bytes(p.other_bytes)
+        );
+    }
+    Ok(())
+}
+
+fn print_phase(p: &PhasePlan) {
+    println!(
+        "  {}: {} (weights {}, activations {}, other {})",
+        p.weights,
+        Bytes(p.peak()),
+        Bytes(p.weight_bytes),
+        Bytes(p.arena_bytes),
+        Bytes(p.other_bytes)
+    );
+}
+
+fn decode_layout(p: &DecodePlan) -> String {
+    match p.tile {
+        None => "untiled".to_string(),
+        Some(tile) => format!("by bands of {tile}-pixel tiles"),
+    }
+}

@@ -1,0 +1,158 @@
+//! `flux-lite info`: configs, sizes and the memory plan without running the
+//! model, from a full folder or from its config files alone.
+
+#![allow(clippy::unwrap_used)]
+
+use flux_lite_core::config::{klein_4b, klein_9b};
+use flux_lite_core::plan::{self, Bytes, DeviceLimits, PlanInput};
+use flux_lite_tests::{model_dir, scratch_dir, test_vectors};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+const GIB: u64 = 1 << 30;
+
+fn info(model: &Path, extra: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_flux-lite")).arg("info").args(["--model", model.to_str().unwrap()]).args(extra).output().unwrap()
+}
+
+fn stdout_of(out: &Output) -> String {
+    assert!(out.status.success(), "info failed: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The option lines (`  strategy: peak (…)`) printed under `section:`.
+fn section<'a>(stdout: &'a str, name: &str) -> Vec<&'a str> {
+    let mut lines = stdout.lines().skip_while(|l| !(l.starts_with(name) && l.ends_with(':'))).skip(1);
+    let mut out = Vec::new();
+    for l in lines.by_ref() {
+        match l.strip_prefix("  ") {
+            Some(option) => out.push(option),
+            None => break,
+        }
+    }
+    assert!(!out.is_empty(), "no {name} section in {stdout}");
+    out
+}
+
+/// The exact byte count of `smallest budget for the whole run: X (N B)`.
+fn minimum(stdout: &str) -> u64 {
+    let line = stdout.lines().find(|l| l.starts_with("smallest budget for the whole run: ")).unwrap_or_else(|| panic!("{stdout}"));
+    let inner = line.rsplit_once('(').unwrap().1;
+    inner.trim_end_matches(" B)").parse().unwrap()
+}
+
+/// A copy of a model folder with its config files only (no weights, no shard index).
+fn configs_only(name: &str) -> PathBuf {
+    let to = scratch_dir(&format!("info-configs-{name}"));
+    copy_json(&model_dir(name), &to);
+    to
+}
+
+fn copy_json(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            copy_json(&path, &to.join(path.file_name().unwrap()));
+        } else if path.extension().is_some_and(|e| e == "json") && !path.to_string_lossy().ends_with(".safetensors.index.json") {
+            std::fs::copy(&path, to.join(path.file_name().unwrap())).unwrap();
+        }
+    }
+}
+
+/// The planner's transformer lines for a published config, as `info` prints them.
+fn expected_transformer_lines(transformer: &flux_lite_core::config::TransformerConfig, text: &flux_lite_core::config::Qwen3Config) -> Vec<String> {
+    let vae = klein_4b::vae();
+    let input = PlanInput {
+        transformer,
+        text_encoder: text,
+        vae: &vae,
+        width: 1024,
+        height: 1024,
+        prompt_tokens: 512,
+        transformer_weights: plan::transformer_weights(transformer, true),
+        text_encoder_weights: plan::text_encoder_weights(text, true),
+        vae_weight_bytes: plan::vae_decoder_weights(&vae),
+        limits: DeviceLimits::WEBGPU_DEFAULT,
+        budget: None,
+    };
+    plan::denoise_options(&input)
+        .unwrap()
+        .map(|p| format!("{}: {} (weights {}, activations {}, other {})", p.weights, Bytes(p.peak()), Bytes(p.weight_bytes), Bytes(p.arena_bytes), Bytes(p.other_bytes)))
+        .collect()
+}
+
+#[test]
+fn the_published_4b_plans_from_its_config_files_alone() {
+    let folder = test_vectors().join("configs/klein-4b");
+    let stdout = stdout_of(&info(&folder, &[]));
+    assert!(stdout.contains("transformer: 5 double + 20 single blocks, 24 heads × 128"), "{stdout}");
+    assert_eq!(stdout.matches("no weight files").count(), 3, "{stdout}");
+    assert!(stdout.contains("plan for 1024×1024 with 512 prompt tokens"), "{stdout}");
+    // The folder's JSON gives the same plan as the published shapes in core.
+    let transformer = section(&stdout, "transformer (sizes estimated");
+    assert_eq!(transformer, expected_transformer_lines(&klein_4b::transformer(), &klein_4b::text_encoder()), "{stdout}");
+    // Five strategies, each smaller than the one before; streaming fits the 4B's denoising in 2 GiB.
+    let peaks: Vec<&str> = transformer.iter().map(|l| l.split(": ").nth(1).unwrap().split(" (").next().unwrap()).collect();
+    assert_eq!(peaks.len(), 5);
+    assert!(transformer[3].starts_with("streamed per block from host memory into 2 slots"));
+    assert!(transformer[4].starts_with("streamed per block from host memory into 1 slot"));
+    assert!(parse_gib(peaks[4]) <= 2.0, "streamed denoising of the 4B at 1024² needs {}", peaks[4]);
+    assert!(peaks.windows(2).all(|w| parse_gib(w[1]) < parse_gib(w[0])), "{peaks:?}");
+    // The whole run's minimum works, one byte less does not.
+    let least = minimum(&stdout);
+    assert!(least < 2 * GIB, "{least}");
+    let within = stdout_of(&info(&folder, &["--memory-budget", &format!("{least}B")]));
+    assert!(within.contains("within --memory-budget"), "{within}");
+    assert!(within.contains("transformer streamed per block from host memory into 1 slot"), "{within}");
+    let short = info(&folder, &["--memory-budget", &format!("{}B", least - 1)]);
+    assert!(!short.status.success());
+    let stderr = String::from_utf8_lossy(&short.stderr);
+    let line = stderr.lines().find(|l| l.starts_with("error: ")).unwrap_or_else(|| panic!("{stderr}"));
+    assert!(line.contains("too small") && line.contains(&format!("({least} B)")), "{line}");
+}
+
+fn parse_gib(figure: &str) -> f64 {
+    let (value, unit) = figure.split_once(' ').unwrap();
+    let scale = match unit {
+        "GiB" => 1.0,
+        "MiB" => 1.0 / 1024.0,
+        "KiB" => 1.0 / (1024.0 * 1024.0),
+        other => panic!("unit {other}"),
+    };
+    value.parse::<f64>().unwrap() * scale
+}
+
+#[test]
+fn the_published_9b_plans_from_its_config_files_alone() {
+    let stdout = stdout_of(&info(&test_vectors().join("configs/klein-9b"), &["--width", "1024", "--height", "1024"]));
+    assert!(stdout.contains("transformer: 8 double + 24 single blocks, 32 heads × 128, inner 4096, mlp 12288, joint 12288"), "{stdout}");
+    assert!(stdout.contains("text encoder: Qwen3 36 layers, hidden 4096"), "{stdout}");
+    let transformer = section(&stdout, "transformer (sizes estimated");
+    assert_eq!(transformer, expected_transformer_lines(&klein_9b::transformer(), &klein_9b::text_encoder()), "{stdout}");
+}
+
+#[test]
+fn estimates_from_configs_equal_the_sizes_of_a_bf16_folder() {
+    for name in ["tiny-a", "tiny-b"] {
+        let size = ["--width", "64", "--height", "48"];
+        let files = stdout_of(&info(&model_dir(name), &size));
+        let configs = stdout_of(&info(&configs_only(name), &size));
+        assert!(!files.contains("no weight files") && configs.matches("no weight files").count() == 3, "{configs}");
+        // A bf16 folder offers resident bf16 and streaming; the estimate adds DF11 residency.
+        for (with_files, estimated) in [("text encoder:", "text encoder (sizes"), ("transformer:", "transformer (sizes"), ("vae decoder:", "vae decoder (sizes")] {
+            let from_files = section(&files, with_files);
+            let from_configs: Vec<&str> = section(&configs, estimated).into_iter().filter(|l| !l.starts_with("DF11")).collect();
+            assert_eq!(from_files, from_configs, "{name} {with_files}");
+        }
+        assert_eq!(minimum(&files), minimum(&configs), "{name}");
+    }
+}
+
+#[test]
+fn info_refuses_a_size_that_is_not_whole_latent_tokens() {
+    let out = info(&test_vectors().join("configs/klein-4b"), &["--width", "1000"]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.lines().any(|l| l.starts_with("error: ") && l.contains("--width 1000")), "{stderr}");
+}

@@ -1,0 +1,103 @@
+//! Memory plans for a model folder. Each component's weight sizes come from
+//! its files, or, for a folder that holds only configs (`flux-lite info`),
+//! are estimated from its config; the core planner lays out the run.
+
+use crate::denoise;
+use crate::error::RunError;
+use crate::gpu::Gpu;
+use crate::model::{Component, ModelFolder};
+use crate::pipeline::{Request, PROMPT_TOKENS};
+use crate::text_encoder::TextEncoder;
+use crate::transformer::Transformer;
+use flux_lite_core::plan::{self as planner, DeviceLimits, PhasePlan, Plan, PlanInput, WeightSizes};
+
+/// The weight sizes a plan needs, for one image size.
+#[derive(Debug, Clone)]
+pub struct ModelSizes {
+    pub text_encoder: WeightSizes,
+    pub transformer: WeightSizes,
+    /// The VAE decoder's weights, always resident.
+    pub vae_decoder: u64,
+    /// Components whose folders hold no weight files: their sizes are
+    /// estimated from the config, as DF11 (so every strategy is listed).
+    pub estimated: Vec<Component>,
+}
+
+impl ModelSizes {
+    /// From the weight files, which every component must have.
+    pub fn from_files(model: &ModelFolder, width: usize, height: usize) -> Result<Self, RunError> {
+        Self::read(model, width, height, false)
+    }
+
+    /// From the files where a component has them, else estimated from its config.
+    pub fn from_files_or_configs(model: &ModelFolder, width: usize, height: usize) -> Result<Self, RunError> {
+        Self::read(model, width, height, true)
+    }
+
+    fn read(model: &ModelFolder, width: usize, height: usize, estimate_missing: bool) -> Result<Self, RunError> {
+        let (lat_h, lat_w) = denoise::latent_grid(&model.vae, width, height).map_err(RunError::Input)?;
+        let mut estimated = Vec::new();
+        let mut from_files = |c: Component| {
+            let files = !estimate_missing || model.has_weight_files(c);
+            if !files {
+                estimated.push(c);
+            }
+            files
+        };
+        let text_encoder = if from_files(Component::TextEncoder) {
+            text_encoder_sizes(model)?
+        } else {
+            planner::text_encoder_weights(&model.text_encoder, true)
+        };
+        let transformer = if from_files(Component::Transformer) {
+            Transformer::weight_sizes(&model.transformer, &model.weights(Component::Transformer)?, PROMPT_TOKENS, lat_h * lat_w)?
+        } else {
+            planner::transformer_weights(&model.transformer, true)
+        };
+        let vae_decoder = if from_files(Component::Vae) {
+            crate::vae::decoder_weight_bytes(&model.vae, &model.weights(Component::Vae)?)?
+        } else {
+            planner::vae_decoder_weights(&model.vae)
+        };
+        Ok(Self { text_encoder, transformer, vae_decoder, estimated })
+    }
+
+    /// The planner's input for a `width × height` image of this model.
+    pub fn plan_input<'a>(&self, model: &'a ModelFolder, width: usize, height: usize, limits: DeviceLimits, budget: Option<u64>) -> PlanInput<'a> {
+        PlanInput {
+            transformer: &model.transformer,
+            text_encoder: &model.text_encoder,
+            vae: &model.vae,
+            width: width as u64,
+            height: height as u64,
+            prompt_tokens: PROMPT_TOKENS as u64,
+            transformer_weights: self.transformer,
+            text_encoder_weights: self.text_encoder,
+            vae_weight_bytes: self.vae_decoder,
+            limits,
+            budget,
+        }
+    }
+}
+
+/// The text encoder's weight bytes by block, from its files.
+fn text_encoder_sizes(model: &ModelFolder) -> Result<WeightSizes, RunError> {
+    let picks = model.text_encoder.output_layers();
+    TextEncoder::weight_sizes(&model.text_encoder, &model.weights(Component::TextEncoder)?, PROMPT_TOKENS, picks)
+}
+
+/// Lays out every device byte of a run (text encoder, transformer, VAE)
+/// for the request's size and budget, from the weight files' real sizes
+/// and the adapter's limits; fails at once, naming the smallest budget that
+/// would work, when nothing fits.
+pub fn plan(gpu: &Gpu, model: &ModelFolder, request: &Request) -> Result<Plan, RunError> {
+    let sizes = ModelSizes::from_files(model, request.width, request.height)?;
+    let input = sizes.plan_input(model, request.width, request.height, gpu.plan_limits(), request.memory_budget);
+    planner::plan(&input).map_err(|e| RunError::Input(e.to_string()))
+}
+
+/// The text encoder's phase alone (for `encode`): its fastest strategy within `budget`.
+pub fn plan_encode(model: &ModelFolder, budget: Option<u64>) -> Result<PhasePlan, RunError> {
+    let sizes = text_encoder_sizes(model)?;
+    planner::plan_encode(&model.text_encoder, PROMPT_TOKENS as u64, sizes, budget).map_err(|e| RunError::Input(e.to_string()))
+}
