@@ -389,7 +389,7 @@ fn decode_candidates<'a>(input: &'a PlanInput<'a>) -> impl Iterator<Item = Decod
         let mut arena = BumpArena::new(u64::MAX);
         vae::VaeLayout::new(cfg, 2, 2, &mut arena).map_or(0, |l| count(|emit| vae::decode(&l, emit)))
     };
-    // The 8-bit levels of the image come back through a staging buffer.
+    // Untiled, the image's 8-bit levels come back through one staging buffer.
     let levels = 4 * 3 * w * h;
     let whole = vae_arena(cfg, h / scale, w / scale, input.limits)
         .map(|arena| DecodePlan { tile: None, weight_bytes: weights, arena_bytes: arena, other_bytes: levels + overhead(steps) });
@@ -399,8 +399,9 @@ fn decode_candidates<'a>(input: &'a PlanInput<'a>) -> impl Iterator<Item = Decod
         let tile = n * unit;
         vae_arena(cfg, tile / scale, tile / scale, input.limits)?;
         let arena = vae::band_arena_bytes(vae::band_capacity(cfg, tile / scale, input.limits.max_binding).ok()?);
-        // Each band's result comes back through a staging buffer of at most the arena.
-        Some(DecodePlan { tile: Some(tile), weight_bytes: weights, arena_bytes: arena, other_bytes: arena + levels + overhead(steps) })
+        // Each band's result, and each chunk of levels, comes back through a
+        // staging buffer of at most the arena: nothing grows with the image.
+        Some(DecodePlan { tile: Some(tile), weight_bytes: weights, arena_bytes: arena, other_bytes: arena + overhead(steps) })
     });
     whole.into_iter().chain(tiles)
 }

@@ -12,7 +12,7 @@
 
 use crate::df11::Df11DeviceGroup;
 use crate::error::{GpuError, LoadError, RunError};
-use crate::gpu::Gpu;
+use crate::gpu::{DeviceBuffer, Gpu};
 use crate::ops::{self, Weight, WeightDtype};
 use crate::safetensors_store::{widen_to_f32, TensorRef, WeightStore};
 use flux_lite_core::plan::{BlockWeights, WeightSizes, WeightStrategy, SLOT_ALIGN};
@@ -23,7 +23,7 @@ use std::collections::HashMap;
 /// A weight tensor on the device: `buffer` from element `offset` on.
 #[derive(Debug)]
 pub struct DeviceWeight {
-    pub buffer: wgpu::Buffer,
+    pub buffer: DeviceBuffer,
     pub offset: u64,
     pub dtype: WeightDtype,
 }
@@ -153,7 +153,7 @@ pub struct DeviceWeights {
     map: HashMap<String, DeviceWeight>,
     /// Groups kept compressed, expanded per block.
     groups: Vec<Df11DeviceGroup>,
-    slots: Vec<wgpu::Buffer>,
+    slots: Vec<DeviceBuffer>,
     /// The expansions at the start of each block.
     fills: Vec<Vec<SlotFill>>,
     /// The copies from host memory at the start of each block.

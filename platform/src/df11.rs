@@ -7,7 +7,7 @@
 
 use crate::config_json::JsonFile;
 use crate::error::{GpuError, LoadError};
-use crate::gpu::Gpu;
+use crate::gpu::{DeviceBuffer, Gpu};
 use crate::ops;
 use flux_lite_core::df11::{Df11Error, Df11Field, Df11Group};
 use safetensors::tensor::Dtype;
@@ -138,11 +138,11 @@ pub fn expand_on_host(group: &Df11Group<'_>, out: &mut [u16]) -> Result<(), Df11
 /// thread's two-byte read may touch).
 #[derive(Debug)]
 pub struct Df11DeviceGroup {
-    luts: wgpu::Buffer,
-    stream: wgpu::Buffer,
-    sign_mantissa: wgpu::Buffer,
-    gaps: wgpu::Buffer,
-    positions: wgpu::Buffer,
+    luts: DeviceBuffer,
+    stream: DeviceBuffer,
+    sign_mantissa: DeviceBuffer,
+    gaps: DeviceBuffer,
+    positions: DeviceBuffer,
     host_positions: Vec<u32>,
     n_luts: u32,
     n_bytes: u64,

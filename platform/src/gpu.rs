@@ -91,27 +91,62 @@ pub struct Gpu {
     placeholder: wgpu::Buffer,
     modules: Mutex<HashMap<Module, wgpu::ShaderModule>>,
     pipelines: Mutex<HashMap<PipelineKey, Arc<wgpu::ComputePipeline>>>,
-    memory: MemoryCounter,
+    memory: Arc<MemoryCounter>,
 }
 
-/// Device bytes allocated through [`Gpu`]: every buffer flux-lite creates is
-/// counted when created; a phase starts from the device's own buffers again
-/// once the previous phase's objects are dropped ([`Gpu::begin_phase`]).
+/// A buffer made through [`Gpu`]: its bytes count in [`Gpu::memory`] until
+/// the last clone of it is dropped.
+#[derive(Debug, Clone)]
+pub struct DeviceBuffer(Arc<CountedBuffer>);
+
+#[derive(Debug)]
+struct CountedBuffer {
+    buffer: wgpu::Buffer,
+    counted: u64,
+    counter: Arc<MemoryCounter>,
+}
+
+impl std::ops::Deref for DeviceBuffer {
+    type Target = wgpu::Buffer;
+
+    fn deref(&self) -> &wgpu::Buffer {
+        &self.0.buffer
+    }
+}
+
+impl Drop for CountedBuffer {
+    fn drop(&mut self) {
+        self.counter.uncount(self.counted);
+    }
+}
+
+/// Device bytes allocated through [`Gpu`]: every buffer flux-lite creates
+/// is a [`DeviceBuffer`], counted from its creation until it is dropped.
 /// Readback staging is counted while it lives.
 #[derive(Debug, Default)]
 struct MemoryCounter {
-    /// Bytes of the buffers the device itself keeps (the placeholder).
-    base: AtomicU64,
     live: AtomicU64,
     high_water: AtomicU64,
     /// Buffers created so far.
     allocations: AtomicU64,
 }
 
+impl MemoryCounter {
+    fn count(&self, bytes: u64) {
+        self.allocations.fetch_add(1, Ordering::Relaxed);
+        let live = self.live.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        self.high_water.fetch_max(live, Ordering::Relaxed);
+    }
+
+    fn uncount(&self, bytes: u64) {
+        let _ = self.live.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |l| Some(l.saturating_sub(bytes)));
+    }
+}
+
 /// A snapshot of [`Gpu::memory`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DeviceMemory {
-    /// Bytes of this phase's buffers.
+    /// Bytes of the buffers alive now.
     pub live: u64,
     /// The most bytes live at once since the device was made.
     pub high_water: u64,
@@ -152,8 +187,7 @@ impl Gpu {
             usage: storage_usage(),
             mapped_at_creation: false,
         });
-        let memory = MemoryCounter::default();
-        memory.base.store(placeholder.size(), Ordering::Relaxed);
+        let memory = Arc::new(MemoryCounter::default());
         memory.live.store(placeholder.size(), Ordering::Relaxed);
         memory.high_water.store(placeholder.size(), Ordering::Relaxed);
         Ok(Self {
@@ -223,7 +257,7 @@ impl Gpu {
     }
 
     /// A storage buffer holding `bytes`, padded to a multiple of 4.
-    pub fn upload_bytes(&self, label: &str, bytes: &[u8]) -> wgpu::Buffer {
+    pub fn upload_bytes(&self, label: &str, bytes: &[u8]) -> DeviceBuffer {
         let padded;
         let contents = if bytes.len().is_multiple_of(4) && !bytes.is_empty() {
             bytes
@@ -233,33 +267,24 @@ impl Gpu {
             padded = v;
             &padded
         };
-        self.count(contents.len() as u64);
-        self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
-            label: Some(label),
-            contents,
-            usage: storage_usage(),
-        })
+        let buffer = self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor { label: Some(label), contents, usage: storage_usage() });
+        self.counted(buffer, contents.len() as u64)
     }
 
     /// A uniform buffer holding a dispatch's parameters (rewritable).
-    pub fn uniform(&self, label: &str, bytes: &[u8]) -> wgpu::Buffer {
-        self.count(bytes.len().div_ceil(4) as u64 * 4);
-        self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+    pub fn uniform(&self, label: &str, bytes: &[u8]) -> DeviceBuffer {
+        let buffer = self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
             label: Some(label),
             contents: bytes,
             usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
-        })
+        });
+        self.counted(buffer, bytes.len().div_ceil(4) as u64 * 4)
     }
 
-    fn count(&self, bytes: u64) {
-        let m = &self.memory;
-        m.allocations.fetch_add(1, Ordering::Relaxed);
-        let live = m.live.fetch_add(bytes, Ordering::Relaxed) + bytes;
-        m.high_water.fetch_max(live, Ordering::Relaxed);
-    }
-
-    fn uncount(&self, bytes: u64) {
-        let _ = self.memory.live.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |l| Some(l.saturating_sub(bytes)));
+    /// Counts `bytes` of `buffer` until the returned handle is dropped.
+    fn counted(&self, buffer: wgpu::Buffer, bytes: u64) -> DeviceBuffer {
+        self.memory.count(bytes);
+        DeviceBuffer(Arc::new(CountedBuffer { buffer, counted: bytes, counter: self.memory.clone() }))
     }
 
     /// Device bytes allocated: live in this phase, the high-water mark, the number of buffers.
@@ -277,34 +302,25 @@ impl Gpu {
         flux_lite_core::plan::DeviceLimits { max_buffer: self.limits.max_buffer_size, max_binding: self.max_binding() }
     }
 
-    /// Starts counting a new phase: the caller has dropped every buffer of the previous one.
-    pub fn begin_phase(&self) {
-        self.memory.live.store(self.memory.base.load(Ordering::Relaxed), Ordering::Relaxed);
-    }
-
-    pub fn upload_f32(&self, label: &str, data: &[f32]) -> wgpu::Buffer {
+    pub fn upload_f32(&self, label: &str, data: &[f32]) -> DeviceBuffer {
         self.upload_bytes(label, bytemuck::cast_slice(data))
     }
 
     /// bf16 bit patterns, two per u32 word as the shaders read them.
-    pub fn upload_bf16(&self, label: &str, data: &[u16]) -> wgpu::Buffer {
+    pub fn upload_bf16(&self, label: &str, data: &[u16]) -> DeviceBuffer {
         self.upload_bytes(label, bytemuck::cast_slice(data))
     }
 
-    pub fn upload_u32(&self, label: &str, data: &[u32]) -> wgpu::Buffer {
+    pub fn upload_u32(&self, label: &str, data: &[u32]) -> DeviceBuffer {
         self.upload_bytes(label, bytemuck::cast_slice(data))
     }
 
     /// An uninitialised (zeroed) storage buffer of at least `bytes`.
-    pub fn storage(&self, label: &str, bytes: u64) -> wgpu::Buffer {
+    pub fn storage(&self, label: &str, bytes: u64) -> DeviceBuffer {
         let size = bytes.div_ceil(4).max(1) * 4;
-        self.count(size);
-        self.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some(label),
-            size,
-            usage: storage_usage(),
-            mapped_at_creation: false,
-        })
+        let buffer =
+            self.device.create_buffer(&wgpu::BufferDescriptor { label: Some(label), size, usage: storage_usage(), mapped_at_creation: false });
+        self.counted(buffer, size)
     }
 
     /// Runs `record` on a fresh encoder and submits it.
@@ -326,9 +342,9 @@ impl Gpu {
             return Ok(Vec::new());
         }
         let padded = len.div_ceil(4) * 4;
-        self.count(padded);
+        self.memory.count(padded);
         let result = self.read_through_staging(buffer, offset, padded, len);
-        self.uncount(padded);
+        self.memory.uncount(padded);
         result
     }
 

@@ -25,4 +25,4 @@ pub mod vae;
 pub mod vae_bands;
 
 pub use error::{CompressError, GpuError, LoadError, RunError, TokenizeError};
-pub use gpu::{Backend, DeviceMemory, Gpu, GpuOptions};
+pub use gpu::{Backend, DeviceBuffer, DeviceMemory, Gpu, GpuOptions};

@@ -7,7 +7,7 @@
 //! kernels receive element offsets relative to their window.
 
 use crate::error::GpuError;
-use crate::gpu::Gpu;
+use crate::gpu::{DeviceBuffer, Gpu};
 use bytemuck::Pod;
 use flux_lite_kernels as k;
 
@@ -165,7 +165,7 @@ pub struct Dispatch {
     pub label: &'static str,
     pub pipeline: std::sync::Arc<wgpu::ComputePipeline>,
     pub bind_group: wgpu::BindGroup,
-    pub params: wgpu::Buffer,
+    pub params: DeviceBuffer,
     pub grid: [u32; 3],
 }
 

@@ -54,7 +54,6 @@ pub fn encode_prompts(
     progress: &mut dyn FnMut(Progress),
 ) -> Result<Vec<PromptEmbedding>, RunError> {
     let started = Instant::now();
-    gpu.begin_phase();
     let tokenizer = PromptTokenizer::load(&model.component_dir("tokenizer"))?;
     let store = model.weights(Component::TextEncoder)?;
     let encoder = TextEncoder::new(gpu, &model.text_encoder, store, strategy, PROMPT_TOKENS, model.text_encoder.output_layers())?;
@@ -116,7 +115,6 @@ pub fn denoise(
 ) -> Result<Vec<f32>, RunError> {
     let (lat_h, lat_w) = denoise::latent_grid(&model.vae, request.width, request.height).map_err(RunError::Input)?;
     let started = Instant::now();
-    gpu.begin_phase();
     let store = model.weights(Component::Transformer)?;
     let transformer = Transformer::new(gpu, &model.transformer, store, strategy, PROMPT_TOKENS, lat_h, lat_w)?;
     timings.load += started.elapsed();
@@ -149,7 +147,6 @@ pub fn decode(
     progress: &mut dyn FnMut(Progress),
 ) -> Result<Image, RunError> {
     let started = Instant::now();
-    gpu.begin_phase();
     let mut store = model.weights(Component::Vae)?;
     store.expand_df11_on_host()?;
     let tile = request.vae_tile.or(planned_tile.map(|t| t as usize));

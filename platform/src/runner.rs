@@ -4,18 +4,18 @@
 use crate::device_weights::DeviceWeights;
 use crate::error::{GpuError, RunError};
 use crate::safetensors_store::WeightStore;
-use crate::gpu::Gpu;
+use crate::gpu::{DeviceBuffer, Gpu};
 use crate::ops::{self, Attention, Elementwise, Mat, RopeStyle, RowNorm};
 use flux_lite_core::program::{Op, Span};
 
 /// The activation arena and the tables a program reads.
 #[derive(Debug)]
 pub struct Runner {
-    pub arena: wgpu::Buffer,
-    pub rope_cos: wgpu::Buffer,
-    pub rope_sin: wgpu::Buffer,
+    pub arena: DeviceBuffer,
+    pub rope_cos: DeviceBuffer,
+    pub rope_sin: DeviceBuffer,
     /// One u32 per key (0 = padding) for `CausalAttention`; `None` attends to every key.
-    pub key_keep: Option<wgpu::Buffer>,
+    pub key_keep: Option<DeviceBuffer>,
 }
 
 impl Runner {
@@ -121,7 +121,7 @@ impl Runner {
                     causal: true,
                 };
                 let (q, k, v, o) = (self.mat(*q), self.mat(*k), self.mat(*v), self.mat(*o));
-                ops::attention(gpu, sink, q, k, v, self.key_keep.as_ref(), o, None, s)
+                ops::attention(gpu, sink, q, k, v, self.key_keep.as_deref(), o, None, s)
             }
             Op::Residual { dst, y, rows, cols } => {
                 ops::elementwise(gpu, sink, Elementwise::AddInPlace, self.mat(*y), None, self.mat(*dst), *rows, *cols)

@@ -3,7 +3,7 @@
 //! block programs, and the Euler update on the device.
 
 use crate::error::{GpuError, RunError};
-use crate::gpu::Gpu;
+use crate::gpu::{DeviceBuffer, Gpu};
 use crate::ops::{self, Dispatch, Elementwise, Mat};
 use crate::device_weights::DeviceWeights;
 use crate::runner::{self, collect_ops, BlockProgress, Runner};
@@ -32,7 +32,7 @@ pub struct Transformer {
     /// `latents += s·velocity`; `s` is rewritten in its parameters each step.
     euler: Dispatch,
     /// The unconditional velocity of a guided step, `[image, out]`.
-    unconditional: wgpu::Buffer,
+    unconditional: DeviceBuffer,
     pub arena_bytes: u64,
 }
 

@@ -351,7 +351,7 @@ fn check_attention(gpu: &flux_lite_platform::Gpu, c: AttnCase, seed: u64) {
     let got = run_and_read(gpu, &ob, q.len(), |enc| {
         let qw = (c.q_heads * c.head_dim) as u64;
         let kw = (c.kv_heads * c.head_dim) as u64;
-        ops::attention(gpu, enc, Mat::new(&qb, qw), Mat::new(&kb, kw), Mat::new(&vb, kw), mask.map(|_| &mb), Mat::new(&ob, qw), None, s)
+        ops::attention(gpu, enc, Mat::new(&qb, qw), Mat::new(&kb, kw), Mat::new(&vb, kw), mask.map(|_| &*mb), Mat::new(&ob, qw), None, s)
     });
     assert_close(
         &format!("attention {}x{} heads {}/{} d {} causal={}", c.q_len, c.kv_len, c.q_heads, c.kv_heads, c.head_dim, c.causal),
@@ -628,8 +628,8 @@ fn vae_mid_block_attention_through_the_attention_kernel() {
 
     let xb = gpu.upload_f32("x", &x);
     let (gb, bb) = (gpu.upload_bf16("gamma", &gamma), gpu.upload_bf16("beta", &beta));
-    let lb: Vec<(wgpu::Buffer, wgpu::Buffer)> = lin.iter().map(|(w, b)| (gpu.upload_bf16("w", w), gpu.upload_bf16("b", b))).collect();
-    let bufs: Vec<wgpu::Buffer> = (0..7).map(|_| poisoned(gpu, c * p)).collect();
+    let lb: Vec<(flux_lite_platform::DeviceBuffer, flux_lite_platform::DeviceBuffer)> = lin.iter().map(|(w, b)| (gpu.upload_bf16("w", w), gpu.upload_bf16("b", b))).collect();
+    let bufs: Vec<flux_lite_platform::DeviceBuffer> = (0..7).map(|_| poisoned(gpu, c * p)).collect();
     let [gnb, tok, qb, kb, vb, ab, ob] = [0, 1, 2, 3, 4, 5, 6].map(|i| &bufs[i]);
     let result = poisoned(gpu, c * p);
     let got = run_and_read(gpu, &xb, c * p, |enc| {

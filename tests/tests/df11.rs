@@ -380,7 +380,6 @@ fn forward_passes_allocate_no_device_memory() {
         .and_then(|m| m.with_transformer(&df11_dir().join("tiny-b-transformer")))
         .unwrap_or_else(|e| panic!("{e}"));
     for strategy in [WeightStrategy::ResidentBf16, WeightStrategy::ResidentDf11 { slots: 1 }, WeightStrategy::Streamed { slots: 2 }] {
-        gpu.begin_phase();
         let store = df11.weights(Component::Transformer).unwrap();
         let t = Transformer::new(&gpu, &df11.transformer, store, strategy, 8, 2, 2).unwrap_or_else(|e| panic!("{e}"));
         t.set_prompt(&gpu, &vec![0.5; 8 * t.layout.joint_dim as usize]).unwrap();

@@ -202,3 +202,31 @@ fn the_planned_tile_is_untiled_when_it_fits_and_bounded_by_the_binding_otherwise
     let image = vae.decode(&small, &random_latents(64, 96, 10), &mut |_| {}).unwrap();
     assert_eq!(image.rgb.len(), 64 * 96 * 3);
 }
+
+/// Device bytes of decoding a `size`-pixel square image in 16-pixel tiles on a fresh device: (high-water, planned peak).
+fn tiled_decode_memory(size: usize) -> (u64, u64) {
+    use flux_lite_core::plan::{self, PlanInput};
+    use flux_lite_platform::{Gpu, GpuOptions};
+    let m = ModelFolder::open(&model_dir("tiny-a")).unwrap();
+    let store = m.weights(Component::Vae).unwrap();
+    let device = Gpu::new(&GpuOptions::default()).unwrap();
+    let mut vae = VaeDecoder::new(&device, &m.vae, &store, size, size, Some(16)).unwrap();
+    assert!(vae.is_banded());
+    let image = vae.decode(&device, &random_latents(size, size, 11), &mut |_| {}).unwrap();
+    assert_eq!(image.rgb.len(), size * size * 3);
+    let high_water = device.memory().high_water;
+    let sizes = planning::ModelSizes::from_files(&m, size, size).unwrap();
+    let input: PlanInput<'_> = sizes.plan_input(&m, size, size, device.plan_limits(), None);
+    let planned = plan::decode_options(&input).unwrap().find(|p| p.tile == Some(16)).unwrap();
+    (high_water, planned.peak())
+}
+
+#[test]
+fn the_vae_phase_high_water_does_not_grow_with_the_image_when_tiled() {
+    let (small, small_planned) = tiled_decode_memory(64);
+    let (large, large_planned) = tiled_decode_memory(128);
+    println!("tiled VAE decode high-water: {small} B at 64², {large} B at 128² (planned {small_planned} and {large_planned} B)");
+    assert_eq!(small, large, "4× the pixels in the same tile");
+    assert_eq!(small_planned, large_planned, "the plan of a tiled decode does not depend on the image size");
+    assert!(large <= large_planned, "measured {large} B above the planned {large_planned} B");
+}

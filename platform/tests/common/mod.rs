@@ -57,7 +57,7 @@ impl Rng {
 }
 
 /// Fresh output buffers hold NaN, so an element a kernel forgot to write fails the comparison.
-pub fn poisoned(gpu: &Gpu, n: usize) -> wgpu::Buffer {
+pub fn poisoned(gpu: &Gpu, n: usize) -> flux_lite_platform::DeviceBuffer {
     gpu.upload_f32("poisoned", &vec![f32::NAN; n])
 }
 
