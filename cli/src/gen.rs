@@ -121,7 +121,7 @@ pub fn run(args: &GenArgs) -> Result<(), String> {
         Request { width: args.width, height: args.height, steps, seed, guidance, vae_tile: args.vae_tile, memory_budget: args.memory_budget };
     let plan = planning::plan(&gpu, &model, &request).map_err(|e| e.to_string())?;
     if args.verbose {
-        eprintln!("plan: text encoder {}; transformer {}", plan.encode.weights, plan.denoise.weights);
+        eprintln!("plan: text encoder {}; transformer {}", plan.encode.weights, plan.denoise);
         match plan.decode.tile {
             Some(tile) => eprintln!("plan: VAE in bands, arena of a {tile}-pixel square"),
             None => eprintln!("plan: VAE untiled"),
@@ -142,7 +142,7 @@ pub fn run(args: &GenArgs) -> Result<(), String> {
         }
     };
     let mut show = |p| bar.show(p);
-    let latents = pipeline::denoise(&gpu, &model, &request, plan.denoise.weights, &positive, negative.as_deref(), &mut timings, &mut show);
+    let latents = pipeline::denoise(&gpu, &model, &request, &plan.denoise, &positive, negative.as_deref(), &mut timings, &mut show);
     let image = match (&latents, &args.output) {
         (Ok(latents), Some(_)) => Some(pipeline::decode(&gpu, &model, &request, plan.decode.tile, latents, &mut timings, &mut show)),
         _ => None,

@@ -61,7 +61,7 @@ pub fn run(args: &InfoArgs) -> Result<(), String> {
             "within --memory-budget {}: text encoder {}; transformer {}; VAE {}; peak {}",
             Bytes(budget),
             plan.encode.weights,
-            plan.denoise.weights,
+            plan.denoise,
             decode_layout(&plan.decode),
             Bytes(plan.peak())
         );
@@ -171,7 +171,7 @@ fn print_plan_options(input: &PlanInput<'_>, sizes: &ModelSizes) -> Result<(), S
 fn print_phase(p: &PhasePlan) {
     println!(
         "  {}: {} (weights {}, activations {}, other {})",
-        p.weights,
+        p,
         Bytes(p.peak()),
         Bytes(p.weight_bytes),
         Bytes(p.arena_bytes),

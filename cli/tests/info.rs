@@ -78,7 +78,7 @@ fn expected_transformer_lines(transformer: &flux_lite_core::config::TransformerC
     };
     plan::denoise_options(&input)
         .unwrap()
-        .map(|p| format!("{}: {} (weights {}, activations {}, other {})", p.weights, Bytes(p.peak()), Bytes(p.weight_bytes), Bytes(p.arena_bytes), Bytes(p.other_bytes)))
+        .map(|p| format!("{p}: {} (weights {}, activations {}, other {})", Bytes(p.peak()), Bytes(p.weight_bytes), Bytes(p.arena_bytes), Bytes(p.other_bytes)))
         .collect()
 }
 
@@ -92,19 +92,22 @@ fn the_published_4b_plans_from_its_config_files_alone() {
     // The folder's JSON gives the same plan as the published shapes in core.
     let transformer = section(&stdout, "transformer (sizes estimated");
     assert_eq!(transformer, expected_transformer_lines(&klein_4b::transformer(), &klein_4b::text_encoder()), "{stdout}");
-    // Five strategies, each smaller than the one before; streaming fits the 4B's denoising in 2 GiB.
-    let peaks: Vec<&str> = transformer.iter().map(|l| l.split(": ").nth(1).unwrap().split(" (").next().unwrap()).collect();
-    assert_eq!(peaks.len(), 5);
-    assert!(transformer[3].starts_with("streamed per block from host memory into 2 slots"));
-    assert!(transformer[4].starts_with("streamed per block from host memory into 1 slot"));
-    assert!(parse_gib(peaks[4]) <= 2.0, "streamed denoising of the 4B at 1024² needs {}", peaks[4]);
-    assert!(peaks.windows(2).all(|w| parse_gib(w[1]) < parse_gib(w[0])), "{peaks:?}");
+    // Five weight strategies, each smaller than the one before, each also in
+    // token chunks (less again); streaming fits the 4B's denoising in 2 GiB.
+    let peak = |line: &str| parse_gib(line.split(": ").nth(1).unwrap().split(" (").next().unwrap());
+    let (chunked, unchunked): (Vec<&str>, Vec<&str>) = transformer.iter().partition(|l| l.contains("-token chunks"));
+    assert_eq!((unchunked.len(), chunked.len()), (5, 5), "{stdout}");
+    assert!(unchunked[3].starts_with("streamed per block from host memory into 2 slots:"));
+    assert!(unchunked[4].starts_with("streamed per block from host memory into 1 slot:"));
+    assert!(peak(unchunked[4]) <= 2.0, "streamed denoising of the 4B at 1024² needs {}", unchunked[4]);
+    assert!(unchunked.windows(2).all(|w| peak(w[1]) < peak(w[0])), "{unchunked:?}");
+    assert!(chunked.iter().zip(&unchunked).all(|(c, u)| peak(c) < peak(u)), "{transformer:?}");
     // The whole run's minimum works, one byte less does not.
     let least = minimum(&stdout);
     assert!(least < 2 * GIB, "{least}");
     let within = stdout_of(&info(&folder, &["--memory-budget", &format!("{least}B")]));
     assert!(within.contains("within --memory-budget"), "{within}");
-    assert!(within.contains("transformer streamed per block from host memory into 1 slot"), "{within}");
+    assert!(within.contains("transformer streamed per block from host memory into 1 slot, feed-forward by"), "{within}");
     let short = info(&folder, &["--memory-budget", &format!("{}B", least - 1)]);
     assert!(!short.status.success());
     let stderr = String::from_utf8_lossy(&short.stderr);

@@ -127,6 +127,9 @@ impl fmt::Display for WeightStrategy {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PhasePlan {
     pub weights: WeightStrategy,
+    /// Token rows per pass of the transformer's feed-forward and MLP
+    /// projections (a multiple of [`CHUNK_ROWS`]); `None`: all rows at once.
+    pub chunk: Option<u64>,
     pub weight_bytes: u64,
     /// The activation arena.
     pub arena_bytes: u64,
@@ -139,6 +142,21 @@ impl PhasePlan {
         self.weight_bytes + self.arena_bytes + self.other_bytes
     }
 }
+
+impl fmt::Display for PhasePlan {
+    /// The strategy, and the chunking when there is one.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.weights)?;
+        match self.chunk {
+            Some(rows) => write!(f, ", feed-forward by {rows}-token chunks"),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Token rows per chunk of chunked linears are this (the linear kernel's
+/// row tile) times a power of two.
+pub const CHUNK_ROWS: u64 = 64;
 
 /// The VAE decode: untiled (`tile: None`) or by bands in an arena of a `tile`-pixel square.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -247,7 +265,7 @@ impl fmt::Display for Bytes {
 /// Plans a run: each phase's fastest strategy within the budget.
 pub fn plan(input: &PlanInput<'_>) -> Result<Plan, PlanError> {
     let encode = encode_phase(input.text_encoder, input.prompt_tokens, input.text_encoder_weights)?;
-    let denoise = PhaseOptions { weights: input.transformer_weights, fixed: denoise_fixed(input)? };
+    let denoise = DenoiseOptions::new(input)?;
     let budget = input.budget.unwrap_or(u64::MAX);
     let too_small = |phase: &'static str| PlanError::TooSmall { budget, phase, minimum: run_minimum(encode, denoise, input) };
     Ok(Plan {
@@ -269,11 +287,10 @@ pub fn plan_encode(c: &Qwen3Config, prompt_tokens: u64, weights: WeightSizes, bu
 /// phases' smallest peaks (each phase frees its memory before the next).
 pub fn minimum_budget(input: &PlanInput<'_>) -> Result<u64, PlanError> {
     let encode = encode_phase(input.text_encoder, input.prompt_tokens, input.text_encoder_weights)?;
-    let denoise = PhaseOptions { weights: input.transformer_weights, fixed: denoise_fixed(input)? };
-    Ok(run_minimum(encode, denoise, input))
+    Ok(run_minimum(encode, DenoiseOptions::new(input)?, input))
 }
 
-fn run_minimum(encode: PhaseOptions, denoise: PhaseOptions, input: &PlanInput<'_>) -> u64 {
+fn run_minimum(encode: PhaseOptions, denoise: DenoiseOptions<'_>, input: &PlanInput<'_>) -> u64 {
     encode.smallest().max(denoise.smallest()).max(smallest_decode(input))
 }
 
@@ -282,9 +299,17 @@ pub fn encode_options(input: &PlanInput<'_>) -> Result<impl Iterator<Item = Phas
     Ok(encode_phase(input.text_encoder, input.prompt_tokens, input.text_encoder_weights)?.iter())
 }
 
-/// Every strategy for the transformer's phase, fastest first, with its bytes.
-pub fn denoise_options(input: &PlanInput<'_>) -> Result<impl Iterator<Item = PhasePlan>, PlanError> {
-    Ok(PhaseOptions { weights: input.transformer_weights, fixed: denoise_fixed(input)? }.iter())
+/// Every strategy for the transformer's phase, fastest first, with its
+/// bytes: each weight strategy unchunked, then with the chunk that needs
+/// the least memory when the tokens span more than one chunk.
+pub fn denoise_options<'a>(input: &'a PlanInput<'a>) -> Result<impl Iterator<Item = PhasePlan> + 'a, PlanError> {
+    let options = DenoiseOptions::new(input)?;
+    let smallest = options.smallest_chunk();
+    Ok(input.transformer_weights.strategies().flat_map(move |s| {
+        let unchunked = options.phase(s, None);
+        let chunked = smallest.map(|c| options.phase(s, Some(c)));
+        [Some(unchunked), chunked].into_iter().flatten()
+    }))
 }
 
 /// Every layout of the VAE decode, fastest first: untiled when the adapter
@@ -307,7 +332,7 @@ impl PhaseOptions {
     fn iter(self) -> impl Iterator<Item = PhasePlan> {
         let (arena_bytes, other_bytes) = self.fixed;
         let w = self.weights;
-        w.strategies().map(move |s| PhasePlan { weights: s, weight_bytes: w.bytes(s), arena_bytes, other_bytes })
+        w.strategies().map(move |s| PhasePlan { weights: s, chunk: None, weight_bytes: w.bytes(s), arena_bytes, other_bytes })
     }
 
     fn fastest_within(self, budget: u64) -> Option<PhasePlan> {
@@ -338,14 +363,73 @@ fn encode_phase(c: &Qwen3Config, tokens: u64, weights: WeightSizes) -> Result<Ph
     Ok(PhaseOptions { weights, fixed: (arena.high_water(), tables + readback + overhead(steps)) })
 }
 
-/// The transformer's arena, and its other bytes: RoPE tables, the unconditional velocity, readback of the latents.
-fn denoise_fixed(input: &PlanInput<'_>) -> Result<(u64, u64), PlanError> {
+/// The transformer's phase: for each weight strategy, unchunked or with
+/// the feed-forward and MLP projections over chunks of tokens.
+#[derive(Debug, Clone, Copy)]
+struct DenoiseOptions<'a> {
+    input: &'a PlanInput<'a>,
+    rows: u64,
+}
+
+impl<'a> DenoiseOptions<'a> {
+    fn new(input: &'a PlanInput<'a>) -> Result<Self, PlanError> {
+        let (lat_h, lat_w) = latent_grid(input)?;
+        let rows = input.prompt_tokens + lat_h * lat_w;
+        denoise_fixed(input, rows)?;
+        Ok(Self { input, rows })
+    }
+
+    /// The phase under `weights` with `chunk` rows per pass (`None`: all).
+    fn phase(&self, weights: WeightStrategy, chunk: Option<u64>) -> PhasePlan {
+        let w = self.input.transformer_weights;
+        // The unchunked layout was laid out in `new`; smaller ones fit where it did.
+        let (arena_bytes, other_bytes) = denoise_fixed(self.input, chunk.unwrap_or(self.rows)).unwrap_or((u64::MAX / 4, 0));
+        PhasePlan { weights, chunk, weight_bytes: w.bytes(weights), arena_bytes, other_bytes }
+    }
+
+    /// The chunk sizes that split the tokens, largest first: `CHUNK_ROWS · 2ᵏ` below the token count.
+    fn chunks(&self) -> impl Iterator<Item = u64> {
+        let rows = self.rows;
+        let largest_shift = u64::BITS - 1 - CHUNK_ROWS.ilog2();
+        (0..=largest_shift).rev().map(|k| CHUNK_ROWS << k).filter(move |&c| c < rows)
+    }
+
+    /// The chunk that needs the least memory, if the tokens span more than
+    /// one (smaller chunks need less scratch but more dispatch parameters).
+    fn smallest_chunk(&self) -> Option<u64> {
+        let s = WeightStrategy::ResidentBf16;
+        self.chunks().min_by_key(|&c| self.phase(s, Some(c)).peak())
+    }
+
+    /// Each weight strategy in turn, fastest first: unchunked if it fits,
+    /// else with the largest chunk that fits.
+    fn fastest_within(&self, budget: u64) -> Option<PhasePlan> {
+        self.input.transformer_weights.strategies().find_map(|s| {
+            let unchunked = self.phase(s, None);
+            if unchunked.peak() <= budget {
+                return Some(unchunked);
+            }
+            self.chunks().map(|c| self.phase(s, Some(c))).find(|p| p.peak() <= budget)
+        })
+    }
+
+    fn smallest(&self) -> u64 {
+        let chunk = self.smallest_chunk();
+        self.input.transformer_weights.strategies().map(|s| self.phase(s, None).peak().min(chunk.map_or(u64::MAX, |c| self.phase(s, Some(c)).peak()))).min().unwrap_or(0)
+    }
+}
+
+/// The transformer's arena with `chunk` token rows per feed-forward pass,
+/// and its other bytes: RoPE tables, the unconditional velocity, readback
+/// of the latents, dispatch parameters.
+fn denoise_fixed(input: &PlanInput<'_>, chunk: u64) -> Result<(u64, u64), PlanError> {
     let c = input.transformer;
     let (lat_h, lat_w) = latent_grid(input)?;
     let image = lat_h * lat_w;
     let text = input.prompt_tokens;
     let mut arena = BumpArena::new(u64::MAX);
-    let l = transformer::TransformerLayout::new(c, text, image, &mut arena).map_err(|_| PlanError::Size("the image is too large to lay out"))?;
+    let l = transformer::TransformerLayout::chunked(c, text, image, chunk, &mut arena)
+        .map_err(|_| PlanError::Size("the image is too large to lay out"))?;
     let mut steps = count(|emit| transformer::prologue(&l, emit)) + count(|emit| transformer::epilogue(&l, emit)) + 1;
     steps += c.num_layers as u64 * count(|emit| transformer::double_block(&l, 0, emit));
     steps += c.num_single_layers as u64 * count(|emit| transformer::single_block(&l, 0, emit));

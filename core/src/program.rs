@@ -18,9 +18,9 @@ pub(crate) fn name(args: core::fmt::Arguments<'_>) -> TensorName {
     n
 }
 
-/// A linear step without bias.
+/// A linear step without bias over all of W's rows.
 pub(crate) fn linear(x: Span, w: TensorName, y: Span, rows: u64, cols: u64, inner: u64) -> Op {
-    Op::Linear { x, w, bias: None, y, rows, cols, inner }
+    Op::Linear { x, w, w_row: 0, bias: None, y, rows, cols, inner }
 }
 
 /// A row-major f32 view into the activation arena: row `r` starts at
@@ -51,8 +51,9 @@ impl Span {
 /// files; the runner resolves names to device buffers.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Op {
-    /// `y[rows, cols] = x[rows, inner]·Wᵀ (+ b)`
-    Linear { x: Span, w: TensorName, bias: Option<TensorName>, y: Span, rows: u64, cols: u64, inner: u64 },
+    /// `y[rows, cols] = x[rows, inner]·W[w_row .. w_row + cols]ᵀ (+ b[w_row ..])`:
+    /// rows `w_row ..` of W `[.., inner]` (all of them from 0 when `cols` is W's height).
+    Linear { x: Span, w: TensorName, w_row: u64, bias: Option<TensorName>, y: Span, rows: u64, cols: u64, inner: u64 },
     /// Per-head RMSNorm with weight, in place.
     RmsNormHeads { data: Span, w: TensorName, tokens: u64, heads: u64, head_dim: u64, eps: f32 },
     /// `dst = LN(src)·(1 + scale) + shift` (no affine), shift/scale broadcast rows.

@@ -48,36 +48,55 @@ pub struct TransformerLayout {
     pub attn: Span,
     /// A projection's output before its gated residual, `[text + image, D]`.
     pub proj: Span,
-    /// Feed-forward input projection `[max(text, image), 2F]` and activation `[.., F]`.
+    /// Feed-forward input projection `[min(max(text, image), chunk), 2F]` and activation `[.., F]`.
     pub ff_in: Span,
     pub ff_act: Span,
-    /// Single block: fused projection `[text + image, 3D + 2F]` and `[attention ; mlp]` `[.., D + F]`.
+    /// Single block: fused projection `[text + image, 3D + 2F]` and
+    /// `[attention ; mlp]` `[.., D + F]`; chunked, the MLP half of the
+    /// projection `[chunk, 2F]` and `[attention ; mlp]` `[chunk, D + F]`.
     pub fused: Span,
     pub joined: Span,
     /// The velocity, `[image, out]`.
     pub velocity: Span,
+    /// Token rows per pass of the feed-forward and single-block MLP
+    /// projections: `text + image` (one pass) unless chunked.
+    pub chunk: u64,
 }
 
 
 impl TransformerLayout {
     /// Lays out every activation of one forward pass in `arena`.
     pub fn new(cfg: &TransformerConfig, text: u64, image: u64, arena: &mut BumpArena) -> Result<Self, ArenaError> {
+        Self::chunked(cfg, text, image, text + image, arena)
+    }
+
+    /// Lays out one forward pass whose feed-forward and single-block MLP
+    /// projections run over at most `chunk` token rows at a time, so their
+    /// scratch holds `chunk` rows, not all. A `chunk` of `text + image` or
+    /// more is the unchunked layout; chunked, a single block projects q, k
+    /// and v into the double blocks' spans and its MLP half chunk by chunk.
+    pub fn chunked(cfg: &TransformerConfig, text: u64, image: u64, chunk: u64, arena: &mut BumpArena) -> Result<Self, ArenaError> {
         let dim = cfg.inner_dim() as u64;
         let mlp = cfg.mlp_hidden_dim() as u64;
         let rows = text + image;
+        let chunk = chunk.clamp(1, rows.max(1));
         let take = |arena: &mut BumpArena, r: u64, width: u64| -> Result<Span, ArenaError> {
             let s = arena.alloc(r * width * F32, ALIGN)?;
             Ok(Span::new(s.offset / F32, width))
         };
-        // The feed-forward scratch of double blocks and the fused projections
-        // of single blocks are never live together: they share bytes.
+        // The feed-forward scratch of double blocks and the projections of
+        // single blocks are never live together: they share bytes.
         let scratch = arena.used();
-        let ff_in = take(arena, text.max(image), 2 * mlp)?;
-        let ff_act = take(arena, text.max(image), mlp)?;
+        let ff_rows = text.max(image).min(chunk);
+        let ff_in = take(arena, ff_rows, 2 * mlp)?;
+        let ff_act = take(arena, ff_rows, mlp)?;
         let double_end = arena.used();
         arena.rewind(scratch);
-        let fused = take(arena, rows, 3 * dim + 2 * mlp)?;
-        let joined = take(arena, rows, dim + mlp)?;
+        let (fused, joined) = if chunk < rows {
+            (take(arena, chunk, 2 * mlp)?, take(arena, chunk, dim + mlp)?)
+        } else {
+            (take(arena, rows, 3 * dim + 2 * mlp)?, take(arena, rows, dim + mlp)?)
+        };
         arena.reserve_to(double_end)?;
         let mut take = |r: u64, width: u64| take(arena, r, width);
         Ok(Self {
@@ -115,11 +134,18 @@ impl TransformerLayout {
             fused,
             joined,
             velocity: take(image, cfg.out_channels as u64)?,
+            chunk,
         })
     }
 
     fn rows(&self) -> u64 {
         self.text + self.image
+    }
+
+    /// `(first row, rows)` of each chunk of `rows` rows.
+    fn chunks(&self, rows: u64) -> impl Iterator<Item = (u64, u64)> {
+        let chunk = self.chunk;
+        (0..rows).step_by(chunk as usize).map(move |r0| (r0, chunk.min(rows - r0)))
     }
 
     /// Chunk `i` (width D) of a modulation vector, as a broadcast row.
@@ -224,9 +250,11 @@ pub fn double_block(l: &TransformerLayout, b: usize, mut emit: impl FnMut(Op)) {
             d,
             eps: l.eps,
         });
-        emit(linear(rows(l.normed), w(&format_str(s.ff, "linear_in")), l.ff_in, s.rows, 2 * f, d));
-        emit(Op::SwiGlu { gate: l.ff_in, up: l.ff_in.cols_from(f), dst: l.ff_act, rows: s.rows, cols: f });
-        emit(linear(l.ff_act, w(&format_str(s.ff, "linear_out")), rows(l.proj), s.rows, d, f));
+        for (r0, n) in l.chunks(s.rows) {
+            emit(linear(rows(l.normed).rows_from(r0), w(&format_str(s.ff, "linear_in")), l.ff_in, n, 2 * f, d));
+            emit(Op::SwiGlu { gate: l.ff_in, up: l.ff_in.cols_from(f), dst: l.ff_act, rows: n, cols: f });
+            emit(linear(l.ff_act, w(&format_str(s.ff, "linear_out")), rows(l.proj).rows_from(r0), n, d, f));
+        }
         emit(Op::GatedResidual { dst: rows(l.stream), gate: l.chunk(s.modulation, 5), y: rows(l.proj), rows: s.rows, cols: d });
     }
 }
@@ -252,16 +280,37 @@ pub fn single_block(l: &TransformerLayout, b: usize, mut emit: impl FnMut(Op)) {
         d,
         eps: l.eps,
     });
-    emit(linear(l.normed, w("to_qkv_mlp_proj"), l.fused, rows, 3 * d + 2 * f, d));
-    let (q, k, v) = (l.fused, l.fused.cols_from(d), l.fused.cols_from(2 * d));
+    let chunked = l.chunk < rows;
+    let (q, k, v) = if chunked {
+        // q, k and v (rows 0, D, 2D of the fused weight) for every token, the MLP half later by chunks.
+        for (i, dst) in [l.q, l.k, l.v].into_iter().enumerate() {
+            let w_row = i as u64 * d;
+            emit(Op::Linear { x: l.normed, w: w("to_qkv_mlp_proj"), w_row, bias: None, y: dst, rows, cols: d, inner: d });
+        }
+        (l.q, l.k, l.v)
+    } else {
+        emit(linear(l.normed, w("to_qkv_mlp_proj"), l.fused, rows, 3 * d + 2 * f, d));
+        (l.fused, l.fused.cols_from(d), l.fused.cols_from(2 * d))
+    };
     emit(Op::RmsNormHeads { data: q, w: w("norm_q"), tokens: rows, heads, head_dim: hd, eps: l.eps });
     emit(Op::RmsNormHeads { data: k, w: w("norm_k"), tokens: rows, heads, head_dim: hd, eps: l.eps });
     for data in [q, k] {
         emit(Op::RopeInterleaved { data, table_row: 0, tokens: rows, heads, head_dim: hd });
     }
-    emit(Op::Attention { q, k, v, o: l.joined, len: rows, heads, head_dim: hd });
-    emit(Op::SwiGlu { gate: l.fused.cols_from(3 * d), up: l.fused.cols_from(3 * d + f), dst: l.joined.cols_from(d), rows, cols: f });
-    emit(linear(l.joined, w("to_out"), l.proj, rows, d, d + f));
+    if chunked {
+        emit(Op::Attention { q, k, v, o: l.attn, len: rows, heads, head_dim: hd });
+        for (r0, n) in l.chunks(rows) {
+            let mlp = Op::Linear { x: l.normed.rows_from(r0), w: w("to_qkv_mlp_proj"), w_row: 3 * d, bias: None, y: l.fused, rows: n, cols: 2 * f, inner: d };
+            emit(mlp);
+            emit(Op::SwiGlu { gate: l.fused, up: l.fused.cols_from(f), dst: l.joined.cols_from(d), rows: n, cols: f });
+            emit(Op::Copy { src: l.attn.rows_from(r0), dst: l.joined, rows: n, cols: d });
+            emit(linear(l.joined, w("to_out"), l.proj.rows_from(r0), n, d, d + f));
+        }
+    } else {
+        emit(Op::Attention { q, k, v, o: l.joined, len: rows, heads, head_dim: hd });
+        emit(Op::SwiGlu { gate: l.fused.cols_from(3 * d), up: l.fused.cols_from(3 * d + f), dst: l.joined.cols_from(d), rows, cols: f });
+        emit(linear(l.joined, w("to_out"), l.proj, rows, d, d + f));
+    }
     emit(Op::GatedResidual { dst: l.stream, gate: l.chunk(l.mod_single, 2), y: l.proj, rows, cols: d });
 }
 

@@ -290,6 +290,7 @@ fn attention(l: &VaeLayout, emit: &mut impl FnMut(Op)) {
         emit(Op::Linear {
             x: rows(l.c, c),
             w: name(format_args!("{p}.{proj}.weight")),
+            w_row: 0,
             bias: Some(name(format_args!("{p}.{proj}.bias"))),
             y: rows(dst, c),
             rows: pixels,
@@ -302,6 +303,7 @@ fn attention(l: &VaeLayout, emit: &mut impl FnMut(Op)) {
     emit(Op::Linear {
         x: rows(l.b, c),
         w: name(format_args!("{p}.to_out.0.weight")),
+        w_row: 0,
         bias: Some(name(format_args!("{p}.to_out.0.bias"))),
         y: rows(l.c, c),
         rows: pixels,

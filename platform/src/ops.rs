@@ -63,6 +63,11 @@ impl<'a> Weight<'a> {
         Self { buf, offset: 0, dtype: WeightDtype::Bf16 }
     }
 
+    /// The weight from row `row` on, rows being `width` elements.
+    pub fn rows_from(self, row: u64, width: u64) -> Self {
+        Self { offset: self.offset + row * width, ..self }
+    }
+
     pub fn f32(buf: &'a wgpu::Buffer) -> Self {
         Self { buf, offset: 0, dtype: WeightDtype::F32 }
     }

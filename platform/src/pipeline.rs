@@ -11,7 +11,7 @@ use crate::tokenizer::PromptTokenizer;
 use crate::runner::BlockProgress;
 use crate::transformer::Transformer;
 use crate::vae::VaeDecoder;
-use flux_lite_core::plan::WeightStrategy;
+use flux_lite_core::plan::{PhasePlan, WeightStrategy};
 use std::time::{Duration, Instant};
 
 /// Tokens per prompt: diffusers' `max_sequence_length`, which the transformer attends over in full.
@@ -100,14 +100,15 @@ pub struct Image {
 }
 
 /// Denoises from the seed's noise under `positive` (and `negative` when
-/// guided) and returns the packed latents `[tokens, channels]`. The
-/// transformer's device memory is released before this returns.
+/// guided) and returns the packed latents `[tokens, channels]`, with the
+/// weights and chunking the plan's phase says. The transformer's device
+/// memory is released before this returns.
 #[allow(clippy::too_many_arguments)]
 pub fn denoise(
     gpu: &Gpu,
     model: &ModelFolder,
     request: &Request,
-    strategy: WeightStrategy,
+    phase: &PhasePlan,
     positive: &[f32],
     negative: Option<&[f32]>,
     timings: &mut Timings,
@@ -116,7 +117,7 @@ pub fn denoise(
     let (lat_h, lat_w) = denoise::latent_grid(&model.vae, request.width, request.height).map_err(RunError::Input)?;
     let started = Instant::now();
     let store = model.weights(Component::Transformer)?;
-    let transformer = Transformer::new(gpu, &model.transformer, store, strategy, PROMPT_TOKENS, lat_h, lat_w)?;
+    let transformer = Transformer::new(gpu, &model.transformer, store, phase.weights, phase.chunk.map(|c| c as usize), PROMPT_TOKENS, lat_h, lat_w)?;
     timings.load += started.elapsed();
     let noise = denoise::packed_noise(request.seed, model.transformer.in_channels, lat_h, lat_w);
     let conditioning = match negative {

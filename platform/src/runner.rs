@@ -26,12 +26,13 @@ impl Runner {
     /// Records one program step.
     pub fn record(&self, gpu: &Gpu, sink: &mut dyn ops::Sink, weights: &DeviceWeights, op: &Op) -> Result<(), GpuError> {
         match op {
-            Op::Linear { x, w, bias, y, rows, cols, inner } => {
+            Op::Linear { x, w, w_row, bias, y, rows, cols, inner } => {
                 let bias = match bias {
-                    Some(b) => Some(weights.get(b)?.view()),
+                    Some(b) => Some(weights.get(b)?.view().rows_from(*w_row, 1)),
                     None => None,
                 };
-                ops::linear(gpu, sink, self.mat(*x), weights.get(w)?.view(), bias, self.mat(*y), *rows, *cols, *inner)
+                let w = weights.get(w)?.view().rows_from(*w_row, *inner);
+                ops::linear(gpu, sink, self.mat(*x), w, bias, self.mat(*y), *rows, *cols, *inner)
             }
             Op::RmsNormHeads { data, w, tokens, heads, head_dim, eps } => {
                 let s = RowNorm { tokens: *tokens, heads: *heads, d: *head_dim, eps: *eps };

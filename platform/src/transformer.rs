@@ -40,12 +40,16 @@ impl Transformer {
     /// Places the weights as `strategy` says, lays out the activations for
     /// `text` prompt tokens and a `latent_h × latent_w` token grid, and
     /// builds the RoPE tables. Streaming reads the weights from `store` at
-    /// every pass; a DF11 store is then expanded on the host first.
+    /// every pass; a DF11 store is then expanded on the host first. With a
+    /// `chunk`, the feed-forward and MLP projections run over that many
+    /// token rows at a time (the same results in less memory).
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         gpu: &Gpu,
         config: &TransformerConfig,
         mut store: WeightStore,
         strategy: WeightStrategy,
+        chunk: Option<usize>,
         text: usize,
         latent_h: usize,
         latent_w: usize,
@@ -57,7 +61,7 @@ impl Transformer {
             )));
         }
         let image = latent_h * latent_w;
-        let (layout, blocks, arena_bytes) = programs(config, text, image)?;
+        let (layout, blocks, arena_bytes) = programs(config, text, image, chunk)?;
         if matches!(strategy, WeightStrategy::Streamed { .. }) {
             store.expand_df11_on_host()?;
         }
@@ -89,7 +93,7 @@ impl Transformer {
 
     /// The weight bytes of each block for the planner, as [`Self::new`] would place them.
     pub fn weight_sizes(config: &TransformerConfig, store: &WeightStore, text: usize, image: usize) -> Result<WeightSizes, RunError> {
-        let (_, blocks, _) = programs(config, text, image)?;
+        let (_, blocks, _) = programs(config, text, image, None)?;
         DeviceWeights::sizes(store, &blocks)
     }
 
@@ -207,9 +211,11 @@ impl Transformer {
 
 /// The activation layout, the block programs (prologue, doubles, singles,
 /// epilogue) and the arena bytes of a forward pass.
-fn programs(config: &TransformerConfig, text: usize, image: usize) -> Result<(TransformerLayout, Vec<Vec<Op>>, u64), RunError> {
+/// The layout and each block's program (`chunk`: token rows per feed-forward pass, `None`: all).
+fn programs(config: &TransformerConfig, text: usize, image: usize, chunk: Option<usize>) -> Result<(TransformerLayout, Vec<Vec<Op>>, u64), RunError> {
     let mut arena = BumpArena::new(u64::MAX);
-    let layout = TransformerLayout::new(config, text as u64, image as u64, &mut arena)
+    let chunk = chunk.map_or(text + image, |c| c.max(1)) as u64;
+    let layout = TransformerLayout::chunked(config, text as u64, image as u64, chunk, &mut arena)
         .map_err(|e| RunError::Gpu(GpuError::UnsupportedShape(e.to_string())))?;
     let mut blocks = vec![collect_ops(|emit| program::prologue(&layout, emit))];
     for b in 0..config.num_layers {

@@ -134,7 +134,7 @@ impl BandRunner<'_> {
             Op::Add { a, b, dst, rows, cols } => self.add(host, *a, *b, *dst, *rows, *cols),
             Op::UpsampleNearest2x { x, y, channels, height, width } => self.upsample(host, *x, *y, *channels, *height, *width),
             Op::Transpose { src, dst, rows, cols } => self.transpose(host, *src, *dst, *rows, *cols),
-            Op::Linear { x, w, bias, y, rows, cols, inner } => self.linear(host, *x, w, bias.as_ref(), *y, *rows, *cols, *inner),
+            Op::Linear { x, w, w_row: 0, bias, y, rows, cols, inner } => self.linear(host, *x, w, bias.as_ref(), *y, *rows, *cols, *inner),
             Op::Attention { q, k, v, o, len, heads, head_dim } => self.attention(host, [*q, *k, *v, *o], *len, *heads, *head_dim),
             other => Err(RunError::Input(format!("the banded VAE decode cannot run {other:?}"))),
         }
@@ -349,6 +349,7 @@ impl BandRunner<'_> {
             let op = Op::Linear {
                 x: Span::new(xs.offset, inner),
                 w: w.clone(),
+                w_row: 0,
                 bias: bias.cloned(),
                 y: Span::new(ys.offset, cols),
                 rows: n,

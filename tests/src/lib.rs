@@ -179,7 +179,7 @@ impl TransformerCase {
         assert_eq!(shape.len(), 4, "{name}: noise_shape");
         let store = model.weights(Component::Transformer).unwrap_or_else(|e| panic!("{e}"));
         let transformer =
-            Transformer::new(gpu(), &model.transformer, store, WeightStrategy::ResidentBf16, 512, shape[2], shape[3]).unwrap_or_else(|e| panic!("{e}"));
+            Transformer::new(gpu(), &model.transformer, store, WeightStrategy::ResidentBf16, None, 512, shape[2], shape[3]).unwrap_or_else(|e| panic!("{e}"));
         let steps = field("steps").as_u64().unwrap_or_else(|| panic!("{name}: steps")) as usize;
         let cfg = field("cfg").as_bool().unwrap_or_else(|| panic!("{name}: cfg"));
         Self { name, goldens, transformer, steps, cfg }

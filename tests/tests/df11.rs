@@ -322,7 +322,7 @@ fn the_transformer_runs_from_groups_expanded_on_the_device() {
     let (text, lat_h, lat_w) = (8, 2, 3);
     let run = |model: &ModelFolder, placement: WeightStrategy| {
         let store = model.weights(Component::Transformer).unwrap_or_else(|e| panic!("{e}"));
-        let t = Transformer::new(gpu, &model.transformer, store, placement, text, lat_h, lat_w).unwrap_or_else(|e| panic!("{e}"));
+        let t = Transformer::new(gpu, &model.transformer, store, placement, None, text, lat_h, lat_w).unwrap_or_else(|e| panic!("{e}"));
         let prompt: Vec<f32> = (0..text * t.layout.joint_dim as usize).map(|i| ((i * 37 % 101) as f32 / 50.0) - 1.0).collect();
         let latents: Vec<f32> = (0..lat_h * lat_w * t.layout.in_channels as usize).map(|i| ((i * 53 % 89) as f32 / 44.0) - 1.0).collect();
         t.set_prompt(gpu, &prompt).unwrap();
@@ -381,7 +381,7 @@ fn forward_passes_allocate_no_device_memory() {
         .unwrap_or_else(|e| panic!("{e}"));
     for strategy in [WeightStrategy::ResidentBf16, WeightStrategy::ResidentDf11 { slots: 1 }, WeightStrategy::Streamed { slots: 2 }] {
         let store = df11.weights(Component::Transformer).unwrap();
-        let t = Transformer::new(&gpu, &df11.transformer, store, strategy, 8, 2, 2).unwrap_or_else(|e| panic!("{e}"));
+        let t = Transformer::new(&gpu, &df11.transformer, store, strategy, None, 8, 2, 2).unwrap_or_else(|e| panic!("{e}"));
         t.set_prompt(&gpu, &vec![0.5; 8 * t.layout.joint_dim as usize]).unwrap();
         t.set_latents(&gpu, &vec![0.25; 4 * t.layout.in_channels as usize]).unwrap();
         let before = gpu.memory();

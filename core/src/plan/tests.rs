@@ -118,7 +118,7 @@ fn a_larger_budget_never_picks_a_slower_strategy() {
 fn df11_residency_sits_between_bf16_and_streaming() {
     let model = Model::klein_4b(true);
     let input = model.input(1024, None);
-    let options: heapless::Vec<PhasePlan, 8> = denoise_options(&input).unwrap().collect();
+    let options: heapless::Vec<PhasePlan, 8> = denoise_options(&input).unwrap().filter(|p| p.chunk.is_none()).collect();
     let kinds: heapless::Vec<WeightStrategy, 8> = options.iter().map(|p| p.weights).collect();
     assert_eq!(
         kinds.as_slice(),
@@ -134,7 +134,7 @@ fn df11_residency_sits_between_bf16_and_streaming() {
     assert!(options.windows(2).all(|w| w[1].peak() < w[0].peak()), "{options:#?}");
     // A plain bf16 model has no DF11 residency.
     let plain = Model::klein_4b(false);
-    assert_eq!(denoise_options(&plain.input(1024, None)).unwrap().count(), 3);
+    assert_eq!(denoise_options(&plain.input(1024, None)).unwrap().filter(|p| p.chunk.is_none()).count(), 3);
 }
 
 #[test]
@@ -225,4 +225,47 @@ fn component_bytes_of_the_4b_transformer() {
     assert!((DF11_ESTIMATE_PERCENT..DF11_ESTIMATE_PERCENT + 2).contains(&percent), "{percent}%");
     let vae = component_bytes(&mut |sink| crate::tensors::vae(&klein_4b::vae(), sink), &[]);
     assert_eq!(vae.df11, vae.bf16, "nothing of the VAE is grouped");
+}
+
+#[test]
+fn chunked_feed_forward_lowers_the_minimum_and_takes_the_largest_chunk_that_fits() {
+    let model = Model::klein_4b(false);
+    let input = model.input(1024, None);
+    let options: heapless::Vec<PhasePlan, 8> = denoise_options(&input).unwrap().collect();
+    // Each weight strategy unchunked, then in the chunks that need the least, far fewer activation bytes.
+    assert_eq!(options.len(), 6);
+    for pair in options.chunks(2) {
+        assert_eq!(pair[0].chunk, None);
+        assert!(pair[1].chunk.is_some_and(|c| c.is_multiple_of(CHUNK_ROWS) && (c / CHUNK_ROWS).is_power_of_two()), "{pair:#?}");
+        assert_eq!(pair[0].weights, pair[1].weights);
+        assert!(pair[1].arena_bytes * 2 < pair[0].arena_bytes, "{pair:#?}");
+    }
+    let streamed = options[4];
+    let chunked = options[5];
+    println!("4B 1024² streamed 1 slot: {} unchunked, {} as {chunked}", Bytes(streamed.peak()), Bytes(chunked.peak()));
+    // A budget between the two chunks by as many rows as fit: the next larger chunk would not.
+    let budget = (streamed.peak() + chunked.peak()) / 2;
+    let p = plan(&model.input(1024, Some(budget))).unwrap_or_else(|e| panic!("{e}"));
+    let rows = p.denoise.chunk.expect("chunked");
+    assert!(rows > chunked.chunk.unwrap() && rows < 512 + 4096, "{rows}");
+    assert!(p.denoise.peak() <= budget);
+    let denoise = DenoiseOptions::new(&input).unwrap();
+    assert!(denoise.phase(p.denoise.weights, Some(2 * rows)).peak() > budget, "{rows} is the largest chunk");
+    // The whole run's minimum is now the chunked one, far below the unchunked 1.54 GiB.
+    let minimum = minimum_budget(&input).unwrap();
+    assert!(minimum < streamed.peak() && minimum < GIB, "{}", Bytes(minimum));
+}
+
+#[test]
+fn a_4096px_image_needs_far_less_by_chunks() {
+    for model in [Model::klein_4b(true), Model::klein_9b(true)] {
+        let input = model.input(4096, None);
+        let minimum = minimum_budget(&input).unwrap();
+        let p = plan(&model.input(4096, Some(minimum))).unwrap_or_else(|e| panic!("{e}"));
+        assert!(p.denoise.chunk.is_some(), "{p:#?}");
+        let unchunked = denoise_options(&input).unwrap().filter(|p| p.chunk.is_none()).map(|p| p.peak()).min().unwrap();
+        println!("4096²: minimum {} with {}; {} unchunked", Bytes(minimum), p.denoise, Bytes(unchunked));
+        // The 7 full-size token spans (stream, norm, q, k, v, attention, projection) remain.
+        assert!(minimum * 3 < unchunked * 2, "{} vs {}", Bytes(minimum), Bytes(unchunked));
+    }
 }
