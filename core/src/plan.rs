@@ -23,6 +23,9 @@ use core::fmt;
 pub const FIXED_OVERHEAD: u64 = 64 << 10;
 /// Parameter bytes allowed per program step (a step may split into several dispatches).
 pub const OVERHEAD_PER_STEP: u64 = 512;
+/// Host-visible bytes streamed weights pass through on their way to a slot
+/// (at most; a smaller model's largest block if less).
+pub const STREAM_STAGING: u64 = 64 << 20;
 /// Byte alignment of each weight in a slot: a binding offset (`df11_decode`
 /// starts groups on 128 elements); device weight sizes are counted in it.
 pub const SLOT_ALIGN: u64 = 256;
@@ -78,7 +81,7 @@ impl WeightSizes {
             + match s {
                 WeightStrategy::ResidentBf16 => self.plain + self.grouped,
                 WeightStrategy::ResidentDf11 { slots } => self.plain + self.compressed + slots as u64 * self.max_block_grouped,
-                WeightStrategy::Streamed { slots } => slots as u64 * self.max_block,
+                WeightStrategy::Streamed { slots } => slots as u64 * self.max_block + self.max_block.min(STREAM_STAGING),
             }
     }
 

@@ -15,10 +15,12 @@ use crate::error::{GpuError, LoadError, RunError};
 use crate::gpu::{DeviceBuffer, Gpu};
 use crate::ops::{self, Weight, WeightDtype};
 use crate::safetensors_store::{widen_to_f32, TensorRef, WeightStore};
-use flux_lite_core::plan::{BlockWeights, WeightSizes, WeightStrategy, SLOT_ALIGN};
+use flux_lite_core::plan::{BlockWeights, WeightSizes, WeightStrategy, SLOT_ALIGN, STREAM_STAGING};
 use flux_lite_core::program::Op;
 use safetensors::tensor::Dtype;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 /// A weight tensor on the device: `buffer` from element `offset` on.
 #[derive(Debug)]
@@ -129,6 +131,46 @@ fn block_weights(store: &WeightStore, plain: &[String], groups: &[usize]) -> Res
     Ok(b)
 }
 
+/// The host-visible buffer streamed weights pass through, mapped for
+/// writing whenever the host may fill it.
+#[derive(Debug)]
+struct Staging {
+    buffer: DeviceBuffer,
+    /// Set when the buffer is mapped for writing again after its last copy.
+    mapped: Arc<AtomicBool>,
+    /// The submission of its last copy.
+    copied: std::sync::Mutex<Option<wgpu::SubmissionIndex>>,
+}
+
+impl Staging {
+    /// Asks for the buffer back once the device has copied out of it.
+    fn map_again(&self, copied: wgpu::SubmissionIndex) {
+        *self.copied.lock().unwrap_or_else(|e| e.into_inner()) = Some(copied);
+        self.mapped.store(false, Ordering::Release);
+        let mapped = self.mapped.clone();
+        self.buffer.map_async(wgpu::MapMode::Write, .., move |result| {
+            if result.is_ok() {
+                mapped.store(true, Ordering::Release);
+            }
+        });
+    }
+
+    /// Waits for the device to finish copying out of the buffer.
+    fn wait_until_mapped(&self, gpu: &Gpu) -> Result<(), GpuError> {
+        if !self.mapped.load(Ordering::Acquire) {
+            match self.copied.lock().unwrap_or_else(|e| e.into_inner()).take() {
+                Some(copied) => gpu.wait_for(copied)?,
+                None => gpu.wait()?,
+            }
+        }
+        if self.mapped.load(Ordering::Acquire) {
+            Ok(())
+        } else {
+            Err(GpuError::Device("the weight staging buffer could not be mapped again".into()))
+        }
+    }
+}
+
 /// A weight copied from host memory into a slot as its block starts.
 #[derive(Debug, Clone)]
 struct StreamedWeight {
@@ -158,6 +200,8 @@ pub struct DeviceWeights {
     fills: Vec<Vec<SlotFill>>,
     /// The copies from host memory at the start of each block.
     streams: Vec<Vec<StreamedWeight>>,
+    /// What streamed weights pass through (streaming only).
+    staging: Option<Staging>,
     /// Device bytes held: plain tensors, expanded groups, compressed groups, slots.
     bytes: u64,
 }
@@ -244,6 +288,12 @@ impl DeviceWeights {
         slot_bytes.retain(|&n| n > 0);
         w.slots = slot_bytes.iter().enumerate().map(|(i, &n)| gpu.storage(&format!("weight slot {i}"), n)).collect();
         w.bytes += w.slot_bytes();
+        if w.streams.iter().any(|s| !s.is_empty()) {
+            let largest = slot_bytes.iter().copied().max().unwrap_or(0);
+            let staging = gpu.upload_staging("weight staging", largest.min(STREAM_STAGING));
+            w.bytes += staging.size();
+            w.staging = Some(Staging { buffer: staging, mapped: Arc::new(AtomicBool::new(true)), copied: Default::default() });
+        }
         for (name, slot, offset, dtype) in in_slots {
             w.map.insert(name, DeviceWeight { buffer: w.slots[slot].clone(), offset, dtype });
         }
@@ -258,20 +308,48 @@ impl DeviceWeights {
         Ok(())
     }
 
-    /// Copies the weights block `block` streams from host memory into its slot.
-    /// The copy is queued before the block's dispatches are submitted.
+    /// Copies the weights block `block` streams from host memory into its
+    /// slot, through the staging buffer: as many bytes as it holds at a
+    /// time, each batch copied by its own submission (before the block's),
+    /// so the host refills it while the device computes.
     pub fn stream_in(&self, gpu: &Gpu, store: &WeightStore, block: usize) -> Result<(), RunError> {
-        for s in self.streams.get(block).into_iter().flatten() {
-            let bytes = store.tensor(&s.name)?.bytes;
-            let whole = bytes.len() / 4 * 4;
-            if whole > 0 {
-                gpu.queue.write_buffer(&self.slots[s.slot], s.offset, &bytes[..whole]);
+        let (Some(staging), Some(streams)) = (&self.staging, self.streams.get(block)) else { return Ok(()) };
+        let capacity = staging.buffer.size();
+        // (weight, bytes of it already staged)
+        let mut next = streams.iter().map(|s| (s, 0usize)).peekable();
+        let mut current = next.next();
+        while current.is_some() {
+            staging.wait_until_mapped(gpu)?;
+            let mut copies: [(u64, usize, u64, u64); 64] = [(0, 0, 0, 0); 64];
+            let mut count = 0;
+            {
+                let mut view = staging.buffer.get_mapped_range_mut(..).map_err(|e| GpuError::Device(e.to_string()))?;
+                let mut used = 0u64;
+                while let Some((s, done)) = current {
+                    if used == capacity || count == copies.len() {
+                        break;
+                    }
+                    let bytes = store.tensor(&s.name)?.bytes;
+                    let n = (bytes.len() - done).min((capacity - used) as usize);
+                    let start = used as usize;
+                    view.slice(start..start + n).copy_from_slice(&bytes[done..done + n]);
+                    // Copies move whole words: a weight's last odd bytes are padded.
+                    let padded = (n as u64).next_multiple_of(4);
+                    view.slice(start + n..start + padded as usize).fill(0);
+                    copies[count] = (used, s.slot, s.offset + done as u64, padded);
+                    count += 1;
+                    used += padded;
+                    current = if done + n == bytes.len() { next.next() } else { Some((s, done + n)) };
+                }
             }
-            if whole < bytes.len() {
-                let mut tail = [0u8; 4];
-                tail[..bytes.len() - whole].copy_from_slice(&bytes[whole..]);
-                gpu.queue.write_buffer(&self.slots[s.slot], s.offset + whole as u64, &tail);
-            }
+            staging.buffer.unmap();
+            let copied = gpu.submit_tracked(|enc| {
+                for &(from, slot, to, len) in &copies[..count] {
+                    enc.copy_buffer_to_buffer(&staging.buffer, from, &self.slots[slot], to, len);
+                }
+                Ok(())
+            })?;
+            staging.map_again(copied);
         }
         Ok(())
     }

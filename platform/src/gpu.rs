@@ -323,12 +323,40 @@ impl Gpu {
         self.counted(buffer, size)
     }
 
+    /// A host-visible buffer of `bytes` (a multiple of 4) the host writes
+    /// and the device copies from, mapped for writing at creation.
+    pub fn upload_staging(&self, label: &str, bytes: u64) -> DeviceBuffer {
+        let size = bytes.div_ceil(4).max(1) * 4;
+        let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size,
+            usage: wgpu::BufferUsages::MAP_WRITE | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: true,
+        });
+        self.counted(buffer, size)
+    }
+
     /// Runs `record` on a fresh encoder and submits it.
     pub fn submit(&self, record: impl FnOnce(&mut wgpu::CommandEncoder) -> Result<(), GpuError>) -> Result<(), GpuError> {
+        self.submit_tracked(record).map(|_| ())
+    }
+
+    /// [`Self::submit`], returning the submission to wait for with [`Self::wait_for`].
+    pub fn submit_tracked(
+        &self,
+        record: impl FnOnce(&mut wgpu::CommandEncoder) -> Result<(), GpuError>,
+    ) -> Result<wgpu::SubmissionIndex, GpuError> {
         let mut encoder = self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
         record(&mut encoder)?;
-        self.queue.submit([encoder.finish()]);
-        Ok(())
+        Ok(self.queue.submit([encoder.finish()]))
+    }
+
+    /// Waits until `submission` (and what was submitted before it) has finished.
+    pub fn wait_for(&self, submission: wgpu::SubmissionIndex) -> Result<(), GpuError> {
+        self.device
+            .poll(wgpu::PollType::Wait { submission_index: Some(submission), timeout: None })
+            .map(|_| ())
+            .map_err(|e| GpuError::Device(e.to_string()))
     }
 
     /// Copies `count` f32 values starting at element `offset` back to the host.

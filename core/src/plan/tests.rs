@@ -94,8 +94,9 @@ fn a_tiny_budget_names_the_minimum_and_the_minimum_works() {
             let p = plan(&model.input(size, Some(minimum))).unwrap_or_else(|e| panic!("{size} at its minimum {minimum}: {e}"));
             assert!(p.peak() <= minimum);
             assert!(plan(&model.input(size, Some(minimum - 1))).is_err(), "{size}: {minimum} is not the smallest");
-            // At the minimum nothing slower than one streaming slot is needed.
-            assert!(p.denoise.weight_bytes <= model.input(size, None).transformer_weights.max_block);
+            // At the minimum nothing slower than one streaming slot (and its staging) is needed.
+            let weights = model.input(size, None).transformer_weights;
+            assert!(p.denoise.weight_bytes <= weights.bytes(WeightStrategy::Streamed { slots: 1 }));
         }
     }
 }
