@@ -31,6 +31,7 @@ pub struct EncodeArgs {
 
 
 pub fn run(args: &EncodeArgs) -> Result<(), String> {
+    output::check_output_path("--output", &args.output)?;
     let model = ModelFolder::open(&args.model).map_err(|e| e.to_string())?;
     let gpu = Gpu::new(&GpuOptions::default()).map_err(|e| e.to_string())?;
     let plan = planning::plan_encode(&model, args.memory_budget).map_err(|e| e.to_string())?;

@@ -70,6 +70,11 @@ pub fn run(args: &GenArgs) -> Result<(), String> {
     if args.output.is_none() && args.output_latents.is_none() {
         return Err("give --output FILE.png (or --output-latents FILE)".into());
     }
+    for (flag, path) in [("--output", &args.output), ("--output-latents", &args.output_latents)] {
+        if let Some(path) = path {
+            output::check_output_path(flag, path)?;
+        }
+    }
     let prompt_text = match (&args.prompt, &args.embeddings) {
         (Some(p), None) => p.clone(),
         (None, Some(_)) => String::new(),

@@ -37,7 +37,10 @@ enum Command {
 struct GpuArgs {}
 
 fn main() -> ExitCode {
-    let cli: Cli = argh::from_env();
+    let cli = match parse_args() {
+        Ok(cli) => cli,
+        Err(exit) => return exit,
+    };
     let result = match cli.command {
         Command::Gen(args) => gen::run(&args),
         Command::Encode(args) => encode::run(&args),
@@ -53,6 +56,33 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// The command line, or how to exit: `--help` prints its text and
+/// succeeds; a bad argument is one `error:` line and a failure.
+fn parse_args() -> Result<Cli, ExitCode> {
+    let mut words = Vec::new();
+    for arg in std::env::args_os().skip(1) {
+        match arg.into_string() {
+            Ok(word) => words.push(word),
+            Err(raw) => {
+                eprintln!("error: argument {raw:?} is not valid UTF-8");
+                return Err(ExitCode::FAILURE);
+            }
+        }
+    }
+    let words: Vec<&str> = words.iter().map(String::as_str).collect();
+    Cli::from_args(&["flux-lite"], &words).map_err(|early| match early.status {
+        Ok(()) => {
+            print!("{}", early.output);
+            ExitCode::SUCCESS
+        }
+        Err(()) => {
+            let first = early.output.lines().find(|l| !l.trim().is_empty()).unwrap_or("bad arguments");
+            eprintln!("error: {first} (see flux-lite --help)");
+            ExitCode::FAILURE
+        }
+    })
 }
 
 fn gpu() -> Result<(), String> {

@@ -15,6 +15,22 @@ fn temp_path(path: &Path) -> PathBuf {
     path.with_file_name(format!(".{name}.partial-{}", std::process::id()))
 }
 
+/// Checks, before any work, that a file can be written at `path` (given
+/// with `flag`): its folder exists and the path is not itself a folder.
+pub fn check_output_path(flag: &str, path: &Path) -> Result<(), String> {
+    let folder = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    if !folder.is_dir() {
+        return Err(format!("{flag} {}: the folder {} does not exist", path.display(), folder.display()));
+    }
+    if path.is_dir() {
+        return Err(format!("{flag} {}: is a folder, not a file name", path.display()));
+    }
+    Ok(())
+}
+
 /// Writes `bytes` to `path` atomically: temp file, fsync, rename. On error
 /// the temp file is removed and `path` is left as it was.
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), String> {

@@ -1,0 +1,213 @@
+//! The error catalogue as a user meets it: each broken model folder, bad
+//! flag or unusable environment gives one `error:` line naming the culprit,
+//! a non-zero exit, and no output file.
+
+#![allow(clippy::unwrap_used)]
+
+use flux_lite_tests::{copy_tree, model_dir, scratch_dir};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::Output;
+
+/// A writable copy of tiny-a for one case.
+fn broken_copy(case: &str) -> PathBuf {
+    let dir = scratch_dir(&format!("catalogue-{case}")).join("model");
+    copy_tree(&model_dir("tiny-a"), &dir);
+    dir
+}
+
+fn gen(model: &Path, out: &Path, extra: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_flux-lite"));
+    cmd.arg("gen").args(["--model", model.to_str().unwrap(), "--prompt", "a red fox", "--seed", "1", "--quiet", "--output", out.to_str().unwrap()]);
+    // Defaults for what `extra` does not set.
+    for (flag, value) in [("--steps", "1"), ("--width", "32"), ("--height", "32")] {
+        if !extra.contains(&flag) {
+            cmd.args([flag, value]);
+        }
+    }
+    cmd.args(extra);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().unwrap()
+}
+
+/// Runs `gen` on `model` and checks: failure, one error line containing every needle, no output file.
+fn expect_one_error(model: &Path, extra: &[&str], env: &[(&str, &str)], needles: &[&str]) -> String {
+    let out = model.parent().unwrap().join("out.png");
+    let run = gen(model, &out, extra, env);
+    let stderr = String::from_utf8_lossy(&run.stderr).into_owned();
+    assert!(!run.status.success(), "expected a failure: {stderr}");
+    let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error: ")).collect();
+    assert_eq!(errors.len(), 1, "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    for needle in needles {
+        assert!(errors[0].contains(needle), "{needle:?} not in {:?}", errors[0]);
+    }
+    assert!(!out.exists(), "a failed run left {}", out.display());
+    errors[0].to_string()
+}
+
+fn transformer_file(model: &Path) -> PathBuf {
+    model.join("transformer/diffusion_pytorch_model.safetensors")
+}
+
+/// Rewrites a safetensors file's JSON header with `edit`; the data stays as it was, `extra` bytes appended.
+fn edit_header(path: &Path, edit: impl FnOnce(&mut serde_json::Map<String, Value>), extra: &[u8]) {
+    let bytes = std::fs::read(path).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let mut header: serde_json::Map<String, Value> = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    edit(&mut header);
+    let mut text = serde_json::to_vec(&header).unwrap();
+    while !text.len().is_multiple_of(8) {
+        text.push(b' ');
+    }
+    let mut out = (text.len() as u64).to_le_bytes().to_vec();
+    out.extend_from_slice(&text);
+    out.extend_from_slice(&bytes[8 + n..]);
+    out.extend_from_slice(extra);
+    std::fs::write(path, out).unwrap();
+}
+
+fn edit_json(path: &Path, edit: impl FnOnce(&mut Value)) {
+    let mut v: Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    edit(&mut v);
+    std::fs::write(path, serde_json::to_vec_pretty(&v).unwrap()).unwrap();
+}
+
+#[test]
+fn missing_folder_or_component() {
+    let model = broken_copy("missing-component");
+    std::fs::remove_dir_all(model.join("vae")).unwrap();
+    expect_one_error(&model, &[], &[], &["vae/config.json"]);
+    let gone = model.parent().unwrap().join("no-such-model");
+    let out = model.parent().unwrap().join("out.png");
+    let run = gen(&gone, &out, &[], &[]);
+    assert!(!run.status.success() && String::from_utf8_lossy(&run.stderr).contains("no-such-model"));
+    assert!(!out.exists());
+}
+
+#[test]
+fn invalid_json_and_unknown_architecture_values() {
+    let model = broken_copy("json");
+    std::fs::write(model.join("transformer/config.json"), "{ \"num_layers\": 2,").unwrap();
+    expect_one_error(&model, &[], &[], &["transformer/config.json", "invalid JSON"]);
+
+    let model = broken_copy("rope-axes");
+    edit_json(&model.join("transformer/config.json"), |v| v["axes_dims_rope"] = serde_json::json!([4, 4, 4]));
+    expect_one_error(&model, &[], &[], &["transformer/config.json", "axes_dims_rope"]);
+
+    let model = broken_copy("rope-type");
+    edit_json(&model.join("text_encoder/config.json"), |v| v["rope_parameters"]["rope_type"] = "yarn".into());
+    expect_one_error(&model, &[], &[], &["text_encoder/config.json", "rope_type"]);
+
+    let model = broken_copy("heads");
+    edit_json(&model.join("transformer/config.json"), |v| v["num_attention_heads"] = "four".into());
+    expect_one_error(&model, &[], &[], &["transformer/config.json", "num_attention_heads"]);
+}
+
+#[test]
+fn bad_safetensors_headers_and_data() {
+    let model = broken_copy("header-size");
+    let path = transformer_file(&model);
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[..8].copy_from_slice(&u64::MAX.to_le_bytes());
+    std::fs::write(&path, bytes).unwrap();
+    expect_one_error(&model, &[], &[], &["diffusion_pytorch_model.safetensors"]);
+
+    let model = broken_copy("truncated");
+    let path = transformer_file(&model);
+    let bytes = std::fs::read(&path).unwrap();
+    std::fs::write(&path, &bytes[..bytes.len() - 100]).unwrap();
+    expect_one_error(&model, &[], &[], &["diffusion_pytorch_model.safetensors"]);
+
+    let model = broken_copy("overlap");
+    edit_header(&transformer_file(&model), |h| {
+        let other = h["proj_out.weight"]["data_offsets"].clone();
+        h.get_mut("x_embedder.weight").unwrap()["data_offsets"] = other;
+    }, &[]);
+    expect_one_error(&model, &[], &[], &["diffusion_pytorch_model.safetensors"]);
+
+    let model = broken_copy("out-of-range");
+    edit_header(&transformer_file(&model), |h| {
+        h.get_mut("x_embedder.weight").unwrap()["data_offsets"] = serde_json::json!([0, 1u64 << 40]);
+    }, &[]);
+    expect_one_error(&model, &[], &[], &["diffusion_pytorch_model.safetensors"]);
+}
+
+#[test]
+fn wrong_missing_or_unexpected_tensors() {
+    let model = broken_copy("shape");
+    edit_header(&transformer_file(&model), |h| {
+        let t = h.get_mut("x_embedder.weight").unwrap();
+        let shape = t["shape"].as_array().unwrap().clone();
+        t["shape"] = serde_json::json!([shape[1], shape[0]]);
+    }, &[]);
+    expect_one_error(&model, &[], &[], &["x_embedder.weight"]);
+
+    let model = broken_copy("dtype");
+    edit_header(&transformer_file(&model), |h| {
+        let t = h.get_mut("x_embedder.weight").unwrap();
+        let shape = t["shape"].as_array().unwrap().clone();
+        t["dtype"] = "U8".into();
+        t["shape"] = serde_json::json!([shape[0], 2 * shape[1].as_u64().unwrap()]);
+    }, &[]);
+    expect_one_error(&model, &[], &[], &["x_embedder.weight"]);
+
+    let model = broken_copy("missing-tensor");
+    edit_header(&transformer_file(&model), |h| {
+        let t = h.remove("x_embedder.weight").unwrap();
+        h.insert("x_embedder.weights".into(), t);
+    }, &[]);
+    expect_one_error(&model, &[], &[], &["x_embedder.weight"]);
+
+    let model = broken_copy("unexpected-tensor");
+    let data_len = {
+        let bytes = std::fs::read(transformer_file(&model)).unwrap();
+        let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+        (bytes.len() - 8 - n) as u64
+    };
+    edit_header(&transformer_file(&model), |h| {
+        h.insert("extra.weight".into(), serde_json::json!({"dtype": "BF16", "shape": [2], "data_offsets": [data_len, data_len + 4]}));
+    }, &[0; 4]);
+    expect_one_error(&model, &[], &[], &["extra.weight"]);
+}
+
+#[test]
+fn missing_or_invalid_tokenizer() {
+    let model = broken_copy("no-tokenizer");
+    std::fs::remove_file(model.join("tokenizer/tokenizer.json")).unwrap();
+    expect_one_error(&model, &[], &[], &["tokenizer.json"]);
+
+    let model = broken_copy("bad-tokenizer");
+    std::fs::write(model.join("tokenizer/tokenizer.json"), "{}").unwrap();
+    expect_one_error(&model, &[], &[], &["tokenizer.json"]);
+}
+
+#[test]
+fn bad_flags() {
+    let model = broken_copy("flags");
+    expect_one_error(&model, &["--width", "30"], &[], &["--width 30"]);
+    expect_one_error(&model, &["--steps", "0"], &[], &["--steps 0"]);
+    expect_one_error(&model, &["--steps", "1000000"], &[], &["--steps 1000000"]);
+    expect_one_error(&model, &["--memory-budget", "3GB"], &[], &["--memory-budget"]);
+    expect_one_error(&model, &["--memory-budget", "1KiB"], &[], &["--memory-budget", "smallest budget"]);
+    expect_one_error(&model, &["--width", "65536", "--height", "65536", "--memory-budget", "1GiB"], &[], &["--memory-budget"]);
+}
+
+#[test]
+fn no_adapter_and_unwritable_output() {
+    let model = broken_copy("environment");
+    // No DX12 adapter exists on Linux or macOS.
+    if cfg!(not(windows)) {
+        expect_one_error(&model, &[], &[("FLUX_LITE_BACKEND", "dx12")], &["adapter"]);
+    }
+    let out = model.parent().unwrap().join("no-such-dir/out.png");
+    let run = gen(&model, &out, &[], &[]);
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(!run.status.success(), "{stderr}");
+    let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error: ")).collect();
+    assert_eq!(errors.len(), 1, "{stderr}");
+    assert!(errors[0].contains("no-such-dir"), "{stderr}");
+    assert!(!out.exists());
+}
