@@ -270,7 +270,7 @@ pub fn plan(input: &PlanInput<'_>) -> Result<Plan, PlanError> {
     let encode = encode_phase(input.text_encoder, input.prompt_tokens, input.text_encoder_weights)?;
     let denoise = DenoiseOptions::new(input)?;
     let budget = input.budget.unwrap_or(u64::MAX);
-    let too_small = |phase: &'static str| PlanError::TooSmall { budget, phase, minimum: run_minimum(encode, denoise, input) };
+    let too_small = |phase: &'static str| PlanError::TooSmall { budget, phase, minimum: run_minimum(encode, &denoise, input) };
     Ok(Plan {
         encode: encode.fastest_within(budget).ok_or_else(|| too_small("the text encoder"))?,
         denoise: denoise.fastest_within(budget).ok_or_else(|| too_small("the transformer"))?,
@@ -290,10 +290,10 @@ pub fn plan_encode(c: &Qwen3Config, prompt_tokens: u64, weights: WeightSizes, bu
 /// phases' smallest peaks (each phase frees its memory before the next).
 pub fn minimum_budget(input: &PlanInput<'_>) -> Result<u64, PlanError> {
     let encode = encode_phase(input.text_encoder, input.prompt_tokens, input.text_encoder_weights)?;
-    Ok(run_minimum(encode, DenoiseOptions::new(input)?, input))
+    Ok(run_minimum(encode, &DenoiseOptions::new(input)?, input))
 }
 
-fn run_minimum(encode: PhaseOptions, denoise: DenoiseOptions<'_>, input: &PlanInput<'_>) -> u64 {
+fn run_minimum(encode: PhaseOptions, denoise: &DenoiseOptions, input: &PlanInput<'_>) -> u64 {
     encode.smallest().max(denoise.smallest()).max(smallest_decode(input))
 }
 
@@ -305,14 +305,10 @@ pub fn encode_options(input: &PlanInput<'_>) -> Result<impl Iterator<Item = Phas
 /// Every strategy for the transformer's phase, fastest first, with its
 /// bytes: each weight strategy unchunked, then with the chunk that needs
 /// the least memory when the tokens span more than one chunk.
-pub fn denoise_options<'a>(input: &'a PlanInput<'a>) -> Result<impl Iterator<Item = PhasePlan> + 'a, PlanError> {
+pub fn denoise_options(input: &PlanInput<'_>) -> Result<impl Iterator<Item = PhasePlan>, PlanError> {
     let options = DenoiseOptions::new(input)?;
-    let smallest = options.smallest_chunk();
-    Ok(input.transformer_weights.strategies().flat_map(move |s| {
-        let unchunked = options.phase(s, None);
-        let chunked = smallest.map(|c| options.phase(s, Some(c)));
-        [Some(unchunked), chunked].into_iter().flatten()
-    }))
+    let all: heapless::Vec<PhasePlan, 10> = input.transformer_weights.strategies().flat_map(|s| options.least_of(s)).collect();
+    Ok(all.into_iter())
 }
 
 /// Every layout of the VAE decode, fastest first: untiled when the adapter
@@ -367,58 +363,63 @@ fn encode_phase(c: &Qwen3Config, tokens: u64, weights: WeightSizes) -> Result<Ph
 }
 
 /// The transformer's phase: for each weight strategy, unchunked or with
-/// the feed-forward and MLP projections over chunks of tokens.
-#[derive(Debug, Clone, Copy)]
-struct DenoiseOptions<'a> {
-    input: &'a PlanInput<'a>,
-    rows: u64,
+/// the feed-forward and MLP projections over chunks of tokens. The bytes
+/// that do not depend on the strategy are laid out once per chunk size.
+#[derive(Debug, Clone)]
+struct DenoiseOptions {
+    weights: WeightSizes,
+    /// Arena and other bytes unchunked.
+    unchunked: (u64, u64),
+    /// `(chunk, (arena, other))` for each chunk `CHUNK_ROWS · 2ᵏ` below the token count, largest first.
+    chunked: heapless::Vec<(u64, (u64, u64)), 64>,
 }
 
-impl<'a> DenoiseOptions<'a> {
-    fn new(input: &'a PlanInput<'a>) -> Result<Self, PlanError> {
+impl DenoiseOptions {
+    fn new(input: &PlanInput<'_>) -> Result<Self, PlanError> {
         let (lat_h, lat_w) = latent_grid(input)?;
         let rows = input.prompt_tokens + lat_h * lat_w;
-        denoise_fixed(input, rows)?;
-        Ok(Self { input, rows })
-    }
-
-    /// The phase under `weights` with `chunk` rows per pass (`None`: all).
-    fn phase(&self, weights: WeightStrategy, chunk: Option<u64>) -> PhasePlan {
-        let w = self.input.transformer_weights;
-        // The unchunked layout was laid out in `new`; smaller ones fit where it did.
-        let (arena_bytes, other_bytes) = denoise_fixed(self.input, chunk.unwrap_or(self.rows)).unwrap_or((u64::MAX / 4, 0));
-        PhasePlan { weights, chunk, weight_bytes: w.bytes(weights), arena_bytes, other_bytes }
-    }
-
-    /// The chunk sizes that split the tokens, largest first: `CHUNK_ROWS · 2ᵏ` below the token count.
-    fn chunks(&self) -> impl Iterator<Item = u64> {
-        let rows = self.rows;
+        let unchunked = denoise_fixed(input, rows)?;
+        let mut chunked = heapless::Vec::new();
         let largest_shift = u64::BITS - 1 - CHUNK_ROWS.ilog2();
-        (0..=largest_shift).rev().map(|k| CHUNK_ROWS << k).filter(move |&c| c < rows)
+        for chunk in (0..=largest_shift).rev().map(|k| CHUNK_ROWS << k).filter(|&c| c < rows) {
+            // At most 58 shifts fit in 64 bits: the list never overflows.
+            let _ = chunked.push((chunk, denoise_fixed(input, chunk)?));
+        }
+        Ok(Self { weights: input.transformer_weights, unchunked, chunked })
     }
 
-    /// The chunk that needs the least memory, if the tokens span more than
-    /// one (smaller chunks need less scratch but more dispatch parameters).
-    fn smallest_chunk(&self) -> Option<u64> {
-        let s = WeightStrategy::ResidentBf16;
-        self.chunks().min_by_key(|&c| self.phase(s, Some(c)).peak())
+    /// The phase under `weights` with `chunk` rows per pass (`None`: all), given its arena and other bytes.
+    fn phase(&self, weights: WeightStrategy, chunk: Option<u64>, (arena_bytes, other_bytes): (u64, u64)) -> PhasePlan {
+        PhasePlan { weights, chunk, weight_bytes: self.weights.bytes(weights), arena_bytes, other_bytes }
+    }
+
+    /// The phase under `weights` with each chunk size, largest first.
+    fn chunked(&self, weights: WeightStrategy) -> impl Iterator<Item = PhasePlan> + '_ {
+        self.chunked.iter().map(move |&(chunk, fixed)| self.phase(weights, Some(chunk), fixed))
+    }
+
+    /// The phase under `weights` unchunked, then with the chunk that needs
+    /// the least memory if the tokens span more than one (smaller chunks
+    /// need less scratch but more dispatch parameters).
+    fn least_of(&self, weights: WeightStrategy) -> impl Iterator<Item = PhasePlan> + '_ {
+        let smallest = self.chunked(weights).min_by_key(PhasePlan::peak);
+        [Some(self.phase(weights, None, self.unchunked)), smallest].into_iter().flatten()
     }
 
     /// Each weight strategy in turn, fastest first: unchunked if it fits,
     /// else with the largest chunk that fits.
     fn fastest_within(&self, budget: u64) -> Option<PhasePlan> {
-        self.input.transformer_weights.strategies().find_map(|s| {
-            let unchunked = self.phase(s, None);
+        self.weights.strategies().find_map(|s| {
+            let unchunked = self.phase(s, None, self.unchunked);
             if unchunked.peak() <= budget {
                 return Some(unchunked);
             }
-            self.chunks().map(|c| self.phase(s, Some(c))).find(|p| p.peak() <= budget)
+            self.chunked(s).find(|p| p.peak() <= budget)
         })
     }
 
     fn smallest(&self) -> u64 {
-        let chunk = self.smallest_chunk();
-        self.input.transformer_weights.strategies().map(|s| self.phase(s, None).peak().min(chunk.map_or(u64::MAX, |c| self.phase(s, Some(c)).peak()))).min().unwrap_or(0)
+        self.weights.strategies().flat_map(|s| self.least_of(s)).map(|p| p.peak()).min().unwrap_or(0)
     }
 }
 

@@ -316,7 +316,7 @@ impl DeviceWeights {
         let (Some(staging), Some(streams)) = (&self.staging, self.streams.get(block)) else { return Ok(()) };
         let capacity = staging.buffer.size();
         // (weight, bytes of it already staged)
-        let mut next = streams.iter().map(|s| (s, 0usize)).peekable();
+        let mut next = streams.iter().map(|s| (s, 0usize));
         let mut current = next.next();
         while current.is_some() {
             staging.wait_until_mapped(gpu)?;
