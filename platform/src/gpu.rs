@@ -369,11 +369,7 @@ impl Gpu {
         if len == 0 {
             return Ok(Vec::new());
         }
-        let padded = len.div_ceil(4) * 4;
-        self.memory.count(padded);
-        let result = self.read_through_staging(buffer, offset, padded, len);
-        self.memory.uncount(padded);
-        result
+        self.read_through_staging(buffer, offset, len.div_ceil(4) * 4, len)
     }
 
     fn read_through_staging(&self, buffer: &wgpu::Buffer, offset: u64, padded: u64, len: u64) -> Result<Vec<u8>, GpuError> {
@@ -383,6 +379,8 @@ impl Gpu {
             usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
+        // Counted while it lives, as every buffer is.
+        let staging = self.counted(staging, padded);
         self.submit(|enc| {
             enc.copy_buffer_to_buffer(buffer, offset, &staging, 0, padded);
             Ok(())

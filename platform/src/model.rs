@@ -4,7 +4,7 @@
 
 use crate::config_json::{self, JsonFile};
 use crate::error::LoadError;
-use crate::safetensors_store::WeightStore;
+use crate::safetensors_store::{weight_file_kind, WeightStore};
 use flux_lite_core::config::{ModelIndex, Qwen3Config, SchedulerConfig, TransformerConfig, VaeConfig};
 use flux_lite_core::tensors::{self, TensorSpec};
 use std::path::{Path, PathBuf};
@@ -99,11 +99,7 @@ impl ModelFolder {
     /// Whether a component's folder holds weight files (`*.safetensors`, or a shard index).
     pub fn has_weight_files(&self, component: Component) -> bool {
         let Ok(listing) = std::fs::read_dir(self.component_dir(component.dir())) else { return false };
-        listing.flatten().any(|e| {
-            let name = e.file_name();
-            let name = name.to_string_lossy();
-            name.ends_with(".safetensors") || name.ends_with(".safetensors.index.json")
-        })
+        listing.flatten().any(|e| weight_file_kind(&e.file_name().to_string_lossy()).is_some())
     }
 
     pub fn expected_tensors(&self, component: Component) -> Vec<TensorSpec> {

@@ -89,6 +89,26 @@ pub struct WeightStore {
     df11_groups: Vec<StoredGroup>,
 }
 
+/// A file a component's weights are read from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WeightFile {
+    /// `*.safetensors`: tensors.
+    Tensors,
+    /// `*.safetensors.index.json`: which shard holds each tensor.
+    Index,
+}
+
+/// Which kind of weight file `name` is, if any.
+pub fn weight_file_kind(name: &str) -> Option<WeightFile> {
+    if name.ends_with(".safetensors.index.json") {
+        Some(WeightFile::Index)
+    } else if name.ends_with(".safetensors") {
+        Some(WeightFile::Tensors)
+    } else {
+        None
+    }
+}
+
 impl WeightStore {
     pub fn open(dir: &Path, component: &str) -> Result<Self, LoadError> {
         let io = |path: &Path| {
@@ -100,10 +120,10 @@ impl WeightStore {
         let mut index = None;
         for entry in listing {
             let name = entry.map_err(io(dir))?.file_name().to_string_lossy().into_owned();
-            if name.ends_with(".safetensors.index.json") {
-                index = Some(dir.join(&name));
-            } else if name.ends_with(".safetensors") {
-                singles.push(dir.join(&name));
+            match weight_file_kind(&name) {
+                Some(WeightFile::Index) => index = Some(dir.join(&name)),
+                Some(WeightFile::Tensors) => singles.push(dir.join(&name)),
+                None => {}
             }
         }
         let (files, weight_map) = match index {
