@@ -4,7 +4,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-use flux_lite_tests::{copy_tree, model_dir, scratch_dir};
+use flux_lite_tests::{copy_tree, model_dir, scratch_dir, the_error_line};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::Output;
@@ -35,17 +35,12 @@ fn gen(model: &Path, out: &Path, extra: &[&str], env: &[(&str, &str)]) -> Output
 /// Runs `gen` on `model` and checks: failure, one error line containing every needle, no output file.
 fn expect_one_error(model: &Path, extra: &[&str], env: &[(&str, &str)], needles: &[&str]) -> String {
     let out = model.parent().unwrap().join("out.png");
-    let run = gen(model, &out, extra, env);
-    let stderr = String::from_utf8_lossy(&run.stderr).into_owned();
-    assert!(!run.status.success(), "expected a failure: {stderr}");
-    let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error: ")).collect();
-    assert_eq!(errors.len(), 1, "{stderr}");
-    assert!(!stderr.contains("panicked"), "{stderr}");
+    let line = the_error_line(&gen(model, &out, extra, env));
     for needle in needles {
-        assert!(errors[0].contains(needle), "{needle:?} not in {:?}", errors[0]);
+        assert!(line.contains(needle), "{needle:?} not in {line:?}");
     }
     assert!(!out.exists(), "a failed run left {}", out.display());
-    errors[0].to_string()
+    line
 }
 
 fn transformer_file(model: &Path) -> PathBuf {
@@ -203,11 +198,7 @@ fn no_adapter_and_unwritable_output() {
         expect_one_error(&model, &[], &[("FLUX_LITE_BACKEND", "dx12")], &["adapter"]);
     }
     let out = model.parent().unwrap().join("no-such-dir/out.png");
-    let run = gen(&model, &out, &[], &[]);
-    let stderr = String::from_utf8_lossy(&run.stderr);
-    assert!(!run.status.success(), "{stderr}");
-    let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error: ")).collect();
-    assert_eq!(errors.len(), 1, "{stderr}");
-    assert!(errors[0].contains("no-such-dir"), "{stderr}");
+    let line = the_error_line(&gen(&model, &out, &[], &[]));
+    assert!(line.contains("no-such-dir"), "{line}");
     assert!(!out.exists());
 }

@@ -1,6 +1,7 @@
 //! The binary as a user meets it: output on success, one `error:` line and a
 //! non-zero exit on bad input.
 
+use flux_lite_tests::only_an_error_line;
 use std::path::Path;
 use std::process::{Command, Output};
 
@@ -17,15 +18,6 @@ fn tiny(name: &str) -> String {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../test_vectors/models").join(name).display().to_string()
 }
 
-fn one_error_line(out: &Output) -> String {
-    assert!(!out.status.success(), "expected failure");
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
-    assert_eq!(lines.len(), 1, "one line expected, got {stderr:?}");
-    assert!(lines[0].starts_with("error: "), "{stderr:?}");
-    lines[0].to_string()
-}
-
 #[test]
 fn info_summarises_a_model_folder() {
     let out = flux_lite(&["info", "--model", &tiny("tiny-a")], &[]);
@@ -37,13 +29,13 @@ fn info_summarises_a_model_folder() {
 }
 
 #[test]
-fn info_on_a_missing_folder_is_one_error_line() {
-    let line = one_error_line(&flux_lite(&["info", "--model", "/no/such/model"], &[]));
+fn info_on_a_missing_folder_is_only_an_error_line() {
+    let line = only_an_error_line(&flux_lite(&["info", "--model", "/no/such/model"], &[]));
     assert!(line.contains("/no/such/model"), "{line}");
 }
 
 #[test]
-fn unknown_backend_is_one_error_line() {
-    let line = one_error_line(&flux_lite(&["gpu"], &[("FLUX_LITE_BACKEND", "glide")]));
+fn unknown_backend_is_only_an_error_line() {
+    let line = only_an_error_line(&flux_lite(&["gpu"], &[("FLUX_LITE_BACKEND", "glide")]));
     assert!(line.contains("FLUX_LITE_BACKEND") && line.contains("glide"), "{line}");
 }

@@ -7,7 +7,7 @@
 #![allow(clippy::unwrap_used)]
 
 use flux_lite_platform::model::{Component, ModelFolder};
-use flux_lite_tests::{model_dir, read_png, scratch_dir, test_vectors};
+use flux_lite_tests::{model_dir, only_an_error_line, read_png, scratch_dir, test_vectors};
 use safetensors::tensor::{Dtype, SafeTensors, TensorView};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -29,15 +29,6 @@ fn compress(model: &Path, output: &Path, extra: &[&str]) -> Output {
 fn succeeded(run: &Output) -> String {
     assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
     String::from_utf8_lossy(&run.stdout).into_owned()
-}
-
-fn one_error_line(run: &Output) -> String {
-    assert!(!run.status.success(), "expected a failure");
-    let stderr = String::from_utf8_lossy(&run.stderr).into_owned();
-    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
-    assert_eq!(lines.len(), 1, "one line expected, got {stderr:?}");
-    assert!(lines[0].starts_with("error: "), "{stderr:?}");
-    lines[0].to_string()
 }
 
 fn names_in(dir: &Path) -> Vec<String> {
@@ -206,18 +197,18 @@ fn bad_requests_are_one_error_line_and_leave_nothing() {
     let model = model_dir(MODEL);
     let existing = dir.join("existing");
     std::fs::create_dir(&existing).unwrap();
-    let line = one_error_line(&compress(&model, &existing, &[]));
+    let line = only_an_error_line(&compress(&model, &existing, &[]));
     assert!(line.contains("--output") && line.contains("existing"), "{line}");
     assert!(names_in(&existing).is_empty(), "the existing folder was written to");
 
     let out = dir.join("out");
-    let line = one_error_line(&compress(&model, &out, &["--components", "transformer,unet"]));
+    let line = only_an_error_line(&compress(&model, &out, &["--components", "transformer,unet"]));
     assert!(line.contains("--components") && line.contains("unet"), "{line}");
-    let line = one_error_line(&compress(&model, &out, &["--components", "vae"]));
+    let line = only_an_error_line(&compress(&model, &out, &["--components", "vae"]));
     assert!(line.contains("--components") && line.contains("vae"), "{line}");
-    let line = one_error_line(&compress(Path::new("/no/such/model"), &out, &[]));
+    let line = only_an_error_line(&compress(Path::new("/no/such/model"), &out, &[]));
     assert!(line.contains("/no/such/model"), "{line}");
-    let line = one_error_line(&compress(&model, &dir.join("no-such-parent/out"), &[]));
+    let line = only_an_error_line(&compress(&model, &dir.join("no-such-parent/out"), &[]));
     assert!(line.contains("--output") && line.contains("no-such-parent"), "{line}");
     assert_eq!(names_in(&dir), ["existing"], "an output was created");
 }
@@ -246,9 +237,9 @@ fn a_failing_run_leaves_no_folder() {
     std::fs::write(&shard, safetensors::serialize(views, None).unwrap()).unwrap();
 
     let out = dir.join("out");
-    let line = one_error_line(&compress(&model, &out, &["--quiet"]));
+    let line = only_an_error_line(&compress(&model, &out, &["--quiet"]));
     assert!(line.contains("context_embedder.weight") && line.contains("bf16"), "{line}");
-    let line = one_error_line(&compress(&model, &model.join("inside"), &[]));
+    let line = only_an_error_line(&compress(&model, &model.join("inside"), &[]));
     assert!(line.contains("--output") && line.contains("inside"), "{line}");
     assert_eq!(names_in(&dir), ["model"], "partial output left behind");
     assert!(!model.join("inside").exists());

@@ -5,7 +5,7 @@
 
 use flux_lite_core::config::{klein_4b, klein_9b};
 use flux_lite_core::plan::{self, Bytes, DeviceLimits, PlanInput};
-use flux_lite_tests::{model_dir, scratch_dir, test_vectors};
+use flux_lite_tests::{copy_tree_where, model_dir, scratch_dir, test_vectors, the_error_line};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -44,20 +44,9 @@ fn minimum(stdout: &str) -> u64 {
 /// A copy of a model folder with its config files only (no weights, no shard index).
 fn configs_only(name: &str) -> PathBuf {
     let to = scratch_dir(&format!("info-configs-{name}"));
-    copy_json(&model_dir(name), &to);
+    let config = |path: &Path| path.extension().is_some_and(|e| e == "json") && !path.to_string_lossy().ends_with(".safetensors.index.json");
+    copy_tree_where(&model_dir(name), &to, &config);
     to
-}
-
-fn copy_json(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for entry in std::fs::read_dir(from).unwrap() {
-        let path = entry.unwrap().path();
-        if path.is_dir() {
-            copy_json(&path, &to.join(path.file_name().unwrap()));
-        } else if path.extension().is_some_and(|e| e == "json") && !path.to_string_lossy().ends_with(".safetensors.index.json") {
-            std::fs::copy(&path, to.join(path.file_name().unwrap())).unwrap();
-        }
-    }
 }
 
 /// The planner's transformer lines for a published config, as `info` prints them.
@@ -108,10 +97,7 @@ fn the_published_4b_plans_from_its_config_files_alone() {
     let within = stdout_of(&info(&folder, &["--memory-budget", &format!("{least}B")]));
     assert!(within.contains("within --memory-budget"), "{within}");
     assert!(within.contains("transformer streamed per block from host memory into 1 slot, feed-forward by"), "{within}");
-    let short = info(&folder, &["--memory-budget", &format!("{}B", least - 1)]);
-    assert!(!short.status.success());
-    let stderr = String::from_utf8_lossy(&short.stderr);
-    let line = stderr.lines().find(|l| l.starts_with("error: ")).unwrap_or_else(|| panic!("{stderr}"));
+    let line = the_error_line(&info(&folder, &["--memory-budget", &format!("{}B", least - 1)]));
     assert!(line.contains("too small") && line.contains(&format!("({least} B)")), "{line}");
 }
 
@@ -154,8 +140,6 @@ fn estimates_from_configs_equal_the_sizes_of_a_bf16_folder() {
 
 #[test]
 fn info_refuses_a_size_that_is_not_whole_latent_tokens() {
-    let out = info(&test_vectors().join("configs/klein-4b"), &["--width", "1000"]);
-    assert!(!out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.lines().any(|l| l.starts_with("error: ") && l.contains("--width 1000")), "{stderr}");
+    let line = the_error_line(&info(&test_vectors().join("configs/klein-4b"), &["--width", "1000"]));
+    assert!(line.contains("--width 1000"), "{line}");
 }

@@ -114,16 +114,54 @@ pub fn scratch_dir(name: &str) -> PathBuf {
 
 /// Copies a folder tree (the tiny models are small).
 pub fn copy_tree(from: &Path, to: &Path) {
+    copy_tree_where(from, to, &|_| true);
+}
+
+/// Copies the files of a folder tree for which `keep` holds (every folder is made).
+pub fn copy_tree_where(from: &Path, to: &Path, keep: &dyn Fn(&Path) -> bool) {
     std::fs::create_dir_all(to).expect("create dir");
     for entry in std::fs::read_dir(from).expect("read dir") {
         let entry = entry.expect("dir entry");
         let target = to.join(entry.file_name());
         if entry.file_type().expect("file type").is_dir() {
-            copy_tree(&entry.path(), &target);
-        } else {
+            copy_tree_where(&entry.path(), &target, keep);
+        } else if keep(&entry.path()) {
             std::fs::copy(entry.path(), &target).expect("copy file");
         }
     }
+}
+
+/// The one `error: …` line of a failed command (other lines, such as the
+/// seed, may come before it); it must not have panicked.
+pub fn the_error_line(out: &std::process::Output) -> String {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "expected a failure: {stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error: ")).collect();
+    assert_eq!(errors.len(), 1, "one error line expected, got {stderr:?}");
+    errors[0].to_string()
+}
+
+/// [`the_error_line`] of a command whose stderr holds nothing else.
+pub fn only_an_error_line(out: &std::process::Output) -> String {
+    let line = the_error_line(out);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.lines().filter(|l| !l.trim().is_empty()).count(), 1, "one line expected, got {stderr:?}");
+    line
+}
+
+/// Two forward passes (timesteps 900 and 400) of `t` from fixed prompt and
+/// latent values for `text` prompt tokens: the velocity.
+pub fn velocity_of_two_passes(gpu: &Gpu, t: &Transformer, text: usize) -> Vec<f32> {
+    let prompt: Vec<f32> = (0..text * t.layout.joint_dim as usize).map(|i| ((i * 37 % 101) as f32 / 50.0) - 1.0).collect();
+    let latents: Vec<f32> = (0..t.layout.image as usize * t.layout.in_channels as usize).map(|i| ((i * 53 % 89) as f32 / 44.0) - 1.0).collect();
+    t.set_prompt(gpu, &prompt).unwrap();
+    t.set_latents(gpu, &latents).unwrap();
+    // Two passes: the second finds weight slots holding the previous pass's last blocks.
+    for step in [900.0, 400.0] {
+        t.forward(gpu, step, &mut |_| {}).unwrap();
+    }
+    t.velocity(gpu).unwrap()
 }
 
 /// Relative L2 error of `got` against `want`, and the element with the largest |Δ|.

@@ -7,7 +7,7 @@
 use flux_lite_core::plan::WeightStrategy;
 use flux_lite_platform::model::{Component, ModelFolder};
 use flux_lite_platform::transformer::Transformer;
-use flux_lite_tests::{gpu, model_dir};
+use flux_lite_tests::{gpu, model_dir, velocity_of_two_passes};
 
 const TEXT: usize = 8;
 const LAT_H: usize = 4;
@@ -18,14 +18,7 @@ fn run(model: &ModelFolder, strategy: WeightStrategy, chunk: Option<usize>) -> (
     let gpu = gpu();
     let store = model.weights(Component::Transformer).unwrap_or_else(|e| panic!("{e}"));
     let t = Transformer::new(gpu, &model.transformer, store, strategy, chunk, TEXT, LAT_H, LAT_W).unwrap_or_else(|e| panic!("{e}"));
-    let prompt: Vec<f32> = (0..TEXT * t.layout.joint_dim as usize).map(|i| ((i * 37 % 101) as f32 / 50.0) - 1.0).collect();
-    let latents: Vec<f32> = (0..LAT_H * LAT_W * t.layout.in_channels as usize).map(|i| ((i * 53 % 89) as f32 / 44.0) - 1.0).collect();
-    t.set_prompt(gpu, &prompt).unwrap();
-    t.set_latents(gpu, &latents).unwrap();
-    for step in [900.0, 400.0] {
-        t.forward(gpu, step, &mut |_| {}).unwrap();
-    }
-    (t.velocity(gpu).unwrap(), t.arena_bytes)
+    (velocity_of_two_passes(gpu, &t, TEXT), t.arena_bytes)
 }
 
 #[test]

@@ -323,15 +323,7 @@ fn the_transformer_runs_from_groups_expanded_on_the_device() {
     let run = |model: &ModelFolder, placement: WeightStrategy| {
         let store = model.weights(Component::Transformer).unwrap_or_else(|e| panic!("{e}"));
         let t = Transformer::new(gpu, &model.transformer, store, placement, None, text, lat_h, lat_w).unwrap_or_else(|e| panic!("{e}"));
-        let prompt: Vec<f32> = (0..text * t.layout.joint_dim as usize).map(|i| ((i * 37 % 101) as f32 / 50.0) - 1.0).collect();
-        let latents: Vec<f32> = (0..lat_h * lat_w * t.layout.in_channels as usize).map(|i| ((i * 53 % 89) as f32 / 44.0) - 1.0).collect();
-        t.set_prompt(gpu, &prompt).unwrap();
-        t.set_latents(gpu, &latents).unwrap();
-        // Two passes: the second finds the slots holding the previous pass's last blocks.
-        for t_step in [900.0, 400.0] {
-            t.forward(gpu, t_step, &mut |_| {}).unwrap();
-        }
-        (t.velocity(gpu).unwrap(), t.weight_bytes(), t.weight_slot_bytes())
+        (flux_lite_tests::velocity_of_two_passes(gpu, &t, text), t.weight_bytes(), t.weight_slot_bytes())
     };
     let plain = ModelFolder::open(&model_dir(MODEL)).unwrap_or_else(|e| panic!("{e}"));
     let (want, plain_bytes, _) = run(&plain, WeightStrategy::ResidentBf16);
