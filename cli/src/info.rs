@@ -156,27 +156,19 @@ fn print_plan_options(input: &PlanInput<'_>, sizes: &ModelSizes) -> Result<(), S
     let fastest = options.first();
     let smallest = options.iter().min_by_key(|p| p.peak());
     for p in fastest.into_iter().chain(smallest.filter(|s| Some(*s) != fastest)) {
-        println!(
-            "  {}: {} (weights {}, activations {}, other {})",
-            decode_layout(p),
-            Bytes(p.peak()),
-            Bytes(p.weight_bytes),
-            Bytes(p.arena_bytes),
-            Bytes(p.other_bytes)
-        );
+        print_option(&decode_layout(p), p.weight_bytes, p.arena_bytes, p.other_bytes);
     }
     Ok(())
 }
 
 fn print_phase(p: &PhasePlan) {
-    println!(
-        "  {}: {} (weights {}, activations {}, other {})",
-        p,
-        Bytes(p.peak()),
-        Bytes(p.weight_bytes),
-        Bytes(p.arena_bytes),
-        Bytes(p.other_bytes)
-    );
+    print_option(&p.to_string(), p.weight_bytes, p.arena_bytes, p.other_bytes);
+}
+
+/// One option of a phase: what it is, its peak and the peak's parts.
+fn print_option(what: &str, weights: u64, activations: u64, other: u64) {
+    let peak = weights + activations + other;
+    println!("  {what}: {} (weights {}, activations {}, other {})", Bytes(peak), Bytes(weights), Bytes(activations), Bytes(other));
 }
 
 fn decode_layout(p: &DecodePlan) -> String {
