@@ -353,10 +353,7 @@ impl Gpu {
 
     /// Waits until `submission` (and what was submitted before it) has finished.
     pub fn wait_for(&self, submission: wgpu::SubmissionIndex) -> Result<(), GpuError> {
-        self.device
-            .poll(wgpu::PollType::Wait { submission_index: Some(submission), timeout: None })
-            .map(|_| ())
-            .map_err(|e| GpuError::Device(e.to_string()))
+        self.wait_until(Some(submission))
     }
 
     /// Copies `count` f32 values starting at element `offset` back to the host.
@@ -404,8 +401,13 @@ impl Gpu {
 
     /// Waits until all submitted work has finished.
     pub fn wait(&self) -> Result<(), GpuError> {
+        self.wait_until(None)
+    }
+
+    /// Waits for `submission`, or for everything submitted (`None`).
+    fn wait_until(&self, submission: Option<wgpu::SubmissionIndex>) -> Result<(), GpuError> {
         self.device
-            .poll(wgpu::PollType::Wait { submission_index: None, timeout: None })
+            .poll(wgpu::PollType::Wait { submission_index: submission, timeout: None })
             .map(|_| ())
             .map_err(|e| GpuError::Device(e.to_string()))
     }
