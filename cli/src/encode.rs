@@ -17,7 +17,10 @@ pub struct EncodeArgs {
     model: PathBuf,
     /// the text prompt
     #[argh(option)]
-    prompt: String,
+    prompt: Option<String>,
+    /// read the prompt from this UTF-8 text file (its final line break dropped)
+    #[argh(option)]
+    prompt_file: Option<PathBuf>,
     /// where to write the embeddings (safetensors)
     #[argh(option)]
     output: PathBuf,
@@ -32,19 +35,23 @@ pub struct EncodeArgs {
 
 pub fn run(args: &EncodeArgs) -> Result<(), String> {
     output::check_output_path("--output", &args.output)?;
+    let interrupt = crate::interrupt::flag();
+    let prompt = crate::prompt::from_flags(args.prompt.as_deref(), args.prompt_file.as_deref())?
+        .ok_or("give --prompt TEXT or --prompt-file FILE")?;
     let model = ModelFolder::open(&args.model).map_err(|e| e.to_string())?;
-    let gpu = Gpu::new(&GpuOptions::default()).map_err(|e| e.to_string())?;
+    let gpu = Gpu::new(&GpuOptions { interrupt: Some(interrupt), ..Default::default() }).map_err(|e| e.to_string())?;
     let plan = planning::plan_encode(&model, args.memory_budget).map_err(|e| e.to_string())?;
     let mut bar = Bar::new(args.quiet);
     let mut timings = Timings::default();
-    let encoded = pipeline::encode_prompts(&gpu, &model, plan.weights, &[&args.prompt], &mut timings, &mut |p| bar.show(p));
+    let encoded = pipeline::encode_prompts(&gpu, &model, plan.weights, &[&prompt], &mut timings, &mut |p| bar.show(p));
     bar.finish();
     let encoded = encoded.map_err(|e| e.to_string())?.remove(0);
+    gpu.check_interrupt().map_err(|e| e.to_string())?;
     if let Some(w) = &encoded.truncation_warning {
         eprintln!("{w}");
     }
     let joint = model.transformer.joint_attention_dim;
-    let metadata = [("prompt", args.prompt.clone()), ("model", args.model.display().to_string())];
+    let metadata = [("prompt", prompt.clone()), ("model", args.model.display().to_string())];
     output::write_f32_tensors(&args.output, &[(embeddings_file::PROMPT, &encoded.values)], joint, &metadata)?;
     eprintln!(
         "wrote {} ({} × {joint}); load {:.2}s, encode {:.2}s",

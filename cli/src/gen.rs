@@ -20,6 +20,9 @@ pub struct GenArgs {
     /// the text prompt
     #[argh(option)]
     prompt: Option<String>,
+    /// read the prompt from this UTF-8 text file (its final line break dropped)
+    #[argh(option)]
+    prompt_file: Option<PathBuf>,
     /// where to write the PNG (written whole or not at all)
     #[argh(option)]
     output: Option<PathBuf>,
@@ -75,11 +78,13 @@ pub fn run(args: &GenArgs) -> Result<(), String> {
             output::check_output_path(flag, path)?;
         }
     }
-    let prompt_text = match (&args.prompt, &args.embeddings) {
-        (Some(p), None) => p.clone(),
+    let interrupt = crate::interrupt::flag();
+    let prompt = crate::prompt::from_flags(args.prompt.as_deref(), args.prompt_file.as_deref())?;
+    let prompt_text = match (prompt, &args.embeddings) {
+        (Some(p), None) => p,
         (None, Some(_)) => String::new(),
         (Some(_), Some(_)) => return Err("give --prompt or --embeddings, not both".into()),
-        (None, None) => return Err("give --prompt TEXT (or --embeddings FILE)".into()),
+        (None, None) => return Err("give --prompt TEXT (or --prompt-file FILE, or --embeddings FILE)".into()),
     };
     let mut model = ModelFolder::open(&args.model).map_err(|e| e.to_string())?;
     if let Some(dir) = &args.transformer {
@@ -118,7 +123,7 @@ pub fn run(args: &GenArgs) -> Result<(), String> {
     let seed = args.seed.unwrap_or_else(random_seed);
     eprintln!("seed: {seed}");
 
-    let gpu = Gpu::new(&GpuOptions::default()).map_err(|e| e.to_string())?;
+    let gpu = Gpu::new(&GpuOptions { interrupt: Some(interrupt), ..Default::default() }).map_err(|e| e.to_string())?;
     if args.verbose {
         eprintln!("adapter: {}", gpu.describe());
     }
@@ -155,6 +160,8 @@ pub fn run(args: &GenArgs) -> Result<(), String> {
     bar.finish();
     let latents = latents.map_err(|e| e.to_string())?;
     let image = image.transpose().map_err(|e| e.to_string())?;
+    // Ctrl-C after the last block still writes nothing.
+    gpu.check_interrupt().map_err(|e| e.to_string())?;
 
     let mut text = vec![
         ("prompt", prompt_text.clone()),

@@ -11,7 +11,9 @@ mod compress;
 mod encode;
 mod gen;
 mod info;
+mod interrupt;
 mod progress;
+mod prompt;
 
 /// flux-lite: FLUX.2-klein text-to-image on any GPU, in WGSL through wgpu.
 #[derive(FromArgs, Debug)]
@@ -53,7 +55,7 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(message) => {
             eprintln!("error: {message}");
-            ExitCode::FAILURE
+            if interrupt::requested() { ExitCode::from(interrupt::EXIT_STATUS) } else { ExitCode::FAILURE }
         }
     }
 }

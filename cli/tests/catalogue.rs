@@ -4,7 +4,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-use flux_lite_tests::{copy_tree, model_dir, scratch_dir, the_error_line};
+use flux_lite_tests::{copy_tree, model_dir, scratch_dir, test_vectors, the_error_line};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::Output;
@@ -201,4 +201,127 @@ fn no_adapter_and_unwritable_output() {
     let line = the_error_line(&gen(&model, &out, &[], &[]));
     assert!(line.contains("no-such-dir"), "{line}");
     assert!(!out.exists());
+}
+
+#[test]
+fn df11_invariants_violated() {
+    let dir = scratch_dir("catalogue-df11");
+    let model = dir.join("model");
+    copy_tree(&model_dir("tiny-b"), &model);
+    let df11 = dir.join("df11");
+    copy_tree(&test_vectors().join("goldens/df11/tiny-b-transformer"), &df11);
+    // The first group's last output position pointed far past its elements.
+    let file = df11.join("model.safetensors");
+    let mut bytes = std::fs::read(&file).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Map<String, Value> = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    let mut positions: Vec<&String> = header.keys().filter(|k| k.ends_with(".output_positions")).collect();
+    positions.sort();
+    let module = positions[0].strip_suffix(".output_positions").unwrap().to_string();
+    let end = header[positions[0]]["data_offsets"][1].as_u64().unwrap() as usize;
+    bytes[8 + n + end - 4..8 + n + end].copy_from_slice(&u32::MAX.to_le_bytes());
+    std::fs::write(&file, bytes).unwrap();
+    expect_one_error(&model, &["--transformer", df11.to_str().unwrap()], &[], &["DF11 group", &module]);
+}
+
+#[test]
+fn device_lost_mid_run() {
+    let model = broken_copy("device-lost");
+    // Lost after the text encoder's first submissions: in the middle of its blocks.
+    let line = expect_one_error(&model, &[], &[("FLUX_LITE_LOSE_DEVICE_AFTER", "3")], &["GPU device was lost"]);
+    assert!(!line.contains('\n'));
+    let files: Vec<_> = std::fs::read_dir(model.parent().unwrap()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(files, ["model"], "only the model folder is left");
+}
+
+#[test]
+fn interrupted_run_stops_at_a_block_and_writes_nothing() {
+    let dir = scratch_dir("catalogue-interrupt");
+    let out = dir.join("out.png");
+    let latents = dir.join("latents.safetensors");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_flux-lite"))
+        .args(["gen", "--model", model_dir("tiny-a").to_str().unwrap(), "--prompt", "a red fox", "--seed", "1"])
+        .args(["--steps", "1000", "--width", "32", "--height", "32", "--output", out.to_str().unwrap()])
+        .args(["--output-latents", latents.to_str().unwrap()])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = child.stderr.take().unwrap();
+    // Interrupt once the progress bar shows the denoising loop under way.
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&seen).contains("denoise") {
+        let n = std::io::Read::read(&mut stderr, &mut buf).unwrap();
+        assert!(n > 0, "gen ended before denoising: {}", String::from_utf8_lossy(&seen));
+        seen.extend_from_slice(&buf[..n]);
+    }
+    let kill = std::process::Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap();
+    assert!(kill.success());
+    std::io::Read::read_to_end(&mut stderr, &mut seen).unwrap();
+    let status = child.wait().unwrap();
+    let text = String::from_utf8_lossy(&seen);
+    assert_eq!(status.code(), Some(130), "{text}");
+    assert!(!text.contains("panicked"), "{text}");
+    let errors: Vec<&str> = text.split(['\r', '\n']).filter(|l| l.starts_with("error:")).collect();
+    assert_eq!(errors, ["error: interrupted; stopped at the end of a block, nothing was written"]);
+    let left: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert!(left.is_empty(), "an interrupted run left {left:?}");
+}
+
+/// `flux-lite encode` on tiny-a with `args`, writing `out`.
+fn encode(out: &Path, args: &[&str]) -> Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_flux-lite"))
+        .args(["encode", "--quiet", "--model", model_dir("tiny-a").to_str().unwrap(), "--output", out.to_str().unwrap()])
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn prompts_from_files_empty_long_and_huge() {
+    let dir = scratch_dir("catalogue-prompts");
+    let (from_flag, from_file) = (dir.join("flag.safetensors"), dir.join("file.safetensors"));
+    let text = dir.join("prompt.txt");
+    std::fs::write(&text, "a red fox in the snow\n").unwrap();
+    assert!(encode(&from_flag, &["--prompt", "a red fox in the snow"]).status.success());
+    assert!(encode(&from_file, &["--prompt-file", text.to_str().unwrap()]).status.success());
+    assert_eq!(std::fs::read(&from_flag).unwrap(), std::fs::read(&from_file).unwrap(), "the file's final line break is dropped");
+
+    // Empty: accepted, as diffusers accepts it (its negative prompt is "").
+    let empty = dir.join("empty.safetensors");
+    assert!(encode(&empty, &["--prompt", ""]).status.success());
+
+    // Long (300 KB): encoded, cut to 512 tokens with a warning.
+    let long = dir.join("long.txt");
+    std::fs::write(&long, "a red fox in the snow, ".repeat(13_000)).unwrap();
+    let long_out = dir.join("long.safetensors");
+    let run = encode(&long_out, &["--prompt-file", long.to_str().unwrap()]);
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    assert!(String::from_utf8_lossy(&run.stderr).contains("were dropped"));
+
+    // Huge (2 MiB), not UTF-8, missing, or given twice: one error line naming the culprit, nothing written.
+    let huge = dir.join("huge.txt");
+    std::fs::write(&huge, "a".repeat(2 << 20)).unwrap();
+    let latin1 = dir.join("latin1.txt");
+    std::fs::write(&latin1, b"caf\xe9").unwrap();
+    let out = dir.join("out.safetensors");
+    for (args, needle) in [
+        (vec!["--prompt-file", huge.to_str().unwrap()], "over 1024 KiB"),
+        (vec!["--prompt-file", latin1.to_str().unwrap()], "not UTF-8"),
+        (vec!["--prompt-file", dir.join("none.txt").to_str().unwrap()], "none.txt"),
+        (vec!["--prompt", "x", "--prompt-file", text.to_str().unwrap()], "not both"),
+        (vec![], "--prompt"),
+    ] {
+        let line = the_error_line(&encode(&out, &args));
+        assert!(line.contains(needle), "{needle:?} not in {line:?}");
+        assert!(!out.exists());
+    }
+    let huge_png = dir.join("huge.png");
+    let run = std::process::Command::new(env!("CARGO_BIN_EXE_flux-lite"))
+        .args(["gen", "--model", model_dir("tiny-a").to_str().unwrap(), "--prompt-file", huge.to_str().unwrap()])
+        .args(["--output", huge_png.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(the_error_line(&run).contains("--prompt-file"));
+    assert!(!huge_png.exists());
 }

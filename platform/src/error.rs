@@ -4,7 +4,7 @@
 use std::fmt;
 use std::path::PathBuf;
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub enum GpuError {
     /// No adapter for the chosen backend (no driver, or no GPU at all).
     NoAdapter { backend: &'static str, detail: String },
@@ -20,6 +20,12 @@ pub enum GpuError {
     Device(String),
     /// Reading a buffer back failed.
     Readback(String),
+    /// The device was lost mid-run (driver reset, GPU removed, or destroyed).
+    DeviceLost(String),
+    /// The device could not allocate memory.
+    OutOfMemory(String),
+    /// The run was interrupted (Ctrl-C) and stopped at a block's end.
+    Interrupted,
 }
 
 impl fmt::Display for GpuError {
@@ -42,6 +48,11 @@ impl fmt::Display for GpuError {
             GpuError::UnsupportedShape(s) => write!(f, "unsupported shape: {s}"),
             GpuError::Device(e) => write!(f, "GPU error: {e}"),
             GpuError::Readback(e) => write!(f, "reading GPU memory back failed: {e}"),
+            GpuError::DeviceLost(e) => write!(f, "the GPU device was lost ({e}); nothing was written"),
+            GpuError::OutOfMemory(e) => {
+                write!(f, "the GPU ran out of memory ({e}); give a smaller --memory-budget than the device has free")
+            }
+            GpuError::Interrupted => f.write_str("interrupted; stopped at the end of a block, nothing was written"),
         }
     }
 }

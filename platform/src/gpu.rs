@@ -4,7 +4,7 @@
 use crate::error::GpuError;
 use flux_lite_kernels::{Kernel, Module};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use wgpu::util::DeviceExt;
 
@@ -71,6 +71,53 @@ pub struct GpuOptions {
     /// Ask for a device whose largest storage binding is at most this many
     /// bytes (tests use it to force the split paths).
     pub max_storage_binding: Option<u64>,
+    /// Set (e.g. by a SIGINT handler) to stop the work: every submission
+    /// after it is set fails with [`GpuError::Interrupted`], so a run stops
+    /// at its next block.
+    pub interrupt: Option<Arc<AtomicBool>>,
+}
+
+/// A testing aid: `FLUX_LITE_LOSE_DEVICE_AFTER=N` destroys the device after
+/// its N-th submission, as a driver reset would lose it mid-run.
+const LOSE_DEVICE_AFTER: &str = "FLUX_LITE_LOSE_DEVICE_AFTER";
+
+/// The first error the device reported outside a call's own result (device
+/// lost, out of memory, a validation error): wgpu would panic on these; we
+/// keep the first and fail the next submission or wait with it.
+#[derive(Debug, Default)]
+struct Faults(Mutex<Option<GpuError>>);
+
+impl Faults {
+    /// Keeps the first fault, except that a lost device replaces any other:
+    /// it is why the others (invalid buffers, failed maps) happened.
+    fn record(&self, fault: GpuError) {
+        let mut first = lock(&self.0);
+        let lost = |f: &GpuError| matches!(f, GpuError::DeviceLost(_));
+        if first.as_ref().is_none_or(|f| lost(&fault) && !lost(f)) {
+            *first = Some(fault);
+        }
+    }
+
+    fn check(&self) -> Result<(), GpuError> {
+        lock(&self.0).as_ref().map_or(Ok(()), |f| Err(f.clone()))
+    }
+
+    /// Records wgpu's reports on `device` here instead of panicking.
+    fn watch(self: &Arc<Self>, device: &wgpu::Device) {
+        let faults = self.clone();
+        device.set_device_lost_callback(move |reason, message| {
+            let why = if message.is_empty() { format!("{reason:?}") } else { format!("{reason:?}: {message}") };
+            faults.record(GpuError::DeviceLost(why));
+        });
+        let faults = self.clone();
+        device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+            faults.record(match e {
+                wgpu::Error::OutOfMemory { source } => GpuError::OutOfMemory(one_line(&source.to_string())),
+                wgpu::Error::Validation { description, .. } => GpuError::Device(one_line(&description)),
+                wgpu::Error::Internal { description, .. } => GpuError::Device(one_line(&description)),
+            })
+        }));
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -92,6 +139,11 @@ pub struct Gpu {
     modules: Mutex<HashMap<Module, wgpu::ShaderModule>>,
     pipelines: Mutex<HashMap<PipelineKey, Arc<wgpu::ComputePipeline>>>,
     memory: Arc<MemoryCounter>,
+    faults: Arc<Faults>,
+    interrupt: Arc<AtomicBool>,
+    submissions: AtomicU64,
+    /// [`LOSE_DEVICE_AFTER`], when set.
+    lose_after: Option<u64>,
 }
 
 /// A buffer made through [`Gpu`]: its bytes count in [`Gpu::memory`] until
@@ -181,6 +233,12 @@ impl Gpu {
             trace: wgpu::Trace::Off,
         }))
         .map_err(|e| GpuError::RequestDevice(e.to_string()))?;
+        let faults = Arc::new(Faults::default());
+        faults.watch(&device);
+        let lose_after = match std::env::var(LOSE_DEVICE_AFTER) {
+            Ok(v) => Some(v.trim().parse().map_err(|_| GpuError::Device(format!("{LOSE_DEVICE_AFTER}={v:?} is not a count")))?),
+            Err(_) => None,
+        };
         let placeholder = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("placeholder"),
             size: 256,
@@ -199,7 +257,21 @@ impl Gpu {
             limits,
             modules: Mutex::default(),
             pipelines: Mutex::default(),
+            faults,
+            interrupt: options.interrupt.clone().unwrap_or_default(),
+            submissions: AtomicU64::new(0),
+            lose_after,
         })
+    }
+
+    /// Fails with [`GpuError::Interrupted`] once the interrupt flag is set.
+    pub fn check_interrupt(&self) -> Result<(), GpuError> {
+        if self.interrupt.load(Ordering::Relaxed) { Err(GpuError::Interrupted) } else { Ok(()) }
+    }
+
+    /// Fails with the first fault the device reported (lost, out of memory, invalid use).
+    pub fn check_faults(&self) -> Result<(), GpuError> {
+        self.faults.check()
     }
 
     /// One line naming the adapter, e.g. `llvmpipe (LLVM 15.0.6, 256 bits) (Vulkan, Cpu)`.
@@ -346,9 +418,16 @@ impl Gpu {
         &self,
         record: impl FnOnce(&mut wgpu::CommandEncoder) -> Result<(), GpuError>,
     ) -> Result<wgpu::SubmissionIndex, GpuError> {
+        self.check_interrupt()?;
+        self.check_faults()?;
         let mut encoder = self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
         record(&mut encoder)?;
-        Ok(self.queue.submit([encoder.finish()]))
+        let submission = self.queue.submit([encoder.finish()]);
+        let count = self.submissions.fetch_add(1, Ordering::Relaxed) + 1;
+        if self.lose_after == Some(count) {
+            self.device.destroy();
+        }
+        Ok(submission)
     }
 
     /// Waits until `submission` (and what was submitted before it) has finished.
@@ -386,12 +465,10 @@ impl Gpu {
         staging.map_async(wgpu::MapMode::Read, .., move |r| {
             let _ = tx.send(r);
         });
-        self.device
-            .poll(wgpu::PollType::Wait { submission_index: None, timeout: None })
-            .map_err(|e| GpuError::Readback(e.to_string()))?;
-        rx.recv()
-            .map_err(|e| GpuError::Readback(e.to_string()))?
-            .map_err(|e| GpuError::Readback(e.to_string()))?;
+        self.wait()?;
+        let mapped = rx.recv().map_err(|e| GpuError::Readback(e.to_string()))?;
+        self.check_faults()?;
+        mapped.map_err(|e| GpuError::Readback(e.to_string()))?;
         let view = staging.get_mapped_range(..).map_err(|e| GpuError::Readback(e.to_string()))?;
         let out = view[..len as usize].to_vec();
         drop(view);
@@ -406,11 +483,16 @@ impl Gpu {
 
     /// Waits for `submission`, or for everything submitted (`None`).
     fn wait_until(&self, submission: Option<wgpu::SubmissionIndex>) -> Result<(), GpuError> {
-        self.device
-            .poll(wgpu::PollType::Wait { submission_index: submission, timeout: None })
-            .map(|_| ())
-            .map_err(|e| GpuError::Device(e.to_string()))
+        let polled = self.device.poll(wgpu::PollType::Wait { submission_index: submission, timeout: None });
+        // A lost device fails the poll too; the fault says why.
+        self.check_faults()?;
+        polled.map(|_| ()).map_err(|e| GpuError::Device(one_line(&e.to_string())))
     }
+}
+
+/// wgpu's multi-line error reports as one line (`Validation Error; Caused by: …`).
+fn one_line(report: &str) -> String {
+    report.lines().map(str::trim).filter(|l| !l.is_empty()).collect::<Vec<_>>().join("; ")
 }
 
 fn storage_usage() -> wgpu::BufferUsages {
