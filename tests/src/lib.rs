@@ -3,6 +3,8 @@
 
 #![allow(clippy::unwrap_used)]
 
+pub mod fuzz;
+
 use flux_lite_core::plan::WeightStrategy;
 use flux_lite_platform::model::{Component, ModelFolder};
 use flux_lite_platform::transformer::Transformer;
