@@ -101,6 +101,23 @@ fn invalid_json_and_unknown_architecture_values() {
     expect_one_error(&model, &[], &[], &["transformer/config.json", "num_attention_heads"]);
 }
 
+/// Sizes no model has, which the planner would otherwise loop over or multiply past 64 bits.
+#[test]
+fn absurd_architecture_sizes() {
+    for (file, field, value) in [
+        ("transformer/config.json", "num_layers", serde_json::json!(1_000_000_000_000u64)),
+        ("transformer/config.json", "num_attention_heads", serde_json::json!(u64::MAX)),
+        ("transformer/config.json", "mlp_ratio", serde_json::json!(1e300)),
+        ("text_encoder/config.json", "intermediate_size", serde_json::json!(1u64 << 62)),
+        ("text_encoder/config.json", "vocab_size", serde_json::json!(1u64 << 40)),
+        ("vae/config.json", "layers_per_block", serde_json::json!(1u64 << 40)),
+    ] {
+        let model = broken_copy(&format!("absurd-{field}"));
+        edit_json(&model.join(file), |v| v[field] = value);
+        expect_one_error(&model, &[], &[], &[file, field]);
+    }
+}
+
 #[test]
 fn bad_safetensors_headers_and_data() {
     let model = broken_copy("header-size");

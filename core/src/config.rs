@@ -8,6 +8,14 @@ use heapless::Vec;
 /// At most this many entries in list-valued fields (RoPE axes, VAE levels).
 pub const MAX_LIST: usize = 8;
 
+/// Upper bounds on config values, far above any published model (the 9B's
+/// widest is 12288, its vocabulary 151936, its deepest stack 36 layers) and
+/// low enough that every size derived from them fits in 64 bits: a hostile
+/// config can ask for nothing the planner cannot compute.
+pub const MAX_WIDTH: usize = 1 << 20;
+pub const MAX_LAYERS: usize = 1024;
+pub const MAX_VOCAB: usize = 1 << 24;
+
 /// `transformer/config.json` of `Flux2Transformer2DModel`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TransformerConfig {
@@ -44,6 +52,19 @@ impl TransformerConfig {
         check(self.in_channels > 0, "in_channels", "must be positive")?;
         check(self.num_attention_heads > 0, "num_attention_heads", "must be positive")?;
         check(self.attention_head_dim > 0, "attention_head_dim", "must be positive")?;
+        for (field, value) in [
+            ("in_channels", self.in_channels),
+            ("out_channels", self.out_channels),
+            ("attention_head_dim", self.attention_head_dim),
+            ("num_attention_heads", self.num_attention_heads),
+            ("joint_attention_dim", self.joint_attention_dim),
+            ("timestep_guidance_channels", self.timestep_guidance_channels),
+        ] {
+            check(value <= MAX_WIDTH, field, "is above 2^20, beyond any model this engine can run")?;
+        }
+        check(self.inner_dim() <= MAX_WIDTH, "num_attention_heads", "× attention_head_dim is above 2^20")?;
+        check(self.num_layers <= MAX_LAYERS && self.num_single_layers <= MAX_LAYERS, "num_layers", "is above 1024")?;
+        check(self.mlp_ratio <= 64.0, "mlp_ratio", "is above 64")?;
         check(self.axes_dims_rope.len() == 4, "axes_dims_rope", "must have 4 axes (T, H, W, L)")?;
         check(
             self.axes_dims_rope.iter().all(|d| d % 2 == 0),
@@ -84,6 +105,17 @@ impl Qwen3Config {
 
     pub fn validate(&self) -> Result<(), ConfigError> {
         check(self.num_hidden_layers >= 4, "num_hidden_layers", "must be at least 4")?;
+        check(self.num_hidden_layers <= MAX_LAYERS, "num_hidden_layers", "is above 1024")?;
+        for (field, value) in [
+            ("hidden_size", self.hidden_size),
+            ("intermediate_size", self.intermediate_size),
+            ("num_attention_heads", self.num_attention_heads),
+            ("head_dim", self.head_dim),
+        ] {
+            check(value <= MAX_WIDTH, field, "is above 2^20, beyond any model this engine can run")?;
+        }
+        check(self.num_attention_heads * self.head_dim <= MAX_WIDTH, "num_attention_heads", "× head_dim is above 2^20")?;
+        check(self.vocab_size <= MAX_VOCAB, "vocab_size", "is above 2^24")?;
         check(self.num_key_value_heads > 0, "num_key_value_heads", "must be positive")?;
         check(
             self.num_attention_heads.is_multiple_of(self.num_key_value_heads),
@@ -138,6 +170,17 @@ impl VaeConfig {
             "must have as many levels as block_out_channels",
         )?;
         check(self.norm_num_groups > 0, "norm_num_groups", "must be positive")?;
+        check(
+            self.block_out_channels.iter().chain(self.decoder_channels()).all(|&c| c > 0 && c <= MAX_WIDTH),
+            "block_out_channels",
+            "every level's channels must be in 1..=2^20",
+        )?;
+        for (field, value) in
+            [("in_channels", self.in_channels), ("out_channels", self.out_channels), ("latent_channels", self.latent_channels)]
+        {
+            check(value <= MAX_WIDTH, field, "is above 2^20, beyond any model this engine can run")?;
+        }
+        check(self.layers_per_block <= 64, "layers_per_block", "is above 64")?;
         let divides = |c: &usize| (*c).is_multiple_of(self.norm_num_groups);
         check(
             self.block_out_channels.iter().all(divides) && self.decoder_channels().iter().all(divides),
