@@ -23,6 +23,7 @@ pub mod tensors;
 pub mod text_encoder;
 pub mod transformer;
 pub mod vae;
+pub mod vae_encoder;
 
 pub use arena::{ArenaError, ArenaSlice, BumpArena};
 // Config structs expose heapless collections; dependents use the same version.

@@ -14,7 +14,7 @@ use crate::reference::ConvShape;
 use core::fmt::{self, Write};
 
 /// Epsilon of every decoder GroupNorm (diffusers builds the decoder with `resnet_eps = 1e-6`).
-const NORM_EPS: f32 = 1e-6;
+pub(crate) const NORM_EPS: f32 = 1e-6;
 
 /// A latent size the decoder cannot take, or an arena too small for it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -148,10 +148,14 @@ impl VaeLayout {
     fn top(&self) -> u64 {
         self.channels[self.channels.len() - 1]
     }
+
+    fn stream(&self) -> Stream {
+        Stream { a: self.a, b: self.b, c: self.c, q: self.q, k: self.k, v: self.v, groups: self.groups }
+    }
 }
 
 /// Whether a latent of `h × w` cells is a whole, non-empty grid of 2×2-cell packed tokens.
-fn whole_tokens(h: u64, w: u64) -> bool {
+pub(crate) fn whole_tokens(h: u64, w: u64) -> bool {
     h > 0 && w > 0 && h.is_multiple_of(2) && w.is_multiple_of(2)
 }
 
@@ -199,11 +203,11 @@ pub fn largest_activation(cfg: &VaeConfig, p0: u64) -> u64 {
 }
 
 /// A contiguous `[rows, cols]` view of a span.
-fn rows(s: Span, cols: u64) -> Span {
+pub(crate) fn rows(s: Span, cols: u64) -> Span {
     Span::new(s.offset, cols)
 }
 
-fn conv(x: Span, prefix: &str, y: Span, shape: ConvShape) -> Op {
+pub(crate) fn conv(x: Span, prefix: &str, y: Span, shape: ConvShape) -> Op {
     Op::Conv2d {
         x,
         w: name(format_args!("{prefix}.weight")),
@@ -214,11 +218,25 @@ fn conv(x: Span, prefix: &str, y: Span, shape: ConvShape) -> Op {
 }
 
 /// A "same" convolution at `h × w` (3×3 with padding 1, or 1×1).
-fn same(cin: u64, cout: u64, h: u64, w: u64, kernel: usize) -> ConvShape {
+pub(crate) fn same(cin: u64, cout: u64, h: u64, w: u64, kernel: usize) -> ConvShape {
     ConvShape::same(cin as usize, cout as usize, h as usize, w as usize, kernel)
 }
 
-fn group_norm(l: &VaeLayout, src: Span, dst: Span, prefix: &str, channels: u64, pixels: u64, silu: bool) -> Op {
+/// The buffers the blocks of a decode or an encode share: the residual
+/// stream stays in `a`; `b` and `c` hold a block's intermediates; `q`, `k`,
+/// `v` the mid-block attention's projections.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Stream {
+    pub a: Span,
+    pub b: Span,
+    pub c: Span,
+    pub q: Span,
+    pub k: Span,
+    pub v: Span,
+    pub groups: u64,
+}
+
+pub(crate) fn group_norm(l: &Stream, src: Span, dst: Span, prefix: &str, channels: u64, pixels: u64, silu: bool) -> Op {
     Op::GroupNorm {
         src,
         dst,
@@ -232,9 +250,9 @@ fn group_norm(l: &VaeLayout, src: Span, dst: Span, prefix: &str, channels: u64, 
     }
 }
 
-type Prefix = heapless::String<96>;
+pub(crate) type Prefix = heapless::String<96>;
 
-fn prefix(args: fmt::Arguments<'_>) -> Prefix {
+pub(crate) fn prefix(args: fmt::Arguments<'_>) -> Prefix {
     let mut p = Prefix::new();
     p.write_fmt(args).expect("VAE module paths fit in 96 bytes");
     p
@@ -263,7 +281,7 @@ pub fn input(l: &VaeLayout, mut emit: impl FnMut(Op)) {
 }
 
 /// `ResnetBlock2D` on the stream in `a`: `a = shortcut(a) + conv2(SiLU(GN2(conv1(SiLU(GN1(a))))))`.
-fn resnet(l: &VaeLayout, p: &str, cin: u64, cout: u64, h: u64, w: u64, emit: &mut impl FnMut(Op)) {
+pub(crate) fn resnet(l: &Stream, p: &str, cin: u64, cout: u64, h: u64, w: u64, emit: &mut impl FnMut(Op)) {
     let pixels = h * w;
     emit(group_norm(l, l.a, l.b, &prefix(format_args!("{p}.norm1")), cin, pixels, true));
     emit(conv(l.b, &prefix(format_args!("{p}.conv1")), l.c, same(cin, cout, h, w, 3)));
@@ -278,11 +296,9 @@ fn resnet(l: &VaeLayout, p: &str, cin: u64, cout: u64, h: u64, w: u64, emit: &mu
     emit(Op::Add { a: rows(residual, pixels), b: rows(l.c, pixels), dst: rows(l.a, pixels), rows: cout, cols: pixels });
 }
 
-/// The mid-block attention on the stream in `a`: one head as wide as the
-/// channels over every latent cell, with its own GroupNorm and a residual.
-fn attention(l: &VaeLayout, emit: &mut impl FnMut(Op)) {
-    let (c, pixels) = (l.top(), l.latent_h * l.latent_w);
-    let p = "decoder.mid_block.attentions.0";
+/// The mid-block attention `p` on the stream in `a`: one head as wide as
+/// the `c` channels over every one of `pixels`, with its own GroupNorm and a residual.
+pub(crate) fn attention(l: &Stream, p: &str, c: u64, pixels: u64, emit: &mut impl FnMut(Op)) {
     emit(group_norm(l, l.a, l.b, &prefix(format_args!("{p}.group_norm")), c, pixels, false));
     // Tokens `[pixels, C]` in `c` for the projections.
     emit(Op::Transpose { src: rows(l.b, pixels), dst: rows(l.c, c), rows: c, cols: pixels });
@@ -316,12 +332,16 @@ fn attention(l: &VaeLayout, emit: &mut impl FnMut(Op)) {
 
 /// `decoder.mid_block`: resnet, attention (when the model has it), resnet.
 pub fn mid_block(l: &VaeLayout, mut emit: impl FnMut(Op)) {
-    let (c, h, w) = (l.top(), l.latent_h, l.latent_w);
-    resnet(l, "decoder.mid_block.resnets.0", c, c, h, w, &mut emit);
-    if l.attention {
-        attention(l, &mut emit);
+    mid(&l.stream(), "decoder", l.attention, l.top(), l.latent_h, l.latent_w, &mut emit);
+}
+
+/// `{side}.mid_block` over a `c × h × w` stream.
+pub(crate) fn mid(s: &Stream, side: &str, attend: bool, c: u64, h: u64, w: u64, emit: &mut impl FnMut(Op)) {
+    resnet(s, &prefix(format_args!("{side}.mid_block.resnets.0")), c, c, h, w, emit);
+    if attend {
+        attention(s, &prefix(format_args!("{side}.mid_block.attentions.0")), c, h * w, emit);
     }
-    resnet(l, "decoder.mid_block.resnets.1", c, c, h, w, &mut emit);
+    resnet(s, &prefix(format_args!("{side}.mid_block.resnets.1")), c, c, h, w, emit);
 }
 
 /// Number of `decoder.up_blocks`.
@@ -338,7 +358,7 @@ pub fn up_block(l: &VaeLayout, i: usize, mut emit: impl FnMut(Op)) {
     let (h, w) = (l.latent_h << i, l.latent_w << i);
     for j in 0..=l.layers_per_block {
         let p = prefix(format_args!("decoder.up_blocks.{i}.resnets.{j}"));
-        resnet(l, &p, if j == 0 { cin } else { cout }, cout, h, w, &mut emit);
+        resnet(&l.stream(), &p, if j == 0 { cin } else { cout }, cout, h, w, &mut emit);
     }
     if i + 1 < levels {
         emit(Op::UpsampleNearest2x { x: l.a, y: l.b, channels: cout, height: h, width: w });
@@ -351,7 +371,7 @@ pub fn up_block(l: &VaeLayout, i: usize, mut emit: impl FnMut(Op)) {
 pub fn output(l: &VaeLayout, mut emit: impl FnMut(Op)) {
     let (h, w) = l.image_size();
     let c0 = l.channels[0];
-    emit(group_norm(l, l.a, l.b, "decoder.conv_norm_out", c0, h * w, true));
+    emit(group_norm(&l.stream(), l.a, l.b, "decoder.conv_norm_out", c0, h * w, true));
     emit(conv(l.b, "decoder.conv_out", l.decoded, same(c0, l.out_channels, h, w, 3)));
 }
 

@@ -23,6 +23,7 @@ pub mod tokenizer;
 pub mod transformer;
 pub mod vae;
 pub mod vae_bands;
+pub mod vae_encoder;
 
 pub use error::{CompressError, GpuError, LoadError, RunError, TokenizeError};
 pub use gpu::{Backend, DeviceBuffer, DeviceMemory, Gpu, GpuOptions};

@@ -253,9 +253,13 @@ pub fn decoder_weight_bytes(config: &VaeConfig, store: &WeightStore) -> Result<u
 
 /// Uploads what decoding reads, each checked against the config's shape.
 fn upload_decoder(gpu: &Gpu, config: &VaeConfig, store: &WeightStore) -> Result<DeviceWeights, LoadError> {
-    let specs = decoder_specs(config);
+    upload_checked(gpu, store, &decoder_specs(config))
+}
+
+/// Uploads the tensors `specs` name, each checked against its shape.
+pub(crate) fn upload_checked(gpu: &Gpu, store: &WeightStore, specs: &[TensorSpec]) -> Result<DeviceWeights, LoadError> {
     let mut weights = DeviceWeights::default();
-    for spec in &specs {
+    for spec in specs {
         let t = store.tensor(&spec.name)?;
         if t.shape != spec.shape.as_slice() {
             return Err(LoadError::WrongTensor {
@@ -275,6 +279,6 @@ fn interleave_rgb(planar: &[u8], pixels: usize) -> Vec<u8> {
     (0..pixels).flat_map(|i| [planar[i], planar[pixels + i], planar[2 * pixels + i]]).collect()
 }
 
-fn plan_error(e: VaePlanError) -> RunError {
+pub(crate) fn plan_error(e: VaePlanError) -> RunError {
     RunError::Input(e.to_string())
 }

@@ -1,0 +1,124 @@
+//! The VAE encoder on the GPU: an image to its posterior mean with core's
+//! encode program, recorded once over the whole image's arena, and the mean
+//! to the reference tokens the transformer reads.
+
+use crate::error::{GpuError, LoadError, RunError};
+use crate::gpu::Gpu;
+use crate::device_weights::DeviceWeights;
+use crate::ops::{self, Dispatch};
+use crate::runner::{collect_ops, Runner};
+use crate::safetensors_store::{widen_to_f32, WeightStore};
+use crate::vae::{plan_error, upload_checked};
+use flux_lite_core::config::VaeConfig;
+use flux_lite_core::tensors::{self, TensorSpec};
+use flux_lite_core::vae_encoder::{self as program, VaeEncoderLayout};
+use flux_lite_core::BumpArena;
+
+#[derive(Debug)]
+pub struct VaeEncoder {
+    pub config: VaeConfig,
+    layout: VaeEncoderLayout,
+    dispatches: Vec<Dispatch>,
+    runner: Runner,
+    /// The encoder's weights on the device (kept alive for the dispatches).
+    _weights: DeviceWeights,
+    /// `bn.running_mean` and `bn.running_var`, for the reference tokens.
+    bn_mean: Vec<f32>,
+    bn_var: Vec<f32>,
+}
+
+impl VaeEncoder {
+    /// Uploads the encoder's weights (from the VAE's `store`) and records the
+    /// encode of `width × height` images (multiples of twice the VAE scale factor).
+    pub fn new(gpu: &Gpu, config: &VaeConfig, store: &WeightStore, width: usize, height: usize) -> Result<Self, RunError> {
+        let unit = 2 * config.scale_factor();
+        if width == 0 || height == 0 || !width.is_multiple_of(unit) || !height.is_multiple_of(unit) {
+            return Err(RunError::Input(format!(
+                "the image size {width}×{height} is not a multiple of {unit} (twice the VAE scale factor)"
+            )));
+        }
+        let mut arena = BumpArena::new(u64::MAX);
+        let layout = VaeEncoderLayout::new(config, height as u64, width as u64, &mut arena).map_err(plan_error)?;
+        let arena_bytes = arena.high_water();
+        if arena_bytes > gpu.limits.max_buffer_size {
+            return Err(RunError::Gpu(GpuError::UnsupportedShape(format!(
+                "encoding {width}×{height} pixels needs a {arena_bytes}-byte VAE buffer, above the adapter's {} bytes",
+                gpu.limits.max_buffer_size
+            ))));
+        }
+        let weights = upload_checked(gpu, store, &encoder_specs(config))?;
+        let runner = Runner {
+            arena: gpu.storage("vae encoder activations", arena_bytes),
+            rope_cos: gpu.storage("unused", 4),
+            rope_sin: gpu.storage("unused", 4),
+            key_keep: None,
+        };
+        let mut dispatches = Vec::new();
+        for op in &collect_ops(|emit| program::encode(&layout, emit)) {
+            runner.record(gpu, &mut dispatches, &weights, op)?;
+        }
+        let features = 4 * config.latent_channels;
+        let bn_mean = bn_stat(store, "bn.running_mean", features)?;
+        let bn_var = bn_stat(store, "bn.running_var", features)?;
+        Ok(Self { config: config.clone(), layout, dispatches, runner, _weights: weights, bn_mean, bn_var })
+    }
+
+    /// The latent grid (height, width) in cells.
+    pub fn latent_size(&self) -> (usize, usize) {
+        let (h, w) = self.layout.latent_size();
+        (h as usize, w as usize)
+    }
+
+    /// The posterior mean `[latent_channels, h, w]` of an image `[3, height, width]` in [-1, 1].
+    pub fn posterior_mean(&self, gpu: &Gpu, image: &[f32]) -> Result<Vec<f32>, RunError> {
+        let l = &self.layout;
+        let want = (l.in_channels * l.height * l.width) as usize;
+        if image.len() != want {
+            return Err(RunError::Input(format!("the image holds {} values; {}×{} needs {want}", image.len(), l.width, l.height)));
+        }
+        self.runner.write(gpu, l.image, image);
+        gpu.submit(|enc| {
+            ops::encode(enc, &self.dispatches);
+            Ok(())
+        })?;
+        Ok(self.runner.read(gpu, l.moments, 1, l.mean_len())?)
+    }
+
+    /// The reference tokens `[tokens, 4·latent_channels]` of an image, as the
+    /// pipeline appends them after the noise tokens.
+    pub fn reference_tokens(&self, gpu: &Gpu, image: &[f32]) -> Result<Vec<f32>, RunError> {
+        let mean = self.posterior_mean(gpu, image)?;
+        let (h, w) = self.latent_size();
+        let channels = self.config.latent_channels;
+        let mut tokens = vec![0.0; mean.len()];
+        let eps = self.config.batch_norm_eps as f32;
+        program::reference_tokens(&mean, &self.bn_mean, &self.bn_var, channels, h, w, eps, &mut tokens);
+        Ok(tokens)
+    }
+}
+
+/// What encoding reads: `encoder.*` and `quant_conv.*`.
+fn encoder_specs(config: &VaeConfig) -> Vec<TensorSpec> {
+    let mut specs = Vec::new();
+    tensors::vae(config, |s| {
+        if s.name.starts_with("encoder.") || s.name.starts_with("quant_conv.") {
+            specs.push(s.clone());
+        }
+    });
+    specs
+}
+
+/// One BatchNorm statistic as f32, checked to hold `features` values.
+fn bn_stat(store: &WeightStore, name: &str, features: usize) -> Result<Vec<f32>, LoadError> {
+    let t = store.tensor(name)?;
+    let mut values = Vec::with_capacity(features);
+    if !widen_to_f32(t.dtype, t.bytes, &mut values) || values.len() != features {
+        return Err(LoadError::WrongTensor {
+            component: store.component.clone(),
+            name: name.into(),
+            expected: format!("{features} float values"),
+            found: format!("{:?} of shape {:?}", t.dtype, t.shape),
+        });
+    }
+    Ok(values)
+}
