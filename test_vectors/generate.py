@@ -380,7 +380,29 @@ TINY_B = ModelSpec(
     legacy_rope_theta=True,
 )
 
-MODEL_SPECS = [TINY_A, TINY_B]
+# The klein-9B's structure at a tiny scale: one double block to three single
+# blocks (8 / 24), the transformer as wide as the text encoder (4096 / 4096),
+# the joint dim three text widths (12288), Qwen3 query width equal to its
+# hidden size with four query heads per key head (32 / 8), an MLP three times
+# the hidden size (12288). The VAE is tiny-a's (the 9B shares the 4B's VAE).
+TINY_9B = ModelSpec(
+    name="tiny-9b",
+    seed=9012,
+    is_distilled=True,
+    transformer=dict(TINY_A.transformer, num_layers=2, num_single_layers=6, joint_attention_dim=192),
+    qwen=dict(
+        hidden_size=64,
+        intermediate_size=192,
+        num_hidden_layers=8,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        head_dim=8,
+    ),
+    vae=TINY_A.vae,
+    out_layers=(2, 4, 6),
+)
+
+MODEL_SPECS = [TINY_A, TINY_B, TINY_9B]
 
 
 def _norm_modules(module: torch.nn.Module):
@@ -519,6 +541,7 @@ CASES = [
     Case(TINY_A, "four-step-wide", "Ünïcödé café 東京 🦊 at night", 7, 48, 32, 4, 1.0),
     Case(TINY_B, "three-step", "a lighthouse on a cliff, 1998\nsecond line", 0, 32, 32, 3, 1.0),
     Case(TINY_B, "cfg", "blue bird", 3, 32, 48, 2, 4.0),
+    Case(TINY_9B, "two-step", "a paper boat on a pond", 11, 32, 32, 2, 1.0),
 ]
 
 

@@ -83,6 +83,12 @@ fn base_model_with_guidance_by_default() {
 }
 
 #[test]
+fn the_9b_structure_at_a_tiny_scale() {
+    // tiny-9b: 1 double to 3 single blocks, Qwen3 with 4 query heads per key head, joint = 3 × hidden.
+    reproduce("tiny-9b/two-step", &[]);
+}
+
+#[test]
 fn a_failing_run_leaves_no_file() {
     let dir = scratch_dir("png-failing");
     let model = dir.join("model");

@@ -95,7 +95,7 @@ impl Goldens {
 }
 
 /// The cases the generator wrote.
-pub const CASES: [&str; 4] = ["tiny-a/one-step", "tiny-a/four-step-wide", "tiny-b/three-step", "tiny-b/cfg"];
+pub const CASES: [&str; 5] = ["tiny-a/one-step", "tiny-a/four-step-wide", "tiny-b/three-step", "tiny-b/cfg", "tiny-9b/two-step"];
 
 /// Largest |a − b| and where it is.
 pub fn max_abs_diff(a: &[f32], b: &[f32]) -> (f32, usize) {
