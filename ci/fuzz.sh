@@ -39,10 +39,12 @@ cargo +nightly fuzz build "${flags[@]}"
 for target in "${targets[@]}"; do
     echo "== fuzz $target for ${seconds}s"
     mkdir -p "regressions/$target"
+    dict=()
+    case "$target" in model_configs | tokenizer) dict=(-dict=json.dict) ;; esac
     set +e
     cargo +nightly fuzz run "${flags[@]}" "$target" "corpus/$target" "regressions/$target" -- \
         -max_total_time="$seconds" -timeout=20 -rss_limit_mb=4096 -malloc_limit_mb=2048 \
-        -print_final_stats=1 -print_pcs=0 2>&1 |
+        -print_final_stats=1 -print_pcs=0 "${dict[@]}" 2>&1 |
         grep -E '^(Done|stat::|==|INFO: Seed|#[0-9]+.*(DONE|INITED))|panicked|ERROR|SUMMARY'
     status=${PIPESTATUS[0]}
     set -e

@@ -96,7 +96,16 @@ pub fn write_tensors<'a>(
     let metadata = (!metadata.is_empty()).then(|| metadata.iter().map(|(k, v)| (k.to_string(), v.clone())).collect());
     // safetensors lays out the header (its order, offsets and padding); the data follows in offset order.
     let header = safetensors::serialize(layouts, metadata).map_err(|e| failed(&e))?;
-    let parsed: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(&header[8..]).map_err(|e| failed(&e))?;
+    let mut parsed: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(&header[8..]).map_err(|e| failed(&e))?;
+    // The metadata went through a HashMap: put its keys in order, so the
+    // same run writes the same bytes.
+    let header = match parsed.get_mut("__metadata__") {
+        Some(serde_json::Value::Object(m)) => {
+            m.sort_keys();
+            header_bytes(&parsed).map_err(|e| failed(&e))?
+        }
+        _ => header,
+    };
     let start = |name: &str| parsed.get(name).and_then(|t| t["data_offsets"][0].as_u64()).unwrap_or(0);
     let mut order: Vec<(&String, &[u8])> = data.iter().map(|(n, b)| (n, *b)).collect();
     order.sort_by_key(|(name, _)| start(name));
@@ -104,6 +113,14 @@ pub fn write_tensors<'a>(
         w.write_all(&header)?;
         order.iter().try_for_each(|(_, bytes)| w.write_all(bytes))
     })
+}
+
+/// A safetensors header: its JSON's length (u64 LE), then the JSON padded
+/// with spaces to a multiple of 8 bytes, as the format requires.
+fn header_bytes(json: &serde_json::Map<String, serde_json::Value>) -> Result<Vec<u8>, serde_json::Error> {
+    let mut text = serde_json::to_vec(json)?;
+    text.resize(text.len().next_multiple_of(8), b' ');
+    Ok([(text.len() as u64).to_le_bytes().as_slice(), &text].concat())
 }
 
 /// Writes f32 `[rows, cols]` tensors as safetensors with string metadata, atomically.
@@ -136,6 +153,24 @@ pub fn encode_png(width: u32, height: u32, rgb: &[u8], text: &[(&str, String)]) 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_same_tensors_and_metadata_give_the_same_bytes() {
+        let dir = std::env::temp_dir().join(format!("flux-lite-output-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let metadata = [("prompt", "a fox".to_string()), ("model", "m".into()), ("seed", "1".into()), ("steps", "4".into())];
+        let files: Vec<Vec<u8>> = (0..8)
+            .map(|i| {
+                let path = dir.join(format!("t{i}.safetensors"));
+                write_f32_tensors(&path, &[("a", &[1.0, 2.0]), ("b", &[3.0])], 1, &metadata).unwrap();
+                std::fs::read(&path).unwrap()
+            })
+            .collect();
+        assert!(files.iter().all(|f| f == &files[0]), "the metadata order changed between writes");
+        let st = safetensors::SafeTensors::read_metadata(&files[0]).unwrap().1;
+        assert_eq!(st.metadata().as_ref().map(|m| m.len()), Some(4));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn png_round_trips_pixels_and_unicode_text() {

@@ -77,6 +77,10 @@ impl TokenizedPrompt {
     }
 }
 
+/// `tokenizer.json` files larger than this are refused before reading
+/// (Qwen3's is about 11 MB).
+pub const MAX_TOKENIZER_BYTES: u64 = 64 << 20;
+
 /// The model's tokenizer with the padding settings of its `tokenizer_config.json`.
 #[derive(Debug)]
 pub struct PromptTokenizer {
@@ -91,7 +95,16 @@ impl PromptTokenizer {
     /// transformers defaults: right padding, pad token `<|endoftext|>`.
     pub fn load(tokenizer_dir: &Path) -> Result<Self, LoadError> {
         let json_path = tokenizer_dir.join("tokenizer.json");
-        let bytes = std::fs::read(&json_path).map_err(|source| LoadError::Io { path: json_path.clone(), source })?;
+        let io = |source| LoadError::Io { path: json_path.clone(), source };
+        let len = std::fs::metadata(&json_path).map_err(io)?.len();
+        if len > MAX_TOKENIZER_BYTES {
+            return Err(LoadError::Tokenizer { path: json_path, detail: format!("{len} bytes is too large") });
+        }
+        let bytes = std::fs::read(&json_path).map_err(io)?;
+        // Valid JSON first: the tokenizers library panics (instead of failing)
+        // on some malformed values inside a component such as `decoder`.
+        serde_json::from_slice::<serde_json::Value>(&bytes)
+            .map_err(|e| LoadError::Tokenizer { path: json_path.clone(), detail: format!("invalid JSON: {e}") })?;
         let mut tokenizer = tokenizers::Tokenizer::from_bytes(&bytes)
             .map_err(|e| LoadError::Tokenizer { path: json_path.clone(), detail: e.to_string() })?;
         // Truncation and padding are ours (see the module doc); a tokenizer.json
