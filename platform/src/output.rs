@@ -156,7 +156,8 @@ mod tests {
 
     #[test]
     fn the_same_tensors_and_metadata_give_the_same_bytes() {
-        let dir = std::env::temp_dir().join(format!("flux-lite-output-{}", std::process::id()));
+        // Its own folder: the tests run in parallel, and another lists its folder.
+        let dir = std::env::temp_dir().join(format!("flux-lite-output-bytes-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let metadata = [("prompt", "a fox".to_string()), ("model", "m".into()), ("seed", "1".into()), ("steps", "4".into())];
         let files: Vec<Vec<u8>> = (0..8)
