@@ -49,7 +49,6 @@ pub struct VaeLayout {
     /// Decoder widths by level, finest first (`decoder_block_out_channels`).
     pub channels: heapless::Vec<u64, MAX_LIST>,
     pub layers_per_block: u64,
-    pub groups: u64,
     pub out_channels: u64,
     pub attention: bool,
     pub post_quant_conv: bool,
@@ -58,14 +57,9 @@ pub struct VaeLayout {
     pub packed: Span,
     /// The de-normalised, unpatchified latent `[latent_channels, h·w]`.
     pub latent: Span,
-    /// The three activation buffers, each holding the largest `[C, pixels]` of the decode.
-    pub a: Span,
-    pub b: Span,
-    pub c: Span,
-    /// Mid-block attention projections `[h·w, C_top]` each.
-    pub q: Span,
-    pub k: Span,
-    pub v: Span,
+    /// The three activation buffers, each holding the largest `[C, pixels]`
+    /// of the decode, and the mid-block attention's projections `[h·w, C_top]`.
+    pub stream: Stream,
     /// Where the decoder's output `[out_channels, H·W]` lands, and its 8-bit levels.
     pub decoded: Span,
     pub levels: Span,
@@ -105,7 +99,6 @@ impl VaeLayout {
             latent_w,
             latent_channels: lc,
             layers_per_block: cfg.layers_per_block as u64,
-            groups: cfg.norm_num_groups as u64,
             out_channels: cfg.out_channels as u64,
             attention: cfg.mid_block_add_attention,
             post_quant_conv: cfg.use_post_quant_conv,
@@ -115,12 +108,7 @@ impl VaeLayout {
             decoded: c,
             levels: b,
             channels,
-            a,
-            b,
-            c,
-            q,
-            k,
-            v,
+            stream: Stream { a, b, c, q, k, v, groups: cfg.norm_num_groups as u64 },
         })
     }
 
@@ -147,10 +135,6 @@ impl VaeLayout {
 
     fn top(&self) -> u64 {
         self.channels[self.channels.len() - 1]
-    }
-
-    fn stream(&self) -> Stream {
-        Stream { a: self.a, b: self.b, c: self.c, q: self.q, k: self.k, v: self.v, groups: self.groups }
     }
 }
 
@@ -225,8 +209,8 @@ pub(crate) fn same(cin: u64, cout: u64, h: u64, w: u64, kernel: usize) -> ConvSh
 /// The buffers the blocks of a decode or an encode share: the residual
 /// stream stays in `a`; `b` and `c` hold a block's intermediates; `q`, `k`,
 /// `v` the mid-block attention's projections.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Stream {
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Stream {
     pub a: Span,
     pub b: Span,
     pub c: Span,
@@ -272,12 +256,13 @@ pub fn input(l: &VaeLayout, mut emit: impl FnMut(Op)) {
         width: w / 2,
         eps: l.bn_eps,
     });
+    let s = &l.stream;
     let mut x = l.latent;
     if l.post_quant_conv {
-        emit(conv(x, "post_quant_conv", l.b, same(lc, lc, h, w, 1)));
-        x = l.b;
+        emit(conv(x, "post_quant_conv", s.b, same(lc, lc, h, w, 1)));
+        x = s.b;
     }
-    emit(conv(x, "decoder.conv_in", l.a, same(lc, l.top(), h, w, 3)));
+    emit(conv(x, "decoder.conv_in", s.a, same(lc, l.top(), h, w, 3)));
 }
 
 /// `ResnetBlock2D` on the stream in `a`: `a = shortcut(a) + conv2(SiLU(GN2(conv1(SiLU(GN1(a))))))`.
@@ -332,7 +317,7 @@ pub(crate) fn attention(l: &Stream, p: &str, c: u64, pixels: u64, emit: &mut imp
 
 /// `decoder.mid_block`: resnet, attention (when the model has it), resnet.
 pub fn mid_block(l: &VaeLayout, mut emit: impl FnMut(Op)) {
-    mid(&l.stream(), "decoder", l.attention, l.top(), l.latent_h, l.latent_w, &mut emit);
+    mid(&l.stream, "decoder", l.attention, l.top(), l.latent_h, l.latent_w, &mut emit);
 }
 
 /// `{side}.mid_block` over a `c × h × w` stream.
@@ -358,12 +343,13 @@ pub fn up_block(l: &VaeLayout, i: usize, mut emit: impl FnMut(Op)) {
     let (h, w) = (l.latent_h << i, l.latent_w << i);
     for j in 0..=l.layers_per_block {
         let p = prefix(format_args!("decoder.up_blocks.{i}.resnets.{j}"));
-        resnet(&l.stream(), &p, if j == 0 { cin } else { cout }, cout, h, w, &mut emit);
+        resnet(&l.stream, &p, if j == 0 { cin } else { cout }, cout, h, w, &mut emit);
     }
     if i + 1 < levels {
-        emit(Op::UpsampleNearest2x { x: l.a, y: l.b, channels: cout, height: h, width: w });
+        let s = &l.stream;
+        emit(Op::UpsampleNearest2x { x: s.a, y: s.b, channels: cout, height: h, width: w });
         let p = prefix(format_args!("decoder.up_blocks.{i}.upsamplers.0.conv"));
-        emit(conv(l.b, &p, l.a, same(cout, cout, 2 * h, 2 * w, 3)));
+        emit(conv(s.b, &p, s.a, same(cout, cout, 2 * h, 2 * w, 3)));
     }
 }
 
@@ -371,8 +357,9 @@ pub fn up_block(l: &VaeLayout, i: usize, mut emit: impl FnMut(Op)) {
 pub fn output(l: &VaeLayout, mut emit: impl FnMut(Op)) {
     let (h, w) = l.image_size();
     let c0 = l.channels[0];
-    emit(group_norm(&l.stream(), l.a, l.b, "decoder.conv_norm_out", c0, h * w, true));
-    emit(conv(l.b, "decoder.conv_out", l.decoded, same(c0, l.out_channels, h, w, 3)));
+    let s = &l.stream;
+    emit(group_norm(s, s.a, s.b, "decoder.conv_norm_out", c0, h * w, true));
+    emit(conv(s.b, "decoder.conv_out", l.decoded, same(c0, l.out_channels, h, w, 3)));
 }
 
 /// The whole decode: packed latents in `packed` to the decoder's output in `decoded`.
@@ -385,51 +372,42 @@ pub fn decode(l: &VaeLayout, mut emit: impl FnMut(Op)) {
     output(l, &mut emit);
 }
 
+/// Test helper for a VAE program (decode or encode): it must read every
+/// tensor of the model that `wanted` selects, and nothing else.
+#[cfg(test)]
+pub(crate) fn assert_program_reads_exactly(cfg: &VaeConfig, program: impl FnOnce(&mut dyn FnMut(Op)), wanted: impl Fn(&str) -> bool) {
+    type Names = heapless::Vec<crate::tensors::TensorName, 256>;
+    let mut got = Names::new();
+    program(&mut |op: Op| {
+        for n in op.weights() {
+            if !got.contains(n) {
+                got.push(n.clone()).expect("at most 256 VAE tensors");
+            }
+        }
+    });
+    let mut want = Names::new();
+    crate::tensors::vae(cfg, |s| {
+        if wanted(&s.name) {
+            want.push(s.name.clone()).expect("at most 256 VAE tensors");
+        }
+    });
+    for n in &want {
+        assert!(got.contains(n), "the program never reads {n}");
+    }
+    for n in &got {
+        assert!(want.contains(n), "the program reads {n}, which the model does not have");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::config::klein_4b;
-    use crate::tensors::{self, TensorName};
-
-    type Names = heapless::Vec<TensorName, 256>;
-
-    fn program_weights(l: &VaeLayout) -> Names {
-        let mut names = Names::new();
-        let mut add = |n: &TensorName| {
-            if !names.contains(n) {
-                names.push(n.clone()).unwrap();
-            }
-        };
-        decode(l, |op| match &op {
-            Op::Conv2d { w, bias, .. } => [w, bias].into_iter().for_each(&mut add),
-            Op::GroupNorm { gamma, beta, .. } => [gamma, beta].into_iter().for_each(&mut add),
-            Op::Linear { w, bias, .. } => [Some(w), bias.as_ref()].into_iter().flatten().for_each(&mut add),
-            Op::DenormUnpatchify { mean, var, .. } => [mean, var].into_iter().for_each(&mut add),
-            _ => {}
-        });
-        names
-    }
-
-    fn decoder_tensors(cfg: &VaeConfig) -> Names {
-        let mut names = Names::new();
-        tensors::vae(cfg, |s| {
-            let n = &s.name;
-            if n.starts_with("decoder.") || n.starts_with("post_quant_conv.") || n.starts_with("bn.running_") {
-                names.push(n.clone()).unwrap();
-            }
-        });
-        names
-    }
 
     fn assert_same_names(cfg: &VaeConfig) {
         let l = VaeLayout::new(cfg, 8, 6, &mut BumpArena::new(u64::MAX / 2)).unwrap();
-        let (got, want) = (program_weights(&l), decoder_tensors(cfg));
-        for n in &want {
-            assert!(got.contains(n), "the program never reads {n}");
-        }
-        for n in &got {
-            assert!(want.contains(n), "the program reads {n}, which the model does not have");
-        }
+        let model_has = |n: &str| n.starts_with("decoder.") || n.starts_with("post_quant_conv.") || n.starts_with("bn.running_");
+        assert_program_reads_exactly(cfg, |emit| decode(&l, emit), model_has);
     }
 
     #[test]
@@ -452,10 +430,10 @@ mod tests {
         // The largest activation: the third up block's output, 256 channels
         // upsampled to full resolution (128 × 96 pixels).
         let full = 256 * (16 * 8) * (12 * 8);
-        assert_eq!(l.b.offset - l.a.offset, full);
+        assert_eq!(l.stream.b.offset - l.stream.a.offset, full);
         assert_eq!(l.image_size(), (128, 96));
         assert_eq!(l.decoded_len(), 3 * 128 * 96);
-        assert!(l.v.offset * 4 + 16 * 12 * 512 * 4 <= arena.used());
+        assert!(l.stream.v.offset * 4 + 16 * 12 * 512 * 4 <= arena.used());
         assert!(VaeLayout::new(&cfg, 15, 12, &mut arena).is_err());
     }
 }

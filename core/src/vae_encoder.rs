@@ -23,19 +23,13 @@ pub struct VaeEncoderLayout {
     /// Encoder widths by level, finest first (`block_out_channels`).
     pub channels: heapless::Vec<u64, MAX_LIST>,
     pub layers_per_block: u64,
-    pub groups: u64,
     pub attention: bool,
     pub quant_conv: bool,
     /// Input written by the host: the image `[in_channels, H·W]`.
     pub image: Span,
-    /// The three activation buffers, each holding the largest `[C, pixels]` of the encode.
-    pub a: Span,
-    pub b: Span,
-    pub c: Span,
-    /// Mid-block attention projections `[latent pixels, C_top]` each.
-    pub q: Span,
-    pub k: Span,
-    pub v: Span,
+    /// The three activation buffers, each holding the largest `[C, pixels]`
+    /// of the encode, and the mid-block attention's projections `[latent pixels, C_top]`.
+    pub stream: Stream,
     /// The posterior's moments `[2·latent_channels, h·w]`: the mean is the
     /// first `latent_channels` rows (the log-variance, unused, the rest).
     pub moments: Span,
@@ -76,16 +70,10 @@ impl VaeEncoderLayout {
             latent_channels: lc,
             channels,
             layers_per_block: cfg.layers_per_block as u64,
-            groups: cfg.norm_num_groups as u64,
             attention: cfg.mid_block_add_attention,
             quant_conv: cfg.use_quant_conv,
             image,
-            a,
-            b,
-            c,
-            q,
-            k,
-            v,
+            stream: Stream { a, b, c, q, k, v, groups: cfg.norm_num_groups as u64 },
             moments,
         })
     }
@@ -104,10 +92,6 @@ impl VaeEncoderLayout {
     pub fn mean_len(&self) -> u64 {
         let (h, w) = self.latent_size();
         self.latent_channels * h * w
-    }
-
-    fn stream(&self) -> Stream {
-        Stream { a: self.a, b: self.b, c: self.c, q: self.q, k: self.k, v: self.v, groups: self.groups }
     }
 }
 
@@ -135,32 +119,32 @@ pub fn arena_bytes(cfg: &VaeConfig, height: u64, width: u64) -> Result<u64, VaeP
 
 /// The whole encode: the image in `image` to the posterior's moments in `moments`.
 pub fn encode(l: &VaeEncoderLayout, mut emit: impl FnMut(Op)) {
-    let s = l.stream();
+    let s = &l.stream;
     let (mut h, mut w) = (l.height, l.width);
-    emit(conv(l.image, "encoder.conv_in", l.a, same(l.in_channels, l.channels[0], h, w, 3)));
+    emit(conv(l.image, "encoder.conv_in", s.a, same(l.in_channels, l.channels[0], h, w, 3)));
     let mut cin = l.channels[0];
     for (i, &cout) in l.channels.iter().enumerate() {
         for j in 0..l.layers_per_block {
             let p = prefix(format_args!("encoder.down_blocks.{i}.resnets.{j}"));
-            resnet(&s, &p, if j == 0 { cin } else { cout }, cout, h, w, &mut emit);
+            resnet(s, &p, if j == 0 { cin } else { cout }, cout, h, w, &mut emit);
         }
         if i + 1 < l.channels.len() {
             let p = prefix(format_args!("encoder.down_blocks.{i}.downsamplers.0.conv"));
-            emit(conv(l.a, &p, l.b, downsample(cout, h, w)));
+            emit(conv(s.a, &p, s.b, downsample(cout, h, w)));
             (h, w) = (h / 2, w / 2);
-            emit(Op::Copy { src: Span::new(l.b.offset, h * w), dst: Span::new(l.a.offset, h * w), rows: cout, cols: h * w });
+            emit(Op::Copy { src: Span::new(s.b.offset, h * w), dst: Span::new(s.a.offset, h * w), rows: cout, cols: h * w });
         }
         cin = cout;
     }
     let top = l.channels[l.channels.len() - 1];
-    mid(&s, "encoder", l.attention, top, h, w, &mut emit);
-    emit(group_norm(&s, l.a, l.b, "encoder.conv_norm_out", top, h * w, true));
+    mid(s, "encoder", l.attention, top, h, w, &mut emit);
+    emit(group_norm(s, s.a, s.b, "encoder.conv_norm_out", top, h * w, true));
     let moments = 2 * l.latent_channels;
     if l.quant_conv {
-        emit(conv(l.b, "encoder.conv_out", l.c, same(top, moments, h, w, 3)));
-        emit(conv(l.c, "quant_conv", l.moments, same(moments, moments, h, w, 1)));
+        emit(conv(s.b, "encoder.conv_out", s.c, same(top, moments, h, w, 3)));
+        emit(conv(s.c, "quant_conv", l.moments, same(moments, moments, h, w, 1)));
     } else {
-        emit(conv(l.b, "encoder.conv_out", l.moments, same(top, moments, h, w, 3)));
+        emit(conv(s.b, "encoder.conv_out", l.moments, same(top, moments, h, w, 3)));
     }
 }
 
@@ -210,38 +194,12 @@ pub fn reference_tokens(mean: &[f32], bn_mean: &[f32], bn_var: &[f32], channels:
 mod tests {
     use super::*;
     use crate::config::klein_4b;
-    use crate::tensors::{self, TensorName};
-
-    type Names = heapless::Vec<TensorName, 256>;
-
-    fn program_weights(l: &VaeEncoderLayout) -> Names {
-        let mut names = Names::new();
-        encode(l, |op| {
-            for n in op.weights() {
-                if !names.contains(n) {
-                    names.push(n.clone()).unwrap();
-                }
-            }
-        });
-        names
-    }
 
     fn assert_reads_every_encoder_tensor(cfg: &VaeConfig) {
         let unit = 2 << (cfg.block_out_channels.len() - 1);
         let l = VaeEncoderLayout::new(cfg, 2 * unit, 3 * unit, &mut BumpArena::new(u64::MAX / 2)).unwrap();
-        let got = program_weights(&l);
-        let mut want = Names::new();
-        tensors::vae(cfg, |s| {
-            if s.name.starts_with("encoder.") || s.name.starts_with("quant_conv.") {
-                want.push(s.name.clone()).unwrap();
-            }
-        });
-        for n in &want {
-            assert!(got.contains(n), "the encode never reads {n}");
-        }
-        for n in &got {
-            assert!(want.contains(n), "the encode reads {n}, which the model does not have");
-        }
+        let model_has = |n: &str| n.starts_with("encoder.") || n.starts_with("quant_conv.");
+        crate::vae::assert_program_reads_exactly(cfg, |emit| encode(&l, emit), model_has);
     }
 
     #[test]
