@@ -76,13 +76,9 @@ impl VaeDecoder {
         if config.out_channels != 3 {
             return Err(RunError::Input(format!("the VAE has {} output channels; images need 3", config.out_channels)));
         }
+        check_image_size(config, width, height)?;
         let scale = config.scale_factor();
         let unit = 2 * scale;
-        if width == 0 || height == 0 || !width.is_multiple_of(unit) || !height.is_multiple_of(unit) {
-            return Err(RunError::Input(format!(
-                "the image size {width}×{height} is not a multiple of {unit} (twice the VAE scale factor)"
-            )));
-        }
         if let Some(t) = tile_px {
             if t == 0 || !t.is_multiple_of(unit) {
                 return Err(RunError::Input(format!("the VAE tile size {t} is not a positive multiple of {unit} pixels")));
@@ -110,13 +106,7 @@ impl VaeDecoder {
             ))));
         }
         let weights = upload_decoder(gpu, config, store)?;
-        let runner = Runner {
-            arena: gpu.storage("vae activations", arena_bytes),
-            // The VAE reads no RoPE tables.
-            rope_cos: gpu.storage("unused", 4),
-            rope_sin: gpu.storage("unused", 4),
-            key_keep: None,
-        };
+        let runner = arena_runner(gpu, "vae activations", arena_bytes);
         let mode = match layout {
             Some(layout) => {
                 let ops = collect_ops(|emit| program::decode(&layout, emit));
@@ -272,6 +262,21 @@ pub(crate) fn upload_checked(gpu: &Gpu, store: &WeightStore, specs: &[TensorSpec
         weights.insert(&spec.name, DeviceWeight::upload(gpu, &store.component, &spec.name, t)?);
     }
     Ok(weights)
+}
+
+/// Refuses an image size the VAE cannot take: both sides must be positive
+/// multiples of twice its scale factor (so the latent packs into 2×2 tokens).
+pub(crate) fn check_image_size(config: &VaeConfig, width: usize, height: usize) -> Result<(), RunError> {
+    let unit = 2 * config.scale_factor();
+    if width == 0 || height == 0 || !width.is_multiple_of(unit) || !height.is_multiple_of(unit) {
+        return Err(RunError::Input(format!("the image size {width}×{height} is not a multiple of {unit} (twice the VAE scale factor)")));
+    }
+    Ok(())
+}
+
+/// A runner over a VAE activation arena of `bytes` (the VAE reads no RoPE tables).
+pub(crate) fn arena_runner(gpu: &Gpu, label: &str, bytes: u64) -> Runner {
+    Runner { arena: gpu.storage(label, bytes), rope_cos: gpu.storage("unused", 4), rope_sin: gpu.storage("unused", 4), key_keep: None }
 }
 
 /// Planar `[3, pixels]` levels to interleaved RGB.

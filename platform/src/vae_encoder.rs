@@ -8,7 +8,7 @@ use crate::device_weights::DeviceWeights;
 use crate::ops::{self, Dispatch};
 use crate::runner::{collect_ops, Runner};
 use crate::safetensors_store::{widen_to_f32, WeightStore};
-use crate::vae::{plan_error, upload_checked};
+use crate::vae::{arena_runner, check_image_size, plan_error, upload_checked};
 use flux_lite_core::config::VaeConfig;
 use flux_lite_core::tensors::{self, TensorSpec};
 use flux_lite_core::vae_encoder::{self as program, VaeEncoderLayout};
@@ -31,12 +31,7 @@ impl VaeEncoder {
     /// Uploads the encoder's weights (from the VAE's `store`) and records the
     /// encode of `width × height` images (multiples of twice the VAE scale factor).
     pub fn new(gpu: &Gpu, config: &VaeConfig, store: &WeightStore, width: usize, height: usize) -> Result<Self, RunError> {
-        let unit = 2 * config.scale_factor();
-        if width == 0 || height == 0 || !width.is_multiple_of(unit) || !height.is_multiple_of(unit) {
-            return Err(RunError::Input(format!(
-                "the image size {width}×{height} is not a multiple of {unit} (twice the VAE scale factor)"
-            )));
-        }
+        check_image_size(config, width, height)?;
         let mut arena = BumpArena::new(u64::MAX);
         let layout = VaeEncoderLayout::new(config, height as u64, width as u64, &mut arena).map_err(plan_error)?;
         let arena_bytes = arena.high_water();
@@ -47,12 +42,7 @@ impl VaeEncoder {
             ))));
         }
         let weights = upload_checked(gpu, store, &encoder_specs(config))?;
-        let runner = Runner {
-            arena: gpu.storage("vae encoder activations", arena_bytes),
-            rope_cos: gpu.storage("unused", 4),
-            rope_sin: gpu.storage("unused", 4),
-            key_keep: None,
-        };
+        let runner = arena_runner(gpu, "vae encoder activations", arena_bytes);
         let mut dispatches = Vec::new();
         for op in &collect_ops(|emit| program::encode(&layout, emit)) {
             runner.record(gpu, &mut dispatches, &weights, op)?;
