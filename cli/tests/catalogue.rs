@@ -4,7 +4,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-use flux_lite_tests::{copy_tree, model_dir, scratch_dir, test_vectors, the_error_line};
+use flux_lite_tests::{copy_tree, model_dir, read_stderr_until, scratch_dir, test_vectors, the_error_line};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::Output;
@@ -265,13 +265,7 @@ fn interrupted_run_stops_at_a_block_and_writes_nothing() {
         .unwrap();
     let mut stderr = child.stderr.take().unwrap();
     // Interrupt once the progress bar shows the denoising loop under way.
-    let mut seen = Vec::new();
-    let mut buf = [0u8; 4096];
-    while !String::from_utf8_lossy(&seen).contains("denoise") {
-        let n = std::io::Read::read(&mut stderr, &mut buf).unwrap();
-        assert!(n > 0, "gen ended before denoising: {}", String::from_utf8_lossy(&seen));
-        seen.extend_from_slice(&buf[..n]);
-    }
+    let mut seen = read_stderr_until(&mut stderr, "denoise");
     let kill = std::process::Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap();
     assert!(kill.success());
     std::io::Read::read_to_end(&mut stderr, &mut seen).unwrap();

@@ -5,7 +5,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-use flux_lite_tests::{model_dir, read_png, scratch_dir, Goldens};
+use flux_lite_tests::{model_dir, read_png, read_stderr_until, scratch_dir, Goldens};
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
@@ -122,14 +122,7 @@ fn a_killed_run_leaves_no_file() {
         .spawn()
         .unwrap();
     // Wait until it is denoising, then kill it.
-    let mut stderr = child.stderr.take().unwrap();
-    let mut seen = Vec::new();
-    let mut buf = [0u8; 256];
-    while !String::from_utf8_lossy(&seen).contains("denoise") {
-        let n = std::io::Read::read(&mut stderr, &mut buf).unwrap();
-        assert!(n > 0, "gen ended before denoising: {}", String::from_utf8_lossy(&seen));
-        seen.extend_from_slice(&buf[..n]);
-    }
+    read_stderr_until(child.stderr.as_mut().unwrap(), "denoise");
     child.kill().unwrap();
     child.wait().unwrap();
     assert!(!out.exists());

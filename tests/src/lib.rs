@@ -133,6 +133,20 @@ pub fn copy_tree_where(from: &Path, to: &Path, keep: &dyn Fn(&Path) -> bool) {
     }
 }
 
+/// Reads a running command's stderr until `needle` appears (e.g. the
+/// progress bar's `denoise`) and returns what was read; fails if the command
+/// ends first.
+pub fn read_stderr_until(stderr: &mut std::process::ChildStderr, needle: &str) -> Vec<u8> {
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&seen).contains(needle) {
+        let n = std::io::Read::read(stderr, &mut buf).unwrap();
+        assert!(n > 0, "the command ended before printing {needle:?}: {}", String::from_utf8_lossy(&seen));
+        seen.extend_from_slice(&buf[..n]);
+    }
+    seen
+}
+
 /// The one `error: …` line of a failed command (other lines, such as the
 /// seed, may come before it); it must not have panicked.
 pub fn the_error_line(out: &std::process::Output) -> String {
