@@ -89,23 +89,24 @@ pub fn model_configs(data: &[u8]) -> bool {
 /// or tiny-b's DF11 transformer. The store is opened and checked against the
 /// architecture; every tensor is read, DF11 groups expanded on the host.
 pub fn weights(data: &[u8]) -> bool {
-    static DIRS: OnceLock<(PathBuf, PathBuf)> = OnceLock::new();
-    let (plain, df11) = DIRS.get_or_init(|| {
-        let dir = workspace("weights", |d| {
+    // The workspace: tiny-a/, tiny-b/, and df11/ (the DF11 transformer tiny-b runs with).
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    let dir = DIR.get_or_init(|| {
+        workspace("weights", |d| {
             copy_tree_where(&model_dir("tiny-a"), &d.join("tiny-a"), &|_| true);
             copy_tree_where(&model_dir("tiny-b"), &d.join("tiny-b"), &|_| true);
             copy_tree_where(&test_vectors().join("goldens/df11/tiny-b-transformer"), &d.join("df11"), &|_| true);
-        });
-        (dir.join("tiny-a"), dir.join("tiny-b"))
+        })
     });
     let Some((&pick, rest)) = data.split_first() else { return false };
     let opened = if pick % 2 == 0 {
-        put(&plain.join("text_encoder/model.safetensors"), rest);
-        ModelFolder::open(plain).and_then(|m| m.weights(Component::TextEncoder))
+        let tiny_a = dir.join("tiny-a");
+        put(&tiny_a.join("text_encoder/model.safetensors"), rest);
+        ModelFolder::open(&tiny_a).and_then(|m| m.weights(Component::TextEncoder))
     } else {
-        let transformer = df11.with_file_name("df11");
-        put(&transformer.join("model.safetensors"), rest);
-        ModelFolder::open(df11).and_then(|m| m.with_transformer(&transformer)).and_then(|m| m.weights(Component::Transformer))
+        let df11 = dir.join("df11");
+        put(&df11.join("model.safetensors"), rest);
+        ModelFolder::open(&dir.join("tiny-b")).and_then(|m| m.with_transformer(&df11)).and_then(|m| m.weights(Component::Transformer))
     };
     opened.is_ok_and(read_every_tensor)
 }
