@@ -9,3 +9,4 @@ python3 test_vectors/generate_numerics.py
 python3 test_vectors/generate_df11.py
 python3 test_vectors/generate_configs.py
 python3 test_vectors/generate_vae_encoder.py
+python3 test_vectors/generate_references.py
