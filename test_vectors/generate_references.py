@@ -113,7 +113,11 @@ def run_case(pipes: dict, model, name, prompt, seed, steps, guidance, width, hei
     pipe.prepare_image_latents = prepare_hook
 
     def transformer_hook(_m, _args, kwargs, result):
-        captured["calls"].append({"out": result[0][0].clone(), "img_ids": kwargs["img_ids"][0].clone()})
+        captured["calls"].append({
+            "out": result[0][0].clone(),
+            "img_ids": kwargs["img_ids"][0].clone(),
+            "prompt": kwargs["encoder_hidden_states"][0].clone(),
+        })
 
     handle = pipe.transformer.register_forward_hook(transformer_hook, with_kwargs=True)
 
@@ -148,6 +152,9 @@ def run_case(pipes: dict, model, name, prompt, seed, steps, guidance, width, hei
         "image_latents": ref_tokens[0].contiguous(),
         "image_latent_ids": ref_ids[0].to(torch.int64).contiguous(),
     }
+    g["prompt_embeds"] = captured["calls"][0]["prompt"].contiguous()
+    if guidance > 1.0 and not pipe.config.is_distilled:
+        g["negative_prompt_embeds"] = captured["calls"][1]["prompt"].contiguous()
     for i, c in enumerate(captured["conditions"]):
         g[f"reference.{i}"] = c.to(torch.float32).contiguous()
     cfg = guidance > 1.0 and not pipe.config.is_distilled

@@ -5,6 +5,7 @@ use argh::FromArgs;
 use flux_lite_platform::embeddings_file::{self, EmbeddingsFile};
 use flux_lite_platform::model::ModelFolder;
 use flux_lite_platform::pipeline::{self, Request, Timings};
+use flux_lite_platform::reference_image::{self, ReferenceImage, MAX_REFERENCES};
 use flux_lite_platform::{denoise, output, planning, Gpu, GpuOptions};
 use flux_lite_core::plan::WeightStrategy;
 use std::path::PathBuf;
@@ -26,12 +27,15 @@ pub struct GenArgs {
     /// where to write the PNG (written whole or not at all)
     #[argh(option)]
     output: Option<PathBuf>,
-    /// image width in pixels, a multiple of 16 for the real VAE (default 1024)
-    #[argh(option, default = "1024")]
-    width: usize,
-    /// image height in pixels, a multiple of 16 for the real VAE (default 1024)
-    #[argh(option, default = "1024")]
-    height: usize,
+    /// a reference image (PNG or JPEG) to edit or take elements from; repeat for up to 16. Each is scaled to about 1 megapixel when larger and centre-cropped to multiples of 16
+    #[argh(option)]
+    image: Vec<PathBuf>,
+    /// image width in pixels, a multiple of 16 for the real VAE (default: the first reference image's, else 1024)
+    #[argh(option)]
+    width: Option<usize>,
+    /// image height in pixels, a multiple of 16 for the real VAE (default: the first reference image's, else 1024)
+    #[argh(option)]
+    height: Option<usize>,
     /// denoising steps (default: 4 for distilled models, 50 otherwise)
     #[argh(option)]
     steps: Option<usize>,
@@ -66,6 +70,8 @@ pub struct GenArgs {
 
 /// Steps above this are refused as a typo rather than run for hours.
 const MAX_STEPS: usize = 1000;
+/// The image size without flags or reference images.
+const DEFAULT_SIZE: usize = 1024;
 
 
 pub fn run(args: &GenArgs) -> Result<(), String> {
@@ -90,7 +96,16 @@ pub fn run(args: &GenArgs) -> Result<(), String> {
     if let Some(dir) = &args.transformer {
         model = model.with_transformer(dir).map_err(|e| e.to_string())?;
     }
-    denoise::latent_grid(&model.vae, args.width, args.height)?;
+    if args.image.len() > MAX_REFERENCES {
+        return Err(format!("{} reference images given; at most {MAX_REFERENCES} are supported", args.image.len()));
+    }
+    let unit = 2 * model.vae.scale_factor();
+    let references: Vec<ReferenceImage> =
+        args.image.iter().map(|path| reference_image::load(path, unit)).collect::<Result<_, _>>().map_err(|e| e.to_string())?;
+    // As the pipeline: the size defaults to the first reference's, as prepared.
+    let width = args.width.or(references.first().map(|r| r.width)).unwrap_or(DEFAULT_SIZE);
+    let height = args.height.or(references.first().map(|r| r.height)).unwrap_or(DEFAULT_SIZE);
+    denoise::latent_grid(&model.vae, width, height)?;
     let distilled = model.index.is_distilled;
     let steps = args.steps.unwrap_or(if distilled { 4 } else { 50 });
     if steps == 0 || steps > MAX_STEPS {
@@ -127,11 +142,22 @@ pub fn run(args: &GenArgs) -> Result<(), String> {
     if args.verbose {
         eprintln!("adapter: {}", gpu.describe());
     }
-    let request =
-        Request { width: args.width, height: args.height, steps, seed, guidance, vae_tile: args.vae_tile, memory_budget: args.memory_budget };
+    let request = Request {
+        width,
+        height,
+        steps,
+        seed,
+        guidance,
+        vae_tile: args.vae_tile,
+        memory_budget: args.memory_budget,
+        references: references.iter().map(|r| (r.width, r.height)).collect(),
+    };
     let plan = planning::plan(&gpu, &model, &request).map_err(|e| e.to_string())?;
     if args.verbose {
         eprintln!("plan: text encoder {}; transformer {}", plan.encode.weights, plan.denoise);
+        for r in &references {
+            eprintln!("reference {}: {}×{} → {}×{}", r.path.display(), r.original.0, r.original.1, r.width, r.height);
+        }
         match plan.decode.tile {
             Some(tile) => eprintln!("plan: VAE in bands, arena of a {tile}-pixel square"),
             None => eprintln!("plan: VAE untiled"),
@@ -152,7 +178,10 @@ pub fn run(args: &GenArgs) -> Result<(), String> {
         }
     };
     let mut show = |p| bar.show(p);
-    let latents = pipeline::denoise(&gpu, &model, &request, &plan.denoise, &positive, negative.as_deref(), &mut timings, &mut show);
+    let encoded = pipeline::encode_references(&gpu, &model, &references, &mut timings, &mut show);
+    let latents = encoded.and_then(|refs| {
+        pipeline::denoise(&gpu, &model, &request, &plan.denoise, &positive, negative.as_deref(), &refs, &mut timings, &mut show)
+    });
     let image = match (&latents, &args.output) {
         (Ok(latents), Some(_)) => Some(pipeline::decode(&gpu, &model, &request, plan.decode.tile, latents, &mut timings, &mut show)),
         _ => None,
@@ -167,13 +196,16 @@ pub fn run(args: &GenArgs) -> Result<(), String> {
         ("prompt", prompt_text.clone()),
         ("seed", seed.to_string()),
         ("steps", steps.to_string()),
-        ("size", format!("{}x{}", args.width, args.height)),
+        ("size", format!("{width}x{height}")),
         ("guidance", guidance.to_string()),
         ("model", args.model.display().to_string()),
         ("software", format!("flux-lite {}", env!("CARGO_PKG_VERSION"))),
     ];
     if let Some(path) = &args.embeddings {
         text.push(("embeddings", path.display().to_string()));
+    }
+    for path in &args.image {
+        text.push(("reference", path.display().to_string()));
     }
     if let Some(path) = &args.output_latents {
         output::write_f32_tensors(path, &[("latents", &latents)], model.transformer.in_channels, &text)?;

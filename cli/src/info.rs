@@ -43,7 +43,7 @@ pub fn run(args: &InfoArgs) -> Result<(), String> {
     }
     let sizes = ModelSizes::from_files_or_configs(&model, args.width, args.height).map_err(|e| e.to_string())?;
     let (limits, adapter) = adapter_limits();
-    let input = sizes.plan_input(&model, args.width, args.height, limits, args.memory_budget);
+    let input = sizes.plan_input(&model, args.width, args.height, &[], limits, args.memory_budget);
     println!();
     println!(
         "plan for {}×{} with {PROMPT_TOKENS} prompt tokens, under {adapter}: max buffer {}, max binding {}",

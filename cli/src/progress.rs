@@ -22,6 +22,7 @@ impl Bar {
                 let label = if prompts > 1 { format!("encode {}/{prompts}", prompt + 1) } else { "encode".into() };
                 (label, block.done, block.total, format!("layer {}/{}", block.done, block.total))
             }
+            Progress::References { done, total } => ("references".into(), done, total, format!("{done}/{total}")),
             Progress::Denoise(s) => {
                 let done = s.step * s.block.total + s.block.done;
                 let detail = format!("step {}/{} block {}/{}", s.step + 1, s.steps, s.block.done, s.block.total);

@@ -59,9 +59,11 @@ fn expected_transformer_lines(transformer: &flux_lite_core::config::TransformerC
         width: 1024,
         height: 1024,
         prompt_tokens: 512,
+        references: &[],
         transformer_weights: plan::transformer_weights(transformer, true),
         text_encoder_weights: plan::text_encoder_weights(text, true),
         vae_weight_bytes: plan::vae_decoder_weights(&vae),
+        vae_encoder_weight_bytes: plan::vae_encoder_weights(&vae),
         limits: DeviceLimits::WEBGPU_DEFAULT,
         budget: None,
     };

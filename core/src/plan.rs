@@ -15,7 +15,7 @@ use crate::config::{Qwen3Config, TransformerConfig, VaeConfig};
 use crate::df11::layout::{self, GroupPattern};
 use crate::program::Op;
 use crate::tensors::{self, TensorSpec};
-use crate::{text_encoder, transformer, vae};
+use crate::{text_encoder, transformer, vae, vae_encoder};
 use core::fmt;
 
 /// Device bytes for what the plan does not itemise: the placeholder binding
@@ -176,18 +176,36 @@ impl DecodePlan {
     }
 }
 
+/// The VAE encode of the reference images, one after another in one arena
+/// sized for the largest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReferencePlan {
+    pub weight_bytes: u64,
+    pub arena_bytes: u64,
+    pub other_bytes: u64,
+}
+
+impl ReferencePlan {
+    pub fn peak(&self) -> u64 {
+        self.weight_bytes + self.arena_bytes + self.other_bytes
+    }
+}
+
 /// Every device byte of a run, phase by phase. Phases run one after another
 /// and each frees its memory before the next allocates.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Plan {
     pub encode: PhasePlan,
+    /// `None` without reference images.
+    pub references: Option<ReferencePlan>,
     pub denoise: PhasePlan,
     pub decode: DecodePlan,
 }
 
 impl Plan {
     pub fn peak(&self) -> u64 {
-        self.encode.peak().max(self.denoise.peak()).max(self.decode.peak())
+        let references = self.references.map_or(0, |r| r.peak());
+        self.encode.peak().max(references).max(self.denoise.peak()).max(self.decode.peak())
     }
 }
 
@@ -212,10 +230,15 @@ pub struct PlanInput<'a> {
     pub width: u64,
     pub height: u64,
     pub prompt_tokens: u64,
+    /// The reference images' sizes `(width, height)` in pixels, as encoded
+    /// (multiples of twice the VAE scale factor); empty without references.
+    pub references: &'a [(u64, u64)],
     pub transformer_weights: WeightSizes,
     pub text_encoder_weights: WeightSizes,
     /// The VAE decoder's weights, always resident.
     pub vae_weight_bytes: u64,
+    /// The VAE encoder's weights (read only with references), always resident.
+    pub vae_encoder_weight_bytes: u64,
     pub limits: DeviceLimits,
     /// `None`: no limit; every phase takes its fastest strategy.
     pub budget: Option<u64>,
@@ -225,6 +248,8 @@ pub struct PlanInput<'a> {
 pub enum PlanError {
     /// The size cannot be laid out at all (not a multiple of the latent cell, or beyond 64 bits).
     Size(&'static str),
+    /// A reference image needs a larger buffer or binding than the adapter allows.
+    ReferenceTooLarge { width: u64, height: u64, bytes: u64, limit: u64 },
     /// No strategy of `phase` fits the budget; `minimum` is the smallest budget that works for the run.
     TooSmall { budget: u64, phase: &'static str, minimum: u64 },
 }
@@ -233,6 +258,10 @@ impl fmt::Display for PlanError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             PlanError::Size(why) => f.write_str(why),
+            PlanError::ReferenceTooLarge { width, height, bytes, limit } => write!(
+                f,
+                "encoding a {width}×{height} reference image needs a {bytes}-byte buffer, above the adapter's limit of {limit} bytes"
+            ),
             PlanError::TooSmall { budget, phase, minimum } => write!(
                 f,
                 "--memory-budget {}: too small ({phase} needs more); the smallest budget that works for this size is {} ({minimum} B)",
@@ -270,9 +299,14 @@ pub fn plan(input: &PlanInput<'_>) -> Result<Plan, PlanError> {
     let encode = encode_phase(input.text_encoder, input.prompt_tokens, input.text_encoder_weights)?;
     let denoise = DenoiseOptions::new(input)?;
     let budget = input.budget.unwrap_or(u64::MAX);
+    let references = reference_plan(input)?;
     let too_small = |phase: &'static str| PlanError::TooSmall { budget, phase, minimum: run_minimum(encode, &denoise, input) };
+    if references.is_some_and(|r| r.peak() > budget) {
+        return Err(too_small("the VAE encoder"));
+    }
     Ok(Plan {
         encode: encode.fastest_within(budget).ok_or_else(|| too_small("the text encoder"))?,
+        references,
         denoise: denoise.fastest_within(budget).ok_or_else(|| too_small("the transformer"))?,
         decode: decode_plan(input, budget).ok_or_else(|| too_small("the VAE decoder"))?,
     })
@@ -294,7 +328,38 @@ pub fn minimum_budget(input: &PlanInput<'_>) -> Result<u64, PlanError> {
 }
 
 fn run_minimum(encode: PhaseOptions, denoise: &DenoiseOptions, input: &PlanInput<'_>) -> u64 {
-    encode.smallest().max(denoise.smallest()).max(smallest_decode(input))
+    let references = reference_plan(input).ok().flatten().map_or(0, |r| r.peak());
+    encode.smallest().max(references).max(denoise.smallest()).max(smallest_decode(input))
+}
+
+/// The reference images' encode, `None` without references: the encoder's
+/// weights, one arena for the largest image, its upload and the mean's readback.
+pub fn reference_plan(input: &PlanInput<'_>) -> Result<Option<ReferencePlan>, PlanError> {
+    let cfg = input.vae;
+    let mut plan: Option<ReferencePlan> = None;
+    let steps = {
+        let mut arena = BumpArena::new(u64::MAX);
+        let unit = 2 * cfg.scale_factor() as u64;
+        vae_encoder::VaeEncoderLayout::new(cfg, unit, unit, &mut arena).map_or(0, |l| count(|emit| vae_encoder::encode(&l, emit)))
+    };
+    for &(width, height) in input.references {
+        let arena = vae_encoder::arena_bytes(cfg, height, width).map_err(|_| PlanError::Size("a reference image's size is not a positive multiple of 2 × the VAE scale factor"))?;
+        let binding = vae_encoder::largest_binding(cfg, height, width);
+        for (bytes, limit) in [(arena, input.limits.max_buffer), (binding, input.limits.max_binding)] {
+            if bytes > limit {
+                return Err(PlanError::ReferenceTooLarge { width, height, bytes, limit });
+            }
+        }
+        let scale = cfg.scale_factor() as u64;
+        let mean = 4 * cfg.latent_channels as u64 * (width / scale) * (height / scale);
+        let io = 4 * cfg.in_channels as u64 * width * height + mean;
+        let other = io + overhead(steps);
+        let candidate = ReferencePlan { weight_bytes: input.vae_encoder_weight_bytes, arena_bytes: arena, other_bytes: other };
+        if plan.is_none_or(|p| candidate.peak() > p.peak()) {
+            plan = Some(candidate);
+        }
+    }
+    Ok(plan)
 }
 
 /// Every strategy for the text encoder's phase, fastest first, with its bytes.
@@ -377,7 +442,7 @@ struct DenoiseOptions {
 impl DenoiseOptions {
     fn new(input: &PlanInput<'_>) -> Result<Self, PlanError> {
         let (lat_h, lat_w) = latent_grid(input)?;
-        let rows = input.prompt_tokens + lat_h * lat_w;
+        let rows = input.prompt_tokens + lat_h * lat_w + reference_tokens(input)?;
         let unchunked = denoise_fixed(input, rows)?;
         let mut chunked = heapless::Vec::new();
         let largest_shift = u64::BITS - 1 - CHUNK_ROWS.ilog2();
@@ -431,16 +496,30 @@ fn denoise_fixed(input: &PlanInput<'_>, chunk: u64) -> Result<(u64, u64), PlanEr
     let (lat_h, lat_w) = latent_grid(input)?;
     let image = lat_h * lat_w;
     let text = input.prompt_tokens;
+    let tokens = transformer::Tokens { text, noise: image, references: reference_tokens(input)? };
     let mut arena = BumpArena::new(u64::MAX);
-    let l = transformer::TransformerLayout::chunked(c, text, image, chunk, &mut arena)
+    let l = transformer::TransformerLayout::chunked(c, tokens, chunk, &mut arena)
         .map_err(|_| PlanError::Size("the image is too large to lay out"))?;
     let mut steps = count(|emit| transformer::prologue(&l, emit)) + count(|emit| transformer::epilogue(&l, emit)) + 1;
     steps += c.num_layers as u64 * count(|emit| transformer::double_block(&l, 0, emit));
     steps += c.num_single_layers as u64 * count(|emit| transformer::single_block(&l, 0, emit));
-    let tables = 2 * 4 * (text + image) * c.attention_head_dim as u64;
+    let tables = 2 * 4 * (text + tokens.image()) * c.attention_head_dim as u64;
     let unconditional = 4 * image * c.out_channels as u64;
     let readback = 4 * image * c.in_channels as u64;
     Ok((arena.high_water(), tables + unconditional + readback + overhead(steps)))
+}
+
+/// The reference images' tokens, all together.
+fn reference_tokens(input: &PlanInput<'_>) -> Result<u64, PlanError> {
+    let unit = 2 * input.vae.scale_factor() as u64;
+    let mut tokens = 0u64;
+    for &(w, h) in input.references {
+        if w == 0 || h == 0 || !w.is_multiple_of(unit) || !h.is_multiple_of(unit) {
+            return Err(PlanError::Size("a reference image's size is not a positive multiple of 2 × the VAE scale factor"));
+        }
+        tokens = tokens.checked_add((w / unit) * (h / unit)).ok_or(PlanError::Size("the reference images hold too many tokens"))?;
+    }
+    Ok(tokens)
 }
 
 /// Packed latent tokens `(rows, cols)` of the image.
@@ -589,6 +668,18 @@ pub fn text_encoder_weights(c: &Qwen3Config, df11: bool) -> WeightSizes {
         }
     };
     estimate_weights(&mut |sink| tensors::text_encoder(c, sink), layout::TEXT_ENCODER_GROUPS, df11, layers + 1, &block_of)
+}
+
+/// The VAE encoder's weight bytes (bf16), estimated from the config.
+pub fn vae_encoder_weights(c: &VaeConfig) -> u64 {
+    let mut bytes = 0;
+    tensors::vae(c, |s| {
+        let n = s.name.as_str();
+        if n.starts_with("encoder.") || n.starts_with("quant_conv.") {
+            bytes += (2 * s.shape.iter().product::<usize>() as u64).next_multiple_of(4);
+        }
+    });
+    bytes
 }
 
 /// The VAE decoder's weight bytes (bf16), estimated from the config.

@@ -4,18 +4,47 @@
 //! first: the double blocks update its two parts with their own weights,
 //! joint attention runs over it directly, and the single blocks need no
 //! concatenation. Every dimension comes from the config.
+//!
+//! The image rows are the noise tokens, then the tokens of any reference
+//! images: every block runs over both, and only the noise tokens' velocity
+//! is computed (diffusers slices the prediction to them).
 
 use crate::arena::{ArenaError, BumpArena};
 use crate::config::TransformerConfig;
 use crate::program::{linear, name, Op, Span, ALIGN, F32};
 use core::fmt::Write;
 
+/// Token counts of one forward pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tokens {
+    /// Prompt tokens.
+    pub text: u64,
+    /// Latent tokens being denoised.
+    pub noise: u64,
+    /// Tokens of the reference images, after the noise tokens.
+    pub references: u64,
+}
+
+impl Tokens {
+    /// A pass without reference images.
+    pub fn plain(text: u64, noise: u64) -> Self {
+        Self { text, noise, references: 0 }
+    }
+
+    /// Every image token: noise, then references.
+    pub fn image(&self) -> u64 {
+        self.noise + self.references
+    }
+}
+
 /// Where each activation lives (element offsets into the f32 arena) for
-/// `text` prompt tokens and `image` latent tokens.
+/// `text` prompt tokens and `image` latent tokens (`noise` of them denoised,
+/// the rest reference tokens).
 #[derive(Debug, Clone, PartialEq)]
 pub struct TransformerLayout {
     pub text: u64,
     pub image: u64,
+    pub noise: u64,
     pub dim: u64,
     pub mlp: u64,
     pub heads: u64,
@@ -25,7 +54,8 @@ pub struct TransformerLayout {
     pub joint_dim: u64,
     pub sinusoid_dim: u64,
     pub eps: f32,
-    /// Inputs written by the host: packed latents `[image, in]`, prompt `[text, joint]`, sinusoid `[256]`.
+    /// Inputs written by the host: packed latents `[image, in]` (noise rows,
+    /// then reference rows), prompt `[text, joint]`, sinusoid `[256]`.
     pub latents: Span,
     pub prompt: Span,
     pub sinusoid: Span,
@@ -56,7 +86,7 @@ pub struct TransformerLayout {
     /// projection `[chunk, 2F]` and `[attention ; mlp]` `[chunk, D + F]`.
     pub fused: Span,
     pub joined: Span,
-    /// The velocity, `[image, out]`.
+    /// The velocity of the noise tokens, `[noise, out]`.
     pub velocity: Span,
     /// Token rows per pass of the feed-forward and single-block MLP
     /// projections: `text + image` (one pass) unless chunked.
@@ -65,9 +95,9 @@ pub struct TransformerLayout {
 
 
 impl TransformerLayout {
-    /// Lays out every activation of one forward pass in `arena`.
+    /// Lays out every activation of one forward pass without reference images in `arena`.
     pub fn new(cfg: &TransformerConfig, text: u64, image: u64, arena: &mut BumpArena) -> Result<Self, ArenaError> {
-        Self::chunked(cfg, text, image, text + image, arena)
+        Self::chunked(cfg, Tokens::plain(text, image), text + image, arena)
     }
 
     /// Lays out one forward pass whose feed-forward and single-block MLP
@@ -75,7 +105,8 @@ impl TransformerLayout {
     /// scratch holds `chunk` rows, not all. A `chunk` of `text + image` or
     /// more is the unchunked layout; chunked, a single block projects q, k
     /// and v into the double blocks' spans and its MLP half chunk by chunk.
-    pub fn chunked(cfg: &TransformerConfig, text: u64, image: u64, chunk: u64, arena: &mut BumpArena) -> Result<Self, ArenaError> {
+    pub fn chunked(cfg: &TransformerConfig, tokens: Tokens, chunk: u64, arena: &mut BumpArena) -> Result<Self, ArenaError> {
+        let (text, image, noise) = (tokens.text, tokens.image(), tokens.noise);
         let dim = cfg.inner_dim() as u64;
         let mlp = cfg.mlp_hidden_dim() as u64;
         let rows = text + image;
@@ -102,6 +133,7 @@ impl TransformerLayout {
         Ok(Self {
             text,
             image,
+            noise,
             dim,
             mlp,
             heads: cfg.num_attention_heads as u64,
@@ -133,7 +165,7 @@ impl TransformerLayout {
             ff_act,
             fused,
             joined,
-            velocity: take(image, cfg.out_channels as u64)?,
+            velocity: take(noise, cfg.out_channels as u64)?,
             chunk,
         })
     }
@@ -314,19 +346,20 @@ pub fn single_block(l: &TransformerLayout, b: usize, mut emit: impl FnMut(Op)) {
     emit(Op::GatedResidual { dst: l.stream, gate: l.chunk(l.mod_single, 2), y: l.proj, rows, cols: d });
 }
 
-/// Final AdaLN (scale first, then shift) on the image rows and the output projection.
+/// Final AdaLN (scale first, then shift) on the noise rows and the output
+/// projection; reference rows get no velocity.
 pub fn epilogue(l: &TransformerLayout, mut emit: impl FnMut(Op)) {
-    let img = |s: Span| s.rows_from(l.text);
+    let noise = |s: Span| s.rows_from(l.text);
     emit(Op::LayerNormModulate {
-        src: img(l.stream),
-        dst: img(l.normed),
+        src: noise(l.stream),
+        dst: noise(l.normed),
         shift: l.chunk(l.mod_out, 1),
         scale: l.chunk(l.mod_out, 0),
-        tokens: l.image,
+        tokens: l.noise,
         d: l.dim,
         eps: l.eps,
     });
-    emit(linear(img(l.normed), name(format_args!("proj_out.weight")), l.velocity, l.image, l.out_channels, l.dim));
+    emit(linear(noise(l.normed), name(format_args!("proj_out.weight")), l.velocity, l.noise, l.out_channels, l.dim));
 }
 
 /// The timestep the model's sinusoid sees for scheduler timestep `t`: the
@@ -372,6 +405,41 @@ mod tests {
         let others = 7 * rows * d * 4 + 4096 * 128 * 4 * 2 + 512 * 7680 * 4;
         let small = arena.used() - single_scratch - others;
         assert!(small < 1 << 20, "beyond the big spans: {small} bytes");
+    }
+
+    #[test]
+    fn reference_tokens_run_through_every_block_but_get_no_velocity() {
+        let cfg = klein_4b::transformer();
+        let mut arena = BumpArena::new(u64::MAX / 2);
+        let tokens = Tokens { text: 512, noise: 1024, references: 3072 };
+        let l = TransformerLayout::chunked(&cfg, tokens, u64::MAX, &mut arena).unwrap();
+        assert_eq!((l.image, l.noise), (4096, 1024));
+        let mut embedded_rows = 0;
+        prologue(&l, |op| {
+            if let Op::Linear { rows, cols: 3072, inner: 128, .. } = op {
+                embedded_rows = rows;
+            }
+        });
+        assert_eq!(embedded_rows, 4096, "x_embedder reads noise and reference rows");
+        let mut attention_len = 0;
+        single_block(&l, 0, |op| {
+            if let Op::Attention { len, .. } = op {
+                attention_len = len;
+            }
+        });
+        assert_eq!(attention_len, 512 + 4096);
+        let mut epilogue_rows = Vec::new();
+        epilogue(&l, |op| match op {
+            Op::LayerNormModulate { tokens, .. } => epilogue_rows.push(tokens),
+            Op::Linear { rows, y, .. } => {
+                assert_eq!(y, l.velocity);
+                epilogue_rows.push(rows)
+            }
+            _ => {}
+        });
+        assert_eq!(epilogue_rows, [1024, 1024], "only the noise tokens get a velocity");
+        // The velocity holds the noise rows only; it ends the arena.
+        assert_eq!(l.velocity.offset * 4 + 1024 * 128 * 4, arena.used());
     }
 
     #[test]

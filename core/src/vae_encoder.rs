@@ -110,6 +110,20 @@ fn largest_activation(channels: &[u64], pixels: u64) -> u64 {
     most
 }
 
+/// Bytes of the largest single tensor of the encode of a `height × width`
+/// image (what one storage binding must hold).
+pub fn largest_binding(cfg: &VaeConfig, height: u64, width: u64) -> u64 {
+    let channels: heapless::Vec<u64, MAX_LIST> = cfg.block_out_channels.iter().map(|&c| c as u64).collect();
+    if channels.is_empty() {
+        return 0;
+    }
+    let scale = 1u64 << (channels.len() - 1);
+    let latent_pixels = (height / scale) * (width / scale);
+    let top = channels[channels.len() - 1];
+    let image = cfg.in_channels as u64 * height * width;
+    F32 * largest_activation(&channels, height * width).max(image).max(latent_pixels * top)
+}
+
 /// Bytes of the arena that encodes a `height × width` image in one pass.
 pub fn arena_bytes(cfg: &VaeConfig, height: u64, width: u64) -> Result<u64, VaePlanError> {
     let mut arena = BumpArena::new(u64::MAX);

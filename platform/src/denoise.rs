@@ -67,7 +67,8 @@ pub fn denoise(
     conditioning: Conditioning<'_>,
     progress: &mut dyn FnMut(StepProgress),
 ) -> Result<Vec<f32>, RunError> {
-    let tokens = transformer.layout.image as usize;
+    // The schedule's shift counts the noise tokens only, as the pipeline does.
+    let tokens = transformer.layout.noise as usize;
     let mut sigmas = vec![0f32; steps + 1];
     schedule::sigmas(scheduler, tokens, steps, &mut sigmas).map_err(|e| RunError::Input(format!("--steps: {e}")))?;
     transformer.set_latents(gpu, noise)?;

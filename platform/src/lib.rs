@@ -15,6 +15,8 @@ pub mod model;
 pub mod ops;
 pub mod output;
 pub mod pipeline;
+pub mod reference_image;
+pub mod resample;
 pub mod planning;
 pub mod runner;
 pub mod safetensors_store;

@@ -6,11 +6,13 @@ use crate::denoise::{self, Conditioning, StepProgress};
 use crate::error::RunError;
 use crate::gpu::Gpu;
 use crate::model::{Component, ModelFolder};
+use crate::reference_image::ReferenceImage;
 use crate::text_encoder::TextEncoder;
 use crate::tokenizer::PromptTokenizer;
 use crate::runner::BlockProgress;
-use crate::transformer::Transformer;
+use crate::transformer::{LatentGrids, Transformer};
 use crate::vae::VaeDecoder;
+use crate::vae_encoder::VaeEncoder;
 use flux_lite_core::plan::{PhasePlan, WeightStrategy};
 use std::time::{Duration, Instant};
 
@@ -22,6 +24,8 @@ pub const PROMPT_TOKENS: usize = 512;
 pub enum Progress {
     /// Prompt `prompt` of `prompts`, block by block.
     Encode { prompt: usize, prompts: usize, block: BlockProgress },
+    /// Reference image `done` of `total` encoded.
+    References { done: usize, total: usize },
     Denoise(StepProgress),
     /// Step `done` of `total` of the VAE decode (one untiled; one per decoder op when banded).
     Decode { done: usize, total: usize },
@@ -31,6 +35,7 @@ pub enum Progress {
 #[derive(Debug, Clone, Default)]
 pub struct Timings {
     pub load: Duration,
+    /// The prompts and the reference images.
     pub encode: Duration,
     pub steps: Vec<Duration>,
     pub decode: Duration,
@@ -84,6 +89,48 @@ pub struct Request {
     pub vae_tile: Option<usize>,
     /// Device bytes the run may allocate; `None` keeps everything resident.
     pub memory_budget: Option<u64>,
+    /// The prepared reference images' `(width, height)`, in order; empty for text to image.
+    pub references: Vec<(usize, usize)>,
+}
+
+/// The reference images' tokens, encoded once before denoising.
+#[derive(Debug, Clone, Default)]
+pub struct References {
+    /// Each reference's latent token grid `(height, width)`.
+    pub grids: Vec<(usize, usize)>,
+    /// `[tokens, 4·latent_channels]`, the references one after another.
+    pub tokens: Vec<f32>,
+}
+
+/// Encodes each reference image with the VAE encoder into the tokens the
+/// transformer reads after the noise tokens. One encoder per image (its
+/// arena is laid out for the image's size), each released before the next.
+pub fn encode_references(
+    gpu: &Gpu,
+    model: &ModelFolder,
+    images: &[ReferenceImage],
+    timings: &mut Timings,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<References, RunError> {
+    let mut out = References::default();
+    if images.is_empty() {
+        return Ok(out);
+    }
+    let started = Instant::now();
+    let mut store = model.weights(Component::Vae)?;
+    store.expand_df11_on_host()?;
+    timings.load += started.elapsed();
+    for (i, image) in images.iter().enumerate() {
+        let started = Instant::now();
+        let encoder = VaeEncoder::new(gpu, &model.vae, &store, image.width, image.height)?;
+        timings.load += started.elapsed();
+        let started = Instant::now();
+        out.tokens.extend(encoder.reference_tokens(gpu, &image.pixels)?);
+        out.grids.push(encoder.token_grid());
+        timings.encode += started.elapsed();
+        progress(Progress::References { done: i + 1, total: images.len() });
+    }
+    Ok(out)
 }
 
 /// Whether `Flux2KleinPipeline` would run classifier-free guidance.
@@ -100,9 +147,10 @@ pub struct Image {
 }
 
 /// Denoises from the seed's noise under `positive` (and `negative` when
-/// guided) and returns the packed latents `[tokens, channels]`, with the
-/// weights and chunking the plan's phase says. The transformer's device
-/// memory is released before this returns.
+/// guided), with the reference tokens after the noise tokens in every pass,
+/// and returns the packed latents `[tokens, channels]`, with the weights and
+/// chunking the plan's phase says. The transformer's device memory is
+/// released before this returns.
 #[allow(clippy::too_many_arguments)]
 pub fn denoise(
     gpu: &Gpu,
@@ -111,13 +159,17 @@ pub fn denoise(
     phase: &PhasePlan,
     positive: &[f32],
     negative: Option<&[f32]>,
+    references: &References,
     timings: &mut Timings,
     progress: &mut dyn FnMut(Progress),
 ) -> Result<Vec<f32>, RunError> {
     let (lat_h, lat_w) = denoise::latent_grid(&model.vae, request.width, request.height).map_err(RunError::Input)?;
     let started = Instant::now();
     let store = model.weights(Component::Transformer)?;
-    let transformer = Transformer::new(gpu, &model.transformer, store, phase.weights, phase.chunk.map(|c| c as usize), PROMPT_TOKENS, lat_h, lat_w)?;
+    let grids = LatentGrids { noise: (lat_h, lat_w), references: references.grids.clone() };
+    let chunk = phase.chunk.map(|c| c as usize);
+    let transformer = Transformer::new(gpu, &model.transformer, store, phase.weights, chunk, PROMPT_TOKENS, &grids)?;
+    transformer.set_references(gpu, &references.tokens)?;
     timings.load += started.elapsed();
     let noise = denoise::packed_noise(request.seed, model.transformer.in_channels, lat_h, lat_w);
     let conditioning = match negative {

@@ -18,6 +18,8 @@ pub struct ModelSizes {
     pub transformer: WeightSizes,
     /// The VAE decoder's weights, always resident.
     pub vae_decoder: u64,
+    /// The VAE encoder's weights, resident while references are encoded.
+    pub vae_encoder: u64,
     /// Components whose folders hold no weight files: their sizes are
     /// estimated from the config, as DF11 (so every strategy is listed).
     pub estimated: Vec<Component>,
@@ -54,16 +56,26 @@ impl ModelSizes {
         } else {
             planner::transformer_weights(&model.transformer, true)
         };
-        let vae_decoder = if from_files(Component::Vae) {
-            crate::vae::decoder_weight_bytes(&model.vae, &model.weights(Component::Vae)?)?
+        let (vae_decoder, vae_encoder) = if from_files(Component::Vae) {
+            let store = model.weights(Component::Vae)?;
+            (crate::vae::decoder_weight_bytes(&model.vae, &store)?, crate::vae_encoder::encoder_weight_bytes(&model.vae, &store)?)
         } else {
-            planner::vae_decoder_weights(&model.vae)
+            (planner::vae_decoder_weights(&model.vae), planner::vae_encoder_weights(&model.vae))
         };
-        Ok(Self { text_encoder, transformer, vae_decoder, estimated })
+        Ok(Self { text_encoder, transformer, vae_decoder, vae_encoder, estimated })
     }
 
-    /// The planner's input for a `width × height` image of this model.
-    pub fn plan_input<'a>(&self, model: &'a ModelFolder, width: usize, height: usize, limits: DeviceLimits, budget: Option<u64>) -> PlanInput<'a> {
+    /// The planner's input for a `width × height` image of this model, with
+    /// reference images of the sizes `(width, height)` in `references`.
+    pub fn plan_input<'a>(
+        &self,
+        model: &'a ModelFolder,
+        width: usize,
+        height: usize,
+        references: &'a [(u64, u64)],
+        limits: DeviceLimits,
+        budget: Option<u64>,
+    ) -> PlanInput<'a> {
         PlanInput {
             transformer: &model.transformer,
             text_encoder: &model.text_encoder,
@@ -71,9 +83,11 @@ impl ModelSizes {
             width: width as u64,
             height: height as u64,
             prompt_tokens: PROMPT_TOKENS as u64,
+            references,
             transformer_weights: self.transformer,
             text_encoder_weights: self.text_encoder,
             vae_weight_bytes: self.vae_decoder,
+            vae_encoder_weight_bytes: self.vae_encoder,
             limits,
             budget,
         }
@@ -92,7 +106,8 @@ fn text_encoder_sizes(model: &ModelFolder) -> Result<WeightSizes, RunError> {
 /// would work, when nothing fits.
 pub fn plan(gpu: &Gpu, model: &ModelFolder, request: &Request) -> Result<Plan, RunError> {
     let sizes = ModelSizes::from_files(model, request.width, request.height)?;
-    let input = sizes.plan_input(model, request.width, request.height, gpu.plan_limits(), request.memory_budget);
+    let references: Vec<(u64, u64)> = request.references.iter().map(|&(w, h)| (w as u64, h as u64)).collect();
+    let input = sizes.plan_input(model, request.width, request.height, &references, gpu.plan_limits(), request.memory_budget);
     planner::plan(&input).map_err(|e| RunError::Input(e.to_string()))
 }
 

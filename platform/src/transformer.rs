@@ -12,11 +12,45 @@ use flux_lite_core::config::TransformerConfig;
 use flux_lite_core::plan::{WeightSizes, WeightStrategy};
 use flux_lite_core::program::Op;
 use flux_lite_core::rope;
-use flux_lite_core::transformer::{self as program, TransformerLayout};
+use flux_lite_core::transformer::{self as program, Tokens, TransformerLayout};
 use flux_lite_core::BumpArena;
 
 /// Longest timestep sinusoid supported without allocating (`timestep_guidance_channels`).
 const MAX_SINUSOID: usize = 1024;
+
+/// The latent grids `(height, width)` in tokens of one pass's image rows:
+/// the noise being denoised, then each reference image's.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LatentGrids {
+    pub noise: (usize, usize),
+    pub references: Vec<(usize, usize)>,
+}
+
+impl LatentGrids {
+    /// A pass without reference images.
+    pub fn noise_only(latent_h: usize, latent_w: usize) -> Self {
+        Self { noise: (latent_h, latent_w), references: Vec::new() }
+    }
+
+    fn noise_tokens(&self) -> usize {
+        self.noise.0 * self.noise.1
+    }
+
+    fn reference_tokens(&self) -> usize {
+        self.references.iter().map(|(h, w)| h * w).sum()
+    }
+
+    /// FLUX.2's position of each image row: the noise at T = 0, reference
+    /// `i` at T = 10·(i + 1), each over its own `(y, x)` grid.
+    fn positions(&self) -> impl Iterator<Item = [f64; 4]> + '_ {
+        let grid = |t: usize, (h, w): (usize, usize)| (0..h * w).map(move |i| rope::image_position(t, i / w, i % w));
+        let references = self.references.iter().enumerate().flat_map(move |(i, &g)| grid(REFERENCE_T_STEP * (i + 1), g));
+        grid(0, self.noise).chain(references)
+    }
+}
+
+/// The step of the RoPE time index between reference images (diffusers' `_prepare_image_ids` scale).
+pub const REFERENCE_T_STEP: usize = 10;
 
 #[derive(Debug)]
 pub struct Transformer {
@@ -38,8 +72,8 @@ pub struct Transformer {
 
 impl Transformer {
     /// Places the weights as `strategy` says, lays out the activations for
-    /// `text` prompt tokens and a `latent_h × latent_w` token grid, and
-    /// builds the RoPE tables. Streaming reads the weights from `store` at
+    /// `text` prompt tokens and the image tokens of `grids`, and builds the
+    /// RoPE tables. Streaming reads the weights from `store` at
     /// every pass; a DF11 store is then expanded on the host first. With a
     /// `chunk`, the feed-forward and MLP projections run over that many
     /// token rows at a time (the same results in less memory).
@@ -51,8 +85,7 @@ impl Transformer {
         strategy: WeightStrategy,
         chunk: Option<usize>,
         text: usize,
-        latent_h: usize,
-        latent_w: usize,
+        grids: &LatentGrids,
     ) -> Result<Self, RunError> {
         if config.timestep_guidance_channels > MAX_SINUSOID {
             return Err(RunError::Input(format!(
@@ -60,17 +93,17 @@ impl Transformer {
                 config.timestep_guidance_channels
             )));
         }
-        let image = latent_h * latent_w;
-        let (layout, blocks, arena_bytes) = programs(config, text, image, chunk)?;
+        let tokens = Tokens { text: text as u64, noise: grids.noise_tokens() as u64, references: grids.reference_tokens() as u64 };
+        let (layout, blocks, arena_bytes) = programs(config, tokens, chunk)?;
         if matches!(strategy, WeightStrategy::Streamed { .. }) {
             store.expand_df11_on_host()?;
         }
         let weights = DeviceWeights::for_blocks(gpu, &store, &blocks, strategy)?;
         let hd = config.attention_head_dim;
-        let rows = text + image;
+        let rows = text + grids.noise_tokens() + grids.reference_tokens();
         let (mut cos, mut sin) = (vec![0f32; rows * hd], vec![0f32; rows * hd]);
-        for t in 0..rows {
-            let pos = if t < text { rope::text_position(t) } else { rope::image_position(0, (t - text) / latent_w, (t - text) % latent_w) };
+        let positions = (0..text).map(rope::text_position).chain(grids.positions());
+        for (t, pos) in positions.enumerate() {
             rope::flux_row(pos, &config.axes_dims_rope, config.rope_theta, &mut cos[t * hd..][..hd], &mut sin[t * hd..][..hd]);
         }
         let runner = Runner {
@@ -82,18 +115,18 @@ impl Transformer {
         let prepared = runner.prepare(gpu, &weights, &blocks)?;
         let mut euler = Vec::new();
         let mat = |s: flux_lite_core::program::Span| Mat { buf: &runner.arena, offset: s.offset, stride: s.stride };
-        ops::elementwise(gpu, &mut euler, Elementwise::Axpy(0.0), mat(layout.velocity), None, mat(layout.latents), layout.image, layout.in_channels)?;
+        ops::elementwise(gpu, &mut euler, Elementwise::Axpy(0.0), mat(layout.velocity), None, mat(layout.latents), layout.noise, layout.in_channels)?;
         let euler = match <[Dispatch; 1]>::try_from(euler) {
             Ok([d]) => d,
             Err(_) => return Err(RunError::Input("the latents are too large for one Euler dispatch".into())),
         };
-        let unconditional = gpu.storage("unconditional velocity", 4 * layout.image * layout.out_channels);
+        let unconditional = gpu.storage("unconditional velocity", 4 * layout.noise * layout.out_channels);
         Ok(Self { config: config.clone(), layout, runner, store, weights, blocks, prepared, euler, unconditional, arena_bytes })
     }
 
     /// The weight bytes of each block for the planner, as [`Self::new`] would place them.
     pub fn weight_sizes(config: &TransformerConfig, store: &WeightStore, text: usize, image: usize) -> Result<WeightSizes, RunError> {
-        let (_, blocks, _) = programs(config, text, image, None)?;
+        let (_, blocks, _) = programs(config, Tokens::plain(text as u64, image as u64), None)?;
         DeviceWeights::sizes(store, &blocks)
     }
 
@@ -112,9 +145,9 @@ impl Transformer {
         Ok(())
     }
 
-    /// Sets the packed latents `[image, in_channels]`.
+    /// Sets the packed noise latents `[noise, in_channels]`.
     pub fn set_latents(&self, gpu: &Gpu, latents: &[f32]) -> Result<(), RunError> {
-        let want = (self.layout.image * self.layout.in_channels) as usize;
+        let want = (self.layout.noise * self.layout.in_channels) as usize;
         if latents.len() != want {
             return Err(RunError::Input(format!("latents hold {} values, expected {want}", latents.len())));
         }
@@ -122,12 +155,28 @@ impl Transformer {
         Ok(())
     }
 
-    pub fn latents(&self, gpu: &Gpu) -> Result<Vec<f32>, GpuError> {
-        self.runner.read(gpu, self.layout.latents, self.layout.image, self.layout.in_channels)
+    /// Sets the reference images' tokens `[references, in_channels]`, which
+    /// follow the noise rows and stay as they are through every step.
+    pub fn set_references(&self, gpu: &Gpu, tokens: &[f32]) -> Result<(), RunError> {
+        let rows = self.layout.image - self.layout.noise;
+        let want = (rows * self.layout.in_channels) as usize;
+        if tokens.len() != want {
+            return Err(RunError::Input(format!("reference tokens hold {} values, the transformer was laid out for {rows} × {}", tokens.len(), self.layout.in_channels)));
+        }
+        if rows > 0 {
+            self.runner.write(gpu, self.layout.latents.rows_from(self.layout.noise), tokens);
+        }
+        Ok(())
     }
 
+    /// The packed noise latents `[noise, in_channels]`.
+    pub fn latents(&self, gpu: &Gpu) -> Result<Vec<f32>, GpuError> {
+        self.runner.read(gpu, self.layout.latents, self.layout.noise, self.layout.in_channels)
+    }
+
+    /// The noise tokens' velocity `[noise, out_channels]`.
     pub fn velocity(&self, gpu: &Gpu) -> Result<Vec<f32>, GpuError> {
-        self.runner.read(gpu, self.layout.velocity, self.layout.image, self.layout.out_channels)
+        self.runner.read(gpu, self.layout.velocity, self.layout.noise, self.layout.out_channels)
     }
 
     /// Number of progress units in one forward pass.
@@ -180,7 +229,7 @@ impl Transformer {
 
     /// Keeps the velocity just computed as the unconditional one of a guided step.
     pub fn keep_unconditional(&self, gpu: &Gpu) -> Result<(), GpuError> {
-        let (rows, cols) = (self.layout.image, self.layout.out_channels);
+        let (rows, cols) = (self.layout.noise, self.layout.out_channels);
         let velocity = Mat { buf: &self.runner.arena, offset: self.layout.velocity.offset, stride: self.layout.velocity.stride };
         let uncond = Mat { buf: &self.unconditional, offset: 0, stride: cols };
         gpu.submit(|enc| ops::elementwise(gpu, enc, Elementwise::Copy, velocity, None, uncond, rows, cols))
@@ -189,7 +238,7 @@ impl Transformer {
     /// Classifier-free guidance on the conditional velocity just computed:
     /// `v = v_neg + g·(v_pos − v_neg)`, with diffusers' order of roundings.
     pub fn guide(&self, gpu: &Gpu, scale: f32) -> Result<(), GpuError> {
-        let (rows, cols) = (self.layout.image, self.layout.out_channels);
+        let (rows, cols) = (self.layout.noise, self.layout.out_channels);
         let v = Mat { buf: &self.runner.arena, offset: self.layout.velocity.offset, stride: self.layout.velocity.stride };
         let uncond = Mat { buf: &self.unconditional, offset: 0, stride: cols };
         gpu.submit(|enc| {
@@ -210,12 +259,12 @@ impl Transformer {
 }
 
 /// The activation layout, the block programs (prologue, doubles, singles,
-/// epilogue) and the arena bytes of a forward pass.
-/// The layout and each block's program (`chunk`: token rows per feed-forward pass, `None`: all).
-fn programs(config: &TransformerConfig, text: usize, image: usize, chunk: Option<usize>) -> Result<(TransformerLayout, Vec<Vec<Op>>, u64), RunError> {
+/// epilogue) and the arena bytes of a forward pass (`chunk`: token rows per
+/// feed-forward pass, `None`: all).
+fn programs(config: &TransformerConfig, tokens: Tokens, chunk: Option<usize>) -> Result<(TransformerLayout, Vec<Vec<Op>>, u64), RunError> {
     let mut arena = BumpArena::new(u64::MAX);
-    let chunk = chunk.map_or(text + image, |c| c.max(1)) as u64;
-    let layout = TransformerLayout::chunked(config, text as u64, image as u64, chunk, &mut arena)
+    let chunk = chunk.map_or(tokens.text + tokens.image(), |c| c.max(1) as u64);
+    let layout = TransformerLayout::chunked(config, tokens, chunk, &mut arena)
         .map_err(|e| RunError::Gpu(GpuError::UnsupportedShape(e.to_string())))?;
     let mut blocks = vec![collect_ops(|emit| program::prologue(&layout, emit))];
     for b in 0..config.num_layers {

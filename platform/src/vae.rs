@@ -232,8 +232,14 @@ fn decoder_specs(config: &VaeConfig) -> Vec<TensorSpec> {
 
 /// Device bytes of the decoder's weights as [`VaeDecoder::new`] uploads them.
 pub fn decoder_weight_bytes(config: &VaeConfig, store: &WeightStore) -> Result<u64, LoadError> {
+    weight_bytes(store, &decoder_specs(config))
+}
+
+/// Device bytes of the tensors `specs` name as [`upload_checked`] uploads
+/// them (f16 widened to f32, each a whole number of 4-byte words).
+pub(crate) fn weight_bytes(store: &WeightStore, specs: &[TensorSpec]) -> Result<u64, LoadError> {
     let mut bytes = 0;
-    for spec in decoder_specs(config) {
+    for spec in specs {
         let t = store.tensor(&spec.name)?;
         let widened = if t.dtype == safetensors::tensor::Dtype::F16 { 2 } else { 1 };
         bytes += (widened * t.bytes.len() as u64).div_ceil(4).max(1) * 4;

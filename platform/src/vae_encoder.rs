@@ -59,6 +59,12 @@ impl VaeEncoder {
         (h as usize, w as usize)
     }
 
+    /// The reference tokens' grid (height, width): one token per 2×2 latent cells.
+    pub fn token_grid(&self) -> (usize, usize) {
+        let (h, w) = self.latent_size();
+        (h / 2, w / 2)
+    }
+
     /// The posterior mean `[latent_channels, h, w]` of an image `[3, height, width]` in [-1, 1].
     pub fn posterior_mean(&self, gpu: &Gpu, image: &[f32]) -> Result<Vec<f32>, RunError> {
         let l = &self.layout;
@@ -85,6 +91,11 @@ impl VaeEncoder {
         program::reference_tokens(&mean, &self.bn_mean, &self.bn_var, channels, h, w, eps, &mut tokens);
         Ok(tokens)
     }
+}
+
+/// Device bytes of the encoder's weights as [`VaeEncoder::new`] uploads them.
+pub fn encoder_weight_bytes(config: &VaeConfig, store: &WeightStore) -> Result<u64, LoadError> {
+    crate::vae::weight_bytes(store, &encoder_specs(config))
 }
 
 /// What encoding reads: `encoder.*` and `quant_conv.*`.

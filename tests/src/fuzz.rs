@@ -66,7 +66,7 @@ pub fn model_configs(data: &[u8]) -> bool {
             accepted = false;
             continue;
         };
-        let input = sizes.plan_input(&model, width, height, DeviceLimits::WEBGPU_DEFAULT, None);
+        let input = sizes.plan_input(&model, width, height, &[], DeviceLimits::WEBGPU_DEFAULT, None);
         if let Ok(minimum) = planner::minimum_budget(&input) {
             let mut tight = input;
             tight.budget = Some(minimum);

@@ -7,7 +7,7 @@ pub mod fuzz;
 
 use flux_lite_core::plan::WeightStrategy;
 use flux_lite_platform::model::{Component, ModelFolder};
-use flux_lite_platform::transformer::Transformer;
+use flux_lite_platform::transformer::{LatentGrids, Transformer};
 use flux_lite_platform::{Gpu, GpuOptions};
 use safetensors::tensor::{Dtype, SafeTensors};
 use std::sync::OnceLock;
@@ -170,7 +170,7 @@ pub fn only_an_error_line(out: &std::process::Output) -> String {
 /// latent values for `text` prompt tokens: the velocity.
 pub fn velocity_of_two_passes(gpu: &Gpu, t: &Transformer, text: usize) -> Vec<f32> {
     let prompt: Vec<f32> = (0..text * t.layout.joint_dim as usize).map(|i| ((i * 37 % 101) as f32 / 50.0) - 1.0).collect();
-    let latents: Vec<f32> = (0..t.layout.image as usize * t.layout.in_channels as usize).map(|i| ((i * 53 % 89) as f32 / 44.0) - 1.0).collect();
+    let latents: Vec<f32> = (0..t.layout.noise as usize * t.layout.in_channels as usize).map(|i| ((i * 53 % 89) as f32 / 44.0) - 1.0).collect();
     t.set_prompt(gpu, &prompt).unwrap();
     t.set_latents(gpu, &latents).unwrap();
     // Two passes: the second finds weight slots holding the previous pass's last blocks.
@@ -233,7 +233,7 @@ impl TransformerCase {
         assert_eq!(shape.len(), 4, "{name}: noise_shape");
         let store = model.weights(Component::Transformer).unwrap_or_else(|e| panic!("{e}"));
         let transformer =
-            Transformer::new(gpu(), &model.transformer, store, WeightStrategy::ResidentBf16, None, 512, shape[2], shape[3]).unwrap_or_else(|e| panic!("{e}"));
+            Transformer::new(gpu(), &model.transformer, store, WeightStrategy::ResidentBf16, None, 512, &LatentGrids::noise_only(shape[2], shape[3])).unwrap_or_else(|e| panic!("{e}"));
         let steps = field("steps").as_u64().unwrap_or_else(|| panic!("{name}: steps")) as usize;
         let cfg = field("cfg").as_bool().unwrap_or_else(|| panic!("{name}: cfg"));
         Self { name, goldens, transformer, steps, cfg }

@@ -6,7 +6,7 @@
 
 use flux_lite_core::plan::WeightStrategy;
 use flux_lite_platform::model::{Component, ModelFolder};
-use flux_lite_platform::transformer::Transformer;
+use flux_lite_platform::transformer::{LatentGrids, Transformer};
 use flux_lite_tests::{gpu, model_dir, velocity_of_two_passes};
 
 const TEXT: usize = 8;
@@ -17,7 +17,7 @@ const LAT_W: usize = 5;
 fn run(model: &ModelFolder, strategy: WeightStrategy, chunk: Option<usize>) -> (Vec<f32>, u64) {
     let gpu = gpu();
     let store = model.weights(Component::Transformer).unwrap_or_else(|e| panic!("{e}"));
-    let t = Transformer::new(gpu, &model.transformer, store, strategy, chunk, TEXT, LAT_H, LAT_W).unwrap_or_else(|e| panic!("{e}"));
+    let t = Transformer::new(gpu, &model.transformer, store, strategy, chunk, TEXT, &LatentGrids::noise_only(LAT_H, LAT_W)).unwrap_or_else(|e| panic!("{e}"));
     (velocity_of_two_passes(gpu, &t, TEXT), t.arena_bytes)
 }
 

@@ -317,12 +317,12 @@ fn an_official_df11_folder_loads_as_the_bf16_transformer() {
 fn the_transformer_runs_from_groups_expanded_on_the_device() {
     use flux_lite_core::plan::WeightStrategy;
     use flux_lite_platform::model::{Component, ModelFolder};
-    use flux_lite_platform::transformer::Transformer;
+    use flux_lite_platform::transformer::{LatentGrids, Transformer};
     let gpu = flux_lite_tests::gpu();
     let (text, lat_h, lat_w) = (8, 2, 3);
     let run = |model: &ModelFolder, placement: WeightStrategy| {
         let store = model.weights(Component::Transformer).unwrap_or_else(|e| panic!("{e}"));
-        let t = Transformer::new(gpu, &model.transformer, store, placement, None, text, lat_h, lat_w).unwrap_or_else(|e| panic!("{e}"));
+        let t = Transformer::new(gpu, &model.transformer, store, placement, None, text, &LatentGrids::noise_only(lat_h, lat_w)).unwrap_or_else(|e| panic!("{e}"));
         (flux_lite_tests::velocity_of_two_passes(gpu, &t, text), t.weight_bytes(), t.weight_slot_bytes())
     };
     let plain = ModelFolder::open(&model_dir(MODEL)).unwrap_or_else(|e| panic!("{e}"));
@@ -365,7 +365,7 @@ fn the_transformer_runs_from_groups_expanded_on_the_device() {
 fn forward_passes_allocate_no_device_memory() {
     use flux_lite_core::plan::WeightStrategy;
     use flux_lite_platform::model::{Component, ModelFolder};
-    use flux_lite_platform::transformer::Transformer;
+    use flux_lite_platform::transformer::{LatentGrids, Transformer};
     use flux_lite_platform::{Gpu, GpuOptions};
     let gpu = Gpu::new(&GpuOptions::default()).unwrap_or_else(|e| panic!("{e}"));
     let df11 = ModelFolder::open(&model_dir(MODEL))
@@ -373,7 +373,7 @@ fn forward_passes_allocate_no_device_memory() {
         .unwrap_or_else(|e| panic!("{e}"));
     for strategy in [WeightStrategy::ResidentBf16, WeightStrategy::ResidentDf11 { slots: 1 }, WeightStrategy::Streamed { slots: 2 }] {
         let store = df11.weights(Component::Transformer).unwrap();
-        let t = Transformer::new(&gpu, &df11.transformer, store, strategy, None, 8, 2, 2).unwrap_or_else(|e| panic!("{e}"));
+        let t = Transformer::new(&gpu, &df11.transformer, store, strategy, None, 8, &LatentGrids::noise_only(2, 2)).unwrap_or_else(|e| panic!("{e}"));
         t.set_prompt(&gpu, &vec![0.5; 8 * t.layout.joint_dim as usize]).unwrap();
         t.set_latents(&gpu, &vec![0.25; 4 * t.layout.in_channels as usize]).unwrap();
         let before = gpu.memory();

@@ -189,7 +189,7 @@ fn the_planned_tile_is_untiled_when_it_fits_and_bounded_by_the_binding_otherwise
     use flux_lite_platform::pipeline::Request;
     use flux_lite_platform::{Gpu, GpuOptions};
     let m = ModelFolder::open(&model_dir("tiny-a")).unwrap();
-    let request = Request { width: 96, height: 64, steps: 1, seed: 0, guidance: 1.0, vae_tile: None, memory_budget: None };
+    let request = Request { width: 96, height: 64, steps: 1, seed: 0, guidance: 1.0, vae_tile: None, memory_budget: None, references: Vec::new() };
     assert_eq!(planning::plan(gpu(), &m, &request).unwrap().decode.tile, None);
     // A device whose storage bindings hold 64 KiB: tiny-a's largest activation
     // (64 channels at full resolution) fits 256 pixels, a 16-pixel square tile.
@@ -216,7 +216,7 @@ fn tiled_decode_memory(size: usize) -> (u64, u64) {
     assert_eq!(image.rgb.len(), size * size * 3);
     let high_water = device.memory().high_water;
     let sizes = planning::ModelSizes::from_files(&m, size, size).unwrap();
-    let input: PlanInput<'_> = sizes.plan_input(&m, size, size, device.plan_limits(), None);
+    let input: PlanInput<'_> = sizes.plan_input(&m, size, size, &[], device.plan_limits(), None);
     let planned = plan::decode_options(&input).unwrap().find(|p| p.tile == Some(16)).unwrap();
     (high_water, planned.peak())
 }

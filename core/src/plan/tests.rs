@@ -29,9 +29,11 @@ impl Model {
             width: size,
             height: size,
             prompt_tokens: 512,
+            references: &[],
             transformer_weights: transformer_weights(&self.transformer, self.df11),
             text_encoder_weights: text_encoder_weights(&self.text_encoder, self.df11),
             vae_weight_bytes: vae_decoder_weights(&self.vae),
+            vae_encoder_weight_bytes: vae_encoder_weights(&self.vae),
             limits: LIMITS,
             budget,
         }
@@ -270,4 +272,50 @@ fn a_4096px_image_needs_far_less_by_chunks() {
         // The 7 full-size token spans (stream, norm, q, k, v, attention, projection) remain.
         assert!(minimum * 3 < unchunked * 2, "{} vs {}", Bytes(minimum), Bytes(unchunked));
     }
+}
+
+#[test]
+fn reference_images_add_their_tokens_and_an_encoder_phase() {
+    let model = Model::klein_4b(false);
+    let plain = plan(&model.input(1024, None)).unwrap();
+    assert_eq!(plain.references, None);
+    let refs = [(1024, 1024), (512, 768)];
+    let with = PlanInput { references: &refs, ..model.input(1024, None) };
+    let p = plan(&with).unwrap();
+    let r = p.references.expect("an encoder phase");
+    // The arena is the largest reference's: 3 activations of 128 channels at full resolution, at least.
+    assert!(r.arena_bytes >= 3 * 128 * 1024 * 1024 * 4, "{}", r.arena_bytes);
+    assert_eq!(r.arena_bytes, vae_encoder::arena_bytes(&model.vae, 1024, 1024).unwrap());
+    assert_eq!(r.weight_bytes, vae_encoder_weights(&model.vae));
+    // 4096 + 3072 more image tokens in every activation of the transformer.
+    assert!(p.denoise.arena_bytes > plain.denoise.arena_bytes * 2, "{} vs {}", p.denoise.arena_bytes, plain.denoise.arena_bytes);
+    assert!(p.peak() >= r.peak());
+    // A budget under the encoder's own peak names the encoder.
+    let min = minimum_budget(&with).unwrap();
+    assert!(min >= r.peak());
+    let tight = PlanInput { budget: Some(r.peak() - 1), ..with };
+    match plan(&tight) {
+        Err(PlanError::TooSmall { phase, minimum, .. }) => {
+            assert_eq!(minimum, min);
+            assert!(phase == "the VAE encoder" || phase == "the text encoder" || phase == "the transformer", "{phase}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(plan(&PlanInput { budget: Some(min), ..with }).is_ok());
+}
+
+#[test]
+fn a_reference_beyond_the_adapters_binding_is_refused_up_front() {
+    let model = Model::klein_4b(false);
+    let refs = [(4096, 4096)];
+    let input = PlanInput { references: &refs, ..model.input(1024, None) };
+    match plan(&input) {
+        Err(e @ PlanError::ReferenceTooLarge { width: 4096, height: 4096, bytes, limit }) => {
+            assert!(bytes > limit);
+            assert!(e.to_string().contains("4096×4096 reference image"), "{e}");
+        }
+        other => panic!("{other:?}"),
+    }
+    let odd = [(1000, 1024)];
+    assert!(matches!(plan(&PlanInput { references: &odd, ..model.input(1024, None) }), Err(PlanError::Size(_))));
 }

@@ -1,0 +1,222 @@
+//! Reference images for editing, prepared as `Flux2KleinPipeline` prepares
+//! them with PIL: the file decoded, checked (sides ≥ 64 px, aspect ≤ 8:1),
+//! scaled to about one megapixel with LANCZOS when larger, centre-cropped
+//! to multiples of twice the VAE scale factor, converted to RGB (alpha
+//! dropped, grey repeated), then scaled to [-1, 1].
+
+use crate::error::RunError;
+use crate::resample::{self, Pixels};
+use std::path::{Path, PathBuf};
+
+/// diffusers' `check_image_input` limits.
+pub const MIN_SIDE: usize = 64;
+pub const MAX_ASPECT: usize = 8;
+/// References above this many pixels are scaled down to about it (`_resize_to_target_area`).
+pub const TARGET_AREA: usize = 1024 * 1024;
+/// At most this many references, as other FLUX.2 tools allow.
+pub const MAX_REFERENCES: usize = 16;
+/// Files above this size are refused before decoding.
+const MAX_FILE_BYTES: u64 = 256 << 20;
+/// Decoded images above this many pixels are refused (a 16k × 16k photo).
+const MAX_PIXELS: u64 = 1 << 28;
+
+/// How PIL would hold the decoded file, which decides how it is resized
+/// and converted to RGB.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SourceMode {
+    Rgb,
+    Rgba,
+    Gray,
+    GrayAlpha,
+    /// Palette or 1-bit images: PIL resizes them with NEAREST whatever filter is asked for.
+    Indexed,
+}
+
+/// A reference image ready for the VAE encoder.
+#[derive(Debug, Clone)]
+pub struct ReferenceImage {
+    pub path: PathBuf,
+    /// The file's size, before any resize or crop.
+    pub original: (usize, usize),
+    pub width: usize,
+    pub height: usize,
+    /// `[3, height, width]` in [-1, 1].
+    pub pixels: Vec<f32>,
+}
+
+/// Loads and prepares one reference image; `unit` is twice the VAE scale factor.
+pub fn load(path: &Path, unit: usize) -> Result<ReferenceImage, RunError> {
+    let (mode, decoded) = decode(path)?;
+    let fail = |why: String| RunError::Input(format!("--image {}: {why}", path.display()));
+    let original = (decoded.width, decoded.height);
+    check_size(original.0, original.1).map_err(fail)?;
+    let sized = match target_size(original.0, original.1) {
+        Some((w, h)) => resize(decoded, mode, w, h),
+        None => decoded,
+    };
+    let (width, height) = (sized.width / unit * unit, sized.height / unit * unit);
+    if width == 0 || height == 0 {
+        return Err(fail(format!("{}×{} is smaller than one {unit}-pixel latent cell", sized.width, sized.height)));
+    }
+    let cropped = center_crop(&sized, width, height);
+    Ok(ReferenceImage { path: path.to_path_buf(), original, width, height, pixels: to_model_range(&cropped) })
+}
+
+/// `check_image_input`: both sides at least 64 pixels, aspect ratio at most 8:1.
+pub fn check_size(width: usize, height: usize) -> Result<(), String> {
+    if width < MIN_SIDE || height < MIN_SIDE {
+        return Err(format!("image too small: {width}×{height}; both sides must be at least {MIN_SIDE} pixels"));
+    }
+    if width.max(height) > MAX_ASPECT * width.min(height) {
+        return Err(format!("aspect ratio of {width}×{height} is above {MAX_ASPECT}:1"));
+    }
+    Ok(())
+}
+
+/// `_resize_to_target_area`'s size for images above [`TARGET_AREA`] pixels:
+/// both sides times `√(TARGET_AREA / area)`, truncated; `None` below it.
+pub fn target_size(width: usize, height: usize) -> Option<(usize, usize)> {
+    let area = width as u64 * height as u64;
+    if area <= TARGET_AREA as u64 {
+        return None;
+    }
+    let scale = (TARGET_AREA as f64 / area as f64).sqrt();
+    Some(((width as f64 * scale) as usize, (height as f64 * scale) as usize))
+}
+
+/// Resizes in the file's own mode, as `Image.resize(…, LANCZOS)` does:
+/// alpha premultiplied around the filter, indexed images by NEAREST.
+fn resize(mut p: Pixels, mode: SourceMode, width: usize, height: usize) -> Pixels {
+    match mode {
+        SourceMode::Rgb | SourceMode::Gray => resample::lanczos(&p, width, height),
+        SourceMode::Rgba | SourceMode::GrayAlpha => {
+            resample::premultiply(&mut p);
+            let mut out = resample::lanczos(&p, width, height);
+            resample::unpremultiply(&mut out);
+            out
+        }
+        SourceMode::Indexed => resample::nearest(&p, width, height),
+    }
+}
+
+/// The centre `width × height` window (`_resize_and_crop` with crop mode).
+fn center_crop(p: &Pixels, width: usize, height: usize) -> Pixels {
+    let (left, top) = ((p.width - width) / 2, (p.height - height) / 2);
+    let c = p.channels;
+    let mut data = Vec::with_capacity(width * height * c);
+    for y in top..top + height {
+        data.extend_from_slice(&p.data[(y * p.width + left) * c..][..width * c]);
+    }
+    Pixels::new(width, height, c, data)
+}
+
+/// `convert("RGB")`, then `x/255·2 − 1` in f32, planar `[3, H, W]`.
+fn to_model_range(p: &Pixels) -> Vec<f32> {
+    let plane = p.width * p.height;
+    let mut out = vec![0f32; 3 * plane];
+    for (i, px) in p.data.chunks(p.channels).enumerate() {
+        let rgb = if p.channels >= 3 { [px[0], px[1], px[2]] } else { [px[0]; 3] };
+        for (ch, v) in rgb.into_iter().enumerate() {
+            out[ch * plane + i] = 2.0 * (v as f32 / 255.0) - 1.0;
+        }
+    }
+    out
+}
+
+/// The decoded file as PIL would hold it: its mode and 8-bit samples
+/// (RGB, RGBA, L or LA interleaved; indexed images expanded to their colours).
+pub fn decode(path: &Path) -> Result<(SourceMode, Pixels), RunError> {
+    let fail = |why: String| RunError::Input(format!("--image {}: {why}", path.display()));
+    let meta = std::fs::metadata(path).map_err(|e| fail(format!("cannot read: {e}")))?;
+    if !meta.is_file() {
+        return Err(fail("not a file".into()));
+    }
+    if meta.len() > MAX_FILE_BYTES {
+        return Err(fail(format!("{} bytes is above the {MAX_FILE_BYTES}-byte limit for an image file", meta.len())));
+    }
+    let bytes = std::fs::read(path).map_err(|e| fail(format!("cannot read: {e}")))?;
+    let format = image::guess_format(&bytes).map_err(|_| fail("not a PNG or JPEG image".into()))?;
+    if !matches!(format, image::ImageFormat::Png | image::ImageFormat::Jpeg) {
+        return Err(fail(format!("{format:?} images are not supported; give a PNG or JPEG")));
+    }
+    let png = (format == image::ImageFormat::Png).then(|| png_header(&bytes)).flatten();
+    let mut reader = image::ImageReader::with_format(std::io::Cursor::new(&bytes), format);
+    let mut limits = image::Limits::default();
+    limits.max_alloc = Some(4 * MAX_PIXELS);
+    reader.limits(limits);
+    let img = reader.decode().map_err(|e| fail(format!("cannot decode: {}", one_line(&e.to_string()))))?;
+    let (width, height) = (img.width() as usize, img.height() as usize);
+    if width == 0 || height == 0 {
+        return Err(fail(format!("the image is empty ({width}×{height})")));
+    }
+    if (width as u64) * (height as u64) > MAX_PIXELS {
+        return Err(fail(format!("{width}×{height} pixels is above the {MAX_PIXELS}-pixel limit")));
+    }
+    use image::DynamicImage as D;
+    let indexed = png.is_some_and(|h| h.color_type == PNG_PALETTE || (h.color_type == PNG_GRAY && h.depth == 1));
+    let high_byte = |v: &[u16]| v.iter().map(|&s| (s >> 8) as u8).collect::<Vec<u8>>();
+    let (mode, channels, data) = match img {
+        D::ImageRgb8(b) => (SourceMode::Rgb, 3, b.into_raw()),
+        D::ImageRgba8(b) => (SourceMode::Rgba, 4, b.into_raw()),
+        D::ImageLuma8(b) => (SourceMode::Gray, 1, b.into_raw()),
+        D::ImageLumaA8(b) => (SourceMode::GrayAlpha, 2, b.into_raw()),
+        // PIL keeps the high byte of 16-bit colour samples.
+        D::ImageRgb16(b) => (SourceMode::Rgb, 3, high_byte(b.as_raw())),
+        D::ImageRgba16(b) => (SourceMode::Rgba, 4, high_byte(b.as_raw())),
+        // PIL opens 16-bit grey with alpha as RGBA (high bytes).
+        D::ImageLumaA16(b) => {
+            let rgba = b.as_raw().chunks(2).flat_map(|la| [la[0], la[0], la[0], la[1]]).collect::<Vec<u16>>();
+            (SourceMode::Rgba, 4, high_byte(&rgba))
+        }
+        D::ImageLuma16(_) => {
+            return Err(fail(
+                "16-bit greyscale is not supported (diffusers would clip every level above 255 to white); save it as 8-bit".into(),
+            ))
+        }
+        other => return Err(fail(format!("unsupported pixel format {:?}", other.color()))),
+    };
+    let mode = if indexed { SourceMode::Indexed } else { mode };
+    Ok((mode, Pixels::new(width, height, channels, data)))
+}
+
+const PNG_GRAY: u8 = 0;
+const PNG_PALETTE: u8 = 3;
+
+#[derive(Debug, Clone, Copy)]
+struct PngHeader {
+    depth: u8,
+    color_type: u8,
+}
+
+/// The bit depth and colour type in a PNG's IHDR (the first chunk).
+fn png_header(bytes: &[u8]) -> Option<PngHeader> {
+    let ihdr = bytes.get(8..8 + 8 + 13)?;
+    (&ihdr[4..8] == b"IHDR").then(|| PngHeader { depth: ihdr[16], color_type: ihdr[17] })
+}
+
+fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn size_checks_follow_diffusers() {
+        assert!(check_size(64, 64).is_ok());
+        assert!(check_size(63, 1000).unwrap_err().contains("63×1000"));
+        assert!(check_size(512, 64).is_ok());
+        assert!(check_size(520, 64).unwrap_err().contains("8:1"));
+        assert_eq!(target_size(1024, 1024), None);
+        assert_eq!(target_size(3000, 3000), Some((1024, 1024)));
+    }
+
+    #[test]
+    fn model_range_is_two_x_over_255_minus_one() {
+        // Grey is repeated into the three planes.
+        let p = Pixels::new(3, 1, 1, vec![0, 255, 128]);
+        let half = 2.0 * (128f32 / 255.0) - 1.0;
+        assert_eq!(to_model_range(&p), [-1.0, 1.0, half, -1.0, 1.0, half, -1.0, 1.0, half]);
+    }
+}

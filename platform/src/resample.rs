@@ -1,0 +1,233 @@
+//! Resizing 8-bit images the way PIL's `Image.resize` does, so a reference
+//! image resized here gives the pixels diffusers feeds its VAE encoder.
+//!
+//! LANCZOS is a separable two-pass filter: rows first (skipped when the
+//! width does not change), then columns, each pass rounding to 8 bits. The
+//! weights of each output pixel are the windowed sinc `sinc(x)·sinc(x/3)`
+//! over `|x| < 3`, stretched by the downscale factor, normalised to sum 1
+//! in f64, then quantised to 22-bit fixed point; a pixel is the fixed-point
+//! sum plus one half, shifted back and clamped to 0–255. NEAREST picks the
+//! source pixel under each output pixel's centre.
+
+/// Fractional bits of the fixed-point filter weights (32 − 8 − 2: the sum of
+/// 8-bit samples times weights stays inside an i32).
+const PRECISION_BITS: u32 = 22;
+/// Half-width of the Lanczos window, in source pixels at scale 1.
+const LANCZOS_SUPPORT: f64 = 3.0;
+
+/// An interleaved 8-bit image, `channels` samples per pixel.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pixels {
+    pub width: usize,
+    pub height: usize,
+    pub channels: usize,
+    pub data: Vec<u8>,
+}
+
+impl Pixels {
+    pub fn new(width: usize, height: usize, channels: usize, data: Vec<u8>) -> Self {
+        debug_assert_eq!(data.len(), width * height * channels);
+        Self { width, height, channels, data }
+    }
+
+    fn row(&self, y: usize) -> &[u8] {
+        &self.data[y * self.width * self.channels..][..self.width * self.channels]
+    }
+}
+
+fn sinc(x: f64) -> f64 {
+    if x == 0.0 {
+        return 1.0;
+    }
+    let x = x * core::f64::consts::PI;
+    x.sin() / x
+}
+
+fn lanczos_window(x: f64) -> f64 {
+    if (-LANCZOS_SUPPORT..LANCZOS_SUPPORT).contains(&x) {
+        sinc(x) * sinc(x / LANCZOS_SUPPORT)
+    } else {
+        0.0
+    }
+}
+
+/// The source window and fixed-point weights of each output pixel along one axis.
+struct AxisWeights {
+    /// `(first source index, count)` per output index.
+    windows: Vec<(usize, usize)>,
+    /// `stride` weights per output index (the unused tail is zero).
+    weights: Vec<i32>,
+    stride: usize,
+}
+
+impl AxisWeights {
+    fn lanczos(in_size: usize, out_size: usize) -> Self {
+        let scale = in_size as f64 / out_size as f64;
+        let stretch = scale.max(1.0);
+        let support = LANCZOS_SUPPORT * stretch;
+        let stride = support.ceil() as usize * 2 + 1;
+        let mut windows = Vec::with_capacity(out_size);
+        let mut weights = vec![0i32; out_size * stride];
+        let mut row = vec![0f64; stride];
+        for (o, out) in weights.chunks_mut(stride).enumerate() {
+            let center = (o as f64 + 0.5) * scale;
+            // Truncation toward zero, as a C cast; the clamp makes the sign moot.
+            let first = ((center - support + 0.5) as i64).max(0) as usize;
+            let end = ((center + support + 0.5) as i64).clamp(0, in_size as i64) as usize;
+            let count = end.saturating_sub(first).min(stride);
+            let mut total = 0.0;
+            for (x, w) in row.iter_mut().enumerate().take(count) {
+                *w = lanczos_window(((x + first) as f64 - center + 0.5) / stretch);
+                total += *w;
+            }
+            for (x, q) in out.iter_mut().enumerate().take(count) {
+                let w = if total != 0.0 { row[x] / total } else { row[x] };
+                let fixed = w * (1u32 << PRECISION_BITS) as f64;
+                *q = if w < 0.0 { (fixed - 0.5) as i32 } else { (fixed + 0.5) as i32 };
+            }
+            windows.push((first, count));
+        }
+        Self { windows, weights, stride }
+    }
+
+    /// One output sample from `count` source samples `stride_in` apart.
+    fn apply(&self, o: usize, source: impl Fn(usize) -> u8) -> u8 {
+        let (first, count) = self.windows[o];
+        let w = &self.weights[o * self.stride..][..count];
+        let mut sum: i32 = 1 << (PRECISION_BITS - 1);
+        for (x, &k) in w.iter().enumerate() {
+            sum += source(first + x) as i32 * k;
+        }
+        (sum >> PRECISION_BITS).clamp(0, 255) as u8
+    }
+}
+
+/// `Image.resize((width, height), LANCZOS)` of an 8-bit image with
+/// independent channels (L, RGB; premultiply alpha first, as PIL does).
+pub fn lanczos(src: &Pixels, width: usize, height: usize) -> Pixels {
+    let c = src.channels;
+    let horizontal = if width != src.width {
+        let axis = AxisWeights::lanczos(src.width, width);
+        let mut data = vec![0u8; width * src.height * c];
+        for (y, out) in data.chunks_mut(width * c).enumerate() {
+            let row = src.row(y);
+            for x in 0..width {
+                for ch in 0..c {
+                    out[x * c + ch] = axis.apply(x, |sx| row[sx * c + ch]);
+                }
+            }
+        }
+        Pixels::new(width, src.height, c, data)
+    } else {
+        src.clone()
+    };
+    if height == horizontal.height {
+        return horizontal;
+    }
+    let axis = AxisWeights::lanczos(horizontal.height, height);
+    let mut data = vec![0u8; width * height * c];
+    let row_len = width * c;
+    for (y, out) in data.chunks_mut(row_len).enumerate() {
+        for (i, v) in out.iter_mut().enumerate() {
+            *v = axis.apply(y, |sy| horizontal.data[sy * row_len + i]);
+        }
+    }
+    Pixels::new(width, height, c, data)
+}
+
+/// `Image.resize((width, height), NEAREST)`, as PIL resizes palette and
+/// 1-bit images whatever filter is asked for: each output pixel takes the
+/// source pixel under its centre, positions stepped by repeated addition.
+pub fn nearest(src: &Pixels, width: usize, height: usize) -> Pixels {
+    let source_index = |in_size: usize, out_size: usize| -> Vec<usize> {
+        let step = in_size as f64 / out_size as f64;
+        let mut at = step * 0.5;
+        let mut out = Vec::with_capacity(out_size);
+        for _ in 0..out_size {
+            out.push((at.max(0.0) as usize).min(in_size - 1));
+            at += step;
+        }
+        out
+    };
+    let (xs, ys) = (source_index(src.width, width), source_index(src.height, height));
+    let c = src.channels;
+    let mut data = Vec::with_capacity(width * height * c);
+    for &sy in &ys {
+        let row = src.row(sy);
+        for &sx in &xs {
+            data.extend_from_slice(&row[sx * c..][..c]);
+        }
+    }
+    Pixels::new(width, height, c, data)
+}
+
+/// `a·b/255` rounded, as PIL's premultiplication computes it in integers.
+fn mul_div_255(a: u8, b: u8) -> u8 {
+    let t = a as u32 * b as u32 + 128;
+    ((t + (t >> 8)) >> 8) as u8
+}
+
+/// Colour channels times alpha (the last channel), as PIL's RGBA → RGBa and LA → La.
+pub fn premultiply(p: &mut Pixels) {
+    let c = p.channels;
+    for px in p.data.chunks_mut(c) {
+        let alpha = px[c - 1];
+        for v in &mut px[..c - 1] {
+            *v = mul_div_255(*v, alpha);
+        }
+    }
+}
+
+/// The inverse of [`premultiply`], as PIL's RGBa → RGBA: colours divided by
+/// alpha in integers, left as they are where alpha is 0 or 255.
+pub fn unpremultiply(p: &mut Pixels) {
+    let c = p.channels;
+    for px in p.data.chunks_mut(c) {
+        let alpha = px[c - 1] as u32;
+        if alpha == 0 || alpha == 255 {
+            continue;
+        }
+        for v in &mut px[..c - 1] {
+            *v = ((255 * *v as u32) / alpha).min(255) as u8;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lanczos_weights_sum_to_one_in_fixed_point() {
+        for (input, output) in [(100, 37), (37, 100), (64, 64), (1000, 3)] {
+            let axis = AxisWeights::lanczos(input, output);
+            for o in 0..output {
+                let (first, count) = axis.windows[o];
+                assert!(first + count <= input);
+                let sum: i64 = axis.weights[o * axis.stride..][..count].iter().map(|&w| w as i64).sum();
+                // Each weight rounds on its own: the sum is one within half a unit per weight.
+                assert!((sum - (1 << PRECISION_BITS)).abs() <= count as i64, "{input}→{output} at {o}: {sum}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_flat_image_stays_flat_and_same_size_is_a_copy() {
+        let flat = Pixels::new(50, 40, 3, vec![173; 50 * 40 * 3]);
+        assert!(lanczos(&flat, 23, 61).data.iter().all(|&v| v == 173));
+        assert!(nearest(&flat, 23, 61).data.iter().all(|&v| v == 173));
+        let ramp = Pixels::new(5, 4, 1, (0..20).map(|v| v as u8 * 10).collect());
+        assert_eq!(lanczos(&ramp, 5, 4), ramp);
+    }
+
+    #[test]
+    fn premultiplication_rounds_as_pil() {
+        // 200·128/255 = 100.39 → 100; 255·α/255 = α; anything · 0 = 0.
+        assert_eq!(mul_div_255(200, 128), 100);
+        assert_eq!(mul_div_255(255, 77), 77);
+        assert_eq!(mul_div_255(99, 0), 0);
+        let mut p = Pixels::new(1, 1, 4, vec![100, 50, 255, 128]);
+        unpremultiply(&mut p);
+        assert_eq!(p.data, [199, 99, 255, 128]);
+    }
+}
