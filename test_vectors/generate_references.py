@@ -227,7 +227,10 @@ def image_goldens() -> None:
     for name, pixels, color_type, depth in files:
         write_png(out / name, pixels, color_type, depth)
     PIL.Image.fromarray(pattern(72, 64, 3, 17), "RGB").convert("P", palette=PIL.Image.Palette.ADAPTIVE, colors=37).save(out / "palette.png")
-    for name in [f[0] for f in files] + ["palette.png"]:
+    # JPEGs with full-resolution chroma (4:4:4) and as cameras write them (4:2:0), quality 90.
+    PIL.Image.fromarray(pattern(96, 80, 3, 19), "RGB").save(out / "photo444.jpg", quality=90, subsampling=0)
+    PIL.Image.fromarray(pattern(96, 80, 3, 19), "RGB").save(out / "photo.jpg", quality=90, subsampling=2)
+    for name in [f[0] for f in files] + ["palette.png", "photo444.jpg", "photo.jpg"]:
         im = PIL.Image.open(out / name)
         rgb = np.asarray(im.convert("RGB"))
         tensors[f"load.{name}"] = torch.from_numpy(rgb.copy())

@@ -86,7 +86,7 @@ pub fn target_size(width: usize, height: usize) -> Option<(usize, usize)> {
 
 /// Resizes in the file's own mode, as `Image.resize(…, LANCZOS)` does:
 /// alpha premultiplied around the filter, indexed images by NEAREST.
-fn resize(mut p: Pixels, mode: SourceMode, width: usize, height: usize) -> Pixels {
+pub fn resize(mut p: Pixels, mode: SourceMode, width: usize, height: usize) -> Pixels {
     match mode {
         SourceMode::Rgb | SourceMode::Gray => resample::lanczos(&p, width, height),
         SourceMode::Rgba | SourceMode::GrayAlpha => {
@@ -110,13 +110,17 @@ fn center_crop(p: &Pixels, width: usize, height: usize) -> Pixels {
     Pixels::new(width, height, c, data)
 }
 
+/// `convert("RGB")`: alpha dropped, grey repeated; interleaved RGB bytes.
+pub fn rgb8(p: &Pixels) -> Vec<u8> {
+    p.data.chunks(p.channels).flat_map(|px| if p.channels >= 3 { [px[0], px[1], px[2]] } else { [px[0]; 3] }).collect()
+}
+
 /// `convert("RGB")`, then `x/255·2 − 1` in f32, planar `[3, H, W]`.
 fn to_model_range(p: &Pixels) -> Vec<f32> {
     let plane = p.width * p.height;
     let mut out = vec![0f32; 3 * plane];
-    for (i, px) in p.data.chunks(p.channels).enumerate() {
-        let rgb = if p.channels >= 3 { [px[0], px[1], px[2]] } else { [px[0]; 3] };
-        for (ch, v) in rgb.into_iter().enumerate() {
+    for (i, rgb) in rgb8(p).chunks(3).enumerate() {
+        for (ch, &v) in rgb.iter().enumerate() {
             out[ch * plane + i] = 2.0 * (v as f32 / 255.0) - 1.0;
         }
     }

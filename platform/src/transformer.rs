@@ -42,7 +42,7 @@ impl LatentGrids {
 
     /// FLUX.2's position of each image row: the noise at T = 0, reference
     /// `i` at T = 10·(i + 1), each over its own `(y, x)` grid.
-    fn positions(&self) -> impl Iterator<Item = [f64; 4]> + '_ {
+    pub fn positions(&self) -> impl Iterator<Item = [f64; 4]> + '_ {
         let grid = |t: usize, (h, w): (usize, usize)| (0..h * w).map(move |i| rope::image_position(t, i / w, i % w));
         let references = self.references.iter().enumerate().flat_map(move |(i, &g)| grid(REFERENCE_T_STEP * (i + 1), g));
         grid(0, self.noise).chain(references)

@@ -88,14 +88,29 @@ impl Goldens {
         (data.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes"))).collect(), shape)
     }
 
+    /// A u8 tensor and its shape.
+    pub fn u8(&self, name: &str) -> (Vec<u8>, Vec<usize>) {
+        let (dtype, shape, data) = self.view(name);
+        assert_eq!(dtype, Dtype::U8, "{name}");
+        (data.to_vec(), shape)
+    }
+
     pub fn case_json(&self) -> serde_json::Value {
-        let text = std::fs::read_to_string(self.dir.join("case.json")).expect("case.json");
-        serde_json::from_str(&text).expect("case.json is JSON")
+        self.json("case.json")
+    }
+
+    /// A JSON file of the case's folder.
+    pub fn json(&self, file: &str) -> serde_json::Value {
+        let text = std::fs::read_to_string(self.dir.join(file)).unwrap_or_else(|e| panic!("{file}: {e}"));
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{file}: {e}"))
     }
 }
 
 /// The cases the generator wrote.
 pub const CASES: [&str; 5] = ["tiny-a/one-step", "tiny-a/four-step-wide", "tiny-b/three-step", "tiny-b/cfg", "tiny-9b/two-step"];
+
+/// The reference-image cases of `generate_references.py`.
+pub const REFERENCE_CASES: [&str; 3] = ["tiny-a/reference-one", "tiny-a/reference-two", "tiny-b/reference-cfg"];
 
 /// Largest |a − b| and where it is.
 pub fn max_abs_diff(a: &[f32], b: &[f32]) -> (f32, usize) {
