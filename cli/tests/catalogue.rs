@@ -336,3 +336,64 @@ fn prompts_from_files_empty_long_and_huge() {
     assert!(the_error_line(&run).contains("--prompt-file"));
     assert!(!huge_png.exists());
 }
+
+/// CRC-32 (IEEE, reflected) of PNG chunks, bit by bit.
+fn crc32(bytes: &[u8]) -> u32 {
+    let mut crc = !0u32;
+    for &b in bytes {
+        crc ^= b as u32;
+        for _ in 0..8 {
+            crc = if crc & 1 == 1 { (crc >> 1) ^ 0xEDB8_8320 } else { crc >> 1 };
+        }
+    }
+    !crc
+}
+
+/// A 16-bit greyscale PNG of `w × h`.
+fn gray16_png(path: &Path, w: u32, h: u32) {
+    let file = std::fs::File::create(path).unwrap();
+    let mut enc = png::Encoder::new(file, w, h);
+    enc.set_color(png::ColorType::Grayscale);
+    enc.set_depth(png::BitDepth::Sixteen);
+    let mut writer = enc.write_header().unwrap();
+    writer.write_image_data(&vec![0x80; (w * h * 2) as usize]).unwrap();
+}
+
+#[test]
+fn bad_reference_images() {
+    let model = broken_copy("references");
+    let dir = model.parent().unwrap().to_path_buf();
+    let path = |name: &str| dir.join(name).to_string_lossy().into_owned();
+    let rgb = |name: &str, w: u32, h: u32| {
+        image::RgbImage::from_fn(w, h, |x, y| image::Rgb([x as u8, y as u8, 7])).save(dir.join(name)).unwrap();
+        path(name)
+    };
+    let good = rgb("good.png", 64, 64);
+    // Missing, a directory, not an image, cut short.
+    expect_one_error(&model, &["--image", &path("missing.png")], &[], &["--image", "missing.png", "cannot read"]);
+    expect_one_error(&model, &["--image", dir.to_str().unwrap()], &[], &["--image", "not a file"]);
+    std::fs::write(dir.join("notes.png"), "this is text, not pixels").unwrap();
+    expect_one_error(&model, &["--image", &path("notes.png")], &[], &["notes.png", "not a PNG or JPEG"]);
+    let bytes = std::fs::read(&good).unwrap();
+    std::fs::write(dir.join("cut.png"), &bytes[..bytes.len() / 2]).unwrap();
+    expect_one_error(&model, &["--image", &path("cut.png")], &[], &["cut.png", "cannot decode"]);
+    // Zero width in the header (with a valid checksum).
+    let mut zero = bytes.clone();
+    zero[16..20].copy_from_slice(&0u32.to_be_bytes());
+    let crc = crc32(&zero[12..29]);
+    zero[29..33].copy_from_slice(&crc.to_be_bytes());
+    std::fs::write(dir.join("zero.png"), &zero).unwrap();
+    expect_one_error(&model, &["--image", &path("zero.png")], &[], &["zero.png"]);
+    // Too small, too narrow: diffusers' check_image_input.
+    expect_one_error(&model, &["--image", &rgb("small.png", 63, 200)], &[], &["small.png", "63×200", "at least 64"]);
+    expect_one_error(&model, &["--image", &rgb("strip.png", 580, 64)], &[], &["strip.png", "8:1"]);
+    // 16-bit grey: PIL would clip it to white; refused instead.
+    gray16_png(&dir.join("gray16.png"), 64, 64);
+    expect_one_error(&model, &["--image", &path("gray16.png")], &[], &["gray16.png", "16-bit greyscale"]);
+    // Another format, known by its magic bytes.
+    std::fs::write(dir.join("image.bmp"), [b"BM".as_slice(), &[0u8; 60]].concat()).unwrap();
+    expect_one_error(&model, &["--image", &path("image.bmp")], &[], &["image.bmp", "give a PNG or JPEG"]);
+    // More than 16.
+    let many: Vec<&str> = (0..17).flat_map(|_| ["--image", good.as_str()]).collect();
+    expect_one_error(&model, &many, &[], &["17 reference images", "at most 16"]);
+}

@@ -29,7 +29,19 @@ fn reproduce(case: &str, extra: &[&str]) {
     let model = model_dir(&s("model"));
     let (prompt, seed, steps, width, height) = (s("prompt"), s("seed"), s("steps"), s("width"), s("height"));
     let mut args = vec!["--model", model.to_str().unwrap(), "--prompt", &prompt, "--seed", &seed, "--steps", &steps];
-    args.extend(["--width", &width, "--height", &height, "--output", out.to_str().unwrap()]);
+    // Reference images, when the case has them (generate_references.py).
+    let references: Vec<String> = c["references"]
+        .as_array()
+        .map(|a| a.iter().map(|r| Goldens::dir(case).join(r["file"].as_str().unwrap()).to_string_lossy().into_owned()).collect())
+        .unwrap_or_default();
+    for r in &references {
+        args.extend(["--image", r]);
+    }
+    // The size flags, unless the case leaves the size to the first reference.
+    if !c["width_flag"].is_null() || references.is_empty() {
+        args.extend(["--width", &width, "--height", &height]);
+    }
+    args.extend(["--output", out.to_str().unwrap()]);
     args.extend(extra);
     let run = gen(&args);
     let stderr = String::from_utf8_lossy(&run.stderr);
@@ -53,6 +65,8 @@ fn reproduce(case: &str, extra: &[&str]) {
     assert_eq!(text("steps").as_deref(), Some(steps.as_str()));
     assert_eq!(text("size"), Some(format!("{width}x{height}")));
     assert!(text("model").is_some_and(|m| m.contains(&s("model"))));
+    let named: Vec<&String> = got.text.iter().filter(|(k, _)| k == "reference").map(|(_, v)| v).collect();
+    assert_eq!(named, references.iter().collect::<Vec<_>>(), "{case}: the reference files in the PNG's text");
     only_the_png_is_left(&dir);
 }
 
@@ -86,6 +100,24 @@ fn base_model_with_guidance_by_default() {
 fn the_9b_structure_at_a_tiny_scale() {
     // tiny-9b: 1 double to 3 single blocks, Qwen3 with 4 query heads per key head, joint = 3 × hidden.
     reproduce("tiny-9b/two-step", &[]);
+}
+
+#[test]
+fn one_reference_image_sets_the_size() {
+    // 66×90 RGB, centre-cropped to 64×88, which becomes the output size.
+    reproduce("tiny-a/reference-one", &[]);
+}
+
+#[test]
+fn two_reference_images_with_alpha_and_grey() {
+    // 64×64 RGBA (alpha dropped) and 80×68 greyscale, at T = 10 and 20; output 32×48.
+    reproduce("tiny-a/reference-two", &[]);
+}
+
+#[test]
+fn a_reference_image_under_guidance() {
+    // tiny-b is not distilled: both passes of each step see the reference tokens.
+    reproduce("tiny-b/reference-cfg", &[]);
 }
 
 #[test]
