@@ -158,6 +158,10 @@ pub fn run(args: &GenArgs) -> Result<(), String> {
         for r in &references {
             eprintln!("reference {}: {}×{} → {}×{}", r.path.display(), r.original.0, r.original.1, r.width, r.height);
         }
+        if let Some(r) = plan.references {
+            let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+            eprintln!("plan: VAE encoder untiled, arena {:.2} MiB, peak {:.2} MiB", mib(r.arena_bytes), mib(r.peak()));
+        }
         match plan.decode.tile {
             Some(tile) => eprintln!("plan: VAE in bands, arena of a {tile}-pixel square"),
             None => eprintln!("plan: VAE untiled"),

@@ -30,14 +30,19 @@ fn peak_line(stderr: &str) -> (f64, f64) {
 }
 
 fn check_model(name: &str) {
+    check_run(name, name, &[]);
+}
+
+/// `check_model` for a run of `name` with `extra` flags, in scratch folder `label`.
+fn check_run(label: &str, name: &str, extra: &[&str]) {
     let model = model_dir(name);
-    let dir = scratch_dir(&format!("budget-{name}"));
+    let dir = scratch_dir(&format!("budget-{label}"));
     let (free, tight, tiny) = (dir.join("free"), dir.join("tight"), dir.join("tiny"));
     for d in [&free, &tight, &tiny] {
         std::fs::create_dir_all(d).unwrap();
     }
 
-    let run = gen(&model, &tiny, &["--memory-budget", "1KiB"]);
+    let run = gen(&model, &tiny, &[&["--memory-budget", "1KiB"], extra].concat());
     let stderr = String::from_utf8_lossy(&run.stderr);
     assert!(!run.status.success(), "{name}: 1 KiB must fail");
     let line = stderr.lines().find(|l| l.starts_with("error: ")).unwrap_or_else(|| panic!("{stderr}"));
@@ -45,16 +50,19 @@ fn check_model(name: &str) {
     let minimum: u64 = line.rsplit_once('(').unwrap().1.trim_end_matches(" B)").parse().unwrap();
     assert!(!tiny.join("out.png").exists() && !tiny.join("latents.safetensors").exists(), "{name}: a refused run wrote a file");
 
-    let run = gen(&model, &free, &[]);
+    let run = gen(&model, &free, extra);
     assert!(run.status.success(), "{name}: {}", String::from_utf8_lossy(&run.stderr));
     let budget = format!("{minimum}B");
-    let run = gen(&model, &tight, &["--memory-budget", &budget, "--verbose"]);
+    let run = gen(&model, &tight, &[&["--memory-budget", budget.as_str(), "--verbose"], extra].concat());
     let stderr = String::from_utf8_lossy(&run.stderr);
     assert!(run.status.success(), "{name} at its minimum {minimum} B: {stderr}");
     let (peak, allowed) = peak_line(&stderr);
     eprintln!("{name}: minimum {minimum} B; peak {peak} MiB of {allowed} MiB\n{stderr}");
     assert!(peak <= allowed, "{name}: peak {peak} MiB above the budget {allowed} MiB");
     assert!(stderr.contains("plan: text encoder") && stderr.contains("transformer"), "{stderr}");
+    if extra.contains(&"--image") {
+        assert!(stderr.contains("plan: VAE encoder"), "{stderr}");
+    }
 
     // The tensor's bytes, not the file's: metadata keys may come in any order.
     let latents = |d: &Path| {
@@ -77,6 +85,13 @@ fn tiny_a_runs_at_its_minimum_budget() {
 #[test]
 fn tiny_b_runs_at_its_minimum_budget() {
     check_model("tiny-b");
+}
+
+#[test]
+fn tiny_b_with_a_reference_image_runs_at_its_minimum_budget() {
+    // The reference adds a VAE-encoder phase and 72 image tokens to every transformer pass.
+    let reference = flux_lite_tests::test_vectors().join("goldens/tiny-b/reference-cfg/ref0.png");
+    check_run("tiny-b-reference", "tiny-b", &["--image", reference.to_str().unwrap()]);
 }
 
 #[test]

@@ -50,3 +50,33 @@ fn an_image_size_the_latent_cannot_pack_is_refused() {
     let err = VaeEncoder::new(gpu(), &folder.vae, &store, 36, 32).unwrap_err().to_string();
     assert!(err.contains("36×32") && err.contains("multiple of 8"), "{err}");
 }
+
+#[test]
+fn encoding_references_stays_within_the_planned_bytes() {
+    use flux_lite_platform::pipeline::{self, Request, Timings};
+    use flux_lite_platform::{planning, reference_image, Gpu, GpuOptions};
+    let g = Goldens::load("tiny-a/reference-two");
+    let folder = ModelFolder::open(&model_dir("tiny-a")).unwrap();
+    let unit = 2 * folder.vae.scale_factor();
+    let refs: Vec<_> = ["ref0.png", "ref1.png"].iter().map(|f| reference_image::load(&g.dir.join(f), unit).unwrap()).collect();
+    // A fresh device, so its high-water mark is this phase's alone.
+    let device = Gpu::new(&GpuOptions::default()).unwrap();
+    let request = Request {
+        width: 32,
+        height: 48,
+        steps: 1,
+        seed: 0,
+        guidance: 1.0,
+        vae_tile: None,
+        memory_budget: None,
+        references: refs.iter().map(|r| (r.width, r.height)).collect(),
+    };
+    let planned = planning::plan(&device, &folder, &request).unwrap().references.expect("a reference phase");
+    let live_before = device.memory().live;
+    let encoded = pipeline::encode_references(&device, &folder, &refs, &mut Timings::default(), &mut |_| {}).unwrap();
+    assert_eq!(encoded.grids, [(16, 16), (17, 20)]);
+    let high_water = device.memory().high_water;
+    eprintln!("reference encode: high-water {high_water} B, planned {} B", planned.peak());
+    assert!(high_water <= planned.peak(), "measured {high_water} B above the planned {} B", planned.peak());
+    assert_eq!(device.memory().live, live_before, "the encoder's buffers are released");
+}
