@@ -250,6 +250,8 @@ pub enum PlanError {
     Size(&'static str),
     /// A reference image needs a larger buffer or binding than the adapter allows.
     ReferenceTooLarge { width: u64, height: u64, bytes: u64, limit: u64 },
+    /// The transformer's attention keys (all tokens, one binding) exceed the adapter's binding.
+    AttentionTooLarge { tokens: u64, bytes: u64, limit: u64 },
     /// No strategy of `phase` fits the budget; `minimum` is the smallest budget that works for the run.
     TooSmall { budget: u64, phase: &'static str, minimum: u64 },
 }
@@ -258,6 +260,10 @@ impl fmt::Display for PlanError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             PlanError::Size(why) => f.write_str(why),
+            PlanError::AttentionTooLarge { tokens, bytes, limit } => write!(
+                f,
+                "the transformer's attention over {tokens} tokens binds {bytes} bytes of keys at once, above the adapter's limit of {limit} bytes; use a smaller size or fewer reference images"
+            ),
             PlanError::ReferenceTooLarge { width, height, bytes, limit } => write!(
                 f,
                 "encoding a {width}×{height} reference image needs a {bytes}-byte buffer, above the adapter's limit of {limit} bytes"
@@ -433,8 +439,10 @@ fn encode_phase(c: &Qwen3Config, tokens: u64, weights: WeightSizes) -> Result<Ph
 #[derive(Debug, Clone)]
 struct DenoiseOptions {
     weights: WeightSizes,
-    /// Arena and other bytes unchunked.
-    unchunked: (u64, u64),
+    /// Arena and other bytes unchunked; `None` when the unchunked single
+    /// blocks' keys (a column window of the fused projection, whose rows are
+    /// `3D + 2F` wide) exceed one storage binding.
+    unchunked: Option<(u64, u64)>,
     /// `(chunk, (arena, other))` for each chunk `CHUNK_ROWS · 2ᵏ` below the token count, largest first.
     chunked: heapless::Vec<(u64, (u64, u64)), 64>,
 }
@@ -443,12 +451,24 @@ impl DenoiseOptions {
     fn new(input: &PlanInput<'_>) -> Result<Self, PlanError> {
         let (lat_h, lat_w) = latent_grid(input)?;
         let rows = input.prompt_tokens + lat_h * lat_w + reference_tokens(input)?;
-        let unchunked = denoise_fixed(input, rows)?;
+        // Attention binds the keys of every token at once: `D`-wide rows
+        // chunked, fused-projection rows unchunked.
+        let c = input.transformer;
+        let (d, f) = (c.inner_dim() as u64, c.mlp_hidden_dim() as u64);
+        let keys = |width: u64| rows.saturating_mul(width).saturating_mul(4);
+        let limit = input.limits.max_binding;
+        if keys(d) > limit {
+            return Err(PlanError::AttentionTooLarge { tokens: rows, bytes: keys(d), limit });
+        }
+        let unchunked = if keys(3 * d + 2 * f) <= limit { Some(denoise_fixed(input, rows)?) } else { None };
         let mut chunked = heapless::Vec::new();
         let largest_shift = u64::BITS - 1 - CHUNK_ROWS.ilog2();
         for chunk in (0..=largest_shift).rev().map(|k| CHUNK_ROWS << k).filter(|&c| c < rows) {
             // At most 58 shifts fit in 64 bits: the list never overflows.
             let _ = chunked.push((chunk, denoise_fixed(input, chunk)?));
+        }
+        if unchunked.is_none() && chunked.is_empty() {
+            return Err(PlanError::AttentionTooLarge { tokens: rows, bytes: keys(3 * d + 2 * f), limit });
         }
         Ok(Self { weights: input.transformer_weights, unchunked, chunked })
     }
@@ -468,15 +488,15 @@ impl DenoiseOptions {
     /// need less scratch but more dispatch parameters).
     fn least_of(&self, weights: WeightStrategy) -> impl Iterator<Item = PhasePlan> + '_ {
         let smallest = self.chunked(weights).min_by_key(PhasePlan::peak);
-        [Some(self.phase(weights, None, self.unchunked)), smallest].into_iter().flatten()
+        [self.unchunked.map(|u| self.phase(weights, None, u)), smallest].into_iter().flatten()
     }
 
     /// Each weight strategy in turn, fastest first: unchunked if it fits,
     /// else with the largest chunk that fits.
     fn fastest_within(&self, budget: u64) -> Option<PhasePlan> {
         self.weights.strategies().find_map(|s| {
-            let unchunked = self.phase(s, None, self.unchunked);
-            if unchunked.peak() <= budget {
+            let unchunked = self.unchunked.map(|u| self.phase(s, None, u));
+            if let Some(unchunked) = unchunked.filter(|p| p.peak() <= budget) {
                 return Some(unchunked);
             }
             self.chunked(s).find(|p| p.peak() <= budget)

@@ -41,3 +41,35 @@ fn chunked_feed_forward_gives_the_unchunked_velocity_bit_for_bit() {
         }
     }
 }
+
+/// On a device whose bindings cannot hold the unchunked single blocks'
+/// attention keys (a window of the fused projection, `3D + 2F` floats a
+/// row), the plan picks chunks, which keep keys in `D`-wide rows; the
+/// chunked pass runs there and gives the velocity of the unchunked pass on
+/// a device without that limit, bit for bit.
+#[test]
+fn the_plan_chunks_when_attention_keys_exceed_a_binding() {
+    use flux_lite_platform::error::{GpuError, RunError};
+    use flux_lite_platform::pipeline::Request;
+    use flux_lite_platform::{planning, Gpu, GpuOptions};
+    let model = ModelFolder::open(&model_dir("tiny-a")).unwrap();
+    // 32×32 pixels: 512 + 64 tokens. Keys: 576 × 576 × 4 = 1.3 MB unchunked, 576 × 64 × 4 = 147 KB chunked.
+    let small = Gpu::new(&GpuOptions { max_storage_binding: Some(512 * 1024), ..Default::default() }).unwrap();
+    let request = Request { width: 32, height: 32, steps: 1, seed: 0, guidance: 1.0, vae_tile: None, memory_budget: None, references: Vec::new() };
+    let chunk = planning::plan(&small, &model, &request).unwrap().denoise.chunk.expect("the plan chunks");
+    let on = |gpu: &Gpu, chunk: Option<usize>| {
+        let store = model.weights(Component::Transformer).unwrap();
+        let t = Transformer::new(gpu, &model.transformer, store, WeightStrategy::ResidentBf16, chunk, 512, &LatentGrids::noise_only(8, 8))?;
+        let prompt = vec![0.25; 512 * t.layout.joint_dim as usize];
+        t.set_prompt(gpu, &prompt)?;
+        t.set_latents(gpu, &vec![0.5; 64 * t.layout.in_channels as usize])?;
+        t.forward(gpu, 700.0, &mut |_| {})?;
+        Ok::<_, RunError>(t.velocity(gpu)?)
+    };
+    // Without chunks the small device cannot bind the keys: the test bites.
+    let err = on(&small, None).unwrap_err();
+    assert!(matches!(err, RunError::Gpu(GpuError::BindingTooLarge { what: "attention keys", .. })), "{err}");
+    let got = on(&small, Some(chunk as usize)).unwrap();
+    let want = on(gpu(), None).unwrap();
+    assert!(got.iter().map(|v| v.to_bits()).eq(want.iter().map(|v| v.to_bits())), "chunks of {chunk}: the velocity differs");
+}

@@ -267,7 +267,11 @@ fn a_4096px_image_needs_far_less_by_chunks() {
         let minimum = minimum_budget(&input).unwrap();
         let p = plan(&model.input(4096, Some(minimum))).unwrap_or_else(|e| panic!("{e}"));
         assert!(p.denoise.chunk.is_some(), "{p:#?}");
-        let unchunked = denoise_options(&input).unwrap().filter(|p| p.chunk.is_none()).map(|p| p.peak()).min().unwrap();
+        // Unchunked, the keys' window of the fused projection (66048 rows of 27648) exceeds even a 4 GiB binding.
+        assert!(denoise_options(&input).unwrap().all(|p| p.chunk.is_some()));
+        let (arena, other) = denoise_fixed(&input, 512 + 256 * 256).unwrap();
+        let w = input.transformer_weights;
+        let unchunked = arena + other + w.strategies().map(|s| w.bytes(s)).min().unwrap();
         println!("4096²: minimum {} with {}; {} unchunked", Bytes(minimum), p.denoise, Bytes(unchunked));
         // The 7 full-size token spans (stream, norm, q, k, v, attention, projection) remain.
         assert!(minimum * 3 < unchunked * 2, "{} vs {}", Bytes(minimum), Bytes(unchunked));
@@ -318,4 +322,28 @@ fn a_reference_beyond_the_adapters_binding_is_refused_up_front() {
     }
     let odd = [(1000, 1024)];
     assert!(matches!(plan(&PlanInput { references: &odd, ..model.input(1024, None) }), Err(PlanError::Size(_))));
+}
+
+#[test]
+fn attention_keys_beyond_one_binding_force_chunks_or_are_refused_up_front() {
+    let model = Model::klein_4b(false);
+    let webgpu = |size: u64| PlanInput { limits: DeviceLimits::WEBGPU_DEFAULT, ..model.input(size, None) };
+    // 4608 tokens: the fused projection's key window (27648-wide rows, 510 MB) exceeds 128 MiB;
+    // the chunked single blocks keep keys in 3072-wide rows (57 MB).
+    let p = plan(&webgpu(1024)).unwrap();
+    assert!(p.denoise.chunk.is_some(), "{:?}", p.denoise);
+    assert!(denoise_options(&webgpu(1024)).unwrap().all(|o| o.chunk.is_some()));
+    // On a device with 4 GiB bindings the unchunked pass is the fastest.
+    assert_eq!(plan(&model.input(1024, None)).unwrap().denoise.chunk, None);
+    // 16896 tokens × 3072 × 4 bytes = 207 MB of keys in any layout.
+    match plan(&webgpu(2048)) {
+        Err(e @ PlanError::AttentionTooLarge { tokens: 16896, bytes: 207_618_048, .. }) => {
+            assert!(e.to_string().contains("16896 tokens"), "{e}");
+        }
+        other => panic!("{other:?}"),
+    }
+    // Reference tokens count: 1024² with a 256² reference is 4864 tokens, 60 MB: it fits chunked.
+    // (A 1024² reference's untiled encoder arena, 1.7 GB, exceeds WebGPU's 256 MiB buffer.)
+    let refs = [(256, 256)];
+    assert!(plan(&PlanInput { references: &refs, ..webgpu(1024) }).unwrap().denoise.chunk.is_some());
 }
