@@ -83,15 +83,20 @@ fn the_published_4b_plans_from_its_config_files_alone() {
     // The folder's JSON gives the same plan as the published shapes in core.
     let transformer = section(&stdout, "transformer (sizes estimated");
     assert_eq!(transformer, expected_transformer_lines(&klein_4b::transformer(), &klein_4b::text_encoder()), "{stdout}");
-    // Five weight strategies, each smaller than the one before, each also in
-    // token chunks (less again); streaming fits the 4B's denoising in 2 GiB.
+    // Five weight strategies in token chunks, each smaller than the one
+    // before; streaming fits the 4B's denoising in 2 GiB. Unchunked, the
+    // single blocks' keys (4608 rows of the 27648-wide fused projection,
+    // 510 MB) fit one binding only on adapters with large bindings, not
+    // lavapipe's or WebGPU's default 128 MiB: those five options are then
+    // left out; where they are listed, each needs more than its chunked twin.
     let peak = |line: &str| parse_gib(line.split(": ").nth(1).unwrap().split(" (").next().unwrap());
     let (chunked, unchunked): (Vec<&str>, Vec<&str>) = transformer.iter().partition(|l| l.contains("-token chunks"));
-    assert_eq!((unchunked.len(), chunked.len()), (5, 5), "{stdout}");
-    assert!(unchunked[3].starts_with("streamed per block from host memory into 2 slots:"));
-    assert!(unchunked[4].starts_with("streamed per block from host memory into 1 slot:"));
-    assert!(peak(unchunked[4]) <= 2.0, "streamed denoising of the 4B at 1024² needs {}", unchunked[4]);
-    assert!(unchunked.windows(2).all(|w| peak(w[1]) < peak(w[0])), "{unchunked:?}");
+    assert_eq!(chunked.len(), 5, "{stdout}");
+    assert!(unchunked.is_empty() || unchunked.len() == 5, "{stdout}");
+    assert!(chunked[3].starts_with("streamed per block from host memory into 2 slots, feed-forward by"));
+    assert!(chunked[4].starts_with("streamed per block from host memory into 1 slot, feed-forward by"));
+    assert!(peak(chunked[4]) <= 2.0, "streamed denoising of the 4B at 1024² needs {}", chunked[4]);
+    assert!(chunked.windows(2).all(|w| peak(w[1]) < peak(w[0])), "{chunked:?}");
     assert!(chunked.iter().zip(&unchunked).all(|(c, u)| peak(c) < peak(u)), "{transformer:?}");
     // The whole run's minimum works, one byte less does not.
     let least = minimum(&stdout);
