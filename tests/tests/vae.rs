@@ -193,8 +193,14 @@ fn the_planned_tile_is_untiled_when_it_fits_and_bounded_by_the_binding_otherwise
     assert_eq!(planning::plan(gpu(), &m, &request).unwrap().decode.tile, None);
     // A device whose storage bindings hold 64 KiB: tiny-a's largest activation
     // (64 channels at full resolution) fits 256 pixels, a 16-pixel square tile.
+    // (The whole run cannot plan there: the transformer's attention keys, 896 × 64 floats, exceed
+    // 64 KiB. The decode phase's own options are what this test is about.)
     let small = Gpu::new(&GpuOptions { max_storage_binding: Some(64 * 1024), ..Default::default() }).unwrap();
-    let tile = planning::plan(&small, &m, &request).unwrap().decode.tile.map(|t| t as usize);
+    let err = planning::plan(&small, &m, &request).unwrap_err().to_string();
+    assert!(err.contains("attention over 896 tokens"), "{err}");
+    let sizes = planning::ModelSizes::from_files(&m, 96, 64).unwrap();
+    let input = sizes.plan_input(&m, 96, 64, &[], small.plan_limits(), None);
+    let tile = flux_lite_core::plan::decode_options(&input).unwrap().next().and_then(|p| p.tile).map(|t| t as usize);
     assert_eq!(tile, Some(16));
     let store = m.weights(Component::Vae).unwrap();
     let mut vae = VaeDecoder::new(&small, &m.vae, &store, 64, 96, tile).unwrap();
