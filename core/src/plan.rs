@@ -349,7 +349,7 @@ pub fn reference_plan(input: &PlanInput<'_>) -> Result<Option<ReferencePlan>, Pl
         vae_encoder::VaeEncoderLayout::new(cfg, unit, unit, &mut arena).map_or(0, |l| count(|emit| vae_encoder::encode(&l, emit)))
     };
     for &(width, height) in input.references {
-        let arena = vae_encoder::arena_bytes(cfg, height, width).map_err(|_| PlanError::Size("a reference image's size is not a positive multiple of 2 × the VAE scale factor"))?;
+        let arena = vae_encoder::arena_bytes(cfg, height, width).map_err(|_| PlanError::Size(REFERENCE_SIZE))?;
         let binding = vae_encoder::largest_binding(cfg, height, width);
         for (bytes, limit) in [(arena, input.limits.max_buffer), (binding, input.limits.max_binding)] {
             if bytes > limit {
@@ -529,13 +529,15 @@ fn denoise_fixed(input: &PlanInput<'_>, chunk: u64) -> Result<(u64, u64), PlanEr
     Ok((arena.high_water(), tables + unconditional + readback + overhead(steps)))
 }
 
+const REFERENCE_SIZE: &str = "a reference image's size is not a positive multiple of 2 × the VAE scale factor";
+
 /// The reference images' tokens, all together.
 fn reference_tokens(input: &PlanInput<'_>) -> Result<u64, PlanError> {
     let unit = 2 * input.vae.scale_factor() as u64;
     let mut tokens = 0u64;
     for &(w, h) in input.references {
         if w == 0 || h == 0 || !w.is_multiple_of(unit) || !h.is_multiple_of(unit) {
-            return Err(PlanError::Size("a reference image's size is not a positive multiple of 2 × the VAE scale factor"));
+            return Err(PlanError::Size(REFERENCE_SIZE));
         }
         tokens = tokens.checked_add((w / unit) * (h / unit)).ok_or(PlanError::Size("the reference images hold too many tokens"))?;
     }
@@ -692,22 +694,19 @@ pub fn text_encoder_weights(c: &Qwen3Config, df11: bool) -> WeightSizes {
 
 /// The VAE encoder's weight bytes (bf16), estimated from the config.
 pub fn vae_encoder_weights(c: &VaeConfig) -> u64 {
-    let mut bytes = 0;
-    tensors::vae(c, |s| {
-        let n = s.name.as_str();
-        if n.starts_with("encoder.") || n.starts_with("quant_conv.") {
-            bytes += (2 * s.shape.iter().product::<usize>() as u64).next_multiple_of(4);
-        }
-    });
-    bytes
+    vae_weights(c, &["encoder.", "quant_conv."])
 }
 
 /// The VAE decoder's weight bytes (bf16), estimated from the config.
 pub fn vae_decoder_weights(c: &VaeConfig) -> u64 {
+    vae_weights(c, &["decoder.", "post_quant_conv.", "bn.running_"])
+}
+
+/// Bytes of the VAE's bf16 tensors whose names start with one of `prefixes`.
+fn vae_weights(c: &VaeConfig, prefixes: &[&str]) -> u64 {
     let mut bytes = 0;
     tensors::vae(c, |s| {
-        let n = s.name.as_str();
-        if n.starts_with("decoder.") || n.starts_with("post_quant_conv.") || n.starts_with("bn.running_") {
+        if prefixes.iter().any(|p| s.name.starts_with(p)) {
             // Each weight is its own buffer, a whole number of 4-byte words.
             bytes += (2 * s.shape.iter().product::<usize>() as u64).next_multiple_of(4);
         }

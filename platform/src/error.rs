@@ -4,6 +4,12 @@
 use std::fmt;
 use std::path::PathBuf;
 
+/// A multi-line report (wgpu's `Validation Error; Caused by: …`, a decoder's
+/// error) as one line: its non-empty lines, trimmed, joined by `; `.
+pub(crate) fn one_line(report: &str) -> String {
+    report.lines().map(str::trim).filter(|l| !l.is_empty()).collect::<Vec<_>>().join("; ")
+}
+
 #[derive(Debug, Clone)]
 pub enum GpuError {
     /// No adapter for the chosen backend (no driver, or no GPU at all).

@@ -1,7 +1,7 @@
 //! The device context: backend and adapter choice, the device with its
 //! limits, a pipeline cache, and upload/readback.
 
-use crate::error::GpuError;
+use crate::error::{one_line, GpuError};
 use flux_lite_kernels::{Kernel, Module};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -488,11 +488,6 @@ impl Gpu {
         self.check_faults()?;
         polled.map(|_| ()).map_err(|e| GpuError::Device(one_line(&e.to_string())))
     }
-}
-
-/// wgpu's multi-line error reports as one line (`Validation Error; Caused by: …`).
-fn one_line(report: &str) -> String {
-    report.lines().map(str::trim).filter(|l| !l.is_empty()).collect::<Vec<_>>().join("; ")
 }
 
 fn storage_usage() -> wgpu::BufferUsages {

@@ -4,7 +4,7 @@
 //! to multiples of twice the VAE scale factor, converted to RGB (alpha
 //! dropped, grey repeated), then scaled to [-1, 1].
 
-use crate::error::RunError;
+use crate::error::{one_line, RunError};
 use crate::resample::{self, Pixels};
 use std::path::{Path, PathBuf};
 
@@ -196,10 +196,6 @@ struct PngHeader {
 fn png_header(bytes: &[u8]) -> Option<PngHeader> {
     let ihdr = bytes.get(8..8 + 8 + 13)?;
     (&ihdr[4..8] == b"IHDR").then(|| PngHeader { depth: ihdr[16], color_type: ihdr[17] })
-}
-
-fn one_line(s: &str) -> String {
-    s.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 #[cfg(test)]

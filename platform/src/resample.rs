@@ -90,7 +90,7 @@ impl AxisWeights {
         Self { windows, weights, stride }
     }
 
-    /// One output sample from `count` source samples `stride_in` apart.
+    /// Output sample `o`: its window's source samples, read through `source`, times the weights.
     fn apply(&self, o: usize, source: impl Fn(usize) -> u8) -> u8 {
         let (first, count) = self.windows[o];
         let w = &self.weights[o * self.stride..][..count];
