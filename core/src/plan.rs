@@ -694,12 +694,12 @@ pub fn text_encoder_weights(c: &Qwen3Config, df11: bool) -> WeightSizes {
 
 /// The VAE encoder's weight bytes (bf16), estimated from the config.
 pub fn vae_encoder_weights(c: &VaeConfig) -> u64 {
-    vae_weights(c, &["encoder.", "quant_conv."])
+    vae_weights(c, &vae_encoder::WEIGHTS)
 }
 
 /// The VAE decoder's weight bytes (bf16), estimated from the config.
 pub fn vae_decoder_weights(c: &VaeConfig) -> u64 {
-    vae_weights(c, &["decoder.", "post_quant_conv.", "bn.running_"])
+    vae_weights(c, &vae::DECODER_WEIGHTS)
 }
 
 /// Bytes of the VAE's bf16 tensors whose names start with one of `prefixes`.

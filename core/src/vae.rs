@@ -13,6 +13,9 @@ use crate::program::{name, Op, Span, ALIGN, F32};
 use crate::reference::ConvShape;
 use core::fmt::{self, Write};
 
+/// Name prefixes of the tensors decoding reads (the BatchNorm statistics de-normalise the latent).
+pub const DECODER_WEIGHTS: [&str; 3] = ["decoder.", "post_quant_conv.", "bn.running_"];
+
 /// Epsilon of every decoder GroupNorm (diffusers builds the decoder with `resnet_eps = 1e-6`).
 pub(crate) const NORM_EPS: f32 = 1e-6;
 

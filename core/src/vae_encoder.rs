@@ -10,6 +10,9 @@ use crate::program::{Op, Span, ALIGN, F32};
 use crate::reference::ConvShape;
 use crate::vae::{conv, group_norm, mid, prefix, resnet, same, Stream, VaePlanError};
 
+/// Name prefixes of the tensors encoding reads.
+pub const WEIGHTS: [&str; 2] = ["encoder.", "quant_conv."];
+
 /// Where each tensor of one encode lives (element offsets into the f32
 /// arena), and the encoder dimensions the program needs.
 #[derive(Debug, Clone, PartialEq)]

@@ -220,10 +220,14 @@ impl VaeDecoder {
 
 /// What decoding reads: `decoder.*`, `post_quant_conv.*` and the latent BatchNorm statistics.
 fn decoder_specs(config: &VaeConfig) -> Vec<TensorSpec> {
-    let mut specs: Vec<TensorSpec> = Vec::new();
+    specs_under(config, &flux_lite_core::vae::DECODER_WEIGHTS)
+}
+
+/// The VAE's tensor specs whose names start with one of `prefixes`.
+pub(crate) fn specs_under(config: &VaeConfig, prefixes: &[&str]) -> Vec<TensorSpec> {
+    let mut specs = Vec::new();
     tensors::vae(config, |s| {
-        let n = s.name.as_str();
-        if n.starts_with("decoder.") || n.starts_with("post_quant_conv.") || n == "bn.running_mean" || n == "bn.running_var" {
+        if prefixes.iter().any(|p| s.name.starts_with(p)) {
             specs.push(s.clone());
         }
     });

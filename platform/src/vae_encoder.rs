@@ -10,7 +10,7 @@ use crate::runner::{collect_ops, Runner};
 use crate::safetensors_store::{widen_to_f32, WeightStore};
 use crate::vae::{arena_runner, check_image_size, plan_error, upload_checked};
 use flux_lite_core::config::VaeConfig;
-use flux_lite_core::tensors::{self, TensorSpec};
+use flux_lite_core::tensors::TensorSpec;
 use flux_lite_core::vae_encoder::{self as program, VaeEncoderLayout};
 use flux_lite_core::BumpArena;
 
@@ -100,13 +100,7 @@ pub fn encoder_weight_bytes(config: &VaeConfig, store: &WeightStore) -> Result<u
 
 /// What encoding reads: `encoder.*` and `quant_conv.*`.
 fn encoder_specs(config: &VaeConfig) -> Vec<TensorSpec> {
-    let mut specs = Vec::new();
-    tensors::vae(config, |s| {
-        if s.name.starts_with("encoder.") || s.name.starts_with("quant_conv.") {
-            specs.push(s.clone());
-        }
-    });
-    specs
+    crate::vae::specs_under(config, &program::WEIGHTS)
 }
 
 /// One BatchNorm statistic as f32, checked to hold `features` values.
