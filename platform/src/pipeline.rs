@@ -103,8 +103,9 @@ pub struct References {
 }
 
 /// Encodes each reference image with the VAE encoder into the tokens the
-/// transformer reads after the noise tokens. One encoder per image (its
-/// arena is laid out for the image's size), each released before the next.
+/// transformer reads after the noise tokens. The weights are uploaded once;
+/// the arena is laid out again for each new image size, the previous one
+/// released first.
 pub fn encode_references(
     gpu: &Gpu,
     model: &ModelFolder,
@@ -119,10 +120,11 @@ pub fn encode_references(
     let started = Instant::now();
     let mut store = model.weights(Component::Vae)?;
     store.expand_df11_on_host()?;
+    let mut encoder = VaeEncoder::new(gpu, &model.vae, &store, images[0].width, images[0].height)?;
     timings.load += started.elapsed();
     for (i, image) in images.iter().enumerate() {
         let started = Instant::now();
-        let encoder = VaeEncoder::new(gpu, &model.vae, &store, image.width, image.height)?;
+        encoder.lay_out(gpu, image.width, image.height)?;
         timings.load += started.elapsed();
         let started = Instant::now();
         out.tokens.extend(encoder.reference_tokens(gpu, &image.pixels)?);

@@ -17,14 +17,20 @@ use flux_lite_core::BumpArena;
 #[derive(Debug)]
 pub struct VaeEncoder {
     pub config: VaeConfig,
-    layout: VaeEncoderLayout,
-    dispatches: Vec<Dispatch>,
-    runner: Runner,
-    /// The encoder's weights on the device (kept alive for the dispatches).
-    _weights: DeviceWeights,
+    /// The encode of one image size: its arena and recorded dispatches.
+    pass: Option<EncodePass>,
+    /// The encoder's weights on the device, uploaded once for every size.
+    weights: DeviceWeights,
     /// `bn.running_mean` and `bn.running_var`, for the reference tokens.
     bn_mean: Vec<f32>,
     bn_var: Vec<f32>,
+}
+
+#[derive(Debug)]
+struct EncodePass {
+    layout: VaeEncoderLayout,
+    dispatches: Vec<Dispatch>,
+    runner: Runner,
 }
 
 impl VaeEncoder {
@@ -32,8 +38,26 @@ impl VaeEncoder {
     /// encode of `width × height` images (multiples of twice the VAE scale factor).
     pub fn new(gpu: &Gpu, config: &VaeConfig, store: &WeightStore, width: usize, height: usize) -> Result<Self, RunError> {
         check_image_size(config, width, height)?;
+        let weights = upload_checked(gpu, store, &encoder_specs(config))?;
+        let features = 4 * config.latent_channels;
+        let bn_mean = bn_stat(store, "bn.running_mean", features)?;
+        let bn_var = bn_stat(store, "bn.running_var", features)?;
+        let mut encoder = Self { config: config.clone(), pass: None, weights, bn_mean, bn_var };
+        encoder.lay_out(gpu, width, height)?;
+        Ok(encoder)
+    }
+
+    /// Records the encode of `width × height` images, keeping the weights;
+    /// the previous size's arena is released first, so the device never
+    /// holds two. Nothing happens when the size is the current one.
+    pub fn lay_out(&mut self, gpu: &Gpu, width: usize, height: usize) -> Result<(), RunError> {
+        if self.pass.as_ref().is_some_and(|p| (p.layout.width, p.layout.height) == (width as u64, height as u64)) {
+            return Ok(());
+        }
+        self.pass = None;
+        check_image_size(&self.config, width, height)?;
         let mut arena = BumpArena::new(u64::MAX);
-        let layout = VaeEncoderLayout::new(config, height as u64, width as u64, &mut arena).map_err(plan_error)?;
+        let layout = VaeEncoderLayout::new(&self.config, height as u64, width as u64, &mut arena).map_err(plan_error)?;
         let arena_bytes = arena.high_water();
         if arena_bytes > gpu.limits.max_buffer_size {
             return Err(RunError::Gpu(GpuError::UnsupportedShape(format!(
@@ -41,21 +65,23 @@ impl VaeEncoder {
                 gpu.limits.max_buffer_size
             ))));
         }
-        let weights = upload_checked(gpu, store, &encoder_specs(config))?;
         let runner = arena_runner(gpu, "vae encoder activations", arena_bytes);
         let mut dispatches = Vec::new();
         for op in &collect_ops(|emit| program::encode(&layout, emit)) {
-            runner.record(gpu, &mut dispatches, &weights, op)?;
+            runner.record(gpu, &mut dispatches, &self.weights, op)?;
         }
-        let features = 4 * config.latent_channels;
-        let bn_mean = bn_stat(store, "bn.running_mean", features)?;
-        let bn_var = bn_stat(store, "bn.running_var", features)?;
-        Ok(Self { config: config.clone(), layout, dispatches, runner, _weights: weights, bn_mean, bn_var })
+        self.pass = Some(EncodePass { layout, dispatches, runner });
+        Ok(())
+    }
+
+    /// The pass of the current size ([`Self::new`] and [`Self::lay_out`] leave one on success).
+    fn pass(&self) -> Result<&EncodePass, RunError> {
+        self.pass.as_ref().ok_or_else(|| RunError::Input("the VAE encoder has no image size laid out".into()))
     }
 
     /// The latent grid (height, width) in cells.
     pub fn latent_size(&self) -> (usize, usize) {
-        let (h, w) = self.layout.latent_size();
+        let (h, w) = self.pass.as_ref().map_or((0, 0), |p| p.layout.latent_size());
         (h as usize, w as usize)
     }
 
@@ -67,17 +93,18 @@ impl VaeEncoder {
 
     /// The posterior mean `[latent_channels, h, w]` of an image `[3, height, width]` in [-1, 1].
     pub fn posterior_mean(&self, gpu: &Gpu, image: &[f32]) -> Result<Vec<f32>, RunError> {
-        let l = &self.layout;
+        let pass = self.pass()?;
+        let l = &pass.layout;
         let want = (l.in_channels * l.height * l.width) as usize;
         if image.len() != want {
             return Err(RunError::Input(format!("the image holds {} values; {}×{} needs {want}", image.len(), l.width, l.height)));
         }
-        self.runner.write(gpu, l.image, image);
+        pass.runner.write(gpu, l.image, image);
         gpu.submit(|enc| {
-            ops::encode(enc, &self.dispatches);
+            ops::encode(enc, &pass.dispatches);
             Ok(())
         })?;
-        Ok(self.runner.read(gpu, l.moments, 1, l.mean_len())?)
+        Ok(pass.runner.read(gpu, l.moments, 1, l.mean_len())?)
     }
 
     /// The reference tokens `[tokens, 4·latent_channels]` of an image, as the
