@@ -160,7 +160,8 @@ pub fn run(args: &GenArgs) -> Result<(), String> {
         }
         if let Some(r) = plan.references {
             let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
-            eprintln!("plan: VAE encoder untiled, arena {:.2} MiB, peak {:.2} MiB", mib(r.arena_bytes), mib(r.peak()));
+            let layout = r.tile.map_or("untiled".to_string(), |t| format!("in bands, arena of a {t}-pixel square"));
+            eprintln!("plan: VAE encoder {layout}, arena {:.2} MiB, peak {:.2} MiB", mib(r.arena_bytes), mib(r.peak()));
         }
         match plan.decode.tile {
             Some(tile) => eprintln!("plan: VAE in bands, arena of a {tile}-pixel square"),
@@ -182,7 +183,8 @@ pub fn run(args: &GenArgs) -> Result<(), String> {
         }
     };
     let mut show = |p| bar.show(p);
-    let encoded = pipeline::encode_references(&gpu, &model, &references, &mut timings, &mut show);
+    let reference_tile = request.vae_tile.or(plan.references.and_then(|r| r.tile).map(|t| t as usize));
+    let encoded = pipeline::encode_references(&gpu, &model, &references, reference_tile, &mut timings, &mut show);
     let latents = encoded.and_then(|refs| {
         pipeline::denoise(&gpu, &model, &request, &plan.denoise, &positive, negative.as_deref(), &refs, &mut timings, &mut show)
     });

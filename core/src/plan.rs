@@ -176,10 +176,13 @@ impl DecodePlan {
     }
 }
 
-/// The VAE encode of the reference images, one after another in one arena
-/// sized for the largest.
+/// The VAE encode of the reference images, one after another: untiled
+/// (`tile: None`), each in one pass; or each reference larger than a
+/// `tile`-pixel square by bands in an arena the size that square needs
+/// untiled, the others in one pass. The fields hold the costliest reference's bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ReferencePlan {
+    pub tile: Option<u64>,
     pub weight_bytes: u64,
     pub arena_bytes: u64,
     pub other_bytes: u64,
@@ -305,11 +308,12 @@ pub fn plan(input: &PlanInput<'_>) -> Result<Plan, PlanError> {
     let encode = encode_phase(input.text_encoder, input.prompt_tokens, input.text_encoder_weights)?;
     let denoise = DenoiseOptions::new(input)?;
     let budget = input.budget.unwrap_or(u64::MAX);
-    let references = reference_plan(input)?;
+    let references = reference_options(input)?;
     let too_small = |phase: &'static str| PlanError::TooSmall { budget, phase, minimum: run_minimum(encode, &denoise, input) };
-    if references.is_some_and(|r| r.peak() > budget) {
-        return Err(too_small("the VAE encoder"));
-    }
+    let references = match input.references {
+        [] => None,
+        _ => Some(references.into_iter().find(|r| r.peak() <= budget).ok_or_else(|| too_small("the VAE encoder"))?),
+    };
     Ok(Plan {
         encode: encode.fastest_within(budget).ok_or_else(|| too_small("the text encoder"))?,
         references,
@@ -334,38 +338,92 @@ pub fn minimum_budget(input: &PlanInput<'_>) -> Result<u64, PlanError> {
 }
 
 fn run_minimum(encode: PhaseOptions, denoise: &DenoiseOptions, input: &PlanInput<'_>) -> u64 {
-    let references = reference_plan(input).ok().flatten().map_or(0, |r| r.peak());
+    let references = reference_options(input).ok().and_then(|o| o.map(|r| r.peak()).min()).unwrap_or(0);
     encode.smallest().max(references).max(denoise.smallest()).max(smallest_decode(input))
 }
 
-/// The reference images' encode, `None` without references: the encoder's
-/// weights, one arena for the largest image, its upload and the mean's readback.
-pub fn reference_plan(input: &PlanInput<'_>) -> Result<Option<ReferencePlan>, PlanError> {
-    let cfg = input.vae;
-    let mut plan: Option<ReferencePlan> = None;
-    let steps = {
-        let mut arena = BumpArena::new(u64::MAX);
-        let unit = 2 * cfg.scale_factor() as u64;
-        vae_encoder::VaeEncoderLayout::new(cfg, unit, unit, &mut arena).map_or(0, |l| count(|emit| vae_encoder::encode(&l, emit)))
-    };
+/// Every layout of the reference images' encode, fastest first (empty
+/// without references): untiled when the adapter can bind every reference,
+/// then square tiles from the largest reference's side down to the
+/// smallest tile whose band holds one convolution row of each banded
+/// reference. Each costs the encoder's weights and, for its costliest
+/// reference, the arena and what goes through staging buffers.
+pub fn reference_options<'a>(input: &'a PlanInput<'a>) -> Result<impl Iterator<Item = ReferencePlan> + 'a, PlanError> {
+    let mut untiled = Ok(None);
     for &(width, height) in input.references {
-        let arena = vae_encoder::arena_bytes(cfg, height, width).map_err(|_| PlanError::Size(REFERENCE_SIZE))?;
-        let binding = vae_encoder::largest_binding(cfg, height, width);
-        for (bytes, limit) in [(arena, input.limits.max_buffer), (binding, input.limits.max_binding)] {
-            if bytes > limit {
-                return Err(PlanError::ReferenceTooLarge { width, height, bytes, limit });
-            }
-        }
-        let scale = cfg.scale_factor() as u64;
-        let mean = 4 * cfg.latent_channels as u64 * (width / scale) * (height / scale);
-        let io = 4 * cfg.in_channels as u64 * width * height + mean;
-        let other = io + overhead(steps);
-        let candidate = ReferencePlan { weight_bytes: input.vae_encoder_weight_bytes, arena_bytes: arena, other_bytes: other };
-        if plan.is_none_or(|p| candidate.peak() > p.peak()) {
-            plan = Some(candidate);
+        let cost = encode_whole(input, width, height)?;
+        untiled = match (untiled, cost) {
+            (Err(e), _) | (Ok(_), Err(e)) => Err(e),
+            (Ok(most), Ok(cost)) => Ok(costlier(most, cost)),
+        };
+    }
+    let plan_of = |tile, (arena_bytes, other_bytes)| ReferencePlan { tile, weight_bytes: input.vae_encoder_weight_bytes, arena_bytes, other_bytes };
+    let unit = 2 * input.vae.scale_factor() as u64;
+    let largest = input.references.iter().map(|&(w, h)| w.max(h) / unit).max().unwrap_or(0);
+    let mut tiles = (1..largest).rev().filter_map(move |n| encode_tiled(input, n * unit).map(|cost| plan_of(Some(n * unit), cost))).peekable();
+    let whole = match untiled {
+        Ok(cost) => cost.map(|c| plan_of(None, c)),
+        // Refused untiled, and no tile holds the references either.
+        Err(e) if tiles.peek().is_none() => return Err(e),
+        Err(_) => None,
+    };
+    Ok(whole.into_iter().chain(tiles))
+}
+
+/// The costlier of two `(arena, other)` costs by their sum.
+fn costlier(a: Option<(u64, u64)>, b: (u64, u64)) -> Option<(u64, u64)> {
+    Some(a.filter(|a| a.0 + a.1 >= b.0 + b.1).unwrap_or(b))
+}
+
+/// The VAE encoder's program steps (its parameter bytes depend on them).
+fn encoder_steps(cfg: &VaeConfig) -> u64 {
+    let mut arena = BumpArena::new(u64::MAX);
+    let unit = 2 * cfg.scale_factor() as u64;
+    vae_encoder::VaeEncoderLayout::new(cfg, unit, unit, &mut arena).map_or(0, |l| count(|emit| vae_encoder::encode(&l, emit)))
+}
+
+/// A reference encoded in one pass: `Ok(Ok((arena, other)))`, with its
+/// image upload, mean readback and parameters as other bytes, or
+/// `Ok(Err(ReferenceTooLarge))` when the adapter cannot hold it in one pass.
+fn encode_whole(input: &PlanInput<'_>, width: u64, height: u64) -> Result<Result<(u64, u64), PlanError>, PlanError> {
+    let cfg = input.vae;
+    let arena = vae_encoder::arena_bytes(cfg, height, width).map_err(|_| PlanError::Size(REFERENCE_SIZE))?;
+    let binding = vae_encoder::largest_binding(cfg, height, width);
+    for (bytes, limit) in [(arena, input.limits.max_buffer), (binding, input.limits.max_binding)] {
+        if bytes > limit {
+            return Ok(Err(PlanError::ReferenceTooLarge { width, height, bytes, limit }));
         }
     }
-    Ok(plan)
+    let scale = cfg.scale_factor() as u64;
+    let mean = 4 * cfg.latent_channels as u64 * (width / scale) * (height / scale);
+    let io = 4 * cfg.in_channels as u64 * width * height + mean;
+    Ok(Ok((arena, io + overhead(encoder_steps(cfg)))))
+}
+
+/// The costliest reference's `(arena, other)` bytes when each reference
+/// wider or taller than `tile` is encoded by bands, `None` when the tile
+/// does not fit the adapter or its band cannot hold a banded reference's row.
+fn encode_tiled(input: &PlanInput<'_>, tile: u64) -> Option<(u64, u64)> {
+    let cfg = input.vae;
+    encode_whole(input, tile, tile).ok()?.ok()?;
+    let capacity = vae_encoder::band_capacity(cfg, tile, input.limits.max_binding).ok()?;
+    let band_arena = vae::band_arena_bytes(capacity);
+    if band_arena > input.limits.max_buffer {
+        return None;
+    }
+    let mut costliest: Option<(u64, u64)> = None;
+    for &(width, height) in input.references {
+        let cost = if width.max(height) <= tile {
+            encode_whole(input, width, height).ok()?.ok()?
+        } else if vae_encoder::band_minimum(cfg, height, width).ok()? <= capacity {
+            // Each band's operands and results go through a staging buffer of at most the arena.
+            (band_arena, band_arena + overhead(encoder_steps(cfg)))
+        } else {
+            return None;
+        };
+        costliest = costlier(costliest, cost);
+    }
+    costliest
 }
 
 /// Every strategy for the text encoder's phase, fastest first, with its bytes.

@@ -235,6 +235,26 @@ impl ConvShape {
             out_width: width,
         }
     }
+
+    /// The input rows `[first, end)` that output rows `[y0, y1)` read,
+    /// clipped to the image, and the zero rows above `first` that the band's
+    /// own convolution pads with (non-zero only at the image's top).
+    pub fn input_rows(&self, y0: usize, y1: usize) -> (usize, usize, usize) {
+        let top = y0 * self.stride;
+        let first = top.saturating_sub(self.pad_top);
+        let end = ((y1.max(y0 + 1) - 1) * self.stride + self.kernel).saturating_sub(self.pad_top).min(self.height);
+        (first, end.max(first), first + self.pad_top - top)
+    }
+
+    /// Elements the operands of a band of output rows take, as
+    /// `(fixed, per output row)`: every input channel of the rows it reads
+    /// (`(rows − 1)·stride + kernel` of them at most) and every output channel
+    /// of its rows.
+    pub fn band_elements(&self) -> (u64, u64) {
+        let input_row = (self.in_channels * self.width) as u64;
+        let fixed = self.kernel.saturating_sub(self.stride) as u64 * input_row;
+        (fixed, self.stride as u64 * input_row + (self.out_channels * self.out_width) as u64)
+    }
 }
 
 /// Cross-correlation with bias, weights `[out, in, k, k]`, as `torch.nn.Conv2d`.
@@ -318,6 +338,44 @@ pub fn pixel_level(x: f32) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A convolution run band by band over the input rows `input_rows`
+    /// names, each band with its own height and top padding, equals the
+    /// whole convolution: stride 1 "same" and the encoder's stride-2
+    /// downsampling (no top padding, one zero row below), bands of 1 to 4 rows.
+    #[test]
+    fn a_convolution_by_bands_of_input_rows_equals_the_whole() {
+        let (cin, cout, h, w) = (2, 3, 9, 5);
+        let weights: alloc::vec::Vec<f32> = (0..cout * cin * 9).map(|i| ((i * 13 % 17) as f32 - 8.0) / 5.0).collect();
+        let bias = [0.5f32, -0.25, 1.0];
+        let down = |h: usize| ConvShape { stride: 2, pad_top: 0, pad_left: 0, out_height: h / 2, out_width: w / 2, ..ConvShape::same(cin, cout, h, w, 3) };
+        for s in [ConvShape::same(cin, cout, h, w, 3), down(h - 1), ConvShape::same(cin, cout, h, w, 1)] {
+            let h = s.height;
+            let x: alloc::vec::Vec<f32> = (0..cin * h * w).map(|i| ((i * 37 % 23) as f32 - 11.0) / 7.0).collect();
+            let mut whole = alloc::vec![0.0; cout * s.out_height * s.out_width];
+            conv2d(&x, Weights::F32(&weights), Weights::F32(&bias), s, &mut whole);
+            for band in 1..=4 {
+                let mut y0 = 0;
+                while y0 < s.out_height {
+                    let y1 = (y0 + band).min(s.out_height);
+                    let (first, end, pad) = s.input_rows(y0, y1);
+                    let rows: alloc::vec::Vec<f32> =
+                        (0..cin).flat_map(|c| x[(c * h + first) * w..(c * h + end) * w].iter().copied()).collect();
+                    let shape = ConvShape { height: end - first, pad_top: pad, out_height: y1 - y0, ..s };
+                    let (fixed, per_row) = s.band_elements();
+                    assert!((rows.len() + cout * (y1 - y0) * s.out_width) as u64 <= fixed + per_row * (y1 - y0) as u64, "{s:?}");
+                    let mut part = alloc::vec![0.0; cout * (y1 - y0) * s.out_width];
+                    conv2d(&rows, Weights::F32(&weights), Weights::F32(&bias), shape, &mut part);
+                    for co in 0..cout {
+                        let got = &part[co * (y1 - y0) * s.out_width..][..(y1 - y0) * s.out_width];
+                        let want = &whole[(co * s.out_height + y0) * s.out_width..][..(y1 - y0) * s.out_width];
+                        assert_eq!(got, want, "{s:?}, rows {y0}..{y1}");
+                    }
+                    y0 = y1;
+                }
+            }
+        }
+    }
 
     #[test]
     fn linear_small_case_by_hand() {

@@ -169,6 +169,26 @@ pub fn band_arena_bytes(capacity: u64) -> u64 {
     4 * capacity + BAND_ALIGN * BAND_OPERANDS
 }
 
+/// The fewest f32 elements a band must hold for a banded run of a VAE
+/// program to take one output row of its widest convolution. Every other op
+/// runs by units (pixels, tokens, columns) far smaller than a convolution row.
+pub fn band_minimum(program: impl FnOnce(&mut dyn FnMut(Op))) -> u64 {
+    let mut most = 0;
+    program(&mut |op| {
+        if let Op::Conv2d { shape, .. } = op {
+            let (fixed, per_row) = shape.band_elements();
+            most = most.max(fixed + per_row);
+        }
+    });
+    most
+}
+
+/// [`band_minimum`] of the decode of a `latent_h × latent_w`-cell latent.
+pub fn decode_band_minimum(cfg: &VaeConfig, latent_h: u64, latent_w: u64) -> Result<u64, VaePlanError> {
+    let layout = VaeLayout::new(cfg, latent_h, latent_w, &mut BumpArena::new(u64::MAX))?;
+    Ok(band_minimum(|emit| decode(&layout, emit)))
+}
+
 /// The most elements any `[C, pixels]` activation of the decode holds,
 /// for a latent of `p0` latent cells.
 pub fn largest_activation(cfg: &VaeConfig, p0: u64) -> u64 {

@@ -134,6 +134,19 @@ pub fn arena_bytes(cfg: &VaeConfig, height: u64, width: u64) -> Result<u64, VaeP
     Ok(arena.high_water())
 }
 
+/// f32 elements of band operands when the encoder has the device memory of
+/// an untiled `tile × tile`-pixel image, within one binding of `max_binding` bytes.
+pub fn band_capacity(cfg: &VaeConfig, tile: u64, max_binding: u64) -> Result<u64, VaePlanError> {
+    Ok(arena_bytes(cfg, tile, tile)?.min(max_binding) / 4)
+}
+
+/// The fewest f32 elements a band of a banded encode of a `height × width`
+/// image must hold ([`crate::vae::band_minimum`]).
+pub fn band_minimum(cfg: &VaeConfig, height: u64, width: u64) -> Result<u64, VaePlanError> {
+    let layout = VaeEncoderLayout::new(cfg, height, width, &mut BumpArena::new(u64::MAX))?;
+    Ok(crate::vae::band_minimum(|emit| encode(&layout, emit)))
+}
+
 /// The whole encode: the image in `image` to the posterior's moments in `moments`.
 pub fn encode(l: &VaeEncoderLayout, mut emit: impl FnMut(Op)) {
     let s = &l.stream;

@@ -103,13 +103,15 @@ pub struct References {
 }
 
 /// Encodes each reference image with the VAE encoder into the tokens the
-/// transformer reads after the noise tokens. The weights are uploaded once;
-/// the arena is laid out again for each new image size, the previous one
-/// released first.
+/// transformer reads after the noise tokens, each image larger than
+/// `tile_px` by bands (`None`: all in one pass). The weights are uploaded
+/// once; the arena is laid out again for each new image size, the previous
+/// one released first.
 pub fn encode_references(
     gpu: &Gpu,
     model: &ModelFolder,
     images: &[ReferenceImage],
+    tile_px: Option<usize>,
     timings: &mut Timings,
     progress: &mut dyn FnMut(Progress),
 ) -> Result<References, RunError> {
@@ -120,7 +122,7 @@ pub fn encode_references(
     let started = Instant::now();
     let mut store = model.weights(Component::Vae)?;
     store.expand_df11_on_host()?;
-    let mut encoder = VaeEncoder::new(gpu, &model.vae, &store, images[0].width, images[0].height)?;
+    let mut encoder = VaeEncoder::new(gpu, &model.vae, &store, images[0].width, images[0].height, tile_px)?;
     timings.load += started.elapsed();
     for (i, image) in images.iter().enumerate() {
         let started = Instant::now();

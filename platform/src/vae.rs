@@ -77,13 +77,8 @@ impl VaeDecoder {
             return Err(RunError::Input(format!("the VAE has {} output channels; images need 3", config.out_channels)));
         }
         check_image_size(config, width, height)?;
+        check_tile(config, tile_px)?;
         let scale = config.scale_factor();
-        let unit = 2 * scale;
-        if let Some(t) = tile_px {
-            if t == 0 || !t.is_multiple_of(unit) {
-                return Err(RunError::Input(format!("the VAE tile size {t} is not a positive multiple of {unit} pixels")));
-            }
-        }
         let (latent_h, latent_w) = ((height / scale) as u64, (width / scale) as u64);
         let banded = tile_px.filter(|&t| t < width.max(height));
         // The whole image's layout, or the elements a band's operands may take.
@@ -282,6 +277,17 @@ pub(crate) fn check_image_size(config: &VaeConfig, width: usize, height: usize) 
         return Err(RunError::Input(format!("the image size {width}×{height} is not a multiple of {unit} (twice the VAE scale factor)")));
     }
     Ok(())
+}
+
+/// Refuses a tile size that is not a positive multiple of twice the VAE scale factor.
+pub(crate) fn check_tile(config: &VaeConfig, tile_px: Option<usize>) -> Result<(), RunError> {
+    let unit = 2 * config.scale_factor();
+    match tile_px {
+        Some(t) if t == 0 || !t.is_multiple_of(unit) => {
+            Err(RunError::Input(format!("the VAE tile size {t} is not a positive multiple of {unit} pixels")))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// A runner over a VAE activation arena of `bytes` (the VAE reads no RoPE tables).

@@ -1,12 +1,12 @@
-//! The VAE decode of an image too large for the device's VAE memory: core's
-//! decode program run op by op over bands of rows, with every activation of
-//! the whole image kept on the host.
+//! The VAE decode or encode of an image too large for the device's VAE
+//! memory: core's decode or encode program run op by op over bands of rows,
+//! with every activation of the whole image kept on the host.
 //!
 //! Each op sees what it would see untiled: a 3×3 convolution gets a row of
 //! halo from the neighbouring bands, a GroupNorm takes its statistics over
 //! the whole image (each band's moments combined on the host), and the
 //! mid-block attention sees every token (key chunks combined by their
-//! log-sum-exp). The image therefore equals the untiled decode up to
+//! log-sum-exp). The result therefore equals the untiled run up to
 //! rounding, while the device holds one band's operands: a fixed number of
 //! elements whatever the image size.
 
@@ -39,7 +39,7 @@ impl HostTensors {
         self.map
             .get(&span.offset)
             .and_then(|v| v.get(..len as usize))
-            .ok_or_else(|| RunError::Input(format!("banded VAE decode read {len} values at {} before they were written", span.offset)))
+            .ok_or_else(|| RunError::Input(format!("the banded VAE read {len} values at {} before they were written", span.offset)))
     }
 
     /// The span's buffer, grown to at least `len` values.
@@ -113,13 +113,13 @@ struct Operands(BumpArena);
 
 impl Operands {
     fn take(&mut self, elements: u64) -> Result<Span, RunError> {
-        let s = self.0.alloc(4 * elements.max(1), ALIGN).map_err(|e| RunError::Input(format!("banded VAE decode: {e}")))?;
+        let s = self.0.alloc(4 * elements.max(1), ALIGN).map_err(|e| RunError::Input(format!("banded VAE: {e}")))?;
         Ok(Span::new(s.offset / 4, 0))
     }
 }
 
 impl BandRunner<'_> {
-    /// Runs one op of core's decode program on the host-held activations.
+    /// Runs one op of core's decode or encode program on the host-held activations.
     pub fn run(&self, host: &mut HostTensors, op: &Op) -> Result<(), RunError> {
         match op {
             Op::DenormUnpatchify { packed, latent, mean, var, channels, height, width, eps } => {
@@ -136,7 +136,8 @@ impl BandRunner<'_> {
             Op::Transpose { src, dst, rows, cols } => self.transpose(host, *src, *dst, *rows, *cols),
             Op::Linear { x, w, w_row: 0, bias, y, rows, cols, inner } => self.linear(host, *x, w, bias.as_ref(), *y, *rows, *cols, *inner),
             Op::Attention { q, k, v, o, len, heads, head_dim } => self.attention(host, [*q, *k, *v, *o], *len, *heads, *head_dim),
-            other => Err(RunError::Input(format!("the banded VAE decode cannot run {other:?}"))),
+            Op::Copy { src, dst, rows, cols } => Self::copy(host, *src, *dst, *rows, *cols),
+            other => Err(RunError::Input(format!("the banded VAE cannot run {other:?}"))),
         }
     }
 
@@ -199,27 +200,44 @@ impl BandRunner<'_> {
         Ok(())
     }
 
-    /// A stride-1 "same" convolution by bands of output rows, each reading
-    /// `kernel/2` rows of halo above and below (zeros only at the image border).
+    /// A convolution by bands of output rows, each reading the input rows
+    /// its kernel covers (a halo from the neighbouring bands; zeros only at
+    /// the image border): stride 1 "same" and the encoder's stride-2 downsampling alike.
     fn conv(&self, host: &mut HostTensors, x: Span, w: &TensorName, bias: &TensorName, y: Span, s: ConvShape) -> Result<(), RunError> {
-        let halo = (s.kernel / 2) as u64;
-        let same = s.stride == 1 && s.kernel % 2 == 1 && s.pad_top as u64 == halo && s.pad_left as u64 == halo;
-        if !same || s.out_height != s.height || s.out_width != s.width || x.offset == y.offset {
-            return Err(RunError::Input(format!("the banded VAE decode only runs out-of-place same convolutions, not {s:?}")));
+        if x.offset == y.offset {
+            return Err(RunError::Input(format!("the banded VAE only runs out-of-place convolutions, not {s:?} in place")));
         }
         let (cin, cout, h, wd) = (s.in_channels as u64, s.out_channels as u64, s.height as u64, s.width as u64);
-        let band = self.band(2 * halo * wd * cin, wd * (cin + cout), "convolution row")?;
-        for (y0, y1) in bands(h, band) {
-            let (g0, g1) = (y0.saturating_sub(halo), (y1 + halo).min(h));
+        let (out_h, out_w) = (s.out_height as u64, s.out_width as u64);
+        let (fixed, per_row) = s.band_elements();
+        let band = self.band(fixed, per_row, "convolution row")?;
+        for (y0, y1) in bands(out_h, band) {
+            let (g0, g1, pad_top) = s.input_rows(y0 as usize, y1 as usize);
+            let (g0, g1) = (g0 as u64, g1 as u64);
             let input = gather(host.get(x, cin * h * wd)?, cin, h * wd, g0 * wd, g1 * wd);
             let mut arena = self.operands();
-            let out_len = cout * (y1 - y0) * wd;
+            let out_len = cout * (y1 - y0) * out_w;
             let (xs, ys) = (arena.take(input.len() as u64)?, arena.take(out_len)?);
             self.upload(xs, &input);
-            let shape = ConvShape { height: (g1 - g0) as usize, pad_top: (halo - (y0 - g0)) as usize, out_height: (y1 - y0) as usize, ..s };
+            let shape = ConvShape { height: (g1 - g0) as usize, pad_top, out_height: (y1 - y0) as usize, ..s };
             self.exec(Op::Conv2d { x: xs, w: w.clone(), bias: bias.clone(), y: ys, shape })?;
             let out = self.download(ys, out_len)?;
-            scatter(host.get_mut(y, cout * h * wd), cout, h * wd, y0 * wd, y1 * wd, &out);
+            scatter(host.get_mut(y, cout * out_h * out_w), cout, out_h * out_w, y0 * out_w, y1 * out_w, &out);
+        }
+        Ok(())
+    }
+
+    /// `dst = src` over `[rows, cols]` views of two host tensors: a move on the host.
+    fn copy(host: &mut HostTensors, src: Span, dst: Span, rows: u64, cols: u64) -> Result<(), RunError> {
+        if rows == 0 {
+            return Ok(());
+        }
+        let (src_stride, dst_stride) = (src.stride.max(cols), dst.stride.max(cols));
+        let input = host.get(src, (rows - 1) * src_stride + cols)?.to_vec();
+        let out = host.get_mut(dst, (rows - 1) * dst_stride + cols);
+        for r in 0..rows as usize {
+            let (s0, d0) = (r * src_stride as usize, r * dst_stride as usize);
+            out[d0..d0 + cols as usize].copy_from_slice(&input[s0..s0 + cols as usize]);
         }
         Ok(())
     }
@@ -338,7 +356,7 @@ impl BandRunner<'_> {
         inner: u64,
     ) -> Result<(), RunError> {
         if x.stride != inner || y.stride != cols {
-            return Err(RunError::Input("the banded VAE decode only runs linears over contiguous rows".into()));
+            return Err(RunError::Input("the banded VAE only runs linears over contiguous rows".into()));
         }
         for (r0, r1) in bands(rows, self.band(0, inner + cols, "linear row")?) {
             let input = host.get(x, rows * inner)?[(r0 * inner) as usize..(r1 * inner) as usize].to_vec();

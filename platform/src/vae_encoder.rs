@@ -1,6 +1,8 @@
 //! The VAE encoder on the GPU: an image to its posterior mean with core's
-//! encode program, recorded once over the whole image's arena, and the mean
-//! to the reference tokens the transformer reads.
+//! encode program, either recorded once over the whole image's arena or,
+//! for an image larger than the tile, run op by op over bands of rows
+//! ([`crate::vae_bands`]) in an arena fixed by the tile; then the mean to the
+//! reference tokens the transformer reads.
 
 use crate::error::{GpuError, LoadError, RunError};
 use crate::gpu::Gpu;
@@ -8,16 +10,20 @@ use crate::device_weights::DeviceWeights;
 use crate::ops::{self, Dispatch};
 use crate::runner::{collect_ops, Runner};
 use crate::safetensors_store::{widen_to_f32, WeightStore};
-use crate::vae::{arena_runner, check_image_size, plan_error, upload_checked};
+use crate::vae::{arena_runner, check_image_size, check_tile, plan_error, upload_checked};
+use crate::vae_bands::{BandRunner, HostTensors};
 use flux_lite_core::config::VaeConfig;
 use flux_lite_core::tensors::TensorSpec;
 use flux_lite_core::vae_encoder::{self as program, VaeEncoderLayout};
+use flux_lite_core::vae::band_arena_bytes;
 use flux_lite_core::BumpArena;
 
 #[derive(Debug)]
 pub struct VaeEncoder {
     pub config: VaeConfig,
-    /// The encode of one image size: its arena and recorded dispatches.
+    /// Images wider or taller than this many pixels are encoded by bands; `None`: never.
+    tile: Option<usize>,
+    /// The encode of one image size: its arena and, untiled, recorded dispatches.
     pass: Option<EncodePass>,
     /// The encoder's weights on the device, uploaded once for every size.
     weights: DeviceWeights,
@@ -28,26 +34,40 @@ pub struct VaeEncoder {
 
 #[derive(Debug)]
 struct EncodePass {
+    /// The whole image's layout: the arena's when untiled, the host tensors' when banded.
     layout: VaeEncoderLayout,
-    dispatches: Vec<Dispatch>,
+    mode: Mode,
     runner: Runner,
+    arena_bytes: u64,
+}
+
+#[derive(Debug)]
+enum Mode {
+    /// In one pass, the program recorded once over the arena.
+    Whole { dispatches: Vec<Dispatch> },
+    /// Op by op over bands whose operands take at most `capacity` f32.
+    Banded { capacity: u64 },
 }
 
 impl VaeEncoder {
-    /// Uploads the encoder's weights (from the VAE's `store`) and records the
-    /// encode of `width × height` images (multiples of twice the VAE scale factor).
-    pub fn new(gpu: &Gpu, config: &VaeConfig, store: &WeightStore, width: usize, height: usize) -> Result<Self, RunError> {
+    /// Uploads the encoder's weights (from the VAE's `store`) and lays out
+    /// the encode of `width × height` images (multiples of twice the VAE
+    /// scale factor): whole when `tile_px` is `None` or covers the image, else
+    /// by bands in an arena the size a `tile_px`-square image needs untiled
+    /// (and no larger than a storage binding).
+    pub fn new(gpu: &Gpu, config: &VaeConfig, store: &WeightStore, width: usize, height: usize, tile_px: Option<usize>) -> Result<Self, RunError> {
         check_image_size(config, width, height)?;
+        check_tile(config, tile_px)?;
         let weights = upload_checked(gpu, store, &encoder_specs(config))?;
         let features = 4 * config.latent_channels;
         let bn_mean = bn_stat(store, "bn.running_mean", features)?;
         let bn_var = bn_stat(store, "bn.running_var", features)?;
-        let mut encoder = Self { config: config.clone(), pass: None, weights, bn_mean, bn_var };
+        let mut encoder = Self { config: config.clone(), tile: tile_px, pass: None, weights, bn_mean, bn_var };
         encoder.lay_out(gpu, width, height)?;
         Ok(encoder)
     }
 
-    /// Records the encode of `width × height` images, keeping the weights;
+    /// Lays out the encode of `width × height` images, keeping the weights;
     /// the previous size's arena is released first, so the device never
     /// holds two. Nothing happens when the size is the current one.
     pub fn lay_out(&mut self, gpu: &Gpu, width: usize, height: usize) -> Result<(), RunError> {
@@ -58,20 +78,43 @@ impl VaeEncoder {
         check_image_size(&self.config, width, height)?;
         let mut arena = BumpArena::new(u64::MAX);
         let layout = VaeEncoderLayout::new(&self.config, height as u64, width as u64, &mut arena).map_err(plan_error)?;
-        let arena_bytes = arena.high_water();
+        let banded = self.tile.filter(|&t| t < width.max(height));
+        let (arena_bytes, capacity) = match banded {
+            None => (arena.high_water(), None),
+            Some(t) => {
+                let capacity = program::band_capacity(&self.config, t as u64, gpu.max_binding()).map_err(plan_error)?;
+                (band_arena_bytes(capacity), Some(capacity))
+            }
+        };
         if arena_bytes > gpu.limits.max_buffer_size {
             return Err(RunError::Gpu(GpuError::UnsupportedShape(format!(
-                "encoding {width}×{height} pixels needs a {arena_bytes}-byte VAE buffer, above the adapter's {} bytes",
+                "encoding {width}×{height} pixels needs a {arena_bytes}-byte VAE buffer, above the adapter's {} bytes; use a smaller --vae-tile",
                 gpu.limits.max_buffer_size
             ))));
         }
         let runner = arena_runner(gpu, "vae encoder activations", arena_bytes);
-        let mut dispatches = Vec::new();
-        for op in &collect_ops(|emit| program::encode(&layout, emit)) {
-            runner.record(gpu, &mut dispatches, &self.weights, op)?;
-        }
-        self.pass = Some(EncodePass { layout, dispatches, runner });
+        let mode = match capacity {
+            Some(capacity) => Mode::Banded { capacity },
+            None => {
+                let mut dispatches = Vec::new();
+                for op in &collect_ops(|emit| program::encode(&layout, emit)) {
+                    runner.record(gpu, &mut dispatches, &self.weights, op)?;
+                }
+                Mode::Whole { dispatches }
+            }
+        };
+        self.pass = Some(EncodePass { layout, mode, runner, arena_bytes });
         Ok(())
+    }
+
+    /// Bytes of the current size's activation arena (fixed by the tile when banded).
+    pub fn arena_bytes(&self) -> u64 {
+        self.pass.as_ref().map_or(0, |p| p.arena_bytes)
+    }
+
+    /// Whether the current size is encoded by bands.
+    pub fn is_banded(&self) -> bool {
+        self.pass.as_ref().is_some_and(|p| matches!(p.mode, Mode::Banded { .. }))
     }
 
     /// The pass of the current size ([`Self::new`] and [`Self::lay_out`] leave one on success).
@@ -99,12 +142,25 @@ impl VaeEncoder {
         if image.len() != want {
             return Err(RunError::Input(format!("the image holds {} values; {}×{} needs {want}", image.len(), l.width, l.height)));
         }
-        pass.runner.write(gpu, l.image, image);
-        gpu.submit(|enc| {
-            ops::encode(enc, &pass.dispatches);
-            Ok(())
-        })?;
-        Ok(pass.runner.read(gpu, l.moments, 1, l.mean_len())?)
+        match &pass.mode {
+            Mode::Whole { dispatches } => {
+                pass.runner.write(gpu, l.image, image);
+                gpu.submit(|enc| {
+                    ops::encode(enc, dispatches);
+                    Ok(())
+                })?;
+                Ok(pass.runner.read(gpu, l.moments, 1, l.mean_len())?)
+            }
+            Mode::Banded { capacity } => {
+                let mut host = HostTensors::default();
+                host.insert(l.image, image.to_vec());
+                let bands = BandRunner { gpu, runner: &pass.runner, weights: &self.weights, capacity: *capacity };
+                for op in &collect_ops(|emit| program::encode(l, emit)) {
+                    bands.run(&mut host, op)?;
+                }
+                Ok(host.get(l.moments, l.mean_len())?.to_vec())
+            }
+        }
     }
 
     /// The reference tokens `[tokens, 4·latent_channels]` of an image, as the

@@ -145,7 +145,7 @@ fn the_vae_tiles_when_the_budget_is_tight_and_its_arena_stops_growing() {
     let model = Model::klein_4b(false);
     let untiled = plan(&model.input(1024, None)).unwrap().decode;
     assert_eq!(untiled.tile, None);
-    let budget = untiled.peak() / 2;
+    let budget = untiled.peak() * 3 / 4;
     let tight = plan(&model.input(1024, Some(budget))).unwrap_or_else(|e| panic!("{e}"));
     let tile = tight.decode.tile.expect("tiled under half the untiled bytes");
     assert!(tile.is_multiple_of(16) && tile < 1024);
@@ -294,26 +294,58 @@ fn reference_images_add_their_tokens_and_an_encoder_phase() {
     // 4096 + 3072 more image tokens in every activation of the transformer.
     assert!(p.denoise.arena_bytes > plain.denoise.arena_bytes * 2, "{} vs {}", p.denoise.arena_bytes, plain.denoise.arena_bytes);
     assert!(p.peak() >= r.peak());
-    // A budget under the encoder's own peak names the encoder.
+    assert_eq!(r.tile, None, "untiled when the budget allows");
+    // The smallest budget for the run covers the encoder's smallest layout, and runs.
     let min = minimum_budget(&with).unwrap();
-    assert!(min >= r.peak());
-    let tight = PlanInput { budget: Some(r.peak() - 1), ..with };
-    match plan(&tight) {
-        Err(PlanError::TooSmall { phase, minimum, .. }) => {
-            assert_eq!(minimum, min);
-            assert!(phase == "the VAE encoder" || phase == "the text encoder" || phase == "the transformer", "{phase}");
-        }
-        other => panic!("{other:?}"),
-    }
+    let smallest = reference_options(&with).unwrap().map(|o| o.peak()).min().unwrap();
+    assert!(min >= smallest);
     assert!(plan(&PlanInput { budget: Some(min), ..with }).is_ok());
 }
 
 #[test]
-fn a_reference_beyond_the_adapters_binding_is_refused_up_front() {
+fn the_reference_encode_tiles_under_a_tight_budget_and_its_arena_stops_growing() {
+    let model = Model::klein_4b(true);
+    let one = [(1024, 1024)];
+    let with = |refs, budget| PlanInput { references: refs, ..model.input(512, budget) };
+    let untiled = plan(&with(&one, None)).unwrap().references.unwrap();
+    assert_eq!(untiled.tile, None);
+    // A budget below the untiled encode's peak: the encoder takes the largest tile that fits.
+    let budget = untiled.peak() * 3 / 4;
+    let p = plan(&with(&one, Some(budget))).unwrap_or_else(|e| panic!("{e}"));
+    let r = p.references.unwrap();
+    let tile = r.tile.expect("a tiled encode");
+    assert!(r.peak() <= budget && r.arena_bytes < untiled.arena_bytes, "{r:?}");
+    println!("1024² reference under {}: {tile}-px tiles, peak {}", Bytes(budget), Bytes(r.peak()));
+    // The next larger tile would not have fitted.
+    let larger = reference_options(&with(&one, None)).unwrap().find(|o| o.tile == Some(tile + 16)).unwrap();
+    assert!(larger.peak() > budget);
+    // The same tile for a reference of 4× the pixels (as sizes go past what the
+    // pipeline prepares): the same arena, the same peak.
+    let four = [(2048, 2048)];
+    let big = reference_options(&with(&four, None)).unwrap().find(|o| o.tile == Some(tile)).unwrap();
+    assert_eq!((big.arena_bytes, big.peak()), (r.arena_bytes, r.peak()));
+    // A reference smaller than the tile is encoded whole, costing no more than the tile.
+    let mixed = [(1024, 1024), (256, 256)];
+    let m = reference_options(&with(&mixed, None)).unwrap().find(|o| o.tile == Some(tile)).unwrap();
+    assert_eq!(m.peak(), r.peak());
+    // Every option is listed fastest first: untiled, then tiles from the largest down.
+    let tiles: Vec<Option<u64>> = reference_options(&with(&one, None)).unwrap().map(|o| o.tile).collect();
+    assert_eq!(tiles[0], None);
+    assert!(tiles[1..].windows(2).all(|w| w[0] > w[1]), "{tiles:?}");
+}
+
+#[test]
+fn a_reference_beyond_the_adapters_binding_is_tiled_or_refused_up_front() {
     let model = Model::klein_4b(false);
+    // 4096² × 128 channels × 4 bytes exceeds a 4 GiB binding: no untiled option, tiles instead.
     let refs = [(4096, 4096)];
     let input = PlanInput { references: &refs, ..model.input(1024, None) };
-    match plan(&input) {
+    let r = plan(&input).unwrap_or_else(|e| panic!("{e}")).references.unwrap();
+    assert!(r.tile.is_some_and(|t| t < 4096), "{r:?}");
+    assert!(reference_options(&input).unwrap().all(|o| o.tile.is_some()));
+    // Bindings of 64 KiB hold no band with one 4096-pixel convolution row (131 channels of it).
+    let tiny = DeviceLimits { max_buffer: 1 << 20, max_binding: 64 << 10 };
+    match reference_options(&PlanInput { limits: tiny, ..input }).map(|mut o| o.next()) {
         Err(e @ PlanError::ReferenceTooLarge { width: 4096, height: 4096, bytes, limit }) => {
             assert!(bytes > limit);
             assert!(e.to_string().contains("4096×4096 reference image"), "{e}");
