@@ -166,3 +166,10 @@ fn vae_tiles_much_smaller_than_the_image_keep_the_image() {
     // 8-pixel tiles on a 48×32 image: the decode runs by bands of a few rows.
     reproduce("tiny-a/four-step-wide", &["--vae-tile", "8"]);
 }
+
+#[test]
+fn reference_images_encoded_by_small_tiles_keep_the_image() {
+    // 16-pixel tiles on 64×64 and 80×68 references: the encoder runs by bands
+    // (stride-2 downsampling included), and the decoder of the 32×48 image too.
+    reproduce("tiny-a/reference-two", &["--vae-tile", "16"]);
+}

@@ -441,7 +441,8 @@ pub fn denoise_options(input: &PlanInput<'_>) -> Result<impl Iterator<Item = Pha
 }
 
 /// Every layout of the VAE decode, fastest first: untiled when the adapter
-/// can bind it, then square tiles from the largest down to 16 pixels.
+/// can bind it, then square tiles from the largest down to the smallest
+/// whose band holds one row of the image's widest convolution.
 pub fn decode_options<'a>(input: &'a PlanInput<'a>) -> Result<impl Iterator<Item = DecodePlan> + 'a, PlanError> {
     latent_grid(input)?;
     Ok(decode_candidates(input))
@@ -642,10 +643,16 @@ fn decode_candidates<'a>(input: &'a PlanInput<'a>) -> impl Iterator<Item = Decod
         .map(|arena| DecodePlan { tile: None, weight_bytes: weights, arena_bytes: arena, other_bytes: levels + overhead(steps) });
     let unit = 2 * scale;
     let largest = w.max(h) / unit;
+    // A band must hold one row of the image's widest convolution.
+    let row = vae::decode_band_minimum(cfg, h / scale, w / scale).unwrap_or(u64::MAX);
     let tiles = (1..=largest).rev().filter_map(move |n| {
         let tile = n * unit;
         vae_arena(cfg, tile / scale, tile / scale, input.limits)?;
-        let arena = vae::band_arena_bytes(vae::band_capacity(cfg, tile / scale, input.limits.max_binding).ok()?);
+        let capacity = vae::band_capacity(cfg, tile / scale, input.limits.max_binding).ok()?;
+        if capacity < row && tile < w.max(h) {
+            return None;
+        }
+        let arena = vae::band_arena_bytes(capacity);
         // Each band's result, and each chunk of levels, comes back through a
         // staging buffer of at most the arena: nothing grows with the image.
         Some(DecodePlan { tile: Some(tile), weight_bytes: weights, arena_bytes: arena, other_bytes: arena + overhead(steps) })

@@ -186,6 +186,32 @@ fn figures_for_the_4b_at_1024px() {
         println!("{err}");
         assert!(matches!(err, PlanError::TooSmall { minimum, .. } if minimum < 2 * GIB));
     }
+    // The VAE decoder at 1024²: untiled, and its smallest tile (a band holds one full-width row).
+    let model = Model::klein_4b(true);
+    let decode: Vec<DecodePlan> = decode_options(&model.input(1024, None)).unwrap().collect();
+    let last = decode[decode.len() - 1];
+    println!("4B VAE decoder at 1024²: untiled {}; smallest, {}-px tiles: {}", Bytes(decode[0].peak()), last.tile.unwrap(), Bytes(last.peak()));
+    // The VAE encoder on a 1024² reference, on this adapter and under WebGPU's default limits
+    // (256 MiB buffers, 128 MiB bindings), where only tiles fit.
+    let model = Model::klein_4b(true);
+    let refs = [(1024, 1024)];
+    for (limits, name) in [(LIMITS, "4 GiB bindings"), (DeviceLimits::WEBGPU_DEFAULT, "WebGPU default limits")] {
+        let input = PlanInput { references: &refs, limits, ..model.input(1024, None) };
+        let options: Vec<ReferencePlan> = reference_options(&input).unwrap().collect();
+        let first = options[0];
+        let last = options[options.len() - 1];
+        // The smallest tile is the smallest whose band holds one convolution row of the reference.
+        let smallest = last.tile.unwrap();
+        let row = vae_encoder::band_minimum(&model.vae, 1024, 1024).unwrap();
+        let capacity = |t| vae_encoder::band_capacity(&model.vae, t, limits.max_binding).unwrap();
+        assert!(capacity(smallest) >= row && capacity(smallest - 16) < row, "{smallest}: {row}");
+        let tile = first.tile.map_or("untiled".to_string(), |t| format!("{t}-px tiles"));
+        println!(
+            "4B VAE encoder, 1024² reference, {name}: fastest {tile}: {}; smallest, {smallest}-px tiles: {}",
+            Bytes(first.peak()),
+            Bytes(last.peak())
+        );
+    }
 }
 
 #[test]
@@ -209,8 +235,13 @@ fn phase_options_run_fastest_first_and_end_at_the_phase_minimum() {
     assert_eq!(decode[0].tile, None, "untiled first");
     let tiles: heapless::Vec<u64, 128> = decode.iter().filter_map(|p| p.tile).collect();
     assert_eq!(tiles.first(), Some(&1024));
-    assert_eq!(tiles.last(), Some(&16));
     assert!(tiles.windows(2).all(|w| w[1] + 16 == w[0]));
+    // The smallest tile is the smallest whose band holds one convolution row
+    // of the 1024-pixel-wide image (128 channels in and out at full resolution).
+    let row = vae::decode_band_minimum(&model.vae, 128, 128).unwrap();
+    let capacity = |t: u64| vae::band_capacity(&model.vae, t / 8, LIMITS.max_binding).unwrap();
+    let smallest = *tiles.last().unwrap();
+    assert!(capacity(smallest) >= row && capacity(smallest - 16) < row, "smallest tile {smallest}: a row needs {row} values");
     let smallest = [encode.iter().map(|p| p.peak()).min(), denoise_options(&input).unwrap().map(|p| p.peak()).min(), decode.iter().map(|p| p.peak()).min()];
     assert_eq!(minimum_budget(&input).unwrap(), smallest.iter().map(|m| m.unwrap()).max().unwrap());
     let mut odd = model.input(1024, None);
