@@ -253,6 +253,8 @@ pub enum PlanError {
     Size(&'static str),
     /// A reference image needs a larger buffer or binding than the adapter allows.
     ReferenceTooLarge { width: u64, height: u64, bytes: u64, limit: u64 },
+    /// One row of the VAE decode's widest convolution exceeds what the adapter can bind, in any tile.
+    VaeTooWide { width: u64, bytes: u64, limit: u64 },
     /// The transformer's attention keys (all tokens, one binding) exceed the adapter's binding.
     AttentionTooLarge { tokens: u64, bytes: u64, limit: u64 },
     /// No strategy of `phase` fits the budget; `minimum` is the smallest budget that works for the run.
@@ -266,6 +268,10 @@ impl fmt::Display for PlanError {
             PlanError::AttentionTooLarge { tokens, bytes, limit } => write!(
                 f,
                 "the transformer's attention over {tokens} tokens binds {bytes} bytes of keys at once, above the adapter's limit of {limit} bytes; use a smaller size or fewer reference images"
+            ),
+            PlanError::VaeTooWide { width, bytes, limit } => write!(
+                f,
+                "the VAE cannot decode a {width}-pixel-wide image on this adapter: one row of its widest convolution needs {bytes} bytes, above the adapter's binding of {limit} bytes; use a smaller width"
             ),
             PlanError::ReferenceTooLarge { width, height, bytes, limit } => write!(
                 f,
@@ -318,7 +324,7 @@ pub fn plan(input: &PlanInput<'_>) -> Result<Plan, PlanError> {
         encode: encode.fastest_within(budget).ok_or_else(|| too_small("the text encoder"))?,
         references,
         denoise: denoise.fastest_within(budget).ok_or_else(|| too_small("the transformer"))?,
-        decode: decode_plan(input, budget).ok_or_else(|| too_small("the VAE decoder"))?,
+        decode: decode_options(input)?.find(|p| p.peak() <= budget).ok_or_else(|| too_small("the VAE decoder"))?,
     })
 }
 
@@ -334,7 +340,10 @@ pub fn plan_encode(c: &Qwen3Config, prompt_tokens: u64, weights: WeightSizes, bu
 /// phases' smallest peaks (each phase frees its memory before the next).
 pub fn minimum_budget(input: &PlanInput<'_>) -> Result<u64, PlanError> {
     let encode = encode_phase(input.text_encoder, input.prompt_tokens, input.text_encoder_weights)?;
-    Ok(run_minimum(encode, &DenoiseOptions::new(input)?, input))
+    let denoise = DenoiseOptions::new(input)?;
+    reference_options(input)?;
+    decode_options(input)?;
+    Ok(run_minimum(encode, &denoise, input))
 }
 
 fn run_minimum(encode: PhaseOptions, denoise: &DenoiseOptions, input: &PlanInput<'_>) -> u64 {
@@ -445,7 +454,13 @@ pub fn denoise_options(input: &PlanInput<'_>) -> Result<impl Iterator<Item = Pha
 /// whose band holds one row of the image's widest convolution.
 pub fn decode_options<'a>(input: &'a PlanInput<'a>) -> Result<impl Iterator<Item = DecodePlan> + 'a, PlanError> {
     latent_grid(input)?;
-    Ok(decode_candidates(input))
+    let mut options = decode_candidates(input).peekable();
+    if options.peek().is_none() {
+        let scale = input.vae.scale_factor() as u64;
+        let row = vae::decode_band_minimum(input.vae, input.height / scale, input.width / scale).unwrap_or(u64::MAX);
+        return Err(PlanError::VaeTooWide { width: input.width, bytes: row.saturating_mul(4), limit: input.limits.max_binding });
+    }
+    Ok(options)
 }
 
 /// A phase's weight sizes and its bytes that do not depend on the strategy.
@@ -618,11 +633,7 @@ pub fn vae_arena(cfg: &VaeConfig, lat_h: u64, lat_w: u64, limits: DeviceLimits) 
     (4 * vae::largest_activation(cfg, lat_h * lat_w) <= limits.max_binding).then_some(bytes)
 }
 
-/// The decode of the whole image: untiled, or banded in the largest square tile that fits.
-fn decode_plan(input: &PlanInput<'_>, budget: u64) -> Option<DecodePlan> {
-    decode_candidates(input).find(|p| p.peak() <= budget)
-}
-
+/// The smallest peak of any decode layout.
 fn smallest_decode(input: &PlanInput<'_>) -> u64 {
     decode_candidates(input).map(|p| p.peak()).min().unwrap_or(u64::MAX)
 }

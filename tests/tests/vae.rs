@@ -189,19 +189,25 @@ fn the_planned_tile_is_untiled_when_it_fits_and_bounded_by_the_binding_otherwise
     use flux_lite_platform::pipeline::Request;
     use flux_lite_platform::{Gpu, GpuOptions};
     let m = ModelFolder::open(&model_dir("tiny-a")).unwrap();
-    let request = Request { width: 96, height: 64, steps: 1, seed: 0, guidance: 1.0, vae_tile: None, memory_budget: None, references: Vec::new() };
+    let request = Request { width: 64, height: 96, steps: 1, seed: 0, guidance: 1.0, vae_tile: None, memory_budget: None, references: Vec::new() };
     assert_eq!(planning::plan(gpu(), &m, &request).unwrap().decode.tile, None);
     // A device whose storage bindings hold 64 KiB: tiny-a's largest activation
-    // (64 channels at full resolution) fits 256 pixels, a 16-pixel square tile.
+    // (64 channels at full resolution) fits 256 pixels, a 16-pixel square tile,
+    // whose band holds one row of the 64-pixel-wide image's widest convolution.
     // (The whole run cannot plan there: the transformer's attention keys, 896 × 64 floats, exceed
     // 64 KiB. The decode phase's own options are what this test is about.)
     let small = Gpu::new(&GpuOptions { max_storage_binding: Some(64 * 1024), ..Default::default() }).unwrap();
     let err = planning::plan(&small, &m, &request).unwrap_err().to_string();
     assert!(err.contains("attention over 896 tokens"), "{err}");
-    let sizes = planning::ModelSizes::from_files(&m, 96, 64).unwrap();
-    let input = sizes.plan_input(&m, 96, 64, &[], small.plan_limits(), None);
+    let sizes = planning::ModelSizes::from_files(&m, 64, 96).unwrap();
+    let input = sizes.plan_input(&m, 64, 96, &[], small.plan_limits(), None);
     let tile = flux_lite_core::plan::decode_options(&input).unwrap().next().and_then(|p| p.tile).map(|t| t as usize);
     assert_eq!(tile, Some(16));
+    // 96 pixels wide, one convolution row (3 input rows of 64 channels) exceeds any band there: refused, naming the width.
+    let wide_sizes = planning::ModelSizes::from_files(&m, 96, 64).unwrap();
+    let wide = wide_sizes.plan_input(&m, 96, 64, &[], small.plan_limits(), None);
+    let err = flux_lite_core::plan::decode_options(&wide).map(|o| o.count()).unwrap_err().to_string();
+    assert!(err.contains("96-pixel-wide image") && err.contains("binding of 65536 bytes"), "{err}");
     let store = m.weights(Component::Vae).unwrap();
     let mut vae = VaeDecoder::new(&small, &m.vae, &store, 64, 96, tile).unwrap();
     assert!(vae.is_banded());
