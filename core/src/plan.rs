@@ -341,8 +341,8 @@ pub fn plan_encode(c: &Qwen3Config, prompt_tokens: u64, weights: WeightSizes, bu
 pub fn minimum_budget(input: &PlanInput<'_>) -> Result<u64, PlanError> {
     let encode = encode_phase(input.text_encoder, input.prompt_tokens, input.text_encoder_weights)?;
     let denoise = DenoiseOptions::new(input)?;
-    reference_options(input)?;
-    decode_options(input)?;
+    let _ = reference_options(input)?;
+    let _ = decode_options(input)?;
     Ok(run_minimum(encode, &denoise, input))
 }
 
