@@ -5,7 +5,6 @@ use argh::FromArgs;
 use flux_lite_platform::embeddings_file::{self, EmbeddingsFile};
 use flux_lite_platform::model::ModelFolder;
 use flux_lite_platform::pipeline::{self, Request, Timings};
-use flux_lite_platform::reference_image::{self, ReferenceImage, MAX_REFERENCES};
 use flux_lite_platform::{denoise, output, planning, Gpu, GpuOptions};
 use flux_lite_core::plan::WeightStrategy;
 use std::path::PathBuf;
@@ -70,8 +69,6 @@ pub struct GenArgs {
 
 /// Steps above this are refused as a typo rather than run for hours.
 const MAX_STEPS: usize = 1000;
-/// The image size without flags or reference images.
-const DEFAULT_SIZE: usize = 1024;
 
 
 pub fn run(args: &GenArgs) -> Result<(), String> {
@@ -96,15 +93,8 @@ pub fn run(args: &GenArgs) -> Result<(), String> {
     if let Some(dir) = &args.transformer {
         model = model.with_transformer(dir).map_err(|e| e.to_string())?;
     }
-    if args.image.len() > MAX_REFERENCES {
-        return Err(format!("{} reference images given; at most {MAX_REFERENCES} are supported", args.image.len()));
-    }
-    let unit = 2 * model.vae.scale_factor();
-    let references: Vec<ReferenceImage> =
-        args.image.iter().map(|path| reference_image::load(path, unit)).collect::<Result<_, _>>().map_err(|e| e.to_string())?;
-    // As the pipeline: the size defaults to the first reference's, as prepared.
-    let width = args.width.or(references.first().map(|r| r.width)).unwrap_or(DEFAULT_SIZE);
-    let height = args.height.or(references.first().map(|r| r.height)).unwrap_or(DEFAULT_SIZE);
+    let references = crate::references::load(&args.image, &model)?;
+    let (width, height) = crate::references::image_size(args.width, args.height, &references);
     denoise::latent_grid(&model.vae, width, height)?;
     let distilled = model.index.is_distilled;
     let steps = args.steps.unwrap_or(if distilled { 4 } else { 50 });

@@ -2,7 +2,7 @@
 
 use argh::FromArgs;
 use flux_lite_core::df11::layout;
-use flux_lite_core::plan::{self as planner, Bytes, ComponentBytes, DecodePlan, DeviceLimits, PhasePlan, PlanInput};
+use flux_lite_core::plan::{self as planner, Bytes, ComponentBytes, DecodePlan, DeviceLimits, PhasePlan, PlanInput, ReferencePlan};
 use flux_lite_core::tensors;
 use flux_lite_platform::model::{Component, ModelFolder};
 use flux_lite_platform::planning::ModelSizes;
@@ -21,12 +21,15 @@ pub struct InfoArgs {
     /// read the transformer from this folder instead of the model's transformer/
     #[argh(option)]
     transformer: Option<PathBuf>,
-    /// image width the plan is for, in pixels (default 1024)
-    #[argh(option, default = "1024")]
-    width: usize,
-    /// image height the plan is for, in pixels (default 1024)
-    #[argh(option, default = "1024")]
-    height: usize,
+    /// a reference image (PNG or JPEG) to plan for, prepared as gen --image prepares it; repeat for up to 16
+    #[argh(option)]
+    image: Vec<PathBuf>,
+    /// image width the plan is for, in pixels (default: the first reference image's, else 1024)
+    #[argh(option)]
+    width: Option<usize>,
+    /// image height the plan is for, in pixels (default: the first reference image's, else 1024)
+    #[argh(option)]
+    height: Option<usize>,
     /// also plan the run within this device memory, e.g. 2GiB (fails, naming the minimum, when too small)
     #[argh(option, from_str_fn(crate::budget::parse_memory_budget))]
     memory_budget: Option<u64>,
@@ -41,14 +44,19 @@ pub fn run(args: &InfoArgs) -> Result<(), String> {
     for c in Component::ALL {
         print_component_bytes(&model, c)?;
     }
-    let sizes = ModelSizes::from_files_or_configs(&model, args.width, args.height).map_err(|e| e.to_string())?;
+    let references = crate::references::load(&args.image, &model)?;
+    let (width, height) = crate::references::image_size(args.width, args.height, &references);
+    let reference_sizes: Vec<(u64, u64)> = references.iter().map(|r| (r.width as u64, r.height as u64)).collect();
+    let sizes = ModelSizes::from_files_or_configs(&model, width, height).map_err(|e| e.to_string())?;
     let (limits, adapter) = adapter_limits();
-    let input = sizes.plan_input(&model, args.width, args.height, &[], limits, args.memory_budget);
+    let input = sizes.plan_input(&model, width, height, &reference_sizes, limits, args.memory_budget);
     println!();
+    let with_references = match reference_sizes.as_slice() {
+        [] => String::new(),
+        sizes => format!(" and reference images of {}", sizes.iter().map(|(w, h)| format!("{w}×{h}")).collect::<Vec<_>>().join(", ")),
+    };
     println!(
-        "plan for {}×{} with {PROMPT_TOKENS} prompt tokens, under {adapter}: max buffer {}, max binding {}",
-        args.width,
-        args.height,
+        "plan for {width}×{height} with {PROMPT_TOKENS} prompt tokens{with_references}, under {adapter}: max buffer {}, max binding {}",
         Bytes(limits.max_buffer),
         Bytes(limits.max_binding)
     );
@@ -57,12 +65,13 @@ pub fn run(args: &InfoArgs) -> Result<(), String> {
     println!("smallest budget for the whole run: {} ({minimum} B)", Bytes(minimum));
     if let Some(budget) = args.memory_budget {
         let plan = planner::plan(&input).map_err(|e| e.to_string())?;
+        let encoder = plan.references.map_or(String::new(), |r| format!("; VAE encoder {}", tile_layout(r.tile)));
         println!(
-            "within --memory-budget {}: text encoder {}; transformer {}; VAE {}; peak {}",
+            "within --memory-budget {}: text encoder {}; transformer {}{encoder}; VAE {}; peak {}",
             Bytes(budget),
             plan.encode.weights,
             plan.denoise,
-            decode_layout(&plan.decode),
+            tile_layout(plan.decode.tile),
             Bytes(plan.peak())
         );
     }
@@ -151,14 +160,26 @@ fn print_plan_options(input: &PlanInput<'_>, sizes: &ModelSizes) -> Result<(), S
     for p in planner::denoise_options(input).map_err(|e| e.to_string())? {
         print_phase(&p);
     }
+    if !input.references.is_empty() {
+        println!("vae encoder{}:", source(Component::Vae));
+        let options: Vec<ReferencePlan> = planner::reference_options(input).map_err(|e| e.to_string())?.collect();
+        let all: Vec<_> = options.iter().map(|p| (p.tile, p.weight_bytes, p.arena_bytes, p.other_bytes)).collect();
+        print_fastest_and_smallest(&all);
+    }
     println!("vae decoder{}:", source(Component::Vae));
     let options: Vec<DecodePlan> = planner::decode_options(input).map_err(|e| e.to_string())?.collect();
-    let fastest = options.first();
-    let smallest = options.iter().min_by_key(|p| p.peak());
-    for p in fastest.into_iter().chain(smallest.filter(|s| Some(*s) != fastest)) {
-        print_option(&decode_layout(p), p.weight_bytes, p.arena_bytes, p.other_bytes);
-    }
+    let all: Vec<_> = options.iter().map(|p| (p.tile, p.weight_bytes, p.arena_bytes, p.other_bytes)).collect();
+    print_fastest_and_smallest(&all);
     Ok(())
+}
+
+/// A VAE phase's fastest layout and, when different, its smallest: `(tile, weights, arena, other)` each.
+fn print_fastest_and_smallest(options: &[(Option<u64>, u64, u64, u64)]) {
+    let fastest = options.first();
+    let smallest = options.iter().min_by_key(|(_, w, a, o)| w + a + o);
+    for &(tile, weights, arena, other) in fastest.into_iter().chain(smallest.filter(|s| Some(*s) != fastest)) {
+        print_option(&tile_layout(tile), weights, arena, other);
+    }
 }
 
 fn print_phase(p: &PhasePlan) {
@@ -171,8 +192,8 @@ fn print_option(what: &str, weights: u64, activations: u64, other: u64) {
     println!("  {what}: {} (weights {}, activations {}, other {})", Bytes(peak), Bytes(weights), Bytes(activations), Bytes(other));
 }
 
-fn decode_layout(p: &DecodePlan) -> String {
-    match p.tile {
+fn tile_layout(tile: Option<u64>) -> String {
+    match tile {
         None => "untiled".to_string(),
         Some(tile) => format!("by bands of {tile}-pixel tiles"),
     }

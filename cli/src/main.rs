@@ -14,6 +14,7 @@ mod info;
 mod interrupt;
 mod progress;
 mod prompt;
+mod references;
 
 /// flux-lite: FLUX.2-klein text-to-image on any GPU, in WGSL through wgpu.
 #[derive(FromArgs, Debug)]

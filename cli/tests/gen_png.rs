@@ -16,33 +16,52 @@ fn gen(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_flux-lite")).arg("gen").args(args).arg("--quiet").output().unwrap()
 }
 
-/// Runs the golden case through `gen` and compares the PNG.
-fn reproduce(case: &str, extra: &[&str]) {
-    let g = Goldens::load(case);
-    let c = g.case_json();
-    let s = |k: &str| match &c[k] {
+/// A golden case's value as a string.
+fn case_value(c: &serde_json::Value, k: &str) -> String {
+    match &c[k] {
         serde_json::Value::String(v) => v.clone(),
         v => v.to_string(),
-    };
-    let dir = scratch_dir(&format!("png-{}", case.replace('/', "-")));
-    let out = dir.join("out.png");
-    let model = model_dir(&s("model"));
-    let (prompt, seed, steps, width, height) = (s("prompt"), s("seed"), s("steps"), s("width"), s("height"));
-    let mut args = vec!["--model", model.to_str().unwrap(), "--prompt", &prompt, "--seed", &seed, "--steps", &steps];
-    // Reference images, when the case has them (generate_references.py).
-    let references: Vec<String> = c["references"]
+    }
+}
+
+/// The case's reference image files (generate_references.py), if any.
+fn case_references(case: &str, c: &serde_json::Value) -> Vec<String> {
+    c["references"]
         .as_array()
         .map(|a| a.iter().map(|r| Goldens::dir(case).join(r["file"].as_str().unwrap()).to_string_lossy().into_owned()).collect())
-        .unwrap_or_default();
+        .unwrap_or_default()
+}
+
+/// The `gen` flags of a golden case, writing `out`.
+fn case_args(case: &str, out: &Path) -> Vec<String> {
+    let c = Goldens::load(case).case_json();
+    let s = |k: &str| case_value(&c, k);
+    let model = model_dir(&s("model")).to_string_lossy().into_owned();
+    let mut args = vec!["--model".into(), model, "--prompt".into(), s("prompt"), "--seed".into(), s("seed"), "--steps".into(), s("steps")];
+    let references = case_references(case, &c);
     for r in &references {
-        args.extend(["--image", r]);
+        args.extend(["--image".into(), r.clone()]);
     }
     // The size flags, unless the case leaves the size to the first reference.
     if !c["width_flag"].is_null() || references.is_empty() {
-        args.extend(["--width", &width, "--height", &height]);
+        args.extend(["--width".into(), s("width"), "--height".into(), s("height")]);
     }
-    args.extend(["--output", out.to_str().unwrap()]);
-    args.extend(extra);
+    args.extend(["--output".into(), out.to_string_lossy().into_owned()]);
+    args
+}
+
+/// Runs the golden case through `gen` with `extra` flags, compares the PNG, and returns stderr.
+fn reproduce(case: &str, extra: &[&str]) -> String {
+    let g = Goldens::load(case);
+    let c = g.case_json();
+    let s = |k: &str| case_value(&c, k);
+    let dir = scratch_dir(&format!("png-{}", case.replace('/', "-")));
+    let out = dir.join("out.png");
+    let (prompt, seed, steps, width, height) = (s("prompt"), s("seed"), s("steps"), s("width"), s("height"));
+    let references = case_references(case, &c);
+    let mut args = case_args(case, &out);
+    args.extend(extra.iter().map(|e| e.to_string()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let run = gen(&args);
     let stderr = String::from_utf8_lossy(&run.stderr);
     assert!(run.status.success(), "{case}: {stderr}");
@@ -68,6 +87,7 @@ fn reproduce(case: &str, extra: &[&str]) {
     let named: Vec<&String> = got.text.iter().filter(|(k, _)| k == "reference").map(|(_, v)| v).collect();
     assert_eq!(named, references.iter().collect::<Vec<_>>(), "{case}: the reference files in the PNG's text");
     only_the_png_is_left(&dir);
+    stderr.into_owned()
 }
 
 fn only_the_png_is_left(dir: &Path) {
@@ -172,4 +192,22 @@ fn reference_images_encoded_by_small_tiles_keep_the_image() {
     // 16-pixel tiles on 64×64 and 80×68 references: the encoder runs by bands
     // (stride-2 downsampling included), and the decoder of the 32×48 image too.
     reproduce("tiny-a/reference-two", &["--vae-tile", "16"]);
+}
+
+#[test]
+fn reference_images_at_the_smallest_budget_are_encoded_by_bands() {
+    // reference-two at 32×48: the run's smallest budget (the transformer's, in chunks)
+    // is below what encoding the 80×68 reference untiled needs, so the plan tiles the encoder.
+    let case = "tiny-a/reference-two";
+    let probe = scratch_dir("png-reference-budget-probe");
+    let mut args = case_args(case, &probe.join("out.png"));
+    args.extend(["--memory-budget".into(), "1KiB".into()]);
+    let run = gen(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(!run.status.success(), "{stderr}");
+    let line = stderr.lines().find(|l| l.starts_with("error: ")).unwrap_or_else(|| panic!("{stderr}"));
+    let minimum: u64 = line.rsplit_once('(').unwrap().1.trim_end_matches(" B)").parse().unwrap();
+    let budget = format!("{minimum}B");
+    let stderr = reproduce(case, &["--memory-budget", &budget, "--verbose"]);
+    assert!(stderr.contains("plan: VAE encoder in bands"), "{stderr}");
 }

@@ -150,3 +150,28 @@ fn info_refuses_a_size_that_is_not_whole_latent_tokens() {
     let line = the_error_line(&info(&test_vectors().join("configs/klein-4b"), &["--width", "1000"]));
     assert!(line.contains("--width 1000"), "{line}");
 }
+
+#[test]
+fn reference_images_add_the_encoder_to_the_plan() {
+    let dir = test_vectors().join("goldens/tiny-a/reference-two");
+    let (a, b) = (dir.join("ref0.png"), dir.join("ref1.png"));
+    let images = ["--image", a.to_str().unwrap(), "--image", b.to_str().unwrap()];
+    let stdout = stdout_of(&info(&model_dir("tiny-a"), &images));
+    // The size is the first reference's, as gen takes it; each reference as prepared.
+    assert!(stdout.contains("plan for 64×64 with 512 prompt tokens and reference images of 64×64, 80×68, under"), "{stdout}");
+    let encoder = section(&stdout, "vae encoder");
+    assert_eq!(encoder.len(), 2, "{stdout}");
+    assert!(encoder[0].starts_with("untiled: ") && encoder[1].starts_with("by bands of "), "{stdout}");
+    // Without references: no encoder phase, and 128 fewer tokens in every transformer pass.
+    let plain = stdout_of(&info(&model_dir("tiny-a"), &["--width", "64", "--height", "64"]));
+    assert!(!plain.contains("vae encoder") && !plain.contains("reference images"), "{plain}");
+    assert!(minimum(&plain) < minimum(&stdout));
+    // At the run's smallest budget the encoder may have to tile; the plan line names its layout.
+    let budget = format!("{}B", minimum(&stdout));
+    let within = stdout_of(&info(&model_dir("tiny-a"), &[&images[..], &["--memory-budget", &budget]].concat()));
+    assert!(within.lines().any(|l| l.starts_with("within --memory-budget") && l.contains("; VAE encoder ")), "{within}");
+
+    let missing = dir.join("missing.png");
+    let line = the_error_line(&info(&model_dir("tiny-a"), &["--image", missing.to_str().unwrap()]));
+    assert!(line.contains("missing.png"), "{line}");
+}
