@@ -50,7 +50,7 @@ pub struct GenArgs {
     /// read the transformer from this folder instead of the model's transformer/
     #[argh(option)]
     transformer: Option<PathBuf>,
-    /// VAE device memory as for a square image of this many pixels; larger images decode by bands (default: untiled while the image fits)
+    /// VAE device memory as for a square image of this many pixels; larger images (and reference images) run by bands (default: untiled while the image fits)
     #[argh(option)]
     vae_tile: Option<usize>,
     /// device memory the run may allocate, e.g. 2GiB or 512MiB (default: no limit, everything resident)
