@@ -2,7 +2,7 @@
 
 use argh::FromArgs;
 use flux_lite_core::df11::layout;
-use flux_lite_core::plan::{self as planner, Bytes, ComponentBytes, DecodePlan, DeviceLimits, PhasePlan, PlanInput, ReferencePlan};
+use flux_lite_core::plan::{self as planner, Bytes, ComponentBytes, DeviceLimits, PhasePlan, PlanInput, VaePlan};
 use flux_lite_core::tensors;
 use flux_lite_platform::model::{Component, ModelFolder};
 use flux_lite_platform::planning::ModelSizes;
@@ -162,23 +162,19 @@ fn print_plan_options(input: &PlanInput<'_>, sizes: &ModelSizes) -> Result<(), S
     }
     if !input.references.is_empty() {
         println!("vae encoder{}:", source(Component::Vae));
-        let options: Vec<ReferencePlan> = planner::reference_options(input).map_err(|e| e.to_string())?.collect();
-        let all: Vec<_> = options.iter().map(|p| (p.tile, p.weight_bytes, p.arena_bytes, p.other_bytes)).collect();
-        print_fastest_and_smallest(&all);
+        print_fastest_and_smallest(&planner::reference_options(input).map_err(|e| e.to_string())?.collect::<Vec<_>>());
     }
     println!("vae decoder{}:", source(Component::Vae));
-    let options: Vec<DecodePlan> = planner::decode_options(input).map_err(|e| e.to_string())?.collect();
-    let all: Vec<_> = options.iter().map(|p| (p.tile, p.weight_bytes, p.arena_bytes, p.other_bytes)).collect();
-    print_fastest_and_smallest(&all);
+    print_fastest_and_smallest(&planner::decode_options(input).map_err(|e| e.to_string())?.collect::<Vec<_>>());
     Ok(())
 }
 
-/// A VAE phase's fastest layout and, when different, its smallest: `(tile, weights, arena, other)` each.
-fn print_fastest_and_smallest(options: &[(Option<u64>, u64, u64, u64)]) {
+/// A VAE phase's fastest layout and, when different, its smallest.
+fn print_fastest_and_smallest(options: &[VaePlan]) {
     let fastest = options.first();
-    let smallest = options.iter().min_by_key(|(_, w, a, o)| w + a + o);
-    for &(tile, weights, arena, other) in fastest.into_iter().chain(smallest.filter(|s| Some(*s) != fastest)) {
-        print_option(&tile_layout(tile), weights, arena, other);
+    let smallest = options.iter().min_by_key(|p| p.peak());
+    for p in fastest.into_iter().chain(smallest.filter(|s| Some(*s) != fastest)) {
+        print_option(&tile_layout(p.tile), p.weight_bytes, p.arena_bytes, p.other_bytes);
     }
 }
 

@@ -161,34 +161,19 @@ impl fmt::Display for PhasePlan {
 /// row tile) times a power of two.
 pub const CHUNK_ROWS: u64 = 64;
 
-/// The VAE decode: untiled (`tile: None`) or by bands in an arena of a `tile`-pixel square.
+/// A VAE phase, the decode or the reference images' encode: untiled
+/// (`tile: None`), or by bands in an arena the size a `tile`-pixel square
+/// needs untiled. The encode takes the references one after another, each
+/// no larger than the tile in one pass; its bytes are the costliest reference's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DecodePlan {
+pub struct VaePlan {
     pub tile: Option<u64>,
     pub weight_bytes: u64,
     pub arena_bytes: u64,
     pub other_bytes: u64,
 }
 
-impl DecodePlan {
-    pub fn peak(&self) -> u64 {
-        self.weight_bytes + self.arena_bytes + self.other_bytes
-    }
-}
-
-/// The VAE encode of the reference images, one after another: untiled
-/// (`tile: None`), each in one pass; or each reference larger than a
-/// `tile`-pixel square by bands in an arena the size that square needs
-/// untiled, the others in one pass. The fields hold the costliest reference's bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ReferencePlan {
-    pub tile: Option<u64>,
-    pub weight_bytes: u64,
-    pub arena_bytes: u64,
-    pub other_bytes: u64,
-}
-
-impl ReferencePlan {
+impl VaePlan {
     pub fn peak(&self) -> u64 {
         self.weight_bytes + self.arena_bytes + self.other_bytes
     }
@@ -200,9 +185,9 @@ impl ReferencePlan {
 pub struct Plan {
     pub encode: PhasePlan,
     /// `None` without reference images.
-    pub references: Option<ReferencePlan>,
+    pub references: Option<VaePlan>,
     pub denoise: PhasePlan,
-    pub decode: DecodePlan,
+    pub decode: VaePlan,
 }
 
 impl Plan {
@@ -357,19 +342,20 @@ fn run_minimum(encode: PhaseOptions, denoise: &DenoiseOptions, input: &PlanInput
 /// smallest tile whose band holds one convolution row of each banded
 /// reference. Each costs the encoder's weights and, for its costliest
 /// reference, the arena and what goes through staging buffers.
-pub fn reference_options<'a>(input: &'a PlanInput<'a>) -> Result<impl Iterator<Item = ReferencePlan> + 'a, PlanError> {
+pub fn reference_options<'a>(input: &'a PlanInput<'a>) -> Result<impl Iterator<Item = VaePlan> + 'a, PlanError> {
+    let steps = encoder_steps(input.vae);
     let mut untiled = Ok(None);
     for &(width, height) in input.references {
-        let cost = encode_whole(input, width, height)?;
+        let cost = encode_whole(input, width, height, steps)?;
         untiled = match (untiled, cost) {
             (Err(e), _) | (Ok(_), Err(e)) => Err(e),
             (Ok(most), Ok(cost)) => Ok(costlier(most, cost)),
         };
     }
-    let plan_of = |tile, (arena_bytes, other_bytes)| ReferencePlan { tile, weight_bytes: input.vae_encoder_weight_bytes, arena_bytes, other_bytes };
+    let plan_of = |tile, (arena_bytes, other_bytes)| VaePlan { tile, weight_bytes: input.vae_encoder_weight_bytes, arena_bytes, other_bytes };
     let unit = 2 * input.vae.scale_factor() as u64;
     let largest = input.references.iter().map(|&(w, h)| w.max(h) / unit).max().unwrap_or(0);
-    let mut tiles = (1..largest).rev().filter_map(move |n| encode_tiled(input, n * unit).map(|cost| plan_of(Some(n * unit), cost))).peekable();
+    let mut tiles = (1..largest).rev().filter_map(move |n| encode_tiled(input, n * unit, steps).map(|cost| plan_of(Some(n * unit), cost))).peekable();
     let whole = match untiled {
         Ok(cost) => cost.map(|c| plan_of(None, c)),
         // Refused untiled, and no tile holds the references either.
@@ -392,9 +378,10 @@ fn encoder_steps(cfg: &VaeConfig) -> u64 {
 }
 
 /// A reference encoded in one pass: `Ok(Ok((arena, other)))`, with its
-/// image upload, mean readback and parameters as other bytes, or
-/// `Ok(Err(ReferenceTooLarge))` when the adapter cannot hold it in one pass.
-fn encode_whole(input: &PlanInput<'_>, width: u64, height: u64) -> Result<Result<(u64, u64), PlanError>, PlanError> {
+/// image upload, mean readback and the parameters of the encoder's `steps`
+/// as other bytes, or `Ok(Err(ReferenceTooLarge))` when the adapter cannot
+/// hold it in one pass.
+fn encode_whole(input: &PlanInput<'_>, width: u64, height: u64, steps: u64) -> Result<Result<(u64, u64), PlanError>, PlanError> {
     let cfg = input.vae;
     let arena = vae_encoder::arena_bytes(cfg, height, width).map_err(|_| PlanError::Size(REFERENCE_SIZE))?;
     let binding = vae_encoder::largest_binding(cfg, height, width);
@@ -406,15 +393,15 @@ fn encode_whole(input: &PlanInput<'_>, width: u64, height: u64) -> Result<Result
     let scale = cfg.scale_factor() as u64;
     let mean = 4 * cfg.latent_channels as u64 * (width / scale) * (height / scale);
     let io = 4 * cfg.in_channels as u64 * width * height + mean;
-    Ok(Ok((arena, io + overhead(encoder_steps(cfg)))))
+    Ok(Ok((arena, io + overhead(steps))))
 }
 
 /// The costliest reference's `(arena, other)` bytes when each reference
 /// wider or taller than `tile` is encoded by bands, `None` when the tile
 /// does not fit the adapter or its band cannot hold a banded reference's row.
-fn encode_tiled(input: &PlanInput<'_>, tile: u64) -> Option<(u64, u64)> {
+fn encode_tiled(input: &PlanInput<'_>, tile: u64, steps: u64) -> Option<(u64, u64)> {
     let cfg = input.vae;
-    encode_whole(input, tile, tile).ok()?.ok()?;
+    encode_whole(input, tile, tile, steps).ok()?.ok()?;
     let capacity = vae_encoder::band_capacity(cfg, tile, input.limits.max_binding).ok()?;
     let band_arena = vae::band_arena_bytes(capacity);
     if band_arena > input.limits.max_buffer {
@@ -423,10 +410,10 @@ fn encode_tiled(input: &PlanInput<'_>, tile: u64) -> Option<(u64, u64)> {
     let mut costliest: Option<(u64, u64)> = None;
     for &(width, height) in input.references {
         let cost = if width.max(height) <= tile {
-            encode_whole(input, width, height).ok()?.ok()?
+            encode_whole(input, width, height, steps).ok()?.ok()?
         } else if vae_encoder::band_minimum(cfg, height, width).ok()? <= capacity {
             // Each band's operands and results go through a staging buffer of at most the arena.
-            (band_arena, band_arena + overhead(encoder_steps(cfg)))
+            (band_arena, band_arena + overhead(steps))
         } else {
             return None;
         };
@@ -452,7 +439,7 @@ pub fn denoise_options(input: &PlanInput<'_>) -> Result<impl Iterator<Item = Pha
 /// Every layout of the VAE decode, fastest first: untiled when the adapter
 /// can bind it, then square tiles from the largest down to the smallest
 /// whose band holds one row of the image's widest convolution.
-pub fn decode_options<'a>(input: &'a PlanInput<'a>) -> Result<impl Iterator<Item = DecodePlan> + 'a, PlanError> {
+pub fn decode_options<'a>(input: &'a PlanInput<'a>) -> Result<impl Iterator<Item = VaePlan> + 'a, PlanError> {
     latent_grid(input)?;
     let mut options = decode_candidates(input).peekable();
     if options.peek().is_none() {
@@ -639,7 +626,7 @@ fn smallest_decode(input: &PlanInput<'_>) -> u64 {
 }
 
 /// Decode layouts from the fastest (untiled) to the smallest tile.
-fn decode_candidates<'a>(input: &'a PlanInput<'a>) -> impl Iterator<Item = DecodePlan> + 'a {
+fn decode_candidates<'a>(input: &'a PlanInput<'a>) -> impl Iterator<Item = VaePlan> + 'a {
     let cfg = input.vae;
     let scale = cfg.scale_factor() as u64;
     let (w, h) = (input.width, input.height);
@@ -651,7 +638,7 @@ fn decode_candidates<'a>(input: &'a PlanInput<'a>) -> impl Iterator<Item = Decod
     // Untiled, the image's 8-bit levels come back through one staging buffer.
     let levels = 4 * 3 * w * h;
     let whole = vae_arena(cfg, h / scale, w / scale, input.limits)
-        .map(|arena| DecodePlan { tile: None, weight_bytes: weights, arena_bytes: arena, other_bytes: levels + overhead(steps) });
+        .map(|arena| VaePlan { tile: None, weight_bytes: weights, arena_bytes: arena, other_bytes: levels + overhead(steps) });
     let unit = 2 * scale;
     let largest = w.max(h) / unit;
     // A band must hold one row of the image's widest convolution.
@@ -666,7 +653,7 @@ fn decode_candidates<'a>(input: &'a PlanInput<'a>) -> impl Iterator<Item = Decod
         let arena = vae::band_arena_bytes(capacity);
         // Each band's result, and each chunk of levels, comes back through a
         // staging buffer of at most the arena: nothing grows with the image.
-        Some(DecodePlan { tile: Some(tile), weight_bytes: weights, arena_bytes: arena, other_bytes: arena + overhead(steps) })
+        Some(VaePlan { tile: Some(tile), weight_bytes: weights, arena_bytes: arena, other_bytes: arena + overhead(steps) })
     });
     whole.into_iter().chain(tiles)
 }

@@ -188,7 +188,7 @@ fn figures_for_the_4b_at_1024px() {
     }
     // The VAE decoder at 1024²: untiled, and its smallest tile (a band holds one full-width row).
     let model = Model::klein_4b(true);
-    let decode: Vec<DecodePlan> = decode_options(&model.input(1024, None)).unwrap().collect();
+    let decode: Vec<VaePlan> = decode_options(&model.input(1024, None)).unwrap().collect();
     let last = decode[decode.len() - 1];
     println!("4B VAE decoder at 1024²: untiled {}; smallest, {}-px tiles: {}", Bytes(decode[0].peak()), last.tile.unwrap(), Bytes(last.peak()));
     // The VAE encoder on a 1024² reference, on this adapter and under WebGPU's default limits
@@ -197,7 +197,7 @@ fn figures_for_the_4b_at_1024px() {
     let refs = [(1024, 1024)];
     for (limits, name) in [(LIMITS, "4 GiB bindings"), (DeviceLimits::WEBGPU_DEFAULT, "WebGPU default limits")] {
         let input = PlanInput { references: &refs, limits, ..model.input(1024, None) };
-        let options: Vec<ReferencePlan> = reference_options(&input).unwrap().collect();
+        let options: Vec<VaePlan> = reference_options(&input).unwrap().collect();
         let first = options[0];
         let last = options[options.len() - 1];
         // The smallest tile is the smallest whose band holds one convolution row of the reference.
@@ -231,7 +231,7 @@ fn phase_options_run_fastest_first_and_end_at_the_phase_minimum() {
     let encode: heapless::Vec<PhasePlan, 8> = encode_options(&input).unwrap().collect();
     assert_eq!(encode.len(), 5);
     assert!(encode.windows(2).all(|w| w[1].peak() < w[0].peak()), "{encode:#?}");
-    let decode: heapless::Vec<DecodePlan, 128> = decode_options(&input).unwrap().collect();
+    let decode: heapless::Vec<VaePlan, 128> = decode_options(&input).unwrap().collect();
     assert_eq!(decode[0].tile, None, "untiled first");
     let tiles: heapless::Vec<u64, 128> = decode.iter().filter_map(|p| p.tile).collect();
     assert_eq!(tiles.first(), Some(&1024));
