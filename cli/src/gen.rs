@@ -173,7 +173,7 @@ pub fn run(args: &GenArgs) -> Result<(), String> {
         }
     };
     let mut show = |p| bar.show(p);
-    let reference_tile = request.vae_tile.or(plan.references.and_then(|r| r.tile).map(|t| t as usize));
+    let reference_tile = request.vae_tile_or(plan.references.and_then(|r| r.tile));
     let encoded = pipeline::encode_references(&gpu, &model, &references, reference_tile, &mut timings, &mut show);
     let latents = encoded.and_then(|refs| {
         pipeline::denoise(&gpu, &model, &request, &plan.denoise, &positive, negative.as_deref(), &refs, &mut timings, &mut show)

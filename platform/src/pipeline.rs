@@ -93,6 +93,13 @@ pub struct Request {
     pub references: Vec<(usize, usize)>,
 }
 
+impl Request {
+    /// The VAE tile of a phase: the request's when it forces one, else the plan's (`None`: untiled).
+    pub fn vae_tile_or(&self, planned: Option<u64>) -> Option<usize> {
+        self.vae_tile.or(planned.map(|t| t as usize))
+    }
+}
+
 /// The reference images' tokens, encoded once before denoising.
 #[derive(Debug, Clone, Default)]
 pub struct References {
@@ -206,8 +213,7 @@ pub fn decode(
     let started = Instant::now();
     let mut store = model.weights(Component::Vae)?;
     store.expand_df11_on_host()?;
-    let tile = request.vae_tile.or(planned_tile.map(|t| t as usize));
-    let mut vae = VaeDecoder::new(gpu, &model.vae, &store, request.width, request.height, tile)?;
+    let mut vae = VaeDecoder::new(gpu, &model.vae, &store, request.width, request.height, request.vae_tile_or(planned_tile))?;
     timings.load += started.elapsed();
     let started = Instant::now();
     let image = vae.decode(gpu, latents, &mut |t| progress(Progress::Decode { done: t.done, total: t.total }))?;
