@@ -6,7 +6,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-use flux_lite_tests::{model_dir, read_png, scratch_dir};
+use flux_lite_tests::{exact_bytes, model_dir, read_png, scratch_dir};
 use std::path::Path;
 use std::process::{Command, Output};
 
@@ -47,7 +47,7 @@ fn check_run(label: &str, name: &str, extra: &[&str]) {
     assert!(!run.status.success(), "{name}: 1 KiB must fail");
     let line = stderr.lines().find(|l| l.starts_with("error: ")).unwrap_or_else(|| panic!("{stderr}"));
     assert!(line.contains("--memory-budget 1.00 KiB") && line.contains("the smallest budget that works"), "{line}");
-    let minimum: u64 = line.rsplit_once('(').unwrap().1.trim_end_matches(" B)").parse().unwrap();
+    let minimum = exact_bytes(line);
     assert!(!tiny.join("out.png").exists() && !tiny.join("latents.safetensors").exists(), "{name}: a refused run wrote a file");
 
     let run = gen(&model, &free, extra);

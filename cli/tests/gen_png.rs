@@ -5,7 +5,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-use flux_lite_tests::{model_dir, read_png, read_stderr_until, scratch_dir, Goldens};
+use flux_lite_tests::{exact_bytes, model_dir, read_png, read_stderr_until, scratch_dir, the_error_line, Goldens};
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
@@ -202,12 +202,9 @@ fn reference_images_at_the_smallest_budget_are_encoded_by_bands() {
     let probe = scratch_dir("png-reference-budget-probe");
     let mut args = case_args(case, &probe.join("out.png"));
     args.extend(["--memory-budget".into(), "1KiB".into()]);
-    let run = gen(&args.iter().map(String::as_str).collect::<Vec<_>>());
-    let stderr = String::from_utf8_lossy(&run.stderr);
-    assert!(!run.status.success(), "{stderr}");
-    let line = stderr.lines().find(|l| l.starts_with("error: ")).unwrap_or_else(|| panic!("{stderr}"));
-    let minimum: u64 = line.rsplit_once('(').unwrap().1.trim_end_matches(" B)").parse().unwrap();
-    let budget = format!("{minimum}B");
+    let line = the_error_line(&gen(&args.iter().map(String::as_str).collect::<Vec<_>>()));
+    assert!(line.contains("the smallest budget that works"), "{line}");
+    let budget = format!("{}B", exact_bytes(&line));
     let stderr = reproduce(case, &["--memory-budget", &budget, "--verbose"]);
     assert!(stderr.contains("plan: VAE encoder in bands"), "{stderr}");
 }

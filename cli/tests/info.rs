@@ -5,7 +5,7 @@
 
 use flux_lite_core::config::{klein_4b, klein_9b};
 use flux_lite_core::plan::{self, Bytes, DeviceLimits, PlanInput};
-use flux_lite_tests::{copy_tree_where, model_dir, scratch_dir, test_vectors, the_error_line};
+use flux_lite_tests::{copy_tree_where, exact_bytes, model_dir, scratch_dir, test_vectors, the_error_line};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -36,9 +36,7 @@ fn section<'a>(stdout: &'a str, name: &str) -> Vec<&'a str> {
 
 /// The exact byte count of `smallest budget for the whole run: X (N B)`.
 fn minimum(stdout: &str) -> u64 {
-    let line = stdout.lines().find(|l| l.starts_with("smallest budget for the whole run: ")).unwrap_or_else(|| panic!("{stdout}"));
-    let inner = line.rsplit_once('(').unwrap().1;
-    inner.trim_end_matches(" B)").parse().unwrap()
+    exact_bytes(stdout.lines().find(|l| l.starts_with("smallest budget for the whole run: ")).unwrap_or_else(|| panic!("{stdout}")))
 }
 
 /// A copy of a model folder with its config files only (no weights, no shard index).

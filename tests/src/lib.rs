@@ -173,6 +173,12 @@ pub fn the_error_line(out: &std::process::Output) -> String {
     errors[0].to_string()
 }
 
+/// The exact byte count a figure line ends with: `… 2.28 MiB (2380544 B)`.
+pub fn exact_bytes(line: &str) -> u64 {
+    let inner = line.rsplit_once('(').unwrap_or_else(|| panic!("no byte count in {line}")).1;
+    inner.trim_end_matches(" B)").parse().unwrap_or_else(|e| panic!("{line}: {e}"))
+}
+
 /// [`the_error_line`] of a command whose stderr holds nothing else.
 pub fn only_an_error_line(out: &std::process::Output) -> String {
     let line = the_error_line(out);
