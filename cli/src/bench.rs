@@ -1,8 +1,11 @@
 //! `flux-lite bench`: throughput figures printed beside their ceilings.
 
 use argh::FromArgs;
-use flux_lite_platform::bench;
+use flux_lite_core::config::{self, TransformerConfig, VaeConfig};
+use flux_lite_platform::bench::{self, Ceilings, Figure, ShapeBench};
+use flux_lite_platform::model::ModelFolder;
 use flux_lite_platform::{Gpu, GpuOptions};
+use std::path::Path;
 
 /// Measure throughput against the physical ceiling of the same run.
 #[derive(FromArgs, Debug)]
@@ -15,7 +18,40 @@ pub struct BenchArgs {
 #[derive(FromArgs, Debug)]
 #[argh(subcommand)]
 enum BenchWhat {
+    Kernels(KernelsArgs),
     Df11(Df11Args),
+}
+
+/// Kernels and blocks at a model's shapes (random weights made in memory), each beside the ceilings the adapter shows in the same run.
+#[derive(FromArgs, Debug)]
+#[argh(subcommand, name = "kernels")]
+struct KernelsArgs {
+    /// klein-4b, klein-9b, or a model folder whose config files give the shapes (default klein-4b)
+    #[argh(option, default = "String::from(\"klein-4b\")")]
+    model: String,
+    /// token counts for the linear layers, attention and blocks, comma-separated (default 768,1536,4608; 64 on a software adapter)
+    #[argh(option, from_str_fn(parse_list))]
+    tokens: Option<Vec<u64>>,
+    /// image side for the VAE up block in pixels, 0 to skip (default 1024; 64 on a software adapter)
+    #[argh(option)]
+    vae_size: Option<u64>,
+    /// image sides for whole denoising steps, comma-separated, 0 to skip (default 256,512,1024; none on a software adapter)
+    #[argh(option, from_str_fn(parse_list))]
+    step_sizes: Option<Vec<u64>>,
+    /// bf16 weights in the DF11 expansion, 0 to skip (default 16777216; 1048576 on a software adapter)
+    #[argh(option)]
+    df11_elements: Option<usize>,
+    /// timed runs of each row after a warm-up; the median is reported (default 5)
+    #[argh(option, default = "5")]
+    repeats: usize,
+}
+
+fn parse_list(text: &str) -> Result<Vec<u64>, String> {
+    let values: Result<Vec<u64>, _> = text.split(',').map(|v| v.trim().parse::<u64>()).collect();
+    match values {
+        Ok(v) if !v.is_empty() => Ok(v.into_iter().filter(|&x| x > 0).collect()),
+        _ => Err(format!("{text:?}: expected numbers separated by commas, e.g. 768,1536")),
+    }
 }
 
 /// DF11 expansion: host (one thread, all threads) and GPU, each beside a plain copy of the same bytes.
@@ -36,6 +72,98 @@ struct Df11Args {
 pub fn run(args: &BenchArgs) -> Result<(), String> {
     match &args.what {
         BenchWhat::Df11(a) => df11(a),
+        BenchWhat::Kernels(a) => kernels(a),
+    }
+}
+
+/// The shapes to bench: a published model by name, or a folder's configs.
+fn shapes(model: &str) -> Result<(String, TransformerConfig, VaeConfig), String> {
+    match model {
+        "klein-4b" => Ok(("FLUX.2-klein-4B".into(), config::klein_4b::transformer(), config::klein_4b::vae())),
+        "klein-9b" => Ok(("FLUX.2-klein-9B".into(), config::klein_9b::transformer(), config::klein_9b::vae())),
+        dir => {
+            let folder = ModelFolder::open(Path::new(dir)).map_err(|e| e.to_string())?;
+            Ok((dir.to_string(), folder.transformer, folder.vae))
+        }
+    }
+}
+
+fn kernels(args: &KernelsArgs) -> Result<(), String> {
+    let (name, transformer, vae) = shapes(&args.model)?;
+    let gpu = Gpu::new(&GpuOptions::default()).map_err(|e| e.to_string())?;
+    let software = gpu.is_software();
+    let tokens = args.tokens.clone().unwrap_or(if software { vec![64] } else { vec![768, 1536, 4608] });
+    let vae_size = args.vae_size.unwrap_or(if software { 64 } else { 1024 });
+    let step_sizes = args.step_sizes.clone().unwrap_or(if software { vec![] } else { vec![256, 512, 1024] });
+    let df11_elements = args.df11_elements.unwrap_or(if software { 1 << 20 } else { 16 << 20 });
+    let scale = vae.scale_factor() as u64 * 2;
+    if vae_size % scale != 0 {
+        return Err(format!("--vae-size {vae_size} is not a multiple of {scale}"));
+    }
+    if let Some(s) = step_sizes.iter().find(|&&s| s % scale != 0) {
+        return Err(format!("--step-sizes: {s} is not a multiple of {scale}"));
+    }
+    let bench = ShapeBench::new(&gpu, args.repeats);
+    let err = |e: flux_lite_platform::RunError| e.to_string();
+    let ceilings = bench.ceilings().map_err(|e| e.to_string())?;
+    println!("adapter: {}", gpu.describe());
+    println!("model shapes: {name}; random bf16 weights; f32 activations");
+    println!("times: median of {} runs after a warm-up, {}", args.repeats.max(1), bench.timer().clock().describe());
+    println!(
+        "ceilings measured in this run: FMA peak {:.1} GFLOP/s, copy {:.1} GB/s (bytes read + written)",
+        ceilings.flops / 1e9,
+        ceilings.bytes / 1e9
+    );
+    println!();
+    println!("| what | shape | time | GFLOP/s | GB/s | bound | % of bound |");
+    println!("|---|---|---|---|---|---|---|");
+    for &t in &tokens {
+        for f in bench.linears(&transformer, t).map_err(err)? {
+            row(&f, &ceilings);
+        }
+        row(&bench.attention(&transformer, t).map_err(err)?, &ceilings);
+        for f in bench.blocks(&transformer, t).map_err(err)? {
+            row(&f, &ceilings);
+        }
+    }
+    if vae_size > 0 {
+        row(&bench.vae_up_block(&vae, vae_size).map_err(err)?, &ceilings);
+    }
+    if df11_elements > 0 {
+        row(&bench.df11(df11_elements).map_err(err)?, &ceilings);
+    }
+    for &size in &step_sizes {
+        row(&bench.step(&transformer, size).map_err(err)?, &ceilings);
+    }
+    if step_sizes.is_empty() && args.step_sizes.is_none() {
+        println!();
+        println!("whole denoising steps skipped on a software adapter (ask for them with --step-sizes)");
+    }
+    Ok(())
+}
+
+/// One table row: time, achieved rates, which ceiling bounds it and how close it comes.
+fn row(f: &Figure, c: &Ceilings) {
+    let rate = |work: u64| if work == 0 { "–".to_string() } else { format!("{:.1}", work as f64 / f.seconds.max(1e-12) / 1e9) };
+    println!(
+        "| {} | {} | {} | {} | {} | {} | {:.1}% |",
+        f.what,
+        f.shape,
+        duration(f.seconds),
+        rate(f.flops),
+        rate(f.bytes),
+        if f.compute_bound(c) { "FMA" } else { "copy" },
+        100.0 * f.of_ceiling(c)
+    );
+}
+
+fn duration(seconds: f64) -> String {
+    if seconds >= 1.0 {
+        format!("{seconds:.2} s")
+    } else if seconds >= 1e-3 {
+        format!("{:.2} ms", seconds * 1e3)
+    } else {
+        format!("{:.1} µs", seconds * 1e6)
     }
 }
 

@@ -119,6 +119,25 @@ pub enum Op {
 }
 
 impl Op {
+    /// Floating-point operations of this step, a multiply-add counting two:
+    /// the matrix products of linears, attention (scores and the weighted
+    /// sum; causal attention counted whole) and convolutions. Elementwise
+    /// steps and norms, a few operations per value moved, count 0: bandwidth
+    /// bounds them.
+    pub fn flops(&self) -> u64 {
+        match self {
+            Op::Linear { rows, cols, inner, .. } => 2 * rows * cols * inner,
+            Op::Attention { len, heads, head_dim, .. } => 4 * len * len * heads * head_dim,
+            Op::PartialAttention { q_len, kv_len, heads, head_dim, .. } => 4 * q_len * kv_len * heads * head_dim,
+            Op::CausalAttention { len, q_heads, head_dim, .. } => 4 * len * len * q_heads * head_dim,
+            Op::Conv2d { shape: c, .. } => {
+                let taps = (c.in_channels * c.kernel * c.kernel) as u64;
+                2 * taps * (c.out_channels * c.out_height * c.out_width) as u64
+            }
+            _ => 0,
+        }
+    }
+
     /// The weight tensors this step reads, by name.
     pub fn weights(&self) -> impl Iterator<Item = &TensorName> {
         let (first, second) = match self {

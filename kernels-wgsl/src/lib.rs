@@ -23,10 +23,11 @@ pub enum Module {
     Conv,
     Vae,
     Df11,
+    Bench,
 }
 
 impl Module {
-    pub const ALL: [Module; 8] = [
+    pub const ALL: [Module; 9] = [
         Module::Linear,
         Module::Norm,
         Module::Rope,
@@ -35,6 +36,7 @@ impl Module {
         Module::Conv,
         Module::Vae,
         Module::Df11,
+        Module::Bench,
     ];
 
     pub fn name(self) -> &'static str {
@@ -47,6 +49,7 @@ impl Module {
             Module::Conv => "conv",
             Module::Vae => "vae",
             Module::Df11 => "df11",
+            Module::Bench => "bench",
         }
     }
 
@@ -65,6 +68,7 @@ impl Module {
             Module::Conv => with_common!("conv.wgsl"),
             Module::Vae => with_common!("vae.wgsl"),
             Module::Df11 => with_common!("df11.wgsl"),
+            Module::Bench => with_common!("bench.wgsl"),
         }
     }
 }
@@ -187,6 +191,13 @@ pub const DF11_CLEAR: Kernel = kernel(Module::Df11, "df11_clear", [256, 1, 1], &
 /// Bytes of the exponent stream one DF11 workgroup decodes (the official block).
 pub const DF11_BLOCK_BYTES: u64 = 4096;
 
+/// The adapter's arithmetic ceiling: chains of vec4 FMAs (see `bench.wgsl`).
+pub const FMA_PEAK: Kernel = kernel(Module::Bench, "fma_peak", [256, 1, 1], &[(1, RW)], size_of::<PeakParams>(), false);
+/// The adapter's memory ceiling for a kernel: a vec4 copy.
+pub const COPY_PEAK: Kernel = kernel(Module::Bench, "copy_peak", [256, 1, 1], &[(2, R), (3, RW)], size_of::<PeakParams>(), false);
+/// FMAs per invocation and iteration of `fma_peak`: 8 chains × 4 lanes × 4 unrolled.
+pub const FMA_PEAK_FMAS_PER_ITERATION: u64 = 8 * 4 * 4;
+
 /// Every kernel, for validation and pipeline warm-up.
 pub const ALL_KERNELS: &[Kernel] = &[
     LINEAR,
@@ -214,6 +225,8 @@ pub const ALL_KERNELS: &[Kernel] = &[
     PIXEL_LEVELS,
     DF11_DECODE,
     DF11_CLEAR,
+    FMA_PEAK,
+    COPY_PEAK,
 ];
 
 /// Most workgroups one grid dimension may have on every adapter.

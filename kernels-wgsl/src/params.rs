@@ -159,3 +159,13 @@ pub struct Df11Params {
     pub clear_first: u32,
     pub clear_end: u32,
 }
+
+/// `bench.wgsl` — the ceilings: `iterations` of the FMA loop, `count`
+/// invocations that write (FMA) or vec4s copied (copy).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Pod, Zeroable)]
+pub struct PeakParams {
+    pub iterations: u32,
+    pub count: u32,
+    pub _pad: [u32; 2],
+}

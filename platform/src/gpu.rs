@@ -226,7 +226,8 @@ impl Gpu {
         }
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("flux-lite"),
-            required_features: wgpu::Features::empty(),
+            // Timestamps where the adapter has them: `bench` times passes on the GPU's own clock.
+            required_features: adapter.features() & wgpu::Features::TIMESTAMP_QUERY,
             required_limits: limits.clone(),
             experimental_features: wgpu::ExperimentalFeatures::disabled(),
             memory_hints: wgpu::MemoryHints::Performance,
@@ -277,6 +278,16 @@ impl Gpu {
     /// One line naming the adapter, e.g. `llvmpipe (LLVM 15.0.6, 256 bits) (Vulkan, Cpu)`.
     pub fn describe(&self) -> String {
         format!("{} ({:?}, {:?})", self.info.name, self.info.backend, self.info.device_type)
+    }
+
+    /// Whether compute passes can write GPU timestamps.
+    pub fn has_timestamps(&self) -> bool {
+        self.device.features().contains(wgpu::Features::TIMESTAMP_QUERY)
+    }
+
+    /// Whether the adapter is a CPU (a software driver such as lavapipe).
+    pub fn is_software(&self) -> bool {
+        self.info.device_type == wgpu::DeviceType::Cpu
     }
 
     /// Bound in place of an absent optional input (bias, mask); never read.
@@ -393,6 +404,17 @@ impl Gpu {
         let buffer =
             self.device.create_buffer(&wgpu::BufferDescriptor { label: Some(label), size, usage: storage_usage(), mapped_at_creation: false });
         self.counted(buffer, size)
+    }
+
+    /// A buffer timestamp queries resolve into (`bytes`: 8 per query), readable with [`Self::read_bytes`].
+    pub fn query_resolve(&self, label: &str, bytes: u64) -> DeviceBuffer {
+        let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size: bytes,
+            usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: false,
+        });
+        self.counted(buffer, bytes)
     }
 
     /// A host-visible buffer of `bytes` (a multiple of 4) the host writes

@@ -194,7 +194,12 @@ impl Sink for Vec<Dispatch> {
 
 /// Encodes prepared dispatches in order, in one compute pass.
 pub fn encode(enc: &mut wgpu::CommandEncoder, dispatches: &[Dispatch]) {
-    let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: None, timestamp_writes: None });
+    encode_timed(enc, dispatches, None);
+}
+
+/// [`encode`], with the pass's start and end written to a timestamp query set.
+pub fn encode_timed(enc: &mut wgpu::CommandEncoder, dispatches: &[Dispatch], timestamps: Option<wgpu::ComputePassTimestampWrites<'_>>) {
+    let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: None, timestamp_writes: timestamps });
     for d in dispatches {
         pass.set_pipeline(&d.pipeline);
         pass.set_bind_group(0, &d.bind_group, &[]);
@@ -1012,5 +1017,27 @@ pub fn pixel_levels(gpu: &Gpu, sink: &mut dyn Sink, src: Mat<'_>, dst: Mat<'_>, 
         ..Default::default()
     };
     dispatch(gpu, sink, &k::PIXEL_LEVELS, &[], &params, &[(1, &sw), (4, &dw)], grid64(count));
+    Ok(())
+}
+
+/// The arithmetic ceiling: `workgroups` of 256 invocations, each running
+/// `iterations` of [`k::FMA_PEAK_FMAS_PER_ITERATION`] FMAs; one f32 per
+/// invocation lands in `sink` (at least `256·workgroups` values).
+pub fn fma_peak(gpu: &Gpu, out: &mut dyn Sink, sink: &wgpu::Buffer, workgroups: u64, iterations: u32) -> Result<(), GpuError> {
+    let count = to_u32(workgroups * 256, "fma_peak invocations")?;
+    let sw = window(gpu, sink, 4, 0, count as u64, "fma_peak output")?;
+    let params = k::PeakParams { iterations, count, _pad: [0; 2] };
+    dispatch(gpu, out, &k::FMA_PEAK, &[], &params, &[(1, &sw)], k::wrapped_grid(workgroups));
+    Ok(())
+}
+
+/// The memory ceiling: `vec4s` four-float values copied from `src` to `dst`
+/// (both at least that long, within one binding).
+pub fn copy_peak(gpu: &Gpu, out: &mut dyn Sink, src: &wgpu::Buffer, dst: &wgpu::Buffer, vec4s: u64) -> Result<(), GpuError> {
+    let count = to_u32(vec4s, "copy_peak values")?;
+    let sw = window(gpu, src, 16, 0, vec4s, "copy_peak source")?;
+    let dw = window(gpu, dst, 16, 0, vec4s, "copy_peak destination")?;
+    let params = k::PeakParams { iterations: 0, count, _pad: [0; 2] };
+    dispatch(gpu, out, &k::COPY_PEAK, &[], &params, &[(2, &sw), (3, &dw)], k::wrapped_grid(vec4s.div_ceil(256)));
     Ok(())
 }

@@ -261,7 +261,7 @@ impl Transformer {
 /// The activation layout, the block programs (prologue, doubles, singles,
 /// epilogue) and the arena bytes of a forward pass (`chunk`: token rows per
 /// feed-forward pass, `None`: all).
-fn programs(config: &TransformerConfig, tokens: Tokens, chunk: Option<usize>) -> Result<(TransformerLayout, Vec<Vec<Op>>, u64), RunError> {
+pub(crate) fn programs(config: &TransformerConfig, tokens: Tokens, chunk: Option<usize>) -> Result<(TransformerLayout, Vec<Vec<Op>>, u64), RunError> {
     let mut arena = BumpArena::new(u64::MAX);
     let chunk = chunk.map_or(tokens.text + tokens.image(), |c| c.max(1) as u64);
     let layout = TransformerLayout::chunked(config, tokens, chunk, &mut arena)

@@ -10,6 +10,12 @@ use flux_lite_core::df11::{Df11Error, Df11GroupBuf};
 use flux_lite_core::rng::TorchGenerator;
 use std::time::{Duration, Instant};
 
+pub mod model;
+pub mod timer;
+
+pub use model::{Ceilings, Figure, ShapeBench};
+pub use timer::{Clock, Timer};
+
 /// What [`df11`] measured. Rates are bytes of bf16 output per second.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Df11Bench {

@@ -1,0 +1,431 @@
+//! Kernels and blocks at a model's real shapes with random bf16 weights made
+//! in memory (no model folder needed), each timed beside the adapter's own
+//! ceilings measured in the same run: an FMA-bound kernel and a copy.
+
+use super::timer::Timer;
+use crate::device_weights::{DeviceWeight, DeviceWeights};
+use crate::df11::Df11DeviceGroup;
+use crate::error::{GpuError, RunError};
+use crate::gpu::{DeviceBuffer, Gpu};
+use crate::ops::{self, Dispatch, Mat, WeightDtype};
+use crate::runner::{collect_ops, Runner};
+use crate::transformer::programs;
+use flux_lite_core::arena::BumpArena;
+use flux_lite_core::config::{TransformerConfig, VaeConfig};
+use flux_lite_core::df11::Df11GroupBuf;
+use flux_lite_core::program::Op;
+use flux_lite_core::transformer::Tokens;
+use flux_lite_core::{tensors, vae};
+use rayon::prelude::*;
+use std::collections::HashMap;
+
+/// What the adapter can do at best, measured in this run.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Ceilings {
+    /// FLOP/s of the FMA-bound kernel.
+    pub flops: f64,
+    /// Bytes read plus written per second by the copy kernel.
+    pub bytes: f64,
+}
+
+/// One timed row: what ran, its median time, and the work it did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Figure {
+    pub what: String,
+    pub shape: String,
+    pub seconds: f64,
+    pub flops: u64,
+    /// Bytes the kernels must at least read and write (weights, inputs, outputs).
+    pub bytes: u64,
+}
+
+impl Figure {
+    /// The shortest time the ceilings allow: the slower of computing the
+    /// FLOPs at the FMA peak and moving the bytes at the copy rate.
+    pub fn bound_seconds(&self, c: &Ceilings) -> f64 {
+        (self.flops as f64 / c.flops).max(self.bytes as f64 / c.bytes)
+    }
+
+    /// Whether compute (rather than memory) sets the bound.
+    pub fn compute_bound(&self, c: &Ceilings) -> bool {
+        self.flops as f64 / c.flops >= self.bytes as f64 / c.bytes
+    }
+
+    /// The fraction of the bound achieved (1 = at the ceiling).
+    pub fn of_ceiling(&self, c: &Ceilings) -> f64 {
+        self.bound_seconds(c) / self.seconds.max(1e-12)
+    }
+}
+
+/// Runs and times work at a model's shapes on one device.
+#[derive(Debug)]
+pub struct ShapeBench<'g> {
+    gpu: &'g Gpu,
+    timer: Timer<'g>,
+    repeats: usize,
+}
+
+/// Seconds the FMA kernel is sized to run for: long enough to dwarf launch
+/// overhead, short enough for a software adapter.
+fn ceiling_target(gpu: &Gpu) -> f64 {
+    if gpu.is_software() {
+        0.2
+    } else {
+        0.02
+    }
+}
+
+impl<'g> ShapeBench<'g> {
+    pub fn new(gpu: &'g Gpu, repeats: usize) -> Self {
+        Self { gpu, timer: Timer::new(gpu), repeats }
+    }
+
+    pub fn timer(&self) -> &Timer<'g> {
+        &self.timer
+    }
+
+    /// The FMA peak and the copy rate of this adapter.
+    pub fn ceilings(&self) -> Result<Ceilings, GpuError> {
+        let gpu = self.gpu;
+        let workgroups: u64 = if gpu.is_software() { 64 } else { 16384 };
+        let sink = gpu.storage("fma peak sink", 4 * 256 * workgroups);
+        let fma = |iterations: u32| -> Result<Vec<Dispatch>, GpuError> {
+            let mut d = Vec::new();
+            ops::fma_peak(gpu, &mut d, &sink, workgroups, iterations)?;
+            Ok(d)
+        };
+        // Size the loop from one short run so the measured run lasts the target.
+        let probe = 16u32;
+        let t = self.timer.once(&fma(probe)?)?;
+        let iterations = (probe as f64 * ceiling_target(gpu) / t.max(1e-6)).clamp(probe as f64, (1 << 20) as f64) as u32;
+        let t = self.timer.median(&fma(iterations)?, self.repeats)?;
+        let flops = 2 * 256 * workgroups * iterations as u64 * flux_lite_kernels::FMA_PEAK_FMAS_PER_ITERATION;
+
+        let cap = if gpu.is_software() { 64 << 20 } else { 256 << 20 };
+        let bytes = (gpu.max_binding() - gpu.binding_alignment()).min(gpu.limits.max_buffer_size).min(cap) / 16 * 16;
+        let (src, dst) = (gpu.storage("copy peak source", bytes), gpu.storage("copy peak destination", bytes));
+        let mut copy = Vec::new();
+        ops::copy_peak(gpu, &mut copy, &src, &dst, bytes / 16)?;
+        let t_copy = self.timer.median(&copy, self.repeats)?;
+        Ok(Ceilings { flops: flops as f64 / t, bytes: 2.0 * bytes as f64 / t_copy })
+    }
+
+    /// Each distinct linear shape of the transformer's blocks, over `tokens` rows.
+    pub fn linears(&self, cfg: &TransformerConfig, tokens: u64) -> Result<Vec<Figure>, RunError> {
+        let gpu = self.gpu;
+        let (_, blocks, _) = programs(cfg, Tokens::plain(tokens / 2, tokens - tokens / 2), None)?;
+        let first_double = blocks.get(1).filter(|_| cfg.num_layers > 0);
+        let first_single = blocks.get(1 + cfg.num_layers).filter(|_| cfg.num_single_layers > 0);
+        // (cols, inner) → the first weight of that shape and how many a block has.
+        let mut shapes: Vec<((u64, u64), String, usize)> = Vec::new();
+        for op in first_double.into_iter().chain(first_single).flatten() {
+            if let Op::Linear { w, cols, inner, .. } = op {
+                match shapes.iter_mut().find(|(s, _, _)| *s == (*cols, *inner)) {
+                    Some((_, _, n)) => *n += 1,
+                    None => shapes.push(((*cols, *inner), w.to_string(), 1)),
+                }
+            }
+        }
+        let mut figures = Vec::new();
+        for ((n, k), name, count) in shapes {
+            let x = gpu.upload_f32("bench x", &random_f32((tokens * k) as usize, 1));
+            let w = gpu.upload_bf16("bench w", &random_bf16((n * k) as usize, 2));
+            let y = gpu.storage("bench y", 4 * tokens * n);
+            let mut d = Vec::new();
+            ops::linear(gpu, &mut d, Mat::new(&x, k), ops::Weight::bf16(&w), None, Mat::new(&y, n), tokens, n, k)?;
+            let many = if count > 1 { format!(" (×{count} per block)") } else { String::new() };
+            figures.push(Figure {
+                what: format!("linear {}{many}", block_local(&name).trim_end_matches(".weight")),
+                shape: format!("{tokens}×{k} · {k}×{n}"),
+                seconds: self.timer.median(&d, self.repeats)?,
+                flops: 2 * tokens * n * k,
+                bytes: 4 * tokens * k + 2 * n * k + 4 * tokens * n,
+            });
+        }
+        Ok(figures)
+    }
+
+    /// Joint attention over `tokens` tokens with the transformer's heads.
+    pub fn attention(&self, cfg: &TransformerConfig, tokens: u64) -> Result<Figure, RunError> {
+        let gpu = self.gpu;
+        let (heads, hd) = (cfg.num_attention_heads as u64, cfg.attention_head_dim as u64);
+        let width = heads * hd;
+        let qkv: Vec<DeviceBuffer> = (0..3).map(|i| gpu.upload_f32("bench qkv", &random_f32((tokens * width) as usize, 10 + i))).collect();
+        let o = gpu.storage("bench attention out", 4 * tokens * width);
+        let s = ops::Attention {
+            q_len: tokens,
+            kv_len: tokens,
+            q_heads: heads,
+            kv_heads: heads,
+            head_dim: hd,
+            scale: (1.0 / (hd as f64).sqrt()) as f32,
+            causal: false,
+        };
+        let m: Vec<Mat<'_>> = qkv.iter().chain([&o]).map(|b| Mat::new(b, width)).collect();
+        let mut d = Vec::new();
+        ops::attention(gpu, &mut d, m[0], m[1], m[2], None, m[3], None, s)?;
+        let op = Op::Attention { q: span0(), k: span0(), v: span0(), o: span0(), len: tokens, heads, head_dim: hd };
+        Ok(Figure {
+            what: "attention".into(),
+            shape: format!("{tokens} tokens, {heads}×{hd}"),
+            seconds: self.timer.median(&d, self.repeats)?,
+            flops: op.flops(),
+            bytes: 4 * 4 * tokens * width,
+        })
+    }
+
+    /// The first double and the first single block over `tokens` tokens
+    /// (512 of them text, or half when there are fewer than 1024).
+    pub fn blocks(&self, cfg: &TransformerConfig, tokens: u64) -> Result<Vec<Figure>, RunError> {
+        let text = if tokens >= 1024 { 512 } else { tokens / 2 };
+        let (layout, blocks, arena_bytes) = programs(cfg, Tokens::plain(text, tokens - text), None)?;
+        let runner = self.transformer_runner(cfg, tokens, arena_bytes);
+        let weights = SyntheticWeights::new(|sink| tensors::transformer(cfg, sink));
+        let mut figures = Vec::new();
+        let picks = [("double block", 1, cfg.num_layers > 0), ("single block", 1 + cfg.num_layers, cfg.num_single_layers > 0)];
+        for (what, index, present) in picks {
+            if !present {
+                continue;
+            }
+            let block = &blocks[index];
+            let placed = weights.place(self.gpu, std::slice::from_ref(block))?;
+            let d = runner.prepare_block(self.gpu, &placed, 0, block)?;
+            figures.push(Figure {
+                what: what.into(),
+                shape: format!("{text} text + {} image tokens, D {}", layout.image, layout.dim),
+                seconds: self.timer.median(&d, self.repeats)?,
+                flops: block.iter().map(Op::flops).sum(),
+                bytes: placed.bytes(),
+            });
+        }
+        Ok(figures)
+    }
+
+    /// One whole denoising step (every block, prologue and epilogue) at a
+    /// `size`² image with 512 prompt tokens. The blocks share the first
+    /// block's weights: each block still reads a full block of weights,
+    /// and only one block's worth is made.
+    pub fn step(&self, cfg: &TransformerConfig, size: u64) -> Result<Figure, RunError> {
+        let image = (size / 16) * (size / 16);
+        let (_, blocks, arena_bytes) = programs(cfg, Tokens::plain(512, image), None)?;
+        let runner = self.transformer_runner(cfg, 512 + image, arena_bytes);
+        let weights = SyntheticWeights::new(|sink| tensors::transformer(cfg, sink));
+        let placed = weights.place(self.gpu, &blocks)?;
+        let mut d = Vec::new();
+        for (i, block) in blocks.iter().enumerate() {
+            d.extend(runner.prepare_block(self.gpu, &placed, i, block)?);
+        }
+        let per_block: u64 = blocks[1..blocks.len() - 1].iter().map(|b| placed.bytes_read(b)).sum();
+        Ok(Figure {
+            what: "denoising step".into(),
+            shape: format!("{size}×{size}: 512 + {image} tokens"),
+            seconds: self.timer.median(&d, self.repeats)?,
+            flops: blocks.iter().flatten().map(Op::flops).sum(),
+            bytes: per_block,
+        })
+    }
+
+    /// The VAE decoder's last up block (the one at full resolution) for a `size`² image.
+    pub fn vae_up_block(&self, cfg: &VaeConfig, size: u64) -> Result<Figure, RunError> {
+        let scale = cfg.scale_factor() as u64;
+        let latent = size / scale;
+        let mut arena = BumpArena::new(u64::MAX);
+        let layout = vae::VaeLayout::new(cfg, latent, latent, &mut arena).map_err(|e| RunError::Input(e.to_string()))?;
+        let last = vae::up_block_count(&layout).saturating_sub(1);
+        let block = collect_ops(|emit| vae::up_block(&layout, last, emit));
+        let weights = SyntheticWeights::new(|sink| tensors::vae(cfg, sink));
+        let placed = weights.place(self.gpu, std::slice::from_ref(&block))?;
+        let runner = Runner {
+            arena: self.gpu.storage("bench vae activations", arena.high_water()),
+            rope_cos: self.gpu.storage("unused", 4),
+            rope_sin: self.gpu.storage("unused", 4),
+            key_keep: None,
+        };
+        let d = runner.prepare_block(self.gpu, &placed, 0, &block)?;
+        let channels = cfg.decoder_channels().first().copied().unwrap_or(0);
+        Ok(Figure {
+            what: "VAE up block".into(),
+            shape: format!("{size}×{size}, {channels} channels"),
+            seconds: self.timer.median(&d, self.repeats)?,
+            flops: block.iter().map(Op::flops).sum(),
+            // Two full-resolution activations per convolution (read, write) at least.
+            bytes: block.iter().filter(|op| matches!(op, Op::Conv2d { .. })).map(|op| conv_bytes(op)).sum(),
+        })
+    }
+
+    /// DF11 expansion of `elements` bf16 weights into a slot, on the device.
+    /// Fails if the expansion is not bit-exact.
+    pub fn df11(&self, elements: usize) -> Result<Figure, RunError> {
+        let weights = super::synthetic_weights(elements, 0);
+        let buf = Df11GroupBuf::encode(&[&weights]).map_err(|e| RunError::Input(format!("DF11: {e}")))?;
+        let group = buf.group().map_err(|e| RunError::Input(format!("DF11: {e}")))?;
+        let on_device = Df11DeviceGroup::upload(self.gpu, &group);
+        let slot = self.gpu.storage("bench df11 slot", 2 * elements as u64);
+        let mut d = Vec::new();
+        on_device.record_decode(self.gpu, &mut d, &slot, 0)?;
+        let seconds = self.timer.median(&d, self.repeats)?;
+        let back = self.gpu.read_bytes(&slot, 0, 2 * elements as u64)?;
+        if !back.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]])).eq(weights.iter().copied()) {
+            return Err(RunError::Input("the GPU DF11 expansion differs from the weights".into()));
+        }
+        Ok(Figure {
+            what: "DF11 expansion".into(),
+            shape: format!("{elements} weights, {:.1}% of bf16", 100.0 * buf.total_bytes() as f64 / (2 * elements) as f64),
+            seconds,
+            flops: 0,
+            bytes: buf.total_bytes() as u64 + 2 * elements as u64,
+        })
+    }
+
+    /// An arena of `arena_bytes` and RoPE tables for `rows` tokens.
+    fn transformer_runner(&self, cfg: &TransformerConfig, rows: u64, arena_bytes: u64) -> Runner {
+        let table = rows * cfg.attention_head_dim as u64;
+        Runner {
+            arena: self.gpu.storage("bench activations", arena_bytes),
+            rope_cos: self.gpu.upload_f32("bench rope cos", &vec![1.0; table as usize]),
+            rope_sin: self.gpu.storage("bench rope sin", 4 * table),
+            key_keep: None,
+        }
+    }
+}
+
+/// Bytes a convolution must at least move: its input, weights (bf16) and output once each.
+fn conv_bytes(op: &Op) -> u64 {
+    match op {
+        Op::Conv2d { shape: c, .. } => {
+            let input = c.in_channels * c.height * c.width;
+            let output = c.out_channels * c.out_height * c.out_width;
+            let weights = c.out_channels * c.in_channels * c.kernel * c.kernel;
+            (4 * (input + output) + 2 * weights) as u64
+        }
+        _ => 0,
+    }
+}
+
+fn span0() -> flux_lite_core::program::Span {
+    flux_lite_core::program::Span::new(0, 0)
+}
+
+/// A model's tensor shapes, turned into random bf16 device weights on demand.
+/// Every block of a stack shares the first block's tensors.
+struct SyntheticWeights {
+    shapes: HashMap<String, u64>,
+}
+
+impl SyntheticWeights {
+    fn new(specs: impl FnOnce(&mut dyn FnMut(&tensors::TensorSpec))) -> Self {
+        let mut shapes = HashMap::new();
+        specs(&mut |s| {
+            shapes.insert(s.name.to_string(), s.shape.iter().product::<usize>() as u64);
+        });
+        Self { shapes }
+    }
+
+    /// Device weights for every tensor `blocks` read.
+    fn place(&self, gpu: &Gpu, blocks: &[Vec<Op>]) -> Result<PlacedWeights, RunError> {
+        let mut made: HashMap<String, DeviceBuffer> = HashMap::new();
+        let mut weights = DeviceWeights::default();
+        let mut bytes = 0;
+        for name in blocks.iter().flatten().flat_map(Op::weights) {
+            let name = name.to_string();
+            let shared = first_block(&name);
+            let elements = *self
+                .shapes
+                .get(&name)
+                .ok_or_else(|| RunError::Input(format!("the program reads `{name}`, which the model's tensor list lacks")))?;
+            let buffer = match made.get(&shared) {
+                Some(b) => b.clone(),
+                None => {
+                    let seed = made.len() as u64 + 100;
+                    let b = gpu.upload_bf16(&shared, &random_bf16(elements as usize, seed));
+                    bytes += 2 * elements;
+                    made.insert(shared, b.clone());
+                    b
+                }
+            };
+            weights.insert(&name, DeviceWeight { buffer, offset: 0, dtype: WeightDtype::Bf16 });
+        }
+        Ok(PlacedWeights { weights, elements: self.shapes.clone(), made_bytes: bytes })
+    }
+}
+
+/// Weights placed for a bench program.
+struct PlacedWeights {
+    weights: DeviceWeights,
+    elements: HashMap<String, u64>,
+    /// Bytes of distinct weight tensors made.
+    made_bytes: u64,
+}
+
+impl std::ops::Deref for PlacedWeights {
+    type Target = DeviceWeights;
+    fn deref(&self) -> &DeviceWeights {
+        &self.weights
+    }
+}
+
+impl PlacedWeights {
+    /// Bytes of the distinct weights made (one block's for a block).
+    fn bytes(&self) -> u64 {
+        self.made_bytes
+    }
+
+    /// Bf16 weight bytes one block reads.
+    fn bytes_read(&self, block: &[Op]) -> u64 {
+        let mut names: Vec<String> = block.iter().flat_map(Op::weights).map(|n| n.to_string()).collect();
+        names.sort();
+        names.dedup();
+        names.iter().map(|n| 2 * self.elements.get(n).copied().unwrap_or(0)).sum()
+    }
+}
+
+/// The name of the same tensor in block 0 of its stack
+/// (`single_transformer_blocks.7.attn.to_out.weight` → `…blocks.0.attn…`).
+fn first_block(name: &str) -> String {
+    for stack in ["single_transformer_blocks.", "transformer_blocks.", "model.layers."] {
+        if let Some((_, rest)) = name.strip_prefix(stack).and_then(|r| r.split_once('.')) {
+            return format!("{stack}0.{rest}");
+        }
+    }
+    name.to_string()
+}
+
+/// The name inside its block (`transformer_blocks.0.attn.to_q.weight` → `attn.to_q.weight`).
+fn block_local(name: &str) -> &str {
+    for stack in ["single_transformer_blocks.", "transformer_blocks.", "model.layers."] {
+        if let Some((_, rest)) = name.strip_prefix(stack).and_then(|r| r.split_once('.')) {
+            return rest;
+        }
+    }
+    name
+}
+
+/// Value `i` of a reproducible stream in [-1, 1) (splitmix64 of the index).
+fn unit_value(i: u64, seed: u64) -> f32 {
+    let mut z = (i ^ seed.wrapping_mul(0x9e37_79b9_7f4a_7c15)).wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^= z >> 31;
+    (z >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+}
+
+/// `n` values of the stream for `seed`, times `scale`, made on every core.
+fn random_values(n: usize, seed: u64, scale: f32) -> Vec<f32> {
+    let mut v = vec![0f32; n];
+    v.par_chunks_mut(1 << 16).enumerate().for_each(|(c, chunk)| {
+        for (j, x) in chunk.iter_mut().enumerate() {
+            *x = scale * unit_value(((c << 16) + j) as u64, seed);
+        }
+    });
+    v
+}
+
+/// Random bf16 weights of a trained model's scale (|w| < 0.03).
+fn random_bf16(n: usize, seed: u64) -> Vec<u16> {
+    random_values(n, seed, 0.03).par_iter().map(|&x| flux_lite_core::bf16::from_f32(x)).collect()
+}
+
+/// Random activations in [-1, 1).
+fn random_f32(n: usize, seed: u64) -> Vec<f32> {
+    random_values(n, seed, 1.0)
+}
