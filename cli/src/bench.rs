@@ -41,9 +41,22 @@ struct KernelsArgs {
     /// bf16 weights in the DF11 expansion, 0 to skip (default 16777216; 1048576 on a software adapter)
     #[argh(option)]
     df11_elements: Option<usize>,
+    /// run only these rows, comma-separated: linear, attention, blocks, vae, df11, step (default all)
+    #[argh(option, from_str_fn(parse_rows))]
+    only: Option<Vec<String>>,
     /// timed runs of each row after a warm-up; the median is reported (default 5)
     #[argh(option, default = "5")]
     repeats: usize,
+}
+
+const ROWS: [&str; 6] = ["linear", "attention", "blocks", "vae", "df11", "step"];
+
+fn parse_rows(text: &str) -> Result<Vec<String>, String> {
+    let rows: Vec<String> = text.split(',').map(|r| r.trim().to_string()).collect();
+    match rows.iter().find(|r| !ROWS.contains(&r.as_str())) {
+        Some(r) => Err(format!("--only {r:?}: expected some of {}", ROWS.join(", "))),
+        None => Ok(rows),
+    }
 }
 
 fn parse_list(text: &str) -> Result<Vec<u64>, String> {
@@ -103,6 +116,7 @@ fn kernels(args: &KernelsArgs) -> Result<(), String> {
     if let Some(s) = step_sizes.iter().find(|&&s| s % scale != 0) {
         return Err(format!("--step-sizes: {s} is not a multiple of {scale}"));
     }
+    let want = |row: &str| args.only.as_ref().is_none_or(|only| only.iter().any(|r| r == row));
     let bench = ShapeBench::new(&gpu, args.repeats);
     let err = |e: flux_lite_platform::RunError| e.to_string();
     let ceilings = bench.ceilings().map_err(|e| e.to_string())?;
@@ -118,24 +132,30 @@ fn kernels(args: &KernelsArgs) -> Result<(), String> {
     println!("| what | shape | time | GFLOP/s | GB/s | bound | % of bound |");
     println!("|---|---|---|---|---|---|---|");
     for &t in &tokens {
-        for f in bench.linears(&transformer, t).map_err(err)? {
-            row(&f, &ceilings);
+        if want("linear") {
+            for f in bench.linears(&transformer, t).map_err(err)? {
+                row(&f, &ceilings);
+            }
         }
-        row(&bench.attention(&transformer, t).map_err(err)?, &ceilings);
-        for f in bench.blocks(&transformer, t).map_err(err)? {
-            row(&f, &ceilings);
+        if want("attention") {
+            row(&bench.attention(&transformer, t).map_err(err)?, &ceilings);
+        }
+        if want("blocks") {
+            for f in bench.blocks(&transformer, t).map_err(err)? {
+                row(&f, &ceilings);
+            }
         }
     }
-    if vae_size > 0 {
+    if vae_size > 0 && want("vae") {
         row(&bench.vae_up_block(&vae, vae_size).map_err(err)?, &ceilings);
     }
-    if df11_elements > 0 {
+    if df11_elements > 0 && want("df11") {
         row(&bench.df11(df11_elements).map_err(err)?, &ceilings);
     }
-    for &size in &step_sizes {
+    for &size in step_sizes.iter().filter(|_| want("step")) {
         row(&bench.step(&transformer, size).map_err(err)?, &ceilings);
     }
-    if step_sizes.is_empty() && args.step_sizes.is_none() {
+    if step_sizes.is_empty() && args.step_sizes.is_none() && want("step") {
         println!();
         println!("whole denoising steps skipped on a software adapter (ask for them with --step-sizes)");
     }

@@ -19,7 +19,7 @@ pub struct LinearParams {
 }
 
 /// Output tile of one `linear` workgroup (rows × cols).
-pub const LINEAR_TILE: [u32; 2] = [64, 64];
+pub const LINEAR_TILE: [u32; 2] = [128, 128];
 
 /// `norm.wgsl` — every normalisation. Rows are (token, head) pairs for
 /// RMSNorm and LayerNorm; for GroupNorm `rows` = channels and `d` = pixels.

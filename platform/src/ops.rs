@@ -263,13 +263,15 @@ pub fn linear(
     let x_rows = Rows::mat(x, kdim, "linear input");
     let y_rows = Rows::mat(y, n_chunk.min(n), "linear output");
     let m_chunk = rows_per_chunk(gpu, m, &[x_rows, y_rows], tile_m)?;
-    let constants = [("WEIGHT_BF16", w.dtype.constant()), ("HAS_BIAS", bias.is_some() as u32)];
     for m0 in (0..m).step_by(m_chunk as usize) {
         let m1 = (m0 + m_chunk).min(m);
         let xw = x_rows.window(gpu, m0, m1)?;
         for n0 in (0..n).step_by(n_chunk as usize) {
             let n1 = (n0 + n_chunk).min(n);
             let ww = w_rows.window(gpu, n0, n1)?;
+            // bf16 rows starting on even elements load as whole u32 pairs.
+            let paired = ww.local % 2 == 0 && kdim % 2 == 0;
+            let constants = [("WEIGHT_BF16", w.dtype.constant()), ("HAS_BIAS", bias.is_some() as u32), ("W_PAIRED", paired as u32)];
             let bw = match bias {
                 Some(b) => window(gpu, b.buf, eb, b.offset + n0, b.offset + n1, "linear bias")?,
                 None => window(gpu, gpu.placeholder(), 4, 0, 1, "placeholder")?,

@@ -47,6 +47,31 @@ fn linear_bf16_odd_k_no_bias() {
 }
 
 #[test]
+fn linear_bf16_pairs_over_several_tiles() {
+    // Even k at an even offset: weights load as u32 pairs; 300×260 spans
+    // 3×3 output tiles with partial ones, and k = 100 ends in half a k-step.
+    check_linear(5, 300, 260, 100, true, true);
+}
+
+#[test]
+fn linear_bf16_even_k_at_an_odd_weight_offset() {
+    // Rows of even length that start on the high half of a word cannot load as pairs.
+    let gpu = gpu();
+    let (m, n, k) = (131usize, 133usize, 64usize);
+    let mut rng = Rng::new(6);
+    let x = rng.normals(m * k, 1.0);
+    let w = rng.bf16s(n * k + 1, 0.1);
+    let mut want = vec![0.0; m * n];
+    r::linear(&x, Weights::Bf16(&w[1..]), None, m, n, k, &mut want);
+    let (xb, wb, yb) = (gpu.upload_f32("x", &x), gpu.upload_bf16("w", &w), poisoned(gpu, m * n));
+    let got = run_and_read(gpu, &yb, m * n, |enc| {
+        let w = Weight { offset: 1, ..Weight::bf16(&wb) };
+        ops::linear(gpu, enc, Mat::new(&xb, k as u64), w, None, Mat::new(&yb, n as u64), m as u64, n as u64, k as u64)
+    });
+    assert_close("linear at an odd weight offset", &got, &want, F32_TOL);
+}
+
+#[test]
 fn linear_f32() {
     check_linear(3, 129, 64, 200, false, true);
 }
