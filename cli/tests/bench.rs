@@ -22,3 +22,63 @@ fn df11_bench_rejects_an_empty_group() {
     assert!(!out.status.success());
     assert_eq!(String::from_utf8_lossy(&out.stderr).trim(), "error: --elements must be at least 1");
 }
+
+/// The rows of `bench kernels`' table: `| what | shape | time | GFLOP/s | GB/s | bound | % |`.
+fn table_rows(stdout: &str) -> Vec<Vec<String>> {
+    stdout
+        .lines()
+        .filter(|l| l.starts_with("| ") && !l.starts_with("| what"))
+        .map(|l| l.trim_matches('|').split('|').map(|c| c.trim().to_string()).collect())
+        .collect()
+}
+
+#[test]
+fn kernels_bench_prints_every_row_beside_the_ceilings_of_the_same_run() {
+    let model = concat!(env!("CARGO_MANIFEST_DIR"), "/../test_vectors/models/tiny-a");
+    let args = ["bench", "kernels", "--model", model, "--tokens", "40,96", "--vae-size", "32", "--step-sizes", "32", "--df11-elements", "5000", "--repeats", "1"];
+    let out = Command::new(env!("CARGO_BIN_EXE_flux-lite")).args(args).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    print!("{stdout}");
+    assert!(stdout.lines().any(|l| l.starts_with("adapter: ")), "{stdout}");
+    let ceilings = stdout.lines().find(|l| l.starts_with("ceilings measured in this run: FMA peak ")).expect("a ceilings line");
+    assert!(ceilings.contains(" GFLOP/s, copy ") && ceilings.ends_with("GB/s (bytes read + written)"), "{ceilings}");
+    assert!(stdout.contains("| what | shape | time | GFLOP/s | GB/s | bound | % of bound |"), "{stdout}");
+
+    let rows = table_rows(&stdout);
+    // tiny-a's blocks have five distinct linear shapes; per token count: those,
+    // attention, a double and a single block; then the VAE, DF11 and one step.
+    let per_tokens = ["linear"; 5].into_iter().chain(["attention", "double block", "single block"]);
+    let expected: Vec<&str> = per_tokens.clone().chain(per_tokens).chain(["VAE up block", "DF11 expansion", "denoising step"]).collect();
+    let whats: Vec<&str> = rows.iter().map(|r| r[0].split(' ').next().unwrap_or("")).collect();
+    let expected_first: Vec<&str> = expected.iter().map(|w| w.split(' ').next().unwrap()).collect();
+    assert_eq!(whats, expected_first, "{stdout}");
+    for r in &rows {
+        assert_eq!(r.len(), 7, "{r:?}");
+        assert!(r[2].ends_with(" s") || r[2].ends_with(" ms") || r[2].ends_with(" µs"), "time {r:?}");
+        let number = |c: &str| c == "–" || c.parse::<f64>().is_ok_and(|v| v >= 0.0);
+        assert!(number(&r[3]) && number(&r[4]), "rates {r:?}");
+        assert!(r[5] == "FMA" || r[5] == "copy", "bound {r:?}");
+        assert!(r[6].strip_suffix('%').is_some_and(|p| p.parse::<f64>().is_ok_and(|v| v > 0.0)), "share {r:?}");
+    }
+    assert!(rows.iter().any(|r| r[1] == "40×64 · 64×64") && rows.iter().any(|r| r[1] == "96×64 · 64×64"), "{stdout}");
+    // DF11 does no arithmetic the ceilings count; copy bounds it.
+    let df11 = rows.iter().find(|r| r[0] == "DF11 expansion").unwrap();
+    assert_eq!((df11[3].as_str(), df11[5].as_str()), ("–", "copy"));
+}
+
+#[test]
+fn kernels_bench_refuses_bad_lists_and_sizes() {
+    for (args, message) in [
+        (&["--tokens", "12,x"][..], "\"12,x\": expected numbers separated by commas, e.g. 768,1536"),
+        (&["--only", "linear,gemm"][..], "--only \"gemm\": expected some of linear, attention, blocks, vae, df11, step"),
+        (&["--vae-size", "40"][..], "--vae-size 40 is not a multiple of 16"),
+        (&["--model", "/nonexistent/model"][..], "/nonexistent/model"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_flux-lite")).args(["bench", "kernels"]).args(args).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?}");
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+        assert!(stderr.starts_with("error: ") && stderr.contains(message), "{args:?}: {stderr}");
+    }
+}

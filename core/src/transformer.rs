@@ -390,6 +390,37 @@ mod tests {
     use super::*;
     use crate::config::klein_4b;
 
+    /// Parameters of the 2-D (linear) weights of block 0 under `prefix`.
+    fn linear_params(cfg: &TransformerConfig, prefix: &str) -> u64 {
+        let mut total = 0;
+        crate::tensors::transformer(cfg, |s| {
+            if s.name.starts_with(prefix) && s.shape.len() == 2 {
+                total += (s.shape[0] * s.shape[1]) as u64;
+            }
+        });
+        total
+    }
+
+    #[test]
+    fn block_flops_are_every_weight_once_per_token_plus_attention() {
+        // Each linear weight multiplies every token of its stream once (2 FLOPs a
+        // parameter): the double block's image and text streams have equal
+        // weights, so together they cost tokens × params; attention adds
+        // 4·S²·D (scores and the weighted sum) over the joint sequence.
+        let cfg = klein_4b::transformer();
+        let (text, image) = (512u64, 4096u64);
+        let s = text + image;
+        let mut arena = BumpArena::new(u64::MAX / 2);
+        let l = TransformerLayout::new(&cfg, text, image, &mut arena).unwrap();
+        let mut double = 0;
+        double_block(&l, 0, |op| double += op.flops());
+        let attention = 4 * s * s * 3072;
+        assert_eq!(double, s * linear_params(&cfg, "transformer_blocks.0.") + attention);
+        let mut single = 0;
+        single_block(&l, 0, |op| single += op.flops());
+        assert_eq!(single, 2 * s * linear_params(&cfg, "single_transformer_blocks.0.") + attention);
+    }
+
     #[test]
     fn layout_fits_the_4b_model_at_1024px() {
         let cfg = klein_4b::transformer();
