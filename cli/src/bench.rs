@@ -110,10 +110,10 @@ fn kernels(args: &KernelsArgs) -> Result<(), String> {
     let step_sizes = args.step_sizes.clone().unwrap_or(if software { vec![] } else { vec![256, 512, 1024] });
     let df11_elements = args.df11_elements.unwrap_or(if software { 1 << 20 } else { 16 << 20 });
     let scale = vae.scale_factor() as u64 * 2;
-    if vae_size % scale != 0 {
+    if !vae_size.is_multiple_of(scale) {
         return Err(format!("--vae-size {vae_size} is not a multiple of {scale}"));
     }
-    if let Some(s) = step_sizes.iter().find(|&&s| s % scale != 0) {
+    if let Some(s) = step_sizes.iter().find(|&&s| !s.is_multiple_of(scale)) {
         return Err(format!("--step-sizes: {s} is not a multiple of {scale}"));
     }
     let want = |row: &str| args.only.as_ref().is_none_or(|only| only.iter().any(|r| r == row));

@@ -270,7 +270,7 @@ pub fn linear(
             let n1 = (n0 + n_chunk).min(n);
             let ww = w_rows.window(gpu, n0, n1)?;
             // bf16 rows starting on even elements load as whole u32 pairs.
-            let paired = ww.local % 2 == 0 && kdim % 2 == 0;
+            let paired = ww.local.is_multiple_of(2) && kdim.is_multiple_of(2);
             let constants = [("WEIGHT_BF16", w.dtype.constant()), ("HAS_BIAS", bias.is_some() as u32), ("W_PAIRED", paired as u32)];
             let bw = match bias {
                 Some(b) => window(gpu, b.buf, eb, b.offset + n0, b.offset + n1, "linear bias")?,

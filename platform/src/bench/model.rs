@@ -249,7 +249,7 @@ impl<'g> ShapeBench<'g> {
             seconds: self.timer.median(&d, self.repeats)?,
             flops: block.iter().map(Op::flops).sum(),
             // Two full-resolution activations per convolution (read, write) at least.
-            bytes: block.iter().filter(|op| matches!(op, Op::Conv2d { .. })).map(|op| conv_bytes(op)).sum(),
+            bytes: block.iter().map(conv_bytes).sum(),
         })
     }
 
