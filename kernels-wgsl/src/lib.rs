@@ -150,7 +150,7 @@ pub const ATTENTION: Kernel = kernel(
     false,
 );
 /// Queries per attention workgroup and the largest head dim the kernel takes.
-pub const ATTENTION_QUERIES_PER_GROUP: u32 = 8;
+pub const ATTENTION_QUERIES_PER_GROUP: u32 = 16;
 pub const ATTENTION_MAX_HEAD_DIM: u32 = 512;
 
 const fn unary(entry: &'static str) -> Kernel {

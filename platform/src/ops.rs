@@ -750,7 +750,8 @@ pub fn attention(
         };
         let grid = [to_u32((q1 - q0).div_ceil(per_group), "attention query blocks")?, s.q_heads as u32, 1];
         let bindings = [(1, &qw), (2, &kw), (3, &vw), (4, &mw), (5, &ow), (6, &lw)];
-        dispatch(gpu, sink, &k::ATTENTION, &[], &params, &bindings, grid);
+        let slots = s.head_dim.div_ceil(64).max(1) as u32;
+        dispatch(gpu, sink, &k::ATTENTION, &[("SLOTS", slots)], &params, &bindings, grid);
     }
     Ok(())
 }

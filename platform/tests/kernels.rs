@@ -398,6 +398,14 @@ fn attention_causal_grouped_query_with_padding_mask() {
 }
 
 #[test]
+fn attention_head_dims_across_the_staged_chunks() {
+    // Scores stage q and k 64 dims at a time: 128 (the models') is two whole
+    // chunks, 100 ends mid-chunk; 70 queries end mid-workgroup.
+    check_attention(gpu(), AttnCase { q_len: 70, kv_len: 70, q_heads: 2, kv_heads: 2, head_dim: 128, causal: false, padded_keys: 0 }, 16);
+    check_attention(gpu(), AttnCase { q_len: 33, kv_len: 33, q_heads: 4, kv_heads: 2, head_dim: 100, causal: true, padded_keys: 3 }, 17);
+}
+
+#[test]
 fn attention_single_head_wide_like_the_vae_mid_block() {
     check_attention(gpu(), AttnCase { q_len: 50, kv_len: 50, q_heads: 1, kv_heads: 1, head_dim: 512, causal: false, padded_keys: 0 }, 14);
 }

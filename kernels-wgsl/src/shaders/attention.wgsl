@@ -1,7 +1,11 @@
 // softmax(q·kᵀ·scale + mask)·v over [len, heads, head_dim] views, tiled with
 // an online softmax: scores live only for one BQ×BK tile in workgroup memory,
-// never as a full matrix. One workgroup handles BQ queries of one head; each
-// invocation owns output dims t, t+64, … (head_dim ≤ 512) for all BQ rows.
+// never as a full matrix. One workgroup handles BQ queries of one head.
+// Scores: the query and key tiles pass through workgroup memory 64 dims at a
+// time (rows padded to 65 words against bank conflicts), each invocation
+// accumulating 4 of the BQ×BK dot products, so every key element read from
+// memory serves BQ queries. Weighted sum: each invocation owns output dims
+// t, t+64, … (SLOTS of them, head_dim ≤ 512) for all BQ rows.
 // Grouped-query heads: query head h reads kv head h / (q_heads / kv_heads).
 // Causal: local query i sits at position q_position + i (so queries can be
 // split into windows) and sees keys 0..=that position. With write_lse, each
@@ -26,17 +30,25 @@ struct Params {
 @group(0) @binding(5) var<storage, read_write> o: array<f32>;
 @group(0) @binding(6) var<storage, read_write> lse: array<f32>;
 
-const BQ: u32 = 8u;
+// Output dims per invocation: ⌈head_dim / 64⌉, set by the host so the slot
+// loops have a constant trip count.
+override SLOTS: u32 = 8u;
+
+const BQ: u32 = 16u;
 const BK: u32 = 16u;
 const THREADS: u32 = 64u;
-const SLOTS: u32 = 8u;
+// Dims of q and k staged per pass, and the padded row length in workgroup memory.
+const DC: u32 = 64u;
+const ROW: u32 = 65u;
 // Marks a masked score; every real score is larger.
 const MASKED: f32 = -3.0e38;
 
-var<workgroup> scores: array<f32, 128>; // [BQ][BK], then the tile's probabilities
-var<workgroup> row_max: array<f32, 8>;
-var<workgroup> row_sum: array<f32, 8>;
-var<workgroup> row_rescale: array<f32, 8>;
+var<workgroup> q_tile: array<f32, 1040>; // [BQ][ROW]
+var<workgroup> k_tile: array<f32, 1040>; // [BK][ROW]
+var<workgroup> scores: array<f32, 256>; // [BQ][BK], then the tile's probabilities
+var<workgroup> row_max: array<f32, 16>;
+var<workgroup> row_sum: array<f32, 16>;
+var<workgroup> row_rescale: array<f32, 16>;
 
 fn visible(qi: u32, kj: u32) -> bool {
     if (qi >= p.q_len || kj >= p.kv_len) { return false; }
@@ -51,7 +63,10 @@ fn attention(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id
     let h = wid.y;
     let kvh = h / (p.q_heads / p.kv_heads);
     let q0 = wid.x * BQ;
-    var acc: array<array<f32, 8>, 8>; // [row][slot]
+    // This invocation's scores: key t % BK of rows t / BK + 4i.
+    let my_key = t % BK;
+    let my_row = t / BK;
+    var acc: array<array<f32, 8>, 16>; // [row][slot]
     if (t < BQ) {
         row_max[t] = MASKED;
         row_sum[t] = 0.0;
@@ -62,20 +77,41 @@ fn attention(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id
     }
     workgroupBarrier();
     for (var k0 = 0u; k0 < k_end; k0 += BK) {
-        for (var e = t; e < BQ * BK; e += THREADS) {
-            let qi = q0 + e / BK;
-            let kj = k0 + e % BK;
-            var s = MASKED;
-            if (visible(qi, kj)) {
-                let qb = p.q_offset + qi * p.q_stride + h * p.head_dim;
-                let kb = p.k_offset + kj * p.k_stride + kvh * p.head_dim;
-                var dot = 0.0;
-                for (var c = 0u; c < p.head_dim; c++) {
-                    dot = fma(q[qb + c], k[kb + c], dot);
+        var dots = vec4<f32>(0.0);
+        for (var d0 = 0u; d0 < p.head_dim; d0 += DC) {
+            for (var e = t; e < BQ * DC; e += THREADS) {
+                let r = e / DC;
+                let c = e % DC;
+                var qv = 0.0;
+                var kv = 0.0;
+                if (d0 + c < p.head_dim) {
+                    if (q0 + r < p.q_len) {
+                        qv = q[p.q_offset + (q0 + r) * p.q_stride + h * p.head_dim + d0 + c];
+                    }
+                    if (k0 + r < p.kv_len) {
+                        kv = k[p.k_offset + (k0 + r) * p.k_stride + kvh * p.head_dim + d0 + c];
+                    }
                 }
-                s = dot * p.scale;
+                q_tile[r * ROW + c] = qv;
+                k_tile[r * ROW + c] = kv;
             }
-            scores[e] = s;
+            workgroupBarrier();
+            let c_end = min(DC, p.head_dim - d0);
+            for (var c = 0u; c < c_end; c++) {
+                let kv = k_tile[my_key * ROW + c];
+                for (var i = 0u; i < 4u; i++) {
+                    dots[i] = fma(q_tile[(my_row + 4u * i) * ROW + c], kv, dots[i]);
+                }
+            }
+            workgroupBarrier();
+        }
+        for (var i = 0u; i < 4u; i++) {
+            let r = my_row + 4u * i;
+            var s = MASKED;
+            if (visible(q0 + r, k0 + my_key)) {
+                s = dots[i] * p.scale;
+            }
+            scores[r * BK + my_key] = s;
         }
         workgroupBarrier();
         if (t < BQ) {
