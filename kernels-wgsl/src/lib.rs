@@ -59,13 +59,24 @@ impl Module {
                 concat!(include_str!("shaders/common.wgsl"), "\n", include_str!(concat!("shaders/", $file)))
             };
         }
+        macro_rules! with_gemm {
+            ($file:literal) => {
+                concat!(
+                    include_str!("shaders/common.wgsl"),
+                    "\n",
+                    include_str!("shaders/gemm_tiles.wgsl"),
+                    "\n",
+                    include_str!(concat!("shaders/", $file))
+                )
+            };
+        }
         match self {
-            Module::Linear => with_common!("linear.wgsl"),
+            Module::Linear => with_gemm!("linear.wgsl"),
             Module::Norm => with_common!("norm.wgsl"),
             Module::Rope => with_common!("rope.wgsl"),
             Module::Attention => with_common!("attention.wgsl"),
             Module::Elementwise => with_common!("elementwise.wgsl"),
-            Module::Conv => with_common!("conv.wgsl"),
+            Module::Conv => with_gemm!("conv.wgsl"),
             Module::Vae => with_common!("vae.wgsl"),
             Module::Df11 => with_common!("df11.wgsl"),
             Module::Bench => with_common!("bench.wgsl"),
@@ -170,7 +181,7 @@ pub const COPY: Kernel = unary("copy");
 pub const TRANSPOSE: Kernel = unary("transpose");
 
 pub const CONV2D: Kernel =
-    kernel(Module::Conv, "conv2d", [64, 1, 1], &[(1, RW), (2, R), (3, R), (4, RW)], size_of::<ConvParams>(), true);
+    kernel(Module::Conv, "conv2d", [16, 16, 1], &[(1, RW), (2, R), (3, R), (4, RW)], size_of::<ConvParams>(), true);
 pub const UPSAMPLE_NEAREST2X: Kernel =
     kernel(Module::Conv, "upsample_nearest2x", [64, 1, 1], &[(1, RW), (4, RW)], size_of::<ConvParams>(), false);
 

@@ -18,8 +18,8 @@ pub struct LinearParams {
     pub _pad: [u32; 3],
 }
 
-/// Output tile of one `linear` workgroup (rows × cols).
-pub const LINEAR_TILE: [u32; 2] = [128, 128];
+/// Output tile (rows × cols) of one `linear` or `conv2d` workgroup (gemm_tiles.wgsl).
+pub const GEMM_TILE: [u32; 2] = [128, 128];
 
 /// `norm.wgsl` — every normalisation. Rows are (token, head) pairs for
 /// RMSNorm and LayerNorm; for GroupNorm `rows` = channels and `d` = pixels.

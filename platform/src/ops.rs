@@ -256,7 +256,7 @@ pub fn linear(
     if m == 0 || n == 0 {
         return Ok(());
     }
-    let [tile_m, tile_n] = k::LINEAR_TILE.map(u64::from);
+    let [tile_m, tile_n] = k::GEMM_TILE.map(u64::from);
     let eb = w.dtype.bytes();
     let w_rows = Rows { buf: w.buf, elem_bytes: eb, offset: w.offset, stride: kdim, width: kdim, what: "linear weight" };
     let n_chunk = rows_per_chunk(gpu, n, &[w_rows], tile_n)?;
@@ -895,10 +895,12 @@ pub fn conv2d(
     let b_rows = Rows { buf: bias.buf, elem_bytes: eb, offset: bias.offset, stride: 1, width: 1, what: "conv bias" };
     let cout = s.out_channels as u64;
     let chunk = rows_per_chunk(gpu, cout, &[y_rows, w_rows, b_rows], 1)?;
-    let constants = [("WEIGHT_BF16", w.dtype.constant())];
+    let [tile_co, tile_px] = k::GEMM_TILE.map(u64::from);
     for c0 in (0..cout).step_by(chunk as usize) {
         let c1 = (c0 + chunk).min(cout);
         let (yw, ww, bw) = (y_rows.window(gpu, c0, c1)?, w_rows.window(gpu, c0, c1)?, b_rows.window(gpu, c0, c1)?);
+        let paired = ww.local.is_multiple_of(2) && per_out.is_multiple_of(2);
+        let constants = [("WEIGHT_BF16", w.dtype.constant()), ("W_PAIRED", paired as u32)];
         let params = k::ConvParams {
             in_channels: s.in_channels as u32,
             height: s.height as u32,
@@ -916,7 +918,8 @@ pub fn conv2d(
             y_offset: yw.local,
             _pad: [0; 2],
         };
-        dispatch(gpu, sink, &k::CONV2D, &constants, &params, &[(1, &xw), (2, &ww), (3, &bw), (4, &yw)], grid64((c1 - c0) * plane));
+        let tiles = (c1 - c0).div_ceil(tile_co) * plane.div_ceil(tile_px);
+        dispatch(gpu, sink, &k::CONV2D, &constants, &params, &[(1, &xw), (2, &ww), (3, &bw), (4, &yw)], k::wrapped_grid(tiles));
     }
     Ok(())
 }

@@ -592,6 +592,13 @@ fn conv3x3_same_padding() {
 }
 
 #[test]
+fn conv3x3_over_several_output_tiles() {
+    // 140 output channels and 17·19 pixels span 2×3 tiles of 128, with 180
+    // taps (even: weights load as u32 pairs) ending in half a k-step.
+    check_conv(ConvShape::same(20, 140, 17, 19, 3), 43);
+}
+
+#[test]
 fn conv1x1() {
     check_conv(ConvShape::same(6, 11, 7, 5, 1), 41);
 }

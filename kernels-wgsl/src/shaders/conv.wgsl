@@ -1,9 +1,16 @@
 // 2-D convolution over [channels, height, width] (cross-correlation with
 // bias, weights [out, in, k, k] bf16 or f32), and nearest ×2 upsampling.
-// One invocation per output element; output-channel windows come in through
-// the offsets so a launcher can split a large output.
+// Output-channel windows come in through the offsets so a launcher can split
+// a large output.
+//
+// The convolution is a matrix product on gemm_tiles.wgsl's tiling:
+// y[co, pixel] = Σ_t W[co, t]·X[pixel, t] over the taps t = (ci, ky, kx)
+// in that order, a = the weight rows (contiguous), b = the input gathered
+// per tap (zero where the tap falls in the padding).
 
 override WEIGHT_BF16: bool = true;
+// Set when w_offset and in_channels·k² are both even (see linear.wgsl).
+override W_PAIRED: bool = false;
 
 struct Params {
     in_channels: u32, height: u32, width: u32,
@@ -19,39 +26,76 @@ struct Params {
 @group(0) @binding(3) var<storage, read> b: array<u32>;
 @group(0) @binding(4) var<storage, read_write> y: array<f32>;
 
-fn weight(i: u32) -> f32 {
-    return weight_value(w[weight_word(i, WEIGHT_BF16)], i, WEIGHT_BF16);
-}
-
 fn bias(i: u32) -> f32 {
     return weight_value(b[weight_word(i, WEIGHT_BF16)], i, WEIGHT_BF16);
 }
 
-@compute @workgroup_size(64)
-fn conv2d(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let flat = gid.x + gid.y * nwg.x * 64u;
-    let plane = p.out_height * p.out_width;
-    if (flat >= p.out_channels * plane) { return; }
-    let co = flat / plane;
-    let oy = (flat % plane) / p.out_width;
-    let ox = flat % p.out_width;
+fn taps() -> u32 {
+    return p.in_channels * p.kernel * p.kernel;
+}
+
+// Weights of output channel `co`, taps gt .. gt + 4.
+fn load_a(co: u32, gt: u32) -> vec4<f32> {
+    let k = taps();
+    if (co >= p.out_channels || gt >= k) {
+        return vec4<f32>(0.0);
+    }
+    return weight_run(p.w_offset + co * k + gt, min(4u, k - gt), W_PAIRED);
+}
+
+// The input under taps gt .. gt + 4 of output pixel `pixel`.
+fn load_b(pixel: u32, gt: u32) -> vec4<f32> {
+    var v = vec4<f32>(0.0);
+    if (pixel >= p.out_height * p.out_width) {
+        return v;
+    }
+    let oy = pixel / p.out_width;
+    let ox = pixel % p.out_width;
     let kk = p.kernel * p.kernel;
-    var acc = bias(p.b_offset + co);
-    for (var ci = 0u; ci < p.in_channels; ci++) {
-        let w_base = p.w_offset + (co * p.in_channels + ci) * kk;
-        let x_base = p.x_offset + ci * p.height * p.width;
-        for (var ky = 0u; ky < p.kernel; ky++) {
-            // Unsigned wrap-around makes rows above the image fail the bound check.
+    for (var i = 0u; i < 4u; i++) {
+        let t = gt + i;
+        if (t < taps()) {
+            let ci = t / kk;
+            let ky = (t % kk) / p.kernel;
+            let kx = t % p.kernel;
+            // Unsigned wrap-around makes taps above or left of the image fail the bound check.
             let iy = oy * p.stride + ky - p.pad_top;
-            if (iy >= p.height) { continue; }
-            for (var kx = 0u; kx < p.kernel; kx++) {
-                let ix = ox * p.stride + kx - p.pad_left;
-                if (ix >= p.width) { continue; }
-                acc = fma(x[x_base + iy * p.width + ix], weight(w_base + ky * p.kernel + kx), acc);
+            let ix = ox * p.stride + kx - p.pad_left;
+            if (iy < p.height && ix < p.width) {
+                v[i] = x[p.x_offset + (ci * p.height + iy) * p.width + ix];
             }
         }
     }
-    y[p.y_offset + flat] = acc;
+    return v;
+}
+
+@compute @workgroup_size(16, 16)
+fn conv2d(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    // Tiles run pixel-fastest over a grid that may wrap into y.
+    let plane = p.out_height * p.out_width;
+    let px_tiles = (plane + TN - 1u) / TN;
+    let tile = flat_workgroup(wid, nwg);
+    if (tile >= px_tiles * ((p.out_channels + TM - 1u) / TM)) {
+        return;
+    }
+    let co0 = (tile / px_tiles) * TM;
+    let px0 = (tile % px_tiles) * TN;
+    let acc = gemm_tile(lid, co0, px0, taps());
+    for (var i = 0u; i < 8u; i++) {
+        let co = tile_row(lid, co0, i);
+        if (co >= p.out_channels) {
+            continue;
+        }
+        let bv = bias(p.b_offset + co);
+        for (var h = 0u; h < 2u; h++) {
+            for (var j = 0u; j < 4u; j++) {
+                let px = tile_col(lid, px0, h, j);
+                if (px < plane) {
+                    y[p.y_offset + co * plane + px] = acc[i * 2u + h][j] + bv;
+                }
+            }
+        }
+    }
 }
 
 // y[c, 2h, 2w] = x[c, h, w] repeated over each 2×2 block.

@@ -1,0 +1,102 @@
+// The register-tiled core shared by `linear` and `conv2d`: a 16×16
+// workgroup computes a 128×128 tile of out[m, n] = Σ_k a[m, k]·b[n, k],
+// each invocation 8×8 outputs (rows ty·4 + {0..3} and 64 + ty·4 + {0..3},
+// the same for columns with tx), so every four vec4 reads of workgroup
+// memory feed 64 FMAs. The a and b tiles (128 rows × 8 of k each, stored
+// k-major as vec4s of four rows) are double-buffered: the next tile's global
+// loads are issued before the current tile's arithmetic and stored after
+// it, with one barrier per step of k. Each invocation loads 4 consecutive k
+// of one row of a and of b through the module's `load_a(row, k)` and
+// `load_b(col, k)`, which return zeros past the matrix. The sum runs over k
+// in order, one FMA per term.
+
+const TM: u32 = 128u;
+const TN: u32 = 128u;
+const TK: u32 = 8u;
+// vec4s per k row of a tile.
+const V: u32 = 32u;
+
+// [buffer][kk · V + rows / 4]
+var<workgroup> a_tile: array<array<vec4<f32>, 256>, 2>;
+var<workgroup> b_tile: array<array<vec4<f32>, 256>, 2>;
+
+// Writes a loaded run of 4 k values of tile row `r` into buffer `buf`, k-major.
+fn store_a(buf: u32, r: u32, kq: u32, v: vec4<f32>) {
+    for (var i = 0u; i < 4u; i++) {
+        a_tile[buf][(kq * 4u + i) * V + r / 4u][r % 4u] = v[i];
+    }
+}
+
+fn store_b(buf: u32, r: u32, kq: u32, v: vec4<f32>) {
+    for (var i = 0u; i < 4u; i++) {
+        b_tile[buf][(kq * 4u + i) * V + r / 4u][r % 4u] = v[i];
+    }
+}
+
+// The tile at (row0, col0) over k terms: acc[i·2 + h] holds row
+// (i / 4)·64 + ty·4 + i % 4, columns h·64 + tx·4 + {0..3}.
+fn gemm_tile(lid: vec3<u32>, row0: u32, col0: u32, k: u32) -> array<vec4<f32>, 16> {
+    let tid = lid.y * 16u + lid.x;
+    // This invocation's share of each tile load: tile row lr, k run kq.
+    let lr = tid / 2u;
+    let kq = tid % 2u;
+    var acc: array<vec4<f32>, 16>;
+    let steps = (k + TK - 1u) / TK;
+    store_a(0u, lr, kq, load_a(row0 + lr, kq * 4u));
+    store_b(0u, lr, kq, load_b(col0 + lr, kq * 4u));
+    workgroupBarrier();
+    for (var s = 0u; s < steps; s++) {
+        let cur = s % 2u;
+        let more = s + 1u < steps;
+        var next_a = vec4<f32>(0.0);
+        var next_b = vec4<f32>(0.0);
+        if (more) {
+            let gk = (s + 1u) * TK + kq * 4u;
+            next_a = load_a(row0 + lr, gk);
+            next_b = load_b(col0 + lr, gk);
+        }
+        for (var kk = 0u; kk < TK; kk++) {
+            let a0 = a_tile[cur][kk * V + lid.y];
+            let a1 = a_tile[cur][kk * V + 16u + lid.y];
+            let b0 = b_tile[cur][kk * V + lid.x];
+            let b1 = b_tile[cur][kk * V + 16u + lid.x];
+            for (var i = 0u; i < 4u; i++) {
+                acc[i * 2u] = fma(vec4<f32>(a0[i]), b0, acc[i * 2u]);
+                acc[i * 2u + 1u] = fma(vec4<f32>(a0[i]), b1, acc[i * 2u + 1u]);
+                acc[8u + i * 2u] = fma(vec4<f32>(a1[i]), b0, acc[8u + i * 2u]);
+                acc[8u + i * 2u + 1u] = fma(vec4<f32>(a1[i]), b1, acc[8u + i * 2u + 1u]);
+            }
+        }
+        if (more) {
+            store_a(1u - cur, lr, kq, next_a);
+            store_b(1u - cur, lr, kq, next_b);
+        }
+        workgroupBarrier();
+    }
+    return acc;
+}
+
+// Row and column of output `acc[i·2 + h][j]` of invocation `lid` in the tile at (row0, col0).
+fn tile_row(lid: vec3<u32>, row0: u32, i: u32) -> u32 {
+    return row0 + (i / 4u) * 64u + lid.y * 4u + i % 4u;
+}
+
+fn tile_col(lid: vec3<u32>, col0: u32, h: u32, j: u32) -> u32 {
+    return col0 + h * 64u + lid.x * 4u + j;
+}
+
+// Four bf16 (two whole u32 words, `paired`) or f32 weights from element
+// `base` on; the first `count` (≤ 4) are real, the rest zero.
+fn weight_run(base: u32, count: u32, paired: bool) -> vec4<f32> {
+    var v = vec4<f32>(0.0);
+    if (WEIGHT_BF16 && paired && count == 4u) {
+        let lo = w[base >> 1u];
+        let hi = w[(base >> 1u) + 1u];
+        v = vec4<f32>(bf16_at(lo, 0u), bf16_at(lo, 1u), bf16_at(hi, 0u), bf16_at(hi, 1u));
+    } else {
+        for (var i = 0u; i < count; i++) {
+            v[i] = weight_value(w[weight_word(base + i, WEIGHT_BF16)], base + i, WEIGHT_BF16);
+        }
+    }
+    return v;
+}
