@@ -67,6 +67,8 @@ pub struct Transformer {
     euler: Dispatch,
     /// The unconditional velocity of a guided step, `[image, out]`.
     unconditional: DeviceBuffer,
+    /// Guidance's dispatches, built once like the Euler step's.
+    guidance: Guidance,
     pub arena_bytes: u64,
 }
 
@@ -121,7 +123,8 @@ impl Transformer {
             Err(_) => return Err(RunError::Input("the latents are too large for one Euler dispatch".into())),
         };
         let unconditional = gpu.storage("unconditional velocity", 4 * layout.noise * layout.out_channels);
-        Ok(Self { config: config.clone(), layout, runner, store, weights, blocks, prepared, euler, unconditional, arena_bytes })
+        let guidance = Guidance::prepare(gpu, &layout, &runner.arena, &unconditional)?;
+        Ok(Self { config: config.clone(), layout, runner, store, weights, blocks, prepared, euler, unconditional, guidance, arena_bytes })
     }
 
     /// The weight bytes of each block for the planner, as [`Self::new`] would place them.
@@ -229,22 +232,25 @@ impl Transformer {
 
     /// Keeps the velocity just computed as the unconditional one of a guided step.
     pub fn keep_unconditional(&self, gpu: &Gpu) -> Result<(), GpuError> {
-        let (rows, cols) = (self.layout.noise, self.layout.out_channels);
-        let velocity = Mat { buf: &self.runner.arena, offset: self.layout.velocity.offset, stride: self.layout.velocity.stride };
-        let uncond = Mat { buf: &self.unconditional, offset: 0, stride: cols };
-        gpu.submit(|enc| ops::elementwise(gpu, enc, Elementwise::Copy, velocity, None, uncond, rows, cols))
+        gpu.submit(|enc| {
+            ops::encode(enc, &self.guidance.keep);
+            Ok(())
+        })
     }
 
     /// Classifier-free guidance on the conditional velocity just computed:
     /// `v = v_neg + g·(v_pos − v_neg)`, with diffusers' order of roundings.
     pub fn guide(&self, gpu: &Gpu, scale: f32) -> Result<(), GpuError> {
-        let (rows, cols) = (self.layout.noise, self.layout.out_channels);
-        let v = Mat { buf: &self.runner.arena, offset: self.layout.velocity.offset, stride: self.layout.velocity.stride };
-        let uncond = Mat { buf: &self.unconditional, offset: 0, stride: cols };
+        let offset = std::mem::offset_of!(flux_lite_kernels::ElementwiseParams, scalar) as u64;
+        for d in &self.guidance.scale {
+            gpu.queue.write_buffer(&d.params, offset, bytemuck::bytes_of(&scale));
+        }
+        let g = &self.guidance;
         gpu.submit(|enc| {
-            ops::elementwise(gpu, enc, Elementwise::Axpy(-1.0), uncond, None, v, rows, cols)?;
-            ops::elementwise(gpu, enc, Elementwise::Scale(scale), v, None, v, rows, cols)?;
-            ops::elementwise(gpu, enc, Elementwise::Axpy(1.0), uncond, None, v, rows, cols)
+            for part in [&g.subtract, &g.scale, &g.add] {
+                ops::encode(enc, part);
+            }
+            Ok(())
         })
     }
 
@@ -275,4 +281,33 @@ pub(crate) fn programs(config: &TransformerConfig, tokens: Tokens, chunk: Option
     }
     blocks.push(collect_ops(|emit| program::epilogue(&layout, emit)));
     Ok((layout, blocks, arena.high_water()))
+}
+
+/// The dispatches of a guided step: keep the unconditional velocity, then
+/// `v − v_neg`, `·g` (the scale rewritten in its parameters each call), `+ v_neg`.
+#[derive(Debug)]
+struct Guidance {
+    keep: Vec<Dispatch>,
+    subtract: Vec<Dispatch>,
+    scale: Vec<Dispatch>,
+    add: Vec<Dispatch>,
+}
+
+impl Guidance {
+    fn prepare(gpu: &Gpu, layout: &TransformerLayout, arena: &DeviceBuffer, unconditional: &DeviceBuffer) -> Result<Self, GpuError> {
+        let (rows, cols) = (layout.noise, layout.out_channels);
+        let v = Mat { buf: arena, offset: layout.velocity.offset, stride: layout.velocity.stride };
+        let uncond = Mat { buf: unconditional, offset: 0, stride: cols };
+        let one = |op: Elementwise, a: Mat<'_>, dst: Mat<'_>| -> Result<Vec<Dispatch>, GpuError> {
+            let mut d = Vec::new();
+            ops::elementwise(gpu, &mut d, op, a, None, dst, rows, cols)?;
+            Ok(d)
+        };
+        Ok(Self {
+            keep: one(Elementwise::Copy, v, uncond)?,
+            subtract: one(Elementwise::Axpy(-1.0), uncond, v)?,
+            scale: one(Elementwise::Scale(1.0), v, v)?,
+            add: one(Elementwise::Axpy(1.0), uncond, v)?,
+        })
+    }
 }

@@ -359,8 +359,8 @@ fn the_transformer_runs_from_groups_expanded_on_the_device() {
 }
 
 /// Nothing is allocated on the device inside the denoising loop: forward
-/// passes and Euler steps under each strategy create no buffer (a device of
-/// its own, so other tests' buffers are not counted).
+/// passes, guidance and Euler steps under each strategy create no buffer (a
+/// device of its own, so other tests' buffers are not counted).
 #[test]
 fn forward_passes_allocate_no_device_memory() {
     use flux_lite_core::plan::WeightStrategy;
@@ -379,6 +379,9 @@ fn forward_passes_allocate_no_device_memory() {
         let before = gpu.memory();
         for (sigma, next) in [(1.0, 0.5), (0.5, 0.0)] {
             t.forward(&gpu, sigma * 1000.0, &mut |_| {}).unwrap();
+            t.keep_unconditional(&gpu).unwrap();
+            t.forward(&gpu, sigma * 1000.0, &mut |_| {}).unwrap();
+            t.guide(&gpu, 4.0).unwrap();
             t.euler_step(&gpu, sigma, next).unwrap();
         }
         let after = gpu.memory();
