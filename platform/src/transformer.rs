@@ -65,9 +65,7 @@ pub struct Transformer {
     prepared: Vec<Vec<Dispatch>>,
     /// `latents += s·velocity`; `s` is rewritten in its parameters each step.
     euler: Dispatch,
-    /// The unconditional velocity of a guided step, `[image, out]`.
-    unconditional: DeviceBuffer,
-    /// Guidance's dispatches, built once like the Euler step's.
+    /// Guidance's buffer and dispatches, built once like the Euler step's.
     guidance: Guidance,
     pub arena_bytes: u64,
 }
@@ -122,9 +120,8 @@ impl Transformer {
             Ok([d]) => d,
             Err(_) => return Err(RunError::Input("the latents are too large for one Euler dispatch".into())),
         };
-        let unconditional = gpu.storage("unconditional velocity", 4 * layout.noise * layout.out_channels);
-        let guidance = Guidance::prepare(gpu, &layout, &runner.arena, &unconditional)?;
-        Ok(Self { config: config.clone(), layout, runner, store, weights, blocks, prepared, euler, unconditional, guidance, arena_bytes })
+        let guidance = Guidance::prepare(gpu, &layout, &runner.arena)?;
+        Ok(Self { config: config.clone(), layout, runner, store, weights, blocks, prepared, euler, guidance, arena_bytes })
     }
 
     /// The weight bytes of each block for the planner, as [`Self::new`] would place them.
@@ -287,6 +284,9 @@ pub(crate) fn programs(config: &TransformerConfig, tokens: Tokens, chunk: Option
 /// `v − v_neg`, `·g` (the scale rewritten in its parameters each call), `+ v_neg`.
 #[derive(Debug)]
 struct Guidance {
+    /// The unconditional velocity of a guided step, `[noise, out]`: only the
+    /// dispatches read it; held so its bytes count while they bind it.
+    _unconditional: DeviceBuffer,
     keep: Vec<Dispatch>,
     subtract: Vec<Dispatch>,
     scale: Vec<Dispatch>,
@@ -294,20 +294,18 @@ struct Guidance {
 }
 
 impl Guidance {
-    fn prepare(gpu: &Gpu, layout: &TransformerLayout, arena: &DeviceBuffer, unconditional: &DeviceBuffer) -> Result<Self, GpuError> {
+    fn prepare(gpu: &Gpu, layout: &TransformerLayout, arena: &DeviceBuffer) -> Result<Self, GpuError> {
         let (rows, cols) = (layout.noise, layout.out_channels);
+        let unconditional = gpu.storage("unconditional velocity", 4 * rows * cols);
         let v = Mat { buf: arena, offset: layout.velocity.offset, stride: layout.velocity.stride };
-        let uncond = Mat { buf: unconditional, offset: 0, stride: cols };
+        let uncond = Mat { buf: &unconditional, offset: 0, stride: cols };
         let one = |op: Elementwise, a: Mat<'_>, dst: Mat<'_>| -> Result<Vec<Dispatch>, GpuError> {
             let mut d = Vec::new();
             ops::elementwise(gpu, &mut d, op, a, None, dst, rows, cols)?;
             Ok(d)
         };
-        Ok(Self {
-            keep: one(Elementwise::Copy, v, uncond)?,
-            subtract: one(Elementwise::Axpy(-1.0), uncond, v)?,
-            scale: one(Elementwise::Scale(1.0), v, v)?,
-            add: one(Elementwise::Axpy(1.0), uncond, v)?,
-        })
+        let (keep, subtract) = (one(Elementwise::Copy, v, uncond)?, one(Elementwise::Axpy(-1.0), uncond, v)?);
+        let (scale, add) = (one(Elementwise::Scale(1.0), v, v)?, one(Elementwise::Axpy(1.0), uncond, v)?);
+        Ok(Self { _unconditional: unconditional, keep, subtract, scale, add })
     }
 }
