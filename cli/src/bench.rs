@@ -1,7 +1,7 @@
 //! `flux-lite bench`: throughput figures printed beside their ceilings.
 
 use argh::FromArgs;
-use flux_lite_core::config::{self, TransformerConfig, VaeConfig};
+use flux_lite_core::config::{self, Qwen3Config, TransformerConfig, VaeConfig};
 use flux_lite_platform::bench::{self, Ceilings, Figure, ShapeBench};
 use flux_lite_platform::model::ModelFolder;
 use flux_lite_platform::{Gpu, GpuOptions};
@@ -35,7 +35,7 @@ struct KernelsArgs {
     /// image side for the VAE up block in pixels, 0 to skip (default 1024; 64 on a software adapter)
     #[argh(option)]
     vae_size: Option<u64>,
-    /// image sides for whole denoising steps, comma-separated, 0 to skip (default 256,512,1024; none on a software adapter)
+    /// image sides for whole denoising steps, VAE decodes and end-to-end figures, comma-separated, 0 to skip (default 256,512,1024; none on a software adapter)
     #[argh(option, from_str_fn(parse_list))]
     step_sizes: Option<Vec<u64>>,
     /// bf16 weights in the DF11 expansion, 0 to skip (default 16777216; 1048576 on a software adapter)
@@ -90,19 +90,28 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
 }
 
 /// The shapes to bench: a published model by name, or a folder's configs.
-fn shapes(model: &str) -> Result<(String, TransformerConfig, VaeConfig), String> {
+struct Shapes {
+    name: String,
+    transformer: TransformerConfig,
+    text_encoder: Qwen3Config,
+    vae: VaeConfig,
+    distilled: bool,
+}
+
+fn shapes(model: &str) -> Result<Shapes, String> {
+    let published = |name: &str, transformer, text_encoder, vae| Shapes { name: name.into(), transformer, text_encoder, vae, distilled: true };
     match model {
-        "klein-4b" => Ok(("FLUX.2-klein-4B".into(), config::klein_4b::transformer(), config::klein_4b::vae())),
-        "klein-9b" => Ok(("FLUX.2-klein-9B".into(), config::klein_9b::transformer(), config::klein_9b::vae())),
+        "klein-4b" => Ok(published("FLUX.2-klein-4B", config::klein_4b::transformer(), config::klein_4b::text_encoder(), config::klein_4b::vae())),
+        "klein-9b" => Ok(published("FLUX.2-klein-9B", config::klein_9b::transformer(), config::klein_9b::text_encoder(), config::klein_9b::vae())),
         dir => {
-            let folder = ModelFolder::open(Path::new(dir)).map_err(|e| e.to_string())?;
-            Ok((dir.to_string(), folder.transformer, folder.vae))
+            let f = ModelFolder::open(Path::new(dir)).map_err(|e| e.to_string())?;
+            Ok(Shapes { name: dir.into(), transformer: f.transformer, text_encoder: f.text_encoder, vae: f.vae, distilled: f.index.is_distilled })
         }
     }
 }
 
 fn kernels(args: &KernelsArgs) -> Result<(), String> {
-    let (name, transformer, vae) = shapes(&args.model)?;
+    let Shapes { name, transformer, text_encoder, vae, distilled } = shapes(&args.model)?;
     let gpu = Gpu::new(&GpuOptions::default()).map_err(|e| e.to_string())?;
     let software = gpu.is_software();
     let tokens = args.tokens.clone().unwrap_or(if software { vec![64] } else { vec![768, 1536, 4608] });
@@ -152,8 +161,17 @@ fn kernels(args: &KernelsArgs) -> Result<(), String> {
     if df11_elements > 0 && want("df11") {
         row(&bench.df11(df11_elements).map_err(err)?, &ceilings);
     }
-    for &size in step_sizes.iter().filter(|_| want("step")) {
-        row(&bench.step(&transformer, size).map_err(err)?, &ceilings);
+    if want("step") && !step_sizes.is_empty() {
+        let encode = bench.text_encoder(&text_encoder).map_err(err)?;
+        row(&encode, &ceilings);
+        let steps = if distilled { 4 } else { 50 };
+        for &size in &step_sizes {
+            let step = bench.step(&transformer, size).map_err(err)?;
+            row(&step, &ceilings);
+            let decode = bench.vae_decode(&vae, size).map_err(err)?;
+            row(&decode, &ceilings);
+            row(&ShapeBench::end_to_end(&encode, &step, steps, !distilled, &decode, size), &ceilings);
+        }
     }
     if step_sizes.is_empty() && args.step_sizes.is_none() && want("step") {
         println!();

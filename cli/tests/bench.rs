@@ -47,9 +47,10 @@ fn kernels_bench_prints_every_row_beside_the_ceilings_of_the_same_run() {
 
     let rows = table_rows(&stdout);
     // tiny-a's blocks have five distinct linear shapes; per token count: those,
-    // attention, a double and a single block; then the VAE, DF11 and one step.
+    // attention, a double and a single block; then the VAE's up block, DF11,
+    // the text encoder, and per image size a step, a decode and the sum.
     let per_tokens = ["linear"; 5].into_iter().chain(["attention", "double block", "single block"]);
-    let expected: Vec<&str> = per_tokens.clone().chain(per_tokens).chain(["VAE up block", "DF11 expansion", "denoising step"]).collect();
+    let expected: Vec<&str> = per_tokens.clone().chain(per_tokens).chain(["VAE up block", "DF11 expansion", "text encoder", "denoising step", "VAE decode", "end to end"]).collect();
     let whats: Vec<&str> = rows.iter().map(|r| r[0].split(' ').next().unwrap_or("")).collect();
     let expected_first: Vec<&str> = expected.iter().map(|w| w.split(' ').next().unwrap()).collect();
     assert_eq!(whats, expected_first, "{stdout}");
@@ -62,6 +63,9 @@ fn kernels_bench_prints_every_row_beside_the_ceilings_of_the_same_run() {
         assert!(r[6].strip_suffix('%').is_some_and(|p| p.parse::<f64>().is_ok_and(|v| v > 0.0)), "share {r:?}");
     }
     assert!(rows.iter().any(|r| r[1] == "40×64 · 64×64") && rows.iter().any(|r| r[1] == "96×64 · 64×64"), "{stdout}");
+    // tiny-a is distilled: 4 steps of one pass each.
+    let e2e = rows.iter().find(|r| r[0] == "end to end").unwrap();
+    assert_eq!(e2e[1], "32×32: encode + 4 steps + decode");
     // DF11 does no arithmetic the ceilings count; copy bounds it.
     let df11 = rows.iter().find(|r| r[0] == "DF11 expansion").unwrap();
     assert_eq!((df11[3].as_str(), df11[5].as_str()), ("–", "copy"));

@@ -174,7 +174,7 @@ fn embedding_table<'a>(store: &'a WeightStore, config: &Qwen3Config) -> Result<T
 
 /// The activation layout, the block programs (prologue, then one per layer
 /// run) and the arena bytes of one encode.
-fn programs(config: &Qwen3Config, tokens: usize, picks: [usize; 3]) -> Result<(TextEncoderLayout, Vec<Vec<Op>>, u64), RunError> {
+pub(crate) fn programs(config: &Qwen3Config, tokens: usize, picks: [usize; 3]) -> Result<(TextEncoderLayout, Vec<Vec<Op>>, u64), RunError> {
     let mut arena = BumpArena::new(u64::MAX);
     let layout = TextEncoderLayout::new(config, tokens as u64, picks, &mut arena).map_err(|e| RunError::Input(e.to_string()))?;
     let mut blocks = vec![collect_ops(|emit| program::prologue(&layout, emit))];

@@ -11,7 +11,7 @@ use crate::ops::{self, Dispatch, Mat, WeightDtype};
 use crate::runner::{collect_ops, Runner};
 use crate::transformer::programs;
 use flux_lite_core::arena::BumpArena;
-use flux_lite_core::config::{TransformerConfig, VaeConfig};
+use flux_lite_core::config::{Qwen3Config, TransformerConfig, VaeConfig};
 use flux_lite_core::df11::Df11GroupBuf;
 use flux_lite_core::program::Op;
 use flux_lite_core::transformer::Tokens;
@@ -225,6 +225,58 @@ impl<'g> ShapeBench<'g> {
         })
     }
 
+    /// The text encoder over 512 prompt tokens, up to its deepest picked
+    /// layer. The layers share the first layer's weights.
+    pub fn text_encoder(&self, cfg: &Qwen3Config) -> Result<Figure, RunError> {
+        let tokens = 512u64;
+        let (_, blocks, arena_bytes) = crate::text_encoder::programs(cfg, tokens as usize, cfg.output_layers())?;
+        let table = tokens * cfg.head_dim as u64;
+        let runner = Runner {
+            arena: self.gpu.storage("bench text encoder activations", arena_bytes),
+            rope_cos: self.gpu.upload_f32("bench rope cos", &vec![1.0; table as usize]),
+            rope_sin: self.gpu.storage("bench rope sin", 4 * table),
+            key_keep: Some(self.gpu.upload_u32("bench key mask", &vec![1; tokens as usize])),
+        };
+        let weights = SyntheticWeights::new(|sink| tensors::text_encoder(cfg, sink));
+        let placed = weights.place(self.gpu, &blocks)?;
+        let mut d = Vec::new();
+        for (i, block) in blocks.iter().enumerate() {
+            d.extend(runner.prepare_block(self.gpu, &placed, i, block)?);
+        }
+        Ok(Figure {
+            what: "text encoder".into(),
+            shape: format!("{tokens} tokens, {} of {} layers", blocks.len() - 1, cfg.num_hidden_layers),
+            seconds: self.timer.median(&d, self.repeats)?,
+            flops: blocks.iter().flatten().map(Op::flops).sum(),
+            bytes: blocks.iter().map(|b| placed.bytes_read(b)).sum(),
+        })
+    }
+
+    /// The whole VAE decoder for a `size`² image, untiled.
+    pub fn vae_decode(&self, cfg: &VaeConfig, size: u64) -> Result<Figure, RunError> {
+        let latent = size / cfg.scale_factor() as u64;
+        let mut arena = BumpArena::new(u64::MAX);
+        let layout = vae::VaeLayout::new(cfg, latent, latent, &mut arena).map_err(|e| RunError::Input(e.to_string()))?;
+        let program = collect_ops(|emit| vae::decode(&layout, emit));
+        self.vae_program("VAE decode", format!("{size}×{size}"), cfg, &program, arena.high_water())
+    }
+
+    /// Sums measured phases into one end-to-end figure: the text encoder,
+    /// `steps` denoising steps and the VAE decode (GPU time of each; loading
+    /// and host work excluded).
+    /// A guided step is two transformer passes.
+    pub fn end_to_end(encode: &Figure, step: &Figure, steps: u64, guided: bool, decode: &Figure, size: u64) -> Figure {
+        let passes = if guided { 2 * steps } else { steps };
+        let how = if guided { format!("{steps} guided steps ({passes} passes)") } else { format!("{steps} steps") };
+        Figure {
+            what: "end to end".into(),
+            shape: format!("{size}×{size}: encode + {how} + decode"),
+            seconds: encode.seconds + passes as f64 * step.seconds + decode.seconds,
+            flops: encode.flops + passes * step.flops + decode.flops,
+            bytes: encode.bytes + passes * step.bytes + decode.bytes,
+        }
+    }
+
     /// The VAE decoder's last up block (the one at full resolution) for a `size`² image.
     pub fn vae_up_block(&self, cfg: &VaeConfig, size: u64) -> Result<Figure, RunError> {
         let scale = cfg.scale_factor() as u64;
@@ -233,23 +285,28 @@ impl<'g> ShapeBench<'g> {
         let layout = vae::VaeLayout::new(cfg, latent, latent, &mut arena).map_err(|e| RunError::Input(e.to_string()))?;
         let last = vae::up_block_count(&layout).saturating_sub(1);
         let block = collect_ops(|emit| vae::up_block(&layout, last, emit));
+        let channels = cfg.decoder_channels().first().copied().unwrap_or(0);
+        self.vae_program("VAE up block", format!("{size}×{size}, {channels} channels"), cfg, &block, arena.high_water())
+    }
+
+    /// Times VAE decoder steps over an arena of `arena_bytes`.
+    fn vae_program(&self, what: &str, shape: String, cfg: &VaeConfig, program: &[Op], arena_bytes: u64) -> Result<Figure, RunError> {
         let weights = SyntheticWeights::new(|sink| tensors::vae(cfg, sink));
-        let placed = weights.place(self.gpu, std::slice::from_ref(&block))?;
+        let placed = weights.place(self.gpu, std::slice::from_ref(&program.to_vec()))?;
         let runner = Runner {
-            arena: self.gpu.storage("bench vae activations", arena.high_water()),
+            arena: self.gpu.storage("bench vae activations", arena_bytes),
             rope_cos: self.gpu.storage("unused", 4),
             rope_sin: self.gpu.storage("unused", 4),
             key_keep: None,
         };
-        let d = runner.prepare_block(self.gpu, &placed, 0, &block)?;
-        let channels = cfg.decoder_channels().first().copied().unwrap_or(0);
+        let d = runner.prepare_block(self.gpu, &placed, 0, program)?;
         Ok(Figure {
-            what: "VAE up block".into(),
-            shape: format!("{size}×{size}, {channels} channels"),
+            what: what.into(),
+            shape,
             seconds: self.timer.median(&d, self.repeats)?,
-            flops: block.iter().map(Op::flops).sum(),
-            // Two full-resolution activations per convolution (read, write) at least.
-            bytes: block.iter().map(conv_bytes).sum(),
+            flops: program.iter().map(Op::flops).sum(),
+            // Each convolution's input, output and weights once, at least.
+            bytes: program.iter().map(conv_bytes).sum(),
         })
     }
 
