@@ -687,3 +687,45 @@ fn vae_mid_block_attention_through_the_attention_kernel() {
     });
     assert_close("vae mid attention", &got, &want, F32_TOL);
 }
+
+/// `fma_peak`'s sum for invocation `i` after `steps` FMAs per chain, in f64
+/// from the kernel's f32 starting values.
+fn fma_peak_reference(i: u32, steps: u32) -> f64 {
+    let s = (i & 1023) as f32 * 1e-3;
+    let base = [s, s + 0.01, s + 0.02, s + 0.03];
+    let m = [0.999f32, 0.998, 0.997, 0.996];
+    let mut total = 0.0;
+    for chain in 0..8 {
+        for lane in 0..4 {
+            let mut a = (base[lane] + [0.0f32, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7][chain]) as f64;
+            for _ in 0..steps {
+                a = a * m[lane] as f64 + 1e-3f32 as f64;
+            }
+            total += a;
+        }
+    }
+    total
+}
+
+#[test]
+fn fma_peak_computes_its_chains() {
+    // The ceiling kernel's work must be real: every invocation's chains, 4 unrolled FMAs an iteration.
+    let gpu = gpu();
+    let (workgroups, iterations) = (5u64, 7u32);
+    let count = (256 * workgroups) as usize;
+    let sink = poisoned(gpu, count);
+    let got = run_and_read(gpu, &sink, count, |enc| ops::fma_peak(gpu, enc, &sink, workgroups, iterations));
+    let want: Vec<f64> = (0..count as u32).map(|i| fma_peak_reference(i, 4 * iterations)).collect();
+    assert_close("fma_peak", &got, &want, F32_TOL);
+}
+
+#[test]
+fn copy_peak_copies_every_vec4() {
+    let gpu = gpu();
+    let vec4s = 1000u64;
+    let src: Vec<f32> = Rng::new(44).normals(4 * vec4s as usize, 1.0);
+    let (sb, db) = (gpu.upload_f32("src", &src), poisoned(gpu, 4 * vec4s as usize + 4));
+    let got = run_and_read(gpu, &db, 4 * vec4s as usize + 4, |enc| ops::copy_peak(gpu, enc, &sb, &db, vec4s));
+    assert!(got[..src.len()].iter().zip(&src).all(|(g, s)| g.to_bits() == s.to_bits()), "copy_peak changed a value");
+    assert!(got[src.len()..].iter().all(|v| v.is_nan()), "copy_peak wrote past its count");
+}
