@@ -399,10 +399,12 @@ fn attention_causal_grouped_query_with_padding_mask() {
 
 #[test]
 fn attention_head_dims_across_the_staged_chunks() {
-    // Scores stage q and k 64 dims at a time: 128 (the models') is two whole
-    // chunks, 100 ends mid-chunk; 70 queries end mid-workgroup.
+    // Scores stage q and k 64 dims at a time, as vec4s: 128 (the models') is
+    // two whole chunks, 100 ends mid-chunk; 70 queries end mid-workgroup.
     check_attention(gpu(), AttnCase { q_len: 70, kv_len: 70, q_heads: 2, kv_heads: 2, head_dim: 128, causal: false, padded_keys: 0 }, 16);
     check_attention(gpu(), AttnCase { q_len: 33, kv_len: 33, q_heads: 4, kv_heads: 2, head_dim: 100, causal: true, padded_keys: 3 }, 17);
+    // 18 dims end inside a staged vec4.
+    check_attention(gpu(), AttnCase { q_len: 21, kv_len: 21, q_heads: 3, kv_heads: 3, head_dim: 18, causal: false, padded_keys: 0 }, 18);
 }
 
 #[test]

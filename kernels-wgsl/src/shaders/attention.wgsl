@@ -2,9 +2,9 @@
 // an online softmax: scores live only for one BQ×BK tile in workgroup memory,
 // never as a full matrix. One workgroup handles BQ queries of one head.
 // Scores: the query and key tiles pass through workgroup memory 64 dims at a
-// time (rows padded to 65 words against bank conflicts), each invocation
-// accumulating 4 of the BQ×BK dot products, so every key element read from
-// memory serves BQ queries. Weighted sum: each invocation owns output dims
+// time as vec4s (rows padded by one vec4 against bank conflicts), each
+// invocation accumulating 4 of the BQ×BK dot products, four dims per read,
+// so every key element read from memory serves BQ queries. Weighted sum: each invocation owns output dims
 // t, t+64, … (SLOTS of them, head_dim ≤ 512) for all BQ rows.
 // Grouped-query heads: query head h reads kv head h / (q_heads / kv_heads).
 // Causal: local query i sits at position q_position + i (so queries can be
@@ -37,14 +37,14 @@ override SLOTS: u32 = 8u;
 const BQ: u32 = 16u;
 const BK: u32 = 16u;
 const THREADS: u32 = 64u;
-// Dims of q and k staged per pass, and the padded row length in workgroup memory.
+// Dims of q and k staged per pass, and the padded row length in vec4s.
 const DC: u32 = 64u;
-const ROW: u32 = 65u;
+const ROW: u32 = 17u;
 // Marks a masked score; every real score is larger.
 const MASKED: f32 = -3.0e38;
 
-var<workgroup> q_tile: array<f32, 1040>; // [BQ][ROW]
-var<workgroup> k_tile: array<f32, 1040>; // [BK][ROW]
+var<workgroup> q_tile: array<vec4<f32>, 272>; // [BQ][ROW]
+var<workgroup> k_tile: array<vec4<f32>, 272>; // [BK][ROW]
 var<workgroup> scores: array<f32, 256>; // [BQ][BK], then the tile's probabilities
 var<workgroup> row_max: array<f32, 16>;
 var<workgroup> row_sum: array<f32, 16>;
@@ -79,28 +79,35 @@ fn attention(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id
     for (var k0 = 0u; k0 < k_end; k0 += BK) {
         var dots = vec4<f32>(0.0);
         for (var d0 = 0u; d0 < p.head_dim; d0 += DC) {
-            for (var e = t; e < BQ * DC; e += THREADS) {
-                let r = e / DC;
-                let c = e % DC;
-                var qv = 0.0;
-                var kv = 0.0;
-                if (d0 + c < p.head_dim) {
-                    if (q0 + r < p.q_len) {
-                        qv = q[p.q_offset + (q0 + r) * p.q_stride + h * p.head_dim + d0 + c];
-                    }
-                    if (k0 + r < p.kv_len) {
-                        kv = k[p.k_offset + (k0 + r) * p.k_stride + kvh * p.head_dim + d0 + c];
+            // Each invocation stages 4 runs of 4 dims of q and of k.
+            for (var e = t; e < BQ * DC / 4u; e += THREADS) {
+                let r = e / (DC / 4u);
+                let c = (e % (DC / 4u)) * 4u;
+                var qv = vec4<f32>(0.0);
+                var kv = vec4<f32>(0.0);
+                let qb = p.q_offset + (q0 + r) * p.q_stride + h * p.head_dim + d0 + c;
+                let kb = p.k_offset + (k0 + r) * p.k_stride + kvh * p.head_dim + d0 + c;
+                for (var i = 0u; i < 4u; i++) {
+                    if (d0 + c + i < p.head_dim) {
+                        if (q0 + r < p.q_len) {
+                            qv[i] = q[qb + i];
+                        }
+                        if (k0 + r < p.kv_len) {
+                            kv[i] = k[kb + i];
+                        }
                     }
                 }
-                q_tile[r * ROW + c] = qv;
-                k_tile[r * ROW + c] = kv;
+                q_tile[r * ROW + c / 4u] = qv;
+                k_tile[r * ROW + c / 4u] = kv;
             }
             workgroupBarrier();
-            let c_end = min(DC, p.head_dim - d0);
+            // Past head_dim the staged values are zero: whole vec4s are summed.
+            let c_end = (min(DC, p.head_dim - d0) + 3u) / 4u;
             for (var c = 0u; c < c_end; c++) {
                 let kv = k_tile[my_key * ROW + c];
                 for (var i = 0u; i < 4u; i++) {
-                    dots[i] = fma(q_tile[(my_row + 4u * i) * ROW + c], kv, dots[i]);
+                    let qv = q_tile[(my_row + 4u * i) * ROW + c];
+                    dots[i] = fma(qv.w, kv.w, fma(qv.z, kv.z, fma(qv.y, kv.y, fma(qv.x, kv.x, dots[i]))));
                 }
             }
             workgroupBarrier();

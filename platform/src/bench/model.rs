@@ -178,7 +178,8 @@ impl<'g> ShapeBench<'g> {
     /// (512 of them text, or half when there are fewer than 1024).
     pub fn blocks(&self, cfg: &TransformerConfig, tokens: u64) -> Result<Vec<Figure>, RunError> {
         let text = if tokens >= 1024 { 512 } else { tokens / 2 };
-        let (layout, blocks, arena_bytes) = programs(cfg, Tokens::plain(text, tokens - text), None)?;
+        let chunk = self.chunk_for_keys(cfg, tokens);
+        let (layout, blocks, arena_bytes) = programs(cfg, Tokens::plain(text, tokens - text), chunk)?;
         let runner = self.transformer_runner(cfg, tokens, arena_bytes);
         let weights = SyntheticWeights::new(|sink| tensors::transformer(cfg, sink));
         let mut figures = Vec::new();
@@ -192,7 +193,7 @@ impl<'g> ShapeBench<'g> {
             let d = runner.prepare_block(self.gpu, &placed, 0, block)?;
             figures.push(Figure {
                 what: what.into(),
-                shape: format!("{text} text + {} image tokens, D {}", layout.image, layout.dim),
+                shape: format!("{text} text + {} image tokens, D {}{}", layout.image, layout.dim, chunked(chunk)),
                 seconds: self.timer.median(&d, self.repeats)?,
                 flops: block.iter().map(Op::flops).sum(),
                 bytes: placed.bytes(),
@@ -207,7 +208,8 @@ impl<'g> ShapeBench<'g> {
     /// and only one block's worth is made.
     pub fn step(&self, cfg: &TransformerConfig, size: u64) -> Result<Figure, RunError> {
         let image = (size / 16) * (size / 16);
-        let (_, blocks, arena_bytes) = programs(cfg, Tokens::plain(512, image), None)?;
+        let chunk = self.chunk_for_keys(cfg, 512 + image);
+        let (_, blocks, arena_bytes) = programs(cfg, Tokens::plain(512, image), chunk)?;
         let runner = self.transformer_runner(cfg, 512 + image, arena_bytes);
         let weights = SyntheticWeights::new(|sink| tensors::transformer(cfg, sink));
         let placed = weights.place(self.gpu, &blocks)?;
@@ -218,7 +220,7 @@ impl<'g> ShapeBench<'g> {
         let per_block: u64 = blocks[1..blocks.len() - 1].iter().map(|b| placed.bytes_read(b)).sum();
         Ok(Figure {
             what: "denoising step".into(),
-            shape: format!("{size}×{size}: 512 + {image} tokens"),
+            shape: format!("{size}×{size}: 512 + {image} tokens{}", chunked(chunk)),
             seconds: self.timer.median(&d, self.repeats)?,
             flops: blocks.iter().flatten().map(Op::flops).sum(),
             bytes: per_block,
@@ -334,6 +336,15 @@ impl<'g> ShapeBench<'g> {
         })
     }
 
+    /// Token rows per pass when the single blocks' keys, a column window of
+    /// the fused projection, would exceed one storage binding unchunked (as
+    /// the planner decides for `gen`); `None` when they fit.
+    fn chunk_for_keys(&self, cfg: &TransformerConfig, tokens: u64) -> Option<usize> {
+        let fused = 3 * cfg.inner_dim() as u64 + 2 * cfg.mlp_hidden_dim() as u64;
+        // A chunk as large as the pass would lay out the fused rows again.
+        (4 * tokens * fused > self.gpu.max_binding()).then_some(KEY_CHUNK_ROWS.min(tokens as usize / 2).max(1))
+    }
+
     /// An arena of `arena_bytes` and RoPE tables for `rows` tokens.
     fn transformer_runner(&self, cfg: &TransformerConfig, rows: u64, arena_bytes: u64) -> Runner {
         let table = rows * cfg.attention_head_dim as u64;
@@ -344,6 +355,15 @@ impl<'g> ShapeBench<'g> {
             key_keep: None,
         }
     }
+}
+
+/// Token rows per pass of the feed-forward and fused projections when the
+/// keys force chunks (at most half the tokens): large enough that the
+/// products stay efficient.
+const KEY_CHUNK_ROWS: usize = 1024;
+
+fn chunked(chunk: Option<usize>) -> String {
+    chunk.map_or(String::new(), |c| format!(", feed-forward by {c}-token chunks"))
 }
 
 /// Bytes a convolution must at least move: its input, weights (bf16) and output once each.

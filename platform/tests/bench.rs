@@ -1,0 +1,35 @@
+//! `bench kernels`' transformer rows on a device whose bindings cannot hold
+//! the fused projection's keys: the blocks and the step run in token chunks,
+//! as `gen`'s plan would, instead of failing.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use flux_lite_platform::bench::ShapeBench;
+use flux_lite_platform::model::ModelFolder;
+use std::path::Path;
+
+#[test]
+fn blocks_and_steps_chunk_when_the_keys_exceed_a_binding() {
+    let model = ModelFolder::open(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../test_vectors/models/tiny-a")).unwrap();
+    let cfg = &model.transformer;
+    // 96 tokens of fused rows (3·64 + 2·192 = 576 wide) are 221 KB, and a
+    // step's 516 are 1.2 MB: 192 KiB bindings refuse both, but hold the
+    // step's 64-wide keys (132 KB).
+    let small = common::small_binding_gpu(192 << 10);
+    let bench = ShapeBench::new(&small, 1);
+    let blocks = bench.blocks(cfg, 96).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(blocks.len(), 2);
+    for f in &blocks {
+        assert!(f.shape.ends_with(", feed-forward by 48-token chunks"), "{f:?}");
+        assert!(f.seconds > 0.0 && f.flops > 0, "{f:?}");
+    }
+    let step = bench.step(cfg, 32).unwrap_or_else(|e| panic!("{e}"));
+    assert!(step.shape.ends_with("chunks"), "{step:?}");
+    // Where the keys fit, nothing is chunked.
+    let roomy = ShapeBench::new(common::gpu(), 1);
+    for f in roomy.blocks(cfg, 96).unwrap_or_else(|e| panic!("{e}")) {
+        assert!(!f.shape.contains("chunks"), "{f:?}");
+    }
+}
