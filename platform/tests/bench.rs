@@ -33,3 +33,13 @@ fn blocks_and_steps_chunk_when_the_keys_exceed_a_binding() {
         assert!(!f.shape.contains("chunks"), "{f:?}");
     }
 }
+
+#[test]
+fn an_untiled_vae_above_the_bindings_is_reported_not_run() {
+    let model = ModelFolder::open(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../test_vectors/models/tiny-a")).unwrap();
+    // 128² through tiny-a's decoder: its full-resolution activations are 32 × 128² × 4 = 2 MiB.
+    let small = common::small_binding_gpu(1 << 20);
+    let why = ShapeBench::new(&small, 1).vae_unfit(&model.vae, 128).expect("refused");
+    assert!(why.contains("above the adapter's largest binding, 1048576 bytes"), "{why}");
+    assert_eq!(ShapeBench::new(common::gpu(), 1).vae_unfit(&model.vae, 128), None);
+}

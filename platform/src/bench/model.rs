@@ -254,6 +254,26 @@ impl<'g> ShapeBench<'g> {
         })
     }
 
+    /// Why the untiled VAE decoder cannot run at `size`² on this adapter (its
+    /// arena above the largest buffer, or one activation above the largest
+    /// binding; `gen` decodes such sizes in tiles), or `None` if it can.
+    pub fn vae_unfit(&self, cfg: &VaeConfig, size: u64) -> Option<String> {
+        let latent = size / cfg.scale_factor() as u64;
+        let arena = match vae::arena_bytes(cfg, latent, latent) {
+            Ok(bytes) => bytes,
+            Err(e) => return Some(e.to_string()),
+        };
+        let activation = 4 * vae::largest_activation(cfg, latent * latent);
+        let (buffer, binding) = (self.gpu.limits.max_buffer_size, self.gpu.max_binding());
+        if arena > buffer {
+            Some(format!("its {arena}-byte arena is above the adapter's largest buffer, {buffer} bytes"))
+        } else if activation > binding {
+            Some(format!("an activation of {activation} bytes is above the adapter's largest binding, {binding} bytes"))
+        } else {
+            None
+        }
+    }
+
     /// The whole VAE decoder for a `size`² image, untiled.
     pub fn vae_decode(&self, cfg: &VaeConfig, size: u64) -> Result<Figure, RunError> {
         let latent = size / cfg.scale_factor() as u64;
