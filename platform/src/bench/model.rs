@@ -84,7 +84,7 @@ impl<'g> ShapeBench<'g> {
         &self.timer
     }
 
-    /// The FMA peak and the copy rate of this adapter.
+    /// The FMA peak and the copy rate of this adapter, each the fastest of the runs.
     pub fn ceilings(&self) -> Result<Ceilings, GpuError> {
         let gpu = self.gpu;
         let workgroups: u64 = if gpu.is_software() { 64 } else { 16384 };
@@ -94,11 +94,18 @@ impl<'g> ShapeBench<'g> {
             ops::fma_peak(gpu, &mut d, &sink, workgroups, iterations)?;
             Ok(d)
         };
-        // Size the loop from one short run so the measured run lasts the target.
-        let probe = 16u32;
-        let t = self.timer.once(&fma(probe)?)?;
-        let iterations = (probe as f64 * ceiling_target(gpu) / t.max(1e-6)).clamp(probe as f64, (1 << 20) as f64) as u32;
-        let t = self.timer.median(&fma(iterations)?, self.repeats)?;
+        // Size the loop from short warm runs (the first run of a pipeline may
+        // include its compilation) until a run lasts at least half the target.
+        let mut iterations = 16u32;
+        for _ in 0..4 {
+            let t = self.timer.fastest(&fma(iterations)?, 1)?;
+            let scaled = (iterations as f64 * ceiling_target(gpu) / t.max(1e-6)).clamp(iterations as f64, (1 << 20) as f64) as u32;
+            if t >= ceiling_target(gpu) / 2.0 || scaled == iterations {
+                break;
+            }
+            iterations = scaled;
+        }
+        let t = self.timer.fastest(&fma(iterations)?, self.repeats)?;
         let flops = 2 * 256 * workgroups * iterations as u64 * flux_lite_kernels::FMA_PEAK_FMAS_PER_ITERATION;
 
         let cap = if gpu.is_software() { 64 << 20 } else { 256 << 20 };
@@ -106,7 +113,7 @@ impl<'g> ShapeBench<'g> {
         let (src, dst) = (gpu.storage("copy peak source", bytes), gpu.storage("copy peak destination", bytes));
         let mut copy = Vec::new();
         ops::copy_peak(gpu, &mut copy, &src, &dst, bytes / 16)?;
-        let t_copy = self.timer.median(&copy, self.repeats)?;
+        let t_copy = self.timer.fastest(&copy, self.repeats)?;
         Ok(Ceilings { flops: flops as f64 / t, bytes: 2.0 * bytes as f64 / t_copy })
     }
 

@@ -87,9 +87,20 @@ impl<'g> Timer<'g> {
 
     /// The median of `repeats` runs after one warm-up run.
     pub fn median(&self, dispatches: &[Dispatch], repeats: usize) -> Result<f64, GpuError> {
+        let times = self.sorted(dispatches, repeats)?;
+        Ok(times[times.len() / 2])
+    }
+
+    /// The fastest of `repeats` runs after one warm-up run: for a ceiling,
+    /// the best the adapter showed.
+    pub fn fastest(&self, dispatches: &[Dispatch], repeats: usize) -> Result<f64, GpuError> {
+        Ok(self.sorted(dispatches, repeats)?[0])
+    }
+
+    fn sorted(&self, dispatches: &[Dispatch], repeats: usize) -> Result<Vec<f64>, GpuError> {
         self.once(dispatches)?;
         let mut times = (0..repeats.max(1)).map(|_| self.once(dispatches)).collect::<Result<Vec<_>, _>>()?;
         times.sort_by(f64::total_cmp);
-        Ok(times[times.len() / 2])
+        Ok(times)
     }
 }
