@@ -187,7 +187,7 @@ impl<'g> ShapeBench<'g> {
         let text = if tokens >= 1024 { 512 } else { tokens / 2 };
         let chunk = self.chunk_for_keys(cfg, tokens);
         let (layout, blocks, arena_bytes) = programs(cfg, Tokens::plain(text, tokens - text), chunk)?;
-        let runner = self.transformer_runner(cfg, tokens, arena_bytes);
+        let runner = self.runner(arena_bytes, tokens, cfg.attention_head_dim as u64, false);
         let weights = SyntheticWeights::new(|sink| tensors::transformer(cfg, sink));
         let mut figures = Vec::new();
         let picks = [("double block", 1, cfg.num_layers > 0), ("single block", 1 + cfg.num_layers, cfg.num_single_layers > 0)];
@@ -217,13 +217,10 @@ impl<'g> ShapeBench<'g> {
         let image = (size / 16) * (size / 16);
         let chunk = self.chunk_for_keys(cfg, 512 + image);
         let (_, blocks, arena_bytes) = programs(cfg, Tokens::plain(512, image), chunk)?;
-        let runner = self.transformer_runner(cfg, 512 + image, arena_bytes);
+        let runner = self.runner(arena_bytes, 512 + image, cfg.attention_head_dim as u64, false);
         let weights = SyntheticWeights::new(|sink| tensors::transformer(cfg, sink));
         let placed = weights.place(self.gpu, &blocks)?;
-        let mut d = Vec::new();
-        for (i, block) in blocks.iter().enumerate() {
-            d.extend(runner.prepare_block(self.gpu, &placed, i, block)?);
-        }
+        let d = self.prepare_all(&runner, &placed, &blocks)?;
         let per_block: u64 = blocks[1..blocks.len() - 1].iter().map(|b| placed.bytes_read(b)).sum();
         Ok(Figure {
             what: "denoising step".into(),
@@ -239,19 +236,10 @@ impl<'g> ShapeBench<'g> {
     pub fn text_encoder(&self, cfg: &Qwen3Config) -> Result<Figure, RunError> {
         let tokens = 512u64;
         let (_, blocks, arena_bytes) = crate::text_encoder::programs(cfg, tokens as usize, cfg.output_layers())?;
-        let table = tokens * cfg.head_dim as u64;
-        let runner = Runner {
-            arena: self.gpu.storage("bench text encoder activations", arena_bytes),
-            rope_cos: self.gpu.upload_f32("bench rope cos", &vec![1.0; table as usize]),
-            rope_sin: self.gpu.storage("bench rope sin", 4 * table),
-            key_keep: Some(self.gpu.upload_u32("bench key mask", &vec![1; tokens as usize])),
-        };
+        let runner = self.runner(arena_bytes, tokens, cfg.head_dim as u64, true);
         let weights = SyntheticWeights::new(|sink| tensors::text_encoder(cfg, sink));
         let placed = weights.place(self.gpu, &blocks)?;
-        let mut d = Vec::new();
-        for (i, block) in blocks.iter().enumerate() {
-            d.extend(runner.prepare_block(self.gpu, &placed, i, block)?);
-        }
+        let d = self.prepare_all(&runner, &placed, &blocks)?;
         Ok(Figure {
             what: "text encoder".into(),
             shape: format!("{tokens} tokens, {} of {} layers", blocks.len() - 1, cfg.num_hidden_layers),
@@ -322,12 +310,7 @@ impl<'g> ShapeBench<'g> {
     fn vae_program(&self, what: &str, shape: String, cfg: &VaeConfig, program: &[Op], arena_bytes: u64) -> Result<Figure, RunError> {
         let weights = SyntheticWeights::new(|sink| tensors::vae(cfg, sink));
         let placed = weights.place(self.gpu, std::slice::from_ref(&program.to_vec()))?;
-        let runner = Runner {
-            arena: self.gpu.storage("bench vae activations", arena_bytes),
-            rope_cos: self.gpu.storage("unused", 4),
-            rope_sin: self.gpu.storage("unused", 4),
-            key_keep: None,
-        };
+        let runner = self.runner(arena_bytes, 0, 0, false);
         let d = runner.prepare_block(self.gpu, &placed, 0, program)?;
         Ok(Figure {
             what: what.into(),
@@ -372,15 +355,21 @@ impl<'g> ShapeBench<'g> {
         (4 * tokens * fused > self.gpu.max_binding()).then_some(KEY_CHUNK_ROWS.min(tokens as usize / 2).max(1))
     }
 
-    /// An arena of `arena_bytes` and RoPE tables for `rows` tokens.
-    fn transformer_runner(&self, cfg: &TransformerConfig, rows: u64, arena_bytes: u64) -> Runner {
-        let table = rows * cfg.attention_head_dim as u64;
+    /// An arena of `arena_bytes`, RoPE tables for `rows` tokens of `head_dim`
+    /// (cos 1, sin 0), and with `masked` a key mask that keeps every key.
+    fn runner(&self, arena_bytes: u64, rows: u64, head_dim: u64, masked: bool) -> Runner {
+        let table = (rows * head_dim).max(1);
         Runner {
             arena: self.gpu.storage("bench activations", arena_bytes),
             rope_cos: self.gpu.upload_f32("bench rope cos", &vec![1.0; table as usize]),
             rope_sin: self.gpu.storage("bench rope sin", 4 * table),
-            key_keep: None,
+            key_keep: masked.then(|| self.gpu.upload_u32("bench key mask", &vec![1; rows.max(1) as usize])),
         }
+    }
+
+    /// Every block's dispatches, in order, for one timed pass.
+    fn prepare_all(&self, runner: &Runner, weights: &DeviceWeights, blocks: &[Vec<Op>]) -> Result<Vec<Dispatch>, GpuError> {
+        Ok(runner.prepare(self.gpu, weights, blocks)?.into_iter().flatten().collect())
     }
 }
 
@@ -483,25 +472,23 @@ impl PlacedWeights {
     }
 }
 
-/// The name of the same tensor in block 0 of its stack
-/// (`single_transformer_blocks.7.attn.to_out.weight` → `…blocks.0.attn…`).
-fn first_block(name: &str) -> String {
-    for stack in ["single_transformer_blocks.", "transformer_blocks.", "model.layers."] {
-        if let Some((_, rest)) = name.strip_prefix(stack).and_then(|r| r.split_once('.')) {
-            return format!("{stack}0.{rest}");
-        }
-    }
-    name.to_string()
+/// A stacked block's tensor name split into its stack and the name inside
+/// the block (`transformer_blocks.3.attn.to_q.weight` → `transformer_blocks.`,
+/// `attn.to_q.weight`).
+fn in_stack(name: &str) -> Option<(&'static str, &str)> {
+    ["single_transformer_blocks.", "transformer_blocks.", "model.layers."]
+        .into_iter()
+        .find_map(|stack| name.strip_prefix(stack).and_then(|r| r.split_once('.')).map(|(_, rest)| (stack, rest)))
 }
 
-/// The name inside its block (`transformer_blocks.0.attn.to_q.weight` → `attn.to_q.weight`).
+/// The name of the same tensor in block 0 of its stack.
+fn first_block(name: &str) -> String {
+    in_stack(name).map_or_else(|| name.to_string(), |(stack, rest)| format!("{stack}0.{rest}"))
+}
+
+/// The name inside its block.
 fn block_local(name: &str) -> &str {
-    for stack in ["single_transformer_blocks.", "transformer_blocks.", "model.layers."] {
-        if let Some((_, rest)) = name.strip_prefix(stack).and_then(|r| r.split_once('.')) {
-            return rest;
-        }
-    }
-    name
+    in_stack(name).map_or(name, |(_, rest)| rest)
 }
 
 /// Value `i` of a reproducible stream in [-1, 1) (splitmix64 of the index).
@@ -532,4 +519,19 @@ fn random_bf16(n: usize, seed: u64) -> Vec<u16> {
 /// Random activations in [-1, 1).
 fn random_f32(n: usize, seed: u64) -> Vec<f32> {
     random_values(n, seed, 1.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stacked_names_map_to_their_first_block() {
+        assert_eq!(first_block("single_transformer_blocks.7.attn.to_out.weight"), "single_transformer_blocks.0.attn.to_out.weight");
+        assert_eq!(first_block("transformer_blocks.12.ff.linear_in.weight"), "transformer_blocks.0.ff.linear_in.weight");
+        assert_eq!(first_block("model.layers.35.mlp.up_proj.weight"), "model.layers.0.mlp.up_proj.weight");
+        assert_eq!(first_block("norm_out.linear.weight"), "norm_out.linear.weight");
+        assert_eq!(block_local("transformer_blocks.3.attn.to_q.weight"), "attn.to_q.weight");
+        assert_eq!(block_local("context_embedder.weight"), "context_embedder.weight");
+    }
 }
