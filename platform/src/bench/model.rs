@@ -196,14 +196,14 @@ impl<'g> ShapeBench<'g> {
                 continue;
             }
             let block = &blocks[index];
-            let placed = weights.place(self.gpu, std::slice::from_ref(block))?;
+            let placed = weights.place(self.gpu, block)?;
             let d = runner.prepare_block(self.gpu, &placed, 0, block)?;
             figures.push(Figure {
                 what: what.into(),
                 shape: format!("{text} text + {} image tokens, D {}{}", layout.image, layout.dim, chunked(chunk)),
                 seconds: self.timer.median(&d, self.repeats)?,
                 flops: block.iter().map(Op::flops).sum(),
-                bytes: placed.bytes(),
+                bytes: weights.bytes_read(block),
             });
         }
         Ok(figures)
@@ -219,9 +219,9 @@ impl<'g> ShapeBench<'g> {
         let (_, blocks, arena_bytes) = programs(cfg, Tokens::plain(512, image), chunk)?;
         let runner = self.runner(arena_bytes, 512 + image, cfg.attention_head_dim as u64, false);
         let weights = SyntheticWeights::new(|sink| tensors::transformer(cfg, sink));
-        let placed = weights.place(self.gpu, &blocks)?;
+        let placed = weights.place(self.gpu, blocks.iter().flatten())?;
         let d = self.prepare_all(&runner, &placed, &blocks)?;
-        let per_block: u64 = blocks[1..blocks.len() - 1].iter().map(|b| placed.bytes_read(b)).sum();
+        let per_block: u64 = blocks[1..blocks.len() - 1].iter().map(|b| weights.bytes_read(b)).sum();
         Ok(Figure {
             what: "denoising step".into(),
             shape: format!("{size}×{size}: 512 + {image} tokens{}", chunked(chunk)),
@@ -238,14 +238,14 @@ impl<'g> ShapeBench<'g> {
         let (_, blocks, arena_bytes) = crate::text_encoder::programs(cfg, tokens as usize, cfg.output_layers())?;
         let runner = self.runner(arena_bytes, tokens, cfg.head_dim as u64, true);
         let weights = SyntheticWeights::new(|sink| tensors::text_encoder(cfg, sink));
-        let placed = weights.place(self.gpu, &blocks)?;
+        let placed = weights.place(self.gpu, blocks.iter().flatten())?;
         let d = self.prepare_all(&runner, &placed, &blocks)?;
         Ok(Figure {
             what: "text encoder".into(),
             shape: format!("{tokens} tokens, {} of {} layers", blocks.len() - 1, cfg.num_hidden_layers),
             seconds: self.timer.median(&d, self.repeats)?,
             flops: blocks.iter().flatten().map(Op::flops).sum(),
-            bytes: blocks.iter().map(|b| placed.bytes_read(b)).sum(),
+            bytes: blocks.iter().map(|b| weights.bytes_read(b)).sum(),
         })
     }
 
@@ -271,11 +271,9 @@ impl<'g> ShapeBench<'g> {
 
     /// The whole VAE decoder for a `size`² image, untiled.
     pub fn vae_decode(&self, cfg: &VaeConfig, size: u64) -> Result<Figure, RunError> {
-        let latent = size / cfg.scale_factor() as u64;
-        let mut arena = BumpArena::new(u64::MAX);
-        let layout = vae::VaeLayout::new(cfg, latent, latent, &mut arena).map_err(|e| RunError::Input(e.to_string()))?;
+        let (layout, arena_bytes) = vae_layout(cfg, size)?;
         let program = collect_ops(|emit| vae::decode(&layout, emit));
-        self.vae_program("VAE decode", format!("{size}×{size}"), cfg, &program, arena.high_water())
+        self.vae_program("VAE decode", format!("{size}×{size}"), cfg, &program, arena_bytes)
     }
 
     /// Sums measured phases into one end-to-end figure: the text encoder,
@@ -296,20 +294,17 @@ impl<'g> ShapeBench<'g> {
 
     /// The VAE decoder's last up block (the one at full resolution) for a `size`² image.
     pub fn vae_up_block(&self, cfg: &VaeConfig, size: u64) -> Result<Figure, RunError> {
-        let scale = cfg.scale_factor() as u64;
-        let latent = size / scale;
-        let mut arena = BumpArena::new(u64::MAX);
-        let layout = vae::VaeLayout::new(cfg, latent, latent, &mut arena).map_err(|e| RunError::Input(e.to_string()))?;
+        let (layout, arena_bytes) = vae_layout(cfg, size)?;
         let last = vae::up_block_count(&layout).saturating_sub(1);
         let block = collect_ops(|emit| vae::up_block(&layout, last, emit));
         let channels = cfg.decoder_channels().first().copied().unwrap_or(0);
-        self.vae_program("VAE up block", format!("{size}×{size}, {channels} channels"), cfg, &block, arena.high_water())
+        self.vae_program("VAE up block", format!("{size}×{size}, {channels} channels"), cfg, &block, arena_bytes)
     }
 
     /// Times VAE decoder steps over an arena of `arena_bytes`.
     fn vae_program(&self, what: &str, shape: String, cfg: &VaeConfig, program: &[Op], arena_bytes: u64) -> Result<Figure, RunError> {
         let weights = SyntheticWeights::new(|sink| tensors::vae(cfg, sink));
-        let placed = weights.place(self.gpu, std::slice::from_ref(&program.to_vec()))?;
+        let placed = weights.place(self.gpu, program)?;
         let runner = self.runner(arena_bytes, 0, 0, false);
         let d = runner.prepare_block(self.gpu, &placed, 0, program)?;
         Ok(Figure {
@@ -373,6 +368,14 @@ impl<'g> ShapeBench<'g> {
     }
 }
 
+/// The untiled decode's layout for a `size`² image and its arena bytes.
+fn vae_layout(cfg: &VaeConfig, size: u64) -> Result<(vae::VaeLayout, u64), RunError> {
+    let latent = size / cfg.scale_factor() as u64;
+    let mut arena = BumpArena::new(u64::MAX);
+    let layout = vae::VaeLayout::new(cfg, latent, latent, &mut arena).map_err(|e| RunError::Input(e.to_string()))?;
+    Ok((layout, arena.high_water()))
+}
+
 /// Token rows per pass of the feed-forward and fused projections when the
 /// keys force chunks (at most half the tokens): large enough that the
 /// products stay efficient.
@@ -414,12 +417,12 @@ impl SyntheticWeights {
         Self { shapes }
     }
 
-    /// Device weights for every tensor `blocks` read.
-    fn place(&self, gpu: &Gpu, blocks: &[Vec<Op>]) -> Result<PlacedWeights, RunError> {
+    /// Device weights for every tensor `ops` read, one buffer per tensor of
+    /// the first block of each stack.
+    fn place<'o>(&self, gpu: &Gpu, ops: impl IntoIterator<Item = &'o Op>) -> Result<DeviceWeights, RunError> {
         let mut made: HashMap<String, DeviceBuffer> = HashMap::new();
         let mut weights = DeviceWeights::default();
-        let mut bytes = 0;
-        for name in blocks.iter().flatten().flat_map(Op::weights) {
+        for name in ops.into_iter().flat_map(Op::weights) {
             let name = name.to_string();
             let shared = first_block(&name);
             let elements = *self
@@ -431,44 +434,21 @@ impl SyntheticWeights {
                 None => {
                     let seed = made.len() as u64 + 100;
                     let b = gpu.upload_bf16(&shared, &random_bf16(elements as usize, seed));
-                    bytes += 2 * elements;
                     made.insert(shared, b.clone());
                     b
                 }
             };
             weights.insert(&name, DeviceWeight { buffer, offset: 0, dtype: WeightDtype::Bf16 });
         }
-        Ok(PlacedWeights { weights, elements: self.shapes.clone(), made_bytes: bytes })
-    }
-}
-
-/// Weights placed for a bench program.
-struct PlacedWeights {
-    weights: DeviceWeights,
-    elements: HashMap<String, u64>,
-    /// Bytes of distinct weight tensors made.
-    made_bytes: u64,
-}
-
-impl std::ops::Deref for PlacedWeights {
-    type Target = DeviceWeights;
-    fn deref(&self) -> &DeviceWeights {
-        &self.weights
-    }
-}
-
-impl PlacedWeights {
-    /// Bytes of the distinct weights made (one block's for a block).
-    fn bytes(&self) -> u64 {
-        self.made_bytes
+        Ok(weights)
     }
 
-    /// Bf16 weight bytes one block reads.
+    /// Bf16 weight bytes one block reads, each tensor once.
     fn bytes_read(&self, block: &[Op]) -> u64 {
         let mut names: Vec<String> = block.iter().flat_map(Op::weights).map(|n| n.to_string()).collect();
         names.sort();
         names.dedup();
-        names.iter().map(|n| 2 * self.elements.get(n).copied().unwrap_or(0)).sum()
+        names.iter().map(|n| 2 * self.shapes.get(n).copied().unwrap_or(0)).sum()
     }
 }
 
