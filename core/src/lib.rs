@@ -10,6 +10,8 @@
 extern crate alloc;
 
 pub mod arena;
+#[cfg(feature = "alloc")]
+pub mod bands;
 pub mod bf16;
 pub mod config;
 pub mod df11;

@@ -1,7 +1,7 @@
 //! Text-to-latents: the starting noise as diffusers draws it, the schedule,
 //! and the denoising loop over the prepared transformer.
 
-use crate::gpu::Gpu;
+use flux_lite_kernels::Gpu;
 use crate::error::RunError;
 use crate::runner::BlockProgress;
 use crate::transformer::Transformer;

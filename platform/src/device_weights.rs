@@ -12,8 +12,8 @@
 
 use crate::df11::Df11DeviceGroup;
 use crate::error::{GpuError, LoadError, RunError};
-use crate::gpu::{DeviceBuffer, Gpu};
-use crate::ops::{self, Weight, WeightDtype};
+use flux_lite_kernels::{DeviceBuffer, Gpu};
+use flux_lite_kernels::{Weight, WeightDtype};
 use crate::safetensors_store::{widen_to_f32, TensorRef, WeightStore};
 use flux_lite_core::plan::{BlockWeights, WeightSizes, WeightStrategy, SLOT_ALIGN, STREAM_STAGING};
 use flux_lite_core::program::Op;
@@ -386,7 +386,7 @@ impl DeviceWeights {
     }
 
     /// Records the expansions block `block` needs before its own dispatches.
-    pub fn record_fills(&self, gpu: &Gpu, block: usize, sink: &mut dyn ops::Sink) -> Result<(), GpuError> {
+    pub fn record_fills(&self, gpu: &Gpu, block: usize, sink: &mut dyn flux_lite_kernels::Sink) -> Result<(), GpuError> {
         for fill in self.fills.get(block).into_iter().flatten() {
             self.groups[fill.group].record_decode(gpu, sink, &self.slots[fill.slot], fill.base)?;
         }

@@ -7,8 +7,8 @@
 
 use crate::config_json::JsonFile;
 use crate::error::{GpuError, LoadError};
-use crate::gpu::{DeviceBuffer, Gpu};
-use crate::ops;
+use flux_lite_kernels::{DeviceBuffer, Gpu};
+use flux_lite_kernels::kernels;
 use flux_lite_core::df11::{Df11Error, Df11Field, Df11Group};
 use safetensors::tensor::Dtype;
 use rayon::prelude::*;
@@ -133,7 +133,7 @@ pub fn expand_on_host(group: &Df11Group<'_>, out: &mut [u16]) -> Result<(), Df11
     pieces.into_par_iter().try_for_each(|(block, piece)| group.decode_block_into(block, piece))
 }
 
-/// A DF11 group's arrays on the device, for [`ops::df11_decode`]; byte
+/// A DF11 group's arrays on the device, for [`kernels::df11_decode`]; byte
 /// arrays padded to whole words (and `gaps` by one more word, which the last
 /// thread's two-byte read may touch).
 #[derive(Debug)]
@@ -190,8 +190,8 @@ impl Df11DeviceGroup {
     }
 
     /// Records the expansion into bf16 elements `[out_base, out_base + n_elements)` of `slot`.
-    pub fn record_decode(&self, gpu: &Gpu, sink: &mut dyn ops::Sink, slot: &wgpu::Buffer, out_base: u64) -> Result<(), GpuError> {
-        let arrays = ops::Df11Arrays {
+    pub fn record_decode(&self, gpu: &Gpu, sink: &mut dyn flux_lite_kernels::Sink, slot: &wgpu::Buffer, out_base: u64) -> Result<(), GpuError> {
+        let arrays = kernels::Df11Arrays {
             luts: &self.luts,
             n_luts: self.n_luts,
             stream: &self.stream,
@@ -202,6 +202,6 @@ impl Df11DeviceGroup {
             positions: &self.positions,
             host_positions: &self.host_positions,
         };
-        ops::df11_decode(gpu, sink, arrays, slot, out_base)
+        kernels::df11_decode(gpu, sink, arrays, slot, out_base)
     }
 }

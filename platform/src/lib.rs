@@ -1,6 +1,6 @@
-//! flux-lite-platform: everything that touches the outside world. The GPU
-//! device and its pipelines, core's ops as WGSL dispatches, and the official
-//! diffusers model folder read through memory maps.
+//! flux-lite-platform: the engine. It reads the official diffusers model
+//! folder through memory maps, runs core's Op programs on the GPU layer
+//! (`flux-lite-kernels`), and drives a whole generation.
 
 pub mod compress;
 pub mod config_json;
@@ -10,9 +10,7 @@ pub mod device_weights;
 pub mod df11;
 pub mod embeddings_file;
 pub mod error;
-pub mod gpu;
 pub mod model;
-pub mod ops;
 pub mod output;
 pub mod pipeline;
 pub mod reference_image;
@@ -28,4 +26,5 @@ pub mod vae_bands;
 pub mod vae_encoder;
 
 pub use error::{CompressError, GpuError, LoadError, RunError, TokenizeError};
-pub use gpu::{Backend, DeviceBuffer, DeviceMemory, Gpu, GpuOptions};
+// The device types the engine's API takes, from the GPU layer.
+pub use flux_lite_kernels::{Backend, DeviceBuffer, DeviceMemory, Gpu, GpuOptions};

@@ -4,7 +4,7 @@
 
 use crate::denoise::{self, Conditioning, StepProgress};
 use crate::error::RunError;
-use crate::gpu::Gpu;
+use flux_lite_kernels::Gpu;
 use crate::model::{Component, ModelFolder};
 use crate::reference_image::ReferenceImage;
 use crate::text_encoder::TextEncoder;

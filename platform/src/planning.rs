@@ -4,7 +4,7 @@
 
 use crate::denoise;
 use crate::error::RunError;
-use crate::gpu::Gpu;
+use flux_lite_kernels::Gpu;
 use crate::model::{Component, ModelFolder};
 use crate::pipeline::{Request, PROMPT_TOKENS};
 use crate::text_encoder::TextEncoder;

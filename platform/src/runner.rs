@@ -4,8 +4,9 @@
 use crate::device_weights::DeviceWeights;
 use crate::error::{GpuError, RunError};
 use crate::safetensors_store::WeightStore;
-use crate::gpu::{DeviceBuffer, Gpu};
-use crate::ops::{self, Attention, Elementwise, Mat, RopeStyle, RowNorm};
+use flux_lite_kernels::{DeviceBuffer, Gpu};
+use flux_lite_kernels::kernels::{self, Attention, Elementwise, RopeStyle, RowNorm};
+use flux_lite_kernels::{Mat};
 use flux_lite_core::program::{Op, Span};
 
 /// The activation arena and the tables a program reads.
@@ -24,7 +25,7 @@ impl Runner {
     }
 
     /// Records one program step.
-    pub fn record(&self, gpu: &Gpu, sink: &mut dyn ops::Sink, weights: &DeviceWeights, op: &Op) -> Result<(), GpuError> {
+    pub fn record(&self, gpu: &Gpu, sink: &mut dyn flux_lite_kernels::Sink, weights: &DeviceWeights, op: &Op) -> Result<(), GpuError> {
         match op {
             Op::Linear { x, w, w_row, bias, y, rows, cols, inner } => {
                 let bias = match bias {
@@ -32,28 +33,17 @@ impl Runner {
                     None => None,
                 };
                 let w = weights.get(w)?.view().rows_from(*w_row, *inner);
-                ops::linear(gpu, sink, self.mat(*x), w, bias, self.mat(*y), *rows, *cols, *inner)
+                kernels::linear(gpu, sink, self.mat(*x), w, bias, self.mat(*y), kernels::Gemm { m: *rows, n: *cols, k: *inner })
             }
             Op::RmsNormHeads { data, w, tokens, heads, head_dim, eps } => {
                 let s = RowNorm { tokens: *tokens, heads: *heads, d: *head_dim, eps: *eps };
-                ops::rms_norm_inplace(gpu, sink, self.mat(*data), weights.get(w)?.view(), s)
+                kernels::rms_norm_inplace(gpu, sink, self.mat(*data), weights.get(w)?.view(), s)
             }
             Op::LayerNormModulate { src, dst, shift, scale, tokens, d, eps } => {
                 let s = RowNorm { tokens: *tokens, heads: 1, d: *d, eps: *eps };
-                ops::layer_norm_modulate(gpu, sink, self.mat(*src), self.mat(*shift), self.mat(*scale), self.mat(*dst), s)
+                kernels::layer_norm_modulate(gpu, sink, self.mat(*src), self.mat(*shift), self.mat(*scale), self.mat(*dst), s)
             }
-            Op::RopeInterleaved { data, table_row, tokens, heads, head_dim } => ops::rope(
-                gpu,
-                sink,
-                RopeStyle::Interleaved,
-                self.mat(*data),
-                &self.rope_cos,
-                &self.rope_sin,
-                *table_row,
-                *tokens,
-                *heads,
-                *head_dim,
-            ),
+            Op::RopeInterleaved { data, table_row, tokens, heads, head_dim } => kernels::rope(gpu, sink, RopeStyle::Interleaved, self.mat(*data), kernels::RopeTables { cos: &self.rope_cos, sin: &self.rope_sin, first_row: *table_row }, kernels::RopeShape { tokens: *tokens, heads: *heads, head_dim: *head_dim }),
             Op::Attention { q, k, v, o, len, heads, head_dim } => {
                 let s = Attention {
                     q_len: *len,
@@ -64,7 +54,7 @@ impl Runner {
                     scale: (1.0 / (*head_dim as f64).sqrt()) as f32,
                     causal: false,
                 };
-                ops::attention(gpu, sink, self.mat(*q), self.mat(*k), self.mat(*v), None, self.mat(*o), None, s)
+                kernels::attention(gpu, sink, kernels::Qkv { q: self.mat(*q), k: self.mat(*k), v: self.mat(*v) }, None, self.mat(*o), None, s)
             }
             Op::PartialAttention { q, k, v, o, lse, q_len, kv_len, heads, head_dim } => {
                 let s = Attention {
@@ -77,40 +67,20 @@ impl Runner {
                     causal: false,
                 };
                 let (q, k, v, o, lse) = (self.mat(*q), self.mat(*k), self.mat(*v), self.mat(*o), self.mat(*lse));
-                ops::attention(gpu, sink, q, k, v, None, o, Some(lse), s)
+                kernels::attention(gpu, sink, kernels::Qkv { q, k, v }, None, o, Some(lse), s)
             }
             Op::SwiGlu { gate, up, dst, rows, cols } => {
-                ops::elementwise(gpu, sink, Elementwise::SwiGlu, self.mat(*gate), Some(self.mat(*up)), self.mat(*dst), *rows, *cols)
+                kernels::elementwise(gpu, sink, Elementwise::SwiGlu, self.mat(*gate), Some(self.mat(*up)), self.mat(*dst), [*rows, *cols])
             }
-            Op::GatedResidual { dst, gate, y, rows, cols } => ops::elementwise(
-                gpu,
-                sink,
-                Elementwise::GatedResidual,
-                self.mat(*y),
-                Some(self.mat(*gate)),
-                self.mat(*dst),
-                *rows,
-                *cols,
-            ),
+            Op::GatedResidual { dst, gate, y, rows, cols } => kernels::elementwise(gpu, sink, Elementwise::GatedResidual, self.mat(*y), Some(self.mat(*gate)), self.mat(*dst), [*rows, *cols]),
             Op::Silu { src, dst, rows, cols } => {
-                ops::elementwise(gpu, sink, Elementwise::Silu, self.mat(*src), None, self.mat(*dst), *rows, *cols)
+                kernels::elementwise(gpu, sink, Elementwise::Silu, self.mat(*src), None, self.mat(*dst), [*rows, *cols])
             }
             Op::RmsNorm { src, dst, w, tokens, d, eps } => {
                 let s = RowNorm { tokens: *tokens, heads: 1, d: *d, eps: *eps };
-                ops::rms_norm(gpu, sink, self.mat(*src), weights.get(w)?.view(), self.mat(*dst), s)
+                kernels::rms_norm(gpu, sink, self.mat(*src), weights.get(w)?.view(), self.mat(*dst), s)
             }
-            Op::RopeRotateHalf { data, table_row, tokens, heads, head_dim } => ops::rope(
-                gpu,
-                sink,
-                RopeStyle::RotateHalf,
-                self.mat(*data),
-                &self.rope_cos,
-                &self.rope_sin,
-                *table_row,
-                *tokens,
-                *heads,
-                *head_dim,
-            ),
+            Op::RopeRotateHalf { data, table_row, tokens, heads, head_dim } => kernels::rope(gpu, sink, RopeStyle::RotateHalf, self.mat(*data), kernels::RopeTables { cos: &self.rope_cos, sin: &self.rope_sin, first_row: *table_row }, kernels::RopeShape { tokens: *tokens, heads: *heads, head_dim: *head_dim }),
             Op::CausalAttention { q, k, v, o, len, q_heads, kv_heads, head_dim } => {
                 let s = Attention {
                     q_len: *len,
@@ -122,56 +92,56 @@ impl Runner {
                     causal: true,
                 };
                 let (q, k, v, o) = (self.mat(*q), self.mat(*k), self.mat(*v), self.mat(*o));
-                ops::attention(gpu, sink, q, k, v, self.key_keep.as_deref(), o, None, s)
+                kernels::attention(gpu, sink, kernels::Qkv { q, k, v }, self.key_keep.as_deref(), o, None, s)
             }
             Op::Residual { dst, y, rows, cols } => {
-                ops::elementwise(gpu, sink, Elementwise::AddInPlace, self.mat(*y), None, self.mat(*dst), *rows, *cols)
+                kernels::elementwise(gpu, sink, Elementwise::AddInPlace, self.mat(*y), None, self.mat(*dst), [*rows, *cols])
             }
             Op::Copy { src, dst, rows, cols } => {
-                ops::elementwise(gpu, sink, Elementwise::Copy, self.mat(*src), None, self.mat(*dst), *rows, *cols)
+                kernels::elementwise(gpu, sink, Elementwise::Copy, self.mat(*src), None, self.mat(*dst), [*rows, *cols])
             }
             Op::Conv2d { x, w, bias, y, shape } => {
-                ops::conv2d(gpu, sink, self.mat(*x), weights.get(w)?.view(), weights.get(bias)?.view(), self.mat(*y), *shape)
+                kernels::conv2d(gpu, sink, self.mat(*x), weights.get(w)?.view(), weights.get(bias)?.view(), self.mat(*y), *shape)
             }
             Op::GroupNorm { src, dst, gamma, beta, channels, pixels, groups, eps, silu } => {
-                let g = ops::Groups { channels: *channels, pixels: *pixels, groups: *groups };
+                let g = kernels::Groups { channels: *channels, pixels: *pixels, groups: *groups };
                 let (gamma, beta) = (weights.get(gamma)?.view(), weights.get(beta)?.view());
-                ops::group_norm(gpu, sink, self.mat(*src), gamma, beta, self.mat(*dst), g, *eps, *silu)
+                kernels::group_norm(gpu, sink, self.mat(*src), kernels::GroupAffine { gamma, beta, silu: *silu }, self.mat(*dst), g, *eps)
             }
             Op::GroupStats { src, stats, channels, pixels, groups } => {
-                let g = ops::Groups { channels: *channels, pixels: *pixels, groups: *groups };
-                ops::group_stats(gpu, sink, self.mat(*src), self.mat(*stats), g)
+                let g = kernels::Groups { channels: *channels, pixels: *pixels, groups: *groups };
+                kernels::group_stats(gpu, sink, self.mat(*src), self.mat(*stats), g)
             }
             Op::GroupNormApply { src, stats, dst, gamma, beta, channels, pixels, groups, silu } => {
-                let g = ops::Groups { channels: *channels, pixels: *pixels, groups: *groups };
+                let g = kernels::Groups { channels: *channels, pixels: *pixels, groups: *groups };
                 let (gamma, beta) = (weights.get(gamma)?.view(), weights.get(beta)?.view());
-                ops::group_norm_apply(gpu, sink, self.mat(*src), self.mat(*stats), gamma, beta, self.mat(*dst), g, *silu)
+                kernels::group_norm_apply(gpu, sink, self.mat(*src), self.mat(*stats), kernels::GroupAffine { gamma, beta, silu: *silu }, self.mat(*dst), g)
             }
             Op::UpsampleNearest2x { x, y, channels, height, width } => {
-                ops::upsample_nearest2x(gpu, sink, self.mat(*x), self.mat(*y), *channels, *height, *width)
+                kernels::upsample_nearest2x(gpu, sink, self.mat(*x), self.mat(*y), *channels, *height, *width)
             }
-            Op::Transpose { src, dst, rows, cols } => ops::transpose(gpu, sink, self.mat(*src), self.mat(*dst), *rows, *cols),
+            Op::Transpose { src, dst, rows, cols } => kernels::transpose(gpu, sink, self.mat(*src), self.mat(*dst), *rows, *cols),
             Op::Add { a, b, dst, rows, cols } => {
-                ops::elementwise(gpu, sink, Elementwise::Add, self.mat(*a), Some(self.mat(*b)), self.mat(*dst), *rows, *cols)
+                kernels::elementwise(gpu, sink, Elementwise::Add, self.mat(*a), Some(self.mat(*b)), self.mat(*dst), [*rows, *cols])
             }
             Op::DenormUnpatchify { packed, latent, mean, var, channels, height, width, eps } => {
-                let stats = ops::LatentStats { mean: weights.get(mean)?.view(), var: weights.get(var)?.view(), eps: *eps };
-                ops::denorm_unpatchify(gpu, sink, self.mat(*packed), stats, self.mat(*latent), *channels, *height, *width)
+                let stats = kernels::LatentStats { mean: weights.get(mean)?.view(), var: weights.get(var)?.view(), eps: *eps };
+                kernels::denorm_unpatchify(gpu, sink, self.mat(*packed), stats, self.mat(*latent), [*channels, *height, *width])
             }
-            Op::PixelLevels { src, dst, count } => ops::pixel_levels(gpu, sink, self.mat(*src), self.mat(*dst), *count),
+            Op::PixelLevels { src, dst, count } => kernels::pixel_levels(gpu, sink, self.mat(*src), self.mat(*dst), *count),
         }
     }
 
     /// Builds the dispatches of each block once (pipelines, bindings,
     /// parameters): the expansions of the weights the block keeps compressed,
     /// then its own steps.
-    pub fn prepare(&self, gpu: &Gpu, weights: &DeviceWeights, blocks: &[Vec<Op>]) -> Result<Vec<Vec<ops::Dispatch>>, GpuError> {
+    pub fn prepare(&self, gpu: &Gpu, weights: &DeviceWeights, blocks: &[Vec<Op>]) -> Result<Vec<Vec<flux_lite_kernels::Dispatch>>, GpuError> {
         (0..blocks.len()).map(|b| self.prepare_block(gpu, weights, b, &blocks[b])).collect()
     }
 
     /// The dispatches of block `index` of the blocks `weights` were placed
     /// for, running `steps` (the block's program, or a part of it).
-    pub fn prepare_block(&self, gpu: &Gpu, weights: &DeviceWeights, index: usize, steps: &[Op]) -> Result<Vec<ops::Dispatch>, GpuError> {
+    pub fn prepare_block(&self, gpu: &Gpu, weights: &DeviceWeights, index: usize, steps: &[Op]) -> Result<Vec<flux_lite_kernels::Dispatch>, GpuError> {
         let mut dispatches = Vec::new();
         weights.record_fills(gpu, index, &mut dispatches)?;
         steps.iter().try_for_each(|op| self.record(gpu, &mut dispatches, weights, op))?;
@@ -205,13 +175,13 @@ pub fn run_prepared(
     gpu: &Gpu,
     weights: &DeviceWeights,
     store: &WeightStore,
-    blocks: &[Vec<ops::Dispatch>],
+    blocks: &[Vec<flux_lite_kernels::Dispatch>],
     progress: &mut dyn FnMut(BlockProgress),
 ) -> Result<(), RunError> {
     for (i, block) in blocks.iter().enumerate() {
         weights.stream_in(gpu, store, i)?;
         gpu.submit(|enc| {
-            ops::encode(enc, block);
+            flux_lite_kernels::encode(enc, block);
             Ok(())
         })?;
         progress(BlockProgress { done: i + 1, total: blocks.len() });

@@ -8,8 +8,8 @@
 //! releases all of its device memory.
 
 use crate::error::{LoadError, RunError};
-use crate::gpu::Gpu;
-use crate::ops::Dispatch;
+use flux_lite_kernels::Gpu;
+use flux_lite_kernels::Dispatch;
 use crate::device_weights::DeviceWeights;
 use crate::runner::{self, collect_ops, BlockProgress, Runner};
 use crate::safetensors_store::{widen_to_f32, WeightStore};

@@ -3,8 +3,9 @@
 //! block programs, and the Euler update on the device.
 
 use crate::error::{GpuError, RunError};
-use crate::gpu::{DeviceBuffer, Gpu};
-use crate::ops::{self, Dispatch, Elementwise, Mat};
+use flux_lite_kernels::{DeviceBuffer, Gpu};
+use flux_lite_kernels::kernels::{self, Elementwise};
+use flux_lite_kernels::{Dispatch, Mat};
 use crate::device_weights::DeviceWeights;
 use crate::runner::{self, collect_ops, BlockProgress, Runner};
 use crate::safetensors_store::WeightStore;
@@ -115,7 +116,7 @@ impl Transformer {
         let prepared = runner.prepare(gpu, &weights, &blocks)?;
         let mut euler = Vec::new();
         let mat = |s: flux_lite_core::program::Span| Mat { buf: &runner.arena, offset: s.offset, stride: s.stride };
-        ops::elementwise(gpu, &mut euler, Elementwise::Axpy(0.0), mat(layout.velocity), None, mat(layout.latents), layout.noise, layout.in_channels)?;
+        kernels::elementwise(gpu, &mut euler, Elementwise::Axpy(0.0), mat(layout.velocity), None, mat(layout.latents), [layout.noise, layout.in_channels])?;
         let euler = match <[Dispatch; 1]>::try_from(euler) {
             Ok([d]) => d,
             Err(_) => return Err(RunError::Input("the latents are too large for one Euler dispatch".into())),
@@ -201,7 +202,7 @@ impl Transformer {
         let dispatches = self.runner.prepare_block(gpu, &self.weights, block, ops)?;
         self.weights.stream_in(gpu, &self.store, block)?;
         gpu.submit(|enc| {
-            ops::encode(enc, &dispatches);
+            flux_lite_kernels::encode(enc, &dispatches);
             Ok(())
         })?;
         Ok(())
@@ -219,10 +220,10 @@ impl Transformer {
 
     /// The Euler step on the device: `latents += (σ_next − σ)·velocity`.
     pub fn euler_step(&self, gpu: &Gpu, sigma: f32, sigma_next: f32) -> Result<(), GpuError> {
-        let offset = std::mem::offset_of!(flux_lite_kernels::ElementwiseParams, scalar) as u64;
+        let offset = std::mem::offset_of!(flux_lite_kernels::kernels::elementwise::ElementwiseParams, scalar) as u64;
         gpu.queue.write_buffer(&self.euler.params, offset, bytemuck::bytes_of(&(sigma_next - sigma)));
         gpu.submit(|enc| {
-            ops::encode(enc, std::slice::from_ref(&self.euler));
+            flux_lite_kernels::encode(enc, std::slice::from_ref(&self.euler));
             Ok(())
         })
     }
@@ -230,7 +231,7 @@ impl Transformer {
     /// Keeps the velocity just computed as the unconditional one of a guided step.
     pub fn keep_unconditional(&self, gpu: &Gpu) -> Result<(), GpuError> {
         gpu.submit(|enc| {
-            ops::encode(enc, &self.guidance.keep);
+            flux_lite_kernels::encode(enc, &self.guidance.keep);
             Ok(())
         })
     }
@@ -238,14 +239,14 @@ impl Transformer {
     /// Classifier-free guidance on the conditional velocity just computed:
     /// `v = v_neg + g·(v_pos − v_neg)`, with diffusers' order of roundings.
     pub fn guide(&self, gpu: &Gpu, scale: f32) -> Result<(), GpuError> {
-        let offset = std::mem::offset_of!(flux_lite_kernels::ElementwiseParams, scalar) as u64;
+        let offset = std::mem::offset_of!(flux_lite_kernels::kernels::elementwise::ElementwiseParams, scalar) as u64;
         for d in &self.guidance.scale {
             gpu.queue.write_buffer(&d.params, offset, bytemuck::bytes_of(&scale));
         }
         let g = &self.guidance;
         gpu.submit(|enc| {
             for part in [&g.subtract, &g.scale, &g.add] {
-                ops::encode(enc, part);
+                flux_lite_kernels::encode(enc, part);
             }
             Ok(())
         })
@@ -301,7 +302,7 @@ impl Guidance {
         let uncond = Mat { buf: &unconditional, offset: 0, stride: cols };
         let one = |op: Elementwise, a: Mat<'_>, dst: Mat<'_>| -> Result<Vec<Dispatch>, GpuError> {
             let mut d = Vec::new();
-            ops::elementwise(gpu, &mut d, op, a, None, dst, rows, cols)?;
+            kernels::elementwise(gpu, &mut d, op, a, None, dst, [rows, cols])?;
             Ok(d)
         };
         let (keep, subtract) = (one(Elementwise::Copy, v, uncond)?, one(Elementwise::Axpy(-1.0), uncond, v)?);

@@ -6,8 +6,8 @@
 //! same image up to rounding.
 
 use crate::error::{GpuError, LoadError, RunError};
-use crate::gpu::Gpu;
-use crate::ops::{self, Dispatch};
+use flux_lite_kernels::Gpu;
+use flux_lite_kernels::{Dispatch};
 use crate::device_weights::{DeviceWeight, DeviceWeights};
 use crate::runner::{collect_ops, Runner};
 use crate::safetensors_store::WeightStore;
@@ -146,7 +146,7 @@ impl VaeDecoder {
             Mode::Whole { layout, dispatches } => {
                 self.runner.write(gpu, layout.packed, packed);
                 gpu.submit(|enc| {
-                    ops::encode(enc, dispatches);
+                    flux_lite_kernels::encode(enc, dispatches);
                     Ok(())
                 })?;
                 progress(TileProgress { done: 1, total: 1 });

@@ -5,9 +5,9 @@
 //! reference tokens the transformer reads.
 
 use crate::error::{GpuError, LoadError, RunError};
-use crate::gpu::Gpu;
+use flux_lite_kernels::Gpu;
 use crate::device_weights::DeviceWeights;
-use crate::ops::{self, Dispatch};
+use flux_lite_kernels::{Dispatch};
 use crate::runner::{collect_ops, Runner};
 use crate::safetensors_store::{widen_to_f32, WeightStore};
 use crate::vae::{arena_runner, check_image_size, check_tile, plan_error, upload_checked};
@@ -146,7 +146,7 @@ impl VaeEncoder {
             Mode::Whole { dispatches } => {
                 pass.runner.write(gpu, l.image, image);
                 gpu.submit(|enc| {
-                    ops::encode(enc, dispatches);
+                    flux_lite_kernels::encode(enc, dispatches);
                     Ok(())
                 })?;
                 Ok(pass.runner.read(gpu, l.moments, 1, l.mean_len())?)

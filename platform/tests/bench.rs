@@ -4,11 +4,19 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod common;
-
 use flux_lite_platform::bench::ShapeBench;
 use flux_lite_platform::model::ModelFolder;
+use flux_lite_platform::{Gpu, GpuOptions};
 use std::path::Path;
+
+fn gpu() -> Gpu {
+    Gpu::new(&GpuOptions::default()).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// A device whose storage bindings are capped at `bytes`.
+fn small_binding_gpu(bytes: u64) -> Gpu {
+    Gpu::new(&GpuOptions { max_storage_binding: Some(bytes), ..Default::default() }).unwrap_or_else(|e| panic!("{e}"))
+}
 
 #[test]
 fn blocks_and_steps_chunk_when_the_keys_exceed_a_binding() {
@@ -17,7 +25,7 @@ fn blocks_and_steps_chunk_when_the_keys_exceed_a_binding() {
     // 96 tokens of fused rows (3·64 + 2·192 = 576 wide) are 221 KB, and a
     // step's 516 are 1.2 MB: 192 KiB bindings refuse both, but hold the
     // step's 64-wide keys (132 KB).
-    let small = common::small_binding_gpu(192 << 10);
+    let small = small_binding_gpu(192 << 10);
     let bench = ShapeBench::new(&small, 1);
     let blocks = bench.blocks(cfg, 96).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(blocks.len(), 2);
@@ -28,7 +36,8 @@ fn blocks_and_steps_chunk_when_the_keys_exceed_a_binding() {
     let step = bench.step(cfg, 32).unwrap_or_else(|e| panic!("{e}"));
     assert!(step.shape.ends_with("chunks"), "{step:?}");
     // Where the keys fit, nothing is chunked.
-    let roomy = ShapeBench::new(common::gpu(), 1);
+    let device = gpu();
+    let roomy = ShapeBench::new(&device, 1);
     for f in roomy.blocks(cfg, 96).unwrap_or_else(|e| panic!("{e}")) {
         assert!(!f.shape.contains("chunks"), "{f:?}");
     }
@@ -38,8 +47,9 @@ fn blocks_and_steps_chunk_when_the_keys_exceed_a_binding() {
 fn an_untiled_vae_above_the_bindings_is_reported_not_run() {
     let model = ModelFolder::open(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../test_vectors/models/tiny-a")).unwrap();
     // 128² through tiny-a's decoder: its full-resolution activations are 32 × 128² × 4 = 2 MiB.
-    let small = common::small_binding_gpu(1 << 20);
+    let small = small_binding_gpu(1 << 20);
     let why = ShapeBench::new(&small, 1).vae_unfit(&model.vae, 128).expect("refused");
     assert!(why.contains("above the adapter's largest binding, 1048576 bytes"), "{why}");
-    assert_eq!(ShapeBench::new(common::gpu(), 1).vae_unfit(&model.vae, 128), None);
+    let device = gpu();
+    assert_eq!(ShapeBench::new(&device, 1).vae_unfit(&model.vae, 128), None);
 }

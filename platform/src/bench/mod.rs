@@ -4,8 +4,7 @@
 
 use crate::df11::{expand_on_host, Df11DeviceGroup};
 use crate::error::GpuError;
-use crate::gpu::Gpu;
-use crate::ops;
+use flux_lite_kernels::Gpu;
 use flux_lite_core::df11::{Df11Error, Df11GroupBuf};
 use flux_lite_core::rng::TorchGenerator;
 use std::time::{Duration, Instant};
@@ -105,7 +104,7 @@ pub fn df11(weights: &[u16], gpu: Option<&Gpu>, repeats: usize) -> Result<Df11Be
             on_device.record_decode(gpu, &mut prepared, &slot, 0)?;
             let decode = || -> Result<(), BenchError> {
                 gpu.submit(|enc| {
-                    ops::encode(enc, &prepared);
+                    flux_lite_kernels::encode(enc, &prepared);
                     Ok(())
                 })?;
                 Ok(gpu.wait()?)

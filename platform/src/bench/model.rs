@@ -6,8 +6,9 @@ use super::timer::Timer;
 use crate::device_weights::{DeviceWeight, DeviceWeights};
 use crate::df11::Df11DeviceGroup;
 use crate::error::{GpuError, RunError};
-use crate::gpu::{DeviceBuffer, Gpu};
-use crate::ops::{self, Dispatch, Mat, WeightDtype};
+use flux_lite_kernels::{DeviceBuffer, Gpu};
+use flux_lite_kernels::kernels;
+use flux_lite_kernels::{Dispatch, Mat, WeightDtype};
 use crate::runner::{collect_ops, Runner};
 use crate::transformer::programs;
 use flux_lite_core::arena::BumpArena;
@@ -91,7 +92,7 @@ impl<'g> ShapeBench<'g> {
         let sink = gpu.storage("fma peak sink", 4 * 256 * workgroups);
         let fma = |iterations: u32| -> Result<Vec<Dispatch>, GpuError> {
             let mut d = Vec::new();
-            ops::fma_peak(gpu, &mut d, &sink, workgroups, iterations)?;
+            kernels::fma_peak(gpu, &mut d, &sink, workgroups, iterations)?;
             Ok(d)
         };
         // Size the loop from short warm runs (the first run of a pipeline may
@@ -106,13 +107,13 @@ impl<'g> ShapeBench<'g> {
             iterations = scaled;
         }
         let t = self.timer.fastest(&fma(iterations)?, self.repeats)?;
-        let flops = 2 * 256 * workgroups * iterations as u64 * flux_lite_kernels::FMA_PEAK_FMAS_PER_ITERATION;
+        let flops = 2 * 256 * workgroups * iterations as u64 * flux_lite_kernels::kernels::FMA_PEAK_FMAS_PER_ITERATION;
 
         let cap = if gpu.is_software() { 64 << 20 } else { 256 << 20 };
         let bytes = (gpu.max_binding() - gpu.binding_alignment()).min(gpu.limits.max_buffer_size).min(cap) / 16 * 16;
         let (src, dst) = (gpu.storage("copy peak source", bytes), gpu.storage("copy peak destination", bytes));
         let mut copy = Vec::new();
-        ops::copy_peak(gpu, &mut copy, &src, &dst, bytes / 16)?;
+        kernels::copy_peak(gpu, &mut copy, &src, &dst, bytes / 16)?;
         let t_copy = self.timer.fastest(&copy, self.repeats)?;
         Ok(Ceilings { flops: flops as f64 / t, bytes: 2.0 * bytes as f64 / t_copy })
     }
@@ -139,7 +140,7 @@ impl<'g> ShapeBench<'g> {
             let w = gpu.upload_bf16("bench w", &random_bf16((n * k) as usize, 2));
             let y = gpu.storage("bench y", 4 * tokens * n);
             let mut d = Vec::new();
-            ops::linear(gpu, &mut d, Mat::new(&x, k), ops::Weight::bf16(&w), None, Mat::new(&y, n), tokens, n, k)?;
+            kernels::linear(gpu, &mut d, Mat::new(&x, k), flux_lite_kernels::Weight::bf16(&w), None, Mat::new(&y, n), kernels::Gemm { m: tokens, n, k })?;
             let many = if count > 1 { format!(" (×{count} per block)") } else { String::new() };
             figures.push(Figure {
                 what: format!("linear {}{many}", block_local(&name).trim_end_matches(".weight")),
@@ -159,7 +160,7 @@ impl<'g> ShapeBench<'g> {
         let width = heads * hd;
         let qkv: Vec<DeviceBuffer> = (0..3).map(|i| gpu.upload_f32("bench qkv", &random_f32((tokens * width) as usize, 10 + i))).collect();
         let o = gpu.storage("bench attention out", 4 * tokens * width);
-        let s = ops::Attention {
+        let s = kernels::Attention {
             q_len: tokens,
             kv_len: tokens,
             q_heads: heads,
@@ -170,7 +171,7 @@ impl<'g> ShapeBench<'g> {
         };
         let m: Vec<Mat<'_>> = qkv.iter().chain([&o]).map(|b| Mat::new(b, width)).collect();
         let mut d = Vec::new();
-        ops::attention(gpu, &mut d, m[0], m[1], m[2], None, m[3], None, s)?;
+        kernels::attention(gpu, &mut d, kernels::Qkv { q: m[0], k: m[1], v: m[2] }, None, m[3], None, s)?;
         let op = Op::Attention { q: span0(), k: span0(), v: span0(), o: span0(), len: tokens, heads, head_dim: hd };
         Ok(Figure {
             what: "attention".into(),

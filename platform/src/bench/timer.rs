@@ -3,8 +3,8 @@
 //! the host's around submit and wait.
 
 use crate::error::GpuError;
-use crate::gpu::{DeviceBuffer, Gpu};
-use crate::ops::{self, Dispatch};
+use flux_lite_kernels::{DeviceBuffer, Gpu};
+use flux_lite_kernels::{Dispatch};
 use std::time::Instant;
 
 /// Where a time comes from.
@@ -67,7 +67,7 @@ impl<'g> Timer<'g> {
         let Some(q) = &self.queries else {
             let t = Instant::now();
             self.gpu.submit(|enc| {
-                ops::encode(enc, dispatches);
+                flux_lite_kernels::encode(enc, dispatches);
                 Ok(())
             })?;
             self.gpu.wait()?;
@@ -76,7 +76,7 @@ impl<'g> Timer<'g> {
         self.gpu.submit(|enc| {
             let writes =
                 wgpu::ComputePassTimestampWrites { query_set: &q.set, beginning_of_pass_write_index: Some(0), end_of_pass_write_index: Some(1) };
-            ops::encode_timed(enc, dispatches, Some(writes));
+            flux_lite_kernels::encode_timed(enc, dispatches, Some(writes));
             enc.resolve_query_set(&q.set, 0..2, &q.resolved, 0);
             Ok(())
         })?;

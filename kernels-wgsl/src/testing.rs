@@ -1,10 +1,7 @@
 //! Shared helpers for the GPU tests: one device per test binary, seeded
 //! random inputs, and the comparison every kernel test uses.
-#![allow(dead_code)]
 
-#![allow(clippy::unwrap_used)]
-
-use flux_lite_platform::{Gpu, GpuOptions};
+use crate::{DeviceBuffer, Gpu, GpuError, GpuOptions};
 use std::sync::OnceLock;
 
 /// The test device (lavapipe in CI). Fails loudly when there is none: the
@@ -35,11 +32,6 @@ impl Rng {
         z ^ (z >> 31)
     }
 
-    /// Uniform in [-1, 1).
-    pub fn uniform(&mut self) -> f32 {
-        ((self.next_u64() >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
-
     /// Standard normal (Box–Muller).
     pub fn normal(&mut self) -> f32 {
         let u1 = ((self.next_u64() >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
@@ -57,7 +49,7 @@ impl Rng {
 }
 
 /// Fresh output buffers hold NaN, so an element a kernel forgot to write fails the comparison.
-pub fn poisoned(gpu: &Gpu, n: usize) -> flux_lite_platform::DeviceBuffer {
+pub fn poisoned(gpu: &Gpu, n: usize) -> DeviceBuffer {
     gpu.upload_f32("poisoned", &vec![f32::NAN; n])
 }
 
@@ -91,7 +83,7 @@ pub fn run_and_read(
     gpu: &Gpu,
     buf: &wgpu::Buffer,
     count: usize,
-    record: impl FnOnce(&mut wgpu::CommandEncoder) -> Result<(), flux_lite_platform::GpuError>,
+    record: impl FnOnce(&mut wgpu::CommandEncoder) -> Result<(), GpuError>,
 ) -> Vec<f32> {
     gpu.submit(record).unwrap_or_else(|e| panic!("{e}"));
     gpu.read_f32(buf, 0, count).unwrap_or_else(|e| panic!("{e}"))

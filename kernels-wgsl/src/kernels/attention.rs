@@ -1,0 +1,338 @@
+//! Attention with an online softmax: 16 queries per workgroup, keys and
+//! values streamed through workgroup memory; grouped-query heads, causal and
+//! padding masks, and an optional log-sum-exp output for merging key chunks.
+//! Shader: `attention.wgsl` beside this file.
+
+use crate::catalogue::{kernel, Access::{Read as R, ReadWrite as RW}, Kernel, Module};
+use crate::device::Gpu;
+use crate::dispatch::{dispatch, placeholder_window, row_chunks, to_u32, window, Launch, Rows, Sink};
+use crate::error::GpuError;
+use crate::view::Mat;
+use bytemuck::{Pod, Zeroable};
+
+/// `attention.wgsl`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Pod, Zeroable)]
+pub struct AttentionParams {
+    pub q_len: u32,
+    pub kv_len: u32,
+    pub q_heads: u32,
+    pub kv_heads: u32,
+    pub head_dim: u32,
+    pub q_offset: u32,
+    pub q_stride: u32,
+    pub k_offset: u32,
+    pub k_stride: u32,
+    pub v_offset: u32,
+    pub v_stride: u32,
+    pub o_offset: u32,
+    pub o_stride: u32,
+    pub scale: f32,
+    pub causal: u32,
+    pub use_mask: u32,
+    pub mask_offset: u32,
+    /// Position of local query 0 (causal masking of a window of queries).
+    pub q_position: u32,
+    /// Where each row's log-sum-exp goes when `write_lse` is 1.
+    pub lse_offset: u32,
+    pub write_lse: u32,
+}
+
+pub const ATTENTION: Kernel = kernel(
+    Module::Attention,
+    "attention",
+    [64, 1, 1],
+    &[(1, RW), (2, RW), (3, RW), (4, R), (5, RW), (6, RW)],
+    size_of::<AttentionParams>(),
+    false,
+);
+/// Queries per attention workgroup and the largest head dim the kernel takes.
+pub const ATTENTION_QUERIES_PER_GROUP: u32 = 16;
+pub const ATTENTION_MAX_HEAD_DIM: u32 = 512;
+
+/// Shape and masking of one attention call over `[len, heads, head_dim]` views.
+#[derive(Debug, Clone, Copy)]
+pub struct Attention {
+    pub q_len: u64,
+    pub kv_len: u64,
+    pub q_heads: u64,
+    pub kv_heads: u64,
+    pub head_dim: u64,
+    pub scale: f32,
+    pub causal: bool,
+}
+
+/// The query, key and value rows of one attention call.
+#[derive(Debug, Clone, Copy)]
+pub struct Qkv<'a> {
+    pub q: Mat<'a>,
+    pub k: Mat<'a>,
+    pub v: Mat<'a>,
+}
+
+/// `o = softmax(q·kᵀ·scale + mask)·v`; `key_keep[j] == 0` masks key `j`;
+/// with `lse`, each (query, head) row's log-sum-exp is written there too.
+pub fn attention(
+    gpu: &Gpu,
+    sink: &mut dyn Sink,
+    qkv: Qkv<'_>,
+    key_keep: Option<&wgpu::Buffer>,
+    o: Mat<'_>,
+    lse: Option<Mat<'_>>,
+    s: Attention,
+) -> Result<(), GpuError> {
+    let Qkv { q, k: kmat, v } = qkv;
+    if s.head_dim > ATTENTION_MAX_HEAD_DIM as u64 || s.kv_heads == 0 || !s.q_heads.is_multiple_of(s.kv_heads) {
+        return Err(GpuError::UnsupportedShape(format!(
+            "attention with {} query heads, {} kv heads, head dim {} (max {})",
+            s.q_heads,
+            s.kv_heads,
+            s.head_dim,
+            ATTENTION_MAX_HEAD_DIM
+        )));
+    }
+    if s.q_len == 0 || s.kv_len == 0 {
+        return Ok(());
+    }
+    let kw = Rows::mat(kmat, s.kv_heads * s.head_dim, "attention keys").window(gpu, &(0..s.kv_len))?;
+    let vw = Rows::mat(v, s.kv_heads * s.head_dim, "attention values").window(gpu, &(0..s.kv_len))?;
+    let mw = match key_keep {
+        Some(m) => window(gpu, m, 4, 0..s.kv_len, "attention mask")?,
+        None => placeholder_window(gpu)?,
+    };
+    let q_rows = Rows::mat(q, s.q_heads * s.head_dim, "attention queries");
+    let o_rows = Rows::mat(o, s.q_heads * s.head_dim, "attention output");
+    let lse_rows = lse.map(|l| Rows { buf: l.buf, elem_bytes: 4, offset: l.offset, stride: s.q_heads, width: s.q_heads, what: "attention log-sum-exp" });
+    let per_group = ATTENTION_QUERIES_PER_GROUP as u64;
+    let operands: Vec<Rows<'_>> = [q_rows, o_rows].into_iter().chain(lse_rows).collect();
+    for rows in row_chunks(gpu, s.q_len, &operands, per_group)? {
+        let qw = q_rows.window(gpu, &rows)?;
+        let ow = o_rows.window(gpu, &rows)?;
+        // Without a log-sum-exp output the binding takes the output's window, unwritten.
+        let lw = match &lse_rows {
+            Some(l) => l.window(gpu, &rows)?,
+            None => o_rows.window(gpu, &rows)?,
+        };
+        let params = AttentionParams {
+            q_len: to_u32(rows.end - rows.start, "attention queries")?,
+            kv_len: to_u32(s.kv_len, "attention keys")?,
+            q_heads: to_u32(s.q_heads, "attention heads")?,
+            kv_heads: to_u32(s.kv_heads, "attention kv heads")?,
+            head_dim: s.head_dim as u32,
+            q_offset: qw.local,
+            q_stride: to_u32(q.stride, "attention q stride")?,
+            k_offset: kw.local,
+            k_stride: to_u32(kmat.stride, "attention k stride")?,
+            v_offset: vw.local,
+            v_stride: to_u32(v.stride, "attention v stride")?,
+            o_offset: ow.local,
+            o_stride: to_u32(o.stride, "attention o stride")?,
+            scale: s.scale,
+            causal: s.causal as u32,
+            use_mask: key_keep.is_some() as u32,
+            mask_offset: mw.local,
+            q_position: to_u32(rows.start, "attention query position")?,
+            lse_offset: lw.local,
+            write_lse: lse_rows.is_some() as u32,
+        };
+        let grid = [to_u32((rows.end - rows.start).div_ceil(per_group), "attention query blocks")?, s.q_heads as u32, 1];
+        let bindings = [(1, &qw), (2, &kw), (3, &vw), (4, &mw), (5, &ow), (6, &lw)];
+        let slots = s.head_dim.div_ceil(64).max(1) as u32;
+        dispatch(gpu, sink, Launch { kernel: &ATTENTION, constants: &[("SLOTS", slots)], params, grid }, &bindings);
+    }
+    Ok(())
+}
+
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::*;
+    use crate::kernels::elementwise::{elementwise, transpose, Elementwise};
+    use crate::kernels::linear::{linear, Gemm};
+    use crate::kernels::norm::{group_norm, GroupAffine, Groups};
+    use crate::view::Weight;
+    use flux_lite_core::reference::{self as r, Weights};
+
+    struct AttnCase {
+        q_len: usize,
+        kv_len: usize,
+        q_heads: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        causal: bool,
+        padded_keys: usize,
+    }
+
+    fn check_attention(gpu: &Gpu, c: AttnCase, seed: u64) {
+        let mut rng = Rng::new(seed);
+        let q = rng.normals(c.q_len * c.q_heads * c.head_dim, 1.0);
+        let k = rng.normals(c.kv_len * c.kv_heads * c.head_dim, 1.0);
+        let v = rng.normals(c.kv_len * c.kv_heads * c.head_dim, 1.0);
+        let keep: Vec<u32> = (0..c.kv_len).map(|j| (j < c.kv_len - c.padded_keys) as u32).collect();
+        let scale = 1.0 / (c.head_dim as f64).sqrt();
+        let shape = r::AttentionShape {
+            q_len: c.q_len,
+            kv_len: c.kv_len,
+            q_heads: c.q_heads,
+            kv_heads: c.kv_heads,
+            head_dim: c.head_dim,
+            scale: scale as f32 as f64,
+            causal: c.causal,
+        };
+        let mut want = vec![0.0; q.len()];
+        let mut scratch = vec![0.0; c.kv_len];
+        let mask = (c.padded_keys > 0).then_some(keep.as_slice());
+        r::attention(&q, &k, &v, mask, shape, &mut scratch, &mut want);
+        let (qb, kb, vb, mb) = (gpu.upload_f32("q", &q), gpu.upload_f32("k", &k), gpu.upload_f32("v", &v), gpu.upload_u32("keep", &keep));
+        let ob = poisoned(gpu, q.len());
+        let s = Attention {
+            q_len: c.q_len as u64,
+            kv_len: c.kv_len as u64,
+            q_heads: c.q_heads as u64,
+            kv_heads: c.kv_heads as u64,
+            head_dim: c.head_dim as u64,
+            scale: scale as f32,
+            causal: c.causal,
+        };
+        let got = run_and_read(gpu, &ob, q.len(), |enc| {
+            let qw = (c.q_heads * c.head_dim) as u64;
+            let kw = (c.kv_heads * c.head_dim) as u64;
+            attention(gpu, enc, Qkv { q: Mat::new(&qb, qw), k: Mat::new(&kb, kw), v: Mat::new(&vb, kw) }, mask.map(|_| &*mb), Mat::new(&ob, qw), None, s)
+        });
+        assert_close(
+            &format!("attention {}x{} heads {}/{} d {} causal={}", c.q_len, c.kv_len, c.q_heads, c.kv_heads, c.head_dim, c.causal),
+            &got,
+            &want,
+            F32_TOL,
+        );
+    }
+
+    #[test]
+    fn attention_joint_non_causal() {
+        check_attention(gpu(), AttnCase { q_len: 45, kv_len: 45, q_heads: 3, kv_heads: 3, head_dim: 24, causal: false, padded_keys: 0 }, 12);
+    }
+
+    #[test]
+    fn attention_causal_grouped_query_with_padding_mask() {
+        // Qwen3's shape ratio (4 query heads per kv head), right padding.
+        check_attention(gpu(), AttnCase { q_len: 37, kv_len: 37, q_heads: 8, kv_heads: 2, head_dim: 16, causal: true, padded_keys: 9 }, 13);
+    }
+
+    #[test]
+    fn attention_head_dims_across_the_staged_chunks() {
+        // Scores stage q and k 64 dims at a time, as vec4s: 128 (the models') is
+        // two whole chunks, 100 ends mid-chunk; 70 queries end mid-workgroup.
+        check_attention(gpu(), AttnCase { q_len: 70, kv_len: 70, q_heads: 2, kv_heads: 2, head_dim: 128, causal: false, padded_keys: 0 }, 16);
+        check_attention(gpu(), AttnCase { q_len: 33, kv_len: 33, q_heads: 4, kv_heads: 2, head_dim: 100, causal: true, padded_keys: 3 }, 17);
+        // 18 dims end inside a staged vec4.
+        check_attention(gpu(), AttnCase { q_len: 21, kv_len: 21, q_heads: 3, kv_heads: 3, head_dim: 18, causal: false, padded_keys: 0 }, 18);
+    }
+
+    #[test]
+    fn attention_single_head_wide_like_the_vae_mid_block() {
+        check_attention(gpu(), AttnCase { q_len: 50, kv_len: 50, q_heads: 1, kv_heads: 1, head_dim: 512, causal: false, padded_keys: 0 }, 14);
+    }
+
+    #[test]
+    fn attention_splits_queries_and_keeps_causality() {
+        // 8 KiB bindings: each query window holds a few rows; causal positions must carry over.
+        let gpu = small_binding_gpu(8 << 10);
+        check_attention(&gpu, AttnCase { q_len: 60, kv_len: 60, q_heads: 2, kv_heads: 1, head_dim: 8, causal: true, padded_keys: 5 }, 15);
+    }
+
+    /// Attention over two key chunks, each with its log-sum-exp, merged on the
+    /// host: equals attention over all keys; each chunk's log-sum-exp equals f64.
+    #[test]
+    fn attention_over_key_chunks_merges_by_log_sum_exp() {
+        use flux_lite_core::bands::AttentionMerge;
+        let gpu = gpu();
+        let (q_len, kv_len, heads, d) = (21usize, 40usize, 2usize, 24usize);
+        let mut rng = Rng::new(71);
+        let (q, k, v) = (rng.normals(q_len * heads * d, 1.0), rng.normals(kv_len * heads * d, 1.0), rng.normals(kv_len * heads * d, 1.0));
+        let scale = (1.0 / (d as f64).sqrt()) as f32;
+        let shape = |kv: usize| r::AttentionShape { q_len, kv_len: kv, q_heads: heads, kv_heads: heads, head_dim: d, scale: scale as f64, causal: false };
+        let mut want = vec![0.0; q.len()];
+        r::attention(&q, &k, &v, None, shape(kv_len), &mut vec![0.0; kv_len], &mut want);
+        let width = heads * d;
+        let mut merge = AttentionMerge::new(q_len as u64, heads as u64, d as u64);
+        let qb = gpu.upload_f32("q", &q);
+        for (k0, k1) in [(0usize, 17usize), (17, 40)] {
+            let (kb, vb) = (gpu.upload_f32("k", &k[k0 * width..k1 * width]), gpu.upload_f32("v", &v[k0 * width..k1 * width]));
+            let (ob, lb) = (poisoned(gpu, q.len()), poisoned(gpu, q_len * heads));
+            let s = Attention { q_len: q_len as u64, kv_len: (k1 - k0) as u64, q_heads: heads as u64, kv_heads: heads as u64, head_dim: d as u64, scale, causal: false };
+            let w = width as u64;
+            let lse = run_and_read(gpu, &lb, q_len * heads, |enc| {
+                attention(gpu, enc, Qkv { q: Mat::new(&qb, w), k: Mat::new(&kb, w), v: Mat::new(&vb, w) }, None, Mat::new(&ob, w), Some(Mat::new(&lb, heads as u64)), s)
+            });
+            let out = run_and_read(gpu, &ob, q.len(), |_| Ok(()));
+            let want_lse: Vec<f64> = (0..q_len * heads)
+                .map(|i| {
+                    let (row, h) = (i / heads, i % heads);
+                    let qr = &q[(row * heads + h) * d..][..d];
+                    let scores: Vec<f64> = (k0..k1)
+                        .map(|j| qr.iter().zip(&k[(j * heads + h) * d..][..d]).map(|(&a, &b)| a as f64 * b as f64).sum::<f64>() * scale as f64)
+                        .collect();
+                    let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                    m + scores.iter().map(|s| (s - m).exp()).sum::<f64>().ln()
+                })
+                .collect();
+            assert_close(&format!("attention log-sum-exp keys {k0}..{k1}"), &lse, &want_lse, F32_TOL);
+            merge.add(&out, &lse);
+        }
+        assert_close("attention merged over key chunks", &merge.finish(), &want, F32_TOL);
+    }
+
+
+    #[test]
+    fn vae_mid_block_attention_through_the_attention_kernel() {
+        // GroupNorm → tokens → q, k, v (with bias) → single-head attention → out proj → channels → residual.
+        let gpu = gpu();
+        let (c, hh, ww, groups) = (32usize, 5usize, 7usize, 8usize);
+        let p = hh * ww;
+        let mut rng = Rng::new(44);
+        let x = rng.normals(c * p, 1.0);
+        let (gamma, beta) = (rng.bf16s(c, 1.0), rng.bf16s(c, 0.5));
+        let lin: Vec<(Vec<u16>, Vec<u16>)> = (0..4).map(|_| (rng.bf16s(c * c, 0.2), rng.bf16s(c, 0.2))).collect();
+
+        // Reference, step by step in f64 (rounded to f32 between steps as the GPU stores them).
+        let to32 = |v: &[f64]| v.iter().map(|&x| x as f32).collect::<Vec<f32>>();
+        let mut gn = vec![0.0; c * p];
+        r::group_norm(&x, Weights::Bf16(&gamma), Weights::Bf16(&beta), c, p, groups, 1e-6, false, &mut gn);
+        let gn32 = to32(&gn);
+        let tokens: Vec<f32> = (0..p).flat_map(|i| (0..c).map(move |ch| (i, ch))).map(|(i, ch)| gn32[ch * p + i]).collect();
+        let proj = |idx: usize, input: &[f32]| {
+            let mut out = vec![0.0; p * c];
+            r::linear(input, Weights::Bf16(&lin[idx].0), Some(Weights::Bf16(&lin[idx].1)), p, c, c, &mut out);
+            to32(&out)
+        };
+        let (q, k, v) = (proj(0, &tokens), proj(1, &tokens), proj(2, &tokens));
+        let scale = 1.0 / (c as f32).sqrt();
+        let shape = r::AttentionShape { q_len: p, kv_len: p, q_heads: 1, kv_heads: 1, head_dim: c, scale: scale as f64, causal: false };
+        let mut att = vec![0.0; p * c];
+        r::attention(&q, &k, &v, None, shape, &mut vec![0.0; p], &mut att);
+        let out = proj(3, &to32(&att));
+        let want: Vec<f64> = (0..c).flat_map(|ch| (0..p).map(move |i| (ch, i))).map(|(ch, i)| x[ch * p + i] as f64 + out[i * c + ch] as f64).collect();
+
+        let xb = gpu.upload_f32("x", &x);
+        let (gb, bb) = (gpu.upload_bf16("gamma", &gamma), gpu.upload_bf16("beta", &beta));
+        let lb: Vec<(crate::DeviceBuffer, crate::DeviceBuffer)> = lin.iter().map(|(w, b)| (gpu.upload_bf16("w", w), gpu.upload_bf16("b", b))).collect();
+        let bufs: Vec<crate::DeviceBuffer> = (0..7).map(|_| poisoned(gpu, c * p)).collect();
+        let [gnb, tok, qb, kb, vb, ab, ob] = [0, 1, 2, 3, 4, 5, 6].map(|i| &bufs[i]);
+        let result = poisoned(gpu, c * p);
+        let got = run_and_read(gpu, &xb, c * p, |enc| {
+            let (cu, pu) = (c as u64, p as u64);
+            group_norm(gpu, enc, Mat::new(&xb, 0), GroupAffine { gamma: Weight::bf16(&gb), beta: Weight::bf16(&bb), silu: false }, Mat::new(gnb, 0), Groups { channels: cu, pixels: pu, groups: groups as u64 }, 1e-6)?;
+            transpose(gpu, enc, Mat::new(gnb, pu), Mat::new(tok, cu), cu, pu)?;
+            for (i, dst) in [qb, kb, vb].into_iter().enumerate() {
+                linear(gpu, enc, Mat::new(tok, cu), Weight::bf16(&lb[i].0), Some(Weight::bf16(&lb[i].1)), Mat::new(dst, cu), Gemm { m: pu, n: cu, k: cu })?;
+            }
+            let s = Attention { q_len: pu, kv_len: pu, q_heads: 1, kv_heads: 1, head_dim: cu, scale, causal: false };
+            attention(gpu, enc, Qkv { q: Mat::new(qb, cu), k: Mat::new(kb, cu), v: Mat::new(vb, cu) }, None, Mat::new(ab, cu), None, s)?;
+            linear(gpu, enc, Mat::new(ab, cu), Weight::bf16(&lb[3].0), Some(Weight::bf16(&lb[3].1)), Mat::new(ob, cu), Gemm { m: pu, n: cu, k: cu })?;
+            transpose(gpu, enc, Mat::new(ob, cu), Mat::new(&result, pu), pu, cu)?;
+            elementwise(gpu, enc, Elementwise::AddInPlace, Mat::new(&result, pu), None, Mat::new(&xb, pu), [cu, pu])
+        });
+        assert_close("vae mid attention", &got, &want, F32_TOL);
+    }
+}

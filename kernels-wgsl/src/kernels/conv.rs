@@ -1,0 +1,194 @@
+//! The VAE's convolutions as implicit matrix products on the GEMM tiling,
+//! and nearest-neighbour ×2 upsampling.
+//! Shader: `conv.wgsl` beside this file.
+
+use crate::catalogue::{kernel, Access::{Read as R, ReadWrite as RW}, Kernel, Module};
+use crate::device::Gpu;
+use crate::dispatch::{dispatch, grid64, row_chunks, window, Launch, Rows, Sink};
+use crate::error::GpuError;
+use crate::view::{Mat, Weight};
+use bytemuck::{Pod, Zeroable};
+use flux_lite_core::reference::ConvShape;
+use super::linear::GEMM_TILE;
+use crate::catalogue::wrapped_grid;
+
+/// `conv.wgsl`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Pod, Zeroable)]
+pub struct ConvParams {
+    pub in_channels: u32,
+    pub height: u32,
+    pub width: u32,
+    pub out_channels: u32,
+    pub out_height: u32,
+    pub out_width: u32,
+    pub kernel: u32,
+    pub stride: u32,
+    pub pad_top: u32,
+    pub pad_left: u32,
+    pub x_offset: u32,
+    pub w_offset: u32,
+    pub b_offset: u32,
+    pub y_offset: u32,
+    pub _pad: [u32; 2],
+}
+
+pub const CONV2D: Kernel =
+    kernel(Module::Conv, "conv2d", [16, 16, 1], &[(1, RW), (2, R), (3, R), (4, RW)], size_of::<ConvParams>(), true);
+pub const UPSAMPLE_NEAREST2X: Kernel =
+    kernel(Module::Conv, "upsample_nearest2x", [64, 1, 1], &[(1, RW), (4, RW)], size_of::<ConvParams>(), false);
+
+
+/// 2-D convolution with bias over contiguous `[channels, height, width]`
+/// tensors, split over output channels when the output or weights are large.
+pub fn conv2d(
+    gpu: &Gpu,
+    sink: &mut dyn Sink,
+    x: Mat<'_>,
+    w: Weight<'_>,
+    bias: Weight<'_>,
+    y: Mat<'_>,
+    s: ConvShape,
+) -> Result<(), GpuError> {
+    if w.dtype != bias.dtype {
+        return Err(GpuError::UnsupportedShape("conv weight and bias must share a dtype".into()));
+    }
+    let in_elems = (s.in_channels * s.height * s.width) as u64;
+    let xw = window(gpu, x.buf, 4, x.offset..x.offset + in_elems, "conv input")?;
+    let plane = (s.out_height * s.out_width) as u64;
+    let per_out = (s.in_channels * s.kernel * s.kernel) as u64;
+    let eb = w.dtype.bytes();
+    let y_rows = Rows::packed(y.buf, 4, y.offset, plane, "conv output");
+    let w_rows = Rows::packed(w.buf, eb, w.offset, per_out, "conv weight");
+    let b_rows = Rows::packed(bias.buf, eb, bias.offset, 1, "conv bias");
+    let [tile_co, tile_px] = GEMM_TILE.map(u64::from);
+    for rows in row_chunks(gpu, s.out_channels as u64, &[y_rows, w_rows, b_rows], 1)? {
+        let (yw, ww, bw) = (y_rows.window(gpu, &rows)?, w_rows.window(gpu, &rows)?, b_rows.window(gpu, &rows)?);
+        let paired = ww.local.is_multiple_of(2) && per_out.is_multiple_of(2);
+        let constants = [("WEIGHT_BF16", w.dtype.constant()), ("W_PAIRED", paired as u32)];
+        let params = ConvParams {
+            in_channels: s.in_channels as u32,
+            height: s.height as u32,
+            width: s.width as u32,
+            out_channels: (rows.end - rows.start) as u32,
+            out_height: s.out_height as u32,
+            out_width: s.out_width as u32,
+            kernel: s.kernel as u32,
+            stride: s.stride as u32,
+            pad_top: s.pad_top as u32,
+            pad_left: s.pad_left as u32,
+            x_offset: xw.local,
+            w_offset: ww.local,
+            b_offset: bw.local,
+            y_offset: yw.local,
+            _pad: [0; 2],
+        };
+        let tiles = (rows.end - rows.start).div_ceil(tile_co) * plane.div_ceil(tile_px);
+        let launch = Launch { kernel: &CONV2D, constants: &constants, params, grid: wrapped_grid(tiles) };
+        dispatch(gpu, sink, launch, &[(1, &xw), (2, &ww), (3, &bw), (4, &yw)]);
+    }
+    Ok(())
+}
+
+/// Nearest-neighbour ×2 upsampling of a contiguous `[channels, height, width]` tensor.
+pub fn upsample_nearest2x(
+    gpu: &Gpu,
+    sink: &mut dyn Sink,
+    x: Mat<'_>,
+    y: Mat<'_>,
+    channels: u64,
+    height: u64,
+    width: u64,
+) -> Result<(), GpuError> {
+    let plane = height * width;
+    let x_rows = Rows::packed(x.buf, 4, x.offset, plane, "upsample input");
+    let y_rows = Rows::packed(y.buf, 4, y.offset, 4 * plane, "upsample output");
+    for rows in row_chunks(gpu, channels, &[x_rows, y_rows], 1)? {
+        let (xw, yw) = (x_rows.window(gpu, &rows)?, y_rows.window(gpu, &rows)?);
+        let params = ConvParams {
+            in_channels: (rows.end - rows.start) as u32,
+            height: height as u32,
+            width: width as u32,
+            x_offset: xw.local,
+            y_offset: yw.local,
+            ..Default::default()
+        };
+        let launch = Launch { kernel: &UPSAMPLE_NEAREST2X, constants: &[], params, grid: grid64((rows.end - rows.start) * 4 * plane) };
+        dispatch(gpu, sink, launch, &[(1, &xw), (4, &yw)]);
+    }
+    Ok(())
+}
+
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::*;
+    use flux_lite_core::reference::{self as r, Weights};
+
+    fn check_conv(s: ConvShape, seed: u64) {
+        let gpu = gpu();
+        let mut rng = Rng::new(seed);
+        let x = rng.normals(s.in_channels * s.height * s.width, 1.0);
+        let w = rng.bf16s(s.out_channels * s.in_channels * s.kernel * s.kernel, 0.3);
+        let b = rng.bf16s(s.out_channels, 1.0);
+        let n_out = s.out_channels * s.out_height * s.out_width;
+        let mut want = vec![0.0; n_out];
+        r::conv2d(&x, Weights::Bf16(&w), Weights::Bf16(&b), s, &mut want);
+        let (xb, wb, bb, yb) = (gpu.upload_f32("x", &x), gpu.upload_bf16("w", &w), gpu.upload_bf16("b", &b), poisoned(gpu, n_out));
+        let got = run_and_read(gpu, &yb, n_out, |enc| {
+            conv2d(gpu, enc, Mat::new(&xb, 0), Weight::bf16(&wb), Weight::bf16(&bb), Mat::new(&yb, 0), s)
+        });
+        assert_close(&format!("conv {s:?}"), &got, &want, F32_TOL);
+    }
+
+    #[test]
+    fn conv3x3_same_padding() {
+        check_conv(ConvShape::same(5, 7, 13, 9, 3), 40);
+    }
+
+    #[test]
+    fn conv3x3_over_several_output_tiles() {
+        // 140 output channels and 17·19 pixels span 2×3 tiles of 128, with 180
+        // taps (even: weights load as u32 pairs) ending in half a k-step.
+        check_conv(ConvShape::same(20, 140, 17, 19, 3), 43);
+    }
+
+    #[test]
+    fn conv1x1() {
+        check_conv(ConvShape::same(6, 11, 7, 5, 1), 41);
+    }
+
+    #[test]
+    fn conv3x3_stride2_with_asymmetric_padding() {
+        // The VAE encoder's downsampler: pad (0, 1, 0, 1), then a stride-2 3×3 convolution.
+        let (h, w) = (9usize, 8usize);
+        let s = ConvShape {
+            in_channels: 4,
+            out_channels: 3,
+            height: h,
+            width: w,
+            kernel: 3,
+            stride: 2,
+            pad_top: 0,
+            pad_left: 0,
+            out_height: (h + 1 - 3) / 2 + 1,
+            out_width: (w + 1 - 3) / 2 + 1,
+        };
+        check_conv(s, 42);
+    }
+
+    #[test]
+    fn upsample_nearest() {
+        let gpu = gpu();
+        let (c, h, w) = (3usize, 5usize, 7usize);
+        let x = Rng::new(43).normals(c * h * w, 1.0);
+        let mut want = vec![0.0; 4 * x.len()];
+        r::upsample_nearest2x(&x, c, h, w, &mut want);
+        let (xb, yb) = (gpu.upload_f32("x", &x), poisoned(gpu, 4 * x.len()));
+        let got = run_and_read(gpu, &yb, 4 * x.len(), |enc| {
+            upsample_nearest2x(gpu, enc, Mat::new(&xb, 0), Mat::new(&yb, 0), c as u64, h as u64, w as u64)
+        });
+        assert_close("upsample", &got, &want, 0.0);
+    }
+}

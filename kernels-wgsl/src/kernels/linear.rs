@@ -1,0 +1,221 @@
+//! Linear layers: `y = x·Wᵀ (+ b)` on the shared 128×128 GEMM tiling
+//! (`gemm_tiles.wgsl`, also used by `conv`).
+//! Shader: `linear.wgsl` beside this file.
+
+use crate::catalogue::{kernel, Access::{Read as R, ReadWrite as RW}, Kernel, Module};
+use crate::device::Gpu;
+use crate::dispatch::{chunks, dispatch, placeholder_window, row_chunks, rows_per_chunk, to_u32, window, Launch, Rows, Sink};
+use crate::error::GpuError;
+use crate::view::{Mat, Weight};
+use bytemuck::{Pod, Zeroable};
+
+/// `linear.wgsl` — y[m, n] = x[m, k]·W[n, k]ᵀ (+ b).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Pod, Zeroable)]
+pub struct LinearParams {
+    pub m: u32,
+    pub n: u32,
+    pub k: u32,
+    pub x_offset: u32,
+    pub x_stride: u32,
+    pub w_offset: u32,
+    pub b_offset: u32,
+    pub y_offset: u32,
+    pub y_stride: u32,
+    pub _pad: [u32; 3],
+}
+
+/// Output tile (rows × cols) of one `linear` or `conv2d` workgroup (gemm_tiles.wgsl).
+pub const GEMM_TILE: [u32; 2] = [128, 128];
+
+pub const LINEAR: Kernel =
+    kernel(Module::Linear, "linear", [16, 16, 1], &[(1, RW), (2, R), (3, R), (4, RW)], size_of::<LinearParams>(), true);
+
+/// The sizes of one matrix product `[m, k]·[k, n]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Gemm {
+    pub m: u64,
+    pub n: u64,
+    pub k: u64,
+}
+
+/// `y[m, n] = x[m, k]·W[n, k]ᵀ (+ b[n])`, W contiguous `[n, k]`; split over
+/// rows of x and rows of W where one binding cannot hold them.
+pub fn linear(gpu: &Gpu, sink: &mut dyn Sink, x: Mat<'_>, w: Weight<'_>, bias: Option<Weight<'_>>, y: Mat<'_>, s: Gemm) -> Result<(), GpuError> {
+    let Gemm { m, n, k: kdim } = s;
+    if m == 0 || n == 0 {
+        return Ok(());
+    }
+    let [tile_m, tile_n] = GEMM_TILE.map(u64::from);
+    let eb = w.dtype.bytes();
+    let w_rows = Rows::packed(w.buf, eb, w.offset, kdim, "linear weight");
+    let n_chunk = rows_per_chunk(gpu, n, &[w_rows], tile_n)?;
+    let x_rows = Rows::mat(x, kdim, "linear input");
+    let y_rows = Rows::mat(y, n_chunk.min(n), "linear output");
+    for rows in row_chunks(gpu, m, &[x_rows, y_rows], tile_m)? {
+        let xw = x_rows.window(gpu, &rows)?;
+        for cols in chunks(n, n_chunk) {
+            let ww = w_rows.window(gpu, &cols)?;
+            // bf16 rows starting on even elements load as whole u32 pairs.
+            let paired = ww.local.is_multiple_of(2) && kdim.is_multiple_of(2);
+            let constants = [("WEIGHT_BF16", w.dtype.constant()), ("HAS_BIAS", bias.is_some() as u32), ("W_PAIRED", paired as u32)];
+            let bw = match bias {
+                Some(b) => window(gpu, b.buf, eb, b.offset + cols.start..b.offset + cols.end, "linear bias")?,
+                None => placeholder_window(gpu)?,
+            };
+            let yw = Rows { offset: y.offset + cols.start, width: cols.end - cols.start, ..y_rows }.window(gpu, &rows)?;
+            let params = LinearParams {
+                m: to_u32(rows.end - rows.start, "linear rows")?,
+                n: to_u32(cols.end - cols.start, "linear cols")?,
+                k: to_u32(kdim, "linear k")?,
+                x_offset: xw.local,
+                x_stride: to_u32(x.stride, "linear input stride")?,
+                w_offset: ww.local,
+                b_offset: bw.local,
+                y_offset: yw.local,
+                y_stride: to_u32(y.stride, "linear output stride")?,
+                _pad: [0; 3],
+            };
+            let grid = [(cols.end - cols.start).div_ceil(tile_n) as u32, (rows.end - rows.start).div_ceil(tile_m) as u32, 1];
+            let launch = Launch { kernel: &LINEAR, constants: &constants, params, grid };
+            dispatch(gpu, sink, launch, &[(1, &xw), (2, &ww), (3, &bw), (4, &yw)]);
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::*;
+    use flux_lite_core::reference::{self as r, Weights};
+
+    fn check_linear(seed: u64, m: usize, n: usize, k: usize, bf16: bool, with_bias: bool) {
+        let gpu = gpu();
+        let mut rng = Rng::new(seed);
+        let x = rng.normals(m * k, 1.0);
+        let (wbits, wf) = (rng.bf16s(n * k, 0.1), rng.normals(n * k, 0.1));
+        let (bbits, bf) = (rng.bf16s(n, 1.0), rng.normals(n, 1.0));
+        let (w_ref, b_ref) = if bf16 { (Weights::Bf16(&wbits), Weights::Bf16(&bbits)) } else { (Weights::F32(&wf), Weights::F32(&bf)) };
+        let mut want = vec![0.0; m * n];
+        r::linear(&x, w_ref, with_bias.then_some(b_ref), m, n, k, &mut want);
+
+        let xb = gpu.upload_f32("x", &x);
+        let (wb, bb) = if bf16 {
+            (gpu.upload_bf16("w", &wbits), gpu.upload_bf16("b", &bbits))
+        } else {
+            (gpu.upload_f32("w", &wf), gpu.upload_f32("b", &bf))
+        };
+        let weight = |buf| if bf16 { Weight::bf16(buf) } else { Weight::f32(buf) };
+        let yb = poisoned(gpu, m * n);
+        let got = run_and_read(gpu, &yb, m * n, |enc| {
+            let bias = with_bias.then(|| weight(&bb));
+            linear(gpu, enc, Mat::new(&xb, k as u64), weight(&wb), bias, Mat::new(&yb, n as u64), Gemm { m: m as u64, n: n as u64, k: k as u64 })
+        });
+        assert_close(&format!("linear {m}x{n}x{k} bf16={bf16} bias={with_bias}"), &got, &want, F32_TOL);
+    }
+
+    #[test]
+    fn linear_bf16_with_bias() {
+        check_linear(1, 70, 131, 77, true, true);
+    }
+
+    #[test]
+    fn linear_bf16_odd_k_no_bias() {
+        // Odd k puts weight rows across u32 halves.
+        check_linear(2, 1, 65, 33, true, false);
+    }
+
+    #[test]
+    fn linear_bf16_pairs_over_several_tiles() {
+        // Even k at an even offset: weights load as u32 pairs; 300×260 spans
+        // 3×3 output tiles with partial ones, and k = 100 ends in half a k-step.
+        check_linear(5, 300, 260, 100, true, true);
+    }
+
+    #[test]
+    fn linear_bf16_even_k_at_an_odd_weight_offset() {
+        // Rows of even length that start on the high half of a word cannot load as pairs.
+        let gpu = gpu();
+        let (m, n, k) = (131usize, 133usize, 64usize);
+        let mut rng = Rng::new(6);
+        let x = rng.normals(m * k, 1.0);
+        let w = rng.bf16s(n * k + 1, 0.1);
+        let mut want = vec![0.0; m * n];
+        r::linear(&x, Weights::Bf16(&w[1..]), None, m, n, k, &mut want);
+        let (xb, wb, yb) = (gpu.upload_f32("x", &x), gpu.upload_bf16("w", &w), poisoned(gpu, m * n));
+        let got = run_and_read(gpu, &yb, m * n, |enc| {
+            let w = Weight { offset: 1, ..Weight::bf16(&wb) };
+            linear(gpu, enc, Mat::new(&xb, k as u64), w, None, Mat::new(&yb, n as u64), Gemm { m: m as u64, n: n as u64, k: k as u64 })
+        });
+        assert_close("linear at an odd weight offset", &got, &want, F32_TOL);
+    }
+
+    #[test]
+    fn linear_f32() {
+        check_linear(3, 129, 64, 200, false, true);
+    }
+
+    #[test]
+    fn linear_reads_and_writes_column_windows() {
+        // x is columns [5, 5+k) of a 40-wide buffer; y goes to columns [3, 3+n) of a 50-wide one.
+        let gpu = gpu();
+        let (m, n, k) = (37usize, 29usize, 31usize);
+        let mut rng = Rng::new(4);
+        let wide_x = rng.normals(m * 40, 1.0);
+        let x: Vec<f32> = (0..m).flat_map(|i| wide_x[i * 40 + 5..i * 40 + 5 + k].to_vec()).collect();
+        let w = rng.bf16s(n * k, 0.2);
+        let mut want = vec![0.0; m * n];
+        r::linear(&x, Weights::Bf16(&w), None, m, n, k, &mut want);
+
+        let xb = gpu.upload_f32("x", &wide_x);
+        let wb = gpu.upload_bf16("w", &w);
+        let yb = poisoned(gpu, m * 50);
+        let got = run_and_read(gpu, &yb, m * 50, |enc| {
+            let x = Mat { buf: &xb, offset: 5, stride: 40 };
+            let y = Mat { buf: &yb, offset: 3, stride: 50 };
+            linear(gpu, enc, x, Weight::bf16(&wb), None, y, Gemm { m: m as u64, n: n as u64, k: k as u64 })
+        });
+        let window: Vec<f32> = (0..m).flat_map(|i| got[i * 50 + 3..i * 50 + 3 + n].to_vec()).collect();
+        assert_close("linear into a column window", &window, &want, F32_TOL);
+        let outside = (0..m).flat_map(|i| (0..50).filter(|c| !(3..3 + n).contains(c)).map(move |c| i * 50 + c));
+        assert!(outside.into_iter().all(|i| got[i].is_nan()), "linear wrote outside its window");
+    }
+
+    #[test]
+    fn linear_splits_tensors_larger_than_a_storage_binding() {
+        // Cap bindings at 64 KiB: the 100 KiB bf16 weight, 140 KiB input and
+        // 180 KiB output can each be bound only in pieces.
+        let gpu = small_binding_gpu(64 << 10);
+        assert_eq!(gpu.max_binding(), 64 << 10);
+        let (m, n, k) = (180usize, 250usize, 200usize);
+        assert!((n * k * 2) as u64 > gpu.max_binding() && (m * k * 4) as u64 > gpu.max_binding());
+        let mut rng = Rng::new(5);
+        let x = rng.normals(m * k, 1.0);
+        let w = rng.bf16s(n * k, 0.1);
+        let b = rng.bf16s(n, 1.0);
+        let mut want = vec![0.0; m * n];
+        r::linear(&x, Weights::Bf16(&w), Some(Weights::Bf16(&b)), m, n, k, &mut want);
+        let (xb, wb, bb) = (gpu.upload_f32("x", &x), gpu.upload_bf16("w", &w), gpu.upload_bf16("b", &b));
+        let yb = poisoned(&gpu, m * n);
+        let got = run_and_read(&gpu, &yb, m * n, |enc| {
+            linear(&gpu, enc, Mat::new(&xb, k as u64), Weight::bf16(&wb), Some(Weight::bf16(&bb)), Mat::new(&yb, n as u64), Gemm { m: m as u64, n: n as u64, k: k as u64 })
+        });
+        assert_close("split linear", &got, &want, F32_TOL);
+    }
+
+    #[test]
+    fn linear_refuses_a_single_row_larger_than_a_binding() {
+        let gpu = small_binding_gpu(4 << 10);
+        // One f32 input row is 6000 bytes; one bf16 weight row (3000) would fit.
+        let k = 1500usize;
+        let xb = gpu.storage("x", (k * 4) as u64);
+        let wb = gpu.storage("w", (k * 2) as u64);
+        let yb = gpu.storage("y", 4);
+        let err = gpu
+            .submit(|enc| linear(&gpu, enc, Mat::new(&xb, k as u64), Weight::bf16(&wb), None, Mat::new(&yb, 1), Gemm { m: 1, n: 1, k: k as u64 }))
+            .unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.contains("linear input") && msg.contains("4096 bytes"), "{msg}");
+    }
+}

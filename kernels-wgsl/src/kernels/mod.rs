@@ -1,0 +1,25 @@
+//! One module per kernel family: launchers, catalogue entries, parameter
+//! blocks and kernel-vs-oracle tests in `<family>.rs`, the shader in
+//! `<family>.wgsl` (with `common.wgsl`, and `gemm_tiles.wgsl` for the matrix
+//! products, prepended).
+
+pub mod attention;
+pub mod bench;
+pub mod conv;
+pub mod df11;
+pub mod elementwise;
+pub mod linear;
+pub mod norm;
+pub mod rope;
+pub mod vae;
+
+// Each family's launchers and shapes, callable as `kernels::linear(..)`.
+pub use attention::{attention, Attention, Qkv, ATTENTION_MAX_HEAD_DIM, ATTENTION_QUERIES_PER_GROUP};
+pub use bench::{copy_peak, fma_peak, FMA_PEAK_FMAS_PER_ITERATION};
+pub use conv::{conv2d, upsample_nearest2x};
+pub use df11::{df11_decode, Df11Arrays, DF11_BLOCK_BYTES};
+pub use elementwise::{elementwise, transpose, Elementwise};
+pub use linear::{linear, Gemm, GEMM_TILE};
+pub use norm::{group_norm, group_norm_apply, group_stats, layer_norm_modulate, rms_norm, rms_norm_inplace, GroupAffine, Groups, RowNorm};
+pub use rope::{rope, RopeShape, RopeStyle, RopeTables};
+pub use vae::{denorm_unpatchify, pixel_levels, LatentStats};

@@ -1,0 +1,405 @@
+//! Normalisations: RMSNorm (whole rows and per head), LayerNorm with
+//! modulation, and GroupNorm (whole, or by bands through its statistics).
+//! Shader: `norm.wgsl` beside this file.
+
+use crate::catalogue::{kernel, Access::{Read as R, ReadWrite as RW}, Kernel, Module};
+use crate::device::Gpu;
+use crate::dispatch::{dispatch, row_chunks, to_u32, window, Launch, Rows, Sink, Window};
+use crate::error::GpuError;
+use crate::view::{Mat, Weight};
+use bytemuck::{Pod, Zeroable};
+
+/// `norm.wgsl` — every normalisation. Rows are (token, head) pairs for
+/// RMSNorm and LayerNorm; for GroupNorm `rows` = channels and `d` = pixels.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Pod, Zeroable)]
+pub struct NormParams {
+    pub rows: u32,
+    pub d: u32,
+    pub heads: u32,
+    pub src_offset: u32,
+    pub src_stride: u32,
+    pub dst_offset: u32,
+    pub dst_stride: u32,
+    pub w_offset: u32,
+    pub eps: f32,
+    pub shift_offset: u32,
+    pub scale_offset: u32,
+    pub groups: u32,
+    pub silu: u32,
+    pub _pad: [u32; 3],
+}
+
+pub const RMS_NORM: Kernel =
+    kernel(Module::Norm, "rms_norm", [128, 1, 1], &[(1, RW), (2, RW), (3, R)], size_of::<NormParams>(), true);
+pub const RMS_NORM_INPLACE: Kernel =
+    kernel(Module::Norm, "rms_norm_inplace", [128, 1, 1], &[(2, RW), (3, R)], size_of::<NormParams>(), true);
+pub const LAYER_NORM_MODULATE: Kernel =
+    kernel(Module::Norm, "layer_norm_modulate", [128, 1, 1], &[(1, RW), (2, RW), (5, RW)], size_of::<NormParams>(), false);
+pub const GROUP_NORM: Kernel =
+    kernel(Module::Norm, "group_norm", [128, 1, 1], &[(1, RW), (2, RW), (3, R), (4, R)], size_of::<NormParams>(), true);
+pub const GROUP_STATS: Kernel =
+    kernel(Module::Norm, "group_stats", [128, 1, 1], &[(1, RW), (5, RW)], size_of::<NormParams>(), false);
+pub const GROUP_NORM_APPLY: Kernel = kernel(
+    Module::Norm,
+    "group_norm_apply",
+    [128, 1, 1],
+    &[(1, RW), (2, RW), (3, R), (4, R), (5, RW)],
+    size_of::<NormParams>(),
+    true,
+);
+
+/// Shape of a row normalisation over `[tokens, heads·d]` views.
+#[derive(Debug, Clone, Copy)]
+pub struct RowNorm {
+    pub tokens: u64,
+    /// Rows per token (1 for whole-row norms, the head count for per-head norms).
+    pub heads: u64,
+    pub d: u64,
+    pub eps: f32,
+}
+
+/// RMSNorm with weight: `dst = w·src/√(mean(src²)+eps)` per (token, head) row.
+pub fn rms_norm(gpu: &Gpu, sink: &mut dyn Sink, src: Mat<'_>, w: Weight<'_>, dst: Mat<'_>, s: RowNorm) -> Result<(), GpuError> {
+    row_norm(gpu, sink, &RMS_NORM, Some(src), dst, NormExtra::Weight(w), s)
+}
+
+/// RMSNorm in place (per-head q/k norms).
+pub fn rms_norm_inplace(gpu: &Gpu, sink: &mut dyn Sink, data: Mat<'_>, w: Weight<'_>, s: RowNorm) -> Result<(), GpuError> {
+    row_norm(gpu, sink, &RMS_NORM_INPLACE, None, data, NormExtra::Weight(w), s)
+}
+
+/// `dst = LN(src)·(1 + scale) + shift`; `shift` and `scale` are `d`-wide rows of the modulation buffer.
+pub fn layer_norm_modulate(
+    gpu: &Gpu,
+    sink: &mut dyn Sink,
+    src: Mat<'_>,
+    shift: Mat<'_>,
+    scale: Mat<'_>,
+    dst: Mat<'_>,
+    s: RowNorm,
+) -> Result<(), GpuError> {
+    if !std::ptr::eq(shift.buf, scale.buf) {
+        return Err(GpuError::UnsupportedShape("shift and scale must live in one modulation buffer".into()));
+    }
+    row_norm(gpu, sink, &LAYER_NORM_MODULATE, Some(src), dst, NormExtra::Modulation(shift, scale), s)
+}
+
+/// What a row norm reads besides its input: a weight, or modulation rows (shift, scale).
+enum NormExtra<'a> {
+    Weight(Weight<'a>),
+    Modulation(Mat<'a>, Mat<'a>),
+}
+
+fn row_norm(
+    gpu: &Gpu,
+    sink: &mut dyn Sink,
+    kernel: &Kernel,
+    src: Option<Mat<'_>>,
+    dst: Mat<'_>,
+    extra: NormExtra<'_>,
+    s: RowNorm,
+) -> Result<(), GpuError> {
+    if s.tokens == 0 {
+        return Ok(());
+    }
+    let width = s.heads * s.d;
+    let src_rows = src.map(|m| Rows::mat(m, width, "norm input"));
+    let dst_rows = Rows::mat(dst, width, "norm output");
+    let operands: Vec<Rows<'_>> = src_rows.iter().copied().chain([dst_rows]).collect();
+    for rows in row_chunks(gpu, s.tokens, &operands, 1)? {
+        let dw = dst_rows.window(gpu, &rows)?;
+        let sw = match src_rows {
+            Some(r) => Some(r.window(gpu, &rows)?),
+            None => None,
+        };
+        let mut params = NormParams {
+            rows: to_u32((rows.end - rows.start) * s.heads, "norm rows")?,
+            d: to_u32(s.d, "norm width")?,
+            heads: to_u32(s.heads, "norm heads")?,
+            src_offset: sw.as_ref().map_or(0, |w| w.local),
+            src_stride: to_u32(src.map_or(0, |m| m.stride), "norm input stride")?,
+            dst_offset: dw.local,
+            dst_stride: to_u32(dst.stride, "norm output stride")?,
+            eps: s.eps,
+            ..Default::default()
+        };
+        let (constants, extra_window) = match &extra {
+            NormExtra::Weight(w) => {
+                let ww = window(gpu, w.buf, w.dtype.bytes(), w.offset..w.offset + s.d, "norm weight")?;
+                params.w_offset = ww.local;
+                ([("WEIGHT_BF16", w.dtype.constant())].to_vec(), ww)
+            }
+            NormExtra::Modulation(shift, scale) => {
+                let lo = shift.offset.min(scale.offset);
+                let hi = shift.offset.max(scale.offset) + s.d;
+                let mw = window(gpu, shift.buf, 4, lo..hi, "modulation")?;
+                params.shift_offset = mw.local + (shift.offset - lo) as u32;
+                params.scale_offset = mw.local + (scale.offset - lo) as u32;
+                (Vec::new(), mw)
+            }
+        };
+        let grid = crate::catalogue::wrapped_grid((rows.end - rows.start) * s.heads);
+        let extra_slot = if matches!(extra, NormExtra::Weight(_)) { 3 } else { 5 };
+        let mut storage: Vec<(u32, &Window<'_>)> = Vec::new();
+        if let Some(w) = &sw {
+            storage.push((1, w));
+        }
+        storage.push((2, &dw));
+        storage.push((extra_slot, &extra_window));
+        dispatch(gpu, sink, Launch { kernel, constants: &constants, params, grid }, &storage);
+    }
+    Ok(())
+}
+
+/// The GroupNorm of a contiguous `[channels, pixels]` tensor.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Groups {
+    pub channels: u64,
+    pub pixels: u64,
+    pub groups: u64,
+}
+
+impl Groups {
+    /// The parameters every GroupNorm kernel shares.
+    fn params(self, src: &Window<'_>, dst: u32) -> Result<NormParams, GpuError> {
+        if self.groups == 0 || !self.channels.is_multiple_of(self.groups) {
+            return Err(GpuError::UnsupportedShape(format!("group norm: {} channels in {} groups", self.channels, self.groups)));
+        }
+        Ok(NormParams {
+            rows: to_u32(self.channels, "group norm channels")?,
+            d: to_u32(self.pixels, "group norm pixels")?,
+            heads: 1,
+            src_offset: src.local,
+            dst_offset: dst,
+            groups: to_u32(self.groups, "groups")?,
+            ..Default::default()
+        })
+    }
+
+    fn input<'a>(self, gpu: &Gpu, src: Mat<'a>) -> Result<Window<'a>, GpuError> {
+        window(gpu, src.buf, 4, src.offset..src.offset + self.channels * self.pixels, "group norm input")
+    }
+
+    fn output<'a>(self, gpu: &Gpu, dst: Mat<'a>) -> Result<Window<'a>, GpuError> {
+        window(gpu, dst.buf, 4, dst.offset..dst.offset + self.channels * self.pixels, "group norm output")
+    }
+
+    /// Each group's two statistics `[groups, 2]`.
+    fn stats<'a>(self, gpu: &Gpu, stats: Mat<'a>) -> Result<Window<'a>, GpuError> {
+        window(gpu, stats.buf, 4, stats.offset..stats.offset + 2 * self.groups, "group norm statistics")
+    }
+
+    /// Windows of the affine weight and bias; the kernels index both with one offset.
+    fn affine<'a>(self, gpu: &Gpu, gamma: Weight<'a>, beta: Weight<'a>) -> Result<(Window<'a>, Window<'a>), GpuError> {
+        if gamma.dtype != beta.dtype {
+            return Err(GpuError::UnsupportedShape("group norm weight and bias must share a dtype".into()));
+        }
+        let c = self.channels;
+        let gw = window(gpu, gamma.buf, gamma.dtype.bytes(), gamma.offset..gamma.offset + c, "group norm weight")?;
+        let bw = window(gpu, beta.buf, beta.dtype.bytes(), beta.offset..beta.offset + c, "group norm bias")?;
+        if gw.local != bw.local {
+            return Err(GpuError::UnsupportedShape("group norm weight and bias must be equally aligned".into()));
+        }
+        Ok((gw, bw))
+    }
+}
+
+/// A GroupNorm's affine weight and bias, and whether SiLU follows.
+#[derive(Debug, Clone, Copy)]
+pub struct GroupAffine<'a> {
+    pub gamma: Weight<'a>,
+    pub beta: Weight<'a>,
+    pub silu: bool,
+}
+
+/// GroupNorm with affine, SiLU after when `affine.silu`.
+pub fn group_norm(gpu: &Gpu, sink: &mut dyn Sink, src: Mat<'_>, affine: GroupAffine<'_>, dst: Mat<'_>, g: Groups, eps: f32) -> Result<(), GpuError> {
+    let (sw, dw) = (g.input(gpu, src)?, g.output(gpu, dst)?);
+    let (gw, bw) = g.affine(gpu, affine.gamma, affine.beta)?;
+    let params = NormParams { w_offset: gw.local, eps, silu: affine.silu as u32, ..g.params(&sw, dw.local)? };
+    let constants = [("WEIGHT_BF16", affine.gamma.dtype.constant())];
+    let launch = Launch { kernel: &GROUP_NORM, constants: &constants, params, grid: [g.groups as u32, 1, 1] };
+    dispatch(gpu, sink, launch, &[(1, &sw), (2, &dw), (3, &gw), (4, &bw)]);
+    Ok(())
+}
+
+/// Per group of a band: `(mean, Σ(x − mean)²)` into `stats` `[groups, 2]`,
+/// the part of a GroupNorm's statistics that one band of a larger image contributes.
+pub fn group_stats(gpu: &Gpu, sink: &mut dyn Sink, src: Mat<'_>, stats: Mat<'_>, g: Groups) -> Result<(), GpuError> {
+    let (sw, tw) = (g.input(gpu, src)?, g.stats(gpu, stats)?);
+    let params = NormParams { shift_offset: tw.local, ..g.params(&sw, 0)? };
+    let launch = Launch { kernel: &GROUP_STATS, constants: &[], params, grid: [g.groups as u32, 1, 1] };
+    dispatch(gpu, sink, launch, &[(1, &sw), (5, &tw)]);
+    Ok(())
+}
+
+/// GroupNorm with given statistics: `stats` `[groups, 2]` holds each group's
+/// `(mean, 1/√(var + eps))`; affine, SiLU after when `affine.silu`.
+pub fn group_norm_apply(
+    gpu: &Gpu,
+    sink: &mut dyn Sink,
+    src: Mat<'_>,
+    stats: Mat<'_>,
+    affine: GroupAffine<'_>,
+    dst: Mat<'_>,
+    g: Groups,
+) -> Result<(), GpuError> {
+    let (sw, dw, tw) = (g.input(gpu, src)?, g.output(gpu, dst)?, g.stats(gpu, stats)?);
+    let (gw, bw) = g.affine(gpu, affine.gamma, affine.beta)?;
+    let params = NormParams { w_offset: gw.local, silu: affine.silu as u32, shift_offset: tw.local, ..g.params(&sw, dw.local)? };
+    let constants = [("WEIGHT_BF16", affine.gamma.dtype.constant())];
+    let launch = Launch { kernel: &GROUP_NORM_APPLY, constants: &constants, params, grid: [g.groups as u32, 1, 1] };
+    dispatch(gpu, sink, launch, &[(1, &sw), (2, &dw), (3, &gw), (4, &bw), (5, &tw)]);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::*;
+    use flux_lite_core::reference::{self as r, Weights};
+
+    #[test]
+    fn rms_norm_rows_with_bf16_weight() {
+        let gpu = gpu();
+        let (rows, d) = (37usize, 300usize);
+        let mut rng = Rng::new(6);
+        let x = rng.normals(rows * d, 3.0);
+        let w = rng.bf16s(d, 1.0);
+        let mut want = vec![0.0; rows * d];
+        r::rms_norm(&x, Weights::Bf16(&w), rows, d, 1e-6, &mut want);
+        let (xb, wb, yb) = (gpu.upload_f32("x", &x), gpu.upload_bf16("w", &w), poisoned(gpu, rows * d));
+        let s = RowNorm { tokens: rows as u64, heads: 1, d: d as u64, eps: 1e-6 };
+        let got = run_and_read(gpu, &yb, rows * d, |enc| {
+            rms_norm(gpu, enc, Mat::new(&xb, d as u64), Weight::bf16(&wb), Mat::new(&yb, d as u64), s)
+        });
+        assert_close("rms_norm", &got, &want, F32_TOL);
+    }
+
+    #[test]
+    fn rms_norm_per_head_in_place_on_a_strided_view() {
+        // q of a fused [tokens, 3·heads·d + 10] projection: heads of width d at columns [7, 7 + heads·d).
+        let gpu = gpu();
+        let (tokens, heads, d) = (19usize, 3usize, 24usize);
+        let stride = 3 * heads * d + 10;
+        let mut rng = Rng::new(7);
+        let fused = rng.normals(tokens * stride, 2.0);
+        let w = rng.bf16s(d, 1.0);
+        let q: Vec<f32> = (0..tokens).flat_map(|t| fused[t * stride + 7..t * stride + 7 + heads * d].to_vec()).collect();
+        let mut want = vec![0.0; tokens * heads * d];
+        r::rms_norm(&q, Weights::Bf16(&w), tokens * heads, d, 1e-6, &mut want);
+        let (fb, wb) = (gpu.upload_f32("fused", &fused), gpu.upload_bf16("w", &w));
+        let s = RowNorm { tokens: tokens as u64, heads: heads as u64, d: d as u64, eps: 1e-6 };
+        let got = run_and_read(gpu, &fb, tokens * stride, |enc| {
+            rms_norm_inplace(gpu, enc, Mat { buf: &fb, offset: 7, stride: stride as u64 }, Weight::bf16(&wb), s)
+        });
+        let window: Vec<f32> = (0..tokens).flat_map(|t| got[t * stride + 7..t * stride + 7 + heads * d].to_vec()).collect();
+        assert_close("per-head rms_norm", &window, &want, F32_TOL);
+        for t in 0..tokens {
+            for c in (0..7).chain(7 + heads * d..stride) {
+                assert_eq!(got[t * stride + c], fused[t * stride + c], "touched outside the heads");
+            }
+        }
+    }
+
+    #[test]
+    fn layer_norm_with_modulation() {
+        let gpu = gpu();
+        let (rows, d) = (41usize, 333usize);
+        let mut rng = Rng::new(8);
+        // A large common offset checks that the variance is taken around the mean.
+        let x: Vec<f32> = rng.normals(rows * d, 1.0).into_iter().map(|v| v + 20.0).collect();
+        let modulation = rng.normals(6 * d, 0.5); // (shift1, scale1, gate1, shift2, scale2, gate2)
+        let (shift, scale) = (&modulation[3 * d..4 * d], &modulation[4 * d..5 * d]);
+        let mut want = vec![0.0; rows * d];
+        r::layer_norm_modulate(&x, shift, scale, rows, d, 1e-6, &mut want);
+        let (xb, mb, yb) = (gpu.upload_f32("x", &x), gpu.upload_f32("mod", &modulation), poisoned(gpu, rows * d));
+        let s = RowNorm { tokens: rows as u64, heads: 1, d: d as u64, eps: 1e-6 };
+        let got = run_and_read(gpu, &yb, rows * d, |enc| {
+            let shift = Mat { buf: &mb, offset: 3 * d as u64, stride: 0 };
+            let scale = Mat { buf: &mb, offset: 4 * d as u64, stride: 0 };
+            layer_norm_modulate(gpu, enc, Mat::new(&xb, d as u64), shift, scale, Mat::new(&yb, d as u64), s)
+        });
+        assert_close("layer_norm_modulate", &got, &want, F32_TOL);
+    }
+
+    fn check_group_norm(silu: bool) {
+        let gpu = gpu();
+        let (channels, groups, pixels) = (24usize, 8usize, 13 * 11);
+        let mut rng = Rng::new(9 + silu as u64);
+        let x: Vec<f32> = rng.normals(channels * pixels, 2.0).into_iter().map(|v| v - 3.0).collect();
+        let (gamma, beta) = (rng.bf16s(channels, 1.0), rng.bf16s(channels, 1.0));
+        let mut want = vec![0.0; channels * pixels];
+        r::group_norm(&x, Weights::Bf16(&gamma), Weights::Bf16(&beta), channels, pixels, groups, 1e-6, silu, &mut want);
+        let (xb, gb, bb) = (gpu.upload_f32("x", &x), gpu.upload_bf16("gamma", &gamma), gpu.upload_bf16("beta", &beta));
+        let yb = poisoned(gpu, channels * pixels);
+        let got = run_and_read(gpu, &yb, channels * pixels, |enc| {
+            let g = Groups { channels: channels as u64, pixels: pixels as u64, groups: groups as u64 };
+            group_norm(gpu, enc, Mat::new(&xb, 0), GroupAffine { gamma: Weight::bf16(&gb), beta: Weight::bf16(&bb), silu }, Mat::new(&yb, 0), g, 1e-6)
+        });
+        assert_close(&format!("group_norm silu={silu}"), &got, &want, F32_TOL);
+    }
+
+    #[test]
+    fn group_norm_affine() {
+        check_group_norm(false);
+    }
+
+    #[test]
+    fn group_norm_then_silu() {
+        check_group_norm(true);
+    }
+
+    /// GroupNorm split over pixel bands: each band's moments from `group_stats`
+    /// against f64, merged on the host, then `group_norm_apply` on every band
+    /// against the reference GroupNorm of the whole tensor.
+    #[test]
+    fn group_norm_over_pixel_bands_matches_the_whole() {
+        use flux_lite_core::bands::Moments;
+        let gpu = gpu();
+        let (channels, groups, pixels) = (12usize, 4usize, 37usize);
+        let per = channels / groups;
+        let mut rng = Rng::new(70);
+        let x: Vec<f32> = rng.normals(channels * pixels, 1.5).into_iter().map(|v| v + 2.0).collect();
+        let (gamma, beta) = (rng.bf16s(channels, 1.0), rng.bf16s(channels, 1.0));
+        let eps = 1e-6;
+        let mut want = vec![0.0; channels * pixels];
+        r::group_norm(&x, Weights::Bf16(&gamma), Weights::Bf16(&beta), channels, pixels, groups, eps, true, &mut want);
+        let band = |p0: usize, p1: usize| -> Vec<f32> { (0..channels).flat_map(|c| x[c * pixels + p0..c * pixels + p1].to_vec()).collect() };
+        let bands = [(0, 10), (10, 25), (25, 37)];
+        let g = |n: usize| Groups { channels: channels as u64, pixels: n as u64, groups: groups as u64 };
+
+        let mut moments = vec![Moments::default(); groups];
+        for &(p0, p1) in &bands {
+            let xs = band(p0, p1);
+            let xb = gpu.upload_f32("x", &xs);
+            let sb = poisoned(gpu, 2 * groups);
+            let got = run_and_read(gpu, &sb, 2 * groups, |enc| group_stats(gpu, enc, Mat::new(&xb, 0), Mat::new(&sb, 0), g(p1 - p0)));
+            let n = per * (p1 - p0);
+            let want: Vec<f64> = xs
+                .chunks(n)
+                .flat_map(|grp| {
+                    let mean = grp.iter().map(|&v| v as f64).sum::<f64>() / n as f64;
+                    [mean, grp.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>()]
+                })
+                .collect();
+            assert_close(&format!("group_stats pixels {p0}..{p1}"), &got, &want, F32_TOL);
+            for (m, s) in moments.iter_mut().zip(got.chunks(2)) {
+                m.merge(Moments { count: n as f64, mean: s[0] as f64, m2: s[1] as f64 });
+            }
+        }
+        let stats: Vec<f32> = moments.iter().flat_map(|m| [m.mean as f32, (1.0 / (m.variance() + eps).sqrt()) as f32]).collect();
+        let (gb, bb, sb) = (gpu.upload_bf16("gamma", &gamma), gpu.upload_bf16("beta", &beta), gpu.upload_f32("stats", &stats));
+        for &(p0, p1) in &bands {
+            let xb = gpu.upload_f32("x", &band(p0, p1));
+            let n = channels * (p1 - p0);
+            let yb = poisoned(gpu, n);
+            let got = run_and_read(gpu, &yb, n, |enc| {
+                group_norm_apply(gpu, enc, Mat::new(&xb, 0), Mat::new(&sb, 0), GroupAffine { gamma: Weight::bf16(&gb), beta: Weight::bf16(&bb), silu: true }, Mat::new(&yb, 0), g(p1 - p0))
+            });
+            let want_band: Vec<f64> = (0..channels).flat_map(|c| want[c * pixels + p0..c * pixels + p1].to_vec()).collect();
+            assert_close(&format!("group_norm_apply pixels {p0}..{p1}"), &got, &want_band, F32_TOL);
+        }
+    }
+}

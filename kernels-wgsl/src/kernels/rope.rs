@@ -1,0 +1,148 @@
+//! Rotary position embeddings in place, interleaved (FLUX.2) or
+//! rotate-half (Qwen3), from host-computed cos/sin tables.
+//! Shader: `rope.wgsl` beside this file.
+
+use crate::catalogue::{kernel, Access::{Read as R, ReadWrite as RW}, Kernel, Module};
+use crate::device::Gpu;
+use crate::dispatch::{dispatch, grid64, row_chunks, to_u32, Launch, Rows, Sink};
+use crate::error::GpuError;
+use crate::view::Mat;
+use bytemuck::{Pod, Zeroable};
+
+/// `rope.wgsl`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Pod, Zeroable)]
+pub struct RopeParams {
+    pub tokens: u32,
+    pub heads: u32,
+    pub head_dim: u32,
+    pub offset: u32,
+    pub token_stride: u32,
+    pub table_row: u32,
+    pub _pad: [u32; 2],
+}
+
+pub const ROPE_INTERLEAVED: Kernel =
+    kernel(Module::Rope, "rope_interleaved", [64, 1, 1], &[(1, RW), (2, R), (3, R)], size_of::<RopeParams>(), false);
+pub const ROPE_HALF: Kernel =
+    kernel(Module::Rope, "rope_half", [64, 1, 1], &[(1, RW), (2, R), (3, R)], size_of::<RopeParams>(), false);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RopeStyle {
+    /// FLUX.2: pairs (x[2i], x[2i+1]).
+    Interleaved,
+    /// Qwen3: pairs (x[i], x[i + d/2]).
+    RotateHalf,
+}
+
+/// The cos/sin tables `[rows, head_dim]` a RoPE reads, from row `first_row` on.
+#[derive(Debug, Clone, Copy)]
+pub struct RopeTables<'a> {
+    pub cos: &'a wgpu::Buffer,
+    pub sin: &'a wgpu::Buffer,
+    pub first_row: u64,
+}
+
+/// The `[tokens, heads, head_dim]` rows a RoPE rotates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RopeShape {
+    pub tokens: u64,
+    pub heads: u64,
+    pub head_dim: u64,
+}
+
+/// RoPE in place on `[tokens, heads, head_dim]` rows of `data`; token `t`
+/// reads row `first_row + t` of the tables.
+pub fn rope(gpu: &Gpu, sink: &mut dyn Sink, style: RopeStyle, data: Mat<'_>, tables: RopeTables<'_>, s: RopeShape) -> Result<(), GpuError> {
+    let RopeTables { cos, sin, first_row: table_row } = tables;
+    let RopeShape { tokens, heads, head_dim } = s;
+    if tokens == 0 {
+        return Ok(());
+    }
+    let data_rows = Rows::mat(data, heads * head_dim, "rope data");
+    let table = |buf| Rows::packed(buf, 4, table_row * head_dim, head_dim, "rope table");
+    let (cos_rows, sin_rows) = (table(cos), table(sin));
+    let kernel = match style {
+        RopeStyle::Interleaved => &ROPE_INTERLEAVED,
+        RopeStyle::RotateHalf => &ROPE_HALF,
+    };
+    for rows in row_chunks(gpu, tokens, &[data_rows, cos_rows, sin_rows], 1)? {
+        let dw = data_rows.window(gpu, &rows)?;
+        let cw = cos_rows.window(gpu, &rows)?;
+        let sw = sin_rows.window(gpu, &rows)?;
+        if cw.local != sw.local {
+            return Err(GpuError::UnsupportedShape("rope cos and sin tables must be equally aligned".into()));
+        }
+        let params = RopeParams {
+            tokens: to_u32(rows.end - rows.start, "rope tokens")?,
+            heads: to_u32(heads, "rope heads")?,
+            head_dim: to_u32(head_dim, "rope head dim")?,
+            offset: dw.local,
+            token_stride: to_u32(data.stride, "rope stride")?,
+            table_row: cw.local / head_dim as u32,
+            _pad: [0; 2],
+        };
+        let grid = grid64((rows.end - rows.start) * heads * (head_dim / 2));
+        dispatch(gpu, sink, Launch { kernel, constants: &[], params, grid }, &[(1, &dw), (2, &cw), (3, &sw)]);
+    }
+    Ok(())
+}
+
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::*;
+    use flux_lite_core::reference as r;
+    use flux_lite_core::rope;
+
+    #[test]
+    fn rope_interleaved_with_flux_tables() {
+        let gpu = gpu();
+        let (tokens, heads, head_dim) = (23usize, 3usize, 16usize);
+        let axes = [4usize, 4, 4, 4];
+        let (mut cos, mut sin) = (vec![0f32; tokens * head_dim], vec![0f32; tokens * head_dim]);
+        for t in 0..tokens {
+            let pos = if t < 5 { rope::text_position(t) } else { rope::image_position(0, (t - 5) / 6, (t - 5) % 6) };
+            let row = t * head_dim..(t + 1) * head_dim;
+            rope::flux_row(pos, &axes, 2000.0, &mut cos[row.clone()], &mut sin[row]);
+        }
+        check_rope(gpu, RopeStyle::Interleaved, tokens, heads, head_dim, &cos, &sin, 10);
+    }
+
+    #[test]
+    fn rope_rotate_half_with_qwen_tables() {
+        let gpu = gpu();
+        let (tokens, heads, head_dim) = (17usize, 4usize, 8usize);
+        let (mut cos, mut sin) = (vec![0f32; tokens * head_dim], vec![0f32; tokens * head_dim]);
+        for t in 0..tokens {
+            let row = t * head_dim..(t + 1) * head_dim;
+            rope::qwen_row(t * 31, head_dim, 1e6, &mut cos[row.clone()], &mut sin[row]);
+        }
+        check_rope(gpu, RopeStyle::RotateHalf, tokens, heads, head_dim, &cos, &sin, 11);
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn check_rope(gpu: &Gpu, style: RopeStyle, tokens: usize, heads: usize, head_dim: usize, cos: &[f32], sin: &[f32], seed: u64) {
+        let mut rng = Rng::new(seed);
+        let stride = heads * head_dim + 6; // a strided view, as q inside a fused projection
+        let data = rng.normals(tokens * stride, 1.0);
+        let x: Vec<f32> = (0..tokens).flat_map(|t| data[t * stride + 2..t * stride + 2 + heads * head_dim].to_vec()).collect();
+        let mut want = vec![0.0; x.len()];
+        match style {
+            RopeStyle::Interleaved => r::rope_interleaved(&x, cos, sin, tokens, heads, head_dim, &mut want),
+            RopeStyle::RotateHalf => r::rope_rotate_half(&x, cos, sin, tokens, heads, head_dim, &mut want),
+        }
+        // Tables with two leading rows that must be skipped via table_row.
+        let pad = vec![f32::NAN; 2 * head_dim];
+        let cos_b = gpu.upload_f32("cos", &[pad.clone(), cos.to_vec()].concat());
+        let sin_b = gpu.upload_f32("sin", &[pad, sin.to_vec()].concat());
+        let db = gpu.upload_f32("data", &data);
+        let got = run_and_read(gpu, &db, data.len(), |enc| {
+            let view = Mat { buf: &db, offset: 2, stride: stride as u64 };
+            rope(gpu, enc, style, view, RopeTables { cos: &cos_b, sin: &sin_b, first_row: 2 }, RopeShape { tokens: tokens as u64, heads: heads as u64, head_dim: head_dim as u64 })
+        });
+        let window: Vec<f32> = (0..tokens).flat_map(|t| got[t * stride + 2..t * stride + 2 + heads * head_dim].to_vec()).collect();
+        assert_close(&format!("rope {style:?}"), &window, &want, F32_TOL);
+    }
+}
