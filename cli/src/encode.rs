@@ -40,7 +40,7 @@ pub fn run(args: &EncodeArgs) -> Result<(), String> {
         .ok_or("give --prompt TEXT or --prompt-file FILE")?;
     let model = ModelFolder::open(&args.model).map_err(|e| e.to_string())?;
     let gpu = Gpu::new(&GpuOptions { interrupt: Some(interrupt), ..Default::default() }).map_err(|e| e.to_string())?;
-    let plan = planning::plan_encode(&model, args.memory_budget).map_err(|e| e.to_string())?;
+    let plan = planning::plan_encode(&model, args.memory_budget).map_err(|e| crate::errors::run_line(&e))?;
     let mut bar = Bar::new(args.quiet);
     let mut timings = Timings::default();
     let encoded = pipeline::encode_prompts(&gpu, &model, plan.weights, &[&prompt], &mut timings, &mut |p| bar.show(p));

@@ -108,12 +108,6 @@ pub fn run(args: &GenArgs) -> Result<(), String> {
     if distilled && guidance > 1.0 {
         eprintln!("warning: {} is guidance-distilled; --guidance {guidance} is ignored", args.model.display());
     }
-    if let Some(tile) = args.vae_tile {
-        let unit = 2 * model.vae.scale_factor();
-        if tile == 0 || tile % unit != 0 {
-            return Err(format!("--vae-tile {tile} is not a positive multiple of {unit}"));
-        }
-    }
     let joint = model.transformer.joint_attention_dim;
     let from_file = match &args.embeddings {
         Some(path) => {
@@ -142,7 +136,7 @@ pub fn run(args: &GenArgs) -> Result<(), String> {
         memory_budget: args.memory_budget,
         references: references.iter().map(|r| (r.width, r.height)).collect(),
     };
-    let plan = planning::plan(&gpu, &model, &request).map_err(|e| e.to_string())?;
+    let plan = planning::plan(&gpu, &model, &request).map_err(|e| crate::errors::run_line(&e))?;
     if args.verbose {
         eprintln!("plan: text encoder {}; transformer {}", plan.encode.weights, plan.denoise);
         for r in &references {
@@ -173,7 +167,7 @@ pub fn run(args: &GenArgs) -> Result<(), String> {
         }
     };
     let mut show = |p| bar.show(p);
-    let reference_tile = request.vae_tile_or(plan.references.and_then(|r| r.tile));
+    let reference_tile = plan.references.and_then(|r| r.tile).map(|t| t as usize);
     let encoded = pipeline::encode_references(&gpu, &model, &references, reference_tile, &mut timings, &mut show);
     let latents = encoded.and_then(|refs| {
         pipeline::denoise(&gpu, &model, &request, &plan.denoise, &positive, negative.as_deref(), &refs, &mut timings, &mut show)

@@ -61,10 +61,10 @@ pub fn run(args: &InfoArgs) -> Result<(), String> {
         Bytes(limits.max_binding)
     );
     print_plan_options(&input, &sizes)?;
-    let minimum = planner::minimum_budget(&input).map_err(|e| e.to_string())?;
+    let minimum = planner::minimum_budget(&input).map_err(|e| crate::errors::plan_line(&e))?;
     println!("smallest budget for the whole run: {} ({minimum} B)", Bytes(minimum));
     if let Some(budget) = args.memory_budget {
-        let plan = planner::plan(&input).map_err(|e| e.to_string())?;
+        let plan = planner::plan(&input).map_err(|e| crate::errors::plan_line(&e))?;
         let encoder = plan.references.map_or(String::new(), |r| format!("; VAE encoder {}", tile_layout(r.tile)));
         println!(
             "within --memory-budget {}: text encoder {}; transformer {}{encoder}; VAE {}; peak {}",

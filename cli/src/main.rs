@@ -9,6 +9,7 @@ mod bench;
 mod budget;
 mod compress;
 mod encode;
+mod errors;
 mod gen;
 mod info;
 mod interrupt;

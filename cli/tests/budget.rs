@@ -105,3 +105,32 @@ fn bad_budgets_are_one_error_line() {
         assert!(!dir.join("out.png").exists());
     }
 }
+
+#[test]
+fn a_forced_vae_tile_is_planned_and_refused_before_any_upload_when_it_does_not_fit() {
+    let model = model_dir("tiny-a");
+    let dir = scratch_dir("budget-forced-tile");
+    // The run's smallest budget decodes the 64×48 image in small tiles.
+    let run = gen(&model, &dir, &["--memory-budget", "1KiB"]);
+    let minimum = exact_bytes(String::from_utf8_lossy(&run.stderr).lines().find(|l| l.starts_with("error: ")).unwrap());
+    let budget = format!("{minimum}B");
+    // A 64-pixel tile covers the image: an untiled decode, which that budget cannot hold.
+    let run = gen(&model, &dir, &["--memory-budget", budget.as_str(), "--vae-tile", "64", "--verbose"]);
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(!run.status.success(), "{stderr}");
+    let line = stderr.lines().find(|l| l.starts_with("error: ")).unwrap_or_else(|| panic!("{stderr}"));
+    assert!(line.contains("--memory-budget") && line.contains("the VAE decoder needs more"), "{line}");
+    assert!(exact_bytes(line) > minimum, "{line}");
+    // Refused by the plan: no weights were uploaded, no progress or timing was printed.
+    assert!(!stderr.contains("plan: ") && !stderr.contains("time: "), "{stderr}");
+    assert!(!dir.join("out.png").exists() && !dir.join("latents.safetensors").exists());
+    // A tile within the budget is the one planned, printed and used.
+    let run = gen(&model, &dir, &["--memory-budget", budget.as_str(), "--vae-tile", "16", "--verbose"]);
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "{stderr}");
+    assert!(stderr.contains("plan: VAE in bands, arena of a 16-pixel square"), "{stderr}");
+    // Not a multiple of the latent cell: named by its flag.
+    let run = gen(&model, &dir, &["--vae-tile", "20"]);
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(stderr.contains("error: --vae-tile: the VAE tile 20 is not a positive multiple of 16 pixels"), "{stderr}");
+}

@@ -64,6 +64,7 @@ fn expected_transformer_lines(transformer: &flux_lite_core::config::TransformerC
         vae_encoder_weight_bytes: plan::vae_encoder_weights(&vae),
         limits: DeviceLimits::WEBGPU_DEFAULT,
         budget: None,
+        vae_tile: None,
     };
     plan::denoise_options(&input)
         .unwrap()

@@ -230,6 +230,10 @@ pub struct PlanInput<'a> {
     pub limits: DeviceLimits,
     /// `None`: no limit; every phase takes its fastest strategy.
     pub budget: Option<u64>,
+    /// A VAE tile (pixels) the caller forces on the decode and the
+    /// references' encode instead of choosing one; `None`: planned. A tile
+    /// that covers an image runs it untiled, as the decoder and encoder do.
+    pub vae_tile: Option<u64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -242,6 +246,10 @@ pub enum PlanError {
     VaeTooWide { width: u64, bytes: u64, limit: u64 },
     /// The transformer's attention keys (all tokens, one binding) exceed the adapter's binding.
     AttentionTooLarge { tokens: u64, bytes: u64, limit: u64 },
+    /// A forced VAE tile that is not a positive multiple of the latent cell (`unit` pixels).
+    VaeTileSize { tile: u64, unit: u64 },
+    /// A forced VAE tile whose band cannot hold one row of `what`'s widest convolution.
+    VaeTileTooSmall { tile: u64, what: &'static str },
     /// No strategy of `phase` fits the budget; `minimum` is the smallest budget that works for the run.
     TooSmall { budget: u64, phase: &'static str, minimum: u64 },
 }
@@ -262,9 +270,14 @@ impl fmt::Display for PlanError {
                 f,
                 "encoding a {width}×{height} reference image needs a {bytes}-byte buffer, above the adapter's limit of {limit} bytes"
             ),
+            PlanError::VaeTileSize { tile, unit } => write!(f, "the VAE tile {tile} is not a positive multiple of {unit} pixels"),
+            PlanError::VaeTileTooSmall { tile, what } => write!(
+                f,
+                "a {tile}-pixel VAE tile cannot hold one row of {what}'s widest convolution on this adapter; use a larger tile or none"
+            ),
             PlanError::TooSmall { budget, phase, minimum } => write!(
                 f,
-                "--memory-budget {}: too small ({phase} needs more); the smallest budget that works for this size is {} ({minimum} B)",
+                "a budget of {} is too small ({phase} needs more); the smallest budget that works for this size is {} ({minimum} B)",
                 Bytes(*budget),
                 Bytes(*minimum)
             ),
@@ -344,8 +357,10 @@ fn run_minimum(encode: PhaseOptions, denoise: &DenoiseOptions, input: &PlanInput
 /// reference, the arena and what goes through staging buffers.
 pub fn reference_options<'a>(input: &'a PlanInput<'a>) -> Result<impl Iterator<Item = VaePlan> + 'a, PlanError> {
     let steps = encoder_steps(input.vae);
+    let forced = forced_tile(input)?;
     let mut untiled = Ok(None);
-    for &(width, height) in input.references {
+    // A forced tile is the only layout (references it covers go in one pass).
+    for &(width, height) in input.references.iter().filter(|_| forced.is_none()) {
         let cost = encode_whole(input, width, height, steps)?;
         untiled = match (untiled, cost) {
             (Err(e), _) | (Ok(_), Err(e)) => Err(e),
@@ -354,7 +369,13 @@ pub fn reference_options<'a>(input: &'a PlanInput<'a>) -> Result<impl Iterator<I
     }
     let plan_of = |tile, (arena_bytes, other_bytes)| VaePlan { tile, weight_bytes: input.vae_encoder_weight_bytes, arena_bytes, other_bytes };
     let unit = 2 * input.vae.scale_factor() as u64;
-    let largest = input.references.iter().map(|&(w, h)| w.max(h) / unit).max().unwrap_or(0);
+    let forced_plan = match (forced, input.references) {
+        (Some(tile), [_, ..]) => {
+            Some(encode_tiled(input, tile, steps).map(|c| plan_of(Some(tile), c)).ok_or(PlanError::VaeTileTooSmall { tile, what: "a reference image" })?)
+        }
+        _ => None,
+    };
+    let largest = if forced.is_some() { 0 } else { input.references.iter().map(|&(w, h)| w.max(h) / unit).max().unwrap_or(0) };
     let mut tiles = (1..largest).rev().filter_map(move |n| encode_tiled(input, n * unit, steps).map(|cost| plan_of(Some(n * unit), cost))).peekable();
     let whole = match untiled {
         Ok(cost) => cost.map(|c| plan_of(None, c)),
@@ -362,7 +383,16 @@ pub fn reference_options<'a>(input: &'a PlanInput<'a>) -> Result<impl Iterator<I
         Err(e) if tiles.peek().is_none() => return Err(e),
         Err(_) => None,
     };
-    Ok(whole.into_iter().chain(tiles))
+    Ok(forced_plan.into_iter().chain(whole).chain(tiles))
+}
+
+/// The request's forced VAE tile, checked against the latent cell.
+fn forced_tile(input: &PlanInput<'_>) -> Result<Option<u64>, PlanError> {
+    let unit = 2 * input.vae.scale_factor() as u64;
+    match input.vae_tile {
+        Some(tile) if tile == 0 || !tile.is_multiple_of(unit) => Err(PlanError::VaeTileSize { tile, unit }),
+        tile => Ok(tile),
+    }
 }
 
 /// The costlier of two `(arena, other)` costs by their sum.
@@ -442,6 +472,9 @@ pub fn denoise_options(input: &PlanInput<'_>) -> Result<impl Iterator<Item = Pha
 pub fn decode_options<'a>(input: &'a PlanInput<'a>) -> Result<impl Iterator<Item = VaePlan> + 'a, PlanError> {
     latent_grid(input)?;
     let mut options = decode_candidates(input).peekable();
+    if let (Some(tile), None) = (forced_tile(input)?, options.peek()) {
+        return Err(PlanError::VaeTileTooSmall { tile, what: "the VAE decoder" });
+    }
     if options.peek().is_none() {
         let scale = input.vae.scale_factor() as u64;
         let row = vae::decode_band_minimum(input.vae, input.height / scale, input.width / scale).unwrap_or(u64::MAX);
@@ -643,7 +676,16 @@ fn decode_candidates<'a>(input: &'a PlanInput<'a>) -> impl Iterator<Item = VaePl
     let largest = w.max(h) / unit;
     // A band must hold one row of the image's widest convolution.
     let row = vae::decode_band_minimum(cfg, h / scale, w / scale).unwrap_or(u64::MAX);
-    let tiles = (1..=largest).rev().filter_map(move |n| {
+    // A forced tile is the only layout: untiled when it covers the image.
+    let forced = input.vae_tile;
+    let covers = forced.is_some_and(|t| t >= w.max(h));
+    let whole = whole.filter(|_| forced.is_none() || covers);
+    let sizes = match forced {
+        Some(_) if covers => 1..=0,
+        Some(t) => t / unit..=t / unit,
+        None => 1..=largest,
+    };
+    let tiles = sizes.rev().filter_map(move |n| {
         let tile = n * unit;
         vae_arena(cfg, tile / scale, tile / scale, input.limits)?;
         let capacity = vae::band_capacity(cfg, tile / scale, input.limits.max_binding).ok()?;

@@ -51,6 +51,8 @@ impl std::error::Error for LoadError {}
 pub enum RunError {
     Load(LoadError),
     Gpu(GpuError),
+    /// The memory planner refused the request (budget, size, forced VAE tile).
+    Plan(flux_lite_core::plan::PlanError),
     Input(String),
 }
 
@@ -59,6 +61,7 @@ impl fmt::Display for RunError {
         match self {
             RunError::Load(e) => e.fmt(f),
             RunError::Gpu(e) => e.fmt(f),
+            RunError::Plan(e) => e.fmt(f),
             RunError::Input(e) => f.write_str(e),
         }
     }
@@ -69,6 +72,12 @@ impl std::error::Error for RunError {}
 impl From<LoadError> for RunError {
     fn from(e: LoadError) -> Self {
         RunError::Load(e)
+    }
+}
+
+impl From<flux_lite_core::plan::PlanError> for RunError {
+    fn from(e: flux_lite_core::plan::PlanError) -> Self {
+        RunError::Plan(e)
     }
 }
 

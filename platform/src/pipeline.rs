@@ -85,19 +85,12 @@ pub struct Request {
     pub seed: u64,
     /// Classifier-free guidance scale; applied only when > 1 and the model is not distilled.
     pub guidance: f32,
-    /// Forced VAE tile size in pixels; `None` takes the plan's.
+    /// A VAE tile in pixels the plan must use (checked against the budget); `None`: planned.
     pub vae_tile: Option<usize>,
     /// Device bytes the run may allocate; `None` keeps everything resident.
     pub memory_budget: Option<u64>,
     /// The prepared reference images' `(width, height)`, in order; empty for text to image.
     pub references: Vec<(usize, usize)>,
-}
-
-impl Request {
-    /// The VAE tile of a phase: the request's when it forces one, else the plan's (`None`: untiled).
-    pub fn vae_tile_or(&self, planned: Option<u64>) -> Option<usize> {
-        self.vae_tile.or(planned.map(|t| t as usize))
-    }
 }
 
 /// The reference images' tokens, encoded once before denoising.
@@ -198,14 +191,12 @@ pub fn denoise(
     })
 }
 
-/// Decodes packed latents to the image, in the request's tiles if it forces
-/// them, else in the plan's (`None`: untiled).
-#[allow(clippy::too_many_arguments)]
+/// Decodes packed latents to the image in the plan's tiles (`None`: untiled).
 pub fn decode(
     gpu: &Gpu,
     model: &ModelFolder,
     request: &Request,
-    planned_tile: Option<u64>,
+    tile: Option<u64>,
     latents: &[f32],
     timings: &mut Timings,
     progress: &mut dyn FnMut(Progress),
@@ -213,7 +204,7 @@ pub fn decode(
     let started = Instant::now();
     let mut store = model.weights(Component::Vae)?;
     store.expand_df11_on_host()?;
-    let mut vae = VaeDecoder::new(gpu, &model.vae, &store, request.width, request.height, request.vae_tile_or(planned_tile))?;
+    let mut vae = VaeDecoder::new(gpu, &model.vae, &store, request.width, request.height, tile.map(|t| t as usize))?;
     timings.load += started.elapsed();
     let started = Instant::now();
     let image = vae.decode(gpu, latents, &mut |t| progress(Progress::Decode { done: t.done, total: t.total }))?;

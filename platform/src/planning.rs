@@ -90,6 +90,7 @@ impl ModelSizes {
             vae_encoder_weight_bytes: self.vae_encoder,
             limits,
             budget,
+            vae_tile: None,
         }
     }
 }
@@ -107,12 +108,15 @@ fn text_encoder_sizes(model: &ModelFolder) -> Result<WeightSizes, RunError> {
 pub fn plan(gpu: &Gpu, model: &ModelFolder, request: &Request) -> Result<Plan, RunError> {
     let sizes = ModelSizes::from_files(model, request.width, request.height)?;
     let references: Vec<(u64, u64)> = request.references.iter().map(|&(w, h)| (w as u64, h as u64)).collect();
-    let input = sizes.plan_input(model, request.width, request.height, &references, gpu.plan_limits(), request.memory_budget);
-    planner::plan(&input).map_err(|e| RunError::Input(e.to_string()))
+    let input = PlanInput {
+        vae_tile: request.vae_tile.map(|t| t as u64),
+        ..sizes.plan_input(model, request.width, request.height, &references, gpu.plan_limits(), request.memory_budget)
+    };
+    Ok(planner::plan(&input)?)
 }
 
 /// The text encoder's phase alone (for `encode`): its fastest strategy within `budget`.
 pub fn plan_encode(model: &ModelFolder, budget: Option<u64>) -> Result<PhasePlan, RunError> {
     let sizes = text_encoder_sizes(model)?;
-    planner::plan_encode(&model.text_encoder, PROMPT_TOKENS as u64, sizes, budget).map_err(|e| RunError::Input(e.to_string()))
+    Ok(planner::plan_encode(&model.text_encoder, PROMPT_TOKENS as u64, sizes, budget)?)
 }

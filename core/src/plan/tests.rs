@@ -36,6 +36,7 @@ impl Model {
             vae_encoder_weight_bytes: vae_encoder_weights(&self.vae),
             limits: LIMITS,
             budget,
+            vae_tile: None,
         }
     }
 }
@@ -409,4 +410,33 @@ fn attention_keys_beyond_one_binding_force_chunks_or_are_refused_up_front() {
     // (A 1024² reference's untiled encoder arena, 1.7 GB, exceeds WebGPU's 256 MiB buffer.)
     let refs = [(256, 256)];
     assert!(plan(&PlanInput { references: &refs, ..webgpu(1024) }).unwrap().denoise.chunk.is_some());
+}
+
+#[test]
+fn a_forced_vae_tile_is_the_only_layout_and_is_checked_against_the_budget() {
+    let model = Model::klein_4b(false);
+    let free = model.input(1024, None);
+    let forced = |tile, budget| PlanInput { vae_tile: Some(tile), budget, ..free };
+    // The forced tile is planned (and printed by `gen --verbose`), not patched in after planning.
+    let options: Vec<VaePlan> = decode_options(&forced(256, None)).unwrap().collect();
+    assert_eq!(options.iter().map(|p| p.tile).collect::<Vec<_>>(), [Some(256)]);
+    assert_eq!(plan(&forced(256, None)).unwrap().decode.tile, Some(256));
+    // A tile that covers the image decodes it untiled, as the decoder does.
+    assert_eq!(plan(&forced(1024, None)).unwrap().decode.tile, None);
+    // The planned run fits its minimum; a forced untiled decode does not, and
+    // is refused up front with the smallest budget that works with that tile.
+    let budget = minimum_budget(&free).unwrap();
+    assert!(plan(&PlanInput { budget: Some(budget), ..free }).is_ok());
+    match plan(&forced(1024, Some(budget))) {
+        Err(PlanError::TooSmall { phase: "the VAE decoder", minimum, .. }) => {
+            assert!(minimum > budget, "{minimum} ≤ {budget}");
+            assert_eq!(minimum, minimum_budget(&forced(1024, None)).unwrap());
+            assert!(plan(&forced(1024, Some(minimum))).is_ok());
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(plan(&forced(100, None)).unwrap_err(), PlanError::VaeTileSize { tile: 100, unit: 16 });
+    // 16-pixel bands cannot hold one 1024-pixel row of the full-resolution convolutions (the smallest tile is 48).
+    assert_eq!(plan(&forced(16, None)).unwrap_err(), PlanError::VaeTileTooSmall { tile: 16, what: "the VAE decoder" });
+    assert!(plan(&forced(48, None)).is_ok());
 }

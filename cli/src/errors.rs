@@ -1,0 +1,26 @@
+//! Library errors as the CLI's one `error:` line, naming the flag at fault
+//! where the library's typed error says which setting it was.
+
+use flux_lite_core::plan::{Bytes, PlanError};
+use flux_lite_platform::RunError;
+
+/// A planner refusal, with the flag that set what it refuses.
+pub fn plan_line(e: &PlanError) -> String {
+    match *e {
+        PlanError::TooSmall { budget, phase, minimum } => format!(
+            "--memory-budget {}: too small ({phase} needs more); the smallest budget that works for this size is {} ({minimum} B)",
+            Bytes(budget),
+            Bytes(minimum)
+        ),
+        PlanError::VaeTileSize { .. } | PlanError::VaeTileTooSmall { .. } => format!("--vae-tile: {e}"),
+        _ => e.to_string(),
+    }
+}
+
+/// Any run error, planner refusals mapped by [`plan_line`].
+pub fn run_line(e: &RunError) -> String {
+    match e {
+        RunError::Plan(p) => plan_line(p),
+        _ => e.to_string(),
+    }
+}
