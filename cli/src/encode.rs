@@ -3,9 +3,8 @@
 use crate::progress::Bar;
 use argh::FromArgs;
 use flux_lite_platform::embeddings_file;
-use flux_lite_platform::model::ModelFolder;
-use flux_lite_platform::pipeline::{self, Timings};
-use flux_lite_platform::{output, planning, Gpu, GpuOptions};
+use flux_lite_platform::pipeline::{Options, Pipeline};
+use flux_lite_platform::{output, GpuOptions};
 use std::path::PathBuf;
 
 /// Encode a prompt with the model's Qwen3 text encoder and write `prompt_embeds` [512, joint_attention_dim] (f32 safetensors).
@@ -38,25 +37,21 @@ pub fn run(args: &EncodeArgs) -> Result<(), String> {
     let interrupt = crate::interrupt::flag();
     let prompt = crate::prompt::from_flags(args.prompt.as_deref(), args.prompt_file.as_deref())?
         .ok_or("give --prompt TEXT or --prompt-file FILE")?;
-    let model = ModelFolder::open(&args.model).map_err(|e| e.to_string())?;
-    let gpu = Gpu::new(&GpuOptions { interrupt: Some(interrupt), ..Default::default() }).map_err(|e| e.to_string())?;
-    let plan = planning::plan_encode(&model, args.memory_budget).map_err(|e| crate::errors::run_line(&e))?;
+    let options = Options { gpu: GpuOptions { interrupt: Some(interrupt), ..Default::default() }, transformer: None };
+    let pipeline = Pipeline::open(&args.model, options).map_err(|e| e.to_string())?;
     let mut bar = Bar::new(args.quiet);
-    let mut timings = Timings::default();
-    let encoded = pipeline::encode_prompts(&gpu, &model, plan.weights, &[&prompt], &mut timings, &mut |p| bar.show(p));
+    let encoded = pipeline.encode(&[&prompt], args.memory_budget, &mut bar);
     bar.finish();
-    let encoded = encoded.map_err(|e| e.to_string())?.remove(0);
-    gpu.check_interrupt().map_err(|e| e.to_string())?;
-    if let Some(w) = &encoded.truncation_warning {
-        eprintln!("{w}");
-    }
+    let (mut values, timings) = encoded.map_err(|e| crate::errors::run_line(&e))?;
+    let values = values.remove(0);
+    let model = pipeline.model();
     let joint = model.transformer.joint_attention_dim;
     let metadata = [("prompt", prompt.clone()), ("model", args.model.display().to_string())];
-    output::write_f32_tensors(&args.output, &[(embeddings_file::PROMPT, &encoded.values)], joint, &metadata)?;
+    output::write_f32_tensors(&args.output, &[(embeddings_file::PROMPT, &values)], joint, &metadata)?;
     eprintln!(
         "wrote {} ({} × {joint}); load {:.2}s, encode {:.2}s",
         args.output.display(),
-        encoded.values.len() / joint,
+        values.len() / joint,
         timings.load.as_secs_f64(),
         timings.encode.as_secs_f64()
     );

@@ -4,9 +4,10 @@ use crate::progress::Bar;
 use argh::FromArgs;
 use flux_lite_platform::embeddings_file::{self, EmbeddingsFile};
 use flux_lite_platform::model::ModelFolder;
-use flux_lite_platform::pipeline::{self, Request, Timings};
-use flux_lite_platform::{denoise, output, planning, Gpu, GpuOptions};
-use flux_lite_core::plan::WeightStrategy;
+use flux_lite_platform::pipeline::{Pipeline, Prompt, Request};
+use flux_lite_platform::reference_image::ReferenceImage;
+use flux_lite_platform::{denoise, output, GpuOptions};
+use flux_lite_core::plan::Plan;
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -109,23 +110,21 @@ pub fn run(args: &GenArgs) -> Result<(), String> {
         eprintln!("warning: {} is guidance-distilled; --guidance {guidance} is ignored", args.model.display());
     }
     let joint = model.transformer.joint_attention_dim;
-    let from_file = match &args.embeddings {
+    let prompt = match &args.embeddings {
         Some(path) => {
             let file = EmbeddingsFile::open(path)?;
             let positive = file
                 .get(embeddings_file::PROMPT, joint)?
                 .ok_or_else(|| format!("{}: no tensor `{}`", path.display(), embeddings_file::PROMPT))?;
-            Some((positive, file.get(embeddings_file::NEGATIVE, joint)?))
+            Prompt::Embeddings { positive, negative: file.get(embeddings_file::NEGATIVE, joint)? }
         }
-        None => None,
+        None => Prompt::Text(prompt_text.clone()),
     };
     let seed = args.seed.unwrap_or_else(random_seed);
     eprintln!("seed: {seed}");
 
-    let gpu = Gpu::new(&GpuOptions { interrupt: Some(interrupt), ..Default::default() }).map_err(|e| e.to_string())?;
-    if args.verbose {
-        eprintln!("adapter: {}", gpu.describe());
-    }
+    let in_channels = model.transformer.in_channels;
+    let pipeline = Pipeline::with_model(model, &GpuOptions { interrupt: Some(interrupt), ..Default::default() }).map_err(|e| e.to_string())?;
     let request = Request {
         width,
         height,
@@ -136,51 +135,18 @@ pub fn run(args: &GenArgs) -> Result<(), String> {
         memory_budget: args.memory_budget,
         references: references.iter().map(|r| (r.width, r.height)).collect(),
     };
-    let plan = planning::plan(&gpu, &model, &request).map_err(|e| crate::errors::run_line(&e))?;
     if args.verbose {
-        eprintln!("plan: text encoder {}; transformer {}", plan.encode.weights, plan.denoise);
-        for r in &references {
-            eprintln!("reference {}: {}×{} → {}×{}", r.path.display(), r.original.0, r.original.1, r.width, r.height);
-        }
-        if let Some(r) = plan.references {
-            let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
-            let layout = r.tile.map_or("untiled".to_string(), |t| format!("in bands, arena of a {t}-pixel square"));
-            eprintln!("plan: VAE encoder {layout}, arena {:.2} MiB, peak {:.2} MiB", mib(r.arena_bytes), mib(r.peak()));
-        }
-        match plan.decode.tile {
-            Some(tile) => eprintln!("plan: VAE in bands, arena of a {tile}-pixel square"),
-            None => eprintln!("plan: VAE untiled"),
-        }
+        eprintln!("adapter: {}", pipeline.gpu().describe());
+        print_plan(&pipeline.plan(&request).map_err(|e| crate::errors::run_line(&e))?, &references);
     }
-    let mut timings = Timings::default();
     let mut bar = Bar::new(args.quiet);
-    let guided = pipeline::uses_guidance(&model, guidance);
-    let te = plan.encode.weights;
-    let (positive, negative) = match from_file {
-        Some((positive, Some(negative))) => (positive, Some(negative)),
-        Some((positive, None)) if guided => (positive, Some(encode(&gpu, &model, te, &[""], &mut timings, &mut bar)?.remove(0))),
-        Some((positive, None)) => (positive, None),
-        None => {
-            let prompts: &[&str] = if guided { &[&prompt_text, ""] } else { &[&prompt_text] };
-            let mut e = encode(&gpu, &model, te, prompts, &mut timings, &mut bar)?.into_iter();
-            (e.next().unwrap_or_default(), e.next())
-        }
-    };
-    let mut show = |p| bar.show(p);
-    let reference_tile = plan.references.and_then(|r| r.tile).map(|t| t as usize);
-    let encoded = pipeline::encode_references(&gpu, &model, &references, reference_tile, &mut timings, &mut show);
-    let latents = encoded.and_then(|refs| {
-        pipeline::denoise(&gpu, &model, &request, &plan.denoise, &positive, negative.as_deref(), &refs, &mut timings, &mut show)
-    });
-    let image = match (&latents, &args.output) {
-        (Ok(latents), Some(_)) => Some(pipeline::decode(&gpu, &model, &request, plan.decode.tile, latents, &mut timings, &mut show)),
-        _ => None,
+    let generated = match args.output {
+        Some(_) => pipeline.generate(&prompt, &request, &references, &mut bar),
+        None => pipeline.latents(&prompt, &request, &references, &mut bar),
     };
     bar.finish();
-    let latents = latents.map_err(|e| e.to_string())?;
-    let image = image.transpose().map_err(|e| e.to_string())?;
-    // Ctrl-C after the last block still writes nothing.
-    gpu.check_interrupt().map_err(|e| e.to_string())?;
+    let generated = generated.map_err(|e| crate::errors::run_line(&e))?;
+    let (latents, timings) = (&generated.latents, &generated.timings);
 
     let mut text = vec![
         ("prompt", prompt_text.clone()),
@@ -198,16 +164,17 @@ pub fn run(args: &GenArgs) -> Result<(), String> {
         text.push(("reference", path.display().to_string()));
     }
     if let Some(path) = &args.output_latents {
-        output::write_f32_tensors(path, &[("latents", &latents)], model.transformer.in_channels, &text)?;
+        output::write_f32_tensors(path, &[("latents", latents)], in_channels, &text)?;
     }
-    if let (Some(path), Some(image)) = (&args.output, &image) {
+    if let (Some(path), Some(image)) = (&args.output, &generated.image) {
         let png = output::encode_png(image.width as u32, image.height as u32, &image.rgb, &text)?;
         output::write_atomically(path, &png)?;
         eprintln!("wrote {}", path.display());
     }
     if args.verbose {
         let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
-        let peak = gpu.memory().high_water;
+        let peak = pipeline.gpu().memory().high_water;
+        let plan = &generated.plan;
         match args.memory_budget {
             Some(budget) => eprintln!("peak device memory: {:.2} MiB of budget {:.2} MiB (planned {:.2} MiB)", mib(peak), mib(budget), mib(plan.peak())),
             None => eprintln!("peak device memory: {:.2} MiB, no budget (planned {:.2} MiB)", mib(peak), mib(plan.peak())),
@@ -225,28 +192,21 @@ pub fn run(args: &GenArgs) -> Result<(), String> {
     Ok(())
 }
 
-/// Encodes prompts, printing any truncation warning on its own line.
-fn encode(
-    gpu: &Gpu,
-    model: &ModelFolder,
-    strategy: WeightStrategy,
-    prompts: &[&str],
-    timings: &mut Timings,
-    bar: &mut Bar,
-) -> Result<Vec<Vec<f32>>, String> {
-    let encoded = pipeline::encode_prompts(gpu, model, strategy, prompts, timings, &mut |p| bar.show(p)).map_err(|e| {
-        bar.finish();
-        e.to_string()
-    })?;
-    let mut out = Vec::with_capacity(encoded.len());
-    for e in encoded {
-        if let Some(w) = e.truncation_warning {
-            bar.finish();
-            eprintln!("{w}");
-        }
-        out.push(e.values);
+/// The plan `--verbose` prints: each phase's layout, the VAE tile used.
+fn print_plan(plan: &Plan, references: &[ReferenceImage]) {
+    eprintln!("plan: text encoder {}; transformer {}", plan.encode.weights, plan.denoise);
+    for r in references {
+        eprintln!("reference {}: {}×{} → {}×{}", r.path.display(), r.original.0, r.original.1, r.width, r.height);
     }
-    Ok(out)
+    if let Some(r) = plan.references {
+        let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+        let layout = r.tile.map_or("untiled".to_string(), |t| format!("in bands, arena of a {t}-pixel square"));
+        eprintln!("plan: VAE encoder {layout}, arena {:.2} MiB, peak {:.2} MiB", mib(r.arena_bytes), mib(r.peak()));
+    }
+    match plan.decode.tile {
+        Some(tile) => eprintln!("plan: VAE in bands, arena of a {tile}-pixel square"),
+        None => eprintln!("plan: VAE untiled"),
+    }
 }
 
 fn random_seed() -> u64 {

@@ -1,6 +1,6 @@
 //! The progress bar on stderr: one line, redrawn in place.
 
-use flux_lite_platform::pipeline::Progress;
+use flux_lite_platform::pipeline::{Observer, Progress};
 use std::io::Write;
 
 const WIDTH: usize = 30;
@@ -51,5 +51,17 @@ impl Bar {
             eprintln!();
             self.drawn = false;
         }
+    }
+}
+
+/// The bar follows a run's progress; a warning ends the bar's line first.
+impl Observer for Bar {
+    fn progress(&mut self, p: Progress) {
+        self.show(p);
+    }
+
+    fn warning(&mut self, message: &str) {
+        self.finish();
+        eprintln!("{message}");
     }
 }

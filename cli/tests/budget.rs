@@ -124,13 +124,17 @@ fn a_forced_vae_tile_is_planned_and_refused_before_any_upload_when_it_does_not_f
     // Refused by the plan: no weights were uploaded, no progress or timing was printed.
     assert!(!stderr.contains("plan: ") && !stderr.contains("time: "), "{stderr}");
     assert!(!dir.join("out.png").exists() && !dir.join("latents.safetensors").exists());
-    // A tile within the budget is the one planned, printed and used.
-    let run = gen(&model, &dir, &["--memory-budget", budget.as_str(), "--vae-tile", "16", "--verbose"]);
+    // The tile the budget's plan picks, forced, is the one planned, printed and used.
+    let planned = gen(&model, &dir, &["--memory-budget", budget.as_str(), "--verbose"]);
+    let stderr = String::from_utf8_lossy(&planned.stderr);
+    let vae_line = stderr.lines().find(|l| l.starts_with("plan: VAE in bands")).unwrap_or_else(|| panic!("{stderr}")).to_string();
+    let tile = vae_line.split_whitespace().find_map(|w| w.strip_suffix("-pixel")).unwrap();
+    let run = gen(&model, &dir, &["--memory-budget", budget.as_str(), "--vae-tile", tile, "--verbose"]);
     let stderr = String::from_utf8_lossy(&run.stderr);
     assert!(run.status.success(), "{stderr}");
-    assert!(stderr.contains("plan: VAE in bands, arena of a 16-pixel square"), "{stderr}");
+    assert!(stderr.lines().any(|l| l == vae_line), "{vae_line} not in {stderr}");
     // Not a multiple of the latent cell: named by its flag.
-    let run = gen(&model, &dir, &["--vae-tile", "20"]);
+    let run = gen(&model, &dir, &["--vae-tile", "18"]);
     let stderr = String::from_utf8_lossy(&run.stderr);
-    assert!(stderr.contains("error: --vae-tile: the VAE tile 20 is not a positive multiple of 16 pixels"), "{stderr}");
+    assert!(stderr.contains("error: --vae-tile: the VAE tile 18 is not a positive multiple of 4 pixels"), "{stderr}");
 }

@@ -680,11 +680,13 @@ fn decode_candidates<'a>(input: &'a PlanInput<'a>) -> impl Iterator<Item = VaePl
     let forced = input.vae_tile;
     let covers = forced.is_some_and(|t| t >= w.max(h));
     let whole = whole.filter(|_| forced.is_none() || covers);
-    let sizes = match forced {
-        Some(_) if covers => 1..=0,
-        Some(t) => t / unit..=t / unit,
-        None => 1..=largest,
+    // Tile sizes in cells of `unit` pixels; none when a forced tile covers the image.
+    let (first, last) = match forced {
+        Some(_) if covers => (1, 0),
+        Some(t) => (t / unit, t / unit),
+        None => (1, largest),
     };
+    let sizes = first..=last;
     let tiles = sizes.rev().filter_map(move |n| {
         let tile = n * unit;
         vae_arena(cfg, tile / scale, tile / scale, input.limits)?;

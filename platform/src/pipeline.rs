@@ -1,10 +1,11 @@
 //! Text to image in stages, as `Flux2KleinPipeline` runs them: tokenize,
 //! encode, denoise, decode. Each stage's device memory is released before
-//! the next one allocates its own.
+//! the next one allocates its own. [`Pipeline`] is the entry point: open
+//! once, then [`Pipeline::generate`] any number of times.
 
 use crate::denoise::{self, Conditioning, StepProgress};
 use crate::error::RunError;
-use flux_lite_kernels::Gpu;
+use flux_lite_kernels::{Gpu, GpuOptions};
 use crate::model::{Component, ModelFolder};
 use crate::reference_image::ReferenceImage;
 use crate::text_encoder::TextEncoder;
@@ -13,7 +14,8 @@ use crate::runner::BlockProgress;
 use crate::transformer::{LatentGrids, Transformer};
 use crate::vae::VaeDecoder;
 use crate::vae_encoder::VaeEncoder;
-use flux_lite_core::plan::{PhasePlan, WeightStrategy};
+use flux_lite_core::plan::{PhasePlan, Plan, WeightStrategy};
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 /// Tokens per prompt: diffusers' `max_sequence_length`, which the transformer attends over in full.
@@ -210,4 +212,173 @@ pub fn decode(
     let image = vae.decode(gpu, latents, &mut |t| progress(Progress::Decode { done: t.done, total: t.total }))?;
     timings.decode += started.elapsed();
     Ok(Image { width: image.width, height: image.height, rgb: image.rgb })
+}
+
+/// What the caller learns while a generation runs: progress, and warnings
+/// (a prompt cut to 512 tokens) to show. Both default to doing nothing.
+pub trait Observer {
+    fn progress(&mut self, _progress: Progress) {}
+    fn warning(&mut self, _message: &str) {}
+}
+
+/// An observer that ignores everything.
+#[derive(Debug, Default)]
+pub struct Silent;
+
+impl Observer for Silent {}
+
+/// How to open a [`Pipeline`].
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    /// Backend, binding cap and the interrupt flag (set it, e.g. from a
+    /// Ctrl-C handler, to stop a run at its next block: cancellation).
+    pub gpu: GpuOptions,
+    /// A transformer folder to use instead of the model's `transformer/`
+    /// (an official DF11 folder, or another diffusers transformer).
+    pub transformer: Option<PathBuf>,
+}
+
+/// The conditioning of a generation.
+#[derive(Debug, Clone)]
+pub enum Prompt {
+    /// A prompt to tokenize and encode (the empty prompt is the negative when guided).
+    Text(String),
+    /// Embeddings `[512, joint]` encoded before (`flux-lite encode`); the
+    /// negative is encoded from the empty prompt when guided and absent.
+    Embeddings { positive: Vec<f32>, negative: Option<Vec<f32>> },
+}
+
+/// What [`Pipeline::generate`] made, with the plan it ran under and its timings.
+#[derive(Debug, Clone)]
+pub struct Generated {
+    /// The final packed latents `[tokens, in_channels]`.
+    pub latents: Vec<f32>,
+    /// The decoded image (`None` from [`Pipeline::latents`]).
+    pub image: Option<Image>,
+    pub plan: Plan,
+    pub timings: Timings,
+}
+
+/// The engine's entry point: a model folder and a device, opened once; then
+/// any number of generations. Each generation plans its own memory and runs
+/// encode → references → denoise → decode, each stage releasing its device
+/// memory before the next (the budget bounds every stage). What outlives a
+/// generation: the device and its compiled pipelines, the memory-mapped
+/// weight files, the configs.
+///
+/// ```no_run
+/// use flux_lite_platform::pipeline::{Options, Pipeline, Prompt, Request, Silent};
+/// # fn main() -> Result<(), flux_lite_platform::RunError> {
+/// let pipeline = Pipeline::open("FLUX.2-klein-4B".as_ref(), Options::default())?;
+/// let request = Request { width: 512, height: 512, steps: 4, seed: 42, guidance: 1.0, vae_tile: None, memory_budget: None, references: Vec::new() };
+/// let out = pipeline.generate(&Prompt::Text("a red fox in the snow".into()), &request, &[], &mut Silent)?;
+/// let image = out.image.expect("decoded");
+/// assert_eq!(image.rgb.len(), 3 * 512 * 512);
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct Pipeline {
+    gpu: Gpu,
+    model: ModelFolder,
+}
+
+impl Pipeline {
+    /// Opens the diffusers model folder `dir` (configs, tokenizer, memory-mapped
+    /// weights) and the GPU.
+    pub fn open(dir: &Path, options: Options) -> Result<Self, RunError> {
+        let mut model = ModelFolder::open(dir)?;
+        if let Some(transformer) = &options.transformer {
+            model = model.with_transformer(transformer)?;
+        }
+        Self::with_model(model, &options.gpu)
+    }
+
+    /// A pipeline over a model folder already opened (a caller that checks its
+    /// own inputs against the configs before touching the GPU).
+    pub fn with_model(model: ModelFolder, gpu: &GpuOptions) -> Result<Self, RunError> {
+        Ok(Self { gpu: Gpu::new(gpu)?, model })
+    }
+
+    pub fn model(&self) -> &ModelFolder {
+        &self.model
+    }
+
+    pub fn gpu(&self) -> &Gpu {
+        &self.gpu
+    }
+
+    /// The memory plan `request` would run under, or the planner's refusal;
+    /// nothing is uploaded.
+    pub fn plan(&self, request: &Request) -> Result<Plan, RunError> {
+        crate::planning::plan(&self.gpu, &self.model, request)
+    }
+
+    /// Encodes prompts alone within `budget` (`flux-lite encode`).
+    pub fn encode(&self, prompts: &[&str], budget: Option<u64>, observer: &mut dyn Observer) -> Result<(Vec<Vec<f32>>, Timings), RunError> {
+        let plan = crate::planning::plan_encode(&self.model, budget)?;
+        let mut timings = Timings::default();
+        let values = self.encode_observed(plan.weights, prompts, &mut timings, observer)?;
+        self.gpu.check_interrupt()?;
+        Ok((values, timings))
+    }
+
+    /// Text (and reference images) to image. `references` are the prepared
+    /// images whose sizes `request.references` lists.
+    pub fn generate(&self, prompt: &Prompt, request: &Request, references: &[ReferenceImage], observer: &mut dyn Observer) -> Result<Generated, RunError> {
+        self.run(prompt, request, references, true, observer)
+    }
+
+    /// [`Self::generate`] without the VAE decode: the final latents only.
+    pub fn latents(&self, prompt: &Prompt, request: &Request, references: &[ReferenceImage], observer: &mut dyn Observer) -> Result<Generated, RunError> {
+        self.run(prompt, request, references, false, observer)
+    }
+
+    fn run(&self, prompt: &Prompt, request: &Request, references: &[ReferenceImage], decode_image: bool, observer: &mut dyn Observer) -> Result<Generated, RunError> {
+        let sizes: Vec<(usize, usize)> = references.iter().map(|r| (r.width, r.height)).collect();
+        if sizes != request.references {
+            return Err(RunError::Input("the request's reference sizes differ from the reference images given".into()));
+        }
+        let (gpu, model) = (&self.gpu, &self.model);
+        let plan = self.plan(request)?;
+        let mut timings = Timings::default();
+        let guided = uses_guidance(model, request.guidance);
+        let te = plan.encode.weights;
+        let (positive, negative) = match prompt {
+            Prompt::Embeddings { positive, negative: Some(negative) } => (positive.clone(), Some(negative.clone())),
+            Prompt::Embeddings { positive, negative: None } if guided => {
+                (positive.clone(), Some(self.encode_observed(te, &[""], &mut timings, observer)?.remove(0)))
+            }
+            Prompt::Embeddings { positive, negative: None } => (positive.clone(), None),
+            Prompt::Text(text) => {
+                let prompts: &[&str] = if guided { &[text, ""] } else { &[text] };
+                let mut e = self.encode_observed(te, prompts, &mut timings, observer)?.into_iter();
+                (e.next().unwrap_or_default(), e.next())
+            }
+        };
+        let mut show = |p| observer.progress(p);
+        let reference_tile = plan.references.and_then(|r| r.tile).map(|t| t as usize);
+        let encoded = encode_references(gpu, model, references, reference_tile, &mut timings, &mut show)?;
+        let latents = denoise(gpu, model, request, &plan.denoise, &positive, negative.as_deref(), &encoded, &mut timings, &mut show)?;
+        let image = match decode_image {
+            true => Some(decode(gpu, model, request, plan.decode.tile, &latents, &mut timings, &mut show)?),
+            false => None,
+        };
+        // Interrupted after the last block: still no result.
+        gpu.check_interrupt()?;
+        Ok(Generated { latents, image, plan, timings })
+    }
+
+    /// Encodes prompts, passing truncation warnings to the observer.
+    fn encode_observed(&self, strategy: WeightStrategy, prompts: &[&str], timings: &mut Timings, observer: &mut dyn Observer) -> Result<Vec<Vec<f32>>, RunError> {
+        let encoded = encode_prompts(&self.gpu, &self.model, strategy, prompts, timings, &mut |p| observer.progress(p))?;
+        Ok(encoded
+            .into_iter()
+            .map(|e| {
+                if let Some(w) = &e.truncation_warning {
+                    observer.warning(w);
+                }
+                e.values
+            })
+            .collect())
+    }
 }
