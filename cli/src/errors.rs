@@ -1,6 +1,7 @@
 //! Library errors as the CLI's one `error:` line, naming the flag at fault
 //! where the library's typed error says which setting it was.
 
+use flux_lite_core::config::SizeError;
 use flux_lite_core::plan::{Bytes, PlanError};
 use flux_lite_platform::RunError;
 
@@ -23,4 +24,9 @@ pub fn run_line(e: &RunError) -> String {
         RunError::Plan(p) => plan_line(p),
         _ => e.to_string(),
     }
+}
+
+/// An image side off the size rule, named by its flag.
+pub fn size_line(e: &SizeError) -> String {
+    format!("--{} {} is not a positive multiple of {} (2 × the VAE scale factor)", e.side, e.pixels, e.cell)
 }

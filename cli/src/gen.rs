@@ -96,7 +96,7 @@ pub fn run(args: &GenArgs) -> Result<(), String> {
     }
     let references = crate::references::load(&args.image, &model)?;
     let (width, height) = crate::references::image_size(args.width, args.height, &references);
-    denoise::latent_grid(&model.vae, width, height)?;
+    denoise::latent_grid(&model.vae, width, height).map_err(|e| crate::errors::size_line(&e))?;
     let distilled = model.index.is_distilled;
     let steps = args.steps.unwrap_or(if distilled { 4 } else { 50 });
     if steps == 0 || steps > MAX_STEPS {

@@ -13,7 +13,7 @@ pub fn load(paths: &[PathBuf], model: &ModelFolder) -> Result<Vec<ReferenceImage
     if paths.len() > MAX_REFERENCES {
         return Err(format!("{} reference images given; at most {MAX_REFERENCES} are supported", paths.len()));
     }
-    let unit = 2 * model.vae.scale_factor();
+    let unit = model.vae.latent_cell();
     paths.iter().map(|path| reference_image::load(path, unit)).collect::<Result<_, _>>().map_err(|e| e.to_string())
 }
 

@@ -12,7 +12,7 @@ use std::process::Command;
 fn embeddings_file(case: &str, dir: &Path, bf16: bool) -> PathBuf {
     let (values, shape) = Goldens::load(case).f32("prompt_embeds");
     let bytes: Vec<u8> = if bf16 {
-        values.iter().flat_map(|&v| flux_lite_core::bf16::from_f32(v).to_le_bytes()).collect()
+        values.iter().flat_map(|&v| flux_lite_core::numerics::bf16::from_f32(v).to_le_bytes()).collect()
     } else {
         values.iter().flat_map(|v| v.to_le_bytes()).collect()
     };

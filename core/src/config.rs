@@ -153,6 +153,12 @@ impl VaeConfig {
         1 << (self.block_out_channels.len() - 1)
     }
 
+    /// Pixels per side of one packed latent token: twice the scale factor
+    /// (16 for the real VAE). Image sides and VAE tiles are multiples of it.
+    pub fn latent_cell(&self) -> usize {
+        2 * self.scale_factor()
+    }
+
     pub fn decoder_channels(&self) -> &[usize] {
         self.decoder_block_out_channels.as_deref().unwrap_or(&self.block_out_channels)
     }
@@ -361,5 +367,47 @@ mod tests {
         let mut v = klein_4b::vae();
         v.norm_num_groups = 48;
         assert_eq!(v.validate().unwrap_err().field, "norm_num_groups");
+    }
+}
+
+/// An image size the model can take: both sides positive multiples of the
+/// VAE's latent cell ([`VaeConfig::latent_cell`]), so the latent packs into
+/// 2×2 tokens. The one place the size rule is checked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ImageSize {
+    pub width: u64,
+    pub height: u64,
+    cell: u64,
+}
+
+/// A side of an image that breaks the size rule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SizeError {
+    /// `"width"` or `"height"`.
+    pub side: &'static str,
+    pub pixels: u64,
+    pub cell: u64,
+}
+
+impl fmt::Display for SizeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "the {} {} is not a positive multiple of {} (2 × the VAE scale factor)", self.side, self.pixels, self.cell)
+    }
+}
+
+impl ImageSize {
+    pub fn new(vae: &VaeConfig, width: u64, height: u64) -> Result<Self, SizeError> {
+        let cell = vae.latent_cell() as u64;
+        for (side, pixels) in [("width", width), ("height", height)] {
+            if pixels == 0 || !pixels.is_multiple_of(cell) {
+                return Err(SizeError { side, pixels, cell });
+            }
+        }
+        Ok(Self { width, height, cell })
+    }
+
+    /// The packed latent token grid `(rows, cols)`: `(H/(2s), W/(2s))`.
+    pub fn latent_grid(&self) -> (u64, u64) {
+        (self.height / self.cell, self.width / self.cell)
     }
 }

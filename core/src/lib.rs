@@ -1,9 +1,14 @@
-//! flux-lite-core: the portable part of the engine.
+//! flux-lite-core: the model's math, portable.
 //!
-//! Model configurations as plain structs, the bump arena that hands out device
-//! slices, bf16 helpers, host-side tables (RoPE), and the scalar reference for
-//! every GPU op, and the DF11 codec. No I/O, no threads, no wgpu; `no_std`
-//! without the `std` feature (the DF11 encoder needs `alloc`).
+//! - `config`: architectures as plain structs; `ir`: the Op program a block
+//!   runs; `models`: the transformer, text encoder and VAE as Op programs.
+//! - `plan`: the memory planner (pure arithmetic); `arena`: the bump arena.
+//! - `numerics`: bf16, torch's generator, the schedule, RoPE tables.
+//! - `oracle`: the scalar f64 reference every GPU kernel is tested against.
+//! - `df11`: the DFloat11 codec; `bands`: merging results computed by bands.
+//!
+//! No I/O, no threads, no wgpu; `no_std` without the `std` feature (the DF11
+//! encoder and `bands` need `alloc`).
 #![cfg_attr(not(feature = "std"), no_std)]
 
 #[cfg(feature = "alloc")]
@@ -12,20 +17,14 @@ extern crate alloc;
 pub mod arena;
 #[cfg(feature = "alloc")]
 pub mod bands;
-pub mod bf16;
+pub mod bytes;
 pub mod config;
 pub mod df11;
+pub mod ir;
+pub mod models;
+pub mod numerics;
+pub mod oracle;
 pub mod plan;
-pub mod program;
-pub mod reference;
-pub mod rng;
-pub mod rope;
-pub mod schedule;
-pub mod tensors;
-pub mod text_encoder;
-pub mod transformer;
-pub mod vae;
-pub mod vae_encoder;
 
 pub use arena::{ArenaError, ArenaSlice, BumpArena};
 // Config structs expose heapless collections; dependents use the same version.

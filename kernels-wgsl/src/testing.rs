@@ -44,7 +44,7 @@ impl Rng {
     }
 
     pub fn bf16s(&mut self, n: usize, scale: f32) -> Vec<u16> {
-        (0..n).map(|_| flux_lite_core::bf16::from_f32(self.normal() * scale)).collect()
+        (0..n).map(|_| flux_lite_core::numerics::bf16::from_f32(self.normal() * scale)).collect()
     }
 }
 

@@ -5,20 +5,14 @@ use flux_lite_kernels::Gpu;
 use crate::error::RunError;
 use crate::runner::BlockProgress;
 use crate::transformer::Transformer;
-use flux_lite_core::config::{SchedulerConfig, VaeConfig};
-use flux_lite_core::rng::TorchGenerator;
-use flux_lite_core::schedule;
+use flux_lite_core::config::{ImageSize, SchedulerConfig, SizeError, VaeConfig};
+use flux_lite_core::numerics::rng::TorchGenerator;
+use flux_lite_core::numerics::schedule;
 
-/// The latent token grid for an image size: `(H/(2s), W/(2s))`, s the VAE
-/// scale factor. Sizes must be positive multiples of `2s` (16 for the real VAE).
-pub fn latent_grid(vae: &VaeConfig, width: usize, height: usize) -> Result<(usize, usize), String> {
-    let unit = 2 * vae.scale_factor();
-    for (flag, v) in [("--width", width), ("--height", height)] {
-        if v == 0 || v % unit != 0 {
-            return Err(format!("{flag} {v} is not a positive multiple of {unit} (2 × the VAE scale factor)"));
-        }
-    }
-    Ok((height / unit, width / unit))
+/// The latent token grid `(rows, cols)` of an image size the VAE can take.
+pub fn latent_grid(vae: &VaeConfig, width: usize, height: usize) -> Result<(usize, usize), SizeError> {
+    let (rows, cols) = ImageSize::new(vae, width as u64, height as u64)?.latent_grid();
+    Ok((rows as usize, cols as usize))
 }
 
 /// `torch.randn((1, channels, h, w), generator=manual_seed(seed), dtype=bfloat16)`,
@@ -30,7 +24,7 @@ pub fn packed_noise(seed: u64, channels: usize, h: usize, w: usize) -> Vec<f32> 
     let mut packed = vec![0f32; bits.len()];
     for c in 0..channels {
         for t in 0..h * w {
-            packed[t * channels + c] = flux_lite_core::bf16::to_f32(bits[c * h * w + t]);
+            packed[t * channels + c] = flux_lite_core::numerics::bf16::to_f32(bits[c * h * w + t]);
         }
     }
     packed

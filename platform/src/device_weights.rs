@@ -16,7 +16,7 @@ use flux_lite_kernels::{DeviceBuffer, Gpu};
 use flux_lite_kernels::{Weight, WeightDtype};
 use crate::safetensors_store::{widen_to_f32, TensorRef, WeightStore};
 use flux_lite_core::plan::{BlockWeights, WeightSizes, WeightStrategy, SLOT_ALIGN, STREAM_STAGING};
-use flux_lite_core::program::Op;
+use flux_lite_core::ir::Op;
 use safetensors::tensor::Dtype;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};

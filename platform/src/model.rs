@@ -6,7 +6,7 @@ use crate::config_json::{self, JsonFile};
 use crate::error::LoadError;
 use crate::safetensors_store::{weight_file_kind, WeightStore};
 use flux_lite_core::config::{ModelIndex, Qwen3Config, SchedulerConfig, TransformerConfig, VaeConfig};
-use flux_lite_core::tensors::{self, TensorSpec};
+use flux_lite_core::models::tensors::{self, TensorSpec};
 use std::path::{Path, PathBuf};
 
 /// A model folder with every config read and validated (weights are opened on demand).

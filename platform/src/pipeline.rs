@@ -169,7 +169,7 @@ pub fn denoise(
     timings: &mut Timings,
     progress: &mut dyn FnMut(Progress),
 ) -> Result<Vec<f32>, RunError> {
-    let (lat_h, lat_w) = denoise::latent_grid(&model.vae, request.width, request.height).map_err(RunError::Input)?;
+    let (lat_h, lat_w) = denoise::latent_grid(&model.vae, request.width, request.height).map_err(|e| RunError::Input(e.to_string()))?;
     let started = Instant::now();
     let store = model.weights(Component::Transformer)?;
     let grids = LatentGrids { noise: (lat_h, lat_w), references: references.grids.clone() };

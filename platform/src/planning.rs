@@ -37,7 +37,7 @@ impl ModelSizes {
     }
 
     fn read(model: &ModelFolder, width: usize, height: usize, estimate_missing: bool) -> Result<Self, RunError> {
-        let (lat_h, lat_w) = denoise::latent_grid(&model.vae, width, height).map_err(RunError::Input)?;
+        let (lat_h, lat_w) = denoise::latent_grid(&model.vae, width, height).map_err(|e| RunError::Input(e.to_string()))?;
         let mut estimated = Vec::new();
         let mut from_files = |c: Component| {
             let files = !estimate_missing || model.has_weight_files(c);

@@ -7,7 +7,7 @@ use crate::safetensors_store::WeightStore;
 use flux_lite_kernels::{DeviceBuffer, Gpu};
 use flux_lite_kernels::kernels::{self, Attention, Elementwise, RopeStyle, RowNorm};
 use flux_lite_kernels::{Mat};
-use flux_lite_core::program::{Op, Span};
+use flux_lite_core::ir::{Op, Span};
 
 /// The activation arena and the tables a program reads.
 #[derive(Debug)]

@@ -6,7 +6,7 @@ use crate::config_json::JsonFile;
 use crate::df11::{self, Df11Config};
 use crate::error::LoadError;
 use flux_lite_core::df11::{Df11Field, Df11Fields, Df11Group};
-use flux_lite_core::tensors::{Kind, TensorSpec};
+use flux_lite_core::models::tensors::{Kind, TensorSpec};
 use memmap2::Mmap;
 use safetensors::tensor::{Dtype, SafeTensors};
 use std::collections::{BTreeMap, HashMap};

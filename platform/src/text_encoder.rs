@@ -15,9 +15,9 @@ use crate::runner::{self, collect_ops, BlockProgress, Runner};
 use crate::safetensors_store::{widen_to_f32, WeightStore};
 use flux_lite_core::config::Qwen3Config;
 use flux_lite_core::plan::{WeightSizes, WeightStrategy};
-use flux_lite_core::program::Op;
-use flux_lite_core::rope;
-use flux_lite_core::text_encoder::{self as program, TextEncoderLayout};
+use flux_lite_core::ir::Op;
+use flux_lite_core::numerics::rope;
+use flux_lite_core::models::text_encoder::{self as program, TextEncoderLayout};
 use flux_lite_core::BumpArena;
 use safetensors::tensor::Dtype;
 

@@ -11,9 +11,9 @@ use crate::runner::{self, collect_ops, BlockProgress, Runner};
 use crate::safetensors_store::WeightStore;
 use flux_lite_core::config::TransformerConfig;
 use flux_lite_core::plan::{WeightSizes, WeightStrategy};
-use flux_lite_core::program::Op;
-use flux_lite_core::rope;
-use flux_lite_core::transformer::{self as program, Tokens, TransformerLayout};
+use flux_lite_core::ir::Op;
+use flux_lite_core::numerics::rope;
+use flux_lite_core::models::transformer::{self as program, Tokens, TransformerLayout};
 use flux_lite_core::BumpArena;
 
 /// Longest timestep sinusoid supported without allocating (`timestep_guidance_channels`).
@@ -115,7 +115,7 @@ impl Transformer {
         };
         let prepared = runner.prepare(gpu, &weights, &blocks)?;
         let mut euler = Vec::new();
-        let mat = |s: flux_lite_core::program::Span| Mat { buf: &runner.arena, offset: s.offset, stride: s.stride };
+        let mat = |s: flux_lite_core::ir::Span| Mat { buf: &runner.arena, offset: s.offset, stride: s.stride };
         kernels::elementwise(gpu, &mut euler, Elementwise::Axpy(0.0), mat(layout.velocity), None, mat(layout.latents), [layout.noise, layout.in_channels])?;
         let euler = match <[Dispatch; 1]>::try_from(euler) {
             Ok([d]) => d,

@@ -7,15 +7,15 @@
 
 use crate::error::{GpuError, LoadError, RunError};
 use flux_lite_kernels::Gpu;
-use flux_lite_kernels::{Dispatch};
+use flux_lite_kernels::Dispatch;
 use crate::device_weights::{DeviceWeight, DeviceWeights};
 use crate::runner::{collect_ops, Runner};
 use crate::safetensors_store::WeightStore;
 use crate::vae_bands::{BandRunner, HostTensors};
-use flux_lite_core::config::VaeConfig;
-use flux_lite_core::program::{Op, Span};
-use flux_lite_core::tensors::{self, TensorSpec};
-use flux_lite_core::vae::{self as program, VaeLayout, VaePlanError};
+use flux_lite_core::config::{ImageSize, VaeConfig};
+use flux_lite_core::ir::{Op, Span};
+use flux_lite_core::models::tensors::{self, TensorSpec};
+use flux_lite_core::models::vae::{self as program, VaeLayout, VaePlanError};
 use flux_lite_core::BumpArena;
 
 /// Steps of one [`VaeDecoder::decode`] done: one when untiled, one per op of the decode program when banded.
@@ -215,7 +215,7 @@ impl VaeDecoder {
 
 /// What decoding reads: `decoder.*`, `post_quant_conv.*` and the latent BatchNorm statistics.
 fn decoder_specs(config: &VaeConfig) -> Vec<TensorSpec> {
-    specs_under(config, &flux_lite_core::vae::DECODER_WEIGHTS)
+    specs_under(config, &flux_lite_core::models::vae::DECODER_WEIGHTS)
 }
 
 /// The VAE's tensor specs whose names start with one of `prefixes`.
@@ -269,19 +269,14 @@ pub(crate) fn upload_checked(gpu: &Gpu, store: &WeightStore, specs: &[TensorSpec
     Ok(weights)
 }
 
-/// Refuses an image size the VAE cannot take: both sides must be positive
-/// multiples of twice its scale factor (so the latent packs into 2×2 tokens).
+/// Refuses an image size the VAE cannot take ([`ImageSize`]'s rule).
 pub(crate) fn check_image_size(config: &VaeConfig, width: usize, height: usize) -> Result<(), RunError> {
-    let unit = 2 * config.scale_factor();
-    if width == 0 || height == 0 || !width.is_multiple_of(unit) || !height.is_multiple_of(unit) {
-        return Err(RunError::Input(format!("the image size {width}×{height} is not a multiple of {unit} (twice the VAE scale factor)")));
-    }
-    Ok(())
+    ImageSize::new(config, width as u64, height as u64).map(|_| ()).map_err(|e| RunError::Input(e.to_string()))
 }
 
 /// Refuses a tile size that is not a positive multiple of twice the VAE scale factor.
 pub(crate) fn check_tile(config: &VaeConfig, tile_px: Option<usize>) -> Result<(), RunError> {
-    let unit = 2 * config.scale_factor();
+    let unit = config.latent_cell();
     match tile_px {
         Some(t) if t == 0 || !t.is_multiple_of(unit) => {
             Err(RunError::Input(format!("the VAE tile size {t} is not a positive multiple of {unit} pixels")))

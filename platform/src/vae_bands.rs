@@ -15,13 +15,13 @@ use crate::error::RunError;
 use flux_lite_kernels::Gpu;
 use crate::device_weights::DeviceWeights;
 use crate::runner::Runner;
-use flux_lite_core::program::{Op, Span};
-use flux_lite_core::reference::ConvShape;
-use flux_lite_core::tensors::TensorName;
+use flux_lite_core::ir::{Op, Span};
+use flux_lite_core::oracle::ConvShape;
+use flux_lite_core::models::tensors::TensorName;
 use flux_lite_core::BumpArena;
 use std::collections::HashMap;
 
-use flux_lite_core::vae::{band_arena_bytes, BAND_ALIGN as ALIGN};
+use flux_lite_core::models::vae::{band_arena_bytes, BAND_ALIGN as ALIGN};
 
 /// The whole image's activations on the host, one buffer per arena span of
 /// core's full-size layout (keyed by the span's offset), grown on first write.

@@ -13,9 +13,9 @@ use crate::safetensors_store::{widen_to_f32, WeightStore};
 use crate::vae::{arena_runner, check_image_size, check_tile, plan_error, upload_checked};
 use crate::vae_bands::{BandRunner, HostTensors};
 use flux_lite_core::config::VaeConfig;
-use flux_lite_core::tensors::TensorSpec;
-use flux_lite_core::vae_encoder::{self as program, VaeEncoderLayout};
-use flux_lite_core::vae::band_arena_bytes;
+use flux_lite_core::models::tensors::TensorSpec;
+use flux_lite_core::models::vae_encoder::{self as program, VaeEncoderLayout};
+use flux_lite_core::models::vae::band_arena_bytes;
 use flux_lite_core::BumpArena;
 
 #[derive(Debug)]

@@ -61,7 +61,7 @@ fn sharded_weights_are_read_across_files() {
     let vae = m.weights(Component::Vae).unwrap();
     let var = vae.tensor("bn.running_var").unwrap();
     for pair in var.bytes.chunks_exact(2) {
-        let v = flux_lite_core::bf16::to_f32(u16::from_le_bytes([pair[0], pair[1]]));
+        let v = flux_lite_core::numerics::bf16::to_f32(u16::from_le_bytes([pair[0], pair[1]]));
         assert!((0.5..=2.0).contains(&v), "{v}");
     }
 }

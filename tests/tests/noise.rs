@@ -1,11 +1,11 @@
-//! `flux_lite_core::rng::TorchGenerator` against `torch.randn` on a CPU
+//! `flux_lite_core::numerics::rng::TorchGenerator` against `torch.randn` on a CPU
 //! generator: `goldens/noise.safetensors` (written by
 //! `test_vectors/generate_numerics.py`) and the initial noise of every
 //! diffusers golden run. Everything is compared bit for bit.
 
 #![allow(clippy::unwrap_used)]
 
-use flux_lite_core::rng::TorchGenerator;
+use flux_lite_core::numerics::rng::TorchGenerator;
 use flux_lite_tests::{test_vectors, Goldens, CASES};
 use safetensors::tensor::{Dtype, SafeTensors};
 
@@ -117,7 +117,7 @@ fn pipeline_noise_matches_the_goldens() {
         let mut packed = vec![0f32; hw * c];
         for ch in 0..c {
             for token in 0..hw {
-                packed[token * c + ch] = flux_lite_core::bf16::to_f32(raw[ch * hw + token]);
+                packed[token * c + ch] = flux_lite_core::numerics::bf16::to_f32(raw[ch * hw + token]);
             }
         }
         let (want, want_shape) = g.f32("noise");

@@ -94,7 +94,7 @@ fn large_images_are_scaled_to_the_size_diffusers_picks() {
 
 /// The reference files of a pipeline case, prepared.
 fn prepared(g: &Goldens, model: &ModelFolder) -> Vec<ReferenceImage> {
-    let unit = 2 * model.vae.scale_factor();
+    let unit = model.vae.latent_cell();
     let refs = g.case_json()["references"].as_array().unwrap().clone();
     refs.iter().map(|r| reference_image::load(&g.dir.join(r["file"].as_str().unwrap()), unit).unwrap()).collect()
 }
@@ -142,7 +142,7 @@ fn denoising_with_references_follows_diffusers() {
         let json = g.case_json();
         let model = open_model(&g);
         let (want_refs, ref_shape) = g.f32("image_latents");
-        let unit = 2 * model.vae.scale_factor();
+        let unit = model.vae.latent_cell();
         let (w, h) = (json["width"].as_u64().unwrap() as usize, json["height"].as_u64().unwrap() as usize);
         let reference_grids = json["references"]
             .as_array()

@@ -3,7 +3,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-use flux_lite_core::rope;
+use flux_lite_core::numerics::rope;
 use flux_lite_platform::model::ModelFolder;
 use flux_lite_tests::{max_abs_diff, model_dir, Goldens, CASES};
 

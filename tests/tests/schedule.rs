@@ -1,4 +1,4 @@
-//! `flux_lite_core::schedule` against diffusers' `FlowMatchEulerDiscreteScheduler`
+//! `flux_lite_core::numerics::schedule` against diffusers' `FlowMatchEulerDiscreteScheduler`
 //! as `Flux2KleinPipeline` drives it: `goldens/schedule.json` (written by
 //! `test_vectors/generate_numerics.py`) and the golden pipeline runs. Sigmas,
 //! timesteps and Euler steps are compared bit for bit.
@@ -6,7 +6,7 @@
 #![allow(clippy::unwrap_used)]
 
 use flux_lite_core::config::{SchedulerConfig, TimeShift};
-use flux_lite_core::schedule;
+use flux_lite_core::numerics::schedule;
 use flux_lite_platform::model::ModelFolder;
 use flux_lite_tests::{model_dir, test_vectors, Goldens, CASES};
 use serde_json::Value;

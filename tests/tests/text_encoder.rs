@@ -3,7 +3,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-use flux_lite_core::program::Op;
+use flux_lite_core::ir::Op;
 use flux_lite_platform::model::{Component, ModelFolder};
 use flux_lite_platform::text_encoder::TextEncoder;
 use flux_lite_platform::RunError;

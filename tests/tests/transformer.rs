@@ -4,7 +4,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-use flux_lite_core::transformer::{model_timestep, timestep_sinusoid};
+use flux_lite_core::models::transformer::{model_timestep, timestep_sinusoid};
 use flux_lite_tests::{assert_rel_l2, gpu, max_abs_diff, Goldens, TransformerCase, CASES};
 
 /// Per-step tolerance of the issue: relative L2 ≤ 1e-4.

@@ -37,8 +37,8 @@ fn prologue_matches_embedders_and_modulations() {
         let latents = if step == 0 { g.f32("noise").0 } else { g.f32(&format!("latents.{}", step - 1)).0 };
         t.set_latents(gpu, &latents).unwrap();
         let mut sinusoid = vec![0f32; l.sinusoid_dim as usize];
-        let t_in = flux_lite_core::transformer::model_timestep(g.f32("timesteps").0[step]);
-        flux_lite_core::transformer::timestep_sinusoid(t_in, &mut sinusoid);
+        let t_in = flux_lite_core::models::transformer::model_timestep(g.f32("timesteps").0[step]);
+        flux_lite_core::models::transformer::timestep_sinusoid(t_in, &mut sinusoid);
         t.runner().write(gpu, l.sinusoid, &sinusoid);
         t.run_ops(gpu, 0, &t.blocks()[0]).unwrap();
         let at = |what: &str| format!("{name} step {step} {what}");
@@ -101,8 +101,8 @@ fn epilogue_matches_norm_out_and_velocity() {
         let norm_out_steps: Vec<_> = prologue
             .iter()
             .filter(|op| match op {
-                flux_lite_core::program::Op::Silu { src, .. } => *src == l.temb,
-                flux_lite_core::program::Op::Linear { w, .. } => w.as_str() == "norm_out.linear.weight",
+                flux_lite_core::ir::Op::Silu { src, .. } => *src == l.temb,
+                flux_lite_core::ir::Op::Linear { w, .. } => w.as_str() == "norm_out.linear.weight",
                 _ => false,
             })
             .cloned()

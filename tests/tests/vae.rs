@@ -4,7 +4,7 @@
 
 use flux_lite_platform::model::{Component, ModelFolder};
 use flux_lite_platform::vae::{DecodedImage, TileProgress, VaeDecoder};
-use flux_lite_core::rng::TorchGenerator;
+use flux_lite_core::numerics::rng::TorchGenerator;
 use flux_lite_platform::{planning, RunError};
 use flux_lite_tests::{gpu, model_dir, read_png, rel_l2, Goldens, CASES};
 

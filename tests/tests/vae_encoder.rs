@@ -132,7 +132,7 @@ fn encoding_references_stays_within_the_planned_bytes() {
     use flux_lite_platform::{planning, reference_image, Gpu, GpuOptions};
     let g = Goldens::load("tiny-a/reference-two");
     let folder = ModelFolder::open(&model_dir("tiny-a")).unwrap();
-    let unit = 2 * folder.vae.scale_factor();
+    let unit = folder.vae.latent_cell();
     let refs: Vec<_> = ["ref0.png", "ref1.png"].iter().map(|f| reference_image::load(&g.dir.join(f), unit).unwrap()).collect();
     // A fresh device, so its high-water mark is this phase's alone.
     let device = Gpu::new(&GpuOptions::default()).unwrap();

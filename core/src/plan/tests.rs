@@ -1,5 +1,6 @@
 use super::*;
 use crate::config::{klein_4b, klein_9b};
+use crate::models::{vae, vae_encoder};
 
 const GIB: u64 = 1 << 30;
 /// A discrete GPU: buffers and bindings up to 4 GiB − 4.
@@ -252,13 +253,13 @@ fn phase_options_run_fastest_first_and_end_at_the_phase_minimum() {
 
 #[test]
 fn component_bytes_of_the_4b_transformer() {
-    let b = component_bytes(&mut |sink| crate::tensors::transformer(&klein_4b::transformer(), sink), crate::df11::layout::TRANSFORMER_GROUPS);
+    let b = component_bytes(&mut |sink| crate::models::tensors::transformer(&klein_4b::transformer(), sink), crate::df11::layout::TRANSFORMER_GROUPS);
     assert_eq!(b.bf16, 2 * b.parameters);
     assert!((3_800_000_000..4_000_000_000).contains(&b.parameters), "{}", b.parameters);
     // Almost every byte is in a group: the whole is just over the estimate's fraction.
     let percent = b.df11 * 100 / b.bf16;
     assert!((DF11_ESTIMATE_PERCENT..DF11_ESTIMATE_PERCENT + 2).contains(&percent), "{percent}%");
-    let vae = component_bytes(&mut |sink| crate::tensors::vae(&klein_4b::vae(), sink), &[]);
+    let vae = component_bytes(&mut |sink| crate::models::tensors::vae(&klein_4b::vae(), sink), &[]);
     assert_eq!(vae.df11, vae.bf16, "nothing of the VAE is grouped");
 }
 

@@ -152,7 +152,7 @@ mod tests {
     use crate::kernels::linear::{linear, Gemm};
     use crate::kernels::norm::{group_norm, GroupAffine, Groups};
     use crate::view::Weight;
-    use flux_lite_core::reference::{self as r, Weights};
+    use flux_lite_core::oracle::{self as r, Weights};
 
     struct AttnCase {
         q_len: usize,

@@ -8,7 +8,7 @@ use crate::dispatch::{dispatch, grid64, row_chunks, window, Launch, Rows, Sink};
 use crate::error::GpuError;
 use crate::view::{Mat, Weight};
 use bytemuck::{Pod, Zeroable};
-use flux_lite_core::reference::ConvShape;
+use flux_lite_core::oracle::ConvShape;
 use super::linear::GEMM_TILE;
 use crate::catalogue::wrapped_grid;
 
@@ -124,7 +124,7 @@ pub fn upsample_nearest2x(
 mod tests {
     use super::*;
     use crate::testing::*;
-    use flux_lite_core::reference::{self as r, Weights};
+    use flux_lite_core::oracle::{self as r, Weights};
 
     fn check_conv(s: ConvShape, seed: u64) {
         let gpu = gpu();

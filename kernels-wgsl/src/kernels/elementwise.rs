@@ -156,7 +156,7 @@ pub fn transpose(gpu: &Gpu, sink: &mut dyn Sink, a: Mat<'_>, dst: Mat<'_>, rows:
 mod tests {
     use super::*;
     use crate::testing::*;
-    use flux_lite_core::reference as r;
+    use flux_lite_core::oracle as r;
 
     fn check_elementwise(op: Elementwise, seed: u64) {
         let gpu = gpu();

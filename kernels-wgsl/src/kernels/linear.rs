@@ -88,7 +88,7 @@ pub fn linear(gpu: &Gpu, sink: &mut dyn Sink, x: Mat<'_>, w: Weight<'_>, bias: O
 mod tests {
     use super::*;
     use crate::testing::*;
-    use flux_lite_core::reference::{self as r, Weights};
+    use flux_lite_core::oracle::{self as r, Weights};
 
     fn check_linear(seed: u64, m: usize, n: usize, k: usize, bf16: bool, with_bias: bool) {
         let gpu = gpu();

@@ -258,7 +258,7 @@ pub fn group_norm_apply(
 mod tests {
     use super::*;
     use crate::testing::*;
-    use flux_lite_core::reference::{self as r, Weights};
+    use flux_lite_core::oracle::{self as r, Weights};
 
     #[test]
     fn rms_norm_rows_with_bf16_weight() {

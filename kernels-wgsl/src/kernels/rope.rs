@@ -93,8 +93,8 @@ pub fn rope(gpu: &Gpu, sink: &mut dyn Sink, style: RopeStyle, data: Mat<'_>, tab
 mod tests {
     use super::*;
     use crate::testing::*;
-    use flux_lite_core::reference as r;
-    use flux_lite_core::rope;
+    use flux_lite_core::oracle as r;
+    use flux_lite_core::numerics::rope;
 
     #[test]
     fn rope_interleaved_with_flux_tables() {

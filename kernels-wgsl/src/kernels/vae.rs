@@ -104,7 +104,7 @@ pub fn pixel_levels(gpu: &Gpu, sink: &mut dyn Sink, src: Mat<'_>, dst: Mat<'_>, 
 mod tests {
     use super::*;
     use crate::testing::*;
-    use flux_lite_core::reference::{self as r, Weights};
+    use flux_lite_core::oracle::{self as r, Weights};
 
     fn check_denorm_unpatchify(channels: usize, height: usize, width: usize, bf16: bool, seed: u64) {
         let gpu = gpu();

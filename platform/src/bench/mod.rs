@@ -6,7 +6,7 @@ use crate::df11::{expand_on_host, Df11DeviceGroup};
 use crate::error::GpuError;
 use flux_lite_kernels::Gpu;
 use flux_lite_core::df11::{Df11Error, Df11GroupBuf};
-use flux_lite_core::rng::TorchGenerator;
+use flux_lite_core::numerics::rng::TorchGenerator;
 use std::time::{Duration, Instant};
 
 pub mod model;
@@ -33,7 +33,7 @@ pub struct Df11Bench {
 pub fn synthetic_weights(elements: usize, seed: u64) -> Vec<u16> {
     let mut x = vec![0f32; elements];
     TorchGenerator::new(seed).fill_randn_f32(&mut x);
-    x.iter().map(|&v| flux_lite_core::bf16::from_f32(v * 0.02)).collect()
+    x.iter().map(|&v| flux_lite_core::numerics::bf16::from_f32(v * 0.02)).collect()
 }
 
 /// The shortest of `repeats` runs of `f`.

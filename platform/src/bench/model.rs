@@ -14,9 +14,9 @@ use crate::transformer::programs;
 use flux_lite_core::arena::BumpArena;
 use flux_lite_core::config::{Qwen3Config, TransformerConfig, VaeConfig};
 use flux_lite_core::df11::Df11GroupBuf;
-use flux_lite_core::program::Op;
-use flux_lite_core::transformer::Tokens;
-use flux_lite_core::{tensors, vae};
+use flux_lite_core::ir::Op;
+use flux_lite_core::models::transformer::Tokens;
+use flux_lite_core::models::{tensors, vae};
 use rayon::prelude::*;
 use std::collections::HashMap;
 
@@ -399,8 +399,8 @@ fn conv_bytes(op: &Op) -> u64 {
     }
 }
 
-fn span0() -> flux_lite_core::program::Span {
-    flux_lite_core::program::Span::new(0, 0)
+fn span0() -> flux_lite_core::ir::Span {
+    flux_lite_core::ir::Span::new(0, 0)
 }
 
 /// A model's tensor shapes, turned into random bf16 device weights on demand.
@@ -494,7 +494,7 @@ fn random_values(n: usize, seed: u64, scale: f32) -> Vec<f32> {
 
 /// Random bf16 weights of a trained model's scale (|w| < 0.03).
 fn random_bf16(n: usize, seed: u64) -> Vec<u16> {
-    random_values(n, seed, 0.03).par_iter().map(|&x| flux_lite_core::bf16::from_f32(x)).collect()
+    random_values(n, seed, 0.03).par_iter().map(|&x| flux_lite_core::numerics::bf16::from_f32(x)).collect()
 }
 
 /// Random activations in [-1, 1).

@@ -173,7 +173,7 @@ fn encoder_errors() {
         Df11GroupBuf::encode(&[&[0x3f80, 0x3f80], &[nan]]).err(),
         Some(Df11Error::UnencodableExponent { exponent: 255, element: Some(2) })
     );
-    let big = crate::bf16::from_f32(2f32.powi(113));
+    let big = crate::numerics::bf16::from_f32(2f32.powi(113));
     assert_eq!(exponent_histogram(&[&[big]]).err(), Some(Df11Error::UnencodableExponent { exponent: 240, element: Some(0) }));
     let mut counts = [0u64; 256];
     assert_eq!(Codebook::from_counts(&counts).err(), Some(Df11Error::Empty));

@@ -36,7 +36,7 @@ impl Rng {
 
     /// bf16 weights like a linear's: roughly N(0, scale²).
     pub(super) fn weights(&mut self, n: usize, scale: f32) -> Vec<u16> {
-        (0..n).map(|_| crate::bf16::from_f32(self.normal(scale))).collect()
+        (0..n).map(|_| crate::numerics::bf16::from_f32(self.normal(scale))).collect()
     }
 
     /// Words with the given exponents and random sign and mantissa.

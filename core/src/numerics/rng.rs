@@ -232,7 +232,7 @@ impl TorchGenerator {
         if n < 16 {
             for v in out.iter_mut() {
                 // `static_cast<BFloat16>(double)`: via float, then ties-to-even.
-                *v = crate::bf16::from_f32(self.normal_f64() as f32);
+                *v = crate::numerics::bf16::from_f32(self.normal_f64() as f32);
             }
             return;
         }
@@ -247,7 +247,7 @@ impl TorchGenerator {
             }
             box_muller_16(&mut block);
             for (dst, &src) in out[start..start + 16].iter_mut().zip(&block) {
-                *dst = crate::bf16::from_f32(src);
+                *dst = crate::numerics::bf16::from_f32(src);
             }
         }
     }

@@ -6,9 +6,9 @@
 
 use crate::arena::{ArenaError, BumpArena};
 use crate::config::{VaeConfig, MAX_LIST};
-use crate::program::{Op, Span, ALIGN, F32};
-use crate::reference::ConvShape;
-use crate::vae::{conv, group_norm, mid, prefix, resnet, same, Stream, VaePlanError};
+use crate::ir::{Op, Span, ALIGN, F32};
+use crate::oracle::ConvShape;
+use crate::models::vae::{conv, group_norm, mid, prefix, resnet, same, Stream, VaePlanError};
 
 /// Name prefixes of the tensors encoding reads.
 pub const WEIGHTS: [&str; 2] = ["encoder.", "quant_conv."];
@@ -141,10 +141,10 @@ pub fn band_capacity(cfg: &VaeConfig, tile: u64, max_binding: u64) -> Result<u64
 }
 
 /// The fewest f32 elements a band of a banded encode of a `height × width`
-/// image must hold ([`crate::vae::band_minimum`]).
+/// image must hold ([`crate::models::vae::band_minimum`]).
 pub fn band_minimum(cfg: &VaeConfig, height: u64, width: u64) -> Result<u64, VaePlanError> {
     let layout = VaeEncoderLayout::new(cfg, height, width, &mut BumpArena::new(u64::MAX))?;
-    Ok(crate::vae::band_minimum(|emit| encode(&layout, emit)))
+    Ok(crate::models::vae::band_minimum(|emit| encode(&layout, emit)))
 }
 
 /// The whole encode: the image in `image` to the posterior's moments in `moments`.
@@ -229,7 +229,7 @@ mod tests {
         let unit = 2 << (cfg.block_out_channels.len() - 1);
         let l = VaeEncoderLayout::new(cfg, 2 * unit, 3 * unit, &mut BumpArena::new(u64::MAX / 2)).unwrap();
         let model_has = |n: &str| n.starts_with("encoder.") || n.starts_with("quant_conv.");
-        crate::vae::assert_program_reads_exactly(cfg, |emit| encode(&l, emit), model_has);
+        crate::models::vae::assert_program_reads_exactly(cfg, |emit| encode(&l, emit), model_has);
     }
 
     #[test]

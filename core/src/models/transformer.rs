@@ -11,7 +11,7 @@
 
 use crate::arena::{ArenaError, BumpArena};
 use crate::config::TransformerConfig;
-use crate::program::{linear, name, Op, Span, ALIGN, F32};
+use crate::ir::{linear, name, Op, Span, ALIGN, F32};
 use core::fmt::Write;
 
 /// Token counts of one forward pass.
@@ -393,7 +393,7 @@ mod tests {
     /// Parameters of the 2-D (linear) weights of block 0 under `prefix`.
     fn linear_params(cfg: &TransformerConfig, prefix: &str) -> u64 {
         let mut total = 0;
-        crate::tensors::transformer(cfg, |s| {
+        crate::models::tensors::transformer(cfg, |s| {
             if s.name.starts_with(prefix) && s.shape.len() == 2 {
                 total += (s.shape[0] * s.shape[1]) as u64;
             }
@@ -478,7 +478,7 @@ mod tests {
         let cfg = klein_4b::transformer();
         let mut arena = BumpArena::new(u64::MAX / 2);
         let l = TransformerLayout::new(&cfg, 512, 64, &mut arena).unwrap();
-        let mut names = heapless::Vec::<crate::tensors::TensorName, 32>::new();
+        let mut names = heapless::Vec::<crate::models::tensors::TensorName, 32>::new();
         double_block(&l, 3, |op| {
             if let Op::Linear { w, .. } | Op::RmsNormHeads { w, .. } = op {
                 names.push(w).unwrap();

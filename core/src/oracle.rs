@@ -15,7 +15,7 @@ pub enum Weights<'a> {
 impl Weights<'_> {
     pub fn get(&self, i: usize) -> f64 {
         match self {
-            Weights::Bf16(w) => crate::bf16::to_f32(w[i]) as f64,
+            Weights::Bf16(w) => crate::numerics::bf16::to_f32(w[i]) as f64,
             Weights::F32(w) => w[i] as f64,
         }
     }

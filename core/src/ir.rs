@@ -2,8 +2,8 @@
 //! slices of one f32 activation arena. Core decides the steps and the
 //! layout; platform turns each step into a dispatch.
 
-use crate::reference::ConvShape;
-use crate::tensors::TensorName;
+use crate::oracle::ConvShape;
+use crate::models::tensors::TensorName;
 use core::fmt::Write;
 
 /// Bytes per activation element (f32).

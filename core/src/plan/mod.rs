@@ -11,11 +11,9 @@
 //! Pure arithmetic over the configs: no weights are read.
 
 use crate::arena::BumpArena;
-use crate::config::{Qwen3Config, TransformerConfig, VaeConfig};
-use crate::df11::layout::{self, GroupPattern};
-use crate::program::Op;
-use crate::tensors::{self, TensorSpec};
-use crate::{text_encoder, transformer, vae, vae_encoder};
+use crate::config::{ImageSize, Qwen3Config, TransformerConfig, VaeConfig};
+use crate::ir::Op;
+use crate::models::{text_encoder, transformer};
 use core::fmt;
 
 /// Device bytes for what the plan does not itemise: the placeholder binding
@@ -285,28 +283,6 @@ impl fmt::Display for PlanError {
     }
 }
 
-/// A byte count in the largest binary unit that keeps it readable.
-#[derive(Debug, Clone, Copy)]
-pub struct Bytes(pub u64);
-
-impl fmt::Display for Bytes {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
-        if self.0 < 1024 {
-            return write!(f, "{} B", self.0);
-        }
-        let mut v = self.0 as f64 / 1024.0;
-        let mut unit = 0;
-        while v >= 1024.0 && unit + 1 < UNITS.len() {
-            v /= 1024.0;
-            unit += 1;
-        }
-        // Round up, so a printed minimum always suffices.
-        let rounded = libm::ceil(v * 100.0) / 100.0;
-        write!(f, "{rounded:.2} {}", UNITS[unit])
-    }
-}
-
 /// Plans a run: each phase's fastest strategy within the budget.
 pub fn plan(input: &PlanInput<'_>) -> Result<Plan, PlanError> {
     let encode = encode_phase(input.text_encoder, input.prompt_tokens, input.text_encoder_weights)?;
@@ -349,109 +325,6 @@ fn run_minimum(encode: PhaseOptions, denoise: &DenoiseOptions, input: &PlanInput
     encode.smallest().max(references).max(denoise.smallest()).max(smallest_decode(input))
 }
 
-/// Every layout of the reference images' encode, fastest first (empty
-/// without references): untiled when the adapter can bind every reference,
-/// then square tiles from the largest reference's side down to the
-/// smallest tile whose band holds one convolution row of each banded
-/// reference. Each costs the encoder's weights and, for its costliest
-/// reference, the arena and what goes through staging buffers.
-pub fn reference_options<'a>(input: &'a PlanInput<'a>) -> Result<impl Iterator<Item = VaePlan> + 'a, PlanError> {
-    let steps = encoder_steps(input.vae);
-    let forced = forced_tile(input)?;
-    let mut untiled = Ok(None);
-    // A forced tile is the only layout (references it covers go in one pass).
-    for &(width, height) in input.references.iter().filter(|_| forced.is_none()) {
-        let cost = encode_whole(input, width, height, steps)?;
-        untiled = match (untiled, cost) {
-            (Err(e), _) | (Ok(_), Err(e)) => Err(e),
-            (Ok(most), Ok(cost)) => Ok(costlier(most, cost)),
-        };
-    }
-    let plan_of = |tile, (arena_bytes, other_bytes)| VaePlan { tile, weight_bytes: input.vae_encoder_weight_bytes, arena_bytes, other_bytes };
-    let unit = 2 * input.vae.scale_factor() as u64;
-    let forced_plan = match (forced, input.references) {
-        (Some(tile), [_, ..]) => {
-            Some(encode_tiled(input, tile, steps).map(|c| plan_of(Some(tile), c)).ok_or(PlanError::VaeTileTooSmall { tile, what: "a reference image" })?)
-        }
-        _ => None,
-    };
-    let largest = if forced.is_some() { 0 } else { input.references.iter().map(|&(w, h)| w.max(h) / unit).max().unwrap_or(0) };
-    let mut tiles = (1..largest).rev().filter_map(move |n| encode_tiled(input, n * unit, steps).map(|cost| plan_of(Some(n * unit), cost))).peekable();
-    let whole = match untiled {
-        Ok(cost) => cost.map(|c| plan_of(None, c)),
-        // Refused untiled, and no tile holds the references either.
-        Err(e) if tiles.peek().is_none() => return Err(e),
-        Err(_) => None,
-    };
-    Ok(forced_plan.into_iter().chain(whole).chain(tiles))
-}
-
-/// The request's forced VAE tile, checked against the latent cell.
-fn forced_tile(input: &PlanInput<'_>) -> Result<Option<u64>, PlanError> {
-    let unit = 2 * input.vae.scale_factor() as u64;
-    match input.vae_tile {
-        Some(tile) if tile == 0 || !tile.is_multiple_of(unit) => Err(PlanError::VaeTileSize { tile, unit }),
-        tile => Ok(tile),
-    }
-}
-
-/// The costlier of two `(arena, other)` costs by their sum.
-fn costlier(a: Option<(u64, u64)>, b: (u64, u64)) -> Option<(u64, u64)> {
-    Some(a.filter(|a| a.0 + a.1 >= b.0 + b.1).unwrap_or(b))
-}
-
-/// The VAE encoder's program steps (its parameter bytes depend on them).
-fn encoder_steps(cfg: &VaeConfig) -> u64 {
-    let mut arena = BumpArena::new(u64::MAX);
-    let unit = 2 * cfg.scale_factor() as u64;
-    vae_encoder::VaeEncoderLayout::new(cfg, unit, unit, &mut arena).map_or(0, |l| count(|emit| vae_encoder::encode(&l, emit)))
-}
-
-/// A reference encoded in one pass: `Ok(Ok((arena, other)))`, with its
-/// image upload, mean readback and the parameters of the encoder's `steps`
-/// as other bytes, or `Ok(Err(ReferenceTooLarge))` when the adapter cannot
-/// hold it in one pass.
-fn encode_whole(input: &PlanInput<'_>, width: u64, height: u64, steps: u64) -> Result<Result<(u64, u64), PlanError>, PlanError> {
-    let cfg = input.vae;
-    let arena = vae_encoder::arena_bytes(cfg, height, width).map_err(|_| PlanError::Size(REFERENCE_SIZE))?;
-    let binding = vae_encoder::largest_binding(cfg, height, width);
-    for (bytes, limit) in [(arena, input.limits.max_buffer), (binding, input.limits.max_binding)] {
-        if bytes > limit {
-            return Ok(Err(PlanError::ReferenceTooLarge { width, height, bytes, limit }));
-        }
-    }
-    let scale = cfg.scale_factor() as u64;
-    let mean = 4 * cfg.latent_channels as u64 * (width / scale) * (height / scale);
-    let io = 4 * cfg.in_channels as u64 * width * height + mean;
-    Ok(Ok((arena, io + overhead(steps))))
-}
-
-/// The costliest reference's `(arena, other)` bytes when each reference
-/// wider or taller than `tile` is encoded by bands, `None` when the tile
-/// does not fit the adapter or its band cannot hold a banded reference's row.
-fn encode_tiled(input: &PlanInput<'_>, tile: u64, steps: u64) -> Option<(u64, u64)> {
-    let cfg = input.vae;
-    encode_whole(input, tile, tile, steps).ok()?.ok()?;
-    let capacity = vae_encoder::band_capacity(cfg, tile, input.limits.max_binding).ok()?;
-    let band_arena = vae::band_arena_bytes(capacity);
-    if band_arena > input.limits.max_buffer {
-        return None;
-    }
-    let mut costliest: Option<(u64, u64)> = None;
-    for &(width, height) in input.references {
-        let cost = if width.max(height) <= tile {
-            encode_whole(input, width, height, steps).ok()?.ok()?
-        } else if vae_encoder::band_minimum(cfg, height, width).ok()? <= capacity {
-            // Each band's operands and results go through a staging buffer of at most the arena.
-            (band_arena, band_arena + overhead(steps))
-        } else {
-            return None;
-        };
-        costliest = costlier(costliest, cost);
-    }
-    costliest
-}
-
 /// Every strategy for the text encoder's phase, fastest first, with its bytes.
 pub fn encode_options(input: &PlanInput<'_>) -> Result<impl Iterator<Item = PhasePlan>, PlanError> {
     Ok(encode_phase(input.text_encoder, input.prompt_tokens, input.text_encoder_weights)?.iter())
@@ -464,23 +337,6 @@ pub fn denoise_options(input: &PlanInput<'_>) -> Result<impl Iterator<Item = Pha
     let options = DenoiseOptions::new(input)?;
     let all: heapless::Vec<PhasePlan, 10> = input.transformer_weights.strategies().flat_map(|s| options.least_of(s)).collect();
     Ok(all.into_iter())
-}
-
-/// Every layout of the VAE decode, fastest first: untiled when the adapter
-/// can bind it, then square tiles from the largest down to the smallest
-/// whose band holds one row of the image's widest convolution.
-pub fn decode_options<'a>(input: &'a PlanInput<'a>) -> Result<impl Iterator<Item = VaePlan> + 'a, PlanError> {
-    latent_grid(input)?;
-    let mut options = decode_candidates(input).peekable();
-    if let (Some(tile), None) = (forced_tile(input)?, options.peek()) {
-        return Err(PlanError::VaeTileTooSmall { tile, what: "the VAE decoder" });
-    }
-    if options.peek().is_none() {
-        let scale = input.vae.scale_factor() as u64;
-        let row = vae::decode_band_minimum(input.vae, input.height / scale, input.width / scale).unwrap_or(u64::MAX);
-        return Err(PlanError::VaeTooWide { width: input.width, bytes: row.saturating_mul(4), limit: input.limits.max_binding });
-    }
-    Ok(options)
 }
 
 /// A phase's weight sizes and its bytes that do not depend on the strategy.
@@ -627,7 +483,7 @@ const REFERENCE_SIZE: &str = "a reference image's size is not a positive multipl
 
 /// The reference images' tokens, all together.
 fn reference_tokens(input: &PlanInput<'_>) -> Result<u64, PlanError> {
-    let unit = 2 * input.vae.scale_factor() as u64;
+    let unit = input.vae.latent_cell() as u64;
     let mut tokens = 0u64;
     for &(w, h) in input.references {
         if w == 0 || h == 0 || !w.is_multiple_of(unit) || !h.is_multiple_of(unit) {
@@ -640,66 +496,8 @@ fn reference_tokens(input: &PlanInput<'_>) -> Result<u64, PlanError> {
 
 /// Packed latent tokens `(rows, cols)` of the image.
 fn latent_grid(input: &PlanInput<'_>) -> Result<(u64, u64), PlanError> {
-    let unit = 2 * input.vae.scale_factor() as u64;
-    if input.width == 0 || input.height == 0 || !input.width.is_multiple_of(unit) || !input.height.is_multiple_of(unit) {
-        return Err(PlanError::Size("the image size is not a positive multiple of 2 × the VAE scale factor"));
-    }
-    Ok((input.height / unit, input.width / unit))
-}
-
-/// Arena bytes of an untiled decode of a `lat_h × lat_w`-cell latent, if the adapter can bind it.
-pub fn vae_arena(cfg: &VaeConfig, lat_h: u64, lat_w: u64, limits: DeviceLimits) -> Option<u64> {
-    let bytes = vae::arena_bytes(cfg, lat_h, lat_w).ok().filter(|&b| b <= limits.max_buffer)?;
-    (4 * vae::largest_activation(cfg, lat_h * lat_w) <= limits.max_binding).then_some(bytes)
-}
-
-/// The smallest peak of any decode layout.
-fn smallest_decode(input: &PlanInput<'_>) -> u64 {
-    decode_candidates(input).map(|p| p.peak()).min().unwrap_or(u64::MAX)
-}
-
-/// Decode layouts from the fastest (untiled) to the smallest tile.
-fn decode_candidates<'a>(input: &'a PlanInput<'a>) -> impl Iterator<Item = VaePlan> + 'a {
-    let cfg = input.vae;
-    let scale = cfg.scale_factor() as u64;
-    let (w, h) = (input.width, input.height);
-    let weights = input.vae_weight_bytes;
-    let steps = {
-        let mut arena = BumpArena::new(u64::MAX);
-        vae::VaeLayout::new(cfg, 2, 2, &mut arena).map_or(0, |l| count(|emit| vae::decode(&l, emit)))
-    };
-    // Untiled, the image's 8-bit levels come back through one staging buffer.
-    let levels = 4 * 3 * w * h;
-    let whole = vae_arena(cfg, h / scale, w / scale, input.limits)
-        .map(|arena| VaePlan { tile: None, weight_bytes: weights, arena_bytes: arena, other_bytes: levels + overhead(steps) });
-    let unit = 2 * scale;
-    let largest = w.max(h) / unit;
-    // A band must hold one row of the image's widest convolution.
-    let row = vae::decode_band_minimum(cfg, h / scale, w / scale).unwrap_or(u64::MAX);
-    // A forced tile is the only layout: untiled when it covers the image.
-    let forced = input.vae_tile;
-    let covers = forced.is_some_and(|t| t >= w.max(h));
-    let whole = whole.filter(|_| forced.is_none() || covers);
-    // Tile sizes in cells of `unit` pixels; none when a forced tile covers the image.
-    let (first, last) = match forced {
-        Some(_) if covers => (1, 0),
-        Some(t) => (t / unit, t / unit),
-        None => (1, largest),
-    };
-    let sizes = first..=last;
-    let tiles = sizes.rev().filter_map(move |n| {
-        let tile = n * unit;
-        vae_arena(cfg, tile / scale, tile / scale, input.limits)?;
-        let capacity = vae::band_capacity(cfg, tile / scale, input.limits.max_binding).ok()?;
-        if capacity < row && tile < w.max(h) {
-            return None;
-        }
-        let arena = vae::band_arena_bytes(capacity);
-        // Each band's result, and each chunk of levels, comes back through a
-        // staging buffer of at most the arena: nothing grows with the image.
-        Some(VaePlan { tile: Some(tile), weight_bytes: weights, arena_bytes: arena, other_bytes: arena + overhead(steps) })
-    });
-    whole.into_iter().chain(tiles)
+    let size = ImageSize::new(input.vae, input.width, input.height).map_err(|_| PlanError::Size("the image size is not a positive multiple of 2 × the VAE scale factor"))?;
+    Ok(size.latent_grid())
 }
 
 fn count(program: impl FnOnce(&mut dyn FnMut(Op))) -> u64 {
@@ -708,118 +506,13 @@ fn count(program: impl FnOnce(&mut dyn FnMut(Op))) -> u64 {
     n
 }
 
-/// Calls its argument with every tensor spec of a component.
-pub type SpecSource<'a> = dyn FnMut(&mut dyn FnMut(&TensorSpec)) + 'a;
+mod estimates;
+mod vae_layouts;
 
-/// Weight sizes of a component from its tensor specs, every weight bf16,
-/// grouped as `groups` says with compressed sizes estimated at
-/// [`DF11_ESTIMATE_PERCENT`] (`df11: false`: a plain bf16 model). `block_of`
-/// maps a tensor name to its block; `blocks` is the number of blocks.
-pub fn estimate_weights(
-    specs: &mut SpecSource<'_>,
-    groups: &[GroupPattern],
-    df11: bool,
-    blocks: usize,
-    block_of: &dyn Fn(&str) -> Option<usize>,
-) -> WeightSizes {
-    const MAX_BLOCKS: usize = 256;
-    let mut per_block = [BlockWeights::default(); MAX_BLOCKS];
-    specs(&mut |s: &TensorSpec| {
-        let Some(b) = block_of(&s.name).filter(|&b| b < blocks.min(MAX_BLOCKS)) else { return };
-        let bytes = 2 * s.shape.iter().product::<usize>() as u64;
-        // Each weight takes its own aligned place in a slot.
-        if df11 && layout::grouped(groups, &s.name) {
-            per_block[b].grouped += bytes.next_multiple_of(SLOT_ALIGN);
-            per_block[b].compressed += bytes * DF11_ESTIMATE_PERCENT / 100;
-        } else {
-            per_block[b].plain += bytes.next_multiple_of(SLOT_ALIGN);
-        }
-    });
-    let mut sizes = WeightSizes::default();
-    per_block.iter().take(blocks.min(MAX_BLOCKS)).for_each(|b| sizes.add_block(*b));
-    sizes
-}
-
-/// A component's size as its files would hold it.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct ComponentBytes {
-    pub parameters: u64,
-    /// Every weight as bf16.
-    pub bf16: u64,
-    /// Grouped weights compressed (estimated at [`DF11_ESTIMATE_PERCENT`]), the rest bf16.
-    pub df11: u64,
-}
-
-/// The bf16 and estimated DF11 bytes of every tensor `specs` names, grouped as `groups` says.
-pub fn component_bytes(specs: &mut SpecSource<'_>, groups: &[GroupPattern]) -> ComponentBytes {
-    let mut total = ComponentBytes::default();
-    specs(&mut |s: &TensorSpec| {
-        let parameters = s.shape.iter().product::<usize>() as u64;
-        total.parameters += parameters;
-        total.bf16 += 2 * parameters;
-        total.df11 += if layout::grouped(groups, &s.name) { 2 * parameters * DF11_ESTIMATE_PERCENT / 100 } else { 2 * parameters };
-    });
-    total
-}
-
-/// The transformer's weight sizes by program block (prologue, doubles, singles, epilogue), estimated from the config.
-pub fn transformer_weights(c: &TransformerConfig, df11: bool) -> WeightSizes {
-    let (doubles, singles) = (c.num_layers, c.num_single_layers);
-    let block_of = |name: &str| -> Option<usize> {
-        let index = |rest: &str| rest.split('.').next().and_then(|n| n.parse::<usize>().ok());
-        if let Some(rest) = name.strip_prefix("transformer_blocks.") {
-            index(rest).map(|i| 1 + i)
-        } else if let Some(rest) = name.strip_prefix("single_transformer_blocks.") {
-            index(rest).map(|i| 1 + doubles + i)
-        } else if name.starts_with("proj_out.") {
-            Some(1 + doubles + singles)
-        } else {
-            // The embedders and every modulation, `norm_out`'s included, run in the prologue.
-            Some(0)
-        }
-    };
-    estimate_weights(&mut |sink| tensors::transformer(c, sink), layout::TRANSFORMER_GROUPS, df11, doubles + singles + 2, &block_of)
-}
-
-/// The text encoder's weight sizes by block (prologue, then the layers up
-/// to the deepest picked state), estimated from the config. The embedding
-/// table stays on the host.
-pub fn text_encoder_weights(c: &Qwen3Config, df11: bool) -> WeightSizes {
-    let layers = c.output_layers().into_iter().max().unwrap_or(0).min(c.num_hidden_layers);
-    let block_of = |name: &str| -> Option<usize> {
-        if let Some(rest) = name.strip_prefix("model.layers.") {
-            rest.split('.').next().and_then(|n| n.parse::<usize>().ok()).filter(|&i| i < layers).map(|i| 1 + i)
-        } else if name == "model.norm.weight" {
-            // Read by the last layer run only when the last hidden state is picked.
-            (layers == c.num_hidden_layers).then_some(layers)
-        } else {
-            None
-        }
-    };
-    estimate_weights(&mut |sink| tensors::text_encoder(c, sink), layout::TEXT_ENCODER_GROUPS, df11, layers + 1, &block_of)
-}
-
-/// The VAE encoder's weight bytes (bf16), estimated from the config.
-pub fn vae_encoder_weights(c: &VaeConfig) -> u64 {
-    vae_weights(c, &vae_encoder::WEIGHTS)
-}
-
-/// The VAE decoder's weight bytes (bf16), estimated from the config.
-pub fn vae_decoder_weights(c: &VaeConfig) -> u64 {
-    vae_weights(c, &vae::DECODER_WEIGHTS)
-}
-
-/// Bytes of the VAE's bf16 tensors whose names start with one of `prefixes`.
-fn vae_weights(c: &VaeConfig, prefixes: &[&str]) -> u64 {
-    let mut bytes = 0;
-    tensors::vae(c, |s| {
-        if prefixes.iter().any(|p| s.name.starts_with(p)) {
-            // Each weight is its own buffer, a whole number of 4-byte words.
-            bytes += (2 * s.shape.iter().product::<usize>() as u64).next_multiple_of(4);
-        }
-    });
-    bytes
-}
+pub use crate::bytes::Bytes;
+pub use estimates::*;
+pub use vae_layouts::{decode_options, reference_options, vae_arena};
+use vae_layouts::smallest_decode;
 
 #[cfg(test)]
 mod tests;

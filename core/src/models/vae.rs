@@ -9,8 +9,8 @@
 
 use crate::arena::{ArenaError, BumpArena};
 use crate::config::{VaeConfig, MAX_LIST};
-use crate::program::{name, Op, Span, ALIGN, F32};
-use crate::reference::ConvShape;
+use crate::ir::{name, Op, Span, ALIGN, F32};
+use crate::oracle::ConvShape;
 use core::fmt::{self, Write};
 
 /// Name prefixes of the tensors decoding reads (the BatchNorm statistics de-normalise the latent).
@@ -399,7 +399,7 @@ pub fn decode(l: &VaeLayout, mut emit: impl FnMut(Op)) {
 /// tensor of the model that `wanted` selects, and nothing else.
 #[cfg(test)]
 pub(crate) fn assert_program_reads_exactly(cfg: &VaeConfig, program: impl FnOnce(&mut dyn FnMut(Op)), wanted: impl Fn(&str) -> bool) {
-    type Names = heapless::Vec<crate::tensors::TensorName, 256>;
+    type Names = heapless::Vec<crate::models::tensors::TensorName, 256>;
     let mut got = Names::new();
     program(&mut |op: Op| {
         for n in op.weights() {
@@ -409,7 +409,7 @@ pub(crate) fn assert_program_reads_exactly(cfg: &VaeConfig, program: impl FnOnce
         }
     });
     let mut want = Names::new();
-    crate::tensors::vae(cfg, |s| {
+    crate::models::tensors::vae(cfg, |s| {
         if wanted(&s.name) {
             want.push(s.name.clone()).expect("at most 256 VAE tensors");
         }

@@ -9,7 +9,7 @@
 
 use crate::arena::{ArenaError, BumpArena};
 use crate::config::Qwen3Config;
-use crate::program::{linear, name, Op, Span, ALIGN, F32};
+use crate::ir::{linear, name, Op, Span, ALIGN, F32};
 
 /// Where each activation lives (element offsets into the f32 arena) for a
 /// prompt of `tokens` tokens.

@@ -1,0 +1,8 @@
+//! Each model as an Op program over arena slices: what its blocks compute,
+//! in order, with the tensors they read (`tensors`: the official names).
+
+pub mod tensors;
+pub mod text_encoder;
+pub mod transformer;
+pub mod vae;
+pub mod vae_encoder;

@@ -1,0 +1,7 @@
+//! Numbers that must match torch and diffusers bit for bit: bf16 rounding,
+//! torch's CPU generator, the flow-matching schedule, RoPE tables.
+
+pub mod bf16;
+pub mod rng;
+pub mod rope;
+pub mod schedule;

@@ -1,0 +1,183 @@
+//! The VAE phases' layouts: the decode and the reference images' encode,
+//! untiled or by bands in an arena fixed by a tile, or the one tile the
+//! caller forces.
+
+use super::{count, latent_grid, overhead, PlanError, PlanInput, VaePlan, DeviceLimits, REFERENCE_SIZE};
+use crate::arena::BumpArena;
+use crate::config::VaeConfig;
+use crate::models::{vae, vae_encoder};
+
+/// Every layout of the reference images' encode, fastest first (empty
+/// without references): untiled when the adapter can bind every reference,
+/// then square tiles from the largest reference's side down to the
+/// smallest tile whose band holds one convolution row of each banded
+/// reference. Each costs the encoder's weights and, for its costliest
+/// reference, the arena and what goes through staging buffers.
+pub fn reference_options<'a>(input: &'a PlanInput<'a>) -> Result<impl Iterator<Item = VaePlan> + 'a, PlanError> {
+    let steps = encoder_steps(input.vae);
+    let forced = forced_tile(input)?;
+    let mut untiled = Ok(None);
+    // A forced tile is the only layout (references it covers go in one pass).
+    for &(width, height) in input.references.iter().filter(|_| forced.is_none()) {
+        let cost = encode_whole(input, width, height, steps)?;
+        untiled = match (untiled, cost) {
+            (Err(e), _) | (Ok(_), Err(e)) => Err(e),
+            (Ok(most), Ok(cost)) => Ok(costlier(most, cost)),
+        };
+    }
+    let plan_of = |tile, (arena_bytes, other_bytes)| VaePlan { tile, weight_bytes: input.vae_encoder_weight_bytes, arena_bytes, other_bytes };
+    let unit = input.vae.latent_cell() as u64;
+    let forced_plan = match (forced, input.references) {
+        (Some(tile), [_, ..]) => {
+            Some(encode_tiled(input, tile, steps).map(|c| plan_of(Some(tile), c)).ok_or(PlanError::VaeTileTooSmall { tile, what: "a reference image" })?)
+        }
+        _ => None,
+    };
+    let largest = if forced.is_some() { 0 } else { input.references.iter().map(|&(w, h)| w.max(h) / unit).max().unwrap_or(0) };
+    let mut tiles = (1..largest).rev().filter_map(move |n| encode_tiled(input, n * unit, steps).map(|cost| plan_of(Some(n * unit), cost))).peekable();
+    let whole = match untiled {
+        Ok(cost) => cost.map(|c| plan_of(None, c)),
+        // Refused untiled, and no tile holds the references either.
+        Err(e) if tiles.peek().is_none() => return Err(e),
+        Err(_) => None,
+    };
+    Ok(forced_plan.into_iter().chain(whole).chain(tiles))
+}
+
+/// The request's forced VAE tile, checked against the latent cell.
+fn forced_tile(input: &PlanInput<'_>) -> Result<Option<u64>, PlanError> {
+    let unit = input.vae.latent_cell() as u64;
+    match input.vae_tile {
+        Some(tile) if tile == 0 || !tile.is_multiple_of(unit) => Err(PlanError::VaeTileSize { tile, unit }),
+        tile => Ok(tile),
+    }
+}
+
+/// The costlier of two `(arena, other)` costs by their sum.
+fn costlier(a: Option<(u64, u64)>, b: (u64, u64)) -> Option<(u64, u64)> {
+    Some(a.filter(|a| a.0 + a.1 >= b.0 + b.1).unwrap_or(b))
+}
+
+/// The VAE encoder's program steps (its parameter bytes depend on them).
+fn encoder_steps(cfg: &VaeConfig) -> u64 {
+    let mut arena = BumpArena::new(u64::MAX);
+    let unit = cfg.latent_cell() as u64;
+    vae_encoder::VaeEncoderLayout::new(cfg, unit, unit, &mut arena).map_or(0, |l| count(|emit| vae_encoder::encode(&l, emit)))
+}
+
+/// A reference encoded in one pass: `Ok(Ok((arena, other)))`, with its
+/// image upload, mean readback and the parameters of the encoder's `steps`
+/// as other bytes, or `Ok(Err(ReferenceTooLarge))` when the adapter cannot
+/// hold it in one pass.
+fn encode_whole(input: &PlanInput<'_>, width: u64, height: u64, steps: u64) -> Result<Result<(u64, u64), PlanError>, PlanError> {
+    let cfg = input.vae;
+    let arena = vae_encoder::arena_bytes(cfg, height, width).map_err(|_| PlanError::Size(REFERENCE_SIZE))?;
+    let binding = vae_encoder::largest_binding(cfg, height, width);
+    for (bytes, limit) in [(arena, input.limits.max_buffer), (binding, input.limits.max_binding)] {
+        if bytes > limit {
+            return Ok(Err(PlanError::ReferenceTooLarge { width, height, bytes, limit }));
+        }
+    }
+    let scale = cfg.scale_factor() as u64;
+    let mean = 4 * cfg.latent_channels as u64 * (width / scale) * (height / scale);
+    let io = 4 * cfg.in_channels as u64 * width * height + mean;
+    Ok(Ok((arena, io + overhead(steps))))
+}
+
+/// The costliest reference's `(arena, other)` bytes when each reference
+/// wider or taller than `tile` is encoded by bands, `None` when the tile
+/// does not fit the adapter or its band cannot hold a banded reference's row.
+fn encode_tiled(input: &PlanInput<'_>, tile: u64, steps: u64) -> Option<(u64, u64)> {
+    let cfg = input.vae;
+    encode_whole(input, tile, tile, steps).ok()?.ok()?;
+    let capacity = vae_encoder::band_capacity(cfg, tile, input.limits.max_binding).ok()?;
+    let band_arena = vae::band_arena_bytes(capacity);
+    if band_arena > input.limits.max_buffer {
+        return None;
+    }
+    let mut costliest: Option<(u64, u64)> = None;
+    for &(width, height) in input.references {
+        let cost = if width.max(height) <= tile {
+            encode_whole(input, width, height, steps).ok()?.ok()?
+        } else if vae_encoder::band_minimum(cfg, height, width).ok()? <= capacity {
+            // Each band's operands and results go through a staging buffer of at most the arena.
+            (band_arena, band_arena + overhead(steps))
+        } else {
+            return None;
+        };
+        costliest = costlier(costliest, cost);
+    }
+    costliest
+}
+
+/// Every layout of the VAE decode, fastest first: untiled when the adapter
+/// can bind it, then square tiles from the largest down to the smallest
+/// whose band holds one row of the image's widest convolution.
+pub fn decode_options<'a>(input: &'a PlanInput<'a>) -> Result<impl Iterator<Item = VaePlan> + 'a, PlanError> {
+    latent_grid(input)?;
+    let mut options = decode_candidates(input).peekable();
+    if let (Some(tile), None) = (forced_tile(input)?, options.peek()) {
+        return Err(PlanError::VaeTileTooSmall { tile, what: "the VAE decoder" });
+    }
+    if options.peek().is_none() {
+        let scale = input.vae.scale_factor() as u64;
+        let row = vae::decode_band_minimum(input.vae, input.height / scale, input.width / scale).unwrap_or(u64::MAX);
+        return Err(PlanError::VaeTooWide { width: input.width, bytes: row.saturating_mul(4), limit: input.limits.max_binding });
+    }
+    Ok(options)
+}
+
+/// Arena bytes of an untiled decode of a `lat_h × lat_w`-cell latent, if the adapter can bind it.
+pub fn vae_arena(cfg: &VaeConfig, lat_h: u64, lat_w: u64, limits: DeviceLimits) -> Option<u64> {
+    let bytes = vae::arena_bytes(cfg, lat_h, lat_w).ok().filter(|&b| b <= limits.max_buffer)?;
+    (4 * vae::largest_activation(cfg, lat_h * lat_w) <= limits.max_binding).then_some(bytes)
+}
+
+/// The smallest peak of any decode layout.
+pub(super) fn smallest_decode(input: &PlanInput<'_>) -> u64 {
+    decode_candidates(input).map(|p| p.peak()).min().unwrap_or(u64::MAX)
+}
+
+/// Decode layouts from the fastest (untiled) to the smallest tile.
+fn decode_candidates<'a>(input: &'a PlanInput<'a>) -> impl Iterator<Item = VaePlan> + 'a {
+    let cfg = input.vae;
+    let scale = cfg.scale_factor() as u64;
+    let (w, h) = (input.width, input.height);
+    let weights = input.vae_weight_bytes;
+    let steps = {
+        let mut arena = BumpArena::new(u64::MAX);
+        vae::VaeLayout::new(cfg, 2, 2, &mut arena).map_or(0, |l| count(|emit| vae::decode(&l, emit)))
+    };
+    // Untiled, the image's 8-bit levels come back through one staging buffer.
+    let levels = 4 * 3 * w * h;
+    let whole = vae_arena(cfg, h / scale, w / scale, input.limits)
+        .map(|arena| VaePlan { tile: None, weight_bytes: weights, arena_bytes: arena, other_bytes: levels + overhead(steps) });
+    let unit = 2 * scale;
+    let largest = w.max(h) / unit;
+    // A band must hold one row of the image's widest convolution.
+    let row = vae::decode_band_minimum(cfg, h / scale, w / scale).unwrap_or(u64::MAX);
+    // A forced tile is the only layout: untiled when it covers the image.
+    let forced = input.vae_tile;
+    let covers = forced.is_some_and(|t| t >= w.max(h));
+    let whole = whole.filter(|_| forced.is_none() || covers);
+    // Tile sizes in cells of `unit` pixels; none when a forced tile covers the image.
+    let (first, last) = match forced {
+        Some(_) if covers => (1, 0),
+        Some(t) => (t / unit, t / unit),
+        None => (1, largest),
+    };
+    let sizes = first..=last;
+    let tiles = sizes.rev().filter_map(move |n| {
+        let tile = n * unit;
+        vae_arena(cfg, tile / scale, tile / scale, input.limits)?;
+        let capacity = vae::band_capacity(cfg, tile / scale, input.limits.max_binding).ok()?;
+        if capacity < row && tile < w.max(h) {
+            return None;
+        }
+        let arena = vae::band_arena_bytes(capacity);
+        // Each band's result, and each chunk of levels, comes back through a
+        // staging buffer of at most the arena: nothing grows with the image.
+        Some(VaePlan { tile: Some(tile), weight_bytes: weights, arena_bytes: arena, other_bytes: arena + overhead(steps) })
+    });
+    whole.into_iter().chain(tiles)
+}
