@@ -3,7 +3,7 @@
 use flux_lite_core::plan::Bytes;
 use crate::progress::Bar;
 use argh::FromArgs;
-use flux_lite_platform::compress::{self, ComponentSizes};
+use flux_lite_platform::model::compress::{self, ComponentSizes};
 use flux_lite_platform::model::{Component, ModelFolder};
 use std::path::PathBuf;
 use std::time::Instant;

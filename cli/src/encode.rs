@@ -2,9 +2,10 @@
 
 use crate::progress::Bar;
 use argh::FromArgs;
-use flux_lite_platform::embeddings_file;
+use flux_lite_platform::pipeline::embeddings_file;
 use flux_lite_platform::pipeline::{Options, Pipeline};
-use flux_lite_platform::{output, GpuOptions};
+use flux_lite_platform::pipeline::output;
+use flux_lite_platform::GpuOptions;
 use std::path::PathBuf;
 
 /// Encode a prompt with the model's Qwen3 text encoder and write `prompt_embeds` [512, joint_attention_dim] (f32 safetensors).

@@ -2,11 +2,12 @@
 
 use crate::progress::Bar;
 use argh::FromArgs;
-use flux_lite_platform::embeddings_file::{self, EmbeddingsFile};
+use flux_lite_platform::pipeline::embeddings_file::{self, EmbeddingsFile};
 use flux_lite_platform::model::ModelFolder;
 use flux_lite_platform::pipeline::{Pipeline, Prompt, Request};
-use flux_lite_platform::reference_image::ReferenceImage;
-use flux_lite_platform::{denoise, output, GpuOptions};
+use flux_lite_platform::pipeline::reference_image::ReferenceImage;
+use flux_lite_platform::pipeline::{denoise, output};
+use flux_lite_platform::GpuOptions;
 use flux_lite_core::plan::Plan;
 use std::path::PathBuf;
 use std::time::Instant;

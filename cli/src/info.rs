@@ -5,7 +5,7 @@ use flux_lite_core::df11::layout;
 use flux_lite_core::plan::{self as planner, Bytes, ComponentBytes, DeviceLimits, PhasePlan, PlanInput, VaePlan};
 use flux_lite_core::models::tensors;
 use flux_lite_platform::model::{Component, ModelFolder};
-use flux_lite_platform::planning::ModelSizes;
+use flux_lite_platform::pipeline::planning::ModelSizes;
 use flux_lite_platform::pipeline::PROMPT_TOKENS;
 use flux_lite_platform::{Gpu, GpuOptions};
 use std::path::PathBuf;
@@ -46,7 +46,7 @@ pub fn run(args: &InfoArgs) -> Result<(), String> {
     }
     let references = crate::references::load(&args.image, &model)?;
     let (width, height) = crate::references::image_size(args.width, args.height, &references);
-    flux_lite_platform::denoise::latent_grid(&model.vae, width, height).map_err(|e| crate::errors::size_line(&e))?;
+    flux_lite_platform::pipeline::denoise::latent_grid(&model.vae, width, height).map_err(|e| crate::errors::size_line(&e))?;
     let reference_sizes: Vec<(u64, u64)> = references.iter().map(|r| (r.width as u64, r.height as u64)).collect();
     let sizes = ModelSizes::from_files_or_configs(&model, width, height).map_err(|e| e.to_string())?;
     let (limits, adapter) = adapter_limits();

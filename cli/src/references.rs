@@ -2,7 +2,7 @@
 //! prepared as the pipeline prepares it, and the image size they imply.
 
 use flux_lite_platform::model::ModelFolder;
-use flux_lite_platform::reference_image::{self, ReferenceImage, MAX_REFERENCES};
+use flux_lite_platform::pipeline::reference_image::{self, ReferenceImage, MAX_REFERENCES};
 use std::path::PathBuf;
 
 /// The image size without flags or reference images.

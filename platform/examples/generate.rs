@@ -6,7 +6,7 @@
 //! ```
 //! writes `fox-0.png` and `fox-1.png` (seeds 0 and 1, 128×128, the model's default steps).
 
-use flux_lite_platform::output;
+use flux_lite_platform::pipeline::output;
 use flux_lite_platform::pipeline::{Observer, Options, Pipeline, Progress, Prompt, Request};
 use std::path::PathBuf;
 

@@ -9,9 +9,9 @@ use crate::{copy_tree_where, model_dir, test_vectors};
 use flux_lite_core::df11::{Df11Fields, Df11Group};
 use flux_lite_core::plan::{self as planner, DeviceLimits};
 use flux_lite_platform::model::{Component, ModelFolder};
-use flux_lite_platform::planning::ModelSizes;
-use flux_lite_platform::safetensors_store::{widen_to_f32, WeightStore};
-use flux_lite_platform::tokenizer::PromptTokenizer;
+use flux_lite_platform::pipeline::planning::ModelSizes;
+use flux_lite_platform::model::safetensors_store::{widen_to_f32, WeightStore};
+use flux_lite_platform::model::tokenizer::PromptTokenizer;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
@@ -144,7 +144,7 @@ pub fn df11(data: &[u8]) -> bool {
     let Ok(group) = Df11Group::new(fields) else { return false };
     let mut out = vec![0u16; group.n_elements()];
     let _: Vec<_> = group.weight_ranges().collect();
-    flux_lite_platform::df11::expand_on_host(&group, &mut out).is_ok()
+    flux_lite_platform::model::df11::expand_on_host(&group, &mut out).is_ok()
 }
 
 /// tiny-a's `tokenizer.json` or `tokenizer_config.json` replaced by the input

@@ -7,7 +7,7 @@ pub mod fuzz;
 
 use flux_lite_core::plan::WeightStrategy;
 use flux_lite_platform::model::{Component, ModelFolder};
-use flux_lite_platform::transformer::{LatentGrids, Transformer};
+use flux_lite_platform::components::transformer::{LatentGrids, Transformer};
 use flux_lite_platform::{Gpu, GpuOptions};
 use safetensors::tensor::{Dtype, SafeTensors};
 use std::sync::OnceLock;

@@ -6,7 +6,7 @@
 
 use flux_lite_core::plan::WeightStrategy;
 use flux_lite_platform::model::{Component, ModelFolder};
-use flux_lite_platform::transformer::{LatentGrids, Transformer};
+use flux_lite_platform::components::transformer::{LatentGrids, Transformer};
 use flux_lite_tests::{gpu, model_dir, velocity_of_two_passes};
 
 const TEXT: usize = 8;
@@ -51,7 +51,8 @@ fn chunked_feed_forward_gives_the_unchunked_velocity_bit_for_bit() {
 fn the_plan_chunks_when_attention_keys_exceed_a_binding() {
     use flux_lite_platform::error::{GpuError, RunError};
     use flux_lite_platform::pipeline::Request;
-    use flux_lite_platform::{planning, Gpu, GpuOptions};
+    use flux_lite_platform::pipeline::planning;
+    use flux_lite_platform::{Gpu, GpuOptions};
     let model = ModelFolder::open(&model_dir("tiny-a")).unwrap();
     // 32×32 pixels: 512 + 64 tokens. Keys: 576 × 576 × 4 = 1.3 MB unchunked, 576 × 64 × 4 = 147 KB chunked.
     let small = Gpu::new(&GpuOptions { max_storage_binding: Some(512 * 1024), ..Default::default() }).unwrap();

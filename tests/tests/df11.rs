@@ -5,8 +5,8 @@
 //! official size (printed) and, for these vectors, byte-identical.
 
 use flux_lite_core::df11::{Codebook, Df11Field, Df11Fields, Df11Group, Df11GroupBuf};
-use flux_lite_platform::config_json::JsonFile;
-use flux_lite_platform::df11::{field_dtype, Df11Config};
+use flux_lite_platform::model::config_json::JsonFile;
+use flux_lite_platform::model::df11::{field_dtype, Df11Config};
 use flux_lite_tests::{model_dir, test_vectors};
 use safetensors::tensor::{Dtype, SafeTensors};
 use std::collections::BTreeMap;
@@ -248,7 +248,7 @@ fn synthetic_cases_cover_what_they_claim() {
 /// decode, and the slot around it untouched.
 #[test]
 fn the_gpu_kernel_decodes_official_groups_bit_for_bit() {
-    use flux_lite_platform::df11::Df11DeviceGroup;
+    use flux_lite_platform::model::df11::Df11DeviceGroup;
     use flux_lite_platform::{Gpu, GpuOptions};
     let transformer = df11_dir().join("tiny-b-transformer/model.safetensors");
     let synthetic = df11_dir().join("synthetic.safetensors");
@@ -317,7 +317,7 @@ fn an_official_df11_folder_loads_as_the_bf16_transformer() {
 fn the_transformer_runs_from_groups_expanded_on_the_device() {
     use flux_lite_core::plan::WeightStrategy;
     use flux_lite_platform::model::{Component, ModelFolder};
-    use flux_lite_platform::transformer::{LatentGrids, Transformer};
+    use flux_lite_platform::components::transformer::{LatentGrids, Transformer};
     let gpu = flux_lite_tests::gpu();
     let (text, lat_h, lat_w) = (8, 2, 3);
     let run = |model: &ModelFolder, placement: WeightStrategy| {
@@ -365,7 +365,7 @@ fn the_transformer_runs_from_groups_expanded_on_the_device() {
 fn forward_passes_allocate_no_device_memory() {
     use flux_lite_core::plan::WeightStrategy;
     use flux_lite_platform::model::{Component, ModelFolder};
-    use flux_lite_platform::transformer::{LatentGrids, Transformer};
+    use flux_lite_platform::components::transformer::{LatentGrids, Transformer};
     use flux_lite_platform::{Gpu, GpuOptions};
     let gpu = Gpu::new(&GpuOptions::default()).unwrap_or_else(|e| panic!("{e}"));
     let df11 = ModelFolder::open(&model_dir(MODEL))

@@ -7,11 +7,11 @@
 #![allow(clippy::unwrap_used)]
 
 use flux_lite_core::plan::WeightStrategy;
-use flux_lite_platform::denoise::{denoise, Conditioning};
+use flux_lite_platform::pipeline::denoise::{denoise, Conditioning};
 use flux_lite_platform::model::{Component, ModelFolder};
 use flux_lite_platform::pipeline::{self, Timings};
-use flux_lite_platform::reference_image::{self, ReferenceImage};
-use flux_lite_platform::transformer::{LatentGrids, Transformer};
+use flux_lite_platform::pipeline::reference_image::{self, ReferenceImage};
+use flux_lite_platform::components::transformer::{LatentGrids, Transformer};
 use flux_lite_tests::{assert_rel_l2, gpu, model_dir, rel_l2, Goldens, REFERENCE_CASES};
 use serde_json::Value;
 

@@ -5,7 +5,7 @@
 
 use flux_lite_core::ir::Op;
 use flux_lite_platform::model::{Component, ModelFolder};
-use flux_lite_platform::text_encoder::TextEncoder;
+use flux_lite_platform::components::text_encoder::TextEncoder;
 use flux_lite_platform::RunError;
 use flux_lite_tests::{gpu, model_dir, rel_l2, Goldens, CASES};
 

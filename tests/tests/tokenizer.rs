@@ -4,7 +4,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-use flux_lite_platform::tokenizer::{render_chat, PaddingSide, PromptTokenizer, MAX_SEQUENCE_LENGTH};
+use flux_lite_platform::model::tokenizer::{render_chat, PaddingSide, PromptTokenizer, MAX_SEQUENCE_LENGTH};
 use flux_lite_platform::LoadError;
 use flux_lite_tests::{copy_tree, model_dir, scratch_dir, test_vectors, Goldens, CASES};
 use serde_json::Value;

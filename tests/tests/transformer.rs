@@ -61,7 +61,7 @@ fn velocities_and_latents_follow_diffusers_step_by_step() {
 
 #[test]
 fn denoising_reproduces_diffusers_latents_with_and_without_guidance() {
-    use flux_lite_platform::denoise::{denoise, Conditioning};
+    use flux_lite_platform::pipeline::denoise::{denoise, Conditioning};
     use flux_lite_platform::model::ModelFolder;
     for name in ["tiny-a/four-step-wide", "tiny-b/cfg"] {
         let c = TransformerCase::load(name);

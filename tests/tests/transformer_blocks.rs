@@ -5,7 +5,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-use flux_lite_platform::transformer::Transformer;
+use flux_lite_platform::components::transformer::Transformer;
 use flux_lite_tests::{assert_rel_l2, gpu, Goldens, TransformerCase, CASES};
 
 /// One block is a few dozen f32 kernels; diffusers runs the same math in

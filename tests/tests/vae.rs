@@ -3,9 +3,10 @@
 //! latent, decoded output, PNG), and the banded decode against the untiled one.
 
 use flux_lite_platform::model::{Component, ModelFolder};
-use flux_lite_platform::vae::{DecodedImage, TileProgress, VaeDecoder};
+use flux_lite_platform::components::vae::{DecodedImage, TileProgress, VaeDecoder};
 use flux_lite_core::numerics::rng::TorchGenerator;
-use flux_lite_platform::{planning, RunError};
+use flux_lite_platform::pipeline::planning;
+use flux_lite_platform::RunError;
 use flux_lite_tests::{gpu, model_dir, read_png, rel_l2, Goldens, CASES};
 
 /// Stage tolerance of the issue for the decoded image: relative L2 ≤ 1e-4.

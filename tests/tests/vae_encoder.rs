@@ -6,7 +6,7 @@
 #![allow(clippy::unwrap_used)]
 
 use flux_lite_platform::model::{Component, ModelFolder};
-use flux_lite_platform::vae_encoder::VaeEncoder;
+use flux_lite_platform::components::vae_encoder::VaeEncoder;
 use flux_lite_platform::RunError;
 use flux_lite_tests::{assert_rel_l2, gpu, model_dir, rel_l2, Goldens};
 
@@ -129,7 +129,8 @@ fn an_image_size_the_latent_cannot_pack_is_refused() {
 #[test]
 fn encoding_references_stays_within_the_planned_bytes() {
     use flux_lite_platform::pipeline::{self, Request, Timings};
-    use flux_lite_platform::{planning, reference_image, Gpu, GpuOptions};
+    use flux_lite_platform::pipeline::{planning, reference_image};
+    use flux_lite_platform::{Gpu, GpuOptions};
     let g = Goldens::load("tiny-a/reference-two");
     let folder = ModelFolder::open(&model_dir("tiny-a")).unwrap();
     let unit = folder.vae.latent_cell();
@@ -160,7 +161,8 @@ fn encoding_references_stays_within_the_planned_bytes() {
 /// on a fresh device: (high-water, the plan's peak for that tile).
 fn tiled_encode_memory(size: usize) -> (u64, u64) {
     use flux_lite_core::plan;
-    use flux_lite_platform::{planning, Gpu, GpuOptions};
+    use flux_lite_platform::pipeline::planning;
+    use flux_lite_platform::{Gpu, GpuOptions};
     let folder = ModelFolder::open(&model_dir("tiny-a")).unwrap();
     let store = folder.weights(Component::Vae).unwrap();
     let device = Gpu::new(&GpuOptions::default()).unwrap();

@@ -2,7 +2,7 @@
 //! run: DF11 expansion on the host (one thread, all threads) against a plain
 //! copy of the same bf16 bytes, and on the device against a buffer copy.
 
-use crate::df11::{expand_on_host, Df11DeviceGroup};
+use crate::model::df11::{expand_on_host, Df11DeviceGroup};
 use crate::error::GpuError;
 use flux_lite_kernels::Gpu;
 use flux_lite_core::df11::{Df11Error, Df11GroupBuf};

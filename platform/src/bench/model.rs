@@ -3,14 +3,14 @@
 //! ceilings measured in the same run: an FMA-bound kernel and a copy.
 
 use super::timer::Timer;
-use crate::device_weights::{DeviceWeight, DeviceWeights};
-use crate::df11::Df11DeviceGroup;
+use crate::run::device_weights::{DeviceWeight, DeviceWeights};
+use crate::model::df11::Df11DeviceGroup;
 use crate::error::{GpuError, RunError};
 use flux_lite_kernels::{DeviceBuffer, Gpu};
 use flux_lite_kernels::kernels;
 use flux_lite_kernels::{Dispatch, Mat, WeightDtype};
-use crate::runner::{collect_ops, Runner};
-use crate::transformer::programs;
+use crate::run::runner::{collect_ops, Runner};
+use crate::components::transformer::programs;
 use flux_lite_core::arena::BumpArena;
 use flux_lite_core::config::{Qwen3Config, TransformerConfig, VaeConfig};
 use flux_lite_core::df11::Df11GroupBuf;
@@ -236,7 +236,7 @@ impl<'g> ShapeBench<'g> {
     /// layer. The layers share the first layer's weights.
     pub fn text_encoder(&self, cfg: &Qwen3Config) -> Result<Figure, RunError> {
         let tokens = 512u64;
-        let (_, blocks, arena_bytes) = crate::text_encoder::programs(cfg, tokens as usize, cfg.output_layers())?;
+        let (_, blocks, arena_bytes) = crate::components::text_encoder::programs(cfg, tokens as usize, cfg.output_layers())?;
         let runner = self.runner(arena_bytes, tokens, cfg.head_dim as u64, true);
         let weights = SyntheticWeights::new(|sink| tensors::text_encoder(cfg, sink));
         let placed = weights.place(self.gpu, blocks.iter().flatten())?;

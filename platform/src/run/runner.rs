@@ -1,9 +1,9 @@
 //! Runs core's block programs: one f32 activation arena on the device, the
 //! weights the programs name, and the RoPE tables.
 
-use crate::device_weights::DeviceWeights;
+use crate::run::device_weights::DeviceWeights;
 use crate::error::{GpuError, RunError};
-use crate::safetensors_store::WeightStore;
+use crate::model::safetensors_store::WeightStore;
 use flux_lite_kernels::{DeviceBuffer, Gpu};
 use flux_lite_kernels::kernels::{self, Attention, Elementwise, RopeStyle, RowNorm};
 use flux_lite_kernels::{Mat};

@@ -2,9 +2,16 @@
 //! `text_encoder/`, `tokenizer/`, `transformer/`, `vae/`. Architecture comes
 //! from each component's `config.json`.
 
-use crate::config_json::{self, JsonFile};
+pub mod compress;
+pub mod config_json;
+pub mod df11;
+pub mod safetensors_store;
+pub mod tokenizer;
+
+
+use config_json::JsonFile;
 use crate::error::LoadError;
-use crate::safetensors_store::{weight_file_kind, WeightStore};
+use crate::model::safetensors_store::{weight_file_kind, WeightStore};
 use flux_lite_core::config::{ModelIndex, Qwen3Config, SchedulerConfig, TransformerConfig, VaeConfig};
 use flux_lite_core::models::tensors::{self, TensorSpec};
 use std::path::{Path, PathBuf};

@@ -13,8 +13,8 @@
 use flux_lite_core::bands::{AttentionMerge, Moments};
 use crate::error::RunError;
 use flux_lite_kernels::Gpu;
-use crate::device_weights::DeviceWeights;
-use crate::runner::Runner;
+use crate::run::device_weights::DeviceWeights;
+use crate::run::runner::Runner;
 use flux_lite_core::ir::{Op, Span};
 use flux_lite_core::oracle::ConvShape;
 use flux_lite_core::models::tensors::TensorName;

@@ -10,9 +10,9 @@
 use crate::error::{LoadError, RunError};
 use flux_lite_kernels::Gpu;
 use flux_lite_kernels::Dispatch;
-use crate::device_weights::DeviceWeights;
-use crate::runner::{self, collect_ops, BlockProgress, Runner};
-use crate::safetensors_store::{widen_to_f32, WeightStore};
+use crate::run::device_weights::DeviceWeights;
+use crate::run::runner::{self, collect_ops, BlockProgress, Runner};
+use crate::model::safetensors_store::{widen_to_f32, WeightStore};
 use flux_lite_core::config::Qwen3Config;
 use flux_lite_core::plan::{WeightSizes, WeightStrategy};
 use flux_lite_core::ir::Op;

@@ -2,8 +2,8 @@
 //! `*.safetensors.index.json`), memory-mapped, with tensors found by name and
 //! checked against what the architecture expects.
 
-use crate::config_json::JsonFile;
-use crate::df11::{self, Df11Config};
+use crate::model::config_json::JsonFile;
+use crate::model::df11::{self, Df11Config};
 use crate::error::LoadError;
 use flux_lite_core::df11::{Df11Field, Df11Fields, Df11Group};
 use flux_lite_core::models::tensors::{Kind, TensorSpec};

@@ -5,7 +5,7 @@
 //! dropped, grey repeated), then scaled to [-1, 1].
 
 use crate::error::{one_line, RunError};
-use crate::resample::{self, Pixels};
+use crate::pipeline::resample::{self, Pixels};
 use std::path::{Path, PathBuf};
 
 /// diffusers' `check_image_input` limits.

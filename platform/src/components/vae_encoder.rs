@@ -1,17 +1,17 @@
 //! The VAE encoder on the GPU: an image to its posterior mean with core's
 //! encode program, either recorded once over the whole image's arena or,
 //! for an image larger than the tile, run op by op over bands of rows
-//! ([`crate::vae_bands`]) in an arena fixed by the tile; then the mean to the
+//! ([`crate::run::vae_bands`]) in an arena fixed by the tile; then the mean to the
 //! reference tokens the transformer reads.
 
 use crate::error::{GpuError, LoadError, RunError};
 use flux_lite_kernels::Gpu;
-use crate::device_weights::DeviceWeights;
+use crate::run::device_weights::DeviceWeights;
 use flux_lite_kernels::{Dispatch};
-use crate::runner::{collect_ops, Runner};
-use crate::safetensors_store::{widen_to_f32, WeightStore};
-use crate::vae::{arena_runner, check_image_size, check_tile, plan_error, upload_checked};
-use crate::vae_bands::{BandRunner, HostTensors};
+use crate::run::runner::{collect_ops, Runner};
+use crate::model::safetensors_store::{widen_to_f32, WeightStore};
+use crate::components::vae::{arena_runner, check_image_size, check_tile, plan_error, upload_checked};
+use crate::run::vae_bands::{BandRunner, HostTensors};
 use flux_lite_core::config::VaeConfig;
 use flux_lite_core::models::tensors::TensorSpec;
 use flux_lite_core::models::vae_encoder::{self as program, VaeEncoderLayout};
@@ -178,12 +178,12 @@ impl VaeEncoder {
 
 /// Device bytes of the encoder's weights as [`VaeEncoder::new`] uploads them.
 pub fn encoder_weight_bytes(config: &VaeConfig, store: &WeightStore) -> Result<u64, LoadError> {
-    crate::vae::weight_bytes(store, &encoder_specs(config))
+    crate::components::vae::weight_bytes(store, &encoder_specs(config))
 }
 
 /// What encoding reads: `encoder.*` and `quant_conv.*`.
 fn encoder_specs(config: &VaeConfig) -> Vec<TensorSpec> {
-    crate::vae::specs_under(config, &program::WEIGHTS)
+    crate::components::vae::specs_under(config, &program::WEIGHTS)
 }
 
 /// One BatchNorm statistic as f32, checked to hold `features` values.

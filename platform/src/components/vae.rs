@@ -2,16 +2,16 @@
 //! either the whole image decoded in one arena by core's decode program
 //! recorded once, or, when the image is too large for the device memory the
 //! VAE may take, the same program run op by op over bands of rows
-//! ([`crate::vae_bands`]) in an arena fixed by the tile size. Both give the
+//! ([`crate::run::vae_bands`]) in an arena fixed by the tile size. Both give the
 //! same image up to rounding.
 
 use crate::error::{GpuError, LoadError, RunError};
 use flux_lite_kernels::Gpu;
 use flux_lite_kernels::Dispatch;
-use crate::device_weights::{DeviceWeight, DeviceWeights};
-use crate::runner::{collect_ops, Runner};
-use crate::safetensors_store::WeightStore;
-use crate::vae_bands::{BandRunner, HostTensors};
+use crate::run::device_weights::{DeviceWeight, DeviceWeights};
+use crate::run::runner::{collect_ops, Runner};
+use crate::model::safetensors_store::WeightStore;
+use crate::run::vae_bands::{BandRunner, HostTensors};
 use flux_lite_core::config::{ImageSize, VaeConfig};
 use flux_lite_core::ir::{Op, Span};
 use flux_lite_core::models::tensors::{self, TensorSpec};

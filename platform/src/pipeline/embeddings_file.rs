@@ -1,9 +1,9 @@
 //! Prompt embeddings as a safetensors file: `prompt_embeds` `[512, joint]`
 //! (and optionally `negative_prompt_embeds`), the names diffusers'
 //! `encode_prompt` returns, so files made by either side are interchangeable.
-//! They are written with [`crate::output::write_f32_tensors`].
+//! They are written with [`crate::pipeline::output::write_f32_tensors`].
 
-use crate::safetensors_store::widen_to_f32;
+use crate::model::safetensors_store::widen_to_f32;
 use safetensors::tensor::{Dtype, SafeTensors};
 use std::path::Path;
 

@@ -3,15 +3,15 @@
 //! `compress_model(save_single_file=True)` writes it (each group's six tensors
 //! under its module path, every other tensor unchanged) and its own
 //! `config.json` with `dfloat11_config` added, so the official loader and
-//! [`WeightStore`](crate::safetensors_store::WeightStore) both read it. Every
+//! [`WeightStore`](crate::model::safetensors_store::WeightStore) both read it. Every
 //! other file is hard-linked (or copied). The folder is built under a hidden
 //! temporary name beside the output and renamed when complete.
 
-use crate::config_json::JsonFile;
-use crate::df11::{self, Df11Config};
+use crate::model::config_json::JsonFile;
+use crate::model::df11::{self, Df11Config};
 use crate::error::{CompressError, LoadError};
 use crate::model::{Component, ModelFolder};
-use crate::output;
+use crate::pipeline::output;
 use flux_lite_core::df11::{layout, Df11Field, Df11GroupBuf};
 use rayon::prelude::*;
 use safetensors::tensor::Dtype;

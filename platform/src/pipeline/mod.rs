@@ -3,17 +3,25 @@
 //! the next one allocates its own. [`Pipeline`] is the entry point: open
 //! once, then [`Pipeline::generate`] any number of times.
 
-use crate::denoise::{self, Conditioning, StepProgress};
+pub mod denoise;
+pub mod embeddings_file;
+pub mod output;
+pub mod planning;
+pub mod reference_image;
+pub mod resample;
+
+
+use denoise::{Conditioning, StepProgress};
 use crate::error::RunError;
 use flux_lite_kernels::{Gpu, GpuOptions};
 use crate::model::{Component, ModelFolder};
-use crate::reference_image::ReferenceImage;
-use crate::text_encoder::TextEncoder;
-use crate::tokenizer::PromptTokenizer;
-use crate::runner::BlockProgress;
-use crate::transformer::{LatentGrids, Transformer};
-use crate::vae::VaeDecoder;
-use crate::vae_encoder::VaeEncoder;
+use crate::pipeline::reference_image::ReferenceImage;
+use crate::components::text_encoder::TextEncoder;
+use crate::model::tokenizer::PromptTokenizer;
+use crate::run::runner::BlockProgress;
+use crate::components::transformer::{LatentGrids, Transformer};
+use crate::components::vae::VaeDecoder;
+use crate::components::vae_encoder::VaeEncoder;
 use flux_lite_core::plan::{PhasePlan, Plan, WeightStrategy};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -310,12 +318,12 @@ impl Pipeline {
     /// The memory plan `request` would run under, or the planner's refusal;
     /// nothing is uploaded.
     pub fn plan(&self, request: &Request) -> Result<Plan, RunError> {
-        crate::planning::plan(&self.gpu, &self.model, request)
+        crate::pipeline::planning::plan(&self.gpu, &self.model, request)
     }
 
     /// Encodes prompts alone within `budget` (`flux-lite encode`).
     pub fn encode(&self, prompts: &[&str], budget: Option<u64>, observer: &mut dyn Observer) -> Result<(Vec<Vec<f32>>, Timings), RunError> {
-        let plan = crate::planning::plan_encode(&self.model, budget)?;
+        let plan = crate::pipeline::planning::plan_encode(&self.model, budget)?;
         let mut timings = Timings::default();
         let values = self.encode_observed(plan.weights, prompts, &mut timings, observer)?;
         self.gpu.check_interrupt()?;

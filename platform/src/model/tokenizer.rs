@@ -10,7 +10,7 @@
 //! comes from `tokenizer_config.json`, where transformers reads it, instead of
 //! from `tokenizer.json`.
 
-use crate::config_json::JsonFile;
+use crate::model::config_json::JsonFile;
 use crate::error::{LoadError, TokenizeError};
 use std::path::Path;
 

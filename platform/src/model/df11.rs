@@ -5,7 +5,7 @@
 //! expanded to bf16 on the host, their 4 KiB blocks spread over threads, or
 //! on the device by the `df11_decode` kernel.
 
-use crate::config_json::JsonFile;
+use crate::model::config_json::JsonFile;
 use crate::error::{GpuError, LoadError};
 use flux_lite_kernels::{DeviceBuffer, Gpu};
 use flux_lite_kernels::kernels;

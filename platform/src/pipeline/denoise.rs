@@ -3,8 +3,8 @@
 
 use flux_lite_kernels::Gpu;
 use crate::error::RunError;
-use crate::runner::BlockProgress;
-use crate::transformer::Transformer;
+use crate::run::runner::BlockProgress;
+use crate::components::transformer::Transformer;
 use flux_lite_core::config::{ImageSize, SchedulerConfig, SizeError, VaeConfig};
 use flux_lite_core::numerics::rng::TorchGenerator;
 use flux_lite_core::numerics::schedule;

@@ -2,13 +2,13 @@
 //! its files, or, for a folder that holds only configs (`flux-lite info`),
 //! are estimated from its config; the core planner lays out the run.
 
-use crate::denoise;
+use crate::pipeline::denoise;
 use crate::error::RunError;
 use flux_lite_kernels::Gpu;
 use crate::model::{Component, ModelFolder};
 use crate::pipeline::{Request, PROMPT_TOKENS};
-use crate::text_encoder::TextEncoder;
-use crate::transformer::Transformer;
+use crate::components::text_encoder::TextEncoder;
+use crate::components::transformer::Transformer;
 use flux_lite_core::plan::{self as planner, DeviceLimits, PhasePlan, Plan, PlanInput, WeightSizes};
 
 /// The weight sizes a plan needs, for one image size.
@@ -58,7 +58,7 @@ impl ModelSizes {
         };
         let (vae_decoder, vae_encoder) = if from_files(Component::Vae) {
             let store = model.weights(Component::Vae)?;
-            (crate::vae::decoder_weight_bytes(&model.vae, &store)?, crate::vae_encoder::encoder_weight_bytes(&model.vae, &store)?)
+            (crate::components::vae::decoder_weight_bytes(&model.vae, &store)?, crate::components::vae_encoder::encoder_weight_bytes(&model.vae, &store)?)
         } else {
             (planner::vae_decoder_weights(&model.vae), planner::vae_encoder_weights(&model.vae))
         };

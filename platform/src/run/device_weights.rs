@@ -10,11 +10,11 @@
 //!
 //! Weights that several blocks read stay resident under every strategy.
 
-use crate::df11::Df11DeviceGroup;
+use crate::model::df11::Df11DeviceGroup;
 use crate::error::{GpuError, LoadError, RunError};
 use flux_lite_kernels::{DeviceBuffer, Gpu};
 use flux_lite_kernels::{Weight, WeightDtype};
-use crate::safetensors_store::{widen_to_f32, TensorRef, WeightStore};
+use crate::model::safetensors_store::{widen_to_f32, TensorRef, WeightStore};
 use flux_lite_core::plan::{BlockWeights, WeightSizes, WeightStrategy, SLOT_ALIGN, STREAM_STAGING};
 use flux_lite_core::ir::Op;
 use safetensors::tensor::Dtype;
@@ -404,7 +404,7 @@ fn compressed(store: &WeightStore, group: usize) -> Result<flux_lite_core::df11:
     store.df11_group(group).ok_or_else(|| missing_group(group))
 }
 
-fn group_info(store: &WeightStore, group: usize) -> Result<&crate::safetensors_store::Df11GroupInfo, RunError> {
+fn group_info(store: &WeightStore, group: usize) -> Result<&crate::model::safetensors_store::Df11GroupInfo, RunError> {
     store.df11_groups().nth(group).ok_or_else(|| missing_group(group))
 }
 
