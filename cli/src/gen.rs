@@ -2,13 +2,11 @@
 
 use crate::progress::Bar;
 use argh::FromArgs;
-use flux_lite_platform::pipeline::embeddings_file::{self, EmbeddingsFile};
-use flux_lite_platform::model::ModelFolder;
-use flux_lite_platform::pipeline::{Pipeline, Prompt, Request};
-use flux_lite_platform::pipeline::reference_image::ReferenceImage;
-use flux_lite_platform::pipeline::{denoise, output};
-use flux_lite_platform::GpuOptions;
 use flux_lite_core::plan::Plan;
+use flux_lite_platform::pipeline::embeddings_file::{self, EmbeddingsFile};
+use flux_lite_platform::pipeline::reference_image::ReferenceImage;
+use flux_lite_platform::pipeline::{self, denoise, output, Pipeline, Prompt, Request};
+use flux_lite_platform::GpuOptions;
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -91,10 +89,7 @@ pub fn run(args: &GenArgs) -> Result<(), String> {
         (Some(_), Some(_)) => return Err("give --prompt or --embeddings, not both".into()),
         (None, None) => return Err("give --prompt TEXT (or --prompt-file FILE, or --embeddings FILE)".into()),
     };
-    let mut model = ModelFolder::open(&args.model).map_err(|e| e.to_string())?;
-    if let Some(dir) = &args.transformer {
-        model = model.with_transformer(dir).map_err(|e| e.to_string())?;
-    }
+    let model = pipeline::open_model(&args.model, args.transformer.as_deref()).map_err(|e| e.to_string())?;
     let references = crate::references::load(&args.image, &model)?;
     let (width, height) = crate::references::image_size(args.width, args.height, &references);
     denoise::latent_grid(&model.vae, width, height).map_err(|e| crate::errors::size_line(&e))?;

@@ -6,7 +6,7 @@ use flux_lite_core::plan::{self as planner, Bytes, ComponentBytes, DeviceLimits,
 use flux_lite_core::models::tensors;
 use flux_lite_platform::model::{Component, ModelFolder};
 use flux_lite_platform::pipeline::planning::ModelSizes;
-use flux_lite_platform::pipeline::PROMPT_TOKENS;
+use flux_lite_platform::pipeline::{self, PROMPT_TOKENS};
 use flux_lite_platform::{Gpu, GpuOptions};
 use std::path::PathBuf;
 
@@ -36,10 +36,7 @@ pub struct InfoArgs {
 }
 
 pub fn run(args: &InfoArgs) -> Result<(), String> {
-    let mut model = ModelFolder::open(&args.model).map_err(|e| e.to_string())?;
-    if let Some(dir) = &args.transformer {
-        model = model.with_transformer(dir).map_err(|e| e.to_string())?;
-    }
+    let model = pipeline::open_model(&args.model, args.transformer.as_deref()).map_err(|e| e.to_string())?;
     print_configs(&model);
     for c in Component::ALL {
         print_component_bytes(&model, c)?;

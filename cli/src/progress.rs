@@ -1,21 +1,21 @@
-//! The progress bar on stderr: one line, redrawn in place.
+//! The progress bar on stderr (indicatif): one line, redrawn in place, drawn
+//! only when stderr is a terminal, hidden by `--quiet`.
 
 use flux_lite_platform::pipeline::{Observer, Progress};
-use std::io::Write;
-
-const WIDTH: usize = 30;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 #[derive(Debug)]
 pub struct Bar {
     quiet: bool,
-    drawn: bool,
+    bar: Option<ProgressBar>,
 }
 
 impl Bar {
     pub fn new(quiet: bool) -> Self {
-        Self { quiet, drawn: false }
+        Self { quiet, bar: None }
     }
 
+    /// Shows where a generation is: a label for the stage, its fraction, and a detail.
     pub fn show(&mut self, p: Progress) {
         let (label, done, total, detail) = match p {
             Progress::Encode { prompt, prompts, block } => {
@@ -33,25 +33,35 @@ impl Bar {
         self.draw(&label, done, total, &detail);
     }
 
-    /// One line: `label [####......] detail`, `done` of `total` filled.
+    /// Draws `label [####....] detail` at `done` of `total`; a new label starts a new line.
     pub fn draw(&mut self, label: &str, done: usize, total: usize, detail: &str) {
         if self.quiet {
             return;
         }
-        let filled = (done * WIDTH).checked_div(total).unwrap_or(WIDTH);
-        let bar: String = (0..WIDTH).map(|i| if i < filled { '#' } else { '.' }).collect();
-        eprint!("\r{label:<10} [{bar}] {detail:<28}");
-        let _ = std::io::stderr().flush();
-        self.drawn = true;
+        if self.bar.as_ref().is_some_and(|b| b.prefix() != label) {
+            self.finish();
+        }
+        let bar = self.bar.get_or_insert_with(|| new_bar(label));
+        bar.set_length(total as u64);
+        bar.set_position(done as u64);
+        bar.set_message(detail.to_string());
     }
 
-    /// Ends the bar's line so later messages start on a fresh one.
+    /// Ends the current line (the bar stays on screen).
     pub fn finish(&mut self) {
-        if self.drawn {
-            eprintln!();
-            self.drawn = false;
+        if let Some(bar) = self.bar.take() {
+            bar.abandon();
         }
     }
+}
+
+fn new_bar(label: &str) -> ProgressBar {
+    let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
+    // The template is a constant; were it ever invalid, the default style is a fine bar.
+    let style = ProgressStyle::with_template("{prefix:<10} [{bar:30}] {msg:<28} {elapsed}").map_or_else(|_| ProgressStyle::default_bar(), |s| s.progress_chars("#>."));
+    bar.set_style(style);
+    bar.set_prefix(label.to_string());
+    bar
 }
 
 /// The bar follows a run's progress; a warning ends the bar's line first.

@@ -79,14 +79,12 @@ pub fn layer_norm_modulate(x: &[f32], shift: &[f32], scale: &[f32], rows: usize,
 
 /// GroupNorm over a `[channels, pixels]` tensor with per-channel affine,
 /// optionally followed by SiLU (the VAE's usual pairing).
-#[allow(clippy::too_many_arguments)]
+/// `[channels, pixels, groups]` is the tensor's shape and its channel groups.
 pub fn group_norm(
     x: &[f32],
     gamma: Weights<'_>,
     beta: Weights<'_>,
-    channels: usize,
-    pixels: usize,
-    groups: usize,
+    [channels, pixels, groups]: [usize; 3],
     eps: f64,
     then_silu: bool,
     y: &mut [f64],
@@ -297,14 +295,12 @@ pub fn upsample_nearest2x(x: &[f32], channels: usize, height: usize, width: usiz
 /// The packed latents `[height·width, 4·channels]` as the VAE decoder's input
 /// `[channels, 2·height, 2·width]`: `x·√(var + eps) + mean` per patchified
 /// channel, then unpatchify (spec §1.5).
-#[allow(clippy::too_many_arguments)]
+/// `[channels, height, width]` are the latent channels and the token grid.
 pub fn denorm_unpatchify(
     packed: &[f32],
     mean: Weights<'_>,
     var: Weights<'_>,
-    channels: usize,
-    height: usize,
-    width: usize,
+    [channels, height, width]: [usize; 3],
     eps: f64,
     y: &mut [f64],
 ) {
@@ -428,7 +424,7 @@ mod tests {
         let packed = [1.0f32, 2.0, 3.0, 4.0];
         let (mean, var) = ([0.5f32; 4], [3.0f32; 4]);
         let mut y = [0.0; 4];
-        denorm_unpatchify(&packed, Weights::F32(&mean), Weights::F32(&var), 1, 1, 1, 1.0, &mut y);
+        denorm_unpatchify(&packed, Weights::F32(&mean), Weights::F32(&var), [1, 1, 1], 1.0, &mut y);
         assert_eq!(y, [2.5, 4.5, 6.5, 8.5]);
     }
 

@@ -200,8 +200,7 @@ fn downsample(channels: u64, h: u64, w: u64) -> ConvShape {
 /// token `(y, x)` is `mean[c, 2y + py, 2x + px]`), normalise each of the
 /// `4·channels` with the VAE's BatchNorm statistics, `(x − μ) / √(σ² + eps)`
 /// in f32, and pack into `out` `[(h/2)·(w/2), 4·channels]`.
-#[allow(clippy::too_many_arguments)]
-pub fn reference_tokens(mean: &[f32], bn_mean: &[f32], bn_var: &[f32], channels: usize, h: usize, w: usize, eps: f32, out: &mut [f32]) {
+pub fn reference_tokens(mean: &[f32], bn_mean: &[f32], bn_var: &[f32], [channels, h, w]: [usize; 3], eps: f32, out: &mut [f32]) {
     let features = 4 * channels;
     let (th, tw) = (h / 2, w / 2);
     assert!(mean.len() == channels * h * w && out.len() == th * tw * features, "reference_tokens: sizes disagree");
@@ -270,7 +269,7 @@ mod tests {
         let bn_mean = [1.0, 0.0, 0.0, 0.0];
         let bn_var = [3.0, 0.0, 0.0, 0.0];
         let mut out = [0.0; 8];
-        reference_tokens(&mean, &bn_mean, &bn_var, 1, 2, 4, 1.0, &mut out);
+        reference_tokens(&mean, &bn_mean, &bn_var, [1, 2, 4], 1.0, &mut out);
         // Token (0, 0) holds (y, x) = (0,0), (0,1), (1,0), (1,1); token (0, 1) the next two columns.
         assert_eq!(out, [-0.5, 1.0, 4.0, 5.0, 0.5, 3.0, 6.0, 7.0]);
     }

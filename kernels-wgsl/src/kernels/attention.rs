@@ -298,7 +298,7 @@ mod tests {
         // Reference, step by step in f64 (rounded to f32 between steps as the GPU stores them).
         let to32 = |v: &[f64]| v.iter().map(|&x| x as f32).collect::<Vec<f32>>();
         let mut gn = vec![0.0; c * p];
-        r::group_norm(&x, Weights::Bf16(&gamma), Weights::Bf16(&beta), c, p, groups, 1e-6, false, &mut gn);
+        r::group_norm(&x, Weights::Bf16(&gamma), Weights::Bf16(&beta), [c, p, groups], 1e-6, false, &mut gn);
         let gn32 = to32(&gn);
         let tokens: Vec<f32> = (0..p).flat_map(|i| (0..c).map(move |ch| (i, ch))).map(|(i, ch)| gn32[ch * p + i]).collect();
         let proj = |idx: usize, input: &[f32]| {

@@ -331,7 +331,7 @@ mod tests {
         let x: Vec<f32> = rng.normals(channels * pixels, 2.0).into_iter().map(|v| v - 3.0).collect();
         let (gamma, beta) = (rng.bf16s(channels, 1.0), rng.bf16s(channels, 1.0));
         let mut want = vec![0.0; channels * pixels];
-        r::group_norm(&x, Weights::Bf16(&gamma), Weights::Bf16(&beta), channels, pixels, groups, 1e-6, silu, &mut want);
+        r::group_norm(&x, Weights::Bf16(&gamma), Weights::Bf16(&beta), [channels, pixels, groups], 1e-6, silu, &mut want);
         let (xb, gb, bb) = (gpu.upload_f32("x", &x), gpu.upload_bf16("gamma", &gamma), gpu.upload_bf16("beta", &beta));
         let yb = poisoned(gpu, channels * pixels);
         let got = run_and_read(gpu, &yb, channels * pixels, |enc| {
@@ -365,7 +365,7 @@ mod tests {
         let (gamma, beta) = (rng.bf16s(channels, 1.0), rng.bf16s(channels, 1.0));
         let eps = 1e-6;
         let mut want = vec![0.0; channels * pixels];
-        r::group_norm(&x, Weights::Bf16(&gamma), Weights::Bf16(&beta), channels, pixels, groups, eps, true, &mut want);
+        r::group_norm(&x, Weights::Bf16(&gamma), Weights::Bf16(&beta), [channels, pixels, groups], eps, true, &mut want);
         let band = |p0: usize, p1: usize| -> Vec<f32> { (0..channels).flat_map(|c| x[c * pixels + p0..c * pixels + p1].to_vec()).collect() };
         let bands = [(0, 10), (10, 25), (25, 37)];
         let g = |n: usize| Groups { channels: channels as u64, pixels: n as u64, groups: groups as u64 };

@@ -107,7 +107,7 @@ mod tests {
             let row = t * head_dim..(t + 1) * head_dim;
             rope::flux_row(pos, &axes, 2000.0, &mut cos[row.clone()], &mut sin[row]);
         }
-        check_rope(gpu, RopeStyle::Interleaved, tokens, heads, head_dim, &cos, &sin, 10);
+        check_rope(gpu, RopeStyle::Interleaved, [tokens, heads, head_dim], &cos, &sin, 10);
     }
 
     #[test]
@@ -119,11 +119,10 @@ mod tests {
             let row = t * head_dim..(t + 1) * head_dim;
             rope::qwen_row(t * 31, head_dim, 1e6, &mut cos[row.clone()], &mut sin[row]);
         }
-        check_rope(gpu, RopeStyle::RotateHalf, tokens, heads, head_dim, &cos, &sin, 11);
+        check_rope(gpu, RopeStyle::RotateHalf, [tokens, heads, head_dim], &cos, &sin, 11);
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn check_rope(gpu: &Gpu, style: RopeStyle, tokens: usize, heads: usize, head_dim: usize, cos: &[f32], sin: &[f32], seed: u64) {
+    fn check_rope(gpu: &Gpu, style: RopeStyle, [tokens, heads, head_dim]: [usize; 3], cos: &[f32], sin: &[f32], seed: u64) {
         let mut rng = Rng::new(seed);
         let stride = heads * head_dim + 6; // a strided view, as q inside a fused projection
         let data = rng.normals(tokens * stride, 1.0);

@@ -120,7 +120,7 @@ mod tests {
             if bf16 { (Weights::Bf16(&mean_bits), Weights::Bf16(&var_bits)) } else { (Weights::F32(&mean_f), Weights::F32(&var_f)) };
         let eps = 1e-4f32;
         let mut want = vec![0.0; n];
-        r::denorm_unpatchify(&packed, mean_ref, var_ref, channels, height, width, eps as f64, &mut want);
+        r::denorm_unpatchify(&packed, mean_ref, var_ref, [channels, height, width], eps as f64, &mut want);
 
         let pb = gpu.upload_f32("packed", &packed);
         let (mb, vb) = if bf16 {

@@ -78,7 +78,6 @@ impl Transformer {
     /// every pass; a DF11 store is then expanded on the host first. With a
     /// `chunk`, the feed-forward and MLP projections run over that many
     /// token rows at a time (the same results in less memory).
-    #[allow(clippy::too_many_arguments)]
     pub fn new(
         gpu: &Gpu,
         config: &TransformerConfig,

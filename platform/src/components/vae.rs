@@ -271,7 +271,7 @@ pub(crate) fn upload_checked(gpu: &Gpu, store: &WeightStore, specs: &[TensorSpec
 
 /// Refuses an image size the VAE cannot take ([`ImageSize`]'s rule).
 pub(crate) fn check_image_size(config: &VaeConfig, width: usize, height: usize) -> Result<(), RunError> {
-    ImageSize::new(config, width as u64, height as u64).map(|_| ()).map_err(|e| RunError::Input(e.to_string()))
+    ImageSize::new(config, width as u64, height as u64).map(|_| ()).map_err(|e| RunError::Input(format!("the image size {width}×{height}: {e}")))
 }
 
 /// Refuses a tile size that is not a positive multiple of twice the VAE scale factor.

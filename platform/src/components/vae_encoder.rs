@@ -171,7 +171,7 @@ impl VaeEncoder {
         let channels = self.config.latent_channels;
         let mut tokens = vec![0.0; mean.len()];
         let eps = self.config.batch_norm_eps as f32;
-        program::reference_tokens(&mean, &self.bn_mean, &self.bn_var, channels, h, w, eps, &mut tokens);
+        program::reference_tokens(&mean, &self.bn_mean, &self.bn_var, [channels, h, w], eps, &mut tokens);
         Ok(tokens)
     }
 }

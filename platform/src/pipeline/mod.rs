@@ -12,7 +12,7 @@ pub mod resample;
 
 
 use denoise::{Conditioning, StepProgress};
-use crate::error::RunError;
+use crate::error::{LoadError, RunError};
 use flux_lite_kernels::{Gpu, GpuOptions};
 use crate::model::{Component, ModelFolder};
 use crate::pipeline::reference_image::ReferenceImage;
@@ -147,6 +147,16 @@ pub fn encode_references(
     Ok(out)
 }
 
+/// Opens a model folder, with its transformer read from `transformer` when
+/// given (how every command opens a model; [`Pipeline::open`] then adds the GPU).
+pub fn open_model(dir: &Path, transformer: Option<&Path>) -> Result<ModelFolder, LoadError> {
+    let model = ModelFolder::open(dir)?;
+    match transformer {
+        Some(t) => model.with_transformer(t),
+        None => Ok(model),
+    }
+}
+
 /// Whether `Flux2KleinPipeline` would run classifier-free guidance.
 pub fn uses_guidance(model: &ModelFolder, guidance: f32) -> bool {
     guidance > 1.0 && !model.index.is_distilled
@@ -158,47 +168,6 @@ pub struct Image {
     pub width: usize,
     pub height: usize,
     pub rgb: Vec<u8>,
-}
-
-/// Denoises from the seed's noise under `positive` (and `negative` when
-/// guided), with the reference tokens after the noise tokens in every pass,
-/// and returns the packed latents `[tokens, channels]`, with the weights and
-/// chunking the plan's phase says. The transformer's device memory is
-/// released before this returns.
-#[allow(clippy::too_many_arguments)]
-pub fn denoise(
-    gpu: &Gpu,
-    model: &ModelFolder,
-    request: &Request,
-    phase: &PhasePlan,
-    positive: &[f32],
-    negative: Option<&[f32]>,
-    references: &References,
-    timings: &mut Timings,
-    progress: &mut dyn FnMut(Progress),
-) -> Result<Vec<f32>, RunError> {
-    let (lat_h, lat_w) = denoise::latent_grid(&model.vae, request.width, request.height).map_err(|e| RunError::Input(e.to_string()))?;
-    let started = Instant::now();
-    let store = model.weights(Component::Transformer)?;
-    let grids = LatentGrids { noise: (lat_h, lat_w), references: references.grids.clone() };
-    let chunk = phase.chunk.map(|c| c as usize);
-    let transformer = Transformer::new(gpu, &model.transformer, store, phase.weights, chunk, PROMPT_TOKENS, &grids)?;
-    transformer.set_references(gpu, &references.tokens)?;
-    timings.load += started.elapsed();
-    let noise = denoise::packed_noise(request.seed, model.transformer.in_channels, lat_h, lat_w);
-    let conditioning = match negative {
-        Some(negative) if uses_guidance(model, request.guidance) => Conditioning::Guided { positive, negative, scale: request.guidance },
-        _ => Conditioning::Prompt(positive),
-    };
-    let mut step_started = Instant::now();
-    let steps = &mut timings.steps;
-    denoise::denoise(gpu, &transformer, &model.scheduler, request.steps, &noise, conditioning, &mut |p| {
-        progress(Progress::Denoise(p));
-        if p.block.done == p.block.total {
-            steps.push(step_started.elapsed());
-            step_started = Instant::now();
-        }
-    })
 }
 
 /// Decodes packed latents to the image in the plan's tiles (`None`: untiled).
@@ -294,11 +263,7 @@ impl Pipeline {
     /// Opens the diffusers model folder `dir` (configs, tokenizer, memory-mapped
     /// weights) and the GPU.
     pub fn open(dir: &Path, options: Options) -> Result<Self, RunError> {
-        let mut model = ModelFolder::open(dir)?;
-        if let Some(transformer) = &options.transformer {
-            model = model.with_transformer(transformer)?;
-        }
-        Self::with_model(model, &options.gpu)
+        Self::with_model(open_model(dir, options.transformer.as_deref())?, &options.gpu)
     }
 
     /// A pipeline over a model folder already opened (a caller that checks its
@@ -366,7 +331,11 @@ impl Pipeline {
         let mut show = |p| observer.progress(p);
         let reference_tile = plan.references.and_then(|r| r.tile).map(|t| t as usize);
         let encoded = encode_references(gpu, model, references, reference_tile, &mut timings, &mut show)?;
-        let latents = denoise(gpu, model, request, &plan.denoise, &positive, negative.as_deref(), &encoded, &mut timings, &mut show)?;
+        let conditioning = match negative.as_deref() {
+            Some(negative) if guided => Conditioning::Guided { positive: &positive, negative, scale: request.guidance },
+            _ => Conditioning::Prompt(&positive),
+        };
+        let latents = self.denoise(request, &plan.denoise, conditioning, &encoded, &mut timings, &mut show)?;
         let image = match decode_image {
             true => Some(decode(gpu, model, request, plan.decode.tile, &latents, &mut timings, &mut show)?),
             false => None,
@@ -374,6 +343,41 @@ impl Pipeline {
         // Interrupted after the last block: still no result.
         gpu.check_interrupt()?;
         Ok(Generated { latents, image, plan, timings })
+    }
+
+    /// Denoises from the seed's noise under `conditioning`, with the
+    /// reference tokens after the noise tokens in every pass, and returns the
+    /// packed latents `[tokens, channels]`, with the weights and chunking the
+    /// plan's phase says. The transformer's device memory is released before
+    /// this returns.
+    fn denoise(
+        &self,
+        request: &Request,
+        phase: &PhasePlan,
+        conditioning: Conditioning<'_>,
+        references: &References,
+        timings: &mut Timings,
+        progress: &mut dyn FnMut(Progress),
+    ) -> Result<Vec<f32>, RunError> {
+        let (gpu, model) = (&self.gpu, &self.model);
+        let (lat_h, lat_w) = denoise::latent_grid(&model.vae, request.width, request.height).map_err(|e| RunError::Input(e.to_string()))?;
+        let started = Instant::now();
+        let store = model.weights(Component::Transformer)?;
+        let grids = LatentGrids { noise: (lat_h, lat_w), references: references.grids.clone() };
+        let chunk = phase.chunk.map(|c| c as usize);
+        let transformer = Transformer::new(gpu, &model.transformer, store, phase.weights, chunk, PROMPT_TOKENS, &grids)?;
+        transformer.set_references(gpu, &references.tokens)?;
+        timings.load += started.elapsed();
+        let noise = denoise::packed_noise(request.seed, model.transformer.in_channels, lat_h, lat_w);
+        let mut step_started = Instant::now();
+        let steps = &mut timings.steps;
+        denoise::denoise(gpu, &transformer, &model.scheduler, request.steps, &noise, conditioning, &mut |p| {
+            progress(Progress::Denoise(p));
+            if p.block.done == p.block.total {
+                steps.push(step_started.elapsed());
+                step_started = Instant::now();
+            }
+        })
     }
 
     /// Encodes prompts, passing truncation warnings to the observer.

@@ -12,6 +12,7 @@
 
 use flux_lite_core::bands::{AttentionMerge, Moments};
 use crate::error::RunError;
+use flux_lite_kernels::kernels::Gemm;
 use flux_lite_kernels::Gpu;
 use crate::run::device_weights::DeviceWeights;
 use crate::run::runner::Runner;
@@ -99,7 +100,7 @@ impl BandRunner<'_> {
         match op {
             Op::DenormUnpatchify { packed, latent, mean, var, channels, height, width, eps } => {
                 let stats = LatentStats { mean, var, eps: *eps };
-                self.denorm_unpatchify(host, *packed, *latent, stats, *channels, *height, *width)
+                self.denorm_unpatchify(host, *packed, *latent, stats, [*channels, *height, *width])
             }
             Op::Conv2d { x, w, bias, y, shape } => self.conv(host, *x, w, bias, *y, *shape),
             Op::GroupNorm { src, dst, gamma, beta, channels, pixels, groups, eps, silu } => {
@@ -109,7 +110,7 @@ impl BandRunner<'_> {
             Op::Add { a, b, dst, rows, cols } => self.add(host, *a, *b, *dst, *rows, *cols),
             Op::UpsampleNearest2x { x, y, channels, height, width } => self.upsample(host, *x, *y, *channels, *height, *width),
             Op::Transpose { src, dst, rows, cols } => self.transpose(host, *src, *dst, *rows, *cols),
-            Op::Linear { x, w, w_row: 0, bias, y, rows, cols, inner } => self.linear(host, *x, w, bias.as_ref(), *y, *rows, *cols, *inner),
+            Op::Linear { x, w, w_row: 0, bias, y, rows, cols, inner } => self.linear(host, *x, w, bias.as_ref(), *y, Gemm { m: *rows, n: *cols, k: *inner }),
             Op::Attention { q, k, v, o, len, heads, head_dim } => self.attention(host, [*q, *k, *v, *o], *len, *heads, *head_dim),
             Op::Copy { src, dst, rows, cols } => Self::copy(host, *src, *dst, *rows, *cols),
             other => Err(RunError::Input(format!("the banded VAE cannot run {other:?}"))),
@@ -148,17 +149,7 @@ impl BandRunner<'_> {
     }
 
     /// Packed tokens `[height·width, 4c]` to the latent `[c, 2·height, 2·width]`, by rows of tokens.
-    #[allow(clippy::too_many_arguments)]
-    fn denorm_unpatchify(
-        &self,
-        host: &mut HostTensors,
-        packed: Span,
-        latent: Span,
-        stats: LatentStats<'_>,
-        c: u64,
-        h: u64,
-        w: u64,
-    ) -> Result<(), RunError> {
+    fn denorm_unpatchify(&self, host: &mut HostTensors, packed: Span, latent: Span, stats: LatentStats<'_>, [c, h, w]: [u64; 3]) -> Result<(), RunError> {
         let row = w * 4 * c;
         let band = self.band(0, 2 * row, "row of latent tokens")?;
         for (t0, t1) in bands(h, band) {
@@ -318,18 +309,8 @@ impl BandRunner<'_> {
     }
 
     /// `y = x·Wᵀ + b` over contiguous rows, by bands of rows.
-    #[allow(clippy::too_many_arguments)]
-    fn linear(
-        &self,
-        host: &mut HostTensors,
-        x: Span,
-        w: &TensorName,
-        bias: Option<&TensorName>,
-        y: Span,
-        rows: u64,
-        cols: u64,
-        inner: u64,
-    ) -> Result<(), RunError> {
+    fn linear(&self, host: &mut HostTensors, x: Span, w: &TensorName, bias: Option<&TensorName>, y: Span, s: Gemm) -> Result<(), RunError> {
+        let Gemm { m: rows, n: cols, k: inner } = s;
         if x.stride != inner || y.stride != cols {
             return Err(RunError::Input("the banded VAE only runs linears over contiguous rows".into()));
         }
