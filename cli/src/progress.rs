@@ -1,22 +1,33 @@
-//! The progress bar on stderr (indicatif): one line, redrawn in place, drawn
-//! only when stderr is a terminal, hidden by `--quiet`.
+//! Progress on stderr, hidden by `--quiet`. On a terminal, a bar redrawn in
+//! place (indicatif); otherwise (a log file, a pipe) one line when a stage
+//! starts and one per finished unit (a layer stack, a step, a decode), so a
+//! log shows where a run got to without carriage-return noise.
 
 use flux_lite_platform::pipeline::{Observer, Progress};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use std::io::IsTerminal;
 
 #[derive(Debug)]
 pub struct Bar {
     quiet: bool,
+    terminal: bool,
     bar: Option<ProgressBar>,
+    /// The stage the log lines are about (when not on a terminal).
+    stage: String,
 }
 
 impl Bar {
     pub fn new(quiet: bool) -> Self {
-        Self { quiet, bar: None }
+        Self { quiet, terminal: std::io::stderr().is_terminal(), bar: None, stage: String::new() }
     }
 
     /// Shows where a generation is: a label for the stage, its fraction, and a detail.
     pub fn show(&mut self, p: Progress) {
+        // A unit is done at the end of a whole stage, or of a denoising step.
+        let unit_done = match p {
+            Progress::Denoise(s) => s.block.done == s.block.total,
+            _ => false,
+        };
         let (label, done, total, detail) = match p {
             Progress::Encode { prompt, prompts, block } => {
                 let label = if prompts > 1 { format!("encode {}/{prompts}", prompt + 1) } else { "encode".into() };
@@ -30,12 +41,26 @@ impl Bar {
             }
             Progress::Decode { done, total } => ("decode".into(), done, total, format!("{done}/{total}")),
         };
-        self.draw(&label, done, total, &detail);
+        self.update(&label, done, total, &detail, unit_done);
     }
 
     /// Draws `label [####....] detail` at `done` of `total`; a new label starts a new line.
     pub fn draw(&mut self, label: &str, done: usize, total: usize, detail: &str) {
+        self.update(label, done, total, detail, false);
+    }
+
+    fn update(&mut self, label: &str, done: usize, total: usize, detail: &str, unit_done: bool) {
         if self.quiet {
+            return;
+        }
+        if !self.terminal {
+            if self.stage != label {
+                self.stage = label.to_string();
+                eprintln!("{label} …");
+            }
+            if unit_done || done == total {
+                eprintln!("{label}: {detail}");
+            }
             return;
         }
         if self.bar.as_ref().is_some_and(|b| b.prefix() != label) {
