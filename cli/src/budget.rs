@@ -1,8 +1,31 @@
-//! `--memory-budget SIZE`: a byte count with a binary unit.
+//! Sizes on the command line: `--memory-budget SIZE`, and `info --limits`.
+
+use flux_lite_core::plan::DeviceLimits;
 
 /// Parses `512MiB`, `3GiB`, `1.5 GiB`, `4096B` or `64KiB` (units B, KiB, MiB, GiB, TiB).
 pub fn parse_memory_budget(text: &str) -> Result<u64, String> {
-    let bad = || format!("--memory-budget {text:?}: expected a size such as 512MiB or 3GiB (units B, KiB, MiB, GiB, TiB)");
+    parse_size("--memory-budget", text)
+}
+
+/// The device limits `info` plans under: `adapter` (`None`: this machine's
+/// adapter, the default), `webgpu` (WebGPU's defaults, which every adapter
+/// grants), or `BUFFER/BINDING`, e.g. `4GiB/4GiB` (a given GPU's).
+pub fn parse_limits(text: &str) -> Result<Option<DeviceLimits>, String> {
+    match text.trim() {
+        "adapter" => Ok(None),
+        "webgpu" => Ok(Some(DeviceLimits::WEBGPU_DEFAULT)),
+        pair => {
+            let (buffer, binding) = pair
+                .split_once('/')
+                .ok_or_else(|| format!("--limits {text:?}: expected adapter, webgpu, or BUFFER/BINDING such as 4GiB/2GiB"))?;
+            Ok(Some(DeviceLimits { max_buffer: parse_size("--limits", buffer)?, max_binding: parse_size("--limits", binding)? }))
+        }
+    }
+}
+
+/// A byte count with a binary unit, or an error naming `flag`.
+fn parse_size(flag: &str, text: &str) -> Result<u64, String> {
+    let bad = || format!("{flag} {text:?}: expected a size such as 512MiB or 3GiB (units B, KiB, MiB, GiB, TiB)");
     let t = text.trim();
     let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).ok_or_else(bad)?;
     let (number, unit) = (&t[..split], t[split..].trim());
@@ -33,6 +56,16 @@ mod tests {
         assert_eq!(parse_memory_budget("1.5 GiB"), Ok(3 << 29));
         assert_eq!(parse_memory_budget("4096B"), Ok(4096));
         assert_eq!(parse_memory_budget("1KiB"), Ok(1024));
+    }
+
+    #[test]
+    fn limits_by_name_or_as_two_sizes() {
+        assert_eq!(parse_limits("adapter"), Ok(None));
+        assert_eq!(parse_limits("webgpu"), Ok(Some(DeviceLimits::WEBGPU_DEFAULT)));
+        assert_eq!(parse_limits("4GiB/2GiB"), Ok(Some(DeviceLimits { max_buffer: 4 << 30, max_binding: 2 << 30 })));
+        for bad in ["", "4GiB", "4GiB/", "gpu", "4GB/2GB"] {
+            assert!(parse_limits(bad).unwrap_err().starts_with("--limits"), "{bad}");
+        }
     }
 
     #[test]

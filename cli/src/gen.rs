@@ -175,6 +175,9 @@ pub fn run(args: &GenArgs) -> Result<(), String> {
             Some(budget) => eprintln!("peak device memory: {:.2} MiB of budget {:.2} MiB (planned {:.2} MiB)", mib(peak), mib(budget), mib(plan.peak())),
             None => eprintln!("peak device memory: {:.2} MiB, no budget (planned {:.2} MiB)", mib(peak), mib(plan.peak())),
         }
+        // Exact figures, for scripts and tests: a few KiB over a budget shows here, not in MiB.
+        let budget = args.memory_budget.map_or("none".into(), |b| b.to_string());
+        eprintln!("device bytes: peak {peak}, budget {budget}, planned {}", plan.peak());
     }
     let per_step: Vec<String> = timings.steps.iter().map(|d| format!("{:.2}s", d.as_secs_f64())).collect();
     eprintln!(

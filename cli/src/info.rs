@@ -33,6 +33,9 @@ pub struct InfoArgs {
     /// also plan the run within this device memory, e.g. 2GiB (fails, naming the minimum, when too small)
     #[argh(option, from_str_fn(crate::budget::parse_memory_budget))]
     memory_budget: Option<u64>,
+    /// the device limits to plan under: adapter (this machine's, the default), webgpu (WebGPU's defaults, which every adapter grants), or BUFFER/BINDING such as 4GiB/4GiB
+    #[argh(option, from_str_fn(crate::budget::parse_limits))]
+    limits: Option<Option<DeviceLimits>>,
 }
 
 pub fn run(args: &InfoArgs) -> Result<(), String> {
@@ -46,7 +49,11 @@ pub fn run(args: &InfoArgs) -> Result<(), String> {
     flux_lite_platform::pipeline::denoise::latent_grid(&model.vae, width, height).map_err(|e| crate::errors::size_line(&e))?;
     let reference_sizes: Vec<(u64, u64)> = references.iter().map(|r| (r.width as u64, r.height as u64)).collect();
     let sizes = ModelSizes::from_files_or_configs(&model, width, height).map_err(|e| e.to_string())?;
-    let (limits, adapter) = adapter_limits();
+    let (limits, adapter) = match args.limits.flatten() {
+        Some(l) if l == DeviceLimits::WEBGPU_DEFAULT => (l, "WebGPU's default limits (--limits webgpu)".to_string()),
+        Some(l) => (l, "the limits given (--limits)".to_string()),
+        None => adapter_limits(),
+    };
     let input = sizes.plan_input(&model, width, height, &reference_sizes, limits, args.memory_budget);
     println!();
     let with_references = match reference_sizes.as_slice() {

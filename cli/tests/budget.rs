@@ -22,11 +22,14 @@ fn gen(model: &Path, out: &Path, extra: &[&str]) -> Output {
         .unwrap()
 }
 
-/// The MiB figures of `peak device memory: X MiB of budget Y MiB …`.
-fn peak_line(stderr: &str) -> (f64, f64) {
-    let line = stderr.lines().find(|l| l.starts_with("peak device memory: ")).unwrap_or_else(|| panic!("no peak line in {stderr}"));
-    let words: Vec<&str> = line.split_whitespace().collect();
-    (words[3].parse().unwrap(), words[7].parse().unwrap())
+/// The exact figures of `device bytes: peak P, budget B, planned Q`.
+fn peak_line(stderr: &str) -> (u64, u64) {
+    let line = stderr.lines().find(|l| l.starts_with("device bytes: ")).unwrap_or_else(|| panic!("no device bytes line in {stderr}"));
+    let number = |key: &str| -> u64 {
+        let after = line.split(&format!("{key} ")).nth(1).unwrap_or_else(|| panic!("no {key} in {line}"));
+        after.split(',').next().unwrap().trim().parse().unwrap_or_else(|e| panic!("{key} in {line}: {e}"))
+    };
+    (number("peak"), number("budget"))
 }
 
 fn check_model(name: &str) {
@@ -57,8 +60,9 @@ fn check_run(label: &str, name: &str, extra: &[&str]) {
     let stderr = String::from_utf8_lossy(&run.stderr);
     assert!(run.status.success(), "{name} at its minimum {minimum} B: {stderr}");
     let (peak, allowed) = peak_line(&stderr);
-    eprintln!("{name}: minimum {minimum} B; peak {peak} MiB of {allowed} MiB\n{stderr}");
-    assert!(peak <= allowed, "{name}: peak {peak} MiB above the budget {allowed} MiB");
+    eprintln!("{name}: minimum {minimum} B; peak {peak} B of {allowed} B\n{stderr}");
+    assert_eq!(allowed, minimum, "{name}: the budget line names the budget given");
+    assert!(peak <= allowed, "{name}: peak {peak} B above the budget {allowed} B");
     assert!(stderr.contains("plan: text encoder") && stderr.contains("transformer"), "{stderr}");
     if extra.contains(&"--image") {
         assert!(stderr.contains("plan: VAE encoder"), "{stderr}");

@@ -182,6 +182,33 @@ fn a_killed_run_leaves_no_file() {
 }
 
 #[test]
+fn a_run_killed_in_the_middle_of_writing_the_png_leaves_no_png() {
+    let dir = scratch_dir("png-killed-mid-write");
+    let out = dir.join("out.png");
+    let model = model_dir("tiny-a");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_flux-lite"))
+        .args(["gen", "--model", model.to_str().unwrap(), "--prompt", "a fox", "--steps", "1"])
+        .args(["--width", "32", "--height", "32", "--output", out.to_str().unwrap()])
+        // The write stops halfway for a minute: the kill lands inside it.
+        .env("FLUX_LITE_PAUSE_MID_WRITE", "60")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    read_stderr_until(child.stderr.as_mut().unwrap(), "paused mid-write");
+    let partial: Vec<std::path::PathBuf> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
+    assert_eq!(partial.len(), 1, "{partial:?}");
+    assert!(std::fs::metadata(&partial[0]).unwrap().len() > 0, "the first half is on disk");
+    assert!(!out.exists(), "the PNG's name exists before the write completed");
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // What a SIGKILL leaves is the hidden temporary file, never a partial out.png.
+    assert!(!out.exists());
+    let left: Vec<String> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    assert!(left.len() == 1 && left[0].starts_with(".out.png.partial-"), "{left:?}");
+}
+
+#[test]
 fn vae_tiles_much_smaller_than_the_image_keep_the_image() {
     // 8-pixel tiles on a 48×32 image: the decode runs by bands of a few rows.
     reproduce("tiny-a/four-step-wide", &["--vae-tile", "8"]);

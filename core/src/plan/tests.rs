@@ -441,3 +441,81 @@ fn a_forced_vae_tile_is_the_only_layout_and_is_checked_against_the_budget() {
     assert_eq!(plan(&forced(16, None)).unwrap_err(), PlanError::VaeTileTooSmall { tile: 16, what: "the VAE decoder" });
     assert!(plan(&forced(48, None)).is_ok());
 }
+
+/// A byte count as the README's tables write it: GiB to two decimals
+/// (rounded up, as [`Bytes`]), below that whole MiB.
+fn readme(bytes: u64) -> String {
+    if bytes >= GIB {
+        format!("{:.2} GiB", libm::ceil(bytes as f64 / GIB as f64 * 100.0) / 100.0)
+    } else {
+        format!("{:.0} MiB", bytes as f64 / (1u64 << 20) as f64)
+    }
+}
+
+/// The README's text with every run of whitespace one space (its sentences wrap).
+fn readme_text() -> String {
+    include_str!("../../../README.md").split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+#[track_caller]
+fn quoted(readme: &str, figure: &str) {
+    assert!(readme.contains(figure), "README.md does not say {figure:?}: the planner and the README disagree");
+}
+
+#[test]
+fn the_readme_figures_are_the_planners() {
+    let text = readme_text();
+    // The 4B transformer at 1024², one row per weight strategy (DF11 sizes estimated).
+    let model = Model::klein_4b(true);
+    let input = model.input(1024, None);
+    let options: Vec<PhasePlan> = denoise_options(&input).unwrap().collect();
+    let names = [
+        (WeightStrategy::ResidentBf16, "resident bf16"),
+        (WeightStrategy::ResidentDf11 { slots: 2 }, "DF11 resident, 2 slots"),
+        (WeightStrategy::ResidentDf11 { slots: 1 }, "DF11 resident, 1 slot"),
+        (WeightStrategy::Streamed { slots: 2 }, "streamed, 2 slots"),
+        (WeightStrategy::Streamed { slots: 1 }, "streamed, 1 slot"),
+    ];
+    for (strategy, name) in names {
+        let whole = options.iter().find(|p| p.weights == strategy && p.chunk.is_none()).unwrap();
+        let chunked = options.iter().find(|p| p.weights == strategy && p.chunk.is_some()).unwrap();
+        let mut row = format!("| {name} | {} | {} | {} | {}", readme(whole.peak()), readme(whole.weight_bytes), readme(whole.arena_bytes), readme(chunked.peak()));
+        if strategy == WeightStrategy::ResidentBf16 {
+            row += &format!(" ({})", readme(chunked.arena_bytes));
+        }
+        quoted(&text, &(row + " |"));
+    }
+    // The text encoder's phase.
+    let te: Vec<PhasePlan> = encode_options(&input).unwrap().collect();
+    let te_peak = |s| readme(te.iter().find(|p| p.weights == s).unwrap().peak());
+    quoted(&text, &format!("| resident bf16 | {} |", te_peak(WeightStrategy::ResidentBf16)));
+    let (d2, d1) = (te_peak(WeightStrategy::ResidentDf11 { slots: 2 }), te_peak(WeightStrategy::ResidentDf11 { slots: 1 }));
+    quoted(&text, &format!("| DF11 resident, 2 / 1 slots | {} / {} |", d2.trim_end_matches(" GiB"), d1));
+    quoted(&text, &format!("| streamed, 2 / 1 slots | {} / {} |", te_peak(WeightStrategy::Streamed { slots: 2 }), te_peak(WeightStrategy::Streamed { slots: 1 })));
+    // The VAE decoder at 1024²: smallest tile, the largest under 128 MiB bindings, untiled.
+    let decode: Vec<VaePlan> = decode_options(&input).unwrap().collect();
+    let smallest = decode[decode.len() - 1];
+    quoted(&text, &format!("needs {} in its smallest tile at 1024² ({} pixels", readme(smallest.peak()), smallest.tile.unwrap()));
+    quoted(&text, &format!("against {} untiled", readme(decode[0].peak())));
+    let lavapipe = DeviceLimits { max_buffer: 2 * GIB, max_binding: 128 << 20 };
+    let bound = PlanInput { limits: lavapipe, ..input };
+    let largest = decode_options(&bound).unwrap().find(|p| p.tile.is_some()).unwrap();
+    quoted(&text, &format!("{} in the largest tile lavapipe's 128 MiB bindings allow ({} px)", readme(largest.peak()), largest.tile.unwrap()));
+    // The VAE encoder on a 1024² reference.
+    let refs = [(1024, 1024)];
+    let roomy: Vec<VaePlan> = reference_options(&PlanInput { references: &refs, ..input }).unwrap().collect();
+    let webgpu: Vec<VaePlan> = reference_options(&PlanInput { references: &refs, limits: DeviceLimits::WEBGPU_DEFAULT, ..input }).unwrap().collect();
+    let last = webgpu[webgpu.len() - 1];
+    quoted(&text, &format!("needs {} untiled, {} in {}-pixel tiles under WebGPU's default", readme(roomy[0].peak()), readme(webgpu[0].peak()), webgpu[0].tile.unwrap()));
+    quoted(&text, &format!("and {} in its smallest tile ({} px)", readme(last.peak()), last.tile.unwrap()));
+    // Whole runs: the 4B's smallest budget and its unchunked streamed peak, the 9B, and 4096².
+    quoted(&text, &format!("the smallest budget for a whole 1024² run is {}", readme(minimum_budget(&input).unwrap())));
+    let streamed_1 = options.iter().find(|p| p.weights == WeightStrategy::Streamed { slots: 1 } && p.chunk.is_none()).unwrap();
+    quoted(&text, &format!("by streaming ({} unchunked)", readme(streamed_1.peak())));
+    let nine = Model::klein_9b(true);
+    let nine_resident = plan(&Model::klein_9b(false).input(1024, None)).unwrap();
+    quoted(&text, &format!("needs at least {} at 1024²", readme(minimum_budget(&nine.input(1024, None)).unwrap())));
+    quoted(&text, &format!("{} with everything resident", readme(nine_resident.peak())));
+    let four_k = |m: &Model| readme(minimum_budget(&m.input(4096, None)).unwrap());
+    quoted(&text, &format!("budgets are {} (4B) and {} (9B)", four_k(&model), four_k(&nine)));
+}

@@ -34,7 +34,27 @@ pub fn check_output_path(flag: &str, path: &Path) -> Result<(), String> {
 /// Writes `bytes` to `path` atomically: temp file, fsync, rename. On error
 /// the temp file is removed and `path` is left as it was.
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), String> {
-    write_atomically_with(path, |w| w.write_all(bytes))
+    write_atomically_with(path, |w| {
+        let (first, rest) = bytes.split_at(bytes.len() / 2);
+        w.write_all(first)?;
+        pause_mid_write(w)?;
+        w.write_all(rest)
+    })
+}
+
+/// A testing aid: `FLUX_LITE_PAUSE_MID_WRITE=SECONDS` stops an atomic write
+/// halfway for that long, its first half on disk under the temporary name,
+/// so a test can kill the process in the middle of writing.
+const PAUSE_MID_WRITE: &str = "FLUX_LITE_PAUSE_MID_WRITE";
+
+fn pause_mid_write(w: &mut BufWriter<File>) -> std::io::Result<()> {
+    let Some(seconds) = std::env::var(PAUSE_MID_WRITE).ok().and_then(|v| v.trim().parse::<u64>().ok()) else {
+        return Ok(());
+    };
+    w.flush()?;
+    eprintln!("paused mid-write for {seconds} s ({PAUSE_MID_WRITE})");
+    std::thread::sleep(std::time::Duration::from_secs(seconds));
+    Ok(())
 }
 
 /// [`write_atomically`], the contents streamed by `write`.
