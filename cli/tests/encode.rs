@@ -27,7 +27,8 @@ fn encode_writes_transformers_prompt_embeddings_that_gen_accepts() {
     assert_eq!(t.shape(), shape.as_slice());
     let got: Vec<f32> = t.data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
     let (err, worst) = rel_l2(&got, &want);
-    assert!(err <= 1e-4, "prompt_embeds: relative L2 {err:.3e}, worst element {worst}");
+    let tol = flux_lite_tests::tolerance::f32::TEXT_ENCODER;
+    assert!(err <= tol, "prompt_embeds: relative L2 {err:.3e} > {tol:.0e}, worst element {worst}");
 
     let latents = dir.join("latents.safetensors");
     let run = flux_lite(&["gen", "--model", model.to_str().unwrap(), "--embeddings", out.to_str().unwrap(), "--seed", "42"]
@@ -36,7 +37,14 @@ fn encode_writes_transformers_prompt_embeddings_that_gen_accepts() {
         .copied()
         .collect::<Vec<_>>());
     assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
-    assert!(latents.exists());
+    // Seed, size and steps are the one-step golden's: its latents follow.
+    let bytes = std::fs::read(&latents).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let got: Vec<f32> = st.tensor("latents").unwrap().data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+    let (err, worst) = rel_l2(&got, &g.f32("latents.0").0);
+    eprintln!("latents from encode's embeddings: relative L2 {err:.3e}");
+    // Measured 2.6e-6 (2026-11-25), as from the golden embeddings themselves.
+    assert!(err <= 8e-6, "latents from encode's embeddings: relative L2 {err:.3e}, worst element {worst}");
 }
 
 #[test]

@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used)]
 
 pub mod fuzz;
+pub mod tolerance;
 
 use flux_lite_core::plan::WeightStrategy;
 use flux_lite_platform::model::{Component, ModelFolder};

@@ -9,8 +9,7 @@ use flux_lite_platform::components::text_encoder::TextEncoder;
 use flux_lite_platform::RunError;
 use flux_lite_tests::{gpu, model_dir, rel_l2, Goldens, CASES};
 
-/// The bound on the prompt embedding: relative L2 ≤ 1e-4.
-const TOL: f64 = 1e-4;
+const TOL: f64 = flux_lite_tests::tolerance::f32::TEXT_ENCODER;
 
 fn ids(g: &Goldens, name: &str) -> Vec<u32> {
     g.i64(name).0.iter().map(|&v| u32::try_from(v).unwrap()).collect()
