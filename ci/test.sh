@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test command (README.md): driver setup, the no_std build of core,
-# clippy with warnings denied, then every test of the workspace.
+# clippy with warnings denied, the fuzz targets compiled, then every test of
+# the workspace, failing if fewer tests ran than ci/test-floor says.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -19,6 +20,9 @@ cargo build --locked -p flux-lite-core --no-default-features --features alloc
 echo "== clippy"
 cargo clippy --locked --workspace --all-targets -- -D warnings
 
+echo "== fuzz targets (their own workspace; compiled, not run: ci/fuzz.sh runs them)"
+cargo check --locked --manifest-path fuzz/Cargo.toml --bins --target-dir target
+
 echo "== tests"
 log="$(mktemp)"
 set +e
@@ -26,6 +30,14 @@ cargo test --locked --workspace 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 set -e
 # One closing line for the whole workspace (cargo prints one per test binary).
-awk '/^test result:/ { passed += $4; failed += $6 } END { printf "tests: %d passed, %d failed\n", passed, failed }' "$log"
+passed="$(awk '/^test result:/ { passed += $4 } END { print passed + 0 }' "$log")"
+failed="$(awk '/^test result:/ { failed += $6 } END { print failed + 0 }' "$log")"
 rm -f "$log"
+echo "tests: $passed passed, $failed failed"
+# The suite cannot shrink silently: raise ci/test-floor whenever tests are added.
+floor="$(tr -dc '0-9' < ci/test-floor)"
+if [ "$status" -eq 0 ] && [ "$passed" -lt "$floor" ]; then
+    echo "error: $passed tests passed, fewer than the floor of $floor in ci/test-floor" >&2
+    exit 1
+fi
 exit "$status"

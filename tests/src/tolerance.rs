@@ -5,7 +5,7 @@
 //! Mesa 22.3.6, the tiny models), so a regression of a few times fails
 //! instead of hiding under a loose bound. The f32 goldens never move; a
 //! new precision tier (f16, matrix units) states its own bounds in
-//! [`other_tiers`], which keeps the project-wide image bar of DESIGN.md.
+//! [`other_tiers`], which keeps the project-wide image bar (max 3, mean 0.2).
 
 /// The f32 path (the reference tier).
 pub mod f32 {
@@ -33,8 +33,8 @@ pub mod f32 {
     pub const PNG_MEAN_LEVELS: f64 = 6e-4;
 }
 
-/// The bars other precision tiers are held to (DESIGN.md, "Tests"): an
-/// image within 3 levels everywhere and 0.2 on average of the diffusers PNG.
+/// The bars other precision tiers are held to, the project-wide image bar:
+/// within 3 levels everywhere and 0.2 on average of the diffusers PNG.
 pub mod other_tiers {
     pub const PNG_MAX_LEVELS: u8 = 3;
     pub const PNG_MEAN_LEVELS: f64 = 0.2;
