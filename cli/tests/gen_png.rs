@@ -159,18 +159,23 @@ fn a_failing_run_leaves_no_file() {
     assert_eq!(left, ["model"], "partial files left behind");
 }
 
+/// `gen` on tiny-a writing `out` at a `size`-pixel square, stderr piped, with `env` set.
+fn spawn_gen(out: &Path, steps: &str, size: &str, env: &[(&str, &str)]) -> std::process::Child {
+    Command::new(env!("CARGO_BIN_EXE_flux-lite"))
+        .args(["gen", "--model", model_dir("tiny-a").to_str().unwrap(), "--prompt", "a fox", "--steps", steps])
+        .args(["--width", size, "--height", size, "--output", out.to_str().unwrap()])
+        .envs(env.iter().copied())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
 #[test]
 fn a_killed_run_leaves_no_file() {
     let dir = scratch_dir("png-killed");
     let out = dir.join("out.png");
-    let model = model_dir("tiny-a");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_flux-lite"))
-        .args(["gen", "--model", model.to_str().unwrap(), "--prompt", "a fox", "--steps", "50"])
-        .args(["--width", "64", "--height", "64", "--output", out.to_str().unwrap()])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = spawn_gen(&out, "50", "64", &[]);
     // Wait until it is denoising, then kill it.
     read_stderr_until(child.stderr.as_mut().unwrap(), "denoise");
     child.kill().unwrap();
@@ -183,16 +188,8 @@ fn a_killed_run_leaves_no_file() {
 fn a_run_killed_in_the_middle_of_writing_the_png_leaves_no_png() {
     let dir = scratch_dir("png-killed-mid-write");
     let out = dir.join("out.png");
-    let model = model_dir("tiny-a");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_flux-lite"))
-        .args(["gen", "--model", model.to_str().unwrap(), "--prompt", "a fox", "--steps", "1"])
-        .args(["--width", "32", "--height", "32", "--output", out.to_str().unwrap()])
-        // The write stops halfway for a minute: the kill lands inside it.
-        .env("FLUX_LITE_PAUSE_MID_WRITE", "60")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    // The write stops halfway for a minute: the kill lands inside it.
+    let mut child = spawn_gen(&out, "1", "32", &[("FLUX_LITE_PAUSE_MID_WRITE", "60")]);
     read_stderr_until(child.stderr.as_mut().unwrap(), "paused mid-write");
     let partial: Vec<std::path::PathBuf> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
     assert_eq!(partial.len(), 1, "{partial:?}");
