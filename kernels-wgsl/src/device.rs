@@ -2,7 +2,7 @@
 //! limits, a pipeline cache, and upload/readback.
 
 use crate::error::{one_line, GpuError};
-use crate::catalogue::{Kernel, Module};
+use crate::kernel::{Kernel, Module};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};

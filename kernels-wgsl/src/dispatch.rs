@@ -7,7 +7,7 @@
 //! window. The chunk loop lives here once ([`row_chunks`]); a launcher says
 //! which operands are split along rows and what one chunk dispatches.
 
-use crate::catalogue::{wrapped_grid, Kernel};
+use crate::kernel::{wrapped_grid, Kernel};
 use crate::device::{DeviceBuffer, Gpu};
 use crate::error::GpuError;
 use crate::view::Mat;

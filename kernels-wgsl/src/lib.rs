@@ -17,6 +17,7 @@
 //! strides are in elements.
 
 pub mod catalogue;
+pub mod kernel;
 pub mod device;
 pub mod dispatch;
 pub mod error;
@@ -26,7 +27,8 @@ pub mod view;
 #[cfg(test)]
 mod testing;
 
-pub use catalogue::{wrapped_grid, Access, Kernel, Module, ALL_KERNELS, MAX_GRID_DIM};
+pub use catalogue::ALL_KERNELS;
+pub use kernel::{wrapped_grid, Access, Kernel, Module, MAX_GRID_DIM};
 pub use device::{Backend, DeviceBuffer, DeviceMemory, Gpu, GpuOptions};
 pub use dispatch::{encode, encode_timed, Dispatch, Sink};
 pub use error::GpuError;

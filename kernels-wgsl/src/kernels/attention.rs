@@ -3,7 +3,7 @@
 //! padding masks, and an optional log-sum-exp output for merging key chunks.
 //! Shader: `attention.wgsl` beside this file.
 
-use crate::catalogue::{kernel, Access::{Read as R, ReadWrite as RW}, Kernel, Module};
+use crate::kernel::{kernel, Access::{Read as R, ReadWrite as RW}, Kernel, Module};
 use crate::device::Gpu;
 use crate::dispatch::{dispatch, placeholder_window, row_chunks, to_u32, window, Launch, Rows, Sink};
 use crate::error::GpuError;

@@ -2,12 +2,12 @@
 //! and a vec4 copy (memory).
 //! Shader: `bench.wgsl` beside this file.
 
-use crate::catalogue::{kernel, Access::{Read as R, ReadWrite as RW}, Kernel, Module};
+use crate::kernel::{kernel, Access::{Read as R, ReadWrite as RW}, Kernel, Module};
 use crate::device::Gpu;
 use crate::dispatch::{dispatch, to_u32, window, Launch, Sink};
 use crate::error::GpuError;
 use bytemuck::{Pod, Zeroable};
-use crate::catalogue::wrapped_grid;
+use crate::kernel::wrapped_grid;
 
 /// `bench.wgsl` — the ceilings: `iterations` of the FMA loop, `count`
 /// invocations that write (FMA) or vec4s copied (copy).

@@ -2,7 +2,7 @@
 //! and nearest-neighbour ×2 upsampling.
 //! Shader: `conv.wgsl` beside this file.
 
-use crate::catalogue::{kernel, Access::{Read as R, ReadWrite as RW}, Kernel, Module};
+use crate::kernel::{kernel, Access::{Read as R, ReadWrite as RW}, Kernel, Module};
 use crate::device::Gpu;
 use crate::dispatch::{dispatch, grid64, row_chunks, window, Launch, Rows, Sink};
 use crate::error::GpuError;
@@ -10,7 +10,7 @@ use crate::view::{Mat, Weight};
 use bytemuck::{Pod, Zeroable};
 use flux_lite_core::oracle::ConvShape;
 use super::linear::GEMM_TILE;
-use crate::catalogue::wrapped_grid;
+use crate::kernel::wrapped_grid;
 
 /// `conv.wgsl`.
 #[repr(C)]

@@ -2,12 +2,12 @@
 //! block into bf16 words of a weight slot.
 //! Shader: `df11.wgsl` beside this file.
 
-use crate::catalogue::{kernel, Access::{Read as R, ReadWrite as RW}, Kernel, Module};
+use crate::kernel::{kernel, Access::{Read as R, ReadWrite as RW}, Kernel, Module};
 use crate::device::Gpu;
 use crate::dispatch::{dispatch, to_u32, window, Launch, Sink, Window};
 use crate::error::GpuError;
 use bytemuck::{Pod, Zeroable};
-use crate::catalogue::wrapped_grid;
+use crate::kernel::wrapped_grid;
 
 /// `df11.wgsl`: one dispatch expands blocks `block0..` of a DF11 group. Each
 /// `*_shift` is the index (bytes for byte arrays, elements otherwise) of the

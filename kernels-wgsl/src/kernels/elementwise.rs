@@ -2,7 +2,7 @@
 //! residual, add, scale, axpy, copy) and the transpose between tokens and channels.
 //! Shader: `elementwise.wgsl` beside this file.
 
-use crate::catalogue::{kernel, Access::ReadWrite as RW, Kernel, Module};
+use crate::kernel::{kernel, Access::ReadWrite as RW, Kernel, Module};
 use crate::device::Gpu;
 use crate::dispatch::{dispatch, grid64, row_chunks, to_u32, window, Launch, Rows, Sink};
 use crate::error::GpuError;

@@ -2,7 +2,7 @@
 //! (`gemm_tiles.wgsl`, also used by `conv`).
 //! Shader: `linear.wgsl` beside this file.
 
-use crate::catalogue::{kernel, Access::{Read as R, ReadWrite as RW}, Kernel, Module};
+use crate::kernel::{kernel, Access::{Read as R, ReadWrite as RW}, Kernel, Module};
 use crate::device::Gpu;
 use crate::dispatch::{chunks, dispatch, placeholder_window, row_chunks, rows_per_chunk, to_u32, window, Launch, Rows, Sink};
 use crate::error::GpuError;

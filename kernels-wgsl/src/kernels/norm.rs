@@ -2,7 +2,7 @@
 //! modulation, and GroupNorm (whole, or by bands through its statistics).
 //! Shader: `norm.wgsl` beside this file.
 
-use crate::catalogue::{kernel, Access::{Read as R, ReadWrite as RW}, Kernel, Module};
+use crate::kernel::{kernel, Access::{Read as R, ReadWrite as RW}, Kernel, Module};
 use crate::device::Gpu;
 use crate::dispatch::{dispatch, row_chunks, to_u32, window, Launch, Rows, Sink, Window};
 use crate::error::GpuError;
@@ -139,7 +139,7 @@ fn row_norm(
                 (Vec::new(), mw)
             }
         };
-        let grid = crate::catalogue::wrapped_grid((rows.end - rows.start) * s.heads);
+        let grid = crate::kernel::wrapped_grid((rows.end - rows.start) * s.heads);
         let extra_slot = if matches!(extra, NormExtra::Weight(_)) { 3 } else { 5 };
         let mut storage: Vec<(u32, &Window<'_>)> = Vec::new();
         if let Some(w) = &sw {

@@ -2,7 +2,7 @@
 //! rotate-half (Qwen3), from host-computed cos/sin tables.
 //! Shader: `rope.wgsl` beside this file.
 
-use crate::catalogue::{kernel, Access::{Read as R, ReadWrite as RW}, Kernel, Module};
+use crate::kernel::{kernel, Access::{Read as R, ReadWrite as RW}, Kernel, Module};
 use crate::device::Gpu;
 use crate::dispatch::{dispatch, grid64, row_chunks, to_u32, Launch, Rows, Sink};
 use crate::error::GpuError;

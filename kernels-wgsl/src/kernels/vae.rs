@@ -2,7 +2,7 @@
 //! the packed latents, and the 8-bit pixel levels.
 //! Shader: `vae.wgsl` beside this file.
 
-use crate::catalogue::{kernel, Access::{Read as R, ReadWrite as RW}, Kernel, Module};
+use crate::kernel::{kernel, Access::{Read as R, ReadWrite as RW}, Kernel, Module};
 use crate::device::Gpu;
 use crate::dispatch::{dispatch, grid64, to_u32, window, Launch, Sink};
 use crate::error::GpuError;

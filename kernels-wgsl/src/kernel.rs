@@ -1,0 +1,125 @@
+//! What a kernel is to its launcher: the WGSL module it lives in, its entry
+//! point with workgroup size, storage bindings and parameter block size,
+//! and the grid a dispatch of many workgroups takes.
+
+/// A WGSL source file (with the shared helpers prepended).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Module {
+    Linear,
+    Norm,
+    Rope,
+    Attention,
+    Elementwise,
+    Conv,
+    Vae,
+    Df11,
+    Bench,
+}
+
+impl Module {
+    pub const ALL: [Module; 9] = [
+        Module::Linear,
+        Module::Norm,
+        Module::Rope,
+        Module::Attention,
+        Module::Elementwise,
+        Module::Conv,
+        Module::Vae,
+        Module::Df11,
+        Module::Bench,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Module::Linear => "linear",
+            Module::Norm => "norm",
+            Module::Rope => "rope",
+            Module::Attention => "attention",
+            Module::Elementwise => "elementwise",
+            Module::Conv => "conv",
+            Module::Vae => "vae",
+            Module::Df11 => "df11",
+            Module::Bench => "bench",
+        }
+    }
+
+    pub fn source(self) -> &'static str {
+        macro_rules! with_common {
+            ($file:literal) => {
+                concat!(include_str!("kernels/common.wgsl"), "\n", include_str!(concat!("kernels/", $file)))
+            };
+        }
+        macro_rules! with_gemm {
+            ($file:literal) => {
+                concat!(
+                    include_str!("kernels/common.wgsl"),
+                    "\n",
+                    include_str!("kernels/gemm_tiles.wgsl"),
+                    "\n",
+                    include_str!(concat!("kernels/", $file))
+                )
+            };
+        }
+        match self {
+            Module::Linear => with_gemm!("linear.wgsl"),
+            Module::Norm => with_common!("norm.wgsl"),
+            Module::Rope => with_common!("rope.wgsl"),
+            Module::Attention => with_common!("attention.wgsl"),
+            Module::Elementwise => with_common!("elementwise.wgsl"),
+            Module::Conv => with_gemm!("conv.wgsl"),
+            Module::Vae => with_common!("vae.wgsl"),
+            Module::Df11 => with_common!("df11.wgsl"),
+            Module::Bench => with_common!("bench.wgsl"),
+        }
+    }
+}
+
+/// How a kernel uses a storage binding.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    Read,
+    ReadWrite,
+}
+
+/// One entry point and its interface.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Kernel {
+    pub module: Module,
+    pub entry: &'static str,
+    pub workgroup_size: [u32; 3],
+    /// Storage bindings the entry point uses, in binding order (binding 0, the params, excluded).
+    pub storage: &'static [(u32, Access)],
+    /// Size in bytes of the uniform `Params` block.
+    pub params_size: usize,
+    /// Name of the bool override that selects bf16 (true) or f32 weights, if the kernel has one.
+    pub weight_dtype_override: Option<&'static str>,
+}
+
+pub(crate) const fn kernel(
+    module: Module,
+    entry: &'static str,
+    workgroup_size: [u32; 3],
+    storage: &'static [(u32, Access)],
+    params_size: usize,
+    weights: bool,
+) -> Kernel {
+    Kernel {
+        module,
+        entry,
+        workgroup_size,
+        storage,
+        params_size,
+        weight_dtype_override: if weights { Some("WEIGHT_BF16") } else { None },
+    }
+}
+
+/// Most workgroups one grid dimension may have on every adapter.
+pub const MAX_GRID_DIM: u32 = 65535;
+
+/// A grid of at least `workgroups` workgroups, wrapped into y past
+/// `MAX_GRID_DIM` (the kernels flatten it back and skip the excess).
+pub fn wrapped_grid(workgroups: u64) -> [u32; 3] {
+    let x = workgroups.clamp(1, MAX_GRID_DIM as u64);
+    let y = workgroups.div_ceil(x).max(1);
+    [x as u32, y as u32, 1]
+}
