@@ -29,6 +29,18 @@ set +e
 cargo test --locked --workspace 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 set -e
+
+# The matrix tier needs cooperative matrices, which only Mesa 26's lavapipe
+# (Debian sid) offers: the kernel tests, built above, run again in a sid root
+# (ci/lavapipe-sid.sh, kept under /opt), where a missing tier fails them.
+echo "== kernel tests on Mesa 26's lavapipe, matrix tier included"
+bash ci/lavapipe-sid.sh setup
+kernels="$(cargo test --locked -p flux-lite-kernels --no-run 2>&1 | grep -o 'target/debug/deps/flux_lite_kernels-[0-9a-f]*' | head -n 1)"
+set +e
+FLUX_LITE_REQUIRE_MATRIX=1 bash ci/lavapipe-sid.sh run "$kernels" 2>&1 | tee -a "$log"
+sid_status=${PIPESTATUS[0]}
+set -e
+if [ "$status" -eq 0 ]; then status=$sid_status; fi
 # One closing line for the whole workspace (cargo prints one per test binary).
 passed="$(awk '/^test result:/ { passed += $4 } END { print passed + 0 }' "$log")"
 failed="$(awk '/^test result:/ { failed += $6 } END { print failed + 0 }' "$log")"

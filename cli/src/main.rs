@@ -2,7 +2,7 @@
 
 use argh::FromArgs;
 use flux_lite_core::plan::Bytes;
-use flux_lite_platform::{Gpu, GpuOptions};
+use flux_lite_platform::{Gpu, GpuOptions, Precision};
 use std::process::ExitCode;
 
 mod bench;
@@ -96,5 +96,14 @@ fn gpu() -> Result<(), String> {
     println!("max storage binding: {}", Bytes(gpu.max_binding()));
     println!("max buffer: {}", Bytes(gpu.limits.max_buffer_size));
     println!("workgroup storage: {}", Bytes(gpu.limits.max_compute_workgroup_storage_size as u64));
+    println!("subgroup size: {} to {}", gpu.info.subgroup_min_size, gpu.info.subgroup_max_size);
+    println!("cooperative matrices offered: {}", gpu.matrix_offered());
+    // The matrix tier as it would run here, or why it cannot.
+    let matrix = match Gpu::new(&GpuOptions { precision: Precision::Matrix, ..Default::default() }) {
+        Ok(m) => m.matrix().map_or("unavailable".into(), |c| format!("{0}×{0} f16 tiles into f32, one subgroup of {1} per tile", c.size, c.subgroup)),
+        Err(e) => format!("unavailable ({e})"),
+    };
+    println!("matrix tier: {matrix}");
+    println!("tier in use: {} (the matrix tier covers the linear kernel so far; gen runs f32)", gpu.precision().name());
     Ok(())
 }

@@ -3,6 +3,7 @@
 
 use crate::error::{one_line, GpuError};
 use crate::kernel::{Kernel, Module};
+use crate::precision::{describe, pick_matrix_config, MatrixConfig, Precision};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -75,6 +76,8 @@ pub struct GpuOptions {
     /// after it is set fails with [`GpuError::Interrupted`], so a run stops
     /// at its next block.
     pub interrupt: Option<Arc<AtomicBool>>,
+    /// The precision tier; a tier the adapter lacks is an error naming why.
+    pub precision: Precision,
 }
 
 /// A testing aid: `FLUX_LITE_LOSE_DEVICE_AFTER=N` destroys the device after
@@ -144,6 +147,11 @@ pub struct Gpu {
     submissions: AtomicU64,
     /// [`LOSE_DEVICE_AFTER`], when set.
     lose_after: Option<u64>,
+    precision: Precision,
+    /// The configuration the matrix tier runs, when it is the tier.
+    matrix: Option<MatrixConfig>,
+    /// What the adapter lists, whatever the tier: for `flux-lite gpu`.
+    matrix_offered: Vec<wgpu::CooperativeMatrixProperties>,
 }
 
 /// A buffer made through [`Gpu`]: its bytes count in [`Gpu::memory`] until
@@ -224,12 +232,34 @@ impl Gpu {
         if let Some(cap) = options.max_storage_binding {
             limits.max_storage_buffer_binding_size = limits.max_storage_buffer_binding_size.min(cap);
         }
+        let info = adapter.get_info();
+        let matrix_offered = adapter.cooperative_matrix_properties();
+        // Timestamps where the adapter has them: `bench` times passes on the GPU's own clock.
+        let mut features = adapter.features() & wgpu::Features::TIMESTAMP_QUERY;
+        let mut experimental = wgpu::ExperimentalFeatures::disabled();
+        let matrix = match options.precision {
+            Precision::F32 => None,
+            Precision::Matrix => {
+                let unavailable = |why: String| GpuError::TierUnavailable { tier: Precision::Matrix.name(), adapter: info.name.clone(), why };
+                let needed = [(wgpu::Features::SHADER_F16, "f16 in shaders"), (wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX, "cooperative matrices")];
+                let missing: Vec<&str> = needed.iter().filter(|(f, _)| !adapter.features().contains(*f)).map(|(_, name)| *name).collect();
+                if !missing.is_empty() {
+                    return Err(unavailable(format!("the adapter lacks {}", missing.join(" and "))));
+                }
+                let config = pick_matrix_config(&matrix_offered, (info.subgroup_min_size, info.subgroup_max_size)).map_err(unavailable)?;
+                features |= wgpu::Features::SHADER_F16 | wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
+                // SAFETY: the token only allows asking for the experimental cooperative-matrix
+                // feature; it is asked for only on this tier, and every kernel using it is checked
+                // against the f64 oracle (linear's matrix tests) before the tier is trusted.
+                experimental = unsafe { wgpu::ExperimentalFeatures::enabled() };
+                Some(config)
+            }
+        };
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("flux-lite"),
-            // Timestamps where the adapter has them: `bench` times passes on the GPU's own clock.
-            required_features: adapter.features() & wgpu::Features::TIMESTAMP_QUERY,
+            required_features: features,
             required_limits: limits.clone(),
-            experimental_features: wgpu::ExperimentalFeatures::disabled(),
+            experimental_features: experimental,
             memory_hints: wgpu::MemoryHints::Performance,
             trace: wgpu::Trace::Off,
         }))
@@ -254,7 +284,7 @@ impl Gpu {
             placeholder,
             device,
             queue,
-            info: adapter.get_info(),
+            info,
             limits,
             modules: Mutex::default(),
             pipelines: Mutex::default(),
@@ -262,7 +292,25 @@ impl Gpu {
             interrupt: options.interrupt.clone().unwrap_or_default(),
             submissions: AtomicU64::new(0),
             lose_after,
+            precision: options.precision,
+            matrix,
+            matrix_offered,
         })
+    }
+
+    /// The precision tier this device runs.
+    pub fn precision(&self) -> Precision {
+        self.precision
+    }
+
+    /// The cooperative-matrix configuration, on the matrix tier.
+    pub fn matrix(&self) -> Option<MatrixConfig> {
+        self.matrix
+    }
+
+    /// The cooperative-matrix configurations the adapter lists (`8×8×8 f16·f16→f32, …`).
+    pub fn matrix_offered(&self) -> String {
+        describe(&self.matrix_offered)
     }
 
     /// Fails with [`GpuError::Interrupted`] once the interrupt flag is set.

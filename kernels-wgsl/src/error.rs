@@ -31,6 +31,8 @@ pub enum GpuError {
     OutOfMemory(String),
     /// The run was interrupted (Ctrl-C) and stopped at a block's end.
     Interrupted,
+    /// The precision tier asked for cannot run on this adapter.
+    TierUnavailable { tier: &'static str, adapter: String, why: String },
 }
 
 impl fmt::Display for GpuError {
@@ -58,6 +60,7 @@ impl fmt::Display for GpuError {
                 write!(f, "the GPU ran out of memory ({e}); give a smaller --memory-budget than the device has free")
             }
             GpuError::Interrupted => f.write_str("interrupted; stopped at the end of a block, nothing was written"),
+            GpuError::TierUnavailable { tier, adapter, why } => write!(f, "the {tier} precision tier cannot run on {adapter}: {why}"),
         }
     }
 }

@@ -14,10 +14,14 @@ pub enum Module {
     Vae,
     Df11,
     Bench,
+    /// The matrix tier's linear with 8×8 cooperative-matrix tiles.
+    LinearMatrix8,
+    /// The matrix tier's linear with 16×16 cooperative-matrix tiles.
+    LinearMatrix16,
 }
 
 impl Module {
-    pub const ALL: [Module; 9] = [
+    pub const ALL: [Module; 11] = [
         Module::Linear,
         Module::Norm,
         Module::Rope,
@@ -27,6 +31,8 @@ impl Module {
         Module::Vae,
         Module::Df11,
         Module::Bench,
+        Module::LinearMatrix8,
+        Module::LinearMatrix16,
     ];
 
     pub fn name(self) -> &'static str {
@@ -40,7 +46,14 @@ impl Module {
             Module::Vae => "vae",
             Module::Df11 => "df11",
             Module::Bench => "bench",
+            Module::LinearMatrix8 => "linear_matrix (8×8 tiles)",
+            Module::LinearMatrix16 => "linear_matrix (16×16 tiles)",
         }
+    }
+
+    /// Whether the module needs the matrix tier's device features (f16, cooperative matrices).
+    pub fn needs_matrix_features(self) -> bool {
+        matches!(self, Module::LinearMatrix8 | Module::LinearMatrix16)
     }
 
     pub fn source(self) -> &'static str {
@@ -60,6 +73,22 @@ impl Module {
                 )
             };
         }
+        // The matrix tier's modules: the extensions first (WGSL wants them
+        // before any declaration), then the tile size and its matrix types.
+        macro_rules! with_matrix {
+            ($t:literal) => {
+                concat!(
+                    "enable f16;\nenable wgpu_cooperative_matrix;\n",
+                    "const T: u32 = ", $t, "u;\n",
+                    "alias MatA = coop_mat", $t, "x", $t, "<f16, A>;\n",
+                    "alias MatB = coop_mat", $t, "x", $t, "<f16, B>;\n",
+                    "alias MatC = coop_mat", $t, "x", $t, "<f32, C>;\n",
+                    include_str!("kernels/common.wgsl"),
+                    "\n",
+                    include_str!("kernels/linear_matrix.wgsl")
+                )
+            };
+        }
         match self {
             Module::Linear => with_gemm!("linear.wgsl"),
             Module::Norm => with_common!("norm.wgsl"),
@@ -70,6 +99,8 @@ impl Module {
             Module::Vae => with_common!("vae.wgsl"),
             Module::Df11 => with_common!("df11.wgsl"),
             Module::Bench => with_common!("bench.wgsl"),
+            Module::LinearMatrix8 => with_matrix!("8"),
+            Module::LinearMatrix16 => with_matrix!("16"),
         }
     }
 }

@@ -22,6 +22,7 @@ pub mod device;
 pub mod dispatch;
 pub mod error;
 pub mod kernels;
+pub mod precision;
 pub mod view;
 
 #[cfg(test)]
@@ -32,4 +33,5 @@ pub use kernel::{wrapped_grid, Access, Kernel, Module, MAX_GRID_DIM};
 pub use device::{Backend, DeviceBuffer, DeviceMemory, Gpu, GpuOptions};
 pub use dispatch::{encode, encode_timed, Dispatch, Sink};
 pub use error::GpuError;
+pub use precision::{MatrixConfig, Precision};
 pub use view::{Mat, Weight, WeightDtype};

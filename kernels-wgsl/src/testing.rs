@@ -16,6 +16,25 @@ pub fn small_binding_gpu(bytes: u64) -> Gpu {
     Gpu::new(&GpuOptions { max_storage_binding: Some(bytes), ..Default::default() }).unwrap_or_else(|e| panic!("{e}"))
 }
 
+/// A device on the matrix tier, or `None` after printing why there is none
+/// (`skipped: …`). Where `FLUX_LITE_REQUIRE_MATRIX` is set (CI's run on
+/// Mesa 26, which offers cooperative matrices) a missing tier fails instead.
+pub fn matrix_gpu() -> Option<Gpu> {
+    match Gpu::new(&GpuOptions { precision: crate::Precision::Matrix, ..Default::default() }) {
+        Ok(gpu) => Some(gpu),
+        Err(e) if std::env::var_os("FLUX_LITE_REQUIRE_MATRIX").is_some() => panic!("FLUX_LITE_REQUIRE_MATRIX is set: {e}"),
+        Err(e) => {
+            println!("skipped: no cooperative matrix on this adapter: {e}");
+            None
+        }
+    }
+}
+
+/// `v` as the matrix tier's f16 operands see it.
+pub fn as_f16(v: f32) -> f32 {
+    half::f16::from_f32(v).to_f32()
+}
+
 /// SplitMix64: small, seedable, good enough for test data.
 pub struct Rng(u64);
 
@@ -76,6 +95,13 @@ pub fn assert_close(what: &str, got: &[f32], want: &[f64], tol: f64) {
         got[worst.0],
         want[worst.0]
     );
+}
+
+/// Relative L2 error of `got` against `want`.
+pub fn rel_l2(got: &[f32], want: &[f64]) -> f64 {
+    let diff2: f64 = got.iter().zip(want).map(|(&g, &w)| (g as f64 - w) * (g as f64 - w)).sum();
+    let ref2: f64 = want.iter().map(|w| w * w).sum();
+    (diff2 / ref2.max(f64::MIN_POSITIVE)).sqrt()
 }
 
 /// Records and submits work, then reads `count` floats of `buf` back.

@@ -11,4 +11,4 @@ pub mod run;
 
 pub use error::{CompressError, GpuError, LoadError, RunError, TokenizeError};
 // The device types the engine's API takes, from the GPU layer.
-pub use flux_lite_kernels::{Backend, DeviceBuffer, DeviceMemory, Gpu, GpuOptions};
+pub use flux_lite_kernels::{Backend, DeviceBuffer, DeviceMemory, Gpu, GpuOptions, Precision};

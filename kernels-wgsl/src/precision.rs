@@ -1,0 +1,105 @@
+//! Precision tiers: how the matrix products run on an adapter.
+//!
+//! - `f32`: scalar f32 FMA everywhere (the reference tier; its goldens never move).
+//! - `matrix`: the linear layers on the adapter's cooperative-matrix units
+//!   (Vulkan `VK_KHR_cooperative_matrix`, Metal simdgroup matrices), with f16
+//!   operands and an f32 accumulator, in the tile size the adapter lists.
+//!
+//! The tier is chosen when the device is made ([`crate::GpuOptions::precision`]).
+//! The matrix tier so far covers the linear kernel only, and the pipeline
+//! does not take it yet: operands are rounded to f16 as they are staged, with
+//! no range rule for values beyond f16's range (65504).
+
+use wgpu::{CooperativeMatrixProperties, CooperativeScalarType};
+
+/// A precision tier.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Precision {
+    /// Scalar f32 arithmetic.
+    #[default]
+    F32,
+    /// Cooperative-matrix tiles, f16 operands, f32 accumulation.
+    Matrix,
+}
+
+impl Precision {
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::F32 => "f32",
+            Precision::Matrix => "matrix",
+        }
+    }
+}
+
+/// The cooperative-matrix configuration the matrix tier runs: square tiles
+/// of `size` (the K of the product too), f16 A and B, f32 C, one subgroup
+/// of `subgroup` invocations owning each tile.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MatrixConfig {
+    pub size: u32,
+    pub subgroup: u32,
+}
+
+/// Sizes the WGSL cooperative-matrix types come in (`coop_mat8x8`, `coop_mat16x16`).
+pub const MATRIX_SIZES: [u32; 2] = [8, 16];
+
+/// The configuration to run from what the adapter lists, or why there is none:
+/// square f16 × f16 → f32 tiles of a size WGSL has (the largest offered),
+/// and one fixed subgroup size (a tile's owner must be a whole workgroup).
+pub fn pick_matrix_config(offered: &[CooperativeMatrixProperties], subgroup: (u32, u32)) -> Result<MatrixConfig, String> {
+    let usable = |p: &&CooperativeMatrixProperties| {
+        p.ab_type == CooperativeScalarType::F16
+            && p.cr_type == CooperativeScalarType::F32
+            && p.m_size == p.n_size
+            && p.n_size == p.k_size
+            && MATRIX_SIZES.contains(&p.m_size)
+    };
+    let size = offered.iter().filter(usable).map(|p| p.m_size).max().ok_or_else(|| {
+        if offered.is_empty() {
+            "the adapter offers no cooperative matrices".to_string()
+        } else {
+            format!("none of the adapter's cooperative matrices is square f16 × f16 → f32 of size 8 or 16 ({})", describe(offered))
+        }
+    })?;
+    match subgroup {
+        (min, max) if min == max && min > 0 => Ok(MatrixConfig { size, subgroup: min }),
+        (min, max) => Err(format!("the adapter's subgroup size varies ({min} to {max}), so no workgroup is exactly one subgroup")),
+    }
+}
+
+/// The configurations an adapter lists, as `8×8×8 f16·f16→f32` items.
+pub fn describe(offered: &[CooperativeMatrixProperties]) -> String {
+    let name = |t: CooperativeScalarType| match t {
+        CooperativeScalarType::F32 => "f32",
+        CooperativeScalarType::F16 => "f16",
+        CooperativeScalarType::I32 => "i32",
+        CooperativeScalarType::U32 => "u32",
+    };
+    let items: Vec<String> =
+        offered.iter().map(|p| format!("{}×{}×{} {}·{}→{}", p.m_size, p.n_size, p.k_size, name(p.ab_type), name(p.ab_type), name(p.cr_type))).collect();
+    if items.is_empty() {
+        "none".into()
+    } else {
+        items.join(", ")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn offer(size: u32, ab: CooperativeScalarType, cr: CooperativeScalarType) -> CooperativeMatrixProperties {
+        CooperativeMatrixProperties { m_size: size, n_size: size, k_size: size, ab_type: ab, cr_type: cr, saturating_accumulation: false }
+    }
+
+    #[test]
+    fn the_largest_square_f16_to_f32_tile_is_taken() {
+        use CooperativeScalarType::{F16, F32};
+        let offered = [offer(8, F16, F16), offer(8, F16, F32), offer(16, F16, F32), offer(32, F16, F32)];
+        assert_eq!(pick_matrix_config(&offered, (32, 32)), Ok(MatrixConfig { size: 16, subgroup: 32 }));
+        assert_eq!(pick_matrix_config(&offered[..2], (8, 8)), Ok(MatrixConfig { size: 8, subgroup: 8 }));
+        assert!(pick_matrix_config(&offered[..1], (8, 8)).unwrap_err().contains("8×8×8 f16·f16→f16"));
+        assert!(pick_matrix_config(&[], (8, 8)).unwrap_err().contains("no cooperative matrices"));
+        assert!(pick_matrix_config(&offered, (16, 32)).unwrap_err().contains("varies"));
+    }
+}
