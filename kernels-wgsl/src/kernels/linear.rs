@@ -290,4 +290,42 @@ mod tests {
         check_matrix_linear(&gpu, 23, [33, 20, 100], false, true);
         check_matrix_linear(&gpu, 24, [128, 96, 64], true, true);
     }
+
+    #[test]
+    fn linear_on_matrix_units_keeps_values_beyond_f16_finite_and_close() {
+        // The range rule (linear_matrix.wgsl): rows of x and of W far above
+        // f16's 65504 or below its smallest normal (6.1e-5) give what f32
+        // gives, row by row, and never Inf or NaN.
+        let Some(gpu) = matrix_gpu() else { return };
+        let (m, n, k) = (24usize, 19usize, 40usize);
+        let mut rng = Rng::new(31);
+        let mut x = rng.normals(m * k, 1.0);
+        x[..k].iter_mut().for_each(|v| *v *= 1e5); // a row of 1e5s
+        x[k..2 * k].iter_mut().for_each(|v| *v *= 1e-6); // a row of 1e-6s
+        x[2 * k + 3] = 1e5; // one outlier among ordinary values
+        let mut w = rng.normals(n * k, 0.1);
+        w[..k].iter_mut().for_each(|v| *v *= 1e6); // weights of 1e5
+        w[k..2 * k].iter_mut().for_each(|v| *v *= 1e-5); // weights of 1e-6
+        let mut want = vec![0.0; m * n];
+        r::linear(&x, Weights::F32(&w), None, m, n, k, &mut want);
+        let (xb, wb, yb) = (gpu.upload_f32("x", &x), gpu.upload_f32("w", &w), poisoned(&gpu, m * n));
+        let got = run_and_read(&gpu, &yb, m * n, |enc| {
+            linear(&gpu, enc, Mat::new(&xb, k as u64), Weight::f32(&wb), None, Mat::new(&yb, n as u64), Gemm { m: m as u64, n: n as u64, k: k as u64 })
+        });
+        assert!(want.iter().all(|v| v.is_finite()));
+        assert!(got.iter().all(|v| v.is_finite()), "Inf or NaN where f32 is finite");
+        // Row by row (and for the two outlier columns), the outliers are as
+        // close to f32 as the ordinary rows are: f16 rounding, nothing more.
+        let row_err = |row: usize| rel_l2(&got[row * n..][..n], &want[row * n..][..n]);
+        let col_err = |col: usize| {
+            let g: Vec<f32> = (0..m).map(|r| got[r * n + col]).collect();
+            rel_l2(&g, &(0..m).map(|r| want[r * n + col]).collect::<Vec<_>>())
+        };
+        let ordinary = (3..m).map(row_err).fold(0.0f64, f64::max);
+        println!("ordinary rows: worst relative L2 {ordinary:.2e}");
+        for (what, err) in [("row of 1e5", row_err(0)), ("row of 1e-6", row_err(1)), ("row with an outlier", row_err(2)), ("weights of 1e5", col_err(0)), ("weights of 1e-6", col_err(1))] {
+            println!("{what}: relative L2 {err:.2e}");
+            assert!(err <= 2.0 * ordinary.max(MATRIX_TOL / 2.0), "{what}: relative L2 {err:.2e}, ordinary rows {ordinary:.2e}");
+        }
+    }
 }
