@@ -33,14 +33,21 @@ set -e
 # The matrix tier needs cooperative matrices, which only Mesa 26's lavapipe
 # (Debian sid) offers: the kernel tests, built above, run again in a sid root
 # (ci/lavapipe-sid.sh, kept under /opt), where a missing tier fails them.
-echo "== kernel tests on Mesa 26's lavapipe, matrix tier included"
+echo "== on Mesa 26's lavapipe: every kernel test, and the golden PNGs on the matrix tier"
 bash ci/lavapipe-sid.sh setup
-kernels="$(cargo test --locked -p flux-lite-kernels --no-run 2>&1 | grep -o 'target/debug/deps/flux_lite_kernels-[0-9a-f]*' | head -n 1)"
-set +e
-FLUX_LITE_REQUIRE_MATRIX=1 bash ci/lavapipe-sid.sh run "$kernels" 2>&1 | tee -a "$log"
-sid_status=${PIPESTATUS[0]}
-set -e
-if [ "$status" -eq 0 ]; then status=$sid_status; fi
+test_binary() {
+    cargo test --locked "$@" --no-run 2>&1 | grep -o 'target/debug/deps/[a-z_]*-[0-9a-f]*' | head -n 1
+}
+kernels="$(test_binary -p flux-lite-kernels --lib)"
+pngs="$(test_binary -p flux-lite-cli --test gen_png)"
+for run in "$kernels" "$pngs matrix_tier"; do
+    set +e
+    # shellcheck disable=SC2086 # the binary and its filter
+    FLUX_LITE_REQUIRE_MATRIX=1 bash ci/lavapipe-sid.sh run $run 2>&1 | tee -a "$log"
+    sid_status=${PIPESTATUS[0]}
+    set -e
+    if [ "$status" -eq 0 ]; then status=$sid_status; fi
+done
 # One closing line for the whole workspace (cargo prints one per test binary).
 passed="$(awk '/^test result:/ { passed += $4 } END { print passed + 0 }' "$log")"
 failed="$(awk '/^test result:/ { failed += $6 } END { print failed + 0 }' "$log")"

@@ -27,6 +27,9 @@ pub struct EncodeArgs {
     /// device memory the encode may allocate, e.g. 2GiB (default: no limit)
     #[argh(option, from_str_fn(crate::budget::parse_memory_budget))]
     memory_budget: Option<u64>,
+    /// precision tier: f32 (the reference, default) or matrix (linear layers on the adapter's cooperative-matrix units, f16 operands with a range rule, f32 accumulation; an adapter without them is an error)
+    #[argh(option, default = "flux_lite_platform::Precision::F32", from_str_fn(crate::tier::parse_precision))]
+    precision: flux_lite_platform::Precision,
     /// no progress bar
     #[argh(switch)]
     quiet: bool,
@@ -38,7 +41,7 @@ pub fn run(args: &EncodeArgs) -> Result<(), String> {
     let interrupt = crate::interrupt::flag();
     let prompt = crate::prompt::from_flags(args.prompt.as_deref(), args.prompt_file.as_deref())?
         .ok_or("give --prompt TEXT or --prompt-file FILE")?;
-    let options = Options { gpu: GpuOptions { interrupt: Some(interrupt), ..Default::default() }, transformer: None };
+    let options = Options { gpu: GpuOptions { interrupt: Some(interrupt), precision: args.precision, ..Default::default() }, transformer: None };
     let pipeline = Pipeline::open(&args.model, options).map_err(|e| e.to_string())?;
     let mut bar = Bar::new(args.quiet);
     let encoded = pipeline.encode(&[&prompt], args.memory_budget, &mut bar);

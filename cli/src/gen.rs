@@ -59,6 +59,9 @@ pub struct GenArgs {
     /// also write the final packed latents (safetensors, tensor `latents` [tokens, channels])
     #[argh(option)]
     output_latents: Option<PathBuf>,
+    /// precision tier: f32 (the reference, default) or matrix (linear layers on the adapter's cooperative-matrix units, f16 operands with a range rule, f32 accumulation; an adapter without them is an error)
+    #[argh(option, default = "flux_lite_platform::Precision::F32", from_str_fn(crate::tier::parse_precision))]
+    precision: flux_lite_platform::Precision,
     /// no progress bar
     #[argh(switch)]
     quiet: bool,
@@ -120,7 +123,8 @@ pub fn run(args: &GenArgs) -> Result<(), String> {
     eprintln!("seed: {seed}");
 
     let in_channels = model.transformer.in_channels;
-    let pipeline = Pipeline::with_model(model, &GpuOptions { interrupt: Some(interrupt), ..Default::default() }).map_err(|e| e.to_string())?;
+    let gpu_options = GpuOptions { interrupt: Some(interrupt), precision: args.precision, ..Default::default() };
+    let pipeline = Pipeline::with_model(model, &gpu_options).map_err(|e| e.to_string())?;
     let request = Request {
         width,
         height,
@@ -133,6 +137,7 @@ pub fn run(args: &GenArgs) -> Result<(), String> {
     };
     if args.verbose {
         eprintln!("adapter: {}", pipeline.gpu().describe());
+        eprintln!("precision: {}", pipeline.gpu().precision().name());
         print_plan(&pipeline.plan(&request).map_err(|e| crate::errors::run_line(&e))?, &references);
     }
     let mut bar = Bar::new(args.quiet);

@@ -16,6 +16,7 @@ mod interrupt;
 mod progress;
 mod prompt;
 mod references;
+mod tier;
 
 /// flux-lite: FLUX.2-klein text-to-image on any GPU, in WGSL through wgpu.
 #[derive(FromArgs, Debug)]

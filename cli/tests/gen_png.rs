@@ -48,12 +48,22 @@ fn case_args(case: &str, out: &Path) -> Vec<String> {
     args
 }
 
-/// Runs the golden case through `gen` with `extra` flags, compares the PNG, and returns stderr.
+/// Runs the golden case through `gen` with `extra` flags, compares the PNG
+/// within the f32 path's tolerance, and returns stderr.
 fn reproduce(case: &str, extra: &[&str]) -> String {
+    reproduce_within(case, extra, &|what, got, want| flux_lite_tests::tolerance::assert_png_close(what, got, want))
+}
+
+/// Compares a PNG's values with the golden's: `(what, got, want)`, panicking when apart.
+type ImageCheck = dyn Fn(&str, &[u8], &[u8]);
+
+/// [`reproduce`] with the image comparison `check` (another tier's bar).
+fn reproduce_within(case: &str, extra: &[&str], check: &ImageCheck) -> String {
     let g = Goldens::load(case);
     let c = g.case_json();
     let s = |k: &str| case_value(&c, k);
-    let dir = scratch_dir(&format!("png-{}", case.replace('/', "-")));
+    // One folder per case and flags: runs of one case with other flags go on in parallel.
+    let dir = scratch_dir(&format!("png-{}{}", case.replace('/', "-"), extra.join("").replace(['-', '/'], "")));
     let out = dir.join("out.png");
     let (prompt, seed, steps, width, height) = (s("prompt"), s("seed"), s("steps"), s("width"), s("height"));
     let references = case_references(case, &c);
@@ -74,7 +84,7 @@ fn reproduce(case: &str, extra: &[&str]) -> String {
     let mean = diffs.iter().map(|&d| d as f64).sum::<f64>() / diffs.len() as f64;
     let off = diffs.iter().filter(|&&d| d > 0).count();
     eprintln!("{case}: max |Δ| {max}, mean |Δ| {mean:.4}, {off} of {} values differ", diffs.len());
-    flux_lite_tests::tolerance::assert_png_close(case, &got.rgb, &want.rgb);
+    check(case, &got.rgb, &want.rgb);
 
     let text = |k: &str| got.text.iter().find(|(key, _)| key == k).map(|(_, v)| v.clone());
     assert_eq!(text("prompt").as_deref(), Some(prompt.as_str()));
@@ -136,6 +146,48 @@ fn two_reference_images_with_alpha_and_grey() {
 fn a_reference_image_under_guidance() {
     // tiny-b is not distilled: both passes of each step see the reference tokens.
     reproduce("tiny-b/reference-cfg", &[]);
+}
+
+/// Whether this machine's adapter runs the matrix tier; where it does not,
+/// says so (`skipped: …`), unless `FLUX_LITE_REQUIRE_MATRIX` is set (CI's
+/// run on Mesa 26), where that fails.
+fn matrix_tier_here() -> bool {
+    let out = Command::new(env!("CARGO_BIN_EXE_flux-lite")).arg("gpu").output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout.lines().find(|l| l.starts_with("matrix tier: ")).unwrap_or_else(|| panic!("{stdout}"));
+    if !line.contains("unavailable") {
+        return true;
+    }
+    assert!(std::env::var_os("FLUX_LITE_REQUIRE_MATRIX").is_none(), "FLUX_LITE_REQUIRE_MATRIX is set: {line}");
+    println!("skipped: {line}");
+    false
+}
+
+#[test]
+fn the_matrix_tier_reproduces_every_diffusers_png_within_the_tier_bar() {
+    if !matrix_tier_here() {
+        return;
+    }
+    use flux_lite_tests::tolerance::{other_tiers, png_gap};
+    let within_the_tier_bar = |what: &str, got: &[u8], want: &[u8]| {
+        let (max, mean) = png_gap(got, want);
+        println!("{what} on the matrix tier: max |Δ| {max}, mean |Δ| {mean:.4}");
+        assert!(max <= other_tiers::PNG_MAX_LEVELS && mean <= other_tiers::PNG_MEAN_LEVELS, "{what} on the matrix tier: max |Δ| {max}, mean |Δ| {mean:.4}");
+    };
+    let cases: [(&str, &[&str]); 8] = [
+        ("tiny-a/one-step", &[]),
+        ("tiny-a/four-step-wide", &[]),
+        ("tiny-b/three-step", &["--guidance", "1"]),
+        ("tiny-b/cfg", &[]),
+        ("tiny-9b/two-step", &[]),
+        ("tiny-a/reference-one", &[]),
+        ("tiny-a/reference-two", &[]),
+        ("tiny-b/reference-cfg", &[]),
+    ];
+    for (case, extra) in cases {
+        let extra: Vec<&str> = extra.iter().copied().chain(["--precision", "matrix"]).collect();
+        reproduce_within(case, &extra, &within_the_tier_bar);
+    }
 }
 
 #[test]
