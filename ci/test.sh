@@ -33,14 +33,15 @@ set -e
 # The matrix tier needs cooperative matrices, which only Mesa 26's lavapipe
 # (Debian sid) offers: the kernel tests, built above, run again in a sid root
 # (ci/lavapipe-sid.sh, kept under /opt), where a missing tier fails them.
-echo "== on Mesa 26's lavapipe: every kernel test, and the golden PNGs on the matrix tier"
+echo "== on Mesa 26's lavapipe: every kernel test, the golden PNGs and bench kernels on the matrix tier"
 bash ci/lavapipe-sid.sh setup
 test_binary() {
     cargo test --locked "$@" --no-run 2>&1 | grep -o 'target/debug/deps/[a-z_]*-[0-9a-f]*' | head -n 1
 }
 kernels="$(test_binary -p flux-lite-kernels --lib)"
 pngs="$(test_binary -p flux-lite-cli --test gen_png)"
-for run in "$kernels" "$pngs matrix_tier"; do
+bench="$(test_binary -p flux-lite-cli --test bench)"
+for run in "$kernels" "$pngs matrix_tier" "$bench matrix"; do
     set +e
     # shellcheck disable=SC2086 # the binary and its filter
     FLUX_LITE_REQUIRE_MATRIX=1 bash ci/lavapipe-sid.sh run $run 2>&1 | tee -a "$log"

@@ -47,6 +47,9 @@ struct KernelsArgs {
     /// timed runs of each row after a warm-up; the median is reported (default 5)
     #[argh(option, default = "5")]
     repeats: usize,
+    /// precision tier: f32 (default) or matrix (the linear rows on cooperative matrices, beside the matrix units' own ceiling)
+    #[argh(option, default = "flux_lite_platform::Precision::F32", from_str_fn(crate::tier::parse_precision))]
+    precision: flux_lite_platform::Precision,
 }
 
 const ROWS: [&str; 6] = ["linear", "attention", "blocks", "vae", "df11", "step"];
@@ -112,7 +115,7 @@ fn shapes(model: &str) -> Result<Shapes, String> {
 
 fn kernels(args: &KernelsArgs) -> Result<(), String> {
     let Shapes { name, transformer, text_encoder, vae, distilled } = shapes(&args.model)?;
-    let gpu = Gpu::new(&GpuOptions::default()).map_err(|e| e.to_string())?;
+    let gpu = Gpu::new(&GpuOptions { precision: args.precision, ..Default::default() }).map_err(|e| e.to_string())?;
     let software = gpu.is_software();
     let tokens = args.tokens.clone().unwrap_or(if software { vec![64] } else { vec![768, 1536, 4608] });
     let vae_size = args.vae_size.unwrap_or(if software { 64 } else { 1024 });
@@ -132,8 +135,13 @@ fn kernels(args: &KernelsArgs) -> Result<(), String> {
     println!("adapter: {}", gpu.describe());
     println!("model shapes: {name}; random bf16 weights; f32 activations");
     println!("times: median of {} runs after a warm-up, {}", args.repeats.max(1), bench.timer().clock().describe());
+    match gpu.matrix() {
+        Some(c) => println!("precision: matrix ({0}×{0} f16 tiles into f32, subgroup {1}): linear rows on matrix units, the rest f32", c.size, c.subgroup),
+        None => println!("precision: f32"),
+    }
+    let matrix_peak = ceilings.matrix_flops.map_or(String::new(), |m| format!(", matrix units {:.1} GFLOP/s", m / 1e9));
     println!(
-        "ceilings measured in this run: FMA peak {:.1} GFLOP/s, copy {:.1} GB/s (bytes read + written)",
+        "ceilings measured in this run: FMA peak {:.1} GFLOP/s{matrix_peak}, copy {:.1} GB/s (bytes read + written)",
         ceilings.flops / 1e9,
         ceilings.bytes / 1e9
     );
@@ -207,7 +215,11 @@ fn row(f: &Figure, c: &Ceilings) {
         duration(f.seconds),
         rate(f.flops),
         rate(f.bytes),
-        if f.compute_bound(c) { "FMA" } else { "copy" },
+        match (f.compute_bound(c), f.matrix && c.matrix_flops.is_some()) {
+            (true, true) => "matrix",
+            (true, false) => "FMA",
+            (false, _) => "copy",
+        },
         100.0 * f.of_ceiling(c)
     );
 }

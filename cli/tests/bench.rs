@@ -86,3 +86,27 @@ fn kernels_bench_refuses_bad_lists_and_sizes() {
         assert!(stderr.starts_with("error: ") && stderr.contains(message), "{args:?}: {stderr}");
     }
 }
+
+#[test]
+fn kernels_bench_on_the_matrix_tier_bounds_the_linears_by_the_matrix_units() {
+    let gpu = Command::new(env!("CARGO_BIN_EXE_flux-lite")).arg("gpu").output().unwrap();
+    let gpu = String::from_utf8_lossy(&gpu.stdout);
+    let tier = gpu.lines().find(|l| l.starts_with("matrix tier: ")).unwrap_or_else(|| panic!("{gpu}"));
+    let model = concat!(env!("CARGO_MANIFEST_DIR"), "/../test_vectors/models/tiny-a");
+    let args = ["bench", "kernels", "--model", model, "--only", "linear", "--tokens", "40", "--repeats", "1", "--precision", "matrix"];
+    let out = Command::new(env!("CARGO_BIN_EXE_flux-lite")).args(args).output().unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    if tier.contains("unavailable") {
+        // Where the adapter has no cooperative matrices: one error line saying so.
+        assert!(std::env::var_os("FLUX_LITE_REQUIRE_MATRIX").is_none(), "FLUX_LITE_REQUIRE_MATRIX is set: {tier}");
+        println!("no matrix tier here ({tier}): checking the refusal");
+        assert!(!out.status.success());
+        assert!(stderr.trim().starts_with("error: the matrix precision tier cannot run on") && stderr.trim().lines().count() == 1, "{stderr}");
+        return;
+    }
+    assert!(out.status.success(), "{stdout}{stderr}");
+    print!("{stdout}");
+    assert!(stdout.contains("precision: matrix (") && stdout.contains("matrix units "), "{stdout}");
+    let rows = table_rows(&stdout);
+    assert!(!rows.is_empty() && rows.iter().all(|r| r[0].starts_with("linear ") && r[5] == "matrix"), "{rows:?}");
+}

@@ -32,7 +32,12 @@ fn the_matrix_modules_translate_to_spirv_and_msl() {
     for module in Module::ALL.into_iter().filter(|m| m.needs_matrix_features()) {
         for wg in [8.0, 32.0] {
             let (m, info) = validate(module);
-            let constants: naga::back::PipelineConstants = [("WG".to_string(), wg), ("WEIGHT_BF16".to_string(), 1.0), ("HAS_BIAS".to_string(), 1.0)].into_iter().collect();
+            let declared = |name: &str| m.overrides.iter().any(|(_, o)| o.name.as_deref() == Some(name));
+            let constants: naga::back::PipelineConstants = [("WG", wg), ("WEIGHT_BF16", 1.0), ("HAS_BIAS", 1.0)]
+                .into_iter()
+                .filter(|(name, _)| declared(name))
+                .map(|(name, value)| (name.to_string(), value))
+                .collect();
             let (m, info) = naga::back::pipeline_constants::process_overrides(&m, &info, None, &constants)
                 .unwrap_or_else(|e| panic!("{}: overrides: {e}", module.name()));
             let spv = naga::back::spv::write_vec(&m, &info, &naga::back::spv::Options::default(), None)

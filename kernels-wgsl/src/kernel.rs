@@ -18,10 +18,14 @@ pub enum Module {
     LinearMatrix8,
     /// The matrix tier's linear with 16×16 cooperative-matrix tiles.
     LinearMatrix16,
+    /// The matrix units' ceiling (`bench`) with 8×8 tiles.
+    BenchMatrix8,
+    /// The matrix units' ceiling (`bench`) with 16×16 tiles.
+    BenchMatrix16,
 }
 
 impl Module {
-    pub const ALL: [Module; 11] = [
+    pub const ALL: [Module; 13] = [
         Module::Linear,
         Module::Norm,
         Module::Rope,
@@ -33,6 +37,8 @@ impl Module {
         Module::Bench,
         Module::LinearMatrix8,
         Module::LinearMatrix16,
+        Module::BenchMatrix8,
+        Module::BenchMatrix16,
     ];
 
     pub fn name(self) -> &'static str {
@@ -48,12 +54,14 @@ impl Module {
             Module::Bench => "bench",
             Module::LinearMatrix8 => "linear_matrix (8×8 tiles)",
             Module::LinearMatrix16 => "linear_matrix (16×16 tiles)",
+            Module::BenchMatrix8 => "bench_matrix (8×8 tiles)",
+            Module::BenchMatrix16 => "bench_matrix (16×16 tiles)",
         }
     }
 
     /// Whether the module needs the matrix tier's device features (f16, cooperative matrices).
     pub fn needs_matrix_features(self) -> bool {
-        matches!(self, Module::LinearMatrix8 | Module::LinearMatrix16)
+        matches!(self, Module::LinearMatrix8 | Module::LinearMatrix16 | Module::BenchMatrix8 | Module::BenchMatrix16)
     }
 
     pub fn source(self) -> &'static str {
@@ -76,7 +84,7 @@ impl Module {
         // The matrix tier's modules: the extensions first (WGSL wants them
         // before any declaration), then the tile size and its matrix types.
         macro_rules! with_matrix {
-            ($t:literal) => {
+            ($t:literal, $file:literal) => {
                 concat!(
                     "enable f16;\nenable wgpu_cooperative_matrix;\n",
                     "const T: u32 = ", $t, "u;\n",
@@ -85,7 +93,7 @@ impl Module {
                     "alias MatC = coop_mat", $t, "x", $t, "<f32, C>;\n",
                     include_str!("kernels/common.wgsl"),
                     "\n",
-                    include_str!("kernels/linear_matrix.wgsl")
+                    include_str!(concat!("kernels/", $file))
                 )
             };
         }
@@ -99,8 +107,10 @@ impl Module {
             Module::Vae => with_common!("vae.wgsl"),
             Module::Df11 => with_common!("df11.wgsl"),
             Module::Bench => with_common!("bench.wgsl"),
-            Module::LinearMatrix8 => with_matrix!("8"),
-            Module::LinearMatrix16 => with_matrix!("16"),
+            Module::LinearMatrix8 => with_matrix!("8", "linear_matrix.wgsl"),
+            Module::LinearMatrix16 => with_matrix!("16", "linear_matrix.wgsl"),
+            Module::BenchMatrix8 => with_matrix!("8", "bench_matrix.wgsl"),
+            Module::BenchMatrix16 => with_matrix!("16", "bench_matrix.wgsl"),
         }
     }
 }

@@ -25,6 +25,12 @@ pub const FMA_PEAK: Kernel = kernel(Module::Bench, "fma_peak", [256, 1, 1], &[(1
 pub const COPY_PEAK: Kernel = kernel(Module::Bench, "copy_peak", [256, 1, 1], &[(2, R), (3, RW)], size_of::<PeakParams>(), false);
 /// FMAs per invocation and iteration of `fma_peak`: 8 chains × 4 lanes × 4 unrolled.
 pub const FMA_PEAK_FMAS_PER_ITERATION: u64 = 8 * 4 * 4;
+/// The matrix units' ceiling (`bench_matrix.wgsl`), one module per tile size;
+/// its workgroup is one subgroup (the `WG` override).
+pub const MATRIX_PEAK_8: Kernel = kernel(Module::BenchMatrix8, "matrix_peak", [0, 1, 1], &[(1, RW)], size_of::<PeakParams>(), false);
+pub const MATRIX_PEAK_16: Kernel = kernel(Module::BenchMatrix16, "matrix_peak", [0, 1, 1], &[(1, RW)], size_of::<PeakParams>(), false);
+/// Independent accumulator chains per workgroup of `matrix_peak`.
+pub const MATRIX_PEAK_CHAINS: u64 = 4;
 
 /// The arithmetic ceiling: `workgroups` of 256 invocations, each running
 /// `iterations` of [`FMA_PEAK_FMAS_PER_ITERATION`] FMAs; one f32 per
@@ -48,6 +54,23 @@ pub fn copy_peak(gpu: &Gpu, out: &mut dyn Sink, src: &wgpu::Buffer, dst: &wgpu::
     Ok(())
 }
 
+
+/// The matrix units' ceiling on the matrix tier: `workgroups` of one
+/// subgroup each, running [`MATRIX_PEAK_CHAINS`] chains of `iterations`
+/// T×T×T multiply-adds; each invocation's sum lands in `sink` (at least
+/// `subgroup·workgroups` values). FLOPs = workgroups · iterations · chains · 2·T³.
+pub fn matrix_peak(gpu: &Gpu, out: &mut dyn Sink, sink: &wgpu::Buffer, workgroups: u64, iterations: u32) -> Result<(), GpuError> {
+    let Some(c) = gpu.matrix() else {
+        return Err(GpuError::UnsupportedShape("matrix_peak runs on the matrix tier only".into()));
+    };
+    let count = to_u32(workgroups * c.subgroup as u64, "matrix_peak invocations")?;
+    let sw = window(gpu, sink, 4, 0..count as u64, "matrix_peak output")?;
+    let params = PeakParams { iterations, count, _pad: [0; 2] };
+    let kernel = if c.size == 16 { &MATRIX_PEAK_16 } else { &MATRIX_PEAK_8 };
+    let launch = Launch { kernel, constants: &[("WG", c.subgroup)], params, grid: wrapped_grid(workgroups) };
+    dispatch(gpu, out, launch, &[(1, &sw)]);
+    Ok(())
+}
 
 #[cfg(test)]
 mod tests {
@@ -94,5 +117,21 @@ mod tests {
         let got = run_and_read(gpu, &db, 4 * vec4s as usize + 4, |enc| copy_peak(gpu, enc, &sb, &db, vec4s));
         assert!(got[..src.len()].iter().zip(&src).all(|(g, s)| g.to_bits() == s.to_bits()), "copy_peak changed a value");
         assert!(got[src.len()..].iter().all(|v| v.is_nan()), "copy_peak wrote past its count");
+    }
+
+    #[test]
+    fn matrix_peak_computes_its_products() {
+        let Some(gpu) = matrix_gpu() else { return };
+        let c = gpu.matrix().unwrap();
+        let (t, wg) = (c.size as usize, c.subgroup as usize);
+        let (workgroups, iterations) = (3u64, 5u32);
+        let count = wg * workgroups as usize;
+        let sink = poisoned(&gpu, count);
+        let got = run_and_read(&gpu, &sink, count, |enc| matrix_peak(&gpu, enc, &sink, workgroups, iterations));
+        // A = B = (i mod 7)/8 row-major: each chain holds iterations · A·A, exact in f32.
+        let a = |r: usize, k: usize| ((r * t + k) % 7) as f64 * 0.125;
+        let product = |i: usize| (0..t).map(|k| a(i / t, k) * a(k, i % t)).sum::<f64>();
+        let want: Vec<f64> = (0..count).map(|s| MATRIX_PEAK_CHAINS as f64 * iterations as f64 * product((s % wg) % (t * t))).collect();
+        assert_close("matrix_peak sums", &got, &want, 0.0);
     }
 }

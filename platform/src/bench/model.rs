@@ -27,6 +27,8 @@ pub struct Ceilings {
     pub flops: f64,
     /// Bytes read plus written per second by the copy kernel.
     pub bytes: f64,
+    /// FLOP/s of the matrix units' kernel, on the matrix tier.
+    pub matrix_flops: Option<f64>,
 }
 
 /// One timed row: what ran, its median time, and the work it did.
@@ -38,18 +40,28 @@ pub struct Figure {
     pub flops: u64,
     /// Bytes the kernels must at least read and write (weights, inputs, outputs).
     pub bytes: u64,
+    /// Whether the work ran on matrix units (then bounded by their ceiling).
+    pub matrix: bool,
 }
 
 impl Figure {
     /// The shortest time the ceilings allow: the slower of computing the
-    /// FLOPs at the FMA peak and moving the bytes at the copy rate.
+    /// FLOPs at the peak of the units they ran on and moving the bytes at the copy rate.
     pub fn bound_seconds(&self, c: &Ceilings) -> f64 {
-        (self.flops as f64 / c.flops).max(self.bytes as f64 / c.bytes)
+        (self.flops as f64 / self.peak(c)).max(self.bytes as f64 / c.bytes)
     }
 
     /// Whether compute (rather than memory) sets the bound.
     pub fn compute_bound(&self, c: &Ceilings) -> bool {
-        self.flops as f64 / c.flops >= self.bytes as f64 / c.bytes
+        self.flops as f64 / self.peak(c) >= self.bytes as f64 / c.bytes
+    }
+
+    /// The compute ceiling that applies: the matrix units' for matrix work.
+    pub fn peak(&self, c: &Ceilings) -> f64 {
+        match (self.matrix, c.matrix_flops) {
+            (true, Some(m)) => m,
+            _ => c.flops,
+        }
     }
 
     /// The fraction of the bound achieved (1 = at the ceiling).
@@ -115,7 +127,32 @@ impl<'g> ShapeBench<'g> {
         let mut copy = Vec::new();
         kernels::copy_peak(gpu, &mut copy, &src, &dst, bytes / 16)?;
         let t_copy = self.timer.fastest(&copy, self.repeats)?;
-        Ok(Ceilings { flops: flops as f64 / t, bytes: 2.0 * bytes as f64 / t_copy })
+        Ok(Ceilings { flops: flops as f64 / t, bytes: 2.0 * bytes as f64 / t_copy, matrix_flops: self.matrix_peak(workgroups)? })
+    }
+
+    /// The matrix units' peak on the matrix tier, sized as the FMA peak is.
+    fn matrix_peak(&self, workgroups: u64) -> Result<Option<f64>, GpuError> {
+        let gpu = self.gpu;
+        let Some(c) = gpu.matrix() else { return Ok(None) };
+        let sink = gpu.storage("matrix peak sink", 4 * c.subgroup as u64 * workgroups);
+        let run = |iterations: u32| -> Result<Vec<Dispatch>, GpuError> {
+            let mut d = Vec::new();
+            kernels::matrix_peak(gpu, &mut d, &sink, workgroups, iterations)?;
+            Ok(d)
+        };
+        let mut iterations = 16u32;
+        for _ in 0..4 {
+            let t = self.timer.fastest(&run(iterations)?, 1)?;
+            let scaled = (iterations as f64 * ceiling_target(gpu) / t.max(1e-6)).clamp(iterations as f64, (1 << 20) as f64) as u32;
+            if t >= ceiling_target(gpu) / 2.0 || scaled == iterations {
+                break;
+            }
+            iterations = scaled;
+        }
+        let t = self.timer.fastest(&run(iterations)?, self.repeats)?;
+        let size = c.size as u64;
+        let flops = workgroups * iterations as u64 * kernels::MATRIX_PEAK_CHAINS * 2 * size * size * size;
+        Ok(Some(flops as f64 / t))
     }
 
     /// Each distinct linear shape of the transformer's blocks, over `tokens` rows.
@@ -148,6 +185,7 @@ impl<'g> ShapeBench<'g> {
                 seconds: self.timer.median(&d, self.repeats)?,
                 flops: 2 * tokens * n * k,
                 bytes: 4 * tokens * k + 2 * n * k + 4 * tokens * n,
+                matrix: gpu.matrix().is_some(),
             });
         }
         Ok(figures)
@@ -179,6 +217,7 @@ impl<'g> ShapeBench<'g> {
             seconds: self.timer.median(&d, self.repeats)?,
             flops: op.flops(),
             bytes: 4 * 4 * tokens * width,
+            matrix: false,
         })
     }
 
@@ -205,6 +244,7 @@ impl<'g> ShapeBench<'g> {
                 seconds: self.timer.median(&d, self.repeats)?,
                 flops: block.iter().map(Op::flops).sum(),
                 bytes: weights.bytes_read(block),
+                matrix: false,
             });
         }
         Ok(figures)
@@ -229,6 +269,7 @@ impl<'g> ShapeBench<'g> {
             seconds: self.timer.median(&d, self.repeats)?,
             flops: blocks.iter().flatten().map(Op::flops).sum(),
             bytes: per_block,
+            matrix: false,
         })
     }
 
@@ -247,6 +288,7 @@ impl<'g> ShapeBench<'g> {
             seconds: self.timer.median(&d, self.repeats)?,
             flops: blocks.iter().flatten().map(Op::flops).sum(),
             bytes: blocks.iter().map(|b| weights.bytes_read(b)).sum(),
+            matrix: false,
         })
     }
 
@@ -290,6 +332,7 @@ impl<'g> ShapeBench<'g> {
             seconds: encode.seconds + passes as f64 * step.seconds + decode.seconds,
             flops: encode.flops + passes * step.flops + decode.flops,
             bytes: encode.bytes + passes * step.bytes + decode.bytes,
+            matrix: false,
         }
     }
 
@@ -315,6 +358,7 @@ impl<'g> ShapeBench<'g> {
             flops: program.iter().map(Op::flops).sum(),
             // Each convolution's input, output and weights once, at least.
             bytes: program.iter().map(conv_bytes).sum(),
+            matrix: false,
         })
     }
 
@@ -339,6 +383,7 @@ impl<'g> ShapeBench<'g> {
             seconds,
             flops: 0,
             bytes: buf.total_bytes() as u64 + 2 * elements as u64,
+            matrix: false,
         })
     }
 
