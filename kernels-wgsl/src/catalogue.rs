@@ -40,6 +40,8 @@ pub const ALL_KERNELS: &[Kernel] = &[
     bench::COPY_PEAK,
     linear::LINEAR_MATRIX_8,
     linear::LINEAR_MATRIX_16,
+    conv::CONV2D_MATRIX_8,
+    conv::CONV2D_MATRIX_16,
     bench::MATRIX_PEAK_8,
     bench::MATRIX_PEAK_16,
 ];

@@ -18,6 +18,10 @@ pub enum Module {
     LinearMatrix8,
     /// The matrix tier's linear with 16×16 cooperative-matrix tiles.
     LinearMatrix16,
+    /// The matrix tier's conv2d with 8×8 cooperative-matrix tiles.
+    ConvMatrix8,
+    /// The matrix tier's conv2d with 16×16 cooperative-matrix tiles.
+    ConvMatrix16,
     /// The matrix units' ceiling (`bench`) with 8×8 tiles.
     BenchMatrix8,
     /// The matrix units' ceiling (`bench`) with 16×16 tiles.
@@ -25,7 +29,7 @@ pub enum Module {
 }
 
 impl Module {
-    pub const ALL: [Module; 13] = [
+    pub const ALL: [Module; 15] = [
         Module::Linear,
         Module::Norm,
         Module::Rope,
@@ -37,6 +41,8 @@ impl Module {
         Module::Bench,
         Module::LinearMatrix8,
         Module::LinearMatrix16,
+        Module::ConvMatrix8,
+        Module::ConvMatrix16,
         Module::BenchMatrix8,
         Module::BenchMatrix16,
     ];
@@ -54,6 +60,8 @@ impl Module {
             Module::Bench => "bench",
             Module::LinearMatrix8 => "linear_matrix (8×8 tiles)",
             Module::LinearMatrix16 => "linear_matrix (16×16 tiles)",
+            Module::ConvMatrix8 => "conv_matrix (8×8 tiles)",
+            Module::ConvMatrix16 => "conv_matrix (16×16 tiles)",
             Module::BenchMatrix8 => "bench_matrix (8×8 tiles)",
             Module::BenchMatrix16 => "bench_matrix (16×16 tiles)",
         }
@@ -61,7 +69,10 @@ impl Module {
 
     /// Whether the module needs the matrix tier's device features (f16, cooperative matrices).
     pub fn needs_matrix_features(self) -> bool {
-        matches!(self, Module::LinearMatrix8 | Module::LinearMatrix16 | Module::BenchMatrix8 | Module::BenchMatrix16)
+        matches!(
+            self,
+            Module::LinearMatrix8 | Module::LinearMatrix16 | Module::ConvMatrix8 | Module::ConvMatrix16 | Module::BenchMatrix8 | Module::BenchMatrix16
+        )
     }
 
     pub fn source(self) -> &'static str {
@@ -84,7 +95,7 @@ impl Module {
         // The matrix tier's modules: the extensions first (WGSL wants them
         // before any declaration), then the tile size and its matrix types.
         macro_rules! with_matrix {
-            ($t:literal, $file:literal) => {
+            ($t:literal, $($file:literal),+) => {
                 concat!(
                     "enable f16;\nenable wgpu_cooperative_matrix;\n",
                     "const T: u32 = ", $t, "u;\n",
@@ -92,8 +103,7 @@ impl Module {
                     "alias MatB = coop_mat", $t, "x", $t, "<f16, B>;\n",
                     "alias MatC = coop_mat", $t, "x", $t, "<f32, C>;\n",
                     include_str!("kernels/common.wgsl"),
-                    "\n",
-                    include_str!(concat!("kernels/", $file))
+                    $("\n", include_str!(concat!("kernels/", $file))),+
                 )
             };
         }
@@ -107,8 +117,10 @@ impl Module {
             Module::Vae => with_common!("vae.wgsl"),
             Module::Df11 => with_common!("df11.wgsl"),
             Module::Bench => with_common!("bench.wgsl"),
-            Module::LinearMatrix8 => with_matrix!("8", "linear_matrix.wgsl"),
-            Module::LinearMatrix16 => with_matrix!("16", "linear_matrix.wgsl"),
+            Module::LinearMatrix8 => with_matrix!("8", "linear_matrix.wgsl", "matrix_tiles.wgsl"),
+            Module::LinearMatrix16 => with_matrix!("16", "linear_matrix.wgsl", "matrix_tiles.wgsl"),
+            Module::ConvMatrix8 => with_matrix!("8", "conv_matrix.wgsl", "matrix_tiles.wgsl"),
+            Module::ConvMatrix16 => with_matrix!("16", "conv_matrix.wgsl", "matrix_tiles.wgsl"),
             Module::BenchMatrix8 => with_matrix!("8", "bench_matrix.wgsl"),
             Module::BenchMatrix16 => with_matrix!("16", "bench_matrix.wgsl"),
         }
