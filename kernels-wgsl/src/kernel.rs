@@ -82,13 +82,12 @@ impl Module {
             };
         }
         macro_rules! with_gemm {
-            ($file:literal) => {
+            ($($file:literal),+) => {
                 concat!(
                     include_str!("kernels/common.wgsl"),
                     "\n",
                     include_str!("kernels/gemm_tiles.wgsl"),
-                    "\n",
-                    include_str!(concat!("kernels/", $file))
+                    $("\n", include_str!(concat!("kernels/", $file))),+
                 )
             };
         }
@@ -108,19 +107,19 @@ impl Module {
             };
         }
         match self {
-            Module::Linear => with_gemm!("linear.wgsl"),
+            Module::Linear => with_gemm!("linear_io.wgsl", "linear.wgsl"),
             Module::Norm => with_common!("norm.wgsl"),
             Module::Rope => with_common!("rope.wgsl"),
             Module::Attention => with_common!("attention.wgsl"),
             Module::Elementwise => with_common!("elementwise.wgsl"),
-            Module::Conv => with_gemm!("conv.wgsl"),
+            Module::Conv => with_gemm!("conv_io.wgsl", "conv.wgsl"),
             Module::Vae => with_common!("vae.wgsl"),
             Module::Df11 => with_common!("df11.wgsl"),
             Module::Bench => with_common!("bench.wgsl"),
-            Module::LinearMatrix8 => with_matrix!("8", "linear_matrix.wgsl", "matrix_tiles.wgsl"),
-            Module::LinearMatrix16 => with_matrix!("16", "linear_matrix.wgsl", "matrix_tiles.wgsl"),
-            Module::ConvMatrix8 => with_matrix!("8", "conv_matrix.wgsl", "matrix_tiles.wgsl"),
-            Module::ConvMatrix16 => with_matrix!("16", "conv_matrix.wgsl", "matrix_tiles.wgsl"),
+            Module::LinearMatrix8 => with_matrix!("8", "linear_io.wgsl", "linear_matrix.wgsl", "matrix_tiles.wgsl"),
+            Module::LinearMatrix16 => with_matrix!("16", "linear_io.wgsl", "linear_matrix.wgsl", "matrix_tiles.wgsl"),
+            Module::ConvMatrix8 => with_matrix!("8", "conv_io.wgsl", "conv_matrix.wgsl", "matrix_tiles.wgsl"),
+            Module::ConvMatrix16 => with_matrix!("16", "conv_io.wgsl", "conv_matrix.wgsl", "matrix_tiles.wgsl"),
             Module::BenchMatrix8 => with_matrix!("8", "bench_matrix.wgsl"),
             Module::BenchMatrix16 => with_matrix!("16", "bench_matrix.wgsl"),
         }

@@ -6,33 +6,10 @@
 // The convolution is a matrix product on gemm_tiles.wgsl's tiling:
 // y[co, pixel] = Σ_t W[co, t]·X[pixel, t] over the taps t = (ci, ky, kx)
 // in that order, a = the weight rows (contiguous), b = the input gathered
-// per tap (zero where the tap falls in the padding).
+// per tap (zero where the tap falls in the padding). Interface in conv_io.wgsl.
 
-override WEIGHT_BF16: bool = true;
 // Set when w_offset and in_channels·k² are both even (see linear.wgsl).
 override W_PAIRED: bool = false;
-
-struct Params {
-    in_channels: u32, height: u32, width: u32,
-    out_channels: u32, out_height: u32, out_width: u32,
-    kernel: u32, stride: u32, pad_top: u32, pad_left: u32,
-    x_offset: u32, w_offset: u32, b_offset: u32, y_offset: u32,
-    _pad0: u32, _pad1: u32,
-}
-
-@group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read_write> x: array<f32>;
-@group(0) @binding(2) var<storage, read> w: array<u32>;
-@group(0) @binding(3) var<storage, read> b: array<u32>;
-@group(0) @binding(4) var<storage, read_write> y: array<f32>;
-
-fn bias(i: u32) -> f32 {
-    return weight_value(b[weight_word(i, WEIGHT_BF16)], i, WEIGHT_BF16);
-}
-
-fn taps() -> u32 {
-    return p.in_channels * p.kernel * p.kernel;
-}
 
 // Weights of output channel `co`, taps gt .. gt + 4.
 fn load_a(co: u32, gt: u32) -> vec4<f32> {

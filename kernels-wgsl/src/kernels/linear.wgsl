@@ -1,32 +1,11 @@
-// y[m, n] = Σ_k x[m, k] · W[n, k] (+ b[n]); W and b bf16 (two per u32) or f32.
-// Offsets and strides let one call read or write a window of a larger tensor.
-// The tiling is gemm_tiles.wgsl's with a = x and b = W; bf16 weights come as
+// y[m, n] = Σ_k x[m, k] · W[n, k] (+ b[n]) on the f32 tier (interface in
+// linear_io.wgsl). The tiling is gemm_tiles.wgsl's with a = x and b = W; bf16 weights come as
 // two u32 words when the host says the window's rows start on even elements
 // (W_PAIRED).
 
-override WEIGHT_BF16: bool = true;
-override HAS_BIAS: bool = false;
 // Set when w_offset and k are both even: every 4-element run starting at an
 // even k is two whole u32 words.
 override W_PAIRED: bool = false;
-
-struct Params {
-    m: u32, n: u32, k: u32,
-    x_offset: u32, x_stride: u32,
-    w_offset: u32, b_offset: u32,
-    y_offset: u32, y_stride: u32,
-    _pad0: u32, _pad1: u32, _pad2: u32,
-}
-
-@group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read_write> x: array<f32>;
-@group(0) @binding(2) var<storage, read> w: array<u32>;
-@group(0) @binding(3) var<storage, read> b: array<u32>;
-@group(0) @binding(4) var<storage, read_write> y: array<f32>;
-
-fn bias(i: u32) -> f32 {
-    return weight_value(b[weight_word(i, WEIGHT_BF16)], i, WEIGHT_BF16);
-}
 
 // x[row, gk .. gk + 4), zero past the matrix.
 fn load_a(row: u32, gk: u32) -> vec4<f32> {

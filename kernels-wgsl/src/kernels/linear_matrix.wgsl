@@ -1,29 +1,10 @@
 // y[m, n] = Σ_k x[m, k] · W[n, k] (+ b[n]) on cooperative-matrix units: the
 // matrix tier's linear, on matrix_tiles.wgsl's core with A = x and B = Wᵀ.
 // Operands are rounded to f16 under that file's range rule; the sum is f32.
+// Interface in linear_io.wgsl.
 
-override WEIGHT_BF16: bool = true;
-override HAS_BIAS: bool = false;
 // The subgroup size: one subgroup owns a tile, so a workgroup is one subgroup.
 override WG: u32 = 8u;
-
-struct Params {
-    m: u32, n: u32, k: u32,
-    x_offset: u32, x_stride: u32,
-    w_offset: u32, b_offset: u32,
-    y_offset: u32, y_stride: u32,
-    _pad0: u32, _pad1: u32, _pad2: u32,
-}
-
-@group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read_write> x: array<f32>;
-@group(0) @binding(2) var<storage, read> w: array<u32>;
-@group(0) @binding(3) var<storage, read> b: array<u32>;
-@group(0) @binding(4) var<storage, read_write> y: array<f32>;
-
-fn bias(i: u32) -> f32 {
-    return weight_value(b[weight_word(i, WEIGHT_BF16)], i, WEIGHT_BF16);
-}
 
 // A = x: x[m0 + r, k0 + t].
 fn a_at(r: u32, t: u32, m0: u32, k0: u32) -> f32 {

@@ -107,18 +107,7 @@ impl<'g> ShapeBench<'g> {
             kernels::fma_peak(gpu, &mut d, &sink, workgroups, iterations)?;
             Ok(d)
         };
-        // Size the loop from short warm runs (the first run of a pipeline may
-        // include its compilation) until a run lasts at least half the target.
-        let mut iterations = 16u32;
-        for _ in 0..4 {
-            let t = self.timer.fastest(&fma(iterations)?, 1)?;
-            let scaled = (iterations as f64 * ceiling_target(gpu) / t.max(1e-6)).clamp(iterations as f64, (1 << 20) as f64) as u32;
-            if t >= ceiling_target(gpu) / 2.0 || scaled == iterations {
-                break;
-            }
-            iterations = scaled;
-        }
-        let t = self.timer.fastest(&fma(iterations)?, self.repeats)?;
+        let (iterations, t) = self.sized_fastest(&fma)?;
         let flops = 2 * 256 * workgroups * iterations as u64 * flux_lite_kernels::kernels::FMA_PEAK_FMAS_PER_ITERATION;
 
         let cap = if gpu.is_software() { 64 << 20 } else { 256 << 20 };
@@ -128,6 +117,23 @@ impl<'g> ShapeBench<'g> {
         kernels::copy_peak(gpu, &mut copy, &src, &dst, bytes / 16)?;
         let t_copy = self.timer.fastest(&copy, self.repeats)?;
         Ok(Ceilings { flops: flops as f64 / t, bytes: 2.0 * bytes as f64 / t_copy, matrix_flops: self.matrix_peak(workgroups)? })
+    }
+
+    /// A ceiling kernel's loop count and fastest time: the count sized from
+    /// short warm runs (the first run of a pipeline may include its
+    /// compilation) until a run lasts at least half the target.
+    fn sized_fastest(&self, run: &dyn Fn(u32) -> Result<Vec<Dispatch>, GpuError>) -> Result<(u32, f64), GpuError> {
+        let target = ceiling_target(self.gpu);
+        let mut iterations = 16u32;
+        for _ in 0..4 {
+            let t = self.timer.fastest(&run(iterations)?, 1)?;
+            let scaled = (iterations as f64 * target / t.max(1e-6)).clamp(iterations as f64, (1 << 20) as f64) as u32;
+            if t >= target / 2.0 || scaled == iterations {
+                break;
+            }
+            iterations = scaled;
+        }
+        Ok((iterations, self.timer.fastest(&run(iterations)?, self.repeats)?))
     }
 
     /// The matrix units' peak on the matrix tier, sized as the FMA peak is.
@@ -140,16 +146,7 @@ impl<'g> ShapeBench<'g> {
             kernels::matrix_peak(gpu, &mut d, &sink, workgroups, iterations)?;
             Ok(d)
         };
-        let mut iterations = 16u32;
-        for _ in 0..4 {
-            let t = self.timer.fastest(&run(iterations)?, 1)?;
-            let scaled = (iterations as f64 * ceiling_target(gpu) / t.max(1e-6)).clamp(iterations as f64, (1 << 20) as f64) as u32;
-            if t >= ceiling_target(gpu) / 2.0 || scaled == iterations {
-                break;
-            }
-            iterations = scaled;
-        }
-        let t = self.timer.fastest(&run(iterations)?, self.repeats)?;
+        let (iterations, t) = self.sized_fastest(&run)?;
         let size = c.size as u64;
         let flops = workgroups * iterations as u64 * kernels::MATRIX_PEAK_CHAINS * 2 * size * size * size;
         Ok(Some(flops as f64 / t))
