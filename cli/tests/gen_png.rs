@@ -152,9 +152,7 @@ fn a_reference_image_under_guidance() {
 /// says so (`skipped: …`), unless `FLUX_LITE_REQUIRE_MATRIX` is set (CI's
 /// run on Mesa 26), where that fails.
 fn matrix_tier_here() -> bool {
-    let out = Command::new(env!("CARGO_BIN_EXE_flux-lite")).arg("gpu").output().unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let line = stdout.lines().find(|l| l.starts_with("matrix tier: ")).unwrap_or_else(|| panic!("{stdout}"));
+    let line = flux_lite_tests::matrix_tier_line(env!("CARGO_BIN_EXE_flux-lite"));
     if !line.contains("unavailable") {
         return true;
     }

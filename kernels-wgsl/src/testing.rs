@@ -75,19 +75,15 @@ pub fn poisoned(gpu: &Gpu, n: usize) -> DeviceBuffer {
 /// Relative L2 error of `got` against the f64 reference, with the worst element named on failure.
 pub fn assert_close(what: &str, got: &[f32], want: &[f64], tol: f64) {
     assert_eq!(got.len(), want.len(), "{what}: length");
-    let mut diff2 = 0.0f64;
-    let mut ref2 = 0.0f64;
     let mut worst = (0usize, -1.0f64);
     for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
         let d = g as f64 - w;
-        diff2 += d * d;
-        ref2 += w * w;
         let size = if d.is_nan() { f64::INFINITY } else { d.abs() };
         if size > worst.1 {
             worst = (i, size);
         }
     }
-    let rel = (diff2 / ref2.max(f64::MIN_POSITIVE)).sqrt();
+    let rel = rel_l2(got, want);
     assert!(
         rel <= tol,
         "{what}: relative L2 error {rel:.3e} > {tol:.0e}; worst element {} got {} want {}",

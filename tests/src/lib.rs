@@ -14,6 +14,14 @@ use safetensors::tensor::{Dtype, SafeTensors};
 use std::sync::OnceLock;
 use std::path::{Path, PathBuf};
 
+/// The `matrix tier: …` line of `flux-lite gpu` run with the binary at
+/// `flux_lite`: the configuration taken, or `unavailable (why)`.
+pub fn matrix_tier_line(flux_lite: &str) -> String {
+    let out = std::process::Command::new(flux_lite).arg("gpu").output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    stdout.lines().find(|l| l.starts_with("matrix tier: ")).unwrap_or_else(|| panic!("no matrix tier line in {stdout}")).to_string()
+}
+
 /// `test_vectors/` at the top of the repository.
 pub fn test_vectors() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../test_vectors")
