@@ -38,6 +38,8 @@ pub const ALL_KERNELS: &[Kernel] = &[
     df11::DF11_CLEAR,
     bench::FMA_PEAK,
     bench::COPY_PEAK,
+    linear::LINEAR_HALF,
+    conv::CONV2D_HALF,
     linear::LINEAR_MATRIX_8,
     linear::LINEAR_MATRIX_16,
     conv::CONV2D_MATRIX_8,

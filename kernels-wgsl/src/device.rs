@@ -152,6 +152,51 @@ pub struct Gpu {
     matrix: Option<MatrixConfig>,
     /// What the adapter lists, whatever the tier: for `flux-lite gpu`.
     matrix_offered: Vec<wgpu::CooperativeMatrixProperties>,
+    /// Why `auto` stepped down a tier, when it did.
+    notice: Option<String>,
+}
+
+/// The tier a device is made for, with the features it needs.
+struct TierChoice {
+    tier: Precision,
+    matrix: Option<MatrixConfig>,
+    features: wgpu::Features,
+}
+
+/// The tier `asked` resolves to on this adapter (`auto`: the best offered,
+/// to be proven by the probe), or why a named tier cannot run here.
+fn choose_tier(
+    adapter: &wgpu::Adapter,
+    info: &wgpu::AdapterInfo,
+    offered: &[wgpu::CooperativeMatrixProperties],
+    asked: Precision,
+) -> Result<TierChoice, GpuError> {
+    let has = |f: wgpu::Features| adapter.features().contains(f);
+    let unavailable = |tier: Precision, why: String| GpuError::TierUnavailable { tier: tier.name(), adapter: info.name.clone(), why };
+    let half = || {
+        if has(wgpu::Features::SHADER_F16) {
+            Ok(TierChoice { tier: Precision::F16, matrix: None, features: wgpu::Features::SHADER_F16 })
+        } else {
+            Err(unavailable(Precision::F16, "the adapter lacks f16 in shaders".into()))
+        }
+    };
+    let matrix = || {
+        let needed = [(wgpu::Features::SHADER_F16, "f16 in shaders"), (wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX, "cooperative matrices")];
+        let missing: Vec<&str> = needed.iter().filter(|(f, _)| !has(*f)).map(|(_, name)| *name).collect();
+        if !missing.is_empty() {
+            return Err(unavailable(Precision::Matrix, format!("the adapter lacks {}", missing.join(" and "))));
+        }
+        let config = pick_matrix_config(offered, (info.subgroup_min_size, info.subgroup_max_size)).map_err(|why| unavailable(Precision::Matrix, why))?;
+        let features = wgpu::Features::SHADER_F16 | wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
+        Ok(TierChoice { tier: Precision::Matrix, matrix: Some(config), features })
+    };
+    let reference = TierChoice { tier: Precision::F32, matrix: None, features: wgpu::Features::empty() };
+    match asked {
+        Precision::F32 => Ok(reference),
+        Precision::F16 => half(),
+        Precision::Matrix => matrix(),
+        Precision::Auto => Ok(matrix().or_else(|_| half()).unwrap_or(reference)),
+    }
 }
 
 /// A buffer made through [`Gpu`]: its bytes count in [`Gpu::memory`] until
@@ -236,25 +281,16 @@ impl Gpu {
         let matrix_offered = adapter.cooperative_matrix_properties();
         // Timestamps where the adapter has them: `bench` times passes on the GPU's own clock.
         let mut features = adapter.features() & wgpu::Features::TIMESTAMP_QUERY;
+        let choice = choose_tier(&adapter, &info, &matrix_offered, options.precision)?;
+        features |= choice.features;
         let mut experimental = wgpu::ExperimentalFeatures::disabled();
-        let matrix = match options.precision {
-            Precision::F32 => None,
-            Precision::Matrix => {
-                let unavailable = |why: String| GpuError::TierUnavailable { tier: Precision::Matrix.name(), adapter: info.name.clone(), why };
-                let needed = [(wgpu::Features::SHADER_F16, "f16 in shaders"), (wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX, "cooperative matrices")];
-                let missing: Vec<&str> = needed.iter().filter(|(f, _)| !adapter.features().contains(*f)).map(|(_, name)| *name).collect();
-                if !missing.is_empty() {
-                    return Err(unavailable(format!("the adapter lacks {}", missing.join(" and "))));
-                }
-                let config = pick_matrix_config(&matrix_offered, (info.subgroup_min_size, info.subgroup_max_size)).map_err(unavailable)?;
-                features |= wgpu::Features::SHADER_F16 | wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
-                // SAFETY: the token only allows asking for the experimental cooperative-matrix
-                // feature; it is asked for only on this tier, and every kernel using it is checked
-                // against the f64 oracle (linear's matrix tests) before the tier is trusted.
-                experimental = unsafe { wgpu::ExperimentalFeatures::enabled() };
-                Some(config)
-            }
-        };
+        if choice.features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX) {
+            // SAFETY: the token only allows asking for the experimental cooperative-matrix
+            // feature; it is asked for only on the matrix tier, whose kernels are checked
+            // against the f64 oracle (the matrix tests) and, under `auto`, by a
+            // known-answer probe on this device before the tier is taken.
+            experimental = unsafe { wgpu::ExperimentalFeatures::enabled() };
+        }
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("flux-lite"),
             required_features: features,
@@ -279,7 +315,7 @@ impl Gpu {
         let memory = Arc::new(MemoryCounter::default());
         memory.live.store(placeholder.size(), Ordering::Relaxed);
         memory.high_water.store(placeholder.size(), Ordering::Relaxed);
-        Ok(Self {
+        let mut gpu = Self {
             memory,
             placeholder,
             device,
@@ -292,15 +328,51 @@ impl Gpu {
             interrupt: options.interrupt.clone().unwrap_or_default(),
             submissions: AtomicU64::new(0),
             lose_after,
-            precision: options.precision,
-            matrix,
+            precision: choice.tier,
+            matrix: choice.matrix,
             matrix_offered,
-        })
+            notice: None,
+        };
+        if options.precision == Precision::Auto {
+            gpu.prove_tier()?;
+        }
+        Ok(gpu)
+    }
+
+    /// Under `auto`: runs the tier's known-answer product and steps down
+    /// (matrix → f16 → f32) while it fails, keeping a notice of why.
+    fn prove_tier(&mut self) -> Result<(), GpuError> {
+        while self.precision != Precision::F32 {
+            let failure = match crate::probe::known_answer(self) {
+                Ok(()) => return Ok(()),
+                Err(crate::probe::ProbeError::Gpu(e)) => return Err(e),
+                Err(crate::probe::ProbeError::Wrong(why)) => why,
+            };
+            let fallback = if self.precision == Precision::Matrix && self.device.features().contains(wgpu::Features::SHADER_F16) {
+                Precision::F16
+            } else {
+                Precision::F32
+            };
+            self.notice = Some(format!(
+                "the {} tier failed its known-answer check on {} ({failure}); running the {} tier",
+                self.precision.name(),
+                self.info.name,
+                fallback.name()
+            ));
+            self.precision = fallback;
+            self.matrix = None;
+        }
+        Ok(())
     }
 
     /// The precision tier this device runs.
     pub fn precision(&self) -> Precision {
         self.precision
+    }
+
+    /// Why `auto` stepped down from the tier the adapter offers, when it did.
+    pub fn notice(&self) -> Option<&str> {
+        self.notice.as_deref()
     }
 
     /// The cooperative-matrix configuration, on the matrix tier.

@@ -14,6 +14,10 @@ pub enum Module {
     Vae,
     Df11,
     Bench,
+    /// The f16 tier's linear (f16-staged tiles, f32 sums).
+    LinearHalf,
+    /// The f16 tier's conv2d.
+    ConvHalf,
     /// The matrix tier's linear with 8×8 cooperative-matrix tiles.
     LinearMatrix8,
     /// The matrix tier's linear with 16×16 cooperative-matrix tiles.
@@ -29,7 +33,7 @@ pub enum Module {
 }
 
 impl Module {
-    pub const ALL: [Module; 15] = [
+    pub const ALL: [Module; 17] = [
         Module::Linear,
         Module::Norm,
         Module::Rope,
@@ -39,6 +43,8 @@ impl Module {
         Module::Vae,
         Module::Df11,
         Module::Bench,
+        Module::LinearHalf,
+        Module::ConvHalf,
         Module::LinearMatrix8,
         Module::LinearMatrix16,
         Module::ConvMatrix8,
@@ -58,6 +64,8 @@ impl Module {
             Module::Vae => "vae",
             Module::Df11 => "df11",
             Module::Bench => "bench",
+            Module::LinearHalf => "linear (f16 tier)",
+            Module::ConvHalf => "conv (f16 tier)",
             Module::LinearMatrix8 => "linear_matrix (8×8 tiles)",
             Module::LinearMatrix16 => "linear_matrix (16×16 tiles)",
             Module::ConvMatrix8 => "conv_matrix (8×8 tiles)",
@@ -67,8 +75,18 @@ impl Module {
         }
     }
 
-    /// Whether the module needs the matrix tier's device features (f16, cooperative matrices).
-    pub fn needs_matrix_features(self) -> bool {
+    /// The device features the module needs: f16 for the half tiers, and
+    /// cooperative matrices for the matrix tier.
+    pub fn features(self) -> wgpu::Features {
+        match self {
+            Module::LinearHalf | Module::ConvHalf => wgpu::Features::SHADER_F16,
+            m if m.is_matrix() => wgpu::Features::SHADER_F16 | wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX,
+            _ => wgpu::Features::empty(),
+        }
+    }
+
+    /// Whether the module runs on cooperative-matrix units.
+    pub fn is_matrix(self) -> bool {
         matches!(
             self,
             Module::LinearMatrix8 | Module::LinearMatrix16 | Module::ConvMatrix8 | Module::ConvMatrix16 | Module::BenchMatrix8 | Module::BenchMatrix16
@@ -81,10 +99,23 @@ impl Module {
                 concat!(include_str!("kernels/common.wgsl"), "\n", include_str!(concat!("kernels/", $file)))
             };
         }
+        // The GEMM tiling's two tiers (gemm_tiles.wgsl): the f32 tier, and
+        // the f16 tier that stages its tiles as f16 under the range rule.
+        macro_rules! gemm_tier {
+            (f32) => {
+                "const HALF: bool = false;\nalias Stage = f32;\n"
+            };
+            (f16) => {
+                "enable f16;\nconst HALF: bool = true;\nalias Stage = f16;\n"
+            };
+        }
         macro_rules! with_gemm {
-            ($($file:literal),+) => {
+            ($tier:ident, $($file:literal),+) => {
                 concat!(
+                    gemm_tier!($tier),
                     include_str!("kernels/common.wgsl"),
+                    "\n",
+                    include_str!("kernels/range_rule.wgsl"),
                     "\n",
                     include_str!("kernels/gemm_tiles.wgsl"),
                     $("\n", include_str!(concat!("kernels/", $file))),+
@@ -102,17 +133,21 @@ impl Module {
                     "alias MatB = coop_mat", $t, "x", $t, "<f16, B>;\n",
                     "alias MatC = coop_mat", $t, "x", $t, "<f32, C>;\n",
                     include_str!("kernels/common.wgsl"),
+                    "\n",
+                    include_str!("kernels/range_rule.wgsl"),
                     $("\n", include_str!(concat!("kernels/", $file))),+
                 )
             };
         }
         match self {
-            Module::Linear => with_gemm!("linear_io.wgsl", "linear.wgsl"),
+            Module::Linear => with_gemm!(f32, "linear_io.wgsl", "linear.wgsl"),
+            Module::LinearHalf => with_gemm!(f16, "linear_io.wgsl", "linear.wgsl"),
             Module::Norm => with_common!("norm.wgsl"),
             Module::Rope => with_common!("rope.wgsl"),
             Module::Attention => with_common!("attention.wgsl"),
             Module::Elementwise => with_common!("elementwise.wgsl"),
-            Module::Conv => with_gemm!("conv_io.wgsl", "conv.wgsl"),
+            Module::Conv => with_gemm!(f32, "conv_io.wgsl", "conv.wgsl"),
+            Module::ConvHalf => with_gemm!(f16, "conv_io.wgsl", "conv.wgsl"),
             Module::Vae => with_common!("vae.wgsl"),
             Module::Df11 => with_common!("df11.wgsl"),
             Module::Bench => with_common!("bench.wgsl"),

@@ -23,6 +23,7 @@ pub mod dispatch;
 pub mod error;
 pub mod kernels;
 pub mod precision;
+pub mod probe;
 pub mod view;
 
 #[cfg(test)]

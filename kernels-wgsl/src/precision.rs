@@ -1,23 +1,35 @@
 //! Precision tiers: how the matrix products run on an adapter.
 //!
 //! - `f32`: scalar f32 FMA everywhere (the reference tier; its goldens never move).
-//! - `matrix`: the linear layers on the adapter's cooperative-matrix units
-//!   (Vulkan `VK_KHR_cooperative_matrix`, Metal simdgroup matrices), with f16
-//!   operands and an f32 accumulator, in the tile size the adapter lists.
+//! - `f16`: the linear layers and the VAE's convolutions stage their tiles in
+//!   workgroup memory as f16 (half the bytes and bandwidth) and sum in f32.
+//! - `matrix`: the linear layers and the VAE's convolutions on the adapter's
+//!   cooperative-matrix units (Vulkan `VK_KHR_cooperative_matrix`, Metal
+//!   simdgroup matrices), f16 operands into an f32 accumulator, in the tile
+//!   size the adapter lists.
 //!
-//! The tier is chosen when the device is made ([`crate::GpuOptions::precision`]).
-//! The matrix tier so far covers the linear kernel only, and the pipeline
-//! does not take it yet: operands are rounded to f16 as they are staged, with
-//! no range rule for values beyond f16's range (65504).
+//! Both half tiers round operands to f16 under one range rule
+//! (`kernels/range_rule.wgsl`): per row of each operand, a power-of-two scale
+//! that keeps values inside f16's normal range. The other kernels (norms,
+//! attention, RoPE, elementwise) run f32 on every tier.
+//!
+//! The tier is chosen when the device is made ([`crate::GpuOptions::precision`]);
+//! [`Precision::Auto`] takes the best the adapter offers and proves it with a
+//! known-answer product first ([`crate::Gpu::new`]).
 
 use wgpu::{CooperativeMatrixProperties, CooperativeScalarType};
 
-/// A precision tier.
+/// A precision tier, or `Auto` to let the adapter decide.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum Precision {
-    /// Scalar f32 arithmetic.
+    /// The best tier the adapter offers that passes a known-answer probe:
+    /// matrix, else f16, else f32.
+    Auto,
+    /// Scalar f32 arithmetic; the library's default, as the reference tier.
     #[default]
     F32,
+    /// f16-staged tiles, f32 sums.
+    F16,
     /// Cooperative-matrix tiles, f16 operands, f32 accumulation.
     Matrix,
 }
@@ -25,9 +37,16 @@ pub enum Precision {
 impl Precision {
     pub fn name(self) -> &'static str {
         match self {
+            Precision::Auto => "auto",
             Precision::F32 => "f32",
+            Precision::F16 => "f16",
             Precision::Matrix => "matrix",
         }
+    }
+
+    /// The tier called `name` (`auto`, `f32`, `f16`, `matrix`).
+    pub fn from_name(name: &str) -> Option<Self> {
+        [Precision::Auto, Precision::F32, Precision::F16, Precision::Matrix].into_iter().find(|p| p.name() == name)
     }
 }
 

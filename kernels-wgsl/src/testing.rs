@@ -18,13 +18,22 @@ pub fn small_binding_gpu(bytes: u64) -> Gpu {
 
 /// A device on the matrix tier, or `None` after printing why there is none
 /// (`skipped: …`). Where `FLUX_LITE_REQUIRE_MATRIX` is set (CI's run on
-/// Mesa 26, which offers cooperative matrices) a missing tier fails instead.
+/// Mesa 26, which offers cooperative matrices and f16) a missing tier fails instead.
 pub fn matrix_gpu() -> Option<Gpu> {
-    match Gpu::new(&GpuOptions { precision: crate::Precision::Matrix, ..Default::default() }) {
+    tier_gpu(crate::Precision::Matrix)
+}
+
+/// A device on the f16 tier, or `None` after printing why (as [`matrix_gpu`]).
+pub fn half_gpu() -> Option<Gpu> {
+    tier_gpu(crate::Precision::F16)
+}
+
+fn tier_gpu(tier: crate::Precision) -> Option<Gpu> {
+    match Gpu::new(&GpuOptions { precision: tier, ..Default::default() }) {
         Ok(gpu) => Some(gpu),
         Err(e) if std::env::var_os("FLUX_LITE_REQUIRE_MATRIX").is_some() => panic!("FLUX_LITE_REQUIRE_MATRIX is set: {e}"),
         Err(e) => {
-            println!("skipped: no cooperative matrix on this adapter: {e}");
+            println!("skipped: no {} tier on this adapter: {e}", tier.name());
             None
         }
     }

@@ -11,6 +11,7 @@ use bytemuck::{Pod, Zeroable};
 use flux_lite_core::oracle::ConvShape;
 use super::linear::GEMM_TILE;
 use crate::kernel::wrapped_grid;
+use crate::precision::Precision;
 
 /// `conv.wgsl`.
 #[repr(C)]
@@ -37,6 +38,8 @@ pub const CONV2D: Kernel =
     kernel(Module::Conv, "conv2d", [16, 16, 1], &[(1, RW), (2, R), (3, R), (4, RW)], size_of::<ConvParams>(), true);
 /// The matrix tier's conv2d (`conv_matrix.wgsl` on `matrix_tiles.wgsl`), one
 /// module per tile size; its workgroup is one subgroup (the `WG` override).
+/// The f16 tier's conv2d: `conv.wgsl` on f16-staged tiles.
+pub const CONV2D_HALF: Kernel = Kernel { module: Module::ConvHalf, ..CONV2D };
 pub const CONV2D_MATRIX_8: Kernel =
     kernel(Module::ConvMatrix8, "conv2d_matrix", [0, 1, 1], &[(1, RW), (2, R), (3, R), (4, RW)], size_of::<ConvParams>(), true);
 pub const CONV2D_MATRIX_16: Kernel =
@@ -77,7 +80,10 @@ pub fn conv2d(
         let (yw, ww, bw) = (y_rows.window(gpu, &rows)?, w_rows.window(gpu, &rows)?, b_rows.window(gpu, &rows)?);
         let paired = ww.local.is_multiple_of(2) && per_out.is_multiple_of(2);
         let (kernel, constants) = match matrix {
-            None => (&CONV2D, [("WEIGHT_BF16", w.dtype.constant()), ("W_PAIRED", paired as u32)]),
+            None => {
+                let kernel = if gpu.precision() == Precision::F16 { &CONV2D_HALF } else { &CONV2D };
+                (kernel, [("WEIGHT_BF16", w.dtype.constant()), ("W_PAIRED", paired as u32)])
+            }
             Some(c) => (if c.size == 16 { &CONV2D_MATRIX_16 } else { &CONV2D_MATRIX_8 }, [("WEIGHT_BF16", w.dtype.constant()), ("WG", c.subgroup)]),
         };
         let params = ConvParams {
@@ -206,11 +212,11 @@ mod tests {
         assert_close("upsample", &got, &want, 0.0);
     }
 
-    /// The matrix tier's conv2d against the oracle on its f16-rounded
-    /// operands (f32 accumulation: the f32 kernels' bound) and on the exact
-    /// ones (f16 rounding of both: measured 1.59e-4 – 1.96e-4 relative L2 on
-    /// Mesa 26's lavapipe, 2026-11-25; bound 5e-4 as for the matrix linear).
-    fn check_matrix_conv(gpu: &Gpu, s: ConvShape, seed: u64) {
+    /// A half tier's conv2d against the oracle on its f16-rounded operands
+    /// (f32 sums: the f32 kernels' bound) and on the exact ones (f16 rounding
+    /// of both: measured 1.59e-4 – 1.96e-4 relative L2 on Mesa 26's lavapipe,
+    /// matrix tier, 2026-11-25; bound 5e-4 as for the half tiers' linear).
+    fn check_half_conv(gpu: &Gpu, s: ConvShape, seed: u64) {
         let mut rng = Rng::new(seed);
         let x = rng.normals(s.in_channels * s.height * s.width, 1.0);
         let w = rng.bf16s(s.out_channels * s.in_channels * s.kernel * s.kernel, 0.3);
@@ -225,18 +231,31 @@ mod tests {
         r::conv2d(&x16, Weights::F32(&w16), Weights::F32(&bf), s, &mut rounded);
         let (xb, wb, bb, yb) = (gpu.upload_f32("x", &x), gpu.upload_bf16("w", &w), gpu.upload_bf16("b", &b), poisoned(gpu, n_out));
         let got = run_and_read(gpu, &yb, n_out, |enc| conv2d(gpu, enc, Mat::new(&xb, 0), Weight::bf16(&wb), Weight::bf16(&bb), Mat::new(&yb, 0), s));
-        assert_close(&format!("matrix conv {s:?}, vs f16 operands"), &got, &rounded, F32_TOL);
-        println!("matrix conv {s:?}: relative L2 {:.2e} against the exact operands", rel_l2(&got, &exact));
-        assert_close(&format!("matrix conv {s:?}, vs exact operands"), &got, &exact, 5e-4);
+        let tier = gpu.precision().name();
+        assert_close(&format!("{tier} conv {s:?}, vs f16 operands"), &got, &rounded, F32_TOL);
+        println!("{tier} conv {s:?}: relative L2 {:.2e} against the exact operands", rel_l2(&got, &exact));
+        assert_close(&format!("{tier} conv {s:?}, vs exact operands"), &got, &exact, 5e-4);
+    }
+
+    fn check_half_tier(gpu: &Gpu) {
+        check_half_conv(gpu, ConvShape::same(5, 7, 13, 9, 3), 50);
+        check_half_conv(gpu, ConvShape::same(16, 20, 33, 17, 1), 51);
+        // Stride 2 with asymmetric padding (the VAE encoder's downsampling).
+        let down = ConvShape { in_channels: 6, height: 13, width: 11, out_channels: 9, out_height: 6, out_width: 5, kernel: 3, stride: 2, pad_top: 0, pad_left: 0 };
+        check_half_conv(gpu, down, 52);
+        // More than one 128×128 tile of output channels and of pixels.
+        check_half_conv(gpu, ConvShape::same(4, 130, 12, 13, 3), 53);
     }
 
     #[test]
     fn conv_on_matrix_units_matches_the_oracle() {
         let Some(gpu) = matrix_gpu() else { return };
-        check_matrix_conv(&gpu, ConvShape::same(5, 7, 13, 9, 3), 50);
-        check_matrix_conv(&gpu, ConvShape::same(16, 20, 33, 17, 1), 51);
-        // Stride 2 with asymmetric padding (the VAE encoder's downsampling).
-        let down = ConvShape { in_channels: 6, height: 13, width: 11, out_channels: 9, out_height: 6, out_width: 5, kernel: 3, stride: 2, pad_top: 0, pad_left: 0 };
-        check_matrix_conv(&gpu, down, 52);
+        check_half_tier(&gpu);
+    }
+
+    #[test]
+    fn conv_on_f16_tiles_matches_the_oracle() {
+        let Some(gpu) = half_gpu() else { return };
+        check_half_tier(&gpu);
     }
 }

@@ -68,7 +68,7 @@ fn conv2d(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) w
             for (var j = 0u; j < 4u; j++) {
                 let px = tile_col(lid, px0, h, j);
                 if (px < plane) {
-                    y[p.y_offset + co * plane + px] = acc[i * 2u + h][j] + bv;
+                    y[p.y_offset + co * plane + px] = tile_value(acc, lid, i, h, j) + bv;
                 }
             }
         }

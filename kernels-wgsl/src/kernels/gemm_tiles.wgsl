@@ -9,6 +9,14 @@
 // of one row of a and of b through the module's `load_a(row, k)` and
 // `load_b(col, k)`, which return zeros past the matrix. The sum runs over k
 // in order, one FMA per term.
+//
+// Two tiers share this file, told apart by the prelude ahead of it: the f32
+// tier (`HALF` false, `Stage` = f32) and the f16 tier (`HALF` true, `Stage`
+// = f16), which stages the tiles as f16 under range_rule.wgsl's rule (each
+// row of a and of b scaled by its power of two, measured over all k before
+// the first step) and widens them back to f32 for the FMAs, so the sum is
+// f32 either way. The f32 tier skips the rule entirely: its arithmetic is
+// the same instruction for instruction.
 
 const TM: u32 = 128u;
 const TN: u32 = 128u;
@@ -17,19 +25,54 @@ const TK: u32 = 8u;
 const V: u32 = 32u;
 
 // [buffer][kk · V + rows / 4]
-var<workgroup> a_tile: array<array<vec4<f32>, 256>, 2>;
-var<workgroup> b_tile: array<array<vec4<f32>, 256>, 2>;
+var<workgroup> a_tile: array<array<vec4<Stage>, 256>, 2>;
+var<workgroup> b_tile: array<array<vec4<Stage>, 256>, 2>;
+// The f16 tier's power-of-two scales of the tile's rows of a and of b.
+var<workgroup> a_scale: array<f32, TM>;
+var<workgroup> b_scale: array<f32, TN>;
+
+// A run of 4 values on its way into a tile: as it is on the f32 tier,
+// divided by its row's scale and rounded to f16 on the f16 tier.
+fn staged(v: vec4<f32>, scale: f32) -> vec4<Stage> {
+    if (HALF) {
+        return vec4<Stage>(v / scale);
+    }
+    return vec4<Stage>(v);
+}
+
+// The f16 tier's scales: invocation tid < 128 measures row tid of a over
+// all k, the others row tid - 128 of b.
+fn measure_ranges(tid: u32, row0: u32, col0: u32, k: u32) {
+    let r = tid % TM;
+    var largest = 0.0;
+    for (var gk = 0u; gk < k; gk += 4u) {
+        var v: vec4<f32>;
+        if (tid < TM) {
+            v = abs(load_a(row0 + r, gk));
+        } else {
+            v = abs(load_b(col0 + r, gk));
+        }
+        largest = max(largest, max(max(v.x, v.y), max(v.z, v.w)));
+    }
+    if (tid < TM) {
+        a_scale[r] = range_scale(largest);
+    } else {
+        b_scale[r] = range_scale(largest);
+    }
+}
 
 // Writes a loaded run of 4 k values of tile row `r` into buffer `buf`, k-major.
 fn store_a(buf: u32, r: u32, kq: u32, v: vec4<f32>) {
+    let s = staged(v, a_scale[r]);
     for (var i = 0u; i < 4u; i++) {
-        a_tile[buf][(kq * 4u + i) * V + r / 4u][r % 4u] = v[i];
+        a_tile[buf][(kq * 4u + i) * V + r / 4u][r % 4u] = s[i];
     }
 }
 
 fn store_b(buf: u32, r: u32, kq: u32, v: vec4<f32>) {
+    let s = staged(v, b_scale[r]);
     for (var i = 0u; i < 4u; i++) {
-        b_tile[buf][(kq * 4u + i) * V + r / 4u][r % 4u] = v[i];
+        b_tile[buf][(kq * 4u + i) * V + r / 4u][r % 4u] = s[i];
     }
 }
 
@@ -41,6 +84,10 @@ fn gemm_tile(lid: vec3<u32>, row0: u32, col0: u32, k: u32) -> array<vec4<f32>, 1
     let lr = tid / 2u;
     let kq = tid % 2u;
     var acc: array<vec4<f32>, 16>;
+    if (HALF) {
+        measure_ranges(tid, row0, col0, k);
+        workgroupBarrier();
+    }
     let steps = (k + TK - 1u) / TK;
     store_a(0u, lr, kq, load_a(row0 + lr, kq * 4u));
     store_b(0u, lr, kq, load_b(col0 + lr, kq * 4u));
@@ -56,10 +103,10 @@ fn gemm_tile(lid: vec3<u32>, row0: u32, col0: u32, k: u32) -> array<vec4<f32>, 1
             next_b = load_b(col0 + lr, gk);
         }
         for (var kk = 0u; kk < TK; kk++) {
-            let a0 = a_tile[cur][kk * V + lid.y];
-            let a1 = a_tile[cur][kk * V + 16u + lid.y];
-            let b0 = b_tile[cur][kk * V + lid.x];
-            let b1 = b_tile[cur][kk * V + 16u + lid.x];
+            let a0 = vec4<f32>(a_tile[cur][kk * V + lid.y]);
+            let a1 = vec4<f32>(a_tile[cur][kk * V + 16u + lid.y]);
+            let b0 = vec4<f32>(b_tile[cur][kk * V + lid.x]);
+            let b1 = vec4<f32>(b_tile[cur][kk * V + 16u + lid.x]);
             for (var i = 0u; i < 4u; i++) {
                 acc[i * 2u] = fma(vec4<f32>(a0[i]), b0, acc[i * 2u]);
                 acc[i * 2u + 1u] = fma(vec4<f32>(a0[i]), b1, acc[i * 2u + 1u]);
@@ -74,6 +121,15 @@ fn gemm_tile(lid: vec3<u32>, row0: u32, col0: u32, k: u32) -> array<vec4<f32>, 1
         workgroupBarrier();
     }
     return acc;
+}
+
+// Output `acc[i·2 + h][j]` of invocation `lid`, scaled back on the f16 tier.
+fn tile_value(acc: array<vec4<f32>, 16>, lid: vec3<u32>, i: u32, h: u32, j: u32) -> f32 {
+    let value = acc[i * 2u + h][j];
+    if (HALF) {
+        return value * a_scale[tile_row(lid, 0u, i)] * b_scale[tile_col(lid, 0u, h, j)];
+    }
+    return value;
 }
 
 // Row and column of output `acc[i·2 + h][j]` of invocation `lid` in the tile at (row0, col0).

@@ -9,6 +9,7 @@ use crate::error::GpuError;
 use crate::view::{Mat, Weight};
 use bytemuck::{Pod, Zeroable};
 use crate::kernel::wrapped_grid;
+use crate::precision::Precision;
 
 /// `linear.wgsl` — y[m, n] = x[m, k]·W[n, k]ᵀ (+ b).
 #[repr(C)]
@@ -33,6 +34,8 @@ pub const LINEAR: Kernel =
     kernel(Module::Linear, "linear", [16, 16, 1], &[(1, RW), (2, R), (3, R), (4, RW)], size_of::<LinearParams>(), true);
 /// The matrix tier's linear (`linear_matrix.wgsl`), one module per tile size;
 /// its workgroup is one subgroup, set by the `WG` override (hence size 0 here).
+/// The f16 tier's linear: `linear.wgsl` on f16-staged tiles.
+pub const LINEAR_HALF: Kernel = Kernel { module: Module::LinearHalf, ..LINEAR };
 pub const LINEAR_MATRIX_8: Kernel =
     kernel(Module::LinearMatrix8, "linear_matrix", [0, 1, 1], &[(1, RW), (2, R), (3, R), (4, RW)], size_of::<LinearParams>(), true);
 pub const LINEAR_MATRIX_16: Kernel =
@@ -74,7 +77,8 @@ pub fn linear(gpu: &Gpu, sink: &mut dyn Sink, x: Mat<'_>, w: Weight<'_>, bias: O
             let (kernel, constants, grid) = match matrix {
                 None => {
                     let constants = [("WEIGHT_BF16", w.dtype.constant()), ("HAS_BIAS", bias.is_some() as u32), ("W_PAIRED", paired as u32)];
-                    (&LINEAR, constants, [cols_n.div_ceil(tile_n) as u32, rows_n.div_ceil(tile_m) as u32, 1])
+                    let kernel = if gpu.precision() == Precision::F16 { &LINEAR_HALF } else { &LINEAR };
+                    (kernel, constants, [cols_n.div_ceil(tile_n) as u32, rows_n.div_ceil(tile_m) as u32, 1])
                 }
                 Some(c) => {
                     let constants = [("WEIGHT_BF16", w.dtype.constant()), ("HAS_BIAS", bias.is_some() as u32), ("WG", c.subgroup)];
@@ -241,16 +245,17 @@ mod tests {
         assert!(msg.contains("linear input") && msg.contains("4096 bytes"), "{msg}");
     }
 
-    /// The matrix tier's bound against the exact f32 product: its operands
+    /// The half tiers' bound against the exact f32 product: their operands
     /// are rounded to f16 (relative error up to 2⁻¹¹ each), which moves these
     /// random products by 1.35e-4 – 1.99e-4 relative L2 (measured on Mesa
-    /// 26's lavapipe, 8×8 tiles, 2026-11-25).
-    const MATRIX_TOL: f64 = 5e-4;
+    /// 26's lavapipe, matrix tier with 8×8 tiles, and Mesa 22.3.6's, f16
+    /// tier, 2026-11-25).
+    const HALF_TOL: f64 = 5e-4;
 
-    /// The matrix tier's linear against the oracle twice: on the operands
+    /// A half tier's linear against the oracle twice: on the operands
     /// rounded to f16 as the tier sees them (the f32 kernels' 1e-5: only the
-    /// f32 accumulation differs), and on the exact operands ([`MATRIX_TOL`]).
-    fn check_matrix_linear(gpu: &Gpu, seed: u64, [m, n, k]: [usize; 3], bf16: bool, with_bias: bool) {
+    /// order of the f32 sums differs), and on the exact operands ([`HALF_TOL`]).
+    fn check_half_linear(gpu: &Gpu, seed: u64, [m, n, k]: [usize; 3], bf16: bool, with_bias: bool) {
         let mut rng = Rng::new(seed);
         let x = rng.normals(m * k, 1.0);
         let (wbits, wf) = (rng.bf16s(n * k, 0.1), rng.normals(n * k, 0.1));
@@ -272,11 +277,20 @@ mod tests {
             let bias = with_bias.then(|| weight(&bb));
             linear(gpu, enc, Mat::new(&xb, k as u64), weight(&wb), bias, Mat::new(&yb, n as u64), Gemm { m: m as u64, n: n as u64, k: k as u64 })
         });
-        let what = format!("matrix linear {m}x{n}x{k} bf16={bf16} bias={with_bias}");
+        let what = format!("{} linear {m}x{n}x{k} bf16={bf16} bias={with_bias}", gpu.precision().name());
         assert_close(&format!("{what}, vs f16 operands"), &got, &rounded, F32_TOL);
         let err = rel_l2(&got, &exact);
         println!("{what}: relative L2 {err:.2e} against the exact product");
-        assert_close(&format!("{what}, vs exact operands"), &got, &exact, MATRIX_TOL);
+        assert_close(&format!("{what}, vs exact operands"), &got, &exact, HALF_TOL);
+    }
+
+    /// Sizes off every tile edge (8, 16 and 128), bf16 and f32 weights, with and without bias.
+    fn check_half_tier(gpu: &Gpu) {
+        check_half_linear(gpu, 21, [70, 131, 77], true, true);
+        check_half_linear(gpu, 22, [1, 65, 33], true, false);
+        check_half_linear(gpu, 23, [33, 20, 100], false, true);
+        check_half_linear(gpu, 24, [128, 96, 64], true, true);
+        check_half_linear(gpu, 25, [300, 260, 100], true, true);
     }
 
     #[test]
@@ -284,19 +298,31 @@ mod tests {
         let Some(gpu) = matrix_gpu() else { return };
         let c = gpu.matrix().unwrap();
         println!("matrix tier on {}: {}×{} tiles, subgroup {}", gpu.describe(), c.size, c.size, c.subgroup);
-        // Sizes off every tile edge, bf16 and f32 weights, with and without bias.
-        check_matrix_linear(&gpu, 21, [70, 131, 77], true, true);
-        check_matrix_linear(&gpu, 22, [1, 65, 33], true, false);
-        check_matrix_linear(&gpu, 23, [33, 20, 100], false, true);
-        check_matrix_linear(&gpu, 24, [128, 96, 64], true, true);
+        check_half_tier(&gpu);
+    }
+
+    #[test]
+    fn linear_on_f16_tiles_matches_the_oracle() {
+        let Some(gpu) = half_gpu() else { return };
+        check_half_tier(&gpu);
     }
 
     #[test]
     fn linear_on_matrix_units_keeps_values_beyond_f16_finite_and_close() {
-        // The range rule (linear_matrix.wgsl): rows of x and of W far above
-        // f16's 65504 or below its smallest normal (6.1e-5) give what f32
-        // gives, row by row, and never Inf or NaN.
         let Some(gpu) = matrix_gpu() else { return };
+        check_range_rule(&gpu);
+    }
+
+    #[test]
+    fn linear_on_f16_tiles_keeps_values_beyond_f16_finite_and_close() {
+        let Some(gpu) = half_gpu() else { return };
+        check_range_rule(&gpu);
+    }
+
+    /// The range rule (range_rule.wgsl): rows of x and of W far above f16's
+    /// 65504 or below its smallest normal (6.1e-5) give what f32 gives, row
+    /// by row, and never Inf or NaN.
+    fn check_range_rule(gpu: &Gpu) {
         let (m, n, k) = (24usize, 19usize, 40usize);
         let mut rng = Rng::new(31);
         let mut x = rng.normals(m * k, 1.0);
@@ -308,9 +334,9 @@ mod tests {
         w[k..2 * k].iter_mut().for_each(|v| *v *= 1e-5); // weights of 1e-6
         let mut want = vec![0.0; m * n];
         r::linear(&x, Weights::F32(&w), None, m, n, k, &mut want);
-        let (xb, wb, yb) = (gpu.upload_f32("x", &x), gpu.upload_f32("w", &w), poisoned(&gpu, m * n));
-        let got = run_and_read(&gpu, &yb, m * n, |enc| {
-            linear(&gpu, enc, Mat::new(&xb, k as u64), Weight::f32(&wb), None, Mat::new(&yb, n as u64), Gemm { m: m as u64, n: n as u64, k: k as u64 })
+        let (xb, wb, yb) = (gpu.upload_f32("x", &x), gpu.upload_f32("w", &w), poisoned(gpu, m * n));
+        let got = run_and_read(gpu, &yb, m * n, |enc| {
+            linear(gpu, enc, Mat::new(&xb, k as u64), Weight::f32(&wb), None, Mat::new(&yb, n as u64), Gemm { m: m as u64, n: n as u64, k: k as u64 })
         });
         assert!(want.iter().all(|v| v.is_finite()));
         assert!(got.iter().all(|v| v.is_finite()), "Inf or NaN where f32 is finite");
@@ -322,10 +348,10 @@ mod tests {
             rel_l2(&g, &(0..m).map(|r| want[r * n + col]).collect::<Vec<_>>())
         };
         let ordinary = (3..m).map(row_err).fold(0.0f64, f64::max);
-        println!("ordinary rows: worst relative L2 {ordinary:.2e}");
+        println!("{} tier, ordinary rows: worst relative L2 {ordinary:.2e}", gpu.precision().name());
         for (what, err) in [("row of 1e5", row_err(0)), ("row of 1e-6", row_err(1)), ("row with an outlier", row_err(2)), ("weights of 1e5", col_err(0)), ("weights of 1e-6", col_err(1))] {
             println!("{what}: relative L2 {err:.2e}");
-            assert!(err <= 2.0 * ordinary.max(MATRIX_TOL / 2.0), "{what}: relative L2 {err:.2e}, ordinary rows {ordinary:.2e}");
+            assert!(err <= 2.0 * ordinary.max(HALF_TOL / 2.0), "{what}: relative L2 {err:.2e}, ordinary rows {ordinary:.2e}");
         }
     }
 }

@@ -9,14 +9,8 @@
 // Each step of k stages a T×T tile of A and of B in workgroup memory as f16
 // and multiplies them into an f32 accumulator.
 //
-// Range rule: f16 holds magnitudes up to 65504 and normal values down to
-// 6.1e-5; FLUX activations and bf16 weights can fall outside both. Each of
-// the tile's rows of A and columns of B is scaled by a power of two that
-// brings its largest magnitude (over all k) into [2¹³, 2¹⁴) before the
-// rounding, and the product is scaled back in f32: powers of two change no
-// significant bit, values never overflow f16, and small rows keep f16's
-// full precision instead of going subnormal. Only values below 2⁻³⁸ of
-// their row's largest flush to zero.
+// Operands are rounded to f16 under range_rule.wgsl's rule, per row of A
+// and column of B over all of k.
 
 var<workgroup> a_tile: array<f16, T * T>;
 var<workgroup> b_tile: array<f16, T * T>;
@@ -24,14 +18,6 @@ var<workgroup> c_tile: array<f32, T * T>;
 // The power-of-two scales of the tile's rows of A and columns of B.
 var<workgroup> row_scale: array<f32, T>;
 var<workgroup> col_scale: array<f32, T>;
-
-// The power of two that brings `largest` into [2¹³, 2¹⁴) (1 for zero).
-fn range_scale(largest: f32) -> f32 {
-    if (largest == 0.0) {
-        return 1.0;
-    }
-    return ldexp(1.0, frexp(largest).exp - 14);
-}
 
 // C's tile at (row0, col0) over k terms into c_tile. Tiles past the matrix
 // run on zeros: cooperative operations need uniform control flow, which an

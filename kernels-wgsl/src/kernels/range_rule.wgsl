@@ -1,0 +1,19 @@
+// The range rule of the half tiers (f16 and matrix), which round operands
+// to f16 on their way into workgroup memory or matrix units.
+//
+// f16 holds magnitudes up to 65504 and normal values down to 6.1e-5; FLUX
+// activations and bf16 weights can fall outside both. Each row of a
+// product's left operand and each column of its right one is scaled by a
+// power of two that brings its largest magnitude (over all k) into
+// [2¹³, 2¹⁴) before the rounding, and the sum is scaled back in f32:
+// powers of two change no significant bit, values never overflow f16, and
+// small rows keep f16's full precision instead of going subnormal. Only
+// values below 2⁻³⁸ of their row's largest flush to zero.
+
+// The power of two that brings `largest` into [2¹³, 2¹⁴) (1 for zero).
+fn range_scale(largest: f32) -> f32 {
+    if (largest == 0.0) {
+        return 1.0;
+    }
+    return ldexp(1.0, frexp(largest).exp - 14);
+}
