@@ -47,8 +47,8 @@ struct KernelsArgs {
     /// timed runs of each row after a warm-up; the median is reported (default 5)
     #[argh(option, default = "5")]
     repeats: usize,
-    /// precision tier: f32 (default) or matrix (the linear rows on cooperative matrices, beside the matrix units' own ceiling)
-    #[argh(option, default = "flux_lite_platform::Precision::F32", from_str_fn(crate::tier::parse_precision))]
+    /// precision tier: auto (default: matrix units where the adapter has them and they pass a known-answer check, else f16, else f32), f32 (the reference), f16 (f16-staged GEMM tiles, f32 sums) or matrix (cooperative-matrix units, f16 operands, f32 sums); f16 and matrix apply a range rule (README), and a tier the adapter lacks is an error
+    #[argh(option, default = "flux_lite_platform::Precision::Auto", from_str_fn(crate::tier::parse_precision))]
     precision: flux_lite_platform::Precision,
 }
 
@@ -135,10 +135,8 @@ fn kernels(args: &KernelsArgs) -> Result<(), String> {
     println!("adapter: {}", gpu.describe());
     println!("model shapes: {name}; random bf16 weights; f32 activations");
     println!("times: median of {} runs after a warm-up, {}", args.repeats.max(1), bench.timer().clock().describe());
-    match gpu.matrix() {
-        Some(c) => println!("precision: matrix ({0}×{0} f16 tiles into f32, subgroup {1}): linear rows on matrix units, the rest f32", c.size, c.subgroup),
-        None => println!("precision: f32"),
-    }
+    crate::tier::print_notice(&gpu);
+    println!("precision: {}: linear and conv rows on this tier, the rest f32", crate::tier::describe(&gpu));
     let matrix_peak = ceilings.matrix_flops.map_or(String::new(), |m| format!(", matrix units {:.1} GFLOP/s", m / 1e9));
     println!(
         "ceilings measured in this run: FMA peak {:.1} GFLOP/s{matrix_peak}, copy {:.1} GB/s (bytes read + written)",

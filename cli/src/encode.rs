@@ -27,8 +27,8 @@ pub struct EncodeArgs {
     /// device memory the encode may allocate, e.g. 2GiB (default: no limit)
     #[argh(option, from_str_fn(crate::budget::parse_memory_budget))]
     memory_budget: Option<u64>,
-    /// precision tier: f32 (the reference, default) or matrix (linear layers on the adapter's cooperative-matrix units, f16 operands with a range rule, f32 accumulation; an adapter without them is an error)
-    #[argh(option, default = "flux_lite_platform::Precision::F32", from_str_fn(crate::tier::parse_precision))]
+    /// precision tier: auto (default: matrix units where the adapter has them and they pass a known-answer check, else f16, else f32), f32 (the reference), f16 (f16-staged GEMM tiles, f32 sums) or matrix (cooperative-matrix units, f16 operands, f32 sums); f16 and matrix apply a range rule (README), and a tier the adapter lacks is an error
+    #[argh(option, default = "flux_lite_platform::Precision::Auto", from_str_fn(crate::tier::parse_precision))]
     precision: flux_lite_platform::Precision,
     /// no progress bar
     #[argh(switch)]
@@ -43,6 +43,7 @@ pub fn run(args: &EncodeArgs) -> Result<(), String> {
         .ok_or("give --prompt TEXT or --prompt-file FILE")?;
     let options = Options { gpu: GpuOptions { interrupt: Some(interrupt), precision: args.precision, ..Default::default() }, transformer: None };
     let pipeline = Pipeline::open(&args.model, options).map_err(|e| e.to_string())?;
+    crate::tier::print_notice(pipeline.gpu());
     let mut bar = Bar::new(args.quiet);
     let encoded = pipeline.encode(&[&prompt], args.memory_budget, &mut bar);
     bar.finish();

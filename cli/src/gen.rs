@@ -59,8 +59,8 @@ pub struct GenArgs {
     /// also write the final packed latents (safetensors, tensor `latents` [tokens, channels])
     #[argh(option)]
     output_latents: Option<PathBuf>,
-    /// precision tier: f32 (the reference, default) or matrix (linear layers on the adapter's cooperative-matrix units, f16 operands with a range rule, f32 accumulation; an adapter without them is an error)
-    #[argh(option, default = "flux_lite_platform::Precision::F32", from_str_fn(crate::tier::parse_precision))]
+    /// precision tier: auto (default: matrix units where the adapter has them and they pass a known-answer check, else f16, else f32), f32 (the reference), f16 (f16-staged GEMM tiles, f32 sums) or matrix (cooperative-matrix units, f16 operands, f32 sums); f16 and matrix apply a range rule (README), and a tier the adapter lacks is an error
+    #[argh(option, default = "flux_lite_platform::Precision::Auto", from_str_fn(crate::tier::parse_precision))]
     precision: flux_lite_platform::Precision,
     /// no progress bar
     #[argh(switch)]
@@ -125,6 +125,7 @@ pub fn run(args: &GenArgs) -> Result<(), String> {
     let in_channels = model.transformer.in_channels;
     let gpu_options = GpuOptions { interrupt: Some(interrupt), precision: args.precision, ..Default::default() };
     let pipeline = Pipeline::with_model(model, &gpu_options).map_err(|e| e.to_string())?;
+    crate::tier::print_notice(pipeline.gpu());
     let request = Request {
         width,
         height,
@@ -137,7 +138,7 @@ pub fn run(args: &GenArgs) -> Result<(), String> {
     };
     if args.verbose {
         eprintln!("adapter: {}", pipeline.gpu().describe());
-        eprintln!("precision: {}", pipeline.gpu().precision().name());
+        eprintln!("precision: {}", crate::tier::describe(pipeline.gpu()));
         print_plan(&pipeline.plan(&request).map_err(|e| crate::errors::run_line(&e))?, &references);
     }
     let mut bar = Bar::new(args.quiet);

@@ -91,7 +91,7 @@ fn parse_args() -> Result<Cli, ExitCode> {
 }
 
 fn gpu() -> Result<(), String> {
-    let gpu = Gpu::new(&GpuOptions::default()).map_err(|e| e.to_string())?;
+    let gpu = Gpu::new(&GpuOptions { precision: Precision::F32, ..Default::default() }).map_err(|e| e.to_string())?;
     println!("adapter: {}", gpu.describe());
     println!("driver: {} {}", gpu.info.driver, gpu.info.driver_info);
     println!("max storage binding: {}", Bytes(gpu.max_binding()));
@@ -99,12 +99,18 @@ fn gpu() -> Result<(), String> {
     println!("workgroup storage: {}", Bytes(gpu.limits.max_compute_workgroup_storage_size as u64));
     println!("subgroup size: {} to {}", gpu.info.subgroup_min_size, gpu.info.subgroup_max_size);
     println!("cooperative matrices offered: {}", gpu.matrix_offered());
-    // The matrix tier as it would run here, or why it cannot.
-    let matrix = match Gpu::new(&GpuOptions { precision: Precision::Matrix, ..Default::default() }) {
-        Ok(m) => m.matrix().map_or("unavailable".into(), |c| format!("{0}×{0} f16 tiles into f32, one subgroup of {1} per tile", c.size, c.subgroup)),
-        Err(e) => format!("unavailable ({e})"),
-    };
-    println!("matrix tier: {matrix}");
-    println!("tier in use: {} (the matrix tier covers the linear kernel so far; gen runs f32)", gpu.precision().name());
+    // Each tier as it would run here, or why it cannot; then what auto takes.
+    for tier in [Precision::F16, Precision::Matrix] {
+        let line = match Gpu::new(&GpuOptions { precision: tier, ..Default::default() }) {
+            Ok(g) => crate::tier::describe(&g),
+            Err(e) => format!("unavailable ({e})"),
+        };
+        println!("{} tier: {line}", tier.name());
+    }
+    let auto = Gpu::new(&GpuOptions { precision: Precision::Auto, ..Default::default() }).map_err(|e| e.to_string())?;
+    if let Some(notice) = auto.notice() {
+        println!("notice: {notice}");
+    }
+    println!("tier auto takes: {} (known-answer check passed)", crate::tier::describe(&auto));
     Ok(())
 }

@@ -1,13 +1,26 @@
-//! `--precision f32|matrix`: the precision tier a run asks for.
+//! `--precision auto|f32|f16|matrix`: the precision tier a run asks for.
 
-use flux_lite_platform::Precision;
+use flux_lite_platform::{Gpu, Precision};
 
-/// Parses `f32` or `matrix`; the default, f32, is the reference tier.
+/// Parses a tier's name; the default, `auto`, lets the adapter decide.
 pub fn parse_precision(text: &str) -> Result<Precision, String> {
-    match text.trim() {
-        "f32" => Ok(Precision::F32),
-        "matrix" => Ok(Precision::Matrix),
-        other => Err(format!("--precision {other:?}: expected f32 or matrix")),
+    Precision::from_name(text.trim()).ok_or_else(|| format!("--precision {:?}: expected auto, f32, f16 or matrix", text.trim()))
+}
+
+/// Prints, on standard error, why `auto` stepped down a tier (one
+/// `notice:` line), when it did.
+pub fn print_notice(gpu: &Gpu) {
+    if let Some(notice) = gpu.notice() {
+        eprintln!("notice: {notice}");
+    }
+}
+
+/// The tier a device runs, in words: `matrix (8×8 f16 tiles into f32, subgroup 8)`.
+pub fn describe(gpu: &Gpu) -> String {
+    match (gpu.precision(), gpu.matrix()) {
+        (Precision::Matrix, Some(c)) => format!("matrix ({0}×{0} f16 tiles into f32, subgroup {1})", c.size, c.subgroup),
+        (Precision::F16, _) => "f16 (f16-staged tiles, f32 sums)".into(),
+        (tier, _) => tier.name().into(),
     }
 }
 
@@ -17,8 +30,10 @@ mod tests {
 
     #[test]
     fn tiers_by_name() {
+        assert_eq!(parse_precision("auto"), Ok(Precision::Auto));
         assert_eq!(parse_precision("f32"), Ok(Precision::F32));
+        assert_eq!(parse_precision(" f16"), Ok(Precision::F16));
         assert_eq!(parse_precision("matrix"), Ok(Precision::Matrix));
-        assert!(parse_precision("f16").unwrap_err().starts_with("--precision"));
+        assert!(parse_precision("bf16").unwrap_err().starts_with("--precision \"bf16\": expected auto"));
     }
 }

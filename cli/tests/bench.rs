@@ -89,7 +89,7 @@ fn kernels_bench_refuses_bad_lists_and_sizes() {
 
 #[test]
 fn kernels_bench_on_the_matrix_tier_bounds_the_linears_by_the_matrix_units() {
-    let tier = flux_lite_tests::matrix_tier_line(env!("CARGO_BIN_EXE_flux-lite"));
+    let tier = flux_lite_tests::tier_line(env!("CARGO_BIN_EXE_flux-lite"), "matrix");
     let model = concat!(env!("CARGO_MANIFEST_DIR"), "/../test_vectors/models/tiny-a");
     let args = ["bench", "kernels", "--model", model, "--only", "linear", "--tokens", "40", "--repeats", "1", "--precision", "matrix"];
     let out = Command::new(env!("CARGO_BIN_EXE_flux-lite")).args(args).output().unwrap();

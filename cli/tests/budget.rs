@@ -15,7 +15,7 @@ fn gen(model: &Path, out: &Path, extra: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_flux-lite"))
         .arg("gen")
         .args(["--model", model.to_str().unwrap(), "--prompt", "a red fox in the snow", "--seed", "7", "--steps", "2"])
-        .args(["--width", "64", "--height", "48", "--quiet"])
+        .args(["--width", "64", "--height", "48", "--quiet", "--precision", "f32"])
         .args(["--output", png.to_str().unwrap(), "--output-latents", latents.to_str().unwrap()])
         .args(extra)
         .output()

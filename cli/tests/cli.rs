@@ -39,3 +39,63 @@ fn unknown_backend_is_only_an_error_line() {
     let line = only_an_error_line(&flux_lite(&["gpu"], &[("FLUX_LITE_BACKEND", "glide")]));
     assert!(line.contains("FLUX_LITE_BACKEND") && line.contains("glide"), "{line}");
 }
+
+/// `gen --verbose` with `extra` flags and environment: (exit ok, stderr).
+fn verbose_gen(extra: &[&str], env: &[(&str, &str)]) -> (bool, String) {
+    let dir = flux_lite_tests::scratch_dir(&format!("cli-tier-{}{}", extra.join(""), env.iter().map(|(_, v)| *v).collect::<String>()));
+    let out = dir.join("out.png");
+    let args = ["gen", "--model", &tiny("tiny-a"), "--prompt", "a fox", "--seed", "1", "--steps", "1", "--width", "32", "--height", "32"];
+    let run = flux_lite(&[&args[..], &["--verbose", "--quiet", "--output", out.to_str().unwrap()], extra].concat(), env);
+    (run.status.success(), String::from_utf8_lossy(&run.stderr).into_owned())
+}
+
+fn precision_line(stderr: &str) -> &str {
+    stderr.lines().find(|l| l.starts_with("precision: ")).unwrap_or_else(|| panic!("no precision line: {stderr}"))
+}
+
+#[test]
+fn auto_takes_the_tier_gpu_names_and_steps_down_when_its_check_fails() {
+    let gpu = flux_lite(&["gpu"], &[]);
+    let stdout = String::from_utf8_lossy(&gpu.stdout);
+    let taken = stdout.lines().find_map(|l| l.strip_prefix("tier auto takes: ")).unwrap_or_else(|| panic!("{stdout}"));
+    let tier = taken.split([' ', '(']).next().unwrap().to_string();
+    println!("auto takes {tier} here");
+
+    let (ok, stderr) = verbose_gen(&[], &[]);
+    assert!(ok, "{stderr}");
+    assert!(precision_line(&stderr).starts_with(&format!("precision: {tier}")), "{stderr}");
+    assert!(!stderr.contains("notice:"), "{stderr}");
+
+    // The taken tier's check made to fail, as a faulty driver's would: one
+    // notice line, and the run goes on one tier down.
+    if tier == "f32" {
+        println!("skipped: auto takes f32 here, there is no tier to step down from");
+        return;
+    }
+    let (ok, stderr) = verbose_gen(&[], &[("FLUX_LITE_FAIL_TIER_PROBE", &tier)]);
+    assert!(ok, "{stderr}");
+    let notices: Vec<&str> = stderr.lines().filter(|l| l.starts_with("notice: ")).collect();
+    assert_eq!(notices.len(), 1, "{stderr}");
+    assert!(notices[0].contains(&format!("the {tier} tier failed its known-answer check")), "{stderr}");
+    let below = if tier == "matrix" { "f16" } else { "f32" };
+    assert!(precision_line(&stderr).starts_with(&format!("precision: {below}")), "{stderr}");
+}
+
+#[test]
+fn a_tier_the_adapter_lacks_is_one_error_line_and_a_bad_name_another() {
+    let gpu = flux_lite(&["gpu"], &[]);
+    let stdout = String::from_utf8_lossy(&gpu.stdout).into_owned();
+    for tier in ["f16", "matrix"] {
+        let line = stdout.lines().find(|l| l.starts_with(&format!("{tier} tier: "))).unwrap_or_else(|| panic!("{stdout}"));
+        if !line.contains("unavailable") {
+            println!("{line}: nothing to refuse");
+            continue;
+        }
+        let (ok, stderr) = verbose_gen(&["--precision", tier], &[]);
+        assert!(!ok);
+        let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error: ")).collect();
+        assert!(errors.len() == 1 && errors[0].starts_with(&format!("error: the {tier} precision tier cannot run on")), "{stderr}");
+    }
+    let (ok, stderr) = verbose_gen(&["--precision", "bf16"], &[]);
+    assert!(!ok && stderr.trim().lines().count() == 1 && stderr.contains("--precision \"bf16\": expected auto, f32, f16 or matrix"), "{stderr}");
+}

@@ -18,7 +18,7 @@ fn encode_writes_transformers_prompt_embeddings_that_gen_accepts() {
     let dir = scratch_dir("cli-encode");
     let out = dir.join("embeds.safetensors");
     let model = model_dir("tiny-a");
-    let run = flux_lite(&["encode", "--model", model.to_str().unwrap(), "--prompt", &prompt, "--output", out.to_str().unwrap()]);
+    let run = flux_lite(&["encode", "--model", model.to_str().unwrap(), "--prompt", &prompt, "--output", out.to_str().unwrap(), "--precision", "f32"]);
     assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
     let bytes = std::fs::read(&out).unwrap();
     let st = SafeTensors::deserialize(&bytes).unwrap();
@@ -33,7 +33,7 @@ fn encode_writes_transformers_prompt_embeddings_that_gen_accepts() {
     let latents = dir.join("latents.safetensors");
     let run = flux_lite(&["gen", "--model", model.to_str().unwrap(), "--embeddings", out.to_str().unwrap(), "--seed", "42"]
         .iter()
-        .chain(&["--steps", "1", "--width", "32", "--height", "32", "--output-latents", latents.to_str().unwrap()])
+        .chain(&["--steps", "1", "--width", "32", "--height", "32", "--output-latents", latents.to_str().unwrap(), "--precision", "f32"])
         .copied()
         .collect::<Vec<_>>());
     assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));

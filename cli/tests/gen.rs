@@ -28,7 +28,7 @@ fn gen(model: &str, args: &[&str]) -> std::process::Output {
         .arg("--model")
         .arg(model_dir(model))
         .args(args)
-        .arg("--quiet")
+        .args(["--quiet", "--precision", "f32"])
         .output()
         .unwrap()
 }

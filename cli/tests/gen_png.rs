@@ -51,14 +51,15 @@ fn case_args(case: &str, out: &Path) -> Vec<String> {
 /// Runs the golden case through `gen` with `extra` flags, compares the PNG
 /// within the f32 path's tolerance, and returns stderr.
 fn reproduce(case: &str, extra: &[&str]) -> String {
-    reproduce_within(case, extra, &|what, got, want| flux_lite_tests::tolerance::assert_png_close(what, got, want))
+    let extra: Vec<&str> = extra.iter().copied().chain(["--precision", "f32"]).collect();
+    reproduce_within(case, &extra, &|what, got, want| flux_lite_tests::tolerance::assert_png_close(what, got, want))
 }
 
 /// Compares a PNG's values with the golden's: `(what, got, want)`, panicking when apart.
-type ImageCheck = dyn Fn(&str, &[u8], &[u8]);
+type ImageCheck<'a> = dyn Fn(&str, &[u8], &[u8]) + 'a;
 
 /// [`reproduce`] with the image comparison `check` (another tier's bar).
-fn reproduce_within(case: &str, extra: &[&str], check: &ImageCheck) -> String {
+fn reproduce_within(case: &str, extra: &[&str], check: &ImageCheck<'_>) -> String {
     let g = Goldens::load(case);
     let c = g.case_json();
     let s = |k: &str| case_value(&c, k);
@@ -148,29 +149,17 @@ fn a_reference_image_under_guidance() {
     reproduce("tiny-b/reference-cfg", &[]);
 }
 
-/// Whether this machine's adapter runs the matrix tier; where it does not,
-/// says so (`skipped: …`), unless `FLUX_LITE_REQUIRE_MATRIX` is set (CI's
-/// run on Mesa 26), where that fails.
-fn matrix_tier_here() -> bool {
-    let line = flux_lite_tests::matrix_tier_line(env!("CARGO_BIN_EXE_flux-lite"));
-    if !line.contains("unavailable") {
-        return true;
-    }
-    assert!(std::env::var_os("FLUX_LITE_REQUIRE_MATRIX").is_none(), "FLUX_LITE_REQUIRE_MATRIX is set: {line}");
-    println!("skipped: {line}");
-    false
-}
-
-#[test]
-fn the_matrix_tier_reproduces_every_diffusers_png_within_the_tier_bar() {
-    if !matrix_tier_here() {
+/// Every diffusers PNG through `gen --precision TIER`, within the project's
+/// image bar for tiers other than f32 (max 3 levels, mean 0.2).
+fn every_png_within_the_tier_bar(tier: &str) {
+    if !flux_lite_tests::tier_here(env!("CARGO_BIN_EXE_flux-lite"), tier) {
         return;
     }
     use flux_lite_tests::tolerance::{other_tiers, png_gap};
     let within_the_tier_bar = |what: &str, got: &[u8], want: &[u8]| {
         let (max, mean) = png_gap(got, want);
-        println!("{what} on the matrix tier: max |Δ| {max}, mean |Δ| {mean:.4}");
-        assert!(max <= other_tiers::PNG_MAX_LEVELS && mean <= other_tiers::PNG_MEAN_LEVELS, "{what} on the matrix tier: max |Δ| {max}, mean |Δ| {mean:.4}");
+        println!("{what} on the {tier} tier: max |Δ| {max}, mean |Δ| {mean:.4}");
+        assert!(max <= other_tiers::PNG_MAX_LEVELS && mean <= other_tiers::PNG_MEAN_LEVELS, "{what} on the {tier} tier: max |Δ| {max}, mean |Δ| {mean:.4}");
     };
     let cases: [(&str, &[&str]); 8] = [
         ("tiny-a/one-step", &[]),
@@ -183,9 +172,19 @@ fn the_matrix_tier_reproduces_every_diffusers_png_within_the_tier_bar() {
         ("tiny-b/reference-cfg", &[]),
     ];
     for (case, extra) in cases {
-        let extra: Vec<&str> = extra.iter().copied().chain(["--precision", "matrix"]).collect();
+        let extra: Vec<&str> = extra.iter().copied().chain(["--precision", tier]).collect();
         reproduce_within(case, &extra, &within_the_tier_bar);
     }
+}
+
+#[test]
+fn the_matrix_tier_reproduces_every_diffusers_png_within_the_tier_bar() {
+    every_png_within_the_tier_bar("matrix");
+}
+
+#[test]
+fn the_f16_tier_reproduces_every_diffusers_png_within_the_tier_bar() {
+    every_png_within_the_tier_bar("f16");
 }
 
 #[test]
