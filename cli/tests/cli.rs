@@ -1,6 +1,8 @@
 //! The binary as a user meets it: output on success, one `error:` line and a
 //! non-zero exit on bad input.
 
+#![allow(clippy::unwrap_used)]
+
 use flux_lite_tests::only_an_error_line;
 use std::path::Path;
 use std::process::{Command, Output};
