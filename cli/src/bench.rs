@@ -4,7 +4,7 @@ use argh::FromArgs;
 use flux_lite_core::config::{self, Qwen3Config, TransformerConfig, VaeConfig};
 use flux_lite_platform::bench::{self, Ceilings, Figure, ShapeBench};
 use flux_lite_platform::model::ModelFolder;
-use flux_lite_platform::{Gpu, GpuOptions};
+use flux_lite_platform::{Gpu, GpuOptions, Precision};
 use std::path::Path;
 
 /// Measure throughput against the physical ceiling of the same run.
@@ -41,7 +41,7 @@ struct KernelsArgs {
     /// bf16 weights in the DF11 expansion, 0 to skip (default 16777216; 1048576 on a software adapter)
     #[argh(option)]
     df11_elements: Option<usize>,
-    /// run only these rows, comma-separated: linear, attention, blocks, vae, df11, step (default all)
+    /// run only these rows, comma-separated: linear, attention, blocks, vae, df11, step, tiers (the linears on every tier side by side) (default all)
     #[argh(option, from_str_fn(parse_rows))]
     only: Option<Vec<String>>,
     /// timed runs of each row after a warm-up; the median is reported (default 5)
@@ -52,7 +52,7 @@ struct KernelsArgs {
     precision: flux_lite_platform::Precision,
 }
 
-const ROWS: [&str; 6] = ["linear", "attention", "blocks", "vae", "df11", "step"];
+const ROWS: [&str; 7] = ["linear", "attention", "blocks", "vae", "df11", "step", "tiers"];
 
 fn parse_rows(text: &str) -> Result<Vec<String>, String> {
     let rows: Vec<String> = text.split(',').map(|r| r.trim().to_string()).collect();
@@ -190,6 +190,9 @@ fn kernels(args: &KernelsArgs) -> Result<(), String> {
             }
         }
     }
+    if want("tiers") {
+        tiers_side_by_side(&transformer, &tokens, args.repeats)?;
+    }
     if !skipped.is_empty() {
         println!();
     }
@@ -199,6 +202,55 @@ fn kernels(args: &KernelsArgs) -> Result<(), String> {
     if step_sizes.is_empty() && args.step_sizes.is_none() && want("step") {
         println!();
         println!("whole denoising steps skipped on a software adapter (ask for them with --step-sizes)");
+    }
+    Ok(())
+}
+
+/// The transformer's linears on every tier the adapter runs (f32, f16,
+/// matrix), each tier on its own device with its own ceilings measured in
+/// this run: time, share of the tier's compute ceiling (the FMA peak for f32
+/// and f16, whose sums are f32 FMAs; the matrix units' for matrix), and the
+/// speed-up over f32.
+fn tiers_side_by_side(transformer: &TransformerConfig, tokens: &[u64], repeats: usize) -> Result<(), String> {
+    let mut gpus = Vec::new();
+    let mut missing = Vec::new();
+    for tier in [Precision::F32, Precision::F16, Precision::Matrix] {
+        match Gpu::new(&GpuOptions { precision: tier, ..Default::default() }) {
+            Ok(g) => gpus.push(g),
+            Err(e) => missing.push(format!("{} tier not shown: {e}", tier.name())),
+        }
+    }
+    // Per tier: its name, its ceilings, its figures for every token count.
+    let mut measured: Vec<(&str, Ceilings, Vec<Figure>)> = Vec::new();
+    for gpu in &gpus {
+        let bench = ShapeBench::new(gpu, repeats);
+        let ceilings = bench.ceilings().map_err(|e| e.to_string())?;
+        let mut figures = Vec::new();
+        for &t in tokens {
+            figures.extend(bench.linears(transformer, t).map_err(|e| e.to_string())?);
+        }
+        measured.push((gpu.precision().name(), ceilings, figures));
+    }
+    println!();
+    println!("linears by tier (each tier's ceilings measured in this run):");
+    for (name, c, _) in &measured {
+        let matrix = c.matrix_flops.map_or(String::new(), |m| format!(", matrix units {:.1} GFLOP/s", m / 1e9));
+        println!("- {name}: FMA peak {:.1} GFLOP/s{matrix}, copy {:.1} GB/s", c.flops / 1e9, c.bytes / 1e9);
+    }
+    println!();
+    let names: Vec<&str> = measured.iter().map(|(n, _, _)| *n).collect();
+    let ratios: Vec<String> = names.iter().skip(1).map(|n| format!("{n} ÷ f32")).collect();
+    println!("| linear | shape | FLOP/byte | {} | {} |", names.iter().map(|n| format!("{n}: time (% of ceiling)")).collect::<Vec<_>>().join(" | "), ratios.join(" | "));
+    println!("|---|---|---|{}{}", "---|".repeat(names.len()), "---|".repeat(ratios.len()));
+    let (_, _, reference) = &measured[0];
+    for (i, f) in reference.iter().enumerate() {
+        let cells: Vec<String> = measured.iter().map(|(_, c, fs)| format!("{} ({:.1}%)", duration(fs[i].seconds), 100.0 * fs[i].flops as f64 / fs[i].peak(c) / fs[i].seconds.max(1e-12))).collect();
+        let speedups: Vec<String> = measured.iter().skip(1).map(|(_, _, fs)| format!("{:.2}×", f.seconds / fs[i].seconds.max(1e-12))).collect();
+        let intensity = f.flops as f64 / f.bytes as f64;
+        println!("| {} | {} | {intensity:.0} | {} | {} |", f.what, f.shape, cells.join(" | "), speedups.join(" | "));
+    }
+    for line in missing {
+        println!("{line}");
     }
     Ok(())
 }

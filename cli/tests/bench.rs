@@ -23,13 +23,20 @@ fn df11_bench_rejects_an_empty_group() {
     assert_eq!(String::from_utf8_lossy(&out.stderr).trim(), "error: --elements must be at least 1");
 }
 
-/// The rows of `bench kernels`' table: `| what | shape | time | GFLOP/s | GB/s | bound | % |`.
-fn table_rows(stdout: &str) -> Vec<Vec<String>> {
+/// The rows of the table under the header line starting `header`, e.g.
+/// `bench kernels`' main one: `| what | shape | time | GFLOP/s | GB/s | bound | % |`.
+fn rows_under(stdout: &str, header: &str) -> Vec<Vec<String>> {
     stdout
         .lines()
-        .filter(|l| l.starts_with("| ") && !l.starts_with("| what"))
+        .skip_while(|l| !l.starts_with(header))
+        .skip(2)
+        .take_while(|l| l.starts_with("| "))
         .map(|l| l.trim_matches('|').split('|').map(|c| c.trim().to_string()).collect())
         .collect()
+}
+
+fn table_rows(stdout: &str) -> Vec<Vec<String>> {
+    rows_under(stdout, "| what |")
 }
 
 #[test]
@@ -75,7 +82,7 @@ fn kernels_bench_prints_every_row_beside_the_ceilings_of_the_same_run() {
 fn kernels_bench_refuses_bad_lists_and_sizes() {
     for (args, message) in [
         (&["--tokens", "12,x"][..], "\"12,x\": expected numbers separated by commas, e.g. 768,1536"),
-        (&["--only", "linear,gemm"][..], "--only \"gemm\": expected some of linear, attention, blocks, vae, df11, step"),
+        (&["--only", "linear,gemm"][..], "--only \"gemm\": expected some of linear, attention, blocks, vae, df11, step, tiers"),
         (&["--vae-size", "40"][..], "--vae-size 40 is not a multiple of 16"),
         (&["--model", "/nonexistent/model"][..], "/nonexistent/model"),
     ] {
@@ -107,4 +114,33 @@ fn kernels_bench_on_the_matrix_tier_bounds_the_linears_by_the_matrix_units() {
     assert!(stdout.contains("precision: matrix (") && stdout.contains("matrix units "), "{stdout}");
     let rows = table_rows(&stdout);
     assert!(!rows.is_empty() && rows.iter().all(|r| r[0].starts_with("linear ") && r[5] == "matrix"), "{rows:?}");
+}
+
+#[test]
+fn kernels_bench_sets_the_tiers_side_by_side() {
+    let flux_lite = env!("CARGO_BIN_EXE_flux-lite");
+    let tiers: Vec<&str> = ["f32", "f16", "matrix"].into_iter().filter(|t| *t == "f32" || flux_lite_tests::tier_here(flux_lite, t)).collect();
+    let model = concat!(env!("CARGO_MANIFEST_DIR"), "/../test_vectors/models/tiny-a");
+    let args = ["bench", "kernels", "--model", model, "--only", "tiers", "--tokens", "40", "--repeats", "1"];
+    let out = Command::new(flux_lite).args(args).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    print!("{stdout}");
+    for tier in &tiers {
+        assert!(stdout.lines().any(|l| l.starts_with(&format!("- {tier}: FMA peak "))), "{tier}: {stdout}");
+    }
+    let rows = rows_under(&stdout, "| linear | shape | FLOP/byte |");
+    // tiny-a's five linear shapes; per row: name, shape, intensity, a cell per tier, a ratio per tier past f32.
+    assert_eq!(rows.len(), 5, "{stdout}");
+    for r in &rows {
+        assert_eq!(r.len(), 3 + 2 * tiers.len() - 1, "{r:?}");
+        assert!(r[2].parse::<f64>().is_ok_and(|v| v > 0.0), "intensity {r:?}");
+        for cell in &r[3..3 + tiers.len()] {
+            let share = cell.split('(').nth(1).and_then(|c| c.strip_suffix("%)")).unwrap_or_else(|| panic!("{cell}"));
+            assert!(share.parse::<f64>().is_ok_and(|v| v > 0.0), "{cell}");
+        }
+        for ratio in &r[3 + tiers.len()..] {
+            assert!(ratio.strip_suffix('×').is_some_and(|v| v.parse::<f64>().is_ok_and(|v| v > 0.0)), "{ratio}");
+        }
+    }
 }
