@@ -246,6 +246,20 @@ pub fn assert_rel_l2(what: &str, got: &[f32], want: &[f32], tol: f64) {
     );
 }
 
+/// A device on precision tier `tier`, or `None` after printing why there is
+/// none (`skipped: …`); where `FLUX_LITE_REQUIRE_MATRIX` is set (CI's run on
+/// Mesa 26, which offers both half tiers) a missing tier fails instead.
+pub fn tier_gpu(tier: flux_lite_platform::Precision) -> Option<Gpu> {
+    match Gpu::new(&GpuOptions { precision: tier, ..Default::default() }) {
+        Ok(gpu) => Some(gpu),
+        Err(e) if std::env::var_os("FLUX_LITE_REQUIRE_MATRIX").is_some() => panic!("FLUX_LITE_REQUIRE_MATRIX is set: {e}"),
+        Err(e) => {
+            println!("skipped: no {} tier on this adapter: {e}", tier.name());
+            None
+        }
+    }
+}
+
 /// The test device, one per test binary (lavapipe in CI).
 pub fn gpu() -> &'static Gpu {
     static GPU: OnceLock<Gpu> = OnceLock::new();
@@ -265,6 +279,11 @@ pub struct TransformerCase {
 
 impl TransformerCase {
     pub fn load(name: &'static str) -> Self {
+        Self::load_on(gpu(), name)
+    }
+
+    /// The case with its transformer on `gpu` (another precision tier's device).
+    pub fn load_on(gpu: &Gpu, name: &'static str) -> Self {
         let goldens = Goldens::load(name);
         let json = goldens.case_json();
         let field = |k: &str| json[k].clone();
@@ -277,7 +296,7 @@ impl TransformerCase {
         assert_eq!(shape.len(), 4, "{name}: noise_shape");
         let store = model.weights(Component::Transformer).unwrap_or_else(|e| panic!("{e}"));
         let transformer =
-            Transformer::new(gpu(), &model.transformer, store, WeightStrategy::ResidentBf16, None, 512, &LatentGrids::noise_only(shape[2], shape[3])).unwrap_or_else(|e| panic!("{e}"));
+            Transformer::new(gpu, &model.transformer, store, WeightStrategy::ResidentBf16, None, 512, &LatentGrids::noise_only(shape[2], shape[3])).unwrap_or_else(|e| panic!("{e}"));
         let steps = field("steps").as_u64().unwrap_or_else(|| panic!("{name}: steps")) as usize;
         let cfg = field("cfg").as_bool().unwrap_or_else(|| panic!("{name}: cfg"));
         Self { name, goldens, transformer, steps, cfg }

@@ -1,0 +1,81 @@
+//! The stages on the half tiers (f16 and, where the adapter offers it,
+//! matrix) against the same diffusers/transformers goldens as the f32 path,
+//! each within the bound `tolerance::other_tiers` states for it: the text
+//! encoder's embedding, every step's velocity, and the VAE's decode.
+
+#![allow(clippy::unwrap_used)]
+
+use flux_lite_platform::components::text_encoder::TextEncoder;
+use flux_lite_platform::components::vae::VaeDecoder;
+use flux_lite_platform::model::{Component, ModelFolder};
+use flux_lite_platform::{Gpu, Precision};
+use flux_lite_tests::tolerance::other_tiers;
+use flux_lite_tests::{model_dir, rel_l2, tier_gpu, Goldens, TransformerCase, CASES};
+
+/// Each half tier this adapter runs.
+fn half_tiers() -> Vec<Gpu> {
+    [Precision::F16, Precision::Matrix].into_iter().filter_map(tier_gpu).collect()
+}
+
+fn check(what: &str, got: &[f32], want: &[f32], tol: f64) -> f64 {
+    let (err, worst) = rel_l2(got, want);
+    println!("{what}: relative L2 {err:.2e}");
+    assert!(err <= tol, "{what}: relative L2 {err:.3e} > {tol:.0e}; worst element {worst}: got {} want {}", got[worst], want[worst]);
+    err
+}
+
+#[test]
+fn text_encoder_on_the_half_tiers() {
+    for gpu in half_tiers() {
+        let tier = gpu.precision().name();
+        for case in CASES {
+            let g = Goldens::load(case);
+            let folder = ModelFolder::open(&model_dir(g.case_json()["model"].as_str().unwrap())).unwrap();
+            let store = folder.weights(Component::TextEncoder).unwrap();
+            let picks = folder.text_encoder.output_layers();
+            let enc = TextEncoder::new(&gpu, &folder.text_encoder, store, flux_lite_core::plan::WeightStrategy::ResidentBf16, 512, picks).unwrap();
+            let ids = |name: &str| -> Vec<u32> { g.i64(name).0.iter().map(|&v| u32::try_from(v).unwrap()).collect() };
+            let got = enc.encode(&gpu, &ids("input_ids"), &ids("attention_mask"), &mut |_| {}).unwrap();
+            check(&format!("{tier} {case} prompt_embeds"), &got, &g.f32("prompt_embeds").0, other_tiers::TEXT_ENCODER);
+        }
+    }
+}
+
+#[test]
+fn velocities_on_the_half_tiers() {
+    for gpu in half_tiers() {
+        let tier = gpu.precision().name();
+        for name in CASES {
+            let c = TransformerCase::load_on(&gpu, name);
+            let g = &c.goldens;
+            c.transformer.set_prompt(&gpu, &g.f32("prompt_embeds").0).unwrap();
+            let (timesteps, _) = g.f32("timesteps");
+            // Each step from diffusers' own latents, so every step's error is the tier's alone.
+            for (i, &t) in timesteps.iter().enumerate().take(c.steps) {
+                let input = if i == 0 { g.f32("noise").0 } else { g.f32(&format!("latents.{}", i - 1)).0 };
+                c.transformer.set_latents(&gpu, &input).unwrap();
+                c.transformer.forward(&gpu, t, &mut |_| {}).unwrap();
+                let velocity = if c.cfg { format!("velocity_pos.{i}") } else { format!("velocity.{i}") };
+                check(&format!("{tier} {name} {velocity}"), &c.transformer.velocity(&gpu).unwrap(), &g.f32(&velocity).0, other_tiers::VELOCITY);
+            }
+        }
+    }
+}
+
+#[test]
+fn vae_decode_on_the_half_tiers() {
+    for gpu in half_tiers() {
+        let tier = gpu.precision().name();
+        for case in CASES {
+            let g = Goldens::load(case);
+            let json = g.case_json();
+            let size = |k: &str| json[k].as_u64().unwrap() as usize;
+            let m = ModelFolder::open(&model_dir(json["model"].as_str().unwrap())).unwrap();
+            let store = m.weights(Component::Vae).unwrap();
+            let mut vae = VaeDecoder::new(&gpu, &m.vae, &store, size("width"), size("height"), None).unwrap();
+            let latents = g.f32(&format!("latents.{}", size("steps") - 1)).0;
+            let out = vae.decode(&gpu, &latents, &mut |_| {}).unwrap();
+            check(&format!("{tier} {case} decoded"), &out.decoded, &g.f32("decoded").0, other_tiers::VAE_DECODED);
+        }
+    }
+}
