@@ -44,6 +44,8 @@ pub const ALL_KERNELS: &[Kernel] = &[
     linear::LINEAR_MATRIX_16,
     conv::CONV2D_MATRIX_8,
     conv::CONV2D_MATRIX_16,
+    attention::ATTENTION_MATRIX_8,
+    attention::ATTENTION_MATRIX_16,
     bench::MATRIX_PEAK_8,
     bench::MATRIX_PEAK_16,
 ];

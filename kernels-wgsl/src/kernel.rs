@@ -26,6 +26,10 @@ pub enum Module {
     ConvMatrix8,
     /// The matrix tier's conv2d with 16×16 cooperative-matrix tiles.
     ConvMatrix16,
+    /// The matrix tier's attention with 8×8 cooperative-matrix tiles.
+    AttentionMatrix8,
+    /// The matrix tier's attention with 16×16 cooperative-matrix tiles.
+    AttentionMatrix16,
     /// The matrix units' ceiling (`bench`) with 8×8 tiles.
     BenchMatrix8,
     /// The matrix units' ceiling (`bench`) with 16×16 tiles.
@@ -33,7 +37,7 @@ pub enum Module {
 }
 
 impl Module {
-    pub const ALL: [Module; 17] = [
+    pub const ALL: [Module; 19] = [
         Module::Linear,
         Module::Norm,
         Module::Rope,
@@ -49,6 +53,8 @@ impl Module {
         Module::LinearMatrix16,
         Module::ConvMatrix8,
         Module::ConvMatrix16,
+        Module::AttentionMatrix8,
+        Module::AttentionMatrix16,
         Module::BenchMatrix8,
         Module::BenchMatrix16,
     ];
@@ -70,6 +76,8 @@ impl Module {
             Module::LinearMatrix16 => "linear_matrix (16×16 tiles)",
             Module::ConvMatrix8 => "conv_matrix (8×8 tiles)",
             Module::ConvMatrix16 => "conv_matrix (16×16 tiles)",
+            Module::AttentionMatrix8 => "attention_matrix (8×8 tiles)",
+            Module::AttentionMatrix16 => "attention_matrix (16×16 tiles)",
             Module::BenchMatrix8 => "bench_matrix (8×8 tiles)",
             Module::BenchMatrix16 => "bench_matrix (16×16 tiles)",
         }
@@ -89,14 +97,21 @@ impl Module {
     pub fn is_matrix(self) -> bool {
         matches!(
             self,
-            Module::LinearMatrix8 | Module::LinearMatrix16 | Module::ConvMatrix8 | Module::ConvMatrix16 | Module::BenchMatrix8 | Module::BenchMatrix16
+            Module::LinearMatrix8
+                | Module::LinearMatrix16
+                | Module::ConvMatrix8
+                | Module::ConvMatrix16
+                | Module::AttentionMatrix8
+                | Module::AttentionMatrix16
+                | Module::BenchMatrix8
+                | Module::BenchMatrix16
         )
     }
 
     pub fn source(self) -> &'static str {
         macro_rules! with_common {
-            ($file:literal) => {
-                concat!(include_str!("kernels/common.wgsl"), "\n", include_str!(concat!("kernels/", $file)))
+            ($($file:literal),+) => {
+                concat!(include_str!("kernels/common.wgsl"), $("\n", include_str!(concat!("kernels/", $file))),+)
             };
         }
         // The GEMM tiling's two tiers (gemm_tiles.wgsl): the f32 tier, and
@@ -144,7 +159,7 @@ impl Module {
             Module::LinearHalf => with_gemm!(f16, "linear_io.wgsl", "linear.wgsl"),
             Module::Norm => with_common!("norm.wgsl"),
             Module::Rope => with_common!("rope.wgsl"),
-            Module::Attention => with_common!("attention.wgsl"),
+            Module::Attention => with_common!("attention_io.wgsl", "attention.wgsl"),
             Module::Elementwise => with_common!("elementwise.wgsl"),
             Module::Conv => with_gemm!(f32, "conv_io.wgsl", "conv.wgsl"),
             Module::ConvHalf => with_gemm!(f16, "conv_io.wgsl", "conv.wgsl"),
@@ -155,6 +170,8 @@ impl Module {
             Module::LinearMatrix16 => with_matrix!("16", "linear_io.wgsl", "linear_matrix.wgsl", "matrix_tiles.wgsl"),
             Module::ConvMatrix8 => with_matrix!("8", "conv_io.wgsl", "conv_matrix.wgsl", "matrix_tiles.wgsl"),
             Module::ConvMatrix16 => with_matrix!("16", "conv_io.wgsl", "conv_matrix.wgsl", "matrix_tiles.wgsl"),
+            Module::AttentionMatrix8 => with_matrix!("8", "attention_io.wgsl", "attention_matrix.wgsl"),
+            Module::AttentionMatrix16 => with_matrix!("16", "attention_io.wgsl", "attention_matrix.wgsl"),
             Module::BenchMatrix8 => with_matrix!("8", "bench_matrix.wgsl"),
             Module::BenchMatrix16 => with_matrix!("16", "bench_matrix.wgsl"),
         }

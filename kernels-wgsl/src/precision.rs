@@ -3,15 +3,15 @@
 //! - `f32`: scalar f32 FMA everywhere (the reference tier; its goldens never move).
 //! - `f16`: the linear layers and the VAE's convolutions stage their tiles in
 //!   workgroup memory as f16 (half the bytes and bandwidth) and sum in f32.
-//! - `matrix`: the linear layers and the VAE's convolutions on the adapter's
-//!   cooperative-matrix units (Vulkan `VK_KHR_cooperative_matrix`, Metal
-//!   simdgroup matrices), f16 operands into an f32 accumulator, in the tile
-//!   size the adapter lists.
+//! - `matrix`: the linear layers, the VAE's convolutions and attention's two
+//!   products (heads up to 128 wide) on the adapter's cooperative-matrix units
+//!   (Vulkan `VK_KHR_cooperative_matrix`, Metal simdgroup matrices), f16
+//!   operands into an f32 accumulator, in the tile size the adapter lists.
 //!
 //! Both half tiers round operands to f16 under one range rule
 //! (`kernels/range_rule.wgsl`): per row of each operand, a power-of-two scale
 //! that keeps values inside f16's normal range. The other kernels (norms,
-//! attention, RoPE, elementwise) run f32 on every tier.
+//! RoPE, softmax, elementwise; attention below the matrix tier) run f32.
 //!
 //! The tier is chosen when the device is made ([`crate::GpuOptions::precision`]);
 //! [`Precision::Auto`] takes the best the adapter offers and proves it with a

@@ -29,7 +29,14 @@ pub fn half_gpu() -> Option<Gpu> {
 }
 
 fn tier_gpu(tier: crate::Precision) -> Option<Gpu> {
-    match Gpu::new(&GpuOptions { precision: tier, ..Default::default() }) {
+    tier_gpu_with(GpuOptions { precision: tier, ..Default::default() })
+}
+
+/// A device made with `options` (a half tier among them), or `None` after
+/// printing why (as [`matrix_gpu`]).
+pub fn tier_gpu_with(options: GpuOptions) -> Option<Gpu> {
+    let tier = options.precision;
+    match Gpu::new(&options) {
         Ok(gpu) => Some(gpu),
         Err(e) if std::env::var_os("FLUX_LITE_REQUIRE_MATRIX").is_some() => panic!("FLUX_LITE_REQUIRE_MATRIX is set: {e}"),
         Err(e) => {

@@ -42,11 +42,12 @@ pub mod other_tiers {
     // Each linear or convolution rounds both operands to f16 (2⁻¹¹ relative
     // each, ~1.5e-4 relative L2 per product on random data); a stage chains
     // several, so its error is a few of those. About 2.5× the worst measured.
-    /// Text encoder vs transformers: measured 3.9e-4 – 8.0e-4 on both tiers
-    /// (Mesa 22.3.6 f16, Mesa 26.2.6 f16 and matrix 8×8, 2026-11-25).
+    /// Text encoder vs transformers: measured 3.9e-4 – 8.7e-4 on both tiers
+    /// (Mesa 22.3.6 f16, Mesa 26.2.6 f16 and matrix 8×8 with attention on
+    /// matrix units, 2026-11-25).
     pub const TEXT_ENCODER: f64 = 2e-3;
     /// Each step's velocity vs diffusers, from diffusers' latents: measured
-    /// 3.9e-4 – 6.5e-4 (the same runs).
+    /// 3.8e-4 – 6.6e-4 (the same runs).
     pub const VELOCITY: f64 = 1.5e-3;
     /// The VAE decoder's output vs diffusers: measured 6.7e-4 – 8.9e-4 (the same runs).
     pub const VAE_DECODED: f64 = 2e-3;

@@ -46,6 +46,12 @@ pub const ATTENTION: Kernel = kernel(
     size_of::<AttentionParams>(),
     false,
 );
+/// The matrix tier's attention (`attention_matrix.wgsl`), one module per
+/// tile size; its workgroup is one subgroup, set by the `WG` override.
+pub const ATTENTION_MATRIX_8: Kernel = Kernel { module: Module::AttentionMatrix8, entry: "attention_matrix", workgroup_size: [0, 1, 1], ..ATTENTION };
+pub const ATTENTION_MATRIX_16: Kernel = Kernel { module: Module::AttentionMatrix16, ..ATTENTION_MATRIX_8 };
+/// The widest head the matrix tier's attention takes; wider ones run `attention.wgsl`.
+pub const ATTENTION_MATRIX_MAX_HEAD_DIM: u64 = 128;
 /// Queries per attention workgroup and the largest head dim the kernel takes.
 pub const ATTENTION_QUERIES_PER_GROUP: u32 = 16;
 pub const ATTENTION_MAX_HEAD_DIM: u32 = 512;
@@ -103,7 +109,9 @@ pub fn attention(
     let q_rows = Rows::mat(q, s.q_heads * s.head_dim, "attention queries");
     let o_rows = Rows::mat(o, s.q_heads * s.head_dim, "attention output");
     let lse_rows = lse.map(|l| Rows { buf: l.buf, elem_bytes: 4, offset: l.offset, stride: s.q_heads, width: s.q_heads, what: "attention log-sum-exp" });
-    let per_group = ATTENTION_QUERIES_PER_GROUP as u64;
+    // The matrix tier's kernel where the head fits it: T queries per workgroup.
+    let matrix = gpu.matrix().filter(|_| s.head_dim <= ATTENTION_MATRIX_MAX_HEAD_DIM);
+    let per_group = matrix.map_or(ATTENTION_QUERIES_PER_GROUP as u64, |c| c.size as u64);
     let operands: Vec<Rows<'_>> = [q_rows, o_rows].into_iter().chain(lse_rows).collect();
     for rows in row_chunks(gpu, s.q_len, &operands, per_group)? {
         let qw = q_rows.window(gpu, &rows)?;
@@ -137,8 +145,14 @@ pub fn attention(
         };
         let grid = [to_u32((rows.end - rows.start).div_ceil(per_group), "attention query blocks")?, s.q_heads as u32, 1];
         let bindings = [(1, &qw), (2, &kw), (3, &vw), (4, &mw), (5, &ow), (6, &lw)];
-        let slots = s.head_dim.div_ceil(64).max(1) as u32;
-        dispatch(gpu, sink, Launch { kernel: &ATTENTION, constants: &[("SLOTS", slots)], params, grid }, &bindings);
+        let launch = match matrix {
+            None => Launch { kernel: &ATTENTION, constants: &[("SLOTS", s.head_dim.div_ceil(64).max(1) as u32)], params, grid },
+            Some(c) => {
+                let kernel = if c.size == 16 { &ATTENTION_MATRIX_16 } else { &ATTENTION_MATRIX_8 };
+                Launch { kernel, constants: &[("WG", c.subgroup)], params, grid }
+            }
+        };
+        dispatch(gpu, sink, launch, &bindings);
     }
     Ok(())
 }
@@ -165,10 +179,16 @@ mod tests {
     }
 
     fn check_attention(gpu: &Gpu, c: AttnCase, seed: u64) {
+        check_attention_within(gpu, c, seed, [1.0; 3], F32_TOL);
+    }
+
+    /// [`check_attention`] with q, k and v scaled by `scales` (random normals
+    /// otherwise), within relative L2 `tol` of the f64 oracle.
+    fn check_attention_within(gpu: &Gpu, c: AttnCase, seed: u64, scales: [f32; 3], tol: f64) {
         let mut rng = Rng::new(seed);
-        let q = rng.normals(c.q_len * c.q_heads * c.head_dim, 1.0);
-        let k = rng.normals(c.kv_len * c.kv_heads * c.head_dim, 1.0);
-        let v = rng.normals(c.kv_len * c.kv_heads * c.head_dim, 1.0);
+        let q = rng.normals(c.q_len * c.q_heads * c.head_dim, scales[0]);
+        let k = rng.normals(c.kv_len * c.kv_heads * c.head_dim, scales[1]);
+        let v = rng.normals(c.kv_len * c.kv_heads * c.head_dim, scales[2]);
         let keep: Vec<u32> = (0..c.kv_len).map(|j| (j < c.kv_len - c.padded_keys) as u32).collect();
         let scale = 1.0 / (c.head_dim as f64).sqrt();
         let shape = r::AttentionShape {
@@ -200,12 +220,50 @@ mod tests {
             let kw = (c.kv_heads * c.head_dim) as u64;
             attention(gpu, enc, Qkv { q: Mat::new(&qb, qw), k: Mat::new(&kb, kw), v: Mat::new(&vb, kw) }, mask.map(|_| &*mb), Mat::new(&ob, qw), None, s)
         });
-        assert_close(
-            &format!("attention {}x{} heads {}/{} d {} causal={}", c.q_len, c.kv_len, c.q_heads, c.kv_heads, c.head_dim, c.causal),
-            &got,
-            &want,
-            F32_TOL,
-        );
+        let what = format!("{} attention {}x{} heads {}/{} d {} causal={} scales {scales:?}", gpu.precision().name(), c.q_len, c.kv_len, c.q_heads, c.kv_heads, c.head_dim, c.causal);
+        assert!(got.iter().all(|v| v.is_finite()), "{what}: Inf or NaN");
+        if tol > F32_TOL {
+            println!("{what}: relative L2 {:.2e}", rel_l2(&got, &want));
+        }
+        assert_close(&what, &got, &want, tol);
+    }
+
+    /// The matrix tier's attention against the exact f64 attention: q, k,
+    /// probabilities and v rounded to f16 (2⁻¹¹ relative each) move these
+    /// random cases by 2.0e-4 – 4.0e-4 relative L2 (Mesa 26's lavapipe, 8×8
+    /// tiles, 2026-11-25).
+    const MATRIX_ATTENTION_TOL: f64 = 1e-3;
+
+    #[test]
+    fn attention_on_matrix_units_matches_the_oracle() {
+        let Some(gpu) = matrix_gpu() else { return };
+        let tol = MATRIX_ATTENTION_TOL;
+        let one = [1.0; 3];
+        check_attention_within(&gpu, AttnCase { q_len: 45, kv_len: 45, q_heads: 3, kv_heads: 3, head_dim: 24, causal: false, padded_keys: 0 }, 12, one, tol);
+        check_attention_within(&gpu, AttnCase { q_len: 37, kv_len: 37, q_heads: 8, kv_heads: 2, head_dim: 16, causal: true, padded_keys: 9 }, 13, one, tol);
+        check_attention_within(&gpu, AttnCase { q_len: 70, kv_len: 70, q_heads: 2, kv_heads: 2, head_dim: 128, causal: false, padded_keys: 0 }, 16, one, tol);
+        check_attention_within(&gpu, AttnCase { q_len: 33, kv_len: 33, q_heads: 4, kv_heads: 2, head_dim: 100, causal: true, padded_keys: 3 }, 17, one, tol);
+        check_attention_within(&gpu, AttnCase { q_len: 21, kv_len: 21, q_heads: 3, kv_heads: 3, head_dim: 18, causal: false, padded_keys: 0 }, 18, one, tol);
+        // Wider heads than the matrix kernel takes run the f32 one, exactly as on the f32 tier.
+        check_attention_within(&gpu, AttnCase { q_len: 50, kv_len: 50, q_heads: 1, kv_heads: 1, head_dim: 512, causal: false, padded_keys: 0 }, 14, one, F32_TOL);
+    }
+
+    #[test]
+    fn attention_on_matrix_units_keeps_values_beyond_f16_finite_and_close() {
+        // The range rule: queries of 1e-6 (scores near zero, near-uniform
+        // weights), keys of 1e3 with queries of 1e-3, values of 1e5: f32 is
+        // finite, and so is the matrix tier, as close as for ordinary values.
+        let Some(gpu) = matrix_gpu() else { return };
+        let case = || AttnCase { q_len: 19, kv_len: 23, q_heads: 2, kv_heads: 2, head_dim: 32, causal: false, padded_keys: 2 };
+        for (seed, scales) in [(61, [1e-6, 1.0, 1.0]), (62, [1e-3, 1e3, 1.0]), (63, [1.0, 1.0, 1e5]), (64, [1.0, 1.0, 1e-6])] {
+            check_attention_within(&gpu, case(), seed, scales, MATRIX_ATTENTION_TOL);
+        }
+    }
+
+    #[test]
+    fn attention_on_matrix_units_splits_queries_and_keeps_causality() {
+        let Some(gpu) = tier_gpu_with(crate::GpuOptions { precision: crate::Precision::Matrix, max_storage_binding: Some(8 << 10), ..Default::default() }) else { return };
+        check_attention_within(&gpu, AttnCase { q_len: 60, kv_len: 60, q_heads: 2, kv_heads: 1, head_dim: 8, causal: true, padded_keys: 5 }, 15, [1.0; 3], MATRIX_ATTENTION_TOL);
     }
 
     #[test]
@@ -245,8 +303,17 @@ mod tests {
     /// host: equals attention over all keys; each chunk's log-sum-exp equals f64.
     #[test]
     fn attention_over_key_chunks_merges_by_log_sum_exp() {
+        merge_key_chunks(gpu(), F32_TOL);
+    }
+
+    #[test]
+    fn attention_on_matrix_units_over_key_chunks_merges_by_log_sum_exp() {
+        let Some(gpu) = matrix_gpu() else { return };
+        merge_key_chunks(&gpu, MATRIX_ATTENTION_TOL);
+    }
+
+    fn merge_key_chunks(gpu: &Gpu, tol: f64) {
         use flux_lite_core::bands::AttentionMerge;
-        let gpu = gpu();
         let (q_len, kv_len, heads, d) = (21usize, 40usize, 2usize, 24usize);
         let mut rng = Rng::new(71);
         let (q, k, v) = (rng.normals(q_len * heads * d, 1.0), rng.normals(kv_len * heads * d, 1.0), rng.normals(kv_len * heads * d, 1.0));
@@ -277,10 +344,10 @@ mod tests {
                     m + scores.iter().map(|s| (s - m).exp()).sum::<f64>().ln()
                 })
                 .collect();
-            assert_close(&format!("attention log-sum-exp keys {k0}..{k1}"), &lse, &want_lse, F32_TOL);
+            assert_close(&format!("attention log-sum-exp keys {k0}..{k1}"), &lse, &want_lse, tol);
             merge.add(&out, &lse);
         }
-        assert_close("attention merged over key chunks", &merge.finish(), &want, F32_TOL);
+        assert_close("attention merged over key chunks", &merge.finish(), &want, tol);
     }
 
 

@@ -10,25 +10,8 @@
 // Causal: local query i sits at position q_position + i (so queries can be
 // split into windows) and sees keys 0..=that position. With write_lse, each
 // row's log Σ exp(score) lands in lse[lse_offset + row·q_heads + head], so a
-// caller can combine attention over separate key chunks.
-
-struct Params {
-    q_len: u32, kv_len: u32, q_heads: u32, kv_heads: u32, head_dim: u32,
-    q_offset: u32, q_stride: u32,
-    k_offset: u32, k_stride: u32,
-    v_offset: u32, v_stride: u32,
-    o_offset: u32, o_stride: u32,
-    scale: f32, causal: u32, use_mask: u32, mask_offset: u32,
-    q_position: u32, lse_offset: u32, write_lse: u32,
-}
-
-@group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read_write> q: array<f32>;
-@group(0) @binding(2) var<storage, read_write> k: array<f32>;
-@group(0) @binding(3) var<storage, read_write> v: array<f32>;
-@group(0) @binding(4) var<storage, read> key_keep: array<u32>;
-@group(0) @binding(5) var<storage, read_write> o: array<f32>;
-@group(0) @binding(6) var<storage, read_write> lse: array<f32>;
+// caller can combine attention over separate key chunks. Interface in
+// attention_io.wgsl.
 
 // Output dims per invocation: ⌈head_dim / 64⌉, set by the host so the slot
 // loops have a constant trip count.
@@ -40,8 +23,6 @@ const THREADS: u32 = 64u;
 // Dims of q and k staged per pass, and the padded row length in vec4s.
 const DC: u32 = 64u;
 const ROW: u32 = 17u;
-// Marks a masked score; every real score is larger.
-const MASKED: f32 = -3.0e38;
 
 var<workgroup> q_tile: array<vec4<f32>, 272>; // [BQ][ROW]
 var<workgroup> k_tile: array<vec4<f32>, 272>; // [BK][ROW]
@@ -49,13 +30,6 @@ var<workgroup> scores: array<f32, 256>; // [BQ][BK], then the tile's probabiliti
 var<workgroup> row_max: array<f32, 16>;
 var<workgroup> row_sum: array<f32, 16>;
 var<workgroup> row_rescale: array<f32, 16>;
-
-fn visible(qi: u32, kj: u32) -> bool {
-    if (qi >= p.q_len || kj >= p.kv_len) { return false; }
-    if (p.causal != 0u && kj > qi + p.q_position) { return false; }
-    if (p.use_mask != 0u && key_keep[p.mask_offset + kj] == 0u) { return false; }
-    return true;
-}
 
 @compute @workgroup_size(64)
 fn attention(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {

@@ -14,7 +14,7 @@ pub mod rope;
 pub mod vae;
 
 // Each family's launchers and shapes, callable as `kernels::linear(..)`.
-pub use attention::{attention, Attention, Qkv, ATTENTION_MAX_HEAD_DIM, ATTENTION_QUERIES_PER_GROUP};
+pub use attention::{attention, Attention, Qkv, ATTENTION_MATRIX_MAX_HEAD_DIM, ATTENTION_MAX_HEAD_DIM, ATTENTION_QUERIES_PER_GROUP};
 pub use bench::{copy_peak, fma_peak, matrix_peak, FMA_PEAK_FMAS_PER_ITERATION, MATRIX_PEAK_CHAINS};
 pub use conv::{conv2d, upsample_nearest2x};
 pub use df11::{df11_decode, Df11Arrays, DF11_BLOCK_BYTES};

@@ -214,7 +214,7 @@ impl<'g> ShapeBench<'g> {
             seconds: self.timer.median(&d, self.repeats)?,
             flops: op.flops(),
             bytes: 4 * 4 * tokens * width,
-            matrix: false,
+            matrix: gpu.matrix().is_some() && hd <= kernels::ATTENTION_MATRIX_MAX_HEAD_DIM,
         })
     }
 

@@ -1,0 +1,33 @@
+// The attention family's interface, shared by `attention.wgsl` (f32, every
+// tier) and `attention_matrix.wgsl` (matrix tier): the parameter block
+// (AttentionParams on the host), the bindings, and which scores a query sees.
+
+struct Params {
+    q_len: u32, kv_len: u32, q_heads: u32, kv_heads: u32, head_dim: u32,
+    q_offset: u32, q_stride: u32,
+    k_offset: u32, k_stride: u32,
+    v_offset: u32, v_stride: u32,
+    o_offset: u32, o_stride: u32,
+    scale: f32, causal: u32, use_mask: u32, mask_offset: u32,
+    q_position: u32, lse_offset: u32, write_lse: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read_write> q: array<f32>;
+@group(0) @binding(2) var<storage, read_write> k: array<f32>;
+@group(0) @binding(3) var<storage, read_write> v: array<f32>;
+@group(0) @binding(4) var<storage, read> key_keep: array<u32>;
+@group(0) @binding(5) var<storage, read_write> o: array<f32>;
+@group(0) @binding(6) var<storage, read_write> lse: array<f32>;
+
+// Marks a masked score; every real score is larger.
+const MASKED: f32 = -3.0e38;
+
+// Whether local query qi sees key kj: inside both lengths, not after the
+// query's position when causal, and not masked out.
+fn visible(qi: u32, kj: u32) -> bool {
+    if (qi >= p.q_len || kj >= p.kv_len) { return false; }
+    if (p.causal != 0u && kj > qi + p.q_position) { return false; }
+    if (p.use_mask != 0u && key_keep[p.mask_offset + kj] == 0u) { return false; }
+    return true;
+}

@@ -1,0 +1,187 @@
+// softmax(q·kᵀ·scale + mask)·v on cooperative-matrix units: the matrix
+// tier's attention, with attention.wgsl's online softmax, masks, grouped
+// heads and log-sum-exp (interface in attention_io.wgsl).
+//
+// One workgroup, which is one subgroup of WG invocations, handles T queries
+// of one head; keys stream through in tiles of T. Both products run on T×T
+// f16 tiles into f32 accumulators: the scores S = Q·Kᵀ over head_dim in
+// chunks of T, then O += P·V for each chunk of T output dims. Operands are
+// rounded to f16 under range_rule.wgsl's rule: per query and per key over
+// the whole head_dim, per row of probabilities and per value column within
+// a key tile. The softmax and the running output stay f32 in workgroup
+// memory. Head dims up to MAX_DIM (FLUX's 128); the launcher sends wider
+// heads (the VAE's single 512-wide head) to attention.wgsl.
+
+override WG: u32 = 8u;
+const MAX_DIM: u32 = 128u;
+
+var<workgroup> a_tile: array<f16, T * T>;
+var<workgroup> b_tile: array<f16, T * T>;
+// The scores, then the tile's probabilities (f32, row-major).
+var<workgroup> s_tile: array<f32, T * T>;
+// One chunk of P·V, and zeros to start each product's accumulator from.
+var<workgroup> pv_tile: array<f32, T * T>;
+var<workgroup> zero_tile: array<f32, T * T>;
+// The running output, [T][MAX_DIM].
+var<workgroup> o_acc: array<f32, T * MAX_DIM>;
+var<workgroup> q_scale: array<f32, T>;
+var<workgroup> k_scale: array<f32, T>;
+var<workgroup> p_scale: array<f32, T>;
+var<workgroup> v_scale: array<f32, T>;
+var<workgroup> row_max: array<f32, T>;
+var<workgroup> row_sum: array<f32, T>;
+var<workgroup> row_rescale: array<f32, T>;
+
+// Query q0 + r, key or value k0 + j of head h (kv head kvh) at dim d; zero past the tensors.
+fn q_at(h: u32, q0: u32, r: u32, d: u32) -> f32 {
+    if (q0 + r < p.q_len && d < p.head_dim) {
+        return q[p.q_offset + (q0 + r) * p.q_stride + h * p.head_dim + d];
+    }
+    return 0.0;
+}
+
+fn k_at(kvh: u32, k0: u32, j: u32, d: u32) -> f32 {
+    if (k0 + j < p.kv_len && d < p.head_dim) {
+        return k[p.k_offset + (k0 + j) * p.k_stride + kvh * p.head_dim + d];
+    }
+    return 0.0;
+}
+
+fn v_at(kvh: u32, k0: u32, j: u32, d: u32) -> f32 {
+    if (k0 + j < p.kv_len && d < p.head_dim) {
+        return v[p.v_offset + (k0 + j) * p.v_stride + kvh * p.head_dim + d];
+    }
+    return 0.0;
+}
+
+// The product of the staged a_tile and b_tile, started from zero.
+fn staged_product() -> MatC {
+    return coopMultiplyAdd(coopLoadT<MatA>(&a_tile[0], T), coopLoadT<MatB>(&b_tile[0], T), coopLoadT<MatC>(&zero_tile[0], T));
+}
+
+@compute @workgroup_size(WG)
+fn attention_matrix(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+    let h = wid.y;
+    let kvh = h / (p.q_heads / p.kv_heads);
+    let q0 = wid.x * T;
+    // head_dim rounded up to whole tiles (the dims past it are zeros).
+    let dims = (p.head_dim + T - 1u) / T * T;
+    for (var i = li; i < T * MAX_DIM; i += WG) {
+        o_acc[i] = 0.0;
+    }
+    for (var i = li; i < T * T; i += WG) {
+        zero_tile[i] = 0.0;
+    }
+    for (var r = li; r < T; r += WG) {
+        var largest = 0.0;
+        for (var d = 0u; d < p.head_dim; d++) {
+            largest = max(largest, abs(q_at(h, q0, r, d)));
+        }
+        q_scale[r] = range_scale(largest);
+        row_max[r] = MASKED;
+        row_sum[r] = 0.0;
+    }
+    var k_end = p.kv_len;
+    if (p.causal != 0u) {
+        k_end = min(p.kv_len, q0 + T + p.q_position);
+    }
+    workgroupBarrier();
+    for (var k0 = 0u; k0 < k_end; k0 += T) {
+        for (var j = li; j < T; j += WG) {
+            var largest = 0.0;
+            for (var d = 0u; d < p.head_dim; d++) {
+                largest = max(largest, abs(k_at(kvh, k0, j, d)));
+            }
+            k_scale[j] = range_scale(largest);
+        }
+        workgroupBarrier();
+        // S = Q·Kᵀ: A[r, t] = Q[q0 + r, d0 + t], B[t, j] = K[k0 + j, d0 + t].
+        var scores = coopLoadT<MatC>(&zero_tile[0], T);
+        for (var d0 = 0u; d0 < dims; d0 += T) {
+            for (var i = li; i < T * T; i += WG) {
+                let r = i / T;
+                let c = i % T;
+                a_tile[i] = f16(q_at(h, q0, r, d0 + c) / q_scale[r]);
+                b_tile[i] = f16(k_at(kvh, k0, c, d0 + r) / k_scale[c]);
+            }
+            workgroupBarrier();
+            scores = coopMultiplyAdd(coopLoadT<MatA>(&a_tile[0], T), coopLoadT<MatB>(&b_tile[0], T), scores);
+            workgroupBarrier();
+        }
+        coopStoreT(scores, &s_tile[0], T);
+        workgroupBarrier();
+        // The online softmax, one query row per invocation.
+        for (var r = li; r < T; r += WG) {
+            let m_old = row_max[r];
+            var m_new = m_old;
+            for (var j = 0u; j < T; j++) {
+                var s = MASKED;
+                if (visible(q0 + r, k0 + j)) {
+                    s = s_tile[r * T + j] * q_scale[r] * k_scale[j] * p.scale;
+                }
+                s_tile[r * T + j] = s;
+                m_new = max(m_new, s);
+            }
+            var tile_sum = 0.0;
+            var largest = 0.0;
+            for (var j = 0u; j < T; j++) {
+                let s = s_tile[r * T + j];
+                var pr = 0.0;
+                if (s > MASKED) {
+                    pr = exp(s - m_new);
+                }
+                s_tile[r * T + j] = pr;
+                tile_sum += pr;
+                largest = max(largest, pr);
+            }
+            let rescale = exp(m_old - m_new);
+            row_rescale[r] = rescale;
+            row_sum[r] = row_sum[r] * rescale + tile_sum;
+            row_max[r] = m_new;
+            p_scale[r] = range_scale(largest);
+        }
+        workgroupBarrier();
+        // O = O·rescale + P·V, T output dims at a time: A = P, B[j, c] = V[k0 + j, d0 + c].
+        for (var d0 = 0u; d0 < dims; d0 += T) {
+            for (var c = li; c < T; c += WG) {
+                var largest = 0.0;
+                for (var j = 0u; j < T; j++) {
+                    largest = max(largest, abs(v_at(kvh, k0, j, d0 + c)));
+                }
+                v_scale[c] = range_scale(largest);
+            }
+            workgroupBarrier();
+            for (var i = li; i < T * T; i += WG) {
+                let r = i / T;
+                let c = i % T;
+                a_tile[i] = f16(s_tile[i] / p_scale[r]);
+                b_tile[i] = f16(v_at(kvh, k0, r, d0 + c) / v_scale[c]);
+            }
+            workgroupBarrier();
+            coopStoreT(staged_product(), &pv_tile[0], T);
+            workgroupBarrier();
+            for (var i = li; i < T * T; i += WG) {
+                let r = i / T;
+                let at = r * MAX_DIM + d0 + i % T;
+                o_acc[at] = o_acc[at] * row_rescale[r] + pv_tile[i] * p_scale[r] * v_scale[i % T];
+            }
+            workgroupBarrier();
+        }
+    }
+    for (var i = li; i < T * MAX_DIM; i += WG) {
+        let r = i / MAX_DIM;
+        let d = i % MAX_DIM;
+        let qi = q0 + r;
+        if (qi < p.q_len && d < p.head_dim) {
+            let l = row_sum[r];
+            o[p.o_offset + qi * p.o_stride + h * p.head_dim + d] = o_acc[i] * select(0.0, 1.0 / l, l > 0.0);
+        }
+    }
+    if (p.write_lse != 0u) {
+        for (var r = li; r < T; r += WG) {
+            if (q0 + r < p.q_len) {
+                lse[p.lse_offset + (q0 + r) * p.q_heads + h] = row_max[r] + log(row_sum[r]);
+            }
+        }
+    }
+}
