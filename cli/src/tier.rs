@@ -18,7 +18,7 @@ pub fn print_notice(gpu: &Gpu) {
 /// The tier a device runs, in words: `matrix (8×8 f16 tiles into f32, subgroup 8)`.
 pub fn describe(gpu: &Gpu) -> String {
     match (gpu.precision(), gpu.matrix()) {
-        (Precision::Matrix, Some(c)) => format!("matrix ({0}×{0} f16 tiles into f32, subgroup {1})", c.size, c.subgroup),
+        (Precision::Matrix, Some(c)) => format!("matrix ({})", c.describe()),
         (Precision::F16, _) => "f16 (f16-staged tiles, f32 sums)".into(),
         (tier, _) => tier.name().into(),
     }

@@ -48,6 +48,10 @@ pub const ALL_KERNELS: &[Kernel] = &[
     attention::ATTENTION_MATRIX_16,
     bench::MATRIX_PEAK_8,
     bench::MATRIX_PEAK_16,
+    linear::LINEAR_MATRIX_8_F32,
+    conv::CONV2D_MATRIX_8_F32,
+    attention::ATTENTION_MATRIX_8_F32,
+    bench::MATRIX_PEAK_8_F32,
 ];
 
 #[cfg(test)]

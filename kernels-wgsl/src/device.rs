@@ -3,7 +3,7 @@
 
 use crate::error::{one_line, GpuError};
 use crate::kernel::{Kernel, Module};
-use crate::precision::{describe, pick_matrix_config, MatrixConfig, Precision};
+use crate::precision::{describe, pick_matrix_config, MatrixConfig, MatrixOperands, Precision};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -181,13 +181,18 @@ fn choose_tier(
         }
     };
     let matrix = || {
-        let needed = [(wgpu::Features::SHADER_F16, "f16 in shaders"), (wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX, "cooperative matrices")];
-        let missing: Vec<&str> = needed.iter().filter(|(f, _)| !has(*f)).map(|(_, name)| *name).collect();
-        if !missing.is_empty() {
-            return Err(unavailable(Precision::Matrix, format!("the adapter lacks {}", missing.join(" and "))));
+        if !has(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX) {
+            return Err(unavailable(Precision::Matrix, "the adapter lacks cooperative matrices".into()));
         }
         let config = pick_matrix_config(offered, (info.subgroup_min_size, info.subgroup_max_size)).map_err(|why| unavailable(Precision::Matrix, why))?;
-        let features = wgpu::Features::SHADER_F16 | wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
+        let mut features = wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
+        // f16 operands need f16 in shaders; f32 ones (8×8, as on Apple GPUs) do not.
+        if config.operands == MatrixOperands::F16 {
+            if !has(wgpu::Features::SHADER_F16) {
+                return Err(unavailable(Precision::Matrix, "the adapter lacks f16 in shaders for its f16 cooperative matrices".into()));
+            }
+            features |= wgpu::Features::SHADER_F16;
+        }
         Ok(TierChoice { tier: Precision::Matrix, matrix: Some(config), features })
     };
     let reference = TierChoice { tier: Precision::F32, matrix: None, features: wgpu::Features::empty() };

@@ -30,6 +30,12 @@ pub enum Module {
     AttentionMatrix8,
     /// The matrix tier's attention with 16×16 cooperative-matrix tiles.
     AttentionMatrix16,
+    /// The matrix tier's linear, conv2d and attention, and the ceiling, with
+    /// 8×8 f32 operand tiles (Apple GPUs' simdgroup matrices offer them).
+    LinearMatrix8F32,
+    ConvMatrix8F32,
+    AttentionMatrix8F32,
+    BenchMatrix8F32,
     /// The matrix units' ceiling (`bench`) with 8×8 tiles.
     BenchMatrix8,
     /// The matrix units' ceiling (`bench`) with 16×16 tiles.
@@ -37,7 +43,7 @@ pub enum Module {
 }
 
 impl Module {
-    pub const ALL: [Module; 19] = [
+    pub const ALL: [Module; 23] = [
         Module::Linear,
         Module::Norm,
         Module::Rope,
@@ -55,6 +61,10 @@ impl Module {
         Module::ConvMatrix16,
         Module::AttentionMatrix8,
         Module::AttentionMatrix16,
+        Module::LinearMatrix8F32,
+        Module::ConvMatrix8F32,
+        Module::AttentionMatrix8F32,
+        Module::BenchMatrix8F32,
         Module::BenchMatrix8,
         Module::BenchMatrix16,
     ];
@@ -78,6 +88,10 @@ impl Module {
             Module::ConvMatrix16 => "conv_matrix (16×16 tiles)",
             Module::AttentionMatrix8 => "attention_matrix (8×8 tiles)",
             Module::AttentionMatrix16 => "attention_matrix (16×16 tiles)",
+            Module::LinearMatrix8F32 => "linear_matrix (8×8 f32 tiles)",
+            Module::ConvMatrix8F32 => "conv_matrix (8×8 f32 tiles)",
+            Module::AttentionMatrix8F32 => "attention_matrix (8×8 f32 tiles)",
+            Module::BenchMatrix8F32 => "bench_matrix (8×8 f32 tiles)",
             Module::BenchMatrix8 => "bench_matrix (8×8 tiles)",
             Module::BenchMatrix16 => "bench_matrix (16×16 tiles)",
         }
@@ -88,6 +102,9 @@ impl Module {
     pub fn features(self) -> wgpu::Features {
         match self {
             Module::LinearHalf | Module::ConvHalf => wgpu::Features::SHADER_F16,
+            Module::LinearMatrix8F32 | Module::ConvMatrix8F32 | Module::AttentionMatrix8F32 | Module::BenchMatrix8F32 => {
+                wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX
+            }
             m if m.is_matrix() => wgpu::Features::SHADER_F16 | wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX,
             _ => wgpu::Features::empty(),
         }
@@ -103,6 +120,10 @@ impl Module {
                 | Module::ConvMatrix16
                 | Module::AttentionMatrix8
                 | Module::AttentionMatrix16
+                | Module::LinearMatrix8F32
+                | Module::ConvMatrix8F32
+                | Module::AttentionMatrix8F32
+                | Module::BenchMatrix8F32
                 | Module::BenchMatrix8
                 | Module::BenchMatrix16
         )
@@ -138,14 +159,23 @@ impl Module {
             };
         }
         // The matrix tier's modules: the extensions first (WGSL wants them
-        // before any declaration), then the tile size and its matrix types.
+        // before any declaration), then the tile size, the operand type
+        // (f16 under the range rule, or f32) and the matrix types.
+        macro_rules! operands {
+            (f16) => {
+                "enable f16;\nenable wgpu_cooperative_matrix;\nalias Operand = f16;\nconst OPERAND_HALF: bool = true;\n"
+            };
+            (f32) => {
+                "enable wgpu_cooperative_matrix;\nalias Operand = f32;\nconst OPERAND_HALF: bool = false;\n"
+            };
+        }
         macro_rules! with_matrix {
-            ($t:literal, $($file:literal),+) => {
+            ($t:literal, $operand:ident, $($file:literal),+) => {
                 concat!(
-                    "enable f16;\nenable wgpu_cooperative_matrix;\n",
+                    operands!($operand),
                     "const T: u32 = ", $t, "u;\n",
-                    "alias MatA = coop_mat", $t, "x", $t, "<f16, A>;\n",
-                    "alias MatB = coop_mat", $t, "x", $t, "<f16, B>;\n",
+                    "alias MatA = coop_mat", $t, "x", $t, "<", stringify!($operand), ", A>;\n",
+                    "alias MatB = coop_mat", $t, "x", $t, "<", stringify!($operand), ", B>;\n",
                     "alias MatC = coop_mat", $t, "x", $t, "<f32, C>;\n",
                     include_str!("kernels/common.wgsl"),
                     "\n",
@@ -166,14 +196,18 @@ impl Module {
             Module::Vae => with_common!("vae.wgsl"),
             Module::Df11 => with_common!("df11.wgsl"),
             Module::Bench => with_common!("bench.wgsl"),
-            Module::LinearMatrix8 => with_matrix!("8", "linear_io.wgsl", "linear_matrix.wgsl", "matrix_tiles.wgsl"),
-            Module::LinearMatrix16 => with_matrix!("16", "linear_io.wgsl", "linear_matrix.wgsl", "matrix_tiles.wgsl"),
-            Module::ConvMatrix8 => with_matrix!("8", "conv_io.wgsl", "conv_matrix.wgsl", "matrix_tiles.wgsl"),
-            Module::ConvMatrix16 => with_matrix!("16", "conv_io.wgsl", "conv_matrix.wgsl", "matrix_tiles.wgsl"),
-            Module::AttentionMatrix8 => with_matrix!("8", "attention_io.wgsl", "attention_matrix.wgsl"),
-            Module::AttentionMatrix16 => with_matrix!("16", "attention_io.wgsl", "attention_matrix.wgsl"),
-            Module::BenchMatrix8 => with_matrix!("8", "bench_matrix.wgsl"),
-            Module::BenchMatrix16 => with_matrix!("16", "bench_matrix.wgsl"),
+            Module::LinearMatrix8 => with_matrix!("8", f16, "linear_io.wgsl", "linear_matrix.wgsl", "matrix_tiles.wgsl"),
+            Module::LinearMatrix16 => with_matrix!("16", f16, "linear_io.wgsl", "linear_matrix.wgsl", "matrix_tiles.wgsl"),
+            Module::ConvMatrix8 => with_matrix!("8", f16, "conv_io.wgsl", "conv_matrix.wgsl", "matrix_tiles.wgsl"),
+            Module::ConvMatrix16 => with_matrix!("16", f16, "conv_io.wgsl", "conv_matrix.wgsl", "matrix_tiles.wgsl"),
+            Module::AttentionMatrix8 => with_matrix!("8", f16, "attention_io.wgsl", "attention_matrix.wgsl"),
+            Module::AttentionMatrix16 => with_matrix!("16", f16, "attention_io.wgsl", "attention_matrix.wgsl"),
+            Module::BenchMatrix8 => with_matrix!("8", f16, "bench_matrix.wgsl"),
+            Module::LinearMatrix8F32 => with_matrix!("8", f32, "linear_io.wgsl", "linear_matrix.wgsl", "matrix_tiles.wgsl"),
+            Module::ConvMatrix8F32 => with_matrix!("8", f32, "conv_io.wgsl", "conv_matrix.wgsl", "matrix_tiles.wgsl"),
+            Module::AttentionMatrix8F32 => with_matrix!("8", f32, "attention_io.wgsl", "attention_matrix.wgsl"),
+            Module::BenchMatrix8F32 => with_matrix!("8", f32, "bench_matrix.wgsl"),
+            Module::BenchMatrix16 => with_matrix!("16", f16, "bench_matrix.wgsl"),
         }
     }
 }

@@ -34,5 +34,5 @@ pub use kernel::{wrapped_grid, Access, Kernel, Module, MAX_GRID_DIM};
 pub use device::{Backend, DeviceBuffer, DeviceMemory, Gpu, GpuOptions};
 pub use dispatch::{encode, encode_timed, Dispatch, Sink};
 pub use error::GpuError;
-pub use precision::{MatrixConfig, Precision};
+pub use precision::{MatrixConfig, MatrixOperands, Precision};
 pub use view::{Mat, Weight, WeightDtype};

@@ -51,37 +51,70 @@ impl Precision {
 }
 
 /// The cooperative-matrix configuration the matrix tier runs: square tiles
-/// of `size` (the K of the product too), f16 A and B, f32 C, one subgroup
-/// of `subgroup` invocations owning each tile.
+/// of `size` (the K of the product too) with `operands` A and B and an f32
+/// C, one subgroup of `subgroup` invocations owning each tile.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MatrixConfig {
     pub size: u32,
     pub subgroup: u32,
+    pub operands: MatrixOperands,
+}
+
+/// The type of a matrix tile's A and B.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MatrixOperands {
+    /// f16, under the range rule.
+    F16,
+    /// f32 (8×8 only, as Apple GPUs offer it): no rounding, no range rule.
+    F32,
+}
+
+impl MatrixConfig {
+    /// Of a kernel's three matrix variants (8×8 f16, 16×16 f16, 8×8 f32), the one this configuration runs.
+    pub fn pick<'k, K>(&self, [f16_8, f16_16, f32_8]: [&'k K; 3]) -> &'k K {
+        match (self.operands, self.size) {
+            (MatrixOperands::F32, _) => f32_8,
+            (MatrixOperands::F16, 16) => f16_16,
+            (MatrixOperands::F16, _) => f16_8,
+        }
+    }
+
+    /// The configuration in words: `8×8 f16 tiles into f32, subgroup 8`.
+    pub fn describe(&self) -> String {
+        let operands = match self.operands {
+            MatrixOperands::F16 => "f16",
+            MatrixOperands::F32 => "f32",
+        };
+        format!("{0}×{0} {operands} tiles into f32, subgroup {1}", self.size, self.subgroup)
+    }
 }
 
 /// Sizes the WGSL cooperative-matrix types come in (`coop_mat8x8`, `coop_mat16x16`).
 pub const MATRIX_SIZES: [u32; 2] = [8, 16];
 
-/// The configuration to run from what the adapter lists, or why there is none:
-/// square f16 × f16 → f32 tiles of a size WGSL has (the largest offered),
-/// and one fixed subgroup size (a tile's owner must be a whole workgroup).
+/// The configuration to run from what the adapter lists, or why there is
+/// none: 8×8 f32 × f32 → f32 where offered (exact operands), else square
+/// f16 × f16 → f32 tiles of a size WGSL has (the largest offered); and one
+/// fixed subgroup size (a tile's owner must be a whole workgroup).
 pub fn pick_matrix_config(offered: &[CooperativeMatrixProperties], subgroup: (u32, u32)) -> Result<MatrixConfig, String> {
-    let usable = |p: &&CooperativeMatrixProperties| {
-        p.ab_type == CooperativeScalarType::F16
-            && p.cr_type == CooperativeScalarType::F32
-            && p.m_size == p.n_size
-            && p.n_size == p.k_size
-            && MATRIX_SIZES.contains(&p.m_size)
+    let square = |p: &CooperativeMatrixProperties, size: u32, ab: CooperativeScalarType| {
+        p.ab_type == ab && p.cr_type == CooperativeScalarType::F32 && p.m_size == size && p.n_size == size && p.k_size == size
     };
-    let size = offered.iter().filter(usable).map(|p| p.m_size).max().ok_or_else(|| {
-        if offered.is_empty() {
-            "the adapter offers no cooperative matrices".to_string()
-        } else {
-            format!("none of the adapter's cooperative matrices is square f16 × f16 → f32 of size 8 or 16 ({})", describe(offered))
+    let f32_8 = offered.iter().any(|p| square(p, 8, CooperativeScalarType::F32));
+    let f16_size = MATRIX_SIZES.into_iter().rev().find(|&size| offered.iter().any(|p| square(p, size, CooperativeScalarType::F16)));
+    let (size, operands) = match (f32_8, f16_size) {
+        (true, _) => (8, MatrixOperands::F32),
+        (false, Some(size)) => (size, MatrixOperands::F16),
+        (false, None) if offered.is_empty() => return Err("the adapter offers no cooperative matrices".to_string()),
+        (false, None) => {
+            return Err(format!(
+                "none of the adapter's cooperative matrices is 8×8 f32 × f32 → f32 or square f16 × f16 → f32 of size 8 or 16 ({})",
+                describe(offered)
+            ))
         }
-    })?;
+    };
     match subgroup {
-        (min, max) if min == max && min > 0 => Ok(MatrixConfig { size, subgroup: min }),
+        (min, max) if min == max && min > 0 => Ok(MatrixConfig { size, subgroup: min, operands }),
         (min, max) => Err(format!("the adapter's subgroup size varies ({min} to {max}), so no workgroup is exactly one subgroup")),
     }
 }
@@ -114,11 +147,25 @@ mod tests {
     #[test]
     fn the_largest_square_f16_to_f32_tile_is_taken() {
         use CooperativeScalarType::{F16, F32};
+        let f16 = |size, subgroup| Ok(MatrixConfig { size, subgroup, operands: MatrixOperands::F16 });
         let offered = [offer(8, F16, F16), offer(8, F16, F32), offer(16, F16, F32), offer(32, F16, F32)];
-        assert_eq!(pick_matrix_config(&offered, (32, 32)), Ok(MatrixConfig { size: 16, subgroup: 32 }));
-        assert_eq!(pick_matrix_config(&offered[..2], (8, 8)), Ok(MatrixConfig { size: 8, subgroup: 8 }));
+        assert_eq!(pick_matrix_config(&offered, (32, 32)), f16(16, 32));
+        assert_eq!(pick_matrix_config(&offered[..2], (8, 8)), f16(8, 8));
         assert!(pick_matrix_config(&offered[..1], (8, 8)).unwrap_err().contains("8×8×8 f16·f16→f16"));
         assert!(pick_matrix_config(&[], (8, 8)).unwrap_err().contains("no cooperative matrices"));
         assert!(pick_matrix_config(&offered, (16, 32)).unwrap_err().contains("varies"));
+    }
+
+    #[test]
+    fn f32_tiles_are_taken_where_offered_as_on_apple_gpus() {
+        use CooperativeScalarType::{F16, F32};
+        // What wgpu lists for Metal's simdgroup matrices.
+        let apple = [offer(8, F32, F32), offer(8, F16, F16), offer(8, F16, F32)];
+        let config = pick_matrix_config(&apple, (32, 32)).unwrap();
+        assert_eq!(config, MatrixConfig { size: 8, subgroup: 32, operands: MatrixOperands::F32 });
+        assert_eq!(*config.pick([&"8 f16", &"16 f16", &"8 f32"]), "8 f32");
+        assert_eq!(config.describe(), "8×8 f32 tiles into f32, subgroup 32");
+        let nvidia = [offer(16, F16, F16), offer(16, F16, F32)];
+        assert_eq!(*pick_matrix_config(&nvidia, (32, 32)).unwrap().pick([&"8 f16", &"16 f16", &"8 f32"]), "16 f16");
     }
 }

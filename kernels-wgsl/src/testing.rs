@@ -51,6 +51,15 @@ pub fn as_f16(v: f32) -> f32 {
     half::f16::from_f32(v).to_f32()
 }
 
+/// How `gpu`'s tier rounds a product's operands: to f16 on the f16 tier
+/// and on matrix units with f16 tiles, not at all on f32 tiles.
+pub fn operand_rounding(gpu: &Gpu) -> fn(f32) -> f32 {
+    match gpu.matrix() {
+        Some(c) if c.operands == crate::MatrixOperands::F32 => |v| v,
+        _ => as_f16,
+    }
+}
+
 /// SplitMix64: small, seedable, good enough for test data.
 pub struct Rng(u64);
 

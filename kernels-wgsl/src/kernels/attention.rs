@@ -50,6 +50,7 @@ pub const ATTENTION: Kernel = kernel(
 /// tile size; its workgroup is one subgroup, set by the `WG` override.
 pub const ATTENTION_MATRIX_8: Kernel = Kernel { module: Module::AttentionMatrix8, entry: "attention_matrix", workgroup_size: [0, 1, 1], ..ATTENTION };
 pub const ATTENTION_MATRIX_16: Kernel = Kernel { module: Module::AttentionMatrix16, ..ATTENTION_MATRIX_8 };
+pub const ATTENTION_MATRIX_8_F32: Kernel = Kernel { module: Module::AttentionMatrix8F32, ..ATTENTION_MATRIX_8 };
 /// The widest head the matrix tier's attention takes; wider ones run `attention.wgsl`.
 pub const ATTENTION_MATRIX_MAX_HEAD_DIM: u64 = 128;
 /// Queries per attention workgroup and the largest head dim the kernel takes.
@@ -148,7 +149,7 @@ pub fn attention(
         let launch = match matrix {
             None => Launch { kernel: &ATTENTION, constants: &[("SLOTS", s.head_dim.div_ceil(64).max(1) as u32)], params, grid },
             Some(c) => {
-                let kernel = if c.size == 16 { &ATTENTION_MATRIX_16 } else { &ATTENTION_MATRIX_8 };
+                let kernel = c.pick([&ATTENTION_MATRIX_8, &ATTENTION_MATRIX_16, &ATTENTION_MATRIX_8_F32]);
                 Launch { kernel, constants: &[("WG", c.subgroup)], params, grid }
             }
         };

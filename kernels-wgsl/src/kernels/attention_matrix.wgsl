@@ -4,19 +4,20 @@
 //
 // One workgroup, which is one subgroup of WG invocations, handles T queries
 // of one head; keys stream through in tiles of T. Both products run on T×T
-// f16 tiles into f32 accumulators: the scores S = Q·Kᵀ over head_dim in
-// chunks of T, then O += P·V for each chunk of T output dims. Operands are
-// rounded to f16 under range_rule.wgsl's rule: per query and per key over
-// the whole head_dim, per row of probabilities and per value column within
-// a key tile. The softmax and the running output stay f32 in workgroup
+// `Operand` tiles (f16, or f32 where offered) into f32 accumulators: the
+// scores S = Q·Kᵀ over head_dim in chunks of T, then O += P·V for each
+// chunk of T output dims. f16 operands are rounded under range_rule.wgsl's
+// rule: per query and per key over the whole head_dim, per row of
+// probabilities and per value column within a key tile (f32 ones skip the
+// measuring; their scales stay 1). The softmax and the running output stay f32 in workgroup
 // memory. Head dims up to MAX_DIM (FLUX's 128); the launcher sends wider
 // heads (the VAE's single 512-wide head) to attention.wgsl.
 
 override WG: u32 = 8u;
 const MAX_DIM: u32 = 128u;
 
-var<workgroup> a_tile: array<f16, T * T>;
-var<workgroup> b_tile: array<f16, T * T>;
+var<workgroup> a_tile: array<Operand, T * T>;
+var<workgroup> b_tile: array<Operand, T * T>;
 // The scores, then the tile's probabilities (f32, row-major).
 var<workgroup> s_tile: array<f32, T * T>;
 // One chunk of P·V, and zeros to start each product's accumulator from.
@@ -74,7 +75,7 @@ fn attention_matrix(@builtin(local_invocation_index) li: u32, @builtin(workgroup
     }
     for (var r = li; r < T; r += WG) {
         var largest = 0.0;
-        for (var d = 0u; d < p.head_dim; d++) {
+        for (var d = 0u; OPERAND_HALF && d < p.head_dim; d++) {
             largest = max(largest, abs(q_at(h, q0, r, d)));
         }
         q_scale[r] = range_scale(largest);
@@ -89,7 +90,7 @@ fn attention_matrix(@builtin(local_invocation_index) li: u32, @builtin(workgroup
     for (var k0 = 0u; k0 < k_end; k0 += T) {
         for (var j = li; j < T; j += WG) {
             var largest = 0.0;
-            for (var d = 0u; d < p.head_dim; d++) {
+            for (var d = 0u; OPERAND_HALF && d < p.head_dim; d++) {
                 largest = max(largest, abs(k_at(kvh, k0, j, d)));
             }
             k_scale[j] = range_scale(largest);
@@ -101,8 +102,8 @@ fn attention_matrix(@builtin(local_invocation_index) li: u32, @builtin(workgroup
             for (var i = li; i < T * T; i += WG) {
                 let r = i / T;
                 let c = i % T;
-                a_tile[i] = f16(q_at(h, q0, r, d0 + c) / q_scale[r]);
-                b_tile[i] = f16(k_at(kvh, k0, c, d0 + r) / k_scale[c]);
+                a_tile[i] = Operand(q_at(h, q0, r, d0 + c) / q_scale[r]);
+                b_tile[i] = Operand(k_at(kvh, k0, c, d0 + r) / k_scale[c]);
             }
             workgroupBarrier();
             scores = coopMultiplyAdd(coopLoadT<MatA>(&a_tile[0], T), coopLoadT<MatB>(&b_tile[0], T), scores);
@@ -132,7 +133,9 @@ fn attention_matrix(@builtin(local_invocation_index) li: u32, @builtin(workgroup
                 }
                 s_tile[r * T + j] = pr;
                 tile_sum += pr;
-                largest = max(largest, pr);
+                if (OPERAND_HALF) {
+                    largest = max(largest, pr);
+                }
             }
             let rescale = exp(m_old - m_new);
             row_rescale[r] = rescale;
@@ -145,7 +148,7 @@ fn attention_matrix(@builtin(local_invocation_index) li: u32, @builtin(workgroup
         for (var d0 = 0u; d0 < dims; d0 += T) {
             for (var c = li; c < T; c += WG) {
                 var largest = 0.0;
-                for (var j = 0u; j < T; j++) {
+                for (var j = 0u; OPERAND_HALF && j < T; j++) {
                     largest = max(largest, abs(v_at(kvh, k0, j, d0 + c)));
                 }
                 v_scale[c] = range_scale(largest);
@@ -154,8 +157,8 @@ fn attention_matrix(@builtin(local_invocation_index) li: u32, @builtin(workgroup
             for (var i = li; i < T * T; i += WG) {
                 let r = i / T;
                 let c = i % T;
-                a_tile[i] = f16(s_tile[i] / p_scale[r]);
-                b_tile[i] = f16(v_at(kvh, k0, r, d0 + c) / v_scale[c]);
+                a_tile[i] = Operand(s_tile[i] / p_scale[r]);
+                b_tile[i] = Operand(v_at(kvh, k0, r, d0 + c) / v_scale[c]);
             }
             workgroupBarrier();
             coopStoreT(staged_product(), &pv_tile[0], T);

@@ -28,7 +28,8 @@ pub const FMA_PEAK_FMAS_PER_ITERATION: u64 = 8 * 4 * 4;
 /// The matrix units' ceiling (`bench_matrix.wgsl`), one module per tile size;
 /// its workgroup is one subgroup (the `WG` override).
 pub const MATRIX_PEAK_8: Kernel = kernel(Module::BenchMatrix8, "matrix_peak", [0, 1, 1], &[(1, RW)], size_of::<PeakParams>(), false);
-pub const MATRIX_PEAK_16: Kernel = kernel(Module::BenchMatrix16, "matrix_peak", [0, 1, 1], &[(1, RW)], size_of::<PeakParams>(), false);
+pub const MATRIX_PEAK_16: Kernel = Kernel { module: Module::BenchMatrix16, ..MATRIX_PEAK_8 };
+pub const MATRIX_PEAK_8_F32: Kernel = Kernel { module: Module::BenchMatrix8F32, ..MATRIX_PEAK_8 };
 /// Independent accumulator chains per workgroup of `matrix_peak`.
 pub const MATRIX_PEAK_CHAINS: u64 = 4;
 
@@ -66,7 +67,7 @@ pub fn matrix_peak(gpu: &Gpu, out: &mut dyn Sink, sink: &wgpu::Buffer, workgroup
     let count = to_u32(workgroups * c.subgroup as u64, "matrix_peak invocations")?;
     let sw = window(gpu, sink, 4, 0..count as u64, "matrix_peak output")?;
     let params = PeakParams { iterations, count, _pad: [0; 2] };
-    let kernel = if c.size == 16 { &MATRIX_PEAK_16 } else { &MATRIX_PEAK_8 };
+    let kernel = c.pick([&MATRIX_PEAK_8, &MATRIX_PEAK_16, &MATRIX_PEAK_8_F32]);
     let launch = Launch { kernel, constants: &[("WG", c.subgroup)], params, grid: wrapped_grid(workgroups) };
     dispatch(gpu, out, launch, &[(1, &sw)]);
     Ok(())

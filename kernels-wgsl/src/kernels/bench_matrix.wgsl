@@ -1,5 +1,5 @@
 // The matrix units' ceiling, beside `fma_peak`: every workgroup (one
-// subgroup, WG invocations) multiplies one T×T f16 tile by another into
+// subgroup, WG invocations) multiplies one T×T operand tile (f16, or f32 where offered) by another into
 // four independent f32 accumulators, `iterations` times each (so the units'
 // latency is hidden), then stores the four sums so none is dead code.
 // FLOPs = workgroups · iterations · 4 chains · 2·T³. A holds (i mod 7)/8 at
@@ -18,13 +18,13 @@ struct Params {
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read_write> sink: array<f32>;
 
-var<workgroup> ab_tile: array<f16, T * T>;
+var<workgroup> ab_tile: array<Operand, T * T>;
 var<workgroup> c_tile: array<f32, T * T>;
 
 @compute @workgroup_size(WG)
 fn matrix_peak(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     for (var i = li; i < T * T; i += WG) {
-        ab_tile[i] = f16(f32(i % 7u) * 0.125);
+        ab_tile[i] = Operand(f32(i % 7u) * 0.125);
         c_tile[i] = 0.0;
     }
     workgroupBarrier();

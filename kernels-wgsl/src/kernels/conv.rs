@@ -42,8 +42,8 @@ pub const CONV2D: Kernel =
 pub const CONV2D_HALF: Kernel = Kernel { module: Module::ConvHalf, ..CONV2D };
 pub const CONV2D_MATRIX_8: Kernel =
     kernel(Module::ConvMatrix8, "conv2d_matrix", [0, 1, 1], &[(1, RW), (2, R), (3, R), (4, RW)], size_of::<ConvParams>(), true);
-pub const CONV2D_MATRIX_16: Kernel =
-    kernel(Module::ConvMatrix16, "conv2d_matrix", [0, 1, 1], &[(1, RW), (2, R), (3, R), (4, RW)], size_of::<ConvParams>(), true);
+pub const CONV2D_MATRIX_16: Kernel = Kernel { module: Module::ConvMatrix16, ..CONV2D_MATRIX_8 };
+pub const CONV2D_MATRIX_8_F32: Kernel = Kernel { module: Module::ConvMatrix8F32, ..CONV2D_MATRIX_8 };
 pub const UPSAMPLE_NEAREST2X: Kernel =
     kernel(Module::Conv, "upsample_nearest2x", [64, 1, 1], &[(1, RW), (4, RW)], size_of::<ConvParams>(), false);
 
@@ -84,7 +84,7 @@ pub fn conv2d(
                 let kernel = if gpu.precision() == Precision::F16 { &CONV2D_HALF } else { &CONV2D };
                 (kernel, [("WEIGHT_BF16", w.dtype.constant()), ("W_PAIRED", paired as u32)])
             }
-            Some(c) => (if c.size == 16 { &CONV2D_MATRIX_16 } else { &CONV2D_MATRIX_8 }, [("WEIGHT_BF16", w.dtype.constant()), ("WG", c.subgroup)]),
+            Some(c) => (c.pick([&CONV2D_MATRIX_8, &CONV2D_MATRIX_16, &CONV2D_MATRIX_8_F32]), [("WEIGHT_BF16", w.dtype.constant()), ("WG", c.subgroup)]),
         };
         let params = ConvParams {
             in_channels: s.in_channels as u32,
@@ -226,13 +226,14 @@ mod tests {
         let n_out = s.out_channels * s.out_height * s.out_width;
         let mut exact = vec![0.0; n_out];
         r::conv2d(&x, Weights::F32(&wf), Weights::F32(&bf), s, &mut exact);
-        let (x16, w16): (Vec<f32>, Vec<f32>) = (x.iter().map(|&v| as_f16(v)).collect(), wf.iter().map(|&v| as_f16(v)).collect());
+        let round = operand_rounding(gpu);
+        let (x16, w16): (Vec<f32>, Vec<f32>) = (x.iter().map(|&v| round(v)).collect(), wf.iter().map(|&v| round(v)).collect());
         let mut rounded = vec![0.0; n_out];
         r::conv2d(&x16, Weights::F32(&w16), Weights::F32(&bf), s, &mut rounded);
         let (xb, wb, bb, yb) = (gpu.upload_f32("x", &x), gpu.upload_bf16("w", &w), gpu.upload_bf16("b", &b), poisoned(gpu, n_out));
         let got = run_and_read(gpu, &yb, n_out, |enc| conv2d(gpu, enc, Mat::new(&xb, 0), Weight::bf16(&wb), Weight::bf16(&bb), Mat::new(&yb, 0), s));
         let tier = gpu.precision().name();
-        assert_close(&format!("{tier} conv {s:?}, vs f16 operands"), &got, &rounded, F32_TOL);
+        assert_close(&format!("{tier} conv {s:?}, vs the operands as the tier rounds them"), &got, &rounded, F32_TOL);
         println!("{tier} conv {s:?}: relative L2 {:.2e} against the exact operands", rel_l2(&got, &exact));
         assert_close(&format!("{tier} conv {s:?}, vs exact operands"), &got, &exact, 5e-4);
     }

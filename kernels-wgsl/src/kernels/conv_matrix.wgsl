@@ -2,7 +2,7 @@
 // the matrix tier's conv2d, on matrix_tiles.wgsl's core with A = the weight
 // rows [out, taps] and B = the input gathered per tap [taps, pixels], the
 // taps t = (ci, ky, kx) in that order (zero where a tap falls in the
-// padding). Operands are rounded to f16 under that file's range rule.
+// padding). f16 operands are rounded under the range rule (matrix_tiles.wgsl).
 // Interface in conv_io.wgsl.
 
 // The subgroup size: one subgroup owns a tile, so a workgroup is one subgroup.

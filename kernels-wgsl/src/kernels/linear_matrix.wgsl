@@ -1,6 +1,6 @@
 // y[m, n] = Σ_k x[m, k] · W[n, k] (+ b[n]) on cooperative-matrix units: the
 // matrix tier's linear, on matrix_tiles.wgsl's core with A = x and B = Wᵀ.
-// Operands are rounded to f16 under that file's range rule; the sum is f32.
+// f16 operands are rounded under the range rule (matrix_tiles.wgsl); the sum is f32.
 // Interface in linear_io.wgsl.
 
 // The subgroup size: one subgroup owns a tile, so a workgroup is one subgroup.

@@ -6,14 +6,16 @@
 // provides `a_at(r, t, row0, t0)` = A[row0 + r, t0 + t] and
 // `b_at(t, c, col0, t0)` = B[t0 + t, col0 + c], zero past the matrix.
 //
-// Each step of k stages a T×T tile of A and of B in workgroup memory as f16
-// and multiplies them into an f32 accumulator.
+// Each step of k stages a T×T tile of A and of B in workgroup memory as
+// `Operand` (f16, or f32 where the adapter offers f32 tiles, as Apple GPUs
+// do) and multiplies them into an f32 accumulator.
 //
-// Operands are rounded to f16 under range_rule.wgsl's rule, per row of A
-// and column of B over all of k.
+// f16 operands are rounded under range_rule.wgsl's rule, per row of A and
+// column of B over all of k; f32 operands need no rule, and skip the
+// measuring (their scales stay 1).
 
-var<workgroup> a_tile: array<f16, T * T>;
-var<workgroup> b_tile: array<f16, T * T>;
+var<workgroup> a_tile: array<Operand, T * T>;
+var<workgroup> b_tile: array<Operand, T * T>;
 var<workgroup> c_tile: array<f32, T * T>;
 // The power-of-two scales of the tile's rows of A and columns of B.
 var<workgroup> row_scale: array<f32, T>;
@@ -30,7 +32,7 @@ fn matrix_tile(li: u32, row0: u32, col0: u32, k: u32) {
     for (var r = li; r < T; r += WG) {
         var a_largest = 0.0;
         var b_largest = 0.0;
-        for (var t = 0u; t < k; t++) {
+        for (var t = 0u; OPERAND_HALF && t < k; t++) {
             a_largest = max(a_largest, abs(a_at(r, 0u, row0, t)));
             b_largest = max(b_largest, abs(b_at(0u, r, col0, t)));
         }
@@ -43,8 +45,8 @@ fn matrix_tile(li: u32, row0: u32, col0: u32, k: u32) {
         for (var i = li; i < T * T; i += WG) {
             let r = i / T;
             let c = i % T;
-            a_tile[i] = f16(a_at(r, c, row0, t0) / row_scale[r]);
-            b_tile[i] = f16(b_at(r, c, col0, t0) / col_scale[c]);
+            a_tile[i] = Operand(a_at(r, c, row0, t0) / row_scale[r]);
+            b_tile[i] = Operand(b_at(r, c, col0, t0) / col_scale[c]);
         }
         workgroupBarrier();
         let a = coopLoadT<MatA>(&a_tile[0], T);
