@@ -79,3 +79,36 @@ fn vae_decode_on_the_half_tiers() {
         }
     }
 }
+
+/// The range rule on a whole model: the tiny transformer's prompt rows
+/// scaled to 1e5 and to 1e-6 (far above f16's 65504, far below its smallest
+/// normal) and noise with outliers of 1e5. Where the f32 tier's velocity is
+/// finite, each half tier's is too, and as close to it as on ordinary input.
+#[test]
+fn the_half_tiers_stay_finite_where_f32_does_on_inputs_outside_f16() {
+    let case = "tiny-a/one-step";
+    let reference = flux_lite_tests::gpu();
+    let g = Goldens::load(case);
+    let mut prompt = g.f32("prompt_embeds").0;
+    let width = prompt.len() / 512;
+    prompt[..width].iter_mut().for_each(|v| *v *= 1e5);
+    prompt[width..2 * width].iter_mut().for_each(|v| *v *= 1e-6);
+    let mut noise = g.f32("noise").0;
+    noise.iter_mut().step_by(97).for_each(|v| *v = 1e5);
+    let t = g.f32("timesteps").0[0];
+    let velocity = |gpu: &Gpu| {
+        let c = TransformerCase::load_on(gpu, case);
+        c.transformer.set_prompt(gpu, &prompt).unwrap();
+        c.transformer.set_latents(gpu, &noise).unwrap();
+        c.transformer.forward(gpu, t, &mut |_| {}).unwrap();
+        c.transformer.velocity(gpu).unwrap()
+    };
+    let want = velocity(reference);
+    assert!(want.iter().all(|v| v.is_finite()), "the f32 tier itself is not finite here");
+    for gpu in half_tiers() {
+        let got = velocity(&gpu);
+        let tier = gpu.precision().name();
+        assert!(got.iter().all(|v| v.is_finite()), "{tier}: Inf or NaN where f32 is finite");
+        check(&format!("{tier} velocity on outliers vs the f32 tier"), &got, &want, other_tiers::VELOCITY);
+    }
+}
