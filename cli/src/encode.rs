@@ -21,7 +21,7 @@ pub struct EncodeArgs {
     /// read the prompt from this UTF-8 text file (its final line break dropped)
     #[argh(option)]
     prompt_file: Option<PathBuf>,
-    /// where to write the embeddings (safetensors)
+    /// where to write the embeddings (safetensors): a file (written whole or not at all; links written through), a named pipe or device, or - for standard output
     #[argh(option)]
     output: PathBuf,
     /// device memory the encode may allocate, e.g. 2GiB (default: no limit)
@@ -55,7 +55,7 @@ pub fn run(args: &EncodeArgs) -> Result<(), String> {
     output::write_f32_tensors(&args.output, &[(embeddings_file::PROMPT, &values)], joint, &metadata)?;
     eprintln!(
         "wrote {} ({} × {joint}); load {:.2}s, encode {:.2}s",
-        args.output.display(),
+        output::shown(&args.output),
         values.len() / joint,
         timings.load.as_secs_f64(),
         timings.encode.as_secs_f64()

@@ -23,7 +23,7 @@ pub struct GenArgs {
     /// read the prompt from this UTF-8 text file (its final line break dropped)
     #[argh(option)]
     prompt_file: Option<PathBuf>,
-    /// where to write the PNG (written whole or not at all)
+    /// where to write the PNG: a file (written whole or not at all; a symbolic link is written through), a named pipe or device (written into), or - for standard output
     #[argh(option)]
     output: Option<PathBuf>,
     /// a reference image (PNG or JPEG) to edit or take elements from; repeat for up to 16. Each is scaled to about 1 megapixel when larger and centre-cropped to multiples of 16
@@ -78,6 +78,10 @@ pub fn run(args: &GenArgs) -> Result<(), String> {
     let started = Instant::now();
     if args.output.is_none() && args.output_latents.is_none() {
         return Err("give --output FILE.png (or --output-latents FILE)".into());
+    }
+    let to_stdout = |p: &Option<PathBuf>| p.as_deref().is_some_and(|p| p.as_os_str() == output::STDOUT);
+    if to_stdout(&args.output) && to_stdout(&args.output_latents) {
+        return Err("--output - and --output-latents -: only one of them can go to standard output".into());
     }
     for (flag, path) in [("--output", &args.output), ("--output-latents", &args.output_latents)] {
         if let Some(path) = path {
@@ -171,7 +175,7 @@ pub fn run(args: &GenArgs) -> Result<(), String> {
     if let (Some(path), Some(image)) = (&args.output, &generated.image) {
         let png = output::encode_png(image.width as u32, image.height as u32, &image.rgb, &text)?;
         output::write_atomically(path, &png)?;
-        eprintln!("wrote {}", path.display());
+        eprintln!("wrote {}", output::shown(path));
     }
     if args.verbose {
         let mib = |b: u64| b as f64 / (1u64 << 20) as f64;

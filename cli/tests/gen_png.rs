@@ -279,3 +279,54 @@ fn reference_images_at_the_smallest_budget_are_encoded_by_bands() {
     let stderr = reproduce(case, &["--memory-budget", &budget, "--verbose"]);
     assert!(stderr.contains("plan: VAE encoder in bands"), "{stderr}");
 }
+
+/// `--output -`: the PNG on standard output, byte for byte the one a file
+/// run writes, every message on standard error; the same PNG through a named
+/// pipe to a reader; and `/dev/full` (as root,
+/// where it exists): one error line, a failure, and the device left a device.
+#[test]
+fn the_png_goes_to_standard_output_and_a_full_device_is_an_error() {
+    use std::os::unix::fs::FileTypeExt;
+    let dir = scratch_dir("png-stdout");
+    let file = dir.join("out.png");
+    let args = |out: &str| {
+        ["--model", model_dir("tiny-a").to_str().unwrap(), "--prompt", "a fox", "--seed", "3", "--steps", "1", "--width", "32", "--height", "32", "--output", out]
+            .map(String::from)
+    };
+    let run = gen(&args(file.to_str().unwrap()).each_ref().map(String::as_str));
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    assert!(run.stdout.is_empty(), "a file run printed on standard output");
+
+    let piped = gen(&args("-").each_ref().map(String::as_str));
+    let stderr = String::from_utf8_lossy(&piped.stderr);
+    assert!(piped.status.success(), "{stderr}");
+    assert!(stderr.contains("wrote standard output"), "{stderr}");
+    assert_eq!(piped.stdout, std::fs::read(&file).unwrap(), "standard output differs from the file");
+    let png = png::Decoder::new(std::io::Cursor::new(&piped.stdout)).read_info().unwrap();
+    assert_eq!((png.info().width, png.info().height), (32, 32));
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1, "more than out.png in the folder");
+
+    // A named pipe: a reader on the other end receives the same PNG, and the pipe stays a pipe.
+    let fifo = dir.join("pipe.png");
+    assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    let reader = {
+        let fifo = fifo.clone();
+        std::thread::spawn(move || std::fs::read(fifo).unwrap())
+    };
+    let run = gen(&args(fifo.to_str().unwrap()).each_ref().map(String::as_str));
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    assert_eq!(reader.join().unwrap(), std::fs::read(&file).unwrap(), "the pipe's reader got other bytes");
+    assert!(std::fs::symlink_metadata(&fifo).unwrap().file_type().is_fifo(), "the pipe was replaced");
+
+    let full = Path::new("/dev/full");
+    if !std::fs::metadata(full).is_ok_and(|m| m.file_type().is_char_device()) {
+        println!("skipped: no /dev/full here");
+        return;
+    }
+    let run = gen(&args("/dev/full").each_ref().map(String::as_str));
+    assert!(!run.status.success());
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error: ")).collect();
+    assert!(errors.len() == 1 && errors[0].contains("/dev/full") && errors[0].contains("No space left"), "{stderr}");
+    assert!(std::fs::metadata(full).unwrap().file_type().is_char_device(), "/dev/full was replaced");
+}

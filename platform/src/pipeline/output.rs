@@ -1,5 +1,13 @@
-//! Output files: written beside their final name and renamed into place, so
-//! a failed or interrupted run never leaves a partial file under that name.
+//! Output files, written where the user points, through one function
+//! ([`write_to`]):
+//! - a regular file, or a name that does not exist yet: written beside its
+//!   final name and renamed into place, so a failed or interrupted run never
+//!   leaves a partial file under that name;
+//! - a symbolic link: resolved first, its target written that way (the link
+//!   stays a link);
+//! - a named pipe, a character or block device, a socket: opened and written
+//!   in place, never replaced;
+//! - `-`: standard output.
 
 use safetensors::tensor::{Dtype, TensorView, View};
 use std::borrow::Cow;
@@ -15,26 +23,88 @@ fn temp_path(path: &Path) -> PathBuf {
     path.with_file_name(format!(".{name}.partial-{}", std::process::id()))
 }
 
+/// The name that means standard output (`--output -`).
+pub const STDOUT: &str = "-";
+
+/// How a message names an output path: `standard output` for `-`.
+pub fn shown(path: &Path) -> String {
+    if path.as_os_str() == STDOUT {
+        "standard output".into()
+    } else {
+        path.display().to_string()
+    }
+}
+
+/// Where bytes for a path go.
+#[derive(Debug, PartialEq, Eq)]
+enum Target {
+    /// `-`.
+    Stdout,
+    /// Something that exists and is not a regular file or a folder (a named
+    /// pipe, a device, a socket, `/dev/stdout`): opened and written in place.
+    InPlace,
+    /// A regular file or a new one, symbolic links resolved: written atomically.
+    Atomic(PathBuf),
+}
+
+fn target(path: &Path) -> Result<Target, String> {
+    if path.as_os_str() == STDOUT {
+        return Ok(Target::Stdout);
+    }
+    // `metadata` follows links: a link to a pipe or device is written in place too.
+    match std::fs::metadata(path) {
+        Ok(m) if !m.is_file() && !m.is_dir() => Ok(Target::InPlace),
+        _ => resolve_links(path).map(Target::Atomic),
+    }
+}
+
+/// `path` with every symbolic link along the chain followed (the last name
+/// need not exist: a dangling link's target is created, as `cp` does).
+fn resolve_links(path: &Path) -> Result<PathBuf, String> {
+    let mut at = path.to_path_buf();
+    for _ in 0..40 {
+        match std::fs::symlink_metadata(&at) {
+            Ok(m) if m.file_type().is_symlink() => {
+                let link = std::fs::read_link(&at).map_err(|e| format!("{}: {e}", at.display()))?;
+                // A relative link is relative to the folder holding it; an absolute one replaces it.
+                at = at.parent().map_or(link.clone(), |folder| folder.join(&link));
+            }
+            _ => return Ok(at),
+        }
+    }
+    Err(format!("{}: too many levels of symbolic links", path.display()))
+}
+
 /// Checks, before any work, that a file can be written at `path` (given
-/// with `flag`): its folder exists and the path is not itself a folder.
+/// with `flag`): standard output that is not a terminal (a PNG would garble
+/// it), a pipe or device, or a file name (through any links) whose folder
+/// exists and which is not itself a folder.
 pub fn check_output_path(flag: &str, path: &Path) -> Result<(), String> {
-    let folder = match path.parent() {
+    let resolved = match target(path)? {
+        Target::Stdout if std::io::IsTerminal::is_terminal(&std::io::stdout()) => {
+            return Err(format!("{flag} -: standard output is a terminal; redirect it to a file or a pipe"));
+        }
+        Target::Stdout | Target::InPlace => return Ok(()),
+        Target::Atomic(resolved) => resolved,
+    };
+    let through = if resolved == path { String::new() } else { format!(" (a link to {})", resolved.display()) };
+    let folder = match resolved.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
     };
     if !folder.is_dir() {
-        return Err(format!("{flag} {}: the folder {} does not exist", path.display(), folder.display()));
+        return Err(format!("{flag} {}{through}: the folder {} does not exist", path.display(), folder.display()));
     }
-    if path.is_dir() {
-        return Err(format!("{flag} {}: is a folder, not a file name", path.display()));
+    if resolved.is_dir() {
+        return Err(format!("{flag} {}{through}: is a folder, not a file name", path.display()));
     }
     Ok(())
 }
 
-/// Writes `bytes` to `path` atomically: temp file, fsync, rename. On error
-/// the temp file is removed and `path` is left as it was.
+/// Writes `bytes` to `path` (see the module's rules). On error nothing is
+/// left under a regular file's name, and the error names the path.
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), String> {
-    write_atomically_with(path, |w| {
+    write_to(path, &mut |w| {
         let (first, rest) = bytes.split_at(bytes.len() / 2);
         w.write_all(first)?;
         pause_mid_write(w)?;
@@ -47,7 +117,7 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), String> {
 /// so a test can kill the process in the middle of writing.
 const PAUSE_MID_WRITE: &str = "FLUX_LITE_PAUSE_MID_WRITE";
 
-fn pause_mid_write(w: &mut BufWriter<File>) -> std::io::Result<()> {
+fn pause_mid_write(w: &mut dyn Write) -> std::io::Result<()> {
     let Some(seconds) = std::env::var(PAUSE_MID_WRITE).ok().and_then(|v| v.trim().parse::<u64>().ok()) else {
         return Ok(());
     };
@@ -57,8 +127,27 @@ fn pause_mid_write(w: &mut BufWriter<File>) -> std::io::Result<()> {
     Ok(())
 }
 
-/// [`write_atomically`], the contents streamed by `write`.
-fn write_atomically_with(path: &Path, write: impl FnOnce(&mut BufWriter<File>) -> std::io::Result<()>) -> Result<(), String> {
+/// The one function every output goes through: the contents streamed by
+/// `write` to where `path` points.
+fn write_to(path: &Path, write: &mut dyn FnMut(&mut dyn Write) -> std::io::Result<()>) -> Result<(), String> {
+    let streamed = |out: &mut dyn Write, write: &mut dyn FnMut(&mut dyn Write) -> std::io::Result<()>| {
+        let mut w = BufWriter::with_capacity(1 << 20, out);
+        write(&mut w)?;
+        w.flush()
+    };
+    match target(path)? {
+        Target::Stdout => streamed(&mut std::io::stdout().lock(), write).map_err(|e| format!("standard output: {e}")),
+        Target::InPlace => {
+            let result = std::fs::OpenOptions::new().write(true).open(path).and_then(|mut f| streamed(&mut f, write));
+            result.map_err(|e| format!("{}: {e}", path.display()))
+        }
+        Target::Atomic(resolved) => write_atomically_at(&resolved, write).map_err(|e| format!("{}: {e}", path.display())),
+    }
+}
+
+/// Temp file beside `path`, fsync, rename. On error the temp file is
+/// removed and `path` is left as it was.
+fn write_atomically_at(path: &Path, write: &mut dyn FnMut(&mut dyn Write) -> std::io::Result<()>) -> std::io::Result<()> {
     let tmp = temp_path(path);
     let result = File::create(&tmp)
         .and_then(|f| {
@@ -67,10 +156,10 @@ fn write_atomically_with(path: &Path, write: impl FnOnce(&mut BufWriter<File>) -
             w.into_inner().map_err(|e| e.into_error())?.sync_all()
         })
         .and_then(|_| std::fs::rename(&tmp, path));
-    result.map_err(|e| {
+    if result.is_err() {
         let _ = std::fs::remove_file(&tmp);
-        format!("{}: {e}", path.display())
-    })
+    }
+    result
 }
 
 /// A tensor as safetensors' header writer sees it: its length, not its bytes,
@@ -129,7 +218,7 @@ pub fn write_tensors<'a>(
     let start = |name: &str| parsed.get(name).and_then(|t| t["data_offsets"][0].as_u64()).unwrap_or(0);
     let mut order: Vec<(&String, &[u8])> = data.iter().map(|(n, b)| (n, *b)).collect();
     order.sort_by_key(|(name, _)| start(name));
-    write_atomically_with(path, |w| {
+    write_to(path, &mut |w| {
         w.write_all(&header)?;
         order.iter().try_for_each(|(_, bytes)| w.write_all(bytes))
     })
@@ -173,6 +262,117 @@ pub fn encode_png(width: u32, height: u32, rgb: &[u8], text: &[(&str, String)]) 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::FileTypeExt;
+
+    /// A fresh folder of this test's own (the tests run in parallel).
+    fn folder(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("flux-lite-output-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    #[test]
+    fn a_symlink_is_written_through_and_stays_a_link() {
+        let dir = folder("symlink");
+        std::fs::create_dir(dir.join("renders")).unwrap();
+        std::fs::write(dir.join("renders/0042.png"), b"old").unwrap();
+        let link = dir.join("latest.png");
+        std::os::unix::fs::symlink("renders/0042.png", &link).unwrap();
+        // A link to a link, absolute this time.
+        let outer = dir.join("outer.png");
+        std::os::unix::fs::symlink(&link, &outer).unwrap();
+        check_output_path("--output", &outer).unwrap();
+        write_atomically(&outer, b"new bytes").unwrap();
+        assert_eq!(std::fs::read(dir.join("renders/0042.png")).unwrap(), b"new bytes");
+        assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink());
+        assert!(std::fs::symlink_metadata(&outer).unwrap().file_type().is_symlink());
+        // Nothing else is left in either folder.
+        let names = |d: &Path| std::fs::read_dir(d).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect::<Vec<_>>();
+        assert_eq!(names(&dir.join("renders")), ["0042.png"]);
+        // A dangling link: its target is created.
+        let dangling = dir.join("next.png");
+        std::os::unix::fs::symlink("renders/0043.png", &dangling).unwrap();
+        write_atomically(&dangling, b"fresh").unwrap();
+        assert_eq!(std::fs::read(dir.join("renders/0043.png")).unwrap(), b"fresh");
+        assert!(std::fs::symlink_metadata(&dangling).unwrap().file_type().is_symlink());
+        // A link into a folder that does not exist is refused before any work, naming both.
+        let nowhere = dir.join("nowhere.png");
+        std::os::unix::fs::symlink("missing/x.png", &nowhere).unwrap();
+        let err = check_output_path("--output", &nowhere).unwrap_err();
+        assert!(err.contains("nowhere.png (a link to") && err.contains("does not exist"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_named_pipe_is_written_into_not_replaced() {
+        let dir = folder("fifo");
+        let fifo = dir.join("out.png");
+        let made = std::process::Command::new("mkfifo").arg(&fifo).status().unwrap();
+        assert!(made.success());
+        let reader = {
+            let fifo = fifo.clone();
+            std::thread::spawn(move || std::fs::read(&fifo).unwrap())
+        };
+        check_output_path("--output", &fifo).unwrap();
+        let bytes: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+        write_atomically(&fifo, &bytes).unwrap();
+        assert_eq!(reader.join().unwrap(), bytes);
+        assert!(std::fs::symlink_metadata(&fifo).unwrap().file_type().is_fifo(), "the pipe was replaced");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn dev_full_is_one_error_and_stays_a_device() {
+        let full = Path::new("/dev/full");
+        if !std::fs::metadata(full).is_ok_and(|m| m.file_type().is_char_device()) {
+            println!("skipped: this machine has no /dev/full character device");
+            return;
+        }
+        check_output_path("--output", full).unwrap();
+        let err = write_atomically(full, &[7u8; 4 << 20]).unwrap_err();
+        assert!(err.starts_with("/dev/full: ") && err.contains("No space left"), "{err}");
+        assert!(std::fs::metadata(full).unwrap().file_type().is_char_device(), "/dev/full is no longer a device");
+    }
+
+    #[test]
+    fn a_full_file_system_leaves_no_file() {
+        let dir = folder("tmpfs");
+        let mounted = std::process::Command::new("mount").args(["-t", "tmpfs", "-o", "size=64k", "tmpfs"]).arg(&dir).output();
+        match mounted {
+            Ok(out) if out.status.success() => {}
+            Ok(out) => {
+                println!("skipped: cannot mount a tiny tmpfs here (needs root): {}", String::from_utf8_lossy(&out.stderr).trim());
+                let _ = std::fs::remove_dir_all(&dir);
+                return;
+            }
+            Err(e) => {
+                println!("skipped: cannot run mount: {e}");
+                let _ = std::fs::remove_dir_all(&dir);
+                return;
+            }
+        }
+        let path = dir.join("big.png");
+        let err = write_atomically(&path, &[1u8; 1 << 20]).unwrap_err();
+        let left: Vec<_> = std::fs::read_dir(&dir).unwrap().collect();
+        let _ = std::process::Command::new("umount").arg(&dir).status();
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(err.contains("big.png") && err.contains("No space left"), "{err}");
+        assert!(left.is_empty(), "left behind: {left:?}");
+    }
+
+    #[test]
+    fn targets_by_kind() {
+        assert_eq!(target(Path::new("-")).unwrap(), Target::Stdout);
+        assert_eq!(target(Path::new("/dev/null")).unwrap(), Target::InPlace);
+        assert_eq!(target(Path::new("no/such/file.png")).unwrap(), Target::Atomic(PathBuf::from("no/such/file.png")));
+        let dir = folder("loop");
+        let (a, b) = (dir.join("a"), dir.join("b"));
+        std::os::unix::fs::symlink(&b, &a).unwrap();
+        std::os::unix::fs::symlink(&a, &b).unwrap();
+        assert!(target(&a).unwrap_err().contains("too many levels of symbolic links"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn the_same_tensors_and_metadata_give_the_same_bytes() {
