@@ -43,20 +43,44 @@ pub const DF11_CLEAR: Kernel = kernel(Module::Df11, "df11_clear", [256, 1, 1], &
 /// Bytes of the exponent stream one DF11 workgroup decodes (the official block).
 pub const DF11_BLOCK_BYTES: u64 = 4096;
 
+/// Where one of a group's arrays lies: `len` bytes of `buffer` from byte
+/// `at`, a multiple of the adapter's binding alignment (so a window that
+/// starts the array starts at it), padding included.
+#[derive(Debug, Clone, Copy)]
+pub struct Region<'a> {
+    pub buffer: &'a wgpu::Buffer,
+    pub at: u64,
+    pub len: u64,
+}
+
+impl<'a> Region<'a> {
+    /// A whole buffer.
+    pub fn whole(buffer: &'a wgpu::Buffer) -> Self {
+        Self { buffer, at: 0, len: buffer.size() }
+    }
+}
+
 /// A DF11 group's arrays on the device (byte arrays padded to whole words
-/// plus look-ahead) and, on the host, its block output positions.
+/// plus look-ahead, each in its own buffer or at its place in a shared one)
+/// and, on the host, its block output positions.
 #[derive(Debug, Clone, Copy)]
 pub struct Df11Arrays<'a> {
-    pub luts: &'a wgpu::Buffer,
+    pub luts: Region<'a>,
     pub n_luts: u32,
-    pub stream: &'a wgpu::Buffer,
+    pub stream: Region<'a>,
     pub n_bytes: u64,
-    pub sign_mantissa: &'a wgpu::Buffer,
+    pub sign_mantissa: Region<'a>,
     pub n_elements: u64,
-    pub gaps: &'a wgpu::Buffer,
-    pub positions: &'a wgpu::Buffer,
+    pub gaps: Region<'a>,
+    pub positions: Region<'a>,
     /// `n_blocks + 1` entries: the first element of each 4096-byte block, then `n_elements`.
     pub host_positions: &'a [u32],
+}
+
+/// Binds elements `[first, end)` (of `elem` bytes) of an array, capped at its region's end.
+fn region_window<'b>(gpu: &Gpu, r: Region<'b>, elem: u64, first: u64, end: u64, what: &'static str) -> Result<Window<'b>, GpuError> {
+    let base = r.at / elem;
+    window(gpu, r.buffer, elem, base + first..(base + end).min((r.at + r.len) / elem), what)
 }
 
 /// Expands a DF11 group into bf16 elements `[out_base, out_base + n_elements)`
@@ -66,9 +90,10 @@ pub struct Df11Arrays<'a> {
 pub fn df11_decode(gpu: &Gpu, sink: &mut dyn Sink, g: Df11Arrays<'_>, slot: &wgpu::Buffer, out_base: u64) -> Result<(), GpuError> {
     let block_bytes = DF11_BLOCK_BYTES;
     let n_blocks = g.n_bytes.div_ceil(block_bytes);
-    if !out_base.is_multiple_of(128) || g.host_positions.len() as u64 != n_blocks + 1 || g.n_luts < 2 {
+    let aligned = [g.luts, g.stream, g.sign_mantissa, g.gaps, g.positions].iter().all(|r| r.at.is_multiple_of(gpu.binding_alignment()));
+    if !out_base.is_multiple_of(128) || g.host_positions.len() as u64 != n_blocks + 1 || g.n_luts < 2 || !aligned {
         return Err(GpuError::UnsupportedShape(format!(
-            "DF11 group: {} positions for {n_blocks} blocks, {} tables, slot offset {out_base}",
+            "DF11 group: {} positions for {n_blocks} blocks, {} tables, slot offset {out_base}, arrays aligned to bindings: {aligned}",
             g.host_positions.len(),
             g.n_luts
         )));
@@ -116,13 +141,13 @@ pub fn df11_decode(gpu: &Gpu, sink: &mut dyn Sink, g: Df11Arrays<'_>, slot: &wgp
         let words = (end - first).div_ceil(2) + 1;
         dispatch(gpu, sink, Launch { kernel: &DF11_CLEAR, constants: &[], params, grid: wrapped_grid(words.div_ceil(256)) }, &[(6, &ow)]);
     }
-    let lw = window(gpu, g.luts, 4, 0..g.n_luts as u64 * 64, "DF11 tables")?;
+    let lw = region_window(gpu, g.luts, 4, 0, g.n_luts as u64 * 64, "DF11 tables")?;
     for &(b0, b1) in &chunks {
         let (first, end) = (pos(b0), pos(b1).min(g.n_elements));
-        let sw = window(gpu, g.stream, 1, b0 * block_bytes..(b1 * block_bytes + LOOK_AHEAD).min(g.stream.size()), "DF11 exponents")?;
-        let mw = window(gpu, g.sign_mantissa, 1, first..end.max(first + 1), "DF11 signs and mantissas")?;
-        let gw = window(gpu, g.gaps, 1, b0 * 320..(b1 * 320 + 2).min(g.gaps.size()), "DF11 gaps")?;
-        let pw = window(gpu, g.positions, 4, b0..b1 + 1, "DF11 positions")?;
+        let sw = region_window(gpu, g.stream, 1, b0 * block_bytes, b1 * block_bytes + LOOK_AHEAD, "DF11 exponents")?;
+        let mw = region_window(gpu, g.sign_mantissa, 1, first, end.max(first + 1), "DF11 signs and mantissas")?;
+        let gw = region_window(gpu, g.gaps, 1, b0 * 320, b1 * 320 + 2, "DF11 gaps")?;
+        let pw = region_window(gpu, g.positions, 4, b0, b1 + 1, "DF11 positions")?;
         let ow = out_window(first, end.max(first + 1))?;
         let shift = |start: u64, w: &Window<'_>, what| to_u32(start - w.local as u64, what);
         let params = Df11Params {

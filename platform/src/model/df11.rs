@@ -191,15 +191,16 @@ impl Df11DeviceGroup {
 
     /// Records the expansion into bf16 elements `[out_base, out_base + n_elements)` of `slot`.
     pub fn record_decode(&self, gpu: &Gpu, sink: &mut dyn flux_lite_kernels::Sink, slot: &wgpu::Buffer, out_base: u64) -> Result<(), GpuError> {
+        let whole = kernels::df11::Region::whole;
         let arrays = kernels::Df11Arrays {
-            luts: &self.luts,
+            luts: whole(&self.luts),
             n_luts: self.n_luts,
-            stream: &self.stream,
+            stream: whole(&self.stream),
             n_bytes: self.n_bytes,
-            sign_mantissa: &self.sign_mantissa,
+            sign_mantissa: whole(&self.sign_mantissa),
             n_elements: self.n_elements,
-            gaps: &self.gaps,
-            positions: &self.positions,
+            gaps: whole(&self.gaps),
+            positions: whole(&self.positions),
             host_positions: &self.host_positions,
         };
         kernels::df11_decode(gpu, sink, arrays, slot, out_base)
