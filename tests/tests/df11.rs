@@ -286,6 +286,65 @@ fn the_gpu_kernel_decodes_official_groups_bit_for_bit() {
     }
 }
 
+/// Streaming under a budget copies a group into a small device area in runs
+/// of whole blocks (`AreaRun`): each run's pieces alone (tables, exponents,
+/// signs and mantissas, gaps, positions), decoded by `df11_decode_blocks`
+/// into the slot after one `df11_clear`. With an area that holds only a few
+/// blocks, every multi-block group comes out bit for bit the CPU decode.
+#[test]
+fn a_group_streamed_through_a_small_area_in_runs_decodes_bit_for_bit() {
+    use flux_lite_kernels::kernels;
+    use flux_lite_platform::model::df11::{block_positions, AreaRun};
+    let gpu = flux_lite_tests::gpu();
+    let synthetic = df11_dir().join("synthetic.safetensors");
+    let sb = read(&synthetic);
+    let ss = parse(&sb, &synthetic);
+    let align = gpu.binding_alignment().max(256);
+    let mut runs_seen = 0;
+    for case in CASES {
+        let group = Df11Group::new(fields(&ss, case)).unwrap_or_else(|e| panic!("{case}: {e}"));
+        if group.n_blocks() < 3 {
+            continue;
+        }
+        let want = decode(&group);
+        let positions = block_positions(&group);
+        // Room for the first block's pieces (and what their padding leaves): several runs.
+        let capacity = AreaRun::new(&group, &positions, 0..1, align).bytes;
+        let runs = AreaRun::cut(&group, &positions, capacity, align).unwrap_or_else(|e| panic!("{case}: {e}"));
+        assert!(runs.len() >= 2 && runs.iter().all(|r| r.bytes <= capacity), "{case}: {} runs", runs.len());
+        assert_eq!(runs.first().unwrap().blocks.start, 0);
+        assert!(runs.windows(2).all(|w| w[0].blocks.end == w[1].blocks.start) && runs.last().unwrap().blocks.end == group.n_blocks() as u64);
+        runs_seen += runs.len();
+        let base = 256u64;
+        let slot = gpu.upload_bytes("slot", &vec![0xabu8; 2 * (base as usize + want.len() + 2)]);
+        let f = group.fields();
+        let position_bytes: Vec<u8> = positions.iter().flat_map(|p| p.to_le_bytes()).collect();
+        for (i, run) in runs.iter().enumerate() {
+            // The area as the staging copies leave it: each piece at its place, the rest poisoned.
+            let mut area = vec![0x5au8; capacity as usize];
+            for (array, piece) in [(f.luts, &run.luts), (f.encoded_exponent, &run.stream), (f.sign_mantissa, &run.sign_mantissa), (f.gaps, &run.gaps), (&position_bytes[..], &run.positions)] {
+                let bytes = &array[piece.source.clone()];
+                area[piece.at as usize..][..bytes.len()].copy_from_slice(bytes);
+                area[piece.at as usize + bytes.len()..(piece.at + piece.len) as usize].fill(0);
+            }
+            let area = gpu.upload_bytes("area", &area);
+            let arrays = run.arrays(&area, &group, &positions);
+            gpu.submit(|enc| {
+                if i == 0 {
+                    kernels::df11_clear(gpu, enc, arrays, &slot, base)?;
+                }
+                kernels::df11_decode_blocks(gpu, enc, arrays, &slot, base, run.blocks.clone())
+            })
+            .unwrap_or_else(|e| panic!("{case} run {i}: {e}"));
+        }
+        let got = words(&gpu.read_bytes(&slot, 2 * base, 2 * want.len() as u64).unwrap());
+        if let Some(k) = (0..want.len()).find(|&k| got[k] != want[k]) {
+            panic!("{case}: element {k} of {}: {:#06x}, want {:#06x}", want.len(), got[k], want[k]);
+        }
+    }
+    assert!(runs_seen >= 4, "no group was large enough to stream in runs");
+}
+
 /// A model folder with the official DF11 transformer: the store expands every
 /// group and then holds exactly the plain transformer's tensors, byte for byte.
 #[test]

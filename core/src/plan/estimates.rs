@@ -36,7 +36,14 @@ pub fn estimate_weights(
         }
     });
     let mut sizes = WeightSizes::default();
-    per_block.iter().take(blocks.min(MAX_BLOCKS)).for_each(|b| sizes.add_block(*b));
+    for b in per_block.iter_mut().take(blocks.min(MAX_BLOCKS)) {
+        // A block's grouped weights are one group (the layouts group per
+        // block); its five arrays each start on an aligned offset.
+        if b.compressed > 0 {
+            b.largest_group = b.compressed + 5 * SLOT_ALIGN;
+        }
+        sizes.add_block(*b);
+    }
     sizes
 }
 

@@ -24,6 +24,9 @@ pub const OVERHEAD_PER_STEP: u64 = 512;
 /// Host-visible bytes streamed weights pass through on their way to a slot
 /// (at most; a smaller model's largest block if less).
 pub const STREAM_STAGING: u64 = 64 << 20;
+/// Most device bytes streamed DF11 groups pass through compressed on their
+/// way to a slot; a larger group streams through in runs of its blocks.
+pub const DF11_STREAM_AREA: u64 = 64 << 20;
 /// Byte alignment of each weight in a slot: a binding offset (`df11_decode`
 /// starts groups on 128 elements); device weight sizes are counted in it.
 pub const SLOT_ALIGN: u64 = 256;
@@ -41,6 +44,9 @@ pub struct BlockWeights {
     pub grouped: u64,
     /// The same groups compressed, as the device holds them.
     pub compressed: u64,
+    /// The largest of the block's groups as the streaming area lays it out
+    /// (its compressed arrays, each at a [`SLOT_ALIGN`] offset).
+    pub largest_group: u64,
 }
 
 /// A component's weight bytes, summed and maximised over its blocks.
@@ -54,6 +60,10 @@ pub struct WeightSizes {
     pub max_block: u64,
     /// Largest `grouped` of one block: a DF11 expansion slot.
     pub max_block_grouped: u64,
+    /// Largest group as the streaming area would hold it whole: streamed DF11
+    /// groups are copied there compressed, one at a time (in runs of blocks
+    /// past [`DF11_STREAM_AREA`]), and expanded into the slot.
+    pub max_group: u64,
     /// Weights several blocks read, resident under every strategy.
     pub shared: u64,
 }
@@ -66,6 +76,7 @@ impl WeightSizes {
         self.compressed += b.compressed;
         self.max_block = self.max_block.max(b.plain + b.grouped);
         self.max_block_grouped = self.max_block_grouped.max(b.grouped);
+        self.max_group = self.max_group.max(b.largest_group);
     }
 
     /// Whether the weights are held as DF11 groups.
@@ -79,7 +90,9 @@ impl WeightSizes {
             + match s {
                 WeightStrategy::ResidentBf16 => self.plain + self.grouped,
                 WeightStrategy::ResidentDf11 { slots } => self.plain + self.compressed + slots as u64 * self.max_block_grouped,
-                WeightStrategy::Streamed { slots } => slots as u64 * self.max_block + self.max_block.min(STREAM_STAGING),
+                WeightStrategy::Streamed { slots } => {
+                    slots as u64 * self.max_block + self.max_block.min(STREAM_STAGING) + self.max_group.min(DF11_STREAM_AREA)
+                }
             }
     }
 
@@ -106,8 +119,9 @@ pub enum WeightStrategy {
     /// Plain weights and compressed DF11 groups resident; each block's
     /// groups expanded into bf16 slot `block mod slots` as it starts.
     ResidentDf11 { slots: u8 },
-    /// Nothing resident: each block's weights are copied from host memory
-    /// into slot `block mod slots` as it starts.
+    /// Nothing resident: each block's weights are copied from the mapped
+    /// files into slot `block mod slots` as it starts (DF11 groups
+    /// compressed, expanded on the device).
     Streamed { slots: u8 },
 }
 

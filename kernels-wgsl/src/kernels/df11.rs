@@ -8,6 +8,7 @@ use crate::dispatch::{dispatch, to_u32, window, Launch, Sink, Window};
 use crate::error::GpuError;
 use bytemuck::{Pod, Zeroable};
 use crate::kernel::wrapped_grid;
+use std::ops::Range;
 
 /// `df11.wgsl`: one dispatch expands blocks `block0..` of a DF11 group. Each
 /// `*_shift` is the index (bytes for byte arrays, elements otherwise) of the
@@ -43,20 +44,22 @@ pub const DF11_CLEAR: Kernel = kernel(Module::Df11, "df11_clear", [256, 1, 1], &
 /// Bytes of the exponent stream one DF11 workgroup decodes (the official block).
 pub const DF11_BLOCK_BYTES: u64 = 4096;
 
-/// Where one of a group's arrays lies: `len` bytes of `buffer` from byte
-/// `at`, a multiple of the adapter's binding alignment (so a window that
-/// starts the array starts at it), padding included.
+/// Where (part of) one of a group's arrays lies: `len` bytes of `buffer`
+/// from byte `at`, a multiple of the adapter's binding alignment, holding
+/// the array from element `first` on (0 for a whole array; a streamed
+/// group's pieces start further in), padding included.
 #[derive(Debug, Clone, Copy)]
 pub struct Region<'a> {
     pub buffer: &'a wgpu::Buffer,
     pub at: u64,
     pub len: u64,
+    pub first: u64,
 }
 
 impl<'a> Region<'a> {
-    /// A whole buffer.
+    /// A whole array in a buffer of its own.
     pub fn whole(buffer: &'a wgpu::Buffer) -> Self {
-        Self { buffer, at: 0, len: buffer.size() }
+        Self { buffer, at: 0, len: buffer.size(), first: 0 }
     }
 }
 
@@ -77,19 +80,34 @@ pub struct Df11Arrays<'a> {
     pub host_positions: &'a [u32],
 }
 
-/// Binds elements `[first, end)` (of `elem` bytes) of an array, capped at its region's end.
+/// Binds elements `[first, end)` (of `elem` bytes) of an array, capped at
+/// its region's end; `first` must lie in the region.
 fn region_window<'b>(gpu: &Gpu, r: Region<'b>, elem: u64, first: u64, end: u64, what: &'static str) -> Result<Window<'b>, GpuError> {
+    if first < r.first {
+        return Err(GpuError::UnsupportedShape(format!("{what}: element {first} is before the bound piece, which starts at {}", r.first)));
+    }
     let base = r.at / elem;
-    window(gpu, r.buffer, elem, base + first..(base + end).min((r.at + r.len) / elem), what)
+    window(gpu, r.buffer, elem, base + first - r.first..(base + end - r.first).min((r.at + r.len) / elem), what)
 }
+
+/// Look-ahead past a run of blocks' last exponent byte: one code of up to
+/// 32 bits plus the byte it starts in.
+pub const DF11_LOOK_AHEAD: u64 = 16;
+/// Bytes of `gaps` per 4096-byte block (a 5-bit offset per 64-bit segment, packed).
+pub const DF11_GAP_BYTES_PER_BLOCK: u64 = 320;
 
 /// Expands a DF11 group into bf16 elements `[out_base, out_base + n_elements)`
 /// of `slot` (`out_base` a multiple of 128, so the group starts on a binding
 /// boundary): the group's words are zeroed, then decoded block by block, in
 /// as few dispatches as the binding limit allows.
 pub fn df11_decode(gpu: &Gpu, sink: &mut dyn Sink, g: Df11Arrays<'_>, slot: &wgpu::Buffer, out_base: u64) -> Result<(), GpuError> {
-    let block_bytes = DF11_BLOCK_BYTES;
-    let n_blocks = g.n_bytes.div_ceil(block_bytes);
+    df11_clear(gpu, sink, g, slot, out_base)?;
+    df11_decode_blocks(gpu, sink, g, slot, out_base, 0..g.n_bytes.div_ceil(DF11_BLOCK_BYTES))
+}
+
+/// The checks every DF11 launch makes; the group's block count.
+fn checked_blocks(gpu: &Gpu, g: &Df11Arrays<'_>, out_base: u64) -> Result<u64, GpuError> {
+    let n_blocks = g.n_bytes.div_ceil(DF11_BLOCK_BYTES);
     let aligned = [g.luts, g.stream, g.sign_mantissa, g.gaps, g.positions].iter().all(|r| r.at.is_multiple_of(gpu.binding_alignment()));
     if !out_base.is_multiple_of(128) || g.host_positions.len() as u64 != n_blocks + 1 || g.n_luts < 2 || !aligned {
         return Err(GpuError::UnsupportedShape(format!(
@@ -98,39 +116,48 @@ pub fn df11_decode(gpu: &Gpu, sink: &mut dyn Sink, g: Df11Arrays<'_>, slot: &wgp
             g.n_luts
         )));
     }
-    if g.n_elements == 0 {
-        return Ok(());
-    }
+    Ok(n_blocks)
+}
+
+/// Blocks `blocks` of a group cut into runs whose windows fit one binding.
+fn binding_runs(gpu: &Gpu, g: &Df11Arrays<'_>, blocks: Range<u64>) -> Result<Vec<(u64, u64)>, GpuError> {
     let pos = |b: u64| g.host_positions[b as usize] as u64;
-    // Look-ahead past a chunk's last byte: one code of up to 32 bits plus the byte it starts in.
-    const LOOK_AHEAD: u64 = 16;
     let budget = gpu.max_binding().saturating_sub(gpu.binding_alignment());
     let fits = |b0: u64, b1: u64| {
         let elements = pos(b1) - pos(b0);
-        (b1 - b0) * block_bytes + LOOK_AHEAD <= budget && 2 * elements + 4 <= budget && elements <= budget
+        (b1 - b0) * DF11_BLOCK_BYTES + DF11_LOOK_AHEAD <= budget && 2 * elements + 4 <= budget && elements <= budget
     };
-    let mut chunks = Vec::new();
-    let mut b0 = 0;
-    while b0 < n_blocks {
+    let mut runs = Vec::new();
+    let mut b0 = blocks.start;
+    while b0 < blocks.end {
         if !fits(b0, b0 + 1) {
             return Err(GpuError::BindingTooLarge { what: "DF11 block", bytes: 2 * (pos(b0 + 1) - pos(b0)), limit: gpu.max_binding() });
         }
         let mut b1 = b0 + 1;
-        while b1 < n_blocks && fits(b0, b1 + 1) {
+        while b1 < blocks.end && fits(b0, b1 + 1) {
             b1 += 1;
         }
-        chunks.push((b0, b1));
+        runs.push((b0, b1));
         b0 = b1;
     }
+    Ok(runs)
+}
+
+/// Zeroes the slot words of a group's elements: every word must be zero
+/// before any run of blocks ORs a half into a word it shares with the previous run.
+pub fn df11_clear(gpu: &Gpu, sink: &mut dyn Sink, g: Df11Arrays<'_>, slot: &wgpu::Buffer, out_base: u64) -> Result<(), GpuError> {
+    let n_blocks = checked_blocks(gpu, &g, out_base)?;
+    if g.n_elements == 0 {
+        return Ok(());
+    }
+    let pos = |b: u64| g.host_positions[b as usize] as u64;
     let base = to_u32(out_base, "DF11 slot offset")?;
-    let out_window = |first: u64, end: u64| window(gpu, slot, 2, out_base + first..out_base + end, "DF11 output");
-    // Every word is zeroed before any chunk ORs a half into a word it shares with the previous chunk.
-    for &(b0, b1) in &chunks {
+    for (b0, b1) in binding_runs(gpu, &g, 0..n_blocks)? {
         let (first, end) = (pos(b0), pos(b1).min(g.n_elements));
         if first >= end {
             continue;
         }
-        let ow = out_window(first, end)?;
+        let ow = window(gpu, slot, 2, out_base + first..out_base + end, "DF11 output")?;
         let params = Df11Params {
             out_base: base,
             out_shift: to_u32(out_base + first - ow.local as u64, "DF11 output window")?,
@@ -141,14 +168,28 @@ pub fn df11_decode(gpu: &Gpu, sink: &mut dyn Sink, g: Df11Arrays<'_>, slot: &wgp
         let words = (end - first).div_ceil(2) + 1;
         dispatch(gpu, sink, Launch { kernel: &DF11_CLEAR, constants: &[], params, grid: wrapped_grid(words.div_ceil(256)) }, &[(6, &ow)]);
     }
+    Ok(())
+}
+
+/// Decodes blocks `blocks` of a group into a slot cleared by [`df11_clear`]
+/// (its arrays need hold only those blocks' bytes: see [`Region::first`]).
+pub fn df11_decode_blocks(gpu: &Gpu, sink: &mut dyn Sink, g: Df11Arrays<'_>, slot: &wgpu::Buffer, out_base: u64, blocks: Range<u64>) -> Result<(), GpuError> {
+    let n_blocks = checked_blocks(gpu, &g, out_base)?;
+    if g.n_elements == 0 || blocks.end > n_blocks {
+        return if blocks.end > n_blocks { Err(GpuError::UnsupportedShape(format!("DF11 blocks {blocks:?} of {n_blocks}"))) } else { Ok(()) };
+    }
+    let pos = |b: u64| g.host_positions[b as usize] as u64;
+    let base = to_u32(out_base, "DF11 slot offset")?;
+    let block_bytes = DF11_BLOCK_BYTES;
+    let gap_bytes = DF11_GAP_BYTES_PER_BLOCK;
     let lw = region_window(gpu, g.luts, 4, 0, g.n_luts as u64 * 64, "DF11 tables")?;
-    for &(b0, b1) in &chunks {
+    for (b0, b1) in binding_runs(gpu, &g, blocks)? {
         let (first, end) = (pos(b0), pos(b1).min(g.n_elements));
-        let sw = region_window(gpu, g.stream, 1, b0 * block_bytes, b1 * block_bytes + LOOK_AHEAD, "DF11 exponents")?;
+        let sw = region_window(gpu, g.stream, 1, b0 * block_bytes, b1 * block_bytes + DF11_LOOK_AHEAD, "DF11 exponents")?;
         let mw = region_window(gpu, g.sign_mantissa, 1, first, end.max(first + 1), "DF11 signs and mantissas")?;
-        let gw = region_window(gpu, g.gaps, 1, b0 * 320, b1 * 320 + 2, "DF11 gaps")?;
+        let gw = region_window(gpu, g.gaps, 1, b0 * gap_bytes, b1 * gap_bytes + 2, "DF11 gaps")?;
         let pw = region_window(gpu, g.positions, 4, b0, b1 + 1, "DF11 positions")?;
-        let ow = out_window(first, end.max(first + 1))?;
+        let ow = window(gpu, slot, 2, out_base + first..out_base + end.max(first + 1), "DF11 output")?;
         let shift = |start: u64, w: &Window<'_>, what| to_u32(start - w.local as u64, what);
         let params = Df11Params {
             n_luts: g.n_luts,
@@ -157,7 +198,7 @@ pub fn df11_decode(gpu: &Gpu, sink: &mut dyn Sink, g: Df11Arrays<'_>, slot: &wgp
             block0: to_u32(b0, "DF11 blocks")?,
             stream_shift: shift(b0 * block_bytes, &sw, "DF11 exponents")?,
             sign_shift: shift(first, &mw, "DF11 signs")?,
-            gaps_shift: shift(b0 * 320, &gw, "DF11 gaps")?,
+            gaps_shift: shift(b0 * gap_bytes, &gw, "DF11 gaps")?,
             positions_shift: shift(b0, &pw, "DF11 positions")?,
             out_base: base,
             out_shift: shift(out_base + first, &ow, "DF11 output")?,
@@ -169,4 +210,3 @@ pub fn df11_decode(gpu: &Gpu, sink: &mut dyn Sink, g: Df11Arrays<'_>, slot: &wgp
     }
     Ok(())
 }
-

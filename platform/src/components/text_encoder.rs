@@ -51,9 +51,6 @@ impl TextEncoder {
     ) -> Result<Self, RunError> {
         let (layout, blocks, arena_bytes) = programs(config, tokens, picks)?;
         store.expand_df11_holding(EMBEDDING)?;
-        if matches!(strategy, WeightStrategy::Streamed { .. }) {
-            store.expand_df11_on_host()?;
-        }
         let weights = DeviceWeights::for_blocks(gpu, &store, &blocks, strategy)?;
         embedding_table(&store, config)?;
         let hd = config.head_dim;

@@ -81,7 +81,7 @@ impl Transformer {
     pub fn new(
         gpu: &Gpu,
         config: &TransformerConfig,
-        mut store: WeightStore,
+        store: WeightStore,
         strategy: WeightStrategy,
         chunk: Option<usize>,
         text: usize,
@@ -95,9 +95,6 @@ impl Transformer {
         }
         let tokens = Tokens { text: text as u64, noise: grids.noise_tokens() as u64, references: grids.reference_tokens() as u64 };
         let (layout, blocks, arena_bytes) = programs(config, tokens, chunk)?;
-        if matches!(strategy, WeightStrategy::Streamed { .. }) {
-            store.expand_df11_on_host()?;
-        }
         let weights = DeviceWeights::for_blocks(gpu, &store, &blocks, strategy)?;
         let hd = config.attention_head_dim;
         let rows = text + grids.noise_tokens() + grids.reference_tokens();

@@ -8,7 +8,7 @@
 use crate::model::config_json::JsonFile;
 use crate::error::{GpuError, LoadError};
 use flux_lite_kernels::{DeviceBuffer, Gpu};
-use flux_lite_kernels::kernels;
+use flux_lite_kernels::kernels::{self, DF11_BLOCK_BYTES};
 use flux_lite_core::df11::{Df11Error, Df11Field, Df11Group};
 use safetensors::tensor::Dtype;
 use rayon::prelude::*;
@@ -149,15 +149,130 @@ pub struct Df11DeviceGroup {
     n_elements: u64,
 }
 
+/// The first element of each 4096-byte block of a group, then its element
+/// count: official files may stop one entry short (spec §2.7), so every
+/// block gets its start here.
+pub fn block_positions(group: &Df11Group<'_>) -> Vec<u32> {
+    let n_elements = group.n_elements();
+    (0..group.n_blocks()).map(|b| group.block_output_range(b).map_or(n_elements, |r| r.start) as u32).chain([n_elements as u32]).collect()
+}
+
+/// One array's piece in the streaming area: bytes `source` of the group's
+/// array (of the positions' bytes, for them), copied to byte `at` of the
+/// area, where `len` bytes (padding included) are set aside; it holds the
+/// array from element `first` on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AreaPiece {
+    pub at: u64,
+    pub len: u64,
+    pub source: std::ops::Range<usize>,
+    pub first: u64,
+}
+
+/// A run of a group's 4096-byte blocks as the streaming area holds it: the
+/// decode tables, and the exponents, signs and mantissas, gaps and block
+/// positions of those blocks alone, each piece at a multiple of `align`
+/// bytes. A group larger than the area streams through it run by run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AreaRun {
+    pub blocks: std::ops::Range<u64>,
+    pub luts: AreaPiece,
+    pub stream: AreaPiece,
+    pub sign_mantissa: AreaPiece,
+    /// Followed by a zero word the last thread's two-byte read may touch.
+    pub gaps: AreaPiece,
+    /// Bytes of [`block_positions`] as u32s.
+    pub positions: AreaPiece,
+    /// The area bytes the run needs.
+    pub bytes: u64,
+}
+
+impl AreaRun {
+    /// Blocks `b0..b1` of `group` (with its [`block_positions`]).
+    pub fn new(group: &Df11Group<'_>, positions: &[u32], blocks: std::ops::Range<u64>, align: u64) -> Self {
+        use flux_lite_kernels::kernels::df11::{DF11_GAP_BYTES_PER_BLOCK as GAP, DF11_LOOK_AHEAD};
+        let f = group.fields();
+        let (b0, b1) = (blocks.start, blocks.end);
+        let words = |n: usize| (n.div_ceil(4).max(1) * 4) as u64;
+        let clip = |start: u64, end: u64, len: usize| (start as usize).min(len)..(end as usize).min(len);
+        let bb = DF11_BLOCK_BYTES;
+        let (e0, e1) = (positions[b0 as usize] as u64, positions[b1 as usize] as u64);
+        let sources = [
+            (0..f.luts.len(), 0, 0),
+            (clip(b0 * bb, b1 * bb + DF11_LOOK_AHEAD, f.encoded_exponent.len()), b0 * bb, 0),
+            (clip(e0, e1, f.sign_mantissa.len()), e0, 0),
+            (clip(b0 * GAP, b1 * GAP + 2, f.gaps.len()), b0 * GAP, 4),
+            (4 * b0 as usize..4 * (b1 as usize + 1), b0, 0),
+        ];
+        let mut at = 0u64;
+        let pieces = sources.map(|(source, first, pad)| {
+            let len = words(source.len() + pad);
+            let piece = AreaPiece { at, len, source, first };
+            at = (at + len).next_multiple_of(align);
+            piece
+        });
+        let [luts, stream, sign_mantissa, gaps, positions] = pieces;
+        Self { blocks, luts, stream, sign_mantissa, gaps, positions, bytes: at }
+    }
+
+    /// The runs `group` streams through an area of `capacity` bytes in:
+    /// each as many whole blocks as fit, or why not even one does.
+    pub fn cut(group: &Df11Group<'_>, positions: &[u32], capacity: u64, align: u64) -> Result<Vec<Self>, String> {
+        let n = group.n_blocks() as u64;
+        let mut runs = Vec::new();
+        let mut b0 = 0;
+        while b0 < n {
+            let mut run = Self::new(group, positions, b0..b0 + 1, align);
+            if run.bytes > capacity {
+                return Err(format!("one DF11 block needs {} bytes of streaming area, more than its {capacity}", run.bytes));
+            }
+            // Grow by doubling, then by halving steps back (the size grows with the blocks).
+            let mut step = 1;
+            while run.blocks.end < n {
+                let next = Self::new(group, positions, b0..(run.blocks.end + step).min(n), align);
+                if next.bytes <= capacity {
+                    run = next;
+                    step *= 2;
+                } else if step > 1 {
+                    step /= 2;
+                } else {
+                    break;
+                }
+            }
+            b0 = run.blocks.end;
+            runs.push(run);
+        }
+        Ok(runs)
+    }
+
+    /// The run's pieces as the decode kernel reads them from `area`.
+    pub fn arrays<'a>(&self, area: &'a wgpu::Buffer, group: &Df11Group<'_>, positions: &'a [u32]) -> kernels::Df11Arrays<'a> {
+        let region = |p: &AreaPiece| kernels::df11::Region { buffer: area, at: p.at, len: p.len, first: p.first };
+        kernels::Df11Arrays {
+            luts: region(&self.luts),
+            n_luts: group.n_luts() as u32,
+            stream: region(&self.stream),
+            n_bytes: group.n_bytes() as u64,
+            sign_mantissa: region(&self.sign_mantissa),
+            n_elements: group.n_elements() as u64,
+            gaps: region(&self.gaps),
+            positions: region(&self.positions),
+            host_positions: positions,
+        }
+    }
+}
+
+/// The streaming-area bytes a whole group would take as one run.
+pub fn area_bytes_of(group: &Df11Group<'_>, align: u64) -> u64 {
+    let positions = block_positions(group);
+    AreaRun::new(group, &positions, 0..group.n_blocks() as u64, align).bytes
+}
+
 impl Df11DeviceGroup {
     pub fn upload(gpu: &Gpu, group: &Df11Group<'_>) -> Self {
         let f = group.fields();
         let n_elements = group.n_elements();
-        // Official files may stop one entry short (spec §2.7): every block gets its start, then the end.
-        let host_positions: Vec<u32> = (0..group.n_blocks())
-            .map(|b| group.block_output_range(b).map_or(n_elements, |r| r.start) as u32)
-            .chain([n_elements as u32])
-            .collect();
+        let host_positions = block_positions(group);
         let mut gaps = f.gaps.to_vec();
         gaps.extend([0; 4]);
         Self {

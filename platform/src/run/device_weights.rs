@@ -5,17 +5,20 @@
 //! - DF11 resident: a group that one block alone reads stays compressed and
 //!   `df11_decode` expands it into a bf16 slot at the start of that block, so
 //!   only one block's (or two blocks') bf16 weights exist at a time;
-//! - streamed: every weight one block alone reads is copied from host memory
-//!   into a slot as that block starts.
+//! - streamed: every weight one block alone reads is copied from the
+//!   memory-mapped file into a slot as that block starts, through one staging
+//!   buffer; a DF11 group is copied compressed into a device area and
+//!   expanded there into the slot by `df11_decode`, so no bf16 copy of it
+//!   ever exists on the host.
 //!
 //! Weights that several blocks read stay resident under every strategy.
 
-use crate::model::df11::Df11DeviceGroup;
+use crate::model::df11::{area_bytes_of, block_positions, AreaRun, Df11DeviceGroup};
 use crate::error::{GpuError, LoadError, RunError};
-use flux_lite_kernels::{DeviceBuffer, Gpu};
+use flux_lite_kernels::{kernels, DeviceBuffer, Gpu};
 use flux_lite_kernels::{Weight, WeightDtype};
 use crate::model::safetensors_store::{widen_to_f32, TensorRef, WeightStore};
-use flux_lite_core::plan::{BlockWeights, WeightSizes, WeightStrategy, SLOT_ALIGN, STREAM_STAGING};
+use flux_lite_core::plan::{BlockWeights, WeightSizes, WeightStrategy, DF11_STREAM_AREA, SLOT_ALIGN, STREAM_STAGING};
 use flux_lite_core::ir::Op;
 use safetensors::tensor::Dtype;
 use std::collections::HashMap;
@@ -127,6 +130,7 @@ fn block_weights(store: &WeightStore, plain: &[String], groups: &[usize]) -> Res
         let group = compressed(store, g)?;
         b.grouped += group.weight_ranges().map(|r| (2 * r.len() as u64).next_multiple_of(SLOT_ALIGN)).sum::<u64>();
         b.compressed += Df11DeviceGroup::device_bytes_of(&group);
+        b.largest_group = b.largest_group.max(area_bytes_of(&group, SLOT_ALIGN));
     }
     Ok(b)
 }
@@ -153,6 +157,46 @@ impl Staging {
                 mapped.store(true, Ordering::Release);
             }
         });
+    }
+
+    /// Copies `pieces` to their buffers through this buffer: as many bytes
+    /// as it holds at a time, each batch by its own submission.
+    fn copy(&self, gpu: &Gpu, pieces: &[Piece<'_>]) -> Result<(), GpuError> {
+        let capacity = self.buffer.size();
+        // (piece, bytes of it already staged)
+        let mut next = pieces.iter().map(|p| (p, 0usize));
+        let mut current = next.next();
+        while current.is_some() {
+            self.wait_until_mapped(gpu)?;
+            let mut copies: Vec<(u64, &wgpu::Buffer, u64, u64)> = Vec::new();
+            {
+                let mut view = self.buffer.get_mapped_range_mut(..).map_err(|e| GpuError::Device(e.to_string()))?;
+                let mut used = 0u64;
+                while let Some((p, done)) = current {
+                    if used == capacity {
+                        break;
+                    }
+                    let n = (p.bytes.len() - done).min((capacity - used) as usize);
+                    let start = used as usize;
+                    view.slice(start..start + n).copy_from_slice(&p.bytes[done..done + n]);
+                    // Copies move whole words: a piece's last odd bytes are padded.
+                    let padded = (n as u64).next_multiple_of(4);
+                    view.slice(start + n..start + padded as usize).fill(0);
+                    copies.push((used, p.to, p.at + done as u64, padded));
+                    used += padded;
+                    current = if done + n == p.bytes.len() { next.next() } else { Some((p, done + n)) };
+                }
+            }
+            self.buffer.unmap();
+            let copied = gpu.submit_tracked(|enc| {
+                for &(from, to, at, len) in &copies {
+                    enc.copy_buffer_to_buffer(&self.buffer, from, to, at, len);
+                }
+                Ok(())
+            })?;
+            self.map_again(copied);
+        }
+        Ok(())
     }
 
     /// Waits for the device to finish copying out of the buffer.
@@ -189,6 +233,34 @@ struct SlotFill {
     base: u64,
 }
 
+/// A DF11 group streamed compressed into the area and expanded into a slot
+/// as its block starts.
+#[derive(Debug)]
+struct StreamedGroup {
+    group: usize,
+    slot: usize,
+    /// First bf16 element of the group in the slot.
+    base: u64,
+    /// Its block positions, copied to the area with its arrays.
+    positions: Vec<u32>,
+    /// Zeroing its words of the slot, before the first run's decode.
+    clear: Vec<flux_lite_kernels::Dispatch>,
+    /// The runs of blocks it streams through the area in, each with its
+    /// expansion into the slot (made once at load).
+    runs: Vec<(AreaRun, Vec<flux_lite_kernels::Dispatch>)>,
+}
+
+/// One run of bytes on its way from the host to a device buffer.
+struct Piece<'a> {
+    bytes: &'a [u8],
+    to: &'a wgpu::Buffer,
+    /// Byte offset in `to` (a multiple of 4).
+    at: u64,
+}
+
+/// The zero word after a streamed group's gaps, which the last thread's two-byte read may touch.
+const GAPS_PAD: [u8; 4] = [0; 4];
+
 /// Every weight a component's programs read, on the device.
 #[derive(Debug, Default)]
 pub struct DeviceWeights {
@@ -200,6 +272,10 @@ pub struct DeviceWeights {
     fills: Vec<Vec<SlotFill>>,
     /// The copies from host memory at the start of each block.
     streams: Vec<Vec<StreamedWeight>>,
+    /// The DF11 groups streamed compressed at the start of each block.
+    streamed_groups: Vec<Vec<StreamedGroup>>,
+    /// Where a streamed group's compressed arrays land (the largest group's size).
+    area: Option<DeviceBuffer>,
     /// What streamed weights pass through (streaming only).
     staging: Option<Staging>,
     /// Device bytes held: plain tensors, expanded groups, compressed groups, slots.
@@ -226,7 +302,13 @@ impl DeviceWeights {
     /// component stored as DF11 must be expanded on the host first.
     pub fn for_blocks(gpu: &Gpu, store: &WeightStore, blocks: &[Vec<Op>], strategy: WeightStrategy) -> Result<Self, RunError> {
         let a = Assignment::new(store, blocks);
-        let mut w = Self { fills: vec![Vec::new(); blocks.len()], streams: vec![Vec::new(); blocks.len()], ..Self::default() };
+        let mut w = Self {
+            fills: vec![Vec::new(); blocks.len()],
+            streams: vec![Vec::new(); blocks.len()],
+            streamed_groups: blocks.iter().map(|_| Vec::new()).collect(),
+            ..Self::default()
+        };
+        let mut area_bytes = 0u64;
         for name in &a.shared_plain {
             w.upload(gpu, store, name)?;
         }
@@ -272,11 +354,16 @@ impl DeviceWeights {
                         w.groups.push(device);
                     }
                     WeightStrategy::Streamed { .. } => {
-                        return Err(RunError::Input(format!(
-                            "{}: DF11 group `{}` must be expanded on the host before its weights can be streamed",
-                            store.component,
-                            group_info(store, g)?.module
-                        )))
+                        let group = compressed(store, g)?;
+                        let info = group_info(store, g)?;
+                        let base = cursor.next_multiple_of(SLOT_ALIGN);
+                        cursor = base + 2 * group.n_elements() as u64;
+                        for (name, elements) in info.weights.iter().zip(group.weight_ranges()) {
+                            in_slots.push((name.clone(), slot, base / 2 + elements.start as u64, WeightDtype::Bf16));
+                        }
+                        area_bytes = area_bytes.max(area_bytes_of(&group, area_align(gpu)));
+                        let positions = block_positions(&group);
+                        w.streamed_groups[block].push(StreamedGroup { group: g, slot, base: base / 2, positions, clear: Vec::new(), runs: Vec::new() });
                     }
                 }
             }
@@ -288,7 +375,26 @@ impl DeviceWeights {
         slot_bytes.retain(|&n| n > 0);
         w.slots = slot_bytes.iter().enumerate().map(|(i, &n)| gpu.storage(&format!("weight slot {i}"), n)).collect();
         w.bytes += w.slot_bytes();
-        if w.streams.iter().any(|s| !s.is_empty()) {
+        if area_bytes > 0 {
+            // A group larger than the area streams through it in runs of blocks.
+            let area = gpu.storage("df11 streaming area", area_bytes.min(DF11_STREAM_AREA));
+            w.bytes += area.size();
+            for sg in w.streamed_groups.iter_mut().flatten() {
+                let group = compressed(store, sg.group)?;
+                let runs = AreaRun::cut(&group, &sg.positions, area.size(), area_align(gpu)).map_err(RunError::Input)?;
+                let slot = &w.slots[sg.slot];
+                if let Some(first) = runs.first() {
+                    kernels::df11_clear(gpu, &mut sg.clear, first.arrays(&area, &group, &sg.positions), slot, sg.base)?;
+                }
+                for run in runs {
+                    let mut decode = Vec::new();
+                    kernels::df11_decode_blocks(gpu, &mut decode, run.arrays(&area, &group, &sg.positions), slot, sg.base, run.blocks.clone())?;
+                    sg.runs.push((run, decode));
+                }
+            }
+            w.area = Some(area);
+        }
+        if w.streams.iter().any(|s| !s.is_empty()) || area_bytes > 0 {
             let largest = slot_bytes.iter().copied().max().unwrap_or(0);
             let staging = gpu.upload_staging("weight staging", largest.min(STREAM_STAGING));
             w.bytes += staging.size();
@@ -309,47 +415,40 @@ impl DeviceWeights {
     }
 
     /// Copies the weights block `block` streams from host memory into its
-    /// slot, through the staging buffer: as many bytes as it holds at a
-    /// time, each batch copied by its own submission (before the block's),
-    /// so the host refills it while the device computes.
+    /// slot, through the staging buffer, each batch by its own submission
+    /// (before the block's), so the host refills it while the device
+    /// computes. A DF11 group goes into the area compressed and is expanded
+    /// into the slot by its own submission before the next group's copy.
     pub fn stream_in(&self, gpu: &Gpu, store: &WeightStore, block: usize) -> Result<(), RunError> {
-        let (Some(staging), Some(streams)) = (&self.staging, self.streams.get(block)) else { return Ok(()) };
-        let capacity = staging.buffer.size();
-        // (weight, bytes of it already staged)
-        let mut next = streams.iter().map(|s| (s, 0usize));
-        let mut current = next.next();
-        while current.is_some() {
-            staging.wait_until_mapped(gpu)?;
-            let mut copies: [(u64, usize, u64, u64); 64] = [(0, 0, 0, 0); 64];
-            let mut count = 0;
-            {
-                let mut view = staging.buffer.get_mapped_range_mut(..).map_err(|e| GpuError::Device(e.to_string()))?;
-                let mut used = 0u64;
-                while let Some((s, done)) = current {
-                    if used == capacity || count == copies.len() {
-                        break;
+        let Some(staging) = &self.staging else { return Ok(()) };
+        let mut plain = Vec::new();
+        for s in self.streams.get(block).into_iter().flatten() {
+            plain.push(Piece { bytes: store.tensor(&s.name)?.bytes, to: &self.slots[s.slot], at: s.offset });
+        }
+        staging.copy(gpu, &plain)?;
+        for sg in self.streamed_groups.get(block).into_iter().flatten() {
+            let area = self.area.as_ref().ok_or_else(|| GpuError::Device("no DF11 streaming area".into()))?;
+            let group = compressed(store, sg.group)?;
+            let f = group.fields();
+            let positions: &[u8] = bytemuck::cast_slice(&sg.positions);
+            for (i, (run, decode)) in sg.runs.iter().enumerate() {
+                let pieces = [
+                    area_piece(f.luts, &run.luts, area),
+                    area_piece(f.encoded_exponent, &run.stream, area),
+                    area_piece(f.sign_mantissa, &run.sign_mantissa, area),
+                    area_piece(f.gaps, &run.gaps, area),
+                    Piece { bytes: &GAPS_PAD, to: area, at: run.gaps.at + (run.gaps.source.len() as u64).next_multiple_of(4) },
+                    area_piece(positions, &run.positions, area),
+                ];
+                staging.copy(gpu, &pieces)?;
+                gpu.submit(|enc| {
+                    if i == 0 {
+                        flux_lite_kernels::encode(enc, &sg.clear);
                     }
-                    let bytes = store.tensor(&s.name)?.bytes;
-                    let n = (bytes.len() - done).min((capacity - used) as usize);
-                    let start = used as usize;
-                    view.slice(start..start + n).copy_from_slice(&bytes[done..done + n]);
-                    // Copies move whole words: a weight's last odd bytes are padded.
-                    let padded = (n as u64).next_multiple_of(4);
-                    view.slice(start + n..start + padded as usize).fill(0);
-                    copies[count] = (used, s.slot, s.offset + done as u64, padded);
-                    count += 1;
-                    used += padded;
-                    current = if done + n == bytes.len() { next.next() } else { Some((s, done + n)) };
-                }
+                    flux_lite_kernels::encode(enc, decode);
+                    Ok(())
+                })?;
             }
-            staging.buffer.unmap();
-            let copied = gpu.submit_tracked(|enc| {
-                for &(from, slot, to, len) in &copies[..count] {
-                    enc.copy_buffer_to_buffer(&staging.buffer, from, &self.slots[slot], to, len);
-                }
-                Ok(())
-            })?;
-            staging.map_again(copied);
         }
         Ok(())
     }
@@ -398,6 +497,17 @@ impl DeviceWeights {
             .get(name)
             .ok_or_else(|| GpuError::UnsupportedShape(format!("the program names weight `{name}`, which was not loaded")))
     }
+}
+
+/// An array's piece of a run, on its way to its place in the area.
+fn area_piece<'a>(array: &'a [u8], p: &crate::model::df11::AreaPiece, area: &'a wgpu::Buffer) -> Piece<'a> {
+    Piece { bytes: &array[p.source.clone()], to: area, at: p.at }
+}
+
+/// Where each array of a streamed DF11 group starts in the area: a binding
+/// offset on this adapter, and never less than the planner's slot alignment.
+fn area_align(gpu: &Gpu) -> u64 {
+    gpu.binding_alignment().max(SLOT_ALIGN)
 }
 
 fn compressed(store: &WeightStore, group: usize) -> Result<flux_lite_core::df11::Df11Group<'_>, RunError> {
