@@ -76,6 +76,7 @@ const MAX_STEPS: usize = 1000;
 
 pub fn run(args: &GenArgs) -> Result<(), String> {
     let started = Instant::now();
+    let host_peak = args.verbose.then(flux_lite_platform::host_memory::AnonymousPeak::start).flatten();
     if args.output.is_none() && args.output_latents.is_none() {
         return Err("give --output FILE.png (or --output-latents FILE)".into());
     }
@@ -188,6 +189,7 @@ pub fn run(args: &GenArgs) -> Result<(), String> {
         // Exact figures, for scripts and tests: a few KiB over a budget shows here, not in MiB.
         let budget = args.memory_budget.map_or("none".into(), |b| b.to_string());
         eprintln!("device bytes: peak {peak}, budget {budget}, planned {}", plan.peak());
+        print_host_memory(host_peak);
     }
     let per_step: Vec<String> = timings.steps.iter().map(|d| format!("{:.2}s", d.as_secs_f64())).collect();
     eprintln!(
@@ -199,6 +201,24 @@ pub fn run(args: &GenArgs) -> Result<(), String> {
         started.elapsed().as_secs_f64()
     );
     Ok(())
+}
+
+/// `peak host memory: …` and its exact form `host bytes: …` (Linux; the
+/// host side is not planned yet).
+fn print_host_memory(sampler: Option<flux_lite_platform::host_memory::AnonymousPeak>) {
+    let (Some(sampler), Some(now)) = (sampler, flux_lite_platform::host_memory::now()) else {
+        eprintln!("peak host memory: not measured on this OS");
+        return;
+    };
+    let anonymous = sampler.finish();
+    let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+    eprintln!(
+        "peak host memory: {:.2} MiB anonymous (sampled every {} ms; includes a unified-memory device's buffers), {:.2} MiB resident with mapped files; not planned yet",
+        mib(anonymous),
+        flux_lite_platform::host_memory::AnonymousPeak::PERIOD.as_millis(),
+        mib(now.resident_peak)
+    );
+    eprintln!("host bytes: anonymous peak {anonymous}, resident peak {}", now.resident_peak);
 }
 
 /// The plan `--verbose` prints: each phase's layout, the VAE tile used.

@@ -50,7 +50,9 @@ fn configs_only(name: &str) -> PathBuf {
 /// streams of `q, k, v` and `out` (`4·D²`) and a feed-forward `D → 2F → F → D`
 /// (`3·D·F`), in bf16; a slot also passes through the 64 MiB staging buffer.
 fn one_slot_weights_mib(d: f64, f: f64) -> f64 {
-    2.0 * (4.0 * d * d + 3.0 * d * f) * 2.0 / (1u64 << 20) as f64 + 64.0
+    // A double block's bf16 weights, 64 MiB of staging, and (the sizes being
+    // estimated as DF11) the 64 MiB area its compressed group streams through.
+    2.0 * (4.0 * d * d + 3.0 * d * f) * 2.0 / (1u64 << 20) as f64 + 64.0 + 64.0
 }
 
 /// The `weights X` figure of an option line, in MiB.
@@ -85,9 +87,9 @@ fn the_published_4b_plans_from_its_config_files_alone() {
     assert!(chunked[4].starts_with("streamed per block from host memory into 1 slot, feed-forward by"));
     assert!(peak(chunked[4]) <= 2.0, "streamed denoising of the 4B at 1024² needs {}", chunked[4]);
     assert!(chunked.windows(2).all(|w| peak(w[1]) < peak(w[0])), "{chunked:?}");
-    // One slot holds a double block: 468 MiB of bf16 by hand, + 64 MiB of staging.
+    // One slot holds a double block: 468 MiB of bf16 by hand, + 64 MiB of staging, + the 64 MiB DF11 area.
     let by_hand = one_slot_weights_mib(3072.0, 9216.0);
-    assert_eq!(by_hand, 532.0);
+    assert_eq!(by_hand, 596.0);
     assert!((weights_mib(chunked[4]) - by_hand).abs() < 0.1, "{} vs {by_hand} MiB by hand", chunked[4]);
     let stdout = webgpu;
     // The whole run's minimum works, one byte less does not.
@@ -118,9 +120,9 @@ fn the_published_9b_plans_from_its_config_files_alone() {
     assert!(stdout.contains("text encoder: Qwen3 36 layers, hidden 4096"), "{stdout}");
     let transformer = section(&stdout, "transformer (sizes estimated");
     let one_slot = transformer.iter().find(|l| l.starts_with("streamed per block from host memory into 1 slot")).unwrap();
-    // The 9B's double block: D 4096, F 12288: 832 MiB of bf16 by hand, + 64 MiB of staging.
+    // The 9B's double block: D 4096, F 12288: 832 MiB of bf16 by hand, + 64 MiB of staging, + the 64 MiB DF11 area.
     let by_hand = one_slot_weights_mib(4096.0, 12288.0);
-    assert_eq!(by_hand, 896.0);
+    assert_eq!(by_hand, 960.0);
     assert!((weights_mib(one_slot) - by_hand).abs() < 0.1, "{one_slot} vs {by_hand} MiB by hand");
 }
 
@@ -133,11 +135,20 @@ fn estimates_from_configs_equal_the_sizes_of_a_bf16_folder() {
         assert!(!files.contains("no weight files") && configs.matches("no weight files").count() == 3, "{configs}");
         // A bf16 folder offers resident bf16 and streaming; the estimate adds DF11 residency.
         for (with_files, estimated) in [("text encoder:", "text encoder (sizes"), ("transformer:", "transformer (sizes"), ("vae decoder:", "vae decoder (sizes")] {
+            // Streamed, the estimate (sizes as DF11) also counts the area DF11
+            // groups stream through, which a bf16 folder does not need.
             let from_files = section(&files, with_files);
             let from_configs: Vec<&str> = section(&configs, estimated).into_iter().filter(|l| !l.starts_with("DF11")).collect();
-            assert_eq!(from_files, from_configs, "{name} {with_files}");
+            assert_eq!(from_files.len(), from_configs.len(), "{name} {with_files}");
+            for (f, c) in from_files.iter().zip(&from_configs) {
+                if f.starts_with("streamed") {
+                    assert!(weights_mib(c) > weights_mib(f) && f.split(':').next() == c.split(':').next(), "{name}: {f} vs {c}");
+                } else {
+                    assert_eq!(f, c, "{name} {with_files}");
+                }
+            }
         }
-        assert_eq!(minimum(&files), minimum(&configs), "{name}");
+        assert!(minimum(&files) <= minimum(&configs), "{name}");
     }
 }
 

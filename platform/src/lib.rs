@@ -5,6 +5,7 @@
 pub mod bench;
 pub mod components;
 pub mod error;
+pub mod host_memory;
 pub mod model;
 pub mod pipeline;
 pub mod run;

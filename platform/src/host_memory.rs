@@ -1,0 +1,118 @@
+//! The process's own memory as the OS counts it, for `gen --verbose` and
+//! for the tests that hold a run to its plan. On unified-memory machines
+//! (Apple Silicon, and lavapipe, whose device memory is host memory) the
+//! anonymous figure includes the device's buffers.
+//!
+//! Linux only so far (`/proc/self/status`); elsewhere every figure is `None`.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// One reading of `/proc/self/status`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HostMemory {
+    /// Resident anonymous memory now (`RssAnon`): heap, device buffers of a
+    /// software or unified-memory driver; not the mapped weight files.
+    pub anonymous: u64,
+    /// The most resident memory so far (`VmHWM`), mapped files' pages included.
+    pub resident_peak: u64,
+}
+
+/// The process's memory now, where the OS tells it.
+pub fn now() -> Option<HostMemory> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    parse_status(&status)
+}
+
+/// `RssAnon` and `VmHWM` of a `/proc/<pid>/status` text, in bytes.
+fn parse_status(status: &str) -> Option<HostMemory> {
+    let field = |name: &str| -> Option<u64> {
+        let line = status.lines().find(|l| l.starts_with(name))?;
+        let kib: u64 = line[name.len()..].trim().trim_end_matches("kB").trim().parse().ok()?;
+        Some(kib * 1024)
+    };
+    Some(HostMemory { anonymous: field("RssAnon:")?, resident_peak: field("VmHWM:")? })
+}
+
+/// Samples the anonymous memory on a thread of its own every `PERIOD` and
+/// keeps the largest reading: the OS keeps no high-water of anonymous memory
+/// alone, so a peak shorter than the period can be missed.
+#[derive(Debug)]
+pub struct AnonymousPeak {
+    stop: Arc<AtomicBool>,
+    peak: Arc<AtomicU64>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl AnonymousPeak {
+    pub const PERIOD: Duration = Duration::from_millis(5);
+
+    /// Starts sampling; `None` where the OS does not tell.
+    pub fn start() -> Option<Self> {
+        let first = now()?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let peak = Arc::new(AtomicU64::new(first.anonymous));
+        let thread = {
+            let (stop, peak) = (stop.clone(), peak.clone());
+            std::thread::Builder::new()
+                .name("host memory".into())
+                .spawn(move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        if let Some(m) = now() {
+                            peak.fetch_max(m.anonymous, Ordering::Relaxed);
+                        }
+                        std::thread::sleep(Self::PERIOD);
+                    }
+                })
+                .ok()?
+        };
+        Some(Self { stop, peak, thread: Some(thread) })
+    }
+
+    /// Stops sampling; the largest anonymous reading, the last one included.
+    pub fn finish(mut self) -> u64 {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        if let Some(m) = now() {
+            self.peak.fetch_max(m.anonymous, Ordering::Relaxed);
+        }
+        self.peak.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for AnonymousPeak {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_fields_in_bytes() {
+        let text = "Name:\tx\nVmHWM:\t  204800 kB\nVmRSS:\t  102400 kB\nRssAnon:\t   51200 kB\nRssFile:\t 51200 kB\n";
+        assert_eq!(parse_status(text), Some(HostMemory { anonymous: 50 << 20, resident_peak: 200 << 20 }));
+        assert_eq!(parse_status("Name:\tx\n"), None);
+    }
+
+    #[test]
+    fn the_sampler_sees_a_large_allocation() {
+        let Some(sampler) = AnonymousPeak::start() else {
+            println!("skipped: this OS does not report anonymous memory (no /proc/self/status)");
+            return;
+        };
+        let before = now().unwrap().anonymous;
+        // 64 MiB touched, held for several periods, then freed.
+        let block = vec![1u8; 64 << 20];
+        std::thread::sleep(AnonymousPeak::PERIOD * 8);
+        assert_eq!(block.iter().map(|&b| b as u64).sum::<u64>(), 64 << 20);
+        drop(block);
+        let peak = sampler.finish();
+        assert!(peak >= before + (60 << 20), "peak {peak}, before {before}");
+    }
+}
