@@ -117,3 +117,4 @@ fn a_df11_model_streamed_holds_no_expanded_weights_on_the_host() {
     assert!(resident_png == bf16_png, "streaming changed the image");
     let _ = std::fs::remove_dir_all(&dir);
 }
+

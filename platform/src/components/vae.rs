@@ -15,7 +15,7 @@ use crate::run::vae_bands::{BandRunner, HostTensors};
 use flux_lite_core::config::{ImageSize, VaeConfig};
 use flux_lite_core::ir::{Op, Span};
 use flux_lite_core::models::tensors::{self, TensorSpec};
-use flux_lite_core::models::vae::{self as program, VaeLayout, VaePlanError};
+use flux_lite_core::models::vae::{self as program, arena_bytes, VaeLayout, VaePlanError};
 use flux_lite_core::BumpArena;
 
 /// Steps of one [`VaeDecoder::decode`] done: one when untiled, one per op of the decode program when banded.
@@ -202,8 +202,8 @@ impl VaeDecoder {
     fn decode_banded(&self, gpu: &Gpu, capacity: u64, packed: &[f32], progress: &mut dyn FnMut(TileProgress)) -> Result<Vec<f32>, RunError> {
         let full = VaeLayout::new(&self.config, self.latent_h, self.latent_w, &mut BumpArena::new(u64::MAX)).map_err(plan_error)?;
         let ops = collect_ops(|emit| program::decode(&full, emit));
-        let mut host = HostTensors::default();
-        host.insert(full.packed, packed.to_vec());
+        let mut host = HostTensors::scratch(arena_bytes(&self.config, self.latent_h, self.latent_w).map_err(plan_error)? / 4)?;
+        host.insert(full.packed, packed)?;
         let bands = BandRunner { gpu, runner: &self.runner, weights: &self.weights, capacity };
         for (i, op) in ops.iter().enumerate() {
             bands.run(&mut host, op)?;

@@ -152,8 +152,9 @@ impl VaeEncoder {
                 Ok(pass.runner.read(gpu, l.moments, 1, l.mean_len())?)
             }
             Mode::Banded { capacity } => {
-                let mut host = HostTensors::default();
-                host.insert(l.image, image.to_vec());
+                let full = flux_lite_core::models::vae_encoder::arena_bytes(&self.config, l.height, l.width).map_err(plan_error)?;
+                let mut host = HostTensors::scratch(full / 4)?;
+                host.insert(l.image, image)?;
                 let bands = BandRunner { gpu, runner: &pass.runner, weights: &self.weights, capacity: *capacity };
                 for op in &collect_ops(|emit| program::encode(l, emit)) {
                     bands.run(&mut host, op)?;

@@ -1,6 +1,8 @@
 //! The VAE decode or encode of an image too large for the device's VAE
 //! memory: core's decode or encode program run op by op over bands of rows,
-//! with every activation of the whole image kept on the host.
+//! with every activation of the whole image kept in a scratch file mapped
+//! into memory ([`HostTensors`]), so the OS can write out what the process
+//! is not using and the process's own memory stays a band's worth.
 //!
 //! Each op sees what it would see untiled: a 3×3 convolution gets a row of
 //! halo from the neighbouring bands, a GroupNorm takes its statistics over
@@ -20,37 +22,99 @@ use flux_lite_core::ir::{Op, Span};
 use flux_lite_core::oracle::ConvShape;
 use flux_lite_core::models::tensors::TensorName;
 use flux_lite_core::BumpArena;
-use std::collections::HashMap;
 
 use flux_lite_core::models::vae::{band_arena_bytes, BAND_ALIGN as ALIGN};
 
-/// The whole image's activations on the host, one buffer per arena span of
-/// core's full-size layout (keyed by the span's offset), grown on first write.
-#[derive(Debug, Default)]
+/// Where the banded VAE's scratch file goes: `FLUX_LITE_SCRATCH_DIR`, else
+/// the OS's temporary folder (a tmpfs there keeps the activations in memory
+/// or swap; point this at a disk for very large images).
+pub const SCRATCH_DIR: &str = "FLUX_LITE_SCRATCH_DIR";
+
+/// The whole image's activations: core's full-size layout (every span at
+/// its arena offset) in an unnamed scratch file mapped into memory. The
+/// file has no name, so it is gone when the process ends, however it ends;
+/// its pages are the OS's to write out and read back, so the process holds
+/// a band's worth of them, not the image's.
+#[derive(Debug)]
 pub struct HostTensors {
-    map: HashMap<u64, Vec<f32>>,
+    map: memmap2::MmapMut,
 }
 
 impl HostTensors {
-    pub fn insert(&mut self, span: Span, data: Vec<f32>) {
-        self.map.insert(span.offset, data);
+    /// A scratch arena of `elements` f32 values (zero until written) in
+    /// [`SCRATCH_DIR`]'s folder.
+    pub fn scratch(elements: u64) -> Result<Self, RunError> {
+        Self::scratch_in(&std::env::var_os(SCRATCH_DIR).map_or_else(std::env::temp_dir, std::path::PathBuf::from), elements)
     }
 
-    /// The first `len` values of a span's buffer.
-    pub fn get(&self, span: Span, len: u64) -> Result<&[f32], RunError> {
-        self.map
-            .get(&span.offset)
-            .and_then(|v| v.get(..len as usize))
-            .ok_or_else(|| RunError::Input(format!("the banded VAE read {len} values at {} before they were written", span.offset)))
+    /// A scratch arena of `elements` f32 values in a file without a name in `dir`.
+    pub fn scratch_in(dir: &std::path::Path, elements: u64) -> Result<Self, RunError> {
+        let failed = |e: std::io::Error| RunError::Input(format!("the VAE's scratch file in {}: {e} (set {SCRATCH_DIR} to another folder)", dir.display()));
+        let file = tempfile::tempfile_in(dir).map_err(failed)?;
+        file.set_len(4 * elements.max(1)).map_err(failed)?;
+        // SAFETY: the file has no name and is held only here, so nothing
+        // else can change or truncate it while it is mapped.
+        let map = unsafe { memmap2::MmapMut::map_mut(&file) }.map_err(failed)?;
+        Ok(Self { map })
     }
 
-    /// The span's buffer, grown to at least `len` values.
-    fn get_mut(&mut self, span: Span, len: u64) -> &mut [f32] {
-        let v = self.map.entry(span.offset).or_default();
-        if v.len() < len as usize {
-            v.resize(len as usize, 0.0);
+    fn values(&self) -> &[f32] {
+        bytemuck::cast_slice(&self.map[..])
+    }
+
+    fn values_mut(&mut self) -> &mut [f32] {
+        bytemuck::cast_slice_mut(&mut self.map[..])
+    }
+
+    fn range(&self, span: Span, len: u64) -> Result<std::ops::Range<usize>, RunError> {
+        let (start, end) = (span.offset as usize, (span.offset + len) as usize);
+        if end > self.map.len() / 4 {
+            return Err(RunError::Input(format!("the banded VAE addressed values {start}..{end} of a {}-value scratch arena", self.map.len() / 4)));
         }
-        &mut v[..len as usize]
+        Ok(start..end)
+    }
+
+    /// Writes `data` at the start of a span.
+    pub fn insert(&mut self, span: Span, data: &[f32]) -> Result<(), RunError> {
+        let r = self.range(span, data.len() as u64)?;
+        self.values_mut()[r].copy_from_slice(data);
+        Ok(())
+    }
+
+    /// The first `len` values of a span.
+    pub fn get(&self, span: Span, len: u64) -> Result<&[f32], RunError> {
+        let r = self.range(span, len)?;
+        Ok(&self.values()[r])
+    }
+
+    /// The first `len` values of a span, to write.
+    fn get_mut(&mut self, span: Span, len: u64) -> Result<&mut [f32], RunError> {
+        let r = self.range(span, len)?;
+        Ok(&mut self.values_mut()[r])
+    }
+
+    /// `dst = src` over `[rows, cols]` views with their strides, row by row
+    /// inside the mapping (no copy of the tensor in the process's memory).
+    fn copy_rows(&mut self, src: Span, dst: Span, rows: u64, cols: u64) -> Result<(), RunError> {
+        let (src_stride, dst_stride) = (src.stride.max(cols), dst.stride.max(cols));
+        let s = self.range(src, (rows - 1) * src_stride + cols)?;
+        let d = self.range(dst, (rows - 1) * dst_stride + cols)?;
+        if s.start < d.end && d.start < s.end {
+            // Overlapping views: read all of the source before writing any of it.
+            let input = self.values()[s.clone()].to_vec();
+            let out = &mut self.values_mut()[d];
+            for r in 0..rows as usize {
+                let (s0, d0) = (r * src_stride as usize, r * dst_stride as usize);
+                out[d0..d0 + cols as usize].copy_from_slice(&input[s0..s0 + cols as usize]);
+            }
+            return Ok(());
+        }
+        let values = self.values_mut();
+        for r in 0..rows as usize {
+            let from = s.start + r * src_stride as usize;
+            values.copy_within(from..from + cols as usize, d.start + r * dst_stride as usize);
+        }
+        Ok(())
     }
 }
 
@@ -161,7 +225,7 @@ impl BandRunner<'_> {
             self.exec(Op::DenormUnpatchify { packed: xs, latent: ys, mean, var, channels: c, height: t1 - t0, width: w, eps })?;
             let out = self.download(ys, input.len() as u64)?;
             let pixels = 4 * h * w;
-            scatter(host.get_mut(latent, c * pixels), c, pixels, t0 * 4 * w, t1 * 4 * w, &out);
+            scatter(host.get_mut(latent, c * pixels)?, c, pixels, t0 * 4 * w, t1 * 4 * w, &out);
         }
         Ok(())
     }
@@ -188,7 +252,7 @@ impl BandRunner<'_> {
             let shape = ConvShape { height: (g1 - g0) as usize, pad_top, out_height: (y1 - y0) as usize, ..s };
             self.exec(Op::Conv2d { x: xs, w: w.clone(), bias: bias.clone(), y: ys, shape })?;
             let out = self.download(ys, out_len)?;
-            scatter(host.get_mut(y, cout * out_h * out_w), cout, out_h * out_w, y0 * out_w, y1 * out_w, &out);
+            scatter(host.get_mut(y, cout * out_h * out_w)?, cout, out_h * out_w, y0 * out_w, y1 * out_w, &out);
         }
         Ok(())
     }
@@ -198,14 +262,7 @@ impl BandRunner<'_> {
         if rows == 0 {
             return Ok(());
         }
-        let (src_stride, dst_stride) = (src.stride.max(cols), dst.stride.max(cols));
-        let input = host.get(src, (rows - 1) * src_stride + cols)?.to_vec();
-        let out = host.get_mut(dst, (rows - 1) * dst_stride + cols);
-        for r in 0..rows as usize {
-            let (s0, d0) = (r * src_stride as usize, r * dst_stride as usize);
-            out[d0..d0 + cols as usize].copy_from_slice(&input[s0..s0 + cols as usize]);
-        }
-        Ok(())
+        host.copy_rows(src, dst, rows, cols)
     }
 
     /// GroupNorm in two passes over pixel bands: each band's per-group
@@ -241,7 +298,7 @@ impl BandRunner<'_> {
             let pixels = p1 - p0;
             self.exec(Op::GroupNormApply { src: xs, stats: ss, dst: ys, gamma, beta, channels: c, pixels, groups, silu: g.silu })?;
             let out = self.download(ys, n)?;
-            scatter(host.get_mut(dst, c * p), c, p, p0, p1, &out);
+            scatter(host.get_mut(dst, c * p)?, c, p, p0, p1, &out);
         }
         Ok(())
     }
@@ -258,7 +315,7 @@ impl BandRunner<'_> {
             let view = |s: Span| Span::new(s.offset, w);
             self.exec(Op::Add { a: view(sa), b: view(sb), dst: view(sd), rows, cols: w })?;
             let out = self.download(sd, n)?;
-            scatter(host.get_mut(dst, rows * cols), rows, cols, c0, c1, &out);
+            scatter(host.get_mut(dst, rows * cols)?, rows, cols, c0, c1, &out);
         }
         Ok(())
     }
@@ -274,7 +331,7 @@ impl BandRunner<'_> {
             self.exec(Op::UpsampleNearest2x { x: xs, y: ys, channels: c, height: y1 - y0, width: w })?;
             let out = self.download(ys, 4 * n)?;
             let plane = 4 * h * w;
-            scatter(host.get_mut(y, c * plane), c, plane, 4 * y0 * w, 4 * y1 * w, &out);
+            scatter(host.get_mut(y, c * plane)?, c, plane, 4 * y0 * w, 4 * y1 * w, &out);
         }
         Ok(())
     }
@@ -291,7 +348,7 @@ impl BandRunner<'_> {
                 self.upload(xs, &input);
                 self.exec(Op::Transpose { src: Span::new(xs.offset, c1 - c0), dst: Span::new(ys.offset, rows), rows, cols: c1 - c0 })?;
                 let out = self.download(ys, input.len() as u64)?;
-                host.get_mut(dst, n)[(c0 * rows) as usize..(c1 * rows) as usize].copy_from_slice(&out);
+                host.get_mut(dst, n)?[(c0 * rows) as usize..(c1 * rows) as usize].copy_from_slice(&out);
             }
         } else {
             // Rows [r0, r1) of src become columns [r0, r1) of dst.
@@ -302,7 +359,7 @@ impl BandRunner<'_> {
                 self.upload(xs, &input);
                 self.exec(Op::Transpose { src: Span::new(xs.offset, cols), dst: Span::new(ys.offset, r1 - r0), rows: r1 - r0, cols })?;
                 let out = self.download(ys, input.len() as u64)?;
-                scatter(host.get_mut(dst, n), cols, rows, r0, r1, &out);
+                scatter(host.get_mut(dst, n)?, cols, rows, r0, r1, &out);
             }
         }
         Ok(())
@@ -332,7 +389,7 @@ impl BandRunner<'_> {
             };
             self.exec(op)?;
             let out = self.download(ys, n * cols)?;
-            host.get_mut(y, rows * cols)[(r0 * cols) as usize..(r1 * cols) as usize].copy_from_slice(&out);
+            host.get_mut(y, rows * cols)?[(r0 * cols) as usize..(r1 * cols) as usize].copy_from_slice(&out);
         }
         Ok(())
     }
@@ -363,13 +420,13 @@ impl BandRunner<'_> {
                 self.exec(Op::PartialAttention { q: view(qs), k: view(ks), v: view(vs), o: view(os), lse, q_len, kv_len, heads, head_dim })?;
                 let out = self.download(os, rows * width)?;
                 if chunks.len() == 1 {
-                    host.get_mut(o, n)[(q0 * width) as usize..(q1 * width) as usize].copy_from_slice(&out);
+                    host.get_mut(o, n)?[(q0 * width) as usize..(q1 * width) as usize].copy_from_slice(&out);
                     continue;
                 }
                 merged.add(&out, &self.download(ls, rows * heads)?);
             }
             if chunks.len() > 1 {
-                host.get_mut(o, n)[(q0 * width) as usize..(q1 * width) as usize].copy_from_slice(&merged.finish());
+                host.get_mut(o, n)?[(q0 * width) as usize..(q1 * width) as usize].copy_from_slice(&merged.finish());
             }
         }
         Ok(())
@@ -409,5 +466,44 @@ mod tests {
         scatter(&mut dst, 3, 4, 1, 3, &band);
         assert_eq!(dst, [0.0, 1.0, 2.0, 0.0, 0.0, 5.0, 6.0, 0.0, 0.0, 9.0, 10.0, 0.0]);
         assert_eq!(bands(7, 3).collect::<Vec<_>>(), [(0, 3), (3, 6), (6, 7)]);
+    }
+}
+
+#[cfg(test)]
+mod scratch_tests {
+    use super::*;
+
+    /// The banded VAE's activations live in file-backed pages: filling a
+    /// 256 MiB scratch arena leaves the process's anonymous memory where it
+    /// was (the OS may write those pages out and drop them), where a Vec of
+    /// the same size adds all of it; and the file has no name in its folder.
+    #[test]
+    fn scratch_activations_are_not_anonymous_memory_and_leave_no_file() {
+        let Some(before) = crate::host_memory::now() else {
+            println!("skipped: this OS does not report the process's anonymous memory");
+            return;
+        };
+        let dir = std::env::temp_dir().join(format!("flux-lite-scratch-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let elements = 64u64 << 20; // 256 MiB of f32
+        let mut host = HostTensors::scratch_in(&dir, elements).unwrap();
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "the scratch file has a name");
+        let band: Vec<f32> = (0..1 << 20).map(|i| i as f32).collect();
+        for b in 0..64 {
+            host.insert(Span::new(b << 20, 0), &band).unwrap();
+        }
+        assert_eq!(host.get(Span::new(63 << 20, 0), 4).unwrap(), &[0.0, 1.0, 2.0, 3.0]);
+        let filled = crate::host_memory::now().unwrap();
+        let grown = filled.anonymous.saturating_sub(before.anonymous);
+        println!("256 MiB of scratch activations: anonymous memory grew by {:.1} MiB", grown as f64 / (1 << 20) as f64);
+        assert!(grown < 32 << 20, "scratch activations counted as anonymous memory: {grown} bytes");
+        // The same values in a Vec are anonymous memory, as the measurement shows.
+        let in_memory = vec![1.0f32; elements as usize];
+        let vec_grown = crate::host_memory::now().unwrap().anonymous.saturating_sub(filled.anonymous);
+        assert!(vec_grown > 200 << 20 && in_memory[12345] == 1.0, "a 256 MiB Vec grew anonymous memory by {vec_grown} bytes only");
+        // Out of the arena is an error, not a panic.
+        assert!(host.get(Span::new(elements - 2, 0), 4).is_err());
+        drop(host);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
