@@ -75,7 +75,7 @@ fn vae_decode_on_the_half_tiers() {
             let mut vae = VaeDecoder::new(&gpu, &m.vae, &store, size("width"), size("height"), None).unwrap();
             let latents = g.f32(&format!("latents.{}", size("steps") - 1)).0;
             let out = vae.decode(&gpu, &latents, &mut |_| {}).unwrap();
-            check(&format!("{tier} {case} decoded"), &out.decoded, &g.f32("decoded").0, other_tiers::VAE_DECODED);
+            check(&format!("{tier} {case} decoded"), out.decoded(), &g.f32("decoded").0, other_tiers::VAE_DECODED);
         }
     }
 }

@@ -57,13 +57,13 @@ fn decodes_every_golden_case_like_diffusers() {
 
         let (want, shape) = g.f32("decoded");
         assert_eq!(shape, [3, height, width]);
-        let (err, at) = rel_l2(&out.decoded, &want);
-        let worst = (out.decoded[at] - want[at]).abs();
-        println!("{case}: decoded relative L2 {err:.2e}, worst |Δ| {worst:.2e} at {at} (got {} want {})", out.decoded[at], want[at]);
+        let (err, at) = rel_l2(out.decoded(), &want);
+        let worst = (out.decoded()[at] - want[at]).abs();
+        println!("{case}: decoded relative L2 {err:.2e}, worst |Δ| {worst:.2e} at {at} (got {} want {})", out.decoded()[at], want[at]);
         assert!(
             err <= DECODED_TOL,
             "{case}: decoded relative L2 {err:.3e} > {DECODED_TOL:.0e}; worst element {at}: got {} want {}",
-            out.decoded[at],
+            out.decoded()[at],
             want[at]
         );
 
@@ -129,7 +129,7 @@ fn banded_decode_matches_the_untiled_decode() {
     let (tiled, ticks) = decode(&mut banded, &latents);
     let (whole, _) = decode(&mut decoder("tiny-a", width, height, None), &latents);
     assert_eq!(ticks.last().map(|t| (t.done, t.total)), Some((ticks.len(), ticks.len())), "one tick per op");
-    assert_decoded("banded vs untiled decoded", &tiled.decoded, &whole.decoded);
+    assert_decoded("banded vs untiled decoded", tiled.decoded(), whole.decoded());
     let (max, mean) = level_gap(&tiled.rgb, &whole.rgb);
     println!("banded vs untiled 64×96 in 16-px tiles: max |Δ| {max}, mean |Δ| {mean:.5}");
     flux_lite_tests::tolerance::assert_png_close("banded vs untiled", &tiled.rgb, &whole.rgb);

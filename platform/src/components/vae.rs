@@ -26,14 +26,33 @@ pub struct TileProgress {
 }
 
 /// A decoded image.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug)]
 pub struct DecodedImage {
     pub width: usize,
     pub height: usize,
-    /// The decoder's raw output `[3, height, width]`, before the clamp.
-    pub decoded: Vec<f32>,
+    decoded: Decoded,
     /// 8-bit RGB, row-major, 3 bytes per pixel (what goes into the PNG).
     pub rgb: Vec<u8>,
+}
+
+/// The decoder's raw output: read back into memory after an untiled decode,
+/// or left where a banded decode wrote it, in its scratch file (so a large
+/// image's f32 values never take the process's own memory).
+#[derive(Debug)]
+enum Decoded {
+    Read(Vec<f32>),
+    Scratch { host: HostTensors, span: Span, len: u64 },
+}
+
+impl DecodedImage {
+    /// The decoder's raw output `[3, height, width]`, before the clamp.
+    pub fn decoded(&self) -> &[f32] {
+        match &self.decoded {
+            Decoded::Read(values) => values,
+            // The span was read once when the decode finished, so it is in the arena.
+            Decoded::Scratch { host, span, len } => host.get(*span, *len).unwrap_or_default(),
+        }
+    }
 }
 
 /// How the image is decoded.
@@ -150,14 +169,16 @@ impl VaeDecoder {
                     Ok(())
                 })?;
                 progress(TileProgress { done: 1, total: 1 });
-                self.runner.read(gpu, layout.decoded, 1, layout.decoded_len())?
+                Decoded::Read(self.runner.read(gpu, layout.decoded, 1, layout.decoded_len())?)
             }
             Mode::Banded { capacity } => self.decode_banded(gpu, *capacity, packed, progress)?,
         };
         self.decoded_once = true;
         let (height, width) = (lat_h as usize * scale, lat_w as usize * scale);
-        let levels = self.pixel_levels(gpu, &decoded)?;
-        Ok(DecodedImage { width, height, rgb: interleave_rgb(&levels, height * width), decoded })
+        let mut image = DecodedImage { width, height, rgb: Vec::new(), decoded };
+        let levels = self.pixel_levels(gpu, image.decoded())?;
+        image.rgb = interleave_rgb(&levels, height * width);
+        Ok(image)
     }
 
     /// The 8-bit levels of decoded values (`round(clamp(x/2 + 1/2, 0, 1)·255)`),
@@ -199,7 +220,7 @@ impl VaeDecoder {
 
     /// Core's decode program over the whole image's layout, each op run by
     /// bands with the activations on the host.
-    fn decode_banded(&self, gpu: &Gpu, capacity: u64, packed: &[f32], progress: &mut dyn FnMut(TileProgress)) -> Result<Vec<f32>, RunError> {
+    fn decode_banded(&self, gpu: &Gpu, capacity: u64, packed: &[f32], progress: &mut dyn FnMut(TileProgress)) -> Result<Decoded, RunError> {
         let full = VaeLayout::new(&self.config, self.latent_h, self.latent_w, &mut BumpArena::new(u64::MAX)).map_err(plan_error)?;
         let ops = collect_ops(|emit| program::decode(&full, emit));
         let mut host = HostTensors::scratch(arena_bytes(&self.config, self.latent_h, self.latent_w).map_err(plan_error)? / 4)?;
@@ -209,7 +230,8 @@ impl VaeDecoder {
             bands.run(&mut host, op)?;
             progress(TileProgress { done: i + 1, total: ops.len() });
         }
-        Ok(host.get(full.decoded, full.decoded_len())?.to_vec())
+        host.get(full.decoded, full.decoded_len())?;
+        Ok(Decoded::Scratch { host, span: full.decoded, len: full.decoded_len() })
     }
 }
 
