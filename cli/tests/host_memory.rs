@@ -118,3 +118,25 @@ fn a_df11_model_streamed_holds_no_expanded_weights_on_the_host() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+
+/// A scratch folder that cannot take the banded VAE's file is one error
+/// line naming the folder and the variable, and no image.
+#[test]
+fn a_scratch_folder_that_does_not_exist_is_one_error_line() {
+    let dir = scratch_dir("host-memory-scratch");
+    let out = dir.join("out.png");
+    let model = model_dir("tiny-a");
+    let args = ["gen", "--model", model.to_str().unwrap(), "--prompt", "a fox", "--steps", "1", "--width", "64", "--height", "64"];
+    let run = Command::new(env!("CARGO_BIN_EXE_flux-lite"))
+        .args(args)
+        .args(["--vae-tile", "16", "--quiet", "--output", out.to_str().unwrap()])
+        .env("FLUX_LITE_SCRATCH_DIR", dir.join("missing"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(!run.status.success());
+    let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error: ")).collect();
+    assert!(errors.len() == 1 && errors[0].contains("missing") && errors[0].contains("FLUX_LITE_SCRATCH_DIR"), "{stderr}");
+    assert!(!out.exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}
