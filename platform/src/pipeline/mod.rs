@@ -313,6 +313,12 @@ impl Pipeline {
         }
         let (gpu, model) = (&self.gpu, &self.model);
         let plan = self.plan(request)?;
+        // A VAE in bands keeps the image's activations in a scratch file: find
+        // out now, not after the denoising, if its folder cannot take one.
+        let banded_encode = plan.references.is_some_and(|r| r.tile.is_some());
+        if (decode_image && plan.decode.tile.is_some()) || banded_encode {
+            crate::run::vae_bands::HostTensors::scratch(1)?;
+        }
         let mut timings = Timings::default();
         let guided = uses_guidance(model, request.guidance);
         let te = plan.encode.weights;
