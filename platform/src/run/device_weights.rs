@@ -342,28 +342,18 @@ impl DeviceWeights {
                     WeightStrategy::ResidentBf16 => w.expand_at_load(gpu, store, g)?,
                     WeightStrategy::ResidentDf11 { .. } => {
                         let group = compressed(store, g)?;
-                        let info = group_info(store, g)?;
-                        let base = cursor.next_multiple_of(SLOT_ALIGN);
-                        cursor = base + 2 * group.n_elements() as u64;
-                        for (name, elements) in info.weights.iter().zip(group.weight_ranges()) {
-                            in_slots.push((name.clone(), slot, base / 2 + elements.start as u64, WeightDtype::Bf16));
-                        }
+                        let base = place_group(&mut cursor, &mut in_slots, group_info(store, g)?, &group, slot);
                         let device = Df11DeviceGroup::upload(gpu, &group);
                         w.bytes += device.device_bytes();
-                        w.fills[block].push(SlotFill { group: w.groups.len(), slot, base: base / 2 });
+                        w.fills[block].push(SlotFill { group: w.groups.len(), slot, base });
                         w.groups.push(device);
                     }
                     WeightStrategy::Streamed { .. } => {
                         let group = compressed(store, g)?;
-                        let info = group_info(store, g)?;
-                        let base = cursor.next_multiple_of(SLOT_ALIGN);
-                        cursor = base + 2 * group.n_elements() as u64;
-                        for (name, elements) in info.weights.iter().zip(group.weight_ranges()) {
-                            in_slots.push((name.clone(), slot, base / 2 + elements.start as u64, WeightDtype::Bf16));
-                        }
+                        let base = place_group(&mut cursor, &mut in_slots, group_info(store, g)?, &group, slot);
                         area_bytes = area_bytes.max(area_bytes_of(&group, area_align(gpu)));
                         let positions = block_positions(&group);
-                        w.streamed_groups[block].push(StreamedGroup { group: g, slot, base: base / 2, positions, clear: Vec::new(), runs: Vec::new() });
+                        w.streamed_groups[block].push(StreamedGroup { group: g, slot, base, positions, clear: Vec::new(), runs: Vec::new() });
                     }
                 }
             }
@@ -497,6 +487,24 @@ impl DeviceWeights {
             .get(name)
             .ok_or_else(|| GpuError::UnsupportedShape(format!("the program names weight `{name}`, which was not loaded")))
     }
+}
+
+/// Places a group's bf16 expansion in `slot` at the next aligned byte of
+/// `cursor` (which it advances), maps each of its weights there, and
+/// returns the group's first element in the slot.
+fn place_group(
+    cursor: &mut u64,
+    in_slots: &mut Vec<(String, usize, u64, WeightDtype)>,
+    info: &crate::model::safetensors_store::Df11GroupInfo,
+    group: &flux_lite_core::df11::Df11Group<'_>,
+    slot: usize,
+) -> u64 {
+    let base = cursor.next_multiple_of(SLOT_ALIGN);
+    *cursor = base + 2 * group.n_elements() as u64;
+    for (name, elements) in info.weights.iter().zip(group.weight_ranges()) {
+        in_slots.push((name.clone(), slot, base / 2 + elements.start as u64, WeightDtype::Bf16));
+    }
+    base / 2
 }
 
 /// An array's piece of a run, on its way to its place in the area.
