@@ -34,22 +34,11 @@ fn synthetic_model(dir: &Path) -> (PathBuf, u64) {
     let config: TransformerConfig = config_json::transformer(&JsonFile::read(&config_path).unwrap()).unwrap();
     let mut specs = Vec::new();
     flux_lite_core::models::tensors::transformer(&config, |s| specs.push((s.name.to_string(), s.shape.to_vec())));
-    let mut state = 0x9e3779b97f4a7c15u64;
-    let mut normal = move || {
-        // Two uniforms (SplitMix64) to one normal (Box–Muller).
-        let mut next = || {
-            state = state.wrapping_add(0x9e3779b97f4a7c15);
-            let mut z = state;
-            z = (z ^ (z >> 30)).wrapping_mul(0xbf58476d1ce4e5b9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94d049bb133111eb);
-            ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 53) as f64
-        };
-        let (u1, u2) = (next().max(1e-300), next());
-        ((-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()) as f32
-    };
+    // The engine's own synthetic weights (normal, σ 0.02, as bf16), a seed per tensor.
     let data: Vec<Vec<u8>> = specs
         .iter()
-        .map(|(_, shape)| (0..shape.iter().product::<usize>()).flat_map(|_| flux_lite_core::numerics::bf16::from_f32(0.02 * normal()).to_le_bytes()).collect())
+        .enumerate()
+        .map(|(i, (_, shape))| flux_lite_platform::bench::synthetic_weights(shape.iter().product(), i as u64).iter().flat_map(|w| w.to_le_bytes()).collect())
         .collect();
     let bytes: u64 = data.iter().map(|d| d.len() as u64).sum();
     let tensors = specs.iter().zip(&data).map(|((name, shape), d)| (name.clone(), Dtype::BF16, shape.clone(), d.as_slice()));
