@@ -8,15 +8,6 @@
 // `copy_peak`: a vec4 copy between two storage buffers, the most bytes per
 // second a kernel of ours can read and write.
 
-struct Params {
-    iterations: u32,
-    count: u32,
-    _pad0: u32,
-    _pad1: u32,
-}
-
-@group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read_write> sink: array<f32>;
 @group(0) @binding(2) var<storage, read> src: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read_write> dst: array<vec4<f32>>;
 

@@ -8,16 +8,6 @@
 
 override WG: u32 = 8u;
 
-struct Params {
-    iterations: u32,
-    count: u32,
-    _pad0: u32,
-    _pad1: u32,
-}
-
-@group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read_write> sink: array<f32>;
-
 var<workgroup> ab_tile: array<Operand, T * T>;
 var<workgroup> c_tile: array<f32, T * T>;
 
