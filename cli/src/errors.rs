@@ -2,16 +2,17 @@
 //! where the library's typed error says which setting it was.
 
 use flux_lite_core::config::SizeError;
-use flux_lite_core::plan::{Bytes, PlanError};
+use flux_lite_core::plan::{Bytes, PlanError, Sides};
 use flux_lite_platform::RunError;
 
 /// A planner refusal, with the flag that set what it refuses.
 pub fn plan_line(e: &PlanError) -> String {
     match *e {
-        PlanError::TooSmall { budget, phase, minimum } => format!(
-            "--memory-budget {}: too small ({phase} needs more); the smallest budget that works for this size is {} ({minimum} B)",
+        PlanError::TooSmall { budget, phase, minimum, device, host } => format!(
+            "--memory-budget {}: too small ({phase} needs more); the smallest budget that works for this size is {} ({minimum} B): {}",
             Bytes(budget),
-            Bytes(minimum)
+            Bytes(minimum),
+            Sides(device, host)
         ),
         PlanError::VaeTileSize { .. } | PlanError::VaeTileTooSmall { .. } => format!("--vae-tile: {e}"),
         _ => e.to_string(),

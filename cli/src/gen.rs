@@ -182,14 +182,20 @@ pub fn run(args: &GenArgs) -> Result<(), String> {
         let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
         let peak = pipeline.gpu().memory().high_water;
         let plan = &generated.plan;
-        match args.memory_budget {
-            Some(budget) => eprintln!("peak device memory: {:.2} MiB of budget {:.2} MiB (planned {:.2} MiB)", mib(peak), mib(budget), mib(plan.peak())),
-            None => eprintln!("peak device memory: {:.2} MiB, no budget (planned {:.2} MiB)", mib(peak), mib(plan.peak())),
-        }
+        let budget = match args.memory_budget {
+            Some(budget) => format!("of budget {:.2} MiB", mib(budget)),
+            None => "no budget".to_string(),
+        };
+        eprintln!(
+            "peak device memory: {:.2} MiB, {budget} (planned {:.2} MiB; device and host together {:.2} MiB in the largest phase)",
+            mib(peak),
+            mib(plan.device_peak()),
+            mib(plan.peak())
+        );
         // Exact figures, for scripts and tests: a few KiB over a budget shows here, not in MiB.
         let budget = args.memory_budget.map_or("none".into(), |b| b.to_string());
-        eprintln!("device bytes: peak {peak}, budget {budget}, planned {}", plan.peak());
-        print_host_memory(host_peak);
+        eprintln!("device bytes: peak {peak}, budget {budget}, planned {}", plan.device_peak());
+        print_host_memory(host_peak, plan);
     }
     let per_step: Vec<String> = timings.steps.iter().map(|d| format!("{:.2}s", d.as_secs_f64())).collect();
     eprintln!(
@@ -203,22 +209,25 @@ pub fn run(args: &GenArgs) -> Result<(), String> {
     Ok(())
 }
 
-/// `peak host memory: …` and its exact form `host bytes: …` (Linux; the
-/// host side is not planned yet).
-fn print_host_memory(sampler: Option<flux_lite_platform::host_memory::AnonymousPeak>) {
+/// `peak host memory: …` beside the planned host bytes, and its exact form
+/// `host bytes: …` (measured on Linux only).
+fn print_host_memory(sampler: Option<flux_lite_platform::host_memory::AnonymousPeak>, plan: &Plan) {
+    let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+    let planned = plan.host_peak();
     let (Some(sampler), Some(now)) = (sampler, flux_lite_platform::host_memory::now()) else {
-        eprintln!("peak host memory: not measured on this OS");
+        eprintln!("peak host memory: not measured on this OS (planned {:.2} MiB)", mib(planned));
+        eprintln!("host bytes: planned {planned}");
         return;
     };
     let anonymous = sampler.finish();
-    let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
     eprintln!(
-        "peak host memory: {:.2} MiB anonymous (sampled every {} ms; includes a unified-memory device's buffers), {:.2} MiB resident with mapped files; not planned yet",
+        "peak host memory: {:.2} MiB anonymous (sampled every {} ms; it also holds the driver, its compiled kernels and, on unified memory, the device's buffers), {:.2} MiB resident with mapped files (planned {:.2} MiB: what the engine allocates on the host)",
         mib(anonymous),
         flux_lite_platform::host_memory::AnonymousPeak::PERIOD.as_millis(),
-        mib(now.resident_peak)
+        mib(now.resident_peak),
+        mib(planned)
     );
-    eprintln!("host bytes: anonymous peak {anonymous}, resident peak {}", now.resident_peak);
+    eprintln!("host bytes: anonymous peak {anonymous}, resident peak {}, planned {planned}, planned with the device {}", now.resident_peak, plan.peak());
 }
 
 /// The plan `--verbose` prints: each phase's layout, the VAE tile used.

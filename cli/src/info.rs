@@ -2,7 +2,7 @@
 
 use argh::FromArgs;
 use flux_lite_core::df11::layout;
-use flux_lite_core::plan::{self as planner, Bytes, ComponentBytes, DeviceLimits, PhasePlan, PlanInput, VaePlan};
+use flux_lite_core::plan::{self as planner, Bytes, ComponentBytes, DeviceLimits, PhasePlan, PlanInput, Sides, VaePlan};
 use flux_lite_core::models::tensors;
 use flux_lite_platform::model::{Component, ModelFolder};
 use flux_lite_platform::pipeline::planning::ModelSizes;
@@ -30,7 +30,7 @@ pub struct InfoArgs {
     /// image height the plan is for, in pixels (default: the first reference image's, else 1024)
     #[argh(option)]
     height: Option<usize>,
-    /// also plan the run within this device memory, e.g. 2GiB (fails, naming the minimum, when too small)
+    /// also plan the run within this memory (device and host together), e.g. 2GiB (fails, naming the minimum, when too small)
     #[argh(option, from_str_fn(crate::budget::parse_memory_budget))]
     memory_budget: Option<u64>,
     /// the device limits to plan under: adapter (this machine's, the default), webgpu (WebGPU's defaults, which every adapter grants), or BUFFER/BINDING such as 4GiB/4GiB
@@ -66,18 +66,22 @@ pub fn run(args: &InfoArgs) -> Result<(), String> {
         Bytes(limits.max_binding)
     );
     print_plan_options(&input, &sizes)?;
-    let minimum = planner::minimum_budget(&input).map_err(|e| crate::errors::plan_line(&e))?;
-    println!("smallest budget for the whole run: {} ({minimum} B)", Bytes(minimum));
+    let minimum = planner::minimum_need(&input).map_err(|e| crate::errors::plan_line(&e))?;
+    println!("smallest budget for the whole run: {} ({} B): {}", Bytes(minimum.total()), minimum.total(), Sides(minimum.device, minimum.host));
+    let resident = planner::plan(&PlanInput { budget: None, ..input }).map_err(|e| crate::errors::plan_line(&e))?;
+    println!("everything resident: {}: {}", Bytes(resident.peak()), Sides(resident.device_peak(), resident.host_peak()));
     if let Some(budget) = args.memory_budget {
         let plan = planner::plan(&input).map_err(|e| crate::errors::plan_line(&e))?;
         let encoder = plan.references.map_or(String::new(), |r| format!("; VAE encoder {}", tile_layout(r.tile)));
         println!(
-            "within --memory-budget {}: text encoder {}; transformer {}{encoder}; VAE {}; peak {}",
+            "within --memory-budget {}: text encoder {}; transformer {}{encoder}; VAE {}; peak {} (largest phase), at most {} on the device and {} on the host",
             Bytes(budget),
             plan.encode.weights,
             plan.denoise,
             tile_layout(plan.decode.tile),
-            Bytes(plan.peak())
+            Bytes(plan.peak()),
+            Bytes(plan.device_peak()),
+            Bytes(plan.host_peak())
         );
     }
     Ok(())
@@ -179,18 +183,27 @@ fn print_fastest_and_smallest(options: &[VaePlan]) {
     let fastest = options.first();
     let smallest = options.iter().min_by_key(|p| p.peak());
     for p in fastest.into_iter().chain(smallest.filter(|s| Some(*s) != fastest)) {
-        print_option(&tile_layout(p.tile), p.weight_bytes, p.arena_bytes, p.other_bytes);
+        print_option(&tile_layout(p.tile), [p.weight_bytes, p.arena_bytes, p.other_bytes], p.host_bytes);
     }
 }
 
 fn print_phase(p: &PhasePlan) {
-    print_option(&p.to_string(), p.weight_bytes, p.arena_bytes, p.other_bytes);
+    print_option(&p.to_string(), [p.weight_bytes, p.arena_bytes, p.other_bytes], p.host_bytes);
 }
 
-/// One option of a phase: what it is, its peak and the peak's parts.
-fn print_option(what: &str, weights: u64, activations: u64, other: u64) {
-    let peak = weights + activations + other;
-    println!("  {what}: {} (weights {}, activations {}, other {})", Bytes(peak), Bytes(weights), Bytes(activations), Bytes(other));
+/// One option of a phase: what it is, its peak, the device's part (weights,
+/// activations, other) and the host's.
+fn print_option(what: &str, [weights, activations, other]: [u64; 3], host: u64) {
+    let device = weights + activations + other;
+    println!(
+        "  {what}: {} = device {} (weights {}, activations {}, other {}) + host {}",
+        Bytes(device + host),
+        Bytes(device),
+        Bytes(weights),
+        Bytes(activations),
+        Bytes(other),
+        Bytes(host)
+    );
 }
 
 fn tile_layout(tile: Option<u64>) -> String {

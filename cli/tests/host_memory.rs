@@ -50,24 +50,48 @@ fn flux_lite(args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_flux-lite")).args(args).output().unwrap()
 }
 
-/// One verbose `gen` (`budget`: none, or the smallest that works, found
-/// from the refusal of 1 KiB): the PNG's pixels and the anonymous high-water.
-fn run(model: &Path, out: &Path, smallest_budget: bool) -> (Vec<u8>, u64, String) {
-    let base = ["gen", "--model", model.to_str().unwrap(), "--prompt", "a fox", "--seed", "5", "--steps", "1", "--width", "32", "--height", "32"];
-    let tail = ["--precision", "f32", "--quiet", "--verbose", "--output", out.to_str().unwrap()];
+/// What one run measured and planned.
+struct Measured {
+    rgb: Vec<u8>,
+    /// The process's anonymous high-water.
+    peak: u64,
+    /// The plan's device and host bytes of its largest phase: on lavapipe
+    /// both are the process's anonymous memory.
+    planned: u64,
+    stderr: String,
+}
+
+impl Measured {
+    /// What the process held beyond the plan: the driver, its compiled
+    /// kernels, the program. It must not grow with the model or the image.
+    fn unplanned(&self) -> i64 {
+        self.peak as i64 - self.planned as i64
+    }
+}
+
+/// One verbose `gen` of a `size`² image (`budget`: none, or the smallest
+/// that works, found from the refusal of 1 KiB), with `extra` flags.
+fn run(model: &Path, out: &Path, smallest_budget: bool) -> Measured {
+    run_sized(model, out, smallest_budget, 32, &[])
+}
+
+fn run_sized(model: &Path, out: &Path, smallest_budget: bool, size: u32, extra: &[&str]) -> Measured {
+    let size = size.to_string();
+    let base = ["gen", "--model", model.to_str().unwrap(), "--prompt", "a fox", "--seed", "5", "--steps", "1", "--width", &size, "--height", &size];
+    let tail = [&["--precision", "f32", "--quiet", "--verbose", "--output", out.to_str().unwrap()], extra].concat();
     let mut budget = String::new();
     if smallest_budget {
         let refused = flux_lite(&[&base[..], &tail[..], &["--memory-budget", "1KiB"]].concat());
         let stderr = String::from_utf8_lossy(&refused.stderr);
         budget = stderr.rsplit('(').next().and_then(|t| t.split(' ').next()).unwrap_or_else(|| panic!("{stderr}")).to_string() + "B";
     }
-    let extra: Vec<&str> = if smallest_budget { vec!["--memory-budget", &budget] } else { vec![] };
-    let done = flux_lite(&[&base[..], &tail[..], &extra[..]].concat());
+    let budget_flags: Vec<&str> = if smallest_budget { vec!["--memory-budget", &budget] } else { vec![] };
+    let done = flux_lite(&[&base[..], &tail[..], &budget_flags[..]].concat());
     let stderr = String::from_utf8_lossy(&done.stderr).into_owned();
     assert!(done.status.success(), "{stderr}");
-    let host = stderr.lines().find_map(|l| l.strip_prefix("host bytes: anonymous peak ")).unwrap_or_else(|| panic!("{stderr}"));
-    let peak: u64 = host.split(',').next().unwrap().trim().parse().unwrap();
-    (flux_lite_tests::read_png(out).rgb, peak, stderr)
+    let line = stderr.lines().find(|l| l.starts_with("host bytes: anonymous peak ")).unwrap_or_else(|| panic!("{stderr}"));
+    let figure = |key: &str| -> u64 { line.split(&format!("{key} ")).nth(1).unwrap().split(',').next().unwrap().trim().parse().unwrap() };
+    Measured { rgb: flux_lite_tests::read_png(out).rgb, peak: figure("anonymous peak"), planned: figure("planned with the device"), stderr }
 }
 
 #[test]
@@ -81,32 +105,70 @@ fn a_df11_model_streamed_holds_no_expanded_weights_on_the_host() {
     let df11 = dir.join("df11");
     let compressed = flux_lite(&["compress", "--model", bf16.to_str().unwrap(), "--output", df11.to_str().unwrap(), "--components", "transformer", "--quiet"]);
     assert!(compressed.status.success(), "{}", String::from_utf8_lossy(&compressed.stderr));
-    let mib = |b: u64| b as f64 / (1 << 20) as f64;
     println!("synthetic transformer: {:.1} MiB of bf16 weights", mib(weight_bytes));
 
-    let (resident_png, resident, _) = run(&bf16, &dir.join("resident.png"), false);
-    let (bf16_png, bf16_streamed, stderr) = run(&bf16, &dir.join("bf16.png"), true);
-    assert!(stderr.contains("streamed per block"), "{stderr}");
-    let (df11_png, df11_streamed, stderr) = run(&df11, &dir.join("df11.png"), true);
-    assert!(stderr.contains("streamed per block"), "{stderr}");
-    println!(
-        "anonymous high-water: {:.1} MiB everything resident, {:.1} MiB bf16 streamed, {:.1} MiB DF11 streamed",
-        mib(resident),
-        mib(bf16_streamed),
-        mib(df11_streamed)
-    );
+    let baseline = run(&model_dir("tiny-a"), &dir.join("tiny.png"), true);
+    let resident = run(&bf16, &dir.join("resident.png"), false);
+    let bf16_streamed = run(&bf16, &dir.join("bf16.png"), true);
+    assert!(bf16_streamed.stderr.contains("streamed per block"), "{}", bf16_streamed.stderr);
+    let df11_streamed = run(&df11, &dir.join("df11.png"), true);
+    assert!(df11_streamed.stderr.contains("streamed per block"), "{}", df11_streamed.stderr);
+    let runs = [("tiny-a", &baseline), ("everything resident", &resident), ("bf16 streamed", &bf16_streamed), ("DF11 streamed", &df11_streamed)];
+    for (name, m) in runs {
+        println!("{name}: anonymous high-water {:.1} MiB, planned {:.1} MiB, unplanned {:.1} MiB", mib(m.peak), mib(m.planned), m.unplanned() as f64 / MIB);
+    }
     // The measurement sees the weights: resident, they are in (device =) host memory.
-    assert!(resident > bf16_streamed + weight_bytes / 2, "the resident run's high-water does not show its weights");
+    assert!(resident.peak > bf16_streamed.peak + weight_bytes / 2, "the resident run's high-water does not show its weights");
     // Streamed as DF11, the expanded weights never sit on the host: no more
     // than a quarter of them above the bf16 streamed run (the area and
     // staging the plan counts are a few MiB here; expanding on the host
     // would add all of them).
-    assert!(df11_streamed < bf16_streamed + weight_bytes / 4, "DF11 streamed: {:.1} MiB, bf16 streamed {:.1} MiB", mib(df11_streamed), mib(bf16_streamed));
-    assert!(df11_png == bf16_png, "DF11 and bf16 images differ");
-    assert!(resident_png == bf16_png, "streaming changed the image");
+    assert!(df11_streamed.peak < bf16_streamed.peak + weight_bytes / 4, "DF11 streamed: {:.1} MiB, bf16 streamed {:.1} MiB", mib(df11_streamed.peak), mib(bf16_streamed.peak));
+    // Whatever grows with the model is in the plan: beyond it each run holds
+    // what tiny-a's holds (the driver, its kernels), within sampling noise.
+    for (name, m) in &runs[1..] {
+        assert!(m.unplanned() <= baseline.unplanned() + NOISE, "{name}: {:.1} MiB beyond its plan, tiny-a {:.1} MiB", m.unplanned() as f64 / MIB, baseline.unplanned() as f64 / MIB);
+    }
+    assert!(df11_streamed.rgb == bf16_streamed.rgb, "DF11 and bf16 images differ");
+    assert!(resident.rgb == bf16_streamed.rgb, "streaming changed the image");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The VAE decoding in bands (16-pixel tiles) at 32² and at 128²: what the
+/// process holds beyond the plan is the same at both sizes; the plan's own
+/// host bytes for the decode grow only by the 8-bit image (6 bytes a pixel).
+#[test]
+fn a_banded_decode_holds_the_same_beyond_its_plan_at_two_sizes() {
+    if flux_lite_platform::host_memory::now().is_none() {
+        println!("skipped: this OS does not report the process's anonymous memory");
+        return;
+    }
+    let dir = scratch_dir("host-memory-sizes");
+    let model = model_dir("tiny-a");
+    let tile = ["--vae-tile", "16"];
+    let small = run_sized(&model, &dir.join("small.png"), false, 32, &tile);
+    let large = run_sized(&model, &dir.join("large.png"), false, 128, &tile);
+    for (name, m) in [("32²", &small), ("128²", &large)] {
+        assert!(m.stderr.contains("plan: VAE in bands"), "{}", m.stderr);
+        println!("{name}: anonymous high-water {:.1} MiB, planned {:.1} MiB, unplanned {:.1} MiB", mib(m.peak), mib(m.planned), m.unplanned() as f64 / MIB);
+    }
+    assert!(
+        large.unplanned() <= small.unplanned() + NOISE,
+        "128²: {:.1} MiB beyond its plan, 32²: {:.1} MiB",
+        large.unplanned() as f64 / MIB,
+        small.unplanned() as f64 / MIB
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+const MIB: f64 = (1 << 20) as f64;
+
+/// Sampling every 5 ms and the allocator's rounding: 8 MiB.
+const NOISE: i64 = 8 << 20;
+
+fn mib(b: u64) -> f64 {
+    b as f64 / MIB
+}
 
 /// A scratch folder that cannot take the banded VAE's file is one error
 /// line naming the folder and the variable, before any work (no stage has

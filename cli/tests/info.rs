@@ -68,7 +68,7 @@ fn the_published_4b_plans_from_its_config_files_alone() {
     assert!(stdout.contains("transformer: 5 double + 20 single blocks, 24 heads × 128"), "{stdout}");
     assert_eq!(stdout.matches("no weight files").count(), 3, "{stdout}");
     assert!(stdout.contains("plan for 1024×1024 with 512 prompt tokens"), "{stdout}");
-    let peak = |line: &str| parse_gib(line.split(": ").nth(1).unwrap().split(" (").next().unwrap());
+    let peak = |line: &str| parse_gib(line.split(": ").nth(1).unwrap().split(" = ").next().unwrap());
     // Pinned limits, so the list does not depend on this machine's adapter.
     // With 4 GiB bindings every strategy is listed unchunked and in token chunks.
     let roomy = stdout_of(&info(&folder, &["--limits", "4GiB/4GiB"]));

@@ -7,7 +7,11 @@ use crate::precision::{describe, pick_matrix_config, MatrixConfig, MatrixOperand
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use flux_lite_core::plan::UPLOAD_STAGING;
 use wgpu::util::DeviceExt;
+
+/// The most bytes one upload stages at a time (a larger tensor goes in chunks).
+pub const UPLOAD_CHUNK: u64 = 4 << 20;
 
 /// The native APIs flux-lite can run on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -145,6 +149,8 @@ pub struct Gpu {
     faults: Arc<Faults>,
     interrupt: Arc<AtomicBool>,
     submissions: AtomicU64,
+    /// Upload bytes staged on the host since the last flush.
+    staged_uploads: AtomicU64,
     /// [`LOSE_DEVICE_AFTER`], when set.
     lose_after: Option<u64>,
     precision: Precision,
@@ -332,6 +338,7 @@ impl Gpu {
             faults,
             interrupt: options.interrupt.clone().unwrap_or_default(),
             submissions: AtomicU64::new(0),
+            staged_uploads: AtomicU64::new(0),
             lose_after,
             precision: choice.tier,
             matrix: choice.matrix,
@@ -465,6 +472,13 @@ impl Gpu {
     }
 
     /// A storage buffer holding `bytes`, padded to a multiple of 4.
+    ///
+    /// The bytes pass through host staging that wgpu frees only once a
+    /// submission has copied them out; loading a whole model between two
+    /// submissions would hold a second copy of it on the host. So a large
+    /// tensor goes in chunks of [`UPLOAD_CHUNK`], and the staged bytes are
+    /// flushed whenever they reach [`UPLOAD_STAGING`] less a chunk: the host
+    /// never holds more than [`UPLOAD_STAGING`] of uploads in flight.
     pub fn upload_bytes(&self, label: &str, bytes: &[u8]) -> DeviceBuffer {
         let padded;
         let contents = if bytes.len().is_multiple_of(4) && !bytes.is_empty() {
@@ -475,8 +489,31 @@ impl Gpu {
             padded = v;
             &padded
         };
-        let buffer = self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor { label: Some(label), contents, usage: storage_usage() });
-        self.counted(buffer, contents.len() as u64)
+        let size = contents.len() as u64;
+        if size <= UPLOAD_CHUNK {
+            self.make_room_for_upload(size);
+            let buffer = self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor { label: Some(label), contents, usage: storage_usage() });
+            return self.counted(buffer, size);
+        }
+        let buffer = self.device.create_buffer(&wgpu::BufferDescriptor { label: Some(label), size, usage: storage_usage(), mapped_at_creation: false });
+        for (i, chunk) in contents.chunks(UPLOAD_CHUNK as usize).enumerate() {
+            self.make_room_for_upload(chunk.len() as u64);
+            self.queue.write_buffer(&buffer, i as u64 * UPLOAD_CHUNK, chunk);
+        }
+        self.counted(buffer, size)
+    }
+
+    /// Counts `bytes` about to be staged for an upload, first flushing the
+    /// staged ones and waiting for their copies when they would pass
+    /// [`UPLOAD_STAGING`]. A failed wait is recorded as a fault and fails the
+    /// next submission.
+    fn make_room_for_upload(&self, bytes: u64) {
+        let staged = self.staged_uploads.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        if staged > UPLOAD_STAGING {
+            self.queue.submit([]);
+            let _ = self.wait();
+            self.staged_uploads.store(bytes, Ordering::Relaxed);
+        }
     }
 
     /// A uniform buffer holding a dispatch's parameters (rewritable).

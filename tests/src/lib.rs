@@ -196,10 +196,12 @@ pub fn the_error_line(out: &std::process::Output) -> String {
     errors[0].to_string()
 }
 
-/// The exact byte count a figure line ends with: `… 2.28 MiB (2380544 B)`.
+/// The exact byte count of a figure line: `… 2.28 MiB (2380544 B)`, or
+/// `… 5.03 MiB (5268992 B): 2.28 MiB on the device and …`.
 pub fn exact_bytes(line: &str) -> u64 {
     let inner = line.rsplit_once('(').unwrap_or_else(|| panic!("no byte count in {line}")).1;
-    inner.trim_end_matches(" B)").parse().unwrap_or_else(|e| panic!("{line}: {e}"))
+    let count = inner.split_once(" B)").unwrap_or_else(|| panic!("no byte count in {line}")).0;
+    count.parse().unwrap_or_else(|e| panic!("{line}: {e}"))
 }
 
 /// [`the_error_line`] of a command whose stderr holds nothing else.

@@ -230,7 +230,7 @@ fn tiled_decode_memory(size: usize) -> (u64, u64) {
     let sizes = planning::ModelSizes::from_files(&m, size, size).unwrap();
     let input: PlanInput<'_> = sizes.plan_input(&m, size, size, &[], device.plan_limits(), None);
     let planned = plan::decode_options(&input).unwrap().find(|p| p.tile == Some(16)).unwrap();
-    (high_water, planned.peak())
+    (high_water, planned.device())
 }
 
 #[test]

@@ -1,6 +1,8 @@
-//! The memory plan. For an image size, a prompt length and a device budget
-//! it lays out every device byte of each phase (encode, denoise, decode) and
-//! picks, per phase, the fastest way to hold the weights that fits:
+//! The memory plan. For an image size, a prompt length and a budget it lays
+//! out every device byte of each phase (encode, denoise, decode), beside the
+//! host bytes the engine allocates in it ([`host`]), and picks, per phase,
+//! the fastest way to hold the weights whose device and host bytes together
+//! fit:
 //!
 //! 1. all weights resident as bf16 (DF11 groups expanded once at load);
 //! 2. DF11 groups resident compressed, expanded per block into two, then one, bf16 slot;
@@ -27,6 +29,11 @@ pub const STREAM_STAGING: u64 = 64 << 20;
 /// Most device bytes streamed DF11 groups pass through compressed on their
 /// way to a slot; a larger group streams through in runs of its blocks.
 pub const DF11_STREAM_AREA: u64 = 64 << 20;
+/// Host bytes that weights uploaded to stay resident pass through (16 MiB:
+/// a smaller figure only adds waits, a larger one is held while loading): the
+/// uploads are flushed whenever this much waits in staging, so loading a
+/// model never holds a second copy of it on the host.
+pub const UPLOAD_STAGING: u64 = 16 << 20;
 /// Byte alignment of each weight in a slot: a binding offset (`df11_decode`
 /// starts groups on 128 elements); device weight sizes are counted in it.
 pub const SLOT_ALIGN: u64 = 256;
@@ -138,7 +145,7 @@ impl fmt::Display for WeightStrategy {
     }
 }
 
-/// The device bytes of one phase.
+/// The device and host bytes of one phase.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PhasePlan {
     pub weights: WeightStrategy,
@@ -150,11 +157,24 @@ pub struct PhasePlan {
     pub arena_bytes: u64,
     /// Tables, masks, result buffers, readback staging and dispatch parameters.
     pub other_bytes: u64,
+    /// What the engine allocates on the host meanwhile ([`host`]).
+    pub host_bytes: u64,
 }
 
 impl PhasePlan {
-    pub fn peak(&self) -> u64 {
+    /// Device bytes.
+    pub fn device(&self) -> u64 {
         self.weight_bytes + self.arena_bytes + self.other_bytes
+    }
+
+    /// Device and host bytes: what the budget bounds.
+    pub fn peak(&self) -> u64 {
+        self.device() + self.host_bytes
+    }
+
+    /// With the host staging its uploads pass through.
+    fn with_staging(self) -> Self {
+        Self { host_bytes: self.host_bytes + host::staging(self.device()), ..self }
     }
 }
 
@@ -183,16 +203,29 @@ pub struct VaePlan {
     pub weight_bytes: u64,
     pub arena_bytes: u64,
     pub other_bytes: u64,
+    /// What the engine allocates on the host meanwhile ([`host`]).
+    pub host_bytes: u64,
 }
 
 impl VaePlan {
-    pub fn peak(&self) -> u64 {
+    /// Device bytes.
+    pub fn device(&self) -> u64 {
         self.weight_bytes + self.arena_bytes + self.other_bytes
+    }
+
+    /// Device and host bytes: what the budget bounds.
+    pub fn peak(&self) -> u64 {
+        self.device() + self.host_bytes
+    }
+
+    /// With the host staging its uploads pass through.
+    pub(crate) fn with_staging(self) -> Self {
+        Self { host_bytes: self.host_bytes + host::staging(self.device()), ..self }
     }
 }
 
-/// Every device byte of a run, phase by phase. Phases run one after another
-/// and each frees its memory before the next allocates.
+/// Every device and host byte of a run, phase by phase. Phases run one
+/// after another and each frees its memory before the next allocates.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Plan {
     pub encode: PhasePlan,
@@ -203,9 +236,24 @@ pub struct Plan {
 }
 
 impl Plan {
+    /// The largest phase's device and host bytes together: what the budget bounds.
     pub fn peak(&self) -> u64 {
-        let references = self.references.map_or(0, |r| r.peak());
-        self.encode.peak().max(references).max(self.denoise.peak()).max(self.decode.peak())
+        self.largest(PhasePlan::peak, VaePlan::peak)
+    }
+
+    /// The most device bytes of any phase.
+    pub fn device_peak(&self) -> u64 {
+        self.largest(PhasePlan::device, VaePlan::device)
+    }
+
+    /// The most host bytes of any phase.
+    pub fn host_peak(&self) -> u64 {
+        self.largest(|p| p.host_bytes, |v| v.host_bytes)
+    }
+
+    fn largest(&self, phase: impl Fn(&PhasePlan) -> u64, vae: impl Fn(&VaePlan) -> u64) -> u64 {
+        let references = self.references.as_ref().map_or(0, &vae);
+        phase(&self.encode).max(references).max(phase(&self.denoise)).max(vae(&self.decode))
     }
 }
 
@@ -242,6 +290,8 @@ pub struct PlanInput<'a> {
     pub limits: DeviceLimits,
     /// `None`: no limit; every phase takes its fastest strategy.
     pub budget: Option<u64>,
+    /// Host bytes of the loaded tokenizer.
+    pub tokenizer_bytes: u64,
     /// A VAE tile (pixels) the caller forces on the decode and the
     /// references' encode instead of choosing one; `None`: planned. A tile
     /// that covers an image runs it untiled, as the decoder and encoder do.
@@ -262,8 +312,10 @@ pub enum PlanError {
     VaeTileSize { tile: u64, unit: u64 },
     /// A forced VAE tile whose band cannot hold one row of `what`'s widest convolution.
     VaeTileTooSmall { tile: u64, what: &'static str },
-    /// No strategy of `phase` fits the budget; `minimum` is the smallest budget that works for the run.
-    TooSmall { budget: u64, phase: &'static str, minimum: u64 },
+    /// No strategy of `phase` fits the budget; `minimum` is the smallest
+    /// budget that works for the run, `device` and `host` its two sides (in
+    /// the phase that needs it).
+    TooSmall { budget: u64, phase: &'static str, minimum: u64, device: u64, host: u64 },
 }
 
 impl fmt::Display for PlanError {
@@ -287,23 +339,37 @@ impl fmt::Display for PlanError {
                 f,
                 "a {tile}-pixel VAE tile cannot hold one row of {what}'s widest convolution on this adapter; use a larger tile or none"
             ),
-            PlanError::TooSmall { budget, phase, minimum } => write!(
+            PlanError::TooSmall { budget, phase, minimum, device, host } => write!(
                 f,
-                "a budget of {} is too small ({phase} needs more); the smallest budget that works for this size is {} ({minimum} B)",
+                "a budget of {} is too small ({phase} needs more); the smallest budget that works for this size is {} ({minimum} B): {}",
                 Bytes(*budget),
-                Bytes(*minimum)
+                Bytes(*minimum),
+                Sides(*device, *host)
             ),
         }
     }
 }
 
+/// The two sides of a minimum, as the refusal words them.
+#[derive(Debug, Clone, Copy)]
+pub struct Sides(pub u64, pub u64);
+
+impl fmt::Display for Sides {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} on the device and {} on the host", Bytes(self.0), Bytes(self.1))
+    }
+}
+
 /// Plans a run: each phase's fastest strategy within the budget.
 pub fn plan(input: &PlanInput<'_>) -> Result<Plan, PlanError> {
-    let encode = encode_phase(input.text_encoder, input.prompt_tokens, input.text_encoder_weights)?;
+    let encode = encode_input(input)?;
     let denoise = DenoiseOptions::new(input)?;
     let budget = input.budget.unwrap_or(u64::MAX);
     let references = reference_options(input)?;
-    let too_small = |phase: &'static str| PlanError::TooSmall { budget, phase, minimum: run_minimum(encode, &denoise, input) };
+    let too_small = |phase: &'static str| {
+        let need = run_minimum(encode, &denoise, input);
+        PlanError::TooSmall { budget, phase, minimum: need.total(), device: need.device, host: need.host }
+    };
     let references = match input.references {
         [] => None,
         _ => Some(references.into_iter().find(|r| r.peak() <= budget).ok_or_else(|| too_small("the VAE encoder"))?),
@@ -317,31 +383,64 @@ pub fn plan(input: &PlanInput<'_>) -> Result<Plan, PlanError> {
 }
 
 /// Plans the text encoder's phase alone (`flux-lite encode`): its fastest
-/// strategy within `budget` for `prompt_tokens` tokens.
-pub fn plan_encode(c: &Qwen3Config, prompt_tokens: u64, weights: WeightSizes, budget: Option<u64>) -> Result<PhasePlan, PlanError> {
-    let options = encode_phase(c, prompt_tokens, weights)?;
+/// strategy within `budget` for `prompt_tokens` tokens, one prompt's
+/// embedding held at a time.
+pub fn plan_encode(c: &Qwen3Config, prompt_tokens: u64, weights: WeightSizes, tokenizer_bytes: u64, budget: Option<u64>) -> Result<PhasePlan, PlanError> {
+    let options = encode_phase(c, prompt_tokens, weights, host::text_encoder(c, prompt_tokens, tokenizer_bytes, 1))?;
     let budget = budget.unwrap_or(u64::MAX);
-    options.fastest_within(budget).ok_or(PlanError::TooSmall { budget, phase: "the text encoder", minimum: options.smallest() })
+    let need = options.smallest();
+    options.fastest_within(budget).ok_or(PlanError::TooSmall { budget, phase: "the text encoder", minimum: need.total(), device: need.device, host: need.host })
 }
 
 /// The smallest budget under which the whole run works: the largest of the
 /// phases' smallest peaks (each phase frees its memory before the next).
 pub fn minimum_budget(input: &PlanInput<'_>) -> Result<u64, PlanError> {
-    let encode = encode_phase(input.text_encoder, input.prompt_tokens, input.text_encoder_weights)?;
+    Ok(minimum_need(input)?.total())
+}
+
+/// The smallest budget's two sides, in the phase that needs it.
+pub fn minimum_need(input: &PlanInput<'_>) -> Result<Need, PlanError> {
+    let encode = encode_input(input)?;
     let denoise = DenoiseOptions::new(input)?;
     let _ = reference_options(input)?;
     let _ = decode_options(input)?;
     Ok(run_minimum(encode, &denoise, input))
 }
 
-fn run_minimum(encode: PhaseOptions, denoise: &DenoiseOptions, input: &PlanInput<'_>) -> u64 {
-    let references = reference_options(input).ok().and_then(|o| o.map(|r| r.peak()).min()).unwrap_or(0);
-    encode.smallest().max(references).max(denoise.smallest()).max(smallest_decode(input))
+/// A phase's bytes on each side.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Need {
+    pub device: u64,
+    pub host: u64,
+}
+
+impl Need {
+    pub fn total(&self) -> u64 {
+        self.device + self.host
+    }
+}
+
+impl From<PhasePlan> for Need {
+    fn from(p: PhasePlan) -> Self {
+        Need { device: p.device(), host: p.host_bytes }
+    }
+}
+
+impl From<VaePlan> for Need {
+    fn from(p: VaePlan) -> Self {
+        Need { device: p.device(), host: p.host_bytes }
+    }
+}
+
+/// The costliest phase's smallest layout: the run's minimum budget.
+fn run_minimum(encode: PhaseOptions, denoise: &DenoiseOptions, input: &PlanInput<'_>) -> Need {
+    let references = reference_options(input).ok().and_then(|o| o.map(Need::from).min_by_key(Need::total)).unwrap_or_default();
+    [encode.smallest(), references, denoise.smallest(), smallest_decode(input)].into_iter().max_by_key(Need::total).unwrap_or_default()
 }
 
 /// Every strategy for the text encoder's phase, fastest first, with its bytes.
 pub fn encode_options(input: &PlanInput<'_>) -> Result<impl Iterator<Item = PhasePlan>, PlanError> {
-    Ok(encode_phase(input.text_encoder, input.prompt_tokens, input.text_encoder_weights)?.iter())
+    Ok(encode_input(input)?.iter())
 }
 
 /// Every strategy for the transformer's phase, fastest first, with its
@@ -359,22 +458,24 @@ struct PhaseOptions {
     weights: WeightSizes,
     /// Arena bytes and other bytes.
     fixed: (u64, u64),
+    /// Host bytes.
+    host: u64,
 }
 
 impl PhaseOptions {
     /// The phase under each strategy, fastest first.
     fn iter(self) -> impl Iterator<Item = PhasePlan> {
         let (arena_bytes, other_bytes) = self.fixed;
-        let w = self.weights;
-        w.strategies().map(move |s| PhasePlan { weights: s, chunk: None, weight_bytes: w.bytes(s), arena_bytes, other_bytes })
+        let (w, host_bytes) = (self.weights, self.host);
+        w.strategies().map(move |s| PhasePlan { weights: s, chunk: None, weight_bytes: w.bytes(s), arena_bytes, other_bytes, host_bytes }.with_staging())
     }
 
     fn fastest_within(self, budget: u64) -> Option<PhasePlan> {
         self.iter().find(|p| p.peak() <= budget)
     }
 
-    fn smallest(self) -> u64 {
-        self.iter().map(|p| p.peak()).min().unwrap_or(0)
+    fn smallest(self) -> Need {
+        self.iter().min_by_key(PhasePlan::peak).map(Need::from).unwrap_or_default()
     }
 }
 
@@ -383,8 +484,14 @@ fn overhead(steps: u64) -> u64 {
     FIXED_OVERHEAD + OVERHEAD_PER_STEP * steps
 }
 
-/// The text encoder's options; its other bytes are the RoPE tables, the key mask and the readback of the embedding.
-fn encode_phase(c: &Qwen3Config, tokens: u64, weights: WeightSizes) -> Result<PhaseOptions, PlanError> {
+/// The text encoder's options for a run.
+fn encode_input(input: &PlanInput<'_>) -> Result<PhaseOptions, PlanError> {
+    encode_phase(input.text_encoder, input.prompt_tokens, input.text_encoder_weights, host::encode(input))
+}
+
+/// The text encoder's options; its other bytes are the RoPE tables, the key
+/// mask and the readback of the embedding; `host`: its host bytes.
+fn encode_phase(c: &Qwen3Config, tokens: u64, weights: WeightSizes, host: u64) -> Result<PhaseOptions, PlanError> {
     let mut arena = BumpArena::new(u64::MAX);
     let l = text_encoder::TextEncoderLayout::new(c, tokens, c.output_layers(), &mut arena)
         .map_err(|_| PlanError::Size("the text encoder's picked layers do not exist"))?;
@@ -394,7 +501,7 @@ fn encode_phase(c: &Qwen3Config, tokens: u64, weights: WeightSizes) -> Result<Ph
     }
     let tables = 2 * 4 * tokens * c.head_dim as u64 + 4 * tokens.max(1);
     let readback = 4 * tokens * 3 * c.hidden_size as u64;
-    Ok(PhaseOptions { weights, fixed: (arena.high_water(), tables + readback + overhead(steps)) })
+    Ok(PhaseOptions { weights, fixed: (arena.high_water(), tables + readback + overhead(steps)), host })
 }
 
 /// The transformer's phase: for each weight strategy, unchunked or with
@@ -409,6 +516,8 @@ struct DenoiseOptions {
     unchunked: Option<(u64, u64)>,
     /// `(chunk, (arena, other))` for each chunk `CHUNK_ROWS · 2ᵏ` below the token count, largest first.
     chunked: heapless::Vec<(u64, (u64, u64)), 64>,
+    /// Host bytes (the same chunked or not).
+    host: u64,
 }
 
 impl DenoiseOptions {
@@ -434,12 +543,12 @@ impl DenoiseOptions {
         if unchunked.is_none() && chunked.is_empty() {
             return Err(PlanError::AttentionTooLarge { tokens: rows, bytes: keys(3 * d + 2 * f), limit });
         }
-        Ok(Self { weights: input.transformer_weights, unchunked, chunked })
+        Ok(Self { weights: input.transformer_weights, unchunked, chunked, host: host::denoise(input)? })
     }
 
     /// The phase under `weights` with `chunk` rows per pass (`None`: all), given its arena and other bytes.
     fn phase(&self, weights: WeightStrategy, chunk: Option<u64>, (arena_bytes, other_bytes): (u64, u64)) -> PhasePlan {
-        PhasePlan { weights, chunk, weight_bytes: self.weights.bytes(weights), arena_bytes, other_bytes }
+        PhasePlan { weights, chunk, weight_bytes: self.weights.bytes(weights), arena_bytes, other_bytes, host_bytes: self.host }.with_staging()
     }
 
     /// The phase under `weights` with each chunk size, largest first.
@@ -467,8 +576,8 @@ impl DenoiseOptions {
         })
     }
 
-    fn smallest(&self) -> u64 {
-        self.weights.strategies().flat_map(|s| self.least_of(s)).map(|p| p.peak()).min().unwrap_or(0)
+    fn smallest(&self) -> Need {
+        self.weights.strategies().flat_map(|s| self.least_of(s)).min_by_key(PhasePlan::peak).map(Need::from).unwrap_or_default()
     }
 }
 
@@ -521,6 +630,7 @@ fn count(program: impl FnOnce(&mut dyn FnMut(Op))) -> u64 {
 }
 
 mod estimates;
+pub mod host;
 mod vae_layouts;
 
 pub use crate::bytes::Bytes;

@@ -35,6 +35,7 @@ impl Model {
             text_encoder_weights: text_encoder_weights(&self.text_encoder, self.df11),
             vae_weight_bytes: vae_decoder_weights(&self.vae),
             vae_encoder_weight_bytes: vae_encoder_weights(&self.vae),
+            tokenizer_bytes: tokenizer_bytes(TOKENIZER_FILE_BYTES),
             limits: LIMITS,
             budget,
             vae_tile: None,
@@ -356,12 +357,15 @@ fn the_reference_encode_tiles_under_a_tight_budget_and_its_arena_stops_growing()
     // The same tile for a reference of 4× the pixels (as sizes go past what the
     // pipeline prepares): the same arena, the same peak.
     let four = [(2048, 2048)];
+    // The host holds the prepared image (f32 RGB) and its tokens, which grow with it.
     let big = reference_options(&with(&four, None)).unwrap().find(|o| o.tile == Some(tile)).unwrap();
-    assert_eq!((big.arena_bytes, big.peak()), (r.arena_bytes, r.peak()));
-    // A reference smaller than the tile is encoded whole, costing no more than the tile.
+    assert_eq!((big.arena_bytes, big.device()), (r.arena_bytes, r.device()));
+    let (pixels, tokens) = (4 * 3 * (2048 * 2048 - 1024 * 1024), 4 * 128 * (128 * 128 - 64 * 64));
+    assert_eq!(big.host_bytes - r.host_bytes, pixels + tokens);
+    // A reference smaller than the tile is encoded whole, costing the device no more than the tile.
     let mixed = [(1024, 1024), (256, 256)];
     let m = reference_options(&with(&mixed, None)).unwrap().find(|o| o.tile == Some(tile)).unwrap();
-    assert_eq!(m.peak(), r.peak());
+    assert_eq!(m.device(), r.device());
     // Every option is listed fastest first: untiled, then tiles from the largest down.
     let tiles: Vec<Option<u64>> = reference_options(&with(&one, None)).unwrap().map(|o| o.tile).collect();
     assert_eq!(tiles[0], None);
@@ -458,14 +462,33 @@ fn readme_text() -> String {
     include_str!("../../../README.md").split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
-#[track_caller]
-fn quoted(readme: &str, figure: &str) {
-    assert!(readme.contains(figure), "README.md does not say {figure:?}: the planner and the README disagree");
+/// The figures the README must quote, checked all at once so that one
+/// run lists every disagreement.
+struct Quotes {
+    text: String,
+    missing: Vec<String>,
+}
+
+impl Quotes {
+    fn check(&mut self, figure: &str) {
+        if !self.text.contains(figure) {
+            self.missing.push(figure.to_string());
+        }
+    }
+}
+
+impl Drop for Quotes {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            assert!(self.missing.is_empty(), "README.md does not say these (the planner and the README disagree):\n{}", self.missing.join("\n"));
+        }
+    }
 }
 
 #[test]
 fn the_readme_figures_are_the_planners() {
-    let text = readme_text();
+    let mut q = Quotes { text: readme_text(), missing: Vec::new() };
+    let mut quoted = |figure: &str| q.check(figure);
     // The 4B transformer at 1024², one row per weight strategy (DF11 sizes estimated).
     let model = Model::klein_4b(true);
     let input = model.input(1024, None);
@@ -480,43 +503,68 @@ fn the_readme_figures_are_the_planners() {
     for (strategy, name) in names {
         let whole = options.iter().find(|p| p.weights == strategy && p.chunk.is_none()).unwrap();
         let chunked = options.iter().find(|p| p.weights == strategy && p.chunk.is_some()).unwrap();
-        let mut row = format!("| {name} | {} | {} | {} | {}", readme(whole.peak()), readme(whole.weight_bytes), readme(whole.arena_bytes), readme(chunked.peak()));
+        let mut row = format!(
+            "| {name} | {} | {} | {} | {} | {}",
+            readme(whole.peak()),
+            readme(whole.weight_bytes),
+            readme(whole.arena_bytes),
+            readme(whole.host_bytes),
+            readme(chunked.peak())
+        );
         if strategy == WeightStrategy::ResidentBf16 {
             row += &format!(" ({})", readme(chunked.arena_bytes));
         }
-        quoted(&text, &(row + " |"));
+        quoted(&(row + " |"));
     }
     // The text encoder's phase.
     let te: Vec<PhasePlan> = encode_options(&input).unwrap().collect();
     let te_peak = |s| readme(te.iter().find(|p| p.weights == s).unwrap().peak());
-    quoted(&text, &format!("| resident bf16 | {} |", te_peak(WeightStrategy::ResidentBf16)));
+    quoted(&format!("| resident bf16 | {} |", te_peak(WeightStrategy::ResidentBf16)));
     let (d2, d1) = (te_peak(WeightStrategy::ResidentDf11 { slots: 2 }), te_peak(WeightStrategy::ResidentDf11 { slots: 1 }));
-    quoted(&text, &format!("| DF11 resident, 2 / 1 slots | {} / {} |", d2.trim_end_matches(" GiB"), d1));
-    quoted(&text, &format!("| streamed, 2 / 1 slots | {} / {} |", te_peak(WeightStrategy::Streamed { slots: 2 }), te_peak(WeightStrategy::Streamed { slots: 1 })));
+    quoted(&format!("| DF11 resident, 2 / 1 slots | {} / {} |", d2.trim_end_matches(" GiB"), d1));
+    quoted(&format!("| streamed, 2 / 1 slots | {} / {} |", te_peak(WeightStrategy::Streamed { slots: 2 }), te_peak(WeightStrategy::Streamed { slots: 1 })));
     // The VAE decoder at 1024²: smallest tile, the largest under 128 MiB bindings, untiled.
     let decode: Vec<VaePlan> = decode_options(&input).unwrap().collect();
     let smallest = decode[decode.len() - 1];
-    quoted(&text, &format!("needs {} in its smallest tile at 1024² ({} pixels", readme(smallest.peak()), smallest.tile.unwrap()));
-    quoted(&text, &format!("against {} untiled", readme(decode[0].peak())));
+    quoted(&format!("needs {} in its smallest tile at 1024² ({} pixels", readme(smallest.peak()), smallest.tile.unwrap()));
+    quoted(&format!("against {} untiled", readme(decode[0].peak())));
     let lavapipe = DeviceLimits { max_buffer: 2 * GIB, max_binding: 128 << 20 };
     let bound = PlanInput { limits: lavapipe, ..input };
     let largest = decode_options(&bound).unwrap().find(|p| p.tile.is_some()).unwrap();
-    quoted(&text, &format!("{} in the largest tile lavapipe's 128 MiB bindings allow ({} px)", readme(largest.peak()), largest.tile.unwrap()));
+    quoted(&format!("{} in the largest tile lavapipe's 128 MiB bindings allow ({} px)", readme(largest.peak()), largest.tile.unwrap()));
     // The VAE encoder on a 1024² reference.
     let refs = [(1024, 1024)];
     let roomy: Vec<VaePlan> = reference_options(&PlanInput { references: &refs, ..input }).unwrap().collect();
     let webgpu: Vec<VaePlan> = reference_options(&PlanInput { references: &refs, limits: DeviceLimits::WEBGPU_DEFAULT, ..input }).unwrap().collect();
     let last = webgpu[webgpu.len() - 1];
-    quoted(&text, &format!("needs {} untiled, {} in {}-pixel tiles under WebGPU's default", readme(roomy[0].peak()), readme(webgpu[0].peak()), webgpu[0].tile.unwrap()));
-    quoted(&text, &format!("and {} in its smallest tile ({} px)", readme(last.peak()), last.tile.unwrap()));
+    quoted(&format!("needs {} untiled, {} in {}-pixel tiles under WebGPU's default", readme(roomy[0].peak()), readme(webgpu[0].peak()), webgpu[0].tile.unwrap()));
+    quoted(&format!("and {} in its smallest tile ({} px)", readme(last.peak()), last.tile.unwrap()));
     // Whole runs: the 4B's smallest budget and its unchunked streamed peak, the 9B, and 4096².
-    quoted(&text, &format!("the smallest budget for a whole 1024² run is {}", readme(minimum_budget(&input).unwrap())));
+    quoted(&format!("the smallest budget for a whole 1024² run is {}", readme(minimum_budget(&input).unwrap())));
     let streamed_1 = options.iter().find(|p| p.weights == WeightStrategy::Streamed { slots: 1 } && p.chunk.is_none()).unwrap();
-    quoted(&text, &format!("by streaming ({} unchunked)", readme(streamed_1.peak())));
+    quoted(&format!("by streaming ({} unchunked)", readme(streamed_1.peak())));
     let nine = Model::klein_9b(true);
     let nine_resident = plan(&Model::klein_9b(false).input(1024, None)).unwrap();
-    quoted(&text, &format!("needs at least {} at 1024²", readme(minimum_budget(&nine.input(1024, None)).unwrap())));
-    quoted(&text, &format!("{} with everything resident", readme(nine_resident.peak())));
+    quoted(&format!("needs at least {} at 1024²", readme(minimum_budget(&nine.input(1024, None)).unwrap())));
+    quoted(&format!("{} with everything resident", readme(nine_resident.peak())));
     let four_k = |m: &Model| readme(minimum_budget(&m.input(4096, None)).unwrap());
-    quoted(&text, &format!("budgets are {} (4B) and {} (9B)", four_k(&model), four_k(&nine)));
+    quoted(&format!("budgets are {} (4B) and {} (9B)", four_k(&model), four_k(&nine)));
+    // The whole-process table: each side of the smallest budget and of everything resident.
+    for (name, m) in [("4B", &model), ("9B", &nine)] {
+        for size in [1024, 4096] {
+            let input = m.input(size, None);
+            let need = minimum_need(&input).unwrap();
+            let resident = plan(&input).unwrap();
+            let row = format!(
+                "| {name} | {size}² | {} | {} | {} | {} | {} | {} |",
+                readme(need.total()),
+                readme(need.device),
+                readme(need.host),
+                readme(resident.peak()),
+                readme(resident.device_peak()),
+                readme(resident.host_peak())
+            );
+            quoted(&row);
+        }
+    }
 }

@@ -2,7 +2,7 @@
 //! untiled or by bands in an arena fixed by a tile, or the one tile the
 //! caller forces.
 
-use super::{count, latent_grid, overhead, PlanError, PlanInput, VaePlan, DeviceLimits, REFERENCE_SIZE};
+use super::{host, Need, count, latent_grid, overhead, PlanError, PlanInput, VaePlan, DeviceLimits, REFERENCE_SIZE};
 use crate::arena::BumpArena;
 use crate::config::VaeConfig;
 use crate::models::{vae, vae_encoder};
@@ -25,7 +25,11 @@ pub fn reference_options<'a>(input: &'a PlanInput<'a>) -> Result<impl Iterator<I
             (Ok(most), Ok(cost)) => Ok(costlier(most, cost)),
         };
     }
-    let plan_of = |tile, (arena_bytes, other_bytes)| VaePlan { tile, weight_bytes: input.vae_encoder_weight_bytes, arena_bytes, other_bytes };
+    let plan_of = |tile: Option<u64>, (arena_bytes, other_bytes)| {
+        // In bands the host copies one band's operands and results at a time.
+        let host_bytes = host::references(input, tile.map(|_| arena_bytes));
+        VaePlan { tile, weight_bytes: input.vae_encoder_weight_bytes, arena_bytes, other_bytes, host_bytes }.with_staging()
+    };
     let unit = input.vae.latent_cell() as u64;
     let forced_plan = match (forced, input.references) {
         (Some(tile), [_, ..]) => {
@@ -133,9 +137,9 @@ pub fn vae_arena(cfg: &VaeConfig, lat_h: u64, lat_w: u64, limits: DeviceLimits) 
     (4 * vae::largest_activation(cfg, lat_h * lat_w) <= limits.max_binding).then_some(bytes)
 }
 
-/// The smallest peak of any decode layout.
-pub(super) fn smallest_decode(input: &PlanInput<'_>) -> u64 {
-    decode_candidates(input).map(|p| p.peak()).min().unwrap_or(u64::MAX)
+/// The decode layout with the smallest peak (both sides at `u64::MAX / 2` when none fits).
+pub(super) fn smallest_decode(input: &PlanInput<'_>) -> Need {
+    decode_candidates(input).min_by_key(VaePlan::peak).map(Need::from).unwrap_or(Need { device: u64::MAX / 2, host: u64::MAX / 2 })
 }
 
 /// Decode layouts from the fastest (untiled) to the smallest tile.
@@ -151,7 +155,7 @@ fn decode_candidates<'a>(input: &'a PlanInput<'a>) -> impl Iterator<Item = VaePl
     // Untiled, the image's 8-bit levels come back through one staging buffer.
     let levels = 4 * 3 * w * h;
     let whole = vae_arena(cfg, h / scale, w / scale, input.limits)
-        .map(|arena| VaePlan { tile: None, weight_bytes: weights, arena_bytes: arena, other_bytes: levels + overhead(steps) });
+        .map(|arena| VaePlan { tile: None, weight_bytes: weights, arena_bytes: arena, other_bytes: levels + overhead(steps), host_bytes: host::decode(input, None) }.with_staging());
     let unit = 2 * scale;
     let largest = w.max(h) / unit;
     // A band must hold one row of the image's widest convolution.
@@ -177,7 +181,8 @@ fn decode_candidates<'a>(input: &'a PlanInput<'a>) -> impl Iterator<Item = VaePl
         let arena = vae::band_arena_bytes(capacity);
         // Each band's result, and each chunk of levels, comes back through a
         // staging buffer of at most the arena: nothing grows with the image.
-        Some(VaePlan { tile: Some(tile), weight_bytes: weights, arena_bytes: arena, other_bytes: arena + overhead(steps) })
+        let host_bytes = host::decode(input, Some(arena));
+        Some(VaePlan { tile: Some(tile), weight_bytes: weights, arena_bytes: arena, other_bytes: arena + overhead(steps), host_bytes }.with_staging())
     });
     whole.into_iter().chain(tiles)
 }

@@ -103,7 +103,9 @@ impl PromptTokenizer {
         let bytes = std::fs::read(&json_path).map_err(io)?;
         // Valid JSON first: the tokenizers library panics (instead of failing)
         // on some malformed values inside a component such as `decoder`.
-        serde_json::from_slice::<serde_json::Value>(&bytes)
+        // Checked without building the document (a Qwen3 tokenizer.json as a
+        // `Value` would add about 4 times its size to the load's peak).
+        serde_json::from_slice::<serde::de::IgnoredAny>(&bytes)
             .map_err(|e| LoadError::Tokenizer { path: json_path.clone(), detail: format!("invalid JSON: {e}") })?;
         let mut tokenizer = tokenizers::Tokenizer::from_bytes(&bytes)
             .map_err(|e| LoadError::Tokenizer { path: json_path.clone(), detail: e.to_string() })?;

@@ -20,6 +20,8 @@ pub struct ModelSizes {
     pub vae_decoder: u64,
     /// The VAE encoder's weights, resident while references are encoded.
     pub vae_encoder: u64,
+    /// Host bytes of the loaded tokenizer, estimated from its file's size.
+    pub tokenizer: u64,
     /// Components whose folders hold no weight files: their sizes are
     /// estimated from the config, as DF11 (so every strategy is listed).
     pub estimated: Vec<Component>,
@@ -62,7 +64,7 @@ impl ModelSizes {
         } else {
             (planner::vae_decoder_weights(&model.vae), planner::vae_encoder_weights(&model.vae))
         };
-        Ok(Self { text_encoder, transformer, vae_decoder, vae_encoder, estimated })
+        Ok(Self { text_encoder, transformer, vae_decoder, vae_encoder, tokenizer: tokenizer_bytes(model), estimated })
     }
 
     /// The planner's input for a `width × height` image of this model, with
@@ -88,11 +90,19 @@ impl ModelSizes {
             text_encoder_weights: self.text_encoder,
             vae_weight_bytes: self.vae_decoder,
             vae_encoder_weight_bytes: self.vae_encoder,
+            tokenizer_bytes: self.tokenizer,
             limits,
             budget,
             vae_tile: None,
         }
     }
+}
+
+/// Host bytes of the model's tokenizer once loaded, from its tokenizer.json's
+/// size; Qwen3's when the folder has none (`info` on configs alone).
+pub fn tokenizer_bytes(model: &ModelFolder) -> u64 {
+    let file = model.component_dir("tokenizer").join("tokenizer.json");
+    planner::tokenizer_bytes(std::fs::metadata(file).map_or(planner::TOKENIZER_FILE_BYTES, |m| m.len()))
 }
 
 /// The text encoder's weight bytes by block, from its files.
@@ -118,5 +128,5 @@ pub fn plan(gpu: &Gpu, model: &ModelFolder, request: &Request) -> Result<Plan, R
 /// The text encoder's phase alone (for `encode`): its fastest strategy within `budget`.
 pub fn plan_encode(model: &ModelFolder, budget: Option<u64>) -> Result<PhasePlan, RunError> {
     let sizes = text_encoder_sizes(model)?;
-    Ok(planner::plan_encode(&model.text_encoder, PROMPT_TOKENS as u64, sizes, budget)?)
+    Ok(planner::plan_encode(&model.text_encoder, PROMPT_TOKENS as u64, sizes, tokenizer_bytes(model), budget)?)
 }
