@@ -5,7 +5,7 @@ use argh::FromArgs;
 use flux_lite_core::plan::Plan;
 use flux_lite_platform::pipeline::embeddings_file::{self, EmbeddingsFile};
 use flux_lite_platform::pipeline::reference_image::ReferenceImage;
-use flux_lite_platform::pipeline::{self, denoise, output, Pipeline, Prompt, Request};
+use flux_lite_platform::pipeline::{self, denoise, output, Observer, Phase, Pipeline, Prompt, Request};
 use flux_lite_platform::GpuOptions;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -147,10 +147,12 @@ pub fn run(args: &GenArgs) -> Result<(), String> {
         print_plan(&pipeline.plan(&request).map_err(|e| crate::errors::run_line(&e))?, &references);
     }
     let mut bar = Bar::new(args.quiet);
+    let mut watch = Watch { bar: &mut bar, sampler: host_peak.as_ref(), phases: Vec::new(), current: None };
     let generated = match args.output {
-        Some(_) => pipeline.generate(&prompt, &request, &references, &mut bar),
-        None => pipeline.latents(&prompt, &request, &references, &mut bar),
+        Some(_) => pipeline.generate(&prompt, &request, &references, &mut watch),
+        None => pipeline.latents(&prompt, &request, &references, &mut watch),
     };
+    let phases = watch.finish();
     bar.finish();
     let generated = generated.map_err(|e| crate::errors::run_line(&e))?;
     let (latents, timings) = (&generated.latents, &generated.timings);
@@ -196,6 +198,7 @@ pub fn run(args: &GenArgs) -> Result<(), String> {
         let budget = args.memory_budget.map_or("none".into(), |b| b.to_string());
         eprintln!("device bytes: peak {peak}, budget {budget}, planned {}", plan.device_peak());
         print_host_memory(host_peak, plan);
+        print_phases(&phases, plan);
     }
     let per_step: Vec<String> = timings.steps.iter().map(|d| format!("{:.2}s", d.as_secs_f64())).collect();
     eprintln!(
@@ -228,6 +231,67 @@ fn print_host_memory(sampler: Option<flux_lite_platform::host_memory::AnonymousP
         mib(planned)
     );
     eprintln!("host bytes: anonymous peak {anonymous}, resident peak {}, planned {planned}, planned with the device {}", now.resident_peak, plan.peak());
+}
+
+/// The progress bar, and each phase's anonymous high-water where measured.
+struct Watch<'a> {
+    bar: &'a mut Bar,
+    sampler: Option<&'a flux_lite_platform::host_memory::AnonymousPeak>,
+    /// Each phase that ran: its start's and its peak's readings.
+    phases: Vec<(Phase, u64, u64)>,
+    /// The running phase and its start's reading.
+    current: Option<(Phase, u64)>,
+}
+
+impl Watch<'_> {
+    /// Each phase that ran with its start's reading and its high-water.
+    fn finish(mut self) -> Vec<(Phase, u64, u64)> {
+        self.close_phase();
+        self.phases
+    }
+
+    /// Ends the running phase; returns the reading the next one starts from.
+    fn close_phase(&mut self) -> u64 {
+        let Some(sampler) = self.sampler else { return 0 };
+        let (peak, now) = sampler.next_phase();
+        if let Some((phase, start)) = self.current.take() {
+            self.phases.push((phase, start, peak));
+        }
+        now
+    }
+}
+
+impl Observer for Watch<'_> {
+    fn phase(&mut self, phase: Phase) {
+        let start = self.close_phase();
+        self.current = Some((phase, start));
+    }
+
+    fn progress(&mut self, p: flux_lite_platform::pipeline::Progress) {
+        self.bar.progress(p);
+    }
+
+    fn warning(&mut self, message: &str) {
+        self.bar.warning(message);
+    }
+}
+
+/// `host bytes by phase: …`: each phase's anonymous high-water beside the
+/// plan's device and host bytes for it (on unified memory the measured
+/// figure holds both; it also holds the driver and what the allocator kept
+/// from the phases before).
+fn print_phases(phases: &[(Phase, u64, u64)], plan: &Plan) {
+    if phases.is_empty() {
+        return;
+    }
+    let planned = |p: Phase| match p {
+        Phase::Encode => plan.encode.peak(),
+        Phase::References => plan.references.map_or(0, |r| r.peak()),
+        Phase::Denoise => plan.denoise.peak(),
+        Phase::Decode => plan.decode.peak(),
+    };
+    let parts: Vec<String> = phases.iter().map(|&(p, start, peak)| format!("{} from {start} to {peak} planned {}", p.name(), planned(p))).collect();
+    eprintln!("host bytes by phase: {}", parts.join(", "));
 }
 
 /// The plan `--verbose` prints: each phase's layout, the VAE tile used.

@@ -35,13 +35,29 @@ fn parse_status(status: &str) -> Option<HostMemory> {
     Some(HostMemory { anonymous: field("RssAnon:")?, resident_peak: field("VmHWM:")? })
 }
 
+/// Returns the heap's free memory to the OS where the C library keeps it
+/// (glibc holds freed blocks below its mmap threshold, which rises to 32
+/// MiB as large blocks are freed, e.g. a software driver's buffers): called
+/// between phases, so that one phase's freed memory is not held through the
+/// next. Elsewhere it does nothing.
+pub fn give_back_freed() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only walks the allocator's own free lists; it
+    // takes no pointers and is thread-safe.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 /// Samples the anonymous memory on a thread of its own every `PERIOD` and
-/// keeps the largest reading: the OS keeps no high-water of anonymous memory
-/// alone, so a peak shorter than the period can be missed.
+/// keeps the largest reading, overall and since the current phase began:
+/// the OS keeps no high-water of anonymous memory alone, so a peak shorter
+/// than the period can be missed.
 #[derive(Debug)]
 pub struct AnonymousPeak {
     stop: Arc<AtomicBool>,
-    peak: Arc<AtomicU64>,
+    /// `[overall, this phase]`.
+    peaks: Arc<[AtomicU64; 2]>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -52,22 +68,32 @@ impl AnonymousPeak {
     pub fn start() -> Option<Self> {
         let first = now()?;
         let stop = Arc::new(AtomicBool::new(false));
-        let peak = Arc::new(AtomicU64::new(first.anonymous));
+        let peaks = Arc::new([AtomicU64::new(first.anonymous), AtomicU64::new(first.anonymous)]);
         let thread = {
-            let (stop, peak) = (stop.clone(), peak.clone());
+            let (stop, peaks) = (stop.clone(), peaks.clone());
             std::thread::Builder::new()
                 .name("host memory".into())
                 .spawn(move || {
                     while !stop.load(Ordering::Relaxed) {
                         if let Some(m) = now() {
-                            peak.fetch_max(m.anonymous, Ordering::Relaxed);
+                            for p in peaks.iter() {
+                                p.fetch_max(m.anonymous, Ordering::Relaxed);
+                            }
                         }
                         std::thread::sleep(Self::PERIOD);
                     }
                 })
                 .ok()?
         };
-        Some(Self { stop, peak, thread: Some(thread) })
+        Some(Self { stop, peaks, thread: Some(thread) })
+    }
+
+    /// Starts a new phase: returns the largest reading of the one before
+    /// (this one included) and this reading, the new one's start.
+    pub fn next_phase(&self) -> (u64, u64) {
+        let reading = now().map_or(0, |m| m.anonymous);
+        self.peaks[0].fetch_max(reading, Ordering::Relaxed);
+        (self.peaks[1].swap(reading, Ordering::Relaxed).max(reading), reading)
     }
 
     /// Stops sampling; the largest anonymous reading, the last one included.
@@ -77,9 +103,9 @@ impl AnonymousPeak {
             let _ = t.join();
         }
         if let Some(m) = now() {
-            self.peak.fetch_max(m.anonymous, Ordering::Relaxed);
+            self.peaks[0].fetch_max(m.anonymous, Ordering::Relaxed);
         }
-        self.peak.load(Ordering::Relaxed)
+        self.peaks[0].load(Ordering::Relaxed)
     }
 }
 
@@ -114,5 +140,26 @@ mod tests {
         drop(block);
         let peak = sampler.finish();
         assert!(peak >= before + (60 << 20), "peak {peak}, before {before}");
+    }
+
+    #[test]
+    fn each_phase_has_its_own_peak_and_the_overall_one_keeps_them_all() {
+        let Some(sampler) = AnonymousPeak::start() else {
+            println!("skipped: this OS does not report anonymous memory (no /proc/self/status)");
+            return;
+        };
+        let before = now().unwrap().anonymous;
+        // 64 MiB in the first phase, freed (a block this large goes back to the OS) before the second.
+        let block = vec![1u8; 64 << 20];
+        std::thread::sleep(AnonymousPeak::PERIOD * 8);
+        assert_eq!(block.iter().map(|&b| b as u64).sum::<u64>(), 64 << 20);
+        drop(block);
+        let (first, _) = sampler.next_phase();
+        std::thread::sleep(AnonymousPeak::PERIOD * 8);
+        let (second, _) = sampler.next_phase();
+        let overall = sampler.finish();
+        assert!(first >= before + (60 << 20), "first phase {first}, before {before}");
+        assert!(second < before + (32 << 20), "second phase {second}, before {before}: the first phase's block leaked into it");
+        assert!(overall >= first, "overall {overall} below the first phase's {first}");
     }
 }

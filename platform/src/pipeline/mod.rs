@@ -191,11 +191,34 @@ pub fn decode(
     Ok(Image { width: image.width, height: image.height, rgb: image.rgb })
 }
 
-/// What the caller learns while a generation runs: progress, and warnings
-/// (a prompt cut to 512 tokens) to show. Both default to doing nothing.
+/// What the caller learns while a generation runs: each phase as it
+/// starts (before it loads anything), progress, and warnings (a prompt cut
+/// to 512 tokens) to show. All default to doing nothing.
 pub trait Observer {
+    fn phase(&mut self, _phase: Phase) {}
     fn progress(&mut self, _progress: Progress) {}
     fn warning(&mut self, _message: &str) {}
+}
+
+/// The phases of a run, in order; each frees its memory before the next
+/// starts, as the plan lays them out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    Encode,
+    References,
+    Denoise,
+    Decode,
+}
+
+impl Phase {
+    pub fn name(self) -> &'static str {
+        match self {
+            Phase::Encode => "encode",
+            Phase::References => "references",
+            Phase::Denoise => "denoise",
+            Phase::Decode => "decode",
+        }
+    }
 }
 
 /// An observer that ignores everything.
@@ -322,6 +345,7 @@ impl Pipeline {
         let mut timings = Timings::default();
         let guided = uses_guidance(model, request.guidance);
         let te = plan.encode.weights;
+        Self::begin(Phase::Encode, observer);
         let (positive, negative) = match prompt {
             Prompt::Embeddings { positive, negative: Some(negative) } => (positive.clone(), Some(negative.clone())),
             Prompt::Embeddings { positive, negative: None } if guided => {
@@ -334,21 +358,34 @@ impl Pipeline {
                 (e.next().unwrap_or_default(), e.next())
             }
         };
-        let mut show = |p| observer.progress(p);
         let reference_tile = plan.references.and_then(|r| r.tile).map(|t| t as usize);
-        let encoded = encode_references(gpu, model, references, reference_tile, &mut timings, &mut show)?;
+        if !references.is_empty() {
+            Self::begin(Phase::References, observer);
+        }
+        let encoded = encode_references(gpu, model, references, reference_tile, &mut timings, &mut |p| observer.progress(p))?;
         let conditioning = match negative.as_deref() {
             Some(negative) if guided => Conditioning::Guided { positive: &positive, negative, scale: request.guidance },
             _ => Conditioning::Prompt(&positive),
         };
-        let latents = self.denoise(request, &plan.denoise, conditioning, &encoded, &mut timings, &mut show)?;
+        Self::begin(Phase::Denoise, observer);
+        let latents = self.denoise(request, &plan.denoise, conditioning, &encoded, &mut timings, &mut |p| observer.progress(p))?;
         let image = match decode_image {
-            true => Some(decode(gpu, model, request, plan.decode.tile, &latents, &mut timings, &mut show)?),
+            true => {
+                Self::begin(Phase::Decode, observer);
+                Some(decode(gpu, model, request, plan.decode.tile, &latents, &mut timings, &mut |p| observer.progress(p))?)
+            }
             false => None,
         };
         // Interrupted after the last block: still no result.
         gpu.check_interrupt()?;
         Ok(Generated { latents, image, plan, timings })
+    }
+
+    /// Starts `phase`: the one before has dropped its buffers; the heap
+    /// gives what they freed back to the OS before the observer hears of it.
+    fn begin(phase: Phase, observer: &mut dyn Observer) {
+        crate::host_memory::give_back_freed();
+        observer.phase(phase);
     }
 
     /// Denoises from the seed's noise under `conditioning`, with the
