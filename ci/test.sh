@@ -34,7 +34,8 @@ set -e
 # (Debian sid) offers: the kernel tests, built above, run again in a sid root
 # (ci/lavapipe-sid.sh, kept under /opt), where a missing tier fails them;
 # with them the golden PNGs and the stage tests on both half tiers, auto's
-# choice and fallback, and bench kernels' matrix rows and tier table.
+# choice and fallback, bench kernels' matrix rows and tier table, and
+# flux-lite selftest on all three tiers.
 echo "== on Mesa 26's lavapipe: every kernel test, the golden PNGs, auto and bench kernels on the f16 and matrix tiers"
 bash ci/lavapipe-sid.sh setup
 test_binary() {
@@ -45,7 +46,8 @@ pngs="$(test_binary -p flux-lite-cli --test gen_png)"
 bench="$(test_binary -p flux-lite-cli --test bench)"
 cli="$(test_binary -p flux-lite-cli --test cli)"
 stages="$(test_binary -p flux-lite-tests --test half_tiers)"
-for run in "$kernels" "$pngs tier_reproduces" "$bench matrix tiers" "$cli tier" "$stages"; do
+selftest="$(test_binary -p flux-lite-cli --test selftest)"
+for run in "$kernels" "$pngs tier_reproduces" "$bench matrix tiers" "$cli tier" "$stages" "$selftest"; do
     set +e
     # shellcheck disable=SC2086 # the binary and its filter
     FLUX_LITE_REQUIRE_MATRIX=1 bash ci/lavapipe-sid.sh run $run 2>&1 | tee -a "$log"

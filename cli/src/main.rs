@@ -16,6 +16,7 @@ mod interrupt;
 mod progress;
 mod prompt;
 mod references;
+mod selftest;
 mod tier;
 
 /// flux-lite: FLUX.2-klein text-to-image on any GPU, in WGSL through wgpu.
@@ -34,6 +35,7 @@ enum Command {
     Info(info::InfoArgs),
     Gpu(GpuArgs),
     Bench(bench::BenchArgs),
+    Selftest(selftest::SelftestArgs),
 }
 
 /// Print the GPU adapter flux-lite would use and its limits.
@@ -53,6 +55,7 @@ fn main() -> ExitCode {
         Command::Info(args) => info::run(&args),
         Command::Gpu(_) => gpu(),
         Command::Bench(args) => bench::run(&args),
+        Command::Selftest(args) => selftest::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

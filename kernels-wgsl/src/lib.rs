@@ -10,6 +10,8 @@
 //!   entries, parameter block, launchers and kernel-vs-oracle tests, with its
 //!   WGSL beside it (`kernels/<family>.wgsl`).
 //! - [`catalogue`]: every module and entry point, validated by naga.
+//! - [`selftest`]: the product kernels checked against core's reference on
+//!   the adapter in use, for `flux-lite selftest`.
 //!
 //! Conventions shared by all kernels: binding 0 is the uniform `Params`,
 //! storage bindings follow; activations are f32; weights are bf16 packed two
@@ -24,6 +26,7 @@ pub mod error;
 pub mod kernels;
 pub mod precision;
 pub mod probe;
+pub mod selftest;
 pub mod view;
 
 #[cfg(test)]

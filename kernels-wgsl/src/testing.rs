@@ -1,7 +1,7 @@
 //! Shared helpers for the GPU tests: one device per test binary, seeded
 //! random inputs, and the comparison every kernel test uses.
 
-use crate::{DeviceBuffer, Gpu, GpuError, GpuOptions};
+use crate::{Gpu, GpuError, GpuOptions};
 use std::sync::OnceLock;
 
 /// The test device (lavapipe in CI). Fails loudly when there is none: the
@@ -60,43 +60,6 @@ pub fn operand_rounding(gpu: &Gpu) -> fn(f32) -> f32 {
     }
 }
 
-/// SplitMix64: small, seedable, good enough for test data.
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Self {
-        Self(seed)
-    }
-
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e3779b97f4a7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58476d1ce4e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d049bb133111eb);
-        z ^ (z >> 31)
-    }
-
-    /// Standard normal (Box–Muller).
-    pub fn normal(&mut self) -> f32 {
-        let u1 = ((self.next_u64() >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
-        let u2 = (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
-        ((-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()) as f32
-    }
-
-    pub fn normals(&mut self, n: usize, scale: f32) -> Vec<f32> {
-        (0..n).map(|_| self.normal() * scale).collect()
-    }
-
-    pub fn bf16s(&mut self, n: usize, scale: f32) -> Vec<u16> {
-        (0..n).map(|_| flux_lite_core::numerics::bf16::from_f32(self.normal() * scale)).collect()
-    }
-}
-
-/// Fresh output buffers hold NaN, so an element a kernel forgot to write fails the comparison.
-pub fn poisoned(gpu: &Gpu, n: usize) -> DeviceBuffer {
-    gpu.upload_f32("poisoned", &vec![f32::NAN; n])
-}
-
 /// Relative L2 error of `got` against the f64 reference, with the worst element named on failure.
 pub fn assert_close(what: &str, got: &[f32], want: &[f64], tol: f64) {
     assert_eq!(got.len(), want.len(), "{what}: length");
@@ -118,13 +81,6 @@ pub fn assert_close(what: &str, got: &[f32], want: &[f64], tol: f64) {
     );
 }
 
-/// Relative L2 error of `got` against `want`.
-pub fn rel_l2(got: &[f32], want: &[f64]) -> f64 {
-    let diff2: f64 = got.iter().zip(want).map(|(&g, &w)| (g as f64 - w) * (g as f64 - w)).sum();
-    let ref2: f64 = want.iter().map(|w| w * w).sum();
-    (diff2 / ref2.max(f64::MIN_POSITIVE)).sqrt()
-}
-
 /// Records and submits work, then reads `count` floats of `buf` back.
 pub fn run_and_read(
     gpu: &Gpu,
@@ -136,5 +92,7 @@ pub fn run_and_read(
     gpu.read_f32(buf, 0, count).unwrap_or_else(|e| panic!("{e}"))
 }
 
-/// The f32 kernels' tolerance against the f64 oracle: relative L2 ≤ 1e-5 (the project's rule for every f32 kernel).
-pub const F32_TOL: f64 = 1e-5;
+/// The f32 kernels' tolerance against the f64 oracle (the project's rule for every f32 kernel).
+pub const F32_TOL: f64 = crate::selftest::F32_KERNEL;
+
+pub use crate::selftest::{poisoned, rel_l2, Rng};

@@ -9,6 +9,8 @@ pub mod host_memory;
 pub mod model;
 pub mod pipeline;
 pub mod run;
+pub mod selftest;
+pub mod tolerance;
 
 pub use error::{CompressError, GpuError, LoadError, RunError, TokenizeError};
 // The device types the engine's API takes, from the GPU layer.

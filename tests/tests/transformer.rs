@@ -8,7 +8,7 @@ use flux_lite_core::models::transformer::{model_timestep, timestep_sinusoid};
 use flux_lite_tests::{assert_rel_l2, gpu, max_abs_diff, Goldens, TransformerCase, CASES};
 
 /// Per-step tolerance of the issue: relative L2 ≤ 1e-4.
-const STEP_TOL: f64 = 1e-4;
+const STEP_TOL: f64 = flux_lite_tests::tolerance::f32::STEP;
 
 #[test]
 fn timestep_sinusoid_matches_diffusers() {

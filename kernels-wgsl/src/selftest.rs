@@ -1,0 +1,190 @@
+//! Kernel checks a user can run on their own adapter (`flux-lite
+//! selftest`): the product kernels, which every precision tier replaces,
+//! on random inputs whose sizes fall off every tile edge, each output
+//! buffer filled with NaN first so that an element the kernel forgets to
+//! write fails the check, against core's f64 reference.
+
+use crate::kernels::attention::{attention, Attention, Qkv};
+use crate::kernels::conv::conv2d;
+use crate::kernels::linear::{linear, Gemm};
+use crate::{DeviceBuffer, Gpu, GpuError, Mat, Precision, Weight};
+use flux_lite_core::oracle::{self as r, ConvShape, Weights};
+
+/// One check's outcome: its worst error against its tolerance.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Check {
+    pub name: String,
+    /// What `worst` measures (e.g. "relative L2").
+    pub measure: &'static str,
+    pub worst: f64,
+    pub tolerance: f64,
+    /// Why the check could not run or what failed beyond the figure.
+    pub failure: Option<String>,
+}
+
+impl Check {
+    /// A measured check: passes when `worst` is a number within `tolerance`.
+    pub fn measured(name: impl Into<String>, measure: &'static str, worst: f64, tolerance: f64) -> Self {
+        Self { name: name.into(), measure, worst, tolerance, failure: None }
+    }
+
+    /// A check that could not be completed.
+    pub fn failed(name: impl Into<String>, measure: &'static str, tolerance: f64, why: impl Into<String>) -> Self {
+        Self { name: name.into(), measure, worst: f64::NAN, tolerance, failure: Some(why.into()) }
+    }
+
+    pub fn passed(&self) -> bool {
+        self.failure.is_none() && self.worst <= self.tolerance
+    }
+}
+
+/// The f32 tier's bound for every kernel: relative L2 ≤ 1e-5 of the f64 reference.
+pub const F32_KERNEL: f64 = 1e-5;
+/// A linear or convolution on a half tier against the exact product: both
+/// operands rounded to f16 (2⁻¹¹ relative each) move random products by
+/// 1.35e-4 – 1.99e-4 relative L2 (lavapipe, 2026-11-25).
+pub const HALF_PRODUCT: f64 = 5e-4;
+/// Attention on matrix units against the exact attention: q, k, the
+/// probabilities and v rounded to f16, 2.0e-4 – 4.0e-4 measured (Mesa 26's
+/// lavapipe, 8×8 tiles, 2026-11-25).
+pub const MATRIX_ATTENTION: f64 = 1e-3;
+
+/// SplitMix64: small, seedable, good enough for check data.
+#[derive(Debug)]
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Self(seed)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e3779b97f4a7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58476d1ce4e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d049bb133111eb);
+        z ^ (z >> 31)
+    }
+
+    /// Standard normal (Box–Muller).
+    pub fn normal(&mut self) -> f32 {
+        let u1 = ((self.next_u64() >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
+        let u2 = (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
+        ((-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()) as f32
+    }
+
+    pub fn normals(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        (0..n).map(|_| self.normal() * scale).collect()
+    }
+
+    pub fn bf16s(&mut self, n: usize, scale: f32) -> Vec<u16> {
+        (0..n).map(|_| flux_lite_core::numerics::bf16::from_f32(self.normal() * scale)).collect()
+    }
+}
+
+/// Relative L2 error of `got` against `want`; NaN when any element is NaN.
+pub fn rel_l2(got: &[f32], want: &[f64]) -> f64 {
+    if got.len() != want.len() {
+        return f64::NAN;
+    }
+    let diff2: f64 = got.iter().zip(want).map(|(&g, &w)| (g as f64 - w) * (g as f64 - w)).sum();
+    let ref2: f64 = want.iter().map(|w| w * w).sum();
+    (diff2 / ref2.max(f64::MIN_POSITIVE)).sqrt()
+}
+
+/// A fresh output buffer of NaN.
+pub fn poisoned(gpu: &Gpu, n: usize) -> DeviceBuffer {
+    gpu.upload_f32("poisoned", &vec![f32::NAN; n])
+}
+
+/// Records and submits work, then reads `count` floats of `buf` back.
+fn run_and_read(gpu: &Gpu, buf: &wgpu::Buffer, count: usize, record: impl FnOnce(&mut wgpu::CommandEncoder) -> Result<(), GpuError>) -> Result<Vec<f32>, GpuError> {
+    gpu.submit(record)?;
+    gpu.read_f32(buf, 0, count)
+}
+
+/// The bound a product kernel is held to on `gpu`'s tier.
+fn product_bound(gpu: &Gpu) -> f64 {
+    match gpu.precision() {
+        Precision::F16 | Precision::Matrix => HALF_PRODUCT,
+        _ => F32_KERNEL,
+    }
+}
+
+/// The product kernels on `gpu`'s tier: linear (bf16 weights with bias),
+/// a 3×3 convolution and attention, each at sizes off every tile edge.
+pub fn product_checks(gpu: &Gpu) -> Vec<Check> {
+    let tier = gpu.precision().name();
+    let outcome = |name: String, tolerance: f64, got: Result<f64, GpuError>| match got {
+        Ok(worst) => Check::measured(name, "relative L2", worst, tolerance),
+        Err(e) => Check::failed(name, "relative L2", tolerance, e.to_string()),
+    };
+    let (m, n, k) = (70, 131, 77);
+    let conv = ConvShape::same(5, 7, 13, 11, 3);
+    let attn = Attention { q_len: 37, kv_len: 37, q_heads: 3, kv_heads: 3, head_dim: 24, scale: 1.0 / 24f32.sqrt(), causal: false };
+    let attention_bound = if gpu.matrix().is_some() { MATRIX_ATTENTION } else { F32_KERNEL };
+    vec![
+        outcome(format!("{tier} linear {m}×{n}×{k}, bf16 weights and bias"), product_bound(gpu), check_linear(gpu, m, n, k, 1)),
+        outcome(format!("{tier} conv2d 3×3, 5→7 channels, 13×11"), product_bound(gpu), check_conv(gpu, conv, 2)),
+        outcome(format!("{tier} attention 37 tokens, 3 heads × 24"), attention_bound, check_attention(gpu, attn, 3)),
+    ]
+}
+
+/// `y = x·Wᵀ + b` with bf16 weights, against the reference.
+pub fn check_linear(gpu: &Gpu, m: usize, n: usize, k: usize, seed: u64) -> Result<f64, GpuError> {
+    let mut rng = Rng::new(seed);
+    let x = rng.normals(m * k, 1.0);
+    let (w, b) = (rng.bf16s(n * k, 0.1), rng.bf16s(n, 1.0));
+    let mut want = vec![0.0; m * n];
+    r::linear(&x, Weights::Bf16(&w), Some(Weights::Bf16(&b)), m, n, k, &mut want);
+    let (xb, wb, bb) = (gpu.upload_f32("x", &x), gpu.upload_bf16("w", &w), gpu.upload_bf16("b", &b));
+    let yb = poisoned(gpu, m * n);
+    let s = Gemm { m: m as u64, n: n as u64, k: k as u64 };
+    let got = run_and_read(gpu, &yb, m * n, |enc| linear(gpu, enc, Mat::new(&xb, k as u64), Weight::bf16(&wb), Some(Weight::bf16(&bb)), Mat::new(&yb, n as u64), s))?;
+    Ok(rel_l2(&got, &want))
+}
+
+/// A bf16 convolution with bias, against the reference.
+pub fn check_conv(gpu: &Gpu, s: ConvShape, seed: u64) -> Result<f64, GpuError> {
+    let mut rng = Rng::new(seed);
+    let x = rng.normals(s.in_channels * s.height * s.width, 1.0);
+    let w = rng.bf16s(s.out_channels * s.in_channels * s.kernel * s.kernel, 0.2);
+    let b = rng.bf16s(s.out_channels, 0.5);
+    let out = s.out_channels * s.out_height * s.out_width;
+    let mut want = vec![0.0; out];
+    r::conv2d(&x, Weights::Bf16(&w), Weights::Bf16(&b), s, &mut want);
+    let (xb, wb, bb) = (gpu.upload_f32("x", &x), gpu.upload_bf16("w", &w), gpu.upload_bf16("b", &b));
+    let yb = poisoned(gpu, out);
+    let got = run_and_read(gpu, &yb, out, |enc| {
+        conv2d(gpu, enc, Mat::new(&xb, (s.height * s.width) as u64), Weight::bf16(&wb), Weight::bf16(&bb), Mat::new(&yb, (s.out_height * s.out_width) as u64), s)
+    })?;
+    Ok(rel_l2(&got, &want))
+}
+
+/// Attention over `[len, heads, head_dim]` rows, against the reference.
+pub fn check_attention(gpu: &Gpu, s: Attention, seed: u64) -> Result<f64, GpuError> {
+    let mut rng = Rng::new(seed);
+    let (qw, kw) = ((s.q_heads * s.head_dim) as usize, (s.kv_heads * s.head_dim) as usize);
+    let q = rng.normals(s.q_len as usize * qw, 1.0);
+    let k = rng.normals(s.kv_len as usize * kw, 1.0);
+    let v = rng.normals(s.kv_len as usize * kw, 1.0);
+    let shape = r::AttentionShape {
+        q_len: s.q_len as usize,
+        kv_len: s.kv_len as usize,
+        q_heads: s.q_heads as usize,
+        kv_heads: s.kv_heads as usize,
+        head_dim: s.head_dim as usize,
+        scale: s.scale as f64,
+        causal: s.causal,
+    };
+    let mut want = vec![0.0; q.len()];
+    let mut scratch = vec![0.0; s.kv_len as usize];
+    r::attention(&q, &k, &v, None, shape, &mut scratch, &mut want);
+    let (qb, kb, vb) = (gpu.upload_f32("q", &q), gpu.upload_f32("k", &k), gpu.upload_f32("v", &v));
+    let ob = poisoned(gpu, q.len());
+    let got = run_and_read(gpu, &ob, q.len(), |enc| {
+        let qkv = Qkv { q: Mat::new(&qb, qw as u64), k: Mat::new(&kb, kw as u64), v: Mat::new(&vb, kw as u64) };
+        attention(gpu, enc, qkv, None, Mat::new(&ob, qw as u64), None, s)
+    })?;
+    Ok(rel_l2(&got, &want))
+}

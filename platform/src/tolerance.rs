@@ -1,0 +1,69 @@
+//! Every tolerance the end-to-end suite and `flux-lite selftest` hold the
+//! engine to, in one place.
+//!
+//! Each f32 bound is about 2–3× what the f32 path measured against its
+//! golden, with the measured value and the date in its comment (lavapipe,
+//! Mesa 22.3.6, the tiny models), so a regression of a few times fails
+//! instead of hiding under a loose bound. The f32 goldens never move; a
+//! new precision tier (f16, matrix units) states its own bounds in
+//! [`other_tiers`], which keeps the project-wide image bar (max 3, mean 0.2).
+
+/// The f32 path (the reference tier).
+pub mod f32 {
+    /// Text encoder vs transformers, prompt embedding and each picked hidden
+    /// state: measured 1.6e-7 – 7.3e-7 relative L2 (2026-11-25).
+    pub const TEXT_ENCODER: f64 = 2e-6;
+    /// Each denoising step's velocity and latents vs diffusers, relative L2.
+    pub const STEP: f64 = 1e-4;
+    /// VAE encoder posterior mean vs diffusers, whole or by bands: measured
+    /// 1.09e-6 – 1.19e-6 (2026-11-25).
+    pub const VAE_ENCODER_MEAN: f64 = 3e-6;
+    /// The reference tokens (patchified, BatchNorm-normalised mean) vs
+    /// diffusers: measured 5.0e-7 – 5.5e-7 (2026-11-25).
+    pub const REFERENCE_TOKENS: f64 = 1.5e-6;
+    /// A banded encode or decode vs the untiled one on the same input:
+    /// measured 9.1e-7 (posterior mean), 1.35e-6 (decoded) (2026-11-25).
+    pub const BANDED_VS_UNTILED: f64 = 4e-6;
+    /// The VAE decoder's output vs diffusers before 8-bit levels: measured
+    /// 1.29e-6 – 1.35e-6 (2026-11-25).
+    pub const VAE_DECODED: f64 = 4e-6;
+    /// Largest difference of one 8-bit value from the diffusers PNG (or
+    /// between two of our decodes): measured 1, in at most 2 bytes of an
+    /// image; 0 in the other cases (2026-11-25).
+    pub const PNG_MAX_LEVELS: u8 = 1;
+    /// Mean difference over all values of an image: measured at most 2.2e-4
+    /// (one byte of 4608 off by one level) (2026-11-25).
+    pub const PNG_MEAN_LEVELS: f64 = 6e-4;
+}
+
+/// The bars other precision tiers are held to, the project-wide image bar:
+/// within 3 levels everywhere and 0.2 on average of the diffusers PNG.
+pub mod other_tiers {
+    pub const PNG_MAX_LEVELS: u8 = 3;
+    pub const PNG_MEAN_LEVELS: f64 = 0.2;
+    // The stages on the half tiers (f16 and matrix; tests/tests/half_tiers.rs).
+    // Each linear or convolution rounds both operands to f16 (2⁻¹¹ relative
+    // each, ~1.5e-4 relative L2 per product on random data); a stage chains
+    // several, so its error is a few of those. About 2.5× the worst measured.
+    /// Text encoder vs transformers: measured 3.9e-4 – 8.7e-4 on both tiers
+    /// (Mesa 22.3.6 f16, Mesa 26.2.6 f16 and matrix 8×8 with attention on
+    /// matrix units, 2026-11-25).
+    pub const TEXT_ENCODER: f64 = 2e-3;
+    /// Each step's velocity vs diffusers, from diffusers' latents: measured
+    /// 3.8e-4 – 6.6e-4 (the same runs).
+    pub const VELOCITY: f64 = 1.5e-3;
+    /// The VAE decoder's output vs diffusers: measured 6.7e-4 – 8.9e-4 (the same runs).
+    pub const VAE_DECODED: f64 = 2e-3;
+}
+
+/// The largest and the mean difference of two 8-bit images, in levels
+/// (`(255, ∞)` when their sizes differ).
+pub fn png_gap(got: &[u8], want: &[u8]) -> (u8, f64) {
+    if got.len() != want.len() {
+        return (u8::MAX, f64::INFINITY);
+    }
+    let max = got.iter().zip(want).map(|(a, b)| a.abs_diff(*b)).max().unwrap_or(0);
+    let mean = got.iter().zip(want).map(|(a, b)| a.abs_diff(*b) as f64).sum::<f64>() / want.len().max(1) as f64;
+    (max, mean)
+}
+
