@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Makes sure a Vulkan loader and driver exist. Where none does (CI has no
-# GPU), installs Mesa's software Vulkan driver, lavapipe, from Debian.
+# Makes sure the drivers the tests run on exist. Where none does (CI has no
+# GPU), installs Mesa's software drivers from Debian: lavapipe for Vulkan,
+# and llvmpipe behind EGL for wgpu's GL backend (the second translation,
+# GLSL, that ci/test.sh runs the kernels, the golden PNGs and the selftest on).
 set -euo pipefail
 
 have_vulkan() {
@@ -8,14 +10,30 @@ have_vulkan() {
         compgen -G '/usr/share/vulkan/icd.d/*.json' >/dev/null
 }
 
-if have_vulkan; then
-    echo "setup-vulkan: Vulkan loader and driver present"
-    exit 0
-fi
+have_egl() {
+    ldconfig -p 2>/dev/null | grep -q 'libEGL\.so\.1' &&
+        ldconfig -p 2>/dev/null | grep -q 'libEGL_mesa\.so\.0' &&
+        compgen -G '/usr/lib/*/dri/swrast_dri.so' >/dev/null
+}
 
-echo "setup-vulkan: no Vulkan driver found; installing mesa-vulkan-drivers (lavapipe)"
 sudo=""
 if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
-$sudo apt-get update -q
-DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends mesa-vulkan-drivers libvulkan1
+packages=()
+if have_vulkan; then
+    echo "setup-vulkan: Vulkan loader and driver present"
+else
+    echo "setup-vulkan: no Vulkan driver found; installing mesa-vulkan-drivers (lavapipe)"
+    packages+=(mesa-vulkan-drivers libvulkan1)
+fi
+if have_egl; then
+    echo "setup-vulkan: EGL and Mesa's GL driver present"
+else
+    echo "setup-vulkan: no EGL with Mesa's GL driver found; installing libegl1, libegl-mesa0, libgl1-mesa-dri (llvmpipe)"
+    packages+=(libegl1 libegl-mesa0 libgl1-mesa-dri)
+fi
+if [ "${#packages[@]}" -gt 0 ]; then
+    $sudo apt-get update -q
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${packages[@]}"
+fi
 have_vulkan || { echo "setup-vulkan: still no Vulkan driver after installing" >&2; exit 1; }
+have_egl || { echo "setup-vulkan: still no EGL with Mesa's GL driver after installing" >&2; exit 1; }

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The test command (README.md): driver setup, the no_std build of core,
 # clippy with warnings denied, the fuzz targets compiled, then every test of
-# the workspace, failing if fewer tests ran than ci/test-floor says.
+# the workspace on Vulkan, the kernels, golden PNGs and selftest again on
+# wgpu's GL backend, the tier tests on Mesa 26, failing if fewer tests ran
+# than ci/test-floor says.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -30,6 +32,26 @@ cargo test --locked --workspace 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 set -e
 
+test_binary() {
+    cargo test --locked "$@" --no-run 2>&1 | grep -o 'target/debug/deps/[a-z_]*-[0-9a-f]*' | head -n 1
+}
+kernels="$(test_binary -p flux-lite-kernels --lib)"
+pngs="$(test_binary -p flux-lite-cli --test gen_png)"
+selftest="$(test_binary -p flux-lite-cli --test selftest)"
+
+# A second shader translation: wgpu's GL backend (GLSL) over Mesa's
+# llvmpipe through EGL, headless. Every kernel test, the f32 golden PNGs
+# (GL has no f16, so the tier ones are skipped) and the selftest.
+echo "== on wgpu's GL backend (GLSL, llvmpipe through EGL): every kernel test, the f32 golden PNGs, the selftest"
+for run in "$kernels" "$pngs --skip tier" "$selftest"; do
+    set +e
+    # shellcheck disable=SC2086 # the binary and its arguments
+    FLUX_LITE_BACKEND=gl $run 2>&1 | tee -a "$log"
+    gl_status=${PIPESTATUS[0]}
+    set -e
+    if [ "$status" -eq 0 ]; then status=$gl_status; fi
+done
+
 # The matrix tier needs cooperative matrices, which only Mesa 26's lavapipe
 # (Debian sid) offers: the kernel tests, built above, run again in a sid root
 # (ci/lavapipe-sid.sh, kept under /opt), where a missing tier fails them;
@@ -38,15 +60,9 @@ set -e
 # flux-lite selftest on all three tiers.
 echo "== on Mesa 26's lavapipe: every kernel test, the golden PNGs, auto and bench kernels on the f16 and matrix tiers"
 bash ci/lavapipe-sid.sh setup
-test_binary() {
-    cargo test --locked "$@" --no-run 2>&1 | grep -o 'target/debug/deps/[a-z_]*-[0-9a-f]*' | head -n 1
-}
-kernels="$(test_binary -p flux-lite-kernels --lib)"
-pngs="$(test_binary -p flux-lite-cli --test gen_png)"
 bench="$(test_binary -p flux-lite-cli --test bench)"
 cli="$(test_binary -p flux-lite-cli --test cli)"
 stages="$(test_binary -p flux-lite-tests --test half_tiers)"
-selftest="$(test_binary -p flux-lite-cli --test selftest)"
 for run in "$kernels" "$pngs tier_reproduces" "$bench matrix tiers" "$cli tier" "$stages" "$selftest"; do
     set +e
     # shellcheck disable=SC2086 # the binary and its filter

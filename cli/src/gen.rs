@@ -213,7 +213,7 @@ pub fn run(args: &GenArgs) -> Result<(), String> {
 }
 
 /// `peak host memory: …` beside the planned host bytes, and its exact form
-/// `host bytes: …` (measured on Linux only).
+/// `host bytes: …` (measured on Linux and macOS).
 fn print_host_memory(sampler: Option<flux_lite_platform::host_memory::AnonymousPeak>, plan: &Plan) {
     let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
     let planned = plan.host_peak();
@@ -224,11 +224,13 @@ fn print_host_memory(sampler: Option<flux_lite_platform::host_memory::AnonymousP
     };
     let anonymous = sampler.finish();
     eprintln!(
-        "peak host memory: {:.2} MiB anonymous (sampled every {} ms; it also holds the driver, its compiled kernels and, on unified memory, the device's buffers), {:.2} MiB resident with mapped files (planned {:.2} MiB: what the engine allocates on the host)",
+        "peak host memory: {:.2} MiB {own} (sampled every {} ms; it also holds the driver, its compiled kernels and, on unified memory, the device's buffers), {:.2} MiB {peak} (planned {:.2} MiB: what the engine allocates on the host)",
         mib(anonymous),
         flux_lite_platform::host_memory::AnonymousPeak::PERIOD.as_millis(),
         mib(now.resident_peak),
-        mib(planned)
+        mib(planned),
+        own = flux_lite_platform::host_memory::FIGURES.0,
+        peak = flux_lite_platform::host_memory::FIGURES.1
     );
     eprintln!("host bytes: anonymous peak {anonymous}, resident peak {}, planned {planned}, planned with the device {}", now.resident_peak, plan.peak());
 }

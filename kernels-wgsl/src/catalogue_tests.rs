@@ -30,20 +30,27 @@ fn every_module_parses_and_validates() {
     }
 }
 
+/// `module` validated, with its overrides resolved as a launch sets them
+/// (`wg`: the subgroup size the matrix tier's workgroups take).
+fn resolved(module: Module, wg: f64) -> (naga::Module, naga::valid::ModuleInfo) {
+    let (m, info) = validate(module);
+    let declared = |name: &str| m.overrides.iter().any(|(_, o)| o.name.as_deref() == Some(name));
+    let constants: naga::back::PipelineConstants = [("WG", wg), ("WEIGHT_BF16", 1.0), ("HAS_BIAS", 1.0)]
+        .into_iter()
+        .filter(|(name, _)| declared(name))
+        .map(|(name, value)| (name.to_string(), value))
+        .collect();
+    naga::back::pipeline_constants::process_overrides(&m, &info, None, &constants)
+        .map(|(m, info)| (m.into_owned(), info.into_owned()))
+        .unwrap_or_else(|e| panic!("{}: overrides: {e}", module.name()))
+}
+
 #[test]
 fn every_module_translates_to_spirv_and_msl() {
-    // Overrides resolved as a launch sets them (subgroup sizes of lavapipe and of Apple/NVIDIA GPUs).
+    // Subgroup sizes of lavapipe and of Apple/NVIDIA GPUs.
     for module in Module::ALL {
         for wg in [8.0, 32.0] {
-            let (m, info) = validate(module);
-            let declared = |name: &str| m.overrides.iter().any(|(_, o)| o.name.as_deref() == Some(name));
-            let constants: naga::back::PipelineConstants = [("WG", wg), ("WEIGHT_BF16", 1.0), ("HAS_BIAS", 1.0)]
-                .into_iter()
-                .filter(|(name, _)| declared(name))
-                .map(|(name, value)| (name.to_string(), value))
-                .collect();
-            let (m, info) = naga::back::pipeline_constants::process_overrides(&m, &info, None, &constants)
-                .unwrap_or_else(|e| panic!("{}: overrides: {e}", module.name()));
+            let (m, info) = resolved(module, wg);
             let spv = naga::back::spv::write_vec(&m, &info, &naga::back::spv::Options::default(), None)
                 .unwrap_or_else(|e| panic!("{}: SPIR-V: {e}", module.name()));
             assert!(!spv.is_empty());
@@ -54,6 +61,34 @@ fn every_module_translates_to_spirv_and_msl() {
             if module.is_matrix() {
                 assert!(msl.contains("simdgroup"), "{}: no simdgroup matrix in the MSL", module.name());
             }
+        }
+    }
+}
+
+/// DX12 takes HLSL (shader model 6.2, for f16), wgpu's GL backend GLSL ES
+/// 3.1. Cooperative matrices exist in wgpu on Vulkan and Metal only, so the
+/// matrix modules are not translated to either; GL has no f16, so only the
+/// f32 modules go to GLSL.
+#[test]
+fn every_module_translates_to_hlsl_and_the_f32_ones_to_glsl() {
+    for module in Module::ALL.into_iter().filter(|m| !m.is_matrix()) {
+        let (m, info) = resolved(module, 32.0);
+        let options = naga::back::hlsl::Options { shader_model: naga::back::hlsl::ShaderModel::V6_2, ..Default::default() };
+        let mut hlsl = String::new();
+        naga::back::hlsl::Writer::new(&mut hlsl, &options, &naga::back::hlsl::PipelineOptions { entry_point: None })
+            .write(&m, &info, None)
+            .unwrap_or_else(|e| panic!("{}: HLSL: {e}", module.name()));
+        assert!(hlsl.contains("[numthreads("), "{}: no compute entry point in the HLSL", module.name());
+        if !module.features().is_empty() {
+            continue;
+        }
+        for ep in &m.entry_points {
+            let pipeline = naga::back::glsl::PipelineOptions { shader_stage: ep.stage, entry_point: ep.name.clone(), multiview: None };
+            let mut glsl = String::new();
+            naga::back::glsl::Writer::new(&mut glsl, &m, &info, &naga::back::glsl::Options::default(), &pipeline, naga::proc::BoundsCheckPolicies::default())
+                .and_then(|mut w| w.write())
+                .unwrap_or_else(|e| panic!("{}::{}: GLSL: {e}", module.name(), ep.name));
+            assert!(glsl.contains("void main()"), "{}::{}: no main in the GLSL", module.name(), ep.name);
         }
     }
 }

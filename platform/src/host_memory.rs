@@ -3,29 +3,63 @@
 //! (Apple Silicon, and lavapipe, whose device memory is host memory) the
 //! anonymous figure includes the device's buffers.
 //!
-//! Linux only so far (`/proc/self/status`); elsewhere every figure is `None`.
+//! Linux reads `/proc/self/status`; macOS asks the kernel for the
+//! process's footprint (`proc_pid_rusage`, the figure Activity Monitor
+//! shows, which holds Metal buffers too); elsewhere every figure is `None`.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// One reading of `/proc/self/status`.
+/// One reading of the process's memory.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct HostMemory {
-    /// Resident anonymous memory now (`RssAnon`): heap, device buffers of a
-    /// software or unified-memory driver; not the mapped weight files.
+    /// The process's own memory now: heap, device buffers of a software or
+    /// unified-memory driver; not the mapped weight files. Linux: resident
+    /// anonymous memory (`RssAnon`); macOS: the physical footprint.
     pub anonymous: u64,
-    /// The most resident memory so far (`VmHWM`), mapped files' pages included.
+    /// The most memory so far. Linux: resident, mapped files' pages
+    /// included (`VmHWM`); macOS: the largest physical footprint.
     pub resident_peak: u64,
 }
 
+/// What [`HostMemory`]'s two figures are on this OS, in words.
+pub const FIGURES: (&str, &str) = if cfg!(target_os = "macos") {
+    ("physical footprint", "largest footprint")
+} else {
+    ("anonymous", "resident with mapped files")
+};
+
 /// The process's memory now, where the OS tells it.
+#[cfg(target_os = "linux")]
 pub fn now() -> Option<HostMemory> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     parse_status(&status)
 }
 
+/// The process's memory now, where the OS tells it.
+#[cfg(target_os = "macos")]
+pub fn now() -> Option<HostMemory> {
+    let mut info = std::mem::MaybeUninit::<libc::rusage_info_v4>::zeroed();
+    // SAFETY: for RUSAGE_INFO_V4 the kernel writes one `rusage_info_v4` of
+    // this process into the buffer, which is that size and zeroed.
+    let rc = unsafe { libc::proc_pid_rusage(libc::getpid(), libc::RUSAGE_INFO_V4, info.as_mut_ptr().cast()) };
+    if rc != 0 {
+        return None;
+    }
+    // SAFETY: zeroed, then written by the kernel: every field is a plain integer.
+    let info = unsafe { info.assume_init() };
+    Some(HostMemory { anonymous: info.ri_phys_footprint, resident_peak: info.ri_lifetime_max_phys_footprint })
+}
+
+/// The process's memory now, where the OS tells it.
+#[cfg(not(any(target_os = "linux", target_os = "macos")))]
+pub fn now() -> Option<HostMemory> {
+    None
+}
+
 /// `RssAnon` and `VmHWM` of a `/proc/<pid>/status` text, in bytes.
+#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
 fn parse_status(status: &str) -> Option<HostMemory> {
     let field = |name: &str| -> Option<u64> {
         let line = status.lines().find(|l| l.starts_with(name))?;
@@ -115,6 +149,15 @@ impl Drop for AnonymousPeak {
     }
 }
 
+/// Held by every test that measures the process's memory: tests run on
+/// threads of one process, so one test's allocations would show in
+/// another's figures.
+#[cfg(test)]
+pub(crate) fn measuring_alone() -> std::sync::MutexGuard<'static, ()> {
+    static MEASURING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    MEASURING.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -128,6 +171,7 @@ mod tests {
 
     #[test]
     fn the_sampler_sees_a_large_allocation() {
+        let _alone = measuring_alone();
         let Some(sampler) = AnonymousPeak::start() else {
             println!("skipped: this OS does not report anonymous memory (no /proc/self/status)");
             return;
@@ -144,6 +188,7 @@ mod tests {
 
     #[test]
     fn each_phase_has_its_own_peak_and_the_overall_one_keeps_them_all() {
+        let _alone = measuring_alone();
         let Some(sampler) = AnonymousPeak::start() else {
             println!("skipped: this OS does not report anonymous memory (no /proc/self/status)");
             return;

@@ -479,6 +479,7 @@ mod scratch_tests {
     /// the same size adds all of it; and the file has no name in its folder.
     #[test]
     fn scratch_activations_are_not_anonymous_memory_and_leave_no_file() {
+        let _alone = crate::host_memory::measuring_alone();
         let Some(before) = crate::host_memory::now() else {
             println!("skipped: this OS does not report the process's anonymous memory");
             return;
