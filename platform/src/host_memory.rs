@@ -169,19 +169,26 @@ mod tests {
         assert_eq!(parse_status("Name:\tx\n"), None);
     }
 
-    #[test]
-    fn the_sampler_sees_a_large_allocation() {
-        let _alone = measuring_alone();
+    /// A sampler started, and the anonymous memory before a block of 64 MiB
+    /// was touched, held for several periods and freed (a block this large
+    /// goes back to the OS); `None` where the OS does not tell.
+    fn sampled_block() -> Option<(AnonymousPeak, u64)> {
         let Some(sampler) = AnonymousPeak::start() else {
             println!("skipped: this OS does not report anonymous memory (no /proc/self/status)");
-            return;
+            return None;
         };
-        let before = now().unwrap().anonymous;
-        // 64 MiB touched, held for several periods, then freed.
+        let before = now()?.anonymous;
         let block = vec![1u8; 64 << 20];
         std::thread::sleep(AnonymousPeak::PERIOD * 8);
         assert_eq!(block.iter().map(|&b| b as u64).sum::<u64>(), 64 << 20);
         drop(block);
+        Some((sampler, before))
+    }
+
+    #[test]
+    fn the_sampler_sees_a_large_allocation() {
+        let _alone = measuring_alone();
+        let Some((sampler, before)) = sampled_block() else { return };
         let peak = sampler.finish();
         assert!(peak >= before + (60 << 20), "peak {peak}, before {before}");
     }
@@ -189,16 +196,8 @@ mod tests {
     #[test]
     fn each_phase_has_its_own_peak_and_the_overall_one_keeps_them_all() {
         let _alone = measuring_alone();
-        let Some(sampler) = AnonymousPeak::start() else {
-            println!("skipped: this OS does not report anonymous memory (no /proc/self/status)");
-            return;
-        };
-        let before = now().unwrap().anonymous;
-        // 64 MiB in the first phase, freed (a block this large goes back to the OS) before the second.
-        let block = vec![1u8; 64 << 20];
-        std::thread::sleep(AnonymousPeak::PERIOD * 8);
-        assert_eq!(block.iter().map(|&b| b as u64).sum::<u64>(), 64 << 20);
-        drop(block);
+        // The block in the first phase, freed before the second starts.
+        let Some((sampler, before)) = sampled_block() else { return };
         let (first, _) = sampler.next_phase();
         std::thread::sleep(AnonymousPeak::PERIOD * 8);
         let (second, _) = sampler.next_phase();
