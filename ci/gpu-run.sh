@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# One call on a Linux machine with a GPU and no Rust toolchain: settles
+# correctness and speed there from a release binary built elsewhere.
+#
+#   bash ci/gpu-run.sh [BINARY] [REPORT]
+#
+# BINARY: flux-lite built with `cargo build --release -p flux-lite-cli`
+# (default target/release/flux-lite). REPORT: the one file everything goes
+# to (default gpu-report.txt, or $OUT/gpu-report.txt when OUT is set); it is
+# printed as it grows. In order:
+#   1. the Vulkan loader: unpacked from .gl/*.deb when the machine lacks one
+#      (README, "On a GPU", says how to fetch them), NVIDIA's ICD named;
+#   2. nvidia-smi, `flux-lite gpu`, `flux-lite selftest` (every tier the GPU
+#      offers, against the references and diffusers' tiny-model goldens);
+#   3. `flux-lite bench kernels` with the 4B's and the 9B's shapes;
+#   4. beside them, PyTorch on the same GPU (ci/gpu_peer.py): the bench's
+#      matrix products in bf16 and f32 and one 4B transformer step, with its
+#      first double and single block, in bf16 (skipped, with a line saying
+#      why, without PyTorch, diffusers or CUDA).
+# Each step has its own time limit so that the whole fits in 10 minutes.
+# FLUX_LITE_GPU_RUN_TOKENS sets the benches' token rows (default 4608: a
+# 1024² image and the 512-token prompt); FLUX_LITE_GPU_RUN_QUICK=1 runs a
+# small version (64 rows, linears and attention only, a 256² step) to try
+# the script on a software driver.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+binary="${1:-target/release/flux-lite}"
+report="${2:-${OUT:+$OUT/}gpu-report.txt}"
+tokens="${FLUX_LITE_GPU_RUN_TOKENS:-4608}"
+only=(--only linear,attention,blocks,step,tiers)
+step_size=1024
+if [ "${FLUX_LITE_GPU_RUN_QUICK:-}" = 1 ]; then
+    tokens=64
+    only=(--only linear,attention --repeats 1)
+    step_size=256
+fi
+: > "$report"
+
+say() { echo "$*" | tee -a "$report"; }
+
+# Runs a step under a time limit, its output into the report.
+step() {
+    local limit="$1" title="$2"
+    shift 2
+    say ""
+    say "== $title: $*"
+    timeout "$limit" "$@" 2>&1 | tee -a "$report"
+    local status=${PIPESTATUS[0]}
+    if [ "$status" -eq 124 ]; then say "(stopped after ${limit}s)"; fi
+    if [ "$status" -ne 0 ]; then failed=$((failed + 1)); fi
+    return 0
+}
+failed=0
+
+if [ ! -x "$binary" ]; then
+    echo "error: no flux-lite binary at $binary (build it with cargo build --release -p flux-lite-cli and carry it)" >&2
+    exit 1
+fi
+
+# 1. The Vulkan loader, where the machine has a driver but no loader.
+if ! ldconfig -p 2>/dev/null | grep -q 'libvulkan\.so\.1'; then
+    if compgen -G '.gl/*.deb' >/dev/null && [ "$(id -u)" -eq 0 ]; then
+        for f in .gl/*.deb; do dpkg -x "$f" /; done
+        ldconfig
+        say "loader: unpacked $(ls .gl/*.deb | wc -l) packages from .gl/"
+    else
+        say "loader: no libvulkan.so.1 and no .gl/*.deb to unpack (or not root); Vulkan may not start"
+    fi
+fi
+for icd in /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json /usr/share/vulkan/icd.d/nvidia_icd.json /etc/vulkan/icd.d/nvidia_icd.json; do
+    if [ -f "$icd" ] && [ -z "${VK_DRIVER_FILES:-}" ]; then
+        export VK_DRIVER_FILES="$icd"
+        say "loader: VK_DRIVER_FILES=$icd"
+    fi
+done
+export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-/tmp/flux-lite-xdg-$(id -u)}"
+mkdir -p "$XDG_RUNTIME_DIR" && chmod 700 "$XDG_RUNTIME_DIR"
+
+say "flux-lite GPU run, $(date -u +%Y-%m-%dT%H:%M:%SZ), $(uname -srm)"
+say "binary: $binary ($("$binary" --help >/dev/null 2>&1 && echo runs || echo does not run))"
+
+# 2. The machine and the checks.
+if command -v nvidia-smi >/dev/null; then
+    step 30 "GPU" nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
+fi
+step 60 "adapter" "$binary" gpu
+step 180 "selftest" "$binary" selftest
+
+# 3. The benches, each against the ceilings measured in its own run.
+bench_4b="$(mktemp)"
+step 150 "bench, klein-4B shapes" "$binary" bench kernels --model klein-4b --tokens "$tokens" --step-sizes "$step_size" "${only[@]}"
+awk '/^== bench, klein-4B/ { on = 1; next } /^== / { on = 0 } on' "$report" > "$bench_4b"
+step 150 "bench, klein-9B shapes" "$binary" bench kernels --model klein-9b --tokens "$tokens" --step-sizes "$step_size" "${only[@]}"
+
+# 4. The PyTorch peer on the same GPU.
+if command -v python3 >/dev/null; then
+    step 150 "PyTorch peer (4B shapes)" python3 ci/gpu_peer.py --bench "$bench_4b" --config test_vectors/configs/klein-4b/transformer/config.json --size "$step_size"
+else
+    say "peer: skipped: no python3"
+fi
+rm -f "$bench_4b"
+
+say ""
+say "gpu-run: done, $failed step(s) failed; report in $report"
+[ "$failed" -eq 0 ]
