@@ -59,7 +59,7 @@ if [ ! -x "$binary" ]; then
 fi
 
 # 1. The Vulkan loader, where the machine has a driver but no loader.
-if ! ldconfig -p 2>/dev/null | grep -q 'libvulkan\.so\.1'; then
+if ! ldconfig -p 2>/dev/null | grep 'libvulkan\.so\.1' >/dev/null; then
     if compgen -G '.gl/*.deb' >/dev/null && [ "$(id -u)" -eq 0 ]; then
         for f in .gl/*.deb; do dpkg -x "$f" /; done
         ldconfig
