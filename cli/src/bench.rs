@@ -1,5 +1,6 @@
 //! `flux-lite bench`: throughput figures printed beside their ceilings.
 
+use crate::stdout::say;
 use argh::FromArgs;
 use flux_lite_core::config::{self, Qwen3Config, TransformerConfig, VaeConfig};
 use flux_lite_platform::bench::{self, Ceilings, Figure, ShapeBench};
@@ -132,20 +133,20 @@ fn kernels(args: &KernelsArgs) -> Result<(), String> {
     let bench = ShapeBench::new(&gpu, args.repeats);
     let err = |e: flux_lite_platform::RunError| e.to_string();
     let ceilings = bench.ceilings().map_err(|e| e.to_string())?;
-    println!("adapter: {}", gpu.describe());
-    println!("model shapes: {name}; random bf16 weights; f32 activations");
-    println!("times: median of {} runs after a warm-up, {}", args.repeats.max(1), bench.timer().clock().describe());
+    say!("adapter: {}", gpu.describe());
+    say!("model shapes: {name}; random bf16 weights; f32 activations");
+    say!("times: median of {} runs after a warm-up, {}", args.repeats.max(1), bench.timer().clock().describe());
     crate::tier::print_notice(&gpu);
-    println!("precision: {}: linear and conv rows on this tier, the rest f32", crate::tier::describe(&gpu));
+    say!("precision: {}: linear and conv rows on this tier, the rest f32", crate::tier::describe(&gpu));
     let matrix_peak = ceilings.matrix_flops.map_or(String::new(), |m| format!(", matrix units {:.1} GFLOP/s", m / 1e9));
-    println!(
+    say!(
         "ceilings measured in this run: FMA peak {:.1} GFLOP/s{matrix_peak}, copy {:.1} GB/s (bytes read + written)",
         ceilings.flops / 1e9,
         ceilings.bytes / 1e9
     );
-    println!();
-    println!("| what | shape | time | GFLOP/s | GB/s | bound | % of bound |");
-    println!("|---|---|---|---|---|---|---|");
+    say!();
+    say!("| what | shape | time | GFLOP/s | GB/s | bound | % of bound |");
+    say!("|---|---|---|---|---|---|---|");
     for &t in &tokens {
         if want("linear") {
             for f in bench.linears(&transformer, t).map_err(err)? {
@@ -194,14 +195,14 @@ fn kernels(args: &KernelsArgs) -> Result<(), String> {
         tiers_side_by_side(&transformer, &tokens, args.repeats)?;
     }
     if !skipped.is_empty() {
-        println!();
+        say!();
     }
     for line in &skipped {
-        println!("{line}");
+        say!("{line}");
     }
     if step_sizes.is_empty() && args.step_sizes.is_none() && want("step") {
-        println!();
-        println!("whole denoising steps skipped on a software adapter (ask for them with --step-sizes)");
+        say!();
+        say!("whole denoising steps skipped on a software adapter (ask for them with --step-sizes)");
     }
     Ok(())
 }
@@ -231,26 +232,26 @@ fn tiers_side_by_side(transformer: &TransformerConfig, tokens: &[u64], repeats: 
         }
         measured.push((gpu.precision().name(), ceilings, figures));
     }
-    println!();
-    println!("linears by tier (each tier's ceilings measured in this run):");
+    say!();
+    say!("linears by tier (each tier's ceilings measured in this run):");
     for (name, c, _) in &measured {
         let matrix = c.matrix_flops.map_or(String::new(), |m| format!(", matrix units {:.1} GFLOP/s", m / 1e9));
-        println!("- {name}: FMA peak {:.1} GFLOP/s{matrix}, copy {:.1} GB/s", c.flops / 1e9, c.bytes / 1e9);
+        say!("- {name}: FMA peak {:.1} GFLOP/s{matrix}, copy {:.1} GB/s", c.flops / 1e9, c.bytes / 1e9);
     }
-    println!();
+    say!();
     let names: Vec<&str> = measured.iter().map(|(n, _, _)| *n).collect();
     let ratios: Vec<String> = names.iter().skip(1).map(|n| format!("{n} ÷ f32")).collect();
-    println!("| linear | shape | FLOP/byte | {} | {} |", names.iter().map(|n| format!("{n}: time (% of ceiling)")).collect::<Vec<_>>().join(" | "), ratios.join(" | "));
-    println!("|---|---|---|{}{}", "---|".repeat(names.len()), "---|".repeat(ratios.len()));
+    say!("| linear | shape | FLOP/byte | {} | {} |", names.iter().map(|n| format!("{n}: time (% of ceiling)")).collect::<Vec<_>>().join(" | "), ratios.join(" | "));
+    say!("|---|---|---|{}{}", "---|".repeat(names.len()), "---|".repeat(ratios.len()));
     let (_, _, reference) = &measured[0];
     for (i, f) in reference.iter().enumerate() {
         let cells: Vec<String> = measured.iter().map(|(_, c, fs)| format!("{} ({:.1}%)", duration(fs[i].seconds), 100.0 * fs[i].flops as f64 / fs[i].peak(c) / fs[i].seconds.max(1e-12))).collect();
         let speedups: Vec<String> = measured.iter().skip(1).map(|(_, _, fs)| format!("{:.2}×", f.seconds / fs[i].seconds.max(1e-12))).collect();
         let intensity = f.flops as f64 / f.bytes as f64;
-        println!("| {} | {} | {intensity:.0} | {} | {} |", f.what, f.shape, cells.join(" | "), speedups.join(" | "));
+        say!("| {} | {} | {intensity:.0} | {} | {} |", f.what, f.shape, cells.join(" | "), speedups.join(" | "));
     }
     for line in missing {
-        println!("{line}");
+        say!("{line}");
     }
     Ok(())
 }
@@ -258,7 +259,7 @@ fn tiers_side_by_side(transformer: &TransformerConfig, tokens: &[u64], repeats: 
 /// One table row: time, achieved rates, which ceiling bounds it and how close it comes.
 fn row(f: &Figure, c: &Ceilings) {
     let rate = |work: u64| if work == 0 { "–".to_string() } else { format!("{:.1}", work as f64 / f.seconds.max(1e-12) / 1e9) };
-    println!(
+    say!(
         "| {} | {} | {} | {} | {} | {} | {:.1}% |",
         f.what,
         f.shape,
@@ -306,7 +307,7 @@ fn df11(args: &Df11Args) -> Result<(), String> {
     let weights = bench::synthetic_weights(args.elements, 0);
     let r = bench::df11(&weights, gpu.as_ref(), args.repeats).map_err(|e| e.to_string())?;
     let bf16 = 2 * r.elements;
-    println!(
+    say!(
         "df11: {} bf16 weights, normal σ 0.02 ({:.1} MiB), DF11 {:.1} MiB ({:.1}% of bf16); bf16 output bytes per second, fastest of {}",
         r.elements,
         bf16 as f64 / (1 << 20) as f64,
@@ -314,16 +315,16 @@ fn df11(args: &Df11Args) -> Result<(), String> {
         100.0 * r.compressed_bytes as f64 / bf16 as f64,
         args.repeats.max(1)
     );
-    println!("encode, 1 thread:           {}", gbps(bf16 as f64 / r.encode.as_secs_f64().max(1e-9)));
-    println!("host decode, 1 thread:      {}   (copy, 1 thread: {})", gbps(r.host_one_thread), gbps(r.host_copy));
-    println!(
+    say!("encode, 1 thread:           {}", gbps(bf16 as f64 / r.encode.as_secs_f64().max(1e-9)));
+    say!("host decode, 1 thread:      {}   (copy, 1 thread: {})", gbps(r.host_one_thread), gbps(r.host_copy));
+    say!(
         "host decode, {} threads:     {}   ({:.2} per thread)",
         r.host_threads,
         gbps(r.host_all_threads),
         r.host_all_threads / 1e9 / r.host_threads as f64
     );
     if let (Some(gpu), Some((decode, copy, exact))) = (&gpu, r.device) {
-        println!(
+        say!(
             "gpu decode ({}):  {}   (buffer copy: {}; {:.0}% of copy){}",
             gpu.describe(),
             gbps(decode),

@@ -1,5 +1,6 @@
 //! `flux-lite compress`: a model folder → the same folder with DF11 weights.
 
+use crate::stdout::say;
 use flux_lite_core::plan::Bytes;
 use crate::progress::Bar;
 use argh::FromArgs;
@@ -39,7 +40,7 @@ pub fn run(args: &CompressArgs) -> Result<(), String> {
     });
     bar.finish();
     for s in sizes.map_err(|e| e.to_string())? {
-        println!("{}", summary(&s));
+        say!("{}", summary(&s));
     }
     eprintln!("wrote {} in {:.2}s", args.output.display(), started.elapsed().as_secs_f64());
     Ok(())

@@ -1,5 +1,6 @@
 //! `flux-lite info`: a model folder's configs, sizes and memory plan, without running it.
 
+use crate::stdout::say;
 use argh::FromArgs;
 use flux_lite_core::df11::layout;
 use flux_lite_core::plan::{self as planner, Bytes, ComponentBytes, DeviceLimits, PhasePlan, PlanInput, Sides, VaePlan};
@@ -55,25 +56,25 @@ pub fn run(args: &InfoArgs) -> Result<(), String> {
         None => adapter_limits(),
     };
     let input = sizes.plan_input(&model, width, height, &reference_sizes, limits, args.memory_budget);
-    println!();
+    say!();
     let with_references = match reference_sizes.as_slice() {
         [] => String::new(),
         sizes => format!(" and reference images of {}", sizes.iter().map(|(w, h)| format!("{w}×{h}")).collect::<Vec<_>>().join(", ")),
     };
-    println!(
+    say!(
         "plan for {width}×{height} with {PROMPT_TOKENS} prompt tokens{with_references}, under {adapter}: max buffer {}, max binding {}",
         Bytes(limits.max_buffer),
         Bytes(limits.max_binding)
     );
     print_plan_options(&input, &sizes)?;
     let minimum = planner::minimum_need(&input).map_err(|e| crate::errors::plan_line(&e))?;
-    println!("smallest budget for the whole run: {} ({} B): {}", Bytes(minimum.total()), minimum.total(), Sides(minimum.device, minimum.host));
+    say!("smallest budget for the whole run: {} ({} B): {}", Bytes(minimum.total()), minimum.total(), Sides(minimum.device, minimum.host));
     let resident = planner::plan(&PlanInput { budget: None, ..input }).map_err(|e| crate::errors::plan_line(&e))?;
-    println!("everything resident: {}: {}", Bytes(resident.peak()), Sides(resident.device_peak(), resident.host_peak()));
+    say!("everything resident: {}: {}", Bytes(resident.peak()), Sides(resident.device_peak(), resident.host_peak()));
     if let Some(budget) = args.memory_budget {
         let plan = planner::plan(&input).map_err(|e| crate::errors::plan_line(&e))?;
         let encoder = plan.references.map_or(String::new(), |r| format!("; VAE encoder {}", tile_layout(r.tile)));
-        println!(
+        say!(
             "within --memory-budget {}: text encoder {}; transformer {}{encoder}; VAE {}; peak {} (largest phase), at most {} on the device and {} on the host",
             Bytes(budget),
             plan.encode.weights,
@@ -91,9 +92,9 @@ fn print_configs(m: &ModelFolder) {
     let t = &m.transformer;
     let q = &m.text_encoder;
     let v = &m.vae;
-    println!("model: {}", m.root.display());
-    println!("distilled: {}", m.index.is_distilled);
-    println!(
+    say!("model: {}", m.root.display());
+    say!("distilled: {}", m.index.is_distilled);
+    say!(
         "transformer: {} double + {} single blocks, {} heads × {}, inner {}, mlp {}, joint {}, in {} channels, RoPE axes {:?} θ {}",
         t.num_layers,
         t.num_single_layers,
@@ -106,7 +107,7 @@ fn print_configs(m: &ModelFolder) {
         t.axes_dims_rope.as_slice(),
         t.rope_theta
     );
-    println!(
+    say!(
         "text encoder: Qwen3 {} layers, hidden {}, {} / {} heads × {}, mlp {}, vocab {}, RoPE θ {}, prompt layers {:?}",
         q.num_hidden_layers,
         q.hidden_size,
@@ -118,7 +119,7 @@ fn print_configs(m: &ModelFolder) {
         q.rope_theta,
         q.output_layers()
     );
-    println!(
+    say!(
         "vae: channels {:?}, {} latent channels, scale factor {}, {} groups",
         v.block_out_channels.as_slice(),
         v.latent_channels,
@@ -142,7 +143,7 @@ fn print_component_bytes(m: &ModelFolder, c: Component) -> Result<(), String> {
         "no weight files".to_string()
     };
     let df11 = if bytes.df11 < bytes.bf16 { format!("DF11 about {}", Bytes(bytes.df11)) } else { "no DF11 groups".to_string() };
-    println!("{}: {} parameters; bf16 {}, {df11}; {files}", c.dir(), bytes.parameters, Bytes(bytes.bf16));
+    say!("{}: {} parameters; bf16 {}, {df11}; {files}", c.dir(), bytes.parameters, Bytes(bytes.bf16));
     Ok(())
 }
 
@@ -161,19 +162,19 @@ fn print_plan_options(input: &PlanInput<'_>, sizes: &ModelSizes) -> Result<(), S
         (true, Component::Vae) => " (sizes estimated from the config)".to_string(),
         (true, _) => format!(" (sizes estimated from the config, DF11 groups at {}%)", planner::DF11_ESTIMATE_PERCENT),
     };
-    println!("text encoder{}:", source(Component::TextEncoder));
+    say!("text encoder{}:", source(Component::TextEncoder));
     for p in planner::encode_options(input).map_err(|e| e.to_string())? {
         print_phase(&p);
     }
-    println!("transformer{}:", source(Component::Transformer));
+    say!("transformer{}:", source(Component::Transformer));
     for p in planner::denoise_options(input).map_err(|e| e.to_string())? {
         print_phase(&p);
     }
     if !input.references.is_empty() {
-        println!("vae encoder{}:", source(Component::Vae));
+        say!("vae encoder{}:", source(Component::Vae));
         print_fastest_and_smallest(&planner::reference_options(input).map_err(|e| e.to_string())?.collect::<Vec<_>>());
     }
-    println!("vae decoder{}:", source(Component::Vae));
+    say!("vae decoder{}:", source(Component::Vae));
     print_fastest_and_smallest(&planner::decode_options(input).map_err(|e| e.to_string())?.collect::<Vec<_>>());
     Ok(())
 }
@@ -195,7 +196,7 @@ fn print_phase(p: &PhasePlan) {
 /// activations, other) and the host's.
 fn print_option(what: &str, [weights, activations, other]: [u64; 3], host: u64) {
     let device = weights + activations + other;
-    println!(
+    say!(
         "  {what}: {} = device {} (weights {}, activations {}, other {}) + host {}",
         Bytes(device + host),
         Bytes(device),

@@ -4,6 +4,7 @@ use argh::FromArgs;
 use flux_lite_core::plan::Bytes;
 use flux_lite_platform::{Gpu, GpuOptions, Precision};
 use std::process::ExitCode;
+use stdout::say;
 
 mod bench;
 mod budget;
@@ -17,6 +18,7 @@ mod progress;
 mod prompt;
 mod references;
 mod selftest;
+mod stdout;
 mod tier;
 
 /// flux-lite: FLUX.2-klein text-to-image on any GPU, in WGSL through wgpu.
@@ -95,25 +97,25 @@ fn parse_args() -> Result<Cli, ExitCode> {
 
 fn gpu() -> Result<(), String> {
     let gpu = Gpu::new(&GpuOptions { precision: Precision::F32, ..Default::default() }).map_err(|e| e.to_string())?;
-    println!("adapter: {}", gpu.describe());
-    println!("driver: {} {}", gpu.info.driver, gpu.info.driver_info);
-    println!("max storage binding: {}", Bytes(gpu.max_binding()));
-    println!("max buffer: {}", Bytes(gpu.limits.max_buffer_size));
-    println!("workgroup storage: {}", Bytes(gpu.limits.max_compute_workgroup_storage_size as u64));
-    println!("subgroup size: {} to {}", gpu.info.subgroup_min_size, gpu.info.subgroup_max_size);
-    println!("cooperative matrices offered: {}", gpu.matrix_offered());
+    say!("adapter: {}", gpu.describe());
+    say!("driver: {} {}", gpu.info.driver, gpu.info.driver_info);
+    say!("max storage binding: {}", Bytes(gpu.max_binding()));
+    say!("max buffer: {}", Bytes(gpu.limits.max_buffer_size));
+    say!("workgroup storage: {}", Bytes(gpu.limits.max_compute_workgroup_storage_size as u64));
+    say!("subgroup size: {} to {}", gpu.info.subgroup_min_size, gpu.info.subgroup_max_size);
+    say!("cooperative matrices offered: {}", gpu.matrix_offered());
     // Each tier as it would run here, or why it cannot; then what auto takes.
     for tier in [Precision::F16, Precision::Matrix] {
         let line = match Gpu::new(&GpuOptions { precision: tier, ..Default::default() }) {
             Ok(g) => crate::tier::describe(&g),
             Err(e) => format!("unavailable ({e})"),
         };
-        println!("{} tier: {line}", tier.name());
+        say!("{} tier: {line}", tier.name());
     }
     let auto = Gpu::new(&GpuOptions { precision: Precision::Auto, ..Default::default() }).map_err(|e| e.to_string())?;
     if let Some(notice) = auto.notice() {
-        println!("notice: {notice}");
+        say!("notice: {notice}");
     }
-    println!("tier auto takes: {} (known-answer check passed)", crate::tier::describe(&auto));
+    say!("tier auto takes: {} (known-answer check passed)", crate::tier::describe(&auto));
     Ok(())
 }

@@ -1,6 +1,7 @@
 //! `flux-lite selftest`: the engine checked on this machine's adapter, one
 //! line per check; the first thing to run when an image looks wrong.
 
+use crate::stdout::say;
 use argh::FromArgs;
 use flux_lite_platform::selftest::{self, Check, Event, Report};
 use flux_lite_platform::GpuOptions;
@@ -25,10 +26,10 @@ pub fn run(args: &SelftestArgs) -> Result<(), String> {
     })
     .map_err(|e| e.to_string())?;
     if json {
-        println!("{}", to_json(&report));
+        say!("{}", to_json(&report));
     } else {
         let passed = report.checks.iter().filter(|c| c.passed()).count();
-        println!("selftest: {passed} of {} checks passed", report.checks.len());
+        say!("selftest: {passed} of {} checks passed", report.checks.len());
     }
     let failed = report.checks.iter().filter(|c| !c.passed()).count();
     match failed {
@@ -59,12 +60,12 @@ fn figure(v: f64) -> String {
 fn print_event(event: Event<'_>) {
     match event {
         Event::Adapter { adapter, driver } => {
-            println!("adapter: {adapter}");
-            println!("driver: {driver}");
+            say!("adapter: {adapter}");
+            say!("driver: {driver}");
         }
-        Event::Tier(tier, Ok(())) => println!("tier {}:", tier.name()),
-        Event::Tier(tier, Err(why)) => println!("tier {}: not offered here ({why})", tier.name()),
-        Event::Check(c) => println!("{}", line(c)),
+        Event::Tier(tier, Ok(())) => say!("tier {}:", tier.name()),
+        Event::Tier(tier, Err(why)) => say!("tier {}: not offered here ({why})", tier.name()),
+        Event::Check(c) => say!("{}", line(c)),
     }
 }
 

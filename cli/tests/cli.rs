@@ -101,3 +101,28 @@ fn a_tier_the_adapter_lacks_is_one_error_line_and_a_bad_name_another() {
     let (ok, stderr) = verbose_gen(&["--precision", "bf16"], &[]);
     assert!(!ok && stderr.trim().lines().count() == 1 && stderr.contains("--precision \"bf16\": expected auto, f32, f16 or matrix"), "{stderr}");
 }
+
+/// `flux-lite info … | head -1` and `flux-lite selftest | head -1`: the
+/// reader goes away after one line; the command ends quietly (no panic, a
+/// clean exit), as any Unix tool does.
+#[test]
+fn a_reader_that_goes_away_ends_a_report_quietly() {
+    use std::io::{BufRead, BufReader};
+    let model = flux_lite_tests::model_dir("tiny-a");
+    for args in [vec!["info", "--model", model.to_str().unwrap()], vec!["selftest"]] {
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_flux-lite"))
+            .args(&args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut first = String::new();
+        BufReader::new(child.stdout.take().unwrap()).read_line(&mut first).unwrap();
+        // The reader is dropped here: every later write meets a closed pipe.
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!first.is_empty(), "{args:?}: no first line");
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+        assert!(out.status.success(), "{args:?}: {:?} {stderr}", out.status);
+    }
+}

@@ -1,12 +1,16 @@
 //! Kernel checks a user can run on their own adapter (`flux-lite
 //! selftest`): the product kernels, which every precision tier replaces,
-//! on random inputs whose sizes fall off every tile edge, each output
-//! buffer filled with NaN first so that an element the kernel forgets to
-//! write fails the check, against core's f64 reference.
+//! and the norms and RoPE, which every tier shares, on random inputs whose
+//! sizes fall off every workgroup and tile edge, each output buffer filled
+//! with NaN first so that an element the kernel forgets to write fails the
+//! check, against core's f64 reference. The kernels' own tests call the
+//! same checks.
 
 use crate::kernels::attention::{attention, Attention, Qkv};
 use crate::kernels::conv::conv2d;
 use crate::kernels::linear::{linear, Gemm};
+use crate::kernels::norm::{group_norm, layer_norm_modulate, rms_norm, GroupAffine, Groups, RowNorm};
+use crate::kernels::rope::{rope, RopeShape, RopeStyle, RopeTables};
 use crate::{DeviceBuffer, Gpu, GpuError, Mat, Precision, Weight};
 use flux_lite_core::oracle::{self as r, ConvShape, Weights};
 
@@ -128,6 +132,115 @@ pub fn product_checks(gpu: &Gpu) -> Vec<Check> {
         outcome(format!("{tier} conv2d 3×3, 5→7 channels, 13×11"), product_bound(gpu), check_conv(gpu, conv, 2)),
         outcome(format!("{tier} attention 37 tokens, 3 heads × 24"), attention_bound, check_attention(gpu, attn, 3)),
     ]
+}
+
+/// The kernels every tier shares (f32 on all of them): RMSNorm, the
+/// modulated LayerNorm, GroupNorm with SiLU, and both RoPE layouts.
+pub fn shared_checks(gpu: &Gpu) -> Vec<Check> {
+    let outcome = |name: &str, got: Result<f64, GpuError>| match got {
+        Ok(worst) => Check::measured(name, "relative L2", worst, F32_KERNEL),
+        Err(e) => Check::failed(name, "relative L2", F32_KERNEL, e.to_string()),
+    };
+    vec![
+        outcome("rms_norm 37 rows × 300, bf16 weight", check_rms_norm(gpu, 37, 300, 6)),
+        outcome("layer_norm_modulate 41 rows × 333, offset 20", check_layer_norm(gpu, 41, 333, 8)),
+        outcome("group_norm + SiLU, 24 channels in 8 groups, 13×11", check_group_norm(gpu, true, 10)),
+        outcome("rope interleaved (FLUX.2), 23 tokens, 3 heads × 16", check_rope(gpu, RopeStyle::Interleaved, [23, 3, 16], 10)),
+        outcome("rope rotate-half (Qwen3), 17 tokens, 4 heads × 8", check_rope(gpu, RopeStyle::RotateHalf, [17, 4, 8], 11)),
+    ]
+}
+
+/// RMSNorm over `rows × d` with a bf16 weight.
+pub fn check_rms_norm(gpu: &Gpu, rows: usize, d: usize, seed: u64) -> Result<f64, GpuError> {
+    let mut rng = Rng::new(seed);
+    let x = rng.normals(rows * d, 3.0);
+    let w = rng.bf16s(d, 1.0);
+    let mut want = vec![0.0; rows * d];
+    r::rms_norm(&x, Weights::Bf16(&w), rows, d, 1e-6, &mut want);
+    let (xb, wb, yb) = (gpu.upload_f32("x", &x), gpu.upload_bf16("w", &w), poisoned(gpu, rows * d));
+    let s = RowNorm { tokens: rows as u64, heads: 1, d: d as u64, eps: 1e-6 };
+    let got = run_and_read(gpu, &yb, rows * d, |enc| rms_norm(gpu, enc, Mat::new(&xb, d as u64), Weight::bf16(&wb), Mat::new(&yb, d as u64), s))?;
+    Ok(rel_l2(&got, &want))
+}
+
+/// LayerNorm with shift and scale rows of a modulation vector; a common
+/// offset of 20 checks that the variance is taken around the mean.
+pub fn check_layer_norm(gpu: &Gpu, rows: usize, d: usize, seed: u64) -> Result<f64, GpuError> {
+    let mut rng = Rng::new(seed);
+    let x: Vec<f32> = rng.normals(rows * d, 1.0).into_iter().map(|v| v + 20.0).collect();
+    let modulation = rng.normals(6 * d, 0.5); // (shift1, scale1, gate1, shift2, scale2, gate2)
+    let (shift, scale) = (&modulation[3 * d..4 * d], &modulation[4 * d..5 * d]);
+    let mut want = vec![0.0; rows * d];
+    r::layer_norm_modulate(&x, shift, scale, rows, d, 1e-6, &mut want);
+    let (xb, mb, yb) = (gpu.upload_f32("x", &x), gpu.upload_f32("mod", &modulation), poisoned(gpu, rows * d));
+    let s = RowNorm { tokens: rows as u64, heads: 1, d: d as u64, eps: 1e-6 };
+    let got = run_and_read(gpu, &yb, rows * d, |enc| {
+        let shift = Mat { buf: &mb, offset: 3 * d as u64, stride: 0 };
+        let scale = Mat { buf: &mb, offset: 4 * d as u64, stride: 0 };
+        layer_norm_modulate(gpu, enc, Mat::new(&xb, d as u64), shift, scale, Mat::new(&yb, d as u64), s)
+    })?;
+    Ok(rel_l2(&got, &want))
+}
+
+/// GroupNorm with a bf16 affine over 24 channels of 13×11 pixels in 8 groups, then SiLU when `silu`.
+pub fn check_group_norm(gpu: &Gpu, silu: bool, seed: u64) -> Result<f64, GpuError> {
+    let (channels, groups, pixels) = (24usize, 8usize, 13 * 11);
+    let mut rng = Rng::new(seed);
+    let x: Vec<f32> = rng.normals(channels * pixels, 2.0).into_iter().map(|v| v - 3.0).collect();
+    let (gamma, beta) = (rng.bf16s(channels, 1.0), rng.bf16s(channels, 1.0));
+    let mut want = vec![0.0; channels * pixels];
+    r::group_norm(&x, Weights::Bf16(&gamma), Weights::Bf16(&beta), [channels, pixels, groups], 1e-6, silu, &mut want);
+    let (xb, gb, bb) = (gpu.upload_f32("x", &x), gpu.upload_bf16("gamma", &gamma), gpu.upload_bf16("beta", &beta));
+    let yb = poisoned(gpu, channels * pixels);
+    let got = run_and_read(gpu, &yb, channels * pixels, |enc| {
+        let g = Groups { channels: channels as u64, pixels: pixels as u64, groups: groups as u64 };
+        group_norm(gpu, enc, Mat::new(&xb, 0), GroupAffine { gamma: Weight::bf16(&gb), beta: Weight::bf16(&bb), silu }, Mat::new(&yb, 0), g, 1e-6)
+    })?;
+    Ok(rel_l2(&got, &want))
+}
+
+/// RoPE in place on a strided view (as q inside a fused projection), with
+/// the model's own tables (FLUX.2's four axes, Qwen3's positions) and two
+/// leading rows of NaN in the tables that the kernel must skip.
+pub fn check_rope(gpu: &Gpu, style: RopeStyle, [tokens, heads, head_dim]: [usize; 3], seed: u64) -> Result<f64, GpuError> {
+    use flux_lite_core::numerics::rope as tables;
+    let (mut cos, mut sin) = (vec![0f32; tokens * head_dim], vec![0f32; tokens * head_dim]);
+    for t in 0..tokens {
+        let row = t * head_dim..(t + 1) * head_dim;
+        match style {
+            RopeStyle::Interleaved => {
+                let pos = if t < 5 { tables::text_position(t) } else { tables::image_position(0, (t - 5) / 6, (t - 5) % 6) };
+                let axes = [head_dim / 4; 4];
+                tables::flux_row(pos, &axes, 2000.0, &mut cos[row.clone()], &mut sin[row]);
+            }
+            RopeStyle::RotateHalf => tables::qwen_row(t * 31, head_dim, 1e6, &mut cos[row.clone()], &mut sin[row]),
+        }
+    }
+    let mut rng = Rng::new(seed);
+    let stride = heads * head_dim + 6;
+    let data = rng.normals(tokens * stride, 1.0);
+    let x: Vec<f32> = (0..tokens).flat_map(|t| data[t * stride + 2..t * stride + 2 + heads * head_dim].to_vec()).collect();
+    let mut want = vec![0.0; x.len()];
+    match style {
+        RopeStyle::Interleaved => r::rope_interleaved(&x, &cos, &sin, tokens, heads, head_dim, &mut want),
+        RopeStyle::RotateHalf => r::rope_rotate_half(&x, &cos, &sin, tokens, heads, head_dim, &mut want),
+    }
+    let pad = vec![f32::NAN; 2 * head_dim];
+    let cos_b = gpu.upload_f32("cos", &[pad.clone(), cos].concat());
+    let sin_b = gpu.upload_f32("sin", &[pad, sin].concat());
+    let db = gpu.upload_f32("data", &data);
+    let got = run_and_read(gpu, &db, data.len(), |enc| {
+        let view = Mat { buf: &db, offset: 2, stride: stride as u64 };
+        let s = RopeShape { tokens: tokens as u64, heads: heads as u64, head_dim: head_dim as u64 };
+        rope(gpu, enc, style, view, RopeTables { cos: &cos_b, sin: &sin_b, first_row: 2 }, s)
+    })?;
+    // Every column outside the rotated window must come back untouched.
+    let untouched = (0..tokens).all(|t| (0..2).chain(2 + heads * head_dim..stride).all(|c| got[t * stride + c].to_bits() == data[t * stride + c].to_bits()));
+    if !untouched {
+        return Ok(f64::INFINITY);
+    }
+    let window: Vec<f32> = (0..tokens).flat_map(|t| got[t * stride + 2..t * stride + 2 + heads * head_dim].to_vec()).collect();
+    Ok(rel_l2(&window, &want))
 }
 
 /// `y = x·Wᵀ + b` with bf16 weights, against the reference.

@@ -260,21 +260,15 @@ mod tests {
     use crate::testing::*;
     use flux_lite_core::oracle::{self as r, Weights};
 
+    /// A shared selftest check, held to the f32 bound.
+    fn held(what: &str, got: Result<f64, GpuError>) {
+        let worst = got.unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert!(worst <= F32_TOL, "{what}: relative L2 {worst:.3e} > {F32_TOL:.0e}");
+    }
+
     #[test]
     fn rms_norm_rows_with_bf16_weight() {
-        let gpu = gpu();
-        let (rows, d) = (37usize, 300usize);
-        let mut rng = Rng::new(6);
-        let x = rng.normals(rows * d, 3.0);
-        let w = rng.bf16s(d, 1.0);
-        let mut want = vec![0.0; rows * d];
-        r::rms_norm(&x, Weights::Bf16(&w), rows, d, 1e-6, &mut want);
-        let (xb, wb, yb) = (gpu.upload_f32("x", &x), gpu.upload_bf16("w", &w), poisoned(gpu, rows * d));
-        let s = RowNorm { tokens: rows as u64, heads: 1, d: d as u64, eps: 1e-6 };
-        let got = run_and_read(gpu, &yb, rows * d, |enc| {
-            rms_norm(gpu, enc, Mat::new(&xb, d as u64), Weight::bf16(&wb), Mat::new(&yb, d as u64), s)
-        });
-        assert_close("rms_norm", &got, &want, F32_TOL);
+        held("rms_norm", crate::selftest::check_rms_norm(gpu(), 37, 300, 6));
     }
 
     #[test]
@@ -305,40 +299,11 @@ mod tests {
 
     #[test]
     fn layer_norm_with_modulation() {
-        let gpu = gpu();
-        let (rows, d) = (41usize, 333usize);
-        let mut rng = Rng::new(8);
-        // A large common offset checks that the variance is taken around the mean.
-        let x: Vec<f32> = rng.normals(rows * d, 1.0).into_iter().map(|v| v + 20.0).collect();
-        let modulation = rng.normals(6 * d, 0.5); // (shift1, scale1, gate1, shift2, scale2, gate2)
-        let (shift, scale) = (&modulation[3 * d..4 * d], &modulation[4 * d..5 * d]);
-        let mut want = vec![0.0; rows * d];
-        r::layer_norm_modulate(&x, shift, scale, rows, d, 1e-6, &mut want);
-        let (xb, mb, yb) = (gpu.upload_f32("x", &x), gpu.upload_f32("mod", &modulation), poisoned(gpu, rows * d));
-        let s = RowNorm { tokens: rows as u64, heads: 1, d: d as u64, eps: 1e-6 };
-        let got = run_and_read(gpu, &yb, rows * d, |enc| {
-            let shift = Mat { buf: &mb, offset: 3 * d as u64, stride: 0 };
-            let scale = Mat { buf: &mb, offset: 4 * d as u64, stride: 0 };
-            layer_norm_modulate(gpu, enc, Mat::new(&xb, d as u64), shift, scale, Mat::new(&yb, d as u64), s)
-        });
-        assert_close("layer_norm_modulate", &got, &want, F32_TOL);
+        held("layer_norm_modulate", crate::selftest::check_layer_norm(gpu(), 41, 333, 8));
     }
 
     fn check_group_norm(silu: bool) {
-        let gpu = gpu();
-        let (channels, groups, pixels) = (24usize, 8usize, 13 * 11);
-        let mut rng = Rng::new(9 + silu as u64);
-        let x: Vec<f32> = rng.normals(channels * pixels, 2.0).into_iter().map(|v| v - 3.0).collect();
-        let (gamma, beta) = (rng.bf16s(channels, 1.0), rng.bf16s(channels, 1.0));
-        let mut want = vec![0.0; channels * pixels];
-        r::group_norm(&x, Weights::Bf16(&gamma), Weights::Bf16(&beta), [channels, pixels, groups], 1e-6, silu, &mut want);
-        let (xb, gb, bb) = (gpu.upload_f32("x", &x), gpu.upload_bf16("gamma", &gamma), gpu.upload_bf16("beta", &beta));
-        let yb = poisoned(gpu, channels * pixels);
-        let got = run_and_read(gpu, &yb, channels * pixels, |enc| {
-            let g = Groups { channels: channels as u64, pixels: pixels as u64, groups: groups as u64 };
-            group_norm(gpu, enc, Mat::new(&xb, 0), GroupAffine { gamma: Weight::bf16(&gb), beta: Weight::bf16(&bb), silu }, Mat::new(&yb, 0), g, 1e-6)
-        });
-        assert_close(&format!("group_norm silu={silu}"), &got, &want, F32_TOL);
+        held(&format!("group_norm silu={silu}"), crate::selftest::check_group_norm(gpu(), silu, 9 + silu as u64));
     }
 
     #[test]

@@ -2,7 +2,8 @@
 //! without the repository or Python, the way the test suite checks it:
 //!
 //! - the product kernels (linear, convolution, attention) on every
-//!   precision tier the adapter offers, against core's f64 reference
+//!   precision tier the adapter offers, and the norms and RoPE that every
+//!   tier shares, against core's f64 reference
 //!   ([`flux_lite_kernels::selftest`]);
 //! - DF11 expansion on the device, bit for bit against the official
 //!   dfloat11 package's groups ([`df11`]);
@@ -65,7 +66,7 @@ pub fn run(options: &GpuOptions, progress: &mut dyn FnMut(Event<'_>)) -> Result<
         progress(Event::Check(&check));
         report.checks.push(check);
     };
-    for check in df11::checks(&reference) {
+    for check in df11::checks(&reference).into_iter().chain(flux_lite_kernels::selftest::shared_checks(&reference)) {
         keep(&mut report, check, progress);
     }
     drop(reference);
