@@ -8,6 +8,7 @@
 
 use crate::kernels::attention::{attention, Attention, Qkv};
 use crate::kernels::conv::conv2d;
+use crate::kernels::elementwise::{elementwise, Elementwise};
 use crate::kernels::linear::{linear, Gemm};
 use crate::kernels::norm::{group_norm, layer_norm_modulate, rms_norm, GroupAffine, Groups, RowNorm};
 use crate::kernels::rope::{rope, RopeShape, RopeStyle, RopeTables};
@@ -147,7 +148,71 @@ pub fn shared_checks(gpu: &Gpu) -> Vec<Check> {
         outcome("group_norm + SiLU, 24 channels in 8 groups, 13×11", check_group_norm(gpu, true, 10)),
         outcome("rope interleaved (FLUX.2), 23 tokens, 3 heads × 16", check_rope(gpu, RopeStyle::Interleaved, [23, 3, 16], 10)),
         outcome("rope rotate-half (Qwen3), 17 tokens, 4 heads × 8", check_rope(gpu, RopeStyle::RotateHalf, [17, 4, 8], 11)),
+        outcome("element-wise SiLU, SwiGLU, gated residual, add, scale, axpy, copy; 13×77 strided", check_elementwise_ops(gpu)),
     ]
+}
+
+/// Every element-wise op; the worst of them.
+pub fn check_elementwise_ops(gpu: &Gpu) -> Result<f64, GpuError> {
+    let ops = [
+        Elementwise::Silu,
+        Elementwise::SwiGlu,
+        Elementwise::GatedResidual,
+        Elementwise::Add,
+        Elementwise::AddInPlace,
+        Elementwise::Scale(-0.37),
+        Elementwise::Axpy(-0.0625),
+        Elementwise::Copy,
+    ];
+    let mut worst = 0f64;
+    for (i, op) in ops.into_iter().enumerate() {
+        // NaN stays the worst: `max` would drop it.
+        let e = check_elementwise(gpu, op, 20 + i as u64)?;
+        worst = if e.is_nan() || worst.is_nan() { f64::NAN } else { worst.max(e) };
+    }
+    Ok(worst)
+}
+
+/// One element-wise op over `[13, 77]`: `a` a column window of a wider
+/// buffer, `b` plain, the gate one broadcast row; the output poisoned with
+/// NaN unless the op reads it.
+pub fn check_elementwise(gpu: &Gpu, op: Elementwise, seed: u64) -> Result<f64, GpuError> {
+    let (rows, cols) = (13usize, 77usize);
+    let mut rng = Rng::new(seed);
+    let a_wide = rng.normals(rows * (cols + 9), 2.0);
+    let a: Vec<f32> = (0..rows).flat_map(|i| a_wide[i * (cols + 9) + 4..i * (cols + 9) + 4 + cols].to_vec()).collect();
+    let b = rng.normals(rows * cols, 2.0);
+    let gate = rng.normals(cols, 1.0);
+    let dst0 = rng.normals(rows * cols, 1.0);
+    let want: Vec<f64> = (0..rows * cols)
+        .map(|i| {
+            let (x, y, d) = (a[i] as f64, b[i] as f64, dst0[i] as f64);
+            match op {
+                Elementwise::Silu => r::silu(x),
+                Elementwise::SwiGlu => r::silu(x) * y,
+                Elementwise::GatedResidual => d + gate[i % cols] as f64 * x,
+                Elementwise::Add => x + y,
+                Elementwise::AddInPlace => d + x,
+                Elementwise::Scale(s) => x * s as f64,
+                Elementwise::Axpy(s) => d + (x as f32 * s) as f64,
+                Elementwise::Copy => x,
+            }
+        })
+        .collect();
+    let ab = gpu.upload_f32("a", &a_wide);
+    let bb = gpu.upload_f32("b", if op == Elementwise::GatedResidual { &gate } else { &b });
+    let reads_dst = matches!(op, Elementwise::GatedResidual | Elementwise::AddInPlace | Elementwise::Axpy(_));
+    let db = if reads_dst { gpu.upload_f32("dst", &dst0) } else { poisoned(gpu, rows * cols) };
+    let second = match op {
+        Elementwise::SwiGlu | Elementwise::Add => Some(Mat::new(&bb, cols as u64)),
+        Elementwise::GatedResidual => Some(Mat { buf: &bb, offset: 0, stride: 0 }),
+        _ => None,
+    };
+    let got = run_and_read(gpu, &db, rows * cols, |enc| {
+        let a = Mat { buf: &ab, offset: 4, stride: (cols + 9) as u64 };
+        elementwise(gpu, enc, op, a, second, Mat::new(&db, cols as u64), [rows as u64, cols as u64])
+    })?;
+    Ok(rel_l2(&got, &want))
 }
 
 /// RMSNorm over `rows × d` with a bf16 weight.

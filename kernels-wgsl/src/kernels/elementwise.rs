@@ -158,45 +158,10 @@ mod tests {
     use crate::testing::*;
     use flux_lite_core::oracle as r;
 
+    /// The selftest's element-wise check (a strided input, NaN-poisoned output where the op does not read it), held to the f32 bound.
     fn check_elementwise(op: Elementwise, seed: u64) {
-        let gpu = gpu();
-        let (rows, cols) = (13usize, 77usize);
-        let mut rng = Rng::new(seed);
-        // a is columns [4, 4+cols) of a wider buffer; b a plain [rows, cols]; gate one row.
-        let a_wide = rng.normals(rows * (cols + 9), 2.0);
-        let a: Vec<f32> = (0..rows).flat_map(|i| a_wide[i * (cols + 9) + 4..i * (cols + 9) + 4 + cols].to_vec()).collect();
-        let b = rng.normals(rows * cols, 2.0);
-        let gate = rng.normals(cols, 1.0);
-        let dst0 = rng.normals(rows * cols, 1.0);
-        let want: Vec<f64> = (0..rows * cols)
-            .map(|i| {
-                let (x, y, d) = (a[i] as f64, b[i] as f64, dst0[i] as f64);
-                match op {
-                    Elementwise::Silu => r::silu(x),
-                    Elementwise::SwiGlu => r::silu(x) * y,
-                    Elementwise::GatedResidual => d + gate[i % cols] as f64 * x,
-                    Elementwise::Add => x + y,
-                    Elementwise::AddInPlace => d + x,
-                    Elementwise::Scale(s) => x * s as f64,
-                    Elementwise::Axpy(s) => d + (x as f32 * s) as f64,
-                    Elementwise::Copy => x,
-                }
-            })
-            .collect();
-        let ab = gpu.upload_f32("a", &a_wide);
-        let bb = gpu.upload_f32("b", if op == Elementwise::GatedResidual { &gate } else { &b });
-        let reads_dst = matches!(op, Elementwise::GatedResidual | Elementwise::AddInPlace | Elementwise::Axpy(_));
-        let db = if reads_dst { gpu.upload_f32("dst", &dst0) } else { poisoned(gpu, rows * cols) };
-        let second = match op {
-            Elementwise::SwiGlu | Elementwise::Add => Some(Mat::new(&bb, cols as u64)),
-            Elementwise::GatedResidual => Some(Mat { buf: &bb, offset: 0, stride: 0 }),
-            _ => None,
-        };
-        let got = run_and_read(gpu, &db, rows * cols, |enc| {
-            let a = Mat { buf: &ab, offset: 4, stride: (cols + 9) as u64 };
-            elementwise(gpu, enc, op, a, second, Mat::new(&db, cols as u64), [rows as u64, cols as u64])
-        });
-        assert_close(&format!("{op:?}"), &got, &want, F32_TOL);
+        let worst = crate::selftest::check_elementwise(gpu(), op, seed).unwrap_or_else(|e| panic!("{op:?}: {e}"));
+        assert!(worst <= F32_TOL, "{op:?}: relative L2 {worst:.3e} > {F32_TOL:.0e}");
     }
 
     #[test]
