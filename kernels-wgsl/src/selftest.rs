@@ -152,20 +152,22 @@ pub fn shared_checks(gpu: &Gpu) -> Vec<Check> {
     ]
 }
 
+/// Every element-wise op, as the checks run them.
+pub const ELEMENTWISE_OPS: [Elementwise; 8] = [
+    Elementwise::Silu,
+    Elementwise::SwiGlu,
+    Elementwise::GatedResidual,
+    Elementwise::Add,
+    Elementwise::AddInPlace,
+    Elementwise::Scale(-0.37),
+    Elementwise::Axpy(-0.0625),
+    Elementwise::Copy,
+];
+
 /// Every element-wise op; the worst of them.
 pub fn check_elementwise_ops(gpu: &Gpu) -> Result<f64, GpuError> {
-    let ops = [
-        Elementwise::Silu,
-        Elementwise::SwiGlu,
-        Elementwise::GatedResidual,
-        Elementwise::Add,
-        Elementwise::AddInPlace,
-        Elementwise::Scale(-0.37),
-        Elementwise::Axpy(-0.0625),
-        Elementwise::Copy,
-    ];
     let mut worst = 0f64;
-    for (i, op) in ops.into_iter().enumerate() {
+    for (i, op) in ELEMENTWISE_OPS.into_iter().enumerate() {
         // NaN stays the worst: `max` would drop it.
         let e = check_elementwise(gpu, op, 20 + i as u64)?;
         worst = if e.is_nan() || worst.is_nan() { f64::NAN } else { worst.max(e) };

@@ -166,19 +166,7 @@ mod tests {
 
     #[test]
     fn elementwise_ops() {
-        for (i, op) in [
-            Elementwise::Silu,
-            Elementwise::SwiGlu,
-            Elementwise::GatedResidual,
-            Elementwise::Add,
-            Elementwise::AddInPlace,
-            Elementwise::Scale(-0.37),
-            Elementwise::Axpy(-0.0625),
-            Elementwise::Copy,
-        ]
-        .into_iter()
-        .enumerate()
-        {
+        for (i, op) in crate::selftest::ELEMENTWISE_OPS.into_iter().enumerate() {
             check_elementwise(op, 20 + i as u64);
         }
     }
