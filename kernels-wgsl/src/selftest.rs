@@ -7,8 +7,9 @@
 //! same checks.
 
 use crate::kernels::attention::{attention, Attention, Qkv};
-use crate::kernels::conv::conv2d;
-use crate::kernels::elementwise::{elementwise, Elementwise};
+use crate::kernels::conv::{conv2d, upsample_nearest2x};
+use crate::kernels::elementwise::{elementwise, transpose, Elementwise};
+use crate::kernels::vae::{denorm_unpatchify, pixel_levels, LatentStats};
 use crate::kernels::linear::{linear, Gemm};
 use crate::kernels::norm::{group_norm, layer_norm_modulate, rms_norm, GroupAffine, Groups, RowNorm};
 use crate::kernels::rope::{rope, RopeShape, RopeStyle, RopeTables};
@@ -117,7 +118,8 @@ fn product_bound(gpu: &Gpu) -> f64 {
 }
 
 /// The product kernels on `gpu`'s tier: linear (bf16 weights with bias),
-/// a 3×3 convolution and attention, each at sizes off every tile edge.
+/// a 3×3 convolution and attention (the transformer's, and the text
+/// encoder's causal grouped-query one), each at sizes off every tile edge.
 pub fn product_checks(gpu: &Gpu) -> Vec<Check> {
     let tier = gpu.precision().name();
     let outcome = |name: String, tolerance: f64, got: Result<f64, GpuError>| match got {
@@ -127,21 +129,25 @@ pub fn product_checks(gpu: &Gpu) -> Vec<Check> {
     let (m, n, k) = (70, 131, 77);
     let conv = ConvShape::same(5, 7, 13, 11, 3);
     let attn = Attention { q_len: 37, kv_len: 37, q_heads: 3, kv_heads: 3, head_dim: 24, scale: 1.0 / 24f32.sqrt(), causal: false };
+    // The text encoder's: causal, grouped-query (two query heads per kv head).
+    let causal = Attention { q_len: 29, kv_len: 29, q_heads: 4, kv_heads: 2, head_dim: 16, scale: 0.25, causal: true };
     let attention_bound = if gpu.matrix().is_some() { MATRIX_ATTENTION } else { F32_KERNEL };
     vec![
         outcome(format!("{tier} linear {m}×{n}×{k}, bf16 weights and bias"), product_bound(gpu), check_linear(gpu, m, n, k, 1)),
         outcome(format!("{tier} conv2d 3×3, 5→7 channels, 13×11"), product_bound(gpu), check_conv(gpu, conv, 2)),
         outcome(format!("{tier} attention 37 tokens, 3 heads × 24"), attention_bound, check_attention(gpu, attn, 3)),
+        outcome(format!("{tier} attention causal, 29 tokens, 4 query / 2 kv heads × 16"), attention_bound, check_attention(gpu, causal, 4)),
     ]
 }
 
 /// The kernels every tier shares (f32 on all of them): RMSNorm, the
 /// modulated LayerNorm, GroupNorm with SiLU, and both RoPE layouts.
 pub fn shared_checks(gpu: &Gpu) -> Vec<Check> {
-    let outcome = |name: &str, got: Result<f64, GpuError>| match got {
-        Ok(worst) => Check::measured(name, "relative L2", worst, F32_KERNEL),
-        Err(e) => Check::failed(name, "relative L2", F32_KERNEL, e.to_string()),
+    let within = |name: &str, tolerance: f64, got: Result<f64, GpuError>| match got {
+        Ok(worst) => Check::measured(name, "relative L2", worst, tolerance),
+        Err(e) => Check::failed(name, "relative L2", tolerance, e.to_string()),
     };
+    let outcome = |name: &str, got| within(name, F32_KERNEL, got);
     vec![
         outcome("rms_norm 37 rows × 300, bf16 weight", check_rms_norm(gpu, 37, 300, 6)),
         outcome("layer_norm_modulate 41 rows × 333, offset 20", check_layer_norm(gpu, 41, 333, 8)),
@@ -149,7 +155,72 @@ pub fn shared_checks(gpu: &Gpu) -> Vec<Check> {
         outcome("rope interleaved (FLUX.2), 23 tokens, 3 heads × 16", check_rope(gpu, RopeStyle::Interleaved, [23, 3, 16], 10)),
         outcome("rope rotate-half (Qwen3), 17 tokens, 4 heads × 8", check_rope(gpu, RopeStyle::RotateHalf, [17, 4, 8], 11)),
         outcome("element-wise SiLU, SwiGLU, gated residual, add, scale, axpy, copy; 13×77 strided", check_elementwise_ops(gpu)),
+        within("transpose 23×37, exact", 0.0, check_transpose(gpu)),
+        within("upsample nearest ×2, 3×5×7, exact", 0.0, check_upsample(gpu)),
+        outcome("VAE de-normalise and unpatchify, bf16 statistics, 3×5×7", check_denorm_unpatchify(gpu, [3, 5, 7], true, 60)),
+        within("VAE 8-bit levels, clamps and ties to even, exact", 0.0, check_pixel_levels(gpu)),
     ]
+}
+
+/// `[23, 37]` to `[37, 23]`, moved exactly.
+pub fn check_transpose(gpu: &Gpu) -> Result<f64, GpuError> {
+    let (rows, cols) = (23usize, 37usize);
+    let a = Rng::new(32).normals(rows * cols, 1.0);
+    let want: Vec<f64> = (0..cols).flat_map(|c| (0..rows).map(move |r| (r, c))).map(|(r, c)| a[r * cols + c] as f64).collect();
+    let (ab, db) = (gpu.upload_f32("a", &a), poisoned(gpu, rows * cols));
+    let got = run_and_read(gpu, &db, rows * cols, |enc| transpose(gpu, enc, Mat::new(&ab, cols as u64), Mat::new(&db, rows as u64), rows as u64, cols as u64))?;
+    Ok(rel_l2(&got, &want))
+}
+
+/// Nearest-neighbour ×2 of `[3, 5, 7]`, exact.
+pub fn check_upsample(gpu: &Gpu) -> Result<f64, GpuError> {
+    let (c, h, w) = (3usize, 5usize, 7usize);
+    let x = Rng::new(43).normals(c * h * w, 1.0);
+    let mut want = vec![0.0; 4 * x.len()];
+    r::upsample_nearest2x(&x, c, h, w, &mut want);
+    let (xb, yb) = (gpu.upload_f32("x", &x), poisoned(gpu, 4 * x.len()));
+    let got = run_and_read(gpu, &yb, 4 * x.len(), |enc| upsample_nearest2x(gpu, enc, Mat::new(&xb, 0), Mat::new(&yb, 0), c as u64, h as u64, w as u64))?;
+    Ok(rel_l2(&got, &want))
+}
+
+/// The VAE's first step: packed latents `[h·w, 4·c]` de-normalised by the
+/// BatchNorm statistics (bf16 or f32) and unpatchified to `[c, 2h, 2w]`.
+pub fn check_denorm_unpatchify(gpu: &Gpu, [channels, height, width]: [usize; 3], bf16: bool, seed: u64) -> Result<f64, GpuError> {
+    let mut rng = Rng::new(seed);
+    let n = 4 * channels * height * width;
+    let packed = rng.normals(n, 1.0);
+    let (mean_bits, var_bits) = (rng.bf16s(4 * channels, 0.5), rng.bf16s(4 * channels, 1.0));
+    // Variances must be positive.
+    let var_bits: Vec<u16> = var_bits.iter().map(|&b| b & 0x7fff).collect();
+    let mean_f: Vec<f32> = rng.normals(4 * channels, 0.5);
+    let var_f: Vec<f32> = rng.normals(4 * channels, 1.0).iter().map(|v| v.abs() + 0.5).collect();
+    let (mean_ref, var_ref) = if bf16 { (Weights::Bf16(&mean_bits), Weights::Bf16(&var_bits)) } else { (Weights::F32(&mean_f), Weights::F32(&var_f)) };
+    let eps = 1e-4f32;
+    let mut want = vec![0.0; n];
+    r::denorm_unpatchify(&packed, mean_ref, var_ref, [channels, height, width], eps as f64, &mut want);
+    let pb = gpu.upload_f32("packed", &packed);
+    let (mb, vb) = if bf16 { (gpu.upload_bf16("mean", &mean_bits), gpu.upload_bf16("var", &var_bits)) } else { (gpu.upload_f32("mean", &mean_f), gpu.upload_f32("var", &var_f)) };
+    let weight = |buf| if bf16 { Weight::bf16(buf) } else { Weight::f32(buf) };
+    let out = poisoned(gpu, n);
+    let got = run_and_read(gpu, &out, n, |enc| {
+        let stats = LatentStats { mean: weight(&mb), var: weight(&vb), eps };
+        let (c, h, w) = (channels as u64, height as u64, width as u64);
+        denorm_unpatchify(gpu, enc, Mat::new(&pb, 4 * c), stats, Mat::new(&out, 4 * h * w), [c, h, w])
+    })?;
+    Ok(rel_l2(&got, &want))
+}
+
+/// The 8-bit levels `round(clamp(x/2 + 1/2, 0, 1)·255)` of random values,
+/// values beyond both ends, and values whose level lands on a half (ties to
+/// even), exact.
+pub fn check_pixel_levels(gpu: &Gpu) -> Result<f64, GpuError> {
+    let mut x = Rng::new(62).normals(1001, 0.8);
+    x.extend([-3.0, 3.0, -1.0, 1.0, 0.0, -0.494_117_65, -0.486_274_5]);
+    let want: Vec<f64> = x.iter().map(|&v| r::pixel_level(v)).collect();
+    let n = x.len();
+    let (xb, out) = (gpu.upload_f32("decoded", &x), poisoned(gpu, n));
+    let got = run_and_read(gpu, &out, n, |enc| pixel_levels(gpu, enc, Mat::new(&xb, 0), Mat::new(&out, 0), n as u64))?;
+    Ok(rel_l2(&got, &want))
 }
 
 /// Every element-wise op, as the checks run them.

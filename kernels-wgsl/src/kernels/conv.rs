@@ -190,16 +190,7 @@ mod tests {
 
     #[test]
     fn upsample_nearest() {
-        let gpu = gpu();
-        let (c, h, w) = (3usize, 5usize, 7usize);
-        let x = Rng::new(43).normals(c * h * w, 1.0);
-        let mut want = vec![0.0; 4 * x.len()];
-        r::upsample_nearest2x(&x, c, h, w, &mut want);
-        let (xb, yb) = (gpu.upload_f32("x", &x), poisoned(gpu, 4 * x.len()));
-        let got = run_and_read(gpu, &yb, 4 * x.len(), |enc| {
-            upsample_nearest2x(gpu, enc, Mat::new(&xb, 0), Mat::new(&yb, 0), c as u64, h as u64, w as u64)
-        });
-        assert_close("upsample", &got, &want, 0.0);
+        assert_eq!(crate::selftest::check_upsample(gpu()).unwrap_or_else(|e| panic!("{e}")), 0.0, "upsample is not exact");
     }
 
     /// A half tier's conv2d against the oracle on its f16-rounded operands

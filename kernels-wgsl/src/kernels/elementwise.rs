@@ -211,14 +211,6 @@ mod tests {
 
     #[test]
     fn transpose_between_channels_and_tokens() {
-        let gpu = gpu();
-        let (rows, cols) = (23usize, 37usize);
-        let a = Rng::new(32).normals(rows * cols, 1.0);
-        let want: Vec<f64> = (0..cols).flat_map(|c| (0..rows).map(move |r| (r, c))).map(|(r, c)| a[r * cols + c] as f64).collect();
-        let (ab, db) = (gpu.upload_f32("a", &a), poisoned(gpu, rows * cols));
-        let got = run_and_read(gpu, &db, rows * cols, |enc| {
-            transpose(gpu, enc, Mat::new(&ab, cols as u64), Mat::new(&db, rows as u64), rows as u64, cols as u64)
-        });
-        assert_close("transpose", &got, &want, 0.0);
+        assert_eq!(crate::selftest::check_transpose(gpu()).unwrap_or_else(|e| panic!("{e}")), 0.0, "transpose is not exact");
     }
 }
