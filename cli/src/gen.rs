@@ -5,7 +5,8 @@ use argh::FromArgs;
 use flux_lite_core::plan::Plan;
 use flux_lite_platform::pipeline::embeddings_file::{self, EmbeddingsFile};
 use flux_lite_platform::pipeline::reference_image::ReferenceImage;
-use flux_lite_platform::pipeline::{self, denoise, output, Observer, Phase, Pipeline, Prompt, Request};
+use flux_lite_platform::pipeline::{self, denoise, output, Batch, Made, Observer, Phase, Pipeline, Prompt, Request};
+use flux_lite_platform::RunError;
 use flux_lite_platform::GpuOptions;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -44,6 +45,12 @@ pub struct GenArgs {
     /// classifier-free guidance scale (default: 1.0 for distilled models, 4.0 otherwise; distilled models ignore it)
     #[argh(option)]
     guidance: Option<f32>,
+    /// make this many images, seeds S, S+1, … (each the image a single run with that seed makes); outputs are numbered NAME-0001.png, … and never overwrite a file (default 1)
+    #[argh(option, default = "1")]
+    count: usize,
+    /// one prompt per line (blank lines skipped): one image each (--count each), seeds S, S+1, … in order; equal prompts are encoded once; outputs numbered as with --count
+    #[argh(option)]
+    batch_file: Option<PathBuf>,
     /// use prompt embeddings from this safetensors file (`prompt_embeds` [512, joint], as `flux-lite encode` writes) instead of --prompt
     #[argh(option)]
     embeddings: Option<PathBuf>,
@@ -71,7 +78,10 @@ pub struct GenArgs {
 }
 
 /// Steps above this are refused as a typo rather than run for hours.
-const MAX_STEPS: usize = 1000;
+pub const MAX_STEPS: usize = 1000;
+
+/// Images one `gen` makes at most (`--count` × prompts).
+pub const MAX_IMAGES: usize = 10_000;
 
 
 pub fn run(args: &GenArgs) -> Result<(), String> {
@@ -91,12 +101,25 @@ pub fn run(args: &GenArgs) -> Result<(), String> {
     }
     let interrupt = crate::interrupt::flag();
     let prompt = crate::prompt::from_flags(args.prompt.as_deref(), args.prompt_file.as_deref())?;
-    let prompt_text = match (prompt, &args.embeddings) {
-        (Some(p), None) => p,
-        (None, Some(_)) => String::new(),
-        (Some(_), Some(_)) => return Err("give --prompt or --embeddings, not both".into()),
-        (None, None) => return Err("give --prompt TEXT (or --prompt-file FILE, or --embeddings FILE)".into()),
+    let lines = match &args.batch_file {
+        Some(path) if prompt.is_some() || args.embeddings.is_some() => {
+            return Err(format!("--batch-file {} gives the prompts: leave out --prompt, --prompt-file and --embeddings", path.display()))
+        }
+        Some(path) => Some(crate::prompt::lines(path)?),
+        None => None,
     };
+    let prompt_text = match (prompt, &args.embeddings, &lines) {
+        (_, _, Some(_)) => String::new(),
+        (Some(p), None, None) => p,
+        (None, Some(_), None) => String::new(),
+        (Some(_), Some(_), None) => return Err("give --prompt or --embeddings, not both".into()),
+        (None, None, None) => return Err("give --prompt TEXT (or --prompt-file FILE, --batch-file FILE or --embeddings FILE)".into()),
+    };
+    let images = lines.as_ref().map_or(1, Vec::len).saturating_mul(args.count);
+    if args.count == 0 || images > MAX_IMAGES {
+        return Err(format!("--count {}: {images} images is outside 1..={MAX_IMAGES}", args.count));
+    }
+    let outputs = Outputs::new(args, images)?;
     let model = pipeline::open_model(&args.model, args.transformer.as_deref()).map_err(|e| e.to_string())?;
     let references = crate::references::load(&args.image, &model)?;
     let (width, height) = crate::references::image_size(args.width, args.height, &references);
@@ -126,6 +149,13 @@ pub fn run(args: &GenArgs) -> Result<(), String> {
     };
     let seed = args.seed.unwrap_or_else(random_seed);
     eprintln!("seed: {seed}");
+    let batch = match &lines {
+        Some(lines) => {
+            let repeated: Vec<&str> = lines.iter().flat_map(|l| std::iter::repeat_n(l.as_str(), args.count)).collect();
+            Batch::texts(&repeated, seed)
+        }
+        None => Batch::seeds(prompt, seed, args.count),
+    };
 
     let in_channels = model.transformer.in_channels;
     let gpu_options = GpuOptions { interrupt: Some(interrupt), precision: args.precision, ..Default::default() };
@@ -146,44 +176,50 @@ pub fn run(args: &GenArgs) -> Result<(), String> {
         eprintln!("precision: {}", crate::tier::describe(pipeline.gpu()));
         print_plan(&pipeline.plan(&request).map_err(|e| crate::errors::run_line(&e))?, &references);
     }
+    if args.verbose && images > 1 {
+        eprintln!("batch: {images} images from {} distinct prompts, each prompt encoded once", batch.prompts.len());
+    }
     let mut bar = Bar::new(args.quiet);
     let mut watch = Watch { bar: &mut bar, sampler: host_peak.as_ref(), phases: Vec::new(), current: None };
-    let generated = match args.output {
-        Some(_) => pipeline.generate(&prompt, &request, &references, &mut watch),
-        None => pipeline.latents(&prompt, &request, &references, &mut watch),
+    let mut write = |made: Made| {
+        let prompt = match &batch.prompts[batch.items[made.index].prompt] {
+            Prompt::Text(t) => t.clone(),
+            Prompt::Embeddings { .. } => prompt_text.clone(),
+        };
+        let mut text = vec![
+            ("prompt", prompt),
+            ("seed", made.seed.to_string()),
+            ("steps", steps.to_string()),
+            ("size", format!("{width}x{height}")),
+            ("guidance", guidance.to_string()),
+            ("model", args.model.display().to_string()),
+            ("software", format!("flux-lite {}", env!("CARGO_PKG_VERSION"))),
+        ];
+        if let Some(path) = &args.embeddings {
+            text.push(("embeddings", path.display().to_string()));
+        }
+        for path in &args.image {
+            text.push(("reference", path.display().to_string()));
+        }
+        outputs.write(made.index, &made, in_channels, &text).map_err(RunError::Input)
+    };
+    let finished = match args.output {
+        Some(_) => pipeline.generate_batch(&batch, &request, &references, &mut watch, &mut write),
+        None => pipeline.latents_batch(&batch, &request, &references, &mut watch, &mut write),
     };
     let phases = watch.finish();
     bar.finish();
-    let generated = generated.map_err(|e| crate::errors::run_line(&e))?;
-    let (latents, timings) = (&generated.latents, &generated.timings);
+    let finished = finished.map_err(|e| match e {
+        // What the writer said is already one line naming the file.
+        RunError::Input(line) if line.starts_with(OUTPUT_ERROR) => line[OUTPUT_ERROR.len()..].to_string(),
+        e => crate::errors::run_line(&e),
+    })?;
+    let timings = &finished.timings;
 
-    let mut text = vec![
-        ("prompt", prompt_text.clone()),
-        ("seed", seed.to_string()),
-        ("steps", steps.to_string()),
-        ("size", format!("{width}x{height}")),
-        ("guidance", guidance.to_string()),
-        ("model", args.model.display().to_string()),
-        ("software", format!("flux-lite {}", env!("CARGO_PKG_VERSION"))),
-    ];
-    if let Some(path) = &args.embeddings {
-        text.push(("embeddings", path.display().to_string()));
-    }
-    for path in &args.image {
-        text.push(("reference", path.display().to_string()));
-    }
-    if let Some(path) = &args.output_latents {
-        output::write_f32_tensors(path, &[("latents", latents)], in_channels, &text)?;
-    }
-    if let (Some(path), Some(image)) = (&args.output, &generated.image) {
-        let png = output::encode_png(image.width as u32, image.height as u32, &image.rgb, &text)?;
-        output::write_atomically(path, &png)?;
-        eprintln!("wrote {}", output::shown(path));
-    }
     if args.verbose {
         let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
         let peak = pipeline.gpu().memory().high_water;
-        let plan = &generated.plan;
+        let plan = &finished.plan;
         let budget = match args.memory_budget {
             Some(budget) => format!("of budget {:.2} MiB", mib(budget)),
             None => "no budget".to_string(),
@@ -276,6 +312,71 @@ impl Observer for Watch<'_> {
     fn warning(&mut self, message: &str) {
         self.bar.warning(message);
     }
+
+    fn image(&mut self, index: usize, count: usize) {
+        self.bar.image(index, count);
+    }
+}
+
+/// Marks an error line that comes from writing an output (already naming the file).
+const OUTPUT_ERROR: &str = "output: ";
+
+/// Where each image of the run goes: the paths the flags give for one
+/// image; `NAME-0001.png`, … for several, none of which may exist.
+struct Outputs {
+    png: Option<Vec<PathBuf>>,
+    latents: Option<Vec<PathBuf>>,
+}
+
+impl Outputs {
+    fn new(args: &GenArgs, images: usize) -> Result<Self, String> {
+        let name = |flag: &str, path: &Option<PathBuf>| -> Result<Option<Vec<PathBuf>>, String> {
+            let Some(path) = path else { return Ok(None) };
+            if images == 1 {
+                return Ok(Some(vec![path.clone()]));
+            }
+            if path.as_os_str() == output::STDOUT {
+                return Err(format!("{flag} -: {images} images cannot all go to standard output; give a file name (they are numbered)"));
+            }
+            let paths: Vec<PathBuf> = (0..images).map(|i| numbered(path, i)).collect();
+            if let Some(taken) = paths.iter().find(|p| p.symlink_metadata().is_ok()) {
+                return Err(format!("{flag}: {} exists; a batch never overwrites a file (move it, or give another name)", taken.display()));
+            }
+            Ok(Some(paths))
+        };
+        Ok(Self { png: name("--output", &args.output)?, latents: name("--output-latents", &args.output_latents)? })
+    }
+
+    /// Writes image `index`'s latents and PNG; an error line starts with [`OUTPUT_ERROR`].
+    fn write(&self, index: usize, made: &Made, in_channels: usize, text: &[(&str, String)]) -> Result<(), String> {
+        let fail = |e: String| format!("{OUTPUT_ERROR}{e}");
+        let several = self.png.as_ref().or(self.latents.as_ref()).is_some_and(|p| p.len() > 1);
+        if let Some(path) = self.latents.as_ref().map(|p| &p[index]) {
+            if several && path.symlink_metadata().is_ok() {
+                return Err(fail(format!("--output-latents: {} appeared during the run; a batch never overwrites a file", path.display())));
+            }
+            output::write_f32_tensors(path, &[("latents", &made.latents)], in_channels, text).map_err(fail)?;
+        }
+        if let (Some(path), Some(image)) = (self.png.as_ref().map(|p| &p[index]), &made.image) {
+            if several && path.symlink_metadata().is_ok() {
+                return Err(fail(format!("--output: {} appeared during the run; a batch never overwrites a file", path.display())));
+            }
+            let png = output::encode_png(image.width as u32, image.height as u32, &image.rgb, text).map_err(fail)?;
+            output::write_atomically(path, &png).map_err(fail)?;
+            eprintln!("wrote {}", output::shown(path));
+        }
+        Ok(())
+    }
+}
+
+/// `dir/NAME-0001.ext` for image 0 of `dir/NAME.ext`.
+fn numbered(path: &std::path::Path, index: usize) -> PathBuf {
+    let stem = path.file_stem().map_or_else(String::new, |s| s.to_string_lossy().into_owned());
+    let name = match path.extension() {
+        Some(ext) => format!("{stem}-{:04}.{}", index + 1, ext.to_string_lossy()),
+        None => format!("{stem}-{:04}", index + 1),
+    };
+    path.with_file_name(name)
 }
 
 /// `host bytes by phase: …`: each phase's anonymous high-water beside the

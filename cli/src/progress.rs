@@ -14,11 +14,18 @@ pub struct Bar {
     bar: Option<ProgressBar>,
     /// The stage the log lines are about (when not on a terminal).
     stage: String,
+    /// `(index, count)` of the batch's image being denoised or decoded, when a batch has several.
+    image: Option<(usize, usize)>,
 }
 
 impl Bar {
     pub fn new(quiet: bool) -> Self {
-        Self { quiet, terminal: std::io::stderr().is_terminal(), bar: None, stage: String::new() }
+        Self { quiet, terminal: std::io::stderr().is_terminal(), bar: None, stage: String::new(), image: None }
+    }
+
+    /// Image `index` of `count` starts a phase: the denoise and decode labels name it.
+    pub fn image(&mut self, index: usize, count: usize) {
+        self.image = (count > 1).then_some((index, count));
     }
 
     /// Shows where a generation is: a label for the stage, its fraction, and a detail.
@@ -37,11 +44,19 @@ impl Bar {
             Progress::Denoise(s) => {
                 let done = s.step * s.block.total + s.block.done;
                 let detail = format!("step {}/{} block {}/{}", s.step + 1, s.steps, s.block.done, s.block.total);
-                ("denoise".into(), done, s.steps * s.block.total, detail)
+                (self.of_image("denoise"), done, s.steps * s.block.total, detail)
             }
-            Progress::Decode { done, total } => ("decode".into(), done, total, format!("{done}/{total}")),
+            Progress::Decode { done, total } => (self.of_image("decode"), done, total, format!("{done}/{total}")),
         };
         self.update(&label, done, total, &detail, unit_done);
+    }
+
+    /// `denoise 2/8` while image 2 of 8 is being denoised.
+    fn of_image(&self, stage: &str) -> String {
+        match self.image {
+            Some((index, count)) => format!("{stage} {}/{count}", index + 1),
+            None => stage.into(),
+        }
     }
 
     /// Draws `label [####....] detail` at `done` of `total`; a new label starts a new line.
@@ -98,5 +113,9 @@ impl Observer for Bar {
     fn warning(&mut self, message: &str) {
         self.finish();
         eprintln!("{message}");
+    }
+
+    fn image(&mut self, index: usize, count: usize) {
+        Bar::image(self, index, count);
     }
 }

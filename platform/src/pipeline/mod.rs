@@ -5,24 +5,24 @@
 
 pub mod denoise;
 pub mod embeddings_file;
+pub mod generation;
+pub mod kept;
 pub mod output;
 pub mod planning;
 pub mod reference_image;
 pub mod resample;
 
 
-use denoise::{Conditioning, StepProgress};
+pub use generation::{Batch, Finished, Item, Made};
+use denoise::StepProgress;
 use crate::error::{LoadError, RunError};
 use flux_lite_kernels::{Gpu, GpuOptions};
 use crate::model::{Component, ModelFolder};
 use crate::pipeline::reference_image::ReferenceImage;
-use crate::components::text_encoder::TextEncoder;
-use crate::model::tokenizer::PromptTokenizer;
 use crate::run::runner::BlockProgress;
-use crate::components::transformer::{LatentGrids, Transformer};
 use crate::components::vae::VaeDecoder;
 use crate::components::vae_encoder::VaeEncoder;
-use flux_lite_core::plan::{PhasePlan, Plan, WeightStrategy};
+use flux_lite_core::plan::{Plan, WeightStrategy};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -61,29 +61,19 @@ pub struct PromptEmbedding {
 /// Tokenizes and encodes each prompt with one text encoder, which is
 /// dropped (its device memory released) before this returns.
 pub fn encode_prompts(
-    gpu: &Gpu,
-    model: &ModelFolder,
+    pipeline: &Pipeline,
     strategy: WeightStrategy,
     prompts: &[&str],
     timings: &mut Timings,
     progress: &mut dyn FnMut(Progress),
 ) -> Result<Vec<PromptEmbedding>, RunError> {
     let started = Instant::now();
-    let tokenizer = PromptTokenizer::load(&model.component_dir("tokenizer"))?;
-    let store = model.weights(Component::TextEncoder)?;
-    let encoder = TextEncoder::new(gpu, &model.text_encoder, store, strategy, PROMPT_TOKENS, model.text_encoder.output_layers())?;
+    let encoder = generation::load_prompt_encoder(pipeline, strategy)?;
     timings.load += started.elapsed();
     let started = Instant::now();
-    let mut out = Vec::with_capacity(prompts.len());
-    for (i, prompt) in prompts.iter().enumerate() {
-        let tokens = tokenizer.encode_prompt(prompt, PROMPT_TOKENS).map_err(|e| RunError::Input(e.to_string()))?;
-        let values = encoder.encode(gpu, &tokens.input_ids, &tokens.attention_mask, &mut |block| {
-            progress(Progress::Encode { prompt: i, prompts: prompts.len(), block })
-        })?;
-        out.push(PromptEmbedding { values, truncation_warning: tokens.truncation_warning() });
-    }
+    let out = prompts.iter().enumerate().map(|(i, p)| generation::encode_one(pipeline, &encoder, p, i, prompts.len(), progress)).collect();
     timings.encode += started.elapsed();
-    Ok(out)
+    out
 }
 
 /// What to generate, with every default already resolved.
@@ -198,6 +188,8 @@ pub trait Observer {
     fn phase(&mut self, _phase: Phase) {}
     fn progress(&mut self, _progress: Progress) {}
     fn warning(&mut self, _message: &str) {}
+    /// Image `index` (0-based) of the batch's `count` starts its denoising, then its decoding.
+    fn image(&mut self, _index: usize, _count: usize) {}
 }
 
 /// The phases of a run, in order; each frees its memory before the next
@@ -236,6 +228,11 @@ pub struct Options {
     /// A transformer folder to use instead of the model's `transformer/`
     /// (an official DF11 folder, or another diffusers transformer).
     pub transformer: Option<PathBuf>,
+    /// Keep each component loaded after its phase for the next generation
+    /// while everything kept and the request's largest phase fit its budget
+    /// together (a server; `kept` explains the rule). Off: every phase
+    /// releases its memory, and a single run's peak is the plan's.
+    pub keep_loaded: bool,
 }
 
 /// The conditioning of a generation.
@@ -280,19 +277,29 @@ pub struct Generated {
 pub struct Pipeline {
     gpu: Gpu,
     model: ModelFolder,
+    keep_loaded: bool,
+    kept: std::sync::Mutex<kept::Kept>,
 }
 
 impl Pipeline {
     /// Opens the diffusers model folder `dir` (configs, tokenizer, memory-mapped
     /// weights) and the GPU.
     pub fn open(dir: &Path, options: Options) -> Result<Self, RunError> {
-        Self::with_model(open_model(dir, options.transformer.as_deref())?, &options.gpu)
+        let mut pipeline = Self::with_model(open_model(dir, options.transformer.as_deref())?, &options.gpu)?;
+        pipeline.keep_loaded = options.keep_loaded;
+        Ok(pipeline)
     }
 
     /// A pipeline over a model folder already opened (a caller that checks its
     /// own inputs against the configs before touching the GPU).
     pub fn with_model(model: ModelFolder, gpu: &GpuOptions) -> Result<Self, RunError> {
-        Ok(Self { gpu: Gpu::new(gpu)?, model })
+        Ok(Self { gpu: Gpu::new(gpu)?, model, keep_loaded: false, kept: Default::default() })
+    }
+
+    /// Keeps components loaded between generations (see [`Options::keep_loaded`]).
+    pub fn keep_loaded(mut self, keep: bool) -> Self {
+        self.keep_loaded = keep;
+        self
     }
 
     pub fn model(&self) -> &ModelFolder {
@@ -313,120 +320,8 @@ impl Pipeline {
     pub fn encode(&self, prompts: &[&str], budget: Option<u64>, observer: &mut dyn Observer) -> Result<(Vec<Vec<f32>>, Timings), RunError> {
         let plan = crate::pipeline::planning::plan_encode(&self.model, budget)?;
         let mut timings = Timings::default();
-        let values = self.encode_observed(plan.weights, prompts, &mut timings, observer)?;
-        self.gpu.check_interrupt()?;
-        Ok((values, timings))
-    }
-
-    /// Text (and reference images) to image. `references` are the prepared
-    /// images whose sizes `request.references` lists.
-    pub fn generate(&self, prompt: &Prompt, request: &Request, references: &[ReferenceImage], observer: &mut dyn Observer) -> Result<Generated, RunError> {
-        self.run(prompt, request, references, true, observer)
-    }
-
-    /// [`Self::generate`] without the VAE decode: the final latents only.
-    pub fn latents(&self, prompt: &Prompt, request: &Request, references: &[ReferenceImage], observer: &mut dyn Observer) -> Result<Generated, RunError> {
-        self.run(prompt, request, references, false, observer)
-    }
-
-    fn run(&self, prompt: &Prompt, request: &Request, references: &[ReferenceImage], decode_image: bool, observer: &mut dyn Observer) -> Result<Generated, RunError> {
-        let sizes: Vec<(usize, usize)> = references.iter().map(|r| (r.width, r.height)).collect();
-        if sizes != request.references {
-            return Err(RunError::Input("the request's reference sizes differ from the reference images given".into()));
-        }
-        let (gpu, model) = (&self.gpu, &self.model);
-        let plan = self.plan(request)?;
-        // A VAE in bands keeps the image's activations in a scratch file: find
-        // out now, not after the denoising, if its folder cannot take one.
-        let banded_encode = plan.references.is_some_and(|r| r.tile.is_some());
-        if (decode_image && plan.decode.tile.is_some()) || banded_encode {
-            crate::run::vae_bands::HostTensors::scratch(1)?;
-        }
-        let mut timings = Timings::default();
-        let guided = uses_guidance(model, request.guidance);
-        let te = plan.encode.weights;
-        Self::begin(Phase::Encode, observer);
-        let (positive, negative) = match prompt {
-            Prompt::Embeddings { positive, negative: Some(negative) } => (positive.clone(), Some(negative.clone())),
-            Prompt::Embeddings { positive, negative: None } if guided => {
-                (positive.clone(), Some(self.encode_observed(te, &[""], &mut timings, observer)?.remove(0)))
-            }
-            Prompt::Embeddings { positive, negative: None } => (positive.clone(), None),
-            Prompt::Text(text) => {
-                let prompts: &[&str] = if guided { &[text, ""] } else { &[text] };
-                let mut e = self.encode_observed(te, prompts, &mut timings, observer)?.into_iter();
-                (e.next().unwrap_or_default(), e.next())
-            }
-        };
-        let reference_tile = plan.references.and_then(|r| r.tile).map(|t| t as usize);
-        if !references.is_empty() {
-            Self::begin(Phase::References, observer);
-        }
-        let encoded = encode_references(gpu, model, references, reference_tile, &mut timings, &mut |p| observer.progress(p))?;
-        let conditioning = match negative.as_deref() {
-            Some(negative) if guided => Conditioning::Guided { positive: &positive, negative, scale: request.guidance },
-            _ => Conditioning::Prompt(&positive),
-        };
-        Self::begin(Phase::Denoise, observer);
-        let latents = self.denoise(request, &plan.denoise, conditioning, &encoded, &mut timings, &mut |p| observer.progress(p))?;
-        let image = match decode_image {
-            true => {
-                Self::begin(Phase::Decode, observer);
-                Some(decode(gpu, model, request, plan.decode.tile, &latents, &mut timings, &mut |p| observer.progress(p))?)
-            }
-            false => None,
-        };
-        // Interrupted after the last block: still no result.
-        gpu.check_interrupt()?;
-        Ok(Generated { latents, image, plan, timings })
-    }
-
-    /// Starts `phase`: the one before has dropped its buffers; the heap
-    /// gives what they freed back to the OS before the observer hears of it.
-    fn begin(phase: Phase, observer: &mut dyn Observer) {
-        crate::host_memory::give_back_freed();
-        observer.phase(phase);
-    }
-
-    /// Denoises from the seed's noise under `conditioning`, with the
-    /// reference tokens after the noise tokens in every pass, and returns the
-    /// packed latents `[tokens, channels]`, with the weights and chunking the
-    /// plan's phase says. The transformer's device memory is released before
-    /// this returns.
-    fn denoise(
-        &self,
-        request: &Request,
-        phase: &PhasePlan,
-        conditioning: Conditioning<'_>,
-        references: &References,
-        timings: &mut Timings,
-        progress: &mut dyn FnMut(Progress),
-    ) -> Result<Vec<f32>, RunError> {
-        let (gpu, model) = (&self.gpu, &self.model);
-        let (lat_h, lat_w) = denoise::latent_grid(&model.vae, request.width, request.height).map_err(|e| RunError::Input(e.to_string()))?;
-        let started = Instant::now();
-        let store = model.weights(Component::Transformer)?;
-        let grids = LatentGrids { noise: (lat_h, lat_w), references: references.grids.clone() };
-        let chunk = phase.chunk.map(|c| c as usize);
-        let transformer = Transformer::new(gpu, &model.transformer, store, phase.weights, chunk, PROMPT_TOKENS, &grids)?;
-        transformer.set_references(gpu, &references.tokens)?;
-        timings.load += started.elapsed();
-        let noise = denoise::packed_noise(request.seed, model.transformer.in_channels, lat_h, lat_w);
-        let mut step_started = Instant::now();
-        let steps = &mut timings.steps;
-        denoise::denoise(gpu, &transformer, &model.scheduler, request.steps, &noise, conditioning, &mut |p| {
-            progress(Progress::Denoise(p));
-            if p.block.done == p.block.total {
-                steps.push(step_started.elapsed());
-                step_started = Instant::now();
-            }
-        })
-    }
-
-    /// Encodes prompts, passing truncation warnings to the observer.
-    fn encode_observed(&self, strategy: WeightStrategy, prompts: &[&str], timings: &mut Timings, observer: &mut dyn Observer) -> Result<Vec<Vec<f32>>, RunError> {
-        let encoded = encode_prompts(&self.gpu, &self.model, strategy, prompts, timings, &mut |p| observer.progress(p))?;
-        Ok(encoded
+        let encoded = encode_prompts(self, plan.weights, prompts, &mut timings, &mut |p| observer.progress(p))?;
+        let values = encoded
             .into_iter()
             .map(|e| {
                 if let Some(w) = &e.truncation_warning {
@@ -434,6 +329,26 @@ impl Pipeline {
                 }
                 e.values
             })
-            .collect())
+            .collect();
+        self.gpu.check_interrupt()?;
+        Ok((values, timings))
+    }
+
+    /// Text (and reference images) to image. `references` are the prepared
+    /// images whose sizes `request.references` lists.
+    pub fn generate(&self, prompt: &Prompt, request: &Request, references: &[ReferenceImage], observer: &mut dyn Observer) -> Result<Generated, RunError> {
+        self.run_single(prompt, request, references, true, observer)
+    }
+
+    /// [`Self::generate`] without the VAE decode: the final latents only.
+    pub fn latents(&self, prompt: &Prompt, request: &Request, references: &[ReferenceImage], observer: &mut dyn Observer) -> Result<Generated, RunError> {
+        self.run_single(prompt, request, references, false, observer)
+    }
+
+    /// Starts `phase`: the one before has dropped its buffers; the heap
+    /// gives what they freed back to the OS before the observer hears of it.
+    pub(crate) fn begin(phase: Phase, observer: &mut dyn Observer) {
+        crate::host_memory::give_back_freed();
+        observer.phase(phase);
     }
 }

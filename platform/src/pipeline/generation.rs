@@ -1,0 +1,431 @@
+//! One generation of any number of images ([`Batch`]): the prompts are
+//! encoded once each, then every image is denoised, then every image is
+//! decoded, so each component loads once per round, not once per image.
+//! A round holds the embeddings of its prompts and the latents of its images
+//! on the host; a large batch runs in several rounds of at most
+//! [`ROUND_HOST_BYTES`] (less when the budget has less room).
+
+use super::kept::{take_matching, Kept, PromptEncoder, Slot, TransformerKey};
+use super::{denoise, uses_guidance, Generated, Image, Observer, Phase, Pipeline, Progress, Prompt, Request, Timings, PROMPT_TOKENS};
+use crate::components::text_encoder::TextEncoder;
+use crate::components::transformer::{LatentGrids, Transformer};
+use crate::components::vae::VaeDecoder;
+use crate::error::RunError;
+use crate::model::tokenizer::PromptTokenizer;
+use crate::model::Component;
+use crate::pipeline::denoise::Conditioning;
+use crate::pipeline::reference_image::ReferenceImage;
+use flux_lite_core::plan::{Plan, WeightStrategy};
+use std::time::Instant;
+
+/// Host bytes a round may hold in prompt embeddings and latents (a round
+/// holds at least one image, whatever its size).
+pub const ROUND_HOST_BYTES: u64 = 256 << 20;
+
+/// One image of a batch: which of the batch's prompts, and its seed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Item {
+    pub prompt: usize,
+    pub seed: u64,
+}
+
+/// Images that share a request's size, steps, guidance and reference images:
+/// distinct prompts, and the images to make from them, in order.
+#[derive(Debug, Clone)]
+pub struct Batch {
+    pub prompts: Vec<Prompt>,
+    pub items: Vec<Item>,
+}
+
+impl Batch {
+    /// One image.
+    pub fn single(prompt: Prompt, seed: u64) -> Self {
+        Self { prompts: vec![prompt], items: vec![Item { prompt: 0, seed }] }
+    }
+
+    /// `count` images of one prompt with seeds `seed`, `seed + 1`, … (each
+    /// the image a single run with that seed makes).
+    pub fn seeds(prompt: Prompt, seed: u64, count: usize) -> Self {
+        Self { prompts: vec![prompt], items: (0..count as u64).map(|i| Item { prompt: 0, seed: seed.wrapping_add(i) }).collect() }
+    }
+
+    /// One image per text, seeds `seed`, `seed + 1`, … in order; equal texts
+    /// are one prompt, encoded once.
+    pub fn texts<S: AsRef<str>>(texts: &[S], seed: u64) -> Self {
+        let mut distinct: Vec<&str> = Vec::new();
+        let mut items = Vec::with_capacity(texts.len());
+        for (i, text) in texts.iter().enumerate() {
+            let text = text.as_ref();
+            let prompt = distinct.iter().position(|d| *d == text).unwrap_or_else(|| {
+                distinct.push(text);
+                distinct.len() - 1
+            });
+            items.push(Item { prompt, seed: seed.wrapping_add(i as u64) });
+        }
+        Self { prompts: distinct.into_iter().map(|t| Prompt::Text(t.to_string())).collect(), items }
+    }
+
+    fn check(&self) -> Result<(), RunError> {
+        if self.items.is_empty() {
+            return Err(RunError::Input("the batch has no images to make".into()));
+        }
+        match self.items.iter().find(|i| i.prompt >= self.prompts.len()) {
+            Some(i) => Err(RunError::Input(format!("a batch item names prompt {} of {}", i.prompt, self.prompts.len()))),
+            None => Ok(()),
+        }
+    }
+}
+
+/// One finished image of a batch, handed over as soon as it is decoded.
+#[derive(Debug, Clone)]
+pub struct Made {
+    /// Its place in the batch's items.
+    pub index: usize,
+    pub seed: u64,
+    /// The final packed latents `[tokens, in_channels]`.
+    pub latents: Vec<f32>,
+    /// `None` when only the latents were asked for.
+    pub image: Option<Image>,
+}
+
+/// What a batch ran under, once every image was handed over.
+#[derive(Debug, Clone)]
+pub struct Finished {
+    pub plan: Plan,
+    pub timings: Timings,
+    /// Components reused from an earlier generation (`keep_loaded`).
+    pub reused: Vec<&'static str>,
+}
+
+/// A prompt's positive and (when guided) negative embeddings.
+type Embeddings = (Vec<f32>, Option<Vec<f32>>);
+
+impl Pipeline {
+    /// Makes every image of `batch`, handing each to `take` as it is decoded
+    /// (`take` may write it out; its error stops the batch). `request.seed`
+    /// is not read: each item has its own.
+    pub fn generate_batch(
+        &self,
+        batch: &Batch,
+        request: &Request,
+        references: &[ReferenceImage],
+        observer: &mut dyn Observer,
+        take: &mut dyn FnMut(Made) -> Result<(), RunError>,
+    ) -> Result<Finished, RunError> {
+        self.run_batch(batch, request, references, true, observer, take)
+    }
+
+    /// [`Self::generate_batch`] without the VAE decode: latents only.
+    pub fn latents_batch(
+        &self,
+        batch: &Batch,
+        request: &Request,
+        references: &[ReferenceImage],
+        observer: &mut dyn Observer,
+        take: &mut dyn FnMut(Made) -> Result<(), RunError>,
+    ) -> Result<Finished, RunError> {
+        self.run_batch(batch, request, references, false, observer, take)
+    }
+
+    /// One image, collected.
+    pub(super) fn run_single(&self, prompt: &Prompt, request: &Request, references: &[ReferenceImage], decode_image: bool, observer: &mut dyn Observer) -> Result<Generated, RunError> {
+        let mut made = None;
+        let finished = self.run_batch(&Batch::single(prompt.clone(), request.seed), request, references, decode_image, observer, &mut |m| {
+            made = Some(m);
+            Ok(())
+        })?;
+        let made = made.ok_or_else(|| RunError::Input("the generation made no image".into()))?;
+        Ok(Generated { latents: made.latents, image: made.image, plan: finished.plan, timings: finished.timings })
+    }
+
+    fn run_batch(
+        &self,
+        batch: &Batch,
+        request: &Request,
+        references: &[ReferenceImage],
+        decode_image: bool,
+        observer: &mut dyn Observer,
+        take: &mut dyn FnMut(Made) -> Result<(), RunError>,
+    ) -> Result<Finished, RunError> {
+        batch.check()?;
+        let sizes: Vec<(usize, usize)> = references.iter().map(|r| (r.width, r.height)).collect();
+        if sizes != request.references {
+            return Err(RunError::Input("the request's reference sizes differ from the reference images given".into()));
+        }
+        let plan = self.plan(request)?;
+        // A VAE in bands keeps the image's activations in a scratch file: find
+        // out now, not after the denoising, if its folder cannot take one.
+        let banded_encode = plan.references.is_some_and(|r| r.tile.is_some());
+        if (decode_image && plan.decode.tile.is_some()) || banded_encode {
+            crate::run::vae_bands::HostTensors::scratch(1)?;
+        }
+        let mut kept = self.kept.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        match self.keep_loaded {
+            true => kept.make_room(&plan, request.memory_budget),
+            false => *kept = Kept::default(),
+        }
+        let mut run = Run { pipeline: self, plan: &plan, request, kept: &mut kept, count: batch.items.len(), timings: Timings::default(), reused: Vec::new() };
+        let rounds = run.rounds(batch);
+        let mut encoded_references = None;
+        for round in rounds {
+            let round_start = round.start;
+            let items = &batch.items[round];
+            Pipeline::begin(Phase::Encode, observer);
+            let embeddings = run.encode(batch, items, observer)?;
+            let encoded = match &encoded_references {
+                Some(e) => e,
+                None => {
+                    if !references.is_empty() {
+                        Pipeline::begin(Phase::References, observer);
+                    }
+                    let tile = plan.references.and_then(|r| r.tile).map(|t| t as usize);
+                    let e = super::encode_references(&self.gpu, &self.model, references, tile, &mut run.timings, &mut |p| observer.progress(p))?;
+                    encoded_references.insert(e)
+                }
+            };
+            Pipeline::begin(Phase::Denoise, observer);
+            let latents = run.denoise(round_start, items, &embeddings, encoded, observer)?;
+            drop(embeddings);
+            if decode_image {
+                Pipeline::begin(Phase::Decode, observer);
+            }
+            run.hand_over(round_start, items, latents, decode_image, observer, take)?;
+        }
+        let Run { timings, reused, .. } = run;
+        Ok(Finished { plan, timings, reused })
+    }
+}
+
+/// One batch in progress.
+struct Run<'a> {
+    pipeline: &'a Pipeline,
+    plan: &'a Plan,
+    request: &'a Request,
+    kept: &'a mut Kept,
+    /// Images in the whole batch.
+    count: usize,
+    timings: Timings,
+    reused: Vec<&'static str>,
+}
+
+impl Run<'_> {
+    /// The batch's items cut into rounds whose embeddings and latents fit
+    /// [`ROUND_HOST_BYTES`] and the budget's room beside the plan.
+    fn rounds(&self, batch: &Batch) -> Vec<std::ops::Range<usize>> {
+        let model = &self.pipeline.model;
+        let embedding = (PROMPT_TOKENS * model.transformer.joint_attention_dim * 4) as u64;
+        let latents = denoise::latent_grid(&model.vae, self.request.width, self.request.height)
+            .map_or(0, |(h, w)| (h * w * model.transformer.in_channels * 4) as u64);
+        let room = self.request.memory_budget.map_or(ROUND_HOST_BYTES, |b| b.saturating_sub(self.plan.peak()).min(ROUND_HOST_BYTES));
+        let guided = uses_guidance(model, self.request.guidance);
+        let base = if guided { embedding } else { 0 };
+        let mut rounds = Vec::new();
+        let (mut start, mut prompts, mut bytes) = (0, Vec::new(), base);
+        for (i, item) in batch.items.iter().enumerate() {
+            let cost = |prompts: &Vec<usize>| latents + if prompts.contains(&item.prompt) { 0 } else { embedding };
+            if i > start && bytes + cost(&prompts) > room {
+                rounds.push(start..i);
+                (start, bytes) = (i, base);
+                prompts.clear();
+            }
+            bytes += cost(&prompts);
+            if !prompts.contains(&item.prompt) {
+                prompts.push(item.prompt);
+            }
+        }
+        rounds.push(start..batch.items.len());
+        rounds
+    }
+
+    /// The embeddings of each prompt the round's items use (`None` for the others).
+    fn encode(&mut self, batch: &Batch, items: &[Item], observer: &mut dyn Observer) -> Result<Vec<Option<Embeddings>>, RunError> {
+        let guided = uses_guidance(&self.pipeline.model, self.request.guidance);
+        let used: Vec<usize> = (0..batch.prompts.len()).filter(|p| items.iter().any(|i| i.prompt == *p)).collect();
+        // The texts to encode, each once; the empty negative is one of them when guided.
+        let mut texts: Vec<&str> = Vec::new();
+        for &p in &used {
+            match &batch.prompts[p] {
+                Prompt::Text(t) => {
+                    push_once(&mut texts, t);
+                    if guided {
+                        push_once(&mut texts, "");
+                    }
+                }
+                Prompt::Embeddings { negative: None, .. } if guided => push_once(&mut texts, ""),
+                Prompt::Embeddings { .. } => {}
+            }
+        }
+        let encoded = self.encode_texts(&texts, observer)?;
+        let of = |t: &str| texts.iter().position(|x| *x == t).map(|i| encoded[i].clone());
+        Ok((0..batch.prompts.len())
+            .map(|p| {
+                if !used.contains(&p) {
+                    return None;
+                }
+                Some(match &batch.prompts[p] {
+                    Prompt::Text(t) => (of(t).unwrap_or_default(), if guided { of("") } else { None }),
+                    Prompt::Embeddings { positive, negative: Some(n) } => (positive.clone(), Some(n.clone())),
+                    Prompt::Embeddings { positive, negative: None } => (positive.clone(), if guided { of("") } else { None }),
+                })
+            })
+            .collect())
+    }
+
+    /// Tokenizes and encodes `texts` with one text encoder (kept from before
+    /// when it can be), passing truncation warnings to the observer.
+    fn encode_texts(&mut self, texts: &[&str], observer: &mut dyn Observer) -> Result<Vec<Vec<f32>>, RunError> {
+        if texts.is_empty() {
+            return Ok(Vec::new());
+        }
+        let strategy = self.plan.encode.weights;
+        let started = Instant::now();
+        let encoder = match take_matching(&mut self.kept.text, &strategy) {
+            Some(e) => {
+                self.reused.push("text encoder");
+                e
+            }
+            None => load_prompt_encoder(self.pipeline, strategy)?,
+        };
+        self.timings.load += started.elapsed();
+        let started = Instant::now();
+        let mut out = Vec::with_capacity(texts.len());
+        for (i, text) in texts.iter().enumerate() {
+            let e = encode_one(self.pipeline, &encoder, text, i, texts.len(), &mut |p| observer.progress(p))?;
+            if let Some(w) = &e.truncation_warning {
+                observer.warning(w);
+            }
+            out.push(e.values);
+        }
+        self.timings.encode += started.elapsed();
+        let cost = self.plan.encode.peak();
+        if self.pipeline.keep_loaded && self.kept.has_room(cost, self.plan, self.request.memory_budget) {
+            self.kept.text = Some(Slot { key: strategy, value: encoder, cost });
+        }
+        Ok(out)
+    }
+
+    /// Denoises each item from its seed's noise and returns its latents; one
+    /// transformer serves them all.
+    fn denoise(&mut self, first: usize, items: &[Item], embeddings: &[Option<Embeddings>], references: &super::References, observer: &mut dyn Observer) -> Result<Vec<Vec<f32>>, RunError> {
+        let (pipeline, request) = (self.pipeline, self.request);
+        let (gpu, model) = (&pipeline.gpu, &pipeline.model);
+        let (lat_h, lat_w) = denoise::latent_grid(&model.vae, request.width, request.height).map_err(|e| RunError::Input(e.to_string()))?;
+        let started = Instant::now();
+        let key = TransformerKey {
+            strategy: self.plan.denoise.weights,
+            chunk: self.plan.denoise.chunk.map(|c| c as usize),
+            grids: LatentGrids { noise: (lat_h, lat_w), references: references.grids.clone() },
+        };
+        let transformer = match take_matching(&mut self.kept.transformer, &key) {
+            Some(t) => {
+                self.reused.push("transformer");
+                t
+            }
+            None => Transformer::new(gpu, &model.transformer, model.weights(Component::Transformer)?, key.strategy, key.chunk, PROMPT_TOKENS, &key.grids)?,
+        };
+        transformer.set_references(gpu, &references.tokens)?;
+        self.timings.load += started.elapsed();
+        let mut out = Vec::with_capacity(items.len());
+        for (n, item) in items.iter().enumerate() {
+            observer.image(first + n, self.count);
+            let Some((positive, negative)) = &embeddings[item.prompt] else {
+                return Err(RunError::Input(format!("prompt {} was not encoded", item.prompt)));
+            };
+            let conditioning = match negative.as_deref() {
+                Some(negative) if uses_guidance(model, request.guidance) => Conditioning::Guided { positive, negative, scale: request.guidance },
+                _ => Conditioning::Prompt(positive),
+            };
+            let noise = denoise::packed_noise(item.seed, model.transformer.in_channels, lat_h, lat_w);
+            let mut step_started = Instant::now();
+            let steps = &mut self.timings.steps;
+            out.push(denoise::denoise(gpu, &transformer, &model.scheduler, request.steps, &noise, conditioning, &mut |p| {
+                observer.progress(Progress::Denoise(p));
+                if p.block.done == p.block.total {
+                    steps.push(step_started.elapsed());
+                    step_started = Instant::now();
+                }
+            })?);
+        }
+        let cost = self.plan.denoise.peak();
+        if pipeline.keep_loaded && self.kept.has_room(cost, self.plan, request.memory_budget) {
+            self.kept.transformer = Some(Slot { key, value: transformer, cost });
+        }
+        Ok(out)
+    }
+
+    /// Decodes each item's latents (when asked) and hands the image over.
+    fn hand_over(
+        &mut self,
+        first: usize,
+        items: &[Item],
+        latents: Vec<Vec<f32>>,
+        decode_image: bool,
+        observer: &mut dyn Observer,
+        take: &mut dyn FnMut(Made) -> Result<(), RunError>,
+    ) -> Result<(), RunError> {
+        let (pipeline, request) = (self.pipeline, self.request);
+        let mut vae = None;
+        if decode_image {
+            let started = Instant::now();
+            let key = (request.width, request.height, self.plan.decode.tile);
+            vae = Some(match take_matching(&mut self.kept.vae, &key) {
+                Some(v) => {
+                    self.reused.push("VAE decoder");
+                    v
+                }
+                None => {
+                    let mut store = pipeline.model.weights(Component::Vae)?;
+                    store.expand_df11_on_host()?;
+                    VaeDecoder::new(&pipeline.gpu, &pipeline.model.vae, &store, request.width, request.height, key.2.map(|t| t as usize))?
+                }
+            });
+            self.timings.load += started.elapsed();
+        }
+        for (n, (item, latents)) in items.iter().zip(latents).enumerate() {
+            let image = match vae.as_mut() {
+                Some(vae) => {
+                    observer.image(first + n, self.count);
+                    let started = Instant::now();
+                    let image = vae.decode(&pipeline.gpu, &latents, &mut |t| observer.progress(Progress::Decode { done: t.done, total: t.total }))?;
+                    self.timings.decode += started.elapsed();
+                    Some(Image { width: image.width, height: image.height, rgb: image.rgb })
+                }
+                None => None,
+            };
+            // Interrupted after the last block: nothing more is handed over.
+            pipeline.gpu.check_interrupt()?;
+            take(Made { index: first + n, seed: item.seed, latents, image })?;
+        }
+        if let Some(value) = vae {
+            let cost = self.plan.decode.peak();
+            if pipeline.keep_loaded && self.kept.has_room(cost, self.plan, request.memory_budget) {
+                self.kept.vae = Some(Slot { key: (request.width, request.height, self.plan.decode.tile), value, cost });
+            }
+        }
+        Ok(())
+    }
+}
+
+fn push_once<'t>(texts: &mut Vec<&'t str>, text: &'t str) {
+    if !texts.contains(&text) {
+        texts.push(text);
+    }
+}
+
+/// Loads the tokenizer and the text encoder with its weights placed as `strategy` says.
+pub(super) fn load_prompt_encoder(pipeline: &Pipeline, strategy: WeightStrategy) -> Result<PromptEncoder, RunError> {
+    let model = &pipeline.model;
+    let tokenizer = PromptTokenizer::load(&model.component_dir("tokenizer"))?;
+    let store = model.weights(Component::TextEncoder)?;
+    let encoder = TextEncoder::new(&pipeline.gpu, &model.text_encoder, store, strategy, PROMPT_TOKENS, model.text_encoder.output_layers())?;
+    Ok(PromptEncoder { strategy, tokenizer, encoder })
+}
+
+/// One prompt's embedding: prompt `index` of `count`, for the progress.
+pub(super) fn encode_one(pipeline: &Pipeline, e: &PromptEncoder, text: &str, index: usize, count: usize, progress: &mut dyn FnMut(Progress)) -> Result<super::PromptEmbedding, RunError> {
+    let tokens = e.tokenizer.encode_prompt(text, PROMPT_TOKENS).map_err(|e| RunError::Input(e.to_string()))?;
+    let values = e.encoder.encode(&pipeline.gpu, &tokens.input_ids, &tokens.attention_mask, &mut |block| {
+        progress(Progress::Encode { prompt: index, prompts: count, block })
+    })?;
+    Ok(super::PromptEmbedding { values, truncation_warning: tokens.truncation_warning() })
+}
