@@ -414,7 +414,7 @@ fn print_plan(plan: &Plan, references: &[ReferenceImage]) {
     }
 }
 
-fn random_seed() -> u64 {
+pub fn random_seed() -> u64 {
     let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
     // A 63-bit seed, as a torch user would pass.
     (nanos ^ (std::process::id() as u64).rotate_left(32)) & (u64::MAX >> 1)

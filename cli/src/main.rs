@@ -18,6 +18,7 @@ mod progress;
 mod prompt;
 mod references;
 mod selftest;
+mod serve;
 mod stdout;
 mod tier;
 
@@ -38,6 +39,7 @@ enum Command {
     Gpu(GpuArgs),
     Bench(bench::BenchArgs),
     Selftest(selftest::SelftestArgs),
+    Serve(serve::ServeArgs),
 }
 
 /// Print the GPU adapter flux-lite would use and its limits.
@@ -58,6 +60,7 @@ fn main() -> ExitCode {
         Command::Gpu(_) => gpu(),
         Command::Bench(args) => bench::run(&args),
         Command::Selftest(args) => selftest::run(&args),
+        Command::Serve(args) => serve::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -47,7 +47,21 @@ pub struct ReferenceImage {
 /// Loads and prepares one reference image; `unit` is twice the VAE scale factor.
 pub fn load(path: &Path, unit: usize) -> Result<ReferenceImage, RunError> {
     let (mode, decoded) = decode(path)?;
-    let fail = |why: String| RunError::Input(format!("--image {}: {why}", path.display()));
+    prepare(&format!("--image {}", path.display()), path, mode, decoded, unit)
+}
+
+/// Prepares a reference image sent as bytes (a server request), named
+/// `label` in errors (e.g. `init_images[0]`) and in its `path`.
+pub fn from_bytes(label: &str, bytes: &[u8], unit: usize) -> Result<ReferenceImage, RunError> {
+    if bytes.len() as u64 > MAX_FILE_BYTES {
+        return Err(RunError::Input(format!("{label}: {} bytes is above the {MAX_FILE_BYTES}-byte limit for an image", bytes.len())));
+    }
+    let (mode, decoded) = decode_bytes(label, bytes)?;
+    prepare(label, Path::new(label), mode, decoded, unit)
+}
+
+fn prepare(label: &str, path: &Path, mode: SourceMode, decoded: Pixels, unit: usize) -> Result<ReferenceImage, RunError> {
+    let fail = |why: String| RunError::Input(format!("{label}: {why}"));
     let original = (decoded.width, decoded.height);
     check_size(original.0, original.1).map_err(fail)?;
     let sized = match target_size(original.0, original.1) {
@@ -139,12 +153,18 @@ pub fn decode(path: &Path) -> Result<(SourceMode, Pixels), RunError> {
         return Err(fail(format!("{} bytes is above the {MAX_FILE_BYTES}-byte limit for an image file", meta.len())));
     }
     let bytes = std::fs::read(path).map_err(|e| fail(format!("cannot read: {e}")))?;
-    let format = image::guess_format(&bytes).map_err(|_| fail("not a PNG or JPEG image".into()))?;
+    decode_bytes(&format!("--image {}", path.display()), &bytes)
+}
+
+/// [`decode`] of an image file's bytes, errors named by `label`.
+pub fn decode_bytes(label: &str, bytes: &[u8]) -> Result<(SourceMode, Pixels), RunError> {
+    let fail = |why: String| RunError::Input(format!("{label}: {why}"));
+    let format = image::guess_format(bytes).map_err(|_| fail("not a PNG or JPEG image".into()))?;
     if !matches!(format, image::ImageFormat::Png | image::ImageFormat::Jpeg) {
         return Err(fail(format!("{format:?} images are not supported; give a PNG or JPEG")));
     }
-    let png = (format == image::ImageFormat::Png).then(|| png_header(&bytes)).flatten();
-    let mut reader = image::ImageReader::with_format(std::io::Cursor::new(&bytes), format);
+    let png = (format == image::ImageFormat::Png).then(|| png_header(bytes)).flatten();
+    let mut reader = image::ImageReader::with_format(std::io::Cursor::new(bytes), format);
     let mut limits = image::Limits::default();
     limits.max_alloc = Some(4 * MAX_PIXELS);
     reader.limits(limits);

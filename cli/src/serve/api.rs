@@ -1,0 +1,308 @@
+//! The two request shapes front ends already speak, read into one [`Order`]
+//! and checked before anything is queued: OpenAI's Images API
+//! (`/v1/images/generations`, `/v1/images/edits` with JSON images) and
+//! AUTOMATIC1111's (`/sdapi/v1/txt2img`, `/sdapi/v1/img2img`). Unknown
+//! fields are ignored, as those servers do; a field of the wrong type, a size
+//! off the VAE's grid, too many steps or images, a prompt too long, or a
+//! request the memory budget cannot hold is a 400 with one JSON line.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use base64::Engine;
+use flux_lite_platform::pipeline::reference_image::{self, ReferenceImage, MAX_REFERENCES};
+use flux_lite_platform::pipeline::{denoise, Pipeline, Request};
+use serde::Deserialize;
+
+/// A request's error: its status and one line, sent as `{"error": {"message": …}}`.
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, message: impl Into<String>) -> Self {
+        Self { status, message: message.into() }
+    }
+
+    pub fn bad(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, message)
+    }
+
+    pub fn busy() -> Self {
+        Self::new(StatusCode::SERVICE_UNAVAILABLE, "the queue is full; try again later")
+    }
+
+    pub fn cancelled(id: &str) -> Self {
+        Self::new(StatusCode::CONFLICT, format!("job {id} was cancelled"))
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let kind = if self.status.is_client_error() { "invalid_request_error" } else { "server_error" };
+        // One line, as every error of this project: a JSON string has no raw line breaks.
+        let body = serde_json::json!({ "error": { "message": self.message, "type": kind, "code": self.status.as_u16() } });
+        let mut response = (self.status, axum::Json(body)).into_response();
+        if self.status == StatusCode::SERVICE_UNAVAILABLE {
+            response.headers_mut().insert(axum::http::header::RETRY_AFTER, axum::http::HeaderValue::from_static("5"));
+        }
+        response
+    }
+}
+
+/// The server's limits on one request.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    pub max_images: usize,
+    pub max_steps: usize,
+    pub max_side: usize,
+    pub max_prompt_bytes: usize,
+    pub memory_budget: Option<u64>,
+}
+
+/// A checked request, ready to queue.
+#[derive(Debug)]
+pub struct Order {
+    pub prompt: String,
+    /// The first image's seed; image `i` has `seed + i`.
+    pub request: Request,
+    pub count: usize,
+    pub references: Vec<ReferenceImage>,
+}
+
+/// What both shapes ask for, before it is checked.
+#[derive(Debug, Default)]
+pub struct Asked {
+    pub prompt: String,
+    pub width: Option<usize>,
+    pub height: Option<usize>,
+    pub steps: Option<usize>,
+    pub seed: Option<u64>,
+    pub guidance: Option<f32>,
+    pub count: usize,
+    /// Reference images: `(field name for errors, file bytes)`.
+    pub images: Vec<(String, Vec<u8>)>,
+}
+
+/// `POST /v1/images/generations` (and `/v1/images/edits` with `image`/`images`).
+#[derive(Debug, Deserialize)]
+pub struct OpenAiRequest {
+    pub prompt: String,
+    #[serde(default)]
+    pub n: Option<usize>,
+    /// "WxH", or "auto".
+    #[serde(default)]
+    pub size: Option<String>,
+    #[serde(default)]
+    pub response_format: Option<String>,
+    /// Extensions: the seed of the first image, the steps, the guidance scale.
+    #[serde(default)]
+    pub seed: Option<u64>,
+    #[serde(default)]
+    pub steps: Option<usize>,
+    #[serde(default)]
+    pub guidance: Option<f32>,
+    /// `/v1/images/edits`: one image (base64 or a data URL), or a list of them
+    /// as strings or `{"image_url": …}` objects.
+    #[serde(default)]
+    pub image: Option<OneOrMany>,
+    #[serde(default)]
+    pub images: Option<OneOrMany>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum OneOrMany {
+    One(ImageField),
+    Many(Vec<ImageField>),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum ImageField {
+    Text(String),
+    Url { image_url: String },
+}
+
+impl OpenAiRequest {
+    pub fn asked(self, model_default: usize) -> Result<Asked, ApiError> {
+        if let Some(format) = self.response_format.as_deref() {
+            if format != "b64_json" {
+                return Err(ApiError::bad(format!("response_format {format:?}: only \"b64_json\" is served (images are not stored)")));
+            }
+        }
+        let (width, height) = match self.size.as_deref() {
+            None | Some("auto") => (None, None),
+            Some(size) => {
+                let (w, h) = parse_size(size).ok_or_else(|| ApiError::bad(format!("size {size:?}: give \"WIDTHxHEIGHT\", e.g. \"{model_default}x{model_default}\"")))?;
+                (Some(w), Some(h))
+            }
+        };
+        let mut images = Vec::new();
+        for (field, value) in [("image", self.image), ("images", self.images)] {
+            let list = match value {
+                None => Vec::new(),
+                Some(OneOrMany::One(one)) => vec![one],
+                Some(OneOrMany::Many(many)) => many,
+            };
+            for (i, item) in list.into_iter().enumerate() {
+                let text = match item {
+                    ImageField::Text(t) | ImageField::Url { image_url: t } => t,
+                };
+                let name = format!("{field}[{i}]");
+                images.push((name.clone(), decode_base64(&name, &text)?));
+            }
+        }
+        Ok(Asked { prompt: self.prompt, width, height, steps: self.steps, seed: self.seed, guidance: self.guidance, count: self.n.unwrap_or(1), images })
+    }
+}
+
+/// `POST /sdapi/v1/txt2img` and `/sdapi/v1/img2img`.
+#[derive(Debug, Deserialize)]
+pub struct A1111Request {
+    #[serde(default)]
+    pub prompt: String,
+    #[serde(default)]
+    pub negative_prompt: String,
+    #[serde(default)]
+    pub width: Option<usize>,
+    #[serde(default)]
+    pub height: Option<usize>,
+    #[serde(default)]
+    pub steps: Option<usize>,
+    /// -1 (A1111's default): a random seed.
+    #[serde(default)]
+    pub seed: Option<i64>,
+    #[serde(default)]
+    pub cfg_scale: Option<f32>,
+    #[serde(default)]
+    pub batch_size: Option<usize>,
+    #[serde(default)]
+    pub n_iter: Option<usize>,
+    /// img2img: the reference images (base64 or data URLs).
+    #[serde(default)]
+    pub init_images: Vec<String>,
+}
+
+impl A1111Request {
+    pub fn asked(self, guided: &dyn Fn(f32) -> bool) -> Result<Asked, ApiError> {
+        let guidance = self.cfg_scale;
+        if !self.negative_prompt.trim().is_empty() && guidance.is_some_and(guided) {
+            return Err(ApiError::bad("negative_prompt: only the empty negative prompt is supported under guidance"));
+        }
+        let seed = match self.seed {
+            None | Some(-1) => None,
+            Some(s) if s < 0 => return Err(ApiError::bad(format!("seed {s}: give -1 (random) or a seed ≥ 0"))),
+            Some(s) => Some(s as u64),
+        };
+        let count = self.batch_size.unwrap_or(1).saturating_mul(self.n_iter.unwrap_or(1));
+        let images = self
+            .init_images
+            .iter()
+            .enumerate()
+            .map(|(i, text)| {
+                let name = format!("init_images[{i}]");
+                decode_base64(&name, text).map(|b| (name, b))
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Asked { prompt: self.prompt, width: self.width, height: self.height, steps: self.steps, seed, guidance, count, images })
+    }
+}
+
+/// Checks what was asked against the model, the server's limits and the
+/// memory plan; fills in the defaults `gen` uses.
+pub fn check(asked: Asked, pipeline: &Pipeline, limits: &Limits) -> Result<Order, ApiError> {
+    let model = pipeline.model();
+    if asked.prompt.len() > limits.max_prompt_bytes {
+        return Err(ApiError::bad(format!("prompt: {} bytes is over the {}-byte limit (the text encoder reads 512 tokens)", asked.prompt.len(), limits.max_prompt_bytes)));
+    }
+    if asked.count == 0 || asked.count > limits.max_images {
+        return Err(ApiError::bad(format!("{} images: give 1 to {} per request", asked.count, limits.max_images)));
+    }
+    if asked.images.len() > MAX_REFERENCES {
+        return Err(ApiError::bad(format!("{} reference images: at most {MAX_REFERENCES}", asked.images.len())));
+    }
+    let unit = model.vae.latent_cell();
+    let references = asked
+        .images
+        .iter()
+        .map(|(name, bytes)| reference_image::from_bytes(name, bytes, unit).map_err(|e| ApiError::bad(e.to_string())))
+        .collect::<Result<Vec<_>, _>>()?;
+    let first = references.first();
+    let width = asked.width.or(first.map(|r| r.width)).unwrap_or(super::DEFAULT_SIDE);
+    let height = asked.height.or(first.map(|r| r.height)).unwrap_or(super::DEFAULT_SIDE);
+    if width > limits.max_side || height > limits.max_side {
+        return Err(ApiError::bad(format!("size {width}x{height}: each side at most {} on this server", limits.max_side)));
+    }
+    denoise::latent_grid(&model.vae, width, height)
+        .map_err(|e| ApiError::bad(format!("size {width}x{height}: {} {} is not a positive multiple of {} (2 × the VAE scale factor)", e.side, e.pixels, e.cell)))?;
+    let distilled = model.index.is_distilled;
+    let steps = asked.steps.unwrap_or(if distilled { 4 } else { 50 });
+    if steps == 0 || steps > limits.max_steps {
+        return Err(ApiError::bad(format!("steps {steps}: give 1 to {} on this server", limits.max_steps)));
+    }
+    let guidance = asked.guidance.unwrap_or(if distilled { 1.0 } else { 4.0 });
+    if !guidance.is_finite() || guidance < 0.0 {
+        return Err(ApiError::bad(format!("guidance {guidance}: give a finite number ≥ 0")));
+    }
+    let seed = asked.seed.unwrap_or_else(crate::gen::random_seed);
+    let request = Request {
+        width,
+        height,
+        steps,
+        seed,
+        guidance,
+        vae_tile: None,
+        memory_budget: limits.memory_budget,
+        references: references.iter().map(|r| (r.width, r.height)).collect(),
+    };
+    pipeline.plan(&request).map_err(|e| ApiError::bad(format!("{width}x{height}: {}", plan_reason(&e))))?;
+    Ok(Order { prompt: asked.prompt, request, count: asked.count, references })
+}
+
+/// The planner's refusal, naming the server's budget rather than a flag.
+fn plan_reason(e: &flux_lite_platform::RunError) -> String {
+    match e {
+        flux_lite_platform::RunError::Plan(p) => format!("this server's memory budget cannot hold it ({p})"),
+        e => e.to_string(),
+    }
+}
+
+/// "WxH" (also "W*H" or "W×H").
+fn parse_size(size: &str) -> Option<(usize, usize)> {
+    let (w, h) = size.split_once(['x', 'X', '*', '×'])?;
+    Some((w.trim().parse().ok()?, h.trim().parse().ok()?))
+}
+
+/// Base64, bare or as a `data:image/…;base64,` URL.
+fn decode_base64(name: &str, text: &str) -> Result<Vec<u8>, ApiError> {
+    let data = match text.strip_prefix("data:") {
+        Some(url) => url.split_once(";base64,").map(|(_, d)| d).ok_or_else(|| ApiError::bad(format!("{name}: a data URL must be base64 (data:image/png;base64,…)")))?,
+        None => text,
+    };
+    let cleaned: String = data.chars().filter(|c| !c.is_ascii_whitespace()).collect();
+    base64::engine::general_purpose::STANDARD.decode(cleaned).map_err(|e| ApiError::bad(format!("{name}: not base64 ({e})")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_read_as_openai_and_its_neighbours_write_them() {
+        assert_eq!(parse_size("1024x768"), Some((1024, 768)));
+        assert_eq!(parse_size("512*512"), Some((512, 512)));
+        assert_eq!(parse_size("64×48"), Some((64, 48)));
+        assert_eq!(parse_size("big"), None);
+        assert_eq!(parse_size("10x"), None);
+    }
+
+    #[test]
+    fn images_come_as_bare_base64_or_data_urls() {
+        assert_eq!(decode_base64("image", "aGk=").unwrap(), b"hi");
+        assert_eq!(decode_base64("image", "data:image/png;base64,aG\nk=").unwrap(), b"hi");
+        assert!(decode_base64("image", "data:image/png,hi").unwrap_err().message.contains("must be base64"));
+        assert!(decode_base64("init_images[0]", "@@").unwrap_err().message.starts_with("init_images[0]: not base64"));
+    }
+}

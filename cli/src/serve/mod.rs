@@ -1,0 +1,405 @@
+//! `flux-lite serve`: one model loaded once, answering the OpenAI Images API
+//! and AUTOMATIC1111's API over HTTP. axum on tokio parses, checks and waits;
+//! one worker thread owns the GPU and takes jobs from a bounded queue, so a
+//! burst beyond the queue is refused at once (503) instead of piling up.
+
+mod api;
+mod jobs;
+
+use api::{A1111Request, ApiError, Limits, OpenAiRequest};
+use argh::FromArgs;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Path as UrlPath, Request as HttpRequest, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use base64::Engine;
+use jobs::{Jobs, Outcome, Picture, Worker};
+use flux_lite_platform::pipeline::{self, Pipeline};
+use flux_lite_platform::GpuOptions;
+use serde_json::json;
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+/// The image side when a request gives none (as `gen`).
+pub const DEFAULT_SIDE: usize = 1024;
+
+/// The environment variable that may hold the API key instead of `--api-key`.
+pub const API_KEY_VARIABLE: &str = "FLUX_LITE_API_KEY";
+
+/// Serve a model over HTTP: the OpenAI Images API and AUTOMATIC1111's API.
+#[derive(FromArgs, Debug)]
+#[argh(subcommand, name = "serve")]
+pub struct ServeArgs {
+    /// the diffusers model folder, loaded once
+    #[argh(option)]
+    model: PathBuf,
+    /// read the transformer from this folder instead of the model's transformer/
+    #[argh(option)]
+    transformer: Option<PathBuf>,
+    /// the address to listen on (default 127.0.0.1: this machine only)
+    #[argh(option, default = "IpAddr::from([127, 0, 0, 1])")]
+    host: IpAddr,
+    /// the port (default 7860; 0: any free port, printed at start)
+    #[argh(option, default = "7860")]
+    port: u16,
+    /// memory the server may use for one request, device and host together, e.g. 4GiB (default: no limit); components stay loaded between requests while they fit beside it
+    #[argh(option, from_str_fn(crate::budget::parse_memory_budget))]
+    memory_budget: Option<u64>,
+    /// precision tier, as for gen (default auto)
+    #[argh(option, default = "flux_lite_platform::Precision::Auto", from_str_fn(crate::tier::parse_precision))]
+    precision: flux_lite_platform::Precision,
+    /// requests must carry `Authorization: Bearer KEY` (default: the FLUX_LITE_API_KEY variable; none: no key)
+    #[argh(option)]
+    api_key: Option<String>,
+    /// jobs that may wait behind the running one; more are refused with 503 (default 8)
+    #[argh(option, default = "8")]
+    queue: usize,
+    /// images one request may ask for (default 8)
+    #[argh(option, default = "8")]
+    max_images: usize,
+    /// denoising steps one request may ask for (default 100)
+    #[argh(option, default = "100")]
+    max_steps: usize,
+    /// the largest image side a request may ask for, in pixels (default 4096)
+    #[argh(option, default = "4096")]
+    max_side: usize,
+    /// the largest request body, in MiB (default 64: room for reference images in base64)
+    #[argh(option, default = "64")]
+    max_body_mib: usize,
+    /// log what each job reused from the one before
+    #[argh(switch)]
+    verbose: bool,
+}
+
+/// What every handler shares.
+#[derive(Debug)]
+struct App {
+    pipeline: Arc<Pipeline>,
+    jobs: Arc<Jobs>,
+    limits: Limits,
+    /// The model's name as `/v1/models` and the A1111 endpoints give it.
+    model_name: String,
+    api_key: Option<String>,
+}
+
+pub fn run(args: &ServeArgs) -> Result<(), String> {
+    if args.queue == 0 || args.max_images == 0 || args.max_steps == 0 || args.max_side == 0 || args.max_body_mib == 0 {
+        return Err("--queue, --max-images, --max-steps, --max-side and --max-body-mib must be at least 1".into());
+    }
+    let api_key = args.api_key.clone().or_else(|| std::env::var(API_KEY_VARIABLE).ok()).filter(|k| !k.is_empty());
+    if !is_loopback(args.host) && api_key.is_none() {
+        eprintln!("warning: listening on {} without an API key: anyone who can reach it can use the GPU (give --api-key or {API_KEY_VARIABLE})", args.host);
+    }
+    let model = pipeline::open_model(&args.model, args.transformer.as_deref()).map_err(|e| e.to_string())?;
+    let interrupt = Arc::new(AtomicBool::new(false));
+    let gpu = GpuOptions { interrupt: Some(interrupt.clone()), precision: args.precision, ..Default::default() };
+    let pipeline = Arc::new(Pipeline::with_model(model, &gpu).map_err(|e| e.to_string())?.keep_loaded(true));
+    eprintln!("adapter: {}", pipeline.gpu().describe());
+    let (jobs, queue) = Jobs::new(args.queue, interrupt);
+    let model_name = args.model.display().to_string();
+    let worker = Worker { pipeline: pipeline.clone(), jobs: jobs.clone(), model_name: model_name.clone(), verbose: args.verbose };
+    let worker = std::thread::Builder::new().name("gpu".into()).spawn(move || worker.run(queue)).map_err(|e| format!("cannot start the GPU worker: {e}"))?;
+    let limits = Limits {
+        max_images: args.max_images,
+        max_steps: args.max_steps,
+        max_side: args.max_side,
+        max_prompt_bytes: crate::prompt::MAX_PROMPT_BYTES as usize,
+        memory_budget: args.memory_budget,
+    };
+    let app = Arc::new(App { pipeline, jobs: jobs.clone(), limits, model_name, api_key });
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().map_err(|e| format!("cannot start the HTTP runtime: {e}"))?;
+    let served = runtime.block_on(async {
+        let address = SocketAddr::new(args.host, args.port);
+        let listener = tokio::net::TcpListener::bind(address).await.map_err(|e| format!("--host {} --port {}: cannot listen: {e}", args.host, args.port))?;
+        let bound = listener.local_addr().map_err(|e| e.to_string())?;
+        eprintln!("listening on http://{bound}");
+        let router = router(app.clone(), args.max_body_mib << 20);
+        axum::serve(listener, router).with_graceful_shutdown(stop_signal(jobs.clone())).await.map_err(|e| format!("the server stopped: {e}"))
+    });
+    // The listener is closed and every request answered; the worker ends once the queue is drained.
+    jobs.shut_down();
+    let _ = worker.join();
+    served?;
+    eprintln!("stopped");
+    Ok(())
+}
+
+fn router(app: Arc<App>, max_body: usize) -> Router {
+    Router::new()
+        .route("/health", get(health))
+        .route("/v1/models", get(models))
+        .route("/v1/images/generations", post(openai_generations))
+        .route("/v1/images/edits", post(openai_generations))
+        .route("/v1/jobs", get(list_jobs))
+        .route("/v1/jobs/{id}", get(show_job).delete(cancel_job))
+        .route("/sdapi/v1/txt2img", post(a1111_generate))
+        .route("/sdapi/v1/img2img", post(a1111_generate))
+        .route("/sdapi/v1/progress", get(a1111_progress))
+        .route("/sdapi/v1/interrupt", post(a1111_interrupt))
+        .route("/sdapi/v1/sd-models", get(a1111_models))
+        .route("/sdapi/v1/options", get(a1111_options).post(a1111_set_options))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(axum::middleware::from_fn_with_state(app.clone(), authorize))
+        .layer(DefaultBodyLimit::max(max_body))
+        .with_state(app)
+}
+
+/// Ctrl-C or SIGTERM: no new requests; the running job stops at its next
+/// block and the queued ones are answered 503.
+async fn stop_signal(jobs: Arc<Jobs>) {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {},
+        () = term => {},
+    }
+    eprintln!("stopping: no new requests; the running job is stopped, queued ones are answered 503");
+    jobs.shut_down();
+}
+
+fn is_loopback(ip: IpAddr) -> bool {
+    ip.is_loopback()
+}
+
+/// With an API key, every request but `/health` carries it as a bearer token.
+async fn authorize(State(app): State<Arc<App>>, request: HttpRequest, next: Next) -> Response {
+    let Some(key) = &app.api_key else { return next.run(request).await };
+    if request.uri().path() == "/health" {
+        return next.run(request).await;
+    }
+    let given = request.headers().get(axum::http::header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
+    match given {
+        Some(g) if constant_time_eq(g.as_bytes(), key.as_bytes()) => next.run(request).await,
+        _ => ApiError::new(StatusCode::UNAUTHORIZED, "missing or wrong API key (Authorization: Bearer KEY)").into_response(),
+    }
+}
+
+/// Compares without returning early, so the time taken does not tell how much of a key matched.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |d, (x, y)| d | (x ^ y)) == 0
+}
+
+async fn not_found() -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, "no such endpoint (see README: /v1/images/generations, /sdapi/v1/txt2img, /health, …)")
+}
+
+async fn method_not_allowed() -> ApiError {
+    ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "this endpoint does not take that method")
+}
+
+async fn health(State(app): State<Arc<App>>) -> Json<serde_json::Value> {
+    Json(json!({
+        "status": "ok",
+        "model": app.model_name,
+        "adapter": app.pipeline.gpu().describe(),
+        "jobs_waiting": app.jobs.waiting(),
+        "running": app.jobs.running().map(|j| j.id.clone()),
+    }))
+}
+
+async fn models(State(app): State<Arc<App>>) -> Json<serde_json::Value> {
+    Json(json!({ "object": "list", "data": [{ "id": app.model_name, "object": "model", "created": 0, "owned_by": "flux-lite" }] }))
+}
+
+/// A JSON body, or the one-line 4xx that says why not.
+fn parse<T: serde::de::DeserializeOwned>(body: Result<Bytes, BytesRejection>) -> Result<T, ApiError> {
+    let body = body.map_err(|e| ApiError::new(e.status(), format!("the request body: {}", one_line(&e.body_text()))))?;
+    serde_json::from_slice(&body).map_err(|e| ApiError::bad(format!("the request body is not the JSON expected: {e}")))
+}
+
+fn one_line(text: &str) -> String {
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// The client's `X-Job-Id`, if it gave one it can poll and cancel by.
+fn job_id(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
+    let Some(value) = headers.get("x-job-id") else { return Ok(None) };
+    let id = value.to_str().map_err(|_| ApiError::bad("X-Job-Id: not text"))?;
+    let ok = !id.is_empty() && id.len() <= 64 && id.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.');
+    if !ok {
+        return Err(ApiError::bad("X-Job-Id: 1 to 64 of A-Z a-z 0-9 - _ ."));
+    }
+    Ok(Some(id.to_string()))
+}
+
+/// Queues the order and waits for its images. If the client goes away
+/// first, its job is cancelled (axum drops this future).
+async fn run_order(app: &App, order: api::Order, id: Option<String>) -> Result<(String, Vec<Picture>), ApiError> {
+    let (state, outcome) = app.jobs.submit(order, id)?;
+    let guard = CancelOnDrop { jobs: app.jobs.clone(), state: Some(state.clone()) };
+    let outcome: Outcome = outcome.await.unwrap_or_else(|_| Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the GPU worker stopped")));
+    guard.disarm();
+    outcome.map(|pictures| (state.id.clone(), pictures))
+}
+
+/// Cancels a job whose client is gone.
+struct CancelOnDrop {
+    jobs: Arc<Jobs>,
+    state: Option<Arc<jobs::JobState>>,
+}
+
+impl CancelOnDrop {
+    fn disarm(mut self) {
+        self.state = None;
+    }
+}
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        if let Some(state) = self.state.take() {
+            if self.jobs.cancel(&state) {
+                eprintln!("{}: the client went away; cancelled", state.id);
+            }
+        }
+    }
+}
+
+fn with_job_header(mut response: Response, id: &str) -> Response {
+    if let Ok(v) = HeaderValue::from_str(id) {
+        response.headers_mut().insert("x-job-id", v);
+    }
+    response
+}
+
+fn b64(bytes: &[u8]) -> String {
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+fn now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+async fn openai_generations(State(app): State<Arc<App>>, headers: HeaderMap, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+    let id = job_id(&headers)?;
+    let asked = parse::<OpenAiRequest>(body)?.asked(DEFAULT_SIDE)?;
+    let prompt = asked.prompt.clone();
+    let order = checked(&app, asked).await?;
+    let (id, pictures) = run_order(&app, order, id).await?;
+    let data: Vec<serde_json::Value> = pictures.iter().map(|p| json!({ "b64_json": b64(&p.png), "revised_prompt": prompt, "seed": p.seed })).collect();
+    Ok(with_job_header(Json(json!({ "created": now(), "data": data })).into_response(), &id))
+}
+
+async fn a1111_generate(State(app): State<Arc<App>>, headers: HeaderMap, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+    let id = job_id(&headers)?;
+    let raw: serde_json::Value = parse(body)?;
+    let request: A1111Request = serde_json::from_value(raw.clone()).map_err(|e| ApiError::bad(format!("the request body is not the JSON expected: {e}")))?;
+    let pipeline = app.pipeline.clone();
+    let asked = request.asked(&|g| pipeline::uses_guidance(pipeline.model(), g))?;
+    let prompt = asked.prompt.clone();
+    let order = checked(&app, asked).await?;
+    let (width, height, steps, guidance) = (order.request.width, order.request.height, order.request.steps, order.request.guidance);
+    let (id, pictures) = run_order(&app, order, id).await?;
+    let seeds: Vec<u64> = pictures.iter().map(|p| p.seed).collect();
+    let info = json!({
+        "prompt": prompt,
+        "all_prompts": vec![&prompt; seeds.len()],
+        "seed": seeds.first(),
+        "all_seeds": seeds,
+        "width": width,
+        "height": height,
+        "steps": steps,
+        "cfg_scale": guidance,
+        "sd_model_name": app.model_name,
+        "job": id,
+    });
+    let mut parameters = raw;
+    if let Some(p) = parameters.as_object_mut() {
+        // The echo leaves out the images sent: they can be megabytes.
+        p.remove("init_images");
+    }
+    let body = json!({ "images": pictures.iter().map(|p| b64(&p.png)).collect::<Vec<_>>(), "parameters": parameters, "info": info.to_string() });
+    Ok(with_job_header(Json(body).into_response(), &id))
+}
+
+/// Checks an order off the runtime's threads (decoding reference images and planning take a moment).
+async fn checked(app: &Arc<App>, asked: api::Asked) -> Result<api::Order, ApiError> {
+    let app = app.clone();
+    tokio::task::spawn_blocking(move || api::check(asked, &app.pipeline, &app.limits))
+        .await
+        .unwrap_or_else(|e| Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, format!("checking the request failed: {e}"))))
+}
+
+async fn list_jobs(State(app): State<Arc<App>>) -> Json<serde_json::Value> {
+    Json(json!({ "jobs": app.jobs.list().iter().map(|j| j.to_json()).collect::<Vec<_>>() }))
+}
+
+async fn show_job(State(app): State<Arc<App>>, UrlPath(id): UrlPath<String>) -> Result<Json<serde_json::Value>, ApiError> {
+    let job = app.jobs.find(&id).ok_or_else(|| no_job(&id))?;
+    Ok(Json(job.to_json()))
+}
+
+async fn cancel_job(State(app): State<Arc<App>>, UrlPath(id): UrlPath<String>) -> Result<Json<serde_json::Value>, ApiError> {
+    let job = app.jobs.find(&id).ok_or_else(|| no_job(&id))?;
+    if !app.jobs.cancel(&job) {
+        return Err(ApiError::new(StatusCode::CONFLICT, format!("job {id} has already finished ({})", job.status().name())));
+    }
+    Ok(Json(json!({ "id": id, "cancelled": true })))
+}
+
+fn no_job(id: &str) -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, format!("no job {id} (finished jobs are forgotten after a while)"))
+}
+
+/// AUTOMATIC1111's progress of the running job.
+async fn a1111_progress(State(app): State<Arc<App>>) -> Json<serde_json::Value> {
+    let running = app.jobs.running();
+    let p = running.as_ref().map(|j| j.progress()).unwrap_or_default();
+    let steps = running.as_ref().map_or(0, |j| j.order.steps);
+    Json(json!({
+        "progress": p.fraction,
+        "eta_relative": 0.0,
+        "state": {
+            "skipped": false,
+            "interrupted": running.as_ref().is_some_and(|j| j.cancel_requested()),
+            "job": running.as_ref().map_or(String::new(), |j| j.id.clone()),
+            "job_count": app.jobs.waiting(),
+            "job_no": p.image,
+            "sampling_step": p.step,
+            "sampling_steps": steps,
+        },
+        "current_image": null,
+        "textinfo": null,
+    }))
+}
+
+/// AUTOMATIC1111's interrupt: stops the running job.
+async fn a1111_interrupt(State(app): State<Arc<App>>) -> Json<serde_json::Value> {
+    let cancelled = app.jobs.running().map(|j| {
+        app.jobs.cancel(&j);
+        j.id.clone()
+    });
+    Json(json!({ "cancelled": cancelled }))
+}
+
+async fn a1111_models(State(app): State<Arc<App>>) -> Json<serde_json::Value> {
+    Json(json!([{ "title": app.model_name, "model_name": app.model_name, "filename": app.model_name }]))
+}
+
+async fn a1111_options(State(app): State<Arc<App>>) -> Json<serde_json::Value> {
+    Json(json!({ "sd_model_checkpoint": app.model_name }))
+}
+
+/// Front ends set options (the checkpoint, …); one model is served, so they change nothing.
+async fn a1111_set_options(body: Result<Bytes, BytesRejection>) -> Result<Json<serde_json::Value>, ApiError> {
+    let _: serde_json::Value = parse(body)?;
+    Ok(Json(json!({})))
+}
