@@ -110,3 +110,40 @@ fn bad_batch_flags_are_one_error_line_each() {
     }
     assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1, "only the prompt file is there");
 }
+
+/// The library door: a pipeline opened with `keep_loaded` makes the same
+/// pixels as `gen` twice, the second time with every component reused; under
+/// a budget with no room beside the plan, it keeps nothing.
+#[test]
+fn the_library_reuses_what_it_keeps_and_makes_the_pixels_gen_makes() {
+    use flux_lite_platform::pipeline::{Batch, Options, Pipeline, Prompt, Request, Silent};
+    let dir = scratch_dir("batch-library");
+    let want = single(&dir, FOX, 42);
+    let gpu = flux_lite_platform::GpuOptions { precision: flux_lite_platform::Precision::F32, ..Default::default() };
+    let pipeline = Pipeline::open(&model_dir("tiny-a"), Options { gpu, transformer: None, keep_loaded: true }).unwrap();
+    let mut request = Request { width: 32, height: 32, steps: 1, seed: 42, guidance: 1.0, vae_tile: None, memory_budget: None, references: Vec::new() };
+    let batch = Batch::single(Prompt::Text(FOX.into()), 42);
+    let run = |request: &Request| {
+        let mut images = Vec::new();
+        let finished = pipeline
+            .generate_batch(&batch, request, &[], &mut Silent, &mut |made| {
+                images.push(made.image.unwrap().rgb);
+                Ok(())
+            })
+            .unwrap();
+        (finished.reused, images)
+    };
+    let (reused, images) = run(&request);
+    assert!(reused.is_empty(), "{reused:?}");
+    assert!(images == [want.clone()], "the library's first image differs from gen's");
+    let (reused, images) = run(&request);
+    assert_eq!(reused, ["text encoder", "transformer", "VAE decoder"]);
+    assert!(images == [want.clone()], "the library's second image (everything reused) differs from gen's");
+    // The smallest budget leaves no room to keep anything beside the largest phase.
+    request.memory_budget = Some(pipeline.plan(&request).unwrap().peak());
+    let (_, images) = run(&request);
+    assert!(images == [want.clone()]);
+    let (reused, images) = run(&request);
+    assert!(reused.is_empty(), "kept {reused:?} beyond the budget");
+    assert!(images == [want], "under a budget");
+}

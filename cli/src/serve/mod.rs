@@ -147,6 +147,7 @@ fn router(app: Arc<App>, max_body: usize) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(app.clone(), authorize))
+        .layer(axum::middleware::from_fn_with_state(max_body, refuse_declared_oversize))
         .layer(DefaultBodyLimit::max(max_body))
         .with_state(app)
 }
@@ -190,6 +191,19 @@ async fn authorize(State(app): State<Arc<App>>, request: HttpRequest, next: Next
     match given {
         Some(g) if constant_time_eq(g.as_bytes(), key.as_bytes()) => next.run(request).await,
         _ => ApiError::new(StatusCode::UNAUTHORIZED, "missing or wrong API key (Authorization: Bearer KEY)").into_response(),
+    }
+}
+
+/// A body whose declared length is over the limit is refused from the
+/// header, before the client uploads it (a body without a declared length
+/// is cut at the limit as it is read).
+async fn refuse_declared_oversize(State(max_body): State<usize>, request: HttpRequest, next: Next) -> Response {
+    let declared = request.headers().get(axum::http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+    match declared {
+        Some(n) if n > max_body as u64 => {
+            ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, format!("the request body: {n} bytes is over this server's {} MiB (--max-body-mib)", max_body >> 20)).into_response()
+        }
+        _ => next.run(request).await,
     }
 }
 

@@ -1,0 +1,333 @@
+//! `flux-lite serve` on loopback, driven by a real HTTP client: both APIs
+//! return the diffusers golden image for the golden request (the same pixels
+//! as `gen`), bad requests get a one-line JSON 4xx and the server goes on, a
+//! burst beyond the queue gets 503 for the excess and the right image for
+//! each seed of the rest, jobs can be watched and cancelled, the API key is
+//! enforced, and SIGTERM stops the server cleanly.
+
+#![allow(clippy::unwrap_used)]
+
+use base64::Engine;
+use flux_lite_tests::{model_dir, read_png, scratch_dir, Goldens};
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// A running server, killed when dropped; its stderr collected.
+struct Server {
+    child: Child,
+    url: String,
+    log: Arc<Mutex<String>>,
+}
+
+impl Server {
+    fn start(extra: &[&str]) -> Self {
+        let model = model_dir("tiny-a");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_flux-lite"))
+            .args(["serve", "--model", model.to_str().unwrap(), "--port", "0", "--precision", "f32"])
+            .args(extra)
+            .stderr(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        let log = Arc::new(Mutex::new(String::new()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let stderr = child.stderr.take().unwrap();
+        let sink = log.clone();
+        // Drained all along: a full pipe would stall the server.
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Some(url) = line.strip_prefix("listening on ") {
+                    let _ = tx.send(url.to_string());
+                }
+                sink.lock().unwrap().push_str(&format!("{line}\n"));
+            }
+        });
+        let url = rx.recv_timeout(Duration::from_secs(120)).unwrap_or_else(|_| panic!("the server did not start: {}", log.lock().unwrap()));
+        Self { child, url, log }
+    }
+
+    fn log(&self) -> String {
+        self.log.lock().unwrap().clone()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn agent() -> ureq::Agent {
+    ureq::Agent::config_builder().http_status_as_error(false).build().into()
+}
+
+/// `(status, body)` of a request with an optional JSON body and headers.
+fn call(method: &str, url: &str, body: Option<&str>, headers: &[(&str, &str)]) -> (u16, String) {
+    let agent = agent();
+    let mut response = match (method, body) {
+        ("GET", _) => headers.iter().fold(agent.get(url), |r, (k, v)| r.header(*k, *v)).call(),
+        ("DELETE", _) => headers.iter().fold(agent.delete(url), |r, (k, v)| r.header(*k, *v)).call(),
+        (_, body) => headers.iter().fold(agent.post(url), |r, (k, v)| r.header(*k, *v)).header("content-type", "application/json").send(body.unwrap_or("")),
+    }
+    .unwrap_or_else(|e| panic!("{method} {url}: {e}"));
+    let status = response.status().as_u16();
+    let text = response.body_mut().with_config().limit(64 << 20).read_to_string().unwrap();
+    (status, text)
+}
+
+fn post(server: &Server, path: &str, body: &str) -> (u16, String) {
+    call("POST", &format!("{}{path}", server.url), Some(body), &[])
+}
+
+fn json(text: &str) -> serde_json::Value {
+    serde_json::from_str(text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
+}
+
+/// The RGB of a base64 PNG.
+fn rgb_of(b64: &str, dir: &Path, name: &str) -> flux_lite_tests::Png {
+    let bytes = base64::engine::general_purpose::STANDARD.decode(b64).unwrap();
+    let path = dir.join(name);
+    std::fs::write(&path, bytes).unwrap();
+    read_png(&path)
+}
+
+/// `gen`'s PNG for tiny-a at `size` with `steps`, `seed` and `prompt`.
+fn gen_png(dir: &Path, prompt: &str, size: (usize, usize), steps: usize, seed: u64) -> flux_lite_tests::Png {
+    let out = dir.join(format!("gen-{seed}-{steps}.png"));
+    let model = model_dir("tiny-a");
+    let (w, h, steps, seed) = (size.0.to_string(), size.1.to_string(), steps.to_string(), seed.to_string());
+    let run = Command::new(env!("CARGO_BIN_EXE_flux-lite"))
+        .args(["gen", "--model", model.to_str().unwrap(), "--prompt", prompt, "--width", &w, "--height", &h, "--steps", &steps, "--seed", &seed])
+        .args(["--precision", "f32", "--quiet", "--output", out.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    read_png(&out)
+}
+
+fn golden_case(case: &str) -> (String, u64, usize, (usize, usize), flux_lite_tests::Png) {
+    let c = Goldens::load(case).case_json();
+    let n = |k: &str| c[k].as_u64().unwrap();
+    let png = read_png(&Goldens::dir(case).join("image.png"));
+    (c["prompt"].as_str().unwrap().to_string(), n("seed"), n("steps") as usize, (n("width") as usize, n("height") as usize), png)
+}
+
+#[test]
+fn both_apis_return_the_golden_image_with_the_pixels_gen_makes() {
+    let dir = scratch_dir("serve-golden");
+    let server = Server::start(&[]);
+    // OpenAI: the four-step case at the distilled model's default of 4 steps.
+    let (prompt, seed, steps, (w, h), golden) = golden_case("tiny-a/four-step-wide");
+    assert_eq!(steps, 4);
+    let body = serde_json::json!({ "model": "flux", "prompt": prompt, "n": 1, "size": format!("{w}x{h}"), "seed": seed, "response_format": "b64_json" });
+    let (status, text) = post(&server, "/v1/images/generations", &body.to_string());
+    assert_eq!(status, 200, "{text}");
+    let reply = json(&text);
+    let png = rgb_of(reply["data"][0]["b64_json"].as_str().unwrap(), &dir, "openai.png");
+    flux_lite_tests::tolerance::assert_png_close("OpenAI API against diffusers", &png.rgb, &golden.rgb);
+    assert!(png.rgb == gen_png(&dir, &prompt, (w, h), steps, seed).rgb, "the OpenAI API's pixels differ from gen's");
+    assert_eq!(reply["data"][0]["seed"], seed);
+
+    // AUTOMATIC1111: the one-step case.
+    let (prompt, seed, steps, (w, h), golden) = golden_case("tiny-a/one-step");
+    let body = serde_json::json!({ "prompt": prompt, "negative_prompt": "", "width": w, "height": h, "steps": steps, "seed": seed, "cfg_scale": 1.0, "batch_size": 1, "sampler_name": "Euler" });
+    let (status, text) = post(&server, "/sdapi/v1/txt2img", &body.to_string());
+    assert_eq!(status, 200, "{text}");
+    let reply = json(&text);
+    let png = rgb_of(reply["images"][0].as_str().unwrap(), &dir, "a1111.png");
+    flux_lite_tests::tolerance::assert_png_close("AUTOMATIC1111 API against diffusers", &png.rgb, &golden.rgb);
+    assert!(png.rgb == gen_png(&dir, &prompt, (w, h), steps, seed).rgb, "the A1111 API's pixels differ from gen's");
+    let info = json(reply["info"].as_str().unwrap());
+    assert_eq!(info["all_seeds"], serde_json::json!([seed]));
+    assert_eq!(png.text.iter().find(|(k, _)| k == "seed").map(|(_, v)| v.clone()), Some(seed.to_string()));
+}
+
+#[test]
+fn bad_requests_get_a_one_line_json_4xx_and_the_server_keeps_serving() {
+    let server = Server::start(&["--max-body-mib", "1", "--max-images", "4", "--max-steps", "8"]);
+    let cases: Vec<(&str, String, u16, &str)> = vec![
+        ("/v1/images/generations", "{not json".into(), 400, "not the JSON expected"),
+        ("/v1/images/generations", r#"{"prompt": 5}"#.into(), 400, "invalid type"),
+        ("/v1/images/generations", r#"{"prompt": "x", "n": "two"}"#.into(), 400, "invalid type"),
+        ("/v1/images/generations", r#"{"size": "32x32"}"#.into(), 400, "missing field `prompt`"),
+        ("/v1/images/generations", r#"{"prompt": "x", "size": "30x32"}"#.into(), 400, "size 30x32"),
+        ("/v1/images/generations", r#"{"prompt": "x", "size": "huge"}"#.into(), 400, "WIDTHxHEIGHT"),
+        ("/v1/images/generations", r#"{"prompt": "x", "size": "32x32", "n": 5}"#.into(), 400, "give 1 to 4"),
+        ("/v1/images/generations", r#"{"prompt": "x", "size": "32x32", "response_format": "url"}"#.into(), 400, "b64_json"),
+        ("/v1/images/generations", r#"{"prompt": "x", "size": "32x32", "image": "@@@"}"#.into(), 400, "image[0]: not base64"),
+        ("/v1/images/generations", r#"{"prompt": "x", "size": "32x32", "image": "aGVsbG8="}"#.into(), 400, "image[0]: not a PNG or JPEG"),
+        ("/sdapi/v1/txt2img", r#"{"prompt": "x", "width": 32, "height": 32, "steps": 9}"#.into(), 400, "steps 9"),
+        ("/sdapi/v1/txt2img", r#"{"prompt": "x", "width": 32, "height": 32, "seed": -5}"#.into(), 400, "seed -5"),
+        ("/sdapi/v1/txt2img", r#"{"prompt": "x", "width": 32, "height": 32, "batch_size": 0}"#.into(), 400, "0 images"),
+        ("/sdapi/v1/txt2img", r#"{"prompt": "x", "width": 8192, "height": 32}"#.into(), 400, "at most 4096"),
+        ("/nowhere", "{}".into(), 404, "no such endpoint"),
+    ];
+    for (path, body, want, says) in &cases {
+        let (status, text) = post(&server, path, body);
+        assert_eq!(status, *want, "{path} {}: {text}", &body[..body.len().min(60)]);
+        assert!(!text.contains('\n'), "one line: {text}");
+        let message = json(&text)["error"]["message"].as_str().unwrap_or_else(|| panic!("no error.message: {text}")).to_string();
+        assert!(message.contains(says), "{path}: {message:?} should say {says:?}");
+    }
+    let (status, text) = declare_a_huge_body(&server, 2 << 20);
+    assert_eq!(status, 413, "{text}");
+    assert!(json(&text)["error"]["message"].as_str().unwrap().contains("request body"), "{text}");
+    let (status, text) = call("GET", &format!("{}/v1/images/generations", server.url), None, &[]);
+    assert_eq!(status, 405, "{text}");
+    assert!(json(&text)["error"]["message"].is_string());
+    // Still serving, and nothing was queued by the bad requests.
+    let (status, text) = post(&server, "/v1/images/generations", r#"{"prompt": "a red fox in the snow", "size": "32x32", "steps": 1, "seed": 3}"#);
+    assert_eq!(status, 200, "{text}");
+    let (_, jobs) = call("GET", &format!("{}/v1/jobs", server.url), None, &[]);
+    assert_eq!(json(&jobs)["jobs"].as_array().unwrap().len(), 1, "{jobs}");
+    assert!(!server.log().contains("panicked"), "{}", server.log());
+}
+
+#[test]
+fn a_burst_beyond_the_queue_gets_503_for_the_excess_and_each_seeds_image_for_the_rest() {
+    let dir = scratch_dir("serve-burst");
+    const BURST: u64 = 6;
+    // The expected images: one batch of the same seeds (a batch's images are its single runs').
+    let model = model_dir("tiny-a");
+    let out = dir.join("want.png");
+    let run = Command::new(env!("CARGO_BIN_EXE_flux-lite"))
+        .args(["gen", "--model", model.to_str().unwrap(), "--prompt", "a red fox in the snow", "--width", "32", "--height", "32", "--steps", "2"])
+        .args(["--seed", "100", "--count", &BURST.to_string(), "--precision", "f32", "--quiet", "--output", out.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    let server = Server::start(&["--queue", "1"]);
+    let url = format!("{}/sdapi/v1/txt2img", server.url);
+    let threads: Vec<_> = (0..BURST)
+        .map(|i| {
+            let url = url.clone();
+            std::thread::spawn(move || {
+                let body = serde_json::json!({ "prompt": "a red fox in the snow", "width": 32, "height": 32, "steps": 2, "seed": 100 + i });
+                (i, call("POST", &url, Some(&body.to_string()), &[]))
+            })
+        })
+        .collect();
+    let (mut served, mut refused) = (0, 0);
+    for t in threads {
+        let (i, (status, text)) = t.join().unwrap();
+        match status {
+            200 => {
+                let reply = json(&text);
+                assert_eq!(json(reply["info"].as_str().unwrap())["seed"], 100 + i, "request {i} got another request's image");
+                let got = rgb_of(reply["images"][0].as_str().unwrap(), &dir, &format!("got-{i}.png"));
+                let want = read_png(&dir.join(format!("want-{:04}.png", i + 1)));
+                assert!(got.rgb == want.rgb, "request {i} (seed {}): not the image of its seed", 100 + i);
+                served += 1;
+            }
+            503 => {
+                assert!(json(&text)["error"]["message"].as_str().unwrap().contains("queue is full"), "{text}");
+                refused += 1;
+            }
+            other => panic!("request {i}: {other} {text}"),
+        }
+    }
+    eprintln!("burst of {BURST}: {served} served, {refused} refused");
+    assert!(served >= 1 && refused >= 1 && served + refused == BURST, "{served} served, {refused} refused");
+    // The queue is free again.
+    let body = serde_json::json!({ "prompt": "a red fox in the snow", "width": 32, "height": 32, "steps": 2, "seed": 100 });
+    let (status, text) = call("POST", &url, Some(&body.to_string()), &[]);
+    assert_eq!(status, 200, "{text}");
+}
+
+/// A POST whose header declares `bytes` of body, of which only the start is
+/// sent: the server answers from the header alone (a client that went on
+/// writing would meet a closed connection).
+fn declare_a_huge_body(server: &Server, bytes: usize) -> (u16, String) {
+    use std::io::{Read, Write};
+    let address = server.url.trim_start_matches("http://");
+    let mut stream = std::net::TcpStream::connect(address).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let head = format!("POST /v1/images/generations HTTP/1.1\r\nHost: {address}\r\nContent-Type: application/json\r\nContent-Length: {bytes}\r\nConnection: close\r\n\r\n{{\"prompt\": \"");
+    stream.write_all(head.as_bytes()).unwrap();
+    let mut reply = String::new();
+    let _ = stream.read_to_string(&mut reply);
+    let status = reply.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("no status line: {reply:?}"));
+    let body = reply.split_once("\r\n\r\n").map_or(String::new(), |(_, b)| b.to_string());
+    (status, body)
+}
+
+/// Polls `GET /v1/jobs/{id}` until `status` (or panics after a minute).
+fn wait_for(server: &Server, id: &str, status: &str) -> serde_json::Value {
+    let started = Instant::now();
+    loop {
+        let (code, text) = call("GET", &format!("{}/v1/jobs/{id}", server.url), None, &[]);
+        if code == 200 && json(&text)["status"] == status {
+            return json(&text);
+        }
+        assert!(started.elapsed() < Duration::from_secs(60), "job {id} never became {status}: {code} {text}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_running_job_can_be_watched_and_cancelled_and_the_server_goes_on() {
+    let server = Server::start(&["--max-steps", "200"]);
+    let url = format!("{}/v1/images/generations", server.url);
+    let long = std::thread::spawn(move || {
+        let body = r#"{"prompt": "a red fox in the snow", "size": "32x32", "steps": 200, "seed": 1}"#;
+        call("POST", &url, Some(body), &[("X-Job-Id", "long-one")])
+    });
+    wait_for(&server, "long-one", "running");
+    let (_, progress) = call("GET", &format!("{}/sdapi/v1/progress", server.url), None, &[]);
+    let progress = json(&progress);
+    assert_eq!(progress["state"]["job"], "long-one", "{progress}");
+    assert_eq!(progress["state"]["sampling_steps"], 200);
+    let (status, text) = call("DELETE", &format!("{}/v1/jobs/long-one", server.url), None, &[]);
+    assert_eq!(status, 200, "{text}");
+    let (status, text) = long.join().unwrap();
+    assert_eq!(status, 409, "{text}");
+    assert!(text.contains("long-one was cancelled"), "{text}");
+    assert_eq!(wait_for(&server, "long-one", "cancelled")["steps"], 200);
+    let (status, text) = call("DELETE", &format!("{}/v1/jobs/long-one", server.url), None, &[]);
+    assert_eq!(status, 409, "a finished job cannot be cancelled: {text}");
+    let (status, text) = post(&server, "/v1/images/generations", r#"{"prompt": "a red fox in the snow", "size": "32x32", "steps": 1, "seed": 2}"#);
+    assert_eq!(status, 200, "the server goes on after a cancel: {text}");
+}
+
+#[test]
+fn with_an_api_key_only_health_answers_without_it() {
+    let server = Server::start(&["--api-key", "s3cret"]);
+    assert_eq!(call("GET", &format!("{}/health", server.url), None, &[]).0, 200);
+    let (status, text) = call("GET", &format!("{}/v1/models", server.url), None, &[]);
+    assert_eq!(status, 401, "{text}");
+    assert_eq!(call("GET", &format!("{}/v1/models", server.url), None, &[("Authorization", "Bearer wrong")]).0, 401);
+    let (status, text) = call("GET", &format!("{}/v1/models", server.url), None, &[("Authorization", "Bearer s3cret")]);
+    assert_eq!(status, 200, "{text}");
+    assert!(json(&text)["data"][0]["id"].as_str().unwrap().contains("tiny-a"));
+}
+
+#[cfg(unix)]
+#[test]
+fn sigterm_stops_the_running_job_answers_it_and_exits_cleanly() {
+    let mut server = Server::start(&["--max-steps", "500"]);
+    let url = format!("{}/v1/images/generations", server.url);
+    let long = std::thread::spawn(move || {
+        let body = r#"{"prompt": "a red fox in the snow", "size": "32x32", "steps": 500, "seed": 1}"#;
+        call("POST", &url, Some(body), &[("X-Job-Id", "stopped-by-term")])
+    });
+    wait_for(&server, "stopped-by-term", "running");
+    let pid = server.child.id().to_string();
+    assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    let (status, text) = long.join().unwrap();
+    assert_eq!(status, 503, "{text}");
+    assert!(text.contains("shutting down"), "{text}");
+    let started = Instant::now();
+    let exit = loop {
+        if let Some(status) = server.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(started.elapsed() < Duration::from_secs(30), "the server did not exit: {}", server.log());
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(exit.success(), "{exit:?}: {}", server.log());
+    assert!(server.log().contains("stopped"), "{}", server.log());
+}
