@@ -42,6 +42,18 @@ fn unknown_backend_is_only_an_error_line() {
     assert!(line.contains("FLUX_LITE_BACKEND") && line.contains("glide"), "{line}");
 }
 
+#[test]
+fn an_adapter_is_picked_by_index_or_name_and_a_wrong_one_lists_them() {
+    let out = flux_lite(&["gpu"], &[("FLUX_LITE_ADAPTER", "no-such-gpu")]);
+    let line = only_an_error_line(&out);
+    assert!(line.contains("FLUX_LITE_ADAPTER=no-such-gpu names none of the adapters (0: "), "{line}");
+    for pick in ["0", "llvmpipe"] {
+        let out = flux_lite(&["gpu"], &[("FLUX_LITE_ADAPTER", pick)]);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success() && stdout.contains("llvmpipe"), "{pick}: {stdout}");
+    }
+}
+
 /// `gen --verbose` with `extra` flags and environment: (exit ok, stderr).
 fn verbose_gen(extra: &[&str], env: &[(&str, &str)]) -> (bool, String) {
     let dir = flux_lite_tests::scratch_dir(&format!("cli-tier-{}{}", extra.join(""), env.iter().map(|(_, v)| *v).collect::<String>()));

@@ -270,6 +270,24 @@ pub struct DeviceMemory {
     pub allocations: u64,
 }
 
+/// Picks one adapter of several (one server per GPU): its index among the
+/// backend's adapters (a wrong one lists them), or a part of its name.
+pub const ADAPTER_VARIABLE: &str = "FLUX_LITE_ADAPTER";
+
+/// The adapter `wanted` names: an index into the backend's adapters, or a
+/// case-insensitive part of one's name.
+fn pick_adapter(instance: &wgpu::Instance, backend: Backend, wanted: &str) -> Result<wgpu::Adapter, GpuError> {
+    let adapters = pollster::block_on(instance.enumerate_adapters(backend.wgpu()));
+    let names: Vec<String> = adapters.iter().map(|a| a.get_info().name).collect();
+    let index = match wanted.parse::<usize>() {
+        Ok(i) => Some(i).filter(|&i| i < adapters.len()),
+        Err(_) => names.iter().position(|n| n.to_lowercase().contains(&wanted.to_lowercase())),
+    };
+    let listed = names.iter().enumerate().map(|(i, n)| format!("{i}: {n}")).collect::<Vec<_>>().join(", ");
+    let detail = format!("{ADAPTER_VARIABLE}={wanted} names none of the adapters ({listed})");
+    index.and_then(|i| adapters.into_iter().nth(i)).ok_or(GpuError::NoAdapter { backend: backend.name(), detail })
+}
+
 impl Gpu {
     pub fn new(options: &GpuOptions) -> Result<Self, GpuError> {
         let backend = match options.backend {
@@ -279,11 +297,14 @@ impl Gpu {
         let mut desc = wgpu::InstanceDescriptor::new_without_display_handle_from_env();
         desc.backends = backend.wgpu();
         let instance = wgpu::Instance::new(desc);
-        let adapter = pollster::block_on(instance.request_adapter(&wgpu::RequestAdapterOptions {
-            power_preference: wgpu::PowerPreference::HighPerformance,
-            ..Default::default()
-        }))
-        .map_err(|e| GpuError::NoAdapter { backend: backend.name(), detail: e.to_string() })?;
+        let adapter = match std::env::var(ADAPTER_VARIABLE) {
+            Ok(wanted) if !wanted.is_empty() => pick_adapter(&instance, backend, &wanted)?,
+            _ => pollster::block_on(instance.request_adapter(&wgpu::RequestAdapterOptions {
+                power_preference: wgpu::PowerPreference::HighPerformance,
+                ..Default::default()
+            }))
+            .map_err(|e| GpuError::NoAdapter { backend: backend.name(), detail: e.to_string() })?,
+        };
         let mut limits = adapter.limits();
         if let Some(cap) = options.max_storage_binding {
             limits.max_storage_buffer_binding_size = limits.max_storage_buffer_binding_size.min(cap);
