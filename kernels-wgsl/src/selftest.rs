@@ -11,7 +11,7 @@ use crate::kernels::conv::{conv2d, upsample_nearest2x};
 use crate::kernels::elementwise::{elementwise, transpose, Elementwise};
 use crate::kernels::vae::{denorm_unpatchify, pixel_levels, LatentStats};
 use crate::kernels::linear::{linear, Gemm};
-use crate::kernels::norm::{group_norm, layer_norm_modulate, rms_norm, GroupAffine, Groups, RowNorm};
+use crate::kernels::norm::{group_norm, group_norm_apply, group_stats, layer_norm_modulate, rms_norm, rms_norm_inplace, GroupAffine, Groups, RowNorm};
 use crate::kernels::rope::{rope, RopeShape, RopeStyle, RopeTables};
 use crate::{DeviceBuffer, Gpu, GpuError, Mat, Precision, Weight};
 use flux_lite_core::oracle::{self as r, ConvShape, Weights};
@@ -118,8 +118,10 @@ fn product_bound(gpu: &Gpu) -> f64 {
 }
 
 /// The product kernels on `gpu`'s tier: linear (bf16 weights with bias),
-/// a 3×3 convolution and attention (the transformer's, and the text
-/// encoder's causal grouped-query one), each at sizes off every tile edge.
+/// a 3×3 convolution and the VAE encoder's stride-2 one, and attention (the
+/// transformer's, the text encoder's causal grouped-query one, and over key
+/// chunks merged by log-sum-exp as the VAE's banded attention runs it), each
+/// at sizes off every tile edge.
 pub fn product_checks(gpu: &Gpu) -> Vec<Check> {
     let tier = gpu.precision().name();
     let outcome = |name: String, tolerance: f64, got: Result<f64, GpuError>| match got {
@@ -137,6 +139,8 @@ pub fn product_checks(gpu: &Gpu) -> Vec<Check> {
         outcome(format!("{tier} conv2d 3×3, 5→7 channels, 13×11"), product_bound(gpu), check_conv(gpu, conv, 2)),
         outcome(format!("{tier} attention 37 tokens, 3 heads × 24"), attention_bound, check_attention(gpu, attn, 3)),
         outcome(format!("{tier} attention causal, 29 tokens, 4 query / 2 kv heads × 16"), attention_bound, check_attention(gpu, causal, 4)),
+        outcome(format!("{tier} conv2d 3×3 stride 2, padded right and below, 4→3 channels, 9×8"), product_bound(gpu), check_conv(gpu, downsampler(4, 3, 9, 8), 42)),
+        outcome(format!("{tier} attention over 2 key chunks merged by log-sum-exp, 21 queries, 40 keys"), attention_bound, check_attention_key_chunks(gpu)),
     ]
 }
 
@@ -150,8 +154,10 @@ pub fn shared_checks(gpu: &Gpu) -> Vec<Check> {
     let outcome = |name: &str, got| within(name, F32_KERNEL, got);
     vec![
         outcome("rms_norm 37 rows × 300, bf16 weight", check_rms_norm(gpu, 37, 300, 6)),
+        outcome("rms_norm per head in place, 19 tokens, 3 heads × 24 inside a fused row", check_rms_norm_per_head_in_place(gpu)),
         outcome("layer_norm_modulate 41 rows × 333, offset 20", check_layer_norm(gpu, 41, 333, 8)),
         outcome("group_norm + SiLU, 24 channels in 8 groups, 13×11", check_group_norm(gpu, true, 10)),
+        outcome("group_stats and group_norm_apply over 3 pixel bands (the banded VAE)", check_group_norm_by_bands(gpu)),
         outcome("rope interleaved (FLUX.2), 23 tokens, 3 heads × 16", check_rope(gpu, RopeStyle::Interleaved, [23, 3, 16], 10)),
         outcome("rope rotate-half (Qwen3), 17 tokens, 4 heads × 8", check_rope(gpu, RopeStyle::RotateHalf, [17, 4, 8], 11)),
         outcome("element-wise SiLU, SwiGLU, gated residual, add, scale, axpy, copy; 13×77 strided", check_elementwise_ops(gpu)),
@@ -301,6 +307,80 @@ pub fn check_rms_norm(gpu: &Gpu, rows: usize, d: usize, seed: u64) -> Result<f64
     Ok(rel_l2(&got, &want))
 }
 
+/// RMSNorm per head in place on q inside a fused `[tokens, 3·heads·d + 10]`
+/// projection (heads at columns `[7, 7 + heads·d)`); a touched column
+/// outside the heads fails the check.
+pub fn check_rms_norm_per_head_in_place(gpu: &Gpu) -> Result<f64, GpuError> {
+    let (tokens, heads, d) = (19usize, 3usize, 24usize);
+    let stride = 3 * heads * d + 10;
+    let mut rng = Rng::new(7);
+    let fused = rng.normals(tokens * stride, 2.0);
+    let w = rng.bf16s(d, 1.0);
+    let q: Vec<f32> = (0..tokens).flat_map(|t| fused[t * stride + 7..t * stride + 7 + heads * d].to_vec()).collect();
+    let mut want = vec![0.0; tokens * heads * d];
+    r::rms_norm(&q, Weights::Bf16(&w), tokens * heads, d, 1e-6, &mut want);
+    let (fb, wb) = (gpu.upload_f32("fused", &fused), gpu.upload_bf16("w", &w));
+    let s = RowNorm { tokens: tokens as u64, heads: heads as u64, d: d as u64, eps: 1e-6 };
+    let got = run_and_read(gpu, &fb, tokens * stride, |enc| rms_norm_inplace(gpu, enc, Mat { buf: &fb, offset: 7, stride: stride as u64 }, Weight::bf16(&wb), s))?;
+    let untouched = (0..tokens).all(|t| (0..7).chain(7 + heads * d..stride).all(|c| got[t * stride + c].to_bits() == fused[t * stride + c].to_bits()));
+    if !untouched {
+        return Ok(f64::INFINITY);
+    }
+    let window: Vec<f32> = (0..tokens).flat_map(|t| got[t * stride + 7..t * stride + 7 + heads * d].to_vec()).collect();
+    Ok(rel_l2(&window, &want))
+}
+
+/// GroupNorm split over three pixel bands as the banded VAE runs it: each
+/// band's moments from `group_stats` against f64, merged on the host, then
+/// `group_norm_apply` (with SiLU) on every band against the reference
+/// GroupNorm of the whole tensor. The worst of all those.
+pub fn check_group_norm_by_bands(gpu: &Gpu) -> Result<f64, GpuError> {
+    use flux_lite_core::bands::Moments;
+    let (channels, groups, pixels) = (12usize, 4usize, 37usize);
+    let per = channels / groups;
+    let mut rng = Rng::new(70);
+    let x: Vec<f32> = rng.normals(channels * pixels, 1.5).into_iter().map(|v| v + 2.0).collect();
+    let (gamma, beta) = (rng.bf16s(channels, 1.0), rng.bf16s(channels, 1.0));
+    let eps = 1e-6;
+    let mut want = vec![0.0; channels * pixels];
+    r::group_norm(&x, Weights::Bf16(&gamma), Weights::Bf16(&beta), [channels, pixels, groups], eps, true, &mut want);
+    let band = |p0: usize, p1: usize| -> Vec<f32> { (0..channels).flat_map(|c| x[c * pixels + p0..c * pixels + p1].to_vec()).collect() };
+    let bands = [(0, 10), (10, 25), (25, 37)];
+    let g = |n: usize| Groups { channels: channels as u64, pixels: n as u64, groups: groups as u64 };
+    let mut worst = 0f64;
+    let mut moments = vec![Moments::default(); groups];
+    for &(p0, p1) in &bands {
+        let xs = band(p0, p1);
+        let xb = gpu.upload_f32("x", &xs);
+        let sb = poisoned(gpu, 2 * groups);
+        let got = run_and_read(gpu, &sb, 2 * groups, |enc| group_stats(gpu, enc, Mat::new(&xb, 0), Mat::new(&sb, 0), g(p1 - p0)))?;
+        let n = per * (p1 - p0);
+        let exact: Vec<f64> = xs
+            .chunks(n)
+            .flat_map(|grp| {
+                let mean = grp.iter().map(|&v| v as f64).sum::<f64>() / n as f64;
+                [mean, grp.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>()]
+            })
+            .collect();
+        worst = worst.max(rel_l2(&got, &exact));
+        for (m, s) in moments.iter_mut().zip(got.chunks(2)) {
+            m.merge(Moments { count: n as f64, mean: s[0] as f64, m2: s[1] as f64 });
+        }
+    }
+    let stats: Vec<f32> = moments.iter().flat_map(|m| [m.mean as f32, (1.0 / (m.variance() + eps).sqrt()) as f32]).collect();
+    let (gb, bb, sb) = (gpu.upload_bf16("gamma", &gamma), gpu.upload_bf16("beta", &beta), gpu.upload_f32("stats", &stats));
+    for &(p0, p1) in &bands {
+        let xb = gpu.upload_f32("x", &band(p0, p1));
+        let n = channels * (p1 - p0);
+        let yb = poisoned(gpu, n);
+        let affine = GroupAffine { gamma: Weight::bf16(&gb), beta: Weight::bf16(&bb), silu: true };
+        let got = run_and_read(gpu, &yb, n, |enc| group_norm_apply(gpu, enc, Mat::new(&xb, 0), Mat::new(&sb, 0), affine, Mat::new(&yb, 0), g(p1 - p0)))?;
+        let want_band: Vec<f64> = (0..channels).flat_map(|c| want[c * pixels + p0..c * pixels + p1].to_vec()).collect();
+        worst = worst.max(rel_l2(&got, &want_band));
+    }
+    Ok(worst)
+}
+
 /// LayerNorm with shift and scale rows of a modulation vector; a common
 /// offset of 20 checks that the variance is taken around the mean.
 pub fn check_layer_norm(gpu: &Gpu, rows: usize, d: usize, seed: u64) -> Result<f64, GpuError> {
@@ -410,6 +490,62 @@ pub fn check_conv(gpu: &Gpu, s: ConvShape, seed: u64) -> Result<f64, GpuError> {
         conv2d(gpu, enc, Mat::new(&xb, (s.height * s.width) as u64), Weight::bf16(&wb), Weight::bf16(&bb), Mat::new(&yb, (s.out_height * s.out_width) as u64), s)
     })?;
     Ok(rel_l2(&got, &want))
+}
+
+/// The VAE encoder's downsampler: pad (0, 1, 0, 1), then a stride-2 3×3 convolution.
+pub fn downsampler(in_channels: usize, out_channels: usize, height: usize, width: usize) -> ConvShape {
+    ConvShape {
+        in_channels,
+        out_channels,
+        height,
+        width,
+        kernel: 3,
+        stride: 2,
+        pad_top: 0,
+        pad_left: 0,
+        out_height: (height + 1 - 3) / 2 + 1,
+        out_width: (width + 1 - 3) / 2 + 1,
+    }
+}
+
+/// Attention over two key chunks, each with its log-sum-exp, merged on the
+/// host (as the banded VAE's attention runs): the worst of each chunk's
+/// log-sum-exp against f64 and the merged output against attention over all keys.
+pub fn check_attention_key_chunks(gpu: &Gpu) -> Result<f64, GpuError> {
+    use flux_lite_core::bands::AttentionMerge;
+    let (q_len, kv_len, heads, d) = (21usize, 40usize, 2usize, 24usize);
+    let mut rng = Rng::new(71);
+    let (q, k, v) = (rng.normals(q_len * heads * d, 1.0), rng.normals(kv_len * heads * d, 1.0), rng.normals(kv_len * heads * d, 1.0));
+    let scale = (1.0 / (d as f64).sqrt()) as f32;
+    let shape = r::AttentionShape { q_len, kv_len, q_heads: heads, kv_heads: heads, head_dim: d, scale: scale as f64, causal: false };
+    let mut want = vec![0.0; q.len()];
+    r::attention(&q, &k, &v, None, shape, &mut vec![0.0; kv_len], &mut want);
+    let width = heads * d;
+    let mut merge = AttentionMerge::new(q_len as u64, heads as u64, d as u64);
+    let qb = gpu.upload_f32("q", &q);
+    let mut worst = 0f64;
+    for (k0, k1) in [(0usize, 17usize), (17, 40)] {
+        let (kb, vb) = (gpu.upload_f32("k", &k[k0 * width..k1 * width]), gpu.upload_f32("v", &v[k0 * width..k1 * width]));
+        let (ob, lb) = (poisoned(gpu, q.len()), poisoned(gpu, q_len * heads));
+        let s = Attention { q_len: q_len as u64, kv_len: (k1 - k0) as u64, q_heads: heads as u64, kv_heads: heads as u64, head_dim: d as u64, scale, causal: false };
+        let w = width as u64;
+        let lse = run_and_read(gpu, &lb, q_len * heads, |enc| {
+            attention(gpu, enc, Qkv { q: Mat::new(&qb, w), k: Mat::new(&kb, w), v: Mat::new(&vb, w) }, None, Mat::new(&ob, w), Some(Mat::new(&lb, heads as u64)), s)
+        })?;
+        let out = run_and_read(gpu, &ob, q.len(), |_| Ok(()))?;
+        let want_lse: Vec<f64> = (0..q_len * heads)
+            .map(|i| {
+                let (row, h) = (i / heads, i % heads);
+                let qr = &q[(row * heads + h) * d..][..d];
+                let scores: Vec<f64> = (k0..k1).map(|j| qr.iter().zip(&k[(j * heads + h) * d..][..d]).map(|(&a, &b)| a as f64 * b as f64).sum::<f64>() * scale as f64).collect();
+                let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                m + scores.iter().map(|s| (s - m).exp()).sum::<f64>().ln()
+            })
+            .collect();
+        worst = worst.max(rel_l2(&lse, &want_lse));
+        merge.add(&out, &lse);
+    }
+    Ok(worst.max(rel_l2(&merge.finish(), &want)))
 }
 
 /// Attention over `[len, heads, head_dim]` rows, against the reference.

@@ -92,6 +92,19 @@ pub fn run_and_read(
     gpu.read_f32(buf, 0, count).unwrap_or_else(|e| panic!("{e}"))
 }
 
+/// A selftest check, held to the f32 bound.
+#[track_caller]
+pub fn held(what: &str, got: Result<f64, GpuError>) {
+    held_within(what, got, F32_TOL);
+}
+
+/// A selftest check, held to `tolerance` (relative L2).
+#[track_caller]
+pub fn held_within(what: &str, got: Result<f64, GpuError>, tolerance: f64) {
+    let worst = got.unwrap_or_else(|e| panic!("{what}: {e}"));
+    assert!(worst <= tolerance, "{what}: relative L2 {worst:.3e} > {tolerance:.0e}");
+}
+
 /// The f32 kernels' tolerance against the f64 oracle (the project's rule for every f32 kernel).
 pub const F32_TOL: f64 = crate::selftest::F32_KERNEL;
 

@@ -302,53 +302,14 @@ mod tests {
     /// host: equals attention over all keys; each chunk's log-sum-exp equals f64.
     #[test]
     fn attention_over_key_chunks_merges_by_log_sum_exp() {
-        merge_key_chunks(gpu(), F32_TOL);
+        held_within("attention over key chunks", crate::selftest::check_attention_key_chunks(gpu()), F32_TOL);
     }
 
     #[test]
     fn attention_on_matrix_units_over_key_chunks_merges_by_log_sum_exp() {
         let Some(gpu) = matrix_gpu() else { return };
-        merge_key_chunks(&gpu, MATRIX_ATTENTION_TOL);
+        held_within("matrix attention over key chunks", crate::selftest::check_attention_key_chunks(&gpu), MATRIX_ATTENTION_TOL);
     }
-
-    fn merge_key_chunks(gpu: &Gpu, tol: f64) {
-        use flux_lite_core::bands::AttentionMerge;
-        let (q_len, kv_len, heads, d) = (21usize, 40usize, 2usize, 24usize);
-        let mut rng = Rng::new(71);
-        let (q, k, v) = (rng.normals(q_len * heads * d, 1.0), rng.normals(kv_len * heads * d, 1.0), rng.normals(kv_len * heads * d, 1.0));
-        let scale = (1.0 / (d as f64).sqrt()) as f32;
-        let shape = |kv: usize| r::AttentionShape { q_len, kv_len: kv, q_heads: heads, kv_heads: heads, head_dim: d, scale: scale as f64, causal: false };
-        let mut want = vec![0.0; q.len()];
-        r::attention(&q, &k, &v, None, shape(kv_len), &mut vec![0.0; kv_len], &mut want);
-        let width = heads * d;
-        let mut merge = AttentionMerge::new(q_len as u64, heads as u64, d as u64);
-        let qb = gpu.upload_f32("q", &q);
-        for (k0, k1) in [(0usize, 17usize), (17, 40)] {
-            let (kb, vb) = (gpu.upload_f32("k", &k[k0 * width..k1 * width]), gpu.upload_f32("v", &v[k0 * width..k1 * width]));
-            let (ob, lb) = (poisoned(gpu, q.len()), poisoned(gpu, q_len * heads));
-            let s = Attention { q_len: q_len as u64, kv_len: (k1 - k0) as u64, q_heads: heads as u64, kv_heads: heads as u64, head_dim: d as u64, scale, causal: false };
-            let w = width as u64;
-            let lse = run_and_read(gpu, &lb, q_len * heads, |enc| {
-                attention(gpu, enc, Qkv { q: Mat::new(&qb, w), k: Mat::new(&kb, w), v: Mat::new(&vb, w) }, None, Mat::new(&ob, w), Some(Mat::new(&lb, heads as u64)), s)
-            });
-            let out = run_and_read(gpu, &ob, q.len(), |_| Ok(()));
-            let want_lse: Vec<f64> = (0..q_len * heads)
-                .map(|i| {
-                    let (row, h) = (i / heads, i % heads);
-                    let qr = &q[(row * heads + h) * d..][..d];
-                    let scores: Vec<f64> = (k0..k1)
-                        .map(|j| qr.iter().zip(&k[(j * heads + h) * d..][..d]).map(|(&a, &b)| a as f64 * b as f64).sum::<f64>() * scale as f64)
-                        .collect();
-                    let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-                    m + scores.iter().map(|s| (s - m).exp()).sum::<f64>().ln()
-                })
-                .collect();
-            assert_close(&format!("attention log-sum-exp keys {k0}..{k1}"), &lse, &want_lse, tol);
-            merge.add(&out, &lse);
-        }
-        assert_close("attention merged over key chunks", &merge.finish(), &want, tol);
-    }
-
 
     #[test]
     fn vae_mid_block_attention_through_the_attention_kernel() {

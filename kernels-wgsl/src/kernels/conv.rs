@@ -172,20 +172,7 @@ mod tests {
     #[test]
     fn conv3x3_stride2_with_asymmetric_padding() {
         // The VAE encoder's downsampler: pad (0, 1, 0, 1), then a stride-2 3×3 convolution.
-        let (h, w) = (9usize, 8usize);
-        let s = ConvShape {
-            in_channels: 4,
-            out_channels: 3,
-            height: h,
-            width: w,
-            kernel: 3,
-            stride: 2,
-            pad_top: 0,
-            pad_left: 0,
-            out_height: (h + 1 - 3) / 2 + 1,
-            out_width: (w + 1 - 3) / 2 + 1,
-        };
-        check_conv(s, 42);
+        check_conv(crate::selftest::downsampler(4, 3, 9, 8), 42);
     }
 
     #[test]

@@ -256,15 +256,7 @@ pub fn group_norm_apply(
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use crate::testing::*;
-    use flux_lite_core::oracle::{self as r, Weights};
-
-    /// A shared selftest check, held to the f32 bound.
-    fn held(what: &str, got: Result<f64, GpuError>) {
-        let worst = got.unwrap_or_else(|e| panic!("{what}: {e}"));
-        assert!(worst <= F32_TOL, "{what}: relative L2 {worst:.3e} > {F32_TOL:.0e}");
-    }
 
     #[test]
     fn rms_norm_rows_with_bf16_weight() {
@@ -273,28 +265,7 @@ mod tests {
 
     #[test]
     fn rms_norm_per_head_in_place_on_a_strided_view() {
-        // q of a fused [tokens, 3·heads·d + 10] projection: heads of width d at columns [7, 7 + heads·d).
-        let gpu = gpu();
-        let (tokens, heads, d) = (19usize, 3usize, 24usize);
-        let stride = 3 * heads * d + 10;
-        let mut rng = Rng::new(7);
-        let fused = rng.normals(tokens * stride, 2.0);
-        let w = rng.bf16s(d, 1.0);
-        let q: Vec<f32> = (0..tokens).flat_map(|t| fused[t * stride + 7..t * stride + 7 + heads * d].to_vec()).collect();
-        let mut want = vec![0.0; tokens * heads * d];
-        r::rms_norm(&q, Weights::Bf16(&w), tokens * heads, d, 1e-6, &mut want);
-        let (fb, wb) = (gpu.upload_f32("fused", &fused), gpu.upload_bf16("w", &w));
-        let s = RowNorm { tokens: tokens as u64, heads: heads as u64, d: d as u64, eps: 1e-6 };
-        let got = run_and_read(gpu, &fb, tokens * stride, |enc| {
-            rms_norm_inplace(gpu, enc, Mat { buf: &fb, offset: 7, stride: stride as u64 }, Weight::bf16(&wb), s)
-        });
-        let window: Vec<f32> = (0..tokens).flat_map(|t| got[t * stride + 7..t * stride + 7 + heads * d].to_vec()).collect();
-        assert_close("per-head rms_norm", &window, &want, F32_TOL);
-        for t in 0..tokens {
-            for c in (0..7).chain(7 + heads * d..stride) {
-                assert_eq!(got[t * stride + c], fused[t * stride + c], "touched outside the heads");
-            }
-        }
+        held("per-head rms_norm in place", crate::selftest::check_rms_norm_per_head_in_place(gpu()));
     }
 
     #[test]
@@ -321,50 +292,6 @@ mod tests {
     /// against the reference GroupNorm of the whole tensor.
     #[test]
     fn group_norm_over_pixel_bands_matches_the_whole() {
-        use flux_lite_core::bands::Moments;
-        let gpu = gpu();
-        let (channels, groups, pixels) = (12usize, 4usize, 37usize);
-        let per = channels / groups;
-        let mut rng = Rng::new(70);
-        let x: Vec<f32> = rng.normals(channels * pixels, 1.5).into_iter().map(|v| v + 2.0).collect();
-        let (gamma, beta) = (rng.bf16s(channels, 1.0), rng.bf16s(channels, 1.0));
-        let eps = 1e-6;
-        let mut want = vec![0.0; channels * pixels];
-        r::group_norm(&x, Weights::Bf16(&gamma), Weights::Bf16(&beta), [channels, pixels, groups], eps, true, &mut want);
-        let band = |p0: usize, p1: usize| -> Vec<f32> { (0..channels).flat_map(|c| x[c * pixels + p0..c * pixels + p1].to_vec()).collect() };
-        let bands = [(0, 10), (10, 25), (25, 37)];
-        let g = |n: usize| Groups { channels: channels as u64, pixels: n as u64, groups: groups as u64 };
-
-        let mut moments = vec![Moments::default(); groups];
-        for &(p0, p1) in &bands {
-            let xs = band(p0, p1);
-            let xb = gpu.upload_f32("x", &xs);
-            let sb = poisoned(gpu, 2 * groups);
-            let got = run_and_read(gpu, &sb, 2 * groups, |enc| group_stats(gpu, enc, Mat::new(&xb, 0), Mat::new(&sb, 0), g(p1 - p0)));
-            let n = per * (p1 - p0);
-            let want: Vec<f64> = xs
-                .chunks(n)
-                .flat_map(|grp| {
-                    let mean = grp.iter().map(|&v| v as f64).sum::<f64>() / n as f64;
-                    [mean, grp.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>()]
-                })
-                .collect();
-            assert_close(&format!("group_stats pixels {p0}..{p1}"), &got, &want, F32_TOL);
-            for (m, s) in moments.iter_mut().zip(got.chunks(2)) {
-                m.merge(Moments { count: n as f64, mean: s[0] as f64, m2: s[1] as f64 });
-            }
-        }
-        let stats: Vec<f32> = moments.iter().flat_map(|m| [m.mean as f32, (1.0 / (m.variance() + eps).sqrt()) as f32]).collect();
-        let (gb, bb, sb) = (gpu.upload_bf16("gamma", &gamma), gpu.upload_bf16("beta", &beta), gpu.upload_f32("stats", &stats));
-        for &(p0, p1) in &bands {
-            let xb = gpu.upload_f32("x", &band(p0, p1));
-            let n = channels * (p1 - p0);
-            let yb = poisoned(gpu, n);
-            let got = run_and_read(gpu, &yb, n, |enc| {
-                group_norm_apply(gpu, enc, Mat::new(&xb, 0), Mat::new(&sb, 0), GroupAffine { gamma: Weight::bf16(&gb), beta: Weight::bf16(&bb), silu: true }, Mat::new(&yb, 0), g(p1 - p0))
-            });
-            let want_band: Vec<f64> = (0..channels).flat_map(|c| want[c * pixels + p0..c * pixels + p1].to_vec()).collect();
-            assert_close(&format!("group_norm_apply pixels {p0}..{p1}"), &got, &want_band, F32_TOL);
-        }
+        held("group_norm over pixel bands", crate::selftest::check_group_norm_by_bands(gpu()));
     }
 }
