@@ -125,11 +125,11 @@ pub fn run(args: &GenArgs) -> Result<(), String> {
     let (width, height) = crate::references::image_size(args.width, args.height, &references);
     denoise::latent_grid(&model.vae, width, height).map_err(|e| crate::errors::size_line(&e))?;
     let distilled = model.index.is_distilled;
-    let steps = args.steps.unwrap_or(if distilled { 4 } else { 50 });
+    let steps = args.steps.unwrap_or_else(|| pipeline::default_steps(&model));
     if steps == 0 || steps > MAX_STEPS {
         return Err(format!("--steps {steps} is outside 1..={MAX_STEPS}"));
     }
-    let guidance = args.guidance.unwrap_or(if distilled { 1.0 } else { 4.0 });
+    let guidance = args.guidance.unwrap_or_else(|| pipeline::default_guidance(&model));
     if !guidance.is_finite() || guidance < 0.0 {
         return Err(format!("--guidance {guidance} must be a finite number ≥ 0"));
     }

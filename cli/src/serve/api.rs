@@ -237,12 +237,11 @@ pub fn check(asked: Asked, pipeline: &Pipeline, limits: &Limits) -> Result<Order
     }
     denoise::latent_grid(&model.vae, width, height)
         .map_err(|e| ApiError::bad(format!("size {width}x{height}: {} {} is not a positive multiple of {} (2 × the VAE scale factor)", e.side, e.pixels, e.cell)))?;
-    let distilled = model.index.is_distilled;
-    let steps = asked.steps.unwrap_or(if distilled { 4 } else { 50 });
+    let steps = asked.steps.unwrap_or_else(|| flux_lite_platform::pipeline::default_steps(model));
     if steps == 0 || steps > limits.max_steps {
         return Err(ApiError::bad(format!("steps {steps}: give 1 to {} on this server", limits.max_steps)));
     }
-    let guidance = asked.guidance.unwrap_or(if distilled { 1.0 } else { 4.0 });
+    let guidance = asked.guidance.unwrap_or_else(|| flux_lite_platform::pipeline::default_guidance(model));
     if !guidance.is_finite() || guidance < 0.0 {
         return Err(ApiError::bad(format!("guidance {guidance}: give a finite number ≥ 0")));
     }

@@ -147,6 +147,17 @@ pub fn open_model(dir: &Path, transformer: Option<&Path>) -> Result<ModelFolder,
     }
 }
 
+/// Denoising steps when none are asked for, as diffusers' model cards use:
+/// 4 for guidance-distilled models, 50 otherwise.
+pub fn default_steps(model: &ModelFolder) -> usize {
+    if model.index.is_distilled { 4 } else { 50 }
+}
+
+/// The guidance scale when none is asked for: 1.0 (none) for distilled models, 4.0 otherwise.
+pub fn default_guidance(model: &ModelFolder) -> f32 {
+    if model.index.is_distilled { 1.0 } else { 4.0 }
+}
+
 /// Whether `Flux2KleinPipeline` would run classifier-free guidance.
 pub fn uses_guidance(model: &ModelFolder, guidance: f32) -> bool {
     guidance > 1.0 && !model.index.is_distilled
