@@ -147,6 +147,38 @@ fn both_apis_return_the_golden_image_with_the_pixels_gen_makes() {
 }
 
 #[test]
+fn reference_images_come_as_base64_through_both_apis() {
+    let dir = scratch_dir("serve-references");
+    let server = Server::start(&[]);
+    let case = "tiny-a/reference-one";
+    let (prompt, seed, steps, _, golden) = golden_case(case);
+    let reference = Goldens::dir(case).join("ref0.png");
+    let encoded = base64::engine::general_purpose::STANDARD.encode(std::fs::read(&reference).unwrap());
+    // AUTOMATIC1111's img2img, the size left to the reference (as gen without --width).
+    let body = serde_json::json!({ "prompt": prompt, "steps": steps, "seed": seed, "init_images": [encoded] });
+    let (status, text) = post(&server, "/sdapi/v1/img2img", &body.to_string());
+    assert_eq!(status, 200, "{text}");
+    let a1111 = rgb_of(json(&text)["images"][0].as_str().unwrap(), &dir, "img2img.png");
+    flux_lite_tests::tolerance::assert_png_close("img2img against diffusers", &a1111.rgb, &golden.rgb);
+    // OpenAI's edits, the reference as a data URL.
+    let body = serde_json::json!({ "prompt": prompt, "steps": steps, "seed": seed, "images": [{ "image_url": format!("data:image/png;base64,{encoded}") }] });
+    let (status, text) = post(&server, "/v1/images/edits", &body.to_string());
+    assert_eq!(status, 200, "{text}");
+    let openai = rgb_of(json(&text)["data"][0]["b64_json"].as_str().unwrap(), &dir, "edits.png");
+    assert!(openai.rgb == a1111.rgb, "the two APIs' pixels differ for the same reference");
+    // gen with the same file: the same pixels.
+    let out = dir.join("gen.png");
+    let model = model_dir("tiny-a");
+    let run = Command::new(env!("CARGO_BIN_EXE_flux-lite"))
+        .args(["gen", "--model", model.to_str().unwrap(), "--prompt", &prompt, "--steps", &steps.to_string(), "--seed", &seed.to_string()])
+        .args(["--image", reference.to_str().unwrap(), "--precision", "f32", "--quiet", "--output", out.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    assert!(read_png(&out).rgb == a1111.rgb, "the server's pixels differ from gen's for the same reference");
+}
+
+#[test]
 fn bad_requests_get_a_one_line_json_4xx_and_the_server_keeps_serving() {
     let server = Server::start(&["--max-body-mib", "1", "--max-images", "4", "--max-steps", "8"]);
     let cases: Vec<(&str, String, u16, &str)> = vec![

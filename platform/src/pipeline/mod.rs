@@ -272,7 +272,10 @@ pub struct Generated {
 /// encode → references → denoise → decode, each stage releasing its device
 /// memory before the next (the budget bounds every stage). What outlives a
 /// generation: the device and its compiled pipelines, the memory-mapped
-/// weight files, the configs.
+/// weight files, the configs, and with [`Options::keep_loaded`] the
+/// components that fit the budget beside the next request (`kept`).
+/// [`Pipeline::generate_batch`] makes many images with one load of each
+/// component.
 ///
 /// ```no_run
 /// use flux_lite_platform::pipeline::{Options, Pipeline, Prompt, Request, Silent};
