@@ -186,15 +186,7 @@ pub fn run(args: &GenArgs) -> Result<(), String> {
             Prompt::Text(t) => t.clone(),
             Prompt::Embeddings { .. } => prompt_text.clone(),
         };
-        let mut text = vec![
-            ("prompt", prompt),
-            ("seed", made.seed.to_string()),
-            ("steps", steps.to_string()),
-            ("size", format!("{width}x{height}")),
-            ("guidance", guidance.to_string()),
-            ("model", args.model.display().to_string()),
-            ("software", format!("flux-lite {}", env!("CARGO_PKG_VERSION"))),
-        ];
+        let mut text = png_text(prompt, made.seed, &request, args.model.display().to_string());
         if let Some(path) = &args.embeddings {
             text.push(("embeddings", path.display().to_string()));
         }
@@ -209,11 +201,7 @@ pub fn run(args: &GenArgs) -> Result<(), String> {
     };
     let phases = watch.finish();
     bar.finish();
-    let finished = finished.map_err(|e| match e {
-        // What the writer said is already one line naming the file.
-        RunError::Input(line) if line.starts_with(OUTPUT_ERROR) => line[OUTPUT_ERROR.len()..].to_string(),
-        e => crate::errors::run_line(&e),
-    })?;
+    let finished = finished.map_err(|e| crate::errors::run_line(&e))?;
     let timings = &finished.timings;
 
     if args.verbose {
@@ -318,9 +306,6 @@ impl Observer for Watch<'_> {
     }
 }
 
-/// Marks an error line that comes from writing an output (already naming the file).
-const OUTPUT_ERROR: &str = "output: ";
-
 /// Where each image of the run goes: the paths the flags give for one
 /// image; `NAME-0001.png`, … for several, none of which may exist.
 struct Outputs {
@@ -347,26 +332,38 @@ impl Outputs {
         Ok(Self { png: name("--output", &args.output)?, latents: name("--output-latents", &args.output_latents)? })
     }
 
-    /// Writes image `index`'s latents and PNG; an error line starts with [`OUTPUT_ERROR`].
+    /// Writes image `index`'s latents and PNG; an error is one line naming the file.
     fn write(&self, index: usize, made: &Made, in_channels: usize, text: &[(&str, String)]) -> Result<(), String> {
-        let fail = |e: String| format!("{OUTPUT_ERROR}{e}");
         let several = self.png.as_ref().or(self.latents.as_ref()).is_some_and(|p| p.len() > 1);
         if let Some(path) = self.latents.as_ref().map(|p| &p[index]) {
             if several && path.symlink_metadata().is_ok() {
-                return Err(fail(format!("--output-latents: {} appeared during the run; a batch never overwrites a file", path.display())));
+                return Err(format!("--output-latents: {} appeared during the run; a batch never overwrites a file", path.display()));
             }
-            output::write_f32_tensors(path, &[("latents", &made.latents)], in_channels, text).map_err(fail)?;
+            output::write_f32_tensors(path, &[("latents", &made.latents)], in_channels, text)?;
         }
         if let (Some(path), Some(image)) = (self.png.as_ref().map(|p| &p[index]), &made.image) {
             if several && path.symlink_metadata().is_ok() {
-                return Err(fail(format!("--output: {} appeared during the run; a batch never overwrites a file", path.display())));
+                return Err(format!("--output: {} appeared during the run; a batch never overwrites a file", path.display()));
             }
-            let png = output::encode_png(image.width as u32, image.height as u32, &image.rgb, text).map_err(fail)?;
-            output::write_atomically(path, &png).map_err(fail)?;
+            let png = output::encode_png(image.width as u32, image.height as u32, &image.rgb, text)?;
+            output::write_atomically(path, &png)?;
             eprintln!("wrote {}", output::shown(path));
         }
         Ok(())
     }
+}
+
+/// The text chunks every PNG carries (gen's and the server's alike).
+pub fn png_text(prompt: String, seed: u64, request: &Request, model: String) -> Vec<(&'static str, String)> {
+    vec![
+        ("prompt", prompt),
+        ("seed", seed.to_string()),
+        ("steps", request.steps.to_string()),
+        ("size", format!("{}x{}", request.width, request.height)),
+        ("guidance", request.guidance.to_string()),
+        ("model", model),
+        ("software", format!("flux-lite {}", env!("CARGO_PKG_VERSION"))),
+    ]
 }
 
 /// `dir/NAME-0001.ext` for image 0 of `dir/NAME.ext`.

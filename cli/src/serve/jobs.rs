@@ -271,15 +271,7 @@ impl Worker {
         let mut pictures = Vec::with_capacity(order.count);
         let mut take = |made: Made| {
             let Some(image) = made.image else { return Err(RunError::Input("no image was decoded".into())) };
-            let text = [
-                ("prompt", order.prompt.clone()),
-                ("seed", made.seed.to_string()),
-                ("steps", request.steps.to_string()),
-                ("size", format!("{}x{}", request.width, request.height)),
-                ("guidance", request.guidance.to_string()),
-                ("model", self.model_name.clone()),
-                ("software", format!("flux-lite {}", env!("CARGO_PKG_VERSION"))),
-            ];
+            let text = crate::gen::png_text(order.prompt.clone(), made.seed, request, self.model_name.clone());
             let png = output::encode_png(image.width as u32, image.height as u32, &image.rgb, &text).map_err(RunError::Input)?;
             pictures.push(Picture { seed: made.seed, png });
             Ok(())

@@ -9,7 +9,6 @@ use super::kept::{take_matching, Kept, PromptEncoder, Slot, TransformerKey};
 use super::{denoise, uses_guidance, Generated, Image, Observer, Phase, Pipeline, Progress, Prompt, Request, Timings, PROMPT_TOKENS};
 use crate::components::text_encoder::TextEncoder;
 use crate::components::transformer::{LatentGrids, Transformer};
-use crate::components::vae::VaeDecoder;
 use crate::error::RunError;
 use crate::model::tokenizer::PromptTokenizer;
 use crate::model::Component;
@@ -373,11 +372,7 @@ impl Run<'_> {
                     self.reused.push("VAE decoder");
                     v
                 }
-                None => {
-                    let mut store = pipeline.model.weights(Component::Vae)?;
-                    store.expand_df11_on_host()?;
-                    VaeDecoder::new(&pipeline.gpu, &pipeline.model.vae, &store, request.width, request.height, key.2.map(|t| t as usize))?
-                }
+                None => super::load_vae_decoder(&pipeline.gpu, &pipeline.model, request.width, request.height, key.2)?,
             });
             self.timings.load += started.elapsed();
         }

@@ -171,25 +171,12 @@ pub struct Image {
     pub rgb: Vec<u8>,
 }
 
-/// Decodes packed latents to the image in the plan's tiles (`None`: untiled).
-pub fn decode(
-    gpu: &Gpu,
-    model: &ModelFolder,
-    request: &Request,
-    tile: Option<u64>,
-    latents: &[f32],
-    timings: &mut Timings,
-    progress: &mut dyn FnMut(Progress),
-) -> Result<Image, RunError> {
-    let started = Instant::now();
+/// The VAE decoder for `width × height` images, laid out whole or in
+/// bands of `tile` pixels (`None`: untiled), its weights uploaded.
+pub fn load_vae_decoder(gpu: &Gpu, model: &ModelFolder, width: usize, height: usize, tile: Option<u64>) -> Result<VaeDecoder, RunError> {
     let mut store = model.weights(Component::Vae)?;
     store.expand_df11_on_host()?;
-    let mut vae = VaeDecoder::new(gpu, &model.vae, &store, request.width, request.height, tile.map(|t| t as usize))?;
-    timings.load += started.elapsed();
-    let started = Instant::now();
-    let image = vae.decode(gpu, latents, &mut |t| progress(Progress::Decode { done: t.done, total: t.total }))?;
-    timings.decode += started.elapsed();
-    Ok(Image { width: image.width, height: image.height, rgb: image.rgb })
+    VaeDecoder::new(gpu, &model.vae, &store, width, height, tile.map(|t| t as usize))
 }
 
 /// What the caller learns while a generation runs: each phase as it
