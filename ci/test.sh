@@ -9,23 +9,27 @@ cd "$(dirname "$0")/.."
 
 bash ci/setup-vulkan.sh
 
+# Each phase's line carries the seconds since the start, so a slow phase shows.
+started=$SECONDS
+phase() { echo "== $1 (at $((SECONDS - started)) s)"; }
+
 # Mesa's WSI layer complains on every device creation without a runtime dir.
 if [ -z "${XDG_RUNTIME_DIR:-}" ] || [ ! -d "${XDG_RUNTIME_DIR}" ]; then
     export XDG_RUNTIME_DIR="${TMPDIR:-/tmp}/flux-lite-xdg-$(id -u)"
     mkdir -p "$XDG_RUNTIME_DIR" && chmod 700 "$XDG_RUNTIME_DIR"
 fi
 
-echo "== no_std builds of flux-lite-core (without and with alloc)"
+phase "no_std builds of flux-lite-core (without and with alloc)"
 cargo build --locked -p flux-lite-core --no-default-features
 cargo build --locked -p flux-lite-core --no-default-features --features alloc
 
-echo "== clippy"
+phase "clippy"
 cargo clippy --locked --workspace --all-targets -- -D warnings
 
-echo "== fuzz targets (their own workspace; compiled, not run: ci/fuzz.sh runs them)"
+phase "fuzz targets (their own workspace; compiled, not run: ci/fuzz.sh runs them)"
 cargo check --locked --manifest-path fuzz/Cargo.toml --bins --target-dir target
 
-echo "== tests"
+phase "tests"
 log="$(mktemp)"
 set +e
 cargo test --locked --workspace 2>&1 | tee "$log"
@@ -42,7 +46,7 @@ selftest="$(test_binary -p flux-lite-cli --test selftest)"
 # A second shader translation: wgpu's GL backend (GLSL) over Mesa's
 # llvmpipe through EGL, headless. Every kernel test, the f32 golden PNGs
 # (GL has no f16, so the tier ones are skipped) and the selftest.
-echo "== on wgpu's GL backend (GLSL, llvmpipe through EGL): every kernel test, the f32 golden PNGs, the selftest"
+phase "on wgpu's GL backend (GLSL, llvmpipe through EGL): every kernel test, the f32 golden PNGs, the selftest"
 for run in "$kernels" "$pngs --skip tier" "$selftest"; do
     set +e
     # shellcheck disable=SC2086 # the binary and its arguments
@@ -58,7 +62,7 @@ done
 # with them the golden PNGs and the stage tests on both half tiers, auto's
 # choice and fallback, bench kernels' matrix rows and tier table, and
 # flux-lite selftest on all three tiers.
-echo "== on Mesa 26's lavapipe: every kernel test, the golden PNGs, auto and bench kernels on the f16 and matrix tiers"
+phase "on Mesa 26's lavapipe: every kernel test, the golden PNGs, auto and bench kernels on the f16 and matrix tiers"
 bash ci/lavapipe-sid.sh setup
 bench="$(test_binary -p flux-lite-cli --test bench)"
 cli="$(test_binary -p flux-lite-cli --test cli)"
@@ -75,7 +79,7 @@ done
 passed="$(awk '/^test result:/ { passed += $4 } END { print passed + 0 }' "$log")"
 failed="$(awk '/^test result:/ { failed += $6 } END { print failed + 0 }' "$log")"
 rm -f "$log"
-echo "tests: $passed passed, $failed failed"
+echo "tests: $passed passed, $failed failed, in $((SECONDS - started)) s"
 # The suite cannot shrink silently: raise ci/test-floor whenever tests are added.
 floor="$(tr -dc '0-9' < ci/test-floor)"
 if [ "$status" -eq 0 ] && [ "$passed" -lt "$floor" ]; then
