@@ -10,7 +10,7 @@ use crate::kernels::attention::{attention, Attention, Qkv};
 use crate::kernels::conv::{conv2d, upsample_nearest2x};
 use crate::kernels::elementwise::{elementwise, transpose, Elementwise};
 use crate::kernels::vae::{denorm_unpatchify, pixel_levels, LatentStats};
-use crate::kernels::linear::{linear, Gemm};
+use crate::kernels::linear::{linear, linear_add, Gemm};
 use crate::kernels::norm::{group_norm, group_norm_apply, group_stats, layer_norm_modulate, rms_norm, rms_norm_inplace, GroupAffine, Groups, RowNorm};
 use crate::kernels::rope::{rope, RopeShape, RopeStyle, RopeTables};
 use crate::{DeviceBuffer, Gpu, GpuError, Mat, Precision, Weight};
@@ -136,6 +136,7 @@ pub fn product_checks(gpu: &Gpu) -> Vec<Check> {
     let attention_bound = if gpu.matrix().is_some() { MATRIX_ATTENTION } else { F32_KERNEL };
     vec![
         outcome(format!("{tier} linear {m}×{n}×{k}, bf16 weights and bias"), product_bound(gpu), check_linear(gpu, m, n, k, 1)),
+        outcome(format!("{tier} linear adding onto its output (LoRA), 45×70×12 in a wider row, f32 weights"), product_bound(gpu), check_linear_add(gpu, 45, 70, 12, 9)),
         outcome(format!("{tier} conv2d 3×3, 5→7 channels, 13×11"), product_bound(gpu), check_conv(gpu, conv, 2)),
         outcome(format!("{tier} attention 37 tokens, 3 heads × 24"), attention_bound, check_attention(gpu, attn, 3)),
         outcome(format!("{tier} attention causal, 29 tokens, 4 query / 2 kv heads × 16"), attention_bound, check_attention(gpu, causal, 4)),
@@ -473,6 +474,31 @@ pub fn check_linear(gpu: &Gpu, m: usize, n: usize, k: usize, seed: u64) -> Resul
     let s = Gemm { m: m as u64, n: n as u64, k: k as u64 };
     let got = run_and_read(gpu, &yb, m * n, |enc| linear(gpu, enc, Mat::new(&xb, k as u64), Weight::bf16(&wb), Some(Weight::bf16(&bb)), Mat::new(&yb, n as u64), s))?;
     Ok(rel_l2(&got, &want))
+}
+
+/// `y += x·Wᵀ` with f32 weights onto a `y` of random values, against the
+/// reference's product added to them (how a LoRA adapter's up product lands
+/// on the base linear's output), `y` read and written through a window of a
+/// wider row, as the transformer's fused projections are.
+pub fn check_linear_add(gpu: &Gpu, m: usize, n: usize, k: usize, seed: u64) -> Result<f64, GpuError> {
+    let mut rng = Rng::new(seed);
+    let (x, w) = (rng.normals(m * k, 1.0), rng.normals(n * k, 0.3));
+    let (stride, first) = (n + 5, 3);
+    let before = rng.normals(m * stride, 1.0);
+    let mut product = vec![0.0; m * n];
+    r::linear(&x, Weights::F32(&w), None, m, n, k, &mut product);
+    let want: Vec<f64> = (0..m).flat_map(|i| (0..n).map(move |j| (i, j))).map(|(i, j)| f64::from(before[i * stride + first + j]) + product[i * n + j]).collect();
+    let (xb, wb, yb) = (gpu.upload_f32("x", &x), gpu.upload_f32("w", &w), gpu.upload_f32("y", &before));
+    let s = Gemm { m: m as u64, n: n as u64, k: k as u64 };
+    let y = Mat { buf: &yb, offset: first as u64, stride: stride as u64 };
+    let got = run_and_read(gpu, &yb, m * stride, |enc| linear_add(gpu, enc, Mat::new(&xb, k as u64), Weight::f32(&wb), y, s))?;
+    // The columns outside the window stay as they were.
+    let untouched = (0..m).all(|i| (0..stride).filter(|c| !(first..first + n).contains(c)).all(|c| got[i * stride + c].to_bits() == before[i * stride + c].to_bits()));
+    if !untouched {
+        return Ok(f64::INFINITY);
+    }
+    let window: Vec<f32> = (0..m).flat_map(|i| got[i * stride + first..i * stride + first + n].to_vec()).collect();
+    Ok(rel_l2(&window, &want))
 }
 
 /// A bf16 convolution with bias, against the reference.

@@ -69,6 +69,17 @@ fn terms(k: u64) -> u64 {
 /// rows of x and rows of W where one binding cannot hold them. On the matrix
 /// tier it runs on cooperative-matrix tiles ([`LINEAR_MATRIX_8`], [`LINEAR_MATRIX_16`]).
 pub fn linear(gpu: &Gpu, sink: &mut dyn Sink, x: Mat<'_>, w: Weight<'_>, bias: Option<Weight<'_>>, y: Mat<'_>, s: Gemm) -> Result<(), GpuError> {
+    product(gpu, sink, x, w, bias, y, s, false)
+}
+
+/// `y[m, n] += x[m, k]·W[n, k]ᵀ`: [`linear`] adding onto what `y` holds (a
+/// LoRA adapter's up product onto the base linear's output, as PEFT adds it).
+pub fn linear_add(gpu: &Gpu, sink: &mut dyn Sink, x: Mat<'_>, w: Weight<'_>, y: Mat<'_>, s: Gemm) -> Result<(), GpuError> {
+    product(gpu, sink, x, w, None, y, s, true)
+}
+
+#[allow(clippy::too_many_arguments)] // linear's operands, and whether y's old value joins the sum
+fn product(gpu: &Gpu, sink: &mut dyn Sink, x: Mat<'_>, w: Weight<'_>, bias: Option<Weight<'_>>, y: Mat<'_>, s: Gemm, accumulate: bool) -> Result<(), GpuError> {
     let Gemm { m, n, k: kdim } = s;
     if m == 0 || n == 0 {
         return Ok(());
@@ -92,12 +103,12 @@ pub fn linear(gpu: &Gpu, sink: &mut dyn Sink, x: Mat<'_>, w: Weight<'_>, bias: O
             let (rows_n, cols_n) = (rows.end - rows.start, cols.end - cols.start);
             let (kernel, constants, grid) = match matrix {
                 None => {
-                    let constants = [("WEIGHT_BF16", w.dtype.constant()), ("HAS_BIAS", bias.is_some() as u32), ("W_PAIRED", paired as u32)];
+                    let constants = [("WEIGHT_BF16", w.dtype.constant()), ("HAS_BIAS", bias.is_some() as u32), ("ACCUMULATE", accumulate as u32), ("W_PAIRED", paired as u32)];
                     let kernel = if gpu.precision() == Precision::F16 { &LINEAR_HALF } else { &LINEAR };
                     (kernel, constants, [cols_n.div_ceil(tile_n) as u32, rows_n.div_ceil(tile_m) as u32, 1])
                 }
                 Some(c) => {
-                    let constants = [("WEIGHT_BF16", w.dtype.constant()), ("HAS_BIAS", bias.is_some() as u32), ("WG", c.subgroup)];
+                    let constants = [("WEIGHT_BF16", w.dtype.constant()), ("HAS_BIAS", bias.is_some() as u32), ("ACCUMULATE", accumulate as u32), ("WG", c.subgroup)];
                     let kernel = c.pick([&LINEAR_MATRIX_8, &LINEAR_MATRIX_16, &LINEAR_MATRIX_8_F32]);
                     (kernel, constants, wrapped_grid(rows_n.div_ceil(tile_m) * cols_n.div_ceil(tile_n)))
                 }
@@ -305,6 +316,14 @@ mod tests {
         check_half_linear(gpu, 23, [33, 20, 100], false, true);
         check_half_linear(gpu, 24, [128, 96, 64], true, true);
         check_half_linear(gpu, 25, [300, 260, 100], true, true);
+        held_within("half-tier linear adding onto its output", crate::selftest::check_linear_add(gpu, 45, 70, 12, 9), HALF_TOL);
+    }
+
+    #[test]
+    fn linear_add_sums_onto_its_output_window_and_leaves_the_rest() {
+        held("linear adding onto its output", crate::selftest::check_linear_add(gpu(), 45, 70, 12, 9));
+        // Past one 128×128 tile both ways, with an odd rank.
+        held("linear adding onto its output, several tiles", crate::selftest::check_linear_add(gpu(), 150, 260, 7, 10));
     }
 
     #[test]

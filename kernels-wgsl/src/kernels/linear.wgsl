@@ -47,7 +47,11 @@ fn linear(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) w
                     if (HAS_BIAS) {
                         out += bias(p.b_offset + c);
                     }
-                    y[p.y_offset + r * p.y_stride + c] = out;
+                    let at = p.y_offset + r * p.y_stride + c;
+                    if (ACCUMULATE) {
+                        out += y[at];
+                    }
+                    y[at] = out;
                 }
             }
         }

@@ -5,6 +5,9 @@
 // window of a larger tensor.
 
 override HAS_BIAS: bool = false;
+// y += x·Wᵀ instead of y = x·Wᵀ: the output's old value joins the sum last
+// (a LoRA adapter's up product onto the base linear's output).
+override ACCUMULATE: bool = false;
 
 struct Params {
     m: u32, n: u32, k: u32,

@@ -38,7 +38,11 @@ fn linear_matrix(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id
             if (HAS_BIAS) {
                 out += bias(p.b_offset + n0 + c);
             }
-            y[p.y_offset + (m0 + r) * p.y_stride + n0 + c] = out;
+            let at = p.y_offset + (m0 + r) * p.y_stride + n0 + c;
+            if (ACCUMULATE) {
+                out += y[at];
+            }
+            y[at] = out;
         }
     }
 }

@@ -19,7 +19,7 @@ pub use bench::{copy_peak, fma_peak, matrix_peak, FMA_PEAK_FMAS_PER_ITERATION, M
 pub use conv::{conv2d, upsample_nearest2x};
 pub use df11::{df11_clear, df11_decode, df11_decode_blocks, Df11Arrays, DF11_BLOCK_BYTES};
 pub use elementwise::{elementwise, transpose, Elementwise};
-pub use linear::{linear, Gemm, GEMM_TILE};
+pub use linear::{linear, linear_add, Gemm, GEMM_TILE};
 pub use norm::{group_norm, group_norm_apply, group_stats, layer_norm_modulate, rms_norm, rms_norm_inplace, GroupAffine, Groups, RowNorm};
 pub use rope::{rope, RopeShape, RopeStyle, RopeTables};
 pub use vae::{denorm_unpatchify, pixel_levels, LatentStats};
