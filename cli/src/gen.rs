@@ -9,6 +9,8 @@ use flux_lite_platform::pipeline::{self, denoise, output, Batch, Made, Observer,
 use flux_lite_platform::RunError;
 use flux_lite_platform::GpuOptions;
 use std::path::PathBuf;
+use std::sync::Arc;
+use flux_lite_platform::model::lora::{LoraSet, LoraSpec};
 use std::time::Instant;
 
 /// Generate an image from a text prompt.
@@ -54,6 +56,9 @@ pub struct GenArgs {
     /// use prompt embeddings from this safetensors file (`prompt_embeds` [512, joint], as `flux-lite encode` writes) instead of --prompt
     #[argh(option)]
     embeddings: Option<PathBuf>,
+    /// a LoRA adapter for the transformer, FILE[:SCALE] (scale default 1.0); repeat to add several. diffusers/PEFT, BFL (ai-toolkit) and kohya layouts
+    #[argh(option, from_str_fn(parse_lora))]
+    lora: Vec<LoraSpec>,
     /// read the transformer from this folder instead of the model's transformer/
     #[argh(option)]
     transformer: Option<PathBuf>,
@@ -76,6 +81,42 @@ pub struct GenArgs {
     #[argh(switch)]
     verbose: bool,
 }
+
+pub fn parse_lora(arg: &str) -> Result<LoraSpec, String> {
+    LoraSpec::parse(arg)
+}
+
+/// Reads and checks the adapters before any work: one line each with
+/// `verbose`, a warning for keys left unused (listed with `verbose`).
+pub fn open_lora(specs: &[LoraSpec], config: &flux_lite_core::config::TransformerConfig, verbose: bool) -> Result<Arc<LoraSet>, String> {
+    let set = LoraSet::open(specs, config).map_err(|e| e.to_string())?;
+    for lora in &set.adapters {
+        if verbose {
+            eprintln!("lora: {}", lora.summary());
+        }
+        if lora.text_encoder_keys > 0 {
+            eprintln!("warning: LoRA {}: {} text-encoder keys are not supported and were skipped", lora.spec.path.display(), lora.text_encoder_keys);
+        }
+        if !lora.unmatched.is_empty() {
+            let listed = if verbose {
+                let first: Vec<&str> = lora.unmatched.iter().take(UNMATCHED_LISTED).map(String::as_str).collect();
+                format!(": {}", first.join(", "))
+            } else {
+                " (--verbose lists them)".to_string()
+            };
+            eprintln!(
+                "warning: LoRA {}: adapted {} modules; {} keys matched no module of this transformer{listed}",
+                lora.spec.path.display(),
+                lora.modules(),
+                lora.unmatched.len()
+            );
+        }
+    }
+    Ok(set)
+}
+
+/// Unmatched LoRA keys `--verbose` lists.
+const UNMATCHED_LISTED: usize = 10;
 
 /// Steps above this are refused as a typo rather than run for hours.
 pub const MAX_STEPS: usize = 1000;
@@ -157,6 +198,7 @@ pub fn run(args: &GenArgs) -> Result<(), String> {
         None => Batch::seeds(prompt, seed, args.count),
     };
 
+    let lora = open_lora(&args.lora, &model.transformer, args.verbose)?;
     let in_channels = model.transformer.in_channels;
     let gpu_options = GpuOptions { interrupt: Some(interrupt), precision: args.precision, ..Default::default() };
     let pipeline = Pipeline::with_model(model, &gpu_options).map_err(|e| e.to_string())?;
@@ -170,6 +212,7 @@ pub fn run(args: &GenArgs) -> Result<(), String> {
         vae_tile: args.vae_tile,
         memory_budget: args.memory_budget,
         references: references.iter().map(|r| (r.width, r.height)).collect(),
+        lora,
     };
     if args.verbose {
         eprintln!("adapter: {}", pipeline.gpu().describe());
@@ -355,7 +398,8 @@ impl Outputs {
 
 /// The text chunks every PNG carries (gen's and the server's alike).
 pub fn png_text(prompt: String, seed: u64, request: &Request, model: String) -> Vec<(&'static str, String)> {
-    vec![
+    let lora = request.lora.adapters.iter().map(|l| ("lora", format!("{}:{}", l.spec.path.display(), l.spec.scale)));
+    let mut text = vec![
         ("prompt", prompt),
         ("seed", seed.to_string()),
         ("steps", request.steps.to_string()),
@@ -363,7 +407,9 @@ pub fn png_text(prompt: String, seed: u64, request: &Request, model: String) -> 
         ("guidance", request.guidance.to_string()),
         ("model", model),
         ("software", format!("flux-lite {}", env!("CARGO_PKG_VERSION"))),
-    ]
+    ];
+    text.extend(lora);
+    text
 }
 
 /// `dir/NAME-0001.ext` for image 0 of `dir/NAME.ext`.

@@ -121,7 +121,7 @@ fn the_library_reuses_what_it_keeps_and_makes_the_pixels_gen_makes() {
     let want = single(&dir, FOX, 42);
     let gpu = flux_lite_platform::GpuOptions { precision: flux_lite_platform::Precision::F32, ..Default::default() };
     let pipeline = Pipeline::open(&model_dir("tiny-a"), Options { gpu, transformer: None, keep_loaded: true }).unwrap();
-    let mut request = Request { width: 32, height: 32, steps: 1, seed: 42, guidance: 1.0, vae_tile: None, memory_budget: None, references: Vec::new() };
+    let mut request = Request { width: 32, height: 32, steps: 1, seed: 42, guidance: 1.0, vae_tile: None, memory_budget: None, references: Vec::new(), lora: Default::default() };
     let batch = Batch::single(Prompt::Text(FOX.into()), 42);
     let run = |request: &Request| {
         let mut images = Vec::new();

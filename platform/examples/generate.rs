@@ -36,7 +36,7 @@ fn main() -> Result<(), String> {
     let steps = if pipeline.model().index.is_distilled { 4 } else { 50 };
     let prompt = Prompt::Text("a red fox in the snow".into());
     for seed in 0..2 {
-        let request = Request { width: 128, height: 128, steps, seed, guidance: 1.0, vae_tile: None, memory_budget: None, references: Vec::new() };
+        let request = Request { width: 128, height: 128, steps, seed, guidance: 1.0, vae_tile: None, memory_budget: None, references: Vec::new(), lora: Default::default() };
         let image = pipeline.generate(&prompt, &request, &[], &mut Steps).map_err(|e| e.to_string())?.image.ok_or("no image")?;
         let png = output::encode_png(image.width as u32, image.height as u32, &image.rgb, &[("seed", seed.to_string())])?;
         let path = PathBuf::from(format!("{stem}-{seed}.png"));

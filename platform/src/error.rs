@@ -23,6 +23,8 @@ pub enum LoadError {
     UnexpectedTensor { component: String, name: String },
     /// `tokenizer.json` is readable but the tokenizer library cannot build a tokenizer from it.
     Tokenizer { path: PathBuf, detail: String },
+    /// A LoRA adapter file that cannot adapt this model (its detail names the key).
+    Lora { path: PathBuf, detail: String },
 }
 
 impl fmt::Display for LoadError {
@@ -40,6 +42,7 @@ impl fmt::Display for LoadError {
                 write!(f, "{component}: unexpected tensor `{name}` for this architecture")
             }
             LoadError::Tokenizer { path, detail } => write!(f, "{}: not a tokenizer we can read: {detail}", path.display()),
+            LoadError::Lora { path, detail } => write!(f, "LoRA {}: {detail}", path.display()),
         }
     }
 }

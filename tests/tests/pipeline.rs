@@ -42,6 +42,7 @@ fn one_open_pipeline_generates_twice_the_diffusers_image() {
         vae_tile: None,
         memory_budget: None,
         references: Vec::new(),
+        lora: Default::default(),
     };
     let plan = pipeline.plan(&request).unwrap();
     assert_eq!(plan.decode.tile, None, "tiny-a at this size decodes untiled");
@@ -73,7 +74,7 @@ fn one_open_pipeline_generates_twice_the_diffusers_image() {
 #[test]
 fn a_request_whose_references_do_not_match_the_images_is_refused() {
     let pipeline = Pipeline::open(&model_dir("tiny-a"), Options::default()).unwrap();
-    let request = Request { width: 32, height: 32, steps: 1, seed: 0, guidance: 1.0, vae_tile: None, memory_budget: None, references: vec![(64, 64)] };
+    let request = Request { width: 32, height: 32, steps: 1, seed: 0, guidance: 1.0, vae_tile: None, memory_budget: None, references: vec![(64, 64)], lora: Default::default() };
     let err = pipeline.generate(&Prompt::Text("x".into()), &request, &[], &mut Counts::default()).unwrap_err();
     assert!(err.to_string().contains("reference"), "{err}");
 }

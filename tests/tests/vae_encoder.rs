@@ -145,6 +145,7 @@ fn encoding_references_stays_within_the_planned_bytes() {
         vae_tile: None,
         memory_budget: None,
         references: refs.iter().map(|r| (r.width, r.height)).collect(),
+        lora: Default::default(),
     };
     let planned = planning::plan(&device, &folder, &request).unwrap().references.expect("a reference phase");
     let live_before = device.memory().live;

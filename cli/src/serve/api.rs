@@ -59,6 +59,8 @@ pub struct Limits {
     pub max_side: usize,
     pub max_prompt_bytes: usize,
     pub memory_budget: Option<u64>,
+    /// The server's LoRA adapters (`--lora`), added to every request.
+    pub lora: std::sync::Arc<flux_lite_platform::model::lora::LoraSet>,
 }
 
 /// A checked request, ready to queue.
@@ -255,6 +257,7 @@ pub fn check(asked: Asked, pipeline: &Pipeline, limits: &Limits) -> Result<Order
         vae_tile: None,
         memory_budget: limits.memory_budget,
         references: references.iter().map(|r| (r.width, r.height)).collect(),
+        lora: limits.lora.clone(),
     };
     pipeline.plan(&request).map_err(|e| ApiError::bad(format!("{width}x{height}: {}", plan_reason(&e))))?;
     Ok(Order { prompt: asked.prompt, request, count: asked.count, references })

@@ -42,6 +42,9 @@ pub struct ServeArgs {
     /// read the transformer from this folder instead of the model's transformer/
     #[argh(option)]
     transformer: Option<PathBuf>,
+    /// a LoRA adapter added to every request, FILE[:SCALE] as for gen; repeat to add several
+    #[argh(option, from_str_fn(crate::gen::parse_lora))]
+    lora: Vec<flux_lite_platform::model::lora::LoraSpec>,
     /// the address to listen on (default 127.0.0.1: this machine only)
     #[argh(option, default = "IpAddr::from([127, 0, 0, 1])")]
     host: IpAddr,
@@ -97,6 +100,7 @@ pub fn run(args: &ServeArgs) -> Result<(), String> {
         eprintln!("warning: listening on {} without an API key: anyone who can reach it can use the GPU (give --api-key or {API_KEY_VARIABLE})", args.host);
     }
     let model = pipeline::open_model(&args.model, args.transformer.as_deref()).map_err(|e| e.to_string())?;
+    let lora = crate::gen::open_lora(&args.lora, &model.transformer, args.verbose)?;
     let interrupt = Arc::new(AtomicBool::new(false));
     let gpu = GpuOptions { interrupt: Some(interrupt.clone()), precision: args.precision, ..Default::default() };
     let pipeline = Arc::new(Pipeline::with_model(model, &gpu).map_err(|e| e.to_string())?.keep_loaded(true));
@@ -111,6 +115,7 @@ pub fn run(args: &ServeArgs) -> Result<(), String> {
         max_side: args.max_side,
         max_prompt_bytes: crate::prompt::MAX_PROMPT_BYTES as usize,
         memory_budget: args.memory_budget,
+        lora,
     };
     let app = Arc::new(App { pipeline, jobs: jobs.clone(), limits, model_name, api_key });
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().map_err(|e| format!("cannot start the HTTP runtime: {e}"))?;

@@ -402,6 +402,7 @@ impl<'g> ShapeBench<'g> {
             rope_cos: self.gpu.upload_f32("bench rope cos", &vec![1.0; table as usize]),
             rope_sin: self.gpu.storage("bench rope sin", 4 * table),
             key_keep: masked.then(|| self.gpu.upload_u32("bench key mask", &vec![1; rows.max(1) as usize])),
+            lora: None,
         }
     }
 

@@ -63,6 +63,7 @@ impl TextEncoder {
             rope_cos: gpu.upload_f32("qwen rope cos", &cos),
             rope_sin: gpu.upload_f32("qwen rope sin", &sin),
             key_keep: Some(gpu.storage("qwen key mask", 4 * tokens.max(1) as u64)),
+            lora: None,
         };
         let prepared = runner.prepare(gpu, &weights, &blocks)?;
         Ok(Self { config: config.clone(), layout, store, runner, weights, blocks, prepared, arena_bytes })

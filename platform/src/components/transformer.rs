@@ -7,7 +7,8 @@ use flux_lite_kernels::{DeviceBuffer, Gpu};
 use flux_lite_kernels::kernels::{self, Elementwise};
 use flux_lite_kernels::{Dispatch, Mat};
 use crate::run::device_weights::DeviceWeights;
-use crate::run::runner::{self, collect_ops, BlockProgress, Runner};
+use crate::run::runner::{self, collect_ops, BlockProgress, DeviceLora, Runner};
+use crate::model::lora::LoraSet;
 use crate::model::safetensors_store::WeightStore;
 use flux_lite_core::config::TransformerConfig;
 use flux_lite_core::plan::{WeightSizes, WeightStrategy};
@@ -87,6 +88,22 @@ impl Transformer {
         text: usize,
         grids: &LatentGrids,
     ) -> Result<Self, RunError> {
+        Self::adapted(gpu, config, store, strategy, chunk, text, grids, &LoraSet::default())
+    }
+
+    /// [`Self::new`] with LoRA adapters added to the linears they adapt
+    /// (their matrices resident on the device, the model's weights untouched).
+    #[allow(clippy::too_many_arguments)] // new's, and the adapters
+    pub fn adapted(
+        gpu: &Gpu,
+        config: &TransformerConfig,
+        store: WeightStore,
+        strategy: WeightStrategy,
+        chunk: Option<usize>,
+        text: usize,
+        grids: &LatentGrids,
+        lora: &LoraSet,
+    ) -> Result<Self, RunError> {
         if config.timestep_guidance_channels > MAX_SINUSOID {
             return Err(RunError::Input(format!(
                 "timestep_guidance_channels {} is above the supported {MAX_SINUSOID}",
@@ -108,6 +125,7 @@ impl Transformer {
             rope_cos: gpu.upload_f32("rope cos", &cos),
             rope_sin: gpu.upload_f32("rope sin", &sin),
             key_keep: None,
+            lora: DeviceLora::upload(gpu, lora, rows as u64),
         };
         let prepared = runner.prepare(gpu, &weights, &blocks)?;
         let mut euler = Vec::new();
@@ -206,7 +224,7 @@ impl Transformer {
 
     /// Bytes of weights on the device (compressed groups and their slots included).
     pub fn weight_bytes(&self) -> u64 {
-        self.weights.bytes()
+        self.weights.bytes() + self.runner.lora.as_ref().map_or(0, |l| l.bytes())
     }
 
     /// Bytes of the bf16 slots DF11 groups are expanded into per block.

@@ -309,7 +309,7 @@ pub(crate) fn check_tile(config: &VaeConfig, tile_px: Option<usize>) -> Result<(
 
 /// A runner over a VAE activation arena of `bytes` (the VAE reads no RoPE tables).
 pub(crate) fn arena_runner(gpu: &Gpu, label: &str, bytes: u64) -> Runner {
-    Runner { arena: gpu.storage(label, bytes), rope_cos: gpu.storage("unused", 4), rope_sin: gpu.storage("unused", 4), key_keep: None }
+    Runner { arena: gpu.storage(label, bytes), rope_cos: gpu.storage("unused", 4), rope_sin: gpu.storage("unused", 4), key_keep: None, lora: None }
 }
 
 /// Planar `[3, pixels]` levels to interleaved RGB.

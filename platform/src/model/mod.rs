@@ -5,6 +5,7 @@
 pub mod compress;
 pub mod config_json;
 pub mod df11;
+pub mod lora;
 pub mod safetensors_store;
 pub mod tokenizer;
 

@@ -314,13 +314,17 @@ impl Run<'_> {
             strategy: self.plan.denoise.weights,
             chunk: self.plan.denoise.chunk.map(|c| c as usize),
             grids: LatentGrids { noise: (lat_h, lat_w), references: references.grids.clone() },
+            lora: request.lora.key(),
         };
         let transformer = match take_matching(&mut self.kept.transformer, &key) {
             Some(t) => {
                 self.reused.push("transformer");
                 t
             }
-            None => Transformer::new(gpu, &model.transformer, model.weights(Component::Transformer)?, key.strategy, key.chunk, PROMPT_TOKENS, &key.grids)?,
+            None => {
+                let store = model.weights(Component::Transformer)?;
+                Transformer::adapted(gpu, &model.transformer, store, key.strategy, key.chunk, PROMPT_TOKENS, &key.grids, &request.lora)?
+            }
         };
         transformer.set_references(gpu, &references.tokens)?;
         self.timings.load += started.elapsed();

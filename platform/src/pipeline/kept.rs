@@ -25,6 +25,8 @@ pub struct TransformerKey {
     pub strategy: WeightStrategy,
     pub chunk: Option<usize>,
     pub grids: LatentGrids,
+    /// The LoRA adapters added: each file with its scale's bits.
+    pub lora: Vec<(std::path::PathBuf, u32)>,
 }
 
 /// What a VAE decoder was laid out for: `(width, height, tile)`.

@@ -17,6 +17,7 @@ pub use generation::{Batch, Finished, Item, Made};
 use denoise::StepProgress;
 use crate::error::{LoadError, RunError};
 use flux_lite_kernels::{Gpu, GpuOptions};
+use crate::model::lora::LoraSet;
 use crate::model::{Component, ModelFolder};
 use crate::pipeline::reference_image::ReferenceImage;
 use crate::run::runner::BlockProgress;
@@ -91,6 +92,8 @@ pub struct Request {
     pub memory_budget: Option<u64>,
     /// The prepared reference images' `(width, height)`, in order; empty for text to image.
     pub references: Vec<(usize, usize)>,
+    /// LoRA adapters for the transformer ([`LoraSet::open`]); empty: none.
+    pub lora: std::sync::Arc<LoraSet>,
 }
 
 /// The reference images' tokens, encoded once before denoising.
@@ -268,7 +271,7 @@ pub struct Generated {
 /// use flux_lite_platform::pipeline::{Options, Pipeline, Prompt, Request, Silent};
 /// # fn main() -> Result<(), flux_lite_platform::RunError> {
 /// let pipeline = Pipeline::open("FLUX.2-klein-4B".as_ref(), Options::default())?;
-/// let request = Request { width: 512, height: 512, steps: 4, seed: 42, guidance: 1.0, vae_tile: None, memory_budget: None, references: Vec::new() };
+/// let request = Request { width: 512, height: 512, steps: 4, seed: 42, guidance: 1.0, vae_tile: None, memory_budget: None, references: Vec::new(), lora: Default::default() };
 /// let out = pipeline.generate(&Prompt::Text("a red fox in the snow".into()), &request, &[], &mut Silent)?;
 /// let image = out.image.expect("decoded");
 /// assert_eq!(image.rgb.len(), 3 * 512 * 512);

@@ -6,7 +6,9 @@ use crate::error::{GpuError, RunError};
 use crate::model::safetensors_store::WeightStore;
 use flux_lite_kernels::{DeviceBuffer, Gpu};
 use flux_lite_kernels::kernels::{self, Attention, Elementwise, RopeStyle, RowNorm};
-use flux_lite_kernels::{Mat};
+use flux_lite_kernels::{Mat, Weight};
+use crate::model::lora::LoraSet;
+use std::collections::HashMap;
 use flux_lite_core::ir::{Op, Span};
 
 /// The activation arena and the tables a program reads.
@@ -17,6 +19,52 @@ pub struct Runner {
     pub rope_sin: DeviceBuffer,
     /// One u32 per key (0 = padding) for `CausalAttention`; `None` attends to every key.
     pub key_keep: Option<DeviceBuffer>,
+    /// LoRA adapters added to the linears they adapt; `None`: no adapter.
+    pub lora: Option<DeviceLora>,
+}
+
+/// LoRA adapters on the device: per adapted linear (by its weight's name)
+/// the combined down matrix `A` `[rank, in]` and scaled up matrix `B`
+/// `[out, rank]` (f32), and one scratch `[rows, max rank]` for `x·Aᵀ`.
+#[derive(Debug)]
+pub struct DeviceLora {
+    modules: HashMap<String, (DeviceBuffer, DeviceBuffer, u64)>,
+    scratch: DeviceBuffer,
+    bytes: u64,
+}
+
+impl DeviceLora {
+    /// Uploads `set`'s combined matrices, with scratch for linears over up
+    /// to `rows` token rows. `None` when the set adapts nothing.
+    pub fn upload(gpu: &Gpu, set: &LoraSet, rows: u64) -> Option<Self> {
+        if set.is_empty() {
+            return None;
+        }
+        let modules: HashMap<_, _> = set
+            .modules()
+            .map(|(weight, c)| (weight.to_string(), (gpu.upload_f32("lora down", &c.down), gpu.upload_f32("lora up", &c.up), c.rank as u64)))
+            .collect();
+        let scratch = gpu.storage("lora scratch", 4 * rows.max(1) * set.max_rank() as u64);
+        let bytes = modules.values().map(|(a, b, _)| a.size() + b.size()).sum::<u64>() + scratch.size();
+        Some(Self { modules, scratch, bytes })
+    }
+
+    /// Device bytes held: matrices and scratch.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// `y += (x·Aᵀ)·Bᵀ` for the linear `Op::Linear { x, w, w_row, y, .. }`
+    /// describes, when `w` is adapted: the rows `w_row .. w_row + cols` of
+    /// `B` serve a linear over part of `W`'s rows.
+    #[allow(clippy::too_many_arguments)] // the linear's operands
+    fn record(&self, gpu: &Gpu, sink: &mut dyn flux_lite_kernels::Sink, w: &str, x: Mat<'_>, y: Mat<'_>, w_row: u64, s: kernels::Gemm) -> Result<(), GpuError> {
+        let Some((down, up, rank)) = self.modules.get(w) else { return Ok(()) };
+        let t = Mat { buf: &self.scratch, offset: 0, stride: *rank };
+        kernels::linear(gpu, sink, x, Weight::f32(down), None, t, kernels::Gemm { m: s.m, n: *rank, k: s.k })?;
+        let up = Weight::f32(up).rows_from(w_row, *rank);
+        kernels::linear_add(gpu, sink, t, up, y, kernels::Gemm { m: s.m, n: s.n, k: *rank })
+    }
 }
 
 impl Runner {
@@ -32,8 +80,13 @@ impl Runner {
                     Some(b) => Some(weights.get(b)?.view().rows_from(*w_row, 1)),
                     None => None,
                 };
-                let w = weights.get(w)?.view().rows_from(*w_row, *inner);
-                kernels::linear(gpu, sink, self.mat(*x), w, bias, self.mat(*y), kernels::Gemm { m: *rows, n: *cols, k: *inner })
+                let weight = weights.get(w)?.view().rows_from(*w_row, *inner);
+                let s = kernels::Gemm { m: *rows, n: *cols, k: *inner };
+                kernels::linear(gpu, sink, self.mat(*x), weight, bias, self.mat(*y), s)?;
+                match &self.lora {
+                    Some(lora) => lora.record(gpu, sink, w, self.mat(*x), self.mat(*y), *w_row, s),
+                    None => Ok(()),
+                }
             }
             Op::RmsNormHeads { data, w, tokens, heads, head_dim, eps } => {
                 let s = RowNorm { tokens: *tokens, heads: *heads, d: *head_dim, eps: *eps };

@@ -95,7 +95,7 @@ fn run(options: &GpuOptions, tier: Precision) -> Result<Found, String> {
     let pipeline = Pipeline::open(dir.path(), Options { gpu: GpuOptions { precision: tier, ..options.clone() }, transformer: None, keep_loaded: false }).map_err(|e| e.to_string())?;
     let (mut embeddings, _) = pipeline.encode(&[PROMPT], None, &mut Silent).map_err(|e| e.to_string())?;
     let embedding = embeddings.pop().ok_or("no prompt embedding")?;
-    let request = Request { width: SIZE, height: SIZE, steps: 1, seed: SEED, guidance: 1.0, vae_tile: None, memory_budget: None, references: Vec::new() };
+    let request = Request { width: SIZE, height: SIZE, steps: 1, seed: SEED, guidance: 1.0, vae_tile: None, memory_budget: None, references: Vec::new(), lora: Default::default() };
     let prompt = Prompt::Embeddings { positive: embedding.clone(), negative: None };
     let generated = pipeline.generate(&prompt, &request, &[], &mut Silent).map_err(|e| e.to_string())?;
     // One Euler step: latents = noise + (σ₁ − σ₀)·velocity.
