@@ -10,3 +10,4 @@ python3 test_vectors/generate_df11.py
 python3 test_vectors/generate_configs.py
 python3 test_vectors/generate_vae_encoder.py
 python3 test_vectors/generate_references.py
+python3 test_vectors/generate_lora.py
