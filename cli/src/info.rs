@@ -31,6 +31,9 @@ pub struct InfoArgs {
     /// image height the plan is for, in pixels (default: the first reference image's, else 1024)
     #[argh(option)]
     height: Option<usize>,
+    /// a LoRA adapter to plan with, FILE[:SCALE] as for gen (its bytes on the device are printed); repeat for several
+    #[argh(option, from_str_fn(crate::gen::parse_lora))]
+    lora: Vec<flux_lite_platform::model::lora::LoraSpec>,
     /// also plan the run within this memory (device and host together), e.g. 2GiB (fails, naming the minimum, when too small)
     #[argh(option, from_str_fn(crate::budget::parse_memory_budget))]
     memory_budget: Option<u64>,
@@ -49,7 +52,24 @@ pub fn run(args: &InfoArgs) -> Result<(), String> {
     let (width, height) = crate::references::image_size(args.width, args.height, &references);
     flux_lite_platform::pipeline::denoise::latent_grid(&model.vae, width, height).map_err(|e| crate::errors::size_line(&e))?;
     let reference_sizes: Vec<(u64, u64)> = references.iter().map(|r| (r.width as u64, r.height as u64)).collect();
-    let sizes = ModelSizes::from_files_or_configs(&model, width, height).map_err(|e| e.to_string())?;
+    let mut sizes = ModelSizes::from_files_or_configs(&model, width, height).map_err(|e| e.to_string())?;
+    if !args.lora.is_empty() {
+        let lora = crate::gen::open_lora(&args.lora, &model.transformer, false)?;
+        let sized: Vec<(usize, usize)> = references.iter().map(|r| (r.width, r.height)).collect();
+        let rows = flux_lite_platform::pipeline::planning::transformer_rows(&model, width, height, &sized).map_err(|e| e.to_string())?;
+        say!();
+        for adapter in &lora.adapters {
+            say!("lora: {}", adapter.summary());
+        }
+        let bytes = lora.device_bytes(rows);
+        say!(
+            "lora: {} on the device in all ({} B): the combined matrices (f32, resident under every strategy) and a {rows}×{} scratch for x·Aᵀ",
+            Bytes(bytes),
+            bytes,
+            lora.max_rank()
+        );
+        sizes.transformer.shared += bytes;
+    }
     let (limits, adapter) = match args.limits.flatten() {
         Some(l) if l == DeviceLimits::WEBGPU_DEFAULT => (l, "WebGPU's default limits (--limits webgpu)".to_string()),
         Some(l) => (l, "the limits given (--limits)".to_string()),

@@ -106,6 +106,9 @@ fn scale_zero_is_no_adapter_exactly_and_the_plan_counts_the_adapters() {
     assert!(plain_log.contains("wrote"), "{plain_log}");
 }
 
+/// A tensor to write: name, dtype, shape, values.
+type Tensor = (String, Dtype, Vec<usize>, Vec<f32>);
+
 /// Writes f32 `tensors` (name, dtype, shape, values) to a safetensors file.
 fn write_lora(path: &Path, tensors: &[(&str, Dtype, Vec<usize>, Vec<f32>)]) {
     assert!(tensors.iter().all(|t| t.1 == Dtype::F32));
@@ -115,14 +118,14 @@ fn write_lora(path: &Path, tensors: &[(&str, Dtype, Vec<usize>, Vec<f32>)]) {
 }
 
 /// A down/up pair for `module` (diffusers names, under `transformer.`).
-fn pair(module: &str, rank: usize, inner: usize, out: usize, value: f32) -> [(String, Dtype, Vec<usize>, Vec<f32>); 2] {
+fn pair(module: &str, rank: usize, inner: usize, out: usize, value: f32) -> [Tensor; 2] {
     [
         (format!("transformer.{module}.lora_A.weight"), Dtype::F32, vec![rank, inner], vec![value; rank * inner]),
         (format!("transformer.{module}.lora_B.weight"), Dtype::F32, vec![out, rank], vec![value; out * rank]),
     ]
 }
 
-fn write_pairs(path: &Path, pairs: &[(String, Dtype, Vec<usize>, Vec<f32>)]) {
+fn write_pairs(path: &Path, pairs: &[Tensor]) {
     let tensors: Vec<(&str, Dtype, Vec<usize>, Vec<f32>)> = pairs.iter().map(|(n, d, s, v)| (n.as_str(), *d, s.clone(), v.clone())).collect();
     write_lora(path, &tensors);
 }
@@ -134,7 +137,7 @@ fn a_bad_adapter_is_one_error_line_naming_its_file_and_key() {
     let out = dir.join("out.png");
     // tiny-a: inner dim 64; to_q is 64×64.
     let q = "transformer_blocks.0.attn.to_q";
-    let cases: Vec<(&str, Vec<(String, Dtype, Vec<usize>, Vec<f32>)>, Vec<&str>)> = vec![
+    let cases: Vec<(&str, Vec<Tensor>, Vec<&str>)> = vec![
         (
             "another-model",
             vec![

@@ -118,7 +118,7 @@ fn text_encoder_sizes(model: &ModelFolder) -> Result<WeightSizes, RunError> {
 pub fn plan(gpu: &Gpu, model: &ModelFolder, request: &Request) -> Result<Plan, RunError> {
     let mut sizes = ModelSizes::from_files(model, request.width, request.height)?;
     let references: Vec<(u64, u64)> = request.references.iter().map(|&(w, h)| (w as u64, h as u64)).collect();
-    sizes.transformer.shared += request.lora.device_bytes(transformer_rows(model, request)?);
+    sizes.transformer.shared += request.lora.device_bytes(transformer_rows(model, request.width, request.height, &request.references)?);
     let input = PlanInput {
         vae_tile: request.vae_tile.map(|t| t as u64),
         ..sizes.plan_input(model, request.width, request.height, &references, gpu.plan_limits(), request.memory_budget)
@@ -126,11 +126,13 @@ pub fn plan(gpu: &Gpu, model: &ModelFolder, request: &Request) -> Result<Plan, R
     Ok(planner::plan(&input)?)
 }
 
-/// The transformer's token rows for `request`: prompt, noise and reference tokens.
-pub fn transformer_rows(model: &ModelFolder, request: &Request) -> Result<u64, RunError> {
+/// The transformer's token rows for a `width × height` image with
+/// reference images of the sizes `(width, height)` in `references`: prompt,
+/// noise and reference tokens.
+pub fn transformer_rows(model: &ModelFolder, width: usize, height: usize, references: &[(usize, usize)]) -> Result<u64, RunError> {
     let grid = |w: usize, h: usize| denoise::latent_grid(&model.vae, w, h).map(|(lh, lw)| (lh * lw) as u64).map_err(|e| RunError::Input(e.to_string()));
-    let mut rows = PROMPT_TOKENS as u64 + grid(request.width, request.height)?;
-    for &(w, h) in &request.references {
+    let mut rows = PROMPT_TOKENS as u64 + grid(width, height)?;
+    for &(w, h) in references {
         rows += grid(w, h)?;
     }
     Ok(rows)
