@@ -77,6 +77,20 @@ def peft_file(pipe, path: Path) -> None:
     )
 
 
+def block_linears(config, put, double: str, single: str, dot: str) -> None:
+    """`put(name, out, in)` for every linear of the BFL blocks, named by the
+    `double` and `single` templates with `dot` between a part's words."""
+    d = config.num_attention_heads * config.attention_head_dim
+    f = int(d * config.mlp_ratio)
+    for i in range(config.num_layers):
+        for side in ("img", "txt"):
+            for part, out_features, in_features in (("attn.qkv", 3 * d, d), ("attn.proj", d, d), ("mlp.0", 2 * f, d), ("mlp.2", d, f)):
+                put(double.format(i=i, side=side, part=part.replace(".", dot)), out_features, in_features)
+    for i in range(config.num_single_layers):
+        put(single.format(i=i, part="linear1"), 3 * d + 2 * f, d)
+        put(single.format(i=i, part="linear2"), d, d + f)
+
+
 def bfl_file(config, path: Path) -> None:
     d = config.num_attention_heads * config.attention_head_dim
     f = int(d * config.mlp_ratio)
@@ -88,15 +102,7 @@ def bfl_file(config, path: Path) -> None:
         tensors[f"diffusion_model.{name}.lora_A.weight"] = normal(gen, (rank, in_features), DOWN_STD).to(torch.bfloat16)
         tensors[f"diffusion_model.{name}.lora_B.weight"] = normal(gen, (out_features, rank), UP_STD).to(torch.bfloat16)
 
-    for i in range(config.num_layers):
-        for side in ("img", "txt"):
-            put(f"double_blocks.{i}.{side}_attn.qkv", 3 * d, d)
-            put(f"double_blocks.{i}.{side}_attn.proj", d, d)
-            put(f"double_blocks.{i}.{side}_mlp.0", 2 * f, d)
-            put(f"double_blocks.{i}.{side}_mlp.2", d, f)
-    for i in range(config.num_single_layers):
-        put(f"single_blocks.{i}.linear1", 3 * d + 2 * f, d)
-        put(f"single_blocks.{i}.linear2", d, d + f)
+    block_linears(config, put, "double_blocks.{i}.{side}_{part}", "single_blocks.{i}.{part}", ".")
     put("img_in", d, config.in_channels)
     put("txt_in", d, config.joint_attention_dim)
     put("final_layer.linear", config.in_channels, d)
@@ -105,8 +111,6 @@ def bfl_file(config, path: Path) -> None:
 
 
 def kohya_file(config, path: Path) -> None:
-    d = config.num_attention_heads * config.attention_head_dim
-    f = int(d * config.mlp_ratio)
     rank, alpha = 3, 1.5
     gen = torch.Generator().manual_seed(303)
     tensors = {}
@@ -116,15 +120,7 @@ def kohya_file(config, path: Path) -> None:
         tensors[f"lora_unet_{name}.lora_up.weight"] = normal(gen, (out_features, rank), UP_STD).to(torch.bfloat16)
         tensors[f"lora_unet_{name}.alpha"] = torch.tensor(alpha, dtype=torch.bfloat16)
 
-    for i in range(config.num_layers):
-        for side in ("img", "txt"):
-            put(f"double_blocks_{i}_{side}_attn_qkv", 3 * d, d)
-            put(f"double_blocks_{i}_{side}_attn_proj", d, d)
-            put(f"double_blocks_{i}_{side}_mlp_0", 2 * f, d)
-            put(f"double_blocks_{i}_{side}_mlp_2", d, f)
-    for i in range(config.num_single_layers):
-        put(f"single_blocks_{i}_linear1", 3 * d + 2 * f, d)
-        put(f"single_blocks_{i}_linear2", d, d + f)
+    block_linears(config, put, "double_blocks_{i}_{side}_{part}", "single_blocks_{i}_{part}", "_")
     save_file(tensors, str(path))
 
 
