@@ -63,12 +63,12 @@ pub fn run(args: &InfoArgs) -> Result<(), String> {
         }
         let bytes = lora.device_bytes(rows);
         say!(
-            "lora: {} on the device in all ({} B): the combined matrices (f32, resident under every strategy) and a {rows}×{} scratch for x·Aᵀ",
+            "lora: {} on the device in all ({} B): the combined matrices (f32, resident under every strategy) and a {rows}×{} scratch for x·Aᵀ; on the host only the mapped files",
             Bytes(bytes),
             bytes,
             lora.max_rank()
         );
-        sizes.transformer.shared += bytes;
+        sizes.add_lora(&lora, rows);
     }
     let (limits, adapter) = match args.limits.flatten() {
         Some(l) if l == DeviceLimits::WEBGPU_DEFAULT => (l, "WebGPU's default limits (--limits webgpu)".to_string()),

@@ -165,6 +165,11 @@ fn a_bad_adapter_is_one_error_line_naming_its_file_and_key() {
             vec!["transformer.transformer_blocks.0.attn.to_q.lora_B.weight", "non-finite", "element 7"],
         ),
         (
+            "lokr",
+            vec![("diffusion_model.double_blocks.0.img_attn.qkv.lokr_w1".into(), Dtype::F32, vec![4, 4], vec![0.1; 16])],
+            vec!["LoKr or LoHa", "LoRA adapters only"],
+        ),
+        (
             "no-up",
             vec![(format!("transformer.{q}.lora_A.weight"), Dtype::F32, vec![4, 64], vec![0.1; 4 * 64])],
             vec!["transformer.transformer_blocks.0.attn.to_q.lora_A.weight", "has no `transformer.transformer_blocks.0.attn.to_q.lora_B.weight`"],

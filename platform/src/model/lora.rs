@@ -23,7 +23,8 @@
 use crate::error::LoadError;
 use flux_lite_core::config::TransformerConfig;
 use memmap2::Mmap;
-use safetensors::tensor::SafeTensors;
+use crate::model::safetensors_store::widen_to_f32;
+use safetensors::tensor::{Dtype, SafeTensors};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -75,8 +76,17 @@ impl Layout {
     }
 }
 
-/// One module's adapter from one file: `down` `[rank, in]` and `up`
-/// `[out, rank]` with the module's scale already in `up`.
+/// Where a tensor's bytes lie in a mapped file.
+#[derive(Debug, Clone)]
+struct Stored {
+    dtype: Dtype,
+    bytes: std::ops::Range<usize>,
+}
+
+/// One module's adapter from one file: where its down `[rank, in]` and up
+/// `[.., rank]` matrices lie, which rows of the up matrix are this
+/// module's, and the module's scale. The values stay in the mapped file
+/// until the transformer is built.
 #[derive(Debug, Clone)]
 struct Part {
     /// The module's weight, as the transformer names it (`….weight`).
@@ -84,16 +94,26 @@ struct Part {
     /// The file's key it came from (its down matrix), for messages.
     key: String,
     rank: usize,
-    down: Vec<f32>,
-    up: Vec<f32>,
+    inner: usize,
+    out: usize,
+    down: Stored,
+    up: Stored,
+    /// This module's rows of the up matrix start at row `first_row`.
+    first_row: usize,
+    /// alpha / rank, or PEFT's scaling.
+    scale: f32,
+    /// BFL's final modulation is (shift, scale); diffusers' `norm_out` is
+    /// (scale, shift): the up matrix's halves swap.
+    swap_halves: bool,
 }
 
 /// One adapter file, read, converted to diffusers' names and checked
-/// against the transformer.
+/// against the transformer; its values stay in the mapped file.
 #[derive(Debug)]
 pub struct Lora {
     pub spec: LoraSpec,
     pub layout: Layout,
+    map: Mmap,
     parts: Vec<Part>,
     /// Keys that matched no transformer module, in file order.
     pub unmatched: Vec<String>,
@@ -115,7 +135,7 @@ impl Lora {
 
     /// Device bytes of its matrices as the engine holds them (f32).
     pub fn device_bytes(&self) -> u64 {
-        self.parts.iter().map(|p| 4 * (p.down.len() + p.up.len()) as u64).sum()
+        self.parts.iter().map(|p| 4 * (p.rank * (p.inner + p.out)) as u64).sum()
     }
 
     /// One line for `--verbose` and `info --lora`.
@@ -131,16 +151,40 @@ impl Lora {
             flux_lite_core::bytes::Bytes(self.device_bytes())
         )
     }
+
+    fn values(&self, t: &Stored) -> Vec<f32> {
+        let mut out = Vec::new();
+        widen_to_f32(t.dtype, &self.map[t.bytes.clone()], &mut out);
+        out
+    }
+
+    /// A part's down matrix `[rank, in]`.
+    fn down(&self, p: &Part) -> Vec<f32> {
+        self.values(&p.down)
+    }
+
+    /// A part's up matrix `[out, rank]`: its rows, times its scale, halves swapped where BFL's order differs.
+    fn up(&self, p: &Part) -> Vec<f32> {
+        let all = self.values(&p.up);
+        let mut rows: Vec<f32> = all[p.first_row * p.rank..(p.first_row + p.out) * p.rank].iter().map(|v| v * p.scale).collect();
+        if p.swap_halves {
+            rows.rotate_left(p.out / 2 * p.rank);
+        }
+        rows
+    }
 }
 
 /// The adapters of one run, combined per module: each adapted linear gets
 /// `A` `[R, in]` (every adapter's down matrix stacked) and `B` `[out, R]`
 /// (their scaled up matrices side by side), `R` the sum of their ranks, so
-/// one pair of products serves all of them.
+/// one pair of products serves all of them. Nothing is held but the mapped
+/// files: [`Self::combined`] reads a module's matrices when the transformer
+/// is built.
 #[derive(Debug, Default)]
 pub struct LoraSet {
     pub adapters: Vec<Lora>,
-    modules: BTreeMap<String, Combined>,
+    /// Per adapted weight: `(adapter, part)` of each adapter of it, in order.
+    modules: BTreeMap<String, Vec<(usize, usize)>>,
 }
 
 /// One module's adapters combined.
@@ -162,10 +206,9 @@ impl LoraSet {
         for spec in specs {
             set.adapters.push(read(spec, &shapes)?);
         }
-        for lora in set.adapters.iter().filter(|l| l.spec.scale != 0.0) {
-            for part in &lora.parts {
-                let (out, _) = shapes[&part.weight];
-                set.modules.entry(part.weight.clone()).or_insert_with(|| Combined { down: Vec::new(), up: Vec::new(), rank: 0 }).push(part, out, lora.spec.scale);
+        for (a, lora) in set.adapters.iter().enumerate().filter(|(_, l)| l.spec.scale != 0.0) {
+            for (i, part) in lora.parts.iter().enumerate() {
+                set.modules.entry(part.weight.clone()).or_default().push((a, i));
             }
         }
         Ok(Arc::new(set))
@@ -175,24 +218,40 @@ impl LoraSet {
         self.modules.is_empty()
     }
 
-    /// The combined adapter of the linear whose weight is `weight`.
-    pub fn get(&self, weight: &str) -> Option<&Combined> {
-        self.modules.get(weight)
+    /// The weights of the linears adapted.
+    pub fn modules(&self) -> impl Iterator<Item = &str> {
+        self.modules.keys().map(String::as_str)
     }
 
-    pub fn modules(&self) -> impl Iterator<Item = (&str, &Combined)> {
-        self.modules.iter().map(|(k, v)| (k.as_str(), v))
+    /// The combined adapter of the linear whose weight is `weight`, read from the files.
+    pub fn combined(&self, weight: &str) -> Option<Combined> {
+        let parts = self.modules.get(weight)?;
+        let mut c = Combined { down: Vec::new(), up: Vec::new(), rank: 0 };
+        for &(a, i) in parts {
+            let (lora, part) = (&self.adapters[a], &self.adapters[a].parts[i]);
+            c.push(&lora.down(part), &lora.up(part), part.rank, part.out, lora.spec.scale);
+        }
+        Some(c)
+    }
+
+    fn parts(&self, weight: &str) -> impl Iterator<Item = &Part> {
+        self.modules.get(weight).into_iter().flatten().map(|&(a, i)| &self.adapters[a].parts[i])
+    }
+
+    /// The combined rank of each adapted linear.
+    fn ranks(&self) -> impl Iterator<Item = usize> + '_ {
+        self.modules.keys().map(|w| self.parts(w).map(|p| p.rank).sum())
     }
 
     /// The largest combined rank: the width of the engine's `x·Aᵀ` scratch.
     pub fn max_rank(&self) -> usize {
-        self.modules.values().map(|c| c.rank).max().unwrap_or(0)
+        self.ranks().max().unwrap_or(0)
     }
 
     /// Device bytes while the transformer runs over `rows` token rows: every
     /// combined matrix (f32) and the `[rows, max rank]` scratch.
     pub fn device_bytes(&self, rows: u64) -> u64 {
-        let matrices: u64 = self.modules.values().map(|c| 4 * (c.down.len() + c.up.len()) as u64).sum();
+        let matrices: u64 = self.modules.keys().flat_map(|w| self.parts(w)).map(|p| 4 * (p.rank * (p.inner + p.out)) as u64).sum();
         if matrices == 0 {
             return 0;
         }
@@ -206,18 +265,20 @@ impl LoraSet {
 }
 
 impl Combined {
-    fn push(&mut self, part: &Part, out: usize, scale: f32) {
-        let (r0, r) = (self.rank, part.rank);
+    /// Adds an adapter of rank `r`: `down` `[r, in]` below the stacked ones,
+    /// `scale · up` (`[out, r]`) to the right of the others.
+    fn push(&mut self, down: &[f32], up: &[f32], r: usize, out: usize, scale: f32) {
+        let r0 = self.rank;
         let rank = r0 + r;
-        self.down.extend_from_slice(&part.down);
-        let mut up = vec![0f32; out * rank];
+        self.down.extend_from_slice(down);
+        let mut wide = vec![0f32; out * rank];
         for o in 0..out {
-            up[o * rank..o * rank + r0].copy_from_slice(&self.up[o * r0..o * r0 + r0]);
+            wide[o * rank..o * rank + r0].copy_from_slice(&self.up[o * r0..o * r0 + r0]);
             for j in 0..r {
-                up[o * rank + r0 + j] = scale * part.up[o * r + j];
+                wide[o * rank + r0 + j] = scale * up[o * r + j];
             }
         }
-        self.up = up;
+        self.up = wide;
         self.rank = rank;
     }
 }
@@ -243,20 +304,24 @@ fn problem(path: &Path, key: Option<&str>, detail: impl Into<String>) -> LoadErr
 struct File<'a> {
     path: &'a Path,
     tensors: SafeTensors<'a>,
+    /// The address of the map's first byte, to turn tensor slices into ranges.
+    start: usize,
 }
 
 impl File<'_> {
-    /// A tensor's values as f32 (bf16, f16 or f32 stored), every one finite.
-    fn values(&self, key: &str) -> Result<(Vec<f32>, Vec<usize>), LoadError> {
+    /// Where a tensor lies, after checking that it is bf16, f16 or f32 and
+    /// every value is finite (the values are not kept).
+    fn stored(&self, key: &str) -> Result<(Stored, Vec<usize>), LoadError> {
         let t = self.tensors.tensor(key).map_err(|e| problem(self.path, Some(key), e.to_string()))?;
-        let mut out = Vec::new();
-        if !crate::model::safetensors_store::widen_to_f32(t.dtype(), t.data(), &mut out) {
+        let mut values = Vec::new();
+        if !widen_to_f32(t.dtype(), t.data(), &mut values) {
             return Err(problem(self.path, Some(key), format!("is {:?}; a LoRA tensor must be bf16, f16 or f32", t.dtype())));
         }
-        if let Some(i) = out.iter().position(|v| !v.is_finite()) {
-            return Err(problem(self.path, Some(key), format!("holds a non-finite value ({} at element {i})", out[i])));
+        if let Some(i) = values.iter().position(|v| !v.is_finite()) {
+            return Err(problem(self.path, Some(key), format!("holds a non-finite value ({} at element {i})", values[i])));
         }
-        Ok((out, t.shape().to_vec()))
+        let start = t.data().as_ptr() as usize - self.start;
+        Ok((Stored { dtype: t.dtype(), bytes: start..start + t.data().len() }, t.shape().to_vec()))
     }
 
     /// A scalar such as kohya's `.alpha`.
@@ -264,10 +329,12 @@ impl File<'_> {
         if !self.has(key) {
             return Ok(None);
         }
-        let (v, _) = self.values(key)?;
+        let t = self.tensors.tensor(key).map_err(|e| problem(self.path, Some(key), e.to_string()))?;
+        let mut v = Vec::new();
+        widen_to_f32(t.dtype(), t.data(), &mut v);
         match v.as_slice() {
-            [a] => Ok(Some(*a)),
-            _ => Err(problem(self.path, Some(key), format!("should hold one value, holds {}", v.len()))),
+            [a] if a.is_finite() && *a > 0.0 => Ok(Some(*a)),
+            _ => Err(problem(self.path, Some(key), format!("should hold one positive value, holds {v:?}"))),
         }
     }
 
@@ -284,7 +351,7 @@ fn read(spec: &LoraSpec, shapes: &HashMap<String, (usize, usize)>) -> Result<Lor
     let map = unsafe { Mmap::map(&handle) }.map_err(|e| LoadError::Io { path: path.into(), source: e })?;
     let tensors = SafeTensors::deserialize(&map).map_err(|e| problem(path, None, format!("not a safetensors file we can read ({e})")))?;
     let metadata = SafeTensors::read_metadata(&map).ok().and_then(|(_, m)| m.metadata().clone());
-    let file = File { path, tensors };
+    let file = File { path, tensors, start: map.as_ptr() as usize };
     let mut keys: Vec<String> = file.tensors.names().into_iter().map(str::to_string).collect();
     keys.sort();
     let layout = if keys.iter().any(|k| k.contains(".lora_down.weight") && k.starts_with("lora_")) {
@@ -313,11 +380,11 @@ fn read(spec: &LoraSpec, shapes: &HashMap<String, (usize, usize)>) -> Result<Lor
             continue;
         }
         let up_key = format!("{base}{up_suffix}");
-        let (down, down_shape) = file.values(key)?;
+        let (down, down_shape) = file.stored(key)?;
         if !file.has(&up_key) {
             return Err(problem(path, Some(key), format!("has no `{up_key}` beside it")));
         }
-        let (up, up_shape) = file.values(&up_key)?;
+        let (up, up_shape) = file.stored(&up_key)?;
         let [rank, inner] = matrix(path, key, &down_shape)?;
         let [out_all, up_rank] = matrix(path, &up_key, &up_shape)?;
         if up_rank != rank {
@@ -342,12 +409,8 @@ fn read(spec: &LoraSpec, shapes: &HashMap<String, (usize, usize)>) -> Result<Lor
                 let (what, got) = if inner != want_in { (key, format!("takes {inner} inputs")) } else { (up_key.as_str(), format!("gives {out} outputs")) };
                 return Err(problem(path, Some(what), format!("{got}, but `{module}` is {want_out}×{want_in} (out×in) in this model")));
             }
-            let mut rows = up[i * out * rank..(i + 1) * out * rank].iter().map(|v| v * scale).collect::<Vec<f32>>();
-            if *swap_halves {
-                // BFL's final modulation is (shift, scale); diffusers' norm_out is (scale, shift).
-                rows.rotate_left(out / 2 * rank);
-            }
-            parts.push(Part { weight, key: key.to_string(), rank, down: down.clone(), up: rows });
+            let (down, up, first_row, swap_halves) = (down.clone(), up.clone(), i * out, *swap_halves);
+            parts.push(Part { weight, key: key.to_string(), rank, inner, out, down, up, first_row, scale, swap_halves });
         }
     }
     for key in &keys {
@@ -358,6 +421,9 @@ fn read(spec: &LoraSpec, shapes: &HashMap<String, (usize, usize)>) -> Result<Lor
         }
     }
     let unmatched: Vec<String> = keys.iter().filter(|k| !used.contains(*k)).cloned().collect();
+    if parts.is_empty() && keys.iter().any(|k| k.contains(".lokr_") || k.contains(".hada_")) {
+        return Err(problem(path, None, "is a LoKr or LoHa adapter (`lokr_`/`hada_` keys); flux-lite reads LoRA adapters only"));
+    }
     if parts.is_empty() {
         let first = unmatched.first().or(keys.first()).map_or("none".to_string(), |k| format!("`{k}`"));
         return Err(problem(
@@ -370,7 +436,8 @@ fn read(spec: &LoraSpec, shapes: &HashMap<String, (usize, usize)>) -> Result<Lor
     if let Some(w) = parts.windows(2).find(|w| w[0].weight == w[1].weight) {
         return Err(problem(path, Some(&w[1].key), format!("adapts `{}` a second time (also `{}`)", w[1].weight, w[0].key)));
     }
-    Ok(Lora { spec: spec.clone(), layout, parts, unmatched, text_encoder_keys })
+    drop(file);
+    Ok(Lora { spec: spec.clone(), layout, map, parts, unmatched, text_encoder_keys })
 }
 
 /// A 2-D shape, or an error naming the key.
@@ -613,10 +680,8 @@ mod tests {
     #[test]
     fn adapters_combine_by_stacking_down_and_placing_scaled_up_side_by_side() {
         let mut c = Combined { down: Vec::new(), up: Vec::new(), rank: 0 };
-        let a = Part { weight: "w".into(), key: "a".into(), rank: 1, down: vec![1.0, 2.0], up: vec![3.0, 4.0, 5.0] };
-        let b = Part { weight: "w".into(), key: "b".into(), rank: 2, down: vec![6.0, 7.0, 8.0, 9.0], up: vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0] };
-        c.push(&a, 3, 2.0);
-        c.push(&b, 3, 0.5);
+        c.push(&[1.0, 2.0], &[3.0, 4.0, 5.0], 1, 3, 2.0);
+        c.push(&[6.0, 7.0, 8.0, 9.0], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], 2, 3, 0.5);
         assert_eq!(c.rank, 3);
         assert_eq!(c.down, vec![1.0, 2.0, 6.0, 7.0, 8.0, 9.0]);
         assert_eq!(c.up, vec![6.0, 0.5, 1.0, 8.0, 1.5, 2.0, 10.0, 2.5, 3.0]);

@@ -7,6 +7,7 @@ use crate::error::RunError;
 use flux_lite_kernels::Gpu;
 use crate::model::{Component, ModelFolder};
 use crate::pipeline::{Request, PROMPT_TOKENS};
+use crate::model::lora::LoraSet;
 use crate::components::text_encoder::TextEncoder;
 use crate::components::transformer::Transformer;
 use flux_lite_core::plan::{self as planner, DeviceLimits, PhasePlan, Plan, PlanInput, WeightSizes};
@@ -67,6 +68,14 @@ impl ModelSizes {
         Ok(Self { text_encoder, transformer, vae_decoder, vae_encoder, tokenizer: tokenizer_bytes(model), estimated })
     }
 
+    /// Counts `lora` for a transformer over `rows` token rows: its matrices
+    /// and scratch on the device, resident under every strategy. On the host
+    /// it holds only its mapped files (and one module's matrices while they
+    /// are uploaded).
+    pub fn add_lora(&mut self, lora: &LoraSet, rows: u64) {
+        self.transformer.shared += lora.device_bytes(rows);
+    }
+
     /// The planner's input for a `width × height` image of this model, with
     /// reference images of the sizes `(width, height)` in `references`.
     pub fn plan_input<'a>(
@@ -118,7 +127,7 @@ fn text_encoder_sizes(model: &ModelFolder) -> Result<WeightSizes, RunError> {
 pub fn plan(gpu: &Gpu, model: &ModelFolder, request: &Request) -> Result<Plan, RunError> {
     let mut sizes = ModelSizes::from_files(model, request.width, request.height)?;
     let references: Vec<(u64, u64)> = request.references.iter().map(|&(w, h)| (w as u64, h as u64)).collect();
-    sizes.transformer.shared += request.lora.device_bytes(transformer_rows(model, request.width, request.height, &request.references)?);
+    sizes.add_lora(&request.lora, transformer_rows(model, request.width, request.height, &request.references)?);
     let input = PlanInput {
         vae_tile: request.vae_tile.map(|t| t as u64),
         ..sizes.plan_input(model, request.width, request.height, &references, gpu.plan_limits(), request.memory_budget)

@@ -40,8 +40,10 @@ impl DeviceLora {
         if set.is_empty() {
             return None;
         }
+        // One module's combined matrices at a time on the host: read from the mapped files, uploaded, dropped.
         let modules: HashMap<_, _> = set
             .modules()
+            .filter_map(|weight| set.combined(weight).map(|c| (weight, c)))
             .map(|(weight, c)| (weight.to_string(), (gpu.upload_f32("lora down", &c.down), gpu.upload_f32("lora up", &c.up), c.rank as u64)))
             .collect();
         let scratch = gpu.storage("lora scratch", 4 * rows.max(1) * set.max_rank() as u64);
