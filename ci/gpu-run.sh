@@ -28,7 +28,7 @@ cd "$(dirname "$0")/.."
 binary="${1:-target/release/flux-lite}"
 report="${2:-${OUT:+$OUT/}gpu-report.txt}"
 tokens="${FLUX_LITE_GPU_RUN_TOKENS:-4608}"
-only=(--only linear,attention,blocks,step,tiers)
+only=(--only linear,lora,attention,blocks,step,tiers)
 step_size=1024
 if [ "${FLUX_LITE_GPU_RUN_QUICK:-}" = 1 ]; then
     tokens=64

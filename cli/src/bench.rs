@@ -42,7 +42,7 @@ struct KernelsArgs {
     /// bf16 weights in the DF11 expansion, 0 to skip (default 16777216; 1048576 on a software adapter)
     #[argh(option)]
     df11_elements: Option<usize>,
-    /// run only these rows, comma-separated: linear, attention, blocks, vae, df11, step, tiers (the linears on every tier side by side) (default all)
+    /// run only these rows, comma-separated: linear, lora (a rank-16 LoRA side product on each linear shape), attention, blocks, vae, df11, step, tiers (the linears on every tier side by side) (default all)
     #[argh(option, from_str_fn(parse_rows))]
     only: Option<Vec<String>>,
     /// timed runs of each row after a warm-up; the median is reported (default 5)
@@ -53,7 +53,10 @@ struct KernelsArgs {
     precision: flux_lite_platform::Precision,
 }
 
-const ROWS: [&str; 7] = ["linear", "attention", "blocks", "vae", "df11", "step", "tiers"];
+const ROWS: [&str; 8] = ["linear", "lora", "attention", "blocks", "vae", "df11", "step", "tiers"];
+
+/// The rank of the LoRA side products `bench kernels` times.
+const LORA_RANK: u64 = 16;
 
 fn parse_rows(text: &str) -> Result<Vec<String>, String> {
     let rows: Vec<String> = text.split(',').map(|r| r.trim().to_string()).collect();
@@ -150,6 +153,11 @@ fn kernels(args: &KernelsArgs) -> Result<(), String> {
     for &t in &tokens {
         if want("linear") {
             for f in bench.linears(&transformer, t).map_err(err)? {
+                row(&f, &ceilings);
+            }
+        }
+        if want("lora") {
+            for f in bench.lora_side_products(&transformer, t, LORA_RANK).map_err(err)? {
                 row(&f, &ceilings);
             }
         }

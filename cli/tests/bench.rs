@@ -54,9 +54,10 @@ fn kernels_bench_prints_every_row_beside_the_ceilings_of_the_same_run() {
 
     let rows = table_rows(&stdout);
     // tiny-a's blocks have five distinct linear shapes; per token count: those,
-    // attention, a double and a single block; then the VAE's up block, DF11,
-    // the text encoder, and per image size a step, a decode and the sum.
-    let per_tokens = ["linear"; 5].into_iter().chain(["attention", "double block", "single block"]);
+    // a LoRA side product on each, attention, a double and a single block;
+    // then the VAE's up block, DF11, the text encoder, and per image size a
+    // step, a decode and the sum.
+    let per_tokens = ["linear"; 5].into_iter().chain(["LoRA"; 5]).chain(["attention", "double block", "single block"]);
     let expected: Vec<&str> = per_tokens.clone().chain(per_tokens).chain(["VAE up block", "DF11 expansion", "text encoder", "denoising step", "VAE decode", "end to end"]).collect();
     let whats: Vec<&str> = rows.iter().map(|r| r[0].split(' ').next().unwrap_or("")).collect();
     let expected_first: Vec<&str> = expected.iter().map(|w| w.split(' ').next().unwrap()).collect();
@@ -82,7 +83,7 @@ fn kernels_bench_prints_every_row_beside_the_ceilings_of_the_same_run() {
 fn kernels_bench_refuses_bad_lists_and_sizes() {
     for (args, message) in [
         (&["--tokens", "12,x"][..], "\"12,x\": expected numbers separated by commas, e.g. 768,1536"),
-        (&["--only", "linear,gemm"][..], "--only \"gemm\": expected some of linear, attention, blocks, vae, df11, step, tiers"),
+        (&["--only", "linear,gemm"][..], "--only \"gemm\": expected some of linear, lora, attention, blocks, vae, df11, step, tiers"),
         (&["--vae-size", "40"][..], "--vae-size 40 is not a multiple of 16"),
         (&["--model", "/nonexistent/model"][..], "/nonexistent/model"),
     ] {

@@ -155,21 +155,8 @@ impl<'g> ShapeBench<'g> {
     /// Each distinct linear shape of the transformer's blocks, over `tokens` rows.
     pub fn linears(&self, cfg: &TransformerConfig, tokens: u64) -> Result<Vec<Figure>, RunError> {
         let gpu = self.gpu;
-        let (_, blocks, _) = programs(cfg, Tokens::plain(tokens / 2, tokens - tokens / 2), None)?;
-        let first_double = blocks.get(1).filter(|_| cfg.num_layers > 0);
-        let first_single = blocks.get(1 + cfg.num_layers).filter(|_| cfg.num_single_layers > 0);
-        // (cols, inner) → the first weight of that shape and how many a block has.
-        let mut shapes: Vec<((u64, u64), String, usize)> = Vec::new();
-        for op in first_double.into_iter().chain(first_single).flatten() {
-            if let Op::Linear { w, cols, inner, .. } = op {
-                match shapes.iter_mut().find(|(s, _, _)| *s == (*cols, *inner)) {
-                    Some((_, _, n)) => *n += 1,
-                    None => shapes.push(((*cols, *inner), w.to_string(), 1)),
-                }
-            }
-        }
         let mut figures = Vec::new();
-        for ((n, k), name, count) in shapes {
+        for ((n, k), name, count) in linear_shapes(cfg, tokens)? {
             let x = gpu.upload_f32("bench x", &random_f32((tokens * k) as usize, 1));
             let w = gpu.upload_bf16("bench w", &random_bf16((n * k) as usize, 2));
             let y = gpu.storage("bench y", 4 * tokens * n);
@@ -182,6 +169,34 @@ impl<'g> ShapeBench<'g> {
                 seconds: self.timer.median(&d, self.repeats)?,
                 flops: 2 * tokens * n * k,
                 bytes: 4 * tokens * k + 2 * n * k + 4 * tokens * n,
+                matrix: gpu.matrix().is_some(),
+            });
+        }
+        Ok(figures)
+    }
+
+    /// A rank-`rank` LoRA side product on each distinct linear shape of the
+    /// blocks, over `tokens` rows: `t = x·Aᵀ`, then `y += t·Bᵀ` (f32
+    /// adapter matrices, as the engine holds them), the cost an adapter
+    /// adds to its linear, to set beside that linear's row.
+    pub fn lora_side_products(&self, cfg: &TransformerConfig, tokens: u64, rank: u64) -> Result<Vec<Figure>, RunError> {
+        let gpu = self.gpu;
+        let mut figures = Vec::new();
+        for ((n, k), name, _) in linear_shapes(cfg, tokens)? {
+            let x = gpu.upload_f32("bench x", &random_f32((tokens * k) as usize, 1));
+            let down = gpu.upload_f32("bench lora down", &random_f32((rank * k) as usize, 3));
+            let up = gpu.upload_f32("bench lora up", &random_f32((n * rank) as usize, 4));
+            let t = gpu.storage("bench lora scratch", 4 * tokens * rank);
+            let y = gpu.upload_f32("bench y", &random_f32((tokens * n) as usize, 5));
+            let mut d = Vec::new();
+            kernels::linear(gpu, &mut d, Mat::new(&x, k), flux_lite_kernels::Weight::f32(&down), None, Mat::new(&t, rank), kernels::Gemm { m: tokens, n: rank, k })?;
+            kernels::linear_add(gpu, &mut d, Mat::new(&t, rank), flux_lite_kernels::Weight::f32(&up), Mat::new(&y, n), kernels::Gemm { m: tokens, n, k: rank })?;
+            figures.push(Figure {
+                what: format!("LoRA rank {rank} on {}", block_local(&name).trim_end_matches(".weight")),
+                shape: format!("{tokens}×{k} · {k}×{rank} · {rank}×{n}"),
+                seconds: self.timer.median(&d, self.repeats)?,
+                flops: 2 * tokens * rank * (k + n),
+                bytes: 4 * (tokens * k + rank * k + 2 * tokens * rank + rank * n + 2 * tokens * n),
                 matrix: gpu.matrix().is_some(),
             });
         }
@@ -413,6 +428,27 @@ impl<'g> ShapeBench<'g> {
 }
 
 /// The untiled decode's layout for a `size`² image and its arena bytes.
+/// A linear shape of the blocks: `(cols, inner)`, the first weight of that
+/// shape, and how many a block has.
+type LinearShape = ((u64, u64), String, usize);
+
+/// Each distinct linear shape of the first double and single block.
+fn linear_shapes(cfg: &TransformerConfig, tokens: u64) -> Result<Vec<LinearShape>, RunError> {
+    let (_, blocks, _) = programs(cfg, Tokens::plain(tokens / 2, tokens - tokens / 2), None)?;
+    let first_double = blocks.get(1).filter(|_| cfg.num_layers > 0);
+    let first_single = blocks.get(1 + cfg.num_layers).filter(|_| cfg.num_single_layers > 0);
+    let mut shapes: Vec<LinearShape> = Vec::new();
+    for op in first_double.into_iter().chain(first_single).flatten() {
+        if let Op::Linear { w, cols, inner, .. } = op {
+            match shapes.iter_mut().find(|(s, _, _)| *s == (*cols, *inner)) {
+                Some((_, _, n)) => *n += 1,
+                None => shapes.push(((*cols, *inner), w.to_string(), 1)),
+            }
+        }
+    }
+    Ok(shapes)
+}
+
 fn vae_layout(cfg: &VaeConfig, size: u64) -> Result<(vae::VaeLayout, u64), RunError> {
     let latent = size / cfg.scale_factor() as u64;
     let mut arena = BumpArena::new(u64::MAX);
