@@ -83,9 +83,8 @@ struct Stored {
     bytes: std::ops::Range<usize>,
 }
 
-/// One module's adapter from one file: where its down `[rank, in]` and up
-/// `[.., rank]` matrices lie, which rows of the up matrix are this
-/// module's, and the module's scale. The values stay in the mapped file
+/// One module's adapter from one file: where its down `[rank, in]` matrix
+/// and its rows `[out, rank]` of the up matrix lie, and the module's scale. The values stay in the mapped file
 /// until the transformer is built.
 #[derive(Debug, Clone)]
 struct Part {
@@ -97,9 +96,8 @@ struct Part {
     inner: usize,
     out: usize,
     down: Stored,
+    /// This module's rows of the up matrix (a third of it for a fused qkv).
     up: Stored,
-    /// This module's rows of the up matrix start at row `first_row`.
-    first_row: usize,
     /// alpha / rank, or PEFT's scaling.
     scale: f32,
     /// BFL's final modulation is (shift, scale); diffusers' `norm_out` is
@@ -163,10 +161,9 @@ impl Lora {
         self.values(&p.down)
     }
 
-    /// A part's up matrix `[out, rank]`: its rows, times its scale, halves swapped where BFL's order differs.
+    /// A part's up matrix `[out, rank]` times its scale, halves swapped where BFL's order differs.
     fn up(&self, p: &Part) -> Vec<f32> {
-        let all = self.values(&p.up);
-        let mut rows: Vec<f32> = all[p.first_row * p.rank..(p.first_row + p.out) * p.rank].iter().map(|v| v * p.scale).collect();
+        let mut rows: Vec<f32> = self.values(&p.up).iter().map(|v| v * p.scale).collect();
         if p.swap_halves {
             rows.rotate_left(p.out / 2 * p.rank);
         }
@@ -391,10 +388,10 @@ fn read(spec: &LoraSpec, shapes: &HashMap<String, (usize, usize)>) -> Result<Lor
             return Err(problem(path, Some(&up_key), format!("has rank {up_rank}, its down matrix `{key}` rank {rank}")));
         }
         let alpha_key = format!("{base}.alpha");
-        let scale = match (&metadata, layout) {
-            (Some(peft), _) => peft.scale(path, key, &targets[0].0, rank)?,
+        let scale = match &metadata {
+            Some(peft) => peft.scale(path, key, &targets[0].0, rank)?,
             // kohya's and (beyond diffusers, which refuses them) a BFL file's alpha: alpha / rank.
-            (None, _) => file.scalar(&alpha_key)?.map_or(1.0, |alpha| alpha / rank as f32),
+            None => file.scalar(&alpha_key)?.map_or(1.0, |alpha| alpha / rank as f32),
         };
         used.extend([key.to_string(), up_key.clone(), alpha_key]);
         let pieces = targets.len();
@@ -409,8 +406,11 @@ fn read(spec: &LoraSpec, shapes: &HashMap<String, (usize, usize)>) -> Result<Lor
                 let (what, got) = if inner != want_in { (key, format!("takes {inner} inputs")) } else { (up_key.as_str(), format!("gives {out} outputs")) };
                 return Err(problem(path, Some(what), format!("{got}, but `{module}` is {want_out}×{want_in} (out×in) in this model")));
             }
-            let (down, up, first_row, swap_halves) = (down.clone(), up.clone(), i * out, *swap_halves);
-            parts.push(Part { weight, key: key.to_string(), rank, inner, out, down, up, first_row, scale, swap_halves });
+            // This module's rows of the up matrix: the i-th `out` of them.
+            let row_bytes = rank * up.dtype.bitsize() / 8;
+            let first = up.bytes.start + i * out * row_bytes;
+            let rows = Stored { dtype: up.dtype, bytes: first..first + out * row_bytes };
+            parts.push(Part { weight, key: key.to_string(), rank, inner, out, down: down.clone(), up: rows, scale, swap_halves: *swap_halves });
         }
     }
     for key in &keys {
