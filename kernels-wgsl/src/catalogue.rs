@@ -21,6 +21,7 @@ pub const ALL_KERNELS: &[Kernel] = &[
     rope::ROPE_INTERLEAVED,
     rope::ROPE_HALF,
     attention::ATTENTION,
+    attention::ATTENTION_CPU,
     elementwise::SILU,
     elementwise::SWIGLU,
     elementwise::GATED_RESIDUAL,

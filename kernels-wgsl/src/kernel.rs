@@ -189,7 +189,7 @@ impl Module {
             Module::LinearHalf => with_gemm!(f16, "product_io.wgsl", "linear_io.wgsl", "linear.wgsl"),
             Module::Norm => with_common!("norm.wgsl"),
             Module::Rope => with_common!("rope.wgsl"),
-            Module::Attention => with_common!("attention_io.wgsl", "attention.wgsl"),
+            Module::Attention => with_common!("attention_io.wgsl", "attention.wgsl", "attention_cpu.wgsl"),
             Module::Elementwise => with_common!("elementwise.wgsl"),
             Module::Conv => with_gemm!(f32, "product_io.wgsl", "conv_io.wgsl", "conv.wgsl"),
             Module::ConvHalf => with_gemm!(f16, "product_io.wgsl", "conv_io.wgsl", "conv.wgsl"),

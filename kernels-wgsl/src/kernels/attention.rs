@@ -53,6 +53,12 @@ pub const ATTENTION_MATRIX_16: Kernel = Kernel { module: Module::AttentionMatrix
 pub const ATTENTION_MATRIX_8_F32: Kernel = Kernel { module: Module::AttentionMatrix8F32, ..ATTENTION_MATRIX_8 };
 /// The widest head the matrix tier's attention takes; wider ones run `attention.wgsl`.
 pub const ATTENTION_MATRIX_MAX_HEAD_DIM: u64 = 128;
+/// CPU adapters' attention (`attention_cpu.wgsl`): one query per invocation,
+/// no workgroup memory, no barriers.
+pub const ATTENTION_CPU: Kernel = Kernel { entry: "attention_cpu", ..ATTENTION };
+/// Queries per CPU-adapter workgroup and the widest head it takes (4·`CPU_MAX_VEC4`).
+pub const ATTENTION_CPU_QUERIES_PER_GROUP: u64 = 64;
+pub const ATTENTION_CPU_MAX_HEAD_DIM: u64 = 128;
 /// Queries per attention workgroup and the largest head dim the kernel takes.
 pub const ATTENTION_QUERIES_PER_GROUP: u32 = 16;
 pub const ATTENTION_MAX_HEAD_DIM: u32 = 512;
@@ -77,6 +83,32 @@ pub struct Qkv<'a> {
     pub v: Mat<'a>,
 }
 
+/// Which attention kernel runs a call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttentionKernel {
+    /// `attention.wgsl`: query and key tiles in workgroup memory (GPUs; any head dim).
+    Tiled,
+    /// `attention_cpu.wgsl`: one query per SIMD lane, lane-uniform loads (CPU adapters).
+    Lanes,
+    /// `attention_matrix.wgsl` on the matrix tier.
+    Matrix,
+}
+
+impl AttentionKernel {
+    /// The kernel for a head of `head_dim` on `gpu`: the matrix tier's where it
+    /// is the tier and the head fits; on a CPU adapter the lane kernel where the
+    /// head fits; the tiled kernel otherwise.
+    pub fn pick(gpu: &Gpu, head_dim: u64) -> AttentionKernel {
+        if gpu.matrix().is_some() && head_dim <= ATTENTION_MATRIX_MAX_HEAD_DIM {
+            AttentionKernel::Matrix
+        } else if gpu.is_software() && head_dim <= ATTENTION_CPU_MAX_HEAD_DIM {
+            AttentionKernel::Lanes
+        } else {
+            AttentionKernel::Tiled
+        }
+    }
+}
+
 /// `o = softmax(q·kᵀ·scale + mask)·v`; `key_keep[j] == 0` masks key `j`;
 /// with `lse`, each (query, head) row's log-sum-exp is written there too.
 pub fn attention(
@@ -87,6 +119,21 @@ pub fn attention(
     o: Mat<'_>,
     lse: Option<Mat<'_>>,
     s: Attention,
+) -> Result<(), GpuError> {
+    attention_with(gpu, sink, qkv, key_keep, o, lse, s, AttentionKernel::pick(gpu, s.head_dim))
+}
+
+/// [`attention`] on a named kernel (the tests run each kernel the adapter can).
+#[allow(clippy::too_many_arguments)]
+pub fn attention_with(
+    gpu: &Gpu,
+    sink: &mut dyn Sink,
+    qkv: Qkv<'_>,
+    key_keep: Option<&wgpu::Buffer>,
+    o: Mat<'_>,
+    lse: Option<Mat<'_>>,
+    s: Attention,
+    which: AttentionKernel,
 ) -> Result<(), GpuError> {
     let Qkv { q, k: kmat, v } = qkv;
     if s.head_dim > ATTENTION_MAX_HEAD_DIM as u64 || s.kv_heads == 0 || !s.q_heads.is_multiple_of(s.kv_heads) {
@@ -110,9 +157,13 @@ pub fn attention(
     let q_rows = Rows::mat(q, s.q_heads * s.head_dim, "attention queries");
     let o_rows = Rows::mat(o, s.q_heads * s.head_dim, "attention output");
     let lse_rows = lse.map(|l| Rows { buf: l.buf, elem_bytes: 4, offset: l.offset, stride: s.q_heads, width: s.q_heads, what: "attention log-sum-exp" });
-    // The matrix tier's kernel where the head fits it: T queries per workgroup.
-    let matrix = gpu.matrix().filter(|_| s.head_dim <= ATTENTION_MATRIX_MAX_HEAD_DIM);
-    let per_group = matrix.map_or(ATTENTION_QUERIES_PER_GROUP as u64, |c| c.size as u64);
+    let matrix = gpu.matrix().filter(|_| which == AttentionKernel::Matrix && s.head_dim <= ATTENTION_MATRIX_MAX_HEAD_DIM);
+    let lanes = which == AttentionKernel::Lanes && s.head_dim <= ATTENTION_CPU_MAX_HEAD_DIM;
+    let per_group = match (matrix, lanes) {
+        (Some(c), _) => c.size as u64,
+        (None, true) => ATTENTION_CPU_QUERIES_PER_GROUP,
+        (None, false) => ATTENTION_QUERIES_PER_GROUP as u64,
+    };
     let operands: Vec<Rows<'_>> = [q_rows, o_rows].into_iter().chain(lse_rows).collect();
     for rows in row_chunks(gpu, s.q_len, &operands, per_group)? {
         let qw = q_rows.window(gpu, &rows)?;
@@ -147,6 +198,7 @@ pub fn attention(
         let grid = [to_u32((rows.end - rows.start).div_ceil(per_group), "attention query blocks")?, s.q_heads as u32, 1];
         let bindings = [(1, &qw), (2, &kw), (3, &vw), (4, &mw), (5, &ow), (6, &lw)];
         let launch = match matrix {
+            None if lanes => Launch { kernel: &ATTENTION_CPU, constants: &[("HEAD_VEC4", s.head_dim.div_ceil(4).max(1) as u32)], params, grid },
             None => Launch { kernel: &ATTENTION, constants: &[("SLOTS", s.head_dim.div_ceil(64).max(1) as u32)], params, grid },
             Some(c) => {
                 let kernel = c.pick([&ATTENTION_MATRIX_8, &ATTENTION_MATRIX_16, &ATTENTION_MATRIX_8_F32]);
@@ -216,17 +268,34 @@ mod tests {
             scale: scale as f32,
             causal: c.causal,
         };
-        let got = run_and_read(gpu, &ob, q.len(), |enc| {
-            let qw = (c.q_heads * c.head_dim) as u64;
-            let kw = (c.kv_heads * c.head_dim) as u64;
-            attention(gpu, enc, Qkv { q: Mat::new(&qb, qw), k: Mat::new(&kb, kw), v: Mat::new(&vb, kw) }, mask.map(|_| &*mb), Mat::new(&ob, qw), None, s)
-        });
-        let what = format!("{} attention {}x{} heads {}/{} d {} causal={} scales {scales:?}", gpu.precision().name(), c.q_len, c.kv_len, c.q_heads, c.kv_heads, c.head_dim, c.causal);
-        assert!(got.iter().all(|v| v.is_finite()), "{what}: Inf or NaN");
-        if tol > F32_TOL {
-            println!("{what}: relative L2 {:.2e}", rel_l2(&got, &want));
+        for which in kernels_to_check(gpu, s.head_dim) {
+            let got = run_and_read(gpu, &ob, q.len(), |enc| {
+                let qw = (c.q_heads * c.head_dim) as u64;
+                let kw = (c.kv_heads * c.head_dim) as u64;
+                attention_with(gpu, enc, Qkv { q: Mat::new(&qb, qw), k: Mat::new(&kb, kw), v: Mat::new(&vb, kw) }, mask.map(|_| &*mb), Mat::new(&ob, qw), None, s, which)
+            });
+            let what = format!("{} {which:?} attention {}x{} heads {}/{} d {} causal={} scales {scales:?}", gpu.precision().name(), c.q_len, c.kv_len, c.q_heads, c.kv_heads, c.head_dim, c.causal);
+            assert!(got.iter().all(|v| v.is_finite()), "{what}: Inf or NaN");
+            if tol > F32_TOL {
+                println!("{what}: relative L2 {:.2e}", rel_l2(&got, &want));
+            }
+            assert_close(&what, &got, &want, tol);
         }
-        assert_close(&what, &got, &want, tol);
+    }
+
+    /// The kernel `attention` picks here, and off the matrix tier both f32
+    /// kernels wherever the head fits them (the GPU's tiled kernel is checked
+    /// on a CPU adapter too, and the lane kernel on any adapter).
+    fn kernels_to_check(gpu: &Gpu, head_dim: u64) -> Vec<AttentionKernel> {
+        let picked = AttentionKernel::pick(gpu, head_dim);
+        if picked == AttentionKernel::Matrix {
+            return vec![picked];
+        }
+        let mut kernels = vec![AttentionKernel::Tiled];
+        if head_dim <= ATTENTION_CPU_MAX_HEAD_DIM {
+            kernels.push(AttentionKernel::Lanes);
+        }
+        kernels
     }
 
     /// The matrix tier's attention against the exact f64 attention (why and
