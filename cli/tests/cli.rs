@@ -83,7 +83,7 @@ fn auto_takes_the_tier_gpu_names_and_steps_down_when_its_check_fails() {
     // The taken tier's check made to fail, as a faulty driver's would: one
     // notice line, and the run goes on one tier down.
     if tier == "f32" {
-        println!("skipped: auto takes f32 here, there is no tier to step down from");
+        flux_lite_tests::skipped("auto takes f32 here, there is no tier to step down from");
         return;
     }
     let (ok, stderr) = verbose_gen(&[], &[("FLUX_LITE_FAIL_TIER_PROBE", &tier)]);

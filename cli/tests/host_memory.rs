@@ -107,7 +107,7 @@ fn run_sized(model: &Path, out: &Path, smallest_budget: bool, size: u32, extra: 
 #[test]
 fn a_df11_model_streamed_holds_no_expanded_weights_on_the_host() {
     if flux_lite_platform::host_memory::now().is_none() {
-        println!("skipped: this OS does not report the process's anonymous memory");
+        flux_lite_tests::skipped("this OS does not report the process's anonymous memory");
         return;
     }
     let dir = scratch_dir("host-memory");
@@ -151,7 +151,7 @@ fn a_df11_model_streamed_holds_no_expanded_weights_on_the_host() {
 #[test]
 fn a_banded_decode_holds_the_same_at_two_sizes() {
     if flux_lite_platform::host_memory::now().is_none() {
-        println!("skipped: this OS does not report the process's anonymous memory");
+        flux_lite_tests::skipped("this OS does not report the process's anonymous memory");
         return;
     }
     let dir = scratch_dir("host-memory-sizes");

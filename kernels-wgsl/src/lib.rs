@@ -12,6 +12,8 @@
 //! - [`catalogue`]: every module and entry point, validated by naga.
 //! - [`selftest`]: the product kernels checked against core's reference on
 //!   the adapter in use, for `flux-lite selftest`.
+//! - [`skip`]: the one line every test of the workspace prints when this
+//!   machine lacks what it needs (`skipped: <test>: <why>`).
 //!
 //! Conventions shared by all kernels: binding 0 is the uniform `Params`,
 //! storage bindings follow; activations are f32; weights are bf16 packed two
@@ -27,6 +29,7 @@ pub mod kernels;
 pub mod precision;
 pub mod probe;
 pub mod selftest;
+pub mod skip;
 pub mod view;
 
 #[cfg(test)]

@@ -17,8 +17,9 @@ pub fn small_binding_gpu(bytes: u64) -> Gpu {
 }
 
 /// A device on the matrix tier, or `None` after printing why there is none
-/// (`skipped: …`). Where `FLUX_LITE_REQUIRE_MATRIX` is set (CI's run on
-/// Mesa 26, which offers cooperative matrices and f16) a missing tier fails instead.
+/// (`skipped: …`, through [`crate::skip::skipped`]). Where
+/// `FLUX_LITE_REQUIRE_MATRIX` is set (CI's run on Mesa 26, which offers
+/// cooperative matrices and f16) a missing tier fails instead.
 pub fn matrix_gpu() -> Option<Gpu> {
     tier_gpu(crate::Precision::Matrix)
 }
@@ -40,7 +41,7 @@ pub fn tier_gpu_with(options: GpuOptions) -> Option<Gpu> {
         Ok(gpu) => Some(gpu),
         Err(e) if std::env::var_os("FLUX_LITE_REQUIRE_MATRIX").is_some() => panic!("FLUX_LITE_REQUIRE_MATRIX is set: {e}"),
         Err(e) => {
-            println!("skipped: no {} tier on this adapter: {e}", tier.name());
+            crate::skip::skipped(format_args!("no {} tier on this adapter: {e}", tier.name()));
             None
         }
     }

@@ -174,7 +174,7 @@ mod tests {
     /// goes back to the OS); `None` where the OS does not tell.
     fn sampled_block() -> Option<(AnonymousPeak, u64)> {
         let Some(sampler) = AnonymousPeak::start() else {
-            println!("skipped: this OS does not report anonymous memory (no /proc/self/status)");
+            flux_lite_kernels::skip::skipped("this OS does not report anonymous memory (no /proc/self/status)");
             return None;
         };
         let before = now()?.anonymous;

@@ -14,6 +14,9 @@ use safetensors::tensor::{Dtype, SafeTensors};
 use std::sync::OnceLock;
 use std::path::{Path, PathBuf};
 
+/// A test's one line when this machine lacks what it needs (`skipped: <test>: <why>`, counted by ci/test.sh).
+pub use flux_lite_kernels::skip::skipped;
+
 /// The `TIER tier: …` line (`f16` or `matrix`) of `flux-lite gpu` run with
 /// the binary at `flux_lite`: the configuration taken, or `unavailable (why)`.
 pub fn tier_line(flux_lite: &str, tier: &str) -> String {
@@ -32,7 +35,7 @@ pub fn tier_here(flux_lite: &str, tier: &str) -> bool {
         return true;
     }
     assert!(std::env::var_os("FLUX_LITE_REQUIRE_MATRIX").is_none(), "FLUX_LITE_REQUIRE_MATRIX is set: {line}");
-    println!("skipped: {line}");
+    skipped(&line);
     false
 }
 
@@ -256,7 +259,7 @@ pub fn tier_gpu(tier: flux_lite_platform::Precision) -> Option<Gpu> {
         Ok(gpu) => Some(gpu),
         Err(e) if std::env::var_os("FLUX_LITE_REQUIRE_MATRIX").is_some() => panic!("FLUX_LITE_REQUIRE_MATRIX is set: {e}"),
         Err(e) => {
-            println!("skipped: no {} tier on this adapter: {e}", tier.name());
+            skipped(format_args!("no {} tier on this adapter: {e}", tier.name()));
             None
         }
     }

@@ -326,7 +326,7 @@ mod tests {
     fn dev_full_is_one_error_and_stays_a_device() {
         let full = Path::new("/dev/full");
         if !std::fs::metadata(full).is_ok_and(|m| m.file_type().is_char_device()) {
-            println!("skipped: this machine has no /dev/full character device");
+            flux_lite_kernels::skip::skipped("this machine has no /dev/full character device");
             return;
         }
         check_output_path("--output", full).unwrap();
@@ -342,12 +342,12 @@ mod tests {
         match mounted {
             Ok(out) if out.status.success() => {}
             Ok(out) => {
-                println!("skipped: cannot mount a tiny tmpfs here (needs root): {}", String::from_utf8_lossy(&out.stderr).trim());
+                flux_lite_kernels::skip::skipped(format_args!("cannot mount a tiny tmpfs here (needs root): {}", String::from_utf8_lossy(&out.stderr).trim()));
                 let _ = std::fs::remove_dir_all(&dir);
                 return;
             }
             Err(e) => {
-                println!("skipped: cannot run mount: {e}");
+                flux_lite_kernels::skip::skipped(format_args!("cannot run mount: {e}"));
                 let _ = std::fs::remove_dir_all(&dir);
                 return;
             }

@@ -481,7 +481,7 @@ mod scratch_tests {
     fn scratch_activations_are_not_anonymous_memory_and_leave_no_file() {
         let _alone = crate::host_memory::measuring_alone();
         let Some(before) = crate::host_memory::now() else {
-            println!("skipped: this OS does not report the process's anonymous memory");
+            flux_lite_kernels::skip::skipped("this OS does not report the process's anonymous memory");
             return;
         };
         let dir = std::env::temp_dir().join(format!("flux-lite-scratch-{}", std::process::id()));
