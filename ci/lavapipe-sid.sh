@@ -48,25 +48,35 @@ setup() {
     info
 }
 
-# Runs "$@" inside the root with /proc, /dev and the work tree mounted, in a
-# private mount namespace so nothing stays mounted after it.
+# Runs "$@" inside the root with /proc, /dev, the work tree and the build
+# folder (CARGO_TARGET_DIR, where it is outside the work tree: the test
+# binaries and the flux-lite binary they run) mounted at their own paths, in
+# a private mount namespace so nothing stays mounted after it.
 inside() {
-    local here repo
+    local here repo target=""
     here="$(pwd -P)"
     repo="$(cd "$(dirname "$0")/.." && pwd -P)"
+    if [ -n "${CARGO_TARGET_DIR:-}" ] && [ -d "$CARGO_TARGET_DIR" ]; then
+        target="$(cd "$CARGO_TARGET_DIR" && pwd -P)"
+        case "$target/" in "$repo"/*) target="" ;; esac
+    fi
     as_root unshare --mount --propagation private bash -c '
         set -e
-        root="$1"; repo="$2"; here="$3"; shift 3
+        root="$1"; repo="$2"; here="$3"; target="$4"; shift 4
         mount --bind /proc "$root/proc"
         mount --bind /dev "$root/dev"
         mkdir -p "$root$repo" "$root/tmp"
         mount --bind "$repo" "$root$repo"
+        if [ -n "$target" ]; then
+            mkdir -p "$root$target"
+            mount --bind "$target" "$root$target"
+        fi
         mount --bind /tmp "$root/tmp"
         exec chroot "$root" env -i PATH=/usr/bin:/bin HOME=/tmp XDG_RUNTIME_DIR=/tmp \
             ${FLUX_LITE_BACKEND:+FLUX_LITE_BACKEND=$FLUX_LITE_BACKEND} \
             ${FLUX_LITE_REQUIRE_MATRIX:+FLUX_LITE_REQUIRE_MATRIX=$FLUX_LITE_REQUIRE_MATRIX} \
             bash -c "cd \"\$0\" && exec \"\$@\"" "$here" "$@"
-    ' inside "$root" "$repo" "$here" "$@"
+    ' inside "$root" "$repo" "$here" "$target" "$@"
 }
 
 info() {

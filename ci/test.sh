@@ -13,6 +13,19 @@ bash ci/setup-vulkan.sh
 started=$SECONDS
 phase() { echo "== $1 (at $((SECONDS - started)) s)"; }
 
+# The build outside the clone, kept between CI runs on this machine: one
+# folder per Cargo.lock and compiler, so a second run rebuilds only the
+# workspace's own crates and a fresh machine builds everything. A
+# CARGO_TARGET_DIR already set is used as it is.
+if [ -z "${CARGO_TARGET_DIR:-}" ]; then
+    key="$({ cat Cargo.lock; rustc -vV; } | sha256sum | cut -c 1-16)"
+    CARGO_TARGET_DIR="${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/flux-lite-ci/$key"
+fi
+mkdir -p "$CARGO_TARGET_DIR"
+CARGO_TARGET_DIR="$(cd "$CARGO_TARGET_DIR" && pwd -P)"
+export CARGO_TARGET_DIR
+echo "build folder: $CARGO_TARGET_DIR"
+
 # Mesa's WSI layer complains on every device creation without a runtime dir.
 if [ -z "${XDG_RUNTIME_DIR:-}" ] || [ ! -d "${XDG_RUNTIME_DIR}" ]; then
     export XDG_RUNTIME_DIR="${TMPDIR:-/tmp}/flux-lite-xdg-$(id -u)"
@@ -27,7 +40,7 @@ phase "clippy"
 cargo clippy --locked --workspace --all-targets -- -D warnings
 
 phase "fuzz targets (their own workspace; compiled, not run: ci/fuzz.sh runs them)"
-cargo check --locked --manifest-path fuzz/Cargo.toml --bins --target-dir target
+cargo check --locked --manifest-path fuzz/Cargo.toml --bins --target-dir "$CARGO_TARGET_DIR"
 
 phase "tests"
 log="$(mktemp)"
@@ -36,25 +49,51 @@ cargo test --locked --workspace 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 set -e
 
+# The test binary cargo built for a package's target, by its absolute path.
 test_binary() {
-    cargo test --locked "$@" --no-run 2>&1 | grep -o 'target/debug/deps/[a-z_]*-[0-9a-f]*' | head -n 1
+    local path
+    path="$(cargo test --locked "$@" --no-run 2>&1 | sed -n 's/^ *Executable .* (\(.*\))$/\1/p' | head -n 1)"
+    [ -n "$path" ] || { echo "error: no test binary for $*" >&2; exit 1; }
+    case "$path" in
+        /*) echo "$path" ;;
+        *) echo "$PWD/$path" ;;
+    esac
 }
 kernels="$(test_binary -p flux-lite-kernels --lib)"
 pngs="$(test_binary -p flux-lite-cli --test gen_png)"
 selftest="$(test_binary -p flux-lite-cli --test selftest)"
 
+# Runs a test binary again (`rerun [ENV=VALUE...] [--sid] BINARY [FILTER...]`,
+# --sid inside Mesa 26's root), its output into the log under a line naming
+# the binary, so the closing count knows which test each line is of. A
+# filter that matches no test is a failure: the rerun would check nothing.
+rerun() {
+    local envs=() sid=()
+    while [[ "$1" == *=* ]]; do envs+=("$1"); shift; done
+    if [ "$1" = --sid ]; then sid=(bash ci/lavapipe-sid.sh run); shift; fi
+    local out rc
+    out="$(mktemp)"
+    echo "--- rerun: $* ${envs[*]}" | tee -a "$log"
+    set +e
+    env "${envs[@]}" "${sid[@]}" "$@" 2>&1 | tee "$out"
+    rc=${PIPESTATUS[0]}
+    set -e
+    cat "$out" >> "$log"
+    if grep -q '^running 0 tests$' "$out"; then
+        echo "error: \`$*\` ran no test: its filter matches none" | tee -a "$log" >&2
+        rc=1
+    fi
+    rm -f "$out"
+    if [ "$status" -eq 0 ]; then status=$rc; fi
+}
+
 # A second shader translation: wgpu's GL backend (GLSL) over Mesa's
 # llvmpipe through EGL, headless. Every kernel test, the f32 golden PNGs
 # (GL has no f16, so the tier ones are skipped) and the selftest.
 phase "on wgpu's GL backend (GLSL, llvmpipe through EGL): every kernel test, the f32 golden PNGs, the selftest"
-for run in "$kernels" "$pngs --skip tier" "$selftest"; do
-    set +e
-    # shellcheck disable=SC2086 # the binary and its arguments
-    FLUX_LITE_BACKEND=gl $run 2>&1 | tee -a "$log"
-    gl_status=${PIPESTATUS[0]}
-    set -e
-    if [ "$status" -eq 0 ]; then status=$gl_status; fi
-done
+rerun FLUX_LITE_BACKEND=gl "$kernels"
+rerun FLUX_LITE_BACKEND=gl "$pngs" --skip tier
+rerun FLUX_LITE_BACKEND=gl "$selftest"
 
 # The matrix tier needs cooperative matrices, which only Mesa 26's lavapipe
 # (Debian sid) offers: the kernel tests, built above, run again in a sid root
@@ -67,23 +106,57 @@ bash ci/lavapipe-sid.sh setup
 bench="$(test_binary -p flux-lite-cli --test bench)"
 cli="$(test_binary -p flux-lite-cli --test cli)"
 stages="$(test_binary -p flux-lite-tests --test half_tiers)"
-for run in "$kernels" "$pngs tier_reproduces" "$bench matrix tiers" "$cli tier" "$stages" "$selftest"; do
-    set +e
-    # shellcheck disable=SC2086 # the binary and its filter
-    FLUX_LITE_REQUIRE_MATRIX=1 bash ci/lavapipe-sid.sh run $run 2>&1 | tee -a "$log"
-    sid_status=${PIPESTATUS[0]}
-    set -e
-    if [ "$status" -eq 0 ]; then status=$sid_status; fi
-done
-# One closing line for the whole workspace (cargo prints one per test binary).
-passed="$(awk '/^test result:/ { passed += $4 } END { print passed + 0 }' "$log")"
-failed="$(awk '/^test result:/ { failed += $6 } END { print failed + 0 }' "$log")"
+rerun FLUX_LITE_REQUIRE_MATRIX=1 --sid "$kernels"
+rerun FLUX_LITE_REQUIRE_MATRIX=1 --sid "$pngs" tier_reproduces
+rerun FLUX_LITE_REQUIRE_MATRIX=1 --sid "$bench" matrix tiers
+rerun FLUX_LITE_REQUIRE_MATRIX=1 --sid "$cli" tier
+rerun FLUX_LITE_REQUIRE_MATRIX=1 --sid "$stages"
+rerun FLUX_LITE_REQUIRE_MATRIX=1 --sid "$selftest"
+
+# One closing line for the whole suite, counting distinct tests: a test is
+# named by its binary (cargo's `Running … (PATH)` or a rerun's line) and its
+# name, so a test run again on GL or Mesa 26 counts once. It passed if one of
+# its runs passed without a `skipped: TEST: why` line (the workspace's one
+# skip helper, flux_lite_kernels::skip); skipped if every run skipped it or
+# cargo ignored it; failed if any run failed.
+read -r passed failed skipped < <(awk '
+    function binary(path,    parts, n) { n = split(path, parts, "/"); return parts[n] }
+    function result(line, outcome,    name) {
+        name = substr(line, 6, length(line) - 5 - length(" ... " outcome))
+        k = section SUBSEP name
+        if (outcome == "ok") { if ((run SUBSEP k) in skip) skipped[k] = 1; else passed[k] = 1 }
+        else if (outcome == "FAILED") failed[k] = 1
+        else ignored[k] = 1
+    }
+    /^ *Running .*\(.*\)$/ { p = $0; sub(/.*\(/, "", p); sub(/\)$/, "", p); section = binary(p); run++; next }
+    /^ *Doc-tests / { section = "doc-tests " $2; run++; next }
+    /^--- rerun: / { section = binary($3); run++; next }
+    {
+        line = $0
+        # A skip line: alone, or after "test NAME ... " (a single-threaded run).
+        if (match(line, /skipped: [^ ]+: /)) {
+            skip[run SUBSEP section SUBSEP substr(line, RSTART + 9, RLENGTH - 11)] = 1
+            pending = (RSTART > 1) ? substr(line, 1, RSTART - 1) : ""
+            next
+        }
+        if (pending != "") { line = pending line; pending = "" }
+        if (line ~ /^test .* \.\.\. ok$/) result(line, "ok")
+        else if (line ~ /^test .* \.\.\. FAILED$/) result(line, "FAILED")
+        else if (line ~ /^test .* \.\.\. ignored(, .*)?$/) { sub(/, .*$/, "", line); result(line, "ignored") }
+    }
+    END {
+        for (k in passed) if (!(k in failed)) np++
+        for (k in failed) nf++
+        for (k in skipped) if (!(k in passed) && !(k in failed)) { ns++; gone[k] = 1 }
+        for (k in ignored) if (!(k in passed) && !(k in failed) && !(k in gone)) ns++
+        print np + 0, nf + 0, ns + 0
+    }' "$log")
 rm -f "$log"
-echo "tests: $passed passed, $failed failed, in $((SECONDS - started)) s"
+echo "tests: $passed passed, $failed failed, $skipped skipped, in $((SECONDS - started)) s"
 # The suite cannot shrink silently: raise ci/test-floor whenever tests are added.
 floor="$(tr -dc '0-9' < ci/test-floor)"
 if [ "$status" -eq 0 ] && [ "$passed" -lt "$floor" ]; then
-    echo "error: $passed tests passed, fewer than the floor of $floor in ci/test-floor" >&2
+    echo "error: $passed distinct tests passed, fewer than the floor of $floor in ci/test-floor" >&2
     exit 1
 fi
 exit "$status"
