@@ -41,6 +41,10 @@ pub const LINEAR_MATRIX_8: Kernel =
 pub const LINEAR_MATRIX_16: Kernel = Kernel { module: Module::LinearMatrix16, ..LINEAR_MATRIX_8 };
 pub const LINEAR_MATRIX_8_F32: Kernel = Kernel { module: Module::LinearMatrix8F32, ..LINEAR_MATRIX_8 };
 
+/// Tiles per side of the matrix linear's block (`R` in matrix_blocks.wgsl):
+/// a workgroup computes R·T × R·T outputs.
+pub const MATRIX_BLOCK_TILES: u64 = 4;
+
 /// The sizes of one matrix product `[m, k]·[k, n]`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Gemm {
@@ -86,7 +90,7 @@ fn product(gpu: &Gpu, sink: &mut dyn Sink, x: Mat<'_>, w: Weight<'_>, bias: Opti
     }
     let matrix = gpu.matrix();
     let [tile_m, tile_n] = match matrix {
-        Some(c) => [c.size as u64; 2],
+        Some(c) => [c.size as u64 * MATRIX_BLOCK_TILES; 2],
         None => GEMM_TILE.map(u64::from),
     };
     let eb = w.dtype.bytes();

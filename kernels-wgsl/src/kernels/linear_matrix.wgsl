@@ -1,9 +1,9 @@
 // y[m, n] = Σ_k x[m, k] · W[n, k] (+ b[n]) on cooperative-matrix units: the
-// matrix tier's linear, on matrix_tiles.wgsl's core with A = x and B = Wᵀ.
-// f16 operands are rounded under the range rule (matrix_tiles.wgsl); the sum is f32.
-// Interface in linear_io.wgsl.
+// matrix tier's linear, on matrix_blocks.wgsl's core with A = x and B = Wᵀ,
+// one R·T × R·T block of y per workgroup. f16 operands are rounded under the
+// range rule (matrix_blocks.wgsl); the sum is f32. Interface in linear_io.wgsl.
 
-// The subgroup size: one subgroup owns a tile, so a workgroup is one subgroup.
+// The subgroup size: one subgroup owns a block, so a workgroup is one subgroup.
 override WG: u32 = 8u;
 
 // A = x: x[m0 + r, k0 + t].
@@ -23,26 +23,24 @@ fn b_at(t: u32, c: u32, n0: u32, k0: u32) -> f32 {
     return 0.0;
 }
 
+// y[r, c] = value (+ bias, + y's old value), inside the matrix only.
+fn block_value_out(r: u32, c: u32, value: f32) {
+    if (r < p.m && c < p.n) {
+        var out = value;
+        if (HAS_BIAS) {
+            out += bias(p.b_offset + c);
+        }
+        let at = p.y_offset + r * p.y_stride + c;
+        if (ACCUMULATE) {
+            out += y[at];
+        }
+        y[at] = out;
+    }
+}
+
 @compute @workgroup_size(WG)
 fn linear_matrix(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let tiles_n = (p.n + T - 1u) / T;
-    let tile = flat_workgroup(wid, nwg);
-    let m0 = (tile / tiles_n) * T;
-    let n0 = (tile % tiles_n) * T;
-    matrix_tile(li, m0, n0, p.k);
-    for (var i = li; i < T * T; i += WG) {
-        let r = i / T;
-        let c = i % T;
-        if (m0 + r < p.m && n0 + c < p.n) {
-            var out = c_tile[i];
-            if (HAS_BIAS) {
-                out += bias(p.b_offset + n0 + c);
-            }
-            let at = p.y_offset + (m0 + r) * p.y_stride + n0 + c;
-            if (ACCUMULATE) {
-                out += y[at];
-            }
-            y[at] = out;
-        }
-    }
+    let blocks_n = (p.n + BLOCK - 1u) / BLOCK;
+    let block = flat_workgroup(wid, nwg);
+    matrix_block(li, (block / blocks_n) * BLOCK, (block % blocks_n) * BLOCK, p.k);
 }
