@@ -143,9 +143,6 @@ pub struct Gpu {
     pub limits: wgpu::Limits,
     /// A small buffer bound where a kernel's optional input is absent.
     placeholder: wgpu::Buffer,
-    /// The same for an absent binding declared read_write (one buffer cannot
-    /// be bound both read-only and writable in one dispatch).
-    placeholder_writable: wgpu::Buffer,
     modules: Mutex<HashMap<Module, wgpu::ShaderModule>>,
     pipelines: Mutex<HashMap<PipelineKey, Arc<wgpu::ComputePipeline>>>,
     memory: Arc<MemoryCounter>,
@@ -347,20 +344,12 @@ impl Gpu {
             usage: storage_usage(),
             mapped_at_creation: false,
         });
-        let placeholder_writable = device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("placeholder (writable)"),
-            size: 256,
-            usage: storage_usage(),
-            mapped_at_creation: false,
-        });
-        let placeholders = placeholder.size() + placeholder_writable.size();
         let memory = Arc::new(MemoryCounter::default());
-        memory.live.store(placeholders, Ordering::Relaxed);
-        memory.high_water.store(placeholders, Ordering::Relaxed);
+        memory.live.store(placeholder.size(), Ordering::Relaxed);
+        memory.high_water.store(placeholder.size(), Ordering::Relaxed);
         let mut gpu = Self {
             memory,
             placeholder,
-            placeholder_writable,
             device,
             queue,
             info,
@@ -457,11 +446,6 @@ impl Gpu {
     /// Bound in place of an absent optional input (bias, mask); never read.
     pub fn placeholder(&self) -> &wgpu::Buffer {
         &self.placeholder
-    }
-
-    /// [`Gpu::placeholder`] for a binding declared read_write.
-    pub fn placeholder_writable(&self) -> &wgpu::Buffer {
-        &self.placeholder_writable
     }
 
     /// Largest byte range one storage binding may cover.

@@ -21,13 +21,6 @@ pub(crate) struct Window<'a> {
     pub(crate) local: u32,
 }
 
-impl<'a> Window<'a> {
-    /// The same window again, for a second binding of it (another view of its elements).
-    pub(crate) fn rebind(&self) -> Window<'a> {
-        Window { binding: self.binding.clone(), local: self.local }
-    }
-}
-
 /// Binds elements `[first, end)` (of `elem_bytes` each) of `buf`.
 pub(crate) fn window<'a>(
     gpu: &Gpu,
@@ -52,14 +45,6 @@ pub(crate) fn window<'a>(
 /// The placeholder bound where a kernel's optional input is absent.
 pub(crate) fn placeholder_window(gpu: &Gpu) -> Result<Window<'_>, GpuError> {
     window(gpu, gpu.placeholder(), 4, 0..1, "placeholder")
-}
-
-/// The placeholder for an input read as vec4s that a dispatch never reads
-/// (16 bytes, the least such a binding takes), read-only or writable as the
-/// binding is declared.
-pub(crate) fn vector_placeholder(gpu: &Gpu, writable: bool) -> Result<Window<'_>, GpuError> {
-    let buf = if writable { gpu.placeholder_writable() } else { gpu.placeholder() };
-    window(gpu, buf, 16, 0..1, "placeholder")
 }
 
 /// A size or offset as the kernels' 32-bit index, or an error naming it.

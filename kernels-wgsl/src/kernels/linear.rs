@@ -4,7 +4,7 @@
 
 use crate::kernel::{kernel, Access::{Read as R, ReadWrite as RW}, Kernel, Module};
 use crate::device::Gpu;
-use crate::dispatch::{chunks, dispatch, placeholder_window, vector_placeholder, row_chunks, rows_per_chunk, to_u32, window, Launch, Rows, Sink};
+use crate::dispatch::{chunks, dispatch, placeholder_window, row_chunks, rows_per_chunk, to_u32, window, Launch, Rows, Sink};
 use crate::error::GpuError;
 use crate::view::{Mat, Weight};
 use bytemuck::{Pod, Zeroable};
@@ -36,9 +36,8 @@ pub const LINEAR: Kernel =
 /// its workgroup is one subgroup, set by the `WG` override (hence size 0 here).
 /// The f16 tier's linear: `linear.wgsl` on f16-staged tiles.
 pub const LINEAR_HALF: Kernel = Kernel { module: Module::LinearHalf, ..LINEAR };
-/// Bindings 5 and 6 are x and W again, read four terms at a time (`VECTOR_RUNS`).
 pub const LINEAR_MATRIX_8: Kernel =
-    kernel(Module::LinearMatrix8, "linear_matrix", [0, 1, 1], &[(1, RW), (2, R), (3, R), (4, RW), (5, RW), (6, R)], size_of::<LinearParams>(), true);
+    kernel(Module::LinearMatrix8, "linear_matrix", [0, 1, 1], &[(1, RW), (2, R), (3, R), (4, RW)], size_of::<LinearParams>(), true);
 pub const LINEAR_MATRIX_16: Kernel = Kernel { module: Module::LinearMatrix16, ..LINEAR_MATRIX_8 };
 pub const LINEAR_MATRIX_8_F32: Kernel = Kernel { module: Module::LinearMatrix8F32, ..LINEAR_MATRIX_8 };
 
@@ -106,18 +105,14 @@ fn product(gpu: &Gpu, sink: &mut dyn Sink, x: Mat<'_>, w: Weight<'_>, bias: Opti
             // bf16 rows starting on even elements load as whole u32 pairs.
             let paired = ww.local.is_multiple_of(2) && kdim.is_multiple_of(2);
             let (rows_n, cols_n) = (rows.end - rows.start, cols.end - cols.start);
-            // Four consecutive terms of x and of bf16 W are one aligned load.
-            let vector_runs = matrix.is_some()
-                && w.dtype == crate::view::WeightDtype::Bf16
-                && [xw.local as u64, x.stride, ww.local as u64, kdim].iter().all(|v| v.is_multiple_of(4));
             let (kernel, constants, grid) = match matrix {
                 None => {
-                    let constants = vec![("WEIGHT_BF16", w.dtype.constant()), ("HAS_BIAS", bias.is_some() as u32), ("ACCUMULATE", accumulate as u32), ("W_PAIRED", paired as u32)];
+                    let constants = [("WEIGHT_BF16", w.dtype.constant()), ("HAS_BIAS", bias.is_some() as u32), ("ACCUMULATE", accumulate as u32), ("W_PAIRED", paired as u32)];
                     let kernel = if gpu.precision() == Precision::F16 { &LINEAR_HALF } else { &LINEAR };
                     (kernel, constants, [cols_n.div_ceil(tile_n) as u32, rows_n.div_ceil(tile_m) as u32, 1])
                 }
                 Some(c) => {
-                    let constants = vec![("WEIGHT_BF16", w.dtype.constant()), ("HAS_BIAS", bias.is_some() as u32), ("ACCUMULATE", accumulate as u32), ("WG", c.subgroup), ("VECTOR_RUNS", vector_runs as u32)];
+                    let constants = [("WEIGHT_BF16", w.dtype.constant()), ("HAS_BIAS", bias.is_some() as u32), ("ACCUMULATE", accumulate as u32), ("WG", c.subgroup)];
                     let kernel = c.pick([&LINEAR_MATRIX_8, &LINEAR_MATRIX_16, &LINEAR_MATRIX_8_F32]);
                     (kernel, constants, wrapped_grid(rows_n.div_ceil(tile_m) * cols_n.div_ceil(tile_n)))
                 }
@@ -140,13 +135,7 @@ fn product(gpu: &Gpu, sink: &mut dyn Sink, x: Mat<'_>, w: Weight<'_>, bias: Opti
                 _pad: [0; 3],
             };
             let launch = Launch { kernel, constants: &constants, params, grid };
-            if matrix.is_some() {
-                // Without vector runs, bindings 5 and 6 are never read: a 16-byte placeholder.
-                let (x4, w4) = if vector_runs { (xw.rebind(), ww.rebind()) } else { (vector_placeholder(gpu, true)?, vector_placeholder(gpu, false)?) };
-                dispatch(gpu, sink, launch, &[(1, &xw), (2, &ww), (3, &bw), (4, &yw), (5, &x4), (6, &w4)]);
-            } else {
-                dispatch(gpu, sink, launch, &[(1, &xw), (2, &ww), (3, &bw), (4, &yw)]);
-            }
+            dispatch(gpu, sink, launch, &[(1, &xw), (2, &ww), (3, &bw), (4, &yw)]);
         }
     }
     Ok(())

@@ -1,42 +1,34 @@
 // The throughput core of the matrix tier's linear: one workgroup, one
 // subgroup of WG invocations, computes a block of R·T × R·T outputs of
-// C[row, col] = Σ_t A[row, t]·Bᵀ[col, t] as R×R cooperative-matrix tiles of
+// C[row, col] = Σ_t A[row, t]·B[t, col] as R×R cooperative-matrix tiles of
 // T×T held in R² accumulators for the whole of k, so each T×T fragment of A
 // read from workgroup memory serves R products, and each element of A and B
-// staged from global memory serves R·T·2 FLOPs (the one-tile core,
+// staged from global memory serves R·T·2 FLOPs per T of k (the one-tile core,
 // matrix_tiles.wgsl, staged both operands for every single tile).
 //
-// The module reads its operands four terms at a time: `a_run(r, t, row0,
-// t0)` = A[row0 + r, t0 + t .. + 4] and `b_run(c, t, col0, t0)` =
-// Bᵀ[col0 + c, t0 + t .. + 4] (t a multiple of 4; zero past the matrix),
-// and writes through `block_value_out(r, c, value)` (absolute r, c; inside
-// the matrix only). Consecutive invocations read consecutive runs of one
-// row, so global reads are coalesced along the rows of x and W.
-//
-// k advances KT = 2T at a time: the block's KT columns of A (row-major) and
-// of Bᵀ (each column a run of KT, read by `coopLoad` as column-major B) are
-// staged in workgroup memory, then multiplied.
+// k advances KT = 2T at a time: the invocations stage the block's KT
+// columns of A (R·T rows, row-major) and of Bᵀ (R·T columns, each a run of
+// KT, read by `coopLoad` as column-major B), with consecutive invocations on
+// consecutive k, so global reads are coalesced along the rows of x and W.
 //
 // f16 operands are rounded under range_rule.wgsl's rule, per row of A and
-// column of B over all of k, measured before the first step (MEASURERS
-// invocations read each row together, each keeping its own largest, then
-// one invocation per row takes the largest of theirs); the sum is f32 and
-// is scaled back tile by tile on its way out. f32 operands (8×8, Apple
-// GPUs) skip the measuring (their scales stay 1). Accumulators are declared
-// once, outside every loop: a cooperative-matrix `var` declared inside a
-// loop is zeroed only once.
+// column of B over all of k, measured before the first step; the sum is f32
+// and is scaled back tile by tile on its way out. f32 operands (8×8, Apple
+// GPUs) skip the measuring (their scales stay 1).
+//
+// The module provides `a_at(r, t, row0, t0)` = A[row0 + r, t0 + t],
+// `b_at(t, c, col0, t0)` = B[t0 + t, col0 + c] (zero past the matrix), and
+// `block_value_out(r, c, value)`, which writes C[r, c] (r, c absolute) if
+// inside the matrix. Accumulators are declared once, outside every loop: a
+// cooperative-matrix `var` declared inside a loop is zeroed only once.
 
 const R: u32 = 4u;
 const KT: u32 = 2u * T;
 const BLOCK: u32 = R * T;
-const MEASURERS: u32 = 32u;
 
 var<workgroup> a_tile: array<Operand, BLOCK * KT>;
 var<workgroup> b_tile: array<Operand, BLOCK * KT>;
 var<workgroup> c_tile: array<f32, T * T>;
-// Each measurer's largest magnitude of each of the block's rows of A and
-// columns of B: [row][measurer], A's rows first.
-var<workgroup> partial: array<f32, 2u * BLOCK * MEASURERS>;
 // The power-of-two scales of the block's rows of A and columns of B, and
 // their inverses (multiplying by the inverse of a power of two is exact).
 var<workgroup> row_scale: array<f32, BLOCK>;
@@ -44,32 +36,16 @@ var<workgroup> col_scale: array<f32, BLOCK>;
 var<workgroup> row_inverse: array<f32, BLOCK>;
 var<workgroup> col_inverse: array<f32, BLOCK>;
 
-fn largest_of(v: vec4<f32>) -> f32 {
-    let a = abs(v);
-    return max(max(a.x, a.y), max(a.z, a.w));
-}
-
-// The range rule's scales of the block's rows of A and columns of B.
+// The range rule's scales: each invocation measures whole rows of A and
+// columns of B over all of k (each walks its own row, so its reads stay in
+// the lines it just fetched).
 fn measure_block(li: u32, row0: u32, col0: u32, k: u32) {
-    if (OPERAND_HALF && li < MEASURERS) {
-        for (var r = 0u; r < BLOCK; r++) {
-            var a_largest = 0.0;
-            var b_largest = 0.0;
-            for (var t = li * 4u; t < k; t += MEASURERS * 4u) {
-                a_largest = max(a_largest, largest_of(a_run(r, t, row0, 0u)));
-                b_largest = max(b_largest, largest_of(b_run(r, t, col0, 0u)));
-            }
-            partial[r * MEASURERS + li] = a_largest;
-            partial[(BLOCK + r) * MEASURERS + li] = b_largest;
-        }
-    }
-    workgroupBarrier();
     for (var r = li; r < BLOCK; r += WG) {
         var a_largest = 0.0;
         var b_largest = 0.0;
-        for (var i = 0u; OPERAND_HALF && i < min(MEASURERS, WG); i++) {
-            a_largest = max(a_largest, partial[r * MEASURERS + i]);
-            b_largest = max(b_largest, partial[(BLOCK + r) * MEASURERS + i]);
+        for (var t = 0u; OPERAND_HALF && t < k; t++) {
+            a_largest = max(a_largest, abs(a_at(r, 0u, row0, t)));
+            b_largest = max(b_largest, abs(b_at(0u, r, col0, t)));
         }
         row_scale[r] = range_scale(a_largest);
         col_scale[r] = range_scale(b_largest);
@@ -78,19 +54,14 @@ fn measure_block(li: u32, row0: u32, col0: u32, k: u32) {
     }
 }
 
-// Stages KT terms from t0 on: A's block rows and Bᵀ's block rows, each a
+// Stages KT terms from t0 on: A's block rows and B's block columns, each a
 // contiguous run of KT in workgroup memory.
 fn stage_block(li: u32, row0: u32, col0: u32, t0: u32) {
-    for (var i = li; i < BLOCK * KT / 4u; i += WG) {
-        let r = i / (KT / 4u);
-        let t = (i % (KT / 4u)) * 4u;
-        let a = a_run(r, t, row0, t0) * row_inverse[r];
-        let b = b_run(r, t, col0, t0) * col_inverse[r];
-        let at = r * KT + t;
-        for (var j = 0u; j < 4u; j++) {
-            a_tile[at + j] = Operand(a[j]);
-            b_tile[at + j] = Operand(b[j]);
-        }
+    for (var i = li; i < BLOCK * KT; i += WG) {
+        let r = i / KT;
+        let t = i % KT;
+        a_tile[i] = Operand(a_at(r, t, row0, t0) * row_inverse[r]);
+        b_tile[i] = Operand(b_at(t, r, col0, t0) * col_inverse[r]);
     }
 }
 
