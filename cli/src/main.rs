@@ -119,6 +119,9 @@ fn gpu() -> Result<(), String> {
     if let Some(notice) = auto.notice() {
         say!("notice: {notice}");
     }
-    say!("tier auto takes: {} (known-answer check passed)", crate::tier::describe(&auto));
+    match auto.auto_reason() {
+        Some(reason) => say!("tier auto takes: {} ({reason}; --precision f16 or matrix runs them)", crate::tier::describe(&auto)),
+        None => say!("tier auto takes: {} (known-answer check passed)", crate::tier::describe(&auto)),
+    }
     Ok(())
 }

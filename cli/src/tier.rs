@@ -24,6 +24,16 @@ pub fn describe(gpu: &Gpu) -> String {
     }
 }
 
+/// The tier as [`describe`] says it, with, where `auto` took it over a
+/// tier the adapter offers, why: `f32 (auto: llvmpipe … is a CPU adapter,
+/// …; --precision f16 or matrix runs them)`.
+pub fn describe_taken(gpu: &Gpu) -> String {
+    match gpu.auto_reason() {
+        Some(reason) => format!("{} (auto: {reason}; --precision f16 or matrix runs them)", describe(gpu)),
+        None => describe(gpu),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

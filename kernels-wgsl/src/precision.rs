@@ -14,16 +14,18 @@
 //! RoPE, softmax, elementwise; attention below the matrix tier) run f32.
 //!
 //! The tier is chosen when the device is made ([`crate::GpuOptions::precision`]);
-//! [`Precision::Auto`] takes the best the adapter offers and proves it with a
-//! known-answer product first ([`crate::Gpu::new`]).
+//! [`Precision::Auto`] takes f32 on a CPU adapter (where the half tiers are
+//! slower and less exact), elsewhere the best the adapter offers, proven
+//! with a known-answer product first ([`crate::Gpu::new`]).
 
 use wgpu::{CooperativeMatrixProperties, CooperativeScalarType};
 
 /// A precision tier, or `Auto` to let the adapter decide.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum Precision {
-    /// The best tier the adapter offers that passes a known-answer probe:
-    /// matrix, else f16, else f32.
+    /// f32 on a CPU adapter ([`crate::Gpu::auto_reason`] says why);
+    /// elsewhere the best tier the adapter offers that passes a
+    /// known-answer probe: matrix, else f16, else f32.
     Auto,
     /// Scalar f32 arithmetic; the library's default, as the reference tier.
     #[default]
