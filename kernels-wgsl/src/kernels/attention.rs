@@ -54,11 +54,20 @@ pub const ATTENTION_MATRIX_8_F32: Kernel = Kernel { module: Module::AttentionMat
 /// The widest head the matrix tier's attention takes; wider ones run `attention.wgsl`.
 pub const ATTENTION_MATRIX_MAX_HEAD_DIM: u64 = 128;
 /// CPU adapters' attention (`attention_cpu.wgsl`): one query per invocation,
-/// no workgroup memory, no barriers.
-pub const ATTENTION_CPU: Kernel = Kernel { entry: "attention_cpu", ..ATTENTION };
+/// q, k and v read as vec4s (bindings 7–9), no workgroup memory, no barriers.
+pub const ATTENTION_CPU: Kernel = Kernel { entry: "attention_cpu", storage: &[(4, R), (5, RW), (6, RW), (7, RW), (8, RW), (9, RW)], ..ATTENTION };
 /// Queries per CPU-adapter workgroup and the widest head it takes (4·`CPU_MAX_VEC4`).
-pub const ATTENTION_CPU_QUERIES_PER_GROUP: u64 = 64;
+const ATTENTION_CPU_QUERIES_PER_GROUP: u64 = 64;
 pub const ATTENTION_CPU_MAX_HEAD_DIM: u64 = 128;
+
+/// Whether the CPU kernel takes these operands: a head of at most
+/// [`ATTENTION_CPU_MAX_HEAD_DIM`] dims, a multiple of 4, and q, k and v rows
+/// that start on multiples of 4 elements (read as vec4s).
+fn lanes_fit(s: &Attention, qkv: &Qkv<'_>) -> bool {
+    let aligned = |m: &Mat<'_>| m.offset.is_multiple_of(4) && m.stride.is_multiple_of(4);
+    s.head_dim <= ATTENTION_CPU_MAX_HEAD_DIM && s.head_dim.is_multiple_of(4) && aligned(&qkv.q) && aligned(&qkv.k) && aligned(&qkv.v)
+}
+
 /// Queries per attention workgroup and the largest head dim the kernel takes.
 pub const ATTENTION_QUERIES_PER_GROUP: u32 = 16;
 pub const ATTENTION_MAX_HEAD_DIM: u32 = 512;
@@ -99,6 +108,9 @@ impl AttentionKernel {
     /// is the tier and the head fits; on a CPU adapter the lane kernel where the
     /// head fits; the tiled kernel otherwise.
     pub fn pick(gpu: &Gpu, head_dim: u64) -> AttentionKernel {
+        if let Some(forced) = forced_attention_kernel() {
+            return forced;
+        }
         if gpu.matrix().is_some() && head_dim <= ATTENTION_MATRIX_MAX_HEAD_DIM {
             AttentionKernel::Matrix
         } else if gpu.is_software() && head_dim <= ATTENTION_CPU_MAX_HEAD_DIM {
@@ -107,6 +119,20 @@ impl AttentionKernel {
             AttentionKernel::Tiled
         }
     }
+}
+
+/// A benchmarking aid: `FLUX_LITE_ATTENTION_KERNEL=tiled` or `lanes` runs
+/// that f32 kernel wherever it can (`bench kernels` then times it; a call it
+/// cannot take runs the tiled kernel).
+const FORCE_KERNEL: &str = "FLUX_LITE_ATTENTION_KERNEL";
+
+fn forced_attention_kernel() -> Option<AttentionKernel> {
+    static FORCED: std::sync::OnceLock<Option<AttentionKernel>> = std::sync::OnceLock::new();
+    *FORCED.get_or_init(|| match std::env::var(FORCE_KERNEL).as_deref() {
+        Ok("tiled") => Some(AttentionKernel::Tiled),
+        Ok("lanes") => Some(AttentionKernel::Lanes),
+        _ => None,
+    })
 }
 
 /// `o = softmax(q·kᵀ·scale + mask)·v`; `key_keep[j] == 0` masks key `j`;
@@ -158,7 +184,7 @@ pub fn attention_with(
     let o_rows = Rows::mat(o, s.q_heads * s.head_dim, "attention output");
     let lse_rows = lse.map(|l| Rows { buf: l.buf, elem_bytes: 4, offset: l.offset, stride: s.q_heads, width: s.q_heads, what: "attention log-sum-exp" });
     let matrix = gpu.matrix().filter(|_| which == AttentionKernel::Matrix && s.head_dim <= ATTENTION_MATRIX_MAX_HEAD_DIM);
-    let lanes = which == AttentionKernel::Lanes && s.head_dim <= ATTENTION_CPU_MAX_HEAD_DIM;
+    let lanes = which == AttentionKernel::Lanes && lanes_fit(&s, &qkv);
     let per_group = match (matrix, lanes) {
         (Some(c), _) => c.size as u64,
         (None, true) => ATTENTION_CPU_QUERIES_PER_GROUP,
@@ -196,9 +222,14 @@ pub fn attention_with(
             write_lse: lse_rows.is_some() as u32,
         };
         let grid = [to_u32((rows.end - rows.start).div_ceil(per_group), "attention query blocks")?, s.q_heads as u32, 1];
+        if lanes {
+            let constants = [("HEAD_VEC4", (s.head_dim / 4) as u32)];
+            let launch = Launch { kernel: &ATTENTION_CPU, constants: &constants, params, grid };
+            dispatch(gpu, sink, launch, &[(4, &mw), (5, &ow), (6, &lw), (7, &qw), (8, &kw), (9, &vw)]);
+            continue;
+        }
         let bindings = [(1, &qw), (2, &kw), (3, &vw), (4, &mw), (5, &ow), (6, &lw)];
         let launch = match matrix {
-            None if lanes => Launch { kernel: &ATTENTION_CPU, constants: &[("HEAD_VEC4", s.head_dim.div_ceil(4).max(1) as u32)], params, grid },
             None => Launch { kernel: &ATTENTION, constants: &[("SLOTS", s.head_dim.div_ceil(64).max(1) as u32)], params, grid },
             Some(c) => {
                 let kernel = c.pick([&ATTENTION_MATRIX_8, &ATTENTION_MATRIX_16, &ATTENTION_MATRIX_8_F32]);
@@ -292,7 +323,7 @@ mod tests {
             return vec![picked];
         }
         let mut kernels = vec![AttentionKernel::Tiled];
-        if head_dim <= ATTENTION_CPU_MAX_HEAD_DIM {
+        if head_dim <= ATTENTION_CPU_MAX_HEAD_DIM && head_dim.is_multiple_of(4) {
             kernels.push(AttentionKernel::Lanes);
         }
         kernels

@@ -13,48 +13,21 @@
 // one rescale of the output, then the weighted values (one read of the
 // output accumulator serves every key). Same interface, masks, causality,
 // grouped-query heads and log-sum-exp output as `attention.wgsl`; head_dim
-// at most 4·CPU_MAX_VEC4.
+// a multiple of 4, at most 4·CPU_MAX_VEC4.
 
 const CPU_QUERIES: u32 = 64u;
 const CPU_KEYS: u32 = 8u;
 const CPU_MAX_VEC4: u32 = 32u;
-// ⌈head_dim / 4⌉, set by the host so the dim loops have a constant trip count.
+// head_dim / 4, set by the host so the dim loops have a constant trip count.
 override HEAD_VEC4: u32 = 32u;
 
-// Dims d .. d + 4 of a row of q, k or v starting at `base`, zero past
-// head_dim (d is the same in every lane, so is the test).
-fn q_run(base: u32, d: u32) -> vec4<f32> {
-    if (d + 4u <= p.head_dim) {
-        return vec4<f32>(q[base + d], q[base + d + 1u], q[base + d + 2u], q[base + d + 3u]);
-    }
-    var r = vec4<f32>(0.0);
-    for (var i = 0u; i < 4u; i++) {
-        if (d + i < p.head_dim) { r[i] = q[base + d + i]; }
-    }
-    return r;
-}
-
-fn k_run(base: u32, d: u32) -> vec4<f32> {
-    if (d + 4u <= p.head_dim) {
-        return vec4<f32>(k[base + d], k[base + d + 1u], k[base + d + 2u], k[base + d + 3u]);
-    }
-    var r = vec4<f32>(0.0);
-    for (var i = 0u; i < 4u; i++) {
-        if (d + i < p.head_dim) { r[i] = k[base + d + i]; }
-    }
-    return r;
-}
-
-fn v_run(base: u32, d: u32) -> vec4<f32> {
-    if (d + 4u <= p.head_dim) {
-        return vec4<f32>(v[base + d], v[base + d + 1u], v[base + d + 2u], v[base + d + 3u]);
-    }
-    var r = vec4<f32>(0.0);
-    for (var i = 0u; i < 4u; i++) {
-        if (d + i < p.head_dim) { r[i] = v[base + d + i]; }
-    }
-    return r;
-}
+// q, k and v again, as vec4s: the host takes this kernel only where
+// head_dim, the offsets and the strides are multiples of 4, so that each
+// load brings four values (inside a loop a CPU driver fetches each load lane
+// by lane, so one vec4 load costs about what one f32 load does).
+@group(0) @binding(7) var<storage, read_write> q4: array<vec4<f32>>;
+@group(0) @binding(8) var<storage, read_write> k4: array<vec4<f32>>;
+@group(0) @binding(9) var<storage, read_write> v4: array<vec4<f32>>;
 
 // `visible` without short-circuits (each `&&` would be a branch per lane).
 // The mask word is read at a clamped index: the same key for every lane.
@@ -74,11 +47,11 @@ fn attention_cpu(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgrou
     let kvh = h / (p.q_heads / p.kv_heads);
     let q0 = wid.x * CPU_QUERIES;
     let qi = q0 + lid.x;
-    let qb = p.q_offset + min(qi, p.q_len - 1u) * p.q_stride + h * p.head_dim;
+    let qb = (p.q_offset + min(qi, p.q_len - 1u) * p.q_stride + h * p.head_dim) / 4u;
     var qv: array<vec4<f32>, CPU_MAX_VEC4>;
     var acc: array<vec4<f32>, CPU_MAX_VEC4>;
     for (var c = 0u; c < HEAD_VEC4; c++) {
-        qv[c] = q_run(qb, c * 4u);
+        qv[c] = q4[qb + c];
         acc[c] = vec4<f32>(0.0);
     }
     var m = MASKED;
@@ -93,14 +66,14 @@ fn attention_cpu(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgrou
         var vb: array<u32, CPU_KEYS>;
         for (var j = 0u; j < CPU_KEYS; j++) {
             let kj = min(k0 + j, p.kv_len - 1u);
-            kb[j] = p.k_offset + kj * p.k_stride + kvh * p.head_dim;
-            vb[j] = p.v_offset + kj * p.v_stride + kvh * p.head_dim;
+            kb[j] = (p.k_offset + kj * p.k_stride + kvh * p.head_dim) / 4u;
+            vb[j] = (p.v_offset + kj * p.v_stride + kvh * p.head_dim) / 4u;
         }
         var dots: array<f32, CPU_KEYS>;
         for (var c = 0u; c < HEAD_VEC4; c++) {
             let qc = qv[c];
             for (var j = 0u; j < CPU_KEYS; j++) {
-                let kc = k_run(kb[j], c * 4u);
+                let kc = k4[kb[j] + c];
                 dots[j] = fma(qc.w, kc.w, fma(qc.z, kc.z, fma(qc.y, kc.y, fma(qc.x, kc.x, dots[j]))));
             }
         }
@@ -118,7 +91,7 @@ fn attention_cpu(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgrou
         for (var c = 0u; c < HEAD_VEC4; c++) {
             var a = acc[c] * rescale;
             for (var j = 0u; j < CPU_KEYS; j++) {
-                a = fma(vec4<f32>(dots[j]), v_run(vb[j], c * 4u), a);
+                a = fma(vec4<f32>(dots[j]), v4[vb[j] + c], a);
             }
             acc[c] = a;
         }
@@ -131,10 +104,9 @@ fn attention_cpu(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgrou
         }
         let ob = p.o_offset + qi * p.o_stride + h * p.head_dim;
         for (var c = 0u; c < HEAD_VEC4; c++) {
+            let out = acc[c] * inv;
             for (var i = 0u; i < 4u; i++) {
-                if (c * 4u + i < p.head_dim) {
-                    o[ob + c * 4u + i] = acc[c][i] * inv;
-                }
+                o[ob + c * 4u + i] = out[i];
             }
         }
     }
