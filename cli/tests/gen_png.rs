@@ -197,7 +197,7 @@ fn a_failing_run_leaves_no_file() {
     let bytes = std::fs::read(&vae).unwrap();
     std::fs::write(&vae, &bytes[..bytes.len() / 2]).unwrap();
     let out = dir.join("out.png");
-    let run = gen(&["--model", model.to_str().unwrap(), "--prompt", "x", "--width", "16", "--height", "16", "--output", out.to_str().unwrap()]);
+    let run = gen(&["--model", model.to_str().unwrap(), "--prompt", "x", "--steps", "1", "--width", "16", "--height", "16", "--output", out.to_str().unwrap()]);
     assert!(!run.status.success());
     let stderr = String::from_utf8_lossy(&run.stderr);
     let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error: ")).collect();

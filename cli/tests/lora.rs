@@ -20,18 +20,37 @@ fn golden(case: &str) -> Vec<u8> {
     read_png(&test_vectors().join("goldens/lora").join(case).join("image.png")).rgb
 }
 
-/// `gen` of `model` at the goldens' settings (seed 42, 2 steps, 32²) with `extra` flags.
-fn gen(model: &Path, out: &Path, extra: &[&str]) -> Output {
+/// The goldens' steps (generate_lora.py).
+const GOLDEN_STEPS: u32 = 2;
+
+/// `gen` of `model` at the goldens' settings (seed 42, 32²) with `steps` and `extra` flags.
+fn gen_steps(model: &Path, out: &Path, steps: u32, extra: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_flux-lite"))
-        .args(["gen", "--model", model.to_str().unwrap(), "--prompt", FOX, "--seed", "42", "--steps", "2", "--width", "32", "--height", "32"])
+        .args(["gen", "--model", model.to_str().unwrap(), "--prompt", FOX, "--seed", "42", "--steps", &steps.to_string(), "--width", "32", "--height", "32"])
         .args(["--precision", "f32", "--quiet", "--output", out.to_str().unwrap()])
         .args(extra)
         .output()
         .unwrap()
 }
 
+/// One step: for the checks that compare with no golden (errors, warnings,
+/// plans, scale 0 against no adapter).
+fn gen(model: &Path, out: &Path, extra: &[&str]) -> Output {
+    gen_steps(model, out, 1, extra)
+}
+
+/// A PNG made at the goldens' steps, to compare with one.
+fn made_like_the_golden(model: &Path, out: &Path, extra: &[&str]) -> (Vec<u8>, String) {
+    made_steps(model, out, GOLDEN_STEPS, extra)
+}
+
+/// A PNG made in one step.
 fn made(model: &Path, out: &Path, extra: &[&str]) -> (Vec<u8>, String) {
-    let done = gen(model, out, extra);
+    made_steps(model, out, 1, extra)
+}
+
+fn made_steps(model: &Path, out: &Path, steps: u32, extra: &[&str]) -> (Vec<u8>, String) {
+    let done = gen_steps(model, out, steps, extra);
     let stderr = String::from_utf8_lossy(&done.stderr).into_owned();
     assert!(done.status.success(), "{stderr}");
     (read_png(out).rgb, stderr)
@@ -52,14 +71,14 @@ fn each_layout_reproduces_its_diffusers_golden() {
         ("two", vec![arg("peft.safetensors", "0.8"), arg("kohya.safetensors", "0.5")]),
     ] {
         let flags: Vec<&str> = adapters.iter().flat_map(|a| ["--lora", a.as_str()]).collect();
-        let (rgb, _) = made(&model, &dir.join(format!("{case}.png")), &[&flags[..], &["--verbose"]].concat());
+        let (rgb, _) = made_like_the_golden(&model, &dir.join(format!("{case}.png")), &[&flags[..], &["--verbose"]].concat());
         flux_lite_tests::tolerance::assert_png_close(&format!("LoRA {case} against diffusers"), &rgb, &golden(case));
     }
 }
 
 /// The smallest budget `gen` accepts, from its refusal of 1 KiB.
 fn smallest_budget(model: &Path, out: &Path, extra: &[&str]) -> String {
-    let refused = gen(model, out, &[extra, &["--memory-budget", "1KiB"]].concat());
+    let refused = gen_steps(model, out, GOLDEN_STEPS, &[extra, &["--memory-budget", "1KiB"]].concat());
     let line = the_error_line(&refused);
     line.rsplit('(').next().and_then(|t| t.split(' ').next()).unwrap_or_else(|| panic!("{line}")).to_string() + "B"
 }
@@ -77,12 +96,12 @@ fn two_adapters_on_df11_and_streamed_weights_reproduce_the_golden() {
     let (peft, kohya) = (arg("peft.safetensors", "0.8"), arg("kohya.safetensors", "0.5"));
     let adapters = ["--lora", peft.as_str(), "--lora", kohya.as_str()];
     let want = golden("two");
-    let (df11_rgb, _) = made(&df11, &dir.join("df11.png"), &adapters);
+    let (df11_rgb, _) = made_like_the_golden(&df11, &dir.join("df11.png"), &adapters);
     flux_lite_tests::tolerance::assert_png_close("two adapters on DF11 weights", &df11_rgb, &want);
     for (name, folder) in [("bf16", &model), ("DF11", &df11)] {
         let out = dir.join(format!("streamed-{name}.png"));
         let budget = smallest_budget(folder, &out, &adapters);
-        let (rgb, stderr) = made(folder, &out, &[&adapters[..], &["--memory-budget", &budget, "--verbose"]].concat());
+        let (rgb, stderr) = made_like_the_golden(folder, &out, &[&adapters[..], &["--memory-budget", &budget, "--verbose"]].concat());
         assert!(stderr.contains("streamed per block"), "{name} under {budget} was not streamed: {stderr}");
         flux_lite_tests::tolerance::assert_png_close(&format!("two adapters on {name} weights streamed under {budget}"), &rgb, &want);
     }
