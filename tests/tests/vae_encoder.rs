@@ -88,19 +88,6 @@ fn a_banded_encode_matches_the_untiled_encode() {
 }
 
 #[test]
-fn the_encoder_tile_arena_does_not_grow_with_the_image() {
-    let (_, small) = encoder("tiny-a", 64, 64, Some(16));
-    let (_, large) = encoder("tiny-a", 128, 128, Some(16));
-    let (_, whole) = encoder("tiny-a", 64, 64, None);
-    println!("banded encoder arena {} and {} bytes at 64² and 128²; untiled 64²: {} bytes", small.arena_bytes(), large.arena_bytes(), whole.arena_bytes());
-    assert!(small.is_banded() && large.is_banded());
-    assert_eq!(small.arena_bytes(), large.arena_bytes());
-    assert!(small.arena_bytes() < whole.arena_bytes());
-    let (h, w) = large.latent_size();
-    assert_eq!(large.posterior_mean(gpu(), &random_image(128, 128, 4)).unwrap().len(), 4 * h * w);
-}
-
-#[test]
 fn an_image_no_larger_than_the_tile_is_encoded_whole() {
     let (_, e) = encoder("tiny-a", 32, 16, Some(32));
     assert!(!e.is_banded());
@@ -157,9 +144,16 @@ fn encoding_references_stays_within_the_planned_bytes() {
     assert_eq!(device.memory().live, live_before, "the encoder's buffers are released");
 }
 
-/// Device bytes of encoding a `size`-pixel square image in 16-pixel tiles
-/// on a fresh device: (high-water, the plan's peak for that tile).
-fn tiled_encode_memory(size: usize) -> (u64, u64) {
+/// A `size`-pixel square image encoded in 16-pixel tiles on a fresh device.
+struct TiledEncode {
+    /// The encoder's tile arena.
+    arena: u64,
+    /// The device's high-water and the plan's peak for that tile.
+    high_water: u64,
+    planned: u64,
+}
+
+fn tiled_encode(size: usize) -> TiledEncode {
     use flux_lite_core::plan;
     use flux_lite_platform::pipeline::planning;
     use flux_lite_platform::{Gpu, GpuOptions};
@@ -168,19 +162,31 @@ fn tiled_encode_memory(size: usize) -> (u64, u64) {
     let device = Gpu::new(&GpuOptions::default()).unwrap();
     let encoder = VaeEncoder::new(&device, &folder.vae, &store, size, size, Some(16)).unwrap();
     assert!(encoder.is_banded());
-    encoder.reference_tokens(&device, &random_image(size, size, 6)).unwrap();
+    let tokens = encoder.reference_tokens(&device, &random_image(size, size, 6)).unwrap();
+    let (h, w) = encoder.latent_size();
+    assert_eq!(tokens.len(), 4 * h * w, "{size}²: the image encodes in the tile arena");
     let high_water = device.memory().high_water;
     let sizes = planning::ModelSizes::from_files(&folder, 32, 32).unwrap();
     let refs = [(size as u64, size as u64)];
     let input = sizes.plan_input(&folder, 32, 32, &refs, device.plan_limits(), None);
     let planned = plan::reference_options(&input).unwrap().find(|p| p.tile == Some(16)).expect("a 16-pixel tile option");
-    (high_water, planned.device())
+    TiledEncode { arena: encoder.arena_bytes(), high_water, planned: planned.device() }
 }
 
+/// Once `the_encoder_tile_arena_does_not_grow_with_the_image` and
+/// `the_encoder_phase_high_water_does_not_grow_with_the_image_when_tiled`,
+/// which encoded the same 128² image in 16-pixel tiles: the tile arena is
+/// the same at 64² and 128² (and smaller than the untiled 64² one), the
+/// 128² image encodes in it, and the phase's measured high-water is the same
+/// at both sizes, within the plan, which does not depend on the size either.
 #[test]
-fn the_encoder_phase_high_water_does_not_grow_with_the_image_when_tiled() {
-    let (small, small_planned) = tiled_encode_memory(64);
-    let (large, large_planned) = tiled_encode_memory(128);
+fn the_encoder_tile_arena_and_phase_high_water_do_not_grow_with_the_image() {
+    let (small, large) = (tiled_encode(64), tiled_encode(128));
+    let (_, whole) = encoder("tiny-a", 64, 64, None);
+    println!("banded encoder arena {} and {} bytes at 64² and 128²; untiled 64²: {} bytes", small.arena, large.arena, whole.arena_bytes());
+    assert_eq!(small.arena, large.arena);
+    assert!(small.arena < whole.arena_bytes());
+    let (small, small_planned, large, large_planned) = (small.high_water, small.planned, large.high_water, large.planned);
     println!("tiled VAE encode high-water: {small} B at 64², {large} B at 128² (planned {small_planned} and {large_planned} B)");
     assert_eq!(small, large, "4× the pixels in the same tile");
     assert_eq!(small_planned, large_planned, "the plan of a tiled encode does not depend on the image size");
