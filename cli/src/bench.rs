@@ -190,7 +190,7 @@ fn kernels(args: &KernelsArgs) -> Result<(), String> {
         row(&encode, &ceilings);
         let steps = if distilled { 4 } else { 50 };
         for &size in &step_sizes {
-            let step = bench.step(&transformer, size).map_err(err)?;
+            let step = bench.step(&transformer, size, vae.latent_cell() as u64).map_err(err)?;
             row(&step, &ceilings);
             if vae_fits("VAE decode and end to end", size) {
                 let decode = bench.vae_decode(&vae, size).map_err(err)?;

@@ -23,8 +23,9 @@ fn blocks_and_steps_chunk_when_the_keys_exceed_a_binding() {
     let model = ModelFolder::open(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../test_vectors/models/tiny-a")).unwrap();
     let cfg = &model.transformer;
     // 96 tokens of fused rows (3·64 + 2·192 = 576 wide) are 221 KB, and a
-    // step's 516 are 1.2 MB: 192 KiB bindings refuse both, but hold the
-    // step's 64-wide keys (132 KB).
+    // 32² step's 576 (512 prompt tokens and 8² image tokens: tiny-a's VAE
+    // packs 4×4 pixels a token) are 1.3 MB: 192 KiB bindings refuse both,
+    // but hold the step's 64-wide keys (147 KB).
     let small = small_binding_gpu(192 << 10);
     let bench = ShapeBench::new(&small, 1);
     let blocks = bench.blocks(cfg, 96).unwrap_or_else(|e| panic!("{e}"));
@@ -33,7 +34,8 @@ fn blocks_and_steps_chunk_when_the_keys_exceed_a_binding() {
         assert!(f.shape.ends_with(", feed-forward by 48-token chunks"), "{f:?}");
         assert!(f.seconds > 0.0 && f.flops > 0, "{f:?}");
     }
-    let step = bench.step(cfg, 32).unwrap_or_else(|e| panic!("{e}"));
+    let step = bench.step(cfg, 32, model.vae.latent_cell() as u64).unwrap_or_else(|e| panic!("{e}"));
+    assert!(step.shape.starts_with("32×32: 512 + 64 tokens"), "{step:?}");
     assert!(step.shape.ends_with("chunks"), "{step:?}");
     // Where the keys fit, nothing is chunked.
     let device = gpu();

@@ -263,11 +263,12 @@ impl<'g> ShapeBench<'g> {
     }
 
     /// One whole denoising step (every block, prologue and epilogue) at a
-    /// `size`² image with 512 prompt tokens. The blocks share the first
-    /// block's weights: each block still reads a full block of weights,
-    /// and only one block's worth is made.
-    pub fn step(&self, cfg: &TransformerConfig, size: u64) -> Result<Figure, RunError> {
-        let image = (size / 16) * (size / 16);
+    /// `size`² image with 512 prompt tokens, one image token per `cell`²
+    /// pixels (the VAE's [`VaeConfig::latent_cell`]: 16 for the real VAE).
+    /// The blocks share the first block's weights: each block still reads a
+    /// full block of weights, and only one block's worth is made.
+    pub fn step(&self, cfg: &TransformerConfig, size: u64, cell: u64) -> Result<Figure, RunError> {
+        let image = (size / cell) * (size / cell);
         let chunk = self.chunk_for_keys(cfg, 512 + image);
         let (_, blocks, arena_bytes) = programs(cfg, Tokens::plain(512, image), chunk)?;
         let runner = self.runner(arena_bytes, 512 + image, cfg.attention_head_dim as u64, false);
