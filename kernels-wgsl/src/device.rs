@@ -82,6 +82,10 @@ pub struct GpuOptions {
     pub interrupt: Option<Arc<AtomicBool>>,
     /// The precision tier; a tier the adapter lacks is an error naming why.
     pub precision: Precision,
+    /// Run the kernels shaped for GPUs even on a CPU adapter (where kernels
+    /// shaped for SIMD lanes run by default): the tests use it to check
+    /// both on lavapipe.
+    pub gpu_shaped_kernels: bool,
 }
 
 /// A testing aid: `FLUX_LITE_LOSE_DEVICE_AFTER=N` destroys the device after
@@ -143,6 +147,8 @@ pub struct Gpu {
     pub limits: wgpu::Limits,
     /// A small buffer bound where a kernel's optional input is absent.
     placeholder: wgpu::Buffer,
+    /// Whether launchers take their CPU-shaped kernels (a CPU adapter, not overridden).
+    cpu_shaped: bool,
     modules: Mutex<HashMap<Module, wgpu::ShaderModule>>,
     pipelines: Mutex<HashMap<PipelineKey, Arc<wgpu::ComputePipeline>>>,
     memory: Arc<MemoryCounter>,
@@ -364,9 +370,11 @@ impl Gpu {
         let memory = Arc::new(MemoryCounter::default());
         memory.live.store(placeholder.size(), Ordering::Relaxed);
         memory.high_water.store(placeholder.size(), Ordering::Relaxed);
+        let cpu_shaped = info.device_type == wgpu::DeviceType::Cpu && !options.gpu_shaped_kernels;
         let mut gpu = Self {
             memory,
             placeholder,
+            cpu_shaped,
             device,
             queue,
             info,
@@ -465,6 +473,13 @@ impl Gpu {
     /// Whether the adapter is a CPU (a software driver such as lavapipe).
     pub fn is_software(&self) -> bool {
         self.info.device_type == wgpu::DeviceType::Cpu
+    }
+
+    /// Whether launchers take their kernels shaped for CPU adapters (SIMD
+    /// lanes: no barriers, one row or query per invocation): on a CPU
+    /// adapter unless [`GpuOptions::gpu_shaped_kernels`] asked otherwise.
+    pub fn cpu_shaped_kernels(&self) -> bool {
+        self.cpu_shaped
     }
 
     /// Bound in place of an absent optional input (bias, mask); never read.

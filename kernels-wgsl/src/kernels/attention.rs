@@ -113,7 +113,7 @@ impl AttentionKernel {
         }
         if gpu.matrix().is_some() && head_dim <= ATTENTION_MATRIX_MAX_HEAD_DIM {
             AttentionKernel::Matrix
-        } else if gpu.is_software() && head_dim <= ATTENTION_CPU_MAX_HEAD_DIM {
+        } else if gpu.cpu_shaped_kernels() && head_dim <= ATTENTION_CPU_MAX_HEAD_DIM {
             AttentionKernel::Lanes
         } else {
             AttentionKernel::Tiled

@@ -49,6 +49,13 @@ pub const GROUP_NORM_APPLY: Kernel = kernel(
     true,
 );
 
+/// The row norms for CPU adapters (`*_lanes` in norm.wgsl): one row per
+/// invocation, [`LANE_ROWS`] rows a workgroup, no barriers.
+pub const RMS_NORM_LANES: Kernel = Kernel { entry: "rms_norm_lanes", workgroup_size: [64, 1, 1], ..RMS_NORM };
+pub const RMS_NORM_INPLACE_LANES: Kernel = Kernel { entry: "rms_norm_inplace_lanes", workgroup_size: [64, 1, 1], ..RMS_NORM_INPLACE };
+pub const LAYER_NORM_MODULATE_LANES: Kernel = Kernel { entry: "layer_norm_modulate_lanes", workgroup_size: [64, 1, 1], ..LAYER_NORM_MODULATE };
+const LANE_ROWS: u64 = 64;
+
 /// Shape of a row normalisation over `[tokens, heads·d]` views.
 #[derive(Debug, Clone, Copy)]
 pub struct RowNorm {
@@ -61,12 +68,12 @@ pub struct RowNorm {
 
 /// RMSNorm with weight: `dst = w·src/√(mean(src²)+eps)` per (token, head) row.
 pub fn rms_norm(gpu: &Gpu, sink: &mut dyn Sink, src: Mat<'_>, w: Weight<'_>, dst: Mat<'_>, s: RowNorm) -> Result<(), GpuError> {
-    row_norm(gpu, sink, &RMS_NORM, Some(src), dst, NormExtra::Weight(w), s)
+    row_norm(gpu, sink, [&RMS_NORM, &RMS_NORM_LANES], Some(src), dst, NormExtra::Weight(w), s)
 }
 
 /// RMSNorm in place (per-head q/k norms).
 pub fn rms_norm_inplace(gpu: &Gpu, sink: &mut dyn Sink, data: Mat<'_>, w: Weight<'_>, s: RowNorm) -> Result<(), GpuError> {
-    row_norm(gpu, sink, &RMS_NORM_INPLACE, None, data, NormExtra::Weight(w), s)
+    row_norm(gpu, sink, [&RMS_NORM_INPLACE, &RMS_NORM_INPLACE_LANES], None, data, NormExtra::Weight(w), s)
 }
 
 /// `dst = LN(src)·(1 + scale) + shift`; `shift` and `scale` are `d`-wide rows of the modulation buffer.
@@ -82,7 +89,7 @@ pub fn layer_norm_modulate(
     if !std::ptr::eq(shift.buf, scale.buf) {
         return Err(GpuError::UnsupportedShape("shift and scale must live in one modulation buffer".into()));
     }
-    row_norm(gpu, sink, &LAYER_NORM_MODULATE, Some(src), dst, NormExtra::Modulation(shift, scale), s)
+    row_norm(gpu, sink, [&LAYER_NORM_MODULATE, &LAYER_NORM_MODULATE_LANES], Some(src), dst, NormExtra::Modulation(shift, scale), s)
 }
 
 /// What a row norm reads besides its input: a weight, or modulation rows (shift, scale).
@@ -91,10 +98,12 @@ enum NormExtra<'a> {
     Modulation(Mat<'a>, Mat<'a>),
 }
 
+/// One row norm: `[gpu_shaped, cpu_shaped]` are its two kernels, taken as
+/// [`Gpu::cpu_shaped_kernels`] says.
 fn row_norm(
     gpu: &Gpu,
     sink: &mut dyn Sink,
-    kernel: &Kernel,
+    [gpu_shaped, cpu_shaped]: [&Kernel; 2],
     src: Option<Mat<'_>>,
     dst: Mat<'_>,
     extra: NormExtra<'_>,
@@ -103,6 +112,8 @@ fn row_norm(
     if s.tokens == 0 {
         return Ok(());
     }
+    let lanes = gpu.cpu_shaped_kernels();
+    let kernel = if lanes { cpu_shaped } else { gpu_shaped };
     let width = s.heads * s.d;
     let src_rows = src.map(|m| Rows::mat(m, width, "norm input"));
     let dst_rows = Rows::mat(dst, width, "norm output");
@@ -139,7 +150,8 @@ fn row_norm(
                 (Vec::new(), mw)
             }
         };
-        let grid = crate::kernel::wrapped_grid((rows.end - rows.start) * s.heads);
+        let norm_rows = (rows.end - rows.start) * s.heads;
+        let grid = crate::kernel::wrapped_grid(if lanes { norm_rows.div_ceil(LANE_ROWS) } else { norm_rows });
         let extra_slot = if matches!(extra, NormExtra::Weight(_)) { 3 } else { 5 };
         let mut storage: Vec<(u32, &Window<'_>)> = Vec::new();
         if let Some(w) = &sw {
@@ -258,19 +270,33 @@ pub fn group_norm_apply(
 mod tests {
     use crate::testing::*;
 
+    /// The adapter's own kernels, and where it is a CPU also the GPU-shaped
+    /// ones (so lavapipe checks both shapes of every row norm).
+    fn both_shapes(check: impl Fn(&crate::Gpu)) {
+        check(gpu());
+        if gpu().cpu_shaped_kernels() {
+            let gpu_shaped = crate::Gpu::new(&crate::GpuOptions { gpu_shaped_kernels: true, ..Default::default() }).unwrap_or_else(|e| panic!("{e}"));
+            assert!(!gpu_shaped.cpu_shaped_kernels());
+            check(&gpu_shaped);
+        }
+    }
+
     #[test]
     fn rms_norm_rows_with_bf16_weight() {
-        held("rms_norm", crate::selftest::check_rms_norm(gpu(), 37, 300, 6));
+        both_shapes(|g| held("rms_norm", crate::selftest::check_rms_norm(g, 37, 300, 6)));
+        // More rows than one CPU-shaped workgroup takes, with a partial last one.
+        both_shapes(|g| held("rms_norm, 150 rows", crate::selftest::check_rms_norm(g, 150, 16, 7)));
     }
 
     #[test]
     fn rms_norm_per_head_in_place_on_a_strided_view() {
-        held("per-head rms_norm in place", crate::selftest::check_rms_norm_per_head_in_place(gpu()));
+        both_shapes(|g| held("per-head rms_norm in place", crate::selftest::check_rms_norm_per_head_in_place(g)));
     }
 
     #[test]
     fn layer_norm_with_modulation() {
-        held("layer_norm_modulate", crate::selftest::check_layer_norm(gpu(), 41, 333, 8));
+        both_shapes(|g| held("layer_norm_modulate", crate::selftest::check_layer_norm(g, 41, 333, 8)));
+        both_shapes(|g| held("layer_norm_modulate, 130 rows", crate::selftest::check_layer_norm(g, 130, 24, 9)));
     }
 
     fn check_group_norm(silu: bool) {

@@ -182,3 +182,69 @@ fn group_norm_apply(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workg
     let g = wid.x;
     group_write(g, lid.x, modulation[p.shift_offset + 2u * g], modulation[p.shift_offset + 2u * g + 1u]);
 }
+
+// The row norms for CPU adapters, which run invocations side by side in
+// SIMD lanes: one row per invocation, 64 rows a workgroup, no workgroup
+// memory or barriers (the kernels above spend a barrier-split reduction and
+// up to 127 idle invocations on every row, which a CPU pays in full). Each
+// sum runs over the row in order.
+const LANE_ROWS: u32 = 64u;
+
+fn lane_row(lid: vec3<u32>, wid: vec3<u32>, nwg: vec3<u32>) -> u32 {
+    return flat_workgroup(wid, nwg) * LANE_ROWS + lid.x;
+}
+
+@compute @workgroup_size(64)
+fn rms_norm_lanes(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>,
+                  @builtin(num_workgroups) nwg: vec3<u32>) {
+    let row = lane_row(lid, wid, nwg);
+    if (row >= p.rows) { return; }
+    var ss = 0.0;
+    for (var i = 0u; i < p.d; i++) {
+        let v = src[src_index(row, i)];
+        ss = fma(v, v, ss);
+    }
+    let inv = inverseSqrt(ss / f32(p.d) + p.eps);
+    for (var i = 0u; i < p.d; i++) {
+        dst[dst_index(row, i)] = weight(p.w_offset + i) * (src[src_index(row, i)] * inv);
+    }
+}
+
+@compute @workgroup_size(64)
+fn rms_norm_inplace_lanes(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>,
+                          @builtin(num_workgroups) nwg: vec3<u32>) {
+    let row = lane_row(lid, wid, nwg);
+    if (row >= p.rows) { return; }
+    var ss = 0.0;
+    for (var i = 0u; i < p.d; i++) {
+        let v = dst[dst_index(row, i)];
+        ss = fma(v, v, ss);
+    }
+    let inv = inverseSqrt(ss / f32(p.d) + p.eps);
+    for (var i = 0u; i < p.d; i++) {
+        let j = dst_index(row, i);
+        dst[j] = weight(p.w_offset + i) * (dst[j] * inv);
+    }
+}
+
+@compute @workgroup_size(64)
+fn layer_norm_modulate_lanes(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>,
+                             @builtin(num_workgroups) nwg: vec3<u32>) {
+    let row = lane_row(lid, wid, nwg);
+    if (row >= p.rows) { return; }
+    var s = 0.0;
+    for (var i = 0u; i < p.d; i++) {
+        s += src[src_index(row, i)];
+    }
+    let mean = s / f32(p.d);
+    var sq = 0.0;
+    for (var i = 0u; i < p.d; i++) {
+        let c = src[src_index(row, i)] - mean;
+        sq = fma(c, c, sq);
+    }
+    let inv = inverseSqrt(sq / f32(p.d) + p.eps);
+    for (var i = 0u; i < p.d; i++) {
+        let xn = (src[src_index(row, i)] - mean) * inv;
+        dst[dst_index(row, i)] = fma(xn, 1.0 + modulation[p.scale_offset + i], modulation[p.shift_offset + i]);
+    }
+}
