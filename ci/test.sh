@@ -49,19 +49,21 @@ cargo test --locked --workspace 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 set -e
 
-# The test binary cargo built for a package's target, by its absolute path.
+# The test binaries of the run above, as cargo lists them (nothing is built
+# again: a package built alone would unify other features and build its
+# dependencies anew), so each rerun is the very binary of the Vulkan run.
+artifacts="$(cargo test --locked --workspace --no-run --message-format=json 2>/dev/null | grep -F '"executable":"/' || true)"
+# test_binary PACKAGE KIND TARGET: the binary's absolute path.
 test_binary() {
     local path
-    path="$(cargo test --locked "$@" --no-run 2>&1 | sed -n 's/^ *Executable .* (\(.*\))$/\1/p' | head -n 1)"
-    [ -n "$path" ] || { echo "error: no test binary for $*" >&2; exit 1; }
-    case "$path" in
-        /*) echo "$path" ;;
-        *) echo "$PWD/$path" ;;
-    esac
+    path="$(grep -F -e "#$1@" -e "\"$1 " <<<"$artifacts" | grep -F "\"kind\":[\"$2\"]" | grep -F "\"name\":\"$3\"" |
+        sed 's/.*"executable":"\([^"]*\)".*/\1/' | head -n 1)"
+    [ -n "$path" ] || { echo "error: no $2 test binary $3 in package $1" >&2; exit 1; }
+    echo "$path"
 }
-kernels="$(test_binary -p flux-lite-kernels --lib)"
-pngs="$(test_binary -p flux-lite-cli --test gen_png)"
-selftest="$(test_binary -p flux-lite-cli --test selftest)"
+kernels="$(test_binary flux-lite-kernels lib flux_lite_kernels)"
+pngs="$(test_binary flux-lite-cli test gen_png)"
+selftest="$(test_binary flux-lite-cli test selftest)"
 
 # Runs a test binary again (`rerun [ENV=VALUE...] [--sid] BINARY [FILTER...]`,
 # --sid inside Mesa 26's root), its output into the log under a line naming
@@ -103,9 +105,9 @@ rerun FLUX_LITE_BACKEND=gl "$selftest"
 # flux-lite selftest on all three tiers.
 phase "on Mesa 26's lavapipe: every kernel test, the golden PNGs, auto and bench kernels on the f16 and matrix tiers"
 bash ci/lavapipe-sid.sh setup
-bench="$(test_binary -p flux-lite-cli --test bench)"
-cli="$(test_binary -p flux-lite-cli --test cli)"
-stages="$(test_binary -p flux-lite-tests --test half_tiers)"
+bench="$(test_binary flux-lite-cli test bench)"
+cli="$(test_binary flux-lite-cli test cli)"
+stages="$(test_binary flux-lite-tests test half_tiers)"
 rerun FLUX_LITE_REQUIRE_MATRIX=1 --sid "$kernels"
 rerun FLUX_LITE_REQUIRE_MATRIX=1 --sid "$pngs" tier_reproduces
 rerun FLUX_LITE_REQUIRE_MATRIX=1 --sid "$bench" matrix tiers
