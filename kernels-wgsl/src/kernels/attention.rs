@@ -57,7 +57,7 @@ pub const ATTENTION_MATRIX_MAX_HEAD_DIM: u64 = 128;
 /// q, k and v read as vec4s (bindings 7–9), no workgroup memory, no barriers.
 pub const ATTENTION_CPU: Kernel = Kernel { entry: "attention_cpu", storage: &[(4, R), (5, RW), (6, RW), (7, RW), (8, RW), (9, RW)], ..ATTENTION };
 /// Queries per CPU-adapter workgroup and the widest head it takes (4·`CPU_MAX_VEC4`).
-const ATTENTION_CPU_QUERIES_PER_GROUP: u64 = 64;
+const ATTENTION_CPU_QUERIES_PER_GROUP: u64 = 128;
 pub const ATTENTION_CPU_MAX_HEAD_DIM: u64 = 128;
 
 /// Whether the CPU kernel takes these operands: a head of at most

@@ -15,7 +15,9 @@
 // grouped-query heads and log-sum-exp output as `attention.wgsl`; head_dim
 // a multiple of 4, at most 4·CPU_MAX_VEC4.
 
-const CPU_QUERIES: u32 = 64u;
+// Invocations a workgroup, and queries a workgroup (two an invocation).
+const CPU_INVOCATIONS: u32 = 64u;
+const CPU_QUERIES: u32 = 128u;
 const CPU_KEYS: u32 = 8u;
 const CPU_MAX_VEC4: u32 = 32u;
 // head_dim / 4, set by the host so the dim loops have a constant trip count.
@@ -41,21 +43,69 @@ fn sees(qi: u32, kj: u32) -> bool {
     return in_range & causal_ok & kept;
 }
 
+// The online softmax's update of one query over a block of keys: its
+// scores become weights against the new running maximum, `m` and `l` (the
+// running sum) move on, and the factor its output row must be rescaled by
+// is returned.
+fn softmax_block(dots: ptr<function, array<f32, CPU_KEYS>>, m: ptr<function, f32>, l: ptr<function, f32>, qi: u32, k0: u32) -> f32 {
+    var m_new = *m;
+    for (var j = 0u; j < CPU_KEYS; j++) {
+        (*dots)[j] = select(MASKED, (*dots)[j] * p.scale, sees(qi, k0 + j));
+        m_new = max(m_new, (*dots)[j]);
+    }
+    let rescale = exp(*m - m_new);
+    var sum = *l * rescale;
+    for (var j = 0u; j < CPU_KEYS; j++) {
+        (*dots)[j] = select(0.0, exp((*dots)[j] - m_new), (*dots)[j] > MASKED);
+        sum += (*dots)[j];
+    }
+    *m = m_new;
+    *l = sum;
+    return rescale;
+}
+
+// Query `qi`'s output row, normalised, and its log-sum-exp where asked for.
+fn write_row(acc: ptr<function, array<vec4<f32>, CPU_MAX_VEC4>>, m: f32, l: f32, qi: u32, h: u32) {
+    if (qi >= p.q_len) {
+        return;
+    }
+    let inv = select(0.0, 1.0 / l, l > 0.0);
+    if (p.write_lse != 0u) {
+        lse[p.lse_offset + qi * p.q_heads + h] = m + log(l);
+    }
+    let ob = p.o_offset + qi * p.o_stride + h * p.head_dim;
+    for (var c = 0u; c < HEAD_VEC4; c++) {
+        let out = (*acc)[c] * inv;
+        for (var i = 0u; i < 4u; i++) {
+            o[ob + c * 4u + i] = out[i];
+        }
+    }
+}
+
+// Each invocation owns two queries, CPU_INVOCATIONS apart, so every key and
+// value vec4 it loads serves both (two named sets of registers: an array
+// indexed by query would live in memory, not registers).
 @compute @workgroup_size(64)
 fn attention_cpu(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
     let h = wid.y;
     let kvh = h / (p.q_heads / p.kv_heads);
     let q0 = wid.x * CPU_QUERIES;
-    let qi = q0 + lid.x;
-    let qb = (p.q_offset + min(qi, p.q_len - 1u) * p.q_stride + h * p.head_dim) / 4u;
-    var qv: array<vec4<f32>, CPU_MAX_VEC4>;
-    var acc: array<vec4<f32>, CPU_MAX_VEC4>;
+    let qi_a = q0 + lid.x;
+    let qi_b = qi_a + CPU_INVOCATIONS;
+    let qb_a = (p.q_offset + min(qi_a, p.q_len - 1u) * p.q_stride + h * p.head_dim) / 4u;
+    let qb_b = (p.q_offset + min(qi_b, p.q_len - 1u) * p.q_stride + h * p.head_dim) / 4u;
+    var qv_a: array<vec4<f32>, CPU_MAX_VEC4>;
+    var qv_b: array<vec4<f32>, CPU_MAX_VEC4>;
+    var acc_a: array<vec4<f32>, CPU_MAX_VEC4>;
+    var acc_b: array<vec4<f32>, CPU_MAX_VEC4>;
     for (var c = 0u; c < HEAD_VEC4; c++) {
-        qv[c] = q4[qb + c];
-        acc[c] = vec4<f32>(0.0);
+        qv_a[c] = q4[qb_a + c];
+        qv_b[c] = q4[qb_b + c];
     }
-    var m = MASKED;
-    var l = 0.0;
+    var m_a = MASKED;
+    var m_b = MASKED;
+    var l_a = 0.0;
+    var l_b = 0.0;
     var k_end = p.kv_len;
     if (p.causal != 0u) {
         k_end = min(p.kv_len, q0 + CPU_QUERIES + p.q_position);
@@ -69,45 +119,35 @@ fn attention_cpu(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgrou
             kb[j] = (p.k_offset + kj * p.k_stride + kvh * p.head_dim) / 4u;
             vb[j] = (p.v_offset + kj * p.v_stride + kvh * p.head_dim) / 4u;
         }
-        var dots: array<f32, CPU_KEYS>;
+        var dots_a: array<f32, CPU_KEYS>;
+        var dots_b: array<f32, CPU_KEYS>;
+        for (var j = 0u; j < CPU_KEYS; j++) {
+            dots_a[j] = 0.0;
+            dots_b[j] = 0.0;
+        }
         for (var c = 0u; c < HEAD_VEC4; c++) {
-            let qc = qv[c];
+            let qa = qv_a[c];
+            let qb = qv_b[c];
             for (var j = 0u; j < CPU_KEYS; j++) {
                 let kc = k4[kb[j] + c];
-                dots[j] = fma(qc.w, kc.w, fma(qc.z, kc.z, fma(qc.y, kc.y, fma(qc.x, kc.x, dots[j]))));
+                dots_a[j] = fma(qa.w, kc.w, fma(qa.z, kc.z, fma(qa.y, kc.y, fma(qa.x, kc.x, dots_a[j]))));
+                dots_b[j] = fma(qb.w, kc.w, fma(qb.z, kc.z, fma(qb.y, kc.y, fma(qb.x, kc.x, dots_b[j]))));
             }
         }
-        var m_new = m;
-        for (var j = 0u; j < CPU_KEYS; j++) {
-            dots[j] = select(MASKED, dots[j] * p.scale, sees(qi, k0 + j));
-            m_new = max(m_new, dots[j]);
-        }
-        let rescale = exp(m - m_new);
-        l *= rescale;
-        for (var j = 0u; j < CPU_KEYS; j++) {
-            dots[j] = select(0.0, exp(dots[j] - m_new), dots[j] > MASKED);
-            l += dots[j];
-        }
+        let rescale_a = softmax_block(&dots_a, &m_a, &l_a, qi_a, k0);
+        let rescale_b = softmax_block(&dots_b, &m_b, &l_b, qi_b, k0);
         for (var c = 0u; c < HEAD_VEC4; c++) {
-            var a = acc[c] * rescale;
+            var a = acc_a[c] * rescale_a;
+            var b = acc_b[c] * rescale_b;
             for (var j = 0u; j < CPU_KEYS; j++) {
-                a = fma(vec4<f32>(dots[j]), v4[vb[j] + c], a);
+                let vc = v4[vb[j] + c];
+                a = fma(vec4<f32>(dots_a[j]), vc, a);
+                b = fma(vec4<f32>(dots_b[j]), vc, b);
             }
-            acc[c] = a;
-        }
-        m = m_new;
-    }
-    if (qi < p.q_len) {
-        let inv = select(0.0, 1.0 / l, l > 0.0);
-        if (p.write_lse != 0u) {
-            lse[p.lse_offset + qi * p.q_heads + h] = m + log(l);
-        }
-        let ob = p.o_offset + qi * p.o_stride + h * p.head_dim;
-        for (var c = 0u; c < HEAD_VEC4; c++) {
-            let out = acc[c] * inv;
-            for (var i = 0u; i < 4u; i++) {
-                o[ob + c * 4u + i] = out[i];
-            }
+            acc_a[c] = a;
+            acc_b[c] = b;
         }
     }
+    write_row(&acc_a, m_a, l_a, qi_a, h);
+    write_row(&acc_b, m_b, l_b, qi_b, h);
 }
