@@ -32,6 +32,12 @@ if [ -z "${XDG_RUNTIME_DIR:-}" ] || [ ! -d "${XDG_RUNTIME_DIR}" ]; then
     mkdir -p "$XDG_RUNTIME_DIR" && chmod 700 "$XDG_RUNTIME_DIR"
 fi
 
+# Mesa 26's root (debootstrap: mostly downloads and unpacking) is made in
+# the background while the workspace compiles, and waited for before its phase.
+sid_log="$(mktemp)"
+bash ci/lavapipe-sid.sh setup > "$sid_log" 2>&1 &
+sid_setup=$!
+
 # A check finds what a build would (std used without the feature) without
 # generating code no test runs.
 phase "no_std checks of flux-lite-core (without and with alloc)"
@@ -42,7 +48,10 @@ phase "clippy"
 cargo clippy --locked --workspace --all-targets -- -D warnings
 
 phase "fuzz targets (their own workspace; compiled, not run: ci/fuzz.sh runs them)"
-cargo check --locked --manifest-path fuzz/Cargo.toml --bins --target-dir "$CARGO_TARGET_DIR"
+# A check links nothing, so libfuzzer-sys is pointed at a library path
+# instead of compiling libFuzzer's C++ sources, which only a fuzzing build links.
+CUSTOM_LIBFUZZER_PATH="$CARGO_TARGET_DIR/libfuzzer-not-linked.a" \
+    cargo check --locked --manifest-path fuzz/Cargo.toml --bins --target-dir "$CARGO_TARGET_DIR"
 
 phase "tests"
 log="$(mktemp)"
@@ -110,7 +119,16 @@ rerun FLUX_LITE_BACKEND=gl "$selftest" --test-threads=1
 # choice and fallback, bench kernels' matrix rows and tier table, and
 # flux-lite selftest on all three tiers.
 phase "on Mesa 26's lavapipe: every kernel test, the golden PNGs, auto and bench kernels on the f16 and matrix tiers"
-bash ci/lavapipe-sid.sh setup
+set +e
+wait "$sid_setup"
+sid_status=$?
+set -e
+cat "$sid_log"
+rm -f "$sid_log"
+if [ "$sid_status" -ne 0 ]; then
+    echo "error: making Mesa 26's root failed (ci/lavapipe-sid.sh setup, status $sid_status)" >&2
+    exit 1
+fi
 bench="$(test_binary flux-lite-cli test bench)"
 cli="$(test_binary flux-lite-cli test cli)"
 stages="$(test_binary flux-lite-tests test half_tiers)"
