@@ -43,15 +43,7 @@ fn linear(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) w
             for (var j = 0u; j < 4u; j++) {
                 let c = tile_col(lid, col0, h, j);
                 if (c < p.n) {
-                    var out = tile_value(acc, lid, i, h, j);
-                    if (HAS_BIAS) {
-                        out += bias(p.b_offset + c);
-                    }
-                    let at = p.y_offset + r * p.y_stride + c;
-                    if (ACCUMULATE) {
-                        out += y[at];
-                    }
-                    y[at] = out;
+                    linear_out(r, c, tile_value(acc, lid, i, h, j));
                 }
             }
         }

@@ -18,3 +18,17 @@ struct Params {
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
+
+// y[r, c] = value (+ b[c]) (+ y's old value): one output of the product,
+// as every tier's linear writes it.
+fn linear_out(r: u32, c: u32, value: f32) {
+    var out = value;
+    if (HAS_BIAS) {
+        out += bias(p.b_offset + c);
+    }
+    let at = p.y_offset + r * p.y_stride + c;
+    if (ACCUMULATE) {
+        out += y[at];
+    }
+    y[at] = out;
+}

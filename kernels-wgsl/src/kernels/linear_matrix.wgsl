@@ -26,15 +26,7 @@ fn b_at(t: u32, c: u32, n0: u32, k0: u32) -> f32 {
 // y[r, c] = value (+ bias, + y's old value), inside the matrix only.
 fn block_value_out(r: u32, c: u32, value: f32) {
     if (r < p.m && c < p.n) {
-        var out = value;
-        if (HAS_BIAS) {
-            out += bias(p.b_offset + c);
-        }
-        let at = p.y_offset + r * p.y_stride + c;
-        if (ACCUMULATE) {
-            out += y[at];
-        }
-        y[at] = out;
+        linear_out(r, c, value);
     }
 }
 
