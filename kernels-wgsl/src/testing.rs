@@ -11,6 +11,19 @@ pub fn gpu() -> &'static Gpu {
     GPU.get_or_init(|| Gpu::new(&GpuOptions::default()).unwrap_or_else(|e| panic!("{e}")))
 }
 
+/// `check` on `gpu`, and where that device runs the kernels shaped for CPU
+/// adapters, again on a device made with `options` (those `gpu` was made
+/// with) and [`GpuOptions::gpu_shaped_kernels`]: so lavapipe checks both
+/// shapes of every kernel that has two.
+pub fn each_kernel_shape(gpu: &Gpu, options: GpuOptions, check: impl Fn(&Gpu)) {
+    check(gpu);
+    if gpu.cpu_shaped_kernels() {
+        let gpu_shaped = Gpu::new(&GpuOptions { gpu_shaped_kernels: true, ..options }).unwrap_or_else(|e| panic!("{e}"));
+        assert!(!gpu_shaped.cpu_shaped_kernels());
+        check(&gpu_shaped);
+    }
+}
+
 /// A device whose storage bindings are capped at `bytes`, to force the split paths.
 pub fn small_binding_gpu(bytes: u64) -> Gpu {
     Gpu::new(&GpuOptions { max_storage_binding: Some(bytes), ..Default::default() }).unwrap_or_else(|e| panic!("{e}"))

@@ -7,6 +7,7 @@ use crate::kernel::{kernel, Access::{Read as R, ReadWrite as RW}, Kernel, Module
 use crate::device::Gpu;
 use crate::dispatch::{dispatch, placeholder_window, row_chunks, to_u32, window, Launch, Rows, Sink};
 use crate::error::GpuError;
+use crate::precision::MatrixConfig;
 use crate::view::Mat;
 use bytemuck::{Pod, Zeroable};
 
@@ -94,29 +95,41 @@ pub struct Qkv<'a> {
 
 /// Which attention kernel runs a call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AttentionKernel {
+enum AttentionKernel {
     /// `attention.wgsl`: query and key tiles in workgroup memory (GPUs; any head dim).
     Tiled,
-    /// `attention_cpu.wgsl`: one query per SIMD lane, lane-uniform loads (CPU adapters).
+    /// `attention_cpu.wgsl`: two queries an invocation, vec4 loads, no barriers (CPU adapters).
     Lanes,
-    /// `attention_matrix.wgsl` on the matrix tier.
-    Matrix,
+    /// `attention_matrix.wgsl` on the matrix tier, in its configuration.
+    Matrix(MatrixConfig),
 }
 
 impl AttentionKernel {
-    /// The kernel for a head of `head_dim` on `gpu`: the matrix tier's where it
-    /// is the tier and the head fits; on a CPU adapter the lane kernel where the
-    /// head fits; the tiled kernel otherwise.
-    pub fn pick(gpu: &Gpu, head_dim: u64) -> AttentionKernel {
-        if let Some(forced) = forced_attention_kernel() {
-            return forced;
+    /// The kernel for this call on `gpu`: the matrix tier's where it is the
+    /// tier and the head fits; the CPU kernel where the device takes
+    /// CPU-shaped kernels and the operands fit it ([`lanes_fit`]); the tiled
+    /// kernel otherwise. [`FORCE_KERNEL`] overrides the first two.
+    fn pick(gpu: &Gpu, s: &Attention, qkv: &Qkv<'_>) -> AttentionKernel {
+        let lanes = lanes_fit(s, qkv);
+        match forced_attention_kernel() {
+            Some(Forced::Tiled) => return AttentionKernel::Tiled,
+            Some(Forced::Lanes) if lanes => return AttentionKernel::Lanes,
+            Some(Forced::Lanes) => return AttentionKernel::Tiled,
+            None => {}
         }
-        if gpu.matrix().is_some() && head_dim <= ATTENTION_MATRIX_MAX_HEAD_DIM {
-            AttentionKernel::Matrix
-        } else if gpu.cpu_shaped_kernels() && head_dim <= ATTENTION_CPU_MAX_HEAD_DIM {
-            AttentionKernel::Lanes
-        } else {
-            AttentionKernel::Tiled
+        match gpu.matrix() {
+            Some(c) if s.head_dim <= ATTENTION_MATRIX_MAX_HEAD_DIM => AttentionKernel::Matrix(c),
+            _ if lanes && gpu.cpu_shaped_kernels() => AttentionKernel::Lanes,
+            _ => AttentionKernel::Tiled,
+        }
+    }
+
+    /// Queries one workgroup takes.
+    fn queries_per_group(self) -> u64 {
+        match self {
+            AttentionKernel::Tiled => ATTENTION_QUERIES_PER_GROUP as u64,
+            AttentionKernel::Lanes => ATTENTION_CPU_QUERIES_PER_GROUP,
+            AttentionKernel::Matrix(c) => c.size as u64,
         }
     }
 }
@@ -126,17 +139,24 @@ impl AttentionKernel {
 /// cannot take runs the tiled kernel).
 const FORCE_KERNEL: &str = "FLUX_LITE_ATTENTION_KERNEL";
 
-fn forced_attention_kernel() -> Option<AttentionKernel> {
-    static FORCED: std::sync::OnceLock<Option<AttentionKernel>> = std::sync::OnceLock::new();
+#[derive(Debug, Clone, Copy)]
+enum Forced {
+    Tiled,
+    Lanes,
+}
+
+fn forced_attention_kernel() -> Option<Forced> {
+    static FORCED: std::sync::OnceLock<Option<Forced>> = std::sync::OnceLock::new();
     *FORCED.get_or_init(|| match std::env::var(FORCE_KERNEL).as_deref() {
-        Ok("tiled") => Some(AttentionKernel::Tiled),
-        Ok("lanes") => Some(AttentionKernel::Lanes),
+        Ok("tiled") => Some(Forced::Tiled),
+        Ok("lanes") => Some(Forced::Lanes),
         _ => None,
     })
 }
 
 /// `o = softmax(q·kᵀ·scale + mask)·v`; `key_keep[j] == 0` masks key `j`;
 /// with `lse`, each (query, head) row's log-sum-exp is written there too.
+/// The kernel is [`AttentionKernel::pick`]'s.
 pub fn attention(
     gpu: &Gpu,
     sink: &mut dyn Sink,
@@ -145,21 +165,6 @@ pub fn attention(
     o: Mat<'_>,
     lse: Option<Mat<'_>>,
     s: Attention,
-) -> Result<(), GpuError> {
-    attention_with(gpu, sink, qkv, key_keep, o, lse, s, AttentionKernel::pick(gpu, s.head_dim))
-}
-
-/// [`attention`] on a named kernel (the tests run each kernel the adapter can).
-#[allow(clippy::too_many_arguments)]
-pub fn attention_with(
-    gpu: &Gpu,
-    sink: &mut dyn Sink,
-    qkv: Qkv<'_>,
-    key_keep: Option<&wgpu::Buffer>,
-    o: Mat<'_>,
-    lse: Option<Mat<'_>>,
-    s: Attention,
-    which: AttentionKernel,
 ) -> Result<(), GpuError> {
     let Qkv { q, k: kmat, v } = qkv;
     if s.head_dim > ATTENTION_MAX_HEAD_DIM as u64 || s.kv_heads == 0 || !s.q_heads.is_multiple_of(s.kv_heads) {
@@ -183,13 +188,8 @@ pub fn attention_with(
     let q_rows = Rows::mat(q, s.q_heads * s.head_dim, "attention queries");
     let o_rows = Rows::mat(o, s.q_heads * s.head_dim, "attention output");
     let lse_rows = lse.map(|l| Rows { buf: l.buf, elem_bytes: 4, offset: l.offset, stride: s.q_heads, width: s.q_heads, what: "attention log-sum-exp" });
-    let matrix = gpu.matrix().filter(|_| which == AttentionKernel::Matrix && s.head_dim <= ATTENTION_MATRIX_MAX_HEAD_DIM);
-    let lanes = which == AttentionKernel::Lanes && lanes_fit(&s, &qkv);
-    let per_group = match (matrix, lanes) {
-        (Some(c), _) => c.size as u64,
-        (None, true) => ATTENTION_CPU_QUERIES_PER_GROUP,
-        (None, false) => ATTENTION_QUERIES_PER_GROUP as u64,
-    };
+    let kernel = AttentionKernel::pick(gpu, &s, &qkv);
+    let per_group = kernel.queries_per_group();
     let operands: Vec<Rows<'_>> = [q_rows, o_rows].into_iter().chain(lse_rows).collect();
     for rows in row_chunks(gpu, s.q_len, &operands, per_group)? {
         let qw = q_rows.window(gpu, &rows)?;
@@ -222,21 +222,23 @@ pub fn attention_with(
             write_lse: lse_rows.is_some() as u32,
         };
         let grid = [to_u32((rows.end - rows.start).div_ceil(per_group), "attention query blocks")?, s.q_heads as u32, 1];
-        if lanes {
-            let constants = [("HEAD_VEC4", (s.head_dim / 4) as u32)];
-            let launch = Launch { kernel: &ATTENTION_CPU, constants: &constants, params, grid };
-            dispatch(gpu, sink, launch, &[(4, &mw), (5, &ow), (6, &lw), (7, &qw), (8, &kw), (9, &vw)]);
-            continue;
-        }
         let bindings = [(1, &qw), (2, &kw), (3, &vw), (4, &mw), (5, &ow), (6, &lw)];
-        let launch = match matrix {
-            None => Launch { kernel: &ATTENTION, constants: &[("SLOTS", s.head_dim.div_ceil(64).max(1) as u32)], params, grid },
-            Some(c) => {
-                let kernel = c.pick([&ATTENTION_MATRIX_8, &ATTENTION_MATRIX_16, &ATTENTION_MATRIX_8_F32]);
-                Launch { kernel, constants: &[("WG", c.subgroup)], params, grid }
+        match kernel {
+            AttentionKernel::Tiled => {
+                let launch = Launch { kernel: &ATTENTION, constants: &[("SLOTS", s.head_dim.div_ceil(64).max(1) as u32)], params, grid };
+                dispatch(gpu, sink, launch, &bindings);
             }
-        };
-        dispatch(gpu, sink, launch, &bindings);
+            AttentionKernel::Lanes => {
+                // q, k and v bound again at 7–9, as the vec4 views the kernel reads.
+                let launch = Launch { kernel: &ATTENTION_CPU, constants: &[("HEAD_VEC4", (s.head_dim / 4) as u32)], params, grid };
+                dispatch(gpu, sink, launch, &[(4, &mw), (5, &ow), (6, &lw), (7, &qw), (8, &kw), (9, &vw)]);
+            }
+            AttentionKernel::Matrix(c) => {
+                let kernel = c.pick([&ATTENTION_MATRIX_8, &ATTENTION_MATRIX_16, &ATTENTION_MATRIX_8_F32]);
+                let launch = Launch { kernel, constants: &[("WG", c.subgroup)], params, grid };
+                dispatch(gpu, sink, launch, &bindings);
+            }
+        }
     }
     Ok(())
 }
@@ -260,6 +262,11 @@ mod tests {
         head_dim: usize,
         causal: bool,
         padded_keys: usize,
+    }
+
+    /// `check` on lavapipe's CPU-shaped attention and on the GPU-shaped one.
+    fn both_shapes(check: impl Fn(&Gpu)) {
+        each_kernel_shape(gpu(), crate::GpuOptions::default(), check);
     }
 
     fn check_attention(gpu: &Gpu, c: AttnCase, seed: u64) {
@@ -299,34 +306,18 @@ mod tests {
             scale: scale as f32,
             causal: c.causal,
         };
-        for which in kernels_to_check(gpu, s.head_dim) {
-            let got = run_and_read(gpu, &ob, q.len(), |enc| {
-                let qw = (c.q_heads * c.head_dim) as u64;
-                let kw = (c.kv_heads * c.head_dim) as u64;
-                attention_with(gpu, enc, Qkv { q: Mat::new(&qb, qw), k: Mat::new(&kb, kw), v: Mat::new(&vb, kw) }, mask.map(|_| &*mb), Mat::new(&ob, qw), None, s, which)
-            });
-            let what = format!("{} {which:?} attention {}x{} heads {}/{} d {} causal={} scales {scales:?}", gpu.precision().name(), c.q_len, c.kv_len, c.q_heads, c.kv_heads, c.head_dim, c.causal);
-            assert!(got.iter().all(|v| v.is_finite()), "{what}: Inf or NaN");
-            if tol > F32_TOL {
-                println!("{what}: relative L2 {:.2e}", rel_l2(&got, &want));
-            }
-            assert_close(&what, &got, &want, tol);
+        let got = run_and_read(gpu, &ob, q.len(), |enc| {
+            let qw = (c.q_heads * c.head_dim) as u64;
+            let kw = (c.kv_heads * c.head_dim) as u64;
+            attention(gpu, enc, Qkv { q: Mat::new(&qb, qw), k: Mat::new(&kb, kw), v: Mat::new(&vb, kw) }, mask.map(|_| &*mb), Mat::new(&ob, qw), None, s)
+        });
+        let shape = if gpu.cpu_shaped_kernels() { "CPU-shaped" } else { "GPU-shaped" };
+        let what = format!("{} {shape} attention {}x{} heads {}/{} d {} causal={} scales {scales:?}", gpu.precision().name(), c.q_len, c.kv_len, c.q_heads, c.kv_heads, c.head_dim, c.causal);
+        assert!(got.iter().all(|v| v.is_finite()), "{what}: Inf or NaN");
+        if tol > F32_TOL {
+            println!("{what}: relative L2 {:.2e}", rel_l2(&got, &want));
         }
-    }
-
-    /// The kernel `attention` picks here, and off the matrix tier both f32
-    /// kernels wherever the head fits them (the GPU's tiled kernel is checked
-    /// on a CPU adapter too, and the lane kernel on any adapter).
-    fn kernels_to_check(gpu: &Gpu, head_dim: u64) -> Vec<AttentionKernel> {
-        let picked = AttentionKernel::pick(gpu, head_dim);
-        if picked == AttentionKernel::Matrix {
-            return vec![picked];
-        }
-        let mut kernels = vec![AttentionKernel::Tiled];
-        if head_dim <= ATTENTION_CPU_MAX_HEAD_DIM && head_dim.is_multiple_of(4) {
-            kernels.push(AttentionKernel::Lanes);
-        }
-        kernels
+        assert_close(&what, &got, &want, tol);
     }
 
     /// The matrix tier's attention against the exact f64 attention (why and
@@ -367,42 +358,44 @@ mod tests {
 
     #[test]
     fn attention_joint_non_causal() {
-        check_attention(gpu(), AttnCase { q_len: 45, kv_len: 45, q_heads: 3, kv_heads: 3, head_dim: 24, causal: false, padded_keys: 0 }, 12);
+        both_shapes(|g| check_attention(g, AttnCase { q_len: 45, kv_len: 45, q_heads: 3, kv_heads: 3, head_dim: 24, causal: false, padded_keys: 0 }, 12));
     }
 
     #[test]
     fn attention_causal_grouped_query_with_padding_mask() {
         // Qwen3's shape ratio (4 query heads per kv head), right padding.
-        check_attention(gpu(), AttnCase { q_len: 37, kv_len: 37, q_heads: 8, kv_heads: 2, head_dim: 16, causal: true, padded_keys: 9 }, 13);
+        both_shapes(|g| check_attention(g, AttnCase { q_len: 37, kv_len: 37, q_heads: 8, kv_heads: 2, head_dim: 16, causal: true, padded_keys: 9 }, 13));
     }
 
     #[test]
     fn attention_head_dims_across_the_staged_chunks() {
         // Scores stage q and k 64 dims at a time, as vec4s: 128 (the models') is
         // two whole chunks, 100 ends mid-chunk; 70 queries end mid-workgroup.
-        check_attention(gpu(), AttnCase { q_len: 70, kv_len: 70, q_heads: 2, kv_heads: 2, head_dim: 128, causal: false, padded_keys: 0 }, 16);
-        check_attention(gpu(), AttnCase { q_len: 33, kv_len: 33, q_heads: 4, kv_heads: 2, head_dim: 100, causal: true, padded_keys: 3 }, 17);
+        both_shapes(|g| check_attention(g, AttnCase { q_len: 70, kv_len: 70, q_heads: 2, kv_heads: 2, head_dim: 128, causal: false, padded_keys: 0 }, 16));
+        both_shapes(|g| check_attention(g, AttnCase { q_len: 33, kv_len: 33, q_heads: 4, kv_heads: 2, head_dim: 100, causal: true, padded_keys: 3 }, 17));
         // 18 dims end inside a staged vec4.
-        check_attention(gpu(), AttnCase { q_len: 21, kv_len: 21, q_heads: 3, kv_heads: 3, head_dim: 18, causal: false, padded_keys: 0 }, 18);
+        both_shapes(|g| check_attention(g, AttnCase { q_len: 21, kv_len: 21, q_heads: 3, kv_heads: 3, head_dim: 18, causal: false, padded_keys: 0 }, 18));
     }
 
     #[test]
     fn attention_single_head_wide_like_the_vae_mid_block() {
-        check_attention(gpu(), AttnCase { q_len: 50, kv_len: 50, q_heads: 1, kv_heads: 1, head_dim: 512, causal: false, padded_keys: 0 }, 14);
+        both_shapes(|g| check_attention(g, AttnCase { q_len: 50, kv_len: 50, q_heads: 1, kv_heads: 1, head_dim: 512, causal: false, padded_keys: 0 }, 14));
     }
 
     #[test]
     fn attention_splits_queries_and_keeps_causality() {
         // 8 KiB bindings: each query window holds a few rows; causal positions must carry over.
-        let gpu = small_binding_gpu(8 << 10);
-        check_attention(&gpu, AttnCase { q_len: 60, kv_len: 60, q_heads: 2, kv_heads: 1, head_dim: 8, causal: true, padded_keys: 5 }, 15);
+        let small = crate::GpuOptions { max_storage_binding: Some(8 << 10), ..Default::default() };
+        each_kernel_shape(&small_binding_gpu(8 << 10), small, |g| {
+            check_attention(g, AttnCase { q_len: 60, kv_len: 60, q_heads: 2, kv_heads: 1, head_dim: 8, causal: true, padded_keys: 5 }, 15)
+        });
     }
 
     /// Attention over two key chunks, each with its log-sum-exp, merged on the
     /// host: equals attention over all keys; each chunk's log-sum-exp equals f64.
     #[test]
     fn attention_over_key_chunks_merges_by_log_sum_exp() {
-        held_within("attention over key chunks", crate::selftest::check_attention_key_chunks(gpu()), F32_TOL);
+        both_shapes(|g| held_within("attention over key chunks", crate::selftest::check_attention_key_chunks(g), F32_TOL));
     }
 
     #[test]

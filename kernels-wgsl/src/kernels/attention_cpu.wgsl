@@ -1,12 +1,13 @@
 // Attention for CPU adapters (lavapipe, SwiftShader, WARP). Such a driver
-// runs a workgroup's invocations side by side in SIMD lanes, so this kernel
-// gives every lane the same memory traffic and none of the barriers: each
-// invocation owns one query of one head, the workgroup's 64 queries share
-// that head, and the keys and values are walked in the same order by every
-// lane, so each key and value load is one address for all lanes (a scalar
-// load and a broadcast) instead of a gather. No workgroup memory, no
-// barrier, and no lane-divergent branch before the final store: lanes past
-// the last query compute on the last query and write nothing.
+// runs a workgroup's invocations side by side in SIMD lanes, and inside a
+// loop it fetches each storage load lane by lane, whatever the address, so
+// a vec4 load costs about what an f32 load does and the kernel is as fast as
+// the FMAs each load feeds; barriers and idle invocations cost in full. So:
+// each invocation owns two queries of one head (128 a workgroup), q, k and
+// v are read as vec4s, every key and value vec4 serves both queries, and
+// there is no workgroup memory, no barrier and no lane-divergent branch
+// before the final stores (queries past the last compute on the last one
+// and write nothing).
 //
 // Per block of CPU_KEYS keys: the scores (q·k, one accumulator per key so
 // that one read of q serves every key), the online softmax's new maximum,
@@ -31,18 +32,6 @@ override HEAD_VEC4: u32 = 32u;
 @group(0) @binding(8) var<storage, read_write> k4: array<vec4<f32>>;
 @group(0) @binding(9) var<storage, read_write> v4: array<vec4<f32>>;
 
-// `visible` without short-circuits (each `&&` would be a branch per lane).
-// The mask word is read at a clamped index: the same key for every lane.
-fn sees(qi: u32, kj: u32) -> bool {
-    let in_range = (qi < p.q_len) & (kj < p.kv_len);
-    let causal_ok = (p.causal == 0u) | (kj <= qi + p.q_position);
-    var kept = true;
-    if (p.use_mask != 0u) {
-        kept = key_keep[p.mask_offset + min(kj, p.kv_len - 1u)] != 0u;
-    }
-    return in_range & causal_ok & kept;
-}
-
 // The online softmax's update of one query over a block of keys: its
 // scores become weights against the new running maximum, `m` and `l` (the
 // running sum) move on, and the factor its output row must be rescaled by
@@ -50,7 +39,7 @@ fn sees(qi: u32, kj: u32) -> bool {
 fn softmax_block(dots: ptr<function, array<f32, CPU_KEYS>>, m: ptr<function, f32>, l: ptr<function, f32>, qi: u32, k0: u32) -> f32 {
     var m_new = *m;
     for (var j = 0u; j < CPU_KEYS; j++) {
-        (*dots)[j] = select(MASKED, (*dots)[j] * p.scale, sees(qi, k0 + j));
+        (*dots)[j] = select(MASKED, (*dots)[j] * p.scale, visible(qi, k0 + j));
         m_new = max(m_new, (*dots)[j]);
     }
     let rescale = exp(*m - m_new);

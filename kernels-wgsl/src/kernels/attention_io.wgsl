@@ -24,10 +24,15 @@ struct Params {
 const MASKED: f32 = -3.0e38;
 
 // Whether local query qi sees key kj: inside both lengths, not after the
-// query's position when causal, and not masked out.
+// query's position when causal, and not masked out. Written without
+// short-circuits (on a CPU adapter each `&&` is a branch per SIMD lane); the
+// mask word is read at a key clamped into the keys, so it is always in bounds.
 fn visible(qi: u32, kj: u32) -> bool {
-    if (qi >= p.q_len || kj >= p.kv_len) { return false; }
-    if (p.causal != 0u && kj > qi + p.q_position) { return false; }
-    if (p.use_mask != 0u && key_keep[p.mask_offset + kj] == 0u) { return false; }
-    return true;
+    let in_range = (qi < p.q_len) & (kj < p.kv_len);
+    let causal_ok = (p.causal == 0u) | (kj <= qi + p.q_position);
+    var kept = true;
+    if (p.use_mask != 0u) {
+        kept = key_keep[p.mask_offset + min(kj, p.kv_len - 1u)] != 0u;
+    }
+    return in_range & causal_ok & kept;
 }

@@ -270,15 +270,8 @@ pub fn group_norm_apply(
 mod tests {
     use crate::testing::*;
 
-    /// The adapter's own kernels, and where it is a CPU also the GPU-shaped
-    /// ones (so lavapipe checks both shapes of every row norm).
     fn both_shapes(check: impl Fn(&crate::Gpu)) {
-        check(gpu());
-        if gpu().cpu_shaped_kernels() {
-            let gpu_shaped = crate::Gpu::new(&crate::GpuOptions { gpu_shaped_kernels: true, ..Default::default() }).unwrap_or_else(|e| panic!("{e}"));
-            assert!(!gpu_shaped.cpu_shaped_kernels());
-            check(&gpu_shaped);
-        }
+        each_kernel_shape(gpu(), crate::GpuOptions::default(), check);
     }
 
     #[test]
