@@ -119,9 +119,7 @@ fn gpu() -> Result<(), String> {
     if let Some(notice) = auto.notice() {
         say!("notice: {notice}");
     }
-    match auto.auto_reason() {
-        Some(reason) => say!("tier auto takes: {} ({reason}; --precision f16 or matrix runs them)", crate::tier::describe(&auto)),
-        None => say!("tier auto takes: {} (known-answer check passed)", crate::tier::describe(&auto)),
-    }
+    let why = crate::tier::why_auto_took(&auto).unwrap_or_else(|| "known-answer check passed".into());
+    say!("tier auto takes: {} ({why})", crate::tier::describe(&auto));
     Ok(())
 }

@@ -24,12 +24,17 @@ pub fn describe(gpu: &Gpu) -> String {
     }
 }
 
-/// The tier as [`describe`] says it, with, where `auto` took it over a
-/// tier the adapter offers, why: `f32 (auto: llvmpipe … is a CPU adapter,
-/// …; --precision f16 or matrix runs them)`.
+/// Where `auto` took the tier over one the adapter offers, why and how to
+/// run the other: `llvmpipe … is a CPU adapter, …; --precision f16 or matrix runs them`.
+pub fn why_auto_took(gpu: &Gpu) -> Option<String> {
+    gpu.auto_reason().map(|reason| format!("{reason}; --precision f16 or matrix runs them"))
+}
+
+/// The tier as [`describe`] says it, with [`why_auto_took`] where there is
+/// a why: `f32 (auto: llvmpipe … is a CPU adapter, …)`.
 pub fn describe_taken(gpu: &Gpu) -> String {
-    match gpu.auto_reason() {
-        Some(reason) => format!("{} (auto: {reason}; --precision f16 or matrix runs them)", describe(gpu)),
+    match why_auto_took(gpu) {
+        Some(why) => format!("{} (auto: {why})", describe(gpu)),
         None => describe(gpu),
     }
 }
