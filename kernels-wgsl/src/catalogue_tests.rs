@@ -12,6 +12,7 @@ fn capabilities(module: Module) -> naga::valid::Capabilities {
     let mut caps = C::empty();
     caps.set(C::SHADER_FLOAT16, features.contains(wgpu::Features::SHADER_F16));
     caps.set(C::COOPERATIVE_MATRIX, features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX));
+    caps.set(C::SUBGROUP, features.contains(wgpu::Features::SUBGROUP));
     caps
 }
 

@@ -169,6 +169,9 @@ pub struct Gpu {
     /// Why `auto` took its tier over a faster-looking one the adapter
     /// offers (on a CPU adapter, f32), when it did.
     auto_reason: Option<String>,
+    /// The range rule's row scales of the matrix tier's products, written by
+    /// each product's pre-pass and read by its tiles (one product at a time).
+    range_scales: Mutex<Option<DeviceBuffer>>,
 }
 
 /// The tier a device is made for, with the features it needs.
@@ -212,8 +215,13 @@ fn choose_tier(
         if !has(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX) {
             return Err(unavailable(Precision::Matrix, "the adapter lacks cooperative matrices".into()));
         }
+        // The linear's workgroups hold several subgroups, each finding its
+        // share by its subgroup id.
+        if !has(wgpu::Features::SUBGROUP) {
+            return Err(unavailable(Precision::Matrix, "the adapter lacks subgroup operations".into()));
+        }
         let config = pick_matrix_config(offered, (info.subgroup_min_size, info.subgroup_max_size)).map_err(|why| unavailable(Precision::Matrix, why))?;
-        let mut features = wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
+        let mut features = wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX | wgpu::Features::SUBGROUP;
         // f16 operands need f16 in shaders; f32 ones (8×8, as on Apple GPUs) do not.
         if config.operands == MatrixOperands::F16 {
             if !has(wgpu::Features::SHADER_F16) {
@@ -391,6 +399,7 @@ impl Gpu {
             matrix_offered,
             notice: None,
             auto_reason: choice.reason,
+            range_scales: Mutex::default(),
         };
         if options.precision == Precision::Auto {
             gpu.prove_tier(crate::probe::known_answer)?;
@@ -487,6 +496,23 @@ impl Gpu {
         &self.placeholder
     }
 
+    /// A buffer of at least `floats` f32 for the range rule's row scales,
+    /// shared by every product on this device: each product's pre-pass
+    /// writes it before the product reads it, and dispatches run in order.
+    /// It grows (a new buffer; bind groups keep the old one alive) while
+    /// dispatches are prepared, never inside a prepared loop.
+    pub(crate) fn range_scales(&self, floats: u64) -> DeviceBuffer {
+        let mut held = lock(&self.range_scales);
+        match held.as_ref() {
+            Some(b) if b.size() >= floats * 4 => b.clone(),
+            _ => {
+                let b = self.storage("range scales", floats.next_power_of_two().max(1024) * 4);
+                *held = Some(b.clone());
+                b
+            }
+        }
+    }
+
     /// Largest byte range one storage binding may cover.
     pub fn max_binding(&self) -> u64 {
         self.limits.max_storage_buffer_binding_size
@@ -508,10 +534,20 @@ impl Gpu {
             modules
                 .entry(kernel.module)
                 .or_insert_with(|| {
-                    self.device.create_shader_module(wgpu::ShaderModuleDescriptor {
+                    let descriptor = wgpu::ShaderModuleDescriptor {
                         label: Some(kernel.module.name()),
                         source: wgpu::ShaderSource::Wgsl(kernel.module.source().into()),
-                    })
+                    };
+                    if kernel.module.indices_clamped_in_shader() {
+                        // SAFETY: the module reads and writes only at indices
+                        // it clamps or selects into its bindings itself
+                        // (Module::indices_clamped_in_shader), so wgpu's own
+                        // bounds checks, which branch around every access and
+                        // keep the loads from being issued together, add nothing.
+                        unsafe { self.device.create_shader_module_trusted(descriptor, wgpu::ShaderRuntimeChecks::unchecked()) }
+                    } else {
+                        self.device.create_shader_module(descriptor)
+                    }
                 })
                 .clone()
         };

@@ -81,6 +81,13 @@ impl MatrixConfig {
         }
     }
 
+    /// Whether the matrix linear's invocations can each hold their share of
+    /// a k step in registers (matrix_gemm.wgsl's `fetch`: BM·KT = 16T²
+    /// values over 4 subgroups, at most 32 each).
+    pub fn fetches_whole_steps(&self) -> bool {
+        4 * self.subgroup * 32 >= 16 * self.size * self.size
+    }
+
     /// The configuration in words: `8×8 f16 tiles into f32, subgroup 8`.
     pub fn describe(&self) -> String {
         let operands = match self.operands {

@@ -4,12 +4,12 @@
 
 use crate::kernel::{kernel, Access::{Read as R, ReadWrite as RW}, Kernel, Module};
 use crate::device::Gpu;
-use crate::dispatch::{chunks, dispatch, placeholder_window, row_chunks, rows_per_chunk, to_u32, window, Launch, Rows, Sink};
+use crate::dispatch::{chunks, dispatch, placeholder_window, row_chunks, rows_per_chunk, to_u32, window, Launch, Rows, Sink, Window};
 use crate::error::GpuError;
-use crate::view::{Mat, Weight};
+use crate::view::{Mat, Weight, WeightDtype};
 use bytemuck::{Pod, Zeroable};
 use crate::kernel::wrapped_grid;
-use crate::precision::Precision;
+use crate::precision::{MatrixOperands, Precision};
 
 /// `linear.wgsl` — y[m, n] = x[m, k]·W[n, k]ᵀ (+ b).
 #[repr(C)]
@@ -24,6 +24,21 @@ pub struct LinearParams {
     pub b_offset: u32,
     pub y_offset: u32,
     pub y_stride: u32,
+    /// The matrix tier's: where x's and W's row scales start in its scales buffer.
+    pub x_scales: u32,
+    pub w_scales: u32,
+    pub _pad: u32,
+}
+
+/// `range_scales.wgsl` — the range rule's scale of each of `rows` rows of `k` values.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Pod, Zeroable)]
+pub struct RangeScalesParams {
+    pub rows: u32,
+    pub k: u32,
+    pub src_offset: u32,
+    pub src_stride: u32,
+    pub dst_offset: u32,
     pub _pad: [u32; 3],
 }
 
@@ -37,13 +52,19 @@ pub const LINEAR: Kernel =
 /// The f16 tier's linear: `linear.wgsl` on f16-staged tiles.
 pub const LINEAR_HALF: Kernel = Kernel { module: Module::LinearHalf, ..LINEAR };
 pub const LINEAR_MATRIX_8: Kernel =
-    kernel(Module::LinearMatrix8, "linear_matrix", [0, 1, 1], &[(1, RW), (2, R), (3, R), (4, RW)], size_of::<LinearParams>(), true);
+    kernel(Module::LinearMatrix8, "linear_matrix", [0, 1, 1], &[(1, RW), (2, R), (3, R), (4, RW), (5, R)], size_of::<LinearParams>(), true);
 pub const LINEAR_MATRIX_16: Kernel = Kernel { module: Module::LinearMatrix16, ..LINEAR_MATRIX_8 };
 pub const LINEAR_MATRIX_8_F32: Kernel = Kernel { module: Module::LinearMatrix8F32, ..LINEAR_MATRIX_8 };
 
-/// Tiles per side of the matrix linear's block (`R` in matrix_blocks.wgsl):
-/// a workgroup computes R·T × R·T outputs.
-pub const MATRIX_BLOCK_TILES: u64 = 4;
+/// The range rule's row scales of a matrix-tier product's operands (`range_scales.wgsl`).
+pub const RANGE_SCALES: Kernel =
+    kernel(Module::RangeScales, "range_scales", [64, 1, 1], &[(1, R), (2, RW)], size_of::<RangeScalesParams>(), false);
+
+/// Tiles per side of the matrix linear's block (matrix_gemm.wgsl: 2 × 2
+/// subgroups of 4 × 4 tiles): a workgroup computes 8T × 8T outputs.
+pub const MATRIX_BLOCK_TILES: u64 = 8;
+/// Subgroups in one workgroup of the matrix linear (`SUBGROUPS` in matrix_gemm.wgsl).
+pub const MATRIX_SUBGROUPS: u32 = 4;
 
 /// The sizes of one matrix product `[m, k]·[k, n]`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -107,12 +128,12 @@ fn product(gpu: &Gpu, sink: &mut dyn Sink, x: Mat<'_>, w: Weight<'_>, bias: Opti
             let (rows_n, cols_n) = (rows.end - rows.start, cols.end - cols.start);
             let (kernel, constants, grid) = match matrix {
                 None => {
-                    let constants = [("WEIGHT_BF16", w.dtype.constant()), ("HAS_BIAS", bias.is_some() as u32), ("ACCUMULATE", accumulate as u32), ("W_PAIRED", paired as u32)];
+                    let constants = vec![("WEIGHT_BF16", w.dtype.constant()), ("HAS_BIAS", bias.is_some() as u32), ("ACCUMULATE", accumulate as u32), ("W_PAIRED", paired as u32)];
                     let kernel = if gpu.precision() == Precision::F16 { &LINEAR_HALF } else { &LINEAR };
                     (kernel, constants, [cols_n.div_ceil(tile_n) as u32, rows_n.div_ceil(tile_m) as u32, 1])
                 }
                 Some(c) => {
-                    let constants = [("WEIGHT_BF16", w.dtype.constant()), ("HAS_BIAS", bias.is_some() as u32), ("ACCUMULATE", accumulate as u32), ("WG", c.subgroup)];
+                    let constants = vec![("WEIGHT_BF16", w.dtype.constant()), ("HAS_BIAS", bias.is_some() as u32), ("ACCUMULATE", accumulate as u32), ("WG", c.subgroup * MATRIX_SUBGROUPS), ("B_PAIRED", (paired && w.dtype == WeightDtype::Bf16 && c.fetches_whole_steps()) as u32)];
                     let kernel = c.pick([&LINEAR_MATRIX_8, &LINEAR_MATRIX_16, &LINEAR_MATRIX_8_F32]);
                     (kernel, constants, wrapped_grid(rows_n.div_ceil(tile_m) * cols_n.div_ceil(tile_n)))
                 }
@@ -122,6 +143,20 @@ fn product(gpu: &Gpu, sink: &mut dyn Sink, x: Mat<'_>, w: Weight<'_>, bias: Opti
                 None => placeholder_window(gpu)?,
             };
             let yw = Rows { offset: y.offset + cols.start, width: cols.end - cols.start, ..y_rows }.window(gpu, &rows)?;
+            // f16 operands: the rows' range scales, x's then W's, measured first.
+            let scales = match matrix {
+                Some(c) if c.operands == MatrixOperands::F16 => {
+                    let scales = gpu.range_scales(rows_n + cols_n);
+                    measure_rows(gpu, sink, &xw, &scales, RangeScalesParams { rows: to_u32(rows_n, "linear rows")?, k: to_u32(terms(kdim), "linear k")?, src_offset: xw.local, src_stride: to_u32(x.stride, "linear input stride")?, dst_offset: 0, _pad: [0; 3] }, false)?;
+                    measure_rows(gpu, sink, &ww, &scales, RangeScalesParams { rows: to_u32(cols_n, "linear cols")?, k: to_u32(terms(kdim), "linear k")?, src_offset: ww.local, src_stride: to_u32(kdim, "linear k")?, dst_offset: to_u32(rows_n, "linear rows")?, _pad: [0; 3] }, w.dtype.constant() == 1)?;
+                    Some(scales)
+                }
+                _ => None,
+            };
+            let sw = match &scales {
+                Some(b) => window(gpu, b, 4, 0..rows_n + cols_n, "range scales")?,
+                None => placeholder_window(gpu)?,
+            };
             let params = LinearParams {
                 m: to_u32(rows.end - rows.start, "linear rows")?,
                 n: to_u32(cols.end - cols.start, "linear cols")?,
@@ -132,12 +167,27 @@ fn product(gpu: &Gpu, sink: &mut dyn Sink, x: Mat<'_>, w: Weight<'_>, bias: Opti
                 b_offset: bw.local,
                 y_offset: yw.local,
                 y_stride: to_u32(y.stride, "linear output stride")?,
-                _pad: [0; 3],
+                x_scales: 0,
+                w_scales: to_u32(rows_n, "linear rows")?,
+                _pad: 0,
             };
             let launch = Launch { kernel, constants: &constants, params, grid };
-            dispatch(gpu, sink, launch, &[(1, &xw), (2, &ww), (3, &bw), (4, &yw)]);
+            if matrix.is_some() {
+                dispatch(gpu, sink, launch, &[(1, &xw), (2, &ww), (3, &bw), (4, &yw), (5, &sw)]);
+            } else {
+                dispatch(gpu, sink, launch, &[(1, &xw), (2, &ww), (3, &bw), (4, &yw)]);
+            }
         }
     }
+    Ok(())
+}
+
+/// One [`RANGE_SCALES`] pass: the scale of each row of `src` (f32, or bf16
+/// where `bf16`) into `scales` from `params.dst_offset` on.
+fn measure_rows(gpu: &Gpu, sink: &mut dyn Sink, src: &Window<'_>, scales: &wgpu::Buffer, params: RangeScalesParams, bf16: bool) -> Result<(), GpuError> {
+    let dst = window(gpu, scales, 4, 0..scales.size() / 4, "range scales")?;
+    let launch = Launch { kernel: &RANGE_SCALES, constants: &[("SOURCE_BF16", bf16 as u32)], params, grid: wrapped_grid(params.rows as u64) };
+    dispatch(gpu, sink, launch, &[(1, src), (2, &dst)]);
     Ok(())
 }
 
@@ -146,6 +196,7 @@ mod tests {
     use super::*;
     use crate::testing::*;
     use flux_lite_core::oracle::{self as r, Weights};
+    use crate::device::GpuOptions;
 
     fn check_linear(seed: u64, m: usize, n: usize, k: usize, bf16: bool, with_bias: bool) {
         let gpu = gpu();
@@ -336,6 +387,31 @@ mod tests {
         let c = gpu.matrix().unwrap();
         println!("matrix tier on {}: {}×{} tiles, subgroup {}", gpu.describe(), c.size, c.size, c.subgroup);
         check_half_tier(&gpu);
+    }
+
+    /// The matrix linear where bindings split x, W and y into pieces and x
+    /// is a column window of a wider tensor: each piece measures its own
+    /// rows' range scales into the shared scales buffer before its tiles.
+    #[test]
+    fn linear_on_matrix_units_splits_and_reads_a_window() {
+        let Some(gpu) = tier_gpu_with(GpuOptions { precision: Precision::Matrix, max_storage_binding: Some(64 << 10), ..Default::default() }) else { return };
+        let (m, n, k, wide, from) = (180usize, 250usize, 200usize, 207usize, 5usize);
+        let mut rng = Rng::new(41);
+        let mut xs = rng.normals(m * wide, 1.0);
+        // A row of 1e5s in a later piece: its scale must be its own, or f16 overflows.
+        xs[170 * wide..171 * wide].iter_mut().for_each(|v| *v *= 1e5);
+        let x: Vec<f32> = (0..m).flat_map(|i| xs[i * wide + from..i * wide + from + k].to_vec()).collect();
+        let w = rng.bf16s(n * k, 0.1);
+        let b = rng.bf16s(n, 1.0);
+        let mut want = vec![0.0; m * n];
+        r::linear(&x, Weights::Bf16(&w), Some(Weights::Bf16(&b)), m, n, k, &mut want);
+        let (xb, wb, bb) = (gpu.upload_f32("x", &xs), gpu.upload_bf16("w", &w), gpu.upload_bf16("b", &b));
+        let yb = poisoned(&gpu, m * n);
+        let got = run_and_read(&gpu, &yb, m * n, |enc| {
+            let x = Mat::new(&xb, wide as u64).cols_from(from as u64);
+            linear(&gpu, enc, x, Weight::bf16(&wb), Some(Weight::bf16(&bb)), Mat::new(&yb, n as u64), Gemm { m: m as u64, n: n as u64, k: k as u64 })
+        });
+        assert_close("matrix linear, split, from a window", &got, &want, HALF_TOL);
     }
 
     #[test]

@@ -14,7 +14,9 @@ struct Params {
     x_offset: u32, x_stride: u32,
     w_offset: u32, b_offset: u32,
     y_offset: u32, y_stride: u32,
-    _pad0: u32, _pad1: u32, _pad2: u32,
+    // The matrix tier's: where x's and W's row scales start in its scales.
+    x_scales: u32, w_scales: u32,
+    _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;

@@ -1,17 +1,20 @@
 // y[m, n] = Σ_k x[m, k] · W[n, k] (+ b[n]) on cooperative-matrix units: the
-// matrix tier's linear, on matrix_blocks.wgsl's core with A = x and B = Wᵀ,
-// one R·T × R·T block of y per workgroup. f16 operands are rounded under the
-// range rule (matrix_blocks.wgsl); the sum is f32. Interface in linear_io.wgsl.
+// matrix tier's linear, on matrix_gemm.wgsl's core with A = x and B = Wᵀ,
+// one BM × BN block of y per workgroup. f16 operands are rounded under the
+// range rule with the row scales of x and W that range_scales.wgsl measured
+// before this product (binding 5); the sum is f32. Interface in linear_io.wgsl.
 
-// The subgroup size: one subgroup owns a block, so a workgroup is one subgroup.
-override WG: u32 = 8u;
+// Invocations per workgroup: SUBGROUPS subgroups of the adapter's size.
+override WG: u32 = 32u;
 
-// A = x: x[m0 + r, k0 + t].
+@group(0) @binding(5) var<storage, read> scales: array<f32>;
+
+// A = x: x[m0 + r, k0 + t]. Past the matrix it reads x's first element and
+// gives zero: a select, not a branch, so loads can be issued together.
 fn a_at(r: u32, t: u32, m0: u32, k0: u32) -> f32 {
-    if (m0 + r < p.m && k0 + t < p.k) {
-        return x[p.x_offset + (m0 + r) * p.x_stride + k0 + t];
-    }
-    return 0.0;
+    let inside = m0 + r < p.m && k0 + t < p.k;
+    let v = x[select(p.x_offset, p.x_offset + (m0 + r) * p.x_stride + k0 + t, inside)];
+    return select(0.0, v, inside);
 }
 
 // B = Wᵀ: W[n0 + c, k0 + t].
@@ -23,6 +26,41 @@ fn b_at(t: u32, c: u32, n0: u32, k0: u32) -> f32 {
     return 0.0;
 }
 
+// W's rows start on even elements and k is even: B's columns load as bf16 pairs.
+override B_PAIRED: bool = false;
+
+// The u32 holding W[n0 + c, k0 + t] and W[n0 + c, k0 + t + 1] (t even; zero past W).
+fn b_pair(c: u32, t: u32, n0: u32, k0: u32) -> u32 {
+    let inside = k0 + t < p.k && n0 + c < p.n;
+    let word = w[select(p.w_offset, p.w_offset + (n0 + c) * p.k + k0 + t, inside) >> 1u];
+    return select(0u, word, inside);
+}
+
+// The range rule's scale of x's row (1 past the matrix, or for f32 operands).
+fn a_scale(row: u32) -> f32 {
+    if (!OPERAND_HALF || row >= p.m) {
+        return 1.0;
+    }
+    return scales[p.x_scales + row];
+}
+
+// The range rule's scale of W's row `col` (B's column).
+fn b_scale(col: u32) -> f32 {
+    if (!OPERAND_HALF || col >= p.n) {
+        return 1.0;
+    }
+    return scales[p.w_scales + col];
+}
+
+// Their inverses, exact (powers of two).
+fn a_inverse(row: u32) -> f32 {
+    return 1.0 / a_scale(row);
+}
+
+fn b_inverse(col: u32) -> f32 {
+    return 1.0 / b_scale(col);
+}
+
 // y[r, c] = value (+ bias, + y's old value), inside the matrix only.
 fn block_value_out(r: u32, c: u32, value: f32) {
     if (r < p.m && c < p.n) {
@@ -31,8 +69,15 @@ fn block_value_out(r: u32, c: u32, value: f32) {
 }
 
 @compute @workgroup_size(WG)
-fn linear_matrix(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let blocks_n = (p.n + BLOCK - 1u) / BLOCK;
+fn linear_matrix(
+    @builtin(local_invocation_index) li: u32,
+    @builtin(subgroup_id) sg: u32,
+    @builtin(subgroup_invocation_id) lane: u32,
+    @builtin(subgroup_size) lanes: u32,
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+) {
+    let blocks_n = (p.n + BN - 1u) / BN;
     let block = flat_workgroup(wid, nwg);
-    matrix_block(li, (block / blocks_n) * BLOCK, (block % blocks_n) * BLOCK, p.k);
+    matrix_gemm(li, sg, lane, lanes, (block / blocks_n) * BM, (block % blocks_n) * BN, p.k);
 }

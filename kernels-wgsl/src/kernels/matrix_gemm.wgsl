@@ -1,0 +1,222 @@
+// The throughput core of the matrix tier's linear: C[row, col] =
+// Σ_t A[row, t]·B[t, col] on cooperative-matrix units, one workgroup of
+// SG_ROWS × SG_COLS subgroups per BM × BN block of C, each subgroup owning
+// R × R tiles of T × T (a R·T × R·T block) in accumulators held for the whole
+// of k. A T×T fragment of A read from workgroup memory serves R products, and
+// each element staged from global memory serves 2·R·T·SG FLOPs: with 16×16
+// tiles, 2×2 subgroups of 4×4 tiles make 128 × 128 blocks.
+//
+// k advances KT = 2T at a time through two buffers in workgroup memory, one
+// barrier a step: each invocation issues its loads of the next KT into
+// registers (values of A, bf16 pairs of B), the subgroups
+// multiply the current KT, then the fetched values are rounded into the other
+// buffer, so global latency overlaps the products. Consecutive invocations
+// read consecutive t of one row of A (x) and one column of B (a row of W), so
+// the global reads are coalesced. Rows in workgroup memory are padded by PAD
+// operands so the subgroups' fragment loads spread over the memory banks.
+// Where B's columns do not come as whole bf16 pairs (`B_PAIRED` false: f32
+// weights, odd k or offsets), the next KT is staged element by element
+// before the products instead.
+//
+// f16 operands are rounded under range_rule.wgsl's rule: the module's
+// `a_inverse(row)` / `b_inverse(col)` give the inverses of the scales of A's
+// rows and B's columns (measured before the product, once per linear), and
+// `a_scale` / `b_scale` the scales the sum is multiplied by on its way out.
+// f32 operands (8×8, Apple GPUs) need no rule.
+//
+// The module provides `a_at(r, t, row0, t0)` = A[row0 + r, t0 + t],
+// `b_at(t, c, col0, t0)` = B[t0 + t, col0 + c] (zero past the matrix),
+// `b_pair(c, t, col0, t0)`, the u32 holding B[t0 + t, col0 + c] and
+// B[t0 + t + 1, col0 + c] as bf16 (t even; used where `B_PAIRED`), the
+// scales above, and `block_value_out(r, c, value)`, which writes C[r, c] (r, c
+// absolute) if inside the matrix. Accumulators are declared once, outside
+// every loop: a cooperative-matrix `var` declared inside a loop is zeroed only
+// once.
+
+const R: u32 = 4u;
+const SG_ROWS: u32 = 2u;
+const SG_COLS: u32 = 2u;
+const SUBGROUPS: u32 = SG_ROWS * SG_COLS;
+const KT: u32 = 2u * T;
+const PAD: u32 = 8u;
+const LD: u32 = KT + PAD;
+const BM: u32 = SG_ROWS * R * T;
+const BN: u32 = SG_COLS * R * T;
+
+// Two k steps of A's block rows and B's block columns, each a run of KT.
+var<workgroup> a_tiles: array<Operand, 2u * BM * LD>;
+var<workgroup> b_tiles: array<Operand, 2u * BN * LD>;
+// One T×T tile per subgroup on its way out.
+var<workgroup> c_tiles: array<f32, SUBGROUPS * T * T>;
+// The inverses of the block's row and column scales (powers of two).
+var<workgroup> row_inverse: array<f32, BM>;
+var<workgroup> col_inverse: array<f32, BN>;
+
+// What one invocation fetches of one k step: BM·KT / WG values of A and half
+// as many pairs of B, at most FETCH of them (the launcher takes the fetching
+// path only where WG·FETCH ≥ BM·KT: 16×16 tiles in subgroups of 32 or more,
+// 8×8 tiles in subgroups of 8 or more). The loads are unconditional (the
+// module's accessors clamp and select instead of branching), so the compiler
+// can issue them all before the first one returns.
+const FETCH: u32 = 32u;
+struct Fetched {
+    a: array<f32, FETCH>,
+    b: array<u32, FETCH>,
+}
+
+// Issues the global loads of KT terms from t0 on.
+fn fetch(li: u32, row0: u32, col0: u32, t0: u32) -> Fetched {
+    var f: Fetched;
+    for (var j = 0u; j < BM * KT / WG; j++) {
+        let i = li + j * WG;
+        f.a[j] = a_at(i / KT, i % KT, row0, t0);
+    }
+    for (var j = 0u; j < BN * KT / 2u / WG; j++) {
+        let i = li + j * WG;
+        f.b[j] = b_pair(i / (KT / 2u), 2u * (i % (KT / 2u)), col0, t0);
+    }
+    return f;
+}
+
+// Rounds fetched values into buffer `half`, each row of A and column of B
+// under its range scale.
+fn put(li: u32, half: u32, f: ptr<function, Fetched>) {
+    for (var j = 0u; j < BM * KT / WG; j++) {
+        let i = li + j * WG;
+        let r = i / KT;
+        a_tiles[half * BM * LD + r * LD + i % KT] = Operand((*f).a[j] * row_inverse[r]);
+    }
+    for (var j = 0u; j < BN * KT / 2u / WG; j++) {
+        let i = li + j * WG;
+        let c = i / (KT / 2u);
+        let at = half * BN * LD + c * LD + 2u * (i % (KT / 2u));
+        let word = (*f).b[j];
+        b_tiles[at] = Operand(bitcast<f32>(word << 16u) * col_inverse[c]);
+        b_tiles[at + 1u] = Operand(bitcast<f32>(word & 0xffff0000u) * col_inverse[c]);
+    }
+}
+
+// Stages KT terms from t0 on into buffer `half` (0 or 1), element by element.
+fn stage(li: u32, half: u32, row0: u32, col0: u32, t0: u32) {
+    for (var i = li; i < BM * KT; i += WG) {
+        let r = i / KT;
+        let t = i % KT;
+        a_tiles[half * BM * LD + r * LD + t] = Operand(a_at(r, t, row0, t0) * row_inverse[r]);
+    }
+    for (var i = li; i < BN * KT; i += WG) {
+        let c = i / KT;
+        let t = i % KT;
+        b_tiles[half * BN * LD + c * LD + t] = Operand(b_at(t, c, col0, t0) * col_inverse[c]);
+    }
+}
+
+// The subgroup's tile (ti, tj), as its slice of c_tiles holds it, scaled back
+// and written out by the subgroup's own invocations.
+fn tile_out(lane: u32, lanes: u32, sg: u32, ti: u32, tj: u32, row0: u32, col0: u32) {
+    let r0 = (sg / SG_COLS) * R * T + ti * T;
+    let c0 = (sg % SG_COLS) * R * T + tj * T;
+    for (var i = lane; i < T * T; i += lanes) {
+        let r = r0 + i / T;
+        let c = c0 + i % T;
+        block_value_out(row0 + r, col0 + c, c_tiles[sg * T * T + i] * a_scale(row0 + r) * b_scale(col0 + c));
+    }
+}
+
+// The block at (row0, col0) over k terms, written out through
+// `block_value_out`. Blocks past the matrix run on zeros: cooperative
+// operations need uniform control flow, which an early return would break.
+fn matrix_gemm(li: u32, sg: u32, lane: u32, lanes: u32, row0: u32, col0: u32, k: u32) {
+    for (var i = li; i < SUBGROUPS * T * T; i += WG) {
+        c_tiles[i] = 0.0;
+    }
+    for (var i = li; i < BM; i += WG) {
+        row_inverse[i] = a_inverse(row0 + i);
+    }
+    for (var i = li; i < BN; i += WG) {
+        col_inverse[i] = b_inverse(col0 + i);
+    }
+    workgroupBarrier();
+    stage(li, 0u, row0, col0, 0u);
+    // This subgroup's R·T rows of A and columns of B within the block.
+    let a_rows = (sg / SG_COLS) * R * T * LD;
+    let b_cols = (sg % SG_COLS) * R * T * LD;
+    let zero = &c_tiles[sg * T * T];
+    var acc00 = coopLoadT<MatC>(zero, T);
+    var acc01 = coopLoadT<MatC>(zero, T);
+    var acc02 = coopLoadT<MatC>(zero, T);
+    var acc03 = coopLoadT<MatC>(zero, T);
+    var acc10 = coopLoadT<MatC>(zero, T);
+    var acc11 = coopLoadT<MatC>(zero, T);
+    var acc12 = coopLoadT<MatC>(zero, T);
+    var acc13 = coopLoadT<MatC>(zero, T);
+    var acc20 = coopLoadT<MatC>(zero, T);
+    var acc21 = coopLoadT<MatC>(zero, T);
+    var acc22 = coopLoadT<MatC>(zero, T);
+    var acc23 = coopLoadT<MatC>(zero, T);
+    var acc30 = coopLoadT<MatC>(zero, T);
+    var acc31 = coopLoadT<MatC>(zero, T);
+    var acc32 = coopLoadT<MatC>(zero, T);
+    var acc33 = coopLoadT<MatC>(zero, T);
+    workgroupBarrier();
+    var half = 0u;
+    var fetched: Fetched;
+    for (var t0 = 0u; t0 < k; t0 += KT) {
+        let more = t0 + KT < k;
+        if (more && B_PAIRED) {
+            fetched = fetch(li, row0, col0, t0 + KT);
+        } else if (more) {
+            stage(li, 1u - half, row0, col0, t0 + KT);
+        }
+        let a_base = half * BM * LD + a_rows;
+        let b_base = half * BN * LD + b_cols;
+        for (var kk = 0u; kk < KT; kk += T) {
+            let a0 = coopLoadT<MatA>(&a_tiles[a_base + 0u * T * LD + kk], LD);
+            let a1 = coopLoadT<MatA>(&a_tiles[a_base + 1u * T * LD + kk], LD);
+            let a2 = coopLoadT<MatA>(&a_tiles[a_base + 2u * T * LD + kk], LD);
+            let a3 = coopLoadT<MatA>(&a_tiles[a_base + 3u * T * LD + kk], LD);
+            let b0 = coopLoad<MatB>(&b_tiles[b_base + 0u * T * LD + kk], LD);
+            let b1 = coopLoad<MatB>(&b_tiles[b_base + 1u * T * LD + kk], LD);
+            let b2 = coopLoad<MatB>(&b_tiles[b_base + 2u * T * LD + kk], LD);
+            let b3 = coopLoad<MatB>(&b_tiles[b_base + 3u * T * LD + kk], LD);
+            acc00 = coopMultiplyAdd(a0, b0, acc00);
+            acc01 = coopMultiplyAdd(a0, b1, acc01);
+            acc02 = coopMultiplyAdd(a0, b2, acc02);
+            acc03 = coopMultiplyAdd(a0, b3, acc03);
+            acc10 = coopMultiplyAdd(a1, b0, acc10);
+            acc11 = coopMultiplyAdd(a1, b1, acc11);
+            acc12 = coopMultiplyAdd(a1, b2, acc12);
+            acc13 = coopMultiplyAdd(a1, b3, acc13);
+            acc20 = coopMultiplyAdd(a2, b0, acc20);
+            acc21 = coopMultiplyAdd(a2, b1, acc21);
+            acc22 = coopMultiplyAdd(a2, b2, acc22);
+            acc23 = coopMultiplyAdd(a2, b3, acc23);
+            acc30 = coopMultiplyAdd(a3, b0, acc30);
+            acc31 = coopMultiplyAdd(a3, b1, acc31);
+            acc32 = coopMultiplyAdd(a3, b2, acc32);
+            acc33 = coopMultiplyAdd(a3, b3, acc33);
+        }
+        if (more && B_PAIRED) {
+            put(li, 1u - half, &fetched);
+        }
+        workgroupBarrier();
+        half = 1u - half;
+    }
+    // Each subgroup stores its tiles one at a time through its own slice.
+    let c = &c_tiles[sg * T * T];
+    coopStoreT(acc00, c, T); workgroupBarrier(); tile_out(lane, lanes, sg, 0u, 0u, row0, col0); workgroupBarrier();
+    coopStoreT(acc01, c, T); workgroupBarrier(); tile_out(lane, lanes, sg, 0u, 1u, row0, col0); workgroupBarrier();
+    coopStoreT(acc02, c, T); workgroupBarrier(); tile_out(lane, lanes, sg, 0u, 2u, row0, col0); workgroupBarrier();
+    coopStoreT(acc03, c, T); workgroupBarrier(); tile_out(lane, lanes, sg, 0u, 3u, row0, col0); workgroupBarrier();
+    coopStoreT(acc10, c, T); workgroupBarrier(); tile_out(lane, lanes, sg, 1u, 0u, row0, col0); workgroupBarrier();
+    coopStoreT(acc11, c, T); workgroupBarrier(); tile_out(lane, lanes, sg, 1u, 1u, row0, col0); workgroupBarrier();
+    coopStoreT(acc12, c, T); workgroupBarrier(); tile_out(lane, lanes, sg, 1u, 2u, row0, col0); workgroupBarrier();
+    coopStoreT(acc13, c, T); workgroupBarrier(); tile_out(lane, lanes, sg, 1u, 3u, row0, col0); workgroupBarrier();
+    coopStoreT(acc20, c, T); workgroupBarrier(); tile_out(lane, lanes, sg, 2u, 0u, row0, col0); workgroupBarrier();
+    coopStoreT(acc21, c, T); workgroupBarrier(); tile_out(lane, lanes, sg, 2u, 1u, row0, col0); workgroupBarrier();
+    coopStoreT(acc22, c, T); workgroupBarrier(); tile_out(lane, lanes, sg, 2u, 2u, row0, col0); workgroupBarrier();
+    coopStoreT(acc23, c, T); workgroupBarrier(); tile_out(lane, lanes, sg, 2u, 3u, row0, col0); workgroupBarrier();
+    coopStoreT(acc30, c, T); workgroupBarrier(); tile_out(lane, lanes, sg, 3u, 0u, row0, col0); workgroupBarrier();
+    coopStoreT(acc31, c, T); workgroupBarrier(); tile_out(lane, lanes, sg, 3u, 1u, row0, col0); workgroupBarrier();
+    coopStoreT(acc32, c, T); workgroupBarrier(); tile_out(lane, lanes, sg, 3u, 2u, row0, col0); workgroupBarrier();
+    coopStoreT(acc33, c, T); workgroupBarrier(); tile_out(lane, lanes, sg, 3u, 3u, row0, col0); workgroupBarrier();
+}
