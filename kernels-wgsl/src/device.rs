@@ -506,7 +506,8 @@ impl Gpu {
         match held.as_ref() {
             Some(b) if b.size() >= floats * 4 => b.clone(),
             _ => {
-                let b = self.storage("range scales", floats.next_power_of_two().max(1024) * 4);
+                // At most RANGE_SCALES_BYTES: the linear's pieces are capped to fit.
+                let b = self.storage("range scales", (floats.next_power_of_two().max(1024) * 4).min(flux_lite_core::plan::RANGE_SCALES_BYTES));
                 *held = Some(b.clone());
                 b
             }

@@ -18,9 +18,13 @@ use crate::ir::Op;
 use crate::models::{text_encoder, transformer};
 use core::fmt;
 
-/// Device bytes for what the plan does not itemise: the placeholder binding
-/// and the parameter buffers of dispatches (a few dozen bytes each).
-pub const FIXED_OVERHEAD: u64 = 64 << 10;
+/// Device bytes for what the plan does not itemise: the placeholder binding,
+/// the parameter buffers of dispatches (a few dozen bytes each) and the
+/// matrix tier's range scales (RANGE_SCALES_BYTES).
+pub const FIXED_OVERHEAD: u64 = (64 << 10) + RANGE_SCALES_BYTES;
+/// The matrix tier's range scales: 4 bytes for each row of a product's two
+/// operands, measured before the product; a product with more rows runs in pieces.
+pub const RANGE_SCALES_BYTES: u64 = 512 << 10;
 /// Parameter bytes allowed per program step (a step may split into several dispatches).
 pub const OVERHEAD_PER_STEP: u64 = 512;
 /// Host-visible bytes streamed weights pass through on their way to a slot

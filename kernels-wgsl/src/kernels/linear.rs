@@ -4,7 +4,7 @@
 
 use crate::kernel::{kernel, Access::{Read as R, ReadWrite as RW}, Kernel, Module};
 use crate::device::Gpu;
-use crate::dispatch::{chunks, dispatch, placeholder_window, row_chunks, rows_per_chunk, to_u32, window, Launch, Rows, Sink, Window};
+use crate::dispatch::{chunks, dispatch, placeholder_window, rows_per_chunk, to_u32, window, Launch, Rows, Sink, Window};
 use crate::error::GpuError;
 use crate::view::{Mat, Weight, WeightDtype};
 use bytemuck::{Pod, Zeroable};
@@ -59,6 +59,11 @@ pub const LINEAR_MATRIX_8_F32: Kernel = Kernel { module: Module::LinearMatrix8F3
 /// The range rule's row scales of a matrix-tier product's operands (`range_scales.wgsl`).
 pub const RANGE_SCALES: Kernel =
     kernel(Module::RangeScales, "range_scales", [64, 1, 1], &[(1, R), (2, RW)], size_of::<RangeScalesParams>(), false);
+
+/// Most rows of either operand one matrix-tier product measures at once:
+/// the range scales it writes take at most 2 × 4 bytes × this
+/// (`flux_lite_core::plan::RANGE_SCALES_BYTES`).
+pub const RANGE_SCALES_ROWS: u64 = flux_lite_core::plan::RANGE_SCALES_BYTES / 8;
 
 /// Tiles per side of the matrix linear's block (matrix_gemm.wgsl: 2 × 2
 /// subgroups of 4 × 4 tiles): a workgroup computes 8T × 8T outputs.
@@ -116,10 +121,13 @@ fn product(gpu: &Gpu, sink: &mut dyn Sink, x: Mat<'_>, w: Weight<'_>, bias: Opti
     };
     let eb = w.dtype.bytes();
     let w_rows = Rows::packed(w.buf, eb, w.offset, kdim, "linear weight");
-    let n_chunk = rows_per_chunk(gpu, n, &[w_rows], tile_n)?;
+    // The matrix tier measures each piece's rows into the range scales,
+    // whose size the planner allows for (RANGE_SCALES_ROWS per operand).
+    let cap = if matrix.is_some() { RANGE_SCALES_ROWS } else { u64::MAX };
+    let n_chunk = rows_per_chunk(gpu, n, &[w_rows], tile_n)?.min(cap);
     let x_rows = Rows::mat(x, kdim, "linear input");
     let y_rows = Rows::mat(y, n_chunk.min(n), "linear output");
-    for rows in row_chunks(gpu, m, &[x_rows, y_rows], tile_m)? {
+    for rows in chunks(m, rows_per_chunk(gpu, m, &[x_rows, y_rows], tile_m)?.min(cap)) {
         let xw = x_rows.window(gpu, &rows)?;
         for cols in chunks(n, n_chunk) {
             let ww = w_rows.window(gpu, &cols)?;
