@@ -312,6 +312,9 @@ pub enum PlanError {
     VaeTooWide { width: u64, bytes: u64, limit: u64 },
     /// The transformer's attention keys (all tokens, one binding) exceed the adapter's binding.
     AttentionTooLarge { tokens: u64, bytes: u64, limit: u64 },
+    /// Every layout of `phase`'s activation arena (one device buffer) is larger
+    /// than the adapter's largest buffer; `bytes`: the smallest of them.
+    ArenaTooLarge { phase: &'static str, bytes: u64, limit: u64 },
     /// A forced VAE tile that is not a positive multiple of the latent cell (`unit` pixels).
     VaeTileSize { tile: u64, unit: u64 },
     /// A forced VAE tile whose band cannot hold one row of `what`'s widest convolution.
@@ -337,6 +340,10 @@ impl fmt::Display for PlanError {
             PlanError::ReferenceTooLarge { width, height, bytes, limit } => write!(
                 f,
                 "encoding a {width}×{height} reference image needs a {bytes}-byte buffer, above the adapter's limit of {limit} bytes"
+            ),
+            PlanError::ArenaTooLarge { phase, bytes, limit } => write!(
+                f,
+                "{phase} needs an activation buffer of at least {bytes} bytes at this size, above the adapter's largest buffer of {limit} bytes; use a smaller size or fewer reference images"
             ),
             PlanError::VaeTileSize { tile, unit } => write!(f, "the VAE tile {tile} is not a positive multiple of {unit} pixels"),
             PlanError::VaeTileTooSmall { tile, what } => write!(
@@ -537,14 +544,28 @@ impl DenoiseOptions {
         if keys(d) > limit {
             return Err(PlanError::AttentionTooLarge { tokens: rows, bytes: keys(d), limit });
         }
-        let unchunked = if keys(3 * d + 2 * f) <= limit { Some(denoise_fixed(input, rows)?) } else { None };
+        // The arena is one device buffer: layouts larger than the adapter's
+        // largest buffer are not offered.
+        let max_buffer = input.limits.max_buffer;
+        let mut smallest_arena = u64::MAX;
+        let mut fits = |fixed: (u64, u64)| {
+            smallest_arena = smallest_arena.min(fixed.0);
+            fixed.0 <= max_buffer
+        };
+        let unchunked = if keys(3 * d + 2 * f) <= limit { Some(denoise_fixed(input, rows)?).filter(|&u| fits(u)) } else { None };
         let mut chunked = heapless::Vec::new();
         let largest_shift = u64::BITS - 1 - CHUNK_ROWS.ilog2();
         for chunk in (0..=largest_shift).rev().map(|k| CHUNK_ROWS << k).filter(|&c| c < rows) {
-            // At most 58 shifts fit in 64 bits: the list never overflows.
-            let _ = chunked.push((chunk, denoise_fixed(input, chunk)?));
+            let fixed = denoise_fixed(input, chunk)?;
+            if fits(fixed) {
+                // At most 58 shifts fit in 64 bits: the list never overflows.
+                let _ = chunked.push((chunk, fixed));
+            }
         }
         if unchunked.is_none() && chunked.is_empty() {
+            if smallest_arena != u64::MAX {
+                return Err(PlanError::ArenaTooLarge { phase: "the transformer", bytes: smallest_arena, limit: max_buffer });
+            }
             return Err(PlanError::AttentionTooLarge { tokens: rows, bytes: keys(3 * d + 2 * f), limit });
         }
         Ok(Self { weights: input.transformer_weights, unchunked, chunked, host: host::denoise(input)? })
