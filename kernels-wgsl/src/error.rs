@@ -31,6 +31,9 @@ pub enum GpuError {
     OutOfMemory(String),
     /// The run was interrupted (Ctrl-C) and stopped at a block's end.
     Interrupted,
+    /// The GPU's result cannot be right (not finite, or one value throughout):
+    /// a failed submission the backend counted as done, or a broken kernel.
+    WrongResult(String),
     /// The precision tier asked for cannot run on this adapter.
     TierUnavailable { tier: &'static str, adapter: String, why: String },
 }
@@ -47,6 +50,7 @@ impl fmt::Display for GpuError {
             GpuError::UnknownBackend(b) => {
                 write!(f, "FLUX_LITE_BACKEND={b:?} is not one of vulkan, metal, dx12, gl")
             }
+            GpuError::WrongResult(what) => write!(f, "the GPU returned a result that cannot be right ({what}); nothing was written"),
             GpuError::RequestDevice(e) => write!(f, "the GPU adapter refused to create a device: {e}"),
             GpuError::BindingTooLarge { what, bytes, limit } => write!(
                 f,

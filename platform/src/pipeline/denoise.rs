@@ -1,7 +1,7 @@
 //! Text-to-latents: the starting noise as diffusers draws it, the schedule,
 //! and the denoising loop over the prepared transformer.
 
-use flux_lite_kernels::Gpu;
+use flux_lite_kernels::{Gpu, GpuError};
 use crate::error::RunError;
 use crate::run::runner::BlockProgress;
 use crate::components::transformer::Transformer;
@@ -90,5 +90,36 @@ pub fn denoise(
         }
         transformer.euler_step(gpu, sigmas[step], sigmas[step + 1])?;
     }
-    Ok(transformer.latents(gpu)?)
+    let latents = transformer.latents(gpu)?;
+    plausible_latents(&latents)?;
+    Ok(latents)
+}
+
+/// Denoised latents that cannot come from a working GPU, refused before
+/// they are decoded into an image: any value not finite (f32 overflow, or a
+/// failed submission some backends count as done), or one value throughout
+/// (a buffer never written). Noise plus a velocity is never constant.
+pub fn plausible_latents(latents: &[f32]) -> Result<(), RunError> {
+    let broken = latents.iter().filter(|v| !v.is_finite()).count();
+    if broken > 0 {
+        return Err(RunError::Gpu(GpuError::WrongResult(format!("{broken} of the {} denoised latent values are not finite", latents.len()))));
+    }
+    if latents.len() > 1 && latents.iter().all(|&v| v == latents[0]) {
+        return Err(RunError::Gpu(GpuError::WrongResult(format!("the denoised latents are {} throughout", latents[0]))));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::plausible_latents;
+
+    #[test]
+    fn latents_that_no_working_gpu_makes_are_refused() {
+        assert!(plausible_latents(&[0.5, -1.25, 3.0]).is_ok());
+        let nan = plausible_latents(&[0.5, f32::NAN, f32::INFINITY]).unwrap_err().to_string();
+        assert!(nan.contains("2 of the 3 denoised latent values are not finite") && nan.contains("nothing was written"), "{nan}");
+        let constant = plausible_latents(&[0.0; 16]).unwrap_err().to_string();
+        assert!(constant.contains("the denoised latents are 0 throughout"), "{constant}");
+    }
 }
