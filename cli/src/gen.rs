@@ -203,6 +203,9 @@ pub fn run(args: &GenArgs) -> Result<(), String> {
     let gpu_options = GpuOptions { interrupt: Some(interrupt), precision: args.precision, ..Default::default() };
     let pipeline = Pipeline::with_model(model, &gpu_options).map_err(|e| e.to_string())?;
     crate::tier::print_notice(pipeline.gpu());
+    if !args.quiet {
+        crate::tier::print_software_warning(pipeline.gpu());
+    }
     let request = Request {
         width,
         height,

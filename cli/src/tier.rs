@@ -15,6 +15,21 @@ pub fn print_notice(gpu: &Gpu) {
     }
 }
 
+/// The warning for a software adapter (llvmpipe, SwiftShader, WARP): on one a
+/// 1024² step takes minutes, and a machine whose GPU driver is missing from
+/// a container otherwise just looks hung.
+pub fn software_warning(adapter: &str, device_type: wgpu::DeviceType) -> Option<String> {
+    (device_type == wgpu::DeviceType::Cpu)
+        .then(|| format!("warning: software driver ({adapter}, no GPU in use): expect minutes per step at 1024²; FLUX_LITE_BACKEND or the GPU's Vulkan/Metal driver chooses another"))
+}
+
+/// Prints [`software_warning`] for the device, when it applies.
+pub fn print_software_warning(gpu: &Gpu) {
+    if let Some(line) = software_warning(&gpu.info.name, gpu.info.device_type) {
+        eprintln!("{line}");
+    }
+}
+
 /// The tier a device runs, in words: `matrix (8×8 f16 tiles into f32, subgroup 8)`.
 pub fn describe(gpu: &Gpu) -> String {
     match (gpu.precision(), gpu.matrix()) {
@@ -41,6 +56,13 @@ pub fn describe_taken(gpu: &Gpu) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_software_adapter_is_said_and_a_gpu_is_not() {
+        let line = super::software_warning("llvmpipe (LLVM 15.0.6, 256 bits)", wgpu::DeviceType::Cpu).unwrap();
+        assert!(line.starts_with("warning: software driver (llvmpipe") && line.contains("minutes per step"), "{line}");
+        assert_eq!(super::software_warning("NVIDIA H200", wgpu::DeviceType::DiscreteGpu), None);
+    }
+
     use super::*;
 
     #[test]
