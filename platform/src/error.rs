@@ -19,8 +19,6 @@ pub enum LoadError {
     MissingTensor { component: String, name: String },
     /// A tensor is present but not what the config says it should be.
     WrongTensor { component: String, name: String, expected: String, found: String },
-    /// A tensor the architecture does not have.
-    UnexpectedTensor { component: String, name: String },
     /// `tokenizer.json` is readable but the tokenizer library cannot build a tokenizer from it.
     Tokenizer { path: PathBuf, detail: String },
     /// A LoRA adapter file that cannot adapt this model (its detail names the key).
@@ -37,9 +35,6 @@ impl fmt::Display for LoadError {
             LoadError::MissingTensor { component, name } => write!(f, "{component}: tensor `{name}` is missing"),
             LoadError::WrongTensor { component, name, expected, found } => {
                 write!(f, "{component}: tensor `{name}` should be {expected} but is {found}")
-            }
-            LoadError::UnexpectedTensor { component, name } => {
-                write!(f, "{component}: unexpected tensor `{name}` for this architecture")
             }
             LoadError::Tokenizer { path, detail } => write!(f, "{}: not a tokenizer we can read: {detail}", path.display()),
             LoadError::Lora { path, detail } => write!(f, "LoRA {}: {detail}", path.display()),

@@ -87,6 +87,8 @@ pub struct WeightStore {
     /// bf16 bytes of the weights expanded from DF11 groups on the host.
     expanded: Vec<Vec<u8>>,
     df11_groups: Vec<StoredGroup>,
+    /// Tensors in the files that the architecture does not read (after [`Self::check`]).
+    unread: Vec<String>,
 }
 
 /// A file a component's weights are read from.
@@ -143,7 +145,7 @@ impl WeightStore {
             });
         }
         let mut store =
-            Self { component: component.into(), shards: Vec::new(), entries: BTreeMap::new(), expanded: Vec::new(), df11_groups: Vec::new() };
+            Self { component: component.into(), shards: Vec::new(), entries: BTreeMap::new(), expanded: Vec::new(), df11_groups: Vec::new(), unread: Vec::new() };
         for path in files {
             store.add_shard(path)?;
         }
@@ -342,8 +344,11 @@ impl WeightStore {
         Ok(TensorRef { dtype: e.dtype, shape: &e.shape, bytes })
     }
 
-    /// Checks that the files hold exactly the expected tensors, each with its
-    /// shape and a usable dtype.
+    /// Checks that the files hold every expected tensor, each with its shape
+    /// and a usable dtype. Tensors the architecture does not read are
+    /// tolerated, as diffusers and transformers load such files with a
+    /// warning (a tied text encoder that also carries `lm_head.weight`), and
+    /// listed in [`Self::unread`].
     pub fn check(&mut self, expected: &[TensorSpec]) -> Result<(), LoadError> {
         let mut wanted: HashMap<&str, &TensorSpec> = HashMap::new();
         for spec in expected {
@@ -372,10 +377,20 @@ impl WeightStore {
                 });
             }
         }
-        if let Some(extra) = self.names().find(|n| !wanted.contains_key(n)) {
-            return Err(LoadError::UnexpectedTensor { component: self.component.clone(), name: extra.into() });
-        }
+        self.unread = self.names().filter(|n| !wanted.contains_key(n)).map(String::from).collect();
         Ok(())
+    }
+
+    /// The tensors in the files that the architecture does not read.
+    pub fn unread(&self) -> &[String] {
+        &self.unread
+    }
+
+    /// A warning naming the unread tensors, when there are any.
+    pub fn unread_warning(&self) -> Option<String> {
+        let (first, n) = (self.unread.first()?, self.unread.len());
+        let more = if n > 1 { format!(" and {} more", n - 1) } else { String::new() };
+        Some(format!("{}: {n} tensors in the files are not part of this architecture and are not read (`{first}`{more})", self.component))
     }
 
     /// Bytes of tensor data as held: compressed groups count their compressed size.

@@ -283,7 +283,13 @@ impl Run<'_> {
                 self.reused.push("text encoder");
                 e
             }
-            None => load_prompt_encoder(self.pipeline, strategy)?,
+            None => {
+                let encoder = load_prompt_encoder(self.pipeline, strategy)?;
+                if let Some(warning) = &encoder.unread {
+                    observer.warning(warning);
+                }
+                encoder
+            }
         };
         self.timings.load += started.elapsed();
         let started = Instant::now();
@@ -323,6 +329,9 @@ impl Run<'_> {
             }
             None => {
                 let store = model.weights(Component::Transformer)?;
+                if let Some(warning) = store.unread_warning() {
+                    observer.warning(&warning);
+                }
                 Transformer::adapted(gpu, &model.transformer, store, key.strategy, key.chunk, PROMPT_TOKENS, &key.grids, &request.lora)?
             }
         };
@@ -416,8 +425,9 @@ pub(super) fn load_prompt_encoder(pipeline: &Pipeline, strategy: WeightStrategy)
     let model = &pipeline.model;
     let tokenizer = PromptTokenizer::load(&model.component_dir("tokenizer"))?;
     let store = model.weights(Component::TextEncoder)?;
+    let unread = store.unread_warning();
     let encoder = TextEncoder::new(&pipeline.gpu, &model.text_encoder, store, strategy, PROMPT_TOKENS, model.text_encoder.output_layers())?;
-    Ok(PromptEncoder { strategy, tokenizer, encoder })
+    Ok(PromptEncoder { strategy, tokenizer, encoder, unread })
 }
 
 /// One prompt's embedding: prompt `index` of `count`, for the progress.

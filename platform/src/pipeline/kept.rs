@@ -17,6 +17,8 @@ pub struct PromptEncoder {
     pub strategy: WeightStrategy,
     pub tokenizer: PromptTokenizer,
     pub encoder: TextEncoder,
+    /// The warning naming the text encoder's unread tensors, when there are any.
+    pub unread: Option<String>,
 }
 
 /// What a transformer was laid out for: a kept one serves a request with the same.
