@@ -113,10 +113,7 @@ impl Module {
             _ => wgpu::Features::empty(),
         };
         // The matrix linear's subgroups each find their share by subgroup id.
-        let subgroups = matches!(
-            self,
-            Module::LinearMatrix8 | Module::LinearMatrix16 | Module::LinearMatrix8F32 | Module::AttentionMatrix8 | Module::AttentionMatrix16 | Module::AttentionMatrix8F32
-        );
+        let subgroups = matches!(self, Module::LinearMatrix8 | Module::LinearMatrix16 | Module::LinearMatrix8F32);
         if subgroups {
             features | wgpu::Features::SUBGROUP
         } else {
@@ -133,14 +130,9 @@ impl Module {
     /// `a_at`/`b_pair`, which select an in-binding index; `b_at`, the
     /// scales and the stores are guarded by the matrix's bounds, which the
     /// launcher's windows cover (the kernel tests run it on windows, splits
-    /// and ragged edges). The matrix attention's loads go through
-    /// `q_load`/`k_load`/`v_load` (clamped and selected), its mask through
-    /// `visible` (a clamped key), its stores inside q_len and head_dim.
+    /// and ragged edges).
     pub fn indices_clamped_in_shader(self) -> bool {
-        matches!(
-            self,
-            Module::LinearMatrix8 | Module::LinearMatrix16 | Module::LinearMatrix8F32 | Module::AttentionMatrix8 | Module::AttentionMatrix16 | Module::AttentionMatrix8F32
-        )
+        matches!(self, Module::LinearMatrix8 | Module::LinearMatrix16 | Module::LinearMatrix8F32)
     }
 
     /// Whether the module runs on cooperative-matrix units.
