@@ -390,7 +390,7 @@ impl WeightStore {
     pub fn unread_warning(&self) -> Option<String> {
         let (first, n) = (self.unread.first()?, self.unread.len());
         let more = if n > 1 { format!(" and {} more", n - 1) } else { String::new() };
-        Some(format!("{}: {n} tensors in the files are not part of this architecture and are not read (`{first}`{more})", self.component))
+        Some(format!("warning: {}: {n} tensors in the files are not part of this architecture and are not read (`{first}`{more})", self.component))
     }
 
     /// Bytes of tensor data as held: compressed groups count their compressed size.
