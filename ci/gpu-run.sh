@@ -9,7 +9,7 @@
 # to (default gpu-report.txt, or $OUT/gpu-report.txt when OUT is set); it is
 # printed as it grows. In order:
 #   1. the Vulkan loader: unpacked from .gl/*.deb when the machine lacks one
-#      (README, "On a GPU", says how to fetch them), NVIDIA's ICD named;
+#      (docs/selftest-and-gpu.md, "On a GPU", says how to fetch them), NVIDIA's ICD named;
 #   2. nvidia-smi, `flux-lite gpu`, `flux-lite selftest` (every tier the GPU
 #      offers, against the references and diffusers' tiny-model goldens);
 #   3. `flux-lite bench kernels` with the 4B's shapes (linears, LoRA,

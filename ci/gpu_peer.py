@@ -129,7 +129,7 @@ def main():
     try:
         import torch
     except ImportError:
-        print("peer: skipped: PyTorch is not installed (carry torch and diffusers as wheels; see README, 'On a GPU')")
+        print("peer: skipped: PyTorch is not installed (carry torch and diffusers as wheels; see docs/selftest-and-gpu.md, 'On a GPU')")
         return 0
     if args.device == "cuda" and not torch.cuda.is_available():
         print(f"peer: skipped: no CUDA device (torch {torch.__version__}: torch.cuda.is_available() is False)")

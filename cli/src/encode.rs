@@ -27,7 +27,7 @@ pub struct EncodeArgs {
     /// device memory the encode may allocate, e.g. 2GiB (default: no limit)
     #[argh(option, from_str_fn(crate::budget::parse_memory_budget))]
     memory_budget: Option<u64>,
-    /// precision tier: auto (default: on a CPU adapter f32, the fastest there; elsewhere matrix units where the adapter has them and they pass a known-answer check, else f16, else f32), f32 (the reference), f16 (f16-staged GEMM tiles, f32 sums) or matrix (cooperative-matrix units, f16 operands, f32 sums); f16 and matrix apply a range rule (README), and a tier the adapter lacks is an error
+    /// precision tier: auto (default: on a CPU adapter f32, the fastest there; elsewhere matrix units where the adapter has them and they pass a known-answer check, else f16, else f32), f32 (the reference), f16 (f16-staged GEMM tiles, f32 sums) or matrix (cooperative-matrix units, f16 operands, f32 sums); f16 and matrix apply a range rule (docs/kernels.md), and a tier the adapter lacks is an error
     #[argh(option, default = "flux_lite_platform::Precision::Auto", from_str_fn(crate::tier::parse_precision))]
     precision: flux_lite_platform::Precision,
     /// no progress bar

@@ -218,7 +218,7 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 }
 
 async fn not_found() -> ApiError {
-    ApiError::new(StatusCode::NOT_FOUND, "no such endpoint (see README: /v1/images/generations, /sdapi/v1/txt2img, /health, …)")
+    ApiError::new(StatusCode::NOT_FOUND, "no such endpoint (see docs/serve.md: /v1/images/generations, /sdapi/v1/txt2img, /health, …)")
 }
 
 async fn method_not_allowed() -> ApiError {

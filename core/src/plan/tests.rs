@@ -5,7 +5,7 @@ use crate::models::{vae, vae_encoder};
 const GIB: u64 = 1 << 30;
 /// An adapter with large buffers (Metal on a Mac with 32 GB or more reports
 /// a largest buffer of about 16 GiB) and bindings up to 4 GiB − 4: the
-/// README's tables are for it. NVIDIA's Vulkan driver allows 4 GiB buffers,
+/// tables of docs/memory.md are for it. NVIDIA's Vulkan driver allows 4 GiB buffers,
 /// so there the transformer's arena refuses 4096² (`REAL_LIMITS` below).
 const LIMITS: DeviceLimits = DeviceLimits { max_buffer: 16 * GIB, max_binding: 4 * GIB - 4 };
 
@@ -178,7 +178,7 @@ fn bytes_print_rounded_up() {
     assert_eq!(format!("{}", Bytes(GIB + 1)), "1.01 GiB");
 }
 
-/// The figures README.md quotes: each transformer strategy's phase peak for
+/// The figures docs/memory.md quotes: each transformer strategy's phase peak for
 /// the 4B at 1024² (`cargo test -p flux-lite-core plan::tests::figures -- --nocapture`).
 #[test]
 fn figures_for_the_4b_at_1024px() {
@@ -455,7 +455,7 @@ fn a_forced_vae_tile_is_the_only_layout_and_is_checked_against_the_budget() {
     assert!(plan(&forced(48, None)).is_ok());
 }
 
-/// A byte count as the README's tables write it: GiB to two decimals
+/// A byte count as docs/memory.md's tables write it: GiB to two decimals
 /// (rounded up, as [`Bytes`]), below that whole MiB.
 fn readme(bytes: u64) -> String {
     if bytes >= GIB {
@@ -465,12 +465,12 @@ fn readme(bytes: u64) -> String {
     }
 }
 
-/// The README's text with every run of whitespace one space (its sentences wrap).
+/// docs/memory.md's text with every run of whitespace one space (its sentences wrap).
 fn readme_text() -> String {
-    include_str!("../../../README.md").split_whitespace().collect::<Vec<_>>().join(" ")
+    include_str!("../../../docs/memory.md").split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
-/// The figures the README must quote, checked all at once so that one
+/// The figures docs/memory.md must quote, checked all at once so that one
 /// run lists every disagreement.
 struct Quotes {
     text: String,
@@ -488,7 +488,7 @@ impl Quotes {
 impl Drop for Quotes {
     fn drop(&mut self) {
         if !std::thread::panicking() {
-            assert!(self.missing.is_empty(), "README.md does not say these (the planner and the README disagree):\n{}", self.missing.join("\n"));
+            assert!(self.missing.is_empty(), "docs/memory.md does not say these (the planner and the page disagree):\n{}", self.missing.join("\n"));
         }
     }
 }
