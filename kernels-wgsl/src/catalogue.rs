@@ -12,7 +12,6 @@ use crate::kernels::{attention, bench, conv, df11, elementwise, linear, norm, ro
 /// Every kernel, for validation and pipeline warm-up.
 pub const ALL_KERNELS: &[Kernel] = &[
     linear::LINEAR,
-    linear::LINEAR_CPU,
     linear::RANGE_SCALES,
     norm::RMS_NORM,
     norm::RMS_NORM_INPLACE,

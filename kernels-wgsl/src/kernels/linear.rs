@@ -51,12 +51,6 @@ pub const LINEAR: Kernel =
 /// its workgroup is one subgroup, set by the `WG` override (hence size 0 here).
 /// The f16 tier's linear: `linear.wgsl` on f16-staged tiles.
 pub const LINEAR_HALF: Kernel = Kernel { module: Module::LinearHalf, ..LINEAR };
-/// CPU adapters' linear (`linear_cpu` in linear.wgsl): one output column an
-/// invocation, 8 rows of x a workgroup, x and W read as vec4s / runs of four
-/// bf16 (bindings 5 and 6), no workgroup memory.
-pub const LINEAR_CPU: Kernel = kernel(Module::Linear, "linear_cpu", [64, 1, 1], &[(3, R), (4, RW), (5, R), (6, R)], size_of::<LinearParams>(), true);
-/// Output rows and columns of one [`LINEAR_CPU`] workgroup.
-const CPU_BLOCK: [u64; 2] = [8, 64];
 pub const LINEAR_MATRIX_8: Kernel =
     kernel(Module::LinearMatrix8, "linear_matrix", [0, 1, 1], &[(1, RW), (2, R), (3, R), (4, RW), (5, R)], size_of::<LinearParams>(), true);
 pub const LINEAR_MATRIX_16: Kernel = Kernel { module: Module::LinearMatrix16, ..LINEAR_MATRIX_8 };
@@ -126,14 +120,6 @@ fn product(gpu: &Gpu, sink: &mut dyn Sink, x: Mat<'_>, w: Weight<'_>, bias: Opti
         None => GEMM_TILE.map(u64::from),
     };
     let eb = w.dtype.bytes();
-    // CPU adapters' kernel: bf16 weights and x rows in runs of four.
-    let runs_of_four = |offset: u64, stride: u64| offset.is_multiple_of(4) && stride.is_multiple_of(4);
-    let cpu = matrix.is_none()
-        && gpu.precision() != Precision::F16
-        && gpu.cpu_shaped_kernels()
-        && w.dtype == WeightDtype::Bf16
-        && kdim.is_multiple_of(4)
-        && runs_of_four(x.offset, x.stride);
     let w_rows = Rows::packed(w.buf, eb, w.offset, kdim, "linear weight");
     // The matrix tier measures each piece's rows into the range scales,
     // whose size the planner allows for (RANGE_SCALES_ROWS per operand).
@@ -148,12 +134,7 @@ fn product(gpu: &Gpu, sink: &mut dyn Sink, x: Mat<'_>, w: Weight<'_>, bias: Opti
             // bf16 rows starting on even elements load as whole u32 pairs.
             let paired = ww.local.is_multiple_of(2) && kdim.is_multiple_of(2);
             let (rows_n, cols_n) = (rows.end - rows.start, cols.end - cols.start);
-            let cpu = cpu && ww.local.is_multiple_of(4);
             let (kernel, constants, grid) = match matrix {
-                None if cpu => {
-                    let constants = vec![("WEIGHT_BF16", 1), ("HAS_BIAS", bias.is_some() as u32), ("ACCUMULATE", accumulate as u32)];
-                    (&LINEAR_CPU, constants, [cols_n.div_ceil(CPU_BLOCK[1]) as u32, rows_n.div_ceil(CPU_BLOCK[0]) as u32, 1])
-                }
                 None => {
                     let constants = vec![("WEIGHT_BF16", w.dtype.constant()), ("HAS_BIAS", bias.is_some() as u32), ("ACCUMULATE", accumulate as u32), ("W_PAIRED", paired as u32)];
                     let kernel = if gpu.precision() == Precision::F16 { &LINEAR_HALF } else { &LINEAR };
@@ -201,8 +182,6 @@ fn product(gpu: &Gpu, sink: &mut dyn Sink, x: Mat<'_>, w: Weight<'_>, bias: Opti
             let launch = Launch { kernel, constants: &constants, params, grid };
             if matrix.is_some() {
                 dispatch(gpu, sink, launch, &[(1, &xw), (2, &ww), (3, &bw), (4, &yw), (5, &sw)]);
-            } else if cpu {
-                dispatch(gpu, sink, launch, &[(3, &bw), (4, &yw), (5, &xw), (6, &ww)]);
             } else {
                 dispatch(gpu, sink, launch, &[(1, &xw), (2, &ww), (3, &bw), (4, &yw)]);
             }
@@ -227,12 +206,8 @@ mod tests {
     use flux_lite_core::oracle::{self as r, Weights};
     use crate::device::GpuOptions;
 
-    /// [`check_linear_on`] with the CPU-shaped kernel and the GPU-shaped one (on a CPU adapter).
     fn check_linear(seed: u64, m: usize, n: usize, k: usize, bf16: bool, with_bias: bool) {
-        each_kernel_shape(gpu(), GpuOptions::default(), |gpu| check_linear_on(gpu, seed, m, n, k, bf16, with_bias));
-    }
-
-    fn check_linear_on(gpu: &Gpu, seed: u64, m: usize, n: usize, k: usize, bf16: bool, with_bias: bool) {
+        let gpu = gpu();
         let mut rng = Rng::new(seed);
         let x = rng.normals(m * k, 1.0);
         let (wbits, wf) = (rng.bf16s(n * k, 0.1), rng.normals(n * k, 0.1));
@@ -263,8 +238,6 @@ mod tests {
 
     #[test]
     fn linear_in_runs_of_four_past_every_block_edge() {
-        // k a multiple of 4: on a CPU adapter the CPU-shaped kernel, with 13 rows
-        // (one and a part of its 8-row blocks) and 70 columns (past its 64).
         check_linear(7, 13, 70, 36, true, true);
         check_linear(8, 9, 129, 4, true, false);
     }
