@@ -224,8 +224,12 @@ pub struct BlockProgress {
     pub total: usize,
 }
 
-/// Runs prepared blocks in order, one submission each, reporting after
-/// each. A block whose weights stream from `store` has them queued first.
+/// Runs prepared blocks in order, one submission each. A block whose
+/// weights stream from `store` has them queued first. At most two blocks
+/// are queued on the GPU at once: after submitting block i the host waits
+/// for block i − 1 and reports it done, so progress and step times follow
+/// the GPU's completion (not the submissions), and an interrupt (checked at
+/// each submission) stops the work within a block.
 pub fn run_prepared(
     gpu: &Gpu,
     weights: &DeviceWeights,
@@ -233,13 +237,22 @@ pub fn run_prepared(
     blocks: &[Vec<flux_lite_kernels::Dispatch>],
     progress: &mut dyn FnMut(BlockProgress),
 ) -> Result<(), RunError> {
+    let total = blocks.len();
+    let mut in_flight = None;
     for (i, block) in blocks.iter().enumerate() {
         weights.stream_in(gpu, store, i)?;
-        gpu.submit(|enc| {
+        let submitted = gpu.submit_tracked(|enc| {
             flux_lite_kernels::encode(enc, block);
             Ok(())
         })?;
-        progress(BlockProgress { done: i + 1, total: blocks.len() });
+        if let Some((before, submission)) = in_flight.replace((i, submitted)) {
+            gpu.wait_for(submission)?;
+            progress(BlockProgress { done: before + 1, total });
+        }
+    }
+    if let Some((last, submission)) = in_flight {
+        gpu.wait_for(submission)?;
+        progress(BlockProgress { done: last + 1, total });
     }
     Ok(())
 }
