@@ -8,9 +8,27 @@ set -euo pipefail
 want_gl=1
 if [ "${1:-}" = vulkan-only ]; then want_gl=0; fi
 
+# Any installed Vulkan driver counts (a GPU vendor's included): every folder
+# the loader searches for ICD manifests, and the ones named by VK_DRIVER_FILES
+# or VK_ICD_FILENAMES, so lavapipe is never installed beside a real driver.
+icd_folders() {
+    local data="${XDG_DATA_DIRS:-/usr/local/share:/usr/share}" config="${XDG_CONFIG_DIRS:-/etc/xdg}" d
+    for d in ${data//:/ } ${config//:/ } /etc /usr/local/nvidia/share; do
+        echo "$d/vulkan/icd.d"
+    done
+}
+have_icd() {
+    local f d named="${VK_DRIVER_FILES:-}:${VK_ICD_FILENAMES:-}"
+    for f in ${named//:/ }; do
+        [ -f "$f" ] && return 0
+    done
+    while read -r d; do
+        compgen -G "$d/*.json" >/dev/null && return 0
+    done < <(icd_folders)
+    return 1
+}
 have_vulkan() {
-    ldconfig -p 2>/dev/null | grep 'libvulkan\.so\.1' >/dev/null &&
-        compgen -G '/usr/share/vulkan/icd.d/*.json' >/dev/null
+    ldconfig -p 2>/dev/null | grep 'libvulkan\.so\.1' >/dev/null && have_icd
 }
 
 have_egl() {
