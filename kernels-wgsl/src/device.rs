@@ -220,7 +220,7 @@ fn choose_tier(
         if !has(wgpu::Features::SUBGROUP) {
             return Err(unavailable(Precision::Matrix, "the adapter lacks subgroup operations".into()));
         }
-        let config = pick_matrix_config(offered, (info.subgroup_min_size, info.subgroup_max_size)).map_err(|why| unavailable(Precision::Matrix, why))?;
+        let config = pick_matrix_config(offered, subgroup_sizes(info.backend, info.subgroup_min_size, info.subgroup_max_size)).map_err(|why| unavailable(Precision::Matrix, why))?;
         let mut features = wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX | wgpu::Features::SUBGROUP;
         // f16 operands need f16 in shaders; f32 ones (8×8, as on Apple GPUs) do not.
         if config.operands == MatrixOperands::F16 {
@@ -239,6 +239,17 @@ fn choose_tier(
         Precision::Auto if info.device_type == wgpu::DeviceType::Cpu => Ok(TierChoice { reason: Some(cpu_reason(info)), ..reference }),
         Precision::Auto => Ok(matrix().or_else(|_| half()).unwrap_or(reference)),
     }
+}
+
+/// The adapter's subgroup sizes as the matrix tier may rely on them. Metal
+/// reports a range (wgpu: 4 to 64), but Apple GPUs run compute in
+/// simdgroups of 32, which their simdgroup matrices are defined over: on
+/// Metal a range holding 32 is taken as 32.
+fn subgroup_sizes(backend: wgpu::Backend, min: u32, max: u32) -> (u32, u32) {
+    if backend == wgpu::Backend::Metal && (min..=max).contains(&32) {
+        return (32, 32);
+    }
+    (min, max)
 }
 
 /// A buffer made through [`Gpu`]: its bytes count in [`Gpu::memory`] until
@@ -785,6 +796,27 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 mod tests {
     use super::*;
     use crate::probe::ProbeError;
+
+    #[test]
+    fn metal_runs_the_matrix_tier_in_simdgroups_of_32() {
+        use wgpu::Backend::{Metal, Vulkan};
+        // wgpu reports 4 to 64 on Apple GPUs; other backends' ranges are taken as reported.
+        assert_eq!(subgroup_sizes(Metal, 4, 64), (32, 32));
+        assert_eq!(subgroup_sizes(Metal, 32, 32), (32, 32));
+        assert_eq!(subgroup_sizes(Vulkan, 32, 64), (32, 64));
+        assert_eq!(subgroup_sizes(Vulkan, 8, 8), (8, 8));
+        let offered = [wgpu::CooperativeMatrixProperties {
+            m_size: 8,
+            n_size: 8,
+            k_size: 8,
+            ab_type: wgpu::CooperativeScalarType::F32,
+            cr_type: wgpu::CooperativeScalarType::F32,
+            saturating_accumulation: false,
+        }];
+        let config = crate::precision::pick_matrix_config(&offered, subgroup_sizes(Metal, 4, 64)).unwrap();
+        assert_eq!((config.size, config.subgroup), (8, 32));
+        assert!(crate::precision::pick_matrix_config(&offered, subgroup_sizes(Vulkan, 4, 64)).is_err());
+    }
 
     #[test]
     fn auto_takes_f32_on_a_cpu_adapter_and_says_why() {
