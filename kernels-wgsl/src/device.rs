@@ -82,9 +82,9 @@ pub struct GpuOptions {
     pub interrupt: Option<Arc<AtomicBool>>,
     /// The precision tier; a tier the adapter lacks is an error naming why.
     pub precision: Precision,
-    /// Run the kernels shaped for GPUs even on a CPU adapter (where kernels
-    /// shaped for SIMD lanes run by default): the tests use it to check
-    /// both on lavapipe.
+    /// Treat a CPU adapter as a GPU: the kernels shaped for GPUs (where
+    /// kernels shaped for SIMD lanes run by default) and `auto`'s GPU order
+    /// of tiers: the tests use it to check both on lavapipe.
     pub gpu_shaped_kernels: bool,
 }
 
@@ -201,6 +201,7 @@ fn choose_tier(
     info: &wgpu::AdapterInfo,
     offered: &[wgpu::CooperativeMatrixProperties],
     asked: Precision,
+    as_on_a_gpu: bool,
 ) -> Result<TierChoice, GpuError> {
     let has = |f: wgpu::Features| adapter.features().contains(f);
     let unavailable = |tier: Precision, why: String| GpuError::TierUnavailable { tier: tier.name(), adapter: info.name.clone(), why };
@@ -236,7 +237,7 @@ fn choose_tier(
         Precision::F32 => Ok(reference),
         Precision::F16 => half(),
         Precision::Matrix => matrix(),
-        Precision::Auto if info.device_type == wgpu::DeviceType::Cpu => Ok(TierChoice { reason: Some(cpu_reason(info)), ..reference }),
+        Precision::Auto if info.device_type == wgpu::DeviceType::Cpu && !as_on_a_gpu => Ok(TierChoice { reason: Some(cpu_reason(info)), ..reference }),
         Precision::Auto => Ok(matrix().or_else(|_| half()).unwrap_or(reference)),
     }
 }
@@ -332,6 +333,46 @@ fn pick_adapter(instance: &wgpu::Instance, backend: Backend, wanted: &str) -> Re
 
 impl Gpu {
     pub fn new(options: &GpuOptions) -> Result<Self, GpuError> {
+        Self::proven(options, crate::probe::known_answer)
+    }
+
+    /// [`Self::new`] with `probe` as `auto`'s known-answer check. A tier
+    /// whose probe cannot run at all (a shader that fails to compile or
+    /// validate, a device fault) leaves its device faulted, so the next tier
+    /// down gets a fresh device, proven the same way.
+    fn proven(options: &GpuOptions, probe: impl Fn(&Gpu) -> Result<(), crate::probe::ProbeError> + Copy) -> Result<Self, GpuError> {
+        let mut gpu = Self::unproven(options)?;
+        if options.precision != Precision::Auto {
+            return Ok(gpu);
+        }
+        let mut failed = Vec::new();
+        loop {
+            let failure = match gpu.prove_tier(probe) {
+                Ok(()) => break,
+                Err(GpuError::Interrupted) => return Err(GpuError::Interrupted),
+                Err(e) => e,
+            };
+            let tier = gpu.precision();
+            if tier == Precision::F32 {
+                return Err(failure);
+            }
+            let below = if tier == Precision::Matrix && gpu.device.features().contains(wgpu::Features::SHADER_F16) { Precision::F16 } else { Precision::F32 };
+            failed.push(format!("the {} tier could not run its known-answer check on {} ({failure})", tier.name(), gpu.info.name));
+            drop(gpu);
+            gpu = Self::unproven(&GpuOptions { precision: below, ..options.clone() })?;
+        }
+        if !failed.is_empty() {
+            let note = format!("{}; running the {} tier on a fresh device", failed.join("; "), gpu.precision().name());
+            gpu.notice = Some(match gpu.notice.take() {
+                Some(more) => format!("{note}; then {more}"),
+                None => note,
+            });
+        }
+        Ok(gpu)
+    }
+
+    /// The device for `options`, its tier chosen but not yet proven.
+    fn unproven(options: &GpuOptions) -> Result<Self, GpuError> {
         let backend = match options.backend {
             Some(b) => b,
             None => Backend::from_env()?,
@@ -355,7 +396,7 @@ impl Gpu {
         let matrix_offered = adapter.cooperative_matrix_properties();
         // Timestamps where the adapter has them: `bench` times passes on the GPU's own clock.
         let mut features = adapter.features() & wgpu::Features::TIMESTAMP_QUERY;
-        let choice = choose_tier(&adapter, &info, &matrix_offered, options.precision)?;
+        let choice = choose_tier(&adapter, &info, &matrix_offered, options.precision, options.gpu_shaped_kernels)?;
         features |= choice.features;
         let mut experimental = wgpu::ExperimentalFeatures::disabled();
         if choice.features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX) {
@@ -390,7 +431,7 @@ impl Gpu {
         memory.live.store(placeholder.size(), Ordering::Relaxed);
         memory.high_water.store(placeholder.size(), Ordering::Relaxed);
         let cpu_shaped = info.device_type == wgpu::DeviceType::Cpu && !options.gpu_shaped_kernels;
-        let mut gpu = Self {
+        let gpu = Self {
             memory,
             placeholder,
             cpu_shaped,
@@ -412,9 +453,6 @@ impl Gpu {
             auto_reason: choice.reason,
             range_scales: Mutex::default(),
         };
-        if options.precision == Precision::Auto {
-            gpu.prove_tier(crate::probe::known_answer)?;
-        }
         Ok(gpu)
     }
 
@@ -840,6 +878,31 @@ mod tests {
                 Err(e) => println!("{} tier: not offered here ({e})", asked.name()),
             }
         }
+    }
+
+    #[test]
+    fn a_tier_whose_check_cannot_run_steps_down_on_a_fresh_device() {
+        // `auto` in its GPU order, with a check that fails to run on every half tier.
+        let options = GpuOptions { precision: Precision::Auto, gpu_shaped_kernels: true, ..Default::default() };
+        let cannot_run = |gpu: &Gpu| match gpu.precision() {
+            Precision::F32 => Ok(()),
+            _ => Err(ProbeError::Gpu(GpuError::Device("made to fail".into()))),
+        };
+        let first = Gpu::unproven(&options).unwrap_or_else(|e| panic!("{e}"));
+        if first.precision() == Precision::F32 {
+            crate::skip::skipped(format_args!("{} offers no half tier to step down from", first.describe()));
+            return;
+        }
+        let tier = first.precision();
+        drop(first);
+        let gpu = Gpu::proven(&options, cannot_run).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(gpu.precision(), Precision::F32);
+        let notice = gpu.notice().unwrap_or("");
+        let want = format!("the {} tier could not run its known-answer check on ", tier.name());
+        assert!(notice.starts_with(&want) && notice.contains("made to fail") && notice.contains("running the"), "{notice}");
+        // A device that was never faulted runs work.
+        let buf = gpu.upload_f32("probe", &[1.0, 2.0]);
+        assert_eq!(gpu.read_f32(&buf, 0, 2).unwrap(), [1.0, 2.0]);
     }
 
     #[test]
