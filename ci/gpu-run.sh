@@ -87,7 +87,8 @@ say "flux-lite GPU run, $(date -u +%Y-%m-%dT%H:%M:%SZ), $(uname -srm)"
 say "binary: $binary ($("$binary" --help >/dev/null 2>&1 && echo runs || echo does not run))"
 
 # 2. The machine and the checks.
-# The limits add up to 570 s. On an H200 (2026-11-26) the whole ran in
+# The limits add up to 570 s (with the flash-attention checks: 4B bench 90,
+# 9B 60, flash selftest and bench 45 each, peer 75). On an H200 (2026-11-26) the whole ran in
 # under 6 minutes with the first kernels, whose whole 1024² step row alone
 # took over a minute: the step has its own call, so a slow one cannot cut
 # the linear and block rows short.
@@ -99,14 +100,18 @@ step 90 "selftest" "$binary" selftest
 
 # 3. The benches, each against the ceilings measured in its own run.
 bench_4b="$(mktemp)"
-step 120 "bench, klein-4B shapes" "$binary" bench kernels --model klein-4b --tokens "$tokens" "${only[@]}"
+step 90 "bench, klein-4B shapes" "$binary" bench kernels --model klein-4b --tokens "$tokens" "${only[@]}"
 awk '/^== bench, klein-4B/ { on = 1; next } /^== / { on = 0 } on' "$report" > "$bench_4b"
 step 120 "bench, a klein-4B step" "$binary" bench kernels --model klein-4b --tokens "$tokens" --step-sizes "$step_size" "${only_step[@]}"
-step 90 "bench, klein-9B shapes" "$binary" bench kernels --model klein-9b --tokens "$tokens" "${only_9b[@]}"
+step 60 "bench, klein-9B shapes" "$binary" bench kernels --model klein-9b --tokens "$tokens" "${only_9b[@]}"
+# The matrix tier's flash attention, opt-in until it is proven on a GPU:
+# its selftest checks, then its speed in the same shapes.
+step 45 "selftest, flash attention" env FLUX_LITE_ATTENTION_KERNEL=flash "$binary" selftest
+step 45 "bench, flash attention" env FLUX_LITE_ATTENTION_KERNEL=flash "$binary" bench kernels --model klein-4b --tokens "$tokens" --only attention,blocks
 
 # 4. The PyTorch peer on the same GPU.
 if command -v python3 >/dev/null; then
-    step 105 "PyTorch peer (4B shapes)" python3 ci/gpu_peer.py --bench "$bench_4b" --config test_vectors/configs/klein-4b/transformer/config.json --size "$step_size"
+    step 75 "PyTorch peer (4B shapes)" python3 ci/gpu_peer.py --bench "$bench_4b" --config test_vectors/configs/klein-4b/transformer/config.json --size "$step_size"
 else
     say "peer: skipped: no python3"
 fi

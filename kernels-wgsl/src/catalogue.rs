@@ -51,6 +51,8 @@ pub const ALL_KERNELS: &[Kernel] = &[
     conv::CONV2D_MATRIX_16,
     attention::ATTENTION_MATRIX_8,
     attention::ATTENTION_MATRIX_16,
+    attention::ATTENTION_FLASH_8,
+    attention::ATTENTION_FLASH_16,
     bench::MATRIX_PEAK_8,
     bench::MATRIX_PEAK_16,
     linear::LINEAR_MATRIX_8_F32,

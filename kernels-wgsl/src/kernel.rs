@@ -32,6 +32,9 @@ pub enum Module {
     AttentionMatrix8,
     /// The matrix tier's attention with 16×16 cooperative-matrix tiles.
     AttentionMatrix16,
+    /// The matrix tier's flash attention (opt-in), 8×8 and 16×16 f16 tiles.
+    AttentionFlash8,
+    AttentionFlash16,
     /// The matrix tier's linear, conv2d and attention, and the ceiling, with
     /// 8×8 f32 operand tiles (Apple GPUs' simdgroup matrices offer them).
     LinearMatrix8F32,
@@ -45,7 +48,7 @@ pub enum Module {
 }
 
 impl Module {
-    pub const ALL: [Module; 24] = [
+    pub const ALL: [Module; 26] = [
         Module::Linear,
         Module::RangeScales,
         Module::Norm,
@@ -64,6 +67,8 @@ impl Module {
         Module::ConvMatrix16,
         Module::AttentionMatrix8,
         Module::AttentionMatrix16,
+        Module::AttentionFlash8,
+        Module::AttentionFlash16,
         Module::LinearMatrix8F32,
         Module::ConvMatrix8F32,
         Module::AttentionMatrix8F32,
@@ -92,6 +97,8 @@ impl Module {
             Module::ConvMatrix16 => "conv_matrix (16×16 tiles)",
             Module::AttentionMatrix8 => "attention_matrix (8×8 tiles)",
             Module::AttentionMatrix16 => "attention_matrix (16×16 tiles)",
+            Module::AttentionFlash8 => "attention_flash (8×8 tiles)",
+            Module::AttentionFlash16 => "attention_flash (16×16 tiles)",
             Module::LinearMatrix8F32 => "linear_matrix (8×8 f32 tiles)",
             Module::ConvMatrix8F32 => "conv_matrix (8×8 f32 tiles)",
             Module::AttentionMatrix8F32 => "attention_matrix (8×8 f32 tiles)",
@@ -113,7 +120,10 @@ impl Module {
             _ => wgpu::Features::empty(),
         };
         // The matrix linear's subgroups each find their share by subgroup id.
-        let subgroups = matches!(self, Module::LinearMatrix8 | Module::LinearMatrix16 | Module::LinearMatrix8F32);
+        let subgroups = matches!(
+            self,
+            Module::LinearMatrix8 | Module::LinearMatrix16 | Module::LinearMatrix8F32 | Module::AttentionFlash8 | Module::AttentionFlash16
+        );
         if subgroups {
             features | wgpu::Features::SUBGROUP
         } else {
@@ -130,9 +140,14 @@ impl Module {
     /// `a_at`/`b_pair`, which select an in-binding index; `b_at`, the
     /// scales and the stores are guarded by the matrix's bounds, which the
     /// launcher's windows cover (the kernel tests run it on windows, splits
-    /// and ragged edges).
+    /// and ragged edges). The flash attention's loads go through
+    /// `q_load`/`k_load`/`v_load` (clamped and selected), its mask through
+    /// `visible` (a clamped key), its stores inside q_len and head_dim.
     pub fn indices_clamped_in_shader(self) -> bool {
-        matches!(self, Module::LinearMatrix8 | Module::LinearMatrix16 | Module::LinearMatrix8F32)
+        matches!(
+            self,
+            Module::LinearMatrix8 | Module::LinearMatrix16 | Module::LinearMatrix8F32 | Module::AttentionFlash8 | Module::AttentionFlash16
+        )
     }
 
     /// Whether the module runs on cooperative-matrix units.
@@ -145,6 +160,8 @@ impl Module {
                 | Module::ConvMatrix16
                 | Module::AttentionMatrix8
                 | Module::AttentionMatrix16
+                | Module::AttentionFlash8
+                | Module::AttentionFlash16
                 | Module::LinearMatrix8F32
                 | Module::ConvMatrix8F32
                 | Module::AttentionMatrix8F32
@@ -228,6 +245,8 @@ impl Module {
             Module::ConvMatrix16 => with_matrix!("16", f16, "product_io.wgsl", "conv_io.wgsl", "conv_matrix.wgsl", "matrix_tiles.wgsl"),
             Module::AttentionMatrix8 => with_matrix!("8", f16, "attention_io.wgsl", "attention_matrix.wgsl"),
             Module::AttentionMatrix16 => with_matrix!("16", f16, "attention_io.wgsl", "attention_matrix.wgsl"),
+            Module::AttentionFlash8 => with_matrix!("8", f16, "attention_io.wgsl", "attention_flash.wgsl"),
+            Module::AttentionFlash16 => with_matrix!("16", f16, "attention_io.wgsl", "attention_flash.wgsl"),
             Module::BenchMatrix8 => with_matrix!("8", f16, "bench_io.wgsl", "bench_matrix.wgsl"),
             Module::LinearMatrix8F32 => with_matrix!("8", f32, "product_io.wgsl", "linear_io.wgsl", "linear_matrix.wgsl", "matrix_gemm.wgsl"),
             Module::ConvMatrix8F32 => with_matrix!("8", f32, "product_io.wgsl", "conv_io.wgsl", "conv_matrix.wgsl", "matrix_tiles.wgsl"),

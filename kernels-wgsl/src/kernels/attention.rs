@@ -7,7 +7,8 @@ use crate::kernel::{kernel, Access::{Read as R, ReadWrite as RW}, Kernel, Module
 use crate::device::Gpu;
 use crate::dispatch::{dispatch, placeholder_window, row_chunks, to_u32, window, Launch, Rows, Sink};
 use crate::error::GpuError;
-use crate::precision::MatrixConfig;
+use crate::precision::{MatrixConfig, MatrixOperands};
+use crate::kernels::linear::{measure_rows, RangeScalesParams};
 use crate::view::Mat;
 use bytemuck::{Pod, Zeroable};
 
@@ -54,6 +55,28 @@ pub const ATTENTION_MATRIX_16: Kernel = Kernel { module: Module::AttentionMatrix
 pub const ATTENTION_MATRIX_8_F32: Kernel = Kernel { module: Module::AttentionMatrix8F32, ..ATTENTION_MATRIX_8 };
 /// The widest head the matrix tier's attention takes; wider ones run `attention.wgsl`.
 pub const ATTENTION_MATRIX_MAX_HEAD_DIM: u64 = 128;
+/// The matrix tier's flash attention (`attention_flash.wgsl`, f16 tiles),
+/// taken only under `FLUX_LITE_ATTENTION_KERNEL=flash` until proven on a
+/// GPU; its workgroup is [`flash_subgroups`] subgroups (the `WG` override);
+/// binding 7 holds the value columns' range scales.
+pub const ATTENTION_FLASH_8: Kernel = Kernel {
+    module: Module::AttentionFlash8,
+    entry: "attention_flash",
+    workgroup_size: [0, 1, 1],
+    storage: &[(1, RW), (2, RW), (3, RW), (4, R), (5, RW), (6, RW), (7, R)],
+    ..ATTENTION
+};
+pub const ATTENTION_FLASH_16: Kernel = Kernel { module: Module::AttentionFlash16, ..ATTENTION_FLASH_8 };
+
+/// Subgroups in one flash-attention workgroup (`SG` in attention_flash.wgsl): 4 with 16×16 tiles, 2 with 8×8.
+fn flash_subgroups(c: MatrixConfig) -> u64 {
+    if c.size == 16 { 4 } else { 2 }
+}
+
+/// Output dims one flash-attention workgroup takes (`ODIMS`: 8 tiles).
+fn flash_output_dims(c: MatrixConfig) -> u64 {
+    8 * c.size as u64
+}
 /// CPU adapters' attention (`attention_cpu.wgsl`): one query per invocation,
 /// q, k and v read as vec4s (bindings 7–9), no workgroup memory, no barriers.
 pub const ATTENTION_CPU: Kernel = Kernel { entry: "attention_cpu", storage: &[(4, R), (5, RW), (6, RW), (7, RW), (8, RW), (9, RW)], ..ATTENTION };
@@ -102,6 +125,8 @@ enum AttentionKernel {
     Lanes,
     /// `attention_matrix.wgsl` on the matrix tier, in its configuration.
     Matrix(MatrixConfig),
+    /// `attention_flash.wgsl` on the matrix tier's f16 tiles (asked for).
+    Flash(MatrixConfig),
 }
 
 impl AttentionKernel {
@@ -112,6 +137,10 @@ impl AttentionKernel {
     fn pick(gpu: &Gpu, s: &Attention, qkv: &Qkv<'_>) -> AttentionKernel {
         let lanes = lanes_fit(s, qkv);
         match forced_attention_kernel() {
+            Some(Forced::Flash) => match gpu.matrix() {
+                Some(c) if c.operands == MatrixOperands::F16 && s.head_dim <= ATTENTION_MATRIX_MAX_HEAD_DIM => return AttentionKernel::Flash(c),
+                _ => {}
+            },
             Some(Forced::Tiled) => return AttentionKernel::Tiled,
             Some(Forced::Lanes) if lanes => return AttentionKernel::Lanes,
             Some(Forced::Lanes) => return AttentionKernel::Tiled,
@@ -130,19 +159,22 @@ impl AttentionKernel {
             AttentionKernel::Tiled => ATTENTION_QUERIES_PER_GROUP as u64,
             AttentionKernel::Lanes => ATTENTION_CPU_QUERIES_PER_GROUP,
             AttentionKernel::Matrix(c) => c.size as u64,
+            AttentionKernel::Flash(c) => flash_subgroups(c) * c.size as u64,
         }
     }
 }
 
 /// A benchmarking aid: `FLUX_LITE_ATTENTION_KERNEL=tiled` or `lanes` runs
 /// that f32 kernel wherever it can (`bench kernels` then times it; a call it
-/// cannot take runs the tiled kernel).
+/// cannot take runs the tiled kernel); `flash` runs the matrix tier's flash
+/// attention where the tier has f16 tiles (elsewhere the usual choice).
 const FORCE_KERNEL: &str = "FLUX_LITE_ATTENTION_KERNEL";
 
 #[derive(Debug, Clone, Copy)]
 enum Forced {
     Tiled,
     Lanes,
+    Flash,
 }
 
 fn forced_attention_kernel() -> Option<Forced> {
@@ -150,6 +182,7 @@ fn forced_attention_kernel() -> Option<Forced> {
     *FORCED.get_or_init(|| match std::env::var(FORCE_KERNEL).as_deref() {
         Ok("tiled") => Some(Forced::Tiled),
         Ok("lanes") => Some(Forced::Lanes),
+        Ok("flash") => Some(Forced::Flash),
         _ => None,
     })
 }
@@ -160,6 +193,22 @@ fn forced_attention_kernel() -> Option<Forced> {
 pub fn attention(
     gpu: &Gpu,
     sink: &mut dyn Sink,
+    qkv: Qkv<'_>,
+    key_keep: Option<&wgpu::Buffer>,
+    o: Mat<'_>,
+    lse: Option<Mat<'_>>,
+    s: Attention,
+) -> Result<(), GpuError> {
+    let kernel = AttentionKernel::pick(gpu, &s, &qkv);
+    attention_with(gpu, sink, kernel, qkv, key_keep, o, lse, s)
+}
+
+/// [`attention`] on the given kernel.
+#[allow(clippy::too_many_arguments)] // attention's operands, and the kernel
+fn attention_with(
+    gpu: &Gpu,
+    sink: &mut dyn Sink,
+    kernel: AttentionKernel,
     qkv: Qkv<'_>,
     key_keep: Option<&wgpu::Buffer>,
     o: Mat<'_>,
@@ -188,7 +237,6 @@ pub fn attention(
     let q_rows = Rows::mat(q, s.q_heads * s.head_dim, "attention queries");
     let o_rows = Rows::mat(o, s.q_heads * s.head_dim, "attention output");
     let lse_rows = lse.map(|l| Rows { buf: l.buf, elem_bytes: 4, offset: l.offset, stride: s.q_heads, width: s.q_heads, what: "attention log-sum-exp" });
-    let kernel = AttentionKernel::pick(gpu, &s, &qkv);
     let per_group = kernel.queries_per_group();
     let operands: Vec<Rows<'_>> = [q_rows, o_rows].into_iter().chain(lse_rows).collect();
     for rows in row_chunks(gpu, s.q_len, &operands, per_group)? {
@@ -237,6 +285,26 @@ pub fn attention(
                 let kernel = c.pick([&ATTENTION_MATRIX_8, &ATTENTION_MATRIX_16, &ATTENTION_MATRIX_8_F32]);
                 let launch = Launch { kernel, constants: &[("WG", c.subgroup)], params, grid };
                 dispatch(gpu, sink, launch, &bindings);
+            }
+            AttentionKernel::Flash(c) => {
+                let kernel = if c.size == 16 { &ATTENTION_FLASH_16 } else { &ATTENTION_FLASH_8 };
+                // Each value column's range scale over all keys, measured first.
+                let columns = s.kv_heads * s.head_dim;
+                let scales = gpu.range_scales(columns);
+                let measure = RangeScalesParams {
+                    rows: to_u32(columns, "attention value columns")?,
+                    k: to_u32(s.kv_len, "attention keys")?,
+                    src_offset: vw.local,
+                    src_stride: 1,
+                    dst_offset: 0,
+                    t_stride: to_u32(v.stride, "attention v stride")?,
+                    _pad: [0; 2],
+                };
+                measure_rows(gpu, sink, &vw, &scales, measure, false)?;
+                let sw = window(gpu, &scales, 4, 0..columns, "range scales")?;
+                let grid = [grid[0], grid[1], to_u32(s.head_dim.div_ceil(flash_output_dims(c)), "attention output dims")?];
+                let launch = Launch { kernel, constants: &[("WG", c.subgroup * flash_subgroups(c) as u32)], params, grid };
+                dispatch(gpu, sink, launch, &[(1, &qw), (2, &kw), (3, &vw), (4, &mw), (5, &ow), (6, &lw), (7, &sw)]);
             }
         }
     }
@@ -309,7 +377,11 @@ mod tests {
         let got = run_and_read(gpu, &ob, q.len(), |enc| {
             let qw = (c.q_heads * c.head_dim) as u64;
             let kw = (c.kv_heads * c.head_dim) as u64;
-            attention(gpu, enc, Qkv { q: Mat::new(&qb, qw), k: Mat::new(&kb, kw), v: Mat::new(&vb, kw) }, mask.map(|_| &*mb), Mat::new(&ob, qw), None, s)
+            let qkv = Qkv { q: Mat::new(&qb, qw), k: Mat::new(&kb, kw), v: Mat::new(&vb, kw) };
+            match FLASH.get() {
+                true => attention_with(gpu, enc, AttentionKernel::Flash(gpu.matrix().unwrap()), qkv, mask.map(|_| &*mb), Mat::new(&ob, qw), None, s),
+                false => attention(gpu, enc, qkv, mask.map(|_| &*mb), Mat::new(&ob, qw), None, s),
+            }
         });
         let shape = if gpu.cpu_shaped_kernels() { "CPU-shaped" } else { "GPU-shaped" };
         let what = format!("{} {shape} attention {}x{} heads {}/{} d {} causal={} scales {scales:?}", gpu.precision().name(), c.q_len, c.kv_len, c.q_heads, c.kv_heads, c.head_dim, c.causal);
@@ -348,6 +420,37 @@ mod tests {
         for (seed, scales) in [(61, [1e-6, 1.0, 1.0]), (62, [1e-3, 1e3, 1.0]), (63, [1.0, 1.0, 1e5]), (64, [1.0, 1.0, 1e-6])] {
             check_attention_within(&gpu, case(), seed, scales, MATRIX_ATTENTION_TOL);
         }
+    }
+
+    std::thread_local! {
+        /// Set by the flash-attention tests: `check_attention_within` then runs `attention_flash.wgsl`.
+        static FLASH: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+
+    /// The flash attention (opt-in on the matrix tier) against the oracle:
+    /// the matrix tier's cases and bound, the range rule's extremes, and
+    /// queries split by small bindings.
+    #[test]
+    fn flash_attention_on_matrix_units_matches_the_oracle() {
+        let Some(gpu) = matrix_gpu() else { return };
+        if gpu.matrix().unwrap().operands != MatrixOperands::F16 {
+            crate::skip::skipped(format_args!("flash attention runs on f16 tiles; {} offers f32 ones", gpu.describe()));
+            return;
+        }
+        FLASH.set(true);
+        let (tol, one) = (MATRIX_ATTENTION_TOL, [1.0; 3]);
+        check_attention_within(&gpu, AttnCase { q_len: 45, kv_len: 45, q_heads: 3, kv_heads: 3, head_dim: 24, causal: false, padded_keys: 0 }, 12, one, tol);
+        check_attention_within(&gpu, AttnCase { q_len: 37, kv_len: 37, q_heads: 8, kv_heads: 2, head_dim: 16, causal: true, padded_keys: 9 }, 13, one, tol);
+        check_attention_within(&gpu, AttnCase { q_len: 70, kv_len: 70, q_heads: 2, kv_heads: 2, head_dim: 128, causal: false, padded_keys: 0 }, 16, one, tol);
+        check_attention_within(&gpu, AttnCase { q_len: 33, kv_len: 33, q_heads: 4, kv_heads: 2, head_dim: 100, causal: true, padded_keys: 3 }, 17, one, tol);
+        check_attention_within(&gpu, AttnCase { q_len: 21, kv_len: 90, q_heads: 3, kv_heads: 3, head_dim: 18, causal: false, padded_keys: 0 }, 18, one, tol);
+        let extremes = || AttnCase { q_len: 19, kv_len: 23, q_heads: 2, kv_heads: 2, head_dim: 32, causal: false, padded_keys: 2 };
+        for (seed, scales) in [(61, [1e-6, 1.0, 1.0]), (62, [1e-3, 1e3, 1.0]), (63, [1.0, 1.0, 1e5]), (64, [1.0, 1.0, 1e-6])] {
+            check_attention_within(&gpu, extremes(), seed, scales, tol);
+        }
+        let small = tier_gpu_with(crate::GpuOptions { precision: crate::Precision::Matrix, max_storage_binding: Some(8 << 10), ..Default::default() }).unwrap();
+        check_attention_within(&small, AttnCase { q_len: 60, kv_len: 60, q_heads: 2, kv_heads: 1, head_dim: 8, causal: true, padded_keys: 5 }, 15, one, tol);
+        FLASH.set(false);
     }
 
     #[test]

@@ -37,9 +37,11 @@ pub struct RangeScalesParams {
     pub rows: u32,
     pub k: u32,
     pub src_offset: u32,
+    /// Elements from one row to the next, and from one of a row's k values to the next.
     pub src_stride: u32,
     pub dst_offset: u32,
-    pub _pad: [u32; 3],
+    pub t_stride: u32,
+    pub _pad: [u32; 2],
 }
 
 /// Output tile (rows × cols) of one `linear` or `conv2d` workgroup (gemm_tiles.wgsl).
@@ -155,8 +157,8 @@ fn product(gpu: &Gpu, sink: &mut dyn Sink, x: Mat<'_>, w: Weight<'_>, bias: Opti
             let scales = match matrix {
                 Some(c) if c.operands == MatrixOperands::F16 => {
                     let scales = gpu.range_scales(rows_n + cols_n);
-                    measure_rows(gpu, sink, &xw, &scales, RangeScalesParams { rows: to_u32(rows_n, "linear rows")?, k: to_u32(terms(kdim), "linear k")?, src_offset: xw.local, src_stride: to_u32(x.stride, "linear input stride")?, dst_offset: 0, _pad: [0; 3] }, false)?;
-                    measure_rows(gpu, sink, &ww, &scales, RangeScalesParams { rows: to_u32(cols_n, "linear cols")?, k: to_u32(terms(kdim), "linear k")?, src_offset: ww.local, src_stride: to_u32(kdim, "linear k")?, dst_offset: to_u32(rows_n, "linear rows")?, _pad: [0; 3] }, w.dtype.constant() == 1)?;
+                    measure_rows(gpu, sink, &xw, &scales, RangeScalesParams { rows: to_u32(rows_n, "linear rows")?, k: to_u32(terms(kdim), "linear k")?, src_offset: xw.local, src_stride: to_u32(x.stride, "linear input stride")?, dst_offset: 0, t_stride: 1, _pad: [0; 2] }, false)?;
+                    measure_rows(gpu, sink, &ww, &scales, RangeScalesParams { rows: to_u32(cols_n, "linear cols")?, k: to_u32(terms(kdim), "linear k")?, src_offset: ww.local, src_stride: to_u32(kdim, "linear k")?, dst_offset: to_u32(rows_n, "linear rows")?, t_stride: 1, _pad: [0; 2] }, w.dtype.constant() == 1)?;
                     Some(scales)
                 }
                 _ => None,
@@ -192,7 +194,7 @@ fn product(gpu: &Gpu, sink: &mut dyn Sink, x: Mat<'_>, w: Weight<'_>, bias: Opti
 
 /// One [`RANGE_SCALES`] pass: the scale of each row of `src` (f32, or bf16
 /// where `bf16`) into `scales` from `params.dst_offset` on.
-fn measure_rows(gpu: &Gpu, sink: &mut dyn Sink, src: &Window<'_>, scales: &wgpu::Buffer, params: RangeScalesParams, bf16: bool) -> Result<(), GpuError> {
+pub(crate) fn measure_rows(gpu: &Gpu, sink: &mut dyn Sink, src: &Window<'_>, scales: &wgpu::Buffer, params: RangeScalesParams, bf16: bool) -> Result<(), GpuError> {
     let dst = window(gpu, scales, 4, 0..scales.size() / 4, "range scales")?;
     let launch = Launch { kernel: &RANGE_SCALES, constants: &[("SOURCE_BF16", bf16 as u32)], params, grid: wrapped_grid(params.rows as u64) };
     dispatch(gpu, sink, launch, &[(1, src), (2, &dst)]);

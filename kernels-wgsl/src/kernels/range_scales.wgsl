@@ -6,11 +6,13 @@
 
 override SOURCE_BF16: bool = false;
 
+// Value t of row r is src[src_offset + r·src_stride + t·t_stride]: rows of a
+// matrix (t_stride 1), or its columns (src_stride 1, t_stride its row stride).
 struct Params {
     rows: u32, k: u32,
     src_offset: u32, src_stride: u32,
-    dst_offset: u32,
-    _pad0: u32, _pad1: u32, _pad2: u32,
+    dst_offset: u32, t_stride: u32,
+    _pad0: u32, _pad1: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -27,7 +29,7 @@ fn range_scales(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id)
     if (row < p.rows) {
         let start = p.src_offset + row * p.src_stride;
         for (var t = li; t < p.k; t += SCALES_WG) {
-            let e = start + t;
+            let e = start + t * p.t_stride;
             m = max(m, abs(weight_value(src[weight_word(e, SOURCE_BF16)], e, SOURCE_BF16)));
         }
     }
