@@ -8,7 +8,7 @@ use flux_lite_platform::pipeline::reference_image::ReferenceImage;
 use flux_lite_platform::pipeline::{self, denoise, output, Batch, Made, Observer, Phase, Pipeline, Prompt, Request};
 use flux_lite_platform::RunError;
 use flux_lite_platform::GpuOptions;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use flux_lite_platform::model::lora::{LoraSet, LoraSpec};
 use std::time::Instant;
@@ -71,6 +71,12 @@ pub struct GenArgs {
     /// also write the final packed latents (safetensors, tensor `latents` [tokens, channels])
     #[argh(option)]
     output_latents: Option<PathBuf>,
+    /// rewrite this PNG with a preview of the image after each step (the latents through the VAE's latent-to-RGB map; an image viewer that reloads shows the image forming)
+    #[argh(option)]
+    preview: Option<PathBuf>,
+    /// with --preview, draw it every N steps and after the last (default 1)
+    #[argh(option, default = "1")]
+    preview_every: usize,
     /// precision tier: auto (default: on a CPU adapter f32, the fastest there; elsewhere matrix units where the adapter has them and they pass a known-answer check, else f16, else f32), f32 (the reference), f16 (f16-staged GEMM tiles, f32 sums) or matrix (cooperative-matrix units, f16 operands, f32 sums); f16 and matrix apply a range rule (docs/kernels.md), and a tier the adapter lacks is an error
     #[argh(option, default = "flux_lite_platform::Precision::Auto", from_str_fn(crate::tier::parse_precision))]
     precision: flux_lite_platform::Precision,
@@ -135,10 +141,13 @@ pub fn run(args: &GenArgs) -> Result<(), String> {
     if to_stdout(&args.output) && to_stdout(&args.output_latents) {
         return Err("--output - and --output-latents -: only one of them can go to standard output".into());
     }
-    for (flag, path) in [("--output", &args.output), ("--output-latents", &args.output_latents)] {
+    for (flag, path) in [("--output", &args.output), ("--output-latents", &args.output_latents), ("--preview", &args.preview)] {
         if let Some(path) = path {
             output::check_output_path(flag, path)?;
         }
+    }
+    if args.preview_every == 0 {
+        return Err("--preview-every 0: give a number of steps, 1 or more".into());
     }
     let interrupt = crate::interrupt::flag();
     let prompt = crate::prompt::from_flags(args.prompt.as_deref(), args.prompt_file.as_deref())?;
@@ -226,7 +235,8 @@ pub fn run(args: &GenArgs) -> Result<(), String> {
         eprintln!("batch: {images} images from {} distinct prompts, each prompt encoded once", batch.prompts.len());
     }
     let mut bar = Bar::new(args.quiet);
-    let mut watch = Watch { bar: &mut bar, sampler: host_peak.as_ref(), phases: Vec::new(), current: None };
+    let preview = args.preview.as_deref().map(|p| (p, args.preview_every));
+    let mut watch = Watch { bar: &mut bar, preview, sampler: host_peak.as_ref(), phases: Vec::new(), current: None };
     let mut write = |made: Made| {
         let prompt = match &batch.prompts[batch.items[made.index].prompt] {
             Prompt::Text(t) => t.clone(),
@@ -308,6 +318,8 @@ fn print_host_memory(sampler: Option<flux_lite_platform::host_memory::AnonymousP
 /// The progress bar, and each phase's anonymous high-water where measured.
 struct Watch<'a> {
     bar: &'a mut Bar,
+    /// `--preview FILE` and every how many steps, when asked.
+    preview: Option<(&'a Path, usize)>,
     sampler: Option<&'a flux_lite_platform::host_memory::AnonymousPeak>,
     /// Each phase that ran: its start's and its peak's readings.
     phases: Vec<(Phase, u64, u64)>,
@@ -349,6 +361,21 @@ impl Observer for Watch<'_> {
 
     fn image(&mut self, index: usize, count: usize) {
         self.bar.image(index, count);
+    }
+
+    fn previews(&self) -> Option<usize> {
+        self.preview.map(|(_, every)| every)
+    }
+
+    /// Rewrites the preview file atomically (a reader never sees half a PNG);
+    /// a failed write is a warning, the run goes on.
+    fn preview(&mut self, p: &flux_lite_platform::pipeline::Preview<'_>) {
+        let Some((path, _)) = self.preview else { return };
+        let text = [("Preview", format!("step {} of {}", p.step, p.steps))];
+        let written = output::encode_png(p.width as u32, p.height as u32, p.rgb, &text).and_then(|png| output::write_atomically(path, &png));
+        if let Err(e) = written {
+            self.bar.warning(&format!("warning: --preview {}: {e}", path.display()));
+        }
     }
 }
 

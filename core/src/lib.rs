@@ -25,6 +25,7 @@ pub mod models;
 pub mod numerics;
 pub mod oracle;
 pub mod plan;
+pub mod preview;
 
 pub use arena::{ArenaError, ArenaSlice, BumpArena};
 // Config structs expose heapless collections; dependents use the same version.

@@ -50,7 +50,8 @@ pub enum Conditioning<'a> {
 }
 
 /// Runs `steps` Euler steps from `noise` and returns the final packed
-/// latents `[tokens, channels]`. Everything on the device was allocated
+/// latents `[tokens, channels]`; `after_step` sees the transformer after
+/// each step (0-based), its latents updated. Everything on the device was allocated
 /// before the first step; the latents stay on the device until the end.
 pub fn denoise(
     gpu: &Gpu,
@@ -60,6 +61,7 @@ pub fn denoise(
     noise: &[f32],
     conditioning: Conditioning<'_>,
     progress: &mut dyn FnMut(StepProgress),
+    after_step: &mut dyn FnMut(usize, &Transformer) -> Result<(), RunError>,
 ) -> Result<Vec<f32>, RunError> {
     // The schedule's shift counts the noise tokens only, as the pipeline does.
     let tokens = transformer.layout.noise as usize;
@@ -89,6 +91,7 @@ pub fn denoise(
             }
         }
         transformer.euler_step(gpu, sigmas[step], sigmas[step + 1])?;
+        after_step(step, transformer)?;
     }
     let latents = transformer.latents(gpu)?;
     plausible_latents(&latents)?;

@@ -350,13 +350,38 @@ impl Run<'_> {
             let noise = denoise::packed_noise(item.seed, model.transformer.in_channels, lat_h, lat_w);
             let mut step_started = Instant::now();
             let steps = &mut self.timings.steps;
-            out.push(denoise::denoise(gpu, &transformer, &model.scheduler, request.steps, &noise, conditioning, &mut |p| {
-                observer.progress(Progress::Denoise(p));
-                if p.block.done == p.block.total {
-                    steps.push(step_started.elapsed());
-                    step_started = Instant::now();
-                }
-            })?);
+            let every = observer.previews();
+            let map = match every {
+                Some(_) => Some(super::preview::latent_rgb(model)?),
+                None => None,
+            };
+            let watching = std::cell::RefCell::new(&mut *observer);
+            let total = request.steps;
+            out.push(denoise::denoise(
+                gpu,
+                &transformer,
+                &model.scheduler,
+                request.steps,
+                &noise,
+                conditioning,
+                &mut |p| {
+                    watching.borrow_mut().progress(Progress::Denoise(p));
+                    if p.block.done == p.block.total {
+                        steps.push(step_started.elapsed());
+                        step_started = Instant::now();
+                    }
+                },
+                &mut |step, transformer| {
+                    let (Some(every), Some(map)) = (every, &map) else { return Ok(()) };
+                    if !(step + 1).is_multiple_of(every.max(1)) && step + 1 != total {
+                        return Ok(());
+                    }
+                    let latents = transformer.latents(gpu)?;
+                    let (width, height, rgb) = map.draw(&latents, (lat_h, lat_w), &model.vae)?;
+                    watching.borrow_mut().preview(&super::Preview { step: step + 1, steps: total, width, height, rgb: &rgb });
+                    Ok(())
+                },
+            )?);
         }
         let cost = self.plan.denoise.peak();
         if pipeline.keep_loaded && self.kept.has_room(cost, self.plan, request.memory_budget) {

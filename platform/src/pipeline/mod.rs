@@ -9,6 +9,7 @@ pub mod generation;
 pub mod kept;
 pub mod output;
 pub mod planning;
+pub mod preview;
 pub mod reference_image;
 pub mod resample;
 
@@ -191,6 +192,25 @@ pub trait Observer {
     fn warning(&mut self, _message: &str) {}
     /// Image `index` (0-based) of the batch's `count` starts its denoising, then its decoding.
     fn image(&mut self, _index: usize, _count: usize) {}
+    /// Whether to draw a preview after each `every`-th step (`None`: no
+    /// previews, and nothing extra runs).
+    fn previews(&self) -> Option<usize> {
+        None
+    }
+    /// A preview of the image being denoised, when [`Observer::previews`] asks.
+    fn preview(&mut self, _preview: &Preview<'_>) {}
+}
+
+/// The latents after a step as an RGB image of the output's size, by the
+/// VAE's latent-to-RGB map (`flux_lite_core::preview`).
+#[derive(Debug, Clone, Copy)]
+pub struct Preview<'a> {
+    /// Steps done (1-based) of `steps`.
+    pub step: usize,
+    pub steps: usize,
+    pub width: usize,
+    pub height: usize,
+    pub rgb: &'a [u8],
 }
 
 /// The phases of a run, in order; each frees its memory before the next

@@ -1,0 +1,68 @@
+//! The latent-to-RGB map of a model's VAE, for previews while denoising:
+//! FLUX.2's published one for its 32-channel VAE, or the model folder's own
+//! `vae/latent_rgb.json` (`{"factors": [[r, g, b], …], "bias": [r, g, b]}`,
+//! one row per latent channel; the tiny test models carry one fitted by
+//! least squares against their decoder).
+
+use crate::error::{LoadError, RunError};
+use crate::model::ModelFolder;
+use flux_lite_core::config::VaeConfig;
+use flux_lite_core::preview::{self, LatentRgb};
+use std::path::Path;
+
+/// A latent-to-RGB map, owned.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LatentRgbMap {
+    pub factors: Vec<[f32; 3]>,
+    pub bias: [f32; 3],
+}
+
+/// FLUX.2's VAE: 32 latent channels.
+const FLUX2_LATENT_CHANNELS: usize = 32;
+
+/// The map for `model`'s VAE: the folder's `vae/latent_rgb.json` where
+/// there is one, else FLUX.2's for a 32-channel VAE; an error otherwise.
+pub fn latent_rgb(model: &ModelFolder) -> Result<LatentRgbMap, RunError> {
+    let channels = model.vae.latent_channels;
+    let file = model.root.join("vae/latent_rgb.json");
+    if file.is_file() {
+        return Ok(read_map(&file, channels)?);
+    }
+    if channels == FLUX2_LATENT_CHANNELS {
+        return Ok(LatentRgbMap { factors: preview::FLUX2.factors.to_vec(), bias: preview::FLUX2.bias });
+    }
+    Err(RunError::Input(format!(
+        "previews: no latent-to-RGB map for this VAE ({channels} latent channels; FLUX.2's has 32): add vae/latent_rgb.json to the model folder"
+    )))
+}
+
+fn read_map(file: &Path, channels: usize) -> Result<LatentRgbMap, LoadError> {
+    let field = |field: &str, problem: String| LoadError::Field { path: file.into(), field: field.into(), problem };
+    let text = std::fs::read_to_string(file).map_err(|source| LoadError::Io { path: file.into(), source })?;
+    let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| LoadError::Json { path: file.into(), detail: e.to_string() })?;
+    let triple = |v: &serde_json::Value| -> Option<[f32; 3]> {
+        let a = v.as_array().filter(|a| a.len() == 3)?;
+        let f = |i: usize| a[i].as_f64().map(|x| x as f32).filter(|x| x.is_finite());
+        Some([f(0)?, f(1)?, f(2)?])
+    };
+    let factors: Option<Vec<[f32; 3]>> = json["factors"].as_array().map(|rows| rows.iter().map(triple).collect::<Option<Vec<_>>>()).unwrap_or(None);
+    let factors = factors.ok_or_else(|| field("factors", "should be a list of [r, g, b] numbers".into()))?;
+    if factors.len() != channels {
+        return Err(field("factors", format!("has {} rows; the VAE has {channels} latent channels", factors.len())));
+    }
+    let bias = triple(&json["bias"]).ok_or_else(|| field("bias", "should be [r, g, b] numbers".into()))?;
+    Ok(LatentRgbMap { factors, bias })
+}
+
+impl LatentRgbMap {
+    /// The preview of packed latents on a `grid` of tokens, at the image's
+    /// size: `(width, height, rgb)`.
+    pub fn draw(&self, packed: &[f32], (grid_h, grid_w): (usize, usize), vae: &VaeConfig) -> Result<(usize, usize, Vec<u8>), RunError> {
+        let enlarge = vae.scale_factor();
+        let (height, width) = (2 * grid_h * enlarge, 2 * grid_w * enlarge);
+        let mut rgb = vec![0u8; width * height * 3];
+        let map = LatentRgb { factors: &self.factors, bias: self.bias };
+        preview::draw(packed, (grid_h, grid_w), &map, enlarge, &mut rgb).map_err(|e| RunError::Input(format!("preview: {e:?}")))?;
+        Ok((width, height, rgb))
+    }
+}

@@ -1,0 +1,56 @@
+//! Latent previews against NumPy: the tiny models' latent-to-RGB maps
+//! (fitted by least squares against diffusers' decode of each tiny VAE,
+//! test_vectors/generate_previews.py) drawn over seeded latents, as the
+//! engine draws them after each step.
+
+use flux_lite_platform::model::ModelFolder;
+use flux_lite_platform::pipeline::preview::latent_rgb;
+use flux_lite_tests::{model_dir, test_vectors};
+use safetensors::SafeTensors;
+
+#[test]
+fn each_tiny_models_preview_matches_numpy() {
+    let bytes = std::fs::read(test_vectors().join("goldens/previews.safetensors")).unwrap();
+    let goldens = SafeTensors::deserialize(&bytes).unwrap();
+    for name in ["tiny-a", "tiny-b", "tiny-9b"] {
+        let model = ModelFolder::open(&model_dir(name)).unwrap();
+        let map = latent_rgb(&model).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let latents: Vec<f32> = goldens.tensor(&format!("{name}.latents")).unwrap().data().chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+        let grid: Vec<i64> = goldens.tensor(&format!("{name}.grid")).unwrap().data().chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect();
+        let want = goldens.tensor(&format!("{name}.rgb")).unwrap();
+        let (width, height, rgb) = map.draw(&latents, (grid[0] as usize, grid[1] as usize), &model.vae).unwrap();
+        assert_eq!([height, width, 3], [want.shape()[0], want.shape()[1], want.shape()[2]], "{name}");
+        let worst = rgb.iter().zip(want.data()).map(|(a, b)| a.abs_diff(*b)).max().unwrap();
+        let off = rgb.iter().zip(want.data()).filter(|(a, b)| a != b).count();
+        println!("{name}: {width}×{height} preview, {off} of {} bytes differ from NumPy's, by at most {worst}", rgb.len());
+        // Both round (v + 1) / 2 · 255 + 0.5 down; only sums landing within an
+        // ulp of a level boundary may round the other way.
+        assert!(worst <= 1, "{name}: a level {worst} off NumPy's");
+        assert!(off * 100 <= rgb.len(), "{name}: {off} of {} bytes differ", rgb.len());
+    }
+}
+
+#[test]
+fn a_vae_without_a_map_is_refused_by_name() {
+    // tiny-a's VAE with its map removed: 4 latent channels, not FLUX.2's 32.
+    let dir = std::env::temp_dir().join(format!("flux-lite-no-map-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    copy_dir(&model_dir("tiny-a"), &dir);
+    std::fs::remove_file(dir.join("vae/latent_rgb.json")).unwrap();
+    let model = ModelFolder::open(&dir).unwrap();
+    let err = latent_rgb(&model).unwrap_err().to_string();
+    assert!(err.contains("no latent-to-RGB map for this VAE (4 latent channels") && err.contains("vae/latent_rgb.json"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap().flatten() {
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), &target).unwrap();
+        }
+    }
+}
