@@ -314,6 +314,21 @@ fn a_running_job_can_be_watched_and_cancelled_and_the_server_goes_on() {
     let progress = json(&progress);
     assert_eq!(progress["state"]["job"], "long-one", "{progress}");
     assert_eq!(progress["state"]["sampling_steps"], 200);
+    // Once a step is done, the progress carries the preview of the image forming.
+    let started = Instant::now();
+    let preview = loop {
+        let (_, text) = call("GET", &format!("{}/sdapi/v1/progress", server.url), None, &[]);
+        if let Some(image) = json(&text)["current_image"].as_str() {
+            break image.to_string();
+        }
+        assert!(started.elapsed() < Duration::from_secs(60), "no current_image while long-one ran: {text}");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let dir = std::env::temp_dir().join(format!("flux-lite-serve-preview-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let png = rgb_of(&preview, &dir, "preview.png");
+    assert_eq!((png.width, png.height), (32, 32));
+    std::fs::remove_dir_all(&dir).unwrap();
     let (status, text) = call("DELETE", &format!("{}/v1/jobs/long-one", server.url), None, &[]);
     assert_eq!(status, 200, "{text}");
     let (status, text) = long.join().unwrap();

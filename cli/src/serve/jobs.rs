@@ -66,6 +66,10 @@ pub struct JobState {
     pub order: OrderSummary,
     status: Mutex<Status>,
     progress: Mutex<JobProgress>,
+    /// The latest preview of the image being denoised, as a base64 PNG.
+    preview: Mutex<Option<String>>,
+    /// When it started running.
+    started: Mutex<Option<Instant>>,
     cancel: AtomicBool,
 }
 
@@ -86,6 +90,20 @@ impl JobState {
 
     pub fn progress(&self) -> JobProgress {
         *lock(&self.progress)
+    }
+
+    /// Seconds until it finishes, from its pace so far (0 before it has any).
+    pub fn eta_seconds(&self) -> f64 {
+        let fraction = self.progress().fraction;
+        match *lock(&self.started) {
+            Some(start) if fraction > 0.0 => start.elapsed().as_secs_f64() * (1.0 - fraction) / fraction,
+            _ => 0.0,
+        }
+    }
+
+    /// The latest preview (base64 PNG), once a step has been drawn.
+    pub fn preview(&self) -> Option<String> {
+        lock(&self.preview).clone()
     }
 
     fn set(&self, status: Status) {
@@ -158,7 +176,7 @@ impl Jobs {
         let r = &order.request;
         let summary = OrderSummary { width: r.width, height: r.height, steps: r.steps, count: order.count, seed: r.seed };
         let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-        let state = Arc::new(JobState { id, created, order: summary, status: Mutex::new(Status::Queued), progress: Mutex::default(), cancel: AtomicBool::new(false) });
+        let state = Arc::new(JobState { id, created, order: summary, status: Mutex::new(Status::Queued), progress: Mutex::default(), preview: Mutex::default(), started: Mutex::default(), cancel: AtomicBool::new(false) });
         let (reply, outcome) = oneshot::channel();
         let queue = lock(&self.queue);
         let Some(tx) = queue.as_ref() else {
@@ -234,6 +252,8 @@ pub struct Worker {
     /// How the PNGs name the model (`--model` as given).
     pub model_name: String,
     pub verbose: bool,
+    /// Whether jobs draw a preview after each step (for `/sdapi/v1/progress`).
+    pub previews: bool,
 }
 
 impl Worker {
@@ -262,12 +282,13 @@ impl Worker {
         let state = &job.state;
         let order = &job.order;
         state.set(Status::Running);
+        *lock(&state.started) = Some(Instant::now());
         // A cancel that came while the job was moving from the queue still counts.
         self.jobs.interrupt.store(state.cancel_requested() || self.jobs.shutting_down.load(Ordering::SeqCst), Ordering::SeqCst);
         let started = Instant::now();
         let request = &order.request;
         let batch = Batch::seeds(Prompt::Text(order.prompt.clone()), request.seed, order.count);
-        let mut watch = Watch { jobs: &self.jobs, state, steps: request.steps, count: order.count };
+        let mut watch = Watch { jobs: &self.jobs, state, steps: request.steps, count: order.count, previews: self.previews };
         let mut pictures = Vec::with_capacity(order.count);
         let mut take = |made: Made| {
             let Some(image) = made.image else { return Err(RunError::Input("no image was decoded".into())) };
@@ -317,6 +338,8 @@ struct Watch<'a> {
     state: &'a JobState,
     steps: usize,
     count: usize,
+    /// Whether to draw a preview after each step (the model's VAE has a latent-to-RGB map).
+    previews: bool,
 }
 
 impl Observer for Watch<'_> {
@@ -335,5 +358,16 @@ impl Observer for Watch<'_> {
 
     fn image(&mut self, index: usize, _count: usize) {
         lock(&self.state.progress).image = index;
+    }
+
+    fn previews(&self) -> Option<usize> {
+        self.previews.then_some(1)
+    }
+
+    fn preview(&mut self, p: &flux_lite_platform::pipeline::Preview<'_>) {
+        use base64::Engine;
+        if let Ok(png) = output::encode_png(p.width as u32, p.height as u32, p.rgb, &[]) {
+            *lock(&self.state.preview) = Some(base64::engine::general_purpose::STANDARD.encode(png));
+        }
     }
 }

@@ -107,7 +107,9 @@ pub fn run(args: &ServeArgs) -> Result<(), String> {
     eprintln!("adapter: {}", pipeline.gpu().describe());
     let (jobs, queue) = Jobs::new(args.queue, interrupt);
     let model_name = args.model.display().to_string();
-    let worker = Worker { pipeline: pipeline.clone(), jobs: jobs.clone(), model_name: model_name.clone(), verbose: args.verbose };
+    // Previews where the VAE has a latent-to-RGB map: AUTOMATIC1111's progress shows them.
+    let previews = pipeline::preview::latent_rgb(pipeline.model()).is_ok();
+    let worker = Worker { pipeline: pipeline.clone(), jobs: jobs.clone(), model_name: model_name.clone(), verbose: args.verbose, previews };
     let worker = std::thread::Builder::new().name("gpu".into()).spawn(move || worker.run(queue)).map_err(|e| format!("cannot start the GPU worker: {e}"))?;
     let limits = Limits {
         max_images: args.max_images,
@@ -385,7 +387,7 @@ async fn a1111_progress(State(app): State<Arc<App>>) -> Json<serde_json::Value> 
     let steps = running.as_ref().map_or(0, |j| j.order.steps);
     Json(json!({
         "progress": p.fraction,
-        "eta_relative": 0.0,
+        "eta_relative": running.as_ref().map_or(0.0, |j| j.eta_seconds()),
         "state": {
             "skipped": false,
             "interrupted": running.as_ref().is_some_and(|j| j.cancel_requested()),
@@ -395,7 +397,7 @@ async fn a1111_progress(State(app): State<Arc<App>>) -> Json<serde_json::Value> 
             "sampling_step": p.step,
             "sampling_steps": steps,
         },
-        "current_image": null,
+        "current_image": running.as_ref().and_then(|j| j.preview()),
         "textinfo": null,
     }))
 }
