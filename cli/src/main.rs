@@ -31,6 +31,8 @@ struct Cli {
 
 #[derive(FromArgs, Debug)]
 #[argh(subcommand)]
+// One command's flags, parsed once per process: its size does not matter.
+#[allow(clippy::large_enum_variant)]
 enum Command {
     Gen(gen::GenArgs),
     Encode(encode::EncodeArgs),

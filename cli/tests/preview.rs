@@ -1,6 +1,8 @@
 //! `gen --preview`: the latents drawn after each step into a PNG that is
 //! rewritten atomically, and the final image unchanged by it.
 
+#![allow(clippy::unwrap_used)]
+
 use flux_lite_tests::model_dir;
 use std::path::Path;
 use std::process::{Command, Output};

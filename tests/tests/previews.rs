@@ -3,6 +3,8 @@
 //! test_vectors/generate_previews.py) drawn over seeded latents, as the
 //! engine draws them after each step.
 
+#![allow(clippy::unwrap_used)]
+
 use flux_lite_platform::model::ModelFolder;
 use flux_lite_platform::pipeline::preview::latent_rgb;
 use flux_lite_tests::{model_dir, test_vectors};

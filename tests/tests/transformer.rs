@@ -78,7 +78,7 @@ fn denoising_reproduces_diffusers_latents_with_and_without_guidance() {
         let mut blocks_seen = 0;
         let got = denoise(gpu(), &c.transformer, &model.scheduler, c.steps, &g.f32("noise").0, conditioning, &mut |p| {
             blocks_seen = blocks_seen.max(p.block.total);
-        })
+        }, &mut |_, _| Ok(()))
         .unwrap();
         let passes = if c.cfg { 2 } else { 1 };
         assert_eq!(blocks_seen, passes * c.transformer.block_count());

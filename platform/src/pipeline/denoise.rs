@@ -53,6 +53,7 @@ pub enum Conditioning<'a> {
 /// latents `[tokens, channels]`; `after_step` sees the transformer after
 /// each step (0-based), its latents updated. Everything on the device was allocated
 /// before the first step; the latents stay on the device until the end.
+#[allow(clippy::too_many_arguments)] // the run's inputs, and what the caller sees of it as it goes
 pub fn denoise(
     gpu: &Gpu,
     transformer: &Transformer,
