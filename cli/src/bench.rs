@@ -119,7 +119,7 @@ fn shapes(model: &str) -> Result<Shapes, String> {
 
 fn kernels(args: &KernelsArgs) -> Result<(), String> {
     let Shapes { name, transformer, text_encoder, vae, distilled } = shapes(&args.model)?;
-    let gpu = Gpu::new(&GpuOptions { precision: args.precision, ..Default::default() }).map_err(|e| e.to_string())?;
+    let gpu = Gpu::new(&GpuOptions { precision: args.precision, ..crate::env_gpu_options()? }).map_err(|e| e.to_string())?;
     let software = gpu.is_software();
     let tokens = args.tokens.clone().unwrap_or(if software { vec![64] } else { vec![768, 1536, 4608] });
     let vae_size = args.vae_size.unwrap_or(if software { 64 } else { 1024 });
@@ -224,7 +224,7 @@ fn tiers_side_by_side(transformer: &TransformerConfig, tokens: &[u64], repeats: 
     let mut gpus = Vec::new();
     let mut missing = Vec::new();
     for tier in [Precision::F32, Precision::F16, Precision::Matrix] {
-        match Gpu::new(&GpuOptions { precision: tier, ..Default::default() }) {
+        match Gpu::new(&GpuOptions { precision: tier, ..crate::env_gpu_options()? }) {
             Ok(g) => gpus.push(g),
             Err(e) => missing.push(format!("{} tier not shown: {e}", tier.name())),
         }
@@ -304,7 +304,7 @@ fn df11(args: &Df11Args) -> Result<(), String> {
     let gpu = if args.no_gpu {
         None
     } else {
-        match Gpu::new(&GpuOptions::default()) {
+        match crate::env_gpu_options().and_then(|o| Gpu::new(&o).map_err(|e| e.to_string())) {
             Ok(g) => Some(g),
             Err(e) => {
                 eprintln!("warning: no GPU ({e}); host figures only");

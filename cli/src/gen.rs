@@ -209,7 +209,7 @@ pub fn run(args: &GenArgs) -> Result<(), String> {
 
     let lora = open_lora(&args.lora, &model.transformer, args.verbose)?;
     let in_channels = model.transformer.in_channels;
-    let gpu_options = GpuOptions { interrupt: Some(interrupt), precision: args.precision, ..Default::default() };
+    let gpu_options = GpuOptions { interrupt: Some(interrupt), precision: args.precision, ..crate::env_gpu_options()? };
     let pipeline = Pipeline::with_model(model, &gpu_options).map_err(|e| e.to_string())?;
     crate::tier::print_notice(pipeline.gpu());
     if !args.quiet {

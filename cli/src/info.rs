@@ -8,7 +8,7 @@ use flux_lite_core::models::tensors;
 use flux_lite_platform::model::{Component, ModelFolder};
 use flux_lite_platform::pipeline::planning::ModelSizes;
 use flux_lite_platform::pipeline::{self, PROMPT_TOKENS};
-use flux_lite_platform::{Gpu, GpuOptions};
+use flux_lite_platform::Gpu;
 use std::path::PathBuf;
 
 /// Print a model folder's configuration, weight sizes and memory plan without
@@ -169,7 +169,7 @@ fn print_component_bytes(m: &ModelFolder, c: Component) -> Result<(), String> {
 
 /// The limits `gen` would plan under on this machine: the adapter's, or WebGPU's defaults without one.
 fn adapter_limits() -> (DeviceLimits, String) {
-    match Gpu::new(&GpuOptions::default()) {
+    match crate::env_gpu_options().and_then(|o| Gpu::new(&o).map_err(|e| e.to_string())) {
         Ok(gpu) => (gpu.plan_limits(), format!("the limits of {}", gpu.describe())),
         Err(_) => (DeviceLimits::WEBGPU_DEFAULT, "WebGPU's default limits (no adapter found)".to_string()),
     }

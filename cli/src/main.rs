@@ -54,6 +54,7 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(exit) => return exit,
     };
+    apply_environment();
     let result = match cli.command {
         Command::Gen(args) => gen::run(&args),
         Command::Encode(args) => encode::run(&args),
@@ -101,7 +102,7 @@ fn parse_args() -> Result<Cli, ExitCode> {
 }
 
 fn gpu() -> Result<(), String> {
-    let gpu = Gpu::new(&GpuOptions { precision: Precision::F32, ..Default::default() }).map_err(|e| e.to_string())?;
+    let gpu = Gpu::new(&GpuOptions { precision: Precision::F32, ..crate::env_gpu_options()? }).map_err(|e| e.to_string())?;
     say!("adapter: {}", gpu.describe());
     say!("driver: {} {}", gpu.info.driver, gpu.info.driver_info);
     say!("max storage binding: {}", Bytes(gpu.max_binding()));
@@ -111,17 +112,37 @@ fn gpu() -> Result<(), String> {
     say!("cooperative matrices offered: {}", gpu.matrix_offered());
     // Each tier as it would run here, or why it cannot; then what auto takes.
     for tier in [Precision::F16, Precision::Matrix] {
-        let line = match Gpu::new(&GpuOptions { precision: tier, ..Default::default() }) {
+        let line = match Gpu::new(&GpuOptions { precision: tier, ..crate::env_gpu_options()? }) {
             Ok(g) => crate::tier::describe(&g),
             Err(e) => format!("unavailable ({e})"),
         };
         say!("{} tier: {line}", tier.name());
     }
-    let auto = Gpu::new(&GpuOptions { precision: Precision::Auto, ..Default::default() }).map_err(|e| e.to_string())?;
+    let auto = Gpu::new(&GpuOptions { precision: Precision::Auto, ..crate::env_gpu_options()? }).map_err(|e| e.to_string())?;
     if let Some(notice) = auto.notice() {
         say!("notice: {notice}");
     }
     let why = crate::tier::why_auto_took(&auto).unwrap_or_else(|| "known-answer check passed".into());
     say!("tier auto takes: {} ({why})", crate::tier::describe(&auto));
     Ok(())
+}
+
+/// The device options the environment sets (`FLUX_LITE_BACKEND`,
+/// `FLUX_LITE_ADAPTER`, the benchmarking and fault-injection switches:
+/// `GpuOptions::from_env`); each command adds its flags.
+pub fn env_gpu_options() -> Result<GpuOptions, String> {
+    GpuOptions::from_env().map_err(|e| e.to_string())
+}
+
+/// The process-wide settings the environment gives the library:
+/// `FLUX_LITE_SCRATCH_DIR` (where the banded VAE's scratch files go) and
+/// the testing aid `FLUX_LITE_PAUSE_MID_WRITE=SECONDS` (atomic writes stop
+/// halfway). The device's come through [`env_gpu_options`].
+fn apply_environment() {
+    if let Some(dir) = std::env::var_os("FLUX_LITE_SCRATCH_DIR").filter(|d| !d.is_empty()) {
+        flux_lite_platform::run::vae_bands::set_scratch_dir(dir.into());
+    }
+    if let Some(seconds) = std::env::var("FLUX_LITE_PAUSE_MID_WRITE").ok().and_then(|v| v.trim().parse::<u64>().ok()) {
+        flux_lite_platform::pipeline::output::pause_writes_midway(seconds);
+    }
 }

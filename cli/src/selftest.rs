@@ -4,7 +4,6 @@
 use crate::stdout::say;
 use argh::FromArgs;
 use flux_lite_platform::selftest::{self, Check, Event, Report};
-use flux_lite_platform::GpuOptions;
 
 /// Check this machine's GPU: every product kernel on each precision tier it
 /// offers against the reference, DF11 expansion against the official
@@ -19,7 +18,7 @@ pub struct SelftestArgs {
 
 pub fn run(args: &SelftestArgs) -> Result<(), String> {
     let json = args.json;
-    let report = selftest::run(&GpuOptions::default(), &mut |event| {
+    let report = selftest::run(&crate::env_gpu_options()?, &mut |event| {
         if !json {
             print_event(event);
         }

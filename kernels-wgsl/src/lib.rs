@@ -37,7 +37,7 @@ mod testing;
 
 pub use catalogue::ALL_KERNELS;
 pub use kernel::{wrapped_grid, Access, Kernel, Module, MAX_GRID_DIM};
-pub use device::{Backend, DeviceBuffer, DeviceMemory, Gpu, GpuOptions};
+pub use device::{AttentionChoice, Backend, DeviceBuffer, DeviceMemory, FaultInjection, Gpu, GpuOptions};
 pub use dispatch::{encode, encode_timed, Dispatch, Sink};
 pub use error::GpuError;
 pub use precision::{MatrixConfig, MatrixOperands, Precision};

@@ -8,7 +8,7 @@ use std::sync::OnceLock;
 /// kernel tests are the point of running on a machine without a GPU.
 pub fn gpu() -> &'static Gpu {
     static GPU: OnceLock<Gpu> = OnceLock::new();
-    GPU.get_or_init(|| Gpu::new(&GpuOptions::default()).unwrap_or_else(|e| panic!("{e}")))
+    GPU.get_or_init(|| Gpu::new(&crate::testing::options()).unwrap_or_else(|e| panic!("{e}")))
 }
 
 /// `check` on `gpu`, and where that device runs the kernels shaped for CPU
@@ -24,9 +24,15 @@ pub fn each_kernel_shape(gpu: &Gpu, options: GpuOptions, check: impl Fn(&Gpu)) {
     }
 }
 
+/// The tests' device options: what the environment sets (CI reruns the
+/// kernel tests with `FLUX_LITE_BACKEND=gl`), the rest the defaults.
+pub fn options() -> GpuOptions {
+    GpuOptions::from_env().unwrap_or_else(|e| panic!("{e}"))
+}
+
 /// A device whose storage bindings are capped at `bytes`, to force the split paths.
 pub fn small_binding_gpu(bytes: u64) -> Gpu {
-    Gpu::new(&GpuOptions { max_storage_binding: Some(bytes), ..Default::default() }).unwrap_or_else(|e| panic!("{e}"))
+    Gpu::new(&GpuOptions { max_storage_binding: Some(bytes), ..crate::testing::options() }).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// A device on the matrix tier, or `None` after printing why there is none
@@ -43,7 +49,7 @@ pub fn half_gpu() -> Option<Gpu> {
 }
 
 fn tier_gpu(tier: crate::Precision) -> Option<Gpu> {
-    tier_gpu_with(GpuOptions { precision: tier, ..Default::default() })
+    tier_gpu_with(GpuOptions { precision: tier, ..crate::testing::options() })
 }
 
 /// A device made with `options` (a half tier among them), or `None` after

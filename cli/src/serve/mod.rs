@@ -102,7 +102,7 @@ pub fn run(args: &ServeArgs) -> Result<(), String> {
     let model = pipeline::open_model(&args.model, args.transformer.as_deref()).map_err(|e| e.to_string())?;
     let lora = crate::gen::open_lora(&args.lora, &model.transformer, args.verbose)?;
     let interrupt = Arc::new(AtomicBool::new(false));
-    let gpu = GpuOptions { interrupt: Some(interrupt.clone()), precision: args.precision, ..Default::default() };
+    let gpu = GpuOptions { interrupt: Some(interrupt.clone()), precision: args.precision, ..crate::env_gpu_options()? };
     let pipeline = Arc::new(Pipeline::with_model(model, &gpu).map_err(|e| e.to_string())?.keep_loaded(true));
     eprintln!("adapter: {}", pipeline.gpu().describe());
     let (jobs, queue) = Jobs::new(args.queue, interrupt);

@@ -40,14 +40,6 @@ impl Backend {
         }
     }
 
-    /// `FLUX_LITE_BACKEND` if set, else the platform default.
-    pub fn from_env() -> Result<Self, GpuError> {
-        match std::env::var("FLUX_LITE_BACKEND") {
-            Ok(v) if !v.trim().is_empty() => Self::parse(v.trim()),
-            _ => Ok(Self::platform_default()),
-        }
-    }
-
     pub fn parse(s: &str) -> Result<Self, GpuError> {
         match s.to_ascii_lowercase().as_str() {
             "vulkan" => Ok(Backend::Vulkan),
@@ -77,10 +69,20 @@ impl Backend {
     }
 }
 
+/// How the device is made and run. Nothing here is read from the
+/// environment by the library: programs that take settings from there (the
+/// CLI, the tests) build these with [`GpuOptions::from_env`].
 #[derive(Debug, Clone, Default)]
 pub struct GpuOptions {
-    /// `None`: from `FLUX_LITE_BACKEND`, else the platform default.
+    /// `None`: the platform default (Metal on macOS, Vulkan elsewhere).
     pub backend: Option<Backend>,
+    /// One adapter of several, by its index among the backend's adapters or
+    /// a part of its name; `None`: the one the backend calls high-performance.
+    pub adapter: Option<String>,
+    /// A benchmarking aid: which attention kernel runs where it can.
+    pub attention: AttentionChoice,
+    /// Faults to inject, for the tests of the error paths; none in normal use.
+    pub faults: FaultInjection,
     /// Ask for a device whose largest storage binding is at most this many
     /// bytes (tests use it to force the split paths).
     pub max_storage_binding: Option<u64>,
@@ -96,9 +98,63 @@ pub struct GpuOptions {
     pub gpu_shaped_kernels: bool,
 }
 
-/// A testing aid: `FLUX_LITE_LOSE_DEVICE_AFTER=N` destroys the device after
-/// its N-th submission, as a driver reset would lose it mid-run.
-const LOSE_DEVICE_AFTER: &str = "FLUX_LITE_LOSE_DEVICE_AFTER";
+/// Which attention kernel runs (`FLUX_LITE_ATTENTION_KERNEL`): the launcher's
+/// choice, or one forced wherever it can take the call (`bench kernels` then
+/// times it; a call it cannot take runs the launcher's choice, the tiled
+/// kernel for `Lanes`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum AttentionChoice {
+    #[default]
+    Launcher,
+    /// `attention.wgsl`, the f32 tiled kernel.
+    Tiled,
+    /// `attention_cpu.wgsl`, the CPU-shaped kernel.
+    Lanes,
+    /// `attention_flash.wgsl` on the matrix tier's f16 tiles (opt-in until proven on a GPU).
+    Flash,
+}
+
+/// Faults the tests of the error paths inject; all off by default.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FaultInjection {
+    /// Destroy the device after its N-th submission, as a driver reset would
+    /// lose it mid-run (`FLUX_LITE_LOSE_DEVICE_AFTER=N`).
+    pub lose_device_after: Option<u64>,
+    /// Every linear sums one term short: a wrong kernel, which `selftest`
+    /// must catch (`FLUX_LITE_BREAK_KERNEL=linear`).
+    pub short_linear: bool,
+    /// This tier's known-answer probe reports a wrong answer, as a faulty
+    /// driver would (`FLUX_LITE_FAIL_TIER_PROBE=matrix` or `f16`).
+    pub failing_probe: Option<Precision>,
+}
+
+impl GpuOptions {
+    /// The defaults with what the environment sets: `FLUX_LITE_BACKEND`,
+    /// `FLUX_LITE_ADAPTER`, `FLUX_LITE_ATTENTION_KERNEL=tiled|lanes|flash`,
+    /// and the fault injections (`FLUX_LITE_LOSE_DEVICE_AFTER`,
+    /// `FLUX_LITE_BREAK_KERNEL`, `FLUX_LITE_FAIL_TIER_PROBE`). For programs
+    /// that take settings from there; a library caller sets the fields.
+    pub fn from_env() -> Result<Self, GpuError> {
+        let var = |name: &str| std::env::var(name).ok().map(|v| v.trim().to_string()).filter(|v| !v.is_empty());
+        let backend = var("FLUX_LITE_BACKEND").map(|v| Backend::parse(&v)).transpose()?;
+        let attention = match var("FLUX_LITE_ATTENTION_KERNEL").as_deref() {
+            Some("tiled") => AttentionChoice::Tiled,
+            Some("lanes") => AttentionChoice::Lanes,
+            Some("flash") => AttentionChoice::Flash,
+            _ => AttentionChoice::Launcher,
+        };
+        let lose_device_after = match var("FLUX_LITE_LOSE_DEVICE_AFTER") {
+            Some(v) => Some(v.parse().map_err(|_| GpuError::Device(format!("FLUX_LITE_LOSE_DEVICE_AFTER={v:?} is not a count")))?),
+            None => None,
+        };
+        let faults = FaultInjection {
+            lose_device_after,
+            short_linear: var("FLUX_LITE_BREAK_KERNEL").as_deref() == Some("linear"),
+            failing_probe: var("FLUX_LITE_FAIL_TIER_PROBE").and_then(|t| Precision::from_name(&t)),
+        };
+        Ok(Self { backend, adapter: var(ADAPTER_VARIABLE), attention, faults, ..Self::default() })
+    }
+}
 
 /// The first error the device reported outside a call's own result (device
 /// lost, out of memory, a validation error): wgpu would panic on these; we
@@ -165,8 +221,10 @@ pub struct Gpu {
     submissions: AtomicU64,
     /// Upload bytes staged on the host since the last flush.
     staged_uploads: AtomicU64,
-    /// [`LOSE_DEVICE_AFTER`], when set.
+    /// [`FaultInjection::lose_device_after`], when set.
     lose_after: Option<u64>,
+    attention: AttentionChoice,
+    injected: FaultInjection,
     precision: Precision,
     /// The configuration the matrix tier runs, when it is the tier.
     matrix: Option<MatrixConfig>,
@@ -207,16 +265,13 @@ impl Gpu {
 
     /// The device for `options`, its tier chosen but not yet proven.
     fn unproven(options: &GpuOptions) -> Result<Self, GpuError> {
-        let backend = match options.backend {
-            Some(b) => b,
-            None => Backend::from_env()?,
-        };
+        let backend = options.backend.unwrap_or_else(Backend::platform_default);
         let mut desc = wgpu::InstanceDescriptor::new_without_display_handle_from_env();
         desc.backends = backend.wgpu();
         let instance = wgpu::Instance::new(desc);
-        let adapter = match std::env::var(ADAPTER_VARIABLE) {
-            Ok(wanted) if !wanted.is_empty() => pick_adapter(&instance, backend, &wanted)?,
-            _ => pollster::block_on(instance.request_adapter(&wgpu::RequestAdapterOptions {
+        let adapter = match &options.adapter {
+            Some(wanted) => pick_adapter(&instance, backend, wanted)?,
+            None => pollster::block_on(instance.request_adapter(&wgpu::RequestAdapterOptions {
                 power_preference: wgpu::PowerPreference::HighPerformance,
                 ..Default::default()
             }))
@@ -251,10 +306,7 @@ impl Gpu {
         .map_err(|e| GpuError::RequestDevice(e.to_string()))?;
         let faults = Arc::new(Faults::default());
         faults.watch(&device);
-        let lose_after = match std::env::var(LOSE_DEVICE_AFTER) {
-            Ok(v) => Some(v.trim().parse().map_err(|_| GpuError::Device(format!("{LOSE_DEVICE_AFTER}={v:?} is not a count")))?),
-            Err(_) => None,
-        };
+        let lose_after = options.faults.lose_device_after;
         let placeholder = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("placeholder"),
             size: 256,
@@ -280,6 +332,8 @@ impl Gpu {
             submissions: AtomicU64::new(0),
             staged_uploads: AtomicU64::new(0),
             lose_after,
+            attention: options.attention,
+            injected: options.faults,
             precision: choice.tier,
             matrix: choice.matrix,
             matrix_offered,
@@ -288,6 +342,16 @@ impl Gpu {
             range_scales: Mutex::default(),
         };
         Ok(gpu)
+    }
+
+    /// Which attention kernel the options force, if any.
+    pub fn attention_choice(&self) -> AttentionChoice {
+        self.attention
+    }
+
+    /// The faults the options inject (none in normal use).
+    pub fn faults(&self) -> FaultInjection {
+        self.injected
     }
 
     /// The precision tier this device runs.

@@ -176,7 +176,7 @@ mod tests {
 
     #[test]
     fn auto_takes_f32_on_a_cpu_adapter_and_says_why() {
-        let auto = Gpu::new(&GpuOptions { precision: Precision::Auto, ..Default::default() }).unwrap_or_else(|e| panic!("{e}"));
+        let auto = Gpu::new(&GpuOptions { precision: Precision::Auto, ..crate::testing::options() }).unwrap_or_else(|e| panic!("{e}"));
         if !auto.is_software() {
             assert!(auto.auto_reason().is_none(), "{:?}", auto.auto_reason());
             crate::skip::skipped(format_args!("{} is not a CPU adapter; auto takes {}", auto.describe(), auto.precision().name()));
@@ -188,7 +188,7 @@ mod tests {
         println!("auto on {}: f32, as {reason}", auto.describe());
         // Named, the half tiers the adapter offers still run as asked.
         for asked in [Precision::F16, Precision::Matrix] {
-            match Gpu::new(&GpuOptions { precision: asked, ..Default::default() }) {
+            match Gpu::new(&GpuOptions { precision: asked, ..crate::testing::options() }) {
                 Ok(gpu) => {
                     assert_eq!((gpu.precision(), gpu.auto_reason()), (asked, None));
                     println!("{} tier: runs when named", asked.name());
@@ -201,7 +201,7 @@ mod tests {
     #[test]
     fn a_tier_whose_check_cannot_run_steps_down_on_a_fresh_device() {
         // `auto` in its GPU order, with a check that fails to run on every half tier.
-        let options = GpuOptions { precision: Precision::Auto, gpu_shaped_kernels: true, ..Default::default() };
+        let options = GpuOptions { precision: Precision::Auto, gpu_shaped_kernels: true, ..crate::testing::options() };
         let cannot_run = |gpu: &Gpu| match gpu.precision() {
             Precision::F32 => Ok(()),
             _ => Err(ProbeError::Gpu(GpuError::Device("made to fail".into()))),

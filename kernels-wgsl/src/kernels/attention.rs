@@ -4,7 +4,7 @@
 //! Shader: `attention.wgsl` beside this file.
 
 use crate::kernel::{kernel, Access::{Read as R, ReadWrite as RW}, Kernel, Module};
-use crate::device::Gpu;
+use crate::device::{AttentionChoice, Gpu};
 use crate::dispatch::{dispatch, placeholder_window, row_chunks, to_u32, window, Launch, Rows, Sink};
 use crate::error::GpuError;
 use crate::precision::{MatrixConfig, MatrixOperands};
@@ -136,15 +136,15 @@ impl AttentionKernel {
     /// kernel otherwise. [`FORCE_KERNEL`] overrides the first two.
     fn pick(gpu: &Gpu, s: &Attention, qkv: &Qkv<'_>) -> AttentionKernel {
         let lanes = lanes_fit(s, qkv);
-        match forced_attention_kernel() {
-            Some(Forced::Flash) => match gpu.matrix() {
+        match gpu.attention_choice() {
+            AttentionChoice::Flash => match gpu.matrix() {
                 Some(c) if c.operands == MatrixOperands::F16 && s.head_dim <= ATTENTION_MATRIX_MAX_HEAD_DIM => return AttentionKernel::Flash(c),
                 _ => {}
             },
-            Some(Forced::Tiled) => return AttentionKernel::Tiled,
-            Some(Forced::Lanes) if lanes => return AttentionKernel::Lanes,
-            Some(Forced::Lanes) => return AttentionKernel::Tiled,
-            None => {}
+            AttentionChoice::Tiled => return AttentionKernel::Tiled,
+            AttentionChoice::Lanes if lanes => return AttentionKernel::Lanes,
+            AttentionChoice::Lanes => return AttentionKernel::Tiled,
+            AttentionChoice::Launcher => {}
         }
         match gpu.matrix() {
             Some(c) if s.head_dim <= ATTENTION_MATRIX_MAX_HEAD_DIM => AttentionKernel::Matrix(c),
@@ -162,29 +162,6 @@ impl AttentionKernel {
             AttentionKernel::Flash(c) => flash_subgroups(c) * c.size as u64,
         }
     }
-}
-
-/// A benchmarking aid: `FLUX_LITE_ATTENTION_KERNEL=tiled` or `lanes` runs
-/// that f32 kernel wherever it can (`bench kernels` then times it; a call it
-/// cannot take runs the tiled kernel); `flash` runs the matrix tier's flash
-/// attention where the tier has f16 tiles (elsewhere the usual choice).
-const FORCE_KERNEL: &str = "FLUX_LITE_ATTENTION_KERNEL";
-
-#[derive(Debug, Clone, Copy)]
-enum Forced {
-    Tiled,
-    Lanes,
-    Flash,
-}
-
-fn forced_attention_kernel() -> Option<Forced> {
-    static FORCED: std::sync::OnceLock<Option<Forced>> = std::sync::OnceLock::new();
-    *FORCED.get_or_init(|| match std::env::var(FORCE_KERNEL).as_deref() {
-        Ok("tiled") => Some(Forced::Tiled),
-        Ok("lanes") => Some(Forced::Lanes),
-        Ok("flash") => Some(Forced::Flash),
-        _ => None,
-    })
 }
 
 /// `o = softmax(q·kᵀ·scale + mask)·v`; `key_keep[j] == 0` masks key `j`;
@@ -334,7 +311,7 @@ mod tests {
 
     /// `check` on lavapipe's CPU-shaped attention and on the GPU-shaped one.
     fn both_shapes(check: impl Fn(&Gpu)) {
-        each_kernel_shape(gpu(), crate::GpuOptions::default(), check);
+        each_kernel_shape(gpu(), crate::testing::options(), check);
     }
 
     fn check_attention(gpu: &Gpu, c: AttnCase, seed: u64) {
@@ -448,14 +425,14 @@ mod tests {
         for (seed, scales) in [(61, [1e-6, 1.0, 1.0]), (62, [1e-3, 1e3, 1.0]), (63, [1.0, 1.0, 1e5]), (64, [1.0, 1.0, 1e-6])] {
             check_attention_within(&gpu, extremes(), seed, scales, tol);
         }
-        let small = tier_gpu_with(crate::GpuOptions { precision: crate::Precision::Matrix, max_storage_binding: Some(8 << 10), ..Default::default() }).unwrap();
+        let small = tier_gpu_with(crate::GpuOptions { precision: crate::Precision::Matrix, max_storage_binding: Some(8 << 10), ..crate::testing::options() }).unwrap();
         check_attention_within(&small, AttnCase { q_len: 60, kv_len: 60, q_heads: 2, kv_heads: 1, head_dim: 8, causal: true, padded_keys: 5 }, 15, one, tol);
         FLASH.set(false);
     }
 
     #[test]
     fn attention_on_matrix_units_splits_queries_and_keeps_causality() {
-        let Some(gpu) = tier_gpu_with(crate::GpuOptions { precision: crate::Precision::Matrix, max_storage_binding: Some(8 << 10), ..Default::default() }) else { return };
+        let Some(gpu) = tier_gpu_with(crate::GpuOptions { precision: crate::Precision::Matrix, max_storage_binding: Some(8 << 10), ..crate::testing::options() }) else { return };
         check_attention_within(&gpu, AttnCase { q_len: 60, kv_len: 60, q_heads: 2, kv_heads: 1, head_dim: 8, causal: true, padded_keys: 5 }, 15, [1.0; 3], MATRIX_ATTENTION_TOL);
     }
 
@@ -488,7 +465,7 @@ mod tests {
     #[test]
     fn attention_splits_queries_and_keeps_causality() {
         // 8 KiB bindings: each query window holds a few rows; causal positions must carry over.
-        let small = crate::GpuOptions { max_storage_binding: Some(8 << 10), ..Default::default() };
+        let small = crate::GpuOptions { max_storage_binding: Some(8 << 10), ..crate::testing::options() };
         each_kernel_shape(&small_binding_gpu(8 << 10), small, |g| {
             check_attention(g, AttnCase { q_len: 60, kv_len: 60, q_heads: 2, kv_heads: 1, head_dim: 8, causal: true, padded_keys: 5 }, 15)
         });

@@ -81,16 +81,10 @@ pub struct Gemm {
     pub k: u64,
 }
 
-/// A testing aid: `FLUX_LITE_BREAK_KERNEL=linear` makes every linear sum
-/// one term short: a deliberately wrong kernel, which `flux-lite selftest`
-/// must catch.
-const BREAK_KERNEL: &str = "FLUX_LITE_BREAK_KERNEL";
-
-/// Terms of each output's sum: `k`, or one fewer under [`BREAK_KERNEL`].
-fn terms(k: u64) -> u64 {
-    static BROKEN: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let broken = *BROKEN.get_or_init(|| std::env::var(BREAK_KERNEL).is_ok_and(|v| v == "linear"));
-    if broken {
+/// Terms of each output's sum: `k`, or one fewer where the device's options
+/// inject a short linear ([`crate::FaultInjection::short_linear`]).
+fn terms(gpu: &Gpu, k: u64) -> u64 {
+    if gpu.faults().short_linear {
         k.saturating_sub(1)
     } else {
         k
@@ -157,8 +151,8 @@ fn product(gpu: &Gpu, sink: &mut dyn Sink, x: Mat<'_>, w: Weight<'_>, bias: Opti
             let scales = match matrix {
                 Some(c) if c.operands == MatrixOperands::F16 => {
                     let scales = gpu.range_scales(rows_n + cols_n);
-                    measure_rows(gpu, sink, &xw, &scales, RangeScalesParams { rows: to_u32(rows_n, "linear rows")?, k: to_u32(terms(kdim), "linear k")?, src_offset: xw.local, src_stride: to_u32(x.stride, "linear input stride")?, dst_offset: 0, t_stride: 1, _pad: [0; 2] }, false)?;
-                    measure_rows(gpu, sink, &ww, &scales, RangeScalesParams { rows: to_u32(cols_n, "linear cols")?, k: to_u32(terms(kdim), "linear k")?, src_offset: ww.local, src_stride: to_u32(kdim, "linear k")?, dst_offset: to_u32(rows_n, "linear rows")?, t_stride: 1, _pad: [0; 2] }, w.dtype.constant() == 1)?;
+                    measure_rows(gpu, sink, &xw, &scales, RangeScalesParams { rows: to_u32(rows_n, "linear rows")?, k: to_u32(terms(gpu, kdim), "linear k")?, src_offset: xw.local, src_stride: to_u32(x.stride, "linear input stride")?, dst_offset: 0, t_stride: 1, _pad: [0; 2] }, false)?;
+                    measure_rows(gpu, sink, &ww, &scales, RangeScalesParams { rows: to_u32(cols_n, "linear cols")?, k: to_u32(terms(gpu, kdim), "linear k")?, src_offset: ww.local, src_stride: to_u32(kdim, "linear k")?, dst_offset: to_u32(rows_n, "linear rows")?, t_stride: 1, _pad: [0; 2] }, w.dtype.constant() == 1)?;
                     Some(scales)
                 }
                 _ => None,
@@ -170,7 +164,7 @@ fn product(gpu: &Gpu, sink: &mut dyn Sink, x: Mat<'_>, w: Weight<'_>, bias: Opti
             let params = LinearParams {
                 m: to_u32(rows.end - rows.start, "linear rows")?,
                 n: to_u32(cols.end - cols.start, "linear cols")?,
-                k: to_u32(terms(kdim), "linear k")?,
+                k: to_u32(terms(gpu, kdim), "linear k")?,
                 x_offset: xw.local,
                 x_stride: to_u32(x.stride, "linear input stride")?,
                 w_offset: ww.local,
@@ -410,7 +404,7 @@ mod tests {
     /// rows' range scales into the shared scales buffer before its tiles.
     #[test]
     fn linear_on_matrix_units_splits_and_reads_a_window() {
-        let Some(gpu) = tier_gpu_with(GpuOptions { precision: Precision::Matrix, max_storage_binding: Some(64 << 10), ..Default::default() }) else { return };
+        let Some(gpu) = tier_gpu_with(GpuOptions { precision: Precision::Matrix, max_storage_binding: Some(64 << 10), ..crate::testing::options() }) else { return };
         let (m, n, k, wide, from) = (180usize, 250usize, 200usize, 207usize, 5usize);
         let mut rng = Rng::new(41);
         let mut xs = rng.normals(m * wide, 1.0);

@@ -271,7 +271,7 @@ mod tests {
     use crate::testing::*;
 
     fn both_shapes(check: impl Fn(&crate::Gpu)) {
-        each_kernel_shape(gpu(), crate::GpuOptions::default(), check);
+        each_kernel_shape(gpu(), crate::testing::options(), check);
     }
 
     #[test]

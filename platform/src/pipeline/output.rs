@@ -112,17 +112,24 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), String> {
     })
 }
 
-/// A testing aid: `FLUX_LITE_PAUSE_MID_WRITE=SECONDS` stops an atomic write
-/// halfway for that long, its first half on disk under the temporary name,
-/// so a test can kill the process in the middle of writing.
-const PAUSE_MID_WRITE: &str = "FLUX_LITE_PAUSE_MID_WRITE";
+/// A testing aid: atomic writes stop halfway for this many seconds, their
+/// first half on disk under the temporary name, so a test can kill the
+/// process in the middle of writing (0: no pause). Set by the CLI from
+/// `FLUX_LITE_PAUSE_MID_WRITE`.
+static PAUSE_MID_WRITE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Makes every atomic write pause halfway for `seconds` (a testing aid).
+pub fn pause_writes_midway(seconds: u64) {
+    PAUSE_MID_WRITE.store(seconds, std::sync::atomic::Ordering::Relaxed);
+}
 
 fn pause_mid_write(w: &mut dyn Write) -> std::io::Result<()> {
-    let Some(seconds) = std::env::var(PAUSE_MID_WRITE).ok().and_then(|v| v.trim().parse::<u64>().ok()) else {
+    let seconds = PAUSE_MID_WRITE.load(std::sync::atomic::Ordering::Relaxed);
+    if seconds == 0 {
         return Ok(());
-    };
+    }
     w.flush()?;
-    eprintln!("paused mid-write for {seconds} s ({PAUSE_MID_WRITE})");
+    eprintln!("paused mid-write for {seconds} s");
     std::thread::sleep(std::time::Duration::from_secs(seconds));
     Ok(())
 }

@@ -25,10 +25,16 @@ use flux_lite_core::BumpArena;
 
 use flux_lite_core::models::vae::{band_arena_bytes, BAND_ALIGN as ALIGN};
 
-/// Where the banded VAE's scratch file goes: `FLUX_LITE_SCRATCH_DIR`, else
-/// the OS's temporary folder (a tmpfs there keeps the activations in memory
-/// or swap; point this at a disk for very large images).
-pub const SCRATCH_DIR: &str = "FLUX_LITE_SCRATCH_DIR";
+/// Where the banded VAE's scratch file goes when set (the CLI sets it from
+/// `FLUX_LITE_SCRATCH_DIR`), else the OS's temporary folder (a tmpfs there
+/// keeps the activations in memory or swap; point this at a disk for very
+/// large images).
+static SCRATCH_DIR: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+
+/// Puts the banded VAE's scratch files in `dir` (once per process).
+pub fn set_scratch_dir(dir: std::path::PathBuf) {
+    let _ = SCRATCH_DIR.set(dir);
+}
 
 /// The whole image's activations: core's full-size layout (every span at
 /// its arena offset) in an unnamed scratch file mapped into memory. The
@@ -42,14 +48,14 @@ pub struct HostTensors {
 
 impl HostTensors {
     /// A scratch arena of `elements` f32 values (zero until written) in
-    /// [`SCRATCH_DIR`]'s folder.
+    /// the scratch folder ([`set_scratch_dir`]).
     pub fn scratch(elements: u64) -> Result<Self, RunError> {
-        Self::scratch_in(&std::env::var_os(SCRATCH_DIR).map_or_else(std::env::temp_dir, std::path::PathBuf::from), elements)
+        Self::scratch_in(&SCRATCH_DIR.get().cloned().unwrap_or_else(std::env::temp_dir), elements)
     }
 
     /// A scratch arena of `elements` f32 values in a file without a name in `dir`.
     pub fn scratch_in(dir: &std::path::Path, elements: u64) -> Result<Self, RunError> {
-        let failed = |e: std::io::Error| RunError::Input(format!("the VAE's scratch file in {}: {e} (set {SCRATCH_DIR} to another folder)", dir.display()));
+        let failed = |e: std::io::Error| RunError::Input(format!("the VAE's scratch file in {}: {e} (set FLUX_LITE_SCRATCH_DIR to another folder)", dir.display()));
         let file = tempfile::tempfile_in(dir).map_err(failed)?;
         file.set_len(4 * elements.max(1)).map_err(failed)?;
         // SAFETY: the file has no name and is held only here, so nothing
