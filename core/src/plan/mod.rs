@@ -515,118 +515,6 @@ fn encode_phase(c: &Qwen3Config, tokens: u64, weights: WeightSizes, host: u64) -
     Ok(PhaseOptions { weights, fixed: (arena.high_water(), tables + readback + overhead(steps)), host })
 }
 
-/// The transformer's phase: for each weight strategy, unchunked or with
-/// the feed-forward and MLP projections over chunks of tokens. The bytes
-/// that do not depend on the strategy are laid out once per chunk size.
-#[derive(Debug, Clone)]
-struct DenoiseOptions {
-    weights: WeightSizes,
-    /// Arena and other bytes unchunked; `None` when the unchunked single
-    /// blocks' keys (a column window of the fused projection, whose rows are
-    /// `3D + 2F` wide) exceed one storage binding.
-    unchunked: Option<(u64, u64)>,
-    /// `(chunk, (arena, other))` for each chunk `CHUNK_ROWS · 2ᵏ` below the token count, largest first.
-    chunked: heapless::Vec<(u64, (u64, u64)), 64>,
-    /// Host bytes (the same chunked or not).
-    host: u64,
-}
-
-impl DenoiseOptions {
-    fn new(input: &PlanInput<'_>) -> Result<Self, PlanError> {
-        let (lat_h, lat_w) = latent_grid(input)?;
-        let rows = input.prompt_tokens + lat_h * lat_w + reference_tokens(input)?;
-        // Attention binds the keys of every token at once: `D`-wide rows
-        // chunked, fused-projection rows unchunked.
-        let c = input.transformer;
-        let (d, f) = (c.inner_dim() as u64, c.mlp_hidden_dim() as u64);
-        let keys = |width: u64| rows.saturating_mul(width).saturating_mul(4);
-        let limit = input.limits.max_binding;
-        if keys(d) > limit {
-            return Err(PlanError::AttentionTooLarge { tokens: rows, bytes: keys(d), limit });
-        }
-        // The arena is one device buffer: layouts larger than the adapter's
-        // largest buffer are not offered.
-        let max_buffer = input.limits.max_buffer;
-        let mut smallest_arena = u64::MAX;
-        let mut fits = |fixed: (u64, u64)| {
-            smallest_arena = smallest_arena.min(fixed.0);
-            fixed.0 <= max_buffer
-        };
-        let unchunked = if keys(3 * d + 2 * f) <= limit { Some(denoise_fixed(input, rows)?).filter(|&u| fits(u)) } else { None };
-        let mut chunked = heapless::Vec::new();
-        let largest_shift = u64::BITS - 1 - CHUNK_ROWS.ilog2();
-        for chunk in (0..=largest_shift).rev().map(|k| CHUNK_ROWS << k).filter(|&c| c < rows) {
-            let fixed = denoise_fixed(input, chunk)?;
-            if fits(fixed) {
-                // At most 58 shifts fit in 64 bits: the list never overflows.
-                let _ = chunked.push((chunk, fixed));
-            }
-        }
-        if unchunked.is_none() && chunked.is_empty() {
-            if smallest_arena != u64::MAX {
-                return Err(PlanError::ArenaTooLarge { phase: "the transformer", bytes: smallest_arena, limit: max_buffer });
-            }
-            return Err(PlanError::AttentionTooLarge { tokens: rows, bytes: keys(3 * d + 2 * f), limit });
-        }
-        Ok(Self { weights: input.transformer_weights, unchunked, chunked, host: host::denoise(input)? })
-    }
-
-    /// The phase under `weights` with `chunk` rows per pass (`None`: all), given its arena and other bytes.
-    fn phase(&self, weights: WeightStrategy, chunk: Option<u64>, (arena_bytes, other_bytes): (u64, u64)) -> PhasePlan {
-        PhasePlan { weights, chunk, weight_bytes: self.weights.bytes(weights), arena_bytes, other_bytes, host_bytes: self.host }.with_staging()
-    }
-
-    /// The phase under `weights` with each chunk size, largest first.
-    fn chunked(&self, weights: WeightStrategy) -> impl Iterator<Item = PhasePlan> + '_ {
-        self.chunked.iter().map(move |&(chunk, fixed)| self.phase(weights, Some(chunk), fixed))
-    }
-
-    /// The phase under `weights` unchunked, then with the chunk that needs
-    /// the least memory if the tokens span more than one (smaller chunks
-    /// need less scratch but more dispatch parameters).
-    fn least_of(&self, weights: WeightStrategy) -> impl Iterator<Item = PhasePlan> + '_ {
-        let smallest = self.chunked(weights).min_by_key(PhasePlan::peak);
-        [self.unchunked.map(|u| self.phase(weights, None, u)), smallest].into_iter().flatten()
-    }
-
-    /// Each weight strategy in turn, fastest first: unchunked if it fits,
-    /// else with the largest chunk that fits.
-    fn fastest_within(&self, budget: u64) -> Option<PhasePlan> {
-        self.weights.strategies().find_map(|s| {
-            let unchunked = self.unchunked.map(|u| self.phase(s, None, u));
-            if let Some(unchunked) = unchunked.filter(|p| p.peak() <= budget) {
-                return Some(unchunked);
-            }
-            self.chunked(s).find(|p| p.peak() <= budget)
-        })
-    }
-
-    fn smallest(&self) -> Need {
-        self.weights.strategies().flat_map(|s| self.least_of(s)).min_by_key(PhasePlan::peak).map(Need::from).unwrap_or_default()
-    }
-}
-
-/// The transformer's arena with `chunk` token rows per feed-forward pass,
-/// and its other bytes: RoPE tables, the unconditional velocity, readback
-/// of the latents, dispatch parameters.
-fn denoise_fixed(input: &PlanInput<'_>, chunk: u64) -> Result<(u64, u64), PlanError> {
-    let c = input.transformer;
-    let (lat_h, lat_w) = latent_grid(input)?;
-    let image = lat_h * lat_w;
-    let text = input.prompt_tokens;
-    let tokens = transformer::Tokens { text, noise: image, references: reference_tokens(input)? };
-    let mut arena = BumpArena::new(u64::MAX);
-    let l = transformer::TransformerLayout::chunked(c, tokens, chunk, &mut arena)
-        .map_err(|_| PlanError::Size("the image is too large to lay out"))?;
-    let mut steps = count(|emit| transformer::prologue(&l, emit)) + count(|emit| transformer::epilogue(&l, emit)) + 1;
-    steps += c.num_layers as u64 * count(|emit| transformer::double_block(&l, 0, emit));
-    steps += c.num_single_layers as u64 * count(|emit| transformer::single_block(&l, 0, emit));
-    let tables = 2 * 4 * (text + tokens.image()) * c.attention_head_dim as u64;
-    let unconditional = 4 * image * c.out_channels as u64;
-    let readback = 4 * image * c.in_channels as u64;
-    Ok((arena.high_water(), tables + unconditional + readback + overhead(steps)))
-}
-
 const REFERENCE_SIZE: &str = "a reference image's size is not a positive multiple of 2 × the VAE scale factor";
 
 /// The reference images' tokens, all together.
@@ -654,6 +542,7 @@ fn count(program: impl FnOnce(&mut dyn FnMut(Op))) -> u64 {
     n
 }
 
+mod denoise;
 mod estimates;
 pub mod host;
 mod vae_layouts;
@@ -662,6 +551,9 @@ pub use crate::bytes::Bytes;
 pub use estimates::*;
 pub use vae_layouts::{decode_options, reference_options, vae_arena};
 use vae_layouts::smallest_decode;
+use denoise::DenoiseOptions;
+#[cfg(test)]
+use denoise::denoise_fixed;
 
 #[cfg(test)]
 mod tests;

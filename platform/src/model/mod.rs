@@ -2,6 +2,7 @@
 //! `text_encoder/`, `tokenizer/`, `transformer/`, `vae/`. Architecture comes
 //! from each component's `config.json`.
 
+mod bfl_names;
 pub mod compress;
 pub mod config_json;
 pub mod df11;
