@@ -3,9 +3,11 @@
 //! chosen and proven for it is in `tiers`, the counted buffers in `memory`.
 
 mod memory;
+mod options;
 mod tiers;
 
 pub use memory::{DeviceBuffer, DeviceMemory};
+pub use options::{AttentionChoice, Backend, FaultInjection, GpuOptions};
 use memory::{CountedBuffer, MemoryCounter};
 use tiers::choose_tier;
 
@@ -20,141 +22,6 @@ use wgpu::util::DeviceExt;
 
 /// The most bytes one upload stages at a time (a larger tensor goes in chunks).
 pub const UPLOAD_CHUNK: u64 = 4 << 20;
-
-/// The native APIs flux-lite can run on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Backend {
-    Vulkan,
-    Metal,
-    Dx12,
-    Gl,
-}
-
-impl Backend {
-    /// Metal on macOS, Vulkan elsewhere.
-    pub fn platform_default() -> Self {
-        if cfg!(target_os = "macos") {
-            Backend::Metal
-        } else {
-            Backend::Vulkan
-        }
-    }
-
-    pub fn parse(s: &str) -> Result<Self, GpuError> {
-        match s.to_ascii_lowercase().as_str() {
-            "vulkan" => Ok(Backend::Vulkan),
-            "metal" => Ok(Backend::Metal),
-            "dx12" => Ok(Backend::Dx12),
-            "gl" => Ok(Backend::Gl),
-            _ => Err(GpuError::UnknownBackend(s.to_string())),
-        }
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Backend::Vulkan => "vulkan",
-            Backend::Metal => "metal",
-            Backend::Dx12 => "dx12",
-            Backend::Gl => "gl",
-        }
-    }
-
-    fn wgpu(self) -> wgpu::Backends {
-        match self {
-            Backend::Vulkan => wgpu::Backends::VULKAN,
-            Backend::Metal => wgpu::Backends::METAL,
-            Backend::Dx12 => wgpu::Backends::DX12,
-            Backend::Gl => wgpu::Backends::GL,
-        }
-    }
-}
-
-/// How the device is made and run. Nothing here is read from the
-/// environment by the library: programs that take settings from there (the
-/// CLI, the tests) build these with [`GpuOptions::from_env`].
-#[derive(Debug, Clone, Default)]
-pub struct GpuOptions {
-    /// `None`: the platform default (Metal on macOS, Vulkan elsewhere).
-    pub backend: Option<Backend>,
-    /// One adapter of several, by its index among the backend's adapters or
-    /// a part of its name; `None`: the one the backend calls high-performance.
-    pub adapter: Option<String>,
-    /// A benchmarking aid: which attention kernel runs where it can.
-    pub attention: AttentionChoice,
-    /// Faults to inject, for the tests of the error paths; none in normal use.
-    pub faults: FaultInjection,
-    /// Ask for a device whose largest storage binding is at most this many
-    /// bytes (tests use it to force the split paths).
-    pub max_storage_binding: Option<u64>,
-    /// Set (e.g. by a SIGINT handler) to stop the work: every submission
-    /// after it is set fails with [`GpuError::Interrupted`], so a run stops
-    /// at its next block.
-    pub interrupt: Option<Arc<AtomicBool>>,
-    /// The precision tier; a tier the adapter lacks is an error naming why.
-    pub precision: Precision,
-    /// Treat a CPU adapter as a GPU: the kernels shaped for GPUs (where
-    /// kernels shaped for SIMD lanes run by default) and `auto`'s GPU order
-    /// of tiers: the tests use it to check both on lavapipe.
-    pub gpu_shaped_kernels: bool,
-}
-
-/// Which attention kernel runs (`FLUX_LITE_ATTENTION_KERNEL`): the launcher's
-/// choice, or one forced wherever it can take the call (`bench kernels` then
-/// times it; a call it cannot take runs the launcher's choice, the tiled
-/// kernel for `Lanes`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum AttentionChoice {
-    #[default]
-    Launcher,
-    /// `attention.wgsl`, the f32 tiled kernel.
-    Tiled,
-    /// `attention_cpu.wgsl`, the CPU-shaped kernel.
-    Lanes,
-    /// `attention_flash.wgsl` on the matrix tier's f16 tiles (opt-in until proven on a GPU).
-    Flash,
-}
-
-/// Faults the tests of the error paths inject; all off by default.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct FaultInjection {
-    /// Destroy the device after its N-th submission, as a driver reset would
-    /// lose it mid-run (`FLUX_LITE_LOSE_DEVICE_AFTER=N`).
-    pub lose_device_after: Option<u64>,
-    /// Every linear sums one term short: a wrong kernel, which `selftest`
-    /// must catch (`FLUX_LITE_BREAK_KERNEL=linear`).
-    pub short_linear: bool,
-    /// This tier's known-answer probe reports a wrong answer, as a faulty
-    /// driver would (`FLUX_LITE_FAIL_TIER_PROBE=matrix` or `f16`).
-    pub failing_probe: Option<Precision>,
-}
-
-impl GpuOptions {
-    /// The defaults with what the environment sets: `FLUX_LITE_BACKEND`,
-    /// `FLUX_LITE_ADAPTER`, `FLUX_LITE_ATTENTION_KERNEL=tiled|lanes|flash`,
-    /// and the fault injections (`FLUX_LITE_LOSE_DEVICE_AFTER`,
-    /// `FLUX_LITE_BREAK_KERNEL`, `FLUX_LITE_FAIL_TIER_PROBE`). For programs
-    /// that take settings from there; a library caller sets the fields.
-    pub fn from_env() -> Result<Self, GpuError> {
-        let var = |name: &str| std::env::var(name).ok().map(|v| v.trim().to_string()).filter(|v| !v.is_empty());
-        let backend = var("FLUX_LITE_BACKEND").map(|v| Backend::parse(&v)).transpose()?;
-        let attention = match var("FLUX_LITE_ATTENTION_KERNEL").as_deref() {
-            Some("tiled") => AttentionChoice::Tiled,
-            Some("lanes") => AttentionChoice::Lanes,
-            Some("flash") => AttentionChoice::Flash,
-            _ => AttentionChoice::Launcher,
-        };
-        let lose_device_after = match var("FLUX_LITE_LOSE_DEVICE_AFTER") {
-            Some(v) => Some(v.parse().map_err(|_| GpuError::Device(format!("FLUX_LITE_LOSE_DEVICE_AFTER={v:?} is not a count")))?),
-            None => None,
-        };
-        let faults = FaultInjection {
-            lose_device_after,
-            short_linear: var("FLUX_LITE_BREAK_KERNEL").as_deref() == Some("linear"),
-            failing_probe: var("FLUX_LITE_FAIL_TIER_PROBE").and_then(|t| Precision::from_name(&t)),
-        };
-        Ok(Self { backend, adapter: var(ADAPTER_VARIABLE), attention, faults, ..Self::default() })
-    }
-}
 
 /// The first error the device reported outside a call's own result (device
 /// lost, out of memory, a validation error): wgpu would panic on these; we
