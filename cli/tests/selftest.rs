@@ -19,7 +19,7 @@ fn selftest(args: &[&str], env: &[(&str, &str)]) -> Output {
 
 /// Whether the matrix tier must be checked here (CI's Mesa 26 run).
 fn matrix_required() -> bool {
-    std::env::var_os("FLUX_LITE_REQUIRE_MATRIX").is_some()
+    flux_lite_kernels::test_devices::tiers_required()
 }
 
 #[test]

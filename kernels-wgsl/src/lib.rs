@@ -30,6 +30,8 @@ pub mod precision;
 pub mod probe;
 pub mod selftest;
 pub mod skip;
+#[cfg(any(test, feature = "test-support"))]
+pub mod test_devices;
 pub mod view;
 
 #[cfg(test)]

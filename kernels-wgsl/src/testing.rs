@@ -2,14 +2,7 @@
 //! random inputs, and the comparison every kernel test uses.
 
 use crate::{Gpu, GpuError, GpuOptions};
-use std::sync::OnceLock;
-
-/// The test device (lavapipe in CI). Fails loudly when there is none: the
-/// kernel tests are the point of running on a machine without a GPU.
-pub fn gpu() -> &'static Gpu {
-    static GPU: OnceLock<Gpu> = OnceLock::new();
-    GPU.get_or_init(|| Gpu::new(&crate::testing::options()).unwrap_or_else(|e| panic!("{e}")))
-}
+pub use crate::test_devices::{gpu, options, small_binding_gpu, tier_gpu, tier_gpu_with};
 
 /// `check` on `gpu`, and where that device runs the kernels shaped for CPU
 /// adapters, again on a device made with `options` (those `gpu` was made
@@ -24,17 +17,6 @@ pub fn each_kernel_shape(gpu: &Gpu, options: GpuOptions, check: impl Fn(&Gpu)) {
     }
 }
 
-/// The tests' device options: what the environment sets (CI reruns the
-/// kernel tests with `FLUX_LITE_BACKEND=gl`), the rest the defaults.
-pub fn options() -> GpuOptions {
-    GpuOptions::from_env().unwrap_or_else(|e| panic!("{e}"))
-}
-
-/// A device whose storage bindings are capped at `bytes`, to force the split paths.
-pub fn small_binding_gpu(bytes: u64) -> Gpu {
-    Gpu::new(&GpuOptions { max_storage_binding: Some(bytes), ..crate::testing::options() }).unwrap_or_else(|e| panic!("{e}"))
-}
-
 /// A device on the matrix tier, or `None` after printing why there is none
 /// (`skipped: …`, through [`crate::skip::skipped`]). Where
 /// `FLUX_LITE_REQUIRE_MATRIX` is set (CI's run on Mesa 26, which offers
@@ -46,24 +28,6 @@ pub fn matrix_gpu() -> Option<Gpu> {
 /// A device on the f16 tier, or `None` after printing why (as [`matrix_gpu`]).
 pub fn half_gpu() -> Option<Gpu> {
     tier_gpu(crate::Precision::F16)
-}
-
-fn tier_gpu(tier: crate::Precision) -> Option<Gpu> {
-    tier_gpu_with(GpuOptions { precision: tier, ..crate::testing::options() })
-}
-
-/// A device made with `options` (a half tier among them), or `None` after
-/// printing why (as [`matrix_gpu`]).
-pub fn tier_gpu_with(options: GpuOptions) -> Option<Gpu> {
-    let tier = options.precision;
-    match Gpu::new(&options) {
-        Ok(gpu) => Some(gpu),
-        Err(e) if std::env::var_os("FLUX_LITE_REQUIRE_MATRIX").is_some() => panic!("FLUX_LITE_REQUIRE_MATRIX is set: {e}"),
-        Err(e) => {
-            crate::skip::skipped(format_args!("no {} tier on this adapter: {e}", tier.name()));
-            None
-        }
-    }
 }
 
 /// `v` as the matrix tier's f16 operands see it.

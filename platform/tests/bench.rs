@@ -6,17 +6,8 @@
 
 use flux_lite_platform::bench::ShapeBench;
 use flux_lite_platform::model::ModelFolder;
-use flux_lite_platform::{Gpu, GpuOptions};
+use flux_lite_kernels::test_devices::{gpu, small_binding_gpu};
 use std::path::Path;
-
-fn gpu() -> Gpu {
-    Gpu::new(&GpuOptions::default()).unwrap_or_else(|e| panic!("{e}"))
-}
-
-/// A device whose storage bindings are capped at `bytes`.
-fn small_binding_gpu(bytes: u64) -> Gpu {
-    Gpu::new(&GpuOptions { max_storage_binding: Some(bytes), ..Default::default() }).unwrap_or_else(|e| panic!("{e}"))
-}
 
 #[test]
 fn blocks_and_steps_chunk_when_the_keys_exceed_a_binding() {
@@ -39,7 +30,7 @@ fn blocks_and_steps_chunk_when_the_keys_exceed_a_binding() {
     assert!(step.shape.ends_with("chunks"), "{step:?}");
     // Where the keys fit, nothing is chunked.
     let device = gpu();
-    let roomy = ShapeBench::new(&device, 1);
+    let roomy = ShapeBench::new(device, 1);
     for f in roomy.blocks(cfg, 96).unwrap_or_else(|e| panic!("{e}")) {
         assert!(!f.shape.contains("chunks"), "{f:?}");
     }
@@ -53,5 +44,5 @@ fn an_untiled_vae_above_the_bindings_is_reported_not_run() {
     let why = ShapeBench::new(&small, 1).vae_unfit(&model.vae, 128).expect("refused");
     assert!(why.contains("above the adapter's largest binding, 1048576 bytes"), "{why}");
     let device = gpu();
-    assert_eq!(ShapeBench::new(&device, 1).vae_unfit(&model.vae, 128), None);
+    assert_eq!(ShapeBench::new(device, 1).vae_unfit(&model.vae, 128), None);
 }

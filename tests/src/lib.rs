@@ -9,9 +9,8 @@ pub mod tolerance;
 use flux_lite_core::plan::WeightStrategy;
 use flux_lite_platform::model::{Component, ModelFolder};
 use flux_lite_platform::components::transformer::{LatentGrids, Transformer};
-use flux_lite_platform::{Gpu, GpuOptions};
+use flux_lite_platform::Gpu;
 use safetensors::tensor::{Dtype, SafeTensors};
-use std::sync::OnceLock;
 use std::path::{Path, PathBuf};
 
 /// A test's one line when this machine lacks what it needs (`skipped: <test>: <why>`, counted by ci/test.sh).
@@ -34,8 +33,7 @@ pub fn tier_here(flux_lite: &str, tier: &str) -> bool {
     if !line.contains("unavailable") {
         return true;
     }
-    assert!(std::env::var_os("FLUX_LITE_REQUIRE_MATRIX").is_none(), "FLUX_LITE_REQUIRE_MATRIX is set: {line}");
-    skipped(&line);
+    flux_lite_kernels::test_devices::missing_tier(&line);
     false
 }
 
@@ -251,25 +249,9 @@ pub fn assert_rel_l2(what: &str, got: &[f32], want: &[f32], tol: f64) {
     );
 }
 
-/// A device on precision tier `tier`, or `None` after printing why there is
-/// none (`skipped: …`); where `FLUX_LITE_REQUIRE_MATRIX` is set (CI's run on
-/// Mesa 26, which offers both half tiers) a missing tier fails instead.
-pub fn tier_gpu(tier: flux_lite_platform::Precision) -> Option<Gpu> {
-    match Gpu::new(&GpuOptions { precision: tier, ..Default::default() }) {
-        Ok(gpu) => Some(gpu),
-        Err(e) if std::env::var_os("FLUX_LITE_REQUIRE_MATRIX").is_some() => panic!("FLUX_LITE_REQUIRE_MATRIX is set: {e}"),
-        Err(e) => {
-            skipped(format_args!("no {} tier on this adapter: {e}", tier.name()));
-            None
-        }
-    }
-}
-
-/// The test device, one per test binary (lavapipe in CI).
-pub fn gpu() -> &'static Gpu {
-    static GPU: OnceLock<Gpu> = OnceLock::new();
-    GPU.get_or_init(|| Gpu::new(&GpuOptions::default()).unwrap_or_else(|e| panic!("{e}")))
-}
+/// The devices the tests run on (one per test binary, a tier's, the
+/// missing-tier rule): the kernels' test support, shared by every crate.
+pub use flux_lite_kernels::test_devices::{gpu, tier_gpu};
 
 /// A golden case with its model's transformer on the test device, laid out
 /// for the case's image size.
