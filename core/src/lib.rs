@@ -26,6 +26,7 @@ pub mod numerics;
 pub mod oracle;
 pub mod plan;
 pub mod preview;
+pub mod tolerance;
 
 pub use arena::{ArenaError, ArenaSlice, BumpArena};
 // Config structs expose heapless collections; dependents use the same version.

@@ -44,16 +44,8 @@ impl Check {
     }
 }
 
-/// The f32 tier's bound for every kernel: relative L2 ≤ 1e-5 of the f64 reference.
-pub const F32_KERNEL: f64 = 1e-5;
-/// A linear or convolution on a half tier against the exact product: both
-/// operands rounded to f16 (2⁻¹¹ relative each) move random products by
-/// 1.35e-4 – 1.99e-4 relative L2 (lavapipe, 2026-11-25).
-pub const HALF_PRODUCT: f64 = 5e-4;
-/// Attention on matrix units against the exact attention: q, k, the
-/// probabilities and v rounded to f16, 2.0e-4 – 4.0e-4 measured (Mesa 26's
-/// lavapipe, 8×8 tiles, 2026-11-25).
-pub const MATRIX_ATTENTION: f64 = 1e-3;
+/// The kernels' bounds, from the one place every tolerance lives.
+pub use flux_lite_core::tolerance::kernels::{F32_KERNEL, HALF_PRODUCT, MATRIX_ATTENTION};
 
 /// SplitMix64: small, seedable, good enough for check data.
 #[derive(Debug)]

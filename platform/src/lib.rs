@@ -10,7 +10,8 @@ pub mod model;
 pub mod pipeline;
 pub mod run;
 pub mod selftest;
-pub mod tolerance;
+/// Every tolerance, in core (`flux_lite_core::tolerance`).
+pub use flux_lite_core::tolerance;
 
 pub use error::{CompressError, GpuError, LoadError, RunError, TokenizeError};
 // The device types the engine's API takes, from the GPU layer.

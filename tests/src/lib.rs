@@ -241,6 +241,7 @@ pub fn rel_l2(got: &[f32], want: &[f32]) -> (f64, usize) {
 /// Fails with the worst element named when `got` is further than `tol` (relative L2) from `want`.
 pub fn assert_rel_l2(what: &str, got: &[f32], want: &[f32], tol: f64) {
     let (err, worst) = rel_l2(got, want);
+    println!("{what}: relative L2 {err:.2e} (bound {tol:.0e})");
     assert!(
         err <= tol,
         "{what}: relative L2 error {err:.3e} > {tol:.0e}; worst element {worst}: got {} want {}",

@@ -15,8 +15,7 @@ use flux_lite_platform::components::transformer::{LatentGrids, Transformer};
 use flux_lite_tests::{assert_rel_l2, gpu, model_dir, rel_l2, Goldens, REFERENCE_CASES};
 use serde_json::Value;
 
-/// Per-step tolerance of the transformer goldens: relative L2 ≤ 1e-4.
-const STEP_TOL: f64 = 1e-4;
+const STEP_TOL: f64 = flux_lite_tests::tolerance::f32::STEP;
 
 /// JPEG is not decoded bit for bit as PIL (libjpeg-turbo) decodes it. With
 /// full-resolution chroma only the inverse DCT and the YCbCr → RGB rounding

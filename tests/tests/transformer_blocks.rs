@@ -8,9 +8,7 @@
 use flux_lite_platform::components::transformer::Transformer;
 use flux_lite_tests::{assert_rel_l2, gpu, Goldens, TransformerCase, CASES};
 
-/// One block is a few dozen f32 kernels; diffusers runs the same math in
-/// float32, so the two agree to about 1e-6.
-const BLOCK_TOL: f64 = 1e-5;
+const BLOCK_TOL: f64 = flux_lite_tests::tolerance::f32::BLOCK;
 
 fn for_each_case(check: impl Fn(&str, &Goldens, &Transformer, usize)) {
     for name in CASES {

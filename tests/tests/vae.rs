@@ -10,8 +10,7 @@ use flux_lite_platform::RunError;
 use flux_lite_tests::{gpu, model_dir, read_png, rel_l2, Goldens, CASES};
 
 const DECODED_TOL: f64 = flux_lite_tests::tolerance::f32::VAE_DECODED;
-/// The de-normalisation is one multiply-add per element.
-const LATENT_TOL: f64 = 1e-6;
+const LATENT_TOL: f64 = flux_lite_tests::tolerance::f32::DENORM_LATENT;
 
 fn decoder(model: &str, width: usize, height: usize, tile_px: Option<usize>) -> VaeDecoder {
     let m = ModelFolder::open(&model_dir(model)).unwrap();
