@@ -146,6 +146,9 @@ pub fn run(args: &GenArgs) -> Result<(), String> {
             output::check_output_path(flag, path)?;
         }
     }
+    if to_stdout(&args.preview) {
+        return Err("--preview -: a preview is rewritten after each step, so it goes to a file".into());
+    }
     if args.preview_every == 0 {
         return Err("--preview-every 0: give a number of steps, 1 or more".into());
     }

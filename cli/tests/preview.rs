@@ -47,5 +47,8 @@ fn a_preview_every_zero_steps_is_one_error_line() {
     let run = gen(&dir.join("a.png"), &["--preview", dir.join("p.png").to_str().unwrap(), "--preview-every", "0"]);
     let stderr = String::from_utf8_lossy(&run.stderr);
     assert!(!run.status.success() && stderr.trim() == "error: --preview-every 0: give a number of steps, 1 or more", "{stderr}");
+    let run = gen(&dir.join("a.png"), &["--preview", "-"]);
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(!run.status.success() && stderr.trim().starts_with("error: --preview -: ") && stderr.trim().lines().count() == 1, "{stderr}");
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -284,22 +284,18 @@ impl Gpu {
         &self.placeholder
     }
 
-    /// A buffer of at least `floats` f32 for the range rule's row scales,
-    /// shared by every product on this device: each product's pre-pass
-    /// writes it before the product reads it, and dispatches run in order.
-    /// It grows (a new buffer; bind groups keep the old one alive) while
-    /// dispatches are prepared, never inside a prepared loop.
-    pub(crate) fn range_scales(&self, floats: u64) -> DeviceBuffer {
-        let mut held = lock(&self.range_scales);
-        match held.as_ref() {
-            Some(b) if b.size() >= floats * 4 => b.clone(),
-            _ => {
-                // At most RANGE_SCALES_BYTES: the linear's pieces are capped to fit.
-                let b = self.storage("range scales", (floats.next_power_of_two().max(1024) * 4).min(flux_lite_core::plan::RANGE_SCALES_BYTES));
-                *held = Some(b.clone());
-                b
-            }
+    /// The buffer the range rule's row scales go to, shared by every product
+    /// on this device: each product's pre-pass writes it before the product
+    /// reads it, and dispatches run in order. Made once, at the size the
+    /// planner allows for (`RANGE_SCALES_BYTES`: the launchers cap a
+    /// product's pieces to fit), on the first matrix-tier product, so it is
+    /// counted while it lives and never replaced under a prepared dispatch.
+    pub(crate) fn range_scales(&self, floats: u64) -> Result<DeviceBuffer, GpuError> {
+        let bytes = flux_lite_core::plan::RANGE_SCALES_BYTES;
+        if floats * 4 > bytes {
+            return Err(GpuError::UnsupportedShape(format!("{floats} range scales exceed the {bytes} bytes planned for them")));
         }
+        Ok(lock(&self.range_scales).get_or_insert_with(|| self.storage("range scales", bytes)).clone())
     }
 
     /// Largest byte range one storage binding may cover.

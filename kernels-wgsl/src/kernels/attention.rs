@@ -267,7 +267,7 @@ fn attention_with(
                 let kernel = if c.size == 16 { &ATTENTION_FLASH_16 } else { &ATTENTION_FLASH_8 };
                 // Each value column's range scale over all keys, measured first.
                 let columns = s.kv_heads * s.head_dim;
-                let scales = gpu.range_scales(columns);
+                let scales = gpu.range_scales(columns)?;
                 let measure = RangeScalesParams {
                     rows: to_u32(columns, "attention value columns")?,
                     k: to_u32(s.kv_len, "attention keys")?,
