@@ -189,7 +189,7 @@ fn product(gpu: &Gpu, sink: &mut dyn Sink, x: Mat<'_>, w: Weight<'_>, bias: Opti
 /// One [`RANGE_SCALES`] pass: the scale of each row of `src` (f32, or bf16
 /// where `bf16`) into `scales` from `params.dst_offset` on.
 pub(crate) fn measure_rows(gpu: &Gpu, sink: &mut dyn Sink, src: &Window<'_>, scales: &wgpu::Buffer, params: RangeScalesParams, bf16: bool) -> Result<(), GpuError> {
-    let dst = window(gpu, scales, 4, 0..scales.size() / 4, "range scales")?;
+    let dst = window(gpu, scales, 4, 0..(params.dst_offset + params.rows) as u64, "range scales")?;
     let launch = Launch { kernel: &RANGE_SCALES, constants: &[("SOURCE_BF16", bf16 as u32)], params, grid: wrapped_grid(params.rows as u64) };
     dispatch(gpu, sink, launch, &[(1, src), (2, &dst)]);
     Ok(())
