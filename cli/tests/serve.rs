@@ -379,3 +379,43 @@ fn sigterm_stops_the_running_job_answers_it_and_exits_cleanly() {
     assert!(exit.success(), "{exit:?}: {}", server.log());
     assert!(server.log().contains("stopped"), "{}", server.log());
 }
+
+#[test]
+fn a_streamed_generation_sends_partial_images_then_the_image() {
+    let server = Server::start(&[]);
+    let body = r#"{"prompt": "a red fox in the snow", "size": "32x32", "steps": 4, "seed": 5, "stream": true, "partial_images": 2}"#;
+    let (status, text) = post(&server, "/v1/images/generations", body);
+    assert_eq!(status, 200, "{text}");
+    // Server-sent events: `event: KIND` then `data: JSON`, a blank line between.
+    let events: Vec<(String, serde_json::Value)> = text
+        .split("\n\n")
+        .filter(|e| !e.trim().is_empty())
+        .map(|e| {
+            let kind = e.lines().find_map(|l| l.strip_prefix("event: ")).unwrap_or_else(|| panic!("no event line in {e}"));
+            let data = e.lines().find_map(|l| l.strip_prefix("data: ")).unwrap_or_else(|| panic!("no data line in {e}"));
+            (kind.to_string(), json(data))
+        })
+        .collect();
+    let kinds: Vec<&str> = events.iter().map(|(k, _)| k.as_str()).collect();
+    let partials = kinds.iter().filter(|k| **k == "image_generation.partial_image").count();
+    assert!((1..=2).contains(&partials), "{kinds:?}");
+    assert_eq!(kinds.last(), Some(&"image_generation.completed"), "{kinds:?}");
+    assert_eq!(kinds.iter().filter(|k| **k == "image_generation.completed").count(), 1, "{kinds:?}");
+    let dir = std::env::temp_dir().join(format!("flux-lite-serve-stream-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for (i, (_, data)) in events.iter().enumerate() {
+        let png = rgb_of(data["b64_json"].as_str().unwrap(), &dir, &format!("{i}.png"));
+        assert_eq!((png.width, png.height), (32, 32));
+    }
+    // The streamed image is the one the unstreamed request makes.
+    let (_, plain) = post(&server, "/v1/images/generations", r#"{"prompt": "a red fox in the snow", "size": "32x32", "steps": 4, "seed": 5}"#);
+    let plain = rgb_of(json(&plain)["data"][0]["b64_json"].as_str().unwrap(), &dir, "plain.png");
+    let streamed = rgb_of(events.last().unwrap().1["b64_json"].as_str().unwrap(), &dir, "streamed.png");
+    assert_eq!(plain.rgb, streamed.rgb);
+    std::fs::remove_dir_all(&dir).unwrap();
+    // partial_images out of range, or without stream: one-line 400s.
+    let (status, text) = post(&server, "/v1/images/generations", r#"{"prompt": "x", "stream": true, "partial_images": 4}"#);
+    assert!(status == 400 && text.contains("partial_images 4: give 0 to 3"), "{status} {text}");
+    let (status, text) = post(&server, "/v1/images/generations", r#"{"prompt": "x", "partial_images": 1}"#);
+    assert!(status == 400 && text.contains("partial_images needs stream: true"), "{status} {text}");
+}

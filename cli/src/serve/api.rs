@@ -111,6 +111,22 @@ pub struct OpenAiRequest {
     pub image: Option<OneOrMany>,
     #[serde(default)]
     pub images: Option<OneOrMany>,
+    /// `stream: true`: the answer comes as server-sent events,
+    /// `partial_images` (0 to 3) previews of the image forming, then each image.
+    #[serde(default)]
+    pub stream: Option<bool>,
+    #[serde(default)]
+    pub partial_images: Option<usize>,
+}
+
+/// How an OpenAI request wants its answer: `Some(partial images)` to stream it.
+pub fn streaming(stream: Option<bool>, partial_images: Option<usize>) -> Result<Option<usize>, ApiError> {
+    match (stream.unwrap_or(false), partial_images) {
+        (_, Some(n)) if n > 3 => Err(ApiError::bad(format!("partial_images {n}: give 0 to 3"))),
+        (false, Some(n)) if n > 0 => Err(ApiError::bad("partial_images needs stream: true")),
+        (true, n) => Ok(Some(n.unwrap_or(0))),
+        (false, _) => Ok(None),
+    }
 }
 
 #[derive(Debug, Deserialize)]

@@ -5,6 +5,7 @@
 
 mod api;
 mod jobs;
+mod stream;
 
 use api::{A1111Request, ApiError, Limits, OpenAiRequest};
 use argh::FromArgs;
@@ -311,9 +312,16 @@ fn now() -> u64 {
 
 async fn openai_generations(State(app): State<Arc<App>>, headers: HeaderMap, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let id = job_id(&headers)?;
-    let asked = parse::<OpenAiRequest>(body)?.asked(DEFAULT_SIDE)?;
+    let request = parse::<OpenAiRequest>(body)?;
+    let stream = api::streaming(request.stream, request.partial_images)?;
+    let asked = request.asked(DEFAULT_SIDE)?;
     let prompt = asked.prompt.clone();
     let order = checked(&app, asked).await?;
+    if let Some(partials) = stream {
+        let size = format!("{}x{}", order.request.width, order.request.height);
+        let (state, outcome) = app.jobs.submit(order, id)?;
+        return Ok(stream::events(app.jobs.clone(), state, outcome, partials, size));
+    }
     let (id, pictures) = run_order(&app, order, id).await?;
     let data: Vec<serde_json::Value> = pictures.iter().map(|p| json!({ "b64_json": b64(&p.png), "revised_prompt": prompt, "seed": p.seed })).collect();
     Ok(with_job_header(Json(json!({ "created": now(), "data": data })).into_response(), &id))
