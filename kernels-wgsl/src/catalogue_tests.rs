@@ -210,3 +210,23 @@ fn wrapped_grid_covers_every_workgroup() {
     let g = wrapped_grid(200_000);
     assert!(g[0] <= MAX_GRID_DIM && (g[0] as u64 * g[1] as u64) >= 200_000);
 }
+
+/// The matrix linear's workgroup memory as the tier's choice counts it
+/// (`MatrixConfig::linear_workgroup_bytes`, checked against the adapter's
+/// limit) is what its shader declares.
+#[test]
+fn the_matrix_linears_workgroup_memory_is_what_the_tier_checks() {
+    use crate::precision::{MatrixConfig, MatrixOperands};
+    for (module, size, operands) in [
+        (Module::LinearMatrix8, 8, MatrixOperands::F16),
+        (Module::LinearMatrix16, 16, MatrixOperands::F16),
+        (Module::LinearMatrix8F32, 8, MatrixOperands::F32),
+    ] {
+        let m = parse(module);
+        let mut layouter = naga::proc::Layouter::default();
+        layouter.update(m.to_ctx()).unwrap();
+        let declared: u32 = m.global_variables.iter().filter(|(_, v)| v.space == naga::AddressSpace::WorkGroup).map(|(_, v)| layouter[v.ty].size).sum();
+        let config = MatrixConfig { size, subgroup: 32, operands };
+        assert_eq!(declared, config.linear_workgroup_bytes(), "{}", module.name());
+    }
+}

@@ -81,6 +81,21 @@ impl MatrixConfig {
         }
     }
 
+    /// Workgroup memory of the matrix linear (matrix_gemm.wgsl): two k steps
+    /// of the block's rows of A and columns of B (8T rows of 2T + 8 operands
+    /// each), a T×T f32 tile per subgroup (4), and the block's 16T inverse
+    /// scales: 46080 bytes with 16×16 f16 tiles, 13824 with 8×8 f16 ones,
+    /// 26112 with 8×8 f32 ones.
+    pub fn linear_workgroup_bytes(&self) -> u32 {
+        let t = self.size;
+        let operand = match self.operands {
+            MatrixOperands::F16 => 2,
+            MatrixOperands::F32 => 4,
+        };
+        let staged = 2 * 2 * (8 * t) * (2 * t + 8) * operand;
+        staged + 4 * t * t * 4 + 16 * t * 4
+    }
+
     /// Whether the matrix linear's invocations can each hold their share of
     /// a k step in registers (matrix_gemm.wgsl's `fetch`: BM·KT = 16T²
     /// values over 4 subgroups, at most 32 each).

@@ -62,6 +62,10 @@ pub(super) fn choose_tier(
             }
             features |= wgpu::Features::SHADER_F16;
         }
+        let (need, have) = (config.linear_workgroup_bytes(), adapter.limits().max_compute_workgroup_storage_size);
+        if need > have {
+            return Err(unavailable(Precision::Matrix, format!("its linear needs {need} bytes of workgroup memory and the adapter has {have}")));
+        }
         Ok(TierChoice { tier: Precision::Matrix, matrix: Some(config), features, reason: None })
     };
     let reference = TierChoice { tier: Precision::F32, matrix: None, features: wgpu::Features::empty(), reason: None };
