@@ -85,6 +85,33 @@ fn v_scale(kvh: u32, d: u32) -> f32 {
     return v_scales[kvh * p.head_dim + d];
 }
 
+// A query's or a key's values over the head's dims as the subgroup's lanes
+// hold them (`spans` each, lane + i·lanes), and the row's range scale taken
+// across the lanes (1 for f32 operands).
+struct LaneRow {
+    vals: array<f32, LANE_DIMS>,
+    scale: f32,
+}
+
+fn lane_row(of_keys: bool, head: u32, index: u32, lane: u32, lanes: u32, spans: u32) -> LaneRow {
+    var row: LaneRow;
+    var largest = 0.0;
+    for (var i = 0u; i < spans; i++) {
+        let d = lane + i * lanes;
+        if (of_keys) {
+            row.vals[i] = k_load(head, index, d);
+        } else {
+            row.vals[i] = q_load(head, index, d);
+        }
+        largest = max(largest, abs(row.vals[i]));
+    }
+    row.scale = 1.0;
+    if (OPERAND_HALF) {
+        row.scale = range_scale(subgroupMax(largest));
+    }
+    return row;
+}
+
 @compute @workgroup_size(WG)
 fn attention_flash(
     @builtin(local_invocation_index) li: u32,
@@ -113,24 +140,15 @@ fn attention_flash(
     }
     // Q, once: each subgroup stages rows sg, sg + SG, …, lanes across the dims.
     for (var r = sg; r < QB; r += SG) {
-        var vals: array<f32, LANE_DIMS>;
-        var largest = 0.0;
-        for (var i = 0u; i < spans; i++) {
-            vals[i] = q_load(h, q0 + r, lane + i * lanes);
-            largest = max(largest, abs(vals[i]));
-        }
-        var scale = 1.0;
-        if (OPERAND_HALF) {
-            scale = range_scale(subgroupMax(largest));
-        }
+        let row = lane_row(false, h, q0 + r, lane, lanes, spans);
         for (var i = 0u; i < spans; i++) {
             let d = lane + i * lanes;
             if (d < MAX_DIM) {
-                q_sh[r * LDQ + d] = Operand(vals[i] / scale);
+                q_sh[r * LDQ + d] = Operand(row.vals[i] / row.scale);
             }
         }
         if (lane == 0u) {
-            q_scale[r] = scale;
+            q_scale[r] = row.scale;
         }
     }
     var k_end = p.kv_len;
@@ -156,24 +174,15 @@ fn attention_flash(
     for (var k0 = 0u; k0 < k_end; k0 += KB) {
         // The tile's keys (each its own scale) and this workgroup's value dims.
         for (var j = sg; j < KB; j += SG) {
-            var vals: array<f32, LANE_DIMS>;
-            var largest = 0.0;
-            for (var i = 0u; i < spans; i++) {
-                vals[i] = k_load(kvh, k0 + j, lane + i * lanes);
-                largest = max(largest, abs(vals[i]));
-            }
-            var scale = 1.0;
-            if (OPERAND_HALF) {
-                scale = range_scale(subgroupMax(largest));
-            }
+            let row = lane_row(true, kvh, k0 + j, lane, lanes, spans);
             for (var i = 0u; i < spans; i++) {
                 let d = lane + i * lanes;
                 if (d < MAX_DIM) {
-                    k_sh[j * LDK + d] = Operand(vals[i] / scale);
+                    k_sh[j * LDK + d] = Operand(row.vals[i] / row.scale);
                 }
             }
             if (lane == 0u) {
-                k_scale[j] = scale;
+                k_scale[j] = row.scale;
             }
             for (var d = lane; d < ODIMS; d += lanes) {
                 v_sh[j * LDV + d] = Operand(v_load(kvh, k0 + j, d0 + d) / v_scale(kvh, d0 + d));
