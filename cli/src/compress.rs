@@ -39,7 +39,7 @@ pub fn run(args: &CompressArgs) -> Result<(), String> {
         }
     });
     bar.finish();
-    for s in sizes.map_err(|e| e.to_string())? {
+    for s in sizes.map_err(|e| crate::errors::compress_line(&e))? {
         say!("{}", summary(&s));
     }
     eprintln!("wrote {} in {:.2}s", args.output.display(), started.elapsed().as_secs_f64());

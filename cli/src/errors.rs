@@ -1,9 +1,28 @@
-//! Library errors as the CLI's one `error:` line, naming the flag at fault
-//! where the library's typed error says which setting it was.
+//! Library errors as the CLI's one `error:` line: the one place that names
+//! flags, each typed error's setting mapped to the flag that sets it.
 
-use flux_lite_core::config::SizeError;
 use flux_lite_core::plan::{Bytes, PlanError, Sides};
-use flux_lite_platform::RunError;
+use flux_lite_platform::{CompressError, GpuError, RequestError, RunError, Setting};
+
+/// The flag that sets each of a job's settings.
+pub fn flag(setting: Setting) -> &'static str {
+    match setting {
+        Setting::Prompt => "--prompt",
+        Setting::Embeddings => "--embeddings",
+        Setting::Images => "--count",
+        Setting::References | Setting::Reference => "--image",
+        Setting::Width => "--width",
+        Setting::Height => "--height",
+        Setting::Steps => "--steps",
+        Setting::Guidance => "--guidance",
+        Setting::VaeTile => "--vae-tile",
+    }
+}
+
+/// A refused job, named by its flag.
+pub fn request_line(e: &RequestError) -> String {
+    e.line(flag(e.setting()))
+}
 
 /// A planner refusal, with the flag that set what it refuses.
 pub fn plan_line(e: &PlanError) -> String {
@@ -19,15 +38,30 @@ pub fn plan_line(e: &PlanError) -> String {
     }
 }
 
-/// Any run error, planner refusals mapped by [`plan_line`].
+/// Any run error, settings and planner refusals named by their flags.
 pub fn run_line(e: &RunError) -> String {
     match e {
         RunError::Plan(p) => plan_line(p),
+        RunError::Request(r) => request_line(r),
+        RunError::Scratch { dir, detail } => {
+            format!("the VAE's scratch file in {}: {detail} (set {} to another folder)", dir.display(), crate::SCRATCH_VARIABLE)
+        }
+        RunError::Gpu(GpuError::OutOfMemory(detail)) => {
+            format!("the GPU ran out of memory ({detail}); give a --memory-budget below what the device has free")
+        }
         _ => e.to_string(),
     }
 }
 
-/// An image side off the size rule, named by its flag.
-pub fn size_line(e: &SizeError) -> String {
-    format!("--{} {} is not a positive multiple of {} (2 × the VAE scale factor)", e.side, e.pixels, e.cell)
+/// A refused `compress`, named by its flags.
+pub fn compress_line(e: &CompressError) -> String {
+    match e {
+        CompressError::OutputExists(p) => format!("--output {}: already exists; give a new folder", p.display()),
+        CompressError::OutputFolder { path, problem } => format!("--output {}: {problem}", path.display()),
+        CompressError::OutputInsideModel { output, model } => {
+            format!("--output {}: inside the model folder {}; give a folder outside it", output.display(), model.display())
+        }
+        CompressError::NotCompressible(c) => format!("--components: {c} has no DF11 layout (compress transformer, text_encoder)"),
+        _ => e.to_string(),
+    }
 }

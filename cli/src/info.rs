@@ -8,7 +8,7 @@ use flux_lite_core::models::tensors;
 use flux_lite_platform::model::{Component, ModelFolder};
 use flux_lite_platform::pipeline::planning::ModelSizes;
 use flux_lite_platform::pipeline::{self, PROMPT_TOKENS};
-use flux_lite_platform::Gpu;
+use flux_lite_platform::{Gpu, Job, Limits, Prompt};
 use std::path::PathBuf;
 
 /// Print a model folder's configuration, weight sizes and memory plan without
@@ -32,7 +32,7 @@ pub struct InfoArgs {
     #[argh(option)]
     height: Option<usize>,
     /// a LoRA adapter to plan with, FILE[:SCALE] as for gen (its bytes on the device are printed); repeat for several
-    #[argh(option, from_str_fn(crate::gen::parse_lora))]
+    #[argh(option, from_str_fn(crate::lora::parse_lora))]
     lora: Vec<flux_lite_platform::model::lora::LoraSpec>,
     /// also plan the run within this memory (device and host together), e.g. 2GiB (fails, naming the minimum, when too small)
     #[argh(option, from_str_fn(crate::budget::parse_memory_budget))]
@@ -48,13 +48,15 @@ pub fn run(args: &InfoArgs) -> Result<(), String> {
     for c in Component::ALL {
         print_component_bytes(&model, c)?;
     }
-    let references = crate::references::load(&args.image, &model)?;
-    let (width, height) = crate::references::image_size(args.width, args.height, &references);
-    flux_lite_platform::pipeline::denoise::latent_grid(&model.vae, width, height).map_err(|e| crate::errors::size_line(&e))?;
+    // The size and references as `gen` would resolve them.
+    let job = Job { width: args.width, height: args.height, references: crate::references::load(&args.image, &model)?, ..Job::new(Prompt::Text(String::new())) };
+    let job = job.resolve(&model, &Limits::default()).map_err(|e| crate::errors::request_line(&e))?;
+    let (width, height) = (job.request().width, job.request().height);
+    let references = job.references();
     let reference_sizes: Vec<(u64, u64)> = references.iter().map(|r| (r.width as u64, r.height as u64)).collect();
     let mut sizes = ModelSizes::from_files_or_configs(&model, width, height).map_err(|e| e.to_string())?;
     if !args.lora.is_empty() {
-        let lora = crate::gen::open_lora(&args.lora, &model.transformer, false)?;
+        let lora = crate::lora::open_lora(&args.lora, &model.transformer, false)?;
         let sized: Vec<(usize, usize)> = references.iter().map(|r| (r.width, r.height)).collect();
         let rows = flux_lite_platform::pipeline::planning::transformer_rows(&model, width, height, &sized).map_err(|e| e.to_string())?;
         say!();

@@ -14,6 +14,7 @@ mod errors;
 mod gen;
 mod info;
 mod interrupt;
+mod lora;
 mod progress;
 mod prompt;
 mod references;
@@ -134,12 +135,15 @@ pub fn env_gpu_options() -> Result<GpuOptions, String> {
     GpuOptions::from_env().map_err(|e| e.to_string())
 }
 
+/// The variable naming the banded VAE's scratch folder.
+pub const SCRATCH_VARIABLE: &str = "FLUX_LITE_SCRATCH_DIR";
+
 /// The process-wide settings the environment gives the library:
 /// `FLUX_LITE_SCRATCH_DIR` (where the banded VAE's scratch files go) and
 /// the testing aid `FLUX_LITE_PAUSE_MID_WRITE=SECONDS` (atomic writes stop
 /// halfway). The device's come through [`env_gpu_options`].
 fn apply_environment() {
-    if let Some(dir) = std::env::var_os("FLUX_LITE_SCRATCH_DIR").filter(|d| !d.is_empty()) {
+    if let Some(dir) = std::env::var_os(SCRATCH_VARIABLE).filter(|d| !d.is_empty()) {
         flux_lite_platform::run::vae_bands::set_scratch_dir(dir.into());
     }
     if let Some(seconds) = std::env::var("FLUX_LITE_PAUSE_MID_WRITE").ok().and_then(|v| v.trim().parse::<u64>().ok()) {

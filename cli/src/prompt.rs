@@ -6,7 +6,7 @@ use std::path::Path;
 
 /// Prompts above this are refused before tokenizing: the text encoder reads
 /// only the first 512 tokens (a few KB of text), so megabytes are a mistake.
-pub const MAX_PROMPT_BYTES: u64 = 1 << 20;
+pub const MAX_PROMPT_BYTES: u64 = flux_lite_platform::pipeline::job::MAX_PROMPT_BYTES as u64;
 
 /// The prompt the flags give, if any; both at once is an error.
 pub fn from_flags(text: Option<&str>, file: Option<&Path>) -> Result<Option<String>, String> {

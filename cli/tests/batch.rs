@@ -127,33 +127,33 @@ fn bad_batch_flags_are_one_error_line_each() {
 /// a budget with no room beside the plan, it keeps nothing.
 #[test]
 fn the_library_reuses_what_it_keeps_and_makes_the_pixels_gen_makes() {
-    use flux_lite_platform::pipeline::{Batch, Options, Pipeline, Prompt, Request, Silent};
+    use flux_lite_platform::{Job, Limits, Options, Pipeline, Prompt, Silent};
     let want = single(FOX, 42);
     let gpu = flux_lite_platform::GpuOptions { precision: flux_lite_platform::Precision::F32, ..Default::default() };
     let pipeline = Pipeline::open(&model_dir("tiny-a"), Options { gpu, transformer: None, keep_loaded: true }).unwrap();
-    let mut request = Request { width: 32, height: 32, steps: 1, seed: 42, guidance: 1.0, vae_tile: None, memory_budget: None, references: Vec::new(), lora: Default::default() };
-    let batch = Batch::single(Prompt::Text(FOX.into()), 42);
-    let run = |request: &Request| {
+    let job = Job { width: Some(32), height: Some(32), steps: Some(1), seed: Some(42), ..Job::new(Prompt::Text(FOX.into())) };
+    let resolve = |job: &Job| job.clone().resolve(pipeline.model(), &Limits::default()).unwrap();
+    let run = |job: &Job| {
         let mut images = Vec::new();
         let finished = pipeline
-            .generate_batch(&batch, request, &[], &mut Silent, &mut |made| {
+            .run(&resolve(job), &mut Silent, &mut |made| {
                 images.push(made.image.unwrap().rgb);
                 Ok(())
             })
             .unwrap();
         (finished.reused, images)
     };
-    let (reused, images) = run(&request);
+    let (reused, images) = run(&job);
     assert!(reused.is_empty(), "{reused:?}");
     assert!(images == [want.clone()], "the library's first image differs from gen's");
-    let (reused, images) = run(&request);
+    let (reused, images) = run(&job);
     assert_eq!(reused, ["text encoder", "transformer", "VAE decoder"]);
     assert!(images == [want.clone()], "the library's second image (everything reused) differs from gen's");
     // The smallest budget leaves no room to keep anything beside the largest phase.
-    request.memory_budget = Some(pipeline.plan(&request).unwrap().peak());
-    let (_, images) = run(&request);
+    let job = Job { memory_budget: Some(pipeline.plan(&resolve(&job)).unwrap().peak()), ..job };
+    let (_, images) = run(&job);
     assert!(images == [want.clone()]);
-    let (reused, images) = run(&request);
+    let (reused, images) = run(&job);
     assert!(reused.is_empty(), "kept {reused:?} beyond the budget");
     assert!(images == [want], "under a budget");
 }

@@ -152,5 +152,5 @@ fn a_forced_vae_tile_is_planned_and_refused_before_any_upload_when_it_does_not_f
     // Not a multiple of the latent cell: named by its flag.
     let run = gen(&model, &dir, &["--vae-tile", "18"]);
     let stderr = String::from_utf8_lossy(&run.stderr);
-    assert!(stderr.contains("error: --vae-tile: the VAE tile 18 is not a positive multiple of 4 pixels"), "{stderr}");
+    assert!(stderr.contains("error: --vae-tile 18: not a positive multiple of 4 pixels"), "{stderr}");
 }

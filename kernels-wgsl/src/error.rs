@@ -61,7 +61,7 @@ impl fmt::Display for GpuError {
             GpuError::Readback(e) => write!(f, "reading GPU memory back failed: {e}"),
             GpuError::DeviceLost(e) => write!(f, "the GPU device was lost ({e}); nothing was written"),
             GpuError::OutOfMemory(e) => {
-                write!(f, "the GPU ran out of memory ({e}); give a smaller --memory-budget than the device has free")
+                write!(f, "the GPU ran out of memory ({e}); give a memory budget below what the device has free")
             }
             GpuError::Interrupted => f.write_str("interrupted; stopped at the end of a block, nothing was written"),
             GpuError::TierUnavailable { tier, adapter, why } => write!(f, "the {tier} precision tier cannot run on {adapter}: {why}"),

@@ -1,5 +1,6 @@
-//! The engine as a library: open a model folder once, generate two images
-//! from it, and write them as PNGs.
+//! The engine as a library: open a model folder once, describe a job of two
+//! images, resolve it (the defaults and rules `flux-lite gen` applies), run
+//! it, and write each image as a PNG as it is made.
 //!
 //! ```sh
 //! cargo run --release -p flux-lite-platform --example generate -- test_vectors/models/tiny-a fox
@@ -7,7 +8,7 @@
 //! writes `fox-0.png` and `fox-1.png` (seeds 0 and 1, 128×128, the model's default steps).
 
 use flux_lite_platform::pipeline::output;
-use flux_lite_platform::pipeline::{Observer, Options, Pipeline, Progress, Prompt, Request};
+use flux_lite_platform::{Job, Limits, Observer, Options, Pipeline, Progress, Prompt};
 use std::path::PathBuf;
 
 /// Prints each finished denoising step.
@@ -33,15 +34,17 @@ fn main() -> Result<(), String> {
         return Err("usage: generate MODEL_DIR OUTPUT_STEM".into());
     };
     let pipeline = Pipeline::open(model.as_ref(), Options::default()).map_err(|e| e.to_string())?;
-    let steps = if pipeline.model().index.is_distilled { 4 } else { 50 };
-    let prompt = Prompt::Text("a red fox in the snow".into());
-    for seed in 0..2 {
-        let request = Request { width: 128, height: 128, steps, seed, guidance: 1.0, vae_tile: None, memory_budget: None, references: Vec::new(), lora: Default::default() };
-        let image = pipeline.generate(&prompt, &request, &[], &mut Steps).map_err(|e| e.to_string())?.image.ok_or("no image")?;
-        let png = output::encode_png(image.width as u32, image.height as u32, &image.rgb, &[("seed", seed.to_string())])?;
-        let path = PathBuf::from(format!("{stem}-{seed}.png"));
-        output::write_atomically(&path, &png)?;
-        eprintln!("wrote {}", path.display());
-    }
+    let job = Job { width: Some(128), height: Some(128), seed: Some(0), images_per_prompt: 2, ..Job::new(Prompt::Text("a red fox in the snow".into())) };
+    let job = job.resolve(pipeline.model(), &Limits::default()).map_err(|e| e.to_string())?;
+    pipeline
+        .run(&job, &mut Steps, &mut |made| {
+            let image = made.image.ok_or_else(|| flux_lite_platform::RunError::Internal("no image".into()))?;
+            let png = output::encode_png(image.width as u32, image.height as u32, &image.rgb, &[("seed", made.seed.to_string())]).map_err(flux_lite_platform::RunError::Output)?;
+            let path = PathBuf::from(format!("{stem}-{}.png", made.seed));
+            output::write_atomically(&path, &png).map_err(flux_lite_platform::RunError::Output)?;
+            eprintln!("wrote {}", path.display());
+            Ok(())
+        })
+        .map_err(|e| e.to_string())?;
     Ok(())
 }

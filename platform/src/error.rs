@@ -51,7 +51,17 @@ pub enum RunError {
     Gpu(GpuError),
     /// The memory planner refused the request (budget, size, forced VAE tile).
     Plan(flux_lite_core::plan::PlanError),
-    Input(String),
+    /// The request itself, naming the setting at fault.
+    Request(crate::pipeline::job::RequestError),
+    /// The banded VAE's scratch file cannot be made in `dir`.
+    Scratch { dir: PathBuf, detail: String },
+    /// Handing a result over failed (writing a file, encoding a PNG); the
+    /// message names the file.
+    Output(String),
+    /// A component was given arguments it cannot take, or an invariant
+    /// broke: never the caller's mistake when the run came through a
+    /// resolved job, which checks every request first.
+    Internal(String),
 }
 
 impl fmt::Display for RunError {
@@ -60,7 +70,9 @@ impl fmt::Display for RunError {
             RunError::Load(e) => e.fmt(f),
             RunError::Gpu(e) => e.fmt(f),
             RunError::Plan(e) => e.fmt(f),
-            RunError::Input(e) => f.write_str(e),
+            RunError::Request(e) => e.fmt(f),
+            RunError::Scratch { dir, detail } => write!(f, "the VAE's scratch file in {}: {detail} (give another scratch folder)", dir.display()),
+            RunError::Output(e) | RunError::Internal(e) => f.write_str(e),
         }
     }
 }
@@ -76,6 +88,12 @@ impl From<LoadError> for RunError {
 impl From<flux_lite_core::plan::PlanError> for RunError {
     fn from(e: flux_lite_core::plan::PlanError) -> Self {
         RunError::Plan(e)
+    }
+}
+
+impl From<crate::pipeline::job::RequestError> for RunError {
+    fn from(e: crate::pipeline::job::RequestError) -> Self {
+        RunError::Request(e)
     }
 }
 
@@ -107,6 +125,8 @@ pub enum CompressError {
     Load(LoadError),
     /// The output folder is already there; it is never overwritten.
     OutputExists(PathBuf),
+    /// The output folder cannot be made where it was asked for.
+    OutputFolder { path: PathBuf, problem: String },
     /// The output would land inside the model folder it copies.
     OutputInsideModel { output: PathBuf, model: PathBuf },
     /// A component with no DF11 layout (the VAE).
@@ -123,11 +143,12 @@ impl fmt::Display for CompressError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             CompressError::Load(e) => e.fmt(f),
-            CompressError::OutputExists(p) => write!(f, "--output {}: already exists; give a new folder", p.display()),
+            CompressError::OutputExists(p) => write!(f, "the output folder {} already exists; give a new folder", p.display()),
+            CompressError::OutputFolder { path, problem } => write!(f, "the output folder {}: {problem}", path.display()),
             CompressError::OutputInsideModel { output, model } => {
-                write!(f, "--output {}: inside the model folder {}; give a folder outside it", output.display(), model.display())
+                write!(f, "the output folder {} is inside the model folder {}; give a folder outside it", output.display(), model.display())
             }
-            CompressError::NotCompressible(c) => write!(f, "--components: {c} has no DF11 layout (compress transformer, text_encoder)"),
+            CompressError::NotCompressible(c) => write!(f, "{c} has no DF11 layout (compress transformer, text_encoder)"),
             CompressError::NotBf16 { component, name, dtype } => {
                 write!(f, "{component}: tensor `{name}` is {dtype}; DF11 compresses bf16 weights only")
             }

@@ -1,6 +1,12 @@
 //! flux-lite-platform: the engine. It reads the official diffusers model
 //! folder through memory maps, runs core's Op programs on the GPU layer
 //! (`flux-lite-kernels`), and drives a whole generation.
+//!
+//! A library caller needs what this page re-exports: open a [`Pipeline`],
+//! describe a [`Job`], [`Job::resolve`] it (every default and rule, the
+//! same as `flux-lite gen` and `serve` apply), then [`Pipeline::run`] it.
+//! The modules below are public for the workspace's own commands and tests;
+//! their items may change without notice.
 
 pub mod bench;
 pub mod components;
@@ -16,3 +22,9 @@ pub use flux_lite_core::tolerance;
 pub use error::{CompressError, GpuError, LoadError, RunError, TokenizeError};
 // The device types the engine's API takes, from the GPU layer.
 pub use flux_lite_kernels::{Backend, DeviceBuffer, DeviceMemory, Gpu, GpuOptions, Precision};
+// The front door.
+pub use model::lora::{LoraSet, LoraSpec};
+pub use pipeline::reference_image::ReferenceImage;
+pub use pipeline::{
+    Finished, Image, Job, Limits, Made, Observer, Options, OutputType, Phase, Pipeline, Preview, Progress, Prompt, RequestError, Resolved, Setting, Silent,
+};

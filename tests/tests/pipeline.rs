@@ -1,11 +1,13 @@
-//! The engine as a library: `Pipeline::open` once, then `generate` twice,
-//! each image the diffusers PNG (within the end-to-end tolerance) and the
-//! second equal to the first byte for byte; the plan is available before
-//! running; the observer sees every step.
+//! The engine as a library: `Pipeline::open` once, then a resolved `Job`
+//! run twice, each image the diffusers PNG (within the end-to-end tolerance)
+//! and the second equal to the first byte for byte; the plan is available
+//! before running; the observer sees every step. And the front door: a job
+//! is checked by the same rules `gen` applies, whoever calls.
 
 #![allow(clippy::unwrap_used)]
 
-use flux_lite_platform::pipeline::{Observer, Options, Pipeline, Progress, Prompt, Request};
+use flux_lite_platform::pipeline::reference_image;
+use flux_lite_platform::{Job, Limits, Made, Observer, Options, OutputType, Pipeline, Progress, Prompt, RequestError, Setting};
 use flux_lite_tests::{model_dir, read_png, Goldens};
 
 /// Counts finished denoising steps and warnings.
@@ -27,34 +29,46 @@ impl Observer for Counts {
     }
 }
 
+/// Runs `job`, collecting what it makes.
+fn run(pipeline: &Pipeline, job: Job, counts: &mut Counts) -> (Vec<Made>, flux_lite_platform::Finished) {
+    let job = job.resolve(pipeline.model(), &Limits::default()).unwrap();
+    let mut made = Vec::new();
+    let finished = pipeline
+        .run(&job, counts, &mut |m| {
+            made.push(m);
+            Ok(())
+        })
+        .unwrap();
+    (made, finished)
+}
+
 #[test]
 fn one_open_pipeline_generates_twice_the_diffusers_image() {
     let case = "tiny-a/one-step";
     let c = Goldens::load(case).case_json();
     let n = |k: &str| c[k].as_u64().unwrap();
     let pipeline = Pipeline::open(&model_dir(c["model"].as_str().unwrap()), Options::default()).unwrap();
-    let request = Request {
-        width: n("width") as usize,
-        height: n("height") as usize,
-        steps: n("steps") as usize,
-        seed: n("seed"),
-        guidance: 1.0,
-        vae_tile: None,
-        memory_budget: None,
-        references: Vec::new(),
-        lora: Default::default(),
-    };
-    let plan = pipeline.plan(&request).unwrap();
-    assert_eq!(plan.decode.tile, None, "tiny-a at this size decodes untiled");
     let prompt = Prompt::Text(c["prompt"].as_str().unwrap().into());
+    let steps = n("steps") as usize;
+    let job = Job {
+        width: Some(n("width") as usize),
+        height: Some(n("height") as usize),
+        steps: Some(steps),
+        seed: Some(n("seed")),
+        guidance: Some(1.0),
+        ..Job::new(prompt)
+    };
+    let plan = pipeline.plan(&job.clone().resolve(pipeline.model(), &Limits::default()).unwrap()).unwrap();
+    assert_eq!(plan.decode.tile, None, "tiny-a at this size decodes untiled");
     let want = read_png(&Goldens::dir(case).join("image.png"));
     let mut images = Vec::new();
     let mut latents = Vec::new();
     for _ in 0..2 {
         let mut counts = Counts::default();
-        let out = pipeline.generate(&prompt, &request, &[], &mut counts).unwrap();
-        assert_eq!((counts.steps, counts.warnings), (request.steps, 0));
-        assert_eq!(out.timings.steps.len(), request.steps);
+        let (mut made, finished) = run(&pipeline, job.clone(), &mut counts);
+        assert_eq!((counts.steps, counts.warnings), (steps, 0));
+        assert_eq!(finished.timings.steps.len(), steps);
+        let out = made.pop().unwrap();
         latents.push(out.latents);
         let image = out.image.unwrap();
         assert_eq!((image.width, image.height), (want.width, want.height));
@@ -64,17 +78,59 @@ fn one_open_pipeline_generates_twice_the_diffusers_image() {
         flux_lite_tests::tolerance::assert_png_close(&format!("{case} through Pipeline"), &image.rgb, &want.rgb);
         images.push(image.rgb);
     }
-    assert!(images[0] == images[1], "a second generate differs from the first");
+    assert!(images[0] == images[1], "a second run differs from the first");
     // Latents alone: no decode, the same latents as the full generation's.
-    let only = pipeline.latents(&prompt, &request, &[], &mut Counts::default()).unwrap();
-    assert!(only.image.is_none());
-    assert!(only.latents == latents[0] && latents[0] == latents[1], "the latents differ between runs");
+    let (made, _) = run(&pipeline, Job { output: OutputType::Latents, ..job }, &mut Counts::default());
+    assert!(made[0].image.is_none());
+    assert!(made[0].latents == latents[0] && latents[0] == latents[1], "the latents differ between runs");
 }
 
+/// A library caller meets the rules `gen` applies: each job `gen` refuses
+/// is refused here too, naming the setting (a `Resolved` job has no other
+/// constructor, so nothing unchecked reaches `Pipeline::run`).
 #[test]
-fn a_request_whose_references_do_not_match_the_images_is_refused() {
+fn a_library_caller_cannot_run_what_gen_refuses() {
     let pipeline = Pipeline::open(&model_dir("tiny-a"), Options::default()).unwrap();
-    let request = Request { width: 32, height: 32, steps: 1, seed: 0, guidance: 1.0, vae_tile: None, memory_budget: None, references: vec![(64, 64)], lora: Default::default() };
-    let err = pipeline.generate(&Prompt::Text("x".into()), &request, &[], &mut Counts::default()).unwrap_err();
-    assert!(err.to_string().contains("reference"), "{err}");
+    let model = pipeline.model();
+    let job = || Job { width: Some(32), height: Some(32), ..Job::new(Prompt::Text("x".into())) };
+    let refused = |job: Job| job.resolve(model, &Limits::default()).unwrap_err();
+    // tiny-a's latent cell is 4 pixels.
+    let reference = |w: usize, h: usize| flux_lite_platform::ReferenceImage { path: "made.png".into(), original: (w, h), width: w, height: h, pixels: vec![0.0; 3 * w * h] };
+    let cases: Vec<(Job, Setting, &str)> = vec![
+        (Job { steps: Some(0), ..job() }, Setting::Steps, "steps 0: give 1 to 1000"),
+        (Job { steps: Some(1001), ..job() }, Setting::Steps, "steps 1001"),
+        (Job { width: Some(30), ..job() }, Setting::Width, "width 30: not a positive multiple of 4"),
+        (Job { height: Some(0), ..job() }, Setting::Height, "height 0"),
+        (Job { images_per_prompt: 0, ..job() }, Setting::Images, "images 0: 0 images in all"),
+        (Job { images_per_prompt: 5001, ..Job::prompts(vec![Prompt::Text("a".into()), Prompt::Text("b".into())]) }, Setting::Images, "10002 images in all; give 1 to 10000"),
+        (Job { guidance: Some(f32::NAN), ..job() }, Setting::Guidance, "guidance NaN"),
+        (Job { guidance: Some(-1.0), ..job() }, Setting::Guidance, "guidance -1"),
+        (Job { vae_tile: Some(6), ..job() }, Setting::VaeTile, "VAE tile 6: not a positive multiple of 4 pixels"),
+        (Job { references: vec![reference(64, 64); 17], ..job() }, Setting::References, "17 reference images; at most 16"),
+        (Job { references: vec![reference(66, 64)], ..job() }, Setting::Reference, "made.png: 66×64 is not made of whole 4-pixel latent cells"),
+        (Job::prompts(Vec::new()), Setting::Prompt, "give a prompt"),
+        (Job { ..Job::new(Prompt::Text("x".repeat(2 << 20))) }, Setting::Prompt, "over the 1048576-byte limit"),
+        (Job { ..Job::new(Prompt::Embeddings { positive: vec![0.0; 10], negative: None }) }, Setting::Embeddings, "expected [512, "),
+    ];
+    for (job, setting, says) in cases {
+        let e: RequestError = refused(job);
+        assert_eq!(e.setting(), setting, "{e}");
+        assert!(e.to_string().contains(says), "{e:?} should say {says:?}: {e}");
+    }
+    // The defaults `gen` applies, applied here: tiny-a is distilled.
+    let resolved = Job::new(Prompt::Text("x".into())).resolve(model, &Limits::default()).unwrap();
+    let r = resolved.request();
+    assert_eq!((r.width, r.height, r.steps, r.guidance), (1024, 1024, 4, 1.0));
+    // The size comes from the first reference image, as diffusers takes it.
+    let g = Goldens::load("tiny-a/reference-two");
+    let first = reference_image::load(&g.dir.join("ref0.png"), model.vae.latent_cell()).unwrap();
+    let (w, h) = (first.width, first.height);
+    let resolved = Job { references: vec![first], ..Job::new(Prompt::Text("x".into())) }.resolve(model, &Limits::default()).unwrap();
+    assert_eq!((resolved.request().width, resolved.request().height), (w, h));
+    // A server's tighter limits are the same rules with other bounds.
+    let tight = Limits { max_steps: 8, max_side: 64, ..Limits::default() };
+    let e = Job { steps: Some(9), ..job() }.resolve(model, &tight).unwrap_err();
+    assert_eq!(e.to_string(), "steps 9: give 1 to 8");
+    let e = Job { width: Some(128), ..job() }.resolve(model, &tight).unwrap_err();
+    assert_eq!(e.to_string(), "width 128: at most 64");
 }

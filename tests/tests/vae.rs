@@ -145,11 +145,12 @@ fn banded_decode_matches_the_untiled_decode() {
 }
 
 #[test]
-fn a_tile_too_small_for_one_band_is_an_error_naming_the_flag() {
+fn a_tile_too_small_for_one_band_is_an_error_naming_the_setting() {
     // A 4-pixel tile holds fewer values than one convolution row of a 1024-pixel-wide image.
     let mut vae = decoder("tiny-a", 1024, 16, Some(4));
     let err = vae.decode(gpu(), &random_latents(1024, 16, 9), &mut |_| {}).unwrap_err();
-    assert!(matches!(err, RunError::Input(_)) && err.to_string().contains("--vae-tile"), "{err}");
+    assert!(matches!(&err, RunError::Request(e) if e.setting() == flux_lite_platform::Setting::VaeTile), "{err}");
+    assert!(err.to_string().starts_with("VAE tile: it holds"), "{err}");
 }
 
 #[test]
@@ -158,14 +159,16 @@ fn bad_sizes_and_latents_are_errors() {
     let store = m.weights(Component::Vae).unwrap();
     let new = |w, h, t| VaeDecoder::new(gpu(), &m.vae, &store, w, h, t);
     // tiny-a's scale factor is 2: sizes and tiles must be multiples of 4.
-    assert!(matches!(new(30, 32, None), Err(RunError::Input(_))));
-    assert!(matches!(new(32, 32, Some(6)), Err(RunError::Input(_))));
-    assert!(matches!(new(32, 32, Some(0)), Err(RunError::Input(_))));
-    assert!(matches!(new(0, 32, None), Err(RunError::Input(_))));
+    // A size the component cannot take is a caller's defect (a job checks sizes first); a tile names its setting.
+    assert!(matches!(new(30, 32, None), Err(RunError::Internal(_))));
+    let tile = |r: Result<VaeDecoder, RunError>| matches!(r, Err(RunError::Request(e)) if e.setting() == flux_lite_platform::Setting::VaeTile);
+    assert!(tile(new(32, 32, Some(6))));
+    assert!(tile(new(32, 32, Some(0))));
+    assert!(matches!(new(0, 32, None), Err(RunError::Internal(_))));
     let mut vae = new(32, 32, None).unwrap();
     let err = vae.decode(gpu(), &[0.0; 10], &mut |_| {}).unwrap_err();
-    assert!(matches!(err, RunError::Input(_)), "{err}");
-    assert!(matches!(vae.last_latent(gpu()), Err(RunError::Input(_))));
+    assert!(matches!(err, RunError::Internal(_)), "{err}");
+    assert!(matches!(vae.last_latent(gpu()), Err(RunError::Internal(_))));
 }
 
 #[test]

@@ -9,8 +9,9 @@
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use base64::Engine;
-use flux_lite_platform::pipeline::reference_image::{self, ReferenceImage, MAX_REFERENCES};
-use flux_lite_platform::pipeline::{denoise, Pipeline, Request};
+use flux_lite_platform::pipeline::reference_image::{self, MAX_REFERENCES};
+use flux_lite_platform::pipeline::Prompt;
+use flux_lite_platform::{Job, Pipeline, RequestError, Resolved, Setting};
 use serde::Deserialize;
 
 /// A request's error: its status and one line, sent as `{"error": {"message": …}}`.
@@ -51,13 +52,10 @@ impl IntoResponse for ApiError {
     }
 }
 
-/// The server's limits on one request.
+/// The server's rules beyond a job's: its limits, budget and adapters.
 #[derive(Debug, Clone)]
 pub struct Limits {
-    pub max_images: usize,
-    pub max_steps: usize,
-    pub max_side: usize,
-    pub max_prompt_bytes: usize,
+    pub job: flux_lite_platform::Limits,
     pub memory_budget: Option<u64>,
     /// The server's LoRA adapters (`--lora`), added to every request.
     pub lora: std::sync::Arc<flux_lite_platform::model::lora::LoraSet>,
@@ -67,10 +65,7 @@ pub struct Limits {
 #[derive(Debug)]
 pub struct Order {
     pub prompt: String,
-    /// The first image's seed; image `i` has `seed + i`.
-    pub request: Request,
-    pub count: usize,
-    pub references: Vec<ReferenceImage>,
+    pub job: Resolved,
 }
 
 /// What both shapes ask for, before it is checked.
@@ -228,55 +223,66 @@ impl A1111Request {
     }
 }
 
-/// Checks what was asked against the model, the server's limits and the
-/// memory plan; fills in the defaults `gen` uses.
-pub fn check(asked: Asked, pipeline: &Pipeline, limits: &Limits) -> Result<Order, ApiError> {
+/// Which request shape asked, for naming its fields in errors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shape {
+    OpenAi,
+    A1111,
+}
+
+/// Checks what was asked as `gen` checks its flags (one `Job`, resolved),
+/// then against the memory plan; the errors name the shape's fields.
+pub fn check(asked: Asked, shape: Shape, pipeline: &Pipeline, limits: &Limits) -> Result<Order, ApiError> {
     let model = pipeline.model();
-    if asked.prompt.len() > limits.max_prompt_bytes {
-        return Err(ApiError::bad(format!("prompt: {} bytes is over the {}-byte limit (the text encoder reads 512 tokens)", asked.prompt.len(), limits.max_prompt_bytes)));
-    }
-    if asked.count == 0 || asked.count > limits.max_images {
-        return Err(ApiError::bad(format!("{} images: give 1 to {} per request", asked.count, limits.max_images)));
-    }
+    let unit = model.vae.latent_cell();
     if asked.images.len() > MAX_REFERENCES {
         return Err(ApiError::bad(format!("{} reference images: at most {MAX_REFERENCES}", asked.images.len())));
     }
-    let unit = model.vae.latent_cell();
     let references = asked
         .images
         .iter()
         .map(|(name, bytes)| reference_image::from_bytes(name, bytes, unit).map_err(|e| ApiError::bad(e.to_string())))
         .collect::<Result<Vec<_>, _>>()?;
-    let first = references.first();
-    let width = asked.width.or(first.map(|r| r.width)).unwrap_or(super::DEFAULT_SIDE);
-    let height = asked.height.or(first.map(|r| r.height)).unwrap_or(super::DEFAULT_SIDE);
-    if width > limits.max_side || height > limits.max_side {
-        return Err(ApiError::bad(format!("size {width}x{height}: each side at most {} on this server", limits.max_side)));
-    }
-    denoise::latent_grid(&model.vae, width, height)
-        .map_err(|e| ApiError::bad(format!("size {width}x{height}: {} {} is not a positive multiple of {} (2 × the VAE scale factor)", e.side, e.pixels, e.cell)))?;
-    let steps = asked.steps.unwrap_or_else(|| flux_lite_platform::pipeline::default_steps(model));
-    if steps == 0 || steps > limits.max_steps {
-        return Err(ApiError::bad(format!("steps {steps}: give 1 to {} on this server", limits.max_steps)));
-    }
-    let guidance = asked.guidance.unwrap_or_else(|| flux_lite_platform::pipeline::default_guidance(model));
-    if !guidance.is_finite() || guidance < 0.0 {
-        return Err(ApiError::bad(format!("guidance {guidance}: give a finite number ≥ 0")));
-    }
-    let seed = asked.seed.unwrap_or_else(crate::gen::random_seed);
-    let request = Request {
-        width,
-        height,
-        steps,
-        seed,
-        guidance,
-        vae_tile: None,
-        memory_budget: limits.memory_budget,
-        references: references.iter().map(|r| (r.width, r.height)).collect(),
+    let job = Job {
+        images_per_prompt: asked.count,
+        references,
+        width: asked.width,
+        height: asked.height,
+        steps: asked.steps,
+        guidance: asked.guidance,
+        seed: asked.seed,
         lora: limits.lora.clone(),
+        memory_budget: limits.memory_budget,
+        ..Job::new(Prompt::Text(asked.prompt.clone()))
     };
-    pipeline.plan(&request).map_err(|e| ApiError::bad(format!("{width}x{height}: {}", plan_reason(&e))))?;
-    Ok(Order { prompt: asked.prompt, request, count: asked.count, references })
+    let job = job.resolve(model, &limits.job).map_err(|e| ApiError::bad(request_line(&e, shape, &asked)))?;
+    let (width, height) = (job.request().width, job.request().height);
+    pipeline.plan(&job).map_err(|e| ApiError::bad(format!("{width}x{height}: {}", plan_reason(&e))))?;
+    Ok(Order { prompt: asked.prompt, job })
+}
+
+/// A refused job, named by the shape's fields: OpenAI's `size` holds both sides.
+fn request_line(e: &RequestError, shape: Shape, asked: &Asked) -> String {
+    let field = match (e.setting(), shape) {
+        (Setting::Prompt, _) => "prompt",
+        (Setting::Embeddings, _) => "prompt embeddings",
+        (Setting::Images, Shape::OpenAi) => "n",
+        (Setting::Images, Shape::A1111) => "batch_size × n_iter",
+        (Setting::References, _) => "images",
+        // The error's value is the field's name (`image[0]`, `init_images[1]`).
+        (Setting::Reference, _) => "",
+        (Setting::Width | Setting::Height, Shape::OpenAi) => {
+            let (w, h) = (asked.width.unwrap_or_default(), asked.height.unwrap_or_default());
+            return format!("size {w}x{h}: {e}");
+        }
+        (Setting::Width, Shape::A1111) => "width",
+        (Setting::Height, Shape::A1111) => "height",
+        (Setting::Steps, _) => "steps",
+        (Setting::Guidance, Shape::OpenAi) => "guidance",
+        (Setting::Guidance, Shape::A1111) => "cfg_scale",
+        (Setting::VaeTile, _) => "VAE tile",
+    };
+    e.line(field)
 }
 
 /// The planner's refusal, naming the server's budget rather than a flag.

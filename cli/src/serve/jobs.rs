@@ -4,7 +4,7 @@
 
 use super::api::{ApiError, Order};
 use axum::http::StatusCode;
-use flux_lite_platform::pipeline::{output, Batch, Made, Observer, Pipeline, Progress, Prompt};
+use flux_lite_platform::pipeline::{output, Made, Observer, Pipeline, Progress};
 use flux_lite_platform::{GpuError, RunError};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -173,8 +173,8 @@ impl Jobs {
         if known.iter().any(|j| j.id == id && matches!(j.status(), Status::Queued | Status::Running)) {
             return Err(ApiError::new(StatusCode::CONFLICT, format!("job {id} is already queued or running")));
         }
-        let r = &order.request;
-        let summary = OrderSummary { width: r.width, height: r.height, steps: r.steps, count: order.count, seed: r.seed };
+        let r = order.job.request();
+        let summary = OrderSummary { width: r.width, height: r.height, steps: r.steps, count: order.job.images(), seed: r.seed };
         let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
         let state = Arc::new(JobState { id, created, order: summary, status: Mutex::new(Status::Queued), progress: Mutex::default(), preview: Mutex::default(), started: Mutex::default(), cancel: AtomicBool::new(false) });
         let (reply, outcome) = oneshot::channel();
@@ -286,18 +286,18 @@ impl Worker {
         // A cancel that came while the job was moving from the queue still counts.
         self.jobs.interrupt.store(state.cancel_requested() || self.jobs.shutting_down.load(Ordering::SeqCst), Ordering::SeqCst);
         let started = Instant::now();
-        let request = &order.request;
-        let batch = Batch::seeds(Prompt::Text(order.prompt.clone()), request.seed, order.count);
-        let mut watch = Watch { jobs: &self.jobs, state, steps: request.steps, count: order.count, previews: self.previews };
-        let mut pictures = Vec::with_capacity(order.count);
+        let request = order.job.request();
+        let count = order.job.images();
+        let mut watch = Watch { jobs: &self.jobs, state, steps: request.steps, count, previews: self.previews };
+        let mut pictures = Vec::with_capacity(count);
         let mut take = |made: Made| {
-            let Some(image) = made.image else { return Err(RunError::Input("no image was decoded".into())) };
+            let Some(image) = made.image else { return Err(RunError::Internal("no image was decoded".into())) };
             let text = crate::gen::png_text(order.prompt.clone(), made.seed, request, self.model_name.clone());
-            let png = output::encode_png(image.width as u32, image.height as u32, &image.rgb, &text).map_err(RunError::Input)?;
+            let png = output::encode_png(image.width as u32, image.height as u32, &image.rgb, &text).map_err(RunError::Output)?;
             pictures.push(Picture { seed: made.seed, png });
             Ok(())
         };
-        let result = self.pipeline.generate_batch(&batch, request, &order.references, &mut watch, &mut take);
+        let result = self.pipeline.run(&order.job, &mut watch, &mut take);
         self.jobs.interrupt.store(false, Ordering::SeqCst);
         let seconds = started.elapsed().as_secs_f64();
         match result {
@@ -306,7 +306,7 @@ impl Worker {
                 eprintln!(
                     "{}: {} image(s) {}x{}, {} steps, seed {}: {seconds:.2}s{}",
                     state.id,
-                    order.count,
+                    count,
                     request.width,
                     request.height,
                     request.steps,

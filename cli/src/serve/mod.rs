@@ -27,9 +27,6 @@ use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
-/// The image side when a request gives none (as `gen`).
-pub const DEFAULT_SIDE: usize = 1024;
-
 /// The environment variable that may hold the API key instead of `--api-key`.
 pub const API_KEY_VARIABLE: &str = "FLUX_LITE_API_KEY";
 
@@ -44,7 +41,7 @@ pub struct ServeArgs {
     #[argh(option)]
     transformer: Option<PathBuf>,
     /// a LoRA adapter added to every request, FILE[:SCALE] as for gen; repeat to add several
-    #[argh(option, from_str_fn(crate::gen::parse_lora))]
+    #[argh(option, from_str_fn(crate::lora::parse_lora))]
     lora: Vec<flux_lite_platform::model::lora::LoraSpec>,
     /// the address to listen on (default 127.0.0.1: this machine only)
     #[argh(option, default = "IpAddr::from([127, 0, 0, 1])")]
@@ -101,7 +98,7 @@ pub fn run(args: &ServeArgs) -> Result<(), String> {
         eprintln!("warning: listening on {} without an API key: anyone who can reach it can use the GPU (give --api-key or {API_KEY_VARIABLE})", args.host);
     }
     let model = pipeline::open_model(&args.model, args.transformer.as_deref()).map_err(|e| e.to_string())?;
-    let lora = crate::gen::open_lora(&args.lora, &model.transformer, args.verbose)?;
+    let lora = crate::lora::open_lora(&args.lora, &model.transformer, args.verbose)?;
     let interrupt = Arc::new(AtomicBool::new(false));
     let gpu = GpuOptions { interrupt: Some(interrupt.clone()), precision: args.precision, ..crate::env_gpu_options()? };
     let pipeline = Arc::new(Pipeline::with_model(model, &gpu).map_err(|e| e.to_string())?.keep_loaded(true));
@@ -112,14 +109,8 @@ pub fn run(args: &ServeArgs) -> Result<(), String> {
     let previews = pipeline::preview::latent_rgb(pipeline.model()).is_ok();
     let worker = Worker { pipeline: pipeline.clone(), jobs: jobs.clone(), model_name: model_name.clone(), verbose: args.verbose, previews };
     let worker = std::thread::Builder::new().name("gpu".into()).spawn(move || worker.run(queue)).map_err(|e| format!("cannot start the GPU worker: {e}"))?;
-    let limits = Limits {
-        max_images: args.max_images,
-        max_steps: args.max_steps,
-        max_side: args.max_side,
-        max_prompt_bytes: crate::prompt::MAX_PROMPT_BYTES as usize,
-        memory_budget: args.memory_budget,
-        lora,
-    };
+    let job = flux_lite_platform::Limits { max_images: args.max_images, max_steps: args.max_steps, max_side: args.max_side, ..Default::default() };
+    let limits = Limits { job, memory_budget: args.memory_budget, lora };
     let app = Arc::new(App { pipeline, jobs: jobs.clone(), limits, model_name, api_key });
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().map_err(|e| format!("cannot start the HTTP runtime: {e}"))?;
     let served = runtime.block_on(async {
@@ -314,11 +305,11 @@ async fn openai_generations(State(app): State<Arc<App>>, headers: HeaderMap, bod
     let id = job_id(&headers)?;
     let request = parse::<OpenAiRequest>(body)?;
     let stream = api::streaming(request.stream, request.partial_images)?;
-    let asked = request.asked(DEFAULT_SIDE)?;
+    let asked = request.asked(pipeline::job::DEFAULT_SIDE)?;
     let prompt = asked.prompt.clone();
-    let order = checked(&app, asked).await?;
+    let order = checked(&app, asked, api::Shape::OpenAi).await?;
     if let Some(partials) = stream {
-        let size = format!("{}x{}", order.request.width, order.request.height);
+        let size = format!("{}x{}", order.job.request().width, order.job.request().height);
         let (state, outcome) = app.jobs.submit(order, id)?;
         return Ok(stream::events(app.jobs.clone(), state, outcome, partials, size));
     }
@@ -334,8 +325,9 @@ async fn a1111_generate(State(app): State<Arc<App>>, headers: HeaderMap, body: R
     let pipeline = app.pipeline.clone();
     let asked = request.asked(&|g| pipeline::uses_guidance(pipeline.model(), g))?;
     let prompt = asked.prompt.clone();
-    let order = checked(&app, asked).await?;
-    let (width, height, steps, guidance) = (order.request.width, order.request.height, order.request.steps, order.request.guidance);
+    let order = checked(&app, asked, api::Shape::A1111).await?;
+    let r = order.job.request();
+    let (width, height, steps, guidance) = (r.width, r.height, r.steps, r.guidance);
     let (id, pictures) = run_order(&app, order, id).await?;
     let seeds: Vec<u64> = pictures.iter().map(|p| p.seed).collect();
     let info = json!({
@@ -360,9 +352,9 @@ async fn a1111_generate(State(app): State<Arc<App>>, headers: HeaderMap, body: R
 }
 
 /// Checks an order off the runtime's threads (decoding reference images and planning take a moment).
-async fn checked(app: &Arc<App>, asked: api::Asked) -> Result<api::Order, ApiError> {
+async fn checked(app: &Arc<App>, asked: api::Asked, shape: api::Shape) -> Result<api::Order, ApiError> {
     let app = app.clone();
-    tokio::task::spawn_blocking(move || api::check(asked, &app.pipeline, &app.limits))
+    tokio::task::spawn_blocking(move || api::check(asked, shape, &app.pipeline, &app.limits))
         .await
         .unwrap_or_else(|e| Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, format!("checking the request failed: {e}"))))
 }

@@ -379,8 +379,8 @@ impl<'g> ShapeBench<'g> {
     /// Fails if the expansion is not bit-exact.
     pub fn df11(&self, elements: usize) -> Result<Figure, RunError> {
         let weights = super::synthetic_weights(elements, 0);
-        let buf = Df11GroupBuf::encode(&[&weights]).map_err(|e| RunError::Input(format!("DF11: {e}")))?;
-        let group = buf.group().map_err(|e| RunError::Input(format!("DF11: {e}")))?;
+        let buf = Df11GroupBuf::encode(&[&weights]).map_err(|e| RunError::Internal(format!("DF11: {e}")))?;
+        let group = buf.group().map_err(|e| RunError::Internal(format!("DF11: {e}")))?;
         let on_device = Df11DeviceGroup::upload(self.gpu, &group);
         let slot = self.gpu.storage("bench df11 slot", 2 * elements as u64);
         let mut d = Vec::new();
@@ -388,7 +388,7 @@ impl<'g> ShapeBench<'g> {
         let seconds = self.timer.median(&d, self.repeats)?;
         let back = self.gpu.read_bytes(&slot, 0, 2 * elements as u64)?;
         if !back.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]])).eq(weights.iter().copied()) {
-            return Err(RunError::Input("the GPU DF11 expansion differs from the weights".into()));
+            return Err(RunError::Internal("the GPU DF11 expansion differs from the weights".into()));
         }
         Ok(Figure {
             what: "DF11 expansion".into(),
@@ -453,7 +453,7 @@ fn linear_shapes(cfg: &TransformerConfig, tokens: u64) -> Result<Vec<LinearShape
 fn vae_layout(cfg: &VaeConfig, size: u64) -> Result<(vae::VaeLayout, u64), RunError> {
     let latent = size / cfg.scale_factor() as u64;
     let mut arena = BumpArena::new(u64::MAX);
-    let layout = vae::VaeLayout::new(cfg, latent, latent, &mut arena).map_err(|e| RunError::Input(e.to_string()))?;
+    let layout = vae::VaeLayout::new(cfg, latent, latent, &mut arena).map_err(|e| RunError::Internal(e.to_string()))?;
     Ok((layout, arena.high_water()))
 }
 
@@ -509,7 +509,7 @@ impl SyntheticWeights {
             let elements = *self
                 .shapes
                 .get(&name)
-                .ok_or_else(|| RunError::Input(format!("the program reads `{name}`, which the model's tensor list lacks")))?;
+                .ok_or_else(|| RunError::Internal(format!("the program reads `{name}`, which the model's tensor list lacks")))?;
             let buffer = match made.get(&shared) {
                 Some(b) => b.clone(),
                 None => {

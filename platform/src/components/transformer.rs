@@ -105,7 +105,7 @@ impl Transformer {
         lora: &LoraSet,
     ) -> Result<Self, RunError> {
         if config.timestep_guidance_channels > MAX_SINUSOID {
-            return Err(RunError::Input(format!(
+            return Err(RunError::Internal(format!(
                 "timestep_guidance_channels {} is above the supported {MAX_SINUSOID}",
                 config.timestep_guidance_channels
             )));
@@ -133,7 +133,7 @@ impl Transformer {
         kernels::elementwise(gpu, &mut euler, Elementwise::Axpy(0.0), mat(layout.velocity), None, mat(layout.latents), [layout.noise, layout.in_channels])?;
         let euler = match <[Dispatch; 1]>::try_from(euler) {
             Ok([d]) => d,
-            Err(_) => return Err(RunError::Input("the latents are too large for one Euler dispatch".into())),
+            Err(_) => return Err(RunError::Internal("the latents are too large for one Euler dispatch".into())),
         };
         let guidance = Guidance::prepare(gpu, &layout, &runner.arena)?;
         Ok(Self { config: config.clone(), layout, runner, store, weights, blocks, prepared, euler, guidance, arena_bytes })
@@ -149,7 +149,7 @@ impl Transformer {
     pub fn set_prompt(&self, gpu: &Gpu, prompt: &[f32]) -> Result<(), RunError> {
         let want = (self.layout.text * self.layout.joint_dim) as usize;
         if prompt.len() != want {
-            return Err(RunError::Input(format!(
+            return Err(RunError::Internal(format!(
                 "prompt embeddings hold {} values, the transformer needs {} × {} = {want}",
                 prompt.len(),
                 self.layout.text,
@@ -164,7 +164,7 @@ impl Transformer {
     pub fn set_latents(&self, gpu: &Gpu, latents: &[f32]) -> Result<(), RunError> {
         let want = (self.layout.noise * self.layout.in_channels) as usize;
         if latents.len() != want {
-            return Err(RunError::Input(format!("latents hold {} values, expected {want}", latents.len())));
+            return Err(RunError::Internal(format!("latents hold {} values, expected {want}", latents.len())));
         }
         self.runner.write(gpu, self.layout.latents, latents);
         Ok(())
@@ -176,7 +176,7 @@ impl Transformer {
         let rows = self.layout.image - self.layout.noise;
         let want = (rows * self.layout.in_channels) as usize;
         if tokens.len() != want {
-            return Err(RunError::Input(format!("reference tokens hold {} values, the transformer was laid out for {rows} × {}", tokens.len(), self.layout.in_channels)));
+            return Err(RunError::Internal(format!("reference tokens hold {} values, the transformer was laid out for {rows} × {}", tokens.len(), self.layout.in_channels)));
         }
         if rows > 0 {
             self.runner.write(gpu, self.layout.latents.rows_from(self.layout.noise), tokens);

@@ -5,7 +5,7 @@
 //! ([`crate::run::vae_bands`]) in an arena fixed by the tile size. Both give the
 //! same image up to rounding.
 
-use crate::error::{GpuError, LoadError, RunError};
+use crate::error::{LoadError, RunError};
 use flux_lite_kernels::Gpu;
 use flux_lite_kernels::Dispatch;
 use crate::run::device_weights::{DeviceWeight, DeviceWeights};
@@ -93,7 +93,7 @@ impl VaeDecoder {
         tile_px: Option<usize>,
     ) -> Result<Self, RunError> {
         if config.out_channels != 3 {
-            return Err(RunError::Input(format!("the VAE has {} output channels; images need 3", config.out_channels)));
+            return Err(RunError::Internal(format!("the VAE has {} output channels; images need 3", config.out_channels)));
         }
         check_image_size(config, width, height)?;
         check_tile(config, tile_px)?;
@@ -114,10 +114,8 @@ impl VaeDecoder {
             }
         };
         if arena_bytes > gpu.limits.max_buffer_size {
-            return Err(RunError::Gpu(GpuError::UnsupportedShape(format!(
-                "decoding {width}×{height} pixels needs a {arena_bytes}-byte VAE buffer, above the adapter's {} bytes; use a smaller --vae-tile",
-                gpu.limits.max_buffer_size
-            ))));
+            let why = format!("decoding {width}×{height} pixels needs a {arena_bytes}-byte VAE buffer, above the adapter's {} bytes; use a smaller one", gpu.limits.max_buffer_size);
+            return Err(RunError::Request(crate::pipeline::job::RequestError::VaeTile { tile: None, why }));
         }
         let weights = upload_decoder(gpu, config, store)?;
         let runner = arena_runner(gpu, "vae activations", arena_bytes);
@@ -153,7 +151,7 @@ impl VaeDecoder {
         let features = 4 * self.config.latent_channels;
         let tokens = (lat_h * lat_w / 4) as usize;
         if packed.len() != tokens * features {
-            return Err(RunError::Input(format!(
+            return Err(RunError::Internal(format!(
                 "the latents hold {} values; a {}×{} image needs {tokens} tokens × {features} = {}",
                 packed.len(),
                 lat_w as usize * scale,
@@ -213,8 +211,8 @@ impl VaeDecoder {
             Mode::Whole { layout, .. } if self.decoded_once => {
                 Ok(self.runner.read(gpu, layout.latent, 1, layout.latent_channels * self.latent_h * self.latent_w)?)
             }
-            Mode::Whole { .. } => Err(RunError::Input("nothing has been decoded yet".into())),
-            Mode::Banded { .. } => Err(RunError::Input("a banded decode keeps its latent on the host".into())),
+            Mode::Whole { .. } => Err(RunError::Internal("nothing has been decoded yet".into())),
+            Mode::Banded { .. } => Err(RunError::Internal("a banded decode keeps its latent on the host".into())),
         }
     }
 
@@ -293,7 +291,7 @@ pub(crate) fn upload_checked(gpu: &Gpu, store: &WeightStore, specs: &[TensorSpec
 
 /// Refuses an image size the VAE cannot take ([`ImageSize`]'s rule).
 pub(crate) fn check_image_size(config: &VaeConfig, width: usize, height: usize) -> Result<(), RunError> {
-    ImageSize::new(config, width as u64, height as u64).map(|_| ()).map_err(|e| RunError::Input(format!("the image size {width}×{height}: {e}")))
+    ImageSize::new(config, width as u64, height as u64).map(|_| ()).map_err(|e| RunError::Internal(format!("the image size {width}×{height}: {e}")))
 }
 
 /// Refuses a tile size that is not a positive multiple of twice the VAE scale factor.
@@ -301,7 +299,7 @@ pub(crate) fn check_tile(config: &VaeConfig, tile_px: Option<usize>) -> Result<(
     let unit = config.latent_cell();
     match tile_px {
         Some(t) if t == 0 || !t.is_multiple_of(unit) => {
-            Err(RunError::Input(format!("the VAE tile size {t} is not a positive multiple of {unit} pixels")))
+            Err(RunError::Request(crate::pipeline::job::RequestError::VaeTile { tile: Some(t), why: format!("not a positive multiple of {unit} pixels") }))
         }
         _ => Ok(()),
     }
@@ -318,5 +316,5 @@ fn interleave_rgb(planar: &[u8], pixels: usize) -> Vec<u8> {
 }
 
 pub(crate) fn plan_error(e: VaePlanError) -> RunError {
-    RunError::Input(e.to_string())
+    RunError::Internal(e.to_string())
 }

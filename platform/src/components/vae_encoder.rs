@@ -4,7 +4,7 @@
 //! ([`crate::run::vae_bands`]) in an arena fixed by the tile; then the mean to the
 //! reference tokens the transformer reads.
 
-use crate::error::{GpuError, LoadError, RunError};
+use crate::error::{LoadError, RunError};
 use flux_lite_kernels::Gpu;
 use crate::run::device_weights::DeviceWeights;
 use flux_lite_kernels::{Dispatch};
@@ -87,10 +87,8 @@ impl VaeEncoder {
             }
         };
         if arena_bytes > gpu.limits.max_buffer_size {
-            return Err(RunError::Gpu(GpuError::UnsupportedShape(format!(
-                "encoding {width}×{height} pixels needs a {arena_bytes}-byte VAE buffer, above the adapter's {} bytes; use a smaller --vae-tile",
-                gpu.limits.max_buffer_size
-            ))));
+            let why = format!("encoding {width}×{height} pixels needs a {arena_bytes}-byte VAE buffer, above the adapter's {} bytes; use a smaller one", gpu.limits.max_buffer_size);
+            return Err(RunError::Request(crate::pipeline::job::RequestError::VaeTile { tile: None, why }));
         }
         let runner = arena_runner(gpu, "vae encoder activations", arena_bytes);
         let mode = match capacity {
@@ -119,7 +117,7 @@ impl VaeEncoder {
 
     /// The pass of the current size ([`Self::new`] and [`Self::lay_out`] leave one on success).
     fn pass(&self) -> Result<&EncodePass, RunError> {
-        self.pass.as_ref().ok_or_else(|| RunError::Input("the VAE encoder has no image size laid out".into()))
+        self.pass.as_ref().ok_or_else(|| RunError::Internal("the VAE encoder has no image size laid out".into()))
     }
 
     /// The latent grid (height, width) in cells.
@@ -140,7 +138,7 @@ impl VaeEncoder {
         let l = &pass.layout;
         let want = (l.in_channels * l.height * l.width) as usize;
         if image.len() != want {
-            return Err(RunError::Input(format!("the image holds {} values; {}×{} needs {want}", image.len(), l.width, l.height)));
+            return Err(RunError::Internal(format!("the image holds {} values; {}×{} needs {want}", image.len(), l.width, l.height)));
         }
         match &pass.mode {
             Mode::Whole { dispatches } => {

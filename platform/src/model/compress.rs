@@ -93,7 +93,7 @@ fn temp_dir_for(model: &ModelFolder, output: &Path) -> Result<PathBuf, CompressE
     if output.symlink_metadata().is_ok() {
         return Err(CompressError::OutputExists(output.into()));
     }
-    let flag = |problem: String| CompressError::Write(format!("--output {}: {problem}", output.display()));
+    let flag = |problem: String| CompressError::OutputFolder { path: output.into(), problem };
     let name = output.file_name().ok_or_else(|| flag("not a folder name".into()))?;
     let parent = output.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
     let parent_abs = fs::canonicalize(parent).map_err(|e| flag(format!("{}: {e}", parent.display())))?;

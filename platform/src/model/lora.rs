@@ -44,16 +44,16 @@ impl LoraSpec {
         if let Some((file, scale)) = arg.rsplit_once(':') {
             if let Ok(s) = scale.parse::<f32>() {
                 if !s.is_finite() {
-                    return Err(format!("--lora {arg}: the scale must be a finite number"));
+                    return Err(format!("{arg}: the scale must be a finite number"));
                 }
                 if file.is_empty() {
-                    return Err(format!("--lora {arg}: no file before the scale"));
+                    return Err(format!("{arg}: no file before the scale"));
                 }
                 return Ok(Self { path: file.into(), scale: s });
             }
         }
         if arg.is_empty() {
-            return Err("--lora needs a file".into());
+            return Err("no file given".into());
         }
         Ok(Self { path: arg.into(), scale: 1.0 })
     }

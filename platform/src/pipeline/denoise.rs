@@ -67,7 +67,7 @@ pub fn denoise(
     // The schedule's shift counts the noise tokens only, as the pipeline does.
     let tokens = transformer.layout.noise as usize;
     let mut sigmas = vec![0f32; steps + 1];
-    schedule::sigmas(scheduler, tokens, steps, &mut sigmas).map_err(|e| RunError::Input(format!("--steps: {e}")))?;
+    schedule::sigmas(scheduler, tokens, steps, &mut sigmas).map_err(|e| RunError::Internal(format!("the schedule of {steps} steps: {e}")))?;
     transformer.set_latents(gpu, noise)?;
     let blocks = transformer.block_count();
     for step in 0..steps {

@@ -6,7 +6,8 @@
 //! [`ROUND_HOST_BYTES`] (less when the budget has less room).
 
 use super::kept::{take_matching, Kept, PromptEncoder, Slot, TransformerKey};
-use super::{denoise, uses_guidance, Generated, Image, Observer, Phase, Pipeline, Progress, Prompt, Request, Timings, PROMPT_TOKENS};
+use super::job::{OutputType, Resolved};
+use super::{denoise, uses_guidance, Image, Observer, Phase, Pipeline, Progress, Prompt, Request, Timings, PROMPT_TOKENS};
 use crate::components::text_encoder::TextEncoder;
 use crate::components::transformer::{LatentGrids, Transformer};
 use crate::error::RunError;
@@ -37,39 +38,12 @@ pub struct Batch {
 }
 
 impl Batch {
-    /// One image.
-    pub fn single(prompt: Prompt, seed: u64) -> Self {
-        Self { prompts: vec![prompt], items: vec![Item { prompt: 0, seed }] }
-    }
-
-    /// `count` images of one prompt with seeds `seed`, `seed + 1`, … (each
-    /// the image a single run with that seed makes).
-    pub fn seeds(prompt: Prompt, seed: u64, count: usize) -> Self {
-        Self { prompts: vec![prompt], items: (0..count as u64).map(|i| Item { prompt: 0, seed: seed.wrapping_add(i) }).collect() }
-    }
-
-    /// One image per text, seeds `seed`, `seed + 1`, … in order; equal texts
-    /// are one prompt, encoded once.
-    pub fn texts<S: AsRef<str>>(texts: &[S], seed: u64) -> Self {
-        let mut distinct: Vec<&str> = Vec::new();
-        let mut items = Vec::with_capacity(texts.len());
-        for (i, text) in texts.iter().enumerate() {
-            let text = text.as_ref();
-            let prompt = distinct.iter().position(|d| *d == text).unwrap_or_else(|| {
-                distinct.push(text);
-                distinct.len() - 1
-            });
-            items.push(Item { prompt, seed: seed.wrapping_add(i as u64) });
-        }
-        Self { prompts: distinct.into_iter().map(|t| Prompt::Text(t.to_string())).collect(), items }
-    }
-
     fn check(&self) -> Result<(), RunError> {
         if self.items.is_empty() {
-            return Err(RunError::Input("the batch has no images to make".into()));
+            return Err(RunError::Internal("the batch has no images to make".into()));
         }
         match self.items.iter().find(|i| i.prompt >= self.prompts.len()) {
-            Some(i) => Err(RunError::Input(format!("a batch item names prompt {} of {}", i.prompt, self.prompts.len()))),
+            Some(i) => Err(RunError::Internal(format!("a batch item names prompt {} of {}", i.prompt, self.prompts.len()))),
             None => Ok(()),
         }
     }
@@ -100,41 +74,11 @@ pub struct Finished {
 type Embeddings = (Vec<f32>, Option<Vec<f32>>);
 
 impl Pipeline {
-    /// Makes every image of `batch`, handing each to `take` as it is decoded
-    /// (`take` may write it out; its error stops the batch). `request.seed`
-    /// is not read: each item has its own.
-    pub fn generate_batch(
-        &self,
-        batch: &Batch,
-        request: &Request,
-        references: &[ReferenceImage],
-        observer: &mut dyn Observer,
-        take: &mut dyn FnMut(Made) -> Result<(), RunError>,
-    ) -> Result<Finished, RunError> {
-        self.run_batch(batch, request, references, true, observer, take)
-    }
-
-    /// [`Self::generate_batch`] without the VAE decode: latents only.
-    pub fn latents_batch(
-        &self,
-        batch: &Batch,
-        request: &Request,
-        references: &[ReferenceImage],
-        observer: &mut dyn Observer,
-        take: &mut dyn FnMut(Made) -> Result<(), RunError>,
-    ) -> Result<Finished, RunError> {
-        self.run_batch(batch, request, references, false, observer, take)
-    }
-
-    /// One image, collected.
-    pub(super) fn run_single(&self, prompt: &Prompt, request: &Request, references: &[ReferenceImage], decode_image: bool, observer: &mut dyn Observer) -> Result<Generated, RunError> {
-        let mut made = None;
-        let finished = self.run_batch(&Batch::single(prompt.clone(), request.seed), request, references, decode_image, observer, &mut |m| {
-            made = Some(m);
-            Ok(())
-        })?;
-        let made = made.ok_or_else(|| RunError::Input("the generation made no image".into()))?;
-        Ok(Generated { latents: made.latents, image: made.image, plan: finished.plan, timings: finished.timings })
+    /// Makes every image of `job`, handing each to `take` as it is made
+    /// (decoded, unless the job asks for latents only); `take` may write it
+    /// out, and its error stops the job.
+    pub fn run(&self, job: &Resolved, observer: &mut dyn Observer, take: &mut dyn FnMut(Made) -> Result<(), RunError>) -> Result<Finished, RunError> {
+        self.run_batch(&job.batch, &job.request, &job.references, job.output == OutputType::Image, observer, take)
     }
 
     fn run_batch(
@@ -149,9 +93,9 @@ impl Pipeline {
         batch.check()?;
         let sizes: Vec<(usize, usize)> = references.iter().map(|r| (r.width, r.height)).collect();
         if sizes != request.references {
-            return Err(RunError::Input("the request's reference sizes differ from the reference images given".into()));
+            return Err(RunError::Internal("the request's reference sizes differ from the reference images given".into()));
         }
-        let plan = self.plan(request)?;
+        let plan = super::planning::plan(&self.gpu, &self.model, request)?;
         // A VAE in bands keeps the image's activations in a scratch file: find
         // out now, not after the denoising, if its folder cannot take one.
         let banded_encode = plan.references.is_some_and(|r| r.tile.is_some());
@@ -314,7 +258,7 @@ impl Run<'_> {
     fn denoise(&mut self, first: usize, items: &[Item], embeddings: &[Option<Embeddings>], references: &super::References, observer: &mut dyn Observer) -> Result<Vec<Vec<f32>>, RunError> {
         let (pipeline, request) = (self.pipeline, self.request);
         let (gpu, model) = (&pipeline.gpu, &pipeline.model);
-        let (lat_h, lat_w) = denoise::latent_grid(&model.vae, request.width, request.height).map_err(|e| RunError::Input(e.to_string()))?;
+        let (lat_h, lat_w) = denoise::latent_grid(&model.vae, request.width, request.height).map_err(|e| RunError::Internal(e.to_string()))?;
         let started = Instant::now();
         let key = TransformerKey {
             strategy: self.plan.denoise.weights,
@@ -341,7 +285,7 @@ impl Run<'_> {
         for (n, item) in items.iter().enumerate() {
             observer.image(first + n, self.count);
             let Some((positive, negative)) = &embeddings[item.prompt] else {
-                return Err(RunError::Input(format!("prompt {} was not encoded", item.prompt)));
+                return Err(RunError::Internal(format!("prompt {} was not encoded", item.prompt)));
             };
             let conditioning = match negative.as_deref() {
                 Some(negative) if uses_guidance(model, request.guidance) => Conditioning::Guided { positive, negative, scale: request.guidance },
@@ -457,7 +401,7 @@ pub(super) fn load_prompt_encoder(pipeline: &Pipeline, strategy: WeightStrategy)
 
 /// One prompt's embedding: prompt `index` of `count`, for the progress.
 pub(super) fn encode_one(pipeline: &Pipeline, e: &PromptEncoder, text: &str, index: usize, count: usize, progress: &mut dyn FnMut(Progress)) -> Result<super::PromptEmbedding, RunError> {
-    let tokens = e.tokenizer.encode_prompt(text, PROMPT_TOKENS).map_err(|e| RunError::Input(e.to_string()))?;
+    let tokens = e.tokenizer.encode_prompt(text, PROMPT_TOKENS).map_err(|e| RunError::Internal(e.to_string()))?;
     let values = e.encoder.encode(&pipeline.gpu, &tokens.input_ids, &tokens.attention_mask, &mut |block| {
         progress(Progress::Encode { prompt: index, prompts: count, block })
     })?;

@@ -6,6 +6,7 @@
 pub mod denoise;
 pub mod embeddings_file;
 pub mod generation;
+pub mod job;
 pub mod kept;
 pub mod output;
 pub mod planning;
@@ -15,6 +16,7 @@ pub mod resample;
 
 
 pub use generation::{Batch, Finished, Item, Made};
+pub use job::{Job, Limits, OutputType, RequestError, Resolved, Setting};
 use denoise::StepProgress;
 use crate::error::{LoadError, RunError};
 use flux_lite_kernels::{Gpu, GpuOptions};
@@ -78,7 +80,8 @@ pub fn encode_prompts(
     out
 }
 
-/// What to generate, with every default already resolved.
+/// What a resolved job runs with ([`Resolved::request`]): every default
+/// applied and every rule met.
 #[derive(Debug, Clone)]
 pub struct Request {
     pub width: usize,
@@ -149,17 +152,6 @@ pub fn open_model(dir: &Path, transformer: Option<&Path>) -> Result<ModelFolder,
         Some(t) => model.with_transformer(t),
         None => Ok(model),
     }
-}
-
-/// Denoising steps when none are asked for, as diffusers' model cards use:
-/// 4 for guidance-distilled models, 50 otherwise.
-pub fn default_steps(model: &ModelFolder) -> usize {
-    if model.index.is_distilled { 4 } else { 50 }
-}
-
-/// The guidance scale when none is asked for: 1.0 (none) for distilled models, 4.0 otherwise.
-pub fn default_guidance(model: &ModelFolder) -> f32 {
-    if model.index.is_distilled { 1.0 } else { 4.0 }
 }
 
 /// Whether `Flux2KleinPipeline` would run classifier-free guidance.
@@ -266,17 +258,6 @@ pub enum Prompt {
     Embeddings { positive: Vec<f32>, negative: Option<Vec<f32>> },
 }
 
-/// What [`Pipeline::generate`] made, with the plan it ran under and its timings.
-#[derive(Debug, Clone)]
-pub struct Generated {
-    /// The final packed latents `[tokens, in_channels]`.
-    pub latents: Vec<f32>,
-    /// The decoded image (`None` from [`Pipeline::latents`]).
-    pub image: Option<Image>,
-    pub plan: Plan,
-    pub timings: Timings,
-}
-
 /// The engine's entry point: a model folder and a device, opened once; then
 /// any number of generations. Each generation plans its own memory and runs
 /// encode → references → denoise → decode, each stage releasing its device
@@ -284,17 +265,20 @@ pub struct Generated {
 /// generation: the device and its compiled pipelines, the memory-mapped
 /// weight files, the configs, and with [`Options::keep_loaded`] the
 /// components that fit the budget beside the next request (`kept`).
-/// [`Pipeline::generate_batch`] makes many images with one load of each
-/// component.
+/// A job of many images loads each component once.
 ///
 /// ```no_run
-/// use flux_lite_platform::pipeline::{Options, Pipeline, Prompt, Request, Silent};
+/// use flux_lite_platform::{Job, Limits, Options, Pipeline, Prompt, Silent};
 /// # fn main() -> Result<(), flux_lite_platform::RunError> {
 /// let pipeline = Pipeline::open("FLUX.2-klein-4B".as_ref(), Options::default())?;
-/// let request = Request { width: 512, height: 512, steps: 4, seed: 42, guidance: 1.0, vae_tile: None, memory_budget: None, references: Vec::new(), lora: Default::default() };
-/// let out = pipeline.generate(&Prompt::Text("a red fox in the snow".into()), &request, &[], &mut Silent)?;
-/// let image = out.image.expect("decoded");
-/// assert_eq!(image.rgb.len(), 3 * 512 * 512);
+/// let job = Job { width: Some(512), height: Some(512), seed: Some(42), ..Job::new(Prompt::Text("a red fox in the snow".into())) };
+/// let job = job.resolve(pipeline.model(), &Limits::default())?;
+/// let mut images = Vec::new();
+/// pipeline.run(&job, &mut Silent, &mut |made| {
+///     images.push(made.image.expect("decoded"));
+///     Ok(())
+/// })?;
+/// assert_eq!(images[0].rgb.len(), 3 * 512 * 512);
 /// # Ok(()) }
 /// ```
 #[derive(Debug)]
@@ -334,10 +318,10 @@ impl Pipeline {
         &self.gpu
     }
 
-    /// The memory plan `request` would run under, or the planner's refusal;
+    /// The memory plan `job` would run under, or the planner's refusal;
     /// nothing is uploaded.
-    pub fn plan(&self, request: &Request) -> Result<Plan, RunError> {
-        crate::pipeline::planning::plan(&self.gpu, &self.model, request)
+    pub fn plan(&self, job: &Resolved) -> Result<Plan, RunError> {
+        crate::pipeline::planning::plan(&self.gpu, &self.model, &job.request)
     }
 
     /// Encodes prompts alone within `budget` (`flux-lite encode`).
@@ -356,17 +340,6 @@ impl Pipeline {
             .collect();
         self.gpu.check_interrupt()?;
         Ok((values, timings))
-    }
-
-    /// Text (and reference images) to image. `references` are the prepared
-    /// images whose sizes `request.references` lists.
-    pub fn generate(&self, prompt: &Prompt, request: &Request, references: &[ReferenceImage], observer: &mut dyn Observer) -> Result<Generated, RunError> {
-        self.run_single(prompt, request, references, true, observer)
-    }
-
-    /// [`Self::generate`] without the VAE decode: the final latents only.
-    pub fn latents(&self, prompt: &Prompt, request: &Request, references: &[ReferenceImage], observer: &mut dyn Observer) -> Result<Generated, RunError> {
-        self.run_single(prompt, request, references, false, observer)
     }
 
     /// Starts `phase`: the one before has dropped its buffers; the heap

@@ -31,7 +31,7 @@ pub fn latent_rgb(model: &ModelFolder) -> Result<LatentRgbMap, RunError> {
     if channels == FLUX2_LATENT_CHANNELS {
         return Ok(LatentRgbMap { factors: preview::FLUX2.factors.to_vec(), bias: preview::FLUX2.bias });
     }
-    Err(RunError::Input(format!(
+    Err(RunError::Internal(format!(
         "previews: no latent-to-RGB map for this VAE ({channels} latent channels; FLUX.2's has 32): add vae/latent_rgb.json to the model folder"
     )))
 }
@@ -62,7 +62,7 @@ impl LatentRgbMap {
         let (height, width) = (2 * grid_h * enlarge, 2 * grid_w * enlarge);
         let mut rgb = vec![0u8; width * height * 3];
         let map = LatentRgb { factors: &self.factors, bias: self.bias };
-        preview::draw(packed, (grid_h, grid_w), &map, enlarge, &mut rgb).map_err(|e| RunError::Input(format!("preview: {e:?}")))?;
+        preview::draw(packed, (grid_h, grid_w), &map, enlarge, &mut rgb).map_err(|e| RunError::Internal(format!("preview: {e:?}")))?;
         Ok((width, height, rgb))
     }
 }

@@ -5,6 +5,7 @@
 //! dropped, grey repeated), then scaled to [-1, 1].
 
 use crate::error::{one_line, RunError};
+use crate::pipeline::job::RequestError;
 use crate::pipeline::resample::{self, Pixels};
 use std::path::{Path, PathBuf};
 
@@ -47,21 +48,21 @@ pub struct ReferenceImage {
 /// Loads and prepares one reference image; `unit` is twice the VAE scale factor.
 pub fn load(path: &Path, unit: usize) -> Result<ReferenceImage, RunError> {
     let (mode, decoded) = decode(path)?;
-    prepare(&format!("--image {}", path.display()), path, mode, decoded, unit)
+    prepare(&path.display().to_string(), path, mode, decoded, unit)
 }
 
 /// Prepares a reference image sent as bytes (a server request), named
 /// `label` in errors (e.g. `init_images[0]`) and in its `path`.
 pub fn from_bytes(label: &str, bytes: &[u8], unit: usize) -> Result<ReferenceImage, RunError> {
     if bytes.len() as u64 > MAX_FILE_BYTES {
-        return Err(RunError::Input(format!("{label}: {} bytes is above the {MAX_FILE_BYTES}-byte limit for an image", bytes.len())));
+        return Err(reference_error(label, format!("{} bytes is above the {MAX_FILE_BYTES}-byte limit for an image", bytes.len())));
     }
     let (mode, decoded) = decode_bytes(label, bytes)?;
     prepare(label, Path::new(label), mode, decoded, unit)
 }
 
 fn prepare(label: &str, path: &Path, mode: SourceMode, decoded: Pixels, unit: usize) -> Result<ReferenceImage, RunError> {
-    let fail = |why: String| RunError::Input(format!("{label}: {why}"));
+    let fail = |why: String| reference_error(label, why);
     let original = (decoded.width, decoded.height);
     check_size(original.0, original.1).map_err(fail)?;
     let sized = match target_size(original.0, original.1) {
@@ -74,6 +75,11 @@ fn prepare(label: &str, path: &Path, mode: SourceMode, decoded: Pixels, unit: us
     }
     let cropped = center_crop(&sized, width, height);
     Ok(ReferenceImage { path: path.to_path_buf(), original, width, height, pixels: to_model_range(&cropped) })
+}
+
+/// A reference image that cannot be used, named by its file or field.
+fn reference_error(name: &str, why: String) -> RunError {
+    RunError::Request(RequestError::Reference { name: name.to_string(), why })
 }
 
 /// `check_image_input`: both sides at least 64 pixels, aspect ratio at most 8:1.
@@ -144,7 +150,7 @@ fn to_model_range(p: &Pixels) -> Vec<f32> {
 /// The decoded file as PIL would hold it: its mode and 8-bit samples
 /// (RGB, RGBA, L or LA interleaved; indexed images expanded to their colours).
 pub fn decode(path: &Path) -> Result<(SourceMode, Pixels), RunError> {
-    let fail = |why: String| RunError::Input(format!("--image {}: {why}", path.display()));
+    let fail = |why: String| reference_error(&path.display().to_string(), why);
     let meta = std::fs::metadata(path).map_err(|e| fail(format!("cannot read: {e}")))?;
     if !meta.is_file() {
         return Err(fail("not a file".into()));
@@ -153,12 +159,12 @@ pub fn decode(path: &Path) -> Result<(SourceMode, Pixels), RunError> {
         return Err(fail(format!("{} bytes is above the {MAX_FILE_BYTES}-byte limit for an image file", meta.len())));
     }
     let bytes = std::fs::read(path).map_err(|e| fail(format!("cannot read: {e}")))?;
-    decode_bytes(&format!("--image {}", path.display()), &bytes)
+    decode_bytes(&path.display().to_string(), &bytes)
 }
 
 /// [`decode`] of an image file's bytes, errors named by `label`.
 pub fn decode_bytes(label: &str, bytes: &[u8]) -> Result<(SourceMode, Pixels), RunError> {
-    let fail = |why: String| RunError::Input(format!("{label}: {why}"));
+    let fail = |why: String| reference_error(label, why);
     let format = image::guess_format(bytes).map_err(|_| fail("not a PNG or JPEG image".into()))?;
     if !matches!(format, image::ImageFormat::Png | image::ImageFormat::Jpeg) {
         return Err(fail(format!("{format:?} images are not supported; give a PNG or JPEG")));

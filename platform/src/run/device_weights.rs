@@ -371,7 +371,7 @@ impl DeviceWeights {
             w.bytes += area.size();
             for sg in w.streamed_groups.iter_mut().flatten() {
                 let group = compressed(store, sg.group)?;
-                let runs = AreaRun::cut(&group, &sg.positions, area.size(), area_align(gpu)).map_err(RunError::Input)?;
+                let runs = AreaRun::cut(&group, &sg.positions, area.size(), area_align(gpu)).map_err(RunError::Internal)?;
                 let slot = &w.slots[sg.slot];
                 if let Some(first) = runs.first() {
                     kernels::df11_clear(gpu, &mut sg.clear, first.arrays(&area, &group, &sg.positions), slot, sg.base)?;
@@ -527,5 +527,5 @@ fn group_info(store: &WeightStore, group: usize) -> Result<&crate::model::safete
 }
 
 fn missing_group(group: usize) -> RunError {
-    RunError::Input(format!("DF11 group {group} is not held compressed by its store"))
+    RunError::Internal(format!("DF11 group {group} is not held compressed by its store"))
 }

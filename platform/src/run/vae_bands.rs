@@ -55,7 +55,7 @@ impl HostTensors {
 
     /// A scratch arena of `elements` f32 values in a file without a name in `dir`.
     pub fn scratch_in(dir: &std::path::Path, elements: u64) -> Result<Self, RunError> {
-        let failed = |e: std::io::Error| RunError::Input(format!("the VAE's scratch file in {}: {e} (set FLUX_LITE_SCRATCH_DIR to another folder)", dir.display()));
+        let failed = |e: std::io::Error| RunError::Scratch { dir: dir.to_path_buf(), detail: e.to_string() };
         let file = tempfile::tempfile_in(dir).map_err(failed)?;
         file.set_len(4 * elements.max(1)).map_err(failed)?;
         // SAFETY: the file has no name and is held only here, so nothing
@@ -75,7 +75,7 @@ impl HostTensors {
     fn range(&self, span: Span, len: u64) -> Result<std::ops::Range<usize>, RunError> {
         let (start, end) = (span.offset as usize, (span.offset + len) as usize);
         if end > self.map.len() / 4 {
-            return Err(RunError::Input(format!("the banded VAE addressed values {start}..{end} of a {}-value scratch arena", self.map.len() / 4)));
+            return Err(RunError::Internal(format!("the banded VAE addressed values {start}..{end} of a {}-value scratch arena", self.map.len() / 4)));
         }
         Ok(start..end)
     }
@@ -159,7 +159,7 @@ struct Operands(BumpArena);
 
 impl Operands {
     fn take(&mut self, elements: u64) -> Result<Span, RunError> {
-        let s = self.0.alloc(4 * elements.max(1), ALIGN).map_err(|e| RunError::Input(format!("banded VAE: {e}")))?;
+        let s = self.0.alloc(4 * elements.max(1), ALIGN).map_err(|e| RunError::Internal(format!("banded VAE: {e}")))?;
         Ok(Span::new(s.offset / 4, 0))
     }
 }
@@ -183,7 +183,7 @@ impl BandRunner<'_> {
             Op::Linear { x, w, w_row: 0, bias, y, rows, cols, inner } => self.linear(host, *x, w, bias.as_ref(), *y, Gemm { m: *rows, n: *cols, k: *inner }),
             Op::Attention { q, k, v, o, len, heads, head_dim } => self.attention(host, [*q, *k, *v, *o], *len, *heads, *head_dim),
             Op::Copy { src, dst, rows, cols } => Self::copy(host, *src, *dst, *rows, *cols),
-            other => Err(RunError::Input(format!("the banded VAE cannot run {other:?}"))),
+            other => Err(RunError::Internal(format!("the banded VAE cannot run {other:?}"))),
         }
     }
 
@@ -196,11 +196,8 @@ impl BandRunner<'_> {
     fn band(&self, fixed: u64, per_unit: u64, what: &str) -> Result<u64, RunError> {
         let units = self.capacity.saturating_sub(fixed) / per_unit.max(1);
         if units == 0 {
-            return Err(RunError::Input(format!(
-                "the VAE tile holds {} values, too few for one {what} of this image ({} needed); use a larger --vae-tile",
-                self.capacity,
-                fixed + per_unit
-            )));
+            let why = format!("it holds {} values, too few for one {what} of this image ({} needed); use a larger one", self.capacity, fixed + per_unit);
+            return Err(RunError::Request(crate::pipeline::job::RequestError::VaeTile { tile: None, why }));
         }
         Ok(units)
     }
@@ -241,7 +238,7 @@ impl BandRunner<'_> {
     /// the image border): stride 1 "same" and the encoder's stride-2 downsampling alike.
     fn conv(&self, host: &mut HostTensors, x: Span, w: &TensorName, bias: &TensorName, y: Span, s: ConvShape) -> Result<(), RunError> {
         if x.offset == y.offset {
-            return Err(RunError::Input(format!("the banded VAE only runs out-of-place convolutions, not {s:?} in place")));
+            return Err(RunError::Internal(format!("the banded VAE only runs out-of-place convolutions, not {s:?} in place")));
         }
         let (cin, cout, h, wd) = (s.in_channels as u64, s.out_channels as u64, s.height as u64, s.width as u64);
         let (out_h, out_w) = (s.out_height as u64, s.out_width as u64);
@@ -277,7 +274,7 @@ impl BandRunner<'_> {
     fn group_norm(&self, host: &mut HostTensors, src: Span, dst: Span, g: Norm<'_>) -> Result<(), RunError> {
         let (c, p, groups) = (g.channels, g.pixels, g.groups);
         if groups == 0 || !c.is_multiple_of(groups) {
-            return Err(RunError::Input(format!("group norm: {c} channels in {groups} groups")));
+            return Err(RunError::Internal(format!("group norm: {c} channels in {groups} groups")));
         }
         let per = c / groups;
         let mut moments = vec![Moments::default(); groups as usize];
@@ -375,7 +372,7 @@ impl BandRunner<'_> {
     fn linear(&self, host: &mut HostTensors, x: Span, w: &TensorName, bias: Option<&TensorName>, y: Span, s: Gemm) -> Result<(), RunError> {
         let Gemm { m: rows, n: cols, k: inner } = s;
         if x.stride != inner || y.stride != cols {
-            return Err(RunError::Input("the banded VAE only runs linears over contiguous rows".into()));
+            return Err(RunError::Internal("the banded VAE only runs linears over contiguous rows".into()));
         }
         for (r0, r1) in bands(rows, self.band(0, inner + cols, "linear row")?) {
             let input = host.get(x, rows * inner)?[(r0 * inner) as usize..(r1 * inner) as usize].to_vec();

@@ -5,7 +5,7 @@
 //! written to a temporary folder and opened as any model is.
 
 use super::Check;
-use crate::pipeline::{Options, Pipeline, Prompt, Request, Silent};
+use crate::pipeline::{Job, Limits, Options, Pipeline, Prompt, Silent};
 use crate::tolerance::{self, png_gap};
 use flux_lite_kernels::{GpuOptions, Precision};
 use safetensors::SafeTensors;
@@ -95,9 +95,17 @@ fn run(options: &GpuOptions, tier: Precision) -> Result<Found, String> {
     let pipeline = Pipeline::open(dir.path(), Options { gpu: GpuOptions { precision: tier, ..options.clone() }, transformer: None, keep_loaded: false }).map_err(|e| e.to_string())?;
     let (mut embeddings, _) = pipeline.encode(&[PROMPT], None, &mut Silent).map_err(|e| e.to_string())?;
     let embedding = embeddings.pop().ok_or("no prompt embedding")?;
-    let request = Request { width: SIZE, height: SIZE, steps: 1, seed: SEED, guidance: 1.0, vae_tile: None, memory_budget: None, references: Vec::new(), lora: Default::default() };
     let prompt = Prompt::Embeddings { positive: embedding.clone(), negative: None };
-    let generated = pipeline.generate(&prompt, &request, &[], &mut Silent).map_err(|e| e.to_string())?;
+    let job = Job { width: Some(SIZE), height: Some(SIZE), steps: Some(1), seed: Some(SEED), guidance: Some(1.0), ..Job::new(prompt) };
+    let job = job.resolve(pipeline.model(), &Limits::default()).map_err(|e| e.to_string())?;
+    let mut made = Vec::new();
+    pipeline
+        .run(&job, &mut Silent, &mut |m| {
+            made.push(m);
+            Ok(())
+        })
+        .map_err(|e| e.to_string())?;
+    let generated = made.pop().ok_or("no image made")?;
     // One Euler step: latents = noise + (σ₁ − σ₀)·velocity.
     let (noise, sigmas) = (golden("noise")?, golden("sigmas")?);
     let dt = sigmas.get(1).zip(sigmas.first()).map(|(a, b)| a - b).ok_or("golden sigmas: two expected")?;

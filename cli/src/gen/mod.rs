@@ -1,0 +1,175 @@
+//! `flux-lite gen`: flags → a `Job` → the engine → PNG files.
+
+mod outputs;
+mod report;
+mod watch;
+
+use crate::progress::Bar;
+use argh::FromArgs;
+use flux_lite_platform::model::lora::LoraSpec;
+use flux_lite_platform::pipeline::embeddings_file::{self, EmbeddingsFile};
+use flux_lite_platform::pipeline::{self, Made, Prompt};
+use flux_lite_platform::{GpuOptions, Job, Limits, OutputType, Pipeline, RunError};
+pub use outputs::png_text;
+use std::path::PathBuf;
+use std::time::Instant;
+
+/// Generate an image from a text prompt.
+#[derive(FromArgs, Debug)]
+#[argh(subcommand, name = "gen")]
+pub struct GenArgs {
+    /// the diffusers model folder (model_index.json, text_encoder/, tokenizer/, transformer/, vae/, scheduler/)
+    #[argh(option)]
+    model: PathBuf,
+    /// the text prompt
+    #[argh(option)]
+    prompt: Option<String>,
+    /// read the prompt from this UTF-8 text file (its final line break dropped)
+    #[argh(option)]
+    prompt_file: Option<PathBuf>,
+    /// where to write the PNG: a file (written whole or not at all; a symbolic link is written through), a named pipe or device (written into), or - for standard output
+    #[argh(option)]
+    output: Option<PathBuf>,
+    /// a reference image (PNG or JPEG) to edit or take elements from; repeat for up to 16. Each is scaled to about 1 megapixel when larger and centre-cropped to multiples of 16
+    #[argh(option)]
+    image: Vec<PathBuf>,
+    /// image width in pixels, a multiple of 16 for the real VAE (default: the first reference image's, else 1024)
+    #[argh(option)]
+    width: Option<usize>,
+    /// image height in pixels, a multiple of 16 for the real VAE (default: the first reference image's, else 1024)
+    #[argh(option)]
+    height: Option<usize>,
+    /// denoising steps (default: 4 for distilled models, 50 otherwise)
+    #[argh(option)]
+    steps: Option<usize>,
+    /// random seed (default: random; always printed)
+    #[argh(option)]
+    seed: Option<u64>,
+    /// classifier-free guidance scale (default: 1.0 for distilled models, 4.0 otherwise; distilled models ignore it)
+    #[argh(option)]
+    guidance: Option<f32>,
+    /// make this many images, seeds S, S+1, … (each the image a single run with that seed makes); outputs are numbered NAME-0001.png, … and never overwrite a file (default 1)
+    #[argh(option, default = "1")]
+    count: usize,
+    /// one prompt per line (blank lines skipped): one image each (--count each), seeds S, S+1, … in order; equal prompts are encoded once; outputs numbered as with --count
+    #[argh(option)]
+    batch_file: Option<PathBuf>,
+    /// use prompt embeddings from this safetensors file (`prompt_embeds` [512, joint], as `flux-lite encode` writes) instead of --prompt
+    #[argh(option)]
+    embeddings: Option<PathBuf>,
+    /// a LoRA adapter for the transformer, FILE[:SCALE] (scale default 1.0); repeat to add several. diffusers/PEFT, BFL (ai-toolkit) and kohya layouts
+    #[argh(option, from_str_fn(crate::lora::parse_lora))]
+    lora: Vec<LoraSpec>,
+    /// read the transformer from this folder instead of the model's transformer/
+    #[argh(option)]
+    transformer: Option<PathBuf>,
+    /// VAE device memory as for a square image of this many pixels; larger images (and reference images) run by bands (default: untiled while the image fits)
+    #[argh(option)]
+    vae_tile: Option<usize>,
+    /// device memory the run may allocate, e.g. 2GiB or 512MiB (default: no limit, everything resident)
+    #[argh(option, from_str_fn(crate::budget::parse_memory_budget))]
+    memory_budget: Option<u64>,
+    /// also write the final packed latents (safetensors, tensor `latents` [tokens, channels])
+    #[argh(option)]
+    output_latents: Option<PathBuf>,
+    /// rewrite this PNG with a preview of the image after each step (the latents through the VAE's latent-to-RGB map; an image viewer that reloads shows the image forming)
+    #[argh(option)]
+    preview: Option<PathBuf>,
+    /// with --preview, draw it every N steps and after the last (default 1)
+    #[argh(option, default = "1")]
+    preview_every: usize,
+    /// precision tier: auto (default: on a CPU adapter f32, the fastest there; elsewhere matrix units where the adapter has them and they pass a known-answer check, else f16, else f32), f32 (the reference), f16 (f16-staged GEMM tiles, f32 sums) or matrix (cooperative-matrix units, f16 operands, f32 sums); f16 and matrix apply a range rule (docs/kernels.md), and a tier the adapter lacks is an error
+    #[argh(option, default = "flux_lite_platform::Precision::Auto", from_str_fn(crate::tier::parse_precision))]
+    precision: flux_lite_platform::Precision,
+    /// no progress bar
+    #[argh(switch)]
+    quiet: bool,
+    /// print the adapter and memory use
+    #[argh(switch)]
+    verbose: bool,
+}
+
+pub fn run(args: &GenArgs) -> Result<(), String> {
+    let started = Instant::now();
+    let host_peak = args.verbose.then(flux_lite_platform::host_memory::AnonymousPeak::start).flatten();
+    outputs::check_flags(&args.output, &args.output_latents, &args.preview, args.preview_every)?;
+    let interrupt = crate::interrupt::flag();
+    let model = pipeline::open_model(&args.model, args.transformer.as_deref()).map_err(|e| e.to_string())?;
+    let job = Job {
+        images_per_prompt: args.count,
+        references: crate::references::load(&args.image, &model)?,
+        width: args.width,
+        height: args.height,
+        steps: args.steps,
+        guidance: args.guidance,
+        seed: args.seed,
+        lora: crate::lora::open_lora(&args.lora, &model.transformer, args.verbose)?,
+        vae_tile: args.vae_tile,
+        memory_budget: args.memory_budget,
+        output: if args.output.is_some() { OutputType::Image } else { OutputType::Latents },
+        ..Job::prompts(prompts(args, model.transformer.joint_attention_dim)?)
+    };
+    let job = job.resolve(&model, &Limits::default()).map_err(|e| crate::errors::request_line(&e))?;
+    if job.guidance_ignored() {
+        eprintln!("warning: {} is guidance-distilled; --guidance {} is ignored", args.model.display(), job.request().guidance);
+    }
+    eprintln!("seed: {}", job.request().seed);
+    let outputs = outputs::Outputs::new(&args.output, &args.output_latents, job.images())?;
+    let in_channels = model.transformer.in_channels;
+    let gpu_options = GpuOptions { interrupt: Some(interrupt), precision: args.precision, ..crate::env_gpu_options()? };
+    let pipeline = Pipeline::with_model(model, &gpu_options).map_err(|e| e.to_string())?;
+    crate::tier::print_notice(pipeline.gpu());
+    if !args.quiet {
+        crate::tier::print_software_warning(pipeline.gpu());
+    }
+    if args.verbose {
+        eprintln!("adapter: {}", pipeline.gpu().describe());
+        eprintln!("precision: {}", crate::tier::describe_taken(pipeline.gpu()));
+        report::plan(&pipeline.plan(&job).map_err(|e| crate::errors::run_line(&e))?, job.references());
+        if job.images() > 1 {
+            eprintln!("batch: {} images from {} distinct prompts, each prompt encoded once", job.images(), job.batch().prompts.len());
+        }
+    }
+    let mut bar = Bar::new(args.quiet);
+    let preview = args.preview.as_deref().map(|p| (p, args.preview_every));
+    let mut watch = watch::Watch::new(&mut bar, preview, host_peak.as_ref());
+    let mut write = |made: Made| {
+        let prompt = match &job.batch().prompts[job.batch().items[made.index].prompt] {
+            Prompt::Text(t) => t.clone(),
+            Prompt::Embeddings { .. } => String::new(),
+        };
+        let mut text = png_text(prompt, made.seed, job.request(), args.model.display().to_string());
+        text.extend(args.embeddings.iter().map(|path| ("embeddings", path.display().to_string())));
+        text.extend(args.image.iter().map(|path| ("reference", path.display().to_string())));
+        outputs.write(&made, in_channels, &text).map_err(RunError::Output)
+    };
+    let finished = pipeline.run(&job, &mut watch, &mut write);
+    let phases = watch.finish();
+    bar.finish();
+    let finished = finished.map_err(|e| crate::errors::run_line(&e))?;
+    if args.verbose {
+        report::device_memory(pipeline.gpu().memory().high_water, args.memory_budget, &finished.plan);
+        report::host_memory(host_peak, &finished.plan);
+        report::phases(&phases, &finished.plan);
+    }
+    report::times(&finished.timings, started.elapsed());
+    Ok(())
+}
+
+/// The prompts the flags give: `--prompt`/`--prompt-file`, `--batch-file`'s
+/// lines, or `--embeddings` (read for a model whose joint width is `joint`).
+fn prompts(args: &GenArgs, joint: usize) -> Result<Vec<Prompt>, String> {
+    let text = crate::prompt::from_flags(args.prompt.as_deref(), args.prompt_file.as_deref())?;
+    match (text, &args.embeddings, &args.batch_file) {
+        (None, None, Some(path)) => Ok(crate::prompt::lines(path)?.into_iter().map(Prompt::Text).collect()),
+        (_, _, Some(path)) => Err(format!("--batch-file {} gives the prompts: leave out --prompt, --prompt-file and --embeddings", path.display())),
+        (Some(text), None, None) => Ok(vec![Prompt::Text(text)]),
+        (Some(_), Some(_), None) => Err("give --prompt or --embeddings, not both".into()),
+        (None, None, None) => Err("give --prompt TEXT (or --prompt-file FILE, --batch-file FILE or --embeddings FILE)".into()),
+        (None, Some(path), None) => {
+            let file = EmbeddingsFile::open(path)?;
+            let positive = file.get(embeddings_file::PROMPT, joint)?.ok_or_else(|| format!("{}: no tensor `{}`", path.display(), embeddings_file::PROMPT))?;
+            Ok(vec![Prompt::Embeddings { positive, negative: file.get(embeddings_file::NEGATIVE, joint)? }])
+        }
+    }
+}

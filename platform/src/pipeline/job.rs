@@ -1,0 +1,433 @@
+//! The one front door: a [`Job`] says what a caller wants (as the arguments
+//! of diffusers' `Flux2KleinPipeline.__call__`), [`Job::resolve`] applies
+//! every default and every rule once, and only a [`Resolved`] job runs
+//! ([`super::Pipeline::run`]). `gen`, `serve` and library callers all come
+//! through here, so none can run what another refuses.
+
+use super::generation::{Batch, Item};
+use super::reference_image::{ReferenceImage, MAX_REFERENCES};
+use super::{denoise, Prompt, Request, PROMPT_TOKENS};
+use crate::model::lora::LoraSet;
+use crate::model::ModelFolder;
+use std::fmt;
+use std::sync::Arc;
+
+/// The image side without a size or a reference image to take it from.
+pub const DEFAULT_SIDE: usize = 1024;
+/// Steps above this are refused as a typo rather than run for hours.
+pub const MAX_STEPS: usize = 1000;
+/// Images one job makes at most.
+pub const MAX_IMAGES: usize = 10_000;
+/// A prompt's text at most (the text encoder reads 512 tokens of it).
+pub const MAX_PROMPT_BYTES: usize = 1 << 20;
+
+/// What a job hands back for each image, as diffusers' `output_type`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OutputType {
+    /// The decoded image (and its final latents).
+    #[default]
+    Image,
+    /// The final latents only: no VAE decode.
+    Latents,
+}
+
+/// What to generate. Everything but the prompts is optional: `None` takes
+/// the model's default (steps and guidance by whether it is distilled, the
+/// size from the first reference image or [`DEFAULT_SIDE`], a random seed).
+#[derive(Debug, Clone)]
+pub struct Job {
+    /// The distinct conditionings, each made `images_per_prompt` times;
+    /// equal texts are encoded once.
+    pub prompts: Vec<Prompt>,
+    /// Images per prompt, seeds counting up from `seed` across the whole job
+    /// (each image is the one a single run with its seed makes).
+    pub images_per_prompt: usize,
+    /// Prepared reference images ([`super::reference_image::load`]), in order.
+    pub references: Vec<ReferenceImage>,
+    pub width: Option<usize>,
+    pub height: Option<usize>,
+    pub steps: Option<usize>,
+    /// Classifier-free guidance scale; distilled models ignore it.
+    pub guidance: Option<f32>,
+    /// The first image's seed.
+    pub seed: Option<u64>,
+    /// LoRA adapters for the transformer ([`LoraSet::open`]).
+    pub lora: Arc<LoraSet>,
+    /// A VAE tile in pixels the plan must use; `None`: planned.
+    pub vae_tile: Option<usize>,
+    /// Device bytes the run may allocate; `None`: no limit.
+    pub memory_budget: Option<u64>,
+    pub output: OutputType,
+}
+
+impl Job {
+    /// One image of `prompt`, everything else by default.
+    pub fn new(prompt: Prompt) -> Self {
+        Self::prompts(vec![prompt])
+    }
+
+    /// One image of each prompt, in order.
+    pub fn prompts(prompts: Vec<Prompt>) -> Self {
+        Self {
+            prompts,
+            images_per_prompt: 1,
+            references: Vec::new(),
+            width: None,
+            height: None,
+            steps: None,
+            guidance: None,
+            seed: None,
+            lora: Arc::default(),
+            vae_tile: None,
+            memory_budget: None,
+            output: OutputType::Image,
+        }
+    }
+
+    /// Applies the defaults and checks every rule a request must meet,
+    /// before anything is loaded: the first rule broken is the error.
+    /// The memory plan is checked later, against the device
+    /// ([`super::Pipeline::plan`]).
+    pub fn resolve(self, model: &ModelFolder, limits: &Limits) -> Result<Resolved, RequestError> {
+        if self.prompts.is_empty() {
+            return Err(RequestError::NoPrompt);
+        }
+        let joint = model.transformer.joint_attention_dim;
+        for (index, prompt) in self.prompts.iter().enumerate() {
+            check_prompt(index, prompt, joint, limits.max_prompt_bytes)?;
+        }
+        let images = self.prompts.len().saturating_mul(self.images_per_prompt);
+        if self.images_per_prompt == 0 || images > limits.max_images {
+            return Err(RequestError::Images { per_prompt: self.images_per_prompt, total: images, limit: limits.max_images });
+        }
+        if self.references.len() > MAX_REFERENCES {
+            return Err(RequestError::References { count: self.references.len(), limit: MAX_REFERENCES });
+        }
+        let cell = model.vae.latent_cell();
+        for r in &self.references {
+            check_reference(r, cell)?;
+        }
+        let first = self.references.first();
+        let width = self.width.or(first.map(|r| r.width)).unwrap_or(DEFAULT_SIDE);
+        let height = self.height.or(first.map(|r| r.height)).unwrap_or(DEFAULT_SIDE);
+        for (side, pixels) in [(Side::Width, width), (Side::Height, height)] {
+            if pixels > limits.max_side {
+                return Err(RequestError::SideTooLarge { side, pixels, limit: limits.max_side });
+            }
+        }
+        denoise::latent_grid(&model.vae, width, height).map_err(|e| RequestError::Size {
+            side: if e.side == "width" { Side::Width } else { Side::Height },
+            pixels: e.pixels as usize,
+            cell: e.cell as usize,
+        })?;
+        let steps = self.steps.unwrap_or_else(|| default_steps(model));
+        if steps == 0 || steps > limits.max_steps {
+            return Err(RequestError::Steps { steps, limit: limits.max_steps });
+        }
+        let guidance = self.guidance.unwrap_or_else(|| default_guidance(model));
+        if !guidance.is_finite() || guidance < 0.0 {
+            return Err(RequestError::Guidance { guidance });
+        }
+        if let Some(tile) = self.vae_tile {
+            if tile == 0 || !tile.is_multiple_of(cell) {
+                return Err(RequestError::VaeTile { tile: Some(tile), why: format!("not a positive multiple of {cell} pixels") });
+            }
+        }
+        let seed = self.seed.unwrap_or_else(random_seed);
+        let batch = batch(self.prompts, self.images_per_prompt, seed);
+        let request = Request {
+            width,
+            height,
+            steps,
+            seed,
+            guidance,
+            vae_tile: self.vae_tile,
+            memory_budget: self.memory_budget,
+            references: self.references.iter().map(|r| (r.width, r.height)).collect(),
+            lora: self.lora,
+        };
+        let guidance_ignored = model.index.is_distilled && guidance > 1.0;
+        Ok(Resolved { batch, request, references: self.references, output: self.output, guidance_ignored })
+    }
+}
+
+/// A caller's limits on one job, beyond the model's own rules. The default
+/// is `gen`'s: a server sets tighter ones.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    pub max_images: usize,
+    pub max_steps: usize,
+    /// Each image side at most (the memory plan bounds it too).
+    pub max_side: usize,
+    pub max_prompt_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self { max_images: MAX_IMAGES, max_steps: MAX_STEPS, max_side: usize::MAX, max_prompt_bytes: MAX_PROMPT_BYTES }
+    }
+}
+
+/// A job with every default applied and every rule met: the only thing
+/// [`super::Pipeline::run`] takes. Made by [`Job::resolve`] alone:
+///
+/// ```compile_fail
+/// // Its fields are the engine's: a caller cannot build one unchecked.
+/// let job = flux_lite_platform::Resolved { output: flux_lite_platform::OutputType::Image, guidance_ignored: false };
+/// ```
+#[derive(Debug, Clone)]
+pub struct Resolved {
+    pub(crate) batch: Batch,
+    pub(crate) request: Request,
+    pub(crate) references: Vec<ReferenceImage>,
+    pub(crate) output: OutputType,
+    guidance_ignored: bool,
+}
+
+impl Resolved {
+    /// The size, steps, first seed, guidance and budget the job runs with.
+    pub fn request(&self) -> &Request {
+        &self.request
+    }
+
+    /// The distinct prompts and the images made of them, with their seeds.
+    pub fn batch(&self) -> &Batch {
+        &self.batch
+    }
+
+    pub fn references(&self) -> &[ReferenceImage] {
+        &self.references
+    }
+
+    pub fn output(&self) -> OutputType {
+        self.output
+    }
+
+    /// Images the job makes.
+    pub fn images(&self) -> usize {
+        self.batch.items.len()
+    }
+
+    /// A guidance scale above 1 asked of a guidance-distilled model, which ignores it.
+    pub fn guidance_ignored(&self) -> bool {
+        self.guidance_ignored
+    }
+}
+
+/// Denoising steps when none are asked for, as diffusers' model cards use:
+/// 4 for guidance-distilled models, 50 otherwise.
+pub fn default_steps(model: &ModelFolder) -> usize {
+    if model.index.is_distilled { 4 } else { 50 }
+}
+
+/// The guidance scale when none is asked for: 1.0 (none) for distilled models, 4.0 otherwise.
+pub fn default_guidance(model: &ModelFolder) -> f32 {
+    if model.index.is_distilled { 1.0 } else { 4.0 }
+}
+
+/// A seed from the clock and the process: 63 bits, as a torch user would pass.
+pub fn random_seed() -> u64 {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+    (nanos ^ (std::process::id() as u64).rotate_left(32)) & (u64::MAX >> 1)
+}
+
+/// Each prompt `images_per_prompt` times, seeds `seed`, `seed + 1`, … in
+/// order; equal texts are one prompt.
+fn batch(prompts: Vec<Prompt>, images_per_prompt: usize, seed: u64) -> Batch {
+    let mut distinct: Vec<Prompt> = Vec::new();
+    let mut items = Vec::with_capacity(prompts.len() * images_per_prompt);
+    for prompt in prompts {
+        let same = |d: &Prompt| matches!((d, &prompt), (Prompt::Text(a), Prompt::Text(b)) if a == b);
+        let index = match distinct.iter().position(same) {
+            Some(i) => i,
+            None => {
+                distinct.push(prompt);
+                distinct.len() - 1
+            }
+        };
+        for _ in 0..images_per_prompt {
+            items.push(Item { prompt: index, seed: seed.wrapping_add(items.len() as u64) });
+        }
+    }
+    Batch { prompts: distinct, items }
+}
+
+fn check_prompt(index: usize, prompt: &Prompt, joint: usize, max_bytes: usize) -> Result<(), RequestError> {
+    let expected = PROMPT_TOKENS * joint;
+    let embeddings = |which: &'static str, values: usize| RequestError::Embeddings { index, which, values, expected: (PROMPT_TOKENS, joint) };
+    match prompt {
+        Prompt::Text(text) if text.len() > max_bytes => Err(RequestError::PromptTooLong { index, bytes: text.len(), limit: max_bytes }),
+        Prompt::Text(_) => Ok(()),
+        Prompt::Embeddings { positive, .. } if positive.len() != expected => Err(embeddings("prompt", positive.len())),
+        Prompt::Embeddings { negative: Some(negative), .. } if negative.len() != expected => Err(embeddings("negative prompt", negative.len())),
+        Prompt::Embeddings { .. } => Ok(()),
+    }
+}
+
+/// A reference prepared for another VAE (or built by hand) is refused.
+fn check_reference(r: &ReferenceImage, cell: usize) -> Result<(), RequestError> {
+    let name = r.path.display().to_string();
+    if r.width == 0 || r.height == 0 || !r.width.is_multiple_of(cell) || !r.height.is_multiple_of(cell) {
+        return Err(RequestError::Reference { name, why: format!("{}×{} is not made of whole {cell}-pixel latent cells", r.width, r.height) });
+    }
+    if r.pixels.len() != 3 * r.width * r.height {
+        return Err(RequestError::Reference { name, why: format!("holds {} values; {}×{} RGB needs {}", r.pixels.len(), r.width, r.height, 3 * r.width * r.height) });
+    }
+    Ok(())
+}
+
+/// An image side.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    Width,
+    Height,
+}
+
+/// The settings of a job, as errors name them; each caller names them its
+/// own way (`gen` by its flags, `serve` by its JSON fields).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Setting {
+    Prompt,
+    Embeddings,
+    Images,
+    References,
+    /// One reference image (its name is the error's value).
+    Reference,
+    Width,
+    Height,
+    Steps,
+    Guidance,
+    VaeTile,
+}
+
+impl Setting {
+    /// The setting in words.
+    pub fn words(self) -> &'static str {
+        match self {
+            Setting::Prompt => "prompt",
+            Setting::Embeddings => "prompt embeddings",
+            Setting::Images => "images",
+            Setting::References => "reference images",
+            Setting::Reference => "reference image",
+            Setting::Width => "width",
+            Setting::Height => "height",
+            Setting::Steps => "steps",
+            Setting::Guidance => "guidance",
+            Setting::VaeTile => "VAE tile",
+        }
+    }
+}
+
+/// A job the engine refuses, naming the setting at fault (never a flag).
+#[derive(Debug, Clone, PartialEq)]
+pub enum RequestError {
+    NoPrompt,
+    PromptTooLong { index: usize, bytes: usize, limit: usize },
+    /// Embeddings of the wrong size: `which` is "prompt" or "negative prompt".
+    Embeddings { index: usize, which: &'static str, values: usize, expected: (usize, usize) },
+    Images { per_prompt: usize, total: usize, limit: usize },
+    References { count: usize, limit: usize },
+    /// A reference image that cannot be read or used; `name` is its file or field.
+    Reference { name: String, why: String },
+    /// A side off the VAE's grid.
+    Size { side: Side, pixels: usize, cell: usize },
+    SideTooLarge { side: Side, pixels: usize, limit: usize },
+    Steps { steps: usize, limit: usize },
+    Guidance { guidance: f32 },
+    /// A VAE tile that cannot be used (`None`: the planned one, or untiled).
+    VaeTile { tile: Option<usize>, why: String },
+}
+
+impl RequestError {
+    pub fn setting(&self) -> Setting {
+        match self {
+            RequestError::NoPrompt | RequestError::PromptTooLong { .. } => Setting::Prompt,
+            RequestError::Embeddings { .. } => Setting::Embeddings,
+            RequestError::Images { .. } => Setting::Images,
+            RequestError::References { .. } => Setting::References,
+            RequestError::Reference { .. } => Setting::Reference,
+            RequestError::Size { side: Side::Width, .. } | RequestError::SideTooLarge { side: Side::Width, .. } => Setting::Width,
+            RequestError::Size { side: Side::Height, .. } | RequestError::SideTooLarge { side: Side::Height, .. } => Setting::Height,
+            RequestError::Steps { .. } => Setting::Steps,
+            RequestError::Guidance { .. } => Setting::Guidance,
+            RequestError::VaeTile { .. } => Setting::VaeTile,
+        }
+    }
+
+    /// The value as the caller gave it (empty where the setting has none).
+    pub fn value(&self) -> String {
+        match self {
+            RequestError::NoPrompt | RequestError::References { .. } | RequestError::VaeTile { tile: None, .. } => String::new(),
+            RequestError::PromptTooLong { .. } | RequestError::Embeddings { .. } => String::new(),
+            RequestError::Images { per_prompt, .. } => per_prompt.to_string(),
+            RequestError::Reference { name, .. } => name.clone(),
+            RequestError::Size { pixels, .. } | RequestError::SideTooLarge { pixels, .. } => pixels.to_string(),
+            RequestError::Steps { steps, .. } => steps.to_string(),
+            RequestError::Guidance { guidance } => guidance.to_string(),
+            RequestError::VaeTile { tile: Some(t), .. } => t.to_string(),
+        }
+    }
+
+    /// What is wrong, naming neither the setting nor its value.
+    pub fn reason(&self) -> String {
+        match self {
+            RequestError::NoPrompt => "give a prompt (text or embeddings)".into(),
+            RequestError::PromptTooLong { index, bytes, limit } => {
+                format!("prompt {}: {bytes} bytes is over the {limit}-byte limit (the text encoder reads {PROMPT_TOKENS} tokens)", index + 1)
+            }
+            RequestError::Embeddings { index, which, values, expected: (rows, width) } => {
+                format!("prompt {}: the {which} embeddings hold {values} values; expected [{rows}, {width}]", index + 1)
+            }
+            RequestError::Images { total, limit, .. } => format!("{total} images in all; give 1 to {limit}"),
+            RequestError::References { count, limit } => format!("{count} reference images; at most {limit}"),
+            RequestError::Reference { why, .. } | RequestError::VaeTile { why, .. } => why.clone(),
+            RequestError::Size { cell, .. } => format!("not a positive multiple of {cell} (2 × the VAE scale factor)"),
+            RequestError::SideTooLarge { limit, .. } => format!("at most {limit}"),
+            RequestError::Steps { limit, .. } => format!("give 1 to {limit}"),
+            RequestError::Guidance { .. } => "give a finite number ≥ 0".into(),
+        }
+    }
+
+    /// `NAME VALUE: REASON` with the setting named by `name` (a flag, a field).
+    pub fn line(&self, name: &str) -> String {
+        let value = self.value();
+        match (name.is_empty(), value.is_empty()) {
+            (true, true) => self.reason(),
+            (true, false) => format!("{value}: {}", self.reason()),
+            (false, true) => format!("{name}: {}", self.reason()),
+            (false, false) => format!("{name} {value}: {}", self.reason()),
+        }
+    }
+}
+
+impl fmt::Display for RequestError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.line(self.setting().words()))
+    }
+}
+
+impl std::error::Error for RequestError {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_batch_counts_seeds_across_prompts_and_encodes_equal_texts_once() {
+        let text = |t: &str| Prompt::Text(t.into());
+        let b = batch(vec![text("a"), text("b"), text("a")], 2, 7);
+        assert_eq!(b.prompts.len(), 2);
+        let got: Vec<(usize, u64)> = b.items.iter().map(|i| (i.prompt, i.seed)).collect();
+        assert_eq!(got, [(0, 7), (0, 8), (1, 9), (1, 10), (0, 11), (0, 12)]);
+    }
+
+    #[test]
+    fn errors_name_the_setting_and_its_value() {
+        let e = RequestError::Steps { steps: 0, limit: 1000 };
+        assert_eq!(e.to_string(), "steps 0: give 1 to 1000");
+        assert_eq!(e.line("--steps"), "--steps 0: give 1 to 1000");
+        let e = RequestError::Reference { name: "image[0]".into(), why: "not a PNG or JPEG image".into() };
+        assert_eq!(e.line(""), "image[0]: not a PNG or JPEG image");
+        assert_eq!(RequestError::NoPrompt.to_string(), "prompt: give a prompt (text or embeddings)");
+    }
+}
