@@ -7,6 +7,19 @@ pub fn parse_memory_budget(text: &str) -> Result<u64, String> {
     parse_size("--memory-budget", text)
 }
 
+/// `default budget: …`: the budget a run takes without `--memory-budget`,
+/// with where its figure came from.
+pub fn default_line(m: &flux_lite_platform::AdapterMemory) -> String {
+    format!(
+        "default budget: {} ({} B): {} of {} less {}% (give --memory-budget to choose another)",
+        flux_lite_core::plan::Bytes(m.default_budget()),
+        m.default_budget(),
+        m.source.describe(),
+        flux_lite_core::plan::Bytes(m.bytes),
+        flux_lite_platform::DEFAULT_MARGIN_PERCENT
+    )
+}
+
 /// The device limits `info` plans under: `adapter` (`None`: this machine's
 /// adapter, the default), `webgpu` (WebGPU's defaults, which every adapter
 /// grants), or `BUFFER/BINDING`, e.g. `4GiB/4GiB` (a given GPU's).

@@ -53,6 +53,22 @@ pub fn run_line(e: &RunError) -> String {
     }
 }
 
+/// [`run_line`] for a run under the adapter's default budget (`offered`,
+/// when no `--memory-budget` was given): a budget refusal names the default.
+pub fn run_line_under(e: &RunError, offered: Option<&flux_lite_platform::AdapterMemory>) -> String {
+    match (e, offered) {
+        (RunError::Plan(PlanError::TooSmall { budget, phase, minimum, device, host }), Some(m)) => format!(
+            "the default budget {} ({} less {}%) is too small ({phase} needs more); the smallest budget that works for this size is {} ({minimum} B): {}; a smaller size or a --memory-budget above it on a larger device",
+            Bytes(*budget),
+            m.source.describe(),
+            flux_lite_platform::DEFAULT_MARGIN_PERCENT,
+            Bytes(*minimum),
+            Sides(*device, *host)
+        ),
+        _ => run_line(e),
+    }
+}
+
 /// A refused `compress`, named by its flags.
 pub fn compress_line(e: &CompressError) -> String {
     match e {

@@ -72,9 +72,9 @@ pub fn run(args: &InfoArgs) -> Result<(), String> {
         );
         sizes.add_lora(&lora, rows);
     }
-    let (limits, adapter) = match args.limits.flatten() {
-        Some(l) if l == DeviceLimits::WEBGPU_DEFAULT => (l, "WebGPU's default limits (--limits webgpu)".to_string()),
-        Some(l) => (l, "the limits given (--limits)".to_string()),
+    let (limits, adapter, offered) = match args.limits.flatten() {
+        Some(l) if l == DeviceLimits::WEBGPU_DEFAULT => (l, "WebGPU's default limits (--limits webgpu)".to_string(), None),
+        Some(l) => (l, "the limits given (--limits)".to_string(), None),
         None => adapter_limits(),
     };
     let input = sizes.plan_input(&model, width, height, &reference_sizes, limits, args.memory_budget);
@@ -93,11 +93,27 @@ pub fn run(args: &InfoArgs) -> Result<(), String> {
     say!("smallest budget for the whole run: {} ({} B): {}", Bytes(minimum.total()), minimum.total(), Sides(minimum.device, minimum.host));
     let resident = planner::plan(&PlanInput { budget: None, ..input }).map_err(|e| crate::errors::plan_line(&e))?;
     say!("everything resident: {}: {}", Bytes(resident.peak()), Sides(resident.device_peak(), resident.host_peak()));
-    if let Some(budget) = args.memory_budget {
-        let plan = planner::plan(&input).map_err(|e| crate::errors::plan_line(&e))?;
+    // The budget gen would run under: the one given, else the adapter's default.
+    let default = offered.filter(|_| args.memory_budget.is_none());
+    if let Some(m) = default {
+        say!("{}", crate::budget::default_line(&m));
+    }
+    let budget = args.memory_budget.or(default.map(|m| m.default_budget()));
+    let input = PlanInput { budget, ..input };
+    let run = planner::plan(&input).map_err(|e| crate::errors::plan_line(&e))?;
+    let binding = planner::largest_binding(&input, &run).map_err(|e| crate::errors::plan_line(&e))?;
+    say!(
+        "largest buffer: {} B, largest binding: {binding} B (the adapter's: {} B and {} B)",
+        run.largest_buffer(),
+        limits.max_buffer,
+        limits.max_binding
+    );
+    if let Some(budget) = budget {
+        let plan = run;
         let encoder = plan.references.map_or(String::new(), |r| format!("; VAE encoder {}", tile_layout(r.tile)));
+        let within = if args.memory_budget.is_some() { "--memory-budget" } else { "the default budget" };
         say!(
-            "within --memory-budget {}: text encoder {}; transformer {}{encoder}; VAE {}; peak {} (largest phase), at most {} on the device and {} on the host",
+            "within {within} {}: text encoder {}; transformer {}{encoder}; VAE {}; peak {} (largest phase), at most {} on the device and {} on the host",
             Bytes(budget),
             plan.encode.weights,
             plan.denoise,
@@ -169,11 +185,12 @@ fn print_component_bytes(m: &ModelFolder, c: Component) -> Result<(), String> {
     Ok(())
 }
 
-/// The limits `gen` would plan under on this machine: the adapter's, or WebGPU's defaults without one.
-fn adapter_limits() -> (DeviceLimits, String) {
+/// The limits `gen` would plan under on this machine (the adapter's, or
+/// WebGPU's defaults without one), and the memory the adapter offers.
+fn adapter_limits() -> (DeviceLimits, String, Option<flux_lite_platform::AdapterMemory>) {
     match crate::env_gpu_options().and_then(|o| Gpu::new(&o).map_err(|e| e.to_string())) {
-        Ok(gpu) => (gpu.plan_limits(), format!("the limits of {}", gpu.describe())),
-        Err(_) => (DeviceLimits::WEBGPU_DEFAULT, "WebGPU's default limits (no adapter found)".to_string()),
+        Ok(gpu) => (gpu.plan_limits(), format!("the limits of {}", gpu.describe()), gpu.memory_offered()),
+        Err(_) => (DeviceLimits::WEBGPU_DEFAULT, "WebGPU's default limits (no adapter found)".to_string(), None),
     }
 }
 

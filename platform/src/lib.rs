@@ -21,7 +21,7 @@ pub use flux_lite_core::tolerance;
 
 pub use error::{CompressError, GpuError, LoadError, RunError, TokenizeError};
 // The device types the engine's API takes, from the GPU layer.
-pub use flux_lite_kernels::{Backend, DeviceBuffer, DeviceMemory, Gpu, GpuOptions, Precision};
+pub use flux_lite_kernels::{AdapterMemory, Backend, DeviceBuffer, DeviceMemory, Gpu, GpuOptions, MemorySource, Precision, DEFAULT_MARGIN_PERCENT};
 // The front door.
 pub use model::lora::{LoraSet, LoraSpec};
 pub use pipeline::reference_image::ReferenceImage;

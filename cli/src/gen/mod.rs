@@ -122,10 +122,16 @@ pub fn run(args: &GenArgs) -> Result<(), String> {
     if !args.quiet {
         crate::tier::print_software_warning(pipeline.gpu());
     }
+    // Without --memory-budget the run takes the adapter's default budget; its refusal says so.
+    let offered = pipeline.gpu().memory_offered().filter(|_| args.memory_budget.is_none());
+    let line = |e: &RunError| crate::errors::run_line_under(e, offered.as_ref());
     if args.verbose {
         eprintln!("adapter: {}", pipeline.gpu().describe());
         eprintln!("precision: {}", crate::tier::describe_taken(pipeline.gpu()));
-        report::plan(&pipeline.plan(&job).map_err(|e| crate::errors::run_line(&e))?, job.references());
+        if let Some(m) = &offered {
+            eprintln!("{}", crate::budget::default_line(m));
+        }
+        report::plan(&pipeline.plan(&job).map_err(|e| line(&e))?, job.references());
         if job.images() > 1 {
             eprintln!("batch: {} images from {} distinct prompts, each prompt encoded once", job.images(), job.batch().prompts.len());
         }
@@ -146,9 +152,10 @@ pub fn run(args: &GenArgs) -> Result<(), String> {
     let finished = pipeline.run(&job, &mut watch, &mut write);
     let phases = watch.finish();
     bar.finish();
-    let finished = finished.map_err(|e| crate::errors::run_line(&e))?;
+    let finished = finished.map_err(|e| line(&e))?;
     if args.verbose {
-        report::device_memory(pipeline.gpu().memory().high_water, args.memory_budget, &finished.plan);
+        let budget = args.memory_budget.or(offered.map(|m| m.default_budget()));
+        report::device_memory(pipeline.gpu().memory().high_water, budget, &finished.plan);
         report::host_memory(host_peak, &finished.plan);
         report::phases(&phases, &finished.plan);
     }

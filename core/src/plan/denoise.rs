@@ -5,6 +5,23 @@
 
 use super::*;
 
+/// The transformer's token rows: the prompt's, the image's and the references'.
+pub(super) fn transformer_rows(input: &PlanInput<'_>) -> Result<u64, PlanError> {
+    let (lat_h, lat_w) = latent_grid(input)?;
+    Ok(input.prompt_tokens + lat_h * lat_w + reference_tokens(input)?)
+}
+
+/// The transformer's largest storage binding: attention binds the keys of
+/// every token at once, `D`-wide rows when the projections are chunked
+/// (`chunk: Some`), a column window of the fused projection's `3D + 2F`-wide
+/// rows when not.
+pub(super) fn attention_binding(input: &PlanInput<'_>, rows: u64, chunk: Option<u64>) -> u64 {
+    let c = input.transformer;
+    let (d, f) = (c.inner_dim() as u64, c.mlp_hidden_dim() as u64);
+    let width = if chunk.is_some() { d } else { 3 * d + 2 * f };
+    rows.saturating_mul(width).saturating_mul(4)
+}
+
 /// The transformer's phase: for each weight strategy, unchunked or with
 /// the feed-forward and MLP projections over chunks of tokens. The bytes
 /// that do not depend on the strategy are laid out once per chunk size.
@@ -23,16 +40,11 @@ pub(super) struct DenoiseOptions {
 
 impl DenoiseOptions {
     pub(super) fn new(input: &PlanInput<'_>) -> Result<Self, PlanError> {
-        let (lat_h, lat_w) = latent_grid(input)?;
-        let rows = input.prompt_tokens + lat_h * lat_w + reference_tokens(input)?;
-        // Attention binds the keys of every token at once: `D`-wide rows
-        // chunked, fused-projection rows unchunked.
-        let c = input.transformer;
-        let (d, f) = (c.inner_dim() as u64, c.mlp_hidden_dim() as u64);
-        let keys = |width: u64| rows.saturating_mul(width).saturating_mul(4);
+        let rows = transformer_rows(input)?;
+        let keys = |chunk: Option<u64>| attention_binding(input, rows, chunk);
         let limit = input.limits.max_binding;
-        if keys(d) > limit {
-            return Err(PlanError::AttentionTooLarge { tokens: rows, bytes: keys(d), limit });
+        if keys(Some(CHUNK_ROWS)) > limit {
+            return Err(PlanError::AttentionTooLarge { tokens: rows, bytes: keys(Some(CHUNK_ROWS)), limit });
         }
         // The arena is one device buffer: layouts larger than the adapter's
         // largest buffer are not offered.
@@ -42,7 +54,7 @@ impl DenoiseOptions {
             smallest_arena = smallest_arena.min(fixed.0);
             fixed.0 <= max_buffer
         };
-        let unchunked = if keys(3 * d + 2 * f) <= limit { Some(denoise_fixed(input, rows)?).filter(|&u| fits(u)) } else { None };
+        let unchunked = if keys(None) <= limit { Some(denoise_fixed(input, rows)?).filter(|&u| fits(u)) } else { None };
         let mut chunked = heapless::Vec::new();
         let largest_shift = u64::BITS - 1 - CHUNK_ROWS.ilog2();
         for chunk in (0..=largest_shift).rev().map(|k| CHUNK_ROWS << k).filter(|&c| c < rows) {
@@ -56,7 +68,7 @@ impl DenoiseOptions {
             if smallest_arena != u64::MAX {
                 return Err(PlanError::ArenaTooLarge { phase: "the transformer", bytes: smallest_arena, limit: max_buffer });
             }
-            return Err(PlanError::AttentionTooLarge { tokens: rows, bytes: keys(3 * d + 2 * f), limit });
+            return Err(PlanError::AttentionTooLarge { tokens: rows, bytes: keys(None), limit });
         }
         Ok(Self { weights: input.transformer_weights, unchunked, chunked, host: host::denoise(input)? })
     }

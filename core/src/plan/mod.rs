@@ -255,6 +255,12 @@ impl Plan {
         self.largest(|p| p.host_bytes, |v| v.host_bytes)
     }
 
+    /// The largest buffer the run creates: a phase's activation arena (each
+    /// phase's arena is one buffer; every weight tensor is smaller).
+    pub fn largest_buffer(&self) -> u64 {
+        self.largest(|p| p.arena_bytes, |v| v.arena_bytes)
+    }
+
     fn largest(&self, phase: impl Fn(&PhasePlan) -> u64, vae: impl Fn(&VaePlan) -> u64) -> u64 {
         let references = self.references.as_ref().map_or(0, &vae);
         phase(&self.encode).max(references).max(phase(&self.denoise)).max(vae(&self.decode))
@@ -391,6 +397,27 @@ pub fn plan(input: &PlanInput<'_>) -> Result<Plan, PlanError> {
         denoise: denoise.fastest_within(budget).ok_or_else(|| too_small("the transformer"))?,
         decode: decode_options(input)?.find(|p| p.peak() <= budget).ok_or_else(|| too_small("the VAE decoder"))?,
     })
+}
+
+/// The largest storage binding of `plan` that the planner checks against
+/// the adapter's limit: the transformer's attention keys, the VAE decoder's
+/// largest activation (the image's untiled, else a tile's), and each
+/// reference encoded in one pass. Other windows (weights, linears' rows)
+/// are split under the limit by the dispatcher.
+pub fn largest_binding(input: &PlanInput<'_>, plan: &Plan) -> Result<u64, PlanError> {
+    let attention = denoise::attention_binding(input, denoise::transformer_rows(input)?, plan.denoise.chunk);
+    let cfg = input.vae;
+    let scale = cfg.scale_factor() as u64;
+    let (lat_h, lat_w) = match plan.decode.tile {
+        None => (input.height / scale, input.width / scale),
+        Some(t) => (t / scale, t / scale),
+    };
+    let decode = 4 * crate::models::vae::largest_activation(cfg, lat_h * lat_w);
+    let encode_tile = plan.references.and_then(|r| r.tile);
+    let whole = |&&(w, h): &&(u64, u64)| encode_tile.is_none_or(|t| w.max(h) <= t);
+    let encoded = input.references.iter().filter(whole).copied().chain(encode_tile.map(|t| (t, t)));
+    let references = encoded.map(|(w, h)| crate::models::vae_encoder::largest_binding(cfg, h, w));
+    Ok(references.fold(attention.max(decode), u64::max))
 }
 
 /// Plans the text encoder's phase alone (`flux-lite encode`): its fastest

@@ -597,7 +597,12 @@ fn planned_arenas_fit_the_adapters_largest_buffer() {
             for size in (512..=4096).step_by(256) {
                 let input = PlanInput { limits, ..model.input(size, None) };
                 match plan(&input) {
-                    Ok(p) => assert!(p.denoise.arena_bytes <= limits.max_buffer, "{name}, {size}²: arena {} above {}", p.denoise.arena_bytes, limits.max_buffer),
+                    Ok(p) => {
+                        assert!(p.largest_buffer() <= limits.max_buffer, "{name}, {size}²: arena {} above {}", p.largest_buffer(), limits.max_buffer);
+                        assert!(p.largest_buffer() >= p.denoise.arena_bytes.max(p.decode.arena_bytes).max(p.encode.arena_bytes));
+                        let binding = largest_binding(&input, &p).unwrap();
+                        assert!(binding <= limits.max_binding, "{name}, {size}²: binding {binding} above {}", limits.max_binding);
+                    }
                     Err(PlanError::ArenaTooLarge { bytes, limit, .. }) => assert!(bytes > limit),
                     Err(PlanError::AttentionTooLarge { bytes, limit, .. }) => assert!(bytes > limit),
                     Err(PlanError::VaeTooWide { .. } | PlanError::ReferenceTooLarge { .. }) => {}

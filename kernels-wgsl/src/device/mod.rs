@@ -2,10 +2,12 @@
 //! limits, a pipeline cache, and upload/readback. The precision tier
 //! chosen and proven for it is in `tiers`, the counted buffers in `memory`.
 
+mod adapter_memory;
 mod memory;
 mod options;
 mod tiers;
 
+pub use adapter_memory::{AdapterMemory, MemorySource, DEFAULT_MARGIN_PERCENT};
 pub use memory::{DeviceBuffer, DeviceMemory};
 pub use options::{AttentionChoice, Backend, FaultInjection, GpuOptions};
 use memory::{CountedBuffer, MemoryCounter};
@@ -102,6 +104,8 @@ pub struct Gpu {
     /// Why `auto` took its tier over a faster-looking one the adapter
     /// offers (on a CPU adapter, f32), when it did.
     auto_reason: Option<String>,
+    /// What the adapter offers, for a default budget, where it can be known.
+    memory_offered: Option<AdapterMemory>,
     /// The range rule's row scales of the matrix tier's products, written by
     /// each product's pre-pass and read by its tiles (one product at a time).
     range_scales: Mutex<Option<DeviceBuffer>>,
@@ -149,6 +153,7 @@ impl Gpu {
             limits.max_storage_buffer_binding_size = limits.max_storage_buffer_binding_size.min(cap);
         }
         let info = adapter.get_info();
+        let memory_offered = adapter_memory::query(&adapter, &info);
         let matrix_offered = adapter.cooperative_matrix_properties();
         // Timestamps where the adapter has them: `bench` times passes on the GPU's own clock.
         let mut features = adapter.features() & wgpu::Features::TIMESTAMP_QUERY;
@@ -206,9 +211,17 @@ impl Gpu {
             matrix_offered,
             notice: None,
             auto_reason: choice.reason,
+            memory_offered,
             range_scales: Mutex::default(),
         };
         Ok(gpu)
+    }
+
+    /// The memory the adapter offers and where the figure came from, where
+    /// it can be known ([`AdapterMemory::default_budget`] is a run's budget
+    /// when none is given).
+    pub fn memory_offered(&self) -> Option<AdapterMemory> {
+        self.memory_offered
     }
 
     /// Which attention kernel the options force, if any.

@@ -51,6 +51,9 @@ impl TextEncoder {
     ) -> Result<Self, RunError> {
         let (layout, blocks, arena_bytes) = programs(config, tokens, picks)?;
         store.expand_df11_holding(EMBEDDING)?;
+        // The activations first: an adapter that cannot hold them fails here, before any upload.
+        let arena = gpu.storage("text encoder activations", arena_bytes);
+        gpu.check_faults()?;
         let weights = DeviceWeights::for_blocks(gpu, &store, &blocks, strategy)?;
         embedding_table(&store, config)?;
         let hd = config.head_dim;
@@ -59,7 +62,7 @@ impl TextEncoder {
             rope::qwen_row(t, hd, config.rope_theta, &mut cos[t * hd..][..hd], &mut sin[t * hd..][..hd]);
         }
         let runner = Runner {
-            arena: gpu.storage("text encoder activations", arena_bytes),
+            arena,
             rope_cos: gpu.upload_f32("qwen rope cos", &cos),
             rope_sin: gpu.upload_f32("qwen rope sin", &sin),
             key_keep: Some(gpu.storage("qwen key mask", 4 * tokens.max(1) as u64)),

@@ -112,6 +112,9 @@ impl Transformer {
         }
         let tokens = Tokens { text: text as u64, noise: grids.noise_tokens() as u64, references: grids.reference_tokens() as u64 };
         let (layout, blocks, arena_bytes) = programs(config, tokens, chunk)?;
+        // The activations first: an adapter that cannot hold them fails here, before gigabytes of uploads.
+        let arena = gpu.storage("transformer activations", arena_bytes);
+        gpu.check_faults()?;
         let weights = DeviceWeights::for_blocks(gpu, &store, &blocks, strategy)?;
         let hd = config.attention_head_dim;
         let rows = text + grids.noise_tokens() + grids.reference_tokens();
@@ -121,7 +124,7 @@ impl Transformer {
             rope::flux_row(pos, &config.axes_dims_rope, config.rope_theta, &mut cos[t * hd..][..hd], &mut sin[t * hd..][..hd]);
         }
         let runner = Runner {
-            arena: gpu.storage("transformer activations", arena_bytes),
+            arena,
             rope_cos: gpu.upload_f32("rope cos", &cos),
             rope_sin: gpu.upload_f32("rope sin", &sin),
             key_keep: None,

@@ -117,8 +117,10 @@ impl VaeDecoder {
             let why = format!("decoding {width}×{height} pixels needs a {arena_bytes}-byte VAE buffer, above the adapter's {} bytes; use a smaller one", gpu.limits.max_buffer_size);
             return Err(RunError::Request(crate::pipeline::job::RequestError::VaeTile { tile: None, why }));
         }
-        let weights = upload_decoder(gpu, config, store)?;
+        // The activations first: an adapter that cannot hold them fails here, before the upload.
         let runner = arena_runner(gpu, "vae activations", arena_bytes);
+        gpu.check_faults()?;
+        let weights = upload_decoder(gpu, config, store)?;
         let mode = match layout {
             Some(layout) => {
                 let ops = collect_ops(|emit| program::decode(&layout, emit));

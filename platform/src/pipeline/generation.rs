@@ -78,7 +78,8 @@ impl Pipeline {
     /// (decoded, unless the job asks for latents only); `take` may write it
     /// out, and its error stops the job.
     pub fn run(&self, job: &Resolved, observer: &mut dyn Observer, take: &mut dyn FnMut(Made) -> Result<(), RunError>) -> Result<Finished, RunError> {
-        self.run_batch(&job.batch, &job.request, &job.references, job.output == OutputType::Image, observer, take)
+        let request = self.budgeted(&job.request);
+        self.run_batch(&job.batch, &request, &job.references, job.output == OutputType::Image, observer, take)
     }
 
     fn run_batch(

@@ -321,12 +321,24 @@ impl Pipeline {
     /// The memory plan `job` would run under, or the planner's refusal;
     /// nothing is uploaded.
     pub fn plan(&self, job: &Resolved) -> Result<Plan, RunError> {
-        crate::pipeline::planning::plan(&self.gpu, &self.model, &job.request)
+        crate::pipeline::planning::plan(&self.gpu, &self.model, &self.budgeted(&job.request))
+    }
+
+    /// The budget a run takes when its job gives none: the adapter's
+    /// memory less a margin ([`flux_lite_kernels::AdapterMemory::default_budget`]),
+    /// where the adapter's memory can be known; else none (everything resident).
+    pub fn default_budget(&self) -> Option<u64> {
+        self.gpu.memory_offered().map(|m| m.default_budget())
+    }
+
+    /// `request` with the default budget where it gives none.
+    fn budgeted(&self, request: &Request) -> Request {
+        Request { memory_budget: request.memory_budget.or_else(|| self.default_budget()), ..request.clone() }
     }
 
     /// Encodes prompts alone within `budget` (`flux-lite encode`).
     pub fn encode(&self, prompts: &[&str], budget: Option<u64>, observer: &mut dyn Observer) -> Result<(Vec<Vec<f32>>, Timings), RunError> {
-        let plan = crate::pipeline::planning::plan_encode(&self.model, budget)?;
+        let plan = crate::pipeline::planning::plan_encode(&self.model, budget.or_else(|| self.default_budget()))?;
         let mut timings = Timings::default();
         let encoded = encode_prompts(self, plan.weights, prompts, &mut timings, &mut |p| observer.progress(p))?;
         let values = encoded
