@@ -24,7 +24,7 @@ pub struct EncodeArgs {
     /// where to write the embeddings (safetensors): a file (written whole or not at all; links written through), a named pipe or device, or - for standard output
     #[argh(option)]
     output: PathBuf,
-    /// device memory the encode may allocate, e.g. 2GiB (default: no limit)
+    /// device memory the encode may allocate, e.g. 2GiB (default: the adapter's memory less 10% where it is known, else no limit)
     #[argh(option, from_str_fn(crate::budget::parse_memory_budget))]
     memory_budget: Option<u64>,
     /// precision tier: auto (default: on a CPU adapter f32, the fastest there; elsewhere matrix units where the adapter has them and they pass a known-answer check, else f16, else f32), f32 (the reference), f16 (f16-staged GEMM tiles, f32 sums) or matrix (cooperative-matrix units, f16 operands, f32 sums); f16 and matrix apply a range rule (docs/kernels.md), and a tier the adapter lacks is an error

@@ -2,7 +2,10 @@
 
 use argh::FromArgs;
 use flux_lite_core::plan::Bytes;
-use flux_lite_platform::{Gpu, GpuOptions, Precision};
+use flux_lite_platform::pipeline_files::PipelineFiles;
+use flux_lite_platform::{Gpu, GpuOptions, PipelineStore, Precision};
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::process::ExitCode;
 use stdout::say;
 
@@ -132,7 +135,30 @@ fn gpu() -> Result<(), String> {
 /// `FLUX_LITE_ADAPTER`, the benchmarking and fault-injection switches:
 /// `GpuOptions::from_env`); each command adds its flags.
 pub fn env_gpu_options() -> Result<GpuOptions, String> {
-    GpuOptions::from_env().map_err(|e| e.to_string())
+    let options = GpuOptions::from_env().map_err(|e| e.to_string())?;
+    let store = cache_dir().map(|dir| Arc::new(PipelineFiles::new(dir.join("pipelines"))) as Arc<dyn PipelineStore>);
+    Ok(GpuOptions { pipeline_store: store, ..options })
+}
+
+/// The variable naming the folder compiled pipelines are kept in (empty: none kept).
+pub const CACHE_VARIABLE: &str = "FLUX_LITE_CACHE_DIR";
+
+/// flux-lite's cache folder: `FLUX_LITE_CACHE_DIR`, else the platform's
+/// (`$XDG_CACHE_HOME/flux-lite`, `~/.cache/flux-lite`,
+/// `~/Library/Caches/flux-lite` on macOS, `%LOCALAPPDATA%\flux-lite`).
+fn cache_dir() -> Option<PathBuf> {
+    if let Some(dir) = std::env::var_os(CACHE_VARIABLE) {
+        return (!dir.is_empty()).then(|| PathBuf::from(dir));
+    }
+    let var = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty()).map(PathBuf::from);
+    let base = if cfg!(windows) {
+        var("LOCALAPPDATA")
+    } else if cfg!(target_os = "macos") {
+        var("HOME").map(|h| h.join("Library/Caches"))
+    } else {
+        var("XDG_CACHE_HOME").or_else(|| var("HOME").map(|h| h.join(".cache")))
+    };
+    base.map(|b| b.join("flux-lite"))
 }
 
 /// The variable naming the banded VAE's scratch folder.

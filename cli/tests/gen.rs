@@ -133,3 +133,39 @@ fn bad_sizes_steps_and_embeddings_are_one_error_line_and_no_file() {
     let missing = dir.join("missing.safetensors");
     expect_error("tiny-a", &["--embeddings", missing.to_str().unwrap(), "--output-latents", o], "missing.safetensors", &out);
 }
+
+/// Compiled pipelines are kept in the cache folder between runs where the
+/// backend offers a pipeline cache (Vulkan): the first run fills it, the
+/// second loads it, and `--verbose` says which; an empty folder setting
+/// turns it off. (lavapipe's cache holds only its header: the loading is
+/// what is checked here, not a saving in compile time.)
+#[test]
+fn compiled_pipelines_are_kept_between_runs_in_the_cache_folder() {
+    let dir = scratch_dir("pipeline-cache");
+    let cache = dir.join("cache");
+    let out = dir.join("out.latents");
+    let run = |cache: &Path| {
+        let o = Command::new(env!("CARGO_BIN_EXE_flux-lite"))
+            .args(["gen", "--model"])
+            .arg(model_dir("tiny-a"))
+            .args(["--prompt", "a fox", "--steps", "1", "--width", "32", "--height", "32", "--verbose", "--quiet", "--precision", "f32", "--output-latents"])
+            .arg(&out)
+            .env("FLUX_LITE_CACHE_DIR", cache)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&o.stderr).into_owned();
+        assert!(o.status.success(), "{stderr}");
+        stderr.lines().find(|l| l.starts_with("shaders: ")).unwrap_or_else(|| panic!("no shaders line: {stderr}")).to_string()
+    };
+    let first = run(&cache);
+    if first.contains("not offered by this backend") {
+        flux_lite_kernels::skip::skipped("this backend offers no pipeline cache");
+        return;
+    }
+    assert!(first.contains("pipeline cache: empty"), "{first}");
+    let files: Vec<_> = std::fs::read_dir(cache.join("pipelines")).unwrap().collect();
+    assert_eq!(files.len(), 1, "one file per adapter and driver");
+    let second = run(&cache);
+    assert!(second.contains("bytes loaded") && !second.contains(" 0 bytes"), "{second}");
+    assert!(run(Path::new("")).contains("pipeline cache: off"));
+}

@@ -39,7 +39,7 @@ mod testing;
 
 pub use catalogue::ALL_KERNELS;
 pub use kernel::{wrapped_grid, Access, Kernel, Module, MAX_GRID_DIM};
-pub use device::{AdapterMemory, AttentionChoice, Backend, DeviceBuffer, DeviceMemory, FaultInjection, Gpu, GpuOptions, MemorySource, DEFAULT_MARGIN_PERCENT};
+pub use device::{AdapterMemory, AttentionChoice, Backend, CacheState, CompileReport, DeviceBuffer, DeviceMemory, FaultInjection, Gpu, GpuOptions, MemorySource, PipelineStore, DEFAULT_MARGIN_PERCENT};
 pub use dispatch::{encode, encode_timed, Dispatch, Sink};
 pub use error::GpuError;
 pub use precision::{MatrixConfig, MatrixOperands, Precision};

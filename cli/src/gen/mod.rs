@@ -66,7 +66,7 @@ pub struct GenArgs {
     /// VAE device memory as for a square image of this many pixels; larger images (and reference images) run by bands (default: untiled while the image fits)
     #[argh(option)]
     vae_tile: Option<usize>,
-    /// device memory the run may allocate, e.g. 2GiB or 512MiB (default: no limit, everything resident)
+    /// device memory the run may allocate, e.g. 2GiB or 512MiB (default: the adapter's memory less 10% where it is known: the Vulkan heap budget, or the host memory available on a CPU adapter; else no limit)
     #[argh(option, from_str_fn(crate::budget::parse_memory_budget))]
     memory_budget: Option<u64>,
     /// also write the final packed latents (safetensors, tensor `latents` [tokens, channels])
@@ -158,6 +158,8 @@ pub fn run(args: &GenArgs) -> Result<(), String> {
         report::device_memory(pipeline.gpu().memory().high_water, budget, &finished.plan);
         report::host_memory(host_peak, &finished.plan);
         report::phases(&phases, &finished.plan);
+        let compiled = pipeline.gpu().compile_report();
+        eprintln!("shaders: {} pipelines compiled in {:.2}s; {}", compiled.pipelines, compiled.time.as_secs_f64(), compiled.cache);
     }
     report::times(&finished.timings, started.elapsed());
     Ok(())

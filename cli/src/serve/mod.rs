@@ -49,7 +49,7 @@ pub struct ServeArgs {
     /// the port (default 7860; 0: any free port, printed at start)
     #[argh(option, default = "7860")]
     port: u16,
-    /// memory the server may use for one request, device and host together, e.g. 4GiB (default: no limit); components stay loaded between requests while they fit beside it
+    /// memory the server may use for one request, device and host together, e.g. 4GiB (default: the adapter's memory less 10% where it is known, else no limit); components stay loaded between requests while they fit beside it
     #[argh(option, from_str_fn(crate::budget::parse_memory_budget))]
     memory_budget: Option<u64>,
     /// precision tier, as for gen (default auto)

@@ -3,11 +3,13 @@
 //! chosen and proven for it is in `tiers`, the counted buffers in `memory`.
 
 mod adapter_memory;
+mod compiled;
 mod memory;
 mod options;
 mod tiers;
 
 pub use adapter_memory::{AdapterMemory, MemorySource, DEFAULT_MARGIN_PERCENT};
+pub use compiled::{CacheState, CompileReport, PipelineStore};
 pub use memory::{DeviceBuffer, DeviceMemory};
 pub use options::{AttentionChoice, Backend, FaultInjection, GpuOptions};
 use memory::{CountedBuffer, MemoryCounter};
@@ -104,6 +106,11 @@ pub struct Gpu {
     /// Why `auto` took its tier over a faster-looking one the adapter
     /// offers (on a CPU adapter, f32), when it did.
     auto_reason: Option<String>,
+    /// The pipeline cache, where the backend offers one and a store was given.
+    cache: Option<compiled::Cache>,
+    cache_state: compiled::CacheState,
+    /// Pipelines compiled and the time spent compiling them.
+    compiled: Mutex<(usize, std::time::Duration)>,
     /// What the adapter offers, for a default budget, where it can be known.
     memory_offered: Option<AdapterMemory>,
     /// The range rule's row scales of the matrix tier's products, written by
@@ -127,6 +134,15 @@ fn pick_adapter(instance: &wgpu::Instance, backend: Backend, wanted: &str) -> Re
     let listed = names.iter().enumerate().map(|(i, n)| format!("{i}: {n}")).collect::<Vec<_>>().join(", ");
     let detail = format!("{ADAPTER_VARIABLE}={wanted} names none of the adapters ({listed})");
     index.and_then(|i| adapters.into_iter().nth(i)).ok_or(GpuError::NoAdapter { backend: backend.name(), detail })
+}
+
+impl Drop for Gpu {
+    /// The compiled pipelines go back to the store for the next run.
+    fn drop(&mut self) {
+        if let Some(cache) = &self.cache {
+            cache.save();
+        }
+    }
 }
 
 impl Gpu {
@@ -156,7 +172,7 @@ impl Gpu {
         let memory_offered = adapter_memory::query(&adapter, &info);
         let matrix_offered = adapter.cooperative_matrix_properties();
         // Timestamps where the adapter has them: `bench` times passes on the GPU's own clock.
-        let mut features = adapter.features() & wgpu::Features::TIMESTAMP_QUERY;
+        let mut features = adapter.features() & (wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::PIPELINE_CACHE);
         let choice = choose_tier(&adapter, &info, &matrix_offered, options.precision, options.gpu_shaped_kernels)?;
         features |= choice.features;
         let mut experimental = wgpu::ExperimentalFeatures::disabled();
@@ -178,6 +194,7 @@ impl Gpu {
         .map_err(|e| GpuError::RequestDevice(e.to_string()))?;
         let faults = Arc::new(Faults::default());
         faults.watch(&device);
+        let (cache, cache_state) = compiled::Cache::open(&device, &info, options.pipeline_store.as_ref());
         let lose_after = options.faults.lose_device_after;
         let placeholder = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("placeholder"),
@@ -212,6 +229,9 @@ impl Gpu {
             notice: None,
             auto_reason: choice.reason,
             memory_offered,
+            cache,
+            cache_state,
+            compiled: Mutex::default(),
             range_scales: Mutex::default(),
         };
         Ok(gpu)
@@ -222,6 +242,12 @@ impl Gpu {
     /// when none is given).
     pub fn memory_offered(&self) -> Option<AdapterMemory> {
         self.memory_offered
+    }
+
+    /// Pipelines compiled so far, the time they took, and the cache's state.
+    pub fn compile_report(&self) -> CompileReport {
+        let (pipelines, time) = *lock(&self.compiled);
+        CompileReport { pipelines, time, cache: self.cache_state }
     }
 
     /// Which attention kernel the options force, if any.
@@ -327,6 +353,7 @@ impl Gpu {
         if let Some(p) = lock(&self.pipelines).get(&key) {
             return p.clone();
         }
+        let started = std::time::Instant::now();
         let module = {
             let mut modules = lock(&self.modules);
             modules
@@ -359,8 +386,11 @@ impl Gpu {
                 constants: &values,
                 zero_initialize_workgroup_memory: false,
             },
-            cache: None,
+            cache: self.cache.as_ref().map(|c| &c.cache),
         }));
+        let mut compiled = lock(&self.compiled);
+        compiled.0 += 1;
+        compiled.1 += started.elapsed();
         lock(&self.pipelines).insert(key, pipeline.clone());
         pipeline
     }

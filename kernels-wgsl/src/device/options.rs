@@ -83,6 +83,9 @@ pub struct GpuOptions {
     /// kernels shaped for SIMD lanes run by default) and `auto`'s GPU order
     /// of tiers: the tests use it to check both on lavapipe.
     pub gpu_shaped_kernels: bool,
+    /// Where compiled pipelines persist between runs, where the backend
+    /// offers a pipeline cache; `None`: every run compiles its kernels.
+    pub pipeline_store: Option<Arc<dyn super::compiled::PipelineStore>>,
 }
 
 /// Which attention kernel runs (`FLUX_LITE_ATTENTION_KERNEL`): the launcher's
