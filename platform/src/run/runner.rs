@@ -224,12 +224,19 @@ pub struct BlockProgress {
     pub total: usize,
 }
 
-/// Runs prepared blocks in order, one submission each. A block whose
-/// weights stream from `store` has them queued first. At most two blocks
-/// are queued on the GPU at once: after submitting block i the host waits
-/// for block i − 1 and reports it done, so progress and step times follow
-/// the GPU's completion (not the submissions), and an interrupt (checked at
-/// each submission) stops the work within a block.
+/// Dispatches one command buffer holds at most: a block of a large image
+/// runs for seconds on a laptop GPU, and a driver may time out or fail one
+/// long command buffer where shorter ones finish (Metal reports such a
+/// failure nowhere wgpu passes on). A single dispatch is not split.
+pub const DISPATCHES_PER_SUBMISSION: usize = 8;
+
+/// Runs prepared blocks in order, each in submissions of at most
+/// [`DISPATCHES_PER_SUBMISSION`] dispatches. A block whose weights stream
+/// from `store` has them queued first. At most two blocks are queued on the
+/// GPU at once: after submitting block i the host waits for block i − 1 and
+/// reports it done, so progress and step times follow the GPU's completion
+/// (not the submissions), and an interrupt (checked at each submission)
+/// stops the work within a block.
 pub fn run_prepared(
     gpu: &Gpu,
     weights: &DeviceWeights,
@@ -241,10 +248,15 @@ pub fn run_prepared(
     let mut in_flight = None;
     for (i, block) in blocks.iter().enumerate() {
         weights.stream_in(gpu, store, i)?;
-        let submitted = gpu.submit_tracked(|enc| {
-            flux_lite_kernels::encode(enc, block);
-            Ok(())
-        })?;
+        let pieces: Vec<&[flux_lite_kernels::Dispatch]> = if block.is_empty() { vec![&[]] } else { block.chunks(DISPATCHES_PER_SUBMISSION).collect() };
+        let mut submitted = None;
+        for piece in pieces {
+            submitted = Some(gpu.submit_tracked(|enc| {
+                flux_lite_kernels::encode(enc, piece);
+                Ok(())
+            })?);
+        }
+        let Some(submitted) = submitted else { continue };
         if let Some((before, submission)) = in_flight.replace((i, submitted)) {
             gpu.wait_for(submission)?;
             progress(BlockProgress { done: before + 1, total });
