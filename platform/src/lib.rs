@@ -6,15 +6,18 @@
 //! describe a [`Job`], [`Job::resolve`] it (every default and rule, the
 //! same as `flux-lite gen` and `serve` apply), then [`Pipeline::run`] it.
 //! The modules below are public for the workspace's own commands and tests;
-//! their items may change without notice.
+//! their items may change without notice (`components` and `run`, the
+//! engine's insides, are left out of the documentation).
 
 pub mod bench;
+#[doc(hidden)]
 pub mod components;
 pub mod error;
 pub mod host_memory;
 pub mod model;
 pub mod pipeline;
 pub mod pipeline_files;
+#[doc(hidden)]
 pub mod run;
 pub mod selftest;
 /// Every tolerance, in core (`flux_lite_core::tolerance`).

@@ -2,8 +2,9 @@
 //! gives none: Vulkan's heap budget (`VK_EXT_memory_budget`: what this
 //! process may use of the device-local heap now, other processes' use taken
 //! off) or the heap's size without it; on a CPU adapter, the host memory
-//! available. wgpu exposes none of this, so it is read through wgpu's hal.
-//! Metal's `recommendedMaxWorkingSetSize` is not read yet (no default there).
+//! available; on Metal, the device's `recommendedMaxWorkingSetSize` (what
+//! macOS lets the GPU keep resident without paging). wgpu exposes none of
+//! this, so it is read through wgpu's hal.
 
 /// What the adapter offers and where the figure came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -20,6 +21,8 @@ pub enum MemorySource {
     VulkanHeapSize,
     /// `MemAvailable` of `/proc/meminfo`: a CPU adapter's buffers are host memory.
     HostAvailable,
+    /// Metal's `recommendedMaxWorkingSetSize`.
+    MetalWorkingSet,
 }
 
 impl MemorySource {
@@ -28,6 +31,7 @@ impl MemorySource {
             MemorySource::VulkanHeapBudget => "the Vulkan heap budget (VK_EXT_memory_budget)",
             MemorySource::VulkanHeapSize => "the Vulkan device-local heap's size",
             MemorySource::HostAvailable => "the host memory available (a CPU adapter)",
+            MemorySource::MetalWorkingSet => "Metal's recommended working set",
         }
     }
 }
@@ -50,14 +54,27 @@ pub fn query(adapter: &wgpu::Adapter, info: &wgpu::AdapterInfo) -> Option<Adapte
         return host_available().map(|bytes| AdapterMemory { bytes, source: MemorySource::HostAvailable });
     }
     match info.backend {
-        #[cfg(not(target_arch = "wasm32"))]
+        #[cfg(not(any(target_arch = "wasm32", target_vendor = "apple")))]
         wgpu::Backend::Vulkan => vulkan(adapter),
+        #[cfg(target_vendor = "apple")]
+        wgpu::Backend::Metal => metal(adapter),
         _ => None,
     }
 }
 
-/// The largest device-local heap's budget (or size) of a Vulkan adapter.
-#[cfg(not(target_arch = "wasm32"))]
+/// Metal's `recommendedMaxWorkingSetSize` for the adapter's device.
+#[cfg(target_vendor = "apple")]
+fn metal(adapter: &wgpu::Adapter) -> Option<AdapterMemory> {
+    use objc2_metal::MTLDevice;
+    // SAFETY: the hal adapter is only read (one property of its device).
+    let hal = unsafe { adapter.as_hal::<wgpu::hal::api::Metal>() }?;
+    let bytes = hal.raw_device().recommendedMaxWorkingSetSize();
+    (bytes > 0).then_some(AdapterMemory { bytes, source: MemorySource::MetalWorkingSet })
+}
+
+/// The largest device-local heap's budget (or size) of a Vulkan adapter
+/// (wgpu builds its Vulkan backend everywhere but the web and Apple's systems).
+#[cfg(not(any(target_arch = "wasm32", target_vendor = "apple")))]
 fn vulkan(adapter: &wgpu::Adapter) -> Option<AdapterMemory> {
     use ash::vk;
     // SAFETY: the hal adapter is only read (two property queries on its
