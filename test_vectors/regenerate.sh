@@ -10,4 +10,5 @@ python3 test_vectors/generate_df11.py
 python3 test_vectors/generate_configs.py
 python3 test_vectors/generate_vae_encoder.py
 python3 test_vectors/generate_references.py
+(cd test_vectors && python3 generate_inpaint.py)
 python3 test_vectors/generate_lora.py

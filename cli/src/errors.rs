@@ -16,6 +16,9 @@ pub fn flag(setting: Setting) -> &'static str {
         Setting::Steps => "--steps",
         Setting::Guidance => "--guidance",
         Setting::VaeTile => "--vae-tile",
+        Setting::InitImage => "--init-image",
+        Setting::Mask => "--mask",
+        Setting::Strength => "--strength",
     }
 }
 

@@ -76,7 +76,7 @@ fn denoising_reproduces_diffusers_latents_with_and_without_guidance() {
             Conditioning::Prompt(&positive)
         };
         let mut blocks_seen = 0;
-        let got = denoise(gpu(), &c.transformer, &model.scheduler, c.steps, &g.f32("noise").0, conditioning, &mut |p| {
+        let got = denoise(gpu(), &c.transformer, &model.scheduler, c.steps, &g.f32("noise").0, None, conditioning, &mut |p| {
             blocks_seen = blocks_seen.max(p.block.total);
         }, &mut |_, _| Ok(()))
         .unwrap();

@@ -1,5 +1,6 @@
 //! `flux-lite gen`: flags → a `Job` → the engine → PNG files.
 
+mod inputs;
 mod outputs;
 mod report;
 mod watch;
@@ -7,7 +8,6 @@ mod watch;
 use crate::progress::Bar;
 use argh::FromArgs;
 use flux_lite_platform::model::lora::LoraSpec;
-use flux_lite_platform::pipeline::embeddings_file::{self, EmbeddingsFile};
 use flux_lite_platform::pipeline::{self, Made, Prompt};
 use flux_lite_platform::{GpuOptions, Job, Limits, OutputType, Pipeline, RunError};
 pub use outputs::png_text;
@@ -33,6 +33,15 @@ pub struct GenArgs {
     /// a reference image (PNG or JPEG) to edit or take elements from; repeat for up to 16. Each is scaled to about 1 megapixel when larger and centre-cropped to multiples of 16
     #[argh(option)]
     image: Vec<PathBuf>,
+    /// image-to-image or inpainting: the picture to change (PNG or JPEG; it sets the output's size and is also the first reference image)
+    #[argh(option)]
+    init_image: Option<PathBuf>,
+    /// with --init-image, what to repaint: a PNG or JPEG whose white (grey ≥ 128) parts are repainted and black parts kept; default: all of it
+    #[argh(option)]
+    mask: Option<PathBuf>,
+    /// with --init-image, how far from it to start, in (0, 1]: 1 repaints from pure noise (default 0.8, as diffusers; steps × strength of the steps run)
+    #[argh(option)]
+    strength: Option<f64>,
     /// image width in pixels, a multiple of 16 for the real VAE (default: the first reference image's, else 1024)
     #[argh(option)]
     width: Option<usize>,
@@ -107,7 +116,8 @@ pub fn run(args: &GenArgs) -> Result<(), String> {
         vae_tile: args.vae_tile,
         memory_budget: args.memory_budget,
         output: if args.output.is_some() { OutputType::Image } else { OutputType::Latents },
-        ..Job::prompts(prompts(args, model.transformer.joint_attention_dim)?)
+        init: inputs::init_image(args, &model)?,
+        ..Job::prompts(inputs::prompts(args, model.transformer.joint_attention_dim)?)
     };
     let job = job.resolve(&model, &Limits::default()).map_err(|e| crate::errors::request_line(&e))?;
     if job.guidance_ignored() {
@@ -163,22 +173,4 @@ pub fn run(args: &GenArgs) -> Result<(), String> {
     }
     report::times(&finished.timings, started.elapsed());
     Ok(())
-}
-
-/// The prompts the flags give: `--prompt`/`--prompt-file`, `--batch-file`'s
-/// lines, or `--embeddings` (read for a model whose joint width is `joint`).
-fn prompts(args: &GenArgs, joint: usize) -> Result<Vec<Prompt>, String> {
-    let text = crate::prompt::from_flags(args.prompt.as_deref(), args.prompt_file.as_deref())?;
-    match (text, &args.embeddings, &args.batch_file) {
-        (None, None, Some(path)) => Ok(crate::prompt::lines(path)?.into_iter().map(Prompt::Text).collect()),
-        (_, _, Some(path)) => Err(format!("--batch-file {} gives the prompts: leave out --prompt, --prompt-file and --embeddings", path.display())),
-        (Some(text), None, None) => Ok(vec![Prompt::Text(text)]),
-        (Some(_), Some(_), None) => Err("give --prompt or --embeddings, not both".into()),
-        (None, None, None) => Err("give --prompt TEXT (or --prompt-file FILE, --batch-file FILE or --embeddings FILE)".into()),
-        (None, Some(path), None) => {
-            let file = EmbeddingsFile::open(path)?;
-            let positive = file.get(embeddings_file::PROMPT, joint)?.ok_or_else(|| format!("{}: no tensor `{}`", path.display(), embeddings_file::PROMPT))?;
-            Ok(vec![Prompt::Embeddings { positive, negative: file.get(embeddings_file::NEGATIVE, joint)? }])
-        }
-    }
 }

@@ -281,6 +281,10 @@ fn request_line(e: &RequestError, shape: Shape, asked: &Asked) -> String {
         (Setting::Guidance, Shape::OpenAi) => "guidance",
         (Setting::Guidance, Shape::A1111) => "cfg_scale",
         (Setting::VaeTile, _) => "VAE tile",
+        (Setting::InitImage, _) => "init image",
+        (Setting::Mask, _) => "mask",
+        (Setting::Strength, Shape::OpenAi) => "strength",
+        (Setting::Strength, Shape::A1111) => "denoising_strength",
     };
     e.line(field)
 }

@@ -49,10 +49,23 @@ pub enum Conditioning<'a> {
     Guided { positive: &'a [f32], negative: &'a [f32], scale: f32 },
 }
 
-/// Runs `steps` Euler steps from `noise` and returns the final packed
-/// latents `[tokens, channels]`; `after_step` sees the transformer after
-/// each step (0-based), its latents updated. Everything on the device was allocated
-/// before the first step; the latents stay on the device until the end.
+/// Image-to-image or inpainting ([`super::inpaint`]): the schedule starts
+/// at `first_step` from `image` (the init image's packed latents) noised to
+/// that point, and after each step the tokens outside `mask` go back to it.
+#[derive(Debug, Clone, Copy)]
+pub struct Init<'a> {
+    pub first_step: usize,
+    pub image: &'a [f32],
+    /// Per token, 1 where repainted; `None`: every token.
+    pub mask: Option<&'a [f32]>,
+}
+
+/// Runs the Euler steps of a `steps`-step schedule (from `init`'s first
+/// step, else all) from `noise` and returns the final packed latents
+/// `[tokens, channels]`; `after_step` sees the transformer after each step
+/// run (0-based), its latents updated. Everything on the device was
+/// allocated before the first step; the latents stay on the device until
+/// the end (an inpainting mask takes them to the host and back each step).
 #[allow(clippy::too_many_arguments)] // the run's inputs, and what the caller sees of it as it goes
 pub fn denoise(
     gpu: &Gpu,
@@ -60,6 +73,7 @@ pub fn denoise(
     scheduler: &SchedulerConfig,
     steps: usize,
     noise: &[f32],
+    init: Option<Init<'_>>,
     conditioning: Conditioning<'_>,
     progress: &mut dyn FnMut(StepProgress),
     after_step: &mut dyn FnMut(usize, &Transformer) -> Result<(), RunError>,
@@ -68,9 +82,16 @@ pub fn denoise(
     let tokens = transformer.layout.noise as usize;
     let mut sigmas = vec![0f32; steps + 1];
     schedule::sigmas(scheduler, tokens, steps, &mut sigmas).map_err(|e| RunError::Internal(format!("the schedule of {steps} steps: {e}")))?;
-    transformer.set_latents(gpu, noise)?;
+    let first = init.map_or(0, |i| i.first_step);
+    match init {
+        Some(i) => transformer.set_latents(gpu, &super::inpaint::noised(sigmas[first], noise, i.image))?,
+        None => transformer.set_latents(gpu, noise)?,
+    }
     let blocks = transformer.block_count();
-    for step in 0..steps {
+    let run = steps - first;
+    for step in first..steps {
+        let (n, progress) = (step - first, &mut *progress);
+        let progress = &mut |p: StepProgress| progress(StepProgress { step: n, steps: run, ..p });
         let t = schedule::timestep_for(scheduler.num_train_timesteps, sigmas[step]);
         match conditioning {
             Conditioning::Prompt(prompt) => {
@@ -92,7 +113,13 @@ pub fn denoise(
             }
         }
         transformer.euler_step(gpu, sigmas[step], sigmas[step + 1])?;
-        after_step(step, transformer)?;
+        if let Some(Init { image, mask: Some(mask), .. }) = init {
+            let mut latents = transformer.latents(gpu)?;
+            let next = (step + 1 < steps).then(|| sigmas[step + 1]);
+            super::inpaint::keep_unmasked(&mut latents, image, noise, mask, next);
+            transformer.set_latents(gpu, &latents)?;
+        }
+        after_step(n, transformer)?;
     }
     let latents = transformer.latents(gpu)?;
     plausible_latents(&latents)?;

@@ -282,6 +282,10 @@ impl Run<'_> {
         };
         transformer.set_references(gpu, &references.tokens)?;
         self.timings.load += started.elapsed();
+        // Image-to-image and inpainting start from the init image: the first reference's tokens.
+        let channels = model.transformer.in_channels;
+        let init_tokens = &references.tokens[..(lat_h * lat_w * channels).min(references.tokens.len())];
+        let init = request.init.as_ref().map(|i| denoise::Init { first_step: i.first_step, image: init_tokens, mask: i.mask.as_deref() });
         let mut out = Vec::with_capacity(items.len());
         for (n, item) in items.iter().enumerate() {
             observer.image(first + n, self.count);
@@ -301,13 +305,14 @@ impl Run<'_> {
                 None => None,
             };
             let watching = std::cell::RefCell::new(&mut *observer);
-            let total = request.steps;
+            let total = request.steps - request.init.as_ref().map_or(0, |i| i.first_step);
             out.push(denoise::denoise(
                 gpu,
                 &transformer,
                 &model.scheduler,
                 request.steps,
                 &noise,
+                init,
                 conditioning,
                 &mut |p| {
                     watching.borrow_mut().progress(Progress::Denoise(p));

@@ -58,6 +58,33 @@ pub struct Job {
     /// Device bytes the run may allocate; `None`: no limit.
     pub memory_budget: Option<u64>,
     pub output: OutputType,
+    /// Image-to-image or inpainting: the picture to change, and how.
+    pub init: Option<InitImage>,
+}
+
+/// The picture image-to-image and inpainting start from
+/// (`Flux2KleinInpaintPipeline`'s `image`, `mask_image` and `strength`).
+#[derive(Debug, Clone)]
+pub struct InitImage {
+    /// Prepared with [`super::reference_image::Fit::Resize`]; it sets the
+    /// output's size and is also the first reference image.
+    pub image: ReferenceImage,
+    /// White repaints ([`super::inpaint::load_mask`], at the image's size);
+    /// `None`: everything (image-to-image).
+    pub mask: Option<super::inpaint::Mask>,
+    /// How far from the image to start, in (0, 1]: 1 repaints from pure noise.
+    pub strength: f64,
+}
+
+/// What a resolved job carries of its init image: where the schedule
+/// starts, and the mask on the token grid.
+#[derive(Debug, Clone, PartialEq)]
+pub struct InitRequest {
+    pub strength: f64,
+    /// The first step run, of `steps`.
+    pub first_step: usize,
+    /// Per token, 1 where repainted; `None`: every token.
+    pub mask: Option<Vec<f32>>,
 }
 
 impl Job {
@@ -81,6 +108,7 @@ impl Job {
             vae_tile: None,
             memory_budget: None,
             output: OutputType::Image,
+            init: None,
         }
     }
 
@@ -100,14 +128,29 @@ impl Job {
         if self.images_per_prompt == 0 || images > limits.max_images {
             return Err(RequestError::Images { per_prompt: self.images_per_prompt, total: images, limit: limits.max_images });
         }
-        if self.references.len() > MAX_REFERENCES {
-            return Err(RequestError::References { count: self.references.len(), limit: MAX_REFERENCES });
+        let init_count = usize::from(self.init.is_some());
+        if self.references.len() + init_count > MAX_REFERENCES {
+            return Err(RequestError::References { count: self.references.len() + init_count, limit: MAX_REFERENCES });
         }
         let cell = model.vae.latent_cell();
-        for r in &self.references {
+        for r in self.init.iter().map(|i| &i.image).chain(&self.references) {
             check_reference(r, cell)?;
         }
-        let first = self.references.first();
+        // The init image sets the size, as the pipeline takes it; it goes first among the references.
+        if let Some(init) = &self.init {
+            for (side, asked, pixels) in [(Side::Width, self.width, init.image.width), (Side::Height, self.height, init.image.height)] {
+                if asked.is_some_and(|a| a != pixels) {
+                    return Err(RequestError::InitSize { side, asked: asked.unwrap_or_default(), pixels });
+                }
+            }
+            if !(init.strength > 0.0 && init.strength <= 1.0) {
+                return Err(RequestError::Strength { strength: init.strength, why: "give a number in (0, 1]".into() });
+            }
+            if let Some(mask) = &init.mask {
+                super::inpaint::check_mask(mask, init.image.width, init.image.height)?;
+            }
+        }
+        let first = self.init.as_ref().map(|i| &i.image).or(self.references.first());
         let width = self.width.or(first.map(|r| r.width)).unwrap_or(DEFAULT_SIDE);
         let height = self.height.or(first.map(|r| r.height)).unwrap_or(DEFAULT_SIDE);
         for (side, pixels) in [(Side::Width, width), (Side::Height, height)] {
@@ -115,7 +158,7 @@ impl Job {
                 return Err(RequestError::SideTooLarge { side, pixels, limit: limits.max_side });
             }
         }
-        denoise::latent_grid(&model.vae, width, height).map_err(|e| RequestError::Size {
+        let (rows, cols) = denoise::latent_grid(&model.vae, width, height).map_err(|e| RequestError::Size {
             side: if e.side == "width" { Side::Width } else { Side::Height },
             pixels: e.pixels as usize,
             cell: e.cell as usize,
@@ -133,8 +176,17 @@ impl Job {
                 return Err(RequestError::VaeTile { tile: Some(tile), why: format!("not a positive multiple of {cell} pixels") });
             }
         }
+        let init = match &self.init {
+            Some(i) => {
+                // A strength in (0, 1] leaves at least one step: int(steps − steps·strength) < steps.
+                let first_step = super::inpaint::first_step(steps, i.strength);
+                Some(InitRequest { strength: i.strength, first_step, mask: i.mask.as_ref().map(|m| super::inpaint::token_mask(m, rows, cols)) })
+            }
+            None => None,
+        };
         let seed = self.seed.unwrap_or_else(random_seed);
         let batch = batch(self.prompts, self.images_per_prompt, seed);
+        let references: Vec<ReferenceImage> = self.init.map(|i| i.image).into_iter().chain(self.references).collect();
         let request = Request {
             width,
             height,
@@ -143,11 +195,12 @@ impl Job {
             guidance,
             vae_tile: self.vae_tile,
             memory_budget: self.memory_budget,
-            references: self.references.iter().map(|r| (r.width, r.height)).collect(),
+            references: references.iter().map(|r| (r.width, r.height)).collect(),
             lora: self.lora,
+            init,
         };
         let guidance_ignored = model.index.is_distilled && guidance > 1.0;
-        Ok(Resolved { batch, request, references: self.references, output: self.output, guidance_ignored })
+        Ok(Resolved { batch, request, references, output: self.output, guidance_ignored })
     }
 }
 
@@ -298,6 +351,9 @@ pub enum Setting {
     Steps,
     Guidance,
     VaeTile,
+    InitImage,
+    Mask,
+    Strength,
 }
 
 impl Setting {
@@ -314,6 +370,9 @@ impl Setting {
             Setting::Steps => "steps",
             Setting::Guidance => "guidance",
             Setting::VaeTile => "VAE tile",
+            Setting::InitImage => "init image",
+            Setting::Mask => "mask",
+            Setting::Strength => "strength",
         }
     }
 }
@@ -336,6 +395,11 @@ pub enum RequestError {
     Guidance { guidance: f32 },
     /// A VAE tile that cannot be used (`None`: the planned one, or untiled).
     VaeTile { tile: Option<usize>, why: String },
+    /// A size asked for beside an init image, which sets the size.
+    InitSize { side: Side, asked: usize, pixels: usize },
+    /// A mask that does not fit its init image; `name` is its file or field.
+    Mask { name: String, why: String },
+    Strength { strength: f64, why: String },
 }
 
 impl RequestError {
@@ -351,6 +415,10 @@ impl RequestError {
             RequestError::Steps { .. } => Setting::Steps,
             RequestError::Guidance { .. } => Setting::Guidance,
             RequestError::VaeTile { .. } => Setting::VaeTile,
+            RequestError::InitSize { side: Side::Width, .. } => Setting::Width,
+            RequestError::InitSize { side: Side::Height, .. } => Setting::Height,
+            RequestError::Mask { .. } => Setting::Mask,
+            RequestError::Strength { .. } => Setting::Strength,
         }
     }
 
@@ -365,6 +433,9 @@ impl RequestError {
             RequestError::Steps { steps, .. } => steps.to_string(),
             RequestError::Guidance { guidance } => guidance.to_string(),
             RequestError::VaeTile { tile: Some(t), .. } => t.to_string(),
+            RequestError::InitSize { asked, .. } => asked.to_string(),
+            RequestError::Mask { name, .. } => name.clone(),
+            RequestError::Strength { strength, .. } => strength.to_string(),
         }
     }
 
@@ -380,7 +451,8 @@ impl RequestError {
             }
             RequestError::Images { total, limit, .. } => format!("{total} images in all; give 1 to {limit}"),
             RequestError::References { count, limit } => format!("{count} reference images; at most {limit}"),
-            RequestError::Reference { why, .. } | RequestError::VaeTile { why, .. } => why.clone(),
+            RequestError::Reference { why, .. } | RequestError::VaeTile { why, .. } | RequestError::Mask { why, .. } | RequestError::Strength { why, .. } => why.clone(),
+            RequestError::InitSize { pixels, .. } => format!("the init image sets the size ({pixels} here); leave it out"),
             RequestError::Size { cell, .. } => format!("not a positive multiple of {cell} (2 × the VAE scale factor)"),
             RequestError::SideTooLarge { limit, .. } => format!("at most {limit}"),
             RequestError::Steps { limit, .. } => format!("give 1 to {limit}"),

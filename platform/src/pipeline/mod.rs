@@ -6,6 +6,7 @@
 pub mod denoise;
 pub mod embeddings_file;
 pub mod generation;
+pub mod inpaint;
 pub mod job;
 pub mod kept;
 pub mod output;
@@ -16,7 +17,7 @@ pub mod resample;
 
 
 pub use generation::{Batch, Finished, Item, Made};
-pub use job::{Job, Limits, OutputType, RequestError, Resolved, Setting};
+pub use job::{InitImage, Job, Limits, OutputType, RequestError, Resolved, Setting};
 use denoise::StepProgress;
 use crate::error::{LoadError, RunError};
 use flux_lite_kernels::{Gpu, GpuOptions};
@@ -98,6 +99,8 @@ pub struct Request {
     pub references: Vec<(usize, usize)>,
     /// LoRA adapters for the transformer ([`LoraSet::open`]); empty: none.
     pub lora: std::sync::Arc<LoraSet>,
+    /// Image-to-image or inpainting: the init image is `references[0]`.
+    pub init: Option<job::InitRequest>,
 }
 
 /// The reference images' tokens, encoded once before denoising.

@@ -45,10 +45,24 @@ pub struct ReferenceImage {
     pub pixels: Vec<f32>,
 }
 
+/// How an image is brought to whole latent cells.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fit {
+    /// The centre window (references: `resize_mode="crop"`).
+    Crop,
+    /// Resized to the cells' size (an init image: the processor's default mode).
+    Resize,
+}
+
 /// Loads and prepares one reference image; `unit` is twice the VAE scale factor.
 pub fn load(path: &Path, unit: usize) -> Result<ReferenceImage, RunError> {
+    load_fitted(path, unit, Fit::Crop)
+}
+
+/// Loads and prepares an image for `unit`-pixel cells, brought to them by `fit`.
+pub fn load_fitted(path: &Path, unit: usize, fit: Fit) -> Result<ReferenceImage, RunError> {
     let (mode, decoded) = decode(path)?;
-    prepare(&path.display().to_string(), path, mode, decoded, unit)
+    prepare(&path.display().to_string(), path, mode, decoded, unit, fit)
 }
 
 /// Prepares a reference image sent as bytes (a server request), named
@@ -58,13 +72,16 @@ pub fn from_bytes(label: &str, bytes: &[u8], unit: usize) -> Result<ReferenceIma
         return Err(reference_error(label, format!("{} bytes is above the {MAX_FILE_BYTES}-byte limit for an image", bytes.len())));
     }
     let (mode, decoded) = decode_bytes(label, bytes)?;
-    prepare(label, Path::new(label), mode, decoded, unit)
+    prepare(label, Path::new(label), mode, decoded, unit, Fit::Crop)
 }
 
-fn prepare(label: &str, path: &Path, mode: SourceMode, decoded: Pixels, unit: usize) -> Result<ReferenceImage, RunError> {
+fn prepare(label: &str, path: &Path, mode: SourceMode, decoded: Pixels, unit: usize, fit: Fit) -> Result<ReferenceImage, RunError> {
     let fail = |why: String| reference_error(label, why);
     let original = (decoded.width, decoded.height);
-    check_size(original.0, original.1).map_err(fail)?;
+    // References go through `check_image_input`; the inpainting pipeline's init image does not.
+    if fit == Fit::Crop {
+        check_size(original.0, original.1).map_err(fail)?;
+    }
     let sized = match target_size(original.0, original.1) {
         Some((w, h)) => resize(decoded, mode, w, h),
         None => decoded,
@@ -73,8 +90,13 @@ fn prepare(label: &str, path: &Path, mode: SourceMode, decoded: Pixels, unit: us
     if width == 0 || height == 0 {
         return Err(fail(format!("{}×{} is smaller than one {unit}-pixel latent cell", sized.width, sized.height)));
     }
-    let cropped = center_crop(&sized, width, height);
-    Ok(ReferenceImage { path: path.to_path_buf(), original, width, height, pixels: to_model_range(&cropped) })
+    let fitted = match fit {
+        Fit::Crop => center_crop(&sized, width, height),
+        // PIL returns the image itself when the size is already the one asked for.
+        Fit::Resize if (sized.width, sized.height) == (width, height) => sized,
+        Fit::Resize => resize(sized, mode, width, height),
+    };
+    Ok(ReferenceImage { path: path.to_path_buf(), original, width, height, pixels: to_model_range(&fitted) })
 }
 
 /// A reference image that cannot be used, named by its file or field.

@@ -1,0 +1,55 @@
+//! What `gen`'s flags give the job: the prompts, and the init image with its mask.
+
+use super::GenArgs;
+use flux_lite_platform::model::ModelFolder;
+use flux_lite_platform::pipeline::embeddings_file::{self, EmbeddingsFile};
+use flux_lite_platform::pipeline::reference_image::{self, Fit};
+use flux_lite_platform::pipeline::{inpaint, InitImage, Prompt};
+use flux_lite_platform::{RequestError, RunError};
+
+/// An image file's error named by the flag that gave the file.
+fn named(flag: &str, e: &RunError) -> String {
+    match e {
+        RunError::Request(RequestError::Reference { name, why }) => format!("{flag} {name}: {why}"),
+        e => crate::errors::run_line(e),
+    }
+}
+
+/// `--init-image`, `--mask` and `--strength`: the init image brought to
+/// whole latent cells, its mask at its size.
+pub fn init_image(args: &GenArgs, model: &ModelFolder) -> Result<Option<InitImage>, String> {
+    let Some(path) = &args.init_image else {
+        return match (&args.mask, args.strength) {
+            (Some(_), _) => Err("--mask needs --init-image (the picture the mask is for)".into()),
+            (None, Some(_)) => Err("--strength needs --init-image (the picture to start from)".into()),
+            (None, None) => Ok(None),
+        };
+    };
+    let image = reference_image::load_fitted(path, model.vae.latent_cell(), Fit::Resize).map_err(|e| named("--init-image", &e))?;
+    let mask = match &args.mask {
+        Some(m) => Some(inpaint::load_mask(m, image.width, image.height).map_err(|e| named("--mask", &e))?),
+        None => None,
+    };
+    Ok(Some(InitImage { image, mask, strength: args.strength.unwrap_or(DEFAULT_STRENGTH) }))
+}
+
+/// `--strength` without a value, as diffusers' `strength` defaults.
+const DEFAULT_STRENGTH: f64 = 0.8;
+
+/// The prompts the flags give: `--prompt`/`--prompt-file`, `--batch-file`'s
+/// lines, or `--embeddings` (read for a model whose joint width is `joint`).
+pub fn prompts(args: &GenArgs, joint: usize) -> Result<Vec<Prompt>, String> {
+    let text = crate::prompt::from_flags(args.prompt.as_deref(), args.prompt_file.as_deref())?;
+    match (text, &args.embeddings, &args.batch_file) {
+        (None, None, Some(path)) => Ok(crate::prompt::lines(path)?.into_iter().map(Prompt::Text).collect()),
+        (_, _, Some(path)) => Err(format!("--batch-file {} gives the prompts: leave out --prompt, --prompt-file and --embeddings", path.display())),
+        (Some(text), None, None) => Ok(vec![Prompt::Text(text)]),
+        (Some(_), Some(_), None) => Err("give --prompt or --embeddings, not both".into()),
+        (None, None, None) => Err("give --prompt TEXT (or --prompt-file FILE, --batch-file FILE or --embeddings FILE)".into()),
+        (None, Some(path), None) => {
+            let file = EmbeddingsFile::open(path)?;
+            let positive = file.get(embeddings_file::PROMPT, joint)?.ok_or_else(|| format!("{}: no tensor `{}`", path.display(), embeddings_file::PROMPT))?;
+            Ok(vec![Prompt::Embeddings { positive, negative: file.get(embeddings_file::NEGATIVE, joint)? }])
+        }
+    }
+}
