@@ -147,26 +147,19 @@ fn both_apis_return_the_golden_image_with_the_pixels_gen_makes() {
 }
 
 #[test]
-fn reference_images_come_as_base64_through_both_apis() {
+fn reference_images_init_images_and_masks_come_as_base64_through_both_apis() {
     let dir = scratch_dir("serve-references");
     let server = Server::start(&[]);
+    let b64 = |path: &std::path::Path| base64::engine::general_purpose::STANDARD.encode(std::fs::read(path).unwrap());
+    // OpenAI's edits without a mask: the images are references (as gen --image), one as a data URL.
     let case = "tiny-a/reference-one";
     let (prompt, seed, steps, _, golden) = golden_case(case);
     let reference = Goldens::dir(case).join("ref0.png");
-    let encoded = base64::engine::general_purpose::STANDARD.encode(std::fs::read(&reference).unwrap());
-    // AUTOMATIC1111's img2img, the size left to the reference (as gen without --width).
-    let body = serde_json::json!({ "prompt": prompt, "steps": steps, "seed": seed, "init_images": [encoded] });
-    let (status, text) = post(&server, "/sdapi/v1/img2img", &body.to_string());
-    assert_eq!(status, 200, "{text}");
-    let a1111 = rgb_of(json(&text)["images"][0].as_str().unwrap(), &dir, "img2img.png");
-    flux_lite_tests::tolerance::assert_png_close("img2img against diffusers", &a1111.rgb, &golden.rgb);
-    // OpenAI's edits, the reference as a data URL.
-    let body = serde_json::json!({ "prompt": prompt, "steps": steps, "seed": seed, "images": [{ "image_url": format!("data:image/png;base64,{encoded}") }] });
+    let body = serde_json::json!({ "prompt": prompt, "steps": steps, "seed": seed, "images": [{ "image_url": format!("data:image/png;base64,{}", b64(&reference)) }] });
     let (status, text) = post(&server, "/v1/images/edits", &body.to_string());
     assert_eq!(status, 200, "{text}");
     let openai = rgb_of(json(&text)["data"][0]["b64_json"].as_str().unwrap(), &dir, "edits.png");
-    assert!(openai.rgb == a1111.rgb, "the two APIs' pixels differ for the same reference");
-    // gen with the same file: the same pixels.
+    flux_lite_tests::tolerance::assert_png_close("edits with a reference against diffusers", &openai.rgb, &golden.rgb);
     let out = dir.join("gen.png");
     let model = model_dir("tiny-a");
     let run = Command::new(env!("CARGO_BIN_EXE_flux-lite"))
@@ -175,7 +168,53 @@ fn reference_images_come_as_base64_through_both_apis() {
         .output()
         .unwrap();
     assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
-    assert!(read_png(&out).rgb == a1111.rgb, "the server's pixels differ from gen's for the same reference");
+    assert!(read_png(&out).rgb == openai.rgb, "the server's pixels differ from gen's for the same reference");
+
+    // AUTOMATIC1111's img2img: the first init image is the picture to change, the others references.
+    let case = "tiny-a/img2img-reference";
+    let (prompt, seed, steps, _, golden) = golden_case(case);
+    let c = Goldens::load(case).case_json();
+    let files = Goldens::dir(case);
+    let body = serde_json::json!({ "prompt": prompt, "steps": steps, "seed": seed, "denoising_strength": c["strength"],
+        "init_images": [b64(&files.join("init.png")), b64(&files.join("ref0.png"))] });
+    let (status, text) = post(&server, "/sdapi/v1/img2img", &body.to_string());
+    assert_eq!(status, 200, "{text}");
+    let a1111 = rgb_of(json(&text)["images"][0].as_str().unwrap(), &dir, "img2img.png");
+    flux_lite_tests::tolerance::assert_png_close("img2img against diffusers", &a1111.rgb, &golden.rgb);
+
+    // Inpainting: AUTOMATIC1111's white-repaints mask, and OpenAI's transparent-repaints one.
+    let case = "tiny-a/inpaint-blob";
+    let (prompt, seed, steps, _, golden) = golden_case(case);
+    let c = Goldens::load(case).case_json();
+    let files = Goldens::dir(case);
+    let body = serde_json::json!({ "prompt": prompt, "steps": steps, "seed": seed, "denoising_strength": c["strength"], "mask_blur": 0,
+        "init_images": [b64(&files.join("init.png"))], "mask": b64(&files.join("mask.png")) });
+    let (status, text) = post(&server, "/sdapi/v1/img2img", &body.to_string());
+    assert_eq!(status, 200, "{text}");
+    let a1111 = rgb_of(json(&text)["images"][0].as_str().unwrap(), &dir, "inpaint-a1111.png");
+    flux_lite_tests::tolerance::assert_png_close("A1111 inpainting against diffusers", &a1111.rgb, &golden.rgb);
+    // The same mask as OpenAI draws it: opaque where kept, transparent where repainted.
+    let grey = image::open(files.join("mask.png")).unwrap().to_luma8();
+    let alpha = image::RgbaImage::from_fn(grey.width(), grey.height(), |x, y| image::Rgba([0, 0, 0, 255 - grey.get_pixel(x, y)[0]]));
+    let alpha_png = dir.join("alpha-mask.png");
+    alpha.save(&alpha_png).unwrap();
+    let body = serde_json::json!({ "prompt": prompt, "steps": steps, "seed": seed, "strength": c["strength"],
+        "image": b64(&files.join("init.png")), "mask": b64(&alpha_png) });
+    let (status, text) = post(&server, "/v1/images/edits", &body.to_string());
+    assert_eq!(status, 200, "{text}");
+    let openai = rgb_of(json(&text)["data"][0]["b64_json"].as_str().unwrap(), &dir, "inpaint-openai.png");
+    assert!(openai.rgb == a1111.rgb, "the two APIs' inpainting pixels differ for the same mask");
+    // Fields with no diffusers equivalent are refused when set otherwise, one line each.
+    for (field, value) in [("mask_blur", serde_json::json!(4)), ("inpaint_full_res", serde_json::json!(true)), ("inpainting_fill", serde_json::json!(0))] {
+        let mut body = serde_json::json!({ "prompt": prompt, "init_images": [b64(&files.join("init.png"))] });
+        body[field] = value;
+        let (status, text) = post(&server, "/sdapi/v1/img2img", &body.to_string());
+        assert_eq!(status, 400, "{field}: {text}");
+        assert!(json(&text)["error"]["message"].as_str().unwrap().starts_with(field), "{text}");
+    }
+    let (status, text) = post(&server, "/v1/images/edits", &serde_json::json!({ "prompt": prompt, "image": b64(&files.join("init.png")), "mask": b64(&files.join("mask.png")) }).to_string());
+    assert_eq!(status, 400, "{text}");
+    assert!(text.contains("no alpha channel"), "{text}");
 }
 
 #[test]

@@ -9,8 +9,8 @@
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use base64::Engine;
-use flux_lite_platform::pipeline::reference_image::{self, MAX_REFERENCES};
-use flux_lite_platform::pipeline::Prompt;
+use flux_lite_platform::pipeline::reference_image::{self, Fit, MAX_REFERENCES};
+use flux_lite_platform::pipeline::{inpaint, InitImage, Prompt};
 use flux_lite_platform::{Job, Pipeline, RequestError, Resolved, Setting};
 use serde::Deserialize;
 
@@ -80,6 +80,26 @@ pub struct Asked {
     pub count: usize,
     /// Reference images: `(field name for errors, file bytes)`.
     pub images: Vec<(String, Vec<u8>)>,
+    /// Image-to-image or inpainting.
+    pub init: Option<AskedInit>,
+}
+
+/// The picture to change, its mask and the strength, before they are checked.
+#[derive(Debug)]
+pub struct AskedInit {
+    pub image: (String, Vec<u8>),
+    pub mask: Option<AskedMask>,
+    pub strength: f64,
+}
+
+/// A mask's field name, its file bytes, and how it marks what to repaint.
+#[derive(Debug)]
+pub struct AskedMask {
+    pub name: String,
+    pub bytes: Vec<u8>,
+    /// OpenAI's: transparent repaints. Else AUTOMATIC1111's: white repaints (black with `invert`).
+    pub alpha: bool,
+    pub invert: bool,
 }
 
 /// `POST /v1/images/generations` (and `/v1/images/edits` with `image`/`images`).
@@ -112,6 +132,13 @@ pub struct OpenAiRequest {
     pub stream: Option<bool>,
     #[serde(default)]
     pub partial_images: Option<usize>,
+    /// `/v1/images/edits`: a PNG whose transparent pixels mark what to repaint
+    /// in the first image (inpainting; the other images stay references).
+    #[serde(default)]
+    pub mask: Option<ImageField>,
+    /// Extension: with `mask`, how far from the first image to start (default 1).
+    #[serde(default)]
+    pub strength: Option<f64>,
 }
 
 /// How an OpenAI request wants its answer: `Some(partial images)` to stream it.
@@ -167,7 +194,21 @@ impl OpenAiRequest {
                 images.push((name.clone(), decode_base64(&name, &text)?));
             }
         }
-        Ok(Asked { prompt: self.prompt, width, height, steps: self.steps, seed: self.seed, guidance: self.guidance, count: self.n.unwrap_or(1), images })
+        let init = match (self.mask, self.strength) {
+            (None, None) => None,
+            (None, Some(_)) => return Err(ApiError::bad("strength needs mask (the first image is changed where the mask is transparent)")),
+            (Some(mask), strength) => {
+                if images.is_empty() {
+                    return Err(ApiError::bad("mask needs image: the picture to change"));
+                }
+                let text = match mask {
+                    ImageField::Text(t) | ImageField::Url { image_url: t } => t,
+                };
+                let mask = AskedMask { name: "mask".into(), bytes: decode_base64("mask", &text)?, alpha: true, invert: false };
+                Some(AskedInit { image: images.remove(0), mask: Some(mask), strength: strength.unwrap_or(1.0) })
+            }
+        };
+        Ok(Asked { prompt: self.prompt, width, height, steps: self.steps, seed: self.seed, guidance: self.guidance, count: self.n.unwrap_or(1), images, init })
     }
 }
 
@@ -193,10 +234,30 @@ pub struct A1111Request {
     pub batch_size: Option<usize>,
     #[serde(default)]
     pub n_iter: Option<usize>,
-    /// img2img: the reference images (base64 or data URLs).
+    /// img2img: the picture to change first (base64 or data URLs); the
+    /// others are reference images.
     #[serde(default)]
     pub init_images: Vec<String>,
+    /// img2img: how far from the first init image to start (A1111's default 0.75).
+    #[serde(default)]
+    pub denoising_strength: Option<f64>,
+    /// img2img: what to repaint, white (black with `inpainting_mask_invert: 1`).
+    #[serde(default)]
+    pub mask: Option<String>,
+    #[serde(default)]
+    pub inpainting_mask_invert: Option<u8>,
+    /// Fields with no diffusers equivalent, accepted only at the value that
+    /// matches what runs: no blur, the original content, the whole picture.
+    #[serde(default)]
+    pub mask_blur: Option<u32>,
+    #[serde(default)]
+    pub inpainting_fill: Option<u8>,
+    #[serde(default)]
+    pub inpaint_full_res: Option<bool>,
 }
+
+/// AUTOMATIC1111's `denoising_strength` when an img2img request gives none.
+const A1111_STRENGTH: f64 = 0.75;
 
 impl A1111Request {
     pub fn asked(self, guided: &dyn Fn(f32) -> bool) -> Result<Asked, ApiError> {
@@ -210,7 +271,17 @@ impl A1111Request {
             Some(s) => Some(s as u64),
         };
         let count = self.batch_size.unwrap_or(1).saturating_mul(self.n_iter.unwrap_or(1));
-        let images = self
+        for (field, set, runs) in [
+            ("mask_blur", self.mask_blur.is_some_and(|b| b != 0), "0 (the mask is used as sent)"),
+            ("inpainting_fill", self.inpainting_fill.is_some_and(|f| f != 1), "1 (the original content, noised)"),
+            ("inpaint_full_res", self.inpaint_full_res == Some(true), "false (the whole picture)"),
+            ("inpainting_mask_invert", self.inpainting_mask_invert.is_some_and(|i| i > 1), "0 or 1"),
+        ] {
+            if set {
+                return Err(ApiError::bad(format!("{field}: not supported as sent; leave it out or set it to {runs}")));
+            }
+        }
+        let mut images: Vec<(String, Vec<u8>)> = self
             .init_images
             .iter()
             .enumerate()
@@ -219,7 +290,16 @@ impl A1111Request {
                 decode_base64(&name, text).map(|b| (name, b))
             })
             .collect::<Result<_, _>>()?;
-        Ok(Asked { prompt: self.prompt, width: self.width, height: self.height, steps: self.steps, seed, guidance, count, images })
+        let mask = match &self.mask {
+            Some(text) => Some(AskedMask { name: "mask".into(), bytes: decode_base64("mask", text)?, alpha: false, invert: self.inpainting_mask_invert == Some(1) }),
+            None => None,
+        };
+        let init = match images.is_empty() {
+            true if mask.is_some() => return Err(ApiError::bad("mask needs init_images: the picture to change")),
+            true => None,
+            false => Some(AskedInit { image: images.remove(0), mask, strength: self.denoising_strength.unwrap_or(A1111_STRENGTH) }),
+        };
+        Ok(Asked { prompt: self.prompt, width: self.width, height: self.height, steps: self.steps, seed, guidance, count, images, init })
     }
 }
 
@@ -243,7 +323,12 @@ pub fn check(asked: Asked, shape: Shape, pipeline: &Pipeline, limits: &Limits) -
         .iter()
         .map(|(name, bytes)| reference_image::from_bytes(name, bytes, unit).map_err(|e| ApiError::bad(e.to_string())))
         .collect::<Result<Vec<_>, _>>()?;
+    let init = match &asked.init {
+        Some(init) => Some(init_image(init, unit).map_err(|e| ApiError::bad(e.to_string()))?),
+        None => None,
+    };
     let job = Job {
+        init,
         images_per_prompt: asked.count,
         references,
         width: asked.width,
@@ -259,6 +344,24 @@ pub fn check(asked: Asked, shape: Shape, pipeline: &Pipeline, limits: &Limits) -
     let (width, height) = (job.request().width, job.request().height);
     pipeline.plan(&job).map_err(|e| ApiError::bad(format!("{width}x{height}: {}", plan_reason(&e))))?;
     Ok(Order { prompt: asked.prompt, job })
+}
+
+/// The picture to change, prepared as `gen --init-image` prepares it, and its mask.
+fn init_image(init: &AskedInit, unit: usize) -> Result<InitImage, flux_lite_platform::RunError> {
+    let (name, bytes) = &init.image;
+    let image = reference_image::from_bytes_fitted(name, bytes, unit, Fit::Resize)?;
+    let mask = match &init.mask {
+        Some(m) if m.alpha => Some(inpaint::mask_from_alpha(&m.name, &m.bytes, image.width, image.height)?),
+        Some(m) => {
+            let mut mask = inpaint::mask_from_bytes(&m.name, &m.bytes, image.width, image.height)?;
+            if m.invert {
+                mask.values.iter_mut().for_each(|v| *v = 1.0 - *v);
+            }
+            Some(mask)
+        }
+        None => None,
+    };
+    Ok(InitImage { image, mask, strength: init.strength })
 }
 
 /// A refused job, named by the shape's fields: OpenAI's `size` holds both sides.
@@ -281,8 +384,8 @@ fn request_line(e: &RequestError, shape: Shape, asked: &Asked) -> String {
         (Setting::Guidance, Shape::OpenAi) => "guidance",
         (Setting::Guidance, Shape::A1111) => "cfg_scale",
         (Setting::VaeTile, _) => "VAE tile",
-        (Setting::InitImage, _) => "init image",
-        (Setting::Mask, _) => "mask",
+        // The error's value is the field's name (`init_images[0]`, `mask`).
+        (Setting::InitImage | Setting::Mask, _) => "",
         (Setting::Strength, Shape::OpenAi) => "strength",
         (Setting::Strength, Shape::A1111) => "denoising_strength",
     };

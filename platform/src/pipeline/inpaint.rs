@@ -36,6 +36,19 @@ pub fn mask_from_bytes(label: &str, bytes: &[u8], width: usize, height: usize) -
     Ok(prepare_mask(label, mode, pixels, width, height))
 }
 
+/// A mask as OpenAI's image edits send it: a PNG whose transparent pixels
+/// are repainted (grey `255 − alpha`, then as [`prepare_mask`]).
+pub fn mask_from_alpha(label: &str, bytes: &[u8], width: usize, height: usize) -> Result<Mask, RunError> {
+    let (mode, pixels) = reference_image::decode_bytes(label, bytes)?;
+    if !matches!(mode, SourceMode::Rgba | SourceMode::GrayAlpha) {
+        let why = "has no alpha channel; its transparent pixels are what is repainted".to_string();
+        return Err(RunError::Request(RequestError::Mask { name: label.to_string(), why }));
+    }
+    let alpha = pixels.channels - 1;
+    let grey: Vec<u8> = pixels.data.chunks(pixels.channels).map(|px| 255 - px[alpha]).collect();
+    Ok(prepare_mask(label, SourceMode::Gray, Pixels::new(pixels.width, pixels.height, 1, grey), width, height))
+}
+
 /// The mask processor: resized in the file's own mode (LANCZOS) when its
 /// size differs, converted to grey (`convert("L")`), divided by 255 and
 /// binarized at 0.5.

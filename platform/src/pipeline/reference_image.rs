@@ -68,11 +68,16 @@ pub fn load_fitted(path: &Path, unit: usize, fit: Fit) -> Result<ReferenceImage,
 /// Prepares a reference image sent as bytes (a server request), named
 /// `label` in errors (e.g. `init_images[0]`) and in its `path`.
 pub fn from_bytes(label: &str, bytes: &[u8], unit: usize) -> Result<ReferenceImage, RunError> {
+    from_bytes_fitted(label, bytes, unit, Fit::Crop)
+}
+
+/// [`from_bytes`], brought to whole cells by `fit`.
+pub fn from_bytes_fitted(label: &str, bytes: &[u8], unit: usize, fit: Fit) -> Result<ReferenceImage, RunError> {
     if bytes.len() as u64 > MAX_FILE_BYTES {
         return Err(reference_error(label, format!("{} bytes is above the {MAX_FILE_BYTES}-byte limit for an image", bytes.len())));
     }
     let (mode, decoded) = decode_bytes(label, bytes)?;
-    prepare(label, Path::new(label), mode, decoded, unit, Fit::Crop)
+    prepare(label, Path::new(label), mode, decoded, unit, fit)
 }
 
 fn prepare(label: &str, path: &Path, mode: SourceMode, decoded: Pixels, unit: usize, fit: Fit) -> Result<ReferenceImage, RunError> {
