@@ -592,6 +592,13 @@ impl Gpu {
     /// Waits for `submission`, or for everything submitted (`None`).
     fn wait_until(&self, submission: Option<wgpu::SubmissionIndex>) -> Result<(), GpuError> {
         let polled = self.device.poll(wgpu::PollType::Wait { submission_index: submission, timeout: None });
+        if let Err(wgpu::PollError::WrongSubmissionIndex(..)) = polled {
+            // A submission the queue did not take: the device was lost after an
+            // earlier one, and its report may not have come yet. Let it come.
+            let _ = self.device.poll(wgpu::PollType::Wait { submission_index: None, timeout: None });
+            self.check_faults()?;
+            return Err(GpuError::DeviceLost("a submission was refused: the device was lost".into()));
+        }
         // A lost device fails the poll too; the fault says why.
         self.check_faults()?;
         polled.map(|_| ()).map_err(|e| GpuError::Device(one_line(&e.to_string())))
