@@ -52,3 +52,35 @@ fn a_preview_every_zero_steps_is_one_error_line() {
     assert!(!run.status.success() && stderr.trim().starts_with("error: --preview -: ") && stderr.trim().lines().count() == 1, "{stderr}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// The preview can be read while the run goes on: it appears after the
+/// first step, and every read of it is a whole PNG (the rewrites are atomic).
+#[test]
+fn the_preview_is_readable_while_the_run_goes_on() {
+    let dir = std::env::temp_dir().join(format!("flux-lite-preview-live-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (out, preview) = (dir.join("out.png"), dir.join("preview.png"));
+    let mut child = Command::new(env!("CARGO_BIN_EXE_flux-lite"))
+        .arg("gen")
+        .args(["--model", model_dir("tiny-a").to_str().unwrap(), "--prompt", "a red fox", "--seed", "3", "--steps", "6"])
+        .args(["--width", "32", "--height", "48", "--quiet", "--output", out.to_str().unwrap(), "--preview", preview.to_str().unwrap()])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut steps_seen_running = Vec::new();
+    while child.try_wait().unwrap().is_none() {
+        if let Ok(bytes) = std::fs::read(&preview) {
+            let reader = png::Decoder::new(std::io::Cursor::new(bytes)).read_info().expect("a whole PNG at every read");
+            let info = reader.info();
+            let latin1 = info.uncompressed_latin1_text.iter().find(|t| t.keyword == "Preview").map(|t| t.text.clone());
+            let step = latin1.or_else(|| info.utf8_text.iter().find(|t| t.keyword == "Preview").map(|t| t.get_text().unwrap()));
+            if let Some(step) = step.filter(|s| !steps_seen_running.contains(s)) {
+                steps_seen_running.push(step);
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    assert!(child.wait().unwrap().success());
+    assert!(steps_seen_running.iter().any(|s| s != "step 6 of 6"), "no preview was seen before the last step: {steps_seen_running:?}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

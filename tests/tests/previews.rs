@@ -56,3 +56,41 @@ fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
         }
     }
 }
+
+/// Counts the previews an observer is handed, asking for them when `every` is set.
+struct Previews {
+    every: Option<usize>,
+    seen: usize,
+}
+
+impl flux_lite_platform::Observer for Previews {
+    fn previews(&self) -> Option<usize> {
+        self.every
+    }
+
+    fn preview(&mut self, _p: &flux_lite_platform::Preview<'_>) {
+        self.seen += 1;
+    }
+}
+
+/// Previews off cost nothing: the run with them off creates exactly the
+/// buffers a run creates, and asking for them adds one readback a preview.
+#[test]
+fn previews_off_add_no_work_and_on_add_one_readback_each() {
+    use flux_lite_platform::{Job, Limits, Options, Pipeline, Prompt};
+    let pipeline = Pipeline::open(&model_dir("tiny-a"), Options::default()).unwrap();
+    let job = Job { width: Some(32), height: Some(32), steps: Some(3), seed: Some(1), ..Job::new(Prompt::Text("a fox".into())) };
+    let job = job.resolve(pipeline.model(), &Limits::default()).unwrap();
+    let mut run = |every: Option<usize>| {
+        let before = pipeline.gpu().memory().allocations;
+        let mut observer = Previews { every, seen: 0 };
+        pipeline.run(&job, &mut observer, &mut |_| Ok(())).unwrap();
+        (pipeline.gpu().memory().allocations - before, observer.seen)
+    };
+    let (off, seen_off) = run(None);
+    let (off_again, _) = run(None);
+    let (on, seen_on) = run(Some(1));
+    assert_eq!((seen_off, seen_on), (0, 3));
+    assert_eq!(off, off_again, "two runs without previews create different buffers");
+    assert_eq!(on - off, 3, "each preview is one readback, and without previews there is none");
+}
