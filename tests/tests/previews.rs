@@ -81,7 +81,7 @@ fn previews_off_add_no_work_and_on_add_one_readback_each() {
     let pipeline = Pipeline::open(&model_dir("tiny-a"), Options::default()).unwrap();
     let job = Job { width: Some(32), height: Some(32), steps: Some(3), seed: Some(1), ..Job::new(Prompt::Text("a fox".into())) };
     let job = job.resolve(pipeline.model(), &Limits::default()).unwrap();
-    let mut run = |every: Option<usize>| {
+    let run = |every: Option<usize>| {
         let before = pipeline.gpu().memory().allocations;
         let mut observer = Previews { every, seen: 0 };
         pipeline.run(&job, &mut observer, &mut |_| Ok(())).unwrap();
