@@ -189,14 +189,21 @@ fn kernels(args: &KernelsArgs) -> Result<(), String> {
         let encode = bench.text_encoder(&text_encoder).map_err(err)?;
         row(&encode, &ceilings);
         let steps = if distilled { 4 } else { 50 };
+        let mut previews = Vec::new();
         for &size in &step_sizes {
             let step = bench.step(&transformer, size, vae.latent_cell() as u64).map_err(err)?;
             row(&step, &ceilings);
+            let preview = bench.preview(&vae, size).map_err(err)?;
+            previews.push(format!("latent preview after a step at {size}×{size} (readback and drawing on the host): {:.2} ms, {:.2}% of the step", preview * 1e3, 100.0 * preview / step.seconds));
             if vae_fits("VAE decode and end to end", size) {
                 let decode = bench.vae_decode(&vae, size).map_err(err)?;
                 row(&decode, &ceilings);
                 row(&ShapeBench::end_to_end(&encode, &step, steps, !distilled, &decode, size), &ceilings);
             }
+        }
+        say!();
+        for line in &previews {
+            say!("{line}");
         }
     }
     if want("tiers") {

@@ -286,6 +286,30 @@ impl<'g> ShapeBench<'g> {
         })
     }
 
+    /// A latent preview after a step at a `size`² image, as a run with
+    /// previews draws one: the packed latents read back and drawn at the
+    /// image's size on the host (FLUX.2's map; zeros for a VAE without
+    /// FLUX.2's 32 channels, which costs the same). Host wall time, the best
+    /// of the repeats.
+    pub fn preview(&self, cfg: &VaeConfig, size: u64) -> Result<f64, RunError> {
+        let cell = cfg.latent_cell() as u64;
+        let grid = ((size / cell) as usize, (size / cell) as usize);
+        let channels = 4 * cfg.latent_channels;
+        let latents = self.gpu.upload_f32("preview latents", &vec![0.25f32; grid.0 * grid.1 * channels]);
+        let map = match cfg.latent_channels {
+            32 => crate::pipeline::preview::LatentRgbMap { factors: flux_lite_core::preview::FLUX2.factors.to_vec(), bias: flux_lite_core::preview::FLUX2.bias },
+            c => crate::pipeline::preview::LatentRgbMap { factors: vec![[0.0; 3]; c], bias: [0.0; 3] },
+        };
+        let mut best = f64::INFINITY;
+        for _ in 0..self.repeats.max(1) {
+            let started = std::time::Instant::now();
+            let packed = self.gpu.read_f32(&latents, 0, grid.0 * grid.1 * channels)?;
+            map.draw(&packed, grid, cfg)?;
+            best = best.min(started.elapsed().as_secs_f64());
+        }
+        Ok(best)
+    }
+
     /// The text encoder over 512 prompt tokens, up to its deepest picked
     /// layer. The layers share the first layer's weights.
     pub fn text_encoder(&self, cfg: &Qwen3Config) -> Result<Figure, RunError> {
