@@ -118,6 +118,21 @@ pub struct Gpu {
     range_scales: Mutex<Option<DeviceBuffer>>,
 }
 
+/// The largest storage binding the engine will make on `backend`, given the
+/// one the adapter reports. Metal reports its largest buffer (which can pass
+/// 4 GiB on a Mac with much memory), but the shaders' bounds checks there
+/// count bytes in 32 bits: a larger binding would read wrong data, so the
+/// binding is held to 2³¹ − 1 bytes, the figure Vulkan drivers report.
+pub fn binding_limit(backend: wgpu::Backend, reported: u64) -> u64 {
+    match backend {
+        wgpu::Backend::Metal => reported.min(METAL_BINDING_LIMIT),
+        _ => reported,
+    }
+}
+
+/// [`binding_limit`]'s bound on Metal.
+pub const METAL_BINDING_LIMIT: u64 = (1 << 31) - 1;
+
 /// Picks one adapter of several (one server per GPU): its index among the
 /// backend's adapters (a wrong one lists them), or a part of its name.
 pub const ADAPTER_VARIABLE: &str = "FLUX_LITE_ADAPTER";
@@ -164,11 +179,12 @@ impl Gpu {
             }))
             .map_err(|e| GpuError::NoAdapter { backend: backend.name(), detail: e.to_string() })?,
         };
+        let info = adapter.get_info();
         let mut limits = adapter.limits();
+        limits.max_storage_buffer_binding_size = binding_limit(info.backend, limits.max_storage_buffer_binding_size);
         if let Some(cap) = options.max_storage_binding {
             limits.max_storage_buffer_binding_size = limits.max_storage_buffer_binding_size.min(cap);
         }
-        let info = adapter.get_info();
         let memory_offered = adapter_memory::query(&adapter, &info);
         let matrix_offered = adapter.cooperative_matrix_properties();
         // Timestamps where the adapter has them: `bench` times passes on the GPU's own clock.
@@ -613,4 +629,18 @@ fn storage_usage() -> wgpu::BufferUsages {
 /// of a complete value, so the map is still sound.
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metal_bindings_stay_within_32_bit_bounds_checks() {
+        // What wgpu reports for a 64 GB Mac's largest buffer, and for NVIDIA's Vulkan driver.
+        assert_eq!(binding_limit(wgpu::Backend::Metal, 48 << 30), METAL_BINDING_LIMIT);
+        assert_eq!(binding_limit(wgpu::Backend::Metal, 1 << 30), 1 << 30);
+        assert_eq!(binding_limit(wgpu::Backend::Vulkan, (1 << 31) - 1), (1 << 31) - 1);
+        assert_eq!(binding_limit(wgpu::Backend::Vulkan, 4 << 30), 4 << 30);
+    }
 }
