@@ -194,7 +194,7 @@ fn kernels(args: &KernelsArgs) -> Result<(), String> {
             let step = bench.step(&transformer, size, vae.latent_cell() as u64).map_err(err)?;
             row(&step, &ceilings);
             let preview = bench.preview(&vae, size).map_err(err)?;
-            previews.push(format!("latent preview after a step at {size}×{size} (readback and drawing on the host): {:.2} ms, {:.2}% of the step", preview * 1e3, 100.0 * preview / step.seconds));
+            previews.push(format!("latent preview after a step at {size}×{size} (the map on the GPU, its levels read back and enlarged on the host): {:.2} ms, {:.2}% of the step", preview * 1e3, 100.0 * preview / step.seconds));
             if vae_fits("VAE decode and end to end", size) {
                 let decode = bench.vae_decode(&vae, size).map_err(err)?;
                 row(&decode, &ceilings);

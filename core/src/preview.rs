@@ -68,15 +68,19 @@ pub enum PreviewError {
 /// under `map` (C rows), each latent pixel repeated `enlarge` times in both
 /// directions, into `out` (RGB, row-major).
 pub fn draw(packed: &[f32], (grid_h, grid_w): (usize, usize), map: &LatentRgb<'_>, enlarge: usize, out: &mut [u8]) -> Result<(), PreviewError> {
+    let small = levels(packed, (grid_h, grid_w), map)?;
+    enlarge_into(&small, (2 * grid_h, 2 * grid_w), enlarge, out)
+}
+
+/// The preview at the latent's own resolution, `2·grid_h × 2·grid_w` RGB
+/// levels, row-major: the part a GPU can compute (`latent_preview`).
+pub fn levels(packed: &[f32], (grid_h, grid_w): (usize, usize), map: &LatentRgb<'_>) -> Result<Vec<u8>, PreviewError> {
     let channels = map.factors.len();
     let expected = grid_h * grid_w * 4 * channels;
     if packed.len() != expected {
         return Err(PreviewError::Shape { values: packed.len(), expected });
     }
-    let (height, width) = (2 * grid_h * enlarge, 2 * grid_w * enlarge);
-    if out.len() != height * width * 3 {
-        return Err(PreviewError::Output { bytes: out.len(), expected: height * width * 3 });
-    }
+    let mut out = Vec::with_capacity(12 * grid_h * grid_w);
     for y in 0..2 * grid_h {
         for x in 0..2 * grid_w {
             let token = &packed[((y / 2) * grid_w + x / 2) * 4 * channels..][..4 * channels];
@@ -88,14 +92,29 @@ pub fn draw(packed: &[f32], (grid_h, grid_w): (usize, usize), map: &LatentRgb<'_
                     *v += f * z;
                 }
             }
-            let level = rgb.map(to_level);
-            for dy in 0..enlarge {
-                let line = (y * enlarge + dy) * width;
-                for dx in 0..enlarge {
-                    let at = 3 * (line + x * enlarge + dx);
-                    out[at..at + 3].copy_from_slice(&level);
-                }
+            out.extend(rgb.map(to_level));
+        }
+    }
+    Ok(out)
+}
+
+/// Latent-resolution levels (`height × width` RGB) with each pixel repeated
+/// `enlarge` times in both directions, into `out`.
+pub fn enlarge_into(small: &[u8], (height, width): (usize, usize), enlarge: usize, out: &mut [u8]) -> Result<(), PreviewError> {
+    let expected = height * enlarge * width * enlarge * 3;
+    if out.len() != expected || small.len() != height * width * 3 {
+        return Err(PreviewError::Output { bytes: out.len(), expected });
+    }
+    let row_bytes = width * enlarge * 3;
+    for y in 0..height {
+        let first = y * enlarge * row_bytes;
+        for x in 0..width {
+            for dx in 0..enlarge {
+                out[first + 3 * (x * enlarge + dx)..][..3].copy_from_slice(&small[3 * (y * width + x)..][..3]);
             }
+        }
+        for dy in 1..enlarge {
+            out.copy_within(first..first + row_bytes, first + dy * row_bytes);
         }
     }
     Ok(())

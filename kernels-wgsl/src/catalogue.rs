@@ -39,6 +39,7 @@ pub const ALL_KERNELS: &[Kernel] = &[
     conv::UPSAMPLE_NEAREST2X,
     vae::DENORM_UNPATCHIFY,
     vae::PIXEL_LEVELS,
+    vae::LATENT_PREVIEW,
     df11::DF11_DECODE,
     df11::DF11_CLEAR,
     bench::FMA_PEAK,

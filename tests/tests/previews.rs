@@ -74,23 +74,30 @@ impl flux_lite_platform::Observer for Previews {
 }
 
 /// Previews off cost nothing: the run with them off creates exactly the
-/// buffers a run creates, and asking for them adds one readback a preview.
+/// buffers a run creates. On, they are drawn on the GPU: a few buffers made
+/// once before the first step (the map, the levels, the dispatch's
+/// parameters), then one readback a preview.
 #[test]
 fn previews_off_add_no_work_and_on_add_one_readback_each() {
     use flux_lite_platform::{Job, Limits, Options, Pipeline, Prompt};
     let pipeline = Pipeline::open(&model_dir("tiny-a"), Options::default()).unwrap();
-    let job = Job { width: Some(32), height: Some(32), steps: Some(3), seed: Some(1), ..Job::new(Prompt::Text("a fox".into())) };
-    let job = job.resolve(pipeline.model(), &Limits::default()).unwrap();
-    let run = |every: Option<usize>| {
+    let run = |steps: usize, every: Option<usize>| {
+        let job = Job { width: Some(32), height: Some(32), steps: Some(steps), seed: Some(1), ..Job::new(Prompt::Text("a fox".into())) };
+        let job = job.resolve(pipeline.model(), &Limits::default()).unwrap();
         let before = pipeline.gpu().memory().allocations;
         let mut observer = Previews { every, seen: 0 };
         pipeline.run(&job, &mut observer, &mut |_| Ok(())).unwrap();
         (pipeline.gpu().memory().allocations - before, observer.seen)
     };
-    let (off, seen_off) = run(None);
-    let (off_again, _) = run(None);
-    let (on, seen_on) = run(Some(1));
-    assert_eq!((seen_off, seen_on), (0, 3));
+    let (off, seen_off) = run(3, None);
+    let (off_again, _) = run(3, None);
+    assert_eq!(seen_off, 0);
     assert_eq!(off, off_again, "two runs without previews create different buffers");
-    assert_eq!(on - off, 3, "each preview is one readback, and without previews there is none");
+    let (on3, seen3) = run(3, Some(1));
+    let (off2, _) = run(2, None);
+    let (on2, seen2) = run(2, Some(1));
+    assert_eq!((seen2, seen3), (2, 3));
+    let (extra2, extra3) = (on2 - off2, on3 - off);
+    assert_eq!(extra3 - extra2, 1, "a preview more is one readback more");
+    assert_eq!(extra2, 3 + 2, "the map, the levels and the parameters once, then a readback a preview");
 }

@@ -22,4 +22,4 @@ pub use elementwise::{elementwise, transpose, Elementwise};
 pub use linear::{linear, linear_add, Gemm, GEMM_TILE};
 pub use norm::{group_norm, group_norm_apply, group_stats, layer_norm_modulate, rms_norm, rms_norm_inplace, GroupAffine, Groups, RowNorm};
 pub use rope::{rope, RopeShape, RopeStyle, RopeTables};
-pub use vae::{denorm_unpatchify, pixel_levels, LatentStats};
+pub use vae::{denorm_unpatchify, latent_preview, pixel_levels, LatentStats};

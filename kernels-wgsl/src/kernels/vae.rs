@@ -1,5 +1,6 @@
 //! The VAE decoder's ends: BatchNorm de-normalisation with unpatchify of
-//! the packed latents, and the 8-bit pixel levels.
+//! the packed latents, and the 8-bit pixel levels; and the latent preview
+//! (a latent-to-RGB map over the packed latents, at their resolution).
 //! Shader: `vae.wgsl` beside this file.
 
 use crate::kernel::{kernel, Access::{Read as R, ReadWrite as RW}, Kernel, Module};
@@ -30,6 +31,9 @@ pub const DENORM_UNPATCHIFY: Kernel =
     kernel(Module::Vae, "denorm_unpatchify", [64, 1, 1], &[(1, RW), (2, R), (3, R), (4, RW)], size_of::<VaeParams>(), true);
 pub const PIXEL_LEVELS: Kernel =
     kernel(Module::Vae, "pixel_levels", [64, 1, 1], &[(1, RW), (4, RW)], size_of::<VaeParams>(), false);
+
+pub const LATENT_PREVIEW: Kernel =
+    kernel(Module::Vae, "latent_preview", [64, 1, 1], &[(1, RW), (2, R), (4, RW)], size_of::<VaeParams>(), true);
 
 /// The BatchNorm statistics of the patchified latent (`bn.running_mean`, `bn.running_var`).
 #[derive(Debug, Clone, Copy)]
@@ -100,6 +104,36 @@ pub fn pixel_levels(gpu: &Gpu, sink: &mut dyn Sink, src: Mat<'_>, dst: Mat<'_>, 
     Ok(())
 }
 
+/// The preview of packed latents `[grid_h·grid_w, 4·channels]` as RGB
+/// levels (f32 integers 0–255) at the latent's resolution into `dst`
+/// (`2·grid_h × 2·grid_w × 3`, interleaved): `map` holds `channels` rows of
+/// `[r, g, b]` factors then the bias, f32 (`flux_lite_core::preview::levels`
+/// on the host computes the same).
+pub fn latent_preview(gpu: &Gpu, sink: &mut dyn Sink, packed: Mat<'_>, map: Weight<'_>, dst: Mat<'_>, [channels, grid_h, grid_w]: [u64; 3]) -> Result<(), GpuError> {
+    let pixels = 4 * grid_h * grid_w;
+    if pixels == 0 {
+        return Ok(());
+    }
+    if map.dtype.bytes() != 4 {
+        return Err(GpuError::UnsupportedShape("the latent preview's map must be f32".into()));
+    }
+    let sw = window(gpu, packed.buf, 4, packed.offset..packed.offset + pixels * channels, "packed latents")?;
+    let mw = window(gpu, map.buf, 4, map.offset..map.offset + 3 * channels + 3, "latent-to-RGB map")?;
+    let dw = window(gpu, dst.buf, 4, dst.offset..dst.offset + 3 * pixels, "preview levels")?;
+    let params = VaeParams {
+        channels: to_u32(channels, "latent channels")?,
+        height: to_u32(grid_h, "latent token rows")?,
+        width: to_u32(grid_w, "latent token columns")?,
+        src_offset: sw.local,
+        dst_offset: dw.local,
+        stats_offset: mw.local,
+        ..Default::default()
+    };
+    let constants = [("WEIGHT_BF16", 0)];
+    dispatch(gpu, sink, Launch { kernel: &LATENT_PREVIEW, constants: &constants, params, grid: grid64(pixels) }, &[(1, &sw), (2, &mw), (4, &dw)]);
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use crate::testing::*;
@@ -119,6 +153,39 @@ mod tests {
     #[test]
     fn denorm_unpatchify_with_f32_statistics() {
         check_denorm_unpatchify(5, 3, 9, false, 61);
+    }
+
+    /// The GPU's preview against the host's (`flux_lite_core::preview::levels`):
+    /// the same sums in the same order, so at most a level apart where a
+    /// fused multiply-add lands a sum on the other side of a rounding edge.
+    #[test]
+    fn latent_preview_matches_the_hosts() {
+        use crate::view::{Mat, Weight, WeightDtype};
+        let gpu = gpu();
+        for (channels, grid_h, grid_w, seed) in [(4usize, 3usize, 5usize, 70u64), (32, 4, 4, 71)] {
+            let mut rng = Rng::new(seed);
+            let packed = rng.normals(grid_h * grid_w * 4 * channels, 1.0);
+            let factors: Vec<[f32; 3]> = rng.normals(3 * channels, 0.3).chunks(3).map(|c| [c[0], c[1], c[2]]).collect();
+            let bias = [0.05f32, -0.1, 0.2];
+            let map = flux_lite_core::preview::LatentRgb { factors: &factors, bias };
+            let want = flux_lite_core::preview::levels(&packed, (grid_h, grid_w), &map).unwrap();
+            let words: Vec<f32> = factors.iter().flatten().copied().chain(bias).collect();
+            let (src, map_buf) = (gpu.upload_f32("packed", &packed), gpu.upload_f32("map", &words));
+            let dst = gpu.storage("levels", (want.len() * 4) as u64);
+            let mut ds = Vec::new();
+            let weight = Weight { buf: &map_buf, offset: 0, dtype: WeightDtype::F32 };
+            super::latent_preview(gpu, &mut ds, Mat { buf: &src, offset: 0, stride: 0 }, weight, Mat { buf: &dst, offset: 0, stride: 0 }, [channels as u64, grid_h as u64, grid_w as u64]).unwrap();
+            gpu.submit(|enc| {
+                crate::encode(enc, &ds);
+                Ok(())
+            })
+            .unwrap();
+            let got = gpu.read_f32(&dst, 0, want.len()).unwrap();
+            let worst = got.iter().zip(&want).map(|(g, &w)| (g - w as f32).abs()).fold(0f32, f32::max);
+            let off = got.iter().zip(&want).filter(|(g, &w)| **g != w as f32).count();
+            assert!(worst <= 1.0 && off * 50 <= want.len(), "{channels} channels: {off} of {} levels differ, by up to {worst}", want.len());
+            assert!(got.iter().all(|v| v.fract() == 0.0 && (0.0..=255.0).contains(v)));
+        }
     }
 
     #[test]

@@ -54,3 +54,32 @@ fn pixel_levels(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_work
     let unit = clamp(src[p.src_offset + flat] * 0.5 + 0.5, 0.0, 1.0);
     dst[p.dst_offset + flat] = round(unit * 255.0);
 }
+
+// A latent preview: packed latents [height·width tokens, 4·channels] to RGB
+// levels at the latent's resolution (2·height × 2·width, interleaved), by a
+// latent-to-RGB map read from `mean` as f32 words: `channels` rows of
+// [r, g, b], then the bias. Level = floor(clamp((v + 1)/2, 0, 1)·255 + 1/2),
+// as the host's preview rounds. One invocation per latent pixel.
+@compute @workgroup_size(64)
+fn latent_preview(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let flat = gid.x + gid.y * nwg.x * 64u;
+    let ow = 2u * p.width;
+    if (flat >= 4u * p.height * p.width) { return; }
+    let oy = flat / ow;
+    let ox = flat % ow;
+    let token = (oy / 2u) * p.width + ox / 2u;
+    let corner = (oy % 2u) * 2u + ox % 2u;
+    let m = p.stats_offset;
+    let bias = m + 3u * p.channels;
+    var rgb = vec3<f32>(mean_at(bias), mean_at(bias + 1u), mean_at(bias + 2u));
+    for (var c = 0u; c < p.channels; c = c + 1u) {
+        let z = src[p.src_offset + token * 4u * p.channels + 4u * c + corner];
+        rgb = rgb + vec3<f32>(mean_at(m + 3u * c), mean_at(m + 3u * c + 1u), mean_at(m + 3u * c + 2u)) * z;
+    }
+    let unit = clamp((rgb + vec3<f32>(1.0)) * 0.5, vec3<f32>(0.0), vec3<f32>(1.0));
+    let level = floor(unit * 255.0 + vec3<f32>(0.5));
+    let out = p.dst_offset + 3u * flat;
+    dst[out] = level.x;
+    dst[out + 1u] = level.y;
+    dst[out + 2u] = level.z;
+}

@@ -287,10 +287,10 @@ impl<'g> ShapeBench<'g> {
     }
 
     /// A latent preview after a step at a `size`² image, as a run with
-    /// previews draws one: the packed latents read back and drawn at the
-    /// image's size on the host (FLUX.2's map; zeros for a VAE without
-    /// FLUX.2's 32 channels, which costs the same). Host wall time, the best
-    /// of the repeats.
+    /// previews draws one: the map applied on the GPU to the latents in
+    /// place, the levels read back at the latent's resolution and enlarged on
+    /// the host (FLUX.2's map; zeros for a VAE without FLUX.2's 32 channels,
+    /// which costs the same). Wall time, the best of the repeats.
     pub fn preview(&self, cfg: &VaeConfig, size: u64) -> Result<f64, RunError> {
         let cell = cfg.latent_cell() as u64;
         let grid = ((size / cell) as usize, (size / cell) as usize);
@@ -300,11 +300,11 @@ impl<'g> ShapeBench<'g> {
             32 => crate::pipeline::preview::LatentRgbMap { factors: flux_lite_core::preview::FLUX2.factors.to_vec(), bias: flux_lite_core::preview::FLUX2.bias },
             c => crate::pipeline::preview::LatentRgbMap { factors: vec![[0.0; 3]; c], bias: [0.0; 3] },
         };
+        let drawer = crate::pipeline::preview::GpuPreview::new(self.gpu, flux_lite_kernels::Mat { buf: &latents, offset: 0, stride: 0 }, &map, grid, cfg)?;
         let mut best = f64::INFINITY;
         for _ in 0..self.repeats.max(1) {
             let started = std::time::Instant::now();
-            let packed = self.gpu.read_f32(&latents, 0, grid.0 * grid.1 * channels)?;
-            map.draw(&packed, grid, cfg)?;
+            drawer.draw(self.gpu)?;
             best = best.min(started.elapsed().as_secs_f64());
         }
         Ok(best)

@@ -187,6 +187,12 @@ impl Transformer {
         Ok(())
     }
 
+    /// Where the packed latents live on the device, for kernels that read them in place.
+    pub fn latents_on_device(&self) -> flux_lite_kernels::Mat<'_> {
+        let s = self.layout.latents;
+        flux_lite_kernels::Mat { buf: &self.runner.arena, offset: s.offset, stride: s.stride }
+    }
+
     /// The packed noise latents `[noise, in_channels]`.
     pub fn latents(&self, gpu: &Gpu) -> Result<Vec<f32>, GpuError> {
         self.runner.read(gpu, self.layout.latents, self.layout.noise, self.layout.in_channels)

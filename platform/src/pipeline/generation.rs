@@ -300,8 +300,9 @@ impl Run<'_> {
             let mut step_started = Instant::now();
             let steps = &mut self.timings.steps;
             let every = observer.previews();
-            let map = match every {
-                Some(_) => Some(super::preview::latent_rgb(model)?),
+            // Previews are drawn on the GPU from the latents in place; nothing runs without them.
+            let drawer = match every {
+                Some(_) => Some(super::preview::GpuPreview::new(gpu, transformer.latents_on_device(), &super::preview::latent_rgb(model)?, (lat_h, lat_w), &model.vae)?),
                 None => None,
             };
             let watching = std::cell::RefCell::new(&mut *observer);
@@ -321,13 +322,12 @@ impl Run<'_> {
                         step_started = Instant::now();
                     }
                 },
-                &mut |step, transformer| {
-                    let (Some(every), Some(map)) = (every, &map) else { return Ok(()) };
+                &mut |step, _| {
+                    let (Some(every), Some(drawer)) = (every, &drawer) else { return Ok(()) };
                     if !(step + 1).is_multiple_of(every.max(1)) && step + 1 != total {
                         return Ok(());
                     }
-                    let latents = transformer.latents(gpu)?;
-                    let (width, height, rgb) = map.draw(&latents, (lat_h, lat_w), &model.vae)?;
+                    let (width, height, rgb) = drawer.draw(gpu)?;
                     watching.borrow_mut().preview(&super::Preview { step: step + 1, steps: total, width, height, rgb: &rgb });
                     Ok(())
                 },

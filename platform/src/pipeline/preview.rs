@@ -54,6 +54,53 @@ fn read_map(file: &Path, channels: usize) -> Result<LatentRgbMap, LoadError> {
     Ok(LatentRgbMap { factors, bias })
 }
 
+/// A preview drawn on the GPU from a transformer's latents in place: the
+/// map and the levels buffer are made once and the dispatch prepared once,
+/// before the first step; each draw runs it and reads back the levels at the
+/// latent's resolution (three bytes' worth a latent pixel, not the latents),
+/// which the host enlarges to the image's size.
+#[derive(Debug)]
+pub struct GpuPreview {
+    dispatch: flux_lite_kernels::Dispatch,
+    levels: flux_lite_kernels::DeviceBuffer,
+    /// The latent's resolution `(height, width)` and the enlargement to the image's.
+    small: (usize, usize),
+    enlarge: usize,
+    _map: flux_lite_kernels::DeviceBuffer,
+}
+
+impl GpuPreview {
+    /// The preview of the packed latents at `latents` (a transformer's, in
+    /// place) on a `grid` of tokens.
+    pub fn new(gpu: &flux_lite_kernels::Gpu, latents: flux_lite_kernels::Mat<'_>, map: &LatentRgbMap, (grid_h, grid_w): (usize, usize), vae: &VaeConfig) -> Result<Self, RunError> {
+        let words: Vec<f32> = map.factors.iter().flatten().copied().chain(map.bias).collect();
+        let map_buf = gpu.upload_f32("latent-to-RGB map", &words);
+        let small = (2 * grid_h, 2 * grid_w);
+        let levels = gpu.storage("preview levels", (small.0 * small.1 * 3 * 4) as u64);
+        let weight = flux_lite_kernels::Weight { buf: &map_buf, offset: 0, dtype: flux_lite_kernels::WeightDtype::F32 };
+        let out = flux_lite_kernels::Mat { buf: &levels, offset: 0, stride: 0 };
+        let mut dispatches = Vec::new();
+        let shape = [map.factors.len() as u64, grid_h as u64, grid_w as u64];
+        flux_lite_kernels::kernels::latent_preview(gpu, &mut dispatches, latents, weight, out, shape)?;
+        let dispatch = dispatches.pop().ok_or_else(|| RunError::Internal("the latent preview made no dispatch".into()))?;
+        Ok(Self { dispatch, levels, small, enlarge: vae.scale_factor(), _map: map_buf })
+    }
+
+    /// The preview of the transformer's latents now: `(width, height, rgb)`.
+    pub fn draw(&self, gpu: &flux_lite_kernels::Gpu) -> Result<(usize, usize, Vec<u8>), RunError> {
+        gpu.submit(|enc| {
+            flux_lite_kernels::encode(enc, std::slice::from_ref(&self.dispatch));
+            Ok(())
+        })?;
+        let (h, w) = self.small;
+        let small: Vec<u8> = gpu.read_f32(&self.levels, 0, h * w * 3)?.into_iter().map(|v| v as u8).collect();
+        let (height, width) = (h * self.enlarge, w * self.enlarge);
+        let mut rgb = vec![0u8; width * height * 3];
+        preview::enlarge_into(&small, (h, w), self.enlarge, &mut rgb).map_err(|e| RunError::Internal(format!("preview: {e:?}")))?;
+        Ok((width, height, rgb))
+    }
+}
+
 impl LatentRgbMap {
     /// The preview of packed latents on a `grid` of tokens, at the image's
     /// size: `(width, height, rgb)`.
