@@ -20,28 +20,39 @@ fn load_a(co: u32, gt: u32) -> vec4<f32> {
     return weight_run(p.w_offset + co * k + gt, min(4u, k - gt), W_PAIRED);
 }
 
-// The input under taps gt .. gt + 4 of output pixel `pixel`.
+// The input under taps gt .. gt + 4 of output pixel `pixel`. The tap's
+// (ci, ky, kx) is divided out once and then counted on with selects: a
+// division per element cost more than the loads on CPU adapters (their SIMD
+// lanes divide one at a time), and selects keep the lanes together.
 fn load_b(pixel: u32, gt: u32) -> vec4<f32> {
     var v = vec4<f32>(0.0);
     if (pixel >= p.out_height * p.out_width) {
         return v;
     }
     let oy = pixel / p.out_width;
-    let ox = pixel % p.out_width;
+    let ox = pixel - oy * p.out_width;
     let kk = p.kernel * p.kernel;
+    var ci = gt / kk;
+    let rest = gt - ci * kk;
+    var ky = rest / p.kernel;
+    var kx = rest - ky * p.kernel;
+    let n = taps();
     for (var i = 0u; i < 4u; i++) {
-        let t = gt + i;
-        if (t < taps()) {
-            let ci = t / kk;
-            let ky = (t % kk) / p.kernel;
-            let kx = t % p.kernel;
-            // Unsigned wrap-around makes taps above or left of the image fail the bound check.
-            let iy = oy * p.stride + ky - p.pad_top;
-            let ix = ox * p.stride + kx - p.pad_left;
-            if (iy < p.height && ix < p.width) {
-                v[i] = x[p.x_offset + (ci * p.height + iy) * p.width + ix];
-            }
-        }
+        // Unsigned wrap-around makes taps above or left of the image fail the bound check.
+        let iy = oy * p.stride + ky - p.pad_top;
+        let ix = ox * p.stride + kx - p.pad_left;
+        // Loaded whatever the bound (at index 0 when outside), then zeroed by a
+        // select: a load under a condition costs a branch per lane on CPU adapters.
+        let inside = gt + i < n && iy < p.height && ix < p.width;
+        let at = select(0u, p.x_offset + (ci * p.height + iy) * p.width + ix, inside);
+        v[i] = select(0.0, x[at], inside);
+        kx = kx + 1u;
+        let next_row = kx == p.kernel;
+        kx = select(kx, 0u, next_row);
+        ky = ky + select(0u, 1u, next_row);
+        let next_channel = ky == p.kernel;
+        ky = select(ky, 0u, next_channel);
+        ci = ci + select(0u, 1u, next_channel);
     }
     return v;
 }
