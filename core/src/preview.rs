@@ -68,34 +68,65 @@ pub enum PreviewError {
 /// under `map` (C rows), each latent pixel repeated `enlarge` times in both
 /// directions, into `out` (RGB, row-major).
 pub fn draw(packed: &[f32], (grid_h, grid_w): (usize, usize), map: &LatentRgb<'_>, enlarge: usize, out: &mut [u8]) -> Result<(), PreviewError> {
-    let small = levels(packed, (grid_h, grid_w), map)?;
-    enlarge_into(&small, (2 * grid_h, 2 * grid_w), enlarge, out)
+    check_packed(packed, (grid_h, grid_w), map)?;
+    let (height, width) = (2 * grid_h * enlarge, 2 * grid_w * enlarge);
+    if out.len() != height * width * 3 {
+        return Err(PreviewError::Output { bytes: out.len(), expected: height * width * 3 });
+    }
+    for y in 0..2 * grid_h {
+        for x in 0..2 * grid_w {
+            let level = pixel(packed, grid_w, map, y, x);
+            for dy in 0..enlarge {
+                let line = (y * enlarge + dy) * width;
+                for dx in 0..enlarge {
+                    let at = 3 * (line + x * enlarge + dx);
+                    out[at..at + 3].copy_from_slice(&level);
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The preview at the latent's own resolution, `2·grid_h × 2·grid_w` RGB
-/// levels, row-major: the part a GPU can compute (`latent_preview`).
-pub fn levels(packed: &[f32], (grid_h, grid_w): (usize, usize), map: &LatentRgb<'_>) -> Result<Vec<u8>, PreviewError> {
-    let channels = map.factors.len();
-    let expected = grid_h * grid_w * 4 * channels;
-    if packed.len() != expected {
-        return Err(PreviewError::Shape { values: packed.len(), expected });
+/// levels, row-major, into `out`: what a GPU computes (`latent_preview`)
+/// before the host enlarges it.
+pub fn levels_into(packed: &[f32], (grid_h, grid_w): (usize, usize), map: &LatentRgb<'_>, out: &mut [u8]) -> Result<(), PreviewError> {
+    check_packed(packed, (grid_h, grid_w), map)?;
+    let expected = 12 * grid_h * grid_w;
+    if out.len() != expected {
+        return Err(PreviewError::Output { bytes: out.len(), expected });
     }
-    let mut out = Vec::with_capacity(12 * grid_h * grid_w);
     for y in 0..2 * grid_h {
         for x in 0..2 * grid_w {
-            let token = &packed[((y / 2) * grid_w + x / 2) * 4 * channels..][..4 * channels];
-            let patch = 2 * (y % 2) + x % 2;
-            let mut rgb = map.bias;
-            for (c, row) in map.factors.iter().enumerate() {
-                let z = token[4 * c + patch];
-                for (v, f) in rgb.iter_mut().zip(row) {
-                    *v += f * z;
-                }
-            }
-            out.extend(rgb.map(to_level));
+            out[3 * (y * 2 * grid_w + x)..][..3].copy_from_slice(&pixel(packed, grid_w, map, y, x));
         }
     }
-    Ok(out)
+    Ok(())
+}
+
+fn check_packed(packed: &[f32], (grid_h, grid_w): (usize, usize), map: &LatentRgb<'_>) -> Result<(), PreviewError> {
+    let expected = grid_h * grid_w * 4 * map.factors.len();
+    match packed.len() == expected {
+        true => Ok(()),
+        false => Err(PreviewError::Shape { values: packed.len(), expected }),
+    }
+}
+
+/// Latent pixel `(y, x)`'s levels: the bias, then each channel's row times
+/// its value, summed in channel order.
+fn pixel(packed: &[f32], grid_w: usize, map: &LatentRgb<'_>, y: usize, x: usize) -> [u8; 3] {
+    let channels = map.factors.len();
+    let token = &packed[((y / 2) * grid_w + x / 2) * 4 * channels..][..4 * channels];
+    let patch = 2 * (y % 2) + x % 2;
+    let mut rgb = map.bias;
+    for (c, row) in map.factors.iter().enumerate() {
+        let z = token[4 * c + patch];
+        for (v, f) in rgb.iter_mut().zip(row) {
+            *v += f * z;
+        }
+    }
+    rgb.map(to_level)
 }
 
 /// Latent-resolution levels (`height × width` RGB) with each pixel repeated

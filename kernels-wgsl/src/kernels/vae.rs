@@ -107,7 +107,7 @@ pub fn pixel_levels(gpu: &Gpu, sink: &mut dyn Sink, src: Mat<'_>, dst: Mat<'_>, 
 /// The preview of packed latents `[grid_h·grid_w, 4·channels]` as RGB
 /// levels (f32 integers 0–255) at the latent's resolution into `dst`
 /// (`2·grid_h × 2·grid_w × 3`, interleaved): `map` holds `channels` rows of
-/// `[r, g, b]` factors then the bias, f32 (`flux_lite_core::preview::levels`
+/// `[r, g, b]` factors then the bias, f32 (`flux_lite_core::preview::levels_into`
 /// on the host computes the same).
 pub fn latent_preview(gpu: &Gpu, sink: &mut dyn Sink, packed: Mat<'_>, map: Weight<'_>, dst: Mat<'_>, [channels, grid_h, grid_w]: [u64; 3]) -> Result<(), GpuError> {
     let pixels = 4 * grid_h * grid_w;
@@ -155,7 +155,7 @@ mod tests {
         check_denorm_unpatchify(5, 3, 9, false, 61);
     }
 
-    /// The GPU's preview against the host's (`flux_lite_core::preview::levels`):
+    /// The GPU's preview against the host's (`flux_lite_core::preview::levels_into`):
     /// the same sums in the same order, so at most a level apart where a
     /// fused multiply-add lands a sum on the other side of a rounding edge.
     #[test]
@@ -168,7 +168,8 @@ mod tests {
             let factors: Vec<[f32; 3]> = rng.normals(3 * channels, 0.3).chunks(3).map(|c| [c[0], c[1], c[2]]).collect();
             let bias = [0.05f32, -0.1, 0.2];
             let map = flux_lite_core::preview::LatentRgb { factors: &factors, bias };
-            let want = flux_lite_core::preview::levels(&packed, (grid_h, grid_w), &map).unwrap();
+            let mut want = vec![0u8; 12 * grid_h * grid_w];
+            flux_lite_core::preview::levels_into(&packed, (grid_h, grid_w), &map, &mut want).unwrap();
             let words: Vec<f32> = factors.iter().flatten().copied().chain(bias).collect();
             let (src, map_buf) = (gpu.upload_f32("packed", &packed), gpu.upload_f32("map", &words));
             let dst = gpu.storage("levels", (want.len() * 4) as u64);
