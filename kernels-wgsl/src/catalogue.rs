@@ -36,6 +36,7 @@ pub const ALL_KERNELS: &[Kernel] = &[
     elementwise::COPY,
     elementwise::TRANSPOSE,
     conv::CONV2D,
+    conv::CONV2D_THIN,
     conv::UPSAMPLE_NEAREST2X,
     vae::DENORM_UNPATCHIFY,
     vae::PIXEL_LEVELS,

@@ -44,6 +44,12 @@ pub const CONV2D_MATRIX_8: Kernel =
     kernel(Module::ConvMatrix8, "conv2d_matrix", [0, 1, 1], &[(1, RW), (2, R), (3, R), (4, RW)], size_of::<ConvParams>(), true);
 pub const CONV2D_MATRIX_16: Kernel = Kernel { module: Module::ConvMatrix16, ..CONV2D_MATRIX_8 };
 pub const CONV2D_MATRIX_8_F32: Kernel = Kernel { module: Module::ConvMatrix8F32, ..CONV2D_MATRIX_8 };
+/// Convolutions of at most [`THIN_MAX`] output channels on the f32 tier:
+/// one invocation per output pixel (`conv.wgsl`'s `conv2d_thin`).
+pub const CONV2D_THIN: Kernel =
+    kernel(Module::Conv, "conv2d_thin", [64, 1, 1], &[(1, RW), (2, R), (3, R), (4, RW)], size_of::<ConvParams>(), true);
+/// `conv2d_thin`'s most output channels (`THIN_MAX` in the shader).
+pub const THIN_MAX: u64 = 16;
 pub const UPSAMPLE_NEAREST2X: Kernel =
     kernel(Module::Conv, "upsample_nearest2x", [64, 1, 1], &[(1, RW), (4, RW)], size_of::<ConvParams>(), false);
 
@@ -79,7 +85,11 @@ pub fn conv2d(
     for rows in row_chunks(gpu, s.out_channels as u64, &[y_rows, w_rows, b_rows], 1)? {
         let (yw, ww, bw) = (y_rows.window(gpu, &rows)?, w_rows.window(gpu, &rows)?, b_rows.window(gpu, &rows)?);
         let paired = ww.local.is_multiple_of(2) && per_out.is_multiple_of(2);
+        let out_channels = rows.end - rows.start;
+        // A thin output (an RGB conv_out) would leave most of a 128-row tile idle.
+        let thin = matrix.is_none() && gpu.precision() == Precision::F32 && out_channels <= THIN_MAX;
         let (kernel, constants) = match matrix {
+            None if thin => (&CONV2D_THIN, [("WEIGHT_BF16", w.dtype.constant()), ("THIN_OC", out_channels as u32)]),
             None => {
                 let kernel = if gpu.precision() == Precision::F16 { &CONV2D_HALF } else { &CONV2D };
                 (kernel, [("WEIGHT_BF16", w.dtype.constant()), ("W_PAIRED", paired as u32)])
@@ -103,8 +113,11 @@ pub fn conv2d(
             y_offset: yw.local,
             _pad: [0; 2],
         };
-        let tiles = (rows.end - rows.start).div_ceil(tile_co) * plane.div_ceil(tile_px);
-        let launch = Launch { kernel, constants: &constants, params, grid: wrapped_grid(tiles) };
+        let grid = match thin {
+            true => grid64(plane),
+            false => wrapped_grid((rows.end - rows.start).div_ceil(tile_co) * plane.div_ceil(tile_px)),
+        };
+        let launch = Launch { kernel, constants: &constants, params, grid };
         dispatch(gpu, sink, launch, &[(1, &xw), (2, &ww), (3, &bw), (4, &yw)]);
     }
     Ok(())
@@ -162,6 +175,14 @@ mod tests {
         // 140 output channels and 17·19 pixels span 2×3 tiles of 128, with 180
         // taps (even: weights load as u32 pairs) ending in half a k-step.
         check_conv(ConvShape::same(20, 140, 17, 19, 3), 43);
+    }
+
+    /// At most 16 output channels run on the thin kernel (f32 tier), 17 on the tiles.
+    #[test]
+    fn thin_convolutions_on_both_sides_of_the_threshold() {
+        check_conv(ConvShape::same(8, 16, 9, 10, 3), 44);
+        check_conv(ConvShape::same(8, 17, 9, 10, 3), 45);
+        check_conv(ConvShape::same(128, 3, 6, 5, 3), 46);
     }
 
     #[test]

@@ -86,6 +86,50 @@ fn conv2d(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) w
     }
 }
 
+// Thin convolutions, at most THIN_MAX output channels (a VAE's last
+// convolution to RGB): the 128-row tiles above would spend all but a few of
+// their rows on zeros. One invocation per output pixel holds every output
+// channel's sum, over the taps (ci, ky, kx) in order with one FMA per term,
+// as the tiled kernel sums them; THIN_OC (the output channels) is fixed when
+// the pipeline is made, so the sums stay in registers.
+const THIN_MAX: u32 = 16u;
+override THIN_OC: u32 = 4u;
+
+@compute @workgroup_size(64)
+fn conv2d_thin(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let px = gid.x + gid.y * nwg.x * 64u;
+    let plane = p.out_height * p.out_width;
+    if (px >= plane) {
+        return;
+    }
+    let oy = px / p.out_width;
+    let ox = px - oy * p.out_width;
+    let k = taps();
+    var acc: array<f32, THIN_MAX>;
+    var t = 0u;
+    for (var ci = 0u; ci < p.in_channels; ci++) {
+        for (var ky = 0u; ky < p.kernel; ky++) {
+            // Unsigned wrap-around makes taps above or left of the image fail the bound check.
+            let iy = oy * p.stride + ky - p.pad_top;
+            for (var kx = 0u; kx < p.kernel; kx++) {
+                let ix = ox * p.stride + kx - p.pad_left;
+                let inside = iy < p.height && ix < p.width;
+                let v = select(0.0, x[select(0u, p.x_offset + (ci * p.height + iy) * p.width + ix, inside)], inside);
+                for (var co = 0u; co < THIN_OC; co++) {
+                    let i = p.w_offset + co * k + t;
+                    acc[co] = fma(weight_value(w[weight_word(i, WEIGHT_BF16)], i, WEIGHT_BF16), v, acc[co]);
+                }
+                t++;
+            }
+        }
+    }
+    for (var co = 0u; co < THIN_OC; co++) {
+        if (co < p.out_channels) {
+            y[p.y_offset + co * plane + px] = acc[co] + bias(p.b_offset + co);
+        }
+    }
+}
+
 // y[c, 2h, 2w] = x[c, h, w] repeated over each 2×2 block.
 @compute @workgroup_size(64)
 fn upsample_nearest2x(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
