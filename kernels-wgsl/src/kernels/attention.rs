@@ -77,11 +77,11 @@ fn flash_subgroups(c: MatrixConfig) -> u64 {
 fn flash_output_dims(c: MatrixConfig) -> u64 {
     8 * c.size as u64
 }
-/// CPU adapters' attention (`attention_cpu.wgsl`): one query per invocation,
+/// CPU adapters' attention (`attention_cpu.wgsl`): four queries an invocation,
 /// q, k and v read as vec4s (bindings 7–9), no workgroup memory, no barriers.
 pub const ATTENTION_CPU: Kernel = Kernel { entry: "attention_cpu", storage: &[(4, R), (5, RW), (6, RW), (7, RW), (8, RW), (9, RW)], ..ATTENTION };
 /// Queries per CPU-adapter workgroup and the widest head it takes (4·`CPU_MAX_VEC4`).
-const ATTENTION_CPU_QUERIES_PER_GROUP: u64 = 128;
+const ATTENTION_CPU_QUERIES_PER_GROUP: u64 = 256;
 pub const ATTENTION_CPU_MAX_HEAD_DIM: u64 = 128;
 
 /// Whether the CPU kernel takes these operands: a head of at most
@@ -121,7 +121,7 @@ pub struct Qkv<'a> {
 enum AttentionKernel {
     /// `attention.wgsl`: query and key tiles in workgroup memory (GPUs; any head dim).
     Tiled,
-    /// `attention_cpu.wgsl`: two queries an invocation, vec4 loads, no barriers (CPU adapters).
+    /// `attention_cpu.wgsl`: four queries an invocation, vec4 loads, no barriers (CPU adapters).
     Lanes,
     /// `attention_matrix.wgsl` on the matrix tier, in its configuration.
     Matrix(MatrixConfig),

@@ -3,8 +3,8 @@
 // loop it fetches each storage load lane by lane, whatever the address, so
 // a vec4 load costs about what an f32 load does and the kernel is as fast as
 // the FMAs each load feeds; barriers and idle invocations cost in full. So:
-// each invocation owns two queries of one head (128 a workgroup), q, k and
-// v are read as vec4s, every key and value vec4 serves both queries, and
+// each invocation owns four queries of one head (256 a workgroup), q, k and
+// v are read as vec4s, every key and value vec4 serves all four queries, and
 // there is no workgroup memory, no barrier and no lane-divergent branch
 // before the final stores (queries past the last compute on the last one
 // and write nothing).
@@ -16,9 +16,9 @@
 // grouped-query heads and log-sum-exp output as `attention.wgsl`; head_dim
 // a multiple of 4, at most 4·CPU_MAX_VEC4.
 
-// Invocations a workgroup, and queries a workgroup (two an invocation).
+// Invocations a workgroup, and queries a workgroup (four an invocation).
 const CPU_INVOCATIONS: u32 = 64u;
-const CPU_QUERIES: u32 = 128u;
+const CPU_QUERIES: u32 = 256u;
 const CPU_KEYS: u32 = 8u;
 const CPU_MAX_VEC4: u32 = 32u;
 // head_dim / 4, set by the host so the dim loops have a constant trip count.
@@ -71,9 +71,9 @@ fn write_row(acc: ptr<function, array<vec4<f32>, CPU_MAX_VEC4>>, m: f32, l: f32,
     }
 }
 
-// Each invocation owns two queries, CPU_INVOCATIONS apart, so every key and
-// value vec4 it loads serves both (two named sets of registers: an array
-// indexed by query would live in memory, not registers).
+// Each invocation owns four queries, CPU_INVOCATIONS apart, so every key
+// and value vec4 it loads serves all four (four named sets of registers: an
+// array indexed by query would live in memory, not registers).
 @compute @workgroup_size(64)
 fn attention_cpu(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
     let h = wid.y;
@@ -81,20 +81,34 @@ fn attention_cpu(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgrou
     let q0 = wid.x * CPU_QUERIES;
     let qi_a = q0 + lid.x;
     let qi_b = qi_a + CPU_INVOCATIONS;
+    let qi_c = qi_b + CPU_INVOCATIONS;
+    let qi_d = qi_c + CPU_INVOCATIONS;
     let qb_a = (p.q_offset + min(qi_a, p.q_len - 1u) * p.q_stride + h * p.head_dim) / 4u;
     let qb_b = (p.q_offset + min(qi_b, p.q_len - 1u) * p.q_stride + h * p.head_dim) / 4u;
+    let qb_c = (p.q_offset + min(qi_c, p.q_len - 1u) * p.q_stride + h * p.head_dim) / 4u;
+    let qb_d = (p.q_offset + min(qi_d, p.q_len - 1u) * p.q_stride + h * p.head_dim) / 4u;
     var qv_a: array<vec4<f32>, CPU_MAX_VEC4>;
     var qv_b: array<vec4<f32>, CPU_MAX_VEC4>;
+    var qv_c: array<vec4<f32>, CPU_MAX_VEC4>;
+    var qv_d: array<vec4<f32>, CPU_MAX_VEC4>;
     var acc_a: array<vec4<f32>, CPU_MAX_VEC4>;
     var acc_b: array<vec4<f32>, CPU_MAX_VEC4>;
+    var acc_c: array<vec4<f32>, CPU_MAX_VEC4>;
+    var acc_d: array<vec4<f32>, CPU_MAX_VEC4>;
     for (var c = 0u; c < HEAD_VEC4; c++) {
         qv_a[c] = q4[qb_a + c];
         qv_b[c] = q4[qb_b + c];
+        qv_c[c] = q4[qb_c + c];
+        qv_d[c] = q4[qb_d + c];
     }
     var m_a = MASKED;
     var m_b = MASKED;
+    var m_c = MASKED;
+    var m_d = MASKED;
     var l_a = 0.0;
     var l_b = 0.0;
+    var l_c = 0.0;
+    var l_d = 0.0;
     var k_end = p.kv_len;
     if (p.causal != 0u) {
         k_end = min(p.kv_len, q0 + CPU_QUERIES + p.q_position);
@@ -110,33 +124,45 @@ fn attention_cpu(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgrou
         }
         var dots_a: array<f32, CPU_KEYS>;
         var dots_b: array<f32, CPU_KEYS>;
-        for (var j = 0u; j < CPU_KEYS; j++) {
-            dots_a[j] = 0.0;
-            dots_b[j] = 0.0;
-        }
+        var dots_c: array<f32, CPU_KEYS>;
+        var dots_d: array<f32, CPU_KEYS>;
         for (var c = 0u; c < HEAD_VEC4; c++) {
             let qa = qv_a[c];
             let qb = qv_b[c];
+            let qc = qv_c[c];
+            let qd = qv_d[c];
             for (var j = 0u; j < CPU_KEYS; j++) {
                 let kc = k4[kb[j] + c];
                 dots_a[j] = fma(qa.w, kc.w, fma(qa.z, kc.z, fma(qa.y, kc.y, fma(qa.x, kc.x, dots_a[j]))));
                 dots_b[j] = fma(qb.w, kc.w, fma(qb.z, kc.z, fma(qb.y, kc.y, fma(qb.x, kc.x, dots_b[j]))));
+                dots_c[j] = fma(qc.w, kc.w, fma(qc.z, kc.z, fma(qc.y, kc.y, fma(qc.x, kc.x, dots_c[j]))));
+                dots_d[j] = fma(qd.w, kc.w, fma(qd.z, kc.z, fma(qd.y, kc.y, fma(qd.x, kc.x, dots_d[j]))));
             }
         }
         let rescale_a = softmax_block(&dots_a, &m_a, &l_a, qi_a, k0);
         let rescale_b = softmax_block(&dots_b, &m_b, &l_b, qi_b, k0);
+        let rescale_c = softmax_block(&dots_c, &m_c, &l_c, qi_c, k0);
+        let rescale_d = softmax_block(&dots_d, &m_d, &l_d, qi_d, k0);
         for (var c = 0u; c < HEAD_VEC4; c++) {
             var a = acc_a[c] * rescale_a;
             var b = acc_b[c] * rescale_b;
+            var e = acc_c[c] * rescale_c;
+            var f = acc_d[c] * rescale_d;
             for (var j = 0u; j < CPU_KEYS; j++) {
                 let vc = v4[vb[j] + c];
                 a = fma(vec4<f32>(dots_a[j]), vc, a);
                 b = fma(vec4<f32>(dots_b[j]), vc, b);
+                e = fma(vec4<f32>(dots_c[j]), vc, e);
+                f = fma(vec4<f32>(dots_d[j]), vc, f);
             }
             acc_a[c] = a;
             acc_b[c] = b;
+            acc_c[c] = e;
+            acc_d[c] = f;
         }
     }
     write_row(&acc_a, m_a, l_a, qi_a, h);
     write_row(&acc_b, m_b, l_b, qi_b, h);
+    write_row(&acc_c, m_c, l_c, qi_c, h);
+    write_row(&acc_d, m_d, l_d, qi_d, h);
 }
