@@ -26,6 +26,7 @@ pub const ALL_KERNELS: &[Kernel] = &[
     rope::ROPE_HALF,
     attention::ATTENTION,
     attention::ATTENTION_CPU,
+    attention::ATTENTION_CPU_WIDE,
     elementwise::SILU,
     elementwise::SWIGLU,
     elementwise::GATED_RESIDUAL,

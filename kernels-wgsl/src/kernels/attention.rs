@@ -80,16 +80,21 @@ fn flash_output_dims(c: MatrixConfig) -> u64 {
 /// CPU adapters' attention (`attention_cpu.wgsl`): four queries an invocation,
 /// q, k and v read as vec4s (bindings 7–9), no workgroup memory, no barriers.
 pub const ATTENTION_CPU: Kernel = Kernel { entry: "attention_cpu", storage: &[(4, R), (5, RW), (6, RW), (7, RW), (8, RW), (9, RW)], ..ATTENTION };
+/// Heads wider than [`ATTENTION_CPU_MAX_HEAD_DIM`] on CPU adapters: one query an invocation.
+pub const ATTENTION_CPU_WIDE: Kernel = Kernel { entry: "attention_cpu_wide", ..ATTENTION_CPU };
 /// Queries per CPU-adapter workgroup and the widest head it takes (4·`CPU_MAX_VEC4`).
 const ATTENTION_CPU_QUERIES_PER_GROUP: u64 = 256;
 pub const ATTENTION_CPU_MAX_HEAD_DIM: u64 = 128;
+/// The wide kernel's (4·`CPU_WIDE_VEC4`, `CPU_WIDE_QUERIES`).
+const ATTENTION_CPU_WIDE_QUERIES_PER_GROUP: u64 = 64;
+pub const ATTENTION_CPU_WIDE_MAX_HEAD_DIM: u64 = 512;
 
 /// Whether the CPU kernel takes these operands: a head of at most
 /// [`ATTENTION_CPU_MAX_HEAD_DIM`] dims, a multiple of 4, and q, k and v rows
 /// that start on multiples of 4 elements (read as vec4s).
 fn lanes_fit(s: &Attention, qkv: &Qkv<'_>) -> bool {
     let aligned = |m: &Mat<'_>| m.offset.is_multiple_of(4) && m.stride.is_multiple_of(4);
-    s.head_dim <= ATTENTION_CPU_MAX_HEAD_DIM && s.head_dim.is_multiple_of(4) && aligned(&qkv.q) && aligned(&qkv.k) && aligned(&qkv.v)
+    s.head_dim <= ATTENTION_CPU_WIDE_MAX_HEAD_DIM && s.head_dim.is_multiple_of(4) && aligned(&qkv.q) && aligned(&qkv.k) && aligned(&qkv.v)
 }
 
 /// Queries per attention workgroup and the largest head dim the kernel takes.
@@ -121,8 +126,9 @@ pub struct Qkv<'a> {
 enum AttentionKernel {
     /// `attention.wgsl`: query and key tiles in workgroup memory (GPUs; any head dim).
     Tiled,
-    /// `attention_cpu.wgsl`: four queries an invocation, vec4 loads, no barriers (CPU adapters).
-    Lanes,
+    /// `attention_cpu.wgsl`: four queries an invocation, vec4 loads, no
+    /// barriers (CPU adapters); `true`: its wide-head entry, one query an invocation.
+    Lanes(bool),
     /// `attention_matrix.wgsl` on the matrix tier, in its configuration.
     Matrix(MatrixConfig),
     /// `attention_flash.wgsl` on the matrix tier's f16 tiles (asked for).
@@ -136,19 +142,20 @@ impl AttentionKernel {
     /// kernel otherwise. [`FORCE_KERNEL`] overrides the first two.
     fn pick(gpu: &Gpu, s: &Attention, qkv: &Qkv<'_>) -> AttentionKernel {
         let lanes = lanes_fit(s, qkv);
+        let wide = s.head_dim > ATTENTION_CPU_MAX_HEAD_DIM;
         match gpu.attention_choice() {
             AttentionChoice::Flash => match gpu.matrix() {
                 Some(c) if c.operands == MatrixOperands::F16 && s.head_dim <= ATTENTION_MATRIX_MAX_HEAD_DIM => return AttentionKernel::Flash(c),
                 _ => {}
             },
             AttentionChoice::Tiled => return AttentionKernel::Tiled,
-            AttentionChoice::Lanes if lanes => return AttentionKernel::Lanes,
+            AttentionChoice::Lanes if lanes => return AttentionKernel::Lanes(wide),
             AttentionChoice::Lanes => return AttentionKernel::Tiled,
             AttentionChoice::Launcher => {}
         }
         match gpu.matrix() {
             Some(c) if s.head_dim <= ATTENTION_MATRIX_MAX_HEAD_DIM => AttentionKernel::Matrix(c),
-            _ if lanes && gpu.cpu_shaped_kernels() => AttentionKernel::Lanes,
+            _ if lanes && gpu.cpu_shaped_kernels() => AttentionKernel::Lanes(wide),
             _ => AttentionKernel::Tiled,
         }
     }
@@ -157,7 +164,8 @@ impl AttentionKernel {
     fn queries_per_group(self) -> u64 {
         match self {
             AttentionKernel::Tiled => ATTENTION_QUERIES_PER_GROUP as u64,
-            AttentionKernel::Lanes => ATTENTION_CPU_QUERIES_PER_GROUP,
+            AttentionKernel::Lanes(false) => ATTENTION_CPU_QUERIES_PER_GROUP,
+            AttentionKernel::Lanes(true) => ATTENTION_CPU_WIDE_QUERIES_PER_GROUP,
             AttentionKernel::Matrix(c) => c.size as u64,
             AttentionKernel::Flash(c) => flash_subgroups(c) * c.size as u64,
         }
@@ -253,9 +261,10 @@ fn attention_with(
                 let launch = Launch { kernel: &ATTENTION, constants: &[("SLOTS", s.head_dim.div_ceil(64).max(1) as u32)], params, grid };
                 dispatch(gpu, sink, launch, &bindings);
             }
-            AttentionKernel::Lanes => {
+            AttentionKernel::Lanes(wide) => {
                 // q, k and v bound again at 7–9, as the vec4 views the kernel reads.
-                let launch = Launch { kernel: &ATTENTION_CPU, constants: &[("HEAD_VEC4", (s.head_dim / 4) as u32)], params, grid };
+                let kernel = if wide { &ATTENTION_CPU_WIDE } else { &ATTENTION_CPU };
+                let launch = Launch { kernel, constants: &[("HEAD_VEC4", (s.head_dim / 4) as u32)], params, grid };
                 dispatch(gpu, sink, launch, &[(4, &mw), (5, &ow), (6, &lw), (7, &qw), (8, &kw), (9, &vw)]);
             }
             AttentionKernel::Matrix(c) => {

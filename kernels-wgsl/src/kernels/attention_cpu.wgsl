@@ -166,3 +166,74 @@ fn attention_cpu(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgrou
     write_row(&acc_c, m_c, l_c, qi_c, h);
     write_row(&acc_d, m_d, l_d, qi_d, h);
 }
+
+// Heads wider than 4·CPU_MAX_VEC4 (the VAE's mid-block attention: one head
+// of 512 channels): one query an invocation, 64 a workgroup, the same
+// blocks of keys. Its own entry point because the registers a query holds
+// are sized for the widest head: the narrow kernel above would pay for
+// them on every head.
+const CPU_WIDE_VEC4: u32 = 128u;
+const CPU_WIDE_QUERIES: u32 = 64u;
+
+fn write_wide_row(acc: ptr<function, array<vec4<f32>, CPU_WIDE_VEC4>>, m: f32, l: f32, qi: u32, h: u32) {
+    if (qi >= p.q_len) {
+        return;
+    }
+    let inv = select(0.0, 1.0 / l, l > 0.0);
+    if (p.write_lse != 0u) {
+        lse[p.lse_offset + qi * p.q_heads + h] = m + log(l);
+    }
+    let ob = p.o_offset + qi * p.o_stride + h * p.head_dim;
+    for (var c = 0u; c < HEAD_VEC4; c++) {
+        let out = (*acc)[c] * inv;
+        for (var i = 0u; i < 4u; i++) {
+            o[ob + c * 4u + i] = out[i];
+        }
+    }
+}
+
+@compute @workgroup_size(64)
+fn attention_cpu_wide(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+    let h = wid.y;
+    let kvh = h / (p.q_heads / p.kv_heads);
+    let q0 = wid.x * CPU_WIDE_QUERIES;
+    let qi = q0 + lid.x;
+    let qb = (p.q_offset + min(qi, p.q_len - 1u) * p.q_stride + h * p.head_dim) / 4u;
+    var qv: array<vec4<f32>, CPU_WIDE_VEC4>;
+    var acc: array<vec4<f32>, CPU_WIDE_VEC4>;
+    for (var c = 0u; c < HEAD_VEC4; c++) {
+        qv[c] = q4[qb + c];
+    }
+    var m = MASKED;
+    var l = 0.0;
+    var k_end = p.kv_len;
+    if (p.causal != 0u) {
+        k_end = min(p.kv_len, q0 + CPU_WIDE_QUERIES + p.q_position);
+    }
+    for (var k0 = 0u; k0 < k_end; k0 += CPU_KEYS) {
+        var kb: array<u32, CPU_KEYS>;
+        var vb: array<u32, CPU_KEYS>;
+        for (var j = 0u; j < CPU_KEYS; j++) {
+            let kj = min(k0 + j, p.kv_len - 1u);
+            kb[j] = (p.k_offset + kj * p.k_stride + kvh * p.head_dim) / 4u;
+            vb[j] = (p.v_offset + kj * p.v_stride + kvh * p.head_dim) / 4u;
+        }
+        var dots: array<f32, CPU_KEYS>;
+        for (var c = 0u; c < HEAD_VEC4; c++) {
+            let q = qv[c];
+            for (var j = 0u; j < CPU_KEYS; j++) {
+                let kc = k4[kb[j] + c];
+                dots[j] = fma(q.w, kc.w, fma(q.z, kc.z, fma(q.y, kc.y, fma(q.x, kc.x, dots[j]))));
+            }
+        }
+        let rescale = softmax_block(&dots, &m, &l, qi, k0);
+        for (var c = 0u; c < HEAD_VEC4; c++) {
+            var a = acc[c] * rescale;
+            for (var j = 0u; j < CPU_KEYS; j++) {
+                a = fma(vec4<f32>(dots[j]), v4[vb[j] + c], a);
+            }
+            acc[c] = a;
+        }
+    }
+    write_wide_row(&acc, m, l, qi, h);
+}
