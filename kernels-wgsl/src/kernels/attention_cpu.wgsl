@@ -53,21 +53,31 @@ fn softmax_block(dots: ptr<function, array<f32, CPU_KEYS>>, m: ptr<function, f32
     return rescale;
 }
 
+// Query `qi`'s log-sum-exp where asked for, and the factor that
+// normalises its output row (both entry points' rows end here).
+fn finish_row(m: f32, l: f32, qi: u32, h: u32) -> f32 {
+    if (p.write_lse != 0u) {
+        lse[p.lse_offset + qi * p.q_heads + h] = m + log(l);
+    }
+    return select(0.0, 1.0 / l, l > 0.0);
+}
+
+// Four values `c·4 ..` of query `qi`'s output row.
+fn store_out(qi: u32, h: u32, c: u32, out: vec4<f32>) {
+    let ob = p.o_offset + qi * p.o_stride + h * p.head_dim + c * 4u;
+    for (var i = 0u; i < 4u; i++) {
+        o[ob + i] = out[i];
+    }
+}
+
 // Query `qi`'s output row, normalised, and its log-sum-exp where asked for.
 fn write_row(acc: ptr<function, array<vec4<f32>, CPU_MAX_VEC4>>, m: f32, l: f32, qi: u32, h: u32) {
     if (qi >= p.q_len) {
         return;
     }
-    let inv = select(0.0, 1.0 / l, l > 0.0);
-    if (p.write_lse != 0u) {
-        lse[p.lse_offset + qi * p.q_heads + h] = m + log(l);
-    }
-    let ob = p.o_offset + qi * p.o_stride + h * p.head_dim;
+    let inv = finish_row(m, l, qi, h);
     for (var c = 0u; c < HEAD_VEC4; c++) {
-        let out = (*acc)[c] * inv;
-        for (var i = 0u; i < 4u; i++) {
-            o[ob + c * 4u + i] = out[i];
-        }
+        store_out(qi, h, c, (*acc)[c] * inv);
     }
 }
 
@@ -175,20 +185,14 @@ fn attention_cpu(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgrou
 const CPU_WIDE_VEC4: u32 = 128u;
 const CPU_WIDE_QUERIES: u32 = 64u;
 
+// [`write_row`] for the wide kernel's row (WGSL cannot take either array size).
 fn write_wide_row(acc: ptr<function, array<vec4<f32>, CPU_WIDE_VEC4>>, m: f32, l: f32, qi: u32, h: u32) {
     if (qi >= p.q_len) {
         return;
     }
-    let inv = select(0.0, 1.0 / l, l > 0.0);
-    if (p.write_lse != 0u) {
-        lse[p.lse_offset + qi * p.q_heads + h] = m + log(l);
-    }
-    let ob = p.o_offset + qi * p.o_stride + h * p.head_dim;
+    let inv = finish_row(m, l, qi, h);
     for (var c = 0u; c < HEAD_VEC4; c++) {
-        let out = (*acc)[c] * inv;
-        for (var i = 0u; i < 4u; i++) {
-            o[ob + c * 4u + i] = out[i];
-        }
+        store_out(qi, h, c, (*acc)[c] * inv);
     }
 }
 
