@@ -30,15 +30,17 @@ pub fn request_line(e: &RequestError) -> String {
 /// A planner refusal, with the flag that set what it refuses.
 pub fn plan_line(e: &PlanError) -> String {
     match *e {
-        PlanError::TooSmall { budget, phase, minimum, device, host } => format!(
-            "--memory-budget {}: too small ({phase} needs more); the smallest budget that works for this size is {} ({minimum} B): {}",
-            Bytes(budget),
-            Bytes(minimum),
-            Sides(device, host)
-        ),
+        PlanError::TooSmall { budget, phase, minimum, device, host } => {
+            format!("--memory-budget {}: too small ({phase} needs more); {}", Bytes(budget), smallest_budget(minimum, device, host))
+        }
         PlanError::VaeTileSize { .. } | PlanError::VaeTileTooSmall { .. } => format!("--vae-tile: {e}"),
         _ => e.to_string(),
     }
+}
+
+/// The planner's smallest budget for the size, with its two sides.
+fn smallest_budget(minimum: u64, device: u64, host: u64) -> String {
+    format!("the smallest budget that works for this size is {} ({minimum} B): {}", Bytes(minimum), Sides(device, host))
 }
 
 /// Any run error, settings and planner refusals named by their flags.
@@ -61,12 +63,11 @@ pub fn run_line(e: &RunError) -> String {
 pub fn run_line_under(e: &RunError, offered: Option<&flux_lite_platform::AdapterMemory>) -> String {
     match (e, offered) {
         (RunError::Plan(PlanError::TooSmall { budget, phase, minimum, device, host }), Some(m)) => format!(
-            "the default budget {} ({} less {}%) is too small ({phase} needs more); the smallest budget that works for this size is {} ({minimum} B): {}; a smaller size or a --memory-budget above it on a larger device",
+            "the default budget {} ({} less {}%) is too small ({phase} needs more); {}; a smaller size or a --memory-budget above it on a larger device",
             Bytes(*budget),
             m.source.describe(),
             flux_lite_platform::DEFAULT_MARGIN_PERCENT,
-            Bytes(*minimum),
-            Sides(*device, *host)
+            smallest_budget(*minimum, *device, *host)
         ),
         _ => run_line(e),
     }

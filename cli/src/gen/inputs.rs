@@ -10,7 +10,7 @@ use flux_lite_platform::{RequestError, RunError};
 /// An image file's error named by the flag that gave the file.
 fn named(flag: &str, e: &RunError) -> String {
     match e {
-        RunError::Request(RequestError::Reference { name, why }) => format!("{flag} {name}: {why}"),
+        RunError::Request(r @ RequestError::Reference { .. }) => r.line(flag),
         e => crate::errors::run_line(e),
     }
 }

@@ -315,8 +315,10 @@ pub enum Shape {
 pub fn check(asked: Asked, shape: Shape, pipeline: &Pipeline, limits: &Limits) -> Result<Order, ApiError> {
     let model = pipeline.model();
     let unit = model.vae.latent_cell();
-    if asked.images.len() > MAX_REFERENCES {
-        return Err(ApiError::bad(format!("{} reference images: at most {MAX_REFERENCES}", asked.images.len())));
+    // The job's own rule, checked before any image is decoded (a request may carry many).
+    let count = asked.images.len() + usize::from(asked.init.is_some());
+    if count > MAX_REFERENCES {
+        return Err(ApiError::bad(request_line(&RequestError::References { count, limit: MAX_REFERENCES }, shape, &asked)));
     }
     let references = asked
         .images

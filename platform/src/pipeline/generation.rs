@@ -286,6 +286,14 @@ impl Run<'_> {
         let channels = model.transformer.in_channels;
         let init_tokens = &references.tokens[..(lat_h * lat_w * channels).min(references.tokens.len())];
         let init = request.init.as_ref().map(|i| denoise::Init { first_step: i.first_step, image: init_tokens, mask: i.mask.as_deref() });
+        // Previews are drawn on the GPU from the latents in place, one drawer for
+        // every image of the round; nothing runs without them.
+        let every = observer.previews();
+        let drawer = match every {
+            Some(_) => Some(super::preview::GpuPreview::new(gpu, transformer.latents_on_device(), &super::preview::latent_rgb(model)?, (lat_h, lat_w), &model.vae)?),
+            None => None,
+        };
+        let total = request.steps - request.init.as_ref().map_or(0, |i| i.first_step);
         let mut out = Vec::with_capacity(items.len());
         for (n, item) in items.iter().enumerate() {
             observer.image(first + n, self.count);
@@ -296,17 +304,10 @@ impl Run<'_> {
                 Some(negative) if uses_guidance(model, request.guidance) => Conditioning::Guided { positive, negative, scale: request.guidance },
                 _ => Conditioning::Prompt(positive),
             };
-            let noise = denoise::packed_noise(item.seed, model.transformer.in_channels, lat_h, lat_w);
+            let noise = denoise::packed_noise(item.seed, channels, lat_h, lat_w);
             let mut step_started = Instant::now();
             let steps = &mut self.timings.steps;
-            let every = observer.previews();
-            // Previews are drawn on the GPU from the latents in place; nothing runs without them.
-            let drawer = match every {
-                Some(_) => Some(super::preview::GpuPreview::new(gpu, transformer.latents_on_device(), &super::preview::latent_rgb(model)?, (lat_h, lat_w), &model.vae)?),
-                None => None,
-            };
             let watching = std::cell::RefCell::new(&mut *observer);
-            let total = request.steps - request.init.as_ref().map_or(0, |i| i.first_step);
             out.push(denoise::denoise(
                 gpu,
                 &transformer,
