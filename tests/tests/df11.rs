@@ -448,3 +448,38 @@ fn forward_passes_allocate_no_device_memory() {
         assert_eq!(after.live, before.live, "{strategy:?}");
     }
 }
+
+/// A device that cannot hold a component's weights fails before the first
+/// byte of them is written: every buffer (resident tensors, groups kept
+/// compressed or expanded at load, slots, the streaming area and staging)
+/// is allocated first. Each strategy's device bytes are measured on a roomy
+/// device, then a device with one byte less refuses them.
+#[test]
+fn weights_are_allocated_before_any_is_written() {
+    use flux_lite_core::plan::WeightStrategy;
+    use flux_lite_kernels::FaultInjection;
+    use flux_lite_platform::components::transformer::{LatentGrids, Transformer};
+    use flux_lite_platform::model::{Component, ModelFolder};
+    use flux_lite_platform::run::device_weights::DeviceWeights;
+    use flux_lite_platform::{Gpu, GpuError, GpuOptions, RunError};
+    let df11 = ModelFolder::open(&model_dir(MODEL))
+        .and_then(|m| m.with_transformer(&df11_dir().join("tiny-b-transformer")))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let gpu = flux_lite_tests::gpu();
+    for strategy in [WeightStrategy::ResidentBf16, WeightStrategy::ResidentDf11 { slots: 1 }, WeightStrategy::Streamed { slots: 2 }] {
+        let store = df11.weights(Component::Transformer).unwrap();
+        let t = Transformer::new(gpu, &df11.transformer, store, strategy, None, 8, &LatentGrids::noise_only(2, 2)).unwrap_or_else(|e| panic!("{e}"));
+        let fresh = Gpu::new(&GpuOptions::default()).unwrap_or_else(|e| panic!("{e}"));
+        let limit = fresh.memory().live + t.weight_bytes() - 1;
+        drop(fresh);
+        let faults = FaultInjection { memory_limit: Some(limit), ..Default::default() };
+        let small = Gpu::new(&GpuOptions { faults, ..Default::default() }).unwrap_or_else(|e| panic!("{e}"));
+        let written = small.bytes_written();
+        let store = df11.weights(Component::Transformer).unwrap();
+        match DeviceWeights::for_blocks(&small, &store, t.blocks(), strategy) {
+            Err(RunError::Gpu(GpuError::OutOfMemory(_))) => {}
+            other => panic!("{strategy:?}: {} bytes of weights under a device of one byte less: {other:?}", t.weight_bytes()),
+        }
+        assert_eq!(small.bytes_written(), written, "{strategy:?}: weights written before the allocation failed");
+    }
+}

@@ -92,6 +92,8 @@ pub struct Gpu {
     submissions: AtomicU64,
     /// Upload bytes staged on the host since the last flush.
     staged_uploads: AtomicU64,
+    /// Bytes written into device buffers from the host, ever.
+    written: AtomicU64,
     /// [`FaultInjection::lose_device_after`], when set.
     lose_after: Option<u64>,
     attention: AttentionChoice,
@@ -236,6 +238,7 @@ impl Gpu {
             interrupt: options.interrupt.clone().unwrap_or_default(),
             submissions: AtomicU64::new(0),
             staged_uploads: AtomicU64::new(0),
+            written: AtomicU64::new(0),
             lose_after,
             attention: options.attention,
             injected: options.faults,
@@ -432,15 +435,38 @@ impl Gpu {
         let size = contents.len() as u64;
         if size <= UPLOAD_CHUNK {
             self.make_room_for_upload(size);
+            self.written.fetch_add(size, Ordering::Relaxed);
             let buffer = self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor { label: Some(label), contents, usage: storage_usage() });
             return self.counted(buffer, size);
         }
-        let buffer = self.device.create_buffer(&wgpu::BufferDescriptor { label: Some(label), size, usage: storage_usage(), mapped_at_creation: false });
-        for (i, chunk) in contents.chunks(UPLOAD_CHUNK as usize).enumerate() {
+        let buffer = self.storage(label, size);
+        self.write(&buffer, 0, contents);
+        buffer
+    }
+
+    /// Writes `bytes` into `buffer` from byte `at` (a multiple of 4) on, a
+    /// chunk at a time; a last partial word is padded with zeros.
+    pub fn write(&self, buffer: &wgpu::Buffer, at: u64, bytes: &[u8]) {
+        for (i, chunk) in bytes.chunks(UPLOAD_CHUNK as usize).enumerate() {
+            let offset = at + i as u64 * UPLOAD_CHUNK;
+            let whole = chunk.len() / 4 * 4;
             self.make_room_for_upload(chunk.len() as u64);
-            self.queue.write_buffer(&buffer, i as u64 * UPLOAD_CHUNK, chunk);
+            if whole > 0 {
+                self.queue.write_buffer(buffer, offset, &chunk[..whole]);
+            }
+            if whole < chunk.len() {
+                let mut word = [0u8; 4];
+                word[..chunk.len() - whole].copy_from_slice(&chunk[whole..]);
+                self.queue.write_buffer(buffer, offset + whole as u64, &word);
+            }
+            self.written.fetch_add(chunk.len() as u64, Ordering::Relaxed);
         }
-        self.counted(buffer, size)
+    }
+
+    /// Bytes written into device buffers from the host so far (tests check
+    /// that a phase allocates everything before it writes anything).
+    pub fn bytes_written(&self) -> u64 {
+        self.written.load(Ordering::Relaxed)
     }
 
     /// Counts `bytes` about to be staged for an upload, first flushing the
@@ -468,6 +494,12 @@ impl Gpu {
 
     /// Counts `bytes` of `buffer` until the returned handle is dropped.
     fn counted(&self, buffer: wgpu::Buffer, bytes: u64) -> DeviceBuffer {
+        if let Some(limit) = self.injected.memory_limit {
+            let live = self.memory.live.load(Ordering::Relaxed);
+            if live + bytes > limit {
+                self.faults.record(GpuError::OutOfMemory(format!("{bytes} more bytes with {live} live pass the device's {limit} (injected)")));
+            }
+        }
         self.memory.count(bytes);
         DeviceBuffer(Arc::new(CountedBuffer { buffer, counted: bytes, counter: self.memory.clone() }))
     }

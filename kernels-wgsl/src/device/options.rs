@@ -116,13 +116,18 @@ pub struct FaultInjection {
     /// This tier's known-answer probe reports a wrong answer, as a faulty
     /// driver would (`FLUX_LITE_FAIL_TIER_PROBE=matrix` or `f16`).
     pub failing_probe: Option<Precision>,
+    /// The device runs out of memory once more than this many bytes would
+    /// be live, as a card whose memory is smaller than the budget would
+    /// (`FLUX_LITE_DEVICE_MEMORY=BYTES`).
+    pub memory_limit: Option<u64>,
 }
 
 impl GpuOptions {
     /// The defaults with what the environment sets: `FLUX_LITE_BACKEND`,
     /// `FLUX_LITE_ADAPTER`, `FLUX_LITE_ATTENTION_KERNEL=tiled|lanes|flash`,
     /// and the fault injections (`FLUX_LITE_LOSE_DEVICE_AFTER`,
-    /// `FLUX_LITE_BREAK_KERNEL`, `FLUX_LITE_FAIL_TIER_PROBE`). For programs
+    /// `FLUX_LITE_BREAK_KERNEL`, `FLUX_LITE_FAIL_TIER_PROBE`,
+    /// `FLUX_LITE_DEVICE_MEMORY`). For programs
     /// that take settings from there; a library caller sets the fields.
     pub fn from_env() -> Result<Self, GpuError> {
         let var = |name: &str| std::env::var(name).ok().map(|v| v.trim().to_string()).filter(|v| !v.is_empty());
@@ -141,6 +146,7 @@ impl GpuOptions {
             lose_device_after,
             short_linear: var("FLUX_LITE_BREAK_KERNEL").as_deref() == Some("linear"),
             failing_probe: var("FLUX_LITE_FAIL_TIER_PROBE").and_then(|t| Precision::from_name(&t)),
+            memory_limit: var("FLUX_LITE_DEVICE_MEMORY").and_then(|v| v.parse().ok()),
         };
         Ok(Self { backend, adapter: var(ADAPTER_VARIABLE), attention, faults, ..Self::default() })
     }

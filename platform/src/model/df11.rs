@@ -270,22 +270,38 @@ pub fn area_bytes_of(group: &Df11Group<'_>, align: u64) -> u64 {
 
 impl Df11DeviceGroup {
     pub fn upload(gpu: &Gpu, group: &Df11Group<'_>) -> Self {
+        let device = Self::allocate(gpu, group);
+        device.fill(gpu, group);
+        device
+    }
+
+    /// The group's buffers, zeroed, for [`Self::fill`].
+    pub fn allocate(gpu: &Gpu, group: &Df11Group<'_>) -> Self {
         let f = group.fields();
-        let n_elements = group.n_elements();
         let host_positions = block_positions(group);
-        let mut gaps = f.gaps.to_vec();
-        gaps.extend([0; 4]);
+        let words = |n: usize| (n.div_ceil(4).max(1) * 4) as u64;
         Self {
-            luts: gpu.upload_bytes("df11 luts", f.luts),
-            stream: gpu.upload_bytes("df11 exponents", f.encoded_exponent),
-            sign_mantissa: gpu.upload_bytes("df11 signs and mantissas", f.sign_mantissa),
-            gaps: gpu.upload_bytes("df11 gaps", &gaps),
-            positions: gpu.upload_u32("df11 positions", &host_positions),
+            luts: gpu.storage("df11 luts", words(f.luts.len())),
+            stream: gpu.storage("df11 exponents", words(f.encoded_exponent.len())),
+            sign_mantissa: gpu.storage("df11 signs and mantissas", words(f.sign_mantissa.len())),
+            // The zero word after the gaps is the buffer's own.
+            gaps: gpu.storage("df11 gaps", words(f.gaps.len() + 4)),
+            positions: gpu.storage("df11 positions", 4 * host_positions.len() as u64),
             host_positions,
             n_luts: group.n_luts() as u32,
             n_bytes: group.n_bytes() as u64,
-            n_elements: n_elements as u64,
+            n_elements: group.n_elements() as u64,
         }
+    }
+
+    /// Writes the group's arrays into the buffers [`Self::allocate`] made.
+    pub fn fill(&self, gpu: &Gpu, group: &Df11Group<'_>) {
+        let f = group.fields();
+        gpu.write(&self.luts, 0, f.luts);
+        gpu.write(&self.stream, 0, f.encoded_exponent);
+        gpu.write(&self.sign_mantissa, 0, f.sign_mantissa);
+        gpu.write(&self.gaps, 0, f.gaps);
+        gpu.write(&self.positions, 0, bytemuck::cast_slice(&self.host_positions));
     }
 
     pub fn n_elements(&self) -> u64 {

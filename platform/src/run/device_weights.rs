@@ -36,14 +36,16 @@ pub struct DeviceWeight {
 impl DeviceWeight {
     /// Uploads a tensor as stored (bf16 or f32); f16 is widened to f32 on the host.
     pub fn upload(gpu: &Gpu, component: &str, name: &str, t: TensorRef<'_>) -> Result<Self, LoadError> {
-        let (buffer, dtype) = match t.dtype {
-            Dtype::BF16 => (gpu.upload_bytes(name, t.bytes), WeightDtype::Bf16),
-            Dtype::F32 => (gpu.upload_bytes(name, t.bytes), WeightDtype::F32),
-            Dtype::F16 => {
-                let mut wide = Vec::with_capacity(t.bytes.len() / 2);
-                widen_to_f32(t.dtype, t.bytes, &mut wide);
-                (gpu.upload_f32(name, &wide), WeightDtype::F32)
-            }
+        let weight = Self::allocate(gpu, component, name, t)?;
+        weight.fill(gpu, t);
+        Ok(weight)
+    }
+
+    /// A zeroed buffer for a tensor as [`Self::fill`] writes it.
+    fn allocate(gpu: &Gpu, component: &str, name: &str, t: TensorRef<'_>) -> Result<Self, LoadError> {
+        let dtype = match t.dtype {
+            Dtype::BF16 => WeightDtype::Bf16,
+            Dtype::F32 | Dtype::F16 => WeightDtype::F32,
             other => {
                 return Err(LoadError::WrongTensor {
                     component: component.into(),
@@ -53,7 +55,18 @@ impl DeviceWeight {
                 })
             }
         };
-        Ok(Self { buffer, offset: 0, dtype })
+        Ok(Self { buffer: gpu.storage(name, plain_bytes(t)), offset: 0, dtype })
+    }
+
+    /// Writes the tensor into the buffer [`Self::allocate`] made for it.
+    fn fill(&self, gpu: &Gpu, t: TensorRef<'_>) {
+        if t.dtype == Dtype::F16 {
+            let mut wide = Vec::with_capacity(t.bytes.len() / 2);
+            widen_to_f32(t.dtype, t.bytes, &mut wide);
+            gpu.write(&self.buffer, 0, bytemuck::cast_slice(&wide));
+        } else {
+            gpu.write(&self.buffer, 0, t.bytes);
+        }
     }
 
     pub fn view(&self) -> Weight<'_> {
@@ -258,6 +271,17 @@ struct Piece<'a> {
     at: u64,
 }
 
+/// What [`DeviceWeights::for_blocks`] writes once every buffer is allocated.
+#[derive(Default)]
+struct Pending {
+    /// Resident tensors, by name.
+    tensors: Vec<String>,
+    /// (index in `groups`, group) of the groups kept compressed.
+    compressed: Vec<(usize, usize)>,
+    /// Groups expanded once at load, and the buffer each expands into.
+    expansions: Vec<(usize, DeviceBuffer)>,
+}
+
 /// The zero word after a streamed group's gaps, which the last thread's two-byte read may touch.
 const GAPS_PAD: [u8; 4] = [0; 4];
 
@@ -300,6 +324,10 @@ impl DeviceWeights {
     /// says. Weights several blocks read are resident under every strategy.
     /// Streaming reads weights from `store` as each block starts: a
     /// component stored as DF11 must be expanded on the host first.
+    ///
+    /// Every buffer the weights keep is allocated before the first byte is
+    /// written, so a device that cannot hold them fails here at once, not
+    /// after gigabytes of uploads.
     pub fn for_blocks(gpu: &Gpu, store: &WeightStore, blocks: &[Vec<Op>], strategy: WeightStrategy) -> Result<Self, RunError> {
         let a = Assignment::new(store, blocks);
         let mut w = Self {
@@ -308,12 +336,13 @@ impl DeviceWeights {
             streamed_groups: blocks.iter().map(|_| Vec::new()).collect(),
             ..Self::default()
         };
+        let mut pending = Pending::default();
         let mut area_bytes = 0u64;
         for name in &a.shared_plain {
-            w.upload(gpu, store, name)?;
+            w.allocate(gpu, store, name, &mut pending)?;
         }
         for &g in &a.shared_groups {
-            w.expand_at_load(gpu, store, g)?;
+            w.allocate_expansion(gpu, store, g, &mut pending)?;
         }
         let slots = match strategy {
             WeightStrategy::ResidentBf16 => 0,
@@ -334,18 +363,19 @@ impl DeviceWeights {
                     in_slots.push((name.clone(), slot, offset / dtype.bytes(), dtype));
                     w.streams[block].push(StreamedWeight { name: name.clone(), slot, offset });
                 } else {
-                    w.upload(gpu, store, name)?;
+                    w.allocate(gpu, store, name, &mut pending)?;
                 }
             }
             for &g in groups {
                 match strategy {
-                    WeightStrategy::ResidentBf16 => w.expand_at_load(gpu, store, g)?,
+                    WeightStrategy::ResidentBf16 => w.allocate_expansion(gpu, store, g, &mut pending)?,
                     WeightStrategy::ResidentDf11 { .. } => {
                         let group = compressed(store, g)?;
                         let base = place_group(&mut cursor, &mut in_slots, group_info(store, g)?, &group, slot);
-                        let device = Df11DeviceGroup::upload(gpu, &group);
+                        let device = Df11DeviceGroup::allocate(gpu, &group);
                         w.bytes += device.device_bytes();
                         w.fills[block].push(SlotFill { group: w.groups.len(), slot, base });
+                        pending.compressed.push((w.groups.len(), g));
                         w.groups.push(device);
                     }
                     WeightStrategy::Streamed { .. } => {
@@ -393,13 +423,49 @@ impl DeviceWeights {
         for (name, slot, offset, dtype) in in_slots {
             w.map.insert(name, DeviceWeight { buffer: w.slots[slot].clone(), offset, dtype });
         }
+        gpu.check_faults()?;
+        w.write(gpu, store, pending)?;
         Ok(w)
     }
 
-    fn upload(&mut self, gpu: &Gpu, store: &WeightStore, name: &str) -> Result<(), RunError> {
+    /// Allocates a resident tensor's buffer; its bytes are written later.
+    fn allocate(&mut self, gpu: &Gpu, store: &WeightStore, name: &str, pending: &mut Pending) -> Result<(), RunError> {
         if !self.map.contains_key(name) {
-            let weight = DeviceWeight::upload(gpu, &store.component, name, store.tensor(name)?)?;
+            let weight = DeviceWeight::allocate(gpu, &store.component, name, store.tensor(name)?)?;
             self.insert(name, weight);
+            pending.tensors.push(name.to_string());
+        }
+        Ok(())
+    }
+
+    /// Allocates the bf16 buffer group `group` is expanded into once, and
+    /// maps its weights there; the expansion comes later.
+    fn allocate_expansion(&mut self, gpu: &Gpu, store: &WeightStore, group: usize, pending: &mut Pending) -> Result<(), RunError> {
+        let g = compressed(store, group)?;
+        let info = group_info(store, group)?;
+        let buffer = gpu.storage(&info.module, 2 * (g.n_elements() as u64).next_multiple_of(2));
+        self.bytes += buffer.size();
+        for (name, elements) in info.weights.iter().zip(g.weight_ranges()) {
+            let w = DeviceWeight { buffer: buffer.clone(), offset: elements.start as u64, dtype: WeightDtype::Bf16 };
+            self.map.insert(name.clone(), w);
+        }
+        pending.expansions.push((group, buffer));
+        Ok(())
+    }
+
+    /// Writes what [`Self::for_blocks`] allocated: plain tensors, compressed
+    /// groups, and each group expanded at load (its compressed arrays live
+    /// only while it expands).
+    fn write(&self, gpu: &Gpu, store: &WeightStore, pending: Pending) -> Result<(), RunError> {
+        for name in &pending.tensors {
+            self.get(name)?.fill(gpu, store.tensor(name)?);
+        }
+        for &(device, group) in &pending.compressed {
+            self.groups[device].fill(gpu, &compressed(store, group)?);
+        }
+        for (group, buffer) in &pending.expansions {
+            let device = Df11DeviceGroup::upload(gpu, &compressed(store, *group)?);
+            gpu.submit(|enc| device.record_decode(gpu, enc, buffer, 0))?;
         }
         Ok(())
     }
@@ -439,21 +505,6 @@ impl DeviceWeights {
                     Ok(())
                 })?;
             }
-        }
-        Ok(())
-    }
-
-    /// Expands group `group` once into its own bf16 buffer and maps its weights there.
-    fn expand_at_load(&mut self, gpu: &Gpu, store: &WeightStore, group: usize) -> Result<(), RunError> {
-        let g = compressed(store, group)?;
-        let device = Df11DeviceGroup::upload(gpu, &g);
-        let info = group_info(store, group)?;
-        let buffer = gpu.storage(&info.module, 2 * device.n_elements().next_multiple_of(2));
-        gpu.submit(|enc| device.record_decode(gpu, enc, &buffer, 0))?;
-        self.bytes += buffer.size();
-        for (name, elements) in info.weights.iter().zip(g.weight_ranges()) {
-            let w = DeviceWeight { buffer: buffer.clone(), offset: elements.start as u64, dtype: WeightDtype::Bf16 };
-            self.map.insert(name.clone(), w);
         }
         Ok(())
     }
