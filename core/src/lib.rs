@@ -5,7 +5,8 @@
 //! - `plan`: the memory planner (pure arithmetic); `arena`: the bump arena.
 //! - `numerics`: bf16, torch's generator, the schedule, RoPE tables.
 //! - `oracle`: the scalar f64 reference every GPU kernel is tested against.
-//! - `df11`: the DFloat11 codec; `bands`: merging results computed by bands.
+//! - `df11`: the DFloat11 codec; `ggml`: GGUF tensor types and their block
+//!   sizes; `bands`: merging results computed by bands.
 //!
 //! No I/O, no threads, no wgpu; `no_std` without the `std` feature (the DF11
 //! encoder and `bands` need `alloc`).
@@ -20,6 +21,7 @@ pub mod bands;
 pub mod bytes;
 pub mod config;
 pub mod df11;
+pub mod ggml;
 pub mod ir;
 pub mod models;
 pub mod numerics;

@@ -7,7 +7,7 @@
 use crate::kernel::Kernel;
 #[cfg(test)]
 use crate::kernel::{wrapped_grid, Access, Module, MAX_GRID_DIM};
-use crate::kernels::{attention, bench, conv, df11, elementwise, linear, norm, rope, vae};
+use crate::kernels::{attention, bench, conv, df11, elementwise, ggml, linear, norm, rope, vae};
 
 /// Every kernel, for validation and pipeline warm-up.
 pub const ALL_KERNELS: &[Kernel] = &[
@@ -44,6 +44,7 @@ pub const ALL_KERNELS: &[Kernel] = &[
     vae::LATENT_PREVIEW,
     df11::DF11_DECODE,
     df11::DF11_CLEAR,
+    ggml::GGML_EXPAND,
     bench::FMA_PEAK,
     bench::COPY_PEAK,
     linear::LINEAR_HALF,

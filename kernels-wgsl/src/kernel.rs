@@ -15,6 +15,8 @@ pub enum Module {
     Conv,
     Vae,
     Df11,
+    /// GGML's quantized blocks expanded into f32 (GGUF weights).
+    Ggml,
     Bench,
     /// The f16 tier's linear (f16-staged tiles, f32 sums).
     LinearHalf,
@@ -48,7 +50,7 @@ pub enum Module {
 }
 
 impl Module {
-    pub const ALL: [Module; 26] = [
+    pub const ALL: [Module; 27] = [
         Module::Linear,
         Module::RangeScales,
         Module::Norm,
@@ -58,6 +60,7 @@ impl Module {
         Module::Conv,
         Module::Vae,
         Module::Df11,
+        Module::Ggml,
         Module::Bench,
         Module::LinearHalf,
         Module::ConvHalf,
@@ -88,6 +91,7 @@ impl Module {
             Module::Conv => "conv",
             Module::Vae => "vae",
             Module::Df11 => "df11",
+            Module::Ggml => "ggml",
             Module::Bench => "bench",
             Module::LinearHalf => "linear (f16 tier)",
             Module::ConvHalf => "conv (f16 tier)",
@@ -238,6 +242,7 @@ impl Module {
             Module::ConvHalf => with_gemm!(f16, "product_io.wgsl", "conv_io.wgsl", "conv.wgsl"),
             Module::Vae => with_common!("vae.wgsl"),
             Module::Df11 => with_common!("df11.wgsl"),
+            Module::Ggml => with_common!("ggml.wgsl"),
             Module::Bench => with_common!("bench_io.wgsl", "bench.wgsl"),
             Module::LinearMatrix8 => with_matrix!("8", f16, "product_io.wgsl", "linear_io.wgsl", "linear_matrix.wgsl", "matrix_gemm.wgsl"),
             Module::LinearMatrix16 => with_matrix!("16", f16, "product_io.wgsl", "linear_io.wgsl", "linear_matrix.wgsl", "matrix_gemm.wgsl"),

@@ -8,6 +8,7 @@ pub mod bench;
 pub mod conv;
 pub mod df11;
 pub mod elementwise;
+pub mod ggml;
 pub mod linear;
 pub mod norm;
 pub mod rope;
@@ -19,6 +20,7 @@ pub use bench::{copy_peak, fma_peak, matrix_peak, FMA_PEAK_FMAS_PER_ITERATION, M
 pub use conv::{conv2d, upsample_nearest2x};
 pub use df11::{df11_clear, df11_decode, df11_decode_blocks, Df11Arrays, DF11_BLOCK_BYTES};
 pub use elementwise::{elementwise, transpose, Elementwise};
+pub use ggml::ggml_expand;
 pub use linear::{linear, linear_add, Gemm, GEMM_TILE};
 pub use norm::{group_norm, group_norm_apply, group_stats, layer_norm_modulate, rms_norm, rms_norm_inplace, GroupAffine, Groups, RowNorm};
 pub use rope::{rope, RopeShape, RopeStyle, RopeTables};

@@ -83,3 +83,61 @@ pub(crate) fn kohya_targets(name: &str) -> Option<Vec<(String, bool)>> {
     };
     Some(vec![(top.into(), false)])
 }
+
+/// A tensor of a BFL-named checkpoint (GGUF and single files; any
+/// `model.diffusion_model.` or `diffusion_model.` prefix taken off) to the
+/// diffusers tensors it holds: a fused projection's rows split evenly in
+/// order, `true` where the rows' halves swap. The RMS norms' `scale` is
+/// diffusers' `weight`.
+pub(crate) fn bfl_tensor(name: &str) -> Option<Vec<(String, bool)>> {
+    let name = name.strip_prefix("model.").unwrap_or(name);
+    let name = name.strip_prefix("diffusion_model.").unwrap_or(name);
+    if let Some(module) = name.strip_suffix(".weight") {
+        let targets = bfl_targets(module)?;
+        return Some(targets.into_iter().map(|(m, swap)| (format!("{m}.weight"), swap)).collect());
+    }
+    let module = name.strip_suffix(".scale")?;
+    let norm = |prefix: &str, rest: &str| -> Option<String> {
+        let (i, part) = rest.split_once('.')?;
+        let i: usize = i.parse().ok()?;
+        let n = match part {
+            "img_attn.norm.query_norm" | "norm.query_norm" => "norm_q",
+            "img_attn.norm.key_norm" | "norm.key_norm" => "norm_k",
+            "txt_attn.norm.query_norm" if prefix == "transformer_blocks" => "norm_added_q",
+            "txt_attn.norm.key_norm" if prefix == "transformer_blocks" => "norm_added_k",
+            _ => return None,
+        };
+        if prefix == "transformer_blocks" && part.starts_with("norm.") || prefix == "single_transformer_blocks" && part.contains("attn.") {
+            return None;
+        }
+        Some(format!("{prefix}.{i}.attn.{n}.weight"))
+    };
+    let target = if let Some(rest) = module.strip_prefix("double_blocks.") {
+        norm("transformer_blocks", rest)?
+    } else {
+        norm("single_transformer_blocks", module.strip_prefix("single_blocks.")?)?
+    };
+    Some(vec![(target, false)])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bfl_tensors_map_as_diffusers_converts_them() {
+        let one = |n: &str| bfl_tensor(n).map(|v| v.into_iter().map(|(m, s)| format!("{m}{}", if s { " (swapped)" } else { "" })).collect::<Vec<_>>());
+        assert_eq!(
+            one("model.diffusion_model.double_blocks.3.img_attn.qkv.weight").unwrap(),
+            ["transformer_blocks.3.attn.to_q.weight", "transformer_blocks.3.attn.to_k.weight", "transformer_blocks.3.attn.to_v.weight"]
+        );
+        assert_eq!(one("double_blocks.0.txt_attn.norm.key_norm.scale").unwrap(), ["transformer_blocks.0.attn.norm_added_k.weight"]);
+        assert_eq!(one("single_blocks.7.norm.query_norm.scale").unwrap(), ["single_transformer_blocks.7.attn.norm_q.weight"]);
+        assert_eq!(one("single_blocks.7.linear1.weight").unwrap(), ["single_transformer_blocks.7.attn.to_qkv_mlp_proj.weight"]);
+        assert_eq!(one("final_layer.adaLN_modulation.1.weight").unwrap(), ["norm_out.linear.weight (swapped)"]);
+        assert_eq!(one("diffusion_model.img_in.weight").unwrap(), ["x_embedder.weight"]);
+        assert_eq!(one("single_blocks.7.txt_attn.norm.key_norm.scale"), None);
+        assert_eq!(one("double_blocks.0.norm.key_norm.scale"), None);
+        assert_eq!(one("double_blocks.0.img_attn.qkv.bias"), None);
+    }
+}

@@ -6,6 +6,7 @@ mod bfl_names;
 pub mod compress;
 pub mod config_json;
 pub mod df11;
+pub mod gguf;
 pub mod lora;
 pub mod safetensors_store;
 pub mod tokenizer;
@@ -13,7 +14,7 @@ pub mod tokenizer;
 
 use config_json::JsonFile;
 use crate::error::LoadError;
-use crate::model::safetensors_store::{weight_file_kind, WeightStore};
+use crate::model::safetensors_store::{weight_file_kind, WeightFile, WeightStore};
 use flux_lite_core::config::{ModelIndex, Qwen3Config, SchedulerConfig, TransformerConfig, VaeConfig};
 use flux_lite_core::models::tensors::{self, TensorSpec};
 use std::path::{Path, PathBuf};
@@ -29,6 +30,8 @@ pub struct ModelFolder {
     pub scheduler: SchedulerConfig,
     /// Where the transformer is read from: `root/transformer` unless replaced.
     transformer_dir: PathBuf,
+    /// A GGUF file the transformer is read from instead (`--transformer FILE.gguf`).
+    transformer_file: Option<PathBuf>,
 }
 
 impl ModelFolder {
@@ -45,7 +48,7 @@ impl ModelFolder {
         let vae = config_json::vae(&JsonFile::read(&root.join("vae/config.json"))?)?;
         let scheduler = config_json::scheduler(&JsonFile::read(&root.join("scheduler/scheduler_config.json"))?)?;
         let transformer_dir = root.join("transformer");
-        let folder = Self { root: root.into(), index, transformer, text_encoder, vae, scheduler, transformer_dir };
+        let folder = Self { root: root.into(), index, transformer, text_encoder, vae, scheduler, transformer_dir, transformer_file: None };
         folder.check_cross_component()?;
         Ok(folder)
     }
@@ -77,7 +80,14 @@ impl ModelFolder {
     /// Reads the transformer from `dir` (a diffusers transformer folder with
     /// its own config.json, e.g. a fine-tune or a compressed copy) instead of
     /// the model's own.
+    /// A `.gguf` file holds a transformer under BFL's names; the
+    /// architecture stays the model folder's, and the file's tensors are
+    /// checked against it.
     pub fn with_transformer(mut self, dir: &Path) -> Result<Self, LoadError> {
+        if dir.is_file() && weight_file_kind(&dir.to_string_lossy()) == Some(WeightFile::Gguf) {
+            self.transformer_file = Some(dir.into());
+            return Ok(self);
+        }
         let json = JsonFile::read(&dir.join("config.json"))?;
         // An official DF11 folder's config.json holds only `dfloat11_config`:
         // the architecture stays the model folder's.
@@ -100,13 +110,19 @@ impl ModelFolder {
 
     /// Opens a component's weights and checks them against its architecture.
     pub fn weights(&self, component: Component) -> Result<WeightStore, LoadError> {
-        let mut store = WeightStore::open(&self.component_dir(component.dir()), component.dir())?;
+        let mut store = match (&self.transformer_file, component) {
+            (Some(file), Component::Transformer) => WeightStore::open_gguf(file, component.dir())?,
+            _ => WeightStore::open(&self.component_dir(component.dir()), component.dir())?,
+        };
         store.check(&self.expected_tensors(component))?;
         Ok(store)
     }
 
     /// Whether a component's folder holds weight files (`*.safetensors`, or a shard index).
     pub fn has_weight_files(&self, component: Component) -> bool {
+        if component == Component::Transformer && self.transformer_file.is_some() {
+            return true;
+        }
         let Ok(listing) = std::fs::read_dir(self.component_dir(component.dir())) else { return false };
         listing.flatten().any(|e| weight_file_kind(&e.file_name().to_string_lossy()).is_some())
     }

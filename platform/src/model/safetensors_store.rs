@@ -6,6 +6,7 @@ use crate::model::config_json::JsonFile;
 use crate::model::df11::{self, Df11Config};
 use crate::error::LoadError;
 use flux_lite_core::df11::{Df11Field, Df11Fields, Df11Group};
+use flux_lite_core::ggml::GgmlType;
 use flux_lite_core::models::tensors::{Kind, TensorSpec};
 use memmap2::Mmap;
 use safetensors::tensor::{Dtype, SafeTensors};
@@ -49,6 +50,27 @@ enum Source {
     Shard { shard: usize, range: (usize, usize) },
     Df11 { group: usize, elements: std::ops::Range<usize> },
     Expanded(usize),
+    /// GGML blocks of a GGUF file: byte ranges of the shard (its map, from
+    /// byte 0), in order (two for rows whose halves swap).
+    Quantized { shard: usize, pieces: Vec<(usize, usize)>, ggml: GgmlType },
+}
+
+/// A tensor still in GGML blocks: its pieces in order, whole rows each.
+#[derive(Debug, Clone)]
+pub struct QuantizedRef<'a> {
+    pub ggml: GgmlType,
+    pub shape: &'a [usize],
+    pub pieces: Vec<&'a [u8]>,
+}
+
+impl QuantizedRef<'_> {
+    pub fn bytes(&self) -> usize {
+        self.pieces.iter().map(|p| p.len()).sum()
+    }
+
+    pub fn elements(&self) -> usize {
+        self.shape.iter().product()
+    }
 }
 
 #[derive(Debug)]
@@ -98,6 +120,8 @@ pub enum WeightFile {
     Tensors,
     /// `*.safetensors.index.json`: which shard holds each tensor.
     Index,
+    /// `*.gguf`: a whole component in GGUF (BFL's names for a transformer).
+    Gguf,
 }
 
 /// Which kind of weight file `name` is, if any.
@@ -106,6 +130,8 @@ pub fn weight_file_kind(name: &str) -> Option<WeightFile> {
         Some(WeightFile::Index)
     } else if name.ends_with(".safetensors") {
         Some(WeightFile::Tensors)
+    } else if name.ends_with(".gguf") {
+        Some(WeightFile::Gguf)
     } else {
         None
     }
@@ -120,12 +146,26 @@ impl WeightStore {
         let listing = std::fs::read_dir(dir).map_err(io(dir))?;
         let mut singles = Vec::new();
         let mut index = None;
+        let mut ggufs = Vec::new();
         for entry in listing {
             let name = entry.map_err(io(dir))?.file_name().to_string_lossy().into_owned();
             match weight_file_kind(&name) {
                 Some(WeightFile::Index) => index = Some(dir.join(&name)),
                 Some(WeightFile::Tensors) => singles.push(dir.join(&name)),
+                Some(WeightFile::Gguf) => ggufs.push(dir.join(&name)),
                 None => {}
+            }
+        }
+        if singles.is_empty() && index.is_none() {
+            match ggufs.as_slice() {
+                [one] => return Self::open_gguf(one, component),
+                [] => {}
+                _ => {
+                    return Err(LoadError::Io {
+                        path: dir.into(),
+                        source: std::io::Error::new(std::io::ErrorKind::InvalidInput, "more than one .gguf file: give one with --transformer"),
+                    })
+                }
             }
         }
         let (files, weight_map) = match index {
@@ -317,6 +357,95 @@ impl WeightStore {
         Ok(())
     }
 
+    /// A tensor still in GGML blocks, if `name` is one.
+    pub fn quantized(&self, name: &str) -> Option<QuantizedRef<'_>> {
+        let e = self.entries.get(name)?;
+        let Source::Quantized { shard, pieces, ggml } = &e.source else { return None };
+        let map = &self.shards[*shard].map;
+        Some(QuantizedRef { ggml: *ggml, shape: &e.shape, pieces: pieces.iter().map(|&(a, b)| &map[a..b]).collect() })
+    }
+
+    /// The GGML types of the tensors still in blocks, with their counts (for `info`).
+    pub fn quantized_types(&self) -> BTreeMap<&'static str, usize> {
+        let mut types = BTreeMap::new();
+        for e in self.entries.values() {
+            if let Source::Quantized { ggml, .. } = e.source {
+                *types.entry(ggml.name()).or_insert(0) += 1;
+            }
+        }
+        types
+    }
+
+    /// A transformer in one GGUF file, its tensors under BFL's names
+    /// (ComfyUI-GGUF's and stable-diffusion.cpp's layout) brought to
+    /// diffusers' as `convert_flux2_transformer_checkpoint_to_diffusers`
+    /// brings them: fused projections split by rows, the final modulation's
+    /// halves swapped. Names it does not know stay as they are (and are
+    /// reported unread by [`Self::check`]).
+    pub fn open_gguf(path: &Path, component: &str) -> Result<Self, LoadError> {
+        let file = File::open(path).map_err(|source| LoadError::Io { path: path.into(), source })?;
+        // SAFETY: the map is read-only and model files are not modified while a run holds them.
+        let map = unsafe { Mmap::map(&file) }.map_err(|source| LoadError::Io { path: path.into(), source })?;
+        let bad = |detail: String| LoadError::Safetensors { path: path.into(), detail };
+        let header = super::gguf::parse(&map).map_err(bad)?;
+        let mut store =
+            Self { component: component.into(), shards: Vec::new(), entries: BTreeMap::new(), expanded: Vec::new(), df11_groups: Vec::new(), unread: Vec::new() };
+        let mut known = 0;
+        for t in &header.tensors {
+            let targets = super::bfl_names::bfl_tensor(&t.name);
+            known += usize::from(targets.is_some());
+            let targets = targets.unwrap_or_else(|| vec![(t.name.clone(), false)]);
+            // Whole rows (each whole blocks: the parser checked) are what splits and swaps move.
+            let matrix = t.shape.len() > 1;
+            let (rows, row_bytes) = if matrix { (t.shape[0], t.range.len() / t.shape[0]) } else { (1, t.range.len()) };
+            let parts = targets.len();
+            let swaps = targets.iter().any(|t| t.1);
+            if (parts > 1 || swaps) && !matrix || !rows.is_multiple_of(parts) || swaps && !rows.is_multiple_of(2) {
+                return Err(bad(format!("tensor `{}` of shape {:?} cannot be split into {parts} diffusers tensors by rows", t.name, t.shape)));
+            }
+            let part_rows = rows / parts;
+            for (i, (name, swap)) in targets.into_iter().enumerate() {
+                let start = t.range.start + i * part_rows * row_bytes;
+                let end = start + part_rows * row_bytes;
+                let mut shape = t.shape.clone();
+                if matrix {
+                    shape[0] = part_rows;
+                }
+                let half = part_rows / 2 * row_bytes;
+                let pieces = if swap { vec![(start + half, end), (start, start + half)] } else { vec![(start, end)] };
+                let entry = match t.ggml {
+                    GgmlType::F32 | GgmlType::F16 | GgmlType::Bf16 => {
+                        let dtype = match t.ggml {
+                            GgmlType::F32 => Dtype::F32,
+                            GgmlType::F16 => Dtype::F16,
+                            _ => Dtype::BF16,
+                        };
+                        let source = if swap {
+                            store.expanded.push(pieces.iter().flat_map(|&(a, b)| map[a..b].iter().copied()).collect());
+                            Source::Expanded(store.expanded.len() - 1)
+                        } else {
+                            Source::Shard { shard: 0, range: pieces[0] }
+                        };
+                        Entry { source, dtype, shape }
+                    }
+                    ggml => Entry { source: Source::Quantized { shard: 0, pieces, ggml }, dtype: Dtype::U8, shape },
+                };
+                if store.entries.insert(name.clone(), entry).is_some() {
+                    return Err(bad(format!("`{name}` is given twice (by `{}` and another tensor)", t.name)));
+                }
+            }
+        }
+        if known == 0 {
+            let arch = header.architecture.as_deref().unwrap_or("unnamed");
+            return Err(bad(format!(
+                "none of its {} tensors has a FLUX.2 transformer's name (architecture `{arch}`): is it another model's file?",
+                header.tensors.len()
+            )));
+        }
+        store.shards.push(Shard { path: path.into(), map, data_start: 0 });
+        Ok(store)
+    }
+
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.entries.keys().map(String::as_str)
     }
@@ -338,6 +467,14 @@ impl WeightStore {
                     name: name.into(),
                     expected: "bf16 bytes".into(),
                     found: format!("still compressed in DF11 group `{}`", self.df11_groups[*group].info.module),
+                })
+            }
+            Source::Quantized { ggml, .. } => {
+                return Err(LoadError::WrongTensor {
+                    component: self.component.clone(),
+                    name: name.into(),
+                    expected: "float bytes".into(),
+                    found: format!("{} blocks, expanded on the device", ggml.name()),
                 })
             }
         };
@@ -363,17 +500,22 @@ impl WeightStore {
             }
             wanted.insert(spec.name.as_str(), spec);
             let t = &*e;
+            let quantized = matches!(t.source, Source::Quantized { .. });
             let dtype_ok = match spec.kind {
-                Kind::Float => matches!(t.dtype, Dtype::BF16 | Dtype::F16 | Dtype::F32),
+                Kind::Float => quantized || matches!(t.dtype, Dtype::BF16 | Dtype::F16 | Dtype::F32),
                 Kind::Int => matches!(t.dtype, Dtype::I64 | Dtype::I32),
             };
             if !dtype_ok || t.shape != spec.shape.as_slice() {
                 let kind = if spec.kind == Kind::Float { "a float tensor" } else { "an integer tensor" };
+                let dtype = match &t.source {
+                    Source::Quantized { ggml, .. } => ggml.name().to_string(),
+                    _ => format!("{:?}", t.dtype),
+                };
                 return Err(LoadError::WrongTensor {
                     component: self.component.clone(),
                     name: spec.name.to_string(),
                     expected: format!("{kind} of shape {:?}", spec.shape.as_slice()),
-                    found: format!("{:?} of shape {:?}", t.dtype, t.shape),
+                    found: format!("{dtype} of shape {:?}", t.shape),
                 });
             }
         }
@@ -402,6 +544,7 @@ impl WeightStore {
                 Source::Shard { range, .. } => (range.1 - range.0) as u64,
                 Source::Expanded(i) => self.expanded[*i].len() as u64,
                 Source::Df11 { .. } => 0,
+                Source::Quantized { pieces, .. } => pieces.iter().map(|p| (p.1 - p.0) as u64).sum(),
             })
             .sum();
         plain + self.df11_groups.iter().filter(|g| !g.expanded).map(|g| g.info.compressed_bytes).sum::<u64>()

@@ -1,0 +1,61 @@
+//! GGUF weights expanded on the device: a tensor's GGML blocks (Q4_0 …
+//! Q8_0, Q2_K … Q6_K) into f32 elements of a weight slot, bit for bit as
+//! gguf-py dequantizes them. Shader: `ggml.wgsl` beside this file.
+
+use crate::device::Gpu;
+use crate::dispatch::{dispatch, to_u32, window, Launch, Sink};
+use crate::error::GpuError;
+use crate::kernel::{kernel, wrapped_grid, Access::{Read as R, ReadWrite as RW}, Kernel, Module};
+use bytemuck::{Pod, Zeroable};
+use flux_lite_core::ggml::GgmlType;
+
+/// `ggml.wgsl`'s parameter block.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Pod, Zeroable)]
+pub struct GgmlParams {
+    pub kind: u32,
+    /// Runs of 32 elements the dispatch writes.
+    pub runs: u32,
+    /// Byte of the bound source where the dispatch's first block starts.
+    pub src_shift: u32,
+    /// Element of the bound output where its first element lands.
+    pub out_shift: u32,
+    pub _pad: [u32; 4],
+}
+
+pub const GGML_EXPAND: Kernel = kernel(Module::Ggml, "ggml_expand", [64, 1, 1], &[(1, R), (2, RW)], size_of::<GgmlParams>(), false);
+
+/// Elements one invocation writes.
+const RUN: u64 = 32;
+
+/// Expands `blocks` GGML blocks of type `ggml` that start at byte `src_at`
+/// of `src` (a multiple of 4) into f32 elements `[out_base, out_base +
+/// blocks·block_elements)` of `out`, in as many dispatches as the binding
+/// limit asks for.
+#[allow(clippy::too_many_arguments)] // the source, the destination, and what lies between
+pub fn ggml_expand(gpu: &Gpu, sink: &mut dyn Sink, ggml: GgmlType, src: &wgpu::Buffer, src_at: u64, blocks: u64, out: &wgpu::Buffer, out_base: u64) -> Result<(), GpuError> {
+    if !ggml.is_quantized() || !src_at.is_multiple_of(4) {
+        return Err(GpuError::UnsupportedShape(format!("GGML expansion of {} from byte {src_at}", ggml.name())));
+    }
+    let (block_bytes, block_elements) = (ggml.block_bytes() as u64, ggml.block_elements() as u64);
+    // Blocks per dispatch: both windows within a binding (less the alignment slack).
+    let budget = gpu.max_binding().saturating_sub(gpu.binding_alignment());
+    let per = (budget / block_bytes).min(budget / (4 * block_elements)).max(1);
+    let mut b0 = 0;
+    while b0 < blocks {
+        let b1 = (b0 + per).min(blocks);
+        let sw = window(gpu, src, 1, src_at + b0 * block_bytes..src_at + b1 * block_bytes, "GGML blocks")?;
+        let ow = window(gpu, out, 4, out_base + b0 * block_elements..out_base + b1 * block_elements, "GGML output")?;
+        let runs = (b1 - b0) * block_elements / RUN;
+        let params = GgmlParams {
+            kind: ggml.id(),
+            runs: to_u32(runs, "GGML runs")?,
+            src_shift: sw.local,
+            out_shift: ow.local,
+            _pad: [0; 4],
+        };
+        dispatch(gpu, sink, Launch { kernel: &GGML_EXPAND, constants: &[], params, grid: wrapped_grid(runs.div_ceil(64)) }, &[(1, &sw), (2, &ow)]);
+        b0 = b1;
+    }
+    Ok(())
+}

@@ -1,0 +1,73 @@
+//! GGUF weights: every GGML type expanded on the device bit for bit as
+//! gguf-py's `dequantize` (test_vectors/gguf, written by
+//! `test_vectors/generate_gguf.py` with gguf-py's own writer).
+
+#![allow(clippy::unwrap_used)]
+
+use flux_lite_core::ggml::GgmlType;
+use flux_lite_kernels::kernels;
+use flux_lite_platform::model::gguf;
+use flux_lite_platform::{Gpu, GpuOptions};
+use flux_lite_tests::test_vectors;
+use safetensors::SafeTensors;
+
+fn read(name: &str) -> Vec<u8> {
+    let path = test_vectors().join("gguf").join(name);
+    std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// Each quantized tensor of the file, from a source offset that is not a
+/// binding boundary into a poisoned f32 buffer at a non-zero offset, on the
+/// default device and on one whose 2 KiB bindings cut it into a dispatch a
+/// block or two: the f32 bits of gguf-py, and nothing around them written.
+#[test]
+fn every_type_expands_on_the_device_bit_for_bit_as_gguf_py() {
+    let file = read("blocks.gguf");
+    let header = gguf::parse(&file).unwrap();
+    let expanded_bytes = read("expanded.safetensors");
+    let expanded = SafeTensors::deserialize(&expanded_bytes).unwrap();
+    let small = Gpu::new(&GpuOptions { max_storage_binding: Some(2048), ..Default::default() }).unwrap();
+    let quantized: Vec<_> = header.tensors.iter().filter(|t| t.ggml.is_quantized()).collect();
+    assert_eq!(quantized.len(), 10, "Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and Q2_K … Q6_K");
+    for gpu in [flux_lite_tests::gpu(), &small] {
+        for t in &quantized {
+            let want: Vec<u32> = expanded.tensor(&t.name).unwrap().data().chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+            assert_eq!(want.len(), t.elements(), "{}", t.name);
+            let lead = 8usize;
+            let mut src = vec![0xabu8; lead];
+            src.extend(&file[t.range.clone()]);
+            let src = gpu.upload_bytes("blocks", &src);
+            let base = 64usize;
+            let poison = 0x7fc0_beefu32;
+            let out = gpu.upload_u32("expanded", &vec![poison; base + want.len() + 64]);
+            let blocks = (t.elements() / t.ggml.block_elements()) as u64;
+            gpu.submit(|enc| kernels::ggml_expand(gpu, enc, t.ggml, &src, lead as u64, blocks, &out, base as u64)).unwrap();
+            let got: Vec<u32> = gpu.read_bytes(&out, 0, out.size()).unwrap().chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+            if let Some(k) = (0..want.len()).find(|&k| got[base + k] != want[k]) {
+                panic!(
+                    "{} on {}: element {k}: {:e} ({:#010x}), gguf-py {:e} ({:#010x})",
+                    t.name,
+                    gpu.describe(),
+                    f32::from_bits(got[base + k]),
+                    got[base + k],
+                    f32::from_bits(want[k]),
+                    want[k]
+                );
+            }
+            assert!(got[..base].iter().chain(&got[base + want.len()..]).all(|&w| w == poison), "{}: words outside its place written", t.name);
+        }
+    }
+}
+
+/// The file gguf-py wrote reads with the shapes and types it was given.
+#[test]
+fn gguf_py_files_parse_with_their_shapes_and_types() {
+    let file = read("blocks.gguf");
+    let header = gguf::parse(&file).unwrap();
+    assert_eq!(header.architecture.as_deref(), Some("flux"));
+    for t in &header.tensors {
+        assert_eq!(t.shape, vec![6, 512], "{}", t.name);
+        assert_eq!(GgmlType::from_name(&t.name), Some(t.ggml), "{} is named after its type", t.name);
+        assert_eq!(t.range.len() as u64, t.ggml.bytes_of(6 * 512).unwrap());
+    }
+}
