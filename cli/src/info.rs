@@ -175,7 +175,15 @@ fn print_component_bytes(m: &ModelFolder, c: Component) -> Result<(), String> {
     };
     let files = if m.has_weight_files(c) {
         let store = m.weights(c).map_err(|e| e.to_string())?;
-        let kind = if store.df11_groups().len() > 0 { "DF11" } else { "uncompressed" };
+        let types = store.quantized_types();
+        let kind = if !types.is_empty() {
+            let listed: Vec<String> = types.iter().map(|(t, n)| format!("{t} ×{n}")).collect();
+            format!("GGUF: {} tensors in GGML blocks, expanded on the device", listed.join(", "))
+        } else if store.df11_groups().len() > 0 {
+            "DF11".to_string()
+        } else {
+            "uncompressed".to_string()
+        };
         format!("{} in files ({kind})", Bytes(store.data_bytes()))
     } else {
         "no weight files".to_string()

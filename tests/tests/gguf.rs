@@ -71,3 +71,46 @@ fn gguf_py_files_parse_with_their_shapes_and_types() {
         assert_eq!(t.range.len() as u64, t.ggml.bytes_of(6 * 512).unwrap());
     }
 }
+
+/// tiny-q's transformer, one GGUF file holding every quantized type (its
+/// `transformer/` folder holds it beside config.json), placed every way the
+/// planner may place it: expanded once at load, kept in GGML blocks and
+/// expanded into one or two slots per block, streamed from the file: the
+/// velocity is bit for bit the same, and the device bytes stay within the
+/// planner's count of that strategy, which counts the blocks, not an expansion.
+#[test]
+fn a_gguf_transformer_runs_the_same_under_every_strategy() {
+    use flux_lite_core::plan::WeightStrategy;
+    use flux_lite_platform::components::transformer::{LatentGrids, Transformer};
+    use flux_lite_platform::model::{Component, ModelFolder};
+    let gpu = flux_lite_tests::gpu();
+    let model = ModelFolder::open(&flux_lite_tests::model_dir("tiny-q")).unwrap();
+    let (text, lat_h, lat_w) = (8, 2, 3);
+    let store = model.weights(Component::Transformer).unwrap();
+    let types = store.quantized_types();
+    assert_eq!(types.len(), 10, "every quantized type: {types:?}");
+    let sizes = Transformer::weight_sizes(&model.transformer, &store, text, lat_h * lat_w).unwrap();
+    assert!(sizes.has_df11(), "blocks kept quantized are a strategy");
+    let mut want = None;
+    for strategy in [
+        WeightStrategy::ResidentBf16,
+        WeightStrategy::ResidentDf11 { slots: 1 },
+        WeightStrategy::ResidentDf11 { slots: 2 },
+        WeightStrategy::Streamed { slots: 1 },
+        WeightStrategy::Streamed { slots: 2 },
+    ] {
+        let store = model.weights(Component::Transformer).unwrap();
+        let t = Transformer::new(gpu, &model.transformer, store, strategy, None, text, &LatentGrids::noise_only(lat_h, lat_w)).unwrap();
+        let got = flux_lite_tests::velocity_of_two_passes(gpu, &t, text);
+        assert!(t.weight_bytes() <= sizes.bytes(strategy), "{strategy:?}: {} device bytes, planned {}", t.weight_bytes(), sizes.bytes(strategy));
+        assert!(got.iter().all(|v| v.is_finite()));
+        match &want {
+            None => want = Some(got),
+            Some(w) => assert!(got.iter().map(|v| v.to_bits()).eq(w.iter().map(|v| v.to_bits())), "{strategy:?}: the velocity differs"),
+        }
+    }
+    let kept = sizes.bytes(WeightStrategy::ResidentDf11 { slots: 1 });
+    let expanded = sizes.bytes(WeightStrategy::ResidentBf16);
+    // One f32 slot of the largest block beside every block's GGML bytes, against every weight as f32.
+    assert!(kept < expanded, "kept in blocks ({kept} B) is under expanded to f32 ({expanded} B)");
+}

@@ -125,10 +125,12 @@ impl WeightSizes {
 /// How a component's weights are held on the device while it runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WeightStrategy {
-    /// Every weight resident as bf16 (DF11 groups expanded once at load).
+    /// Every weight resident as bf16 (DF11 groups expanded once at load;
+    /// GGML blocks once, to f32).
     ResidentBf16,
-    /// Plain weights and compressed DF11 groups resident; each block's
-    /// groups expanded into bf16 slot `block mod slots` as it starts.
+    /// Plain weights and compressed DF11 groups (or GGML blocks) resident;
+    /// each block's expanded into slot `block mod slots` as it starts (bf16
+    /// for DF11, f32 for GGML blocks).
     ResidentDf11 { slots: u8 },
     /// Nothing resident: each block's weights are copied from the mapped
     /// files into slot `block mod slots` as it starts (DF11 groups
@@ -140,9 +142,9 @@ impl fmt::Display for WeightStrategy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let plural = |n: u8| if n == 1 { "" } else { "s" };
         match self {
-            WeightStrategy::ResidentBf16 => f.write_str("weights resident as bf16"),
+            WeightStrategy::ResidentBf16 => f.write_str("weights resident, expanded"),
             WeightStrategy::ResidentDf11 { slots } => {
-                write!(f, "DF11 resident, expanded per block into {slots} bf16 slot{}", plural(*slots))
+                write!(f, "weights resident compressed (DF11 or GGML blocks), expanded per block into {slots} slot{}", plural(*slots))
             }
             WeightStrategy::Streamed { slots } => write!(f, "streamed per block from host memory into {slots} slot{}", plural(*slots)),
         }

@@ -17,8 +17,9 @@ use crate::model::df11::{area_bytes_of, block_positions, AreaRun, Df11DeviceGrou
 use crate::error::{GpuError, LoadError, RunError};
 use flux_lite_kernels::{kernels, DeviceBuffer, Gpu};
 use flux_lite_kernels::{Weight, WeightDtype};
-use crate::model::safetensors_store::{widen_to_f32, TensorRef, WeightStore};
+use crate::model::safetensors_store::{widen_to_f32, QuantizedRef, TensorRef, WeightStore};
 use flux_lite_core::plan::{BlockWeights, WeightSizes, WeightStrategy, DF11_STREAM_AREA, SLOT_ALIGN, STREAM_STAGING};
+use flux_lite_core::ggml::GgmlType;
 use flux_lite_core::ir::Op;
 use safetensors::tensor::Dtype;
 use std::collections::HashMap;
@@ -74,13 +75,23 @@ impl DeviceWeight {
     }
 }
 
+/// The weights of one block, or those several blocks share, by how they are held.
+#[derive(Debug, Default, Clone)]
+struct Held {
+    /// Plain tensors (bf16, f16, f32).
+    plain: Vec<String>,
+    /// DF11 groups.
+    groups: Vec<usize>,
+    /// Tensors in GGML blocks.
+    quantized: Vec<String>,
+}
+
 /// Which weights each block reads alone, and which several blocks share.
 #[derive(Debug, Default)]
 struct Assignment {
-    /// Per block: plain weights and DF11 groups only it reads, in order of first use.
-    own: Vec<(Vec<String>, Vec<usize>)>,
-    shared_plain: Vec<String>,
-    shared_groups: Vec<usize>,
+    /// Per block: the weights only it reads, in order of first use.
+    own: Vec<Held>,
+    shared: Held,
 }
 
 impl Assignment {
@@ -89,6 +100,7 @@ impl Assignment {
         enum Key {
             Plain(String),
             Group(usize),
+            Quantized(String),
         }
         let mut readers: Vec<(Key, Vec<usize>)> = Vec::new();
         let mut index: HashMap<Key, usize> = HashMap::new();
@@ -96,6 +108,7 @@ impl Assignment {
             for name in block.iter().flat_map(|op| op.weights()).map(|n| n.as_str()) {
                 let key = match store.df11_location(name) {
                     Some((group, _)) => Key::Group(group),
+                    None if store.quantized(name).is_some() => Key::Quantized(name.to_string()),
                     None => Key::Plain(name.to_string()),
                 };
                 match index.get(&key) {
@@ -108,13 +121,19 @@ impl Assignment {
                 }
             }
         }
-        let mut a = Assignment { own: vec![(Vec::new(), Vec::new()); blocks.len()], ..Default::default() };
+        let mut a = Assignment { own: vec![Held::default(); blocks.len()], ..Default::default() };
         for (key, bs) in readers {
-            match (key, bs.as_slice()) {
-                (Key::Plain(n), &[b]) => a.own[b].0.push(n),
-                (Key::Group(g), &[b]) => a.own[b].1.push(g),
-                (Key::Plain(n), _) => a.shared_plain.push(n),
-                (Key::Group(g), _) => a.shared_groups.push(g),
+            // A tensor that cannot be copied as stored (f16, widened on the
+            // host) is resident under every strategy, as shared ones are.
+            let fixed = matches!(&key, Key::Plain(n) if store.tensor(n).is_ok_and(|t| !streamable(t)));
+            let held = match bs.as_slice() {
+                &[b] if !fixed => &mut a.own[b],
+                _ => &mut a.shared,
+            };
+            match key {
+                Key::Plain(n) => held.plain.push(n),
+                Key::Group(g) => held.groups.push(g),
+                Key::Quantized(n) => held.quantized.push(n),
             }
         }
         a
@@ -132,20 +151,33 @@ fn streamable(t: TensorRef<'_>) -> bool {
     matches!(t.dtype, Dtype::BF16 | Dtype::F32)
 }
 
-/// A block's weights summed as the planner counts them.
-fn block_weights(store: &WeightStore, plain: &[String], groups: &[usize]) -> Result<BlockWeights, RunError> {
+/// A block's weights summed as the planner counts them. A tensor in GGML
+/// blocks counts as a DF11 group does: its f32 expansion as the grouped
+/// bytes, its blocks as the compressed ones.
+fn block_weights(store: &WeightStore, held: &Held) -> Result<BlockWeights, RunError> {
     let mut b = BlockWeights::default();
-    for name in plain {
+    for name in &held.plain {
         b.plain += plain_bytes(store.tensor(name)?).next_multiple_of(SLOT_ALIGN);
     }
-    for &g in groups {
+    for &g in &held.groups {
         // Streamed, each weight of the group takes its own aligned place (at least the group's expanded bytes).
         let group = compressed(store, g)?;
         b.grouped += group.weight_ranges().map(|r| (2 * r.len() as u64).next_multiple_of(SLOT_ALIGN)).sum::<u64>();
         b.compressed += Df11DeviceGroup::device_bytes_of(&group);
         b.largest_group = b.largest_group.max(area_bytes_of(&group, SLOT_ALIGN));
     }
+    for name in &held.quantized {
+        let q = quantized(store, name)?;
+        b.grouped += expanded_bytes(&q);
+        b.compressed += q.bytes().next_multiple_of(4) as u64;
+        b.largest_group = b.largest_group.max((q.bytes() as u64).next_multiple_of(SLOT_ALIGN));
+    }
     Ok(b)
+}
+
+/// Slot bytes of a tensor's f32 expansion.
+fn expanded_bytes(q: &QuantizedRef<'_>) -> u64 {
+    (4 * q.elements() as u64).next_multiple_of(SLOT_ALIGN)
 }
 
 /// The host-visible buffer streamed weights pass through, mapped for
@@ -263,6 +295,28 @@ struct StreamedGroup {
     runs: Vec<(AreaRun, Vec<flux_lite_kernels::Dispatch>)>,
 }
 
+/// A tensor kept in GGML blocks on the device, expanded into its slot at
+/// the start of its block.
+#[derive(Debug, Clone, Copy)]
+struct QuantizedFill {
+    /// Index in `quantized`.
+    raw: usize,
+    ggml: GgmlType,
+    blocks: u64,
+    slot: usize,
+    /// First f32 element of the tensor in the slot.
+    base: u64,
+}
+
+/// A tensor in GGML blocks streamed into the area and expanded into a slot
+/// as its block starts, in runs of blocks the area holds.
+#[derive(Debug)]
+struct StreamedQuantized {
+    name: String,
+    /// Each run's blocks and its expansion into the slot (made once at load).
+    runs: Vec<(std::ops::Range<u64>, Vec<flux_lite_kernels::Dispatch>)>,
+}
+
 /// One run of bytes on its way from the host to a device buffer.
 struct Piece<'a> {
     bytes: &'a [u8],
@@ -280,6 +334,10 @@ struct Pending {
     compressed: Vec<(usize, usize)>,
     /// Groups expanded once at load, and the buffer each expands into.
     expansions: Vec<(usize, DeviceBuffer)>,
+    /// (index in `quantized`, tensor) of the tensors kept in GGML blocks.
+    quantized: Vec<(usize, String)>,
+    /// Tensors in GGML blocks expanded once at load, and their f32 buffers.
+    quantized_expansions: Vec<(String, DeviceBuffer)>,
 }
 
 /// The zero word after a streamed group's gaps, which the last thread's two-byte read may touch.
@@ -298,7 +356,14 @@ pub struct DeviceWeights {
     streams: Vec<Vec<StreamedWeight>>,
     /// The DF11 groups streamed compressed at the start of each block.
     streamed_groups: Vec<Vec<StreamedGroup>>,
-    /// Where a streamed group's compressed arrays land (the largest group's size).
+    /// Tensors kept in GGML blocks, expanded per block.
+    quantized: Vec<DeviceBuffer>,
+    /// Their expansions at the start of each block.
+    quantized_fills: Vec<Vec<QuantizedFill>>,
+    /// The tensors in GGML blocks streamed at the start of each block.
+    streamed_quantized: Vec<Vec<StreamedQuantized>>,
+    /// Where a streamed group's compressed arrays (or a streamed tensor's
+    /// GGML blocks) land: the largest one's size, at most [`DF11_STREAM_AREA`].
     area: Option<DeviceBuffer>,
     /// What streamed weights pass through (streaming only).
     staging: Option<Staging>,
@@ -312,10 +377,10 @@ impl DeviceWeights {
     pub fn sizes(store: &WeightStore, blocks: &[Vec<Op>]) -> Result<WeightSizes, RunError> {
         let a = Assignment::new(store, blocks);
         let mut sizes = WeightSizes::default();
-        for (plain, groups) in &a.own {
-            sizes.add_block(block_weights(store, plain, groups)?);
+        for held in &a.own {
+            sizes.add_block(block_weights(store, held)?);
         }
-        let shared = block_weights(store, &a.shared_plain, &a.shared_groups)?;
+        let shared = block_weights(store, &a.shared)?;
         sizes.shared = shared.plain + shared.grouped;
         Ok(sizes)
     }
@@ -334,15 +399,20 @@ impl DeviceWeights {
             fills: vec![Vec::new(); blocks.len()],
             streams: vec![Vec::new(); blocks.len()],
             streamed_groups: blocks.iter().map(|_| Vec::new()).collect(),
+            quantized_fills: vec![Vec::new(); blocks.len()],
+            streamed_quantized: blocks.iter().map(|_| Vec::new()).collect(),
             ..Self::default()
         };
         let mut pending = Pending::default();
         let mut area_bytes = 0u64;
-        for name in &a.shared_plain {
+        for name in &a.shared.plain {
             w.allocate(gpu, store, name, &mut pending)?;
         }
-        for &g in &a.shared_groups {
+        for &g in &a.shared.groups {
             w.allocate_expansion(gpu, store, g, &mut pending)?;
+        }
+        for name in &a.shared.quantized {
+            w.allocate_quantized_expansion(gpu, store, name, &mut pending)?;
         }
         let slots = match strategy {
             WeightStrategy::ResidentBf16 => 0,
@@ -351,10 +421,12 @@ impl DeviceWeights {
         let mut slot_bytes = vec![0u64; slots];
         // (weight, slot, element offset) of the weights that live in a slot.
         let mut in_slots: Vec<(String, usize, u64, WeightDtype)> = Vec::new();
-        for (block, (plain, groups)) in a.own.iter().enumerate() {
+        // (tensor, slot, first f32 element) of the streamed tensors in GGML blocks.
+        let mut streamed_quantized: Vec<(usize, String, usize, u64)> = Vec::new();
+        for (block, held) in a.own.iter().enumerate() {
             let slot = if slots > 0 { block % slots } else { 0 };
             let mut cursor = 0u64;
-            for name in plain {
+            for name in &held.plain {
                 let t = store.tensor(name)?;
                 if matches!(strategy, WeightStrategy::Streamed { .. }) && streamable(t) {
                     let offset = cursor.next_multiple_of(SLOT_ALIGN);
@@ -366,7 +438,7 @@ impl DeviceWeights {
                     w.allocate(gpu, store, name, &mut pending)?;
                 }
             }
-            for &g in groups {
+            for &g in &held.groups {
                 match strategy {
                     WeightStrategy::ResidentBf16 => w.allocate_expansion(gpu, store, g, &mut pending)?,
                     WeightStrategy::ResidentDf11 { .. } => {
@@ -384,6 +456,26 @@ impl DeviceWeights {
                         area_bytes = area_bytes.max(area_bytes_of(&group, area_align(gpu)));
                         let positions = block_positions(&group);
                         w.streamed_groups[block].push(StreamedGroup { group: g, slot, base, positions, clear: Vec::new(), runs: Vec::new() });
+                    }
+                }
+            }
+            for name in &held.quantized {
+                let q = quantized(store, name)?;
+                match strategy {
+                    WeightStrategy::ResidentBf16 => w.allocate_quantized_expansion(gpu, store, name, &mut pending)?,
+                    WeightStrategy::ResidentDf11 { .. } => {
+                        let base = place_quantized(&mut cursor, &mut in_slots, name, &q, slot);
+                        let raw = gpu.storage(name, q.bytes() as u64);
+                        w.bytes += raw.size();
+                        let blocks = (q.elements() / q.ggml.block_elements()) as u64;
+                        w.quantized_fills[block].push(QuantizedFill { raw: w.quantized.len(), ggml: q.ggml, blocks, slot, base });
+                        pending.quantized.push((w.quantized.len(), name.clone()));
+                        w.quantized.push(raw);
+                    }
+                    WeightStrategy::Streamed { .. } => {
+                        let base = place_quantized(&mut cursor, &mut in_slots, name, &q, slot);
+                        area_bytes = area_bytes.max((q.bytes() as u64).next_multiple_of(SLOT_ALIGN));
+                        streamed_quantized.push((block, name.clone(), slot, base));
                     }
                 }
             }
@@ -412,6 +504,20 @@ impl DeviceWeights {
                     sg.runs.push((run, decode));
                 }
             }
+            for (block, name, slot, base) in streamed_quantized {
+                let q = quantized(store, &name)?;
+                let (bb, be) = (q.ggml.block_bytes() as u64, q.ggml.block_elements() as u64);
+                let blocks = q.elements() as u64 / be;
+                let per_run = (area.size() / bb).max(1);
+                let mut runs = Vec::new();
+                for b0 in (0..blocks).step_by(per_run as usize) {
+                    let b1 = (b0 + per_run).min(blocks);
+                    let mut expand = Vec::new();
+                    kernels::ggml_expand(gpu, &mut expand, q.ggml, &area, 0, b1 - b0, &w.slots[slot], base + b0 * be)?;
+                    runs.push((b0..b1, expand));
+                }
+                w.streamed_quantized[block].push(StreamedQuantized { name, runs });
+            }
             w.area = Some(area);
         }
         if w.streams.iter().any(|s| !s.is_empty()) || area_bytes > 0 {
@@ -435,6 +541,17 @@ impl DeviceWeights {
             self.insert(name, weight);
             pending.tensors.push(name.to_string());
         }
+        Ok(())
+    }
+
+    /// Allocates the f32 buffer a tensor in GGML blocks is expanded into
+    /// once, and maps it there; the expansion comes later.
+    fn allocate_quantized_expansion(&mut self, gpu: &Gpu, store: &WeightStore, name: &str, pending: &mut Pending) -> Result<(), RunError> {
+        let q = quantized(store, name)?;
+        let buffer = gpu.storage(name, 4 * q.elements() as u64);
+        self.bytes += buffer.size();
+        self.map.insert(name.to_string(), DeviceWeight { buffer: buffer.clone(), offset: 0, dtype: WeightDtype::F32 });
+        pending.quantized_expansions.push((name.to_string(), buffer));
         Ok(())
     }
 
@@ -466,6 +583,15 @@ impl DeviceWeights {
         for (group, buffer) in &pending.expansions {
             let device = Df11DeviceGroup::upload(gpu, &compressed(store, *group)?);
             gpu.submit(|enc| device.record_decode(gpu, enc, buffer, 0))?;
+        }
+        for &(raw, ref name) in &pending.quantized {
+            gpu.write(&self.quantized[raw], 0, &joined(&quantized(store, name)?, ..));
+        }
+        for (name, buffer) in &pending.quantized_expansions {
+            let q = quantized(store, name)?;
+            let raw = gpu.upload_bytes(name, &joined(&q, ..));
+            let blocks = (q.elements() / q.ggml.block_elements()) as u64;
+            gpu.submit(|enc| kernels::ggml_expand(gpu, enc, q.ggml, &raw, 0, blocks, buffer, 0))?;
         }
         Ok(())
     }
@@ -506,6 +632,19 @@ impl DeviceWeights {
                 })?;
             }
         }
+        for sq in self.streamed_quantized.get(block).into_iter().flatten() {
+            let area = self.area.as_ref().ok_or_else(|| GpuError::Device("no streaming area".into()))?;
+            let q = quantized(store, &sq.name)?;
+            let bb = q.ggml.block_bytes();
+            for (blocks, expand) in &sq.runs {
+                let bytes = joined(&q, blocks.start as usize * bb..blocks.end as usize * bb);
+                staging.copy(gpu, &[Piece { bytes: &bytes, to: area, at: 0 }])?;
+                gpu.submit(|enc| {
+                    flux_lite_kernels::encode(enc, expand);
+                    Ok(())
+                })?;
+            }
+        }
         Ok(())
     }
 
@@ -529,6 +668,9 @@ impl DeviceWeights {
     pub fn record_fills(&self, gpu: &Gpu, block: usize, sink: &mut dyn flux_lite_kernels::Sink) -> Result<(), GpuError> {
         for fill in self.fills.get(block).into_iter().flatten() {
             self.groups[fill.group].record_decode(gpu, sink, &self.slots[fill.slot], fill.base)?;
+        }
+        for f in self.quantized_fills.get(block).into_iter().flatten() {
+            kernels::ggml_expand(gpu, sink, f.ggml, &self.quantized[f.raw], 0, f.blocks, &self.slots[f.slot], f.base)?;
         }
         Ok(())
     }
@@ -579,4 +721,40 @@ fn group_info(store: &WeightStore, group: usize) -> Result<&crate::model::safete
 
 fn missing_group(group: usize) -> RunError {
     RunError::Internal(format!("DF11 group {group} is not held compressed by its store"))
+}
+
+/// Places a tensor's f32 expansion in `slot` at the next aligned byte of
+/// `cursor` (which it advances), maps it there, and returns its first
+/// element in the slot.
+fn place_quantized(cursor: &mut u64, in_slots: &mut Vec<(String, usize, u64, WeightDtype)>, name: &str, q: &QuantizedRef<'_>, slot: usize) -> u64 {
+    let base = cursor.next_multiple_of(SLOT_ALIGN);
+    *cursor = base + 4 * q.elements() as u64;
+    in_slots.push((name.to_string(), slot, base / 4, WeightDtype::F32));
+    base / 4
+}
+
+fn quantized<'s>(store: &'s WeightStore, name: &str) -> Result<QuantizedRef<'s>, RunError> {
+    store.quantized(name).ok_or_else(|| RunError::Internal(format!("`{name}` is not held in GGML blocks by its store")))
+}
+
+/// Bytes `range` of a tensor's blocks laid end to end: borrowed where they
+/// lie in one piece, else joined on the host (only a tensor whose halves
+/// swap has two pieces).
+fn joined<'a>(q: &QuantizedRef<'a>, range: impl std::ops::RangeBounds<usize>) -> std::borrow::Cow<'a, [u8]> {
+    use std::ops::Bound;
+    let start = match range.start_bound() {
+        Bound::Included(&s) => s,
+        Bound::Excluded(&s) => s + 1,
+        Bound::Unbounded => 0,
+    };
+    let end = match range.end_bound() {
+        Bound::Included(&e) => e + 1,
+        Bound::Excluded(&e) => e,
+        Bound::Unbounded => q.bytes(),
+    };
+    if let [one] = q.pieces.as_slice() {
+        return std::borrow::Cow::Borrowed(&one[start..end]);
+    }
+    let all: Vec<u8> = q.pieces.iter().flat_map(|p| p.iter().copied()).collect();
+    std::borrow::Cow::Owned(all[start..end].to_vec())
 }

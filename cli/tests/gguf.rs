@@ -1,0 +1,85 @@
+//! GGUF transformers in `gen`: tiny-q's, every quantized type in one file,
+//! against diffusers' PNG on gguf-py's expansion of the same file
+//! (`test_vectors/generate_gguf_model.py`), and the errors of files that
+//! lie or belong to another model.
+
+#![allow(clippy::unwrap_used)]
+
+use flux_lite_tests::{model_dir, read_png, scratch_dir, the_error_line, Goldens};
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn gen(model: &str, args: &[&str], out: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_flux-lite"))
+        .args(["gen", "--model"])
+        .arg(model_dir(model))
+        .args(args)
+        .args(["--quiet", "--precision", "f32", "--output"])
+        .arg(out)
+        .output()
+        .unwrap()
+}
+
+fn case_args() -> Vec<String> {
+    let path = Goldens::dir("tiny-q").join("case.json");
+    let c: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    let mut args: Vec<String> = ["--prompt", c["prompt"].as_str().unwrap()].map(String::from).to_vec();
+    for key in ["seed", "steps", "width", "height"] {
+        args.extend([format!("--{key}"), c[key].to_string()]);
+    }
+    args
+}
+
+fn gguf_file() -> std::path::PathBuf {
+    model_dir("tiny-q").join("transformer/tiny-q.gguf")
+}
+
+/// Given with `--transformer FILE.gguf`, kept in its blocks under a budget
+/// that holds only that: the diffusers PNG.
+#[test]
+fn a_gguf_transformer_makes_the_diffusers_png() {
+    let dir = scratch_dir("gguf-png");
+    let out = dir.join("q.png");
+    let args = case_args();
+    let mut args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let file = gguf_file();
+    args.extend(["--transformer", file.to_str().unwrap(), "--memory-budget", "40MiB", "--verbose"]);
+    let run = gen("tiny-q", &args, &out);
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "{stderr}");
+    let (got, want) = (read_png(&out), read_png(&Goldens::dir("tiny-q").join("gguf.png")));
+    flux_lite_tests::tolerance::assert_png_close("tiny-q gguf", &got.rgb, &want.rgb);
+    let plan = stderr.lines().find(|l| l.starts_with("plan: ") && l.contains("transformer")).unwrap_or_else(|| panic!("no plan line: {stderr}"));
+    assert!(plan.contains("resident compressed"), "40 MiB keeps the blocks quantized: {plan}");
+}
+
+/// A truncated file, one whose tensor lies about its type, one of another
+/// model, and one for another architecture's widths: one error line each,
+/// naming the file or tensor, and no PNG.
+#[test]
+fn files_that_lie_or_belong_elsewhere_are_one_error_line() {
+    let dir = scratch_dir("gguf-errors");
+    let bytes = std::fs::read(gguf_file()).unwrap();
+    let truncated = dir.join("truncated.gguf");
+    std::fs::write(&truncated, &bytes[..bytes.len() - 1000]).unwrap();
+    let other = dir.join("other.gguf");
+    let q8 = vec![0u8; 34];
+    std::fs::write(&other, flux_lite_platform::model::gguf::write("llama", &[("blk.0.attn_q.weight", &[32, 1], flux_lite_core::ggml::GgmlType::Q8_0, &q8)])).unwrap();
+    let args = case_args();
+    let mut base: Vec<&str> = args.iter().map(String::as_str).collect();
+    base.push("--transformer");
+    let cases = [
+        ("tiny-q", &truncated, "runs past the end of the file"),
+        ("tiny-q", &other, "none of its 1 tensors has a FLUX.2 transformer's name"),
+        // tiny-a's transformer is 64 wide: the file's 256-wide tensors do not fit it.
+        ("tiny-a", &gguf_file(), "`x_embedder.weight` should be a float tensor of shape [64, 16] but is F32 of shape [256, 16]"),
+    ];
+    for (model, file, says) in cases {
+        let out = dir.join("never.png");
+        let mut a = base.clone();
+        a.push(file.to_str().unwrap());
+        let line = the_error_line(&gen(model, &a, &out));
+        assert!(line.contains(says), "{}: {line}", file.display());
+        assert!(!out.exists(), "{}: a PNG was written", file.display());
+    }
+}
