@@ -74,10 +74,12 @@ fn gguf_py_files_parse_with_their_shapes_and_types() {
 
 /// tiny-q's transformer, one GGUF file holding every quantized type (its
 /// `transformer/` folder holds it beside config.json), placed every way the
-/// planner may place it: expanded once at load, kept in GGML blocks and
-/// expanded into one or two slots per block, streamed from the file: the
+/// planner may place it: expanded once at load, kept in GGML blocks (one
+/// or two slots: the blocks need none), streamed from the file into slots: the
 /// velocity is bit for bit the same, and the device bytes stay within the
 /// planner's count of that strategy, which counts the blocks, not an expansion.
+/// Kept or streamed, a linear expands its weight's rows into a scratch as it
+/// runs, as many as the scratch holds at a time.
 #[test]
 fn a_gguf_transformer_runs_the_same_under_every_strategy() {
     use flux_lite_core::plan::WeightStrategy;
@@ -107,6 +109,21 @@ fn a_gguf_transformer_runs_the_same_under_every_strategy() {
         match &want {
             None => want = Some(got),
             Some(w) => assert!(got.iter().map(|v| v.to_bits()).eq(w.iter().map(|v| v.to_bits())), "{strategy:?}: the velocity differs"),
+        }
+    }
+    // On a device whose 128 KiB bindings hold 32 to 128 rows of f32 at a time,
+    // each linear over GGML blocks expands and multiplies its rows in many
+    // passes: the velocity is still bit for bit the one of the weights
+    // expanded whole at load on that device.
+    let small = flux_lite_platform::Gpu::new(&flux_lite_platform::GpuOptions { max_storage_binding: Some(128 << 10), ..Default::default() }).unwrap();
+    let mut whole = None;
+    for strategy in [WeightStrategy::ResidentBf16, WeightStrategy::ResidentDf11 { slots: 1 }, WeightStrategy::Streamed { slots: 1 }] {
+        let store = model.weights(Component::Transformer).unwrap();
+        let t = Transformer::new(&small, &model.transformer, store, strategy, None, text, &LatentGrids::noise_only(lat_h, lat_w)).unwrap();
+        let got = flux_lite_tests::velocity_of_two_passes(&small, &t, text);
+        match &whole {
+            None => whole = Some(got),
+            Some(w) => assert!(got.iter().map(|v| v.to_bits()).eq(w.iter().map(|v| v.to_bits())), "{strategy:?} in passes: the velocity differs"),
         }
     }
     let kept = sizes.bytes(WeightStrategy::ResidentDf11 { slots: 1 });

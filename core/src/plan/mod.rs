@@ -58,6 +58,12 @@ pub struct BlockWeights {
     /// The largest of the block's groups as the streaming area lays it out
     /// (its compressed arrays, each at a [`SLOT_ALIGN`] offset).
     pub largest_group: u64,
+    /// Weights in GGML blocks as the device holds them (resident, or
+    /// streamed into the slot like plain ones); each linear expands them a
+    /// few rows at a time into the packed scratch.
+    pub packed: u64,
+    /// The same weights expanded to f32 once at load (resident only).
+    pub packed_expanded: u64,
 }
 
 /// A component's weight bytes, summed and maximised over its blocks.
@@ -77,6 +83,15 @@ pub struct WeightSizes {
     pub max_group: u64,
     /// Weights several blocks read, resident under every strategy.
     pub shared: u64,
+    pub packed: u64,
+    pub packed_expanded: u64,
+    /// Shared weights in GGML blocks: resident in their blocks, or expanded
+    /// to f32 at load when everything is.
+    pub shared_packed: u64,
+    pub shared_packed_expanded: u64,
+    /// Where a linear over weights in GGML blocks expands rows of them
+    /// (0 without such weights); not needed when they are expanded at load.
+    pub packed_scratch: u64,
 }
 
 impl WeightSizes {
@@ -85,24 +100,28 @@ impl WeightSizes {
         self.plain += b.plain;
         self.grouped += b.grouped;
         self.compressed += b.compressed;
-        self.max_block = self.max_block.max(b.plain + b.grouped);
+        self.packed += b.packed;
+        self.packed_expanded += b.packed_expanded;
+        self.max_block = self.max_block.max(b.plain + b.packed + b.grouped);
         self.max_block_grouped = self.max_block_grouped.max(b.grouped);
         self.max_group = self.max_group.max(b.largest_group);
     }
 
-    /// Whether the weights are held as DF11 groups.
+    /// Whether some weights are held compressed (DF11 groups or GGML
+    /// blocks), so keeping them compressed is a strategy.
     pub fn has_df11(&self) -> bool {
-        self.compressed > 0
+        self.compressed > 0 || self.packed > 0
     }
 
     /// Device bytes of the weights under `s`.
     pub fn bytes(&self, s: WeightStrategy) -> u64 {
+        let packed = self.shared_packed + self.packed_scratch;
         self.shared
             + match s {
-                WeightStrategy::ResidentBf16 => self.plain + self.grouped,
-                WeightStrategy::ResidentDf11 { slots } => self.plain + self.compressed + slots as u64 * self.max_block_grouped,
+                WeightStrategy::ResidentBf16 => self.plain + self.grouped + self.packed_expanded + self.shared_packed_expanded,
+                WeightStrategy::ResidentDf11 { slots } => packed + self.plain + self.packed + self.compressed + slots as u64 * self.max_block_grouped,
                 WeightStrategy::Streamed { slots } => {
-                    slots as u64 * self.max_block + self.max_block.min(STREAM_STAGING) + self.max_group.min(DF11_STREAM_AREA)
+                    packed + slots as u64 * self.max_block + self.max_block.min(STREAM_STAGING) + self.max_group.min(DF11_STREAM_AREA)
                 }
             }
     }
@@ -110,9 +129,10 @@ impl WeightSizes {
     /// The strategies that apply, fastest first.
     pub fn strategies(&self) -> impl Iterator<Item = WeightStrategy> {
         let df11 = self.has_df11();
+        // GGML blocks need no slot: a second one only serves DF11 groups.
         [
             Some(WeightStrategy::ResidentBf16),
-            df11.then_some(WeightStrategy::ResidentDf11 { slots: 2 }),
+            (self.max_block_grouped > 0).then_some(WeightStrategy::ResidentDf11 { slots: 2 }),
             df11.then_some(WeightStrategy::ResidentDf11 { slots: 1 }),
             Some(WeightStrategy::Streamed { slots: 2 }),
             Some(WeightStrategy::Streamed { slots: 1 }),
@@ -128,9 +148,10 @@ pub enum WeightStrategy {
     /// Every weight resident as bf16 (DF11 groups expanded once at load;
     /// GGML blocks once, to f32).
     ResidentBf16,
-    /// Plain weights and compressed DF11 groups (or GGML blocks) resident;
-    /// each block's expanded into slot `block mod slots` as it starts (bf16
-    /// for DF11, f32 for GGML blocks).
+    /// Plain weights and compressed DF11 groups resident; each block's
+    /// groups expanded into bf16 slot `block mod slots` as it starts. GGML
+    /// blocks stay resident in their blocks; each linear expands a few rows
+    /// at a time as it runs.
     ResidentDf11 { slots: u8 },
     /// Nothing resident: each block's weights are copied from the mapped
     /// files into slot `block mod slots` as it starts (DF11 groups

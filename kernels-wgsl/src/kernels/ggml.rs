@@ -29,13 +29,13 @@ pub const GGML_EXPAND: Kernel = kernel(Module::Ggml, "ggml_expand", [64, 1, 1], 
 const RUN: u64 = 32;
 
 /// Expands `blocks` GGML blocks of type `ggml` that start at byte `src_at`
-/// of `src` (a multiple of 4) into f32 elements `[out_base, out_base +
+/// of `src` (any byte: blocks of odd sizes follow each other) into f32 elements `[out_base, out_base +
 /// blocks·block_elements)` of `out`, in as many dispatches as the binding
 /// limit asks for.
 #[allow(clippy::too_many_arguments)] // the source, the destination, and what lies between
 pub fn ggml_expand(gpu: &Gpu, sink: &mut dyn Sink, ggml: GgmlType, src: &wgpu::Buffer, src_at: u64, blocks: u64, out: &wgpu::Buffer, out_base: u64) -> Result<(), GpuError> {
-    if !ggml.is_quantized() || !src_at.is_multiple_of(4) {
-        return Err(GpuError::UnsupportedShape(format!("GGML expansion of {} from byte {src_at}", ggml.name())));
+    if !ggml.is_quantized() {
+        return Err(GpuError::UnsupportedShape(format!("GGML expansion of {}, which is not in blocks", ggml.name())));
     }
     let (block_bytes, block_elements) = (ggml.block_bytes() as u64, ggml.block_elements() as u64);
     // Blocks per dispatch: both windows within a binding (less the alignment slack).

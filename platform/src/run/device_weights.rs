@@ -82,7 +82,7 @@ struct Held {
     plain: Vec<String>,
     /// DF11 groups.
     groups: Vec<usize>,
-    /// Tensors in GGML blocks.
+    /// Linears' weights in GGML blocks.
     quantized: Vec<String>,
 }
 
@@ -92,6 +92,9 @@ struct Assignment {
     /// Per block: the weights only it reads, in order of first use.
     own: Vec<Held>,
     shared: Held,
+    /// Weights in GGML blocks that other ops than linears read (a norm's,
+    /// say): expanded to f32 once at load under every strategy.
+    expanded: Vec<String>,
 }
 
 impl Assignment {
@@ -104,6 +107,18 @@ impl Assignment {
         }
         let mut readers: Vec<(Key, Vec<usize>)> = Vec::new();
         let mut index: HashMap<Key, usize> = HashMap::new();
+        // Weights in GGML blocks that something other than a linear's weight reads.
+        let unpackable: std::collections::HashSet<&str> = blocks
+            .iter()
+            .flatten()
+            .flat_map(|op| {
+                let linear = match op {
+                    Op::Linear { w, .. } => Some(w.as_str()),
+                    _ => None,
+                };
+                op.weights().into_iter().map(|n| n.as_str()).filter(move |n| Some(*n) != linear)
+            })
+            .collect();
         for (b, block) in blocks.iter().enumerate() {
             for name in block.iter().flat_map(|op| op.weights()).map(|n| n.as_str()) {
                 let key = match store.df11_location(name) {
@@ -126,6 +141,12 @@ impl Assignment {
             // A tensor that cannot be copied as stored (f16, widened on the
             // host) is resident under every strategy, as shared ones are.
             let fixed = matches!(&key, Key::Plain(n) if store.tensor(n).is_ok_and(|t| !streamable(t)));
+            if let Key::Quantized(n) = &key {
+                if unpackable.contains(n.as_str()) {
+                    a.expanded.push(n.clone());
+                    continue;
+                }
+            }
             let held = match bs.as_slice() {
                 &[b] if !fixed => &mut a.own[b],
                 _ => &mut a.shared,
@@ -168,12 +189,26 @@ fn block_weights(store: &WeightStore, held: &Held) -> Result<BlockWeights, RunEr
     }
     for name in &held.quantized {
         let q = quantized(store, name)?;
-        b.grouped += expanded_bytes(&q);
-        b.compressed += q.bytes().next_multiple_of(4) as u64;
-        b.largest_group = b.largest_group.max((q.bytes() as u64).next_multiple_of(SLOT_ALIGN));
+        b.packed += (q.bytes() as u64).next_multiple_of(SLOT_ALIGN);
+        b.packed_expanded += expanded_bytes(&q);
     }
     Ok(b)
 }
+
+/// The f32 scratch a linear over GGML blocks expands its rows into: the
+/// largest such weight whole, or [`PACKED_SCRATCH`] bytes of whole rows.
+fn packed_scratch_bytes(store: &WeightStore, a: &Assignment) -> Result<u64, RunError> {
+    let mut bytes = 0u64;
+    for name in a.own.iter().chain([&a.shared]).flat_map(|h| &h.quantized) {
+        let q = quantized(store, name)?;
+        let row = 4 * q.shape.last().copied().unwrap_or(1) as u64;
+        bytes = bytes.max(expanded_bytes(&q).min(PACKED_SCRATCH.max(row)));
+    }
+    Ok(bytes)
+}
+
+/// The most bytes of f32 rows a linear over GGML blocks expands at once.
+pub const PACKED_SCRATCH: u64 = 64 << 20;
 
 /// Slot bytes of a tensor's f32 expansion.
 fn expanded_bytes(q: &QuantizedRef<'_>) -> u64 {
@@ -295,26 +330,15 @@ struct StreamedGroup {
     runs: Vec<(AreaRun, Vec<flux_lite_kernels::Dispatch>)>,
 }
 
-/// A tensor kept in GGML blocks on the device, expanded into its slot at
-/// the start of its block.
-#[derive(Debug, Clone, Copy)]
-struct QuantizedFill {
-    /// Index in `quantized`.
-    raw: usize,
-    ggml: GgmlType,
-    blocks: u64,
-    slot: usize,
-    /// First f32 element of the tensor in the slot.
-    base: u64,
-}
-
-/// A tensor in GGML blocks streamed into the area and expanded into a slot
-/// as its block starts, in runs of blocks the area holds.
-#[derive(Debug)]
-struct StreamedQuantized {
-    name: String,
-    /// Each run's blocks and its expansion into the slot (made once at load).
-    runs: Vec<(std::ops::Range<u64>, Vec<flux_lite_kernels::Dispatch>)>,
+/// A linear's weight in GGML blocks on the device: `buffer` from byte `at`
+/// on, rows of `width` elements, expanded a few rows at a time into the
+/// scratch as the linear runs.
+#[derive(Debug, Clone)]
+pub struct Packed {
+    pub buffer: DeviceBuffer,
+    pub at: u64,
+    pub ggml: GgmlType,
+    pub width: u64,
 }
 
 /// One run of bytes on its way from the host to a device buffer.
@@ -334,8 +358,8 @@ struct Pending {
     compressed: Vec<(usize, usize)>,
     /// Groups expanded once at load, and the buffer each expands into.
     expansions: Vec<(usize, DeviceBuffer)>,
-    /// (index in `quantized`, tensor) of the tensors kept in GGML blocks.
-    quantized: Vec<(usize, String)>,
+    /// Tensors kept resident in GGML blocks.
+    packed: Vec<String>,
     /// Tensors in GGML blocks expanded once at load, and their f32 buffers.
     quantized_expansions: Vec<(String, DeviceBuffer)>,
 }
@@ -356,14 +380,11 @@ pub struct DeviceWeights {
     streams: Vec<Vec<StreamedWeight>>,
     /// The DF11 groups streamed compressed at the start of each block.
     streamed_groups: Vec<Vec<StreamedGroup>>,
-    /// Tensors kept in GGML blocks, expanded per block.
-    quantized: Vec<DeviceBuffer>,
-    /// Their expansions at the start of each block.
-    quantized_fills: Vec<Vec<QuantizedFill>>,
-    /// The tensors in GGML blocks streamed at the start of each block.
-    streamed_quantized: Vec<Vec<StreamedQuantized>>,
-    /// Where a streamed group's compressed arrays (or a streamed tensor's
-    /// GGML blocks) land: the largest one's size, at most [`DF11_STREAM_AREA`].
+    /// Linears' weights held in GGML blocks (resident, or in a slot).
+    packed: HashMap<String, Packed>,
+    /// Where their linears expand rows of them.
+    packed_scratch: Option<DeviceBuffer>,
+    /// Where a streamed group's compressed arrays land (the largest group's size).
     area: Option<DeviceBuffer>,
     /// What streamed weights pass through (streaming only).
     staging: Option<Staging>,
@@ -382,6 +403,12 @@ impl DeviceWeights {
         }
         let shared = block_weights(store, &a.shared)?;
         sizes.shared = shared.plain + shared.grouped;
+        sizes.shared_packed = shared.packed;
+        sizes.shared_packed_expanded = shared.packed_expanded;
+        sizes.packed_scratch = packed_scratch_bytes(store, &a)?;
+        for name in &a.expanded {
+            sizes.shared += expanded_bytes(&quantized(store, name)?);
+        }
         Ok(sizes)
     }
 
@@ -399,8 +426,6 @@ impl DeviceWeights {
             fills: vec![Vec::new(); blocks.len()],
             streams: vec![Vec::new(); blocks.len()],
             streamed_groups: blocks.iter().map(|_| Vec::new()).collect(),
-            quantized_fills: vec![Vec::new(); blocks.len()],
-            streamed_quantized: blocks.iter().map(|_| Vec::new()).collect(),
             ..Self::default()
         };
         let mut pending = Pending::default();
@@ -411,8 +436,21 @@ impl DeviceWeights {
         for &g in &a.shared.groups {
             w.allocate_expansion(gpu, store, g, &mut pending)?;
         }
-        for name in &a.shared.quantized {
+        let expand_all = strategy == WeightStrategy::ResidentBf16;
+        for name in a.expanded.iter().chain(a.shared.quantized.iter().filter(|_| expand_all)) {
             w.allocate_quantized_expansion(gpu, store, name, &mut pending)?;
+        }
+        if !expand_all {
+            for name in &a.shared.quantized {
+                w.allocate_packed(gpu, store, name, &mut pending)?;
+            }
+            // Bound whole as a linear's weight: within one binding.
+            let scratch = packed_scratch_bytes(store, &a)?.min(gpu.max_binding() / 4 * 4);
+            if scratch > 0 {
+                let buffer = gpu.storage("packed scratch", scratch);
+                w.bytes += buffer.size();
+                w.packed_scratch = Some(buffer);
+            }
         }
         let slots = match strategy {
             WeightStrategy::ResidentBf16 => 0,
@@ -421,8 +459,8 @@ impl DeviceWeights {
         let mut slot_bytes = vec![0u64; slots];
         // (weight, slot, element offset) of the weights that live in a slot.
         let mut in_slots: Vec<(String, usize, u64, WeightDtype)> = Vec::new();
-        // (tensor, slot, first f32 element) of the streamed tensors in GGML blocks.
-        let mut streamed_quantized: Vec<(usize, String, usize, u64)> = Vec::new();
+        // (tensor, slot, byte offset) of the streamed tensors in GGML blocks.
+        let mut packed_in_slots: Vec<(String, usize, u64, GgmlType, u64)> = Vec::new();
         for (block, held) in a.own.iter().enumerate() {
             let slot = if slots > 0 { block % slots } else { 0 };
             let mut cursor = 0u64;
@@ -460,22 +498,17 @@ impl DeviceWeights {
                 }
             }
             for name in &held.quantized {
-                let q = quantized(store, name)?;
                 match strategy {
                     WeightStrategy::ResidentBf16 => w.allocate_quantized_expansion(gpu, store, name, &mut pending)?,
-                    WeightStrategy::ResidentDf11 { .. } => {
-                        let base = place_quantized(&mut cursor, &mut in_slots, name, &q, slot);
-                        let raw = gpu.storage(name, q.bytes() as u64);
-                        w.bytes += raw.size();
-                        let blocks = (q.elements() / q.ggml.block_elements()) as u64;
-                        w.quantized_fills[block].push(QuantizedFill { raw: w.quantized.len(), ggml: q.ggml, blocks, slot, base });
-                        pending.quantized.push((w.quantized.len(), name.clone()));
-                        w.quantized.push(raw);
-                    }
+                    WeightStrategy::ResidentDf11 { .. } => w.allocate_packed(gpu, store, name, &mut pending)?,
                     WeightStrategy::Streamed { .. } => {
-                        let base = place_quantized(&mut cursor, &mut in_slots, name, &q, slot);
-                        area_bytes = area_bytes.max((q.bytes() as u64).next_multiple_of(SLOT_ALIGN));
-                        streamed_quantized.push((block, name.clone(), slot, base));
+                        // Copied into the slot as stored, like a plain tensor.
+                        let q = quantized(store, name)?;
+                        let offset = cursor.next_multiple_of(SLOT_ALIGN);
+                        cursor = offset + q.bytes() as u64;
+                        let width = q.shape.last().copied().unwrap_or(1) as u64;
+                        packed_in_slots.push((name.clone(), slot, offset, q.ggml, width));
+                        w.streams[block].push(StreamedWeight { name: name.clone(), slot, offset });
                     }
                 }
             }
@@ -504,20 +537,6 @@ impl DeviceWeights {
                     sg.runs.push((run, decode));
                 }
             }
-            for (block, name, slot, base) in streamed_quantized {
-                let q = quantized(store, &name)?;
-                let (bb, be) = (q.ggml.block_bytes() as u64, q.ggml.block_elements() as u64);
-                let blocks = q.elements() as u64 / be;
-                let per_run = (area.size() / bb).max(1);
-                let mut runs = Vec::new();
-                for b0 in (0..blocks).step_by(per_run as usize) {
-                    let b1 = (b0 + per_run).min(blocks);
-                    let mut expand = Vec::new();
-                    kernels::ggml_expand(gpu, &mut expand, q.ggml, &area, 0, b1 - b0, &w.slots[slot], base + b0 * be)?;
-                    runs.push((b0..b1, expand));
-                }
-                w.streamed_quantized[block].push(StreamedQuantized { name, runs });
-            }
             w.area = Some(area);
         }
         if w.streams.iter().any(|s| !s.is_empty()) || area_bytes > 0 {
@@ -528,6 +547,9 @@ impl DeviceWeights {
         }
         for (name, slot, offset, dtype) in in_slots {
             w.map.insert(name, DeviceWeight { buffer: w.slots[slot].clone(), offset, dtype });
+        }
+        for (name, slot, at, ggml, width) in packed_in_slots {
+            w.packed.insert(name, Packed { buffer: w.slots[slot].clone(), at, ggml, width });
         }
         gpu.check_faults()?;
         w.write(gpu, store, pending)?;
@@ -542,6 +564,28 @@ impl DeviceWeights {
             pending.tensors.push(name.to_string());
         }
         Ok(())
+    }
+
+    /// Allocates the buffer a linear's weight keeps its GGML blocks in; the
+    /// blocks are written later.
+    fn allocate_packed(&mut self, gpu: &Gpu, store: &WeightStore, name: &str, pending: &mut Pending) -> Result<(), RunError> {
+        let q = quantized(store, name)?;
+        let buffer = gpu.storage(name, q.bytes() as u64);
+        self.bytes += buffer.size();
+        let width = q.shape.last().copied().unwrap_or(1) as u64;
+        self.packed.insert(name.to_string(), Packed { buffer, at: 0, ggml: q.ggml, width });
+        pending.packed.push(name.to_string());
+        Ok(())
+    }
+
+    /// A linear's weight held in GGML blocks, if `name` is one.
+    pub fn packed(&self, name: &str) -> Option<&Packed> {
+        self.packed.get(name)
+    }
+
+    /// Where linears over GGML blocks expand rows of them.
+    pub fn packed_scratch(&self) -> Option<&DeviceBuffer> {
+        self.packed_scratch.as_ref()
     }
 
     /// Allocates the f32 buffer a tensor in GGML blocks is expanded into
@@ -584,8 +628,8 @@ impl DeviceWeights {
             let device = Df11DeviceGroup::upload(gpu, &compressed(store, *group)?);
             gpu.submit(|enc| device.record_decode(gpu, enc, buffer, 0))?;
         }
-        for &(raw, ref name) in &pending.quantized {
-            gpu.write(&self.quantized[raw], 0, &joined(&quantized(store, name)?, ..));
+        for name in &pending.packed {
+            gpu.write(&self.packed[name].buffer, 0, &joined(&quantized(store, name)?, ..));
         }
         for (name, buffer) in &pending.quantized_expansions {
             let q = quantized(store, name)?;
@@ -603,10 +647,15 @@ impl DeviceWeights {
     /// into the slot by its own submission before the next group's copy.
     pub fn stream_in(&self, gpu: &Gpu, store: &WeightStore, block: usize) -> Result<(), RunError> {
         let Some(staging) = &self.staging else { return Ok(()) };
-        let mut plain = Vec::new();
+        let mut held = Vec::new();
         for s in self.streams.get(block).into_iter().flatten() {
-            plain.push(Piece { bytes: store.tensor(&s.name)?.bytes, to: &self.slots[s.slot], at: s.offset });
+            match store.quantized(&s.name) {
+                Some(q) => held.push(joined(&q, ..)),
+                None => held.push(std::borrow::Cow::Borrowed(store.tensor(&s.name)?.bytes)),
+            }
         }
+        let plain: Vec<Piece<'_>> =
+            self.streams.get(block).into_iter().flatten().zip(&held).map(|(s, bytes)| Piece { bytes, to: &self.slots[s.slot], at: s.offset }).collect();
         staging.copy(gpu, &plain)?;
         for sg in self.streamed_groups.get(block).into_iter().flatten() {
             let area = self.area.as_ref().ok_or_else(|| GpuError::Device("no DF11 streaming area".into()))?;
@@ -628,19 +677,6 @@ impl DeviceWeights {
                         flux_lite_kernels::encode(enc, &sg.clear);
                     }
                     flux_lite_kernels::encode(enc, decode);
-                    Ok(())
-                })?;
-            }
-        }
-        for sq in self.streamed_quantized.get(block).into_iter().flatten() {
-            let area = self.area.as_ref().ok_or_else(|| GpuError::Device("no streaming area".into()))?;
-            let q = quantized(store, &sq.name)?;
-            let bb = q.ggml.block_bytes();
-            for (blocks, expand) in &sq.runs {
-                let bytes = joined(&q, blocks.start as usize * bb..blocks.end as usize * bb);
-                staging.copy(gpu, &[Piece { bytes: &bytes, to: area, at: 0 }])?;
-                gpu.submit(|enc| {
-                    flux_lite_kernels::encode(enc, expand);
                     Ok(())
                 })?;
             }
@@ -668,9 +704,6 @@ impl DeviceWeights {
     pub fn record_fills(&self, gpu: &Gpu, block: usize, sink: &mut dyn flux_lite_kernels::Sink) -> Result<(), GpuError> {
         for fill in self.fills.get(block).into_iter().flatten() {
             self.groups[fill.group].record_decode(gpu, sink, &self.slots[fill.slot], fill.base)?;
-        }
-        for f in self.quantized_fills.get(block).into_iter().flatten() {
-            kernels::ggml_expand(gpu, sink, f.ggml, &self.quantized[f.raw], 0, f.blocks, &self.slots[f.slot], f.base)?;
         }
         Ok(())
     }
@@ -721,16 +754,6 @@ fn group_info(store: &WeightStore, group: usize) -> Result<&crate::model::safete
 
 fn missing_group(group: usize) -> RunError {
     RunError::Internal(format!("DF11 group {group} is not held compressed by its store"))
-}
-
-/// Places a tensor's f32 expansion in `slot` at the next aligned byte of
-/// `cursor` (which it advances), maps it there, and returns its first
-/// element in the slot.
-fn place_quantized(cursor: &mut u64, in_slots: &mut Vec<(String, usize, u64, WeightDtype)>, name: &str, q: &QuantizedRef<'_>, slot: usize) -> u64 {
-    let base = cursor.next_multiple_of(SLOT_ALIGN);
-    *cursor = base + 4 * q.elements() as u64;
-    in_slots.push((name.to_string(), slot, base / 4, WeightDtype::F32));
-    base / 4
 }
 
 fn quantized<'s>(store: &'s WeightStore, name: &str) -> Result<QuantizedRef<'s>, RunError> {

@@ -77,6 +77,13 @@ impl Runner {
     /// Records one program step.
     pub fn record(&self, gpu: &Gpu, sink: &mut dyn flux_lite_kernels::Sink, weights: &DeviceWeights, op: &Op) -> Result<(), GpuError> {
         match op {
+            Op::Linear { x, w, w_row, bias, y, rows, cols, inner } if weights.packed(w).is_some() => {
+                self.record_packed_linear(gpu, sink, weights, op)?;
+                match &self.lora {
+                    Some(lora) => lora.record(gpu, sink, w, self.mat(*x), self.mat(*y), *w_row, kernels::Gemm { m: *rows, n: *cols, k: *inner }),
+                    None => Ok(()),
+                }
+            }
             Op::Linear { x, w, w_row, bias, y, rows, cols, inner } => {
                 let bias = match bias {
                     Some(b) => Some(weights.get(b)?.view().rows_from(*w_row, 1)),
@@ -185,6 +192,37 @@ impl Runner {
             }
             Op::PixelLevels { src, dst, count } => kernels::pixel_levels(gpu, sink, self.mat(*src), self.mat(*dst), *count),
         }
+    }
+
+    /// A linear whose weight is held in GGML blocks: its rows expanded into
+    /// the scratch as many as it holds at a time, each run of rows making
+    /// its own columns of the output.
+    fn record_packed_linear(&self, gpu: &Gpu, sink: &mut dyn flux_lite_kernels::Sink, weights: &DeviceWeights, op: &Op) -> Result<(), GpuError> {
+        let Op::Linear { x, w, w_row, bias, y, rows, cols, inner } = op else { return Ok(()) };
+        let (Some(p), Some(scratch)) = (weights.packed(w), weights.packed_scratch()) else {
+            return Err(GpuError::UnsupportedShape(format!("`{w}` is held in GGML blocks without a scratch to expand them into")));
+        };
+        if p.width != *inner {
+            return Err(GpuError::UnsupportedShape(format!("`{w}`: rows of {} elements, the linear sums over {inner}", p.width)));
+        }
+        let (block_bytes, block_elements) = (p.ggml.block_bytes() as u64, p.ggml.block_elements() as u64);
+        let row_bytes = p.width / block_elements * block_bytes;
+        let per_pass = (scratch.size() / (4 * p.width)).max(1);
+        let mut done = 0;
+        while done < *cols {
+            let n = per_pass.min(cols - done);
+            let first_row = w_row + done;
+            let blocks = n * p.width / block_elements;
+            kernels::ggml_expand(gpu, sink, p.ggml, &p.buffer, p.at + first_row * row_bytes, blocks, scratch, 0)?;
+            let bias = match bias {
+                Some(b) => Some(weights.get(b)?.view().rows_from(first_row, 1)),
+                None => None,
+            };
+            let out = Mat { buf: &self.arena, offset: y.offset + done, stride: y.stride };
+            kernels::linear(gpu, sink, self.mat(*x), Weight::f32(scratch), bias, out, kernels::Gemm { m: *rows, n, k: *inner })?;
+            done += n;
+        }
+        Ok(())
     }
 
     /// Builds the dispatches of each block once (pipelines, bindings,
