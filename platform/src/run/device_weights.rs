@@ -116,7 +116,7 @@ impl Assignment {
                     Op::Linear { w, .. } => Some(w.as_str()),
                     _ => None,
                 };
-                op.weights().into_iter().map(|n| n.as_str()).filter(move |n| Some(*n) != linear)
+                op.weights().map(|n| n.as_str()).filter(move |n| Some(*n) != linear)
             })
             .collect();
         for (b, block) in blocks.iter().enumerate() {
