@@ -42,7 +42,7 @@ struct KernelsArgs {
     /// bf16 weights in the DF11 expansion, 0 to skip (default 16777216; 1048576 on a software adapter)
     #[argh(option)]
     df11_elements: Option<usize>,
-    /// run only these rows, comma-separated: linear, lora (a rank-16 LoRA side product on each linear shape), attention, blocks, vae, df11, step, tiers (the linears on every tier side by side) (default all)
+    /// run only these rows, comma-separated: linear, lora (a rank-16 LoRA side product on each linear shape), attention, blocks, vae, df11 (and the GGUF types' expansion), step, tiers (the linears on every tier side by side) (default all)
     #[argh(option, from_str_fn(parse_rows))]
     only: Option<Vec<String>>,
     /// timed runs of each row after a warm-up; the median is reported (default 5)
@@ -184,6 +184,9 @@ fn kernels(args: &KernelsArgs) -> Result<(), String> {
     }
     if df11_elements > 0 && want("df11") {
         row(&bench.df11(df11_elements).map_err(err)?, &ceilings);
+        for ggml in flux_lite_core::ggml::GgmlType::ALL.into_iter().filter(|t| t.is_quantized()) {
+            row(&bench.ggml(ggml, df11_elements).map_err(err)?, &ceilings);
+        }
     }
     if want("step") && !step_sizes.is_empty() {
         let encode = bench.text_encoder(&text_encoder).map_err(err)?;

@@ -424,6 +424,29 @@ impl<'g> ShapeBench<'g> {
         })
     }
 
+    /// GGUF expansion of `elements` weights in `ggml`'s blocks into f32, on
+    /// the device (random block bytes: the rate does not depend on them;
+    /// the bits are tested against gguf-py elsewhere).
+    pub fn ggml(&self, ggml: flux_lite_core::ggml::GgmlType, elements: usize) -> Result<Figure, RunError> {
+        let blocks = elements.div_ceil(flux_lite_core::ggml::QK_K) * flux_lite_core::ggml::QK_K / ggml.block_elements();
+        let elements = blocks * ggml.block_elements();
+        let mut bytes = vec![0f32; (blocks * ggml.block_bytes()).div_ceil(4)];
+        flux_lite_core::numerics::rng::TorchGenerator::new(1).fill_randn_f32(&mut bytes);
+        let raw = self.gpu.upload_f32("bench ggml blocks", &bytes);
+        let slot = self.gpu.storage("bench ggml slot", 4 * elements as u64);
+        let mut d = Vec::new();
+        flux_lite_kernels::kernels::ggml_expand(self.gpu, &mut d, ggml, &raw, 0, blocks as u64, &slot, 0)?;
+        let seconds = self.timer.median(&d, self.repeats)?;
+        Ok(Figure {
+            what: format!("GGUF {} expansion", ggml.name()),
+            shape: format!("{elements} weights to f32, {:.1}% of bf16", 100.0 * (blocks * ggml.block_bytes()) as f64 / (2 * elements) as f64),
+            seconds,
+            flops: 0,
+            bytes: (blocks * ggml.block_bytes()) as u64 + 4 * elements as u64,
+            matrix: false,
+        })
+    }
+
     /// Token rows per pass when the single blocks' keys, a column window of
     /// the fused projection, would exceed one storage binding unchunked (as
     /// the planner decides for `gen`); `None` when they fit.
