@@ -86,8 +86,9 @@ pub fn model_configs(data: &[u8]) -> bool {
 }
 
 /// A weight file replaced by the input: tiny-a's text encoder (plain bf16),
-/// or tiny-b's DF11 transformer. The store is opened and checked against the
-/// architecture; every tensor is read, DF11 groups expanded on the host.
+/// tiny-b's DF11 transformer, or tiny-q's GGUF transformer. The store is
+/// opened and checked against the architecture; every tensor is read, DF11
+/// groups expanded on the host, GGML blocks measured against their shapes.
 pub fn weights(data: &[u8]) -> bool {
     // The workspace: tiny-a/, tiny-b/, and df11/ (the DF11 transformer tiny-b runs with).
     static DIR: OnceLock<PathBuf> = OnceLock::new();
@@ -96,17 +97,26 @@ pub fn weights(data: &[u8]) -> bool {
             copy_tree_where(&model_dir("tiny-a"), &d.join("tiny-a"), &|_| true);
             copy_tree_where(&model_dir("tiny-b"), &d.join("tiny-b"), &|_| true);
             copy_tree_where(&test_vectors().join("goldens/df11/tiny-b-transformer"), &d.join("df11"), &|_| true);
+            copy_tree_where(&model_dir("tiny-q"), &d.join("tiny-q"), &|_| true);
         })
     });
     let Some((&pick, rest)) = data.split_first() else { return false };
-    let opened = if pick % 2 == 0 {
-        let tiny_a = dir.join("tiny-a");
-        put(&tiny_a.join("text_encoder/model.safetensors"), rest);
-        ModelFolder::open(&tiny_a).and_then(|m| m.weights(Component::TextEncoder))
-    } else {
-        let df11 = dir.join("df11");
-        put(&df11.join("model.safetensors"), rest);
-        ModelFolder::open(&dir.join("tiny-b")).and_then(|m| m.with_transformer(&df11)).and_then(|m| m.weights(Component::Transformer))
+    let opened = match pick % 3 {
+        0 => {
+            let tiny_a = dir.join("tiny-a");
+            put(&tiny_a.join("text_encoder/model.safetensors"), rest);
+            ModelFolder::open(&tiny_a).and_then(|m| m.weights(Component::TextEncoder))
+        }
+        1 => {
+            let df11 = dir.join("df11");
+            put(&df11.join("model.safetensors"), rest);
+            ModelFolder::open(&dir.join("tiny-b")).and_then(|m| m.with_transformer(&df11)).and_then(|m| m.weights(Component::Transformer))
+        }
+        _ => {
+            let tiny_q = dir.join("tiny-q");
+            put(&tiny_q.join("transformer/tiny-q.gguf"), rest);
+            ModelFolder::open(&tiny_q).and_then(|m| m.weights(Component::Transformer))
+        }
     };
     opened.is_ok_and(read_every_tensor)
 }
@@ -119,6 +129,10 @@ fn read_every_tensor(mut store: WeightStore) -> bool {
     let mut widened = Vec::new();
     names.iter().all(|name| {
         widened.clear();
+        if let Some(q) = store.quantized(name) {
+            let blocks = q.elements() / q.ggml.block_elements();
+            return q.elements().is_multiple_of(q.ggml.block_elements()) && q.bytes() == blocks * q.ggml.block_bytes();
+        }
         store.tensor(name).is_ok_and(|t| widen_to_f32(t.dtype, t.bytes, &mut widened))
     })
 }
@@ -188,6 +202,7 @@ pub fn seeds(target: &str) -> Vec<Vec<u8>> {
         "weights" => vec![
             behind(0, read(tiny_a.join("text_encoder/model.safetensors"))),
             behind(1, read(test_vectors().join("goldens/df11/tiny-b-transformer/model.safetensors"))),
+            behind(2, read(model_dir("tiny-q").join("transformer/tiny-q.gguf"))),
         ],
         "df11" => df11_seeds(&read(test_vectors().join("goldens/df11/synthetic.safetensors"))),
         "tokenizer" => vec![

@@ -289,6 +289,18 @@ mod tests {
         assert!(parse(b"PK\x03\x04").unwrap_err().contains("not a GGUF file"));
     }
 
+    #[test]
+    fn no_single_byte_change_panics() {
+        let bytes = sample();
+        for at in 0..bytes.len() {
+            for v in [0x00, 0x01, 0x7f, 0x80, 0xff] {
+                let mut b = bytes.clone();
+                b[at] = v;
+                let _ = parse(&b);
+            }
+        }
+    }
+
     fn find(hay: &[u8], needle: &[u8]) -> usize {
         hay.windows(needle.len()).rposition(|w| w == needle).unwrap()
     }
