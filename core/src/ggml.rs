@@ -131,10 +131,14 @@ impl GgmlType {
         self.block_elements() > 1
     }
 
-    /// Bytes of `elements` elements, or `None` when they are not whole blocks.
+    /// Bytes of `elements` elements, or `None` when they are not whole
+    /// blocks (or their bytes overflow).
     pub fn bytes_of(self, elements: u64) -> Option<u64> {
         let per = self.block_elements() as u64;
-        elements.is_multiple_of(per).then(|| elements / per * self.block_bytes() as u64)
+        if !elements.is_multiple_of(per) {
+            return None;
+        }
+        (elements / per).checked_mul(self.block_bytes() as u64)
     }
 }
 
@@ -163,5 +167,6 @@ mod tests {
         assert_eq!(bits(GgmlType::Q8_0), 8.5);
         assert_eq!(GgmlType::Q4K.bytes_of(512), Some(288));
         assert_eq!(GgmlType::Q4K.bytes_of(300), None);
+        assert_eq!(GgmlType::F32.bytes_of(u64::MAX / 2), None, "overflow is no size");
     }
 }

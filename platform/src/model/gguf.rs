@@ -97,6 +97,9 @@ pub fn parse(bytes: &[u8]) -> Result<GgufHeader, String> {
     let data_start = (r.at as u64).next_multiple_of(alignment);
     let mut tensors = Vec::with_capacity(infos.len());
     for (name, ne, ggml, offset) in infos {
+        if ne.contains(&0) {
+            return Err(format!("tensor `{name}` has a dimension of 0"));
+        }
         let elements = ne.iter().try_fold(1u64, |n, &d| n.checked_mul(d)).ok_or_else(|| format!("tensor `{name}`: its dimensions overflow"))?;
         if ne[0] % ggml.block_elements() as u64 != 0 {
             return Err(format!("tensor `{name}`: rows of {} elements are not whole {} blocks of {}", ne[0], ggml.name(), ggml.block_elements()));
