@@ -170,3 +170,109 @@ mod tests {
         assert_eq!(GgmlType::F32.bytes_of(u64::MAX / 2), None, "overflow is no size");
     }
 }
+
+/// An IEEE half as f32, exactly.
+fn half(b: &[u8], at: usize) -> f32 {
+    crate::numerics::f16::to_f32(u16::from_le_bytes([b[at], b[at + 1]]))
+}
+
+/// Q4_K and Q5_K's 6-bit scale (`which` 0) or min (1) of sub-block `j`.
+fn k4_scale_min(s: &[u8], j: usize, which: usize) -> u32 {
+    if j < 4 {
+        return (s[j + 4 * which] & 0x3f) as u32;
+    }
+    let packed = s[8 + j - 4];
+    let low = if which == 1 { packed >> 4 } else { packed & 0x0f };
+    (low | ((s[j - 4 + 4 * which] >> 2) & 0x30)) as u32
+}
+
+/// Q3_K's signed scale of sub-block `i` (0..15).
+fn k3_scale(s: &[u8], i: usize) -> i32 {
+    let low = (s[i & 7] >> (4 * (i >> 3))) & 0x0f;
+    let high = (s[8 + (i & 3)] >> (2 * (i >> 2))) & 0x03;
+    (low | (high << 4)) as i32 - 32
+}
+
+/// Expands whole blocks of `ggml` into `out` (one f32 per element), as
+/// gguf-py's `dequantize` computes them and as `ggml.wgsl` does on the
+/// device: for the host's few rows (the text encoder's embedding rows).
+/// `bytes` holds `out.len() / block_elements` blocks.
+pub fn expand_into(ggml: GgmlType, bytes: &[u8], out: &mut [f32]) {
+    let (be, bb) = (ggml.block_elements(), ggml.block_bytes());
+    for (block, y) in bytes.chunks_exact(bb).zip(out.chunks_exact_mut(be)) {
+        expand_block(ggml, block, y);
+    }
+}
+
+fn expand_block(ggml: GgmlType, b: &[u8], y: &mut [f32]) {
+    let nibble = |qs: &[u8], l: usize| ((qs[l & 15] >> (4 * (l >> 4))) & 0x0f) as u32;
+    match ggml {
+        GgmlType::F32 => y[0] = f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
+        GgmlType::F16 => y[0] = half(b, 0),
+        GgmlType::Bf16 => y[0] = f32::from_bits((u16::from_le_bytes([b[0], b[1]]) as u32) << 16),
+        GgmlType::Q8_0 => {
+            let d = half(b, 0);
+            for (l, v) in y.iter_mut().enumerate() {
+                *v = (b[2 + l] as i8) as f32 * d;
+            }
+        }
+        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 => {
+            let with_min = matches!(ggml, GgmlType::Q4_1 | GgmlType::Q5_1);
+            let fifth = matches!(ggml, GgmlType::Q5_0 | GgmlType::Q5_1);
+            let d = half(b, 0);
+            let m = if with_min { half(b, 2) } else { 0.0 };
+            let qh_at = if with_min { 4 } else { 2 };
+            let qh = u32::from_le_bytes([b[qh_at], b[qh_at + 1], b[qh_at + 2], b[qh_at + 3]]);
+            let qs = &b[qh_at + if fifth { 4 } else { 0 }..];
+            for (l, v) in y.iter_mut().enumerate() {
+                let mut q = nibble(qs, l);
+                if fifth {
+                    q |= ((qh >> l) & 1) << 4;
+                }
+                *v = if with_min { d * q as f32 + m } else { d * (q as i32 - if fifth { 16 } else { 8 }) as f32 };
+            }
+        }
+        GgmlType::Q2K => {
+            let (d, dmin) = (half(b, 80), half(b, 82));
+            for (i, v) in y.iter_mut().enumerate() {
+                let sc = b[i / 16];
+                let (dl, ml) = (d * (sc & 0x0f) as f32, dmin * (sc >> 4) as f32);
+                let q = (b[16 + 32 * (i / 128) + i % 32] >> (2 * ((i % 128) / 32))) & 3;
+                *v = dl * q as f32 - ml;
+            }
+        }
+        GgmlType::Q3K => {
+            let d = half(b, 108);
+            for (i, v) in y.iter_mut().enumerate() {
+                let dl = d * k3_scale(&b[96..108], i / 16) as f32;
+                let low = (b[32 + 32 * (i / 128) + i % 32] >> (2 * ((i % 128) / 32))) & 3;
+                let high = ((b[i % 32] >> (i / 32)) & 1) ^ 1;
+                *v = dl * (low as i32 - 4 * high as i32) as f32;
+            }
+        }
+        GgmlType::Q4K | GgmlType::Q5K => {
+            let five = ggml == GgmlType::Q5K;
+            let qs = if five { 48 } else { 16 };
+            for (i, v) in y.iter_mut().enumerate() {
+                let r = i / 32;
+                let d = half(b, 0) * k4_scale_min(&b[4..16], r, 0) as f32;
+                let dm = half(b, 2) * k4_scale_min(&b[4..16], r, 1) as f32;
+                let mut q = ((b[qs + 32 * (r / 2) + i % 32] >> (4 * (r % 2))) & 0x0f) as u32;
+                if five {
+                    q |= (((b[16 + i % 32] >> r) & 1) as u32) << 4;
+                }
+                *v = d * q as f32 - dm;
+            }
+        }
+        GgmlType::Q6K => {
+            let d = half(b, 208);
+            for (i, v) in y.iter_mut().enumerate() {
+                let (h, r) = (i / 128, i % 128);
+                let low = (b[64 * h + r % 64] >> (4 * (r / 64))) & 0x0f;
+                let high = (b[128 + 32 * h + r % 32] >> (2 * (r / 32))) & 3;
+                let dl = d * (b[192 + i / 16] as i8) as f32;
+                *v = dl * ((low | (high << 4)) as i32 - 32) as f32;
+            }
+        }
+    }
+}

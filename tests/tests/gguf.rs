@@ -131,3 +131,21 @@ fn a_gguf_transformer_runs_the_same_under_every_strategy() {
     // One f32 slot of the largest block beside every block's GGML bytes, against every weight as f32.
     assert!(kept < expanded, "kept in blocks ({kept} B) is under expanded to f32 ({expanded} B)");
 }
+
+/// The host's expansion (the text encoder's embedding rows use it): every
+/// type bit for bit as gguf-py, as the device's.
+#[test]
+fn every_type_expands_on_the_host_bit_for_bit_as_gguf_py() {
+    let file = read("blocks.gguf");
+    let header = gguf::parse(&file).unwrap();
+    let expanded_bytes = read("expanded.safetensors");
+    let expanded = SafeTensors::deserialize(&expanded_bytes).unwrap();
+    for t in header.tensors.iter().filter(|t| t.ggml.is_quantized()) {
+        let want: Vec<u32> = expanded.tensor(&t.name).unwrap().data().chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+        let mut got = vec![f32::NAN; t.elements()];
+        flux_lite_core::ggml::expand_into(t.ggml, &file[t.range.clone()], &mut got);
+        if let Some(k) = (0..want.len()).find(|&k| got[k].to_bits() != want[k]) {
+            panic!("{}: element {k}: {:e}, gguf-py {:e}", t.name, got[k], f32::from_bits(want[k]));
+        }
+    }
+}

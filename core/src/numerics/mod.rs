@@ -2,6 +2,7 @@
 //! torch's CPU generator, the flow-matching schedule, RoPE tables.
 
 pub mod bf16;
+pub mod f16;
 pub mod rng;
 pub mod rope;
 pub mod schedule;
