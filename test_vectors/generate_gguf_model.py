@@ -217,6 +217,57 @@ def write_gguf(bfl: dict[str, torch.Tensor], path) -> None:
     writer.close()
 
 
+# llama.cpp's Qwen3 names for transformers', and the type each text encoder tensor is written in.
+LLAMA_NAMES = {
+    "self_attn.q_proj": ("attn_q", T.Q8_0), "self_attn.k_proj": ("attn_k", T.Q8_0),
+    "self_attn.v_proj": ("attn_v", T.Q8_0), "self_attn.o_proj": ("attn_output", T.Q8_0),
+    "self_attn.q_norm": ("attn_q_norm", None), "self_attn.k_norm": ("attn_k_norm", None),
+    "input_layernorm": ("attn_norm", None), "post_attention_layernorm": ("ffn_norm", None),
+    "mlp.gate_proj": ("ffn_gate", T.Q4_1), "mlp.up_proj": ("ffn_up", T.Q4_1), "mlp.down_proj": ("ffn_down", T.Q5_0),
+}
+
+
+def write_text_encoder_gguf(sd: dict[str, torch.Tensor], path) -> None:
+    """tiny-a's Qwen3 text encoder as llama.cpp's converter lays a Qwen3 GGUF out (names, F32 norms)."""
+    writer = GGUFWriter(str(path), "qwen3")
+    for name, t in sd.items():
+        x = t.detach().to(torch.float32).numpy()
+        if name == "model.embed_tokens.weight":
+            gname, qtype = "token_embd.weight", T.Q8_0
+        elif name == "model.norm.weight":
+            gname, qtype = "output_norm.weight", None
+        elif name == "lm_head.weight":
+            continue  # tied to the embeddings, as llama.cpp leaves it out
+        else:
+            rest = name.removeprefix("model.layers.")
+            i, module = rest.split(".", 1)
+            short, qtype = LLAMA_NAMES[module.removesuffix(".weight")]
+            gname = f"blk.{i}.{short}.weight"
+        if qtype is None:
+            writer.add_tensor(gname, x)
+        else:
+            writer.add_tensor(gname, quants.quantize(x, qtype), raw_dtype=qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def text_encoder_from_gguf(path) -> dict[str, torch.Tensor]:
+    """The text encoder's weights as gguf-py expands the file, under transformers' names."""
+    inverse = {short: module for module, (short, _) in LLAMA_NAMES.items()}
+    out = {}
+    for name, t in expanded_bfl(path).items():
+        if name == "token_embd.weight":
+            out["model.embed_tokens.weight"] = t
+        elif name == "output_norm.weight":
+            out["model.norm.weight"] = t
+        else:
+            _, i, short, _ = name.split(".")
+            out[f"model.layers.{i}.{inverse[short]}.weight"] = t
+    return out
+
+
 def expanded_bfl(path) -> dict[str, torch.Tensor]:
     """The file's tensors as gguf-py's dequantize gives them, float32."""
     out = {}
@@ -267,6 +318,16 @@ def main() -> None:
     image.save(GOLDENS / "gguf.png")
     save_file({"latents": g.f32(final["latents"][0])}, GOLDENS / "gguf-latents.safetensors")
     (GOLDENS / "case.json").write_text(json.dumps(dict(CASE, model=NAME), indent=2) + "\n")
+
+    # The text encoder from a llama.cpp-style GGUF (Q8_0, Q4_1, Q5_0 and F32 norms) as well.
+    te_path = GOLDENS / "text-encoder.gguf"
+    write_text_encoder_gguf(pipe.text_encoder.state_dict(), te_path)
+    original = {k: v.clone() for k, v in pipe.text_encoder.state_dict().items()}
+    missing, unexpected = pipe.text_encoder.load_state_dict(text_encoder_from_gguf(te_path), strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
+    run().save(GOLDENS / "gguf-text-encoder.png")
+    pipe.text_encoder.load_state_dict(original)
+    pipe.transformer = model.to(torch.float32)
 
     # For the record: diffusers' own GGUF loader, whose float16 scale arithmetic moves the weights.
     try:

@@ -19,9 +19,12 @@ pub struct InfoArgs {
     /// the diffusers model folder (model_index.json, transformer/, text_encoder/, vae/, scheduler/)
     #[argh(option)]
     model: PathBuf,
-    /// read the transformer from this folder instead of the model's transformer/
+    /// read the transformer from this folder instead of the model's transformer/, or from a GGUF file (BFL's tensor names, as ComfyUI-GGUF and stable-diffusion.cpp write them)
     #[argh(option)]
     transformer: Option<PathBuf>,
+    /// read the text encoder from a GGUF file (llama.cpp's Qwen3 layout, e.g. Qwen3-4B-Q8_0.gguf) instead of the model's text_encoder/
+    #[argh(option)]
+    text_encoder: Option<PathBuf>,
     /// a reference image (PNG or JPEG) to plan for, prepared as gen --image prepares it; repeat for up to 16
     #[argh(option)]
     image: Vec<PathBuf>,
@@ -43,7 +46,7 @@ pub struct InfoArgs {
 }
 
 pub fn run(args: &InfoArgs) -> Result<(), String> {
-    let model = pipeline::open_model(&args.model, args.transformer.as_deref()).map_err(|e| e.to_string())?;
+    let model = pipeline::open_model(&args.model, args.transformer.as_deref(), args.text_encoder.as_deref()).map_err(|e| e.to_string())?;
     print_configs(&model);
     for c in Component::ALL {
         print_component_bytes(&model, c)?;

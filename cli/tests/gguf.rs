@@ -83,3 +83,28 @@ fn files_that_lie_or_belong_elsewhere_are_one_error_line() {
         assert!(!out.exists(), "{}: a PNG was written", file.display());
     }
 }
+
+/// With the text encoder from a GGUF file as llama.cpp writes Qwen3
+/// (`--text-encoder`: Q8_0 embeddings and attention, Q4_1 and Q5_0 MLP, F32
+/// norms), tiny-q makes diffusers' PNG with that text encoder's expanded
+/// weights (which differs from the plain one's by up to 5 levels).
+#[test]
+fn a_gguf_text_encoder_makes_the_diffusers_png() {
+    let dir = scratch_dir("gguf-text-encoder");
+    let out = dir.join("te.png");
+    let args = case_args();
+    let mut args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let file = Goldens::dir("tiny-q").join("text-encoder.gguf");
+    args.extend(["--text-encoder", file.to_str().unwrap()]);
+    let run = gen("tiny-q", &args, &out);
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    let (got, want) = (read_png(&out), read_png(&Goldens::dir("tiny-q").join("gguf-text-encoder.png")));
+    flux_lite_tests::tolerance::assert_png_close("tiny-q gguf text encoder", &got.rgb, &want.rgb);
+    // The transformer's GGUF given as a text encoder names what is wrong.
+    let args = case_args();
+    let mut wrong_args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let transformer = gguf_file();
+    wrong_args.extend(["--text-encoder", transformer.to_str().unwrap()]);
+    let line = the_error_line(&gen("tiny-q", &wrong_args, &dir.join("never.png")));
+    assert!(line.contains("a Qwen3 text encoder's name as llama.cpp writes it"), "{line}");
+}

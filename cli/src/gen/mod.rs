@@ -69,9 +69,12 @@ pub struct GenArgs {
     /// a LoRA adapter for the transformer, FILE[:SCALE] (scale default 1.0); repeat to add several. diffusers/PEFT, BFL (ai-toolkit) and kohya layouts
     #[argh(option, from_str_fn(crate::lora::parse_lora))]
     lora: Vec<LoraSpec>,
-    /// read the transformer from this folder instead of the model's transformer/
+    /// read the transformer from this folder instead of the model's transformer/, or from a GGUF file (BFL's tensor names, as ComfyUI-GGUF and stable-diffusion.cpp write them)
     #[argh(option)]
     transformer: Option<PathBuf>,
+    /// read the text encoder from a GGUF file (llama.cpp's Qwen3 layout, e.g. Qwen3-4B-Q8_0.gguf) instead of the model's text_encoder/
+    #[argh(option)]
+    text_encoder: Option<PathBuf>,
     /// VAE device memory as for a square image of this many pixels; larger images (and reference images) run by bands (default: untiled while the image fits)
     #[argh(option)]
     vae_tile: Option<usize>,
@@ -103,7 +106,7 @@ pub fn run(args: &GenArgs) -> Result<(), String> {
     let host_peak = args.verbose.then(flux_lite_platform::host_memory::AnonymousPeak::start).flatten();
     outputs::check_flags(&args.output, &args.output_latents, &args.preview, args.preview_every)?;
     let interrupt = crate::interrupt::flag();
-    let model = pipeline::open_model(&args.model, args.transformer.as_deref()).map_err(|e| e.to_string())?;
+    let model = pipeline::open_model(&args.model, args.transformer.as_deref(), args.text_encoder.as_deref()).map_err(|e| e.to_string())?;
     let job = Job {
         images_per_prompt: args.count,
         references: crate::references::load(&args.image, &model)?,

@@ -37,9 +37,12 @@ pub struct ServeArgs {
     /// the diffusers model folder, loaded once
     #[argh(option)]
     model: PathBuf,
-    /// read the transformer from this folder instead of the model's transformer/
+    /// read the transformer from this folder instead of the model's transformer/, or from a GGUF file (BFL's tensor names, as ComfyUI-GGUF and stable-diffusion.cpp write them)
     #[argh(option)]
     transformer: Option<PathBuf>,
+    /// read the text encoder from a GGUF file (llama.cpp's Qwen3 layout, e.g. Qwen3-4B-Q8_0.gguf) instead of the model's text_encoder/
+    #[argh(option)]
+    text_encoder: Option<PathBuf>,
     /// a LoRA adapter added to every request, FILE[:SCALE] as for gen; repeat to add several
     #[argh(option, from_str_fn(crate::lora::parse_lora))]
     lora: Vec<flux_lite_platform::model::lora::LoraSpec>,
@@ -97,7 +100,7 @@ pub fn run(args: &ServeArgs) -> Result<(), String> {
     if !is_loopback(args.host) && api_key.is_none() {
         eprintln!("warning: listening on {} without an API key: anyone who can reach it can use the GPU (give --api-key or {API_KEY_VARIABLE})", args.host);
     }
-    let model = pipeline::open_model(&args.model, args.transformer.as_deref()).map_err(|e| e.to_string())?;
+    let model = pipeline::open_model(&args.model, args.transformer.as_deref(), args.text_encoder.as_deref()).map_err(|e| e.to_string())?;
     let lora = crate::lora::open_lora(&args.lora, &model.transformer, args.verbose)?;
     let interrupt = Arc::new(AtomicBool::new(false));
     let gpu = GpuOptions { interrupt: Some(interrupt.clone()), precision: args.precision, ..crate::env_gpu_options()? };

@@ -114,11 +114,10 @@ impl TextEncoder {
         Ok(self.runner.read(gpu, self.layout.embeds, self.layout.tokens, 3 * self.layout.hidden)?)
     }
 
-    /// The embedding rows of `ids`, widened to f32 on the host.
+    /// The embedding rows of `ids`, widened (or expanded from GGML blocks) to f32 on the host.
     fn gather_embeddings(&self, ids: &[u32]) -> Result<Vec<f32>, RunError> {
         let table = embedding_table(&self.store, &self.config)?;
         let hidden = self.config.hidden_size;
-        let elem = table.elem_bytes;
         let mut out = Vec::with_capacity(ids.len() * hidden);
         for &id in ids {
             let id = id as usize;
@@ -128,8 +127,18 @@ impl TextEncoder {
                     self.config.vocab_size
                 )));
             }
-            // The table's dtype was checked to be one of the three when it was opened.
-            widen_to_f32(table.dtype, &table.bytes[id * hidden * elem..][..hidden * elem], &mut out);
+            let row = &table.bytes[id * table.row_bytes..][..table.row_bytes];
+            match table.ggml {
+                Some(ggml) => {
+                    let at = out.len();
+                    out.resize(at + hidden, 0.0);
+                    flux_lite_core::ggml::expand_into(ggml, row, &mut out[at..]);
+                }
+                // The table's dtype was checked to be one of the three when it was opened.
+                None => {
+                    widen_to_f32(table.dtype, row, &mut out);
+                }
+            }
         }
         Ok(out)
     }
@@ -142,12 +151,24 @@ impl TextEncoder {
 
 struct Table<'a> {
     dtype: Dtype,
-    elem_bytes: usize,
+    /// GGML blocks (a GGUF text encoder's), else a float dtype.
+    ggml: Option<flux_lite_core::ggml::GgmlType>,
+    row_bytes: usize,
     bytes: &'a [u8],
 }
 
-/// The embedding table, checked to be `[vocab, hidden]` in a float dtype.
+/// The embedding table, checked to be `[vocab, hidden]` in a float dtype or
+/// in GGML blocks.
 fn embedding_table<'a>(store: &'a WeightStore, config: &Qwen3Config) -> Result<Table<'a>, LoadError> {
+    let want = [config.vocab_size, config.hidden_size];
+    let wrong = |found: String| LoadError::WrongTensor { component: store.component.clone(), name: EMBEDDING.into(), expected: format!("shape {want:?}"), found };
+    if let Some(q) = store.quantized(EMBEDDING) {
+        let row_bytes = q.ggml.bytes_of(config.hidden_size as u64).unwrap_or(0) as usize;
+        return match q.pieces.as_slice() {
+            [bytes] if q.shape == want && row_bytes > 0 && bytes.len() == row_bytes * want[0] => Ok(Table { dtype: Dtype::U8, ggml: Some(q.ggml), row_bytes, bytes }),
+            _ => Err(wrong(format!("{} of shape {:?} ({} bytes)", q.ggml.name(), q.shape, q.bytes()))),
+        };
+    }
     let t = store.tensor(EMBEDDING)?;
     let elem_bytes = match t.dtype {
         Dtype::BF16 | Dtype::F16 => 2,
@@ -161,16 +182,10 @@ fn embedding_table<'a>(store: &'a WeightStore, config: &Qwen3Config) -> Result<T
             })
         }
     };
-    let want = [config.vocab_size, config.hidden_size];
     if t.shape != want || t.bytes.len() != want[0] * want[1] * elem_bytes {
-        return Err(LoadError::WrongTensor {
-            component: store.component.clone(),
-            name: EMBEDDING.into(),
-            expected: format!("shape {want:?}"),
-            found: format!("shape {:?} ({} bytes)", t.shape, t.bytes.len()),
-        });
+        return Err(wrong(format!("shape {:?} ({} bytes)", t.shape, t.bytes.len())));
     }
-    Ok(Table { dtype: t.dtype, elem_bytes, bytes: t.bytes })
+    Ok(Table { dtype: t.dtype, ggml: None, row_bytes: want[1] * elem_bytes, bytes: t.bytes })
 }
 
 /// The activation layout, the block programs (prologue, then one per layer

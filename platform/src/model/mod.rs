@@ -3,6 +3,7 @@
 //! from each component's `config.json`.
 
 mod bfl_names;
+mod llama_names;
 pub mod compress;
 pub mod config_json;
 pub mod df11;
@@ -32,6 +33,8 @@ pub struct ModelFolder {
     transformer_dir: PathBuf,
     /// A GGUF file the transformer is read from instead (`--transformer FILE.gguf`).
     transformer_file: Option<PathBuf>,
+    /// A GGUF file the text encoder is read from instead (`--text-encoder FILE.gguf`).
+    text_encoder_file: Option<PathBuf>,
 }
 
 impl ModelFolder {
@@ -48,7 +51,7 @@ impl ModelFolder {
         let vae = config_json::vae(&JsonFile::read(&root.join("vae/config.json"))?)?;
         let scheduler = config_json::scheduler(&JsonFile::read(&root.join("scheduler/scheduler_config.json"))?)?;
         let transformer_dir = root.join("transformer");
-        let folder = Self { root: root.into(), index, transformer, text_encoder, vae, scheduler, transformer_dir, transformer_file: None };
+        let folder = Self { root: root.into(), index, transformer, text_encoder, vae, scheduler, transformer_dir, transformer_file: None, text_encoder_file: None };
         folder.check_cross_component()?;
         Ok(folder)
     }
@@ -100,6 +103,20 @@ impl ModelFolder {
         Ok(self)
     }
 
+    /// Reads the text encoder from a GGUF file (llama.cpp's Qwen3 layout,
+    /// e.g. `Qwen3-4B-Q8_0.gguf`); the architecture stays the model folder's
+    /// `text_encoder/config.json` and the tokenizer its `tokenizer/`.
+    pub fn with_text_encoder(mut self, file: &Path) -> Result<Self, LoadError> {
+        if weight_file_kind(&file.to_string_lossy()) != Some(WeightFile::Gguf) || !file.is_file() {
+            return Err(LoadError::Io {
+                path: file.into(),
+                source: std::io::Error::new(std::io::ErrorKind::InvalidInput, "a text encoder replaces the model's as a .gguf file"),
+            });
+        }
+        self.text_encoder_file = Some(file.into());
+        Ok(self)
+    }
+
     pub fn component_dir(&self, component: &str) -> PathBuf {
         if component == Component::Transformer.dir() {
             self.transformer_dir.clone()
@@ -110,9 +127,14 @@ impl ModelFolder {
 
     /// Opens a component's weights and checks them against its architecture.
     pub fn weights(&self, component: Component) -> Result<WeightStore, LoadError> {
-        let mut store = match (&self.transformer_file, component) {
-            (Some(file), Component::Transformer) => WeightStore::open_gguf(file, component.dir())?,
-            _ => WeightStore::open(&self.component_dir(component.dir()), component.dir())?,
+        let file = match component {
+            Component::Transformer => self.transformer_file.as_ref(),
+            Component::TextEncoder => self.text_encoder_file.as_ref(),
+            Component::Vae => None,
+        };
+        let mut store = match file {
+            Some(file) => WeightStore::open_gguf(file, component.dir())?,
+            None => WeightStore::open(&self.component_dir(component.dir()), component.dir())?,
         };
         store.check(&self.expected_tensors(component))?;
         Ok(store)
@@ -120,7 +142,7 @@ impl ModelFolder {
 
     /// Whether a component's folder holds weight files (`*.safetensors`, or a shard index).
     pub fn has_weight_files(&self, component: Component) -> bool {
-        if component == Component::Transformer && self.transformer_file.is_some() {
+        if component == Component::Transformer && self.transformer_file.is_some() || component == Component::TextEncoder && self.text_encoder_file.is_some() {
             return true;
         }
         let Ok(listing) = std::fs::read_dir(self.component_dir(component.dir())) else { return false };

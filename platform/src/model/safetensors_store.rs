@@ -376,12 +376,14 @@ impl WeightStore {
         types
     }
 
-    /// A transformer in one GGUF file, its tensors under BFL's names
+    /// A component in one GGUF file. A transformer's tensors are under BFL's names
     /// (ComfyUI-GGUF's and stable-diffusion.cpp's layout) brought to
     /// diffusers' as `convert_flux2_transformer_checkpoint_to_diffusers`
     /// brings them: fused projections split by rows, the final modulation's
     /// halves swapped. Names it does not know stay as they are (and are
-    /// reported unread by [`Self::check`]).
+    /// reported unread by [`Self::check`]). A text encoder's are under
+    /// llama.cpp's Qwen3 names (its tokenizer metadata is not read: the
+    /// model folder's `tokenizer/` is the tokenizer).
     pub fn open_gguf(path: &Path, component: &str) -> Result<Self, LoadError> {
         let file = File::open(path).map_err(|source| LoadError::Io { path: path.into(), source })?;
         // SAFETY: the map is read-only and model files are not modified while a run holds them.
@@ -390,9 +392,18 @@ impl WeightStore {
         let header = super::gguf::parse(&map).map_err(bad)?;
         let mut store =
             Self { component: component.into(), shards: Vec::new(), entries: BTreeMap::new(), expanded: Vec::new(), df11_groups: Vec::new(), unread: Vec::new() };
+        // A transformer is named as BFL's checkpoints, a text encoder as llama.cpp's.
+        let text_encoder = component == "text_encoder";
+        let targets_of = |name: &str| {
+            if text_encoder {
+                super::llama_names::qwen3_tensor(name).map(|n| vec![(n, false)])
+            } else {
+                super::bfl_names::bfl_tensor(name)
+            }
+        };
         let mut known = 0;
         for t in &header.tensors {
-            let targets = super::bfl_names::bfl_tensor(&t.name);
+            let targets = targets_of(&t.name);
             known += usize::from(targets.is_some());
             let targets = targets.unwrap_or_else(|| vec![(t.name.clone(), false)]);
             // Whole rows (each whole blocks: the parser checked) are what splits and swaps move.
@@ -437,10 +448,8 @@ impl WeightStore {
         }
         if known == 0 {
             let arch = header.architecture.as_deref().unwrap_or("unnamed");
-            return Err(bad(format!(
-                "none of its {} tensors has a FLUX.2 transformer's name (architecture `{arch}`): is it another model's file?",
-                header.tensors.len()
-            )));
+            let kind = if text_encoder { "a Qwen3 text encoder's name as llama.cpp writes it" } else { "a FLUX.2 transformer's name" };
+            return Err(bad(format!("none of its {} tensors has {kind} (architecture `{arch}`): is it another model's file?", header.tensors.len())));
         }
         store.shards.push(Shard { path: path.into(), map, data_start: 0 });
         Ok(store)

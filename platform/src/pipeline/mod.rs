@@ -149,12 +149,15 @@ pub fn encode_references(
 
 /// Opens a model folder, with its transformer read from `transformer` when
 /// given (how every command opens a model; [`Pipeline::open`] then adds the GPU).
-pub fn open_model(dir: &Path, transformer: Option<&Path>) -> Result<ModelFolder, LoadError> {
-    let model = ModelFolder::open(dir)?;
-    match transformer {
-        Some(t) => model.with_transformer(t),
-        None => Ok(model),
+pub fn open_model(dir: &Path, transformer: Option<&Path>, text_encoder: Option<&Path>) -> Result<ModelFolder, LoadError> {
+    let mut model = ModelFolder::open(dir)?;
+    if let Some(t) = transformer {
+        model = model.with_transformer(t)?;
     }
+    if let Some(t) = text_encoder {
+        model = model.with_text_encoder(t)?;
+    }
+    Ok(model)
 }
 
 /// Whether `Flux2KleinPipeline` would run classifier-free guidance.
@@ -244,6 +247,9 @@ pub struct Options {
     /// A transformer folder to use instead of the model's `transformer/`
     /// (an official DF11 folder, or another diffusers transformer).
     pub transformer: Option<PathBuf>,
+    /// A GGUF text encoder to use instead of the model's `text_encoder/`
+    /// (llama.cpp's Qwen3 layout).
+    pub text_encoder: Option<PathBuf>,
     /// Keep each component loaded after its phase for the next generation
     /// while everything kept and the request's largest phase fit its budget
     /// together (a server; `kept` explains the rule). Off: every phase
@@ -296,7 +302,7 @@ impl Pipeline {
     /// Opens the diffusers model folder `dir` (configs, tokenizer, memory-mapped
     /// weights) and the GPU.
     pub fn open(dir: &Path, options: Options) -> Result<Self, RunError> {
-        let mut pipeline = Self::with_model(open_model(dir, options.transformer.as_deref())?, &options.gpu)?;
+        let mut pipeline = Self::with_model(open_model(dir, options.transformer.as_deref(), options.text_encoder.as_deref())?, &options.gpu)?;
         pipeline.keep_loaded = options.keep_loaded;
         Ok(pipeline)
     }
