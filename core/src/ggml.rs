@@ -142,35 +142,6 @@ impl GgmlType {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn ids_and_names_round_trip() {
-        for t in GgmlType::ALL {
-            assert_eq!(GgmlType::from_id(t.id()), Some(t));
-            assert_eq!(GgmlType::from_name(&t.name().to_ascii_lowercase()), Some(t));
-        }
-        assert_eq!(GgmlType::from_id(9), None, "Q8_1 is not a storage type flux-lite reads");
-    }
-
-    #[test]
-    fn bits_per_weight_are_ggmls() {
-        // ggml's advertised sizes: Q4_K 4.5 bits, Q6_K 6.5625, Q2_K 2.625, Q8_0 8.5.
-        let bits = |t: GgmlType| t.block_bytes() as f64 * 8.0 / t.block_elements() as f64;
-        assert_eq!(bits(GgmlType::Q4K), 4.5);
-        assert_eq!(bits(GgmlType::Q6K), 6.5625);
-        assert_eq!(bits(GgmlType::Q2K), 2.625);
-        assert_eq!(bits(GgmlType::Q3K), 3.4375);
-        assert_eq!(bits(GgmlType::Q5K), 5.5);
-        assert_eq!(bits(GgmlType::Q8_0), 8.5);
-        assert_eq!(GgmlType::Q4K.bytes_of(512), Some(288));
-        assert_eq!(GgmlType::Q4K.bytes_of(300), None);
-        assert_eq!(GgmlType::F32.bytes_of(u64::MAX / 2), None, "overflow is no size");
-    }
-}
-
 /// An IEEE half as f32, exactly.
 fn half(b: &[u8], at: usize) -> f32 {
     crate::numerics::f16::to_f32(u16::from_le_bytes([b[at], b[at + 1]]))
@@ -274,5 +245,34 @@ fn expand_block(ggml: GgmlType, b: &[u8], y: &mut [f32]) {
                 *v = dl * ((low | (high << 4)) as i32 - 32) as f32;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_and_names_round_trip() {
+        for t in GgmlType::ALL {
+            assert_eq!(GgmlType::from_id(t.id()), Some(t));
+            assert_eq!(GgmlType::from_name(&t.name().to_ascii_lowercase()), Some(t));
+        }
+        assert_eq!(GgmlType::from_id(9), None, "Q8_1 is not a storage type flux-lite reads");
+    }
+
+    #[test]
+    fn bits_per_weight_are_ggmls() {
+        // ggml's advertised sizes: Q4_K 4.5 bits, Q6_K 6.5625, Q2_K 2.625, Q8_0 8.5.
+        let bits = |t: GgmlType| t.block_bytes() as f64 * 8.0 / t.block_elements() as f64;
+        assert_eq!(bits(GgmlType::Q4K), 4.5);
+        assert_eq!(bits(GgmlType::Q6K), 6.5625);
+        assert_eq!(bits(GgmlType::Q2K), 2.625);
+        assert_eq!(bits(GgmlType::Q3K), 3.4375);
+        assert_eq!(bits(GgmlType::Q5K), 5.5);
+        assert_eq!(bits(GgmlType::Q8_0), 8.5);
+        assert_eq!(GgmlType::Q4K.bytes_of(512), Some(288));
+        assert_eq!(GgmlType::Q4K.bytes_of(300), None);
+        assert_eq!(GgmlType::F32.bytes_of(u64::MAX / 2), None, "overflow is no size");
     }
 }
