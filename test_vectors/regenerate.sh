@@ -12,3 +12,5 @@ python3 test_vectors/generate_vae_encoder.py
 python3 test_vectors/generate_references.py
 (cd test_vectors && python3 generate_inpaint.py)
 python3 test_vectors/generate_lora.py
+python3 test_vectors/generate_gguf.py
+(cd test_vectors && python3 generate_gguf_model.py)
