@@ -268,6 +268,35 @@ def text_encoder_from_gguf(path) -> dict[str, torch.Tensor]:
     return out
 
 
+# BFL-named tensors kept in bf16 in the FP8 single file; every other 2-D weight is F8_E4M3.
+FP8_KEPT = ("img_in.", "txt_in.", "time_in.", "final_layer.linear.")
+
+
+def write_fp8(bfl: dict[str, torch.Tensor], path) -> dict[str, torch.Tensor]:
+    """A scaled-FP8 single file under BFL's names: each F8_E4M3 weight with a float32
+    `weight_scale` (one with ComfyUI's `scale_weight` spelling, one with no scale at all: 1)
+    and an `input_scale` hint; the rest bf16. Returns the weights as torch expands them
+    (`w.to(float32) * scale`), float32."""
+    out, expanded = {}, {}
+    for i, (name, t) in enumerate(bfl.items()):
+        x = t.detach().to(torch.float32)
+        if x.dim() != 2 or name.startswith(FP8_KEPT):
+            out[name] = x.to(torch.bfloat16)
+            expanded[name] = out[name].to(torch.float32)
+            continue
+        module = name.removesuffix(".weight")
+        unscaled = name == "single_stream_modulation.lin.weight"
+        scale = torch.tensor(1.0 if unscaled else float(x.abs().max()) / 448.0, dtype=torch.float32)
+        w8 = (x / scale).to(torch.float8_e4m3fn)
+        out[name] = w8
+        if not unscaled:
+            out[f"{module}.{'scale_weight' if i % 5 == 0 else 'weight_scale'}"] = scale
+            out[f"{module}.input_scale"] = torch.tensor(1.0, dtype=torch.float32)
+        expanded[name] = w8.to(torch.float32) * scale
+    save_file(out, str(path))
+    return expanded
+
+
 def expanded_bfl(path) -> dict[str, torch.Tensor]:
     """The file's tensors as gguf-py's dequantize gives them, float32."""
     out = {}
@@ -327,6 +356,14 @@ def main() -> None:
     assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
     run().save(GOLDENS / "gguf-text-encoder.png")
     pipe.text_encoder.load_state_dict(original)
+    pipe.transformer = model.to(torch.float32)
+
+    # BFL's scaled FP8 as a single file, against the same pipeline on torch's expansion of it.
+    fp8 = write_fp8(to_bfl(transformer.state_dict()), GOLDENS / "transformer-fp8.safetensors")
+    model8 = g.Flux2Transformer2DModel(**TRANSFORMER).eval()
+    model8.load_state_dict(convert_flux2_transformer_checkpoint_to_diffusers(fp8), strict=True)
+    pipe.transformer = model8.to(torch.float32)
+    run().save(GOLDENS / "fp8.png")
     pipe.transformer = model.to(torch.float32)
 
     # For the record: diffusers' own GGUF loader, whose float16 scale arithmetic moves the weights.

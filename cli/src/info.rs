@@ -181,7 +181,7 @@ fn print_component_bytes(m: &ModelFolder, c: Component) -> Result<(), String> {
         let types = store.quantized_types();
         let kind = if !types.is_empty() {
             let listed: Vec<String> = types.iter().map(|(t, n)| format!("{t} ×{n}")).collect();
-            format!("GGUF: {} tensors in GGML blocks, expanded on the device", listed.join(", "))
+            format!("quantized: {} tensors, expanded on the device", listed.join(", "))
         } else if store.df11_groups().len() > 0 {
             "DF11".to_string()
         } else {

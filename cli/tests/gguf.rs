@@ -1,4 +1,5 @@
-//! GGUF transformers in `gen`: tiny-q's, every quantized type in one file,
+//! Quantized weights in `gen`: GGUF transformers (tiny-q's, every quantized type in one file),
+//! a GGUF text encoder and a scaled-FP8 single file,
 //! against diffusers' PNG on gguf-py's expansion of the same file
 //! (`test_vectors/generate_gguf_model.py`), and the errors of files that
 //! lie or belong to another model.
@@ -107,4 +108,44 @@ fn a_gguf_text_encoder_makes_the_diffusers_png() {
     wrong_args.extend(["--text-encoder", transformer.to_str().unwrap()]);
     let line = the_error_line(&gen("tiny-q", &wrong_args, &dir.join("never.png")));
     assert!(line.contains("a Qwen3 text encoder's name as llama.cpp writes it"), "{line}");
+}
+
+/// BFL's scaled FP8 as one safetensors file (`--transformer FILE.safetensors`:
+/// F8_E4M3 weights with `weight_scale` or `scale_weight`, one with none,
+/// `input_scale` hints, the rest bf16), kept in its bytes under a budget:
+/// diffusers' PNG on torch's expansion (`w.to(float32) * scale`). A scale
+/// that is not one number is one error line.
+#[test]
+fn a_scaled_fp8_single_file_makes_the_diffusers_png() {
+    let dir = scratch_dir("fp8");
+    let out = dir.join("f8.png");
+    let file = Goldens::dir("tiny-q").join("transformer-fp8.safetensors");
+    let args = case_args();
+    let mut args: Vec<&str> = args.iter().map(String::as_str).collect();
+    args.extend(["--transformer", file.to_str().unwrap(), "--memory-budget", "40MiB", "--verbose"]);
+    let run = gen("tiny-q", &args, &out);
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "{stderr}");
+    assert!(!stderr.contains("not read"), "the scales are part of the format, not unread tensors: {stderr}");
+    let (got, want) = (read_png(&out), read_png(&Goldens::dir("tiny-q").join("fp8.png")));
+    flux_lite_tests::tolerance::assert_png_close("tiny-q fp8", &got.rgb, &want.rgb);
+
+    // One scale made a pair of numbers.
+    let bytes = std::fs::read(&file).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut tensors: Vec<(String, safetensors::tensor::TensorView<'_>)> = st.tensors();
+    let (name, _) = tensors.iter().find(|(n, _)| n.ends_with(".weight_scale")).unwrap().clone();
+    let pair = [0u8; 8];
+    for (n, view) in tensors.iter_mut() {
+        if *n == name {
+            *view = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![2], &pair).unwrap();
+        }
+    }
+    let broken = dir.join("broken-fp8.safetensors");
+    safetensors::serialize_to_file(tensors, None, &broken).unwrap();
+    let args = case_args();
+    let mut args: Vec<&str> = args.iter().map(String::as_str).collect();
+    args.extend(["--transformer", broken.to_str().unwrap()]);
+    let line = the_error_line(&gen("tiny-q", &args, &dir.join("never.png")));
+    assert!(line.contains(&name) && line.contains("should be one float"), "{line}");
 }

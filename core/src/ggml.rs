@@ -1,7 +1,8 @@
 //! GGML's tensor types as GGUF files store them: each type's id, the
 //! elements of one block and the bytes that block takes (ggml's
-//! `ggml_type_traits`, restated). The block layouts themselves are read by
-//! the device's expansion kernel (`ggml.wgsl`).
+//! `ggml_type_traits`, restated), and FP8 (E4M3) with a per-tensor scale as
+//! scaled-FP8 safetensors files store it. The block layouts are read by the
+//! device's expansion kernel (`ggml.wgsl`) and by [`expand_into`] here.
 
 /// A GGUF tensor type flux-lite reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -19,6 +20,9 @@ pub enum GgmlType {
     Q4K,
     Q5K,
     Q6K,
+    /// Not a GGUF type: one byte a weight (sign, 4 exponent bits biased by
+    /// 7, 3 mantissa bits; no infinities), times the tensor's scale.
+    F8E4M3,
 }
 
 /// Elements of a K-quant super-block.
@@ -41,12 +45,13 @@ impl GgmlType {
         Self::Q6K,
     ];
 
-    /// The type with GGUF id `id`, if flux-lite reads it.
+    /// The type with GGUF id `id`, if flux-lite reads it (FP8 has none).
     pub fn from_id(id: u32) -> Option<Self> {
         Self::ALL.into_iter().find(|t| t.id() == id)
     }
 
-    /// The id a GGUF tensor info stores.
+    /// The id a GGUF tensor info stores (FP8's, 248, is the expansion
+    /// kernel's alone).
     pub fn id(self) -> u32 {
         match self {
             Self::F32 => 0,
@@ -62,6 +67,7 @@ impl GgmlType {
             Self::Q5K => 13,
             Self::Q6K => 14,
             Self::Bf16 => 30,
+            Self::F8E4M3 => 248,
         }
     }
 
@@ -81,6 +87,7 @@ impl GgmlType {
             Self::Q4K => "Q4_K",
             Self::Q5K => "Q5_K",
             Self::Q6K => "Q6_K",
+            Self::F8E4M3 => "F8_E4M3",
         }
     }
 
@@ -92,7 +99,7 @@ impl GgmlType {
     /// Elements one block holds.
     pub fn block_elements(self) -> usize {
         match self {
-            Self::F32 | Self::F16 | Self::Bf16 => 1,
+            Self::F32 | Self::F16 | Self::Bf16 | Self::F8E4M3 => 1,
             Self::Q4_0 | Self::Q4_1 | Self::Q5_0 | Self::Q5_1 | Self::Q8_0 => 32,
             Self::Q2K | Self::Q3K | Self::Q4K | Self::Q5K | Self::Q6K => QK_K,
         }
@@ -103,6 +110,7 @@ impl GgmlType {
         match self {
             Self::F32 => 4,
             Self::F16 | Self::Bf16 => 2,
+            Self::F8E4M3 => 1,
             // d, then 16 bytes of nibbles
             Self::Q4_0 => 18,
             // d, m, nibbles
@@ -126,9 +134,10 @@ impl GgmlType {
         }
     }
 
-    /// Whether the type is quantized in blocks (not a plain float).
+    /// Whether the type is quantized (GGML blocks, or FP8 with its scale):
+    /// expanded where it is read, not copied as a float.
     pub fn is_quantized(self) -> bool {
-        self.block_elements() > 1
+        self.block_elements() > 1 || self == Self::F8E4M3
     }
 
     /// Bytes of `elements` elements, or `None` when they are not whole
@@ -167,12 +176,33 @@ fn k3_scale(s: &[u8], i: usize) -> i32 {
 /// Expands whole blocks of `ggml` into `out` (one f32 per element), as
 /// gguf-py's `dequantize` computes them and as `ggml.wgsl` does on the
 /// device: for the host's few rows (the text encoder's embedding rows).
-/// `bytes` holds `out.len() / block_elements` blocks.
-pub fn expand_into(ggml: GgmlType, bytes: &[u8], out: &mut [f32]) {
+/// `bytes` holds `out.len() / block_elements` blocks; `scale` multiplies
+/// FP8 (GGML types carry their own).
+pub fn expand_into(ggml: GgmlType, scale: f32, bytes: &[u8], out: &mut [f32]) {
     let (be, bb) = (ggml.block_elements(), ggml.block_bytes());
     for (block, y) in bytes.chunks_exact(bb).zip(out.chunks_exact_mut(be)) {
         expand_block(ggml, block, y);
+        if ggml == GgmlType::F8E4M3 {
+            y[0] *= scale;
+        }
     }
+}
+
+/// An FP8 E4M3 byte (`float8_e4m3fn`) as f32, exactly.
+pub fn f8_e4m3_to_f32(b: u8) -> f32 {
+    let sign = ((b & 0x80) as u32) << 24;
+    let (e, m) = (((b >> 3) & 0x0f) as u32, (b & 0x07) as u32);
+    let bits = match (e, m) {
+        (0x0f, 0x07) => sign | 0x7fc0_0000,
+        (0, 0) => sign,
+        // Subnormal: m · 2⁻⁹, normalised into f32's range.
+        (0, _) => {
+            let shift = m.leading_zeros() - 28;
+            sign | ((121 - shift) << 23) | ((m << shift) & 0x07) << 20
+        }
+        _ => sign | ((e + 120) << 23) | (m << 20),
+    };
+    f32::from_bits(bits)
 }
 
 fn expand_block(ggml: GgmlType, b: &[u8], y: &mut [f32]) {
@@ -181,6 +211,7 @@ fn expand_block(ggml: GgmlType, b: &[u8], y: &mut [f32]) {
         GgmlType::F32 => y[0] = f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
         GgmlType::F16 => y[0] = half(b, 0),
         GgmlType::Bf16 => y[0] = f32::from_bits((u16::from_le_bytes([b[0], b[1]]) as u32) << 16),
+        GgmlType::F8E4M3 => y[0] = f8_e4m3_to_f32(b[0]),
         GgmlType::Q8_0 => {
             let d = half(b, 0);
             for (l, v) in y.iter_mut().enumerate() {
@@ -259,6 +290,7 @@ mod tests {
             assert_eq!(GgmlType::from_name(&t.name().to_ascii_lowercase()), Some(t));
         }
         assert_eq!(GgmlType::from_id(9), None, "Q8_1 is not a storage type flux-lite reads");
+        assert_eq!(GgmlType::from_id(GgmlType::F8E4M3.id()), None, "FP8 is no GGUF type");
     }
 
     #[test]
@@ -274,5 +306,25 @@ mod tests {
         assert_eq!(GgmlType::Q4K.bytes_of(512), Some(288));
         assert_eq!(GgmlType::Q4K.bytes_of(300), None);
         assert_eq!(GgmlType::F32.bytes_of(u64::MAX / 2), None, "overflow is no size");
+    }
+
+    #[test]
+    fn every_fp8_byte_widens_as_e4m3fn() {
+        for b in 0..=255u8 {
+            let (e, m) = (((b >> 3) & 0x0f) as i32, (b & 7) as f64);
+            let sign = if b & 0x80 != 0 { -1.0 } else { 1.0 };
+            let want = match (e, b & 7) {
+                (15, 7) => f64::NAN,
+                (0, _) => sign * m * 2f64.powi(-9),
+                _ => sign * (1.0 + m / 8.0) * 2f64.powi(e - 7),
+            };
+            let got = f8_e4m3_to_f32(b);
+            if want.is_nan() {
+                assert!(got.is_nan(), "{b:#04x}");
+            } else {
+                assert_eq!(got as f64, want, "{b:#04x}");
+            }
+        }
+        assert_eq!(f8_e4m3_to_f32(0x7e), 448.0, "the largest finite value");
     }
 }

@@ -41,7 +41,7 @@ fn every_type_expands_on_the_device_bit_for_bit_as_gguf_py() {
             let poison = 0x7fc0_beefu32;
             let out = gpu.upload_u32("expanded", &vec![poison; base + want.len() + 64]);
             let blocks = (t.elements() / t.ggml.block_elements()) as u64;
-            gpu.submit(|enc| kernels::ggml_expand(gpu, enc, t.ggml, &src, lead as u64, blocks, &out, base as u64)).unwrap();
+            gpu.submit(|enc| kernels::ggml_expand(gpu, enc, t.ggml, 1.0, &src, lead as u64, blocks, &out, base as u64)).unwrap();
             let got: Vec<u32> = gpu.read_bytes(&out, 0, out.size()).unwrap().chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
             if let Some(k) = (0..want.len()).find(|&k| got[base + k] != want[k]) {
                 panic!(
@@ -143,7 +143,7 @@ fn every_type_expands_on_the_host_bit_for_bit_as_gguf_py() {
     for t in header.tensors.iter().filter(|t| t.ggml.is_quantized()) {
         let want: Vec<u32> = expanded.tensor(&t.name).unwrap().data().chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
         let mut got = vec![f32::NAN; t.elements()];
-        flux_lite_core::ggml::expand_into(t.ggml, &file[t.range.clone()], &mut got);
+        flux_lite_core::ggml::expand_into(t.ggml, 1.0, &file[t.range.clone()], &mut got);
         if let Some(k) = (0..want.len()).find(|&k| got[k].to_bits() != want[k]) {
             panic!("{}: element {k}: {:e}, gguf-py {:e}", t.name, got[k], f32::from_bits(want[k]));
         }

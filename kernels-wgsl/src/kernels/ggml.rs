@@ -1,6 +1,7 @@
 //! GGUF weights expanded on the device: a tensor's GGML blocks (Q4_0 …
 //! Q8_0, Q2_K … Q6_K) into f32 elements of a weight slot, bit for bit as
-//! gguf-py dequantizes them. Shader: `ggml.wgsl` beside this file.
+//! gguf-py dequantizes them; scaled FP8 (E4M3 bytes times the tensor's
+//! scale) the same way. Shader: `ggml.wgsl` beside this file.
 
 use crate::device::Gpu;
 use crate::dispatch::{dispatch, to_u32, window, Launch, Sink};
@@ -20,7 +21,11 @@ pub struct GgmlParams {
     pub src_shift: u32,
     /// Element of the bound output where its first element lands.
     pub out_shift: u32,
-    pub _pad: [u32; 4],
+    /// FP8's per-tensor scale.
+    pub scale: f32,
+    /// Elements the dispatch writes.
+    pub count: u32,
+    pub _pad: [u32; 2],
 }
 
 pub const GGML_EXPAND: Kernel = kernel(Module::Ggml, "ggml_expand", [64, 1, 1], &[(1, R), (2, RW)], size_of::<GgmlParams>(), false);
@@ -29,30 +34,46 @@ pub const GGML_EXPAND: Kernel = kernel(Module::Ggml, "ggml_expand", [64, 1, 1], 
 const RUN: u64 = 32;
 
 /// Expands `blocks` GGML blocks of type `ggml` that start at byte `src_at`
-/// of `src` (any byte: blocks of odd sizes follow each other) into f32 elements `[out_base, out_base +
-/// blocks·block_elements)` of `out`, in as many dispatches as the binding
-/// limit asks for.
+/// of `src` (any byte: blocks of odd sizes follow each other) into f32
+/// elements `[out_base, out_base + blocks·block_elements)` of `out`, in as
+/// many dispatches as the binding limit asks for. `scale` multiplies FP8
+/// (a block of one weight); GGML's blocks carry their own.
 #[allow(clippy::too_many_arguments)] // the source, the destination, and what lies between
-pub fn ggml_expand(gpu: &Gpu, sink: &mut dyn Sink, ggml: GgmlType, src: &wgpu::Buffer, src_at: u64, blocks: u64, out: &wgpu::Buffer, out_base: u64) -> Result<(), GpuError> {
+pub fn ggml_expand(
+    gpu: &Gpu,
+    sink: &mut dyn Sink,
+    ggml: GgmlType,
+    scale: f32,
+    src: &wgpu::Buffer,
+    src_at: u64,
+    blocks: u64,
+    out: &wgpu::Buffer,
+    out_base: u64,
+) -> Result<(), GpuError> {
     if !ggml.is_quantized() {
         return Err(GpuError::UnsupportedShape(format!("GGML expansion of {}, which is not in blocks", ggml.name())));
     }
     let (block_bytes, block_elements) = (ggml.block_bytes() as u64, ggml.block_elements() as u64);
     // Blocks per dispatch: both windows within a binding (less the alignment slack).
     let budget = gpu.max_binding().saturating_sub(gpu.binding_alignment());
-    let per = (budget / block_bytes).min(budget / (4 * block_elements)).max(1);
+    // Whole runs of 32 elements a dispatch, but the last.
+    let granule = (RUN / block_elements).max(1);
+    let per = ((budget / block_bytes).min(budget / (4 * block_elements)) / granule * granule).max(granule);
     let mut b0 = 0;
     while b0 < blocks {
         let b1 = (b0 + per).min(blocks);
         let sw = window(gpu, src, 1, src_at + b0 * block_bytes..src_at + b1 * block_bytes, "GGML blocks")?;
         let ow = window(gpu, out, 4, out_base + b0 * block_elements..out_base + b1 * block_elements, "GGML output")?;
-        let runs = (b1 - b0) * block_elements / RUN;
+        let count = (b1 - b0) * block_elements;
+        let runs = count.div_ceil(RUN);
         let params = GgmlParams {
             kind: ggml.id(),
             runs: to_u32(runs, "GGML runs")?,
             src_shift: sw.local,
             out_shift: ow.local,
-            _pad: [0; 4],
+            scale,
+            count: to_u32(count, "GGML elements")?,
+            _pad: [0; 2],
         };
         dispatch(gpu, sink, Launch { kernel: &GGML_EXPAND, constants: &[], params, grid: wrapped_grid(runs.div_ceil(64)) }, &[(1, &sw), (2, &ow)]);
         b0 = b1;

@@ -1,4 +1,4 @@
-// GGML's quantized blocks expanded into f32 elements of a weight slot,
+// GGML's quantized blocks (and scaled FP8) expanded into f32 elements of a weight slot,
 // bit for bit as gguf-py's `dequantize` computes them in float32. Every
 // product there is exact in f32 (an f16 scale's 11 bits times integers of
 // at most 12 bits), so only a final `+ m` or `- dmin·m` rounds, once: an
@@ -16,8 +16,10 @@ struct Params {
     src_shift: u32,
     // Element of the bound output where its first element lands.
     out_shift: u32,
-    _pad0: u32,
-    _pad3: u32,
+    // FP8's per-tensor scale (GGML blocks carry their own).
+    scale: f32,
+    // Elements this dispatch writes (FP8's last run may be short).
+    count: u32,
     _pad1: u32,
     _pad2: u32,
 }
@@ -180,6 +182,31 @@ fn ggml_expand(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workg
                 }
             }
         }
+        case 248u: {
+            // FP8 E4M3 (float8_e4m3fn), one byte a weight, times the tensor's scale.
+            for (var l = 0u; l < 32u; l++) {
+                let i = run * 32u + l;
+                if i >= p.count {
+                    return;
+                }
+                out[o + l] = f8_e4m3(byte_at(i)) * p.scale;
+            }
+        }
         default: {}
     }
+}
+
+// An FP8 E4M3 byte as f32, exactly (no infinities; S.1111.111 is NaN).
+fn f8_e4m3(b: u32) -> f32 {
+    let sign = (b & 0x80u) << 24u;
+    let e = (b >> 3u) & 0x0fu;
+    let m = b & 0x07u;
+    if e == 15u && m == 7u {
+        return bitcast<f32>(sign | 0x7fc00000u);
+    }
+    if e == 0u {
+        let v = ldexp(f32(m), -9);
+        return select(v, -v, sign != 0u);
+    }
+    return bitcast<f32>(sign | ((e + 120u) << 23u) | (m << 20u));
 }

@@ -132,7 +132,7 @@ impl TextEncoder {
                 Some(ggml) => {
                     let at = out.len();
                     out.resize(at + hidden, 0.0);
-                    flux_lite_core::ggml::expand_into(ggml, row, &mut out[at..]);
+                    flux_lite_core::ggml::expand_into(ggml, table.scale, row, &mut out[at..]);
                 }
                 // The table's dtype was checked to be one of the three when it was opened.
                 None => {
@@ -153,6 +153,8 @@ struct Table<'a> {
     dtype: Dtype,
     /// GGML blocks (a GGUF text encoder's), else a float dtype.
     ggml: Option<flux_lite_core::ggml::GgmlType>,
+    /// FP8's per-tensor scale.
+    scale: f32,
     row_bytes: usize,
     bytes: &'a [u8],
 }
@@ -165,7 +167,7 @@ fn embedding_table<'a>(store: &'a WeightStore, config: &Qwen3Config) -> Result<T
     if let Some(q) = store.quantized(EMBEDDING) {
         let row_bytes = q.ggml.bytes_of(config.hidden_size as u64).unwrap_or(0) as usize;
         return match q.pieces.as_slice() {
-            [bytes] if q.shape == want && row_bytes > 0 && bytes.len() == row_bytes * want[0] => Ok(Table { dtype: Dtype::U8, ggml: Some(q.ggml), row_bytes, bytes }),
+            [bytes] if q.shape == want && row_bytes > 0 && bytes.len() == row_bytes * want[0] => Ok(Table { dtype: Dtype::U8, ggml: Some(q.ggml), scale: q.scale, row_bytes, bytes }),
             _ => Err(wrong(format!("{} of shape {:?} ({} bytes)", q.ggml.name(), q.shape, q.bytes()))),
         };
     }
@@ -185,7 +187,7 @@ fn embedding_table<'a>(store: &'a WeightStore, config: &Qwen3Config) -> Result<T
     if t.shape != want || t.bytes.len() != want[0] * want[1] * elem_bytes {
         return Err(wrong(format!("shape {:?} ({} bytes)", t.shape, t.bytes.len())));
     }
-    Ok(Table { dtype: t.dtype, ggml: None, row_bytes: want[1] * elem_bytes, bytes: t.bytes })
+    Ok(Table { dtype: t.dtype, ggml: None, scale: 1.0, row_bytes: want[1] * elem_bytes, bytes: t.bytes })
 }
 
 /// The activation layout, the block programs (prologue, then one per layer

@@ -31,7 +31,8 @@ pub struct ModelFolder {
     pub scheduler: SchedulerConfig,
     /// Where the transformer is read from: `root/transformer` unless replaced.
     transformer_dir: PathBuf,
-    /// A GGUF file the transformer is read from instead (`--transformer FILE.gguf`).
+    /// A GGUF or BFL single file the transformer is read from instead
+    /// (`--transformer FILE.gguf`, `--transformer FILE.safetensors`).
     transformer_file: Option<PathBuf>,
     /// A GGUF file the text encoder is read from instead (`--text-encoder FILE.gguf`).
     text_encoder_file: Option<PathBuf>,
@@ -83,11 +84,12 @@ impl ModelFolder {
     /// Reads the transformer from `dir` (a diffusers transformer folder with
     /// its own config.json, e.g. a fine-tune or a compressed copy) instead of
     /// the model's own.
-    /// A `.gguf` file holds a transformer under BFL's names; the
+    /// A `.gguf` file, or one `.safetensors` file (BFL's single files, FP8
+    /// ones included), holds a transformer under BFL's names; the
     /// architecture stays the model folder's, and the file's tensors are
     /// checked against it.
     pub fn with_transformer(mut self, dir: &Path) -> Result<Self, LoadError> {
-        if dir.is_file() && weight_file_kind(&dir.to_string_lossy()) == Some(WeightFile::Gguf) {
+        if dir.is_file() && matches!(weight_file_kind(&dir.to_string_lossy()), Some(WeightFile::Gguf | WeightFile::Tensors)) {
             self.transformer_file = Some(dir.into());
             return Ok(self);
         }
@@ -133,7 +135,8 @@ impl ModelFolder {
             Component::Vae => None,
         };
         let mut store = match file {
-            Some(file) => WeightStore::open_gguf(file, component.dir())?,
+            Some(file) if weight_file_kind(&file.to_string_lossy()) == Some(WeightFile::Gguf) => WeightStore::open_gguf(file, component.dir())?,
+            Some(file) => WeightStore::open_single_file(file, component.dir())?,
             None => WeightStore::open(&self.component_dir(component.dir()), component.dir())?,
         };
         store.check(&self.expected_tensors(component))?;

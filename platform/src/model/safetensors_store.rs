@@ -14,6 +14,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
+mod renamed;
+
 /// A tensor inside a mapped file.
 #[derive(Debug, Clone, Copy)]
 pub struct TensorRef<'a> {
@@ -52,13 +54,15 @@ enum Source {
     Expanded(usize),
     /// GGML blocks of a GGUF file: byte ranges of the shard (its map, from
     /// byte 0), in order (two for rows whose halves swap).
-    Quantized { shard: usize, pieces: Vec<(usize, usize)>, ggml: GgmlType },
+    Quantized { shard: usize, pieces: Vec<(usize, usize)>, ggml: GgmlType, scale: f32 },
 }
 
 /// A tensor still in GGML blocks: its pieces in order, whole rows each.
 #[derive(Debug, Clone)]
 pub struct QuantizedRef<'a> {
     pub ggml: GgmlType,
+    /// FP8's per-tensor scale (1 for GGML blocks, which carry their own).
+    pub scale: f32,
     pub shape: &'a [usize],
     pub pieces: Vec<&'a [u8]>,
 }
@@ -360,9 +364,9 @@ impl WeightStore {
     /// A tensor still in GGML blocks, if `name` is one.
     pub fn quantized(&self, name: &str) -> Option<QuantizedRef<'_>> {
         let e = self.entries.get(name)?;
-        let Source::Quantized { shard, pieces, ggml } = &e.source else { return None };
+        let Source::Quantized { shard, pieces, ggml, scale } = &e.source else { return None };
         let map = &self.shards[*shard].map;
-        Some(QuantizedRef { ggml: *ggml, shape: &e.shape, pieces: pieces.iter().map(|&(a, b)| &map[a..b]).collect() })
+        Some(QuantizedRef { ggml: *ggml, scale: *scale, shape: &e.shape, pieces: pieces.iter().map(|&(a, b)| &map[a..b]).collect() })
     }
 
     /// The GGML types of the tensors still in blocks, with their counts (for `info`).
@@ -374,85 +378,6 @@ impl WeightStore {
             }
         }
         types
-    }
-
-    /// A component in one GGUF file. A transformer's tensors are under BFL's names
-    /// (ComfyUI-GGUF's and stable-diffusion.cpp's layout) brought to
-    /// diffusers' as `convert_flux2_transformer_checkpoint_to_diffusers`
-    /// brings them: fused projections split by rows, the final modulation's
-    /// halves swapped. Names it does not know stay as they are (and are
-    /// reported unread by [`Self::check`]). A text encoder's are under
-    /// llama.cpp's Qwen3 names (its tokenizer metadata is not read: the
-    /// model folder's `tokenizer/` is the tokenizer).
-    pub fn open_gguf(path: &Path, component: &str) -> Result<Self, LoadError> {
-        let file = File::open(path).map_err(|source| LoadError::Io { path: path.into(), source })?;
-        // SAFETY: the map is read-only and model files are not modified while a run holds them.
-        let map = unsafe { Mmap::map(&file) }.map_err(|source| LoadError::Io { path: path.into(), source })?;
-        let bad = |detail: String| LoadError::Safetensors { path: path.into(), detail };
-        let header = super::gguf::parse(&map).map_err(bad)?;
-        let mut store =
-            Self { component: component.into(), shards: Vec::new(), entries: BTreeMap::new(), expanded: Vec::new(), df11_groups: Vec::new(), unread: Vec::new() };
-        // A transformer is named as BFL's checkpoints, a text encoder as llama.cpp's.
-        let text_encoder = component == "text_encoder";
-        let targets_of = |name: &str| {
-            if text_encoder {
-                super::llama_names::qwen3_tensor(name).map(|n| vec![(n, false)])
-            } else {
-                super::bfl_names::bfl_tensor(name)
-            }
-        };
-        let mut known = 0;
-        for t in &header.tensors {
-            let targets = targets_of(&t.name);
-            known += usize::from(targets.is_some());
-            let targets = targets.unwrap_or_else(|| vec![(t.name.clone(), false)]);
-            // Whole rows (each whole blocks: the parser checked) are what splits and swaps move.
-            let matrix = t.shape.len() > 1;
-            let (rows, row_bytes) = if matrix { (t.shape[0], t.range.len() / t.shape[0]) } else { (1, t.range.len()) };
-            let parts = targets.len();
-            let swaps = targets.iter().any(|t| t.1);
-            if (parts > 1 || swaps) && !matrix || !rows.is_multiple_of(parts) || swaps && !rows.is_multiple_of(2) {
-                return Err(bad(format!("tensor `{}` of shape {:?} cannot be split into {parts} diffusers tensors by rows", t.name, t.shape)));
-            }
-            let part_rows = rows / parts;
-            for (i, (name, swap)) in targets.into_iter().enumerate() {
-                let start = t.range.start + i * part_rows * row_bytes;
-                let end = start + part_rows * row_bytes;
-                let mut shape = t.shape.clone();
-                if matrix {
-                    shape[0] = part_rows;
-                }
-                let half = part_rows / 2 * row_bytes;
-                let pieces = if swap { vec![(start + half, end), (start, start + half)] } else { vec![(start, end)] };
-                let entry = match t.ggml {
-                    GgmlType::F32 | GgmlType::F16 | GgmlType::Bf16 => {
-                        let dtype = match t.ggml {
-                            GgmlType::F32 => Dtype::F32,
-                            GgmlType::F16 => Dtype::F16,
-                            _ => Dtype::BF16,
-                        };
-                        let source = if swap {
-                            store.expanded.push(pieces.iter().flat_map(|&(a, b)| map[a..b].iter().copied()).collect());
-                            Source::Expanded(store.expanded.len() - 1)
-                        } else {
-                            Source::Shard { shard: 0, range: pieces[0] }
-                        };
-                        Entry { source, dtype, shape }
-                    }
-                    ggml => Entry { source: Source::Quantized { shard: 0, pieces, ggml }, dtype: Dtype::U8, shape },
-                };
-                if store.entries.insert(name.clone(), entry).is_some() {
-                    return Err(bad(format!("`{name}` is given twice (by `{}` and another tensor)", t.name)));
-                }
-            }
-        }
-        if known == 0 {
-            let arch = header.architecture.as_deref().unwrap_or("unnamed");
-            let kind = if text_encoder { "a Qwen3 text encoder's name as llama.cpp writes it" } else { "a FLUX.2 transformer's name" };
-            return Err(bad(format!("none of its {} tensors has {kind} (architecture `{arch}`): is it another model's file?", header.tensors.len())));
-        }
-        store.shards.push(Shard { path: path.into(), map, data_start: 0 });
-        Ok(store)
     }
 
     pub fn names(&self) -> impl Iterator<Item = &str> {

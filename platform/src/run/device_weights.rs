@@ -338,6 +338,8 @@ pub struct Packed {
     pub buffer: DeviceBuffer,
     pub at: u64,
     pub ggml: GgmlType,
+    /// FP8's per-tensor scale (1 for GGML blocks).
+    pub scale: f32,
     pub width: u64,
 }
 
@@ -460,7 +462,7 @@ impl DeviceWeights {
         // (weight, slot, element offset) of the weights that live in a slot.
         let mut in_slots: Vec<(String, usize, u64, WeightDtype)> = Vec::new();
         // (tensor, slot, byte offset) of the streamed tensors in GGML blocks.
-        let mut packed_in_slots: Vec<(String, usize, u64, GgmlType, u64)> = Vec::new();
+        let mut packed_in_slots: Vec<(String, usize, u64, GgmlType, f32, u64)> = Vec::new();
         for (block, held) in a.own.iter().enumerate() {
             let slot = if slots > 0 { block % slots } else { 0 };
             let mut cursor = 0u64;
@@ -507,7 +509,7 @@ impl DeviceWeights {
                         let offset = cursor.next_multiple_of(SLOT_ALIGN);
                         cursor = offset + q.bytes() as u64;
                         let width = q.shape.last().copied().unwrap_or(1) as u64;
-                        packed_in_slots.push((name.clone(), slot, offset, q.ggml, width));
+                        packed_in_slots.push((name.clone(), slot, offset, q.ggml, q.scale, width));
                         w.streams[block].push(StreamedWeight { name: name.clone(), slot, offset });
                     }
                 }
@@ -548,8 +550,8 @@ impl DeviceWeights {
         for (name, slot, offset, dtype) in in_slots {
             w.map.insert(name, DeviceWeight { buffer: w.slots[slot].clone(), offset, dtype });
         }
-        for (name, slot, at, ggml, width) in packed_in_slots {
-            w.packed.insert(name, Packed { buffer: w.slots[slot].clone(), at, ggml, width });
+        for (name, slot, at, ggml, scale, width) in packed_in_slots {
+            w.packed.insert(name, Packed { buffer: w.slots[slot].clone(), at, ggml, scale, width });
         }
         gpu.check_faults()?;
         w.write(gpu, store, pending)?;
@@ -573,7 +575,7 @@ impl DeviceWeights {
         let buffer = gpu.storage(name, q.bytes() as u64);
         self.bytes += buffer.size();
         let width = q.shape.last().copied().unwrap_or(1) as u64;
-        self.packed.insert(name.to_string(), Packed { buffer, at: 0, ggml: q.ggml, width });
+        self.packed.insert(name.to_string(), Packed { buffer, at: 0, ggml: q.ggml, scale: q.scale, width });
         pending.packed.push(name.to_string());
         Ok(())
     }
@@ -635,7 +637,7 @@ impl DeviceWeights {
             let q = quantized(store, name)?;
             let raw = gpu.upload_bytes(name, &joined(&q, ..));
             let blocks = (q.elements() / q.ggml.block_elements()) as u64;
-            gpu.submit(|enc| kernels::ggml_expand(gpu, enc, q.ggml, &raw, 0, blocks, buffer, 0))?;
+            gpu.submit(|enc| kernels::ggml_expand(gpu, enc, q.ggml, q.scale, &raw, 0, blocks, buffer, 0))?;
         }
         Ok(())
     }

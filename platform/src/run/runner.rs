@@ -213,7 +213,7 @@ impl Runner {
             let n = per_pass.min(cols - done);
             let first_row = w_row + done;
             let blocks = n * p.width / block_elements;
-            kernels::ggml_expand(gpu, sink, p.ggml, &p.buffer, p.at + first_row * row_bytes, blocks, scratch, 0)?;
+            kernels::ggml_expand(gpu, sink, p.ggml, p.scale, &p.buffer, p.at + first_row * row_bytes, blocks, scratch, 0)?;
             let bias = match bias {
                 Some(b) => Some(weights.get(b)?.view().rows_from(first_row, 1)),
                 None => None,
