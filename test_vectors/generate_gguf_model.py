@@ -358,6 +358,15 @@ def main() -> None:
     pipe.text_encoder.load_state_dict(original)
     pipe.transformer = model.to(torch.float32)
 
+    # A LoRA in BFL's layout (generate_lora.py's) on the GGUF transformer: its adapted linears
+    # include quantized ones (the blocks, a modulation) and plain ones (img_in, txt_in).
+    import generate_lora
+    generate_lora.bfl_file(model.config, GOLDENS / "lora-bfl.safetensors")
+    pipe.load_lora_weights(str(GOLDENS), weight_name="lora-bfl.safetensors", adapter_name="bfl")
+    run().save(GOLDENS / "gguf-lora.png")
+    pipe.unload_lora_weights()
+    pipe.transformer = model.to(torch.float32)
+
     # BFL's scaled FP8 as a single file, against the same pipeline on torch's expansion of it.
     fp8 = write_fp8(to_bfl(transformer.state_dict()), GOLDENS / "transformer-fp8.safetensors")
     model8 = g.Flux2Transformer2DModel(**TRANSFORMER).eval()

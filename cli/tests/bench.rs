@@ -58,7 +58,10 @@ fn kernels_bench_prints_every_row_beside_the_ceilings_of_the_same_run() {
     // then the VAE's up block, DF11, the text encoder, and per image size a
     // step, a decode and the sum.
     let per_tokens = ["linear"; 5].into_iter().chain(["LoRA"; 5]).chain(["attention", "double block", "single block"]);
-    let expected: Vec<&str> = per_tokens.clone().chain(per_tokens).chain(["VAE up block", "DF11 expansion", "text encoder", "denoising step", "VAE decode", "end to end"]).collect();
+    // DF11's expansion, then each quantized GGUF type's.
+    let expansions = std::iter::once("DF11 expansion").chain(["GGUF"; 10]);
+    let expected: Vec<&str> =
+        per_tokens.clone().chain(per_tokens).chain(["VAE up block"]).chain(expansions).chain(["text encoder", "denoising step", "VAE decode", "end to end"]).collect();
     let whats: Vec<&str> = rows.iter().map(|r| r[0].split(' ').next().unwrap_or("")).collect();
     let expected_first: Vec<&str> = expected.iter().map(|w| w.split(' ').next().unwrap()).collect();
     assert_eq!(whats, expected_first, "{stdout}");
@@ -77,6 +80,8 @@ fn kernels_bench_prints_every_row_beside_the_ceilings_of_the_same_run() {
     // DF11 does no arithmetic the ceilings count; copy bounds it.
     let df11 = rows.iter().find(|r| r[0] == "DF11 expansion").unwrap();
     assert_eq!((df11[3].as_str(), df11[5].as_str()), ("–", "copy"));
+    let q4k = rows.iter().find(|r| r[0] == "GGUF Q4_K expansion").unwrap();
+    assert_eq!((q4k[3].as_str(), q4k[5].as_str()), ("–", "copy"));
 }
 
 #[test]

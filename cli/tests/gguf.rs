@@ -149,3 +149,24 @@ fn a_scaled_fp8_single_file_makes_the_diffusers_png() {
     let line = the_error_line(&gen("tiny-q", &args, &dir.join("never.png")));
     assert!(line.contains(&name) && line.contains("should be one float"), "{line}");
 }
+
+/// A LoRA in BFL's layout on the GGUF transformer kept in its blocks: the
+/// adapted linears include quantized ones (every block linear, a
+/// modulation) and plain ones (`img_in`, `txt_in`): diffusers' PNG with the
+/// same adapter on gguf-py's weights.
+#[test]
+fn a_lora_applies_on_top_of_gguf_weights() {
+    let dir = scratch_dir("gguf-lora");
+    let out = dir.join("lora.png");
+    let lora = Goldens::dir("tiny-q").join("lora-bfl.safetensors");
+    let args = case_args();
+    let mut args: Vec<&str> = args.iter().map(String::as_str).collect();
+    args.extend(["--lora", lora.to_str().unwrap(), "--memory-budget", "40MiB"]);
+    let run = gen("tiny-q", &args, &out);
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    let (got, want) = (read_png(&out), read_png(&Goldens::dir("tiny-q").join("gguf-lora.png")));
+    flux_lite_tests::tolerance::assert_png_close("tiny-q gguf + lora", &got.rgb, &want.rgb);
+    let plain = read_png(&Goldens::dir("tiny-q").join("gguf.png"));
+    let moved = plain.rgb.iter().zip(&want.rgb).map(|(a, b)| a.abs_diff(*b)).max().unwrap();
+    assert!(moved > 10, "the adapter changes the image ({moved} levels at most)");
+}
