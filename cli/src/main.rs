@@ -12,6 +12,7 @@ use stdout::say;
 mod bench;
 mod budget;
 mod compress;
+mod quantize;
 mod encode;
 mod errors;
 mod gen;
@@ -41,6 +42,7 @@ enum Command {
     Gen(gen::GenArgs),
     Encode(encode::EncodeArgs),
     Compress(compress::CompressArgs),
+    Quantize(quantize::QuantizeArgs),
     Info(info::InfoArgs),
     Gpu(GpuArgs),
     Bench(bench::BenchArgs),
@@ -63,6 +65,7 @@ fn main() -> ExitCode {
         Command::Gen(args) => gen::run(&args),
         Command::Encode(args) => encode::run(&args),
         Command::Compress(args) => compress::run(&args),
+        Command::Quantize(args) => quantize::run(&args),
         Command::Info(args) => info::run(&args),
         Command::Gpu(_) => gpu(),
         Command::Bench(args) => bench::run(&args),

@@ -170,3 +170,59 @@ fn a_lora_applies_on_top_of_gguf_weights() {
     let moved = plain.rgb.iter().zip(&want.rgb).map(|(a, b)| a.abs_diff(*b)).max().unwrap();
     assert!(moved > 10, "the adapter changes the image ({moved} levels at most)");
 }
+
+/// `flux-lite quantize` on tiny-a's transformer, every type it writes:
+/// each tensor's name, type, shape and bytes as gguf-py's quantizers make
+/// them under ComfyUI-GGUF's rule (`test_vectors/generate_quantize.py`'s
+/// manifest: byte counts and CRC-32s); the file reads back and runs. A
+/// K-quant is refused on one error line naming what to do instead.
+#[test]
+fn quantize_writes_what_gguf_py_writes() {
+    let dir = scratch_dir("quantize");
+    let manifest: serde_json::Value = serde_json::from_slice(&std::fs::read(flux_lite_tests::test_vectors().join("goldens/quantize/manifest.json")).unwrap()).unwrap();
+    let quantize = |ty: &str, out: &Path| {
+        Command::new(env!("CARGO_BIN_EXE_flux-lite"))
+            .args(["quantize", "--model"])
+            .arg(model_dir("tiny-a"))
+            .args(["--type", ty, "--output"])
+            .arg(out)
+            .output()
+            .unwrap()
+    };
+    for (ty, want) in manifest.as_object().unwrap() {
+        let out = dir.join(format!("{ty}.gguf"));
+        let run = quantize(&ty.to_ascii_lowercase(), &out);
+        assert!(run.status.success(), "{ty}: {}", String::from_utf8_lossy(&run.stderr));
+        let bytes = std::fs::read(&out).unwrap();
+        let header = flux_lite_platform::model::gguf::parse(&bytes).unwrap();
+        let want = want.as_object().unwrap();
+        assert_eq!(header.tensors.len(), want.len(), "{ty}");
+        for t in &header.tensors {
+            let w = &want[&t.name];
+            let ne: Vec<u64> = t.shape.iter().rev().map(|&d| d as u64).collect();
+            let data = &bytes[t.range.clone()];
+            assert_eq!(t.ggml.name(), w["type"].as_str().unwrap(), "{ty} {}", t.name);
+            assert_eq!(serde_json::json!(ne), w["ne"], "{ty} {}", t.name);
+            assert_eq!(data.len() as u64, w["bytes"].as_u64().unwrap(), "{ty} {}", t.name);
+            assert_eq!(crc32(data) as u64, w["crc32"].as_u64().unwrap(), "{ty} {}: bytes differ from gguf-py's", t.name);
+        }
+    }
+    // The Q8_0 file runs: tiny-a's folder with it as the transformer.
+    let png = dir.join("q8.png");
+    let run = Command::new(env!("CARGO_BIN_EXE_flux-lite"))
+        .args(["gen", "--model"])
+        .arg(model_dir("tiny-a"))
+        .args(["--transformer", dir.join("Q8_0.gguf").to_str().unwrap(), "--prompt", "a red fox", "--steps", "1", "--width", "32", "--height", "32", "--quiet", "--output"])
+        .arg(&png)
+        .output()
+        .unwrap();
+    assert!(run.status.success() && png.exists(), "{}", String::from_utf8_lossy(&run.stderr));
+    let line = the_error_line(&quantize("q4_k", &dir.join("never.gguf")));
+    assert!(line.contains("Q4_K is not written yet") && line.contains("llama-quantize"), "{line}");
+    assert!(!dir.join("never.gguf").exists());
+}
+
+/// CRC-32 (IEEE, reflected: zlib's `crc32`), for comparing bytes with the manifest.
+fn crc32(bytes: &[u8]) -> u32 {
+    !bytes.iter().fold(!0u32, |crc, &b| (0..8).fold(crc ^ b as u32, |c, _| if c & 1 != 0 { (c >> 1) ^ 0xedb8_8320 } else { c >> 1 }))
+}

@@ -207,10 +207,15 @@ fn fixed_size(kind: u32) -> Option<u64> {
     }
 }
 
-/// A GGUF file's header bytes, written as gguf-py's `GGUFWriter` lays them
-/// out, for tests and the fuzz corpus: `(name, ne innermost first, type,
-/// data)` per tensor, each at the next 32-byte offset.
-pub fn write(architecture: &str, tensors: &[(&str, &[u64], GgmlType, &[u8])]) -> Vec<u8> {
+/// The data alignment flux-lite writes (GGUF's default).
+pub const ALIGNMENT: u64 = DEFAULT_ALIGNMENT;
+
+/// A GGUF v3 header as gguf-py's `GGUFWriter` lays it out: the magic, the
+/// counts, `general.architecture` and `general.quantization_version` (2),
+/// then per tensor `(name, ne innermost first, type, data bytes)` its info,
+/// each tensor's data at the next [`ALIGNMENT`] offset; the header is
+/// padded so the first tensor's data follows it.
+pub fn header(architecture: &str, tensors: &[(String, Vec<u64>, GgmlType, u64)]) -> Vec<u8> {
     let mut out = Vec::new();
     let string = |out: &mut Vec<u8>, s: &str| {
         out.extend((s.len() as u64).to_le_bytes());
@@ -219,23 +224,35 @@ pub fn write(architecture: &str, tensors: &[(&str, &[u64], GgmlType, &[u8])]) ->
     out.extend(MAGIC);
     out.extend(3u32.to_le_bytes());
     out.extend((tensors.len() as u64).to_le_bytes());
-    out.extend(1u64.to_le_bytes());
+    out.extend(2u64.to_le_bytes());
     string(&mut out, "general.architecture");
     out.extend(STRING.to_le_bytes());
     string(&mut out, architecture);
+    string(&mut out, "general.quantization_version");
+    out.extend(U32.to_le_bytes());
+    out.extend(2u32.to_le_bytes());
     let mut offset = 0u64;
-    for (name, ne, ggml, data) in tensors {
+    for (name, ne, ggml, bytes) in tensors {
         string(&mut out, name);
         out.extend((ne.len() as u32).to_le_bytes());
-        for d in *ne {
+        for d in ne {
             out.extend(d.to_le_bytes());
         }
         out.extend(ggml.id().to_le_bytes());
         out.extend(offset.to_le_bytes());
-        offset = (offset + data.len() as u64).next_multiple_of(DEFAULT_ALIGNMENT);
+        offset = (offset + bytes).next_multiple_of(ALIGNMENT);
     }
+    out.resize(out.len().next_multiple_of(ALIGNMENT as usize), 0);
+    out
+}
+
+/// A whole GGUF file: [`header`] and the tensors' data (for tests and the
+/// fuzz corpus).
+pub fn write(architecture: &str, tensors: &[(&str, &[u64], GgmlType, &[u8])]) -> Vec<u8> {
+    let infos: Vec<(String, Vec<u64>, GgmlType, u64)> = tensors.iter().map(|(n, ne, g, d)| (n.to_string(), ne.to_vec(), *g, d.len() as u64)).collect();
+    let mut out = header(architecture, &infos);
     for (_, _, _, data) in tensors {
-        out.resize(out.len().next_multiple_of(DEFAULT_ALIGNMENT as usize), 0);
+        out.resize(out.len().next_multiple_of(ALIGNMENT as usize), 0);
         out.extend(*data);
     }
     out

@@ -9,6 +9,7 @@ pub mod config_json;
 pub mod df11;
 pub mod gguf;
 pub mod lora;
+pub mod quantize;
 pub mod safetensors_store;
 pub mod tokenizer;
 

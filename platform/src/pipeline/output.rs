@@ -112,6 +112,12 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), String> {
     })
 }
 
+/// Writes what `write` streams to `path` atomically (a temporary name, then
+/// a rename), for outputs too large to hold (a quantized model file).
+pub fn write_streamed(path: &Path, write: &mut dyn FnMut(&mut dyn Write) -> std::io::Result<()>) -> Result<(), String> {
+    write_to(path, write)
+}
+
 /// A testing aid: atomic writes stop halfway for this many seconds, their
 /// first half on disk under the temporary name, so a test can kill the
 /// process in the middle of writing (0: no pause). Set by the CLI from
