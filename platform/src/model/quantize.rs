@@ -39,6 +39,8 @@ struct Planned {
     shape: Vec<usize>,
     ggml: GgmlType,
     sources: Vec<(String, bool)>,
+    /// Left in BF16 because its rows are not whole blocks of the type asked for.
+    not_whole_blocks: bool,
 }
 
 /// Writes `model`'s transformer to `output` with its block linears in `ggml`.
@@ -50,14 +52,6 @@ pub fn quantize_transformer(model: &ModelFolder, ggml: GgmlType, output: &Path) 
     let mut store = model.weights(Component::Transformer).map_err(|e| e.to_string())?;
     store.expand_df11_on_host().map_err(|e: LoadError| e.to_string())?;
     let plan = plan(model, &store, ggml)?;
-    let mut summary = QuantizeSummary { tensors: plan.len(), quantized: 0, not_whole_blocks: Vec::new(), bytes_before: store.data_bytes(), bytes_after: 0 };
-    for p in &plan {
-        if p.ggml == ggml && ggml.is_quantized() {
-            summary.quantized += 1;
-        } else if p.shape.len() == 2 && p.ggml == GgmlType::Bf16 && !KEPT.iter().any(|k| p.name.starts_with(k)) && ggml != GgmlType::Bf16 {
-            summary.not_whole_blocks.push(p.name.clone());
-        }
-    }
     let infos: Vec<(String, Vec<u64>, GgmlType, u64)> = plan
         .iter()
         .map(|p| {
@@ -66,7 +60,13 @@ pub fn quantize_transformer(model: &ModelFolder, ggml: GgmlType, output: &Path) 
             (p.name.clone(), p.shape.iter().rev().map(|&d| d as u64).collect(), p.ggml, bytes)
         })
         .collect();
-    summary.bytes_after = infos.iter().map(|i| i.3).sum();
+    let summary = QuantizeSummary {
+        tensors: plan.len(),
+        quantized: plan.iter().filter(|p| p.ggml == ggml && ggml.is_quantized()).count(),
+        not_whole_blocks: plan.iter().filter(|p| p.not_whole_blocks).map(|p| p.name.clone()).collect(),
+        bytes_before: store.data_bytes(),
+        bytes_after: infos.iter().map(|i| i.3).sum(),
+    };
     let header = super::gguf::header("flux", &infos);
     let mut write = |w: &mut dyn Write| -> std::io::Result<()> {
         w.write_all(&header)?;
@@ -75,7 +75,7 @@ pub fn quantize_transformer(model: &ModelFolder, ggml: GgmlType, output: &Path) 
             let pad = written.next_multiple_of(super::gguf::ALIGNMENT) - written;
             w.write_all(&vec![0u8; pad as usize])?;
             let values = gather(&store, p).map_err(std::io::Error::other)?;
-            let bytes = quantize(p.ggml, &values, *p.shape.last().unwrap_or(&1));
+            let bytes = quantize(p.ggml, &values);
             w.write_all(&bytes)?;
             written += pad + bytes.len() as u64;
         }
@@ -116,15 +116,15 @@ fn plan(model: &ModelFolder, store: &crate::model::safetensors_store::WeightStor
             }
             covered.insert(s.clone());
         }
-        let width = *shape.last().unwrap_or(&1);
-        let kind = if shape.len() < 2 {
-            GgmlType::F32
-        } else if KEPT.iter().any(|k| name.starts_with(k)) || !width.is_multiple_of(ggml.block_elements()) {
-            GgmlType::Bf16
-        } else {
-            ggml
+        let matrix = shape.len() == 2;
+        let kept = KEPT.iter().any(|k| name.starts_with(k));
+        let not_whole_blocks = matrix && !kept && !shape[1].is_multiple_of(ggml.block_elements());
+        let kind = match (matrix, kept || not_whole_blocks) {
+            (false, _) => GgmlType::F32,
+            (true, true) => GgmlType::Bf16,
+            (true, false) => ggml,
         };
-        plan.push(Planned { name, shape, ggml: kind, sources });
+        plan.push(Planned { name, shape, ggml: kind, sources, not_whole_blocks });
     }
     let mut missing = Vec::new();
     tensors::transformer(c, |s| {
@@ -155,9 +155,8 @@ fn gather(store: &crate::model::safetensors_store::WeightStore, p: &Planned) -> 
     Ok(out)
 }
 
-/// `values` (rows of `width`) in `ggml`'s bytes, as gguf-py's `quantize` writes them.
-pub fn quantize(ggml: GgmlType, values: &[f32], width: usize) -> Vec<u8> {
-    debug_assert!(values.len().is_multiple_of(width.max(1)));
+/// `values` (whole blocks) in `ggml`'s bytes, as gguf-py's `quantize` writes them.
+pub fn quantize(ggml: GgmlType, values: &[f32]) -> Vec<u8> {
     match ggml {
         GgmlType::F32 => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
         GgmlType::F16 => values.iter().flat_map(|&v| half::f16::from_f32(v).to_le_bytes()).collect(),
@@ -165,7 +164,6 @@ pub fn quantize(ggml: GgmlType, values: &[f32], width: usize) -> Vec<u8> {
         _ => {
             let mut out = Vec::with_capacity(ggml.bytes_of(values.len() as u64).unwrap_or(0) as usize);
             for block in values.chunks_exact(ggml.block_elements()) {
-                let block: &[f32; 32] = block.try_into().unwrap_or(&[0.0; 32]);
                 match ggml {
                     GgmlType::Q8_0 => q8_0(block, &mut out),
                     GgmlType::Q4_0 | GgmlType::Q5_0 => symmetric(block, ggml == GgmlType::Q5_0, &mut out),
@@ -204,7 +202,7 @@ fn roundf(n: f32) -> f32 {
     }
 }
 
-fn q8_0(x: &[f32; 32], out: &mut Vec<u8>) {
+fn q8_0(x: &[f32], out: &mut Vec<u8>) {
     let d = x.iter().fold(0f32, |m, v| m.max(v.abs())) / 127.0;
     let id = if d == 0.0 { 0.0 } else { 1.0 / d };
     out.extend(half_bytes(d));
@@ -212,10 +210,9 @@ fn q8_0(x: &[f32; 32], out: &mut Vec<u8>) {
 }
 
 /// Q4_0 / Q5_0: the scale from the value of largest magnitude, signed.
-fn symmetric(x: &[f32; 32], five: bool, out: &mut Vec<u8>) {
-    // argmax of |x|: the first of equal magnitudes.
-    let max = x.iter().copied().fold((0f32, 0f32), |(best, v0), v| if v.abs() > best { (v.abs(), v) } else { (best, v0) }).1;
-    let max = if x.iter().all(|v| v.abs() <= 0.0) { x[0] } else { max };
+fn symmetric(x: &[f32], five: bool, out: &mut Vec<u8>) {
+    // numpy's argmax of |x|: the first of equal magnitudes (the first element when all are 0).
+    let max = x[(1..x.len()).fold(0, |best, i| if x[i].abs() > x[best].abs() { i } else { best })];
     let (levels, offset, top) = if five { (-16.0f32, 16.5f32, 31u8) } else { (-8.0, 8.5, 15) };
     let d = max / levels;
     let id = if d == 0.0 { 0.0 } else { 1.0 / d };
@@ -225,7 +222,7 @@ fn symmetric(x: &[f32; 32], five: bool, out: &mut Vec<u8>) {
 }
 
 /// Q4_1 / Q5_1: scale and minimum from the block's range.
-fn with_min(x: &[f32; 32], five: bool, out: &mut Vec<u8>) {
+fn with_min(x: &[f32], five: bool, out: &mut Vec<u8>) {
     let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let min = x.iter().copied().fold(f32::INFINITY, f32::min);
     let top = if five { 31u8 } else { 15 };

@@ -67,13 +67,22 @@ pub struct QuantizedRef<'a> {
     pub pieces: Vec<&'a [u8]>,
 }
 
-impl QuantizedRef<'_> {
+impl<'a> QuantizedRef<'a> {
     pub fn bytes(&self) -> usize {
         self.pieces.iter().map(|p| p.len()).sum()
     }
 
     pub fn elements(&self) -> usize {
         self.shape.iter().product()
+    }
+
+    /// The blocks laid end to end: borrowed where they lie in one piece,
+    /// else joined on the host (only a tensor whose halves swap has two).
+    pub fn joined(&self) -> std::borrow::Cow<'a, [u8]> {
+        match self.pieces.as_slice() {
+            [one] => std::borrow::Cow::Borrowed(one),
+            pieces => std::borrow::Cow::Owned(pieces.concat()),
+        }
     }
 }
 

@@ -631,11 +631,11 @@ impl DeviceWeights {
             gpu.submit(|enc| device.record_decode(gpu, enc, buffer, 0))?;
         }
         for name in &pending.packed {
-            gpu.write(&self.packed[name].buffer, 0, &joined(&quantized(store, name)?, ..));
+            gpu.write(&self.packed[name].buffer, 0, &quantized(store, name)?.joined());
         }
         for (name, buffer) in &pending.quantized_expansions {
             let q = quantized(store, name)?;
-            let raw = gpu.upload_bytes(name, &joined(&q, ..));
+            let raw = gpu.upload_bytes(name, &q.joined());
             let blocks = (q.elements() / q.ggml.block_elements()) as u64;
             gpu.submit(|enc| kernels::ggml_expand(gpu, enc, q.ggml, q.scale, &raw, 0, blocks, buffer, 0))?;
         }
@@ -652,7 +652,7 @@ impl DeviceWeights {
         let mut held = Vec::new();
         for s in self.streams.get(block).into_iter().flatten() {
             match store.quantized(&s.name) {
-                Some(q) => held.push(joined(&q, ..)),
+                Some(q) => held.push(q.joined()),
                 None => held.push(std::borrow::Cow::Borrowed(store.tensor(&s.name)?.bytes)),
             }
         }
@@ -760,26 +760,4 @@ fn missing_group(group: usize) -> RunError {
 
 fn quantized<'s>(store: &'s WeightStore, name: &str) -> Result<QuantizedRef<'s>, RunError> {
     store.quantized(name).ok_or_else(|| RunError::Internal(format!("`{name}` is not held in GGML blocks by its store")))
-}
-
-/// Bytes `range` of a tensor's blocks laid end to end: borrowed where they
-/// lie in one piece, else joined on the host (only a tensor whose halves
-/// swap has two pieces).
-fn joined<'a>(q: &QuantizedRef<'a>, range: impl std::ops::RangeBounds<usize>) -> std::borrow::Cow<'a, [u8]> {
-    use std::ops::Bound;
-    let start = match range.start_bound() {
-        Bound::Included(&s) => s,
-        Bound::Excluded(&s) => s + 1,
-        Bound::Unbounded => 0,
-    };
-    let end = match range.end_bound() {
-        Bound::Included(&e) => e + 1,
-        Bound::Excluded(&e) => e,
-        Bound::Unbounded => q.bytes(),
-    };
-    if let [one] = q.pieces.as_slice() {
-        return std::borrow::Cow::Borrowed(&one[start..end]);
-    }
-    let all: Vec<u8> = q.pieces.iter().flat_map(|p| p.iter().copied()).collect();
-    std::borrow::Cow::Owned(all[start..end].to_vec())
 }

@@ -77,21 +77,18 @@ impl Runner {
     /// Records one program step.
     pub fn record(&self, gpu: &Gpu, sink: &mut dyn flux_lite_kernels::Sink, weights: &DeviceWeights, op: &Op) -> Result<(), GpuError> {
         match op {
-            Op::Linear { x, w, w_row, bias, y, rows, cols, inner } if weights.packed(w).is_some() => {
-                self.record_packed_linear(gpu, sink, weights, op)?;
-                match &self.lora {
-                    Some(lora) => lora.record(gpu, sink, w, self.mat(*x), self.mat(*y), *w_row, kernels::Gemm { m: *rows, n: *cols, k: *inner }),
-                    None => Ok(()),
-                }
-            }
             Op::Linear { x, w, w_row, bias, y, rows, cols, inner } => {
-                let bias = match bias {
-                    Some(b) => Some(weights.get(b)?.view().rows_from(*w_row, 1)),
-                    None => None,
-                };
-                let weight = weights.get(w)?.view().rows_from(*w_row, *inner);
                 let s = kernels::Gemm { m: *rows, n: *cols, k: *inner };
-                kernels::linear(gpu, sink, self.mat(*x), weight, bias, self.mat(*y), s)?;
+                if weights.packed(w).is_some() {
+                    self.record_packed_linear(gpu, sink, weights, op)?;
+                } else {
+                    let bias = match bias {
+                        Some(b) => Some(weights.get(b)?.view().rows_from(*w_row, 1)),
+                        None => None,
+                    };
+                    let weight = weights.get(w)?.view().rows_from(*w_row, *inner);
+                    kernels::linear(gpu, sink, self.mat(*x), weight, bias, self.mat(*y), s)?;
+                }
                 match &self.lora {
                     Some(lora) => lora.record(gpu, sink, w, self.mat(*x), self.mat(*y), *w_row, s),
                     None => Ok(()),
