@@ -10,16 +10,8 @@ use flux_lite_tests::{model_dir, read_png, scratch_dir, the_error_line, Goldens}
 use std::path::Path;
 use std::process::{Command, Output};
 
-fn gen(model: &str, args: &[&str], out: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_flux-lite"))
-        .args(["gen", "--model"])
-        .arg(model_dir(model))
-        .args(args)
-        .args(["--quiet", "--precision", "f32", "--output"])
-        .arg(out)
-        .output()
-        .unwrap()
-}
+mod support;
+use support::gen_f32 as gen;
 
 fn case_args() -> Vec<String> {
     let path = Goldens::dir("tiny-q").join("case.json");
@@ -29,6 +21,14 @@ fn case_args() -> Vec<String> {
         args.extend([format!("--{key}"), c[key].to_string()]);
     }
     args
+}
+
+/// `gen` on `model` with tiny-q's golden case (prompt, seed, steps, size) and `extra`.
+fn gen_case(model: &str, extra: &[&str], out: &Path) -> Output {
+    let case = case_args();
+    let mut args: Vec<&str> = case.iter().map(String::as_str).collect();
+    args.extend(extra);
+    gen(model, &args, out)
 }
 
 fn gguf_file() -> std::path::PathBuf {
@@ -41,11 +41,8 @@ fn gguf_file() -> std::path::PathBuf {
 fn a_gguf_transformer_makes_the_diffusers_png() {
     let dir = scratch_dir("gguf-png");
     let out = dir.join("q.png");
-    let args = case_args();
-    let mut args: Vec<&str> = args.iter().map(String::as_str).collect();
     let file = gguf_file();
-    args.extend(["--transformer", file.to_str().unwrap(), "--memory-budget", "40MiB", "--verbose"]);
-    let run = gen("tiny-q", &args, &out);
+    let run = gen_case("tiny-q", &["--transformer", file.to_str().unwrap(), "--memory-budget", "40MiB", "--verbose"], &out);
     let stderr = String::from_utf8_lossy(&run.stderr);
     assert!(run.status.success(), "{stderr}");
     let (got, want) = (read_png(&out), read_png(&Goldens::dir("tiny-q").join("gguf.png")));
@@ -66,9 +63,6 @@ fn files_that_lie_or_belong_elsewhere_are_one_error_line() {
     let other = dir.join("other.gguf");
     let q8 = vec![0u8; 34];
     std::fs::write(&other, flux_lite_platform::model::gguf::write("llama", &[("blk.0.attn_q.weight", &[32, 1], flux_lite_core::ggml::GgmlType::Q8_0, &q8)])).unwrap();
-    let args = case_args();
-    let mut base: Vec<&str> = args.iter().map(String::as_str).collect();
-    base.push("--transformer");
     let cases = [
         ("tiny-q", &truncated, "runs past the end of the file"),
         ("tiny-q", &other, "none of its 1 tensors has a FLUX.2 transformer's name"),
@@ -77,9 +71,7 @@ fn files_that_lie_or_belong_elsewhere_are_one_error_line() {
     ];
     for (model, file, says) in cases {
         let out = dir.join("never.png");
-        let mut a = base.clone();
-        a.push(file.to_str().unwrap());
-        let line = the_error_line(&gen(model, &a, &out));
+        let line = the_error_line(&gen_case(model, &["--transformer", file.to_str().unwrap()], &out));
         assert!(line.contains(says), "{}: {line}", file.display());
         assert!(!out.exists(), "{}: a PNG was written", file.display());
     }
@@ -93,20 +85,14 @@ fn files_that_lie_or_belong_elsewhere_are_one_error_line() {
 fn a_gguf_text_encoder_makes_the_diffusers_png() {
     let dir = scratch_dir("gguf-text-encoder");
     let out = dir.join("te.png");
-    let args = case_args();
-    let mut args: Vec<&str> = args.iter().map(String::as_str).collect();
     let file = Goldens::dir("tiny-q").join("text-encoder.gguf");
-    args.extend(["--text-encoder", file.to_str().unwrap()]);
-    let run = gen("tiny-q", &args, &out);
+    let run = gen_case("tiny-q", &["--text-encoder", file.to_str().unwrap()], &out);
     assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
     let (got, want) = (read_png(&out), read_png(&Goldens::dir("tiny-q").join("gguf-text-encoder.png")));
     flux_lite_tests::tolerance::assert_png_close("tiny-q gguf text encoder", &got.rgb, &want.rgb);
     // The transformer's GGUF given as a text encoder names what is wrong.
-    let args = case_args();
-    let mut wrong_args: Vec<&str> = args.iter().map(String::as_str).collect();
     let transformer = gguf_file();
-    wrong_args.extend(["--text-encoder", transformer.to_str().unwrap()]);
-    let line = the_error_line(&gen("tiny-q", &wrong_args, &dir.join("never.png")));
+    let line = the_error_line(&gen_case("tiny-q", &["--text-encoder", transformer.to_str().unwrap()], &dir.join("never.png")));
     assert!(line.contains("a Qwen3 text encoder's name as llama.cpp writes it"), "{line}");
 }
 
@@ -120,10 +106,7 @@ fn a_scaled_fp8_single_file_makes_the_diffusers_png() {
     let dir = scratch_dir("fp8");
     let out = dir.join("f8.png");
     let file = Goldens::dir("tiny-q").join("transformer-fp8.safetensors");
-    let args = case_args();
-    let mut args: Vec<&str> = args.iter().map(String::as_str).collect();
-    args.extend(["--transformer", file.to_str().unwrap(), "--memory-budget", "40MiB", "--verbose"]);
-    let run = gen("tiny-q", &args, &out);
+    let run = gen_case("tiny-q", &["--transformer", file.to_str().unwrap(), "--memory-budget", "40MiB", "--verbose"], &out);
     let stderr = String::from_utf8_lossy(&run.stderr);
     assert!(run.status.success(), "{stderr}");
     assert!(!stderr.contains("not read"), "the scales are part of the format, not unread tensors: {stderr}");
@@ -143,10 +126,7 @@ fn a_scaled_fp8_single_file_makes_the_diffusers_png() {
     }
     let broken = dir.join("broken-fp8.safetensors");
     safetensors::serialize_to_file(tensors, None, &broken).unwrap();
-    let args = case_args();
-    let mut args: Vec<&str> = args.iter().map(String::as_str).collect();
-    args.extend(["--transformer", broken.to_str().unwrap()]);
-    let line = the_error_line(&gen("tiny-q", &args, &dir.join("never.png")));
+    let line = the_error_line(&gen_case("tiny-q", &["--transformer", broken.to_str().unwrap()], &dir.join("never.png")));
     assert!(line.contains(&name) && line.contains("should be one float"), "{line}");
 }
 
@@ -159,10 +139,7 @@ fn a_lora_applies_on_top_of_gguf_weights() {
     let dir = scratch_dir("gguf-lora");
     let out = dir.join("lora.png");
     let lora = Goldens::dir("tiny-q").join("lora-bfl.safetensors");
-    let args = case_args();
-    let mut args: Vec<&str> = args.iter().map(String::as_str).collect();
-    args.extend(["--lora", lora.to_str().unwrap(), "--memory-budget", "40MiB"]);
-    let run = gen("tiny-q", &args, &out);
+    let run = gen_case("tiny-q", &["--lora", lora.to_str().unwrap(), "--memory-budget", "40MiB"], &out);
     assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
     let (got, want) = (read_png(&out), read_png(&Goldens::dir("tiny-q").join("gguf-lora.png")));
     flux_lite_tests::tolerance::assert_png_close("tiny-q gguf + lora", &got.rgb, &want.rgb);

@@ -4,22 +4,12 @@
 
 #![allow(clippy::unwrap_used)]
 
-use flux_lite_tests::{model_dir, read_png, scratch_dir, the_error_line, Goldens};
-use std::path::Path;
-use std::process::{Command, Output};
+use flux_lite_tests::{read_png, scratch_dir, the_error_line, Goldens};
 
 pub const INPAINT_CASES: [&str; 5] = ["tiny-a/inpaint-rect", "tiny-a/inpaint-blob", "tiny-a/img2img-reference", "tiny-a/inpaint-mask-rescaled", "tiny-b/inpaint-cfg"];
 
-fn gen(model: &str, args: &[&str], out: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_flux-lite"))
-        .args(["gen", "--model"])
-        .arg(model_dir(model))
-        .args(args)
-        .args(["--quiet", "--precision", "f32", "--output"])
-        .arg(out)
-        .output()
-        .unwrap()
-}
+mod support;
+use support::gen_f32 as gen;
 
 /// The flags of a golden case: its init image, its mask (none for the
 /// all-white one: image-to-image), its reference, strength and steps.

@@ -16,32 +16,51 @@ fn read(name: &str) -> Vec<u8> {
     std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
+/// A quantized tensor of `blocks.gguf`: its GGML blocks and gguf-py's expansion of them (f32 bits).
+struct Golden {
+    tensor: gguf::GgufTensor,
+    blocks: Vec<u8>,
+    want: Vec<u32>,
+}
+
+/// Every quantized tensor of `blocks.gguf` with gguf-py's expansion from `expanded.safetensors`.
+fn goldens() -> Vec<Golden> {
+    let file = read("blocks.gguf");
+    let expanded_bytes = read("expanded.safetensors");
+    let expanded = SafeTensors::deserialize(&expanded_bytes).unwrap();
+    let header = gguf::parse(&file).unwrap();
+    header
+        .tensors
+        .into_iter()
+        .filter(|t| t.ggml.is_quantized())
+        .map(|t| {
+            let want: Vec<u32> = expanded.tensor(&t.name).unwrap().data().chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+            assert_eq!(want.len(), t.elements(), "{}", t.name);
+            Golden { blocks: file[t.range.clone()].to_vec(), tensor: t, want }
+        })
+        .collect()
+}
+
 /// Each quantized tensor of the file, from a source offset that is not a
 /// binding boundary into a poisoned f32 buffer at a non-zero offset, on the
 /// default device and on one whose 2 KiB bindings cut it into a dispatch a
 /// block or two: the f32 bits of gguf-py, and nothing around them written.
 #[test]
 fn every_type_expands_on_the_device_bit_for_bit_as_gguf_py() {
-    let file = read("blocks.gguf");
-    let header = gguf::parse(&file).unwrap();
-    let expanded_bytes = read("expanded.safetensors");
-    let expanded = SafeTensors::deserialize(&expanded_bytes).unwrap();
     let small = Gpu::new(&GpuOptions { max_storage_binding: Some(2048), ..Default::default() }).unwrap();
-    let quantized: Vec<_> = header.tensors.iter().filter(|t| t.ggml.is_quantized()).collect();
+    let quantized = goldens();
     assert_eq!(quantized.len(), 10, "Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and Q2_K … Q6_K");
     for gpu in [flux_lite_tests::gpu(), &small] {
-        for t in &quantized {
-            let want: Vec<u32> = expanded.tensor(&t.name).unwrap().data().chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
-            assert_eq!(want.len(), t.elements(), "{}", t.name);
+        for Golden { tensor: t, blocks, want } in &quantized {
             let lead = 8usize;
             let mut src = vec![0xabu8; lead];
-            src.extend(&file[t.range.clone()]);
+            src.extend(blocks);
             let src = gpu.upload_bytes("blocks", &src);
             let base = 64usize;
             let poison = 0x7fc0_beefu32;
             let out = gpu.upload_u32("expanded", &vec![poison; base + want.len() + 64]);
-            let blocks = (t.elements() / t.ggml.block_elements()) as u64;
-            gpu.submit(|enc| kernels::ggml_expand(gpu, enc, t.ggml, 1.0, &src, lead as u64, blocks, &out, base as u64)).unwrap();
+            let n_blocks = (t.elements() / t.ggml.block_elements()) as u64;
+            gpu.submit(|enc| kernels::ggml_expand(gpu, enc, t.ggml, 1.0, &src, lead as u64, n_blocks, &out, base as u64)).unwrap();
             let got: Vec<u32> = gpu.read_bytes(&out, 0, out.size()).unwrap().chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
             if let Some(k) = (0..want.len()).find(|&k| got[base + k] != want[k]) {
                 panic!(
@@ -136,14 +155,9 @@ fn a_gguf_transformer_runs_the_same_under_every_strategy() {
 /// type bit for bit as gguf-py, as the device's.
 #[test]
 fn every_type_expands_on_the_host_bit_for_bit_as_gguf_py() {
-    let file = read("blocks.gguf");
-    let header = gguf::parse(&file).unwrap();
-    let expanded_bytes = read("expanded.safetensors");
-    let expanded = SafeTensors::deserialize(&expanded_bytes).unwrap();
-    for t in header.tensors.iter().filter(|t| t.ggml.is_quantized()) {
-        let want: Vec<u32> = expanded.tensor(&t.name).unwrap().data().chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+    for Golden { tensor: t, blocks, want } in goldens() {
         let mut got = vec![f32::NAN; t.elements()];
-        flux_lite_core::ggml::expand_into(t.ggml, 1.0, &file[t.range.clone()], &mut got);
+        flux_lite_core::ggml::expand_into(t.ggml, 1.0, &blocks, &mut got);
         if let Some(k) = (0..want.len()).find(|&k| got[k].to_bits() != want[k]) {
             panic!("{}: element {k}: {:e}, gguf-py {:e}", t.name, got[k], f32::from_bits(want[k]));
         }
