@@ -11,7 +11,6 @@ use std::path::Path;
 use std::process::{Command, Output};
 
 mod support;
-use support::gen_f32 as gen;
 
 fn case_args() -> Vec<String> {
     let path = Goldens::dir("tiny-q").join("case.json");
@@ -25,10 +24,15 @@ fn case_args() -> Vec<String> {
 
 /// `gen` on `model` with tiny-q's golden case (prompt, seed, steps, size) and `extra`.
 fn gen_case(model: &str, extra: &[&str], out: &Path) -> Output {
+    gen_case_on("f32", model, extra, out)
+}
+
+/// [`gen_case`] on precision tier `tier`.
+fn gen_case_on(tier: &str, model: &str, extra: &[&str], out: &Path) -> Output {
     let case = case_args();
     let mut args: Vec<&str> = case.iter().map(String::as_str).collect();
     args.extend(extra);
-    gen(model, &args, out)
+    support::gen_on(tier, model, &args, out)
 }
 
 fn gguf_file() -> std::path::PathBuf {
@@ -49,6 +53,28 @@ fn a_gguf_transformer_makes_the_diffusers_png() {
     flux_lite_tests::tolerance::assert_png_close("tiny-q gguf", &got.rgb, &want.rgb);
     let plan = stderr.lines().find(|l| l.starts_with("plan: ") && l.contains("transformer")).unwrap_or_else(|| panic!("no plan line: {stderr}"));
     assert!(plan.contains("resident compressed"), "40 MiB keeps the blocks quantized: {plan}");
+}
+
+/// On the f16 and matrix tiers (CI runs them on Mesa 26's lavapipe), the
+/// GGUF transformer kept in its blocks, its linears over the expanded rows
+/// on the tier's tiles, makes the diffusers PNG within the image bar of
+/// tiers other than f32 (max 3 levels, mean 0.2).
+#[test]
+fn the_gguf_png_on_the_half_tiers_within_the_tier_bar() {
+    use flux_lite_tests::tolerance::{other_tiers, png_gap};
+    let dir = scratch_dir("gguf-tiers");
+    let want = read_png(&Goldens::dir("tiny-q").join("gguf.png"));
+    for tier in ["f16", "matrix"] {
+        if !flux_lite_tests::tier_here(env!("CARGO_BIN_EXE_flux-lite"), tier) {
+            continue;
+        }
+        let out = dir.join(format!("{tier}.png"));
+        let run = gen_case_on(tier, "tiny-q", &["--memory-budget", "40MiB"], &out);
+        assert!(run.status.success(), "{tier}: {}", String::from_utf8_lossy(&run.stderr));
+        let (max, mean) = png_gap(&read_png(&out).rgb, &want.rgb);
+        println!("tiny-q gguf on the {tier} tier: max |Δ| {max}, mean |Δ| {mean:.4}");
+        assert!(max <= other_tiers::PNG_MAX_LEVELS && mean <= other_tiers::PNG_MEAN_LEVELS, "{tier}: max |Δ| {max}, mean |Δ| {mean:.4}");
+    }
 }
 
 /// A truncated file, one whose tensor lies about its type, one of another
