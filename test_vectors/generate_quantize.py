@@ -5,12 +5,15 @@ For each type `quantize` writes, tiny-a's transformer under BFL's names (q, k an
 the final modulation's halves swapped back, as diffusers' converter reads them), each tensor in
 the type ComfyUI-GGUF's rule gives it: 1-D tensors F32; img_in, txt_in, time_in and
 final_layer.linear BF16; a 2-D tensor whose rows are not whole blocks of the type BF16; the rest
-quantized by gguf-py's `quants.quantize`. Written as goldens/quantize/manifest.json: per type,
+quantized by gguf-py's `quants.quantize`, or for the K-quants (which gguf-py cannot write) by
+llama.cpp's reference quantizers, built as generate_kquants.py builds them (tiny-a's single
+blocks' linear2, 256 wide, is its one tensor of whole K-quant blocks). Written as goldens/quantize/manifest.json: per type,
 per tensor, its GGML type, shape (innermost first, as GGUF stores it), byte count and the CRC-32
 of its bytes. Run from anywhere: python3 test_vectors/generate_quantize.py
 """
 
 import json
+import tempfile
 import zlib
 from pathlib import Path
 
@@ -19,9 +22,11 @@ import torch
 from gguf import GGMLQuantizationType as T, quants
 from safetensors.torch import load_file
 
+import generate_kquants
+
 ROOT = Path(__file__).resolve().parent
 KEPT = ("img_in.", "txt_in.", "time_in.", "final_layer.linear.")
-TYPES = [T.Q8_0, T.Q5_1, T.Q5_0, T.Q4_1, T.Q4_0, T.BF16, T.F16]
+TYPES = [T.Q8_0, T.Q6_K, T.Q5_K, T.Q5_1, T.Q5_0, T.Q4_K, T.Q4_1, T.Q4_0, T.Q3_K, T.Q2_K, T.BF16, T.F16]
 
 
 def to_bfl(sd, layers, singles):
@@ -63,6 +68,8 @@ def main():
         sd.update(load_file(str(f)))
     bfl = to_bfl(sd, config["num_layers"], config["num_single_layers"])
     manifest = {}
+    work = tempfile.TemporaryDirectory()
+    llama = generate_kquants.reference_library(Path(work.name))
     for qtype in TYPES:
         block = quants.GGML_QUANT_SIZES[qtype][0]
         entries = {}
@@ -73,7 +80,9 @@ def main():
             elif name.startswith(KEPT) or x.shape[-1] % block != 0:
                 kind, data = T.BF16, quants.quantize(x, T.BF16)
             else:
-                kind, data = qtype, quants.quantize(x, qtype)
+                kind = qtype
+                data = (np.frombuffer(generate_kquants.reference_quantize(llama, x, qtype), dtype=np.uint8)
+                        if qtype in generate_kquants.TYPES else quants.quantize(x, qtype))
             raw = np.ascontiguousarray(data).tobytes()
             entries[name] = {"type": kind.name, "ne": list(reversed(x.shape)), "bytes": len(raw), "crc32": zlib.crc32(raw)}
         manifest[qtype.name] = entries

@@ -14,4 +14,5 @@ python3 test_vectors/generate_references.py
 python3 test_vectors/generate_lora.py
 python3 test_vectors/generate_gguf.py
 (cd test_vectors && python3 generate_gguf_model.py)
+python3 test_vectors/generate_kquants.py
 python3 test_vectors/generate_quantize.py

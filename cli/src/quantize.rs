@@ -19,7 +19,7 @@ pub struct QuantizeArgs {
     /// read the transformer from this folder instead of the model's transformer/ (e.g. a DF11 folder)
     #[argh(option)]
     transformer: Option<PathBuf>,
-    /// the type of the block linears: q8_0, q5_1, q5_0, q4_1, q4_0, bf16 or f16
+    /// the type of the block linears: q8_0, q6_k, q5_k, q5_1, q5_0, q4_k, q4_1, q4_0, q3_k, q2_k, bf16 or f16
     #[argh(option, long = "type", from_str_fn(parse_type))]
     ggml: GgmlType,
     /// the GGUF file to write (written under a temporary name, then renamed)
@@ -31,7 +31,7 @@ fn parse_type(s: &str) -> Result<GgmlType, String> {
     let names: Vec<String> = WRITABLE.iter().map(|t| t.name().to_ascii_lowercase()).collect();
     match GgmlType::from_name(s) {
         Some(t) if WRITABLE.contains(&t) => Ok(t),
-        Some(t) => Err(format!("{} is not written yet (K-quants need llama.cpp's fits: quantize to bf16 or q8_0 here, then run llama.cpp's llama-quantize); one of {}", t.name(), names.join(", "))),
+        Some(t) => Err(format!("{} is not a type quantize writes; one of {}", t.name(), names.join(", "))),
         None => Err(format!("unknown type {s:?}; one of {}", names.join(", "))),
     }
 }

@@ -157,7 +157,7 @@ fn half(b: &[u8], at: usize) -> f32 {
 }
 
 /// Q4_K and Q5_K's 6-bit scale (`which` 0) or min (1) of sub-block `j`.
-fn k4_scale_min(s: &[u8], j: usize, which: usize) -> u32 {
+pub fn k4_scale_min(s: &[u8], j: usize, which: usize) -> u32 {
     if j < 4 {
         return (s[j + 4 * which] & 0x3f) as u32;
     }
@@ -167,7 +167,7 @@ fn k4_scale_min(s: &[u8], j: usize, which: usize) -> u32 {
 }
 
 /// Q3_K's signed scale of sub-block `i` (0..15).
-fn k3_scale(s: &[u8], i: usize) -> i32 {
+pub fn k3_scale(s: &[u8], i: usize) -> i32 {
     let low = (s[i & 7] >> (4 * (i >> 3))) & 0x0f;
     let high = (s[8 + (i & 3)] >> (2 * (i >> 2))) & 0x03;
     (low | (high << 4)) as i32 - 32

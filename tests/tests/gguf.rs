@@ -163,3 +163,22 @@ fn every_type_expands_on_the_host_bit_for_bit_as_gguf_py() {
         }
     }
 }
+
+/// `flux-lite quantize`'s K-quant blocks are llama.cpp's reference
+/// quantizers' (`test_vectors/generate_kquants.py`): every block of every
+/// type byte for byte, over weight-like rows, outliers, one-signed,
+/// constant, all-zero, near-subnormal (degenerate fits) and large blocks.
+#[test]
+fn k_quants_are_llama_cpps_reference_blocks() {
+    use flux_lite_platform::model::quantize::quantize;
+    let dir = test_vectors().join("goldens/kquants");
+    let input: Vec<f32> = std::fs::read(dir.join("input.bin")).unwrap().chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+    for ggml in [GgmlType::Q2K, GgmlType::Q3K, GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K] {
+        let want = std::fs::read(dir.join(format!("{}.bin", ggml.name()))).unwrap();
+        let got = quantize(ggml, &input);
+        assert_eq!(got.len(), want.len(), "{}", ggml.name());
+        let bb = ggml.block_bytes();
+        let differing: Vec<usize> = (0..want.len() / bb).filter(|b| got[b * bb..(b + 1) * bb] != want[b * bb..(b + 1) * bb]).collect();
+        assert!(differing.is_empty(), "{}: blocks {differing:?} of {} differ from llama.cpp's", ggml.name(), want.len() / bb);
+    }
+}

@@ -3,9 +3,12 @@
 //! tensor names (q, k and v joined into `qkv`, the final modulation's shift
 //! and scale swapped back), the block linears and modulations quantized,
 //! `img_in`, `txt_in`, `time_in` and `final_layer` kept in BF16 as
-//! ComfyUI-GGUF's converter keeps them, the 1-D norms in F32. Each quantizer
-//! computes what gguf-py's `quantize` computes for the type, bit for bit.
-//! K-quants are not written yet.
+//! ComfyUI-GGUF's converter keeps them, the 1-D norms in F32. Each legacy
+//! quantizer computes what gguf-py's `quantize` computes for the type, bit
+//! for bit; the K-quants (`kquants`) what llama.cpp's reference quantizers
+//! compute, gguf-py having none.
+
+mod kquants;
 
 use crate::error::LoadError;
 use crate::model::safetensors_store::widen_to_f32;
@@ -16,7 +19,20 @@ use std::io::Write;
 use std::path::Path;
 
 /// The types `quantize` writes.
-pub const WRITABLE: [GgmlType; 7] = [GgmlType::Q8_0, GgmlType::Q5_1, GgmlType::Q5_0, GgmlType::Q4_1, GgmlType::Q4_0, GgmlType::Bf16, GgmlType::F16];
+pub const WRITABLE: [GgmlType; 12] = [
+    GgmlType::Q8_0,
+    GgmlType::Q6K,
+    GgmlType::Q5K,
+    GgmlType::Q5_1,
+    GgmlType::Q5_0,
+    GgmlType::Q4K,
+    GgmlType::Q4_1,
+    GgmlType::Q4_0,
+    GgmlType::Q3K,
+    GgmlType::Q2K,
+    GgmlType::Bf16,
+    GgmlType::F16,
+];
 
 /// Tensors kept in BF16 whatever the type asked for (ComfyUI-GGUF's rule).
 const KEPT: [&str; 4] = ["img_in.", "txt_in.", "time_in.", "final_layer.linear."];
@@ -47,7 +63,7 @@ struct Planned {
 pub fn quantize_transformer(model: &ModelFolder, ggml: GgmlType, output: &Path) -> Result<QuantizeSummary, String> {
     if !WRITABLE.contains(&ggml) {
         let names: Vec<&str> = WRITABLE.iter().map(|t| t.name()).collect();
-        return Err(format!("--type {}: not written yet (K-quants need llama.cpp's fits); one of {}", ggml.name(), names.join(", ")));
+        return Err(format!("--type {}: not a type quantize writes; one of {}", ggml.name(), names.join(", ")));
     }
     let mut store = model.weights(Component::Transformer).map_err(|e| e.to_string())?;
     store.expand_df11_on_host().map_err(|e: LoadError| e.to_string())?;
@@ -155,7 +171,8 @@ fn gather(store: &crate::model::safetensors_store::WeightStore, p: &Planned) -> 
     Ok(out)
 }
 
-/// `values` (whole blocks) in `ggml`'s bytes, as gguf-py's `quantize` writes them.
+/// `values` (whole blocks) in `ggml`'s bytes, as gguf-py's `quantize`
+/// writes them (K-quants: as llama.cpp's reference quantizers do).
 pub fn quantize(ggml: GgmlType, values: &[f32]) -> Vec<u8> {
     match ggml {
         GgmlType::F32 => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
@@ -167,7 +184,8 @@ pub fn quantize(ggml: GgmlType, values: &[f32]) -> Vec<u8> {
                 match ggml {
                     GgmlType::Q8_0 => q8_0(block, &mut out),
                     GgmlType::Q4_0 | GgmlType::Q5_0 => symmetric(block, ggml == GgmlType::Q5_0, &mut out),
-                    _ => with_min(block, ggml == GgmlType::Q5_1, &mut out),
+                    GgmlType::Q4_1 | GgmlType::Q5_1 => with_min(block, ggml == GgmlType::Q5_1, &mut out),
+                    k => kquants::quantize_block(k, block, &mut out),
                 }
             }
             out
