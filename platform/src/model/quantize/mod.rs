@@ -179,16 +179,26 @@ pub fn quantize(ggml: GgmlType, values: &[f32]) -> Vec<u8> {
         GgmlType::F16 => values.iter().flat_map(|&v| half::f16::from_f32(v).to_le_bytes()).collect(),
         GgmlType::Bf16 => values.iter().flat_map(|&v| bf16_bits(v).to_le_bytes()).collect(),
         _ => {
-            let mut out = Vec::with_capacity(ggml.bytes_of(values.len() as u64).unwrap_or(0) as usize);
-            for block in values.chunks_exact(ggml.block_elements()) {
-                match ggml {
-                    GgmlType::Q8_0 => q8_0(block, &mut out),
-                    GgmlType::Q4_0 | GgmlType::Q5_0 => symmetric(block, ggml == GgmlType::Q5_0, &mut out),
-                    GgmlType::Q4_1 | GgmlType::Q5_1 => with_min(block, ggml == GgmlType::Q5_1, &mut out),
-                    k => kquants::quantize_block(k, block, &mut out),
-                }
-            }
-            out
+            // Blocks are independent: runs of them on every core (the K-quant
+            // fits take ~20 trial scales a sub-block), joined in order.
+            use rayon::prelude::*;
+            let run = ggml.block_elements() * 1024;
+            let parts: Vec<Vec<u8>> = values
+                .par_chunks(run)
+                .map(|part| {
+                    let mut out = Vec::with_capacity(ggml.bytes_of(part.len() as u64).unwrap_or(0) as usize);
+                    for block in part.chunks_exact(ggml.block_elements()) {
+                        match ggml {
+                            GgmlType::Q8_0 => q8_0(block, &mut out),
+                            GgmlType::Q4_0 | GgmlType::Q5_0 => symmetric(block, ggml == GgmlType::Q5_0, &mut out),
+                            GgmlType::Q4_1 | GgmlType::Q5_1 => with_min(block, ggml == GgmlType::Q5_1, &mut out),
+                            k => kquants::quantize_block(k, block, &mut out),
+                        }
+                    }
+                    out
+                })
+                .collect();
+            parts.concat()
         }
     }
 }
