@@ -49,3 +49,46 @@ fn the_run_starts_from_the_init_latents_noised_to_the_first_step() {
         assert!(start == want, "{case}: the start differs from scale_noise's");
     }
 }
+
+/// `padding_mask_crop`'s image steps, each against diffusers' own function
+/// on seeded masks and pictures (`test_vectors/generate_mask_crop.py`):
+/// the crop region for blobs at edges and corners with several pads and
+/// ratios, the `fill` and `crop` resizes (LANCZOS, edge strips on both
+/// sides, RGB and grey), and PIL's resize itself (either pass first, boxes,
+/// BICUBIC), pixel for pixel.
+#[test]
+fn mask_crop_steps_are_diffusers() {
+    use flux_lite_platform::pipeline::mask_crop::{crop_region, resize_and_crop, resize_and_fill, CropBox};
+    use flux_lite_platform::pipeline::resample::{resize_box, Filter, Pixels};
+    let bytes = std::fs::read(flux_lite_tests::test_vectors().join("goldens/mask_crop/cases.safetensors")).unwrap();
+    let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
+    let cases: serde_json::Value = serde_json::from_str(&meta.metadata().as_ref().unwrap()["cases"]).unwrap();
+    let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let pixels = |name: &str| {
+        let t = file.tensor(name).unwrap();
+        Pixels::new(t.shape()[1], t.shape()[0], t.shape()[2], t.data().to_vec())
+    };
+    let size = |c: &serde_json::Value, key: &str| c[key].as_u64().unwrap() as usize;
+    for (i, c) in cases["regions"].as_array().unwrap().iter().enumerate() {
+        let b: Vec<usize> = c["box"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as usize).collect();
+        let got = crop_region(&pixels(&format!("region.{i}.in")), size(c, "width"), size(c, "height"), size(c, "pad"));
+        assert_eq!(got, Some(CropBox { x1: b[0], y1: b[1], x2: b[2], y2: b[3] }), "region {i}");
+    }
+    for (kind, resize) in [("fill", resize_and_fill as fn(&Pixels, usize, usize) -> Pixels), ("crop", resize_and_crop)] {
+        for (i, c) in cases[kind].as_array().unwrap().iter().enumerate() {
+            let got = resize(&pixels(&format!("{kind}.{i}.in")), size(c, "width"), size(c, "height"));
+            let want = pixels(&format!("{kind}.{i}.out"));
+            assert_eq!((got.width, got.height, got.channels), (want.width, want.height, want.channels), "{kind} {i}");
+            let differing = got.data.iter().zip(&want.data).filter(|(a, b)| a != b).count();
+            assert_eq!(differing, 0, "{kind} {i}: {differing} of {} samples differ from diffusers'", want.data.len());
+        }
+    }
+    for (i, c) in cases["resize"].as_array().unwrap().iter().enumerate() {
+        let filter = if c["filter"] == "bicubic" { Filter::Bicubic } else { Filter::Lanczos };
+        let bx: Vec<f64> = c["box"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
+        let got = resize_box(&pixels(&format!("resize.{i}.in")), filter, size(c, "width"), size(c, "height"), [bx[0], bx[1], bx[2], bx[3]]);
+        assert!(got == pixels(&format!("resize.{i}.out")), "resize {i} ({c}) differs from PIL's");
+    }
+    let black = Pixels::new(8, 8, 1, vec![0; 64]);
+    assert_eq!(crop_region(&black, 16, 16, 4), None, "an all-black mask has no region");
+}

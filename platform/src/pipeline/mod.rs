@@ -9,6 +9,7 @@ pub mod generation;
 pub mod inpaint;
 pub mod job;
 pub mod kept;
+pub mod mask_crop;
 pub mod output;
 pub mod planning;
 pub mod preview;

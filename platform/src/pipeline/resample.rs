@@ -1,8 +1,10 @@
 //! Resizing 8-bit images the way PIL's `Image.resize` does, so a reference
 //! image resized here gives the pixels diffusers feeds its VAE encoder.
 //!
-//! LANCZOS is a separable two-pass filter: rows first (skipped when the
-//! width does not change), then columns, each pass rounding to 8 bits. The
+//! LANCZOS (and BICUBIC) are separable two-pass filters, each pass rounding
+//! to 8 bits and skipped when its size does not change: rows first, unless
+//! the height shrinks by more than twice what the width does (Pillow 13's
+//! rule; the order changes the rounding, so it is kept). The
 //! weights of each output pixel are the windowed sinc `sinc(x)·sinc(x/3)`
 //! over `|x| < 3`, stretched by the downscale factor, normalised to sum 1
 //! in f64, then quantised to 22-bit fixed point; a pixel is the fixed-point
@@ -51,6 +53,42 @@ fn lanczos_window(x: f64) -> f64 {
     }
 }
 
+/// PIL's BICUBIC kernel (a = −0.5, support 2): `Image.resize`'s default filter.
+fn bicubic_window(x: f64) -> f64 {
+    const A: f64 = -0.5;
+    let x = x.abs();
+    if x < 1.0 {
+        ((A + 2.0) * x - (A + 3.0)) * x * x + 1.0
+    } else if x < 2.0 {
+        (((x - 5.0) * x + 8.0) * x - 4.0) * A
+    } else {
+        0.0
+    }
+}
+
+/// A resampling filter of PIL's: its kernel and half-width at scale 1.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Filter {
+    Lanczos,
+    Bicubic,
+}
+
+impl Filter {
+    fn support(self) -> f64 {
+        match self {
+            Filter::Lanczos => LANCZOS_SUPPORT,
+            Filter::Bicubic => 2.0,
+        }
+    }
+
+    fn weight(self, x: f64) -> f64 {
+        match self {
+            Filter::Lanczos => lanczos_window(x),
+            Filter::Bicubic => bicubic_window(x),
+        }
+    }
+}
+
 /// The source window and fixed-point weights of each output pixel along one axis.
 struct AxisWeights {
     /// `(first source index, count)` per output index.
@@ -61,23 +99,28 @@ struct AxisWeights {
 }
 
 impl AxisWeights {
-    fn lanczos(in_size: usize, out_size: usize) -> Self {
-        let scale = in_size as f64 / out_size as f64;
+    /// Output pixel `o` centred at `in0 + (o + ½)·scale` of the source
+    /// span `[in0, in1)` (PIL's `box`; the whole axis without one), its
+    /// window clipped to the `in_size` source pixels.
+    fn new(filter: Filter, in_size: usize, span: (f64, f64), out_size: usize) -> Self {
+        let (in0, in1) = span;
+        let scale = (in1 - in0) / out_size as f64;
         let stretch = scale.max(1.0);
-        let support = LANCZOS_SUPPORT * stretch;
+        let support = filter.support() * stretch;
         let stride = support.ceil() as usize * 2 + 1;
         let mut windows = Vec::with_capacity(out_size);
         let mut weights = vec![0i32; out_size * stride];
         let mut row = vec![0f64; stride];
         for (o, out) in weights.chunks_mut(stride).enumerate() {
-            let center = (o as f64 + 0.5) * scale;
+            let center = in0 + (o as f64 + 0.5) * scale;
             // Truncation toward zero, as a C cast; the clamp makes the sign moot.
             let first = ((center - support + 0.5) as i64).max(0) as usize;
             let end = ((center + support + 0.5) as i64).clamp(0, in_size as i64) as usize;
             let count = end.saturating_sub(first).min(stride);
             let mut total = 0.0;
+            let inverse = 1.0 / stretch;
             for (x, w) in row.iter_mut().enumerate().take(count) {
-                *w = lanczos_window(((x + first) as f64 - center + 0.5) / stretch);
+                *w = filter.weight(((x + first) as f64 - center + 0.5) * inverse);
                 total += *w;
             }
             for (x, q) in out.iter_mut().enumerate().take(count) {
@@ -105,34 +148,57 @@ impl AxisWeights {
 /// `Image.resize((width, height), LANCZOS)` of an 8-bit image with
 /// independent channels (L, RGB; premultiply alpha first, as PIL does).
 pub fn lanczos(src: &Pixels, width: usize, height: usize) -> Pixels {
+    resize_box(src, Filter::Lanczos, width, height, [0.0, 0.0, src.width as f64, src.height as f64])
+}
+
+/// `Image.resize((width, height), filter, box=bx)` of the source region
+/// `bx` = (left, top, right, bottom), in two passes as Pillow 13 runs them:
+/// a pass runs where the size changes or the box does not start at 0 or end
+/// at the output's size (an empty box spreads the few pixels at its edge),
+/// each rounding to 8 bits, horizontal first unless the height shrinks by
+/// more than twice what the width does.
+pub fn resize_box(src: &Pixels, filter: Filter, width: usize, height: usize, bx: [f64; 4]) -> Pixels {
+    let need_horizontal = width != src.width || bx[0] != 0.0 || bx[2] != width as f64;
+    let need_vertical = height != src.height || bx[1] != 0.0 || bx[3] != height as f64;
+    let shrink_y = src.height as i64 - height as i64;
+    let horizontal_first = !(shrink_y > 0 && shrink_y > (src.width as i64 - width as i64) * 2);
+    let horizontal = |img: Pixels| if need_horizontal { horizontal_pass(&img, filter, width, (bx[0], bx[2])) } else { img };
+    let vertical = |img: Pixels| if need_vertical { vertical_pass(&img, filter, height, (bx[1], bx[3])) } else { img };
+    if horizontal_first {
+        vertical(horizontal(src.clone()))
+    } else {
+        horizontal(vertical(src.clone()))
+    }
+}
+
+/// Every row of `src` resampled to `width` columns over the span `[in0, in1)`.
+fn horizontal_pass(src: &Pixels, filter: Filter, width: usize, span: (f64, f64)) -> Pixels {
     let c = src.channels;
-    let horizontal = if width != src.width {
-        let axis = AxisWeights::lanczos(src.width, width);
-        let mut data = vec![0u8; width * src.height * c];
-        for (y, out) in data.chunks_mut(width * c).enumerate() {
-            let row = src.row(y);
-            for x in 0..width {
-                for ch in 0..c {
-                    out[x * c + ch] = axis.apply(x, |sx| row[sx * c + ch]);
-                }
+    let axis = AxisWeights::new(filter, src.width, span, width);
+    let mut data = vec![0u8; width * src.height * c];
+    for (y, out) in data.chunks_mut(width * c).enumerate() {
+        let row = src.row(y);
+        for x in 0..width {
+            for ch in 0..c {
+                out[x * c + ch] = axis.apply(x, |sx| row[sx * c + ch]);
             }
         }
-        Pixels::new(width, src.height, c, data)
-    } else {
-        src.clone()
-    };
-    if height == horizontal.height {
-        return horizontal;
     }
-    let axis = AxisWeights::lanczos(horizontal.height, height);
-    let mut data = vec![0u8; width * height * c];
-    let row_len = width * c;
+    Pixels::new(width, src.height, c, data)
+}
+
+/// Every column of `src` resampled to `height` rows over the span `[in0, in1)`.
+fn vertical_pass(src: &Pixels, filter: Filter, height: usize, span: (f64, f64)) -> Pixels {
+    let c = src.channels;
+    let axis = AxisWeights::new(filter, src.height, span, height);
+    let row_len = src.width * c;
+    let mut data = vec![0u8; row_len * height];
     for (y, out) in data.chunks_mut(row_len).enumerate() {
         for (i, v) in out.iter_mut().enumerate() {
-            *v = axis.apply(y, |sy| horizontal.data[sy * row_len + i]);
+            *v = axis.apply(y, |sy| src.data[sy * row_len + i]);
         }
     }
-    Pixels::new(width, height, c, data)
+    Pixels::new(src.width, height, c, data)
 }
 
 /// `Image.resize((width, height), NEAREST)`, as PIL resizes palette and
@@ -200,7 +266,7 @@ mod tests {
     #[test]
     fn lanczos_weights_sum_to_one_in_fixed_point() {
         for (input, output) in [(100, 37), (37, 100), (64, 64), (1000, 3)] {
-            let axis = AxisWeights::lanczos(input, output);
+            let axis = AxisWeights::new(Filter::Lanczos, input, (0.0, input as f64), output);
             for o in 0..output {
                 let (first, count) = axis.windows[o];
                 assert!(first + count <= input);
