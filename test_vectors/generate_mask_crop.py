@@ -5,7 +5,8 @@ Seeded masks and pictures (smooth gradients with noise, RGB and L, sizes with od
 through diffusers 0.42.1's `get_crop_region` (masks: one or two blobs, at edges and corners,
 with several pads and output sizes), `_resize_and_fill` and `_resize_and_crop` (LANCZOS, as
 the Flux2 klein inpaint pipeline's processors resample; ratios wider, narrower and equal, so
-the fill's edge strips are exercised from both sides), and PIL's own `Image.resize` on its own
+the fill's edge strips are exercised from both sides), `apply_overlay` (the decoded image put back over the original through the mask), and PIL's
+own `Image.resize` on its own
 (LANCZOS and BICUBIC, with and without a box, shapes on both sides of Pillow 13's rule for
 which pass runs first). Written to goldens/mask_crop/cases.safetensors:
 u8 tensors `<kind>.<i>.in` / `.out` (height, width, channels) and the cases' parameters and
@@ -45,7 +46,7 @@ def blob_mask(rng, w, h, blobs):
 def main():
     rng = np.random.default_rng(20261127)
     proc = VaeImageProcessor(vae_scale_factor=16, resample="lanczos")
-    tensors, meta = {}, {"regions": [], "fill": [], "crop": [], "resize": []}
+    tensors, meta = {}, {"regions": [], "fill": [], "crop": [], "resize": [], "overlay": []}
     region_cases = [
         (61, 47, [(20, 10, 9, 5)], 48, 32, 0), (61, 47, [(20, 10, 9, 5)], 48, 32, 6), (61, 47, [(0, 0, 4, 30)], 32, 48, 3),
         (64, 64, [(50, 55, 14, 9)], 64, 32, 10), (40, 90, [(5, 80, 30, 10), (2, 3, 3, 3)], 32, 64, 4),
@@ -80,6 +81,18 @@ def main():
         tensors[f"resize.{i}.in"] = torch.from_numpy(np.asarray(img).reshape(h, w, -1).copy())
         tensors[f"resize.{i}.out"] = torch.from_numpy(np.asarray(out).reshape(height, width, -1).copy())
         meta["resize"].append({"width": width, "height": height, "filter": name, "box": list(box) if box else [0, 0, w, h]})
+    overlay_cases = [(61, 47, [(20, 10, 9, 5)], 48, 32, 6, 48, 32), (64, 64, [(50, 55, 14, 9)], 64, 32, 10, 64, 32),
+                     (40, 90, [(5, 80, 30, 10), (2, 3, 3, 3)], 32, 64, 4, 32, 64)]
+    for i, (w, h, blobs, width, height, pad, dw, dh) in enumerate(overlay_cases):
+        mask = blob_mask(rng, w, h, blobs)
+        original = picture(rng, w, h, "RGB")
+        decoded = picture(rng, dw, dh, "RGB")
+        box = proc.get_crop_region(mask, width, height, pad=pad)
+        out = proc.apply_overlay(mask, original, decoded, box)
+        for part, img in (("mask", mask), ("original", original), ("decoded", decoded), ("out", out)):
+            arr = np.asarray(img)
+            tensors[f"overlay.{i}.{part}"] = torch.from_numpy(arr.reshape(arr.shape[0], arr.shape[1], -1).copy())
+        meta["overlay"].append({"box": [int(v) for v in box]})
     OUT.parent.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(OUT), metadata={"cases": json.dumps(meta)})
     print(f"wrote {OUT}: {len(region_cases)} regions, {len(resize_cases)} fills and crops, {len(plain_cases)} resizes")

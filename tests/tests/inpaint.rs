@@ -54,11 +54,11 @@ fn the_run_starts_from_the_init_latents_noised_to_the_first_step() {
 /// on seeded masks and pictures (`test_vectors/generate_mask_crop.py`):
 /// the crop region for blobs at edges and corners with several pads and
 /// ratios, the `fill` and `crop` resizes (LANCZOS, edge strips on both
-/// sides, RGB and grey), and PIL's resize itself (either pass first, boxes,
-/// BICUBIC), pixel for pixel.
+/// sides, RGB and grey), `apply_overlay`, and PIL's resize itself (either
+/// pass first, boxes, BICUBIC), pixel for pixel.
 #[test]
 fn mask_crop_steps_are_diffusers() {
-    use flux_lite_platform::pipeline::mask_crop::{crop_region, resize_and_crop, resize_and_fill, CropBox};
+    use flux_lite_platform::pipeline::mask_crop::{apply_overlay, crop_region, resize_and_crop, resize_and_fill, CropBox};
     use flux_lite_platform::pipeline::resample::{resize_box, Filter, Pixels};
     let bytes = std::fs::read(flux_lite_tests::test_vectors().join("goldens/mask_crop/cases.safetensors")).unwrap();
     let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
@@ -88,6 +88,14 @@ fn mask_crop_steps_are_diffusers() {
         let bx: Vec<f64> = c["box"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
         let got = resize_box(&pixels(&format!("resize.{i}.in")), filter, size(c, "width"), size(c, "height"), [bx[0], bx[1], bx[2], bx[3]]);
         assert!(got == pixels(&format!("resize.{i}.out")), "resize {i} ({c}) differs from PIL's");
+    }
+    for (i, c) in cases["overlay"].as_array().unwrap().iter().enumerate() {
+        let b: Vec<usize> = c["box"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as usize).collect();
+        let part = |p: &str| pixels(&format!("overlay.{i}.{p}"));
+        let got = apply_overlay(&part("mask"), &part("original"), &part("decoded"), CropBox { x1: b[0], y1: b[1], x2: b[2], y2: b[3] });
+        let want = part("out");
+        let differing = got.data.iter().zip(&want.data).filter(|(a, b)| a != b).count();
+        assert_eq!(differing, 0, "overlay {i}: {differing} of {} samples differ from diffusers'", want.data.len());
     }
     let black = Pixels::new(8, 8, 1, vec![0; 64]);
     assert_eq!(crop_region(&black, 16, 16, 4), None, "an all-black mask has no region");

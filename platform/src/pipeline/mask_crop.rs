@@ -4,10 +4,9 @@
 //! output's size by the `fill` resize (scaled to fit, the uncovered strips
 //! filled by stretching the edge rows or columns, `_resize_and_fill`); the
 //! decoded image goes back into that region by the `crop` resize
-//! (`_resize_and_crop`). Each step PIL-exact, on 8-bit pixels.
-//!
-//! Not wired into `gen` or `serve` yet: these are the pieces, checked
-//! against diffusers' own functions (`test_vectors/generate_mask_crop.py`).
+//! (`_resize_and_crop`) and over the original where the mask is not white
+//! (`apply_overlay`). Each step PIL-exact, on 8-bit pixels, checked against
+//! diffusers' own functions (`test_vectors/generate_mask_crop.py`).
 
 use super::resample::{lanczos, resize_box, Filter, Pixels};
 
@@ -151,4 +150,49 @@ pub fn resize_and_crop(image: &Pixels, width: usize, height: usize) -> Pixels {
     let mut res = Pixels::new(width, height, image.channels, vec![0; width * height * image.channels]);
     paste(&mut res, &resized, (width / 2) as i64 - (src_w / 2) as i64, (height / 2) as i64 - (src_h / 2) as i64);
     res
+}
+
+/// `(a·b + 128) / 255` in PIL's integer form (`DIV255`).
+fn div255(v: u32) -> u32 {
+    let t = v + 128;
+    ((t >> 8) + t) >> 8
+}
+
+/// `apply_overlay(mask, original, decoded, crop)`: `decoded` (RGB) brought
+/// to the crop box by [`resize_and_crop`] and placed there on black, then
+/// the original (RGB, the mask's size) composited over it with alpha
+/// `255 − mask` (grey) — PIL's paste through the inverted mask onto a clear
+/// premultiplied image, unpremultiplied, then `alpha_composite`. Where the
+/// mask is black the original comes back unchanged; where white, the
+/// generated pixels.
+pub fn apply_overlay(grey: &Pixels, original: &Pixels, decoded: &Pixels, b: CropBox) -> Pixels {
+    debug_assert_eq!((grey.width, grey.height, grey.channels, original.channels, decoded.channels), (original.width, original.height, 1, 3, 3));
+    let placed = resize_and_crop(decoded, b.width(), b.height());
+    let mut out = vec![0u8; original.width * original.height * 3];
+    for y in 0..original.height {
+        for x in 0..original.width {
+            let i = y * original.width + x;
+            let inside = (b.x1..b.x2).contains(&x) && (b.y1..b.y2).contains(&y);
+            let dst = if inside { &placed.data[((y - b.y1) * b.width() + x - b.x1) * 3..][..3] } else { &[0u8; 3][..] };
+            // The original through the inverted mask, premultiplied, then unpremultiplied.
+            let alpha = 255 - grey.data[i] as u32;
+            let src: [u32; 3] = std::array::from_fn(|c| {
+                let premultiplied = div255(original.data[i * 3 + c] as u32 * alpha);
+                if alpha == 0 || alpha == 255 { premultiplied } else { (255 * premultiplied / alpha).min(255) }
+            });
+            for c in 0..3 {
+                out[i * 3 + c] = if alpha == 0 {
+                    dst[c]
+                } else {
+                    // alpha_composite over an opaque destination, 7 extra bits.
+                    let outa255 = alpha * 255 + 255 * (255 - alpha);
+                    let coef1 = alpha * 255 * 255 * (1 << 7) / outa255;
+                    let coef2 = 255 * (1 << 7) - coef1;
+                    let t = src[c] * coef1 + dst[c] as u32 * coef2 + (0x80 << 7);
+                    ((((t >> 8) + t) >> 8) >> 7) as u8
+                };
+            }
+        }
+    }
+    Pixels::new(original.width, original.height, 3, out)
 }
