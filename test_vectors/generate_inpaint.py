@@ -44,7 +44,7 @@ def blob_mask(width, height, seed):
     return np.clip(np.round(128 + v), 0, 255).astype(np.uint8)
 
 
-# (model, case, prompt, seed, steps, guidance, strength, init (w, h, seed), mask, reference)
+# (model, case, prompt, seed, steps, guidance, strength, init (w, h, seed), mask, reference[, padding_mask_crop])
 # mask: ("rect", w, h, box) | ("blob", w, h, seed) | ("white", w, h) | ("rgb-blob", w, h, seed)
 CASES = [
     ("tiny-a", "inpaint-rect", "a red fox in the snow", 3, 2, 1.0, 1.0, (66, 50, 11), ("rect", 64, 48, (16, 8, 40, 32)), None),
@@ -52,6 +52,9 @@ CASES = [
     ("tiny-a", "img2img-reference", "the same fox, in summer", 6, 3, 1.0, 0.6, (48, 64, 13), ("white", 48, 64), (74, 82, 14)),
     ("tiny-a", "inpaint-mask-rescaled", "a lighthouse", 7, 2, 1.0, 0.75, (64, 64, 15), ("rgb-blob", 128, 128, 6), None),
     ("tiny-b", "inpaint-cfg", "blue bird", 8, 2, 4.0, 0.75, (64, 48, 16), ("blob", 64, 48, 7), None),
+    # padding_mask_crop: the region around a blob (grown by 6 pixels, widened to 80:48), filled
+    # up to 80x48, and the result pasted back over the 90x60 init image (the PNG's size).
+    ("tiny-a", "inpaint-crop", "a red fox in the snow", 9, 2, 1.0, 0.9, (90, 60, 17), ("blob", 90, 60, 8), None, 6),
 ]
 
 
@@ -71,7 +74,7 @@ def mask_file(path, kind):
 
 
 @torch.no_grad()
-def run_case(pipes, model, name, prompt, seed, steps, guidance, strength, init, mask, reference):
+def run_case(pipes, model, name, prompt, seed, steps, guidance, strength, init, mask, reference, crop=None):
     if model not in pipes:
         pipe = Flux2KleinInpaintPipeline.from_pretrained(ROOT / "models" / model, dtype=torch.float32)
         pipe.set_progress_bar_config(disable=True)
@@ -121,6 +124,7 @@ def run_case(pipes, model, name, prompt, seed, steps, guidance, strength, init, 
             mask_image=PIL.Image.open(out / "mask.png"),
             image_reference=PIL.Image.open(out / "ref0.png") if reference else None,
             strength=strength,
+            padding_mask_crop=crop,
             num_inference_steps=steps,
             guidance_scale=guidance,
             output_type="pil",
@@ -134,7 +138,7 @@ def run_case(pipes, model, name, prompt, seed, steps, guidance, strength, init, 
         pipe.prepare_latents = real_prepare_latents
         pipe.prepare_mask_latents = real_prepare_mask
     pil = result.images[0]
-    assert pil.size == (width, height), (pil.size, width, height)
+    assert pil.size == ((width, height) if crop is None else tuple(init[:2])), (pil.size, width, height)
     g = {
         "noise": captured["noise"].contiguous(),
         "init_latents": captured["init"].contiguous(),
@@ -160,15 +164,20 @@ def run_case(pipes, model, name, prompt, seed, steps, guidance, strength, init, 
         "mask": {"file": "mask.png", "kind": mask[0], "size": list(mask[1:3])},
         "references": ["ref0.png"] if reference else [],
     }
+    if crop is not None:
+        case["mask_crop"] = crop
     (out / "case.json").write_text(json.dumps(case, indent=2) + "\n")
     m = g["mask"]
     print(f"{model}/{name}: {width}x{height}, {case['steps_run']} of {steps} steps, mask mean {m.mean():.3f}, image mean {np.asarray(pil).mean():.1f}")
 
 
 def main():
+    """Every case, or those whose names are given (python3 generate_inpaint.py inpaint-crop)."""
+    import sys
     pipes = {}
     for case in CASES:
-        run_case(pipes, *case)
+        if len(sys.argv) == 1 or case[1] in sys.argv[1:]:
+            run_case(pipes, *case)
 
 
 if __name__ == "__main__":

@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
-"""What `padding_mask_crop`'s image steps give, by diffusers' own VaeImageProcessor.
+"""What `padding_mask_crop`'s image steps give, by diffusers' own Flux2ImageProcessor.
 
 Seeded masks and pictures (smooth gradients with noise, RGB and L, sizes with odd sides) run
 through diffusers 0.42.1's `get_crop_region` (masks: one or two blobs, at edges and corners,
-with several pads and output sizes), `_resize_and_fill` and `_resize_and_crop` (LANCZOS, as
-the Flux2 klein inpaint pipeline's processors resample; ratios wider, narrower and equal, so
-the fill's edge strips are exercised from both sides), `apply_overlay` (the decoded image put back over the original through the mask), and PIL's
+with several pads and output sizes), `_resize_and_fill` (LANCZOS; ratios wider, narrower and
+equal, so the fill's edge strips are exercised from both sides), Flux2's `_resize_and_crop`
+(a centre crop, also to windows larger than the image), `apply_overlay` (the decoded image put back over the original through the mask), and PIL's
 own `Image.resize` on its own
 (LANCZOS and BICUBIC, with and without a box, shapes on both sides of Pillow 13's rule for
 which pass runs first). Written to goldens/mask_crop/cases.safetensors:
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from diffusers.image_processor import VaeImageProcessor
+from diffusers.pipelines.flux2.image_processor import Flux2ImageProcessor
 from PIL import Image
 from safetensors.torch import save_file
 
@@ -45,7 +45,9 @@ def blob_mask(rng, w, h, blobs):
 
 def main():
     rng = np.random.default_rng(20261127)
-    proc = VaeImageProcessor(vae_scale_factor=16, resample="lanczos")
+    # The inpaint pipeline's processors (image and mask) are Flux2ImageProcessors: LANCZOS, and
+    # a `_resize_and_crop` that only centre-crops.
+    proc = Flux2ImageProcessor(vae_scale_factor=16)
     tensors, meta = {}, {"regions": [], "fill": [], "crop": [], "resize": [], "overlay": []}
     region_cases = [
         (61, 47, [(20, 10, 9, 5)], 48, 32, 0), (61, 47, [(20, 10, 9, 5)], 48, 32, 6), (61, 47, [(0, 0, 4, 30)], 32, 48, 3),
@@ -58,7 +60,7 @@ def main():
         tensors[f"region.{i}.in"] = torch.from_numpy(np.asarray(mask)[..., None].copy())
         meta["regions"].append({"width": width, "height": height, "pad": pad, "box": [int(v) for v in box]})
     resize_cases = [(57, 31, "RGB", 48, 32), (31, 57, "RGB", 48, 32), (50, 25, "RGB", 32, 16), (23, 47, "L", 32, 48),
-                    (90, 20, "L", 40, 40), (17, 64, "RGB", 64, 32), (64, 48, "RGB", 16, 48)]
+                    (90, 20, "L", 40, 40), (17, 64, "RGB", 64, 32), (64, 48, "RGB", 16, 48), (88, 60, "RGB", 90, 57)]
     for kind, fn in (("fill", proc._resize_and_fill), ("crop", proc._resize_and_crop)):
         for i, (w, h, mode, width, height) in enumerate(resize_cases):
             img = picture(rng, w, h, mode)
@@ -82,7 +84,7 @@ def main():
         tensors[f"resize.{i}.out"] = torch.from_numpy(np.asarray(out).reshape(height, width, -1).copy())
         meta["resize"].append({"width": width, "height": height, "filter": name, "box": list(box) if box else [0, 0, w, h]})
     overlay_cases = [(61, 47, [(20, 10, 9, 5)], 48, 32, 6, 48, 32), (64, 64, [(50, 55, 14, 9)], 64, 32, 10, 64, 32),
-                     (40, 90, [(5, 80, 30, 10), (2, 3, 3, 3)], 32, 64, 4, 32, 64)]
+                     (40, 90, [(5, 80, 30, 10), (2, 3, 3, 3)], 32, 64, 4, 32, 64), (90, 60, [(70, 2, 20, 30)], 88, 60, 6, 88, 60)]
     for i, (w, h, blobs, width, height, pad, dw, dh) in enumerate(overlay_cases):
         mask = blob_mask(rng, w, h, blobs)
         original = picture(rng, w, h, "RGB")

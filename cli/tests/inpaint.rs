@@ -6,13 +6,15 @@
 
 use flux_lite_tests::{read_png, scratch_dir, the_error_line, Goldens};
 
-pub const INPAINT_CASES: [&str; 5] = ["tiny-a/inpaint-rect", "tiny-a/inpaint-blob", "tiny-a/img2img-reference", "tiny-a/inpaint-mask-rescaled", "tiny-b/inpaint-cfg"];
+pub const INPAINT_CASES: [&str; 6] =
+    ["tiny-a/inpaint-rect", "tiny-a/inpaint-blob", "tiny-a/img2img-reference", "tiny-a/inpaint-mask-rescaled", "tiny-b/inpaint-cfg", "tiny-a/inpaint-crop"];
 
 mod support;
 use support::gen_f32 as gen;
 
 /// The flags of a golden case: its init image, its mask (none for the
-/// all-white one: image-to-image), its reference, strength and steps.
+/// all-white one: image-to-image), its reference, strength and steps, and
+/// the masked crop's padding where it has one.
 fn case_args(case: &str) -> (String, Vec<String>) {
     let dir = Goldens::dir(case);
     let c = Goldens::load(case).case_json();
@@ -27,6 +29,9 @@ fn case_args(case: &str) -> (String, Vec<String>) {
     }
     for r in c["references"].as_array().unwrap() {
         args.extend(["--image".into(), file(r.as_str().unwrap())]);
+    }
+    if let Some(pad) = c.get("mask_crop") {
+        args.extend(["--mask-crop".into(), pad.to_string()]);
     }
     (c["model"].as_str().unwrap().to_string(), args)
 }
@@ -58,6 +63,10 @@ fn bad_init_images_masks_and_strengths_are_one_error_line_and_no_file() {
     let not_an_image = dir.join("notes.txt");
     std::fs::write(&not_an_image, "not an image").unwrap();
     let text = not_an_image.to_str().unwrap();
+    let (black, small) = (dir.join("black.png"), dir.join("small.png"));
+    std::fs::write(&black, flux_lite_platform::pipeline::output::encode_png(66, 50, &[0; 66 * 50 * 3], &[]).unwrap()).unwrap();
+    std::fs::write(&small, flux_lite_platform::pipeline::output::encode_png(32, 32, &[255; 32 * 32 * 3], &[]).unwrap()).unwrap();
+    let (black, small) = (black.to_str().unwrap(), small.to_str().unwrap());
     let cases: Vec<(Vec<&str>, &str)> = vec![
         (vec!["--mask", mask], "--mask needs --init-image"),
         (vec!["--strength", "0.5"], "--strength needs --init-image"),
@@ -66,6 +75,10 @@ fn bad_init_images_masks_and_strengths_are_one_error_line_and_no_file() {
         (vec!["--init-image", init, "--width", "32"], "--width 32: the init image sets the size (64 here)"),
         (vec!["--init-image", text], "not a PNG or JPEG"),
         (vec!["--init-image", init, "--mask", text], "--mask"),
+        (vec!["--init-image", init, "--mask-crop", "8"], "--mask-crop needs --mask"),
+        (vec!["--mask-crop", "8"], "--mask-crop needs --init-image and --mask"),
+        (vec!["--init-image", init, "--mask", black, "--mask-crop", "8"], "all black"),
+        (vec!["--init-image", init, "--mask", small, "--mask-crop", "8"], "a masked crop needs the mask at the init image's size, 66×50"),
     ];
     for (args, want) in cases {
         let all: Vec<&str> = ["--prompt", "x"].into_iter().chain(args.iter().copied()).collect();

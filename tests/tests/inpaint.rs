@@ -53,12 +53,12 @@ fn the_run_starts_from_the_init_latents_noised_to_the_first_step() {
 /// `padding_mask_crop`'s image steps, each against diffusers' own function
 /// on seeded masks and pictures (`test_vectors/generate_mask_crop.py`):
 /// the crop region for blobs at edges and corners with several pads and
-/// ratios, the `fill` and `crop` resizes (LANCZOS, edge strips on both
-/// sides, RGB and grey), `apply_overlay`, and PIL's resize itself (either
+/// ratios, the `fill` resize (LANCZOS, edge strips on both sides, RGB and
+/// grey), Flux2's centre `crop` (also past the image), `apply_overlay`, and PIL's resize itself (either
 /// pass first, boxes, BICUBIC), pixel for pixel.
 #[test]
 fn mask_crop_steps_are_diffusers() {
-    use flux_lite_platform::pipeline::mask_crop::{apply_overlay, crop_region, resize_and_crop, resize_and_fill, CropBox};
+    use flux_lite_platform::pipeline::mask_crop::{apply_overlay, center_crop, crop_region, resize_and_fill, rgba8, CropBox};
     use flux_lite_platform::pipeline::resample::{resize_box, Filter, Pixels};
     let bytes = std::fs::read(flux_lite_tests::test_vectors().join("goldens/mask_crop/cases.safetensors")).unwrap();
     let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
@@ -74,7 +74,7 @@ fn mask_crop_steps_are_diffusers() {
         let got = crop_region(&pixels(&format!("region.{i}.in")), size(c, "width"), size(c, "height"), size(c, "pad"));
         assert_eq!(got, Some(CropBox { x1: b[0], y1: b[1], x2: b[2], y2: b[3] }), "region {i}");
     }
-    for (kind, resize) in [("fill", resize_and_fill as fn(&Pixels, usize, usize) -> Pixels), ("crop", resize_and_crop)] {
+    for (kind, resize) in [("fill", resize_and_fill as fn(&Pixels, usize, usize) -> Pixels), ("crop", center_crop)] {
         for (i, c) in cases[kind].as_array().unwrap().iter().enumerate() {
             let got = resize(&pixels(&format!("{kind}.{i}.in")), size(c, "width"), size(c, "height"));
             let want = pixels(&format!("{kind}.{i}.out"));
@@ -92,7 +92,7 @@ fn mask_crop_steps_are_diffusers() {
     for (i, c) in cases["overlay"].as_array().unwrap().iter().enumerate() {
         let b: Vec<usize> = c["box"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as usize).collect();
         let part = |p: &str| pixels(&format!("overlay.{i}.{p}"));
-        let got = apply_overlay(&part("mask"), &part("original"), &part("decoded"), CropBox { x1: b[0], y1: b[1], x2: b[2], y2: b[3] });
+        let got = apply_overlay(&part("mask"), &rgba8(&part("original")), &part("decoded"), CropBox { x1: b[0], y1: b[1], x2: b[2], y2: b[3] });
         let want = part("out");
         let differing = got.data.iter().zip(&want.data).filter(|(a, b)| a != b).count();
         assert_eq!(differing, 0, "overlay {i}: {differing} of {} samples differ from diffusers'", want.data.len());

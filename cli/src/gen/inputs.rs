@@ -4,7 +4,7 @@ use super::GenArgs;
 use flux_lite_platform::model::ModelFolder;
 use flux_lite_platform::pipeline::embeddings_file::{self, EmbeddingsFile};
 use flux_lite_platform::pipeline::reference_image::{self, Fit};
-use flux_lite_platform::pipeline::{inpaint, InitImage, Prompt};
+use flux_lite_platform::pipeline::{inpaint, mask_crop, InitImage, Prompt};
 use flux_lite_platform::{RequestError, RunError};
 
 /// An image file's error named by the flag that gave the file.
@@ -15,22 +15,34 @@ fn named(flag: &str, e: &RunError) -> String {
     }
 }
 
-/// `--init-image`, `--mask` and `--strength`: the init image brought to
-/// whole latent cells, its mask at its size.
+/// `--init-image`, `--mask`, `--strength` and `--mask-crop`: the init image
+/// brought to whole latent cells, its mask at its size (with `--mask-crop`,
+/// both the crop around the mask, put back over the image after the decode).
 pub fn init_image(args: &GenArgs, model: &ModelFolder) -> Result<Option<InitImage>, String> {
     let Some(path) = &args.init_image else {
         return match (&args.mask, args.strength) {
             (Some(_), _) => Err("--mask needs --init-image (the picture the mask is for)".into()),
             (None, Some(_)) => Err("--strength needs --init-image (the picture to start from)".into()),
+            (None, None) if args.mask_crop.is_some() => Err("--mask-crop needs --init-image and --mask (the region comes from the mask)".into()),
             (None, None) => Ok(None),
         };
     };
+    let strength = args.strength.unwrap_or(DEFAULT_STRENGTH);
+    if let Some(pad) = args.mask_crop {
+        let Some(mask_path) = &args.mask else {
+            return Err("--mask-crop needs --mask (the region comes from the mask)".into());
+        };
+        let image = reference_image::decode(path).map_err(|e| named("--init-image", &e))?;
+        let (_, mask) = reference_image::decode(mask_path).map_err(|e| named("--mask", &e))?;
+        let name = mask_path.display().to_string();
+        return mask_crop::prepare(path, image, &name, mask, pad, model.vae.latent_cell(), strength).map(Some).map_err(|e| named("--init-image", &e));
+    }
     let image = reference_image::load_fitted(path, model.vae.latent_cell(), Fit::Resize).map_err(|e| named("--init-image", &e))?;
     let mask = match &args.mask {
         Some(m) => Some(inpaint::load_mask(m, image.width, image.height).map_err(|e| named("--mask", &e))?),
         None => None,
     };
-    Ok(Some(InitImage { image, mask, strength: args.strength.unwrap_or(DEFAULT_STRENGTH) }))
+    Ok(Some(InitImage { image, mask, strength, overlay: None }))
 }
 
 /// `--strength` without a value, as diffusers' `strength` defaults.

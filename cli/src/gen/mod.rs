@@ -42,6 +42,9 @@ pub struct GenArgs {
     /// with --init-image, how far from it to start, in (0, 1]: 1 repaints from pure noise (default 0.8, as diffusers; steps × strength of the steps run)
     #[argh(option)]
     strength: Option<f64>,
+    /// with --mask, work on the region around the mask's white parts grown by PIXELS, at the output's size, and paste the result back over the init image (diffusers' padding_mask_crop; the PNG has the init image's size)
+    #[argh(option)]
+    mask_crop: Option<usize>,
     /// image width in pixels, a multiple of 16 for the real VAE (default: the first reference image's, else 1024)
     #[argh(option)]
     width: Option<usize>,

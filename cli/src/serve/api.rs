@@ -363,7 +363,7 @@ fn init_image(init: &AskedInit, unit: usize) -> Result<InitImage, flux_lite_plat
         }
         None => None,
     };
-    Ok(InitImage { image, mask, strength: init.strength })
+    Ok(InitImage { image, mask, strength: init.strength, overlay: None })
 }
 
 /// A refused job, named by the shape's fields: OpenAI's `size` holds both sides.

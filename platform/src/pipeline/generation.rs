@@ -372,7 +372,13 @@ impl Run<'_> {
                     let started = Instant::now();
                     let image = vae.decode(&pipeline.gpu, &latents, &mut |t| observer.progress(Progress::Decode { done: t.done, total: t.total }))?;
                     self.timings.decode += started.elapsed();
-                    Some(Image { width: image.width, height: image.height, rgb: image.rgb })
+                    match request.init.as_ref().and_then(|i| i.overlay.as_ref()) {
+                        Some(o) => {
+                            let put_back = o.apply(image.width, image.height, image.rgb);
+                            Some(Image { width: put_back.width, height: put_back.height, rgb: put_back.data })
+                        }
+                        None => Some(Image { width: image.width, height: image.height, rgb: image.rgb }),
+                    }
                 }
                 None => None,
             };

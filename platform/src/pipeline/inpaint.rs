@@ -57,8 +57,18 @@ fn prepare_mask(name: &str, mode: SourceMode, pixels: Pixels, width: usize, heig
         true => pixels,
         false => reference_image::resize(pixels, mode, width, height),
     };
+    binarized(name, &sized)
+}
+
+/// A mask at its size: grey (`convert("L")`), divided by 255, binarized at 0.5.
+pub(crate) fn binarized(name: &str, sized: &Pixels) -> Mask {
     let values = sized.data.chunks(sized.channels).map(|px| if luma(px) as f32 / 255.0 >= 0.5 { 1.0 } else { 0.0 }).collect();
-    Mask { name: name.to_string(), width, height, values }
+    Mask { name: name.to_string(), width: sized.width, height: sized.height, values }
+}
+
+/// `convert("L")` of a whole image.
+pub(crate) fn grey(p: &Pixels) -> Pixels {
+    Pixels::new(p.width, p.height, 1, p.data.chunks(p.channels).map(luma).collect())
 }
 
 /// PIL's `convert("L")` of one pixel: ITU-R 601-2 luma in 16-bit fixed

@@ -74,6 +74,10 @@ pub struct InitImage {
     pub mask: Option<super::inpaint::Mask>,
     /// How far from the image to start, in (0, 1]: 1 repaints from pure noise.
     pub strength: f64,
+    /// `padding_mask_crop`: `image` and `mask` are the crop around the
+    /// mask, and the output goes back over the original
+    /// ([`super::mask_crop::prepare`]); `None`: the whole image.
+    pub overlay: Option<std::sync::Arc<super::mask_crop::Overlay>>,
 }
 
 /// What a resolved job carries of its init image: where the schedule
@@ -85,6 +89,8 @@ pub struct InitRequest {
     pub first_step: usize,
     /// Per token, 1 where repainted; `None`: every token.
     pub mask: Option<Vec<f32>>,
+    /// Where a masked crop puts each decoded image back.
+    pub overlay: Option<std::sync::Arc<super::mask_crop::Overlay>>,
 }
 
 impl Job {
@@ -180,7 +186,8 @@ impl Job {
             Some(i) => {
                 // A strength in (0, 1] leaves at least one step: int(steps − steps·strength) < steps.
                 let first_step = super::inpaint::first_step(steps, i.strength);
-                Some(InitRequest { strength: i.strength, first_step, mask: i.mask.as_ref().map(|m| super::inpaint::token_mask(m, rows, cols)) })
+                let mask = i.mask.as_ref().map(|m| super::inpaint::token_mask(m, rows, cols));
+                Some(InitRequest { strength: i.strength, first_step, mask, overlay: i.overlay.clone() })
             }
             None => None,
         };

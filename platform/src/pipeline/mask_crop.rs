@@ -3,12 +3,18 @@
 //! aspect ratio (`get_crop_region`), is what the run sees, brought to the
 //! output's size by the `fill` resize (scaled to fit, the uncovered strips
 //! filled by stretching the edge rows or columns, `_resize_and_fill`); the
-//! decoded image goes back into that region by the `crop` resize
-//! (`_resize_and_crop`) and over the original where the mask is not white
-//! (`apply_overlay`). Each step PIL-exact, on 8-bit pixels, checked against
+//! decoded image's centre goes back into that region (Flux2's processor's
+//! `_resize_and_crop`, a plain centre crop) and under the original where
+//! the mask is not white (`apply_overlay`). Each step PIL-exact, on 8-bit pixels, checked against
 //! diffusers' own functions (`test_vectors/generate_mask_crop.py`).
 
+use super::inpaint;
+use super::job::{InitImage, RequestError};
+use super::reference_image::{self, SourceMode};
 use super::resample::{lanczos, resize_box, Filter, Pixels};
+use crate::error::RunError;
+use std::path::Path;
+use std::sync::Arc;
 
 /// A region of an image: columns `x1..x2`, rows `y1..y2`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -139,16 +145,16 @@ pub fn resize_and_fill(image: &Pixels, width: usize, height: usize) -> Pixels {
     res
 }
 
-/// `_resize_and_crop(image, width, height)`: scaled (LANCZOS) to cover
-/// `width × height` keeping its ratio, centred, the excess cut.
-pub fn resize_and_crop(image: &Pixels, width: usize, height: usize) -> Pixels {
-    let ratio = width as f64 / height as f64;
-    let src_ratio = image.width as f64 / image.height as f64;
-    let src_w = if ratio > src_ratio { width } else { image.width * height / image.height };
-    let src_h = if ratio <= src_ratio { height } else { image.height * width / image.width };
-    let resized = lanczos(image, src_w, src_h);
-    let mut res = Pixels::new(width, height, image.channels, vec![0; width * height * image.channels]);
-    paste(&mut res, &resized, (width / 2) as i64 - (src_w / 2) as i64, (height / 2) as i64 - (src_h / 2) as i64);
+/// Flux2ImageProcessor's `_resize_and_crop(image, width, height)`, which
+/// despite its name only crops: the centre `width × height` window (left
+/// and top at `(size − side) // 2`, floored), black where the window
+/// reaches past the image.
+pub fn center_crop(image: &Pixels, width: usize, height: usize) -> Pixels {
+    let c = image.channels;
+    let left = (image.width as i64 - width as i64).div_euclid(2);
+    let top = (image.height as i64 - height as i64).div_euclid(2);
+    let mut res = Pixels::new(width, height, c, vec![0; width * height * c]);
+    paste(&mut res, image, -left, -top);
     res
 }
 
@@ -159,25 +165,28 @@ fn div255(v: u32) -> u32 {
 }
 
 /// `apply_overlay(mask, original, decoded, crop)`: `decoded` (RGB) brought
-/// to the crop box by [`resize_and_crop`] and placed there on black, then
-/// the original (RGB, the mask's size) composited over it with alpha
-/// `255 − mask` (grey) — PIL's paste through the inverted mask onto a clear
-/// premultiplied image, unpremultiplied, then `alpha_composite`. Where the
-/// mask is black the original comes back unchanged; where white, the
-/// generated pixels.
+/// to the crop box by [`center_crop`] (the pipeline's processor's
+/// `_resize_and_crop`) and placed there on black, then
+/// the original (RGBA, the mask's size) composited over it through the
+/// inverted mask (grey): PIL's paste of the premultiplied original through
+/// `255 − mask` onto a clear image, unpremultiplied, then `alpha_composite`.
+/// Where the mask is black an opaque original comes back unchanged; where
+/// white, the generated pixels.
 pub fn apply_overlay(grey: &Pixels, original: &Pixels, decoded: &Pixels, b: CropBox) -> Pixels {
-    debug_assert_eq!((grey.width, grey.height, grey.channels, original.channels, decoded.channels), (original.width, original.height, 1, 3, 3));
-    let placed = resize_and_crop(decoded, b.width(), b.height());
+    debug_assert_eq!((grey.width, grey.height, grey.channels, original.channels, decoded.channels), (original.width, original.height, 1, 4, 3));
+    let placed = center_crop(decoded, b.width(), b.height());
     let mut out = vec![0u8; original.width * original.height * 3];
     for y in 0..original.height {
         for x in 0..original.width {
             let i = y * original.width + x;
             let inside = (b.x1..b.x2).contains(&x) && (b.y1..b.y2).contains(&y);
             let dst = if inside { &placed.data[((y - b.y1) * b.width() + x - b.x1) * 3..][..3] } else { &[0u8; 3][..] };
-            // The original through the inverted mask, premultiplied, then unpremultiplied.
-            let alpha = 255 - grey.data[i] as u32;
+            let px = &original.data[i * 4..i * 4 + 4];
+            let keep = 255 - grey.data[i] as u32;
+            // RGBA → RGBa, pasted through the inverted mask onto clear (every channel scaled), → RGBA.
+            let alpha = div255(px[3] as u32 * keep);
             let src: [u32; 3] = std::array::from_fn(|c| {
-                let premultiplied = div255(original.data[i * 3 + c] as u32 * alpha);
+                let premultiplied = div255(div255(px[c] as u32 * px[3] as u32) * keep);
                 if alpha == 0 || alpha == 255 { premultiplied } else { (255 * premultiplied / alpha).min(255) }
             });
             for c in 0..3 {
@@ -195,4 +204,72 @@ pub fn apply_overlay(grey: &Pixels, original: &Pixels, decoded: &Pixels, b: Crop
         }
     }
     Pixels::new(original.width, original.height, 3, out)
+}
+
+/// What a masked crop keeps for after the decode: the region, the original
+/// (RGBA) and the mask (grey) it is put back over.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Overlay {
+    pub crop: CropBox,
+    pub original: Pixels,
+    pub grey: Pixels,
+}
+
+impl Overlay {
+    /// The decoded `width × height` RGB image put back over the original.
+    pub fn apply(&self, width: usize, height: usize, rgb: Vec<u8>) -> Pixels {
+        apply_overlay(&self.grey, &self.original, &Pixels::new(width, height, 3, rgb), self.crop)
+    }
+}
+
+/// Every pixel as RGBA (`convert("RGBA")`: grey repeated, opaque where the
+/// file has no alpha).
+pub fn rgba8(p: &Pixels) -> Pixels {
+    let data = p
+        .data
+        .chunks(p.channels)
+        .flat_map(|px| match px.len() {
+            1 => [px[0], px[0], px[0], 255],
+            2 => [px[0], px[0], px[0], px[1]],
+            3 => [px[0], px[1], px[2], 255],
+            _ => [px[0], px[1], px[2], px[3]],
+        })
+        .collect();
+    Pixels::new(p.width, p.height, 4, data)
+}
+
+/// The init image and mask of an inpainting run with `padding_mask_crop =
+/// pad`, as `Flux2KleinInpaintPipeline` prepares them: the image brought
+/// under 1024² pixels as for any init image, the run's size its sides
+/// floored to `unit`; the crop region from the mask (which must have the
+/// image's size, as diffusers' overlay needs); the image's crop (as RGB:
+/// an image with transparency is flattened first, where diffusers resizes
+/// it premultiplied) and the mask's crop brought to the run's size by the
+/// `fill` resize; the decoded image later put back by [`Overlay`].
+pub fn prepare(path: &Path, image: (SourceMode, Pixels), mask_name: &str, mask: Pixels, pad: usize, unit: usize, strength: f64) -> Result<InitImage, RunError> {
+    let (mode, decoded) = image;
+    let label = path.display().to_string();
+    let original = (decoded.width, decoded.height);
+    let sized = match reference_image::target_size(original.0, original.1) {
+        Some((w, h)) => reference_image::resize(decoded, mode, w, h),
+        None => decoded,
+    };
+    let (width, height) = (sized.width / unit * unit, sized.height / unit * unit);
+    let mask_error = |why: String| RunError::Request(RequestError::Mask { name: mask_name.to_string(), why });
+    if width == 0 || height == 0 {
+        let why = format!("{}×{} is smaller than one {unit}-pixel latent cell", sized.width, sized.height);
+        return Err(RunError::Request(RequestError::Reference { name: label, why }));
+    }
+    if (mask.width, mask.height) != (sized.width, sized.height) {
+        return Err(mask_error(format!("{}×{}; a masked crop needs the mask at the init image's size, {}×{}", mask.width, mask.height, sized.width, sized.height)));
+    }
+    let grey = inpaint::grey(&mask);
+    let Some(region) = crop_region(&grey, width, height, pad) else {
+        return Err(mask_error("is all black: there is nothing to repaint, so no region to crop".into()));
+    };
+    let rgb = Pixels::new(sized.width, sized.height, 3, reference_image::rgb8(&sized));
+    let image = reference_image::from_rgb(path, original, &resize_and_fill(&crop(&rgb, region), width, height));
+    let mask_sized = resize_and_fill(&crop(&mask, region), width, height);
+    let overlay = Overlay { crop: region, original: rgba8(&sized), grey };
+    Ok(InitImage { image, mask: Some(inpaint::binarized(mask_name, &mask_sized)), strength, overlay: Some(Arc::new(overlay)) })
 }

@@ -96,12 +96,17 @@ fn prepare(label: &str, path: &Path, mode: SourceMode, decoded: Pixels, unit: us
         return Err(fail(format!("{}×{} is smaller than one {unit}-pixel latent cell", sized.width, sized.height)));
     }
     let fitted = match fit {
-        Fit::Crop => center_crop(&sized, width, height),
+        Fit::Crop => super::mask_crop::center_crop(&sized, width, height),
         // PIL returns the image itself when the size is already the one asked for.
         Fit::Resize if (sized.width, sized.height) == (width, height) => sized,
         Fit::Resize => resize(sized, mode, width, height),
     };
     Ok(ReferenceImage { path: path.to_path_buf(), original, width, height, pixels: to_model_range(&fitted) })
+}
+
+/// An image already brought to its size (RGB), as the model takes it.
+pub fn from_rgb(path: &Path, original: (usize, usize), rgb: &Pixels) -> ReferenceImage {
+    ReferenceImage { path: path.to_path_buf(), original, width: rgb.width, height: rgb.height, pixels: to_model_range(rgb) }
 }
 
 /// A reference image that cannot be used, named by its file or field.
@@ -144,17 +149,6 @@ pub fn resize(mut p: Pixels, mode: SourceMode, width: usize, height: usize) -> P
         }
         SourceMode::Indexed => resample::nearest(&p, width, height),
     }
-}
-
-/// The centre `width × height` window (`_resize_and_crop` with crop mode).
-fn center_crop(p: &Pixels, width: usize, height: usize) -> Pixels {
-    let (left, top) = ((p.width - width) / 2, (p.height - height) / 2);
-    let c = p.channels;
-    let mut data = Vec::with_capacity(width * height * c);
-    for y in top..top + height {
-        data.extend_from_slice(&p.data[(y * p.width + left) * c..][..width * c]);
-    }
-    Pixels::new(width, height, c, data)
 }
 
 /// `convert("RGB")`: alpha dropped, grey repeated; interleaved RGB bytes.
