@@ -204,6 +204,19 @@ fn reference_images_init_images_and_masks_come_as_base64_through_both_apis() {
     assert_eq!(status, 200, "{text}");
     let openai = rgb_of(json(&text)["data"][0]["b64_json"].as_str().unwrap(), &dir, "inpaint-openai.png");
     assert!(openai.rgb == a1111.rgb, "the two APIs' inpainting pixels differ for the same mask");
+    // "Only masked" (inpaint_full_res) is diffusers' padding_mask_crop: the masked-crop golden.
+    let case = "tiny-a/inpaint-crop";
+    let (prompt_crop, seed, steps, _, golden) = golden_case(case);
+    let c = Goldens::load(case).case_json();
+    let files = Goldens::dir(case);
+    let body = serde_json::json!({ "prompt": prompt_crop, "steps": steps, "seed": seed, "denoising_strength": c["strength"],
+        "inpaint_full_res": true, "inpaint_full_res_padding": c["mask_crop"],
+        "init_images": [b64(&files.join("init.png"))], "mask": b64(&files.join("mask.png")) });
+    let (status, text) = post(&server, "/sdapi/v1/img2img", &body.to_string());
+    assert_eq!(status, 200, "{text}");
+    let cropped = rgb_of(json(&text)["images"][0].as_str().unwrap(), &dir, "inpaint-crop.png");
+    assert_eq!((cropped.width, cropped.height), (golden.width, golden.height), "the result has the init image's size");
+    flux_lite_tests::tolerance::assert_png_close("A1111 only-masked inpainting against diffusers' padding_mask_crop", &cropped.rgb, &golden.rgb);
     // Fields with no diffusers equivalent are refused when set otherwise, one line each.
     for (field, value) in [("mask_blur", serde_json::json!(4)), ("inpaint_full_res", serde_json::json!(true)), ("inpainting_fill", serde_json::json!(0))] {
         let mut body = serde_json::json!({ "prompt": prompt, "init_images": [b64(&files.join("init.png"))] });

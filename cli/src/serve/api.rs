@@ -10,7 +10,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use base64::Engine;
 use flux_lite_platform::pipeline::reference_image::{self, Fit, MAX_REFERENCES};
-use flux_lite_platform::pipeline::{inpaint, InitImage, Prompt};
+use flux_lite_platform::pipeline::{inpaint, mask_crop, InitImage, Prompt};
 use flux_lite_platform::{Job, Pipeline, RequestError, Resolved, Setting};
 use serde::Deserialize;
 
@@ -90,6 +90,9 @@ pub struct AskedInit {
     pub image: (String, Vec<u8>),
     pub mask: Option<AskedMask>,
     pub strength: f64,
+    /// Work on the region around the mask grown by this many pixels, and
+    /// paste the result back (A1111's "only masked", diffusers' `padding_mask_crop`).
+    pub crop: Option<usize>,
 }
 
 /// A mask's field name, its file bytes, and how it marks what to repaint.
@@ -205,7 +208,7 @@ impl OpenAiRequest {
                     ImageField::Text(t) | ImageField::Url { image_url: t } => t,
                 };
                 let mask = AskedMask { name: "mask".into(), bytes: decode_base64("mask", &text)?, alpha: true, invert: false };
-                Some(AskedInit { image: images.remove(0), mask: Some(mask), strength: strength.unwrap_or(1.0) })
+                Some(AskedInit { image: images.remove(0), mask: Some(mask), strength: strength.unwrap_or(1.0), crop: None })
             }
         };
         Ok(Asked { prompt: self.prompt, width, height, steps: self.steps, seed: self.seed, guidance: self.guidance, count: self.n.unwrap_or(1), images, init })
@@ -246,15 +249,22 @@ pub struct A1111Request {
     pub mask: Option<String>,
     #[serde(default)]
     pub inpainting_mask_invert: Option<u8>,
+    /// img2img with a mask: "only masked", the region around the mask grown
+    /// by `inpaint_full_res_padding` pixels (A1111's default 32), pasted back.
+    #[serde(default)]
+    pub inpaint_full_res: Option<bool>,
+    #[serde(default)]
+    pub inpaint_full_res_padding: Option<usize>,
     /// Fields with no diffusers equivalent, accepted only at the value that
-    /// matches what runs: no blur, the original content, the whole picture.
+    /// matches what runs: no blur, the original content.
     #[serde(default)]
     pub mask_blur: Option<u32>,
     #[serde(default)]
     pub inpainting_fill: Option<u8>,
-    #[serde(default)]
-    pub inpaint_full_res: Option<bool>,
 }
+
+/// AUTOMATIC1111's `inpaint_full_res_padding` when a request gives none.
+const A1111_FULL_RES_PADDING: usize = 32;
 
 /// AUTOMATIC1111's `denoising_strength` when an img2img request gives none.
 const A1111_STRENGTH: f64 = 0.75;
@@ -274,7 +284,6 @@ impl A1111Request {
         for (field, set, runs) in [
             ("mask_blur", self.mask_blur.is_some_and(|b| b != 0), "0 (the mask is used as sent)"),
             ("inpainting_fill", self.inpainting_fill.is_some_and(|f| f != 1), "1 (the original content, noised)"),
-            ("inpaint_full_res", self.inpaint_full_res == Some(true), "false (the whole picture)"),
             ("inpainting_mask_invert", self.inpainting_mask_invert.is_some_and(|i| i > 1), "0 or 1"),
         ] {
             if set {
@@ -294,10 +303,15 @@ impl A1111Request {
             Some(text) => Some(AskedMask { name: "mask".into(), bytes: decode_base64("mask", text)?, alpha: false, invert: self.inpainting_mask_invert == Some(1) }),
             None => None,
         };
+        let crop = match self.inpaint_full_res {
+            Some(true) if mask.is_none() => return Err(ApiError::bad("inpaint_full_res: needs a mask (the region comes from it)")),
+            Some(true) => Some(self.inpaint_full_res_padding.unwrap_or(A1111_FULL_RES_PADDING)),
+            _ => None,
+        };
         let init = match images.is_empty() {
             true if mask.is_some() => return Err(ApiError::bad("mask needs init_images: the picture to change")),
             true => None,
-            false => Some(AskedInit { image: images.remove(0), mask, strength: self.denoising_strength.unwrap_or(A1111_STRENGTH) }),
+            false => Some(AskedInit { image: images.remove(0), mask, strength: self.denoising_strength.unwrap_or(A1111_STRENGTH), crop }),
         };
         Ok(Asked { prompt: self.prompt, width: self.width, height: self.height, steps: self.steps, seed, guidance, count, images, init })
     }
@@ -351,6 +365,16 @@ pub fn check(asked: Asked, shape: Shape, pipeline: &Pipeline, limits: &Limits) -
 /// The picture to change, prepared as `gen --init-image` prepares it, and its mask.
 fn init_image(init: &AskedInit, unit: usize) -> Result<InitImage, flux_lite_platform::RunError> {
     let (name, bytes) = &init.image;
+    if let (Some(pad), Some(m)) = (init.crop, &init.mask) {
+        let image = reference_image::decode_bytes(name, bytes)?;
+        let (_, mut mask) = reference_image::decode_bytes(&m.name, &m.bytes)?;
+        if m.invert {
+            // ImageOps.invert: every colour channel.
+            let colours = mask.channels - usize::from(mask.channels % 2 == 0);
+            mask.data.chunks_mut(mask.channels).for_each(|px| px[..colours].iter_mut().for_each(|v| *v = 255 - *v));
+        }
+        return mask_crop::prepare(std::path::Path::new(name), image, &m.name, mask, pad, unit, init.strength);
+    }
     let image = reference_image::from_bytes_fitted(name, bytes, unit, Fit::Resize)?;
     let mask = match &init.mask {
         Some(m) if m.alpha => Some(inpaint::mask_from_alpha(&m.name, &m.bytes, image.width, image.height)?),
