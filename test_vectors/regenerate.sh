@@ -11,6 +11,7 @@ python3 test_vectors/generate_configs.py
 python3 test_vectors/generate_vae_encoder.py
 python3 test_vectors/generate_references.py
 (cd test_vectors && python3 generate_inpaint.py)
+python3 test_vectors/generate_mask_crop.py
 python3 test_vectors/generate_lora.py
 python3 test_vectors/generate_gguf.py
 (cd test_vectors && python3 generate_gguf_model.py)
