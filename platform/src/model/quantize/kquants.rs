@@ -110,7 +110,8 @@ fn fit_with_min(x: &[f32], weights: &[f32], levels: &mut [u8], s: &MinSearch) ->
     (scale, -min)
 }
 
-/// The value of largest magnitude (the first of equals), and that magnitude.
+/// The value of largest magnitude (the first of equals), and that magnitude:
+/// a sub-block's `max`/`amax`, and a block's largest sub-block scale.
 fn largest(x: &[f32]) -> (f32, f32) {
     let (mut max, mut amax) = (0.0f32, 0.0f32);
     for &v in x {
@@ -268,15 +269,8 @@ fn q2_k(x: &[f32], out: &mut Vec<u8>) {
 /// two low bits and a high-bit mask.
 fn q3_k(x: &[f32], out: &mut Vec<u8>) {
     let mut levels = [0u8; QK_K];
-    let mut scales = [0f32; 16];
-    let (mut max_scale, mut amax) = (0f32, 0f32);
-    for j in 0..16 {
-        scales[j] = fit_signed_refined(&x[16 * j..16 * j + 16], 4, &mut levels[16 * j..16 * j + 16]);
-        if scales[j].abs() > amax {
-            amax = scales[j].abs();
-            max_scale = scales[j];
-        }
-    }
+    let scales: [f32; 16] = std::array::from_fn(|j| fit_signed_refined(&x[16 * j..16 * j + 16], 4, &mut levels[16 * j..16 * j + 16]));
+    let (max_scale, _) = largest(&scales);
     let mut packed = [0u8; 12];
     let mut d = 0u16;
     if max_scale != 0.0 {
@@ -387,15 +381,8 @@ fn q4_q5_k(x: &[f32], five: bool, out: &mut Vec<u8>) {
 /// as four low bits and two high bits.
 fn q6_k(x: &[f32], out: &mut Vec<u8>) {
     let mut levels = [0u8; QK_K];
-    let mut scales = [0f32; 16];
-    let (mut max_scale, mut max_abs_scale) = (0f32, 0f32);
-    for j in 0..16 {
-        scales[j] = fit_signed(&x[16 * j..16 * j + 16], 32, &mut levels[16 * j..16 * j + 16]);
-        if scales[j].abs() > max_abs_scale {
-            max_abs_scale = scales[j].abs();
-            max_scale = scales[j];
-        }
-    }
+    let scales: [f32; 16] = std::array::from_fn(|j| fit_signed(&x[16 * j..16 * j + 16], 32, &mut levels[16 * j..16 * j + 16]));
+    let (max_scale, max_abs_scale) = largest(&scales);
     if max_abs_scale < ALL_ZERO {
         out.extend([0u8; 210]);
         return;
