@@ -189,17 +189,17 @@ pub fn apply_overlay(grey: &Pixels, original: &Pixels, decoded: &Pixels, b: Crop
                 let premultiplied = div255(div255(px[c] as u32 * px[3] as u32) * keep);
                 if alpha == 0 || alpha == 255 { premultiplied } else { (255 * premultiplied / alpha).min(255) }
             });
+            if alpha == 0 {
+                out[i * 3..i * 3 + 3].copy_from_slice(dst);
+                continue;
+            }
+            // alpha_composite over an opaque destination, 7 extra bits.
+            let outa255 = alpha * 255 + 255 * (255 - alpha);
+            let coef1 = alpha * 255 * 255 * (1 << 7) / outa255;
+            let coef2 = 255 * (1 << 7) - coef1;
             for c in 0..3 {
-                out[i * 3 + c] = if alpha == 0 {
-                    dst[c]
-                } else {
-                    // alpha_composite over an opaque destination, 7 extra bits.
-                    let outa255 = alpha * 255 + 255 * (255 - alpha);
-                    let coef1 = alpha * 255 * 255 * (1 << 7) / outa255;
-                    let coef2 = 255 * (1 << 7) - coef1;
-                    let t = src[c] * coef1 + dst[c] as u32 * coef2 + (0x80 << 7);
-                    ((((t >> 8) + t) >> 8) >> 7) as u8
-                };
+                let t = src[c] * coef1 + dst[c] as u32 * coef2 + (0x80 << 7);
+                out[i * 3 + c] = ((((t >> 8) + t) >> 8) >> 7) as u8;
             }
         }
     }
@@ -248,18 +248,9 @@ pub fn rgba8(p: &Pixels) -> Pixels {
 /// `fill` resize; the decoded image later put back by [`Overlay`].
 pub fn prepare(path: &Path, image: (SourceMode, Pixels), mask_name: &str, mask: Pixels, pad: usize, unit: usize, strength: f64) -> Result<InitImage, RunError> {
     let (mode, decoded) = image;
-    let label = path.display().to_string();
     let original = (decoded.width, decoded.height);
-    let sized = match reference_image::target_size(original.0, original.1) {
-        Some((w, h)) => reference_image::resize(decoded, mode, w, h),
-        None => decoded,
-    };
-    let (width, height) = (sized.width / unit * unit, sized.height / unit * unit);
+    let (sized, width, height) = reference_image::sized_to_cells(&path.display().to_string(), mode, decoded, unit)?;
     let mask_error = |why: String| RunError::Request(RequestError::Mask { name: mask_name.to_string(), why });
-    if width == 0 || height == 0 {
-        let why = format!("{}×{} is smaller than one {unit}-pixel latent cell", sized.width, sized.height);
-        return Err(RunError::Request(RequestError::Reference { name: label, why }));
-    }
     if (mask.width, mask.height) != (sized.width, sized.height) {
         return Err(mask_error(format!("{}×{}; a masked crop needs the mask at the init image's size, {}×{}", mask.width, mask.height, sized.width, sized.height)));
     }

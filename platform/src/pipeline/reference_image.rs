@@ -87,14 +87,7 @@ fn prepare(label: &str, path: &Path, mode: SourceMode, decoded: Pixels, unit: us
     if fit == Fit::Crop {
         check_size(original.0, original.1).map_err(fail)?;
     }
-    let sized = match target_size(original.0, original.1) {
-        Some((w, h)) => resize(decoded, mode, w, h),
-        None => decoded,
-    };
-    let (width, height) = (sized.width / unit * unit, sized.height / unit * unit);
-    if width == 0 || height == 0 {
-        return Err(fail(format!("{}×{} is smaller than one {unit}-pixel latent cell", sized.width, sized.height)));
-    }
+    let (sized, width, height) = sized_to_cells(label, mode, decoded, unit)?;
     let fitted = match fit {
         Fit::Crop => super::mask_crop::center_crop(&sized, width, height),
         // PIL returns the image itself when the size is already the one asked for.
@@ -102,6 +95,21 @@ fn prepare(label: &str, path: &Path, mode: SourceMode, decoded: Pixels, unit: us
         Fit::Resize => resize(sized, mode, width, height),
     };
     Ok(ReferenceImage { path: path.to_path_buf(), original, width, height, pixels: to_model_range(&fitted) })
+}
+
+/// The decoded image brought under [`TARGET_AREA`] pixels where it is
+/// larger, and the size a run on it takes: its sides floored to whole
+/// `unit`-pixel cells (an image smaller than one cell is an error naming `label`).
+pub fn sized_to_cells(label: &str, mode: SourceMode, decoded: Pixels, unit: usize) -> Result<(Pixels, usize, usize), RunError> {
+    let sized = match target_size(decoded.width, decoded.height) {
+        Some((w, h)) => resize(decoded, mode, w, h),
+        None => decoded,
+    };
+    let (width, height) = (sized.width / unit * unit, sized.height / unit * unit);
+    if width == 0 || height == 0 {
+        return Err(reference_error(label, format!("{}×{} is smaller than one {unit}-pixel latent cell", sized.width, sized.height)));
+    }
+    Ok((sized, width, height))
 }
 
 /// An image already brought to its size (RGB), as the model takes it.
