@@ -84,3 +84,61 @@ fn the_preview_is_readable_while_the_run_goes_on() {
     assert!(steps_seen_running.iter().any(|s| s != "step 6 of 6"), "no preview was seen before the last step: {steps_seen_running:?}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `--preview-decoder`: the previews come from the tiny decoder (the last
+/// one is the decoder's image of the final latents, byte for byte), and the
+/// final image is the one a run without previews makes.
+#[test]
+fn a_tiny_decoder_draws_the_previews_and_leaves_the_image_alone() {
+    use flux_lite_platform::components::tiny_decoder::{TinyDecoder, TinyDecoderFile};
+    use flux_lite_platform::model::{Component, ModelFolder};
+    let dir = std::env::temp_dir().join(format!("flux-lite-preview-decoder-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let decoder = flux_lite_tests::test_vectors().join("goldens/tiny_decoder/taesd.safetensors");
+    let (plain, with, preview, latents) = (dir.join("plain.png"), dir.join("with.png"), dir.join("preview.png"), dir.join("latents.safetensors"));
+    let run = gen(&plain, &[]);
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    let run = gen(&with, &["--preview", preview.to_str().unwrap(), "--preview-decoder", decoder.to_str().unwrap(), "--output-latents", latents.to_str().unwrap()]);
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    assert_eq!(std::fs::read(&plain).unwrap(), std::fs::read(&with).unwrap(), "--preview-decoder changed the final image");
+    let shown = flux_lite_tests::read_png(&preview);
+    assert_eq!((shown.width, shown.height), (32, 48));
+    // The decoder's own image of the final latents.
+    let bytes = std::fs::read(&latents).unwrap();
+    let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let packed: Vec<f32> = file.tensor("latents").unwrap().data().chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+    let model = ModelFolder::open(&model_dir("tiny-a")).unwrap();
+    let tiny = TinyDecoder::new(flux_lite_tests::gpu(), &TinyDecoderFile::open(&decoder).unwrap(), &model.vae, &model.weights(Component::Vae).unwrap(), 32, 48).unwrap();
+    let (_, rgb) = tiny.decode(flux_lite_tests::gpu(), &packed, false).unwrap();
+    assert_eq!(shown.rgb, rgb, "the last preview is not the tiny decoder's image of the final latents");
+    // And not the latent-to-RGB map's.
+    let run = gen(&dir.join("map.png"), &["--preview", dir.join("map-preview.png").to_str().unwrap()]);
+    assert!(run.status.success());
+    assert_ne!(flux_lite_tests::read_png(&dir.join("map-preview.png")).rgb, rgb);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_preview_decoder_that_cannot_serve_is_one_error_line() {
+    let dir = std::env::temp_dir().join(format!("flux-lite-preview-decoder-bad-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let decoder = flux_lite_tests::test_vectors().join("goldens/tiny_decoder/diffusers.safetensors");
+    let run = gen(&dir.join("a.png"), &["--preview-decoder", decoder.to_str().unwrap()]);
+    assert_eq!(flux_lite_tests::only_an_error_line(&run), "error: --preview-decoder draws the previews of --preview: give --preview FILE.png too");
+    // tiny-a's own VAE weights are not a tiny decoder.
+    let vae = model_dir("tiny-a").join("vae/diffusion_pytorch_model.safetensors");
+    let run = gen(&dir.join("a.png"), &["--preview", dir.join("p.png").to_str().unwrap(), "--preview-decoder", vae.to_str().unwrap()]);
+    let line = flux_lite_tests::only_an_error_line(&run);
+    assert!(line.starts_with("error: --preview-decoder: ") && line.contains("not a tiny decoder: no decoder tensors"), "{line}");
+    // A decoder for tiny-a's VAE does not fit tiny-b's (scale 4).
+    let run = Command::new(env!("CARGO_BIN_EXE_flux-lite"))
+        .arg("gen")
+        .args(["--model", model_dir("tiny-b").to_str().unwrap(), "--prompt", "a red fox", "--steps", "1", "--quiet"])
+        .args(["--output", dir.join("b.png").to_str().unwrap(), "--preview", dir.join("p.png").to_str().unwrap(), "--preview-decoder", decoder.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let line = flux_lite_tests::only_an_error_line(&run);
+    assert!(line.contains("diffusers.safetensors: a decoder of 4 latent channels at 2× cannot preview this model's VAE"), "{line}");
+    assert!(!dir.join("a.png").exists() && !dir.join("b.png").exists() && !dir.join("p.png").exists());
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -116,6 +116,12 @@ pub enum Op {
     DenormUnpatchify { packed: Span, latent: Span, mean: TensorName, var: TensorName, channels: u64, height: u64, width: u64, eps: f32 },
     /// `dst = round(clamp(src/2 + 1/2, 0, 1)·255)` over `count` contiguous values: 8-bit levels as f32.
     PixelLevels { src: Span, dst: Span, count: u64 },
+    /// `dst = max(src, 0)` over `count` contiguous values.
+    Relu { src: Span, dst: Span, count: u64 },
+    /// `dst = tanh(src/limit)·limit` over `count` contiguous values: a soft clamp to (−limit, limit).
+    TanhClamp { src: Span, dst: Span, count: u64, limit: f32 },
+    /// `dst = src·scale + shift` over `count` contiguous values.
+    ScaleShift { src: Span, dst: Span, count: u64, scale: f32, shift: f32 },
 }
 
 impl Op {

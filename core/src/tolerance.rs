@@ -49,6 +49,10 @@ pub mod f32 {
     /// The VAE decoder's output vs diffusers before 8-bit levels: measured
     /// 1.29e-6 – 1.35e-6 (2026-11-25).
     pub const VAE_DECODED: f64 = 4e-6;
+    /// A tiny preview decoder's output vs diffusers' `AutoencoderTiny` and
+    /// `taesd.py`'s modules before 8-bit levels: measured 8.5e-8 (diffusers
+    /// layout) and 1.1e-7 (TAESD layout with global-norm blocks) (2026-11-27).
+    pub const TINY_DECODED: f64 = 5e-7;
     /// Largest difference of one 8-bit value from the diffusers PNG (or
     /// between two of our decodes): measured 1, in at most 2 bytes of an
     /// image; 0 in the other cases (2026-11-25).

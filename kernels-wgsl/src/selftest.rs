@@ -153,7 +153,7 @@ pub fn shared_checks(gpu: &Gpu) -> Vec<Check> {
         outcome("group_stats and group_norm_apply over 3 pixel bands (the banded VAE)", check_group_norm_by_bands(gpu)),
         outcome("rope interleaved (FLUX.2), 23 tokens, 3 heads × 16", check_rope(gpu, RopeStyle::Interleaved, [23, 3, 16], 10)),
         outcome("rope rotate-half (Qwen3), 17 tokens, 4 heads × 8", check_rope(gpu, RopeStyle::RotateHalf, [17, 4, 8], 11)),
-        outcome("element-wise SiLU, SwiGLU, gated residual, add, scale, axpy, copy; 13×77 strided", check_elementwise_ops(gpu)),
+        outcome("element-wise SiLU, SwiGLU, gated residual, add, scale, axpy, copy, ReLU, tanh clamp, scale-shift; 13×77 strided", check_elementwise_ops(gpu)),
         within("transpose 23×37, exact", 0.0, check_transpose(gpu)),
         within("upsample nearest ×2, 3×5×7, exact", 0.0, check_upsample(gpu)),
         outcome("VAE de-normalise and unpatchify, bf16 statistics, 3×5×7", check_denorm_unpatchify(gpu, [3, 5, 7], true, 60)),
@@ -223,7 +223,7 @@ pub fn check_pixel_levels(gpu: &Gpu) -> Result<f64, GpuError> {
 }
 
 /// Every element-wise op, as the checks run them.
-pub const ELEMENTWISE_OPS: [Elementwise; 8] = [
+pub const ELEMENTWISE_OPS: [Elementwise; 11] = [
     Elementwise::Silu,
     Elementwise::SwiGlu,
     Elementwise::GatedResidual,
@@ -232,6 +232,9 @@ pub const ELEMENTWISE_OPS: [Elementwise; 8] = [
     Elementwise::Scale(-0.37),
     Elementwise::Axpy(-0.0625),
     Elementwise::Copy,
+    Elementwise::Relu,
+    Elementwise::TanhClamp(3.0),
+    Elementwise::ScaleShift(2.0, -1.0),
 ];
 
 /// Every element-wise op; the worst of them.
@@ -268,6 +271,9 @@ pub fn check_elementwise(gpu: &Gpu, op: Elementwise, seed: u64) -> Result<f64, G
                 Elementwise::Scale(s) => x * s as f64,
                 Elementwise::Axpy(s) => d + (x as f32 * s) as f64,
                 Elementwise::Copy => x,
+                Elementwise::Relu => x.max(0.0),
+                Elementwise::TanhClamp(s) => (x / s as f64).tanh() * s as f64,
+                Elementwise::ScaleShift(s, shift) => x * s as f64 + shift as f64,
             }
         })
         .collect();

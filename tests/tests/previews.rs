@@ -101,3 +101,52 @@ fn previews_off_add_no_work_and_on_add_one_readback_each() {
     assert_eq!(extra3 - extra2, 1, "a preview more is one readback more");
     assert_eq!(extra2, 3 + 2, "the map, the levels and the parameters once, then a readback a preview");
 }
+
+/// The tiny preview decoders (test_vectors/generate_tiny_decoder.py): one
+/// in diffusers' `AutoencoderTiny` layout, one in TAESD's with TAEF2's
+/// global-norm blocks, each with random weights, decoding seeded packed
+/// latents through tiny-a's VAE statistics as diffusers' `AutoencoderTiny`
+/// and `taesd.py`'s modules decode them.
+#[test]
+fn the_tiny_decoders_decode_as_their_references() {
+    use flux_lite_platform::components::tiny_decoder::{TinyDecoder, TinyDecoderFile};
+    use flux_lite_platform::model::Component;
+    let dir = test_vectors().join("goldens/tiny_decoder");
+    let bytes = std::fs::read(dir.join("cases.safetensors")).unwrap();
+    let cases = SafeTensors::deserialize(&bytes).unwrap();
+    let f32s = |name: &str| -> Vec<f32> { cases.tensor(name).unwrap().data().chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect() };
+    let model = ModelFolder::open(&model_dir("tiny-a")).unwrap();
+    let vae_store = model.weights(Component::Vae).unwrap();
+    let latents = f32s("latents");
+    let (width, height) = (20, 12);
+    for (case, file) in [("diffusers", "diffusers.safetensors"), ("taesd", "taesd.safetensors")] {
+        let decoder = TinyDecoderFile::open(&dir.join(file)).unwrap_or_else(|e| panic!("{case}: {e}"));
+        let tiny = TinyDecoder::new(flux_lite_tests::gpu(), &decoder, &model.vae, &vae_store, width, height).unwrap_or_else(|e| panic!("{case}: {e}"));
+        assert_eq!(tiny.size(), (width, height));
+        let (decoded, rgb) = tiny.decode(flux_lite_tests::gpu(), &latents, true).unwrap();
+        let (decoded, want) = (decoded.unwrap(), f32s(case));
+        let (err, at) = flux_lite_tests::rel_l2(&decoded, &want);
+        println!("{case}: decoded relative L2 {err:.2e}, worst element {at}: got {} want {}", decoded[at], want[at]);
+        assert!(err <= flux_lite_tests::tolerance::f32::TINY_DECODED, "{case}: relative L2 {err:.3e}");
+        // The levels as diffusers' post-processing rounds the reference's values.
+        let pixels = width * height;
+        let level = |v: f32| ((v as f64 * 0.5 + 0.5).clamp(0.0, 1.0) * 255.0).round() as u8;
+        let worst = (0..pixels).flat_map(|i| (0..3).map(move |c| (i, c))).map(|(i, c)| rgb[3 * i + c].abs_diff(level(want[c * pixels + i]))).max().unwrap();
+        assert!(worst <= 1, "{case}: a level {worst} off");
+    }
+}
+
+#[test]
+fn a_tiny_decoder_for_another_vae_is_refused_by_name() {
+    use flux_lite_platform::components::tiny_decoder::TinyDecoderFile;
+    let decoder = TinyDecoderFile::open(&test_vectors().join("goldens/tiny_decoder/taesd.safetensors")).unwrap();
+    // tiny-b's VAE: check its latent channels and scale differ from tiny-a's.
+    let model = ModelFolder::open(&model_dir("tiny-b")).unwrap();
+    if model.vae.latent_channels == 4 && model.vae.scale_factor() == 2 {
+        panic!("tiny-b's VAE is tiny-a's shape; this test needs another");
+    }
+    let err = decoder.check_fits(&model.vae).unwrap_err().to_string();
+    assert!(err.contains("taesd.safetensors") && err.contains("a decoder of 4 latent channels at 2×"), "{err}");
+    let err = TinyDecoderFile::open(&model_dir("tiny-a").join("vae/diffusion_pytorch_model.safetensors")).unwrap_err().to_string();
+    assert!(err.contains("not a tiny decoder"), "{err}");
+}

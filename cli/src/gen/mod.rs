@@ -93,6 +93,9 @@ pub struct GenArgs {
     /// with --preview, draw it every N steps and after the last (default 1)
     #[argh(option, default = "1")]
     preview_every: usize,
+    /// with --preview, draw it with this tiny decoder instead (a safetensors file in diffusers' AutoencoderTiny layout or TAESD's, e.g. TAEF2): the image as a small VAE sees it, on the GPU, its memory counted in the plan
+    #[argh(option)]
+    preview_decoder: Option<PathBuf>,
     /// precision tier: auto (default: on a CPU adapter f32, the fastest there; elsewhere matrix units where the adapter has them and they pass a known-answer check, else f16, else f32), f32 (the reference), f16 (f16-staged GEMM tiles, f32 sums) or matrix (cooperative-matrix units, f16 operands, f32 sums); f16 and matrix apply a range rule (docs/kernels.md), and a tier the adapter lacks is an error
     #[argh(option, default = "flux_lite_platform::Precision::Auto", from_str_fn(crate::tier::parse_precision))]
     precision: flux_lite_platform::Precision,
@@ -109,7 +112,13 @@ pub fn run(args: &GenArgs) -> Result<(), String> {
     let host_peak = args.verbose.then(flux_lite_platform::host_memory::AnonymousPeak::start).flatten();
     outputs::check_flags(&args.output, &args.output_latents, &args.preview, args.preview_every)?;
     let interrupt = crate::interrupt::flag();
-    let model = pipeline::open_model(&args.model, args.transformer.as_deref(), args.text_encoder.as_deref()).map_err(|e| e.to_string())?;
+    let mut model = pipeline::open_model(&args.model, args.transformer.as_deref(), args.text_encoder.as_deref()).map_err(|e| e.to_string())?;
+    if let Some(file) = &args.preview_decoder {
+        if args.preview.is_none() {
+            return Err("--preview-decoder draws the previews of --preview: give --preview FILE.png too".into());
+        }
+        model = model.with_preview_decoder(file).map_err(|e| format!("--preview-decoder: {e}"))?;
+    }
     let job = Job {
         images_per_prompt: args.count,
         references: crate::references::load(&args.image, &model)?,

@@ -76,6 +76,9 @@ pub struct ServeArgs {
     /// the largest request body, in MiB (default 64: room for reference images in base64)
     #[argh(option, default = "64")]
     max_body_mib: usize,
+    /// draw the previews of running jobs (AUTOMATIC1111's `current_image`, OpenAI's `partial_images`) with this tiny decoder (diffusers' AutoencoderTiny layout or TAESD's, e.g. TAEF2) instead of the VAE's latent-to-RGB map
+    #[argh(option)]
+    preview_decoder: Option<PathBuf>,
     /// log what each job reused from the one before
     #[argh(switch)]
     verbose: bool,
@@ -100,7 +103,10 @@ pub fn run(args: &ServeArgs) -> Result<(), String> {
     if !is_loopback(args.host) && api_key.is_none() {
         eprintln!("warning: listening on {} without an API key: anyone who can reach it can use the GPU (give --api-key or {API_KEY_VARIABLE})", args.host);
     }
-    let model = pipeline::open_model(&args.model, args.transformer.as_deref(), args.text_encoder.as_deref()).map_err(|e| e.to_string())?;
+    let mut model = pipeline::open_model(&args.model, args.transformer.as_deref(), args.text_encoder.as_deref()).map_err(|e| e.to_string())?;
+    if let Some(file) = &args.preview_decoder {
+        model = model.with_preview_decoder(file).map_err(|e| format!("--preview-decoder: {e}"))?;
+    }
     let lora = crate::lora::open_lora(&args.lora, &model.transformer, args.verbose)?;
     let interrupt = Arc::new(AtomicBool::new(false));
     let gpu = GpuOptions { interrupt: Some(interrupt.clone()), precision: args.precision, ..crate::env_gpu_options()? };
@@ -108,8 +114,8 @@ pub fn run(args: &ServeArgs) -> Result<(), String> {
     eprintln!("adapter: {}", pipeline.gpu().describe());
     let (jobs, queue) = Jobs::new(args.queue, interrupt);
     let model_name = args.model.display().to_string();
-    // Previews where the VAE has a latent-to-RGB map: AUTOMATIC1111's progress shows them.
-    let previews = pipeline::preview::latent_rgb(pipeline.model()).is_ok();
+    // Previews with a tiny decoder, or where the VAE has a latent-to-RGB map: AUTOMATIC1111's progress shows them.
+    let previews = pipeline.model().preview_decoder.is_some() || pipeline::preview::latent_rgb(pipeline.model()).is_ok();
     let worker = Worker { pipeline: pipeline.clone(), jobs: jobs.clone(), model_name: model_name.clone(), verbose: args.verbose, previews };
     let worker = std::thread::Builder::new().name("gpu".into()).spawn(move || worker.run(queue)).map_err(|e| format!("cannot start the GPU worker: {e}"))?;
     let job = flux_lite_platform::Limits { max_images: args.max_images, max_steps: args.max_steps, max_side: args.max_side, ..Default::default() };

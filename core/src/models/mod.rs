@@ -3,6 +3,7 @@
 
 pub mod tensors;
 pub mod text_encoder;
+pub mod tiny_decoder;
 pub mod transformer;
 pub mod vae;
 pub mod vae_encoder;

@@ -36,6 +36,8 @@ pub(super) struct DenoiseOptions {
     chunked: heapless::Vec<(u64, (u64, u64)), 64>,
     /// Host bytes (the same chunked or not).
     host: u64,
+    /// The preview decoder's device bytes, resident beside the transformer.
+    preview: u64,
 }
 
 impl DenoiseOptions {
@@ -70,11 +72,13 @@ impl DenoiseOptions {
             }
             return Err(PlanError::AttentionTooLarge { tokens: rows, bytes: keys(None), limit });
         }
-        Ok(Self { weights: input.transformer_weights, unchunked, chunked, host: host::denoise(input)? })
+        Ok(Self { weights: input.transformer_weights, unchunked, chunked, host: host::denoise(input)?, preview: input.preview_bytes })
     }
 
-    /// The phase under `weights` with `chunk` rows per pass (`None`: all), given its arena and other bytes.
+    /// The phase under `weights` with `chunk` rows per pass (`None`: all),
+    /// given its arena and other bytes (the preview decoder's added to them).
     fn phase(&self, weights: WeightStrategy, chunk: Option<u64>, (arena_bytes, other_bytes): (u64, u64)) -> PhasePlan {
+        let other_bytes = other_bytes + self.preview;
         PhasePlan { weights, chunk, weight_bytes: self.weights.bytes(weights), arena_bytes, other_bytes, host_bytes: self.host }.with_staging()
     }
 

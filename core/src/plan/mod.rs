@@ -329,6 +329,9 @@ pub struct PlanInput<'a> {
     /// references' encode instead of choosing one; `None`: planned. A tile
     /// that covers an image runs it untiled, as the decoder and encoder do.
     pub vae_tile: Option<u64>,
+    /// Device bytes of the tiny preview decoder (weights, arena, parameters),
+    /// resident beside the transformer while it denoises; 0 without one.
+    pub preview_bytes: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -541,7 +544,7 @@ impl PhaseOptions {
 }
 
 /// Parameter bytes for a program of `steps` steps.
-fn overhead(steps: u64) -> u64 {
+pub(crate) fn overhead(steps: u64) -> u64 {
     FIXED_OVERHEAD + OVERHEAD_PER_STEP * steps
 }
 

@@ -42,8 +42,26 @@ impl Model {
             limits: LIMITS,
             budget,
             vae_tile: None,
+            preview_bytes: 0,
         }
     }
+}
+
+/// A preview decoder is resident beside the transformer: the denoise
+/// phase and the smallest budget grow by exactly its bytes, and a budget
+/// that just fit without it no longer does.
+#[test]
+fn the_preview_decoder_is_counted_in_the_denoise_phase() {
+    let model = Model::klein_4b(false);
+    let without = model.input(1024, None);
+    let preview = 300 << 20;
+    let with = PlanInput { preview_bytes: preview, ..model.input(1024, None) };
+    let (a, b) = (plan(&without).unwrap(), plan(&with).unwrap());
+    assert_eq!(b.denoise.peak(), a.denoise.peak() + preview);
+    assert_eq!(b.decode, a.decode);
+    let (least_without, least_with) = (minimum_budget(&without).unwrap(), minimum_budget(&with).unwrap());
+    assert!(least_with > least_without && least_with <= least_without + preview, "{least_without} → {least_with}");
+    assert!(plan(&PlanInput { budget: Some(least_without), ..with }).is_err());
 }
 
 #[test]

@@ -1,5 +1,5 @@
 //! Elementwise ops over `[rows, cols]` views (SiLU, SwiGLU, gated
-//! residual, add, scale, axpy, copy) and the transpose between tokens and channels.
+//! residual, add, scale, axpy, copy, ReLU, the tanh soft clamp, scale and shift) and the transpose between tokens and channels.
 //! Shader: `elementwise.wgsl` beside this file.
 
 use crate::kernel::{kernel, Access::ReadWrite as RW, Kernel, Module};
@@ -23,7 +23,9 @@ pub struct ElementwiseParams {
     pub dst_stride: u32,
     pub scalar: f32,
     pub gate_offset: u32,
-    pub _pad: [u32; 2],
+    /// The added constant of `ScaleShift`.
+    pub shift: f32,
+    pub _pad: u32,
 }
 
 const fn unary(entry: &'static str) -> Kernel {
@@ -41,6 +43,9 @@ pub const SCALE: Kernel = unary("scale");
 pub const AXPY: Kernel = unary("axpy");
 pub const COPY: Kernel = unary("copy");
 pub const TRANSPOSE: Kernel = unary("transpose");
+pub const RELU: Kernel = unary("relu");
+pub const TANH_CLAMP: Kernel = unary("tanh_clamp");
+pub const SCALE_SHIFT: Kernel = unary("scale_shift");
 
 /// The elementwise ops over `[rows, cols]` views.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -61,6 +66,12 @@ pub enum Elementwise {
     Axpy(f32),
     /// dst = a (concatenation and split along features)
     Copy,
+    /// dst = max(a, 0)
+    Relu,
+    /// dst = tanh(a/s)·s, a soft clamp to (−s, s)
+    TanhClamp(f32),
+    /// dst = a·s + shift
+    ScaleShift(f32, f32),
 }
 
 /// Runs `op` over `[rows, cols]`; `b` is the second operand (or the gate row for `GatedResidual`).
@@ -82,6 +93,9 @@ pub fn elementwise(
         Elementwise::Scale(_) => &SCALE,
         Elementwise::Axpy(_) => &AXPY,
         Elementwise::Copy => &COPY,
+        Elementwise::Relu => &RELU,
+        Elementwise::TanhClamp(_) => &TANH_CLAMP,
+        Elementwise::ScaleShift(..) => &SCALE_SHIFT,
     };
     let needs_b = kernel.storage.len() == 3;
     let b = match (needs_b, b) {
@@ -115,11 +129,15 @@ pub fn elementwise(
             dst_offset: dw.local,
             dst_stride: to_u32(dst.stride, "elementwise stride")?,
             scalar: match op {
-                Elementwise::Scale(s) | Elementwise::Axpy(s) => s,
+                Elementwise::Scale(s) | Elementwise::Axpy(s) | Elementwise::TanhClamp(s) | Elementwise::ScaleShift(s, _) => s,
                 _ => 0.0,
             },
             gate_offset: if gate { bw.as_ref().map_or(0, |w| w.local) } else { 0 },
-            _pad: [0; 2],
+            shift: match op {
+                Elementwise::ScaleShift(_, shift) => shift,
+                _ => 0.0,
+            },
+            _pad: 0,
         };
         let mut storage = vec![(1, &aw)];
         if let Some(w) = &bw {
@@ -169,6 +187,18 @@ mod tests {
         for (i, op) in crate::selftest::ELEMENTWISE_OPS.into_iter().enumerate() {
             check_elementwise(op, 20 + i as u64);
         }
+    }
+
+    /// Arguments far outside tanh's curve clamp to ±s, never NaN (a tanh
+    /// computed from exponentials would give inf/inf there).
+    #[test]
+    fn the_tanh_clamp_saturates_without_nan() {
+        let gpu = gpu();
+        let x = [1e30f32, -1e30, 3.0e4, -3.0e4, 90.0, -90.0, 0.0];
+        let xb = gpu.upload_f32("x", &x);
+        let out = poisoned(gpu, x.len());
+        let got = run_and_read(gpu, &out, x.len(), |enc| elementwise(gpu, enc, Elementwise::TanhClamp(3.0), Mat::new(&xb, 7), None, Mat::new(&out, 7), [1, 7]));
+        assert_eq!(got, [3.0, -3.0, 3.0, -3.0, 3.0, -3.0, 0.0]);
     }
 
     #[test]

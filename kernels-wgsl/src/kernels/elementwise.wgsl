@@ -8,7 +8,7 @@ struct Params {
     b_offset: u32, b_stride: u32,
     dst_offset: u32, dst_stride: u32,
     scalar: f32, gate_offset: u32,
-    _pad0: u32, _pad1: u32,
+    shift: f32, _pad1: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -75,6 +75,31 @@ fn add_inplace(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workg
 fn scale(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let e = cell(gid, nwg);
     if (e.ok) { dst[e.dst] = a[e.a] * p.scalar; }
+}
+
+@compute @workgroup_size(64)
+fn relu(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let e = cell(gid, nwg);
+    if (e.ok) { dst[e.dst] = max(a[e.a], 0.0); }
+}
+
+// dst = tanh(a/s)·s: a soft clamp to (−s, s). The argument is held within
+// ±15 first, where f32's tanh is already ±1, because some drivers compute
+// tanh from exponentials that overflow to inf/inf for large arguments.
+@compute @workgroup_size(64)
+fn tanh_clamp(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let e = cell(gid, nwg);
+    if (e.ok) { dst[e.dst] = tanh(clamp(a[e.a] / p.scalar, -15.0, 15.0)) * p.scalar; }
+}
+
+// dst = a·s + shift, rounded as torch's `a.mul(s).add(shift)`: the product first.
+@compute @workgroup_size(64)
+fn scale_shift(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let e = cell(gid, nwg);
+    if (e.ok) {
+        let scaled = a[e.a] * p.scalar;
+        dst[e.dst] = scaled + p.shift;
+    }
 }
 
 // dst += s·a (the Euler step, with s = σ_next − σ). Rounded like torch's

@@ -37,6 +37,9 @@ pub struct ModelFolder {
     transformer_file: Option<PathBuf>,
     /// A GGUF file the text encoder is read from instead (`--text-encoder FILE.gguf`).
     text_encoder_file: Option<PathBuf>,
+    /// A tiny decoder that draws the previews instead of the VAE's
+    /// latent-to-RGB map (`--preview-decoder`), checked against the VAE.
+    pub preview_decoder: Option<std::sync::Arc<crate::components::tiny_decoder::TinyDecoderFile>>,
 }
 
 impl ModelFolder {
@@ -53,7 +56,7 @@ impl ModelFolder {
         let vae = config_json::vae(&JsonFile::read(&root.join("vae/config.json"))?)?;
         let scheduler = config_json::scheduler(&JsonFile::read(&root.join("scheduler/scheduler_config.json"))?)?;
         let transformer_dir = root.join("transformer");
-        let folder = Self { root: root.into(), index, transformer, text_encoder, vae, scheduler, transformer_dir, transformer_file: None, text_encoder_file: None };
+        let folder = Self { root: root.into(), index, transformer, text_encoder, vae, scheduler, transformer_dir, transformer_file: None, text_encoder_file: None, preview_decoder: None };
         folder.check_cross_component()?;
         Ok(folder)
     }
@@ -80,6 +83,16 @@ impl ModelFolder {
             ));
         }
         Ok(())
+    }
+
+    /// Draws previews with the tiny decoder in `file` (diffusers'
+    /// `AutoencoderTiny` layout or TAESD's, e.g. TAEF2), which must take
+    /// this VAE's latents at its scale.
+    pub fn with_preview_decoder(mut self, file: &Path) -> Result<Self, LoadError> {
+        let decoder = crate::components::tiny_decoder::TinyDecoderFile::open(file)?;
+        decoder.check_fits(&self.vae)?;
+        self.preview_decoder = Some(std::sync::Arc::new(decoder));
+        Ok(self)
     }
 
     /// Reads the transformer from `dir` (a diffusers transformer folder with

@@ -352,6 +352,19 @@ impl WeightStore {
         Ok(())
     }
 
+    /// The tensors of one plain safetensors file, as stored.
+    pub fn open_file(path: &Path, component: &str) -> Result<Self, LoadError> {
+        let mut store =
+            Self { component: component.into(), shards: Vec::new(), entries: BTreeMap::new(), expanded: Vec::new(), df11_groups: Vec::new(), unread: Vec::new() };
+        store.add_shard(path.to_path_buf())?;
+        Ok(store)
+    }
+
+    /// Each tensor's name and shape, as stored.
+    pub fn shapes(&self) -> impl Iterator<Item = (&str, &[usize])> + Clone {
+        self.entries.iter().map(|(n, e)| (n.as_str(), e.shape.as_slice()))
+    }
+
     fn add_shard(&mut self, path: PathBuf) -> Result<(), LoadError> {
         let file = File::open(&path).map_err(|source| LoadError::Io { path: path.clone(), source })?;
         // SAFETY: the map is read-only and model files are not modified while a run holds them.

@@ -290,7 +290,7 @@ impl Run<'_> {
         // every image of the round; nothing runs without them.
         let every = observer.previews();
         let drawer = match every {
-            Some(_) => Some(super::preview::GpuPreview::new(gpu, transformer.latents_on_device(), &super::preview::latent_rgb(model)?, (lat_h, lat_w), &model.vae)?),
+            Some(_) => Some(super::preview::Drawer::new(gpu, model, &transformer, (lat_h, lat_w), (request.width, request.height))?),
             None => None,
         };
         let total = request.steps - request.init.as_ref().map_or(0, |i| i.first_step);
@@ -323,12 +323,12 @@ impl Run<'_> {
                         step_started = Instant::now();
                     }
                 },
-                &mut |step, _| {
+                &mut |step, transformer| {
                     let (Some(every), Some(drawer)) = (every, &drawer) else { return Ok(()) };
                     if !(step + 1).is_multiple_of(every.max(1)) && step + 1 != total {
                         return Ok(());
                     }
-                    let (width, height, rgb) = drawer.draw(gpu)?;
+                    let (width, height, rgb) = drawer.draw(gpu, transformer)?;
                     watching.borrow_mut().preview(&super::Preview { step: step + 1, steps: total, width, height, rgb: &rgb });
                     Ok(())
                 },

@@ -256,6 +256,10 @@ pub struct Options {
     /// together (a server; `kept` explains the rule). Off: every phase
     /// releases its memory, and a single run's peak is the plan's.
     pub keep_loaded: bool,
+    /// A tiny decoder (diffusers' `AutoencoderTiny` layout or TAESD's, e.g.
+    /// TAEF2) that draws [`Observer::preview`]s instead of the VAE's
+    /// latent-to-RGB map; its device memory is counted in the plan.
+    pub preview_decoder: Option<PathBuf>,
 }
 
 /// The conditioning of a generation.
@@ -303,7 +307,11 @@ impl Pipeline {
     /// Opens the diffusers model folder `dir` (configs, tokenizer, memory-mapped
     /// weights) and the GPU.
     pub fn open(dir: &Path, options: Options) -> Result<Self, RunError> {
-        let mut pipeline = Self::with_model(open_model(dir, options.transformer.as_deref(), options.text_encoder.as_deref())?, &options.gpu)?;
+        let mut model = open_model(dir, options.transformer.as_deref(), options.text_encoder.as_deref())?;
+        if let Some(file) = &options.preview_decoder {
+            model = model.with_preview_decoder(file)?;
+        }
+        let mut pipeline = Self::with_model(model, &options.gpu)?;
         pipeline.keep_loaded = options.keep_loaded;
         Ok(pipeline)
     }

@@ -23,6 +23,8 @@ pub struct ModelSizes {
     pub vae_encoder: u64,
     /// Host bytes of the loaded tokenizer, estimated from its file's size.
     pub tokenizer: u64,
+    /// The preview decoder's device bytes at this size (0 without one).
+    pub preview_decoder: u64,
     /// Components whose folders hold no weight files: their sizes are
     /// estimated from the config, as DF11 (so every strategy is listed).
     pub estimated: Vec<Component>,
@@ -65,7 +67,11 @@ impl ModelSizes {
         } else {
             (planner::vae_decoder_weights(&model.vae), planner::vae_encoder_weights(&model.vae))
         };
-        Ok(Self { text_encoder, transformer, vae_decoder, vae_encoder, tokenizer: tokenizer_bytes(model), estimated })
+        let preview_decoder = match &model.preview_decoder {
+            Some(d) => d.device_bytes(&model.vae, width, height)?,
+            None => 0,
+        };
+        Ok(Self { text_encoder, transformer, vae_decoder, vae_encoder, tokenizer: tokenizer_bytes(model), preview_decoder, estimated })
     }
 
     /// Counts `lora` for a transformer over `rows` token rows: its matrices
@@ -103,6 +109,7 @@ impl ModelSizes {
             limits,
             budget,
             vae_tile: None,
+            preview_bytes: self.preview_decoder,
         }
     }
 }

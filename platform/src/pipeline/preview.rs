@@ -4,6 +4,7 @@
 //! one row per latent channel; the tiny test models carry one fitted by
 //! least squares against their decoder).
 
+use crate::components::transformer::Transformer;
 use crate::error::{LoadError, RunError};
 use crate::model::ModelFolder;
 use flux_lite_core::config::VaeConfig;
@@ -98,6 +99,41 @@ impl GpuPreview {
         let mut rgb = vec![0u8; width * height * 3];
         preview::enlarge_into(&small, (h, w), self.enlarge, &mut rgb).map_err(|e| RunError::Internal(format!("preview: {e:?}")))?;
         Ok((width, height, rgb))
+    }
+}
+
+/// What draws a run's previews: the VAE's latent-to-RGB map on the
+/// latents in place, or the model's tiny decoder (`--preview-decoder`) on
+/// a copy of them.
+#[derive(Debug)]
+pub enum Drawer {
+    Map(GpuPreview),
+    Decoder(Box<crate::components::tiny_decoder::TinyDecoder>),
+}
+
+impl Drawer {
+    /// The drawer for `model`'s previews of `transformer`'s latents on a
+    /// `grid` of tokens (a `width × height` image).
+    pub fn new(gpu: &flux_lite_kernels::Gpu, model: &ModelFolder, transformer: &Transformer, grid: (usize, usize), (width, height): (usize, usize)) -> Result<Self, RunError> {
+        match &model.preview_decoder {
+            Some(file) => {
+                let vae_store = model.weights(crate::model::Component::Vae)?;
+                Ok(Drawer::Decoder(Box::new(crate::components::tiny_decoder::TinyDecoder::new(gpu, file, &model.vae, &vae_store, width, height)?)))
+            }
+            None => Ok(Drawer::Map(GpuPreview::new(gpu, transformer.latents_on_device(), &latent_rgb(model)?, grid, &model.vae)?)),
+        }
+    }
+
+    /// The preview of the transformer's latents now: `(width, height, rgb)`.
+    pub fn draw(&self, gpu: &flux_lite_kernels::Gpu, transformer: &Transformer) -> Result<(usize, usize, Vec<u8>), RunError> {
+        match self {
+            Drawer::Map(map) => map.draw(gpu),
+            Drawer::Decoder(decoder) => {
+                let (_, rgb) = decoder.decode(gpu, &transformer.latents(gpu)?, false)?;
+                let (width, height) = decoder.size();
+                Ok((width, height, rgb))
+            }
+        }
     }
 }
 

@@ -188,7 +188,21 @@ impl Runner {
                 kernels::denorm_unpatchify(gpu, sink, self.mat(*packed), stats, self.mat(*latent), [*channels, *height, *width])
             }
             Op::PixelLevels { src, dst, count } => kernels::pixel_levels(gpu, sink, self.mat(*src), self.mat(*dst), *count),
+            Op::Relu { src, dst, count } => self.contiguous(gpu, sink, Elementwise::Relu, *src, *dst, *count),
+            Op::TanhClamp { src, dst, count, limit } => self.contiguous(gpu, sink, Elementwise::TanhClamp(*limit), *src, *dst, *count),
+            Op::ScaleShift { src, dst, count, scale, shift } => self.contiguous(gpu, sink, Elementwise::ScaleShift(*scale, *shift), *src, *dst, *count),
         }
+    }
+
+    /// A one-input element-wise op over `count` contiguous values, as rows
+    /// of at most 65,536 (a row is one dispatch's unit when it is split).
+    fn contiguous(&self, gpu: &Gpu, sink: &mut dyn flux_lite_kernels::Sink, op: Elementwise, src: Span, dst: Span, count: u64) -> Result<(), GpuError> {
+        const ROW: u64 = 1 << 16;
+        let (rows, last) = (count / ROW, count % ROW);
+        let row_view = |s: Span| Mat { buf: &self.arena, offset: s.offset, stride: ROW };
+        kernels::elementwise(gpu, sink, op, row_view(src), None, row_view(dst), [rows, ROW])?;
+        let tail = |s: Span| Mat { buf: &self.arena, offset: s.offset + rows * ROW, stride: last };
+        kernels::elementwise(gpu, sink, op, tail(src), None, tail(dst), [1, last])
     }
 
     /// A linear whose weight is held in GGML blocks: its rows expanded into
