@@ -179,8 +179,20 @@ fn kernels(args: &KernelsArgs) -> Result<(), String> {
         }
         None => true,
     };
+    let mut tiny_line = None;
     if vae_size > 0 && want("vae") && vae_fits("VAE up block", vae_size) {
         row(&bench.vae_up_block(&vae, vae_size).map_err(err)?, &ceilings);
+        // The preview decoder beside the whole decode it stands in for.
+        let decode = bench.vae_decode(&vae, vae_size).map_err(err)?;
+        row(&decode, &ceilings);
+        let tiny = bench.tiny_decode(&vae, vae_size).map_err(err)?;
+        row(&tiny, &ceilings);
+        tiny_line = Some(format!(
+            "tiny decoder (TAEF2's shape, --preview-decoder) at {vae_size}×{vae_size}: {:.2} ms, {:.2}% of the VAE decode's time ({:.2}% of its operations)",
+            tiny.seconds * 1e3,
+            100.0 * tiny.seconds / decode.seconds,
+            100.0 * tiny.flops as f64 / decode.flops as f64
+        ));
     }
     if df11_elements > 0 && want("df11") {
         row(&bench.df11(df11_elements).map_err(err)?, &ceilings);
@@ -208,6 +220,10 @@ fn kernels(args: &KernelsArgs) -> Result<(), String> {
         for line in &previews {
             say!("{line}");
         }
+    }
+    if let Some(line) = &tiny_line {
+        say!();
+        say!("{line}");
     }
     if want("tiers") {
         tiers_side_by_side(&transformer, &tokens, args.repeats)?;

@@ -432,6 +432,45 @@ fn sigterm_stops_the_running_job_answers_it_and_exits_cleanly() {
     assert!(server.log().contains("stopped"), "{}", server.log());
 }
 
+/// `serve --preview-decoder`: the streamed partial images come from the
+/// tiny decoder (they differ from the latent-to-RGB map's for the same
+/// request); a file that is no decoder stops the server at start with one line.
+#[test]
+fn a_preview_decoder_draws_the_streamed_partial_images() {
+    let decoder = flux_lite_tests::test_vectors().join("goldens/tiny_decoder/taesd.safetensors");
+    let body = r#"{"prompt": "a red fox in the snow", "size": "32x32", "steps": 6, "seed": 5, "stream": true, "partial_images": 3}"#;
+    let dir = std::env::temp_dir().join(format!("flux-lite-serve-tiny-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut partials = Vec::new();
+    for (name, extra) in [("map", vec![]), ("tiny", vec!["--preview-decoder", decoder.to_str().unwrap()])] {
+        let server = Server::start(&extra);
+        let (status, text) = post(&server, "/v1/images/generations", body);
+        assert_eq!(status, 200, "{text}");
+        let images: Vec<Vec<u8>> = text
+            .split("\n\n")
+            .filter(|e| e.contains("event: image_generation.partial_image"))
+            .enumerate()
+            .map(|(i, e)| {
+                let data = json(e.lines().find_map(|l| l.strip_prefix("data: ")).unwrap());
+                let png = rgb_of(data["b64_json"].as_str().unwrap(), &dir, &format!("{name}-{i}.png"));
+                assert_eq!((png.width, png.height), (32, 32));
+                png.rgb
+            })
+            .collect();
+        assert!(!images.is_empty(), "{name}: no partial image");
+        partials.push(images);
+    }
+    assert!(partials[1].iter().all(|tiny| !partials[0].contains(tiny)), "a tiny decoder's partial image is the map's");
+    let vae = flux_lite_tests::model_dir("tiny-a").join("vae/diffusion_pytorch_model.safetensors");
+    let out = Command::new(env!("CARGO_BIN_EXE_flux-lite"))
+        .args(["serve", "--model", flux_lite_tests::model_dir("tiny-a").to_str().unwrap(), "--port", "0", "--preview-decoder", vae.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let line = flux_lite_tests::only_an_error_line(&out);
+    assert!(line.starts_with("error: --preview-decoder: ") && line.contains("not a tiny decoder"), "{line}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn a_streamed_generation_sends_partial_images_then_the_image() {
     let server = Server::start(&[]);

@@ -150,3 +150,15 @@ fn a_tiny_decoder_for_another_vae_is_refused_by_name() {
     let err = TinyDecoderFile::open(&model_dir("tiny-a").join("vae/diffusion_pytorch_model.safetensors")).unwrap_err().to_string();
     assert!(err.contains("not a tiny decoder"), "{err}");
 }
+
+/// The bench's TAEF2-shaped decoder is built as `taesd.py` stacks its
+/// modules: the builder at the golden decoder's widths gives the structure
+/// read from that file's tensors.
+#[test]
+fn the_taesd_shape_is_what_taesd_py_stacks() {
+    use flux_lite_core::models::tiny_decoder::TinyDecoderConfig;
+    use flux_lite_platform::components::tiny_decoder::TinyDecoderFile;
+    let file = TinyDecoderFile::open(&test_vectors().join("goldens/tiny_decoder/taesd.safetensors")).unwrap();
+    let built = TinyDecoderConfig::taesd_shape(4, 16, &[2, 1], true).unwrap();
+    assert_eq!(built, file.config);
+}

@@ -254,6 +254,33 @@ impl TinyDecoderConfig {
         wrong.map_or(Ok(cfg), Err)
     }
 
+    /// A decoder of `taesd.py`'s shape in TAESD's layout: `blocks[i]` blocks
+    /// of `width` channels at level `i` (coarsest first), an upsampling
+    /// between levels, global-norm blocks (4·`width` wide) in the first
+    /// level when `pool`. TAEF2 is `(32, 64, [3, 3, 3, 1], true)`.
+    pub fn taesd_shape(latent_channels: u64, width: u64, blocks: &[u64], pool: bool) -> Result<Self, TinyDecoderError> {
+        let mut stages = heapless::Vec::new();
+        let mut module = 1u16;
+        let mut push = |stage: Stage, next: u16| -> Result<u16, TinyDecoderError> {
+            stages.push(stage).map_err(|_| TinyDecoderError::TooManyModules(MAX_MODULES as u64))?;
+            Ok(next)
+        };
+        // Module 0 is the clamp; the first convolution's ReLU follows it.
+        module = push(Stage::ConvIn { module, out: width }, module + 2)?;
+        for (level, &count) in blocks.iter().enumerate() {
+            let pool = (pool && level == 0).then_some(4 * width);
+            for _ in 0..count {
+                module = push(Stage::Block { module, channels_in: width, out: width, skip: false, pool }, module + 1)?;
+            }
+            if level + 1 < blocks.len() {
+                // The upsampling holds no tensors: the convolution after it is one module on.
+                module = push(Stage::Upsample { module: module + 1, channels_in: width, out: width }, module + 2)?;
+            }
+        }
+        push(Stage::ConvOut { module, channels_in: width }, module + 1)?;
+        Ok(Self { layout: KeyLayout::Taesd, latent_channels, stages })
+    }
+
     /// Pixels per latent cell: 2 to the number of upsamplings.
     pub fn scale(&self) -> u64 {
         1 << self.stages.iter().filter(|s| matches!(s, Stage::Upsample { .. })).count()
@@ -336,6 +363,14 @@ pub struct TinyTensor {
     pub zero: bool,
     /// What it should be, for an error naming it.
     pub what: &'static str,
+}
+
+impl TinyTensor {
+    /// As the model's tensor lists give a tensor.
+    pub fn spec(&self) -> crate::models::tensors::TensorSpec {
+        let shape = self.shape.iter().map(|&d| d as usize).collect();
+        crate::models::tensors::TensorSpec { name: self.name.clone(), shape, kind: crate::models::tensors::Kind::Float }
+    }
 }
 
 /// Where each activation of one tiny decode lives (element offsets into the f32 arena).

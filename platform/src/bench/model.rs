@@ -356,6 +356,42 @@ impl<'g> ShapeBench<'g> {
         self.vae_program("VAE decode", format!("{size}×{size}"), cfg, &program, arena_bytes)
     }
 
+    /// A tiny preview decoder of TAEF2's shape (`taesd.py`'s decoder, 64
+    /// channels, global-norm blocks in its first level) for this VAE's
+    /// latents, decoding a `size`² image from packed latents to 8-bit levels,
+    /// as `--preview-decoder` runs it after a step (the latents' upload and
+    /// the levels' readback excluded).
+    pub fn tiny_decode(&self, cfg: &VaeConfig, size: u64) -> Result<Figure, RunError> {
+        use flux_lite_core::models::tiny_decoder::{self as tiny, TinyDecoderConfig, TinyDecoderLayout};
+        let levels = cfg.scale_factor().trailing_zeros() as usize;
+        let mut blocks = vec![3u64; levels];
+        blocks.push(1);
+        let shape = TinyDecoderConfig::taesd_shape(cfg.latent_channels as u64, 64, &blocks, true).map_err(|e| RunError::Internal(e.to_string()))?;
+        let latent = size / cfg.scale_factor() as u64;
+        let mut arena = BumpArena::new(u64::MAX);
+        let layout = TinyDecoderLayout::new(&shape, latent, latent, cfg.batch_norm_eps as f32, &mut arena).map_err(|e| RunError::Internal(e.to_string()))?;
+        let program = collect_ops(|emit| tiny::decode(&layout, emit));
+        let weights = SyntheticWeights::new(|sink| {
+            tensors::vae(cfg, &mut |s: &tensors::TensorSpec| {
+                if s.name.starts_with("bn.running_") {
+                    sink(s)
+                }
+            });
+            shape.tensors(|t| sink(&t.spec()));
+        });
+        let placed = weights.place(self.gpu, &program)?;
+        let runner = self.runner(arena.high_water(), 0, 0, false);
+        let d = runner.prepare_block(self.gpu, &placed, 0, &program)?;
+        Ok(Figure {
+            what: "tiny decoder".into(),
+            shape: format!("{size}×{size}, TAEF2's shape"),
+            seconds: self.timer.median(&d, self.repeats)?,
+            flops: program.iter().map(Op::flops).sum(),
+            bytes: program.iter().map(conv_bytes).sum(),
+            matrix: false,
+        })
+    }
+
     /// Sums measured phases into one end-to-end figure: the text encoder,
     /// `steps` denoising steps and the VAE decode (GPU time of each; loading
     /// and host work excluded).
