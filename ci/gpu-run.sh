@@ -13,8 +13,9 @@
 #   2. nvidia-smi, `flux-lite gpu`, `flux-lite selftest` (every tier the GPU
 #      offers, against the references and diffusers' tiny-model goldens);
 #   3. `flux-lite bench kernels` with the 4B's shapes (linears, LoRA,
-#      attention, blocks, DF11's and the GGUF types' expansion, the tier
-#      table), one 4B step at 1024², and the
+#      attention, blocks, the VAE decode at 1024² beside the tiny preview
+#      decoder, DF11's and the GGUF types' expansion, the tier table), one
+#      4B step at 1024², and the
 #      9B's linears, attention and blocks;
 #   4. beside them, PyTorch on the same GPU (ci/gpu_peer.py): the bench's
 #      matrix products in bf16 and f32 and one 4B transformer step, with its
@@ -31,7 +32,7 @@ cd "$(dirname "$0")/.."
 binary="${1:-target/release/flux-lite}"
 report="${2:-${OUT:+$OUT/}gpu-report.txt}"
 tokens="${FLUX_LITE_GPU_RUN_TOKENS:-4608}"
-only=(--only linear,lora,attention,blocks,df11,tiers)
+only=(--only linear,lora,attention,blocks,vae,df11,tiers)
 only_9b=(--only linear,attention,blocks)
 only_step=(--only step --repeats 2)
 step_size=1024
