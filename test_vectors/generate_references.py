@@ -23,6 +23,8 @@ import PIL.Image
 import torch
 from safetensors.torch import save_file
 
+from diffusers import Flux2KleinKVPipeline
+
 from generate import MAX_SEQ, MODEL_SPECS, load_float32_pipeline
 
 ROOT = Path(__file__).resolve().parent
@@ -66,7 +68,21 @@ CASES = [
      [("ref0.png", "RGBA", 64, 64, 2), ("ref1.png", "L", 80, 68, 3)]),
     ("tiny-b", "reference-cfg", "a bird in the style of the picture", 4, 2, 4.0, 32, 32,
      [("ref0.png", "RGB", 72, 64, 4)]),
+    # Flux2KleinKVPipeline (tiny-9b's components): the references' keys and values cached after step 0.
+    ("tiny-9b-kv", "reference-kv", "the same bird, at night", 6, 3, 1.0, 32, 48,
+     [("ref0.png", "RGB", 64, 72, 5), ("ref1.png", "RGB", 80, 64, 7)]),
 ]
+
+
+def load_pipeline(model_dir: Path):
+    """The model folder's pipeline in float32: Flux2KleinPipeline, or the KV one its model_index names."""
+    if json.loads((model_dir / "model_index.json").read_text())["_class_name"] != "Flux2KleinKVPipeline":
+        return load_float32_pipeline(model_dir)
+    pipe = Flux2KleinKVPipeline.from_pretrained(model_dir, dtype=torch.float32)
+    pipe.set_progress_bar_config(disable=True)
+    for comp in ("text_encoder", "transformer", "vae"):
+        getattr(pipe, comp).eval()
+    return pipe
 
 
 def reference_file(path: Path, mode: str, width: int, height: int, seed: int) -> None:
@@ -84,7 +100,8 @@ def reference_file(path: Path, mode: str, width: int, height: int, seed: int) ->
 
 @torch.no_grad()
 def run_case(pipes: dict, model, name, prompt, seed, steps, guidance, width, height, refs) -> None:
-    pipe = pipes.setdefault(model, load_float32_pipeline(ROOT / "models" / model))
+    pipe = pipes.setdefault(model, load_pipeline(ROOT / "models" / model))
+    kv = isinstance(pipe, Flux2KleinKVPipeline)
     out = GOLDENS / model / name
     out.mkdir(parents=True, exist_ok=True)
     images = []
@@ -126,19 +143,22 @@ def run_case(pipes: dict, model, name, prompt, seed, steps, guidance, width, hei
         return {}
 
     try:
+        # The KV pipeline has no guidance (its model is distilled).
+        guided = {} if kv else {"guidance_scale": guidance}
+        spec = model.removesuffix("-kv")
         result = pipe(
             prompt=prompt,
             image=images if len(images) > 1 else images[0],
             height=height,
             width=width,
             num_inference_steps=steps,
-            guidance_scale=guidance,
             latents=noise.to(torch.float32),
             output_type="pil",
             max_sequence_length=MAX_SEQ,
-            text_encoder_out_layers=next(m for m in MODEL_SPECS if m.name == model).out_layers,
+            text_encoder_out_layers=next(m for m in MODEL_SPECS if m.name == spec).out_layers,
             callback_on_step_end=on_step_end,
             callback_on_step_end_tensor_inputs=["latents"],
+            **guided,
         )
     finally:
         handle.remove()
@@ -163,7 +183,8 @@ def run_case(pipes: dict, model, name, prompt, seed, steps, guidance, width, hei
     for i in range(steps):
         calls = captured["calls"][i * passes:(i + 1) * passes]
         for call in calls:
-            assert call["out"].shape[0] == noise_tokens + ref_tokens.shape[1]
+            # The KV pipeline's transformer answers for the noise tokens alone.
+            assert call["out"].shape[0] == noise_tokens + (0 if kv else ref_tokens.shape[1])
         velocity = calls[0]["out"][:noise_tokens]
         if cfg:
             negative = calls[1]["out"][:noise_tokens]
@@ -255,11 +276,16 @@ def image_goldens() -> None:
 
 
 def main() -> None:
+    """Every golden, or with case names as arguments (`tiny-9b-kv/reference-kv`) those cases alone."""
+    import sys
     torch.manual_seed(0)
-    image_goldens()
+    chosen = sys.argv[1:]
+    if not chosen:
+        image_goldens()
     pipes = {}
     for case in CASES:
-        run_case(pipes, *case)
+        if not chosen or f"{case[0]}/{case[1]}" in chosen:
+            run_case(pipes, *case)
 
 
 if __name__ == "__main__":

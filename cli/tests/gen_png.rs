@@ -149,6 +149,12 @@ fn a_reference_image_under_guidance() {
     reproduce("tiny-b/reference-cfg", &[]);
 }
 
+#[test]
+fn the_kv_pipeline_caches_the_references_after_the_first_step() {
+    // tiny-9b as Flux2KleinKVPipeline: two references (64×72, 80×64) extracted on step 0, cached for steps 1 and 2.
+    reproduce("tiny-9b-kv/reference-kv", &[]);
+}
+
 /// Every diffusers PNG through `gen --precision TIER`, within the project's
 /// image bar for tiers other than f32 (max 3 levels, mean 0.2).
 fn every_png_within_the_tier_bar(tier: &str) {
@@ -161,7 +167,7 @@ fn every_png_within_the_tier_bar(tier: &str) {
         println!("{what} on the {tier} tier: max |Δ| {max}, mean |Δ| {mean:.4}");
         assert!(max <= other_tiers::PNG_MAX_LEVELS && mean <= other_tiers::PNG_MEAN_LEVELS, "{what} on the {tier} tier: max |Δ| {max}, mean |Δ| {mean:.4}");
     };
-    let cases: [(&str, &[&str]); 8] = [
+    let cases: [(&str, &[&str]); 9] = [
         ("tiny-a/one-step", &[]),
         ("tiny-a/four-step-wide", &[]),
         ("tiny-b/three-step", &["--guidance", "1"]),
@@ -170,6 +176,7 @@ fn every_png_within_the_tier_bar(tier: &str) {
         ("tiny-a/reference-one", &[]),
         ("tiny-a/reference-two", &[]),
         ("tiny-b/reference-cfg", &[]),
+        ("tiny-9b-kv/reference-kv", &[]),
     ];
     for (case, extra) in cases {
         let extra: Vec<&str> = extra.iter().copied().chain(["--precision", tier]).collect();

@@ -86,4 +86,8 @@ fn bad_init_images_masks_and_strengths_are_one_error_line_and_no_file() {
         assert!(line.contains(want), "{args:?}: {line}");
         assert!(!out.exists(), "{args:?} wrote a file");
     }
+    // The KV pipeline has no image-to-image or inpainting.
+    let line = flux_lite_tests::only_an_error_line(&gen("tiny-9b-kv", &["--prompt", "x", "--init-image", init], &out));
+    assert!(line.starts_with("error: --init-image: this model's pipeline (Flux2KleinKVPipeline) takes reference images, not an init image"), "{line}");
+    assert!(!out.exists());
 }

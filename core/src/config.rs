@@ -223,6 +223,9 @@ pub struct SchedulerConfig {
 pub struct ModelIndex {
     /// `true` for the step-distilled klein models (no CFG, 4 steps).
     pub is_distilled: bool,
+    /// `true` for `Flux2KleinKVPipeline` (klein 9B KV): the reference images'
+    /// keys and values are computed on the first step and cached for the rest.
+    pub kv_cache: bool,
 }
 
 /// A config value that the engine cannot run with.

@@ -62,6 +62,8 @@ pub enum Op {
     RopeInterleaved { data: Span, table_row: u64, tokens: u64, heads: u64, head_dim: u64 },
     /// Non-causal attention, `scale = 1/√head_dim`.
     Attention { q: Span, k: Span, v: Span, o: Span, len: u64, heads: u64, head_dim: u64 },
+    /// Non-causal attention of `q_len` query rows over `kv_len` key rows, `scale = 1/√head_dim`.
+    CrossAttention { q: Span, k: Span, v: Span, o: Span, q_len: u64, kv_len: u64, heads: u64, head_dim: u64 },
     /// Non-causal attention of `q_len` queries over `kv_len` keys that also
     /// writes each row's log-sum-exp of scaled scores into `lse` `[q_len, heads]`,
     /// so attention over separate key chunks can be combined.
@@ -134,7 +136,9 @@ impl Op {
         match self {
             Op::Linear { rows, cols, inner, .. } => 2 * rows * cols * inner,
             Op::Attention { len, heads, head_dim, .. } => 4 * len * len * heads * head_dim,
-            Op::PartialAttention { q_len, kv_len, heads, head_dim, .. } => 4 * q_len * kv_len * heads * head_dim,
+            Op::PartialAttention { q_len, kv_len, heads, head_dim, .. } | Op::CrossAttention { q_len, kv_len, heads, head_dim, .. } => {
+                4 * q_len * kv_len * heads * head_dim
+            }
             Op::CausalAttention { len, q_heads, head_dim, .. } => 4 * len * len * q_heads * head_dim,
             Op::Conv2d { shape: c, .. } => {
                 let taps = (c.in_channels * c.kernel * c.kernel) as u64;

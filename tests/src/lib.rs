@@ -134,7 +134,7 @@ impl Goldens {
 pub const CASES: [&str; 5] = ["tiny-a/one-step", "tiny-a/four-step-wide", "tiny-b/three-step", "tiny-b/cfg", "tiny-9b/two-step"];
 
 /// The reference-image cases of `generate_references.py`.
-pub const REFERENCE_CASES: [&str; 3] = ["tiny-a/reference-one", "tiny-a/reference-two", "tiny-b/reference-cfg"];
+pub const REFERENCE_CASES: [&str; 4] = ["tiny-a/reference-one", "tiny-a/reference-two", "tiny-b/reference-cfg", "tiny-9b-kv/reference-kv"];
 
 /// Largest |a − b| and where it is.
 pub fn max_abs_diff(a: &[f32], b: &[f32]) -> (f32, usize) {

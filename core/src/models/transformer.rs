@@ -8,6 +8,17 @@
 //! The image rows are the noise tokens, then the tokens of any reference
 //! images: every block runs over both, and only the noise tokens' velocity
 //! is computed (diffusers slices the prediction to them).
+//!
+//! With the klein KV cache (`Flux2KleinKVPipeline`), the first step's
+//! pass extracts (`KvPass::Extract`): the reference rows are modulated from
+//! a fixed timestep 0 and attend to themselves only, while the text and
+//! noise rows attend to every row, and each block's reference keys and
+//! values (after RoPE) are kept in the cache. Later steps' passes
+//! (`KvPass::Cached`) run the text and noise rows alone, their attention
+//! reading the cached reference keys and values in the reference rows of
+//! `k` and `v`. diffusers orders the sequence `[text, references, noise]`
+//! there; attention does not depend on the order of its keys, so the rows
+//! keep this layout's `[text, noise, references]`.
 
 use crate::arena::{ArenaError, BumpArena};
 use crate::config::TransformerConfig;
@@ -23,12 +34,15 @@ pub struct Tokens {
     pub noise: u64,
     /// Tokens of the reference images, after the noise tokens.
     pub references: u64,
+    /// Whether the reference tokens' keys and values are cached after the
+    /// first step (the klein KV pipeline); meaningful with references.
+    pub kv_cache: bool,
 }
 
 impl Tokens {
     /// A pass without reference images.
     pub fn plain(text: u64, noise: u64) -> Self {
-        Self { text, noise, references: 0 }
+        Self { text, noise, references: 0, kv_cache: false }
     }
 
     /// Every image token: noise, then references.
@@ -91,6 +105,44 @@ pub struct TransformerLayout {
     /// Token rows per pass of the feed-forward and single-block MLP
     /// projections: `text + image` (one pass) unless chunked.
     pub chunk: u64,
+    /// The reference KV cache and the pass these programs run, with the KV pipeline.
+    pub kv: Option<KvCache>,
+}
+
+/// Which pass of the KV pipeline a program runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvPass {
+    /// Every row; the reference rows modulated from timestep 0, attending to
+    /// themselves only; their keys and values kept in the cache.
+    Extract,
+    /// The text and noise rows, attending also to the cached reference keys and values.
+    Cached,
+}
+
+/// The reference tokens' keys and values of every block, and the reference
+/// rows' own modulations.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct KvCache {
+    pub pass: KvPass,
+    pub references: u64,
+    /// Double blocks come first in the cache, then single blocks.
+    pub double_blocks: u64,
+    /// `[blocks · 2 · references, D]`: block `i`'s keys, then its values.
+    pub cache: Span,
+    /// The sinusoid of timestep 0 (written by the host), its embedding, and
+    /// the double-block image and single-block modulations from it.
+    pub sinusoid: Span,
+    pub temb: Span,
+    pub temb_silu: Span,
+    pub mod_img: Span,
+    pub mod_single: Span,
+}
+
+impl KvCache {
+    /// The cached keys (`1`: values) of cache block `i`.
+    fn slot(&self, i: u64, part: u64) -> Span {
+        self.cache.rows_from((2 * i + part) * self.references)
+    }
 }
 
 
@@ -130,7 +182,7 @@ impl TransformerLayout {
         };
         arena.reserve_to(double_end)?;
         let mut take = |r: u64, width: u64| take(arena, r, width);
-        Ok(Self {
+        let mut l = Self {
             text,
             image,
             noise,
@@ -167,11 +219,52 @@ impl TransformerLayout {
             joined,
             velocity: take(noise, cfg.out_channels as u64)?,
             chunk,
-        })
+            kv: None,
+        };
+        let references = image - noise;
+        if tokens.kv_cache && references > 0 {
+            let blocks = (cfg.num_layers + cfg.num_single_layers) as u64;
+            l.kv = Some(KvCache {
+                pass: KvPass::Extract,
+                references,
+                double_blocks: cfg.num_layers as u64,
+                cache: take(2 * blocks * references, dim)?,
+                sinusoid: take(1, cfg.timestep_guidance_channels as u64)?,
+                temb: take(1, dim)?,
+                temb_silu: take(1, dim)?,
+                mod_img: take(1, 6 * dim)?,
+                mod_single: take(1, 3 * dim)?,
+            });
+        }
+        Ok(l)
     }
 
-    fn rows(&self) -> u64 {
-        self.text + self.image
+    /// The same layout running `pass` of the KV pipeline (unchanged without the cache).
+    pub fn with_pass(&self, pass: KvPass) -> Self {
+        let mut l = self.clone();
+        if let Some(kv) = &mut l.kv {
+            kv.pass = pass;
+        }
+        l
+    }
+
+    /// The pass these programs run, when the KV cache is in use.
+    pub fn kv_pass(&self) -> Option<KvPass> {
+        self.kv.map(|kv| kv.pass)
+    }
+
+    /// Image rows a pass runs through its blocks: the noise rows alone in a
+    /// cached pass, else every image row.
+    pub fn active_image(&self) -> u64 {
+        match self.kv_pass() {
+            Some(KvPass::Cached) => self.noise,
+            _ => self.image,
+        }
+    }
+
+    /// Text and image rows a pass runs through its blocks.
+    pub fn active_rows(&self) -> u64 {
+        self.text + self.active_image()
     }
 
     /// `(first row, rows)` of each chunk of `rows` rows.
@@ -198,8 +291,68 @@ pub fn prologue(l: &TransformerLayout, mut emit: impl FnMut(Op)) {
     emit(linear(one(l.temb_silu), name(format_args!("double_stream_modulation_txt.linear.weight")), l.mod_txt, 1, 6 * d, d));
     emit(linear(one(l.temb_silu), name(format_args!("single_stream_modulation.linear.weight")), l.mod_single, 1, 3 * d, d));
     emit(linear(one(l.temb_silu), name(format_args!("norm_out.linear.weight")), l.mod_out, 1, 2 * d, d));
+    if let Some(kv) = l.kv.filter(|kv| kv.pass == KvPass::Extract) {
+        // The reference rows' modulations, from the sinusoid of timestep 0.
+        emit(linear(kv.sinusoid, name(format_args!("time_guidance_embed.timestep_embedder.linear_1.weight")), l.t_hidden, 1, d, l.sinusoid_dim));
+        emit(Op::Silu { src: l.t_hidden, dst: l.t_act, rows: 1, cols: d });
+        emit(linear(l.t_act, name(format_args!("time_guidance_embed.timestep_embedder.linear_2.weight")), kv.temb, 1, d, d));
+        emit(Op::Silu { src: kv.temb, dst: kv.temb_silu, rows: 1, cols: d });
+        emit(linear(one(kv.temb_silu), name(format_args!("double_stream_modulation_img.linear.weight")), kv.mod_img, 1, 6 * d, d));
+        emit(linear(one(kv.temb_silu), name(format_args!("single_stream_modulation.linear.weight")), kv.mod_single, 1, 3 * d, d));
+    }
     emit(linear(l.prompt, name(format_args!("context_embedder.weight")), l.stream, l.text, d, l.joint_dim));
-    emit(linear(l.latents, name(format_args!("x_embedder.weight")), l.stream.rows_from(l.text), l.image, d, l.in_channels));
+    emit(linear(l.latents, name(format_args!("x_embedder.weight")), l.stream.rows_from(l.text), l.active_image(), d, l.in_channels));
+}
+
+/// Rows that share one modulation: `(first row, rows, modulation vector)`.
+type Segment = (u64, u64, Span);
+
+/// The modulation segments of rows `first .. first + rows` under `modulation`:
+/// in an extracting pass the reference rows among them take `reference`.
+fn segments(l: &TransformerLayout, first: u64, rows: u64, modulation: Span, reference: impl Fn(&KvCache) -> Span) -> heapless::Vec<Segment, 2> {
+    let mut out = heapless::Vec::new();
+    let ref_start = l.text + l.noise;
+    match l.kv.filter(|kv| kv.pass == KvPass::Extract && first + rows > ref_start) {
+        Some(kv) => {
+            let _ = out.push((first, ref_start - first, modulation));
+            let _ = out.push((ref_start, kv.references, reference(&kv)));
+        }
+        None => {
+            let _ = out.push((first, rows, modulation));
+        }
+    }
+    out
+}
+
+/// Attention over the rows in `q`, `k`, `v` into `o`, as the pass has it:
+/// all rows over all rows; extracting, the reference rows over themselves
+/// and the rest over every row (their keys and values kept in cache block
+/// `block` after); cached, the text and noise rows over every row, the
+/// reference rows of `k` and `v` first filled from the cache.
+fn attention(l: &TransformerLayout, block: u64, [q, k, v, o]: [Span; 4], emit: &mut impl FnMut(Op)) {
+    let (d, heads, hd) = (l.dim, l.heads, l.head_dim);
+    let all = l.text + l.image;
+    let Some(kv) = l.kv else {
+        emit(Op::Attention { q, k, v, o, len: all, heads, head_dim: hd });
+        return;
+    };
+    let own = l.text + l.noise;
+    let refs = |s: Span| s.rows_from(own);
+    match kv.pass {
+        KvPass::Extract => {
+            for (part, src) in [(0, k), (1, v)] {
+                emit(Op::Copy { src: refs(src), dst: kv.slot(block, part), rows: kv.references, cols: d });
+            }
+            emit(Op::CrossAttention { q, k, v, o, q_len: own, kv_len: all, heads, head_dim: hd });
+            emit(Op::Attention { q: refs(q), k: refs(k), v: refs(v), o: refs(o), len: kv.references, heads, head_dim: hd });
+        }
+        KvPass::Cached => {
+            for (part, dst) in [(0, k), (1, v)] {
+                emit(Op::Copy { src: kv.slot(block, part), dst: refs(dst), rows: kv.references, cols: d });
+            }
+            emit(Op::CrossAttention { q, k, v, o, q_len: own, kv_len: all, heads, head_dim: hd });
+        }
+    }
 }
 
 /// One stream (text or image) of a double block: which rows, which weights.
@@ -235,7 +388,7 @@ pub fn double_block(l: &TransformerLayout, b: usize, mut emit: impl FnMut(Op)) {
     };
     let img = Stream {
         first_row: l.text,
-        rows: l.image,
+        rows: l.active_image(),
         modulation: l.mod_img,
         q: "to_q",
         k: "to_k",
@@ -247,17 +400,23 @@ pub fn double_block(l: &TransformerLayout, b: usize, mut emit: impl FnMut(Op)) {
     };
     let w = |part: &str| name(format_args!("transformer_blocks.{b}.{part}.weight"));
     let attn_w = |part: &str| name(format_args!("transformer_blocks.{b}.attn.{part}.weight"));
+    // The image stream's reference rows take the reference modulation in an extracting pass.
+    let mods = |s: &Stream<'_>| segments(l, s.first_row, s.rows, s.modulation, |kv| kv.mod_img);
+    let modulate = |s: &Stream<'_>, [shift, scale]: [u64; 2], emit: &mut dyn FnMut(Op)| {
+        for (first, n, m) in mods(s) {
+            let rows = |span: Span| span.rows_from(first);
+            emit(Op::LayerNormModulate { src: rows(l.stream), dst: rows(l.normed), shift: l.chunk(m, shift), scale: l.chunk(m, scale), tokens: n, d, eps: l.eps });
+        }
+    };
+    let gate = |s: &Stream<'_>, gate: u64, emit: &mut dyn FnMut(Op)| {
+        for (first, n, m) in mods(s) {
+            let rows = |span: Span| span.rows_from(first);
+            emit(Op::GatedResidual { dst: rows(l.stream), gate: l.chunk(m, gate), y: rows(l.proj), rows: n, cols: d });
+        }
+    };
     for s in [&txt, &img] {
         let rows = |span: Span| span.rows_from(s.first_row);
-        emit(Op::LayerNormModulate {
-            src: rows(l.stream),
-            dst: rows(l.normed),
-            shift: l.chunk(s.modulation, 0),
-            scale: l.chunk(s.modulation, 1),
-            tokens: s.rows,
-            d,
-            eps: l.eps,
-        });
+        modulate(s, [0, 1], &mut emit);
         for (proj, dst) in [(s.q, l.q), (s.k, l.k), (s.v, l.v)] {
             emit(linear(rows(l.normed), attn_w(proj), rows(dst), s.rows, d, d));
         }
@@ -266,28 +425,20 @@ pub fn double_block(l: &TransformerLayout, b: usize, mut emit: impl FnMut(Op)) {
         }
     }
     for data in [l.q, l.k] {
-        emit(Op::RopeInterleaved { data, table_row: 0, tokens: l.rows(), heads, head_dim: hd });
+        emit(Op::RopeInterleaved { data, table_row: 0, tokens: l.active_rows(), heads, head_dim: hd });
     }
-    emit(Op::Attention { q: l.q, k: l.k, v: l.v, o: l.attn, len: l.rows(), heads, head_dim: hd });
+    attention(l, b as u64, [l.q, l.k, l.v, l.attn], &mut emit);
     for s in [&txt, &img] {
         let rows = |span: Span| span.rows_from(s.first_row);
         emit(linear(rows(l.attn), attn_w(s.out), rows(l.proj), s.rows, d, d));
-        emit(Op::GatedResidual { dst: rows(l.stream), gate: l.chunk(s.modulation, 2), y: rows(l.proj), rows: s.rows, cols: d });
-        emit(Op::LayerNormModulate {
-            src: rows(l.stream),
-            dst: rows(l.normed),
-            shift: l.chunk(s.modulation, 3),
-            scale: l.chunk(s.modulation, 4),
-            tokens: s.rows,
-            d,
-            eps: l.eps,
-        });
+        gate(s, 2, &mut emit);
+        modulate(s, [3, 4], &mut emit);
         for (r0, n) in l.chunks(s.rows) {
             emit(linear(rows(l.normed).rows_from(r0), w(&format_str(s.ff, "linear_in")), l.ff_in, n, 2 * f, d));
             emit(Op::SwiGlu { gate: l.ff_in, up: l.ff_in.cols_from(f), dst: l.ff_act, rows: n, cols: f });
             emit(linear(l.ff_act, w(&format_str(s.ff, "linear_out")), rows(l.proj).rows_from(r0), n, d, f));
         }
-        emit(Op::GatedResidual { dst: rows(l.stream), gate: l.chunk(s.modulation, 5), y: rows(l.proj), rows: s.rows, cols: d });
+        gate(s, 5, &mut emit);
     }
 }
 
@@ -301,17 +452,14 @@ fn format_str(a: &str, b: &str) -> heapless::String<64> {
 /// projection to q, k, v and the SwiGLU halves, attention, one output
 /// projection of `[attention ; mlp]`, one gated residual.
 pub fn single_block(l: &TransformerLayout, b: usize, mut emit: impl FnMut(Op)) {
-    let (d, f, hd, heads, rows) = (l.dim, l.mlp, l.head_dim, l.heads, l.rows());
+    let (d, f, hd, heads, rows) = (l.dim, l.mlp, l.head_dim, l.heads, l.active_rows());
     let w = |part: &str| name(format_args!("single_transformer_blocks.{b}.attn.{part}.weight"));
-    emit(Op::LayerNormModulate {
-        src: l.stream,
-        dst: l.normed,
-        shift: l.chunk(l.mod_single, 0),
-        scale: l.chunk(l.mod_single, 1),
-        tokens: rows,
-        d,
-        eps: l.eps,
-    });
+    let mods = segments(l, 0, rows, l.mod_single, |kv| kv.mod_single);
+    for &(first, n, m) in &mods {
+        let r = |s: Span| s.rows_from(first);
+        emit(Op::LayerNormModulate { src: r(l.stream), dst: r(l.normed), shift: l.chunk(m, 0), scale: l.chunk(m, 1), tokens: n, d, eps: l.eps });
+    }
+    let block = l.kv.map_or(0, |kv| kv.double_blocks) + b as u64;
     let chunked = l.chunk < rows;
     let (q, k, v) = if chunked {
         // q, k and v (rows 0, D, 2D of the fused weight) for every token, the MLP half later by chunks.
@@ -330,7 +478,7 @@ pub fn single_block(l: &TransformerLayout, b: usize, mut emit: impl FnMut(Op)) {
         emit(Op::RopeInterleaved { data, table_row: 0, tokens: rows, heads, head_dim: hd });
     }
     if chunked {
-        emit(Op::Attention { q, k, v, o: l.attn, len: rows, heads, head_dim: hd });
+        attention(l, block, [q, k, v, l.attn], &mut emit);
         for (r0, n) in l.chunks(rows) {
             let mlp = Op::Linear { x: l.normed.rows_from(r0), w: w("to_qkv_mlp_proj"), w_row: 3 * d, bias: None, y: l.fused, rows: n, cols: 2 * f, inner: d };
             emit(mlp);
@@ -339,11 +487,14 @@ pub fn single_block(l: &TransformerLayout, b: usize, mut emit: impl FnMut(Op)) {
             emit(linear(l.joined, w("to_out"), l.proj.rows_from(r0), n, d, d + f));
         }
     } else {
-        emit(Op::Attention { q, k, v, o: l.joined, len: rows, heads, head_dim: hd });
+        attention(l, block, [q, k, v, l.joined], &mut emit);
         emit(Op::SwiGlu { gate: l.fused.cols_from(3 * d), up: l.fused.cols_from(3 * d + f), dst: l.joined.cols_from(d), rows, cols: f });
         emit(linear(l.joined, w("to_out"), l.proj, rows, d, d + f));
     }
-    emit(Op::GatedResidual { dst: l.stream, gate: l.chunk(l.mod_single, 2), y: l.proj, rows, cols: d });
+    for &(first, n, m) in &mods {
+        let r = |s: Span| s.rows_from(first);
+        emit(Op::GatedResidual { dst: r(l.stream), gate: l.chunk(m, 2), y: r(l.proj), rows: n, cols: d });
+    }
 }
 
 /// Final AdaLN (scale first, then shift) on the noise rows and the output
@@ -442,7 +593,7 @@ mod tests {
     fn reference_tokens_run_through_every_block_but_get_no_velocity() {
         let cfg = klein_4b::transformer();
         let mut arena = BumpArena::new(u64::MAX / 2);
-        let tokens = Tokens { text: 512, noise: 1024, references: 3072 };
+        let tokens = Tokens { text: 512, noise: 1024, references: 3072, kv_cache: false };
         let l = TransformerLayout::chunked(&cfg, tokens, u64::MAX, &mut arena).unwrap();
         assert_eq!((l.image, l.noise), (4096, 1024));
         let mut embedded_rows = 0;
@@ -471,6 +622,60 @@ mod tests {
         assert_eq!(epilogue_rows, [1024, 1024], "only the noise tokens get a velocity");
         // The velocity holds the noise rows only; it ends the arena.
         assert_eq!(l.velocity.offset * 4 + 1024 * 128 * 4, arena.used());
+    }
+
+    /// The KV pipeline's passes over one layout: extracting, the reference
+    /// rows attend to themselves and their keys and values go to the cache;
+    /// cached, only text and noise rows run, reading the cache back.
+    #[test]
+    fn the_kv_passes_split_attention_and_share_the_cache() {
+        let cfg = klein_4b::transformer();
+        let mut arena = BumpArena::new(u64::MAX / 2);
+        let tokens = Tokens { text: 512, noise: 1024, references: 256, kv_cache: true };
+        let l = TransformerLayout::chunked(&cfg, tokens, u64::MAX, &mut arena).unwrap();
+        let kv = l.kv.unwrap();
+        assert_eq!((kv.pass, kv.references, kv.double_blocks), (KvPass::Extract, 256, 5));
+        let cached = l.with_pass(KvPass::Cached);
+        // Single block 2 is cache block 5 + 2; unchunked, its keys and values are columns of the fused projection.
+        let (k, v) = (l.fused.cols_from(3072).rows_from(1536), l.fused.cols_from(2 * 3072).rows_from(1536));
+        let (slot_k, slot_v) = (kv.slot(7, 0), kv.slot(7, 1));
+        for (pass, embedded_rows, copies_want, attentions) in [(&l, 1024 + 256, [(k, slot_k), (v, slot_v)], 2), (&cached, 1024, [(slot_k, k), (slot_v, v)], 1)] {
+            let mut embedded = 0;
+            prologue(pass, |op| {
+                if let Op::Linear { rows, cols: 3072, inner: 128, .. } = op {
+                    embedded = rows;
+                }
+            });
+            assert_eq!(embedded, embedded_rows);
+            let (mut copies, mut attention, mut modulated) = (heapless::Vec::<(Span, Span), 4>::new(), 0, 0);
+            single_block(pass, 2, |op| match op {
+                Op::Copy { src, dst, rows, cols } => {
+                    assert_eq!((rows, cols), (256, 3072));
+                    copies.push((src, dst)).unwrap();
+                }
+                Op::CrossAttention { q_len, kv_len, .. } => {
+                    assert_eq!((q_len, kv_len), (512 + 1024, 512 + 1024 + 256));
+                    attention += 1;
+                }
+                Op::Attention { len, .. } => {
+                    assert_eq!(len, 256, "the references attend to themselves only");
+                    attention += 1;
+                }
+                Op::LayerNormModulate { tokens, .. } => modulated += tokens,
+                _ => {}
+            });
+            assert_eq!(copies.as_slice(), &copies_want);
+            assert_eq!(attention, attentions);
+            assert_eq!(modulated, pass.active_rows(), "every active row modulated once");
+        }
+        // Extracting, the reference rows take the modulation of timestep 0.
+        let mut shifts = heapless::Vec::<(u64, Span), 4>::new();
+        double_block(&l, 0, |op| {
+            if let Op::LayerNormModulate { tokens, shift, .. } = op {
+                let _ = shifts.push((tokens, shift));
+            }
+        });
+        assert_eq!(&shifts[..3], &[(512, l.chunk(l.mod_txt, 0)), (1024, l.chunk(l.mod_img, 0)), (256, l.chunk(kv.mod_img, 0))]);
     }
 
     #[test]

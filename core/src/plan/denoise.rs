@@ -120,13 +120,21 @@ pub(super) fn denoise_fixed(input: &PlanInput<'_>, chunk: u64) -> Result<(u64, u
     let (lat_h, lat_w) = latent_grid(input)?;
     let image = lat_h * lat_w;
     let text = input.prompt_tokens;
-    let tokens = transformer::Tokens { text, noise: image, references: reference_tokens(input)? };
+    let tokens = transformer::Tokens { text, noise: image, references: reference_tokens(input)?, kv_cache: input.kv_cache };
     let mut arena = BumpArena::new(u64::MAX);
     let l = transformer::TransformerLayout::chunked(c, tokens, chunk, &mut arena)
         .map_err(|_| PlanError::Size("the image is too large to lay out"))?;
-    let mut steps = count(|emit| transformer::prologue(&l, emit)) + count(|emit| transformer::epilogue(&l, emit)) + 1;
-    steps += c.num_layers as u64 * count(|emit| transformer::double_block(&l, 0, emit));
-    steps += c.num_single_layers as u64 * count(|emit| transformer::single_block(&l, 0, emit));
+    // With the KV cache, both passes' programs are prepared.
+    let passes = match l.kv {
+        Some(_) => [Some(l.with_pass(transformer::KvPass::Extract)), Some(l.with_pass(transformer::KvPass::Cached))],
+        None => [Some(l.clone()), None],
+    };
+    let mut steps = 1;
+    for l in passes.iter().flatten() {
+        steps += count(|emit| transformer::prologue(l, emit)) + count(|emit| transformer::epilogue(l, emit));
+        steps += c.num_layers as u64 * count(|emit| transformer::double_block(l, 0, emit));
+        steps += c.num_single_layers as u64 * count(|emit| transformer::single_block(l, 0, emit));
+    }
     let tables = 2 * 4 * (text + tokens.image()) * c.attention_head_dim as u64;
     let unconditional = 4 * image * c.out_channels as u64;
     let readback = 4 * image * c.in_channels as u64;

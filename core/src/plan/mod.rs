@@ -329,6 +329,10 @@ pub struct PlanInput<'a> {
     /// references' encode instead of choosing one; `None`: planned. A tile
     /// that covers an image runs it untiled, as the decoder and encoder do.
     pub vae_tile: Option<u64>,
+    /// Whether the reference tokens' keys and values are cached after the
+    /// first step (the klein KV pipeline): the cache is in the transformer's
+    /// arena, and a second program (the cached pass) is prepared.
+    pub kv_cache: bool,
     /// Device bytes of the tiny preview decoder (weights, arena, parameters),
     /// resident beside the transformer while it denoises; 0 without one.
     pub preview_bytes: u64,

@@ -42,9 +42,28 @@ impl Model {
             limits: LIMITS,
             budget,
             vae_tile: None,
+            kv_cache: false,
             preview_bytes: 0,
         }
     }
+}
+
+/// The KV pipeline's reference cache lives in the transformer's arena: every
+/// block's reference keys and values, in f32.
+#[test]
+fn the_kv_cache_is_counted_in_the_denoise_arena() {
+    let model = Model::klein_4b(false);
+    let refs = [(1024, 1024)];
+    let plain = PlanInput { references: &refs, ..model.input(1024, None) };
+    let cached = PlanInput { kv_cache: true, ..plain };
+    let (a, b) = (plan(&plain).unwrap(), plan(&cached).unwrap());
+    let c = &model.transformer;
+    let cache = 2 * (c.num_layers + c.num_single_layers) as u64 * 4096 * c.inner_dim() as u64 * 4;
+    let grown = b.denoise.arena_bytes - a.denoise.arena_bytes;
+    assert!(grown >= cache && grown < cache + (1 << 20), "the arena grew by {grown}, the cache is {cache}");
+    // Without references there is nothing to cache.
+    let none = plan(&PlanInput { kv_cache: true, ..model.input(1024, None) }).unwrap();
+    assert_eq!(none.denoise, plan(&model.input(1024, None)).unwrap().denoise);
 }
 
 /// A preview decoder is resident beside the transformer: the denoise

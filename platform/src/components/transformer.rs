@@ -14,7 +14,7 @@ use flux_lite_core::config::TransformerConfig;
 use flux_lite_core::plan::{WeightSizes, WeightStrategy};
 use flux_lite_core::ir::Op;
 use flux_lite_core::numerics::rope;
-use flux_lite_core::models::transformer::{self as program, Tokens, TransformerLayout};
+use flux_lite_core::models::transformer::{self as program, KvPass, Tokens, TransformerLayout};
 use flux_lite_core::BumpArena;
 
 /// Longest timestep sinusoid supported without allocating (`timestep_guidance_channels`).
@@ -26,12 +26,15 @@ const MAX_SINUSOID: usize = 1024;
 pub struct LatentGrids {
     pub noise: (usize, usize),
     pub references: Vec<(usize, usize)>,
+    /// The klein KV pipeline: the references' keys and values computed on a
+    /// step's first pass and cached for the next steps ([`Transformer::use_kv_cache`]).
+    pub kv_cache: bool,
 }
 
 impl LatentGrids {
     /// A pass without reference images.
     pub fn noise_only(latent_h: usize, latent_w: usize) -> Self {
-        Self { noise: (latent_h, latent_w), references: Vec::new() }
+        Self { noise: (latent_h, latent_w), references: Vec::new(), kv_cache: false }
     }
 
     fn noise_tokens(&self) -> usize {
@@ -65,6 +68,10 @@ pub struct Transformer {
     blocks: Vec<Vec<Op>>,
     /// The same, as dispatches built once (pipelines, bindings, parameters).
     prepared: Vec<Vec<Dispatch>>,
+    /// With the KV cache, the cached pass's dispatches (`prepared` is then
+    /// the extracting pass), and whether the next pass reads the cache.
+    cached: Option<Vec<Vec<Dispatch>>>,
+    use_cache: std::cell::Cell<bool>,
     /// `latents += s·velocity`; `s` is rewritten in its parameters each step.
     euler: Dispatch,
     /// Guidance's buffer and dispatches, built once like the Euler step's.
@@ -110,7 +117,7 @@ impl Transformer {
                 config.timestep_guidance_channels
             )));
         }
-        let tokens = Tokens { text: text as u64, noise: grids.noise_tokens() as u64, references: grids.reference_tokens() as u64 };
+        let tokens = Tokens { text: text as u64, noise: grids.noise_tokens() as u64, references: grids.reference_tokens() as u64, kv_cache: grids.kv_cache };
         let (layout, blocks, arena_bytes) = programs(config, tokens, chunk)?;
         // The activations first: an adapter that cannot hold them fails here, before gigabytes of uploads.
         let arena = gpu.storage("transformer activations", arena_bytes);
@@ -131,6 +138,10 @@ impl Transformer {
             lora: DeviceLora::upload(gpu, lora, rows as u64),
         };
         let prepared = runner.prepare(gpu, &weights, &blocks)?;
+        let cached = match layout.kv {
+            Some(_) => Some(runner.prepare(gpu, &weights, &pass_blocks(config, &layout.with_pass(KvPass::Cached)))?),
+            None => None,
+        };
         let mut euler = Vec::new();
         let mat = |s: flux_lite_core::ir::Span| Mat { buf: &runner.arena, offset: s.offset, stride: s.stride };
         kernels::elementwise(gpu, &mut euler, Elementwise::Axpy(0.0), mat(layout.velocity), None, mat(layout.latents), [layout.noise, layout.in_channels])?;
@@ -139,7 +150,7 @@ impl Transformer {
             Err(_) => return Err(RunError::Internal("the latents are too large for one Euler dispatch".into())),
         };
         let guidance = Guidance::prepare(gpu, &layout, &runner.arena)?;
-        Ok(Self { config: config.clone(), layout, runner, store, weights, blocks, prepared, euler, guidance, arena_bytes })
+        Ok(Self { config: config.clone(), layout, runner, store, weights, blocks, prepared, cached, use_cache: Default::default(), euler, guidance, arena_bytes })
     }
 
     /// The weight bytes of each block for the planner, as [`Self::new`] would place them.
@@ -216,7 +227,25 @@ impl Transformer {
         let sinusoid = &mut sinusoid[..self.layout.sinusoid_dim as usize];
         program::timestep_sinusoid(program::model_timestep(t), sinusoid);
         self.runner.write(gpu, self.layout.sinusoid, sinusoid);
-        runner::run_prepared(gpu, &self.weights, &self.store, &self.prepared, progress)
+        let prepared = match &self.cached {
+            Some(cached) if self.use_cache.get() => cached,
+            _ => {
+                if let Some(kv) = self.layout.kv {
+                    // The reference rows are modulated from timestep 0 (the pipeline's `ref_fixed_timestep`).
+                    program::timestep_sinusoid(0.0, sinusoid);
+                    self.runner.write(gpu, kv.sinusoid, sinusoid);
+                }
+                &self.prepared
+            }
+        };
+        runner::run_prepared(gpu, &self.weights, &self.store, prepared, progress)
+    }
+
+    /// With the KV cache, whether the next passes read the reference keys
+    /// and values cached by the last extracting pass (`false`: extract them
+    /// again, as a run's first step does). Without it, nothing changes.
+    pub fn use_kv_cache(&self, cached: bool) {
+        self.use_cache.set(cached);
     }
 
     /// Runs steps of block `block` (its program or a part of it) in one
@@ -293,15 +322,21 @@ pub(crate) fn programs(config: &TransformerConfig, tokens: Tokens, chunk: Option
     let chunk = chunk.map_or(tokens.text + tokens.image(), |c| c.max(1) as u64);
     let layout = TransformerLayout::chunked(config, tokens, chunk, &mut arena)
         .map_err(|e| RunError::Gpu(GpuError::UnsupportedShape(e.to_string())))?;
-    let mut blocks = vec![collect_ops(|emit| program::prologue(&layout, emit))];
+    let blocks = pass_blocks(config, &layout);
+    Ok((layout, blocks, arena.high_water()))
+}
+
+/// The block programs (prologue, doubles, singles, epilogue) of one pass over `layout`.
+fn pass_blocks(config: &TransformerConfig, layout: &TransformerLayout) -> Vec<Vec<Op>> {
+    let mut blocks = vec![collect_ops(|emit| program::prologue(layout, emit))];
     for b in 0..config.num_layers {
-        blocks.push(collect_ops(|emit| program::double_block(&layout, b, emit)));
+        blocks.push(collect_ops(|emit| program::double_block(layout, b, emit)));
     }
     for b in 0..config.num_single_layers {
-        blocks.push(collect_ops(|emit| program::single_block(&layout, b, emit)));
+        blocks.push(collect_ops(|emit| program::single_block(layout, b, emit)));
     }
-    blocks.push(collect_ops(|emit| program::epilogue(&layout, emit)));
-    Ok((layout, blocks, arena.high_water()))
+    blocks.push(collect_ops(|emit| program::epilogue(layout, emit)));
+    blocks
 }
 
 /// The dispatches of a guided step: keep the unconditional velocity, then

@@ -219,8 +219,10 @@ pub fn scheduler(file: &JsonFile) -> Result<SchedulerConfig, LoadError> {
 
 pub fn model_index(file: &JsonFile) -> Result<ModelIndex, LoadError> {
     let class = file.str_or("_class_name", "")?;
-    if class != "Flux2KleinPipeline" {
-        return Err(file.err("_class_name", format!("{class:?} is not Flux2KleinPipeline")));
-    }
-    Ok(ModelIndex { is_distilled: file.bool_or("is_distilled", false)? })
+    let kv_cache = match class {
+        "Flux2KleinPipeline" => false,
+        "Flux2KleinKVPipeline" => true,
+        _ => return Err(file.err("_class_name", format!("{class:?} is not Flux2KleinPipeline or Flux2KleinKVPipeline"))),
+    };
+    Ok(ModelIndex { is_distilled: file.bool_or("is_distilled", false)?, kv_cache })
 }

@@ -93,6 +93,8 @@ pub fn denoise(
         let (n, progress) = (step - first, &mut *progress);
         let progress = &mut |p: StepProgress| progress(StepProgress { step: n, steps: run, ..p });
         let t = schedule::timestep_for(scheduler.num_train_timesteps, sigmas[step]);
+        // The KV pipeline extracts the references' keys and values on its first step and reads them after.
+        transformer.use_kv_cache(step > first);
         match conditioning {
             Conditioning::Prompt(prompt) => {
                 transformer.set_prompt(gpu, prompt)?;

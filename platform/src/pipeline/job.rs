@@ -144,6 +144,9 @@ impl Job {
         }
         // The init image sets the size, as the pipeline takes it; it goes first among the references.
         if let Some(init) = &self.init {
+            if model.index.kv_cache {
+                return Err(RequestError::InitWithKvCache);
+            }
             for (side, asked, pixels) in [(Side::Width, self.width, init.image.width), (Side::Height, self.height, init.image.height)] {
                 if asked.is_some_and(|a| a != pixels) {
                     return Err(RequestError::InitSize { side, asked: asked.unwrap_or_default(), pixels });
@@ -407,6 +410,8 @@ pub enum RequestError {
     /// A mask that does not fit its init image; `name` is its file or field.
     Mask { name: String, why: String },
     Strength { strength: f64, why: String },
+    /// An init image for a KV-cache model, whose pipeline has no image-to-image or inpainting.
+    InitWithKvCache,
 }
 
 impl RequestError {
@@ -426,13 +431,14 @@ impl RequestError {
             RequestError::InitSize { side: Side::Height, .. } => Setting::Height,
             RequestError::Mask { .. } => Setting::Mask,
             RequestError::Strength { .. } => Setting::Strength,
+            RequestError::InitWithKvCache => Setting::InitImage,
         }
     }
 
     /// The value as the caller gave it (empty where the setting has none).
     pub fn value(&self) -> String {
         match self {
-            RequestError::NoPrompt | RequestError::References { .. } | RequestError::VaeTile { tile: None, .. } => String::new(),
+            RequestError::NoPrompt | RequestError::References { .. } | RequestError::VaeTile { tile: None, .. } | RequestError::InitWithKvCache => String::new(),
             RequestError::PromptTooLong { .. } | RequestError::Embeddings { .. } => String::new(),
             RequestError::Images { per_prompt, .. } => per_prompt.to_string(),
             RequestError::Reference { name, .. } => name.clone(),
@@ -464,6 +470,9 @@ impl RequestError {
             RequestError::SideTooLarge { limit, .. } => format!("at most {limit}"),
             RequestError::Steps { limit, .. } => format!("give 1 to {limit}"),
             RequestError::Guidance { .. } => "give a finite number ≥ 0".into(),
+            RequestError::InitWithKvCache => {
+                "this model's pipeline (Flux2KleinKVPipeline) takes reference images, not an init image; image-to-image and inpainting need a model without the KV cache".into()
+            }
         }
     }
 

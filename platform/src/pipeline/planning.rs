@@ -109,6 +109,7 @@ impl ModelSizes {
             limits,
             budget,
             vae_tile: None,
+            kv_cache: model.index.kv_cache && !references.is_empty(),
             preview_bytes: self.preview_decoder,
         }
     }

@@ -115,6 +115,18 @@ impl Runner {
                 };
                 kernels::attention(gpu, sink, kernels::Qkv { q: self.mat(*q), k: self.mat(*k), v: self.mat(*v) }, None, self.mat(*o), None, s)
             }
+            Op::CrossAttention { q, k, v, o, q_len, kv_len, heads, head_dim } => {
+                let s = Attention {
+                    q_len: *q_len,
+                    kv_len: *kv_len,
+                    q_heads: *heads,
+                    kv_heads: *heads,
+                    head_dim: *head_dim,
+                    scale: (1.0 / (*head_dim as f64).sqrt()) as f32,
+                    causal: false,
+                };
+                kernels::attention(gpu, sink, kernels::Qkv { q: self.mat(*q), k: self.mat(*k), v: self.mat(*v) }, None, self.mat(*o), None, s)
+            }
             Op::PartialAttention { q, k, v, o, lse, q_len, kv_len, heads, head_dim } => {
                 let s = Attention {
                     q_len: *q_len,
