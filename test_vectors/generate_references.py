@@ -74,6 +74,20 @@ CASES = [
 ]
 
 
+def kv_model() -> None:
+    """models/tiny-9b-kv: tiny-9b's components (linked, not copied) under Flux2KleinKVPipeline."""
+    out = ROOT / "models" / "tiny-9b-kv"
+    out.mkdir(exist_ok=True)
+    for component in ("scheduler", "text_encoder", "tokenizer", "transformer", "vae"):
+        link = out / component
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        link.symlink_to(Path("..") / "tiny-9b" / component)
+    index = json.loads((ROOT / "models" / "tiny-9b" / "model_index.json").read_text())
+    index["_class_name"] = "Flux2KleinKVPipeline"
+    (out / "model_index.json").write_text(json.dumps(index, indent=2) + "\n")
+
+
 def load_pipeline(model_dir: Path):
     """The model folder's pipeline in float32: Flux2KleinPipeline, or the KV one its model_index names."""
     if json.loads((model_dir / "model_index.json").read_text())["_class_name"] != "Flux2KleinKVPipeline":
@@ -280,6 +294,7 @@ def main() -> None:
     import sys
     torch.manual_seed(0)
     chosen = sys.argv[1:]
+    kv_model()
     if not chosen:
         image_goldens()
     pipes = {}
