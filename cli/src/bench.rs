@@ -294,7 +294,7 @@ fn tiers_side_by_side(transformer: &TransformerConfig, tokens: &[u64], repeats: 
 fn row(f: &Figure, c: &Ceilings) {
     let rate = |work: u64| if work == 0 { "–".to_string() } else { format!("{:.1}", work as f64 / f.seconds.max(1e-12) / 1e9) };
     say!(
-        "| {} | {} | {} | {} | {} | {} | {:.1}% |",
+        "| {} | {} | {} | {} | {} | {} | {}% |",
         f.what,
         f.shape,
         duration(f.seconds),
@@ -305,8 +305,19 @@ fn row(f: &Figure, c: &Ceilings) {
             (true, false) => "FMA",
             (false, _) => "copy",
         },
-        100.0 * f.of_ceiling(c)
+        share(100.0 * f.of_ceiling(c))
     );
+}
+
+/// A percentage in one decimal, or in two significant digits below 0.1
+/// (a tiny row far from its ceiling must not read as 0).
+fn share(percent: f64) -> String {
+    if percent >= 0.1 || percent == 0.0 {
+        format!("{percent:.1}")
+    } else {
+        let digits = (1 - percent.log10().floor() as i32).max(0) as usize;
+        format!("{percent:.digits$}")
+    }
 }
 
 fn duration(seconds: f64) -> String {

@@ -91,6 +91,15 @@ pub fn run(args: &InfoArgs) -> Result<(), String> {
         Bytes(limits.max_buffer),
         Bytes(limits.max_binding)
     );
+    if input.kv_cache && !reference_sizes.is_empty() {
+        let cell = model.vae.latent_cell() as u64;
+        for r in references {
+            let tokens = (r.width as u64 / cell) * (r.height as u64 / cell);
+            let bytes = flux_lite_core::models::transformer::kv_cache_bytes(&model.transformer, tokens);
+            say!("kv cache: {} ({tokens} tokens): {} ({bytes} B) of keys and values in f32", r.path.display(), Bytes(bytes));
+        }
+        say!("kv cache: kept in the transformer's arena when the budget holds it, else recomputed each step (the same image)");
+    }
     print_plan_options(&input, &sizes)?;
     let minimum = planner::minimum_need(&input).map_err(|e| crate::errors::plan_line(&e))?;
     say!("smallest budget for the whole run: {} ({} B): {}", Bytes(minimum.total()), minimum.total(), Sides(minimum.device, minimum.host));

@@ -152,7 +152,20 @@ fn a_reference_image_under_guidance() {
 #[test]
 fn the_kv_pipeline_caches_the_references_after_the_first_step() {
     // tiny-9b as Flux2KleinKVPipeline: two references (64×72, 80×64) extracted on step 0, cached for steps 1 and 2.
-    reproduce("tiny-9b-kv/reference-kv", &[]);
+    let stderr = reproduce("tiny-9b-kv/reference-kv", &["--verbose"]);
+    assert!(stderr.contains("transformer weights resident, expanded, the references' keys and values cached"), "{stderr}");
+    // --kv-cache off runs Flux2KleinPipeline's recipe on the same model: another image.
+    let dir = scratch_dir("png-kv-off");
+    let out = dir.join("out.png");
+    let mut args = case_args("tiny-9b-kv/reference-kv", &out);
+    args.extend(["--kv-cache", "off", "--verbose"].map(String::from));
+    let run = gen(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success() && !stderr.contains("keys and values cached"), "{stderr}");
+    let want = read_png(&Goldens::dir("tiny-9b-kv/reference-kv").join("image.png"));
+    assert_ne!(read_png(&out).rgb, want.rgb, "--kv-cache off made the KV pipeline's image");
+    let run = gen(&["--model", "x", "--prompt", "x", "--kv-cache", "sometimes"]);
+    assert!(String::from_utf8_lossy(&run.stderr).contains("--kv-cache sometimes: give auto, on or off"));
 }
 
 /// Every diffusers PNG through `gen --precision TIER`, within the project's

@@ -6,6 +6,7 @@
 
 #![allow(clippy::unwrap_used)]
 
+use flux_lite_core::models::transformer::KvMode;
 use flux_lite_core::plan::WeightStrategy;
 use flux_lite_platform::pipeline::denoise::{denoise, Conditioning};
 use flux_lite_platform::model::{Component, ModelFolder};
@@ -128,7 +129,7 @@ fn reference_tokens_and_positions_follow_the_pipeline() {
         assert_rel_l2(&format!("{case} reference tokens"), &encoded.tokens, &want, flux_lite_tests::tolerance::f32::REFERENCE_TOKENS);
         eprintln!("{case}: reference tokens relative L2 {:.2e}", rel_l2(&encoded.tokens, &want).0);
         // The positions after the noise grid are the pipeline's image_latent_ids.
-        let grids = LatentGrids { noise: (1, 1), references: encoded.grids.clone(), kv_cache: false };
+        let grids = LatentGrids { noise: (1, 1), references: encoded.grids.clone(), kv_cache: Default::default() };
         let got: Vec<i64> = grids.positions().skip(1).flat_map(|p| p.map(|v| v as i64)).collect();
         assert_eq!(got, g.i64("image_latent_ids").0, "{case}: reference positions");
     }
@@ -151,23 +152,33 @@ fn denoising_with_references_follows_diffusers() {
                 let (w, h) = usize_pair(&r["processed"]);
                 (h / unit, w / unit)
             })
-            .collect();
-        let grids = LatentGrids { noise: (h / unit, w / unit), references: reference_grids, kv_cache: model.index.kv_cache };
-        let store = model.weights(Component::Transformer).unwrap();
-        let t = Transformer::new(gpu(), &model.transformer, store, WeightStrategy::ResidentBf16, None, 512, &grids).unwrap();
-        assert_eq!(ref_shape, [t.layout.image as usize - t.layout.noise as usize, t.layout.in_channels as usize]);
-        t.set_references(gpu(), &want_refs).unwrap();
-        let positive = g.f32("prompt_embeds").0;
-        let guidance = json["guidance"].as_f64().unwrap() as f32;
-        let negative = if guidance > 1.0 && !model.index.is_distilled { Some(g.f32("negative_prompt_embeds").0) } else { None };
-        let conditioning = match &negative {
-            Some(negative) => Conditioning::Guided { positive: &positive, negative, scale: guidance },
-            None => Conditioning::Prompt(&positive),
+            .collect::<Vec<_>>();
+        // The KV pipeline's cache kept (with resident and with streamed weights), and recomputed
+        // each step (as a tight budget plans it): the same numbers.
+        let streamed = WeightStrategy::Streamed { slots: 1 };
+        let modes: &[(KvMode, WeightStrategy)] = if model.index.kv_cache {
+            &[(KvMode::Keep, WeightStrategy::ResidentBf16), (KvMode::Keep, streamed), (KvMode::Recompute, WeightStrategy::ResidentBf16)]
+        } else {
+            &[(KvMode::Off, WeightStrategy::ResidentBf16)]
         };
-        let steps = json["steps"].as_u64().unwrap() as usize;
-        let got = denoise(gpu(), &t, &model.scheduler, steps, &g.f32("noise").0, None, conditioning, &mut |_| {}, &mut |_, _| Ok(())).unwrap();
-        let want = g.f32(&format!("latents.{}", steps - 1)).0;
-        assert_rel_l2(&format!("{case} final latents"), &got, &want, STEP_TOL);
-        eprintln!("{case}: final latents relative L2 {:.2e}", rel_l2(&got, &want).0);
+        for &(mode, strategy) in modes {
+            let grids = LatentGrids { noise: (h / unit, w / unit), references: reference_grids.clone(), kv_cache: mode };
+            let store = model.weights(Component::Transformer).unwrap();
+            let t = Transformer::new(gpu(), &model.transformer, store, strategy, None, 512, &grids).unwrap();
+            assert_eq!(ref_shape, [t.layout.image as usize - t.layout.noise as usize, t.layout.in_channels as usize]);
+            t.set_references(gpu(), &want_refs).unwrap();
+            let positive = g.f32("prompt_embeds").0;
+            let guidance = json["guidance"].as_f64().unwrap() as f32;
+            let negative = if guidance > 1.0 && !model.index.is_distilled { Some(g.f32("negative_prompt_embeds").0) } else { None };
+            let conditioning = match &negative {
+                Some(negative) => Conditioning::Guided { positive: &positive, negative, scale: guidance },
+                None => Conditioning::Prompt(&positive),
+            };
+            let steps = json["steps"].as_u64().unwrap() as usize;
+            let got = denoise(gpu(), &t, &model.scheduler, steps, &g.f32("noise").0, None, conditioning, &mut |_| {}, &mut |_, _| Ok(())).unwrap();
+            let want = g.f32(&format!("latents.{}", steps - 1)).0;
+            assert_rel_l2(&format!("{case} ({mode:?}, {strategy:?}) final latents"), &got, &want, STEP_TOL);
+            eprintln!("{case} ({mode:?}, {strategy:?}): final latents relative L2 {:.2e}", rel_l2(&got, &want).0);
+        }
     }
 }

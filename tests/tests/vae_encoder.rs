@@ -135,6 +135,7 @@ fn encoding_references_stays_within_the_planned_bytes() {
         references: refs.iter().map(|r| (r.width, r.height)).collect(),
         lora: Default::default(),
         init: None,
+        kv_cache: false,
     };
     let planned = planning::plan(&device, &folder, &request).unwrap().references.expect("a reference phase");
     let live_before = device.memory().live;

@@ -45,6 +45,9 @@ pub struct GenArgs {
     /// with --mask, work on the region around the mask's white parts grown by PIXELS, at the output's size, and paste the result back over the init image (diffusers' padding_mask_crop; the PNG has the init image's size)
     #[argh(option)]
     mask_crop: Option<usize>,
+    /// the references' keys and values: auto (default: cached after the first step when model_index.json names Flux2KleinKVPipeline), on (the KV pipeline's recipe for any klein model) or off (Flux2KleinPipeline's: the references in every pass)
+    #[argh(option, default = "None", from_str_fn(parse_kv_cache))]
+    kv_cache: Option<bool>,
     /// image width in pixels, a multiple of 16 for the real VAE (default: the first reference image's, else 1024)
     #[argh(option)]
     width: Option<usize>,
@@ -132,6 +135,7 @@ pub fn run(args: &GenArgs) -> Result<(), String> {
         memory_budget: args.memory_budget,
         output: if args.output.is_some() { OutputType::Image } else { OutputType::Latents },
         init: inputs::init_image(args, &model)?,
+        kv_cache: args.kv_cache,
         ..Job::prompts(inputs::prompts(args, model.transformer.joint_attention_dim)?)
     };
     let job = job.resolve(&model, &Limits::default()).map_err(|e| crate::errors::request_line(&e))?;
@@ -188,4 +192,14 @@ pub fn run(args: &GenArgs) -> Result<(), String> {
     }
     report::times(&finished.timings, started.elapsed());
     Ok(())
+}
+
+/// `--kv-cache auto|on|off`: `None` follows the model's pipeline.
+fn parse_kv_cache(value: &str) -> Result<Option<bool>, String> {
+    match value {
+        "auto" => Ok(None),
+        "on" => Ok(Some(true)),
+        "off" => Ok(Some(false)),
+        other => Err(format!("--kv-cache {other}: give auto, on or off")),
+    }
 }

@@ -21,6 +21,9 @@ pub fn plan(plan: &Plan, references: &[ReferenceImage]) {
         let layout = r.tile.map_or("untiled".to_string(), |t| format!("in bands, arena of a {t}-pixel square"));
         eprintln!("plan: VAE encoder {layout}, arena {:.2} MiB, peak {:.2} MiB", mib(r.arena_bytes), mib(r.peak()));
     }
+    if plan.denoise.kv_cache == flux_lite_core::models::transformer::KvMode::Recompute {
+        eprintln!("plan: the references' keys and values do not fit the budget beside the transformer: recomputed every step (the same image, slower steps)");
+    }
     match plan.decode.tile {
         Some(tile) => eprintln!("plan: VAE in bands, arena of a {tile}-pixel square"),
         None => eprintln!("plan: VAE untiled"),

@@ -34,15 +34,28 @@ pub struct Tokens {
     pub noise: u64,
     /// Tokens of the reference images, after the noise tokens.
     pub references: u64,
-    /// Whether the reference tokens' keys and values are cached after the
-    /// first step (the klein KV pipeline); meaningful with references.
-    pub kv_cache: bool,
+    /// The klein KV pipeline's handling of the references (meaningful with references).
+    pub kv_cache: KvMode,
+}
+
+/// How a pass treats the reference tokens.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum KvMode {
+    /// As `Flux2KleinPipeline`: every row alike in every pass.
+    #[default]
+    Off,
+    /// The KV pipeline: the first pass extracts the references' keys and
+    /// values into the cache, later passes read it.
+    Keep,
+    /// The KV pipeline's numbers without the cache's memory: every pass
+    /// extracts (the references' rows are recomputed each step).
+    Recompute,
 }
 
 impl Tokens {
     /// A pass without reference images.
     pub fn plain(text: u64, noise: u64) -> Self {
-        Self { text, noise, references: 0, kv_cache: false }
+        Self { text, noise, references: 0, kv_cache: KvMode::Off }
     }
 
     /// Every image token: noise, then references.
@@ -109,6 +122,12 @@ pub struct TransformerLayout {
     pub kv: Option<KvCache>,
 }
 
+/// Bytes of the KV pipeline's cache of `references` reference tokens: every
+/// block's keys and values, f32 `[2 · references, D]` a block.
+pub fn kv_cache_bytes(cfg: &TransformerConfig, references: u64) -> u64 {
+    2 * (cfg.num_layers + cfg.num_single_layers) as u64 * references * cfg.inner_dim() as u64 * F32
+}
+
 /// Which pass of the KV pipeline a program runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KvPass {
@@ -127,8 +146,9 @@ pub struct KvCache {
     pub references: u64,
     /// Double blocks come first in the cache, then single blocks.
     pub double_blocks: u64,
-    /// `[blocks · 2 · references, D]`: block `i`'s keys, then its values.
-    pub cache: Span,
+    /// `[blocks · 2 · references, D]`: block `i`'s keys, then its values;
+    /// `None` when every pass recomputes them ([`KvMode::Recompute`]).
+    pub cache: Option<Span>,
     /// The sinusoid of timestep 0 (written by the host), its embedding, and
     /// the double-block image and single-block modulations from it.
     pub sinusoid: Span,
@@ -139,9 +159,9 @@ pub struct KvCache {
 }
 
 impl KvCache {
-    /// The cached keys (`1`: values) of cache block `i`.
-    fn slot(&self, i: u64, part: u64) -> Span {
-        self.cache.rows_from((2 * i + part) * self.references)
+    /// The cached keys (`1`: values) of cache block `i`, where the cache is kept.
+    fn slot(&self, i: u64, part: u64) -> Option<Span> {
+        self.cache.map(|c| c.rows_from((2 * i + part) * self.references))
     }
 }
 
@@ -222,13 +242,13 @@ impl TransformerLayout {
             kv: None,
         };
         let references = image - noise;
-        if tokens.kv_cache && references > 0 {
+        if tokens.kv_cache != KvMode::Off && references > 0 {
             let blocks = (cfg.num_layers + cfg.num_single_layers) as u64;
             l.kv = Some(KvCache {
                 pass: KvPass::Extract,
                 references,
                 double_blocks: cfg.num_layers as u64,
-                cache: take(2 * blocks * references, dim)?,
+                cache: if tokens.kv_cache == KvMode::Keep { Some(take(2 * blocks * references, dim)?) } else { None },
                 sinusoid: take(1, cfg.timestep_guidance_channels as u64)?,
                 temb: take(1, dim)?,
                 temb_silu: take(1, dim)?,
@@ -239,10 +259,11 @@ impl TransformerLayout {
         Ok(l)
     }
 
-    /// The same layout running `pass` of the KV pipeline (unchanged without the cache).
+    /// The same layout running `pass` of the KV pipeline (unchanged without
+    /// the KV pipeline; always extracting without a kept cache).
     pub fn with_pass(&self, pass: KvPass) -> Self {
         let mut l = self.clone();
-        if let Some(kv) = &mut l.kv {
+        if let Some(kv) = l.kv.as_mut().filter(|kv| kv.cache.is_some()) {
             kv.pass = pass;
         }
         l
@@ -341,14 +362,18 @@ fn attention(l: &TransformerLayout, block: u64, [q, k, v, o]: [Span; 4], emit: &
     match kv.pass {
         KvPass::Extract => {
             for (part, src) in [(0, k), (1, v)] {
-                emit(Op::Copy { src: refs(src), dst: kv.slot(block, part), rows: kv.references, cols: d });
+                if let Some(dst) = kv.slot(block, part) {
+                    emit(Op::Copy { src: refs(src), dst, rows: kv.references, cols: d });
+                }
             }
             emit(Op::CrossAttention { q, k, v, o, q_len: own, kv_len: all, heads, head_dim: hd });
             emit(Op::Attention { q: refs(q), k: refs(k), v: refs(v), o: refs(o), len: kv.references, heads, head_dim: hd });
         }
         KvPass::Cached => {
             for (part, dst) in [(0, k), (1, v)] {
-                emit(Op::Copy { src: kv.slot(block, part), dst: refs(dst), rows: kv.references, cols: d });
+                if let Some(src) = kv.slot(block, part) {
+                    emit(Op::Copy { src, dst: refs(dst), rows: kv.references, cols: d });
+                }
             }
             emit(Op::CrossAttention { q, k, v, o, q_len: own, kv_len: all, heads, head_dim: hd });
         }
@@ -593,7 +618,7 @@ mod tests {
     fn reference_tokens_run_through_every_block_but_get_no_velocity() {
         let cfg = klein_4b::transformer();
         let mut arena = BumpArena::new(u64::MAX / 2);
-        let tokens = Tokens { text: 512, noise: 1024, references: 3072, kv_cache: false };
+        let tokens = Tokens { text: 512, noise: 1024, references: 3072, kv_cache: KvMode::Off };
         let l = TransformerLayout::chunked(&cfg, tokens, u64::MAX, &mut arena).unwrap();
         assert_eq!((l.image, l.noise), (4096, 1024));
         let mut embedded_rows = 0;
@@ -631,14 +656,14 @@ mod tests {
     fn the_kv_passes_split_attention_and_share_the_cache() {
         let cfg = klein_4b::transformer();
         let mut arena = BumpArena::new(u64::MAX / 2);
-        let tokens = Tokens { text: 512, noise: 1024, references: 256, kv_cache: true };
+        let tokens = Tokens { text: 512, noise: 1024, references: 256, kv_cache: KvMode::Keep };
         let l = TransformerLayout::chunked(&cfg, tokens, u64::MAX, &mut arena).unwrap();
         let kv = l.kv.unwrap();
         assert_eq!((kv.pass, kv.references, kv.double_blocks), (KvPass::Extract, 256, 5));
         let cached = l.with_pass(KvPass::Cached);
         // Single block 2 is cache block 5 + 2; unchunked, its keys and values are columns of the fused projection.
         let (k, v) = (l.fused.cols_from(3072).rows_from(1536), l.fused.cols_from(2 * 3072).rows_from(1536));
-        let (slot_k, slot_v) = (kv.slot(7, 0), kv.slot(7, 1));
+        let (slot_k, slot_v) = (kv.slot(7, 0).unwrap(), kv.slot(7, 1).unwrap());
         for (pass, embedded_rows, copies_want, attentions) in [(&l, 1024 + 256, [(k, slot_k), (v, slot_v)], 2), (&cached, 1024, [(slot_k, k), (slot_v, v)], 1)] {
             let mut embedded = 0;
             prologue(pass, |op| {
@@ -676,6 +701,15 @@ mod tests {
             }
         });
         assert_eq!(&shifts[..3], &[(512, l.chunk(l.mod_txt, 0)), (1024, l.chunk(l.mod_img, 0)), (256, l.chunk(kv.mod_img, 0))]);
+        // Recomputing: no cache, every pass extracts, the same ops but the copies.
+        let mut arena = BumpArena::new(u64::MAX / 2);
+        let r = TransformerLayout::chunked(&cfg, Tokens { kv_cache: KvMode::Recompute, ..tokens }, u64::MAX, &mut arena).unwrap();
+        assert_eq!(r.kv.unwrap().cache, None);
+        assert_eq!(r.with_pass(KvPass::Cached).kv_pass(), Some(KvPass::Extract));
+        let (mut kept, mut recomputed) = (0, 0);
+        single_block(&l, 2, |op| kept += !matches!(op, Op::Copy { rows: 256, .. }) as u32);
+        single_block(&r, 2, |_| recomputed += 1);
+        assert_eq!(kept, recomputed);
     }
 
     #[test]

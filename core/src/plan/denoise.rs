@@ -4,6 +4,7 @@
 //! strategy.
 
 use super::*;
+use crate::models::transformer::KvMode;
 
 /// The transformer's token rows: the prompt's, the image's and the references'.
 pub(super) fn transformer_rows(input: &PlanInput<'_>) -> Result<u64, PlanError> {
@@ -23,21 +24,30 @@ pub(super) fn attention_binding(input: &PlanInput<'_>, rows: u64, chunk: Option<
 }
 
 /// The transformer's phase: for each weight strategy, unchunked or with
-/// the feed-forward and MLP projections over chunks of tokens. The bytes
-/// that do not depend on the strategy are laid out once per chunk size.
+/// the feed-forward and MLP projections over chunks of tokens, and with the
+/// KV pipeline the reference cache kept, else recomputed every step. The
+/// bytes that do not depend on the strategy are laid out once per chunk size.
 #[derive(Debug, Clone)]
 pub(super) struct DenoiseOptions {
     weights: WeightSizes,
+    /// The layouts of each way to treat the references, preferred first.
+    modes: heapless::Vec<ModeLayouts, 2>,
+    /// Host bytes (the same chunked or not).
+    host: u64,
+    /// The preview decoder's device bytes, resident beside the transformer.
+    preview: u64,
+}
+
+/// The layouts of one [`KvMode`].
+#[derive(Debug, Clone)]
+struct ModeLayouts {
+    mode: KvMode,
     /// Arena and other bytes unchunked; `None` when the unchunked single
     /// blocks' keys (a column window of the fused projection, whose rows are
     /// `3D + 2F` wide) exceed one storage binding.
     unchunked: Option<(u64, u64)>,
     /// `(chunk, (arena, other))` for each chunk `CHUNK_ROWS · 2ᵏ` below the token count, largest first.
     chunked: heapless::Vec<(u64, (u64, u64)), 64>,
-    /// Host bytes (the same chunked or not).
-    host: u64,
-    /// The preview decoder's device bytes, resident beside the transformer.
-    preview: u64,
 }
 
 impl DenoiseOptions {
@@ -56,54 +66,74 @@ impl DenoiseOptions {
             smallest_arena = smallest_arena.min(fixed.0);
             fixed.0 <= max_buffer
         };
-        let unchunked = if keys(None) <= limit { Some(denoise_fixed(input, rows)?).filter(|&u| fits(u)) } else { None };
-        let mut chunked = heapless::Vec::new();
-        let largest_shift = u64::BITS - 1 - CHUNK_ROWS.ilog2();
-        for chunk in (0..=largest_shift).rev().map(|k| CHUNK_ROWS << k).filter(|&c| c < rows) {
-            let fixed = denoise_fixed(input, chunk)?;
-            if fits(fixed) {
-                // At most 58 shifts fit in 64 bits: the list never overflows.
-                let _ = chunked.push((chunk, fixed));
+        let kv_pipeline = input.kv_cache && !input.references.is_empty();
+        let wanted: &[KvMode] = if kv_pipeline { &[KvMode::Keep, KvMode::Recompute] } else { &[KvMode::Off] };
+        let mut modes = heapless::Vec::new();
+        for &mode in wanted {
+            let unchunked = if keys(None) <= limit { Some(denoise_fixed(input, rows, mode)?).filter(|&u| fits(u)) } else { None };
+            let mut chunked = heapless::Vec::new();
+            let largest_shift = u64::BITS - 1 - CHUNK_ROWS.ilog2();
+            for chunk in (0..=largest_shift).rev().map(|k| CHUNK_ROWS << k).filter(|&c| c < rows) {
+                let fixed = denoise_fixed(input, chunk, mode)?;
+                if fits(fixed) {
+                    // At most 58 shifts fit in 64 bits: the list never overflows.
+                    let _ = chunked.push((chunk, fixed));
+                }
+            }
+            if unchunked.is_some() || !chunked.is_empty() {
+                // At most two modes.
+                let _ = modes.push(ModeLayouts { mode, unchunked, chunked });
             }
         }
-        if unchunked.is_none() && chunked.is_empty() {
+        if modes.is_empty() {
             if smallest_arena != u64::MAX {
                 return Err(PlanError::ArenaTooLarge { phase: "the transformer", bytes: smallest_arena, limit: max_buffer });
             }
             return Err(PlanError::AttentionTooLarge { tokens: rows, bytes: keys(None), limit });
         }
-        Ok(Self { weights: input.transformer_weights, unchunked, chunked, host: host::denoise(input)?, preview: input.preview_bytes })
+        Ok(Self { weights: input.transformer_weights, modes, host: host::denoise(input)?, preview: input.preview_bytes })
     }
 
     /// The phase under `weights` with `chunk` rows per pass (`None`: all),
     /// given its arena and other bytes (the preview decoder's added to them).
-    fn phase(&self, weights: WeightStrategy, chunk: Option<u64>, (arena_bytes, other_bytes): (u64, u64)) -> PhasePlan {
+    fn phase(&self, mode: KvMode, weights: WeightStrategy, chunk: Option<u64>, (arena_bytes, other_bytes): (u64, u64)) -> PhasePlan {
         let other_bytes = other_bytes + self.preview;
-        PhasePlan { weights, chunk, weight_bytes: self.weights.bytes(weights), arena_bytes, other_bytes, host_bytes: self.host }.with_staging()
+        PhasePlan { weights, chunk, weight_bytes: self.weights.bytes(weights), arena_bytes, other_bytes, host_bytes: self.host, kv_cache: mode }.with_staging()
     }
 
-    /// The phase under `weights` with each chunk size, largest first.
+    /// The phase under `weights` with each chunk size of `m`, largest first.
+    fn mode_chunked<'a>(&'a self, m: &'a ModeLayouts, weights: WeightStrategy) -> impl Iterator<Item = PhasePlan> + 'a {
+        m.chunked.iter().map(move |&(chunk, fixed)| self.phase(m.mode, weights, Some(chunk), fixed))
+    }
+
+    /// The phase under `weights` with each chunk size, largest first, mode by mode.
+    #[cfg(test)]
     pub(super) fn chunked(&self, weights: WeightStrategy) -> impl Iterator<Item = PhasePlan> + '_ {
-        self.chunked.iter().map(move |&(chunk, fixed)| self.phase(weights, Some(chunk), fixed))
+        self.modes.iter().flat_map(move |m| self.mode_chunked(m, weights))
     }
 
-    /// The phase under `weights` unchunked, then with the chunk that needs
-    /// the least memory if the tokens span more than one (smaller chunks
-    /// need less scratch but more dispatch parameters).
+    /// For each mode, the phase under `weights` unchunked, then with the
+    /// chunk that needs the least memory if the tokens span more than one
+    /// (smaller chunks need less scratch but more dispatch parameters).
     pub(super) fn least_of(&self, weights: WeightStrategy) -> impl Iterator<Item = PhasePlan> + '_ {
-        let smallest = self.chunked(weights).min_by_key(PhasePlan::peak);
-        [self.unchunked.map(|u| self.phase(weights, None, u)), smallest].into_iter().flatten()
+        self.modes.iter().flat_map(move |m| {
+            let smallest = self.mode_chunked(m, weights).min_by_key(PhasePlan::peak);
+            [m.unchunked.map(|u| self.phase(m.mode, weights, None, u)), smallest].into_iter().flatten()
+        })
     }
 
-    /// Each weight strategy in turn, fastest first: unchunked if it fits,
+    /// Each weight strategy in turn, fastest first, and in each the
+    /// references' cache kept before recomputed: unchunked if it fits,
     /// else with the largest chunk that fits.
     pub(super) fn fastest_within(&self, budget: u64) -> Option<PhasePlan> {
         self.weights.strategies().find_map(|s| {
-            let unchunked = self.unchunked.map(|u| self.phase(s, None, u));
-            if let Some(unchunked) = unchunked.filter(|p| p.peak() <= budget) {
-                return Some(unchunked);
-            }
-            self.chunked(s).find(|p| p.peak() <= budget)
+            self.modes.iter().find_map(|m| {
+                let unchunked = m.unchunked.map(|u| self.phase(m.mode, s, None, u));
+                if let Some(unchunked) = unchunked.filter(|p| p.peak() <= budget) {
+                    return Some(unchunked);
+                }
+                self.mode_chunked(m, s).find(|p| p.peak() <= budget)
+            })
         })
     }
 
@@ -115,19 +145,19 @@ impl DenoiseOptions {
 /// The transformer's arena with `chunk` token rows per feed-forward pass,
 /// and its other bytes: RoPE tables, the unconditional velocity, readback
 /// of the latents, dispatch parameters.
-pub(super) fn denoise_fixed(input: &PlanInput<'_>, chunk: u64) -> Result<(u64, u64), PlanError> {
+pub(super) fn denoise_fixed(input: &PlanInput<'_>, chunk: u64, mode: KvMode) -> Result<(u64, u64), PlanError> {
     let c = input.transformer;
     let (lat_h, lat_w) = latent_grid(input)?;
     let image = lat_h * lat_w;
     let text = input.prompt_tokens;
-    let tokens = transformer::Tokens { text, noise: image, references: reference_tokens(input)?, kv_cache: input.kv_cache };
+    let tokens = transformer::Tokens { text, noise: image, references: reference_tokens(input)?, kv_cache: mode };
     let mut arena = BumpArena::new(u64::MAX);
     let l = transformer::TransformerLayout::chunked(c, tokens, chunk, &mut arena)
         .map_err(|_| PlanError::Size("the image is too large to lay out"))?;
-    // With the KV cache, both passes' programs are prepared.
+    // With the KV cache kept, both passes' programs are prepared.
     let passes = match l.kv {
-        Some(_) => [Some(l.with_pass(transformer::KvPass::Extract)), Some(l.with_pass(transformer::KvPass::Cached))],
-        None => [Some(l.clone()), None],
+        Some(kv) if kv.cache.is_some() => [Some(l.with_pass(transformer::KvPass::Extract)), Some(l.with_pass(transformer::KvPass::Cached))],
+        _ => [Some(l.clone()), None],
     };
     let mut steps = 1;
     for l in passes.iter().flatten() {

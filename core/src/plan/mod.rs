@@ -186,6 +186,9 @@ pub struct PhasePlan {
     pub other_bytes: u64,
     /// What the engine allocates on the host meanwhile ([`host`]).
     pub host_bytes: u64,
+    /// How the transformer treats the references with the KV pipeline
+    /// (`Off` for every other phase and pipeline).
+    pub kv_cache: crate::models::transformer::KvMode,
 }
 
 impl PhasePlan {
@@ -209,9 +212,13 @@ impl fmt::Display for PhasePlan {
     /// The strategy, and the chunking when there is one.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}", self.weights)?;
-        match self.chunk {
-            Some(rows) => write!(f, ", feed-forward by {rows}-token chunks"),
-            None => Ok(()),
+        if let Some(rows) = self.chunk {
+            write!(f, ", feed-forward by {rows}-token chunks")?;
+        }
+        match self.kv_cache {
+            crate::models::transformer::KvMode::Keep => write!(f, ", the references' keys and values cached"),
+            crate::models::transformer::KvMode::Recompute => write!(f, ", the references' keys and values recomputed each step"),
+            crate::models::transformer::KvMode::Off => Ok(()),
         }
     }
 }
@@ -516,7 +523,7 @@ pub fn encode_options(input: &PlanInput<'_>) -> Result<impl Iterator<Item = Phas
 /// the least memory when the tokens span more than one chunk.
 pub fn denoise_options(input: &PlanInput<'_>) -> Result<impl Iterator<Item = PhasePlan>, PlanError> {
     let options = DenoiseOptions::new(input)?;
-    let all: heapless::Vec<PhasePlan, 10> = input.transformer_weights.strategies().flat_map(|s| options.least_of(s)).collect();
+    let all: heapless::Vec<PhasePlan, 20> = input.transformer_weights.strategies().flat_map(|s| options.least_of(s)).collect();
     Ok(all.into_iter())
 }
 
@@ -535,7 +542,7 @@ impl PhaseOptions {
     fn iter(self) -> impl Iterator<Item = PhasePlan> {
         let (arena_bytes, other_bytes) = self.fixed;
         let (w, host_bytes) = (self.weights, self.host);
-        w.strategies().map(move |s| PhasePlan { weights: s, chunk: None, weight_bytes: w.bytes(s), arena_bytes, other_bytes, host_bytes }.with_staging())
+        w.strategies().map(move |s| PhasePlan { weights: s, chunk: None, weight_bytes: w.bytes(s), arena_bytes, other_bytes, host_bytes, kv_cache: Default::default() }.with_staging())
     }
 
     fn fastest_within(self, budget: u64) -> Option<PhasePlan> {

@@ -1,5 +1,6 @@
 use super::*;
 use crate::config::{klein_4b, klein_9b};
+use crate::models::transformer::KvMode;
 use crate::models::{vae, vae_encoder};
 
 const GIB: u64 = 1 << 30;
@@ -61,6 +62,13 @@ fn the_kv_cache_is_counted_in_the_denoise_arena() {
     let cache = 2 * (c.num_layers + c.num_single_layers) as u64 * 4096 * c.inner_dim() as u64 * 4;
     let grown = b.denoise.arena_bytes - a.denoise.arena_bytes;
     assert!(grown >= cache && grown < cache + (1 << 20), "the arena grew by {grown}, the cache is {cache}");
+    assert_eq!((a.denoise.kv_cache, b.denoise.kv_cache), (KvMode::Off, KvMode::Keep));
+    // A budget without room for the cache in any layout recomputes the references each step instead.
+    let least_kept = denoise_options(&cached).unwrap().filter(|p| p.kv_cache == KvMode::Keep).map(|p| p.peak()).min().unwrap();
+    let tight = plan(&PlanInput { budget: Some(least_kept - 1), ..cached }).unwrap();
+    assert_eq!(tight.denoise.kv_cache, KvMode::Recompute);
+    assert!(tight.denoise.peak() < least_kept);
+    assert_eq!(minimum_budget(&cached).unwrap(), minimum_budget(&PlanInput { kv_cache: true, ..plain }).unwrap());
     // Without references there is nothing to cache.
     let none = plan(&PlanInput { kv_cache: true, ..model.input(1024, None) }).unwrap();
     assert_eq!(none.denoise, plan(&model.input(1024, None)).unwrap().denoise);
@@ -343,7 +351,7 @@ fn a_4096px_image_needs_far_less_by_chunks() {
         assert!(p.denoise.chunk.is_some(), "{p:#?}");
         // Unchunked, the keys' window of the fused projection (66048 rows of 27648) exceeds even a 4 GiB binding.
         assert!(denoise_options(&input).unwrap().all(|p| p.chunk.is_some()));
-        let (arena, other) = denoise_fixed(&input, 512 + 256 * 256).unwrap();
+        let (arena, other) = denoise_fixed(&input, 512 + 256 * 256, KvMode::Off).unwrap();
         let w = input.transformer_weights;
         let unchunked = arena + other + w.strategies().map(|s| w.bytes(s)).min().unwrap();
         println!("4096²: minimum {} with {}; {} unchunked", Bytes(minimum), p.denoise, Bytes(unchunked));

@@ -14,7 +14,7 @@ use flux_lite_core::config::TransformerConfig;
 use flux_lite_core::plan::{WeightSizes, WeightStrategy};
 use flux_lite_core::ir::Op;
 use flux_lite_core::numerics::rope;
-use flux_lite_core::models::transformer::{self as program, KvPass, Tokens, TransformerLayout};
+use flux_lite_core::models::transformer::{self as program, KvMode, KvPass, Tokens, TransformerLayout};
 use flux_lite_core::BumpArena;
 
 /// Longest timestep sinusoid supported without allocating (`timestep_guidance_channels`).
@@ -26,15 +26,16 @@ const MAX_SINUSOID: usize = 1024;
 pub struct LatentGrids {
     pub noise: (usize, usize),
     pub references: Vec<(usize, usize)>,
-    /// The klein KV pipeline: the references' keys and values computed on a
-    /// step's first pass and cached for the next steps ([`Transformer::use_kv_cache`]).
-    pub kv_cache: bool,
+    /// The klein KV pipeline's recipe for the references: their keys and
+    /// values extracted on the first step and cached for the next
+    /// ([`Transformer::use_kv_cache`]), or recomputed each step.
+    pub kv_cache: KvMode,
 }
 
 impl LatentGrids {
     /// A pass without reference images.
     pub fn noise_only(latent_h: usize, latent_w: usize) -> Self {
-        Self { noise: (latent_h, latent_w), references: Vec::new(), kv_cache: false }
+        Self { noise: (latent_h, latent_w), references: Vec::new(), kv_cache: KvMode::Off }
     }
 
     fn noise_tokens(&self) -> usize {
@@ -139,8 +140,8 @@ impl Transformer {
         };
         let prepared = runner.prepare(gpu, &weights, &blocks)?;
         let cached = match layout.kv {
-            Some(_) => Some(runner.prepare(gpu, &weights, &pass_blocks(config, &layout.with_pass(KvPass::Cached)))?),
-            None => None,
+            Some(kv) if kv.cache.is_some() => Some(runner.prepare(gpu, &weights, &pass_blocks(config, &layout.with_pass(KvPass::Cached)))?),
+            _ => None,
         };
         let mut euler = Vec::new();
         let mat = |s: flux_lite_core::ir::Span| Mat { buf: &runner.arena, offset: s.offset, stride: s.stride };

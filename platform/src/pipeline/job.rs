@@ -60,6 +60,9 @@ pub struct Job {
     pub output: OutputType,
     /// Image-to-image or inpainting: the picture to change, and how.
     pub init: Option<InitImage>,
+    /// The klein KV pipeline's reference cache: `None` as the model's
+    /// `model_index.json` names its pipeline, `Some` forced on or off.
+    pub kv_cache: Option<bool>,
 }
 
 /// The picture image-to-image and inpainting start from
@@ -115,6 +118,7 @@ impl Job {
             memory_budget: None,
             output: OutputType::Image,
             init: None,
+            kv_cache: None,
         }
     }
 
@@ -144,7 +148,7 @@ impl Job {
         }
         // The init image sets the size, as the pipeline takes it; it goes first among the references.
         if let Some(init) = &self.init {
-            if model.index.kv_cache {
+            if self.kv_cache.unwrap_or(model.index.kv_cache) {
                 return Err(RequestError::InitWithKvCache);
             }
             for (side, asked, pixels) in [(Side::Width, self.width, init.image.width), (Side::Height, self.height, init.image.height)] {
@@ -208,6 +212,7 @@ impl Job {
             references: references.iter().map(|r| (r.width, r.height)).collect(),
             lora: self.lora,
             init,
+            kv_cache: self.kv_cache.unwrap_or(model.index.kv_cache),
         };
         let guidance_ignored = model.index.is_distilled && guidance > 1.0;
         Ok(Resolved { batch, request, references, output: self.output, guidance_ignored })

@@ -102,6 +102,8 @@ pub struct Request {
     pub lora: std::sync::Arc<LoraSet>,
     /// Image-to-image or inpainting: the init image is `references[0]`.
     pub init: Option<job::InitRequest>,
+    /// The klein KV pipeline's recipe for the references (meaningful with references).
+    pub kv_cache: bool,
 }
 
 /// The reference images' tokens, encoded once before denoising.

@@ -138,6 +138,7 @@ pub fn plan(gpu: &Gpu, model: &ModelFolder, request: &Request) -> Result<Plan, R
     sizes.add_lora(&request.lora, transformer_rows(model, request.width, request.height, &request.references)?);
     let input = PlanInput {
         vae_tile: request.vae_tile.map(|t| t as u64),
+        kv_cache: request.kv_cache && !references.is_empty(),
         ..sizes.plan_input(model, request.width, request.height, &references, gpu.plan_limits(), request.memory_budget)
     };
     Ok(planner::plan(&input)?)
