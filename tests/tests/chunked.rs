@@ -1,6 +1,8 @@
-//! Token-chunked feed-forward: the transformer with its feed-forward and
-//! single-block MLP projections run over a few token rows at a time computes
-//! the unchunked velocity bit for bit, in a smaller activation arena.
+//! Token-chunked blocks: the transformer with every per-token stage
+//! (modulation, projections, norms, RoPE, the queries' attention, the
+//! feed-forward and MLP, residuals) run over a few token rows at a time,
+//! the keys, values and stream whole, computes the unchunked velocity bit
+//! for bit, in a smaller activation arena.
 
 #![allow(clippy::unwrap_used)]
 
@@ -73,4 +75,34 @@ fn the_plan_chunks_when_attention_keys_exceed_a_binding() {
     let got = on(&small, Some(chunk as usize)).unwrap();
     let want = on(gpu(), None).unwrap();
     assert!(got.iter().map(|v| v.to_bits()).eq(want.iter().map(|v| v.to_bits())), "chunks of {chunk}: the velocity differs");
+}
+
+/// With reference images and the KV pipeline's passes (extracting, then
+/// reading the cache), the blocks by chunks of tokens give the unchunked
+/// velocity bit for bit: each chunk's queries are split at the reference
+/// rows as the whole pass splits them.
+#[test]
+fn chunked_kv_passes_give_the_unchunked_velocity_bit_for_bit() {
+    use flux_lite_core::models::transformer::KvMode;
+    let model = ModelFolder::open(&model_dir("tiny-a")).unwrap();
+    let grids = LatentGrids { noise: (LAT_H, LAT_W), references: vec![(3, 2), (2, 2)], kv_cache: KvMode::Keep };
+    let refs: Vec<f32> = (0..10 * model.transformer.in_channels).map(|i| ((i * 29 % 83) as f32 / 41.0) - 1.0).collect();
+    let run = |chunk: Option<usize>| {
+        let store = model.weights(Component::Transformer).unwrap();
+        let t = Transformer::new(gpu(), &model.transformer, store, WeightStrategy::ResidentBf16, chunk, TEXT, &grids).unwrap();
+        t.set_references(gpu(), &refs).unwrap();
+        let mut velocities = Vec::new();
+        for cached in [false, true] {
+            t.use_kv_cache(cached);
+            velocities.extend(velocity_of_two_passes(gpu(), &t, TEXT));
+        }
+        (velocities, t.arena_bytes)
+    };
+    let (want, unchunked_bytes) = run(None);
+    // 8 text + 20 noise + 10 reference rows: chunks of 7 straddle the text/noise and noise/reference boundaries.
+    for chunk in [1, 7, 16] {
+        let (got, bytes) = run(Some(chunk));
+        assert!(got.iter().map(|v| v.to_bits()).eq(want.iter().map(|v| v.to_bits())), "chunks of {chunk}: the velocity differs");
+        assert!(bytes < unchunked_bytes, "chunks of {chunk}: arena {bytes} B, unchunked {unchunked_bytes} B");
+    }
 }
