@@ -213,7 +213,7 @@ impl fmt::Display for PhasePlan {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}", self.weights)?;
         if let Some(rows) = self.chunk {
-            write!(f, ", feed-forward by {rows}-token chunks")?;
+            write!(f, ", by {rows}-token chunks")?;
         }
         match self.kv_cache {
             crate::models::transformer::KvMode::Keep => write!(f, ", the references' keys and values cached"),

@@ -546,7 +546,7 @@ fn vae_layout(cfg: &VaeConfig, size: u64) -> Result<(vae::VaeLayout, u64), RunEr
 const KEY_CHUNK_ROWS: usize = 1024;
 
 fn chunked(chunk: Option<usize>) -> String {
-    chunk.map_or(String::new(), |c| format!(", feed-forward by {c}-token chunks"))
+    chunk.map_or(String::new(), |c| format!(", by {c}-token chunks"))
 }
 
 /// Bytes a convolution must at least move: its input, weights (bf16) and output once each.
