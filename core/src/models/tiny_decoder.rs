@@ -20,7 +20,7 @@
 use crate::arena::{ArenaError, BumpArena};
 use crate::ir::{name, Op, Span, ALIGN, F32};
 use crate::models::tensors::TensorName;
-use crate::models::vae::{rows, same, whole_tokens};
+use crate::models::vae::{denorm_unpatchify, rows, same, whole_tokens};
 use core::fmt;
 
 /// Modules a decoder's `nn.Sequential` may number (TAESD's largest has 26).
@@ -451,16 +451,7 @@ pub fn decode(l: &TinyDecoderLayout, mut emit: impl FnMut(Op)) {
     let p = cfg.layout.prefix();
     let (mut h, mut w) = (l.latent_h, l.latent_w);
     let lc = cfg.latent_channels;
-    emit(Op::DenormUnpatchify {
-        packed: l.packed,
-        latent: l.latent,
-        mean: name(format_args!("bn.running_mean")),
-        var: name(format_args!("bn.running_var")),
-        channels: lc,
-        height: h / 2,
-        width: w / 2,
-        eps: l.bn_eps,
-    });
+    emit(denorm_unpatchify(l.packed, l.latent, lc, (h, w), l.bn_eps));
     emit(Op::TanhClamp { src: l.latent, dst: l.latent, count: lc * h * w, limit: LATENT_CLAMP });
     let conv = |x: Span, weight: TensorName, bias: TensorName, y: Span, shape| Op::Conv2d { x, w: weight, bias, y, shape };
     let (x, t1, t2) = (l.x, l.t1, l.t2);

@@ -265,20 +265,26 @@ pub(crate) fn prefix(args: fmt::Arguments<'_>) -> Prefix {
     p
 }
 
+/// Packed latents `[tokens, 4·channels]` to the latent `[channels, h·w]` the
+/// decoder takes: the VAE's BatchNorm statistics de-normalise, then unpatchify.
+pub(crate) fn denorm_unpatchify(packed: Span, latent: Span, channels: u64, (h, w): (u64, u64), eps: f32) -> Op {
+    Op::DenormUnpatchify {
+        packed,
+        latent,
+        mean: name(format_args!("bn.running_mean")),
+        var: name(format_args!("bn.running_var")),
+        channels,
+        height: h / 2,
+        width: w / 2,
+        eps,
+    }
+}
+
 /// Packed latents to the decoder's first activation (in `a`): de-normalise
 /// and unpatchify, `post_quant_conv` when the model has it, `conv_in`.
 pub fn input(l: &VaeLayout, mut emit: impl FnMut(Op)) {
     let (h, w, lc) = (l.latent_h, l.latent_w, l.latent_channels);
-    emit(Op::DenormUnpatchify {
-        packed: l.packed,
-        latent: l.latent,
-        mean: name(format_args!("bn.running_mean")),
-        var: name(format_args!("bn.running_var")),
-        channels: lc,
-        height: h / 2,
-        width: w / 2,
-        eps: l.bn_eps,
-    });
+    emit(denorm_unpatchify(l.packed, l.latent, lc, (h, w), l.bn_eps));
     let s = &l.stream;
     let mut x = l.latent;
     if l.post_quant_conv {

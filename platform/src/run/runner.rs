@@ -69,6 +69,12 @@ impl DeviceLora {
     }
 }
 
+/// Attention of `q_len` queries over `kv_len` keys, every head its own
+/// keys, `scale = 1/√head_dim`, no mask.
+fn non_causal(q_len: u64, kv_len: u64, heads: u64, head_dim: u64) -> Attention {
+    Attention { q_len, kv_len, q_heads: heads, kv_heads: heads, head_dim, scale: (1.0 / (head_dim as f64).sqrt()) as f32, causal: false }
+}
+
 impl Runner {
     fn mat(&self, s: Span) -> Mat<'_> {
         Mat { buf: &self.arena, offset: s.offset, stride: s.stride }
@@ -104,39 +110,15 @@ impl Runner {
             }
             Op::RopeInterleaved { data, table_row, tokens, heads, head_dim } => kernels::rope(gpu, sink, RopeStyle::Interleaved, self.mat(*data), kernels::RopeTables { cos: &self.rope_cos, sin: &self.rope_sin, first_row: *table_row }, kernels::RopeShape { tokens: *tokens, heads: *heads, head_dim: *head_dim }),
             Op::Attention { q, k, v, o, len, heads, head_dim } => {
-                let s = Attention {
-                    q_len: *len,
-                    kv_len: *len,
-                    q_heads: *heads,
-                    kv_heads: *heads,
-                    head_dim: *head_dim,
-                    scale: (1.0 / (*head_dim as f64).sqrt()) as f32,
-                    causal: false,
-                };
+                let s = non_causal(*len, *len, *heads, *head_dim);
                 kernels::attention(gpu, sink, kernels::Qkv { q: self.mat(*q), k: self.mat(*k), v: self.mat(*v) }, None, self.mat(*o), None, s)
             }
             Op::CrossAttention { q, k, v, o, q_len, kv_len, heads, head_dim } => {
-                let s = Attention {
-                    q_len: *q_len,
-                    kv_len: *kv_len,
-                    q_heads: *heads,
-                    kv_heads: *heads,
-                    head_dim: *head_dim,
-                    scale: (1.0 / (*head_dim as f64).sqrt()) as f32,
-                    causal: false,
-                };
+                let s = non_causal(*q_len, *kv_len, *heads, *head_dim);
                 kernels::attention(gpu, sink, kernels::Qkv { q: self.mat(*q), k: self.mat(*k), v: self.mat(*v) }, None, self.mat(*o), None, s)
             }
             Op::PartialAttention { q, k, v, o, lse, q_len, kv_len, heads, head_dim } => {
-                let s = Attention {
-                    q_len: *q_len,
-                    kv_len: *kv_len,
-                    q_heads: *heads,
-                    kv_heads: *heads,
-                    head_dim: *head_dim,
-                    scale: (1.0 / (*head_dim as f64).sqrt()) as f32,
-                    causal: false,
-                };
+                let s = non_causal(*q_len, *kv_len, *heads, *head_dim);
                 let (q, k, v, o, lse) = (self.mat(*q), self.mat(*k), self.mat(*v), self.mat(*o), self.mat(*lse));
                 kernels::attention(gpu, sink, kernels::Qkv { q, k, v }, None, o, Some(lse), s)
             }
