@@ -1,5 +1,5 @@
-//! The transformer's phase in the plan: its layouts (unchunked, or the
-//! feed-forward and MLP projections over chunks of tokens), each checked
+//! The transformer's phase in the plan: its layouts (unchunked, or every
+//! per-token stage of its blocks over chunks of tokens), each checked
 //! against the adapter's largest buffer and binding, under every weight
 //! strategy.
 
@@ -24,7 +24,7 @@ pub(super) fn attention_binding(input: &PlanInput<'_>, rows: u64, chunk: Option<
 }
 
 /// The transformer's phase: for each weight strategy, unchunked or with
-/// the feed-forward and MLP projections over chunks of tokens, and with the
+/// its blocks' per-token stages over chunks of tokens, and with the
 /// KV pipeline the reference cache kept, else recomputed every step. The
 /// bytes that do not depend on the strategy are laid out once per chunk size.
 #[derive(Debug, Clone)]

@@ -176,8 +176,8 @@ impl fmt::Display for WeightStrategy {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PhasePlan {
     pub weights: WeightStrategy,
-    /// Token rows per pass of the transformer's feed-forward and MLP
-    /// projections (a multiple of [`CHUNK_ROWS`]); `None`: all rows at once.
+    /// Token rows per pass of the transformer's per-token stages (a
+    /// multiple of [`CHUNK_ROWS`]); `None`: all rows at once.
     pub chunk: Option<u64>,
     pub weight_bytes: u64,
     /// The activation arena.
