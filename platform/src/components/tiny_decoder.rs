@@ -74,6 +74,29 @@ impl TinyDecoderFile {
         Ok(self.weight_bytes(vae) + program::run_bytes(&self.config, lat_h, lat_w).map_err(plan_error)?)
     }
 
+    /// Refuses, before anything runs, a `width × height` image whose decode
+    /// needs an arena above the adapter's largest buffer or one activation
+    /// above its largest binding (the tiny decoder runs whole, not by bands).
+    pub fn check_limits(&self, vae: &VaeConfig, width: usize, height: usize, max_buffer: u64, max_binding: u64) -> Result<(), LoadError> {
+        let (lat_h, lat_w) = self.latent(vae, width, height);
+        let activation = 4 * self.config.largest_activation(lat_h * lat_w);
+        let arena = program::run_bytes(&self.config, lat_h, lat_w).unwrap_or(u64::MAX);
+        let over = if activation > max_binding {
+            Some(format!("one activation takes {activation} bytes, above the adapter's largest binding of {max_binding}"))
+        } else if arena > max_buffer {
+            Some(format!("its arena takes {arena} bytes, above the adapter's largest buffer of {max_buffer}"))
+        } else {
+            None
+        };
+        match over {
+            Some(why) => Err(LoadError::Safetensors {
+                path: self.path.clone(),
+                detail: format!("the preview decoder cannot run at {width}×{height}: {why} (preview without --preview-decoder, or make a smaller image)"),
+            }),
+            None => Ok(()),
+        }
+    }
+
     fn latent(&self, vae: &VaeConfig, width: usize, height: usize) -> (u64, u64) {
         let scale = vae.scale_factor();
         ((height / scale) as u64, (width / scale) as u64)

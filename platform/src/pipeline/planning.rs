@@ -133,6 +133,9 @@ fn text_encoder_sizes(model: &ModelFolder) -> Result<WeightSizes, RunError> {
 /// and the adapter's limits; fails at once, naming the smallest budget that
 /// would work, when nothing fits.
 pub fn plan(gpu: &Gpu, model: &ModelFolder, request: &Request) -> Result<Plan, RunError> {
+    if let Some(decoder) = &model.preview_decoder {
+        decoder.check_limits(&model.vae, request.width, request.height, gpu.limits.max_buffer_size, gpu.max_binding())?;
+    }
     let mut sizes = ModelSizes::from_files(model, request.width, request.height)?;
     let references: Vec<(u64, u64)> = request.references.iter().map(|&(w, h)| (w as u64, h as u64)).collect();
     sizes.add_lora(&request.lora, transformer_rows(model, request.width, request.height, &request.references)?);
