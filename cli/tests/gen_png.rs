@@ -154,6 +154,8 @@ fn the_kv_pipeline_caches_the_references_after_the_first_step() {
     // tiny-9b as Flux2KleinKVPipeline: two references (64×72, 80×64) extracted on step 0, cached for steps 1 and 2.
     let stderr = reproduce("tiny-9b-kv/reference-kv", &["--verbose"]);
     assert!(stderr.contains("transformer weights resident, expanded, the references' keys and values cached"), "{stderr}");
+    // 288 + 320 reference tokens × 8 blocks × 2 × 64 × 4 bytes.
+    assert!(stderr.contains("plan: the references' keys and values (608 tokens, 2.38 MiB in f32) extracted on the first step, read from the cache by every later step"), "{stderr}");
     // --kv-cache off runs Flux2KleinPipeline's recipe on the same model: another image.
     let dir = scratch_dir("png-kv-off");
     let out = dir.join("out.png");

@@ -160,7 +160,7 @@ pub fn run(args: &GenArgs) -> Result<(), String> {
         if let Some(m) = &offered {
             eprintln!("{}", crate::budget::default_line(m));
         }
-        report::plan(&pipeline.plan(&job).map_err(|e| line(&e))?, job.references());
+        report::plan(&pipeline.plan(&job).map_err(|e| line(&e))?, job.references(), pipeline.model());
         if job.images() > 1 {
             eprintln!("batch: {} images from {} distinct prompts, each prompt encoded once", job.images(), job.batch().prompts.len());
         }

@@ -12,8 +12,14 @@ fn mib(bytes: u64) -> f64 {
 }
 
 /// The plan `--verbose` prints: each phase's layout, the VAE tile used.
-pub fn plan(plan: &Plan, references: &[ReferenceImage]) {
+pub fn plan(plan: &Plan, references: &[ReferenceImage], model: &flux_lite_platform::model::ModelFolder) {
     eprintln!("plan: text encoder {}; transformer {}", plan.encode.weights, plan.denoise);
+    if plan.denoise.kv_cache == flux_lite_core::models::transformer::KvMode::Keep {
+        let cell = model.vae.latent_cell();
+        let tokens: usize = references.iter().map(|r| (r.width / cell) * (r.height / cell)).sum();
+        let bytes = flux_lite_core::models::transformer::kv_cache_bytes(&model.transformer, tokens as u64);
+        eprintln!("plan: the references' keys and values ({tokens} tokens, {:.2} MiB in f32) extracted on the first step, read from the cache by every later step", mib(bytes));
+    }
     for r in references {
         eprintln!("reference {}: {}×{} → {}×{}", r.path.display(), r.original.0, r.original.1, r.width, r.height);
     }
