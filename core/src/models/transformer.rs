@@ -319,24 +319,28 @@ impl TransformerLayout {
     }
 }
 
+/// The timestep MLP on `sinusoid` into `temb`, and `silu(temb)` into
+/// `temb_silu`, which the modulations read (its scratch: `t_hidden`, `t_act`).
+fn timestep_embedding(l: &TransformerLayout, sinusoid: Span, [temb, temb_silu]: [Span; 2], emit: &mut impl FnMut(Op)) {
+    let d = l.dim;
+    emit(linear(sinusoid, name(format_args!("time_guidance_embed.timestep_embedder.linear_1.weight")), l.t_hidden, 1, d, l.sinusoid_dim));
+    emit(Op::Silu { src: l.t_hidden, dst: l.t_act, rows: 1, cols: d });
+    emit(linear(l.t_act, name(format_args!("time_guidance_embed.timestep_embedder.linear_2.weight")), temb, 1, d, d));
+    emit(Op::Silu { src: temb, dst: temb_silu, rows: 1, cols: d });
+}
+
 /// Timestep MLP, the shared modulations, and the two input embedders.
 pub fn prologue(l: &TransformerLayout, mut emit: impl FnMut(Op)) {
     let d = l.dim;
     let one = |s: Span| Span::new(s.offset, 0);
-    emit(linear(l.sinusoid, name(format_args!("time_guidance_embed.timestep_embedder.linear_1.weight")), l.t_hidden, 1, d, l.sinusoid_dim));
-    emit(Op::Silu { src: l.t_hidden, dst: l.t_act, rows: 1, cols: d });
-    emit(linear(l.t_act, name(format_args!("time_guidance_embed.timestep_embedder.linear_2.weight")), l.temb, 1, d, d));
-    emit(Op::Silu { src: l.temb, dst: l.temb_silu, rows: 1, cols: d });
+    timestep_embedding(l, l.sinusoid, [l.temb, l.temb_silu], &mut emit);
     emit(linear(one(l.temb_silu), name(format_args!("double_stream_modulation_img.linear.weight")), l.mod_img, 1, 6 * d, d));
     emit(linear(one(l.temb_silu), name(format_args!("double_stream_modulation_txt.linear.weight")), l.mod_txt, 1, 6 * d, d));
     emit(linear(one(l.temb_silu), name(format_args!("single_stream_modulation.linear.weight")), l.mod_single, 1, 3 * d, d));
     emit(linear(one(l.temb_silu), name(format_args!("norm_out.linear.weight")), l.mod_out, 1, 2 * d, d));
     if let Some(kv) = l.kv.filter(|kv| kv.pass == KvPass::Extract) {
         // The reference rows' modulations, from the sinusoid of timestep 0.
-        emit(linear(kv.sinusoid, name(format_args!("time_guidance_embed.timestep_embedder.linear_1.weight")), l.t_hidden, 1, d, l.sinusoid_dim));
-        emit(Op::Silu { src: l.t_hidden, dst: l.t_act, rows: 1, cols: d });
-        emit(linear(l.t_act, name(format_args!("time_guidance_embed.timestep_embedder.linear_2.weight")), kv.temb, 1, d, d));
-        emit(Op::Silu { src: kv.temb, dst: kv.temb_silu, rows: 1, cols: d });
+        timestep_embedding(l, kv.sinusoid, [kv.temb, kv.temb_silu], &mut emit);
         emit(linear(one(kv.temb_silu), name(format_args!("double_stream_modulation_img.linear.weight")), kv.mod_img, 1, 6 * d, d));
         emit(linear(one(kv.temb_silu), name(format_args!("single_stream_modulation.linear.weight")), kv.mod_single, 1, 3 * d, d));
     }
