@@ -348,27 +348,51 @@ pub fn prologue(l: &TransformerLayout, mut emit: impl FnMut(Op)) {
     emit(linear(l.latents, name(format_args!("x_embedder.weight")), l.stream.rows_from(l.text), l.active_image(), d, l.in_channels));
 }
 
+/// A modulation vector, and where an extracting pass's reference rows find theirs.
+#[derive(Clone, Copy)]
+struct Modulation {
+    vector: Span,
+    reference: fn(&KvCache) -> Span,
+}
+
 /// Rows that share one modulation: `(first row, rows, modulation vector)`.
 type Segment = (u64, u64, Span);
 
-/// The modulation segments of rows `first .. first + rows` under `modulation`:
-/// in an extracting pass the reference rows among them take `reference`.
-fn segments(l: &TransformerLayout, first: u64, rows: u64, modulation: Span, reference: impl Fn(&KvCache) -> Span) -> heapless::Vec<Segment, 2> {
+/// The modulation segments of rows `first .. first + rows` under `m`: in an
+/// extracting pass the reference rows among them take `m`'s reference vector.
+fn segments(l: &TransformerLayout, first: u64, rows: u64, m: Modulation) -> heapless::Vec<Segment, 2> {
     let mut out = heapless::Vec::new();
     let (end, ref_start) = (first + rows, l.text + l.noise);
     match l.kv.filter(|kv| kv.pass == KvPass::Extract && end > ref_start) {
         Some(kv) => {
             if first < ref_start {
-                let _ = out.push((first, ref_start - first, modulation));
+                let _ = out.push((first, ref_start - first, m.vector));
             }
             let start = first.max(ref_start);
-            let _ = out.push((start, end - start, reference(&kv)));
+            let _ = out.push((start, end - start, (m.reference)(&kv)));
         }
         None => {
-            let _ = out.push((first, rows, modulation));
+            let _ = out.push((first, rows, m.vector));
         }
     }
     out
+}
+
+/// The stream's rows `first .. first + n` normalised and modulated (chunks
+/// `shift`, `scale` of `m`) into `normed`, whose rows start at the stream's
+/// row `base`: 0 unchunked, the chunk's first row by chunks.
+fn modulate(l: &TransformerLayout, (first, n, base): (u64, u64, u64), m: Modulation, [shift, scale]: [u64; 2], emit: &mut impl FnMut(Op)) {
+    for (r, count, v) in segments(l, first, n, m) {
+        emit(Op::LayerNormModulate { src: l.stream.rows_from(r), dst: l.normed.rows_from(r - base), shift: l.chunk(v, shift), scale: l.chunk(v, scale), tokens: count, d: l.dim, eps: l.eps });
+    }
+}
+
+/// The gated residual (chunk `gate` of `m`) of `proj` into the stream's rows
+/// `first .. first + n`, `proj`'s rows starting at the stream's row `base`.
+fn gated_residual(l: &TransformerLayout, (first, n, base): (u64, u64, u64), m: Modulation, gate: u64, emit: &mut impl FnMut(Op)) {
+    for (r, count, v) in segments(l, first, n, m) {
+        emit(Op::GatedResidual { dst: l.stream.rows_from(r), gate: l.chunk(v, gate), y: l.proj.rows_from(r - base), rows: count, cols: l.dim });
+    }
 }
 
 /// Attention over every row in `q`, `k`, `v` into `o`, as the pass has
@@ -424,7 +448,7 @@ fn attend(l: &TransformerLayout, [q, k, v, o]: [Span; 4], first: u64, rows: u64,
 struct Stream<'a> {
     first_row: u64,
     rows: u64,
-    modulation: Span,
+    modulation: Modulation,
     q: &'a str,
     k: &'a str,
     v: &'a str,
@@ -442,7 +466,8 @@ pub fn double_block(l: &TransformerLayout, b: usize, mut emit: impl FnMut(Op)) {
     let txt = Stream {
         first_row: 0,
         rows: l.text,
-        modulation: l.mod_txt,
+        // The text rows are never reference rows.
+        modulation: Modulation { vector: l.mod_txt, reference: |kv| kv.mod_img },
         q: "add_q_proj",
         k: "add_k_proj",
         v: "add_v_proj",
@@ -454,7 +479,7 @@ pub fn double_block(l: &TransformerLayout, b: usize, mut emit: impl FnMut(Op)) {
     let img = Stream {
         first_row: l.text,
         rows: l.active_image(),
-        modulation: l.mod_img,
+        modulation: Modulation { vector: l.mod_img, reference: |kv| kv.mod_img },
         q: "to_q",
         k: "to_k",
         v: "to_v",
@@ -465,20 +490,6 @@ pub fn double_block(l: &TransformerLayout, b: usize, mut emit: impl FnMut(Op)) {
     };
     let w = |part: &str| name(format_args!("transformer_blocks.{b}.{part}.weight"));
     let attn_w = |part: &str| name(format_args!("transformer_blocks.{b}.attn.{part}.weight"));
-    // A stream's rows `first .. first + n`, modulated into `normed` (or its
-    // gated residual from `proj`), whose rows start at the stream's row
-    // `base`: 0 unchunked, the chunk's first row chunked. The image stream's
-    // reference rows take the reference modulation in an extracting pass.
-    let modulate = |s: &Stream<'_>, (first, n, base): (u64, u64, u64), [shift, scale]: [u64; 2], emit: &mut dyn FnMut(Op)| {
-        for (r, count, m) in segments(l, first, n, s.modulation, |kv| kv.mod_img) {
-            emit(Op::LayerNormModulate { src: l.stream.rows_from(r), dst: l.normed.rows_from(r - base), shift: l.chunk(m, shift), scale: l.chunk(m, scale), tokens: count, d, eps: l.eps });
-        }
-    };
-    let gate = |s: &Stream<'_>, (first, n, base): (u64, u64, u64), gate: u64, emit: &mut dyn FnMut(Op)| {
-        for (r, count, m) in segments(l, first, n, s.modulation, |kv| kv.mod_img) {
-            emit(Op::GatedResidual { dst: l.stream.rows_from(r), gate: l.chunk(m, gate), y: l.proj.rows_from(r - base), rows: count, cols: d });
-        }
-    };
     let feed_forward = |s: &Stream<'_>, normed: Span, proj: Span, n: u64, emit: &mut dyn FnMut(Op)| {
         emit(linear(normed, w(&format_str(s.ff, "linear_in")), l.ff_in, n, 2 * f, d));
         emit(Op::SwiGlu { gate: l.ff_in, up: l.ff_in.cols_from(f), dst: l.ff_act, rows: n, cols: f });
@@ -490,7 +501,7 @@ pub fn double_block(l: &TransformerLayout, b: usize, mut emit: impl FnMut(Op)) {
         for s in [&txt, &img] {
             for (r0, n) in l.chunks(s.rows) {
                 let g = s.first_row + r0;
-                modulate(s, (g, n, g), [0, 1], &mut emit);
+                modulate(l, (g, n, g), s.modulation, [0, 1], &mut emit);
                 for (proj, dst) in [(s.k, l.k), (s.v, l.v)] {
                     emit(linear(l.normed, attn_w(proj), dst.rows_from(g), n, d, d));
                 }
@@ -502,23 +513,23 @@ pub fn double_block(l: &TransformerLayout, b: usize, mut emit: impl FnMut(Op)) {
         for s in [&txt, &img] {
             for (r0, n) in l.chunks(s.rows) {
                 let g = s.first_row + r0;
-                modulate(s, (g, n, g), [0, 1], &mut emit);
+                modulate(l, (g, n, g), s.modulation, [0, 1], &mut emit);
                 emit(linear(l.normed, attn_w(s.q), l.q, n, d, d));
                 emit(Op::RmsNormHeads { data: l.q, w: attn_w(s.q_norm), tokens: n, heads, head_dim: hd, eps: l.eps });
                 emit(Op::RopeInterleaved { data: l.q, table_row: g, tokens: n, heads, head_dim: hd });
                 attend(l, [l.q, l.k, l.v, l.attn], g, n, &mut emit);
                 emit(linear(l.attn, attn_w(s.out), l.proj, n, d, d));
-                gate(s, (g, n, g), 2, &mut emit);
-                modulate(s, (g, n, g), [3, 4], &mut emit);
+                gated_residual(l, (g, n, g), s.modulation, 2, &mut emit);
+                modulate(l, (g, n, g), s.modulation, [3, 4], &mut emit);
                 feed_forward(s, l.normed, l.proj, n, &mut emit);
-                gate(s, (g, n, g), 5, &mut emit);
+                gated_residual(l, (g, n, g), s.modulation, 5, &mut emit);
             }
         }
         return;
     }
     for s in [&txt, &img] {
         let rows = |span: Span| span.rows_from(s.first_row);
-        modulate(s, (s.first_row, s.rows, 0), [0, 1], &mut emit);
+        modulate(l, (s.first_row, s.rows, 0), s.modulation, [0, 1], &mut emit);
         for (proj, dst) in [(s.q, l.q), (s.k, l.k), (s.v, l.v)] {
             emit(linear(rows(l.normed), attn_w(proj), rows(dst), s.rows, d, d));
         }
@@ -533,10 +544,10 @@ pub fn double_block(l: &TransformerLayout, b: usize, mut emit: impl FnMut(Op)) {
     for s in [&txt, &img] {
         let rows = |span: Span| span.rows_from(s.first_row);
         emit(linear(rows(l.attn), attn_w(s.out), rows(l.proj), s.rows, d, d));
-        gate(s, (s.first_row, s.rows, 0), 2, &mut emit);
-        modulate(s, (s.first_row, s.rows, 0), [3, 4], &mut emit);
+        gated_residual(l, (s.first_row, s.rows, 0), s.modulation, 2, &mut emit);
+        modulate(l, (s.first_row, s.rows, 0), s.modulation, [3, 4], &mut emit);
         feed_forward(s, rows(l.normed), rows(l.proj), s.rows, &mut emit);
-        gate(s, (s.first_row, s.rows, 0), 5, &mut emit);
+        gated_residual(l, (s.first_row, s.rows, 0), s.modulation, 5, &mut emit);
     }
 }
 
@@ -555,23 +566,12 @@ pub fn single_block(l: &TransformerLayout, b: usize, mut emit: impl FnMut(Op)) {
     let (d, f, hd, heads, rows) = (l.dim, l.mlp, l.head_dim, l.heads, l.active_rows());
     let w = |part: &str| name(format_args!("single_transformer_blocks.{b}.attn.{part}.weight"));
     let block = l.kv.map_or(0, |kv| kv.double_blocks) + b as u64;
-    // Rows `first .. first + n` modulated into `normed` (or their gated
-    // residual from `proj`), whose rows start at row `base`.
-    let modulate = |(first, n, base): (u64, u64, u64), emit: &mut dyn FnMut(Op)| {
-        for (r, count, m) in segments(l, first, n, l.mod_single, |kv| kv.mod_single) {
-            emit(Op::LayerNormModulate { src: l.stream.rows_from(r), dst: l.normed.rows_from(r - base), shift: l.chunk(m, 0), scale: l.chunk(m, 1), tokens: count, d, eps: l.eps });
-        }
-    };
-    let gate = |(first, n, base): (u64, u64, u64), emit: &mut dyn FnMut(Op)| {
-        for (r, count, m) in segments(l, first, n, l.mod_single, |kv| kv.mod_single) {
-            emit(Op::GatedResidual { dst: l.stream.rows_from(r), gate: l.chunk(m, 2), y: l.proj.rows_from(r - base), rows: count, cols: d });
-        }
-    };
+    let m = Modulation { vector: l.mod_single, reference: |kv| kv.mod_single };
     // Rows `w_row ..` of the fused weight (0: q, D: k, 2D: v, 3D: the MLP halves).
     let part = |x: Span, w_row: u64, y: Span, n: u64, cols: u64| Op::Linear { x, w: w("to_qkv_mlp_proj"), w_row, bias: None, y, rows: n, cols, inner: d };
     if l.by_chunks() {
         for (r0, n) in l.chunks(rows) {
-            modulate((r0, n, r0), &mut emit);
+            modulate(l, (r0, n, r0), m, [0, 1], &mut emit);
             emit(part(l.normed, d, l.k.rows_from(r0), n, d));
             emit(part(l.normed, 2 * d, l.v.rows_from(r0), n, d));
             emit(Op::RmsNormHeads { data: l.k.rows_from(r0), w: w("norm_k"), tokens: n, heads, head_dim: hd, eps: l.eps });
@@ -579,7 +579,7 @@ pub fn single_block(l: &TransformerLayout, b: usize, mut emit: impl FnMut(Op)) {
         emit(Op::RopeInterleaved { data: l.k, table_row: 0, tokens: rows, heads, head_dim: hd });
         kv_copies(l, block, l.k, l.v, &mut emit);
         for (r0, n) in l.chunks(rows) {
-            modulate((r0, n, r0), &mut emit);
+            modulate(l, (r0, n, r0), m, [0, 1], &mut emit);
             emit(part(l.normed, 0, l.q, n, d));
             emit(Op::RmsNormHeads { data: l.q, w: w("norm_q"), tokens: n, heads, head_dim: hd, eps: l.eps });
             emit(Op::RopeInterleaved { data: l.q, table_row: r0, tokens: n, heads, head_dim: hd });
@@ -587,11 +587,11 @@ pub fn single_block(l: &TransformerLayout, b: usize, mut emit: impl FnMut(Op)) {
             emit(part(l.normed, 3 * d, l.fused, n, 2 * f));
             emit(Op::SwiGlu { gate: l.fused, up: l.fused.cols_from(f), dst: l.joined.cols_from(d), rows: n, cols: f });
             emit(linear(l.joined, w("to_out"), l.proj, n, d, d + f));
-            gate((r0, n, r0), &mut emit);
+            gated_residual(l, (r0, n, r0), m, 2, &mut emit);
         }
         return;
     }
-    modulate((0, rows, 0), &mut emit);
+    modulate(l, (0, rows, 0), m, [0, 1], &mut emit);
     emit(linear(l.normed, w("to_qkv_mlp_proj"), l.fused, rows, 3 * d + 2 * f, d));
     let (q, k, v) = (l.fused, l.fused.cols_from(d), l.fused.cols_from(2 * d));
     emit(Op::RmsNormHeads { data: q, w: w("norm_q"), tokens: rows, heads, head_dim: hd, eps: l.eps });
@@ -602,7 +602,7 @@ pub fn single_block(l: &TransformerLayout, b: usize, mut emit: impl FnMut(Op)) {
     attention(l, block, [q, k, v, l.joined], &mut emit);
     emit(Op::SwiGlu { gate: l.fused.cols_from(3 * d), up: l.fused.cols_from(3 * d + f), dst: l.joined.cols_from(d), rows, cols: f });
     emit(linear(l.joined, w("to_out"), l.proj, rows, d, d + f));
-    gate((0, rows, 0), &mut emit);
+    gated_residual(l, (0, rows, 0), m, 2, &mut emit);
 }
 
 /// Final AdaLN (scale first, then shift) on the noise rows and the output
