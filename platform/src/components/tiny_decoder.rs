@@ -80,7 +80,11 @@ impl TinyDecoderFile {
     pub fn check_limits(&self, vae: &VaeConfig, width: usize, height: usize, max_buffer: u64, max_binding: u64) -> Result<(), LoadError> {
         let (lat_h, lat_w) = self.latent(vae, width, height);
         let activation = 4 * self.config.largest_activation(lat_h * lat_w);
-        let arena = program::run_bytes(&self.config, lat_h, lat_w).unwrap_or(u64::MAX);
+        let mut arena = BumpArena::new(u64::MAX);
+        let arena = match TinyDecoderLayout::new(&self.config, lat_h, lat_w, 0.0, &mut arena) {
+            Ok(_) => arena.high_water(),
+            Err(_) => u64::MAX,
+        };
         let over = if activation > max_binding {
             Some(format!("one activation takes {activation} bytes, above the adapter's largest binding of {max_binding}"))
         } else if arena > max_buffer {
@@ -117,16 +121,11 @@ impl TinyDecoder {
     /// `vae_store`) and records the decode of a `width × height` image.
     pub fn new(gpu: &Gpu, file: &TinyDecoderFile, vae: &VaeConfig, vae_store: &WeightStore, width: usize, height: usize) -> Result<Self, RunError> {
         file.check_fits(vae)?;
+        file.check_limits(vae, width, height, gpu.limits.max_buffer_size, gpu.max_binding())?;
         let (lat_h, lat_w) = file.latent(vae, width, height);
         let mut arena = BumpArena::new(u64::MAX);
         let layout = TinyDecoderLayout::new(&file.config, lat_h, lat_w, vae.batch_norm_eps as f32, &mut arena).map_err(plan_error)?;
         let bytes = arena.high_water();
-        if bytes > gpu.limits.max_buffer_size {
-            return Err(RunError::Internal(format!(
-                "the preview decoder needs a {bytes}-byte buffer at {width}×{height}, above the adapter's {}; preview without --preview-decoder",
-                gpu.limits.max_buffer_size
-            )));
-        }
         let runner = arena_runner(gpu, "preview decoder activations", bytes);
         gpu.check_faults()?;
         let mut weights = upload_checked(gpu, vae_store, &crate::components::vae::specs_under(vae, &["bn.running_"]))?;
