@@ -64,6 +64,17 @@ pub enum Op {
     Attention { q: Span, k: Span, v: Span, o: Span, len: u64, heads: u64, head_dim: u64 },
     /// Non-causal attention of `q_len` query rows over `kv_len` key rows, `scale = 1/√head_dim`.
     CrossAttention { q: Span, k: Span, v: Span, o: Span, q_len: u64, kv_len: u64, heads: u64, head_dim: u64 },
+    /// `CrossAttention` over keys and values in the half-K/V layout: `k`
+    /// and `v` hold f16 pairs (`[kv_len, D/2]` words, as [`Op::HalfPack`]
+    /// writes them), `k_scales` and `v_scales` each (token, head) row's range
+    /// scale `[kv_len, heads]`.
+    HalfKvAttention { q: Span, k: Span, v: Span, k_scales: Span, v_scales: Span, o: Span, q_len: u64, kv_len: u64, heads: u64, head_dim: u64 },
+    /// f32 rows `src` `[tokens, heads·head_dim]` into the half-K/V layout:
+    /// each (token, head) row divided by its range scale (the power of two
+    /// that brings its largest magnitude into [2¹³, 2¹⁴)) and rounded to
+    /// f16, two a word, into `dst` `[tokens, heads·head_dim/2]`; the scales
+    /// into `scales` `[tokens, heads]`.
+    HalfPack { src: Span, dst: Span, scales: Span, tokens: u64, heads: u64, head_dim: u64 },
     /// Non-causal attention of `q_len` queries over `kv_len` keys that also
     /// writes each row's log-sum-exp of scaled scores into `lse` `[q_len, heads]`,
     /// so attention over separate key chunks can be combined.
@@ -136,7 +147,9 @@ impl Op {
         match self {
             Op::Linear { rows, cols, inner, .. } => 2 * rows * cols * inner,
             Op::Attention { len, heads, head_dim, .. } => 4 * len * len * heads * head_dim,
-            Op::PartialAttention { q_len, kv_len, heads, head_dim, .. } | Op::CrossAttention { q_len, kv_len, heads, head_dim, .. } => {
+            Op::PartialAttention { q_len, kv_len, heads, head_dim, .. }
+            | Op::CrossAttention { q_len, kv_len, heads, head_dim, .. }
+            | Op::HalfKvAttention { q_len, kv_len, heads, head_dim, .. } => {
                 4 * q_len * kv_len * heads * head_dim
             }
             Op::CausalAttention { len, q_heads, head_dim, .. } => 4 * len * len * q_heads * head_dim,

@@ -20,6 +20,11 @@ pub mod kernels {
     /// probabilities and v rounded to f16, 2.0e-4 – 4.0e-4 measured (Mesa 26's
     /// lavapipe, 8×8 tiles, 2026-11-25).
     pub const MATRIX_ATTENTION: f64 = 1e-3;
+    /// Attention over keys and values in the half-K/V layout against the
+    /// exact attention: k and v rounded to f16 (2⁻¹¹ relative each) under
+    /// their range scales, 2.4e-4 – 3.0e-4 measured (lavapipe, both kernel
+    /// shapes, 2026-11-27).
+    pub const HALF_KV_ATTENTION: f64 = 5e-4;
 }
 
 /// The f32 path (the reference tier).
@@ -80,6 +85,25 @@ pub mod other_tiers {
     pub const VELOCITY: f64 = 1.5e-3;
     /// The VAE decoder's output vs diffusers: measured 6.7e-4 – 8.9e-4 (the same runs).
     pub const VAE_DECODED: f64 = 2e-3;
+}
+
+/// The half-K/V layout (the transformer's keys and values kept in f16
+/// under their range scales, every other tensor f32; the planner takes it
+/// only where no layout with f32 keys and values fits): its own bounds.
+pub mod half_kv {
+    /// Each step's velocity vs diffusers, from diffusers' latents: measured
+    /// 8.1e-6 – 1.95e-5 on the golden cases of tiny-a, tiny-b and tiny-9b
+    /// (the f32 layout's 3.8e-6 at most: f16 keys and values add about
+    /// 1e-5), by chunks of 64 rows and of all rows (lavapipe, 2026-11-27).
+    pub const VELOCITY: f64 = 5e-5;
+    /// The velocity against the f32 layout's on the suite's synthetic
+    /// prompt and latents (larger than on the goldens' inputs): measured
+    /// 7.5e-5 (tiny-b) – 1.1e-4 (tiny-a) (lavapipe, 2026-11-27).
+    pub const VS_F32_LAYOUT: f64 = 3e-4;
+    /// A whole run's final latents against the f32 layout's (tiny-a at its
+    /// minimum budget, 2 steps, `cli/tests/budget.rs`): measured 8.7e-6
+    /// (lavapipe, 2026-11-27); its PNG within 1 level, mean 3e-4.
+    pub const LATENTS: f64 = 3e-5;
 }
 
 /// The largest and the mean difference of two 8-bit images, in levels

@@ -13,6 +13,9 @@ fn capabilities(module: Module) -> naga::valid::Capabilities {
     caps.set(C::SHADER_FLOAT16, features.contains(wgpu::Features::SHADER_F16));
     caps.set(C::COOPERATIVE_MATRIX, features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX));
     caps.set(C::SUBGROUP, features.contains(wgpu::Features::SUBGROUP));
+    // pack2x16float/unpack2x16float (the half-K/V layout): a downlevel
+    // capability that Vulkan, Metal and DX12 always have.
+    caps.set(C::SHADER_FLOAT16_IN_FLOAT32, true);
     caps
 }
 

@@ -11,6 +11,11 @@ pub enum Module {
     Norm,
     Rope,
     Attention,
+    /// Attention over keys and values stored as f16 pairs with a range
+    /// scale per head row (the transformer's half-K/V layout).
+    AttentionHalfKv,
+    /// f32 rows into that layout.
+    HalfPack,
     Elementwise,
     Conv,
     Vae,
@@ -50,12 +55,14 @@ pub enum Module {
 }
 
 impl Module {
-    pub const ALL: [Module; 27] = [
+    pub const ALL: [Module; 29] = [
         Module::Linear,
         Module::RangeScales,
         Module::Norm,
         Module::Rope,
         Module::Attention,
+        Module::AttentionHalfKv,
+        Module::HalfPack,
         Module::Elementwise,
         Module::Conv,
         Module::Vae,
@@ -87,6 +94,8 @@ impl Module {
             Module::Norm => "norm",
             Module::Rope => "rope",
             Module::Attention => "attention",
+            Module::AttentionHalfKv => "attention (f16 keys and values)",
+            Module::HalfPack => "half_pack",
             Module::Elementwise => "elementwise",
             Module::Conv => "conv",
             Module::Vae => "vae",
@@ -236,7 +245,9 @@ impl Module {
             Module::RangeScales => with_common!("range_rule.wgsl", "range_scales.wgsl"),
             Module::Norm => with_common!("norm.wgsl"),
             Module::Rope => with_common!("rope.wgsl"),
-            Module::Attention => with_common!("attention_io.wgsl", "attention.wgsl", "attention_cpu.wgsl"),
+            Module::Attention => with_common!("attention_io.wgsl", "attention_kv_f32.wgsl", "attention.wgsl", "attention_cpu.wgsl"),
+            Module::AttentionHalfKv => with_common!("attention_io.wgsl", "attention_kv_half.wgsl", "attention.wgsl", "attention_cpu.wgsl"),
+            Module::HalfPack => with_common!("range_rule.wgsl", "half_pack.wgsl"),
             Module::Elementwise => with_common!("elementwise.wgsl"),
             Module::Conv => with_gemm!(f32, "product_io.wgsl", "conv_io.wgsl", "conv.wgsl"),
             Module::ConvHalf => with_gemm!(f16, "product_io.wgsl", "conv_io.wgsl", "conv.wgsl"),
@@ -248,14 +259,14 @@ impl Module {
             Module::LinearMatrix16 => with_matrix!("16", f16, "product_io.wgsl", "linear_io.wgsl", "linear_matrix.wgsl", "matrix_gemm.wgsl"),
             Module::ConvMatrix8 => with_matrix!("8", f16, "product_io.wgsl", "conv_io.wgsl", "conv_matrix.wgsl", "matrix_tiles.wgsl"),
             Module::ConvMatrix16 => with_matrix!("16", f16, "product_io.wgsl", "conv_io.wgsl", "conv_matrix.wgsl", "matrix_tiles.wgsl"),
-            Module::AttentionMatrix8 => with_matrix!("8", f16, "attention_io.wgsl", "attention_matrix.wgsl"),
-            Module::AttentionMatrix16 => with_matrix!("16", f16, "attention_io.wgsl", "attention_matrix.wgsl"),
-            Module::AttentionFlash8 => with_matrix!("8", f16, "attention_io.wgsl", "attention_flash.wgsl"),
-            Module::AttentionFlash16 => with_matrix!("16", f16, "attention_io.wgsl", "attention_flash.wgsl"),
+            Module::AttentionMatrix8 => with_matrix!("8", f16, "attention_io.wgsl", "attention_kv_f32.wgsl", "attention_matrix.wgsl"),
+            Module::AttentionMatrix16 => with_matrix!("16", f16, "attention_io.wgsl", "attention_kv_f32.wgsl", "attention_matrix.wgsl"),
+            Module::AttentionFlash8 => with_matrix!("8", f16, "attention_io.wgsl", "attention_kv_f32.wgsl", "attention_flash.wgsl"),
+            Module::AttentionFlash16 => with_matrix!("16", f16, "attention_io.wgsl", "attention_kv_f32.wgsl", "attention_flash.wgsl"),
             Module::BenchMatrix8 => with_matrix!("8", f16, "bench_io.wgsl", "bench_matrix.wgsl"),
             Module::LinearMatrix8F32 => with_matrix!("8", f32, "product_io.wgsl", "linear_io.wgsl", "linear_matrix.wgsl", "matrix_gemm.wgsl"),
             Module::ConvMatrix8F32 => with_matrix!("8", f32, "product_io.wgsl", "conv_io.wgsl", "conv_matrix.wgsl", "matrix_tiles.wgsl"),
-            Module::AttentionMatrix8F32 => with_matrix!("8", f32, "attention_io.wgsl", "attention_matrix.wgsl"),
+            Module::AttentionMatrix8F32 => with_matrix!("8", f32, "attention_io.wgsl", "attention_kv_f32.wgsl", "attention_matrix.wgsl"),
             Module::BenchMatrix8F32 => with_matrix!("8", f32, "bench_io.wgsl", "bench_matrix.wgsl"),
             Module::BenchMatrix16 => with_matrix!("16", f16, "bench_io.wgsl", "bench_matrix.wgsl"),
         }

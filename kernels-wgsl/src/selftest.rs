@@ -12,7 +12,8 @@ use crate::kernels::elementwise::{elementwise, transpose, Elementwise};
 use crate::kernels::vae::{denorm_unpatchify, pixel_levels, LatentStats};
 use crate::kernels::linear::{linear, linear_add, Gemm};
 use crate::kernels::norm::{group_norm, group_norm_apply, group_stats, layer_norm_modulate, rms_norm, rms_norm_inplace, GroupAffine, Groups, RowNorm};
-use crate::kernels::rope::{rope, RopeShape, RopeStyle, RopeTables};
+use crate::kernels::rope::{rope, RopeStyle, RopeTables};
+use crate::view::HeadRows;
 use crate::{DeviceBuffer, Gpu, GpuError, Mat, Precision, Weight};
 use flux_lite_core::oracle::{self as r, ConvShape, Weights};
 
@@ -448,7 +449,7 @@ pub fn check_rope(gpu: &Gpu, style: RopeStyle, [tokens, heads, head_dim]: [usize
     let db = gpu.upload_f32("data", &data);
     let got = run_and_read(gpu, &db, data.len(), |enc| {
         let view = Mat { buf: &db, offset: 2, stride: stride as u64 };
-        let s = RopeShape { tokens: tokens as u64, heads: heads as u64, head_dim: head_dim as u64 };
+        let s = HeadRows { tokens: tokens as u64, heads: heads as u64, head_dim: head_dim as u64 };
         rope(gpu, enc, style, view, RopeTables { cos: &cos_b, sin: &sin_b, first_row: 2 }, s)
     })?;
     // Every column outside the rotated window must come back untouched.

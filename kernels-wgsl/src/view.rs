@@ -65,3 +65,12 @@ impl<'a> Weight<'a> {
     }
 }
 
+
+/// `[tokens, heads, head_dim]` rows: what a RoPE rotates, and what the
+/// half-K/V layout packs a (token, head) row at a time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeadRows {
+    pub tokens: u64,
+    pub heads: u64,
+    pub head_dim: u64,
+}

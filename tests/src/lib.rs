@@ -272,6 +272,12 @@ impl TransformerCase {
 
     /// The case with its transformer on `gpu` (another precision tier's device).
     pub fn load_on(gpu: &Gpu, name: &'static str) -> Self {
+        Self::load_laid_out(gpu, name, None, false)
+    }
+
+    /// The case with its transformer on `gpu` by chunks of `chunk` token
+    /// rows (`None`: unchunked), with keys and values in half precision.
+    pub fn load_laid_out(gpu: &Gpu, name: &'static str, chunk: Option<usize>, half_kv: bool) -> Self {
         let goldens = Goldens::load(name);
         let json = goldens.case_json();
         let field = |k: &str| json[k].clone();
@@ -283,8 +289,8 @@ impl TransformerCase {
             .unwrap_or_default();
         assert_eq!(shape.len(), 4, "{name}: noise_shape");
         let store = model.weights(Component::Transformer).unwrap_or_else(|e| panic!("{e}"));
-        let transformer =
-            Transformer::new(gpu, &model.transformer, store, WeightStrategy::ResidentBf16, None, 512, &LatentGrids::noise_only(shape[2], shape[3])).unwrap_or_else(|e| panic!("{e}"));
+        let grids = LatentGrids { half_kv, ..LatentGrids::noise_only(shape[2], shape[3]) };
+        let transformer = Transformer::new(gpu, &model.transformer, store, WeightStrategy::ResidentBf16, chunk, 512, &grids).unwrap_or_else(|e| panic!("{e}"));
         let steps = field("steps").as_u64().unwrap_or_else(|| panic!("{name}: steps")) as usize;
         let cfg = field("cfg").as_bool().unwrap_or_else(|| panic!("{name}: cfg"));
         Self { name, goldens, transformer, steps, cfg }

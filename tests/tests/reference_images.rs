@@ -129,7 +129,7 @@ fn reference_tokens_and_positions_follow_the_pipeline() {
         assert_rel_l2(&format!("{case} reference tokens"), &encoded.tokens, &want, flux_lite_tests::tolerance::f32::REFERENCE_TOKENS);
         eprintln!("{case}: reference tokens relative L2 {:.2e}", rel_l2(&encoded.tokens, &want).0);
         // The positions after the noise grid are the pipeline's image_latent_ids.
-        let grids = LatentGrids { noise: (1, 1), references: encoded.grids.clone(), kv_cache: Default::default() };
+        let grids = LatentGrids { noise: (1, 1), references: encoded.grids.clone(), kv_cache: Default::default(), half_kv: false };
         let got: Vec<i64> = grids.positions().skip(1).flat_map(|p| p.map(|v| v as i64)).collect();
         assert_eq!(got, g.i64("image_latent_ids").0, "{case}: reference positions");
     }
@@ -162,7 +162,7 @@ fn denoising_with_references_follows_diffusers() {
             &[(KvMode::Off, WeightStrategy::ResidentBf16)]
         };
         for &(mode, strategy) in modes {
-            let grids = LatentGrids { noise: (h / unit, w / unit), references: reference_grids.clone(), kv_cache: mode };
+            let grids = LatentGrids { noise: (h / unit, w / unit), references: reference_grids.clone(), kv_cache: mode, half_kv: false };
             let store = model.weights(Component::Transformer).unwrap();
             let t = Transformer::new(gpu(), &model.transformer, store, strategy, None, 512, &grids).unwrap();
             assert_eq!(ref_shape, [t.layout.image as usize - t.layout.noise as usize, t.layout.in_channels as usize]);

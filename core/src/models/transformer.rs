@@ -12,6 +12,13 @@
 //! place. Only the stream, the keys and the values are as long as the
 //! sequence; each row's arithmetic is the unchunked pass's.
 //!
+//! In the half-K/V layout (by chunks) the keys and values are kept as f16
+//! pairs, each (token, head) row under its range scale: a chunk's keys and
+//! values are projected into chunk scratch, normed and roped there, and
+//! packed (`Op::HalfPack`); attention reads them packed
+//! (`Op::HalfKvAttention`). That halves the floor's keys and values at the
+//! cost of rounding them to f16.
+//!
 //! The image rows are the noise tokens, then the tokens of any reference
 //! images: every block runs over both, and only the noise tokens' velocity
 //! is computed (diffusers slices the prediction to them).
@@ -43,6 +50,9 @@ pub struct Tokens {
     pub references: u64,
     /// The klein KV pipeline's handling of the references (meaningful with references).
     pub kv_cache: KvMode,
+    /// Keys and values kept in half precision (the half-K/V layout, whose
+    /// blocks run by chunks); not with a kept KV cache, whose copies move f32 rows.
+    pub half_kv: bool,
 }
 
 /// How a pass treats the reference tokens.
@@ -62,7 +72,7 @@ pub enum KvMode {
 impl Tokens {
     /// A pass without reference images.
     pub fn plain(text: u64, noise: u64) -> Self {
-        Self { text, noise, references: 0, kv_cache: KvMode::Off }
+        Self { text, noise, references: 0, kv_cache: KvMode::Off, half_kv: false }
     }
 
     /// Every image token: noise, then references.
@@ -108,10 +118,14 @@ pub struct TransformerLayout {
     pub normed: Span,
     /// Double-block attention tensors: queries and attention output
     /// `[text + image, D]` (`[chunk, D]` by chunks), keys and values
-    /// `[text + image, D]` always (every query reads every key).
+    /// `[text + image, D]` always (every query reads every key); in the
+    /// half-K/V layout `[text + image, D/2]` words of f16 pairs.
     pub q: Span,
     pub k: Span,
     pub v: Span,
+    /// The half-K/V layout's range scales of the keys and of the values,
+    /// `[text + image, heads]` each.
+    pub kv_scales: Option<[Span; 2]>,
     pub attn: Span,
     /// A projection's output before its gated residual, `[text + image, D]` (`[chunk, D]` by chunks).
     pub proj: Span,
@@ -194,6 +208,9 @@ impl TransformerLayout {
         let mlp = cfg.mlp_hidden_dim() as u64;
         let rows = text + image;
         let chunk = chunk.clamp(1, rows.max(1));
+        let half_kv = tokens.half_kv && tokens.kv_cache != KvMode::Keep;
+        let by_chunks = chunk < rows || half_kv;
+        let kv_width = if half_kv { dim / 2 } else { dim };
         let take = |arena: &mut BumpArena, r: u64, width: u64| -> Result<Span, ArenaError> {
             let s = arena.alloc(r * width * F32, ALIGN)?;
             Ok(Span::new(s.offset / F32, width))
@@ -206,7 +223,7 @@ impl TransformerLayout {
         let ff_act = take(arena, ff_rows, mlp)?;
         let double_end = arena.used();
         arena.rewind(scratch);
-        let (fused, joined) = if chunk < rows {
+        let (fused, joined) = if by_chunks {
             (take(arena, chunk, 2 * mlp)?, take(arena, chunk, dim + mlp)?)
         } else {
             (take(arena, rows, 3 * dim + 2 * mlp)?, take(arena, rows, dim + mlp)?)
@@ -242,8 +259,9 @@ impl TransformerLayout {
             stream: take(rows, dim)?,
             normed: take(scratch_rows, dim)?,
             q: take(scratch_rows, dim)?,
-            k: take(rows, dim)?,
-            v: take(rows, dim)?,
+            k: take(rows, kv_width)?,
+            v: take(rows, kv_width)?,
+            kv_scales: None,
             attn: take(scratch_rows, dim)?,
             proj: take(scratch_rows, dim)?,
             ff_in,
@@ -254,6 +272,10 @@ impl TransformerLayout {
             chunk,
             kv: None,
         };
+        if half_kv {
+            let heads = cfg.num_attention_heads as u64;
+            l.kv_scales = Some([take(rows, heads)?, take(rows, heads)?]);
+        }
         let references = image - noise;
         if tokens.kv_cache != KvMode::Off && references > 0 {
             let blocks = (cfg.num_layers + cfg.num_single_layers) as u64;
@@ -302,9 +324,10 @@ impl TransformerLayout {
     }
 
     /// Whether the blocks run by chunks of token rows (every per-token
-    /// stage; the keys, values and residual stream whole).
+    /// stage; the keys, values and residual stream whole): below the row
+    /// count, and always in the half-K/V layout.
     pub fn by_chunks(&self) -> bool {
-        self.chunk < self.text + self.image
+        self.chunk < self.text + self.image || self.kv_scales.is_some()
     }
 
     /// `(first row, rows)` of each chunk of `rows` rows.
@@ -425,22 +448,57 @@ fn kv_copies(l: &TransformerLayout, block: u64, k: Span, v: Span, emit: &mut imp
 fn attend(l: &TransformerLayout, [q, k, v, o]: [Span; 4], first: u64, rows: u64, emit: &mut impl FnMut(Op)) {
     let (heads, hd) = (l.heads, l.head_dim);
     let (all, own) = (l.text + l.image, l.text + l.noise);
+    // `q_len` queries over the `kv_len` keys from row `kv_first`, f32 or half.
+    let mut cross = |q: Span, o: Span, q_len: u64, kv_first: u64, kv_len: u64| {
+        let (k, v) = (k.rows_from(kv_first), v.rows_from(kv_first));
+        emit(match l.kv_scales {
+            None => Op::CrossAttention { q, k, v, o, q_len, kv_len, heads, head_dim: hd },
+            Some([ks, vs]) => Op::HalfKvAttention { q, k, v, k_scales: ks.rows_from(kv_first), v_scales: vs.rows_from(kv_first), o, q_len, kv_len, heads, head_dim: hd },
+        })
+    };
     match l.kv_pass() {
-        None if first == 0 && rows == all => emit(Op::Attention { q, k, v, o, len: all, heads, head_dim: hd }),
+        None if first == 0 && rows == all && l.kv_scales.is_none() => emit(Op::Attention { q, k, v, o, len: all, heads, head_dim: hd }),
         Some(KvPass::Extract) => {
             let end = first + rows;
             if first < own {
-                let n = end.min(own) - first;
-                emit(Op::CrossAttention { q, k, v, o, q_len: n, kv_len: all, heads, head_dim: hd });
+                cross(q, o, end.min(own) - first, 0, all);
             }
             if end > own {
                 let start = first.max(own);
-                let (q, o) = (q.rows_from(start - first), o.rows_from(start - first));
-                let refs = |s: Span| s.rows_from(own);
-                emit(Op::CrossAttention { q, k: refs(k), v: refs(v), o, q_len: end - start, kv_len: all - own, heads, head_dim: hd });
+                cross(q.rows_from(start - first), o.rows_from(start - first), end - start, own, all - own);
             }
         }
-        _ => emit(Op::CrossAttention { q, k, v, o, q_len: rows, kv_len: all, heads, head_dim: hd }),
+        _ => cross(q, o, rows, 0, all),
+    }
+}
+
+/// Where a chunk of rows from `first` gets its keys and values projected:
+/// straight into the whole `k` and `v`, or in the half-K/V layout into
+/// chunk scratch (`q` and `attn`, free until the chunk's queries), for
+/// [`keep_keys_values`] to rope and pack.
+fn key_value_targets(l: &TransformerLayout, first: u64) -> [Span; 2] {
+    match l.kv_scales {
+        None => [l.k.rows_from(first), l.v.rows_from(first)],
+        Some(_) => [l.q, l.attn],
+    }
+}
+
+/// After a chunk's keys (normed) and values are in [`key_value_targets`]:
+/// in the half-K/V layout, RoPE on the chunk's keys and both packed into
+/// rows `first .. first + n` (f32 keys are roped all at once by [`rope_keys`]).
+fn keep_keys_values(l: &TransformerLayout, first: u64, n: u64, emit: &mut impl FnMut(Op)) {
+    let Some([ks, vs]) = l.kv_scales else { return };
+    let (heads, head_dim) = (l.heads, l.head_dim);
+    emit(Op::RopeInterleaved { data: l.q, table_row: first, tokens: n, heads, head_dim });
+    emit(Op::HalfPack { src: l.q, dst: l.k.rows_from(first), scales: ks.rows_from(first), tokens: n, heads, head_dim });
+    emit(Op::HalfPack { src: l.attn, dst: l.v.rows_from(first), scales: vs.rows_from(first), tokens: n, heads, head_dim });
+}
+
+/// RoPE on every row's f32 keys, once all are projected (the half-K/V
+/// layout ropes each chunk's before packing).
+fn rope_keys(l: &TransformerLayout, emit: &mut impl FnMut(Op)) {
+    if l.kv_scales.is_none() {
+        emit(Op::RopeInterleaved { data: l.k, table_row: 0, tokens: l.active_rows(), heads: l.heads, head_dim: l.head_dim });
     }
 }
 
@@ -502,13 +560,15 @@ pub fn double_block(l: &TransformerLayout, b: usize, mut emit: impl FnMut(Op)) {
             for (r0, n) in l.chunks(s.rows) {
                 let g = s.first_row + r0;
                 modulate(l, (g, n, g), s.modulation, [0, 1], &mut emit);
-                for (proj, dst) in [(s.k, l.k), (s.v, l.v)] {
-                    emit(linear(l.normed, attn_w(proj), dst.rows_from(g), n, d, d));
+                let [k, v] = key_value_targets(l, g);
+                for (proj, dst) in [(s.k, k), (s.v, v)] {
+                    emit(linear(l.normed, attn_w(proj), dst, n, d, d));
                 }
-                emit(Op::RmsNormHeads { data: l.k.rows_from(g), w: attn_w(s.k_norm), tokens: n, heads, head_dim: hd, eps: l.eps });
+                emit(Op::RmsNormHeads { data: k, w: attn_w(s.k_norm), tokens: n, heads, head_dim: hd, eps: l.eps });
+                keep_keys_values(l, g, n, &mut emit);
             }
         }
-        emit(Op::RopeInterleaved { data: l.k, table_row: 0, tokens: l.active_rows(), heads, head_dim: hd });
+        rope_keys(l, &mut emit);
         kv_copies(l, b as u64, l.k, l.v, &mut emit);
         for s in [&txt, &img] {
             for (r0, n) in l.chunks(s.rows) {
@@ -572,11 +632,13 @@ pub fn single_block(l: &TransformerLayout, b: usize, mut emit: impl FnMut(Op)) {
     if l.by_chunks() {
         for (r0, n) in l.chunks(rows) {
             modulate(l, (r0, n, r0), m, [0, 1], &mut emit);
-            emit(part(l.normed, d, l.k.rows_from(r0), n, d));
-            emit(part(l.normed, 2 * d, l.v.rows_from(r0), n, d));
-            emit(Op::RmsNormHeads { data: l.k.rows_from(r0), w: w("norm_k"), tokens: n, heads, head_dim: hd, eps: l.eps });
+            let [k, v] = key_value_targets(l, r0);
+            emit(part(l.normed, d, k, n, d));
+            emit(part(l.normed, 2 * d, v, n, d));
+            emit(Op::RmsNormHeads { data: k, w: w("norm_k"), tokens: n, heads, head_dim: hd, eps: l.eps });
+            keep_keys_values(l, r0, n, &mut emit);
         }
-        emit(Op::RopeInterleaved { data: l.k, table_row: 0, tokens: rows, heads, head_dim: hd });
+        rope_keys(l, &mut emit);
         kv_copies(l, block, l.k, l.v, &mut emit);
         for (r0, n) in l.chunks(rows) {
             modulate(l, (r0, n, r0), m, [0, 1], &mut emit);
@@ -697,7 +759,7 @@ mod tests {
     fn reference_tokens_run_through_every_block_but_get_no_velocity() {
         let cfg = klein_4b::transformer();
         let mut arena = BumpArena::new(u64::MAX / 2);
-        let tokens = Tokens { text: 512, noise: 1024, references: 3072, kv_cache: KvMode::Off };
+        let tokens = Tokens { text: 512, noise: 1024, references: 3072, kv_cache: KvMode::Off, half_kv: false };
         let l = TransformerLayout::chunked(&cfg, tokens, u64::MAX, &mut arena).unwrap();
         assert_eq!((l.image, l.noise), (4096, 1024));
         let mut embedded_rows = 0;
@@ -735,7 +797,7 @@ mod tests {
     fn the_kv_passes_split_attention_and_share_the_cache() {
         let cfg = klein_4b::transformer();
         let mut arena = BumpArena::new(u64::MAX / 2);
-        let tokens = Tokens { text: 512, noise: 1024, references: 256, kv_cache: KvMode::Keep };
+        let tokens = Tokens { text: 512, noise: 1024, references: 256, kv_cache: KvMode::Keep, half_kv: false };
         let l = TransformerLayout::chunked(&cfg, tokens, u64::MAX, &mut arena).unwrap();
         let kv = l.kv.unwrap();
         assert_eq!((kv.pass, kv.references, kv.double_blocks), (KvPass::Extract, 256, 5));

@@ -1,7 +1,7 @@
 //! The transformer's phase in the plan: its layouts (unchunked, or every
-//! per-token stage of its blocks over chunks of tokens), each checked
-//! against the adapter's largest buffer and binding, under every weight
-//! strategy.
+//! per-token stage of its blocks over chunks of tokens; then, by chunks,
+//! with keys and values in half precision), each checked against the
+//! adapter's largest buffer and binding, under every weight strategy.
 
 use super::*;
 use crate::models::transformer::KvMode;
@@ -14,12 +14,16 @@ pub(super) fn transformer_rows(input: &PlanInput<'_>) -> Result<u64, PlanError> 
 
 /// The transformer's largest storage binding: attention binds the keys of
 /// every token at once, `D`-wide rows when the projections are chunked
-/// (`chunk: Some`), a column window of the fused projection's `3D + 2F`-wide
-/// rows when not.
-pub(super) fn attention_binding(input: &PlanInput<'_>, rows: u64, chunk: Option<u64>) -> u64 {
+/// (`chunk: Some`; `D/2` words with keys in half precision), a column
+/// window of the fused projection's `3D + 2F`-wide rows when not.
+pub(super) fn attention_binding(input: &PlanInput<'_>, rows: u64, chunk: Option<u64>, half_kv: bool) -> u64 {
     let c = input.transformer;
     let (d, f) = (c.inner_dim() as u64, c.mlp_hidden_dim() as u64);
-    let width = if chunk.is_some() { d } else { 3 * d + 2 * f };
+    let width = match (chunk, half_kv) {
+        (Some(_), true) => d / 2,
+        (Some(_), false) => d,
+        (None, _) => 3 * d + 2 * f,
+    };
     rows.saturating_mul(width).saturating_mul(4)
 }
 
@@ -30,18 +34,21 @@ pub(super) fn attention_binding(input: &PlanInput<'_>, rows: u64, chunk: Option<
 #[derive(Debug, Clone)]
 pub(super) struct DenoiseOptions {
     weights: WeightSizes,
-    /// The layouts of each way to treat the references, preferred first.
-    modes: heapless::Vec<ModeLayouts, 2>,
+    /// The layouts of each way to treat the references, preferred first,
+    /// with f32 keys and values, then (by chunks) with half-precision ones.
+    modes: heapless::Vec<ModeLayouts, 4>,
     /// Host bytes (the same chunked or not).
     host: u64,
     /// The preview decoder's device bytes, resident beside the transformer.
     preview: u64,
 }
 
-/// The layouts of one [`KvMode`].
+/// The layouts of one [`KvMode`] and key-value precision.
 #[derive(Debug, Clone)]
 struct ModeLayouts {
     mode: KvMode,
+    /// Keys and values in half precision (the half-K/V layout: by chunks only).
+    half_kv: bool,
     /// Arena and other bytes unchunked; `None` when the unchunked single
     /// blocks' keys (a column window of the fused projection, whose rows are
     /// `3D + 2F` wide) exceed one storage binding.
@@ -53,10 +60,10 @@ struct ModeLayouts {
 impl DenoiseOptions {
     pub(super) fn new(input: &PlanInput<'_>) -> Result<Self, PlanError> {
         let rows = transformer_rows(input)?;
-        let keys = |chunk: Option<u64>| attention_binding(input, rows, chunk);
+        let keys = |chunk: Option<u64>, half_kv: bool| attention_binding(input, rows, chunk, half_kv);
         let limit = input.limits.max_binding;
-        if keys(Some(CHUNK_ROWS)) > limit {
-            return Err(PlanError::AttentionTooLarge { tokens: rows, bytes: keys(Some(CHUNK_ROWS)), limit });
+        if keys(Some(CHUNK_ROWS), true) > limit {
+            return Err(PlanError::AttentionTooLarge { tokens: rows, bytes: keys(Some(CHUNK_ROWS), true), limit });
         }
         // The arena is one device buffer: layouts larger than the adapter's
         // largest buffer are not offered.
@@ -67,43 +74,53 @@ impl DenoiseOptions {
             fixed.0 <= max_buffer
         };
         let kv_pipeline = input.kv_cache && !input.references.is_empty();
-        let wanted: &[KvMode] = if kv_pipeline { &[KvMode::Keep, KvMode::Recompute] } else { &[KvMode::Off] };
+        // The half-K/V layout does not keep the KV cache (its copies move f32 rows).
+        let wanted: &[(KvMode, bool)] = if kv_pipeline {
+            &[(KvMode::Keep, false), (KvMode::Recompute, false), (KvMode::Recompute, true)]
+        } else {
+            &[(KvMode::Off, false), (KvMode::Off, true)]
+        };
         let mut modes = heapless::Vec::new();
-        for &mode in wanted {
-            let unchunked = if keys(None) <= limit { Some(denoise_fixed(input, rows, mode)?).filter(|&u| fits(u)) } else { None };
+        for &(mode, half_kv) in wanted {
+            // Keys wider than a binding rule a layout out (f32 ones first).
+            if keys(Some(CHUNK_ROWS), half_kv) > limit {
+                continue;
+            }
+            let unchunked = if keys(None, half_kv) <= limit && !half_kv { Some(denoise_fixed(input, rows, mode, false)?).filter(|&u| fits(u)) } else { None };
             let mut chunked = heapless::Vec::new();
             let largest_shift = u64::BITS - 1 - CHUNK_ROWS.ilog2();
             for chunk in (0..=largest_shift).rev().map(|k| CHUNK_ROWS << k).filter(|&c| c < rows) {
-                let fixed = denoise_fixed(input, chunk, mode)?;
+                let fixed = denoise_fixed(input, chunk, mode, half_kv)?;
                 if fits(fixed) {
                     // At most 58 shifts fit in 64 bits: the list never overflows.
                     let _ = chunked.push((chunk, fixed));
                 }
             }
             if unchunked.is_some() || !chunked.is_empty() {
-                // At most two modes.
-                let _ = modes.push(ModeLayouts { mode, unchunked, chunked });
+                // At most three modes.
+                let _ = modes.push(ModeLayouts { mode, half_kv, unchunked, chunked });
             }
         }
         if modes.is_empty() {
             if smallest_arena != u64::MAX {
                 return Err(PlanError::ArenaTooLarge { phase: "the transformer", bytes: smallest_arena, limit: max_buffer });
             }
-            return Err(PlanError::AttentionTooLarge { tokens: rows, bytes: keys(None), limit });
+            return Err(PlanError::AttentionTooLarge { tokens: rows, bytes: keys(None, false), limit });
         }
         Ok(Self { weights: input.transformer_weights, modes, host: host::denoise(input)?, preview: input.preview_bytes })
     }
 
     /// The phase under `weights` with `chunk` rows per pass (`None`: all),
     /// given its arena and other bytes (the preview decoder's added to them).
-    fn phase(&self, mode: KvMode, weights: WeightStrategy, chunk: Option<u64>, (arena_bytes, other_bytes): (u64, u64)) -> PhasePlan {
+    fn phase(&self, m: &ModeLayouts, weights: WeightStrategy, chunk: Option<u64>, (arena_bytes, other_bytes): (u64, u64)) -> PhasePlan {
         let other_bytes = other_bytes + self.preview;
-        PhasePlan { weights, chunk, weight_bytes: self.weights.bytes(weights), arena_bytes, other_bytes, host_bytes: self.host, kv_cache: mode }.with_staging()
+        let weight_bytes = self.weights.bytes(weights);
+        PhasePlan { weights, chunk, weight_bytes, arena_bytes, other_bytes, host_bytes: self.host, kv_cache: m.mode, half_kv: m.half_kv }.with_staging()
     }
 
     /// The phase under `weights` with each chunk size of `m`, largest first.
     fn mode_chunked<'a>(&'a self, m: &'a ModeLayouts, weights: WeightStrategy) -> impl Iterator<Item = PhasePlan> + 'a {
-        m.chunked.iter().map(move |&(chunk, fixed)| self.phase(m.mode, weights, Some(chunk), fixed))
+        m.chunked.iter().map(move |&(chunk, fixed)| self.phase(m, weights, Some(chunk), fixed))
     }
 
     /// The phase under `weights` with each chunk size, largest first, mode by mode.
@@ -118,21 +135,24 @@ impl DenoiseOptions {
     pub(super) fn least_of(&self, weights: WeightStrategy) -> impl Iterator<Item = PhasePlan> + '_ {
         self.modes.iter().flat_map(move |m| {
             let smallest = self.mode_chunked(m, weights).min_by_key(PhasePlan::peak);
-            [m.unchunked.map(|u| self.phase(m.mode, weights, None, u)), smallest].into_iter().flatten()
+            [m.unchunked.map(|u| self.phase(m, weights, None, u)), smallest].into_iter().flatten()
         })
     }
 
-    /// Each weight strategy in turn, fastest first, and in each the
-    /// references' cache kept before recomputed: unchunked if it fits,
-    /// else with the largest chunk that fits.
+    /// With f32 keys and values (exact) before half-precision ones, each
+    /// weight strategy in turn, fastest first, and in each the references'
+    /// cache kept before recomputed: unchunked if it fits, else with the
+    /// largest chunk that fits.
     pub(super) fn fastest_within(&self, budget: u64) -> Option<PhasePlan> {
-        self.weights.strategies().find_map(|s| {
-            self.modes.iter().find_map(|m| {
-                let unchunked = m.unchunked.map(|u| self.phase(m.mode, s, None, u));
-                if let Some(unchunked) = unchunked.filter(|p| p.peak() <= budget) {
-                    return Some(unchunked);
-                }
-                self.mode_chunked(m, s).find(|p| p.peak() <= budget)
+        [false, true].into_iter().find_map(|half_kv| {
+            self.weights.strategies().find_map(|s| {
+                self.modes.iter().filter(|m| m.half_kv == half_kv).find_map(|m| {
+                    let unchunked = m.unchunked.map(|u| self.phase(m, s, None, u));
+                    if let Some(unchunked) = unchunked.filter(|p| p.peak() <= budget) {
+                        return Some(unchunked);
+                    }
+                    self.mode_chunked(m, s).find(|p| p.peak() <= budget)
+                })
             })
         })
     }
@@ -142,15 +162,16 @@ impl DenoiseOptions {
     }
 }
 
-/// The transformer's arena with `chunk` token rows per feed-forward pass,
-/// and its other bytes: RoPE tables, the unconditional velocity, readback
-/// of the latents, dispatch parameters.
-pub(super) fn denoise_fixed(input: &PlanInput<'_>, chunk: u64, mode: KvMode) -> Result<(u64, u64), PlanError> {
+/// The transformer's arena with `chunk` token rows per pass of its
+/// per-token stages (and keys and values in half precision with
+/// `half_kv`), and its other bytes: RoPE tables, the unconditional
+/// velocity, readback of the latents, dispatch parameters.
+pub(super) fn denoise_fixed(input: &PlanInput<'_>, chunk: u64, mode: KvMode, half_kv: bool) -> Result<(u64, u64), PlanError> {
     let c = input.transformer;
     let (lat_h, lat_w) = latent_grid(input)?;
     let image = lat_h * lat_w;
     let text = input.prompt_tokens;
-    let tokens = transformer::Tokens { text, noise: image, references: reference_tokens(input)?, kv_cache: mode };
+    let tokens = transformer::Tokens { text, noise: image, references: reference_tokens(input)?, kv_cache: mode, half_kv };
     let mut arena = BumpArena::new(u64::MAX);
     let l = transformer::TransformerLayout::chunked(c, tokens, chunk, &mut arena)
         .map_err(|_| PlanError::Size("the image is too large to lay out"))?;

@@ -189,6 +189,9 @@ pub struct PhasePlan {
     /// How the transformer treats the references with the KV pipeline
     /// (`Off` for every other phase and pipeline).
     pub kv_cache: crate::models::transformer::KvMode,
+    /// The transformer's keys and values in half precision (the half-K/V
+    /// layout, by chunks; `false` for every other phase).
+    pub half_kv: bool,
 }
 
 impl PhasePlan {
@@ -214,6 +217,9 @@ impl fmt::Display for PhasePlan {
         write!(f, "{}", self.weights)?;
         if let Some(rows) = self.chunk {
             write!(f, ", by {rows}-token chunks")?;
+        }
+        if self.half_kv {
+            write!(f, ", keys and values in f16")?;
         }
         match self.kv_cache {
             crate::models::transformer::KvMode::Keep => write!(f, ", the references' keys and values cached"),
@@ -442,7 +448,7 @@ pub fn plan(input: &PlanInput<'_>) -> Result<Plan, PlanError> {
 /// reference encoded in one pass. Other windows (weights, linears' rows)
 /// are split under the limit by the dispatcher.
 pub fn largest_binding(input: &PlanInput<'_>, plan: &Plan) -> Result<u64, PlanError> {
-    let attention = denoise::attention_binding(input, denoise::transformer_rows(input)?, plan.denoise.chunk);
+    let attention = denoise::attention_binding(input, denoise::transformer_rows(input)?, plan.denoise.chunk, plan.denoise.half_kv);
     let cfg = input.vae;
     let scale = cfg.scale_factor() as u64;
     let (lat_h, lat_w) = match plan.decode.tile {
@@ -542,7 +548,7 @@ impl PhaseOptions {
     fn iter(self) -> impl Iterator<Item = PhasePlan> {
         let (arena_bytes, other_bytes) = self.fixed;
         let (w, host_bytes) = (self.weights, self.host);
-        w.strategies().map(move |s| PhasePlan { weights: s, chunk: None, weight_bytes: w.bytes(s), arena_bytes, other_bytes, host_bytes, kv_cache: Default::default() }.with_staging())
+        w.strategies().map(move |s| PhasePlan { weights: s, chunk: None, weight_bytes: w.bytes(s), arena_bytes, other_bytes, host_bytes, kv_cache: Default::default(), half_kv: false }.with_staging())
     }
 
     fn fastest_within(self, budget: u64) -> Option<PhasePlan> {

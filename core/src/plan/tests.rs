@@ -316,7 +316,13 @@ fn component_bytes_of_the_4b_transformer() {
 fn chunked_feed_forward_lowers_the_minimum_and_takes_the_largest_chunk_that_fits() {
     let model = Model::klein_4b(false);
     let input = model.input(1024, None);
-    let options: heapless::Vec<PhasePlan, 8> = denoise_options(&input).unwrap().collect();
+    let all: heapless::Vec<PhasePlan, 16> = denoise_options(&input).unwrap().collect();
+    // With half-precision keys and values, each strategy by chunks in even fewer activation bytes.
+    let options: heapless::Vec<PhasePlan, 8> = all.iter().filter(|p| !p.half_kv).copied().collect();
+    for half in all.iter().filter(|p| p.half_kv) {
+        let f32_kv = options.iter().find(|p| p.weights == half.weights && p.chunk.is_some()).unwrap();
+        assert!(half.chunk.is_some() && half.arena_bytes < f32_kv.arena_bytes, "{half:#?}");
+    }
     // Each weight strategy unchunked, then in the chunks that need the least, far fewer activation bytes.
     assert_eq!(options.len(), 6);
     for pair in options.chunks(2) {
@@ -351,7 +357,7 @@ fn a_4096px_image_needs_far_less_by_chunks() {
         assert!(p.denoise.chunk.is_some(), "{p:#?}");
         // Unchunked, the keys' window of the fused projection (66048 rows of 27648) exceeds even a 4 GiB binding.
         assert!(denoise_options(&input).unwrap().all(|p| p.chunk.is_some()));
-        let (arena, other) = denoise_fixed(&input, 512 + 256 * 256, KvMode::Off).unwrap();
+        let (arena, other) = denoise_fixed(&input, 512 + 256 * 256, KvMode::Off, false).unwrap();
         let w = input.transformer_weights;
         let unchunked = arena + other + w.strategies().map(|s| w.bytes(s)).min().unwrap();
         println!("4096²: minimum {} with {}; {} unchunked", Bytes(minimum), p.denoise, Bytes(unchunked));
@@ -455,10 +461,14 @@ fn attention_keys_beyond_one_binding_force_chunks_or_are_refused_up_front() {
     assert!(denoise_options(&webgpu(1024)).unwrap().all(|o| o.chunk.is_some()));
     // On a device with 4 GiB bindings the unchunked pass is the fastest.
     assert_eq!(plan(&model.input(1024, None)).unwrap().denoise.chunk, None);
-    // 16896 tokens × 3072 × 4 bytes = 207 MB of keys in any layout.
-    match plan(&webgpu(2048)) {
-        Err(e @ PlanError::AttentionTooLarge { tokens: 16896, bytes: 207_618_048, .. }) => {
-            assert!(e.to_string().contains("16896 tokens"), "{e}");
+    // 16896 tokens × 3072 × 4 bytes = 207 MB of f32 keys in any layout: only keys in f16 (104 MB) fit.
+    let p = plan(&webgpu(2048)).unwrap();
+    assert!(p.denoise.half_kv && p.denoise.chunk.is_some(), "{:?}", p.denoise);
+    assert!(denoise_options(&webgpu(2048)).unwrap().all(|o| o.half_kv));
+    // 37376 tokens: 230 MB of keys even in f16.
+    match plan(&webgpu(3072)) {
+        Err(e @ PlanError::AttentionTooLarge { tokens: 37376, bytes: 229_638_144, .. }) => {
+            assert!(e.to_string().contains("37376 tokens"), "{e}");
         }
         other => panic!("{other:?}"),
     }
@@ -558,7 +568,8 @@ fn the_readme_figures_are_the_planners() {
     ];
     for (strategy, name) in names {
         let whole = options.iter().find(|p| p.weights == strategy && p.chunk.is_none()).unwrap();
-        let chunked = options.iter().find(|p| p.weights == strategy && p.chunk.is_some()).unwrap();
+        let chunked = options.iter().find(|p| p.weights == strategy && p.chunk.is_some() && !p.half_kv).unwrap();
+        let half_kv = options.iter().find(|p| p.weights == strategy && p.half_kv).unwrap();
         let mut row = format!(
             "| {name} | {} | {} | {} | {} | {}",
             readme(whole.peak()),
@@ -569,6 +580,10 @@ fn the_readme_figures_are_the_planners() {
         );
         if strategy == WeightStrategy::ResidentBf16 {
             row += &format!(" ({})", readme(chunked.arena_bytes));
+        }
+        row += &format!(" | {}", readme(half_kv.peak()));
+        if strategy == WeightStrategy::ResidentBf16 {
+            row += &format!(" ({})", readme(half_kv.arena_bytes));
         }
         quoted(&(row + " |"));
     }
@@ -662,9 +677,10 @@ fn planned_arenas_fit_the_adapters_largest_buffer() {
 }
 
 /// Where the unchunked arena is larger than the adapter's largest buffer, a
-/// chunked one is taken (the 4B at 4096² on NVIDIA's 4 GiB buffers); where
-/// every layout is, the plan refuses up front, naming the smallest arena
-/// (the 4B at 6144²: its stream, keys and values alone are 5.5 GB).
+/// chunked one is taken (the 4B at 4096² on NVIDIA's 4 GiB buffers, and at
+/// 6144² with keys and values in f16: 3.6 GB of stream, keys and values);
+/// where every layout is, the plan refuses up front, naming the smallest
+/// arena (the 4B at 8192²: 6.5 GB of them even with f16 keys and values).
 #[test]
 fn an_arena_above_the_largest_buffer_takes_chunks_or_is_refused_up_front() {
     let model = Model::klein_4b(false);
@@ -675,7 +691,9 @@ fn an_arena_above_the_largest_buffer_takes_chunks_or_is_refused_up_front() {
     let nvidia = REAL_LIMITS[0].1;
     let p = plan(&PlanInput { limits: nvidia, ..model.input(4096, None) }).unwrap();
     assert!(p.denoise.chunk.is_some() && p.denoise.arena_bytes <= nvidia.max_buffer, "{:?}", p.denoise);
-    match plan(&PlanInput { limits: nvidia, ..model.input(6144, None) }) {
+    let p = plan(&PlanInput { limits: nvidia, ..model.input(6144, None) }).unwrap();
+    assert!(p.denoise.half_kv && p.denoise.arena_bytes <= nvidia.max_buffer, "{:?}", p.denoise);
+    match plan(&PlanInput { limits: nvidia, ..model.input(8192, None) }) {
         Err(e @ PlanError::ArenaTooLarge { bytes, limit, .. }) => {
             assert!(bytes > limit && limit == 4 * GIB);
             assert!(e.to_string().contains("above the adapter's largest buffer"), "{e}");

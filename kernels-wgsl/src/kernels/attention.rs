@@ -9,7 +9,7 @@ use crate::dispatch::{dispatch, placeholder_window, row_chunks, to_u32, window, 
 use crate::error::GpuError;
 use crate::precision::{MatrixConfig, MatrixOperands};
 use crate::kernels::linear::{measure_rows, RangeScalesParams};
-use crate::view::Mat;
+use crate::view::{HeadRows, Mat};
 use bytemuck::{Pod, Zeroable};
 
 /// `attention.wgsl`.
@@ -38,6 +38,10 @@ pub struct AttentionParams {
     /// Where each row's log-sum-exp goes when `write_lse` is 1.
     pub lse_offset: u32,
     pub write_lse: u32,
+    /// Where the keys' and values' range scales start (half-K/V kernels).
+    pub k_scale_offset: u32,
+    pub v_scale_offset: u32,
+    pub _pad: [u32; 2],
 }
 
 pub const ATTENTION: Kernel = kernel(
@@ -82,6 +86,38 @@ fn flash_output_dims(c: MatrixConfig) -> u64 {
 pub const ATTENTION_CPU: Kernel = Kernel { entry: "attention_cpu", storage: &[(4, R), (5, RW), (6, RW), (7, RW), (8, RW), (9, RW)], ..ATTENTION };
 /// Heads wider than [`ATTENTION_CPU_MAX_HEAD_DIM`] on CPU adapters: one query an invocation.
 pub const ATTENTION_CPU_WIDE: Kernel = Kernel { entry: "attention_cpu_wide", ..ATTENTION_CPU };
+/// Attention over keys and values in the half-K/V layout
+/// (`attention_kv_half.wgsl`): the tiled kernel, the CPU-adapter ones;
+/// bindings 10 and 11 hold the keys' and values' range scales.
+pub const ATTENTION_HALF_KV: Kernel = Kernel {
+    module: Module::AttentionHalfKv,
+    storage: &[(1, RW), (2, RW), (3, RW), (4, R), (5, RW), (6, RW), (10, RW), (11, RW)],
+    ..ATTENTION
+};
+pub const ATTENTION_CPU_HALF_KV: Kernel = Kernel {
+    module: Module::AttentionHalfKv,
+    storage: &[(4, R), (5, RW), (6, RW), (7, RW), (8, RW), (9, RW), (10, RW), (11, RW)],
+    ..ATTENTION_CPU
+};
+pub const ATTENTION_CPU_WIDE_HALF_KV: Kernel = Kernel { entry: "attention_cpu_wide", ..ATTENTION_CPU_HALF_KV };
+
+/// `half_pack.wgsl`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Pod, Zeroable)]
+pub struct HalfPackParams {
+    pub rows: u32,
+    pub heads: u32,
+    pub head_dim: u32,
+    pub src_offset: u32,
+    pub src_stride: u32,
+    pub dst_offset: u32,
+    pub dst_stride: u32,
+    pub scale_offset: u32,
+}
+
+/// f32 rows into the half-K/V layout, one invocation a (token, head) row.
+pub const HALF_PACK: Kernel = kernel(Module::HalfPack, "half_pack", [64, 1, 1], &[(1, RW), (2, RW), (3, RW)], size_of::<HalfPackParams>(), false);
+
 /// Queries per CPU-adapter workgroup and the widest head it takes (4·`CPU_MAX_VEC4`).
 const ATTENTION_CPU_QUERIES_PER_GROUP: u64 = 256;
 pub const ATTENTION_CPU_MAX_HEAD_DIM: u64 = 128;
@@ -91,10 +127,12 @@ pub const ATTENTION_CPU_WIDE_MAX_HEAD_DIM: u64 = 512;
 
 /// Whether the CPU kernel takes these operands: a head of at most
 /// [`ATTENTION_CPU_MAX_HEAD_DIM`] dims, a multiple of 4, and q, k and v rows
-/// that start on multiples of 4 elements (read as vec4s).
-fn lanes_fit(s: &Attention, qkv: &Qkv<'_>) -> bool {
-    let aligned = |m: &Mat<'_>| m.offset.is_multiple_of(4) && m.stride.is_multiple_of(4);
-    s.head_dim <= ATTENTION_CPU_WIDE_MAX_HEAD_DIM && s.head_dim.is_multiple_of(4) && aligned(&qkv.q) && aligned(&qkv.k) && aligned(&qkv.v)
+/// that start on multiples of 4 elements (read as vec4s; f16 keys and
+/// values, two a word, on multiples of 2 words).
+fn lanes_fit(s: &Attention, qkv: &Qkv<'_>, half: bool) -> bool {
+    let aligned = |m: &Mat<'_>, n: u64| m.offset.is_multiple_of(n) && m.stride.is_multiple_of(n);
+    let kv = if half { 2 } else { 4 };
+    s.head_dim <= ATTENTION_CPU_WIDE_MAX_HEAD_DIM && s.head_dim.is_multiple_of(4) && aligned(&qkv.q, 4) && aligned(&qkv.k, kv) && aligned(&qkv.v, kv)
 }
 
 /// Queries per attention workgroup and the largest head dim the kernel takes.
@@ -121,6 +159,15 @@ pub struct Qkv<'a> {
     pub v: Mat<'a>,
 }
 
+/// The range scales of keys and values in the half-K/V layout (`Qkv`'s `k`
+/// and `v` then hold f16 pairs, `[kv_len, kv_heads·head_dim / 2]` words, as
+/// [`half_pack`] writes them): one f32 a (token, kv head) row, `[kv_len, kv_heads]`.
+#[derive(Debug, Clone, Copy)]
+pub struct HalfKvScales<'a> {
+    pub k: Mat<'a>,
+    pub v: Mat<'a>,
+}
+
 /// Which attention kernel runs a call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum AttentionKernel {
@@ -141,7 +188,7 @@ impl AttentionKernel {
     /// CPU-shaped kernels and the operands fit it ([`lanes_fit`]); the tiled
     /// kernel otherwise. [`FORCE_KERNEL`] overrides the first two.
     fn pick(gpu: &Gpu, s: &Attention, qkv: &Qkv<'_>) -> AttentionKernel {
-        let lanes = lanes_fit(s, qkv);
+        let lanes = lanes_fit(s, qkv, false);
         let wide = s.head_dim > ATTENTION_CPU_MAX_HEAD_DIM;
         match gpu.attention_choice() {
             AttentionChoice::Flash => match gpu.matrix() {
@@ -157,6 +204,18 @@ impl AttentionKernel {
             Some(c) if s.head_dim <= ATTENTION_MATRIX_MAX_HEAD_DIM => AttentionKernel::Matrix(c),
             _ if lanes && gpu.cpu_shaped_kernels() => AttentionKernel::Lanes(wide),
             _ => AttentionKernel::Tiled,
+        }
+    }
+
+    /// The kernel for half-K/V operands: the CPU kernel where the device
+    /// takes CPU-shaped kernels (or it is asked for) and the operands fit,
+    /// else the tiled one (the matrix tier's kernels read f32 keys).
+    fn pick_half_kv(gpu: &Gpu, s: &Attention, qkv: &Qkv<'_>) -> AttentionKernel {
+        let lanes = lanes_fit(s, qkv, true) && (gpu.attention_choice() == AttentionChoice::Lanes || (gpu.attention_choice() == AttentionChoice::Launcher && gpu.cpu_shaped_kernels()));
+        if lanes {
+            AttentionKernel::Lanes(s.head_dim > ATTENTION_CPU_MAX_HEAD_DIM)
+        } else {
+            AttentionKernel::Tiled
         }
     }
 
@@ -185,7 +244,54 @@ pub fn attention(
     s: Attention,
 ) -> Result<(), GpuError> {
     let kernel = AttentionKernel::pick(gpu, &s, &qkv);
-    attention_with(gpu, sink, kernel, qkv, key_keep, o, lse, s)
+    attention_with(gpu, sink, kernel, qkv, None, key_keep, o, lse, s)
+}
+
+/// [`attention`] over keys and values in the half-K/V layout (`qkv.k` and
+/// `qkv.v` f16 pairs, `scales` their range scales), without masks.
+pub fn attention_half_kv(gpu: &Gpu, sink: &mut dyn Sink, qkv: Qkv<'_>, scales: HalfKvScales<'_>, o: Mat<'_>, s: Attention) -> Result<(), GpuError> {
+    if !s.head_dim.is_multiple_of(2) || s.causal {
+        return Err(GpuError::UnsupportedShape(format!("half-precision keys and values with head dim {} (even, non-causal)", s.head_dim)));
+    }
+    let kernel = AttentionKernel::pick_half_kv(gpu, &s, &qkv);
+    attention_with(gpu, sink, kernel, qkv, Some(scales), None, o, None, s)
+}
+
+/// The `[tokens, heads, head_dim]` f32 rows of `src` into the
+/// half-K/V layout: `dst` `[rows, heads·head_dim / 2]` words of f16 pairs,
+/// each (row, head) divided by its range scale (the power of two bringing
+/// its largest magnitude into [2¹³, 2¹⁴)), the scales into `scales`
+/// `[rows, heads]` (stride `heads`).
+pub fn half_pack(gpu: &Gpu, sink: &mut dyn Sink, src: Mat<'_>, dst: Mat<'_>, scales: Mat<'_>, shape: HeadRows) -> Result<(), GpuError> {
+    let HeadRows { tokens: rows, heads, head_dim } = shape;
+    if !head_dim.is_multiple_of(2) || scales.stride != heads {
+        return Err(GpuError::UnsupportedShape(format!("half-precision rows of {heads} heads of {head_dim} (even) with scales {} a row", scales.stride)));
+    }
+    if rows == 0 {
+        return Ok(());
+    }
+    let src_rows = Rows::mat(src, heads * head_dim, "half pack input");
+    let dst_rows = Rows::mat(dst, heads * head_dim / 2, "half pack output");
+    let scale_rows = Rows::mat(scales, heads, "half pack scales");
+    let operands = [src_rows, dst_rows, scale_rows];
+    for chunk in row_chunks(gpu, rows, &operands, 1)? {
+        let (sw, dw, cw) = (src_rows.window(gpu, &chunk)?, dst_rows.window(gpu, &chunk)?, scale_rows.window(gpu, &chunk)?);
+        let n = chunk.end - chunk.start;
+        let params = HalfPackParams {
+            rows: to_u32(n, "half pack rows")?,
+            heads: to_u32(heads, "half pack heads")?,
+            head_dim: to_u32(head_dim, "half pack head dim")?,
+            src_offset: sw.local,
+            src_stride: to_u32(src.stride, "half pack input stride")?,
+            dst_offset: dw.local,
+            dst_stride: to_u32(dst.stride, "half pack output stride")?,
+            scale_offset: cw.local,
+        };
+        let groups = (n * heads).div_ceil(HALF_PACK.workgroup_size[0] as u64);
+        let launch = Launch { kernel: &HALF_PACK, constants: &[], params, grid: crate::kernel::wrapped_grid(groups) };
+        dispatch(gpu, sink, launch, &[(1, &sw), (2, &dw), (3, &cw)]);
+    }
+    Ok(())
 }
 
 /// [`attention`] on the given kernel.
@@ -195,6 +301,7 @@ fn attention_with(
     sink: &mut dyn Sink,
     kernel: AttentionKernel,
     qkv: Qkv<'_>,
+    half: Option<HalfKvScales<'_>>,
     key_keep: Option<&wgpu::Buffer>,
     o: Mat<'_>,
     lse: Option<Mat<'_>>,
@@ -213,8 +320,23 @@ fn attention_with(
     if s.q_len == 0 || s.kv_len == 0 {
         return Ok(());
     }
-    let kw = Rows::mat(kmat, s.kv_heads * s.head_dim, "attention keys").window(gpu, &(0..s.kv_len))?;
-    let vw = Rows::mat(v, s.kv_heads * s.head_dim, "attention values").window(gpu, &(0..s.kv_len))?;
+    // f16 keys and values are two a word: their windows count words, the
+    // kernel's offsets and strides elements.
+    let per_word = if half.is_some() { 2 } else { 1 };
+    let kw = Rows::mat(kmat, s.kv_heads * s.head_dim / per_word, "attention keys").window(gpu, &(0..s.kv_len))?;
+    let vw = Rows::mat(v, s.kv_heads * s.head_dim / per_word, "attention values").window(gpu, &(0..s.kv_len))?;
+    let scale_windows = match half {
+        Some(h) => {
+            if h.k.stride != s.kv_heads || h.v.stride != s.kv_heads {
+                return Err(GpuError::UnsupportedShape(format!("key and value scales {}/{} a row for {} kv heads", h.k.stride, h.v.stride, s.kv_heads)));
+            }
+            let ks = Rows::mat(h.k, s.kv_heads, "attention key scales").window(gpu, &(0..s.kv_len))?;
+            let vs = Rows::mat(h.v, s.kv_heads, "attention value scales").window(gpu, &(0..s.kv_len))?;
+            Some((ks, vs))
+        }
+        None => None,
+    };
+    let scale_offsets = scale_windows.as_ref().map_or((0, 0), |(k, v)| (k.local, v.local));
     let mw = match key_keep {
         Some(m) => window(gpu, m, 4, 0..s.kv_len, "attention mask")?,
         None => placeholder_window(gpu)?,
@@ -240,10 +362,10 @@ fn attention_with(
             head_dim: s.head_dim as u32,
             q_offset: qw.local,
             q_stride: to_u32(q.stride, "attention q stride")?,
-            k_offset: kw.local,
-            k_stride: to_u32(kmat.stride, "attention k stride")?,
-            v_offset: vw.local,
-            v_stride: to_u32(v.stride, "attention v stride")?,
+            k_offset: kw.local * per_word as u32,
+            k_stride: to_u32(kmat.stride * per_word, "attention k stride")?,
+            v_offset: vw.local * per_word as u32,
+            v_stride: to_u32(v.stride * per_word, "attention v stride")?,
             o_offset: ow.local,
             o_stride: to_u32(o.stride, "attention o stride")?,
             scale: s.scale,
@@ -253,9 +375,27 @@ fn attention_with(
             q_position: to_u32(rows.start, "attention query position")?,
             lse_offset: lw.local,
             write_lse: lse_rows.is_some() as u32,
+            k_scale_offset: scale_offsets.0,
+            v_scale_offset: scale_offsets.1,
+            _pad: [0; 2],
         };
         let grid = [to_u32((rows.end - rows.start).div_ceil(per_group), "attention query blocks")?, s.q_heads as u32, 1];
         let bindings = [(1, &qw), (2, &kw), (3, &vw), (4, &mw), (5, &ow), (6, &lw)];
+        if let Some((ks, vs)) = &scale_windows {
+            let slots = s.head_dim.div_ceil(64).max(1) as u32;
+            match kernel {
+                AttentionKernel::Lanes(wide) => {
+                    let kernel = if wide { &ATTENTION_CPU_WIDE_HALF_KV } else { &ATTENTION_CPU_HALF_KV };
+                    let launch = Launch { kernel, constants: &[("HEAD_VEC4", (s.head_dim / 4) as u32)], params, grid };
+                    dispatch(gpu, sink, launch, &[(4, &mw), (5, &ow), (6, &lw), (7, &qw), (8, &kw), (9, &vw), (10, ks), (11, vs)]);
+                }
+                _ => {
+                    let launch = Launch { kernel: &ATTENTION_HALF_KV, constants: &[("SLOTS", slots)], params, grid };
+                    dispatch(gpu, sink, launch, &[(1, &qw), (2, &kw), (3, &vw), (4, &mw), (5, &ow), (6, &lw), (10, ks), (11, vs)]);
+                }
+            }
+            continue;
+        }
         match kernel {
             AttentionKernel::Tiled => {
                 let launch = Launch { kernel: &ATTENTION, constants: &[("SLOTS", s.head_dim.div_ceil(64).max(1) as u32)], params, grid };
@@ -365,7 +505,7 @@ mod tests {
             let kw = (c.kv_heads * c.head_dim) as u64;
             let qkv = Qkv { q: Mat::new(&qb, qw), k: Mat::new(&kb, kw), v: Mat::new(&vb, kw) };
             match FLASH.get() {
-                true => attention_with(gpu, enc, AttentionKernel::Flash(gpu.matrix().unwrap()), qkv, mask.map(|_| &*mb), Mat::new(&ob, qw), None, s),
+                true => attention_with(gpu, enc, AttentionKernel::Flash(gpu.matrix().unwrap()), qkv, None, mask.map(|_| &*mb), Mat::new(&ob, qw), None, s),
                 false => attention(gpu, enc, qkv, mask.map(|_| &*mb), Mat::new(&ob, qw), None, s),
             }
         });
@@ -492,6 +632,108 @@ mod tests {
         let Some(gpu) = matrix_gpu() else { return };
         held_within("matrix attention over key chunks", crate::selftest::check_attention_key_chunks(&gpu), MATRIX_ATTENTION_TOL);
     }
+
+    /// `x` (`rows` rows of `heads · head_dim`) through [`half_pack`] on
+    /// `gpu`: the f16 pairs' values times their row's scale, and the scales.
+    fn packed_on(gpu: &Gpu, x: &[f32], rows: usize, heads: usize, head_dim: usize) -> (Vec<f32>, Vec<f32>) {
+        let width = heads * head_dim;
+        let src = gpu.upload_f32("rows", x);
+        let (dst, scales) = (poisoned(gpu, rows * width / 2), poisoned(gpu, rows * heads));
+        gpu.submit(|enc| half_pack(gpu, enc, Mat::new(&src, width as u64), Mat::new(&dst, width as u64 / 2), Mat::new(&scales, heads as u64), HeadRows { tokens: rows as u64, heads: heads as u64, head_dim: head_dim as u64 })).unwrap();
+        let words = gpu.read_f32(&dst, 0, rows * width / 2).unwrap();
+        let scales = gpu.read_f32(&scales, 0, rows * heads).unwrap();
+        let values = words
+            .iter()
+            .flat_map(|w| [w.to_bits() as u16, (w.to_bits() >> 16) as u16])
+            .enumerate()
+            .map(|(i, h)| half::f16::from_bits(h).to_f32() * scales[i / head_dim])
+            .collect();
+        (values, scales)
+    }
+
+    /// Each (row, head)'s scale is the power of two that brings its largest
+    /// magnitude into [2¹³, 2¹⁴) (1 for a zero row, at least 2⁻¹²⁶), and each
+    /// value is `x / scale` rounded to one of its two f16 neighbours: no
+    /// overflow for values past f16's range, f16's precision for tiny ones.
+    #[test]
+    fn half_pack_rounds_each_head_row_under_its_range_scale() {
+        let gpu = gpu();
+        let (rows, heads, hd) = (7usize, 3usize, 10usize);
+        let mut rng = Rng::new(71);
+        let magnitudes = [1.0f32, 1e5, 3e-7, 0.0, 1e30, 2.0e-38, 65504.0];
+        let x: Vec<f32> = (0..rows * heads * hd).map(|i| rng.normals(1, 1.0)[0] * magnitudes[(i / hd) % magnitudes.len()]).collect();
+        let (values, scales) = packed_on(gpu, &x, rows, heads, hd);
+        for (r, row) in x.chunks(hd).enumerate() {
+            let largest = row.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            let want = if largest == 0.0 { 1.0 } else { 2f64.powi((largest.log2().floor() as i32 + 1 - 14).max(-126)) };
+            assert_eq!(scales[r] as f64, want, "row {r}: scale for largest {largest:e}");
+            for (i, &v) in row.iter().enumerate() {
+                let t = v as f64 / want;
+                let got = values[r * hd + i] as f64 / want;
+                // f16's spacing at |t| (subnormal spacing below 2⁻¹⁴).
+                let spacing = 2f64.powi((t.abs().log2().floor() as i32).max(-14) - 10);
+                // A device may flush an f32 subnormal input to zero (WGSL allows it).
+                let flushed = got == 0.0 && v.abs() < f32::MIN_POSITIVE;
+                assert!((got - t).abs() < spacing || (t == 0.0 && got == 0.0) || flushed, "row {r}[{i}]: {v:e} packed as {got:e}·{want:e}");
+            }
+        }
+    }
+
+    /// Attention over half-K/V operands (packed on the device) equals the
+    /// f64 attention over the values the layout holds, on both kernel shapes;
+    /// against the exact keys and values it is within the half bound.
+    #[test]
+    fn attention_over_half_keys_and_values_matches_the_oracle() {
+        let case = |gpu: &Gpu, (q_len, kv_len, q_heads, kv_heads, hd): (usize, usize, usize, usize, usize), seed: u64, scales: [f32; 3]| {
+            let mut rng = Rng::new(seed);
+            let q = rng.normals(q_len * q_heads * hd, scales[0]);
+            let k = rng.normals(kv_len * kv_heads * hd, scales[1]);
+            let v = rng.normals(kv_len * kv_heads * hd, scales[2]);
+            let (k_held, _) = packed_on(gpu, &k, kv_len, kv_heads, hd);
+            let (v_held, _) = packed_on(gpu, &v, kv_len, kv_heads, hd);
+            let scale = (1.0 / (hd as f64).sqrt()) as f32;
+            let shape = r::AttentionShape { q_len, kv_len, q_heads, kv_heads, head_dim: hd, scale: scale as f64, causal: false };
+            let (mut want, mut exact) = (vec![0.0; q.len()], vec![0.0; q.len()]);
+            r::attention(&q, &k_held, &v_held, None, shape, &mut vec![0.0; kv_len], &mut want);
+            r::attention(&q, &k, &v, None, shape, &mut vec![0.0; kv_len], &mut exact);
+            let kw = (kv_heads * hd) as u64;
+            let (kb, vb) = (gpu.upload_f32("k", &k), gpu.upload_f32("v", &v));
+            let (kh, vh, ks, vs) = (poisoned(gpu, k.len() / 2), poisoned(gpu, v.len() / 2), poisoned(gpu, kv_len * kv_heads), poisoned(gpu, kv_len * kv_heads));
+            let qb = gpu.upload_f32("q", &q);
+            let ob = poisoned(gpu, q.len());
+            let s = Attention { q_len: q_len as u64, kv_len: kv_len as u64, q_heads: q_heads as u64, kv_heads: kv_heads as u64, head_dim: hd as u64, scale, causal: false };
+            let kv_rows = HeadRows { tokens: kv_len as u64, heads: kv_heads as u64, head_dim: hd as u64 };
+            let got = run_and_read(gpu, &ob, q.len(), |enc| {
+                half_pack(gpu, enc, Mat::new(&kb, kw), Mat::new(&kh, kw / 2), Mat::new(&ks, kv_heads as u64), kv_rows)?;
+                half_pack(gpu, enc, Mat::new(&vb, kw), Mat::new(&vh, kw / 2), Mat::new(&vs, kv_heads as u64), kv_rows)?;
+                let qkv = Qkv { q: Mat::new(&qb, (q_heads * hd) as u64), k: Mat::new(&kh, kw / 2), v: Mat::new(&vh, kw / 2) };
+                attention_half_kv(gpu, enc, qkv, HalfKvScales { k: Mat::new(&ks, kv_heads as u64), v: Mat::new(&vs, kv_heads as u64) }, Mat::new(&ob, (q_heads * hd) as u64), s)
+            });
+            let shaped = if gpu.cpu_shaped_kernels() { "CPU-shaped" } else { "GPU-shaped" };
+            let what = format!("{shaped} half-K/V attention {q_len}x{kv_len} heads {q_heads}/{kv_heads} d {hd} scales {scales:?}");
+            assert_close(&what, &got, &want, F32_TOL);
+            println!("{what}: relative L2 {:.2e} from the exact keys and values", rel_l2(&got, &exact));
+            assert_close(&format!("{what}, exact operands"), &got, &exact, HALF_KV_ATTENTION);
+        };
+        both_shapes(|g| {
+            let one = [1.0; 3];
+            case(g, (45, 45, 3, 3, 24), 81, one);
+            case(g, (21, 90, 8, 2, 16), 82, one);
+            case(g, (70, 33, 2, 2, 128), 83, one);
+            // 18 dims: not a multiple of 4, the tiled kernel on every adapter.
+            case(g, (21, 21, 3, 3, 18), 84, one);
+            case(g, (30, 40, 1, 1, 512), 85, one);
+            // Values past f16's range and tiny ones keep their precision.
+            case(g, (19, 23, 2, 2, 32), 86, [1e-3, 1e3, 1e5]);
+            case(g, (19, 23, 2, 2, 32), 87, [1.0, 1e-6, 1e-7]);
+        });
+        // Small bindings: the queries split into windows.
+        let small = crate::GpuOptions { max_storage_binding: Some(8 << 10), ..crate::testing::options() };
+        each_kernel_shape(&small_binding_gpu(8 << 10), small, |g| case(g, (60, 20, 2, 1, 8), 88, [1.0; 3]));
+    }
+
+    /// Half-K/V attention against the exact attention (why and what was measured there).
+    const HALF_KV_ATTENTION: f64 = flux_lite_core::tolerance::kernels::HALF_KV_ATTENTION;
 
     #[test]
     fn vae_mid_block_attention_through_the_attention_kernel() {

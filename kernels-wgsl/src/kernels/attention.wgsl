@@ -11,7 +11,9 @@
 // split into windows) and sees keys 0..=that position. With write_lse, each
 // row's log Σ exp(score) lands in lse[lse_offset + row·q_heads + head], so a
 // caller can combine attention over separate key chunks. Interface in
-// attention_io.wgsl.
+// attention_io.wgsl; keys and values read through attention_kv_f32.wgsl or
+// attention_kv_half.wgsl (their range scales applied to the scores and to
+// the value rows).
 
 // Output dims per invocation: ⌈head_dim / 64⌉, set by the host so the slot
 // loops have a constant trip count.
@@ -67,7 +69,7 @@ fn attention(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id
                             qv[i] = q[qb + i];
                         }
                         if (k0 + r < p.kv_len) {
-                            kv[i] = k[kb + i];
+                            kv[i] = key_at(kb + i);
                         }
                     }
                 }
@@ -90,7 +92,7 @@ fn attention(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id
             let r = my_row + 4u * i;
             var s = MASKED;
             if (visible(q0 + r, k0 + my_key)) {
-                s = dots[i] * p.scale;
+                s = dots[i] * p.scale * key_scale(k0 + my_key, kvh);
             }
             scores[r * BK + my_key] = s;
         }
@@ -126,10 +128,11 @@ fn attention(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id
         let j_end = min(BK, p.kv_len - k0);
         for (var j = 0u; j < j_end; j++) {
             let vb = p.v_offset + (k0 + j) * p.v_stride + kvh * p.head_dim;
+            let vs = value_scale(k0 + j, kvh);
             for (var sl = 0u; sl < SLOTS; sl++) {
                 let c = t + sl * THREADS;
                 if (c < p.head_dim) {
-                    let vv = v[vb + c];
+                    let vv = value_at(vb + c) * vs;
                     for (var r = 0u; r < BQ; r++) {
                         acc[r][sl] = fma(scores[r * BK + j], vv, acc[r][sl]);
                     }

@@ -24,13 +24,12 @@ const CPU_MAX_VEC4: u32 = 32u;
 // head_dim / 4, set by the host so the dim loops have a constant trip count.
 override HEAD_VEC4: u32 = 32u;
 
-// q, k and v again, as vec4s: the host takes this kernel only where
+// q again, as vec4s (k and v at bindings 8 and 9, read four at a time
+// through key4_at/value4_at): the host takes this kernel only where
 // head_dim, the offsets and the strides are multiples of 4, so that each
 // load brings four values (inside a loop a CPU driver fetches each load lane
 // by lane, so one vec4 load costs about what one f32 load does).
 @group(0) @binding(7) var<storage, read_write> q4: array<vec4<f32>>;
-@group(0) @binding(8) var<storage, read_write> k4: array<vec4<f32>>;
-@group(0) @binding(9) var<storage, read_write> v4: array<vec4<f32>>;
 
 // The online softmax's update of one query over a block of keys: its
 // scores become weights against the new running maximum, `m` and `l` (the
@@ -127,10 +126,14 @@ fn attention_cpu(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgrou
         // Row starts of this block's keys and values, clamped into the matrix.
         var kb: array<u32, CPU_KEYS>;
         var vb: array<u32, CPU_KEYS>;
+        var ks: array<f32, CPU_KEYS>;
+        var vs: array<f32, CPU_KEYS>;
         for (var j = 0u; j < CPU_KEYS; j++) {
             let kj = min(k0 + j, p.kv_len - 1u);
             kb[j] = (p.k_offset + kj * p.k_stride + kvh * p.head_dim) / 4u;
             vb[j] = (p.v_offset + kj * p.v_stride + kvh * p.head_dim) / 4u;
+            ks[j] = key_scale(kj, kvh);
+            vs[j] = value_scale(kj, kvh);
         }
         var dots_a: array<f32, CPU_KEYS>;
         var dots_b: array<f32, CPU_KEYS>;
@@ -142,12 +145,18 @@ fn attention_cpu(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgrou
             let qc = qv_c[c];
             let qd = qv_d[c];
             for (var j = 0u; j < CPU_KEYS; j++) {
-                let kc = k4[kb[j] + c];
+                let kc = key4_at(kb[j] + c);
                 dots_a[j] = fma(qa.w, kc.w, fma(qa.z, kc.z, fma(qa.y, kc.y, fma(qa.x, kc.x, dots_a[j]))));
                 dots_b[j] = fma(qb.w, kc.w, fma(qb.z, kc.z, fma(qb.y, kc.y, fma(qb.x, kc.x, dots_b[j]))));
                 dots_c[j] = fma(qc.w, kc.w, fma(qc.z, kc.z, fma(qc.y, kc.y, fma(qc.x, kc.x, dots_c[j]))));
                 dots_d[j] = fma(qd.w, kc.w, fma(qd.z, kc.z, fma(qd.y, kc.y, fma(qd.x, kc.x, dots_d[j]))));
             }
+        }
+        for (var j = 0u; j < CPU_KEYS; j++) {
+            dots_a[j] *= ks[j];
+            dots_b[j] *= ks[j];
+            dots_c[j] *= ks[j];
+            dots_d[j] *= ks[j];
         }
         let rescale_a = softmax_block(&dots_a, &m_a, &l_a, qi_a, k0);
         let rescale_b = softmax_block(&dots_b, &m_b, &l_b, qi_b, k0);
@@ -159,7 +168,7 @@ fn attention_cpu(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgrou
             var e = acc_c[c] * rescale_c;
             var f = acc_d[c] * rescale_d;
             for (var j = 0u; j < CPU_KEYS; j++) {
-                let vc = v4[vb[j] + c];
+                let vc = value4_at(vb[j] + c) * vs[j];
                 a = fma(vec4<f32>(dots_a[j]), vc, a);
                 b = fma(vec4<f32>(dots_b[j]), vc, b);
                 e = fma(vec4<f32>(dots_c[j]), vc, e);
@@ -217,24 +226,31 @@ fn attention_cpu_wide(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(wor
     for (var k0 = 0u; k0 < k_end; k0 += CPU_KEYS) {
         var kb: array<u32, CPU_KEYS>;
         var vb: array<u32, CPU_KEYS>;
+        var ks: array<f32, CPU_KEYS>;
+        var vs: array<f32, CPU_KEYS>;
         for (var j = 0u; j < CPU_KEYS; j++) {
             let kj = min(k0 + j, p.kv_len - 1u);
             kb[j] = (p.k_offset + kj * p.k_stride + kvh * p.head_dim) / 4u;
             vb[j] = (p.v_offset + kj * p.v_stride + kvh * p.head_dim) / 4u;
+            ks[j] = key_scale(kj, kvh);
+            vs[j] = value_scale(kj, kvh);
         }
         var dots: array<f32, CPU_KEYS>;
         for (var c = 0u; c < HEAD_VEC4; c++) {
             let q = qv[c];
             for (var j = 0u; j < CPU_KEYS; j++) {
-                let kc = k4[kb[j] + c];
+                let kc = key4_at(kb[j] + c);
                 dots[j] = fma(q.w, kc.w, fma(q.z, kc.z, fma(q.y, kc.y, fma(q.x, kc.x, dots[j]))));
             }
+        }
+        for (var j = 0u; j < CPU_KEYS; j++) {
+            dots[j] *= ks[j];
         }
         let rescale = softmax_block(&dots, &m, &l, qi, k0);
         for (var c = 0u; c < HEAD_VEC4; c++) {
             var a = acc[c] * rescale;
             for (var j = 0u; j < CPU_KEYS; j++) {
-                a = fma(vec4<f32>(dots[j]), v4[vb[j] + c], a);
+                a = fma(vec4<f32>(dots[j]), value4_at(vb[j] + c) * vs[j], a);
             }
             acc[c] = a;
         }

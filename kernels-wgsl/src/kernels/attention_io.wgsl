@@ -1,6 +1,8 @@
 // The attention family's interface, shared by `attention.wgsl` (f32, every
 // tier) and `attention_matrix.wgsl` (matrix tier): the parameter block
 // (AttentionParams on the host), the bindings, and which scores a query sees.
+// The keys and values are declared by `attention_kv_f32.wgsl` (f32) or
+// `attention_kv_half.wgsl` (f16 pairs with a range scale per head row).
 
 struct Params {
     q_len: u32, kv_len: u32, q_heads: u32, kv_heads: u32, head_dim: u32,
@@ -10,12 +12,11 @@ struct Params {
     o_offset: u32, o_stride: u32,
     scale: f32, causal: u32, use_mask: u32, mask_offset: u32,
     q_position: u32, lse_offset: u32, write_lse: u32,
+    k_scale_offset: u32, v_scale_offset: u32, _pad0: u32, _pad1: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read_write> q: array<f32>;
-@group(0) @binding(2) var<storage, read_write> k: array<f32>;
-@group(0) @binding(3) var<storage, read_write> v: array<f32>;
 @group(0) @binding(4) var<storage, read> key_keep: array<u32>;
 @group(0) @binding(5) var<storage, read_write> o: array<f32>;
 @group(0) @binding(6) var<storage, read_write> lse: array<f32>;

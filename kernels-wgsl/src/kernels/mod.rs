@@ -15,7 +15,7 @@ pub mod rope;
 pub mod vae;
 
 // Each family's launchers and shapes, callable as `kernels::linear(..)`.
-pub use attention::{attention, Attention, Qkv, ATTENTION_MATRIX_MAX_HEAD_DIM, ATTENTION_MAX_HEAD_DIM, ATTENTION_QUERIES_PER_GROUP};
+pub use attention::{attention, attention_half_kv, half_pack, Attention, HalfKvScales, Qkv, ATTENTION_MATRIX_MAX_HEAD_DIM, ATTENTION_MAX_HEAD_DIM, ATTENTION_QUERIES_PER_GROUP};
 pub use bench::{copy_peak, fma_peak, matrix_peak, FMA_PEAK_FMAS_PER_ITERATION, MATRIX_PEAK_CHAINS};
 pub use conv::{conv2d, upsample_nearest2x};
 pub use df11::{df11_clear, df11_decode, df11_decode_blocks, Df11Arrays, DF11_BLOCK_BYTES};
@@ -23,5 +23,6 @@ pub use elementwise::{elementwise, transpose, Elementwise};
 pub use ggml::ggml_expand;
 pub use linear::{linear, linear_add, Gemm, GEMM_TILE};
 pub use norm::{group_norm, group_norm_apply, group_stats, layer_norm_modulate, rms_norm, rms_norm_inplace, GroupAffine, Groups, RowNorm};
-pub use rope::{rope, RopeShape, RopeStyle, RopeTables};
+pub use rope::{rope, RopeStyle, RopeTables};
+pub use crate::view::HeadRows;
 pub use vae::{denorm_unpatchify, latent_preview, pixel_levels, LatentStats};

@@ -10,10 +10,15 @@
 // small rows keep f16's full precision instead of going subnormal. Only
 // values below 2⁻³⁸ of their row's largest flush to zero.
 
-// The power of two that brings `largest` into [2¹³, 2¹⁴) (1 for zero).
-fn range_scale(largest: f32) -> f32 {
+// The exponent of the power of two that brings `largest` into [2¹³, 2¹⁴) (0 for zero).
+fn range_exponent(largest: f32) -> i32 {
     if (largest == 0.0) {
-        return 1.0;
+        return 0;
     }
-    return ldexp(1.0, frexp(largest).exp - 14);
+    return frexp(largest).exp - 14;
+}
+
+// That power of two (1 for zero).
+fn range_scale(largest: f32) -> f32 {
+    return ldexp(1.0, range_exponent(largest));
 }

@@ -6,7 +6,7 @@ use crate::kernel::{kernel, Access::{Read as R, ReadWrite as RW}, Kernel, Module
 use crate::device::Gpu;
 use crate::dispatch::{dispatch, grid64, row_chunks, to_u32, Launch, Rows, Sink};
 use crate::error::GpuError;
-use crate::view::Mat;
+use crate::view::{HeadRows, Mat};
 use bytemuck::{Pod, Zeroable};
 
 /// `rope.wgsl`.
@@ -43,19 +43,11 @@ pub struct RopeTables<'a> {
     pub first_row: u64,
 }
 
-/// The `[tokens, heads, head_dim]` rows a RoPE rotates.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RopeShape {
-    pub tokens: u64,
-    pub heads: u64,
-    pub head_dim: u64,
-}
-
 /// RoPE in place on `[tokens, heads, head_dim]` rows of `data`; token `t`
 /// reads row `first_row + t` of the tables.
-pub fn rope(gpu: &Gpu, sink: &mut dyn Sink, style: RopeStyle, data: Mat<'_>, tables: RopeTables<'_>, s: RopeShape) -> Result<(), GpuError> {
+pub fn rope(gpu: &Gpu, sink: &mut dyn Sink, style: RopeStyle, data: Mat<'_>, tables: RopeTables<'_>, s: HeadRows) -> Result<(), GpuError> {
     let RopeTables { cos, sin, first_row: table_row } = tables;
-    let RopeShape { tokens, heads, head_dim } = s;
+    let HeadRows { tokens, heads, head_dim } = s;
     if tokens == 0 {
         return Ok(());
     }

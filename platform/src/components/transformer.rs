@@ -30,12 +30,14 @@ pub struct LatentGrids {
     /// values extracted on the first step and cached for the next
     /// ([`Transformer::use_kv_cache`]), or recomputed each step.
     pub kv_cache: KvMode,
+    /// Keys and values kept in half precision (the plan's half-K/V layout).
+    pub half_kv: bool,
 }
 
 impl LatentGrids {
     /// A pass without reference images.
     pub fn noise_only(latent_h: usize, latent_w: usize) -> Self {
-        Self { noise: (latent_h, latent_w), references: Vec::new(), kv_cache: KvMode::Off }
+        Self { noise: (latent_h, latent_w), references: Vec::new(), kv_cache: KvMode::Off, half_kv: false }
     }
 
     fn noise_tokens(&self) -> usize {
@@ -118,7 +120,7 @@ impl Transformer {
                 config.timestep_guidance_channels
             )));
         }
-        let tokens = Tokens { text: text as u64, noise: grids.noise_tokens() as u64, references: grids.reference_tokens() as u64, kv_cache: grids.kv_cache };
+        let tokens = Tokens { text: text as u64, noise: grids.noise_tokens() as u64, references: grids.reference_tokens() as u64, kv_cache: grids.kv_cache, half_kv: grids.half_kv };
         let (layout, blocks, arena_bytes) = programs(config, tokens, chunk)?;
         // The activations first: an adapter that cannot hold them fails here, before gigabytes of uploads.
         let arena = gpu.storage("transformer activations", arena_bytes);

@@ -264,7 +264,7 @@ impl Run<'_> {
         let key = TransformerKey {
             strategy: self.plan.denoise.weights,
             chunk: self.plan.denoise.chunk.map(|c| c as usize),
-            grids: LatentGrids { noise: (lat_h, lat_w), references: references.grids.clone(), kv_cache: self.plan.denoise.kv_cache },
+            grids: LatentGrids { noise: (lat_h, lat_w), references: references.grids.clone(), kv_cache: self.plan.denoise.kv_cache, half_kv: self.plan.denoise.half_kv },
             lora: request.lora.key(),
         };
         let transformer = match take_matching(&mut self.kept.transformer, &key) {

@@ -108,7 +108,7 @@ impl Runner {
                 let s = RowNorm { tokens: *tokens, heads: 1, d: *d, eps: *eps };
                 kernels::layer_norm_modulate(gpu, sink, self.mat(*src), self.mat(*shift), self.mat(*scale), self.mat(*dst), s)
             }
-            Op::RopeInterleaved { data, table_row, tokens, heads, head_dim } => kernels::rope(gpu, sink, RopeStyle::Interleaved, self.mat(*data), kernels::RopeTables { cos: &self.rope_cos, sin: &self.rope_sin, first_row: *table_row }, kernels::RopeShape { tokens: *tokens, heads: *heads, head_dim: *head_dim }),
+            Op::RopeInterleaved { data, table_row, tokens, heads, head_dim } => kernels::rope(gpu, sink, RopeStyle::Interleaved, self.mat(*data), kernels::RopeTables { cos: &self.rope_cos, sin: &self.rope_sin, first_row: *table_row }, kernels::HeadRows { tokens: *tokens, heads: *heads, head_dim: *head_dim }),
             Op::Attention { q, k, v, o, len, heads, head_dim } => {
                 let s = non_causal(*len, *len, *heads, *head_dim);
                 kernels::attention(gpu, sink, kernels::Qkv { q: self.mat(*q), k: self.mat(*k), v: self.mat(*v) }, None, self.mat(*o), None, s)
@@ -117,6 +117,12 @@ impl Runner {
                 let s = non_causal(*q_len, *kv_len, *heads, *head_dim);
                 kernels::attention(gpu, sink, kernels::Qkv { q: self.mat(*q), k: self.mat(*k), v: self.mat(*v) }, None, self.mat(*o), None, s)
             }
+            Op::HalfKvAttention { q, k, v, k_scales, v_scales, o, q_len, kv_len, heads, head_dim } => {
+                let s = non_causal(*q_len, *kv_len, *heads, *head_dim);
+                let scales = kernels::HalfKvScales { k: self.mat(*k_scales), v: self.mat(*v_scales) };
+                kernels::attention_half_kv(gpu, sink, kernels::Qkv { q: self.mat(*q), k: self.mat(*k), v: self.mat(*v) }, scales, self.mat(*o), s)
+            }
+            Op::HalfPack { src, dst, scales, tokens, heads, head_dim } => kernels::half_pack(gpu, sink, self.mat(*src), self.mat(*dst), self.mat(*scales), kernels::HeadRows { tokens: *tokens, heads: *heads, head_dim: *head_dim }),
             Op::PartialAttention { q, k, v, o, lse, q_len, kv_len, heads, head_dim } => {
                 let s = non_causal(*q_len, *kv_len, *heads, *head_dim);
                 let (q, k, v, o, lse) = (self.mat(*q), self.mat(*k), self.mat(*v), self.mat(*o), self.mat(*lse));
@@ -133,7 +139,7 @@ impl Runner {
                 let s = RowNorm { tokens: *tokens, heads: 1, d: *d, eps: *eps };
                 kernels::rms_norm(gpu, sink, self.mat(*src), weights.get(w)?.view(), self.mat(*dst), s)
             }
-            Op::RopeRotateHalf { data, table_row, tokens, heads, head_dim } => kernels::rope(gpu, sink, RopeStyle::RotateHalf, self.mat(*data), kernels::RopeTables { cos: &self.rope_cos, sin: &self.rope_sin, first_row: *table_row }, kernels::RopeShape { tokens: *tokens, heads: *heads, head_dim: *head_dim }),
+            Op::RopeRotateHalf { data, table_row, tokens, heads, head_dim } => kernels::rope(gpu, sink, RopeStyle::RotateHalf, self.mat(*data), kernels::RopeTables { cos: &self.rope_cos, sin: &self.rope_sin, first_row: *table_row }, kernels::HeadRows { tokens: *tokens, heads: *heads, head_dim: *head_dim }),
             Op::CausalAttention { q, k, v, o, len, q_heads, kv_heads, head_dim } => {
                 let s = Attention {
                     q_len: *len,

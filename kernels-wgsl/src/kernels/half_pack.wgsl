@@ -1,0 +1,43 @@
+// f32 rows `[tokens, heads·head_dim]` into the half-K/V layout
+// (`attention_kv_half.wgsl`): each (token, head) row of head_dim values is
+// divided by its range scale (range_rule.wgsl: the power of two that brings
+// its largest magnitude into [2¹³, 2¹⁴), so no value overflows f16 and
+// small rows keep f16's precision), rounded to f16 two a word, and its
+// scale stored as f32. One invocation a row: a row is a few hundred bytes,
+// and a CPU adapter runs invocations side by side in its SIMD lanes.
+
+struct Params {
+    rows: u32, heads: u32, head_dim: u32,
+    src_offset: u32, src_stride: u32,
+    dst_offset: u32, dst_stride: u32,
+    scale_offset: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read_write> src: array<f32>;
+@group(0) @binding(2) var<storage, read_write> dst: array<u32>;
+@group(0) @binding(3) var<storage, read_write> scales: array<f32>;
+
+@compute @workgroup_size(64)
+fn half_pack(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let row = flat_workgroup(wid, nwg) * 64u + lid.x;
+    if (row >= p.rows * p.heads) {
+        return;
+    }
+    let token = row / p.heads;
+    let head = row % p.heads;
+    let s0 = p.src_offset + token * p.src_stride + head * p.head_dim;
+    var largest = 0.0;
+    for (var i = 0u; i < p.head_dim; i++) {
+        largest = max(largest, abs(src[s0 + i]));
+    }
+    // ldexp by the exponent, not a product by 1/scale: 2^-e can overflow f32
+    // where 2^e is tiny. The exponent stays ≥ −126 so the scale is normal.
+    let e = max(range_exponent(largest), -126);
+    let d0 = p.dst_offset + token * p.dst_stride + head * (p.head_dim / 2u);
+    for (var i = 0u; i < p.head_dim / 2u; i++) {
+        let pair = vec2<f32>(ldexp(src[s0 + 2u * i], -e), ldexp(src[s0 + 2u * i + 1u], -e));
+        dst[d0 + i] = pack2x16float(pair);
+    }
+    scales[p.scale_offset + row] = ldexp(1.0, e);
+}
