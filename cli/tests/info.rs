@@ -70,23 +70,27 @@ fn the_published_4b_plans_from_its_config_files_alone() {
     assert!(stdout.contains("plan for 1024×1024 with 512 prompt tokens"), "{stdout}");
     let peak = |line: &str| parse_gib(line.split(": ").nth(1).unwrap().split(" = ").next().unwrap());
     // Pinned limits, so the list does not depend on this machine's adapter.
-    // With 4 GiB bindings every strategy is listed unchunked and in token chunks.
+    // With 4 GiB bindings every strategy is listed unchunked, in token
+    // chunks, and in token chunks with keys and values in f16, each smaller.
     let roomy = stdout_of(&info(&folder, &["--limits", "4GiB/4GiB"]));
     let transformer = section(&roomy, "transformer (sizes estimated");
+    let (half_kv, transformer): (Vec<&str>, Vec<&str>) = transformer.iter().partition(|l| l.contains("-token chunks, keys and values in f16"));
     let (chunked, unchunked): (Vec<&str>, Vec<&str>) = transformer.iter().partition(|l| l.contains("-token chunks"));
-    assert_eq!((chunked.len(), unchunked.len()), (5, 5), "{roomy}");
+    assert_eq!((half_kv.len(), chunked.len(), unchunked.len()), (5, 5, 5), "{roomy}");
     assert!(chunked.iter().zip(&unchunked).all(|(c, u)| peak(c) < peak(u)), "{transformer:?}");
+    assert!(half_kv.iter().zip(&chunked).all(|(h, c)| peak(h) < peak(c)), "{half_kv:?}");
     // Under 128 MiB bindings (WebGPU's default, lavapipe's) the single blocks'
     // unchunked keys (4608 rows of the 27648-wide fused projection, 510 MB) do
     // not fit one binding: only the five chunked options are listed.
     let narrow = stdout_of(&info(&folder, &["--limits", "2GiB/128MiB"]));
     let transformer = section(&narrow, "transformer (sizes estimated");
-    assert_eq!(transformer, chunked, "{narrow}");
+
+    assert_eq!(without_f16(transformer), chunked, "{narrow}");
     // WebGPU's default 256 MiB buffers hold the 1024² arena by chunks (the
     // stream, keys and values whole: 170 MB), not 1536²'s (358 MB for those
     // three alone): refused up front, naming the buffer.
     let webgpu = stdout_of(&info(&folder, &["--limits", "webgpu"]));
-    assert_eq!(section(&webgpu, "transformer (sizes estimated"), chunked, "{webgpu}");
+    assert_eq!(without_f16(section(&webgpu, "transformer (sizes estimated")), chunked, "{webgpu}");
     let webgpu = info(&folder, &["--limits", "webgpu", "--width", "1536", "--height", "1536"]);
     let stderr = String::from_utf8_lossy(&webgpu.stderr);
     assert!(!webgpu.status.success() && stderr.contains("above the adapter's largest buffer of 268435456 bytes"), "{stderr}");
@@ -105,9 +109,14 @@ fn the_published_4b_plans_from_its_config_files_alone() {
     assert!(least < 2 * GIB, "{least}");
     let within = stdout_of(&info(&folder, &["--memory-budget", &format!("{least}B")]));
     assert!(within.contains("within --memory-budget"), "{within}");
-    assert!(within.contains("transformer streamed per block from host memory into 1 slot, by"), "{within}");
+    assert!(within.contains("transformer streamed per block from host memory into 1 slot, by") && within.contains("keys and values in f16"), "{within}");
     let line = the_error_line(&info(&folder, &["--memory-budget", &format!("{}B", least - 1)]));
     assert!(line.contains("too small") && line.contains(&format!("({least} B)")), "{line}");
+}
+
+/// `lines` without the options whose keys and values are in f16.
+fn without_f16(lines: Vec<&str>) -> Vec<&str> {
+    lines.into_iter().filter(|l| !l.contains("keys and values in f16")).collect()
 }
 
 fn parse_gib(figure: &str) -> f64 {

@@ -755,6 +755,58 @@ mod tests {
         assert!(small < 1 << 20, "beyond the big spans: {small} bytes");
     }
 
+    /// The half-K/V layout: keys and values `D/2` words a row with a scale
+    /// per head, projected into chunk scratch and packed a chunk at a time
+    /// (each chunk's keys roped before), attention reading them packed; the
+    /// same FLOPs as the f32 layout, in fewer bytes; never with a kept cache.
+    #[test]
+    fn the_half_kv_layout_packs_every_chunk_and_attends_over_the_packed_rows() {
+        let cfg = klein_4b::transformer();
+        let (text, image, chunk) = (512u64, 4096u64, 1024u64);
+        let laid_out = |half_kv: bool, kv_cache: KvMode, references: u64| {
+            let mut arena = BumpArena::new(u64::MAX / 2);
+            let tokens = Tokens { text, noise: image, references, kv_cache, half_kv };
+            let l = TransformerLayout::chunked(&cfg, tokens, chunk, &mut arena).unwrap();
+            (l, arena.high_water())
+        };
+        let (f32_kv, f32_bytes) = laid_out(false, KvMode::Off, 0);
+        let (l, bytes) = laid_out(true, KvMode::Off, 0);
+        let rows = text + image;
+        assert_eq!((l.k.stride, l.v.stride), (1536, 1536));
+        assert_eq!(l.kv_scales.map(|s| s.map(|s| s.stride)), Some([24, 24]));
+        // The keys and values take half their f32 bytes, plus a scale a head row.
+        assert_eq!(f32_bytes - bytes, 2 * rows * 1536 * 4 - 2 * rows * 24 * 4);
+        for block in [true, false] {
+            let (mut ops, mut f32_ops) = (Vec::new(), Vec::new());
+            let mut flops = [0, 0];
+            let program = |l: &TransformerLayout, out: &mut Vec<Op>, flops: &mut u64| {
+                let mut emit = |op: Op| {
+                    *flops += op.flops();
+                    out.push(op)
+                };
+                if block { double_block(l, 0, &mut emit) } else { single_block(l, 0, &mut emit) }
+            };
+            program(&l, &mut ops, &mut flops[0]);
+            program(&f32_kv, &mut f32_ops, &mut flops[1]);
+            assert_eq!(flops[0], flops[1]);
+            let packs: Vec<(Span, u64)> = ops.iter().filter_map(|op| if let Op::HalfPack { dst, tokens, .. } = op { Some((*dst, *tokens)) } else { None }).collect();
+            // Keys and values of every chunk: the text rows and each image chunk (double blocks), or the joint rows' chunks.
+            let chunks = if block { 1 + image.div_ceil(chunk) } else { rows.div_ceil(chunk) };
+            assert_eq!(packs.len() as u64, 2 * chunks);
+            assert_eq!(packs.iter().map(|p| p.1).sum::<u64>(), 2 * rows);
+            assert!(!ops.iter().any(|op| matches!(op, Op::CrossAttention { .. } | Op::Attention { .. })));
+            let attends = ops.iter().filter(|op| matches!(op, Op::HalfKvAttention { k, kv_len, .. } if *k == l.k && *kv_len == rows)).count() as u64;
+            assert_eq!(attends, chunks);
+            // Each chunk's keys roped (at its own table row) before they are packed; none over the whole keys.
+            assert!(!ops.iter().any(|op| matches!(op, Op::RopeInterleaved { data, .. } if *data == l.k)));
+        }
+        // A kept KV cache copies f32 rows: that layout keeps f32 keys and values.
+        let (kept, _) = laid_out(true, KvMode::Keep, 256);
+        assert!(kept.kv_scales.is_none() && kept.k.stride == 3072);
+        let (recomputed, _) = laid_out(true, KvMode::Recompute, 256);
+        assert!(recomputed.kv_scales.is_some());
+    }
+
     #[test]
     fn reference_tokens_run_through_every_block_but_get_no_velocity() {
         let cfg = klein_4b::transformer();
