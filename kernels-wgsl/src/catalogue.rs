@@ -44,6 +44,7 @@ pub const ALL_KERNELS: &[Kernel] = &[
     elementwise::TANH_CLAMP,
     elementwise::SCALE_SHIFT,
     conv::CONV2D,
+    conv::CONV2D_WIDE,
     conv::CONV2D_THIN,
     conv::UPSAMPLE_NEAREST2X,
     vae::DENORM_UNPATCHIFY,

@@ -18,6 +18,8 @@ pub enum Module {
     HalfPack,
     Elementwise,
     Conv,
+    /// conv2d on 64×256 tiles (at most 64 output channels).
+    ConvWide,
     Vae,
     Df11,
     /// GGML's quantized blocks expanded into f32 (GGUF weights).
@@ -55,7 +57,7 @@ pub enum Module {
 }
 
 impl Module {
-    pub const ALL: [Module; 29] = [
+    pub const ALL: [Module; 30] = [
         Module::Linear,
         Module::RangeScales,
         Module::Norm,
@@ -65,6 +67,7 @@ impl Module {
         Module::HalfPack,
         Module::Elementwise,
         Module::Conv,
+        Module::ConvWide,
         Module::Vae,
         Module::Df11,
         Module::Ggml,
@@ -98,6 +101,7 @@ impl Module {
             Module::HalfPack => "half_pack",
             Module::Elementwise => "elementwise",
             Module::Conv => "conv",
+            Module::ConvWide => "conv (64×256 tiles)",
             Module::Vae => "vae",
             Module::Df11 => "df11",
             Module::Ggml => "ggml",
@@ -200,10 +204,23 @@ impl Module {
                 "enable f16;\nconst HALF: bool = true;\nalias Stage = f16;\n"
             };
         }
+        // Its tile shape: 128×128, or 64×256 for few rows.
+        macro_rules! gemm_shape {
+            (square) => {
+                "const TM: u32 = 128u;\nconst TN: u32 = 128u;\n"
+            };
+            (wide) => {
+                "const TM: u32 = 64u;\nconst TN: u32 = 256u;\n"
+            };
+        }
         macro_rules! with_gemm {
             ($tier:ident, $($file:literal),+) => {
+                with_gemm!($tier, square, $($file),+)
+            };
+            ($tier:ident, $shape:ident, $($file:literal),+) => {
                 concat!(
                     gemm_tier!($tier),
+                    gemm_shape!($shape),
                     include_str!("kernels/common.wgsl"),
                     "\n",
                     include_str!("kernels/range_rule.wgsl"),
@@ -250,6 +267,7 @@ impl Module {
             Module::HalfPack => with_common!("range_rule.wgsl", "half_pack.wgsl"),
             Module::Elementwise => with_common!("elementwise.wgsl"),
             Module::Conv => with_gemm!(f32, "product_io.wgsl", "conv_io.wgsl", "conv.wgsl"),
+            Module::ConvWide => with_gemm!(f32, wide, "product_io.wgsl", "conv_io.wgsl", "conv.wgsl"),
             Module::ConvHalf => with_gemm!(f16, "product_io.wgsl", "conv_io.wgsl", "conv.wgsl"),
             Module::Vae => with_common!("vae.wgsl"),
             Module::Df11 => with_common!("df11.wgsl"),

@@ -40,6 +40,13 @@ pub const CONV2D: Kernel =
 /// module per tile size; its workgroup is one subgroup (the `WG` override).
 /// The f16 tier's conv2d: `conv.wgsl` on f16-staged tiles.
 pub const CONV2D_HALF: Kernel = Kernel { module: Module::ConvHalf, ..CONV2D };
+/// The f32 tier's conv2d on 64×256 tiles, for at most [`WIDE_MAX`] output
+/// channels (a tiny decoder's 64, a small VAE's 32): 128-row tiles would
+/// spend half or more of their rows on zeros.
+pub const CONV2D_WIDE: Kernel = Kernel { module: Module::ConvWide, ..CONV2D };
+pub const WIDE_MAX: u64 = 64;
+/// The wide tiles' shape, output channels × pixels.
+const WIDE_TILE: [u64; 2] = [64, 256];
 pub const CONV2D_MATRIX_8: Kernel =
     kernel(Module::ConvMatrix8, "conv2d_matrix", [0, 1, 1], &[(1, RW), (2, R), (3, R), (4, RW)], size_of::<ConvParams>(), true);
 pub const CONV2D_MATRIX_16: Kernel = Kernel { module: Module::ConvMatrix16, ..CONV2D_MATRIX_8 };
@@ -78,20 +85,28 @@ pub fn conv2d(
     let w_rows = Rows::packed(w.buf, eb, w.offset, per_out, "conv weight");
     let b_rows = Rows::packed(bias.buf, eb, bias.offset, 1, "conv bias");
     let matrix = gpu.matrix();
-    let [tile_co, tile_px] = match matrix {
-        Some(c) => [c.size as u64; 2],
-        None => GEMM_TILE.map(u64::from),
-    };
     for rows in row_chunks(gpu, s.out_channels as u64, &[y_rows, w_rows, b_rows], 1)? {
         let (yw, ww, bw) = (y_rows.window(gpu, &rows)?, w_rows.window(gpu, &rows)?, b_rows.window(gpu, &rows)?);
         let paired = ww.local.is_multiple_of(2) && per_out.is_multiple_of(2);
         let out_channels = rows.end - rows.start;
-        // A thin output (an RGB conv_out) would leave most of a 128-row tile idle.
-        let thin = matrix.is_none() && gpu.precision() == Precision::F32 && out_channels <= THIN_MAX;
+        // A thin output (an RGB conv_out) would leave most of a 128-row tile
+        // idle; a few more output channels take the wide tiles.
+        let f32_tier = matrix.is_none() && gpu.precision() == Precision::F32;
+        let thin = f32_tier && out_channels <= THIN_MAX;
+        let wide = f32_tier && out_channels <= WIDE_MAX;
+        let [tile_co, tile_px] = match matrix {
+            Some(c) => [c.size as u64; 2],
+            None if wide => WIDE_TILE,
+            None => GEMM_TILE.map(u64::from),
+        };
         let (kernel, constants) = match matrix {
             None if thin => (&CONV2D_THIN, [("WEIGHT_BF16", w.dtype.constant()), ("THIN_OC", out_channels as u32)]),
             None => {
-                let kernel = if gpu.precision() == Precision::F16 { &CONV2D_HALF } else { &CONV2D };
+                let kernel = match gpu.precision() {
+                    Precision::F16 => &CONV2D_HALF,
+                    _ if wide => &CONV2D_WIDE,
+                    _ => &CONV2D,
+                };
                 (kernel, [("WEIGHT_BF16", w.dtype.constant()), ("W_PAIRED", paired as u32)])
             }
             Some(c) => (c.pick([&CONV2D_MATRIX_8, &CONV2D_MATRIX_16, &CONV2D_MATRIX_8_F32]), [("WEIGHT_BF16", w.dtype.constant()), ("WG", c.subgroup)]),
@@ -183,6 +198,16 @@ mod tests {
         check_conv(ConvShape::same(8, 16, 9, 10, 3), 44);
         check_conv(ConvShape::same(8, 17, 9, 10, 3), 45);
         check_conv(ConvShape::same(128, 3, 6, 5, 3), 46);
+    }
+
+    #[test]
+    fn wide_tiles_on_both_sides_of_their_threshold() {
+        // 33 and 64 output channels take the 64×256 tiles, 65 the 128×128
+        // ones; 23×29 pixels span three 256-pixel tiles, the last one short;
+        // 45 taps end inside a step of 8.
+        check_conv(ConvShape::same(5, 33, 23, 29, 3), 47);
+        check_conv(ConvShape::same(5, 64, 23, 29, 3), 48);
+        check_conv(ConvShape::same(5, 65, 23, 29, 3), 49);
     }
 
     #[test]

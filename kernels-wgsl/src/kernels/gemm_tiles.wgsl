@@ -1,14 +1,17 @@
-// The register-tiled core shared by `linear` and `conv2d`: a 16×16
-// workgroup computes a 128×128 tile of out[m, n] = Σ_k a[m, k]·b[n, k],
-// each invocation 8×8 outputs (rows ty·4 + {0..3} and 64 + ty·4 + {0..3},
-// the same for columns with tx), so every four vec4 reads of workgroup
-// memory feed 64 FMAs. The a and b tiles (128 rows × 8 of k each, stored
-// k-major as vec4s of four rows) are double-buffered: the next tile's global
-// loads are issued before the current tile's arithmetic and stored after
-// it, with one barrier per step of k. Each invocation loads 4 consecutive k
-// of one row of a and of b through the module's `load_a(row, k)` and
-// `load_b(col, k)`, which return zeros past the matrix. The sum runs over k
-// in order, one FMA per term.
+// The register-tiled core shared by `linear` and `conv2d`: a workgroup of
+// 256 invocations computes a TM×TN tile of out[m, n] = Σ_k a[m, k]·b[n, k]
+// (TM·TN = 128·128; the prelude sets the shape: 128×128, or 64×256 where m
+// is at most 64, a convolution's few output channels, so the tile's rows
+// are not spent on zeros). The invocations stand in a TY×TX grid (TY =
+// TM/8); each computes 8×8 outputs (rows ty·4 + {0..3} and TM/2 + ty·4 +
+// {0..3}, the same for columns with tx and TN/2), so every four vec4 reads
+// of workgroup memory feed 64 FMAs. The a and b tiles (TM and TN rows × 8
+// of k, stored k-major as vec4s of four rows) are double-buffered: the next
+// tile's global loads are issued before the current tile's arithmetic and
+// stored after it, with one barrier per step of k. Each load brings 4
+// consecutive k of one row of a or of b through the module's `load_a(row,
+// k)` and `load_b(col, k)`, which return zeros past the matrix. The sum runs
+// over k in order, one FMA per term, whatever the shape.
 //
 // Two tiers share this file, told apart by the prelude ahead of it: the f32
 // tier (`HALF` false, `Stage` = f32) and the f16 tier (`HALF` true, `Stage`
@@ -18,15 +21,19 @@
 // f32 either way. The f32 tier skips the rule entirely: its arithmetic is
 // the same instruction for instruction.
 
-const TM: u32 = 128u;
-const TN: u32 = 128u;
 const TK: u32 = 8u;
-// vec4s per k row of a tile.
-const V: u32 = 32u;
+// The invocation grid (TY·TX = 256) and the vec4s per k row of each tile.
+const TY: u32 = TM / 8u;
+const TX: u32 = TN / 8u;
+const VA: u32 = TM / 4u;
+const VB: u32 = TN / 4u;
+// Loads of 4 k per step: 2·TM for a, 2·TN for b, shared by 256 invocations.
+const LOADS_A: u32 = (2u * TM + 255u) / 256u;
+const LOADS_B: u32 = (2u * TN + 255u) / 256u;
 
-// [buffer][kk · V + rows / 4]
-var<workgroup> a_tile: array<array<vec4<Stage>, 256>, 2>;
-var<workgroup> b_tile: array<array<vec4<Stage>, 256>, 2>;
+// [buffer][kk · VA + rows / 4]
+var<workgroup> a_tile: array<array<vec4<Stage>, 2u * TM>, 2>;
+var<workgroup> b_tile: array<array<vec4<Stage>, 2u * TN>, 2>;
 // The f16 tier's power-of-two scales of the tile's rows of a and of b.
 var<workgroup> a_scale: array<f32, TM>;
 var<workgroup> b_scale: array<f32, TN>;
@@ -40,24 +47,25 @@ fn staged(v: vec4<f32>, scale: f32) -> vec4<Stage> {
     return vec4<Stage>(v);
 }
 
-// The f16 tier's scales: invocation tid < 128 measures row tid of a over
-// all k, the others row tid - 128 of b.
+// The f16 tier's scales: rows e = tid, tid + 256, … of the TM rows of a
+// then the TN rows of b, each measured over all k.
 fn measure_ranges(tid: u32, row0: u32, col0: u32, k: u32) {
-    let r = tid % TM;
-    var largest = 0.0;
-    for (var gk = 0u; gk < k; gk += 4u) {
-        var v: vec4<f32>;
-        if (tid < TM) {
-            v = abs(load_a(row0 + r, gk));
-        } else {
-            v = abs(load_b(col0 + r, gk));
+    for (var e = tid; e < TM + TN; e += 256u) {
+        var largest = 0.0;
+        for (var gk = 0u; gk < k; gk += 4u) {
+            var v: vec4<f32>;
+            if (e < TM) {
+                v = abs(load_a(row0 + e, gk));
+            } else {
+                v = abs(load_b(col0 + e - TM, gk));
+            }
+            largest = max(largest, max(max(v.x, v.y), max(v.z, v.w)));
         }
-        largest = max(largest, max(max(v.x, v.y), max(v.z, v.w)));
-    }
-    if (tid < TM) {
-        a_scale[r] = range_scale(largest);
-    } else {
-        b_scale[r] = range_scale(largest);
+        if (e < TM) {
+            a_scale[e] = range_scale(largest);
+        } else {
+            b_scale[e - TM] = range_scale(largest);
+        }
     }
 }
 
@@ -65,48 +73,75 @@ fn measure_ranges(tid: u32, row0: u32, col0: u32, k: u32) {
 fn store_a(buf: u32, r: u32, kq: u32, v: vec4<f32>) {
     let s = staged(v, a_scale[r]);
     for (var i = 0u; i < 4u; i++) {
-        a_tile[buf][(kq * 4u + i) * V + r / 4u][r % 4u] = s[i];
+        a_tile[buf][(kq * 4u + i) * VA + r / 4u][r % 4u] = s[i];
     }
 }
 
 fn store_b(buf: u32, r: u32, kq: u32, v: vec4<f32>) {
     let s = staged(v, b_scale[r]);
     for (var i = 0u; i < 4u; i++) {
-        b_tile[buf][(kq * 4u + i) * V + r / 4u][r % 4u] = s[i];
+        b_tile[buf][(kq * 4u + i) * VB + r / 4u][r % 4u] = s[i];
     }
 }
 
+// This invocation's place in the TY×TX grid: (row group, column group).
+fn tile_place(lid: vec3<u32>) -> vec2<u32> {
+    let tid = lid.y * 16u + lid.x;
+    return vec2<u32>(tid / TX, tid % TX);
+}
+
 // The tile at (row0, col0) over k terms: acc[i·2 + h] holds row
-// (i / 4)·64 + ty·4 + i % 4, columns h·64 + tx·4 + {0..3}.
+// (i / 4)·TM/2 + ty·4 + i % 4, columns h·TN/2 + tx·4 + {0..3}.
 fn gemm_tile(lid: vec3<u32>, row0: u32, col0: u32, k: u32) -> array<vec4<f32>, 16> {
     let tid = lid.y * 16u + lid.x;
-    // This invocation's share of each tile load: tile row lr, k run kq.
-    let lr = tid / 2u;
-    let kq = tid % 2u;
+    let place = tile_place(lid);
+    let ty = place.x;
+    let tx = place.y;
+    // This invocation's shares of each step's loads: load e = tid + 256·l
+    // brings tile row e / 2, k run e % 2 (a's while e < 2·TM, b's while e < 2·TN).
     var acc: array<vec4<f32>, 16>;
     if (HALF) {
         measure_ranges(tid, row0, col0, k);
         workgroupBarrier();
     }
     let steps = (k + TK - 1u) / TK;
-    store_a(0u, lr, kq, load_a(row0 + lr, kq * 4u));
-    store_b(0u, lr, kq, load_b(col0 + lr, kq * 4u));
+    for (var l = 0u; l < LOADS_A; l++) {
+        let e = tid + 256u * l;
+        if (e < 2u * TM) {
+            store_a(0u, e / 2u, e % 2u, load_a(row0 + e / 2u, (e % 2u) * 4u));
+        }
+    }
+    for (var l = 0u; l < LOADS_B; l++) {
+        let e = tid + 256u * l;
+        if (e < 2u * TN) {
+            store_b(0u, e / 2u, e % 2u, load_b(col0 + e / 2u, (e % 2u) * 4u));
+        }
+    }
     workgroupBarrier();
     for (var s = 0u; s < steps; s++) {
         let cur = s % 2u;
         let more = s + 1u < steps;
-        var next_a = vec4<f32>(0.0);
-        var next_b = vec4<f32>(0.0);
+        var next_a: array<vec4<f32>, LOADS_A>;
+        var next_b: array<vec4<f32>, LOADS_B>;
         if (more) {
-            let gk = (s + 1u) * TK + kq * 4u;
-            next_a = load_a(row0 + lr, gk);
-            next_b = load_b(col0 + lr, gk);
+            for (var l = 0u; l < LOADS_A; l++) {
+                let e = tid + 256u * l;
+                if (e < 2u * TM) {
+                    next_a[l] = load_a(row0 + e / 2u, (s + 1u) * TK + (e % 2u) * 4u);
+                }
+            }
+            for (var l = 0u; l < LOADS_B; l++) {
+                let e = tid + 256u * l;
+                if (e < 2u * TN) {
+                    next_b[l] = load_b(col0 + e / 2u, (s + 1u) * TK + (e % 2u) * 4u);
+                }
+            }
         }
         for (var kk = 0u; kk < TK; kk++) {
-            let a0 = vec4<f32>(a_tile[cur][kk * V + lid.y]);
-            let a1 = vec4<f32>(a_tile[cur][kk * V + 16u + lid.y]);
-            let b0 = vec4<f32>(b_tile[cur][kk * V + lid.x]);
-            let b1 = vec4<f32>(b_tile[cur][kk * V + 16u + lid.x]);
+            let a0 = vec4<f32>(a_tile[cur][kk * VA + ty]);
+            let a1 = vec4<f32>(a_tile[cur][kk * VA + TY + ty]);
+            let b0 = vec4<f32>(b_tile[cur][kk * VB + tx]);
+            let b1 = vec4<f32>(b_tile[cur][kk * VB + TX + tx]);
             for (var i = 0u; i < 4u; i++) {
                 acc[i * 2u] = fma(vec4<f32>(a0[i]), b0, acc[i * 2u]);
                 acc[i * 2u + 1u] = fma(vec4<f32>(a0[i]), b1, acc[i * 2u + 1u]);
@@ -115,8 +150,18 @@ fn gemm_tile(lid: vec3<u32>, row0: u32, col0: u32, k: u32) -> array<vec4<f32>, 1
             }
         }
         if (more) {
-            store_a(1u - cur, lr, kq, next_a);
-            store_b(1u - cur, lr, kq, next_b);
+            for (var l = 0u; l < LOADS_A; l++) {
+                let e = tid + 256u * l;
+                if (e < 2u * TM) {
+                    store_a(1u - cur, e / 2u, e % 2u, next_a[l]);
+                }
+            }
+            for (var l = 0u; l < LOADS_B; l++) {
+                let e = tid + 256u * l;
+                if (e < 2u * TN) {
+                    store_b(1u - cur, e / 2u, e % 2u, next_b[l]);
+                }
+            }
         }
         workgroupBarrier();
     }
@@ -134,11 +179,11 @@ fn tile_value(acc: array<vec4<f32>, 16>, lid: vec3<u32>, i: u32, h: u32, j: u32)
 
 // Row and column of output `acc[i·2 + h][j]` of invocation `lid` in the tile at (row0, col0).
 fn tile_row(lid: vec3<u32>, row0: u32, i: u32) -> u32 {
-    return row0 + (i / 4u) * 64u + lid.y * 4u + i % 4u;
+    return row0 + (i / 4u) * (TM / 2u) + tile_place(lid).x * 4u + i % 4u;
 }
 
 fn tile_col(lid: vec3<u32>, col0: u32, h: u32, j: u32) -> u32 {
-    return col0 + h * 64u + lid.x * 4u + j;
+    return col0 + h * (TN / 2u) + tile_place(lid).y * 4u + j;
 }
 
 // Four bf16 (two whole u32 words, `paired`) or f32 weights from element
