@@ -117,6 +117,14 @@ fn tiny_a_runs_at_its_minimum_budget() {
     check_model("tiny-a", 2, true);
 }
 
+/// The exact path: with `--kv-precision f32` the smallest budget is the one
+/// with keys and values in f32, and the latents are the unbudgeted run's bit
+/// for bit.
+#[test]
+fn tiny_a_with_f32_keys_and_values_runs_exactly_at_that_minimum() {
+    check_run("tiny-a-f32", "tiny-a", 2, false, &["--kv-precision", "f32"]);
+}
+
 #[test]
 fn tiny_b_runs_at_its_minimum_budget() {
     check_model("tiny-b", 1, false);

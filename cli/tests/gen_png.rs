@@ -168,6 +168,8 @@ fn the_kv_pipeline_caches_the_references_after_the_first_step() {
     assert_ne!(read_png(&out).rgb, want.rgb, "--kv-cache off made the KV pipeline's image");
     let run = gen(&["--model", "x", "--prompt", "x", "--kv-cache", "sometimes"]);
     assert!(String::from_utf8_lossy(&run.stderr).contains("--kv-cache sometimes: give auto, on or off"));
+    let run = gen(&["--model", "x", "--prompt", "x", "--kv-precision", "bf16"]);
+    assert!(String::from_utf8_lossy(&run.stderr).contains("--kv-precision bf16: give auto, f32 or f16"));
 }
 
 /// Every diffusers PNG through `gen --precision TIER`, within the project's

@@ -173,7 +173,7 @@ fn a_preview_decoder_beyond_the_adapters_bindings_is_refused_up_front() {
     let model = ModelFolder::open(&model_dir("tiny-a")).unwrap().with_preview_decoder(&decoder).unwrap();
     // 64×64: 16 channels at full size and the 64-wide pool at 32×32 take 256 KiB an activation.
     let small = Gpu::new(&GpuOptions { max_storage_binding: Some(128 * 1024), ..Default::default() }).unwrap();
-    let request = Request { width: 64, height: 64, steps: 1, seed: 0, guidance: 1.0, vae_tile: None, memory_budget: None, references: Vec::new(), lora: Default::default(), init: None, kv_cache: false };
+    let request = Request { width: 64, height: 64, steps: 1, seed: 0, guidance: 1.0, vae_tile: None, memory_budget: None, references: Vec::new(), lora: Default::default(), init: None, kv_cache: false, kv_precision: Default::default() };
     let err = planning::plan(&small, &model, &request).unwrap_err().to_string();
     assert!(err.contains("taesd.safetensors: the preview decoder cannot run at 64×64: one activation takes 262144 bytes, above the adapter's largest binding of 131072"), "{err}");
     assert!(planning::plan(flux_lite_tests::gpu(), &model, &request).is_ok());

@@ -136,6 +136,7 @@ fn encoding_references_stays_within_the_planned_bytes() {
         lora: Default::default(),
         init: None,
         kv_cache: false,
+        kv_precision: Default::default(),
     };
     let planned = planning::plan(&device, &folder, &request).unwrap().references.expect("a reference phase");
     let live_before = device.memory().live;

@@ -8,7 +8,7 @@ mod watch;
 use crate::progress::Bar;
 use argh::FromArgs;
 use flux_lite_platform::model::lora::LoraSpec;
-use flux_lite_platform::pipeline::{self, Made, Prompt};
+use flux_lite_platform::pipeline::{self, KvPrecision, Made, Prompt};
 use flux_lite_platform::{GpuOptions, Job, Limits, OutputType, Pipeline, RunError};
 pub use outputs::png_text;
 use std::path::PathBuf;
@@ -48,6 +48,9 @@ pub struct GenArgs {
     /// the references' keys and values: auto (default: cached after the first step when model_index.json names Flux2KleinKVPipeline), on (the KV pipeline's recipe for any klein model) or off (Flux2KleinPipeline's: the references in every pass)
     #[argh(option, default = "None", from_str_fn(parse_kv_cache))]
     kv_cache: Option<bool>,
+    /// the transformer's keys and values under --memory-budget: auto (default: f32, or f16 where only that fits), f32 (the exact path: a budget only f16 would fit is refused) or f16 (always, by chunks of tokens)
+    #[argh(option, default = "KvPrecision::Auto", from_str_fn(parse_kv_precision))]
+    kv_precision: KvPrecision,
     /// image width in pixels, a multiple of 16 for the real VAE (default: the first reference image's, else 1024)
     #[argh(option)]
     width: Option<usize>,
@@ -136,6 +139,7 @@ pub fn run(args: &GenArgs) -> Result<(), String> {
         output: if args.output.is_some() { OutputType::Image } else { OutputType::Latents },
         init: inputs::init_image(args, &model)?,
         kv_cache: args.kv_cache,
+        kv_precision: args.kv_precision,
         ..Job::prompts(inputs::prompts(args, model.transformer.joint_attention_dim)?)
     };
     let job = job.resolve(&model, &Limits::default()).map_err(|e| crate::errors::request_line(&e))?;
@@ -192,6 +196,16 @@ pub fn run(args: &GenArgs) -> Result<(), String> {
     }
     report::times(&finished.timings, started.elapsed());
     Ok(())
+}
+
+/// `--kv-precision auto|f32|f16`.
+fn parse_kv_precision(value: &str) -> Result<KvPrecision, String> {
+    match value {
+        "auto" => Ok(KvPrecision::Auto),
+        "f32" => Ok(KvPrecision::F32),
+        "f16" => Ok(KvPrecision::F16),
+        other => Err(format!("--kv-precision {other}: give auto, f32 or f16")),
+    }
 }
 
 /// `--kv-cache auto|on|off`: `None` follows the model's pipeline.

@@ -81,7 +81,7 @@ impl DenoiseOptions {
             &[(KvMode::Off, false), (KvMode::Off, true)]
         };
         let mut modes = heapless::Vec::new();
-        for &(mode, half_kv) in wanted {
+        for &(mode, half_kv) in wanted.iter().filter(|(_, half_kv)| input.kv_precision.allows(*half_kv)) {
             // Keys wider than a binding rule a layout out (f32 ones first).
             if keys(Some(CHUNK_ROWS), half_kv) > limit {
                 continue;

@@ -349,6 +349,31 @@ pub struct PlanInput<'a> {
     /// Device bytes of the tiny preview decoder (weights, arena, parameters),
     /// resident beside the transformer while it denoises; 0 without one.
     pub preview_bytes: u64,
+    /// The precisions the transformer's keys and values may take.
+    pub kv_precision: KvPrecision,
+}
+
+/// The precisions the transformer's keys and values may take.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum KvPrecision {
+    /// f32 where a layout with them fits the budget, else f16 (the half-K/V layout).
+    #[default]
+    Auto,
+    /// f32 only: the exact path; what only f16 keys and values would fit is refused.
+    F32,
+    /// f16 only (the half-K/V layout, by chunks), whatever fits.
+    F16,
+}
+
+impl KvPrecision {
+    /// Whether keys and values in half precision (`half_kv`) are allowed.
+    pub fn allows(self, half_kv: bool) -> bool {
+        match self {
+            KvPrecision::Auto => true,
+            KvPrecision::F32 => !half_kv,
+            KvPrecision::F16 => half_kv,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -44,6 +44,7 @@ impl Model {
             budget,
             vae_tile: None,
             kv_cache: false,
+            kv_precision: KvPrecision::Auto,
             preview_bytes: 0,
         }
     }
@@ -346,6 +347,24 @@ fn chunked_feed_forward_lowers_the_minimum_and_takes_the_largest_chunk_that_fits
     // The whole run's minimum is now the chunked one, far below the unchunked 1.54 GiB.
     let minimum = minimum_budget(&input).unwrap();
     assert!(minimum < streamed.peak() && minimum < GIB, "{}", Bytes(minimum));
+}
+
+/// `KvPrecision::F32` offers only f32 keys and values (a higher minimum),
+/// `F16` only the half-K/V layouts; `Auto` both, f32 first.
+#[test]
+fn the_kv_precision_chooses_which_layouts_are_offered() {
+    let model = Model::klein_4b(true);
+    let with = |kv_precision| PlanInput { kv_precision, ..model.input(4096, None) };
+    let offered = |p| denoise_options(&with(p)).unwrap().map(|o| o.half_kv).collect::<Vec<bool>>();
+    assert!(offered(KvPrecision::F32).iter().all(|h| !h) && offered(KvPrecision::F16).iter().all(|h| *h));
+    let auto = offered(KvPrecision::Auto);
+    assert!(auto.contains(&true) && auto.contains(&false));
+    let minimum = |p| minimum_budget(&with(p)).unwrap();
+    assert_eq!(minimum(KvPrecision::Auto), minimum(KvPrecision::F16));
+    assert!(minimum(KvPrecision::F32) > minimum(KvPrecision::Auto) + GIB / 2, "{} vs {}", minimum(KvPrecision::F32), minimum(KvPrecision::Auto));
+    // With room for f32 keys and values, auto takes them.
+    let roomy = plan(&model.input(1024, None)).unwrap();
+    assert!(!roomy.denoise.half_kv);
 }
 
 #[test]

@@ -5,7 +5,7 @@
 
 use crate::kernel::{kernel, Access::{Read as R, ReadWrite as RW}, Kernel, Module};
 use crate::device::{AttentionChoice, Gpu};
-use crate::dispatch::{dispatch, placeholder_window, row_chunks, to_u32, window, Launch, Rows, Sink};
+use crate::dispatch::{dispatch, grid64, placeholder_window, row_chunks, to_u32, window, Launch, Rows, Sink};
 use crate::error::GpuError;
 use crate::precision::{MatrixConfig, MatrixOperands};
 use crate::kernels::linear::{measure_rows, RangeScalesParams};
@@ -287,8 +287,7 @@ pub fn half_pack(gpu: &Gpu, sink: &mut dyn Sink, src: Mat<'_>, dst: Mat<'_>, sca
             dst_stride: to_u32(dst.stride, "half pack output stride")?,
             scale_offset: cw.local,
         };
-        let groups = (n * heads).div_ceil(HALF_PACK.workgroup_size[0] as u64);
-        let launch = Launch { kernel: &HALF_PACK, constants: &[], params, grid: crate::kernel::wrapped_grid(groups) };
+        let launch = Launch { kernel: &HALF_PACK, constants: &[], params, grid: grid64(n * heads) };
         dispatch(gpu, sink, launch, &[(1, &sw), (2, &dw), (3, &cw)]);
     }
     Ok(())

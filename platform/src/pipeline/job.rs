@@ -6,7 +6,7 @@
 
 use super::generation::{Batch, Item};
 use super::reference_image::{ReferenceImage, MAX_REFERENCES};
-use super::{denoise, Prompt, Request, PROMPT_TOKENS};
+use super::{denoise, KvPrecision, Prompt, Request, PROMPT_TOKENS};
 use crate::model::lora::LoraSet;
 use crate::model::ModelFolder;
 use std::fmt;
@@ -63,6 +63,10 @@ pub struct Job {
     /// The klein KV pipeline's reference cache: `None` as the model's
     /// `model_index.json` names its pipeline, `Some` forced on or off.
     pub kv_cache: Option<bool>,
+    /// The precisions the transformer's keys and values may take: f32 where
+    /// that fits the budget, else f16 (`Auto`, the default), f32 only (the
+    /// exact path), or f16 only.
+    pub kv_precision: KvPrecision,
 }
 
 /// The picture image-to-image and inpainting start from
@@ -119,6 +123,7 @@ impl Job {
             output: OutputType::Image,
             init: None,
             kv_cache: None,
+            kv_precision: KvPrecision::Auto,
         }
     }
 
@@ -213,6 +218,7 @@ impl Job {
             lora: self.lora,
             init,
             kv_cache: self.kv_cache.unwrap_or(model.index.kv_cache),
+            kv_precision: self.kv_precision,
         };
         let guidance_ignored = model.index.is_distilled && guidance > 1.0;
         Ok(Resolved { batch, request, references, output: self.output, guidance_ignored })

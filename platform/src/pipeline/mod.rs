@@ -28,6 +28,7 @@ use crate::pipeline::reference_image::ReferenceImage;
 use crate::run::runner::BlockProgress;
 use crate::components::vae::VaeDecoder;
 use crate::components::vae_encoder::VaeEncoder;
+pub use flux_lite_core::plan::KvPrecision;
 use flux_lite_core::plan::{Plan, WeightStrategy};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -104,6 +105,8 @@ pub struct Request {
     pub init: Option<job::InitRequest>,
     /// The klein KV pipeline's recipe for the references (meaningful with references).
     pub kv_cache: bool,
+    /// The precisions the transformer's keys and values may take under the budget.
+    pub kv_precision: KvPrecision,
 }
 
 /// The reference images' tokens, encoded once before denoising.

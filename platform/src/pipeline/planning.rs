@@ -111,6 +111,7 @@ impl ModelSizes {
             vae_tile: None,
             kv_cache: model.index.kv_cache && !references.is_empty(),
             preview_bytes: self.preview_decoder,
+            kv_precision: Default::default(),
         }
     }
 }
@@ -142,6 +143,7 @@ pub fn plan(gpu: &Gpu, model: &ModelFolder, request: &Request) -> Result<Plan, R
     let input = PlanInput {
         vae_tile: request.vae_tile.map(|t| t as u64),
         kv_cache: request.kv_cache && !references.is_empty(),
+        kv_precision: request.kv_precision,
         ..sizes.plan_input(model, request.width, request.height, &references, gpu.plan_limits(), request.memory_budget)
     };
     Ok(planner::plan(&input)?)
