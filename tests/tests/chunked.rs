@@ -166,3 +166,31 @@ fn chunked_kv_passes_give_the_unchunked_velocity_bit_for_bit() {
         assert!(bytes < unchunked_bytes, "chunks of {chunk}: arena {bytes} B, unchunked {unchunked_bytes} B");
     }
 }
+
+/// The half-K/V layout with the KV pipeline's references, recomputed each
+/// step (a kept cache copies f32 rows, so that layout keeps f32 keys):
+/// chunks of 1, 7 and all 38 rows give one velocity, close to the f32
+/// layout's (the reference rows attend to themselves only, over packed keys).
+#[test]
+fn half_keys_and_values_with_recomputed_references() {
+    use flux_lite_core::models::transformer::KvMode;
+    let model = ModelFolder::open(&model_dir("tiny-a")).unwrap();
+    let refs: Vec<f32> = (0..10 * model.transformer.in_channels).map(|i| ((i * 29 % 83) as f32 / 41.0) - 1.0).collect();
+    let run = |chunk: Option<usize>, half_kv: bool| {
+        let grids = LatentGrids { noise: (LAT_H, LAT_W), references: vec![(3, 2), (2, 2)], kv_cache: KvMode::Recompute, half_kv };
+        let store = model.weights(Component::Transformer).unwrap();
+        let t = Transformer::new(gpu(), &model.transformer, store, WeightStrategy::ResidentBf16, chunk, TEXT, &grids).unwrap();
+        assert_eq!(t.layout.kv_scales.is_some(), half_kv);
+        t.set_references(gpu(), &refs).unwrap();
+        velocity_of_two_passes(gpu(), &t, TEXT)
+    };
+    let exact = run(None, false);
+    let want = run(Some(1), true);
+    for chunk in [7, 38] {
+        let got = run(Some(chunk), true);
+        assert!(got.iter().map(|v| v.to_bits()).eq(want.iter().map(|v| v.to_bits())), "chunks of {chunk}: the half-K/V velocity depends on the chunk");
+    }
+    let (err, _) = flux_lite_tests::rel_l2(&want, &exact);
+    println!("tiny-a with recomputed references: half keys and values, relative L2 {err:.2e} from the f32 layout's velocity");
+    assert!(err > 0.0 && err <= flux_lite_tests::tolerance::half_kv::VS_F32_LAYOUT, "{err:.3e}");
+}
