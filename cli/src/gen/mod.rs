@@ -199,7 +199,7 @@ pub fn run(args: &GenArgs) -> Result<(), String> {
 }
 
 /// `--kv-precision auto|f32|f16`.
-fn parse_kv_precision(value: &str) -> Result<KvPrecision, String> {
+pub(crate) fn parse_kv_precision(value: &str) -> Result<KvPrecision, String> {
     match value {
         "auto" => Ok(KvPrecision::Auto),
         "f32" => Ok(KvPrecision::F32),

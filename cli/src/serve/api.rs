@@ -57,6 +57,8 @@ impl IntoResponse for ApiError {
 pub struct Limits {
     pub job: flux_lite_platform::Limits,
     pub memory_budget: Option<u64>,
+    /// The precisions the transformer's keys and values may take (`--kv-precision`).
+    pub kv_precision: flux_lite_platform::pipeline::KvPrecision,
     /// The server's LoRA adapters (`--lora`), added to every request.
     pub lora: std::sync::Arc<flux_lite_platform::model::lora::LoraSet>,
 }
@@ -354,6 +356,7 @@ pub fn check(asked: Asked, shape: Shape, pipeline: &Pipeline, limits: &Limits) -
         seed: asked.seed,
         lora: limits.lora.clone(),
         memory_budget: limits.memory_budget,
+        kv_precision: limits.kv_precision,
         ..Job::new(Prompt::Text(asked.prompt.clone()))
     };
     let job = job.resolve(model, &limits.job).map_err(|e| ApiError::bad(request_line(&e, shape, &asked)))?;

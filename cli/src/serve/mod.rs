@@ -8,6 +8,7 @@ mod jobs;
 mod stream;
 
 use api::{A1111Request, ApiError, Limits, OpenAiRequest};
+use flux_lite_platform::pipeline::KvPrecision;
 use argh::FromArgs;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -55,6 +56,9 @@ pub struct ServeArgs {
     /// memory the server may use for one request, device and host together, e.g. 4GiB (default: the adapter's memory less 10% where it is known, else no limit); components stay loaded between requests while they fit beside it
     #[argh(option, from_str_fn(crate::budget::parse_memory_budget))]
     memory_budget: Option<u64>,
+    /// the transformer's keys and values under --memory-budget, for every request: auto (default: f32, or f16 where only that fits), f32 (the exact path) or f16
+    #[argh(option, default = "KvPrecision::Auto", from_str_fn(crate::gen::parse_kv_precision))]
+    kv_precision: KvPrecision,
     /// precision tier, as for gen (default auto)
     #[argh(option, default = "flux_lite_platform::Precision::Auto", from_str_fn(crate::tier::parse_precision))]
     precision: flux_lite_platform::Precision,
@@ -119,7 +123,7 @@ pub fn run(args: &ServeArgs) -> Result<(), String> {
     let worker = Worker { pipeline: pipeline.clone(), jobs: jobs.clone(), model_name: model_name.clone(), verbose: args.verbose, previews };
     let worker = std::thread::Builder::new().name("gpu".into()).spawn(move || worker.run(queue)).map_err(|e| format!("cannot start the GPU worker: {e}"))?;
     let job = flux_lite_platform::Limits { max_images: args.max_images, max_steps: args.max_steps, max_side: args.max_side, ..Default::default() };
-    let limits = Limits { job, memory_budget: args.memory_budget, lora };
+    let limits = Limits { job, memory_budget: args.memory_budget, kv_precision: args.kv_precision, lora };
     let app = Arc::new(App { pipeline, jobs: jobs.clone(), limits, model_name, api_key });
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().map_err(|e| format!("cannot start the HTTP runtime: {e}"))?;
     let served = runtime.block_on(async {
