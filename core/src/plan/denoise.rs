@@ -86,7 +86,7 @@ impl DenoiseOptions {
             if keys(Some(CHUNK_ROWS), half_kv) > limit {
                 continue;
             }
-            let unchunked = if keys(None, half_kv) <= limit && !half_kv { Some(denoise_fixed(input, rows, mode, false)?).filter(|&u| fits(u)) } else { None };
+            let unchunked = if !half_kv && keys(None, false) <= limit { Some(denoise_fixed(input, rows, mode, false)?).filter(|&u| fits(u)) } else { None };
             let mut chunked = heapless::Vec::new();
             let largest_shift = u64::BITS - 1 - CHUNK_ROWS.ilog2();
             for chunk in (0..=largest_shift).rev().map(|k| CHUNK_ROWS << k).filter(|&c| c < rows) {

@@ -186,12 +186,15 @@ impl AttentionKernel {
     /// The kernel for this call on `gpu`: the matrix tier's where it is the
     /// tier and the head fits; the CPU kernel where the device takes
     /// CPU-shaped kernels and the operands fit it ([`lanes_fit`]); the tiled
-    /// kernel otherwise. [`FORCE_KERNEL`] overrides the first two.
-    fn pick(gpu: &Gpu, s: &Attention, qkv: &Qkv<'_>) -> AttentionKernel {
-        let lanes = lanes_fit(s, qkv, false);
+    /// kernel otherwise. [`FORCE_KERNEL`] overrides the first two. Keys and
+    /// values in half precision (`half`) take only the tiled and CPU kernels
+    /// (the matrix tier's read f32 keys).
+    fn pick(gpu: &Gpu, s: &Attention, qkv: &Qkv<'_>, half: bool) -> AttentionKernel {
+        let lanes = lanes_fit(s, qkv, half);
         let wide = s.head_dim > ATTENTION_CPU_MAX_HEAD_DIM;
+        let matrix = gpu.matrix().filter(|_| !half);
         match gpu.attention_choice() {
-            AttentionChoice::Flash => match gpu.matrix() {
+            AttentionChoice::Flash => match matrix {
                 Some(c) if c.operands == MatrixOperands::F16 && s.head_dim <= ATTENTION_MATRIX_MAX_HEAD_DIM => return AttentionKernel::Flash(c),
                 _ => {}
             },
@@ -200,22 +203,10 @@ impl AttentionKernel {
             AttentionChoice::Lanes => return AttentionKernel::Tiled,
             AttentionChoice::Launcher => {}
         }
-        match gpu.matrix() {
+        match matrix {
             Some(c) if s.head_dim <= ATTENTION_MATRIX_MAX_HEAD_DIM => AttentionKernel::Matrix(c),
             _ if lanes && gpu.cpu_shaped_kernels() => AttentionKernel::Lanes(wide),
             _ => AttentionKernel::Tiled,
-        }
-    }
-
-    /// The kernel for half-K/V operands: the CPU kernel where the device
-    /// takes CPU-shaped kernels (or it is asked for) and the operands fit,
-    /// else the tiled one (the matrix tier's kernels read f32 keys).
-    fn pick_half_kv(gpu: &Gpu, s: &Attention, qkv: &Qkv<'_>) -> AttentionKernel {
-        let lanes = lanes_fit(s, qkv, true) && (gpu.attention_choice() == AttentionChoice::Lanes || (gpu.attention_choice() == AttentionChoice::Launcher && gpu.cpu_shaped_kernels()));
-        if lanes {
-            AttentionKernel::Lanes(s.head_dim > ATTENTION_CPU_MAX_HEAD_DIM)
-        } else {
-            AttentionKernel::Tiled
         }
     }
 
@@ -243,7 +234,7 @@ pub fn attention(
     lse: Option<Mat<'_>>,
     s: Attention,
 ) -> Result<(), GpuError> {
-    let kernel = AttentionKernel::pick(gpu, &s, &qkv);
+    let kernel = AttentionKernel::pick(gpu, &s, &qkv, false);
     attention_with(gpu, sink, kernel, qkv, None, key_keep, o, lse, s)
 }
 
@@ -253,7 +244,7 @@ pub fn attention_half_kv(gpu: &Gpu, sink: &mut dyn Sink, qkv: Qkv<'_>, scales: H
     if !s.head_dim.is_multiple_of(2) || s.causal {
         return Err(GpuError::UnsupportedShape(format!("half-precision keys and values with head dim {} (even, non-causal)", s.head_dim)));
     }
-    let kernel = AttentionKernel::pick_half_kv(gpu, &s, &qkv);
+    let kernel = AttentionKernel::pick(gpu, &s, &qkv, true);
     attention_with(gpu, sink, kernel, qkv, Some(scales), None, o, None, s)
 }
 
@@ -380,31 +371,24 @@ fn attention_with(
         };
         let grid = [to_u32((rows.end - rows.start).div_ceil(per_group), "attention query blocks")?, s.q_heads as u32, 1];
         let bindings = [(1, &qw), (2, &kw), (3, &vw), (4, &mw), (5, &ow), (6, &lw)];
-        if let Some((ks, vs)) = &scale_windows {
-            let slots = s.head_dim.div_ceil(64).max(1) as u32;
-            match kernel {
-                AttentionKernel::Lanes(wide) => {
-                    let kernel = if wide { &ATTENTION_CPU_WIDE_HALF_KV } else { &ATTENTION_CPU_HALF_KV };
-                    let launch = Launch { kernel, constants: &[("HEAD_VEC4", (s.head_dim / 4) as u32)], params, grid };
-                    dispatch(gpu, sink, launch, &[(4, &mw), (5, &ow), (6, &lw), (7, &qw), (8, &kw), (9, &vw), (10, ks), (11, vs)]);
-                }
-                _ => {
-                    let launch = Launch { kernel: &ATTENTION_HALF_KV, constants: &[("SLOTS", slots)], params, grid };
-                    dispatch(gpu, sink, launch, &[(1, &qw), (2, &kw), (3, &vw), (4, &mw), (5, &ow), (6, &lw), (10, ks), (11, vs)]);
-                }
-            }
-            continue;
-        }
+        // Half-precision keys and values: their scales at bindings 10 and 11.
+        let scale_bindings: Vec<(u32, &_)> = scale_windows.iter().flat_map(|(ks, vs)| [(10, ks), (11, vs)]).collect();
         match kernel {
             AttentionKernel::Tiled => {
-                let launch = Launch { kernel: &ATTENTION, constants: &[("SLOTS", s.head_dim.div_ceil(64).max(1) as u32)], params, grid };
-                dispatch(gpu, sink, launch, &bindings);
+                let kernel = if half.is_some() { &ATTENTION_HALF_KV } else { &ATTENTION };
+                let launch = Launch { kernel, constants: &[("SLOTS", s.head_dim.div_ceil(64).max(1) as u32)], params, grid };
+                dispatch(gpu, sink, launch, &[&bindings[..], &scale_bindings].concat());
             }
             AttentionKernel::Lanes(wide) => {
                 // q, k and v bound again at 7–9, as the vec4 views the kernel reads.
-                let kernel = if wide { &ATTENTION_CPU_WIDE } else { &ATTENTION_CPU };
+                let kernel = match (wide, half.is_some()) {
+                    (false, false) => &ATTENTION_CPU,
+                    (true, false) => &ATTENTION_CPU_WIDE,
+                    (false, true) => &ATTENTION_CPU_HALF_KV,
+                    (true, true) => &ATTENTION_CPU_WIDE_HALF_KV,
+                };
                 let launch = Launch { kernel, constants: &[("HEAD_VEC4", (s.head_dim / 4) as u32)], params, grid };
-                dispatch(gpu, sink, launch, &[(4, &mw), (5, &ow), (6, &lw), (7, &qw), (8, &kw), (9, &vw)]);
+                dispatch(gpu, sink, launch, &[&[(4, &mw), (5, &ow), (6, &lw), (7, &qw), (8, &kw), (9, &vw)][..], &scale_bindings].concat());
             }
             AttentionKernel::Matrix(c) => {
                 let kernel = c.pick([&ATTENTION_MATRIX_8, &ATTENTION_MATRIX_16, &ATTENTION_MATRIX_8_F32]);
