@@ -30,6 +30,8 @@ pub const ALL_KERNELS: &[Kernel] = &[
     attention::ATTENTION_HALF_KV,
     attention::ATTENTION_CPU_HALF_KV,
     attention::ATTENTION_CPU_WIDE_HALF_KV,
+    attention::ATTENTION_LANES,
+    attention::ATTENTION_LANES_HALF_KV,
     attention::HALF_PACK,
     elementwise::SILU,
     elementwise::SWIGLU,

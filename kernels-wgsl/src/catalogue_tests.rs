@@ -1,8 +1,8 @@
 use super::*;
 
 fn parse(module: Module) -> naga::Module {
-    naga::front::wgsl::parse_str(module.source())
-        .unwrap_or_else(|e| panic!("{}.wgsl: {}", module.name(), e.emit_to_string(module.source())))
+    naga::front::wgsl::parse_str(&module.source())
+        .unwrap_or_else(|e| panic!("{}.wgsl: {}", module.name(), e.emit_to_string(&module.source())))
 }
 
 /// What naga must allow for a module: the device features it needs.
@@ -23,7 +23,7 @@ fn validate(module: Module) -> (naga::Module, naga::valid::ModuleInfo) {
     let m = parse(module);
     let info = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), capabilities(module))
         .validate(&m)
-        .unwrap_or_else(|e| panic!("{}: {}", module.name(), e.emit_to_string(module.source())));
+        .unwrap_or_else(|e| panic!("{}: {}", module.name(), e.emit_to_string(&module.source())));
     (m, info)
 }
 

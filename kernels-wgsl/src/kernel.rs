@@ -16,6 +16,11 @@ pub enum Module {
     AttentionHalfKv,
     /// f32 rows into that layout.
     HalfPack,
+    /// CPU adapters' attention with each key and value row read by a
+    /// subgroup of `lanes` together and broadcast, over f32 keys and values
+    /// or (`half_kv`) the half-K/V layout: `attention_lanes.rs` writes its
+    /// loops out for heads of `head_vec4` vec4s.
+    AttentionLanes { lanes: u8, half_kv: bool, head_vec4: u8 },
     Elementwise,
     Conv,
     /// conv2d on 64×256 tiles (at most 64 output channels).
@@ -57,7 +62,7 @@ pub enum Module {
 }
 
 impl Module {
-    pub const ALL: [Module; 30] = [
+    pub const ALL: [Module; 36] = [
         Module::Linear,
         Module::RangeScales,
         Module::Norm,
@@ -65,6 +70,12 @@ impl Module {
         Module::Attention,
         Module::AttentionHalfKv,
         Module::HalfPack,
+        Module::AttentionLanes { lanes: 4, half_kv: false, head_vec4: 32 },
+        Module::AttentionLanes { lanes: 8, half_kv: false, head_vec4: 32 },
+        Module::AttentionLanes { lanes: 16, half_kv: false, head_vec4: 32 },
+        Module::AttentionLanes { lanes: 8, half_kv: false, head_vec4: 4 },
+        Module::AttentionLanes { lanes: 8, half_kv: false, head_vec4: 128 },
+        Module::AttentionLanes { lanes: 8, half_kv: true, head_vec4: 32 },
         Module::Elementwise,
         Module::Conv,
         Module::ConvWide,
@@ -99,6 +110,8 @@ impl Module {
             Module::Attention => "attention",
             Module::AttentionHalfKv => "attention (f16 keys and values)",
             Module::HalfPack => "half_pack",
+            Module::AttentionLanes { half_kv: false, .. } => "attention_lanes",
+            Module::AttentionLanes { half_kv: true, .. } => "attention_lanes (f16 keys and values)",
             Module::Elementwise => "elementwise",
             Module::Conv => "conv",
             Module::ConvWide => "conv (64×256 tiles)",
@@ -139,7 +152,12 @@ impl Module {
         // The matrix linear's subgroups each find their share by subgroup id.
         let subgroups = matches!(
             self,
-            Module::LinearMatrix8 | Module::LinearMatrix16 | Module::LinearMatrix8F32 | Module::AttentionFlash8 | Module::AttentionFlash16
+            Module::LinearMatrix8
+                | Module::LinearMatrix16
+                | Module::LinearMatrix8F32
+                | Module::AttentionFlash8
+                | Module::AttentionFlash16
+                | Module::AttentionLanes { .. }
         );
         if subgroups {
             features | wgpu::Features::SUBGROUP
@@ -188,7 +206,7 @@ impl Module {
         )
     }
 
-    pub fn source(self) -> &'static str {
+    pub fn source(self) -> std::borrow::Cow<'static, str> {
         macro_rules! with_common {
             ($($file:literal),+) => {
                 concat!(include_str!("kernels/common.wgsl"), $("\n", include_str!(concat!("kernels/", $file))),+)
@@ -256,7 +274,15 @@ impl Module {
                 )
             };
         }
-        match self {
+        let fixed = match self {
+            Module::AttentionLanes { lanes, half_kv, head_vec4 } => {
+                let shared = if half_kv {
+                    with_common!("attention_io.wgsl", "attention_kv_half.wgsl", "attention_cpu.wgsl")
+                } else {
+                    with_common!("attention_io.wgsl", "attention_kv_f32.wgsl", "attention_cpu.wgsl")
+                };
+                return format!("{shared}\n{}", crate::kernels::attention_lanes::source(lanes as u32, head_vec4 as u32)).into();
+            }
             Module::Linear => with_gemm!(f32, "product_io.wgsl", "linear_io.wgsl", "linear.wgsl"),
             Module::LinearHalf => with_gemm!(f16, "product_io.wgsl", "linear_io.wgsl", "linear.wgsl"),
             Module::RangeScales => with_common!("range_rule.wgsl", "range_scales.wgsl"),
@@ -287,7 +313,8 @@ impl Module {
             Module::AttentionMatrix8F32 => with_matrix!("8", f32, "attention_io.wgsl", "attention_kv_f32.wgsl", "attention_matrix.wgsl"),
             Module::BenchMatrix8F32 => with_matrix!("8", f32, "bench_io.wgsl", "bench_matrix.wgsl"),
             Module::BenchMatrix16 => with_matrix!("16", f16, "bench_io.wgsl", "bench_matrix.wgsl"),
-        }
+        };
+        fixed.into()
     }
 }
 

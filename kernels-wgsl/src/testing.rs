@@ -7,9 +7,16 @@ pub use crate::test_devices::{gpu, options, small_binding_gpu, tier_gpu, tier_gp
 /// `check` on `gpu`, and where that device runs the kernels shaped for CPU
 /// adapters, again on a device made with `options` (those `gpu` was made
 /// with) and [`GpuOptions::gpu_shaped_kernels`]: so lavapipe checks both
-/// shapes of every kernel that has two.
+/// shapes of every kernel that has two. Where the CPU-shaped kernels share
+/// rows across subgroups, also on a device whose kernels read them in every
+/// lane ([`GpuOptions::per_lane_reads`], as on adapters without fixed subgroups).
 pub fn each_kernel_shape(gpu: &Gpu, options: GpuOptions, check: impl Fn(&Gpu)) {
     check(gpu);
+    if gpu.cpu_lanes().is_some() {
+        let per_lane = Gpu::new(&GpuOptions { per_lane_reads: true, ..options.clone() }).unwrap_or_else(|e| panic!("{e}"));
+        assert!(per_lane.cpu_shaped_kernels() && per_lane.cpu_lanes().is_none());
+        check(&per_lane);
+    }
     if gpu.cpu_shaped_kernels() {
         let gpu_shaped = Gpu::new(&GpuOptions { gpu_shaped_kernels: true, ..options }).unwrap_or_else(|e| panic!("{e}"));
         assert!(!gpu_shaped.cpu_shaped_kernels());

@@ -84,6 +84,9 @@ pub struct Gpu {
     placeholder: wgpu::Buffer,
     /// Whether launchers take their CPU-shaped kernels (a CPU adapter, not overridden).
     cpu_shaped: bool,
+    /// The subgroup size CPU-shaped kernels share loads across, where they
+    /// may ([`Gpu::cpu_lanes`]).
+    cpu_lanes: Option<u32>,
     modules: Mutex<HashMap<Module, wgpu::ShaderModule>>,
     pipelines: Mutex<HashMap<PipelineKey, Arc<wgpu::ComputePipeline>>>,
     memory: Arc<MemoryCounter>,
@@ -125,6 +128,15 @@ pub struct Gpu {
 /// 4 GiB on a Mac with much memory), but the shaders' bounds checks there
 /// count bytes in 32 bits: a larger binding would read wrong data, so the
 /// binding is held to 2³¹ − 1 bytes, the figure Vulkan drivers report.
+/// [`Gpu::cpu_lanes`] for an adapter: its subgroup size where `wanted`
+/// (CPU-shaped kernels that may use subgroups), the adapter offers
+/// subgroups, and their size is fixed and one the kernels are written for.
+fn cpu_lanes(wanted: bool, offered: wgpu::Features, info: &wgpu::AdapterInfo) -> Option<u32> {
+    let fixed = info.subgroup_min_size == info.subgroup_max_size;
+    let written = crate::kernels::attention_lanes::LANE_COUNTS.contains(&info.subgroup_min_size);
+    (wanted && offered.contains(wgpu::Features::SUBGROUP) && fixed && written).then_some(info.subgroup_min_size)
+}
+
 pub fn binding_limit(backend: wgpu::Backend, reported: u64) -> u64 {
     match backend {
         wgpu::Backend::Metal => reported.min(METAL_BINDING_LIMIT),
@@ -193,6 +205,11 @@ impl Gpu {
         let mut features = adapter.features() & (wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::PIPELINE_CACHE);
         let choice = choose_tier(&adapter, &info, &matrix_offered, options.precision, options.gpu_shaped_kernels)?;
         features |= choice.features;
+        let cpu_shaped = info.device_type == wgpu::DeviceType::Cpu && !options.gpu_shaped_kernels;
+        let cpu_lanes = cpu_lanes(cpu_shaped && !options.per_lane_reads, adapter.features(), &info);
+        if cpu_lanes.is_some() {
+            features |= wgpu::Features::SUBGROUP;
+        }
         let mut experimental = wgpu::ExperimentalFeatures::disabled();
         if choice.features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX) {
             // SAFETY: the token only allows asking for the experimental cooperative-matrix
@@ -223,11 +240,11 @@ impl Gpu {
         let memory = Arc::new(MemoryCounter::default());
         memory.live.store(placeholder.size(), Ordering::Relaxed);
         memory.high_water.store(placeholder.size(), Ordering::Relaxed);
-        let cpu_shaped = info.device_type == wgpu::DeviceType::Cpu && !options.gpu_shaped_kernels;
         let gpu = Self {
             memory,
             placeholder,
             cpu_shaped,
+            cpu_lanes,
             device,
             queue,
             info,
@@ -337,6 +354,14 @@ impl Gpu {
         self.cpu_shaped
     }
 
+    /// The subgroup size the CPU-shaped kernels read shared rows across
+    /// (`attention_lanes`): a CPU adapter with subgroups of one fixed size
+    /// the kernels are written for; `None` elsewhere (they then read every
+    /// row in every lane).
+    pub fn cpu_lanes(&self) -> Option<u32> {
+        self.cpu_lanes
+    }
+
     /// Bound in place of an absent optional input (bias, mask); never read.
     pub fn placeholder(&self) -> &wgpu::Buffer {
         &self.placeholder
@@ -380,7 +405,7 @@ impl Gpu {
                 .or_insert_with(|| {
                     let descriptor = wgpu::ShaderModuleDescriptor {
                         label: Some(kernel.module.name()),
-                        source: wgpu::ShaderSource::Wgsl(kernel.module.source().into()),
+                        source: wgpu::ShaderSource::Wgsl(kernel.module.source()),
                     };
                     if kernel.module.indices_clamped_in_shader() {
                         // SAFETY: the module reads and writes only at indices

@@ -83,6 +83,10 @@ pub struct GpuOptions {
     /// kernels shaped for SIMD lanes run by default) and `auto`'s GPU order
     /// of tiers: the tests use it to check both on lavapipe.
     pub gpu_shaped_kernels: bool,
+    /// CPU-shaped kernels read every shared row in every lane, as on an
+    /// adapter without fixed-size subgroups, instead of once a subgroup
+    /// ([`crate::Gpu::cpu_lanes`]): the tests check both.
+    pub per_lane_reads: bool,
     /// Where compiled pipelines persist between runs, where the backend
     /// offers a pipeline cache; `None`: every run compiles its kernels.
     pub pipeline_store: Option<Arc<dyn super::compiled::PipelineStore>>,
@@ -125,6 +129,7 @@ pub struct FaultInjection {
 impl GpuOptions {
     /// The defaults with what the environment sets: `FLUX_LITE_BACKEND`,
     /// `FLUX_LITE_ADAPTER`, `FLUX_LITE_ATTENTION_KERNEL=tiled|lanes|flash`,
+    /// `FLUX_LITE_PER_LANE_READS=1` ([`GpuOptions::per_lane_reads`], a benchmarking aid),
     /// and the fault injections (`FLUX_LITE_LOSE_DEVICE_AFTER`,
     /// `FLUX_LITE_BREAK_KERNEL`, `FLUX_LITE_FAIL_TIER_PROBE`,
     /// `FLUX_LITE_DEVICE_MEMORY`). For programs
@@ -148,6 +153,7 @@ impl GpuOptions {
             failing_probe: var("FLUX_LITE_FAIL_TIER_PROBE").and_then(|t| Precision::from_name(&t)),
             memory_limit: var("FLUX_LITE_DEVICE_MEMORY").and_then(|v| v.parse().ok()),
         };
-        Ok(Self { backend, adapter: var(ADAPTER_VARIABLE), attention, faults, ..Self::default() })
+        let per_lane_reads = var("FLUX_LITE_PER_LANE_READS").is_some_and(|v| v != "0");
+        Ok(Self { backend, adapter: var(ADAPTER_VARIABLE), attention, faults, per_lane_reads, ..Self::default() })
     }
 }

@@ -100,6 +100,25 @@ pub const ATTENTION_CPU_HALF_KV: Kernel = Kernel {
     ..ATTENTION_CPU
 };
 pub const ATTENTION_CPU_WIDE_HALF_KV: Kernel = Kernel { entry: "attention_cpu_wide", ..ATTENTION_CPU_HALF_KV };
+/// The CPU kernels with each key and value row read once a subgroup
+/// ([`Gpu::cpu_lanes`]), for 8 lanes and heads of 128 (the module is
+/// written for each subgroup size and head width: [`lanes_kernel`]).
+pub const ATTENTION_LANES: Kernel = Kernel {
+    module: Module::AttentionLanes { lanes: 8, half_kv: false, head_vec4: 32 },
+    entry: "attention_lanes",
+    ..ATTENTION_CPU
+};
+pub const ATTENTION_LANES_HALF_KV: Kernel = Kernel {
+    module: Module::AttentionLanes { lanes: 8, half_kv: true, head_vec4: 32 },
+    entry: "attention_lanes",
+    ..ATTENTION_CPU_HALF_KV
+};
+
+/// [`ATTENTION_LANES`] (or its half-K/V form) for subgroups of `lanes` and heads of `head_dim`.
+fn lanes_kernel(lanes: u32, half_kv: bool, head_dim: u64) -> Kernel {
+    let module = Module::AttentionLanes { lanes: lanes as u8, half_kv, head_vec4: (head_dim / 4) as u8 };
+    Kernel { module, ..if half_kv { ATTENTION_LANES_HALF_KV } else { ATTENTION_LANES } }
+}
 
 /// `half_pack.wgsl`.
 #[repr(C)]
@@ -381,11 +400,14 @@ fn attention_with(
             }
             AttentionKernel::Lanes(wide) => {
                 // q, k and v bound again at 7–9, as the vec4 views the kernel reads.
-                let kernel = match (wide, half.is_some()) {
-                    (false, false) => &ATTENTION_CPU,
-                    (true, false) => &ATTENTION_CPU_WIDE,
-                    (false, true) => &ATTENTION_CPU_HALF_KV,
-                    (true, true) => &ATTENTION_CPU_WIDE_HALF_KV,
+                // Where the subgroup's lanes can share each row, the kernel
+                // that reads them once a subgroup.
+                let kernel = &match (gpu.cpu_lanes(), wide, half.is_some()) {
+                    (Some(lanes), _, half) => lanes_kernel(lanes, half, s.head_dim),
+                    (None, false, false) => ATTENTION_CPU,
+                    (None, true, false) => ATTENTION_CPU_WIDE,
+                    (None, false, true) => ATTENTION_CPU_HALF_KV,
+                    (None, true, true) => ATTENTION_CPU_WIDE_HALF_KV,
                 };
                 let launch = Launch { kernel, constants: &[("HEAD_VEC4", (s.head_dim / 4) as u32)], params, grid };
                 dispatch(gpu, sink, launch, &[&[(4, &mw), (5, &ow), (6, &lw), (7, &qw), (8, &kw), (9, &vw)][..], &scale_bindings].concat());
@@ -587,6 +609,17 @@ mod tests {
         both_shapes(|g| check_attention(g, AttnCase { q_len: 33, kv_len: 33, q_heads: 4, kv_heads: 2, head_dim: 100, causal: true, padded_keys: 3 }, 17));
         // 18 dims end inside a staged vec4.
         both_shapes(|g| check_attention(g, AttnCase { q_len: 21, kv_len: 21, q_heads: 3, kv_heads: 3, head_dim: 18, causal: false, padded_keys: 0 }, 18));
+    }
+
+    #[test]
+    fn attention_with_scores_spread_far_past_the_lazy_maximum() {
+        // Keys scaled by 40: scores spread over hundreds of units, so the
+        // CPU kernel's running maximum (raised only when passed by more
+        // than 8) is raised many times, and early keys' weights underflow.
+        for (seed, head_dim, causal) in [(91, 16, false), (92, 64, true), (93, 256, false)] {
+            let case = || AttnCase { q_len: 67, kv_len: 67, q_heads: 2, kv_heads: 2, head_dim, causal, padded_keys: 5 };
+            both_shapes(|g| check_attention_within(g, case(), seed, [1.0, 40.0, 1.0], F32_TOL));
+        }
     }
 
     #[test]

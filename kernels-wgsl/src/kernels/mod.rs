@@ -4,6 +4,7 @@
 //! products, prepended).
 
 pub mod attention;
+pub mod attention_lanes;
 pub mod bench;
 pub mod conv;
 pub mod df11;

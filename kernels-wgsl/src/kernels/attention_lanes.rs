@@ -1,0 +1,201 @@
+//! The source of the CPU adapters' attention with keys and values shared
+//! across a subgroup (`attention_lanes`).
+//!
+//! A CPU driver (lavapipe) fetches a storage load lane by lane even where
+//! every lane reads the same address, which is what the CPU kernel of
+//! `attention_cpu.wgsl` does for every key and value (each lane owns
+//! queries; all of them read the same key row). Here the lanes of a
+//! subgroup read a key row together, lane `l` its vec4s `l, l + S, …`, and
+//! each vec4 reaches every lane by `subgroupBroadcast` from the lane that
+//! holds it: a shuffle in registers. So a row costs `head_dim / 4S` loads a
+//! lane instead of `head_dim / 4`.
+//!
+//! `subgroupBroadcast` takes a constant lane, so the loops over a row's
+//! vec4s are written out here, one module per head width (guards on an
+//! override were not folded away by lavapipe: 1.5× slower). Nothing is
+//! indexed at run time (such private arrays live in scratch memory on a
+//! CPU driver), so the queries' rows and output rows are named registers
+//! and the keys are taken one at a time, with a lazily raised maximum
+//! ([`LAZY_PRELUDE`]) in place of `attention_cpu`'s blocks of eight. The
+//! interface, masks, causality, grouped heads, log-sum-exp output and the
+//! half-K/V accessors are `attention_cpu.wgsl`'s and `attention_io.wgsl`'s.
+
+/// One line of WGSL onto `s`.
+macro_rules! emit {
+    ($s:expr, $($arg:tt)*) => {{
+        $s.push_str(&format!($($arg)*));
+        $s.push('\n');
+    }};
+}
+
+/// Subgroup sizes the kernel is written for (a CPU driver's SIMD width in
+/// f32 lanes: SSE, AVX2, AVX-512).
+pub const LANE_COUNTS: [u32; 3] = [4, 8, 16];
+
+/// The entries' source after the shared parts (`attention_cpu.wgsl` and
+/// what it reads), for subgroups of `lanes` invocations.
+pub fn source(lanes: u32, head_vec4: u32) -> String {
+    assert!(LANE_COUNTS.contains(&lanes), "no attention_lanes for subgroups of {lanes}");
+    assert!((1..=WIDE_MAX_VEC4).contains(&head_vec4), "no attention_lanes for heads of {head_vec4} vec4s");
+    let mut s = String::from(LAZY_PRELUDE);
+    if head_vec4 <= NARROW_MAX_VEC4 {
+        // Four queries an invocation, 256 a workgroup (as `attention_cpu`).
+        entry(&mut s, &Shape { queries: &QUERIES, head_vec4, per_group: "CPU_QUERIES", lanes });
+    } else {
+        // Wider heads (as `attention_cpu_wide`): one query an invocation.
+        entry(&mut s, &Shape { queries: &["a"], head_vec4, per_group: "CPU_WIDE_QUERIES", lanes });
+    }
+    s
+}
+
+/// The widest heads (in vec4s) of the four-query entry and of the one-query
+/// one (`CPU_MAX_VEC4`, `CPU_WIDE_VEC4` in attention_cpu.wgsl).
+pub const NARROW_MAX_VEC4: u32 = 32;
+pub const WIDE_MAX_VEC4: u32 = 128;
+
+/// The online softmax's running maximum is raised only where a score
+/// passes it by more than this (in the exponent's units), so the output
+/// rows are rescaled a few times a query rather than at every new maximum:
+/// each weight `exp(s - m)` stays at most e⁸ and the running sum of at
+/// most 2³² of them is far inside f32's range; the sum and the rows are
+/// normalised by the same sum at the end, so the result is the softmax's.
+/// A key's mask word is read once for all of an invocation's queries.
+const LAZY_PRELUDE: &str = r#"
+const LAZY_MAX: f32 = 8.0;
+
+fn key_kept(kj: u32) -> bool {
+    var kept = true;
+    if (p.use_mask != 0u) {
+        kept = key_keep[p.mask_offset + min(kj, p.kv_len - 1u)] != 0u;
+    }
+    return kept;
+}
+
+// `visible` with the key's mask word already read.
+fn visible_kept(qi: u32, kj: u32, kept: bool) -> bool {
+    let in_range = (qi < p.q_len) & (kj < p.kv_len);
+    let causal_ok = (p.causal == 0u) | (kj <= qi + p.q_position);
+    return in_range & causal_ok & kept;
+}
+"#;
+
+/// `{name}{i}` for each of the row's lane-held vec4s (lane `l` holds vec4s
+/// `l`, `l + lanes`, …; past the row's end, its last), `load(index)` the
+/// row's reader.
+fn row_loads(s: &mut String, name: &str, load: &str, base: &str, lanes: u32, head_vec4: u32, indent: &str) {
+    for i in 0..head_vec4.div_ceil(lanes) {
+        let first = i * lanes;
+        emit!(s, "{indent}let {name}{i} = {load}({base} + min(lane + {first}u, {}u));", head_vec4 - 1);
+    }
+}
+
+/// The held vec4 `c` of a row, broadcast from the lane that loaded it.
+fn held(name: &str, c: u32, lanes: u32) -> String {
+    format!("subgroupBroadcast({name}{}, {}u)", c / lanes, c % lanes)
+}
+
+const QUERIES: [&str; 4] = ["a", "b", "c", "d"];
+
+/// One invocation's queries: their names (suffixes of `qv`, `acc`, `m`,
+/// `l`, `qi`), the head's width in vec4s, the workgroup's queries and the
+/// subgroup's size.
+struct Shape<'a> {
+    queries: &'a [&'a str],
+    head_vec4: u32,
+    per_group: &'a str,
+    lanes: u32,
+}
+
+/// `body` once for each vec4 `c` of the head.
+fn each_vec4(s: &mut String, head_vec4: u32, ind: &str, body: impl Fn(u32) -> String) {
+    for c in 0..head_vec4 {
+        emit!(s, "{ind}{}", body(c));
+    }
+}
+
+fn entry(s: &mut String, sh: &Shape<'_>) {
+    let (lanes, max) = (sh.lanes, sh.head_vec4);
+    let qs = sh.queries;
+    let ind = "    ";
+    emit!(s, "\n@compute @workgroup_size(64)");
+    emit!(s, "fn attention_lanes(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_invocation_id) lane: u32) {{");
+    emit!(s, "{ind}let h = wid.y;");
+    emit!(s, "{ind}let kvh = h / (p.q_heads / p.kv_heads);");
+    emit!(s, "{ind}let q0 = wid.x * {};", sh.per_group);
+    for (i, q) in qs.iter().enumerate() {
+        emit!(s, "{ind}let qi{q} = q0 + lid.x + {}u * CPU_INVOCATIONS;", i);
+        emit!(s, "{ind}let qb{q} = (p.q_offset + min(qi{q}, p.q_len - 1u) * p.q_stride + h * p.head_dim) / 4u;");
+        emit!(s, "{ind}var m{q} = MASKED;");
+        emit!(s, "{ind}var l{q} = 0.0;");
+        for c in 0..max {
+            emit!(s, "{ind}var qv{q}_{c} = vec4<f32>(0.0);");
+            emit!(s, "{ind}var acc{q}_{c} = vec4<f32>(0.0);");
+        }
+        each_vec4(s, max, ind, |c| format!("qv{q}_{c} = q4[qb{q} + {c}u];"));
+    }
+    emit!(s, "{ind}var k_end = p.kv_len;");
+    emit!(s, "{ind}if (p.causal != 0u) {{ k_end = min(p.kv_len, q0 + {} + p.q_position); }}", sh.per_group);
+    emit!(s, "{ind}for (var kj = 0u; kj < k_end; kj++) {{");
+    let ind = "        ";
+    // The key row, read by the subgroup; each query's score.
+    emit!(s, "{ind}let kb = (p.k_offset + kj * p.k_stride + kvh * p.head_dim) / 4u;");
+    row_loads(s, "kl", "key4_at", "kb", lanes, max, ind);
+    for q in qs {
+        emit!(s, "{ind}var s{q} = 0.0;");
+    }
+    for c in 0..max {
+        emit!(s, "{ind}{{");
+        emit!(s, "{ind}    let kc = {};", held("kl", c, lanes));
+        for q in qs {
+            let qc = format!("qv{q}_{c}");
+            emit!(s, "{ind}    s{q} = fma({qc}.w, kc.w, fma({qc}.z, kc.z, fma({qc}.y, kc.y, fma({qc}.x, kc.x, s{q}))));");
+        }
+        emit!(s, "{ind}}}");
+    }
+    emit!(s, "{ind}let ks = key_scale(kj, kvh);");
+    emit!(s, "{ind}let kept = key_kept(kj);");
+    for q in qs {
+        emit!(s, "{ind}s{q} = select(MASKED, s{q} * ks * p.scale, visible_kept(qi{q}, kj, kept));");
+    }
+    // The running maximum, raised (and the rows rescaled) only where a
+    // score passes it by more than LAZY_MAX; one branch for the subgroup.
+    let passes: Vec<String> = qs.iter().map(|q| format!("(s{q} > m{q} + LAZY_MAX)")).collect();
+    emit!(s, "{ind}if (subgroupAny({})) {{", passes.join(" | "));
+    for q in qs {
+        emit!(s, "{ind}    let n{q} = max(m{q}, s{q});");
+        emit!(s, "{ind}    let r{q} = exp(m{q} - n{q});");
+        emit!(s, "{ind}    m{q} = n{q};");
+        emit!(s, "{ind}    l{q} *= r{q};");
+        each_vec4(s, max, &format!("{ind}    "), |c| format!("acc{q}_{c} *= r{q};"));
+    }
+    emit!(s, "{ind}}}");
+    for q in qs {
+        emit!(s, "{ind}let w{q} = select(0.0, exp(s{q} - m{q}), s{q} > MASKED);");
+        emit!(s, "{ind}l{q} += w{q};");
+    }
+    // The value row, read by the subgroup, added into each query's output.
+    emit!(s, "{ind}let vb = (p.v_offset + kj * p.v_stride + kvh * p.head_dim) / 4u;");
+    emit!(s, "{ind}let vs = value_scale(kj, kvh);");
+    row_loads(s, "vl", "value4_at", "vb", lanes, max, ind);
+    for q in qs {
+        emit!(s, "{ind}let wv{q} = vec4<f32>(w{q});");
+    }
+    for c in 0..max {
+        emit!(s, "{ind}{{");
+        emit!(s, "{ind}    let vc = {} * vs;", held("vl", c, lanes));
+        for q in qs {
+            emit!(s, "{ind}    acc{q}_{c} = fma(wv{q}, vc, acc{q}_{c});");
+        }
+        emit!(s, "{ind}}}");
+    }
+    emit!(s, "    }}");
+    // Each query's row, normalised, and its log-sum-exp where asked for.
+    let ind = "    ";
+    for q in qs {
+        emit!(s, "{ind}if (qi{q} < p.q_len) {{");
+        emit!(s, "{ind}    let inv{q} = finish_row(m{q}, l{q}, qi{q}, h);");
+        each_vec4(s, max, &format!("{ind}    "), |c| format!("store_out(qi{q}, h, {c}u, acc{q}_{c} * inv{q});"));
+        emit!(s, "{ind}}}");
+    }
+    emit!(s, "}}");
+}
