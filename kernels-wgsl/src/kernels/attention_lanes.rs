@@ -15,7 +15,7 @@
 //! override were not folded away by lavapipe: 1.5× slower). Nothing is
 //! indexed at run time (such private arrays live in scratch memory on a
 //! CPU driver), so the queries' rows and output rows are named registers
-//! and the keys are taken one at a time, with a lazily raised maximum
+//! and the keys are taken two at a time, with a lazily raised maximum
 //! ([`LAZY_PRELUDE`]) in place of `attention_cpu`'s blocks of eight. The
 //! interface, masks, causality, grouped heads, log-sum-exp output and the
 //! half-K/V accessors are `attention_cpu.wgsl`'s and `attention_io.wgsl`'s.
@@ -95,6 +95,8 @@ fn held(name: &str, c: u32, lanes: u32) -> String {
 }
 
 const QUERIES: [&str; 4] = ["a", "b", "c", "d"];
+/// Keys a step of the key loop: each output row is read and written once a step.
+const STEP: u32 = 2;
 
 /// One invocation's queries: their names (suffixes of `qv`, `acc`, `m`,
 /// `l`, `qi`), the head's width in vec4s, the workgroup's queries and the
@@ -135,56 +137,76 @@ fn entry(s: &mut String, sh: &Shape<'_>) {
     }
     emit!(s, "{ind}var k_end = p.kv_len;");
     emit!(s, "{ind}if (p.causal != 0u) {{ k_end = min(p.kv_len, q0 + {} + p.q_position); }}", sh.per_group);
-    emit!(s, "{ind}for (var kj = 0u; kj < k_end; kj++) {{");
+    emit!(s, "{ind}for (var k0 = 0u; k0 < k_end; k0 += {STEP}u) {{");
     let ind = "        ";
-    // The key row, read by the subgroup; each query's score.
-    emit!(s, "{ind}let kb = (p.k_offset + kj * p.k_stride + kvh * p.head_dim) / 4u;");
-    row_loads(s, "kl", "key4_at", "kb", lanes, max, ind);
-    for q in qs {
-        emit!(s, "{ind}var s{q} = 0.0;");
+    let keys: Vec<u32> = (0..STEP).collect();
+    // The step's key rows, read by the subgroup (a key past the end reads
+    // the last row and is masked); each query's score against each.
+    for t in &keys {
+        emit!(s, "{ind}let kj{t} = k0 + {t}u;");
+        emit!(s, "{ind}let kr{t} = min(kj{t}, p.kv_len - 1u);");
+        emit!(s, "{ind}let kb{t} = (p.k_offset + kr{t} * p.k_stride + kvh * p.head_dim) / 4u;");
+        row_loads(s, &format!("kl{t}_"), "key4_at", &format!("kb{t}"), lanes, max, ind);
+        for q in qs {
+            emit!(s, "{ind}var s{q}{t} = 0.0;");
+        }
     }
     for c in 0..max {
         emit!(s, "{ind}{{");
-        emit!(s, "{ind}    let kc = {};", held("kl", c, lanes));
+        for t in &keys {
+            emit!(s, "{ind}    let kc{t} = {};", held(&format!("kl{t}_"), c, lanes));
+        }
         for q in qs {
             let qc = format!("qv{q}_{c}");
-            emit!(s, "{ind}    s{q} = fma({qc}.w, kc.w, fma({qc}.z, kc.z, fma({qc}.y, kc.y, fma({qc}.x, kc.x, s{q}))));");
+            for t in &keys {
+                emit!(s, "{ind}    s{q}{t} = fma({qc}.w, kc{t}.w, fma({qc}.z, kc{t}.z, fma({qc}.y, kc{t}.y, fma({qc}.x, kc{t}.x, s{q}{t}))));");
+            }
         }
         emit!(s, "{ind}}}");
     }
-    emit!(s, "{ind}let ks = key_scale(kj, kvh);");
-    emit!(s, "{ind}let kept = key_kept(kj);");
-    for q in qs {
-        emit!(s, "{ind}s{q} = select(MASKED, s{q} * ks * p.scale, visible_kept(qi{q}, kj, kept));");
+    for t in &keys {
+        emit!(s, "{ind}let ks{t} = key_scale(kr{t}, kvh);");
+        emit!(s, "{ind}let kept{t} = key_kept(kr{t});");
+        for q in qs {
+            emit!(s, "{ind}s{q}{t} = select(MASKED, s{q}{t} * ks{t} * p.scale, visible_kept(qi{q}, kj{t}, kept{t}));");
+        }
     }
     // The running maximum, raised (and the rows rescaled) only where a
     // score passes it by more than LAZY_MAX; one branch for the subgroup.
-    let passes: Vec<String> = qs.iter().map(|q| format!("(s{q} > m{q} + LAZY_MAX)")).collect();
+    let best = |q: &str| keys.iter().skip(1).fold(format!("s{q}0"), |acc, t| format!("max({acc}, s{q}{t})"));
+    for q in qs {
+        emit!(s, "{ind}let b{q} = {};", best(q));
+    }
+    let passes: Vec<String> = qs.iter().map(|q| format!("(b{q} > m{q} + LAZY_MAX)")).collect();
     emit!(s, "{ind}if (subgroupAny({})) {{", passes.join(" | "));
     for q in qs {
-        emit!(s, "{ind}    let n{q} = max(m{q}, s{q});");
+        emit!(s, "{ind}    let n{q} = max(m{q}, b{q});");
         emit!(s, "{ind}    let r{q} = exp(m{q} - n{q});");
         emit!(s, "{ind}    m{q} = n{q};");
         emit!(s, "{ind}    l{q} *= r{q};");
         each_vec4(s, max, &format!("{ind}    "), |c| format!("acc{q}_{c} *= r{q};"));
     }
     emit!(s, "{ind}}}");
-    for q in qs {
-        emit!(s, "{ind}let w{q} = select(0.0, exp(s{q} - m{q}), s{q} > MASKED);");
-        emit!(s, "{ind}l{q} += w{q};");
+    for t in &keys {
+        for q in qs {
+            emit!(s, "{ind}let w{q}{t} = select(0.0, exp(s{q}{t} - m{q}), s{q}{t} > MASKED);");
+            emit!(s, "{ind}l{q} += w{q}{t};");
+            emit!(s, "{ind}let wv{q}{t} = vec4<f32>(w{q}{t});");
+        }
+        // The value rows, read by the subgroup.
+        emit!(s, "{ind}let vb{t} = (p.v_offset + kr{t} * p.v_stride + kvh * p.head_dim) / 4u;");
+        emit!(s, "{ind}let vs{t} = value_scale(kr{t}, kvh);");
+        row_loads(s, &format!("vl{t}_"), "value4_at", &format!("vb{t}"), lanes, max, ind);
     }
-    // The value row, read by the subgroup, added into each query's output.
-    emit!(s, "{ind}let vb = (p.v_offset + kj * p.v_stride + kvh * p.head_dim) / 4u;");
-    emit!(s, "{ind}let vs = value_scale(kj, kvh);");
-    row_loads(s, "vl", "value4_at", "vb", lanes, max, ind);
-    for q in qs {
-        emit!(s, "{ind}let wv{q} = vec4<f32>(w{q});");
-    }
+    // Added into each query's output row, the step's keys in order.
     for c in 0..max {
         emit!(s, "{ind}{{");
-        emit!(s, "{ind}    let vc = {} * vs;", held("vl", c, lanes));
+        for t in &keys {
+            emit!(s, "{ind}    let vc{t} = {} * vs{t};", held(&format!("vl{t}_"), c, lanes));
+        }
         for q in qs {
-            emit!(s, "{ind}    acc{q}_{c} = fma(wv{q}, vc, acc{q}_{c});");
+            let sum = keys.iter().fold(format!("acc{q}_{c}"), |acc, t| format!("fma(wv{q}{t}, vc{t}, {acc})"));
+            emit!(s, "{ind}    acc{q}_{c} = {sum};");
         }
         emit!(s, "{ind}}}");
     }
