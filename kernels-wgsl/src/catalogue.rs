@@ -13,6 +13,7 @@ use crate::kernels::{attention, bench, conv, df11, elementwise, ggml, linear, no
 pub const ALL_KERNELS: &[Kernel] = &[
     linear::LINEAR,
     linear::RANGE_SCALES,
+    linear::LINEAR_LANES,
     norm::RMS_NORM,
     norm::RMS_NORM_INPLACE,
     norm::LAYER_NORM_MODULATE,

@@ -21,6 +21,9 @@ pub enum Module {
     /// or (`half_kv`) the half-K/V layout: `attention_lanes.rs` writes its
     /// loops out for heads of `head_vec4` vec4s.
     AttentionLanes { lanes: u8, half_kv: bool, head_vec4: u8 },
+    /// CPU adapters' linear with each row of x read by a subgroup of
+    /// `lanes` together and broadcast (`linear_lanes.rs` writes it out).
+    LinearLanes { lanes: u8 },
     Elementwise,
     Conv,
     /// conv2d on 64×256 tiles (at most 64 output channels).
@@ -62,7 +65,7 @@ pub enum Module {
 }
 
 impl Module {
-    pub const ALL: [Module; 36] = [
+    pub const ALL: [Module; 39] = [
         Module::Linear,
         Module::RangeScales,
         Module::Norm,
@@ -76,6 +79,9 @@ impl Module {
         Module::AttentionLanes { lanes: 8, half_kv: false, head_vec4: 4 },
         Module::AttentionLanes { lanes: 8, half_kv: false, head_vec4: 128 },
         Module::AttentionLanes { lanes: 8, half_kv: true, head_vec4: 32 },
+        Module::LinearLanes { lanes: 4 },
+        Module::LinearLanes { lanes: 8 },
+        Module::LinearLanes { lanes: 16 },
         Module::Elementwise,
         Module::Conv,
         Module::ConvWide,
@@ -112,6 +118,7 @@ impl Module {
             Module::HalfPack => "half_pack",
             Module::AttentionLanes { half_kv: false, .. } => "attention_lanes",
             Module::AttentionLanes { half_kv: true, .. } => "attention_lanes (f16 keys and values)",
+            Module::LinearLanes { .. } => "linear_lanes",
             Module::Elementwise => "elementwise",
             Module::Conv => "conv",
             Module::ConvWide => "conv (64×256 tiles)",
@@ -158,6 +165,7 @@ impl Module {
                 | Module::AttentionFlash8
                 | Module::AttentionFlash16
                 | Module::AttentionLanes { .. }
+                | Module::LinearLanes { .. }
         );
         if subgroups {
             features | wgpu::Features::SUBGROUP
@@ -282,6 +290,10 @@ impl Module {
                     with_common!("attention_io.wgsl", "attention_kv_f32.wgsl", "attention_cpu.wgsl")
                 };
                 return format!("{shared}\n{}", crate::kernels::attention_lanes::source(lanes as u32, head_vec4 as u32)).into();
+            }
+            Module::LinearLanes { lanes } => {
+                let shared = with_common!("product_io.wgsl", "linear_io.wgsl");
+                return format!("{shared}\n{}", crate::kernels::linear_lanes::source(lanes as u32)).into();
             }
             Module::Linear => with_gemm!(f32, "product_io.wgsl", "linear_io.wgsl", "linear.wgsl"),
             Module::LinearHalf => with_gemm!(f16, "product_io.wgsl", "linear_io.wgsl", "linear.wgsl"),

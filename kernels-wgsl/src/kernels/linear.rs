@@ -10,6 +10,7 @@ use crate::view::{Mat, Weight, WeightDtype};
 use bytemuck::{Pod, Zeroable};
 use crate::kernel::wrapped_grid;
 use crate::precision::{MatrixOperands, Precision};
+use crate::kernels::linear_lanes::{COLS_PER_GROUP, ROWS as LANES_ROWS};
 
 /// `linear.wgsl` — y[m, n] = x[m, k]·W[n, k]ᵀ (+ b).
 #[repr(C)]
@@ -57,6 +58,12 @@ pub const LINEAR_MATRIX_8: Kernel =
     kernel(Module::LinearMatrix8, "linear_matrix", [0, 1, 1], &[(1, RW), (2, R), (3, R), (4, RW), (5, R)], size_of::<LinearParams>(), true);
 pub const LINEAR_MATRIX_16: Kernel = Kernel { module: Module::LinearMatrix16, ..LINEAR_MATRIX_8 };
 pub const LINEAR_MATRIX_8_F32: Kernel = Kernel { module: Module::LinearMatrix8F32, ..LINEAR_MATRIX_8 };
+
+/// CPU adapters' linear on the f32 tier (`linear_lanes.rs`), written for
+/// subgroups of 8 here and of [`Gpu::cpu_lanes`] where launched: x and W
+/// read as vec4s at bindings 6 and 7.
+pub const LINEAR_LANES: Kernel =
+    kernel(Module::LinearLanes { lanes: 8 }, "linear_lanes", [64, 1, 1], &[(3, R), (4, RW), (6, RW), (7, R)], size_of::<LinearParams>(), true);
 
 /// The range rule's row scales of a matrix-tier product's operands (`range_scales.wgsl`).
 pub const RANGE_SCALES: Kernel =
@@ -130,15 +137,24 @@ fn product(gpu: &Gpu, sink: &mut dyn Sink, x: Mat<'_>, w: Weight<'_>, bias: Opti
             // bf16 rows starting on even elements load as whole u32 pairs.
             let paired = ww.local.is_multiple_of(2) && kdim.is_multiple_of(2);
             let (rows_n, cols_n) = (rows.end - rows.start, cols.end - cols.start);
-            let (kernel, constants, grid) = match matrix {
-                None => {
+            // On a CPU adapter whose subgroups can share x's rows, where the
+            // operands' rows start on whole vec4s: the lanes kernel.
+            let vec4s = |elems: u64| (xw.local as u64).is_multiple_of(4) && x.stride.is_multiple_of(4) && (ww.local as u64).is_multiple_of(elems) && kdim.is_multiple_of(8);
+            let lanes = gpu.cpu_lanes().filter(|_| matrix.is_none() && gpu.precision() == Precision::F32 && vec4s(if eb == 2 { 8 } else { 4 }));
+            let (kernel, constants, grid) = match (matrix, lanes) {
+                (None, Some(l)) => {
+                    let constants = vec![("WEIGHT_BF16", w.dtype.constant()), ("HAS_BIAS", bias.is_some() as u32), ("ACCUMULATE", accumulate as u32)];
+                    let lanes_kernel = Kernel { module: Module::LinearLanes { lanes: l as u8 }, ..LINEAR_LANES };
+                    (lanes_kernel, constants, [cols_n.div_ceil(COLS_PER_GROUP as u64) as u32, rows_n.div_ceil(LANES_ROWS as u64) as u32, 1])
+                }
+                (None, None) => {
                     let constants = vec![("WEIGHT_BF16", w.dtype.constant()), ("HAS_BIAS", bias.is_some() as u32), ("ACCUMULATE", accumulate as u32), ("W_PAIRED", paired as u32)];
-                    let kernel = if gpu.precision() == Precision::F16 { &LINEAR_HALF } else { &LINEAR };
+                    let kernel = if gpu.precision() == Precision::F16 { LINEAR_HALF } else { LINEAR };
                     (kernel, constants, [cols_n.div_ceil(tile_n) as u32, rows_n.div_ceil(tile_m) as u32, 1])
                 }
-                Some(c) => {
+                (Some(c), _) => {
                     let constants = vec![("WEIGHT_BF16", w.dtype.constant()), ("HAS_BIAS", bias.is_some() as u32), ("ACCUMULATE", accumulate as u32), ("WG", c.subgroup * MATRIX_SUBGROUPS), ("B_PAIRED", (paired && w.dtype == WeightDtype::Bf16 && c.fetches_whole_steps()) as u32)];
-                    let kernel = c.pick([&LINEAR_MATRIX_8, &LINEAR_MATRIX_16, &LINEAR_MATRIX_8_F32]);
+                    let kernel = *c.pick([&LINEAR_MATRIX_8, &LINEAR_MATRIX_16, &LINEAR_MATRIX_8_F32]);
                     (kernel, constants, wrapped_grid(rows_n.div_ceil(tile_m) * cols_n.div_ceil(tile_n)))
                 }
             };
@@ -175,9 +191,11 @@ fn product(gpu: &Gpu, sink: &mut dyn Sink, x: Mat<'_>, w: Weight<'_>, bias: Opti
                 w_scales: to_u32(rows_n, "linear rows")?,
                 _pad: 0,
             };
-            let launch = Launch { kernel, constants: &constants, params, grid };
+            let launch = Launch { kernel: &kernel, constants: &constants, params, grid };
             if matrix.is_some() {
                 dispatch(gpu, sink, launch, &[(1, &xw), (2, &ww), (3, &bw), (4, &yw), (5, &sw)]);
+            } else if lanes.is_some() {
+                dispatch(gpu, sink, launch, &[(3, &bw), (4, &yw), (6, &xw), (7, &ww)]);
             } else {
                 dispatch(gpu, sink, launch, &[(1, &xw), (2, &ww), (3, &bw), (4, &yw)]);
             }
@@ -202,8 +220,13 @@ mod tests {
     use flux_lite_core::oracle::{self as r, Weights};
     use crate::device::GpuOptions;
 
+    /// [`check_linear_on`] on every kernel shape lavapipe has: the lanes
+    /// kernel where k allows it, the tiled one everywhere.
     fn check_linear(seed: u64, m: usize, n: usize, k: usize, bf16: bool, with_bias: bool) {
-        let gpu = gpu();
+        each_kernel_shape(gpu(), crate::testing::options(), |g| check_linear_on(g, seed, m, n, k, bf16, with_bias));
+    }
+
+    fn check_linear_on(gpu: &Gpu, seed: u64, m: usize, n: usize, k: usize, bf16: bool, with_bias: bool) {
         let mut rng = Rng::new(seed);
         let x = rng.normals(m * k, 1.0);
         let (wbits, wf) = (rng.bf16s(n * k, 0.1), rng.normals(n * k, 0.1));
@@ -269,9 +292,56 @@ mod tests {
         assert_close("linear at an odd weight offset", &got, &want, F32_TOL);
     }
 
+    /// `y` (first holding `y0`) after [`linear`], or [`linear_add`] where
+    /// `add`, of random x and W of these sizes, on `gpu`.
+    #[allow(clippy::too_many_arguments)] // the product's sizes and options
+    fn product_bits(gpu: &Gpu, seed: u64, m: usize, n: usize, k: usize, bf16: bool, with_bias: bool, add: bool) -> Vec<u32> {
+        let mut rng = Rng::new(seed);
+        let x = rng.normals(m * k, 1.0);
+        let (wbits, wf, bbits) = (rng.bf16s(n * k, 0.1), rng.normals(n * k, 0.1), rng.bf16s(n, 1.0));
+        let y0 = rng.normals(m * n, 1.0);
+        let xb = gpu.upload_f32("x", &x);
+        let (wb, bb) = (if bf16 { gpu.upload_bf16("w", &wbits) } else { gpu.upload_f32("w", &wf) }, gpu.upload_bf16("b", &bbits));
+        let weight = if bf16 { Weight::bf16(&wb) } else { Weight::f32(&wb) };
+        let yb = gpu.upload_f32("y", &y0);
+        let (xm, ym, s) = (Mat::new(&xb, k as u64), Mat::new(&yb, n as u64), Gemm { m: m as u64, n: n as u64, k: k as u64 });
+        let got = run_and_read(gpu, &yb, m * n, |enc| {
+            if add {
+                linear_add(gpu, enc, xm, weight, ym, s)
+            } else {
+                linear(gpu, enc, xm, weight, with_bias.then(|| Weight::bf16(&bb)), ym, s)
+            }
+        });
+        got.iter().map(|v| v.to_bits()).collect()
+    }
+
+    #[test]
+    fn the_lanes_linear_gives_the_tiled_kernels_bits() {
+        // Sizes past every edge of the lanes kernel (8 rows, 256 columns a
+        // workgroup, 32 terms a step), k a multiple of 8 so that it runs.
+        let lanes = gpu();
+        if lanes.cpu_lanes().is_none() {
+            crate::skip::skipped("the lanes linear: this adapter has no fixed subgroup size to share rows across");
+            return;
+        }
+        let tiled = Gpu::new(&GpuOptions { per_lane_reads: true, ..crate::testing::options() }).unwrap_or_else(|e| panic!("{e}"));
+        for (seed, m, n, k, bf16, bias, add) in [
+            (21, 70, 300, 64, true, true, false),
+            (22, 9, 131, 40, true, false, false),
+            (23, 129, 260, 200, false, true, false),
+            (24, 17, 513, 96, true, false, true),
+            (25, 3, 7, 8, false, false, false),
+        ] {
+            let (a, b) = (product_bits(lanes, seed, m, n, k, bf16, bias, add), product_bits(&tiled, seed, m, n, k, bf16, bias, add));
+            let differ = a.iter().zip(&b).filter(|(x, y)| x != y).count();
+            assert_eq!(differ, 0, "{m}×{k}·{k}×{n} bf16={bf16} bias={bias} add={add}: {differ} of {} outputs differ in their bits", a.len());
+        }
+    }
+
     #[test]
     fn linear_f32() {
         check_linear(3, 129, 64, 200, false, true);
+        check_linear(6, 70, 300, 64, true, true);
     }
 
     #[test]

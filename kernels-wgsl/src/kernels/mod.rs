@@ -11,6 +11,7 @@ pub mod df11;
 pub mod elementwise;
 pub mod ggml;
 pub mod linear;
+pub mod linear_lanes;
 pub mod norm;
 pub mod rope;
 pub mod vae;
