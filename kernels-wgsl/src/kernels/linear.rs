@@ -8,7 +8,7 @@ use crate::dispatch::{chunks, dispatch, placeholder_window, rows_per_chunk, to_u
 use crate::error::GpuError;
 use crate::view::{Mat, Weight, WeightDtype};
 use bytemuck::{Pod, Zeroable};
-use crate::kernel::wrapped_grid;
+use crate::kernel::{wrapped_grid, MAX_GRID_DIM};
 use crate::precision::{MatrixOperands, Precision};
 use crate::kernels::linear_lanes::{COLS_PER_GROUP, ROWS as LANES_ROWS};
 
@@ -140,12 +140,15 @@ fn product(gpu: &Gpu, sink: &mut dyn Sink, x: Mat<'_>, w: Weight<'_>, bias: Opti
             // On a CPU adapter whose subgroups can share x's rows, where the
             // operands' rows start on whole vec4s: the lanes kernel.
             let vec4s = |elems: u64| (xw.local as u64).is_multiple_of(4) && x.stride.is_multiple_of(4) && (ww.local as u64).is_multiple_of(elems) && kdim.is_multiple_of(8);
-            let lanes = gpu.cpu_lanes().filter(|_| matrix.is_none() && gpu.precision() == Precision::F32 && vec4s(if eb == 2 { 8 } else { 4 }));
+            let row_groups = (rows.end - rows.start).div_ceil(LANES_ROWS as u64);
+            let lanes = gpu
+                .cpu_lanes()
+                .filter(|_| matrix.is_none() && gpu.precision() == Precision::F32 && vec4s(if eb == 2 { 8 } else { 4 }) && row_groups <= MAX_GRID_DIM as u64);
             let (kernel, constants, grid) = match (matrix, lanes) {
                 (None, Some(l)) => {
                     let constants = vec![("WEIGHT_BF16", w.dtype.constant()), ("HAS_BIAS", bias.is_some() as u32), ("ACCUMULATE", accumulate as u32)];
                     let lanes_kernel = Kernel { module: Module::LinearLanes { lanes: l as u8 }, ..LINEAR_LANES };
-                    (lanes_kernel, constants, [cols_n.div_ceil(COLS_PER_GROUP as u64) as u32, rows_n.div_ceil(LANES_ROWS as u64) as u32, 1])
+                    (lanes_kernel, constants, [rows_n.div_ceil(LANES_ROWS as u64) as u32, cols_n.div_ceil(COLS_PER_GROUP as u64) as u32, 1])
                 }
                 (None, None) => {
                     let constants = vec![("WEIGHT_BF16", w.dtype.constant()), ("HAS_BIAS", bias.is_some() as u32), ("ACCUMULATE", accumulate as u32), ("W_PAIRED", paired as u32)];

@@ -42,8 +42,8 @@ pub fn source(lanes: u32) -> String {
     let ind = "    ";
     emit!(s, "@compute @workgroup_size(64)");
     emit!(s, "fn linear_lanes(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_invocation_id) lane: u32) {{");
-    emit!(s, "{ind}let row0 = wid.y * {ROWS}u;");
-    emit!(s, "{ind}let col0 = wid.x * {COLS_PER_GROUP}u + lid.x;");
+    emit!(s, "{ind}let row0 = wid.x * {ROWS}u;");
+    emit!(s, "{ind}let col0 = wid.y * {COLS_PER_GROUP}u + lid.x;");
     // Where each row of x and each owned row of W starts, in vec4s
     // (clamped into the matrix: rows and columns past it compute on the
     // last one and store nothing).
