@@ -49,6 +49,7 @@ pub const ALL_KERNELS: &[Kernel] = &[
     conv::CONV2D,
     conv::CONV2D_WIDE,
     conv::CONV2D_THIN,
+    conv::CONV2D_LANES,
     conv::UPSAMPLE_NEAREST2X,
     vae::DENORM_UNPATCHIFY,
     vae::PIXEL_LEVELS,

@@ -24,6 +24,10 @@ pub enum Module {
     /// CPU adapters' linear with each row of x read by a subgroup of
     /// `lanes` together and broadcast (`linear_lanes.rs` writes it out).
     LinearLanes { lanes: u8 },
+    /// CPU adapters' conv2d (`kernel`×`kernel`, stride 1, same size) with
+    /// each input patch read by a subgroup of `lanes` together and
+    /// broadcast (`conv_lanes.rs` writes it out).
+    ConvLanes { lanes: u8, kernel: u8 },
     Elementwise,
     Conv,
     /// conv2d on 64×256 tiles (at most 64 output channels).
@@ -65,7 +69,7 @@ pub enum Module {
 }
 
 impl Module {
-    pub const ALL: [Module; 39] = [
+    pub const ALL: [Module; 43] = [
         Module::Linear,
         Module::RangeScales,
         Module::Norm,
@@ -82,6 +86,10 @@ impl Module {
         Module::LinearLanes { lanes: 4 },
         Module::LinearLanes { lanes: 8 },
         Module::LinearLanes { lanes: 16 },
+        Module::ConvLanes { lanes: 8, kernel: 3 },
+        Module::ConvLanes { lanes: 8, kernel: 1 },
+        Module::ConvLanes { lanes: 4, kernel: 3 },
+        Module::ConvLanes { lanes: 16, kernel: 3 },
         Module::Elementwise,
         Module::Conv,
         Module::ConvWide,
@@ -119,6 +127,7 @@ impl Module {
             Module::AttentionLanes { half_kv: false, .. } => "attention_lanes",
             Module::AttentionLanes { half_kv: true, .. } => "attention_lanes (f16 keys and values)",
             Module::LinearLanes { .. } => "linear_lanes",
+            Module::ConvLanes { .. } => "conv_lanes",
             Module::Elementwise => "elementwise",
             Module::Conv => "conv",
             Module::ConvWide => "conv (64×256 tiles)",
@@ -166,6 +175,7 @@ impl Module {
                 | Module::AttentionFlash16
                 | Module::AttentionLanes { .. }
                 | Module::LinearLanes { .. }
+                | Module::ConvLanes { .. }
         );
         if subgroups {
             features | wgpu::Features::SUBGROUP
@@ -294,6 +304,10 @@ impl Module {
             Module::LinearLanes { lanes } => {
                 let shared = with_common!("product_io.wgsl", "linear_io.wgsl");
                 return format!("{shared}\n{}", crate::kernels::linear_lanes::source(lanes as u32)).into();
+            }
+            Module::ConvLanes { lanes, kernel } => {
+                let shared = with_common!("product_io.wgsl", "conv_io.wgsl");
+                return format!("{shared}\n{}", crate::kernels::conv_lanes::source(lanes as u32, kernel as u32)).into();
             }
             Module::Linear => with_gemm!(f32, "product_io.wgsl", "linear_io.wgsl", "linear.wgsl"),
             Module::LinearHalf => with_gemm!(f16, "product_io.wgsl", "linear_io.wgsl", "linear.wgsl"),

@@ -12,6 +12,7 @@ use flux_lite_core::oracle::ConvShape;
 use super::linear::GEMM_TILE;
 use crate::kernel::wrapped_grid;
 use crate::precision::Precision;
+use super::conv_lanes;
 
 /// `conv.wgsl`.
 #[repr(C)]
@@ -57,6 +58,28 @@ pub const CONV2D_THIN: Kernel =
     kernel(Module::Conv, "conv2d_thin", [64, 1, 1], &[(1, RW), (2, R), (3, R), (4, RW)], size_of::<ConvParams>(), true);
 /// `conv2d_thin`'s most output channels (`THIN_MAX` in the shader).
 pub const THIN_MAX: u64 = 16;
+/// CPU adapters' conv2d on the f32 tier (`conv_lanes.rs`; 3×3 and 1×1,
+/// stride 1, same size), written for subgroups of 8 and 3×3 here and for
+/// [`Gpu::cpu_lanes`] and the call's kernel where launched: x and W read
+/// as vec4s at bindings 6 and 7.
+pub const CONV2D_LANES: Kernel =
+    kernel(Module::ConvLanes { lanes: 8, kernel: 3 }, "conv2d_lanes", [64, 1, 1], &[(3, R), (4, RW), (6, RW), (7, R)], size_of::<ConvParams>(), true);
+
+/// Whether [`CONV2D_LANES`] takes this convolution on `gpu`, and for which
+/// subgroup size: a CPU adapter with fixed subgroups on the f32 tier, a
+/// 3×3 (padding 1) or 1×1 kernel at stride 1 keeping the size, input
+/// channels in whole steps, rows and planes on whole vec4s (x from
+/// `x_local`, W's rows from `w_local`), and a grid that fits.
+fn lanes_take(gpu: &Gpu, s: &ConvShape, x_local: u32, w_local: u32, bf16: bool) -> Option<u32> {
+    let lanes = gpu.cpu_lanes()?;
+    let same = s.stride == 1 && s.out_height == s.height && s.out_width == s.width && s.pad_top == (s.kernel - 1) / 2 && s.pad_left == (s.kernel - 1) / 2;
+    let aligned = x_local.is_multiple_of(4) && s.width.is_multiple_of(4) && w_local.is_multiple_of(if bf16 { 8 } else { 4 });
+    let blocks = (s.height * s.width.div_ceil(conv_lanes::PIXELS as usize)) as u64;
+    let fits = blocks.div_ceil(64 / lanes as u64) <= crate::kernel::MAX_GRID_DIM as u64;
+    let shaped = matches!(s.kernel, 1 | 3) && s.in_channels.is_multiple_of(conv_lanes::CHANNELS as usize);
+    (gpu.matrix().is_none() && gpu.precision() == Precision::F32 && same && aligned && fits && shaped).then_some(lanes)
+}
+
 pub const UPSAMPLE_NEAREST2X: Kernel =
     kernel(Module::Conv, "upsample_nearest2x", [64, 1, 1], &[(1, RW), (4, RW)], size_of::<ConvParams>(), false);
 
@@ -111,6 +134,8 @@ pub fn conv2d(
             }
             Some(c) => (c.pick([&CONV2D_MATRIX_8, &CONV2D_MATRIX_16, &CONV2D_MATRIX_8_F32]), [("WEIGHT_BF16", w.dtype.constant()), ("WG", c.subgroup)]),
         };
+        // Few output channels (an RGB conv_out) stay on the thin kernel.
+        let lanes = lanes_take(gpu, &s, xw.local, ww.local, w.dtype.constant() == 1).filter(|_| !thin);
         let params = ConvParams {
             in_channels: s.in_channels as u32,
             height: s.height as u32,
@@ -132,6 +157,14 @@ pub fn conv2d(
             true => grid64(plane),
             false => wrapped_grid((rows.end - rows.start).div_ceil(tile_co) * plane.div_ceil(tile_px)),
         };
+        if let Some(lanes) = lanes {
+            let kernel = Kernel { module: Module::ConvLanes { lanes: lanes as u8, kernel: s.kernel as u8 }, ..CONV2D_LANES };
+            let blocks = (s.height * s.width.div_ceil(conv_lanes::PIXELS as usize)) as u64;
+            let grid = [blocks.div_ceil(64 / lanes as u64) as u32, out_channels.div_ceil((lanes * conv_lanes::COLS) as u64) as u32, 1];
+            let launch = Launch { kernel: &kernel, constants: &[("WEIGHT_BF16", w.dtype.constant())], params, grid };
+            dispatch(gpu, sink, launch, &[(3, &bw), (4, &yw), (6, &xw), (7, &ww)]);
+            continue;
+        }
         let launch = Launch { kernel, constants: &constants, params, grid };
         dispatch(gpu, sink, launch, &[(1, &xw), (2, &ww), (3, &bw), (4, &yw)]);
     }
@@ -178,6 +211,48 @@ mod tests {
     fn check_conv(s: ConvShape, seed: u64) {
         let worst = crate::selftest::check_conv(gpu(), s, seed).unwrap_or_else(|e| panic!("conv {s:?}: {e}"));
         assert!(worst <= F32_TOL, "conv {s:?}: relative L2 {worst:.3e} > {F32_TOL:.0e}");
+    }
+
+    /// `y`'s bits after [`conv2d`] of seeded x, W (bf16 or f32) and bias on `gpu`.
+    fn conv_bits(gpu: &Gpu, s: ConvShape, seed: u64, bf16: bool) -> Vec<u32> {
+        let mut rng = Rng::new(seed);
+        let x = rng.normals(s.in_channels * s.height * s.width, 1.0);
+        let taps = s.out_channels * s.in_channels * s.kernel * s.kernel;
+        let (wbits, wf, bbits, bf) = (rng.bf16s(taps, 0.2), rng.normals(taps, 0.2), rng.bf16s(s.out_channels, 0.5), rng.normals(s.out_channels, 0.5));
+        let xb = gpu.upload_f32("x", &x);
+        let (wb, bb) = if bf16 { (gpu.upload_bf16("w", &wbits), gpu.upload_bf16("b", &bbits)) } else { (gpu.upload_f32("w", &wf), gpu.upload_f32("b", &bf)) };
+        let weight = |buf| if bf16 { Weight::bf16(buf) } else { Weight::f32(buf) };
+        let out = s.out_channels * s.out_height * s.out_width;
+        let yb = poisoned(gpu, out);
+        let got = run_and_read(gpu, &yb, out, |enc| {
+            conv2d(gpu, enc, Mat::new(&xb, (s.height * s.width) as u64), weight(&wb), weight(&bb), Mat::new(&yb, (s.out_height * s.out_width) as u64), s)
+        });
+        got.iter().map(|v| v.to_bits()).collect()
+    }
+
+    /// Shapes the lanes kernel takes: 3×3 and 1×1, input channels in steps
+    /// of 8, widths of whole vec4s ending inside a block of 8 pixels (20),
+    /// output channels past a workgroup's 32 (40, 72) and below it (17).
+    fn lanes_shapes() -> [ConvShape; 4] {
+        [ConvShape::same(16, 40, 12, 16, 3), ConvShape::same(32, 72, 7, 20, 3), ConvShape::same(8, 17, 5, 8, 1), ConvShape::same(24, 33, 9, 12, 1)]
+    }
+
+    #[test]
+    fn the_lanes_conv_matches_the_oracle_and_the_tiled_kernels_bits() {
+        let lanes = gpu();
+        if lanes.cpu_lanes().is_none() {
+            crate::skip::skipped("the lanes conv2d: this adapter has no fixed subgroup size to share patches across");
+            return;
+        }
+        let tiled = Gpu::new(&crate::GpuOptions { per_lane_reads: true, ..crate::testing::options() }).unwrap_or_else(|e| panic!("{e}"));
+        for (i, s) in lanes_shapes().into_iter().enumerate() {
+            check_conv(s, 60 + i as u64);
+            for bf16 in [true, false] {
+                let (a, b) = (conv_bits(lanes, s, 70 + i as u64, bf16), conv_bits(&tiled, s, 70 + i as u64, bf16));
+                let differ = a.iter().zip(&b).filter(|(x, y)| x != y).count();
+                assert_eq!(differ, 0, "conv {s:?} bf16={bf16}: {differ} of {} outputs differ in their bits", a.len());
+            }
+        }
     }
 
     #[test]

@@ -7,6 +7,7 @@ pub mod attention;
 pub mod attention_lanes;
 pub mod bench;
 pub mod conv;
+pub mod conv_lanes;
 pub mod df11;
 pub mod elementwise;
 pub mod ggml;

@@ -1,0 +1,160 @@
+//! The source of the CPU adapters' convolution (`conv2d_lanes`): 3×3 and
+//! 1×1 kernels, stride 1, the output the input's size (the VAE's).
+//!
+//! As `linear_lanes`: each lane owns [`COLS`] output channels (their weight
+//! rows, read by the lane itself), and the pixels are shared: each subgroup
+//! takes [`PIXELS`] consecutive pixels of one output row, reads the input
+//! patch they need (K rows of 8 + K − 1 columns per input channel) together
+//! as aligned vec4s, one share a lane, and hands each value to every lane
+//! with `subgroupBroadcast` (a CPU driver fetches a storage load lane by
+//! lane, so a patch costs each lane a few loads instead of all of them).
+//! Input channels go [`CHANNELS`] at a time. `subgroupBroadcast` takes a
+//! constant lane, so a step's products are written out for each subgroup
+//! size and kernel size. Each output's sum runs over the taps (ci, ky, kx)
+//! in order, one `fma` each, the bias after it, as `conv2d` sums: the same
+//! bits.
+
+/// Output channels a lane owns.
+pub const COLS: u32 = 4;
+/// Consecutive output pixels (of one row) a subgroup takes.
+pub const PIXELS: u32 = 8;
+/// Input channels a step.
+pub const CHANNELS: u32 = 8;
+
+/// One line of WGSL onto `s`.
+macro_rules! emit {
+    ($s:expr, $($arg:tt)*) => {{
+        $s.push_str(&format!($($arg)*));
+        $s.push('\n');
+    }};
+}
+
+/// Vec4s of a patch row: the pixels' 8 columns and `pad` either side, on
+/// vec4 boundaries (the first at `ox0 / 4 - ROW_LEAD` vec4s).
+fn row_vec4s(kernel: u32) -> u32 {
+    if kernel == 1 { 2 } else { 4 }
+}
+fn row_lead(kernel: u32) -> u32 {
+    if kernel == 1 { 0 } else { 1 }
+}
+
+/// The entry's source after the shared parts (`product_io.wgsl`,
+/// `conv_io.wgsl`), for subgroups of `lanes` and `kernel`×`kernel` taps.
+pub fn source(lanes: u32, kernel: u32) -> String {
+    assert!(crate::kernels::attention_lanes::LANE_COUNTS.contains(&lanes), "no conv2d_lanes for subgroups of {lanes}");
+    assert!(kernel == 1 || kernel == 3, "no conv2d_lanes for {kernel}×{kernel} kernels");
+    let pad = (kernel - 1) / 2;
+    let v4r = row_vec4s(kernel);
+    let per_channel = kernel * v4r; // patch vec4s of one input channel
+    let patch = CHANNELS * per_channel; // a step's patch vec4s
+    assert!(patch.is_multiple_of(lanes));
+    let per_lane = patch / lanes;
+    let taps = CHANNELS * kernel * kernel; // a step's taps of one weight row
+    let mut s = String::new();
+    s.push_str(PRELUDE);
+    let ind = "    ";
+    emit!(s, "@compute @workgroup_size(64)");
+    emit!(s, "fn conv2d_lanes(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_id) sg: u32, @builtin(subgroup_invocation_id) lane: u32) {{");
+    emit!(s, "{ind}let row_blocks = (p.width + {}u) / {PIXELS}u;", PIXELS - 1);
+    emit!(s, "{ind}let block = wid.x * {}u + sg;", 64 / lanes);
+    emit!(s, "{ind}let oy = min(block / row_blocks, p.height - 1u);");
+    emit!(s, "{ind}let ox0 = (block % row_blocks) * {PIXELS}u;");
+    emit!(s, "{ind}let live = block < row_blocks * p.height;");
+    emit!(s, "{ind}let co0 = wid.y * {}u + lane;", lanes * COLS);
+    emit!(s, "{ind}let k = taps();");
+    emit!(s, "{ind}let wdiv = select(4u, 8u, WEIGHT_BF16);");
+    emit!(s, "{ind}let last = (p.w_offset + p.out_channels * k) / wdiv - 1u;");
+    for c in 0..COLS {
+        emit!(s, "{ind}let wb{c} = (p.w_offset + min(co0 + {}u, p.out_channels - 1u) * k) / wdiv;", c * lanes);
+        for r in 0..PIXELS {
+            emit!(s, "{ind}var acc{r}_{c} = 0.0;");
+        }
+    }
+    // This lane's share of each step's patch: vec4 `lane + lanes·i` of
+    // CHANNELS × kernel rows × v4r vec4s. Its place in the step is fixed;
+    // its address moves by one step's channels.
+    emit!(s, "{ind}let row4 = p.width / 4u;");
+    emit!(s, "{ind}let col4_0 = ox0 / 4u;");
+    for i in 0..per_lane {
+        emit!(s, "{ind}let v{i} = lane + {}u;", i * lanes);
+        emit!(s, "{ind}let ci{i} = v{i} / {per_channel}u;");
+        emit!(s, "{ind}let iy{i} = oy + (v{i} % {per_channel}u) / {v4r}u - {pad}u;");
+        emit!(s, "{ind}let c4_{i} = col4_0 + v{i} % {v4r}u - {}u;", row_lead(kernel));
+        emit!(s, "{ind}let in{i} = iy{i} < p.height && c4_{i} < row4;");
+        emit!(s, "{ind}let at{i} = p.x_offset / 4u + (ci{i} * p.height + iy{i}) * row4 + c4_{i};");
+    }
+    emit!(s, "{ind}let step4 = {CHANNELS}u * p.height * row4;");
+    emit!(s, "{ind}for (var c0 = 0u; c0 < p.in_channels; c0 += {CHANNELS}u) {{");
+    let ind = "        ";
+    emit!(s, "{ind}let shift = (c0 / {CHANNELS}u) * step4;");
+    for i in 0..per_lane {
+        emit!(s, "{ind}let xl{i} = select(vec4<f32>(0.0), x4[select(0u, at{i} + shift, in{i})], in{i});");
+    }
+    // The owned rows' taps of the step, as vec4s `t` = taps 4t .. 4t + 3.
+    let tap4 = taps / 4;
+    for c in 0..COLS {
+        for t in 0..tap4 {
+            emit!(s, "{ind}var w{c}_{t}: vec4<f32>;");
+        }
+        emit!(s, "{ind}if (WEIGHT_BF16) {{");
+        for j in 0..tap4 / 2 {
+            emit!(s, "{ind}    let q{j} = w4[min(wb{c} + c0 * {}u / 8u + {j}u, last)];", kernel * kernel);
+            emit!(s, "{ind}    w{c}_{} = vec4<f32>(bf16_pair(q{j}.x), bf16_pair(q{j}.y));", 2 * j);
+            emit!(s, "{ind}    w{c}_{} = vec4<f32>(bf16_pair(q{j}.z), bf16_pair(q{j}.w));", 2 * j + 1);
+        }
+        emit!(s, "{ind}}} else {{");
+        for t in 0..tap4 {
+            emit!(s, "{ind}    w{c}_{t} = bitcast<vec4<f32>>(w4[min(wb{c} + c0 * {}u / 4u + {t}u, last)]);", kernel * kernel);
+        }
+        emit!(s, "{ind}}}");
+    }
+    // The products, tap by tap in (ci, ky, kx) order.
+    let comps = ["x", "y", "z", "w"];
+    for ci in 0..CHANNELS {
+        for ky in 0..kernel {
+            // The patch row's values, broadcast: column j is ox0 - pad + j.
+            let first_col = row_lead(kernel) * 4 - pad; // offset of column 0 in the row's vec4s
+            for j in 0..PIXELS + kernel - 1 {
+                let v = ci * per_channel + ky * v4r + (first_col + j) / 4;
+                let comp = comps[((first_col + j) % 4) as usize];
+                emit!(s, "{ind}let p{ci}_{ky}_{j} = subgroupBroadcast(xl{}, {}u).{comp};", v / lanes, v % lanes);
+            }
+            for kx in 0..kernel {
+                let t = (ci * kernel + ky) * kernel + kx;
+                let wc = |c: u32| format!("w{c}_{}.{}", t / 4, comps[(t % 4) as usize]);
+                for r in 0..PIXELS {
+                    for c in 0..COLS {
+                        emit!(s, "{ind}acc{r}_{c} = fma({}, p{ci}_{ky}_{}, acc{r}_{c});", wc(c), r + kx);
+                    }
+                }
+            }
+        }
+    }
+    emit!(s, "    }}");
+    let ind = "    ";
+    emit!(s, "{ind}let plane = p.height * p.width;");
+    for c in 0..COLS {
+        emit!(s, "{ind}let oc{c} = co0 + {}u;", c * lanes);
+        emit!(s, "{ind}if (live && oc{c} < p.out_channels) {{");
+        emit!(s, "{ind}    let b{c} = bias(p.b_offset + oc{c});");
+        for r in 0..PIXELS {
+            emit!(s, "{ind}    if (ox0 + {r}u < p.width) {{ y[p.y_offset + oc{c} * plane + oy * p.width + ox0 + {r}u] = acc{r}_{c} + b{c}; }}");
+        }
+        emit!(s, "{ind}}}");
+    }
+    emit!(s, "}}");
+    s
+}
+
+/// x and W again as vec4s (the host takes this kernel only where x's
+/// planes and rows start on whole vec4s and W's rows on whole vec4s of
+/// bf16 pairs or f32), and the bf16 pair a u32 holds.
+const PRELUDE: &str = r#"
+@group(0) @binding(6) var<storage, read_write> x4: array<vec4<f32>>;
+@group(0) @binding(7) var<storage, read> w4: array<vec4<u32>>;
+
+fn bf16_pair(word: u32) -> vec2<f32> {
+    return vec2<f32>(bitcast<f32>(word << 16u), bitcast<f32>(word & 0xffff0000u));
+}
+
+"#;
