@@ -116,6 +116,13 @@ fn gpu() -> Result<(), String> {
     say!("max buffer: {}", Bytes(gpu.limits.max_buffer_size));
     say!("workgroup storage: {}", Bytes(gpu.limits.max_compute_workgroup_storage_size as u64));
     say!("subgroup size: {} to {}", gpu.info.subgroup_min_size, gpu.info.subgroup_max_size);
+    if gpu.cpu_shaped_kernels() {
+        let reads = match gpu.cpu_lanes() {
+            Some(lanes) => format!("rows shared across subgroups of {lanes} (attention, linear and 3×3/1×1 conv read each shared row once a subgroup)"),
+            None => "every row read in every lane (no fixed subgroup size to share rows across)".to_string(),
+        };
+        say!("CPU-shaped kernels: {reads}");
+    }
     say!("cooperative matrices offered: {}", gpu.matrix_offered());
     // Each tier as it would run here, or why it cannot; then what auto takes.
     for tier in [Precision::F16, Precision::Matrix] {

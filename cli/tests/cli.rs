@@ -77,6 +77,15 @@ fn auto_takes_the_tier_gpu_names_and_steps_down_when_its_check_fails() {
     // On a CPU adapter (lavapipe) auto takes f32, saying why; the half tiers run only when named.
     let cpu = stdout.lines().any(|l| l.starts_with("adapter: ") && l.ends_with(", Cpu)"));
     assert!(!cpu || (tier == "f32" && taken.contains("is a CPU adapter")), "{stdout}");
+    // And says how its CPU-shaped kernels read shared rows; forced to read
+    // them in every lane, it says that instead.
+    let reads = |out: &str| out.lines().find_map(|l| l.strip_prefix("CPU-shaped kernels: ")).map(str::to_string);
+    assert_eq!(cpu, reads(&stdout).is_some(), "{stdout}");
+    if cpu {
+        let per_lane = flux_lite(&["gpu"], &[("FLUX_LITE_PER_LANE_READS", "1")]);
+        let per_lane = String::from_utf8_lossy(&per_lane.stdout).into_owned();
+        assert!(reads(&per_lane).is_some_and(|r| r.starts_with("every row read in every lane")), "{per_lane}");
+    }
 
     let (ok, stderr) = verbose_gen(&[], &[]);
     assert!(ok, "{stderr}");
