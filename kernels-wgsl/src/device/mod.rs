@@ -133,7 +133,7 @@ pub struct Gpu {
 /// subgroups, and their size is fixed and one the kernels are written for.
 fn cpu_lanes(wanted: bool, offered: wgpu::Features, info: &wgpu::AdapterInfo) -> Option<u32> {
     let fixed = info.subgroup_min_size == info.subgroup_max_size;
-    let written = crate::kernels::attention_lanes::LANE_COUNTS.contains(&info.subgroup_min_size);
+    let written = crate::kernels::lanes::LANE_COUNTS.contains(&info.subgroup_min_size);
     (wanted && offered.contains(wgpu::Features::SUBGROUP) && fixed && written).then_some(info.subgroup_min_size)
 }
 

@@ -21,17 +21,8 @@
 //! interface, masks, causality, grouped heads, log-sum-exp output and the
 //! half-K/V accessors are `attention_cpu.wgsl`'s and `attention_io.wgsl`'s.
 
-/// One line of WGSL onto `s`.
-macro_rules! emit {
-    ($s:expr, $($arg:tt)*) => {{
-        $s.push_str(&format!($($arg)*));
-        $s.push('\n');
-    }};
-}
+use super::lanes::{emit, LANE_COUNTS};
 
-/// Subgroup sizes the kernel is written for (a CPU driver's SIMD width in
-/// f32 lanes: SSE, AVX2, AVX-512).
-pub const LANE_COUNTS: [u32; 3] = [4, 8, 16];
 
 /// The entries' source after the shared parts (`attention_cpu.wgsl` and
 /// what it reads), for subgroups of `lanes` invocations.

@@ -21,13 +21,7 @@ pub const PIXELS: u32 = 8;
 /// Input channels a step.
 pub const CHANNELS: u32 = 8;
 
-/// One line of WGSL onto `s`.
-macro_rules! emit {
-    ($s:expr, $($arg:tt)*) => {{
-        $s.push_str(&format!($($arg)*));
-        $s.push('\n');
-    }};
-}
+use super::lanes::{emit, weight_run, LANE_COUNTS, PRODUCT_PRELUDE};
 
 /// Vec4s of a patch row: the pixels' 8 columns and `pad` either side, on
 /// vec4 boundaries (the first at `ox0 / 4 - ROW_LEAD` vec4s).
@@ -41,7 +35,7 @@ fn row_lead(kernel: u32) -> u32 {
 /// The entry's source after the shared parts (`product_io.wgsl`,
 /// `conv_io.wgsl`), for subgroups of `lanes` and `kernel`×`kernel` taps.
 pub fn source(lanes: u32, kernel: u32) -> String {
-    assert!(crate::kernels::attention_lanes::LANE_COUNTS.contains(&lanes), "no conv2d_lanes for subgroups of {lanes}");
+    assert!(LANE_COUNTS.contains(&lanes), "no conv2d_lanes for subgroups of {lanes}");
     assert!(kernel == 1 || kernel == 3, "no conv2d_lanes for {kernel}×{kernel} kernels");
     let pad = (kernel - 1) / 2;
     let v4r = row_vec4s(kernel);
@@ -51,7 +45,7 @@ pub fn source(lanes: u32, kernel: u32) -> String {
     let per_lane = patch / lanes;
     let taps = CHANNELS * kernel * kernel; // a step's taps of one weight row
     let mut s = String::new();
-    s.push_str(PRELUDE);
+    s.push_str(PRODUCT_PRELUDE);
     let ind = "    ";
     emit!(s, "@compute @workgroup_size(64)");
     emit!(s, "fn conv2d_lanes(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_id) sg: u32, @builtin(subgroup_invocation_id) lane: u32) {{");
@@ -93,20 +87,7 @@ pub fn source(lanes: u32, kernel: u32) -> String {
     // The owned rows' taps of the step, as vec4s `t` = taps 4t .. 4t + 3.
     let tap4 = taps / 4;
     for c in 0..COLS {
-        for t in 0..tap4 {
-            emit!(s, "{ind}var w{c}_{t}: vec4<f32>;");
-        }
-        emit!(s, "{ind}if (WEIGHT_BF16) {{");
-        for j in 0..tap4 / 2 {
-            emit!(s, "{ind}    let q{j} = w4[min(wb{c} + c0 * {}u / 8u + {j}u, last)];", kernel * kernel);
-            emit!(s, "{ind}    w{c}_{} = vec4<f32>(bf16_pair(q{j}.x), bf16_pair(q{j}.y));", 2 * j);
-            emit!(s, "{ind}    w{c}_{} = vec4<f32>(bf16_pair(q{j}.z), bf16_pair(q{j}.w));", 2 * j + 1);
-        }
-        emit!(s, "{ind}}} else {{");
-        for t in 0..tap4 {
-            emit!(s, "{ind}    w{c}_{t} = bitcast<vec4<f32>>(w4[min(wb{c} + c0 * {}u / 4u + {t}u, last)]);", kernel * kernel);
-        }
-        emit!(s, "{ind}}}");
+        weight_run(&mut s, ind, c, &format!("c0 * {}u", kernel * kernel), tap4);
     }
     // The products, tap by tap in (ci, ky, kx) order.
     let comps = ["x", "y", "z", "w"];
@@ -145,16 +126,3 @@ pub fn source(lanes: u32, kernel: u32) -> String {
     emit!(s, "}}");
     s
 }
-
-/// x and W again as vec4s (the host takes this kernel only where x's
-/// planes and rows start on whole vec4s and W's rows on whole vec4s of
-/// bf16 pairs or f32), and the bf16 pair a u32 holds.
-const PRELUDE: &str = r#"
-@group(0) @binding(6) var<storage, read_write> x4: array<vec4<f32>>;
-@group(0) @binding(7) var<storage, read> w4: array<vec4<u32>>;
-
-fn bf16_pair(word: u32) -> vec2<f32> {
-    return vec2<f32>(bitcast<f32>(word << 16u), bitcast<f32>(word & 0xffff0000u));
-}
-
-"#;

@@ -24,21 +24,15 @@ pub const COLS: u32 = 4;
 /// Columns a workgroup covers.
 pub const COLS_PER_GROUP: u32 = 64 * COLS;
 
-/// One line of WGSL onto `s`.
-macro_rules! emit {
-    ($s:expr, $($arg:tt)*) => {{
-        $s.push_str(&format!($($arg)*));
-        $s.push('\n');
-    }};
-}
+use super::lanes::{emit, weight_run, LANE_COUNTS, PRODUCT_PRELUDE};
 
 /// The entry's source after the shared parts (`product_io.wgsl`,
 /// `linear_io.wgsl`), for subgroups of `lanes` invocations.
 pub fn source(lanes: u32) -> String {
-    assert!(crate::kernels::attention_lanes::LANE_COUNTS.contains(&lanes), "no linear_lanes for subgroups of {lanes}");
+    assert!(LANE_COUNTS.contains(&lanes), "no linear_lanes for subgroups of {lanes}");
     let run = 4 * lanes; // terms of k a step
     let mut s = String::new();
-    s.push_str(PRELUDE);
+    s.push_str(PRODUCT_PRELUDE);
     let ind = "    ";
     emit!(s, "@compute @workgroup_size(64)");
     emit!(s, "fn linear_lanes(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_invocation_id) lane: u32) {{");
@@ -67,20 +61,7 @@ pub fn source(lanes: u32) -> String {
     }
     // The owned columns' terms of the run, as vec4s `t` = terms 4t .. 4t + 3.
     for c in 0..COLS {
-        for t in 0..lanes {
-            emit!(s, "{ind}var w{c}_{t}: vec4<f32>;");
-        }
-        emit!(s, "{ind}if (WEIGHT_BF16) {{");
-        for j in 0..lanes / 2 {
-            emit!(s, "{ind}    let q{j} = w4[min(wb{c} + k0 / 8u + {j}u, last)];");
-            emit!(s, "{ind}    w{c}_{} = vec4<f32>(bf16_pair(q{j}.x), bf16_pair(q{j}.y));", 2 * j);
-            emit!(s, "{ind}    w{c}_{} = vec4<f32>(bf16_pair(q{j}.z), bf16_pair(q{j}.w));", 2 * j + 1);
-        }
-        emit!(s, "{ind}}} else {{");
-        for t in 0..lanes {
-            emit!(s, "{ind}    w{c}_{t} = bitcast<vec4<f32>>(w4[min(wb{c} + k0 / 4u + {t}u, last)]);");
-        }
-        emit!(s, "{ind}}}");
+        weight_run(&mut s, ind, c, "k0", lanes);
     }
     // The products, term by term in k's order.
     for t in 0..lanes {
@@ -104,16 +85,3 @@ pub fn source(lanes: u32) -> String {
     emit!(s, "}}");
     s
 }
-
-/// x and W again as vec4s (the host takes this kernel only where x's rows
-/// start on multiples of 4 elements and W's on multiples of 8 bf16 or 4 f32,
-/// with k a multiple of 8), and the bf16 pair a u32 holds.
-const PRELUDE: &str = r#"
-@group(0) @binding(6) var<storage, read_write> x4: array<vec4<f32>>;
-@group(0) @binding(7) var<storage, read> w4: array<vec4<u32>>;
-
-fn bf16_pair(word: u32) -> vec2<f32> {
-    return vec2<f32>(bitcast<f32>(word << 16u), bitcast<f32>(word & 0xffff0000u));
-}
-
-"#;

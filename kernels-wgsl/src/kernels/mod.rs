@@ -12,6 +12,7 @@ pub mod df11;
 pub mod elementwise;
 pub mod ggml;
 pub mod linear;
+pub mod lanes;
 pub mod linear_lanes;
 pub mod norm;
 pub mod rope;
