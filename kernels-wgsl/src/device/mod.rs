@@ -123,11 +123,6 @@ pub struct Gpu {
     range_scales: Mutex<Option<DeviceBuffer>>,
 }
 
-/// The largest storage binding the engine will make on `backend`, given the
-/// one the adapter reports. Metal reports its largest buffer (which can pass
-/// 4 GiB on a Mac with much memory), but the shaders' bounds checks there
-/// count bytes in 32 bits: a larger binding would read wrong data, so the
-/// binding is held to 2³¹ − 1 bytes, the figure Vulkan drivers report.
 /// [`Gpu::cpu_lanes`] for an adapter: its subgroup size where `wanted`
 /// (CPU-shaped kernels that may use subgroups), the adapter offers
 /// subgroups, and their size is fixed and one the kernels are written for.
@@ -137,6 +132,11 @@ fn cpu_lanes(wanted: bool, offered: wgpu::Features, info: &wgpu::AdapterInfo) ->
     (wanted && offered.contains(wgpu::Features::SUBGROUP) && fixed && written).then_some(info.subgroup_min_size)
 }
 
+/// The largest storage binding the engine will make on `backend`, given the
+/// one the adapter reports. Metal reports its largest buffer (which can pass
+/// 4 GiB on a Mac with much memory), but the shaders' bounds checks there
+/// count bytes in 32 bits: a larger binding would read wrong data, so the
+/// binding is held to 2³¹ − 1 bytes, the figure Vulkan drivers report.
 pub fn binding_limit(backend: wgpu::Backend, reported: u64) -> u64 {
     match backend {
         wgpu::Backend::Metal => reported.min(METAL_BINDING_LIMIT),

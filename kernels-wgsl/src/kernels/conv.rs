@@ -65,19 +65,22 @@ pub const THIN_MAX: u64 = 16;
 pub const CONV2D_LANES: Kernel =
     kernel(Module::ConvLanes { lanes: 8, kernel: 3 }, "conv2d_lanes", [64, 1, 1], &[(3, R), (4, RW), (6, RW), (7, R)], size_of::<ConvParams>(), true);
 
-/// Whether [`CONV2D_LANES`] takes this convolution on `gpu`, and for which
-/// subgroup size: a CPU adapter with fixed subgroups on the f32 tier, a
-/// 3×3 (padding 1) or 1×1 kernel at stride 1 keeping the size, input
-/// channels in whole steps, rows and planes on whole vec4s (x from
-/// `x_local`, W's rows from `w_local`), and a grid that fits.
-fn lanes_take(gpu: &Gpu, s: &ConvShape, x_local: u32, w_local: u32, bf16: bool) -> Option<u32> {
+/// [`CONV2D_LANES`]'s module and grid for this convolution on `gpu`, where
+/// it takes it: a CPU adapter with fixed subgroups, on the f32 tier
+/// (`f32_tier`), more than [`THIN_MAX`] output channels (an RGB conv_out
+/// stays on the thin kernel), a 3×3 (padding 1) or 1×1 kernel at stride 1
+/// keeping the size, input channels in whole steps, rows and planes on
+/// whole vec4s (x from `x_local`, W's rows from `w_local`), and a grid
+/// that fits.
+fn lanes_launch(gpu: &Gpu, s: &ConvShape, f32_tier: bool, out_channels: u64, x_local: u32, w_local: u32, bf16: bool) -> Option<(Module, [u32; 3])> {
     let lanes = gpu.cpu_lanes()?;
     let same = s.stride == 1 && s.out_height == s.height && s.out_width == s.width && s.pad_top == (s.kernel - 1) / 2 && s.pad_left == (s.kernel - 1) / 2;
     let aligned = x_local.is_multiple_of(4) && s.width.is_multiple_of(4) && w_local.is_multiple_of(if bf16 { 8 } else { 4 });
-    let blocks = (s.height * s.width.div_ceil(conv_lanes::PIXELS as usize)) as u64;
-    let fits = blocks.div_ceil(64 / lanes as u64) <= crate::kernel::MAX_GRID_DIM as u64;
+    let groups = ((s.height * s.width.div_ceil(conv_lanes::PIXELS as usize)) as u64).div_ceil(64 / lanes as u64);
     let shaped = matches!(s.kernel, 1 | 3) && s.in_channels.is_multiple_of(conv_lanes::CHANNELS as usize);
-    (gpu.matrix().is_none() && gpu.precision() == Precision::F32 && same && aligned && fits && shaped).then_some(lanes)
+    let taken = f32_tier && out_channels > THIN_MAX && same && aligned && shaped && groups <= crate::kernel::MAX_GRID_DIM as u64;
+    let grid = [groups as u32, out_channels.div_ceil((lanes * conv_lanes::COLS) as u64) as u32, 1];
+    taken.then_some((Module::ConvLanes { lanes: lanes as u8, kernel: s.kernel as u8 }, grid))
 }
 
 pub const UPSAMPLE_NEAREST2X: Kernel =
@@ -134,8 +137,6 @@ pub fn conv2d(
             }
             Some(c) => (c.pick([&CONV2D_MATRIX_8, &CONV2D_MATRIX_16, &CONV2D_MATRIX_8_F32]), [("WEIGHT_BF16", w.dtype.constant()), ("WG", c.subgroup)]),
         };
-        // Few output channels (an RGB conv_out) stay on the thin kernel.
-        let lanes = lanes_take(gpu, &s, xw.local, ww.local, w.dtype.constant() == 1).filter(|_| !thin);
         let params = ConvParams {
             in_channels: s.in_channels as u32,
             height: s.height as u32,
@@ -157,10 +158,8 @@ pub fn conv2d(
             true => grid64(plane),
             false => wrapped_grid((rows.end - rows.start).div_ceil(tile_co) * plane.div_ceil(tile_px)),
         };
-        if let Some(lanes) = lanes {
-            let kernel = Kernel { module: Module::ConvLanes { lanes: lanes as u8, kernel: s.kernel as u8 }, ..CONV2D_LANES };
-            let blocks = (s.height * s.width.div_ceil(conv_lanes::PIXELS as usize)) as u64;
-            let grid = [blocks.div_ceil(64 / lanes as u64) as u32, out_channels.div_ceil((lanes * conv_lanes::COLS) as u64) as u32, 1];
+        if let Some((module, grid)) = lanes_launch(gpu, &s, f32_tier, out_channels, xw.local, ww.local, w.dtype.constant() == 1) {
+            let kernel = Kernel { module, ..CONV2D_LANES };
             let launch = Launch { kernel: &kernel, constants: &[("WEIGHT_BF16", w.dtype.constant())], params, grid };
             dispatch(gpu, sink, launch, &[(3, &bw), (4, &yw), (6, &xw), (7, &ww)]);
             continue;

@@ -140,7 +140,7 @@ fn product(gpu: &Gpu, sink: &mut dyn Sink, x: Mat<'_>, w: Weight<'_>, bias: Opti
             // On a CPU adapter whose subgroups can share x's rows, where the
             // operands' rows start on whole vec4s: the lanes kernel.
             let vec4s = |elems: u64| (xw.local as u64).is_multiple_of(4) && x.stride.is_multiple_of(4) && (ww.local as u64).is_multiple_of(elems) && kdim.is_multiple_of(8);
-            let row_groups = (rows.end - rows.start).div_ceil(LANES_ROWS as u64);
+            let row_groups = rows_n.div_ceil(LANES_ROWS as u64);
             let lanes = gpu
                 .cpu_lanes()
                 .filter(|_| matrix.is_none() && gpu.precision() == Precision::F32 && vec4s(if eb == 2 { 8 } else { 4 }) && row_groups <= MAX_GRID_DIM as u64);
@@ -148,7 +148,7 @@ fn product(gpu: &Gpu, sink: &mut dyn Sink, x: Mat<'_>, w: Weight<'_>, bias: Opti
                 (None, Some(l)) => {
                     let constants = vec![("WEIGHT_BF16", w.dtype.constant()), ("HAS_BIAS", bias.is_some() as u32), ("ACCUMULATE", accumulate as u32)];
                     let lanes_kernel = Kernel { module: Module::LinearLanes { lanes: l as u8 }, ..LINEAR_LANES };
-                    (lanes_kernel, constants, [rows_n.div_ceil(LANES_ROWS as u64) as u32, cols_n.div_ceil(COLS_PER_GROUP as u64) as u32, 1])
+                    (lanes_kernel, constants, [row_groups as u32, cols_n.div_ceil(COLS_PER_GROUP as u64) as u32, 1])
                 }
                 (None, None) => {
                     let constants = vec![("WEIGHT_BF16", w.dtype.constant()), ("HAS_BIAS", bias.is_some() as u32), ("ACCUMULATE", accumulate as u32), ("W_PAIRED", paired as u32)];
