@@ -19,9 +19,14 @@ use crate::models::{text_encoder, transformer};
 use core::fmt;
 
 /// Device bytes for what the plan does not itemise: the placeholder binding,
-/// the parameter buffers of dispatches (a few dozen bytes each) and the
-/// matrix tier's range scales (RANGE_SCALES_BYTES).
-pub const FIXED_OVERHEAD: u64 = (64 << 10) + RANGE_SCALES_BYTES;
+/// the parameter buffers of dispatches (a few dozen bytes each), the
+/// matrix tier's range scales (RANGE_SCALES_BYTES) and CPU adapters'
+/// weight texels (WEIGHT_TEXELS_BYTES).
+pub const FIXED_OVERHEAD: u64 = (64 << 10) + RANGE_SCALES_BYTES + WEIGHT_TEXELS_BYTES;
+/// CPU adapters' weight texels: the rows of W a linear reads, copied into a
+/// texture before the product (a CPU driver gathers texels far faster than
+/// it fetches storage lane by lane); a linear with more rows runs in pieces.
+pub const WEIGHT_TEXELS_BYTES: u64 = 16 << 20;
 /// The matrix tier's range scales: 4 bytes for each row of a product's two
 /// operands, measured before the product; a product with more rows runs in pieces.
 pub const RANGE_SCALES_BYTES: u64 = 512 << 10;

@@ -34,18 +34,23 @@ fn bf16_pair(word: u32) -> vec2<f32> {
 /// 8) of the row starting at vec4 `wb{c}` of `w4`, each load clamped to
 /// vec4 `last`; bf16 pairs or f32 as WEIGHT_BF16 says.
 pub fn weight_run(s: &mut String, ind: &str, c: u32, first: &str, vec4s: u32) {
+    weight_run_from(s, ind, c, first, vec4s, |i| format!("w4[{i}]"));
+}
+
+/// [`weight_run`] with the vec4 of words at index `i` loaded by `load(i)`.
+pub fn weight_run_from(s: &mut String, ind: &str, c: u32, first: &str, vec4s: u32, load: impl Fn(&str) -> String) {
     for t in 0..vec4s {
         emit!(s, "{ind}var w{c}_{t}: vec4<f32>;");
     }
     emit!(s, "{ind}if (WEIGHT_BF16) {{");
     for j in 0..vec4s / 2 {
-        emit!(s, "{ind}    let q{j} = w4[min(wb{c} + ({first}) / 8u + {j}u, last)];");
+        emit!(s, "{ind}    let q{j} = {};", load(&format!("min(wb{c} + ({first}) / 8u + {j}u, last)")));
         emit!(s, "{ind}    w{c}_{} = vec4<f32>(bf16_pair(q{j}.x), bf16_pair(q{j}.y));", 2 * j);
         emit!(s, "{ind}    w{c}_{} = vec4<f32>(bf16_pair(q{j}.z), bf16_pair(q{j}.w));", 2 * j + 1);
     }
     emit!(s, "{ind}}} else {{");
     for t in 0..vec4s {
-        emit!(s, "{ind}    w{c}_{t} = bitcast<vec4<f32>>(w4[min(wb{c} + ({first}) / 4u + {t}u, last)]);");
+        emit!(s, "{ind}    w{c}_{t} = bitcast<vec4<f32>>({});", load(&format!("min(wb{c} + ({first}) / 4u + {t}u, last)")));
     }
     emit!(s, "{ind}}}");
 }

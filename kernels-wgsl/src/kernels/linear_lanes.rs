@@ -12,6 +12,11 @@
 //! memory and no barrier (the tiled kernel's staging costs a CPU lane by
 //! lane too).
 //!
+//! W's rows come from the device's weight texels (`weight_texels.rs`),
+//! where the launcher copies them before the product: a CPU driver gathers
+//! texels far faster than it fetches storage lane by lane. Texel t of the
+//! texture holds vec4 t of the copied rows, as `w4` would.
+//!
 //! `subgroupBroadcast` takes a constant lane, so the products of a run are
 //! written out here for each subgroup size. Each output's sum runs over k
 //! from 0 up, one `fma` a term, the bias and (with ACCUMULATE) y's old value
@@ -24,7 +29,8 @@ pub const COLS: u32 = 4;
 /// Columns a workgroup covers.
 pub const COLS_PER_GROUP: u32 = 64 * COLS;
 
-use super::lanes::{emit, weight_run, LANE_COUNTS, PRODUCT_PRELUDE};
+use super::lanes::{emit, weight_run_from, LANE_COUNTS, PRODUCT_PRELUDE};
+use super::weight_texels::{TEXEL_BINDING, TEXEL_ROW};
 
 /// The entry's source after the shared parts (`product_io.wgsl`,
 /// `linear_io.wgsl`), for subgroups of `lanes` invocations.
@@ -33,6 +39,8 @@ pub fn source(lanes: u32) -> String {
     let run = 4 * lanes; // terms of k a step
     let mut s = String::new();
     s.push_str(PRODUCT_PRELUDE);
+    emit!(s, "@group(0) @binding({TEXEL_BINDING}) var weight_texels: texture_2d<u32>;");
+    emit!(s, "fn weight_texel(t: u32) -> vec4<u32> {{ return textureLoad(weight_texels, vec2<u32>(t % {TEXEL_ROW}u, t / {TEXEL_ROW}u), 0); }}");
     let ind = "    ";
     emit!(s, "@compute @workgroup_size(64)");
     emit!(s, "fn linear_lanes(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_invocation_id) lane: u32) {{");
@@ -44,9 +52,10 @@ pub fn source(lanes: u32) -> String {
     for r in 0..ROWS {
         emit!(s, "{ind}let xb{r} = (p.x_offset + min(row0 + {r}u, p.m - 1u) * p.x_stride) / 4u;");
     }
-    emit!(s, "{ind}let last = (p.w_offset + p.n * p.k) / select(4u, 8u, WEIGHT_BF16) - 1u;");
+    // W's rows lie end to end from texel 0.
+    emit!(s, "{ind}let last = p.n * p.k / select(4u, 8u, WEIGHT_BF16) - 1u;");
     for c in 0..COLS {
-        emit!(s, "{ind}let wb{c} = (p.w_offset + min(col0 + {}u, p.n - 1u) * p.k) / select(4u, 8u, WEIGHT_BF16);", c * 64);
+        emit!(s, "{ind}let wb{c} = min(col0 + {}u, p.n - 1u) * p.k / select(4u, 8u, WEIGHT_BF16);", c * 64);
         for r in 0..ROWS {
             emit!(s, "{ind}var acc{r}_{c} = 0.0;");
         }
@@ -61,7 +70,7 @@ pub fn source(lanes: u32) -> String {
     }
     // The owned columns' terms of the run, as vec4s `t` = terms 4t .. 4t + 3.
     for c in 0..COLS {
-        weight_run(&mut s, ind, c, "k0", lanes);
+        weight_run_from(&mut s, ind, c, "k0", lanes, |i| format!("weight_texel({i})"));
     }
     // The products, term by term in k's order.
     for t in 0..lanes {
