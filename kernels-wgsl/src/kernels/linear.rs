@@ -61,8 +61,8 @@ pub const LINEAR_MATRIX_16: Kernel = Kernel { module: Module::LinearMatrix16, ..
 pub const LINEAR_MATRIX_8_F32: Kernel = Kernel { module: Module::LinearMatrix8F32, ..LINEAR_MATRIX_8 };
 
 /// CPU adapters' linear on the f32 tier (`linear_lanes.rs`), written for
-/// subgroups of 8 here and of [`Gpu::cpu_lanes`] where launched: x and W
-/// read as vec4s at bindings 6 and 7.
+/// subgroups of 8 here and of [`Gpu::cpu_lanes`] where launched: x read as
+/// vec4s at binding 6, W's rows from the weight texels (binding 8).
 pub const LINEAR_LANES: Kernel =
     kernel(Module::LinearLanes { lanes: 8 }, "linear_lanes", [64, 1, 1], &[(3, R), (4, RW), (6, RW)], size_of::<LinearParams>(), true);
 

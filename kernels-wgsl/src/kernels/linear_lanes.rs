@@ -15,7 +15,7 @@
 //! W's rows come from the device's weight texels (`weight_texels.rs`),
 //! where the launcher copies them before the product: a CPU driver gathers
 //! texels far faster than it fetches storage lane by lane. Texel t of the
-//! texture holds vec4 t of the copied rows, as `w4` would.
+//! texture holds vec4 t of the copied rows.
 //!
 //! `subgroupBroadcast` takes a constant lane, so the products of a run are
 //! written out here for each subgroup size. Each output's sum runs over k
@@ -29,8 +29,7 @@ pub const COLS: u32 = 4;
 /// Columns a workgroup covers.
 pub const COLS_PER_GROUP: u32 = 64 * COLS;
 
-use super::lanes::{emit, weight_run_from, LANE_COUNTS, PRODUCT_PRELUDE};
-use super::weight_texels::{TEXEL_BINDING, TEXEL_ROW};
+use super::lanes::{emit, product_prelude, weight_run, LANE_COUNTS};
 
 /// The entry's source after the shared parts (`product_io.wgsl`,
 /// `linear_io.wgsl`), for subgroups of `lanes` invocations.
@@ -38,9 +37,7 @@ pub fn source(lanes: u32) -> String {
     assert!(LANE_COUNTS.contains(&lanes), "no linear_lanes for subgroups of {lanes}");
     let run = 4 * lanes; // terms of k a step
     let mut s = String::new();
-    s.push_str(PRODUCT_PRELUDE);
-    emit!(s, "@group(0) @binding({TEXEL_BINDING}) var weight_texels: texture_2d<u32>;");
-    emit!(s, "fn weight_texel(t: u32) -> vec4<u32> {{ return textureLoad(weight_texels, vec2<u32>(t % {TEXEL_ROW}u, t / {TEXEL_ROW}u), 0); }}");
+    s.push_str(&product_prelude());
     let ind = "    ";
     emit!(s, "@compute @workgroup_size(64)");
     emit!(s, "fn linear_lanes(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_invocation_id) lane: u32) {{");
@@ -70,7 +67,7 @@ pub fn source(lanes: u32) -> String {
     }
     // The owned columns' terms of the run, as vec4s `t` = terms 4t .. 4t + 3.
     for c in 0..COLS {
-        weight_run_from(&mut s, ind, c, "k0", lanes, |i| format!("weight_texel({i})"));
+        weight_run(&mut s, ind, c, "k0", lanes);
     }
     // The products, term by term in k's order.
     for t in 0..lanes {
