@@ -189,5 +189,5 @@ pub(super) fn denoise_fixed(input: &PlanInput<'_>, chunk: u64, mode: KvMode, hal
     let tables = 2 * 4 * (text + tokens.image()) * c.attention_head_dim as u64;
     let unconditional = 4 * image * c.out_channels as u64;
     let readback = 4 * image * c.in_channels as u64;
-    Ok((arena.high_water(), tables + unconditional + readback + overhead(steps)))
+    Ok((arena.high_water(), tables + unconditional + readback + overhead(steps, input.limits.kernel_scratch)))
 }

@@ -385,6 +385,14 @@ impl Gpu {
         Ok(lock(&self.range_scales).get_or_insert_with(|| self.storage("range scales", bytes)).clone())
     }
 
+    /// Whether the products take the CPU-shaped kernels that read W through
+    /// the weight texels (lanes linear and conv2d): a CPU adapter whose
+    /// subgroups can share rows, on the f32 tier. The planner counts the
+    /// texture on such a device ([`Self::plan_limits`]).
+    pub fn uses_weight_texels(&self) -> bool {
+        self.cpu_lanes.is_some() && self.matrix.is_none() && self.precision == Precision::F32
+    }
+
     /// The texture the lanes linear reads W through, shared by every
     /// product on this device as the range scales are: each product's copy
     /// writes it before the product reads it, and dispatches run in order.
@@ -577,7 +585,8 @@ impl Gpu {
 
     /// The limits the memory planner lays buffers out under.
     pub fn plan_limits(&self) -> flux_lite_core::plan::DeviceLimits {
-        flux_lite_core::plan::DeviceLimits { max_buffer: self.limits.max_buffer_size, max_binding: self.max_binding() }
+        let kernel_scratch = if self.uses_weight_texels() { flux_lite_core::plan::WEIGHT_TEXELS_BYTES } else { 0 };
+        flux_lite_core::plan::DeviceLimits { max_buffer: self.limits.max_buffer_size, max_binding: self.max_binding(), kernel_scratch }
     }
 
     pub fn upload_f32(&self, label: &str, data: &[f32]) -> DeviceBuffer {

@@ -114,9 +114,9 @@ pub fn conv2d(
     let matrix = gpu.matrix();
     // Where the lanes kernel may run, a piece's weight rows fit the weight texels.
     let texel_words = if eb == 2 { 8 } else { 4 };
-    let texel_rows = match gpu.cpu_lanes() {
-        Some(_) if matrix.is_none() => (WEIGHT_TEXELS_CAPACITY * texel_words / per_out).max(1),
-        _ => u64::MAX,
+    let texel_rows = match gpu.uses_weight_texels() {
+        true => (WEIGHT_TEXELS_CAPACITY * texel_words / per_out).max(1),
+        false => u64::MAX,
     };
     let chunk = rows_per_chunk(gpu, s.out_channels as u64, &[y_rows, w_rows, b_rows], 1)?.min(texel_rows);
     for rows in chunks(s.out_channels as u64, chunk) {

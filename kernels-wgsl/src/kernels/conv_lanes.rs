@@ -22,7 +22,7 @@ pub const PIXELS: u32 = 8;
 /// Input channels a step.
 pub const CHANNELS: u32 = 8;
 
-use super::lanes::{emit, product_prelude, weight_run, LANE_COUNTS};
+use super::lanes::{emit, product_prelude, weight_vec4, LANE_COUNTS};
 
 /// Vec4s of a patch row: the pixels' 8 columns and `pad` either side, on
 /// vec4 boundaries (the first at `ox0 / 4 - ROW_LEAD` vec4s).
@@ -44,7 +44,6 @@ pub fn source(lanes: u32, kernel: u32) -> String {
     let patch = CHANNELS * per_channel; // a step's patch vec4s
     assert!(patch.is_multiple_of(lanes));
     let per_lane = patch / lanes;
-    let taps = CHANNELS * kernel * kernel; // a step's taps of one weight row
     let mut s = String::new();
     s.push_str(&product_prelude());
     let ind = "    ";
@@ -86,12 +85,10 @@ pub fn source(lanes: u32, kernel: u32) -> String {
     for i in 0..per_lane {
         emit!(s, "{ind}let xl{i} = select(vec4<f32>(0.0), x4[select(0u, at{i} + shift, in{i})], in{i});");
     }
-    // The owned rows' taps of the step, as vec4s `t` = taps 4t .. 4t + 3.
-    let tap4 = taps / 4;
-    for c in 0..COLS {
-        weight_run(&mut s, ind, c, &format!("c0 * {}u", kernel * kernel), tap4);
-    }
-    // The products, tap by tap in (ci, ky, kx) order.
+    // The products, tap by tap in (ci, ky, kx) order; the owned rows' taps
+    // fetched as vec4s (`w{c}_{t}`: taps 4t .. 4t + 3) before the first
+    // product that needs them.
+    let first = format!("c0 * {}u", kernel * kernel);
     let comps = ["x", "y", "z", "w"];
     for ci in 0..CHANNELS {
         for ky in 0..kernel {
@@ -104,6 +101,11 @@ pub fn source(lanes: u32, kernel: u32) -> String {
             }
             for kx in 0..kernel {
                 let t = (ci * kernel + ky) * kernel + kx;
+                if t.is_multiple_of(4) {
+                    for c in 0..COLS {
+                        weight_vec4(&mut s, ind, c, &first, t / 4);
+                    }
+                }
                 let wc = |c: u32| format!("w{c}_{}.{}", t / 4, comps[(t % 4) as usize]);
                 for r in 0..PIXELS {
                     for c in 0..COLS {

@@ -40,24 +40,14 @@ fn bf16_pair(word: u32) -> vec2<f32> {{
     )
 }
 
-/// `var w{c}_{t}` for `t < vec4s`: terms `4t .. 4t + 3` of a run of the
-/// lane's weight row `c`, from term `first` (an expression, a multiple of
-/// 8) of the row starting at texel `wb{c}`, each load clamped to texel
-/// `last`; bf16 pairs or f32 as WEIGHT_BF16 says.
-pub fn weight_run(s: &mut String, ind: &str, c: u32, first: &str, vec4s: u32) {
-    let load = |i: String| format!("weight_texel({i})");
-    for t in 0..vec4s {
-        emit!(s, "{ind}var w{c}_{t}: vec4<f32>;");
-    }
-    emit!(s, "{ind}if (WEIGHT_BF16) {{");
-    for j in 0..vec4s / 2 {
-        emit!(s, "{ind}    let q{j} = {};", load(format!("min(wb{c} + ({first}) / 8u + {j}u, last)")));
-        emit!(s, "{ind}    w{c}_{} = vec4<f32>(bf16_pair(q{j}.x), bf16_pair(q{j}.y));", 2 * j);
-        emit!(s, "{ind}    w{c}_{} = vec4<f32>(bf16_pair(q{j}.z), bf16_pair(q{j}.w));", 2 * j + 1);
-    }
-    emit!(s, "{ind}}} else {{");
-    for t in 0..vec4s {
-        emit!(s, "{ind}    w{c}_{t} = bitcast<vec4<f32>>({});", load(format!("min(wb{c} + ({first}) / 4u + {t}u, last)")));
-    }
-    emit!(s, "{ind}}}");
+/// `let w{c}_{t}`: terms `4t .. 4t + 3` of a run of the lane's weight row
+/// `c` from term `first` (an expression, a multiple of 8) of the row
+/// starting at texel `wb{c}`, the load clamped to texel `last`; bf16 pairs
+/// or f32 as WEIGHT_BF16 says. Emitted just before the products that use
+/// it, so few such values live at once (a bf16 texel holds runs `t` and
+/// `t + 1`, and the compiler fetches it once for both).
+pub fn weight_vec4(s: &mut String, ind: &str, c: u32, first: &str, t: u32) {
+    emit!(s, "{ind}let q{c}_{t} = weight_texel(min(wb{c} + select(({first}) / 4u + {t}u, ({first}) / 8u + {}u, WEIGHT_BF16), last));", t / 2);
+    let (a, b) = if t.is_multiple_of(2) { ("x", "y") } else { ("z", "w") };
+    emit!(s, "{ind}let w{c}_{t} = select(bitcast<vec4<f32>>(q{c}_{t}), vec4<f32>(bf16_pair(q{c}_{t}.{a}), bf16_pair(q{c}_{t}.{b})), WEIGHT_BF16);");
 }

@@ -134,8 +134,9 @@ fn product(gpu: &Gpu, sink: &mut dyn Sink, x: Mat<'_>, w: Weight<'_>, bias: Opti
     // more than one fits).
     let texel_words = if eb == 2 { 8 } else { 4 };
     let lanes_cols = gpu
-        .cpu_lanes()
-        .filter(|_| matrix.is_none() && gpu.precision() == Precision::F32 && kdim.is_multiple_of(8))
+        .uses_weight_texels()
+        .then_some(())
+        .filter(|_| kdim.is_multiple_of(8))
         .map(|_| WEIGHT_TEXELS_CAPACITY / (kdim / texel_words))
         .filter(|&cols| cols > 0)
         .map(|cols| if cols >= COLS_PER_GROUP as u64 { cols - cols % COLS_PER_GROUP as u64 } else { cols });

@@ -31,7 +31,7 @@ pub const COLS: u32 = 4;
 /// Columns a workgroup covers.
 pub const COLS_PER_GROUP: u32 = 64 * COLS;
 
-use super::lanes::{emit, product_prelude, LANE_COUNTS};
+use super::lanes::{emit, product_prelude, weight_vec4, LANE_COUNTS};
 
 /// The entry's source after the shared parts (`product_io.wgsl`,
 /// `linear_io.wgsl`), for subgroups of `lanes` invocations.
@@ -72,9 +72,7 @@ pub fn source(lanes: u32) -> String {
     // such runs of bf16, which the compiler fetches once).
     for t in 0..lanes {
         for c in 0..COLS {
-            emit!(s, "{ind}let q{c}_{t} = weight_texel(min(wb{c} + select(k0 / 4u + {t}u, k0 / 8u + {}u, WEIGHT_BF16), last));", t / 2);
-            let half = if t % 2 == 0 { "xy" } else { "zw" };
-            emit!(s, "{ind}let w{c}_{t} = select(bitcast<vec4<f32>>(q{c}_{t}), vec4<f32>(bf16_pair(q{c}_{t}.{}), bf16_pair(q{c}_{t}.{})), WEIGHT_BF16);", &half[0..1], &half[1..2]);
+            weight_vec4(&mut s, ind, c, "k0", t);
         }
         for r in 0..ROWS {
             emit!(s, "{ind}let x{r}_{t} = subgroupBroadcast(xl{r}, {t}u);");
