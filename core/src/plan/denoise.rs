@@ -41,6 +41,8 @@ pub(super) struct DenoiseOptions {
     host: u64,
     /// The preview decoder's device bytes, resident beside the transformer.
     preview: u64,
+    /// The adapter's kernel scratch, among the other bytes (never uploaded).
+    kernel_scratch: u64,
 }
 
 /// The layouts of one [`KvMode`] and key-value precision.
@@ -107,7 +109,7 @@ impl DenoiseOptions {
             }
             return Err(PlanError::AttentionTooLarge { tokens: rows, bytes: keys(None, false), limit });
         }
-        Ok(Self { weights: input.transformer_weights, modes, host: host::denoise(input)?, preview: input.preview_bytes })
+        Ok(Self { weights: input.transformer_weights, modes, host: host::denoise(input)?, preview: input.preview_bytes, kernel_scratch: input.limits.kernel_scratch })
     }
 
     /// The phase under `weights` with `chunk` rows per pass (`None`: all),
@@ -115,7 +117,7 @@ impl DenoiseOptions {
     fn phase(&self, m: &ModeLayouts, weights: WeightStrategy, chunk: Option<u64>, (arena_bytes, other_bytes): (u64, u64)) -> PhasePlan {
         let other_bytes = other_bytes + self.preview;
         let weight_bytes = self.weights.bytes(weights);
-        PhasePlan { weights, chunk, weight_bytes, arena_bytes, other_bytes, host_bytes: self.host, kv_cache: m.mode, half_kv: m.half_kv }.with_staging()
+        PhasePlan { weights, chunk, weight_bytes, arena_bytes, other_bytes, host_bytes: self.host, kv_cache: m.mode, half_kv: m.half_kv }.with_staging(self.kernel_scratch)
     }
 
     /// The phase under `weights` with each chunk size of `m`, largest first.

@@ -213,8 +213,10 @@ impl PhasePlan {
     }
 
     /// With the host staging its uploads pass through.
-    fn with_staging(self) -> Self {
-        Self { host_bytes: self.host_bytes + host::staging(self.device()), ..self }
+    /// With the host staging of its uploads; `kernel_scratch` (part of its
+    /// device bytes) is never uploaded.
+    fn with_staging(self, kernel_scratch: u64) -> Self {
+        Self { host_bytes: self.host_bytes + host::staging(self.device().saturating_sub(kernel_scratch)), ..self }
     }
 }
 
@@ -266,8 +268,10 @@ impl VaePlan {
     }
 
     /// With the host staging its uploads pass through.
-    pub(crate) fn with_staging(self) -> Self {
-        Self { host_bytes: self.host_bytes + host::staging(self.device()), ..self }
+    /// With the host staging of its uploads; `kernel_scratch` (part of its
+    /// device bytes) is never uploaded.
+    pub(crate) fn with_staging(self, kernel_scratch: u64) -> Self {
+        Self { host_bytes: self.host_bytes + host::staging(self.device().saturating_sub(kernel_scratch)), ..self }
     }
 }
 
@@ -577,14 +581,16 @@ struct PhaseOptions {
     fixed: (u64, u64),
     /// Host bytes.
     host: u64,
+    /// The adapter's kernel scratch, among the other bytes.
+    kernel_scratch: u64,
 }
 
 impl PhaseOptions {
     /// The phase under each strategy, fastest first.
     fn iter(self) -> impl Iterator<Item = PhasePlan> {
         let (arena_bytes, other_bytes) = self.fixed;
-        let (w, host_bytes) = (self.weights, self.host);
-        w.strategies().map(move |s| PhasePlan { weights: s, chunk: None, weight_bytes: w.bytes(s), arena_bytes, other_bytes, host_bytes, kv_cache: Default::default(), half_kv: false }.with_staging())
+        let (w, host_bytes, scratch) = (self.weights, self.host, self.kernel_scratch);
+        w.strategies().map(move |s| PhasePlan { weights: s, chunk: None, weight_bytes: w.bytes(s), arena_bytes, other_bytes, host_bytes, kv_cache: Default::default(), half_kv: false }.with_staging(scratch))
     }
 
     fn fastest_within(self, budget: u64) -> Option<PhasePlan> {
@@ -619,7 +625,7 @@ fn encode_phase(c: &Qwen3Config, tokens: u64, weights: WeightSizes, host: u64, k
     }
     let tables = 2 * 4 * tokens * c.head_dim as u64 + 4 * tokens.max(1);
     let readback = 4 * tokens * 3 * c.hidden_size as u64;
-    Ok(PhaseOptions { weights, fixed: (arena.high_water(), tables + readback + overhead(steps, kernel_scratch)), host })
+    Ok(PhaseOptions { weights, fixed: (arena.high_water(), tables + readback + overhead(steps, kernel_scratch)), host, kernel_scratch })
 }
 
 const REFERENCE_SIZE: &str = "a reference image's size is not a positive multiple of 2 × the VAE scale factor";

@@ -28,7 +28,7 @@ pub fn reference_options<'a>(input: &'a PlanInput<'a>) -> Result<impl Iterator<I
     let plan_of = |tile: Option<u64>, (arena_bytes, other_bytes)| {
         // In bands the host copies one band's operands and results at a time.
         let host_bytes = host::references(input, tile.map(|_| arena_bytes));
-        VaePlan { tile, weight_bytes: input.vae_encoder_weight_bytes, arena_bytes, other_bytes, host_bytes }.with_staging()
+        VaePlan { tile, weight_bytes: input.vae_encoder_weight_bytes, arena_bytes, other_bytes, host_bytes }.with_staging(input.limits.kernel_scratch)
     };
     let unit = input.vae.latent_cell() as u64;
     let forced_plan = match (forced, input.references) {
@@ -155,7 +155,7 @@ fn decode_candidates<'a>(input: &'a PlanInput<'a>) -> impl Iterator<Item = VaePl
     // Untiled, the image's 8-bit levels come back through one staging buffer.
     let levels = 4 * 3 * w * h;
     let whole = vae_arena(cfg, h / scale, w / scale, input.limits)
-        .map(|arena| VaePlan { tile: None, weight_bytes: weights, arena_bytes: arena, other_bytes: levels + overhead(steps, input.limits.kernel_scratch), host_bytes: host::decode(input, None) }.with_staging());
+        .map(|arena| VaePlan { tile: None, weight_bytes: weights, arena_bytes: arena, other_bytes: levels + overhead(steps, input.limits.kernel_scratch), host_bytes: host::decode(input, None) }.with_staging(input.limits.kernel_scratch));
     let unit = 2 * scale;
     let largest = w.max(h) / unit;
     // A band must hold one row of the image's widest convolution.
@@ -182,7 +182,7 @@ fn decode_candidates<'a>(input: &'a PlanInput<'a>) -> impl Iterator<Item = VaePl
         // Each band's result, and each chunk of levels, comes back through a
         // staging buffer of at most the arena: nothing grows with the image.
         let host_bytes = host::decode(input, Some(arena));
-        Some(VaePlan { tile: Some(tile), weight_bytes: weights, arena_bytes: arena, other_bytes: arena + overhead(steps, input.limits.kernel_scratch), host_bytes }.with_staging())
+        Some(VaePlan { tile: Some(tile), weight_bytes: weights, arena_bytes: arena, other_bytes: arena + overhead(steps, input.limits.kernel_scratch), host_bytes }.with_staging(input.limits.kernel_scratch))
     });
     whole.into_iter().chain(tiles)
 }
