@@ -46,7 +46,7 @@ fn a_gguf_transformer_makes_the_diffusers_png() {
     let dir = scratch_dir("gguf-png");
     let out = dir.join("q.png");
     let file = gguf_file();
-    let run = gen_case("tiny-q", &["--transformer", file.to_str().unwrap(), "--memory-budget", &support::f32_budget_mib(36), "--verbose"], &out);
+    let run = gen_case("tiny-q", &["--transformer", file.to_str().unwrap(), "--memory-budget", "36MiB", "--verbose"], &out);
     let stderr = String::from_utf8_lossy(&run.stderr);
     assert!(run.status.success(), "{stderr}");
     let (got, want) = (read_png(&out), read_png(&Goldens::dir("tiny-q").join("gguf.png")));
@@ -132,7 +132,7 @@ fn a_scaled_fp8_single_file_makes_the_diffusers_png() {
     let dir = scratch_dir("fp8");
     let out = dir.join("f8.png");
     let file = Goldens::dir("tiny-q").join("transformer-fp8.safetensors");
-    let run = gen_case("tiny-q", &["--transformer", file.to_str().unwrap(), "--memory-budget", &support::f32_budget_mib(40), "--verbose"], &out);
+    let run = gen_case("tiny-q", &["--transformer", file.to_str().unwrap(), "--memory-budget", "40MiB", "--verbose"], &out);
     let stderr = String::from_utf8_lossy(&run.stderr);
     assert!(run.status.success(), "{stderr}");
     assert!(!stderr.contains("not read"), "the scales are part of the format, not unread tensors: {stderr}");
@@ -165,7 +165,7 @@ fn a_lora_applies_on_top_of_gguf_weights() {
     let dir = scratch_dir("gguf-lora");
     let out = dir.join("lora.png");
     let lora = Goldens::dir("tiny-q").join("lora-bfl.safetensors");
-    let run = gen_case("tiny-q", &["--lora", lora.to_str().unwrap(), "--memory-budget", &support::f32_budget_mib(40)], &out);
+    let run = gen_case("tiny-q", &["--lora", lora.to_str().unwrap(), "--memory-budget", "40MiB"], &out);
     assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
     let (got, want) = (read_png(&out), read_png(&Goldens::dir("tiny-q").join("gguf-lora.png")));
     flux_lite_tests::tolerance::assert_png_close("tiny-q gguf + lora", &got.rgb, &want.rgb);

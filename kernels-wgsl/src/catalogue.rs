@@ -7,14 +7,13 @@
 use crate::kernel::Kernel;
 #[cfg(test)]
 use crate::kernel::{wrapped_grid, Access, Module, MAX_GRID_DIM};
-use crate::kernels::{attention, bench, conv, df11, elementwise, ggml, linear, norm, rope, vae, weight_texels};
+use crate::kernels::{attention, bench, conv, df11, elementwise, ggml, linear, norm, rope, vae};
 
 /// Every kernel, for validation and pipeline warm-up.
 pub const ALL_KERNELS: &[Kernel] = &[
     linear::LINEAR,
     linear::RANGE_SCALES,
     linear::LINEAR_LANES,
-    weight_texels::WEIGHT_TEXELS,
     norm::RMS_NORM,
     norm::RMS_NORM_INPLACE,
     norm::LAYER_NORM_MODULATE,

@@ -187,17 +187,6 @@ pub(crate) struct Launch<'k, P> {
 
 /// Builds one dispatch of `launch` over the given storage windows into `sink`.
 pub(crate) fn dispatch<P: Pod>(gpu: &Gpu, sink: &mut dyn Sink, launch: Launch<'_, P>, storage: &[(u32, &Window<'_>)]) {
-    dispatch_with_textures(gpu, sink, launch, storage, &[]);
-}
-
-/// [`dispatch`] with textures bound beside the storage windows.
-pub(crate) fn dispatch_with_textures<P: Pod>(
-    gpu: &Gpu,
-    sink: &mut dyn Sink,
-    launch: Launch<'_, P>,
-    storage: &[(u32, &Window<'_>)],
-    textures: &[(u32, &wgpu::TextureView)],
-) {
     let Launch { kernel, constants, params, grid } = launch;
     debug_assert_eq!(size_of::<P>(), kernel.params_size);
     debug_assert_eq!(storage.len(), kernel.storage.len());
@@ -209,7 +198,6 @@ pub(crate) fn dispatch_with_textures<P: Pod>(
             .iter()
             .map(|(slot, w)| wgpu::BindGroupEntry { binding: *slot, resource: wgpu::BindingResource::Buffer(w.binding.clone()) }),
     );
-    entries.extend(textures.iter().map(|(slot, view)| wgpu::BindGroupEntry { binding: *slot, resource: wgpu::BindingResource::TextureView(view) }));
     let bind_group = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
         label: Some(kernel.entry),
         layout: &pipeline.get_bind_group_layout(0),

@@ -24,8 +24,6 @@ pub enum Module {
     /// CPU adapters' linear with each row of x read by a subgroup of
     /// `lanes` together and broadcast (`linear_lanes.rs` writes it out).
     LinearLanes { lanes: u8 },
-    /// Rows of W copied into the weight texels the lanes linear reads.
-    WeightTexels,
     /// CPU adapters' conv2d (`kernel`×`kernel`, stride 1, same size) with
     /// each input patch read by a subgroup of `lanes` together and
     /// broadcast (`conv_lanes.rs` writes it out).
@@ -71,7 +69,7 @@ pub enum Module {
 }
 
 impl Module {
-    pub const ALL: [Module; 44] = [
+    pub const ALL: [Module; 43] = [
         Module::Linear,
         Module::RangeScales,
         Module::Norm,
@@ -88,7 +86,6 @@ impl Module {
         Module::LinearLanes { lanes: 4 },
         Module::LinearLanes { lanes: 8 },
         Module::LinearLanes { lanes: 16 },
-        Module::WeightTexels,
         Module::ConvLanes { lanes: 8, kernel: 3 },
         Module::ConvLanes { lanes: 8, kernel: 1 },
         Module::ConvLanes { lanes: 4, kernel: 3 },
@@ -130,7 +127,6 @@ impl Module {
             Module::AttentionLanes { half_kv: false, .. } => "attention_lanes",
             Module::AttentionLanes { half_kv: true, .. } => "attention_lanes (f16 keys and values)",
             Module::LinearLanes { .. } => "linear_lanes",
-            Module::WeightTexels => "weight_texels",
             Module::ConvLanes { .. } => "conv_lanes",
             Module::Elementwise => "elementwise",
             Module::Conv => "conv",
@@ -308,10 +304,6 @@ impl Module {
             Module::LinearLanes { lanes } => {
                 let shared = with_common!("product_io.wgsl", "linear_io.wgsl");
                 return format!("{shared}\n{}", crate::kernels::linear_lanes::source(lanes as u32)).into();
-            }
-            Module::WeightTexels => {
-                let shared = with_common!("weight_texels.wgsl");
-                return format!("const TEXEL_ROW: u32 = {}u;\n{shared}", crate::kernels::weight_texels::TEXEL_ROW).into();
             }
             Module::ConvLanes { lanes, kernel } => {
                 let shared = with_common!("product_io.wgsl", "conv_io.wgsl");

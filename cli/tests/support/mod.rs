@@ -22,18 +22,3 @@ pub fn gen_on(tier: &str, model: &str, args: &[&str], out: &Path) -> Output {
         .output()
         .unwrap()
 }
-
-/// Device bytes the f32 tier's kernels hold beside a plan's buffers on the
-/// tests' adapter (`DeviceLimits::kernel_scratch`: a CPU adapter's weight
-/// texels): a budget or figure calibrated on the plan adds them.
-#[allow(dead_code)] // each test file that includes this module uses its part
-pub fn f32_kernel_scratch() -> u64 {
-    let gpu = flux_lite_kernels::test_devices::tier_gpu(flux_lite_kernels::Precision::F32).unwrap_or_else(|| panic!("the f32 tier runs everywhere"));
-    gpu.plan_limits().kernel_scratch
-}
-
-/// `mib` MiB and the f32 tier's kernel scratch, as `--memory-budget` takes it.
-#[allow(dead_code)]
-pub fn f32_budget_mib(mib: u64) -> String {
-    format!("{}B", (mib << 20) + f32_kernel_scratch())
-}

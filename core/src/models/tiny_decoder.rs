@@ -440,8 +440,7 @@ pub fn run_bytes(config: &TinyDecoderConfig, latent_h: u64, latent_w: u64) -> Re
     let layout = TinyDecoderLayout::new(config, latent_h, latent_w, 0.0, &mut arena)?;
     let mut steps = 0;
     decode(&layout, |_| steps += 1);
-    // The kernel scratch is the phase's it runs beside (the denoising's).
-    Ok(arena.high_water() + crate::plan::overhead(steps, 0))
+    Ok(arena.high_water() + crate::plan::overhead(steps))
 }
 
 /// The decode: packed latents to the image's 8-bit levels, as the VAE's

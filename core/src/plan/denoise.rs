@@ -41,8 +41,6 @@ pub(super) struct DenoiseOptions {
     host: u64,
     /// The preview decoder's device bytes, resident beside the transformer.
     preview: u64,
-    /// The adapter's kernel scratch, among the other bytes (never uploaded).
-    kernel_scratch: u64,
 }
 
 /// The layouts of one [`KvMode`] and key-value precision.
@@ -109,7 +107,7 @@ impl DenoiseOptions {
             }
             return Err(PlanError::AttentionTooLarge { tokens: rows, bytes: keys(None, false), limit });
         }
-        Ok(Self { weights: input.transformer_weights, modes, host: host::denoise(input)?, preview: input.preview_bytes, kernel_scratch: input.limits.kernel_scratch })
+        Ok(Self { weights: input.transformer_weights, modes, host: host::denoise(input)?, preview: input.preview_bytes })
     }
 
     /// The phase under `weights` with `chunk` rows per pass (`None`: all),
@@ -117,7 +115,7 @@ impl DenoiseOptions {
     fn phase(&self, m: &ModeLayouts, weights: WeightStrategy, chunk: Option<u64>, (arena_bytes, other_bytes): (u64, u64)) -> PhasePlan {
         let other_bytes = other_bytes + self.preview;
         let weight_bytes = self.weights.bytes(weights);
-        PhasePlan { weights, chunk, weight_bytes, arena_bytes, other_bytes, host_bytes: self.host, kv_cache: m.mode, half_kv: m.half_kv }.with_staging(self.kernel_scratch)
+        PhasePlan { weights, chunk, weight_bytes, arena_bytes, other_bytes, host_bytes: self.host, kv_cache: m.mode, half_kv: m.half_kv }.with_staging()
     }
 
     /// The phase under `weights` with each chunk size of `m`, largest first.
@@ -191,5 +189,5 @@ pub(super) fn denoise_fixed(input: &PlanInput<'_>, chunk: u64, mode: KvMode, hal
     let tables = 2 * 4 * (text + tokens.image()) * c.attention_head_dim as u64;
     let unconditional = 4 * image * c.out_channels as u64;
     let readback = 4 * image * c.in_channels as u64;
-    Ok((arena.high_water(), tables + unconditional + readback + overhead(steps, input.limits.kernel_scratch)))
+    Ok((arena.high_water(), tables + unconditional + readback + overhead(steps)))
 }

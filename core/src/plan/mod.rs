@@ -20,15 +20,8 @@ use core::fmt;
 
 /// Device bytes for what the plan does not itemise: the placeholder binding,
 /// the parameter buffers of dispatches (a few dozen bytes each) and the
-/// matrix tier's range scales (RANGE_SCALES_BYTES). An adapter's own
-/// kernel scratch comes on top ([`DeviceLimits::kernel_scratch`]).
+/// matrix tier's range scales (RANGE_SCALES_BYTES).
 pub const FIXED_OVERHEAD: u64 = (64 << 10) + RANGE_SCALES_BYTES;
-/// CPU adapters' weight texels: the rows of W a linear or convolution
-/// reads, copied into a texture before the product (a CPU driver gathers
-/// texels far faster than it fetches storage lane by lane); a product with
-/// more rows runs in pieces. Held from the first such product to the end of
-/// the run, so it is every phase's [`DeviceLimits::kernel_scratch`] there.
-pub const WEIGHT_TEXELS_BYTES: u64 = 16 << 20;
 /// The matrix tier's range scales: 4 bytes for each row of a product's two
 /// operands, measured before the product; a product with more rows runs in pieces.
 pub const RANGE_SCALES_BYTES: u64 = 512 << 10;
@@ -213,10 +206,8 @@ impl PhasePlan {
     }
 
     /// With the host staging its uploads pass through.
-    /// With the host staging of its uploads; `kernel_scratch` (part of its
-    /// device bytes) is never uploaded.
-    fn with_staging(self, kernel_scratch: u64) -> Self {
-        Self { host_bytes: self.host_bytes + host::staging(self.device().saturating_sub(kernel_scratch)), ..self }
+    fn with_staging(self) -> Self {
+        Self { host_bytes: self.host_bytes + host::staging(self.device()), ..self }
     }
 }
 
@@ -268,10 +259,8 @@ impl VaePlan {
     }
 
     /// With the host staging its uploads pass through.
-    /// With the host staging of its uploads; `kernel_scratch` (part of its
-    /// device bytes) is never uploaded.
-    pub(crate) fn with_staging(self, kernel_scratch: u64) -> Self {
-        Self { host_bytes: self.host_bytes + host::staging(self.device().saturating_sub(kernel_scratch)), ..self }
+    pub(crate) fn with_staging(self) -> Self {
+        Self { host_bytes: self.host_bytes + host::staging(self.device()), ..self }
     }
 }
 
@@ -319,15 +308,11 @@ impl Plan {
 pub struct DeviceLimits {
     pub max_buffer: u64,
     pub max_binding: u64,
-    /// Device bytes the adapter's kernels hold beside the plan's buffers
-    /// for the whole run: [`WEIGHT_TEXELS_BYTES`] where the CPU-shaped
-    /// products read W through a texture, else 0.
-    pub kernel_scratch: u64,
 }
 
 impl DeviceLimits {
     /// WebGPU's default limits, which every adapter grants: 256 MiB buffers, 128 MiB bindings.
-    pub const WEBGPU_DEFAULT: DeviceLimits = DeviceLimits { max_buffer: 256 << 20, max_binding: 128 << 20, kernel_scratch: 0 };
+    pub const WEBGPU_DEFAULT: DeviceLimits = DeviceLimits { max_buffer: 256 << 20, max_binding: 128 << 20 };
 }
 
 /// Everything a plan depends on.
@@ -505,9 +490,9 @@ pub fn largest_binding(input: &PlanInput<'_>, plan: &Plan) -> Result<u64, PlanEr
 
 /// Plans the text encoder's phase alone (`flux-lite encode`): its fastest
 /// strategy within `budget` for `prompt_tokens` tokens, one prompt's
-/// embedding held at a time; `kernel_scratch` as the adapter's [`DeviceLimits`] say.
-pub fn plan_encode(c: &Qwen3Config, prompt_tokens: u64, weights: WeightSizes, tokenizer_bytes: u64, budget: Option<u64>, kernel_scratch: u64) -> Result<PhasePlan, PlanError> {
-    let options = encode_phase(c, prompt_tokens, weights, host::text_encoder(c, prompt_tokens, tokenizer_bytes, 1), kernel_scratch)?;
+/// embedding held at a time.
+pub fn plan_encode(c: &Qwen3Config, prompt_tokens: u64, weights: WeightSizes, tokenizer_bytes: u64, budget: Option<u64>) -> Result<PhasePlan, PlanError> {
+    let options = encode_phase(c, prompt_tokens, weights, host::text_encoder(c, prompt_tokens, tokenizer_bytes, 1))?;
     let budget = budget.unwrap_or(u64::MAX);
     let need = options.smallest();
     options.fastest_within(budget).ok_or(PlanError::TooSmall { budget, phase: "the text encoder", minimum: need.total(), device: need.device, host: need.host })
@@ -581,16 +566,14 @@ struct PhaseOptions {
     fixed: (u64, u64),
     /// Host bytes.
     host: u64,
-    /// The adapter's kernel scratch, among the other bytes.
-    kernel_scratch: u64,
 }
 
 impl PhaseOptions {
     /// The phase under each strategy, fastest first.
     fn iter(self) -> impl Iterator<Item = PhasePlan> {
         let (arena_bytes, other_bytes) = self.fixed;
-        let (w, host_bytes, scratch) = (self.weights, self.host, self.kernel_scratch);
-        w.strategies().map(move |s| PhasePlan { weights: s, chunk: None, weight_bytes: w.bytes(s), arena_bytes, other_bytes, host_bytes, kv_cache: Default::default(), half_kv: false }.with_staging(scratch))
+        let (w, host_bytes) = (self.weights, self.host);
+        w.strategies().map(move |s| PhasePlan { weights: s, chunk: None, weight_bytes: w.bytes(s), arena_bytes, other_bytes, host_bytes, kv_cache: Default::default(), half_kv: false }.with_staging())
     }
 
     fn fastest_within(self, budget: u64) -> Option<PhasePlan> {
@@ -602,20 +585,19 @@ impl PhaseOptions {
     }
 }
 
-/// Device bytes a phase holds beyond its buffers for a program of `steps`
-/// steps: the parameters, the fixed overhead and the adapter's kernel scratch.
-pub(crate) fn overhead(steps: u64, kernel_scratch: u64) -> u64 {
-    FIXED_OVERHEAD + kernel_scratch + OVERHEAD_PER_STEP * steps
+/// Parameter bytes for a program of `steps` steps.
+pub(crate) fn overhead(steps: u64) -> u64 {
+    FIXED_OVERHEAD + OVERHEAD_PER_STEP * steps
 }
 
 /// The text encoder's options for a run.
 fn encode_input(input: &PlanInput<'_>) -> Result<PhaseOptions, PlanError> {
-    encode_phase(input.text_encoder, input.prompt_tokens, input.text_encoder_weights, host::encode(input), input.limits.kernel_scratch)
+    encode_phase(input.text_encoder, input.prompt_tokens, input.text_encoder_weights, host::encode(input))
 }
 
 /// The text encoder's options; its other bytes are the RoPE tables, the key
 /// mask and the readback of the embedding; `host`: its host bytes.
-fn encode_phase(c: &Qwen3Config, tokens: u64, weights: WeightSizes, host: u64, kernel_scratch: u64) -> Result<PhaseOptions, PlanError> {
+fn encode_phase(c: &Qwen3Config, tokens: u64, weights: WeightSizes, host: u64) -> Result<PhaseOptions, PlanError> {
     let mut arena = BumpArena::new(u64::MAX);
     let l = text_encoder::TextEncoderLayout::new(c, tokens, c.output_layers(), &mut arena)
         .map_err(|_| PlanError::Size("the text encoder's picked layers do not exist"))?;
@@ -625,7 +607,7 @@ fn encode_phase(c: &Qwen3Config, tokens: u64, weights: WeightSizes, host: u64, k
     }
     let tables = 2 * 4 * tokens * c.head_dim as u64 + 4 * tokens.max(1);
     let readback = 4 * tokens * 3 * c.hidden_size as u64;
-    Ok(PhaseOptions { weights, fixed: (arena.high_water(), tables + readback + overhead(steps, kernel_scratch)), host, kernel_scratch })
+    Ok(PhaseOptions { weights, fixed: (arena.high_water(), tables + readback + overhead(steps)), host })
 }
 
 const REFERENCE_SIZE: &str = "a reference image's size is not a positive multiple of 2 × the VAE scale factor";

@@ -8,7 +8,7 @@ const GIB: u64 = 1 << 30;
 /// a largest buffer of about 16 GiB) and bindings up to 4 GiB − 4: the
 /// tables of docs/memory.md are for it. NVIDIA's Vulkan driver allows 4 GiB buffers,
 /// so there the transformer's arena refuses 4096² (`REAL_LIMITS` below).
-const LIMITS: DeviceLimits = DeviceLimits { max_buffer: 16 * GIB, max_binding: 4 * GIB - 4, kernel_scratch: 0 };
+const LIMITS: DeviceLimits = DeviceLimits { max_buffer: 16 * GIB, max_binding: 4 * GIB - 4 };
 
 struct Model {
     transformer: TransformerConfig,
@@ -455,7 +455,7 @@ fn a_reference_beyond_the_adapters_binding_is_tiled_or_refused_up_front() {
     assert!(r.tile.is_some_and(|t| t < 4096), "{r:?}");
     assert!(reference_options(&input).unwrap().all(|o| o.tile.is_some()));
     // Bindings of 64 KiB hold no band with one 4096-pixel convolution row (131 channels of it).
-    let tiny = DeviceLimits { max_buffer: 1 << 20, max_binding: 64 << 10, kernel_scratch: 0 };
+    let tiny = DeviceLimits { max_buffer: 1 << 20, max_binding: 64 << 10 };
     match reference_options(&PlanInput { limits: tiny, ..input }).map(|mut o| o.next()) {
         Err(e @ PlanError::ReferenceTooLarge { width: 4096, height: 4096, bytes, limit }) => {
             assert!(bytes > limit);
@@ -471,7 +471,7 @@ fn a_reference_beyond_the_adapters_binding_is_tiled_or_refused_up_front() {
 fn attention_keys_beyond_one_binding_force_chunks_or_are_refused_up_front() {
     let model = Model::klein_4b(false);
     // lavapipe's limits: WebGPU's 128 MiB bindings, 2 GiB buffers.
-    let lavapipe = DeviceLimits { max_buffer: 2 * GIB, max_binding: 128 << 20, kernel_scratch: 0 };
+    let lavapipe = DeviceLimits { max_buffer: 2 * GIB, max_binding: 128 << 20 };
     let webgpu = |size: u64| PlanInput { limits: lavapipe, ..model.input(size, None) };
     // 4608 tokens: the fused projection's key window (27648-wide rows, 510 MB) exceeds 128 MiB;
     // the chunked single blocks keep keys in 3072-wide rows (57 MB).
@@ -618,7 +618,7 @@ fn the_readme_figures_are_the_planners() {
     let smallest = decode[decode.len() - 1];
     quoted(&format!("needs {} in its smallest tile at 1024² ({} pixels", readme(smallest.peak()), smallest.tile.unwrap()));
     quoted(&format!("against {} untiled", readme(decode[0].peak())));
-    let lavapipe = DeviceLimits { max_buffer: 2 * GIB, max_binding: 128 << 20, kernel_scratch: 0 };
+    let lavapipe = DeviceLimits { max_buffer: 2 * GIB, max_binding: 128 << 20 };
     let bound = PlanInput { limits: lavapipe, ..input };
     let largest = decode_options(&bound).unwrap().find(|p| p.tile.is_some()).unwrap();
     quoted(&format!("{} in the largest tile lavapipe's 128 MiB bindings allow ({} px)", readme(largest.peak()), largest.tile.unwrap()));
@@ -663,9 +663,9 @@ fn the_readme_figures_are_the_planners() {
 /// (4 GiB buffers, bindings capped at 2³¹−1), Mesa's AMD and Intel drivers
 /// (2 GiB), Metal with its binding clamped to 2³¹−1, WebGPU's defaults.
 const REAL_LIMITS: [(&str, DeviceLimits); 4] = [
-    ("NVIDIA Vulkan", DeviceLimits { max_buffer: 4 * GIB, max_binding: 2 * GIB - 1, kernel_scratch: 0 }),
-    ("Mesa AMD/Intel", DeviceLimits { max_buffer: 2 * GIB, max_binding: 2 * GIB - 1, kernel_scratch: 0 }),
-    ("Metal", DeviceLimits { max_buffer: 16 * GIB, max_binding: 2 * GIB - 1, kernel_scratch: 0 }),
+    ("NVIDIA Vulkan", DeviceLimits { max_buffer: 4 * GIB, max_binding: 2 * GIB - 1 }),
+    ("Mesa AMD/Intel", DeviceLimits { max_buffer: 2 * GIB, max_binding: 2 * GIB - 1 }),
+    ("Metal", DeviceLimits { max_buffer: 16 * GIB, max_binding: 2 * GIB - 1 }),
     ("WebGPU defaults", DeviceLimits::WEBGPU_DEFAULT),
 ];
 

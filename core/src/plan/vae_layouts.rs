@@ -28,7 +28,7 @@ pub fn reference_options<'a>(input: &'a PlanInput<'a>) -> Result<impl Iterator<I
     let plan_of = |tile: Option<u64>, (arena_bytes, other_bytes)| {
         // In bands the host copies one band's operands and results at a time.
         let host_bytes = host::references(input, tile.map(|_| arena_bytes));
-        VaePlan { tile, weight_bytes: input.vae_encoder_weight_bytes, arena_bytes, other_bytes, host_bytes }.with_staging(input.limits.kernel_scratch)
+        VaePlan { tile, weight_bytes: input.vae_encoder_weight_bytes, arena_bytes, other_bytes, host_bytes }.with_staging()
     };
     let unit = input.vae.latent_cell() as u64;
     let forced_plan = match (forced, input.references) {
@@ -85,7 +85,7 @@ fn encode_whole(input: &PlanInput<'_>, width: u64, height: u64, steps: u64) -> R
     let scale = cfg.scale_factor() as u64;
     let mean = 4 * cfg.latent_channels as u64 * (width / scale) * (height / scale);
     let io = 4 * cfg.in_channels as u64 * width * height + mean;
-    Ok(Ok((arena, io + overhead(steps, input.limits.kernel_scratch))))
+    Ok(Ok((arena, io + overhead(steps))))
 }
 
 /// The costliest reference's `(arena, other)` bytes when each reference
@@ -105,7 +105,7 @@ fn encode_tiled(input: &PlanInput<'_>, tile: u64, steps: u64) -> Option<(u64, u6
             encode_whole(input, width, height, steps).ok()?.ok()?
         } else if vae_encoder::band_minimum(cfg, height, width).ok()? <= capacity {
             // Each band's operands and results go through a staging buffer of at most the arena.
-            (band_arena, band_arena + overhead(steps, input.limits.kernel_scratch))
+            (band_arena, band_arena + overhead(steps))
         } else {
             return None;
         };
@@ -155,7 +155,7 @@ fn decode_candidates<'a>(input: &'a PlanInput<'a>) -> impl Iterator<Item = VaePl
     // Untiled, the image's 8-bit levels come back through one staging buffer.
     let levels = 4 * 3 * w * h;
     let whole = vae_arena(cfg, h / scale, w / scale, input.limits)
-        .map(|arena| VaePlan { tile: None, weight_bytes: weights, arena_bytes: arena, other_bytes: levels + overhead(steps, input.limits.kernel_scratch), host_bytes: host::decode(input, None) }.with_staging(input.limits.kernel_scratch));
+        .map(|arena| VaePlan { tile: None, weight_bytes: weights, arena_bytes: arena, other_bytes: levels + overhead(steps), host_bytes: host::decode(input, None) }.with_staging());
     let unit = 2 * scale;
     let largest = w.max(h) / unit;
     // A band must hold one row of the image's widest convolution.
@@ -182,7 +182,7 @@ fn decode_candidates<'a>(input: &'a PlanInput<'a>) -> impl Iterator<Item = VaePl
         // Each band's result, and each chunk of levels, comes back through a
         // staging buffer of at most the arena: nothing grows with the image.
         let host_bytes = host::decode(input, Some(arena));
-        Some(VaePlan { tile: Some(tile), weight_bytes: weights, arena_bytes: arena, other_bytes: arena + overhead(steps, input.limits.kernel_scratch), host_bytes }.with_staging(input.limits.kernel_scratch))
+        Some(VaePlan { tile: Some(tile), weight_bytes: weights, arena_bytes: arena, other_bytes: arena + overhead(steps), host_bytes }.with_staging())
     });
     whole.into_iter().chain(tiles)
 }

@@ -30,26 +30,6 @@ impl Drop for CountedBuffer {
     }
 }
 
-/// CPU adapters' weight texels (`kernels::weight_texels`): a texture of
-/// `WEIGHT_TEXELS_BYTES` the lanes linear reads W through (the copy binds
-/// its view as storage, the product as sampled); its bytes count in
-/// [`Gpu::memory`] while it lives.
-#[derive(Debug)]
-pub struct WeightTexels {
-    pub(crate) view: wgpu::TextureView,
-    /// Read back by the tests (the view alone keeps the texture alive).
-    #[cfg_attr(not(test), allow(dead_code))]
-    pub(crate) texture: wgpu::Texture,
-    pub(super) counted: u64,
-    pub(super) counter: Arc<MemoryCounter>,
-}
-
-impl Drop for WeightTexels {
-    fn drop(&mut self) {
-        self.counter.uncount(self.counted);
-    }
-}
-
 /// Device bytes allocated through [`Gpu`]: every buffer flux-lite creates
 /// is a [`DeviceBuffer`], counted from its creation until it is dropped.
 /// Readback staging is counted while it lives.

@@ -10,7 +10,7 @@ mod tiers;
 
 pub use adapter_memory::{AdapterMemory, MemorySource, DEFAULT_MARGIN_PERCENT};
 pub use compiled::{CacheState, CompileReport, PipelineStore};
-pub use memory::{DeviceBuffer, DeviceMemory, WeightTexels};
+pub use memory::{DeviceBuffer, DeviceMemory};
 pub use options::{AttentionChoice, Backend, FaultInjection, GpuOptions};
 use memory::{CountedBuffer, MemoryCounter};
 use tiers::choose_tier;
@@ -121,9 +121,6 @@ pub struct Gpu {
     /// The range rule's row scales of the matrix tier's products, written by
     /// each product's pre-pass and read by its tiles (one product at a time).
     range_scales: Mutex<Option<DeviceBuffer>>,
-    /// CPU adapters' weight texels, written by each lanes linear's copy
-    /// and read by its product (one product at a time).
-    weight_texels: Mutex<Option<Arc<WeightTexels>>>,
 }
 
 /// [`Gpu::cpu_lanes`] for an adapter: its subgroup size where `wanted`
@@ -272,7 +269,6 @@ impl Gpu {
             cache_state,
             compiled: Mutex::default(),
             range_scales: Mutex::default(),
-            weight_texels: Mutex::default(),
         };
         Ok(gpu)
     }
@@ -383,46 +379,6 @@ impl Gpu {
             return Err(GpuError::UnsupportedShape(format!("{floats} range scales exceed the {bytes} bytes planned for them")));
         }
         Ok(lock(&self.range_scales).get_or_insert_with(|| self.storage("range scales", bytes)).clone())
-    }
-
-    /// Whether the products take the CPU-shaped kernels that read W through
-    /// the weight texels (lanes linear and conv2d): a CPU adapter whose
-    /// subgroups can share rows, on the f32 tier. The planner counts the
-    /// texture on such a device ([`Self::plan_limits`]).
-    pub fn uses_weight_texels(&self) -> bool {
-        self.cpu_lanes.is_some() && self.matrix.is_none() && self.precision == Precision::F32
-    }
-
-    /// The texture the lanes linear reads W through, shared by every
-    /// product on this device as the range scales are: each product's copy
-    /// writes it before the product reads it, and dispatches run in order.
-    /// Made once, at the size the planner allows for (`WEIGHT_TEXELS_BYTES`:
-    /// the launcher splits a product's columns to fit), on the first such
-    /// product.
-    pub(crate) fn weight_texels(&self) -> Arc<WeightTexels> {
-        use crate::kernels::weight_texels::{TEXEL_ROW, TEXEL_ROWS};
-        lock(&self.weight_texels)
-            .get_or_insert_with(|| {
-                let texture = self.device.create_texture(&wgpu::TextureDescriptor {
-                    label: Some("weight texels"),
-                    size: wgpu::Extent3d { width: TEXEL_ROW, height: TEXEL_ROWS, depth_or_array_layers: 1 },
-                    mip_level_count: 1,
-                    sample_count: 1,
-                    dimension: wgpu::TextureDimension::D2,
-                    format: wgpu::TextureFormat::Rgba32Uint,
-                    usage: wgpu::TextureUsages::STORAGE_BINDING | wgpu::TextureUsages::TEXTURE_BINDING | wgpu::TextureUsages::COPY_SRC,
-                    view_formats: &[],
-                });
-                let bytes = flux_lite_core::plan::WEIGHT_TEXELS_BYTES;
-                self.memory.count(bytes);
-                Arc::new(WeightTexels {
-                    view: texture.create_view(&Default::default()),
-                    texture,
-                    counted: bytes,
-                    counter: self.memory.clone(),
-                })
-            })
-            .clone()
     }
 
     /// Largest byte range one storage binding may cover.
@@ -585,8 +541,7 @@ impl Gpu {
 
     /// The limits the memory planner lays buffers out under.
     pub fn plan_limits(&self) -> flux_lite_core::plan::DeviceLimits {
-        let kernel_scratch = if self.uses_weight_texels() { flux_lite_core::plan::WEIGHT_TEXELS_BYTES } else { 0 };
-        flux_lite_core::plan::DeviceLimits { max_buffer: self.limits.max_buffer_size, max_binding: self.max_binding(), kernel_scratch }
+        flux_lite_core::plan::DeviceLimits { max_buffer: self.limits.max_buffer_size, max_binding: self.max_binding() }
     }
 
     pub fn upload_f32(&self, label: &str, data: &[f32]) -> DeviceBuffer {

@@ -4,7 +4,7 @@
 
 use crate::kernel::{kernel, Access::{Read as R, ReadWrite as RW}, Kernel, Module};
 use crate::device::Gpu;
-use crate::dispatch::{chunks, dispatch, dispatch_with_textures, grid64, row_chunks, rows_per_chunk, window, Launch, Rows, Sink};
+use crate::dispatch::{dispatch, grid64, row_chunks, window, Launch, Rows, Sink};
 use crate::error::GpuError;
 use crate::view::{Mat, Weight};
 use bytemuck::{Pod, Zeroable};
@@ -13,7 +13,6 @@ use super::linear::GEMM_TILE;
 use crate::kernel::wrapped_grid;
 use crate::precision::Precision;
 use super::conv_lanes;
-use super::weight_texels::{copy_into_texels, CAPACITY as WEIGHT_TEXELS_CAPACITY, TEXEL_BINDING};
 
 /// `conv.wgsl`.
 #[repr(C)]
@@ -61,10 +60,10 @@ pub const CONV2D_THIN: Kernel =
 pub const THIN_MAX: u64 = 16;
 /// CPU adapters' conv2d on the f32 tier (`conv_lanes.rs`; 3×3 and 1×1,
 /// stride 1, same size), written for subgroups of 8 and 3×3 here and for
-/// [`Gpu::cpu_lanes`] and the call's kernel where launched: x read as
-/// vec4s at binding 6, W's rows from the weight texels (binding 8).
+/// [`Gpu::cpu_lanes`] and the call's kernel where launched: x and W read
+/// as vec4s at bindings 6 and 7.
 pub const CONV2D_LANES: Kernel =
-    kernel(Module::ConvLanes { lanes: 8, kernel: 3 }, "conv2d_lanes", [64, 1, 1], &[(3, R), (4, RW), (6, RW)], size_of::<ConvParams>(), true);
+    kernel(Module::ConvLanes { lanes: 8, kernel: 3 }, "conv2d_lanes", [64, 1, 1], &[(3, R), (4, RW), (6, RW), (7, R)], size_of::<ConvParams>(), true);
 
 /// [`CONV2D_LANES`]'s module and grid for this convolution on `gpu`, where
 /// it takes it: a CPU adapter with fixed subgroups, on the f32 tier
@@ -112,14 +111,7 @@ pub fn conv2d(
     let w_rows = Rows::packed(w.buf, eb, w.offset, per_out, "conv weight");
     let b_rows = Rows::packed(bias.buf, eb, bias.offset, 1, "conv bias");
     let matrix = gpu.matrix();
-    // Where the lanes kernel may run, a piece's weight rows fit the weight texels.
-    let texel_words = if eb == 2 { 8 } else { 4 };
-    let texel_rows = match gpu.uses_weight_texels() {
-        true => (WEIGHT_TEXELS_CAPACITY * texel_words / per_out).max(1),
-        false => u64::MAX,
-    };
-    let chunk = rows_per_chunk(gpu, s.out_channels as u64, &[y_rows, w_rows, b_rows], 1)?.min(texel_rows);
-    for rows in chunks(s.out_channels as u64, chunk) {
+    for rows in row_chunks(gpu, s.out_channels as u64, &[y_rows, w_rows, b_rows], 1)? {
         let (yw, ww, bw) = (y_rows.window(gpu, &rows)?, w_rows.window(gpu, &rows)?, b_rows.window(gpu, &rows)?);
         let paired = ww.local.is_multiple_of(2) && per_out.is_multiple_of(2);
         let out_channels = rows.end - rows.start;
@@ -166,12 +158,10 @@ pub fn conv2d(
             true => grid64(plane),
             false => wrapped_grid((rows.end - rows.start).div_ceil(tile_co) * plane.div_ceil(tile_px)),
         };
-        let fits_texels = out_channels * per_out <= WEIGHT_TEXELS_CAPACITY * texel_words;
-        if let Some((module, grid)) = lanes_launch(gpu, &s, f32_tier, out_channels, xw.local, ww.local, w.dtype.constant() == 1).filter(|_| fits_texels) {
+        if let Some((module, grid)) = lanes_launch(gpu, &s, f32_tier, out_channels, xw.local, ww.local, w.dtype.constant() == 1) {
             let kernel = Kernel { module, ..CONV2D_LANES };
             let launch = Launch { kernel: &kernel, constants: &[("WEIGHT_BF16", w.dtype.constant())], params, grid };
-            let texels = copy_into_texels(gpu, sink, &ww, ww.local as u64 / texel_words, out_channels * per_out / texel_words)?;
-            dispatch_with_textures(gpu, sink, launch, &[(3, &bw), (4, &yw), (6, &xw)], &[(TEXEL_BINDING, &texels.view)]);
+            dispatch(gpu, sink, launch, &[(3, &bw), (4, &yw), (6, &xw), (7, &ww)]);
             continue;
         }
         let launch = Launch { kernel, constants: &constants, params, grid };
@@ -262,20 +252,6 @@ mod tests {
                 assert_eq!(differ, 0, "conv {s:?} bf16={bf16}: {differ} of {} outputs differ in their bits", a.len());
             }
         }
-        // Weight rows too long for all output channels to fit the weight
-        // texels at once: 256 channels a piece in bf16, 128 in f32.
-        let s = ConvShape::same(WEIGHT_TEXELS_CAPACITY as usize / 32, 300, 4, 4, 1);
-        for bf16 in [true, false] {
-            let (a, b) = (conv_bits(lanes, s, 80, bf16), conv_bits(&tiled, s, 80, bf16));
-            let differ = a.iter().zip(&b).filter(|(x, y)| x != y).count();
-            assert_eq!(differ, 0, "conv {s:?} bf16={bf16}: {differ} of {} outputs differ in their bits", a.len());
-        }
-        // What ran: each piece's copy into the texels, then its convolution.
-        let (xb, wb, yb) = (lanes.storage("x", 4 * 32768 * 16), lanes.storage("w", 2 * 300 * 32768), lanes.storage("y", 4 * 300 * 16));
-        let mut sink: Vec<crate::dispatch::Dispatch> = Vec::new();
-        conv2d(lanes, &mut sink, Mat::new(&xb, 16), Weight::bf16(&wb), Weight::bf16(&wb), Mat::new(&yb, 16), s).unwrap_or_else(|e| panic!("{e}"));
-        let labels: Vec<_> = sink.iter().map(|d| d.label).collect();
-        assert_eq!(labels, ["weight_texels", "conv2d_lanes", "weight_texels", "conv2d_lanes"]);
     }
 
     #[test]

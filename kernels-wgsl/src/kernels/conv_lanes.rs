@@ -2,8 +2,8 @@
 //! 1×1 kernels, stride 1, the output the input's size (the VAE's).
 //!
 //! As `linear_lanes`: each lane owns [`COLS`] output channels (their weight
-//! rows, read by the lane itself from the weight texels, where the launcher
-//! copies them first), and the pixels are shared: each subgroup
+//! rows, read by the lane itself, each vec4 just before its products), and
+//! the pixels are shared: each subgroup
 //! takes [`PIXELS`] consecutive pixels of one output row, reads the input
 //! patch they need (K rows of 8 + K − 1 columns per input channel) together
 //! as aligned vec4s, one share a lane, and hands each value to every lane
@@ -22,7 +22,7 @@ pub const PIXELS: u32 = 8;
 /// Input channels a step.
 pub const CHANNELS: u32 = 8;
 
-use super::lanes::{emit, product_prelude, weight_vec4, LANE_COUNTS};
+use super::lanes::{emit, weight_vec4, LANE_COUNTS, PRODUCT_PRELUDE};
 
 /// Vec4s of a patch row: the pixels' 8 columns and `pad` either side, on
 /// vec4 boundaries (the first at `ox0 / 4 - ROW_LEAD` vec4s).
@@ -45,7 +45,7 @@ pub fn source(lanes: u32, kernel: u32) -> String {
     assert!(patch.is_multiple_of(lanes));
     let per_lane = patch / lanes;
     let mut s = String::new();
-    s.push_str(&product_prelude());
+    s.push_str(PRODUCT_PRELUDE);
     let ind = "    ";
     emit!(s, "@compute @workgroup_size(64)");
     emit!(s, "fn conv2d_lanes(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_id) sg: u32, @builtin(subgroup_invocation_id) lane: u32) {{");
@@ -57,10 +57,9 @@ pub fn source(lanes: u32, kernel: u32) -> String {
     emit!(s, "{ind}let co0 = wid.y * {}u + lane;", lanes * COLS);
     emit!(s, "{ind}let k = taps();");
     emit!(s, "{ind}let wdiv = select(4u, 8u, WEIGHT_BF16);");
-    // W's rows (of this piece's output channels) lie end to end from texel 0.
-    emit!(s, "{ind}let last = p.out_channels * k / wdiv - 1u;");
+    emit!(s, "{ind}let last = (p.w_offset + p.out_channels * k) / wdiv - 1u;");
     for c in 0..COLS {
-        emit!(s, "{ind}let wb{c} = min(co0 + {}u, p.out_channels - 1u) * k / wdiv;", c * lanes);
+        emit!(s, "{ind}let wb{c} = (p.w_offset + min(co0 + {}u, p.out_channels - 1u) * k) / wdiv;", c * lanes);
         for r in 0..PIXELS {
             emit!(s, "{ind}var acc{r}_{c} = 0.0;");
         }

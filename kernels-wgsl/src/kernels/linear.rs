@@ -4,14 +4,13 @@
 
 use crate::kernel::{kernel, Access::{Read as R, ReadWrite as RW}, Kernel, Module};
 use crate::device::Gpu;
-use crate::dispatch::{chunks, dispatch, dispatch_with_textures, placeholder_window, rows_per_chunk, to_u32, window, Launch, Rows, Sink, Window};
+use crate::dispatch::{chunks, dispatch, placeholder_window, rows_per_chunk, to_u32, window, Launch, Rows, Sink, Window};
 use crate::error::GpuError;
 use crate::view::{Mat, Weight, WeightDtype};
 use bytemuck::{Pod, Zeroable};
 use crate::kernel::{wrapped_grid, MAX_GRID_DIM};
 use crate::precision::{MatrixOperands, Precision};
 use crate::kernels::linear_lanes::{COLS_PER_GROUP, ROWS as LANES_ROWS};
-use crate::kernels::weight_texels::{copy_into_texels, CAPACITY as WEIGHT_TEXELS_CAPACITY, TEXEL_BINDING};
 
 /// `linear.wgsl` — y[m, n] = x[m, k]·W[n, k]ᵀ (+ b).
 #[repr(C)]
@@ -61,10 +60,10 @@ pub const LINEAR_MATRIX_16: Kernel = Kernel { module: Module::LinearMatrix16, ..
 pub const LINEAR_MATRIX_8_F32: Kernel = Kernel { module: Module::LinearMatrix8F32, ..LINEAR_MATRIX_8 };
 
 /// CPU adapters' linear on the f32 tier (`linear_lanes.rs`), written for
-/// subgroups of 8 here and of [`Gpu::cpu_lanes`] where launched: x read as
-/// vec4s at binding 6, W's rows from the weight texels (binding 8).
+/// subgroups of 8 here and of [`Gpu::cpu_lanes`] where launched: x and W
+/// read as vec4s at bindings 6 and 7.
 pub const LINEAR_LANES: Kernel =
-    kernel(Module::LinearLanes { lanes: 8 }, "linear_lanes", [64, 1, 1], &[(3, R), (4, RW), (6, RW)], size_of::<LinearParams>(), true);
+    kernel(Module::LinearLanes { lanes: 8 }, "linear_lanes", [64, 1, 1], &[(3, R), (4, RW), (6, RW), (7, R)], size_of::<LinearParams>(), true);
 
 /// The range rule's row scales of a matrix-tier product's operands (`range_scales.wgsl`).
 pub const RANGE_SCALES: Kernel =
@@ -128,19 +127,7 @@ fn product(gpu: &Gpu, sink: &mut dyn Sink, x: Mat<'_>, w: Weight<'_>, bias: Opti
     // The matrix tier measures each piece's rows into the range scales,
     // whose size the planner allows for (RANGE_SCALES_ROWS per operand).
     let cap = if matrix.is_some() { RANGE_SCALES_ROWS } else { u64::MAX };
-    // On a CPU adapter whose subgroups can share x's rows: the lanes kernel,
-    // with W's rows copied into the weight texels first, so a piece's
-    // columns are as many as they hold (whole workgroups of columns where
-    // more than one fits).
-    let texel_words = if eb == 2 { 8 } else { 4 };
-    let lanes_cols = gpu
-        .uses_weight_texels()
-        .then_some(())
-        .filter(|_| kdim.is_multiple_of(8))
-        .map(|_| WEIGHT_TEXELS_CAPACITY / (kdim / texel_words))
-        .filter(|&cols| cols > 0)
-        .map(|cols| if cols >= COLS_PER_GROUP as u64 { cols - cols % COLS_PER_GROUP as u64 } else { cols });
-    let n_chunk = rows_per_chunk(gpu, n, &[w_rows], tile_n)?.min(cap).min(lanes_cols.unwrap_or(u64::MAX));
+    let n_chunk = rows_per_chunk(gpu, n, &[w_rows], tile_n)?.min(cap);
     let x_rows = Rows::mat(x, kdim, "linear input");
     let y_rows = Rows::mat(y, n_chunk.min(n), "linear output");
     for rows in chunks(m, rows_per_chunk(gpu, m, &[x_rows, y_rows], tile_m)?.min(cap)) {
@@ -150,10 +137,13 @@ fn product(gpu: &Gpu, sink: &mut dyn Sink, x: Mat<'_>, w: Weight<'_>, bias: Opti
             // bf16 rows starting on even elements load as whole u32 pairs.
             let paired = ww.local.is_multiple_of(2) && kdim.is_multiple_of(2);
             let (rows_n, cols_n) = (rows.end - rows.start, cols.end - cols.start);
-            // The lanes kernel where the operands' rows start on whole vec4s.
-            let vec4s = (xw.local as u64).is_multiple_of(4) && x.stride.is_multiple_of(4) && (ww.local as u64).is_multiple_of(texel_words);
+            // On a CPU adapter whose subgroups can share x's rows, where the
+            // operands' rows start on whole vec4s: the lanes kernel.
+            let vec4s = |elems: u64| (xw.local as u64).is_multiple_of(4) && x.stride.is_multiple_of(4) && (ww.local as u64).is_multiple_of(elems) && kdim.is_multiple_of(8);
             let row_groups = rows_n.div_ceil(LANES_ROWS as u64);
-            let lanes = gpu.cpu_lanes().filter(|_| lanes_cols.is_some() && vec4s && row_groups <= MAX_GRID_DIM as u64);
+            let lanes = gpu
+                .cpu_lanes()
+                .filter(|_| matrix.is_none() && gpu.precision() == Precision::F32 && vec4s(if eb == 2 { 8 } else { 4 }) && row_groups <= MAX_GRID_DIM as u64);
             let (kernel, constants, grid) = match (matrix, lanes) {
                 (None, Some(l)) => {
                     let constants = vec![("WEIGHT_BF16", w.dtype.constant()), ("HAS_BIAS", bias.is_some() as u32), ("ACCUMULATE", accumulate as u32)];
@@ -208,8 +198,7 @@ fn product(gpu: &Gpu, sink: &mut dyn Sink, x: Mat<'_>, w: Weight<'_>, bias: Opti
             if matrix.is_some() {
                 dispatch(gpu, sink, launch, &[(1, &xw), (2, &ww), (3, &bw), (4, &yw), (5, &sw)]);
             } else if lanes.is_some() {
-                let texels = copy_into_texels(gpu, sink, &ww, ww.local as u64 / texel_words, cols_n * kdim / texel_words)?;
-                dispatch_with_textures(gpu, sink, launch, &[(3, &bw), (4, &yw), (6, &xw)], &[(TEXEL_BINDING, &texels.view)]);
+                dispatch(gpu, sink, launch, &[(3, &bw), (4, &yw), (6, &xw), (7, &ww)]);
             } else {
                 dispatch(gpu, sink, launch, &[(1, &xw), (2, &ww), (3, &bw), (4, &yw)]);
             }
@@ -332,9 +321,7 @@ mod tests {
     #[test]
     fn the_lanes_linear_gives_the_tiled_kernels_bits() {
         // Sizes past every edge of the lanes kernel (8 rows, 256 columns a
-        // workgroup, 32 terms a step), k a multiple of 8 so that it runs;
-        // the last two with rows of W too long for all columns to fit the
-        // weight texels at once (512 of 600 columns a piece, bf16 and f32).
+        // workgroup, 32 terms a step), k a multiple of 8 so that it runs.
         let lanes = gpu();
         if lanes.cpu_lanes().is_none() {
             crate::skip::skipped("the lanes linear: this adapter has no fixed subgroup size to share rows across");
@@ -347,20 +334,11 @@ mod tests {
             (23, 129, 260, 200, false, true, false),
             (24, 17, 513, 96, true, false, true),
             (25, 3, 7, 8, false, false, false),
-            (26, 9, 600, WEIGHT_TEXELS_CAPACITY as usize * 8 / 512, true, true, false),
-            (27, 5, 600, WEIGHT_TEXELS_CAPACITY as usize * 4 / 512, false, false, true),
         ] {
             let (a, b) = (product_bits(lanes, seed, m, n, k, bf16, bias, add), product_bits(&tiled, seed, m, n, k, bf16, bias, add));
             let differ = a.iter().zip(&b).filter(|(x, y)| x != y).count();
             assert_eq!(differ, 0, "{m}×{k}·{k}×{n} bf16={bf16} bias={bias} add={add}: {differ} of {} outputs differ in their bits", a.len());
         }
-        // What ran: each piece's copy into the texels, then its product.
-        let k = WEIGHT_TEXELS_CAPACITY * 8 / 512;
-        let (xb, wb, yb) = (lanes.storage("x", 9 * k * 4), lanes.storage("w", 600 * k * 2), lanes.storage("y", 9 * 600 * 4));
-        let mut sink: Vec<crate::dispatch::Dispatch> = Vec::new();
-        linear(lanes, &mut sink, Mat::new(&xb, k), Weight::bf16(&wb), None, Mat::new(&yb, 600), Gemm { m: 9, n: 600, k }).unwrap_or_else(|e| panic!("{e}"));
-        let labels: Vec<_> = sink.iter().map(|d| d.label).collect();
-        assert_eq!(labels, ["weight_texels", "linear_lanes", "weight_texels", "linear_lanes"]);
     }
 
     #[test]

@@ -12,12 +12,8 @@
 //! memory and no barrier (the tiled kernel's staging costs a CPU lane by
 //! lane too).
 //!
-//! W's rows come from the device's weight texels (`weight_texels.rs`),
-//! where the launcher copies them before the product: a CPU driver gathers
-//! texels far faster than it fetches storage lane by lane. Texel t of the
-//! texture holds vec4 t of the copied rows. Each vec4 of W is fetched just
-//! before its products rather than a whole run at the top of the step, so
-//! fewer values live across the step (measured 1.1–1.2× on lavapipe).
+//! Each vec4 of W is loaded just before its products rather than a whole
+//! run at the top of the step, so fewer values live across the step.
 //!
 //! `subgroupBroadcast` takes a constant lane, so the products of a run are
 //! written out here for each subgroup size. Each output's sum runs over k
@@ -31,7 +27,7 @@ pub const COLS: u32 = 4;
 /// Columns a workgroup covers.
 pub const COLS_PER_GROUP: u32 = 64 * COLS;
 
-use super::lanes::{emit, product_prelude, weight_vec4, LANE_COUNTS};
+use super::lanes::{emit, weight_vec4, LANE_COUNTS, PRODUCT_PRELUDE};
 
 /// The entry's source after the shared parts (`product_io.wgsl`,
 /// `linear_io.wgsl`), for subgroups of `lanes` invocations.
@@ -39,7 +35,7 @@ pub fn source(lanes: u32) -> String {
     assert!(LANE_COUNTS.contains(&lanes), "no linear_lanes for subgroups of {lanes}");
     let run = 4 * lanes; // terms of k a step
     let mut s = String::new();
-    s.push_str(&product_prelude());
+    s.push_str(PRODUCT_PRELUDE);
     let ind = "    ";
     emit!(s, "@compute @workgroup_size(64)");
     emit!(s, "fn linear_lanes(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_invocation_id) lane: u32) {{");
@@ -51,10 +47,9 @@ pub fn source(lanes: u32) -> String {
     for r in 0..ROWS {
         emit!(s, "{ind}let xb{r} = (p.x_offset + min(row0 + {r}u, p.m - 1u) * p.x_stride) / 4u;");
     }
-    // W's rows lie end to end from texel 0.
-    emit!(s, "{ind}let last = p.n * p.k / select(4u, 8u, WEIGHT_BF16) - 1u;");
+    emit!(s, "{ind}let last = (p.w_offset + p.n * p.k) / select(4u, 8u, WEIGHT_BF16) - 1u;");
     for c in 0..COLS {
-        emit!(s, "{ind}let wb{c} = min(col0 + {}u, p.n - 1u) * p.k / select(4u, 8u, WEIGHT_BF16);", c * 64);
+        emit!(s, "{ind}let wb{c} = (p.w_offset + min(col0 + {}u, p.n - 1u) * p.k) / select(4u, 8u, WEIGHT_BF16);", c * 64);
         for r in 0..ROWS {
             emit!(s, "{ind}var acc{r}_{c} = 0.0;");
         }
@@ -68,8 +63,8 @@ pub fn source(lanes: u32) -> String {
         emit!(s, "{ind}let xl{r} = select(vec4<f32>(0.0), x4[xb{r} + min(xi, k4 - 1u)], xi < k4);");
     }
     // The products, term by term in k's order; each owned column's terms
-    // 4t .. 4t + 3 fetched just before they are used (one texel holds two
-    // such runs of bf16, which the compiler fetches once).
+    // 4t .. 4t + 3 loaded just before they are used (one vec4 of bf16
+    // pairs holds two such runs, which the compiler loads once).
     for t in 0..lanes {
         for c in 0..COLS {
             weight_vec4(&mut s, ind, c, "k0", t);

@@ -17,7 +17,6 @@ pub mod linear_lanes;
 pub mod norm;
 pub mod rope;
 pub mod vae;
-pub mod weight_texels;
 
 // Each family's launchers and shapes, callable as `kernels::linear(..)`.
 pub use attention::{attention, attention_half_kv, half_pack, Attention, HalfKvScales, Qkv, ATTENTION_MATRIX_MAX_HEAD_DIM, ATTENTION_MAX_HEAD_DIM, ATTENTION_QUERIES_PER_GROUP};

@@ -161,9 +161,8 @@ pub fn transformer_rows(model: &ModelFolder, width: usize, height: usize, refere
     Ok(rows)
 }
 
-/// The text encoder's phase alone (for `encode`): its fastest strategy
-/// within `budget` on an adapter with these limits.
-pub fn plan_encode(model: &ModelFolder, budget: Option<u64>, limits: DeviceLimits) -> Result<PhasePlan, RunError> {
+/// The text encoder's phase alone (for `encode`): its fastest strategy within `budget`.
+pub fn plan_encode(model: &ModelFolder, budget: Option<u64>) -> Result<PhasePlan, RunError> {
     let sizes = text_encoder_sizes(model)?;
-    Ok(planner::plan_encode(&model.text_encoder, PROMPT_TOKENS as u64, sizes, tokenizer_bytes(model), budget, limits.kernel_scratch)?)
+    Ok(planner::plan_encode(&model.text_encoder, PROMPT_TOKENS as u64, sizes, tokenizer_bytes(model), budget)?)
 }
