@@ -24,6 +24,21 @@ pub fn each_kernel_shape(gpu: &Gpu, options: GpuOptions, check: impl Fn(&Gpu)) {
     }
 }
 
+/// The shared device, where its CPU-shaped kernels share rows across
+/// subgroups, and beside it a device whose kernels read them in every lane
+/// ([`GpuOptions::per_lane_reads`]: the tiled kernels), for the tests that
+/// compare the two bit for bit; `None` after a `skipped:` line naming
+/// `what` where the adapter has no fixed subgroup size to share `across`.
+pub fn lanes_and_per_lane(what: &str, across: &str) -> Option<(&'static Gpu, Gpu)> {
+    let lanes = gpu();
+    if lanes.cpu_lanes().is_none() {
+        crate::skip::skipped(format_args!("{what}: this adapter has no fixed subgroup size to share {across} across"));
+        return None;
+    }
+    let per_lane = Gpu::new(&GpuOptions { per_lane_reads: true, ..options() }).unwrap_or_else(|e| panic!("{e}"));
+    Some((lanes, per_lane))
+}
+
 /// A device on the matrix tier, or `None` after printing why there is none
 /// (`skipped: …`, through [`crate::skip::skipped`]). Where
 /// `FLUX_LITE_REQUIRE_MATRIX` is set (CI's run on Mesa 26, which offers

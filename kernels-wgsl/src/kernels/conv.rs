@@ -238,12 +238,7 @@ mod tests {
 
     #[test]
     fn the_lanes_conv_matches_the_oracle_and_the_tiled_kernels_bits() {
-        let lanes = gpu();
-        if lanes.cpu_lanes().is_none() {
-            crate::skip::skipped("the lanes conv2d: this adapter has no fixed subgroup size to share patches across");
-            return;
-        }
-        let tiled = Gpu::new(&crate::GpuOptions { per_lane_reads: true, ..crate::testing::options() }).unwrap_or_else(|e| panic!("{e}"));
+        let Some((lanes, tiled)) = lanes_and_per_lane("the lanes conv2d", "patches") else { return };
         for (i, s) in lanes_shapes().into_iter().enumerate() {
             check_conv(s, 60 + i as u64);
             for bf16 in [true, false] {

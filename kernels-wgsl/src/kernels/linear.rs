@@ -322,12 +322,7 @@ mod tests {
     fn the_lanes_linear_gives_the_tiled_kernels_bits() {
         // Sizes past every edge of the lanes kernel (8 rows, 256 columns a
         // workgroup, 32 terms a step), k a multiple of 8 so that it runs.
-        let lanes = gpu();
-        if lanes.cpu_lanes().is_none() {
-            crate::skip::skipped("the lanes linear: this adapter has no fixed subgroup size to share rows across");
-            return;
-        }
-        let tiled = Gpu::new(&GpuOptions { per_lane_reads: true, ..crate::testing::options() }).unwrap_or_else(|e| panic!("{e}"));
+        let Some((lanes, tiled)) = lanes_and_per_lane("the lanes linear", "rows") else { return };
         for (seed, m, n, k, bf16, bias, add) in [
             (21, 70, 300, 64, true, true, false),
             (22, 9, 131, 40, true, false, false),

@@ -63,8 +63,7 @@ pub fn source(lanes: u32) -> String {
         emit!(s, "{ind}let xl{r} = select(vec4<f32>(0.0), x4[xb{r} + min(xi, k4 - 1u)], xi < k4);");
     }
     // The products, term by term in k's order; each owned column's terms
-    // 4t .. 4t + 3 loaded just before they are used (one vec4 of bf16
-    // pairs holds two such runs, which the compiler loads once).
+    // 4t .. 4t + 3 loaded just before they are used (`weight_vec4`).
     for t in 0..lanes {
         for c in 0..COLS {
             weight_vec4(&mut s, ind, c, "k0", t);
