@@ -20,7 +20,9 @@
 #   4. beside them, PyTorch on the same GPU (ci/gpu_peer.py): the bench's
 #      matrix products in bf16 and f32 and one 4B transformer step, with its
 #      first double and single block, in bf16 (skipped, with a line saying
-#      why, without PyTorch, diffusers or CUDA).
+#      why, without PyTorch, diffusers or CUDA);
+#   5. where the flash attention's selftest failed, that selftest again with
+#      each one-change variant of the kernel (ci/flash_variants.py), 30 s each.
 # Each step has its own time limit so that the whole fits in 10 minutes.
 # FLUX_LITE_GPU_RUN_TOKENS sets the benches' token rows (default 4608: a
 # 1024² image and the 512-token prompt); FLUX_LITE_GPU_RUN_QUICK=1 runs a
@@ -89,7 +91,7 @@ say "flux-lite GPU run, $(date -u +%Y-%m-%dT%H:%M:%SZ), $(uname -srm)"
 say "binary: $binary ($("$binary" --help >/dev/null 2>&1 && echo runs || echo does not run))"
 
 # 2. The machine and the checks.
-# The limits add up to 570 s (with the flash-attention checks: 4B bench 90,
+# The limits add up to 570 s, and 150 more where the flash selftest fails (4B bench 90,
 # 9B 60, flash selftest and bench 45 each, peer 75). On an H200 (2026-11-26) the whole ran in
 # under 6 minutes with the first kernels, whose whole 1024² step row alone
 # took over a minute: the step has its own call, so a slow one cannot cut
@@ -118,6 +120,24 @@ else
     say "peer: skipped: no python3"
 fi
 rm -f "$bench_4b"
+
+# 5. Where the flash selftest failed: which one change to the kernel makes it
+# pass (ci/flash_variants.py), each variant built from FLUX_LITE_KERNEL_DIR.
+if awk '/^== selftest, flash attention/ { on = 1; next } /^== / { on = 0 } on' "$report" | grep -q 'checks failed'; then
+    variants="$(mktemp -d)"
+    if "$binary" gpu --kernel-sources "$variants/sources" >/dev/null && command -v python3 >/dev/null \
+        && python3 ci/flash_variants.py "$variants/sources" "$variants" > "$variants/names"; then
+        while IFS=$'\t' read -r name rules_out; do
+            say ""
+            say "== flash variant $name ($rules_out)"
+            FLUX_LITE_ATTENTION_KERNEL=flash FLUX_LITE_KERNEL_DIR="$variants/$name" timeout 30 "$binary" selftest 2>&1 \
+                | grep -E 'built from|matrix attention|matrix tiny model: one|checks|error' | sort -u | tee -a "$report"
+        done < "$variants/names"
+    else
+        say "flash variants: not made (no python3, or the kernel sources could not be written)"
+    fi
+    rm -rf "$variants"
+fi
 
 say ""
 say "gpu-run: done, $failed step(s) failed; report in $report"

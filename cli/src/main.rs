@@ -53,7 +53,12 @@ enum Command {
 /// Print the GPU adapter flux-lite would use and its limits.
 #[derive(FromArgs, Debug)]
 #[argh(subcommand, name = "gpu")]
-struct GpuArgs {}
+struct GpuArgs {
+    /// write every kernel module's WGSL source into this folder, as
+    /// FLUX_LITE_KERNEL_DIR reads it back (a kernel-development aid), and exit
+    #[argh(option)]
+    kernel_sources: Option<std::path::PathBuf>,
+}
 
 fn main() -> ExitCode {
     let cli = match parse_args() {
@@ -67,7 +72,10 @@ fn main() -> ExitCode {
         Command::Compress(args) => compress::run(&args),
         Command::Quantize(args) => quantize::run(&args),
         Command::Info(args) => info::run(&args),
-        Command::Gpu(_) => gpu(),
+        Command::Gpu(args) => match args.kernel_sources {
+            Some(dir) => write_kernel_sources(&dir),
+            None => gpu(),
+        },
         Command::Bench(args) => bench::run(&args),
         Command::Selftest(args) => selftest::run(&args),
         Command::Serve(args) => serve::run(&args),
@@ -106,6 +114,18 @@ fn parse_args() -> Result<Cli, ExitCode> {
             ExitCode::FAILURE
         }
     })
+}
+
+/// Each fixed kernel module's source as `<Module:?>.wgsl` in `dir`, the
+/// names `FLUX_LITE_KERNEL_DIR` looks for.
+fn write_kernel_sources(dir: &std::path::Path) -> Result<(), String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    for module in flux_lite_platform::Module::ALL {
+        let path = dir.join(format!("{module:?}.wgsl"));
+        std::fs::write(&path, module.source().as_ref()).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    }
+    say!("{} kernel sources written to {}", flux_lite_platform::Module::ALL.len(), dir.display());
+    Ok(())
 }
 
 fn gpu() -> Result<(), String> {

@@ -101,6 +101,7 @@ pub struct Gpu {
     lose_after: Option<u64>,
     attention: AttentionChoice,
     injected: FaultInjection,
+    kernel_dir: Option<std::path::PathBuf>,
     precision: Precision,
     /// The configuration the matrix tier runs, when it is the tier.
     matrix: Option<MatrixConfig>,
@@ -259,6 +260,7 @@ impl Gpu {
             lose_after,
             attention: options.attention,
             injected: options.faults,
+            kernel_dir: options.kernel_dir.clone(),
             precision: choice.tier,
             matrix: choice.matrix,
             matrix_offered,
@@ -403,10 +405,8 @@ impl Gpu {
             modules
                 .entry(kernel.module)
                 .or_insert_with(|| {
-                    let descriptor = wgpu::ShaderModuleDescriptor {
-                        label: Some(kernel.module.name()),
-                        source: wgpu::ShaderSource::Wgsl(kernel.module.source()),
-                    };
+                    let source = replaced_source(self.kernel_dir.as_deref(), kernel.module).map_or_else(|| kernel.module.source(), Into::into);
+                    let descriptor = wgpu::ShaderModuleDescriptor { label: Some(kernel.module.name()), source: wgpu::ShaderSource::Wgsl(source) };
                     if kernel.module.indices_clamped_in_shader() {
                         // SAFETY: the module reads and writes only at indices
                         // it clamps or selects into its bindings itself
@@ -678,6 +678,16 @@ impl Gpu {
     }
 }
 
+/// The source `FLUX_LITE_KERNEL_DIR` puts in place of `module`'s, if `dir`
+/// holds `<Module:?>.wgsl` ([`GpuOptions::kernel_dir`]); said on standard
+/// error, since the results are then that file's.
+fn replaced_source(dir: Option<&std::path::Path>, module: Module) -> Option<String> {
+    let path = dir?.join(format!("{module:?}.wgsl"));
+    let source = std::fs::read_to_string(&path).ok()?;
+    eprintln!("kernel {}: built from {}", module.name(), path.display());
+    Some(source)
+}
+
 fn storage_usage() -> wgpu::BufferUsages {
     wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST
 }
@@ -691,6 +701,17 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_kernel_folder_replaces_only_the_modules_it_holds() {
+        let dir = std::env::temp_dir().join(format!("flux-lite-kernel-dir-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("AttentionFlash16.wgsl"), "// a variant").unwrap();
+        assert_eq!(replaced_source(Some(&dir), Module::AttentionFlash16).as_deref(), Some("// a variant"));
+        assert_eq!(replaced_source(Some(&dir), Module::AttentionFlash8), None);
+        assert_eq!(replaced_source(None, Module::AttentionFlash16), None);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn metal_bindings_stay_within_32_bit_bounds_checks() {

@@ -90,6 +90,12 @@ pub struct GpuOptions {
     /// Where compiled pipelines persist between runs, where the backend
     /// offers a pipeline cache; `None`: every run compiles its kernels.
     pub pipeline_store: Option<Arc<dyn super::compiled::PipelineStore>>,
+    /// A kernel-development aid (`FLUX_LITE_KERNEL_DIR`): a module whose
+    /// `<dir>/<Module:?>.wgsl` exists (e.g. `AttentionFlash16.wgsl`, the
+    /// whole source as [`crate::Module::source`] assembles it) is built from
+    /// that file, so a variant can be timed on a machine without the Rust
+    /// toolchain; `None` in normal use.
+    pub kernel_dir: Option<std::path::PathBuf>,
 }
 
 /// Which attention kernel runs (`FLUX_LITE_ATTENTION_KERNEL`): the launcher's
@@ -130,6 +136,7 @@ impl GpuOptions {
     /// The defaults with what the environment sets: `FLUX_LITE_BACKEND`,
     /// `FLUX_LITE_ADAPTER`, `FLUX_LITE_ATTENTION_KERNEL=tiled|lanes|flash`,
     /// `FLUX_LITE_PER_LANE_READS=1` ([`GpuOptions::per_lane_reads`], a benchmarking aid),
+    /// `FLUX_LITE_KERNEL_DIR` ([`GpuOptions::kernel_dir`]),
     /// and the fault injections (`FLUX_LITE_LOSE_DEVICE_AFTER`,
     /// `FLUX_LITE_BREAK_KERNEL`, `FLUX_LITE_FAIL_TIER_PROBE`,
     /// `FLUX_LITE_DEVICE_MEMORY`). For programs
@@ -154,6 +161,7 @@ impl GpuOptions {
             memory_limit: var("FLUX_LITE_DEVICE_MEMORY").and_then(|v| v.parse().ok()),
         };
         let per_lane_reads = var("FLUX_LITE_PER_LANE_READS").is_some_and(|v| v != "0");
-        Ok(Self { backend, adapter: var(ADAPTER_VARIABLE), attention, faults, per_lane_reads, ..Self::default() })
+        let kernel_dir = var("FLUX_LITE_KERNEL_DIR").map(std::path::PathBuf::from);
+        Ok(Self { backend, adapter: var(ADAPTER_VARIABLE), attention, faults, per_lane_reads, kernel_dir, ..Self::default() })
     }
 }
