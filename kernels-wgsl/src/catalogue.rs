@@ -73,6 +73,8 @@ pub const ALL_KERNELS: &[Kernel] = &[
     bench::MATRIX_PEAK_16,
     linear::LINEAR_MATRIX_8_F32,
     conv::CONV2D_MATRIX_8_F32,
+    conv::CONV_RUN_SCALES_8,
+    conv::CONV_RUN_SCALES_16,
     attention::ATTENTION_MATRIX_8_F32,
     bench::MATRIX_PEAK_8_F32,
 ];

@@ -216,7 +216,8 @@ fn wrapped_grid_covers_every_workgroup() {
 
 /// The matrix linear's workgroup memory as the tier's choice counts it
 /// (`MatrixConfig::linear_workgroup_bytes`, checked against the adapter's
-/// limit) is what its shader declares.
+/// limit) is what its shader declares, and the matrix conv's (on the same
+/// core) too.
 #[test]
 fn the_matrix_linears_workgroup_memory_is_what_the_tier_checks() {
     use crate::precision::{MatrixConfig, MatrixOperands};
@@ -224,6 +225,9 @@ fn the_matrix_linears_workgroup_memory_is_what_the_tier_checks() {
         (Module::LinearMatrix8, 8, MatrixOperands::F16),
         (Module::LinearMatrix16, 16, MatrixOperands::F16),
         (Module::LinearMatrix8F32, 8, MatrixOperands::F32),
+        (Module::ConvMatrix8, 8, MatrixOperands::F16),
+        (Module::ConvMatrix16, 16, MatrixOperands::F16),
+        (Module::ConvMatrix8F32, 8, MatrixOperands::F32),
     ] {
         let m = parse(module);
         let mut layouter = naga::proc::Layouter::default();

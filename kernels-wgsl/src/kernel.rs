@@ -165,12 +165,15 @@ impl Module {
             m if m.is_matrix() => wgpu::Features::SHADER_F16 | wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX,
             _ => wgpu::Features::empty(),
         };
-        // The matrix linear's subgroups each find their share by subgroup id.
+        // The matrix linear's and conv's subgroups each find their share by subgroup id.
         let subgroups = matches!(
             self,
             Module::LinearMatrix8
                 | Module::LinearMatrix16
                 | Module::LinearMatrix8F32
+                | Module::ConvMatrix8
+                | Module::ConvMatrix16
+                | Module::ConvMatrix8F32
                 | Module::AttentionFlash8
                 | Module::AttentionFlash16
                 | Module::AttentionLanes { .. }
@@ -195,11 +198,22 @@ impl Module {
     /// launcher's windows cover (the kernel tests run it on windows, splits
     /// and ragged edges). The flash attention's loads go through
     /// `q_load`/`k_load`/`v_load` (clamped and selected), its mask through
-    /// `visible` (a clamped key), its stores inside q_len and head_dim.
+    /// `visible` (a clamped key), its stores inside q_len and head_dim. The
+    /// matrix conv2d's (`conv_matrix.wgsl`, on the same core as the linear)
+    /// gather x through `a_at` (a selected index), read W and the scales
+    /// inside the output channels and pixels its call covers, and store
+    /// inside them.
     pub fn indices_clamped_in_shader(self) -> bool {
         matches!(
             self,
-            Module::LinearMatrix8 | Module::LinearMatrix16 | Module::LinearMatrix8F32 | Module::AttentionFlash8 | Module::AttentionFlash16
+            Module::LinearMatrix8
+                | Module::LinearMatrix16
+                | Module::LinearMatrix8F32
+                | Module::ConvMatrix8
+                | Module::ConvMatrix16
+                | Module::ConvMatrix8F32
+                | Module::AttentionFlash8
+                | Module::AttentionFlash16
         )
     }
 
@@ -327,15 +341,15 @@ impl Module {
             Module::Bench => with_common!("bench_io.wgsl", "bench.wgsl"),
             Module::LinearMatrix8 => with_matrix!("8", f16, "product_io.wgsl", "linear_io.wgsl", "linear_matrix.wgsl", "matrix_gemm.wgsl"),
             Module::LinearMatrix16 => with_matrix!("16", f16, "product_io.wgsl", "linear_io.wgsl", "linear_matrix.wgsl", "matrix_gemm.wgsl"),
-            Module::ConvMatrix8 => with_matrix!("8", f16, "product_io.wgsl", "conv_io.wgsl", "conv_matrix.wgsl", "matrix_tiles.wgsl"),
-            Module::ConvMatrix16 => with_matrix!("16", f16, "product_io.wgsl", "conv_io.wgsl", "conv_matrix.wgsl", "matrix_tiles.wgsl"),
+            Module::ConvMatrix8 => with_matrix!("8", f16, "product_io.wgsl", "conv_io.wgsl", "conv_matrix.wgsl", "matrix_gemm.wgsl"),
+            Module::ConvMatrix16 => with_matrix!("16", f16, "product_io.wgsl", "conv_io.wgsl", "conv_matrix.wgsl", "matrix_gemm.wgsl"),
             Module::AttentionMatrix8 => with_matrix!("8", f16, "attention_io.wgsl", "attention_kv_f32.wgsl", "attention_matrix.wgsl"),
             Module::AttentionMatrix16 => with_matrix!("16", f16, "attention_io.wgsl", "attention_kv_f32.wgsl", "attention_matrix.wgsl"),
             Module::AttentionFlash8 => with_matrix!("8", f16, "attention_io.wgsl", "attention_kv_f32.wgsl", "attention_flash.wgsl"),
             Module::AttentionFlash16 => with_matrix!("16", f16, "attention_io.wgsl", "attention_kv_f32.wgsl", "attention_flash.wgsl"),
             Module::BenchMatrix8 => with_matrix!("8", f16, "bench_io.wgsl", "bench_matrix.wgsl"),
             Module::LinearMatrix8F32 => with_matrix!("8", f32, "product_io.wgsl", "linear_io.wgsl", "linear_matrix.wgsl", "matrix_gemm.wgsl"),
-            Module::ConvMatrix8F32 => with_matrix!("8", f32, "product_io.wgsl", "conv_io.wgsl", "conv_matrix.wgsl", "matrix_tiles.wgsl"),
+            Module::ConvMatrix8F32 => with_matrix!("8", f32, "product_io.wgsl", "conv_io.wgsl", "conv_matrix.wgsl", "matrix_gemm.wgsl"),
             Module::AttentionMatrix8F32 => with_matrix!("8", f32, "attention_io.wgsl", "attention_kv_f32.wgsl", "attention_matrix.wgsl"),
             Module::BenchMatrix8F32 => with_matrix!("8", f32, "bench_io.wgsl", "bench_matrix.wgsl"),
             Module::BenchMatrix16 => with_matrix!("16", f16, "bench_io.wgsl", "bench_matrix.wgsl"),

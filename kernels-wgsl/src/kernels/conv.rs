@@ -4,12 +4,15 @@
 
 use crate::kernel::{kernel, Access::{Read as R, ReadWrite as RW}, Kernel, Module};
 use crate::device::Gpu;
-use crate::dispatch::{dispatch, grid64, row_chunks, window, Launch, Rows, Sink};
+use crate::dispatch::{chunks, dispatch, grid64, row_chunks, rows_per_chunk, window, Launch, Rows, Sink, Window};
 use crate::error::GpuError;
 use crate::view::{Mat, Weight};
 use bytemuck::{Pod, Zeroable};
 use flux_lite_core::oracle::ConvShape;
-use super::linear::GEMM_TILE;
+use super::linear::{measure_rows, RangeScalesParams, GEMM_TILE, MATRIX_BLOCK_TILES, MATRIX_SUBGROUPS, RANGE_SCALES_ROWS};
+use crate::dispatch::to_u32;
+use crate::precision::{MatrixConfig, MatrixOperands};
+use crate::view::WeightDtype;
 use crate::kernel::wrapped_grid;
 use crate::precision::Precision;
 use super::conv_lanes;
@@ -32,13 +35,17 @@ pub struct ConvParams {
     pub w_offset: u32,
     pub b_offset: u32,
     pub y_offset: u32,
-    pub _pad: [u32; 2],
+    /// The matrix tier's: the output pixels this call takes (all of them
+    /// on the other tiers, which read neither), and where the scales of
+    /// A's runs of pixels and of W's rows start in the range scales.
+    pub px_first: u32,
+    pub px_count: u32,
+    pub x_scales: u32,
+    pub w_scales: u32,
 }
 
 pub const CONV2D: Kernel =
     kernel(Module::Conv, "conv2d", [16, 16, 1], &[(1, RW), (2, R), (3, R), (4, RW)], size_of::<ConvParams>(), true);
-/// The matrix tier's conv2d (`conv_matrix.wgsl` on `matrix_tiles.wgsl`), one
-/// module per tile size; its workgroup is one subgroup (the `WG` override).
 /// The f16 tier's conv2d: `conv.wgsl` on f16-staged tiles.
 pub const CONV2D_HALF: Kernel = Kernel { module: Module::ConvHalf, ..CONV2D };
 /// The f32 tier's conv2d on 64×256 tiles, for at most [`WIDE_MAX`] output
@@ -48,10 +55,18 @@ pub const CONV2D_WIDE: Kernel = Kernel { module: Module::ConvWide, ..CONV2D };
 pub const WIDE_MAX: u64 = 64;
 /// The wide tiles' shape, output channels × pixels.
 const WIDE_TILE: [u64; 2] = [64, 256];
+/// The matrix tier's conv2d (`conv_matrix.wgsl` on the linear's
+/// `matrix_gemm.wgsl`), one module per tile size; its workgroup is
+/// [`MATRIX_SUBGROUPS`] subgroups (the `WG` override).
 pub const CONV2D_MATRIX_8: Kernel =
-    kernel(Module::ConvMatrix8, "conv2d_matrix", [0, 1, 1], &[(1, RW), (2, R), (3, R), (4, RW)], size_of::<ConvParams>(), true);
+    kernel(Module::ConvMatrix8, "conv2d_matrix", [0, 1, 1], &[(1, RW), (2, R), (3, R), (4, RW), (5, RW)], size_of::<ConvParams>(), true);
 pub const CONV2D_MATRIX_16: Kernel = Kernel { module: Module::ConvMatrix16, ..CONV2D_MATRIX_8 };
 pub const CONV2D_MATRIX_8_F32: Kernel = Kernel { module: Module::ConvMatrix8F32, ..CONV2D_MATRIX_8 };
+/// Its range rule's scale for each run of a block's rows of output pixels
+/// (`conv_run_scales` in `conv_matrix.wgsl`), measured before the product.
+pub const CONV_RUN_SCALES_8: Kernel =
+    kernel(Module::ConvMatrix8, "conv_run_scales", [0, 1, 1], &[(1, RW), (5, RW)], size_of::<ConvParams>(), true);
+pub const CONV_RUN_SCALES_16: Kernel = Kernel { module: Module::ConvMatrix16, ..CONV_RUN_SCALES_8 };
 /// Convolutions of at most [`THIN_MAX`] output channels on the f32 tier:
 /// one invocation per output pixel (`conv.wgsl`'s `conv2d_thin`).
 pub const CONV2D_THIN: Kernel =
@@ -111,31 +126,24 @@ pub fn conv2d(
     let w_rows = Rows::packed(w.buf, eb, w.offset, per_out, "conv weight");
     let b_rows = Rows::packed(bias.buf, eb, bias.offset, 1, "conv bias");
     let matrix = gpu.matrix();
+    if let Some(c) = matrix {
+        return conv2d_matrix(gpu, sink, &xw, w, bias, y, s, c, RANGE_SCALES_ROWS);
+    }
     for rows in row_chunks(gpu, s.out_channels as u64, &[y_rows, w_rows, b_rows], 1)? {
         let (yw, ww, bw) = (y_rows.window(gpu, &rows)?, w_rows.window(gpu, &rows)?, b_rows.window(gpu, &rows)?);
         let paired = ww.local.is_multiple_of(2) && per_out.is_multiple_of(2);
         let out_channels = rows.end - rows.start;
         // A thin output (an RGB conv_out) would leave most of a 128-row tile
         // idle; a few more output channels take the wide tiles.
-        let f32_tier = matrix.is_none() && gpu.precision() == Precision::F32;
+        let f32_tier = gpu.precision() == Precision::F32;
         let thin = f32_tier && out_channels <= THIN_MAX;
         let wide = f32_tier && out_channels <= WIDE_MAX;
-        let [tile_co, tile_px] = match matrix {
-            Some(c) => [c.size as u64; 2],
-            None if wide => WIDE_TILE,
-            None => GEMM_TILE.map(u64::from),
-        };
-        let (kernel, constants) = match matrix {
-            None if thin => (&CONV2D_THIN, [("WEIGHT_BF16", w.dtype.constant()), ("THIN_OC", out_channels as u32)]),
-            None => {
-                let kernel = match gpu.precision() {
-                    Precision::F16 => &CONV2D_HALF,
-                    _ if wide => &CONV2D_WIDE,
-                    _ => &CONV2D,
-                };
-                (kernel, [("WEIGHT_BF16", w.dtype.constant()), ("W_PAIRED", paired as u32)])
-            }
-            Some(c) => (c.pick([&CONV2D_MATRIX_8, &CONV2D_MATRIX_16, &CONV2D_MATRIX_8_F32]), [("WEIGHT_BF16", w.dtype.constant()), ("WG", c.subgroup)]),
+        let [tile_co, tile_px] = if wide { WIDE_TILE } else { GEMM_TILE.map(u64::from) };
+        let (kernel, constants) = match gpu.precision() {
+            _ if thin => (&CONV2D_THIN, [("WEIGHT_BF16", w.dtype.constant()), ("THIN_OC", out_channels as u32)]),
+            Precision::F16 => (&CONV2D_HALF, [("WEIGHT_BF16", w.dtype.constant()), ("W_PAIRED", paired as u32)]),
+            _ if wide => (&CONV2D_WIDE, [("WEIGHT_BF16", w.dtype.constant()), ("W_PAIRED", paired as u32)]),
+            _ => (&CONV2D, [("WEIGHT_BF16", w.dtype.constant()), ("W_PAIRED", paired as u32)]),
         };
         let params = ConvParams {
             in_channels: s.in_channels as u32,
@@ -152,7 +160,10 @@ pub fn conv2d(
             w_offset: ww.local,
             b_offset: bw.local,
             y_offset: yw.local,
-            _pad: [0; 2],
+            px_first: 0,
+            px_count: plane as u32,
+            x_scales: 0,
+            w_scales: 0,
         };
         let grid = match thin {
             true => grid64(plane),
@@ -166,6 +177,70 @@ pub fn conv2d(
         }
         let launch = Launch { kernel, constants: &constants, params, grid };
         dispatch(gpu, sink, launch, &[(1, &xw), (2, &ww), (3, &bw), (4, &yw)]);
+    }
+    Ok(())
+}
+
+/// The matrix tier's conv2d on `matrix_gemm.wgsl`, in pieces of output
+/// channels (as one binding and the range scales allow) and of output
+/// pixels (at most `runs_cap` runs of a block's rows, the scales they need):
+/// W's row scales measured once per piece of channels, each piece of
+/// pixels' run scales before its product.
+#[allow(clippy::too_many_arguments)] // conv2d's operands, the tier's tiles and the pieces' cap
+fn conv2d_matrix(gpu: &Gpu, sink: &mut dyn Sink, xw: &Window<'_>, w: Weight<'_>, bias: Weight<'_>, y: Mat<'_>, s: ConvShape, c: MatrixConfig, runs_cap: u64) -> Result<(), GpuError> {
+    let plane = (s.out_height * s.out_width) as u64;
+    let taps = (s.in_channels * s.kernel * s.kernel) as u64;
+    let eb = w.dtype.bytes();
+    let y_rows = Rows::packed(y.buf, 4, y.offset, plane, "conv output");
+    let w_rows = Rows::packed(w.buf, eb, w.offset, taps, "conv weight");
+    let b_rows = Rows::packed(bias.buf, eb, bias.offset, 1, "conv bias");
+    let block = c.size as u64 * MATRIX_BLOCK_TILES;
+    let half = c.operands == MatrixOperands::F16;
+    let kernel = *c.pick([&CONV2D_MATRIX_8, &CONV2D_MATRIX_16, &CONV2D_MATRIX_8_F32]);
+    let run_scales = if c.size == 16 { CONV_RUN_SCALES_16 } else { CONV_RUN_SCALES_8 };
+    let wg = c.subgroup * MATRIX_SUBGROUPS;
+    let channels_cap = rows_per_chunk(gpu, s.out_channels as u64, &[y_rows, w_rows, b_rows], 1)?.min(RANGE_SCALES_ROWS);
+    for rows in chunks(s.out_channels as u64, channels_cap) {
+        let (yw, ww, bw) = (y_rows.window(gpu, &rows)?, w_rows.window(gpu, &rows)?, b_rows.window(gpu, &rows)?);
+        let out_channels = rows.end - rows.start;
+        let paired = ww.local.is_multiple_of(2) && taps.is_multiple_of(2) && w.dtype == WeightDtype::Bf16 && c.fetches_whole_steps();
+        let constants = [("WEIGHT_BF16", w.dtype.constant()), ("WG", wg), ("B_PAIRED", paired as u32)];
+        let most_runs = plane.div_ceil(block).min(runs_cap);
+        let scales = gpu.range_scales(out_channels + most_runs)?;
+        if half {
+            let measure = RangeScalesParams { rows: to_u32(out_channels, "conv output channels")?, k: to_u32(taps, "conv taps")?, src_offset: ww.local, src_stride: to_u32(taps, "conv taps")?, dst_offset: 0, t_stride: 1, _pad: [0; 2] };
+            measure_rows(gpu, sink, &ww, &scales, measure, w.dtype.constant() == 1)?;
+        }
+        for px in chunks(plane, runs_cap * block) {
+            let runs = (px.end - px.start).div_ceil(block);
+            let sw = window(gpu, &scales, 4, 0..out_channels + runs, "range scales")?;
+            let params = ConvParams {
+                in_channels: s.in_channels as u32,
+                height: s.height as u32,
+                width: s.width as u32,
+                out_channels: out_channels as u32,
+                out_height: s.out_height as u32,
+                out_width: s.out_width as u32,
+                kernel: s.kernel as u32,
+                stride: s.stride as u32,
+                pad_top: s.pad_top as u32,
+                pad_left: s.pad_left as u32,
+                x_offset: xw.local,
+                w_offset: ww.local,
+                b_offset: bw.local,
+                y_offset: yw.local,
+                px_first: to_u32(px.start, "conv output pixels")?,
+                px_count: to_u32(px.end - px.start, "conv output pixels")?,
+                x_scales: to_u32(out_channels, "conv output channels")?,
+                w_scales: 0,
+            };
+            if half {
+                let launch = Launch { kernel: &run_scales, constants: &[("WG", wg)], params, grid: wrapped_grid(runs) };
+                dispatch(gpu, sink, launch, &[(1, xw), (5, &sw)]);
+            }
+            let launch = Launch { kernel: &kernel, constants: &constants, params, grid: wrapped_grid(runs * out_channels.div_ceil(block)) };
+            dispatch(gpu, sink, launch, &[(1, xw), (2, &ww), (3, &bw), (4, &yw), (5, &sw)]);
+        }
     }
     Ok(())
 }
@@ -335,6 +410,32 @@ mod tests {
     fn conv_on_matrix_units_matches_the_oracle() {
         let Some(gpu) = matrix_gpu() else { return };
         check_half_tier(&gpu);
+    }
+
+    /// The matrix conv2d in pieces of one run of a block's pixels gives the
+    /// bits of one call: the runs, and so their scales, are the same.
+    #[test]
+    fn the_matrix_conv_in_pieces_of_pixels_gives_one_calls_bits() {
+        let Some(gpu) = matrix_gpu() else { return };
+        let Some(c) = gpu.matrix() else { return };
+        let s = ConvShape::same(6, 20, 17, 17, 3);
+        let mut rng = Rng::new(54);
+        let x = rng.normals(s.in_channels * s.height * s.width, 1.0);
+        let (w, b) = (rng.bf16s(s.out_channels * s.in_channels * 9, 0.3), rng.bf16s(s.out_channels, 1.0));
+        let (xb, wb, bb) = (gpu.upload_f32("x", &x), gpu.upload_bf16("w", &w), gpu.upload_bf16("b", &b));
+        let n_out = s.out_channels * s.out_height * s.out_width;
+        let block = c.size as usize * MATRIX_BLOCK_TILES as usize;
+        assert!(s.out_height * s.out_width > 2 * block, "the shape must span three runs or more");
+        let run = |cap: u64| {
+            let yb = poisoned(&gpu, n_out);
+            run_and_read(&gpu, &yb, n_out, |enc| {
+                let xw = window(&gpu, &xb, 4, 0..x.len() as u64, "x")?;
+                conv2d_matrix(&gpu, enc, &xw, Weight::bf16(&wb), Weight::bf16(&bb), Mat::new(&yb, 0), s, c, cap)
+            })
+        };
+        let (whole, pieces) = (run(RANGE_SCALES_ROWS), run(1));
+        assert!(whole.iter().all(|v| v.is_finite()), "the whole call left values unwritten");
+        assert_eq!(whole.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), pieces.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "pieces of one run differ from one call");
     }
 
     #[test]

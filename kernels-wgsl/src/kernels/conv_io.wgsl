@@ -9,7 +9,9 @@ struct Params {
     out_channels: u32, out_height: u32, out_width: u32,
     kernel: u32, stride: u32, pad_top: u32, pad_left: u32,
     x_offset: u32, w_offset: u32, b_offset: u32, y_offset: u32,
-    _pad0: u32, _pad1: u32,
+    // The matrix tier's: the output pixels this call takes, and where the
+    // scales of A's runs of pixels and of W's rows start in its scales.
+    px_first: u32, px_count: u32, x_scales: u32, w_scales: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;

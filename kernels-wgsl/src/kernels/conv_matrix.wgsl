@@ -1,29 +1,32 @@
 // 2-D convolution (cross-correlation with bias) on cooperative-matrix units:
-// the matrix tier's conv2d, on matrix_tiles.wgsl's core with A = the weight
-// rows [out, taps] and B = the input gathered per tap [taps, pixels], the
-// taps t = (ci, ky, kx) in that order (zero where a tap falls in the
-// padding). f16 operands are rounded under the range rule (matrix_tiles.wgsl).
-// Interface in conv_io.wgsl.
+// the matrix tier's conv2d, on matrix_gemm.wgsl's core (the linear's) as the
+// product of A = the input gathered per output pixel [pixels, taps] and
+// B = Wᵀ [taps, output channels], one BM × BN block (pixels × channels) per
+// workgroup. The taps t = (ci, ky, kx) run in W's order, so W's rows are B's
+// columns exactly as in the linear (bf16 pairs where `B_PAIRED`). A call
+// takes output pixels `px_first … px_first + px_count` (a large image runs
+// in pieces); rows of A are those pixels. Interface in conv_io.wgsl.
+//
+// f16 operands are rounded under the range rule with scales measured once
+// per call (binding 5): W's rows by range_scales.wgsl, and A's by
+// `conv_run_scales` below, one for each run of BM output pixels (a block's
+// rows): the power of two for the largest magnitude under any of their taps.
+// A run shares one scale where the linear gives each row its own: a run's
+// pixels are neighbours, and the scale still keeps every value inside f16
+// (values under 2⁻³⁸ of the run's largest flush to zero, as in the rule).
 
-// The subgroup size: one subgroup owns a tile, so a workgroup is one subgroup.
-override WG: u32 = 8u;
+// Invocations per workgroup: SUBGROUPS subgroups of the adapter's size.
+override WG: u32 = 32u;
 
-// A: the weight of output channel co0 + r at tap t0 + t.
-fn a_at(r: u32, t: u32, co0: u32, t0: u32) -> f32 {
-    if (co0 + r < p.out_channels && t0 + t < taps()) {
-        let e = p.w_offset + (co0 + r) * taps() + t0 + t;
-        return weight_value(w[weight_word(e, WEIGHT_BF16)], e, WEIGHT_BF16);
-    }
-    return 0.0;
-}
+@group(0) @binding(5) var<storage, read_write> scales: array<f32>;
 
-// B: the input under tap t0 + t of output pixel px0 + c.
-fn b_at(t: u32, c: u32, px0: u32, t0: u32) -> f32 {
-    let pixel = px0 + c;
-    let tap = t0 + t;
-    if (pixel >= p.out_height * p.out_width || tap >= taps()) {
-        return 0.0;
-    }
+// A: the input under tap k0 + t of output pixel m0 + r (zero in the padding
+// and past the call's pixels or the taps). Out-of-range reads go to x's
+// first element and are selected away: no branches around the load.
+fn a_at(r: u32, t: u32, m0: u32, k0: u32) -> f32 {
+    let row = m0 + r;
+    let tap = k0 + t;
+    let pixel = p.px_first + row;
     let kk = p.kernel * p.kernel;
     let ci = tap / kk;
     let ky = (tap % kk) / p.kernel;
@@ -31,26 +34,98 @@ fn b_at(t: u32, c: u32, px0: u32, t0: u32) -> f32 {
     // Unsigned wrap-around makes taps above or left of the image fail the bound check.
     let iy = (pixel / p.out_width) * p.stride + ky - p.pad_top;
     let ix = (pixel % p.out_width) * p.stride + kx - p.pad_left;
-    if (iy < p.height && ix < p.width) {
-        return x[p.x_offset + (ci * p.height + iy) * p.width + ix];
+    let inside = row < p.px_count && tap < taps() && iy < p.height && ix < p.width;
+    let v = x[select(p.x_offset, p.x_offset + (ci * p.height + iy) * p.width + ix, inside)];
+    return select(0.0, v, inside);
+}
+
+// B = Wᵀ: W[n0 + c, k0 + t], W's rows [out channels, taps].
+fn b_at(t: u32, c: u32, n0: u32, k0: u32) -> f32 {
+    if (k0 + t < taps() && n0 + c < p.out_channels) {
+        let e = p.w_offset + (n0 + c) * taps() + k0 + t;
+        return weight_value(w[weight_word(e, WEIGHT_BF16)], e, WEIGHT_BF16);
     }
     return 0.0;
 }
 
+// W's rows start on even elements and the taps are even: B's columns load as bf16 pairs.
+override B_PAIRED: bool = false;
+
+// The u32 holding W[n0 + c, k0 + t] and W[n0 + c, k0 + t + 1] (t even; zero past W).
+fn b_pair(c: u32, t: u32, n0: u32, k0: u32) -> u32 {
+    let inside = k0 + t < taps() && n0 + c < p.out_channels;
+    let word = w[select(p.w_offset, p.w_offset + (n0 + c) * taps() + k0 + t, inside) >> 1u];
+    return select(0u, word, inside);
+}
+
+// The range rule's scale of A's row (its run's; 1 past the call's pixels, or for f32 operands).
+fn a_scale(row: u32) -> f32 {
+    if (!OPERAND_HALF || row >= p.px_count) {
+        return 1.0;
+    }
+    return scales[p.x_scales + row / BM];
+}
+
+// The range rule's scale of W's row `col` (B's column).
+fn b_scale(col: u32) -> f32 {
+    if (!OPERAND_HALF || col >= p.out_channels) {
+        return 1.0;
+    }
+    return scales[p.w_scales + col];
+}
+
+// Their inverses, exact (powers of two).
+fn a_inverse(row: u32) -> f32 {
+    return 1.0 / a_scale(row);
+}
+
+fn b_inverse(col: u32) -> f32 {
+    return 1.0 / b_scale(col);
+}
+
+// y[channel c, pixel r] = value + b[c], inside the call's pixels and channels only.
+fn block_value_out(r: u32, c: u32, value: f32) {
+    if (r < p.px_count && c < p.out_channels) {
+        y[p.y_offset + c * p.out_height * p.out_width + p.px_first + r] = value + bias(p.b_offset + c);
+    }
+}
+
 @compute @workgroup_size(WG)
-fn conv2d_matrix(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    // Tiles run pixel-fastest over a grid that may wrap into y.
-    let plane = p.out_height * p.out_width;
-    let px_tiles = (plane + T - 1u) / T;
-    let tile = flat_workgroup(wid, nwg);
-    let co0 = (tile / px_tiles) * T;
-    let px0 = (tile % px_tiles) * T;
-    matrix_tile(li, co0, px0, taps());
-    for (var i = li; i < T * T; i += WG) {
-        let r = i / T;
-        let c = i % T;
-        if (co0 + r < p.out_channels && px0 + c < plane) {
-            y[p.y_offset + (co0 + r) * plane + px0 + c] = c_tile[i] + bias(p.b_offset + co0 + r);
+fn conv2d_matrix(
+    @builtin(local_invocation_index) li: u32,
+    @builtin(subgroup_id) sg: u32,
+    @builtin(subgroup_invocation_id) lane: u32,
+    @builtin(subgroup_size) lanes: u32,
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+) {
+    let blocks_n = (p.out_channels + BN - 1u) / BN;
+    let block = flat_workgroup(wid, nwg);
+    matrix_gemm(li, sg, lane, lanes, (block / blocks_n) * BM, (block % blocks_n) * BN, taps());
+}
+
+// The scale of each run of BM pixels, one workgroup a run: each invocation
+// takes the largest magnitude under its pixels' taps, then the first
+// reduces them (through c_tiles, which holds at least WG floats).
+@compute @workgroup_size(WG)
+fn conv_run_scales(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let run = flat_workgroup(wid, nwg);
+    let runs = (p.px_count + BM - 1u) / BM;
+    var largest = 0.0;
+    if (run < runs) {
+        for (var r = li; r < BM; r += WG) {
+            for (var t = 0u; t < taps(); t++) {
+                largest = max(largest, abs(a_at(r, t, run * BM, 0u)));
+            }
         }
+    }
+    c_tiles[li] = largest;
+    workgroupBarrier();
+    if (li == 0u && run < runs) {
+        var m = 0.0;
+        for (var i = 0u; i < WG; i++) {
+            m = max(m, c_tiles[i]);
+        }
+        scales[p.x_scales + run] = range_scale(m);
     }
 }
