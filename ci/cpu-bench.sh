@@ -9,7 +9,9 @@
 # BINARY: flux-lite built with `cargo build --release -p flux-lite-cli`
 # (default target/release/flux-lite). FLUX_LITE_CPU_BENCH_TOKENS sets the
 # token rows (default 1024), FLUX_LITE_CPU_BENCH_REPEATS the timed runs per
-# row after a warm-up, for both sides (default 3). The bench's output and
+# row after a warm-up, for both sides (default 3); FLUX_LITE_CPU_BENCH_SID=1
+# runs the bench on Mesa 26's lavapipe (ci/lavapipe-sid.sh, its root made
+# first) instead of the system's. The bench's output and
 # the peer's table go to standard output; the peer prints one `skipped:`
 # line where PyTorch is not installed (pip install torch).
 set -euo pipefail
@@ -28,10 +30,15 @@ if [ -z "${XDG_RUNTIME_DIR:-}" ] || [ ! -d "${XDG_RUNTIME_DIR}" ]; then
     mkdir -p "$XDG_RUNTIME_DIR" && chmod 700 "$XDG_RUNTIME_DIR"
 fi
 
+inside=()
+if [ "${FLUX_LITE_CPU_BENCH_SID:-}" = 1 ]; then
+    inside=(bash ci/lavapipe-sid.sh run)
+fi
+
 bench="$(mktemp)"
 trap 'rm -f "$bench"' EXIT
-echo "== $binary bench kernels --model klein-4b --tokens $tokens --only linear,attention --precision f32 --repeats $repeats"
-"$binary" bench kernels --model klein-4b --tokens "$tokens" --only linear,attention --precision f32 --repeats "$repeats" | tee "$bench"
+echo "== ${inside[*]} $binary bench kernels --model klein-4b --tokens $tokens --only linear,attention --precision f32 --repeats $repeats"
+"${inside[@]}" "$binary" bench kernels --model klein-4b --tokens "$tokens" --only linear,attention --precision f32 --repeats "$repeats" | tee "$bench"
 echo
 echo "== python3 ci/cpu_peer.py --repeats $repeats"
 python3 ci/cpu_peer.py --bench "$bench" --repeats "$repeats"
