@@ -151,3 +151,22 @@ fn a_reader_that_goes_away_ends_a_report_quietly() {
         assert!(out.status.success(), "{args:?}: {:?} {stderr}", out.status);
     }
 }
+
+/// `gpu --kernel-sources DIR` writes each module's source as the build has
+/// it, and `FLUX_LITE_KERNEL_DIR=DIR` builds the kernels from those files
+/// (said on standard error), the run succeeding as with the built-in ones.
+#[test]
+fn kernel_sources_are_written_and_read_back_in_place_of_the_built_in_ones() {
+    let dir = flux_lite_tests::scratch_dir("cli-kernel-sources");
+    let out = flux_lite(&["gpu", "--kernel-sources", &dir.display().to_string()], &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    for module in flux_lite_kernels::Module::ALL {
+        let written = std::fs::read_to_string(dir.join(format!("{module:?}.wgsl"))).unwrap();
+        assert_eq!(written, module.source(), "{module:?}");
+    }
+    let dir_text = dir.display().to_string();
+    let out = flux_lite(&["bench", "kernels", "--model", &tiny("tiny-a"), "--only", "linear", "--repeats", "1"], &[("FLUX_LITE_KERNEL_DIR", &dir_text)]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains(&format!("kernel bench: built from {}", dir.join("Bench.wgsl").display())), "{stderr}");
+}
