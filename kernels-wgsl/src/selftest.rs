@@ -126,6 +126,8 @@ pub fn product_checks(gpu: &Gpu) -> Vec<Check> {
     let attn = Attention { q_len: 37, kv_len: 37, q_heads: 3, kv_heads: 3, head_dim: 24, scale: 1.0 / 24f32.sqrt(), causal: false };
     // The text encoder's: causal, grouped-query (two query heads per kv head).
     let causal = Attention { q_len: 29, kv_len: 29, q_heads: 4, kv_heads: 2, head_dim: 16, scale: 0.25, causal: true };
+    // FLUX's own head width, where a kernel's output tiles span the whole head.
+    let wide = Attention { q_len: 70, kv_len: 70, q_heads: 2, kv_heads: 2, head_dim: 128, scale: 1.0 / 128f32.sqrt(), causal: false };
     let attention_bound = if gpu.matrix().is_some() { MATRIX_ATTENTION } else { F32_KERNEL };
     vec![
         outcome(format!("{tier} linear {m}×{n}×{k}, bf16 weights and bias"), product_bound(gpu), check_linear(gpu, m, n, k, 1)),
@@ -133,6 +135,7 @@ pub fn product_checks(gpu: &Gpu) -> Vec<Check> {
         outcome(format!("{tier} conv2d 3×3, 5→7 channels, 13×11"), product_bound(gpu), check_conv(gpu, conv, 2)),
         outcome(format!("{tier} attention 37 tokens, 3 heads × 24"), attention_bound, check_attention(gpu, attn, 3)),
         outcome(format!("{tier} attention causal, 29 tokens, 4 query / 2 kv heads × 16"), attention_bound, check_attention(gpu, causal, 4)),
+        outcome(format!("{tier} attention 70 tokens, 2 heads × 128"), attention_bound, check_attention(gpu, wide, 5)),
         outcome(format!("{tier} conv2d 3×3 stride 2, padded right and below, 4→3 channels, 9×8"), product_bound(gpu), check_conv(gpu, downsampler(4, 3, 9, 8), 42)),
         outcome(format!("{tier} attention over 2 key chunks merged by log-sum-exp, 21 queries, 40 keys"), attention_bound, check_attention_key_chunks(gpu)),
     ]
