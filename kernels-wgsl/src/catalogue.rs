@@ -75,6 +75,9 @@ pub const ALL_KERNELS: &[Kernel] = &[
     conv::CONV2D_MATRIX_8_F32,
     conv::CONV_RUN_SCALES_8,
     conv::CONV_RUN_SCALES_16,
+    linear::LINEAR_MATRIX_8_VEC4,
+    linear::LINEAR_MATRIX_16_VEC4,
+    linear::LINEAR_MATRIX_8_F32_VEC4,
     attention::ATTENTION_MATRIX_8_F32,
     bench::MATRIX_PEAK_8_F32,
 ];

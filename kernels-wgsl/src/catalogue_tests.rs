@@ -228,6 +228,9 @@ fn the_matrix_linears_workgroup_memory_is_what_the_tier_checks() {
         (Module::ConvMatrix8, 8, MatrixOperands::F16),
         (Module::ConvMatrix16, 16, MatrixOperands::F16),
         (Module::ConvMatrix8F32, 8, MatrixOperands::F32),
+        (Module::LinearMatrix8Vec4, 8, MatrixOperands::F16),
+        (Module::LinearMatrix16Vec4, 16, MatrixOperands::F16),
+        (Module::LinearMatrix8F32Vec4, 8, MatrixOperands::F32),
     ] {
         let m = parse(module);
         let mut layouter = naga::proc::Layouter::default();

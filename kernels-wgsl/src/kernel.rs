@@ -66,10 +66,15 @@ pub enum Module {
     BenchMatrix8,
     /// The matrix units' ceiling (`bench`) with 16×16 tiles.
     BenchMatrix16,
+    /// The matrix tier's linear reading x and bf16 W as vec4s
+    /// (`linear_matrix_vec4.wgsl`), 8×8 and 16×16 f16 tiles and 8×8 f32 ones.
+    LinearMatrix8Vec4,
+    LinearMatrix16Vec4,
+    LinearMatrix8F32Vec4,
 }
 
 impl Module {
-    pub const ALL: [Module; 43] = [
+    pub const ALL: [Module; 46] = [
         Module::Linear,
         Module::RangeScales,
         Module::Norm,
@@ -113,6 +118,9 @@ impl Module {
         Module::BenchMatrix8F32,
         Module::BenchMatrix8,
         Module::BenchMatrix16,
+        Module::LinearMatrix8Vec4,
+        Module::LinearMatrix16Vec4,
+        Module::LinearMatrix8F32Vec4,
     ];
 
     pub fn name(self) -> &'static str {
@@ -146,6 +154,9 @@ impl Module {
             Module::AttentionFlash8 => "attention_flash (8×8 tiles)",
             Module::AttentionFlash16 => "attention_flash (16×16 tiles)",
             Module::LinearMatrix8F32 => "linear_matrix (8×8 f32 tiles)",
+            Module::LinearMatrix8Vec4 => "linear_matrix (8×8 tiles, vec4 loads)",
+            Module::LinearMatrix16Vec4 => "linear_matrix (16×16 tiles, vec4 loads)",
+            Module::LinearMatrix8F32Vec4 => "linear_matrix (8×8 f32 tiles, vec4 loads)",
             Module::ConvMatrix8F32 => "conv_matrix (8×8 f32 tiles)",
             Module::AttentionMatrix8F32 => "attention_matrix (8×8 f32 tiles)",
             Module::BenchMatrix8F32 => "bench_matrix (8×8 f32 tiles)",
@@ -159,7 +170,7 @@ impl Module {
     pub fn features(self) -> wgpu::Features {
         let features = match self {
             Module::LinearHalf | Module::ConvHalf => wgpu::Features::SHADER_F16,
-            Module::LinearMatrix8F32 | Module::ConvMatrix8F32 | Module::AttentionMatrix8F32 | Module::BenchMatrix8F32 => {
+            Module::LinearMatrix8F32 | Module::LinearMatrix8F32Vec4 | Module::ConvMatrix8F32 | Module::AttentionMatrix8F32 | Module::BenchMatrix8F32 => {
                 wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX
             }
             m if m.is_matrix() => wgpu::Features::SHADER_F16 | wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX,
@@ -171,6 +182,9 @@ impl Module {
             Module::LinearMatrix8
                 | Module::LinearMatrix16
                 | Module::LinearMatrix8F32
+                | Module::LinearMatrix8Vec4
+                | Module::LinearMatrix16Vec4
+                | Module::LinearMatrix8F32Vec4
                 | Module::ConvMatrix8
                 | Module::ConvMatrix16
                 | Module::ConvMatrix8F32
@@ -193,7 +207,8 @@ impl Module {
     /// linear 3.6× (5.5 against 19.7 TFLOP/s at 4608×3072·3072×3072): each
     /// access becomes a branch, and the global loads of a k step are then
     /// waited for one by one. The matrix linear's loads go through
-    /// `a_at`/`b_pair`, which select an in-binding index; `b_at`, the
+    /// `a_at`/`b_pair` (or, reading vec4s, `a_vec4`/`b_vec8`), which select
+    /// an in-binding index; `b_at`, the
     /// scales and the stores are guarded by the matrix's bounds, which the
     /// launcher's windows cover (the kernel tests run it on windows, splits
     /// and ragged edges). The flash attention's loads go through
@@ -209,12 +224,21 @@ impl Module {
             Module::LinearMatrix8
                 | Module::LinearMatrix16
                 | Module::LinearMatrix8F32
+                | Module::LinearMatrix8Vec4
+                | Module::LinearMatrix16Vec4
+                | Module::LinearMatrix8F32Vec4
                 | Module::ConvMatrix8
                 | Module::ConvMatrix16
                 | Module::ConvMatrix8F32
                 | Module::AttentionFlash8
                 | Module::AttentionFlash16
         )
+    }
+
+    /// Whether the module reads x and W as vec4s at bindings 6 and 7 (the
+    /// matrix linear's vec4 fetching) instead of at 1 and 2.
+    pub fn reads_vec4s(self) -> bool {
+        matches!(self, Module::LinearMatrix8Vec4 | Module::LinearMatrix16Vec4 | Module::LinearMatrix8F32Vec4)
     }
 
     /// Whether the module runs on cooperative-matrix units.
@@ -230,6 +254,9 @@ impl Module {
                 | Module::AttentionFlash8
                 | Module::AttentionFlash16
                 | Module::LinearMatrix8F32
+                | Module::LinearMatrix8Vec4
+                | Module::LinearMatrix16Vec4
+                | Module::LinearMatrix8F32Vec4
                 | Module::ConvMatrix8F32
                 | Module::AttentionMatrix8F32
                 | Module::BenchMatrix8F32
@@ -339,17 +366,20 @@ impl Module {
             Module::Df11 => with_common!("df11.wgsl"),
             Module::Ggml => with_common!("ggml.wgsl"),
             Module::Bench => with_common!("bench_io.wgsl", "bench.wgsl"),
-            Module::LinearMatrix8 => with_matrix!("8", f16, "product_io.wgsl", "linear_io.wgsl", "linear_matrix.wgsl", "matrix_gemm.wgsl"),
-            Module::LinearMatrix16 => with_matrix!("16", f16, "product_io.wgsl", "linear_io.wgsl", "linear_matrix.wgsl", "matrix_gemm.wgsl"),
-            Module::ConvMatrix8 => with_matrix!("8", f16, "product_io.wgsl", "conv_io.wgsl", "conv_matrix.wgsl", "matrix_gemm.wgsl"),
-            Module::ConvMatrix16 => with_matrix!("16", f16, "product_io.wgsl", "conv_io.wgsl", "conv_matrix.wgsl", "matrix_gemm.wgsl"),
+            Module::LinearMatrix8 => with_matrix!("8", f16, "product_io.wgsl", "linear_io.wgsl", "linear_matrix.wgsl", "matrix_gemm.wgsl", "matrix_fetch.wgsl"),
+            Module::LinearMatrix16 => with_matrix!("16", f16, "product_io.wgsl", "linear_io.wgsl", "linear_matrix.wgsl", "matrix_gemm.wgsl", "matrix_fetch.wgsl"),
+            Module::ConvMatrix8 => with_matrix!("8", f16, "product_io.wgsl", "conv_io.wgsl", "conv_matrix.wgsl", "matrix_gemm.wgsl", "matrix_fetch.wgsl"),
+            Module::ConvMatrix16 => with_matrix!("16", f16, "product_io.wgsl", "conv_io.wgsl", "conv_matrix.wgsl", "matrix_gemm.wgsl", "matrix_fetch.wgsl"),
             Module::AttentionMatrix8 => with_matrix!("8", f16, "attention_io.wgsl", "attention_kv_f32.wgsl", "attention_matrix.wgsl"),
             Module::AttentionMatrix16 => with_matrix!("16", f16, "attention_io.wgsl", "attention_kv_f32.wgsl", "attention_matrix.wgsl"),
             Module::AttentionFlash8 => with_matrix!("8", f16, "attention_io.wgsl", "attention_kv_f32.wgsl", "attention_flash.wgsl"),
             Module::AttentionFlash16 => with_matrix!("16", f16, "attention_io.wgsl", "attention_kv_f32.wgsl", "attention_flash.wgsl"),
             Module::BenchMatrix8 => with_matrix!("8", f16, "bench_io.wgsl", "bench_matrix.wgsl"),
-            Module::LinearMatrix8F32 => with_matrix!("8", f32, "product_io.wgsl", "linear_io.wgsl", "linear_matrix.wgsl", "matrix_gemm.wgsl"),
-            Module::ConvMatrix8F32 => with_matrix!("8", f32, "product_io.wgsl", "conv_io.wgsl", "conv_matrix.wgsl", "matrix_gemm.wgsl"),
+            Module::LinearMatrix8F32 => with_matrix!("8", f32, "product_io.wgsl", "linear_io.wgsl", "linear_matrix.wgsl", "matrix_gemm.wgsl", "matrix_fetch.wgsl"),
+            Module::LinearMatrix8Vec4 => with_matrix!("8", f16, "product_io.wgsl", "linear_io.wgsl", "linear_matrix.wgsl", "matrix_gemm.wgsl", "linear_matrix_vec4.wgsl"),
+            Module::LinearMatrix16Vec4 => with_matrix!("16", f16, "product_io.wgsl", "linear_io.wgsl", "linear_matrix.wgsl", "matrix_gemm.wgsl", "linear_matrix_vec4.wgsl"),
+            Module::LinearMatrix8F32Vec4 => with_matrix!("8", f32, "product_io.wgsl", "linear_io.wgsl", "linear_matrix.wgsl", "matrix_gemm.wgsl", "linear_matrix_vec4.wgsl"),
+            Module::ConvMatrix8F32 => with_matrix!("8", f32, "product_io.wgsl", "conv_io.wgsl", "conv_matrix.wgsl", "matrix_gemm.wgsl", "matrix_fetch.wgsl"),
             Module::AttentionMatrix8F32 => with_matrix!("8", f32, "attention_io.wgsl", "attention_kv_f32.wgsl", "attention_matrix.wgsl"),
             Module::BenchMatrix8F32 => with_matrix!("8", f32, "bench_io.wgsl", "bench_matrix.wgsl"),
             Module::BenchMatrix16 => with_matrix!("16", f16, "bench_io.wgsl", "bench_matrix.wgsl"),

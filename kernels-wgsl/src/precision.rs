@@ -103,6 +103,15 @@ impl MatrixConfig {
         4 * self.subgroup * 32 >= 16 * self.size * self.size
     }
 
+    /// Whether each invocation's share of a matrix-linear k step is whole
+    /// vec4s within `linear_matrix_vec4.wgsl`'s registers: BM·KT / 4 = 4T²
+    /// vec4s of x (at most 8 each) and 2T² of W (at most 4 each) over 4
+    /// subgroups.
+    pub fn fetches_vec4_steps(&self) -> bool {
+        let (invocations, t2) = (4 * self.subgroup, self.size * self.size);
+        (4 * t2).is_multiple_of(invocations) && 4 * t2 / invocations <= 8 && (2 * t2).is_multiple_of(invocations) && 2 * t2 / invocations <= 4
+    }
+
     /// The configuration in words: `8×8 f16 tiles into f32, subgroup 8`.
     pub fn describe(&self) -> String {
         let operands = match self.operands {

@@ -9,7 +9,7 @@ use crate::error::GpuError;
 use crate::view::{Mat, Weight, WeightDtype};
 use bytemuck::{Pod, Zeroable};
 use crate::kernel::{wrapped_grid, MAX_GRID_DIM};
-use crate::precision::{MatrixOperands, Precision};
+use crate::precision::{MatrixConfig, MatrixOperands, Precision};
 use crate::kernels::linear_lanes::{COLS_PER_GROUP, ROWS as LANES_ROWS};
 
 /// `linear.wgsl` — y[m, n] = x[m, k]·W[n, k]ᵀ (+ b).
@@ -58,6 +58,12 @@ pub const LINEAR_MATRIX_8: Kernel =
     kernel(Module::LinearMatrix8, "linear_matrix", [0, 1, 1], &[(1, RW), (2, R), (3, R), (4, RW), (5, R)], size_of::<LinearParams>(), true);
 pub const LINEAR_MATRIX_16: Kernel = Kernel { module: Module::LinearMatrix16, ..LINEAR_MATRIX_8 };
 pub const LINEAR_MATRIX_8_F32: Kernel = Kernel { module: Module::LinearMatrix8F32, ..LINEAR_MATRIX_8 };
+/// The same reading x and bf16 W as vec4s at bindings 6 and 7
+/// (`linear_matrix_vec4.wgsl`), where their windows are whole vec4s.
+pub const LINEAR_MATRIX_8_VEC4: Kernel =
+    kernel(Module::LinearMatrix8Vec4, "linear_matrix", [0, 1, 1], &[(3, R), (4, RW), (5, R), (6, RW), (7, R)], size_of::<LinearParams>(), true);
+pub const LINEAR_MATRIX_16_VEC4: Kernel = Kernel { module: Module::LinearMatrix16Vec4, ..LINEAR_MATRIX_8_VEC4 };
+pub const LINEAR_MATRIX_8_F32_VEC4: Kernel = Kernel { module: Module::LinearMatrix8F32Vec4, ..LINEAR_MATRIX_8_VEC4 };
 
 /// CPU adapters' linear on the f32 tier (`linear_lanes.rs`), written for
 /// subgroups of 8 here and of [`Gpu::cpu_lanes`] where launched: x and W
@@ -157,7 +163,10 @@ fn product(gpu: &Gpu, sink: &mut dyn Sink, x: Mat<'_>, w: Weight<'_>, bias: Opti
                 }
                 (Some(c), _) => {
                     let constants = vec![("WEIGHT_BF16", w.dtype.constant()), ("HAS_BIAS", bias.is_some() as u32), ("ACCUMULATE", accumulate as u32), ("WG", c.subgroup * MATRIX_SUBGROUPS), ("B_PAIRED", (paired && w.dtype == WeightDtype::Bf16 && c.fetches_whole_steps()) as u32)];
-                    let kernel = *c.pick([&LINEAR_MATRIX_8, &LINEAR_MATRIX_16, &LINEAR_MATRIX_8_F32]);
+                    let kernel = match matrix_vec4s(c, &xw, x.stride, &ww, w.dtype, terms(gpu, kdim)) {
+                        true => *c.pick([&LINEAR_MATRIX_8_VEC4, &LINEAR_MATRIX_16_VEC4, &LINEAR_MATRIX_8_F32_VEC4]),
+                        false => *c.pick([&LINEAR_MATRIX_8, &LINEAR_MATRIX_16, &LINEAR_MATRIX_8_F32]),
+                    };
                     (kernel, constants, wrapped_grid(rows_n.div_ceil(tile_m) * cols_n.div_ceil(tile_n)))
                 }
             };
@@ -195,7 +204,9 @@ fn product(gpu: &Gpu, sink: &mut dyn Sink, x: Mat<'_>, w: Weight<'_>, bias: Opti
                 _pad: 0,
             };
             let launch = Launch { kernel: &kernel, constants: &constants, params, grid };
-            if matrix.is_some() {
+            if kernel.module.reads_vec4s() {
+                dispatch(gpu, sink, launch, &[(3, &bw), (4, &yw), (5, &sw), (6, &xw), (7, &ww)]);
+            } else if matrix.is_some() {
                 dispatch(gpu, sink, launch, &[(1, &xw), (2, &ww), (3, &bw), (4, &yw), (5, &sw)]);
             } else if lanes.is_some() {
                 dispatch(gpu, sink, launch, &[(3, &bw), (4, &yw), (6, &xw), (7, &ww)]);
@@ -205,6 +216,18 @@ fn product(gpu: &Gpu, sink: &mut dyn Sink, x: Mat<'_>, w: Weight<'_>, bias: Opti
         }
     }
     Ok(())
+}
+
+/// Whether the matrix linear reads x and W as vec4s
+/// (`linear_matrix_vec4.wgsl`): bf16 W, x's window, its row stride, the
+/// terms and W's window on whole vec4s, and each invocation's share of a
+/// step whole vec4s.
+fn matrix_vec4s(c: MatrixConfig, xw: &Window<'_>, x_stride: u64, ww: &Window<'_>, dtype: WeightDtype, k: u64) -> bool {
+    #[cfg(test)]
+    if tests::ELEMENT_FETCH.get() {
+        return false;
+    }
+    dtype == WeightDtype::Bf16 && c.fetches_vec4_steps() && xw.local.is_multiple_of(4) && x_stride.is_multiple_of(4) && k.is_multiple_of(8) && ww.local.is_multiple_of(8)
 }
 
 /// One [`RANGE_SCALES`] pass: the scale of each row of `src` (f32, or bf16
@@ -449,6 +472,8 @@ mod tests {
         check_half_linear(gpu, 23, [33, 20, 100], false, true);
         check_half_linear(gpu, 24, [128, 96, 64], true, true);
         check_half_linear(gpu, 25, [300, 260, 100], true, true);
+        // k on whole vec4s: the matrix tier reads x and W as vec4s.
+        check_half_linear(gpu, 26, [300, 260, 136], true, true);
         held_within("half-tier linear adding onto its output", crate::selftest::check_linear_add(gpu, 45, 70, 12, 9), HALF_TOL);
     }
 
@@ -472,8 +497,22 @@ mod tests {
     /// rows' range scales into the shared scales buffer before its tiles.
     #[test]
     fn linear_on_matrix_units_splits_and_reads_a_window() {
-        let Some(gpu) = tier_gpu_with(GpuOptions { precision: Precision::Matrix, max_storage_binding: Some(64 << 10), ..crate::testing::options() }) else { return };
-        let (m, n, k, wide, from) = (180usize, 250usize, 200usize, 207usize, 5usize);
+        // From column 5 of 207 (x read element by element), and from column
+        // 4 of 212 (each piece's window on whole vec4s: read as vec4s).
+        for (wide, from) in [(207usize, 5usize), (212, 4)] {
+            let got = split_window_case(wide, from);
+            if wide == 212 {
+                let by_elements = with_element_fetch(|| split_window_case(wide, from));
+                assert_eq!(bits(&got), bits(&by_elements), "vec4 and element fetching differ");
+            }
+        }
+    }
+
+    /// [`linear_on_matrix_units_splits_and_reads_a_window`]'s product from
+    /// column `from` of a `wide` x, checked against the oracle; its output.
+    fn split_window_case(wide: usize, from: usize) -> Vec<f32> {
+        let Some(gpu) = tier_gpu_with(GpuOptions { precision: Precision::Matrix, max_storage_binding: Some(64 << 10), ..crate::testing::options() }) else { return Vec::new() };
+        let (m, n, k) = (180usize, 250usize, 200usize);
         let mut rng = Rng::new(41);
         let mut xs = rng.normals(m * wide, 1.0);
         // A row of 1e5s in a later piece: its scale must be its own, or f16 overflows.
@@ -489,8 +528,52 @@ mod tests {
             let x = Mat::new(&xb, wide as u64).cols_from(from as u64);
             linear(&gpu, enc, x, Weight::bf16(&wb), Some(Weight::bf16(&bb)), Mat::new(&yb, n as u64), Gemm { m: m as u64, n: n as u64, k: k as u64 })
         });
-        assert_close("matrix linear, split, from a window", &got, &want, HALF_TOL);
+        assert_close(&format!("matrix linear, split, from column {from} of {wide}"), &got, &want, HALF_TOL);
+        got
     }
+
+    thread_local! {
+        /// Set by [`with_element_fetch`]: the matrix linear reads x and W element by element.
+        pub(super) static ELEMENT_FETCH: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+
+    /// `run` with the matrix linear reading element by element where it would read vec4s.
+    fn with_element_fetch<T>(run: impl FnOnce() -> T) -> T {
+        ELEMENT_FETCH.set(true);
+        let out = run();
+        ELEMENT_FETCH.set(false);
+        out
+    }
+
+    fn bits(v: &[f32]) -> Vec<u32> {
+        v.iter().map(|x| x.to_bits()).collect()
+    }
+
+    /// The matrix linear reading x and W as vec4s gives the bits of reading
+    /// them element by element (the same values rounded the same way, the
+    /// same products in the same order), with and without bias, off every
+    /// tile edge, over several k steps.
+    #[test]
+    fn the_matrix_linears_vec4_fetching_gives_the_element_fetchings_bits() {
+        let Some(gpu) = matrix_gpu() else { return };
+        for (seed, [m, n, k], with_bias) in [(60, [300usize, 260usize, 136usize], true), (61, [7, 33, 64], false), (62, [129, 129, 8], true)] {
+            let mut rng = Rng::new(seed);
+            let x = rng.normals(m * k, 1.0);
+            let (w, b) = (rng.bf16s(n * k, 0.1), rng.bf16s(n, 1.0));
+            let (xb, wb, bb) = (gpu.upload_f32("x", &x), gpu.upload_bf16("w", &w), gpu.upload_bf16("b", &b));
+            let run = || {
+                let yb = poisoned(&gpu, m * n);
+                run_and_read(&gpu, &yb, m * n, |enc| {
+                    let bias = with_bias.then(|| Weight::bf16(&bb));
+                    linear(&gpu, enc, Mat::new(&xb, k as u64), Weight::bf16(&wb), bias, Mat::new(&yb, n as u64), Gemm { m: m as u64, n: n as u64, k: k as u64 })
+                })
+            };
+            let (vec4s, elements) = (run(), with_element_fetch(run));
+            assert!(vec4s.iter().all(|v| v.is_finite()), "{m}×{n}×{k}: values left unwritten");
+            assert_eq!(bits(&vec4s), bits(&elements), "{m}×{n}×{k}: vec4 and element fetching differ");
+        }
+    }
+
 
     #[test]
     fn linear_on_f16_tiles_matches_the_oracle() {

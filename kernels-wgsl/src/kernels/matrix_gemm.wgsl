@@ -24,11 +24,14 @@
 // `a_scale` / `b_scale` the scales the sum is multiplied by on its way out.
 // f32 operands (8×8, Apple GPUs) need no rule.
 //
-// The module provides `a_at(r, t, row0, t0)` = A[row0 + r, t0 + t],
-// `b_at(t, c, col0, t0)` = B[t0 + t, col0 + c] (zero past the matrix),
-// `b_pair(c, t, col0, t0)`, the u32 holding B[t0 + t, col0 + c] and
-// B[t0 + t + 1, col0 + c] as bf16 (t even; used where `B_PAIRED`), the
-// scales above, and `block_value_out(r, c, value)`, which writes C[r, c] (r, c
+// A k step reaches workgroup memory through the fetching file the module
+// includes after this one: `matrix_fetch.wgsl` (element by element, from the
+// module's `a_at(r, t, row0, t0)` = A[row0 + r, t0 + t], `b_at(t, c, col0,
+// t0)` = B[t0 + t, col0 + c] (zero past the matrix) and `b_pair(c, t, col0,
+// t0)`, the u32 holding B[t0 + t, col0 + c] and B[t0 + t + 1, col0 + c] as
+// bf16) or `linear_matrix_vec4.wgsl` (the linear's x and W as vec4s). Each
+// gives `prefetching()`, `fetch`, `put` and `stage`. The module gives the
+// scales above and `block_value_out(r, c, value)`, which writes C[r, c] (r, c
 // absolute) if inside the matrix. Accumulators are declared once, outside
 // every loop: a cooperative-matrix `var` declared inside a loop is zeroed only
 // once.
@@ -51,64 +54,6 @@ var<workgroup> c_tiles: array<f32, SUBGROUPS * T * T>;
 // The inverses of the block's row and column scales (powers of two).
 var<workgroup> row_inverse: array<f32, BM>;
 var<workgroup> col_inverse: array<f32, BN>;
-
-// What one invocation fetches of one k step: BM·KT / WG values of A and half
-// as many pairs of B, at most FETCH of them (the launcher takes the fetching
-// path only where WG·FETCH ≥ BM·KT: 16×16 tiles in subgroups of 32 or more,
-// 8×8 tiles in subgroups of 8 or more). The loads are unconditional (the
-// module's accessors clamp and select instead of branching), so the compiler
-// can issue them all before the first one returns.
-const FETCH: u32 = 32u;
-struct Fetched {
-    a: array<f32, FETCH>,
-    b: array<u32, FETCH>,
-}
-
-// Issues the global loads of KT terms from t0 on.
-fn fetch(li: u32, row0: u32, col0: u32, t0: u32) -> Fetched {
-    var f: Fetched;
-    for (var j = 0u; j < BM * KT / WG; j++) {
-        let i = li + j * WG;
-        f.a[j] = a_at(i / KT, i % KT, row0, t0);
-    }
-    for (var j = 0u; j < BN * KT / 2u / WG; j++) {
-        let i = li + j * WG;
-        f.b[j] = b_pair(i / (KT / 2u), 2u * (i % (KT / 2u)), col0, t0);
-    }
-    return f;
-}
-
-// Rounds fetched values into buffer `half`, each row of A and column of B
-// under its range scale.
-fn put(li: u32, half: u32, f: ptr<function, Fetched>) {
-    for (var j = 0u; j < BM * KT / WG; j++) {
-        let i = li + j * WG;
-        let r = i / KT;
-        a_tiles[half * BM * LD + r * LD + i % KT] = Operand((*f).a[j] * row_inverse[r]);
-    }
-    for (var j = 0u; j < BN * KT / 2u / WG; j++) {
-        let i = li + j * WG;
-        let c = i / (KT / 2u);
-        let at = half * BN * LD + c * LD + 2u * (i % (KT / 2u));
-        let word = (*f).b[j];
-        b_tiles[at] = Operand(bitcast<f32>(word << 16u) * col_inverse[c]);
-        b_tiles[at + 1u] = Operand(bitcast<f32>(word & 0xffff0000u) * col_inverse[c]);
-    }
-}
-
-// Stages KT terms from t0 on into buffer `half` (0 or 1), element by element.
-fn stage(li: u32, half: u32, row0: u32, col0: u32, t0: u32) {
-    for (var i = li; i < BM * KT; i += WG) {
-        let r = i / KT;
-        let t = i % KT;
-        a_tiles[half * BM * LD + r * LD + t] = Operand(a_at(r, t, row0, t0) * row_inverse[r]);
-    }
-    for (var i = li; i < BN * KT; i += WG) {
-        let c = i / KT;
-        let t = i % KT;
-        b_tiles[half * BN * LD + c * LD + t] = Operand(b_at(t, c, col0, t0) * col_inverse[c]);
-    }
-}
 
 // The subgroup's tile (ti, tj), as its slice of c_tiles holds it, scaled back
 // and written out by the subgroup's own invocations.
@@ -162,7 +107,7 @@ fn matrix_gemm(li: u32, sg: u32, lane: u32, lanes: u32, row0: u32, col0: u32, k:
     var fetched: Fetched;
     for (var t0 = 0u; t0 < k; t0 += KT) {
         let more = t0 + KT < k;
-        if (more && B_PAIRED) {
+        if (more && prefetching()) {
             fetched = fetch(li, row0, col0, t0 + KT);
         } else if (more) {
             stage(li, 1u - half, row0, col0, t0 + KT);
@@ -195,7 +140,7 @@ fn matrix_gemm(li: u32, sg: u32, lane: u32, lanes: u32, row0: u32, col0: u32, k:
             acc32 = coopMultiplyAdd(a3, b2, acc32);
             acc33 = coopMultiplyAdd(a3, b3, acc33);
         }
-        if (more && B_PAIRED) {
+        if (more && prefetching()) {
             put(li, 1u - half, &fetched);
         }
         workgroupBarrier();

@@ -1,0 +1,89 @@
+// The linear's fetching of matrix_gemm.wgsl's k steps as vec4s (in place of
+// matrix_fetch.wgsl): x's rows four f32 at a time and W's rows eight bf16
+// at a time (a vec4 of u32 pairs), the same values as the element path and
+// so the same sums. The launcher takes it where x's window, its row stride
+// and k are whole vec4s, W is bf16 on whole vec4s, and each invocation's
+// share of a step is whole vec4s (`MatrixConfig::fetches_vec4_steps`): a
+// step's loads are a quarter (x) and an eighth (W) as many instructions,
+// each invocation's rows and columns fixed over k.
+
+// read_write as every product's x: it may share its buffer with y.
+@group(0) @binding(6) var<storage, read_write> x_vec4: array<vec4<f32>>;
+@group(0) @binding(7) var<storage, read> w_vec4: array<vec4<u32>>;
+
+fn prefetching() -> bool {
+    return true;
+}
+
+// At most FETCH_A vec4s of x and FETCH_B of W an invocation and step.
+const FETCH_A: u32 = 8u;
+const FETCH_B: u32 = 4u;
+struct Fetched {
+    a: array<vec4<f32>, FETCH_A>,
+    b: array<vec4<u32>, FETCH_B>,
+}
+
+// x[m0 + r, k0 + 4·c4 …] (zero past the matrix: k is whole vec4s, so a vec4
+// is inside or past it whole); the index is selected, not branched around.
+fn a_vec4(r: u32, c4: u32, m0: u32, k0: u32) -> vec4<f32> {
+    let inside = m0 + r < p.m && k0 + 4u * c4 < p.k;
+    let at = (p.x_offset + (m0 + r) * p.x_stride + k0) / 4u + c4;
+    return select(vec4<f32>(0.0), x_vec4[select(p.x_offset / 4u, at, inside)], inside);
+}
+
+// W[n0 + c, k0 + 8·q …] as four bf16 pairs (zero past W).
+fn b_vec8(c: u32, q: u32, n0: u32, k0: u32) -> vec4<u32> {
+    let inside = n0 + c < p.n && k0 + 8u * q < p.k;
+    let at = (p.w_offset + (n0 + c) * p.k + k0) / 8u + q;
+    return select(vec4<u32>(0u), w_vec4[select(p.w_offset / 8u, at, inside)], inside);
+}
+
+// Issues the global loads of KT terms from t0 on.
+fn fetch(li: u32, row0: u32, col0: u32, t0: u32) -> Fetched {
+    var f: Fetched;
+    for (var j = 0u; j < BM * KT / 4u / WG; j++) {
+        let i = li + j * WG;
+        f.a[j] = a_vec4(i / (KT / 4u), i % (KT / 4u), row0, t0);
+    }
+    for (var j = 0u; j < BN * KT / 8u / WG; j++) {
+        let i = li + j * WG;
+        f.b[j] = b_vec8(i / (KT / 8u), i % (KT / 8u), col0, t0);
+    }
+    return f;
+}
+
+// Rounds fetched values into buffer `half`, each row of A and column of B
+// under its range scale.
+fn put(li: u32, half: u32, f: ptr<function, Fetched>) {
+    for (var j = 0u; j < BM * KT / 4u / WG; j++) {
+        let i = li + j * WG;
+        let r = i / (KT / 4u);
+        let at = half * BM * LD + r * LD + 4u * (i % (KT / 4u));
+        let v = (*f).a[j] * row_inverse[r];
+        a_tiles[at] = Operand(v.x);
+        a_tiles[at + 1u] = Operand(v.y);
+        a_tiles[at + 2u] = Operand(v.z);
+        a_tiles[at + 3u] = Operand(v.w);
+    }
+    for (var j = 0u; j < BN * KT / 8u / WG; j++) {
+        let i = li + j * WG;
+        let c = i / (KT / 8u);
+        let at = half * BN * LD + c * LD + 8u * (i % (KT / 8u));
+        let q = (*f).b[j];
+        let inverse = col_inverse[c];
+        b_tiles[at] = Operand(bitcast<f32>(q.x << 16u) * inverse);
+        b_tiles[at + 1u] = Operand(bitcast<f32>(q.x & 0xffff0000u) * inverse);
+        b_tiles[at + 2u] = Operand(bitcast<f32>(q.y << 16u) * inverse);
+        b_tiles[at + 3u] = Operand(bitcast<f32>(q.y & 0xffff0000u) * inverse);
+        b_tiles[at + 4u] = Operand(bitcast<f32>(q.z << 16u) * inverse);
+        b_tiles[at + 5u] = Operand(bitcast<f32>(q.z & 0xffff0000u) * inverse);
+        b_tiles[at + 6u] = Operand(bitcast<f32>(q.w << 16u) * inverse);
+        b_tiles[at + 7u] = Operand(bitcast<f32>(q.w & 0xffff0000u) * inverse);
+    }
+}
+
+// The first step, fetched and rounded before the products.
+fn stage(li: u32, half: u32, row0: u32, col0: u32, t0: u32) {
+    var f = fetch(li, row0, col0, t0);
+    put(li, half, &f);
+}

@@ -1,0 +1,66 @@
+// The element-by-element fetching of matrix_gemm.wgsl's k steps: A and B
+// read through the module's `a_at`, `b_at` and `b_pair` (see matrix_gemm.wgsl).
+
+// Whether the next k step is fetched into registers during the products
+// (B's columns as bf16 pairs), or staged element by element before them.
+fn prefetching() -> bool {
+    return B_PAIRED;
+}
+
+// What one invocation fetches of one k step: BM·KT / WG values of A and half
+// as many pairs of B, at most FETCH of them (the launcher takes the fetching
+// path only where WG·FETCH ≥ BM·KT: 16×16 tiles in subgroups of 32 or more,
+// 8×8 tiles in subgroups of 8 or more). The loads are unconditional (the
+// module's accessors clamp and select instead of branching), so the compiler
+// can issue them all before the first one returns.
+const FETCH: u32 = 32u;
+struct Fetched {
+    a: array<f32, FETCH>,
+    b: array<u32, FETCH>,
+}
+
+// Issues the global loads of KT terms from t0 on.
+fn fetch(li: u32, row0: u32, col0: u32, t0: u32) -> Fetched {
+    var f: Fetched;
+    for (var j = 0u; j < BM * KT / WG; j++) {
+        let i = li + j * WG;
+        f.a[j] = a_at(i / KT, i % KT, row0, t0);
+    }
+    for (var j = 0u; j < BN * KT / 2u / WG; j++) {
+        let i = li + j * WG;
+        f.b[j] = b_pair(i / (KT / 2u), 2u * (i % (KT / 2u)), col0, t0);
+    }
+    return f;
+}
+
+// Rounds fetched values into buffer `half`, each row of A and column of B
+// under its range scale.
+fn put(li: u32, half: u32, f: ptr<function, Fetched>) {
+    for (var j = 0u; j < BM * KT / WG; j++) {
+        let i = li + j * WG;
+        let r = i / KT;
+        a_tiles[half * BM * LD + r * LD + i % KT] = Operand((*f).a[j] * row_inverse[r]);
+    }
+    for (var j = 0u; j < BN * KT / 2u / WG; j++) {
+        let i = li + j * WG;
+        let c = i / (KT / 2u);
+        let at = half * BN * LD + c * LD + 2u * (i % (KT / 2u));
+        let word = (*f).b[j];
+        b_tiles[at] = Operand(bitcast<f32>(word << 16u) * col_inverse[c]);
+        b_tiles[at + 1u] = Operand(bitcast<f32>(word & 0xffff0000u) * col_inverse[c]);
+    }
+}
+
+// Stages KT terms from t0 on into buffer `half` (0 or 1), element by element.
+fn stage(li: u32, half: u32, row0: u32, col0: u32, t0: u32) {
+    for (var i = li; i < BM * KT; i += WG) {
+        let r = i / KT;
+        let t = i % KT;
+        a_tiles[half * BM * LD + r * LD + t] = Operand(a_at(r, t, row0, t0) * row_inverse[r]);
+    }
+    for (var i = li; i < BN * KT; i += WG) {
+        let c = i / KT;
+        let t = i % KT;
+        b_tiles[half * BN * LD + c * LD + t] = Operand(b_at(t, c, col0, t0) * col_inverse[c]);
+    }
+}
