@@ -78,12 +78,12 @@ pub const THIN_MAX: u64 = 16;
 /// [`Gpu::cpu_lanes`] and the call's kernel where launched: x and W read
 /// as vec4s at bindings 6 and 7.
 pub const CONV2D_LANES: Kernel =
-    kernel(Module::ConvLanes { lanes: 8, kernel: 3 }, "conv2d_lanes", [64, 1, 1], &[(3, R), (4, RW), (6, RW), (7, R)], size_of::<ConvParams>(), true);
+    kernel(Module::ConvLanes { lanes: 8, kernel: 3, thin: false }, "conv2d_lanes", [64, 1, 1], &[(3, R), (4, RW), (6, RW), (7, R)], size_of::<ConvParams>(), true);
 
 /// [`CONV2D_LANES`]'s module and grid for this convolution on `gpu`, where
 /// it takes it: a CPU adapter with fixed subgroups, on the f32 tier
-/// (`f32_tier`), more than [`THIN_MAX`] output channels (an RGB conv_out
-/// stays on the thin kernel), a 3×3 (padding 1) or 1×1 kernel at stride 1
+/// (`f32_tier`; at most [`THIN_MAX`] output channels, an RGB conv_out,
+/// in the thin shape, one channel a lane), a 3×3 (padding 1) or 1×1 kernel at stride 1
 /// keeping the size, input channels in whole steps, rows and planes on
 /// whole vec4s (x from `x_local`, W's rows from `w_local`), and a grid
 /// that fits.
@@ -91,11 +91,13 @@ fn lanes_launch(gpu: &Gpu, s: &ConvShape, f32_tier: bool, out_channels: u64, x_l
     let lanes = gpu.cpu_lanes()?;
     let same = s.stride == 1 && s.out_height == s.height && s.out_width == s.width && s.pad_top == (s.kernel - 1) / 2 && s.pad_left == (s.kernel - 1) / 2;
     let aligned = x_local.is_multiple_of(4) && s.width.is_multiple_of(4) && w_local.is_multiple_of(if bf16 { 8 } else { 4 });
-    let groups = ((s.height * s.width.div_ceil(conv_lanes::PIXELS as usize)) as u64).div_ceil(64 / lanes as u64);
+    let thin = out_channels <= THIN_MAX;
+    let shape = if thin { conv_lanes::THIN } else { conv_lanes::WIDE };
+    let groups = ((s.height * s.width.div_ceil(shape.pixels as usize)) as u64).div_ceil(64 / lanes as u64);
     let shaped = matches!(s.kernel, 1 | 3) && s.in_channels.is_multiple_of(conv_lanes::CHANNELS as usize);
-    let taken = f32_tier && out_channels > THIN_MAX && same && aligned && shaped && groups <= crate::kernel::MAX_GRID_DIM as u64;
-    let grid = [groups as u32, out_channels.div_ceil((lanes * conv_lanes::COLS) as u64) as u32, 1];
-    taken.then_some((Module::ConvLanes { lanes: lanes as u8, kernel: s.kernel as u8 }, grid))
+    let taken = f32_tier && same && aligned && shaped && groups <= crate::kernel::MAX_GRID_DIM as u64;
+    let grid = [groups as u32, out_channels.div_ceil((lanes * shape.cols) as u64) as u32, 1];
+    taken.then_some((Module::ConvLanes { lanes: lanes as u8, kernel: s.kernel as u8, thin }, grid))
 }
 
 pub const UPSAMPLE_NEAREST2X: Kernel =
@@ -307,8 +309,18 @@ mod tests {
     /// Shapes the lanes kernel takes: 3×3 and 1×1, input channels in steps
     /// of 8, widths of whole vec4s ending inside a block of 8 pixels (20),
     /// output channels past a workgroup's 32 (40, 72) and below it (17).
-    fn lanes_shapes() -> [ConvShape; 4] {
-        [ConvShape::same(16, 40, 12, 16, 3), ConvShape::same(32, 72, 7, 20, 3), ConvShape::same(8, 17, 5, 8, 1), ConvShape::same(24, 33, 9, 12, 1)]
+    /// The wide shape's and (at most 16 output channels) the thin one's,
+    /// rows wider than a subgroup's pixels among them.
+    fn lanes_shapes() -> [ConvShape; 7] {
+        [
+            ConvShape::same(16, 40, 12, 16, 3),
+            ConvShape::same(32, 72, 7, 20, 3),
+            ConvShape::same(8, 17, 5, 8, 1),
+            ConvShape::same(24, 33, 9, 12, 1),
+            ConvShape::same(16, 3, 9, 36, 3),
+            ConvShape::same(64, 16, 6, 40, 3),
+            ConvShape::same(8, 3, 5, 44, 1),
+        ]
     }
 
     #[test]

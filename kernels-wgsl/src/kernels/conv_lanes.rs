@@ -1,45 +1,59 @@
 //! The source of the CPU adapters' convolution (`conv2d_lanes`): 3×3 and
 //! 1×1 kernels, stride 1, the output the input's size (the VAE's).
 //!
-//! As `linear_lanes`: each lane owns [`COLS`] output channels (their weight
+//! As `linear_lanes`: each lane owns [`Shape::cols`] output channels (their weight
 //! rows, read by the lane itself, each vec4 just before its products), and
 //! the pixels are shared: each subgroup
-//! takes [`PIXELS`] consecutive pixels of one output row, reads the input
+//! takes [`Shape::pixels`] consecutive pixels of one output row, reads the input
 //! patch they need (K rows of 8 + K − 1 columns per input channel) together
 //! as aligned vec4s, one share a lane, and hands each value to every lane
 //! with `subgroupBroadcast` (a CPU driver fetches a storage load lane by
 //! lane, so a patch costs each lane a few loads instead of all of them).
 //! Input channels go [`CHANNELS`] at a time. `subgroupBroadcast` takes a
 //! constant lane, so a step's products are written out for each subgroup
-//! size and kernel size. Each output's sum runs over the taps (ci, ky, kx)
-//! in order, one `fma` each, the bias after it, as `conv2d` sums: the same
-//! bits.
+//! size, kernel size and [`Shape`]. Each output's sum runs over the taps
+//! (ci, ky, kx) in order, one `fma` each, the bias after it, as `conv2d`
+//! and `conv2d_thin` sum: the same bits.
 
-/// Output channels a lane owns.
-pub const COLS: u32 = 4;
-/// Consecutive output pixels (of one row) a subgroup takes.
-pub const PIXELS: u32 = 8;
+/// How a subgroup's work is cut: output channels a lane owns, and
+/// consecutive output pixels (of one row) the subgroup takes. Each lane
+/// holds `cols × pixels` sums.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shape {
+    pub cols: u32,
+    pub pixels: u32,
+}
+
+/// For most convolutions: 4 channels a lane, 8 pixels.
+pub const WIDE: Shape = Shape { cols: 4, pixels: 8 };
+/// For at most [`super::conv::THIN_MAX`] output channels (an RGB
+/// `conv_out`): one channel a lane, 32 pixels, so a patch serves four times
+/// the pixels where most lanes' channels are past the output's.
+pub const THIN: Shape = Shape { cols: 1, pixels: 32 };
+
 /// Input channels a step.
 pub const CHANNELS: u32 = 8;
 
 use super::lanes::{emit, weight_vec4, LANE_COUNTS, PRODUCT_PRELUDE};
 
-/// Vec4s of a patch row: the pixels' 8 columns and `pad` either side, on
+/// Vec4s of a patch row: the pixels' columns and `pad` either side, on
 /// vec4 boundaries (the first at `ox0 / 4 - ROW_LEAD` vec4s).
-fn row_vec4s(kernel: u32) -> u32 {
-    if kernel == 1 { 2 } else { 4 }
+fn row_vec4s(kernel: u32, pixels: u32) -> u32 {
+    if kernel == 1 { pixels / 4 } else { pixels / 4 + 2 }
 }
 fn row_lead(kernel: u32) -> u32 {
     if kernel == 1 { 0 } else { 1 }
 }
 
 /// The entry's source after the shared parts (`product_io.wgsl`,
-/// `conv_io.wgsl`), for subgroups of `lanes` and `kernel`×`kernel` taps.
-pub fn source(lanes: u32, kernel: u32) -> String {
+/// `conv_io.wgsl`), for subgroups of `lanes`, `kernel`×`kernel` taps and
+/// the work cut as `shape` says.
+pub fn source(lanes: u32, kernel: u32, shape: Shape) -> String {
+    let Shape { cols, pixels } = shape;
     assert!(LANE_COUNTS.contains(&lanes), "no conv2d_lanes for subgroups of {lanes}");
     assert!(kernel == 1 || kernel == 3, "no conv2d_lanes for {kernel}×{kernel} kernels");
     let pad = (kernel - 1) / 2;
-    let v4r = row_vec4s(kernel);
+    let v4r = row_vec4s(kernel, pixels);
     let per_channel = kernel * v4r; // patch vec4s of one input channel
     let patch = CHANNELS * per_channel; // a step's patch vec4s
     assert!(patch.is_multiple_of(lanes));
@@ -49,18 +63,18 @@ pub fn source(lanes: u32, kernel: u32) -> String {
     let ind = "    ";
     emit!(s, "@compute @workgroup_size(64)");
     emit!(s, "fn conv2d_lanes(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_id) sg: u32, @builtin(subgroup_invocation_id) lane: u32) {{");
-    emit!(s, "{ind}let row_blocks = (p.width + {}u) / {PIXELS}u;", PIXELS - 1);
+    emit!(s, "{ind}let row_blocks = (p.width + {}u) / {pixels}u;", pixels - 1);
     emit!(s, "{ind}let block = wid.x * {}u + sg;", 64 / lanes);
     emit!(s, "{ind}let oy = min(block / row_blocks, p.height - 1u);");
-    emit!(s, "{ind}let ox0 = (block % row_blocks) * {PIXELS}u;");
+    emit!(s, "{ind}let ox0 = (block % row_blocks) * {pixels}u;");
     emit!(s, "{ind}let live = block < row_blocks * p.height;");
-    emit!(s, "{ind}let co0 = wid.y * {}u + lane;", lanes * COLS);
+    emit!(s, "{ind}let co0 = wid.y * {}u + lane;", lanes * cols);
     emit!(s, "{ind}let k = taps();");
     emit!(s, "{ind}let wdiv = select(4u, 8u, WEIGHT_BF16);");
     emit!(s, "{ind}let last = (p.w_offset + p.out_channels * k) / wdiv - 1u;");
-    for c in 0..COLS {
+    for c in 0..cols {
         emit!(s, "{ind}let wb{c} = (p.w_offset + min(co0 + {}u, p.out_channels - 1u) * k) / wdiv;", c * lanes);
-        for r in 0..PIXELS {
+        for r in 0..pixels {
             emit!(s, "{ind}var acc{r}_{c} = 0.0;");
         }
     }
@@ -93,7 +107,7 @@ pub fn source(lanes: u32, kernel: u32) -> String {
         for ky in 0..kernel {
             // The patch row's values, broadcast: column j is ox0 - pad + j.
             let first_col = row_lead(kernel) * 4 - pad; // offset of column 0 in the row's vec4s
-            for j in 0..PIXELS + kernel - 1 {
+            for j in 0..pixels + kernel - 1 {
                 let v = ci * per_channel + ky * v4r + (first_col + j) / 4;
                 let comp = comps[((first_col + j) % 4) as usize];
                 emit!(s, "{ind}let p{ci}_{ky}_{j} = subgroupBroadcast(xl{}, {}u).{comp};", v / lanes, v % lanes);
@@ -101,13 +115,13 @@ pub fn source(lanes: u32, kernel: u32) -> String {
             for kx in 0..kernel {
                 let t = (ci * kernel + ky) * kernel + kx;
                 if t.is_multiple_of(4) {
-                    for c in 0..COLS {
+                    for c in 0..cols {
                         weight_vec4(&mut s, ind, c, &first, t / 4);
                     }
                 }
                 let wc = |c: u32| format!("w{c}_{}.{}", t / 4, comps[(t % 4) as usize]);
-                for r in 0..PIXELS {
-                    for c in 0..COLS {
+                for r in 0..pixels {
+                    for c in 0..cols {
                         emit!(s, "{ind}acc{r}_{c} = fma({}, p{ci}_{ky}_{}, acc{r}_{c});", wc(c), r + kx);
                     }
                 }
@@ -117,11 +131,11 @@ pub fn source(lanes: u32, kernel: u32) -> String {
     emit!(s, "    }}");
     let ind = "    ";
     emit!(s, "{ind}let plane = p.height * p.width;");
-    for c in 0..COLS {
+    for c in 0..cols {
         emit!(s, "{ind}let oc{c} = co0 + {}u;", c * lanes);
         emit!(s, "{ind}if (live && oc{c} < p.out_channels) {{");
         emit!(s, "{ind}    let b{c} = bias(p.b_offset + oc{c});");
-        for r in 0..PIXELS {
+        for r in 0..pixels {
             emit!(s, "{ind}    if (ox0 + {r}u < p.width) {{ y[p.y_offset + oc{c} * plane + oy * p.width + ox0 + {r}u] = acc{r}_{c} + b{c}; }}");
         }
         emit!(s, "{ind}}}");
