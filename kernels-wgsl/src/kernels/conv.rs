@@ -206,7 +206,8 @@ fn conv2d_matrix(gpu: &Gpu, sink: &mut dyn Sink, xw: &Window<'_>, w: Weight<'_>,
         let (yw, ww, bw) = (y_rows.window(gpu, &rows)?, w_rows.window(gpu, &rows)?, b_rows.window(gpu, &rows)?);
         let out_channels = rows.end - rows.start;
         let paired = ww.local.is_multiple_of(2) && taps.is_multiple_of(2) && w.dtype == WeightDtype::Bf16 && c.fetches_whole_steps();
-        let constants = [("WEIGHT_BF16", w.dtype.constant()), ("WG", wg), ("B_PAIRED", paired as u32)];
+        let kernel_size = to_u32(s.kernel as u64, "conv kernel")?;
+        let constants = [("WEIGHT_BF16", w.dtype.constant()), ("WG", wg), ("B_PAIRED", paired as u32), ("KERNEL", kernel_size)];
         let most_runs = plane.div_ceil(block).min(runs_cap);
         let scales = gpu.range_scales(out_channels + most_runs)?;
         if half {
@@ -237,7 +238,7 @@ fn conv2d_matrix(gpu: &Gpu, sink: &mut dyn Sink, xw: &Window<'_>, w: Weight<'_>,
                 w_scales: 0,
             };
             if half {
-                let launch = Launch { kernel: &run_scales, constants: &[("WG", wg)], params, grid: wrapped_grid(runs) };
+                let launch = Launch { kernel: &run_scales, constants: &[("WG", wg), ("KERNEL", kernel_size)], params, grid: wrapped_grid(runs) };
                 dispatch(gpu, sink, launch, &[(1, xw), (5, &sw)]);
             }
             let launch = Launch { kernel: &kernel, constants: &constants, params, grid: wrapped_grid(runs * out_channels.div_ceil(block)) };

@@ -17,6 +17,9 @@
 
 // Invocations per workgroup: SUBGROUPS subgroups of the adapter's size.
 override WG: u32 = 32u;
+// The kernel's size (p.kernel) fixed when the pipeline is made: a tap's
+// (ci, ky, kx) then comes of divisions by constants, in every gathered value.
+override KERNEL: u32 = 3u;
 
 @group(0) @binding(5) var<storage, read_write> scales: array<f32>;
 
@@ -27,10 +30,10 @@ fn a_at(r: u32, t: u32, m0: u32, k0: u32) -> f32 {
     let row = m0 + r;
     let tap = k0 + t;
     let pixel = p.px_first + row;
-    let kk = p.kernel * p.kernel;
+    let kk = KERNEL * KERNEL;
     let ci = tap / kk;
-    let ky = (tap % kk) / p.kernel;
-    let kx = tap % p.kernel;
+    let ky = (tap % kk) / KERNEL;
+    let kx = tap % KERNEL;
     // Unsigned wrap-around makes taps above or left of the image fail the bound check.
     let iy = (pixel / p.out_width) * p.stride + ky - p.pad_top;
     let ix = (pixel % p.out_width) * p.stride + kx - p.pad_left;
