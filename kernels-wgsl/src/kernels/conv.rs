@@ -44,6 +44,33 @@ pub struct ConvParams {
     pub w_scales: u32,
 }
 
+impl ConvParams {
+    /// `s` over `out_channels` output channels, with x, W, bias and y at
+    /// these offsets in their windows; every output pixel, no scales.
+    fn of(s: &ConvShape, out_channels: u64, [x_offset, w_offset, b_offset, y_offset]: [u32; 4]) -> Self {
+        ConvParams {
+            in_channels: s.in_channels as u32,
+            height: s.height as u32,
+            width: s.width as u32,
+            out_channels: out_channels as u32,
+            out_height: s.out_height as u32,
+            out_width: s.out_width as u32,
+            kernel: s.kernel as u32,
+            stride: s.stride as u32,
+            pad_top: s.pad_top as u32,
+            pad_left: s.pad_left as u32,
+            x_offset,
+            w_offset,
+            b_offset,
+            y_offset,
+            px_first: 0,
+            px_count: (s.out_height * s.out_width) as u32,
+            x_scales: 0,
+            w_scales: 0,
+        }
+    }
+}
+
 pub const CONV2D: Kernel =
     kernel(Module::Conv, "conv2d", [16, 16, 1], &[(1, RW), (2, R), (3, R), (4, RW)], size_of::<ConvParams>(), true);
 /// The f16 tier's conv2d: `conv.wgsl` on f16-staged tiles.
@@ -147,26 +174,7 @@ pub fn conv2d(
             _ if wide => (&CONV2D_WIDE, [("WEIGHT_BF16", w.dtype.constant()), ("W_PAIRED", paired as u32)]),
             _ => (&CONV2D, [("WEIGHT_BF16", w.dtype.constant()), ("W_PAIRED", paired as u32)]),
         };
-        let params = ConvParams {
-            in_channels: s.in_channels as u32,
-            height: s.height as u32,
-            width: s.width as u32,
-            out_channels: (rows.end - rows.start) as u32,
-            out_height: s.out_height as u32,
-            out_width: s.out_width as u32,
-            kernel: s.kernel as u32,
-            stride: s.stride as u32,
-            pad_top: s.pad_top as u32,
-            pad_left: s.pad_left as u32,
-            x_offset: xw.local,
-            w_offset: ww.local,
-            b_offset: bw.local,
-            y_offset: yw.local,
-            px_first: 0,
-            px_count: plane as u32,
-            x_scales: 0,
-            w_scales: 0,
-        };
+        let params = ConvParams::of(&s, out_channels, [xw.local, ww.local, bw.local, yw.local]);
         let grid = match thin {
             true => grid64(plane),
             false => wrapped_grid((rows.end - rows.start).div_ceil(tile_co) * plane.div_ceil(tile_px)),
@@ -218,24 +226,11 @@ fn conv2d_matrix(gpu: &Gpu, sink: &mut dyn Sink, xw: &Window<'_>, w: Weight<'_>,
             let runs = (px.end - px.start).div_ceil(block);
             let sw = window(gpu, &scales, 4, 0..out_channels + runs, "range scales")?;
             let params = ConvParams {
-                in_channels: s.in_channels as u32,
-                height: s.height as u32,
-                width: s.width as u32,
-                out_channels: out_channels as u32,
-                out_height: s.out_height as u32,
-                out_width: s.out_width as u32,
-                kernel: s.kernel as u32,
-                stride: s.stride as u32,
-                pad_top: s.pad_top as u32,
-                pad_left: s.pad_left as u32,
-                x_offset: xw.local,
-                w_offset: ww.local,
-                b_offset: bw.local,
-                y_offset: yw.local,
                 px_first: to_u32(px.start, "conv output pixels")?,
                 px_count: to_u32(px.end - px.start, "conv output pixels")?,
                 x_scales: to_u32(out_channels, "conv output channels")?,
                 w_scales: 0,
+                ..ConvParams::of(&s, out_channels, [xw.local, ww.local, bw.local, yw.local])
             };
             if half {
                 let launch = Launch { kernel: &run_scales, constants: &[("WG", wg), ("KERNEL", kernel_size)], params, grid: wrapped_grid(runs) };

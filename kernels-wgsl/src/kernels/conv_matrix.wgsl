@@ -77,15 +77,6 @@ fn b_scale(col: u32) -> f32 {
     return scales[p.w_scales + col];
 }
 
-// Their inverses, exact (powers of two).
-fn a_inverse(row: u32) -> f32 {
-    return 1.0 / a_scale(row);
-}
-
-fn b_inverse(col: u32) -> f32 {
-    return 1.0 / b_scale(col);
-}
-
 // y[channel c, pixel r] = value + b[c], inside the call's pixels and channels only.
 fn block_value_out(r: u32, c: u32, value: f32) {
     if (r < p.px_count && c < p.out_channels) {

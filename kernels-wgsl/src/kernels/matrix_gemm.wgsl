@@ -19,9 +19,10 @@
 // before the products instead.
 //
 // f16 operands are rounded under range_rule.wgsl's rule: the module's
-// `a_inverse(row)` / `b_inverse(col)` give the inverses of the scales of A's
-// rows and B's columns (measured before the product, once per linear), and
-// `a_scale` / `b_scale` the scales the sum is multiplied by on its way out.
+// `a_scale(row)` / `b_scale(col)` give the scales of A's rows and B's
+// columns (measured before the product, once per call), which the sum is
+// multiplied by on its way out; their inverses (`a_inverse`, `b_inverse`,
+// below) scale the operands on their way in.
 // f32 operands (8×8, Apple GPUs) need no rule.
 //
 // A k step reaches workgroup memory through the fetching file the module
@@ -54,6 +55,15 @@ var<workgroup> c_tiles: array<f32, SUBGROUPS * T * T>;
 // The inverses of the block's row and column scales (powers of two).
 var<workgroup> row_inverse: array<f32, BM>;
 var<workgroup> col_inverse: array<f32, BN>;
+
+// The inverses of the module's row and column scales, exact (powers of two).
+fn a_inverse(row: u32) -> f32 {
+    return 1.0 / a_scale(row);
+}
+
+fn b_inverse(col: u32) -> f32 {
+    return 1.0 / b_scale(col);
+}
 
 // The subgroup's tile (ti, tj), as its slice of c_tiles holds it, scaled back
 // and written out by the subgroup's own invocations.
