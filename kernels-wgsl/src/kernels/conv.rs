@@ -214,8 +214,8 @@ fn conv2d_matrix(gpu: &Gpu, sink: &mut dyn Sink, xw: &Window<'_>, w: Weight<'_>,
         let (yw, ww, bw) = (y_rows.window(gpu, &rows)?, w_rows.window(gpu, &rows)?, b_rows.window(gpu, &rows)?);
         let out_channels = rows.end - rows.start;
         let paired = ww.local.is_multiple_of(2) && taps.is_multiple_of(2) && w.dtype == WeightDtype::Bf16 && c.fetches_whole_steps();
-        let kernel_size = to_u32(s.kernel as u64, "conv kernel")?;
-        let constants = [("WEIGHT_BF16", w.dtype.constant()), ("WG", wg), ("B_PAIRED", paired as u32), ("KERNEL", kernel_size)];
+        let (kernel_size, out_width) = (to_u32(s.kernel as u64, "conv kernel")?, to_u32(s.out_width as u64, "conv output width")?);
+        let constants = [("WEIGHT_BF16", w.dtype.constant()), ("WG", wg), ("B_PAIRED", paired as u32), ("KERNEL", kernel_size), ("OUT_WIDTH", out_width)];
         let most_runs = plane.div_ceil(block).min(runs_cap);
         let scales = gpu.range_scales(out_channels + most_runs)?;
         if half {
@@ -233,7 +233,7 @@ fn conv2d_matrix(gpu: &Gpu, sink: &mut dyn Sink, xw: &Window<'_>, w: Weight<'_>,
                 ..ConvParams::of(&s, out_channels, [xw.local, ww.local, bw.local, yw.local])
             };
             if half {
-                let launch = Launch { kernel: &run_scales, constants: &[("WG", wg), ("KERNEL", kernel_size)], params, grid: wrapped_grid(runs) };
+                let launch = Launch { kernel: &run_scales, constants: &[("WG", wg), ("KERNEL", kernel_size), ("OUT_WIDTH", out_width)], params, grid: wrapped_grid(runs) };
                 dispatch(gpu, sink, launch, &[(1, xw), (5, &sw)]);
             }
             let launch = Launch { kernel: &kernel, constants: &constants, params, grid: wrapped_grid(runs * out_channels.div_ceil(block)) };

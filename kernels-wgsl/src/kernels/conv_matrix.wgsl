@@ -17,9 +17,12 @@
 
 // Invocations per workgroup: SUBGROUPS subgroups of the adapter's size.
 override WG: u32 = 32u;
-// The kernel's size (p.kernel) fixed when the pipeline is made: a tap's
-// (ci, ky, kx) then comes of divisions by constants, in every gathered value.
+// The kernel's size and the output's width (p.kernel, p.out_width) fixed
+// when the pipeline is made: a tap's (ci, ky, kx) and a pixel's row and
+// column then come of divisions by constants, in every gathered value (a
+// pipeline for each width an image's convolutions have: a handful).
 override KERNEL: u32 = 3u;
+override OUT_WIDTH: u32 = 1u;
 
 @group(0) @binding(5) var<storage, read_write> scales: array<f32>;
 
@@ -35,8 +38,8 @@ fn a_at(r: u32, t: u32, m0: u32, k0: u32) -> f32 {
     let ky = (tap % kk) / KERNEL;
     let kx = tap % KERNEL;
     // Unsigned wrap-around makes taps above or left of the image fail the bound check.
-    let iy = (pixel / p.out_width) * p.stride + ky - p.pad_top;
-    let ix = (pixel % p.out_width) * p.stride + kx - p.pad_left;
+    let iy = (pixel / OUT_WIDTH) * p.stride + ky - p.pad_top;
+    let ix = (pixel % OUT_WIDTH) * p.stride + kx - p.pad_left;
     let inside = row < p.px_count && tap < taps() && iy < p.height && ix < p.width;
     let v = x[select(p.x_offset, p.x_offset + (ci * p.height + iy) * p.width + ix, inside)];
     return select(0.0, v, inside);
