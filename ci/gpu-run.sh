@@ -91,8 +91,8 @@ say "flux-lite GPU run, $(date -u +%Y-%m-%dT%H:%M:%SZ), $(uname -srm)"
 say "binary: $binary ($("$binary" --help >/dev/null 2>&1 && echo runs || echo does not run))"
 
 # 2. The machine and the checks.
-# The limits add up to 570 s, and 150 more where the flash selftest fails (4B bench 90,
-# 9B 60, flash selftest and bench 45 each, peer 75). On an H200 (2026-11-26) the whole ran in
+# The limits add up to 600 s, and 150 more where the flash selftest fails (4B bench 90,
+# 9B 60, flash selftest and bench 45 each, tiled attention 30, peer 75). On an H200 (2026-11-26) the whole ran in
 # under 6 minutes with the first kernels, whose whole 1024² step row alone
 # took over a minute: the step has its own call, so a slow one cannot cut
 # the linear and block rows short.
@@ -112,6 +112,9 @@ step 60 "bench, klein-9B shapes" "$binary" bench kernels --model klein-9b --toke
 # its selftest checks, then its speed in the same shapes.
 step 45 "selftest, flash attention" env FLUX_LITE_ATTENTION_KERNEL=flash "$binary" selftest
 step 45 "bench, flash attention" env FLUX_LITE_ATTENTION_KERNEL=flash "$binary" bench kernels --model klein-4b --tokens "$tokens" --only attention,blocks
+# The f32 tier's tiled attention on the same shapes: if it beats the matrix
+# tier's own (the proof kernel) there, the tier should take it until flash is proven.
+step 30 "bench, tiled f32 attention" env FLUX_LITE_ATTENTION_KERNEL=tiled "$binary" bench kernels --model klein-4b --tokens "$tokens" --only attention
 
 # 4. The PyTorch peer on the same GPU.
 if command -v python3 >/dev/null; then

@@ -229,7 +229,10 @@ impl<'g> ShapeBench<'g> {
             seconds: self.timer.median(&d, self.repeats)?,
             flops: op.flops(),
             bytes: 4 * 4 * tokens * width,
-            matrix: gpu.matrix().is_some() && hd <= kernels::ATTENTION_MATRIX_MAX_HEAD_DIM,
+            // On matrix units unless a kernel of the f32 tier is forced (FLUX_LITE_ATTENTION_KERNEL).
+            matrix: gpu.matrix().is_some()
+                && hd <= kernels::ATTENTION_MATRIX_MAX_HEAD_DIM
+                && !matches!(gpu.attention_choice(), flux_lite_kernels::AttentionChoice::Tiled | flux_lite_kernels::AttentionChoice::Lanes),
         })
     }
 
