@@ -21,6 +21,8 @@
 #      matrix products in bf16 and f32 and one 4B transformer step, with its
 #      first double and single block, in bf16 (skipped, with a line saying
 #      why, without PyTorch, diffusers or CUDA);
+#   (3b. the flash attention's selftest and bench, and the f32 tier's tiled
+#   attention timed beside the matrix tier's);
 #   5. where the flash attention's selftest failed, that selftest again with
 #      each one-change variant of the kernel (ci/flash_variants.py), 30 s each.
 # Each step has its own time limit so that the whole fits in 10 minutes.
