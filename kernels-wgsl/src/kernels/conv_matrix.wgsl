@@ -45,6 +45,13 @@ fn a_at(r: u32, t: u32, m0: u32, k0: u32) -> f32 {
     return select(0.0, v, inside);
 }
 
+// Element i of a k step's A: (row, term), rows fastest: neighbouring output
+// pixels under one tap are neighbouring input values (a tap's terms are a
+// plane apart for 1×1 kernels, rows apart for 3×3 ones).
+fn a_element(i: u32) -> vec2<u32> {
+    return vec2<u32>(i % BM, i / BM);
+}
+
 // B = Wᵀ: W[n0 + c, k0 + t], W's rows [out channels, taps].
 fn b_at(t: u32, c: u32, n0: u32, k0: u32) -> f32 {
     if (k0 + t < taps() && n0 + c < p.out_channels) {

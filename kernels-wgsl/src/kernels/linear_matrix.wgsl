@@ -17,6 +17,11 @@ fn a_at(r: u32, t: u32, m0: u32, k0: u32) -> f32 {
     return select(0.0, v, inside);
 }
 
+// Element i of a k step's A: (row, term), terms fastest (x's rows are contiguous).
+fn a_element(i: u32) -> vec2<u32> {
+    return vec2<u32>(i / KT, i % KT);
+}
+
 // B = Wᵀ: W[n0 + c, k0 + t].
 fn b_at(t: u32, c: u32, n0: u32, k0: u32) -> f32 {
     if (k0 + t < p.k && n0 + c < p.n) {

@@ -1,5 +1,9 @@
 // The element-by-element fetching of matrix_gemm.wgsl's k steps: A and B
-// read through the module's `a_at`, `b_at` and `b_pair` (see matrix_gemm.wgsl).
+// read through the module's `a_at`, `b_at` and `b_pair` (see matrix_gemm.wgsl),
+// element i of a step's A being the module's `a_element(i)` (row, term):
+// terms fastest where A's rows are contiguous (the linear's x), rows fastest
+// where neighbouring rows are (the conv's pixels), so that consecutive
+// invocations read neighbouring addresses.
 
 // Whether the next k step is fetched into registers during the products
 // (B's columns as bf16 pairs), or staged element by element before them.
@@ -24,7 +28,8 @@ fn fetch(li: u32, row0: u32, col0: u32, t0: u32) -> Fetched {
     var f: Fetched;
     for (var j = 0u; j < BM * KT / WG; j++) {
         let i = li + j * WG;
-        f.a[j] = a_at(i / KT, i % KT, row0, t0);
+        let rt = a_element(i);
+        f.a[j] = a_at(rt.x, rt.y, row0, t0);
     }
     for (var j = 0u; j < BN * KT / 2u / WG; j++) {
         let i = li + j * WG;
@@ -37,9 +42,8 @@ fn fetch(li: u32, row0: u32, col0: u32, t0: u32) -> Fetched {
 // under its range scale.
 fn put(li: u32, half: u32, f: ptr<function, Fetched>) {
     for (var j = 0u; j < BM * KT / WG; j++) {
-        let i = li + j * WG;
-        let r = i / KT;
-        a_tiles[half * BM * LD + r * LD + i % KT] = Operand((*f).a[j] * row_inverse[r]);
+        let rt = a_element(li + j * WG);
+        a_tiles[half * BM * LD + rt.x * LD + rt.y] = Operand((*f).a[j] * row_inverse[rt.x]);
     }
     for (var j = 0u; j < BN * KT / 2u / WG; j++) {
         let i = li + j * WG;
@@ -54,9 +58,8 @@ fn put(li: u32, half: u32, f: ptr<function, Fetched>) {
 // Stages KT terms from t0 on into buffer `half` (0 or 1), element by element.
 fn stage(li: u32, half: u32, row0: u32, col0: u32, t0: u32) {
     for (var i = li; i < BM * KT; i += WG) {
-        let r = i / KT;
-        let t = i % KT;
-        a_tiles[half * BM * LD + r * LD + t] = Operand(a_at(r, t, row0, t0) * row_inverse[r]);
+        let rt = a_element(i);
+        a_tiles[half * BM * LD + rt.x * LD + rt.y] = Operand(a_at(rt.x, rt.y, row0, t0) * row_inverse[rt.x]);
     }
     for (var i = li; i < BN * KT; i += WG) {
         let c = i / KT;
