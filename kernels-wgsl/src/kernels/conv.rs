@@ -9,10 +9,9 @@ use crate::error::GpuError;
 use crate::view::{Mat, Weight};
 use bytemuck::{Pod, Zeroable};
 use flux_lite_core::oracle::ConvShape;
-use super::linear::{measure_rows, RangeScalesParams, GEMM_TILE, MATRIX_BLOCK_TILES, MATRIX_SUBGROUPS, RANGE_SCALES_ROWS};
+use super::linear::{matrix_b_paired, measure_rows, RangeScalesParams, GEMM_TILE, MATRIX_BLOCK_TILES, MATRIX_SUBGROUPS, RANGE_SCALES_ROWS};
 use crate::dispatch::to_u32;
 use crate::precision::{MatrixConfig, MatrixOperands};
-use crate::view::WeightDtype;
 use crate::kernel::wrapped_grid;
 use crate::precision::Precision;
 use super::conv_lanes;
@@ -148,16 +147,12 @@ pub fn conv2d(
     }
     let in_elems = (s.in_channels * s.height * s.width) as u64;
     let xw = window(gpu, x.buf, 4, x.offset..x.offset + in_elems, "conv input")?;
-    let plane = (s.out_height * s.out_width) as u64;
-    let per_out = (s.in_channels * s.kernel * s.kernel) as u64;
-    let eb = w.dtype.bytes();
-    let y_rows = Rows::packed(y.buf, 4, y.offset, plane, "conv output");
-    let w_rows = Rows::packed(w.buf, eb, w.offset, per_out, "conv weight");
-    let b_rows = Rows::packed(bias.buf, eb, bias.offset, 1, "conv bias");
-    let matrix = gpu.matrix();
-    if let Some(c) = matrix {
+    if let Some(c) = gpu.matrix() {
         return conv2d_matrix(gpu, sink, &xw, w, bias, y, s, c, RANGE_SCALES_ROWS);
     }
+    let plane = (s.out_height * s.out_width) as u64;
+    let per_out = (s.in_channels * s.kernel * s.kernel) as u64;
+    let [y_rows, w_rows, b_rows] = output_rows(&s, w, bias, y);
     for rows in row_chunks(gpu, s.out_channels as u64, &[y_rows, w_rows, b_rows], 1)? {
         let (yw, ww, bw) = (y_rows.window(gpu, &rows)?, w_rows.window(gpu, &rows)?, b_rows.window(gpu, &rows)?);
         let paired = ww.local.is_multiple_of(2) && per_out.is_multiple_of(2);
@@ -191,6 +186,16 @@ pub fn conv2d(
     Ok(())
 }
 
+/// The output's, W's and the bias's rows, one an output channel.
+fn output_rows<'a>(s: &ConvShape, w: Weight<'a>, bias: Weight<'a>, y: Mat<'a>) -> [Rows<'a>; 3] {
+    let (plane, taps, eb) = ((s.out_height * s.out_width) as u64, (s.in_channels * s.kernel * s.kernel) as u64, w.dtype.bytes());
+    [
+        Rows::packed(y.buf, 4, y.offset, plane, "conv output"),
+        Rows::packed(w.buf, eb, w.offset, taps, "conv weight"),
+        Rows::packed(bias.buf, eb, bias.offset, 1, "conv bias"),
+    ]
+}
+
 /// The matrix tier's conv2d on `matrix_gemm.wgsl`, in pieces of output
 /// channels (as one binding and the range scales allow) and of output
 /// pixels (at most `runs_cap` runs of a block's rows, the scales they need):
@@ -200,10 +205,8 @@ pub fn conv2d(
 fn conv2d_matrix(gpu: &Gpu, sink: &mut dyn Sink, xw: &Window<'_>, w: Weight<'_>, bias: Weight<'_>, y: Mat<'_>, s: ConvShape, c: MatrixConfig, runs_cap: u64) -> Result<(), GpuError> {
     let plane = (s.out_height * s.out_width) as u64;
     let taps = (s.in_channels * s.kernel * s.kernel) as u64;
-    let eb = w.dtype.bytes();
-    let y_rows = Rows::packed(y.buf, 4, y.offset, plane, "conv output");
-    let w_rows = Rows::packed(w.buf, eb, w.offset, taps, "conv weight");
-    let b_rows = Rows::packed(bias.buf, eb, bias.offset, 1, "conv bias");
+    let [y_rows, w_rows, b_rows] = output_rows(&s, w, bias, y);
+    let (kernel_size, out_width) = (to_u32(s.kernel as u64, "conv kernel")?, to_u32(s.out_width as u64, "conv output width")?);
     let block = c.size as u64 * MATRIX_BLOCK_TILES;
     let half = c.operands == MatrixOperands::F16;
     let kernel = *c.pick([&CONV2D_MATRIX_8, &CONV2D_MATRIX_16, &CONV2D_MATRIX_8_F32]);
@@ -213,8 +216,7 @@ fn conv2d_matrix(gpu: &Gpu, sink: &mut dyn Sink, xw: &Window<'_>, w: Weight<'_>,
     for rows in chunks(s.out_channels as u64, channels_cap) {
         let (yw, ww, bw) = (y_rows.window(gpu, &rows)?, w_rows.window(gpu, &rows)?, b_rows.window(gpu, &rows)?);
         let out_channels = rows.end - rows.start;
-        let paired = ww.local.is_multiple_of(2) && taps.is_multiple_of(2) && w.dtype == WeightDtype::Bf16 && c.fetches_whole_steps();
-        let (kernel_size, out_width) = (to_u32(s.kernel as u64, "conv kernel")?, to_u32(s.out_width as u64, "conv output width")?);
+        let paired = matrix_b_paired(c, w.dtype, ww.local, taps);
         let constants = [("WEIGHT_BF16", w.dtype.constant()), ("WG", wg), ("B_PAIRED", paired as u32), ("KERNEL", kernel_size), ("OUT_WIDTH", out_width)];
         let most_runs = plane.div_ceil(block).min(runs_cap);
         let scales = gpu.range_scales(out_channels + most_runs)?;
@@ -303,10 +305,10 @@ mod tests {
     }
 
     /// Shapes the lanes kernel takes: 3×3 and 1×1, input channels in steps
-    /// of 8, widths of whole vec4s ending inside a block of 8 pixels (20),
-    /// output channels past a workgroup's 32 (40, 72) and below it (17).
-    /// The wide shape's and (at most 16 output channels) the thin one's,
-    /// rows wider than a subgroup's pixels among them.
+    /// of 8, widths of whole vec4s. The wide shape (more than 16 output
+    /// channels): widths ending inside a block of 8 pixels (20), output
+    /// channels past a workgroup's 32 (40, 72) and below it (17, 33). The
+    /// thin one (3, 16): rows wider than its 32 pixels, ending inside a block.
     fn lanes_shapes() -> [ConvShape; 7] {
         [
             ConvShape::same(16, 40, 12, 16, 3),
@@ -425,7 +427,7 @@ mod tests {
     #[test]
     fn the_matrix_conv_in_pieces_of_pixels_gives_one_calls_bits() {
         let Some(gpu) = matrix_gpu() else { return };
-        let Some(c) = gpu.matrix() else { return };
+        let c = gpu.matrix().unwrap_or_else(|| panic!("a matrix-tier device without its matrix configuration"));
         let s = ConvShape::same(6, 20, 17, 17, 3);
         let mut rng = Rng::new(54);
         let x = rng.normals(s.in_channels * s.height * s.width, 1.0);

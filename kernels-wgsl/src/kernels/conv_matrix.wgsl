@@ -103,9 +103,7 @@ fn conv2d_matrix(
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(num_workgroups) nwg: vec3<u32>,
 ) {
-    let blocks_n = (p.out_channels + BN - 1u) / BN;
-    let block = flat_workgroup(wid, nwg);
-    matrix_gemm(li, sg, lane, lanes, (block / blocks_n) * BM, (block % blocks_n) * BN, taps());
+    matrix_gemm_block(li, sg, lane, lanes, flat_workgroup(wid, nwg), p.out_channels, taps());
 }
 
 // The scale of each run of BM pixels, one workgroup a run: each invocation

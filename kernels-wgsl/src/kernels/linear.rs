@@ -162,7 +162,7 @@ fn product(gpu: &Gpu, sink: &mut dyn Sink, x: Mat<'_>, w: Weight<'_>, bias: Opti
                     (kernel, constants, [cols_n.div_ceil(tile_n) as u32, rows_n.div_ceil(tile_m) as u32, 1])
                 }
                 (Some(c), _) => {
-                    let constants = vec![("WEIGHT_BF16", w.dtype.constant()), ("HAS_BIAS", bias.is_some() as u32), ("ACCUMULATE", accumulate as u32), ("WG", c.subgroup * MATRIX_SUBGROUPS), ("B_PAIRED", (paired && w.dtype == WeightDtype::Bf16 && c.fetches_whole_steps()) as u32)];
+                    let constants = vec![("WEIGHT_BF16", w.dtype.constant()), ("HAS_BIAS", bias.is_some() as u32), ("ACCUMULATE", accumulate as u32), ("WG", c.subgroup * MATRIX_SUBGROUPS), ("B_PAIRED", matrix_b_paired(c, w.dtype, ww.local, kdim) as u32)];
                     let kernel = match matrix_vec4s(c, &xw, x.stride, &ww, w.dtype, terms(gpu, kdim)) {
                         true => *c.pick([&LINEAR_MATRIX_8_VEC4, &LINEAR_MATRIX_16_VEC4, &LINEAR_MATRIX_8_F32_VEC4]),
                         false => *c.pick([&LINEAR_MATRIX_8, &LINEAR_MATRIX_16, &LINEAR_MATRIX_8_F32]),
@@ -216,6 +216,14 @@ fn product(gpu: &Gpu, sink: &mut dyn Sink, x: Mat<'_>, w: Weight<'_>, bias: Opti
         }
     }
     Ok(())
+}
+
+/// `matrix_fetch.wgsl`'s `B_PAIRED` for a matrix product (linear or conv)
+/// whose W window starts at element `w_local`, rows of `k`: each
+/// invocation fetches a k step of W's rows as whole bf16 pairs into
+/// registers during the products (else it stages them element by element).
+pub(crate) fn matrix_b_paired(c: MatrixConfig, dtype: WeightDtype, w_local: u32, k: u64) -> bool {
+    dtype == WeightDtype::Bf16 && w_local.is_multiple_of(2) && k.is_multiple_of(2) && c.fetches_whole_steps()
 }
 
 /// Whether the matrix linear reads x and W as vec4s

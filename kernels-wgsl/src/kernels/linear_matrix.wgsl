@@ -73,7 +73,5 @@ fn linear_matrix(
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(num_workgroups) nwg: vec3<u32>,
 ) {
-    let blocks_n = (p.n + BN - 1u) / BN;
-    let block = flat_workgroup(wid, nwg);
-    matrix_gemm(li, sg, lane, lanes, (block / blocks_n) * BM, (block % blocks_n) * BN, p.k);
+    matrix_gemm_block(li, sg, lane, lanes, flat_workgroup(wid, nwg), p.n, p.k);
 }

@@ -77,6 +77,14 @@ fn tile_out(lane: u32, lanes: u32, sg: u32, ti: u32, tj: u32, row0: u32, col0: u
     }
 }
 
+// Block `block` of C over `n` columns and k terms, its column blocks
+// fastest (consecutive workgroups share their rows of A), as the launchers'
+// grids count them.
+fn matrix_gemm_block(li: u32, sg: u32, lane: u32, lanes: u32, block: u32, n: u32, k: u32) {
+    let blocks_n = (n + BN - 1u) / BN;
+    matrix_gemm(li, sg, lane, lanes, (block / blocks_n) * BM, (block % blocks_n) * BN, k);
+}
+
 // The block at (row0, col0) over k terms, written out through
 // `block_value_out`. Blocks past the matrix run on zeros: cooperative
 // operations need uniform control flow, which an early return would break.
