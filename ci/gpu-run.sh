@@ -16,13 +16,13 @@
 #      attention, blocks, the VAE decode at 1024² beside the tiny preview
 #      decoder, DF11's and the GGUF types' expansion, the tier table), one
 #      4B step at 1024², and the
-#      9B's linears, attention and blocks;
+#      9B's linears, attention and blocks; then the flash attention's
+#      selftest and bench (FLUX_LITE_ATTENTION_KERNEL=flash), and the f32
+#      tier's tiled attention timed beside the matrix tier's;
 #   4. beside them, PyTorch on the same GPU (ci/gpu_peer.py): the bench's
 #      matrix products in bf16 and f32 and one 4B transformer step, with its
 #      first double and single block, in bf16 (skipped, with a line saying
 #      why, without PyTorch, diffusers or CUDA);
-#   (3b. the flash attention's selftest and bench, and the f32 tier's tiled
-#   attention timed beside the matrix tier's);
 #   5. where the flash attention's selftest failed, that selftest again with
 #      each one-change variant of the kernel (ci/flash_variants.py), 30 s each.
 # Each step has its own time limit so that the whole fits in 10 minutes.

@@ -5,7 +5,7 @@
 //! rows, read by the lane itself, each vec4 just before its products), and
 //! the pixels are shared: each subgroup
 //! takes [`Shape::pixels`] consecutive pixels of one output row, reads the input
-//! patch they need (K rows of 8 + K − 1 columns per input channel) together
+//! patch they need (K rows of its pixels + K − 1 columns per input channel) together
 //! as aligned vec4s, one share a lane, and hands each value to every lane
 //! with `subgroupBroadcast` (a CPU driver fetches a storage load lane by
 //! lane, so a patch costs each lane a few loads instead of all of them).

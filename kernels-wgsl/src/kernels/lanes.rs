@@ -34,8 +34,8 @@ fn bf16_pair(word: u32) -> vec2<f32> {
 /// starting at vec4 `wb{c}` of `w4`, the load clamped to vec4 `last`; bf16
 /// pairs or f32 as WEIGHT_BF16 says. Emitted just before the products that
 /// use it, so few such values live at once (with bf16, runs `t` and `t + 1`
-/// come from the same vec4, emitted as two identical loads; whether the
-/// driver merges them was not checked).
+/// come from the same vec4, emitted as two identical loads: loading it once
+/// for both measured the same time on lavapipe, docs/performance.md).
 pub fn weight_vec4(s: &mut String, ind: &str, c: u32, first: &str, t: u32) {
     emit!(s, "{ind}let q{c}_{t} = w4[min(wb{c} + select(({first}) / 4u + {t}u, ({first}) / 8u + {}u, WEIGHT_BF16), last)];", t / 2);
     let (a, b) = if t.is_multiple_of(2) { ("x", "y") } else { ("z", "w") };
