@@ -15,6 +15,7 @@ use bytemuck::Pod;
 use std::ops::Range;
 
 /// A bound window of a buffer and where the addressed data starts inside it.
+#[derive(Clone)]
 pub(crate) struct Window<'a> {
     binding: wgpu::BufferBinding<'a>,
     /// Element index of the first addressed element, relative to the window.

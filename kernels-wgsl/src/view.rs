@@ -42,26 +42,42 @@ impl WeightDtype {
     }
 }
 
-/// A weight tensor (bf16 or f32) starting at element `offset` of `buf`.
+/// A weight tensor (bf16 or f32) starting at element `offset` of `buf`,
+/// with the range scales of its rows where they were measured when the
+/// weight reached the device.
 #[derive(Debug, Clone, Copy)]
 pub struct Weight<'a> {
     pub buf: &'a wgpu::Buffer,
     pub offset: u64,
     pub dtype: WeightDtype,
+    pub scales: Option<RowScales<'a>>,
+}
+
+/// The matrix tier's range scales of a weight's rows, measured once
+/// (`measure_weight_rows`) and read by every product over the weight: the
+/// scale of the weight's row `r` is f32 element `offset + r` of `buf`, each
+/// measured over the `k` values of its row.
+#[derive(Debug, Clone, Copy)]
+pub struct RowScales<'a> {
+    pub buf: &'a wgpu::Buffer,
+    pub offset: u64,
+    pub k: u64,
 }
 
 impl<'a> Weight<'a> {
     pub fn bf16(buf: &'a wgpu::Buffer) -> Self {
-        Self { buf, offset: 0, dtype: WeightDtype::Bf16 }
+        Self { buf, offset: 0, dtype: WeightDtype::Bf16, scales: None }
     }
 
-    /// The weight from row `row` on, rows being `width` elements.
+    /// The weight from row `row` on, rows being `width` elements (its
+    /// scales, where it has them, from the same row on).
     pub fn rows_from(self, row: u64, width: u64) -> Self {
-        Self { offset: self.offset + row * width, ..self }
+        let scales = self.scales.map(|s| RowScales { offset: s.offset + row, ..s });
+        Self { offset: self.offset + row * width, scales, ..self }
     }
 
     pub fn f32(buf: &'a wgpu::Buffer) -> Self {
-        Self { buf, offset: 0, dtype: WeightDtype::F32 }
+        Self { buf, offset: 0, dtype: WeightDtype::F32, scales: None }
     }
 }
 

@@ -112,3 +112,51 @@ fn the_half_tiers_stay_finite_where_f32_does_on_inputs_outside_f16() {
         check(&format!("{tier} velocity on outliers vs the f32 tier"), &got, &want, other_tiers::VELOCITY);
     }
 }
+
+/// On the matrix tier, each linear's weight has its rows' range scales
+/// measured once where it reaches the device: at load for resident weights
+/// (plain, or DF11 groups expanded at load), and as each block fills its
+/// slot for the rest (groups expanded per block, weights streamed plain or
+/// compressed). Every placement gives the velocity bit for bit of the plain
+/// model's resident weights, over two passes (the second finding slots
+/// holding the first's weights), within the planned device bytes, which
+/// count the scales.
+#[test]
+fn the_matrix_tier_measures_weights_where_they_reach_the_device_under_every_strategy() {
+    use flux_lite_core::plan::WeightStrategy;
+    use flux_lite_platform::components::transformer::{LatentGrids, Transformer};
+    let Some(gpu) = tier_gpu(Precision::Matrix) else { return };
+    assert!(gpu.measures_weight_rows(), "the matrix tier here rounds operands to f16 and should keep weights' row scales");
+    let (text, lat_h, lat_w) = (8, 2, 3);
+    let run = |model: &ModelFolder, placement: WeightStrategy| {
+        let store = model.weights(Component::Transformer).unwrap();
+        let t = Transformer::new(&gpu, &model.transformer, store, placement, None, text, &LatentGrids::noise_only(lat_h, lat_w)).unwrap();
+        (flux_lite_tests::velocity_of_two_passes(&gpu, &t, text), t.weight_bytes())
+    };
+    let plain = ModelFolder::open(&model_dir("tiny-b")).unwrap();
+    let (want, _) = run(&plain, WeightStrategy::ResidentBf16);
+    assert!(want.iter().all(|v| v.is_finite()), "the resident velocity is not finite");
+    let df11 = ModelFolder::open(&model_dir("tiny-b"))
+        .and_then(|m| m.with_transformer(&flux_lite_tests::test_vectors().join("goldens/df11/tiny-b-transformer")))
+        .unwrap();
+    let mut sizes = {
+        let store = df11.weights(Component::Transformer).unwrap();
+        Transformer::weight_sizes(&df11.transformer, &store, text, lat_h * lat_w).unwrap()
+    };
+    assert!(sizes.row_scales > 0, "the transformer's linears have rows to scale");
+    sizes.keep_row_scales();
+    for (model, placement) in [
+        (&plain, WeightStrategy::Streamed { slots: 1 }),
+        (&df11, WeightStrategy::ResidentBf16),
+        (&df11, WeightStrategy::ResidentDf11 { slots: 1 }),
+        (&df11, WeightStrategy::ResidentDf11 { slots: 2 }),
+        (&df11, WeightStrategy::Streamed { slots: 2 }),
+    ] {
+        let (got, bytes) = run(model, placement);
+        assert!(got.iter().map(|v| v.to_bits()).eq(want.iter().map(|v| v.to_bits())), "{placement:?}: the velocity differs from the resident weights'");
+        if std::ptr::eq(model, &df11) {
+            assert!(bytes <= sizes.bytes(placement), "{placement:?}: {bytes} device bytes of weights, planned {}", sizes.bytes(placement));
+        }
+        println!("matrix tier, {placement:?}: velocity as resident, {bytes} device bytes of weights");
+    }
+}

@@ -92,6 +92,11 @@ pub struct WeightSizes {
     /// Where a linear over weights in GGML blocks expands rows of them
     /// (0 without such weights); not needed when they are expanded at load.
     pub packed_scratch: u64,
+    /// The range scales of the linears' weights' rows, which a device that
+    /// rounds products' operands to f16 (the matrix tier) measures once and
+    /// keeps under every strategy; not counted by [`Self::bytes`] until
+    /// [`Self::keep_row_scales`].
+    pub row_scales: u64,
 }
 
 impl WeightSizes {
@@ -105,6 +110,12 @@ impl WeightSizes {
         self.max_block = self.max_block.max(b.plain + b.packed + b.grouped);
         self.max_block_grouped = self.max_block_grouped.max(b.grouped);
         self.max_group = self.max_group.max(b.largest_group);
+    }
+
+    /// Counts the weights' row scales as kept (resident, with the shared weights).
+    pub fn keep_row_scales(&mut self) {
+        self.shared += self.row_scales;
+        self.row_scales = 0;
     }
 
     /// Whether some weights are held compressed (DF11 groups or GGML

@@ -319,6 +319,13 @@ impl Gpu {
         self.matrix
     }
 
+    /// Whether this device's products round their operands to f16 under the
+    /// range rule, so a weight's row scales are worth measuring once when
+    /// it reaches the device (`measure_weight_rows`).
+    pub fn measures_weight_rows(&self) -> bool {
+        self.matrix.is_some_and(|c| c.operands == crate::precision::MatrixOperands::F16)
+    }
+
     /// The cooperative-matrix configurations the adapter lists (`8×8×8 f16·f16→f32, …`).
     pub fn matrix_offered(&self) -> String {
         describe(&self.matrix_offered)

@@ -55,13 +55,13 @@ pub const LINEAR: Kernel =
 /// The f16 tier's linear: `linear.wgsl` on f16-staged tiles.
 pub const LINEAR_HALF: Kernel = Kernel { module: Module::LinearHalf, ..LINEAR };
 pub const LINEAR_MATRIX_8: Kernel =
-    kernel(Module::LinearMatrix8, "linear_matrix", [0, 1, 1], &[(1, RW), (2, R), (3, R), (4, RW), (5, R)], size_of::<LinearParams>(), true);
+    kernel(Module::LinearMatrix8, "linear_matrix", [0, 1, 1], &[(1, RW), (2, R), (3, R), (4, RW), (5, R), (8, R)], size_of::<LinearParams>(), true);
 pub const LINEAR_MATRIX_16: Kernel = Kernel { module: Module::LinearMatrix16, ..LINEAR_MATRIX_8 };
 pub const LINEAR_MATRIX_8_F32: Kernel = Kernel { module: Module::LinearMatrix8F32, ..LINEAR_MATRIX_8 };
 /// The same reading x and bf16 W as vec4s at bindings 6 and 7
 /// (`linear_matrix_vec4.wgsl`), where their windows are whole vec4s.
 pub const LINEAR_MATRIX_8_VEC4: Kernel =
-    kernel(Module::LinearMatrix8Vec4, "linear_matrix", [0, 1, 1], &[(3, R), (4, RW), (5, R), (6, RW), (7, R)], size_of::<LinearParams>(), true);
+    kernel(Module::LinearMatrix8Vec4, "linear_matrix", [0, 1, 1], &[(3, R), (4, RW), (5, R), (6, RW), (7, R), (8, R)], size_of::<LinearParams>(), true);
 pub const LINEAR_MATRIX_16_VEC4: Kernel = Kernel { module: Module::LinearMatrix16Vec4, ..LINEAR_MATRIX_8_VEC4 };
 pub const LINEAR_MATRIX_8_F32_VEC4: Kernel = Kernel { module: Module::LinearMatrix8F32Vec4, ..LINEAR_MATRIX_8_VEC4 };
 
@@ -175,19 +175,32 @@ fn product(gpu: &Gpu, sink: &mut dyn Sink, x: Mat<'_>, w: Weight<'_>, bias: Opti
                 None => placeholder_window(gpu)?,
             };
             let yw = Rows { offset: y.offset + cols.start, width: cols.end - cols.start, ..y_rows }.window(gpu, &rows)?;
-            // f16 operands: the rows' range scales, x's then W's, measured first.
+            // f16 operands: x's rows' range scales measured first, and W's
+            // where they were not measured when W reached the device.
+            let stored = w.scales.filter(|s| s.k == kdim);
             let scales = match matrix {
                 Some(c) if c.operands == MatrixOperands::F16 => {
                     let scales = gpu.range_scales(rows_n + cols_n)?;
                     measure_rows(gpu, sink, &xw, &scales, RangeScalesParams { rows: to_u32(rows_n, "linear rows")?, k: to_u32(terms(gpu, kdim), "linear k")?, src_offset: xw.local, src_stride: to_u32(x.stride, "linear input stride")?, dst_offset: 0, t_stride: 1, _pad: [0; 2] }, false)?;
-                    measure_rows(gpu, sink, &ww, &scales, RangeScalesParams { rows: to_u32(cols_n, "linear cols")?, k: to_u32(terms(gpu, kdim), "linear k")?, src_offset: ww.local, src_stride: to_u32(kdim, "linear k")?, dst_offset: to_u32(rows_n, "linear rows")?, t_stride: 1, _pad: [0; 2] }, w.dtype.constant() == 1)?;
+                    if stored.is_none() {
+                        measure_rows(gpu, sink, &ww, &scales, RangeScalesParams { rows: to_u32(cols_n, "linear cols")?, k: to_u32(terms(gpu, kdim), "linear k")?, src_offset: ww.local, src_stride: to_u32(kdim, "linear k")?, dst_offset: to_u32(rows_n, "linear rows")?, t_stride: 1, _pad: [0; 2] }, w.dtype.constant() == 1)?;
+                    }
                     Some(scales)
                 }
                 _ => None,
             };
-            let sw = match &scales {
-                Some(b) => window(gpu, b, 4, 0..rows_n + cols_n, "range scales")?,
-                None => placeholder_window(gpu)?,
+            let (sw, w_scales) = match (&scales, stored) {
+                (Some(b), None) => (window(gpu, b, 4, 0..rows_n + cols_n, "range scales")?, None),
+                (Some(b), Some(s)) => (window(gpu, b, 4, 0..rows_n, "range scales")?, Some(window(gpu, s.buf, 4, s.offset + cols.start..s.offset + cols.end, "weight row scales")?)),
+                (None, _) => (placeholder_window(gpu)?, None),
+            };
+            // W's scales (binding 8): as stored, or after x's in the product's own.
+            let (w_scales, w_scales_at) = match w_scales {
+                Some(win) => {
+                    let at = win.local;
+                    (win, at)
+                }
+                None => (sw.clone(), sw.local + to_u32(rows_n, "linear rows")?),
             };
             let params = LinearParams {
                 m: to_u32(rows.end - rows.start, "linear rows")?,
@@ -199,15 +212,15 @@ fn product(gpu: &Gpu, sink: &mut dyn Sink, x: Mat<'_>, w: Weight<'_>, bias: Opti
                 b_offset: bw.local,
                 y_offset: yw.local,
                 y_stride: to_u32(y.stride, "linear output stride")?,
-                x_scales: 0,
-                w_scales: to_u32(rows_n, "linear rows")?,
+                x_scales: sw.local,
+                w_scales: w_scales_at,
                 _pad: 0,
             };
             let launch = Launch { kernel: &kernel, constants: &constants, params, grid };
             if kernel.module.reads_vec4s() {
-                dispatch(gpu, sink, launch, &[(3, &bw), (4, &yw), (5, &sw), (6, &xw), (7, &ww)]);
+                dispatch(gpu, sink, launch, &[(3, &bw), (4, &yw), (5, &sw), (6, &xw), (7, &ww), (8, &w_scales)]);
             } else if matrix.is_some() {
-                dispatch(gpu, sink, launch, &[(1, &xw), (2, &ww), (3, &bw), (4, &yw), (5, &sw)]);
+                dispatch(gpu, sink, launch, &[(1, &xw), (2, &ww), (3, &bw), (4, &yw), (5, &sw), (8, &w_scales)]);
             } else if lanes.is_some() {
                 dispatch(gpu, sink, launch, &[(3, &bw), (4, &yw), (6, &xw), (7, &ww)]);
             } else {
@@ -236,6 +249,22 @@ fn matrix_vec4s(c: MatrixConfig, xw: &Window<'_>, x_stride: u64, ww: &Window<'_>
         return false;
     }
     dtype == WeightDtype::Bf16 && c.fetches_vec4_steps() && xw.local.is_multiple_of(4) && x_stride.is_multiple_of(4) && k.is_multiple_of(8) && ww.local.is_multiple_of(8)
+}
+
+/// The range scales of rows `0 .. rows` of `w` (rows of `k` values) into
+/// f32 elements `at ..` of `dst`, as a matrix-tier product over `w` would
+/// measure them itself: run once where the weight reaches the device, so
+/// that every product over it reads them ([`Weight::scales`]) instead.
+pub fn measure_weight_rows(gpu: &Gpu, sink: &mut dyn Sink, w: Weight<'_>, rows: u64, k: u64, dst: &wgpu::Buffer, at: u64) -> Result<(), GpuError> {
+    let w_rows = Rows::packed(w.buf, w.dtype.bytes(), w.offset, k, "weight");
+    for piece in chunks(rows, rows_per_chunk(gpu, rows, &[w_rows], 1)?) {
+        let ww = w_rows.window(gpu, &piece)?;
+        let dw = window(gpu, dst, 4, at + piece.start..at + piece.end, "weight row scales")?;
+        let params = RangeScalesParams { rows: to_u32(piece.end - piece.start, "weight rows")?, k: to_u32(terms(gpu, k), "weight k")?, src_offset: ww.local, src_stride: to_u32(k, "weight k")?, dst_offset: dw.local, t_stride: 1, _pad: [0; 2] };
+        let launch = Launch { kernel: &RANGE_SCALES, constants: &[("SOURCE_BF16", w.dtype.constant())], params, grid: wrapped_grid(params.rows as u64) };
+        dispatch(gpu, sink, launch, &[(1, &ww), (2, &dw)]);
+    }
+    Ok(())
 }
 
 /// One [`RANGE_SCALES`] pass: the scale of each row of `src` (f32, or bf16
@@ -582,6 +611,56 @@ mod tests {
         }
     }
 
+
+    /// A matrix linear over a weight whose rows' scales were measured once
+    /// (`measure_weight_rows`, as a weight reaching the device has them)
+    /// gives the bits of one that measures W itself, over a part of the
+    /// weight's rows, in pieces (bindings of 64 KiB) and whole, read as
+    /// vec4s (k = 136) and element by element (k = 131); and it records
+    /// one pass fewer: no measure of W.
+    #[test]
+    fn the_matrix_linear_reads_a_weights_stored_scales_with_the_bits_it_would_measure() {
+        for limit in [Some(64u64 << 10), None] {
+            let Some(gpu) = tier_gpu_with(GpuOptions { precision: Precision::Matrix, max_storage_binding: limit, ..crate::testing::options() }) else { return };
+            for (seed, [m, n, k]) in [(70u64, [180usize, 250usize, 136usize]), (71, [33, 70, 131])] {
+                let (first, rows) = (40usize, n + 45);
+                let mut rng = Rng::new(seed);
+                let x = rng.normals(m * k, 1.0);
+                let mut w = rng.bf16s(rows * k, 0.1);
+                // A row far above f16's range: its scale must be its own.
+                w[(first + 3) * k..(first + 4) * k].iter_mut().for_each(|v| *v = half::bf16::from_f32(half::bf16::from_bits(*v).to_f32() * 1e6).to_bits());
+                let b = rng.bf16s(rows, 1.0);
+                let (xb, wb, bb) = (gpu.upload_f32("x", &x), gpu.upload_bf16("w", &w), gpu.upload_bf16("b", &b));
+                let scales = gpu.storage("weight row scales", 4 * (rows as u64 + 5));
+                let s = Gemm { m: m as u64, n: n as u64, k: k as u64 };
+                let mut measure: Vec<crate::Dispatch> = Vec::new();
+                measure_weight_rows(&gpu, &mut measure, Weight::bf16(&wb), rows as u64, k as u64, &scales, 5).unwrap();
+                gpu.submit(|enc| {
+                    crate::encode(enc, &measure);
+                    Ok(())
+                })
+                .unwrap();
+                let stored = Weight { scales: Some(crate::RowScales { buf: &scales, offset: 5, k: k as u64 }), ..Weight::bf16(&wb) };
+                let run = |weight: Weight<'_>| {
+                    let yb = poisoned(&gpu, m * n);
+                    let mut recorded: Vec<crate::Dispatch> = Vec::new();
+                    let bias = Some(Weight::bf16(&bb).rows_from(first as u64, 1));
+                    linear(&gpu, &mut recorded, Mat::new(&xb, k as u64), weight.rows_from(first as u64, k as u64), bias, Mat::new(&yb, n as u64), s).unwrap();
+                    let got = run_and_read(&gpu, &yb, m * n, |enc| {
+                        crate::encode(enc, &recorded);
+                        Ok(())
+                    });
+                    (got, recorded.len())
+                };
+                let ((with, with_passes), (without, without_passes)) = (run(stored), run(Weight::bf16(&wb)));
+                assert!(with.iter().all(|v| v.is_finite()), "{m}×{n}×{k}: values left unwritten or not finite");
+                assert_eq!(bits(&with), bits(&without), "{m}×{n}×{k}, bindings {limit:?}: stored and measured scales differ");
+                if limit.is_none() {
+                    assert_eq!(with_passes + 1, without_passes, "{m}×{n}×{k}: the stored scales' product still measures W");
+                }
+            }
+        }
+    }
 
     #[test]
     fn linear_on_f16_tiles_matches_the_oracle() {

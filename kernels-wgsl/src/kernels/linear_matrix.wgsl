@@ -1,13 +1,16 @@
 // y[m, n] = Σ_k x[m, k] · W[n, k] (+ b[n]) on cooperative-matrix units: the
 // matrix tier's linear, on matrix_gemm.wgsl's core with A = x and B = Wᵀ,
 // one BM × BN block of y per workgroup. f16 operands are rounded under the
-// range rule with the row scales of x and W that range_scales.wgsl measured
-// before this product (binding 5); the sum is f32. Interface in linear_io.wgsl.
+// range rule with the row scales of x that range_scales.wgsl measured before
+// this product (binding 5) and of W's rows (binding 8: measured when W reached
+// the device, or by the same pre-pass); the sum is f32. Interface in
+// linear_io.wgsl.
 
 // Invocations per workgroup: SUBGROUPS subgroups of the adapter's size.
 override WG: u32 = 32u;
 
 @group(0) @binding(5) var<storage, read> scales: array<f32>;
+@group(0) @binding(8) var<storage, read> w_scales: array<f32>;
 
 // A = x: x[m0 + r, k0 + t]. Past the matrix it reads x's first element and
 // gives zero: a select, not a branch, so loads can be issued together.
@@ -54,7 +57,7 @@ fn b_scale(col: u32) -> f32 {
     if (!OPERAND_HALF || col >= p.n) {
         return 1.0;
     }
-    return scales[p.w_scales + col];
+    return w_scales[p.w_scales + col];
 }
 
 // y[r, c] = value (+ bias, + y's old value), inside the matrix only.

@@ -25,7 +25,7 @@ pub use conv::{conv2d, upsample_nearest2x};
 pub use df11::{df11_clear, df11_decode, df11_decode_blocks, Df11Arrays, DF11_BLOCK_BYTES};
 pub use elementwise::{elementwise, transpose, Elementwise};
 pub use ggml::ggml_expand;
-pub use linear::{linear, linear_add, Gemm, GEMM_TILE};
+pub use linear::{linear, linear_add, measure_weight_rows, Gemm, GEMM_TILE};
 pub use norm::{group_norm, group_norm_apply, group_stats, layer_norm_modulate, rms_norm, rms_norm_inplace, GroupAffine, Groups, RowNorm};
 pub use rope::{rope, RopeStyle, RopeTables};
 pub use crate::view::HeadRows;

@@ -160,7 +160,7 @@ mod tests {
     /// fused multiply-add lands a sum on the other side of a rounding edge.
     #[test]
     fn latent_preview_matches_the_hosts() {
-        use crate::view::{Mat, Weight, WeightDtype};
+        use crate::view::{Mat, Weight};
         let gpu = gpu();
         for (channels, grid_h, grid_w, seed) in [(4usize, 3usize, 5usize, 70u64), (32, 4, 4, 71)] {
             let mut rng = Rng::new(seed);
@@ -174,7 +174,7 @@ mod tests {
             let (src, map_buf) = (gpu.upload_f32("packed", &packed), gpu.upload_f32("map", &words));
             let dst = gpu.storage("levels", (want.len() * 4) as u64);
             let mut ds = Vec::new();
-            let weight = Weight { buf: &map_buf, offset: 0, dtype: WeightDtype::F32 };
+            let weight = Weight::f32(&map_buf);
             super::latent_preview(gpu, &mut ds, Mat { buf: &src, offset: 0, stride: 0 }, weight, Mat { buf: &dst, offset: 0, stride: 0 }, [channels as u64, grid_h as u64, grid_w as u64]).unwrap();
             gpu.submit(|enc| {
                 crate::encode(enc, &ds);

@@ -3,12 +3,12 @@
 //! ceilings measured in the same run: an FMA-bound kernel and a copy.
 
 use super::timer::Timer;
-use crate::run::device_weights::{DeviceWeight, DeviceWeights};
+use crate::run::device_weights::{linear_weights, DeviceWeight, DeviceWeights, StoredScales};
 use crate::model::df11::Df11DeviceGroup;
 use crate::error::{GpuError, RunError};
 use flux_lite_kernels::{DeviceBuffer, Gpu};
 use flux_lite_kernels::kernels;
-use flux_lite_kernels::{Dispatch, Mat, WeightDtype};
+use flux_lite_kernels::{Dispatch, Mat, Weight, WeightDtype};
 use crate::run::runner::{collect_ops, Runner};
 use crate::components::transformer::programs;
 use flux_lite_core::arena::BumpArena;
@@ -160,8 +160,11 @@ impl<'g> ShapeBench<'g> {
             let x = gpu.upload_f32("bench x", &random_f32((tokens * k) as usize, 1));
             let w = gpu.upload_bf16("bench w", &random_bf16((n * k) as usize, 2));
             let y = gpu.storage("bench y", 4 * tokens * n);
+            // W's row scales measured once, as the engine measures them where W reaches the device.
+            let scales = if gpu.measures_weight_rows() { Some(StoredScales::measure(gpu, Weight::bf16(&w), n, k)?) } else { None };
+            let weight = DeviceWeight { buffer: w, offset: 0, dtype: WeightDtype::Bf16, scales };
             let mut d = Vec::new();
-            kernels::linear(gpu, &mut d, Mat::new(&x, k), flux_lite_kernels::Weight::bf16(&w), None, Mat::new(&y, n), kernels::Gemm { m: tokens, n, k })?;
+            kernels::linear(gpu, &mut d, Mat::new(&x, k), weight.view(), None, Mat::new(&y, n), kernels::Gemm { m: tokens, n, k })?;
             let many = if count > 1 { format!(" (×{count} per block)") } else { String::new() };
             figures.push(Figure {
                 what: format!("linear {}{many}", block_local(&name).trim_end_matches(".weight")),
@@ -589,7 +592,12 @@ impl SyntheticWeights {
     fn place<'o>(&self, gpu: &Gpu, ops: impl IntoIterator<Item = &'o Op>) -> Result<DeviceWeights, RunError> {
         let mut made: HashMap<String, DeviceBuffer> = HashMap::new();
         let mut weights = DeviceWeights::default();
-        for name in ops.into_iter().flat_map(Op::weights) {
+        let ops: Vec<Op> = ops.into_iter().cloned().collect();
+        // The linears' row scales, measured once per tensor as the engine
+        // measures them at load, where the device keeps them.
+        let linears = if gpu.measures_weight_rows() { linear_weights(std::slice::from_ref(&ops)) } else { Vec::new() };
+        let mut scales_made: HashMap<String, StoredScales> = HashMap::new();
+        for name in ops.iter().flat_map(Op::weights) {
             let name = name.to_string();
             let shared = first_block(&name);
             let elements = *self
@@ -601,11 +609,22 @@ impl SyntheticWeights {
                 None => {
                     let seed = made.len() as u64 + 100;
                     let b = gpu.upload_bf16(&shared, &random_bf16(elements as usize, seed));
-                    made.insert(shared, b.clone());
+                    made.insert(shared.clone(), b.clone());
                     b
                 }
             };
-            weights.insert(&name, DeviceWeight { buffer, offset: 0, dtype: WeightDtype::Bf16 });
+            let scales = match linears.iter().find(|(n, ..)| *n == name) {
+                Some(&(_, _, k)) => Some(match scales_made.get(&shared) {
+                    Some(s) => s.clone(),
+                    None => {
+                        let s = StoredScales::measure(gpu, Weight::bf16(&buffer), elements / k, k)?;
+                        scales_made.insert(shared, s.clone());
+                        s
+                    }
+                }),
+                None => None,
+            };
+            weights.insert(&name, DeviceWeight { buffer, offset: 0, dtype: WeightDtype::Bf16, scales });
         }
         Ok(weights)
     }

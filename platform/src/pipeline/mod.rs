@@ -361,7 +361,7 @@ impl Pipeline {
 
     /// Encodes prompts alone within `budget` (`flux-lite encode`).
     pub fn encode(&self, prompts: &[&str], budget: Option<u64>, observer: &mut dyn Observer) -> Result<(Vec<Vec<f32>>, Timings), RunError> {
-        let plan = crate::pipeline::planning::plan_encode(&self.model, budget.or_else(|| self.default_budget()))?;
+        let plan = crate::pipeline::planning::plan_encode(&self.model, budget.or_else(|| self.default_budget()), self.gpu.measures_weight_rows())?;
         let mut timings = Timings::default();
         let encoded = encode_prompts(self, plan.weights, prompts, &mut timings, &mut |p| observer.progress(p))?;
         let values = encoded

@@ -74,6 +74,13 @@ impl ModelSizes {
         Ok(Self { text_encoder, transformer, vae_decoder, vae_encoder, tokenizer: tokenizer_bytes(model), preview_decoder, estimated })
     }
 
+    /// Counts the text encoder's and transformer's weights' row scales, which
+    /// a device that measures them once (`Gpu::measures_weight_rows`) keeps.
+    pub fn keep_row_scales(&mut self) {
+        self.text_encoder.keep_row_scales();
+        self.transformer.keep_row_scales();
+    }
+
     /// Counts `lora` for a transformer over `rows` token rows: its matrices
     /// and scratch on the device, resident under every strategy. On the host
     /// it holds only its mapped files (and one module's matrices while they
@@ -140,6 +147,9 @@ pub fn plan(gpu: &Gpu, model: &ModelFolder, request: &Request) -> Result<Plan, R
     let mut sizes = ModelSizes::from_files(model, request.width, request.height)?;
     let references: Vec<(u64, u64)> = request.references.iter().map(|&(w, h)| (w as u64, h as u64)).collect();
     sizes.add_lora(&request.lora, transformer_rows(model, request.width, request.height, &request.references)?);
+    if gpu.measures_weight_rows() {
+        sizes.keep_row_scales();
+    }
     let input = PlanInput {
         vae_tile: request.vae_tile.map(|t| t as u64),
         kv_cache: request.kv_cache && !references.is_empty(),
@@ -162,7 +172,11 @@ pub fn transformer_rows(model: &ModelFolder, width: usize, height: usize, refere
 }
 
 /// The text encoder's phase alone (for `encode`): its fastest strategy within `budget`.
-pub fn plan_encode(model: &ModelFolder, budget: Option<u64>) -> Result<PhasePlan, RunError> {
-    let sizes = text_encoder_sizes(model)?;
+/// `row_scales`: the device keeps the weights' row scales (`Gpu::measures_weight_rows`).
+pub fn plan_encode(model: &ModelFolder, budget: Option<u64>, row_scales: bool) -> Result<PhasePlan, RunError> {
+    let mut sizes = text_encoder_sizes(model)?;
+    if row_scales {
+        sizes.keep_row_scales();
+    }
     Ok(planner::plan_encode(&model.text_encoder, PROMPT_TOKENS as u64, sizes, tokenizer_bytes(model), budget)?)
 }

@@ -78,7 +78,7 @@ impl GpuPreview {
         let map_buf = gpu.upload_f32("latent-to-RGB map", &words);
         let small = (2 * grid_h, 2 * grid_w);
         let levels = gpu.storage("preview levels", (small.0 * small.1 * 3 * 4) as u64);
-        let weight = flux_lite_kernels::Weight { buf: &map_buf, offset: 0, dtype: flux_lite_kernels::WeightDtype::F32 };
+        let weight = flux_lite_kernels::Weight::f32(&map_buf);
         let out = flux_lite_kernels::Mat { buf: &levels, offset: 0, stride: 0 };
         let mut dispatches = Vec::new();
         let shape = [map.factors.len() as u64, grid_h as u64, grid_w as u64];

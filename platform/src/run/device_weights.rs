@@ -26,12 +26,36 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-/// A weight tensor on the device: `buffer` from element `offset` on.
+/// A weight tensor on the device: `buffer` from element `offset` on, with
+/// its rows' range scales where the device's products need them.
 #[derive(Debug)]
 pub struct DeviceWeight {
     pub buffer: DeviceBuffer,
     pub offset: u64,
     pub dtype: WeightDtype,
+    pub scales: Option<StoredScales>,
+}
+
+/// The matrix tier's range scales of a linear's weight, measured when the
+/// weight reaches the device (at load, or as its block fills its slot) and
+/// read by every product over it: `rows` f32s of `buffer` from `offset`,
+/// each over `k` values.
+#[derive(Debug, Clone)]
+pub struct StoredScales {
+    buffer: DeviceBuffer,
+    offset: u64,
+    rows: u64,
+    k: u64,
+}
+
+impl StoredScales {
+    /// A buffer of its own holding the row scales of `weight`'s first
+    /// `rows` rows of `k` values, measured now.
+    pub fn measure(gpu: &Gpu, weight: Weight<'_>, rows: u64, k: u64) -> Result<Self, GpuError> {
+        let buffer = gpu.storage("weight row scales", 4 * rows);
+        gpu.submit(|enc| kernels::measure_weight_rows(gpu, enc, weight, rows, k, &buffer, 0))?;
+        Ok(Self { buffer, offset: 0, rows, k })
+    }
 }
 
 impl DeviceWeight {
@@ -56,7 +80,7 @@ impl DeviceWeight {
                 })
             }
         };
-        Ok(Self { buffer: gpu.storage(name, plain_bytes(t)), offset: 0, dtype })
+        Ok(Self { buffer: gpu.storage(name, plain_bytes(t)), offset: 0, dtype, scales: None })
     }
 
     /// Writes the tensor into the buffer [`Self::allocate`] made for it.
@@ -71,7 +95,19 @@ impl DeviceWeight {
     }
 
     pub fn view(&self) -> Weight<'_> {
-        Weight { buf: &self.buffer, offset: self.offset, dtype: self.dtype }
+        let scales = self.scales.as_ref().map(|s| flux_lite_kernels::RowScales { buf: &s.buffer, offset: s.offset, k: s.k });
+        Weight { buf: &self.buffer, offset: self.offset, dtype: self.dtype, scales }
+    }
+
+    /// Records the measure of the weight's rows' range scales into their place.
+    fn record_scales(&self, gpu: &Gpu, sink: &mut dyn flux_lite_kernels::Sink) -> Result<(), GpuError> {
+        match &self.scales {
+            Some(s) => {
+                let bare = Weight { scales: None, ..self.view() };
+                kernels::measure_weight_rows(gpu, sink, bare, s.rows, s.k, &s.buffer, s.offset)
+            }
+            None => Ok(()),
+        }
     }
 }
 
@@ -388,6 +424,9 @@ pub struct DeviceWeights {
     packed_scratch: Option<DeviceBuffer>,
     /// Where a streamed group's compressed arrays land (the largest group's size).
     area: Option<DeviceBuffer>,
+    /// Per block: the linears' weights in its slot whose range scales it
+    /// measures once its slot is filled (the matrix tier).
+    slot_scales: Vec<Vec<String>>,
     /// What streamed weights pass through (streaming only).
     staging: Option<Staging>,
     /// Device bytes held: plain tensors, expanded groups, compressed groups, slots.
@@ -411,6 +450,7 @@ impl DeviceWeights {
         for name in &a.expanded {
             sizes.shared += expanded_bytes(&quantized(store, name)?);
         }
+        sizes.row_scales = 4 * scaled_linears(store, blocks).iter().map(|&(_, rows, _)| rows).sum::<u64>();
         Ok(sizes)
     }
 
@@ -547,15 +587,54 @@ impl DeviceWeights {
             w.bytes += staging.size();
             w.staging = Some(Staging { buffer: staging, mapped: Arc::new(AtomicBool::new(true)), copied: Default::default() });
         }
+        let slotted: std::collections::HashSet<String> = in_slots.iter().map(|(name, ..)| name.clone()).collect();
         for (name, slot, offset, dtype) in in_slots {
-            w.map.insert(name, DeviceWeight { buffer: w.slots[slot].clone(), offset, dtype });
+            w.map.insert(name, DeviceWeight { buffer: w.slots[slot].clone(), offset, dtype, scales: None });
         }
         for (name, slot, at, ggml, scale, width) in packed_in_slots {
             w.packed.insert(name, Packed { buffer: w.slots[slot].clone(), at, ggml, scale, width });
         }
+        if gpu.measures_weight_rows() {
+            w.place_scales(gpu, store, blocks, &slotted);
+        }
         gpu.check_faults()?;
         w.write(gpu, store, pending)?;
+        w.measure_resident_scales(gpu)?;
         Ok(w)
+    }
+
+    /// Gives every linear's weight (not one in GGML blocks) a place for its
+    /// rows' range scales, in one buffer; those in a slot are measured by
+    /// their block as it starts (`record_fills`), the rest once, at load.
+    fn place_scales(&mut self, gpu: &Gpu, store: &WeightStore, blocks: &[Vec<Op>], slotted: &std::collections::HashSet<String>) {
+        let linears: Vec<(String, u64, u64)> = scaled_linears(store, blocks).into_iter().filter(|(name, ..)| self.map.contains_key(name)).collect();
+        let rows: u64 = linears.iter().map(|&(_, rows, _)| rows).sum();
+        if rows == 0 {
+            return;
+        }
+        let buffer = gpu.storage("weight row scales", 4 * rows);
+        self.bytes += buffer.size();
+        let mut offset = 0;
+        for (name, rows, k) in linears {
+            if let Some(weight) = self.map.get_mut(&name) {
+                weight.scales = Some(StoredScales { buffer: buffer.clone(), offset, rows, k });
+            }
+            offset += rows;
+        }
+        self.slot_scales = blocks
+            .iter()
+            .map(|block| linear_weights(std::slice::from_ref(block)).into_iter().map(|(name, ..)| name).filter(|name| slotted.contains(name) && self.map.get(name).is_some_and(|w| w.scales.is_some())).collect())
+            .collect();
+    }
+
+    /// Measures the range scales of every resident weight that has a place for them.
+    fn measure_resident_scales(&self, gpu: &Gpu) -> Result<(), GpuError> {
+        let in_slots: std::collections::HashSet<&String> = self.slot_scales.iter().flatten().collect();
+        let resident: Vec<&DeviceWeight> = self.map.iter().filter(|(name, w)| w.scales.is_some() && !in_slots.contains(name)).map(|(_, w)| w).collect();
+        if resident.is_empty() {
+            return Ok(());
+        }
+        gpu.submit(|enc| resident.iter().try_for_each(|w| w.record_scales(gpu, enc)))
     }
 
     /// Allocates a resident tensor's buffer; its bytes are written later.
@@ -596,7 +675,7 @@ impl DeviceWeights {
         let q = quantized(store, name)?;
         let buffer = gpu.storage(name, 4 * q.elements() as u64);
         self.bytes += buffer.size();
-        self.map.insert(name.to_string(), DeviceWeight { buffer: buffer.clone(), offset: 0, dtype: WeightDtype::F32 });
+        self.map.insert(name.to_string(), DeviceWeight { buffer: buffer.clone(), offset: 0, dtype: WeightDtype::F32, scales: None });
         pending.quantized_expansions.push((name.to_string(), buffer));
         Ok(())
     }
@@ -609,7 +688,7 @@ impl DeviceWeights {
         let buffer = gpu.storage(&info.module, 2 * (g.n_elements() as u64).next_multiple_of(2));
         self.bytes += buffer.size();
         for (name, elements) in info.weights.iter().zip(g.weight_ranges()) {
-            let w = DeviceWeight { buffer: buffer.clone(), offset: elements.start as u64, dtype: WeightDtype::Bf16 };
+            let w = DeviceWeight { buffer: buffer.clone(), offset: elements.start as u64, dtype: WeightDtype::Bf16, scales: None };
             self.map.insert(name.clone(), w);
         }
         pending.expansions.push((group, buffer));
@@ -707,6 +786,9 @@ impl DeviceWeights {
         for fill in self.fills.get(block).into_iter().flatten() {
             self.groups[fill.group].record_decode(gpu, sink, &self.slots[fill.slot], fill.base)?;
         }
+        for name in self.slot_scales.get(block).into_iter().flatten() {
+            self.get(name)?.record_scales(gpu, sink)?;
+        }
         Ok(())
     }
 
@@ -715,6 +797,35 @@ impl DeviceWeights {
             .get(name)
             .ok_or_else(|| GpuError::UnsupportedShape(format!("the program names weight `{name}`, which was not loaded")))
     }
+}
+
+/// The weights `Op::Linear`s of `blocks` read, once each in order of first
+/// use, with the rows they read (from row 0 to the last any reads) and the
+/// terms of those rows; a weight read with two different row widths is left
+/// out (its products measure it themselves).
+pub fn linear_weights(blocks: &[Vec<Op>]) -> Vec<(String, u64, u64)> {
+    let mut found: Vec<(String, u64, u64)> = Vec::new();
+    let mut mixed = std::collections::HashSet::new();
+    for op in blocks.iter().flatten() {
+        if let Op::Linear { w, w_row, cols, inner, .. } = op {
+            match found.iter_mut().find(|(name, ..)| name == w.as_str()) {
+                Some((_, rows, k)) if *k == *inner => *rows = (*rows).max(w_row + cols),
+                Some(_) => {
+                    mixed.insert(w.to_string());
+                }
+                None => found.push((w.to_string(), w_row + cols, *inner)),
+            }
+        }
+    }
+    found.retain(|(name, ..)| !mixed.contains(name));
+    found
+}
+
+/// The linears' weights that keep their rows' range scales on a device
+/// that measures them: all but those in GGML blocks (a linear over those
+/// expands rows into a scratch, f32, and measures them there).
+fn scaled_linears(store: &WeightStore, blocks: &[Vec<Op>]) -> Vec<(String, u64, u64)> {
+    linear_weights(blocks).into_iter().filter(|(name, ..)| store.quantized(name).is_none()).collect()
 }
 
 /// Places a group's bf16 expansion in `slot` at the next aligned byte of
