@@ -26,6 +26,8 @@
 #   5. where the flash attention's selftest failed, that selftest again with
 #      each one-change variant of the kernel (ci/flash_variants.py), 30 s each.
 # Each step has its own time limit so that the whole fits in 10 minutes.
+# ci/gpu-variants.sh is the short second call (where the matrix linear's
+# k step spends its time).
 # FLUX_LITE_GPU_RUN_TOKENS sets the benches' token rows (default 4608: a
 # 1024² image and the 512-token prompt); FLUX_LITE_GPU_RUN_QUICK=1 runs a
 # small version (64 rows, linears and attention only, a 256² step) to try
@@ -71,23 +73,7 @@ if [ ! -x "$binary" ]; then
 fi
 
 # 1. The Vulkan loader, where the machine has a driver but no loader.
-if ! ldconfig -p 2>/dev/null | grep 'libvulkan\.so\.1' >/dev/null; then
-    if compgen -G '.gl/*.deb' >/dev/null && [ "$(id -u)" -eq 0 ]; then
-        for f in .gl/*.deb; do dpkg -x "$f" /; done
-        ldconfig
-        say "loader: unpacked $(ls .gl/*.deb | wc -l) packages from .gl/"
-    else
-        say "loader: no libvulkan.so.1 and no .gl/*.deb to unpack (or not root); Vulkan may not start"
-    fi
-fi
-for icd in /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json /usr/share/vulkan/icd.d/nvidia_icd.json /etc/vulkan/icd.d/nvidia_icd.json; do
-    if [ -f "$icd" ] && [ -z "${VK_DRIVER_FILES:-}" ]; then
-        export VK_DRIVER_FILES="$icd"
-        say "loader: VK_DRIVER_FILES=$icd"
-    fi
-done
-export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-/tmp/flux-lite-xdg-$(id -u)}"
-mkdir -p "$XDG_RUNTIME_DIR" && chmod 700 "$XDG_RUNTIME_DIR"
+source ci/gpu-loader.sh
 
 say "flux-lite GPU run, $(date -u +%Y-%m-%dT%H:%M:%SZ), $(uname -srm)"
 say "binary: $binary ($("$binary" --help >/dev/null 2>&1 && echo runs || echo does not run))"

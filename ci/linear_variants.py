@@ -1,0 +1,113 @@
+#!/usr/bin/env python3
+"""Timing variants of the matrix tier's linear (vec4 fetching, f16
+operands), one folder each, for FLUX_LITE_KERNEL_DIR: where a k step's time
+goes on a GPU. Each variant takes one part of the step away, so its results
+are wrong by design: they are for `bench kernels --only linear`, never for
+an image.
+
+    python3 ci/linear_variants.py SOURCES OUT
+
+SOURCES: what `flux-lite gpu --kernel-sources SOURCES` wrote. OUT/<variant>/
+gets LinearMatrix8Vec4.wgsl and LinearMatrix16Vec4.wgsl, each changed as the
+variant says; `name<TAB>what it leaves out` is printed one a line.
+"""
+import pathlib
+import re
+import sys
+
+MODULES = ("LinearMatrix8Vec4", "LinearMatrix16Vec4")
+
+# put() replaced by a sum of what was fetched into one element: the global
+# loads stay (their values are used), the rounding and the stores go.
+NO_PUT = """fn put(li: u32, half: u32, f: ptr<function, Fetched>) {
+    var s = 0.0;
+    for (var j = 0u; j < FETCH_A; j++) {
+        s += dot((*f).a[j], vec4<f32>(1.0));
+    }
+    for (var j = 0u; j < FETCH_B; j++) {
+        s += f32((*f).b[j].x ^ (*f).b[j].w);
+    }
+    a_tiles[half * BM * LD + li] = Operand(s);
+}
+"""
+
+
+def function(source, name):
+    """The text of WGSL function `name`, from `fn name(` to its closing brace."""
+    start = source.find(f"fn {name}(")
+    if start < 0:
+        return None
+    end = source.find("\n}\n", start)
+    return source[start:end + 3] if end >= 0 else None
+
+
+def no_mma(source):
+    out, n = re.subn(r"\n\s*acc(\d)(\d) = coopMultiplyAdd\(a\1, b\2, acc\1\2\);", "", source)
+    return out if n == 16 else None
+
+
+def no_put(source):
+    old = function(source, "put")
+    return source.replace(old, NO_PUT, 1) if old else None
+
+
+def no_fetch(source):
+    old = function(source, "fetch")
+    if not old or "a_vec4(" not in old or "b_vec8(" not in old:
+        return None
+    # One load of each operand a call, outside the loops, so that the
+    # bindings stay in the module's interface (the pipeline's layout).
+    new = re.sub(r"a_vec4\([^;]*\);", "vec4<f32>(f32(i)) + keep_a * 0.0;", old)
+    new = re.sub(r"b_vec8\([^;]*\);", "vec4<u32>(i) | (keep_b & vec4<u32>(0u));", new)
+    new = new.replace("    var f: Fetched;\n", "    var f: Fetched;\n    let keep_a = x_vec4[p.x_offset / 4u];\n    let keep_b = w_vec4[p.w_offset / 8u];\n", 1)
+    return source.replace(old, new, 1) if "keep_a = " in new else None
+
+
+def no_rounding(source):
+    """A rows not scaled; W's u32s taken as f16 pairs (no bf16 unpack, no
+    scale), as W kept in f16 under its range scale since upload would be read
+    (naga's bitcast keeps the component count, so unpack2x16float)."""
+    old = function(source, "put")
+    if not old or "* row_inverse[r]" not in old:
+        return None
+    new = old.replace("(*f).a[j] * row_inverse[r]", "(*f).a[j]")
+    b_lines = [m.group(0) for m in re.finditer(r"\n\s*b_tiles\[at(?: \+ \du)?\] = Operand\(bitcast<f32>\(q\.[xyzw][^\n]*", new)]
+    if len(b_lines) != 8:
+        return None
+    for line in b_lines[1:]:
+        new = new.replace(line, "", 1)
+    pairs = "".join(
+        f"\n        let h{c} = unpack2x16float(q.{c});\n        b_tiles[at + {2 * i}u] = Operand(h{c}.x);\n        b_tiles[at + {2 * i + 1}u] = Operand(h{c}.y);"
+        for i, c in enumerate("xyzw"))
+    new = new.replace(b_lines[0], pairs, 1)
+    return source.replace(old, new, 1)
+
+
+VARIANTS = [
+    ("base", "nothing (the kernel as built, timed in the same run)", lambda s: s),
+    ("no_mma", "the multiply-adds (what is left: fetching, rounding, staging, barriers, the epilogue)", no_mma),
+    ("no_put", "rounding and storing each step into workgroup memory (the global loads stay)", no_put),
+    ("no_fetch", "the global loads (each step stages values made from the invocation index)", no_fetch),
+    ("no_rounding", "the range scales' multiplies and the bf16 unpacking (W's words read as f16 pairs, as W kept scaled in f16 would be)", no_rounding),
+]
+
+
+def main():
+    if len(sys.argv) != 3:
+        sys.exit(__doc__)
+    sources, out = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+    for module in MODULES:
+        base = (sources / f"{module}.wgsl").read_text()
+        for name, _, change in VARIANTS:
+            changed = change(base)
+            if changed is None:
+                sys.exit(f"error: linear_variants: variant {name}: {module} no longer has the code it changes")
+            folder = out / name
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / f"{module}.wgsl").write_text(changed)
+    for name, leaves_out, _ in VARIANTS:
+        print(f"{name}\t{leaves_out}")
+
+
+if __name__ == "__main__":
+    main()
