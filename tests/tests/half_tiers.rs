@@ -6,7 +6,7 @@
 #![allow(clippy::unwrap_used)]
 
 use flux_lite_platform::components::text_encoder::TextEncoder;
-use flux_lite_platform::components::vae::VaeDecoder;
+use flux_lite_platform::components::vae::{self, VaeDecoder};
 use flux_lite_platform::model::{Component, ModelFolder};
 use flux_lite_platform::{Gpu, Precision};
 use flux_lite_tests::tolerance::other_tiers;
@@ -73,6 +73,10 @@ fn vae_decode_on_the_half_tiers() {
             let m = ModelFolder::open(&model_dir(json["model"].as_str().unwrap())).unwrap();
             let store = m.weights(Component::Vae).unwrap();
             let mut vae = VaeDecoder::new(&gpu, &m.vae, &store, size("width"), size("height"), None).unwrap();
+            // The matrix tier keeps each product weight's row scales beside it, as planned.
+            let scales = if gpu.measures_weight_rows() { vae::decoder_row_scale_bytes(&m.vae) } else { 0 };
+            assert_eq!(vae.weight_bytes(), vae::decoder_weight_bytes(&m.vae, &store).unwrap() + scales, "{tier} {case}: the decoder's weight bytes");
+            assert_eq!(scales > 0, tier == "matrix", "{tier}: row scales kept on the matrix tier only");
             let latents = g.f32(&format!("latents.{}", size("steps") - 1)).0;
             let out = vae.decode(&gpu, &latents, &mut |_| {}).unwrap();
             check(&format!("{tier} {case} decoded"), out.decoded(), &g.f32("decoded").0, other_tiers::VAE_DECODED);

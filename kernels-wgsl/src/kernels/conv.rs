@@ -85,7 +85,7 @@ const WIDE_TILE: [u64; 2] = [64, 256];
 /// `matrix_gemm.wgsl`), one module per tile size; its workgroup is
 /// [`MATRIX_SUBGROUPS`] subgroups (the `WG` override).
 pub const CONV2D_MATRIX_8: Kernel =
-    kernel(Module::ConvMatrix8, "conv2d_matrix", [0, 1, 1], &[(1, RW), (2, R), (3, R), (4, RW), (5, RW)], size_of::<ConvParams>(), true);
+    kernel(Module::ConvMatrix8, "conv2d_matrix", [0, 1, 1], &[(1, RW), (2, R), (3, R), (4, RW), (5, RW), (8, RW)], size_of::<ConvParams>(), true);
 pub const CONV2D_MATRIX_16: Kernel = Kernel { module: Module::ConvMatrix16, ..CONV2D_MATRIX_8 };
 pub const CONV2D_MATRIX_8_F32: Kernel = Kernel { module: Module::ConvMatrix8F32, ..CONV2D_MATRIX_8 };
 /// Its range rule's scale for each run of a block's rows of output pixels
@@ -200,7 +200,8 @@ fn output_rows<'a>(s: &ConvShape, w: Weight<'a>, bias: Weight<'a>, y: Mat<'a>) -
 /// channels (as one binding and the range scales allow) and of output
 /// pixels (at most `runs_cap` runs of a block's rows, the scales they need):
 /// W's row scales measured once per piece of channels, each piece of
-/// pixels' run scales before its product.
+/// pixels' run scales before its product. W's row scales are those it
+/// keeps ([`Weight::scales`]) where it has them for these taps.
 #[allow(clippy::too_many_arguments)] // conv2d's operands, the tier's tiles and the pieces' cap
 fn conv2d_matrix(gpu: &Gpu, sink: &mut dyn Sink, xw: &Window<'_>, w: Weight<'_>, bias: Weight<'_>, y: Mat<'_>, s: ConvShape, c: MatrixConfig, runs_cap: u64) -> Result<(), GpuError> {
     let plane = (s.out_height * s.out_width) as u64;
@@ -220,18 +221,25 @@ fn conv2d_matrix(gpu: &Gpu, sink: &mut dyn Sink, xw: &Window<'_>, w: Weight<'_>,
         let constants = [("WEIGHT_BF16", w.dtype.constant()), ("WG", wg), ("B_PAIRED", paired as u32), ("KERNEL", kernel_size), ("OUT_WIDTH", out_width)];
         let most_runs = plane.div_ceil(block).min(runs_cap);
         let scales = gpu.range_scales(out_channels + most_runs)?;
-        if half {
+        let stored = w.scales.filter(|s| s.k == taps);
+        let stored_window = match stored {
+            Some(s) => Some(window(gpu, s.buf, 4, s.offset + rows.start..s.offset + rows.end, "weight row scales")?),
+            None => None,
+        };
+        if half && stored.is_none() {
             let measure = RangeScalesParams { rows: to_u32(out_channels, "conv output channels")?, k: to_u32(taps, "conv taps")?, src_offset: ww.local, src_stride: to_u32(taps, "conv taps")?, dst_offset: 0, t_stride: 1, _pad: [0; 2] };
             measure_rows(gpu, sink, &ww, &scales, measure, w.dtype.constant() == 1)?;
         }
         for px in chunks(plane, runs_cap * block) {
             let runs = (px.end - px.start).div_ceil(block);
             let sw = window(gpu, &scales, 4, 0..out_channels + runs, "range scales")?;
+            // W's scales: as kept, or at the start of the call's own.
+            let ws = stored_window.clone().unwrap_or_else(|| sw.clone());
             let params = ConvParams {
                 px_first: to_u32(px.start, "conv output pixels")?,
                 px_count: to_u32(px.end - px.start, "conv output pixels")?,
-                x_scales: to_u32(out_channels, "conv output channels")?,
-                w_scales: 0,
+                x_scales: sw.local + to_u32(out_channels, "conv output channels")?,
+                w_scales: ws.local,
                 ..ConvParams::of(&s, out_channels, [xw.local, ww.local, bw.local, yw.local])
             };
             if half {
@@ -239,7 +247,7 @@ fn conv2d_matrix(gpu: &Gpu, sink: &mut dyn Sink, xw: &Window<'_>, w: Weight<'_>,
                 dispatch(gpu, sink, launch, &[(1, xw), (5, &sw)]);
             }
             let launch = Launch { kernel: &kernel, constants: &constants, params, grid: wrapped_grid(runs * out_channels.div_ceil(block)) };
-            dispatch(gpu, sink, launch, &[(1, xw), (2, &ww), (3, &bw), (4, &yw), (5, &sw)]);
+            dispatch(gpu, sink, launch, &[(1, xw), (2, &ww), (3, &bw), (4, &yw), (5, &sw), (8, &ws)]);
         }
     }
     Ok(())
@@ -446,6 +454,52 @@ mod tests {
         let (whole, pieces) = (run(RANGE_SCALES_ROWS), run(1));
         assert!(whole.iter().all(|v| v.is_finite()), "the whole call left values unwritten");
         assert_eq!(whole.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), pieces.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "pieces of one run differ from one call");
+    }
+
+    /// The matrix conv2d over a weight whose rows' scales were measured
+    /// once (`measure_weight_rows` over its taps, as a weight reaching the
+    /// device has them) gives the bits of one that measures W itself, in
+    /// pieces of pixels too; and it records one pass fewer.
+    #[test]
+    fn the_matrix_conv_reads_a_weights_stored_scales_with_the_bits_it_would_measure() {
+        let Some(gpu) = matrix_gpu() else { return };
+        let c = gpu.matrix().unwrap_or_else(|| panic!("a matrix-tier device without its matrix configuration"));
+        let s = ConvShape::same(6, 20, 17, 17, 3);
+        let taps = (s.in_channels * 9) as u64;
+        let mut rng = Rng::new(55);
+        let x = rng.normals(s.in_channels * s.height * s.width, 1.0);
+        let mut w = rng.bf16s(s.out_channels * taps as usize, 0.3);
+        // A row far above f16's range: its scale must be its own.
+        let far = 5 * taps as usize..6 * taps as usize;
+        w[far].iter_mut().for_each(|v| *v = half::bf16::from_f32(half::bf16::from_bits(*v).to_f32() * 1e6).to_bits());
+        let b = rng.bf16s(s.out_channels, 1.0);
+        let (xb, wb, bb) = (gpu.upload_f32("x", &x), gpu.upload_bf16("w", &w), gpu.upload_bf16("b", &b));
+        let scales = gpu.storage("weight row scales", 4 * (s.out_channels as u64 + 3));
+        let mut measure: Vec<crate::Dispatch> = Vec::new();
+        super::super::linear::measure_weight_rows(&gpu, &mut measure, Weight::bf16(&wb), s.out_channels as u64, taps, &scales, 3).unwrap();
+        gpu.submit(|enc| {
+            crate::encode(enc, &measure);
+            Ok(())
+        })
+        .unwrap();
+        let stored = Weight { scales: Some(crate::RowScales { buf: &scales, offset: 3, k: taps }), ..Weight::bf16(&wb) };
+        let n_out = s.out_channels * s.out_height * s.out_width;
+        let run = |weight: Weight<'_>, cap: u64| {
+            let yb = poisoned(&gpu, n_out);
+            let xw = window(&gpu, &xb, 4, 0..x.len() as u64, "x").unwrap();
+            let mut recorded: Vec<crate::Dispatch> = Vec::new();
+            conv2d_matrix(&gpu, &mut recorded, &xw, weight, Weight::bf16(&bb), Mat::new(&yb, 0), s, c, cap).unwrap();
+            let got = run_and_read(&gpu, &yb, n_out, |enc| {
+                crate::encode(enc, &recorded);
+                Ok(())
+            });
+            (got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), recorded.len())
+        };
+        let ((with, with_passes), (without, without_passes)) = (run(stored, RANGE_SCALES_ROWS), run(Weight::bf16(&wb), RANGE_SCALES_ROWS));
+        assert!(with.iter().all(|v| f32::from_bits(*v).is_finite()), "values left unwritten or not finite");
+        assert_eq!(with, without, "stored and measured scales differ");
+        assert_eq!(with_passes + 1, without_passes, "the stored scales' call still measures W");
+        assert_eq!(run(stored, 1).0, without, "in pieces of pixels, stored and measured scales differ");
     }
 
     #[test]

@@ -7,9 +7,9 @@
 // takes output pixels `px_first … px_first + px_count` (a large image runs
 // in pieces); rows of A are those pixels. Interface in conv_io.wgsl.
 //
-// f16 operands are rounded under the range rule with scales measured once
-// per call (binding 5): W's rows by range_scales.wgsl, and A's by
-// `conv_run_scales` below, one for each run of BM output pixels (a block's
+// f16 operands are rounded under the range rule: W's rows by their scales
+// (binding 8), measured when W reached the device or once per call by
+// range_scales.wgsl, and A's (binding 5) by `conv_run_scales` below, one for each run of BM output pixels (a block's
 // rows): the power of two for the largest magnitude under any of their taps.
 // A run shares one scale where the linear gives each row its own: a run's
 // pixels are neighbours, and the scale still keeps every value inside f16
@@ -25,6 +25,8 @@ override KERNEL: u32 = 3u;
 override OUT_WIDTH: u32 = 1u;
 
 @group(0) @binding(5) var<storage, read_write> scales: array<f32>;
+// read_write as binding 5: W's scales may be measured into the same buffer.
+@group(0) @binding(8) var<storage, read_write> w_scales: array<f32>;
 
 // A: the input under tap k0 + t of output pixel m0 + r (zero in the padding
 // and past the call's pixels or the taps). Out-of-range reads go to x's
@@ -84,7 +86,7 @@ fn b_scale(col: u32) -> f32 {
     if (!OPERAND_HALF || col >= p.out_channels) {
         return 1.0;
     }
-    return scales[p.w_scales + col];
+    return w_scales[p.w_scales + col];
 }
 
 // y[channel c, pixel r] = value + b[c], inside the call's pixels and channels only.

@@ -3,7 +3,7 @@
 //! ceilings measured in the same run: an FMA-bound kernel and a copy.
 
 use super::timer::Timer;
-use crate::run::device_weights::{linear_weights, DeviceWeight, DeviceWeights, StoredScales};
+use crate::run::device_weights::{product_weights, DeviceWeight, DeviceWeights, StoredScales};
 use crate::model::df11::Df11DeviceGroup;
 use crate::error::{GpuError, RunError};
 use flux_lite_kernels::{DeviceBuffer, Gpu};
@@ -593,9 +593,9 @@ impl SyntheticWeights {
         let mut made: HashMap<String, DeviceBuffer> = HashMap::new();
         let mut weights = DeviceWeights::default();
         let ops: Vec<Op> = ops.into_iter().cloned().collect();
-        // The linears' row scales, measured once per tensor as the engine
-        // measures them at load, where the device keeps them.
-        let linears = if gpu.measures_weight_rows() { linear_weights(std::slice::from_ref(&ops)) } else { Vec::new() };
+        // The products' weights' row scales, measured once per tensor as
+        // the engine measures them at load, where the device keeps them.
+        let linears = if gpu.measures_weight_rows() { product_weights(std::slice::from_ref(&ops)) } else { Vec::new() };
         let mut scales_made: HashMap<String, StoredScales> = HashMap::new();
         for name in ops.iter().flat_map(Op::weights) {
             let name = name.to_string();

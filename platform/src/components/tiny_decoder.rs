@@ -67,6 +67,23 @@ impl TinyDecoderFile {
         bytes
     }
 
+    /// Its convolutions' weights as (name, rows, terms a row), whose rows'
+    /// range scales a device that measures them keeps.
+    pub fn product_rows(&self) -> Vec<(String, u64, u64)> {
+        let mut rows = Vec::new();
+        self.config.tensors(|t| {
+            if t.shape.len() >= 2 {
+                rows.push((t.name.to_string(), t.shape[0], t.shape[1..].iter().product::<u64>()));
+            }
+        });
+        rows
+    }
+
+    /// Device bytes of those row scales.
+    pub fn row_scale_bytes(&self) -> u64 {
+        crate::components::vae::row_scale_bytes(&self.product_rows())
+    }
+
     /// Device bytes a decode of a `width × height` image takes: weights,
     /// the arena, and the dispatches' parameters.
     pub fn device_bytes(&self, vae: &VaeConfig, width: usize, height: usize) -> Result<u64, RunError> {
@@ -149,6 +166,7 @@ impl TinyDecoder {
         if let Some(e) = missing {
             return Err(e.into());
         }
+        weights.keep_row_scales(gpu, &file.product_rows())?;
         let mut dispatches = Vec::new();
         for op in collect_ops(|emit| program::decode(&layout, emit)) {
             runner.record(gpu, &mut dispatches, &weights, &op)?;

@@ -120,7 +120,8 @@ impl VaeDecoder {
         // The activations first: an adapter that cannot hold them fails here, before the upload.
         let runner = arena_runner(gpu, "vae activations", arena_bytes);
         gpu.check_faults()?;
-        let weights = upload_decoder(gpu, config, store)?;
+        let mut weights = upload_decoder(gpu, config, store)?;
+        weights.keep_row_scales(gpu, &product_rows(&decoder_specs(config)))?;
         let mode = match layout {
             Some(layout) => {
                 let ops = collect_ops(|emit| program::decode(&layout, emit));
@@ -138,6 +139,11 @@ impl VaeDecoder {
     /// Bytes of the activation arena (fixed by the tile when banded, whatever the image size).
     pub fn arena_bytes(&self) -> u64 {
         self.arena_bytes
+    }
+
+    /// Device bytes of its weights (and their row scales, where the device keeps them).
+    pub fn weight_bytes(&self) -> u64 {
+        self.weights.bytes()
     }
 
     /// Whether the image is decoded by bands.
@@ -249,6 +255,27 @@ pub(crate) fn specs_under(config: &VaeConfig, prefixes: &[&str]) -> Vec<TensorSp
         }
     });
     specs
+}
+
+/// The products' weights among `specs` (convolutions' and linears':
+/// two dims or more) as (name, rows, terms a row), whose rows' range scales
+/// a device that measures them keeps (`DeviceWeights::keep_row_scales`).
+pub(crate) fn product_rows(specs: &[TensorSpec]) -> Vec<(String, u64, u64)> {
+    specs
+        .iter()
+        .filter(|s| s.shape.len() >= 2)
+        .map(|s| (s.name.to_string(), s.shape[0] as u64, s.shape[1..].iter().product::<usize>() as u64))
+        .collect()
+}
+
+/// Device bytes of those row scales.
+pub(crate) fn row_scale_bytes(rows: &[(String, u64, u64)]) -> u64 {
+    4 * rows.iter().map(|&(_, rows, _)| rows).sum::<u64>()
+}
+
+/// Device bytes of the decoder's weights' row scales, where the device keeps them.
+pub fn decoder_row_scale_bytes(config: &VaeConfig) -> u64 {
+    row_scale_bytes(&product_rows(&decoder_specs(config)))
 }
 
 /// Device bytes of the decoder's weights as [`VaeDecoder::new`] uploads them.

@@ -10,7 +10,7 @@ use crate::run::device_weights::DeviceWeights;
 use flux_lite_kernels::{Dispatch};
 use crate::run::runner::{collect_ops, Runner};
 use crate::model::safetensors_store::{widen_to_f32, WeightStore};
-use crate::components::vae::{arena_runner, check_image_size, check_tile, plan_error, upload_checked};
+use crate::components::vae::{arena_runner, check_image_size, check_tile, plan_error, product_rows, row_scale_bytes, upload_checked};
 use crate::run::vae_bands::{BandRunner, HostTensors};
 use flux_lite_core::config::VaeConfig;
 use flux_lite_core::models::tensors::TensorSpec;
@@ -58,7 +58,8 @@ impl VaeEncoder {
     pub fn new(gpu: &Gpu, config: &VaeConfig, store: &WeightStore, width: usize, height: usize, tile_px: Option<usize>) -> Result<Self, RunError> {
         check_image_size(config, width, height)?;
         check_tile(config, tile_px)?;
-        let weights = upload_checked(gpu, store, &encoder_specs(config))?;
+        let mut weights = upload_checked(gpu, store, &encoder_specs(config))?;
+        weights.keep_row_scales(gpu, &product_rows(&encoder_specs(config)))?;
         let features = 4 * config.latent_channels;
         let bn_mean = bn_stat(store, "bn.running_mean", features)?;
         let bn_var = bn_stat(store, "bn.running_var", features)?;
@@ -181,6 +182,11 @@ pub fn encoder_weight_bytes(config: &VaeConfig, store: &WeightStore) -> Result<u
 }
 
 /// What encoding reads: `encoder.*` and `quant_conv.*`.
+/// Device bytes of the encoder's weights' row scales, where the device keeps them.
+pub fn encoder_row_scale_bytes(config: &VaeConfig) -> u64 {
+    row_scale_bytes(&product_rows(&encoder_specs(config)))
+}
+
 fn encoder_specs(config: &VaeConfig) -> Vec<TensorSpec> {
     crate::components::vae::specs_under(config, &program::WEIGHTS)
 }

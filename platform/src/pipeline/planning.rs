@@ -28,6 +28,9 @@ pub struct ModelSizes {
     /// Components whose folders hold no weight files: their sizes are
     /// estimated from the config, as DF11 (so every strategy is listed).
     pub estimated: Vec<Component>,
+    /// The VAE decoder's, encoder's and preview decoder's weights' row
+    /// scales, counted by [`Self::keep_row_scales`].
+    pub vae_row_scales: [u64; 3],
 }
 
 impl ModelSizes {
@@ -71,14 +74,23 @@ impl ModelSizes {
             Some(d) => d.device_bytes(&model.vae, width, height)?,
             None => 0,
         };
-        Ok(Self { text_encoder, transformer, vae_decoder, vae_encoder, tokenizer: tokenizer_bytes(model), preview_decoder, estimated })
+        let vae_row_scales = [
+            crate::components::vae::decoder_row_scale_bytes(&model.vae),
+            crate::components::vae_encoder::encoder_row_scale_bytes(&model.vae),
+            model.preview_decoder.as_ref().map_or(0, |d| d.row_scale_bytes()),
+        ];
+        Ok(Self { text_encoder, transformer, vae_decoder, vae_encoder, tokenizer: tokenizer_bytes(model), preview_decoder, estimated, vae_row_scales })
     }
 
-    /// Counts the text encoder's and transformer's weights' row scales, which
-    /// a device that measures them once (`Gpu::measures_weight_rows`) keeps.
+    /// Counts every component's weights' row scales, which a device that
+    /// measures them once (`Gpu::measures_weight_rows`) keeps beside them.
     pub fn keep_row_scales(&mut self) {
         self.text_encoder.keep_row_scales();
         self.transformer.keep_row_scales();
+        let [decoder, encoder, preview] = std::mem::take(&mut self.vae_row_scales);
+        self.vae_decoder += decoder;
+        self.vae_encoder += encoder;
+        self.preview_decoder += preview;
     }
 
     /// Counts `lora` for a transformer over `rows` token rows: its matrices

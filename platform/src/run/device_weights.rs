@@ -450,7 +450,7 @@ impl DeviceWeights {
         for name in &a.expanded {
             sizes.shared += expanded_bytes(&quantized(store, name)?);
         }
-        sizes.row_scales = 4 * scaled_linears(store, blocks).iter().map(|&(_, rows, _)| rows).sum::<u64>();
+        sizes.row_scales = 4 * scaled_products(store, blocks).iter().map(|&(_, rows, _)| rows).sum::<u64>();
         Ok(sizes)
     }
 
@@ -595,46 +595,61 @@ impl DeviceWeights {
             w.packed.insert(name, Packed { buffer: w.slots[slot].clone(), at, ggml, scale, width });
         }
         if gpu.measures_weight_rows() {
-            w.place_scales(gpu, store, blocks, &slotted);
+            w.place_scales(gpu, scaled_products(store, blocks));
+            w.slot_scales = blocks
+                .iter()
+                .map(|block| product_weights(std::slice::from_ref(block)).into_iter().map(|(name, ..)| name).filter(|name| slotted.contains(name) && w.map.get(name).is_some_and(|w| w.scales.is_some())).collect())
+                .collect();
         }
         gpu.check_faults()?;
         w.write(gpu, store, pending)?;
-        w.measure_resident_scales(gpu)?;
+        let in_slots: std::collections::HashSet<&String> = w.slot_scales.iter().flatten().collect();
+        let resident: Vec<&str> = w.map.iter().filter(|(name, weight)| weight.scales.is_some() && !in_slots.contains(name)).map(|(name, _)| name.as_str()).collect();
+        w.measure_scales(gpu, &resident)?;
         Ok(w)
     }
 
-    /// Gives every linear's weight (not one in GGML blocks) a place for its
-    /// rows' range scales, in one buffer; those in a slot are measured by
-    /// their block as it starts (`record_fills`), the rest once, at load.
-    fn place_scales(&mut self, gpu: &Gpu, store: &WeightStore, blocks: &[Vec<Op>], slotted: &std::collections::HashSet<String>) {
-        let linears: Vec<(String, u64, u64)> = scaled_linears(store, blocks).into_iter().filter(|(name, ..)| self.map.contains_key(name)).collect();
-        let rows: u64 = linears.iter().map(|&(_, rows, _)| rows).sum();
+    /// Gives each weight of `weights` (name, rows, terms a row) that is held
+    /// plain and has none yet a place for its rows' range scales, in one
+    /// buffer for all of them (measured later: `measure_scales`, or a
+    /// block's `record_fills`).
+    fn place_scales(&mut self, gpu: &Gpu, weights: Vec<(String, u64, u64)>) {
+        let weights: Vec<(String, u64, u64)> = weights.into_iter().filter(|(name, ..)| self.map.get(name).is_some_and(|w| w.scales.is_none())).collect();
+        let rows: u64 = weights.iter().map(|&(_, rows, _)| rows).sum();
         if rows == 0 {
             return;
         }
         let buffer = gpu.storage("weight row scales", 4 * rows);
         self.bytes += buffer.size();
         let mut offset = 0;
-        for (name, rows, k) in linears {
+        for (name, rows, k) in weights {
             if let Some(weight) = self.map.get_mut(&name) {
                 weight.scales = Some(StoredScales { buffer: buffer.clone(), offset, rows, k });
             }
             offset += rows;
         }
-        self.slot_scales = blocks
-            .iter()
-            .map(|block| linear_weights(std::slice::from_ref(block)).into_iter().map(|(name, ..)| name).filter(|name| slotted.contains(name) && self.map.get(name).is_some_and(|w| w.scales.is_some())).collect())
-            .collect();
     }
 
-    /// Measures the range scales of every resident weight that has a place for them.
-    fn measure_resident_scales(&self, gpu: &Gpu) -> Result<(), GpuError> {
-        let in_slots: std::collections::HashSet<&String> = self.slot_scales.iter().flatten().collect();
-        let resident: Vec<&DeviceWeight> = self.map.iter().filter(|(name, w)| w.scales.is_some() && !in_slots.contains(name)).map(|(_, w)| w).collect();
-        if resident.is_empty() {
+    /// Measures the range scales of the weights `names`, in one submission.
+    fn measure_scales(&self, gpu: &Gpu, names: &[&str]) -> Result<(), GpuError> {
+        let weights = names.iter().map(|name| self.get(name)).collect::<Result<Vec<_>, _>>()?;
+        if weights.is_empty() {
             return Ok(());
         }
-        gpu.submit(|enc| resident.iter().try_for_each(|w| w.record_scales(gpu, enc)))
+        gpu.submit(|enc| weights.iter().try_for_each(|w| w.record_scales(gpu, enc)))
+    }
+
+    /// On a device that keeps weights' row scales (`Gpu::measures_weight_rows`),
+    /// measures them now for the resident weights of `weights` (name, rows,
+    /// terms a row): the products' weights of a component that uploads its
+    /// tensors itself (`insert`).
+    pub fn keep_row_scales(&mut self, gpu: &Gpu, weights: &[(String, u64, u64)]) -> Result<(), GpuError> {
+        if !gpu.measures_weight_rows() {
+            return Ok(());
+        }
+        self.place_scales(gpu, weights.to_vec());
+        let names: Vec<&str> = weights.iter().map(|(name, ..)| name.as_str()).filter(|name| self.map.get(*name).is_some_and(|w| w.scales.is_some())).collect();
+        self.measure_scales(gpu, &names)
     }
 
     /// Allocates a resident tensor's buffer; its bytes are written later.
@@ -799,33 +814,37 @@ impl DeviceWeights {
     }
 }
 
-/// The weights `Op::Linear`s of `blocks` read, once each in order of first
-/// use, with the rows they read (from row 0 to the last any reads) and the
-/// terms of those rows; a weight read with two different row widths is left
+/// The weights the products of `blocks` read (`Op::Linear`s' and
+/// `Op::Conv2d`s'), once each in order of first use, with the rows they read
+/// (from row 0 to the last any reads) and the terms of those rows (a
+/// convolution's taps); a weight read with two different row widths is left
 /// out (its products measure it themselves).
-pub fn linear_weights(blocks: &[Vec<Op>]) -> Vec<(String, u64, u64)> {
+pub fn product_weights(blocks: &[Vec<Op>]) -> Vec<(String, u64, u64)> {
     let mut found: Vec<(String, u64, u64)> = Vec::new();
     let mut mixed = std::collections::HashSet::new();
     for op in blocks.iter().flatten() {
-        if let Op::Linear { w, w_row, cols, inner, .. } = op {
-            match found.iter_mut().find(|(name, ..)| name == w.as_str()) {
-                Some((_, rows, k)) if *k == *inner => *rows = (*rows).max(w_row + cols),
-                Some(_) => {
-                    mixed.insert(w.to_string());
-                }
-                None => found.push((w.to_string(), w_row + cols, *inner)),
+        let (w, last_row, terms) = match op {
+            Op::Linear { w, w_row, cols, inner, .. } => (w, w_row + cols, *inner),
+            Op::Conv2d { w, shape, .. } => (w, shape.out_channels as u64, (shape.in_channels * shape.kernel * shape.kernel) as u64),
+            _ => continue,
+        };
+        match found.iter_mut().find(|(name, ..)| name == w.as_str()) {
+            Some((_, rows, k)) if *k == terms => *rows = (*rows).max(last_row),
+            Some(_) => {
+                mixed.insert(w.to_string());
             }
+            None => found.push((w.to_string(), last_row, terms)),
         }
     }
     found.retain(|(name, ..)| !mixed.contains(name));
     found
 }
 
-/// The linears' weights that keep their rows' range scales on a device
+/// The products' weights that keep their rows' range scales on a device
 /// that measures them: all but those in GGML blocks (a linear over those
 /// expands rows into a scratch, f32, and measures them there).
-fn scaled_linears(store: &WeightStore, blocks: &[Vec<Op>]) -> Vec<(String, u64, u64)> {
-    linear_weights(blocks).into_iter().filter(|(name, ..)| store.quantized(name).is_none()).collect()
+fn scaled_products(store: &WeightStore, blocks: &[Vec<Op>]) -> Vec<(String, u64, u64)> {
+    product_weights(blocks).into_iter().filter(|(name, ..)| store.quantized(name).is_none()).collect()
 }
 
 /// Places a group's bf16 expansion in `slot` at the next aligned byte of
