@@ -96,8 +96,9 @@ pub enum Op {
     Residual { dst: Span, y: Span, rows: u64, cols: u64 },
     /// `dst = src`
     Copy { src: Span, dst: Span, rows: u64, cols: u64 },
-    /// 2-D convolution with bias over contiguous `[channels, height, width]` tensors.
-    Conv2d { x: Span, w: TensorName, bias: TensorName, y: Span, shape: ConvShape },
+    /// 2-D convolution with bias over contiguous `[channels, height, width]`
+    /// tensors, ReLU after when `relu` (the same values as a `Relu` step after).
+    Conv2d { x: Span, w: TensorName, bias: TensorName, y: Span, shape: ConvShape, relu: bool },
     /// GroupNorm with affine over contiguous `[channels, pixels]`, SiLU after when `silu`.
     GroupNorm {
         src: Span,
@@ -120,8 +121,8 @@ pub enum Op {
     UpsampleNearest2x { x: Span, y: Span, channels: u64, height: u64, width: u64 },
     /// `dst[c, r] = src[r, c]` for a `[rows, cols]` source.
     Transpose { src: Span, dst: Span, rows: u64, cols: u64 },
-    /// `dst = a + b` (`dst` may be `a` or `b`).
-    Add { a: Span, b: Span, dst: Span, rows: u64, cols: u64 },
+    /// `dst = a + b` (`dst` may be `a` or `b`), ReLU after when `relu`.
+    Add { a: Span, b: Span, dst: Span, rows: u64, cols: u64, relu: bool },
     /// Packed latents `[height·width tokens, 4·channels]` to the VAE latent
     /// `[channels, 2·height, 2·width]`: BatchNorm de-normalisation
     /// `x·√(var + eps) + mean` per patchified channel, then unpatchify

@@ -38,6 +38,7 @@ pub const ALL_KERNELS: &[Kernel] = &[
     elementwise::SWIGLU,
     elementwise::GATED_RESIDUAL,
     elementwise::ADD,
+    elementwise::ADD_RELU,
     elementwise::ADD_INPLACE,
     elementwise::SCALE,
     elementwise::AXPY,

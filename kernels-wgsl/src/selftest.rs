@@ -227,11 +227,12 @@ pub fn check_pixel_levels(gpu: &Gpu) -> Result<f64, GpuError> {
 }
 
 /// Every element-wise op, as the checks run them.
-pub const ELEMENTWISE_OPS: [Elementwise; 11] = [
+pub const ELEMENTWISE_OPS: [Elementwise; 12] = [
     Elementwise::Silu,
     Elementwise::SwiGlu,
     Elementwise::GatedResidual,
     Elementwise::Add,
+    Elementwise::AddRelu,
     Elementwise::AddInPlace,
     Elementwise::Scale(-0.37),
     Elementwise::Axpy(-0.0625),
@@ -271,6 +272,7 @@ pub fn check_elementwise(gpu: &Gpu, op: Elementwise, seed: u64) -> Result<f64, G
                 Elementwise::SwiGlu => r::silu(x) * y,
                 Elementwise::GatedResidual => d + gate[i % cols] as f64 * x,
                 Elementwise::Add => x + y,
+                Elementwise::AddRelu => (x + y).max(0.0),
                 Elementwise::AddInPlace => d + x,
                 Elementwise::Scale(s) => x * s as f64,
                 Elementwise::Axpy(s) => d + (x as f32 * s) as f64,
@@ -286,7 +288,7 @@ pub fn check_elementwise(gpu: &Gpu, op: Elementwise, seed: u64) -> Result<f64, G
     let reads_dst = matches!(op, Elementwise::GatedResidual | Elementwise::AddInPlace | Elementwise::Axpy(_));
     let db = if reads_dst { gpu.upload_f32("dst", &dst0) } else { poisoned(gpu, rows * cols) };
     let second = match op {
-        Elementwise::SwiGlu | Elementwise::Add => Some(Mat::new(&bb, cols as u64)),
+        Elementwise::SwiGlu | Elementwise::Add | Elementwise::AddRelu => Some(Mat::new(&bb, cols as u64)),
         Elementwise::GatedResidual => Some(Mat { buf: &bb, offset: 0, stride: 0 }),
         _ => None,
     };

@@ -221,6 +221,7 @@ pub(crate) fn conv(x: Span, prefix: &str, y: Span, shape: ConvShape) -> Op {
         bias: name(format_args!("{prefix}.bias")),
         y,
         shape,
+        relu: false,
     }
 }
 
@@ -307,7 +308,7 @@ pub(crate) fn resnet(l: &Stream, p: &str, cin: u64, cout: u64, h: u64, w: u64, e
     } else {
         l.a
     };
-    emit(Op::Add { a: rows(residual, pixels), b: rows(l.c, pixels), dst: rows(l.a, pixels), rows: cout, cols: pixels });
+    emit(Op::Add { a: rows(residual, pixels), b: rows(l.c, pixels), dst: rows(l.a, pixels), rows: cout, cols: pixels, relu: false });
 }
 
 /// The mid-block attention `p` on the stream in `a`: one head as wide as
@@ -341,7 +342,7 @@ pub(crate) fn attention(l: &Stream, p: &str, c: u64, pixels: u64, emit: &mut imp
         inner: c,
     });
     emit(Op::Transpose { src: rows(l.c, c), dst: rows(l.b, pixels), rows: pixels, cols: c });
-    emit(Op::Add { a: rows(l.a, pixels), b: rows(l.b, pixels), dst: rows(l.a, pixels), rows: c, cols: pixels });
+    emit(Op::Add { a: rows(l.a, pixels), b: rows(l.b, pixels), dst: rows(l.a, pixels), rows: c, cols: pixels, relu: false });
 }
 
 /// `decoder.mid_block`: resnet, attention (when the model has it), resnet.

@@ -133,22 +133,21 @@ pub const UPSAMPLE_NEAREST2X: Kernel =
 /// 2-D convolution with bias over contiguous `[channels, height, width]`
 /// tensors, split over output channels when the output or weights are large.
 /// On the matrix tier it runs on cooperative-matrix tiles.
-pub fn conv2d(
-    gpu: &Gpu,
-    sink: &mut dyn Sink,
-    x: Mat<'_>,
-    w: Weight<'_>,
-    bias: Weight<'_>,
-    y: Mat<'_>,
-    s: ConvShape,
-) -> Result<(), GpuError> {
+pub fn conv2d(gpu: &Gpu, sink: &mut dyn Sink, x: Mat<'_>, w: Weight<'_>, bias: Weight<'_>, y: Mat<'_>, s: ConvShape) -> Result<(), GpuError> {
+    conv2d_then(gpu, sink, x, w, bias, y, s, false)
+}
+
+/// [`conv2d`], with a ReLU on each output value where `relu` (in the
+/// kernel's epilogue: the values of a ReLU pass after it, one pass fewer).
+#[allow(clippy::too_many_arguments)] // conv2d's operands and the ReLU
+pub fn conv2d_then(gpu: &Gpu, sink: &mut dyn Sink, x: Mat<'_>, w: Weight<'_>, bias: Weight<'_>, y: Mat<'_>, s: ConvShape, relu: bool) -> Result<(), GpuError> {
     if w.dtype != bias.dtype {
         return Err(GpuError::UnsupportedShape("conv weight and bias must share a dtype".into()));
     }
     let in_elems = (s.in_channels * s.height * s.width) as u64;
     let xw = window(gpu, x.buf, 4, x.offset..x.offset + in_elems, "conv input")?;
     if let Some(c) = gpu.matrix() {
-        return conv2d_matrix(gpu, sink, &xw, w, bias, y, s, c, RANGE_SCALES_ROWS);
+        return conv2d_matrix(gpu, sink, &xw, w, bias, y, s, c, RANGE_SCALES_ROWS, relu);
     }
     let plane = (s.out_height * s.out_width) as u64;
     let per_out = (s.in_channels * s.kernel * s.kernel) as u64;
@@ -164,10 +163,10 @@ pub fn conv2d(
         let wide = f32_tier && out_channels <= WIDE_MAX;
         let [tile_co, tile_px] = if wide { WIDE_TILE } else { GEMM_TILE.map(u64::from) };
         let (kernel, constants) = match gpu.precision() {
-            _ if thin => (&CONV2D_THIN, [("WEIGHT_BF16", w.dtype.constant()), ("THIN_OC", out_channels as u32)]),
-            Precision::F16 => (&CONV2D_HALF, [("WEIGHT_BF16", w.dtype.constant()), ("W_PAIRED", paired as u32)]),
-            _ if wide => (&CONV2D_WIDE, [("WEIGHT_BF16", w.dtype.constant()), ("W_PAIRED", paired as u32)]),
-            _ => (&CONV2D, [("WEIGHT_BF16", w.dtype.constant()), ("W_PAIRED", paired as u32)]),
+            _ if thin => (&CONV2D_THIN, [("WEIGHT_BF16", w.dtype.constant()), ("THIN_OC", out_channels as u32), ("RELU", relu as u32)]),
+            Precision::F16 => (&CONV2D_HALF, [("WEIGHT_BF16", w.dtype.constant()), ("W_PAIRED", paired as u32), ("RELU", relu as u32)]),
+            _ if wide => (&CONV2D_WIDE, [("WEIGHT_BF16", w.dtype.constant()), ("W_PAIRED", paired as u32), ("RELU", relu as u32)]),
+            _ => (&CONV2D, [("WEIGHT_BF16", w.dtype.constant()), ("W_PAIRED", paired as u32), ("RELU", relu as u32)]),
         };
         let params = ConvParams::of(&s, out_channels, [xw.local, ww.local, bw.local, yw.local]);
         let grid = match thin {
@@ -176,7 +175,7 @@ pub fn conv2d(
         };
         if let Some((module, grid)) = lanes_launch(gpu, &s, f32_tier, out_channels, xw.local, ww.local, w.dtype.constant() == 1) {
             let kernel = Kernel { module, ..CONV2D_LANES };
-            let launch = Launch { kernel: &kernel, constants: &[("WEIGHT_BF16", w.dtype.constant())], params, grid };
+            let launch = Launch { kernel: &kernel, constants: &[("WEIGHT_BF16", w.dtype.constant()), ("RELU", relu as u32)], params, grid };
             dispatch(gpu, sink, launch, &[(3, &bw), (4, &yw), (6, &xw), (7, &ww)]);
             continue;
         }
@@ -202,8 +201,8 @@ fn output_rows<'a>(s: &ConvShape, w: Weight<'a>, bias: Weight<'a>, y: Mat<'a>) -
 /// W's row scales measured once per piece of channels, each piece of
 /// pixels' run scales before its product. W's row scales are those it
 /// keeps ([`Weight::scales`]) where it has them for these taps.
-#[allow(clippy::too_many_arguments)] // conv2d's operands, the tier's tiles and the pieces' cap
-fn conv2d_matrix(gpu: &Gpu, sink: &mut dyn Sink, xw: &Window<'_>, w: Weight<'_>, bias: Weight<'_>, y: Mat<'_>, s: ConvShape, c: MatrixConfig, runs_cap: u64) -> Result<(), GpuError> {
+#[allow(clippy::too_many_arguments)] // conv2d's operands, the tier's tiles, the pieces' cap and the ReLU
+fn conv2d_matrix(gpu: &Gpu, sink: &mut dyn Sink, xw: &Window<'_>, w: Weight<'_>, bias: Weight<'_>, y: Mat<'_>, s: ConvShape, c: MatrixConfig, runs_cap: u64, relu: bool) -> Result<(), GpuError> {
     let plane = (s.out_height * s.out_width) as u64;
     let taps = (s.in_channels * s.kernel * s.kernel) as u64;
     let [y_rows, w_rows, b_rows] = output_rows(&s, w, bias, y);
@@ -218,7 +217,7 @@ fn conv2d_matrix(gpu: &Gpu, sink: &mut dyn Sink, xw: &Window<'_>, w: Weight<'_>,
         let (yw, ww, bw) = (y_rows.window(gpu, &rows)?, w_rows.window(gpu, &rows)?, b_rows.window(gpu, &rows)?);
         let out_channels = rows.end - rows.start;
         let paired = matrix_b_paired(c, w.dtype, ww.local, taps);
-        let constants = [("WEIGHT_BF16", w.dtype.constant()), ("WG", wg), ("B_PAIRED", paired as u32), ("KERNEL", kernel_size), ("OUT_WIDTH", out_width)];
+        let constants = [("WEIGHT_BF16", w.dtype.constant()), ("WG", wg), ("B_PAIRED", paired as u32), ("KERNEL", kernel_size), ("OUT_WIDTH", out_width), ("RELU", relu as u32)];
         let most_runs = plane.div_ceil(block).min(runs_cap);
         let scales = gpu.range_scales(out_channels + most_runs)?;
         let stored = w.scales.filter(|s| s.k == taps);
@@ -297,6 +296,11 @@ mod tests {
 
     /// `y`'s bits after [`conv2d`] of seeded x, W (bf16 or f32) and bias on `gpu`.
     fn conv_bits(gpu: &Gpu, s: ConvShape, seed: u64, bf16: bool) -> Vec<u32> {
+        conv_bits_then(gpu, s, seed, bf16, false)
+    }
+
+    /// [`conv_bits`] with the ReLU in the kernel where `relu`.
+    fn conv_bits_then(gpu: &Gpu, s: ConvShape, seed: u64, bf16: bool, relu: bool) -> Vec<u32> {
         let mut rng = Rng::new(seed);
         let x = rng.normals(s.in_channels * s.height * s.width, 1.0);
         let taps = s.out_channels * s.in_channels * s.kernel * s.kernel;
@@ -307,7 +311,7 @@ mod tests {
         let out = s.out_channels * s.out_height * s.out_width;
         let yb = poisoned(gpu, out);
         let got = run_and_read(gpu, &yb, out, |enc| {
-            conv2d(gpu, enc, Mat::new(&xb, (s.height * s.width) as u64), weight(&wb), weight(&bb), Mat::new(&yb, (s.out_height * s.out_width) as u64), s)
+            conv2d_then(gpu, enc, Mat::new(&xb, (s.height * s.width) as u64), weight(&wb), weight(&bb), Mat::new(&yb, (s.out_height * s.out_width) as u64), s, relu)
         });
         got.iter().map(|v| v.to_bits()).collect()
     }
@@ -448,7 +452,7 @@ mod tests {
             let yb = poisoned(&gpu, n_out);
             run_and_read(&gpu, &yb, n_out, |enc| {
                 let xw = window(&gpu, &xb, 4, 0..x.len() as u64, "x")?;
-                conv2d_matrix(&gpu, enc, &xw, Weight::bf16(&wb), Weight::bf16(&bb), Mat::new(&yb, 0), s, c, cap)
+                conv2d_matrix(&gpu, enc, &xw, Weight::bf16(&wb), Weight::bf16(&bb), Mat::new(&yb, 0), s, c, cap, false)
             })
         };
         let (whole, pieces) = (run(RANGE_SCALES_ROWS), run(1));
@@ -488,7 +492,7 @@ mod tests {
             let yb = poisoned(&gpu, n_out);
             let xw = window(&gpu, &xb, 4, 0..x.len() as u64, "x").unwrap();
             let mut recorded: Vec<crate::Dispatch> = Vec::new();
-            conv2d_matrix(&gpu, &mut recorded, &xw, weight, Weight::bf16(&bb), Mat::new(&yb, 0), s, c, cap).unwrap();
+            conv2d_matrix(&gpu, &mut recorded, &xw, weight, Weight::bf16(&bb), Mat::new(&yb, 0), s, c, cap, false).unwrap();
             let got = run_and_read(&gpu, &yb, n_out, |enc| {
                 crate::encode(enc, &recorded);
                 Ok(())
@@ -500,6 +504,30 @@ mod tests {
         assert_eq!(with, without, "stored and measured scales differ");
         assert_eq!(with_passes + 1, without_passes, "the stored scales' call still measures W");
         assert_eq!(run(stored, 1).0, without, "in pieces of pixels, stored and measured scales differ");
+    }
+
+    /// A convolution with its ReLU in the kernel's epilogue stores relu's
+    /// values of the plain convolution's output, bit for bit (relu's own
+    /// `max`), on every kernel: the tiled one (wide and 128-row tiles), the
+    /// thin one, the CPU lanes ones where the adapter takes them, and the
+    /// half tiers' where it has them.
+    #[test]
+    fn a_convolution_with_its_relu_stores_the_relu_of_its_output() {
+        // Wide and thin lanes shapes, 128-row tiles past one tile, a 1×1.
+        let shapes = [ConvShape::same(16, 40, 12, 16, 3), ConvShape::same(16, 3, 9, 36, 3), ConvShape::same(8, 130, 5, 7, 3), ConvShape::same(8, 20, 9, 12, 1)];
+        let check = |g: &Gpu| {
+            for (i, s) in shapes.into_iter().enumerate() {
+                let plain = conv_bits(g, s, 90 + i as u64, true);
+                let fused = conv_bits_then(g, s, 90 + i as u64, true, true);
+                let want: Vec<u32> = plain.iter().map(|&b| f32::from_bits(b).max(0.0).to_bits()).collect();
+                assert!(plain.iter().any(|&b| f32::from_bits(b) < 0.0), "{s:?}: no negative output to clip");
+                assert_eq!(fused, want, "{s:?} on {}: the fused ReLU differs from relu of the output", g.describe());
+            }
+        };
+        each_kernel_shape(gpu(), crate::testing::options(), check);
+        for tier in [half_gpu(), matrix_gpu()].into_iter().flatten() {
+            check(&tier);
+        }
     }
 
     #[test]

@@ -16,6 +16,15 @@ struct Params {
 
 @group(0) @binding(0) var<uniform> p: Params;
 
+// ReLU after the bias where set (a convolution whose next step is a ReLU):
+// relu's max on the same value, so the bits of the two passes.
+override RELU: bool = false;
+
+// An output value as stored: the sum with its bias, ReLU'd where RELU.
+fn conv_output(value: f32) -> f32 {
+    return select(value, max(value, 0.0), RELU);
+}
+
 fn taps() -> u32 {
     return p.in_channels * p.kernel * p.kernel;
 }

@@ -136,7 +136,7 @@ pub fn source(lanes: u32, kernel: u32, shape: Shape) -> String {
         emit!(s, "{ind}if (live && oc{c} < p.out_channels) {{");
         emit!(s, "{ind}    let b{c} = bias(p.b_offset + oc{c});");
         for r in 0..pixels {
-            emit!(s, "{ind}    if (ox0 + {r}u < p.width) {{ y[p.y_offset + oc{c} * plane + oy * p.width + ox0 + {r}u] = acc{r}_{c} + b{c}; }}");
+            emit!(s, "{ind}    if (ox0 + {r}u < p.width) {{ y[p.y_offset + oc{c} * plane + oy * p.width + ox0 + {r}u] = conv_output(acc{r}_{c} + b{c}); }}");
         }
         emit!(s, "{ind}}}");
     }

@@ -38,6 +38,7 @@ pub const SILU: Kernel = unary("silu_op");
 pub const SWIGLU: Kernel = binary("swiglu");
 pub const GATED_RESIDUAL: Kernel = binary("gated_residual");
 pub const ADD: Kernel = binary("add");
+pub const ADD_RELU: Kernel = binary("add_relu");
 pub const ADD_INPLACE: Kernel = unary("add_inplace");
 pub const SCALE: Kernel = unary("scale");
 pub const AXPY: Kernel = unary("axpy");
@@ -58,6 +59,8 @@ pub enum Elementwise {
     GatedResidual,
     /// dst = a + b
     Add,
+    /// dst = max(a + b, 0)
+    AddRelu,
     /// dst += a
     AddInPlace,
     /// dst = a·s
@@ -89,6 +92,7 @@ pub fn elementwise(
         Elementwise::SwiGlu => &SWIGLU,
         Elementwise::GatedResidual => &GATED_RESIDUAL,
         Elementwise::Add => &ADD,
+        Elementwise::AddRelu => &ADD_RELU,
         Elementwise::AddInPlace => &ADD_INPLACE,
         Elementwise::Scale(_) => &SCALE,
         Elementwise::Axpy(_) => &AXPY,

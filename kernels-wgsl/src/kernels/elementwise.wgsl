@@ -65,6 +65,13 @@ fn add(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) n
     if (e.ok) { dst[e.dst] = a[e.a] + b[e.b]; }
 }
 
+// add, then relu's max: the same values as the two passes.
+@compute @workgroup_size(64)
+fn add_relu(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let e = cell(gid, nwg);
+    if (e.ok) { dst[e.dst] = max(a[e.a] + b[e.b], 0.0); }
+}
+
 @compute @workgroup_size(64)
 fn add_inplace(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let e = cell(gid, nwg);

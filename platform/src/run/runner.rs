@@ -159,8 +159,9 @@ impl Runner {
             Op::Copy { src, dst, rows, cols } => {
                 kernels::elementwise(gpu, sink, Elementwise::Copy, self.mat(*src), None, self.mat(*dst), [*rows, *cols])
             }
-            Op::Conv2d { x, w, bias, y, shape } => {
-                kernels::conv2d(gpu, sink, self.mat(*x), weights.get(w)?.view(), weights.get(bias)?.view(), self.mat(*y), *shape)
+            Op::Conv2d { x, w, bias, y, shape, relu } => {
+                let (w, bias) = (weights.get(w)?.view(), weights.get(bias)?.view());
+                kernels::conv2d_then(gpu, sink, self.mat(*x), w, bias, self.mat(*y), *shape, *relu)
             }
             Op::GroupNorm { src, dst, gamma, beta, channels, pixels, groups, eps, silu } => {
                 let g = kernels::Groups { channels: *channels, pixels: *pixels, groups: *groups };
@@ -180,8 +181,9 @@ impl Runner {
                 kernels::upsample_nearest2x(gpu, sink, self.mat(*x), self.mat(*y), *channels, *height, *width)
             }
             Op::Transpose { src, dst, rows, cols } => kernels::transpose(gpu, sink, self.mat(*src), self.mat(*dst), *rows, *cols),
-            Op::Add { a, b, dst, rows, cols } => {
-                kernels::elementwise(gpu, sink, Elementwise::Add, self.mat(*a), Some(self.mat(*b)), self.mat(*dst), [*rows, *cols])
+            Op::Add { a, b, dst, rows, cols, relu } => {
+                let op = if *relu { Elementwise::AddRelu } else { Elementwise::Add };
+                kernels::elementwise(gpu, sink, op, self.mat(*a), Some(self.mat(*b)), self.mat(*dst), [*rows, *cols])
             }
             Op::DenormUnpatchify { packed, latent, mean, var, channels, height, width, eps } => {
                 let stats = kernels::LatentStats { mean: weights.get(mean)?.view(), var: weights.get(var)?.view(), eps: *eps };

@@ -172,12 +172,12 @@ impl BandRunner<'_> {
                 let stats = LatentStats { mean, var, eps: *eps };
                 self.denorm_unpatchify(host, *packed, *latent, stats, [*channels, *height, *width])
             }
-            Op::Conv2d { x, w, bias, y, shape } => self.conv(host, *x, w, bias, *y, *shape),
+            Op::Conv2d { x, w, bias, y, shape, relu } => self.conv(host, *x, w, bias, *y, *shape, *relu),
             Op::GroupNorm { src, dst, gamma, beta, channels, pixels, groups, eps, silu } => {
                 let g = Norm { gamma, beta, channels: *channels, pixels: *pixels, groups: *groups, eps: *eps, silu: *silu };
                 self.group_norm(host, *src, *dst, g)
             }
-            Op::Add { a, b, dst, rows, cols } => self.add(host, *a, *b, *dst, *rows, *cols),
+            Op::Add { a, b, dst, rows, cols, relu } => self.add(host, *a, *b, *dst, [*rows, *cols], *relu),
             Op::UpsampleNearest2x { x, y, channels, height, width } => self.upsample(host, *x, *y, *channels, *height, *width),
             Op::Transpose { src, dst, rows, cols } => self.transpose(host, *src, *dst, *rows, *cols),
             Op::Linear { x, w, w_row: 0, bias, y, rows, cols, inner } => self.linear(host, *x, w, bias.as_ref(), *y, Gemm { m: *rows, n: *cols, k: *inner }),
@@ -236,7 +236,8 @@ impl BandRunner<'_> {
     /// A convolution by bands of output rows, each reading the input rows
     /// its kernel covers (a halo from the neighbouring bands; zeros only at
     /// the image border): stride 1 "same" and the encoder's stride-2 downsampling alike.
-    fn conv(&self, host: &mut HostTensors, x: Span, w: &TensorName, bias: &TensorName, y: Span, s: ConvShape) -> Result<(), RunError> {
+    #[allow(clippy::too_many_arguments)] // the convolution's operands and its ReLU
+    fn conv(&self, host: &mut HostTensors, x: Span, w: &TensorName, bias: &TensorName, y: Span, s: ConvShape, relu: bool) -> Result<(), RunError> {
         if x.offset == y.offset {
             return Err(RunError::Internal(format!("the banded VAE only runs out-of-place convolutions, not {s:?} in place")));
         }
@@ -253,7 +254,7 @@ impl BandRunner<'_> {
             let (xs, ys) = (arena.take(input.len() as u64)?, arena.take(out_len)?);
             self.upload(xs, &input);
             let shape = ConvShape { height: (g1 - g0) as usize, pad_top, out_height: (y1 - y0) as usize, ..s };
-            self.exec(Op::Conv2d { x: xs, w: w.clone(), bias: bias.clone(), y: ys, shape })?;
+            self.exec(Op::Conv2d { x: xs, w: w.clone(), bias: bias.clone(), y: ys, shape, relu })?;
             let out = self.download(ys, out_len)?;
             scatter(host.get_mut(y, cout * out_h * out_w)?, cout, out_h * out_w, y0 * out_w, y1 * out_w, &out);
         }
@@ -306,8 +307,8 @@ impl BandRunner<'_> {
         Ok(())
     }
 
-    /// `dst = a + b` over `[rows, cols]`, by bands of columns.
-    fn add(&self, host: &mut HostTensors, a: Span, b: Span, dst: Span, rows: u64, cols: u64) -> Result<(), RunError> {
+    /// `dst = a + b` (ReLU after where `relu`) over `[rows, cols]`, by bands of columns.
+    fn add(&self, host: &mut HostTensors, a: Span, b: Span, dst: Span, [rows, cols]: [u64; 2], relu: bool) -> Result<(), RunError> {
         for (c0, c1) in bands(cols, self.band(0, 3 * rows, "sum column")?) {
             let (ia, ib) = (gather(host.get(a, rows * cols)?, rows, cols, c0, c1), gather(host.get(b, rows * cols)?, rows, cols, c0, c1));
             let mut arena = self.operands();
@@ -316,7 +317,7 @@ impl BandRunner<'_> {
             self.upload(sa, &ia);
             self.upload(sb, &ib);
             let view = |s: Span| Span::new(s.offset, w);
-            self.exec(Op::Add { a: view(sa), b: view(sb), dst: view(sd), rows, cols: w })?;
+            self.exec(Op::Add { a: view(sa), b: view(sb), dst: view(sd), rows, cols: w, relu })?;
             let out = self.download(sd, n)?;
             scatter(host.get_mut(dst, rows * cols)?, rows, cols, c0, c1, &out);
         }
