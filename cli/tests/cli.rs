@@ -170,3 +170,36 @@ fn kernel_sources_are_written_and_read_back_in_place_of_the_built_in_ones() {
     assert!(out.status.success(), "{stderr}");
     assert!(stderr.contains(&format!("kernel bench: built from {}", dir.join("Bench.wgsl").display())), "{stderr}");
 }
+
+/// The GPU machine's diagnosis scripts still find what they change in the
+/// kernels as built (a kernel edited since would otherwise cost a device
+/// session its variants): `ci/flash_variants.py` and `ci/linear_variants.py`
+/// over `gpu --kernel-sources`, each variant written and changed from the
+/// built source (but `linear_variants`' `base`, the kernel as built).
+#[test]
+fn the_gpu_variant_scripts_apply_to_the_kernels_as_built() {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let dir = flux_lite_tests::scratch_dir("cli-variant-scripts");
+    let sources = dir.join("sources");
+    let out = flux_lite(&["gpu", "--kernel-sources", &sources.display().to_string()], &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    for (script, modules) in [("flash_variants.py", ["AttentionFlash8", "AttentionFlash16"]), ("linear_variants.py", ["LinearMatrix8Vec4", "LinearMatrix16Vec4"])] {
+        let variants = dir.join(script.trim_end_matches(".py"));
+        let run = Command::new("python3").arg(repo.join("ci").join(script)).arg(&sources).arg(&variants).output();
+        let Ok(run) = run else {
+            flux_lite_tests::skipped("no python3 to run ci/*_variants.py");
+            return;
+        };
+        assert!(run.status.success(), "{script}: {}", String::from_utf8_lossy(&run.stderr));
+        let names = String::from_utf8_lossy(&run.stdout).to_string();
+        let names: Vec<&str> = names.lines().filter_map(|l| l.split('\t').next()).collect();
+        assert!(names.len() >= 2, "{script}: variants {names:?}");
+        for name in names {
+            for module in modules {
+                let built = std::fs::read_to_string(sources.join(format!("{module}.wgsl"))).unwrap();
+                let variant = std::fs::read_to_string(variants.join(name).join(format!("{module}.wgsl"))).unwrap_or_else(|e| panic!("{script} {name} {module}: {e}"));
+                assert_eq!(variant == built, name == "base", "{script}: variant {name} of {module} {}", if name == "base" { "differs from the kernel as built" } else { "is the kernel as built" });
+            }
+        }
+    }
+}
