@@ -178,24 +178,11 @@ impl Module {
             m if m.is_matrix() => wgpu::Features::SHADER_F16 | wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX,
             _ => wgpu::Features::empty(),
         };
-        // The matrix linear's and conv's subgroups each find their share by subgroup id.
-        let subgroups = matches!(
-            self,
-            Module::LinearMatrix8
-                | Module::LinearMatrix16
-                | Module::LinearMatrix8F32
-                | Module::LinearMatrix8Vec4
-                | Module::LinearMatrix16Vec4
-                | Module::LinearMatrix8F32Vec4
-                | Module::ConvMatrix8
-                | Module::ConvMatrix16
-                | Module::ConvMatrix8F32
-                | Module::AttentionFlash8
-                | Module::AttentionFlash16
-                | Module::AttentionLanes { .. }
-                | Module::LinearLanes { .. }
-                | Module::ConvLanes { .. }
-        );
+        // The matrix linear's, conv's and flash attention's subgroups each find
+        // their share by subgroup id; the CPU kernels broadcast across lanes.
+        let subgroups = self.on_matrix_gemm()
+            || self.is_flash()
+            || matches!(self, Module::AttentionLanes { .. } | Module::LinearLanes { .. } | Module::ConvLanes { .. });
         if subgroups {
             features | wgpu::Features::SUBGROUP
         } else {
@@ -221,6 +208,12 @@ impl Module {
     /// inside the output channels and pixels its call covers, and store
     /// inside them.
     pub fn indices_clamped_in_shader(self) -> bool {
+        self.on_matrix_gemm() || self.is_flash()
+    }
+
+    /// The modules on `matrix_gemm.wgsl`: the matrix linear (element and
+    /// vec4 fetching) and the matrix conv2d.
+    fn on_matrix_gemm(self) -> bool {
         matches!(
             self,
             Module::LinearMatrix8
@@ -232,9 +225,12 @@ impl Module {
                 | Module::ConvMatrix8
                 | Module::ConvMatrix16
                 | Module::ConvMatrix8F32
-                | Module::AttentionFlash8
-                | Module::AttentionFlash16
         )
+    }
+
+    /// The matrix tier's flash attention.
+    fn is_flash(self) -> bool {
+        matches!(self, Module::AttentionFlash8 | Module::AttentionFlash16)
     }
 
     /// Whether the module reads x and W as vec4s at bindings 6 and 7 (the
@@ -245,26 +241,12 @@ impl Module {
 
     /// Whether the module runs on cooperative-matrix units.
     pub fn is_matrix(self) -> bool {
-        matches!(
-            self,
-            Module::LinearMatrix8
-                | Module::LinearMatrix16
-                | Module::ConvMatrix8
-                | Module::ConvMatrix16
-                | Module::AttentionMatrix8
-                | Module::AttentionMatrix16
-                | Module::AttentionFlash8
-                | Module::AttentionFlash16
-                | Module::LinearMatrix8F32
-                | Module::LinearMatrix8Vec4
-                | Module::LinearMatrix16Vec4
-                | Module::LinearMatrix8F32Vec4
-                | Module::ConvMatrix8F32
-                | Module::AttentionMatrix8F32
-                | Module::BenchMatrix8F32
-                | Module::BenchMatrix8
-                | Module::BenchMatrix16
-        )
+        self.on_matrix_gemm()
+            || self.is_flash()
+            || matches!(
+                self,
+                Module::AttentionMatrix8 | Module::AttentionMatrix16 | Module::AttentionMatrix8F32 | Module::BenchMatrix8 | Module::BenchMatrix16 | Module::BenchMatrix8F32
+            )
     }
 
     pub fn source(self) -> std::borrow::Cow<'static, str> {
