@@ -36,10 +36,10 @@ pub struct DeviceWeight {
     pub scales: Option<StoredScales>,
 }
 
-/// The matrix tier's range scales of a linear's weight, measured when the
-/// weight reaches the device (at load, or as its block fills its slot) and
-/// read by every product over it: `rows` f32s of `buffer` from `offset`,
-/// each over `k` values.
+/// The matrix tier's range scales of a product's weight (a linear's or a
+/// convolution's), measured when the weight reaches the device (at load, or
+/// as its block fills its slot) and read by every product over it: `rows`
+/// f32s of `buffer` from `offset`, each over `k` values.
 #[derive(Debug, Clone)]
 pub struct StoredScales {
     buffer: DeviceBuffer,
@@ -424,7 +424,7 @@ pub struct DeviceWeights {
     packed_scratch: Option<DeviceBuffer>,
     /// Where a streamed group's compressed arrays land (the largest group's size).
     area: Option<DeviceBuffer>,
-    /// Per block: the linears' weights in its slot whose range scales it
+    /// Per block: the products' weights in its slot whose range scales it
     /// measures once its slot is filled (the matrix tier).
     slot_scales: Vec<Vec<String>>,
     /// What streamed weights pass through (streaming only).
