@@ -9,7 +9,7 @@ use crate::error::GpuError;
 use crate::view::{Mat, Weight};
 use bytemuck::{Pod, Zeroable};
 use flux_lite_core::oracle::ConvShape;
-use super::linear::{matrix_b_paired, measure_rows, RangeScalesParams, GEMM_TILE, MATRIX_BLOCK_TILES, MATRIX_SUBGROUPS, RANGE_SCALES_ROWS};
+use super::linear::{kept_scales_window, matrix_b_paired, measure_rows, RangeScalesParams, GEMM_TILE, MATRIX_BLOCK_TILES, MATRIX_SUBGROUPS, RANGE_SCALES_ROWS};
 use crate::dispatch::to_u32;
 use crate::precision::{MatrixConfig, MatrixOperands};
 use crate::kernel::wrapped_grid;
@@ -222,7 +222,7 @@ fn conv2d_matrix(gpu: &Gpu, sink: &mut dyn Sink, xw: &Window<'_>, w: Weight<'_>,
         let scales = gpu.range_scales(out_channels + most_runs)?;
         let stored = w.scales.filter(|s| s.k == taps);
         let stored_window = match stored {
-            Some(s) => Some(window(gpu, s.buf, 4, s.offset + rows.start..s.offset + rows.end, "weight row scales")?),
+            Some(s) => Some(kept_scales_window(gpu, s, &rows)?),
             None => None,
         };
         if half && stored.is_none() {

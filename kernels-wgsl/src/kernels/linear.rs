@@ -6,7 +6,7 @@ use crate::kernel::{kernel, Access::{Read as R, ReadWrite as RW}, Kernel, Module
 use crate::device::Gpu;
 use crate::dispatch::{chunks, dispatch, placeholder_window, rows_per_chunk, to_u32, window, Launch, Rows, Sink, Window};
 use crate::error::GpuError;
-use crate::view::{Mat, Weight, WeightDtype};
+use crate::view::{Mat, RowScales, Weight, WeightDtype};
 use bytemuck::{Pod, Zeroable};
 use crate::kernel::{wrapped_grid, MAX_GRID_DIM};
 use crate::precision::{MatrixConfig, MatrixOperands, Precision};
@@ -189,16 +189,16 @@ fn product(gpu: &Gpu, sink: &mut dyn Sink, x: Mat<'_>, w: Weight<'_>, bias: Opti
                 }
                 _ => None,
             };
-            let (sw, w_scales) = match (&scales, stored) {
-                (Some(b), None) => (window(gpu, b, 4, 0..rows_n + cols_n, "range scales")?, None),
-                (Some(b), Some(s)) => (window(gpu, b, 4, 0..rows_n, "range scales")?, Some(window(gpu, s.buf, 4, s.offset + cols.start..s.offset + cols.end, "weight row scales")?)),
-                (None, _) => (placeholder_window(gpu)?, None),
+            let sw = match &scales {
+                Some(b) => window(gpu, b, 4, 0..rows_n + cols_n, "range scales")?,
+                None => placeholder_window(gpu)?,
             };
-            // W's scales (binding 8): as stored, or after x's in the product's own.
-            let (w_scales, w_scales_at) = match w_scales {
-                Some(win) => {
-                    let at = win.local;
-                    (win, at)
+            // W's scales (binding 8): as kept, or after x's in the product's own.
+            let (w_scales, w_scales_at) = match stored.filter(|_| scales.is_some()) {
+                Some(s) => {
+                    let kept = kept_scales_window(gpu, s, &cols)?;
+                    let at = kept.local;
+                    (kept, at)
                 }
                 None => (sw.clone(), sw.local + to_u32(rows_n, "linear rows")?),
             };
@@ -259,12 +259,15 @@ pub fn measure_weight_rows(gpu: &Gpu, sink: &mut dyn Sink, w: Weight<'_>, rows: 
     let w_rows = Rows::packed(w.buf, w.dtype.bytes(), w.offset, k, "weight");
     for piece in chunks(rows, rows_per_chunk(gpu, rows, &[w_rows], 1)?) {
         let ww = w_rows.window(gpu, &piece)?;
-        let dw = window(gpu, dst, 4, at + piece.start..at + piece.end, "weight row scales")?;
-        let params = RangeScalesParams { rows: to_u32(piece.end - piece.start, "weight rows")?, k: to_u32(terms(gpu, k), "weight k")?, src_offset: ww.local, src_stride: to_u32(k, "weight k")?, dst_offset: dw.local, t_stride: 1, _pad: [0; 2] };
-        let launch = Launch { kernel: &RANGE_SCALES, constants: &[("SOURCE_BF16", w.dtype.constant())], params, grid: wrapped_grid(params.rows as u64) };
-        dispatch(gpu, sink, launch, &[(1, &ww), (2, &dw)]);
+        let params = RangeScalesParams { rows: to_u32(piece.end - piece.start, "weight rows")?, k: to_u32(terms(gpu, k), "weight k")?, src_offset: ww.local, src_stride: to_u32(k, "weight k")?, dst_offset: to_u32(at + piece.start, "weight row scales")?, t_stride: 1, _pad: [0; 2] };
+        measure_rows(gpu, sink, &ww, dst, params, w.dtype.constant() == 1)?;
     }
     Ok(())
+}
+
+/// The window of a weight's kept row scales over its rows `rows`.
+pub(crate) fn kept_scales_window<'a>(gpu: &Gpu, s: RowScales<'a>, rows: &std::ops::Range<u64>) -> Result<Window<'a>, GpuError> {
+    window(gpu, s.buf, 4, s.offset + rows.start..s.offset + rows.end, "weight row scales")
 }
 
 /// One [`RANGE_SCALES`] pass: the scale of each row of `src` (f32, or bf16
