@@ -192,8 +192,10 @@ pub struct HalfKvScales<'a> {
 enum AttentionKernel {
     /// `attention.wgsl`: query and key tiles in workgroup memory (GPUs; any head dim).
     Tiled,
-    /// `attention_cpu.wgsl`: four queries an invocation, vec4 loads, no
-    /// barriers (CPU adapters); `true`: its wide-head entry, one query an invocation.
+    /// CPU adapters' kernels, no barriers: `attention_lanes` where the
+    /// subgroup can share rows (four queries an invocation at every head
+    /// width), else `attention_cpu.wgsl` (four queries an invocation, vec4
+    /// loads; `true`: its wide-head entry, one query an invocation).
     Lanes(bool),
     /// `attention_matrix.wgsl` on the matrix tier, in its configuration.
     Matrix(MatrixConfig),
@@ -230,11 +232,12 @@ impl AttentionKernel {
     }
 
     /// Queries one workgroup takes.
-    fn queries_per_group(self) -> u64 {
+    fn queries_per_group(self, gpu: &Gpu) -> u64 {
         match self {
             AttentionKernel::Tiled => ATTENTION_QUERIES_PER_GROUP as u64,
-            AttentionKernel::Lanes(false) => ATTENTION_CPU_QUERIES_PER_GROUP,
-            AttentionKernel::Lanes(true) => ATTENTION_CPU_WIDE_QUERIES_PER_GROUP,
+            // The lanes kernel takes four queries an invocation at every head width.
+            AttentionKernel::Lanes(true) if gpu.cpu_lanes().is_none() => ATTENTION_CPU_WIDE_QUERIES_PER_GROUP,
+            AttentionKernel::Lanes(_) => ATTENTION_CPU_QUERIES_PER_GROUP,
             AttentionKernel::Matrix(c) => c.size as u64,
             AttentionKernel::Flash(c) => flash_subgroups(c) * c.size as u64,
         }
@@ -353,7 +356,7 @@ fn attention_with(
     let q_rows = Rows::mat(q, s.q_heads * s.head_dim, "attention queries");
     let o_rows = Rows::mat(o, s.q_heads * s.head_dim, "attention output");
     let lse_rows = lse.map(|l| Rows { buf: l.buf, elem_bytes: 4, offset: l.offset, stride: s.q_heads, width: s.q_heads, what: "attention log-sum-exp" });
-    let per_group = kernel.queries_per_group();
+    let per_group = kernel.queries_per_group(gpu);
     let operands: Vec<Rows<'_>> = [q_rows, o_rows].into_iter().chain(lse_rows).collect();
     for rows in row_chunks(gpu, s.q_len, &operands, per_group)? {
         let qw = q_rows.window(gpu, &rows)?;
@@ -625,6 +628,14 @@ mod tests {
     #[test]
     fn attention_single_head_wide_like_the_vae_mid_block() {
         both_shapes(|g| check_attention(g, AttnCase { q_len: 50, kv_len: 50, q_heads: 1, kv_heads: 1, head_dim: 512, causal: false, padded_keys: 0 }, 14));
+    }
+
+    #[test]
+    fn attention_wide_heads_over_every_query_of_a_workgroup() {
+        // 512-wide heads (the VAE mid-block's) with 300 queries: all four of
+        // the CPU kernel's queries an invocation live (256 a workgroup), and a
+        // second workgroup; causal, grouped, padded keys.
+        both_shapes(|g| check_attention(g, AttnCase { q_len: 300, kv_len: 300, q_heads: 2, kv_heads: 1, head_dim: 512, causal: true, padded_keys: 7 }, 19));
     }
 
     #[test]

@@ -24,26 +24,28 @@
 use super::lanes::{emit, LANE_COUNTS};
 
 
-/// The entries' source after the shared parts (`attention_cpu.wgsl` and
-/// what it reads), for subgroups of `lanes` invocations.
+/// The entry's source after the shared parts (`attention_cpu.wgsl` and
+/// what it reads), for subgroups of `lanes` invocations and heads of
+/// `head_vec4` vec4s.
+///
+/// Every head width takes four queries an invocation, 256 a workgroup (as
+/// `attention_cpu`). A wide head's query and output rows do not fit a CPU's
+/// registers (the VAE's 512-wide head: 2 × 128 vec4s a query) and spill to
+/// the stack either way; what four queries buy there is each broadcast of a
+/// key or value vec4 feeding four queries' products instead of one.
+/// Measured on lavapipe (Mesa 22.3, 4096 tokens × 1 head × 512): 9.1–12.1
+/// GFLOP/s with one query an invocation, 17.8–21.0 with four (two with
+/// four keys a step: 13.1–21.5), the same bits (each query's sums are its own).
 pub fn source(lanes: u32, head_vec4: u32) -> String {
     assert!(LANE_COUNTS.contains(&lanes), "no attention_lanes for subgroups of {lanes}");
-    assert!((1..=WIDE_MAX_VEC4).contains(&head_vec4), "no attention_lanes for heads of {head_vec4} vec4s");
+    assert!((1..=MAX_VEC4).contains(&head_vec4), "no attention_lanes for heads of {head_vec4} vec4s");
     let mut s = String::from(PRELUDE);
-    if head_vec4 <= NARROW_MAX_VEC4 {
-        // Four queries an invocation, 256 a workgroup (as `attention_cpu`).
-        entry(&mut s, &Shape { queries: &QUERIES, head_vec4, per_group: "CPU_QUERIES", lanes });
-    } else {
-        // Wider heads (as `attention_cpu_wide`): one query an invocation.
-        entry(&mut s, &Shape { queries: &["a"], head_vec4, per_group: "CPU_WIDE_QUERIES", lanes });
-    }
+    entry(&mut s, &Shape { head_vec4, lanes });
     s
 }
 
-/// The widest heads (in vec4s) of the four-query entry and of the one-query
-/// one (`CPU_MAX_VEC4`, `CPU_WIDE_VEC4` in attention_cpu.wgsl).
-pub const NARROW_MAX_VEC4: u32 = 32;
-pub const WIDE_MAX_VEC4: u32 = 128;
+/// The widest head (in vec4s) the entry takes (`CPU_WIDE_VEC4` in attention_cpu.wgsl).
+pub const MAX_VEC4: u32 = 128;
 
 /// The online softmax's running maximum is raised where a score passes it
 /// (a branch the whole subgroup takes or skips: `subgroupAny`), so every
@@ -88,13 +90,9 @@ const QUERIES: [&str; 4] = ["a", "b", "c", "d"];
 /// Keys a step of the key loop: each output row is read and written once a step.
 const STEP: u32 = 2;
 
-/// One invocation's queries: their names (suffixes of `qv`, `acc`, `m`,
-/// `l`, `qi`), the head's width in vec4s, the workgroup's queries and the
-/// subgroup's size.
-struct Shape<'a> {
-    queries: &'a [&'a str],
+/// The head's width in vec4s and the subgroup's size.
+struct Shape {
     head_vec4: u32,
-    per_group: &'a str,
     lanes: u32,
 }
 
@@ -105,15 +103,15 @@ fn each_vec4(s: &mut String, head_vec4: u32, ind: &str, body: impl Fn(u32) -> St
     }
 }
 
-fn entry(s: &mut String, sh: &Shape<'_>) {
+fn entry(s: &mut String, sh: &Shape) {
     let (lanes, max) = (sh.lanes, sh.head_vec4);
-    let qs = sh.queries;
+    let qs = &QUERIES;
     let ind = "    ";
     emit!(s, "\n@compute @workgroup_size(64)");
     emit!(s, "fn attention_lanes(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_invocation_id) lane: u32) {{");
     emit!(s, "{ind}let h = wid.y;");
     emit!(s, "{ind}let kvh = h / (p.q_heads / p.kv_heads);");
-    emit!(s, "{ind}let q0 = wid.x * {};", sh.per_group);
+    emit!(s, "{ind}let q0 = wid.x * CPU_QUERIES;");
     for (i, q) in qs.iter().enumerate() {
         emit!(s, "{ind}let qi{q} = q0 + lid.x + {}u * CPU_INVOCATIONS;", i);
         emit!(s, "{ind}let qb{q} = (p.q_offset + min(qi{q}, p.q_len - 1u) * p.q_stride + h * p.head_dim) / 4u;");
@@ -126,7 +124,7 @@ fn entry(s: &mut String, sh: &Shape<'_>) {
         each_vec4(s, max, ind, |c| format!("qv{q}_{c} = q4[qb{q} + {c}u];"));
     }
     emit!(s, "{ind}var k_end = p.kv_len;");
-    emit!(s, "{ind}if (p.causal != 0u) {{ k_end = min(p.kv_len, q0 + {} + p.q_position); }}", sh.per_group);
+    emit!(s, "{ind}if (p.causal != 0u) {{ k_end = min(p.kv_len, q0 + CPU_QUERIES + p.q_position); }}");
     emit!(s, "{ind}for (var k0 = 0u; k0 < k_end; k0 += {STEP}u) {{");
     let ind = "        ";
     let keys: Vec<u32> = (0..STEP).collect();
