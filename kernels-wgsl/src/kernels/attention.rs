@@ -192,11 +192,12 @@ pub struct HalfKvScales<'a> {
 enum AttentionKernel {
     /// `attention.wgsl`: query and key tiles in workgroup memory (GPUs; any head dim).
     Tiled,
-    /// CPU adapters' kernels, no barriers: `attention_lanes` where the
-    /// subgroup can share rows (four queries an invocation at every head
-    /// width), else `attention_cpu.wgsl` (four queries an invocation, vec4
-    /// loads; `true`: its wide-head entry, one query an invocation).
-    Lanes(bool),
+    /// CPU adapters' kernels, no barriers: with `shared_rows` (the
+    /// subgroup's size, [`Gpu::cpu_lanes`]) `attention_lanes`, the subgroup
+    /// reading each row together (four queries an invocation at every head
+    /// width); without, `attention_cpu.wgsl` (four queries an invocation, vec4
+    /// loads; `wide`: its wide-head entry, one query an invocation).
+    Lanes { wide: bool, shared_rows: Option<u32> },
     /// `attention_matrix.wgsl` on the matrix tier, in its configuration.
     Matrix(MatrixConfig),
     /// `attention_flash.wgsl` on the matrix tier's f16 tiles (asked for).
@@ -212,7 +213,7 @@ impl AttentionKernel {
     /// (the matrix tier's read f32 keys).
     fn pick(gpu: &Gpu, s: &Attention, qkv: &Qkv<'_>, half: bool) -> AttentionKernel {
         let lanes = lanes_fit(s, qkv, half);
-        let wide = s.head_dim > ATTENTION_CPU_MAX_HEAD_DIM;
+        let cpu = AttentionKernel::Lanes { wide: s.head_dim > ATTENTION_CPU_MAX_HEAD_DIM, shared_rows: gpu.cpu_lanes() };
         let matrix = gpu.matrix().filter(|_| !half);
         match gpu.attention_choice() {
             AttentionChoice::Flash => match matrix {
@@ -220,24 +221,23 @@ impl AttentionKernel {
                 _ => {}
             },
             AttentionChoice::Tiled => return AttentionKernel::Tiled,
-            AttentionChoice::Lanes if lanes => return AttentionKernel::Lanes(wide),
+            AttentionChoice::Lanes if lanes => return cpu,
             AttentionChoice::Lanes => return AttentionKernel::Tiled,
             AttentionChoice::Launcher => {}
         }
         match matrix {
             Some(c) if s.head_dim <= ATTENTION_MATRIX_MAX_HEAD_DIM => AttentionKernel::Matrix(c),
-            _ if lanes && gpu.cpu_shaped_kernels() => AttentionKernel::Lanes(wide),
+            _ if lanes && gpu.cpu_shaped_kernels() => cpu,
             _ => AttentionKernel::Tiled,
         }
     }
 
     /// Queries one workgroup takes.
-    fn queries_per_group(self, gpu: &Gpu) -> u64 {
+    fn queries_per_group(self) -> u64 {
         match self {
             AttentionKernel::Tiled => ATTENTION_QUERIES_PER_GROUP as u64,
-            // The lanes kernel takes four queries an invocation at every head width.
-            AttentionKernel::Lanes(true) if gpu.cpu_lanes().is_none() => ATTENTION_CPU_WIDE_QUERIES_PER_GROUP,
-            AttentionKernel::Lanes(_) => ATTENTION_CPU_QUERIES_PER_GROUP,
+            AttentionKernel::Lanes { wide: true, shared_rows: None } => ATTENTION_CPU_WIDE_QUERIES_PER_GROUP,
+            AttentionKernel::Lanes { .. } => ATTENTION_CPU_QUERIES_PER_GROUP,
             AttentionKernel::Matrix(c) => c.size as u64,
             AttentionKernel::Flash(c) => flash_subgroups(c) * c.size as u64,
         }
@@ -356,7 +356,7 @@ fn attention_with(
     let q_rows = Rows::mat(q, s.q_heads * s.head_dim, "attention queries");
     let o_rows = Rows::mat(o, s.q_heads * s.head_dim, "attention output");
     let lse_rows = lse.map(|l| Rows { buf: l.buf, elem_bytes: 4, offset: l.offset, stride: s.q_heads, width: s.q_heads, what: "attention log-sum-exp" });
-    let per_group = kernel.queries_per_group(gpu);
+    let per_group = kernel.queries_per_group();
     let operands: Vec<Rows<'_>> = [q_rows, o_rows].into_iter().chain(lse_rows).collect();
     for rows in row_chunks(gpu, s.q_len, &operands, per_group)? {
         let qw = q_rows.window(gpu, &rows)?;
@@ -401,11 +401,11 @@ fn attention_with(
                 let launch = Launch { kernel, constants: &[("SLOTS", s.head_dim.div_ceil(64).max(1) as u32)], params, grid };
                 dispatch(gpu, sink, launch, &[&bindings[..], &scale_bindings].concat());
             }
-            AttentionKernel::Lanes(wide) => {
+            AttentionKernel::Lanes { wide, shared_rows } => {
                 // q, k and v bound again at 7–9, as the vec4 views the kernel reads.
                 // Where the subgroup's lanes can share each row, the kernel
                 // that reads them once a subgroup.
-                let kernel = &match (gpu.cpu_lanes(), wide, half.is_some()) {
+                let kernel = &match (shared_rows, wide, half.is_some()) {
                     (Some(lanes), _, half) => lanes_kernel(lanes, half, s.head_dim),
                     (None, false, false) => ATTENTION_CPU,
                     (None, true, false) => ATTENTION_CPU_WIDE,

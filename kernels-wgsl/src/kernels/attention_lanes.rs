@@ -32,15 +32,14 @@ use super::lanes::{emit, LANE_COUNTS};
 /// `attention_cpu`). A wide head's query and output rows do not fit a CPU's
 /// registers (the VAE's 512-wide head: 2 × 128 vec4s a query) and spill to
 /// the stack either way; what four queries buy there is each broadcast of a
-/// key or value vec4 feeding four queries' products instead of one.
-/// Measured on lavapipe (Mesa 22.3, 4096 tokens × 1 head × 512): 9.1–12.1
-/// GFLOP/s with one query an invocation, 17.8–21.0 with four (two with
-/// four keys a step: 13.1–21.5), the same bits (each query's sums are its own).
+/// key or value vec4 feeding four queries' products instead of one (about
+/// 2× on lavapipe over one query an invocation, the same bits: each query's
+/// sums are its own; docs/performance.md).
 pub fn source(lanes: u32, head_vec4: u32) -> String {
     assert!(LANE_COUNTS.contains(&lanes), "no attention_lanes for subgroups of {lanes}");
     assert!((1..=MAX_VEC4).contains(&head_vec4), "no attention_lanes for heads of {head_vec4} vec4s");
     let mut s = String::from(PRELUDE);
-    entry(&mut s, &Shape { head_vec4, lanes });
+    entry(&mut s, lanes, head_vec4);
     s
 }
 
@@ -90,12 +89,6 @@ const QUERIES: [&str; 4] = ["a", "b", "c", "d"];
 /// Keys a step of the key loop: each output row is read and written once a step.
 const STEP: u32 = 2;
 
-/// The head's width in vec4s and the subgroup's size.
-struct Shape {
-    head_vec4: u32,
-    lanes: u32,
-}
-
 /// `body` once for each vec4 `c` of the head.
 fn each_vec4(s: &mut String, head_vec4: u32, ind: &str, body: impl Fn(u32) -> String) {
     for c in 0..head_vec4 {
@@ -103,8 +96,8 @@ fn each_vec4(s: &mut String, head_vec4: u32, ind: &str, body: impl Fn(u32) -> St
     }
 }
 
-fn entry(s: &mut String, sh: &Shape) {
-    let (lanes, max) = (sh.lanes, sh.head_vec4);
+/// The entry for subgroups of `lanes` and heads of `max` vec4s.
+fn entry(s: &mut String, lanes: u32, max: u32) {
     let qs = &QUERIES;
     let ind = "    ";
     emit!(s, "\n@compute @workgroup_size(64)");
