@@ -39,8 +39,8 @@ pub(super) struct DenoiseOptions {
     modes: heapless::Vec<ModeLayouts, 4>,
     /// Host bytes (the same chunked or not).
     host: u64,
-    /// The preview decoder's device bytes, resident beside the transformer.
-    preview: u64,
+    /// The preview decoder's layout, resident beside the transformer.
+    preview: Option<PreviewLayout>,
 }
 
 /// The layouts of one [`KvMode`] and key-value precision.
@@ -107,15 +107,28 @@ impl DenoiseOptions {
             }
             return Err(PlanError::AttentionTooLarge { tokens: rows, bytes: keys(None, false), limit });
         }
-        Ok(Self { weights: input.transformer_weights, modes, host: host::denoise(input)?, preview: input.preview_bytes })
+        Ok(Self { weights: input.transformer_weights, modes, host: host::denoise(input)?, preview: input.previews.first().copied() })
+    }
+
+    /// The same layouts with `preview` beside the transformer (`None`: no preview decoder).
+    pub(super) fn with_preview(&self, preview: Option<PreviewLayout>) -> Self {
+        Self { preview, ..self.clone() }
     }
 
     /// The phase under `weights` with `chunk` rows per pass (`None`: all),
-    /// given its arena and other bytes (the preview decoder's added to them).
-    fn phase(&self, m: &ModeLayouts, weights: WeightStrategy, chunk: Option<u64>, (arena_bytes, other_bytes): (u64, u64)) -> PhasePlan {
-        let other_bytes = other_bytes + self.preview;
+    /// given its arena and other bytes (the preview decoder's added to them
+    /// and to the host's).
+    fn phase(&self, m: &ModeLayouts, weights: WeightStrategy, chunk: Option<u64>, fixed: (u64, u64)) -> PhasePlan {
+        self.phase_beside(self.preview, m, weights, chunk, fixed)
+    }
+
+    /// [`Self::phase`] with `preview` beside the transformer instead.
+    fn phase_beside(&self, preview: Option<PreviewLayout>, m: &ModeLayouts, weights: WeightStrategy, chunk: Option<u64>, (arena_bytes, other_bytes): (u64, u64)) -> PhasePlan {
+        let preview = preview.unwrap_or_default();
+        let other_bytes = other_bytes + preview.device;
+        let host_bytes = self.host + preview.host;
         let weight_bytes = self.weights.bytes(weights);
-        PhasePlan { weights, chunk, weight_bytes, arena_bytes, other_bytes, host_bytes: self.host, kv_cache: m.mode, half_kv: m.half_kv }.with_staging()
+        PhasePlan { weights, chunk, weight_bytes, arena_bytes, other_bytes, host_bytes, kv_cache: m.mode, half_kv: m.half_kv }.with_staging()
     }
 
     /// The phase under `weights` with each chunk size of `m`, largest first.
@@ -142,16 +155,22 @@ impl DenoiseOptions {
     /// With f32 keys and values (exact) before half-precision ones, each
     /// weight strategy in turn, fastest first, and in each the references'
     /// cache kept before recomputed: unchunked if it fits, else with the
-    /// largest chunk that fits.
-    pub(super) fn fastest_within(&self, budget: u64) -> Option<PhasePlan> {
+    /// largest chunk that fits; each layout with the fastest of `previews`
+    /// (the preview decoder's layouts, fastest first) that fits beside it,
+    /// so the transformer's speed comes before the preview's. Empty
+    /// `previews`: no preview decoder.
+    pub(super) fn fastest_within(&self, budget: u64, previews: &[PreviewLayout]) -> Option<(PhasePlan, Option<PreviewLayout>)> {
+        let none = [None];
+        let some: heapless::Vec<Option<PreviewLayout>, 32> = previews.iter().take(32).map(|&p| Some(p)).collect();
+        let choices: &[Option<PreviewLayout>] = if previews.is_empty() { &none } else { &some };
         [false, true].into_iter().find_map(|half_kv| {
             self.weights.strategies().find_map(|s| {
                 self.modes.iter().filter(|m| m.half_kv == half_kv).find_map(|m| {
-                    let unchunked = m.unchunked.map(|u| self.phase(m, s, None, u));
-                    if let Some(unchunked) = unchunked.filter(|p| p.peak() <= budget) {
-                        return Some(unchunked);
-                    }
-                    self.mode_chunked(m, s).find(|p| p.peak() <= budget)
+                    let unchunked = m.unchunked.map(|u| (None, u));
+                    let layouts = unchunked.into_iter().chain(m.chunked.iter().map(|&(chunk, fixed)| (Some(chunk), fixed)));
+                    layouts.into_iter().find_map(|(chunk, fixed)| {
+                        choices.iter().find_map(|&p| Some((self.phase_beside(p, m, s, chunk, fixed), p)).filter(|(d, _)| d.peak() <= budget))
+                    })
                 })
             })
         })

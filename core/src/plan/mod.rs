@@ -284,6 +284,8 @@ pub struct Plan {
     pub references: Option<VaePlan>,
     pub denoise: PhasePlan,
     pub decode: VaePlan,
+    /// The preview decoder's layout (counted in `denoise`); `None` without one.
+    pub preview: Option<PreviewLayout>,
 }
 
 impl Plan {
@@ -357,9 +359,10 @@ pub struct PlanInput<'a> {
     /// first step (the klein KV pipeline): the cache is in the transformer's
     /// arena, and a second program (the cached pass) is prepared.
     pub kv_cache: bool,
-    /// Device bytes of the tiny preview decoder (weights, arena, parameters),
-    /// resident beside the transformer while it denoises; 0 without one.
-    pub preview_bytes: u64,
+    /// The tiny preview decoder's layouts ([`preview_layouts`]), fastest
+    /// first, one of them resident beside the transformer while it
+    /// denoises; empty without one.
+    pub previews: &'a [PreviewLayout],
     /// The precisions the transformer's keys and values may take.
     pub kv_precision: KvPrecision,
 }
@@ -395,6 +398,8 @@ pub enum PlanError {
     ReferenceTooLarge { width: u64, height: u64, bytes: u64, limit: u64 },
     /// One row of the VAE decode's widest convolution exceeds what the adapter can bind, in any tile.
     VaeTooWide { width: u64, bytes: u64, limit: u64 },
+    /// One row of the preview decoder's widest convolution exceeds what the adapter can bind, in any tile.
+    PreviewTooWide { width: u64, bytes: u64, limit: u64 },
     /// The transformer's attention keys (all tokens, one binding) exceed the adapter's binding.
     AttentionTooLarge { tokens: u64, bytes: u64, limit: u64 },
     /// Every layout of `phase`'s activation arena (one device buffer) is larger
@@ -421,6 +426,10 @@ impl fmt::Display for PlanError {
             PlanError::VaeTooWide { width, bytes, limit } => write!(
                 f,
                 "the VAE cannot decode a {width}-pixel-wide image on this adapter: one row of its widest convolution needs {bytes} bytes, above the adapter's binding of {limit} bytes; use a smaller width"
+            ),
+            PlanError::PreviewTooWide { width, bytes, limit } => write!(
+                f,
+                "the preview decoder cannot run at {width} pixels wide on this adapter: one row of its widest convolution needs {bytes} bytes, above the adapter's binding of {limit} bytes; preview without a preview decoder, or use a smaller width"
             ),
             PlanError::ReferenceTooLarge { width, height, bytes, limit } => write!(
                 f,
@@ -470,11 +479,13 @@ pub fn plan(input: &PlanInput<'_>) -> Result<Plan, PlanError> {
         [] => None,
         _ => Some(references.into_iter().find(|r| r.peak() <= budget).ok_or_else(|| too_small("the VAE encoder"))?),
     };
+    let (denoise, preview) = denoise.fastest_within(budget, input.previews).ok_or_else(|| too_small("the transformer"))?;
     Ok(Plan {
         encode: encode.fastest_within(budget).ok_or_else(|| too_small("the text encoder"))?,
         references,
-        denoise: denoise.fastest_within(budget).ok_or_else(|| too_small("the transformer"))?,
+        denoise,
         decode: decode_options(input)?.find(|p| p.peak() <= budget).ok_or_else(|| too_small("the VAE decoder"))?,
+        preview,
     })
 }
 
@@ -552,7 +563,9 @@ impl From<VaePlan> for Need {
 /// The costliest phase's smallest layout: the run's minimum budget.
 fn run_minimum(encode: PhaseOptions, denoise: &DenoiseOptions, input: &PlanInput<'_>) -> Need {
     let references = reference_options(input).ok().and_then(|o| o.map(Need::from).min_by_key(Need::total)).unwrap_or_default();
-    [encode.smallest(), references, denoise.smallest(), smallest_decode(input)].into_iter().max_by_key(Need::total).unwrap_or_default()
+    // The preview decoder's smallest layout is its last.
+    let denoise = denoise.with_preview(input.previews.last().copied()).smallest();
+    [encode.smallest(), references, denoise, smallest_decode(input)].into_iter().max_by_key(Need::total).unwrap_or_default()
 }
 
 /// Every strategy for the text encoder's phase, fastest first, with its bytes.
@@ -649,12 +662,14 @@ fn count(program: impl FnOnce(&mut dyn FnMut(Op))) -> u64 {
 }
 
 mod denoise;
+mod preview;
 mod estimates;
 pub mod host;
 mod vae_layouts;
 
 pub use crate::bytes::Bytes;
 pub use estimates::*;
+pub use preview::{preview_layouts, PreviewLayout};
 pub use vae_layouts::{decode_options, reference_options, vae_arena};
 use vae_layouts::smallest_decode;
 use denoise::DenoiseOptions;

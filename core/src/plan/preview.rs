@@ -1,0 +1,82 @@
+//! The tiny preview decoder's layouts, resident beside the transformer
+//! while it denoises: the whole image in one pass when the adapter can
+//! hold it, then by bands in the arena of ever smaller square tiles (as
+//! the VAE decodes a large image), each with its device and host bytes.
+//! The planner takes the fastest one the budget holds with the transformer.
+
+use super::{overhead, DeviceLimits, PlanError};
+use crate::models::tiny_decoder::{self as tiny, TinyDecoderConfig};
+use crate::models::vae::band_arena_bytes;
+use alloc::vec::Vec;
+
+/// One way to run the preview decoder, and what it holds while the transformer runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PreviewLayout {
+    /// `None`: the whole image in one pass; else by bands in the arena a
+    /// `tile`-pixel square would take in one pass.
+    pub tile: Option<u64>,
+    /// Device bytes: its weights, its arena, what its results come back
+    /// through, its dispatches' parameters.
+    pub device: u64,
+    /// Host bytes: what a decode copies and holds (a banded one's
+    /// activations live in a scratch file, as the banded VAE's).
+    pub host: u64,
+}
+
+/// Every layout of a `width × height` preview decode, fastest first:
+/// whole when the adapter can bind it (and no tile is forced, or the
+/// forced one covers the image), then by bands at the forced tile only,
+/// or at tiles halving from below the image's longer side while a band
+/// holds one row of the widest convolution. `weights`: the decoder's
+/// device bytes of weights. Fails, naming the bytes, when none fits.
+pub fn preview_layouts(cfg: &TinyDecoderConfig, width: u64, height: u64, weights: u64, limits: DeviceLimits, forced: Option<u64>) -> Result<Vec<PreviewLayout>, PlanError> {
+    let scale = cfg.scale();
+    let unit = 2 * scale;
+    let too_large = PlanError::Size("the image is too large for the preview decoder");
+    if width == 0 || height == 0 || !width.is_multiple_of(unit) || !height.is_multiple_of(unit) {
+        return Err(too_large);
+    }
+    let (lat_h, lat_w) = (height / scale, width / scale);
+    let pixels = width * height;
+    let steps = tiny::steps(cfg);
+    let mut layouts = Vec::new();
+    let covers = forced.is_none_or(|t| t >= width.max(height));
+    let whole_arena = tiny::arena_bytes(cfg, lat_h, lat_w).map_err(|_| too_large)?;
+    let binding = 4 * cfg.largest_activation(lat_h * lat_w);
+    if covers && whole_arena <= limits.max_buffer && binding <= limits.max_binding {
+        // The levels come back as f32 through a staging buffer, then become RGB on the host.
+        let levels = 4 * 3 * pixels;
+        layouts.push(PreviewLayout { tile: None, device: weights + whole_arena + levels + overhead(steps), host: levels + 3 * pixels });
+    }
+    let row = tiny::band_minimum(cfg, lat_h, lat_w).map_err(|_| too_large)?;
+    let tiles: Vec<u64> = match forced {
+        Some(t) if !covers => alloc::vec![t],
+        Some(_) => Vec::new(),
+        None => core::iter::successors(Some(width.max(height).div_ceil(2).next_multiple_of(unit)), |&t| (t > unit).then(|| (t / 2).next_multiple_of(unit)))
+            .filter(|&t| t < width.max(height))
+            .collect(),
+    };
+    let mut smallest_band = None;
+    for tile in tiles {
+        let Ok(capacity) = tiny::band_capacity(cfg, tile / scale, limits.max_binding) else { continue };
+        smallest_band = Some(capacity);
+        let arena = band_arena_bytes(capacity);
+        // A tile whose band the binding caps as it capped the last one's is the same layout.
+        let same = layouts.last().is_some_and(|l: &PreviewLayout| l.tile.is_some() && l.device == weights + 2 * arena + overhead(steps));
+        if capacity < row || arena > limits.max_buffer || same {
+            continue;
+        }
+        // Each band's operands and results go through a staging buffer of at
+        // most the arena, and through the host's memory; the RGB is whole.
+        layouts.push(PreviewLayout { tile: Some(tile), device: weights + 2 * arena + overhead(steps), host: arena + 3 * pixels });
+    }
+    if layouts.is_empty() {
+        if let (Some(tile), false) = (forced, covers) {
+            if smallest_band.is_none_or(|c| c < row) {
+                return Err(PlanError::VaeTileTooSmall { tile, what: "the preview decoder" });
+            }
+        }
+        return Err(PlanError::PreviewTooWide { width, bytes: 4 * row, limit: limits.max_binding });
+    }
+    Ok(layouts)
+}
