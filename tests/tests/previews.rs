@@ -106,7 +106,9 @@ fn previews_off_add_no_work_and_on_add_one_readback_each() {
 /// in diffusers' `AutoencoderTiny` layout, one in TAESD's with TAEF2's
 /// global-norm blocks, each with random weights, decoding seeded packed
 /// latents through tiny-a's VAE statistics as diffusers' `AutoencoderTiny`
-/// and `taesd.py`'s modules decode them.
+/// and `taesd.py`'s modules decode them: whole, and by bands of an 8-pixel
+/// tile (a convolution's halo from the neighbouring bands, the global
+/// norm's statistics over the whole image), within the same bounds.
 #[test]
 fn the_tiny_decoders_decode_as_their_references() {
     use flux_lite_platform::components::tiny_decoder::{TinyDecoder, TinyDecoderFile};
@@ -119,20 +121,22 @@ fn the_tiny_decoders_decode_as_their_references() {
     let vae_store = model.weights(Component::Vae).unwrap();
     let latents = f32s("latents");
     let (width, height) = (20, 12);
-    for (case, file) in [("diffusers", "diffusers.safetensors"), ("taesd", "taesd.safetensors")] {
+    let tiles = [None, Some(8)];
+    for ((case, file), tile) in [("diffusers", "diffusers.safetensors"), ("taesd", "taesd.safetensors")].into_iter().flat_map(|c| tiles.map(|t| (c, t))) {
         let decoder = TinyDecoderFile::open(&dir.join(file)).unwrap_or_else(|e| panic!("{case}: {e}"));
-        let tiny = TinyDecoder::new(flux_lite_tests::gpu(), &decoder, &model.vae, &vae_store, width, height).unwrap_or_else(|e| panic!("{case}: {e}"));
-        assert_eq!(tiny.size(), (width, height));
+        let tiny = TinyDecoder::new(flux_lite_tests::gpu(), &decoder, &model.vae, &vae_store, width, height, tile).unwrap_or_else(|e| panic!("{case}: {e}"));
+        assert_eq!((tiny.size(), tiny.is_banded()), ((width, height), tile.is_some()));
+        let label = format!("{case}, tile {tile:?}");
         let (decoded, rgb) = tiny.decode(flux_lite_tests::gpu(), &latents, true).unwrap();
         let (decoded, want) = (decoded.unwrap(), f32s(case));
         let (err, at) = flux_lite_tests::rel_l2(&decoded, &want);
-        println!("{case}: decoded relative L2 {err:.2e}, worst element {at}: got {} want {}", decoded[at], want[at]);
-        assert!(err <= flux_lite_tests::tolerance::f32::TINY_DECODED, "{case}: relative L2 {err:.3e}");
+        println!("{label}: decoded relative L2 {err:.2e}, worst element {at}: got {} want {}", decoded[at], want[at]);
+        assert!(err <= flux_lite_tests::tolerance::f32::TINY_DECODED, "{label}: relative L2 {err:.3e}");
         // The levels as diffusers' post-processing rounds the reference's values.
         let pixels = width * height;
         let level = |v: f32| ((v as f64 * 0.5 + 0.5).clamp(0.0, 1.0) * 255.0).round() as u8;
         let worst = (0..pixels).flat_map(|i| (0..3).map(move |c| (i, c))).map(|(i, c)| rgb[3 * i + c].abs_diff(level(want[c * pixels + i]))).max().unwrap();
-        assert!(worst <= 1, "{case}: a level {worst} off");
+        assert!(worst <= 1, "{label}: a level {worst} off");
     }
 }
 
@@ -163,18 +167,67 @@ fn the_taesd_shape_is_what_taesd_py_stacks() {
     assert_eq!(built, file.config);
 }
 
-/// An image whose tiny decode needs a binding the adapter lacks is refused
-/// by the plan, before anything runs, naming the decoder's file.
+/// An image whose tiny decode needs a binding the adapter lacks is planned
+/// by bands; one whose widest convolution's row exceeds the binding is
+/// refused by the plan, before anything runs, naming the decoder's file.
 #[test]
-fn a_preview_decoder_beyond_the_adapters_bindings_is_refused_up_front() {
+fn a_preview_decoder_beyond_the_adapters_bindings_runs_by_bands_or_is_refused_up_front() {
     use flux_lite_platform::pipeline::{planning, Request};
     use flux_lite_platform::{Gpu, GpuOptions};
     let decoder = test_vectors().join("goldens/tiny_decoder/taesd.safetensors");
     let model = ModelFolder::open(&model_dir("tiny-a")).unwrap().with_preview_decoder(&decoder).unwrap();
+    let request = Request { width: 64, height: 64, steps: 1, seed: 0, guidance: 1.0, vae_tile: None, memory_budget: None, references: Vec::new(), lora: Default::default(), init: None, kv_cache: false, kv_precision: Default::default() };
+    assert_eq!(planning::plan(flux_lite_tests::gpu(), &model, &request).unwrap().preview.map(|p| p.tile), Some(None));
     // 64×64: 16 channels at full size and the 64-wide pool at 32×32 take 256 KiB an activation.
     let small = Gpu::new(&GpuOptions { max_storage_binding: Some(128 * 1024), ..Default::default() }).unwrap();
-    let request = Request { width: 64, height: 64, steps: 1, seed: 0, guidance: 1.0, vae_tile: None, memory_budget: None, references: Vec::new(), lora: Default::default(), init: None, kv_cache: false, kv_precision: Default::default() };
-    let err = planning::plan(&small, &model, &request).unwrap_err().to_string();
-    assert!(err.contains("taesd.safetensors: the preview decoder cannot run at 64×64: one activation takes 262144 bytes, above the adapter's largest binding of 131072"), "{err}");
-    assert!(planning::plan(flux_lite_tests::gpu(), &model, &request).is_ok());
+    let banded = planning::plan(&small, &model, &request).unwrap().preview.unwrap();
+    assert!(banded.tile.is_some_and(|t| t < 64), "{banded:?}");
+    // A row of the 16-channel convolutions at 64 wide, with its halo, takes more than 8 KiB.
+    let narrow = Gpu::new(&GpuOptions { max_storage_binding: Some(8 * 1024), ..Default::default() }).unwrap();
+    let err = planning::plan(&narrow, &model, &request).unwrap_err().to_string();
+    assert!(err.contains("taesd.safetensors: the preview decoder cannot run at 64×64: one row of the preview decoder's widest convolution at 64 pixels wide needs"), "{err}");
+    // A forced VAE tile bands the preview too.
+    let forced = planning::plan(flux_lite_tests::gpu(), &model, &Request { vae_tile: Some(32), ..request }).unwrap();
+    assert_eq!(forced.preview.map(|p| p.tile), Some(Some(32)));
+}
+
+/// Collects the previews' pixels.
+struct Kept {
+    images: Vec<Vec<u8>>,
+}
+
+impl flux_lite_platform::Observer for Kept {
+    fn previews(&self) -> Option<usize> {
+        Some(1)
+    }
+
+    fn preview(&mut self, p: &flux_lite_platform::Preview<'_>) {
+        self.images.push(p.rgb.to_vec());
+    }
+}
+
+/// A run whose VAE tile bands the preview decoder draws the previews the
+/// whole decoder draws, a level apart at most (the global norm's
+/// statistics are summed in another order).
+#[test]
+fn banded_previews_draw_what_whole_ones_draw() {
+    use flux_lite_platform::{Job, Limits, Options, Pipeline, Prompt};
+    let decoder = test_vectors().join("goldens/tiny_decoder/taesd.safetensors");
+    let pipeline = Pipeline::open(&model_dir("tiny-a"), Options { preview_decoder: Some(decoder), ..Options::default() }).unwrap();
+    let run = |vae_tile: Option<usize>| {
+        let job = Job { width: Some(64), height: Some(48), steps: Some(2), seed: Some(3), vae_tile, ..Job::new(Prompt::Text("a fox".into())) };
+        let job = job.resolve(pipeline.model(), &Limits::default()).unwrap();
+        let tile = pipeline.plan(&job).unwrap().preview.and_then(|p| p.tile);
+        let mut kept = Kept { images: Vec::new() };
+        pipeline.run(&job, &mut kept, &mut |_| Ok(())).unwrap();
+        (tile, kept.images)
+    };
+    let (whole, banded) = (run(None), run(Some(16)));
+    assert_eq!((whole.0, banded.0), (None, Some(16)));
+    assert_eq!((whole.1.len(), banded.1.len()), (2, 2));
+    for (a, b) in whole.1.iter().zip(&banded.1) {
+        assert_eq!(a.len(), 64 * 48 * 3);
+        let worst = a.iter().zip(b).map(|(x, y)| x.abs_diff(*y)).max().unwrap();
+        assert!(worst <= 1, "a banded preview's level is {worst} off the whole one's");
+    }
 }

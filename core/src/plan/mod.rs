@@ -429,7 +429,7 @@ impl fmt::Display for PlanError {
             ),
             PlanError::PreviewTooWide { width, bytes, limit } => write!(
                 f,
-                "the preview decoder cannot run at {width} pixels wide on this adapter: one row of its widest convolution needs {bytes} bytes, above the adapter's binding of {limit} bytes; preview without a preview decoder, or use a smaller width"
+                "one row of the preview decoder's widest convolution at {width} pixels wide needs {bytes} bytes, above the adapter's binding of {limit} bytes; preview without a preview decoder, or use a smaller width"
             ),
             PlanError::ReferenceTooLarge { width, height, bytes, limit } => write!(
                 f,

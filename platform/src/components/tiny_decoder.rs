@@ -1,15 +1,24 @@
 //! A tiny decoder for previews on the GPU (`--preview-decoder`): the file's
-//! weights and the VAE's BatchNorm statistics uploaded once, core's
-//! program recorded once for the run's image size, then any number of
-//! decodes of the transformer's packed latents into 8-bit RGB.
+//! weights and the VAE's BatchNorm statistics uploaded once, then any
+//! number of decodes of the transformer's packed latents into 8-bit RGB:
+//! the whole image in one arena, core's program recorded once for the
+//! run's image size, or, when the plan gives it a tile (an image whose
+//! activations the adapter cannot bind, or a budget too tight for them),
+//! the same program run op by op over bands of rows
+//! ([`crate::run::vae_bands`], as the VAE decodes a large image) in an
+//! arena fixed by the tile.
 
 use crate::components::vae::{arena_runner, upload_checked};
 use crate::error::{LoadError, RunError};
 use crate::model::safetensors_store::{TensorRef, WeightStore};
 use crate::run::device_weights::{DeviceWeight, DeviceWeights};
 use crate::run::runner::{collect_ops, Runner};
+use crate::run::vae_bands::{BandRunner, HostTensors};
 use flux_lite_core::config::VaeConfig;
+use flux_lite_core::ir::Op;
 use flux_lite_core::models::tiny_decoder::{self as program, TinyDecoderConfig, TinyDecoderLayout};
+use flux_lite_core::models::vae::band_arena_bytes;
+use flux_lite_core::plan::{preview_layouts, DeviceLimits, PreviewLayout};
 use flux_lite_core::BumpArena;
 use flux_lite_kernels::{Dispatch, Gpu};
 use std::path::{Path, PathBuf};
@@ -84,38 +93,16 @@ impl TinyDecoderFile {
         crate::components::vae::row_scale_bytes(&self.product_rows())
     }
 
-    /// Device bytes a decode of a `width × height` image takes: weights,
-    /// the arena, and the dispatches' parameters.
-    pub fn device_bytes(&self, vae: &VaeConfig, width: usize, height: usize) -> Result<u64, RunError> {
-        let (lat_h, lat_w) = self.latent(vae, width, height);
-        Ok(self.weight_bytes(vae) + program::run_bytes(&self.config, lat_h, lat_w).map_err(plan_error)?)
-    }
-
-    /// Refuses, before anything runs, a `width × height` image whose decode
-    /// needs an arena above the adapter's largest buffer or one activation
-    /// above its largest binding (the tiny decoder runs whole, not by bands).
-    pub fn check_limits(&self, vae: &VaeConfig, width: usize, height: usize, max_buffer: u64, max_binding: u64) -> Result<(), LoadError> {
-        let (lat_h, lat_w) = self.latent(vae, width, height);
-        let activation = 4 * self.config.largest_activation(lat_h * lat_w);
-        let mut arena = BumpArena::new(u64::MAX);
-        let arena = match TinyDecoderLayout::new(&self.config, lat_h, lat_w, 0.0, &mut arena) {
-            Ok(_) => arena.high_water(),
-            Err(_) => u64::MAX,
-        };
-        let over = if activation > max_binding {
-            Some(format!("one activation takes {activation} bytes, above the adapter's largest binding of {max_binding}"))
-        } else if arena > max_buffer {
-            Some(format!("its arena takes {arena} bytes, above the adapter's largest buffer of {max_buffer}"))
-        } else {
-            None
-        };
-        match over {
-            Some(why) => Err(LoadError::Safetensors {
-                path: self.path.clone(),
-                detail: format!("the preview decoder cannot run at {width}×{height}: {why} (preview without --preview-decoder, or make a smaller image)"),
-            }),
-            None => Ok(()),
-        }
+    /// Its layouts for a `width × height` image on an adapter of `limits`,
+    /// fastest first ([`preview_layouts`]), with `weights` device bytes of
+    /// weights (and row scales, where the device keeps them); `forced`: the
+    /// request's VAE tile, which bands the preview too. Refused, naming the
+    /// file, when no band holds a row of its widest convolution.
+    pub fn layouts(&self, width: usize, height: usize, weights: u64, limits: DeviceLimits, forced: Option<u64>) -> Result<Vec<PreviewLayout>, LoadError> {
+        preview_layouts(&self.config, width as u64, height as u64, weights, limits, forced).map_err(|e| LoadError::Safetensors {
+            path: self.path.clone(),
+            detail: format!("the preview decoder cannot run at {width}×{height}: {e}"),
+        })
     }
 
     fn latent(&self, vae: &VaeConfig, width: usize, height: usize) -> (u64, u64) {
@@ -124,25 +111,52 @@ impl TinyDecoderFile {
     }
 }
 
-/// A tiny decoder laid out for one image size, its program recorded once.
+/// How the image is decoded.
+#[derive(Debug)]
+enum Mode {
+    /// In one pass, the program recorded once over the whole image's layout.
+    Whole { dispatches: Vec<Dispatch> },
+    /// Op by op over bands whose operands take at most `capacity` f32.
+    Banded { capacity: u64 },
+}
+
+/// A tiny decoder laid out for one image size, its program recorded once
+/// or run by bands.
 #[derive(Debug)]
 pub struct TinyDecoder {
+    /// The whole image's layout (the host's scratch arena when banded).
     layout: TinyDecoderLayout,
     runner: Runner,
-    _weights: DeviceWeights,
-    dispatches: Vec<Dispatch>,
+    weights: DeviceWeights,
+    mode: Mode,
 }
 
 impl TinyDecoder {
     /// Uploads `file`'s weights and the VAE's BatchNorm statistics (from
-    /// `vae_store`) and records the decode of a `width × height` image.
-    pub fn new(gpu: &Gpu, file: &TinyDecoderFile, vae: &VaeConfig, vae_store: &WeightStore, width: usize, height: usize) -> Result<Self, RunError> {
+    /// `vae_store`) and lays out the decode of a `width × height` image:
+    /// whole, recorded once, when `tile` is `None` or covers the image, else
+    /// by bands in the arena a `tile`-pixel square would take whole (and
+    /// no more than one binding), as the plan chose ([`Self::layouts`]).
+    #[allow(clippy::too_many_arguments)] // the decoder, the VAE, the image and its tile
+    pub fn new(gpu: &Gpu, file: &TinyDecoderFile, vae: &VaeConfig, vae_store: &WeightStore, width: usize, height: usize, tile: Option<u64>) -> Result<Self, RunError> {
         file.check_fits(vae)?;
-        file.check_limits(vae, width, height, gpu.limits.max_buffer_size, gpu.max_binding())?;
         let (lat_h, lat_w) = file.latent(vae, width, height);
+        let banded = tile.filter(|&t| t < width.max(height) as u64);
+        if banded.is_none() {
+            // Checked by the plan's layouts; here for a caller without a plan.
+            file.layouts(width, height, 0, gpu.plan_limits(), None)?.first().filter(|l| l.tile.is_none()).ok_or_else(|| {
+                RunError::Internal(format!("the preview decoder cannot decode {width}×{height} in one pass on this adapter; the plan bands it"))
+            })?;
+        }
         let mut arena = BumpArena::new(u64::MAX);
         let layout = TinyDecoderLayout::new(&file.config, lat_h, lat_w, vae.batch_norm_eps as f32, &mut arena).map_err(plan_error)?;
-        let bytes = arena.high_water();
+        let (bytes, capacity) = match banded {
+            None => (arena.high_water(), 0),
+            Some(t) => {
+                let capacity = program::band_capacity(&file.config, t / file.config.scale(), gpu.max_binding()).map_err(plan_error)?;
+                (band_arena_bytes(capacity), capacity)
+            }
+        };
         let runner = arena_runner(gpu, "preview decoder activations", bytes);
         gpu.check_faults()?;
         let mut weights = upload_checked(gpu, vae_store, &crate::components::vae::specs_under(vae, &["bn.running_"]))?;
@@ -167,11 +181,22 @@ impl TinyDecoder {
             return Err(e.into());
         }
         weights.keep_row_scales(gpu, &file.product_rows())?;
-        let mut dispatches = Vec::new();
-        for op in collect_ops(|emit| program::decode(&layout, emit)) {
-            runner.record(gpu, &mut dispatches, &weights, &op)?;
-        }
-        Ok(Self { layout, runner, _weights: weights, dispatches })
+        let mode = match banded {
+            None => {
+                let mut dispatches = Vec::new();
+                for op in collect_ops(|emit| program::decode(&layout, emit)) {
+                    runner.record(gpu, &mut dispatches, &weights, &op)?;
+                }
+                Mode::Whole { dispatches }
+            }
+            Some(_) => Mode::Banded { capacity },
+        };
+        Ok(Self { layout, runner, weights, mode })
+    }
+
+    /// Whether the image is decoded by bands.
+    pub fn is_banded(&self) -> bool {
+        matches!(self.mode, Mode::Banded { .. })
     }
 
     /// The image's size in pixels `(width, height)`.
@@ -187,18 +212,43 @@ impl TinyDecoder {
         if packed.len() as u64 != want {
             return Err(RunError::Internal(format!("the preview decoder takes {want} latent values, not {}", packed.len())));
         }
-        self.runner.write(gpu, self.layout.packed, packed);
-        gpu.submit(|enc| {
-            flux_lite_kernels::encode(enc, &self.dispatches);
-            Ok(())
-        })?;
         let n = self.layout.decoded_len();
-        let decoded = if values { Some(self.runner.read(gpu, self.layout.decoded(), 1, n)?) } else { None };
-        let levels = self.runner.read(gpu, self.layout.levels(), 1, n)?;
+        let (decoded, levels) = match &self.mode {
+            Mode::Whole { dispatches } => {
+                self.runner.write(gpu, self.layout.packed, packed);
+                gpu.submit(|enc| {
+                    flux_lite_kernels::encode(enc, dispatches);
+                    Ok(())
+                })?;
+                let decoded = if values { Some(self.runner.read(gpu, self.layout.decoded(), 1, n)?) } else { None };
+                (decoded, self.runner.read(gpu, self.layout.levels(), 1, n)?)
+            }
+            Mode::Banded { capacity } => {
+                let host = self.decode_banded(gpu, *capacity, packed)?;
+                let decoded = if values { Some(host.get(self.layout.decoded(), n)?.to_vec()) } else { None };
+                (decoded, host.get(self.layout.levels(), n)?.to_vec())
+            }
+        };
         let pixels = (n / 3) as usize;
         // The levels are whole numbers in [0, 255]; the cast only changes the type.
         let rgb = (0..pixels).flat_map(|i| [levels[i], levels[pixels + i], levels[2 * pixels + i]].map(|v| v as u8)).collect();
         Ok((decoded, rgb))
+    }
+}
+
+impl TinyDecoder {
+    /// Core's decode program over the whole image's layout, each op run by
+    /// bands with the activations in a scratch file; returns that file.
+    fn decode_banded(&self, gpu: &Gpu, capacity: u64, packed: &[f32]) -> Result<HostTensors, RunError> {
+        let ops: Vec<Op> = collect_ops(|emit| program::decode(&self.layout, emit));
+        let (lat_h, lat_w) = (self.layout.latent_h, self.layout.latent_w);
+        let mut host = HostTensors::scratch(program::arena_bytes(&self.layout.config, lat_h, lat_w).map_err(plan_error)? / 4)?;
+        host.insert(self.layout.packed, packed)?;
+        let bands = BandRunner { gpu, runner: &self.runner, weights: &self.weights, capacity };
+        for op in &ops {
+            bands.run(&mut host, op)?;
+        }
+        Ok(host)
     }
 }
 

@@ -290,7 +290,7 @@ impl Run<'_> {
         // every image of the round; nothing runs without them.
         let every = observer.previews();
         let drawer = match every {
-            Some(_) => Some(super::preview::Drawer::new(gpu, model, &transformer, (lat_h, lat_w), (request.width, request.height))?),
+            Some(_) => Some(super::preview::Drawer::new(gpu, model, &transformer, (lat_h, lat_w), (request.width, request.height), self.plan.preview)?),
             None => None,
         };
         let total = request.steps - request.init.as_ref().map_or(0, |i| i.first_step);

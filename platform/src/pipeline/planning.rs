@@ -10,7 +10,7 @@ use crate::pipeline::{Request, PROMPT_TOKENS};
 use crate::model::lora::LoraSet;
 use crate::components::text_encoder::TextEncoder;
 use crate::components::transformer::Transformer;
-use flux_lite_core::plan::{self as planner, DeviceLimits, PhasePlan, Plan, PlanInput, WeightSizes};
+use flux_lite_core::plan::{self as planner, DeviceLimits, PhasePlan, Plan, PlanInput, PreviewLayout, WeightSizes};
 
 /// The weight sizes a plan needs, for one image size.
 #[derive(Debug, Clone)]
@@ -23,7 +23,8 @@ pub struct ModelSizes {
     pub vae_encoder: u64,
     /// Host bytes of the loaded tokenizer, estimated from its file's size.
     pub tokenizer: u64,
-    /// The preview decoder's device bytes at this size (0 without one).
+    /// Device bytes of the preview decoder's weights (0 without one); its
+    /// layouts at the run's size are [`Self::preview_layouts`].
     pub preview_decoder: u64,
     /// Components whose folders hold no weight files: their sizes are
     /// estimated from the config, as DF11 (so every strategy is listed).
@@ -70,10 +71,7 @@ impl ModelSizes {
         } else {
             (planner::vae_decoder_weights(&model.vae), planner::vae_encoder_weights(&model.vae))
         };
-        let preview_decoder = match &model.preview_decoder {
-            Some(d) => d.device_bytes(&model.vae, width, height)?,
-            None => 0,
-        };
+        let preview_decoder = model.preview_decoder.as_ref().map_or(0, |d| d.weight_bytes(&model.vae));
         let vae_row_scales = [
             crate::components::vae::decoder_row_scale_bytes(&model.vae),
             crate::components::vae_encoder::encoder_row_scale_bytes(&model.vae),
@@ -101,8 +99,19 @@ impl ModelSizes {
         self.transformer.shared += lora.device_bytes(rows);
     }
 
+    /// The preview decoder's layouts for a `width × height` image on an
+    /// adapter of `limits`, fastest first, banded at `forced` (the
+    /// request's VAE tile) if given; empty without a preview decoder.
+    pub fn preview_layouts(&self, model: &ModelFolder, width: usize, height: usize, limits: DeviceLimits, forced: Option<u64>) -> Result<Vec<PreviewLayout>, RunError> {
+        match &model.preview_decoder {
+            Some(d) => Ok(d.layouts(width, height, self.preview_decoder, limits, forced)?),
+            None => Ok(Vec::new()),
+        }
+    }
+
     /// The planner's input for a `width × height` image of this model, with
-    /// reference images of the sizes `(width, height)` in `references`.
+    /// reference images of the sizes `(width, height)` in `references`
+    /// (without the preview decoder's layouts: [`plan`] adds them).
     pub fn plan_input<'a>(
         &self,
         model: &'a ModelFolder,
@@ -129,7 +138,7 @@ impl ModelSizes {
             budget,
             vae_tile: None,
             kv_cache: model.index.kv_cache && !references.is_empty(),
-            preview_bytes: self.preview_decoder,
+            previews: &[],
             kv_precision: Default::default(),
         }
     }
@@ -153,17 +162,17 @@ fn text_encoder_sizes(model: &ModelFolder) -> Result<WeightSizes, RunError> {
 /// and the adapter's limits; fails at once, naming the smallest budget that
 /// would work, when nothing fits.
 pub fn plan(gpu: &Gpu, model: &ModelFolder, request: &Request) -> Result<Plan, RunError> {
-    if let Some(decoder) = &model.preview_decoder {
-        decoder.check_limits(&model.vae, request.width, request.height, gpu.limits.max_buffer_size, gpu.max_binding())?;
-    }
     let mut sizes = ModelSizes::from_files(model, request.width, request.height)?;
     let references: Vec<(u64, u64)> = request.references.iter().map(|&(w, h)| (w as u64, h as u64)).collect();
     sizes.add_lora(&request.lora, transformer_rows(model, request.width, request.height, &request.references)?);
     if gpu.measures_weight_rows() {
         sizes.keep_row_scales();
     }
+    let forced = request.vae_tile.map(|t| t as u64);
+    let previews = sizes.preview_layouts(model, request.width, request.height, gpu.plan_limits(), forced)?;
     let input = PlanInput {
-        vae_tile: request.vae_tile.map(|t| t as u64),
+        previews: &previews,
+        vae_tile: forced,
         kv_cache: request.kv_cache && !references.is_empty(),
         kv_precision: request.kv_precision,
         ..sizes.plan_input(model, request.width, request.height, &references, gpu.plan_limits(), request.memory_budget)

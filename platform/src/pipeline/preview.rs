@@ -113,12 +113,21 @@ pub enum Drawer {
 
 impl Drawer {
     /// The drawer for `model`'s previews of `transformer`'s latents on a
-    /// `grid` of tokens (a `width × height` image).
-    pub fn new(gpu: &flux_lite_kernels::Gpu, model: &ModelFolder, transformer: &Transformer, grid: (usize, usize), (width, height): (usize, usize)) -> Result<Self, RunError> {
+    /// `grid` of tokens (a `width × height` image); a preview decoder in
+    /// the plan's `layout`.
+    pub fn new(
+        gpu: &flux_lite_kernels::Gpu,
+        model: &ModelFolder,
+        transformer: &Transformer,
+        grid: (usize, usize),
+        (width, height): (usize, usize),
+        layout: Option<flux_lite_core::plan::PreviewLayout>,
+    ) -> Result<Self, RunError> {
         match &model.preview_decoder {
             Some(file) => {
                 let vae_store = model.weights(crate::model::Component::Vae)?;
-                Ok(Drawer::Decoder(Box::new(crate::components::tiny_decoder::TinyDecoder::new(gpu, file, &model.vae, &vae_store, width, height)?)))
+                let tile = layout.and_then(|l| l.tile);
+                Ok(Drawer::Decoder(Box::new(crate::components::tiny_decoder::TinyDecoder::new(gpu, file, &model.vae, &vae_store, width, height, tile)?)))
             }
             None => Ok(Drawer::Map(GpuPreview::new(gpu, transformer.latents_on_device(), &latent_rgb(model)?, grid, &model.vae)?)),
         }

@@ -1,5 +1,6 @@
-//! The VAE decode or encode of an image too large for the device's VAE
-//! memory: core's decode or encode program run op by op over bands of rows,
+//! The VAE decode or encode (or the preview decoder's decode) of an image
+//! too large for the device memory it may take: core's program run op by
+//! op over bands of rows (elementwise ops by runs of values),
 //! with every activation of the whole image kept in a scratch file mapped
 //! into memory ([`HostTensors`]), so the OS can write out what the process
 //! is not using and the process's own memory stays a band's worth.
@@ -183,6 +184,12 @@ impl BandRunner<'_> {
             Op::Linear { x, w, w_row: 0, bias, y, rows, cols, inner } => self.linear(host, *x, w, bias.as_ref(), *y, Gemm { m: *rows, n: *cols, k: *inner }),
             Op::Attention { q, k, v, o, len, heads, head_dim } => self.attention(host, [*q, *k, *v, *o], *len, *heads, *head_dim),
             Op::Copy { src, dst, rows, cols } => Self::copy(host, *src, *dst, *rows, *cols),
+            &Op::TanhClamp { src, dst, count, limit } => self.elementwise(host, src, dst, count, |src, dst, count| Op::TanhClamp { src, dst, count, limit }),
+            &Op::Relu { src, dst, count } => self.elementwise(host, src, dst, count, |src, dst, count| Op::Relu { src, dst, count }),
+            &Op::ScaleShift { src, dst, count, scale, shift } => {
+                self.elementwise(host, src, dst, count, |src, dst, count| Op::ScaleShift { src, dst, count, scale, shift })
+            }
+            &Op::PixelLevels { src, dst, count } => self.elementwise(host, src, dst, count, |src, dst, count| Op::PixelLevels { src, dst, count }),
             other => Err(RunError::Internal(format!("the banded VAE cannot run {other:?}"))),
         }
     }
@@ -213,6 +220,22 @@ impl BandRunner<'_> {
 
     fn download(&self, span: Span, len: u64) -> Result<Vec<f32>, RunError> {
         Ok(self.runner.read(self.gpu, span, 1, len)?)
+    }
+
+    /// An op on each of `count` values alone (`make` builds it over a
+    /// band's operands), by runs of values.
+    fn elementwise(&self, host: &mut HostTensors, src: Span, dst: Span, count: u64, make: impl Fn(Span, Span, u64) -> Op) -> Result<(), RunError> {
+        let band = self.band(0, 2, "value")?;
+        for (v0, v1) in bands(count, band) {
+            let input = host.get(src.cols_from(v0), v1 - v0)?.to_vec();
+            let mut arena = self.operands();
+            let (xs, ys) = (arena.take(v1 - v0)?, arena.take(v1 - v0)?);
+            self.upload(xs, &input);
+            self.exec(make(xs, ys, v1 - v0))?;
+            let out = self.download(ys, v1 - v0)?;
+            host.insert(dst.cols_from(v0), &out)?;
+        }
+        Ok(())
     }
 
     /// Packed tokens `[height·width, 4c]` to the latent `[c, 2·height, 2·width]`, by rows of tokens.
