@@ -100,7 +100,7 @@ pub const CONV2D_THIN: Kernel =
 /// `conv2d_thin`'s most output channels (`THIN_MAX` in the shader).
 pub const THIN_MAX: u64 = 16;
 /// CPU adapters' conv2d on the f32 tier (`conv_lanes.rs`; 3×3 and 1×1,
-/// stride 1, same size), written for subgroups of 8 and 3×3 here and for
+/// stride 1, same width, all rows or a band), written for subgroups of 8 and 3×3 here and for
 /// [`Gpu::cpu_lanes`] and the call's kernel where launched: x and W read
 /// as vec4s at bindings 6 and 7.
 pub const CONV2D_LANES: Kernel =
@@ -110,16 +110,18 @@ pub const CONV2D_LANES: Kernel =
 /// it takes it: a CPU adapter with fixed subgroups, on the f32 tier
 /// (`f32_tier`; at most [`THIN_MAX`] output channels, an RGB conv_out,
 /// in the thin shape, one channel a lane), a 3×3 (padding 1) or 1×1 kernel at stride 1
-/// keeping the size, input channels in whole steps, rows and planes on
+/// keeping the width, over all rows or a band of them (a banded decode's:
+/// its top padding 0 or the kernel's), input channels in whole steps, rows and planes on
 /// whole vec4s (x from `x_local`, W's rows from `w_local`), and a grid
 /// that fits.
 fn lanes_launch(gpu: &Gpu, s: &ConvShape, f32_tier: bool, out_channels: u64, x_local: u32, w_local: u32, bf16: bool) -> Option<(Module, [u32; 3])> {
     let lanes = gpu.cpu_lanes()?;
-    let same = s.stride == 1 && s.out_height == s.height && s.out_width == s.width && s.pad_top == (s.kernel - 1) / 2 && s.pad_left == (s.kernel - 1) / 2;
+    let pad = (s.kernel - 1) / 2;
+    let same = s.stride == 1 && s.out_width == s.width && s.pad_left == pad && s.pad_top <= pad;
     let aligned = x_local.is_multiple_of(4) && s.width.is_multiple_of(4) && w_local.is_multiple_of(if bf16 { 8 } else { 4 });
     let thin = out_channels <= THIN_MAX;
     let shape = if thin { conv_lanes::THIN } else { conv_lanes::WIDE };
-    let groups = ((s.height * s.width.div_ceil(shape.pixels as usize)) as u64).div_ceil(64 / lanes as u64);
+    let groups = ((s.out_height * s.width.div_ceil(shape.pixels as usize)) as u64).div_ceil(64 / lanes as u64);
     let shaped = matches!(s.kernel, 1 | 3) && s.in_channels.is_multiple_of(conv_lanes::CHANNELS as usize);
     let taken = f32_tier && same && aligned && shaped && groups <= crate::kernel::MAX_GRID_DIM as u64;
     let grid = [groups as u32, out_channels.div_ceil((lanes * shape.cols) as u64) as u32, 1];
@@ -321,8 +323,16 @@ mod tests {
     /// channels): widths ending inside a block of 8 pixels (20), output
     /// channels past a workgroup's 32 (40, 72) and below it (17, 33). The
     /// thin one (3, 16): rows wider than its 32 pixels, ending inside a block.
-    fn lanes_shapes() -> [ConvShape; 7] {
+    /// Bands of a banded decode (`ConvShape::input_rows`): the first (the
+    /// top row padding), a middle one (a halo row either side) and the last
+    /// (the rows past the input zero), wide and thin.
+    fn lanes_shapes() -> [ConvShape; 11] {
+        let band = |s: ConvShape, height: usize, out_height: usize, pad_top: usize| ConvShape { height, out_height, pad_top, ..s };
         [
+            band(ConvShape::same(16, 40, 0, 16, 3), 6, 5, 1),
+            band(ConvShape::same(32, 72, 0, 20, 3), 7, 5, 0),
+            band(ConvShape::same(16, 40, 0, 12, 3), 4, 3, 0),
+            band(ConvShape::same(16, 3, 0, 36, 3), 5, 3, 0),
             ConvShape::same(16, 40, 12, 16, 3),
             ConvShape::same(32, 72, 7, 20, 3),
             ConvShape::same(8, 17, 5, 8, 1),
@@ -337,6 +347,8 @@ mod tests {
     fn the_lanes_conv_matches_the_oracle_and_the_tiled_kernels_bits() {
         let Some((lanes, tiled)) = lanes_and_per_lane("the lanes conv2d", "patches") else { return };
         for (i, s) in lanes_shapes().into_iter().enumerate() {
+            // The lanes kernel takes each of them (a band too), not the tiled one.
+            assert!(lanes_launch(lanes, &s, true, s.out_channels as u64, 0, 0, true).is_some(), "conv {s:?} is not taken by the lanes kernel");
             check_conv(s, 60 + i as u64);
             for bf16 in [true, false] {
                 let (a, b) = (conv_bits(lanes, s, 70 + i as u64, bf16), conv_bits(&tiled, s, 70 + i as u64, bf16));

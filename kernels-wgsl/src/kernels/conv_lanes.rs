@@ -1,5 +1,7 @@
 //! The source of the CPU adapters' convolution (`conv2d_lanes`): 3×3 and
-//! 1×1 kernels, stride 1, the output the input's size (the VAE's).
+//! 1×1 kernels, stride 1, the output the input's width (the VAE's), its
+//! rows all of the input's or a band of them (a banded decode's: output row
+//! `oy` reads input rows from `oy − pad_top`, rows outside the input zero).
 //!
 //! As `linear_lanes`: each lane owns [`Shape::cols`] output channels (their weight
 //! rows, read by the lane itself, each vec4 just before its products), and
@@ -65,9 +67,9 @@ pub fn source(lanes: u32, kernel: u32, shape: Shape) -> String {
     emit!(s, "fn conv2d_lanes(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_id) sg: u32, @builtin(subgroup_invocation_id) lane: u32) {{");
     emit!(s, "{ind}let row_blocks = (p.width + {}u) / {pixels}u;", pixels - 1);
     emit!(s, "{ind}let block = wid.x * {}u + sg;", 64 / lanes);
-    emit!(s, "{ind}let oy = min(block / row_blocks, p.height - 1u);");
+    emit!(s, "{ind}let oy = min(block / row_blocks, p.out_height - 1u);");
     emit!(s, "{ind}let ox0 = (block % row_blocks) * {pixels}u;");
-    emit!(s, "{ind}let live = block < row_blocks * p.height;");
+    emit!(s, "{ind}let live = block < row_blocks * p.out_height;");
     emit!(s, "{ind}let co0 = wid.y * {}u + lane;", lanes * cols);
     emit!(s, "{ind}let k = taps();");
     emit!(s, "{ind}let wdiv = select(4u, 8u, WEIGHT_BF16);");
@@ -86,7 +88,7 @@ pub fn source(lanes: u32, kernel: u32, shape: Shape) -> String {
     for i in 0..per_lane {
         emit!(s, "{ind}let v{i} = lane + {}u;", i * lanes);
         emit!(s, "{ind}let ci{i} = v{i} / {per_channel}u;");
-        emit!(s, "{ind}let iy{i} = oy + (v{i} % {per_channel}u) / {v4r}u - {pad}u;");
+        emit!(s, "{ind}let iy{i} = oy + (v{i} % {per_channel}u) / {v4r}u - p.pad_top;");
         emit!(s, "{ind}let c4_{i} = col4_0 + v{i} % {v4r}u - {}u;", row_lead(kernel));
         emit!(s, "{ind}let in{i} = iy{i} < p.height && c4_{i} < row4;");
         emit!(s, "{ind}let at{i} = p.x_offset / 4u + (ci{i} * p.height + iy{i}) * row4 + c4_{i};");
@@ -130,7 +132,7 @@ pub fn source(lanes: u32, kernel: u32, shape: Shape) -> String {
     }
     emit!(s, "    }}");
     let ind = "    ";
-    emit!(s, "{ind}let plane = p.height * p.width;");
+    emit!(s, "{ind}let plane = p.out_height * p.width;");
     for c in 0..cols {
         emit!(s, "{ind}let oc{c} = co0 + {}u;", c * lanes);
         emit!(s, "{ind}if (live && oc{c} < p.out_channels) {{");
