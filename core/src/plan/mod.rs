@@ -669,7 +669,7 @@ mod vae_layouts;
 
 pub use crate::bytes::Bytes;
 pub use estimates::*;
-pub use preview::{preview_layouts, PreviewLayout};
+pub use preview::{preview_layouts, PreviewLayout, PreviewLayouts, MAX_PREVIEW_LAYOUTS};
 pub use vae_layouts::{decode_options, reference_options, vae_arena};
 use vae_layouts::smallest_decode;
 use denoise::DenoiseOptions;

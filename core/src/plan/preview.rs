@@ -7,7 +7,6 @@
 use super::{overhead, DeviceLimits, PlanError};
 use crate::models::tiny_decoder::{self as tiny, TinyDecoderConfig};
 use crate::models::vae::band_arena_bytes;
-use alloc::vec::Vec;
 
 /// One way to run the preview decoder, and what it holds while the transformer runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -23,38 +22,47 @@ pub struct PreviewLayout {
     pub host: u64,
 }
 
+/// The most layouts [`preview_layouts`] lists (tiles halve from the image's
+/// side, so 64 cover any size).
+pub const MAX_PREVIEW_LAYOUTS: usize = 64;
+
+/// Preview layouts, fastest first.
+pub type PreviewLayouts = heapless::Vec<PreviewLayout, MAX_PREVIEW_LAYOUTS>;
+
 /// Every layout of a `width × height` preview decode, fastest first:
 /// whole when the adapter can bind it (and no tile is forced, or the
 /// forced one covers the image), then by bands at the forced tile only,
 /// or at tiles halving from below the image's longer side while a band
 /// holds one row of the widest convolution. `weights`: the decoder's
 /// device bytes of weights. Fails, naming the bytes, when none fits.
-pub fn preview_layouts(cfg: &TinyDecoderConfig, width: u64, height: u64, weights: u64, limits: DeviceLimits, forced: Option<u64>) -> Result<Vec<PreviewLayout>, PlanError> {
+pub fn preview_layouts(cfg: &TinyDecoderConfig, width: u64, height: u64, weights: u64, limits: DeviceLimits, forced: Option<u64>) -> Result<PreviewLayouts, PlanError> {
     let scale = cfg.scale();
     let unit = 2 * scale;
     let too_large = PlanError::Size("the image is too large for the preview decoder");
     if width == 0 || height == 0 || !width.is_multiple_of(unit) || !height.is_multiple_of(unit) {
         return Err(too_large);
     }
+    if let Some(tile) = forced.filter(|&t| t == 0 || !t.is_multiple_of(unit)) {
+        return Err(PlanError::VaeTileSize { tile, unit });
+    }
     let (lat_h, lat_w) = (height / scale, width / scale);
     let pixels = width * height;
     let steps = tiny::steps(cfg);
-    let mut layouts = Vec::new();
+    let mut layouts = PreviewLayouts::new();
     let covers = forced.is_none_or(|t| t >= width.max(height));
     let whole_arena = tiny::arena_bytes(cfg, lat_h, lat_w).map_err(|_| too_large)?;
     let binding = 4 * cfg.largest_activation(lat_h * lat_w);
     if covers && whole_arena <= limits.max_buffer && binding <= limits.max_binding {
         // The levels come back as f32 through a staging buffer, then become RGB on the host.
         let levels = 4 * 3 * pixels;
-        layouts.push(PreviewLayout { tile: None, device: weights + whole_arena + levels + overhead(steps), host: levels + 3 * pixels });
+        let _ = layouts.push(PreviewLayout { tile: None, device: weights + whole_arena + levels + overhead(steps), host: levels + 3 * pixels });
     }
     let row = tiny::band_minimum(cfg, lat_h, lat_w).map_err(|_| too_large)?;
-    let tiles: Vec<u64> = match forced {
-        Some(t) if !covers => alloc::vec![t],
-        Some(_) => Vec::new(),
-        None => core::iter::successors(Some(width.max(height).div_ceil(2).next_multiple_of(unit)), |&t| (t > unit).then(|| (t / 2).next_multiple_of(unit)))
-            .filter(|&t| t < width.max(height))
-            .collect(),
+    let halving = core::iter::successors(Some(width.max(height).div_ceil(2).next_multiple_of(unit)), move |&t| (t > unit).then(|| (t / 2).next_multiple_of(unit)));
+    let tiles: heapless::Vec<u64, MAX_PREVIEW_LAYOUTS> = match forced {
+        Some(t) if !covers => core::iter::once(t).collect(),
+        Some(_) => heapless::Vec::new(),
+        None => halving.filter(|&t| t < width.max(height)).take(MAX_PREVIEW_LAYOUTS - 1).collect(),
     };
     let mut smallest_band = None;
     for tile in tiles {
@@ -68,7 +76,7 @@ pub fn preview_layouts(cfg: &TinyDecoderConfig, width: u64, height: u64, weights
         }
         // Each band's operands and results go through a staging buffer of at
         // most the arena, and through the host's memory; the RGB is whole.
-        layouts.push(PreviewLayout { tile: Some(tile), device: weights + 2 * arena + overhead(steps), host: arena + 3 * pixels });
+        let _ = layouts.push(PreviewLayout { tile: Some(tile), device: weights + 2 * arena + overhead(steps), host: arena + 3 * pixels });
     }
     if layouts.is_empty() {
         if let (Some(tile), false) = (forced, covers) {

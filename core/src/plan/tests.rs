@@ -124,7 +124,8 @@ fn the_preview_decoder_runs_by_bands_when_its_activations_exceed_a_binding() {
     // A forced tile is the only layout; one that covers the image is the whole decode.
     let forced = preview_layouts(&taef2(), 512, 512, weights, LIMITS, Some(128)).unwrap();
     assert_eq!(forced.iter().map(|l| l.tile).collect::<Vec<_>>(), [Some(128)]);
-    assert_eq!(preview_layouts(&taef2(), 512, 512, weights, LIMITS, Some(1024)).unwrap(), small[..1]);
+    assert_eq!(preview_layouts(&taef2(), 512, 512, weights, LIMITS, Some(1024)).unwrap().as_slice(), &small[..1]);
+    assert_eq!(preview_layouts(&taef2(), 512, 512, weights, LIMITS, Some(24)), Err(PlanError::VaeTileSize { tile: 24, unit: 16 }));
     // A band must hold one row of the widest convolution: 64 channels, 4096 wide.
     let narrow = DeviceLimits { max_buffer: 256 << 20, max_binding: 1 << 20 };
     let err = preview_layouts(&taef2(), 4096, 4096, weights, narrow, None).unwrap_err();

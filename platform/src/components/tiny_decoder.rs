@@ -99,7 +99,7 @@ impl TinyDecoderFile {
     /// request's VAE tile, which bands the preview too. Refused, naming the
     /// file, when no band holds a row of its widest convolution.
     pub fn layouts(&self, width: usize, height: usize, weights: u64, limits: DeviceLimits, forced: Option<u64>) -> Result<Vec<PreviewLayout>, LoadError> {
-        preview_layouts(&self.config, width as u64, height as u64, weights, limits, forced).map_err(|e| LoadError::Safetensors {
+        preview_layouts(&self.config, width as u64, height as u64, weights, limits, forced).map(|l| l.to_vec()).map_err(|e| LoadError::Safetensors {
             path: self.path.clone(),
             detail: format!("the preview decoder cannot run at {width}×{height}: {e}"),
         })
