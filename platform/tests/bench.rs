@@ -52,16 +52,16 @@ fn an_untiled_vae_above_the_bindings_is_reported_not_run() {
 #[test]
 fn decodes_above_the_bindings_run_by_bands() {
     let model = ModelFolder::open(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../test_vectors/models/tiny-a")).unwrap();
-    // 64²: tiny-a's decoder binds 512 KiB at full resolution, the TAEF2-shaped preview decoder 1 MiB.
-    let small = small_binding_gpu(256 << 10);
+    // 32²: tiny-a's decoder binds 128 KiB at full resolution, the TAEF2-shaped preview decoder 256 KiB.
+    let small = small_binding_gpu(64 << 10);
     let bench = ShapeBench::new(&small, 1);
-    let decode = bench.vae_decode_banded(&model.vae, 64).unwrap_or_else(|e| panic!("{e}"));
-    assert!(decode.shape.starts_with("64×64, a ") && decode.shape.ends_with("² tile's arena, wall clock"), "{decode:?}");
-    let tiny = bench.tiny_decode(&model.vae, 64).unwrap_or_else(|e| panic!("{e}"));
+    let decode = bench.vae_decode_banded(&model.vae, 32).unwrap_or_else(|e| panic!("{e}"));
+    assert!(decode.shape.starts_with("32×32, a ") && decode.shape.ends_with("² tile's arena, wall clock"), "{decode:?}");
+    let tiny = bench.tiny_decode(&model.vae, 32).unwrap_or_else(|e| panic!("{e}"));
     assert!(tiny.shape.contains(", by bands in a "), "{tiny:?}");
     // The work is the whole decode's, whatever the layout.
     let roomy = ShapeBench::new(gpu(), 1);
-    let (whole, whole_tiny) = (roomy.vae_decode(&model.vae, 64).unwrap(), roomy.tiny_decode(&model.vae, 64).unwrap());
+    let (whole, whole_tiny) = (roomy.vae_decode(&model.vae, 32).unwrap(), roomy.tiny_decode(&model.vae, 32).unwrap());
     assert_eq!((decode.flops, tiny.flops), (whole.flops, whole_tiny.flops));
     assert!(!whole_tiny.shape.contains("bands") && decode.seconds > 0.0 && tiny.seconds > 0.0);
 }
