@@ -38,10 +38,10 @@ pub type PreviewLayouts = heapless::Vec<PreviewLayout, MAX_PREVIEW_LAYOUTS>;
 pub fn preview_layouts(cfg: &TinyDecoderConfig, width: u64, height: u64, weights: u64, limits: DeviceLimits, forced: Option<u64>) -> Result<PreviewLayouts, PlanError> {
     let scale = cfg.scale();
     let unit = 2 * scale;
-    let too_large = PlanError::Size("the image is too large for the preview decoder");
     if width == 0 || height == 0 || !width.is_multiple_of(unit) || !height.is_multiple_of(unit) {
-        return Err(too_large);
+        return Err(PlanError::Size("the preview decoder takes sides that are positive multiples of twice its scale factor"));
     }
+    let too_large = PlanError::Size("the image is too large for the preview decoder");
     if let Some(tile) = forced.filter(|&t| t == 0 || !t.is_multiple_of(unit)) {
         return Err(PlanError::VaeTileSize { tile, unit });
     }
