@@ -670,7 +670,7 @@ mod vae_layouts;
 pub use crate::bytes::Bytes;
 pub use estimates::*;
 pub use preview::{preview_layouts, PreviewLayout, PreviewLayouts, MAX_PREVIEW_LAYOUTS};
-pub use vae_layouts::{decode_options, reference_options, vae_arena};
+pub use vae_layouts::{decode_options, decode_tile_capacity, reference_options, vae_arena};
 use vae_layouts::smallest_decode;
 use denoise::DenoiseOptions;
 #[cfg(test)]

@@ -69,14 +69,15 @@ pub fn preview_layouts(cfg: &TinyDecoderConfig, width: u64, height: u64, weights
         let Ok(capacity) = tiny::band_capacity(cfg, tile / scale, limits.max_binding) else { continue };
         smallest_band = Some(capacity);
         let arena = band_arena_bytes(capacity);
+        // Each band's operands and results go through a staging buffer of at
+        // most the arena, and through the host's memory; the RGB is whole.
+        let banded = PreviewLayout { tile: Some(tile), device: weights + 2 * arena + overhead(steps), host: arena + 3 * pixels };
         // A tile whose band the binding caps as it capped the last one's is the same layout.
-        let same = layouts.last().is_some_and(|l: &PreviewLayout| l.tile.is_some() && l.device == weights + 2 * arena + overhead(steps));
+        let same = layouts.last().is_some_and(|l| l.tile.is_some() && l.device == banded.device);
         if capacity < row || arena > limits.max_buffer || same {
             continue;
         }
-        // Each band's operands and results go through a staging buffer of at
-        // most the arena, and through the host's memory; the RGB is whole.
-        let _ = layouts.push(PreviewLayout { tile: Some(tile), device: weights + 2 * arena + overhead(steps), host: arena + 3 * pixels });
+        let _ = layouts.push(banded);
     }
     if layouts.is_empty() {
         if let (Some(tile), false) = (forced, covers) {

@@ -142,6 +142,17 @@ pub(super) fn smallest_decode(input: &PlanInput<'_>) -> Need {
     decode_candidates(input).min_by_key(VaePlan::peak).map(Need::from).unwrap_or(Need { device: u64::MAX / 2, host: u64::MAX / 2 })
 }
 
+/// The elements a band of a `tile`-pixel VAE tile holds in a decode whose
+/// longer side is `side` pixels, if the adapter holds the tile untiled and,
+/// when the tile is smaller than the image, its band holds `row` elements
+/// (one row of the image's widest convolution, [`vae::decode_band_minimum`]).
+pub fn decode_tile_capacity(cfg: &VaeConfig, tile: u64, side: u64, row: u64, limits: DeviceLimits) -> Option<u64> {
+    let scale = cfg.scale_factor() as u64;
+    vae_arena(cfg, tile / scale, tile / scale, limits)?;
+    let capacity = vae::band_capacity(cfg, tile / scale, limits.max_binding).ok()?;
+    (capacity >= row || tile >= side).then_some(capacity)
+}
+
 /// Decode layouts from the fastest (untiled) to the smallest tile.
 fn decode_candidates<'a>(input: &'a PlanInput<'a>) -> impl Iterator<Item = VaePlan> + 'a {
     let cfg = input.vae;
@@ -173,11 +184,7 @@ fn decode_candidates<'a>(input: &'a PlanInput<'a>) -> impl Iterator<Item = VaePl
     let sizes = first..=last;
     let tiles = sizes.rev().filter_map(move |n| {
         let tile = n * unit;
-        vae_arena(cfg, tile / scale, tile / scale, input.limits)?;
-        let capacity = vae::band_capacity(cfg, tile / scale, input.limits.max_binding).ok()?;
-        if capacity < row && tile < w.max(h) {
-            return None;
-        }
+        let capacity = decode_tile_capacity(cfg, tile, w.max(h), row, input.limits)?;
         let arena = vae::band_arena_bytes(capacity);
         // Each band's result, and each chunk of levels, comes back through a
         // staging buffer of at most the arena: nothing grows with the image.

@@ -375,12 +375,11 @@ impl<'g> ShapeBench<'g> {
         let scale = cfg.scale_factor() as u64;
         let limits = self.gpu.plan_limits();
         let row = vae::decode_band_minimum(cfg, size / scale, size / scale).map_err(internal)?;
-        let holds = |t: u64| {
-            flux_lite_core::plan::vae_arena(cfg, t / scale, t / scale, limits).is_some() && vae::band_capacity(cfg, t / scale, limits.max_binding).is_ok_and(|c| c >= row)
-        };
-        let tile = (1..size / (2 * scale)).rev().map(|n| n * 2 * scale).find(|&t| holds(t));
-        let tile = tile.ok_or_else(|| RunError::Internal(format!("no VAE tile holds a row of a {size}-pixel-wide decode on this adapter")))?;
-        let capacity = vae::band_capacity(cfg, tile / scale, limits.max_binding).map_err(internal)?;
+        // The plan's rule for a tile, the largest below the image first.
+        let mut tiles = (1..size / (2 * scale)).rev().map(|n| n * 2 * scale);
+        let (tile, capacity) = tiles
+            .find_map(|t| flux_lite_core::plan::decode_tile_capacity(cfg, t, size, row, limits).map(|c| (t, c)))
+            .ok_or_else(|| RunError::Internal(format!("no VAE tile holds a row of a {size}-pixel-wide decode on this adapter")))?;
         let weights = SyntheticWeights::new(|sink| tensors::vae(cfg, sink));
         let placed = weights.place(self.gpu, &program)?;
         Ok(Figure {

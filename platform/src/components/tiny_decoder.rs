@@ -18,7 +18,7 @@ use flux_lite_core::config::VaeConfig;
 use flux_lite_core::ir::Op;
 use flux_lite_core::models::tiny_decoder::{self as program, TinyDecoderConfig, TinyDecoderLayout};
 use flux_lite_core::models::vae::band_arena_bytes;
-use flux_lite_core::plan::{preview_layouts, DeviceLimits, PreviewLayout};
+use flux_lite_core::plan::{preview_layouts, DeviceLimits, PreviewLayouts};
 use flux_lite_core::BumpArena;
 use flux_lite_kernels::{Dispatch, Gpu};
 use std::path::{Path, PathBuf};
@@ -98,8 +98,8 @@ impl TinyDecoderFile {
     /// weights (and row scales, where the device keeps them); `forced`: the
     /// request's VAE tile, which bands the preview too. Refused, naming the
     /// file, when no band holds a row of its widest convolution.
-    pub fn layouts(&self, width: usize, height: usize, weights: u64, limits: DeviceLimits, forced: Option<u64>) -> Result<Vec<PreviewLayout>, LoadError> {
-        preview_layouts(&self.config, width as u64, height as u64, weights, limits, forced).map(|l| l.to_vec()).map_err(|e| LoadError::Safetensors {
+    pub fn layouts(&self, width: usize, height: usize, weights: u64, limits: DeviceLimits, forced: Option<u64>) -> Result<PreviewLayouts, LoadError> {
+        preview_layouts(&self.config, width as u64, height as u64, weights, limits, forced).map_err(|e| LoadError::Safetensors {
             path: self.path.clone(),
             detail: format!("the preview decoder cannot run at {width}×{height}: {e}"),
         })
@@ -234,9 +234,7 @@ impl TinyDecoder {
         let rgb = (0..pixels).flat_map(|i| [levels[i], levels[pixels + i], levels[2 * pixels + i]].map(|v| v as u8)).collect();
         Ok((decoded, rgb))
     }
-}
 
-impl TinyDecoder {
     /// Core's decode program over the whole image's layout, each op run by
     /// bands with the activations in a scratch file; returns that file.
     fn decode_banded(&self, gpu: &Gpu, capacity: u64, packed: &[f32]) -> Result<HostTensors, RunError> {

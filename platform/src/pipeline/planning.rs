@@ -10,7 +10,7 @@ use crate::pipeline::{Request, PROMPT_TOKENS};
 use crate::model::lora::LoraSet;
 use crate::components::text_encoder::TextEncoder;
 use crate::components::transformer::Transformer;
-use flux_lite_core::plan::{self as planner, DeviceLimits, PhasePlan, Plan, PlanInput, PreviewLayout, WeightSizes};
+use flux_lite_core::plan::{self as planner, DeviceLimits, PhasePlan, Plan, PlanInput, PreviewLayouts, WeightSizes};
 
 /// The weight sizes a plan needs, for one image size.
 #[derive(Debug, Clone)]
@@ -102,10 +102,10 @@ impl ModelSizes {
     /// The preview decoder's layouts for a `width × height` image on an
     /// adapter of `limits`, fastest first, banded at `forced` (the
     /// request's VAE tile) if given; empty without a preview decoder.
-    pub fn preview_layouts(&self, model: &ModelFolder, width: usize, height: usize, limits: DeviceLimits, forced: Option<u64>) -> Result<Vec<PreviewLayout>, RunError> {
+    pub fn preview_layouts(&self, model: &ModelFolder, width: usize, height: usize, limits: DeviceLimits, forced: Option<u64>) -> Result<PreviewLayouts, RunError> {
         match &model.preview_decoder {
             Some(d) => Ok(d.layouts(width, height, self.preview_decoder, limits, forced)?),
-            None => Ok(Vec::new()),
+            None => Ok(PreviewLayouts::new()),
         }
     }
 

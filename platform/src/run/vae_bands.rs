@@ -227,10 +227,9 @@ impl BandRunner<'_> {
     fn elementwise(&self, host: &mut HostTensors, src: Span, dst: Span, count: u64, make: impl Fn(Span, Span, u64) -> Op) -> Result<(), RunError> {
         let band = self.band(0, 2, "value")?;
         for (v0, v1) in bands(count, band) {
-            let input = host.get(src.cols_from(v0), v1 - v0)?.to_vec();
             let mut arena = self.operands();
             let (xs, ys) = (arena.take(v1 - v0)?, arena.take(v1 - v0)?);
-            self.upload(xs, &input);
+            self.upload(xs, host.get(src.cols_from(v0), v1 - v0)?);
             self.exec(make(xs, ys, v1 - v0))?;
             let out = self.download(ys, v1 - v0)?;
             host.insert(dst.cols_from(v0), &out)?;
