@@ -200,7 +200,7 @@ pub const SCRATCH_VARIABLE: &str = "FLUX_LITE_SCRATCH_DIR";
 /// halfway). The device's come through [`env_gpu_options`].
 fn apply_environment() {
     if let Some(dir) = std::env::var_os(SCRATCH_VARIABLE).filter(|d| !d.is_empty()) {
-        flux_lite_platform::run::vae_bands::set_scratch_dir(dir.into());
+        flux_lite_platform::run::activations::set_scratch_dir(dir.into());
     }
     if let Some(seconds) = std::env::var("FLUX_LITE_PAUSE_MID_WRITE").ok().and_then(|v| v.trim().parse::<u64>().ok()) {
         flux_lite_platform::pipeline::output::pause_writes_midway(seconds);

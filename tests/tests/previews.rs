@@ -108,10 +108,11 @@ fn previews_off_add_no_work_and_on_add_one_readback_each() {
 /// latents through tiny-a's VAE statistics as diffusers' `AutoencoderTiny`
 /// and `taesd.py`'s modules decode them: whole, and by bands of an 8-pixel
 /// tile (a convolution's halo from the neighbouring bands, the global
-/// norm's statistics over the whole image), within the same bounds.
+/// norm's statistics over the whole image) with the activations in a host
+/// scratch file or on the device, within the same bounds.
 #[test]
 fn the_tiny_decoders_decode_as_their_references() {
-    use flux_lite_platform::components::tiny_decoder::{TinyDecoder, TinyDecoderFile};
+    use flux_lite_platform::components::tiny_decoder::{PreviewBands, TinyDecoder, TinyDecoderFile};
     use flux_lite_platform::model::Component;
     let dir = test_vectors().join("goldens/tiny_decoder");
     let bytes = std::fs::read(dir.join("cases.safetensors")).unwrap();
@@ -121,12 +122,12 @@ fn the_tiny_decoders_decode_as_their_references() {
     let vae_store = model.weights(Component::Vae).unwrap();
     let latents = f32s("latents");
     let (width, height) = (20, 12);
-    let tiles = [None, Some(8)];
-    for ((case, file), tile) in [("diffusers", "diffusers.safetensors"), ("taesd", "taesd.safetensors")].into_iter().flat_map(|c| tiles.map(|t| (c, t))) {
+    let layouts = [PreviewBands::Whole, PreviewBands::OnHost { tile: 8 }, PreviewBands::OnDevice { tile: 8 }];
+    for ((case, file), bands) in [("diffusers", "diffusers.safetensors"), ("taesd", "taesd.safetensors")].into_iter().flat_map(|c| layouts.map(|t| (c, t))) {
         let decoder = TinyDecoderFile::open(&dir.join(file)).unwrap_or_else(|e| panic!("{case}: {e}"));
-        let tiny = TinyDecoder::new(flux_lite_tests::gpu(), &decoder, &model.vae, &vae_store, width, height, tile).unwrap_or_else(|e| panic!("{case}: {e}"));
-        assert_eq!((tiny.size(), tiny.is_banded()), ((width, height), tile.is_some()));
-        let label = format!("{case}, tile {tile:?}");
+        let tiny = TinyDecoder::new(flux_lite_tests::gpu(), &decoder, &model.vae, &vae_store, width, height, bands).unwrap_or_else(|e| panic!("{case}: {e}"));
+        assert_eq!((tiny.size(), tiny.is_banded()), ((width, height), bands != PreviewBands::Whole));
+        let label = format!("{case}, {bands:?}");
         let (decoded, rgb) = tiny.decode(flux_lite_tests::gpu(), &latents, true).unwrap();
         let (decoded, want) = (decoded.unwrap(), f32s(case));
         let (err, at) = flux_lite_tests::rel_l2(&decoded, &want);
@@ -168,8 +169,9 @@ fn the_taesd_shape_is_what_taesd_py_stacks() {
 }
 
 /// An image whose tiny decode needs a binding the adapter lacks is planned
-/// by bands; one whose widest convolution's row exceeds the binding is
-/// refused by the plan, before anything runs, naming the decoder's file.
+/// by bands of a binding with its activations on the device; one whose
+/// widest convolution's row exceeds the binding is refused by the plan,
+/// before anything runs, naming the decoder's file.
 #[test]
 fn a_preview_decoder_beyond_the_adapters_bindings_runs_by_bands_or_is_refused_up_front() {
     use flux_lite_platform::pipeline::{planning, Request};
@@ -181,14 +183,14 @@ fn a_preview_decoder_beyond_the_adapters_bindings_runs_by_bands_or_is_refused_up
     // 64×64: 16 channels at full size and the 64-wide pool at 32×32 take 256 KiB an activation.
     let small = Gpu::new(&GpuOptions { max_storage_binding: Some(128 * 1024), ..Default::default() }).unwrap();
     let banded = planning::plan(&small, &model, &request).unwrap().preview.unwrap();
-    assert!(banded.tile.is_some_and(|t| t < 64), "{banded:?}");
+    assert_eq!((banded.tile, banded.on_device), (Some(64), true), "{banded:?}");
     // A row of the 16-channel convolutions at 64 wide, with its halo, takes more than 8 KiB.
     let narrow = Gpu::new(&GpuOptions { max_storage_binding: Some(8 * 1024), ..Default::default() }).unwrap();
     let err = planning::plan(&narrow, &model, &request).unwrap_err().to_string();
     assert!(err.contains("taesd.safetensors: the preview decoder cannot run at 64×64: one row of the preview decoder's widest convolution at 64 pixels wide needs"), "{err}");
     // A forced VAE tile bands the preview too.
     let forced = planning::plan(flux_lite_tests::gpu(), &model, &Request { vae_tile: Some(32), ..request }).unwrap();
-    assert_eq!(forced.preview.map(|p| p.tile), Some(Some(32)));
+    assert_eq!(forced.preview.map(|p| (p.tile, p.on_device)), Some((Some(32), false)));
 }
 
 /// Collects the previews' pixels.

@@ -385,7 +385,7 @@ impl<'g> ShapeBench<'g> {
         Ok(Figure {
             what: "VAE decode, by bands".into(),
             shape: format!("{size}×{size}, a {tile}² tile's arena, wall clock"),
-            seconds: self.banded_median(&program, &placed, capacity, arena_bytes / 4)?,
+            seconds: self.banded_median(&program, &placed, capacity, arena_bytes / 4, false)?,
             flops: program.iter().map(Op::flops).sum(),
             bytes: program.iter().map(conv_bytes).sum(),
             matrix: false,
@@ -420,7 +420,8 @@ impl<'g> ShapeBench<'g> {
         });
         let placed = weights.place(self.gpu, &program)?;
         let layouts = flux_lite_core::plan::preview_layouts(&shape, size, size, 0, self.gpu.plan_limits(), None).map_err(|e| RunError::Internal(e.to_string()))?;
-        let (how, seconds) = match layouts.first().and_then(|l| l.tile) {
+        let first = layouts.first().copied().unwrap_or_default();
+        let (how, seconds) = match first.tile {
             None => {
                 let runner = self.runner(arena.high_water(), 0, 0, false);
                 let d = runner.prepare_block(self.gpu, &placed, 0, &program)?;
@@ -428,7 +429,8 @@ impl<'g> ShapeBench<'g> {
             }
             Some(tile) => {
                 let capacity = tiny::band_capacity(&shape, tile / cfg.scale_factor() as u64, self.gpu.max_binding()).map_err(internal)?;
-                (format!(", by bands in a {tile}² tile's arena, wall clock"), self.banded_median(&program, &placed, capacity, arena.high_water() / 4)?)
+                let (how, elements) = (if first.on_device { "activations on the device" } else { "activations on the host" }, arena.high_water() / 4);
+                (format!(", by bands in a {tile}² tile's arena, {how}, wall clock"), self.banded_median(&program, &placed, capacity, elements, first.on_device)?)
             }
         };
         Ok(Figure {
@@ -442,19 +444,24 @@ impl<'g> ShapeBench<'g> {
     }
 
     /// The wall-clock median of `repeats` runs of `program` op by op over
-    /// bands whose operands take `capacity` f32, with a fresh scratch file
-    /// of `elements` f32 for the whole image's activations each run.
-    fn banded_median(&self, program: &[Op], weights: &DeviceWeights, capacity: u64, elements: u64) -> Result<f64, RunError> {
-        use crate::run::vae_bands::{BandRunner, HostTensors};
+    /// bands whose operands take `capacity` f32, with fresh storage for the
+    /// whole image's `elements` f32 of activations each run: on the device
+    /// when `on_device`, else in a scratch file.
+    fn banded_median(&self, program: &[Op], weights: &DeviceWeights, capacity: u64, elements: u64, on_device: bool) -> Result<f64, RunError> {
+        use crate::run::activations::{Activations, DeviceTensors, HostTensors};
+        use crate::run::vae_bands::BandRunner;
         let runner = self.runner(vae::band_arena_bytes(capacity), 0, 0, false);
         let bands = BandRunner { gpu: self.gpu, runner: &runner, weights, capacity };
         let mut times = Vec::new();
         for _ in 0..self.repeats.max(1) {
-            let mut host = HostTensors::scratch(elements)?;
+            let mut store: Box<dyn Activations> =
+                if on_device { Box::new(DeviceTensors::new(self.gpu, elements, self.gpu.plan_limits().max_buffer)?) } else { Box::new(HostTensors::scratch(elements)?) };
+            self.gpu.wait()?;
             let start = std::time::Instant::now();
             for op in program {
-                bands.run(&mut host, op)?;
+                bands.run(store.as_mut(), op)?;
             }
+            self.gpu.wait()?;
             times.push(start.elapsed().as_secs_f64());
         }
         times.sort_by(f64::total_cmp);

@@ -2,23 +2,24 @@
 //! weights and the VAE's BatchNorm statistics uploaded once, then any
 //! number of decodes of the transformer's packed latents into 8-bit RGB:
 //! the whole image in one arena, core's program recorded once for the
-//! run's image size, or, when the plan gives it a tile (an image whose
+//! run's image size, or, when the plan gives it bands (an image whose
 //! activations the adapter cannot bind, or a budget too tight for them),
 //! the same program run op by op over bands of rows
 //! ([`crate::run::vae_bands`], as the VAE decodes a large image) in an
-//! arena fixed by the tile.
+//! arena fixed by the tile, the whole image's activations kept on the
+//! device where the budget holds them, else in a host scratch file.
 
 use crate::components::vae::{arena_runner, upload_checked};
 use crate::error::{LoadError, RunError};
 use crate::model::safetensors_store::{TensorRef, WeightStore};
 use crate::run::device_weights::{DeviceWeight, DeviceWeights};
 use crate::run::runner::{collect_ops, Runner};
-use crate::run::vae_bands::{BandRunner, HostTensors};
+use crate::run::activations::{Activations, DeviceTensors, HostTensors};
+use crate::run::vae_bands::BandRunner;
 use flux_lite_core::config::VaeConfig;
-use flux_lite_core::ir::Op;
 use flux_lite_core::models::tiny_decoder::{self as program, TinyDecoderConfig, TinyDecoderLayout};
 use flux_lite_core::models::vae::band_arena_bytes;
-use flux_lite_core::plan::{preview_layouts, DeviceLimits, PreviewLayouts};
+use flux_lite_core::plan::{preview_layouts, DeviceLimits, PreviewLayout, PreviewLayouts};
 use flux_lite_core::BumpArena;
 use flux_lite_kernels::{Dispatch, Gpu};
 use std::path::{Path, PathBuf};
@@ -111,13 +112,37 @@ impl TinyDecoderFile {
     }
 }
 
+/// How a decode is laid out: as the plan's [`PreviewLayout`] says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PreviewBands {
+    /// The whole image in one pass.
+    Whole,
+    /// Op by op over bands in the arena a `tile`-pixel square takes (at
+    /// most one binding), the whole image's activations on the device.
+    OnDevice { tile: u64 },
+    /// The same, the activations in a host scratch file; a tile that covers
+    /// the image is the whole decode.
+    OnHost { tile: u64 },
+}
+
+impl From<PreviewLayout> for PreviewBands {
+    fn from(l: PreviewLayout) -> Self {
+        match (l.tile, l.on_device) {
+            (None, _) => Self::Whole,
+            (Some(tile), true) => Self::OnDevice { tile },
+            (Some(tile), false) => Self::OnHost { tile },
+        }
+    }
+}
+
 /// How the image is decoded.
 #[derive(Debug)]
 enum Mode {
     /// In one pass, the program recorded once over the whole image's layout.
     Whole { dispatches: Vec<Dispatch> },
-    /// Op by op over bands whose operands take at most `capacity` f32.
-    Banded { capacity: u64 },
+    /// Op by op over bands whose operands take at most `capacity` f32,
+    /// the activations on the device when `on_device`.
+    Banded { capacity: u64, on_device: bool },
 }
 
 /// A tiny decoder laid out for one image size, its program recorded once
@@ -133,15 +158,20 @@ pub struct TinyDecoder {
 
 impl TinyDecoder {
     /// Uploads `file`'s weights and the VAE's BatchNorm statistics (from
-    /// `vae_store`) and lays out the decode of a `width × height` image:
-    /// whole, recorded once, when `tile` is `None` or covers the image, else
-    /// by bands in the arena a `tile`-pixel square would take whole (and
-    /// no more than one binding), as the plan chose ([`Self::layouts`]).
-    #[allow(clippy::too_many_arguments)] // the decoder, the VAE, the image and its tile
-    pub fn new(gpu: &Gpu, file: &TinyDecoderFile, vae: &VaeConfig, vae_store: &WeightStore, width: usize, height: usize, tile: Option<u64>) -> Result<Self, RunError> {
+    /// `vae_store`) and lays out the decode of a `width × height` image as
+    /// `bands` says (the plan's choice, [`Self::layouts`]): whole, recorded
+    /// once, or by bands in the arena a tile's square would take whole (and
+    /// no more than one binding).
+    #[allow(clippy::too_many_arguments)] // the decoder, the VAE, the image and its layout
+    pub fn new(gpu: &Gpu, file: &TinyDecoderFile, vae: &VaeConfig, vae_store: &WeightStore, width: usize, height: usize, bands: PreviewBands) -> Result<Self, RunError> {
         file.check_fits(vae)?;
         let (lat_h, lat_w) = file.latent(vae, width, height);
-        let banded = tile.filter(|&t| t < width.max(height) as u64);
+        let side = width.max(height) as u64;
+        let (banded, on_device) = match bands {
+            PreviewBands::Whole => (None, true),
+            PreviewBands::OnDevice { tile } => (Some(tile), true),
+            PreviewBands::OnHost { tile } => (Some(tile).filter(|&t| t < side), false),
+        };
         if banded.is_none() {
             // Checked by the plan's layouts; here for a caller without a plan.
             file.layouts(width, height, 0, gpu.plan_limits(), None)?.first().filter(|l| l.tile.is_none()).ok_or_else(|| {
@@ -189,7 +219,7 @@ impl TinyDecoder {
                 }
                 Mode::Whole { dispatches }
             }
-            Some(_) => Mode::Banded { capacity },
+            Some(_) => Mode::Banded { capacity, on_device },
         };
         Ok(Self { layout, runner, weights, mode })
     }
@@ -223,10 +253,13 @@ impl TinyDecoder {
                 let decoded = if values { Some(self.runner.read(gpu, self.layout.decoded(), 1, n)?) } else { None };
                 (decoded, self.runner.read(gpu, self.layout.levels(), 1, n)?)
             }
-            Mode::Banded { capacity } => {
-                let host = self.decode_banded(gpu, *capacity, packed)?;
-                let decoded = if values { Some(host.get(self.layout.decoded(), n)?.to_vec()) } else { None };
-                (decoded, host.get(self.layout.levels(), n)?.to_vec())
+            Mode::Banded { capacity, on_device } => {
+                let elements = program::arena_bytes(&self.layout.config, self.layout.latent_h, self.layout.latent_w).map_err(plan_error)? / 4;
+                let mut store: Box<dyn Activations> =
+                    if *on_device { Box::new(DeviceTensors::new(gpu, elements, gpu.plan_limits().max_buffer)?) } else { Box::new(HostTensors::scratch(elements)?) };
+                self.decode_banded(gpu, *capacity, packed, store.as_mut())?;
+                let decoded = if values { Some(store.read(gpu, self.layout.decoded(), n)?) } else { None };
+                (decoded, store.read(gpu, self.layout.levels(), n)?)
             }
         };
         let pixels = (n / 3) as usize;
@@ -236,17 +269,14 @@ impl TinyDecoder {
     }
 
     /// Core's decode program over the whole image's layout, each op run by
-    /// bands with the activations in a scratch file; returns that file.
-    fn decode_banded(&self, gpu: &Gpu, capacity: u64, packed: &[f32]) -> Result<HostTensors, RunError> {
-        let ops: Vec<Op> = collect_ops(|emit| program::decode(&self.layout, emit));
-        let (lat_h, lat_w) = (self.layout.latent_h, self.layout.latent_w);
-        let mut host = HostTensors::scratch(program::arena_bytes(&self.layout.config, lat_h, lat_w).map_err(plan_error)? / 4)?;
-        host.insert(self.layout.packed, packed)?;
+    /// bands with the activations in `store`.
+    fn decode_banded(&self, gpu: &Gpu, capacity: u64, packed: &[f32], store: &mut dyn Activations) -> Result<(), RunError> {
+        store.write(gpu, self.layout.packed, packed)?;
         let bands = BandRunner { gpu, runner: &self.runner, weights: &self.weights, capacity };
-        for op in &ops {
-            bands.run(&mut host, op)?;
+        for op in collect_ops(|emit| program::decode(&self.layout, emit)) {
+            bands.run(store, &op)?;
         }
-        Ok(host)
+        Ok(())
     }
 }
 

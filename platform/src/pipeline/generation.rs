@@ -101,7 +101,7 @@ impl Pipeline {
         // out now, not after the denoising, if its folder cannot take one.
         let banded_encode = plan.references.is_some_and(|r| r.tile.is_some());
         if (decode_image && plan.decode.tile.is_some()) || banded_encode {
-            crate::run::vae_bands::HostTensors::scratch(1)?;
+            crate::run::activations::HostTensors::scratch(1)?;
         }
         let mut kept = self.kept.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         match self.keep_loaded {

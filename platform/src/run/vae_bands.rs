@@ -2,8 +2,10 @@
 //! too large for the device memory it may take: core's program run op by
 //! op over bands of rows (elementwise ops by runs of values),
 //! with every activation of the whole image kept in a scratch file mapped
-//! into memory ([`HostTensors`]), so the OS can write out what the process
-//! is not using and the process's own memory stays a band's worth.
+//! into memory ([`HostTensors`]: the OS can write out what the process is
+//! not using, and the process's own memory stays a band's worth) or, where
+//! the budget holds them but no binding does, on the device
+//! ([`DeviceTensors`]: a band moves by copies on the device).
 //!
 //! Each op sees what it would see untiled: a 3×3 convolution gets a row of
 //! halo from the neighbouring bands, a GroupNorm takes its statistics over
@@ -23,122 +25,11 @@ use flux_lite_core::ir::{Op, Span};
 use flux_lite_core::oracle::ConvShape;
 use flux_lite_core::models::tensors::TensorName;
 use flux_lite_core::BumpArena;
+use crate::run::activations::{Activations, Window};
+#[cfg(doc)]
+use crate::run::activations::{DeviceTensors, HostTensors};
 
 use flux_lite_core::models::vae::{band_arena_bytes, BAND_ALIGN as ALIGN};
-
-/// Where the banded VAE's scratch file goes when set (the CLI sets it from
-/// `FLUX_LITE_SCRATCH_DIR`), else the OS's temporary folder (a tmpfs there
-/// keeps the activations in memory or swap; point this at a disk for very
-/// large images).
-static SCRATCH_DIR: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
-
-/// Puts the banded VAE's scratch files in `dir` (once per process).
-pub fn set_scratch_dir(dir: std::path::PathBuf) {
-    let _ = SCRATCH_DIR.set(dir);
-}
-
-/// The whole image's activations: core's full-size layout (every span at
-/// its arena offset) in an unnamed scratch file mapped into memory. The
-/// file has no name, so it is gone when the process ends, however it ends;
-/// its pages are the OS's to write out and read back, so the process holds
-/// a band's worth of them, not the image's.
-#[derive(Debug)]
-pub struct HostTensors {
-    map: memmap2::MmapMut,
-}
-
-impl HostTensors {
-    /// A scratch arena of `elements` f32 values (zero until written) in
-    /// the scratch folder ([`set_scratch_dir`]).
-    pub fn scratch(elements: u64) -> Result<Self, RunError> {
-        Self::scratch_in(&SCRATCH_DIR.get().cloned().unwrap_or_else(std::env::temp_dir), elements)
-    }
-
-    /// A scratch arena of `elements` f32 values in a file without a name in `dir`.
-    pub fn scratch_in(dir: &std::path::Path, elements: u64) -> Result<Self, RunError> {
-        let failed = |e: std::io::Error| RunError::Scratch { dir: dir.to_path_buf(), detail: e.to_string() };
-        let file = tempfile::tempfile_in(dir).map_err(failed)?;
-        file.set_len(4 * elements.max(1)).map_err(failed)?;
-        // SAFETY: the file has no name and is held only here, so nothing
-        // else can change or truncate it while it is mapped.
-        let map = unsafe { memmap2::MmapMut::map_mut(&file) }.map_err(failed)?;
-        Ok(Self { map })
-    }
-
-    fn values(&self) -> &[f32] {
-        bytemuck::cast_slice(&self.map[..])
-    }
-
-    fn values_mut(&mut self) -> &mut [f32] {
-        bytemuck::cast_slice_mut(&mut self.map[..])
-    }
-
-    fn range(&self, span: Span, len: u64) -> Result<std::ops::Range<usize>, RunError> {
-        let (start, end) = (span.offset as usize, (span.offset + len) as usize);
-        if end > self.map.len() / 4 {
-            return Err(RunError::Internal(format!("the banded VAE addressed values {start}..{end} of a {}-value scratch arena", self.map.len() / 4)));
-        }
-        Ok(start..end)
-    }
-
-    /// Writes `data` at the start of a span.
-    pub fn insert(&mut self, span: Span, data: &[f32]) -> Result<(), RunError> {
-        let r = self.range(span, data.len() as u64)?;
-        self.values_mut()[r].copy_from_slice(data);
-        Ok(())
-    }
-
-    /// The first `len` values of a span.
-    pub fn get(&self, span: Span, len: u64) -> Result<&[f32], RunError> {
-        let r = self.range(span, len)?;
-        Ok(&self.values()[r])
-    }
-
-    /// The first `len` values of a span, to write.
-    fn get_mut(&mut self, span: Span, len: u64) -> Result<&mut [f32], RunError> {
-        let r = self.range(span, len)?;
-        Ok(&mut self.values_mut()[r])
-    }
-
-    /// `dst = src` over `[rows, cols]` views with their strides, row by row
-    /// inside the mapping (no copy of the tensor in the process's memory).
-    fn copy_rows(&mut self, src: Span, dst: Span, rows: u64, cols: u64) -> Result<(), RunError> {
-        let (src_stride, dst_stride) = (src.stride.max(cols), dst.stride.max(cols));
-        let s = self.range(src, (rows - 1) * src_stride + cols)?;
-        let d = self.range(dst, (rows - 1) * dst_stride + cols)?;
-        if s.start < d.end && d.start < s.end {
-            // Overlapping views: read all of the source before writing any of it.
-            let input = self.values()[s.clone()].to_vec();
-            let out = &mut self.values_mut()[d];
-            for r in 0..rows as usize {
-                let (s0, d0) = (r * src_stride as usize, r * dst_stride as usize);
-                out[d0..d0 + cols as usize].copy_from_slice(&input[s0..s0 + cols as usize]);
-            }
-            return Ok(());
-        }
-        let values = self.values_mut();
-        for r in 0..rows as usize {
-            let from = s.start + r * src_stride as usize;
-            values.copy_within(from..from + cols as usize, d.start + r * dst_stride as usize);
-        }
-        Ok(())
-    }
-}
-
-/// Columns `[c0, c1)` of every row of a row-major `[rows, cols]` tensor, packed.
-fn gather(src: &[f32], rows: u64, cols: u64, c0: u64, c1: u64) -> Vec<f32> {
-    let (cols, c0, c1) = (cols as usize, c0 as usize, c1 as usize);
-    (0..rows as usize).flat_map(|r| src[r * cols + c0..r * cols + c1].iter().copied()).collect()
-}
-
-/// Writes a packed `[rows, c1 − c0]` band into columns `[c0, c1)` of `[rows, cols]`.
-fn scatter(dst: &mut [f32], rows: u64, cols: u64, c0: u64, c1: u64, band: &[f32]) {
-    let (cols, c0, c1) = (cols as usize, c0 as usize, c1 as usize);
-    let width = c1 - c0;
-    for r in 0..rows as usize {
-        dst[r * cols + c0..r * cols + c1].copy_from_slice(&band[r * width..(r + 1) * width]);
-    }
-}
 
 /// `[lo, hi)` steps of `band` over `0..n`.
 fn bands(n: u64, band: u64) -> impl Iterator<Item = (u64, u64)> {
@@ -166,30 +57,30 @@ impl Operands {
 }
 
 impl BandRunner<'_> {
-    /// Runs one op of core's decode or encode program on the host-held activations.
-    pub fn run(&self, host: &mut HostTensors, op: &Op) -> Result<(), RunError> {
+    /// Runs one op of core's decode or encode program on the whole image's activations.
+    pub fn run(&self, store: &mut dyn Activations, op: &Op) -> Result<(), RunError> {
         match op {
             Op::DenormUnpatchify { packed, latent, mean, var, channels, height, width, eps } => {
                 let stats = LatentStats { mean, var, eps: *eps };
-                self.denorm_unpatchify(host, *packed, *latent, stats, [*channels, *height, *width])
+                self.denorm_unpatchify(store, *packed, *latent, stats, [*channels, *height, *width])
             }
-            Op::Conv2d { x, w, bias, y, shape, relu } => self.conv(host, *x, w, bias, *y, *shape, *relu),
+            Op::Conv2d { x, w, bias, y, shape, relu } => self.conv(store, *x, w, bias, *y, *shape, *relu),
             Op::GroupNorm { src, dst, gamma, beta, channels, pixels, groups, eps, silu } => {
                 let g = Norm { gamma, beta, channels: *channels, pixels: *pixels, groups: *groups, eps: *eps, silu: *silu };
-                self.group_norm(host, *src, *dst, g)
+                self.group_norm(store, *src, *dst, g)
             }
-            Op::Add { a, b, dst, rows, cols, relu } => self.add(host, *a, *b, *dst, [*rows, *cols], *relu),
-            Op::UpsampleNearest2x { x, y, channels, height, width } => self.upsample(host, *x, *y, *channels, *height, *width),
-            Op::Transpose { src, dst, rows, cols } => self.transpose(host, *src, *dst, *rows, *cols),
-            Op::Linear { x, w, w_row: 0, bias, y, rows, cols, inner } => self.linear(host, *x, w, bias.as_ref(), *y, Gemm { m: *rows, n: *cols, k: *inner }),
-            Op::Attention { q, k, v, o, len, heads, head_dim } => self.attention(host, [*q, *k, *v, *o], *len, *heads, *head_dim),
-            Op::Copy { src, dst, rows, cols } => Self::copy(host, *src, *dst, *rows, *cols),
-            &Op::TanhClamp { src, dst, count, limit } => self.elementwise(host, src, dst, count, |src, dst, count| Op::TanhClamp { src, dst, count, limit }),
-            &Op::Relu { src, dst, count } => self.elementwise(host, src, dst, count, |src, dst, count| Op::Relu { src, dst, count }),
+            Op::Add { a, b, dst, rows, cols, relu } => self.add(store, *a, *b, *dst, [*rows, *cols], *relu),
+            Op::UpsampleNearest2x { x, y, channels, height, width } => self.upsample(store, *x, *y, *channels, *height, *width),
+            Op::Transpose { src, dst, rows, cols } => self.transpose(store, *src, *dst, *rows, *cols),
+            Op::Linear { x, w, w_row: 0, bias, y, rows, cols, inner } => self.linear(store, *x, w, bias.as_ref(), *y, Gemm { m: *rows, n: *cols, k: *inner }),
+            Op::Attention { q, k, v, o, len, heads, head_dim } => self.attention(store, [*q, *k, *v, *o], *len, *heads, *head_dim),
+            &Op::Copy { src, dst, rows, cols } => self.copy(store, src, dst, rows, cols),
+            &Op::TanhClamp { src, dst, count, limit } => self.elementwise(store, src, dst, count, |src, dst, count| Op::TanhClamp { src, dst, count, limit }),
+            &Op::Relu { src, dst, count } => self.elementwise(store, src, dst, count, |src, dst, count| Op::Relu { src, dst, count }),
             &Op::ScaleShift { src, dst, count, scale, shift } => {
-                self.elementwise(host, src, dst, count, |src, dst, count| Op::ScaleShift { src, dst, count, scale, shift })
+                self.elementwise(store, src, dst, count, |src, dst, count| Op::ScaleShift { src, dst, count, scale, shift })
             }
-            &Op::PixelLevels { src, dst, count } => self.elementwise(host, src, dst, count, |src, dst, count| Op::PixelLevels { src, dst, count }),
+            &Op::PixelLevels { src, dst, count } => self.elementwise(store, src, dst, count, |src, dst, count| Op::PixelLevels { src, dst, count }),
             other => Err(RunError::Internal(format!("the banded VAE cannot run {other:?}"))),
         }
     }
@@ -214,6 +105,16 @@ impl BandRunner<'_> {
         Ok(())
     }
 
+    /// `window` of the tensor at `src` into the band arena at `to`.
+    fn fetch(&self, store: &mut dyn Activations, src: Span, window: Window, to: Span) -> Result<(), RunError> {
+        store.fetch(self.gpu, self.runner, src, window, to)
+    }
+
+    /// The band at `from` into `window` of the tensor at `dst`.
+    fn put(&self, store: &mut dyn Activations, from: Span, dst: Span, window: Window) -> Result<(), RunError> {
+        store.put(self.gpu, self.runner, from, dst, window)
+    }
+
     fn upload(&self, span: Span, data: &[f32]) {
         self.runner.write(self.gpu, span, data);
     }
@@ -224,33 +125,30 @@ impl BandRunner<'_> {
 
     /// An op on each of `count` values alone (`make` builds it over a
     /// band's operands), by runs of values.
-    fn elementwise(&self, host: &mut HostTensors, src: Span, dst: Span, count: u64, make: impl Fn(Span, Span, u64) -> Op) -> Result<(), RunError> {
+    fn elementwise(&self, store: &mut dyn Activations, src: Span, dst: Span, count: u64, make: impl Fn(Span, Span, u64) -> Op) -> Result<(), RunError> {
         let band = self.band(0, 2, "value")?;
         for (v0, v1) in bands(count, band) {
             let mut arena = self.operands();
             let (xs, ys) = (arena.take(v1 - v0)?, arena.take(v1 - v0)?);
-            self.upload(xs, host.get(src.cols_from(v0), v1 - v0)?);
+            self.fetch(store, src, Window::run(v0, v1), xs)?;
             self.exec(make(xs, ys, v1 - v0))?;
-            let out = self.download(ys, v1 - v0)?;
-            host.insert(dst.cols_from(v0), &out)?;
+            self.put(store, ys, dst, Window::run(v0, v1))?;
         }
         Ok(())
     }
 
     /// Packed tokens `[height·width, 4c]` to the latent `[c, 2·height, 2·width]`, by rows of tokens.
-    fn denorm_unpatchify(&self, host: &mut HostTensors, packed: Span, latent: Span, stats: LatentStats<'_>, [c, h, w]: [u64; 3]) -> Result<(), RunError> {
+    fn denorm_unpatchify(&self, store: &mut dyn Activations, packed: Span, latent: Span, stats: LatentStats<'_>, [c, h, w]: [u64; 3]) -> Result<(), RunError> {
         let row = w * 4 * c;
         let band = self.band(0, 2 * row, "row of latent tokens")?;
         for (t0, t1) in bands(h, band) {
-            let input = host.get(packed, h * row)?[(t0 * row) as usize..(t1 * row) as usize].to_vec();
+            let n = (t1 - t0) * row;
             let mut arena = self.operands();
-            let (xs, ys) = (arena.take(input.len() as u64)?, arena.take(input.len() as u64)?);
-            self.upload(xs, &input);
+            let (xs, ys) = (arena.take(n)?, arena.take(n)?);
+            self.fetch(store, packed, Window::run(t0 * row, t1 * row), xs)?;
             let (mean, var, eps) = (stats.mean.clone(), stats.var.clone(), stats.eps);
             self.exec(Op::DenormUnpatchify { packed: xs, latent: ys, mean, var, channels: c, height: t1 - t0, width: w, eps })?;
-            let out = self.download(ys, input.len() as u64)?;
-            let pixels = 4 * h * w;
-            scatter(host.get_mut(latent, c * pixels)?, c, pixels, t0 * 4 * w, t1 * 4 * w, &out);
+            self.put(store, ys, latent, Window::columns(c, 4 * h * w, t0 * 4 * w, t1 * 4 * w))?;
         }
         Ok(())
     }
@@ -259,7 +157,7 @@ impl BandRunner<'_> {
     /// its kernel covers (a halo from the neighbouring bands; zeros only at
     /// the image border): stride 1 "same" and the encoder's stride-2 downsampling alike.
     #[allow(clippy::too_many_arguments)] // the convolution's operands and its ReLU
-    fn conv(&self, host: &mut HostTensors, x: Span, w: &TensorName, bias: &TensorName, y: Span, s: ConvShape, relu: bool) -> Result<(), RunError> {
+    fn conv(&self, store: &mut dyn Activations, x: Span, w: &TensorName, bias: &TensorName, y: Span, s: ConvShape, relu: bool) -> Result<(), RunError> {
         if x.offset == y.offset {
             return Err(RunError::Internal(format!("the banded VAE only runs out-of-place convolutions, not {s:?} in place")));
         }
@@ -270,31 +168,40 @@ impl BandRunner<'_> {
         for (y0, y1) in bands(out_h, band) {
             let (g0, g1, pad_top) = s.input_rows(y0 as usize, y1 as usize);
             let (g0, g1) = (g0 as u64, g1 as u64);
-            let input = gather(host.get(x, cin * h * wd)?, cin, h * wd, g0 * wd, g1 * wd);
+            let input = Window::columns(cin, h * wd, g0 * wd, g1 * wd);
             let mut arena = self.operands();
-            let out_len = cout * (y1 - y0) * out_w;
-            let (xs, ys) = (arena.take(input.len() as u64)?, arena.take(out_len)?);
-            self.upload(xs, &input);
+            let (xs, ys) = (arena.take(input.values())?, arena.take(cout * (y1 - y0) * out_w)?);
+            self.fetch(store, x, input, xs)?;
             let shape = ConvShape { height: (g1 - g0) as usize, pad_top, out_height: (y1 - y0) as usize, ..s };
             self.exec(Op::Conv2d { x: xs, w: w.clone(), bias: bias.clone(), y: ys, shape, relu })?;
-            let out = self.download(ys, out_len)?;
-            scatter(host.get_mut(y, cout * out_h * out_w)?, cout, out_h * out_w, y0 * out_w, y1 * out_w, &out);
+            self.put(store, ys, y, Window::columns(cout, out_h * out_w, y0 * out_w, y1 * out_w))?;
         }
         Ok(())
     }
 
-    /// `dst = src` over `[rows, cols]` views of two host tensors: a move on the host.
-    fn copy(host: &mut HostTensors, src: Span, dst: Span, rows: u64, cols: u64) -> Result<(), RunError> {
+    /// `dst = src` over `[rows, cols]` views with their strides.
+    fn copy(&self, store: &mut dyn Activations, src: Span, dst: Span, rows: u64, cols: u64) -> Result<(), RunError> {
         if rows == 0 {
             return Ok(());
         }
-        host.copy_rows(src, dst, rows, cols)
+        if let Some(host) = store.on_host() {
+            // A move inside the scratch file, not through the device.
+            return host.copy_rows(src, dst, rows, cols);
+        }
+        let (src_stride, dst_stride) = (src.stride.max(cols), dst.stride.max(cols));
+        for (r0, r1) in bands(rows, self.band(0, cols, "copied row")?) {
+            let mut arena = self.operands();
+            let xs = arena.take((r1 - r0) * cols)?;
+            self.fetch(store, src.rows_from(r0), Window::columns(r1 - r0, src_stride, 0, cols), xs)?;
+            self.put(store, xs, dst.rows_from(r0), Window::columns(r1 - r0, dst_stride, 0, cols))?;
+        }
+        Ok(())
     }
 
     /// GroupNorm in two passes over pixel bands: each band's per-group
     /// moments, merged on the host, then every band normalised with the whole
     /// image's mean and 1/√(var + eps).
-    fn group_norm(&self, host: &mut HostTensors, src: Span, dst: Span, g: Norm<'_>) -> Result<(), RunError> {
+    fn group_norm(&self, store: &mut dyn Activations, src: Span, dst: Span, g: Norm<'_>) -> Result<(), RunError> {
         let (c, p, groups) = (g.channels, g.pixels, g.groups);
         if groups == 0 || !c.is_multiple_of(groups) {
             return Err(RunError::Internal(format!("group norm: {c} channels in {groups} groups")));
@@ -302,10 +209,10 @@ impl BandRunner<'_> {
         let per = c / groups;
         let mut moments = vec![Moments::default(); groups as usize];
         for (p0, p1) in bands(p, self.band(2 * groups, c, "GroupNorm pixel")?) {
-            let input = gather(host.get(src, c * p)?, c, p, p0, p1);
+            let input = Window::columns(c, p, p0, p1);
             let mut arena = self.operands();
-            let (xs, ss) = (arena.take(input.len() as u64)?, arena.take(2 * groups)?);
-            self.upload(xs, &input);
+            let (xs, ss) = (arena.take(input.values())?, arena.take(2 * groups)?);
+            self.fetch(store, src, input, xs)?;
             self.exec(Op::GroupStats { src: xs, stats: ss, channels: c, pixels: p1 - p0, groups })?;
             let stats = self.download(ss, 2 * groups)?;
             for (m, s) in moments.iter_mut().zip(stats.chunks_exact(2)) {
@@ -314,95 +221,88 @@ impl BandRunner<'_> {
         }
         let stats: Vec<f32> = moments.iter().flat_map(|m| [m.mean as f32, (1.0 / (m.variance() + g.eps as f64).sqrt()) as f32]).collect();
         for (p0, p1) in bands(p, self.band(2 * groups, 2 * c, "GroupNorm pixel")?) {
-            let input = gather(host.get(src, c * p)?, c, p, p0, p1);
+            let window = Window::columns(c, p, p0, p1);
             let mut arena = self.operands();
-            let n = input.len() as u64;
+            let n = window.values();
             let (xs, ss, ys) = (arena.take(n)?, arena.take(2 * groups)?, arena.take(n)?);
-            self.upload(xs, &input);
+            self.fetch(store, src, window, xs)?;
             self.upload(ss, &stats);
             let (gamma, beta) = (g.gamma.clone(), g.beta.clone());
             let pixels = p1 - p0;
             self.exec(Op::GroupNormApply { src: xs, stats: ss, dst: ys, gamma, beta, channels: c, pixels, groups, silu: g.silu })?;
-            let out = self.download(ys, n)?;
-            scatter(host.get_mut(dst, c * p)?, c, p, p0, p1, &out);
+            self.put(store, ys, dst, window)?;
         }
         Ok(())
     }
 
     /// `dst = a + b` (ReLU after where `relu`) over `[rows, cols]`, by bands of columns.
-    fn add(&self, host: &mut HostTensors, a: Span, b: Span, dst: Span, [rows, cols]: [u64; 2], relu: bool) -> Result<(), RunError> {
+    fn add(&self, store: &mut dyn Activations, a: Span, b: Span, dst: Span, [rows, cols]: [u64; 2], relu: bool) -> Result<(), RunError> {
         for (c0, c1) in bands(cols, self.band(0, 3 * rows, "sum column")?) {
-            let (ia, ib) = (gather(host.get(a, rows * cols)?, rows, cols, c0, c1), gather(host.get(b, rows * cols)?, rows, cols, c0, c1));
+            let window = Window::columns(rows, cols, c0, c1);
             let mut arena = self.operands();
-            let (w, n) = (c1 - c0, ia.len() as u64);
+            let (w, n) = (c1 - c0, window.values());
             let (sa, sb, sd) = (arena.take(n)?, arena.take(n)?, arena.take(n)?);
-            self.upload(sa, &ia);
-            self.upload(sb, &ib);
+            self.fetch(store, a, window, sa)?;
+            self.fetch(store, b, window, sb)?;
             let view = |s: Span| Span::new(s.offset, w);
             self.exec(Op::Add { a: view(sa), b: view(sb), dst: view(sd), rows, cols: w, relu })?;
-            let out = self.download(sd, n)?;
-            scatter(host.get_mut(dst, rows * cols)?, rows, cols, c0, c1, &out);
+            self.put(store, sd, dst, window)?;
         }
         Ok(())
     }
 
     /// Nearest ×2 of `[c, h, w]`, by bands of input rows.
-    fn upsample(&self, host: &mut HostTensors, x: Span, y: Span, c: u64, h: u64, w: u64) -> Result<(), RunError> {
+    fn upsample(&self, store: &mut dyn Activations, x: Span, y: Span, c: u64, h: u64, w: u64) -> Result<(), RunError> {
         for (y0, y1) in bands(h, self.band(0, 5 * c * w, "upsampled row")?) {
-            let input = gather(host.get(x, c * h * w)?, c, h * w, y0 * w, y1 * w);
+            let input = Window::columns(c, h * w, y0 * w, y1 * w);
             let mut arena = self.operands();
-            let n = input.len() as u64;
+            let n = input.values();
             let (xs, ys) = (arena.take(n)?, arena.take(4 * n)?);
-            self.upload(xs, &input);
+            self.fetch(store, x, input, xs)?;
             self.exec(Op::UpsampleNearest2x { x: xs, y: ys, channels: c, height: y1 - y0, width: w })?;
-            let out = self.download(ys, 4 * n)?;
-            let plane = 4 * h * w;
-            scatter(host.get_mut(y, c * plane)?, c, plane, 4 * y0 * w, 4 * y1 * w, &out);
+            self.put(store, ys, y, Window::columns(c, 4 * h * w, 4 * y0 * w, 4 * y1 * w))?;
         }
         Ok(())
     }
 
     /// `dst[c, r] = src[r, c]` by bands along the longer side (the pixels).
-    fn transpose(&self, host: &mut HostTensors, src: Span, dst: Span, rows: u64, cols: u64) -> Result<(), RunError> {
-        let n = rows * cols;
+    fn transpose(&self, store: &mut dyn Activations, src: Span, dst: Span, rows: u64, cols: u64) -> Result<(), RunError> {
         if cols >= rows {
             // Columns [c0, c1) of src become rows [c0, c1) of dst: contiguous.
             for (c0, c1) in bands(cols, self.band(0, 2 * rows, "transposed column")?) {
-                let input = gather(host.get(src, n)?, rows, cols, c0, c1);
+                let input = Window::columns(rows, cols, c0, c1);
                 let mut arena = self.operands();
-                let (xs, ys) = (arena.take(input.len() as u64)?, arena.take(input.len() as u64)?);
-                self.upload(xs, &input);
+                let (xs, ys) = (arena.take(input.values())?, arena.take(input.values())?);
+                self.fetch(store, src, input, xs)?;
                 self.exec(Op::Transpose { src: Span::new(xs.offset, c1 - c0), dst: Span::new(ys.offset, rows), rows, cols: c1 - c0 })?;
-                let out = self.download(ys, input.len() as u64)?;
-                host.get_mut(dst, n)?[(c0 * rows) as usize..(c1 * rows) as usize].copy_from_slice(&out);
+                self.put(store, ys, dst, Window::run(c0 * rows, c1 * rows))?;
             }
         } else {
             // Rows [r0, r1) of src become columns [r0, r1) of dst.
             for (r0, r1) in bands(rows, self.band(0, 2 * cols, "transposed row")?) {
-                let input = host.get(src, n)?[(r0 * cols) as usize..(r1 * cols) as usize].to_vec();
+                let n = (r1 - r0) * cols;
                 let mut arena = self.operands();
-                let (xs, ys) = (arena.take(input.len() as u64)?, arena.take(input.len() as u64)?);
-                self.upload(xs, &input);
+                let (xs, ys) = (arena.take(n)?, arena.take(n)?);
+                self.fetch(store, src, Window::run(r0 * cols, r1 * cols), xs)?;
                 self.exec(Op::Transpose { src: Span::new(xs.offset, cols), dst: Span::new(ys.offset, r1 - r0), rows: r1 - r0, cols })?;
-                let out = self.download(ys, input.len() as u64)?;
-                scatter(host.get_mut(dst, n)?, cols, rows, r0, r1, &out);
+                self.put(store, ys, dst, Window::columns(cols, rows, r0, r1))?;
             }
         }
         Ok(())
     }
 
     /// `y = x·Wᵀ + b` over contiguous rows, by bands of rows.
-    fn linear(&self, host: &mut HostTensors, x: Span, w: &TensorName, bias: Option<&TensorName>, y: Span, s: Gemm) -> Result<(), RunError> {
+    #[allow(clippy::too_many_arguments)] // the linear's operands and its shape
+    fn linear(&self, store: &mut dyn Activations, x: Span, w: &TensorName, bias: Option<&TensorName>, y: Span, s: Gemm) -> Result<(), RunError> {
         let Gemm { m: rows, n: cols, k: inner } = s;
         if x.stride != inner || y.stride != cols {
             return Err(RunError::Internal("the banded VAE only runs linears over contiguous rows".into()));
         }
         for (r0, r1) in bands(rows, self.band(0, inner + cols, "linear row")?) {
-            let input = host.get(x, rows * inner)?[(r0 * inner) as usize..(r1 * inner) as usize].to_vec();
             let mut arena = self.operands();
             let n = r1 - r0;
             let (xs, ys) = (arena.take(n * inner)?, arena.take(n * cols)?);
-            self.upload(xs, &input);
+            self.fetch(store, x, Window::run(r0 * inner, r1 * inner), xs)?;
             let op = Op::Linear {
                 x: Span::new(xs.offset, inner),
                 w: w.clone(),
@@ -414,8 +314,7 @@ impl BandRunner<'_> {
                 inner,
             };
             self.exec(op)?;
-            let out = self.download(ys, n * cols)?;
-            host.get_mut(y, rows * cols)?[(r0 * cols) as usize..(r1 * cols) as usize].copy_from_slice(&out);
+            self.put(store, ys, y, Window::run(r0 * cols, r1 * cols))?;
         }
         Ok(())
     }
@@ -423,36 +322,34 @@ impl BandRunner<'_> {
     /// Non-causal attention over `len` tokens `[len, heads·head_dim]`, by
     /// bands of queries and chunks of keys. Each chunk's output and
     /// log-sum-exp are merged on the host (in f64); a single chunk is taken as it is.
-    fn attention(&self, host: &mut HostTensors, [q, k, v, o]: [Span; 4], len: u64, heads: u64, head_dim: u64) -> Result<(), RunError> {
+    fn attention(&self, store: &mut dyn Activations, [q, k, v, o]: [Span; 4], len: u64, heads: u64, head_dim: u64) -> Result<(), RunError> {
         let width = heads * head_dim;
-        let n = len * width;
         let band = self.band(0, 4 * width + heads, "attention token")?;
         let chunks: Vec<(u64, u64)> = bands(len, band).collect();
         for &(q0, q1) in &chunks {
             let rows = q1 - q0;
-            let queries = host.get(q, n)?[(q0 * width) as usize..(q1 * width) as usize].to_vec();
+            let queries = Window::run(q0 * width, q1 * width);
             let mut merged = AttentionMerge::new(rows, heads, head_dim);
             for &(k0, k1) in &chunks {
-                let keys = k0 as usize * width as usize..k1 as usize * width as usize;
+                let keys = Window::run(k0 * width, k1 * width);
                 let mut arena = self.operands();
                 let (qs, ks, vs) = (arena.take(rows * width)?, arena.take((k1 - k0) * width)?, arena.take((k1 - k0) * width)?);
                 let (os, ls) = (arena.take(rows * width)?, arena.take(rows * heads)?);
-                self.upload(qs, &queries);
-                self.upload(ks, &host.get(k, n)?[keys.clone()]);
-                self.upload(vs, &host.get(v, n)?[keys]);
+                self.fetch(store, q, queries, qs)?;
+                self.fetch(store, k, keys, ks)?;
+                self.fetch(store, v, keys, vs)?;
                 let view = |s: Span| Span::new(s.offset, width);
                 let lse = Span::new(ls.offset, heads);
                 let (q_len, kv_len) = (rows, k1 - k0);
                 self.exec(Op::PartialAttention { q: view(qs), k: view(ks), v: view(vs), o: view(os), lse, q_len, kv_len, heads, head_dim })?;
-                let out = self.download(os, rows * width)?;
                 if chunks.len() == 1 {
-                    host.get_mut(o, n)?[(q0 * width) as usize..(q1 * width) as usize].copy_from_slice(&out);
+                    self.put(store, os, o, queries)?;
                     continue;
                 }
-                merged.add(&out, &self.download(ls, rows * heads)?);
+                merged.add(&self.download(os, rows * width)?, &self.download(ls, rows * heads)?);
             }
             if chunks.len() > 1 {
-                host.get_mut(o, n)?[(q0 * width) as usize..(q1 * width) as usize].copy_from_slice(&merged.finish());
+                store.write(self.gpu, o.cols_from(q0 * width), &merged.finish())?;
             }
         }
         Ok(())
@@ -484,53 +381,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn gather_and_scatter_move_a_column_band() {
-        let src: Vec<f32> = (0..12).map(|i| i as f32).collect();
-        let band = gather(&src, 3, 4, 1, 3);
-        assert_eq!(band, [1.0, 2.0, 5.0, 6.0, 9.0, 10.0]);
-        let mut dst = vec![0.0; 12];
-        scatter(&mut dst, 3, 4, 1, 3, &band);
-        assert_eq!(dst, [0.0, 1.0, 2.0, 0.0, 0.0, 5.0, 6.0, 0.0, 0.0, 9.0, 10.0, 0.0]);
+    fn bands_step_over_the_range() {
         assert_eq!(bands(7, 3).collect::<Vec<_>>(), [(0, 3), (3, 6), (6, 7)]);
-    }
-}
-
-#[cfg(test)]
-mod scratch_tests {
-    use super::*;
-
-    /// The banded VAE's activations live in file-backed pages: filling a
-    /// 256 MiB scratch arena leaves the process's anonymous memory where it
-    /// was (the OS may write those pages out and drop them), where a Vec of
-    /// the same size adds all of it; and the file has no name in its folder.
-    #[test]
-    fn scratch_activations_are_not_anonymous_memory_and_leave_no_file() {
-        let _alone = crate::host_memory::measuring_alone();
-        let Some(before) = crate::host_memory::now() else {
-            flux_lite_kernels::skip::skipped("this OS does not report the process's anonymous memory");
-            return;
-        };
-        let dir = std::env::temp_dir().join(format!("flux-lite-scratch-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let elements = 64u64 << 20; // 256 MiB of f32
-        let mut host = HostTensors::scratch_in(&dir, elements).unwrap();
-        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "the scratch file has a name");
-        let band: Vec<f32> = (0..1 << 20).map(|i| i as f32).collect();
-        for b in 0..64 {
-            host.insert(Span::new(b << 20, 0), &band).unwrap();
-        }
-        assert_eq!(host.get(Span::new(63 << 20, 0), 4).unwrap(), &[0.0, 1.0, 2.0, 3.0]);
-        let filled = crate::host_memory::now().unwrap();
-        let grown = filled.anonymous.saturating_sub(before.anonymous);
-        println!("256 MiB of scratch activations: anonymous memory grew by {:.1} MiB", grown as f64 / (1 << 20) as f64);
-        assert!(grown < 32 << 20, "scratch activations counted as anonymous memory: {grown} bytes");
-        // The same values in a Vec are anonymous memory, as the measurement shows.
-        let in_memory = vec![1.0f32; elements as usize];
-        let vec_grown = crate::host_memory::now().unwrap().anonymous.saturating_sub(filled.anonymous);
-        assert!(vec_grown > 200 << 20 && in_memory[12345] == 1.0, "a 256 MiB Vec grew anonymous memory by {vec_grown} bytes only");
-        // Out of the arena is an error, not a panic.
-        assert!(host.get(Span::new(elements - 2, 0), 4).is_err());
-        drop(host);
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
