@@ -97,8 +97,10 @@ pub enum Op {
     /// `dst = src`
     Copy { src: Span, dst: Span, rows: u64, cols: u64 },
     /// 2-D convolution with bias over contiguous `[channels, height, width]`
-    /// tensors, ReLU after when `relu` (the same values as a `Relu` step after).
-    Conv2d { x: Span, w: TensorName, bias: TensorName, y: Span, shape: ConvShape, relu: bool },
+    /// tensors; where `residual`, y's own values added to each sum after the
+    /// bias (a residual block's sum: the bits of an `Add` after it, one pass
+    /// fewer); ReLU last when `relu` (the same values as a `Relu` step after).
+    Conv2d { x: Span, w: TensorName, bias: TensorName, y: Span, shape: ConvShape, residual: bool, relu: bool },
     /// GroupNorm with affine over contiguous `[channels, pixels]`, SiLU after when `silu`.
     GroupNorm {
         src: Span,

@@ -475,8 +475,10 @@ pub fn decode(l: &TinyDecoderLayout, mut emit: impl FnMut(Op)) {
     emit(Op::TanhClamp { src: l.latent, dst: l.latent, count: lc * h * w, limit: LATENT_CLAMP });
     // The ReLU after a convolution runs in its epilogue, and the one after a
     // block's sum in the sum's: the same values, three passes fewer a block.
-    let conv = |x: Span, weight: TensorName, bias: TensorName, y: Span, shape| Op::Conv2d { x, w: weight, bias, y, shape, relu: false };
-    let conv_relu = |x: Span, weight: TensorName, bias: TensorName, y: Span, shape| Op::Conv2d { x, w: weight, bias, y, shape, relu: true };
+    let conv = |x: Span, weight: TensorName, bias: TensorName, y: Span, shape| Op::Conv2d { x, w: weight, bias, y, shape, residual: false, relu: false };
+    let conv_relu = |x: Span, weight: TensorName, bias: TensorName, y: Span, shape| Op::Conv2d { x, w: weight, bias, y, shape, residual: false, relu: true };
+    // A block's sum and its ReLU in its last convolution's epilogue, where the block has no skip convolution.
+    let conv_onto_relu = |x: Span, weight: TensorName, bias: TensorName, y: Span, shape| Op::Conv2d { x, w: weight, bias, y, shape, residual: true, relu: true };
     let (x, t1, t2) = (l.x, l.t1, l.t2);
     for stage in &cfg.stages {
         let pixels = h * w;
@@ -504,14 +506,14 @@ pub fn decode(l: &TinyDecoderLayout, mut emit: impl FnMut(Op)) {
                 }
                 emit(conv_relu(x, name(format_args!("{p}{m}.conv.0.weight")), name(format_args!("{p}{m}.conv.0.bias")), t1, same(i, o, h, w, 3)));
                 emit(conv_relu(t1, name(format_args!("{p}{m}.conv.2.weight")), name(format_args!("{p}{m}.conv.2.bias")), t2, same(o, o, h, w, 3)));
-                emit(conv(t2, name(format_args!("{p}{m}.conv.4.weight")), name(format_args!("{p}{m}.conv.4.bias")), t1, same(o, o, h, w, 3)));
-                let residual = if skip {
-                    emit(conv(x, name(format_args!("{p}{m}.skip.weight")), name(format_args!("{p}{m}.skip.bias")), t2, same(i, o, h, w, 1)));
-                    t2
-                } else {
-                    x
-                };
-                emit(Op::Add { a: rows(t1, pixels), b: rows(residual, pixels), dst: rows(x, pixels), rows: o, cols: pixels, relu: true });
+                let (w4, b4) = (name(format_args!("{p}{m}.conv.4.weight")), name(format_args!("{p}{m}.conv.4.bias")));
+                if !skip {
+                    emit(conv_onto_relu(t2, w4, b4, x, same(o, o, h, w, 3)));
+                    continue;
+                }
+                emit(conv(t2, w4, b4, t1, same(o, o, h, w, 3)));
+                emit(conv(x, name(format_args!("{p}{m}.skip.weight")), name(format_args!("{p}{m}.skip.bias")), t2, same(i, o, h, w, 1)));
+                emit(Op::Add { a: rows(t1, pixels), b: rows(t2, pixels), dst: rows(x, pixels), rows: o, cols: pixels, relu: true });
             }
             Stage::Upsample { module: m, channels_in: i, out: o } => {
                 emit(Op::UpsampleNearest2x { x, y: t1, channels: i, height: h, width: w });

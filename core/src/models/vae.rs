@@ -221,7 +221,16 @@ pub(crate) fn conv(x: Span, prefix: &str, y: Span, shape: ConvShape) -> Op {
         bias: name(format_args!("{prefix}.bias")),
         y,
         shape,
+        residual: false,
         relu: false,
+    }
+}
+
+/// [`conv`], its output added onto `y`'s values (a residual sum in its epilogue).
+pub(crate) fn conv_onto(x: Span, prefix: &str, y: Span, shape: ConvShape) -> Op {
+    match conv(x, prefix, y, shape) {
+        Op::Conv2d { x, w, bias, y, shape, relu, .. } => Op::Conv2d { x, w, bias, y, shape, residual: true, relu },
+        other => other,
     }
 }
 
@@ -296,19 +305,19 @@ pub fn input(l: &VaeLayout, mut emit: impl FnMut(Op)) {
 }
 
 /// `ResnetBlock2D` on the stream in `a`: `a = shortcut(a) + conv2(SiLU(GN2(conv1(SiLU(GN1(a))))))`.
+/// Without a shortcut convolution, conv2 adds onto `a` in its epilogue.
 pub(crate) fn resnet(l: &Stream, p: &str, cin: u64, cout: u64, h: u64, w: u64, emit: &mut impl FnMut(Op)) {
     let pixels = h * w;
     emit(group_norm(l, l.a, l.b, &prefix(format_args!("{p}.norm1")), cin, pixels, true));
     emit(conv(l.b, &prefix(format_args!("{p}.conv1")), l.c, same(cin, cout, h, w, 3)));
     emit(group_norm(l, l.c, l.b, &prefix(format_args!("{p}.norm2")), cout, pixels, true));
+    if cin == cout {
+        emit(conv_onto(l.b, &prefix(format_args!("{p}.conv2")), l.a, same(cout, cout, h, w, 3)));
+        return;
+    }
     emit(conv(l.b, &prefix(format_args!("{p}.conv2")), l.c, same(cout, cout, h, w, 3)));
-    let residual = if cin != cout {
-        emit(conv(l.a, &prefix(format_args!("{p}.conv_shortcut")), l.b, same(cin, cout, h, w, 1)));
-        l.b
-    } else {
-        l.a
-    };
-    emit(Op::Add { a: rows(residual, pixels), b: rows(l.c, pixels), dst: rows(l.a, pixels), rows: cout, cols: pixels, relu: false });
+    emit(conv(l.a, &prefix(format_args!("{p}.conv_shortcut")), l.b, same(cin, cout, h, w, 1)));
+    emit(Op::Add { a: rows(l.b, pixels), b: rows(l.c, pixels), dst: rows(l.a, pixels), rows: cout, cols: pixels, relu: false });
 }
 
 /// The mid-block attention `p` on the stream in `a`: one head as wide as

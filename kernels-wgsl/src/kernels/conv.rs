@@ -136,20 +136,35 @@ pub const UPSAMPLE_NEAREST2X: Kernel =
 /// tensors, split over output channels when the output or weights are large.
 /// On the matrix tier it runs on cooperative-matrix tiles.
 pub fn conv2d(gpu: &Gpu, sink: &mut dyn Sink, x: Mat<'_>, w: Weight<'_>, bias: Weight<'_>, y: Mat<'_>, s: ConvShape) -> Result<(), GpuError> {
-    conv2d_then(gpu, sink, x, w, bias, y, s, false)
+    conv2d_then(gpu, sink, x, w, bias, y, s, ConvEpilogue::default())
 }
 
-/// [`conv2d`], with a ReLU on each output value where `relu` (in the
-/// kernel's epilogue: the values of a ReLU pass after it, one pass fewer).
-#[allow(clippy::too_many_arguments)] // conv2d's operands and the ReLU
-pub fn conv2d_then(gpu: &Gpu, sink: &mut dyn Sink, x: Mat<'_>, w: Weight<'_>, bias: Weight<'_>, y: Mat<'_>, s: ConvShape, relu: bool) -> Result<(), GpuError> {
+/// What a convolution's epilogue does to each sum after its bias, in the
+/// order of the passes it replaces: y's value added (`residual`: the bits
+/// of an add pass after it), then a ReLU (`relu`: those of a ReLU pass).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ConvEpilogue {
+    pub residual: bool,
+    pub relu: bool,
+}
+
+impl ConvEpilogue {
+    /// The kernels' override constants for it.
+    fn constants(self) -> [(&'static str, u32); 2] {
+        [("RESIDUAL", self.residual as u32), ("RELU", self.relu as u32)]
+    }
+}
+
+/// [`conv2d`], with its epilogue `then` (y's values added, a ReLU).
+#[allow(clippy::too_many_arguments)] // conv2d's operands and the epilogue
+pub fn conv2d_then(gpu: &Gpu, sink: &mut dyn Sink, x: Mat<'_>, w: Weight<'_>, bias: Weight<'_>, y: Mat<'_>, s: ConvShape, then: ConvEpilogue) -> Result<(), GpuError> {
     if w.dtype != bias.dtype {
         return Err(GpuError::UnsupportedShape("conv weight and bias must share a dtype".into()));
     }
     let in_elems = (s.in_channels * s.height * s.width) as u64;
     let xw = window(gpu, x.buf, 4, x.offset..x.offset + in_elems, "conv input")?;
     if let Some(c) = gpu.matrix() {
-        return conv2d_matrix(gpu, sink, &xw, w, bias, y, s, c, RANGE_SCALES_ROWS, relu);
+        return conv2d_matrix(gpu, sink, &xw, w, bias, y, s, c, RANGE_SCALES_ROWS, then);
     }
     let plane = (s.out_height * s.out_width) as u64;
     let per_out = (s.in_channels * s.kernel * s.kernel) as u64;
@@ -164,12 +179,14 @@ pub fn conv2d_then(gpu: &Gpu, sink: &mut dyn Sink, x: Mat<'_>, w: Weight<'_>, bi
         let thin = f32_tier && out_channels <= THIN_MAX;
         let wide = f32_tier && out_channels <= WIDE_MAX;
         let [tile_co, tile_px] = if wide { WIDE_TILE } else { GEMM_TILE.map(u64::from) };
-        let (kernel, constants) = match gpu.precision() {
-            _ if thin => (&CONV2D_THIN, [("WEIGHT_BF16", w.dtype.constant()), ("THIN_OC", out_channels as u32), ("RELU", relu as u32)]),
-            Precision::F16 => (&CONV2D_HALF, [("WEIGHT_BF16", w.dtype.constant()), ("W_PAIRED", paired as u32), ("RELU", relu as u32)]),
-            _ if wide => (&CONV2D_WIDE, [("WEIGHT_BF16", w.dtype.constant()), ("W_PAIRED", paired as u32), ("RELU", relu as u32)]),
-            _ => (&CONV2D, [("WEIGHT_BF16", w.dtype.constant()), ("W_PAIRED", paired as u32), ("RELU", relu as u32)]),
+        let (kernel, shaped) = match gpu.precision() {
+            _ if thin => (&CONV2D_THIN, ("THIN_OC", out_channels as u32)),
+            Precision::F16 => (&CONV2D_HALF, ("W_PAIRED", paired as u32)),
+            _ if wide => (&CONV2D_WIDE, ("W_PAIRED", paired as u32)),
+            _ => (&CONV2D, ("W_PAIRED", paired as u32)),
         };
+        let [residual, relu] = then.constants();
+        let constants = [("WEIGHT_BF16", w.dtype.constant()), shaped, residual, relu];
         let params = ConvParams::of(&s, out_channels, [xw.local, ww.local, bw.local, yw.local]);
         let grid = match thin {
             true => grid64(plane),
@@ -177,7 +194,7 @@ pub fn conv2d_then(gpu: &Gpu, sink: &mut dyn Sink, x: Mat<'_>, w: Weight<'_>, bi
         };
         if let Some((module, grid)) = lanes_launch(gpu, &s, f32_tier, out_channels, xw.local, ww.local, w.dtype.constant() == 1) {
             let kernel = Kernel { module, ..CONV2D_LANES };
-            let launch = Launch { kernel: &kernel, constants: &[("WEIGHT_BF16", w.dtype.constant()), ("RELU", relu as u32)], params, grid };
+            let launch = Launch { kernel: &kernel, constants: &[("WEIGHT_BF16", w.dtype.constant()), residual, relu], params, grid };
             dispatch(gpu, sink, launch, &[(3, &bw), (4, &yw), (6, &xw), (7, &ww)]);
             continue;
         }
@@ -204,7 +221,7 @@ fn output_rows<'a>(s: &ConvShape, w: Weight<'a>, bias: Weight<'a>, y: Mat<'a>) -
 /// pixels' run scales before its product. W's row scales are those it
 /// keeps ([`Weight::scales`]) where it has them for these taps.
 #[allow(clippy::too_many_arguments)] // conv2d's operands, the tier's tiles, the pieces' cap and the ReLU
-fn conv2d_matrix(gpu: &Gpu, sink: &mut dyn Sink, xw: &Window<'_>, w: Weight<'_>, bias: Weight<'_>, y: Mat<'_>, s: ConvShape, c: MatrixConfig, runs_cap: u64, relu: bool) -> Result<(), GpuError> {
+fn conv2d_matrix(gpu: &Gpu, sink: &mut dyn Sink, xw: &Window<'_>, w: Weight<'_>, bias: Weight<'_>, y: Mat<'_>, s: ConvShape, c: MatrixConfig, runs_cap: u64, then: ConvEpilogue) -> Result<(), GpuError> {
     let plane = (s.out_height * s.out_width) as u64;
     let taps = (s.in_channels * s.kernel * s.kernel) as u64;
     let [y_rows, w_rows, b_rows] = output_rows(&s, w, bias, y);
@@ -219,7 +236,8 @@ fn conv2d_matrix(gpu: &Gpu, sink: &mut dyn Sink, xw: &Window<'_>, w: Weight<'_>,
         let (yw, ww, bw) = (y_rows.window(gpu, &rows)?, w_rows.window(gpu, &rows)?, b_rows.window(gpu, &rows)?);
         let out_channels = rows.end - rows.start;
         let paired = matrix_b_paired(c, w.dtype, ww.local, taps);
-        let constants = [("WEIGHT_BF16", w.dtype.constant()), ("WG", wg), ("B_PAIRED", paired as u32), ("KERNEL", kernel_size), ("OUT_WIDTH", out_width), ("RELU", relu as u32)];
+        let [residual, relu] = then.constants();
+        let constants = [("WEIGHT_BF16", w.dtype.constant()), ("WG", wg), ("B_PAIRED", paired as u32), ("KERNEL", kernel_size), ("OUT_WIDTH", out_width), residual, relu];
         let most_runs = plane.div_ceil(block).min(runs_cap);
         let scales = gpu.range_scales(out_channels + most_runs)?;
         let stored = w.scales.filter(|s| s.k == taps);
@@ -298,11 +316,17 @@ mod tests {
 
     /// `y`'s bits after [`conv2d`] of seeded x, W (bf16 or f32) and bias on `gpu`.
     fn conv_bits(gpu: &Gpu, s: ConvShape, seed: u64, bf16: bool) -> Vec<u32> {
-        conv_bits_then(gpu, s, seed, bf16, false)
+        conv_bits_then(gpu, s, seed, bf16, ConvEpilogue::default())
     }
 
-    /// [`conv_bits`] with the ReLU in the kernel where `relu`.
-    fn conv_bits_then(gpu: &Gpu, s: ConvShape, seed: u64, bf16: bool, relu: bool) -> Vec<u32> {
+    /// The values a residual convolution of `s` finds in its output ([`conv_bits_then`]).
+    fn residual_values(s: ConvShape, seed: u64) -> Vec<f32> {
+        Rng::new(seed + 1000).normals(s.out_channels * s.out_height * s.out_width, 1.0)
+    }
+
+    /// [`conv_bits`] with the epilogue `then` in the kernel; a residual one
+    /// adds onto [`residual_values`].
+    fn conv_bits_then(gpu: &Gpu, s: ConvShape, seed: u64, bf16: bool, then: ConvEpilogue) -> Vec<u32> {
         let mut rng = Rng::new(seed);
         let x = rng.normals(s.in_channels * s.height * s.width, 1.0);
         let taps = s.out_channels * s.in_channels * s.kernel * s.kernel;
@@ -311,22 +335,23 @@ mod tests {
         let (wb, bb) = if bf16 { (gpu.upload_bf16("w", &wbits), gpu.upload_bf16("b", &bbits)) } else { (gpu.upload_f32("w", &wf), gpu.upload_f32("b", &bf)) };
         let weight = |buf| if bf16 { Weight::bf16(buf) } else { Weight::f32(buf) };
         let out = s.out_channels * s.out_height * s.out_width;
-        let yb = poisoned(gpu, out);
+        let yb = if then.residual { gpu.upload_f32("y", &residual_values(s, seed)) } else { poisoned(gpu, out) };
         let got = run_and_read(gpu, &yb, out, |enc| {
-            conv2d_then(gpu, enc, Mat::new(&xb, (s.height * s.width) as u64), weight(&wb), weight(&bb), Mat::new(&yb, (s.out_height * s.out_width) as u64), s, relu)
+            conv2d_then(gpu, enc, Mat::new(&xb, (s.height * s.width) as u64), weight(&wb), weight(&bb), Mat::new(&yb, (s.out_height * s.out_width) as u64), s, then)
         });
         got.iter().map(|v| v.to_bits()).collect()
     }
 
     /// Shapes the lanes kernel takes: 3×3 and 1×1, input channels in steps
     /// of 8, widths of whole vec4s. The wide shape (more than 16 output
-    /// channels): widths ending inside a block of 8 pixels (20), output
+    /// channels): widths of one block of 16 pixels or less (16, 12, 8),
+    /// ending inside the second block (20) or the third (36), output
     /// channels past a workgroup's 32 (40, 72) and below it (17, 33). The
     /// thin one (3, 16): rows wider than its 32 pixels, ending inside a block.
     /// Bands of a banded decode (`ConvShape::input_rows`): the first (the
     /// top row padding), a middle one (a halo row either side) and the last
     /// (the rows past the input zero), wide and thin.
-    fn lanes_shapes() -> [ConvShape; 11] {
+    fn lanes_shapes() -> [ConvShape; 12] {
         let band = |s: ConvShape, height: usize, out_height: usize, pad_top: usize| ConvShape { height, out_height, pad_top, ..s };
         [
             band(ConvShape::same(16, 40, 0, 16, 3), 6, 5, 1),
@@ -335,6 +360,7 @@ mod tests {
             band(ConvShape::same(16, 3, 0, 36, 3), 5, 3, 0),
             ConvShape::same(16, 40, 12, 16, 3),
             ConvShape::same(32, 72, 7, 20, 3),
+            ConvShape::same(16, 40, 3, 36, 3),
             ConvShape::same(8, 17, 5, 8, 1),
             ConvShape::same(24, 33, 9, 12, 1),
             ConvShape::same(16, 3, 9, 36, 3),
@@ -464,7 +490,7 @@ mod tests {
             let yb = poisoned(&gpu, n_out);
             run_and_read(&gpu, &yb, n_out, |enc| {
                 let xw = window(&gpu, &xb, 4, 0..x.len() as u64, "x")?;
-                conv2d_matrix(&gpu, enc, &xw, Weight::bf16(&wb), Weight::bf16(&bb), Mat::new(&yb, 0), s, c, cap, false)
+                conv2d_matrix(&gpu, enc, &xw, Weight::bf16(&wb), Weight::bf16(&bb), Mat::new(&yb, 0), s, c, cap, ConvEpilogue::default())
             })
         };
         let (whole, pieces) = (run(RANGE_SCALES_ROWS), run(1));
@@ -504,7 +530,7 @@ mod tests {
             let yb = poisoned(&gpu, n_out);
             let xw = window(&gpu, &xb, 4, 0..x.len() as u64, "x").unwrap();
             let mut recorded: Vec<crate::Dispatch> = Vec::new();
-            conv2d_matrix(&gpu, &mut recorded, &xw, weight, Weight::bf16(&bb), Mat::new(&yb, 0), s, c, cap, false).unwrap();
+            conv2d_matrix(&gpu, &mut recorded, &xw, weight, Weight::bf16(&bb), Mat::new(&yb, 0), s, c, cap, ConvEpilogue::default()).unwrap();
             let got = run_and_read(&gpu, &yb, n_out, |enc| {
                 crate::encode(enc, &recorded);
                 Ok(())
@@ -530,10 +556,35 @@ mod tests {
         let check = |g: &Gpu| {
             for (i, s) in shapes.into_iter().enumerate() {
                 let plain = conv_bits(g, s, 90 + i as u64, true);
-                let fused = conv_bits_then(g, s, 90 + i as u64, true, true);
+                let fused = conv_bits_then(g, s, 90 + i as u64, true, ConvEpilogue { residual: false, relu: true });
                 let want: Vec<u32> = plain.iter().map(|&b| f32::from_bits(b).max(0.0).to_bits()).collect();
                 assert!(plain.iter().any(|&b| f32::from_bits(b) < 0.0), "{s:?}: no negative output to clip");
                 assert_eq!(fused, want, "{s:?} on {}: the fused ReLU differs from relu of the output", g.describe());
+            }
+        };
+        each_kernel_shape(gpu(), crate::testing::options(), check);
+        for tier in [half_gpu(), matrix_gpu()].into_iter().flatten() {
+            check(&tier);
+        }
+    }
+
+    /// A convolution with a residual in its epilogue stores its plain
+    /// output plus the values it found in y (one f32 addition, as an add
+    /// pass after it), then the ReLU where asked, bit for bit, on every
+    /// kernel as above.
+    #[test]
+    fn a_residual_convolution_adds_its_output_onto_ys_values() {
+        let shapes = [ConvShape::same(16, 40, 12, 16, 3), ConvShape::same(16, 3, 9, 36, 3), ConvShape::same(8, 130, 5, 7, 3), ConvShape::same(8, 20, 9, 12, 1)];
+        let check = |g: &Gpu| {
+            for (i, s) in shapes.into_iter().enumerate() {
+                let seed = 95 + i as u64;
+                let plain = conv_bits(g, s, seed, true);
+                let sums: Vec<f32> = plain.iter().zip(residual_values(s, seed)).map(|(&b, r)| f32::from_bits(b) + r).collect();
+                for relu in [false, true] {
+                    let fused = conv_bits_then(g, s, seed, true, ConvEpilogue { residual: true, relu });
+                    let want: Vec<u32> = sums.iter().map(|&v| if relu { v.max(0.0) } else { v }.to_bits()).collect();
+                    assert_eq!(fused, want, "{s:?} on {}, relu {relu}: the fused sum differs from the output plus y", g.describe());
+                }
             }
         };
         each_kernel_shape(gpu(), crate::testing::options(), check);

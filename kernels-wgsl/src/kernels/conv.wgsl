@@ -79,7 +79,7 @@ fn conv2d(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) w
             for (var j = 0u; j < 4u; j++) {
                 let px = tile_col(lid, px0, h, j);
                 if (px < plane) {
-                    y[p.y_offset + co * plane + px] = conv_output(tile_value(acc, lid, i, h, j) + bv);
+                    store_output(p.y_offset + co * plane + px, tile_value(acc, lid, i, h, j) + bv);
                 }
             }
         }
@@ -125,7 +125,7 @@ fn conv2d_thin(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workg
     }
     for (var co = 0u; co < THIN_OC; co++) {
         if (co < p.out_channels) {
-            y[p.y_offset + co * plane + px] = conv_output(acc[co] + bias(p.b_offset + co));
+            store_output(p.y_offset + co * plane + px, acc[co] + bias(p.b_offset + co));
         }
     }
 }

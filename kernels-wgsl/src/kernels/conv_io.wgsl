@@ -16,13 +16,22 @@ struct Params {
 
 @group(0) @binding(0) var<uniform> p: Params;
 
-// ReLU after the bias where set (a convolution whose next step is a ReLU):
-// relu's max on the same value, so the bits of the two passes.
+// y's value added to the sum with its bias where set (a residual block's
+// sum in the convolution that ends it: the add pass's one f32 addition on
+// the same two values, so its bits).
+override RESIDUAL: bool = false;
+// ReLU after the bias (and the residual) where set (a convolution whose
+// next step is a ReLU): relu's max on the same value, so the bits of the two passes.
 override RELU: bool = false;
 
-// An output value as stored: the sum with its bias, ReLU'd where RELU.
-fn conv_output(value: f32) -> f32 {
-    return select(value, max(value, 0.0), RELU);
+// Stores an output value at y[at]: the sum with its bias, y's value there
+// added where RESIDUAL, ReLU'd where RELU.
+fn store_output(at: u32, value: f32) {
+    var v = value;
+    if (RESIDUAL) {
+        v = v + y[at];
+    }
+    y[at] = select(v, max(v, 0.0), RELU);
 }
 
 fn taps() -> u32 {

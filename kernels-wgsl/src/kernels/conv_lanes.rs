@@ -26,8 +26,10 @@ pub struct Shape {
     pub pixels: u32,
 }
 
-/// For most convolutions: 4 channels a lane, 8 pixels.
-pub const WIDE: Shape = Shape { cols: 4, pixels: 8 };
+/// For most convolutions: 4 channels a lane, 16 pixels (each weight vec4 a
+/// lane loads serves 16 pixels: on lavapipe 1.35–1.6× the 8 pixels of
+/// before, docs/performance.md).
+pub const WIDE: Shape = Shape { cols: 4, pixels: 16 };
 /// For at most [`super::conv::THIN_MAX`] output channels (an RGB
 /// `conv_out`): one channel a lane, 32 pixels, so a patch serves four times
 /// the pixels where most lanes' channels are past the output's.
@@ -138,7 +140,7 @@ pub fn source(lanes: u32, kernel: u32, shape: Shape) -> String {
         emit!(s, "{ind}if (live && oc{c} < p.out_channels) {{");
         emit!(s, "{ind}    let b{c} = bias(p.b_offset + oc{c});");
         for r in 0..pixels {
-            emit!(s, "{ind}    if (ox0 + {r}u < p.width) {{ y[p.y_offset + oc{c} * plane + oy * p.width + ox0 + {r}u] = conv_output(acc{r}_{c} + b{c}); }}");
+            emit!(s, "{ind}    if (ox0 + {r}u < p.width) {{ store_output(p.y_offset + oc{c} * plane + oy * p.width + ox0 + {r}u, acc{r}_{c} + b{c}); }}");
         }
         emit!(s, "{ind}}}");
     }

@@ -89,10 +89,10 @@ fn b_scale(col: u32) -> f32 {
     return w_scales[p.w_scales + col];
 }
 
-// y[channel c, pixel r] = value + b[c] (ReLU'd where RELU), inside the call's pixels and channels only.
+// y[channel c, pixel r] = value + b[c] (y's value added where RESIDUAL, ReLU'd where RELU), inside the call's pixels and channels only.
 fn block_value_out(r: u32, c: u32, value: f32) {
     if (r < p.px_count && c < p.out_channels) {
-        y[p.y_offset + c * p.out_height * p.out_width + p.px_first + r] = conv_output(value + bias(p.b_offset + c));
+        store_output(p.y_offset + c * p.out_height * p.out_width + p.px_first + r, value + bias(p.b_offset + c));
     }
 }
 

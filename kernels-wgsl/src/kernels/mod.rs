@@ -21,7 +21,7 @@ pub mod vae;
 // Each family's launchers and shapes, callable as `kernels::linear(..)`.
 pub use attention::{attention, attention_half_kv, half_pack, Attention, HalfKvScales, Qkv, ATTENTION_MATRIX_MAX_HEAD_DIM, ATTENTION_MAX_HEAD_DIM, ATTENTION_QUERIES_PER_GROUP};
 pub use bench::{copy_peak, fma_peak, matrix_peak, FMA_PEAK_FMAS_PER_ITERATION, MATRIX_PEAK_CHAINS};
-pub use conv::{conv2d, conv2d_then, upsample_nearest2x};
+pub use conv::{conv2d, conv2d_then, upsample_nearest2x, ConvEpilogue};
 pub use df11::{df11_clear, df11_decode, df11_decode_blocks, Df11Arrays, DF11_BLOCK_BYTES};
 pub use elementwise::{elementwise, transpose, Elementwise};
 pub use ggml::ggml_expand;

@@ -159,9 +159,10 @@ impl Runner {
             Op::Copy { src, dst, rows, cols } => {
                 kernels::elementwise(gpu, sink, Elementwise::Copy, self.mat(*src), None, self.mat(*dst), [*rows, *cols])
             }
-            Op::Conv2d { x, w, bias, y, shape, relu } => {
+            Op::Conv2d { x, w, bias, y, shape, residual, relu } => {
                 let (w, bias) = (weights.get(w)?.view(), weights.get(bias)?.view());
-                kernels::conv2d_then(gpu, sink, self.mat(*x), w, bias, self.mat(*y), *shape, *relu)
+                let then = kernels::ConvEpilogue { residual: *residual, relu: *relu };
+                kernels::conv2d_then(gpu, sink, self.mat(*x), w, bias, self.mat(*y), *shape, then)
             }
             Op::GroupNorm { src, dst, gamma, beta, channels, pixels, groups, eps, silu } => {
                 let g = kernels::Groups { channels: *channels, pixels: *pixels, groups: *groups };

@@ -64,7 +64,7 @@ impl BandRunner<'_> {
                 let stats = LatentStats { mean, var, eps: *eps };
                 self.denorm_unpatchify(store, *packed, *latent, stats, [*channels, *height, *width])
             }
-            Op::Conv2d { x, w, bias, y, shape, relu } => self.conv(store, *x, w, bias, *y, *shape, *relu),
+            &Op::Conv2d { x, ref w, ref bias, y, shape, residual, relu } => self.conv(store, [x, y], [w, bias], shape, [residual, relu]),
             Op::GroupNorm { src, dst, gamma, beta, channels, pixels, groups, eps, silu } => {
                 let g = Norm { gamma, beta, channels: *channels, pixels: *pixels, groups: *groups, eps: *eps, silu: *silu };
                 self.group_norm(store, *src, *dst, g)
@@ -155,9 +155,9 @@ impl BandRunner<'_> {
 
     /// A convolution by bands of output rows, each reading the input rows
     /// its kernel covers (a halo from the neighbouring bands; zeros only at
-    /// the image border): stride 1 "same" and the encoder's stride-2 downsampling alike.
-    #[allow(clippy::too_many_arguments)] // the convolution's operands and its ReLU
-    fn conv(&self, store: &mut dyn Activations, x: Span, w: &TensorName, bias: &TensorName, y: Span, s: ConvShape, relu: bool) -> Result<(), RunError> {
+    /// the image border): stride 1 "same" and the encoder's stride-2
+    /// downsampling alike. A residual one adds onto its output band's values.
+    fn conv(&self, store: &mut dyn Activations, [x, y]: [Span; 2], [w, bias]: [&TensorName; 2], s: ConvShape, [residual, relu]: [bool; 2]) -> Result<(), RunError> {
         if x.offset == y.offset {
             return Err(RunError::Internal(format!("the banded VAE only runs out-of-place convolutions, not {s:?} in place")));
         }
@@ -171,10 +171,14 @@ impl BandRunner<'_> {
             let input = Window::columns(cin, h * wd, g0 * wd, g1 * wd);
             let mut arena = self.operands();
             let (xs, ys) = (arena.take(input.values())?, arena.take(cout * (y1 - y0) * out_w)?);
+            let output = Window::columns(cout, out_h * out_w, y0 * out_w, y1 * out_w);
             self.fetch(store, x, input, xs)?;
+            if residual {
+                self.fetch(store, y, output, ys)?;
+            }
             let shape = ConvShape { height: (g1 - g0) as usize, pad_top, out_height: (y1 - y0) as usize, ..s };
-            self.exec(Op::Conv2d { x: xs, w: w.clone(), bias: bias.clone(), y: ys, shape, relu })?;
-            self.put(store, ys, y, Window::columns(cout, out_h * out_w, y0 * out_w, y1 * out_w))?;
+            self.exec(Op::Conv2d { x: xs, w: w.clone(), bias: bias.clone(), y: ys, shape, residual, relu })?;
+            self.put(store, ys, y, output)?;
         }
         Ok(())
     }
