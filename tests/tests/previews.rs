@@ -208,28 +208,35 @@ impl flux_lite_platform::Observer for Kept {
     }
 }
 
-/// A run whose VAE tile bands the preview decoder draws the previews the
-/// whole decoder draws, a level apart at most (the global norm's
-/// statistics are summed in another order).
+/// A run whose VAE tile bands the preview decoder (activations on the
+/// host), and one on an adapter whose bindings cannot hold it whole (bands
+/// with the activations on the device), draw the previews the whole
+/// decoder draws, a level apart at most (the global norm's statistics are
+/// summed in another order).
 #[test]
 fn banded_previews_draw_what_whole_ones_draw() {
-    use flux_lite_platform::{Job, Limits, Options, Pipeline, Prompt};
+    use flux_lite_platform::{GpuOptions, Job, Limits, Options, Pipeline, Prompt};
     let decoder = test_vectors().join("goldens/tiny_decoder/taesd.safetensors");
-    let pipeline = Pipeline::open(&model_dir("tiny-a"), Options { preview_decoder: Some(decoder), ..Options::default() }).unwrap();
-    let run = |vae_tile: Option<usize>| {
+    let open = |gpu: GpuOptions| Pipeline::open(&model_dir("tiny-a"), Options { preview_decoder: Some(decoder.clone()), gpu, ..Options::default() }).unwrap();
+    let run = |pipeline: &Pipeline, vae_tile: Option<usize>| {
         let job = Job { width: Some(64), height: Some(48), steps: Some(2), seed: Some(3), vae_tile, ..Job::new(Prompt::Text("a fox".into())) };
         let job = job.resolve(pipeline.model(), &Limits::default()).unwrap();
-        let tile = pipeline.plan(&job).unwrap().preview.and_then(|p| p.tile);
+        let layout = pipeline.plan(&job).unwrap().preview.map(|p| (p.tile, p.on_device));
         let mut kept = Kept { images: Vec::new() };
         pipeline.run(&job, &mut kept, &mut |_| Ok(())).unwrap();
-        (tile, kept.images)
+        (layout, kept.images)
     };
-    let (whole, banded) = (run(None), run(Some(16)));
-    assert_eq!((whole.0, banded.0), (None, Some(16)));
-    assert_eq!((whole.1.len(), banded.1.len()), (2, 2));
-    for (a, b) in whole.1.iter().zip(&banded.1) {
-        assert_eq!(a.len(), 64 * 48 * 3);
-        let worst = a.iter().zip(b).map(|(x, y)| x.abs_diff(*y)).max().unwrap();
-        assert!(worst <= 1, "a banded preview's level is {worst} off the whole one's");
+    let roomy = open(flux_lite_kernels::test_devices::options());
+    // 64×48: the 16-channel activations at full size take 192 KiB.
+    let narrow = open(GpuOptions { max_storage_binding: Some(128 * 1024), ..flux_lite_kernels::test_devices::options() });
+    let (whole, on_host, on_device) = (run(&roomy, None), run(&roomy, Some(16)), run(&narrow, None));
+    assert_eq!((whole.0, on_host.0, on_device.0), (Some((None, true)), Some((Some(16), false)), Some((Some(64), true))));
+    for (label, banded) in [("on the host", &on_host.1), ("on the device", &on_device.1)] {
+        assert_eq!((whole.1.len(), banded.len()), (2, 2));
+        for (a, b) in whole.1.iter().zip(banded) {
+            assert_eq!(a.len(), 64 * 48 * 3);
+            let worst = a.iter().zip(b).map(|(x, y)| x.abs_diff(*y)).max().unwrap();
+            assert!(worst <= 1, "a preview banded {label} is {worst} levels off the whole one's");
+        }
     }
 }
