@@ -27,7 +27,7 @@ pub enum Module {
     /// CPU adapters' conv2d (`kernel`×`kernel`, stride 1, same size) with
     /// each input patch read by a subgroup of `lanes` together and
     /// broadcast (`conv_lanes.rs` writes it out).
-    ConvLanes { lanes: u8, kernel: u8, thin: bool },
+    ConvLanes { lanes: u8, kernel: u8, thin: bool, long: bool },
     Elementwise,
     Conv,
     /// conv2d on 64×256 tiles (at most 64 output channels).
@@ -74,7 +74,7 @@ pub enum Module {
 }
 
 impl Module {
-    pub const ALL: [Module; 48] = [
+    pub const ALL: [Module; 50] = [
         Module::Linear,
         Module::RangeScales,
         Module::Norm,
@@ -91,12 +91,14 @@ impl Module {
         Module::LinearLanes { lanes: 4 },
         Module::LinearLanes { lanes: 8 },
         Module::LinearLanes { lanes: 16 },
-        Module::ConvLanes { lanes: 8, kernel: 3, thin: false },
-        Module::ConvLanes { lanes: 8, kernel: 1, thin: false },
-        Module::ConvLanes { lanes: 4, kernel: 3, thin: false },
-        Module::ConvLanes { lanes: 16, kernel: 3, thin: false },
-        Module::ConvLanes { lanes: 8, kernel: 3, thin: true },
-        Module::ConvLanes { lanes: 8, kernel: 1, thin: true },
+        Module::ConvLanes { lanes: 8, kernel: 3, thin: false, long: false },
+        Module::ConvLanes { lanes: 8, kernel: 1, thin: false, long: false },
+        Module::ConvLanes { lanes: 4, kernel: 3, thin: false, long: false },
+        Module::ConvLanes { lanes: 16, kernel: 3, thin: false, long: false },
+        Module::ConvLanes { lanes: 8, kernel: 3, thin: false, long: true },
+        Module::ConvLanes { lanes: 8, kernel: 1, thin: false, long: true },
+        Module::ConvLanes { lanes: 8, kernel: 3, thin: true, long: false },
+        Module::ConvLanes { lanes: 8, kernel: 1, thin: true, long: false },
         Module::Elementwise,
         Module::Conv,
         Module::ConvWide,
@@ -330,9 +332,11 @@ impl Module {
                 let shared = with_common!("product_io.wgsl", "linear_io.wgsl");
                 return format!("{shared}\n{}", crate::kernels::linear_lanes::source(lanes as u32)).into();
             }
-            Module::ConvLanes { lanes, kernel, thin } => {
+            Module::ConvLanes { lanes, kernel, thin, long } => {
+                use crate::kernels::conv_lanes::{LONG, THIN, WIDE};
                 let shared = with_common!("product_io.wgsl", "conv_io.wgsl");
-                return format!("{shared}\n{}", crate::kernels::conv_lanes::source(lanes as u32, kernel as u32, if thin { crate::kernels::conv_lanes::THIN } else { crate::kernels::conv_lanes::WIDE })).into();
+                let shape = if thin { THIN } else if long { LONG } else { WIDE };
+                return format!("{shared}\n{}", crate::kernels::conv_lanes::source(lanes as u32, kernel as u32, shape)).into();
             }
             Module::Linear => with_gemm!(f32, "product_io.wgsl", "linear_io.wgsl", "linear.wgsl"),
             Module::LinearHalf => with_gemm!(f16, "product_io.wgsl", "linear_io.wgsl", "linear.wgsl"),

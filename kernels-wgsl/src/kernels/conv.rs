@@ -104,7 +104,7 @@ pub const THIN_MAX: u64 = 16;
 /// [`Gpu::cpu_lanes`] and the call's kernel where launched: x and W read
 /// as vec4s at bindings 6 and 7.
 pub const CONV2D_LANES: Kernel =
-    kernel(Module::ConvLanes { lanes: 8, kernel: 3, thin: false }, "conv2d_lanes", [64, 1, 1], &[(3, R), (4, RW), (6, RW), (7, R)], size_of::<ConvParams>(), true);
+    kernel(Module::ConvLanes { lanes: 8, kernel: 3, thin: false, long: false }, "conv2d_lanes", [64, 1, 1], &[(3, R), (4, RW), (6, RW), (7, R)], size_of::<ConvParams>(), true);
 
 /// [`CONV2D_LANES`]'s module and grid for this convolution on `gpu`, where
 /// it takes it: a CPU adapter with fixed subgroups, on the f32 tier
@@ -120,12 +120,13 @@ fn lanes_launch(gpu: &Gpu, s: &ConvShape, f32_tier: bool, out_channels: u64, x_l
     let same = s.stride == 1 && s.out_width == s.width && s.pad_left == pad && s.pad_top <= pad;
     let aligned = x_local.is_multiple_of(4) && s.width.is_multiple_of(4) && w_local.is_multiple_of(if bf16 { 8 } else { 4 });
     let thin = out_channels <= THIN_MAX;
-    let shape = if thin { conv_lanes::THIN } else { conv_lanes::WIDE };
+    let long = !thin && s.out_height * s.width >= conv_lanes::LONG_MIN_PIXELS;
+    let shape = if thin { conv_lanes::THIN } else if long { conv_lanes::LONG } else { conv_lanes::WIDE };
     let groups = ((s.out_height * s.width.div_ceil(shape.pixels as usize)) as u64).div_ceil(64 / lanes as u64);
     let shaped = matches!(s.kernel, 1 | 3) && s.in_channels.is_multiple_of(conv_lanes::CHANNELS as usize);
     let taken = f32_tier && same && aligned && shaped && groups <= crate::kernel::MAX_GRID_DIM as u64;
     let grid = [groups as u32, out_channels.div_ceil((lanes * shape.cols) as u64) as u32, 1];
-    taken.then_some((Module::ConvLanes { lanes: lanes as u8, kernel: s.kernel as u8, thin }, grid))
+    taken.then_some((Module::ConvLanes { lanes: lanes as u8, kernel: s.kernel as u8, thin, long }, grid))
 }
 
 pub const UPSAMPLE_NEAREST2X: Kernel =
@@ -344,14 +345,15 @@ mod tests {
 
     /// Shapes the lanes kernel takes: 3×3 and 1×1, input channels in steps
     /// of 8, widths of whole vec4s. The wide shape (more than 16 output
-    /// channels): widths of one block of 16 pixels or less (16, 12, 8),
-    /// ending inside the second block (20) or the third (36), output
-    /// channels past a workgroup's 32 (40, 72) and below it (17, 33). The
+    /// channels): widths ending inside a block of 8 pixels (20, 36),
+    /// output channels past a workgroup's 32 (40, 72) and below it (17,
+    /// 33); the long one (16 pixels a block, from 128² output pixels): a
+    /// width of one block and a half (24), 3×3 and 1×1, and a band. The
     /// thin one (3, 16): rows wider than its 32 pixels, ending inside a block.
     /// Bands of a banded decode (`ConvShape::input_rows`): the first (the
     /// top row padding), a middle one (a halo row either side) and the last
     /// (the rows past the input zero), wide and thin.
-    fn lanes_shapes() -> [ConvShape; 12] {
+    fn lanes_shapes() -> [ConvShape; 15] {
         let band = |s: ConvShape, height: usize, out_height: usize, pad_top: usize| ConvShape { height, out_height, pad_top, ..s };
         [
             band(ConvShape::same(16, 40, 0, 16, 3), 6, 5, 1),
@@ -366,6 +368,9 @@ mod tests {
             ConvShape::same(16, 3, 9, 36, 3),
             ConvShape::same(64, 16, 6, 40, 3),
             ConvShape::same(8, 3, 5, 44, 1),
+            ConvShape::same(8, 40, 683, 24, 3),
+            ConvShape::same(8, 20, 683, 24, 1),
+            band(ConvShape::same(8, 36, 0, 24, 3), 700, 683, 1),
         ]
     }
 
@@ -374,7 +379,9 @@ mod tests {
         let Some((lanes, tiled)) = lanes_and_per_lane("the lanes conv2d", "patches") else { return };
         for (i, s) in lanes_shapes().into_iter().enumerate() {
             // The lanes kernel takes each of them (a band too), not the tiled one.
-            assert!(lanes_launch(lanes, &s, true, s.out_channels as u64, 0, 0, true).is_some(), "conv {s:?} is not taken by the lanes kernel");
+            let taken = lanes_launch(lanes, &s, true, s.out_channels as u64, 0, 0, true);
+            let Some((Module::ConvLanes { long, .. }, _)) = taken else { panic!("conv {s:?} is not taken by the lanes kernel") };
+            assert_eq!(long, i >= 12, "conv {s:?}: the long shape is for 128² output pixels and more");
             check_conv(s, 60 + i as u64);
             for bf16 in [true, false] {
                 let (a, b) = (conv_bits(lanes, s, 70 + i as u64, bf16), conv_bits(&tiled, s, 70 + i as u64, bf16));

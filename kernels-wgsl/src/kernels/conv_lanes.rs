@@ -26,10 +26,15 @@ pub struct Shape {
     pub pixels: u32,
 }
 
-/// For most convolutions: 4 channels a lane, 16 pixels (each weight vec4 a
-/// lane loads serves 16 pixels: on lavapipe 1.35–1.6× the 8 pixels of
-/// before, docs/performance.md).
-pub const WIDE: Shape = Shape { cols: 4, pixels: 16 };
+/// For most convolutions of small images: 4 channels a lane, 8 pixels.
+pub const WIDE: Shape = Shape { cols: 4, pixels: 8 };
+/// For the same at [`LONG_MIN_PIXELS`] output pixels and more: 4 channels a
+/// lane, 16 pixels, so each weight vec4 a lane loads serves 16 pixels (on
+/// lavapipe 1.35–1.6× [`WIDE`], docs/performance.md). Its source is twice
+/// as long and compiles that much slower, so small images keep [`WIDE`].
+pub const LONG: Shape = Shape { cols: 4, pixels: 16 };
+/// Output pixels (of the call: a band's) from which [`LONG`] is taken.
+pub const LONG_MIN_PIXELS: usize = 128 * 128;
 /// For at most [`super::conv::THIN_MAX`] output channels (an RGB
 /// `conv_out`): one channel a lane, 32 pixels, so a patch serves four times
 /// the pixels where most lanes' channels are past the output's.
