@@ -333,10 +333,9 @@ impl Module {
                 return format!("{shared}\n{}", crate::kernels::linear_lanes::source(lanes as u32)).into();
             }
             Module::ConvLanes { lanes, kernel, thin, long } => {
-                use crate::kernels::conv_lanes::{LONG, THIN, WIDE};
+                use crate::kernels::conv_lanes::{shape, source};
                 let shared = with_common!("product_io.wgsl", "conv_io.wgsl");
-                let shape = if thin { THIN } else if long { LONG } else { WIDE };
-                return format!("{shared}\n{}", crate::kernels::conv_lanes::source(lanes as u32, kernel as u32, shape)).into();
+                return format!("{shared}\n{}", source(lanes as u32, kernel as u32, shape(thin, long))).into();
             }
             Module::Linear => with_gemm!(f32, "product_io.wgsl", "linear_io.wgsl", "linear.wgsl"),
             Module::LinearHalf => with_gemm!(f16, "product_io.wgsl", "linear_io.wgsl", "linear.wgsl"),

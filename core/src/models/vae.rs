@@ -215,23 +215,16 @@ pub(crate) fn rows(s: Span, cols: u64) -> Span {
 }
 
 pub(crate) fn conv(x: Span, prefix: &str, y: Span, shape: ConvShape) -> Op {
-    Op::Conv2d {
-        x,
-        w: name(format_args!("{prefix}.weight")),
-        bias: name(format_args!("{prefix}.bias")),
-        y,
-        shape,
-        residual: false,
-        relu: false,
-    }
+    conv_op(x, prefix, y, shape, false)
 }
 
 /// [`conv`], its output added onto `y`'s values (a residual sum in its epilogue).
 pub(crate) fn conv_onto(x: Span, prefix: &str, y: Span, shape: ConvShape) -> Op {
-    match conv(x, prefix, y, shape) {
-        Op::Conv2d { x, w, bias, y, shape, relu, .. } => Op::Conv2d { x, w, bias, y, shape, residual: true, relu },
-        other => other,
-    }
+    conv_op(x, prefix, y, shape, true)
+}
+
+fn conv_op(x: Span, prefix: &str, y: Span, shape: ConvShape, residual: bool) -> Op {
+    Op::Conv2d { x, w: name(format_args!("{prefix}.weight")), bias: name(format_args!("{prefix}.bias")), y, shape, residual, relu: false }
 }
 
 /// A "same" convolution at `h × w` (3×3 with padding 1, or 1×1).

@@ -121,7 +121,7 @@ fn lanes_launch(gpu: &Gpu, s: &ConvShape, f32_tier: bool, out_channels: u64, x_l
     let aligned = x_local.is_multiple_of(4) && s.width.is_multiple_of(4) && w_local.is_multiple_of(if bf16 { 8 } else { 4 });
     let thin = out_channels <= THIN_MAX;
     let long = !thin && s.out_height * s.width >= conv_lanes::LONG_MIN_PIXELS;
-    let shape = if thin { conv_lanes::THIN } else if long { conv_lanes::LONG } else { conv_lanes::WIDE };
+    let shape = conv_lanes::shape(thin, long);
     let groups = ((s.out_height * s.width.div_ceil(shape.pixels as usize)) as u64).div_ceil(64 / lanes as u64);
     let shaped = matches!(s.kernel, 1 | 3) && s.in_channels.is_multiple_of(conv_lanes::CHANNELS as usize);
     let taken = f32_tier && same && aligned && shaped && groups <= crate::kernel::MAX_GRID_DIM as u64;

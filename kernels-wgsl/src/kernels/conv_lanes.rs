@@ -35,6 +35,11 @@ pub const WIDE: Shape = Shape { cols: 4, pixels: 8 };
 pub const LONG: Shape = Shape { cols: 4, pixels: 16 };
 /// Output pixels (of the call: a band's) from which [`LONG`] is taken.
 pub const LONG_MIN_PIXELS: usize = 128 * 128;
+
+/// The shape of a module: [`THIN`] where `thin`, else [`LONG`] where `long`, else [`WIDE`].
+pub fn shape(thin: bool, long: bool) -> Shape {
+    if thin { THIN } else if long { LONG } else { WIDE }
+}
 /// For at most [`super::conv::THIN_MAX`] output channels (an RGB
 /// `conv_out`): one channel a lane, 32 pixels, so a patch serves four times
 /// the pixels where most lanes' channels are past the output's.

@@ -226,11 +226,6 @@ impl DeviceTensors {
         Ok(Self { pages, page, len: elements })
     }
 
-    /// Device bytes of `elements` values held this way (what [`Self::new`] allocates).
-    pub fn bytes(elements: u64) -> u64 {
-        4 * elements
-    }
-
     /// `[start, start + len)` as `(page, offset in it, length)` pieces, cut at page ends.
     fn locate(&self, start: u64, len: u64) -> Result<Vec<(usize, u64, u64)>, RunError> {
         if start + len > self.len {
