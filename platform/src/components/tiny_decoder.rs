@@ -23,6 +23,7 @@ use flux_lite_core::plan::{preview_layouts, DeviceLimits, PreviewLayout, Preview
 use flux_lite_core::BumpArena;
 use flux_lite_kernels::{Dispatch, Gpu};
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 /// A tiny decoder's file, read and checked: its structure and its mapped tensors.
 #[derive(Debug)]
@@ -140,9 +141,11 @@ impl From<PreviewLayout> for PreviewBands {
 enum Mode {
     /// In one pass, the program recorded once over the whole image's layout.
     Whole { dispatches: Vec<Dispatch> },
-    /// Op by op over bands whose operands take at most `capacity` f32,
-    /// the activations on the device when `on_device`.
-    Banded { capacity: u64, on_device: bool },
+    /// Op by op over bands whose operands take at most `capacity` f32, the
+    /// whole image's `elements` f32 of activations in `device`'s pages
+    /// (allocated once: the plan counts them beside the transformer), or,
+    /// without it, in a scratch file for each decode.
+    Banded { capacity: u64, elements: u64, device: Option<Mutex<DeviceTensors>> },
 }
 
 /// A tiny decoder laid out for one image size, its program recorded once
@@ -219,7 +222,11 @@ impl TinyDecoder {
                 }
                 Mode::Whole { dispatches }
             }
-            Some(_) => Mode::Banded { capacity, on_device },
+            Some(_) => {
+                let elements = program::arena_bytes(&file.config, lat_h, lat_w).map_err(plan_error)? / 4;
+                let device = if on_device { Some(Mutex::new(DeviceTensors::new(gpu, elements, gpu.plan_limits().max_buffer)?)) } else { None };
+                Mode::Banded { capacity, elements, device }
+            }
         };
         Ok(Self { layout, runner, weights, mode })
     }
@@ -253,11 +260,19 @@ impl TinyDecoder {
                 let decoded = if values { Some(self.runner.read(gpu, self.layout.decoded(), 1, n)?) } else { None };
                 (decoded, self.runner.read(gpu, self.layout.levels(), 1, n)?)
             }
-            Mode::Banded { capacity, on_device } => {
-                let elements = program::arena_bytes(&self.layout.config, self.layout.latent_h, self.layout.latent_w).map_err(plan_error)? / 4;
-                let mut store: Box<dyn Activations> =
-                    if *on_device { Box::new(DeviceTensors::new(gpu, elements, gpu.plan_limits().max_buffer)?) } else { Box::new(HostTensors::scratch(elements)?) };
-                self.decode_banded(gpu, *capacity, packed, store.as_mut())?;
+            Mode::Banded { capacity, elements, device } => {
+                let (mut pages, mut scratch);
+                let store: &mut dyn Activations = match device {
+                    Some(device) => {
+                        pages = device.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                        &mut *pages
+                    }
+                    None => {
+                        scratch = HostTensors::scratch(*elements)?;
+                        &mut scratch
+                    }
+                };
+                self.decode_banded(gpu, *capacity, packed, store)?;
                 let decoded = if values { Some(store.read(gpu, self.layout.decoded(), n)?) } else { None };
                 (decoded, store.read(gpu, self.layout.levels(), n)?)
             }
