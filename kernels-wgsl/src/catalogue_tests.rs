@@ -239,4 +239,14 @@ fn the_matrix_linears_workgroup_memory_is_what_the_tier_checks() {
         let config = MatrixConfig { size, subgroup: 32, operands };
         assert_eq!(declared, config.linear_workgroup_bytes(), "{}", module.name());
     }
+    // The narrow blocks stage half the columns: less than the checked amount.
+    for (module, square) in [(Module::ConvMatrix8Narrow, Module::ConvMatrix8), (Module::ConvMatrix16Narrow, Module::ConvMatrix16), (Module::ConvMatrix8F32Narrow, Module::ConvMatrix8F32)] {
+        let bytes = |m: Module| {
+            let m = parse(m);
+            let mut layouter = naga::proc::Layouter::default();
+            layouter.update(m.to_ctx()).unwrap();
+            m.global_variables.iter().filter(|(_, v)| v.space == naga::AddressSpace::WorkGroup).map(|(_, v)| layouter[v.ty].size).sum::<u32>()
+        };
+        assert!(bytes(module) < bytes(square), "{}", module.name());
+    }
 }

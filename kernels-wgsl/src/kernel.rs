@@ -71,10 +71,16 @@ pub enum Module {
     LinearMatrix8Vec4,
     LinearMatrix16Vec4,
     LinearMatrix8F32Vec4,
+    /// The matrix tier's conv2d in blocks of 8T pixels × 4T output channels
+    /// (2 × 1 subgroups): for convolutions whose output channels would leave
+    /// half of a square block idle (a 64-channel one with 16×16 tiles).
+    ConvMatrix8Narrow,
+    ConvMatrix16Narrow,
+    ConvMatrix8F32Narrow,
 }
 
 impl Module {
-    pub const ALL: [Module; 50] = [
+    pub const ALL: [Module; 53] = [
         Module::Linear,
         Module::RangeScales,
         Module::Norm,
@@ -125,6 +131,9 @@ impl Module {
         Module::LinearMatrix8Vec4,
         Module::LinearMatrix16Vec4,
         Module::LinearMatrix8F32Vec4,
+        Module::ConvMatrix8Narrow,
+        Module::ConvMatrix16Narrow,
+        Module::ConvMatrix8F32Narrow,
     ];
 
     pub fn name(self) -> &'static str {
@@ -162,6 +171,9 @@ impl Module {
             Module::LinearMatrix16Vec4 => "linear_matrix (16×16 tiles, vec4 loads)",
             Module::LinearMatrix8F32Vec4 => "linear_matrix (8×8 f32 tiles, vec4 loads)",
             Module::ConvMatrix8F32 => "conv_matrix (8×8 f32 tiles)",
+            Module::ConvMatrix8Narrow => "conv_matrix (8×8 tiles, narrow blocks)",
+            Module::ConvMatrix16Narrow => "conv_matrix (16×16 tiles, narrow blocks)",
+            Module::ConvMatrix8F32Narrow => "conv_matrix (8×8 f32 tiles, narrow blocks)",
             Module::AttentionMatrix8F32 => "attention_matrix (8×8 f32 tiles)",
             Module::BenchMatrix8F32 => "bench_matrix (8×8 f32 tiles)",
             Module::BenchMatrix8 => "bench_matrix (8×8 tiles)",
@@ -174,7 +186,7 @@ impl Module {
     pub fn features(self) -> wgpu::Features {
         let features = match self {
             Module::LinearHalf | Module::ConvHalf => wgpu::Features::SHADER_F16,
-            Module::LinearMatrix8F32 | Module::LinearMatrix8F32Vec4 | Module::ConvMatrix8F32 | Module::AttentionMatrix8F32 | Module::BenchMatrix8F32 => {
+            Module::LinearMatrix8F32 | Module::LinearMatrix8F32Vec4 | Module::ConvMatrix8F32 | Module::ConvMatrix8F32Narrow | Module::AttentionMatrix8F32 | Module::BenchMatrix8F32 => {
                 wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX
             }
             m if m.is_matrix() => wgpu::Features::SHADER_F16 | wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX,
@@ -227,6 +239,9 @@ impl Module {
                 | Module::ConvMatrix8
                 | Module::ConvMatrix16
                 | Module::ConvMatrix8F32
+                | Module::ConvMatrix8Narrow
+                | Module::ConvMatrix16Narrow
+                | Module::ConvMatrix8F32Narrow
         )
     }
 
@@ -304,11 +319,25 @@ impl Module {
                 "enable wgpu_cooperative_matrix;\nalias Operand = f32;\nconst OPERAND_HALF: bool = false;\n"
             };
         }
+        // matrix_gemm.wgsl's subgroups a workgroup, rows × columns of them:
+        // square blocks (8T × 8T), or narrow ones (8T pixels × 4T channels).
+        macro_rules! block {
+            (square) => {
+                "const SG_ROWS: u32 = 2u;\nconst SG_COLS: u32 = 2u;\n"
+            };
+            (narrow) => {
+                "const SG_ROWS: u32 = 2u;\nconst SG_COLS: u32 = 1u;\n"
+            };
+        }
         macro_rules! with_matrix {
             ($t:literal, $operand:ident, $($file:literal),+) => {
+                with_matrix!($t, $operand, square, $($file),+)
+            };
+            ($t:literal, $operand:ident, $block:ident, $($file:literal),+) => {
                 concat!(
                     operands!($operand),
                     "const T: u32 = ", $t, "u;\n",
+                    block!($block),
                     "alias MatA = coop_mat", $t, "x", $t, "<", stringify!($operand), ", A>;\n",
                     "alias MatB = coop_mat", $t, "x", $t, "<", stringify!($operand), ", B>;\n",
                     "alias MatC = coop_mat", $t, "x", $t, "<f32, C>;\n",
@@ -370,6 +399,9 @@ impl Module {
             Module::AttentionMatrix8F32 => with_matrix!("8", f32, "attention_io.wgsl", "attention_kv_f32.wgsl", "attention_matrix.wgsl"),
             Module::BenchMatrix8F32 => with_matrix!("8", f32, "bench_io.wgsl", "bench_matrix.wgsl"),
             Module::BenchMatrix16 => with_matrix!("16", f16, "bench_io.wgsl", "bench_matrix.wgsl"),
+            Module::ConvMatrix8Narrow => with_matrix!("8", f16, narrow, "product_io.wgsl", "conv_io.wgsl", "conv_matrix.wgsl", "matrix_gemm.wgsl", "matrix_fetch.wgsl"),
+            Module::ConvMatrix16Narrow => with_matrix!("16", f16, narrow, "product_io.wgsl", "conv_io.wgsl", "conv_matrix.wgsl", "matrix_gemm.wgsl", "matrix_fetch.wgsl"),
+            Module::ConvMatrix8F32Narrow => with_matrix!("8", f32, narrow, "product_io.wgsl", "conv_io.wgsl", "conv_matrix.wgsl", "matrix_gemm.wgsl", "matrix_fetch.wgsl"),
         };
         fixed.into()
     }

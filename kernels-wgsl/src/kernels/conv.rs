@@ -88,6 +88,59 @@ pub const CONV2D_MATRIX_8: Kernel =
     kernel(Module::ConvMatrix8, "conv2d_matrix", [0, 1, 1], &[(1, RW), (2, R), (3, R), (4, RW), (5, RW), (8, RW)], size_of::<ConvParams>(), true);
 pub const CONV2D_MATRIX_16: Kernel = Kernel { module: Module::ConvMatrix16, ..CONV2D_MATRIX_8 };
 pub const CONV2D_MATRIX_8_F32: Kernel = Kernel { module: Module::ConvMatrix8F32, ..CONV2D_MATRIX_8 };
+/// The same in narrow blocks ([`ConvBlock::Narrow`]).
+pub const CONV2D_MATRIX_8_NARROW: Kernel = Kernel { module: Module::ConvMatrix8Narrow, ..CONV2D_MATRIX_8 };
+pub const CONV2D_MATRIX_16_NARROW: Kernel = Kernel { module: Module::ConvMatrix16Narrow, ..CONV2D_MATRIX_8 };
+pub const CONV2D_MATRIX_8_F32_NARROW: Kernel = Kernel { module: Module::ConvMatrix8F32Narrow, ..CONV2D_MATRIX_8 };
+
+/// The matrix conv2d's block of the output, pixels × output channels: a
+/// square one of 8T × 8T on [`MATRIX_SUBGROUPS`] subgroups (the linear's),
+/// or a narrow one of 8T × 4T on two, taken where it pads fewer output
+/// channels (at most 4T, a 64-channel convolution with 16×16 tiles, or just
+/// past a multiple of 8T): a square block over 64 channels would multiply
+/// zeros in half its columns. Its rows, and so the runs the range rule
+/// scales, are the same 8T pixels: both give the same bits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConvBlock {
+    Square,
+    Narrow,
+}
+
+impl ConvBlock {
+    /// The block for `out_channels` with `c`'s tiles: narrow where it pads fewer columns.
+    pub fn for_channels(c: MatrixConfig, out_channels: u64) -> Self {
+        #[cfg(test)]
+        if tests::SQUARE_BLOCKS.get() {
+            return ConvBlock::Square;
+        }
+        let padded = |columns: u64| out_channels.div_ceil(columns) * columns;
+        if padded(ConvBlock::Narrow.columns(c)) < padded(ConvBlock::Square.columns(c)) { ConvBlock::Narrow } else { ConvBlock::Square }
+    }
+
+    /// Output channels a block takes (BN).
+    pub fn columns(self, c: MatrixConfig) -> u64 {
+        let tiles = match self {
+            ConvBlock::Square => MATRIX_BLOCK_TILES,
+            ConvBlock::Narrow => MATRIX_BLOCK_TILES / 2,
+        };
+        c.size as u64 * tiles
+    }
+
+    /// Subgroups a workgroup (the `WG` override is this many subgroups' invocations).
+    pub fn subgroups(self) -> u32 {
+        match self {
+            ConvBlock::Square => MATRIX_SUBGROUPS,
+            ConvBlock::Narrow => MATRIX_SUBGROUPS / 2,
+        }
+    }
+
+    fn kernel(self, c: MatrixConfig) -> Kernel {
+        match self {
+            ConvBlock::Square => *c.pick([&CONV2D_MATRIX_8, &CONV2D_MATRIX_16, &CONV2D_MATRIX_8_F32]),
+            ConvBlock::Narrow => *c.pick([&CONV2D_MATRIX_8_NARROW, &CONV2D_MATRIX_16_NARROW, &CONV2D_MATRIX_8_F32_NARROW]),
+        }
+    }
+}
 /// Its range rule's scale for each run of a block's rows of output pixels
 /// (`conv_run_scales` in `conv_matrix.wgsl`), measured before the product.
 pub const CONV_RUN_SCALES_8: Kernel =
@@ -227,18 +280,20 @@ fn conv2d_matrix(gpu: &Gpu, sink: &mut dyn Sink, xw: &Window<'_>, w: Weight<'_>,
     let taps = (s.in_channels * s.kernel * s.kernel) as u64;
     let [y_rows, w_rows, b_rows] = output_rows(&s, w, bias, y);
     let (kernel_size, out_width) = (to_u32(s.kernel as u64, "conv kernel")?, to_u32(s.out_width as u64, "conv output width")?);
+    // Output pixels a block takes (BM), square or narrow; the runs the range rule scales.
     let block = c.size as u64 * MATRIX_BLOCK_TILES;
     let half = c.operands == MatrixOperands::F16;
-    let kernel = *c.pick([&CONV2D_MATRIX_8, &CONV2D_MATRIX_16, &CONV2D_MATRIX_8_F32]);
     let run_scales = if c.size == 16 { CONV_RUN_SCALES_16 } else { CONV_RUN_SCALES_8 };
     let wg = c.subgroup * MATRIX_SUBGROUPS;
     let channels_cap = rows_per_chunk(gpu, s.out_channels as u64, &[y_rows, w_rows, b_rows], 1)?.min(RANGE_SCALES_ROWS);
     for rows in chunks(s.out_channels as u64, channels_cap) {
         let (yw, ww, bw) = (y_rows.window(gpu, &rows)?, w_rows.window(gpu, &rows)?, b_rows.window(gpu, &rows)?);
         let out_channels = rows.end - rows.start;
+        let shape = ConvBlock::for_channels(c, out_channels);
+        let kernel = shape.kernel(c);
         let paired = matrix_b_paired(c, w.dtype, ww.local, taps);
         let [residual, relu] = then.constants();
-        let constants = [("WEIGHT_BF16", w.dtype.constant()), ("WG", wg), ("B_PAIRED", paired as u32), ("KERNEL", kernel_size), ("OUT_WIDTH", out_width), residual, relu];
+        let constants = [("WEIGHT_BF16", w.dtype.constant()), ("WG", c.subgroup * shape.subgroups()), ("B_PAIRED", paired as u32), ("KERNEL", kernel_size), ("OUT_WIDTH", out_width), residual, relu];
         let most_runs = plane.div_ceil(block).min(runs_cap);
         let scales = gpu.range_scales(out_channels + most_runs)?;
         let stored = w.scales.filter(|s| s.k == taps);
@@ -266,7 +321,7 @@ fn conv2d_matrix(gpu: &Gpu, sink: &mut dyn Sink, xw: &Window<'_>, w: Weight<'_>,
                 let launch = Launch { kernel: &run_scales, constants: &[("WG", wg), ("KERNEL", kernel_size), ("OUT_WIDTH", out_width)], params, grid: wrapped_grid(runs) };
                 dispatch(gpu, sink, launch, &[(1, xw), (5, &sw)]);
             }
-            let launch = Launch { kernel: &kernel, constants: &constants, params, grid: wrapped_grid(runs * out_channels.div_ceil(block)) };
+            let launch = Launch { kernel: &kernel, constants: &constants, params, grid: wrapped_grid(runs * out_channels.div_ceil(shape.columns(c))) };
             dispatch(gpu, sink, launch, &[(1, xw), (2, &ww), (3, &bw), (4, &yw), (5, &sw), (8, &ws)]);
         }
     }
@@ -471,6 +526,8 @@ mod tests {
         check_half_conv(gpu, down, 52);
         // More than one 128×128 tile of output channels and of pixels.
         check_half_conv(gpu, ConvShape::same(4, 130, 12, 13, 3), 53);
+        // Narrow blocks on the matrix tier (4T output channels or fewer; 8×8 tiles: 32).
+        check_half_conv(gpu, ConvShape::same(8, 32, 20, 11, 3), 56);
     }
 
     #[test]
@@ -597,6 +654,58 @@ mod tests {
         each_kernel_shape(gpu(), crate::testing::options(), check);
         for tier in [half_gpu(), matrix_gpu()].into_iter().flatten() {
             check(&tier);
+        }
+    }
+
+    thread_local! {
+        /// Set by [`with_square_blocks`]: the matrix conv2d takes square blocks only.
+        pub(super) static SQUARE_BLOCKS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+
+    /// `run` with the matrix conv2d in square blocks where it would take narrow ones.
+    fn with_square_blocks<T>(run: impl FnOnce() -> T) -> T {
+        SQUARE_BLOCKS.set(true);
+        let out = run();
+        SQUARE_BLOCKS.set(false);
+        out
+    }
+
+    /// Narrow blocks are taken where they pad fewer output channels (at
+    /// most 4T, and just past a multiple of 8T), square ones elsewhere.
+    #[test]
+    fn narrow_blocks_take_the_convolutions_square_ones_half_fill() {
+        use crate::precision::MatrixConfig;
+        let c16 = MatrixConfig { size: 16, subgroup: 32, operands: MatrixOperands::F16 };
+        let pick = |n| ConvBlock::for_channels(c16, n);
+        for n in [3, 16, 64, 129, 192] {
+            assert_eq!(pick(n), ConvBlock::Narrow, "{n} output channels with 16×16 tiles");
+        }
+        for n in [65, 128, 256, 512, 200] {
+            assert_eq!(pick(n), ConvBlock::Square, "{n} output channels with 16×16 tiles");
+        }
+        assert_eq!((ConvBlock::Narrow.columns(c16), ConvBlock::Square.columns(c16)), (64, 128));
+    }
+
+    /// The matrix conv2d in narrow blocks gives the bits of square ones (the
+    /// same rows, runs and scales, each output's products in the same
+    /// order), with bf16 and f32 weights, its ReLU and residual epilogue,
+    /// several blocks of pixels, and past a square block's channels.
+    #[test]
+    fn narrow_matrix_blocks_give_the_square_blocks_bits() {
+        let Some(gpu) = matrix_gpu() else { return };
+        let c = gpu.matrix().unwrap_or_else(|| panic!("a matrix-tier device without its matrix configuration"));
+        let t = c.size as usize;
+        // Channels of one narrow block, of less than one, and just past a square block (8T + 3).
+        let shapes = [ConvShape::same(8, 4 * t, 21, 13, 3), ConvShape::same(5, 3, 9, 36, 3), ConvShape::same(16, 8 * t + 3, 7, 9, 1)];
+        for (i, s) in shapes.into_iter().enumerate() {
+            assert_eq!(ConvBlock::for_channels(c, s.out_channels as u64), ConvBlock::Narrow, "{s:?}");
+            for (bf16, then) in [(true, ConvEpilogue::default()), (false, ConvEpilogue { residual: true, relu: true })] {
+                let seed = 130 + i as u64;
+                let narrow = conv_bits_then(&gpu, s, seed, bf16, then);
+                let square = with_square_blocks(|| conv_bits_then(&gpu, s, seed, bf16, then));
+                assert!(narrow.iter().all(|&b| f32::from_bits(b).is_finite()), "{s:?}: values left unwritten");
+                assert_eq!(narrow, square, "{s:?}, bf16 {bf16}, {then:?}: narrow blocks differ from square ones");
+            }
         }
     }
 

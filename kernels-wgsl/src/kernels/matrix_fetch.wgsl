@@ -11,15 +11,18 @@ fn prefetching() -> bool {
     return B_PAIRED;
 }
 
-// What one invocation fetches of one k step: BM·KT / WG values of A and half
-// as many pairs of B, at most FETCH of them (the launcher takes the fetching
-// path only where WG·FETCH ≥ BM·KT: 16×16 tiles in subgroups of 32 or more,
-// 8×8 tiles in subgroups of 8 or more). The loads are unconditional (the
-// module's accessors clamp and select instead of branching), so the compiler
-// can issue them all before the first one returns.
+// What one invocation fetches of one k step: BM·KT / WG values of A, at
+// most FETCH_A of them (32 with 2×2 subgroups, 64 with 2×1), and
+// BN·KT / 2 / WG pairs of B, at most FETCH (the launcher takes the fetching
+// path only where 4 subgroups' invocations × 32 ≥ BM·KT, which bounds both
+// shapes alike: 16×16 tiles in subgroups of 32 or more, 8×8 tiles in
+// subgroups of 8 or more). The loads are unconditional (the module's
+// accessors clamp and select instead of branching), so the compiler can
+// issue them all before the first one returns.
 const FETCH: u32 = 32u;
+const FETCH_A: u32 = FETCH * 4u / SUBGROUPS;
 struct Fetched {
-    a: array<f32, FETCH>,
+    a: array<f32, FETCH_A>,
     b: array<u32, FETCH>,
 }
 

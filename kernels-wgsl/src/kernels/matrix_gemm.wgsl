@@ -4,7 +4,7 @@
 // R × R tiles of T × T (a R·T × R·T block) in accumulators held for the whole
 // of k. A T×T fragment of A read from workgroup memory serves R products, and
 // each element staged from global memory serves 2·R·T·SG FLOPs: with 16×16
-// tiles, 2×2 subgroups of 4×4 tiles make 128 × 128 blocks.
+// tiles, 2×2 subgroups of 4×4 tiles make 128 × 128 blocks, 2×1 make 128 × 64.
 //
 // k advances KT = 2T at a time through two buffers in workgroup memory, one
 // barrier a step: each invocation issues its loads of the next KT into
@@ -38,8 +38,9 @@
 // once.
 
 const R: u32 = 4u;
-const SG_ROWS: u32 = 2u;
-const SG_COLS: u32 = 2u;
+// SG_ROWS and SG_COLS come with the module (kernel.rs): 2 × 2 for the
+// linear and most convolutions, 2 × 1 (BN = 4T) for a convolution of few
+// output channels, whose columns would leave half of a square block idle.
 const SUBGROUPS: u32 = SG_ROWS * SG_COLS;
 const KT: u32 = 2u * T;
 const PAD: u32 = 8u;
