@@ -62,6 +62,7 @@ pub const ALL_KERNELS: &[Kernel] = &[
     bench::COPY_PEAK,
     linear::LINEAR_HALF,
     conv::CONV2D_HALF,
+    conv::CONV2D_HALF_WIDE,
     linear::LINEAR_MATRIX_8,
     linear::LINEAR_MATRIX_16,
     conv::CONV2D_MATRIX_8,

@@ -41,6 +41,8 @@ pub enum Module {
     LinearHalf,
     /// The f16 tier's conv2d.
     ConvHalf,
+    /// The f16 tier's conv2d on 64×256 tiles (at most 64 output channels).
+    ConvHalfWide,
     /// The matrix tier's linear with 8×8 cooperative-matrix tiles.
     LinearMatrix8,
     /// The matrix tier's linear with 16×16 cooperative-matrix tiles.
@@ -80,7 +82,7 @@ pub enum Module {
 }
 
 impl Module {
-    pub const ALL: [Module; 53] = [
+    pub const ALL: [Module; 54] = [
         Module::Linear,
         Module::RangeScales,
         Module::Norm,
@@ -114,6 +116,7 @@ impl Module {
         Module::Bench,
         Module::LinearHalf,
         Module::ConvHalf,
+        Module::ConvHalfWide,
         Module::LinearMatrix8,
         Module::LinearMatrix16,
         Module::ConvMatrix8,
@@ -158,6 +161,7 @@ impl Module {
             Module::Bench => "bench",
             Module::LinearHalf => "linear (f16 tier)",
             Module::ConvHalf => "conv (f16 tier)",
+            Module::ConvHalfWide => "conv (f16 tier, 64×256 tiles)",
             Module::LinearMatrix8 => "linear_matrix (8×8 tiles)",
             Module::LinearMatrix16 => "linear_matrix (16×16 tiles)",
             Module::ConvMatrix8 => "conv_matrix (8×8 tiles)",
@@ -185,7 +189,7 @@ impl Module {
     /// cooperative matrices for the matrix tier.
     pub fn features(self) -> wgpu::Features {
         let features = match self {
-            Module::LinearHalf | Module::ConvHalf => wgpu::Features::SHADER_F16,
+            Module::LinearHalf | Module::ConvHalf | Module::ConvHalfWide => wgpu::Features::SHADER_F16,
             Module::LinearMatrix8F32 | Module::LinearMatrix8F32Vec4 | Module::ConvMatrix8F32 | Module::ConvMatrix8F32Narrow | Module::AttentionMatrix8F32 | Module::BenchMatrix8F32 => {
                 wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX
             }
@@ -378,6 +382,7 @@ impl Module {
             Module::Conv => with_gemm!(f32, "product_io.wgsl", "conv_io.wgsl", "conv.wgsl"),
             Module::ConvWide => with_gemm!(f32, wide, "product_io.wgsl", "conv_io.wgsl", "conv.wgsl"),
             Module::ConvHalf => with_gemm!(f16, "product_io.wgsl", "conv_io.wgsl", "conv.wgsl"),
+            Module::ConvHalfWide => with_gemm!(f16, wide, "product_io.wgsl", "conv_io.wgsl", "conv.wgsl"),
             Module::Vae => with_common!("vae.wgsl"),
             Module::Df11 => with_common!("df11.wgsl"),
             Module::Ggml => with_common!("ggml.wgsl"),

@@ -74,6 +74,8 @@ pub const CONV2D: Kernel =
     kernel(Module::Conv, "conv2d", [16, 16, 1], &[(1, RW), (2, R), (3, R), (4, RW)], size_of::<ConvParams>(), true);
 /// The f16 tier's conv2d: `conv.wgsl` on f16-staged tiles.
 pub const CONV2D_HALF: Kernel = Kernel { module: Module::ConvHalf, ..CONV2D };
+/// The f16 tier's conv2d on the wide tiles (at most [`WIDE_MAX`] output channels).
+pub const CONV2D_HALF_WIDE: Kernel = Kernel { module: Module::ConvHalfWide, ..CONV2D };
 /// The f32 tier's conv2d on 64×256 tiles, for at most [`WIDE_MAX`] output
 /// channels (a tiny decoder's 64, a small VAE's 32): 128-row tiles would
 /// spend half or more of their rows on zeros.
@@ -93,6 +95,14 @@ pub const CONV2D_MATRIX_8_NARROW: Kernel = Kernel { module: Module::ConvMatrix8N
 pub const CONV2D_MATRIX_16_NARROW: Kernel = Kernel { module: Module::ConvMatrix16Narrow, ..CONV2D_MATRIX_8 };
 pub const CONV2D_MATRIX_8_F32_NARROW: Kernel = Kernel { module: Module::ConvMatrix8F32Narrow, ..CONV2D_MATRIX_8 };
 
+/// Whether a test asked for square tiles and blocks only (never outside tests).
+fn square_tiles_only() -> bool {
+    #[cfg(test)]
+    return tests::SQUARE_TILES.get();
+    #[cfg(not(test))]
+    false
+}
+
 /// The matrix conv2d's block of the output, pixels × output channels: a
 /// square one of 8T × 8T on [`MATRIX_SUBGROUPS`] subgroups (the linear's),
 /// or a narrow one of 8T × 4T on two, taken where it pads fewer output
@@ -109,8 +119,7 @@ pub enum ConvBlock {
 impl ConvBlock {
     /// The block for `out_channels` with `c`'s tiles: narrow where it pads fewer columns.
     pub fn for_channels(c: MatrixConfig, out_channels: u64) -> Self {
-        #[cfg(test)]
-        if tests::SQUARE_BLOCKS.get() {
+        if square_tiles_only() {
             return ConvBlock::Square;
         }
         let padded = |columns: u64| out_channels.div_ceil(columns) * columns;
@@ -228,13 +237,16 @@ pub fn conv2d_then(gpu: &Gpu, sink: &mut dyn Sink, x: Mat<'_>, w: Weight<'_>, bi
         let paired = ww.local.is_multiple_of(2) && per_out.is_multiple_of(2);
         let out_channels = rows.end - rows.start;
         // A thin output (an RGB conv_out) would leave most of a 128-row tile
-        // idle; a few more output channels take the wide tiles.
+        // idle; a few more output channels take the wide tiles, on either
+        // tier (the f16 tier's scales are its rows' over all k, whatever
+        // the tile: the same bits).
         let f32_tier = gpu.precision() == Precision::F32;
         let thin = f32_tier && out_channels <= THIN_MAX;
-        let wide = f32_tier && out_channels <= WIDE_MAX;
+        let wide = out_channels <= WIDE_MAX && !square_tiles_only();
         let [tile_co, tile_px] = if wide { WIDE_TILE } else { GEMM_TILE.map(u64::from) };
         let (kernel, shaped) = match gpu.precision() {
             _ if thin => (&CONV2D_THIN, ("THIN_OC", out_channels as u32)),
+            Precision::F16 if wide => (&CONV2D_HALF_WIDE, ("W_PAIRED", paired as u32)),
             Precision::F16 => (&CONV2D_HALF, ("W_PAIRED", paired as u32)),
             _ if wide => (&CONV2D_WIDE, ("W_PAIRED", paired as u32)),
             _ => (&CONV2D, ("W_PAIRED", paired as u32)),
@@ -476,6 +488,31 @@ mod tests {
         check_conv(ConvShape::same(5, 65, 23, 29, 3), 49);
     }
 
+    /// The wide tiles give the 128×128 tiles' bits (each output's sum in
+    /// the same order; on the f16 tier the same row scales), on the f32 tier
+    /// and, where the adapter has it, the f16 tier; past one wide tile of
+    /// pixels, with the residual and ReLU epilogue.
+    #[test]
+    fn wide_tiles_give_the_square_tiles_bits_on_both_tiers() {
+        // 5 input channels: not the lanes kernel's shape, so the tiled kernels run on a CPU adapter too.
+        let shapes = [ConvShape::same(5, 33, 23, 29, 3), ConvShape::same(5, 64, 9, 40, 3), ConvShape::same(6, 20, 11, 13, 1)];
+        let check = |g: &Gpu| {
+            for (i, s) in shapes.into_iter().enumerate() {
+                for then in [ConvEpilogue::default(), ConvEpilogue { residual: true, relu: true }] {
+                    let seed = 140 + i as u64;
+                    let wide = conv_bits_then(g, s, seed, true, then);
+                    let square = with_square_tiles(|| conv_bits_then(g, s, seed, true, then));
+                    assert!(wide.iter().all(|&b| f32::from_bits(b).is_finite()), "{s:?}: values left unwritten");
+                    assert_eq!(wide, square, "{s:?} on {}, {then:?}: wide tiles differ from square ones", g.describe());
+                }
+            }
+        };
+        check(gpu());
+        if let Some(half) = half_gpu() {
+            check(&half);
+        }
+    }
+
     #[test]
     fn conv1x1() {
         check_conv(ConvShape::same(6, 11, 7, 5, 1), 41);
@@ -658,15 +695,17 @@ mod tests {
     }
 
     thread_local! {
-        /// Set by [`with_square_blocks`]: the matrix conv2d takes square blocks only.
-        pub(super) static SQUARE_BLOCKS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+        /// Set by [`with_square_tiles`]: the tiled conv2d takes 128×128 tiles
+        /// and the matrix one square blocks, where they would take wide tiles
+        /// or narrow blocks.
+        pub(super) static SQUARE_TILES: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
     }
 
-    /// `run` with the matrix conv2d in square blocks where it would take narrow ones.
-    fn with_square_blocks<T>(run: impl FnOnce() -> T) -> T {
-        SQUARE_BLOCKS.set(true);
+    /// `run` with the convolutions on square tiles and blocks only.
+    fn with_square_tiles<T>(run: impl FnOnce() -> T) -> T {
+        SQUARE_TILES.set(true);
         let out = run();
-        SQUARE_BLOCKS.set(false);
+        SQUARE_TILES.set(false);
         out
     }
 
@@ -702,7 +741,7 @@ mod tests {
             for (bf16, then) in [(true, ConvEpilogue::default()), (false, ConvEpilogue { residual: true, relu: true })] {
                 let seed = 130 + i as u64;
                 let narrow = conv_bits_then(&gpu, s, seed, bf16, then);
-                let square = with_square_blocks(|| conv_bits_then(&gpu, s, seed, bf16, then));
+                let square = with_square_tiles(|| conv_bits_then(&gpu, s, seed, bf16, then));
                 assert!(narrow.iter().all(|&b| f32::from_bits(b).is_finite()), "{s:?}: values left unwritten");
                 assert_eq!(narrow, square, "{s:?}, bf16 {bf16}, {then:?}: narrow blocks differ from square ones");
             }
