@@ -703,10 +703,7 @@ mod tests {
 
     /// `run` with the convolutions on square tiles and blocks only.
     fn with_square_tiles<T>(run: impl FnOnce() -> T) -> T {
-        SQUARE_TILES.set(true);
-        let out = run();
-        SQUARE_TILES.set(false);
-        out
+        with_switch(&SQUARE_TILES, run)
     }
 
     /// Narrow blocks are taken where they pad fewer output channels (at

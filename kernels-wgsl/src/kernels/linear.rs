@@ -579,10 +579,7 @@ mod tests {
 
     /// `run` with the matrix linear reading element by element where it would read vec4s.
     fn with_element_fetch<T>(run: impl FnOnce() -> T) -> T {
-        ELEMENT_FETCH.set(true);
-        let out = run();
-        ELEMENT_FETCH.set(false);
-        out
+        with_switch(&ELEMENT_FETCH, run)
     }
 
     fn bits(v: &[f32]) -> Vec<u32> {
