@@ -129,7 +129,7 @@ pub fn run(args: &InfoArgs) -> Result<(), String> {
             Bytes(budget),
             plan.encode.weights,
             plan.denoise,
-            tile_layout(plan.decode.tile),
+            decode_layout(plan.decode.tile, plan.decode.on_device),
             Bytes(plan.peak()),
             Bytes(plan.device_peak()),
             Bytes(plan.host_peak())
@@ -264,6 +264,14 @@ fn print_option(what: &str, [weights, activations, other]: [u64; 3], host: u64) 
         Bytes(other),
         Bytes(host)
     );
+}
+
+/// The decode's layout in words: [`tile_layout`]'s, or bands of a binding with the activations on the device.
+fn decode_layout(tile: Option<u64>, on_device: bool) -> String {
+    match (tile, on_device) {
+        (Some(_), true) => "by bands of one binding, activations on the device".to_string(),
+        _ => tile_layout(tile),
+    }
 }
 
 fn tile_layout(tile: Option<u64>) -> String {

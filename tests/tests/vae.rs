@@ -188,7 +188,8 @@ fn the_planned_tile_is_untiled_when_it_fits_and_bounded_by_the_binding_otherwise
     assert!(err.contains("attention over 896 tokens"), "{err}");
     let sizes = planning::ModelSizes::from_files(&m, 64, 96).unwrap();
     let input = sizes.plan_input(&m, 64, 96, &[], small.plan_limits(), None);
-    let tile = flux_lite_core::plan::decode_options(&input).unwrap().next().and_then(|p| p.tile).map(|t| t as usize);
+    // The fastest layout keeps the image's activations on the device (next test); the host's largest tile:
+    let tile = flux_lite_core::plan::decode_options(&input).unwrap().find(|p| !p.on_device).and_then(|p| p.tile).map(|t| t as usize);
     assert_eq!(tile, Some(16));
     // 96 pixels wide, one convolution row (3 input rows of 64 channels) exceeds any band there: refused, naming the width.
     let wide_sizes = planning::ModelSizes::from_files(&m, 96, 64).unwrap();
@@ -200,6 +201,41 @@ fn the_planned_tile_is_untiled_when_it_fits_and_bounded_by_the_binding_otherwise
     assert!(vae.is_banded());
     let image = vae.decode(&small, &random_latents(64, 96, 10), &mut |_| {}).unwrap();
     assert_eq!(image.rgb.len(), 64 * 96 * 3);
+}
+
+/// Where no binding holds the decode (64 KiB bindings, tiny-a at 64×96),
+/// the plan's fastest layout keeps the image's activations on the device
+/// and runs each op by bands of one binding: that decode matches the
+/// untiled one within the banded bound, as the host's 16-pixel bands do,
+/// and its 8-bit image differs from theirs by at most one level.
+#[test]
+fn a_decode_with_its_activations_on_the_device_matches_the_untiled_one() {
+    use flux_lite_platform::components::vae::VaeBands;
+    use flux_lite_platform::{Gpu, GpuOptions};
+    let m = ModelFolder::open(&model_dir("tiny-a")).unwrap();
+    let store = m.weights(Component::Vae).unwrap();
+    let small = Gpu::new(&GpuOptions { max_storage_binding: Some(64 * 1024), ..Default::default() }).unwrap();
+    let (width, height) = (64, 96);
+    let sizes = planning::ModelSizes::from_files(&m, width, height).unwrap();
+    let input = sizes.plan_input(&m, width, height, &[], small.plan_limits(), None);
+    let first = flux_lite_core::plan::decode_options(&input).unwrap().next().unwrap();
+    assert_eq!((first.tile, first.on_device), (Some(96), true), "{first:?}");
+    assert_eq!(VaeBands::of_plan(first.tile, first.on_device), VaeBands::OnDevice);
+    let latents = random_latents(width, height, 12);
+    let mut on_device = VaeDecoder::laid_out(&small, &m.vae, &store, width, height, VaeBands::OnDevice).unwrap_or_else(|e| panic!("{e}"));
+    assert!(on_device.is_banded());
+    let mut ticks = 0;
+    let device_image = on_device.decode(&small, &latents, &mut |_| ticks += 1).unwrap_or_else(|e| panic!("{e}"));
+    assert!(ticks > 1, "one progress tick an op of the program");
+    let host_image = VaeDecoder::new(&small, &m.vae, &store, width, height, Some(16)).unwrap().decode(&small, &latents, &mut |_| {}).unwrap();
+    let whole_image = decoder("tiny-a", width, height, None).decode(gpu(), &latents, &mut |_| {}).unwrap();
+    for (name, image) in [("on the device", &device_image), ("on the host", &host_image)] {
+        let (err, at) = rel_l2(image.decoded(), whole_image.decoded());
+        println!("bands {name}: relative L2 {err:.2e} against the untiled decode (worst element {at})");
+        assert!(err <= flux_lite_tests::tolerance::f32::BANDED_VS_UNTILED, "bands {name}: relative L2 {err:.3e}");
+    }
+    let (most, _) = byte_diff(&device_image.rgb, &host_image.rgb);
+    assert!(most <= 1, "the device's and the host's bands' images differ by {most} levels");
 }
 
 /// A `size`-pixel square image decoded in 16-pixel tiles on a fresh device.

@@ -30,9 +30,10 @@ pub fn plan(plan: &Plan, references: &[ReferenceImage], model: &flux_lite_platfo
     if plan.denoise.kv_cache == flux_lite_core::models::transformer::KvMode::Recompute {
         eprintln!("plan: the references' keys and values do not fit the budget beside the transformer: recomputed every step (the same image, slower steps)");
     }
-    match plan.decode.tile {
-        Some(tile) => eprintln!("plan: VAE in bands, arena of a {tile}-pixel square"),
-        None => eprintln!("plan: VAE untiled"),
+    match (plan.decode.tile, plan.decode.on_device) {
+        (Some(_), true) => eprintln!("plan: VAE in bands of one binding, the image's activations on the device"),
+        (Some(tile), false) => eprintln!("plan: VAE in bands, arena of a {tile}-pixel square"),
+        (None, _) => eprintln!("plan: VAE untiled"),
     }
 }
 

@@ -86,11 +86,22 @@ pub(super) fn references(input: &PlanInput<'_>, band: Option<u64>) -> u64 {
 /// operands and result (together at most the arena; later a chunk of
 /// levels, half of it), and holds the planar and RGB bytes.
 pub(super) fn decode(input: &PlanInput<'_>, band: Option<u64>) -> u64 {
-    let pixels = input.width.saturating_mul(input.height);
-    let image = match band {
-        None => (4 * 3 + 4 * 3 + 3 + 3) * pixels,
-        Some(arena) => arena + (3 + 3) * pixels,
-    };
+    decode_image(input, match band {
+        None => (4 * 3 + 4 * 3 + 3 + 3) * input.width.saturating_mul(input.height),
+        Some(arena) => arena + (3 + 3) * input.width.saturating_mul(input.height),
+    })
+}
+
+/// The same by bands with the activations on the device: the decoded values
+/// read back as untiled (12 bytes a pixel), the levels in chunks of half the
+/// band arena (`arena`), the planar and RGB bytes.
+pub(super) fn decode_device_bands(input: &PlanInput<'_>, arena: u64) -> u64 {
+    decode_image(input, arena / 2 + (4 * 3 + 3 + 3) * input.width.saturating_mul(input.height))
+}
+
+/// The decode's host bytes around `image`: the latents and the reference pixels.
+fn decode_image(input: &PlanInput<'_>, image: u64) -> u64 {
     // The size was checked when the decoder's layouts were.
     latent_bytes(input).unwrap_or(0) + reference_pixels(input) + image
 }
+

@@ -246,11 +246,16 @@ pub const CHUNK_ROWS: u64 = 64;
 
 /// A VAE phase, the decode or the reference images' encode: untiled
 /// (`tile: None`), or by bands in an arena the size a `tile`-pixel square
-/// needs untiled. The encode takes the references one after another, each
-/// no larger than the tile in one pass; its bytes are the costliest reference's.
+/// needs untiled (no larger than one binding). The encode takes the
+/// references one after another, each no larger than the tile in one pass;
+/// its bytes are the costliest reference's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct VaePlan {
     pub tile: Option<u64>,
+    /// Banded, where the image's activations wait between bands: in device
+    /// buffers no kernel binds (`true`: a band moves by copies on the
+    /// device), or in a host scratch file. `false` when untiled.
+    pub on_device: bool,
     pub weight_bytes: u64,
     pub arena_bytes: u64,
     pub other_bytes: u64,
@@ -502,7 +507,11 @@ pub fn largest_binding(input: &PlanInput<'_>, plan: &Plan) -> Result<u64, PlanEr
         None => (input.height / scale, input.width / scale),
         Some(t) => (t / scale, t / scale),
     };
-    let decode = 4 * crate::models::vae::largest_activation(cfg, lat_h * lat_w);
+    let decode = match plan.decode.on_device {
+        // Bands of one binding: their operands take at most the band's capacity.
+        true => 4 * crate::models::vae::band_capacity(cfg, lat_h, input.limits.max_binding).map_err(|_| PlanError::Size("the VAE decode's bands"))?,
+        false => 4 * crate::models::vae::largest_activation(cfg, lat_h * lat_w),
+    };
     let encode_tile = plan.references.and_then(|r| r.tile);
     let whole = |&&(w, h): &&(u64, u64)| encode_tile.is_none_or(|t| w.max(h) <= t);
     let encoded = input.references.iter().filter(whole).copied().chain(encode_tile.map(|t| (t, t)));
@@ -670,7 +679,7 @@ mod vae_layouts;
 pub use crate::bytes::Bytes;
 pub use estimates::*;
 pub use preview::{preview_layouts, PreviewLayout, PreviewLayouts, MAX_PREVIEW_LAYOUTS};
-pub use vae_layouts::{decode_options, decode_tile_capacity, reference_options, vae_arena};
+pub use vae_layouts::{decode_device_capacity, decode_options, decode_tile_capacity, reference_options, vae_arena};
 use vae_layouts::smallest_decode;
 use denoise::DenoiseOptions;
 #[cfg(test)]

@@ -590,6 +590,30 @@ fn attention_keys_beyond_one_binding_force_chunks_or_are_refused_up_front() {
     assert!(matches!(plan(&strict(1536)), Err(PlanError::ArenaTooLarge { phase: "the transformer", .. })));
 }
 
+/// Where the adapter cannot bind the decode, the fastest layout keeps the
+/// image's activations on the device (bands of one binding between them),
+/// counted whole on the device; a budget without room for them takes the
+/// host's tiles; a forced tile stays on the host.
+#[test]
+fn a_decode_the_adapter_cannot_bind_keeps_its_activations_on_the_device_where_the_budget_holds_them() {
+    let model = Model::klein_4b(false);
+    let lavapipe = DeviceLimits { max_buffer: 2 * GIB, max_binding: 128 << 20 };
+    let input = PlanInput { limits: lavapipe, ..model.input(1024, None) };
+    let options: Vec<VaePlan> = decode_options(&input).unwrap().collect();
+    let first = options[0];
+    assert_eq!((first.tile, first.on_device), (Some(1024), true), "{options:?}");
+    let activations = vae::arena_bytes(&model.vae, 128, 128).unwrap();
+    assert!(first.other_bytes > activations && first.arena_bytes <= lavapipe.max_buffer, "the activations in pages, the band arena one buffer: {first:?}");
+    assert!(options[1..].iter().all(|p| !p.on_device && p.tile.is_some_and(|t| t < 1024)) && options.len() > 2, "{options:?}");
+    // It costs the image's activations more than the host's largest tile: a budget chooses.
+    assert!(options[1].device() + activations / 2 < first.device(), "{options:?}");
+    let planned = plan(&input).unwrap().decode;
+    assert_eq!((planned.tile, planned.on_device), (Some(1024), true));
+    // A forced tile bands on the host; an adapter that binds the decode takes it whole.
+    assert!(decode_options(&PlanInput { vae_tile: Some(256), ..input }).unwrap().all(|p| !p.on_device));
+    assert_eq!(plan(&model.input(1024, None)).unwrap().decode.tile, None);
+}
+
 #[test]
 fn a_forced_vae_tile_is_the_only_layout_and_is_checked_against_the_budget() {
     let model = Model::klein_4b(false);
@@ -707,7 +731,7 @@ fn the_readme_figures_are_the_planners() {
     quoted(&format!("against {} untiled", readme(decode[0].peak())));
     let lavapipe = DeviceLimits { max_buffer: 2 * GIB, max_binding: 128 << 20 };
     let bound = PlanInput { limits: lavapipe, ..input };
-    let largest = decode_options(&bound).unwrap().find(|p| p.tile.is_some()).unwrap();
+    let largest = decode_options(&bound).unwrap().find(|p| p.tile.is_some() && !p.on_device).unwrap();
     quoted(&format!("{} in the largest tile lavapipe's 128 MiB bindings allow ({} px)", readme(largest.peak()), largest.tile.unwrap()));
     // The VAE encoder on a 1024² reference.
     let refs = [(1024, 1024)];

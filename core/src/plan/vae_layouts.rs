@@ -28,7 +28,7 @@ pub fn reference_options<'a>(input: &'a PlanInput<'a>) -> Result<impl Iterator<I
     let plan_of = |tile: Option<u64>, (arena_bytes, other_bytes)| {
         // In bands the host copies one band's operands and results at a time.
         let host_bytes = host::references(input, tile.map(|_| arena_bytes));
-        VaePlan { tile, weight_bytes: input.vae_encoder_weight_bytes, arena_bytes, other_bytes, host_bytes }.with_staging()
+        VaePlan { tile, on_device: false, weight_bytes: input.vae_encoder_weight_bytes, arena_bytes, other_bytes, host_bytes }.with_staging()
     };
     let unit = input.vae.latent_cell() as u64;
     let forced_plan = match (forced, input.references) {
@@ -115,8 +115,10 @@ fn encode_tiled(input: &PlanInput<'_>, tile: u64, steps: u64) -> Option<(u64, u6
 }
 
 /// Every layout of the VAE decode, fastest first: untiled when the adapter
-/// can bind it, then square tiles from the largest down to the smallest
-/// whose band holds one row of the image's widest convolution.
+/// can bind it; else by bands of a binding with the image's activations on
+/// the device; then square tiles from the largest down to the smallest
+/// whose band holds one row of the image's widest convolution, the
+/// activations in a host scratch file.
 pub fn decode_options<'a>(input: &'a PlanInput<'a>) -> Result<impl Iterator<Item = VaePlan> + 'a, PlanError> {
     latent_grid(input)?;
     let mut options = decode_candidates(input).peekable();
@@ -153,6 +155,17 @@ pub fn decode_tile_capacity(cfg: &VaeConfig, tile: u64, side: u64, row: u64, lim
     (capacity >= row || tile >= side).then_some(capacity)
 }
 
+/// The elements a band holds when a `width × height` decode runs by bands
+/// of one binding with the image's activations on the device, if such a
+/// band holds one row of the image's widest convolution and its arena fits
+/// one buffer.
+pub fn decode_device_capacity(cfg: &VaeConfig, width: u64, height: u64, limits: DeviceLimits) -> Option<u64> {
+    let scale = cfg.scale_factor() as u64;
+    let row = vae::decode_band_minimum(cfg, height / scale, width / scale).ok()?;
+    let capacity = vae::band_capacity(cfg, width.max(height) / scale, limits.max_binding).ok().filter(|&c| c >= row)?;
+    (vae::band_arena_bytes(capacity) <= limits.max_buffer).then_some(capacity)
+}
+
 /// Decode layouts from the fastest (untiled) to the smallest tile.
 fn decode_candidates<'a>(input: &'a PlanInput<'a>) -> impl Iterator<Item = VaePlan> + 'a {
     let cfg = input.vae;
@@ -166,7 +179,7 @@ fn decode_candidates<'a>(input: &'a PlanInput<'a>) -> impl Iterator<Item = VaePl
     // Untiled, the image's 8-bit levels come back through one staging buffer.
     let levels = 4 * 3 * w * h;
     let whole = vae_arena(cfg, h / scale, w / scale, input.limits)
-        .map(|arena| VaePlan { tile: None, weight_bytes: weights, arena_bytes: arena, other_bytes: levels + overhead(steps), host_bytes: host::decode(input, None) }.with_staging());
+        .map(|arena| VaePlan { tile: None, on_device: false, weight_bytes: weights, arena_bytes: arena, other_bytes: levels + overhead(steps), host_bytes: host::decode(input, None) }.with_staging());
     let unit = 2 * scale;
     let largest = w.max(h) / unit;
     // A band must hold one row of the image's widest convolution.
@@ -175,6 +188,19 @@ fn decode_candidates<'a>(input: &'a PlanInput<'a>) -> impl Iterator<Item = VaePl
     let forced = input.vae_tile;
     let covers = forced.is_some_and(|t| t >= w.max(h));
     let whole = whole.filter(|_| forced.is_none() || covers);
+    // Where the adapter cannot bind the decode: the activations in device
+    // buffers no kernel binds (the whole image's arena, in pages of the
+    // largest buffer), bands of one binding between them and the band
+    // arena; the decoded values come back as an untiled decode's do.
+    let on_device = match (&whole, forced) {
+        (None, None) => vae::arena_bytes(cfg, h / scale, w / scale).ok().zip(decode_device_capacity(cfg, w, h, input.limits)).map(|(activations, capacity)| {
+            let arena = vae::band_arena_bytes(capacity);
+            let host_bytes = host::decode_device_bands(input, arena);
+            // The activations' pages are other device bytes: no kernel binds them.
+            VaePlan { tile: Some(w.max(h)), on_device: true, weight_bytes: weights, arena_bytes: arena, other_bytes: activations + levels + overhead(steps), host_bytes }.with_staging()
+        }),
+        _ => None,
+    };
     // Tile sizes in cells of `unit` pixels; none when a forced tile covers the image.
     let (first, last) = match forced {
         Some(_) if covers => (1, 0),
@@ -189,7 +215,7 @@ fn decode_candidates<'a>(input: &'a PlanInput<'a>) -> impl Iterator<Item = VaePl
         // Each band's result, and each chunk of levels, comes back through a
         // staging buffer of at most the arena: nothing grows with the image.
         let host_bytes = host::decode(input, Some(arena));
-        Some(VaePlan { tile: Some(tile), weight_bytes: weights, arena_bytes: arena, other_bytes: arena + overhead(steps), host_bytes }.with_staging())
+        Some(VaePlan { tile: Some(tile), on_device: false, weight_bytes: weights, arena_bytes: arena, other_bytes: arena + overhead(steps), host_bytes }.with_staging())
     });
-    whole.into_iter().chain(tiles)
+    whole.into_iter().chain(on_device).chain(tiles)
 }

@@ -363,11 +363,12 @@ impl<'g> ShapeBench<'g> {
     }
 
     /// The VAE decode of a `size`² image by bands, as `gen` decodes an
-    /// image the adapter cannot hold whole: in the arena of the largest
-    /// tile the adapter holds whole whose band takes a row of the widest
-    /// convolution, each op band by band with the activations in a scratch
-    /// file; the wall-clock median of the decodes, each band's upload,
-    /// dispatch and readback included.
+    /// image the adapter cannot hold whole and the budget does not limit: by
+    /// bands of one binding with the activations on the device (the plan's
+    /// first choice then), else in the arena of the largest tile the adapter
+    /// holds whole whose band takes a row of the widest convolution, with
+    /// the activations in a scratch file; each op band by band, the
+    /// wall-clock median of the decodes, each band's copies included.
     pub fn vae_decode_banded(&self, cfg: &VaeConfig, size: u64) -> Result<Figure, RunError> {
         let internal = |e: vae::VaePlanError| RunError::Internal(e.to_string());
         let (layout, arena_bytes) = vae_layout(cfg, size)?;
@@ -375,17 +376,23 @@ impl<'g> ShapeBench<'g> {
         let scale = cfg.scale_factor() as u64;
         let limits = self.gpu.plan_limits();
         let row = vae::decode_band_minimum(cfg, size / scale, size / scale).map_err(internal)?;
-        // The plan's rule for a tile, the largest below the image first.
-        let mut tiles = (1..size / (2 * scale)).rev().map(|n| n * 2 * scale);
-        let (tile, capacity) = tiles
-            .find_map(|t| flux_lite_core::plan::decode_tile_capacity(cfg, t, size, row, limits).map(|c| (t, c)))
-            .ok_or_else(|| RunError::Internal(format!("no VAE tile holds a row of a {size}-pixel-wide decode on this adapter")))?;
+        let (how, capacity, on_device) = match flux_lite_core::plan::decode_device_capacity(cfg, size, size, limits) {
+            Some(capacity) => ("bands of a binding, activations on the device".to_string(), capacity, true),
+            None => {
+                // The plan's rule for a tile, the largest below the image first.
+                let mut tiles = (1..size / (2 * scale)).rev().map(|n| n * 2 * scale);
+                let (tile, capacity) = tiles
+                    .find_map(|t| flux_lite_core::plan::decode_tile_capacity(cfg, t, size, row, limits).map(|c| (t, c)))
+                    .ok_or_else(|| RunError::Internal(format!("no VAE tile holds a row of a {size}-pixel-wide decode on this adapter")))?;
+                (format!("a {tile}² tile's arena, activations on the host"), capacity, false)
+            }
+        };
         let weights = SyntheticWeights::new(|sink| tensors::vae(cfg, sink));
         let placed = weights.place(self.gpu, &program)?;
         Ok(Figure {
             what: "VAE decode, by bands".into(),
-            shape: format!("{size}×{size}, a {tile}² tile's arena, wall clock"),
-            seconds: self.banded_median(&program, &placed, capacity, arena_bytes / 4, false)?,
+            shape: format!("{size}×{size}, {how}, wall clock"),
+            seconds: self.banded_median(&program, &placed, capacity, arena_bytes / 4, on_device)?,
             flops: program.iter().map(Op::flops).sum(),
             bytes: program.iter().map(conv_bytes).sum(),
             matrix: false,

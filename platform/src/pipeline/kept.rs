@@ -31,8 +31,8 @@ pub struct TransformerKey {
     pub lora: Vec<(std::path::PathBuf, u32)>,
 }
 
-/// What a VAE decoder was laid out for: `(width, height, tile)`.
-pub type VaeKey = (usize, usize, Option<u64>);
+/// What a VAE decoder was laid out for: `(width, height, layout)`.
+pub type VaeKey = (usize, usize, crate::components::vae::VaeBands);
 
 /// A kept component, its key and what it is charged.
 #[derive(Debug)]

@@ -26,7 +26,7 @@ use crate::model::lora::LoraSet;
 use crate::model::{Component, ModelFolder};
 use crate::pipeline::reference_image::ReferenceImage;
 use crate::run::runner::BlockProgress;
-use crate::components::vae::VaeDecoder;
+use crate::components::vae::{VaeBands, VaeDecoder};
 use crate::components::vae_encoder::VaeEncoder;
 pub use flux_lite_core::plan::KvPrecision;
 use flux_lite_core::plan::{Plan, WeightStrategy};
@@ -179,12 +179,12 @@ pub struct Image {
     pub rgb: Vec<u8>,
 }
 
-/// The VAE decoder for `width × height` images, laid out whole or in
-/// bands of `tile` pixels (`None`: untiled), its weights uploaded.
-pub fn load_vae_decoder(gpu: &Gpu, model: &ModelFolder, width: usize, height: usize, tile: Option<u64>) -> Result<VaeDecoder, RunError> {
+/// The VAE decoder for `width × height` images, laid out as `bands` says
+/// (the plan's choice), its weights uploaded.
+pub fn load_vae_decoder(gpu: &Gpu, model: &ModelFolder, width: usize, height: usize, bands: VaeBands) -> Result<VaeDecoder, RunError> {
     let mut store = model.weights(Component::Vae)?;
     store.expand_df11_on_host()?;
-    VaeDecoder::new(gpu, &model.vae, &store, width, height, tile.map(|t| t as usize))
+    VaeDecoder::laid_out(gpu, &model.vae, &store, width, height, bands)
 }
 
 /// What the caller learns while a generation runs: each phase as it
