@@ -112,7 +112,8 @@ fn previews_off_add_no_work_and_on_add_one_readback_each() {
 /// scratch file or on the device, within the same bounds.
 #[test]
 fn the_tiny_decoders_decode_as_their_references() {
-    use flux_lite_platform::components::tiny_decoder::{PreviewBands, TinyDecoder, TinyDecoderFile};
+    use flux_lite_platform::components::tiny_decoder::{TinyDecoder, TinyDecoderFile};
+    use flux_lite_platform::run::activations::Bands;
     use flux_lite_platform::model::Component;
     let dir = test_vectors().join("goldens/tiny_decoder");
     let bytes = std::fs::read(dir.join("cases.safetensors")).unwrap();
@@ -122,11 +123,11 @@ fn the_tiny_decoders_decode_as_their_references() {
     let vae_store = model.weights(Component::Vae).unwrap();
     let latents = f32s("latents");
     let (width, height) = (20, 12);
-    let layouts = [PreviewBands::Whole, PreviewBands::OnHost { tile: 8 }, PreviewBands::OnDevice { tile: 8 }];
+    let layouts = [Bands::Whole, Bands::OnHost { tile: 8 }, Bands::OnDevice { tile: 8 }];
     for ((case, file), bands) in [("diffusers", "diffusers.safetensors"), ("taesd", "taesd.safetensors")].into_iter().flat_map(|c| layouts.map(|t| (c, t))) {
         let decoder = TinyDecoderFile::open(&dir.join(file)).unwrap_or_else(|e| panic!("{case}: {e}"));
         let tiny = TinyDecoder::new(flux_lite_tests::gpu(), &decoder, &model.vae, &vae_store, width, height, bands).unwrap_or_else(|e| panic!("{case}: {e}"));
-        assert_eq!((tiny.size(), tiny.is_banded()), ((width, height), bands != PreviewBands::Whole));
+        assert_eq!((tiny.size(), tiny.is_banded()), ((width, height), bands != Bands::Whole));
         let label = format!("{case}, {bands:?}");
         let (decoded, rgb) = tiny.decode(flux_lite_tests::gpu(), &latents, true).unwrap();
         let (decoded, want) = (decoded.unwrap(), f32s(case));

@@ -210,7 +210,7 @@ fn the_planned_tile_is_untiled_when_it_fits_and_bounded_by_the_binding_otherwise
 /// and its 8-bit image differs from theirs by at most one level.
 #[test]
 fn a_decode_with_its_activations_on_the_device_matches_the_untiled_one() {
-    use flux_lite_platform::components::vae::VaeBands;
+    use flux_lite_platform::run::activations::Bands;
     use flux_lite_platform::{Gpu, GpuOptions};
     let m = ModelFolder::open(&model_dir("tiny-a")).unwrap();
     let store = m.weights(Component::Vae).unwrap();
@@ -220,9 +220,9 @@ fn a_decode_with_its_activations_on_the_device_matches_the_untiled_one() {
     let input = sizes.plan_input(&m, width, height, &[], small.plan_limits(), None);
     let first = flux_lite_core::plan::decode_options(&input).unwrap().next().unwrap();
     assert_eq!((first.tile, first.on_device), (Some(96), true), "{first:?}");
-    assert_eq!(VaeBands::of_plan(first.tile, first.on_device), VaeBands::OnDevice);
+    assert_eq!(Bands::from(first), Bands::OnDevice { tile: 96 });
     let latents = random_latents(width, height, 12);
-    let mut on_device = VaeDecoder::laid_out(&small, &m.vae, &store, width, height, VaeBands::OnDevice).unwrap_or_else(|e| panic!("{e}"));
+    let mut on_device = VaeDecoder::laid_out(&small, &m.vae, &store, width, height, Bands::from(first)).unwrap_or_else(|e| panic!("{e}"));
     assert!(on_device.is_banded());
     let mut ticks = 0;
     let device_image = on_device.decode(&small, &latents, &mut |_| ticks += 1).unwrap_or_else(|e| panic!("{e}"));

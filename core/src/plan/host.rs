@@ -86,9 +86,10 @@ pub(super) fn references(input: &PlanInput<'_>, band: Option<u64>) -> u64 {
 /// operands and result (together at most the arena; later a chunk of
 /// levels, half of it), and holds the planar and RGB bytes.
 pub(super) fn decode(input: &PlanInput<'_>, band: Option<u64>) -> u64 {
+    let pixels = input.width.saturating_mul(input.height);
     decode_image(input, match band {
-        None => (4 * 3 + 4 * 3 + 3 + 3) * input.width.saturating_mul(input.height),
-        Some(arena) => arena + (3 + 3) * input.width.saturating_mul(input.height),
+        None => (4 * 3 + 4 * 3 + 3 + 3) * pixels,
+        Some(arena) => arena + (3 + 3) * pixels,
     })
 }
 
@@ -104,4 +105,3 @@ fn decode_image(input: &PlanInput<'_>, image: u64) -> u64 {
     // The size was checked when the decoder's layouts were.
     latent_bytes(input).unwrap_or(0) + reference_pixels(input) + image
 }
-

@@ -155,14 +155,12 @@ pub fn decode_tile_capacity(cfg: &VaeConfig, tile: u64, side: u64, row: u64, lim
     (capacity >= row || tile >= side).then_some(capacity)
 }
 
-/// The elements a band holds when a `width × height` decode runs by bands
-/// of one binding with the image's activations on the device, if such a
-/// band holds one row of the image's widest convolution and its arena fits
-/// one buffer.
-pub fn decode_device_capacity(cfg: &VaeConfig, width: u64, height: u64, limits: DeviceLimits) -> Option<u64> {
-    let scale = cfg.scale_factor() as u64;
-    let row = vae::decode_band_minimum(cfg, height / scale, width / scale).ok()?;
-    let capacity = vae::band_capacity(cfg, width.max(height) / scale, limits.max_binding).ok().filter(|&c| c >= row)?;
+/// The elements a band holds when a decode whose longer side is `side`
+/// pixels runs by bands of one binding with the image's activations on the
+/// device, if such a band holds `row` elements (one row of the image's
+/// widest convolution, [`vae::decode_band_minimum`]) and its arena fits one buffer.
+pub fn decode_device_capacity(cfg: &VaeConfig, side: u64, row: u64, limits: DeviceLimits) -> Option<u64> {
+    let capacity = vae::band_capacity(cfg, side / cfg.scale_factor() as u64, limits.max_binding).ok().filter(|&c| c >= row)?;
     (vae::band_arena_bytes(capacity) <= limits.max_buffer).then_some(capacity)
 }
 
@@ -193,7 +191,7 @@ fn decode_candidates<'a>(input: &'a PlanInput<'a>) -> impl Iterator<Item = VaePl
     // largest buffer), bands of one binding between them and the band
     // arena; the decoded values come back as an untiled decode's do.
     let on_device = match (&whole, forced) {
-        (None, None) => vae::arena_bytes(cfg, h / scale, w / scale).ok().zip(decode_device_capacity(cfg, w, h, input.limits)).map(|(activations, capacity)| {
+        (None, None) => vae::arena_bytes(cfg, h / scale, w / scale).ok().zip(decode_device_capacity(cfg, w.max(h), row, input.limits)).map(|(activations, capacity)| {
             let arena = vae::band_arena_bytes(capacity);
             let host_bytes = host::decode_device_bands(input, arena);
             // The activations' pages are other device bytes: no kernel binds them.

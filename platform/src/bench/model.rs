@@ -376,7 +376,7 @@ impl<'g> ShapeBench<'g> {
         let scale = cfg.scale_factor() as u64;
         let limits = self.gpu.plan_limits();
         let row = vae::decode_band_minimum(cfg, size / scale, size / scale).map_err(internal)?;
-        let (how, capacity, on_device) = match flux_lite_core::plan::decode_device_capacity(cfg, size, size, limits) {
+        let (how, capacity, on_device) = match flux_lite_core::plan::decode_device_capacity(cfg, size, row, limits) {
             Some(capacity) => ("bands of a binding, activations on the device".to_string(), capacity, true),
             None => {
                 // The plan's rule for a tile, the largest below the image first.
@@ -455,18 +455,18 @@ impl<'g> ShapeBench<'g> {
     /// whole image's `elements` f32 of activations each run: on the device
     /// when `on_device`, else in a scratch file.
     fn banded_median(&self, program: &[Op], weights: &DeviceWeights, capacity: u64, elements: u64, on_device: bool) -> Result<f64, RunError> {
-        use crate::run::activations::{Activations, DeviceTensors, HostTensors};
+        use crate::run::activations::BandActivations;
         use crate::run::vae_bands::BandRunner;
         let runner = self.runner(vae::band_arena_bytes(capacity), 0, 0, false);
         let bands = BandRunner { gpu: self.gpu, runner: &runner, weights, capacity };
         let mut times = Vec::new();
         for _ in 0..self.repeats.max(1) {
-            let mut store: Box<dyn Activations> =
-                if on_device { Box::new(DeviceTensors::new(self.gpu, elements, self.gpu.plan_limits().max_buffer)?) } else { Box::new(HostTensors::scratch(elements)?) };
+            let activations = BandActivations::new(self.gpu, elements, on_device)?;
+            let mut held = activations.hold()?;
             self.gpu.wait()?;
             let start = std::time::Instant::now();
             for op in program {
-                bands.run(store.as_mut(), op)?;
+                bands.run(held.store(), op)?;
             }
             self.gpu.wait()?;
             times.push(start.elapsed().as_secs_f64());

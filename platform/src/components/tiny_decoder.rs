@@ -14,16 +14,15 @@ use crate::error::{LoadError, RunError};
 use crate::model::safetensors_store::{TensorRef, WeightStore};
 use crate::run::device_weights::{DeviceWeight, DeviceWeights};
 use crate::run::runner::{collect_ops, Runner};
-use crate::run::activations::{Activations, DeviceTensors, HostTensors};
+use crate::run::activations::{Activations, BandActivations, Bands};
 use crate::run::vae_bands::BandRunner;
 use flux_lite_core::config::VaeConfig;
 use flux_lite_core::models::tiny_decoder::{self as program, TinyDecoderConfig, TinyDecoderLayout};
 use flux_lite_core::models::vae::band_arena_bytes;
-use flux_lite_core::plan::{preview_layouts, DeviceLimits, PreviewLayout, PreviewLayouts};
+use flux_lite_core::plan::{preview_layouts, DeviceLimits, PreviewLayouts};
 use flux_lite_core::BumpArena;
 use flux_lite_kernels::{Dispatch, Gpu};
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 
 /// A tiny decoder's file, read and checked: its structure and its mapped tensors.
 #[derive(Debug)]
@@ -113,39 +112,15 @@ impl TinyDecoderFile {
     }
 }
 
-/// How a decode is laid out: as the plan's [`PreviewLayout`] says.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PreviewBands {
-    /// The whole image in one pass.
-    Whole,
-    /// Op by op over bands in the arena a `tile`-pixel square takes (at
-    /// most one binding), the whole image's activations on the device.
-    OnDevice { tile: u64 },
-    /// The same, the activations in a host scratch file; a tile that covers
-    /// the image is the whole decode.
-    OnHost { tile: u64 },
-}
-
-impl From<PreviewLayout> for PreviewBands {
-    fn from(l: PreviewLayout) -> Self {
-        match (l.tile, l.on_device) {
-            (None, _) => Self::Whole,
-            (Some(tile), true) => Self::OnDevice { tile },
-            (Some(tile), false) => Self::OnHost { tile },
-        }
-    }
-}
-
 /// How the image is decoded.
 #[derive(Debug)]
 enum Mode {
     /// In one pass, the program recorded once over the whole image's layout.
     Whole { dispatches: Vec<Dispatch> },
     /// Op by op over bands whose operands take at most `capacity` f32, the
-    /// whole image's `elements` f32 of activations in `device`'s pages
-    /// (allocated once: the plan counts them beside the transformer), or,
-    /// without it, in a scratch file for each decode.
-    Banded { capacity: u64, elements: u64, device: Option<Mutex<DeviceTensors>> },
+    /// whole image's activations in `activations` (device pages: the plan
+    /// counts them beside the transformer).
+    Banded { capacity: u64, activations: BandActivations },
 }
 
 /// A tiny decoder laid out for one image size, its program recorded once
@@ -166,15 +141,11 @@ impl TinyDecoder {
     /// once, or by bands in the arena a tile's square would take whole (and
     /// no more than one binding).
     #[allow(clippy::too_many_arguments)] // the decoder, the VAE, the image and its layout
-    pub fn new(gpu: &Gpu, file: &TinyDecoderFile, vae: &VaeConfig, vae_store: &WeightStore, width: usize, height: usize, bands: PreviewBands) -> Result<Self, RunError> {
+    pub fn new(gpu: &Gpu, file: &TinyDecoderFile, vae: &VaeConfig, vae_store: &WeightStore, width: usize, height: usize, bands: Bands) -> Result<Self, RunError> {
         file.check_fits(vae)?;
         let (lat_h, lat_w) = file.latent(vae, width, height);
         let side = width.max(height) as u64;
-        let (banded, on_device) = match bands {
-            PreviewBands::Whole => (None, true),
-            PreviewBands::OnDevice { tile } => (Some(tile), true),
-            PreviewBands::OnHost { tile } => (Some(tile).filter(|&t| t < side), false),
-        };
+        let banded = bands.banded(side);
         if banded.is_none() {
             // Checked by the plan's layouts; here for a caller without a plan.
             file.layouts(width, height, 0, gpu.plan_limits(), None)?.first().filter(|l| l.tile.is_none()).ok_or_else(|| {
@@ -185,7 +156,7 @@ impl TinyDecoder {
         let layout = TinyDecoderLayout::new(&file.config, lat_h, lat_w, vae.batch_norm_eps as f32, &mut arena).map_err(plan_error)?;
         let (bytes, capacity) = match banded {
             None => (arena.high_water(), 0),
-            Some(t) => {
+            Some((t, _)) => {
                 let capacity = program::band_capacity(&file.config, t / file.config.scale(), gpu.max_binding()).map_err(plan_error)?;
                 (band_arena_bytes(capacity), capacity)
             }
@@ -222,10 +193,9 @@ impl TinyDecoder {
                 }
                 Mode::Whole { dispatches }
             }
-            Some(_) => {
+            Some((_, on_device)) => {
                 let elements = program::arena_bytes(&file.config, lat_h, lat_w).map_err(plan_error)? / 4;
-                let device = if on_device { Some(Mutex::new(DeviceTensors::new(gpu, elements, gpu.plan_limits().max_buffer)?)) } else { None };
-                Mode::Banded { capacity, elements, device }
+                Mode::Banded { capacity, activations: BandActivations::new(gpu, elements, on_device)? }
             }
         };
         Ok(Self { layout, runner, weights, mode })
@@ -260,18 +230,9 @@ impl TinyDecoder {
                 let decoded = if values { Some(self.runner.read(gpu, self.layout.decoded(), 1, n)?) } else { None };
                 (decoded, self.runner.read(gpu, self.layout.levels(), 1, n)?)
             }
-            Mode::Banded { capacity, elements, device } => {
-                let (mut pages, mut scratch);
-                let store: &mut dyn Activations = match device {
-                    Some(device) => {
-                        pages = device.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-                        &mut *pages
-                    }
-                    None => {
-                        scratch = HostTensors::scratch(*elements)?;
-                        &mut scratch
-                    }
-                };
+            Mode::Banded { capacity, activations } => {
+                let mut held = activations.hold()?;
+                let store = held.store();
                 self.decode_banded(gpu, *capacity, packed, store)?;
                 let decoded = if values { Some(store.read(gpu, self.layout.decoded(), n)?) } else { None };
                 (decoded, store.read(gpu, self.layout.levels(), n)?)

@@ -11,14 +11,13 @@ use flux_lite_kernels::Dispatch;
 use crate::run::device_weights::{DeviceWeight, DeviceWeights};
 use crate::run::runner::{collect_ops, Runner};
 use crate::model::safetensors_store::WeightStore;
-use crate::run::activations::{Activations, DeviceTensors, HostTensors};
+use crate::run::activations::{Activations, BandActivations, Bands, HeldActivations, HostTensors};
 use crate::run::vae_bands::BandRunner;
 use flux_lite_core::config::{ImageSize, VaeConfig};
 use flux_lite_core::ir::{Op, Span};
 use flux_lite_core::models::tensors::{self, TensorSpec};
-use flux_lite_core::models::vae::{self as program, arena_bytes, VaeLayout, VaePlanError};
+use flux_lite_core::models::vae::{self as program, VaeLayout, VaePlanError};
 use flux_lite_core::BumpArena;
-use std::sync::Mutex;
 
 /// Steps of one [`VaeDecoder::decode`] done: one when untiled, one per op of the decode program when banded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,32 +62,8 @@ enum Mode {
     /// In one pass, the program recorded once over the whole image's layout.
     Whole { layout: Box<VaeLayout>, dispatches: Vec<Dispatch> },
     /// Op by op over bands whose operands take at most `capacity` f32, the
-    /// image's activations in `device` pages between bands, or in a host
-    /// scratch file made for each decode where `None`.
-    Banded { capacity: u64, device: Option<Mutex<DeviceTensors>> },
-}
-
-/// Where a decode's activations live: the whole image's arena ([`Self::Whole`]),
-/// or by bands with the image's activations in device pages no kernel binds
-/// and bands of one binding ([`Self::OnDevice`]), or in a host scratch file
-/// and bands in the arena a `tile`-pixel square needs ([`Self::OnHost`]): the
-/// plan's choice (`VaePlan::tile`, `VaePlan::on_device`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum VaeBands {
-    Whole,
-    OnDevice,
-    OnHost { tile: usize },
-}
-
-impl VaeBands {
-    /// The layout a plan's tile and `on_device` name.
-    pub fn of_plan(tile: Option<u64>, on_device: bool) -> Self {
-        match (tile, on_device) {
-            (None, _) => VaeBands::Whole,
-            (Some(_), true) => VaeBands::OnDevice,
-            (Some(t), false) => VaeBands::OnHost { tile: t as usize },
-        }
-    }
+    /// image's activations in `activations` between bands.
+    Banded { capacity: u64, activations: BandActivations },
 }
 
 #[derive(Debug)]
@@ -119,30 +94,22 @@ impl VaeDecoder {
         height: usize,
         tile_px: Option<usize>,
     ) -> Result<Self, RunError> {
-        let bands = match tile_px {
-            Some(tile) if tile < width.max(height) => VaeBands::OnHost { tile },
-            _ => VaeBands::Whole,
-        };
-        Self::laid_out(gpu, config, store, width, height, bands)
+        Self::laid_out(gpu, config, store, width, height, tile_px.map_or(Bands::Whole, |t| Bands::OnHost { tile: t as u64 }))
     }
 
-    /// [`Self::new`] in the layout `bands` says; by bands on the device, the
-    /// band arena holds one binding and the image's activations take pages
-    /// of the adapter's largest buffer.
-    pub fn laid_out(gpu: &Gpu, config: &VaeConfig, store: &WeightStore, width: usize, height: usize, bands: VaeBands) -> Result<Self, RunError> {
+    /// [`Self::new`] in the layout `bands` says (the plan's); by bands on
+    /// the device, the image's activations take pages of the adapter's
+    /// largest buffer, allocated here.
+    pub fn laid_out(gpu: &Gpu, config: &VaeConfig, store: &WeightStore, width: usize, height: usize, bands: Bands) -> Result<Self, RunError> {
         if config.out_channels != 3 {
             return Err(RunError::Internal(format!("the VAE has {} output channels; images need 3", config.out_channels)));
         }
         check_image_size(config, width, height)?;
         let scale = config.scale_factor();
-        let banded = match bands {
-            VaeBands::Whole => None,
-            VaeBands::OnDevice => Some(width.max(height)),
-            VaeBands::OnHost { tile } => {
-                check_tile(config, Some(tile))?;
-                Some(tile)
-            }
-        };
+        let banded = bands.banded(width.max(height) as u64);
+        if let Bands::OnHost { tile } = bands {
+            check_tile(config, Some(tile as usize))?;
+        }
         let (latent_h, latent_w) = ((height / scale) as u64, (width / scale) as u64);
         // The whole image's layout, or the elements a band's operands may take.
         let (layout, capacity, arena_bytes) = match banded {
@@ -151,8 +118,8 @@ impl VaeDecoder {
                 let layout = VaeLayout::new(config, latent_h, latent_w, &mut arena).map_err(plan_error)?;
                 (Some(layout), 0, arena.high_water())
             }
-            Some(t) => {
-                let side = (t / scale) as u64;
+            Some((t, _)) => {
+                let side = t / scale as u64;
                 let capacity = program::band_capacity(config, side, gpu.max_binding()).map_err(plan_error)?;
                 (None, capacity, program::band_arena_bytes(capacity))
             }
@@ -176,11 +143,9 @@ impl VaeDecoder {
                 Mode::Whole { layout: Box::new(layout), dispatches }
             }
             None => {
-                let device = match bands {
-                    VaeBands::OnDevice => Some(Mutex::new(DeviceTensors::new(gpu, arena_bytes_of(config, latent_h, latent_w)? / 4, gpu.plan_limits().max_buffer)?)),
-                    _ => None,
-                };
-                Mode::Banded { capacity, device }
+                let on_device = banded.is_some_and(|(_, on_device)| on_device);
+                let elements = program::arena_bytes(config, latent_h, latent_w).map_err(plan_error)? / 4;
+                Mode::Banded { capacity, activations: BandActivations::new(gpu, elements, on_device)? }
             }
         };
         Ok(Self { config: config.clone(), latent_h, latent_w, mode, runner, weights, arena_bytes, decoded_once: false })
@@ -227,17 +192,15 @@ impl VaeDecoder {
                 progress(TileProgress { done: 1, total: 1 });
                 Decoded::Read(self.runner.read(gpu, layout.decoded, 1, layout.decoded_len())?)
             }
-            Mode::Banded { capacity, device } => {
+            Mode::Banded { capacity, activations } => {
                 let full = VaeLayout::new(&self.config, self.latent_h, self.latent_w, &mut BumpArena::new(u64::MAX)).map_err(plan_error)?;
-                match device {
-                    Some(device) => {
-                        let mut pages = device.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-                        self.decode_banded(gpu, *capacity, &full, packed, &mut *pages, progress)?;
-                        Decoded::Read(pages.read(gpu, full.decoded, full.decoded_len())?)
-                    }
-                    None => {
-                        let mut host = HostTensors::scratch(arena_bytes_of(&self.config, self.latent_h, self.latent_w)? / 4)?;
-                        self.decode_banded(gpu, *capacity, &full, packed, &mut host, progress)?;
+                let mut held = activations.hold()?;
+                self.decode_banded(gpu, *capacity, &full, packed, held.store(), progress)?;
+                match held {
+                    // Read back as an untiled decode's values are.
+                    HeldActivations::Device(pages) => Decoded::Read(pages.read(gpu, full.decoded, full.decoded_len())?),
+                    // Left in the scratch file, its span read once into the arena.
+                    HeldActivations::Host(host) => {
                         host.get(full.decoded, full.decoded_len())?;
                         Decoded::Scratch { host, span: full.decoded, len: full.decoded_len() }
                     }
@@ -387,11 +350,6 @@ pub(crate) fn check_image_size(config: &VaeConfig, width: usize, height: usize) 
 }
 
 /// Refuses a tile size that is not a positive multiple of twice the VAE scale factor.
-/// Bytes of the whole image's decode arena (a banded decode's activations between bands).
-fn arena_bytes_of(config: &VaeConfig, latent_h: u64, latent_w: u64) -> Result<u64, RunError> {
-    arena_bytes(config, latent_h, latent_w).map_err(plan_error)
-}
-
 pub(crate) fn check_tile(config: &VaeConfig, tile_px: Option<usize>) -> Result<(), RunError> {
     let unit = config.latent_cell();
     match tile_px {

@@ -5,7 +5,7 @@
 //! on the host; a large batch runs in several rounds of at most
 //! [`ROUND_HOST_BYTES`] (less when the budget has less room).
 
-use crate::components::vae::VaeBands;
+use crate::run::activations::Bands;
 use super::kept::{take_matching, Kept, PromptEncoder, Slot, TransformerKey};
 use super::job::{OutputType, Resolved};
 use super::{denoise, uses_guidance, Image, Observer, Phase, Pipeline, Progress, Prompt, Request, Timings, PROMPT_TOKENS};
@@ -101,7 +101,7 @@ impl Pipeline {
         // A VAE in bands on the host keeps the image's activations in a scratch
         // file: find out now, not after the denoising, if its folder cannot take one.
         let banded_encode = plan.references.is_some_and(|r| r.tile.is_some());
-        if (decode_image && plan.decode.tile.is_some() && !plan.decode.on_device) || banded_encode {
+        if (decode_image && matches!(Bands::from(plan.decode), Bands::OnHost { .. })) || banded_encode {
             crate::run::activations::HostTensors::scratch(1)?;
         }
         let mut kept = self.kept.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -356,7 +356,7 @@ impl Run<'_> {
         let mut vae = None;
         if decode_image {
             let started = Instant::now();
-            let key = (request.width, request.height, VaeBands::of_plan(self.plan.decode.tile, self.plan.decode.on_device));
+            let key = (request.width, request.height, Bands::from(self.plan.decode));
             vae = Some(match take_matching(&mut self.kept.vae, &key) {
                 Some(v) => {
                     self.reused.push("VAE decoder");
@@ -390,7 +390,7 @@ impl Run<'_> {
         if let Some(value) = vae {
             let cost = self.plan.decode.peak();
             if pipeline.keep_loaded && self.kept.has_room(cost, self.plan, request.memory_budget) {
-                self.kept.vae = Some(Slot { key: (request.width, request.height, VaeBands::of_plan(self.plan.decode.tile, self.plan.decode.on_device)), value, cost });
+                self.kept.vae = Some(Slot { key: (request.width, request.height, Bands::from(self.plan.decode)), value, cost });
             }
         }
         Ok(())

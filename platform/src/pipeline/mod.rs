@@ -26,7 +26,8 @@ use crate::model::lora::LoraSet;
 use crate::model::{Component, ModelFolder};
 use crate::pipeline::reference_image::ReferenceImage;
 use crate::run::runner::BlockProgress;
-use crate::components::vae::{VaeBands, VaeDecoder};
+use crate::components::vae::VaeDecoder;
+use crate::run::activations::Bands;
 use crate::components::vae_encoder::VaeEncoder;
 pub use flux_lite_core::plan::KvPrecision;
 use flux_lite_core::plan::{Plan, WeightStrategy};
@@ -181,7 +182,7 @@ pub struct Image {
 
 /// The VAE decoder for `width × height` images, laid out as `bands` says
 /// (the plan's choice), its weights uploaded.
-pub fn load_vae_decoder(gpu: &Gpu, model: &ModelFolder, width: usize, height: usize, bands: VaeBands) -> Result<VaeDecoder, RunError> {
+pub fn load_vae_decoder(gpu: &Gpu, model: &ModelFolder, width: usize, height: usize, bands: Bands) -> Result<VaeDecoder, RunError> {
     let mut store = model.weights(Component::Vae)?;
     store.expand_df11_on_host()?;
     VaeDecoder::laid_out(gpu, &model.vae, &store, width, height, bands)

@@ -126,8 +126,9 @@ impl Drawer {
         match &model.preview_decoder {
             Some(file) => {
                 let vae_store = model.weights(crate::model::Component::Vae)?;
-                use crate::components::tiny_decoder::{PreviewBands, TinyDecoder};
-                let bands = layout.map_or(PreviewBands::Whole, PreviewBands::from);
+                use crate::components::tiny_decoder::TinyDecoder;
+                use crate::run::activations::Bands;
+                let bands = layout.map_or(Bands::Whole, Bands::from);
                 Ok(Drawer::Decoder(Box::new(TinyDecoder::new(gpu, file, &model.vae, &vae_store, width, height, bands)?)))
             }
             None => Ok(Drawer::Map(GpuPreview::new(gpu, transformer.latents_on_device(), &latent_rgb(model)?, grid, &model.vae)?)),

@@ -294,6 +294,95 @@ impl Activations for DeviceTensors {
     }
 }
 
+/// How a decode (the VAE's or the preview decoder's) is laid out, as the
+/// plan says ([`flux_lite_core::plan::VaePlan`], [`flux_lite_core::plan::PreviewLayout`]):
+/// the whole image in one pass, or op by op over bands in the arena a
+/// `tile`-pixel square takes (at most one binding) with the whole image's
+/// activations in device pages ([`DeviceTensors`]) or in a host scratch
+/// file ([`HostTensors`]). A tile that covers the image is the whole decode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Bands {
+    Whole,
+    OnDevice { tile: u64 },
+    OnHost { tile: u64 },
+}
+
+impl Bands {
+    /// The layout a plan's tile (`None`: whole) and `on_device` name.
+    pub fn of(tile: Option<u64>, on_device: bool) -> Self {
+        match (tile, on_device) {
+            (None, _) => Self::Whole,
+            (Some(tile), true) => Self::OnDevice { tile },
+            (Some(tile), false) => Self::OnHost { tile },
+        }
+    }
+
+    /// The band tile for an image whose longer side is `side` pixels, and
+    /// whether the activations stay on the device: `None` for one pass.
+    pub fn banded(self, side: u64) -> Option<(u64, bool)> {
+        match self {
+            Self::Whole => None,
+            Self::OnDevice { tile } => Some((tile, true)),
+            Self::OnHost { tile } => Some((tile, false)).filter(|_| tile < side),
+        }
+    }
+}
+
+impl From<flux_lite_core::plan::VaePlan> for Bands {
+    fn from(p: flux_lite_core::plan::VaePlan) -> Self {
+        Self::of(p.tile, p.on_device)
+    }
+}
+
+impl From<flux_lite_core::plan::PreviewLayout> for Bands {
+    fn from(l: flux_lite_core::plan::PreviewLayout) -> Self {
+        Self::of(l.tile, l.on_device)
+    }
+}
+
+/// A banded decode's whole-image activations: device pages allocated once
+/// with the decoder (the plan counts them resident) and kept between its
+/// decodes, or a host scratch file made for each decode.
+#[derive(Debug)]
+pub enum BandActivations {
+    Device(std::sync::Mutex<DeviceTensors>),
+    Host { elements: u64 },
+}
+
+impl BandActivations {
+    /// `elements` f32 values on the device (`on_device`) or, at each decode, in a scratch file.
+    pub fn new(gpu: &Gpu, elements: u64, on_device: bool) -> Result<Self, RunError> {
+        Ok(match on_device {
+            true => Self::Device(std::sync::Mutex::new(DeviceTensors::new(gpu, elements, gpu.plan_limits().max_buffer)?)),
+            false => Self::Host { elements },
+        })
+    }
+
+    /// The store for one decode: the device pages, held until dropped, or a new scratch file.
+    pub fn hold(&self) -> Result<HeldActivations<'_>, RunError> {
+        Ok(match self {
+            Self::Device(pages) => HeldActivations::Device(pages.lock().unwrap_or_else(std::sync::PoisonError::into_inner)),
+            Self::Host { elements } => HeldActivations::Host(HostTensors::scratch(*elements)?),
+        })
+    }
+}
+
+/// One decode's store ([`BandActivations::hold`]).
+#[derive(Debug)]
+pub enum HeldActivations<'a> {
+    Device(std::sync::MutexGuard<'a, DeviceTensors>),
+    Host(HostTensors),
+}
+
+impl HeldActivations<'_> {
+    pub fn store(&mut self) -> &mut dyn Activations {
+        match self {
+            Self::Device(pages) => &mut **pages,
+            Self::Host(host) => host,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
