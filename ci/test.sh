@@ -26,6 +26,17 @@ CARGO_TARGET_DIR="$(cd "$CARGO_TARGET_DIR" && pwd -P)"
 export CARGO_TARGET_DIR
 echo "build folder: $CARGO_TARGET_DIR"
 
+# Everything below runs from a copy of the sources kept in the build folder
+# (ci/mirror-tree.sh: only the files that differ are written), so that a
+# fresh clone rebuilds only the crates whose files changed, incrementally,
+# instead of the whole workspace (about 2.5 minutes here). Outside a git
+# work tree the build runs where it is.
+if [ -z "${FLUX_LITE_CI_COPY:-}" ] && git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+    bash ci/mirror-tree.sh . "$CARGO_TARGET_DIR/source"
+    export FLUX_LITE_CI_COPY=1
+    exec bash "$CARGO_TARGET_DIR/source/ci/test.sh"
+fi
+
 # Mesa's WSI layer complains on every device creation without a runtime dir.
 if [ -z "${XDG_RUNTIME_DIR:-}" ] || [ ! -d "${XDG_RUNTIME_DIR}" ]; then
     export XDG_RUNTIME_DIR="${TMPDIR:-/tmp}/flux-lite-xdg-$(id -u)"
