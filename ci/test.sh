@@ -32,6 +32,10 @@ echo "build folder: $CARGO_TARGET_DIR"
 # instead of the whole workspace (about 2.5 minutes here). Outside a git
 # work tree the build runs where it is.
 if [ -z "${FLUX_LITE_CI_COPY:-}" ] && git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+    # One run at a time per build folder (the lock is held across the exec):
+    # a second run would rewrite the copy under the first one's tests.
+    exec 9> "$CARGO_TARGET_DIR/run.lock"
+    flock -n 9 || { echo "waiting for another run of the tests that uses $CARGO_TARGET_DIR"; flock 9; }
     bash ci/mirror-tree.sh . "$CARGO_TARGET_DIR/source"
     export FLUX_LITE_CI_COPY=1
     exec bash "$CARGO_TARGET_DIR/source/ci/test.sh"
