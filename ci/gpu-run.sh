@@ -79,7 +79,7 @@ say "flux-lite GPU run, $(date -u +%Y-%m-%dT%H:%M:%SZ), $(uname -srm)"
 say "binary: $binary ($("$binary" --help >/dev/null 2>&1 && echo runs || echo does not run))"
 
 # 2. The machine and the checks.
-# The limits add up to 600 s, and 150 more where the flash selftest fails (4B bench 90,
+# The limits add up to 600 s, and 180 more where the flash selftest fails (4B bench 90,
 # 9B 60, flash selftest and bench 45 each, tiled attention 30, peer 75). On an H200 (2026-11-26) the whole ran in
 # under 6 minutes with the first kernels, whose whole 1024² step row alone
 # took over a minute: the step has its own call, so a slow one cannot cut
