@@ -31,7 +31,7 @@ echo "build folder: $CARGO_TARGET_DIR"
 # fresh clone rebuilds only the crates whose files changed, incrementally,
 # instead of the whole workspace (about 2.5 minutes here). Outside a git
 # work tree the build runs where it is.
-if [ -z "${FLUX_LITE_CI_COPY:-}" ] && git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+if [ -z "${FLUX_LITE_CI_COPY:-}" ] && [ "$(git rev-parse --is-inside-work-tree 2>/dev/null)" = true ]; then
     # One run at a time per build folder (the lock is held across the exec):
     # a second run would rewrite the copy under the first one's tests.
     exec 9> "$CARGO_TARGET_DIR/run.lock"
