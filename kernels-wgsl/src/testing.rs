@@ -39,10 +39,6 @@ pub fn lanes_and_per_lane(what: &str, across: &str) -> Option<(&'static Gpu, Gpu
     Some((lanes, per_lane))
 }
 
-/// A device on the matrix tier, or `None` after printing why there is none
-/// (`skipped: …`, through [`crate::skip::skipped`]). Where
-/// `FLUX_LITE_REQUIRE_MATRIX` is set (CI's run on Mesa 26, which offers
-/// cooperative matrices and f16) a missing tier fails instead.
 /// `run` with a test's switch (a thread-local flag a launcher reads) set, cleared after it.
 pub fn with_switch<T>(switch: &'static std::thread::LocalKey<std::cell::Cell<bool>>, run: impl FnOnce() -> T) -> T {
     switch.set(true);
@@ -51,6 +47,10 @@ pub fn with_switch<T>(switch: &'static std::thread::LocalKey<std::cell::Cell<boo
     out
 }
 
+/// A device on the matrix tier, or `None` after printing why there is none
+/// (`skipped: …`, through [`crate::skip::skipped`]). Where
+/// `FLUX_LITE_REQUIRE_MATRIX` is set (CI's run on Mesa 26, which offers
+/// cooperative matrices and f16) a missing tier fails instead.
 pub fn matrix_gpu() -> Option<Gpu> {
     tier_gpu(crate::Precision::Matrix)
 }
