@@ -285,8 +285,8 @@ fn tiers_side_by_side(transformer: &TransformerConfig, tokens: &[u64], repeats: 
     say!("|---|---|---|{}{}", "---|".repeat(names.len()), "---|".repeat(ratios.len()));
     let (_, _, reference) = &measured[0];
     for (i, f) in reference.iter().enumerate() {
-        let cells: Vec<String> = measured.iter().map(|(_, c, fs)| format!("{} ({:.1}%)", duration(fs[i].seconds), 100.0 * fs[i].flops as f64 / fs[i].peak(c) / fs[i].seconds.max(1e-12))).collect();
-        let speedups: Vec<String> = measured.iter().skip(1).map(|(_, _, fs)| format!("{:.2}×", f.seconds / fs[i].seconds.max(1e-12))).collect();
+        let cells: Vec<String> = measured.iter().map(|(_, c, fs)| format!("{} ({}%)", duration(fs[i].seconds), share(100.0 * fs[i].flops as f64 / fs[i].peak(c) / fs[i].seconds.max(1e-12)))).collect();
+        let speedups: Vec<String> = measured.iter().skip(1).map(|(_, _, fs)| format!("{}×", figure(f.seconds / fs[i].seconds.max(1e-12), 2))).collect();
         let intensity = f.flops as f64 / f.bytes as f64;
         say!("| {} | {} | {intensity:.0} | {} | {} |", f.what, f.shape, cells.join(" | "), speedups.join(" | "));
     }
@@ -318,11 +318,17 @@ fn row(f: &Figure, c: &Ceilings) {
 /// A percentage in one decimal, or in two significant digits below 0.1
 /// (a tiny row far from its ceiling must not read as 0).
 fn share(percent: f64) -> String {
-    if percent >= 0.1 || percent == 0.0 {
-        format!("{percent:.1}")
+    figure(percent, 1)
+}
+
+/// `value` with `decimals` places, or in two significant digits where it is
+/// below the last of those places (so a small figure never reads as 0).
+fn figure(value: f64, decimals: usize) -> String {
+    if value >= 10f64.powi(-(decimals as i32)) || value == 0.0 {
+        format!("{value:.decimals$}")
     } else {
-        let digits = (1 - percent.log10().floor() as i32).max(0) as usize;
-        format!("{percent:.digits$}")
+        let digits = (1 - value.log10().floor() as i32).max(0) as usize;
+        format!("{value:.digits$}")
     }
 }
 
@@ -388,4 +394,25 @@ fn df11(args: &Df11Args) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{figure, share};
+
+    #[test]
+    fn a_share_below_a_tenth_of_a_percent_keeps_two_significant_digits() {
+        assert_eq!(share(12.34), "12.3");
+        assert_eq!(share(0.1), "0.1");
+        assert_eq!(share(0.0472), "0.047");
+        assert_eq!(share(0.00153), "0.0015");
+        assert_eq!(share(0.0), "0.0");
+    }
+
+    #[test]
+    fn a_ratio_below_a_hundredth_keeps_two_significant_digits() {
+        assert_eq!(figure(1.234, 2), "1.23");
+        assert_eq!(figure(0.04, 2), "0.04");
+        assert_eq!(figure(0.00472, 2), "0.0047");
+    }
 }
