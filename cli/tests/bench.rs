@@ -23,6 +23,103 @@ fn df11_bench_rejects_an_empty_group() {
     assert_eq!(String::from_utf8_lossy(&out.stderr).trim(), "error: --elements must be at least 1");
 }
 
+/// The value after `prefix` on the line that starts with it, up to `until`.
+fn figure_after(stdout: &str, prefix: &str, until: &str) -> String {
+    let line = stdout.lines().find(|l| l.starts_with(prefix)).unwrap_or_else(|| panic!("no line {prefix:?} in {stdout}"));
+    line[prefix.len()..].split(until).next().unwrap().to_string()
+}
+
+/// `bench traffic`'s dispatch counts: step, double block, single block, VAE decode.
+fn traffic_dispatches(stdout: &str) -> [u64; 4] {
+    ["step: ", "double block: ", "single block: ", "vae decode: "].map(|p| figure_after(stdout, p, " dispatches").parse().unwrap())
+}
+
+/// The `X` of `… N dispatches, X GB moved …` on the line starting `prefix`.
+fn gb_moved(stdout: &str, prefix: &str) -> f64 {
+    let rest = figure_after(stdout, prefix, " GB moved");
+    rest.rsplit(", ").next().unwrap().parse().unwrap()
+}
+
+fn bench_traffic(args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_flux-lite")).args(["bench", "traffic"]).args(args).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(out.status.success(), "{args:?}: {stdout}{}", String::from_utf8_lossy(&out.stderr));
+    stdout
+}
+
+#[test]
+fn traffic_prints_the_step_its_blocks_and_the_decode_from_the_configs_alone() {
+    let matrix = bench_traffic(&["--model", "klein-4b", "--precision", "matrix"]);
+    print!("{matrix}");
+    let f32 = bench_traffic(&["--model", "klein-4b", "--precision", "f32"]);
+    assert!(matrix.starts_with("model shapes: FLUX.2-klein-4B; 1024×1024: 512 prompt + 4096 image tokens; the matrix tier's data path"), "{matrix}");
+    let step = matrix.lines().find(|l| l.starts_with("step: ")).unwrap();
+    assert!(step.contains(" dispatches, ") && step.contains(" GB moved, ") && step.contains(" TFLOP, roofline ") && step.ends_with(" ms on H200"), "{step}");
+    let vae = matrix.lines().find(|l| l.starts_with("vae decode: ")).unwrap();
+    assert!(vae.contains(" GB moved, ") && vae.ends_with(" ms on H200"), "{vae}");
+    // Today every tier keeps f32 activations; the matrix tier adds a pass
+    // measuring each linear's input before it, and each convolution's runs.
+    let linears: u64 = {
+        let row = rows_under(&matrix, "| step, by op |").into_iter().find(|r| r[0] == "linear").unwrap();
+        row[1].parse::<u64>().unwrap() / 2
+    };
+    let [m_step, m_double, m_single, m_vae] = traffic_dispatches(&matrix);
+    let [f_step, f_double, f_single, f_vae] = traffic_dispatches(&f32);
+    assert_eq!(m_step, f_step + linears, "{matrix}{f32}");
+    assert!(m_double > f_double && m_single > f_single && m_vae > f_vae, "{matrix}{f32}");
+    // The matrix tier's passes read x again: more bytes, on f32 activations.
+    assert!(gb_moved(&matrix, "step: ") > gb_moved(&f32, "step: ") && gb_moved(&f32, "vae decode: ") > 0.0, "{matrix}{f32}");
+    // The table's kinds add up to the step.
+    let by_op: u64 = rows_under(&matrix, "| step, by op |").iter().map(|r| r[1].parse::<u64>().unwrap()).sum();
+    assert_eq!(by_op, m_step);
+}
+
+#[test]
+fn traffic_refuses_a_size_the_vae_cannot_take() {
+    let out = Command::new(env!("CARGO_BIN_EXE_flux-lite")).args(["bench", "traffic", "--width", "1000"]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert_eq!(stderr.trim(), "error: --width 1000 is not a positive multiple of 16");
+}
+
+/// `bench traffic` counts, from the programs alone, the dispatches `bench
+/// kernels` prepares on the adapter for the same step, blocks and decode on
+/// `tier`.
+fn traffic_counts_what_bench_prepares(tier: &str) {
+    let flux_lite = env!("CARGO_BIN_EXE_flux-lite");
+    let model = concat!(env!("CARGO_MANIFEST_DIR"), "/../test_vectors/models/tiny-a");
+    let args = ["bench", "kernels", "--model", model, "--only", "blocks,step", "--tokens", "40", "--step-sizes", "32", "--repeats", "1", "--precision", tier];
+    let out = Command::new(flux_lite).args(args).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    let rows = table_rows(&stdout);
+    let prepared = |what: &str| rows.iter().find(|r| r[0] == what).unwrap_or_else(|| panic!("no {what} row: {stdout}"))[7].parse::<u64>().unwrap();
+    let counted = bench_traffic(&["--model", model, "--width", "32", "--height", "32", "--precision", tier]);
+    let [step, double, single, vae] = traffic_dispatches(&counted);
+    assert_eq!(
+        [prepared("denoising step"), prepared("double block"), prepared("single block"), prepared("VAE decode")],
+        [step, double, single, vae],
+        "{tier}: prepared (bench kernels) against counted (bench traffic):\n{stdout}{counted}"
+    );
+    println!("{tier}: step {step}, double block {double}, single block {single}, VAE decode {vae} dispatches, prepared and counted alike");
+}
+
+#[test]
+fn traffic_counts_the_dispatches_bench_prepares_on_f32_and_f16() {
+    let flux_lite = env!("CARGO_BIN_EXE_flux-lite");
+    for tier in ["f32", "f16"].into_iter().filter(|t| *t == "f32" || flux_lite_tests::tier_here(flux_lite, t)) {
+        traffic_counts_what_bench_prepares(tier);
+    }
+}
+
+/// Run again on Mesa 26, where the matrix tier is (CI's filter `matrix`).
+#[test]
+fn traffic_counts_the_dispatches_bench_prepares_on_the_matrix_tier() {
+    if flux_lite_tests::tier_here(env!("CARGO_BIN_EXE_flux-lite"), "matrix") {
+        traffic_counts_what_bench_prepares("matrix");
+    }
+}
+
 /// The rows of the table under the header line starting `header`, e.g.
 /// `bench kernels`' main one: `| what | shape | time | GFLOP/s | GB/s | bound | % |`.
 fn rows_under(stdout: &str, header: &str) -> Vec<Vec<String>> {
@@ -50,7 +147,7 @@ fn kernels_bench_prints_every_row_beside_the_ceilings_of_the_same_run() {
     assert!(stdout.lines().any(|l| l.starts_with("adapter: ")), "{stdout}");
     let ceilings = stdout.lines().find(|l| l.starts_with("ceilings measured in this run: FMA peak ")).expect("a ceilings line");
     assert!(ceilings.contains(" GFLOP/s, copy ") && ceilings.ends_with("GB/s (bytes read + written)"), "{ceilings}");
-    assert!(stdout.contains("| what | shape | time | GFLOP/s | GB/s | bound | % of bound |"), "{stdout}");
+    assert!(stdout.contains("| what | shape | time | GFLOP/s | GB/s | bound | % of bound | dispatches |"), "{stdout}");
 
     let rows = table_rows(&stdout);
     // tiny-a's blocks have five distinct linear shapes; per token count: those,
@@ -66,12 +163,14 @@ fn kernels_bench_prints_every_row_beside_the_ceilings_of_the_same_run() {
     let expected_first: Vec<&str> = expected.iter().map(|w| w.split(' ').next().unwrap()).collect();
     assert_eq!(whats, expected_first, "{stdout}");
     for r in &rows {
-        assert_eq!(r.len(), 7, "{r:?}");
+        assert_eq!(r.len(), 8, "{r:?}");
         assert!(r[2].ends_with(" s") || r[2].ends_with(" ms") || r[2].ends_with(" µs"), "time {r:?}");
         let number = |c: &str| c == "–" || c.parse::<f64>().is_ok_and(|v| v >= 0.0);
         assert!(number(&r[3]) && number(&r[4]), "rates {r:?}");
         assert!(r[5] == "FMA" || r[5] == "copy", "bound {r:?}");
         assert!(r[6].strip_suffix('%').is_some_and(|p| p.parse::<f64>().is_ok_and(|v| v > 0.0)), "share {r:?}");
+        // Every row here runs one prepared list of dispatches (no banded decode at 32²).
+        assert!(r[7].parse::<u64>().is_ok_and(|d| d > 0), "dispatches {r:?}");
     }
     assert!(rows.iter().any(|r| r[1] == "40×64 · 64×64") && rows.iter().any(|r| r[1] == "96×64 · 64×64"), "{stdout}");
     let tiny = stdout.lines().find(|l| l.starts_with("tiny decoder (TAEF2's shape, --preview-decoder) at 32×32: ")).expect("the tiny decoder's share");

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 pub mod model;
 pub mod timer;
+pub mod traffic;
 
 pub use model::{Ceilings, Figure, ShapeBench};
 pub use timer::{Clock, Timer};

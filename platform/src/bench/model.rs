@@ -42,6 +42,9 @@ pub struct Figure {
     pub bytes: u64,
     /// Whether the work ran on matrix units (then bounded by their ceiling).
     pub matrix: bool,
+    /// Dispatches the row's work was prepared as; `None` where a run
+    /// prepares them band by band as it goes.
+    pub dispatches: Option<u64>,
 }
 
 impl Figure {
@@ -173,6 +176,7 @@ impl<'g> ShapeBench<'g> {
                 flops: 2 * tokens * n * k,
                 bytes: 4 * tokens * k + 2 * n * k + 4 * tokens * n,
                 matrix: gpu.matrix().is_some(),
+                dispatches: Some(d.len() as u64),
             });
         }
         Ok(figures)
@@ -201,6 +205,7 @@ impl<'g> ShapeBench<'g> {
                 flops: 2 * tokens * rank * (k + n),
                 bytes: 4 * (tokens * k + rank * k + 2 * tokens * rank + rank * n + 2 * tokens * n),
                 matrix: gpu.matrix().is_some(),
+                dispatches: Some(d.len() as u64),
             });
         }
         Ok(figures)
@@ -236,6 +241,7 @@ impl<'g> ShapeBench<'g> {
             matrix: gpu.matrix().is_some()
                 && hd <= kernels::ATTENTION_MATRIX_MAX_HEAD_DIM
                 && !matches!(gpu.attention_choice(), flux_lite_kernels::AttentionChoice::Tiled | flux_lite_kernels::AttentionChoice::Lanes),
+            dispatches: Some(d.len() as u64),
         })
     }
 
@@ -263,6 +269,7 @@ impl<'g> ShapeBench<'g> {
                 flops: block.iter().map(Op::flops).sum(),
                 bytes: weights.bytes_read(block),
                 matrix: false,
+                dispatches: Some(d.len() as u64),
             });
         }
         Ok(figures)
@@ -289,6 +296,7 @@ impl<'g> ShapeBench<'g> {
             flops: blocks.iter().flatten().map(Op::flops).sum(),
             bytes: per_block,
             matrix: false,
+            dispatches: Some(d.len() as u64),
         })
     }
 
@@ -332,6 +340,7 @@ impl<'g> ShapeBench<'g> {
             flops: blocks.iter().flatten().map(Op::flops).sum(),
             bytes: blocks.iter().map(|b| weights.bytes_read(b)).sum(),
             matrix: false,
+            dispatches: Some(d.len() as u64),
         })
     }
 
@@ -396,6 +405,7 @@ impl<'g> ShapeBench<'g> {
             flops: program.iter().map(Op::flops).sum(),
             bytes: program.iter().map(conv_bytes).sum(),
             matrix: false,
+            dispatches: None,
         })
     }
 
@@ -428,16 +438,16 @@ impl<'g> ShapeBench<'g> {
         let placed = weights.place(self.gpu, &program)?;
         let layouts = flux_lite_core::plan::preview_layouts(&shape, size, size, 0, self.gpu.plan_limits(), None).map_err(|e| RunError::Internal(e.to_string()))?;
         let first = layouts.first().copied().unwrap_or_default();
-        let (how, seconds) = match first.tile {
+        let (how, seconds, dispatches) = match first.tile {
             None => {
                 let runner = self.runner(arena.high_water(), 0, 0, false);
                 let d = runner.prepare_block(self.gpu, &placed, 0, &program)?;
-                (String::new(), self.timer.median(&d, self.repeats)?)
+                (String::new(), self.timer.median(&d, self.repeats)?, Some(d.len() as u64))
             }
             Some(tile) => {
                 let capacity = tiny::band_capacity(&shape, tile / cfg.scale_factor() as u64, self.gpu.max_binding()).map_err(internal)?;
                 let (how, elements) = (if first.on_device { "activations on the device" } else { "activations on the host" }, arena.high_water() / 4);
-                (format!(", by bands in a {tile}² tile's arena, {how}, wall clock"), self.banded_median(&program, &placed, capacity, elements, first.on_device)?)
+                (format!(", by bands in a {tile}² tile's arena, {how}, wall clock"), self.banded_median(&program, &placed, capacity, elements, first.on_device)?, None)
             }
         };
         Ok(Figure {
@@ -447,6 +457,7 @@ impl<'g> ShapeBench<'g> {
             flops: program.iter().map(Op::flops).sum(),
             bytes: program.iter().map(conv_bytes).sum(),
             matrix: false,
+            dispatches,
         })
     }
 
@@ -489,6 +500,10 @@ impl<'g> ShapeBench<'g> {
             flops: encode.flops + passes * step.flops + decode.flops,
             bytes: encode.bytes + passes * step.bytes + decode.bytes,
             matrix: false,
+            dispatches: match (encode.dispatches, step.dispatches, decode.dispatches) {
+                (Some(e), Some(s), Some(d)) => Some(e + passes * s + d),
+                _ => None,
+            },
         }
     }
 
@@ -515,6 +530,7 @@ impl<'g> ShapeBench<'g> {
             // Each convolution's input, output and weights once, at least.
             bytes: program.iter().map(conv_bytes).sum(),
             matrix: false,
+            dispatches: Some(d.len() as u64),
         })
     }
 
@@ -540,6 +556,7 @@ impl<'g> ShapeBench<'g> {
             flops: 0,
             bytes: buf.total_bytes() as u64 + 2 * elements as u64,
             matrix: false,
+            dispatches: Some(d.len() as u64),
         })
     }
 
@@ -563,6 +580,7 @@ impl<'g> ShapeBench<'g> {
             flops: 0,
             bytes: (blocks * ggml.block_bytes()) as u64 + 4 * elements as u64,
             matrix: false,
+            dispatches: Some(d.len() as u64),
         })
     }
 
@@ -626,7 +644,7 @@ fn vae_layout(cfg: &VaeConfig, size: u64) -> Result<(vae::VaeLayout, u64), RunEr
 /// Token rows per pass of the feed-forward and fused projections when the
 /// keys force chunks (at most half the tokens): large enough that the
 /// products stay efficient.
-const KEY_CHUNK_ROWS: usize = 1024;
+pub(super) const KEY_CHUNK_ROWS: usize = 1024;
 
 fn chunked(chunk: Option<usize>) -> String {
     chunk.map_or(String::new(), |c| format!(", by {c}-token chunks"))

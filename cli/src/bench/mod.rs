@@ -8,6 +8,8 @@ use flux_lite_platform::model::ModelFolder;
 use flux_lite_platform::{Gpu, GpuOptions, Precision};
 use std::path::Path;
 
+mod traffic;
+
 /// Measure throughput against the physical ceiling of the same run.
 #[derive(FromArgs, Debug)]
 #[argh(subcommand, name = "bench")]
@@ -21,6 +23,7 @@ pub struct BenchArgs {
 enum BenchWhat {
     Kernels(KernelsArgs),
     Df11(Df11Args),
+    Traffic(TrafficArgs),
 }
 
 /// Kernels and blocks at a model's shapes (random weights made in memory), each beside the ceilings the adapter shows in the same run.
@@ -74,6 +77,24 @@ fn parse_list(text: &str) -> Result<Vec<u64>, String> {
     }
 }
 
+/// What a denoising step and a VAE decode move and how many dispatches they take on a tier, computed from the programs and the config files alone (no GPU), with the roofline on an H200.
+#[derive(FromArgs, Debug)]
+#[argh(subcommand, name = "traffic")]
+struct TrafficArgs {
+    /// klein-4b, klein-9b, or a model folder whose config files give the shapes (default klein-4b)
+    #[argh(option, default = "String::from(\"klein-4b\")")]
+    model: String,
+    /// image width in pixels (default 1024)
+    #[argh(option, default = "1024")]
+    width: u64,
+    /// image height in pixels (default 1024)
+    #[argh(option, default = "1024")]
+    height: u64,
+    /// precision tier whose data path to count: f32, f16 or matrix (default matrix; auto counts as matrix, the tier auto takes on an H200)
+    #[argh(option, default = "flux_lite_platform::Precision::Matrix", from_str_fn(crate::tier::parse_precision))]
+    precision: flux_lite_platform::Precision,
+}
+
 /// DF11 expansion: host (one thread, all threads) and GPU, each beside a plain copy of the same bytes.
 #[derive(FromArgs, Debug)]
 #[argh(subcommand, name = "df11")]
@@ -93,19 +114,20 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
     match &args.what {
         BenchWhat::Df11(a) => df11(a),
         BenchWhat::Kernels(a) => kernels(a),
+        BenchWhat::Traffic(a) => traffic::run(&a.model, [a.width, a.height], a.precision),
     }
 }
 
 /// The shapes to bench: a published model by name, or a folder's configs.
-struct Shapes {
-    name: String,
-    transformer: TransformerConfig,
-    text_encoder: Qwen3Config,
-    vae: VaeConfig,
-    distilled: bool,
+pub(crate) struct Shapes {
+    pub name: String,
+    pub transformer: TransformerConfig,
+    pub text_encoder: Qwen3Config,
+    pub vae: VaeConfig,
+    pub distilled: bool,
 }
 
-fn shapes(model: &str) -> Result<Shapes, String> {
+pub(crate) fn shapes(model: &str) -> Result<Shapes, String> {
     let published = |name: &str, transformer, text_encoder, vae| Shapes { name: name.into(), transformer, text_encoder, vae, distilled: true };
     match model {
         "klein-4b" => Ok(published("FLUX.2-klein-4B", config::klein_4b::transformer(), config::klein_4b::text_encoder(), config::klein_4b::vae())),
@@ -148,8 +170,8 @@ fn kernels(args: &KernelsArgs) -> Result<(), String> {
         ceilings.bytes / 1e9
     );
     say!();
-    say!("| what | shape | time | GFLOP/s | GB/s | bound | % of bound |");
-    say!("|---|---|---|---|---|---|---|");
+    say!("| what | shape | time | GFLOP/s | GB/s | bound | % of bound | dispatches |");
+    say!("|---|---|---|---|---|---|---|---|");
     for &t in &tokens {
         if want("linear") {
             for f in bench.linears(&transformer, t).map_err(err)? {
@@ -300,7 +322,7 @@ fn tiers_side_by_side(transformer: &TransformerConfig, tokens: &[u64], repeats: 
 fn row(f: &Figure, c: &Ceilings) {
     let rate = |work: u64| if work == 0 { "–".to_string() } else { format!("{:.1}", work as f64 / f.seconds.max(1e-12) / 1e9) };
     say!(
-        "| {} | {} | {} | {} | {} | {} | {}% |",
+        "| {} | {} | {} | {} | {} | {} | {}% | {} |",
         f.what,
         f.shape,
         duration(f.seconds),
@@ -311,7 +333,8 @@ fn row(f: &Figure, c: &Ceilings) {
             (true, false) => "FMA",
             (false, _) => "copy",
         },
-        share(100.0 * f.of_ceiling(c))
+        share(100.0 * f.of_ceiling(c)),
+        f.dispatches.map_or("–".to_string(), |d| d.to_string())
     );
 }
 

@@ -1,0 +1,68 @@
+//! `flux-lite bench traffic`: what a denoising step and a VAE decode move,
+//! and in how many dispatches, on a tier's data path, from the config files
+//! alone; beside the roofline those figures allow on an H200.
+
+use super::{shapes, Shapes};
+use crate::stdout::say;
+use flux_lite_platform::bench::traffic::{self, Traffic, H200};
+use flux_lite_platform::Precision;
+
+/// Prompt tokens of the step counted: the tokenizer's fixed 512.
+const PROMPT_TOKENS: u64 = 512;
+
+pub fn run(model: &str, [width, height]: [u64; 2], tier: Precision) -> Result<(), String> {
+    let Shapes { name, transformer, vae, .. } = shapes(model)?;
+    let multiple = 2 * vae.scale_factor() as u64;
+    for (flag, side) in [("--width", width), ("--height", height)] {
+        if side == 0 || !side.is_multiple_of(multiple) {
+            return Err(format!("{flag} {side} is not a positive multiple of {multiple}"));
+        }
+    }
+    let tier_name = if tier == Precision::Auto { Precision::Matrix.name() } else { tier.name() };
+    let m = H200;
+    let step = traffic::step(&transformer, [width, height], vae.latent_cell() as u64, PROMPT_TOKENS, tier, &m).map_err(|e| e.to_string())?;
+    let (decode, whole) = traffic::vae_decode(&vae, [width, height], tier, &m).map_err(|e| e.to_string())?;
+    say!("model shapes: {name}; {width}×{height}: {PROMPT_TOKENS} prompt + {} image tokens; the {tier_name} tier's data path; bf16 weights", step.image_tokens);
+    say!("counted from the programs, no GPU: each dispatch's inputs and outputs once, at the width the tier stores them in (re-reads served by caches not counted)");
+    say!(
+        "roofline on {}: each dispatch at the slower of its FLOPs ({:.0} TFLOP/s on matrix units, {:.1} with FMAs) and its bytes ({:.1} TB/s)",
+        m.name,
+        m.matrix_flops / 1e12,
+        m.fma_flops / 1e12,
+        m.bytes_per_second / 1e12
+    );
+    say!();
+    say!("step: {}", line(&step.step, m.name));
+    if let Some(t) = step.double_block {
+        say!("double block: {} dispatches, {} GB moved", t.dispatches, gb(t.bytes));
+    }
+    if let Some(t) = step.single_block {
+        say!("single block: {} dispatches, {} GB moved", t.dispatches, gb(t.bytes));
+    }
+    let how = if whole { "" } else { " (laid out whole; at this size gen decodes by bands, whose copies are not counted)" };
+    say!("vae decode: {}{how}", line(&decode, m.name));
+    say!();
+    say!("| step, by op | dispatches | GB moved | TFLOP | roofline ms |");
+    say!("|---|---|---|---|---|");
+    for (kind, t) in &step.by_kind {
+        say!("| {kind} | {} | {} | {} | {} |", t.dispatches, gb(t.bytes), significant(t.flops as f64 / 1e12), significant(t.seconds * 1e3));
+    }
+    Ok(())
+}
+
+/// `N dispatches, X GB moved, Y TFLOP, roofline Z ms on MACHINE`.
+fn line(t: &Traffic, machine: &str) -> String {
+    format!("{} dispatches, {} GB moved, {} TFLOP, roofline {} ms on {machine}", t.dispatches, gb(t.bytes), significant(t.flops as f64 / 1e12), significant(t.seconds * 1e3))
+}
+
+/// Bytes in GB (10⁹), as [`significant`] writes them.
+fn gb(bytes: u64) -> String {
+    significant(bytes as f64 / 1e9)
+}
+
+/// Three decimals, or three significant digits below 1 (a tiny model's
+/// figures must not read as 0).
+fn significant(v: f64) -> String {
+    let decimals = if v >= 1.0 || v == 0.0 { 3 } else { (2 - v.log10().floor() as i32) as usize };
+    format!("{v:.decimals$}")
+}

@@ -1,0 +1,450 @@
+//! What a program moves through memory, how many dispatches it takes and
+//! the shortest time a machine's ceilings allow for it, per precision tier,
+//! from core's programs alone: no device is opened (`flux-lite bench traffic`).
+//!
+//! Each op is lowered as the runner and the kernels' launchers lower it
+//! today: a linear on the matrix tier measures its input's range scales in
+//! a pass of its own before its product, a convolution measures its runs'
+//! scales before each piece of pixels, the element-wise ops over contiguous
+//! values run as rows of 65,536 and a tail; linears and convolutions split
+//! where one binding of the machine cannot hold an operand, or where the
+//! range scales' buffer cannot hold a piece's scales. `bench kernels` prints
+//! the dispatches it really prepared beside its rows, and a test holds the
+//! two equal (docs/performance.md, "Traffic").
+//!
+//! Bytes are each dispatch's compulsory traffic: every tensor it reads or
+//! writes counted once, at the width the tier stores it in. What a dispatch
+//! reads again from its caches (a tile staged once per column block, a key
+//! read by every block of queries) is not counted: that is the kernel's
+//! efficiency, which only a GPU measures; this figure moves with the widths
+//! the data path stores and the passes it makes.
+
+use crate::components::transformer::programs;
+use crate::error::RunError;
+use flux_lite_core::arena::BumpArena;
+use flux_lite_core::config::{TransformerConfig, VaeConfig};
+use flux_lite_core::ir::{Op, Span};
+use flux_lite_core::models::transformer::Tokens;
+use flux_lite_core::models::vae;
+use flux_lite_kernels::kernels::ATTENTION_MATRIX_MAX_HEAD_DIM;
+use flux_lite_kernels::Precision;
+use std::iter::Sum;
+use std::ops::{Add, AddAssign};
+
+/// The ceilings and limits a roofline is drawn against.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Machine {
+    pub name: &'static str,
+    /// FLOP/s of the matrix units (f16 operands, f32 sums).
+    pub matrix_flops: f64,
+    /// FLOP/s of f32 fused multiply-adds.
+    pub fma_flops: f64,
+    /// Bytes read plus written per second.
+    pub bytes_per_second: f64,
+    /// Largest byte range one storage binding covers.
+    pub max_binding: u64,
+    /// Output rows (and columns) of one workgroup's block of a product: where
+    /// a product splits, its pieces are whole blocks.
+    pub product_block: u64,
+}
+
+/// NVIDIA H200 through Vulkan, as our own kernels measured it (the ceilings
+/// of docs/performance.md's H200 section: matrix units 575 TFLOP/s, FMA
+/// 60.1 TFLOP/s, copy 3.2 TB/s; 2 GiB storage bindings; 16×16 matrix tiles,
+/// 128-row blocks).
+pub const H200: Machine = Machine {
+    name: "H200",
+    matrix_flops: 575e12,
+    fma_flops: 60.1e12,
+    bytes_per_second: 3.2e12,
+    max_binding: 2 << 30,
+    product_block: 128,
+};
+
+/// Offsets of a storage binding are aligned to this many bytes (wgpu's
+/// default limit): a window may start this much before its data.
+const BINDING_ALIGNMENT: u64 = 256;
+
+/// Values per row of a contiguous element-wise op (the runner's `contiguous`).
+const CONTIGUOUS_ROW: u64 = 1 << 16;
+
+/// Rows of either operand one matrix-tier product measures at once (the
+/// kernels' `RANGE_SCALES_ROWS`: the range scales' buffer, two floats a row).
+const RANGE_SCALES_ROWS: u64 = flux_lite_core::plan::RANGE_SCALES_BYTES / 8;
+
+/// Dispatches, bytes and FLOPs of some work, and the shortest time a
+/// machine's ceilings allow for it (each dispatch bounded by the slower of
+/// its compute and its bytes, the dispatches one after another).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Traffic {
+    pub dispatches: u64,
+    pub bytes: u64,
+    pub flops: u64,
+    pub seconds: f64,
+}
+
+impl Add for Traffic {
+    type Output = Traffic;
+    fn add(self, o: Traffic) -> Traffic {
+        Traffic { dispatches: self.dispatches + o.dispatches, bytes: self.bytes + o.bytes, flops: self.flops + o.flops, seconds: self.seconds + o.seconds }
+    }
+}
+
+impl AddAssign for Traffic {
+    fn add_assign(&mut self, o: Traffic) {
+        *self = *self + o;
+    }
+}
+
+impl Sum for Traffic {
+    fn sum<I: Iterator<Item = Traffic>>(iter: I) -> Traffic {
+        iter.fold(Traffic::default(), Add::add)
+    }
+}
+
+/// How wide a tier stores each kind of value, and whether its products
+/// measure their operands' range scales in passes of their own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct DataPath {
+    /// Bytes of an activation in the arena.
+    activation: u64,
+    /// Bytes of a weight as the model folder holds it (bf16).
+    weight: u64,
+    /// Bytes of a range scale.
+    scale: u64,
+    /// Products on cooperative matrices with f16 operands, their inputs' scales measured first.
+    matrix: bool,
+}
+
+impl DataPath {
+    /// Today's data path of `tier`: f32 activations on every tier (the f16
+    /// and matrix tiers round them to f16 as they stage their tiles), bf16
+    /// weights. `auto` is taken as the matrix tier, as on the H200.
+    fn of(tier: Precision) -> Self {
+        DataPath { activation: 4, weight: 2, scale: 4, matrix: matches!(tier, Precision::Matrix | Precision::Auto) }
+    }
+}
+
+/// One operand's rows as a launcher binds them: row `r` at `r·stride`,
+/// `width` elements of `bytes` each.
+#[derive(Debug, Clone, Copy)]
+struct Rows {
+    stride: u64,
+    width: u64,
+    bytes: u64,
+}
+
+impl Rows {
+    fn of(s: Span, width: u64, bytes: u64) -> Self {
+        Rows { stride: s.stride, width, bytes }
+    }
+
+    fn packed(width: u64, bytes: u64) -> Self {
+        Rows { stride: width, width, bytes }
+    }
+
+    /// Most rows whose window fits in `budget` bytes (at least 1: where not
+    /// even one fits, a run refuses the op; the model counts it whole).
+    fn fitting(self, budget: u64) -> u64 {
+        let words = budget / self.bytes;
+        if words < self.width {
+            return 1;
+        }
+        (words - self.width).checked_div(self.stride).map_or(u64::MAX, |r| r + 1)
+    }
+}
+
+/// Rows a launcher puts in one dispatch so that every operand's window fits
+/// one binding, rounded down to whole `granule`s where there is room.
+fn rows_per_piece(m: &Machine, rows: u64, operands: &[Rows], granule: u64) -> u64 {
+    let budget = m.max_binding.saturating_sub(BINDING_ALIGNMENT);
+    let mut piece = operands.iter().map(|o| o.fitting(budget)).fold(rows.max(1), u64::min);
+    if piece < rows && piece >= granule {
+        piece -= piece % granule;
+    }
+    piece
+}
+
+/// The sizes of `total` split into pieces of at most `piece`.
+fn pieces(total: u64, piece: u64) -> impl Iterator<Item = u64> {
+    let piece = piece.max(1);
+    (0..total.div_ceil(piece)).map(move |i| piece.min(total - i * piece))
+}
+
+/// The traffic of one program step on `tier` on machine `m`.
+pub fn op_traffic(op: &Op, tier: Precision, m: &Machine) -> Traffic {
+    let p = DataPath::of(tier);
+    let (a, wb) = (p.activation, p.weight);
+    let pass = |bytes: u64, flops: u64, matrix: bool| pass_on(m, bytes, flops, matrix);
+    // An op over `rows` rows split as its operands' windows require, each
+    // piece of `r` rows moving `bytes(r)`.
+    let by_rows = |rows: u64, operands: &[Rows], bytes: &dyn Fn(u64) -> u64| -> Traffic {
+        pieces(rows, rows_per_piece(m, rows, operands, 1)).map(|r| pass(bytes(r), 0, false)).sum()
+    };
+    match *op {
+        Op::Linear { x, y, rows, cols, inner, ref bias, .. } => linear(m, p, [x, y], [rows, cols, inner], bias.is_some()),
+        Op::Attention { len, heads, head_dim, .. } => attention(m, p, [len, len, heads, heads, head_dim], AttentionIo::default()),
+        Op::CrossAttention { q_len, kv_len, heads, head_dim, .. } => attention(m, p, [q_len, kv_len, heads, heads, head_dim], AttentionIo::default()),
+        Op::PartialAttention { q_len, kv_len, heads, head_dim, .. } => {
+            attention(m, p, [q_len, kv_len, heads, heads, head_dim], AttentionIo { lse: true, ..AttentionIo::default() })
+        }
+        Op::HalfKvAttention { q_len, kv_len, heads, head_dim, .. } => {
+            attention(m, p, [q_len, kv_len, heads, heads, head_dim], AttentionIo { half_kv: true, ..AttentionIo::default() })
+        }
+        Op::CausalAttention { len, q_heads, kv_heads, head_dim, .. } => {
+            attention(m, p, [len, len, q_heads, kv_heads, head_dim], AttentionIo { mask: true, ..AttentionIo::default() })
+        }
+        Op::RmsNormHeads { data, tokens, heads, head_dim, .. } => {
+            let w = heads * head_dim;
+            by_rows(tokens, &[Rows::of(data, w, a)], &|r| 2 * r * w * a + head_dim * wb)
+        }
+        Op::RmsNorm { src, dst, tokens, d, .. } => by_rows(tokens, &[Rows::of(src, d, a), Rows::of(dst, d, a)], &|r| 2 * r * d * a + d * wb),
+        Op::LayerNormModulate { src, dst, tokens, d, .. } => {
+            by_rows(tokens, &[Rows::of(src, d, a), Rows::of(dst, d, a)], &|r| 2 * r * d * a + 2 * d * a)
+        }
+        Op::RopeInterleaved { data, tokens, heads, head_dim, .. } | Op::RopeRotateHalf { data, tokens, heads, head_dim, .. } => {
+            // Data in place; a cos and a sin table row (f32) per token.
+            let w = heads * head_dim;
+            by_rows(tokens, &[Rows::of(data, w, a), Rows::packed(head_dim, 4)], &|r| 2 * r * w * a + 2 * r * head_dim * 4)
+        }
+        Op::HalfPack { src, tokens, heads, head_dim, .. } => {
+            let w = heads * head_dim;
+            by_rows(tokens, &[Rows::of(src, w, a), Rows::packed(w / 2, 4), Rows::packed(heads, 4)], &|r| r * w * a + r * w * 2 + r * heads * 4)
+        }
+        Op::SwiGlu { gate, up, dst, rows, cols } => {
+            by_rows(rows, &[Rows::of(gate, cols, a), Rows::of(up, cols, a), Rows::of(dst, cols, a)], &|r| 3 * r * cols * a)
+        }
+        Op::GatedResidual { dst, y, rows, cols, .. } => {
+            by_rows(rows, &[Rows::of(y, cols, a), Rows::of(dst, cols, a)], &|r| 3 * r * cols * a + cols * a)
+        }
+        Op::Residual { dst, y, rows, cols } => by_rows(rows, &[Rows::of(y, cols, a), Rows::of(dst, cols, a)], &|r| 3 * r * cols * a),
+        Op::Add { a: x, b, dst, rows, cols, .. } => {
+            by_rows(rows, &[Rows::of(x, cols, a), Rows::of(b, cols, a), Rows::of(dst, cols, a)], &|r| 3 * r * cols * a)
+        }
+        Op::Silu { src, dst, rows, cols } | Op::Copy { src, dst, rows, cols } => {
+            by_rows(rows, &[Rows::of(src, cols, a), Rows::of(dst, cols, a)], &|r| 2 * r * cols * a)
+        }
+        Op::Relu { count, .. } | Op::TanhClamp { count, .. } | Op::ScaleShift { count, .. } => {
+            let (rows, tail) = (count / CONTIGUOUS_ROW, count % CONTIGUOUS_ROW);
+            let row = Rows::packed(CONTIGUOUS_ROW, a);
+            let full = if rows > 0 { by_rows(rows, &[row], &|r| 2 * r * CONTIGUOUS_ROW * a) } else { Traffic::default() };
+            let last = if tail > 0 { pass(2 * tail * a, 0, false) } else { Traffic::default() };
+            full + last
+        }
+        Op::Transpose { rows, cols, .. } => pass(2 * rows * cols * a, 0, false),
+        Op::Conv2d { shape: s, residual, .. } => conv(m, p, s, residual),
+        Op::GroupNorm { channels, pixels, .. } => pass(2 * channels * pixels * a + 2 * channels * wb, 0, false),
+        Op::GroupStats { channels, pixels, groups, .. } => pass(channels * pixels * a + 2 * groups * 4, 0, false),
+        Op::GroupNormApply { channels, pixels, groups, .. } => pass(2 * channels * pixels * a + 2 * groups * 4 + 2 * channels * wb, 0, false),
+        Op::UpsampleNearest2x { channels, height, width, .. } => {
+            let plane = height * width;
+            by_rows(channels, &[Rows::packed(plane, a), Rows::packed(4 * plane, a)], &|r| 5 * r * plane * a)
+        }
+        Op::DenormUnpatchify { channels, height, width, .. } => {
+            let values = 4 * channels * height * width;
+            pass(2 * values * a + 2 * 4 * channels * wb, 0, false)
+        }
+        Op::PixelLevels { count, .. } => pass(count * a + count * 4, 0, false),
+    }
+}
+
+/// `y[rows, cols] = x[rows, inner]·Wᵀ (+ b)` in pieces of rows and of
+/// columns (the launcher's loops), each piece's input measured first on the
+/// matrix tier; W's scales are kept where the weights reached the device.
+fn linear(m: &Machine, p: DataPath, [x, y]: [Span; 2], [rows, cols, inner]: [u64; 3], bias: bool) -> Traffic {
+    let cap = if p.matrix { RANGE_SCALES_ROWS } else { u64::MAX };
+    let col_piece = rows_per_piece(m, cols, &[Rows::packed(inner, p.weight)], m.product_block).min(cap);
+    let row_piece = rows_per_piece(m, rows, &[Rows::of(x, inner, p.activation), Rows::of(y, col_piece.min(cols), p.activation)], m.product_block).min(cap);
+    let mut total = Traffic::default();
+    for r in pieces(rows, row_piece) {
+        for c in pieces(cols, col_piece) {
+            let scales = if p.matrix { (r + c) * p.scale } else { 0 };
+            if p.matrix {
+                total += pass_on(m, r * inner * p.activation + r * p.scale, 0, false);
+            }
+            let bytes = r * inner * p.activation + c * inner * p.weight + bias as u64 * c * p.weight + scales + r * c * p.activation;
+            total += pass_on(m, bytes, 2 * r * c * inner, p.matrix);
+        }
+    }
+    total
+}
+
+/// One dispatch on machine `m` moving `bytes` and computing `flops` on the
+/// matrix units (`matrix`) or in FMAs.
+fn pass_on(m: &Machine, bytes: u64, flops: u64, matrix: bool) -> Traffic {
+    let peak = if matrix { m.matrix_flops } else { m.fma_flops };
+    Traffic { dispatches: 1, bytes, flops, seconds: (flops as f64 / peak).max(bytes as f64 / m.bytes_per_second) }
+}
+
+/// What an attention reads and writes beyond q, k, v and o.
+#[derive(Debug, Clone, Copy, Default)]
+struct AttentionIo {
+    /// Each (query, head) row's log-sum-exp written.
+    lse: bool,
+    /// Keys and values as f16 pairs with a range scale per (key, head).
+    half_kv: bool,
+    /// The key mask read.
+    mask: bool,
+}
+
+/// Attention of `q_len` queries over `kv_len` keys, in pieces of queries as
+/// the bindings allow; on the matrix units on the matrix tier (not over
+/// half-precision keys, which take the tiled kernel).
+fn attention(m: &Machine, p: DataPath, [q_len, kv_len, q_heads, kv_heads, head_dim]: [u64; 5], io: AttentionIo) -> Traffic {
+    let a = p.activation;
+    let (q_width, kv_width) = (q_heads * head_dim, kv_heads * head_dim);
+    let kv_bytes = match io.half_kv {
+        true => 2 * (kv_len * kv_width * 2 + kv_len * kv_heads * 4),
+        false => 2 * kv_len * kv_width * a,
+    } + io.mask as u64 * kv_len * 4;
+    let matrix = p.matrix && !io.half_kv && head_dim <= ATTENTION_MATRIX_MAX_HEAD_DIM;
+    let q_rows = Rows::packed(q_width, a);
+    let piece = rows_per_piece(m, q_len, &[q_rows, q_rows], 1);
+    pieces(q_len, piece)
+        .map(|r| {
+            let bytes = 2 * r * q_width * a + io.lse as u64 * r * q_heads * 4 + kv_bytes;
+            pass_on(m, bytes, 4 * r * kv_len * q_heads * head_dim, matrix)
+        })
+        .sum()
+}
+
+/// A convolution in pieces of output channels (one binding of outputs and
+/// weights), each over its pieces of pixels; on the matrix tier each piece
+/// of pixels' run scales measured first (W's kept since load).
+fn conv(m: &Machine, p: DataPath, s: flux_lite_core::oracle::ConvShape, residual: bool) -> Traffic {
+    let a = p.activation;
+    let (plane, taps) = ((s.out_height * s.out_width) as u64, (s.in_channels * s.kernel * s.kernel) as u64);
+    let input = (s.in_channels * s.height * s.width) as u64 * a;
+    let cap = if p.matrix { RANGE_SCALES_ROWS } else { u64::MAX };
+    let channel_piece = rows_per_piece(m, s.out_channels as u64, &[Rows::packed(plane, a), Rows::packed(taps, p.weight)], 1).min(cap);
+    let mut total = Traffic::default();
+    for c in pieces(s.out_channels as u64, channel_piece) {
+        let out = c * plane * a * (1 + residual as u64);
+        let weights = c * taps * p.weight + c * p.weight;
+        if !p.matrix {
+            total += pass_on(m, input + weights + out, 2 * taps * c * plane, false);
+            continue;
+        }
+        for px in pieces(plane, RANGE_SCALES_ROWS * m.product_block) {
+            let runs = px.div_ceil(m.product_block);
+            let share = input * px / plane;
+            total += pass_on(m, share + runs * p.scale, 0, false);
+            let out = c * px * a * (1 + residual as u64);
+            total += pass_on(m, share + weights + (c + runs) * p.scale + out, 2 * taps * c * px, true);
+        }
+    }
+    total
+}
+
+/// A program's traffic.
+pub fn program_traffic<'o>(ops: impl IntoIterator<Item = &'o Op>, tier: Precision, m: &Machine) -> Traffic {
+    ops.into_iter().map(|op| op_traffic(op, tier, m)).sum()
+}
+
+/// One denoising pass of the transformer at a `width × height` image with
+/// `text` prompt tokens: the whole pass, its first double and first single
+/// block, and the pass's traffic by kind of op.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepTraffic {
+    pub image_tokens: u64,
+    pub step: Traffic,
+    pub double_block: Option<Traffic>,
+    pub single_block: Option<Traffic>,
+    /// `(kind, traffic)` in the order kinds first appear.
+    pub by_kind: Vec<(&'static str, Traffic)>,
+}
+
+/// The transformer pass over `text` prompt tokens and the image tokens of a
+/// `width × height` image (one per `cell`² pixels), laid out whole, as the
+/// plan lays it where the machine's bindings hold the fused projection's
+/// rows, else by the chunks `bench kernels` takes.
+pub fn step(cfg: &TransformerConfig, [width, height]: [u64; 2], cell: u64, text: u64, tier: Precision, m: &Machine) -> Result<StepTraffic, RunError> {
+    let image = (width / cell) * (height / cell);
+    let tokens = text + image;
+    let fused = 3 * cfg.inner_dim() as u64 + 2 * cfg.mlp_hidden_dim() as u64;
+    let chunk = (4 * tokens * fused > m.max_binding).then_some(super::model::KEY_CHUNK_ROWS.min(tokens as usize / 2).max(1));
+    let (_, blocks, _) = programs(cfg, Tokens::plain(text, image), chunk)?;
+    let block = |index: usize, present: bool| present.then(|| program_traffic(&blocks[index], tier, m));
+    let mut by_kind: Vec<(&'static str, Traffic)> = Vec::new();
+    for op in blocks.iter().flatten() {
+        let t = op_traffic(op, tier, m);
+        match by_kind.iter_mut().find(|(k, _)| *k == kind(op)) {
+            Some((_, sum)) => *sum += t,
+            None => by_kind.push((kind(op), t)),
+        }
+    }
+    Ok(StepTraffic {
+        image_tokens: image,
+        step: program_traffic(blocks.iter().flatten(), tier, m),
+        double_block: block(1, cfg.num_layers > 0),
+        single_block: block(1 + cfg.num_layers, cfg.num_single_layers > 0),
+        by_kind,
+    })
+}
+
+/// The VAE decode of a `width × height` image laid out whole, and whether
+/// the machine's bindings hold its largest activation (else `gen` decodes
+/// it by bands, which adds their copies).
+pub fn vae_decode(cfg: &VaeConfig, [width, height]: [u64; 2], tier: Precision, m: &Machine) -> Result<(Traffic, bool), RunError> {
+    let scale = cfg.scale_factor() as u64;
+    let (latent_h, latent_w) = (height / scale, width / scale);
+    let mut arena = BumpArena::new(u64::MAX);
+    let layout = vae::VaeLayout::new(cfg, latent_h, latent_w, &mut arena).map_err(|e| RunError::Internal(e.to_string()))?;
+    let program = crate::run::runner::collect_ops(|emit| vae::decode(&layout, emit));
+    let whole = 4 * vae::largest_activation(cfg, latent_h * latent_w) <= m.max_binding;
+    Ok((program_traffic(&program, tier, m), whole))
+}
+
+/// The kind of an op, as the traffic table names it.
+pub fn kind(op: &Op) -> &'static str {
+    match op {
+        Op::Linear { .. } => "linear",
+        Op::Attention { .. } | Op::CrossAttention { .. } | Op::PartialAttention { .. } | Op::HalfKvAttention { .. } | Op::CausalAttention { .. } => "attention",
+        Op::RmsNormHeads { .. } | Op::RmsNorm { .. } => "RMS norm",
+        Op::LayerNormModulate { .. } => "layer norm + modulation",
+        Op::RopeInterleaved { .. } | Op::RopeRotateHalf { .. } => "RoPE",
+        Op::HalfPack { .. } => "half pack",
+        Op::SwiGlu { .. } => "SwiGLU",
+        Op::GatedResidual { .. } | Op::Residual { .. } => "residual",
+        Op::Conv2d { .. } => "convolution",
+        Op::GroupNorm { .. } | Op::GroupStats { .. } | Op::GroupNormApply { .. } => "group norm",
+        _ => "element-wise",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use flux_lite_core::config::klein_4b;
+
+    #[test]
+    fn a_linear_on_the_matrix_tier_measures_its_input_first() {
+        let x = Span::new(0, 64);
+        let y = Span::new(0, 32);
+        let f32 = linear(&H200, DataPath::of(Precision::F32), [x, y], [10, 32, 64], false);
+        let matrix = linear(&H200, DataPath::of(Precision::Matrix), [x, y], [10, 32, 64], false);
+        assert_eq!((f32.dispatches, matrix.dispatches), (1, 2));
+        // x, W and y once; the matrix tier reads x again to measure it and writes and reads the scales.
+        assert_eq!(f32.bytes, 10 * 64 * 4 + 32 * 64 * 2 + 10 * 32 * 4);
+        assert_eq!(matrix.bytes, f32.bytes + 10 * 64 * 4 + 10 * 4 + (10 + 32) * 4);
+        assert_eq!(matrix.flops, 2 * 10 * 32 * 64);
+    }
+
+    #[test]
+    fn a_linear_splits_where_one_binding_cannot_hold_its_weight() {
+        // 1 MiB bindings: 2048 rows of 256 bf16 weights less the alignment's
+        // worth, so 2047, rounded down to 1920 (whole 128-column blocks).
+        let m = Machine { max_binding: 1 << 20, ..H200 };
+        let t = linear(&m, DataPath::of(Precision::F32), [Span::new(0, 256), Span::new(0, 4096)], [8, 4096, 256], false);
+        assert_eq!(t.dispatches, 3, "4096 columns in pieces of 1920");
+    }
+
+    #[test]
+    fn klein_4b_step_at_1024_has_its_published_token_count_and_every_block_op() {
+        let s = step(&klein_4b::transformer(), [1024, 1024], 16, 512, Precision::Matrix, &H200).unwrap();
+        assert_eq!(s.image_tokens, 4096);
+        let linears: u64 = s.by_kind.iter().filter(|(k, _)| *k == "linear").map(|(_, t)| t.dispatches).sum();
+        assert!(linears > 0 && s.by_kind.iter().map(|(_, t)| t.dispatches).sum::<u64>() == s.step.dispatches);
+        assert!(s.step.seconds > 0.0 && s.step.flops > 0);
+    }
+}
