@@ -20,6 +20,8 @@ pub const ALL_KERNELS: &[Kernel] = &[
     norm::RMS_NORM_LANES,
     norm::RMS_NORM_INPLACE_LANES,
     norm::LAYER_NORM_MODULATE_LANES,
+    norm::LAYER_NORM_MODULATE_HALF,
+    norm::LAYER_NORM_MODULATE_HALF_LANES,
     norm::GROUP_NORM,
     norm::GROUP_STATS,
     norm::GROUP_NORM_APPLY,

@@ -9,6 +9,8 @@ pub enum Module {
     /// The range rule's row scales, measured before a matrix-tier product.
     RangeScales,
     Norm,
+    /// The matrix tier's LayerNorm + modulation writing f16 products' inputs.
+    NormHalf,
     Rope,
     Attention,
     /// Attention over keys and values stored as f16 pairs with a range
@@ -82,10 +84,11 @@ pub enum Module {
 }
 
 impl Module {
-    pub const ALL: [Module; 54] = [
+    pub const ALL: [Module; 55] = [
         Module::Linear,
         Module::RangeScales,
         Module::Norm,
+        Module::NormHalf,
         Module::Rope,
         Module::Attention,
         Module::AttentionHalfKv,
@@ -144,6 +147,7 @@ impl Module {
             Module::Linear => "linear",
             Module::RangeScales => "range_scales",
             Module::Norm => "norm",
+            Module::NormHalf => "norm (f16 output)",
             Module::Rope => "rope",
             Module::Attention => "attention",
             Module::AttentionHalfKv => "attention (f16 keys and values)",
@@ -189,7 +193,7 @@ impl Module {
     /// cooperative matrices for the matrix tier.
     pub fn features(self) -> wgpu::Features {
         let features = match self {
-            Module::LinearHalf | Module::ConvHalf | Module::ConvHalfWide => wgpu::Features::SHADER_F16,
+            Module::LinearHalf | Module::ConvHalf | Module::ConvHalfWide | Module::NormHalf => wgpu::Features::SHADER_F16,
             Module::LinearMatrix8F32 | Module::LinearMatrix8F32Vec4 | Module::ConvMatrix8F32 | Module::ConvMatrix8F32Narrow | Module::AttentionMatrix8F32 | Module::BenchMatrix8F32 => {
                 wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX
             }
@@ -374,6 +378,7 @@ impl Module {
             Module::LinearHalf => with_gemm!(f16, "product_io.wgsl", "linear_io.wgsl", "linear.wgsl"),
             Module::RangeScales => with_common!("range_rule.wgsl", "range_scales.wgsl"),
             Module::Norm => with_common!("norm.wgsl"),
+            Module::NormHalf => concat!("enable f16;\n", with_common!("range_rule.wgsl", "norm.wgsl", "norm_half.wgsl")),
             Module::Rope => with_common!("rope.wgsl"),
             Module::Attention => with_common!("attention_io.wgsl", "attention_kv_f32.wgsl", "attention.wgsl", "attention_cpu.wgsl"),
             Module::AttentionHalfKv => with_common!("attention_io.wgsl", "attention_kv_half.wgsl", "attention.wgsl", "attention_cpu.wgsl"),

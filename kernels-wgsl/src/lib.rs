@@ -43,4 +43,4 @@ pub use device::{AdapterMemory, AttentionChoice, Backend, CacheState, CompileRep
 pub use dispatch::{encode, encode_timed, Dispatch, Sink};
 pub use error::GpuError;
 pub use precision::{MatrixConfig, MatrixOperands, Precision};
-pub use view::{Mat, RowScales, Weight, WeightDtype};
+pub use view::{HalfMat, Mat, RowScales, Weight, WeightDtype};

@@ -23,6 +23,17 @@ impl<'a> Mat<'a> {
     }
 }
 
+/// Rows of f16 values, two a u32 word (the even one in the low half), each
+/// row divided by its range scale (range_rule.wgsl), with the scales beside
+/// them: the matrix tier's products' inputs as their producers write them.
+/// `data` counts words (a row of `k` values is `k/2` of them); `scales`
+/// holds one f32 a row.
+#[derive(Debug, Clone, Copy)]
+pub struct HalfMat<'a> {
+    pub data: Mat<'a>,
+    pub scales: Mat<'a>,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WeightDtype {
     Bf16,

@@ -6,7 +6,7 @@ use crate::kernel::{kernel, Access::{Read as R, ReadWrite as RW}, Kernel, Module
 use crate::device::Gpu;
 use crate::dispatch::{chunks, dispatch, placeholder_window, rows_per_chunk, to_u32, window, Launch, Rows, Sink, Window};
 use crate::error::GpuError;
-use crate::view::{Mat, RowScales, Weight, WeightDtype};
+use crate::view::{HalfMat, Mat, RowScales, Weight, WeightDtype};
 use bytemuck::{Pod, Zeroable};
 use crate::kernel::{wrapped_grid, MAX_GRID_DIM};
 use crate::precision::{MatrixConfig, MatrixOperands, Precision};
@@ -54,14 +54,26 @@ pub const LINEAR: Kernel =
 /// its workgroup is one subgroup, set by the `WG` override (hence size 0 here).
 /// The f16 tier's linear: `linear.wgsl` on f16-staged tiles.
 pub const LINEAR_HALF: Kernel = Kernel { module: Module::LinearHalf, ..LINEAR };
-pub const LINEAR_MATRIX_8: Kernel =
-    kernel(Module::LinearMatrix8, "linear_matrix", [0, 1, 1], &[(1, RW), (2, R), (3, R), (4, RW), (5, R), (8, R)], size_of::<LinearParams>(), true);
+pub const LINEAR_MATRIX_8: Kernel = kernel(
+    Module::LinearMatrix8,
+    "linear_matrix",
+    [0, 1, 1],
+    &[(1, RW), (2, R), (3, R), (4, RW), (5, R), (8, R), (9, RW), (10, RW)],
+    size_of::<LinearParams>(),
+    true,
+);
 pub const LINEAR_MATRIX_16: Kernel = Kernel { module: Module::LinearMatrix16, ..LINEAR_MATRIX_8 };
 pub const LINEAR_MATRIX_8_F32: Kernel = Kernel { module: Module::LinearMatrix8F32, ..LINEAR_MATRIX_8 };
 /// The same reading x and bf16 W as vec4s at bindings 6 and 7
 /// (`linear_matrix_vec4.wgsl`), where their windows are whole vec4s.
-pub const LINEAR_MATRIX_8_VEC4: Kernel =
-    kernel(Module::LinearMatrix8Vec4, "linear_matrix", [0, 1, 1], &[(3, R), (4, RW), (5, R), (6, RW), (7, R), (8, R)], size_of::<LinearParams>(), true);
+pub const LINEAR_MATRIX_8_VEC4: Kernel = kernel(
+    Module::LinearMatrix8Vec4,
+    "linear_matrix",
+    [0, 1, 1],
+    &[(3, R), (4, RW), (5, R), (6, RW), (7, R), (8, R), (9, RW), (10, RW)],
+    size_of::<LinearParams>(),
+    true,
+);
 pub const LINEAR_MATRIX_16_VEC4: Kernel = Kernel { module: Module::LinearMatrix16Vec4, ..LINEAR_MATRIX_8_VEC4 };
 pub const LINEAR_MATRIX_8_F32_VEC4: Kernel = Kernel { module: Module::LinearMatrix8F32Vec4, ..LINEAR_MATRIX_8_VEC4 };
 
@@ -108,22 +120,50 @@ fn terms(gpu: &Gpu, k: u64) -> u64 {
 /// rows of x and rows of W where one binding cannot hold them. On the matrix
 /// tier it runs on cooperative-matrix tiles ([`LINEAR_MATRIX_8`], [`LINEAR_MATRIX_16`]).
 pub fn linear(gpu: &Gpu, sink: &mut dyn Sink, x: Mat<'_>, w: Weight<'_>, bias: Option<Weight<'_>>, y: Mat<'_>, s: Gemm) -> Result<(), GpuError> {
+    product(gpu, sink, Input::F32(x), w, bias, y, s, false)
+}
+
+/// A product's input rows: f32, or f16 under their range scales as the op
+/// before wrote them (the matrix tier's half-precision data path, with f16
+/// operands only).
+#[derive(Debug, Clone, Copy)]
+pub enum Input<'a> {
+    F32(Mat<'a>),
+    Half(HalfMat<'a>),
+}
+
+/// [`linear`] over an [`Input`]: on [`Input::Half`] the product reads the
+/// rows and their scales as they are (no pass measures x); the same sums as
+/// [`linear`] over the f32 values they stand for, where those would take
+/// those scales.
+pub fn linear_from(gpu: &Gpu, sink: &mut dyn Sink, x: Input<'_>, w: Weight<'_>, bias: Option<Weight<'_>>, y: Mat<'_>, s: Gemm) -> Result<(), GpuError> {
     product(gpu, sink, x, w, bias, y, s, false)
 }
 
 /// `y[m, n] += x[m, k]·W[n, k]ᵀ`: [`linear`] adding onto what `y` holds (a
 /// LoRA adapter's up product onto the base linear's output, as PEFT adds it).
 pub fn linear_add(gpu: &Gpu, sink: &mut dyn Sink, x: Mat<'_>, w: Weight<'_>, y: Mat<'_>, s: Gemm) -> Result<(), GpuError> {
-    product(gpu, sink, x, w, None, y, s, true)
+    product(gpu, sink, Input::F32(x), w, None, y, s, true)
 }
 
 #[allow(clippy::too_many_arguments)] // linear's operands, and whether y's old value joins the sum
-fn product(gpu: &Gpu, sink: &mut dyn Sink, x: Mat<'_>, w: Weight<'_>, bias: Option<Weight<'_>>, y: Mat<'_>, s: Gemm, accumulate: bool) -> Result<(), GpuError> {
+fn product(gpu: &Gpu, sink: &mut dyn Sink, input: Input<'_>, w: Weight<'_>, bias: Option<Weight<'_>>, y: Mat<'_>, s: Gemm, accumulate: bool) -> Result<(), GpuError> {
     let Gemm { m, n, k: kdim } = s;
     if m == 0 || n == 0 {
         return Ok(());
     }
     let matrix = gpu.matrix();
+    // f16 rows: words of two values, x's offset and stride counted in values by the kernel.
+    let (x, half) = match input {
+        Input::F32(x) => (x, None),
+        Input::Half(h) => {
+            if !matrix.is_some_and(|c| c.operands == MatrixOperands::F16) || !kdim.is_multiple_of(2) {
+                return Err(GpuError::UnsupportedShape(format!("a product over f16 rows of {kdim} values needs the matrix tier's f16 operands and an even k")));
+            }
+            (h.data, Some(Rows::mat(h.scales, 1, "linear input scales")))
+        }
+    };
+    let per_word = if half.is_some() { 2 } else { 1 };
     let [tile_m, tile_n] = match matrix {
         Some(c) => [c.size as u64 * MATRIX_BLOCK_TILES; 2],
         None => GEMM_TILE.map(u64::from),
@@ -134,10 +174,18 @@ fn product(gpu: &Gpu, sink: &mut dyn Sink, x: Mat<'_>, w: Weight<'_>, bias: Opti
     // whose size the planner allows for (RANGE_SCALES_ROWS per operand).
     let cap = if matrix.is_some() { RANGE_SCALES_ROWS } else { u64::MAX };
     let n_chunk = rows_per_chunk(gpu, n, &[w_rows], tile_n)?.min(cap);
-    let x_rows = Rows::mat(x, kdim, "linear input");
+    let x_rows = Rows::mat(x, kdim / per_word, "linear input");
+    let operands: Vec<Rows<'_>> = [x_rows].into_iter().chain(half).collect();
     let y_rows = Rows::mat(y, n_chunk.min(n), "linear output");
-    for rows in chunks(m, rows_per_chunk(gpu, m, &[x_rows, y_rows], tile_m)?.min(cap)) {
+    let row_operands: Vec<Rows<'_>> = operands.iter().copied().chain([y_rows]).collect();
+    for rows in chunks(m, rows_per_chunk(gpu, m, &row_operands, tile_m)?.min(cap)) {
         let xw = x_rows.window(gpu, &rows)?;
+        let x_scales = match half {
+            Some(h) => Some(h.window(gpu, &rows)?),
+            None => None,
+        };
+        // x's offset and row stride in values, as the kernel counts them.
+        let (x_at, x_stride) = (xw.local as u64 * per_word, x.stride * per_word);
         for cols in chunks(n, n_chunk) {
             let ww = w_rows.window(gpu, &cols)?;
             // bf16 rows starting on even elements load as whole u32 pairs.
@@ -162,8 +210,15 @@ fn product(gpu: &Gpu, sink: &mut dyn Sink, x: Mat<'_>, w: Weight<'_>, bias: Opti
                     (kernel, constants, [cols_n.div_ceil(tile_n) as u32, rows_n.div_ceil(tile_m) as u32, 1])
                 }
                 (Some(c), _) => {
-                    let constants = vec![("WEIGHT_BF16", w.dtype.constant()), ("HAS_BIAS", bias.is_some() as u32), ("ACCUMULATE", accumulate as u32), ("WG", c.subgroup * MATRIX_SUBGROUPS), ("B_PAIRED", matrix_b_paired(c, w.dtype, ww.local, kdim) as u32)];
-                    let kernel = match matrix_vec4s(c, &xw, x.stride, &ww, w.dtype, terms(gpu, kdim)) {
+                    let constants = vec![
+                        ("WEIGHT_BF16", w.dtype.constant()),
+                        ("HAS_BIAS", bias.is_some() as u32),
+                        ("ACCUMULATE", accumulate as u32),
+                        ("WG", c.subgroup * MATRIX_SUBGROUPS),
+                        ("B_PAIRED", matrix_b_paired(c, w.dtype, ww.local, kdim) as u32),
+                        ("X_HALF", half.is_some() as u32),
+                    ];
+                    let kernel = match matrix_vec4s(c, [x_at, x_stride], &ww, w.dtype, terms(gpu, kdim)) {
                         true => *c.pick([&LINEAR_MATRIX_8_VEC4, &LINEAR_MATRIX_16_VEC4, &LINEAR_MATRIX_8_F32_VEC4]),
                         false => *c.pick([&LINEAR_MATRIX_8, &LINEAR_MATRIX_16, &LINEAR_MATRIX_8_F32]),
                     };
@@ -181,7 +236,10 @@ fn product(gpu: &Gpu, sink: &mut dyn Sink, x: Mat<'_>, w: Weight<'_>, bias: Opti
             let scales = match matrix {
                 Some(c) if c.operands == MatrixOperands::F16 => {
                     let scales = gpu.range_scales(rows_n + cols_n)?;
-                    measure_rows(gpu, sink, &xw, &scales, RangeScalesParams { rows: to_u32(rows_n, "linear rows")?, k: to_u32(terms(gpu, kdim), "linear k")?, src_offset: xw.local, src_stride: to_u32(x.stride, "linear input stride")?, dst_offset: 0, t_stride: 1, _pad: [0; 2] }, false)?;
+                    // f16 rows come with their scales.
+                    if half.is_none() {
+                        measure_rows(gpu, sink, &xw, &scales, RangeScalesParams { rows: to_u32(rows_n, "linear rows")?, k: to_u32(terms(gpu, kdim), "linear k")?, src_offset: xw.local, src_stride: to_u32(x.stride, "linear input stride")?, dst_offset: 0, t_stride: 1, _pad: [0; 2] }, false)?;
+                    }
                     if stored.is_none() {
                         measure_rows(gpu, sink, &ww, &scales, RangeScalesParams { rows: to_u32(cols_n, "linear cols")?, k: to_u32(terms(gpu, kdim), "linear k")?, src_offset: ww.local, src_stride: to_u32(kdim, "linear k")?, dst_offset: to_u32(rows_n, "linear rows")?, t_stride: 1, _pad: [0; 2] }, w.dtype.constant() == 1)?;
                     }
@@ -206,21 +264,26 @@ fn product(gpu: &Gpu, sink: &mut dyn Sink, x: Mat<'_>, w: Weight<'_>, bias: Opti
                 m: to_u32(rows.end - rows.start, "linear rows")?,
                 n: to_u32(cols.end - cols.start, "linear cols")?,
                 k: to_u32(terms(gpu, kdim), "linear k")?,
-                x_offset: xw.local,
-                x_stride: to_u32(x.stride, "linear input stride")?,
+                x_offset: to_u32(x_at, "linear input offset")?,
+                x_stride: to_u32(x_stride, "linear input stride")?,
                 w_offset: ww.local,
                 b_offset: bw.local,
                 y_offset: yw.local,
                 y_stride: to_u32(y.stride, "linear output stride")?,
-                x_scales: sw.local,
+                x_scales: x_scales.as_ref().map_or(sw.local, |w| w.local),
                 w_scales: w_scales_at,
                 _pad: 0,
             };
             let launch = Launch { kernel: &kernel, constants: &constants, params, grid };
+            // x at 1 or 6, or f16 rows at 9 and their scales at 10; the
+            // bindings the kernel does not read take x's window too, whose
+            // writable use a second buffer there could conflict with.
+            let x_half_scales = x_scales.as_ref().unwrap_or(&xw);
+            let (x_f32, x_half) = (&xw, &xw);
             if kernel.module.reads_vec4s() {
-                dispatch(gpu, sink, launch, &[(3, &bw), (4, &yw), (5, &sw), (6, &xw), (7, &ww), (8, &w_scales)]);
+                dispatch(gpu, sink, launch, &[(3, &bw), (4, &yw), (5, &sw), (6, x_f32), (7, &ww), (8, &w_scales), (9, x_half), (10, x_half_scales)]);
             } else if matrix.is_some() {
-                dispatch(gpu, sink, launch, &[(1, &xw), (2, &ww), (3, &bw), (4, &yw), (5, &sw), (8, &w_scales)]);
+                dispatch(gpu, sink, launch, &[(1, x_f32), (2, &ww), (3, &bw), (4, &yw), (5, &sw), (8, &w_scales), (9, x_half), (10, x_half_scales)]);
             } else if lanes.is_some() {
                 dispatch(gpu, sink, launch, &[(3, &bw), (4, &yw), (6, &xw), (7, &ww)]);
             } else {
@@ -243,12 +306,12 @@ pub(crate) fn matrix_b_paired(c: MatrixConfig, dtype: WeightDtype, w_local: u32,
 /// (`linear_matrix_vec4.wgsl`): bf16 W, x's window, its row stride, the
 /// terms and W's window on whole vec4s, and each invocation's share of a
 /// step whole vec4s.
-fn matrix_vec4s(c: MatrixConfig, xw: &Window<'_>, x_stride: u64, ww: &Window<'_>, dtype: WeightDtype, k: u64) -> bool {
+fn matrix_vec4s(c: MatrixConfig, [x_at, x_stride]: [u64; 2], ww: &Window<'_>, dtype: WeightDtype, k: u64) -> bool {
     #[cfg(test)]
     if tests::ELEMENT_FETCH.get() {
         return false;
     }
-    dtype == WeightDtype::Bf16 && c.fetches_vec4_steps() && xw.local.is_multiple_of(4) && x_stride.is_multiple_of(4) && k.is_multiple_of(8) && ww.local.is_multiple_of(8)
+    dtype == WeightDtype::Bf16 && c.fetches_vec4_steps() && x_at.is_multiple_of(4) && x_stride.is_multiple_of(4) && k.is_multiple_of(8) && ww.local.is_multiple_of(8)
 }
 
 /// The range scales of rows `0 .. rows` of `w` (rows of `k` values) into
@@ -280,7 +343,7 @@ pub(crate) fn measure_rows(gpu: &Gpu, sink: &mut dyn Sink, src: &Window<'_>, sca
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::testing::*;
     use flux_lite_core::oracle::{self as r, Weights};
@@ -574,11 +637,11 @@ mod tests {
 
     thread_local! {
         /// Set by [`with_element_fetch`]: the matrix linear reads x and W element by element.
-        pub(super) static ELEMENT_FETCH: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+        pub(crate) static ELEMENT_FETCH: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
     }
 
     /// `run` with the matrix linear reading element by element where it would read vec4s.
-    fn with_element_fetch<T>(run: impl FnOnce() -> T) -> T {
+    pub(crate) fn with_element_fetch<T>(run: impl FnOnce() -> T) -> T {
         with_switch(&ELEMENT_FETCH, run)
     }
 

@@ -12,12 +12,31 @@ override WG: u32 = 32u;
 @group(0) @binding(5) var<storage, read> scales: array<f32>;
 @group(0) @binding(8) var<storage, read> w_scales: array<f32>;
 
+// x on the half-precision data path (`X_HALF`): f16 pairs, each row already
+// divided by its range scale, with the scales beside them, as the op before
+// the product wrote them (norm_half.wgsl) at bindings 9 and 10; x's offset
+// and stride then count f16 values. The values reach the tiles exactly as
+// the f32 path rounds them (a value times its power-of-two scale, then times
+// the inverse, is the f16 value again), without a pass measuring them.
+override X_HALF: bool = false;
+@group(0) @binding(9) var<storage, read_write> x_half: array<u32>;
+@group(0) @binding(10) var<storage, read_write> x_half_scales: array<f32>;
+
+// The f16 value at element e of x_half, widened (exactly) to f32.
+fn x_half_at(e: u32) -> f32 {
+    let pair = unpack2x16float(x_half[e >> 1u]);
+    return select(pair.x, pair.y, (e & 1u) == 1u);
+}
+
 // A = x: x[m0 + r, k0 + t]. Past the matrix it reads x's first element and
 // gives zero: a select, not a branch, so loads can be issued together.
 fn a_at(r: u32, t: u32, m0: u32, k0: u32) -> f32 {
     let inside = m0 + r < p.m && k0 + t < p.k;
-    let v = x[select(p.x_offset, p.x_offset + (m0 + r) * p.x_stride + k0 + t, inside)];
-    return select(0.0, v, inside);
+    let at = select(p.x_offset, p.x_offset + (m0 + r) * p.x_stride + k0 + t, inside);
+    if (X_HALF) {
+        return select(0.0, x_half_at(at) * a_scale(m0 + r), inside);
+    }
+    return select(0.0, x[at], inside);
 }
 
 // Element i of a k step's A: (row, term), terms fastest (x's rows are contiguous).
@@ -48,6 +67,9 @@ fn b_pair(c: u32, t: u32, n0: u32, k0: u32) -> u32 {
 fn a_scale(row: u32) -> f32 {
     if (!OPERAND_HALF || row >= p.m) {
         return 1.0;
+    }
+    if (X_HALF) {
+        return x_half_scales[p.x_scales + row];
     }
     return scales[p.x_scales + row];
 }

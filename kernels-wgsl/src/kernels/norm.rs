@@ -6,7 +6,7 @@ use crate::kernel::{kernel, Access::{Read as R, ReadWrite as RW}, Kernel, Module
 use crate::device::Gpu;
 use crate::dispatch::{dispatch, row_chunks, to_u32, window, Launch, Rows, Sink, Window};
 use crate::error::GpuError;
-use crate::view::{Mat, Weight};
+use crate::view::{HalfMat, Mat, Weight};
 use bytemuck::{Pod, Zeroable};
 
 /// `norm.wgsl` — every normalisation. Rows are (token, head) pairs for
@@ -27,7 +27,9 @@ pub struct NormParams {
     pub scale_offset: u32,
     pub groups: u32,
     pub silu: u32,
-    pub _pad: [u32; 3],
+    /// The f16-output LayerNorm's: where its rows' range scales start.
+    pub scales_offset: u32,
+    pub _pad: [u32; 2],
 }
 
 pub const RMS_NORM: Kernel =
@@ -56,6 +58,13 @@ pub const RMS_NORM_INPLACE_LANES: Kernel = Kernel { entry: "rms_norm_inplace_lan
 pub const LAYER_NORM_MODULATE_LANES: Kernel = Kernel { entry: "layer_norm_modulate_lanes", workgroup_size: [64, 1, 1], ..LAYER_NORM_MODULATE };
 const LANE_ROWS: u64 = 64;
 
+/// The matrix tier's LayerNorm + modulation writing f16 rows under their
+/// range scales (`norm_half.wgsl`) at bindings 6 and 7, and the same for CPU adapters.
+pub const LAYER_NORM_MODULATE_HALF: Kernel =
+    kernel(Module::NormHalf, "layer_norm_modulate_half", [128, 1, 1], &[(1, RW), (5, RW), (6, RW), (7, RW)], size_of::<NormParams>(), false);
+pub const LAYER_NORM_MODULATE_HALF_LANES: Kernel =
+    Kernel { entry: "layer_norm_modulate_half_lanes", workgroup_size: [64, 1, 1], ..LAYER_NORM_MODULATE_HALF };
+
 /// Shape of a row normalisation over `[tokens, heads·d]` views.
 #[derive(Debug, Clone, Copy)]
 pub struct RowNorm {
@@ -68,12 +77,12 @@ pub struct RowNorm {
 
 /// RMSNorm with weight: `dst = w·src/√(mean(src²)+eps)` per (token, head) row.
 pub fn rms_norm(gpu: &Gpu, sink: &mut dyn Sink, src: Mat<'_>, w: Weight<'_>, dst: Mat<'_>, s: RowNorm) -> Result<(), GpuError> {
-    row_norm(gpu, sink, [&RMS_NORM, &RMS_NORM_LANES], Some(src), dst, NormExtra::Weight(w), s)
+    row_norm(gpu, sink, [&RMS_NORM, &RMS_NORM_LANES], Some(src), NormOut::F32(dst), NormExtra::Weight(w), s)
 }
 
 /// RMSNorm in place (per-head q/k norms).
 pub fn rms_norm_inplace(gpu: &Gpu, sink: &mut dyn Sink, data: Mat<'_>, w: Weight<'_>, s: RowNorm) -> Result<(), GpuError> {
-    row_norm(gpu, sink, [&RMS_NORM_INPLACE, &RMS_NORM_INPLACE_LANES], None, data, NormExtra::Weight(w), s)
+    row_norm(gpu, sink, [&RMS_NORM_INPLACE, &RMS_NORM_INPLACE_LANES], None, NormOut::F32(data), NormExtra::Weight(w), s)
 }
 
 /// `dst = LN(src)·(1 + scale) + shift`; `shift` and `scale` are `d`-wide rows of the modulation buffer.
@@ -89,7 +98,36 @@ pub fn layer_norm_modulate(
     if !std::ptr::eq(shift.buf, scale.buf) {
         return Err(GpuError::UnsupportedShape("shift and scale must live in one modulation buffer".into()));
     }
-    row_norm(gpu, sink, [&LAYER_NORM_MODULATE, &LAYER_NORM_MODULATE_LANES], Some(src), dst, NormExtra::Modulation(shift, scale), s)
+    row_norm(gpu, sink, [&LAYER_NORM_MODULATE, &LAYER_NORM_MODULATE_LANES], Some(src), NormOut::F32(dst), NormExtra::Modulation(shift, scale), s)
+}
+
+/// [`layer_norm_modulate`] writing f16 rows under their range scales into
+/// `dst` ([`HalfMat`]): the input of a product on the matrix tier, as the
+/// product would round it. Whole rows (`s.heads` 1) of an even width.
+pub fn layer_norm_modulate_half(
+    gpu: &Gpu,
+    sink: &mut dyn Sink,
+    src: Mat<'_>,
+    shift: Mat<'_>,
+    scale: Mat<'_>,
+    dst: HalfMat<'_>,
+    s: RowNorm,
+) -> Result<(), GpuError> {
+    if !std::ptr::eq(shift.buf, scale.buf) {
+        return Err(GpuError::UnsupportedShape("shift and scale must live in one modulation buffer".into()));
+    }
+    if s.heads != 1 || !s.d.is_multiple_of(2) {
+        return Err(GpuError::UnsupportedShape(format!("f16 rows of {} heads of {} values (whole rows of an even width)", s.heads, s.d)));
+    }
+    let kernels = [&LAYER_NORM_MODULATE_HALF, &LAYER_NORM_MODULATE_HALF_LANES];
+    row_norm(gpu, sink, kernels, Some(src), NormOut::Half(dst), NormExtra::Modulation(shift, scale), s)
+}
+
+/// Where a row norm writes: f32 rows (binding 2), or f16 rows and their
+/// range scales (bindings 6 and 7).
+enum NormOut<'a> {
+    F32(Mat<'a>),
+    Half(HalfMat<'a>),
 }
 
 /// What a row norm reads besides its input: a weight, or modulation rows (shift, scale).
@@ -105,7 +143,7 @@ fn row_norm(
     sink: &mut dyn Sink,
     [gpu_shaped, cpu_shaped]: [&Kernel; 2],
     src: Option<Mat<'_>>,
-    dst: Mat<'_>,
+    out: NormOut<'_>,
     extra: NormExtra<'_>,
     s: RowNorm,
 ) -> Result<(), GpuError> {
@@ -116,10 +154,18 @@ fn row_norm(
     let kernel = if lanes { cpu_shaped } else { gpu_shaped };
     let width = s.heads * s.d;
     let src_rows = src.map(|m| Rows::mat(m, width, "norm input"));
-    let dst_rows = Rows::mat(dst, width, "norm output");
-    let operands: Vec<Rows<'_>> = src_rows.iter().copied().chain([dst_rows]).collect();
+    // f16 rows are half as many words; their scales one f32 a row.
+    let (dst, dst_rows, scale_rows) = match out {
+        NormOut::F32(m) => (m, Rows::mat(m, width, "norm output"), None),
+        NormOut::Half(h) => (h.data, Rows::mat(h.data, width / 2, "norm output"), Some(Rows::mat(h.scales, 1, "norm output scales"))),
+    };
+    let operands: Vec<Rows<'_>> = src_rows.iter().copied().chain([dst_rows]).chain(scale_rows).collect();
     for rows in row_chunks(gpu, s.tokens, &operands, 1)? {
         let dw = dst_rows.window(gpu, &rows)?;
+        let cw = match scale_rows {
+            Some(r) => Some(r.window(gpu, &rows)?),
+            None => None,
+        };
         let sw = match src_rows {
             Some(r) => Some(r.window(gpu, &rows)?),
             None => None,
@@ -133,6 +179,7 @@ fn row_norm(
             dst_offset: dw.local,
             dst_stride: to_u32(dst.stride, "norm output stride")?,
             eps: s.eps,
+            scales_offset: cw.as_ref().map_or(0, |w| w.local),
             ..Default::default()
         };
         let (constants, extra_window) = match &extra {
@@ -157,7 +204,10 @@ fn row_norm(
         if let Some(w) = &sw {
             storage.push((1, w));
         }
-        storage.push((2, &dw));
+        match &cw {
+            Some(cw) => storage.extend([(6, &dw), (7, cw)]),
+            None => storage.push((2, &dw)),
+        }
         storage.push((extra_slot, &extra_window));
         dispatch(gpu, sink, Launch { kernel, constants: &constants, params, grid }, &storage);
     }

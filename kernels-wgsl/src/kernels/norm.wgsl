@@ -12,7 +12,8 @@ struct Params {
     w_offset: u32, eps: f32,
     shift_offset: u32, scale_offset: u32,
     groups: u32, silu: u32,
-    _pad0: u32, _pad1: u32, _pad2: u32,
+    // norm_half.wgsl's: where the rows' range scales go.
+    scales_offset: u32, _pad1: u32, _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -94,13 +95,12 @@ fn rms_norm_inplace(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workg
 }
 
 // dst = LN(src)·(1 + scale) + shift, LN without affine; scale and shift are
-// d-wide vectors in `modulation`, shared by every row.
-@compute @workgroup_size(128)
-fn layer_norm_modulate(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>,
-                       @builtin(num_workgroups) nwg: vec3<u32>) {
-    let row = flat_workgroup(wid, nwg);
-    if (row >= p.rows) { return; }
-    let t = lid.x;
+// d-wide vectors in `modulation`, shared by every row. The statistics and
+// each value come from `ln_moments` and `ln_value`, which the f16-output
+// variant (norm_half.wgsl) shares, so both give the same f32 values.
+
+// (mean, 1/√(var + eps)) of `row`, invocation `t` of THREADS.
+fn ln_moments(row: u32, t: u32) -> vec2<f32> {
     var s = 0.0;
     for (var i = t; i < p.d; i += THREADS) {
         s += src[src_index(row, i)];
@@ -111,10 +111,24 @@ fn layer_norm_modulate(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(wo
         let c = src[src_index(row, i)] - mean;
         sq = fma(c, c, sq);
     }
-    let inv = inverseSqrt(workgroup_sum(sq, t) / f32(p.d) + p.eps);
+    return vec2<f32>(mean, inverseSqrt(workgroup_sum(sq, t) / f32(p.d) + p.eps));
+}
+
+// Value i of `row`, modulated: LN(src)·(1 + scale) + shift, from its moments.
+fn ln_value(row: u32, i: u32, moments: vec2<f32>) -> f32 {
+    let xn = (src[src_index(row, i)] - moments.x) * moments.y;
+    return fma(xn, 1.0 + modulation[p.scale_offset + i], modulation[p.shift_offset + i]);
+}
+
+@compute @workgroup_size(128)
+fn layer_norm_modulate(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>,
+                       @builtin(num_workgroups) nwg: vec3<u32>) {
+    let row = flat_workgroup(wid, nwg);
+    if (row >= p.rows) { return; }
+    let t = lid.x;
+    let moments = ln_moments(row, t);
     for (var i = t; i < p.d; i += THREADS) {
-        let xn = (src[src_index(row, i)] - mean) * inv;
-        dst[dst_index(row, i)] = fma(xn, 1.0 + modulation[p.scale_offset + i], modulation[p.shift_offset + i]);
+        dst[dst_index(row, i)] = ln_value(row, i, moments);
     }
 }
 
@@ -232,6 +246,14 @@ fn layer_norm_modulate_lanes(@builtin(local_invocation_id) lid: vec3<u32>, @buil
                              @builtin(num_workgroups) nwg: vec3<u32>) {
     let row = lane_row(lid, wid, nwg);
     if (row >= p.rows) { return; }
+    let moments = ln_moments_lane(row);
+    for (var i = 0u; i < p.d; i++) {
+        dst[dst_index(row, i)] = ln_value(row, i, moments);
+    }
+}
+
+// `ln_moments` of `row` by one invocation.
+fn ln_moments_lane(row: u32) -> vec2<f32> {
     var s = 0.0;
     for (var i = 0u; i < p.d; i++) {
         s += src[src_index(row, i)];
@@ -242,9 +264,5 @@ fn layer_norm_modulate_lanes(@builtin(local_invocation_id) lid: vec3<u32>, @buil
         let c = src[src_index(row, i)] - mean;
         sq = fma(c, c, sq);
     }
-    let inv = inverseSqrt(sq / f32(p.d) + p.eps);
-    for (var i = 0u; i < p.d; i++) {
-        let xn = (src[src_index(row, i)] - mean) * inv;
-        dst[dst_index(row, i)] = fma(xn, 1.0 + modulation[p.scale_offset + i], modulation[p.shift_offset + i]);
-    }
+    return vec2<f32>(mean, inverseSqrt(sq / f32(p.d) + p.eps));
 }

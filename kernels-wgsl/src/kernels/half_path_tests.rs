@@ -1,0 +1,136 @@
+//! The matrix tier's half-precision data path, producer to product: the
+//! LayerNorm + modulation writing a product's input as f16 rows under their
+//! range scales (`norm_half.wgsl`), and the matrix linear reading such rows
+//! (`linear_matrix.wgsl`'s `X_HALF`). Each is held bit for bit to the f32
+//! path it replaces: the f32 kernel's values rounded as the range rule
+//! rounds them, and the product over the f32 values those rows stand for.
+
+use crate::kernels::linear::tests::with_element_fetch;
+use crate::kernels::linear::{linear, linear_from, Gemm, Input};
+use crate::kernels::norm::{layer_norm_modulate, layer_norm_modulate_half, RowNorm};
+use crate::testing::*;
+use crate::view::{HalfMat, Mat, Weight};
+use crate::{Gpu, GpuOptions};
+
+/// The range rule's scale of a row whose largest magnitude is `largest`
+/// (range_rule.wgsl: the power of two bringing it into [2¹³, 2¹⁴); 1 for 0).
+fn range_scale(largest: f32) -> f32 {
+    if largest == 0.0 {
+        return 1.0;
+    }
+    // frexp's exponent: largest = m·2^e with m in [0.5, 1).
+    let e = largest.log2().floor() as i32 + 1;
+    2f32.powi(e - 14)
+}
+
+/// `rows` rows of `k` values as the matrix tier's f16 rows: each value times
+/// the inverse of its row's range scale, rounded to f16 (ties to even), two a
+/// word; and the scales.
+fn pack_rows(x: &[f32], rows: usize, k: usize) -> (Vec<u32>, Vec<f32>) {
+    let mut words = Vec::with_capacity(rows * k / 2);
+    let mut scales = Vec::with_capacity(rows);
+    for row in x.chunks(k).take(rows) {
+        let scale = range_scale(row.iter().fold(0f32, |m, v| m.max(v.abs())));
+        let inverse = 1.0 / scale;
+        let half = |v: f32| half::f16::from_f32(v * inverse).to_bits() as u32;
+        words.extend(row.chunks(2).map(|p| half(p[0]) | half(p[1]) << 16));
+        scales.push(scale);
+    }
+    (words, scales)
+}
+
+/// The f32 LayerNorm + modulation and the f16-output one over the same rows
+/// of `gpu` (either kernel shape): the second's words and scales are the
+/// first's values packed by the range rule.
+fn check_layer_norm_half(gpu: &Gpu) {
+    let (tokens, d) = (37usize, 200usize);
+    let mut rng = Rng::new(5);
+    let mut x = rng.normals(tokens * d, 1.0);
+    // Rows far above f16's range and far below its normals take their own scales.
+    x[3 * d..4 * d].iter_mut().for_each(|v| *v = *v * 3e6 + 1e6);
+    x[9 * d..10 * d].iter_mut().for_each(|v| *v *= 1e-7);
+    let mut modulation = rng.normals(2 * d, 0.5);
+    modulation[d..].iter_mut().for_each(|v| *v *= 40.0);
+    let (xb, mb) = (gpu.upload_f32("x", &x), gpu.upload_f32("modulation", &modulation));
+    let shape = RowNorm { tokens: tokens as u64, heads: 1, d: d as u64, eps: 1e-6 };
+    let (shift, scale) = (Mat { buf: &mb, offset: 0, stride: 0 }, Mat { buf: &mb, offset: d as u64, stride: 0 });
+    let yb = poisoned(gpu, tokens * d);
+    let y = run_and_read(gpu, &yb, tokens * d, |enc| layer_norm_modulate(gpu, enc, Mat::new(&xb, d as u64), shift, scale, Mat::new(&yb, d as u64), shape));
+    // Rows from element 6 of a buffer with a wider stride, as the arena's spans sit.
+    let (at, stride) = (6u64, (d / 2 + 3) as u64);
+    let out = poisoned(gpu, at as usize + tokens * stride as usize + tokens + 8);
+    let (words_at, scales_at) = (at, at + tokens as u64 * stride);
+    let dst = HalfMat { data: Mat { buf: &out, offset: words_at, stride }, scales: Mat { buf: &out, offset: scales_at, stride: 1 } };
+    let all = run_and_read(gpu, &out, at as usize + tokens * stride as usize + tokens, |enc| {
+        layer_norm_modulate_half(gpu, enc, Mat::new(&xb, d as u64), shift, scale, dst, shape)
+    });
+    let (want_words, want_scales) = pack_rows(&y, tokens, d);
+    for row in 0..tokens {
+        let first = (words_at + row as u64 * stride) as usize;
+        let got: Vec<u32> = all[first..first + d / 2].iter().map(|v| v.to_bits()).collect();
+        assert_eq!(got, want_words[row * d / 2..(row + 1) * d / 2], "row {row}'s f16 values");
+        assert_eq!(all[scales_at as usize + row], want_scales[row], "row {row}'s scale");
+    }
+}
+
+#[test]
+fn layer_norm_modulate_half_writes_the_f32_values_as_the_range_rule_rounds_them() {
+    // The module needs shader f16, which the f16 tier's device has.
+    let Some(gpu) = half_gpu() else { return };
+    each_kernel_shape(&gpu, GpuOptions { precision: crate::Precision::F16, ..options() }, check_layer_norm_half);
+}
+
+/// `y = x·Wᵀ (+ b)` over f16 rows and over the f32 values they stand for,
+/// on the matrix tier: the same bits.
+fn check_linear_over_half_rows(gpu: &Gpu, [m, n, k]: [usize; 3], bf16: bool, with_bias: bool) {
+    let mut rng = Rng::new((m * 131 + n * 7 + k) as u64);
+    let mut x = rng.normals(m * k, 1.0);
+    x[..k].iter_mut().for_each(|v| *v *= 1e5);
+    x[(m - 1) * k..].iter_mut().for_each(|v| *v *= 1e-6);
+    let (words, scales) = pack_rows(&x, m, k);
+    // The f32 values the f16 rows stand for.
+    let values: Vec<f32> = words
+        .iter()
+        .enumerate()
+        .flat_map(|(i, w)| {
+            let s = scales[i / (k / 2)];
+            [half::f16::from_bits(*w as u16).to_f32() * s, half::f16::from_bits((*w >> 16) as u16).to_f32() * s]
+        })
+        .collect();
+    let wb = if bf16 { gpu.upload_bf16("w", &rng.bf16s(n * k, 0.1)) } else { gpu.upload_f32("w", &rng.normals(n * k, 0.1)) };
+    let bb = gpu.upload_bf16("b", &rng.bf16s(n, 1.0));
+    let weight = |b| if bf16 { Weight::bf16(b) } else { Weight::f32(b) };
+    let bias = with_bias.then(|| Weight::bf16(&bb));
+    let s = Gemm { m: m as u64, n: n as u64, k: k as u64 };
+    let xb = gpu.upload_f32("x", &values);
+    let (hb, sb) = (gpu.upload_u32("x half", &words), gpu.upload_f32("x scales", &scales));
+    let (y32, y16) = (poisoned(gpu, m * n), poisoned(gpu, m * n));
+    let from_f32 = run_and_read(gpu, &y32, m * n, |enc| linear(gpu, enc, Mat::new(&xb, k as u64), weight(&wb), bias, Mat::new(&y32, n as u64), s));
+    let half_rows = HalfMat { data: Mat::new(&hb, (k / 2) as u64), scales: Mat::new(&sb, 1) };
+    let from_half = run_and_read(gpu, &y16, m * n, |enc| linear_from(gpu, enc, Input::Half(half_rows), weight(&wb), bias, Mat::new(&y16, n as u64), s));
+    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&from_half), bits(&from_f32), "{m}×{k}·{k}×{n}, bf16 W {bf16}, bias {with_bias}");
+    assert!(from_half.iter().all(|v| v.is_finite()));
+}
+
+#[test]
+fn linear_on_matrix_units_over_half_rows_equals_it_over_their_f32_values() {
+    let Some(gpu) = matrix_gpu() else { return };
+    // Ragged blocks with bias; whole vec4s (read as vec4s, then element by
+    // element); f32 weights (a LoRA's), whose columns are staged one by one.
+    check_linear_over_half_rows(&gpu, [70, 131, 78], true, true);
+    check_linear_over_half_rows(&gpu, [64, 96, 128], true, false);
+    with_element_fetch(|| check_linear_over_half_rows(&gpu, [64, 96, 128], true, false));
+    check_linear_over_half_rows(&gpu, [13, 70, 36], false, true);
+}
+
+#[test]
+fn linear_refuses_half_rows_off_the_matrix_tier() {
+    let gpu = gpu();
+    let (hb, sb, yb) = (gpu.upload_u32("x half", &[0; 8]), gpu.upload_f32("x scales", &[1.0; 2]), gpu.storage("y", 16));
+    let wb = gpu.upload_f32("w", &[0.0; 16]);
+    let half_rows = HalfMat { data: Mat::new(&hb, 4), scales: Mat::new(&sb, 1) };
+    let mut sink = Vec::new();
+    let got = linear_from(gpu, &mut sink, Input::Half(half_rows), Weight::f32(&wb), None, Mat::new(&yb, 2), Gemm { m: 2, n: 2, k: 8 });
+    assert!(gpu.matrix().is_none() && got.is_err(), "{got:?}");
+}

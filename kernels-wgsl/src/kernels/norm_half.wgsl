@@ -1,0 +1,77 @@
+// The matrix tier's LayerNorm + modulation for a product's input: the values
+// norm.wgsl's `layer_norm_modulate` computes (its `ln_moments` and
+// `ln_value`), written as f16 two a word, each row divided by its range
+// scale (range_rule.wgsl), with the scale beside it as f32. These are the
+// operands the matrix linear would round them to itself (x·(1/scale) in f32,
+// then to f16), so the product reads them as they are instead of measuring
+// and rounding them again. Rows are whole (heads = 1) and d is even.
+
+@group(0) @binding(6) var<storage, read_write> dst_half: array<u32>;
+@group(0) @binding(7) var<storage, read_write> dst_scales: array<f32>;
+
+// The largest of `v` over the workgroup; every invocation gets it.
+fn workgroup_max(v: f32, t: u32) -> f32 {
+    partial[t] = v;
+    workgroupBarrier();
+    for (var s = THREADS / 2u; s > 0u; s >>= 1u) {
+        if (t < s) {
+            partial[t] = max(partial[t], partial[t + s]);
+        }
+        workgroupBarrier();
+    }
+    let largest = partial[0];
+    workgroupBarrier();
+    return largest;
+}
+
+// Values 2j and 2j + 1 of `row` as an f16 pair under `inverse` (1/scale).
+// Rounded by the conversion to f16 the products' tiles use (`Operand(…)`);
+// packing the f16 values widened back is then exact in any rounding mode.
+fn half_pair(row: u32, j: u32, moments: vec2<f32>, inverse: f32) -> u32 {
+    let lo = f16(ln_value(row, 2u * j, moments) * inverse);
+    let hi = f16(ln_value(row, 2u * j + 1u, moments) * inverse);
+    return pack2x16float(vec2<f32>(f32(lo), f32(hi)));
+}
+
+fn write_half_row(row: u32, j: u32, moments: vec2<f32>, inverse: f32) {
+    dst_half[p.dst_offset + row * p.dst_stride + j] = half_pair(row, j, moments, inverse);
+}
+
+@compute @workgroup_size(128)
+fn layer_norm_modulate_half(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>,
+                            @builtin(num_workgroups) nwg: vec3<u32>) {
+    let row = flat_workgroup(wid, nwg);
+    if (row >= p.rows) { return; }
+    let t = lid.x;
+    let moments = ln_moments(row, t);
+    var m = 0.0;
+    for (var i = t; i < p.d; i += THREADS) {
+        m = max(m, abs(ln_value(row, i, moments)));
+    }
+    let scale = range_scale(workgroup_max(m, t));
+    let inverse = 1.0 / scale;
+    for (var j = t; j < p.d / 2u; j += THREADS) {
+        write_half_row(row, j, moments, inverse);
+    }
+    if (t == 0u) {
+        dst_scales[p.scales_offset + row] = scale;
+    }
+}
+
+@compute @workgroup_size(64)
+fn layer_norm_modulate_half_lanes(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>,
+                                  @builtin(num_workgroups) nwg: vec3<u32>) {
+    let row = lane_row(lid, wid, nwg);
+    if (row >= p.rows) { return; }
+    let moments = ln_moments_lane(row);
+    var m = 0.0;
+    for (var i = 0u; i < p.d; i++) {
+        m = max(m, abs(ln_value(row, i, moments)));
+    }
+    let scale = range_scale(m);
+    let inverse = 1.0 / scale;
+    for (var j = 0u; j < p.d / 2u; j++) {
+        write_half_row(row, j, moments, inverse);
+    }
+    dst_scales[p.scales_offset + row] = scale;
+}
