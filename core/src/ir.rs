@@ -19,8 +19,8 @@ pub(crate) fn name(args: core::fmt::Arguments<'_>) -> TensorName {
 }
 
 /// A linear step without bias over all of W's rows.
-pub(crate) fn linear(x: Span, w: TensorName, y: Span, rows: u64, cols: u64, inner: u64) -> Op {
-    Op::Linear { x, w, w_row: 0, bias: None, y, rows, cols, inner }
+pub(crate) fn linear(x: impl Into<Operand>, w: TensorName, y: Span, rows: u64, cols: u64, inner: u64) -> Op {
+    Op::Linear { x: x.into(), w, w_row: 0, bias: None, y, rows, cols, inner }
 }
 
 /// A row-major f32 view into the activation arena: row `r` starts at
@@ -47,17 +47,54 @@ impl Span {
     }
 }
 
+/// Rows a product reads, as the op before it writes them: f32 values at
+/// `data`; or, with `scales`, f16 values two a 4-byte word (`data`'s stride
+/// and offsets count words: a row of `w` values is `w/2` of them), each row
+/// divided by its range scale (the power of two bringing its largest
+/// magnitude into [2¹³, 2¹⁴)), the scales f32 `[rows, 1]` at `scales`: the
+/// matrix tier's half-precision data path, the operands its products would
+/// round the f32 values to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Operand {
+    pub data: Span,
+    pub scales: Option<Span>,
+}
+
+impl Operand {
+    /// f32 rows.
+    pub fn f32(data: Span) -> Self {
+        Self { data, scales: None }
+    }
+
+    /// The rows starting `rows` rows further down.
+    pub fn rows_from(self, rows: u64) -> Self {
+        Self { data: self.data.rows_from(rows), scales: self.scales.map(|s| s.rows_from(rows)) }
+    }
+
+    /// Whether the rows are f16 under range scales.
+    pub fn is_half(&self) -> bool {
+        self.scales.is_some()
+    }
+}
+
+impl From<Span> for Operand {
+    fn from(data: Span) -> Self {
+        Self::f32(data)
+    }
+}
+
 /// One kernel step of a block program. Weights are named as in the model's
 /// files; the runner resolves names to device buffers.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Op {
     /// `y[rows, cols] = x[rows, inner]·W[w_row .. w_row + cols]ᵀ (+ b[w_row ..])`:
     /// rows `w_row ..` of W `[.., inner]` (all of them from 0 when `cols` is W's height).
-    Linear { x: Span, w: TensorName, w_row: u64, bias: Option<TensorName>, y: Span, rows: u64, cols: u64, inner: u64 },
+    Linear { x: Operand, w: TensorName, w_row: u64, bias: Option<TensorName>, y: Span, rows: u64, cols: u64, inner: u64 },
     /// Per-head RMSNorm with weight, in place.
     RmsNormHeads { data: Span, w: TensorName, tokens: u64, heads: u64, head_dim: u64, eps: f32 },
-    /// `dst = LN(src)·(1 + scale) + shift` (no affine), shift/scale broadcast rows.
-    LayerNormModulate { src: Span, dst: Span, shift: Span, scale: Span, tokens: u64, d: u64, eps: f32 },
+    /// `dst = LN(src)·(1 + scale) + shift` (no affine), shift/scale broadcast
+    /// rows; `dst` f32 rows, or f16 rows under range scales for a product.
+    LayerNormModulate { src: Span, dst: Operand, shift: Span, scale: Span, tokens: u64, d: u64, eps: f32 },
     /// Interleaved-pair RoPE in place; token `t` uses table row `table_row + t`.
     RopeInterleaved { data: Span, table_row: u64, tokens: u64, heads: u64, head_dim: u64 },
     /// Non-causal attention, `scale = 1/√head_dim`.

@@ -36,7 +36,7 @@
 
 use crate::arena::{ArenaError, BumpArena};
 use crate::config::TransformerConfig;
-use crate::ir::{linear, name, Op, Span, ALIGN, F32};
+use crate::ir::{linear, name, Op, Operand, Span, ALIGN, F32};
 use core::fmt::Write;
 
 /// Token counts of one forward pass.
@@ -53,6 +53,10 @@ pub struct Tokens {
     /// Keys and values kept in half precision (the half-K/V layout, whose
     /// blocks run by chunks); not with a kept KV cache, whose copies move f32 rows.
     pub half_kv: bool,
+    /// The products' inputs written as f16 rows under their range scales
+    /// ([`Operand`]): the matrix tier's half-precision data path, whose
+    /// products would round them so anyway.
+    pub half_operands: bool,
 }
 
 /// How a pass treats the reference tokens.
@@ -72,7 +76,7 @@ pub enum KvMode {
 impl Tokens {
     /// A pass without reference images.
     pub fn plain(text: u64, noise: u64) -> Self {
-        Self { text, noise, references: 0, kv_cache: KvMode::Off, half_kv: false }
+        Self { text, noise, references: 0, kv_cache: KvMode::Off, half_kv: false, half_operands: false }
     }
 
     /// Every image token: noise, then references.
@@ -113,9 +117,10 @@ pub struct TransformerLayout {
     pub mod_single: Span,
     pub mod_out: Span,
     /// The residual stream `[text + image, D]` and its normalised copy
-    /// (`[chunk, D]` by chunks).
+    /// (`[chunk, D]` by chunks), every product's input after a norm: f32, or
+    /// f16 rows under range scales with [`Tokens::half_operands`].
     pub stream: Span,
-    pub normed: Span,
+    pub normed: Operand,
     /// Double-block attention tensors: queries and attention output
     /// `[text + image, D]` (`[chunk, D]` by chunks), keys and values
     /// `[text + image, D]` always (every query reads every key); in the
@@ -257,7 +262,11 @@ impl TransformerLayout {
             mod_single: take(1, 3 * dim)?,
             mod_out: take(1, 2 * dim)?,
             stream: take(rows, dim)?,
-            normed: take(scratch_rows, dim)?,
+            // f16 pairs on the half-precision path: half the words, and a scale a row.
+            normed: match tokens.half_operands {
+                true => Operand { data: take(scratch_rows, dim / 2)?, scales: Some(take(scratch_rows, 1)?) },
+                false => Operand::f32(take(scratch_rows, dim)?),
+            },
             q: take(scratch_rows, dim)?,
             k: take(rows, kv_width)?,
             v: take(rows, kv_width)?,
@@ -548,7 +557,7 @@ pub fn double_block(l: &TransformerLayout, b: usize, mut emit: impl FnMut(Op)) {
     };
     let w = |part: &str| name(format_args!("transformer_blocks.{b}.{part}.weight"));
     let attn_w = |part: &str| name(format_args!("transformer_blocks.{b}.attn.{part}.weight"));
-    let feed_forward = |s: &Stream<'_>, normed: Span, proj: Span, n: u64, emit: &mut dyn FnMut(Op)| {
+    let feed_forward = |s: &Stream<'_>, normed: Operand, proj: Span, n: u64, emit: &mut dyn FnMut(Op)| {
         emit(linear(normed, w(&format_str(s.ff, "linear_in")), l.ff_in, n, 2 * f, d));
         emit(Op::SwiGlu { gate: l.ff_in, up: l.ff_in.cols_from(f), dst: l.ff_act, rows: n, cols: f });
         emit(linear(l.ff_act, w(&format_str(s.ff, "linear_out")), proj, n, d, f));
@@ -591,7 +600,7 @@ pub fn double_block(l: &TransformerLayout, b: usize, mut emit: impl FnMut(Op)) {
         let rows = |span: Span| span.rows_from(s.first_row);
         modulate(l, (s.first_row, s.rows, 0), s.modulation, [0, 1], &mut emit);
         for (proj, dst) in [(s.q, l.q), (s.k, l.k), (s.v, l.v)] {
-            emit(linear(rows(l.normed), attn_w(proj), rows(dst), s.rows, d, d));
+            emit(linear(l.normed.rows_from(s.first_row), attn_w(proj), rows(dst), s.rows, d, d));
         }
         for (norm, dst) in [(s.q_norm, l.q), (s.k_norm, l.k)] {
             emit(Op::RmsNormHeads { data: rows(dst), w: attn_w(norm), tokens: s.rows, heads, head_dim: hd, eps: l.eps });
@@ -606,7 +615,7 @@ pub fn double_block(l: &TransformerLayout, b: usize, mut emit: impl FnMut(Op)) {
         emit(linear(rows(l.attn), attn_w(s.out), rows(l.proj), s.rows, d, d));
         gated_residual(l, (s.first_row, s.rows, 0), s.modulation, 2, &mut emit);
         modulate(l, (s.first_row, s.rows, 0), s.modulation, [3, 4], &mut emit);
-        feed_forward(s, rows(l.normed), rows(l.proj), s.rows, &mut emit);
+        feed_forward(s, l.normed.rows_from(s.first_row), rows(l.proj), s.rows, &mut emit);
         gated_residual(l, (s.first_row, s.rows, 0), s.modulation, 5, &mut emit);
     }
 }
@@ -628,7 +637,7 @@ pub fn single_block(l: &TransformerLayout, b: usize, mut emit: impl FnMut(Op)) {
     let block = l.kv.map_or(0, |kv| kv.double_blocks) + b as u64;
     let m = Modulation { vector: l.mod_single, reference: |kv| kv.mod_single };
     // Rows `w_row ..` of the fused weight (0: q, D: k, 2D: v, 3D: the MLP halves).
-    let part = |x: Span, w_row: u64, y: Span, n: u64, cols: u64| Op::Linear { x, w: w("to_qkv_mlp_proj"), w_row, bias: None, y, rows: n, cols, inner: d };
+    let part = |x: Operand, w_row: u64, y: Span, n: u64, cols: u64| Op::Linear { x, w: w("to_qkv_mlp_proj"), w_row, bias: None, y, rows: n, cols, inner: d };
     if l.by_chunks() {
         for (r0, n) in l.chunks(rows) {
             modulate(l, (r0, n, r0), m, [0, 1], &mut emit);
@@ -765,7 +774,7 @@ mod tests {
         let (text, image, chunk) = (512u64, 4096u64, 1024u64);
         let laid_out = |half_kv: bool, kv_cache: KvMode, references: u64| {
             let mut arena = BumpArena::new(u64::MAX / 2);
-            let tokens = Tokens { text, noise: image, references, kv_cache, half_kv };
+            let tokens = Tokens { text, noise: image, references, kv_cache, half_kv, half_operands: false };
             let l = TransformerLayout::chunked(&cfg, tokens, chunk, &mut arena).unwrap();
             (l, arena.high_water())
         };
@@ -811,7 +820,7 @@ mod tests {
     fn reference_tokens_run_through_every_block_but_get_no_velocity() {
         let cfg = klein_4b::transformer();
         let mut arena = BumpArena::new(u64::MAX / 2);
-        let tokens = Tokens { text: 512, noise: 1024, references: 3072, kv_cache: KvMode::Off, half_kv: false };
+        let tokens = Tokens { text: 512, noise: 1024, references: 3072, kv_cache: KvMode::Off, half_kv: false, half_operands: false };
         let l = TransformerLayout::chunked(&cfg, tokens, u64::MAX, &mut arena).unwrap();
         assert_eq!((l.image, l.noise), (4096, 1024));
         let mut embedded_rows = 0;
@@ -849,7 +858,7 @@ mod tests {
     fn the_kv_passes_split_attention_and_share_the_cache() {
         let cfg = klein_4b::transformer();
         let mut arena = BumpArena::new(u64::MAX / 2);
-        let tokens = Tokens { text: 512, noise: 1024, references: 256, kv_cache: KvMode::Keep, half_kv: false };
+        let tokens = Tokens { text: 512, noise: 1024, references: 256, kv_cache: KvMode::Keep, half_kv: false, half_operands: false };
         let l = TransformerLayout::chunked(&cfg, tokens, u64::MAX, &mut arena).unwrap();
         let kv = l.kv.unwrap();
         assert_eq!((kv.pass, kv.references, kv.double_blocks), (KvPass::Extract, 256, 5));

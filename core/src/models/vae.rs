@@ -321,7 +321,7 @@ pub(crate) fn attention(l: &Stream, p: &str, c: u64, pixels: u64, emit: &mut imp
     emit(Op::Transpose { src: rows(l.b, pixels), dst: rows(l.c, c), rows: c, cols: pixels });
     for (proj, dst) in [("to_q", l.q), ("to_k", l.k), ("to_v", l.v)] {
         emit(Op::Linear {
-            x: rows(l.c, c),
+            x: rows(l.c, c).into(),
             w: name(format_args!("{p}.{proj}.weight")),
             w_row: 0,
             bias: Some(name(format_args!("{p}.{proj}.bias"))),
@@ -334,7 +334,7 @@ pub(crate) fn attention(l: &Stream, p: &str, c: u64, pixels: u64, emit: &mut imp
     let (q, k, v) = (rows(l.q, c), rows(l.k, c), rows(l.v, c));
     emit(Op::Attention { q, k, v, o: rows(l.b, c), len: pixels, heads: 1, head_dim: c });
     emit(Op::Linear {
-        x: rows(l.b, c),
+        x: rows(l.b, c).into(),
         w: name(format_args!("{p}.to_out.0.weight")),
         w_row: 0,
         bias: Some(name(format_args!("{p}.to_out.0.bias"))),

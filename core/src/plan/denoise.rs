@@ -190,7 +190,7 @@ pub(super) fn denoise_fixed(input: &PlanInput<'_>, chunk: u64, mode: KvMode, hal
     let (lat_h, lat_w) = latent_grid(input)?;
     let image = lat_h * lat_w;
     let text = input.prompt_tokens;
-    let tokens = transformer::Tokens { text, noise: image, references: reference_tokens(input)?, kv_cache: mode, half_kv };
+    let tokens = transformer::Tokens { text, noise: image, references: reference_tokens(input)?, kv_cache: mode, half_kv, half_operands: input.limits.half_operands };
     let mut arena = BumpArena::new(u64::MAX);
     let l = transformer::TransformerLayout::chunked(c, tokens, chunk, &mut arena)
         .map_err(|_| PlanError::Size("the image is too large to lay out"))?;

@@ -326,11 +326,15 @@ impl Plan {
 pub struct DeviceLimits {
     pub max_buffer: u64,
     pub max_binding: u64,
+    /// Whether the device's products take f16 inputs under range scales
+    /// (the matrix tier with f16 operands), which halves the bytes of the
+    /// transformer's normalised rows ([`crate::models::transformer::Tokens::half_operands`]).
+    pub half_operands: bool,
 }
 
 impl DeviceLimits {
     /// WebGPU's default limits, which every adapter grants: 256 MiB buffers, 128 MiB bindings.
-    pub const WEBGPU_DEFAULT: DeviceLimits = DeviceLimits { max_buffer: 256 << 20, max_binding: 128 << 20 };
+    pub const WEBGPU_DEFAULT: DeviceLimits = DeviceLimits { max_buffer: 256 << 20, max_binding: 128 << 20, half_operands: false };
 }
 
 /// Everything a plan depends on.

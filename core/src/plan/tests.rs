@@ -8,7 +8,7 @@ const GIB: u64 = 1 << 30;
 /// a largest buffer of about 16 GiB) and bindings up to 4 GiB − 4: the
 /// tables of docs/memory.md are for it. NVIDIA's Vulkan driver allows 4 GiB buffers,
 /// so there the transformer's arena refuses 4096² (`REAL_LIMITS` below).
-const LIMITS: DeviceLimits = DeviceLimits { max_buffer: 16 * GIB, max_binding: 4 * GIB - 4 };
+const LIMITS: DeviceLimits = DeviceLimits { max_buffer: 16 * GIB, max_binding: 4 * GIB - 4, half_operands: false };
 
 struct Model {
     transformer: TransformerConfig,
@@ -75,6 +75,24 @@ fn the_kv_cache_is_counted_in_the_denoise_arena() {
     assert_eq!(none.denoise, plan(&model.input(1024, None)).unwrap().denoise);
 }
 
+/// On a device whose products take f16 inputs (the matrix tier), the
+/// transformer's normalised rows are f16 pairs with a scale a row: its
+/// arena shrinks by half those rows less their scales, and so does the
+/// smallest budget of a whole 1024² run.
+#[test]
+fn half_products_inputs_shrink_the_denoise_arena_by_half_the_normalised_rows() {
+    let model = Model::klein_4b(false);
+    let f32 = model.input(1024, None);
+    let half = PlanInput { limits: DeviceLimits { half_operands: true, ..LIMITS }, ..f32 };
+    let (a, b) = (plan(&f32).unwrap(), plan(&half).unwrap());
+    let rows = 512 + 4096;
+    let dim = model.transformer.inner_dim() as u64;
+    // The normalised rows: f32 `[rows, D]`, or f16 `[rows, D/2]` words and `[rows, 1]` scales, each 256-byte aligned.
+    let saved = rows * dim * 4 - rows * dim * 2 - (rows * 4).div_ceil(256) * 256;
+    assert!(a.denoise.arena_bytes - b.denoise.arena_bytes == saved, "{} → {}, expected {saved} less", a.denoise.arena_bytes, b.denoise.arena_bytes);
+    assert!(minimum_budget(&half).unwrap() < minimum_budget(&f32).unwrap());
+}
+
 /// A preview decoder is resident beside the transformer: the denoise
 /// phase and the smallest budget grow by exactly its bytes, and a budget
 /// that just fit without it no longer does.
@@ -136,7 +154,7 @@ fn the_preview_decoder_runs_by_bands_when_its_activations_exceed_a_binding() {
     assert_eq!(preview_layouts(&taef2(), 512, 512, weights, LIMITS, Some(1024)).unwrap().as_slice(), &small[..1]);
     assert_eq!(preview_layouts(&taef2(), 512, 512, weights, LIMITS, Some(24)), Err(PlanError::VaeTileSize { tile: 24, unit: 16 }));
     // A band must hold one row of the widest convolution: 64 channels, 4096 wide.
-    let narrow = DeviceLimits { max_buffer: 256 << 20, max_binding: 1 << 20 };
+    let narrow = DeviceLimits { max_buffer: 256 << 20, max_binding: 1 << 20, half_operands: false };
     let err = preview_layouts(&taef2(), 4096, 4096, weights, narrow, None).unwrap_err();
     assert!(matches!(err, PlanError::PreviewTooWide { width: 4096, limit: 1048576, .. }), "{err}");
 }
@@ -146,7 +164,7 @@ fn the_preview_decoder_runs_by_bands_when_its_activations_exceed_a_binding() {
 /// a binding with its activations on the device, before any host layout.
 #[test]
 fn a_preview_beyond_a_binding_keeps_its_activations_on_the_device_first() {
-    let cpu = DeviceLimits { max_buffer: (2 * GIB) - 1, max_binding: 128 << 20 };
+    let cpu = DeviceLimits { max_buffer: (2 * GIB) - 1, max_binding: 128 << 20, half_operands: false };
     let layouts = preview_layouts(&taef2(), 1024, 1024, 4 << 20, cpu, None).unwrap();
     let whole = crate::models::tiny_decoder::arena_bytes(&taef2(), 128, 128).unwrap();
     assert!(whole > 800_000_000 && whole < 2 * GIB, "{whole}");
@@ -542,7 +560,7 @@ fn a_reference_beyond_the_adapters_binding_is_tiled_or_refused_up_front() {
     assert!(r.tile.is_some_and(|t| t < 4096), "{r:?}");
     assert!(reference_options(&input).unwrap().all(|o| o.tile.is_some()));
     // Bindings of 64 KiB hold no band with one 4096-pixel convolution row (131 channels of it).
-    let tiny = DeviceLimits { max_buffer: 1 << 20, max_binding: 64 << 10 };
+    let tiny = DeviceLimits { max_buffer: 1 << 20, max_binding: 64 << 10, half_operands: false };
     match reference_options(&PlanInput { limits: tiny, ..input }).map(|mut o| o.next()) {
         Err(e @ PlanError::ReferenceTooLarge { width: 4096, height: 4096, bytes, limit }) => {
             assert!(bytes > limit);
@@ -558,7 +576,7 @@ fn a_reference_beyond_the_adapters_binding_is_tiled_or_refused_up_front() {
 fn attention_keys_beyond_one_binding_force_chunks_or_are_refused_up_front() {
     let model = Model::klein_4b(false);
     // lavapipe's limits: WebGPU's 128 MiB bindings, 2 GiB buffers.
-    let lavapipe = DeviceLimits { max_buffer: 2 * GIB, max_binding: 128 << 20 };
+    let lavapipe = DeviceLimits { max_buffer: 2 * GIB, max_binding: 128 << 20, half_operands: false };
     let webgpu = |size: u64| PlanInput { limits: lavapipe, ..model.input(size, None) };
     // 4608 tokens: the fused projection's key window (27648-wide rows, 510 MB) exceeds 128 MiB;
     // the chunked single blocks keep keys in 3072-wide rows (57 MB).
@@ -597,7 +615,7 @@ fn attention_keys_beyond_one_binding_force_chunks_or_are_refused_up_front() {
 #[test]
 fn a_decode_the_adapter_cannot_bind_keeps_its_activations_on_the_device_where_the_budget_holds_them() {
     let model = Model::klein_4b(false);
-    let lavapipe = DeviceLimits { max_buffer: 2 * GIB, max_binding: 128 << 20 };
+    let lavapipe = DeviceLimits { max_buffer: 2 * GIB, max_binding: 128 << 20, half_operands: false };
     let input = PlanInput { limits: lavapipe, ..model.input(1024, None) };
     let options: Vec<VaePlan> = decode_options(&input).unwrap().collect();
     let first = options[0];
@@ -729,7 +747,7 @@ fn the_readme_figures_are_the_planners() {
     let smallest = decode[decode.len() - 1];
     quoted(&format!("needs {} in its smallest tile at 1024² ({} pixels", readme(smallest.peak()), smallest.tile.unwrap()));
     quoted(&format!("against {} untiled", readme(decode[0].peak())));
-    let lavapipe = DeviceLimits { max_buffer: 2 * GIB, max_binding: 128 << 20 };
+    let lavapipe = DeviceLimits { max_buffer: 2 * GIB, max_binding: 128 << 20, half_operands: false };
     let bound = PlanInput { limits: lavapipe, ..input };
     let largest = decode_options(&bound).unwrap().find(|p| p.tile.is_some() && !p.on_device).unwrap();
     quoted(&format!("{} in the largest tile lavapipe's 128 MiB bindings allow ({} px)", readme(largest.peak()), largest.tile.unwrap()));
@@ -774,9 +792,9 @@ fn the_readme_figures_are_the_planners() {
 /// (4 GiB buffers, bindings capped at 2³¹−1), Mesa's AMD and Intel drivers
 /// (2 GiB), Metal with its binding clamped to 2³¹−1, WebGPU's defaults.
 const REAL_LIMITS: [(&str, DeviceLimits); 4] = [
-    ("NVIDIA Vulkan", DeviceLimits { max_buffer: 4 * GIB, max_binding: 2 * GIB - 1 }),
-    ("Mesa AMD/Intel", DeviceLimits { max_buffer: 2 * GIB, max_binding: 2 * GIB - 1 }),
-    ("Metal", DeviceLimits { max_buffer: 16 * GIB, max_binding: 2 * GIB - 1 }),
+    ("NVIDIA Vulkan", DeviceLimits { max_buffer: 4 * GIB, max_binding: 2 * GIB - 1, half_operands: false }),
+    ("Mesa AMD/Intel", DeviceLimits { max_buffer: 2 * GIB, max_binding: 2 * GIB - 1, half_operands: false }),
+    ("Metal", DeviceLimits { max_buffer: 16 * GIB, max_binding: 2 * GIB - 1, half_operands: false }),
     ("WebGPU defaults", DeviceLimits::WEBGPU_DEFAULT),
 ];
 

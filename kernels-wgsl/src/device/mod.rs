@@ -548,7 +548,11 @@ impl Gpu {
 
     /// The limits the memory planner lays buffers out under.
     pub fn plan_limits(&self) -> flux_lite_core::plan::DeviceLimits {
-        flux_lite_core::plan::DeviceLimits { max_buffer: self.limits.max_buffer_size, max_binding: self.max_binding() }
+        flux_lite_core::plan::DeviceLimits {
+            max_buffer: self.limits.max_buffer_size,
+            max_binding: self.max_binding(),
+            half_operands: self.matrix().is_some_and(|c| c.operands == crate::MatrixOperands::F16),
+        }
     }
 
     pub fn upload_f32(&self, label: &str, data: &[f32]) -> DeviceBuffer {

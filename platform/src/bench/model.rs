@@ -250,7 +250,7 @@ impl<'g> ShapeBench<'g> {
     pub fn blocks(&self, cfg: &TransformerConfig, tokens: u64) -> Result<Vec<Figure>, RunError> {
         let text = if tokens >= 1024 { 512 } else { tokens / 2 };
         let chunk = self.chunk_for_keys(cfg, tokens);
-        let (layout, blocks, arena_bytes) = programs(cfg, Tokens::plain(text, tokens - text), chunk)?;
+        let (layout, blocks, arena_bytes) = programs(cfg, self.tokens(text, tokens - text), chunk)?;
         let runner = self.runner(arena_bytes, tokens, cfg.attention_head_dim as u64, false);
         let weights = SyntheticWeights::new(|sink| tensors::transformer(cfg, sink));
         let mut figures = Vec::new();
@@ -283,7 +283,7 @@ impl<'g> ShapeBench<'g> {
     pub fn step(&self, cfg: &TransformerConfig, size: u64, cell: u64) -> Result<Figure, RunError> {
         let image = (size / cell) * (size / cell);
         let chunk = self.chunk_for_keys(cfg, 512 + image);
-        let (_, blocks, arena_bytes) = programs(cfg, Tokens::plain(512, image), chunk)?;
+        let (_, blocks, arena_bytes) = programs(cfg, self.tokens(512, image), chunk)?;
         let runner = self.runner(arena_bytes, 512 + image, cfg.attention_head_dim as u64, false);
         let weights = SyntheticWeights::new(|sink| tensors::transformer(cfg, sink));
         let placed = weights.place(self.gpu, blocks.iter().flatten())?;
@@ -587,6 +587,12 @@ impl<'g> ShapeBench<'g> {
     /// Token rows per pass when the single blocks' keys, a column window of
     /// the fused projection, would exceed one storage binding unchunked (as
     /// the planner decides for `gen`); `None` when they fit.
+    /// A pass over `text` prompt and `image` image tokens laid out as this
+    /// device's transformer lays it out (f16 products' inputs on the matrix tier).
+    fn tokens(&self, text: u64, image: u64) -> Tokens {
+        Tokens { half_operands: self.gpu.plan_limits().half_operands, ..Tokens::plain(text, image) }
+    }
+
     fn chunk_for_keys(&self, cfg: &TransformerConfig, tokens: u64) -> Option<usize> {
         let fused = 3 * cfg.inner_dim() as u64 + 2 * cfg.mlp_hidden_dim() as u64;
         // A chunk as large as the pass would lay out the fused rows again.

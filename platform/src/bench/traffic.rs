@@ -23,7 +23,7 @@ use crate::components::transformer::programs;
 use crate::error::RunError;
 use flux_lite_core::arena::BumpArena;
 use flux_lite_core::config::{TransformerConfig, VaeConfig};
-use flux_lite_core::ir::{Op, Span};
+use flux_lite_core::ir::{Op, Operand, Span};
 use flux_lite_core::models::transformer::Tokens;
 use flux_lite_core::models::vae;
 use flux_lite_kernels::kernels::ATTENTION_MATRIX_MAX_HEAD_DIM;
@@ -117,11 +117,33 @@ struct DataPath {
 }
 
 impl DataPath {
-    /// Today's data path of `tier`: f32 activations on every tier (the f16
-    /// and matrix tiers round them to f16 as they stage their tiles), bf16
-    /// weights. `auto` is taken as the matrix tier, as on the H200.
+    /// The data path of `tier`: f32 activations, except the products'
+    /// inputs an op writes as f16 rows on the matrix tier ([`Operand`],
+    /// counted where the program has them); bf16 weights. `auto` is taken as
+    /// the matrix tier, as on the H200.
     fn of(tier: Precision) -> Self {
-        DataPath { activation: 4, weight: 2, scale: 4, matrix: matches!(tier, Precision::Matrix | Precision::Auto) }
+        DataPath { activation: 4, weight: 2, scale: 4, matrix: is_matrix(tier) }
+    }
+
+    /// Bytes of `width` values of a row of `x`, and of its scale where it has one.
+    fn row_bytes(&self, x: &Operand, width: u64) -> u64 {
+        match x.scales {
+            Some(_) => width * 2 + self.scale,
+            None => width * self.activation,
+        }
+    }
+}
+
+/// Whether `tier` is (or, as `auto` on the H200, becomes) the matrix tier.
+fn is_matrix(tier: Precision) -> bool {
+    matches!(tier, Precision::Matrix | Precision::Auto)
+}
+
+/// An operand's rows as a launcher binds them: words of f16 pairs for half rows.
+fn operand_rows(x: &Operand, width: u64, p: DataPath) -> Rows {
+    match x.scales {
+        Some(_) => Rows::of(x.data, width / 2, 4),
+        None => Rows::of(x.data, width, p.activation),
     }
 }
 
@@ -182,7 +204,7 @@ pub fn op_traffic(op: &Op, tier: Precision, m: &Machine) -> Traffic {
         pieces(rows, rows_per_piece(m, rows, operands, 1)).map(|r| pass(bytes(r), 0, false)).sum()
     };
     match *op {
-        Op::Linear { x, y, rows, cols, inner, ref bias, .. } => linear(m, p, [x, y], [rows, cols, inner], bias.is_some()),
+        Op::Linear { x, y, rows, cols, inner, ref bias, .. } => linear(m, p, (x, y), [rows, cols, inner], bias.is_some()),
         Op::Attention { len, heads, head_dim, .. } => attention(m, p, [len, len, heads, heads, head_dim], AttentionIo::default()),
         Op::CrossAttention { q_len, kv_len, heads, head_dim, .. } => attention(m, p, [q_len, kv_len, heads, heads, head_dim], AttentionIo::default()),
         Op::PartialAttention { q_len, kv_len, heads, head_dim, .. } => {
@@ -200,7 +222,7 @@ pub fn op_traffic(op: &Op, tier: Precision, m: &Machine) -> Traffic {
         }
         Op::RmsNorm { src, dst, tokens, d, .. } => by_rows(tokens, &[Rows::of(src, d, a), Rows::of(dst, d, a)], &|r| 2 * r * d * a + d * wb),
         Op::LayerNormModulate { src, dst, tokens, d, .. } => {
-            by_rows(tokens, &[Rows::of(src, d, a), Rows::of(dst, d, a)], &|r| 2 * r * d * a + 2 * d * a)
+            by_rows(tokens, &[Rows::of(src, d, a), operand_rows(&dst, d, p)], &|r| r * d * a + r * p.row_bytes(&dst, d) + 2 * d * a)
         }
         Op::RopeInterleaved { data, tokens, heads, head_dim, .. } | Op::RopeRotateHalf { data, tokens, heads, head_dim, .. } => {
             // Data in place; a cos and a sin table row (f32) per token.
@@ -249,20 +271,23 @@ pub fn op_traffic(op: &Op, tier: Precision, m: &Machine) -> Traffic {
 }
 
 /// `y[rows, cols] = x[rows, inner]·Wᵀ (+ b)` in pieces of rows and of
-/// columns (the launcher's loops), each piece's input measured first on the
-/// matrix tier; W's scales are kept where the weights reached the device.
-fn linear(m: &Machine, p: DataPath, [x, y]: [Span; 2], [rows, cols, inner]: [u64; 3], bias: bool) -> Traffic {
+/// columns (the launcher's loops); on the matrix tier each piece's f32 input
+/// measured first (f16 rows come with their scales); W's scales are kept
+/// where the weights reached the device.
+fn linear(m: &Machine, p: DataPath, (x, y): (Operand, Span), [rows, cols, inner]: [u64; 3], bias: bool) -> Traffic {
     let cap = if p.matrix { RANGE_SCALES_ROWS } else { u64::MAX };
     let col_piece = rows_per_piece(m, cols, &[Rows::packed(inner, p.weight)], m.product_block).min(cap);
-    let row_piece = rows_per_piece(m, rows, &[Rows::of(x, inner, p.activation), Rows::of(y, col_piece.min(cols), p.activation)], m.product_block).min(cap);
+    let row_piece = rows_per_piece(m, rows, &[operand_rows(&x, inner, p), Rows::of(y, col_piece.min(cols), p.activation)], m.product_block).min(cap);
     let mut total = Traffic::default();
     for r in pieces(rows, row_piece) {
         for c in pieces(cols, col_piece) {
             let scales = if p.matrix { (r + c) * p.scale } else { 0 };
-            if p.matrix {
+            if p.matrix && !x.is_half() {
                 total += pass_on(m, r * inner * p.activation + r * p.scale, 0, false);
             }
-            let bytes = r * inner * p.activation + c * inner * p.weight + bias as u64 * c * p.weight + scales + r * c * p.activation;
+            // x's rows (with their scales where half, counted once below), W, bias, scales, y.
+            let x_bytes = r * p.row_bytes(&x, inner) - if x.is_half() { r * p.scale } else { 0 };
+            let bytes = x_bytes + c * inner * p.weight + bias as u64 * c * p.weight + scales + r * c * p.activation;
             total += pass_on(m, bytes, 2 * r * c * inner, p.matrix);
         }
     }
@@ -363,7 +388,8 @@ pub fn step(cfg: &TransformerConfig, [width, height]: [u64; 2], cell: u64, text:
     let tokens = text + image;
     let fused = 3 * cfg.inner_dim() as u64 + 2 * cfg.mlp_hidden_dim() as u64;
     let chunk = (4 * tokens * fused > m.max_binding).then_some(super::model::KEY_CHUNK_ROWS.min(tokens as usize / 2).max(1));
-    let (_, blocks, _) = programs(cfg, Tokens::plain(text, image), chunk)?;
+    let tokens = Tokens { half_operands: is_matrix(tier), ..Tokens::plain(text, image) };
+    let (_, blocks, _) = programs(cfg, tokens, chunk)?;
     let block = |index: usize, present: bool| present.then(|| program_traffic(&blocks[index], tier, m));
     let mut by_kind: Vec<(&'static str, Traffic)> = Vec::new();
     for op in blocks.iter().flatten() {
@@ -419,10 +445,10 @@ mod tests {
 
     #[test]
     fn a_linear_on_the_matrix_tier_measures_its_input_first() {
-        let x = Span::new(0, 64);
+        let x = Operand::f32(Span::new(0, 64));
         let y = Span::new(0, 32);
-        let f32 = linear(&H200, DataPath::of(Precision::F32), [x, y], [10, 32, 64], false);
-        let matrix = linear(&H200, DataPath::of(Precision::Matrix), [x, y], [10, 32, 64], false);
+        let f32 = linear(&H200, DataPath::of(Precision::F32), (x, y), [10, 32, 64], false);
+        let matrix = linear(&H200, DataPath::of(Precision::Matrix), (x, y), [10, 32, 64], false);
         assert_eq!((f32.dispatches, matrix.dispatches), (1, 2));
         // x, W and y once; the matrix tier reads x again to measure it and writes and reads the scales.
         assert_eq!(f32.bytes, 10 * 64 * 4 + 32 * 64 * 2 + 10 * 32 * 4);
@@ -431,11 +457,20 @@ mod tests {
     }
 
     #[test]
+    fn a_linear_over_half_rows_reads_them_and_their_scales_without_measuring() {
+        let x = Operand { data: Span::new(0, 32), scales: Some(Span::new(1000, 1)) };
+        let t = linear(&H200, DataPath::of(Precision::Matrix), (x, Span::new(0, 32)), [10, 32, 64], false);
+        assert_eq!(t.dispatches, 1);
+        // x in f16, W, x's and W's scales, y.
+        assert_eq!(t.bytes, 10 * 64 * 2 + 32 * 64 * 2 + (10 + 32) * 4 + 10 * 32 * 4);
+    }
+
+    #[test]
     fn a_linear_splits_where_one_binding_cannot_hold_its_weight() {
         // 1 MiB bindings: 2048 rows of 256 bf16 weights less the alignment's
         // worth, so 2047, rounded down to 1920 (whole 128-column blocks).
         let m = Machine { max_binding: 1 << 20, ..H200 };
-        let t = linear(&m, DataPath::of(Precision::F32), [Span::new(0, 256), Span::new(0, 4096)], [8, 4096, 256], false);
+        let t = linear(&m, DataPath::of(Precision::F32), (Span::new(0, 256).into(), Span::new(0, 4096)), [8, 4096, 256], false);
         assert_eq!(t.dispatches, 3, "4096 columns in pieces of 1920");
     }
 

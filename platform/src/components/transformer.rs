@@ -120,7 +120,14 @@ impl Transformer {
                 config.timestep_guidance_channels
             )));
         }
-        let tokens = Tokens { text: text as u64, noise: grids.noise_tokens() as u64, references: grids.reference_tokens() as u64, kv_cache: grids.kv_cache, half_kv: grids.half_kv };
+        let tokens = Tokens {
+            text: text as u64,
+            noise: grids.noise_tokens() as u64,
+            references: grids.reference_tokens() as u64,
+            kv_cache: grids.kv_cache,
+            half_kv: grids.half_kv,
+            half_operands: gpu.plan_limits().half_operands,
+        };
         let (layout, blocks, arena_bytes) = programs(config, tokens, chunk)?;
         // The activations first: an adapter that cannot hold them fails here, before gigabytes of uploads.
         let arena = gpu.storage("transformer activations", arena_bytes);

@@ -6,10 +6,10 @@ use crate::error::{GpuError, RunError};
 use crate::model::safetensors_store::WeightStore;
 use flux_lite_kernels::{DeviceBuffer, Gpu};
 use flux_lite_kernels::kernels::{self, Attention, Elementwise, RopeStyle, RowNorm};
-use flux_lite_kernels::{Mat, Weight};
+use flux_lite_kernels::{HalfMat, Mat, Weight};
 use crate::model::lora::LoraSet;
 use std::collections::HashMap;
-use flux_lite_core::ir::{Op, Span};
+use flux_lite_core::ir::{Op, Operand, Span};
 
 /// The activation arena and the tables a program reads.
 #[derive(Debug)]
@@ -60,10 +60,10 @@ impl DeviceLora {
     /// describes, when `w` is adapted: the rows `w_row .. w_row + cols` of
     /// `B` serve a linear over part of `W`'s rows.
     #[allow(clippy::too_many_arguments)] // the linear's operands
-    fn record(&self, gpu: &Gpu, sink: &mut dyn flux_lite_kernels::Sink, w: &str, x: Mat<'_>, y: Mat<'_>, w_row: u64, s: kernels::Gemm) -> Result<(), GpuError> {
+    fn record(&self, gpu: &Gpu, sink: &mut dyn flux_lite_kernels::Sink, w: &str, x: kernels::Input<'_>, y: Mat<'_>, w_row: u64, s: kernels::Gemm) -> Result<(), GpuError> {
         let Some((down, up, rank)) = self.modules.get(w) else { return Ok(()) };
         let t = Mat { buf: &self.scratch, offset: 0, stride: *rank };
-        kernels::linear(gpu, sink, x, Weight::f32(down), None, t, kernels::Gemm { m: s.m, n: *rank, k: s.k })?;
+        kernels::linear_from(gpu, sink, x, Weight::f32(down), None, t, kernels::Gemm { m: s.m, n: *rank, k: s.k })?;
         let up = Weight::f32(up).rows_from(w_row, *rank);
         kernels::linear_add(gpu, sink, t, up, y, kernels::Gemm { m: s.m, n: s.n, k: *rank })
     }
@@ -80,6 +80,14 @@ impl Runner {
         Mat { buf: &self.arena, offset: s.offset, stride: s.stride }
     }
 
+    /// A product's input: f32 rows, or f16 rows and their range scales.
+    fn input(&self, x: Operand) -> kernels::Input<'_> {
+        match x.scales {
+            Some(scales) => kernels::Input::Half(HalfMat { data: self.mat(x.data), scales: self.mat(scales) }),
+            None => kernels::Input::F32(self.mat(x.data)),
+        }
+    }
+
     /// Records one program step.
     pub fn record(&self, gpu: &Gpu, sink: &mut dyn flux_lite_kernels::Sink, weights: &DeviceWeights, op: &Op) -> Result<(), GpuError> {
         match op {
@@ -93,10 +101,10 @@ impl Runner {
                         None => None,
                     };
                     let weight = weights.get(w)?.view().rows_from(*w_row, *inner);
-                    kernels::linear(gpu, sink, self.mat(*x), weight, bias, self.mat(*y), s)?;
+                    kernels::linear_from(gpu, sink, self.input(*x), weight, bias, self.mat(*y), s)?;
                 }
                 match &self.lora {
-                    Some(lora) => lora.record(gpu, sink, w, self.mat(*x), self.mat(*y), *w_row, s),
+                    Some(lora) => lora.record(gpu, sink, w, self.input(*x), self.mat(*y), *w_row, s),
                     None => Ok(()),
                 }
             }
@@ -106,7 +114,11 @@ impl Runner {
             }
             Op::LayerNormModulate { src, dst, shift, scale, tokens, d, eps } => {
                 let s = RowNorm { tokens: *tokens, heads: 1, d: *d, eps: *eps };
-                kernels::layer_norm_modulate(gpu, sink, self.mat(*src), self.mat(*shift), self.mat(*scale), self.mat(*dst), s)
+                let (src, shift, scale) = (self.mat(*src), self.mat(*shift), self.mat(*scale));
+                match self.input(*dst) {
+                    kernels::Input::Half(dst) => kernels::layer_norm_modulate_half(gpu, sink, src, shift, scale, dst, s),
+                    kernels::Input::F32(dst) => kernels::layer_norm_modulate(gpu, sink, src, shift, scale, dst, s),
+                }
             }
             Op::RopeInterleaved { data, table_row, tokens, heads, head_dim } => kernels::rope(gpu, sink, RopeStyle::Interleaved, self.mat(*data), kernels::RopeTables { cos: &self.rope_cos, sin: &self.rope_sin, first_row: *table_row }, kernels::HeadRows { tokens: *tokens, heads: *heads, head_dim: *head_dim }),
             Op::Attention { q, k, v, o, len, heads, head_dim } => {
@@ -233,7 +245,7 @@ impl Runner {
                 None => None,
             };
             let out = Mat { buf: &self.arena, offset: y.offset + done, stride: y.stride };
-            kernels::linear(gpu, sink, self.mat(*x), Weight::f32(scratch), bias, out, kernels::Gemm { m: *rows, n, k: *inner })?;
+            kernels::linear_from(gpu, sink, self.input(*x), Weight::f32(scratch), bias, out, kernels::Gemm { m: *rows, n, k: *inner })?;
             done += n;
         }
         Ok(())

@@ -72,7 +72,7 @@ impl BandRunner<'_> {
             Op::Add { a, b, dst, rows, cols, relu } => self.add(store, *a, *b, *dst, [*rows, *cols], *relu),
             Op::UpsampleNearest2x { x, y, channels, height, width } => self.upsample(store, *x, *y, *channels, *height, *width),
             Op::Transpose { src, dst, rows, cols } => self.transpose(store, *src, *dst, *rows, *cols),
-            Op::Linear { x, w, w_row: 0, bias, y, rows, cols, inner } => self.linear(store, *x, w, bias.as_ref(), *y, Gemm { m: *rows, n: *cols, k: *inner }),
+            Op::Linear { x, w, w_row: 0, bias, y, rows, cols, inner } if !x.is_half() => self.linear(store, x.data, w, bias.as_ref(), *y, Gemm { m: *rows, n: *cols, k: *inner }),
             Op::Attention { q, k, v, o, len, heads, head_dim } => self.attention(store, [*q, *k, *v, *o], *len, *heads, *head_dim),
             &Op::Copy { src, dst, rows, cols } => self.copy(store, src, dst, rows, cols),
             &Op::TanhClamp { src, dst, count, limit } => self.elementwise(store, src, dst, count, |src, dst, count| Op::TanhClamp { src, dst, count, limit }),
@@ -308,7 +308,7 @@ impl BandRunner<'_> {
             let (xs, ys) = (arena.take(n * inner)?, arena.take(n * cols)?);
             self.fetch(store, x, Window::run(r0 * inner, r1 * inner), xs)?;
             let op = Op::Linear {
-                x: Span::new(xs.offset, inner),
+                x: Span::new(xs.offset, inner).into(),
                 w: w.clone(),
                 w_row: 0,
                 bias: bias.cloned(),
