@@ -52,6 +52,12 @@ else
     echo "setup-vulkan: no EGL with Mesa's GL driver found; installing libegl1, libegl-mesa0, libgl1-mesa-dri (llvmpipe)"
     packages+=(libegl1 libegl-mesa0 libgl1-mesa-dri)
 fi
+# The Khronos SPIR-V validator, which the kernel tests run on every module's
+# SPIR-V (the tests only: `vulkan-only` runs leave it alone).
+if [ "$want_gl" -eq 1 ] && ! command -v spirv-val >/dev/null; then
+    echo "setup-vulkan: no spirv-val found; installing spirv-tools"
+    packages+=(spirv-tools)
+fi
 if [ "${#packages[@]}" -gt 0 ]; then
     $sudo apt-get update -q
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${packages[@]}"

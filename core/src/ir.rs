@@ -95,6 +95,9 @@ pub enum Op {
     /// `dst = LN(src)·(1 + scale) + shift` (no affine), shift/scale broadcast
     /// rows; `dst` f32 rows, or f16 rows under range scales for a product.
     LayerNormModulate { src: Span, dst: Operand, shift: Span, scale: Span, tokens: u64, d: u64, eps: f32 },
+    /// [`Op::RmsNormHeads`] then [`Op::RopeInterleaved`] on the same rows, in
+    /// one pass (the same values): the queries' and keys' norm and rotation.
+    RmsNormRope { data: Span, w: TensorName, table_row: u64, tokens: u64, heads: u64, head_dim: u64, eps: f32 },
     /// Interleaved-pair RoPE in place; token `t` uses table row `table_row + t`.
     RopeInterleaved { data: Span, table_row: u64, tokens: u64, heads: u64, head_dim: u64 },
     /// Non-causal attention, `scale = 1/√head_dim`.
@@ -205,7 +208,7 @@ impl Op {
     pub fn weights(&self) -> impl Iterator<Item = &TensorName> {
         let (first, second) = match self {
             Op::Linear { w, bias, .. } => (Some(w), bias.as_ref()),
-            Op::RmsNormHeads { w, .. } | Op::RmsNorm { w, .. } => (Some(w), None),
+            Op::RmsNormHeads { w, .. } | Op::RmsNorm { w, .. } | Op::RmsNormRope { w, .. } => (Some(w), None),
             Op::Conv2d { w, bias, .. } => (Some(w), Some(bias)),
             Op::GroupNorm { gamma, beta, .. } | Op::GroupNormApply { gamma, beta, .. } => (Some(gamma), Some(beta)),
             Op::DenormUnpatchify { mean, var, .. } => (Some(mean), Some(var)),

@@ -21,6 +21,8 @@ pub const ALL_KERNELS: &[Kernel] = &[
     norm::RMS_NORM_INPLACE_LANES,
     norm::LAYER_NORM_MODULATE_LANES,
     norm::LAYER_NORM_MODULATE_HALF,
+    norm::RMS_NORM_ROPE,
+    norm::RMS_NORM_ROPE_LANES,
     norm::LAYER_NORM_MODULATE_HALF_LANES,
     norm::GROUP_NORM,
     norm::GROUP_STATS,

@@ -69,6 +69,60 @@ fn every_module_translates_to_spirv_and_msl() {
     }
 }
 
+/// The modules' SPIR-V, as naga writes it (SPIR-V 1.3) at lavapipe's and
+/// GPUs' subgroup sizes, through the Khronos validator (`spirv-val`, from
+/// Debian's spirv-tools, which `ci/setup-vulkan.sh` installs) for Vulkan 1.1:
+/// the modules `which` picks, each with the validator's first complaint.
+/// `None` after a `skipped:` line where no validator is installed (Mesa 26's
+/// root, whose run repeats the host's).
+fn spirv_val_refusals(tag: &str, which: impl Fn(&Module) -> bool) -> Option<Vec<String>> {
+    if std::process::Command::new("spirv-val").arg("--version").output().is_err() {
+        crate::skip::skipped("no spirv-val here (ci/setup-vulkan.sh installs Debian's spirv-tools on the host)");
+        return None;
+    }
+    // A folder per test: the two run side by side.
+    let dir = std::env::temp_dir().join(format!("flux-lite-spirv-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut refused = Vec::new();
+    for module in Module::ALL.into_iter().filter(|m| which(m)) {
+        for wg in [8.0, 32.0] {
+            let (m, info) = resolved(module, wg);
+            let options = naga::back::spv::Options { lang_version: (1, 3), ..Default::default() };
+            let words = naga::back::spv::write_vec(&m, &info, &options, None).unwrap_or_else(|e| panic!("{}: SPIR-V: {e}", module.name()));
+            let path = dir.join(format!("{module:?}-{wg}.spv").replace([' ', '{', '}', ':', ','], "_"));
+            std::fs::write(&path, bytemuck::cast_slice::<u32, u8>(&words)).unwrap();
+            let out = std::process::Command::new("spirv-val").args(["--target-env", "vulkan1.1"]).arg(&path).output().unwrap();
+            if !out.status.success() {
+                let why = String::from_utf8_lossy(&out.stderr).lines().next().unwrap_or("").to_string();
+                refused.push(format!("{} (subgroup {wg}): {why}", module.name()));
+            }
+        }
+    }
+    std::fs::remove_dir_all(&dir).ok();
+    Some(refused)
+}
+
+#[test]
+fn every_module_without_matrices_passes_spirv_val() {
+    if let Some(refused) = spirv_val_refusals("plain", |m| !m.is_matrix()) {
+        assert!(refused.is_empty(), "spirv-val refuses:\n{}", refused.join("\n"));
+    }
+}
+
+/// Debian bookworm's validator (2023.1) predates SPV_KHR_cooperative_matrix
+/// and names its capability (6022) invalid: where it does, the matrix modules
+/// cannot be validated here, which the test says. Any other complaint fails it.
+#[test]
+fn every_matrix_module_passes_spirv_val_where_the_validator_knows_cooperative_matrices() {
+    let Some(refused) = spirv_val_refusals("matrix", |m| m.is_matrix()) else { return };
+    let unknown = |r: &String| r.contains("Invalid capability operand: 6022");
+    if !refused.is_empty() && refused.iter().all(unknown) {
+        crate::skip::skipped(format_args!("this spirv-val does not know cooperative matrices (capability 6022): {} matrix modules not validated", refused.len() / 2));
+        return;
+    }
+    assert!(refused.is_empty(), "spirv-val refuses:\n{}", refused.join("\n"));
+}
+
 /// DX12 takes HLSL (shader model 6.2, for f16), wgpu's GL backend GLSL ES
 /// 3.1. Cooperative matrices exist in wgpu on Vulkan and Metal only, so the
 /// matrix modules are not translated to either; GL has no f16, so only the

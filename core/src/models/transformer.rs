@@ -584,8 +584,7 @@ pub fn double_block(l: &TransformerLayout, b: usize, mut emit: impl FnMut(Op)) {
                 let g = s.first_row + r0;
                 modulate(l, (g, n, g), s.modulation, [0, 1], &mut emit);
                 emit(linear(l.normed, attn_w(s.q), l.q, n, d, d));
-                emit(Op::RmsNormHeads { data: l.q, w: attn_w(s.q_norm), tokens: n, heads, head_dim: hd, eps: l.eps });
-                emit(Op::RopeInterleaved { data: l.q, table_row: g, tokens: n, heads, head_dim: hd });
+                emit(Op::RmsNormRope { data: l.q, w: attn_w(s.q_norm), table_row: g, tokens: n, heads, head_dim: hd, eps: l.eps });
                 attend(l, [l.q, l.k, l.v, l.attn], g, n, &mut emit);
                 emit(linear(l.attn, attn_w(s.out), l.proj, n, d, d));
                 gated_residual(l, (g, n, g), s.modulation, 2, &mut emit);
@@ -602,12 +601,10 @@ pub fn double_block(l: &TransformerLayout, b: usize, mut emit: impl FnMut(Op)) {
         for (proj, dst) in [(s.q, l.q), (s.k, l.k), (s.v, l.v)] {
             emit(linear(l.normed.rows_from(s.first_row), attn_w(proj), rows(dst), s.rows, d, d));
         }
+        // Each stream's rows are rotated by the table rows of their place in the pass.
         for (norm, dst) in [(s.q_norm, l.q), (s.k_norm, l.k)] {
-            emit(Op::RmsNormHeads { data: rows(dst), w: attn_w(norm), tokens: s.rows, heads, head_dim: hd, eps: l.eps });
+            emit(Op::RmsNormRope { data: rows(dst), w: attn_w(norm), table_row: s.first_row, tokens: s.rows, heads, head_dim: hd, eps: l.eps });
         }
-    }
-    for data in [l.q, l.k] {
-        emit(Op::RopeInterleaved { data, table_row: 0, tokens: l.active_rows(), heads, head_dim: hd });
     }
     attention(l, b as u64, [l.q, l.k, l.v, l.attn], &mut emit);
     for s in [&txt, &img] {
@@ -652,8 +649,7 @@ pub fn single_block(l: &TransformerLayout, b: usize, mut emit: impl FnMut(Op)) {
         for (r0, n) in l.chunks(rows) {
             modulate(l, (r0, n, r0), m, [0, 1], &mut emit);
             emit(part(l.normed, 0, l.q, n, d));
-            emit(Op::RmsNormHeads { data: l.q, w: w("norm_q"), tokens: n, heads, head_dim: hd, eps: l.eps });
-            emit(Op::RopeInterleaved { data: l.q, table_row: r0, tokens: n, heads, head_dim: hd });
+            emit(Op::RmsNormRope { data: l.q, w: w("norm_q"), table_row: r0, tokens: n, heads, head_dim: hd, eps: l.eps });
             attend(l, [l.q, l.k, l.v, l.joined], r0, n, &mut emit);
             emit(part(l.normed, 3 * d, l.fused, n, 2 * f));
             emit(Op::SwiGlu { gate: l.fused, up: l.fused.cols_from(f), dst: l.joined.cols_from(d), rows: n, cols: f });
@@ -665,11 +661,8 @@ pub fn single_block(l: &TransformerLayout, b: usize, mut emit: impl FnMut(Op)) {
     modulate(l, (0, rows, 0), m, [0, 1], &mut emit);
     emit(linear(l.normed, w("to_qkv_mlp_proj"), l.fused, rows, 3 * d + 2 * f, d));
     let (q, k, v) = (l.fused, l.fused.cols_from(d), l.fused.cols_from(2 * d));
-    emit(Op::RmsNormHeads { data: q, w: w("norm_q"), tokens: rows, heads, head_dim: hd, eps: l.eps });
-    emit(Op::RmsNormHeads { data: k, w: w("norm_k"), tokens: rows, heads, head_dim: hd, eps: l.eps });
-    for data in [q, k] {
-        emit(Op::RopeInterleaved { data, table_row: 0, tokens: rows, heads, head_dim: hd });
-    }
+    emit(Op::RmsNormRope { data: q, w: w("norm_q"), table_row: 0, tokens: rows, heads, head_dim: hd, eps: l.eps });
+    emit(Op::RmsNormRope { data: k, w: w("norm_k"), table_row: 0, tokens: rows, heads, head_dim: hd, eps: l.eps });
     attention(l, block, [q, k, v, l.joined], &mut emit);
     emit(Op::SwiGlu { gate: l.fused.cols_from(3 * d), up: l.fused.cols_from(3 * d + f), dst: l.joined.cols_from(d), rows, cols: f });
     emit(linear(l.joined, w("to_out"), l.proj, rows, d, d + f));
@@ -918,7 +911,7 @@ mod tests {
         let l = TransformerLayout::new(&cfg, 512, 64, &mut arena).unwrap();
         let mut names = heapless::Vec::<crate::models::tensors::TensorName, 32>::new();
         double_block(&l, 3, |op| {
-            if let Op::Linear { w, .. } | Op::RmsNormHeads { w, .. } = op {
+            if let Op::Linear { w, .. } | Op::RmsNormHeads { w, .. } | Op::RmsNormRope { w, .. } = op {
                 names.push(w).unwrap();
             }
         });

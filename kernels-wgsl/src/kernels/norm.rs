@@ -7,6 +7,7 @@ use crate::device::Gpu;
 use crate::dispatch::{dispatch, row_chunks, to_u32, window, Launch, Rows, Sink, Window};
 use crate::error::GpuError;
 use crate::view::{HalfMat, Mat, Weight};
+use crate::kernels::rope::RopeTables;
 use bytemuck::{Pod, Zeroable};
 
 /// `norm.wgsl` — every normalisation. Rows are (token, head) pairs for
@@ -29,7 +30,9 @@ pub struct NormParams {
     pub silu: u32,
     /// The f16-output LayerNorm's: where its rows' range scales start.
     pub scales_offset: u32,
-    pub _pad: [u32; 2],
+    /// The RMSNorm + RoPE's: the tables' row of the first token.
+    pub table_row: u32,
+    pub _pad: u32,
 }
 
 pub const RMS_NORM: Kernel =
@@ -57,6 +60,11 @@ pub const RMS_NORM_LANES: Kernel = Kernel { entry: "rms_norm_lanes", workgroup_s
 pub const RMS_NORM_INPLACE_LANES: Kernel = Kernel { entry: "rms_norm_inplace_lanes", workgroup_size: [64, 1, 1], ..RMS_NORM_INPLACE };
 pub const LAYER_NORM_MODULATE_LANES: Kernel = Kernel { entry: "layer_norm_modulate_lanes", workgroup_size: [64, 1, 1], ..LAYER_NORM_MODULATE };
 const LANE_ROWS: u64 = 64;
+
+/// The per-head RMSNorm then FLUX.2's interleaved RoPE, in place, one pass
+/// (norm.wgsl's `rms_norm_rope`; the tables at bindings 8 and 9).
+pub const RMS_NORM_ROPE: Kernel = kernel(Module::Norm, "rms_norm_rope", [128, 1, 1], &[(2, RW), (3, R), (8, R), (9, R)], size_of::<NormParams>(), true);
+pub const RMS_NORM_ROPE_LANES: Kernel = Kernel { entry: "rms_norm_rope_lanes", workgroup_size: [64, 1, 1], ..RMS_NORM_ROPE };
 
 /// The matrix tier's LayerNorm + modulation writing f16 rows under their
 /// range scales (`norm_half.wgsl`) at bindings 6 and 7, and the same for CPU adapters.
@@ -128,6 +136,47 @@ pub fn layer_norm_modulate_half(
 enum NormOut<'a> {
     F32(Mat<'a>),
     Half(HalfMat<'a>),
+}
+
+/// [`rms_norm_inplace`] over `[tokens, heads, d]` rows of `data`, then
+/// interleaved-pair RoPE ([`crate::kernels::rope`]'s `RopeStyle::Interleaved`),
+/// token `t` reading row `first_row + t` of the tables: the same bits as
+/// the two, in one pass over the rows.
+pub fn rms_norm_rope(gpu: &Gpu, sink: &mut dyn Sink, data: Mat<'_>, w: Weight<'_>, tables: RopeTables<'_>, s: RowNorm) -> Result<(), GpuError> {
+    let (tokens, heads, d) = (s.tokens, s.heads, s.d);
+    if tokens == 0 {
+        return Ok(());
+    }
+    if !d.is_multiple_of(2) {
+        return Err(GpuError::UnsupportedShape(format!("RoPE over heads of {d} values (even)")));
+    }
+    let kernel = if gpu.cpu_shaped_kernels() { &RMS_NORM_ROPE_LANES } else { &RMS_NORM_ROPE };
+    let data_rows = Rows::mat(data, heads * d, "norm output");
+    let table = |buf| Rows::packed(buf, 4, tables.first_row * d, d, "rope table");
+    let (cos_rows, sin_rows) = (table(tables.cos), table(tables.sin));
+    let ww = window(gpu, w.buf, w.dtype.bytes(), w.offset..w.offset + d, "norm weight")?;
+    for rows in row_chunks(gpu, tokens, &[data_rows, cos_rows, sin_rows], 1)? {
+        let (dw, cw, sw) = (data_rows.window(gpu, &rows)?, cos_rows.window(gpu, &rows)?, sin_rows.window(gpu, &rows)?);
+        if cw.local != sw.local || !cw.local.is_multiple_of(d as u32) {
+            return Err(GpuError::UnsupportedShape("rope cos and sin tables must be equally aligned on whole rows".into()));
+        }
+        let norm_rows = (rows.end - rows.start) * heads;
+        let params = NormParams {
+            rows: to_u32(norm_rows, "norm rows")?,
+            d: to_u32(d, "norm width")?,
+            heads: to_u32(heads, "norm heads")?,
+            dst_offset: dw.local,
+            dst_stride: to_u32(data.stride, "norm output stride")?,
+            w_offset: ww.local,
+            eps: s.eps,
+            table_row: cw.local / d as u32,
+            ..Default::default()
+        };
+        let grid = crate::kernel::wrapped_grid(if gpu.cpu_shaped_kernels() { norm_rows.div_ceil(LANE_ROWS) } else { norm_rows });
+        let launch = Launch { kernel, constants: &[("WEIGHT_BF16", w.dtype.constant())], params, grid };
+        dispatch(gpu, sink, launch, &[(2, &dw), (3, &ww), (8, &cw), (9, &sw)]);
+    }
+    Ok(())
 }
 
 /// What a row norm reads besides its input: a weight, or modulation rows (shift, scale).
@@ -322,6 +371,45 @@ mod tests {
 
     fn both_shapes(check: impl Fn(&crate::Gpu)) {
         each_kernel_shape(gpu(), crate::testing::options(), check);
+    }
+
+    /// The RMSNorm + RoPE in one pass gives the bits of the per-head norm
+    /// and the interleaved RoPE run one after the other, on rows from a
+    /// column window of a wider tensor, tables from a later row, both shapes.
+    #[test]
+    fn rms_norm_rope_equals_the_norm_then_the_rope_bit_for_bit() {
+        use crate::kernels::rope::{rope, RopeStyle, RopeTables};
+        use crate::view::{HeadRows, Mat, Weight};
+        both_shapes(|gpu| {
+            let (tokens, heads, d, wide, from, first_row) = (37usize, 3usize, 32usize, 101usize, 6usize, 5usize);
+            let mut rng = Rng::new(9);
+            let mut x = rng.normals(tokens * wide, 2.0);
+            x[4 * wide..5 * wide].iter_mut().for_each(|v| *v *= 1e4);
+            let w = rng.bf16s(d, 1.0);
+            let table_rows = first_row + tokens;
+            let angles: Vec<f64> = (0..table_rows * d).map(|i| (i as f64 * 0.37).sin() * 3.0).collect();
+            let cos: Vec<f32> = angles.iter().map(|a| a.cos() as f32).collect();
+            let sin: Vec<f32> = angles.iter().map(|a| a.sin() as f32).collect();
+            let (wb, cb, sb) = (gpu.upload_bf16("w", &w), gpu.upload_f32("cos", &cos), gpu.upload_f32("sin", &sin));
+            let tables = RopeTables { cos: &cb, sin: &sb, first_row: first_row as u64 };
+            let shape = super::RowNorm { tokens: tokens as u64, heads: heads as u64, d: d as u64, eps: 1e-6 };
+            let run = |fused: bool| {
+                let xb = gpu.upload_f32("x", &x);
+                let data = Mat::new(&xb, wide as u64).cols_from(from as u64);
+                run_and_read(gpu, &xb, tokens * wide, |enc| {
+                    if fused {
+                        return super::rms_norm_rope(gpu, enc, data, Weight::bf16(&wb), tables, shape);
+                    }
+                    super::rms_norm_inplace(gpu, enc, data, Weight::bf16(&wb), shape)?;
+                    rope(gpu, enc, RopeStyle::Interleaved, data, tables, HeadRows { tokens: tokens as u64, heads: heads as u64, head_dim: d as u64 })
+                })
+            };
+            let (fused, apart) = (run(true), run(false));
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&fused), bits(&apart));
+            // Columns outside the rows' heads are untouched.
+            assert_eq!(fused[..from], x[..from]);
+        });
     }
 
     #[test]

@@ -13,7 +13,9 @@ struct Params {
     shift_offset: u32, scale_offset: u32,
     groups: u32, silu: u32,
     // norm_half.wgsl's: where the rows' range scales go.
-    scales_offset: u32, _pad1: u32, _pad2: u32,
+    scales_offset: u32,
+    // rms_norm_rope's: the RoPE tables' row of the first token.
+    table_row: u32, _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -22,6 +24,9 @@ struct Params {
 @group(0) @binding(3) var<storage, read> w: array<u32>;
 @group(0) @binding(4) var<storage, read> w2: array<u32>;
 @group(0) @binding(5) var<storage, read_write> modulation: array<f32>;
+// rms_norm_rope's RoPE tables, [rows, d] f32 (rope.wgsl's).
+@group(0) @binding(8) var<storage, read> cos_table: array<f32>;
+@group(0) @binding(9) var<storage, read> sin_table: array<f32>;
 
 const THREADS: u32 = 128u;
 var<workgroup> partial: array<f32, 128>;
@@ -91,6 +96,41 @@ fn rms_norm_inplace(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workg
     for (var i = t; i < p.d; i += THREADS) {
         let j = dst_index(row, i);
         dst[j] = weight(p.w_offset + i) * (dst[j] * inv);
+    }
+}
+
+// The per-head RMSNorm in place, then FLUX.2's interleaved RoPE on the
+// normalised pair: value i of the row normalised as rms_norm_inplace writes
+// it, each pair (2j, 2j + 1) rotated as rope.wgsl's rope_interleaved rotates
+// it (token t reads table row table_row + t): the same expressions, so the
+// same bits as the two passes, in one.
+fn norm_rope_pair(row: u32, j: u32, inv: f32) {
+    let i = 2u * j;
+    let at = dst_index(row, i);
+    let a = weight(p.w_offset + i) * (dst[at] * inv);
+    let b = weight(p.w_offset + i + 1u) * (dst[at + 1u] * inv);
+    let tab = (p.table_row + row / p.heads) * p.d + i;
+    let cs = cos_table[tab];
+    let sn = sin_table[tab];
+    dst[at] = a * cs - b * sn;
+    dst[at + 1u] = b * cs + a * sn;
+}
+
+@compute @workgroup_size(128)
+fn rms_norm_rope(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>,
+                 @builtin(num_workgroups) nwg: vec3<u32>) {
+    let row = flat_workgroup(wid, nwg);
+    if (row >= p.rows) { return; }
+    let t = lid.x;
+    var ss = 0.0;
+    for (var i = t; i < p.d; i += THREADS) {
+        let v = dst[dst_index(row, i)];
+        ss = fma(v, v, ss);
+    }
+    // The sum's barriers order every read above before any write below.
+    let inv = inverseSqrt(workgroup_sum(ss, t) / f32(p.d) + p.eps);
+    for (var j = t; j < p.d / 2u; j += THREADS) {
+        norm_rope_pair(row, j, inv);
     }
 }
 
@@ -249,6 +289,22 @@ fn layer_norm_modulate_lanes(@builtin(local_invocation_id) lid: vec3<u32>, @buil
     let moments = ln_moments_lane(row);
     for (var i = 0u; i < p.d; i++) {
         dst[dst_index(row, i)] = ln_value(row, i, moments);
+    }
+}
+
+@compute @workgroup_size(64)
+fn rms_norm_rope_lanes(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>,
+                       @builtin(num_workgroups) nwg: vec3<u32>) {
+    let row = lane_row(lid, wid, nwg);
+    if (row >= p.rows) { return; }
+    var ss = 0.0;
+    for (var i = 0u; i < p.d; i++) {
+        let v = dst[dst_index(row, i)];
+        ss = fma(v, v, ss);
+    }
+    let inv = inverseSqrt(ss / f32(p.d) + p.eps);
+    for (var j = 0u; j < p.d / 2u; j++) {
+        norm_rope_pair(row, j, inv);
     }
 }
 

@@ -224,6 +224,11 @@ pub fn op_traffic(op: &Op, tier: Precision, m: &Machine) -> Traffic {
         Op::LayerNormModulate { src, dst, tokens, d, .. } => {
             by_rows(tokens, &[Rows::of(src, d, a), operand_rows(&dst, d, p)], &|r| r * d * a + r * p.row_bytes(&dst, d) + 2 * d * a)
         }
+        Op::RmsNormRope { data, tokens, heads, head_dim, .. } => {
+            // Data in place, the norm's weight, a cos and a sin table row per token.
+            let w = heads * head_dim;
+            by_rows(tokens, &[Rows::of(data, w, a), Rows::packed(head_dim, 4)], &|r| 2 * r * w * a + head_dim * wb + 2 * r * head_dim * 4)
+        }
         Op::RopeInterleaved { data, tokens, heads, head_dim, .. } | Op::RopeRotateHalf { data, tokens, heads, head_dim, .. } => {
             // Data in place; a cos and a sin table row (f32) per token.
             let w = heads * head_dim;
@@ -427,6 +432,7 @@ pub fn kind(op: &Op) -> &'static str {
         Op::Linear { .. } => "linear",
         Op::Attention { .. } | Op::CrossAttention { .. } | Op::PartialAttention { .. } | Op::HalfKvAttention { .. } | Op::CausalAttention { .. } => "attention",
         Op::RmsNormHeads { .. } | Op::RmsNorm { .. } => "RMS norm",
+        Op::RmsNormRope { .. } => "RMS norm + RoPE",
         Op::LayerNormModulate { .. } => "layer norm + modulation",
         Op::RopeInterleaved { .. } | Op::RopeRotateHalf { .. } => "RoPE",
         Op::HalfPack { .. } => "half pack",

@@ -120,6 +120,11 @@ impl Runner {
                     kernels::Input::F32(dst) => kernels::layer_norm_modulate(gpu, sink, src, shift, scale, dst, s),
                 }
             }
+            Op::RmsNormRope { data, w, table_row, tokens, heads, head_dim, eps } => {
+                let s = RowNorm { tokens: *tokens, heads: *heads, d: *head_dim, eps: *eps };
+                let tables = kernels::RopeTables { cos: &self.rope_cos, sin: &self.rope_sin, first_row: *table_row };
+                kernels::rms_norm_rope(gpu, sink, self.mat(*data), weights.get(w)?.view(), tables, s)
+            }
             Op::RopeInterleaved { data, table_row, tokens, heads, head_dim } => kernels::rope(gpu, sink, RopeStyle::Interleaved, self.mat(*data), kernels::RopeTables { cos: &self.rope_cos, sin: &self.rope_sin, first_row: *table_row }, kernels::HeadRows { tokens: *tokens, heads: *heads, head_dim: *head_dim }),
             Op::Attention { q, k, v, o, len, heads, head_dim } => {
                 let s = non_causal(*len, *len, *heads, *head_dim);
