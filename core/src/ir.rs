@@ -20,7 +20,7 @@ pub(crate) fn name(args: core::fmt::Arguments<'_>) -> TensorName {
 
 /// A linear step without bias over all of W's rows.
 pub(crate) fn linear(x: impl Into<Operand>, w: TensorName, y: Span, rows: u64, cols: u64, inner: u64) -> Op {
-    Op::Linear { x: x.into(), w, w_row: 0, bias: None, y, rows, cols, inner }
+    Op::Linear { x: x.into(), w, w_row: 0, bias: None, y, rows, cols, inner, gate: None }
 }
 
 /// A row-major f32 view into the activation arena: row `r` starts at
@@ -83,13 +83,26 @@ impl From<Span> for Operand {
     }
 }
 
+/// A product's output added into the residual stream under a gate, in the
+/// product's epilogue: `y += vector ⊙ (x·Wᵀ)`, `vector` one broadcast row
+/// (the gated residual after a projection). `scratch` `[rows, cols]` is
+/// where the product goes first when the epilogue cannot take it (an
+/// adapter adding to the product, or weights expanded in pieces): the
+/// product there, then an [`Op::GatedResidual`] of it into `y`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Gate {
+    pub vector: Span,
+    pub scratch: Span,
+}
+
 /// One kernel step of a block program. Weights are named as in the model's
 /// files; the runner resolves names to device buffers.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Op {
     /// `y[rows, cols] = x[rows, inner]·W[w_row .. w_row + cols]ᵀ (+ b[w_row ..])`:
     /// rows `w_row ..` of W `[.., inner]` (all of them from 0 when `cols` is W's height).
-    Linear { x: Operand, w: TensorName, w_row: u64, bias: Option<TensorName>, y: Span, rows: u64, cols: u64, inner: u64 },
+    /// With `gate`, `y += gate ⊙ (…)` instead ([`Gate`]).
+    Linear { x: Operand, w: TensorName, w_row: u64, bias: Option<TensorName>, y: Span, rows: u64, cols: u64, inner: u64, gate: Option<Gate> },
     /// Per-head RMSNorm with weight, in place.
     RmsNormHeads { data: Span, w: TensorName, tokens: u64, heads: u64, head_dim: u64, eps: f32 },
     /// `dst = LN(src)·(1 + scale) + shift` (no affine), shift/scale broadcast

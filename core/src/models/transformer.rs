@@ -36,7 +36,8 @@
 
 use crate::arena::{ArenaError, BumpArena};
 use crate::config::TransformerConfig;
-use crate::ir::{linear, name, Op, Operand, Span, ALIGN, F32};
+use crate::ir::{linear, name, Gate, Op, Operand, Span, ALIGN, F32};
+use crate::models::tensors::TensorName;
 use core::fmt::Write;
 
 /// Token counts of one forward pass.
@@ -427,6 +428,33 @@ fn gated_residual(l: &TransformerLayout, (first, n, base): (u64, u64, u64), m: M
     }
 }
 
+/// `x·Wᵀ` (W `w`, rows of `inner` terms) added into the stream's rows
+/// `first .. first + n` under chunk `gate` of `m`, in the product's
+/// epilogue ([`Gate`], `proj`'s rows from the stream's row `base` its
+/// scratch) where one modulation vector covers the rows; else into `proj`
+/// and the gated residual of each segment after it.
+#[allow(clippy::too_many_arguments)] // the product, the rows, and their gate
+fn project_into_stream(l: &TransformerLayout, x: Operand, w: TensorName, inner: u64, (first, n, base): (u64, u64, u64), m: Modulation, gate: u64, emit: &mut impl FnMut(Op)) {
+    let proj = l.proj.rows_from(first - base);
+    match segments(l, first, n, m).as_slice() {
+        &[(r, count, v)] => emit(Op::Linear {
+            x,
+            w,
+            w_row: 0,
+            bias: None,
+            y: l.stream.rows_from(r),
+            rows: count,
+            cols: l.dim,
+            inner,
+            gate: Some(Gate { vector: l.chunk(v, gate), scratch: proj }),
+        }),
+        _ => {
+            emit(linear(x, w, proj, n, l.dim, inner));
+            gated_residual(l, (first, n, base), m, gate, emit);
+        }
+    }
+}
+
 /// Attention over every row in `q`, `k`, `v` into `o`, as the pass has
 /// it: the cache's copies ([`kv_copies`]), then [`attend`] for every row.
 fn attention(l: &TransformerLayout, block: u64, [q, k, v, o]: [Span; 4], emit: &mut impl FnMut(Op)) {
@@ -557,10 +585,13 @@ pub fn double_block(l: &TransformerLayout, b: usize, mut emit: impl FnMut(Op)) {
     };
     let w = |part: &str| name(format_args!("transformer_blocks.{b}.{part}.weight"));
     let attn_w = |part: &str| name(format_args!("transformer_blocks.{b}.attn.{part}.weight"));
-    let feed_forward = |s: &Stream<'_>, normed: Operand, proj: Span, n: u64, emit: &mut dyn FnMut(Op)| {
-        emit(linear(normed, w(&format_str(s.ff, "linear_in")), l.ff_in, n, 2 * f, d));
+    // The feed-forward of rows `first .. first + n` (from the stream's row
+    // `base` in the per-token scratch), added into the stream under gate 5.
+    let feed_forward = |s: &Stream<'_>, (first, n, base): (u64, u64, u64), emit: &mut dyn FnMut(Op)| {
+        let mut emit = |op| emit(op);
+        emit(linear(l.normed.rows_from(first - base), w(&format_str(s.ff, "linear_in")), l.ff_in, n, 2 * f, d));
         emit(Op::SwiGlu { gate: l.ff_in, up: l.ff_in.cols_from(f), dst: l.ff_act, rows: n, cols: f });
-        emit(linear(l.ff_act, w(&format_str(s.ff, "linear_out")), proj, n, d, f));
+        project_into_stream(l, l.ff_act.into(), w(&format_str(s.ff, "linear_out")), f, (first, n, base), s.modulation, 5, &mut emit);
     };
     if l.by_chunks() {
         // Every row's keys and values first, a chunk at a time; then each
@@ -586,11 +617,9 @@ pub fn double_block(l: &TransformerLayout, b: usize, mut emit: impl FnMut(Op)) {
                 emit(linear(l.normed, attn_w(s.q), l.q, n, d, d));
                 emit(Op::RmsNormRope { data: l.q, w: attn_w(s.q_norm), table_row: g, tokens: n, heads, head_dim: hd, eps: l.eps });
                 attend(l, [l.q, l.k, l.v, l.attn], g, n, &mut emit);
-                emit(linear(l.attn, attn_w(s.out), l.proj, n, d, d));
-                gated_residual(l, (g, n, g), s.modulation, 2, &mut emit);
+                project_into_stream(l, l.attn.into(), attn_w(s.out), d, (g, n, g), s.modulation, 2, &mut emit);
                 modulate(l, (g, n, g), s.modulation, [3, 4], &mut emit);
-                feed_forward(s, l.normed, l.proj, n, &mut emit);
-                gated_residual(l, (g, n, g), s.modulation, 5, &mut emit);
+                feed_forward(s, (g, n, g), &mut emit);
             }
         }
         return;
@@ -608,12 +637,10 @@ pub fn double_block(l: &TransformerLayout, b: usize, mut emit: impl FnMut(Op)) {
     }
     attention(l, b as u64, [l.q, l.k, l.v, l.attn], &mut emit);
     for s in [&txt, &img] {
-        let rows = |span: Span| span.rows_from(s.first_row);
-        emit(linear(rows(l.attn), attn_w(s.out), rows(l.proj), s.rows, d, d));
-        gated_residual(l, (s.first_row, s.rows, 0), s.modulation, 2, &mut emit);
-        modulate(l, (s.first_row, s.rows, 0), s.modulation, [3, 4], &mut emit);
-        feed_forward(s, l.normed.rows_from(s.first_row), rows(l.proj), s.rows, &mut emit);
-        gated_residual(l, (s.first_row, s.rows, 0), s.modulation, 5, &mut emit);
+        let at = (s.first_row, s.rows, 0);
+        project_into_stream(l, l.attn.rows_from(s.first_row).into(), attn_w(s.out), d, at, s.modulation, 2, &mut emit);
+        modulate(l, at, s.modulation, [3, 4], &mut emit);
+        feed_forward(s, at, &mut emit);
     }
 }
 
@@ -634,7 +661,7 @@ pub fn single_block(l: &TransformerLayout, b: usize, mut emit: impl FnMut(Op)) {
     let block = l.kv.map_or(0, |kv| kv.double_blocks) + b as u64;
     let m = Modulation { vector: l.mod_single, reference: |kv| kv.mod_single };
     // Rows `w_row ..` of the fused weight (0: q, D: k, 2D: v, 3D: the MLP halves).
-    let part = |x: Operand, w_row: u64, y: Span, n: u64, cols: u64| Op::Linear { x, w: w("to_qkv_mlp_proj"), w_row, bias: None, y, rows: n, cols, inner: d };
+    let part = |x: Operand, w_row: u64, y: Span, n: u64, cols: u64| Op::Linear { x, w: w("to_qkv_mlp_proj"), w_row, bias: None, y, rows: n, cols, inner: d, gate: None };
     if l.by_chunks() {
         for (r0, n) in l.chunks(rows) {
             modulate(l, (r0, n, r0), m, [0, 1], &mut emit);
@@ -653,8 +680,7 @@ pub fn single_block(l: &TransformerLayout, b: usize, mut emit: impl FnMut(Op)) {
             attend(l, [l.q, l.k, l.v, l.joined], r0, n, &mut emit);
             emit(part(l.normed, 3 * d, l.fused, n, 2 * f));
             emit(Op::SwiGlu { gate: l.fused, up: l.fused.cols_from(f), dst: l.joined.cols_from(d), rows: n, cols: f });
-            emit(linear(l.joined, w("to_out"), l.proj, n, d, d + f));
-            gated_residual(l, (r0, n, r0), m, 2, &mut emit);
+            project_into_stream(l, l.joined.into(), w("to_out"), d + f, (r0, n, r0), m, 2, &mut emit);
         }
         return;
     }
@@ -665,8 +691,7 @@ pub fn single_block(l: &TransformerLayout, b: usize, mut emit: impl FnMut(Op)) {
     emit(Op::RmsNormRope { data: k, w: w("norm_k"), table_row: 0, tokens: rows, heads, head_dim: hd, eps: l.eps });
     attention(l, block, [q, k, v, l.joined], &mut emit);
     emit(Op::SwiGlu { gate: l.fused.cols_from(3 * d), up: l.fused.cols_from(3 * d + f), dst: l.joined.cols_from(d), rows, cols: f });
-    emit(linear(l.joined, w("to_out"), l.proj, rows, d, d + f));
-    gated_residual(l, (0, rows, 0), m, 2, &mut emit);
+    project_into_stream(l, l.joined.into(), w("to_out"), d + f, (0, rows, 0), m, 2, &mut emit);
 }
 
 /// Final AdaLN (scale first, then shift) on the noise rows and the output

@@ -329,6 +329,7 @@ pub(crate) fn attention(l: &Stream, p: &str, c: u64, pixels: u64, emit: &mut imp
             rows: pixels,
             cols: c,
             inner: c,
+            gate: None,
         });
     }
     let (q, k, v) = (rows(l.q, c), rows(l.k, c), rows(l.v, c));
@@ -342,6 +343,7 @@ pub(crate) fn attention(l: &Stream, p: &str, c: u64, pixels: u64, emit: &mut imp
         rows: pixels,
         cols: c,
         inner: c,
+        gate: None,
     });
     emit(Op::Transpose { src: rows(l.c, c), dst: rows(l.b, pixels), rows: pixels, cols: c });
     emit(Op::Add { a: rows(l.a, pixels), b: rows(l.b, pixels), dst: rows(l.a, pixels), rows: c, cols: pixels, relu: false });

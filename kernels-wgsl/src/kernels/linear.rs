@@ -28,7 +28,8 @@ pub struct LinearParams {
     /// The matrix tier's: where x's and W's row scales start in its scales buffer.
     pub x_scales: u32,
     pub w_scales: u32,
-    pub _pad: u32,
+    /// A gated product's: where its gate's first column is.
+    pub gate_offset: u32,
 }
 
 /// `range_scales.wgsl` — the range rule's scale of each of `rows` rows of `k` values.
@@ -49,7 +50,7 @@ pub struct RangeScalesParams {
 pub const GEMM_TILE: [u32; 2] = [128, 128];
 
 pub const LINEAR: Kernel =
-    kernel(Module::Linear, "linear", [16, 16, 1], &[(1, RW), (2, R), (3, R), (4, RW)], size_of::<LinearParams>(), true);
+    kernel(Module::Linear, "linear", [16, 16, 1], &[(1, RW), (2, R), (3, R), (4, RW), (11, RW)], size_of::<LinearParams>(), true);
 /// The matrix tier's linear (`linear_matrix.wgsl`), one module per tile size;
 /// its workgroup is one subgroup, set by the `WG` override (hence size 0 here).
 /// The f16 tier's linear: `linear.wgsl` on f16-staged tiles.
@@ -58,7 +59,7 @@ pub const LINEAR_MATRIX_8: Kernel = kernel(
     Module::LinearMatrix8,
     "linear_matrix",
     [0, 1, 1],
-    &[(1, RW), (2, R), (3, R), (4, RW), (5, R), (8, R), (9, RW), (10, RW)],
+    &[(1, RW), (2, R), (3, R), (4, RW), (5, R), (8, R), (9, RW), (10, RW), (11, RW)],
     size_of::<LinearParams>(),
     true,
 );
@@ -70,7 +71,7 @@ pub const LINEAR_MATRIX_8_VEC4: Kernel = kernel(
     Module::LinearMatrix8Vec4,
     "linear_matrix",
     [0, 1, 1],
-    &[(3, R), (4, RW), (5, R), (6, RW), (7, R), (8, R), (9, RW), (10, RW)],
+    &[(3, R), (4, RW), (5, R), (6, RW), (7, R), (8, R), (9, RW), (10, RW), (11, RW)],
     size_of::<LinearParams>(),
     true,
 );
@@ -81,7 +82,7 @@ pub const LINEAR_MATRIX_8_F32_VEC4: Kernel = Kernel { module: Module::LinearMatr
 /// subgroups of 8 here and of [`Gpu::cpu_lanes`] where launched: x and W
 /// read as vec4s at bindings 6 and 7.
 pub const LINEAR_LANES: Kernel =
-    kernel(Module::LinearLanes { lanes: 8 }, "linear_lanes", [64, 1, 1], &[(3, R), (4, RW), (6, RW), (7, R)], size_of::<LinearParams>(), true);
+    kernel(Module::LinearLanes { lanes: 8 }, "linear_lanes", [64, 1, 1], &[(3, R), (4, RW), (6, RW), (7, R), (11, RW)], size_of::<LinearParams>(), true);
 
 /// The range rule's row scales of a matrix-tier product's operands (`range_scales.wgsl`).
 pub const RANGE_SCALES: Kernel =
@@ -120,7 +121,27 @@ fn terms(gpu: &Gpu, k: u64) -> u64 {
 /// rows of x and rows of W where one binding cannot hold them. On the matrix
 /// tier it runs on cooperative-matrix tiles ([`LINEAR_MATRIX_8`], [`LINEAR_MATRIX_16`]).
 pub fn linear(gpu: &Gpu, sink: &mut dyn Sink, x: Mat<'_>, w: Weight<'_>, bias: Option<Weight<'_>>, y: Mat<'_>, s: Gemm) -> Result<(), GpuError> {
-    product(gpu, sink, Input::F32(x), w, bias, y, s, false)
+    product(gpu, sink, Input::F32(x), w, bias, y, s, Out::Set)
+}
+
+/// What a product does with each output.
+#[derive(Debug, Clone, Copy)]
+enum Out<'a> {
+    /// `y = value`.
+    Set,
+    /// `y += value`.
+    Accumulate,
+    /// `y += gate[c]·value`, the gate one row.
+    Gated(Mat<'a>),
+}
+
+/// `stream[m, n] += gate[n] ⊙ (x[m, k]·W[n, k]ᵀ (+ b[n]))`: a linear whose
+/// gated residual runs in its epilogue, the same bits as [`linear_from`]
+/// into a scratch and the element-wise gated residual after it, without
+/// the scratch's write and read.
+#[allow(clippy::too_many_arguments)] // the linear's operands, the stream and its gate
+pub fn linear_gated(gpu: &Gpu, sink: &mut dyn Sink, x: Input<'_>, w: Weight<'_>, bias: Option<Weight<'_>>, stream: Mat<'_>, gate: Mat<'_>, s: Gemm) -> Result<(), GpuError> {
+    product(gpu, sink, x, w, bias, stream, s, Out::Gated(gate))
 }
 
 /// A product's input rows: f32, or f16 under their range scales as the op
@@ -137,17 +158,22 @@ pub enum Input<'a> {
 /// [`linear`] over the f32 values they stand for, where those would take
 /// those scales.
 pub fn linear_from(gpu: &Gpu, sink: &mut dyn Sink, x: Input<'_>, w: Weight<'_>, bias: Option<Weight<'_>>, y: Mat<'_>, s: Gemm) -> Result<(), GpuError> {
-    product(gpu, sink, x, w, bias, y, s, false)
+    product(gpu, sink, x, w, bias, y, s, Out::Set)
 }
 
 /// `y[m, n] += x[m, k]·W[n, k]ᵀ`: [`linear`] adding onto what `y` holds (a
 /// LoRA adapter's up product onto the base linear's output, as PEFT adds it).
 pub fn linear_add(gpu: &Gpu, sink: &mut dyn Sink, x: Mat<'_>, w: Weight<'_>, y: Mat<'_>, s: Gemm) -> Result<(), GpuError> {
-    product(gpu, sink, Input::F32(x), w, None, y, s, true)
+    product(gpu, sink, Input::F32(x), w, None, y, s, Out::Accumulate)
 }
 
-#[allow(clippy::too_many_arguments)] // linear's operands, and whether y's old value joins the sum
-fn product(gpu: &Gpu, sink: &mut dyn Sink, input: Input<'_>, w: Weight<'_>, bias: Option<Weight<'_>>, y: Mat<'_>, s: Gemm, accumulate: bool) -> Result<(), GpuError> {
+#[allow(clippy::too_many_arguments)] // linear's operands, and what each output does to y
+fn product(gpu: &Gpu, sink: &mut dyn Sink, input: Input<'_>, w: Weight<'_>, bias: Option<Weight<'_>>, y: Mat<'_>, s: Gemm, out: Out<'_>) -> Result<(), GpuError> {
+    let accumulate = matches!(out, Out::Accumulate);
+    let gate = match out {
+        Out::Gated(g) => Some(g),
+        _ => None,
+    };
     let Gemm { m, n, k: kdim } = s;
     if m == 0 || n == 0 {
         return Ok(());
@@ -200,12 +226,12 @@ fn product(gpu: &Gpu, sink: &mut dyn Sink, input: Input<'_>, w: Weight<'_>, bias
                 .filter(|_| matrix.is_none() && gpu.precision() == Precision::F32 && vec4s(if eb == 2 { 8 } else { 4 }) && row_groups <= MAX_GRID_DIM as u64);
             let (kernel, constants, grid) = match (matrix, lanes) {
                 (None, Some(l)) => {
-                    let constants = vec![("WEIGHT_BF16", w.dtype.constant()), ("HAS_BIAS", bias.is_some() as u32), ("ACCUMULATE", accumulate as u32)];
+                    let constants = vec![("WEIGHT_BF16", w.dtype.constant()), ("HAS_BIAS", bias.is_some() as u32), ("ACCUMULATE", accumulate as u32), ("GATED", gate.is_some() as u32)];
                     let lanes_kernel = Kernel { module: Module::LinearLanes { lanes: l as u8 }, ..LINEAR_LANES };
                     (lanes_kernel, constants, [row_groups as u32, cols_n.div_ceil(COLS_PER_GROUP as u64) as u32, 1])
                 }
                 (None, None) => {
-                    let constants = vec![("WEIGHT_BF16", w.dtype.constant()), ("HAS_BIAS", bias.is_some() as u32), ("ACCUMULATE", accumulate as u32), ("W_PAIRED", paired as u32)];
+                    let constants = vec![("WEIGHT_BF16", w.dtype.constant()), ("HAS_BIAS", bias.is_some() as u32), ("ACCUMULATE", accumulate as u32), ("GATED", gate.is_some() as u32), ("W_PAIRED", paired as u32)];
                     let kernel = if gpu.precision() == Precision::F16 { LINEAR_HALF } else { LINEAR };
                     (kernel, constants, [cols_n.div_ceil(tile_n) as u32, rows_n.div_ceil(tile_m) as u32, 1])
                 }
@@ -214,6 +240,7 @@ fn product(gpu: &Gpu, sink: &mut dyn Sink, input: Input<'_>, w: Weight<'_>, bias
                         ("WEIGHT_BF16", w.dtype.constant()),
                         ("HAS_BIAS", bias.is_some() as u32),
                         ("ACCUMULATE", accumulate as u32),
+                        ("GATED", gate.is_some() as u32),
                         ("WG", c.subgroup * MATRIX_SUBGROUPS),
                         ("B_PAIRED", matrix_b_paired(c, w.dtype, ww.local, kdim) as u32),
                         ("X_HALF", half.is_some() as u32),
@@ -260,6 +287,11 @@ fn product(gpu: &Gpu, sink: &mut dyn Sink, input: Input<'_>, w: Weight<'_>, bias
                 }
                 None => (sw.clone(), sw.local + to_u32(rows_n, "linear rows")?),
             };
+            // The gate's columns of this piece (binding 11), or y's window where ungated.
+            let gw = match gate {
+                Some(g) => window(gpu, g.buf, 4, g.offset + cols.start..g.offset + cols.end, "linear gate")?,
+                None => yw.clone(),
+            };
             let params = LinearParams {
                 m: to_u32(rows.end - rows.start, "linear rows")?,
                 n: to_u32(cols.end - cols.start, "linear cols")?,
@@ -272,7 +304,7 @@ fn product(gpu: &Gpu, sink: &mut dyn Sink, input: Input<'_>, w: Weight<'_>, bias
                 y_stride: to_u32(y.stride, "linear output stride")?,
                 x_scales: x_scales.as_ref().map_or(sw.local, |w| w.local),
                 w_scales: w_scales_at,
-                _pad: 0,
+                gate_offset: gw.local,
             };
             let launch = Launch { kernel: &kernel, constants: &constants, params, grid };
             // x at 1 or 6, or f16 rows at 9 and their scales at 10; the
@@ -281,13 +313,13 @@ fn product(gpu: &Gpu, sink: &mut dyn Sink, input: Input<'_>, w: Weight<'_>, bias
             let x_half_scales = x_scales.as_ref().unwrap_or(&xw);
             let (x_f32, x_half) = (&xw, &xw);
             if kernel.module.reads_vec4s() {
-                dispatch(gpu, sink, launch, &[(3, &bw), (4, &yw), (5, &sw), (6, x_f32), (7, &ww), (8, &w_scales), (9, x_half), (10, x_half_scales)]);
+                dispatch(gpu, sink, launch, &[(3, &bw), (4, &yw), (5, &sw), (6, x_f32), (7, &ww), (8, &w_scales), (9, x_half), (10, x_half_scales), (11, &gw)]);
             } else if matrix.is_some() {
-                dispatch(gpu, sink, launch, &[(1, x_f32), (2, &ww), (3, &bw), (4, &yw), (5, &sw), (8, &w_scales), (9, x_half), (10, x_half_scales)]);
+                dispatch(gpu, sink, launch, &[(1, x_f32), (2, &ww), (3, &bw), (4, &yw), (5, &sw), (8, &w_scales), (9, x_half), (10, x_half_scales), (11, &gw)]);
             } else if lanes.is_some() {
-                dispatch(gpu, sink, launch, &[(3, &bw), (4, &yw), (6, &xw), (7, &ww)]);
+                dispatch(gpu, sink, launch, &[(3, &bw), (4, &yw), (6, &xw), (7, &ww), (11, &gw)]);
             } else {
-                dispatch(gpu, sink, launch, &[(1, &xw), (2, &ww), (3, &bw), (4, &yw)]);
+                dispatch(gpu, sink, launch, &[(1, &xw), (2, &ww), (3, &bw), (4, &yw), (11, &gw)]);
             }
         }
     }

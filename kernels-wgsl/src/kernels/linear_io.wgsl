@@ -8,6 +8,10 @@ override HAS_BIAS: bool = false;
 // y += x·Wᵀ instead of y = x·Wᵀ: the output's old value joins the sum last
 // (a LoRA adapter's up product onto the base linear's output).
 override ACCUMULATE: bool = false;
+// y += gate ⊙ (x·Wᵀ + b) instead (`GATED`): the gated residual in the
+// product's epilogue, y the residual stream, the gate one row at binding 11;
+// the same fma as elementwise.wgsl's gated_residual over the stored product.
+override GATED: bool = false;
 
 struct Params {
     m: u32, n: u32, k: u32,
@@ -16,10 +20,12 @@ struct Params {
     y_offset: u32, y_stride: u32,
     // The matrix tier's: where x's and W's row scales start in its scales.
     x_scales: u32, w_scales: u32,
-    _pad2: u32,
+    // GATED's: where the gate's first column is.
+    gate_offset: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(11) var<storage, read_write> gate: array<f32>;
 
 // y[r, c] = value (+ b[c]) (+ y's old value): one output of the product,
 // as every tier's linear writes it.
@@ -29,6 +35,10 @@ fn linear_out(r: u32, c: u32, value: f32) {
         out += bias(p.b_offset + c);
     }
     let at = p.y_offset + r * p.y_stride + c;
+    if (GATED) {
+        y[at] = fma(gate[p.gate_offset + c], out, y[at]);
+        return;
+    }
     if (ACCUMULATE) {
         out += y[at];
     }

@@ -204,7 +204,7 @@ pub fn op_traffic(op: &Op, tier: Precision, m: &Machine) -> Traffic {
         pieces(rows, rows_per_piece(m, rows, operands, 1)).map(|r| pass(bytes(r), 0, false)).sum()
     };
     match *op {
-        Op::Linear { x, y, rows, cols, inner, ref bias, .. } => linear(m, p, (x, y), [rows, cols, inner], bias.is_some()),
+        Op::Linear { x, y, rows, cols, inner, ref bias, gate, .. } => linear(m, p, (x, y), [rows, cols, inner], [bias.is_some(), gate.is_some()]),
         Op::Attention { len, heads, head_dim, .. } => attention(m, p, [len, len, heads, heads, head_dim], AttentionIo::default()),
         Op::CrossAttention { q_len, kv_len, heads, head_dim, .. } => attention(m, p, [q_len, kv_len, heads, heads, head_dim], AttentionIo::default()),
         Op::PartialAttention { q_len, kv_len, heads, head_dim, .. } => {
@@ -278,8 +278,9 @@ pub fn op_traffic(op: &Op, tier: Precision, m: &Machine) -> Traffic {
 /// `y[rows, cols] = x[rows, inner]·Wᵀ (+ b)` in pieces of rows and of
 /// columns (the launcher's loops); on the matrix tier each piece's f32 input
 /// measured first (f16 rows come with their scales); W's scales are kept
-/// where the weights reached the device.
-fn linear(m: &Machine, p: DataPath, (x, y): (Operand, Span), [rows, cols, inner]: [u64; 3], bias: bool) -> Traffic {
+/// where the weights reached the device. A gated product (`gated`) reads
+/// and writes the stream it adds into, and reads its gate, in its epilogue.
+fn linear(m: &Machine, p: DataPath, (x, y): (Operand, Span), [rows, cols, inner]: [u64; 3], [bias, gated]: [bool; 2]) -> Traffic {
     let cap = if p.matrix { RANGE_SCALES_ROWS } else { u64::MAX };
     let col_piece = rows_per_piece(m, cols, &[Rows::packed(inner, p.weight)], m.product_block).min(cap);
     let row_piece = rows_per_piece(m, rows, &[operand_rows(&x, inner, p), Rows::of(y, col_piece.min(cols), p.activation)], m.product_block).min(cap);
@@ -292,7 +293,8 @@ fn linear(m: &Machine, p: DataPath, (x, y): (Operand, Span), [rows, cols, inner]
             }
             // x's rows (with their scales where half, counted once below), W, bias, scales, y.
             let x_bytes = r * p.row_bytes(&x, inner) - if x.is_half() { r * p.scale } else { 0 };
-            let bytes = x_bytes + c * inner * p.weight + bias as u64 * c * p.weight + scales + r * c * p.activation;
+            let out = if gated { 2 * r * c * p.activation + c * p.activation } else { r * c * p.activation };
+            let bytes = x_bytes + c * inner * p.weight + bias as u64 * c * p.weight + scales + out;
             total += pass_on(m, bytes, 2 * r * c * inner, p.matrix);
         }
     }
@@ -453,8 +455,8 @@ mod tests {
     fn a_linear_on_the_matrix_tier_measures_its_input_first() {
         let x = Operand::f32(Span::new(0, 64));
         let y = Span::new(0, 32);
-        let f32 = linear(&H200, DataPath::of(Precision::F32), (x, y), [10, 32, 64], false);
-        let matrix = linear(&H200, DataPath::of(Precision::Matrix), (x, y), [10, 32, 64], false);
+        let f32 = linear(&H200, DataPath::of(Precision::F32), (x, y), [10, 32, 64], [false; 2]);
+        let matrix = linear(&H200, DataPath::of(Precision::Matrix), (x, y), [10, 32, 64], [false; 2]);
         assert_eq!((f32.dispatches, matrix.dispatches), (1, 2));
         // x, W and y once; the matrix tier reads x again to measure it and writes and reads the scales.
         assert_eq!(f32.bytes, 10 * 64 * 4 + 32 * 64 * 2 + 10 * 32 * 4);
@@ -465,7 +467,7 @@ mod tests {
     #[test]
     fn a_linear_over_half_rows_reads_them_and_their_scales_without_measuring() {
         let x = Operand { data: Span::new(0, 32), scales: Some(Span::new(1000, 1)) };
-        let t = linear(&H200, DataPath::of(Precision::Matrix), (x, Span::new(0, 32)), [10, 32, 64], false);
+        let t = linear(&H200, DataPath::of(Precision::Matrix), (x, Span::new(0, 32)), [10, 32, 64], [false; 2]);
         assert_eq!(t.dispatches, 1);
         // x in f16, W, x's and W's scales, y.
         assert_eq!(t.bytes, 10 * 64 * 2 + 32 * 64 * 2 + (10 + 32) * 4 + 10 * 32 * 4);
@@ -476,7 +478,7 @@ mod tests {
         // 1 MiB bindings: 2048 rows of 256 bf16 weights less the alignment's
         // worth, so 2047, rounded down to 1920 (whole 128-column blocks).
         let m = Machine { max_binding: 1 << 20, ..H200 };
-        let t = linear(&m, DataPath::of(Precision::F32), (Span::new(0, 256).into(), Span::new(0, 4096)), [8, 4096, 256], false);
+        let t = linear(&m, DataPath::of(Precision::F32), (Span::new(0, 256).into(), Span::new(0, 4096)), [8, 4096, 256], [false; 2]);
         assert_eq!(t.dispatches, 3, "4096 columns in pieces of 1920");
     }
 

@@ -56,6 +56,11 @@ impl DeviceLora {
         self.bytes
     }
 
+    /// Whether an adapter adds to the products over weight `w`.
+    fn adapts(&self, w: &str) -> bool {
+        self.modules.contains_key(w)
+    }
+
     /// `y += (x·Aᵀ)·Bᵀ` for the linear `Op::Linear { x, w, w_row, y, .. }`
     /// describes, when `w` is adapted: the rows `w_row .. w_row + cols` of
     /// `B` serve a linear over part of `W`'s rows.
@@ -91,23 +96,17 @@ impl Runner {
     /// Records one program step.
     pub fn record(&self, gpu: &Gpu, sink: &mut dyn flux_lite_kernels::Sink, weights: &DeviceWeights, op: &Op) -> Result<(), GpuError> {
         match op {
-            Op::Linear { x, w, w_row, bias, y, rows, cols, inner } => {
-                let s = kernels::Gemm { m: *rows, n: *cols, k: *inner };
-                if weights.packed(w).is_some() {
-                    self.record_packed_linear(gpu, sink, weights, op)?;
-                } else {
-                    let bias = match bias {
-                        Some(b) => Some(weights.get(b)?.view().rows_from(*w_row, 1)),
-                        None => None,
-                    };
-                    let weight = weights.get(w)?.view().rows_from(*w_row, *inner);
-                    kernels::linear_from(gpu, sink, self.input(*x), weight, bias, self.mat(*y), s)?;
+            Op::Linear { x, w, w_row, bias, y, rows, cols, inner, gate: Some(g) } => {
+                let adapted = self.lora.as_ref().is_some_and(|l| l.adapts(w));
+                if !adapted && weights.packed(w).is_none() {
+                    return self.record_linear(gpu, sink, weights, op, Some(self.mat(g.vector)));
                 }
-                match &self.lora {
-                    Some(lora) => lora.record(gpu, sink, w, self.input(*x), self.mat(*y), *w_row, s),
-                    None => Ok(()),
-                }
+                // The product and its adapter into the scratch, then the gated residual.
+                let product = Op::Linear { x: *x, w: w.clone(), w_row: *w_row, bias: bias.clone(), y: g.scratch, rows: *rows, cols: *cols, inner: *inner, gate: None };
+                self.record(gpu, sink, weights, &product)?;
+                kernels::elementwise(gpu, sink, Elementwise::GatedResidual, self.mat(g.scratch), Some(self.mat(g.vector)), self.mat(*y), [*rows, *cols])
             }
+            Op::Linear { .. } => self.record_linear(gpu, sink, weights, op, None),
             Op::RmsNormHeads { data, w, tokens, heads, head_dim, eps } => {
                 let s = RowNorm { tokens: *tokens, heads: *heads, d: *head_dim, eps: *eps };
                 kernels::rms_norm_inplace(gpu, sink, self.mat(*data), weights.get(w)?.view(), s)
@@ -214,6 +213,30 @@ impl Runner {
         }
     }
 
+    /// A linear (`op`, ungated or taken gated by `gate`), its weight resident
+    /// or in GGML blocks, and its adapter's side product where one adapts it.
+    fn record_linear(&self, gpu: &Gpu, sink: &mut dyn flux_lite_kernels::Sink, weights: &DeviceWeights, op: &Op, gate: Option<Mat<'_>>) -> Result<(), GpuError> {
+        let Op::Linear { x, w, w_row, bias, y, rows, cols, inner, .. } = op else { return Ok(()) };
+        let s = kernels::Gemm { m: *rows, n: *cols, k: *inner };
+        if weights.packed(w).is_some() {
+            self.record_packed_linear(gpu, sink, weights, op)?;
+        } else {
+            let bias = match bias {
+                Some(b) => Some(weights.get(b)?.view().rows_from(*w_row, 1)),
+                None => None,
+            };
+            let weight = weights.get(w)?.view().rows_from(*w_row, *inner);
+            match gate {
+                Some(g) => kernels::linear_gated(gpu, sink, self.input(*x), weight, bias, self.mat(*y), g, s)?,
+                None => kernels::linear_from(gpu, sink, self.input(*x), weight, bias, self.mat(*y), s)?,
+            }
+        }
+        match &self.lora {
+            Some(lora) => lora.record(gpu, sink, w, self.input(*x), self.mat(*y), *w_row, s),
+            None => Ok(()),
+        }
+    }
+
     /// A one-input element-wise op over `count` contiguous values, as rows
     /// of at most 65,536 (a row is one dispatch's unit when it is split).
     fn contiguous(&self, gpu: &Gpu, sink: &mut dyn flux_lite_kernels::Sink, op: Elementwise, src: Span, dst: Span, count: u64) -> Result<(), GpuError> {
@@ -229,7 +252,7 @@ impl Runner {
     /// the scratch as many as it holds at a time, each run of rows making
     /// its own columns of the output.
     fn record_packed_linear(&self, gpu: &Gpu, sink: &mut dyn flux_lite_kernels::Sink, weights: &DeviceWeights, op: &Op) -> Result<(), GpuError> {
-        let Op::Linear { x, w, w_row, bias, y, rows, cols, inner } = op else { return Ok(()) };
+        let Op::Linear { x, w, w_row, bias, y, rows, cols, inner, .. } = op else { return Ok(()) };
         let (Some(p), Some(scratch)) = (weights.packed(w), weights.packed_scratch()) else {
             return Err(GpuError::UnsupportedShape(format!("`{w}` is held in GGML blocks without a scratch to expand them into")));
         };

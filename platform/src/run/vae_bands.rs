@@ -72,7 +72,7 @@ impl BandRunner<'_> {
             Op::Add { a, b, dst, rows, cols, relu } => self.add(store, *a, *b, *dst, [*rows, *cols], *relu),
             Op::UpsampleNearest2x { x, y, channels, height, width } => self.upsample(store, *x, *y, *channels, *height, *width),
             Op::Transpose { src, dst, rows, cols } => self.transpose(store, *src, *dst, *rows, *cols),
-            Op::Linear { x, w, w_row: 0, bias, y, rows, cols, inner } if !x.is_half() => self.linear(store, x.data, w, bias.as_ref(), *y, Gemm { m: *rows, n: *cols, k: *inner }),
+            Op::Linear { x, w, w_row: 0, bias, y, rows, cols, inner, gate: None } if !x.is_half() => self.linear(store, x.data, w, bias.as_ref(), *y, Gemm { m: *rows, n: *cols, k: *inner }),
             Op::Attention { q, k, v, o, len, heads, head_dim } => self.attention(store, [*q, *k, *v, *o], *len, *heads, *head_dim),
             &Op::Copy { src, dst, rows, cols } => self.copy(store, src, dst, rows, cols),
             &Op::TanhClamp { src, dst, count, limit } => self.elementwise(store, src, dst, count, |src, dst, count| Op::TanhClamp { src, dst, count, limit }),
@@ -316,6 +316,7 @@ impl BandRunner<'_> {
                 rows: n,
                 cols,
                 inner,
+                gate: None,
             };
             self.exec(op)?;
             self.put(store, ys, y, Window::run(r0 * cols, r1 * cols))?;
