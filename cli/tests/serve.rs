@@ -512,8 +512,8 @@ fn a_streamed_generation_sends_partial_images_then_the_image() {
 }
 
 /// `serve --kv-precision f32` holds every request to the exact path: under
-/// a budget only f16 keys and values fit (tiny-a at 64×48 needs 5,258,752
-/// bytes with them, 5,443,072 without), a request gets a 400 naming the
+/// a budget only f16 keys and values fit (tiny-a at 64×48 needs 5,146,112
+/// bytes with them, 5,330,432 without), a request gets a 400 naming the
 /// budget and the server goes on; the default takes f16 keys and answers.
 #[test]
 fn kv_precision_f32_refuses_what_only_f16_keys_fit() {
@@ -522,7 +522,7 @@ fn kv_precision_f32_refuses_what_only_f16_keys_fit() {
     let (status, text) = post(&exact, "/v1/images/generations", body);
     assert_eq!(status, 400, "{text}");
     let message = json(&text)["error"]["message"].as_str().unwrap().to_string();
-    assert!(message.contains("64x48") && message.contains("5443072"), "{message}");
+    assert!(message.contains("64x48") && message.contains("5330432"), "{message}");
     let (status, _) = call("GET", &format!("{}/health", exact.url), None, &[]);
     assert_eq!(status, 200);
     drop(exact);

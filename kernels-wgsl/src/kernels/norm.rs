@@ -103,10 +103,7 @@ pub fn layer_norm_modulate(
     dst: Mat<'_>,
     s: RowNorm,
 ) -> Result<(), GpuError> {
-    if !std::ptr::eq(shift.buf, scale.buf) {
-        return Err(GpuError::UnsupportedShape("shift and scale must live in one modulation buffer".into()));
-    }
-    row_norm(gpu, sink, [&LAYER_NORM_MODULATE, &LAYER_NORM_MODULATE_LANES], Some(src), NormOut::F32(dst), NormExtra::Modulation(shift, scale), s)
+    modulated(gpu, sink, src, [shift, scale], NormOut::F32(dst), s)
 }
 
 /// [`layer_norm_modulate`] writing f16 rows under their range scales into
@@ -121,14 +118,22 @@ pub fn layer_norm_modulate_half(
     dst: HalfMat<'_>,
     s: RowNorm,
 ) -> Result<(), GpuError> {
-    if !std::ptr::eq(shift.buf, scale.buf) {
-        return Err(GpuError::UnsupportedShape("shift and scale must live in one modulation buffer".into()));
-    }
     if s.heads != 1 || !s.d.is_multiple_of(2) {
         return Err(GpuError::UnsupportedShape(format!("f16 rows of {} heads of {} values (whole rows of an even width)", s.heads, s.d)));
     }
-    let kernels = [&LAYER_NORM_MODULATE_HALF, &LAYER_NORM_MODULATE_HALF_LANES];
-    row_norm(gpu, sink, kernels, Some(src), NormOut::Half(dst), NormExtra::Modulation(shift, scale), s)
+    modulated(gpu, sink, src, [shift, scale], NormOut::Half(dst), s)
+}
+
+/// The LayerNorm + modulation into `out` on its kernel for the output.
+fn modulated(gpu: &Gpu, sink: &mut dyn Sink, src: Mat<'_>, [shift, scale]: [Mat<'_>; 2], out: NormOut<'_>, s: RowNorm) -> Result<(), GpuError> {
+    if !std::ptr::eq(shift.buf, scale.buf) {
+        return Err(GpuError::UnsupportedShape("shift and scale must live in one modulation buffer".into()));
+    }
+    let kernels = match out {
+        NormOut::F32(_) => [&LAYER_NORM_MODULATE, &LAYER_NORM_MODULATE_LANES],
+        NormOut::Half(_) => [&LAYER_NORM_MODULATE_HALF, &LAYER_NORM_MODULATE_HALF_LANES],
+    };
+    row_norm(gpu, sink, kernels, Some(src), out, NormExtra::Modulation(shift, scale), s)
 }
 
 /// Where a row norm writes: f32 rows (binding 2), or f16 rows and their

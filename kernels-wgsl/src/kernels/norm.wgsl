@@ -80,6 +80,17 @@ fn rms_norm(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id)
     }
 }
 
+// 1/√(mean(dst²) + eps) of dst's `row`, invocation `t` of THREADS; the
+// sum's barriers order every read of the row before any write after it.
+fn inverse_rms_of_dst(row: u32, t: u32) -> f32 {
+    var ss = 0.0;
+    for (var i = t; i < p.d; i += THREADS) {
+        let v = dst[dst_index(row, i)];
+        ss = fma(v, v, ss);
+    }
+    return inverseSqrt(workgroup_sum(ss, t) / f32(p.d) + p.eps);
+}
+
 // The same, in place on dst (per-head q/k norms).
 @compute @workgroup_size(128)
 fn rms_norm_inplace(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>,
@@ -87,12 +98,7 @@ fn rms_norm_inplace(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workg
     let row = flat_workgroup(wid, nwg);
     if (row >= p.rows) { return; }
     let t = lid.x;
-    var ss = 0.0;
-    for (var i = t; i < p.d; i += THREADS) {
-        let v = dst[dst_index(row, i)];
-        ss = fma(v, v, ss);
-    }
-    let inv = inverseSqrt(workgroup_sum(ss, t) / f32(p.d) + p.eps);
+    let inv = inverse_rms_of_dst(row, t);
     for (var i = t; i < p.d; i += THREADS) {
         let j = dst_index(row, i);
         dst[j] = weight(p.w_offset + i) * (dst[j] * inv);
@@ -122,13 +128,7 @@ fn rms_norm_rope(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgrou
     let row = flat_workgroup(wid, nwg);
     if (row >= p.rows) { return; }
     let t = lid.x;
-    var ss = 0.0;
-    for (var i = t; i < p.d; i += THREADS) {
-        let v = dst[dst_index(row, i)];
-        ss = fma(v, v, ss);
-    }
-    // The sum's barriers order every read above before any write below.
-    let inv = inverseSqrt(workgroup_sum(ss, t) / f32(p.d) + p.eps);
+    let inv = inverse_rms_of_dst(row, t);
     for (var j = t; j < p.d / 2u; j += THREADS) {
         norm_rope_pair(row, j, inv);
     }
@@ -264,17 +264,22 @@ fn rms_norm_lanes(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgro
     }
 }
 
-@compute @workgroup_size(64)
-fn rms_norm_inplace_lanes(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>,
-                          @builtin(num_workgroups) nwg: vec3<u32>) {
-    let row = lane_row(lid, wid, nwg);
-    if (row >= p.rows) { return; }
+// `inverse_rms_of_dst` by one invocation.
+fn inverse_rms_of_dst_lane(row: u32) -> f32 {
     var ss = 0.0;
     for (var i = 0u; i < p.d; i++) {
         let v = dst[dst_index(row, i)];
         ss = fma(v, v, ss);
     }
-    let inv = inverseSqrt(ss / f32(p.d) + p.eps);
+    return inverseSqrt(ss / f32(p.d) + p.eps);
+}
+
+@compute @workgroup_size(64)
+fn rms_norm_inplace_lanes(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>,
+                          @builtin(num_workgroups) nwg: vec3<u32>) {
+    let row = lane_row(lid, wid, nwg);
+    if (row >= p.rows) { return; }
+    let inv = inverse_rms_of_dst_lane(row);
     for (var i = 0u; i < p.d; i++) {
         let j = dst_index(row, i);
         dst[j] = weight(p.w_offset + i) * (dst[j] * inv);
@@ -297,12 +302,7 @@ fn rms_norm_rope_lanes(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(wo
                        @builtin(num_workgroups) nwg: vec3<u32>) {
     let row = lane_row(lid, wid, nwg);
     if (row >= p.rows) { return; }
-    var ss = 0.0;
-    for (var i = 0u; i < p.d; i++) {
-        let v = dst[dst_index(row, i)];
-        ss = fma(v, v, ss);
-    }
-    let inv = inverseSqrt(ss / f32(p.d) + p.eps);
+    let inv = inverse_rms_of_dst_lane(row);
     for (var j = 0u; j < p.d / 2u; j++) {
         norm_rope_pair(row, j, inv);
     }
