@@ -588,10 +588,9 @@ pub fn double_block(l: &TransformerLayout, b: usize, mut emit: impl FnMut(Op)) {
     // The feed-forward of rows `first .. first + n` (from the stream's row
     // `base` in the per-token scratch), added into the stream under gate 5.
     let feed_forward = |s: &Stream<'_>, (first, n, base): (u64, u64, u64), emit: &mut dyn FnMut(Op)| {
-        let mut emit = |op| emit(op);
         emit(linear(l.normed.rows_from(first - base), w(&format_str(s.ff, "linear_in")), l.ff_in, n, 2 * f, d));
         emit(Op::SwiGlu { gate: l.ff_in, up: l.ff_in.cols_from(f), dst: l.ff_act, rows: n, cols: f });
-        project_into_stream(l, l.ff_act.into(), w(&format_str(s.ff, "linear_out")), f, (first, n, base), s.modulation, 5, &mut emit);
+        project_into_stream(l, l.ff_act.into(), w(&format_str(s.ff, "linear_out")), f, (first, n, base), s.modulation, 5, &mut { emit });
     };
     if l.by_chunks() {
         // Every row's keys and values first, a chunk at a time; then each
