@@ -27,3 +27,8 @@ fn weight_value(word: u32, i: u32, bf16: bool) -> f32 {
 fn flat_workgroup(wid: vec3<u32>, nwg: vec3<u32>) -> u32 {
     return wid.x + wid.y * nwg.x;
 }
+
+// x·sigmoid(x), as torch's silu: SwiGLU's gate and the VAE's activation.
+fn silu(x: f32) -> f32 {
+    return x / (1.0 + exp(-x));
+}

@@ -96,6 +96,13 @@ fn block_value_out(r: u32, c: u32, value: f32) {
     }
 }
 
+// A convolution's block columns are all its own (matrix_gemm.wgsl's pairing is the linear's).
+fn pairs_columns() -> bool {
+    return false;
+}
+
+fn block_pair_out(r: u32, c: u32, gate_sum: f32, up_sum: f32) {}
+
 @compute @workgroup_size(WG)
 fn conv2d_matrix(
     @builtin(local_invocation_index) li: u32,

@@ -35,10 +35,6 @@ fn cell(gid: vec3<u32>, nwg: vec3<u32>) -> Cell {
                 c);
 }
 
-fn silu(x: f32) -> f32 {
-    return x / (1.0 + exp(-x));
-}
-
 @compute @workgroup_size(64)
 fn silu_op(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let e = cell(gid, nwg);

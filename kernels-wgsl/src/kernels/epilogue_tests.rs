@@ -1,10 +1,11 @@
-//! The linear's gated epilogue (`linear_io.wgsl`'s `GATED`), held bit for
-//! bit to what it replaces: the linear into a scratch, then the element-wise
-//! gated residual of the scratch into the stream, on every tier and kernel
-//! shape the adapter has.
+//! The linear's epilogues, each held bit for bit to what it replaces: the
+//! gated residual (`linear_io.wgsl`'s `GATED`: the linear into a scratch,
+//! then the element-wise gated residual of the scratch into the stream) and
+//! SwiGLU (`SWIGLU`: the gate and up products into a scratch, then the
+//! element-wise SwiGLU), on every tier and kernel shape the adapter has.
 
 use crate::kernels::elementwise::{elementwise, Elementwise};
-use crate::kernels::linear::{linear_from, linear_gated, Gemm, Input};
+use crate::kernels::linear::{linear_from, linear_gated, linear_swiglu, measure_weight_rows, Gemm, Input};
 use crate::testing::*;
 use crate::view::{Mat, Weight};
 use crate::{Gpu, GpuOptions, Precision};
@@ -61,4 +62,80 @@ fn the_gated_epilogue_equals_the_product_then_the_gated_residual_on_matrix_units
     let Some(gpu) = tier_gpu_with(GpuOptions { precision: Precision::Matrix, ..options() }) else { return };
     check_gated(&gpu, [70, 131, 64]);
     check_gated(&gpu, [13, 70, 36]);
+}
+
+/// `y = silu(x·W_gateᵀ) ⊙ (x·W_upᵀ)` both ways on `gpu`: W's gate and up
+/// rows `first ..` of a taller weight, `y` a column window of a wider
+/// tensor. With `kept`, W's row scales measured once beforehand, as a
+/// weight reaching the device keeps them (the matrix tier reads them).
+fn check_swiglu(gpu: &Gpu, [m, n, k]: [usize; 3], kept: bool) {
+    let mut rng = Rng::new((m * 5 + n * 11 + k) as u64);
+    let (first, wide) = (3usize, n + 7);
+    let rows = first + 2 * n + 2;
+    let x = rng.normals(m * k, 1.0);
+    let (xb, wb) = (gpu.upload_f32("x", &x), gpu.upload_bf16("w", &rng.bf16s(rows * k, 0.1)));
+    let before = rng.normals(m * wide, 1.0);
+    let scales = gpu.storage("weight row scales", 4 * rows as u64);
+    if kept {
+        let mut measure: Vec<crate::Dispatch> = Vec::new();
+        measure_weight_rows(gpu, &mut measure, Weight::bf16(&wb), rows as u64, k as u64, &scales, 0).unwrap();
+        gpu.submit(|enc| {
+            crate::encode(enc, &measure);
+            Ok(())
+        })
+        .unwrap();
+    }
+    let weight = match kept {
+        true => Weight { scales: Some(crate::RowScales { buf: &scales, offset: 0, k: k as u64 }), ..Weight::bf16(&wb) },
+        false => Weight::bf16(&wb),
+    }
+    .rows_from(first as u64, k as u64);
+    let run = |fused: bool| {
+        let yb = gpu.upload_f32("y", &before);
+        let scratch = poisoned(gpu, m * 2 * n);
+        let y = Mat::new(&yb, wide as u64).cols_from(4);
+        let x = Input::F32(Mat::new(&xb, k as u64));
+        run_and_read(gpu, &yb, m * wide, |enc| {
+            if fused {
+                return linear_swiglu(gpu, enc, x, weight, y, Gemm { m: m as u64, n: n as u64, k: k as u64 });
+            }
+            let both = Mat::new(&scratch, 2 * n as u64);
+            linear_from(gpu, enc, x, weight, None, both, Gemm { m: m as u64, n: 2 * n as u64, k: k as u64 })?;
+            elementwise(gpu, enc, Elementwise::SwiGlu, both, Some(both.cols_from(n as u64)), y, [m as u64, n as u64])
+        })
+    };
+    let (fused, apart) = (run(true), run(false));
+    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&fused), bits(&apart), "SwiGLU {m}×{k}·{k}×2·{n}, kept scales {kept}, on {}", gpu.precision().name());
+    let written = (0..m).all(|r| (4..4 + n).all(|c| fused[r * wide + c].to_bits() != before[r * wide + c].to_bits()));
+    assert!(written, "every output of the window written");
+}
+
+#[test]
+fn the_swiglu_epilogue_equals_the_product_then_the_swiglu() {
+    // The lanes kernel (k a multiple of 8), the tiled one, and the tiled
+    // kernel's 64-row shape; n past one and several column blocks.
+    each_kernel_shape(gpu(), options(), |g| {
+        check_swiglu(g, [37, 70, 64], false);
+        check_swiglu(g, [37, 200, 36], false);
+        check_swiglu(g, [130, 45, 40], false);
+    });
+}
+
+#[test]
+fn the_swiglu_epilogue_equals_the_product_then_the_swiglu_on_f16_tiles() {
+    let Some(gpu) = half_gpu() else { return };
+    check_swiglu(&gpu, [37, 70, 64], false);
+    check_swiglu(&gpu, [130, 200, 36], false);
+}
+
+#[test]
+fn the_swiglu_epilogue_equals_the_product_then_the_swiglu_on_matrix_units() {
+    let Some(gpu) = tier_gpu_with(GpuOptions { precision: Precision::Matrix, ..options() }) else { return };
+    // vec4 fetching (k = 64) and element fetching (k = 36), W's scales kept or measured per product.
+    for kept in [false, true] {
+        check_swiglu(&gpu, [70, 131, 64], kept);
+        check_swiglu(&gpu, [13, 70, 36], kept);
+    }
+    crate::kernels::linear::tests::with_element_fetch(|| check_swiglu(&gpu, [70, 131, 64], true));
 }

@@ -30,6 +30,9 @@ pub struct LinearParams {
     pub w_scales: u32,
     /// A gated product's: where its gate's first column is.
     pub gate_offset: u32,
+    /// A SwiGLU product's: W's rows from an output's gate row to its up row.
+    pub up_row: u32,
+    pub _pad: [u32; 3],
 }
 
 /// `range_scales.wgsl` — the range rule's scale of each of `rows` rows of `k` values.
@@ -133,6 +136,8 @@ enum Out<'a> {
     Accumulate,
     /// `y += gate[c]·value`, the gate one row.
     Gated(Mat<'a>),
+    /// `y[c] = silu(value of W's row c)·(value of W's row n + c)`.
+    SwiGlu,
 }
 
 /// `stream[m, n] += gate[n] ⊙ (x[m, k]·W[n, k]ᵀ (+ b[n]))`: a linear whose
@@ -142,6 +147,26 @@ enum Out<'a> {
 #[allow(clippy::too_many_arguments)] // the linear's operands, the stream and its gate
 pub fn linear_gated(gpu: &Gpu, sink: &mut dyn Sink, x: Input<'_>, w: Weight<'_>, bias: Option<Weight<'_>>, stream: Mat<'_>, gate: Mat<'_>, s: Gemm) -> Result<(), GpuError> {
     product(gpu, sink, x, w, bias, stream, s, Out::Gated(gate))
+}
+
+/// `y[m, n] = silu(x·W[0 .. n]ᵀ) ⊙ (x·W[n .. 2n]ᵀ)`, W `[2n, k]`: the
+/// feed-forward's gate and up projections and its SwiGLU in one product,
+/// each output's two sums held by one invocation (or one workgroup) and
+/// combined in the epilogue with the element-wise SwiGLU's arithmetic, so
+/// the same bits as [`linear_from`] into a `[m, 2n]` scratch and
+/// `Elementwise::SwiGlu` after it, without the scratch. Needs W's `2n` rows
+/// in one binding ([`swiglu_fits`]).
+pub fn linear_swiglu(gpu: &Gpu, sink: &mut dyn Sink, x: Input<'_>, w: Weight<'_>, y: Mat<'_>, s: Gemm) -> Result<(), GpuError> {
+    product(gpu, sink, x, w, None, y, s, Out::SwiGlu)
+}
+
+/// Whether [`linear_swiglu`] can run over `w` on `gpu`: its `2n` rows in one
+/// binding, and on the matrix tier their scales within the range scales'
+/// share for a product's weight rows.
+pub fn swiglu_fits(gpu: &Gpu, w: Weight<'_>, s: Gemm) -> bool {
+    let w_rows = Rows::packed(w.buf, w.dtype.bytes(), w.offset, s.k, "linear weight");
+    let fits = rows_per_chunk(gpu, 2 * s.n, &[w_rows], 1).is_ok_and(|rows| rows >= 2 * s.n);
+    fits && (gpu.matrix().is_none() || 2 * s.n <= RANGE_SCALES_ROWS)
 }
 
 /// A product's input rows: f32, or f16 under their range scales as the op
@@ -170,6 +195,7 @@ pub fn linear_add(gpu: &Gpu, sink: &mut dyn Sink, x: Mat<'_>, w: Weight<'_>, y: 
 #[allow(clippy::too_many_arguments)] // linear's operands, and what each output does to y
 fn product(gpu: &Gpu, sink: &mut dyn Sink, input: Input<'_>, w: Weight<'_>, bias: Option<Weight<'_>>, y: Mat<'_>, s: Gemm, out: Out<'_>) -> Result<(), GpuError> {
     let accumulate = matches!(out, Out::Accumulate);
+    let swiglu = matches!(out, Out::SwiGlu);
     let gate = match out {
         Out::Gated(g) => Some(g),
         _ => None,
@@ -199,7 +225,14 @@ fn product(gpu: &Gpu, sink: &mut dyn Sink, input: Input<'_>, w: Weight<'_>, bias
     // The matrix tier measures each piece's rows into the range scales,
     // whose size the planner allows for (RANGE_SCALES_ROWS per operand).
     let cap = if matrix.is_some() { RANGE_SCALES_ROWS } else { u64::MAX };
-    let n_chunk = rows_per_chunk(gpu, n, &[w_rows], tile_n)?.min(cap);
+    let n_chunk = match swiglu {
+        // One piece: each output needs W's rows n apart.
+        true if swiglu_fits(gpu, w, s) => n,
+        true => return Err(GpuError::UnsupportedShape(format!("a SwiGLU product over {} rows of {kdim} needs them in one binding", 2 * n))),
+        false => rows_per_chunk(gpu, n, &[w_rows], tile_n)?.min(cap),
+    };
+    // The kernel's columns: with SwiGLU each output's gate and up sums.
+    let spans = if swiglu { 2 } else { 1 };
     let x_rows = Rows::mat(x, kdim / per_word, "linear input");
     let operands: Vec<Rows<'_>> = [x_rows].into_iter().chain(half).collect();
     let y_rows = Rows::mat(y, n_chunk.min(n), "linear output");
@@ -213,10 +246,13 @@ fn product(gpu: &Gpu, sink: &mut dyn Sink, input: Input<'_>, w: Weight<'_>, bias
         // x's offset and row stride in values, as the kernel counts them.
         let (x_at, x_stride) = (xw.local as u64 * per_word, x.stride * per_word);
         for cols in chunks(n, n_chunk) {
-            let ww = w_rows.window(gpu, &cols)?;
+            // With SwiGLU, W's rows from the piece's first gate row to its last up row.
+            let ww = w_rows.window(gpu, &(cols.start..cols.end + if swiglu { n } else { 0 }))?;
             // bf16 rows starting on even elements load as whole u32 pairs.
             let paired = ww.local.is_multiple_of(2) && kdim.is_multiple_of(2);
             let (rows_n, cols_n) = (rows.end - rows.start, cols.end - cols.start);
+            // The W rows the kernel's columns read, measured where W keeps no scales.
+            let w_read = (cols.end + if swiglu { n } else { 0 }) - cols.start;
             // On a CPU adapter whose subgroups can share x's rows, where the
             // operands' rows start on whole vec4s: the lanes kernel.
             let vec4s = |elems: u64| (xw.local as u64).is_multiple_of(4) && x.stride.is_multiple_of(4) && (ww.local as u64).is_multiple_of(elems) && kdim.is_multiple_of(8);
@@ -226,14 +262,14 @@ fn product(gpu: &Gpu, sink: &mut dyn Sink, input: Input<'_>, w: Weight<'_>, bias
                 .filter(|_| matrix.is_none() && gpu.precision() == Precision::F32 && vec4s(if eb == 2 { 8 } else { 4 }) && row_groups <= MAX_GRID_DIM as u64);
             let (kernel, constants, grid) = match (matrix, lanes) {
                 (None, Some(l)) => {
-                    let constants = vec![("WEIGHT_BF16", w.dtype.constant()), ("HAS_BIAS", bias.is_some() as u32), ("ACCUMULATE", accumulate as u32), ("GATED", gate.is_some() as u32)];
+                    let constants = vec![("WEIGHT_BF16", w.dtype.constant()), ("HAS_BIAS", bias.is_some() as u32), ("ACCUMULATE", accumulate as u32), ("GATED", gate.is_some() as u32), ("SWIGLU", swiglu as u32)];
                     let lanes_kernel = Kernel { module: Module::LinearLanes { lanes: l as u8 }, ..LINEAR_LANES };
-                    (lanes_kernel, constants, [row_groups as u32, cols_n.div_ceil(COLS_PER_GROUP as u64) as u32, 1])
+                    (lanes_kernel, constants, [row_groups as u32, (spans * cols_n).div_ceil(COLS_PER_GROUP as u64) as u32, 1])
                 }
                 (None, None) => {
-                    let constants = vec![("WEIGHT_BF16", w.dtype.constant()), ("HAS_BIAS", bias.is_some() as u32), ("ACCUMULATE", accumulate as u32), ("GATED", gate.is_some() as u32), ("W_PAIRED", paired as u32)];
+                    let constants = vec![("WEIGHT_BF16", w.dtype.constant()), ("HAS_BIAS", bias.is_some() as u32), ("ACCUMULATE", accumulate as u32), ("GATED", gate.is_some() as u32), ("SWIGLU", swiglu as u32), ("W_PAIRED", paired as u32)];
                     let kernel = if gpu.precision() == Precision::F16 { LINEAR_HALF } else { LINEAR };
-                    (kernel, constants, [cols_n.div_ceil(tile_n) as u32, rows_n.div_ceil(tile_m) as u32, 1])
+                    (kernel, constants, [(spans * cols_n).div_ceil(tile_n) as u32, rows_n.div_ceil(tile_m) as u32, 1])
                 }
                 (Some(c), _) => {
                     let constants = vec![
@@ -241,6 +277,7 @@ fn product(gpu: &Gpu, sink: &mut dyn Sink, input: Input<'_>, w: Weight<'_>, bias
                         ("HAS_BIAS", bias.is_some() as u32),
                         ("ACCUMULATE", accumulate as u32),
                         ("GATED", gate.is_some() as u32),
+                        ("SWIGLU", swiglu as u32),
                         ("WG", c.subgroup * MATRIX_SUBGROUPS),
                         ("B_PAIRED", matrix_b_paired(c, w.dtype, ww.local, kdim) as u32),
                         ("X_HALF", half.is_some() as u32),
@@ -249,7 +286,7 @@ fn product(gpu: &Gpu, sink: &mut dyn Sink, input: Input<'_>, w: Weight<'_>, bias
                         true => *c.pick([&LINEAR_MATRIX_8_VEC4, &LINEAR_MATRIX_16_VEC4, &LINEAR_MATRIX_8_F32_VEC4]),
                         false => *c.pick([&LINEAR_MATRIX_8, &LINEAR_MATRIX_16, &LINEAR_MATRIX_8_F32]),
                     };
-                    (kernel, constants, wrapped_grid(rows_n.div_ceil(tile_m) * cols_n.div_ceil(tile_n)))
+                    (kernel, constants, wrapped_grid(rows_n.div_ceil(tile_m) * (spans * cols_n).div_ceil(tile_n)))
                 }
             };
             let bw = match bias {
@@ -262,26 +299,26 @@ fn product(gpu: &Gpu, sink: &mut dyn Sink, input: Input<'_>, w: Weight<'_>, bias
             let stored = w.scales.filter(|s| s.k == kdim);
             let scales = match matrix {
                 Some(c) if c.operands == MatrixOperands::F16 => {
-                    let scales = gpu.range_scales(rows_n + cols_n)?;
+                    let scales = gpu.range_scales(rows_n + w_read)?;
                     // f16 rows come with their scales.
                     if half.is_none() {
                         measure_rows(gpu, sink, &xw, &scales, RangeScalesParams { rows: to_u32(rows_n, "linear rows")?, k: to_u32(terms(gpu, kdim), "linear k")?, src_offset: xw.local, src_stride: to_u32(x.stride, "linear input stride")?, dst_offset: 0, t_stride: 1, _pad: [0; 2] }, false)?;
                     }
                     if stored.is_none() {
-                        measure_rows(gpu, sink, &ww, &scales, RangeScalesParams { rows: to_u32(cols_n, "linear cols")?, k: to_u32(terms(gpu, kdim), "linear k")?, src_offset: ww.local, src_stride: to_u32(kdim, "linear k")?, dst_offset: to_u32(rows_n, "linear rows")?, t_stride: 1, _pad: [0; 2] }, w.dtype.constant() == 1)?;
+                        measure_rows(gpu, sink, &ww, &scales, RangeScalesParams { rows: to_u32(w_read, "linear cols")?, k: to_u32(terms(gpu, kdim), "linear k")?, src_offset: ww.local, src_stride: to_u32(kdim, "linear k")?, dst_offset: to_u32(rows_n, "linear rows")?, t_stride: 1, _pad: [0; 2] }, w.dtype.constant() == 1)?;
                     }
                     Some(scales)
                 }
                 _ => None,
             };
             let sw = match &scales {
-                Some(b) => window(gpu, b, 4, 0..rows_n + cols_n, "range scales")?,
+                Some(b) => window(gpu, b, 4, 0..rows_n + w_read, "range scales")?,
                 None => placeholder_window(gpu)?,
             };
             // W's scales (binding 8): as kept, or after x's in the product's own.
             let (w_scales, w_scales_at) = match stored.filter(|_| scales.is_some()) {
                 Some(s) => {
-                    let kept = kept_scales_window(gpu, s, &cols)?;
+                    let kept = kept_scales_window(gpu, s, &(cols.start..cols.start + w_read))?;
                     let at = kept.local;
                     (kept, at)
                 }
@@ -305,6 +342,8 @@ fn product(gpu: &Gpu, sink: &mut dyn Sink, input: Input<'_>, w: Weight<'_>, bias
                 x_scales: x_scales.as_ref().map_or(sw.local, |w| w.local),
                 w_scales: w_scales_at,
                 gate_offset: gw.local,
+                up_row: if swiglu { to_u32(n, "linear cols")? } else { 0 },
+                _pad: [0; 3],
             };
             let launch = Launch { kernel: &kernel, constants: &constants, params, grid };
             // x at 1 or 6, or f16 rows at 9 and their scales at 10; the

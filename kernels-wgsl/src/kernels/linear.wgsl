@@ -23,10 +23,10 @@ fn load_a(row: u32, gk: u32) -> vec4<f32> {
 
 // W[col, gk .. gk + 4), zero past the matrix.
 fn load_b(col: u32, gk: u32) -> vec4<f32> {
-    if (col >= p.n || gk >= p.k) {
+    if (!column_inside(col, TN) || gk >= p.k) {
         return vec4<f32>(0.0);
     }
-    return weight_run(p.w_offset + col * p.k + gk, min(4u, p.k - gk), W_PAIRED);
+    return weight_run(p.w_offset + paired_w_row(col, TN) * p.k + gk, min(4u, p.k - gk), W_PAIRED);
 }
 
 @compute @workgroup_size(16, 16)
@@ -37,6 +37,16 @@ fn linear(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) w
     for (var i = 0u; i < 8u; i++) {
         let r = tile_row(lid, row0, i);
         if (r >= p.m) {
+            continue;
+        }
+        if (SWIGLU) {
+            // Column halves h = 0 and 1 are the gate's and the up's sums of the same outputs.
+            for (var j = 0u; j < 4u; j++) {
+                let c = paired_out(tile_col(lid, col0, 0u, j), TN);
+                if (c < p.n) {
+                    swiglu_out(r, c, tile_value(acc, lid, i, 0u, j), tile_value(acc, lid, i, 1u, j));
+                }
+            }
             continue;
         }
         for (var h = 0u; h < 2u; h++) {

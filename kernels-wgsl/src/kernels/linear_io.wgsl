@@ -12,6 +12,13 @@ override ACCUMULATE: bool = false;
 // product's epilogue, y the residual stream, the gate one row at binding 11;
 // the same fma as elementwise.wgsl's gated_residual over the stored product.
 override GATED: bool = false;
+// y = silu(x·W_gateᵀ) ⊙ (x·W_upᵀ) instead (`SWIGLU`): the feed-forward's
+// gate in the product's epilogue. W's rows p.up_row apart are one output's
+// gate and up rows; the kernel's columns come in blocks whose first half are
+// gate rows and second half the up rows of the same outputs, so one
+// invocation (or one workgroup) holds both sums of an output
+// (`paired_out`, `paired_w_row`); p.n counts outputs. No bias, no gate.
+override SWIGLU: bool = false;
 
 struct Params {
     m: u32, n: u32, k: u32,
@@ -22,6 +29,9 @@ struct Params {
     x_scales: u32, w_scales: u32,
     // GATED's: where the gate's first column is.
     gate_offset: u32,
+    // SWIGLU's: W's rows from an output's gate row to its up row.
+    up_row: u32,
+    _pad0: u32, _pad1: u32, _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -43,4 +53,42 @@ fn linear_out(r: u32, c: u32, value: f32) {
         out += y[at];
     }
     y[at] = out;
+}
+
+// With SWIGLU, the output of the kernel's column `col` in blocks of
+// `block` columns (the first half gate sums, the second half up sums).
+fn paired_out(col: u32, block: u32) -> u32 {
+    return (col / block) * (block / 2u) + col % (block / 2u);
+}
+
+// The row of W behind the kernel's column `col` (in blocks of `block`).
+fn paired_w_row(col: u32, block: u32) -> u32 {
+    if (!SWIGLU) {
+        return col;
+    }
+    return paired_out(col, block) + select(0u, p.up_row, col % block >= block / 2u);
+}
+
+// Whether the kernel's column `col` (in blocks of `block`) is an output's.
+fn column_inside(col: u32, block: u32) -> bool {
+    if (!SWIGLU) {
+        return col < p.n;
+    }
+    return paired_out(col, block) < p.n;
+}
+
+// paired_w_row of the column clamped into the matrix (the lanes kernel's
+// reads past it compute on the last column and store nothing).
+fn paired_w_row_clamped(col: u32, block: u32) -> u32 {
+    if (!SWIGLU) {
+        return min(col, p.n - 1u);
+    }
+    let row = min(paired_out(col, block), p.n - 1u);
+    return row + select(0u, p.up_row, col % block >= block / 2u);
+}
+
+// y[r, c] = silu(gate)·up: the element-wise SwiGLU's arithmetic on the sums
+// it would have read back.
+fn swiglu_out(r: u32, c: u32, gate_sum: f32, up_sum: f32) {
+    y[p.y_offset + r * p.y_stride + c] = silu(gate_sum) * up_sum;
 }

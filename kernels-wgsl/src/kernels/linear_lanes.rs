@@ -47,9 +47,10 @@ pub fn source(lanes: u32) -> String {
     for r in 0..ROWS {
         emit!(s, "{ind}let xb{r} = (p.x_offset + min(row0 + {r}u, p.m - 1u) * p.x_stride) / 4u;");
     }
-    emit!(s, "{ind}let last = (p.w_offset + p.n * p.k) / select(4u, 8u, WEIGHT_BF16) - 1u;");
+    // With SWIGLU W's rows run on to the last output's up row.
+    emit!(s, "{ind}let last = (p.w_offset + select(p.n, p.up_row + p.n, SWIGLU) * p.k) / select(4u, 8u, WEIGHT_BF16) - 1u;");
     for c in 0..COLS {
-        emit!(s, "{ind}let wb{c} = (p.w_offset + min(col0 + {}u, p.n - 1u) * p.k) / select(4u, 8u, WEIGHT_BF16);", c * 64);
+        emit!(s, "{ind}let wb{c} = (p.w_offset + paired_w_row_clamped(col0 + {}u, {COLS_PER_GROUP}u) * p.k) / select(4u, 8u, WEIGHT_BF16);", c * 64);
         for r in 0..ROWS {
             emit!(s, "{ind}var acc{r}_{c} = 0.0;");
         }
@@ -80,6 +81,17 @@ pub fn source(lanes: u32) -> String {
     }
     emit!(s, "    }}");
     let ind = "    ";
+    // With SWIGLU the first half of the owned columns are gate rows, the
+    // second half the up rows of the same outputs.
+    emit!(s, "{ind}if (SWIGLU) {{");
+    for r in 0..ROWS {
+        for c in 0..COLS / 2 {
+            let out = format!("paired_out(col0 + {}u, {COLS_PER_GROUP}u)", c * 64);
+            emit!(s, "{ind}    if (row0 + {r}u < p.m && {out} < p.n) {{ swiglu_out(row0 + {r}u, {out}, acc{r}_{c}, acc{r}_{}); }}", c + COLS / 2);
+        }
+    }
+    emit!(s, "{ind}    return;");
+    emit!(s, "{ind}}}");
     for r in 0..ROWS {
         for c in 0..COLS {
             emit!(s, "{ind}if (row0 + {r}u < p.m && col0 + {}u < p.n) {{ linear_out(row0 + {r}u, col0 + {}u, acc{r}_{c}); }}", c * 64, c * 64);

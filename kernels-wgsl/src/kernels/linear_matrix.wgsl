@@ -46,8 +46,8 @@ fn a_element(i: u32) -> vec2<u32> {
 
 // B = Wᵀ: W[n0 + c, k0 + t].
 fn b_at(t: u32, c: u32, n0: u32, k0: u32) -> f32 {
-    if (k0 + t < p.k && n0 + c < p.n) {
-        let e = p.w_offset + (n0 + c) * p.k + k0 + t;
+    if (k0 + t < p.k && column_inside(n0 + c, BN)) {
+        let e = p.w_offset + paired_w_row(n0 + c, BN) * p.k + k0 + t;
         return weight_value(w[weight_word(e, WEIGHT_BF16)], e, WEIGHT_BF16);
     }
     return 0.0;
@@ -58,8 +58,8 @@ override B_PAIRED: bool = false;
 
 // The u32 holding W[n0 + c, k0 + t] and W[n0 + c, k0 + t + 1] (t even; zero past W).
 fn b_pair(c: u32, t: u32, n0: u32, k0: u32) -> u32 {
-    let inside = k0 + t < p.k && n0 + c < p.n;
-    let word = w[select(p.w_offset, p.w_offset + (n0 + c) * p.k + k0 + t, inside) >> 1u];
+    let inside = k0 + t < p.k && column_inside(n0 + c, BN);
+    let word = w[select(p.w_offset, p.w_offset + paired_w_row(n0 + c, BN) * p.k + k0 + t, inside) >> 1u];
     return select(0u, word, inside);
 }
 
@@ -76,16 +76,29 @@ fn a_scale(row: u32) -> f32 {
 
 // The range rule's scale of W's row `col` (B's column).
 fn b_scale(col: u32) -> f32 {
-    if (!OPERAND_HALF || col >= p.n) {
+    if (!OPERAND_HALF || !column_inside(col, BN)) {
         return 1.0;
     }
-    return w_scales[p.w_scales + col];
+    return w_scales[p.w_scales + paired_w_row(col, BN)];
 }
 
 // y[r, c] = value (+ bias, + y's old value), inside the matrix only.
 fn block_value_out(r: u32, c: u32, value: f32) {
     if (r < p.m && c < p.n) {
         linear_out(r, c, value);
+    }
+}
+
+// SWIGLU: a block's two subgroup columns hold the gate's and the up's sums
+// of the same outputs (matrix_gemm.wgsl's tile_out pairs them).
+fn pairs_columns() -> bool {
+    return SWIGLU;
+}
+
+// y[r, c] = silu(gate)·up, inside the matrix only.
+fn block_pair_out(r: u32, c: u32, gate_sum: f32, up_sum: f32) {
+    if (r < p.m && c < p.n) {
+        swiglu_out(r, c, gate_sum, up_sum);
     }
 }
 
@@ -98,5 +111,6 @@ fn linear_matrix(
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(num_workgroups) nwg: vec3<u32>,
 ) {
-    matrix_gemm_block(li, sg, lane, lanes, flat_workgroup(wid, nwg), p.n, p.k);
+    // With SWIGLU the blocks span each output twice (its gate and up rows).
+    matrix_gemm_block(li, sg, lane, lanes, flat_workgroup(wid, nwg), select(p.n, 2u * p.n, SWIGLU), p.k);
 }

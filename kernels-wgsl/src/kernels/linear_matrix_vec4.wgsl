@@ -40,8 +40,8 @@ fn a_vec4(r: u32, c4: u32, m0: u32, k0: u32) -> vec4<f32> {
 
 // W[n0 + c, k0 + 8·q …] as four bf16 pairs (zero past W).
 fn b_vec8(c: u32, q: u32, n0: u32, k0: u32) -> vec4<u32> {
-    let inside = n0 + c < p.n && k0 + 8u * q < p.k;
-    let at = (p.w_offset + (n0 + c) * p.k + k0) / 8u + q;
+    let inside = column_inside(n0 + c, BN) && k0 + 8u * q < p.k;
+    let at = (p.w_offset + paired_w_row(n0 + c, BN) * p.k + k0) / 8u + q;
     return select(vec4<u32>(0u), w_vec4[select(p.w_offset / 8u, at, inside)], inside);
 }
 

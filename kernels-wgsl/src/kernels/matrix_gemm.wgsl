@@ -33,7 +33,9 @@
 // bf16) or `linear_matrix_vec4.wgsl` (the linear's x and W as vec4s). Each
 // gives `prefetching()`, `fetch`, `put` and `stage`. The module gives the
 // scales above and `block_value_out(r, c, value)`, which writes C[r, c] (r, c
-// absolute) if inside the matrix. Accumulators are declared once, outside
+// absolute) if inside the matrix; `pairs_columns()` says whether a block's
+// two subgroup columns are instead the two sums of the same BN / 2 outputs
+// (the linear's SwiGLU), which `block_pair_out(r, c, gate, up)` writes. Accumulators are declared once, outside
 // every loop: a cooperative-matrix `var` declared inside a loop is zeroed only
 // once.
 
@@ -71,6 +73,22 @@ fn b_inverse(col: u32) -> f32 {
 fn tile_out(lane: u32, lanes: u32, sg: u32, ti: u32, tj: u32, row0: u32, col0: u32) {
     let r0 = (sg / SG_COLS) * R * T + ti * T;
     let c0 = (sg % SG_COLS) * R * T + tj * T;
+    if (pairs_columns()) {
+        // The left subgroup column's tile is the gate's, its right
+        // neighbour's (the same tile of the up's rows) the up's: the left
+        // one writes the outputs, at column c0 of the block's BN / 2.
+        if (sg % SG_COLS != 0u) {
+            return;
+        }
+        for (var i = lane; i < T * T; i += lanes) {
+            let r = r0 + i / T;
+            let c = c0 + i % T;
+            let gate_sum = c_tiles[sg * T * T + i] * a_scale(row0 + r) * b_scale(col0 + c);
+            let up_sum = c_tiles[(sg + 1u) * T * T + i] * a_scale(row0 + r) * b_scale(col0 + c + R * T);
+            block_pair_out(row0 + r, col0 / 2u + c, gate_sum, up_sum);
+        }
+        return;
+    }
     for (var i = lane; i < T * T; i += lanes) {
         let r = r0 + i / T;
         let c = c0 + i % T;

@@ -201,7 +201,7 @@ fn group_write(g: u32, t: u32, mean: f32, inv: f32) {
         let ch = g * per + i / p.d;
         var v = fma((src[base_src + i] - mean) * inv, weight(p.w_offset + ch), weight2(p.w_offset + ch));
         if (p.silu != 0u) {
-            v = v / (1.0 + exp(-v));
+            v = silu(v);
         }
         dst[base_dst + i] = v;
     }
