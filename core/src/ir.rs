@@ -83,6 +83,23 @@ impl From<Span> for Operand {
     }
 }
 
+/// The feed-forward's gate and up products of `x` over W's rows `w_row ..`
+/// (`cols` gate rows, then `cols` up rows) and its SwiGLU into `y`
+/// ([`Op::LinearSwiGlu`]).
+#[allow(clippy::too_many_arguments)] // the product's operands and its scratch
+pub(crate) fn linear_swiglu(x: impl Into<Operand>, w: TensorName, w_row: u64, y: Span, rows: u64, cols: u64, inner: u64, scratch: Span) -> Op {
+    Op::LinearSwiGlu { x: x.into(), w, w_row, y, rows, cols, inner, scratch }
+}
+
+/// The shift and scale rows (broadcast) that a [`Op::LayerNormModulate`]'s
+/// rows from `row` on (counted from its first) take instead of its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LaterModulation {
+    pub row: u64,
+    pub shift: Span,
+    pub scale: Span,
+}
+
 /// A product's output added into the residual stream under a gate, in the
 /// product's epilogue: `y += vector ⊙ (x·Wᵀ)`, `vector` one broadcast row
 /// (the gated residual after a projection). `scratch` `[rows, cols]` is
@@ -103,11 +120,20 @@ pub enum Op {
     /// rows `w_row ..` of W `[.., inner]` (all of them from 0 when `cols` is W's height).
     /// With `gate`, `y += gate ⊙ (…)` instead ([`Gate`]).
     Linear { x: Operand, w: TensorName, w_row: u64, bias: Option<TensorName>, y: Span, rows: u64, cols: u64, inner: u64, gate: Option<Gate> },
+    /// `y[rows, cols] = silu(x·W[w_row .. w_row + cols]ᵀ) ⊙ (x·W[w_row + cols .. w_row + 2·cols]ᵀ)`:
+    /// a feed-forward's gate and up projections (W's gate rows, then its up
+    /// rows) and its SwiGLU in one product, the SwiGLU in the epilogue.
+    /// `scratch` `[rows, 2·cols]` is where the two products go first when
+    /// the epilogue cannot take them (an adapter adding to them, weights
+    /// expanded in pieces): the product there, then an [`Op::SwiGlu`] into `y`.
+    LinearSwiGlu { x: Operand, w: TensorName, w_row: u64, y: Span, rows: u64, cols: u64, inner: u64, scratch: Span },
     /// Per-head RMSNorm with weight, in place.
     RmsNormHeads { data: Span, w: TensorName, tokens: u64, heads: u64, head_dim: u64, eps: f32 },
     /// `dst = LN(src)·(1 + scale) + shift` (no affine), shift/scale broadcast
     /// rows; `dst` f32 rows, or f16 rows under range scales for a product.
-    LayerNormModulate { src: Span, dst: Operand, shift: Span, scale: Span, tokens: u64, d: u64, eps: f32 },
+    /// With `later`, the rows from its row on take its shift and scale (two
+    /// streams' rows, each under its own modulation, in one pass).
+    LayerNormModulate { src: Span, dst: Operand, shift: Span, scale: Span, later: Option<LaterModulation>, tokens: u64, d: u64, eps: f32 },
     /// [`Op::RmsNormHeads`] then [`Op::RopeInterleaved`] on the same rows, in
     /// one pass (the same values): the queries' and keys' norm and rotation.
     RmsNormRope { data: Span, w: TensorName, table_row: u64, tokens: u64, heads: u64, head_dim: u64, eps: f32 },
@@ -202,6 +228,7 @@ impl Op {
     pub fn flops(&self) -> u64 {
         match self {
             Op::Linear { rows, cols, inner, .. } => 2 * rows * cols * inner,
+            Op::LinearSwiGlu { rows, cols, inner, .. } => 4 * rows * cols * inner,
             Op::Attention { len, heads, head_dim, .. } => 4 * len * len * heads * head_dim,
             Op::PartialAttention { q_len, kv_len, heads, head_dim, .. }
             | Op::CrossAttention { q_len, kv_len, heads, head_dim, .. }
@@ -221,6 +248,7 @@ impl Op {
     pub fn weights(&self) -> impl Iterator<Item = &TensorName> {
         let (first, second) = match self {
             Op::Linear { w, bias, .. } => (Some(w), bias.as_ref()),
+            Op::LinearSwiGlu { w, .. } => (Some(w), None),
             Op::RmsNormHeads { w, .. } | Op::RmsNorm { w, .. } | Op::RmsNormRope { w, .. } => (Some(w), None),
             Op::Conv2d { w, bias, .. } => (Some(w), Some(bias)),
             Op::GroupNorm { gamma, beta, .. } | Op::GroupNormApply { gamma, beta, .. } => (Some(gamma), Some(beta)),

@@ -400,7 +400,7 @@ pub fn check_layer_norm(gpu: &Gpu, rows: usize, d: usize, seed: u64) -> Result<f
     let got = run_and_read(gpu, &yb, rows * d, |enc| {
         let shift = Mat { buf: &mb, offset: 3 * d as u64, stride: 0 };
         let scale = Mat { buf: &mb, offset: 4 * d as u64, stride: 0 };
-        layer_norm_modulate(gpu, enc, Mat::new(&xb, d as u64), shift, scale, Mat::new(&yb, d as u64), s)
+        layer_norm_modulate(gpu, enc, Mat::new(&xb, d as u64), crate::kernels::Modulation::of(shift, scale), Mat::new(&yb, d as u64), s)
     })?;
     Ok(rel_l2(&got, &want))
 }

@@ -36,7 +36,7 @@
 
 use crate::arena::{ArenaError, BumpArena};
 use crate::config::TransformerConfig;
-use crate::ir::{linear, name, Gate, Op, Operand, Span, ALIGN, F32};
+use crate::ir::{linear, linear_swiglu, name, Gate, LaterModulation, Op, Operand, Span, ALIGN, F32};
 use crate::models::tensors::TensorName;
 use core::fmt::Write;
 
@@ -414,9 +414,29 @@ fn segments(l: &TransformerLayout, first: u64, rows: u64, m: Modulation) -> heap
 /// The stream's rows `first .. first + n` normalised and modulated (chunks
 /// `shift`, `scale` of `m`) into `normed`, whose rows start at the stream's
 /// row `base`: 0 unchunked, the chunk's first row by chunks.
-fn modulate(l: &TransformerLayout, (first, n, base): (u64, u64, u64), m: Modulation, [shift, scale]: [u64; 2], emit: &mut impl FnMut(Op)) {
-    for (r, count, v) in segments(l, first, n, m) {
-        emit(Op::LayerNormModulate { src: l.stream.rows_from(r), dst: l.normed.rows_from(r - base), shift: l.chunk(v, shift), scale: l.chunk(v, scale), tokens: count, d: l.dim, eps: l.eps });
+fn modulate(l: &TransformerLayout, (first, n, base): (u64, u64, u64), m: Modulation, chunks: [u64; 2], emit: &mut impl FnMut(Op)) {
+    modulate_segments(l, &segments(l, first, n, m), base, chunks, emit);
+}
+
+/// [`modulate`] over every row of `streams` (consecutive rows, unchunked).
+fn modulate_streams(l: &TransformerLayout, streams: &[&Stream<'_>], chunks: [u64; 2], emit: &mut impl FnMut(Op)) {
+    let segments: heapless::Vec<Segment, 4> = streams.iter().flat_map(|s| segments(l, s.first_row, s.rows, s.modulation)).collect();
+    modulate_segments(l, &segments, 0, chunks, emit);
+}
+
+/// Segments of the stream's rows normalised and modulated (chunks `shift`,
+/// `scale` of each segment's vector) into `normed` (rows from the stream's
+/// row `base`): two consecutive segments in one pass, the second's rows
+/// under its own modulation ([`LaterModulation`]).
+fn modulate_segments(l: &TransformerLayout, segments: &[Segment], base: u64, [shift, scale]: [u64; 2], emit: &mut impl FnMut(Op)) {
+    let mut i = 0;
+    while i < segments.len() {
+        let (r, count, v) = segments[i];
+        let next = segments.get(i + 1).filter(|&&(r2, ..)| r2 == r + count);
+        let later = next.map(|&(_, _, v2)| LaterModulation { row: count, shift: l.chunk(v2, shift), scale: l.chunk(v2, scale) });
+        let tokens = count + next.map_or(0, |&(_, n, _)| n);
+        emit(Op::LayerNormModulate { src: l.stream.rows_from(r), dst: l.normed.rows_from(r - base), shift: l.chunk(v, shift), scale: l.chunk(v, scale), later, tokens, d: l.dim, eps: l.eps });
+        i += 1 + next.is_some() as usize;
     }
 }
 
@@ -588,8 +608,7 @@ pub fn double_block(l: &TransformerLayout, b: usize, mut emit: impl FnMut(Op)) {
     // The feed-forward of rows `first .. first + n` (from the stream's row
     // `base` in the per-token scratch), added into the stream under gate 5.
     let feed_forward = |s: &Stream<'_>, (first, n, base): (u64, u64, u64), emit: &mut dyn FnMut(Op)| {
-        emit(linear(l.normed.rows_from(first - base), w(&format_str(s.ff, "linear_in")), l.ff_in, n, 2 * f, d));
-        emit(Op::SwiGlu { gate: l.ff_in, up: l.ff_in.cols_from(f), dst: l.ff_act, rows: n, cols: f });
+        emit(linear_swiglu(l.normed.rows_from(first - base), w(&format_str(s.ff, "linear_in")), 0, l.ff_act, n, f, d, l.ff_in));
         project_into_stream(l, l.ff_act.into(), w(&format_str(s.ff, "linear_out")), f, (first, n, base), s.modulation, 5, &mut { emit });
     };
     if l.by_chunks() {
@@ -623,9 +642,10 @@ pub fn double_block(l: &TransformerLayout, b: usize, mut emit: impl FnMut(Op)) {
         }
         return;
     }
+    // Both streams' rows are normalised in one pass each time, each under its own modulation.
+    modulate_streams(l, &[&txt, &img], [0, 1], &mut emit);
     for s in [&txt, &img] {
         let rows = |span: Span| span.rows_from(s.first_row);
-        modulate(l, (s.first_row, s.rows, 0), s.modulation, [0, 1], &mut emit);
         for (proj, dst) in [(s.q, l.q), (s.k, l.k), (s.v, l.v)] {
             emit(linear(l.normed.rows_from(s.first_row), attn_w(proj), rows(dst), s.rows, d, d));
         }
@@ -636,10 +656,11 @@ pub fn double_block(l: &TransformerLayout, b: usize, mut emit: impl FnMut(Op)) {
     }
     attention(l, b as u64, [l.q, l.k, l.v, l.attn], &mut emit);
     for s in [&txt, &img] {
-        let at = (s.first_row, s.rows, 0);
-        project_into_stream(l, l.attn.rows_from(s.first_row).into(), attn_w(s.out), d, at, s.modulation, 2, &mut emit);
-        modulate(l, at, s.modulation, [3, 4], &mut emit);
-        feed_forward(s, at, &mut emit);
+        project_into_stream(l, l.attn.rows_from(s.first_row).into(), attn_w(s.out), d, (s.first_row, s.rows, 0), s.modulation, 2, &mut emit);
+    }
+    modulate_streams(l, &[&txt, &img], [3, 4], &mut emit);
+    for s in [&txt, &img] {
+        feed_forward(s, (s.first_row, s.rows, 0), &mut emit);
     }
 }
 
@@ -677,19 +698,19 @@ pub fn single_block(l: &TransformerLayout, b: usize, mut emit: impl FnMut(Op)) {
             emit(part(l.normed, 0, l.q, n, d));
             emit(Op::RmsNormRope { data: l.q, w: w("norm_q"), table_row: r0, tokens: n, heads, head_dim: hd, eps: l.eps });
             attend(l, [l.q, l.k, l.v, l.joined], r0, n, &mut emit);
-            emit(part(l.normed, 3 * d, l.fused, n, 2 * f));
-            emit(Op::SwiGlu { gate: l.fused, up: l.fused.cols_from(f), dst: l.joined.cols_from(d), rows: n, cols: f });
+            emit(linear_swiglu(l.normed, w("to_qkv_mlp_proj"), 3 * d, l.joined.cols_from(d), n, f, d, l.fused));
             project_into_stream(l, l.joined.into(), w("to_out"), d + f, (r0, n, r0), m, 2, &mut emit);
         }
         return;
     }
     modulate(l, (0, rows, 0), m, [0, 1], &mut emit);
-    emit(linear(l.normed, w("to_qkv_mlp_proj"), l.fused, rows, 3 * d + 2 * f, d));
+    // q, k and v; then the MLP halves' product and SwiGLU into the joined rows.
+    emit(part(l.normed, 0, l.fused, rows, 3 * d));
+    emit(linear_swiglu(l.normed, w("to_qkv_mlp_proj"), 3 * d, l.joined.cols_from(d), rows, f, d, l.fused.cols_from(3 * d)));
     let (q, k, v) = (l.fused, l.fused.cols_from(d), l.fused.cols_from(2 * d));
     emit(Op::RmsNormRope { data: q, w: w("norm_q"), table_row: 0, tokens: rows, heads, head_dim: hd, eps: l.eps });
     emit(Op::RmsNormRope { data: k, w: w("norm_k"), table_row: 0, tokens: rows, heads, head_dim: hd, eps: l.eps });
     attention(l, block, [q, k, v, l.joined], &mut emit);
-    emit(Op::SwiGlu { gate: l.fused.cols_from(3 * d), up: l.fused.cols_from(3 * d + f), dst: l.joined.cols_from(d), rows, cols: f });
     project_into_stream(l, l.joined.into(), w("to_out"), d + f, (0, rows, 0), m, 2, &mut emit);
 }
 
@@ -700,7 +721,7 @@ pub fn epilogue(l: &TransformerLayout, mut emit: impl FnMut(Op)) {
     for (r0, n) in l.chunks(l.noise) {
         let row = l.text + r0;
         let normed = if l.by_chunks() { l.normed } else { l.normed.rows_from(row) };
-        emit(Op::LayerNormModulate { src: l.stream.rows_from(row), dst: normed, shift: l.chunk(l.mod_out, 1), scale: l.chunk(l.mod_out, 0), tokens: n, d: l.dim, eps: l.eps });
+        emit(Op::LayerNormModulate { src: l.stream.rows_from(row), dst: normed, shift: l.chunk(l.mod_out, 1), scale: l.chunk(l.mod_out, 0), later: None, tokens: n, d: l.dim, eps: l.eps });
         emit(linear(normed, name(format_args!("proj_out.weight")), l.velocity.rows_from(r0), n, l.out_channels, l.dim));
     }
 }
@@ -910,10 +931,15 @@ mod tests {
             assert_eq!(modulated, pass.active_rows(), "every active row modulated once");
         }
         // Extracting, the reference rows take the modulation of timestep 0.
-        let mut shifts = heapless::Vec::<(u64, Span), 4>::new();
+        // Each pass's rows by the shift they take (a pass's later rows their own).
+        let mut shifts = heapless::Vec::<(u64, Span), 8>::new();
         double_block(&l, 0, |op| {
-            if let Op::LayerNormModulate { tokens, shift, .. } = op {
-                let _ = shifts.push((tokens, shift));
+            if let Op::LayerNormModulate { tokens, shift, later, .. } = op {
+                let first = later.map_or(tokens, |m| m.row);
+                let _ = shifts.push((first, shift));
+                if let Some(m) = later {
+                    let _ = shifts.push((tokens - m.row, m.shift));
+                }
             }
         });
         assert_eq!(&shifts[..3], &[(512, l.chunk(l.mod_txt, 0)), (1024, l.chunk(l.mod_img, 0)), (256, l.chunk(kv.mod_img, 0))]);
@@ -935,7 +961,7 @@ mod tests {
         let l = TransformerLayout::new(&cfg, 512, 64, &mut arena).unwrap();
         let mut names = heapless::Vec::<crate::models::tensors::TensorName, 32>::new();
         double_block(&l, 3, |op| {
-            if let Op::Linear { w, .. } | Op::RmsNormHeads { w, .. } | Op::RmsNormRope { w, .. } = op {
+            if let Op::Linear { w, .. } | Op::LinearSwiGlu { w, .. } | Op::RmsNormHeads { w, .. } | Op::RmsNormRope { w, .. } = op {
                 names.push(w).unwrap();
             }
         });

@@ -7,7 +7,7 @@
 
 use crate::kernels::linear::tests::with_element_fetch;
 use crate::kernels::linear::{linear, linear_from, Gemm, Input};
-use crate::kernels::norm::{layer_norm_modulate, layer_norm_modulate_half, RowNorm};
+use crate::kernels::norm::{layer_norm_modulate, layer_norm_modulate_half, LaterModulation, Modulation, RowNorm};
 use crate::testing::*;
 use crate::view::{HalfMat, Mat, Weight};
 use crate::{Gpu, GpuOptions};
@@ -55,14 +55,14 @@ fn check_layer_norm_half(gpu: &Gpu) {
     let shape = RowNorm { tokens: tokens as u64, heads: 1, d: d as u64, eps: 1e-6 };
     let (shift, scale) = (Mat { buf: &mb, offset: 0, stride: 0 }, Mat { buf: &mb, offset: d as u64, stride: 0 });
     let yb = poisoned(gpu, tokens * d);
-    let y = run_and_read(gpu, &yb, tokens * d, |enc| layer_norm_modulate(gpu, enc, Mat::new(&xb, d as u64), shift, scale, Mat::new(&yb, d as u64), shape));
+    let y = run_and_read(gpu, &yb, tokens * d, |enc| layer_norm_modulate(gpu, enc, Mat::new(&xb, d as u64), Modulation::of(shift, scale), Mat::new(&yb, d as u64), shape));
     // Rows from element 6 of a buffer with a wider stride, as the arena's spans sit.
     let (at, stride) = (6u64, (d / 2 + 3) as u64);
     let out = poisoned(gpu, at as usize + tokens * stride as usize + tokens + 8);
     let (words_at, scales_at) = (at, at + tokens as u64 * stride);
     let dst = HalfMat { data: Mat { buf: &out, offset: words_at, stride }, scales: Mat { buf: &out, offset: scales_at, stride: 1 } };
     let all = run_and_read(gpu, &out, at as usize + tokens * stride as usize + tokens, |enc| {
-        layer_norm_modulate_half(gpu, enc, Mat::new(&xb, d as u64), shift, scale, dst, shape)
+        layer_norm_modulate_half(gpu, enc, Mat::new(&xb, d as u64), Modulation::of(shift, scale), dst, shape)
     });
     let (want_words, want_scales) = pack_rows(&y, tokens, d);
     for row in 0..tokens {
@@ -133,4 +133,60 @@ fn linear_refuses_half_rows_off_the_matrix_tier() {
     let mut sink = Vec::new();
     let got = linear_from(gpu, &mut sink, Input::Half(half_rows), Weight::f32(&wb), None, Mat::new(&yb, 2), Gemm { m: 2, n: 2, k: 8 });
     assert!(gpu.matrix().is_none() && got.is_err(), "{got:?}");
+}
+
+/// One LayerNorm pass whose rows from 17 on take a later shift and scale
+/// gives the bits of two passes, one over each part: into f32 rows, or
+/// (`half`) into f16 rows under their range scales.
+fn check_later_modulation(gpu: &Gpu, half: bool) {
+    let (tokens, d, split) = (41usize, 64usize, 17usize);
+    let mut rng = Rng::new(17);
+    let x = rng.normals(tokens * d, 2.0);
+    let modulation = rng.normals(4 * d, 0.5);
+    let (xb, mb) = (gpu.upload_f32("x", &x), gpu.upload_f32("modulation", &modulation));
+    let row = |i: usize| Mat { buf: &mb, offset: (i * d) as u64, stride: 0 };
+    let (first, later) = (Modulation::of(row(0), row(1)), Modulation::of(row(2), row(3)));
+    let len = if half { tokens * d / 2 + tokens } else { tokens * d };
+    let run = |one_pass: bool| {
+        let out = poisoned(gpu, len);
+        run_and_read(gpu, &out, len, |enc| {
+            // Rows `r0 .. r0 + n` under `m`.
+            let mut pass = |r0: usize, n: usize, m: Modulation<'_>| {
+                let src = Mat { buf: &xb, offset: (r0 * d) as u64, stride: d as u64 };
+                let shape = RowNorm { tokens: n as u64, heads: 1, d: d as u64, eps: 1e-6 };
+                match half {
+                    true => {
+                        let data = Mat { buf: &out, offset: (r0 * d / 2) as u64, stride: (d / 2) as u64 };
+                        let scales = Mat { buf: &out, offset: (tokens * d / 2 + r0) as u64, stride: 1 };
+                        layer_norm_modulate_half(gpu, enc, src, m, HalfMat { data, scales }, shape)
+                    }
+                    false => layer_norm_modulate(gpu, enc, src, m, Mat { buf: &out, offset: (r0 * d) as u64, stride: d as u64 }, shape),
+                }
+            };
+            if one_pass {
+                let both = Modulation { later: Some(LaterModulation { row: split as u64, shift: later.shift, scale: later.scale }), ..first };
+                return pass(0, tokens, both);
+            }
+            pass(0, split, first)?;
+            pass(split, tokens - split, later)
+        })
+    };
+    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+    let (one, two) = (run(true), run(false));
+    assert_eq!(bits(&one), bits(&two), "half {half}, on {}", gpu.precision().name());
+    assert!(one.iter().all(|v| v.is_finite()), "every value written");
+}
+
+#[test]
+fn a_later_modulation_gives_the_bits_of_two_passes() {
+    each_kernel_shape(gpu(), options(), |g| check_later_modulation(g, false));
+    // Rows in pieces of 15 (bindings of 4 KiB): the later row counted from each piece's first.
+    let small = Gpu::new(&GpuOptions { max_storage_binding: Some(4096), ..options() }).unwrap_or_else(|e| panic!("{e}"));
+    check_later_modulation(&small, false);
+}
+
+#[test]
+fn a_later_modulation_gives_the_bits_of_two_passes_into_f16_rows() {
+    let Some(gpu) = half_gpu() else { return };
+    each_kernel_shape(&gpu, GpuOptions { precision: crate::Precision::F16, ..options() }, |g| check_later_modulation(g, true));
 }

@@ -32,7 +32,12 @@ pub struct NormParams {
     pub scales_offset: u32,
     /// The RMSNorm + RoPE's: the tables' row of the first token.
     pub table_row: u32,
-    pub _pad: u32,
+    /// The LayerNorm + modulation's: rows from `later_row` on (of the
+    /// dispatch) take the shift and scale at the later offsets instead.
+    pub later_row: u32,
+    pub later_shift_offset: u32,
+    pub later_scale_offset: u32,
+    pub _pad: [u32; 2],
 }
 
 pub const RMS_NORM: Kernel =
@@ -98,12 +103,36 @@ pub fn layer_norm_modulate(
     gpu: &Gpu,
     sink: &mut dyn Sink,
     src: Mat<'_>,
-    shift: Mat<'_>,
-    scale: Mat<'_>,
+    modulation: Modulation<'_>,
     dst: Mat<'_>,
     s: RowNorm,
 ) -> Result<(), GpuError> {
-    modulated(gpu, sink, src, [shift, scale], NormOut::F32(dst), s)
+    modulated(gpu, sink, src, modulation, NormOut::F32(dst), s)
+}
+
+/// A LayerNorm's modulation: `shift` and `scale` rows (one broadcast row
+/// each, in one buffer), and where `later` says, from a row on another pair
+/// (a second stream's rows normalised in the same pass).
+#[derive(Debug, Clone, Copy)]
+pub struct Modulation<'a> {
+    pub shift: Mat<'a>,
+    pub scale: Mat<'a>,
+    pub later: Option<LaterModulation<'a>>,
+}
+
+/// The shift and scale that rows `row ..` of a [`Modulation`] take.
+#[derive(Debug, Clone, Copy)]
+pub struct LaterModulation<'a> {
+    pub row: u64,
+    pub shift: Mat<'a>,
+    pub scale: Mat<'a>,
+}
+
+impl<'a> Modulation<'a> {
+    /// One shift and scale for every row.
+    pub fn of(shift: Mat<'a>, scale: Mat<'a>) -> Self {
+        Self { shift, scale, later: None }
+    }
 }
 
 /// [`layer_norm_modulate`] writing f16 rows under their range scales into
@@ -113,27 +142,27 @@ pub fn layer_norm_modulate_half(
     gpu: &Gpu,
     sink: &mut dyn Sink,
     src: Mat<'_>,
-    shift: Mat<'_>,
-    scale: Mat<'_>,
+    modulation: Modulation<'_>,
     dst: HalfMat<'_>,
     s: RowNorm,
 ) -> Result<(), GpuError> {
     if s.heads != 1 || !s.d.is_multiple_of(2) {
         return Err(GpuError::UnsupportedShape(format!("f16 rows of {} heads of {} values (whole rows of an even width)", s.heads, s.d)));
     }
-    modulated(gpu, sink, src, [shift, scale], NormOut::Half(dst), s)
+    modulated(gpu, sink, src, modulation, NormOut::Half(dst), s)
 }
 
 /// The LayerNorm + modulation into `out` on its kernel for the output.
-fn modulated(gpu: &Gpu, sink: &mut dyn Sink, src: Mat<'_>, [shift, scale]: [Mat<'_>; 2], out: NormOut<'_>, s: RowNorm) -> Result<(), GpuError> {
-    if !std::ptr::eq(shift.buf, scale.buf) {
-        return Err(GpuError::UnsupportedShape("shift and scale must live in one modulation buffer".into()));
+fn modulated(gpu: &Gpu, sink: &mut dyn Sink, src: Mat<'_>, modulation: Modulation<'_>, out: NormOut<'_>, s: RowNorm) -> Result<(), GpuError> {
+    let one_buffer = |m: &Mat<'_>| std::ptr::eq(m.buf, modulation.shift.buf);
+    if !one_buffer(&modulation.scale) || modulation.later.is_some_and(|l| !one_buffer(&l.shift) || !one_buffer(&l.scale)) {
+        return Err(GpuError::UnsupportedShape("shifts and scales must live in one modulation buffer".into()));
     }
     let kernels = match out {
         NormOut::F32(_) => [&LAYER_NORM_MODULATE, &LAYER_NORM_MODULATE_LANES],
         NormOut::Half(_) => [&LAYER_NORM_MODULATE_HALF, &LAYER_NORM_MODULATE_HALF_LANES],
     };
-    row_norm(gpu, sink, kernels, Some(src), out, NormExtra::Modulation(shift, scale), s)
+    row_norm(gpu, sink, kernels, Some(src), out, NormExtra::Modulation(modulation), s)
 }
 
 /// Where a row norm writes: f32 rows (binding 2), or f16 rows and their
@@ -187,7 +216,7 @@ pub fn rms_norm_rope(gpu: &Gpu, sink: &mut dyn Sink, data: Mat<'_>, w: Weight<'_
 /// What a row norm reads besides its input: a weight, or modulation rows (shift, scale).
 enum NormExtra<'a> {
     Weight(Weight<'a>),
-    Modulation(Mat<'a>, Mat<'a>),
+    Modulation(Modulation<'a>),
 }
 
 /// One row norm: `[gpu_shaped, cpu_shaped]` are its two kernels, taken as
@@ -242,12 +271,22 @@ fn row_norm(
                 params.w_offset = ww.local;
                 ([("WEIGHT_BF16", w.dtype.constant())].to_vec(), ww)
             }
-            NormExtra::Modulation(shift, scale) => {
-                let lo = shift.offset.min(scale.offset);
-                let hi = shift.offset.max(scale.offset) + s.d;
-                let mw = window(gpu, shift.buf, 4, lo..hi, "modulation")?;
-                params.shift_offset = mw.local + (shift.offset - lo) as u32;
-                params.scale_offset = mw.local + (scale.offset - lo) as u32;
+            NormExtra::Modulation(m) => {
+                let later = m.later.map_or([m.shift.offset, m.scale.offset], |l| [l.shift.offset, l.scale.offset]);
+                let offsets = [m.shift.offset, m.scale.offset, later[0], later[1]];
+                let lo = offsets.into_iter().min().unwrap_or(0);
+                let hi = offsets.into_iter().max().unwrap_or(0) + s.d;
+                let mw = window(gpu, m.shift.buf, 4, lo..hi, "modulation")?;
+                let at = |offset: u64| mw.local + (offset - lo) as u32;
+                params.shift_offset = at(m.shift.offset);
+                params.scale_offset = at(m.scale.offset);
+                // The later rows' place within this piece of rows (none: past every row).
+                params.later_row = match m.later {
+                    Some(l) => to_u32(l.row.saturating_sub(rows.start), "norm rows")?,
+                    None => u32::MAX,
+                };
+                params.later_shift_offset = at(later[0]);
+                params.later_scale_offset = at(later[1]);
                 (Vec::new(), mw)
             }
         };

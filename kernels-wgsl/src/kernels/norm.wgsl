@@ -15,7 +15,11 @@ struct Params {
     // norm_half.wgsl's: where the rows' range scales go.
     scales_offset: u32,
     // rms_norm_rope's: the RoPE tables' row of the first token.
-    table_row: u32, _pad2: u32,
+    table_row: u32,
+    // The LayerNorm's: rows from `later_row` on take the shift and scale
+    // at these offsets instead (a second stream's rows in the same pass).
+    later_row: u32, later_shift_offset: u32, later_scale_offset: u32,
+    _pad0: u32, _pad1: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -157,7 +161,10 @@ fn ln_moments(row: u32, t: u32) -> vec2<f32> {
 // Value i of `row`, modulated: LN(src)·(1 + scale) + shift, from its moments.
 fn ln_value(row: u32, i: u32, moments: vec2<f32>) -> f32 {
     let xn = (src[src_index(row, i)] - moments.x) * moments.y;
-    return fma(xn, 1.0 + modulation[p.scale_offset + i], modulation[p.shift_offset + i]);
+    let later = row >= p.later_row;
+    let scale = modulation[select(p.scale_offset, p.later_scale_offset, later) + i];
+    let shift = modulation[select(p.shift_offset, p.later_shift_offset, later) + i];
+    return fma(xn, 1.0 + scale, shift);
 }
 
 @compute @workgroup_size(128)

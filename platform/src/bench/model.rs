@@ -630,7 +630,14 @@ fn linear_shapes(cfg: &TransformerConfig, tokens: u64) -> Result<Vec<LinearShape
     let first_single = blocks.get(1 + cfg.num_layers).filter(|_| cfg.num_single_layers > 0);
     let mut shapes: Vec<LinearShape> = Vec::new();
     for op in first_double.into_iter().chain(first_single).flatten() {
-        if let Op::Linear { w, cols, inner, .. } = op {
+        // A SwiGLU product is timed as the product of its gate and up rows.
+        let shape = match op {
+            Op::Linear { w, cols, inner, .. } => Some((w, *cols, *inner)),
+            Op::LinearSwiGlu { w, cols, inner, .. } => Some((w, 2 * cols, *inner)),
+            _ => None,
+        };
+        if let Some((w, cols, inner)) = shape {
+            let (cols, inner) = (&cols, &inner);
             match shapes.iter_mut().find(|(s, _, _)| *s == (*cols, *inner)) {
                 Some((_, _, n)) => *n += 1,
                 None => shapes.push(((*cols, *inner), w.to_string(), 1)),

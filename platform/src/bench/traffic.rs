@@ -204,7 +204,18 @@ pub fn op_traffic(op: &Op, tier: Precision, m: &Machine) -> Traffic {
         pieces(rows, rows_per_piece(m, rows, operands, 1)).map(|r| pass(bytes(r), 0, false)).sum()
     };
     match *op {
-        Op::Linear { x, y, rows, cols, inner, ref bias, gate, .. } => linear(m, p, (x, y), [rows, cols, inner], [bias.is_some(), gate.is_some()]),
+        Op::Linear { x, y, rows, cols, inner, ref bias, gate, .. } => {
+            let out = if gate.is_some() { Out::Gated } else { Out::Set };
+            linear(m, p, (x, y), [rows, cols, inner], bias.is_some(), out)
+        }
+        Op::LinearSwiGlu { x, y, rows, cols, inner, scratch, .. } => match swiglu_fits(m, p, cols, inner) {
+            true => linear(m, p, (x, y), [rows, cols, inner], false, Out::SwiGlu),
+            // As the runner falls back: both products into the scratch, then the SwiGLU.
+            false => {
+                let swiglu = Op::SwiGlu { gate: scratch, up: scratch.cols_from(cols), dst: y, rows, cols };
+                linear(m, p, (x, scratch), [rows, 2 * cols, inner], false, Out::Set) + op_traffic(&swiglu, tier, m)
+            }
+        },
         Op::Attention { len, heads, head_dim, .. } => attention(m, p, [len, len, heads, heads, head_dim], AttentionIo::default()),
         Op::CrossAttention { q_len, kv_len, heads, head_dim, .. } => attention(m, p, [q_len, kv_len, heads, heads, head_dim], AttentionIo::default()),
         Op::PartialAttention { q_len, kv_len, heads, head_dim, .. } => {
@@ -221,8 +232,10 @@ pub fn op_traffic(op: &Op, tier: Precision, m: &Machine) -> Traffic {
             by_rows(tokens, &[Rows::of(data, w, a)], &|r| 2 * r * w * a + head_dim * wb)
         }
         Op::RmsNorm { src, dst, tokens, d, .. } => by_rows(tokens, &[Rows::of(src, d, a), Rows::of(dst, d, a)], &|r| 2 * r * d * a + d * wb),
-        Op::LayerNormModulate { src, dst, tokens, d, .. } => {
-            by_rows(tokens, &[Rows::of(src, d, a), operand_rows(&dst, d, p)], &|r| r * d * a + r * p.row_bytes(&dst, d) + 2 * d * a)
+        Op::LayerNormModulate { src, dst, later, tokens, d, .. } => {
+            // Rows in and out, and one or two shift and scale rows.
+            let modulations = 1 + later.is_some() as u64;
+            by_rows(tokens, &[Rows::of(src, d, a), operand_rows(&dst, d, p)], &|r| r * d * a + r * p.row_bytes(&dst, d) + modulations * 2 * d * a)
         }
         Op::RmsNormRope { data, tokens, heads, head_dim, .. } => {
             // Data in place, the norm's weight, a cos and a sin table row per token.
@@ -280,22 +293,47 @@ pub fn op_traffic(op: &Op, tier: Precision, m: &Machine) -> Traffic {
 /// measured first (f16 rows come with their scales); W's scales are kept
 /// where the weights reached the device. A gated product (`gated`) reads
 /// and writes the stream it adds into, and reads its gate, in its epilogue.
-fn linear(m: &Machine, p: DataPath, (x, y): (Operand, Span), [rows, cols, inner]: [u64; 3], [bias, gated]: [bool; 2]) -> Traffic {
+/// What a linear does with its products.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Out {
+    /// Writes them.
+    Set,
+    /// Adds them into the stream under a gate row (read beside the stream).
+    Gated,
+    /// Pairs each output's gate and up rows of W (two products an output) into one value.
+    SwiGlu,
+}
+
+/// Whether a SwiGLU product runs in one piece of W on machine `m` (else the
+/// runner takes the two products and the SwiGLU apart).
+fn swiglu_fits(m: &Machine, p: DataPath, cols: u64, inner: u64) -> bool {
+    rows_per_piece(m, 2 * cols, &[Rows::packed(inner, p.weight)], 1) >= 2 * cols && (!p.matrix || 2 * cols <= RANGE_SCALES_ROWS)
+}
+
+fn linear(m: &Machine, p: DataPath, (x, y): (Operand, Span), [rows, cols, inner]: [u64; 3], bias: bool, out: Out) -> Traffic {
     let cap = if p.matrix { RANGE_SCALES_ROWS } else { u64::MAX };
-    let col_piece = rows_per_piece(m, cols, &[Rows::packed(inner, p.weight)], m.product_block).min(cap);
+    // W's rows an output reads.
+    let spans = if out == Out::SwiGlu { 2 } else { 1 };
+    let col_piece = match out {
+        Out::SwiGlu => cols,
+        _ => rows_per_piece(m, cols, &[Rows::packed(inner, p.weight)], m.product_block).min(cap),
+    };
     let row_piece = rows_per_piece(m, rows, &[operand_rows(&x, inner, p), Rows::of(y, col_piece.min(cols), p.activation)], m.product_block).min(cap);
     let mut total = Traffic::default();
     for r in pieces(rows, row_piece) {
         for c in pieces(cols, col_piece) {
-            let scales = if p.matrix { (r + c) * p.scale } else { 0 };
+            let scales = if p.matrix { (r + spans * c) * p.scale } else { 0 };
             if p.matrix && !x.is_half() {
                 total += pass_on(m, r * inner * p.activation + r * p.scale, 0, false);
             }
             // x's rows (with their scales where half, counted once below), W, bias, scales, y.
             let x_bytes = r * p.row_bytes(&x, inner) - if x.is_half() { r * p.scale } else { 0 };
-            let out = if gated { 2 * r * c * p.activation + c * p.activation } else { r * c * p.activation };
-            let bytes = x_bytes + c * inner * p.weight + bias as u64 * c * p.weight + scales + out;
-            total += pass_on(m, bytes, 2 * r * c * inner, p.matrix);
+            let written = match out {
+                Out::Gated => 2 * r * c * p.activation + c * p.activation,
+                Out::Set | Out::SwiGlu => r * c * p.activation,
+            };
+            let bytes = x_bytes + spans * c * inner * p.weight + bias as u64 * c * p.weight + scales + written;
+            total += pass_on(m, bytes, 2 * spans * r * c * inner, p.matrix);
         }
     }
     total
@@ -431,7 +469,7 @@ pub fn vae_decode(cfg: &VaeConfig, [width, height]: [u64; 2], tier: Precision, m
 /// The kind of an op, as the traffic table names it.
 pub fn kind(op: &Op) -> &'static str {
     match op {
-        Op::Linear { .. } => "linear",
+        Op::Linear { .. } | Op::LinearSwiGlu { .. } => "linear",
         Op::Attention { .. } | Op::CrossAttention { .. } | Op::PartialAttention { .. } | Op::HalfKvAttention { .. } | Op::CausalAttention { .. } => "attention",
         Op::RmsNormHeads { .. } | Op::RmsNorm { .. } => "RMS norm",
         Op::RmsNormRope { .. } => "RMS norm + RoPE",
@@ -455,8 +493,8 @@ mod tests {
     fn a_linear_on_the_matrix_tier_measures_its_input_first() {
         let x = Operand::f32(Span::new(0, 64));
         let y = Span::new(0, 32);
-        let f32 = linear(&H200, DataPath::of(Precision::F32), (x, y), [10, 32, 64], [false; 2]);
-        let matrix = linear(&H200, DataPath::of(Precision::Matrix), (x, y), [10, 32, 64], [false; 2]);
+        let f32 = linear(&H200, DataPath::of(Precision::F32), (x, y), [10, 32, 64], false, Out::Set);
+        let matrix = linear(&H200, DataPath::of(Precision::Matrix), (x, y), [10, 32, 64], false, Out::Set);
         assert_eq!((f32.dispatches, matrix.dispatches), (1, 2));
         // x, W and y once; the matrix tier reads x again to measure it and writes and reads the scales.
         assert_eq!(f32.bytes, 10 * 64 * 4 + 32 * 64 * 2 + 10 * 32 * 4);
@@ -467,7 +505,7 @@ mod tests {
     #[test]
     fn a_linear_over_half_rows_reads_them_and_their_scales_without_measuring() {
         let x = Operand { data: Span::new(0, 32), scales: Some(Span::new(1000, 1)) };
-        let t = linear(&H200, DataPath::of(Precision::Matrix), (x, Span::new(0, 32)), [10, 32, 64], [false; 2]);
+        let t = linear(&H200, DataPath::of(Precision::Matrix), (x, Span::new(0, 32)), [10, 32, 64], false, Out::Set);
         assert_eq!(t.dispatches, 1);
         // x in f16, W, x's and W's scales, y.
         assert_eq!(t.bytes, 10 * 64 * 2 + 32 * 64 * 2 + (10 + 32) * 4 + 10 * 32 * 4);
@@ -478,8 +516,22 @@ mod tests {
         // 1 MiB bindings: 2048 rows of 256 bf16 weights less the alignment's
         // worth, so 2047, rounded down to 1920 (whole 128-column blocks).
         let m = Machine { max_binding: 1 << 20, ..H200 };
-        let t = linear(&m, DataPath::of(Precision::F32), (Span::new(0, 256).into(), Span::new(0, 4096)), [8, 4096, 256], [false; 2]);
+        let t = linear(&m, DataPath::of(Precision::F32), (Span::new(0, 256).into(), Span::new(0, 4096)), [8, 4096, 256], false, Out::Set);
         assert_eq!(t.dispatches, 3, "4096 columns in pieces of 1920");
+    }
+
+    #[test]
+    fn a_swiglu_product_reads_both_halves_of_w_and_writes_its_outputs_once() {
+        let op = Op::LinearSwiGlu { x: Span::new(0, 64).into(), w: "w".try_into().unwrap(), w_row: 0, y: Span::new(0, 32), rows: 10, cols: 32, inner: 64, scratch: Span::new(0, 64) };
+        let t = op_traffic(&op, Precision::F32, &H200);
+        assert_eq!(t.dispatches, 1);
+        assert_eq!(t.bytes, 10 * 64 * 4 + 2 * 32 * 64 * 2 + 10 * 32 * 4);
+        assert_eq!(t.flops, 2 * 10 * 64 * 64);
+        // Where one binding cannot hold W's gate and up rows: both products, then the SwiGLU.
+        let small = Machine { max_binding: 6 << 10, ..H200 };
+        let apart = op_traffic(&op, Precision::F32, &small);
+        assert_eq!(apart.dispatches, 3, "two pieces of W's 64 rows, then the SwiGLU");
+        assert_eq!(apart.flops, t.flops);
     }
 
     #[test]

@@ -149,7 +149,7 @@ impl Assignment {
             .flatten()
             .flat_map(|op| {
                 let linear = match op {
-                    Op::Linear { w, .. } => Some(w.as_str()),
+                    Op::Linear { w, .. } | Op::LinearSwiGlu { w, .. } => Some(w.as_str()),
                     _ => None,
                 };
                 op.weights().map(|n| n.as_str()).filter(move |n| Some(*n) != linear)
@@ -825,6 +825,7 @@ pub fn product_weights(blocks: &[Vec<Op>]) -> Vec<(String, u64, u64)> {
     for op in blocks.iter().flatten() {
         let (w, last_row, terms) = match op {
             Op::Linear { w, w_row, cols, inner, .. } => (w, w_row + cols, *inner),
+            Op::LinearSwiGlu { w, w_row, cols, inner, .. } => (w, w_row + 2 * cols, *inner),
             Op::Conv2d { w, shape, .. } => (w, shape.out_channels as u64, (shape.in_channels * shape.kernel * shape.kernel) as u64),
             _ => continue,
         };

@@ -107,16 +107,32 @@ impl Runner {
                 kernels::elementwise(gpu, sink, Elementwise::GatedResidual, self.mat(g.scratch), Some(self.mat(g.vector)), self.mat(*y), [*rows, *cols])
             }
             Op::Linear { .. } => self.record_linear(gpu, sink, weights, op, None),
+            Op::LinearSwiGlu { x, w, w_row, y, rows, cols, inner, scratch } => {
+                let s = kernels::Gemm { m: *rows, n: *cols, k: *inner };
+                let adapted = self.lora.as_ref().is_some_and(|l| l.adapts(w));
+                if !adapted && weights.packed(w).is_none() {
+                    let weight = weights.get(w)?.view().rows_from(*w_row, *inner);
+                    if kernels::swiglu_fits(gpu, weight, s) {
+                        return kernels::linear_swiglu(gpu, sink, self.input(*x), weight, self.mat(*y), s);
+                    }
+                }
+                // The two products and the adapter's into the scratch, then the SwiGLU.
+                let product = Op::Linear { x: *x, w: w.clone(), w_row: *w_row, bias: None, y: *scratch, rows: *rows, cols: 2 * cols, inner: *inner, gate: None };
+                self.record(gpu, sink, weights, &product)?;
+                kernels::elementwise(gpu, sink, Elementwise::SwiGlu, self.mat(*scratch), Some(self.mat(scratch.cols_from(*cols))), self.mat(*y), [*rows, *cols])
+            }
             Op::RmsNormHeads { data, w, tokens, heads, head_dim, eps } => {
                 let s = RowNorm { tokens: *tokens, heads: *heads, d: *head_dim, eps: *eps };
                 kernels::rms_norm_inplace(gpu, sink, self.mat(*data), weights.get(w)?.view(), s)
             }
-            Op::LayerNormModulate { src, dst, shift, scale, tokens, d, eps } => {
+            Op::LayerNormModulate { src, dst, shift, scale, later, tokens, d, eps } => {
                 let s = RowNorm { tokens: *tokens, heads: 1, d: *d, eps: *eps };
-                let (src, shift, scale) = (self.mat(*src), self.mat(*shift), self.mat(*scale));
+                let later = later.map(|l| kernels::LaterModulation { row: l.row, shift: self.mat(l.shift), scale: self.mat(l.scale) });
+                let modulation = kernels::Modulation { shift: self.mat(*shift), scale: self.mat(*scale), later };
+                let src = self.mat(*src);
                 match self.input(*dst) {
-                    kernels::Input::Half(dst) => kernels::layer_norm_modulate_half(gpu, sink, src, shift, scale, dst, s),
-                    kernels::Input::F32(dst) => kernels::layer_norm_modulate(gpu, sink, src, shift, scale, dst, s),
+                    kernels::Input::Half(dst) => kernels::layer_norm_modulate_half(gpu, sink, src, modulation, dst, s),
+                    kernels::Input::F32(dst) => kernels::layer_norm_modulate(gpu, sink, src, modulation, dst, s),
                 }
             }
             Op::RmsNormRope { data, w, table_row, tokens, heads, head_dim, eps } => {
