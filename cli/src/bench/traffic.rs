@@ -34,10 +34,10 @@ pub fn run(model: &str, [width, height]: [u64; 2], tier: Precision) -> Result<()
     say!();
     say!("step: {}", line(&step.step, m.name));
     if let Some(t) = step.double_block {
-        say!("double block: {} dispatches, {} GB moved", t.dispatches, gb(t.bytes));
+        say!("double block: {} dispatches (budget {}), {} GB moved", t.dispatches, traffic::DOUBLE_BLOCK_DISPATCHES, gb(t.bytes));
     }
     if let Some(t) = step.single_block {
-        say!("single block: {} dispatches, {} GB moved", t.dispatches, gb(t.bytes));
+        say!("single block: {} dispatches (budget {}), {} GB moved", t.dispatches, traffic::SINGLE_BLOCK_DISPATCHES, gb(t.bytes));
     }
     let how = if whole { "" } else { " (laid out whole; at this size gen decodes by bands, whose copies are not counted)" };
     say!("vae decode: {}{how}", line(&decode, m.name));

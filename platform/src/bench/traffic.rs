@@ -411,6 +411,12 @@ pub fn program_traffic<'o>(ops: impl IntoIterator<Item = &'o Op>, tier: Precisio
     ops.into_iter().map(|op| op_traffic(op, tier, m)).sum()
 }
 
+/// The most dispatches a klein double block may take at 1024² on any tier
+/// (held by `every_tiers_klein_4b_blocks_keep_their_dispatch_budgets`).
+pub const DOUBLE_BLOCK_DISPATCHES: u64 = 24;
+/// The same for a single block.
+pub const SINGLE_BLOCK_DISPATCHES: u64 = 10;
+
 /// One denoising pass of the transformer at a `width × height` image with
 /// `text` prompt tokens: the whole pass, its first double and first single
 /// block, and the pass's traffic by kind of op.
@@ -532,6 +538,16 @@ mod tests {
         let apart = op_traffic(&op, Precision::F32, &small);
         assert_eq!(apart.dispatches, 3, "two pieces of W's 64 rows, then the SwiGLU");
         assert_eq!(apart.flops, t.flops);
+    }
+
+    #[test]
+    fn every_tiers_klein_4b_blocks_keep_their_dispatch_budgets() {
+        for tier in [Precision::F32, Precision::F16, Precision::Matrix] {
+            let s = step(&klein_4b::transformer(), [1024, 1024], 16, 512, tier, &H200).unwrap();
+            let (double, single) = (s.double_block.unwrap().dispatches, s.single_block.unwrap().dispatches);
+            assert!(double <= DOUBLE_BLOCK_DISPATCHES, "{}: double block {double} dispatches", tier.name());
+            assert!(single <= SINGLE_BLOCK_DISPATCHES, "{}: single block {single} dispatches", tier.name());
+        }
     }
 
     #[test]
