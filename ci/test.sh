@@ -156,6 +156,24 @@ rerun FLUX_LITE_REQUIRE_MATRIX=1 --sid "$stages"
 rerun FLUX_LITE_REQUIRE_MATRIX=1 --sid "$quantized" half_tiers
 rerun FLUX_LITE_REQUIRE_MATRIX=1 --sid "$selftest"
 
+# The tests' switches and fault injections exist only where the tests
+# enable the `test-support` feature: the binary the tests ran has them, a
+# release build none of their names.
+phase "a release build carries no test hook"
+hook_names='FLUX_LITE_(LOSE_DEVICE_AFTER|BREAK_KERNEL|FAIL_TIER_PROBE|DEVICE_MEMORY|PAUSE_MID_WRITE|PER_LANE_READS)'
+cargo build --locked --release -p flux-lite-cli
+shipped="$(grep -a -o -E "$hook_names" "$CARGO_TARGET_DIR/release/flux-lite" | sort -u | tr '\n' ' ' || true)"
+tested="$(grep -a -o -E "$hook_names" "$CARGO_TARGET_DIR/debug/flux-lite" | sort -u | wc -l || true)"
+if [ -n "$shipped" ]; then
+    echo "error: the release binary carries test hooks: $shipped" >&2
+    status=1
+elif [ "$tested" -eq 0 ]; then
+    echo "error: the tests' binary carries no test hook either: the check sees nothing" >&2
+    status=1
+else
+    echo "release binary: none of the $tested test hooks the tests' binary has"
+fi
+
 # One closing line for the whole suite, counting distinct tests: a test is
 # named by its binary (cargo's `Running … (PATH)` or a rerun's line) and its
 # name, so a test run again on GL or Mesa 26 counts once. It passed if one of

@@ -195,14 +195,13 @@ fn cache_dir() -> Option<PathBuf> {
 pub const SCRATCH_VARIABLE: &str = "FLUX_LITE_SCRATCH_DIR";
 
 /// The process-wide settings the environment gives the library:
-/// `FLUX_LITE_SCRATCH_DIR` (where the banded VAE's scratch files go) and
-/// the testing aid `FLUX_LITE_PAUSE_MID_WRITE=SECONDS` (atomic writes stop
-/// halfway). The device's come through [`env_gpu_options`].
+/// `FLUX_LITE_SCRATCH_DIR` (where the banded VAE's scratch files go) and,
+/// in test builds only, the tests' switches
+/// ([`flux_lite_platform::pipeline::output::test_switches_from_environment`]).
+/// The device's come through [`env_gpu_options`].
 fn apply_environment() {
     if let Some(dir) = std::env::var_os(SCRATCH_VARIABLE).filter(|d| !d.is_empty()) {
         flux_lite_platform::run::activations::set_scratch_dir(dir.into());
     }
-    if let Some(seconds) = std::env::var("FLUX_LITE_PAUSE_MID_WRITE").ok().and_then(|v| v.trim().parse::<u64>().ok()) {
-        flux_lite_platform::pipeline::output::pause_writes_midway(seconds);
-    }
+    flux_lite_platform::pipeline::output::test_switches_from_environment();
 }

@@ -39,7 +39,9 @@ mod testing;
 
 pub use catalogue::ALL_KERNELS;
 pub use kernel::{wrapped_grid, Access, Kernel, Module, MAX_GRID_DIM};
-pub use device::{AdapterMemory, AttentionChoice, Backend, CacheState, CompileReport, DeviceBuffer, DeviceMemory, FaultInjection, Gpu, GpuOptions, MemorySource, PipelineStore, DEFAULT_MARGIN_PERCENT};
+#[cfg(any(test, feature = "test-support"))]
+pub use device::FaultInjection;
+pub use device::{AdapterMemory, AttentionChoice, Backend, CacheState, CompileReport, DeviceBuffer, DeviceMemory, Gpu, GpuOptions, MemorySource, PipelineStore, DEFAULT_MARGIN_PERCENT};
 pub use dispatch::{encode, encode_timed, Dispatch, Sink};
 pub use error::GpuError;
 pub use precision::{MatrixConfig, MatrixOperands, Precision};

@@ -11,7 +11,9 @@ mod tiers;
 pub use adapter_memory::{AdapterMemory, MemorySource, DEFAULT_MARGIN_PERCENT};
 pub use compiled::{CacheState, CompileReport, PipelineStore};
 pub use memory::{DeviceBuffer, DeviceMemory};
-pub use options::{AttentionChoice, Backend, FaultInjection, GpuOptions};
+pub use options::{AttentionChoice, Backend, GpuOptions};
+#[cfg(any(test, feature = "test-support"))]
+pub use options::FaultInjection;
 use memory::{CountedBuffer, MemoryCounter};
 use tiers::choose_tier;
 
@@ -97,9 +99,9 @@ pub struct Gpu {
     staged_uploads: AtomicU64,
     /// Bytes written into device buffers from the host, ever.
     written: AtomicU64,
-    /// [`FaultInjection::lose_device_after`], when set.
-    lose_after: Option<u64>,
     attention: AttentionChoice,
+    /// The faults the tests inject (`test-support` builds only).
+    #[cfg(any(test, feature = "test-support"))]
     injected: FaultInjection,
     kernel_dir: Option<std::path::PathBuf>,
     precision: Precision,
@@ -231,7 +233,6 @@ impl Gpu {
         let faults = Arc::new(Faults::default());
         faults.watch(&device);
         let (cache, cache_state) = compiled::Cache::open(&device, &info, options.pipeline_store.as_ref());
-        let lose_after = options.faults.lose_device_after;
         let placeholder = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("placeholder"),
             size: 256,
@@ -257,8 +258,8 @@ impl Gpu {
             submissions: AtomicU64::new(0),
             staged_uploads: AtomicU64::new(0),
             written: AtomicU64::new(0),
-            lose_after,
             attention: options.attention,
+            #[cfg(any(test, feature = "test-support"))]
             injected: options.faults,
             kernel_dir: options.kernel_dir.clone(),
             precision: choice.tier,
@@ -293,7 +294,8 @@ impl Gpu {
         self.attention
     }
 
-    /// The faults the options inject (none in normal use).
+    /// The faults the options inject (`test-support` builds only).
+    #[cfg(any(test, feature = "test-support"))]
     pub fn faults(&self) -> FaultInjection {
         self.injected
     }
@@ -526,6 +528,7 @@ impl Gpu {
 
     /// Counts `bytes` of `buffer` until the returned handle is dropped.
     fn counted(&self, buffer: wgpu::Buffer, bytes: u64) -> DeviceBuffer {
+        #[cfg(any(test, feature = "test-support"))]
         if let Some(limit) = self.injected.memory_limit {
             let live = self.memory.live.load(Ordering::Relaxed);
             if live + bytes > limit {
@@ -615,8 +618,9 @@ impl Gpu {
         let mut encoder = self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
         record(&mut encoder)?;
         let submission = self.queue.submit([encoder.finish()]);
-        let count = self.submissions.fetch_add(1, Ordering::Relaxed) + 1;
-        if self.lose_after == Some(count) {
+        let _count = self.submissions.fetch_add(1, Ordering::Relaxed) + 1;
+        #[cfg(any(test, feature = "test-support"))]
+        if self.injected.lose_device_after == Some(_count) {
             self.device.destroy();
         }
         Ok(submission)

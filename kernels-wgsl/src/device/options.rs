@@ -68,7 +68,9 @@ pub struct GpuOptions {
     pub adapter: Option<String>,
     /// A benchmarking aid: which attention kernel runs where it can.
     pub attention: AttentionChoice,
-    /// Faults to inject, for the tests of the error paths; none in normal use.
+    /// Faults to inject, for the tests of the error paths: only in builds
+    /// with the `test-support` feature, which only the tests enable.
+    #[cfg(any(test, feature = "test-support"))]
     pub faults: FaultInjection,
     /// Ask for a device whose largest storage binding is at most this many
     /// bytes (tests use it to force the split paths).
@@ -114,7 +116,9 @@ pub enum AttentionChoice {
     Flash,
 }
 
-/// Faults the tests of the error paths inject; all off by default.
+/// Faults the tests of the error paths inject; all off by default. Built
+/// only with the `test-support` feature: the shipped binary has none.
+#[cfg(any(test, feature = "test-support"))]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct FaultInjection {
     /// Destroy the device after its N-th submission, as a driver reset would
@@ -135,12 +139,10 @@ pub struct FaultInjection {
 impl GpuOptions {
     /// The defaults with what the environment sets: `FLUX_LITE_BACKEND`,
     /// `FLUX_LITE_ADAPTER`, `FLUX_LITE_ATTENTION_KERNEL=tiled|lanes|flash`,
-    /// `FLUX_LITE_PER_LANE_READS=1` ([`GpuOptions::per_lane_reads`], a benchmarking aid),
-    /// `FLUX_LITE_KERNEL_DIR` ([`GpuOptions::kernel_dir`]),
-    /// and the fault injections (`FLUX_LITE_LOSE_DEVICE_AFTER`,
-    /// `FLUX_LITE_BREAK_KERNEL`, `FLUX_LITE_FAIL_TIER_PROBE`,
-    /// `FLUX_LITE_DEVICE_MEMORY`). For programs
-    /// that take settings from there; a library caller sets the fields.
+    /// `FLUX_LITE_KERNEL_DIR` ([`GpuOptions::kernel_dir`]), and in builds
+    /// with the `test-support` feature the tests' switches
+    /// ([`Self::with_test_switches`]). For programs that take settings
+    /// from there; a library caller sets the fields.
     pub fn from_env() -> Result<Self, GpuError> {
         let var = |name: &str| std::env::var(name).ok().map(|v| v.trim().to_string()).filter(|v| !v.is_empty());
         let backend = var("FLUX_LITE_BACKEND").map(|v| Backend::parse(&v)).transpose()?;
@@ -150,6 +152,21 @@ impl GpuOptions {
             Some("flash") => AttentionChoice::Flash,
             _ => AttentionChoice::Launcher,
         };
+        let kernel_dir = var("FLUX_LITE_KERNEL_DIR").map(std::path::PathBuf::from);
+        let options = Self { backend, adapter: var(ADAPTER_VARIABLE), attention, kernel_dir, ..Self::default() };
+        #[cfg(any(test, feature = "test-support"))]
+        let options = options.with_test_switches()?;
+        Ok(options)
+    }
+
+    /// The tests' switches from the environment: the fault injections
+    /// (`FLUX_LITE_LOSE_DEVICE_AFTER`, `FLUX_LITE_BREAK_KERNEL`,
+    /// `FLUX_LITE_FAIL_TIER_PROBE`, `FLUX_LITE_DEVICE_MEMORY`) and
+    /// `FLUX_LITE_PER_LANE_READS=1` ([`GpuOptions::per_lane_reads`]). Only
+    /// in builds with the `test-support` feature, which only the tests enable.
+    #[cfg(any(test, feature = "test-support"))]
+    fn with_test_switches(self) -> Result<Self, GpuError> {
+        let var = |name: &str| std::env::var(name).ok().map(|v| v.trim().to_string()).filter(|v| !v.is_empty());
         let lose_device_after = match var("FLUX_LITE_LOSE_DEVICE_AFTER") {
             Some(v) => Some(v.parse().map_err(|_| GpuError::Device(format!("FLUX_LITE_LOSE_DEVICE_AFTER={v:?} is not a count")))?),
             None => None,
@@ -161,7 +178,6 @@ impl GpuOptions {
             memory_limit: var("FLUX_LITE_DEVICE_MEMORY").and_then(|v| v.parse().ok()),
         };
         let per_lane_reads = var("FLUX_LITE_PER_LANE_READS").is_some_and(|v| v != "0");
-        let kernel_dir = var("FLUX_LITE_KERNEL_DIR").map(std::path::PathBuf::from);
-        Ok(Self { backend, adapter: var(ADAPTER_VARIABLE), attention, faults, per_lane_reads, kernel_dir, ..Self::default() })
+        Ok(Self { faults, per_lane_reads, ..self })
     }
 }

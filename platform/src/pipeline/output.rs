@@ -118,17 +118,30 @@ pub fn write_streamed(path: &Path, write: &mut dyn FnMut(&mut dyn Write) -> std:
     write_to(path, write)
 }
 
-/// A testing aid: atomic writes stop halfway for this many seconds, their
-/// first half on disk under the temporary name, so a test can kill the
-/// process in the middle of writing (0: no pause). Set by the CLI from
-/// `FLUX_LITE_PAUSE_MID_WRITE`.
+/// A testing aid (`test-support` builds only): atomic writes stop halfway
+/// for this many seconds, their first half on disk under the temporary
+/// name, so a test can kill the process in the middle of writing (0: no
+/// pause). Read from `FLUX_LITE_PAUSE_MID_WRITE` by
+/// [`test_switches_from_environment`].
+#[cfg(any(test, feature = "test-support"))]
 static PAUSE_MID_WRITE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
-/// Makes every atomic write pause halfway for `seconds` (a testing aid).
-pub fn pause_writes_midway(seconds: u64) {
-    PAUSE_MID_WRITE.store(seconds, std::sync::atomic::Ordering::Relaxed);
+/// The tests' switch `FLUX_LITE_PAUSE_MID_WRITE=SECONDS` from the
+/// environment; in a build without the `test-support` feature (which only
+/// the tests enable) there is none, and this does nothing.
+pub fn test_switches_from_environment() {
+    #[cfg(any(test, feature = "test-support"))]
+    if let Some(seconds) = std::env::var("FLUX_LITE_PAUSE_MID_WRITE").ok().and_then(|v| v.trim().parse::<u64>().ok()) {
+        PAUSE_MID_WRITE.store(seconds, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
+#[cfg(not(any(test, feature = "test-support")))]
+fn pause_mid_write(_: &mut dyn Write) -> std::io::Result<()> {
+    Ok(())
+}
+
+#[cfg(any(test, feature = "test-support"))]
 fn pause_mid_write(w: &mut dyn Write) -> std::io::Result<()> {
     let seconds = PAUSE_MID_WRITE.load(std::sync::atomic::Ordering::Relaxed);
     if seconds == 0 {
