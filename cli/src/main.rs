@@ -162,10 +162,10 @@ fn gpu() -> Result<(), String> {
 }
 
 /// The device options the environment sets (`FLUX_LITE_BACKEND`,
-/// `FLUX_LITE_ADAPTER`, the benchmarking and fault-injection switches:
-/// `GpuOptions::from_env`); each command adds its flags.
+/// `FLUX_LITE_ADAPTER`, the benchmarking switches, and in test builds the
+/// tests': `GpuOptions::from_settings`); each command adds its flags.
 pub fn env_gpu_options() -> Result<GpuOptions, String> {
-    let options = GpuOptions::from_env().map_err(|e| e.to_string())?;
+    let options = GpuOptions::from_settings(&|name| std::env::var(name).ok()).map_err(|e| e.to_string())?;
     let store = cache_dir().map(|dir| Arc::new(PipelineFiles::new(dir.join("pipelines"))) as Arc<dyn PipelineStore>);
     Ok(GpuOptions { pipeline_store: store, ..options })
 }
@@ -203,5 +203,5 @@ fn apply_environment() {
     if let Some(dir) = std::env::var_os(SCRATCH_VARIABLE).filter(|d| !d.is_empty()) {
         flux_lite_platform::run::activations::set_scratch_dir(dir.into());
     }
-    flux_lite_platform::pipeline::output::test_switches_from_environment();
+    flux_lite_platform::pipeline::output::test_switches(&|name| std::env::var(name).ok());
 }

@@ -11,7 +11,7 @@ use std::sync::OnceLock;
 
 /// The tests' device options: what the environment sets, the rest the defaults.
 pub fn options() -> GpuOptions {
-    GpuOptions::from_env().unwrap_or_else(|e| panic!("{e}"))
+    GpuOptions::from_settings(&|name| std::env::var(name).ok()).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// The test device (lavapipe in CI). Fails loudly when there is none: the

@@ -1,6 +1,7 @@
 //! How a device is made and run: the backend, the adapter, the tier and
 //! the test and benchmark switches, as a library caller sets them or as
-//! [`GpuOptions::from_env`] reads them for the CLI and the tests.
+//! [`GpuOptions::from_settings`] reads them from named settings the CLI
+//! and the tests pass (the library reads no environment itself).
 
 use super::ADAPTER_VARIABLE;
 use crate::error::GpuError;
@@ -58,7 +59,7 @@ impl Backend {
 
 /// How the device is made and run. Nothing here is read from the
 /// environment by the library: programs that take settings from there (the
-/// CLI, the tests) build these with [`GpuOptions::from_env`].
+/// CLI, the tests) build these with [`GpuOptions::from_settings`].
 #[derive(Debug, Clone, Default)]
 pub struct GpuOptions {
     /// `None`: the platform default (Metal on macOS, Vulkan elsewhere).
@@ -137,14 +138,14 @@ pub struct FaultInjection {
 }
 
 impl GpuOptions {
-    /// The defaults with what the environment sets: `FLUX_LITE_BACKEND`,
-    /// `FLUX_LITE_ADAPTER`, `FLUX_LITE_ATTENTION_KERNEL=tiled|lanes|flash`,
-    /// `FLUX_LITE_KERNEL_DIR` ([`GpuOptions::kernel_dir`]), and in builds
-    /// with the `test-support` feature the tests' switches
-    /// ([`Self::with_test_switches`]). For programs that take settings
-    /// from there; a library caller sets the fields.
-    pub fn from_env() -> Result<Self, GpuError> {
-        let var = |name: &str| std::env::var(name).ok().map(|v| v.trim().to_string()).filter(|v| !v.is_empty());
+    /// The defaults with what the named settings `get` gives (the CLI passes
+    /// its environment's): `FLUX_LITE_BACKEND`, `FLUX_LITE_ADAPTER`,
+    /// `FLUX_LITE_ATTENTION_KERNEL=tiled|lanes|flash`, `FLUX_LITE_KERNEL_DIR`
+    /// ([`GpuOptions::kernel_dir`]), and in builds with the `test-support`
+    /// feature the tests' switches ([`Self::with_test_switches`]). A
+    /// library caller sets the fields instead.
+    pub fn from_settings(get: &dyn Fn(&str) -> Option<String>) -> Result<Self, GpuError> {
+        let var = |name: &str| get(name).map(|v| v.trim().to_string()).filter(|v| !v.is_empty());
         let backend = var("FLUX_LITE_BACKEND").map(|v| Backend::parse(&v)).transpose()?;
         let attention = match var("FLUX_LITE_ATTENTION_KERNEL").as_deref() {
             Some("tiled") => AttentionChoice::Tiled,
@@ -155,7 +156,7 @@ impl GpuOptions {
         let kernel_dir = var("FLUX_LITE_KERNEL_DIR").map(std::path::PathBuf::from);
         let options = Self { backend, adapter: var(ADAPTER_VARIABLE), attention, kernel_dir, ..Self::default() };
         #[cfg(any(test, feature = "test-support"))]
-        let options = options.with_test_switches()?;
+        let options = options.with_test_switches(get)?;
         Ok(options)
     }
 
@@ -165,8 +166,8 @@ impl GpuOptions {
     /// `FLUX_LITE_PER_LANE_READS=1` ([`GpuOptions::per_lane_reads`]). Only
     /// in builds with the `test-support` feature, which only the tests enable.
     #[cfg(any(test, feature = "test-support"))]
-    fn with_test_switches(self) -> Result<Self, GpuError> {
-        let var = |name: &str| std::env::var(name).ok().map(|v| v.trim().to_string()).filter(|v| !v.is_empty());
+    fn with_test_switches(self, get: &dyn Fn(&str) -> Option<String>) -> Result<Self, GpuError> {
+        let var = |name: &str| get(name).map(|v| v.trim().to_string()).filter(|v| !v.is_empty());
         let lose_device_after = match var("FLUX_LITE_LOSE_DEVICE_AFTER") {
             Some(v) => Some(v.parse().map_err(|_| GpuError::Device(format!("FLUX_LITE_LOSE_DEVICE_AFTER={v:?} is not a count")))?),
             None => None,

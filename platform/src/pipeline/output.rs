@@ -121,19 +121,20 @@ pub fn write_streamed(path: &Path, write: &mut dyn FnMut(&mut dyn Write) -> std:
 /// A testing aid (`test-support` builds only): atomic writes stop halfway
 /// for this many seconds, their first half on disk under the temporary
 /// name, so a test can kill the process in the middle of writing (0: no
-/// pause). Read from `FLUX_LITE_PAUSE_MID_WRITE` by
-/// [`test_switches_from_environment`].
+/// pause). Read from `FLUX_LITE_PAUSE_MID_WRITE` by [`test_switches`].
 #[cfg(any(test, feature = "test-support"))]
 static PAUSE_MID_WRITE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
-/// The tests' switch `FLUX_LITE_PAUSE_MID_WRITE=SECONDS` from the
-/// environment; in a build without the `test-support` feature (which only
-/// the tests enable) there is none, and this does nothing.
-pub fn test_switches_from_environment() {
+/// The tests' switch `FLUX_LITE_PAUSE_MID_WRITE=SECONDS` from the named
+/// settings `get` gives (the CLI passes its environment's); in a build
+/// without the `test-support` feature (which only the tests enable) there
+/// is none, and this does nothing.
+pub fn test_switches(get: &dyn Fn(&str) -> Option<String>) {
     #[cfg(any(test, feature = "test-support"))]
-    if let Some(seconds) = std::env::var("FLUX_LITE_PAUSE_MID_WRITE").ok().and_then(|v| v.trim().parse::<u64>().ok()) {
+    if let Some(seconds) = get("FLUX_LITE_PAUSE_MID_WRITE").and_then(|v| v.trim().parse::<u64>().ok()) {
         PAUSE_MID_WRITE.store(seconds, std::sync::atomic::Ordering::Relaxed);
     }
+    let _ = get;
 }
 
 #[cfg(not(any(test, feature = "test-support")))]
