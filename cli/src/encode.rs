@@ -44,7 +44,7 @@ pub fn run(args: &EncodeArgs) -> Result<(), String> {
     let interrupt = crate::interrupt::flag();
     let prompt = crate::prompt::from_flags(args.prompt.as_deref(), args.prompt_file.as_deref())?
         .ok_or("give --prompt TEXT or --prompt-file FILE")?;
-    let options = Options { gpu: GpuOptions { interrupt: Some(interrupt), precision: args.precision, ..crate::env_gpu_options()? }, transformer: None, text_encoder: args.text_encoder.clone(), keep_loaded: false, preview_decoder: None };
+    let options = Options { gpu: GpuOptions { interrupt: Some(interrupt), precision: args.precision, ..crate::env_gpu_options()? }, transformer: None, text_encoder: args.text_encoder.clone(), keep_loaded: false, preview_decoder: None, scratch_dir: None };
     let pipeline = Pipeline::open(&args.model, options).map_err(|e| e.to_string())?;
     crate::tier::print_notice(pipeline.gpu());
     let mut bar = Bar::new(args.quiet);

@@ -194,14 +194,18 @@ fn cache_dir() -> Option<PathBuf> {
 /// The variable naming the banded VAE's scratch folder.
 pub const SCRATCH_VARIABLE: &str = "FLUX_LITE_SCRATCH_DIR";
 
-/// The process-wide settings the environment gives the library:
-/// `FLUX_LITE_SCRATCH_DIR` (where the banded VAE's scratch files go) and,
-/// in test builds only, the tests' switches
-/// ([`flux_lite_platform::pipeline::output::test_switches_from_environment`]).
-/// The device's come through [`env_gpu_options`].
+/// The process-wide settings the environment gives the library: in test
+/// builds only, the tests' switches
+/// ([`flux_lite_platform::pipeline::output::test_switches`]). The device's
+/// come through [`env_gpu_options`], the scratch folder through
+/// [`scratch_dir`].
 fn apply_environment() {
-    if let Some(dir) = std::env::var_os(SCRATCH_VARIABLE).filter(|d| !d.is_empty()) {
-        flux_lite_platform::run::activations::set_scratch_dir(dir.into());
-    }
     flux_lite_platform::pipeline::output::test_switches(&|name| std::env::var(name).ok());
+}
+
+/// Where the VAE by bands on the host keeps its scratch file
+/// (`FLUX_LITE_SCRATCH_DIR`; `None`: the OS's temporary folder), for
+/// `pipeline::Options::scratch_dir`.
+pub fn scratch_dir() -> Option<PathBuf> {
+    std::env::var_os(SCRATCH_VARIABLE).filter(|d| !d.is_empty()).map(PathBuf::from)
 }

@@ -123,7 +123,7 @@ fn reference_tokens_and_positions_follow_the_pipeline() {
         let g = Goldens::load(case);
         let model = open_model(&g);
         let refs = prepared(&g, &model);
-        let encoded = pipeline::encode_references(gpu(), &model, &refs, None, &mut Timings::default(), &mut |_| {}).unwrap();
+        let encoded = pipeline::encode_references(gpu(), &model, &refs, None, &std::env::temp_dir(), &mut Timings::default(), &mut |_| {}).unwrap();
         let (want, shape) = g.f32("image_latents");
         assert_eq!(shape[0], encoded.grids.iter().map(|(h, w)| h * w).sum::<usize>(), "{case}: token count");
         assert_rel_l2(&format!("{case} reference tokens"), &encoded.tokens, &want, flux_lite_tests::tolerance::f32::REFERENCE_TOKENS);

@@ -283,3 +283,26 @@ fn the_tile_arena_and_the_vae_phase_high_water_do_not_grow_with_the_image() {
     assert_eq!(small_planned, large_planned, "the plan of a tiled decode does not depend on the image size");
     assert!(large <= large_planned, "measured {large} B above the planned {large_planned} B");
 }
+
+/// Each decoder by bands on the host keeps its scratch file in its own
+/// folder (no process-wide setting): in one process, a decoder whose folder
+/// does not exist fails naming it, and one beside it in a folder that does
+/// decodes.
+#[test]
+fn each_decoder_keeps_its_scratch_file_in_its_own_folder() {
+    let m = ModelFolder::open(&model_dir("tiny-a")).unwrap();
+    let store = m.weights(Component::Vae).unwrap();
+    let (width, height) = (64, 64);
+    let latents = random_latents(width, height, 13);
+    let missing = std::env::temp_dir().join("flux-lite-no-such-scratch-folder");
+    let _ = std::fs::remove_dir_all(&missing);
+    let banded = |dir: &std::path::Path| VaeDecoder::new(gpu(), &m.vae, &store, width, height, Some(16)).unwrap().in_scratch(dir);
+    let mut lost = banded(&missing);
+    let mut found = banded(&std::env::temp_dir());
+    assert!(lost.is_banded() && found.is_banded());
+    match lost.decode(gpu(), &latents, &mut |_| {}) {
+        Err(RunError::Scratch { dir, .. }) => assert_eq!(dir, missing),
+        other => panic!("a missing scratch folder gave {:?}", other.map(|i| i.rgb.len())),
+    }
+    assert_eq!(found.decode(gpu(), &latents, &mut |_| {}).unwrap().rgb.len(), width * height * 3);
+}

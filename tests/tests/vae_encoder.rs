@@ -140,7 +140,7 @@ fn encoding_references_stays_within_the_planned_bytes() {
     };
     let planned = planning::plan(&device, &folder, &request).unwrap().references.expect("a reference phase");
     let live_before = device.memory().live;
-    let encoded = pipeline::encode_references(&device, &folder, &refs, None, &mut Timings::default(), &mut |_| {}).unwrap();
+    let encoded = pipeline::encode_references(&device, &folder, &refs, None, &std::env::temp_dir(), &mut Timings::default(), &mut |_| {}).unwrap();
     assert_eq!(encoded.grids, [(16, 16), (17, 20)]);
     let high_water = device.memory().high_water;
     eprintln!("reference encode: high-water {high_water} B, planned {} B", planned.device());

@@ -150,7 +150,7 @@ pub fn run(args: &GenArgs) -> Result<(), String> {
     let outputs = outputs::Outputs::new(&args.output, &args.output_latents, job.images())?;
     let in_channels = model.transformer.in_channels;
     let gpu_options = GpuOptions { interrupt: Some(interrupt), precision: args.precision, ..crate::env_gpu_options()? };
-    let pipeline = Pipeline::with_model(model, &gpu_options).map_err(|e| e.to_string())?;
+    let pipeline = Pipeline::with_model(model, &gpu_options).map_err(|e| e.to_string())?.scratch_dir(crate::scratch_dir());
     crate::tier::print_notice(pipeline.gpu());
     if !args.quiet {
         crate::tier::print_software_warning(pipeline.gpu());

@@ -114,7 +114,7 @@ pub fn run(args: &ServeArgs) -> Result<(), String> {
     let lora = crate::lora::open_lora(&args.lora, &model.transformer, args.verbose)?;
     let interrupt = Arc::new(AtomicBool::new(false));
     let gpu = GpuOptions { interrupt: Some(interrupt.clone()), precision: args.precision, ..crate::env_gpu_options()? };
-    let pipeline = Arc::new(Pipeline::with_model(model, &gpu).map_err(|e| e.to_string())?.keep_loaded(true));
+    let pipeline = Arc::new(Pipeline::with_model(model, &gpu).map_err(|e| e.to_string())?.keep_loaded(true).scratch_dir(crate::scratch_dir()));
     eprintln!("adapter: {}", pipeline.gpu().describe());
     let (jobs, queue) = Jobs::new(args.queue, interrupt);
     let model_name = args.model.display().to_string();

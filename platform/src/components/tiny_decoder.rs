@@ -135,6 +135,15 @@ pub struct TinyDecoder {
 }
 
 impl TinyDecoder {
+    /// Keeps a decode by bands on the host in a scratch file in `dir` (else
+    /// the OS's temporary folder).
+    pub fn in_scratch(mut self, dir: &std::path::Path) -> Self {
+        if let Mode::Banded { activations, .. } = &mut self.mode {
+            activations.in_folder(dir);
+        }
+        self
+    }
+
     /// Uploads `file`'s weights and the VAE's BatchNorm statistics (from
     /// `vae_store`) and lays out the decode of a `width × height` image as
     /// `bands` says (the plan's choice, [`Self::layouts`]): whole, recorded

@@ -81,6 +81,15 @@ pub struct VaeDecoder {
 }
 
 impl VaeDecoder {
+    /// Keeps a decode by bands on the host in a scratch file in `dir` (else
+    /// the OS's temporary folder).
+    pub fn in_scratch(mut self, dir: &std::path::Path) -> Self {
+        if let Mode::Banded { activations, .. } = &mut self.mode {
+            activations.in_folder(dir);
+        }
+        self
+    }
+
     /// Uploads the decoder's weights (from the VAE's `store`) and lays out
     /// the arena to decode `width × height` pixel images: whole when
     /// `tile_px` is `None` or covers the image, else by bands in an arena the

@@ -31,6 +31,8 @@ pub struct VaeEncoder {
     /// `bn.running_mean` and `bn.running_var`, for the reference tokens.
     bn_mean: Vec<f32>,
     bn_var: Vec<f32>,
+    /// Where an encode by bands keeps the image's activations (a scratch file).
+    scratch_dir: std::path::PathBuf,
 }
 
 #[derive(Debug)]
@@ -51,6 +53,13 @@ enum Mode {
 }
 
 impl VaeEncoder {
+    /// Keeps an encode by bands' activations in a scratch file in `dir`
+    /// (else the OS's temporary folder).
+    pub fn in_scratch(mut self, dir: &std::path::Path) -> Self {
+        self.scratch_dir = dir.to_path_buf();
+        self
+    }
+
     /// Uploads the encoder's weights (from the VAE's `store`) and lays out
     /// the encode of `width × height` images (multiples of twice the VAE
     /// scale factor): whole when `tile_px` is `None` or covers the image, else
@@ -64,7 +73,7 @@ impl VaeEncoder {
         let features = 4 * config.latent_channels;
         let bn_mean = bn_stat(store, "bn.running_mean", features)?;
         let bn_var = bn_stat(store, "bn.running_var", features)?;
-        let mut encoder = Self { config: config.clone(), tile: tile_px, pass: None, weights, bn_mean, bn_var };
+        let mut encoder = Self { config: config.clone(), tile: tile_px, pass: None, weights, bn_mean, bn_var, scratch_dir: std::env::temp_dir() };
         encoder.lay_out(gpu, width, height)?;
         Ok(encoder)
     }
@@ -153,7 +162,7 @@ impl VaeEncoder {
             }
             Mode::Banded { capacity } => {
                 let full = flux_lite_core::models::vae_encoder::arena_bytes(&self.config, l.height, l.width).map_err(plan_error)?;
-                let mut host = HostTensors::scratch(full / 4)?;
+                let mut host = HostTensors::scratch_in(&self.scratch_dir, full / 4)?;
                 host.insert(l.image, image)?;
                 let bands = BandRunner { gpu, runner: &pass.runner, weights: &self.weights, capacity: *capacity };
                 for op in &collect_ops(|emit| program::encode(l, emit)) {

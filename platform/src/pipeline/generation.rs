@@ -102,7 +102,7 @@ impl Pipeline {
         // file: find out now, not after the denoising, if its folder cannot take one.
         let banded_encode = plan.references.is_some_and(|r| r.tile.is_some());
         if (decode_image && matches!(Bands::from(plan.decode), Bands::OnHost { .. })) || banded_encode {
-            crate::run::activations::HostTensors::scratch(1)?;
+            crate::run::activations::HostTensors::scratch_in(&self.scratch_dir, 1)?;
         }
         let mut kept = self.kept.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         match self.keep_loaded {
@@ -124,7 +124,7 @@ impl Pipeline {
                         Pipeline::begin(Phase::References, observer);
                     }
                     let tile = plan.references.and_then(|r| r.tile).map(|t| t as usize);
-                    let e = super::encode_references(&self.gpu, &self.model, references, tile, &mut run.timings, &mut |p| observer.progress(p))?;
+                    let e = super::encode_references(&self.gpu, &self.model, references, tile, &self.scratch_dir, &mut run.timings, &mut |p| observer.progress(p))?;
                     encoded_references.insert(e)
                 }
             };
@@ -291,7 +291,7 @@ impl Run<'_> {
         // every image of the round; nothing runs without them.
         let every = observer.previews();
         let drawer = match every {
-            Some(_) => Some(super::preview::Drawer::new(gpu, model, &transformer, (lat_h, lat_w), (request.width, request.height), self.plan.preview)?),
+            Some(_) => Some(super::preview::Drawer::new(gpu, model, &transformer, (lat_h, lat_w), (request.width, request.height), self.plan.preview, &pipeline.scratch_dir)?),
             None => None,
         };
         let total = request.steps - request.init.as_ref().map_or(0, |i| i.first_step);
@@ -362,7 +362,7 @@ impl Run<'_> {
                     self.reused.push("VAE decoder");
                     v
                 }
-                None => super::load_vae_decoder(&pipeline.gpu, &pipeline.model, request.width, request.height, key.2)?,
+                None => super::load_vae_decoder(&pipeline.gpu, &pipeline.model, request.width, request.height, key.2, &pipeline.scratch_dir)?,
             });
             self.timings.load += started.elapsed();
         }

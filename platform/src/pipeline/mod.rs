@@ -129,6 +129,7 @@ pub fn encode_references(
     model: &ModelFolder,
     images: &[ReferenceImage],
     tile_px: Option<usize>,
+    scratch: &Path,
     timings: &mut Timings,
     progress: &mut dyn FnMut(Progress),
 ) -> Result<References, RunError> {
@@ -139,7 +140,7 @@ pub fn encode_references(
     let started = Instant::now();
     let mut store = model.weights(Component::Vae)?;
     store.expand_df11_on_host()?;
-    let mut encoder = VaeEncoder::new(gpu, &model.vae, &store, images[0].width, images[0].height, tile_px)?;
+    let mut encoder = VaeEncoder::new(gpu, &model.vae, &store, images[0].width, images[0].height, tile_px)?.in_scratch(scratch);
     timings.load += started.elapsed();
     for (i, image) in images.iter().enumerate() {
         let started = Instant::now();
@@ -181,11 +182,12 @@ pub struct Image {
 }
 
 /// The VAE decoder for `width × height` images, laid out as `bands` says
-/// (the plan's choice), its weights uploaded.
-pub fn load_vae_decoder(gpu: &Gpu, model: &ModelFolder, width: usize, height: usize, bands: Bands) -> Result<VaeDecoder, RunError> {
+/// (the plan's choice), its weights uploaded; by bands on the host, the
+/// activations in a scratch file in `scratch`.
+pub fn load_vae_decoder(gpu: &Gpu, model: &ModelFolder, width: usize, height: usize, bands: Bands, scratch: &Path) -> Result<VaeDecoder, RunError> {
     let mut store = model.weights(Component::Vae)?;
     store.expand_df11_on_host()?;
-    VaeDecoder::laid_out(gpu, &model.vae, &store, width, height, bands)
+    Ok(VaeDecoder::laid_out(gpu, &model.vae, &store, width, height, bands)?.in_scratch(scratch))
 }
 
 /// What the caller learns while a generation runs: each phase as it
@@ -266,6 +268,10 @@ pub struct Options {
     /// TAEF2) that draws [`Observer::preview`]s instead of the VAE's
     /// latent-to-RGB map; its device memory is counted in the plan.
     pub preview_decoder: Option<PathBuf>,
+    /// Where a VAE by bands on the host keeps the image's activations (a
+    /// file without a name; a tmpfs keeps them in memory or swap, so point
+    /// this at a disk for very large images); `None`: the OS's temporary folder.
+    pub scratch_dir: Option<PathBuf>,
 }
 
 /// The conditioning of a generation.
@@ -307,6 +313,8 @@ pub struct Pipeline {
     model: ModelFolder,
     keep_loaded: bool,
     kept: std::sync::Mutex<kept::Kept>,
+    /// [`Options::scratch_dir`], resolved.
+    scratch_dir: PathBuf,
 }
 
 impl Pipeline {
@@ -319,13 +327,20 @@ impl Pipeline {
         }
         let mut pipeline = Self::with_model(model, &options.gpu)?;
         pipeline.keep_loaded = options.keep_loaded;
-        Ok(pipeline)
+        Ok(pipeline.scratch_dir(options.scratch_dir))
     }
 
     /// A pipeline over a model folder already opened (a caller that checks its
     /// own inputs against the configs before touching the GPU).
     pub fn with_model(model: ModelFolder, gpu: &GpuOptions) -> Result<Self, RunError> {
-        Ok(Self { gpu: Gpu::new(gpu)?, model, keep_loaded: false, kept: Default::default() })
+        Ok(Self { gpu: Gpu::new(gpu)?, model, keep_loaded: false, kept: Default::default(), scratch_dir: std::env::temp_dir() })
+    }
+
+    /// Keeps the VAE's activations by bands on the host in `dir` (see
+    /// [`Options::scratch_dir`]; `None`: the OS's temporary folder).
+    pub fn scratch_dir(mut self, dir: Option<PathBuf>) -> Self {
+        self.scratch_dir = dir.unwrap_or_else(std::env::temp_dir);
+        self
     }
 
     /// Keeps components loaded between generations (see [`Options::keep_loaded`]).

@@ -114,7 +114,8 @@ pub enum Drawer {
 impl Drawer {
     /// The drawer for `model`'s previews of `transformer`'s latents on a
     /// `grid` of tokens (a `width × height` image); a preview decoder in
-    /// the plan's `layout`.
+    /// the plan's `layout` (by bands on the host, its activations in a
+    /// scratch file in `scratch`).
     pub fn new(
         gpu: &flux_lite_kernels::Gpu,
         model: &ModelFolder,
@@ -122,6 +123,7 @@ impl Drawer {
         grid: (usize, usize),
         (width, height): (usize, usize),
         layout: Option<flux_lite_core::plan::PreviewLayout>,
+        scratch: &std::path::Path,
     ) -> Result<Self, RunError> {
         match &model.preview_decoder {
             Some(file) => {
@@ -129,7 +131,7 @@ impl Drawer {
                 use crate::components::tiny_decoder::TinyDecoder;
                 use crate::run::activations::Bands;
                 let bands = layout.map_or(Bands::Whole, Bands::from);
-                Ok(Drawer::Decoder(Box::new(TinyDecoder::new(gpu, file, &model.vae, &vae_store, width, height, bands)?)))
+                Ok(Drawer::Decoder(Box::new(TinyDecoder::new(gpu, file, &model.vae, &vae_store, width, height, bands)?.in_scratch(scratch))))
             }
             None => Ok(Drawer::Map(GpuPreview::new(gpu, transformer.latents_on_device(), &latent_rgb(model)?, grid, &model.vae)?)),
         }

@@ -77,17 +77,6 @@ pub trait Activations {
     }
 }
 
-/// Where the banded VAE's scratch file goes when set (the CLI sets it from
-/// `FLUX_LITE_SCRATCH_DIR`), else the OS's temporary folder (a tmpfs there
-/// keeps the activations in memory or swap; point this at a disk for very
-/// large images).
-static SCRATCH_DIR: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
-
-/// Puts the banded VAE's scratch files in `dir` (once per process).
-pub fn set_scratch_dir(dir: std::path::PathBuf) {
-    let _ = SCRATCH_DIR.set(dir);
-}
-
 /// The whole image's activations: core's full-size layout (every span at
 /// its arena offset) in an unnamed scratch file mapped into memory. The
 /// file has no name, so it is gone when the process ends, however it ends;
@@ -99,13 +88,9 @@ pub struct HostTensors {
 }
 
 impl HostTensors {
-    /// A scratch arena of `elements` f32 values (zero until written) in
-    /// the scratch folder ([`set_scratch_dir`]).
-    pub fn scratch(elements: u64) -> Result<Self, RunError> {
-        Self::scratch_in(&SCRATCH_DIR.get().cloned().unwrap_or_else(std::env::temp_dir), elements)
-    }
-
-    /// A scratch arena of `elements` f32 values in a file without a name in `dir`.
+    /// A scratch arena of `elements` f32 values (zero until written) in a
+    /// file without a name in `dir` (the pipeline's scratch folder,
+    /// `pipeline::Options::scratch_dir`).
     pub fn scratch_in(dir: &std::path::Path, elements: u64) -> Result<Self, RunError> {
         let failed = |e: std::io::Error| RunError::Scratch { dir: dir.to_path_buf(), detail: e.to_string() };
         let file = tempfile::tempfile_in(dir).map_err(failed)?;
@@ -346,7 +331,8 @@ impl From<flux_lite_core::plan::PreviewLayout> for Bands {
 #[derive(Debug)]
 pub enum BandActivations {
     Device(std::sync::Mutex<DeviceTensors>),
-    Host { elements: u64 },
+    /// In a scratch file in `dir`, made at each decode.
+    Host { elements: u64, dir: std::path::PathBuf },
 }
 
 impl BandActivations {
@@ -354,15 +340,22 @@ impl BandActivations {
     pub fn new(gpu: &Gpu, elements: u64, on_device: bool) -> Result<Self, RunError> {
         Ok(match on_device {
             true => Self::Device(std::sync::Mutex::new(DeviceTensors::new(gpu, elements, gpu.plan_limits().max_buffer)?)),
-            false => Self::Host { elements },
+            false => Self::Host { elements, dir: std::env::temp_dir() },
         })
+    }
+
+    /// Puts the scratch files in `dir` (where the activations are on the host).
+    pub fn in_folder(&mut self, dir: &std::path::Path) {
+        if let Self::Host { dir: at, .. } = self {
+            *at = dir.to_path_buf();
+        }
     }
 
     /// The store for one decode: the device pages, held until dropped, or a new scratch file.
     pub fn hold(&self) -> Result<HeldActivations<'_>, RunError> {
         Ok(match self {
             Self::Device(pages) => HeldActivations::Device(pages.lock().unwrap_or_else(std::sync::PoisonError::into_inner)),
-            Self::Host { elements } => HeldActivations::Host(HostTensors::scratch(*elements)?),
+            Self::Host { elements, dir } => HeldActivations::Host(HostTensors::scratch_in(dir, *elements)?),
         })
     }
 }
@@ -411,7 +404,7 @@ mod tests {
         let want: Vec<f32> = (0..7).flat_map(|r| (50..110).map(move |c| r * 120 + c + 2)).map(|i| values[i]).collect();
         let mut device = DeviceTensors::new(gpu, 1000, 256).unwrap();
         assert_eq!(device.pages.len(), 16);
-        let mut host = HostTensors::scratch(1000).unwrap();
+        let mut host = HostTensors::scratch_in(&std::env::temp_dir(), 1000).unwrap();
         let stores: [&mut dyn Activations; 2] = [&mut device, &mut host];
         let mut seen = Vec::new();
         for store in stores {

@@ -92,7 +92,7 @@ fn run(options: &GpuOptions, tier: Precision) -> Result<Found, String> {
         let t = goldens.tensor(name).map_err(|e| format!("golden {name}: {e}"))?;
         Ok(t.data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
     };
-    let pipeline = Pipeline::open(dir.path(), Options { gpu: GpuOptions { precision: tier, ..options.clone() }, transformer: None, text_encoder: None, keep_loaded: false, preview_decoder: None }).map_err(|e| e.to_string())?;
+    let pipeline = Pipeline::open(dir.path(), Options { gpu: GpuOptions { precision: tier, ..options.clone() }, transformer: None, text_encoder: None, scratch_dir: None, keep_loaded: false, preview_decoder: None }).map_err(|e| e.to_string())?;
     let (mut embeddings, _) = pipeline.encode(&[PROMPT], None, &mut Silent).map_err(|e| e.to_string())?;
     let embedding = embeddings.pop().ok_or("no prompt embedding")?;
     let prompt = Prompt::Embeddings { positive: embedding.clone(), negative: None };
