@@ -34,7 +34,7 @@ use super::lanes::{emit, LANE_COUNTS};
 /// the stack either way; what four queries buy there is each broadcast of a
 /// key or value vec4 feeding four queries' products instead of one (about
 /// 2× on lavapipe over one query an invocation, the same bits: each query's
-/// sums are its own; docs/performance.md).
+/// sums are its own; docs/history/performance-2026-11.md).
 pub fn source(lanes: u32, head_vec4: u32) -> String {
     assert!(LANE_COUNTS.contains(&lanes), "no attention_lanes for subgroups of {lanes}");
     assert!((1..=MAX_VEC4).contains(&head_vec4), "no attention_lanes for heads of {head_vec4} vec4s");

@@ -30,7 +30,7 @@ pub struct Shape {
 pub const WIDE: Shape = Shape { cols: 4, pixels: 8 };
 /// For the same at [`LONG_MIN_PIXELS`] output pixels and more: 4 channels a
 /// lane, 16 pixels, so each weight vec4 a lane loads serves 16 pixels (on
-/// lavapipe 1.35–1.6× [`WIDE`], docs/performance.md). Its source is twice
+/// lavapipe 1.35–1.6× [`WIDE`], docs/history/performance-2026-11.md). Its source is twice
 /// as long and compiles that much slower, so small images keep [`WIDE`].
 pub const LONG: Shape = Shape { cols: 4, pixels: 16 };
 /// Output pixels (of the call: a band's) from which [`LONG`] is taken.

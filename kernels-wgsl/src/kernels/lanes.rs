@@ -35,7 +35,7 @@ fn bf16_pair(word: u32) -> vec2<f32> {
 /// pairs or f32 as WEIGHT_BF16 says. Emitted just before the products that
 /// use it, so few such values live at once (with bf16, runs `t` and `t + 1`
 /// come from the same vec4, emitted as two identical loads: loading it once
-/// for both measured the same time on lavapipe, docs/performance.md).
+/// for both measured the same time on lavapipe, docs/history/performance-2026-11.md).
 pub fn weight_vec4(s: &mut String, ind: &str, c: u32, first: &str, t: u32) {
     emit!(s, "{ind}let q{c}_{t} = w4[min(wb{c} + select(({first}) / 4u + {t}u, ({first}) / 8u + {}u, WEIGHT_BF16), last)];", t / 2);
     let (a, b) = if t.is_multiple_of(2) { ("x", "y") } else { ("z", "w") };

@@ -10,7 +10,7 @@
 //! where one binding of the machine cannot hold an operand, or where the
 //! range scales' buffer cannot hold a piece's scales. `bench kernels` prints
 //! the dispatches it really prepared beside its rows, and a test holds the
-//! two equal (docs/performance.md, "Traffic").
+//! two equal (docs/performance.md, "What a step moves").
 //!
 //! Bytes are each dispatch's compulsory traffic: every tensor it reads or
 //! writes counted once, at the width the tier stores it in. What a dispatch
