@@ -21,7 +21,8 @@ pub fn run(model: &str, [width, height]: [u64; 2], tier: Precision) -> Result<()
     let tier_name = if tier == Precision::Auto { Precision::Matrix.name() } else { tier.name() };
     let m = H200;
     let step = traffic::step(&transformer, [width, height], vae.latent_cell() as u64, PROMPT_TOKENS, tier, &m).map_err(|e| e.to_string())?;
-    let (decode, whole) = traffic::vae_decode(&vae, [width, height], tier, &m).map_err(|e| e.to_string())?;
+    let vae_traffic = traffic::vae_decode(&vae, [width, height], tier, &m).map_err(|e| e.to_string())?;
+    let (decode, whole) = (vae_traffic.decode, vae_traffic.whole);
     say!("model shapes: {name}; {width}×{height}: {PROMPT_TOKENS} prompt + {} image tokens; the {tier_name} tier's data path; bf16 weights", step.image_tokens);
     say!("counted from the programs, no GPU: each dispatch's inputs and outputs once, at the width the tier stores them in (re-reads served by caches not counted)");
     say!(
@@ -45,6 +46,12 @@ pub fn run(model: &str, [width, height]: [u64; 2], tier: Precision) -> Result<()
     say!("| step, by op | dispatches | GB moved | TFLOP | roofline ms |");
     say!("|---|---|---|---|---|");
     for (kind, t) in &step.by_kind {
+        say!("| {kind} | {} | {} | {} | {} |", t.dispatches, gb(t.bytes), significant(t.flops as f64 / 1e12), significant(t.seconds * 1e3));
+    }
+    say!();
+    say!("| vae decode, by op | dispatches | GB moved | TFLOP | roofline ms |");
+    say!("|---|---|---|---|---|");
+    for (kind, t) in &vae_traffic.by_kind {
         say!("| {kind} | {} | {} | {} | {} |", t.dispatches, gb(t.bytes), significant(t.flops as f64 / 1e12), significant(t.seconds * 1e3));
     }
     Ok(())

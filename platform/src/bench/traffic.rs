@@ -442,34 +442,49 @@ pub fn step(cfg: &TransformerConfig, [width, height]: [u64; 2], cell: u64, text:
     let tokens = Tokens { half_operands: is_matrix(tier), ..Tokens::plain(text, image) };
     let (_, blocks, _) = programs(cfg, tokens, chunk)?;
     let block = |index: usize, present: bool| present.then(|| program_traffic(&blocks[index], tier, m));
-    let mut by_kind: Vec<(&'static str, Traffic)> = Vec::new();
-    for op in blocks.iter().flatten() {
-        let t = op_traffic(op, tier, m);
-        match by_kind.iter_mut().find(|(k, _)| *k == kind(op)) {
-            Some((_, sum)) => *sum += t,
-            None => by_kind.push((kind(op), t)),
-        }
-    }
     Ok(StepTraffic {
         image_tokens: image,
         step: program_traffic(blocks.iter().flatten(), tier, m),
         double_block: block(1, cfg.num_layers > 0),
         single_block: block(1 + cfg.num_layers, cfg.num_single_layers > 0),
-        by_kind,
+        by_kind: by_kind(blocks.iter().flatten(), tier, m),
     })
 }
 
-/// The VAE decode of a `width × height` image laid out whole, and whether
-/// the machine's bindings hold its largest activation (else `gen` decodes
-/// it by bands, which adds their copies).
-pub fn vae_decode(cfg: &VaeConfig, [width, height]: [u64; 2], tier: Precision, m: &Machine) -> Result<(Traffic, bool), RunError> {
+/// The traffic of `ops` by [`kind`], kinds in the order they first appear.
+fn by_kind<'o>(ops: impl IntoIterator<Item = &'o Op>, tier: Precision, m: &Machine) -> Vec<(&'static str, Traffic)> {
+    let mut sums: Vec<(&'static str, Traffic)> = Vec::new();
+    for op in ops {
+        let t = op_traffic(op, tier, m);
+        match sums.iter_mut().find(|(k, _)| *k == kind(op)) {
+            Some((_, sum)) => *sum += t,
+            None => sums.push((kind(op), t)),
+        }
+    }
+    sums
+}
+
+/// The VAE decode's traffic ([`vae_decode`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct DecodeTraffic {
+    pub decode: Traffic,
+    /// `(kind, traffic)` in the order kinds first appear.
+    pub by_kind: Vec<(&'static str, Traffic)>,
+    /// Whether the machine's bindings hold its largest activation (else
+    /// `gen` decodes by bands, whose copies are not counted).
+    pub whole: bool,
+}
+
+/// The VAE decode of a `width × height` image laid out whole, by kind of
+/// op, and whether the machine's bindings hold its largest activation.
+pub fn vae_decode(cfg: &VaeConfig, [width, height]: [u64; 2], tier: Precision, m: &Machine) -> Result<DecodeTraffic, RunError> {
     let scale = cfg.scale_factor() as u64;
     let (latent_h, latent_w) = (height / scale, width / scale);
     let mut arena = BumpArena::new(u64::MAX);
     let layout = vae::VaeLayout::new(cfg, latent_h, latent_w, &mut arena).map_err(|e| RunError::Internal(e.to_string()))?;
     let program = crate::run::runner::collect_ops(|emit| vae::decode(&layout, emit));
     let whole = 4 * vae::largest_activation(cfg, latent_h * latent_w) <= m.max_binding;
-    Ok((program_traffic(&program, tier, m), whole))
+    Ok(DecodeTraffic { decode: program_traffic(&program, tier, m), by_kind: by_kind(&program, tier, m), whole })
 }
 
 /// The kind of an op, as the traffic table names it.
@@ -486,6 +501,8 @@ pub fn kind(op: &Op) -> &'static str {
         Op::GatedResidual { .. } | Op::Residual { .. } => "residual",
         Op::Conv2d { .. } => "convolution",
         Op::GroupNorm { .. } | Op::GroupStats { .. } | Op::GroupNormApply { .. } => "group norm",
+        Op::UpsampleNearest2x { .. } => "upsampling",
+        Op::Transpose { .. } => "transpose",
         _ => "element-wise",
     }
 }
