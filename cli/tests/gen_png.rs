@@ -93,10 +93,41 @@ fn reproduce_within(case: &str, extra: &[&str], check: &ImageCheck<'_>) -> Strin
     assert_eq!(text("steps").as_deref(), Some(steps.as_str()));
     assert_eq!(text("size"), Some(format!("{width}x{height}")));
     assert!(text("model").is_some_and(|m| m.contains(&s("model"))));
+    // AUTOMATIC1111's `parameters`, read back as A1111 reads it.
+    let (said_prompt, fields) = a1111_fields(&text("parameters").unwrap_or_default());
+    assert_eq!(said_prompt, prompt, "{case}: the parameters' prompt");
+    let field = |k: &str| fields.iter().find(|(key, _)| key == k).map(|(_, v)| v.clone()).unwrap_or_else(|| panic!("{case}: no `{k}` in {fields:?}"));
+    assert_eq!([field("Steps"), field("Seed"), field("Size"), field("Sampler")], [steps.clone(), seed.clone(), format!("{width}x{height}"), "Euler".into()]);
+    assert_eq!(field("Model"), s("model"));
+    assert!(field("CFG scale").parse::<f32>().is_ok() && field("Version").starts_with("flux-lite "), "{fields:?}");
     let named: Vec<&String> = got.text.iter().filter(|(k, _)| k == "reference").map(|(_, v)| v).collect();
     assert_eq!(named, references.iter().collect::<Vec<_>>(), "{case}: the reference files in the PNG's text");
     only_the_png_is_left(&dir);
     stderr.into_owned()
+}
+
+/// A `parameters` chunk as AUTOMATIC1111's `parse_generation_parameters`
+/// reads it: the prompt (every line but the last), then the last line's
+/// `Key: value` pairs joined by `, `, a value in quotes a JSON string.
+fn a1111_fields(parameters: &str) -> (String, Vec<(String, String)>) {
+    let (prompt, last) = parameters.rsplit_once('\n').unwrap_or(("", parameters));
+    let (mut fields, mut rest) = (Vec::new(), last.trim());
+    while let Some((key, after)) = rest.split_once(": ") {
+        let (value, next) = match after.starts_with('"') {
+            true => {
+                let mut values = serde_json::Deserializer::from_str(after).into_iter::<String>();
+                let value = values.next().unwrap().unwrap();
+                (value, &after[values.byte_offset()..])
+            }
+            false => {
+                let (value, next) = after.split_once(", ").unwrap_or((after, ""));
+                (value.to_string(), next)
+            }
+        };
+        fields.push((key.to_string(), value));
+        rest = next.trim_start_matches(", ");
+    }
+    (prompt.to_string(), fields)
 }
 
 fn only_the_png_is_left(dir: &Path) {

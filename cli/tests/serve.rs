@@ -144,6 +144,10 @@ fn both_apis_return_the_golden_image_with_the_pixels_gen_makes() {
     let info = json(reply["info"].as_str().unwrap());
     assert_eq!(info["all_seeds"], serde_json::json!([seed]));
     assert_eq!(png.text.iter().find(|(k, _)| k == "seed").map(|(_, v)| v.clone()), Some(seed.to_string()));
+    // A1111's `infotexts`: each image's `parameters`, as its PNG carries them.
+    let parameters = png.text.iter().find(|(k, _)| k == "parameters").map(|(_, v)| v.clone()).unwrap();
+    assert_eq!(info["infotexts"], serde_json::json!([parameters]));
+    assert!(parameters.starts_with(&format!("{prompt}\nSteps: {steps}, Sampler: Euler, ")) && parameters.contains(&format!("Seed: {seed}, Size: {w}x{h}")), "{parameters}");
 }
 
 #[test]

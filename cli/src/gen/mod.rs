@@ -10,7 +10,7 @@ use argh::FromArgs;
 use flux_lite_platform::model::lora::LoraSpec;
 use flux_lite_platform::pipeline::{self, KvPrecision, Made, Prompt};
 use flux_lite_platform::{GpuOptions, Job, Limits, OutputType, Pipeline, RunError};
-pub use outputs::png_text;
+pub use outputs::{a1111_parameters, png_text};
 use std::path::PathBuf;
 use std::time::Instant;
 

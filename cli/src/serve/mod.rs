@@ -341,9 +341,13 @@ async fn a1111_generate(State(app): State<Arc<App>>, headers: HeaderMap, body: R
     let order = checked(&app, asked, api::Shape::A1111).await?;
     let r = order.job.request();
     let (width, height, steps, guidance) = (r.width, r.height, r.steps, r.guidance);
+    let request_run = r.clone();
     let (id, pictures) = run_order(&app, order, id).await?;
     let seeds: Vec<u64> = pictures.iter().map(|p| p.seed).collect();
+    // Each image's settings in A1111's wording, as its PNG's `parameters` holds them.
+    let infotexts: Vec<String> = seeds.iter().map(|&seed| crate::gen::a1111_parameters(&prompt, seed, &request_run, &app.model_name)).collect();
     let info = json!({
+        "infotexts": infotexts,
         "prompt": prompt,
         "all_prompts": vec![&prompt; seeds.len()],
         "seed": seeds.first(),
