@@ -516,21 +516,21 @@ fn a_streamed_generation_sends_partial_images_then_the_image() {
 }
 
 /// `serve --kv-precision f32` holds every request to the exact path: under
-/// a budget only f16 keys and values fit (tiny-a at 64×48 needs 5,146,112
-/// bytes with them, 5,330,432 without), a request gets a 400 naming the
+/// a budget only f16 keys and values fit (tiny-a at 64×48 needs 5,101,056
+/// bytes with them, 5,285,376 without), a request gets a 400 naming the
 /// budget and the server goes on; the default takes f16 keys and answers.
 #[test]
 fn kv_precision_f32_refuses_what_only_f16_keys_fit() {
     let body = r#"{"prompt": "a red fox in the snow", "size": "64x48", "steps": 1, "seed": 7}"#;
-    let exact = Server::start(&["--memory-budget", "5300000B", "--kv-precision", "f32"]);
+    let exact = Server::start(&["--memory-budget", "5200000B", "--kv-precision", "f32"]);
     let (status, text) = post(&exact, "/v1/images/generations", body);
     assert_eq!(status, 400, "{text}");
     let message = json(&text)["error"]["message"].as_str().unwrap().to_string();
-    assert!(message.contains("64x48") && message.contains("5330432"), "{message}");
+    assert!(message.contains("64x48") && message.contains("5285376"), "{message}");
     let (status, _) = call("GET", &format!("{}/health", exact.url), None, &[]);
     assert_eq!(status, 200);
     drop(exact);
-    let auto = Server::start(&["--memory-budget", "5300000B"]);
+    let auto = Server::start(&["--memory-budget", "5200000B"]);
     let (status, text) = post(&auto, "/v1/images/generations", body);
     assert_eq!(status, 200, "{text}");
     assert!(!auto.log().contains("panicked"), "{}", auto.log());
