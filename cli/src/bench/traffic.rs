@@ -43,18 +43,19 @@ pub fn run(model: &str, [width, height]: [u64; 2], tier: Precision) -> Result<()
     let how = if whole { "" } else { " (laid out whole; at this size gen decodes by bands, whose copies are not counted)" };
     say!("vae decode: {}{how}", line(&decode, m.name));
     say!();
-    say!("| step, by op | dispatches | GB moved | TFLOP | roofline ms |");
-    say!("|---|---|---|---|---|");
-    for (kind, t) in &step.by_kind {
-        say!("| {kind} | {} | {} | {} | {} |", t.dispatches, gb(t.bytes), significant(t.flops as f64 / 1e12), significant(t.seconds * 1e3));
-    }
+    by_kind_table("step", &step.by_kind);
     say!();
-    say!("| vae decode, by op | dispatches | GB moved | TFLOP | roofline ms |");
+    by_kind_table("vae decode", &vae_traffic.by_kind);
+    Ok(())
+}
+
+/// `what`'s traffic as a table, a row for each kind of op.
+fn by_kind_table(what: &str, rows: &[(&str, Traffic)]) {
+    say!("| {what}, by op | dispatches | GB moved | TFLOP | roofline ms |");
     say!("|---|---|---|---|---|");
-    for (kind, t) in &vae_traffic.by_kind {
+    for (kind, t) in rows {
         say!("| {kind} | {} | {} | {} | {} |", t.dispatches, gb(t.bytes), significant(t.flops as f64 / 1e12), significant(t.seconds * 1e3));
     }
-    Ok(())
 }
 
 /// `N dispatches, X GB moved, Y TFLOP, roofline Z ms on MACHINE`.

@@ -247,13 +247,14 @@ fn product(gpu: &Gpu, sink: &mut dyn Sink, input: Input<'_>, w: Weight<'_>, bias
         // x's offset and row stride in values, as the kernel counts them.
         let (x_at, x_stride) = (xw.local as u64 * per_word, x.stride * per_word);
         for cols in chunks(n, n_chunk) {
-            // With SwiGLU, W's rows from the piece's first gate row to its last up row.
-            let ww = w_rows.window(gpu, &(cols.start..cols.end + if swiglu { n } else { 0 }))?;
+            // W's rows the kernel's columns read: with SwiGLU, from the
+            // piece's first gate row to its last up row.
+            let w_rows_read = cols.start..cols.end + if swiglu { n } else { 0 };
+            let ww = w_rows.window(gpu, &w_rows_read)?;
             // bf16 rows starting on even elements load as whole u32 pairs.
             let paired = ww.local.is_multiple_of(2) && kdim.is_multiple_of(2);
             let (rows_n, cols_n) = (rows.end - rows.start, cols.end - cols.start);
-            // The W rows the kernel's columns read, measured where W keeps no scales.
-            let w_read = (cols.end + if swiglu { n } else { 0 }) - cols.start;
+            let w_read = w_rows_read.end - w_rows_read.start;
             // On a CPU adapter whose subgroups can share x's rows, where the
             // operands' rows start on whole vec4s: the lanes kernel.
             let vec4s = |elems: u64| (xw.local as u64).is_multiple_of(4) && x.stride.is_multiple_of(4) && (ww.local as u64).is_multiple_of(elems) && kdim.is_multiple_of(8);
@@ -319,7 +320,7 @@ fn product(gpu: &Gpu, sink: &mut dyn Sink, input: Input<'_>, w: Weight<'_>, bias
             // W's scales (binding 8): as kept, or after x's in the product's own.
             let (w_scales, w_scales_at) = match stored.filter(|_| scales.is_some()) {
                 Some(s) => {
-                    let kept = kept_scales_window(gpu, s, &(cols.start..cols.start + w_read))?;
+                    let kept = kept_scales_window(gpu, s, &w_rows_read)?;
                     let at = kept.local;
                     (kept, at)
                 }

@@ -288,11 +288,6 @@ pub fn op_traffic(op: &Op, tier: Precision, m: &Machine) -> Traffic {
     }
 }
 
-/// `y[rows, cols] = x[rows, inner]·Wᵀ (+ b)` in pieces of rows and of
-/// columns (the launcher's loops); on the matrix tier each piece's f32 input
-/// measured first (f16 rows come with their scales); W's scales are kept
-/// where the weights reached the device. A gated product (`gated`) reads
-/// and writes the stream it adds into, and reads its gate, in its epilogue.
 /// What a linear does with its products.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Out {
@@ -310,6 +305,12 @@ fn swiglu_fits(m: &Machine, p: DataPath, cols: u64, inner: u64) -> bool {
     rows_per_piece(m, 2 * cols, &[Rows::packed(inner, p.weight)], 1) >= 2 * cols && (!p.matrix || 2 * cols <= RANGE_SCALES_ROWS)
 }
 
+/// `y[rows, cols] = x[rows, inner]·Wᵀ (+ b)` in pieces of rows and of
+/// columns (the launcher's loops); on the matrix tier each piece's f32 input
+/// measured first (f16 rows come with their scales); W's scales are kept
+/// where the weights reached the device. A gated product (`Out::Gated`) reads
+/// and writes the stream it adds into, and reads its gate, in its epilogue;
+/// a SwiGLU product reads two rows of W an output, in one piece of W.
 fn linear(m: &Machine, p: DataPath, (x, y): (Operand, Span), [rows, cols, inner]: [u64; 3], bias: bool, out: Out) -> Traffic {
     let cap = if p.matrix { RANGE_SCALES_ROWS } else { u64::MAX };
     // W's rows an output reads.

@@ -97,8 +97,7 @@ impl Runner {
     pub fn record(&self, gpu: &Gpu, sink: &mut dyn flux_lite_kernels::Sink, weights: &DeviceWeights, op: &Op) -> Result<(), GpuError> {
         match op {
             Op::Linear { x, w, w_row, bias, y, rows, cols, inner, gate: Some(g) } => {
-                let adapted = self.lora.as_ref().is_some_and(|l| l.adapts(w));
-                if !adapted && weights.packed(w).is_none() {
+                if self.epilogue_takes(weights, w) {
                     return self.record_linear(gpu, sink, weights, op, Some(self.mat(g.vector)));
                 }
                 // The product and its adapter into the scratch, then the gated residual.
@@ -109,8 +108,7 @@ impl Runner {
             Op::Linear { .. } => self.record_linear(gpu, sink, weights, op, None),
             Op::LinearSwiGlu { x, w, w_row, y, rows, cols, inner, scratch } => {
                 let s = kernels::Gemm { m: *rows, n: *cols, k: *inner };
-                let adapted = self.lora.as_ref().is_some_and(|l| l.adapts(w));
-                if !adapted && weights.packed(w).is_none() {
+                if self.epilogue_takes(weights, w) {
                     let weight = weights.get(w)?.view().rows_from(*w_row, *inner);
                     if kernels::swiglu_fits(gpu, weight, s) {
                         return kernels::linear_swiglu(gpu, sink, self.input(*x), weight, self.mat(*y), s);
@@ -227,6 +225,13 @@ impl Runner {
             Op::TanhClamp { src, dst, count, limit } => self.contiguous(gpu, sink, Elementwise::TanhClamp(*limit), *src, *dst, *count),
             Op::ScaleShift { src, dst, count, scale, shift } => self.contiguous(gpu, sink, Elementwise::ScaleShift(*scale, *shift), *src, *dst, *count),
         }
+    }
+
+    /// Whether a product over weight `w` can take its epilogue (a gated
+    /// residual, SwiGLU): no adapter adds to it and its weight is not
+    /// expanded from GGML blocks in pieces.
+    fn epilogue_takes(&self, weights: &DeviceWeights, w: &str) -> bool {
+        !self.lora.as_ref().is_some_and(|l| l.adapts(w)) && weights.packed(w).is_none()
     }
 
     /// A linear (`op`, ungated or taken gated by `gate`), its weight resident
