@@ -9,6 +9,7 @@ export TAESD_PY
 cd "$(dirname "$0")/.."
 python3 test_vectors/generate.py
 python3 test_vectors/generate_numerics.py
+python3 test_vectors/generate_negative.py
 python3 test_vectors/generate_df11.py
 python3 test_vectors/generate_configs.py
 python3 test_vectors/generate_vae_encoder.py

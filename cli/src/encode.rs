@@ -24,6 +24,9 @@ pub struct EncodeArgs {
     /// read the prompt from this UTF-8 text file (its final line break dropped)
     #[argh(option)]
     prompt_file: Option<PathBuf>,
+    /// also encode this negative prompt and write it as `negative_prompt_embeds` (gen --embeddings then guides away from it)
+    #[argh(option)]
+    negative_prompt: Option<String>,
     /// where to write the embeddings (safetensors): a file (written whole or not at all; links written through), a named pipe or device, or - for standard output
     #[argh(option)]
     output: PathBuf,
@@ -48,14 +51,21 @@ pub fn run(args: &EncodeArgs) -> Result<(), String> {
     let pipeline = Pipeline::open(&args.model, options).map_err(|e| e.to_string())?;
     crate::tier::print_notice(pipeline.gpu());
     let mut bar = Bar::new(args.quiet);
-    let encoded = pipeline.encode(&[&prompt], args.memory_budget, &mut bar);
+    let mut texts = vec![prompt.as_str()];
+    texts.extend(args.negative_prompt.as_deref());
+    let encoded = pipeline.encode(&texts, args.memory_budget, &mut bar);
     bar.finish();
-    let (mut values, timings) = encoded.map_err(|e| crate::errors::run_line(&e))?;
-    let values = values.remove(0);
+    let (encoded, timings) = encoded.map_err(|e| crate::errors::run_line(&e))?;
+    let values = &encoded[0];
     let model = pipeline.model();
     let joint = model.transformer.joint_attention_dim;
-    let metadata = [("prompt", prompt.clone()), ("model", args.model.display().to_string())];
-    output::write_f32_tensors(&args.output, &[(embeddings_file::PROMPT, &values)], joint, &metadata)?;
+    let mut metadata = vec![("prompt", prompt.clone()), ("model", args.model.display().to_string())];
+    let mut tensors = vec![(embeddings_file::PROMPT, values.as_slice())];
+    if let (Some(negative), Some(values)) = (&args.negative_prompt, encoded.get(1)) {
+        metadata.push(("negative_prompt", negative.clone()));
+        tensors.push((embeddings_file::NEGATIVE, values.as_slice()));
+    }
+    output::write_f32_tensors(&args.output, &tensors, joint, &metadata)?;
     eprintln!(
         "wrote {} ({} × {joint}); load {:.2}s, encode {:.2}s",
         output::shown(&args.output),

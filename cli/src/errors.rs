@@ -8,6 +8,7 @@ use flux_lite_platform::{CompressError, GpuError, RequestError, RunError, Settin
 pub fn flag(setting: Setting) -> &'static str {
     match setting {
         Setting::Prompt => "--prompt",
+        Setting::NegativePrompt => "--negative-prompt",
         Setting::Embeddings => "--embeddings",
         Setting::Images => "--count",
         Setting::References | Setting::Reference => "--image",

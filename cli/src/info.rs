@@ -52,7 +52,7 @@ pub fn run(args: &InfoArgs) -> Result<(), String> {
         print_component_bytes(&model, c)?;
     }
     // The size and references as `gen` would resolve them.
-    let job = Job { width: args.width, height: args.height, references: crate::references::load(&args.image, &model)?, ..Job::new(Prompt::Text(String::new())) };
+    let job = Job { width: args.width, height: args.height, references: crate::references::load(&args.image, &model)?, ..Job::new(Prompt::text("")) };
     let job = job.resolve(&model, &Limits::default()).map_err(|e| crate::errors::request_line(&e))?;
     let (width, height) = (job.request().width, job.request().height);
     let references = job.references();

@@ -131,7 +131,7 @@ fn the_library_reuses_what_it_keeps_and_makes_the_pixels_gen_makes() {
     let want = single(FOX, 42);
     let gpu = flux_lite_platform::GpuOptions { precision: flux_lite_platform::Precision::F32, ..Default::default() };
     let pipeline = Pipeline::open(&model_dir("tiny-a"), Options { gpu, transformer: None, text_encoder: None, keep_loaded: true, preview_decoder: None, scratch_dir: None }).unwrap();
-    let job = Job { width: Some(32), height: Some(32), steps: Some(1), seed: Some(42), ..Job::new(Prompt::Text(FOX.into())) };
+    let job = Job { width: Some(32), height: Some(32), steps: Some(1), seed: Some(42), ..Job::new(Prompt::text(FOX)) };
     let resolve = |job: &Job| job.clone().resolve(pipeline.model(), &Limits::default()).unwrap();
     let run = |job: &Job| {
         let mut images = Vec::new();

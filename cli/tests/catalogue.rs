@@ -207,6 +207,7 @@ fn bad_flags() {
     let model = broken_copy("flags");
     expect_one_error(&model, &["--width", "30"], &[], &["--width 30"]);
     expect_one_error(&model, &["--steps", "0"], &[], &["--steps 0"]);
+    expect_one_error(&model, &["--negative-prompt", "blur", "--embeddings", "e.safetensors"], &[], &["--negative-prompt", "--embeddings", "holds the negative"]);
     expect_one_error(&model, &["--steps", "1000000"], &[], &["--steps 1000000"]);
     expect_one_error(&model, &["--memory-budget", "3GB"], &[], &["--memory-budget"]);
     expect_one_error(&model, &["--memory-budget", "1KiB"], &[], &["--memory-budget", "smallest budget"]);

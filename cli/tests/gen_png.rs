@@ -36,6 +36,9 @@ fn case_args(case: &str, out: &Path) -> Vec<String> {
     let s = |k: &str| case_value(&c, k);
     let model = model_dir(&s("model")).to_string_lossy().into_owned();
     let mut args = vec!["--model".into(), model, "--prompt".into(), s("prompt"), "--seed".into(), s("seed"), "--steps".into(), s("steps")];
+    if let Some(negative) = c["negative_prompt"].as_str() {
+        args.extend(["--negative-prompt".into(), negative.into()]);
+    }
     let references = case_references(case, &c);
     for r in &references {
         args.extend(["--image".into(), r.clone()]);
@@ -93,9 +96,11 @@ fn reproduce_within(case: &str, extra: &[&str], check: &ImageCheck<'_>) -> Strin
     assert_eq!(text("steps").as_deref(), Some(steps.as_str()));
     assert_eq!(text("size"), Some(format!("{width}x{height}")));
     assert!(text("model").is_some_and(|m| m.contains(&s("model"))));
+    let negative = c["negative_prompt"].as_str().unwrap_or_default();
+    assert_eq!(text("negative_prompt").unwrap_or_default(), negative, "{case}: the negative prompt's chunk");
     // AUTOMATIC1111's `parameters`, read back as A1111 reads it.
-    let (said_prompt, fields) = a1111_fields(&text("parameters").unwrap_or_default());
-    assert_eq!(said_prompt, prompt, "{case}: the parameters' prompt");
+    let (said_prompt, said_negative, fields) = a1111_fields(&text("parameters").unwrap_or_default());
+    assert_eq!((said_prompt.as_str(), said_negative.as_str()), (prompt.as_str(), negative), "{case}: the parameters' prompts");
     let field = |k: &str| fields.iter().find(|(key, _)| key == k).map(|(_, v)| v.clone()).unwrap_or_else(|| panic!("{case}: no `{k}` in {fields:?}"));
     assert_eq!([field("Steps"), field("Seed"), field("Size"), field("Sampler")], [steps.clone(), seed.clone(), format!("{width}x{height}"), "Euler".into()]);
     assert_eq!(field("Model"), s("model"));
@@ -107,10 +112,19 @@ fn reproduce_within(case: &str, extra: &[&str], check: &ImageCheck<'_>) -> Strin
 }
 
 /// A `parameters` chunk as AUTOMATIC1111's `parse_generation_parameters`
-/// reads it: the prompt (every line but the last), then the last line's
-/// `Key: value` pairs joined by `, `, a value in quotes a JSON string.
-fn a1111_fields(parameters: &str) -> (String, Vec<(String, String)>) {
-    let (prompt, last) = parameters.rsplit_once('\n').unwrap_or(("", parameters));
+/// reads it: the prompt (the lines before one starting `Negative prompt: `
+/// or before the last), the negative prompt (from that line to the last),
+/// then the last line's `Key: value` pairs joined by `, `, a value in
+/// quotes a JSON string.
+fn a1111_fields(parameters: &str) -> (String, String, Vec<(String, String)>) {
+    let (prompts, last) = parameters.rsplit_once('\n').unwrap_or(("", parameters));
+    let (prompt, negative) = match prompts.split_once("\nNegative prompt: ") {
+        Some((p, n)) => (p, n),
+        None => match prompts.strip_prefix("Negative prompt: ") {
+            Some(n) => ("", n),
+            None => (prompts, ""),
+        },
+    };
     let (mut fields, mut rest) = (Vec::new(), last.trim());
     while let Some((key, after)) = rest.split_once(": ") {
         let (value, next) = match after.starts_with('"') {
@@ -127,7 +141,7 @@ fn a1111_fields(parameters: &str) -> (String, Vec<(String, String)>) {
         fields.push((key.to_string(), value));
         rest = next.trim_start_matches(", ");
     }
-    (prompt.to_string(), fields)
+    (prompt.to_string(), negative.to_string(), fields)
 }
 
 fn only_the_png_is_left(dir: &Path) {
@@ -154,6 +168,45 @@ fn three_steps_base_model_without_guidance() {
 fn base_model_with_guidance_by_default() {
     // tiny-b is not distilled: 4.0 is the default guidance, with "" as the negative prompt.
     reproduce("tiny-b/cfg", &[]);
+}
+
+#[test]
+fn a_negative_prompt_steers_as_diffusers_negative_prompt_embeds_do() {
+    // The golden encodes its negative with the pipeline's own encode_prompt and passes it as
+    // negative_prompt_embeds (generate_negative.py).
+    let stderr = reproduce("tiny-b/cfg-negative", &[]);
+    assert!(!stderr.contains("warning"), "{stderr}");
+    // Without it the picture is another: the negative is read, not dropped.
+    let dir = scratch_dir("png-negative-dropped");
+    let out = dir.join("out.png");
+    let args: Vec<String> = case_args("tiny-b/cfg-negative", &out).into_iter().filter(|a| !a.contains("stone wall") && a != "--negative-prompt").collect();
+    let run = gen(&args.iter().map(String::as_str).chain(["--precision", "f32"]).collect::<Vec<_>>());
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    let (got, want) = (read_png(&out), read_png(&Goldens::dir("tiny-b/cfg-negative").join("image.png")));
+    let max = got.rgb.iter().zip(&want.rgb).map(|(a, b)| a.abs_diff(*b)).max().unwrap();
+    assert!(max > 16, "the empty negative gives nearly the golden's image (max |Δ| {max})");
+    // An empty negative is the default one, pixel for pixel.
+    let empty = dir.join("empty.png");
+    let args: Vec<String> = args.into_iter().map(|a| if a == out.to_string_lossy() { empty.to_string_lossy().into_owned() } else { a }).collect();
+    let run = gen(&args.iter().map(String::as_str).chain(["--precision", "f32", "--negative-prompt", ""]).collect::<Vec<_>>());
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    assert!(read_png(&empty).rgb == got.rgb, "--negative-prompt \"\" changed the image");
+}
+
+#[test]
+fn a_negative_prompt_without_guidance_warns_that_nothing_reads_it() {
+    let dir = scratch_dir("png-negative-unguided");
+    for (model, extra, why) in [("tiny-a", &[][..], "is guidance-distilled"), ("tiny-b", &["--guidance", "1"][..], "runs no guidance")] {
+        let out = dir.join(format!("{model}.png"));
+        let model_path = model_dir(model).to_string_lossy().into_owned();
+        let mut args = vec!["--model", &model_path, "--prompt", "a fox", "--negative-prompt", "blur", "--width", "32", "--height", "32", "--steps", "1"];
+        args.extend(extra);
+        args.extend(["--output", out.to_str().unwrap()]);
+        let run = gen(&args);
+        let stderr = String::from_utf8_lossy(&run.stderr);
+        assert!(run.status.success(), "{stderr}");
+        assert!(stderr.contains(why) && stderr.contains("--negative-prompt is ignored"), "{model}: {stderr}");
+    }
 }
 
 #[test]

@@ -24,7 +24,11 @@ struct Server {
 
 impl Server {
     fn start(extra: &[&str]) -> Self {
-        let model = model_dir("tiny-a");
+        Self::start_model("tiny-a", extra)
+    }
+
+    fn start_model(model: &str, extra: &[&str]) -> Self {
+        let model = model_dir(model);
         let mut child = Command::new(env!("CARGO_BIN_EXE_flux-lite"))
             .args(["serve", "--model", model.to_str().unwrap(), "--port", "0", "--precision", "f32"])
             .args(extra)
@@ -148,6 +152,30 @@ fn both_apis_return_the_golden_image_with_the_pixels_gen_makes() {
     let parameters = png.text.iter().find(|(k, _)| k == "parameters").map(|(_, v)| v.clone()).unwrap();
     assert_eq!(info["infotexts"], serde_json::json!([parameters]));
     assert!(parameters.starts_with(&format!("{prompt}\nSteps: {steps}, Sampler: Euler, ")) && parameters.contains(&format!("Seed: {seed}, Size: {w}x{h}")), "{parameters}");
+}
+
+#[test]
+fn a_negative_prompt_steers_both_apis_as_the_diffusers_golden() {
+    let dir = scratch_dir("serve-negative");
+    let server = Server::start_model("tiny-b", &[]);
+    let (prompt, seed, steps, (w, h), golden) = golden_case("tiny-b/cfg-negative");
+    let negative = Goldens::load("tiny-b/cfg-negative").case_json()["negative_prompt"].as_str().unwrap().to_string();
+    let body = serde_json::json!({ "prompt": prompt, "negative_prompt": negative, "width": w, "height": h, "steps": steps, "seed": seed, "cfg_scale": 4.0 });
+    let (status, text) = post(&server, "/sdapi/v1/txt2img", &body.to_string());
+    assert_eq!(status, 200, "{text}");
+    let reply = json(&text);
+    let png = rgb_of(reply["images"][0].as_str().unwrap(), &dir, "a1111.png");
+    flux_lite_tests::tolerance::assert_png_close("A1111's negative_prompt against diffusers", &png.rgb, &golden.rgb);
+    let info = json(reply["info"].as_str().unwrap());
+    assert_eq!(info["negative_prompt"], negative.as_str());
+    let infotext = info["infotexts"][0].as_str().unwrap();
+    assert!(infotext.starts_with(&format!("{prompt}\nNegative prompt: {negative}\nSteps: {steps}, ")), "{infotext}");
+    // OpenAI's shape takes it as an extension, as it takes the seed and the guidance.
+    let body = serde_json::json!({ "prompt": prompt, "negative_prompt": negative, "size": format!("{w}x{h}"), "steps": steps, "seed": seed, "guidance": 4.0 });
+    let (status, text) = post(&server, "/v1/images/generations", &body.to_string());
+    assert_eq!(status, 200, "{text}");
+    let openai = rgb_of(json(&text)["data"][0]["b64_json"].as_str().unwrap(), &dir, "openai.png");
+    assert!(openai.rgb == png.rgb, "the two APIs' pixels differ for one request");
 }
 
 #[test]

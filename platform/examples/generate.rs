@@ -34,7 +34,7 @@ fn main() -> Result<(), String> {
         return Err("usage: generate MODEL_DIR OUTPUT_STEM".into());
     };
     let pipeline = Pipeline::open(model.as_ref(), Options::default()).map_err(|e| e.to_string())?;
-    let job = Job { width: Some(128), height: Some(128), seed: Some(0), images_per_prompt: 2, ..Job::new(Prompt::Text("a red fox in the snow".into())) };
+    let job = Job { width: Some(128), height: Some(128), seed: Some(0), images_per_prompt: 2, ..Job::new(Prompt::text("a red fox in the snow")) };
     let job = job.resolve(pipeline.model(), &Limits::default()).map_err(|e| e.to_string())?;
     pipeline
         .run(&job, &mut Steps, &mut |made| {

@@ -48,7 +48,7 @@ fn one_open_pipeline_generates_twice_the_diffusers_image() {
     let c = Goldens::load(case).case_json();
     let n = |k: &str| c[k].as_u64().unwrap();
     let pipeline = Pipeline::open(&model_dir(c["model"].as_str().unwrap()), Options::default()).unwrap();
-    let prompt = Prompt::Text(c["prompt"].as_str().unwrap().into());
+    let prompt = Prompt::text(c["prompt"].as_str().unwrap());
     let steps = n("steps") as usize;
     let job = Job {
         width: Some(n("width") as usize),
@@ -92,7 +92,7 @@ fn one_open_pipeline_generates_twice_the_diffusers_image() {
 fn a_library_caller_cannot_run_what_gen_refuses() {
     let pipeline = Pipeline::open(&model_dir("tiny-a"), Options::default()).unwrap();
     let model = pipeline.model();
-    let job = || Job { width: Some(32), height: Some(32), ..Job::new(Prompt::Text("x".into())) };
+    let job = || Job { width: Some(32), height: Some(32), ..Job::new(Prompt::text("x")) };
     let refused = |job: Job| job.resolve(model, &Limits::default()).unwrap_err();
     // tiny-a's latent cell is 4 pixels.
     let reference = |w: usize, h: usize| flux_lite_platform::ReferenceImage { path: "made.png".into(), original: (w, h), width: w, height: h, pixels: vec![0.0; 3 * w * h] };
@@ -102,14 +102,15 @@ fn a_library_caller_cannot_run_what_gen_refuses() {
         (Job { width: Some(30), ..job() }, Setting::Width, "width 30: not a positive multiple of 4"),
         (Job { height: Some(0), ..job() }, Setting::Height, "height 0"),
         (Job { images_per_prompt: 0, ..job() }, Setting::Images, "images 0: 0 images in all"),
-        (Job { images_per_prompt: 5001, ..Job::prompts(vec![Prompt::Text("a".into()), Prompt::Text("b".into())]) }, Setting::Images, "10002 images in all; give 1 to 10000"),
+        (Job { images_per_prompt: 5001, ..Job::prompts(vec![Prompt::text("a"), Prompt::text("b")]) }, Setting::Images, "10002 images in all; give 1 to 10000"),
         (Job { guidance: Some(f32::NAN), ..job() }, Setting::Guidance, "guidance NaN"),
         (Job { guidance: Some(-1.0), ..job() }, Setting::Guidance, "guidance -1"),
         (Job { vae_tile: Some(6), ..job() }, Setting::VaeTile, "VAE tile 6: not a positive multiple of 4 pixels"),
         (Job { references: vec![reference(64, 64); 17], ..job() }, Setting::References, "17 reference images; at most 16"),
         (Job { references: vec![reference(66, 64)], ..job() }, Setting::Reference, "made.png: 66×64 is not made of whole 4-pixel latent cells"),
         (Job::prompts(Vec::new()), Setting::Prompt, "give a prompt"),
-        (Job { ..Job::new(Prompt::Text("x".repeat(2 << 20))) }, Setting::Prompt, "over the 1048576-byte limit"),
+        (Job { ..Job::new(Prompt::text("x".repeat(2 << 20))) }, Setting::Prompt, "over the 1048576-byte limit"),
+        (Job { ..Job::new(Prompt::with_negative("x", "x".repeat(2 << 20))) }, Setting::NegativePrompt, "negative prompt: prompt 1: 2097152 bytes is over"),
         (Job { ..Job::new(Prompt::Embeddings { positive: vec![0.0; 10], negative: None }) }, Setting::Embeddings, "expected [512, "),
     ];
     for (job, setting, says) in cases {
@@ -118,14 +119,14 @@ fn a_library_caller_cannot_run_what_gen_refuses() {
         assert!(e.to_string().contains(says), "{e:?} should say {says:?}: {e}");
     }
     // The defaults `gen` applies, applied here: tiny-a is distilled.
-    let resolved = Job::new(Prompt::Text("x".into())).resolve(model, &Limits::default()).unwrap();
+    let resolved = Job::new(Prompt::text("x")).resolve(model, &Limits::default()).unwrap();
     let r = resolved.request();
     assert_eq!((r.width, r.height, r.steps, r.guidance), (1024, 1024, 4, 1.0));
     // The size comes from the first reference image, as diffusers takes it.
     let g = Goldens::load("tiny-a/reference-two");
     let first = reference_image::load(&g.dir.join("ref0.png"), model.vae.latent_cell()).unwrap();
     let (w, h) = (first.width, first.height);
-    let resolved = Job { references: vec![first], ..Job::new(Prompt::Text("x".into())) }.resolve(model, &Limits::default()).unwrap();
+    let resolved = Job { references: vec![first], ..Job::new(Prompt::text("x")) }.resolve(model, &Limits::default()).unwrap();
     assert_eq!((resolved.request().width, resolved.request().height), (w, h));
     // A server's tighter limits are the same rules with other bounds.
     let tight = Limits { max_steps: 8, max_side: 64, ..Limits::default() };

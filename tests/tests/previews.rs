@@ -82,7 +82,7 @@ fn previews_off_add_no_work_and_on_add_one_readback_each() {
     use flux_lite_platform::{Job, Limits, Options, Pipeline, Prompt};
     let pipeline = Pipeline::open(&model_dir("tiny-a"), Options::default()).unwrap();
     let run = |steps: usize, every: Option<usize>| {
-        let job = Job { width: Some(32), height: Some(32), steps: Some(steps), seed: Some(1), ..Job::new(Prompt::Text("a fox".into())) };
+        let job = Job { width: Some(32), height: Some(32), steps: Some(steps), seed: Some(1), ..Job::new(Prompt::text("a fox")) };
         let job = job.resolve(pipeline.model(), &Limits::default()).unwrap();
         let before = pipeline.gpu().memory().allocations;
         let mut observer = Previews { every, seen: 0 };
@@ -220,7 +220,7 @@ fn banded_previews_draw_what_whole_ones_draw() {
     let decoder = test_vectors().join("goldens/tiny_decoder/taesd.safetensors");
     let open = |gpu: GpuOptions| Pipeline::open(&model_dir("tiny-a"), Options { preview_decoder: Some(decoder.clone()), gpu, ..Options::default() }).unwrap();
     let run = |pipeline: &Pipeline, vae_tile: Option<usize>| {
-        let job = Job { width: Some(64), height: Some(48), steps: Some(2), seed: Some(3), vae_tile, ..Job::new(Prompt::Text("a fox".into())) };
+        let job = Job { width: Some(64), height: Some(48), steps: Some(2), seed: Some(3), vae_tile, ..Job::new(Prompt::text("a fox")) };
         let job = job.resolve(pipeline.model(), &Limits::default()).unwrap();
         let layout = pipeline.plan(&job).unwrap().preview.map(|p| (p.tile, p.on_device));
         let mut kept = Kept { images: Vec::new() };

@@ -52,10 +52,15 @@ const DEFAULT_STRENGTH: f64 = 0.8;
 /// lines, or `--embeddings` (read for a model whose joint width is `joint`).
 pub fn prompts(args: &GenArgs, joint: usize) -> Result<Vec<Prompt>, String> {
     let text = crate::prompt::from_flags(args.prompt.as_deref(), args.prompt_file.as_deref())?;
+    let negative = args.negative_prompt.clone().unwrap_or_default();
+    if args.negative_prompt.is_some() && args.embeddings.is_some() {
+        return Err("--negative-prompt with --embeddings: the embeddings file holds the negative (flux-lite encode --negative-prompt writes it)".into());
+    }
+    let text_prompt = |positive: String| Prompt::with_negative(positive, negative.clone());
     match (text, &args.embeddings, &args.batch_file) {
-        (None, None, Some(path)) => Ok(crate::prompt::lines(path)?.into_iter().map(Prompt::Text).collect()),
+        (None, None, Some(path)) => Ok(crate::prompt::lines(path)?.into_iter().map(text_prompt).collect()),
         (_, _, Some(path)) => Err(format!("--batch-file {} gives the prompts: leave out --prompt, --prompt-file and --embeddings", path.display())),
-        (Some(text), None, None) => Ok(vec![Prompt::Text(text)]),
+        (Some(text), None, None) => Ok(vec![text_prompt(text)]),
         (Some(_), Some(_), None) => Err("give --prompt or --embeddings, not both".into()),
         (None, None, None) => Err("give --prompt TEXT (or --prompt-file FILE, --batch-file FILE or --embeddings FILE)".into()),
         (None, Some(path), None) => {

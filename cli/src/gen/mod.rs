@@ -8,7 +8,7 @@ mod watch;
 use crate::progress::Bar;
 use argh::FromArgs;
 use flux_lite_platform::model::lora::LoraSpec;
-use flux_lite_platform::pipeline::{self, KvPrecision, Made, Prompt};
+use flux_lite_platform::pipeline::{self, KvPrecision, Made};
 use flux_lite_platform::{GpuOptions, Job, Limits, OutputType, Pipeline, RunError};
 pub use outputs::{a1111_parameters, png_text};
 use std::path::PathBuf;
@@ -27,6 +27,9 @@ pub struct GenArgs {
     /// read the prompt from this UTF-8 text file (its final line break dropped)
     #[argh(option)]
     prompt_file: Option<PathBuf>,
+    /// with guidance (a base model, --guidance above 1), what to steer away from, for every prompt (default: the empty prompt, as diffusers); a guidance-distilled model has no use for it and warns
+    #[argh(option)]
+    negative_prompt: Option<String>,
     /// where to write the PNG: a file (written whole or not at all; a symbolic link is written through), a named pipe or device (written into), or - for standard output
     #[argh(option)]
     output: Option<PathBuf>,
@@ -146,6 +149,12 @@ pub fn run(args: &GenArgs) -> Result<(), String> {
     if job.guidance_ignored() {
         eprintln!("warning: {} is guidance-distilled; --guidance {} is ignored", args.model.display(), job.request().guidance);
     }
+    if job.negative_ignored() {
+        match model.index.is_distilled {
+            true => eprintln!("warning: {} is guidance-distilled; --negative-prompt is ignored", args.model.display()),
+            false => eprintln!("warning: --guidance {} runs no guidance (it takes more than 1); --negative-prompt is ignored", job.request().guidance),
+        }
+    }
     eprintln!("seed: {}", job.request().seed);
     let outputs = outputs::Outputs::new(&args.output, &args.output_latents, job.images())?;
     let in_channels = model.transformer.in_channels;
@@ -173,10 +182,7 @@ pub fn run(args: &GenArgs) -> Result<(), String> {
     let preview = args.preview.as_deref().map(|p| (p, args.preview_every));
     let mut watch = watch::Watch::new(&mut bar, preview, host_peak.as_ref());
     let mut write = |made: Made| {
-        let prompt = match &job.batch().prompts[job.batch().items[made.index].prompt] {
-            Prompt::Text(t) => t.clone(),
-            Prompt::Embeddings { .. } => String::new(),
-        };
+        let prompt = &job.batch().prompts[job.batch().items[made.index].prompt];
         let mut text = png_text(prompt, made.seed, job.request(), args.model.display().to_string());
         text.extend(args.embeddings.iter().map(|path| ("embeddings", path.display().to_string())));
         text.extend(args.image.iter().map(|path| ("reference", path.display().to_string())));

@@ -66,14 +66,22 @@ pub struct Limits {
 /// A checked request, ready to queue.
 #[derive(Debug)]
 pub struct Order {
-    pub prompt: String,
     pub job: Resolved,
+}
+
+impl Order {
+    /// The request's one prompt (a request has one, made `n` times).
+    pub fn prompt(&self) -> &Prompt {
+        &self.job.batch().prompts[0]
+    }
 }
 
 /// What both shapes ask for, before it is checked.
 #[derive(Debug, Default)]
 pub struct Asked {
     pub prompt: String,
+    /// What to steer away from under guidance; empty: the empty prompt, as diffusers.
+    pub negative_prompt: String,
     pub width: Option<usize>,
     pub height: Option<usize>,
     pub steps: Option<usize>,
@@ -118,13 +126,16 @@ pub struct OpenAiRequest {
     pub size: Option<String>,
     #[serde(default)]
     pub response_format: Option<String>,
-    /// Extensions: the seed of the first image, the steps, the guidance scale.
+    /// Extensions: the seed of the first image, the steps, the guidance
+    /// scale, the negative prompt.
     #[serde(default)]
     pub seed: Option<u64>,
     #[serde(default)]
     pub steps: Option<usize>,
     #[serde(default)]
     pub guidance: Option<f32>,
+    #[serde(default)]
+    pub negative_prompt: String,
     /// `/v1/images/edits`: one image (base64 or a data URL), or a list of them
     /// as strings or `{"image_url": …}` objects.
     #[serde(default)]
@@ -213,7 +224,8 @@ impl OpenAiRequest {
                 Some(AskedInit { image: images.remove(0), mask: Some(mask), strength: strength.unwrap_or(1.0), crop: None })
             }
         };
-        Ok(Asked { prompt: self.prompt, width, height, steps: self.steps, seed: self.seed, guidance: self.guidance, count: self.n.unwrap_or(1), images, init })
+        let count = self.n.unwrap_or(1);
+        Ok(Asked { prompt: self.prompt, negative_prompt: self.negative_prompt, width, height, steps: self.steps, seed: self.seed, guidance: self.guidance, count, images, init })
     }
 }
 
@@ -272,11 +284,8 @@ const A1111_FULL_RES_PADDING: usize = 32;
 const A1111_STRENGTH: f64 = 0.75;
 
 impl A1111Request {
-    pub fn asked(self, guided: &dyn Fn(f32) -> bool) -> Result<Asked, ApiError> {
+    pub fn asked(self) -> Result<Asked, ApiError> {
         let guidance = self.cfg_scale;
-        if !self.negative_prompt.trim().is_empty() && guidance.is_some_and(guided) {
-            return Err(ApiError::bad("negative_prompt: only the empty negative prompt is supported under guidance"));
-        }
         let seed = match self.seed {
             None | Some(-1) => None,
             Some(s) if s < 0 => return Err(ApiError::bad(format!("seed {s}: give -1 (random) or a seed ≥ 0"))),
@@ -315,7 +324,8 @@ impl A1111Request {
             true => None,
             false => Some(AskedInit { image: images.remove(0), mask, strength: self.denoising_strength.unwrap_or(A1111_STRENGTH), crop }),
         };
-        Ok(Asked { prompt: self.prompt, width: self.width, height: self.height, steps: self.steps, seed, guidance, count, images, init })
+        let (width, height, steps) = (self.width, self.height, self.steps);
+        Ok(Asked { prompt: self.prompt, negative_prompt: self.negative_prompt, width, height, steps, seed, guidance, count, images, init })
     }
 }
 
@@ -357,12 +367,12 @@ pub fn check(asked: Asked, shape: Shape, pipeline: &Pipeline, limits: &Limits) -
         lora: limits.lora.clone(),
         memory_budget: limits.memory_budget,
         kv_precision: limits.kv_precision,
-        ..Job::new(Prompt::Text(asked.prompt.clone()))
+        ..Job::new(Prompt::with_negative(asked.prompt.clone(), asked.negative_prompt.clone()))
     };
     let job = job.resolve(model, &limits.job).map_err(|e| ApiError::bad(request_line(&e, shape, &asked)))?;
     let (width, height) = (job.request().width, job.request().height);
     pipeline.plan(&job).map_err(|e| ApiError::bad(format!("{width}x{height}: {}", plan_reason(&e))))?;
-    Ok(Order { prompt: asked.prompt, job })
+    Ok(Order { job })
 }
 
 /// The picture to change, prepared as `gen --init-image` prepares it, and its mask.
@@ -397,6 +407,7 @@ fn init_image(init: &AskedInit, unit: usize) -> Result<InitImage, flux_lite_plat
 fn request_line(e: &RequestError, shape: Shape, asked: &Asked) -> String {
     let field = match (e.setting(), shape) {
         (Setting::Prompt, _) => "prompt",
+        (Setting::NegativePrompt, _) => "negative_prompt",
         (Setting::Embeddings, _) => "prompt embeddings",
         (Setting::Images, Shape::OpenAi) => "n",
         (Setting::Images, Shape::A1111) => "batch_size × n_iter",

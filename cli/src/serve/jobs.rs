@@ -292,7 +292,7 @@ impl Worker {
         let mut pictures = Vec::with_capacity(count);
         let mut take = |made: Made| {
             let Some(image) = made.image else { return Err(RunError::Internal("no image was decoded".into())) };
-            let text = crate::gen::png_text(order.prompt.clone(), made.seed, request, self.model_name.clone());
+            let text = crate::gen::png_text(order.prompt(), made.seed, request, self.model_name.clone());
             let png = output::encode_png(image.width as u32, image.height as u32, &image.rgb, &text).map_err(RunError::Output)?;
             pictures.push(Picture { seed: made.seed, png });
             Ok(())

@@ -335,9 +335,8 @@ async fn a1111_generate(State(app): State<Arc<App>>, headers: HeaderMap, body: R
     let id = job_id(&headers)?;
     let raw: serde_json::Value = parse(body)?;
     let request: A1111Request = serde_json::from_value(raw.clone()).map_err(|e| ApiError::bad(format!("the request body is not the JSON expected: {e}")))?;
-    let pipeline = app.pipeline.clone();
-    let asked = request.asked(&|g| pipeline::uses_guidance(pipeline.model(), g))?;
-    let prompt = asked.prompt.clone();
+    let asked = request.asked()?;
+    let (prompt, negative) = (asked.prompt.clone(), asked.negative_prompt.clone());
     let order = checked(&app, asked, api::Shape::A1111).await?;
     let r = order.job.request();
     let (width, height, steps, guidance) = (r.width, r.height, r.steps, r.guidance);
@@ -345,11 +344,13 @@ async fn a1111_generate(State(app): State<Arc<App>>, headers: HeaderMap, body: R
     let (id, pictures) = run_order(&app, order, id).await?;
     let seeds: Vec<u64> = pictures.iter().map(|p| p.seed).collect();
     // Each image's settings in A1111's wording, as its PNG's `parameters` holds them.
-    let infotexts: Vec<String> = seeds.iter().map(|&seed| crate::gen::a1111_parameters(&prompt, seed, &request_run, &app.model_name)).collect();
+    let infotexts: Vec<String> = seeds.iter().map(|&seed| crate::gen::a1111_parameters(&prompt, &negative, seed, &request_run, &app.model_name)).collect();
     let info = json!({
         "infotexts": infotexts,
         "prompt": prompt,
         "all_prompts": vec![&prompt; seeds.len()],
+        "negative_prompt": negative,
+        "all_negative_prompts": vec![&negative; seeds.len()],
         "seed": seeds.first(),
         "all_seeds": seeds,
         "width": width,

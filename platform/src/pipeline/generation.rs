@@ -186,14 +186,14 @@ impl Run<'_> {
     fn encode(&mut self, batch: &Batch, items: &[Item], observer: &mut dyn Observer) -> Result<Vec<Option<Embeddings>>, RunError> {
         let guided = uses_guidance(&self.pipeline.model, self.request.guidance);
         let used: Vec<usize> = (0..batch.prompts.len()).filter(|p| items.iter().any(|i| i.prompt == *p)).collect();
-        // The texts to encode, each once; the empty negative is one of them when guided.
+        // The texts to encode, each once; each text prompt's negative is one of them when guided.
         let mut texts: Vec<&str> = Vec::new();
         for &p in &used {
             match &batch.prompts[p] {
-                Prompt::Text(t) => {
-                    push_once(&mut texts, t);
+                Prompt::Text { positive, negative } => {
+                    push_once(&mut texts, positive);
                     if guided {
-                        push_once(&mut texts, "");
+                        push_once(&mut texts, negative);
                     }
                 }
                 Prompt::Embeddings { negative: None, .. } if guided => push_once(&mut texts, ""),
@@ -208,7 +208,7 @@ impl Run<'_> {
                     return None;
                 }
                 Some(match &batch.prompts[p] {
-                    Prompt::Text(t) => (of(t).unwrap_or_default(), if guided { of("") } else { None }),
+                    Prompt::Text { positive, negative } => (of(positive).unwrap_or_default(), if guided { of(negative) } else { None }),
                     Prompt::Embeddings { positive, negative: Some(n) } => (positive.clone(), Some(n.clone())),
                     Prompt::Embeddings { positive, negative: None } => (positive.clone(), if guided { of("") } else { None }),
                 })

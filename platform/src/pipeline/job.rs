@@ -221,7 +221,8 @@ impl Job {
             kv_precision: self.kv_precision,
         };
         let guidance_ignored = model.index.is_distilled && guidance > 1.0;
-        Ok(Resolved { batch, request, references, output: self.output, guidance_ignored })
+        let negative_ignored = !super::uses_guidance(model, guidance) && batch.prompts.iter().any(Prompt::has_negative);
+        Ok(Resolved { batch, request, references, output: self.output, guidance_ignored, negative_ignored })
     }
 }
 
@@ -247,7 +248,7 @@ impl Default for Limits {
 ///
 /// ```compile_fail
 /// // Its fields are the engine's: a caller cannot build one unchecked.
-/// let job = flux_lite_platform::Resolved { output: flux_lite_platform::OutputType::Image, guidance_ignored: false };
+/// let job = flux_lite_platform::Resolved { output: flux_lite_platform::OutputType::Image, guidance_ignored: false, negative_ignored: false };
 /// ```
 #[derive(Debug, Clone)]
 pub struct Resolved {
@@ -256,6 +257,7 @@ pub struct Resolved {
     pub(crate) references: Vec<ReferenceImage>,
     pub(crate) output: OutputType,
     guidance_ignored: bool,
+    negative_ignored: bool,
 }
 
 impl Resolved {
@@ -286,6 +288,14 @@ impl Resolved {
     pub fn guidance_ignored(&self) -> bool {
         self.guidance_ignored
     }
+
+    /// A negative prompt given where no guidance runs (a distilled model, or
+    /// a scale of 1 or less), so nothing reads it. A warning rather than a
+    /// refusal: A1111's clients send their negative with every request, to
+    /// every model, as they send a guidance scale.
+    pub fn negative_ignored(&self) -> bool {
+        self.negative_ignored
+    }
 }
 
 /// Denoising steps when none are asked for, as diffusers' model cards use:
@@ -311,7 +321,9 @@ fn batch(prompts: Vec<Prompt>, images_per_prompt: usize, seed: u64) -> Batch {
     let mut distinct: Vec<Prompt> = Vec::new();
     let mut items = Vec::with_capacity(prompts.len() * images_per_prompt);
     for prompt in prompts {
-        let same = |d: &Prompt| matches!((d, &prompt), (Prompt::Text(a), Prompt::Text(b)) if a == b);
+        let same = |d: &Prompt| {
+            matches!((d, &prompt), (Prompt::Text { positive: a, negative: n }, Prompt::Text { positive: b, negative: m }) if a == b && n == m)
+        };
         let index = match distinct.iter().position(same) {
             Some(i) => i,
             None => {
@@ -330,8 +342,9 @@ fn check_prompt(index: usize, prompt: &Prompt, joint: usize, max_bytes: usize) -
     let expected = PROMPT_TOKENS * joint;
     let embeddings = |which: &'static str, values: usize| RequestError::Embeddings { index, which, values, expected: (PROMPT_TOKENS, joint) };
     match prompt {
-        Prompt::Text(text) if text.len() > max_bytes => Err(RequestError::PromptTooLong { index, bytes: text.len(), limit: max_bytes }),
-        Prompt::Text(_) => Ok(()),
+        Prompt::Text { positive, .. } if positive.len() > max_bytes => Err(RequestError::PromptTooLong { index, bytes: positive.len(), limit: max_bytes }),
+        Prompt::Text { negative, .. } if negative.len() > max_bytes => Err(RequestError::NegativePromptTooLong { index, bytes: negative.len(), limit: max_bytes }),
+        Prompt::Text { .. } => Ok(()),
         Prompt::Embeddings { positive, .. } if positive.len() != expected => Err(embeddings("prompt", positive.len())),
         Prompt::Embeddings { negative: Some(negative), .. } if negative.len() != expected => Err(embeddings("negative prompt", negative.len())),
         Prompt::Embeddings { .. } => Ok(()),
@@ -362,6 +375,7 @@ pub enum Side {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Setting {
     Prompt,
+    NegativePrompt,
     Embeddings,
     Images,
     References,
@@ -382,6 +396,7 @@ impl Setting {
     pub fn words(self) -> &'static str {
         match self {
             Setting::Prompt => "prompt",
+            Setting::NegativePrompt => "negative prompt",
             Setting::Embeddings => "prompt embeddings",
             Setting::Images => "images",
             Setting::References => "reference images",
@@ -403,6 +418,7 @@ impl Setting {
 pub enum RequestError {
     NoPrompt,
     PromptTooLong { index: usize, bytes: usize, limit: usize },
+    NegativePromptTooLong { index: usize, bytes: usize, limit: usize },
     /// Embeddings of the wrong size: `which` is "prompt" or "negative prompt".
     Embeddings { index: usize, which: &'static str, values: usize, expected: (usize, usize) },
     Images { per_prompt: usize, total: usize, limit: usize },
@@ -429,6 +445,7 @@ impl RequestError {
     pub fn setting(&self) -> Setting {
         match self {
             RequestError::NoPrompt | RequestError::PromptTooLong { .. } => Setting::Prompt,
+            RequestError::NegativePromptTooLong { .. } => Setting::NegativePrompt,
             RequestError::Embeddings { .. } => Setting::Embeddings,
             RequestError::Images { .. } => Setting::Images,
             RequestError::References { .. } => Setting::References,
@@ -450,7 +467,7 @@ impl RequestError {
     pub fn value(&self) -> String {
         match self {
             RequestError::NoPrompt | RequestError::References { .. } | RequestError::VaeTile { tile: None, .. } | RequestError::InitWithKvCache => String::new(),
-            RequestError::PromptTooLong { .. } | RequestError::Embeddings { .. } => String::new(),
+            RequestError::PromptTooLong { .. } | RequestError::NegativePromptTooLong { .. } | RequestError::Embeddings { .. } => String::new(),
             RequestError::Images { per_prompt, .. } => per_prompt.to_string(),
             RequestError::Reference { name, .. } => name.clone(),
             RequestError::Size { pixels, .. } | RequestError::SideTooLarge { pixels, .. } => pixels.to_string(),
@@ -467,7 +484,7 @@ impl RequestError {
     pub fn reason(&self) -> String {
         match self {
             RequestError::NoPrompt => "give a prompt (text or embeddings)".into(),
-            RequestError::PromptTooLong { index, bytes, limit } => {
+            RequestError::PromptTooLong { index, bytes, limit } | RequestError::NegativePromptTooLong { index, bytes, limit } => {
                 format!("prompt {}: {bytes} bytes is over the {limit}-byte limit (the text encoder reads {PROMPT_TOKENS} tokens)", index + 1)
             }
             RequestError::Embeddings { index, which, values, expected: (rows, width) } => {
@@ -513,11 +530,15 @@ mod tests {
 
     #[test]
     fn a_batch_counts_seeds_across_prompts_and_encodes_equal_texts_once() {
-        let text = |t: &str| Prompt::Text(t.into());
+        let text = |t: &str| Prompt::text(t);
         let b = batch(vec![text("a"), text("b"), text("a")], 2, 7);
         assert_eq!(b.prompts.len(), 2);
         let got: Vec<(usize, u64)> = b.items.iter().map(|i| (i.prompt, i.seed)).collect();
         assert_eq!(got, [(0, 7), (0, 8), (1, 9), (1, 10), (0, 11), (0, 12)]);
+        // The same text under another negative is another conditioning.
+        let b = batch(vec![text("a"), Prompt::with_negative("a", "blur"), Prompt::with_negative("a", "blur")], 1, 0);
+        assert_eq!(b.prompts.len(), 2);
+        assert_eq!(b.items.iter().map(|i| i.prompt).collect::<Vec<_>>(), [0, 1, 1]);
     }
 
     #[test]

@@ -277,11 +277,32 @@ pub struct Options {
 /// The conditioning of a generation.
 #[derive(Debug, Clone)]
 pub enum Prompt {
-    /// A prompt to tokenize and encode (the empty prompt is the negative when guided).
-    Text(String),
+    /// Texts to tokenize and encode: what to draw and, when guided, what to
+    /// steer away from (the empty text by default, as diffusers encodes `""`).
+    Text { positive: String, negative: String },
     /// Embeddings `[512, joint]` encoded before (`flux-lite encode`); the
     /// negative is encoded from the empty prompt when guided and absent.
     Embeddings { positive: Vec<f32>, negative: Option<Vec<f32>> },
+}
+
+impl Prompt {
+    /// A text prompt with the empty negative.
+    pub fn text(positive: impl Into<String>) -> Self {
+        Prompt::Text { positive: positive.into(), negative: String::new() }
+    }
+
+    /// A text prompt and its negative.
+    pub fn with_negative(positive: impl Into<String>, negative: impl Into<String>) -> Self {
+        Prompt::Text { positive: positive.into(), negative: negative.into() }
+    }
+
+    /// Whether a negative other than the default (the empty text) was given.
+    pub fn has_negative(&self) -> bool {
+        match self {
+            Prompt::Text { negative, .. } => !negative.is_empty(),
+            Prompt::Embeddings { negative, .. } => negative.is_some(),
+        }
+    }
 }
 
 /// The engine's entry point: a model folder and a device, opened once; then
@@ -297,7 +318,7 @@ pub enum Prompt {
 /// use flux_lite_platform::{Job, Limits, Options, Pipeline, Prompt, Silent};
 /// # fn main() -> Result<(), flux_lite_platform::RunError> {
 /// let pipeline = Pipeline::open("FLUX.2-klein-4B".as_ref(), Options::default())?;
-/// let job = Job { width: Some(512), height: Some(512), seed: Some(42), ..Job::new(Prompt::Text("a red fox in the snow".into())) };
+/// let job = Job { width: Some(512), height: Some(512), seed: Some(42), ..Job::new(Prompt::text("a red fox in the snow")) };
 /// let job = job.resolve(pipeline.model(), &Limits::default())?;
 /// let mut images = Vec::new();
 /// pipeline.run(&job, &mut Silent, &mut |made| {
