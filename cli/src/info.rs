@@ -1,4 +1,5 @@
-//! `flux-lite info`: a model folder's configs, sizes and memory plan, without running it.
+//! `flux-lite info`: a model folder's configs, sizes and memory plan, without
+//! running it; or the settings an image carries (`flux-lite info IMAGE.png`).
 
 use crate::stdout::say;
 use argh::FromArgs;
@@ -12,13 +13,17 @@ use flux_lite_platform::{Gpu, Job, Limits, Prompt};
 use std::path::PathBuf;
 
 /// Print a model folder's configuration, weight sizes and memory plan without
-/// running it; the folder may hold only its config files.
+/// running it (the folder may hold only its config files); or, given an
+/// image, the settings it was made with.
 #[derive(FromArgs, Debug)]
 #[argh(subcommand, name = "info")]
 pub struct InfoArgs {
+    /// an image (PNG) to print the settings of, as flux-lite or AUTOMATIC1111 wrote them
+    #[argh(positional)]
+    file: Option<PathBuf>,
     /// the diffusers model folder (model_index.json, transformer/, text_encoder/, vae/, scheduler/)
     #[argh(option)]
-    model: PathBuf,
+    model: Option<PathBuf>,
     /// read the transformer from this folder instead of the model's transformer/, or from a GGUF file (BFL's tensor names, as ComfyUI-GGUF and stable-diffusion.cpp write them)
     #[argh(option)]
     transformer: Option<PathBuf>,
@@ -46,7 +51,13 @@ pub struct InfoArgs {
 }
 
 pub fn run(args: &InfoArgs) -> Result<(), String> {
-    let model = pipeline::open_model(&args.model, args.transformer.as_deref(), args.text_encoder.as_deref()).map_err(|e| e.to_string())?;
+    let model_dir = match (&args.file, &args.model) {
+        (Some(file), None) => return print_settings(file),
+        (Some(file), Some(_)) => return Err(format!("info {}: give an image or --model DIR, not both", file.display())),
+        (None, None) => return Err("give --model DIR (a model's configs and plan) or an image file (the settings it carries)".into()),
+        (None, Some(dir)) => dir,
+    };
+    let model = pipeline::open_model(model_dir, args.transformer.as_deref(), args.text_encoder.as_deref()).map_err(|e| e.to_string())?;
     print_configs(&model);
     for c in Component::ALL {
         print_component_bytes(&model, c)?;
@@ -279,4 +290,73 @@ fn tile_layout(tile: Option<u64>) -> String {
         None => "untiled".to_string(),
         Some(tile) => format!("by bands of {tile}-pixel tiles"),
     }
+}
+
+/// The settings an image carries, a line each, and how to make it again.
+fn print_settings(file: &std::path::Path) -> Result<(), String> {
+    use crate::recipe::{Carried, Source};
+    let shown = file.display();
+    match crate::recipe::read_image_file(file)? {
+        Carried::Recipe(r) => {
+            let source = |s: &Source| match s {
+                Source::File(f) => f.clone(),
+                Source::Sent(field) => format!("{field} (sent to a server; not in the image)"),
+            };
+            say!("{shown}: made by {}", r.software);
+            say!("prompt: {}", r.prompt);
+            if !r.negative_prompt.is_empty() {
+                say!("negative prompt: {}", r.negative_prompt);
+            }
+            if let Some(e) = &r.embeddings {
+                say!("embeddings: {e}");
+            }
+            say!("model: {} (folder {}, weights {})", r.model.name, r.model.folder, r.model.weights);
+            for (what, replaced) in [("transformer", &r.transformer), ("text encoder", &r.text_encoder)] {
+                if let Some(path) = replaced {
+                    say!("{what}: {path}");
+                }
+            }
+            say!("size: {}x{}", r.width, r.height);
+            say!("steps: {}", r.steps);
+            say!("guidance: {}", r.guidance);
+            say!("seed: {}", r.seed);
+            for l in &r.lora {
+                say!("lora: {}:{}", l.file, l.scale);
+            }
+            for reference in &r.references {
+                say!("reference image: {}", source(reference));
+            }
+            if let Some(init) = &r.init {
+                say!("init image: {}", source(&init.image));
+                if let Some(mask) = &init.mask {
+                    say!("mask: {}", source(mask));
+                }
+                say!("strength: {}", init.strength);
+                if let Some(pad) = init.mask_crop {
+                    say!("mask crop: {pad} pixels");
+                }
+            }
+            say!("precision: {} on {}", r.precision, r.adapter);
+            if let Some(budget) = r.memory_budget {
+                say!("memory budget: {} ({budget} B)", Bytes(budget));
+            }
+            if let Some(tile) = r.vae_tile {
+                say!("VAE tile: {tile} pixels");
+            }
+            say!("kv cache: {}, kv precision: {}", if r.kv_cache { "on" } else { "off" }, r.kv_precision);
+            say!("again: flux-lite gen --from {shown} --output again.png");
+        }
+        Carried::Infotext(info) => {
+            say!("{shown}: AUTOMATIC1111's settings (parameters)");
+            say!("prompt: {}", info.prompt);
+            if !info.negative_prompt.is_empty() {
+                say!("negative prompt: {}", info.negative_prompt);
+            }
+            for (key, value) in &info.fields {
+                say!("{key}: {value}");
+            }
+            say!("again: flux-lite gen --from {shown} --model DIR --output again.png (its prompts, seed, steps, CFG scale and size)");
+        }
+    }
+    Ok(())
 }

@@ -13,6 +13,7 @@ mod bench;
 mod budget;
 mod compress;
 mod quantize;
+mod recipe;
 mod encode;
 mod errors;
 mod gen;

@@ -438,3 +438,116 @@ fn the_png_goes_to_standard_output_and_a_full_device_is_an_error() {
     assert!(errors.len() == 1 && errors[0].contains("/dev/full") && errors[0].contains("No space left"), "{stderr}");
     assert!(std::fs::metadata(full).unwrap().file_type().is_char_device(), "/dev/full was replaced");
 }
+
+/// The PNG `args` write (their `--output` is `out`), read whole.
+fn made(args: &[&str], out: &Path) -> Vec<u8> {
+    let run = gen(args);
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    std::fs::read(out).unwrap()
+}
+
+#[test]
+fn an_image_made_again_from_itself_is_the_same_file() {
+    let dir = scratch_dir("png-from");
+    let first = dir.join("first.png");
+    // Guided with a negative (tiny-b), and an inpainting with its init image and mask (tiny-a).
+    let inpaint = Goldens::dir("tiny-a/inpaint-rect");
+    let (init, mask) = (inpaint.join("init.png").to_string_lossy().into_owned(), inpaint.join("mask.png").to_string_lossy().into_owned());
+    let tiny_a = model_dir("tiny-a").to_string_lossy().into_owned();
+    let cases: Vec<Vec<String>> = vec![
+        case_args("tiny-b/cfg-negative", &first),
+        ["--model", &tiny_a, "--prompt", "a red fox in the snow", "--seed", "3", "--steps", "2", "--init-image", &init, "--mask", &mask, "--strength", "0.75"]
+            .iter()
+            .map(|s| s.to_string())
+            .chain(["--output".into(), first.to_string_lossy().into_owned()])
+            .collect(),
+    ];
+    for args in cases {
+        let _ = std::fs::remove_file(&first);
+        let args: Vec<&str> = args.iter().map(String::as_str).chain(["--precision", "f32"]).collect();
+        let original = made(&args, &first);
+        // Nothing but the image and where the copy goes: every setting comes from the image.
+        let again = dir.join("again.png");
+        let _ = std::fs::remove_file(&again);
+        let copy = made(&["--from", first.to_str().unwrap(), "--output", again.to_str().unwrap()], &again);
+        assert!(copy == original, "{args:?}: the image made again differs from the first");
+        // A flag given wins over the image's setting.
+        let other = dir.join("other-seed.png");
+        let _ = std::fs::remove_file(&other);
+        made(&["--from", first.to_str().unwrap(), "--seed", "999", "--output", other.to_str().unwrap()], &other);
+        let text = read_png(&other).text;
+        assert_eq!(text.iter().find(|(k, _)| k == "seed").map(|(_, v)| v.as_str()), Some("999"));
+        assert!(read_png(&other).rgb != read_png(&first).rgb, "another seed, the same pixels");
+    }
+}
+
+#[test]
+fn info_prints_the_settings_an_image_carries() {
+    let dir = scratch_dir("png-info");
+    let out = dir.join("out.png");
+    made(&case_args("tiny-b/cfg-negative", &out).iter().map(String::as_str).chain(["--precision", "f32"]).collect::<Vec<_>>(), &out);
+    let run = Command::new(env!("CARGO_BIN_EXE_flux-lite")).args(["info", out.to_str().unwrap()]).output().unwrap();
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    let c = Goldens::load("tiny-b/cfg-negative").case_json();
+    for line in [
+        format!("prompt: {}", c["prompt"].as_str().unwrap()),
+        format!("negative prompt: {}", c["negative_prompt"].as_str().unwrap()),
+        format!("seed: {}", c["seed"]),
+        "size: 32x48".to_string(),
+        "steps: 2".to_string(),
+        "guidance: 4".to_string(),
+        "precision: f32 on ".to_string(),
+        format!("again: flux-lite gen --from {} --output again.png", out.display()),
+    ] {
+        assert!(stdout.lines().any(|l| l.starts_with(&line)), "no line {line:?} in:\n{stdout}");
+    }
+    assert!(stdout.lines().any(|l| l.starts_with("model: tiny-b (folder ") && l.contains("weights sha256:")), "{stdout}");
+}
+
+/// A PNG another tool wrote: the golden one-step image's pixels, with only
+/// an A1111 `parameters` chunk saying its settings (as A1111 writes them).
+fn a1111_png(path: &Path, parameters: &str) {
+    let golden = read_png(&Goldens::dir("tiny-a/one-step").join("image.png"));
+    let file = std::fs::File::create(path).unwrap();
+    let mut enc = png::Encoder::new(file, golden.width as u32, golden.height as u32);
+    enc.set_color(png::ColorType::Rgb);
+    enc.add_text_chunk("parameters".into(), parameters.into()).unwrap();
+    let mut writer = enc.write_header().unwrap();
+    writer.write_image_data(&golden.rgb).unwrap();
+    writer.finish().unwrap();
+}
+
+#[test]
+fn another_tools_settings_are_read_and_made_again_with_the_model_given() {
+    let dir = scratch_dir("png-from-a1111");
+    let c = Goldens::load("tiny-a/one-step").case_json();
+    let settings = dir.join("a1111.png");
+    let parameters = format!("{}\nSteps: {}, Sampler: Euler, CFG scale: 1, Seed: {}, Size: 32x32, Model: flux2-klein", c["prompt"].as_str().unwrap(), c["steps"], c["seed"]);
+    a1111_png(&settings, &parameters);
+    let run = Command::new(env!("CARGO_BIN_EXE_flux-lite")).args(["info", settings.to_str().unwrap()]).output().unwrap();
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    assert!(stdout.contains("AUTOMATIC1111's settings") && stdout.contains(&format!("Seed: {}", c["seed"])), "{stdout}");
+    // It names no model folder: --model is asked for.
+    let out = dir.join("out.png");
+    let line = the_error_line(&gen(&["--from", settings.to_str().unwrap(), "--output", out.to_str().unwrap()]));
+    assert!(line.contains("--from") && line.contains("--model"), "{line}");
+    // With it, the golden image again.
+    let model = model_dir("tiny-a").to_string_lossy().into_owned();
+    made(&["--from", settings.to_str().unwrap(), "--model", &model, "--precision", "f32", "--output", out.to_str().unwrap()], &out);
+    flux_lite_tests::tolerance::assert_png_close("gen --from an A1111 PNG", &read_png(&out).rgb, &read_png(&settings).rgb);
+}
+
+#[test]
+fn from_a_file_without_settings_is_one_error_naming_it() {
+    let dir = scratch_dir("png-from-bad");
+    let out = dir.join("out.png");
+    let plain = Goldens::dir("tiny-a/inpaint-rect").join("mask.png");
+    let line = the_error_line(&gen(&["--from", plain.to_str().unwrap(), "--output", out.to_str().unwrap()]));
+    assert!(line.contains("--from") && line.contains("mask.png") && line.contains("carries no settings"), "{line}");
+    let text = dir.join("notes.txt");
+    std::fs::write(&text, "not an image").unwrap();
+    let line = the_error_line(&gen(&["--from", text.to_str().unwrap(), "--output", out.to_str().unwrap()]));
+    assert!(line.contains("notes.txt") && line.contains("not a PNG"), "{line}");
+    assert!(!out.exists());
+}

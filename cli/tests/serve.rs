@@ -176,6 +176,21 @@ fn a_negative_prompt_steers_both_apis_as_the_diffusers_golden() {
     assert_eq!(status, 200, "{text}");
     let openai = rgb_of(json(&text)["data"][0]["b64_json"].as_str().unwrap(), &dir, "openai.png");
     assert!(openai.rgb == png.rgb, "the two APIs' pixels differ for one request");
+
+    // png-info reads the settings back as A1111 answers: the infotext, its fields, the other chunks.
+    let body = serde_json::json!({ "image": format!("data:image/png;base64,{}", reply["images"][0].as_str().unwrap()) });
+    let (status, text) = post(&server, "/sdapi/v1/png-info", &body.to_string());
+    assert_eq!(status, 200, "{text}");
+    let read = json(&text);
+    assert_eq!(read["info"], infotext);
+    assert_eq!(read["parameters"]["Negative prompt"], negative.as_str());
+    assert_eq!(read["parameters"]["Seed"], seed.to_string());
+    assert_eq!((read["parameters"]["Size-1"].as_u64(), read["parameters"]["Size-2"].as_u64()), (Some(w as u64), Some(h as u64)));
+    let recipe = json(read["items"]["flux-lite"].as_str().unwrap());
+    assert_eq!((recipe["seed"].as_u64(), recipe["negative_prompt"].as_str(), recipe["precision"].as_str()), (Some(seed), Some(negative.as_str()), Some("f32")));
+    assert!(recipe["model"]["weights"].as_str().unwrap().starts_with("sha256:"), "{recipe}");
+    let (status, text) = post(&server, "/sdapi/v1/png-info", r#"{"image": "aGk="}"#);
+    assert!(status == 400 && text.contains("image: not a PNG file"), "{status} {text}");
 }
 
 #[test]

@@ -1,26 +1,30 @@
 //! `flux-lite gen`: flags → a `Job` → the engine → PNG files.
 
+mod again;
 mod inputs;
 mod outputs;
 mod report;
 mod watch;
 
 use crate::progress::Bar;
+use crate::recipe;
 use argh::FromArgs;
 use flux_lite_platform::model::lora::LoraSpec;
 use flux_lite_platform::pipeline::{self, KvPrecision, Made};
 use flux_lite_platform::{GpuOptions, Job, Limits, OutputType, Pipeline, RunError};
-pub use outputs::{a1111_parameters, png_text};
 use std::path::PathBuf;
 use std::time::Instant;
 
 /// Generate an image from a text prompt.
-#[derive(FromArgs, Debug)]
+#[derive(FromArgs, Debug, Clone)]
 #[argh(subcommand, name = "gen")]
 pub struct GenArgs {
-    /// the diffusers model folder (model_index.json, text_encoder/, tokenizer/, transformer/, vae/, scheduler/)
+    /// the diffusers model folder (model_index.json, text_encoder/, tokenizer/, transformer/, vae/, scheduler/); with --from, the one the image names unless given
     #[argh(option)]
-    model: PathBuf,
+    model: Option<PathBuf>,
+    /// make again the image this PNG was made as: its prompt, seed, size, steps, guidance, model, LoRAs, input images and precision, as it carries them; each flag given instead wins (an image from another tool gives its prompts, seed, steps, guidance and size)
+    #[argh(option)]
+    from: Option<PathBuf>,
     /// the text prompt
     #[argh(option)]
     prompt: Option<String>,
@@ -52,8 +56,8 @@ pub struct GenArgs {
     #[argh(option, default = "None", from_str_fn(parse_kv_cache))]
     kv_cache: Option<bool>,
     /// the transformer's keys and values under --memory-budget: auto (default: f32, or f16 where only that fits), f32 (the exact path: a budget only f16 would fit is refused) or f16 (always, by chunks of tokens)
-    #[argh(option, default = "KvPrecision::Auto", from_str_fn(parse_kv_precision))]
-    kv_precision: KvPrecision,
+    #[argh(option, from_str_fn(parse_kv_precision))]
+    kv_precision: Option<KvPrecision>,
     /// image width in pixels, a multiple of 16 for the real VAE (default: the first reference image's, else 1024)
     #[argh(option)]
     width: Option<usize>,
@@ -106,8 +110,8 @@ pub struct GenArgs {
     #[argh(option)]
     preview_decoder: Option<PathBuf>,
     /// precision tier: auto (default: on a CPU adapter f32, the fastest there; elsewhere matrix units where the adapter has them and they pass a known-answer check, else f16, else f32), f32 (the reference), f16 (f16-staged GEMM tiles, f32 sums) or matrix (cooperative-matrix units, f16 operands, f32 sums); f16 and matrix apply a range rule (docs/kernels.md), and a tier the adapter lacks is an error
-    #[argh(option, default = "flux_lite_platform::Precision::Auto", from_str_fn(crate::tier::parse_precision))]
-    precision: flux_lite_platform::Precision,
+    #[argh(option, from_str_fn(crate::tier::parse_precision))]
+    precision: Option<flux_lite_platform::Precision>,
     /// no progress bar
     #[argh(switch)]
     quiet: bool,
@@ -118,10 +122,14 @@ pub struct GenArgs {
 
 pub fn run(args: &GenArgs) -> Result<(), String> {
     let started = Instant::now();
+    let mut args = args.clone();
+    let from = again::fill(&mut args)?;
+    let args = &args;
+    let model_dir = args.model.as_deref().ok_or("give --model DIR (or --from IMAGE.png, made by flux-lite)")?;
     let host_peak = args.verbose.then(flux_lite_platform::host_memory::AnonymousPeak::start).flatten();
     outputs::check_flags(&args.output, &args.output_latents, &args.preview, args.preview_every)?;
     let interrupt = crate::interrupt::flag();
-    let mut model = pipeline::open_model(&args.model, args.transformer.as_deref(), args.text_encoder.as_deref()).map_err(|e| e.to_string())?;
+    let mut model = pipeline::open_model(model_dir, args.transformer.as_deref(), args.text_encoder.as_deref()).map_err(|e| e.to_string())?;
     if let Some(file) = &args.preview_decoder {
         if args.preview.is_none() {
             return Err("--preview-decoder draws the previews of --preview: give --preview FILE.png too".into());
@@ -142,23 +150,23 @@ pub fn run(args: &GenArgs) -> Result<(), String> {
         output: if args.output.is_some() { OutputType::Image } else { OutputType::Latents },
         init: inputs::init_image(args, &model)?,
         kv_cache: args.kv_cache,
-        kv_precision: args.kv_precision,
+        kv_precision: args.kv_precision.unwrap_or_default(),
         ..Job::prompts(inputs::prompts(args, model.transformer.joint_attention_dim)?)
     };
     let job = job.resolve(&model, &Limits::default()).map_err(|e| crate::errors::request_line(&e))?;
     if job.guidance_ignored() {
-        eprintln!("warning: {} is guidance-distilled; --guidance {} is ignored", args.model.display(), job.request().guidance);
+        eprintln!("warning: {} is guidance-distilled; --guidance {} is ignored", model_dir.display(), job.request().guidance);
     }
     if job.negative_ignored() {
         match model.index.is_distilled {
-            true => eprintln!("warning: {} is guidance-distilled; --negative-prompt is ignored", args.model.display()),
+            true => eprintln!("warning: {} is guidance-distilled; --negative-prompt is ignored", model_dir.display()),
             false => eprintln!("warning: --guidance {} runs no guidance (it takes more than 1); --negative-prompt is ignored", job.request().guidance),
         }
     }
     eprintln!("seed: {}", job.request().seed);
     let outputs = outputs::Outputs::new(&args.output, &args.output_latents, job.images())?;
     let in_channels = model.transformer.in_channels;
-    let gpu_options = GpuOptions { interrupt: Some(interrupt), precision: args.precision, ..crate::env_gpu_options()? };
+    let gpu_options = GpuOptions { interrupt: Some(interrupt), precision: args.precision.unwrap_or_default(), ..crate::env_gpu_options()? };
     let pipeline = Pipeline::with_model(model, &gpu_options).map_err(|e| e.to_string())?.scratch_dir(crate::scratch_dir());
     crate::tier::print_notice(pipeline.gpu());
     if !args.quiet {
@@ -181,11 +189,13 @@ pub fn run(args: &GenArgs) -> Result<(), String> {
     let mut bar = Bar::new(args.quiet);
     let preview = args.preview.as_deref().map(|p| (p, args.preview_every));
     let mut watch = watch::Watch::new(&mut bar, preview, host_peak.as_ref());
+    let run = recipe_run(args, model_dir, &pipeline)?;
+    if let (Some(image), Some(made)) = (&args.from, &from) {
+        again::compare(image, made, &run);
+    }
     let mut write = |made: Made| {
         let prompt = &job.batch().prompts[job.batch().items[made.index].prompt];
-        let mut text = png_text(prompt, made.seed, job.request(), args.model.display().to_string());
-        text.extend(args.embeddings.iter().map(|path| ("embeddings", path.display().to_string())));
-        text.extend(args.image.iter().map(|path| ("reference", path.display().to_string())));
+        let text = run.recipe(prompt, made.seed, job.request()).chunks();
         outputs.write(&made, in_channels, &text).map_err(RunError::Output)
     };
     let finished = pipeline.run(&job, &mut watch, &mut write);
@@ -202,6 +212,29 @@ pub fn run(args: &GenArgs) -> Result<(), String> {
     }
     report::times(&finished.timings, started.elapsed());
     Ok(())
+}
+
+/// What this run's images carry of where their inputs came from and what ran them.
+fn recipe_run(args: &GenArgs, model_dir: &std::path::Path, pipeline: &Pipeline) -> Result<recipe::Run, String> {
+    let shown = |p: &PathBuf| p.display().to_string();
+    let file = |p: &PathBuf| recipe::Source::File(shown(p));
+    Ok(recipe::Run {
+        model: model_id(model_dir, pipeline.model())?,
+        transformer: args.transformer.as_ref().map(shown),
+        text_encoder: args.text_encoder.as_ref().map(shown),
+        embeddings: args.embeddings.as_ref().map(shown),
+        references: args.image.iter().map(file).collect(),
+        init: args.init_image.as_ref().map(|i| (file(i), args.mask.as_ref().map(file), args.mask_crop)),
+        precision: pipeline.gpu().precision().name().into(),
+        adapter: pipeline.gpu().info.name.clone(),
+    })
+}
+
+/// The model as an image names it: the folder as given, its name, its weights' fingerprint.
+pub fn model_id(folder: &std::path::Path, model: &flux_lite_platform::model::ModelFolder) -> Result<recipe::ModelId, String> {
+    let weights = flux_lite_platform::model::fingerprint::fingerprint(model).map_err(|e| format!("{}: reading the weights' fingerprint: {e}", folder.display()))?;
+    let name = folder.file_name().map_or_else(|| folder.display().to_string(), |n| n.to_string_lossy().into_owned());
+    Ok(recipe::ModelId { folder: folder.display().to_string(), name, weights })
 }
 
 /// `--kv-precision auto|f32|f16`.

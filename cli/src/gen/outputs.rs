@@ -1,6 +1,6 @@
-//! Where `gen`'s images go, and the text every PNG carries.
+//! Where `gen`'s images go.
 
-use flux_lite_platform::pipeline::{output, Made, Prompt, Request};
+use flux_lite_platform::pipeline::{output, Made};
 use std::path::PathBuf;
 
 /// The output flags checked before any work: a file, a pipe or `-`, at most
@@ -71,74 +71,6 @@ impl Outputs {
             eprintln!("wrote {}", output::shown(path));
         }
         Ok(())
-    }
-}
-
-/// The text chunks every PNG carries (gen's and the server's alike): the
-/// settings one a key, and `parameters`, the same in AUTOMATIC1111's
-/// wording ([`a1111_parameters`]), which A1111, Forge and the image
-/// browsers built for them read back.
-pub fn png_text(prompt: &Prompt, seed: u64, request: &Request, model: String) -> Vec<(&'static str, String)> {
-    let lora = request.lora.adapters.iter().map(|l| ("lora", format!("{}:{}", l.spec.path.display(), l.spec.scale)));
-    let (positive, negative) = texts(prompt);
-    let parameters = a1111_parameters(positive, negative, seed, request, &model);
-    let mut text = vec![("parameters", parameters), ("prompt", positive.to_string())];
-    if !negative.is_empty() {
-        text.push(("negative_prompt", negative.to_string()));
-    }
-    text.extend([
-        ("seed", seed.to_string()),
-        ("steps", request.steps.to_string()),
-        ("size", format!("{}x{}", request.width, request.height)),
-        ("guidance", request.guidance.to_string()),
-        ("model", model),
-        ("software", format!("flux-lite {}", env!("CARGO_PKG_VERSION"))),
-    ]);
-    text.extend(lora);
-    text
-}
-
-/// A prompt's positive and negative texts; embeddings have none (empty).
-pub fn texts(prompt: &Prompt) -> (&str, &str) {
-    match prompt {
-        Prompt::Text { positive, negative } => (positive, negative),
-        Prompt::Embeddings { .. } => ("", ""),
-    }
-}
-
-/// A generation's settings as AUTOMATIC1111 writes them (its "infotext"):
-/// the prompt, then `Negative prompt: …` where there is one, then on the
-/// last line `Key: value` pairs joined by `, `,
-/// a value holding a comma, a colon or a quote written as a JSON string.
-/// The sampler is flow-matching Euler (`FlowMatchEulerDiscreteScheduler`);
-/// the model is named by its folder's name; LoRAs by file name and scale.
-pub fn a1111_parameters(prompt: &str, negative: &str, seed: u64, request: &Request, model: &str) -> String {
-    let model_name = std::path::Path::new(model).file_name().map_or_else(|| model.to_string(), |n| n.to_string_lossy().into_owned());
-    let mut pairs: Vec<(&str, String)> = vec![
-        ("Steps", request.steps.to_string()),
-        ("Sampler", "Euler".into()),
-        ("CFG scale", request.guidance.to_string()),
-        ("Seed", seed.to_string()),
-        ("Size", format!("{}x{}", request.width, request.height)),
-        ("Model", model_name),
-    ];
-    if let Some(init) = &request.init {
-        pairs.push(("Denoising strength", init.strength.to_string()));
-    }
-    if !request.lora.adapters.is_empty() {
-        let name = |p: &std::path::Path| p.file_name().map_or_else(|| p.display().to_string(), |n| n.to_string_lossy().into_owned());
-        let list: Vec<String> = request.lora.adapters.iter().map(|l| format!("{}: {}", name(&l.spec.path), l.spec.scale)).collect();
-        pairs.push(("LoRA", list.join(", ")));
-    }
-    pairs.push(("Version", format!("flux-lite {}", env!("CARGO_PKG_VERSION"))));
-    let quoted = |v: &str| match v.contains([',', ':', '"', '\n']) {
-        true => serde_json::Value::String(v.to_string()).to_string(),
-        false => v.to_string(),
-    };
-    let line: Vec<String> = pairs.iter().map(|(k, v)| format!("{k}: {}", quoted(v))).collect();
-    match negative.is_empty() {
-        true => format!("{prompt}\n{}", line.join(", ")),
-        false => format!("{prompt}\nNegative prompt: {negative}\n{}", line.join(", ")),
     }
 }
 

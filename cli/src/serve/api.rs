@@ -67,6 +67,8 @@ pub struct Limits {
 #[derive(Debug)]
 pub struct Order {
     pub job: Resolved,
+    /// What its images carry of how they were made.
+    pub run: crate::recipe::Run,
 }
 
 impl Order {
@@ -338,7 +340,7 @@ pub enum Shape {
 
 /// Checks what was asked as `gen` checks its flags (one `Job`, resolved),
 /// then against the memory plan; the errors name the shape's fields.
-pub fn check(asked: Asked, shape: Shape, pipeline: &Pipeline, limits: &Limits) -> Result<Order, ApiError> {
+pub fn check(asked: Asked, shape: Shape, pipeline: &Pipeline, limits: &Limits, server: &crate::recipe::Run) -> Result<Order, ApiError> {
     let model = pipeline.model();
     let unit = model.vae.latent_cell();
     // The job's own rule, checked before any image is decoded (a request may carry many).
@@ -372,7 +374,13 @@ pub fn check(asked: Asked, shape: Shape, pipeline: &Pipeline, limits: &Limits) -
     let job = job.resolve(model, &limits.job).map_err(|e| ApiError::bad(request_line(&e, shape, &asked)))?;
     let (width, height) = (job.request().width, job.request().height);
     pipeline.plan(&job).map_err(|e| ApiError::bad(format!("{width}x{height}: {}", plan_reason(&e))))?;
-    Ok(Order { job })
+    let sent = |name: &String| crate::recipe::Source::Sent(name.clone());
+    let run = crate::recipe::Run {
+        references: asked.images.iter().map(|(name, _)| sent(name)).collect(),
+        init: asked.init.as_ref().map(|i| (sent(&i.image.0), i.mask.as_ref().map(|m| sent(&m.name)), i.crop)),
+        ..server.clone()
+    };
+    Ok(Order { job, run })
 }
 
 /// The picture to change, prepared as `gen --init-image` prepares it, and its mask.
@@ -447,7 +455,7 @@ fn parse_size(size: &str) -> Option<(usize, usize)> {
 }
 
 /// Base64, bare or as a `data:image/…;base64,` URL.
-fn decode_base64(name: &str, text: &str) -> Result<Vec<u8>, ApiError> {
+pub fn decode_base64(name: &str, text: &str) -> Result<Vec<u8>, ApiError> {
     let data = match text.strip_prefix("data:") {
         Some(url) => url.split_once(";base64,").map(|(_, d)| d).ok_or_else(|| ApiError::bad(format!("{name}: a data URL must be base64 (data:image/png;base64,…)")))?,
         None => text,

@@ -250,7 +250,6 @@ pub struct Worker {
     pub pipeline: Arc<Pipeline>,
     pub jobs: Arc<Jobs>,
     /// How the PNGs name the model (`--model` as given).
-    pub model_name: String,
     pub verbose: bool,
     /// Whether jobs draw a preview after each step (for `/sdapi/v1/progress`).
     pub previews: bool,
@@ -292,7 +291,7 @@ impl Worker {
         let mut pictures = Vec::with_capacity(count);
         let mut take = |made: Made| {
             let Some(image) = made.image else { return Err(RunError::Internal("no image was decoded".into())) };
-            let text = crate::gen::png_text(order.prompt(), made.seed, request, self.model_name.clone());
+            let text = order.run.recipe(order.prompt(), made.seed, request).chunks();
             let png = output::encode_png(image.width as u32, image.height as u32, &image.rgb, &text).map_err(RunError::Output)?;
             pictures.push(Picture { seed: made.seed, png });
             Ok(())

@@ -96,6 +96,8 @@ struct App {
     limits: Limits,
     /// The model's name as `/v1/models` and the A1111 endpoints give it.
     model_name: String,
+    /// What every image this server makes carries of the model and device.
+    recipe: crate::recipe::Run,
     api_key: Option<String>,
 }
 
@@ -120,11 +122,22 @@ pub fn run(args: &ServeArgs) -> Result<(), String> {
     let model_name = args.model.display().to_string();
     // Previews with a tiny decoder, or where the VAE has a latent-to-RGB map: AUTOMATIC1111's progress shows them.
     let previews = pipeline.model().preview_decoder.is_some() || pipeline::preview::latent_rgb(pipeline.model()).is_ok();
-    let worker = Worker { pipeline: pipeline.clone(), jobs: jobs.clone(), model_name: model_name.clone(), verbose: args.verbose, previews };
+    let worker = Worker { pipeline: pipeline.clone(), jobs: jobs.clone(), verbose: args.verbose, previews };
+    let shown = |p: &std::path::PathBuf| p.display().to_string();
+    let recipe = crate::recipe::Run {
+        model: crate::gen::model_id(&args.model, pipeline.model())?,
+        transformer: args.transformer.as_ref().map(shown),
+        text_encoder: args.text_encoder.as_ref().map(shown),
+        embeddings: None,
+        references: Vec::new(),
+        init: None,
+        precision: pipeline.gpu().precision().name().into(),
+        adapter: pipeline.gpu().info.name.clone(),
+    };
     let worker = std::thread::Builder::new().name("gpu".into()).spawn(move || worker.run(queue)).map_err(|e| format!("cannot start the GPU worker: {e}"))?;
     let job = flux_lite_platform::Limits { max_images: args.max_images, max_steps: args.max_steps, max_side: args.max_side, ..Default::default() };
     let limits = Limits { job, memory_budget: args.memory_budget, kv_precision: args.kv_precision, lora };
-    let app = Arc::new(App { pipeline, jobs: jobs.clone(), limits, model_name, api_key });
+    let app = Arc::new(App { pipeline, jobs: jobs.clone(), limits, model_name, recipe, api_key });
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().map_err(|e| format!("cannot start the HTTP runtime: {e}"))?;
     let served = runtime.block_on(async {
         let address = SocketAddr::new(args.host, args.port);
@@ -155,6 +168,7 @@ fn router(app: Arc<App>, max_body: usize) -> Router {
         .route("/sdapi/v1/progress", get(a1111_progress))
         .route("/sdapi/v1/interrupt", post(a1111_interrupt))
         .route("/sdapi/v1/sd-models", get(a1111_models))
+        .route("/sdapi/v1/png-info", post(a1111_png_info))
         .route("/sdapi/v1/options", get(a1111_options).post(a1111_set_options))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
@@ -340,11 +354,14 @@ async fn a1111_generate(State(app): State<Arc<App>>, headers: HeaderMap, body: R
     let order = checked(&app, asked, api::Shape::A1111).await?;
     let r = order.job.request();
     let (width, height, steps, guidance) = (r.width, r.height, r.steps, r.guidance);
-    let request_run = r.clone();
+    let recipe_of = {
+        let (run, prompt, request) = (order.run.clone(), order.prompt().clone(), r.clone());
+        move |seed: u64| run.recipe(&prompt, seed, &request)
+    };
     let (id, pictures) = run_order(&app, order, id).await?;
     let seeds: Vec<u64> = pictures.iter().map(|p| p.seed).collect();
     // Each image's settings in A1111's wording, as its PNG's `parameters` holds them.
-    let infotexts: Vec<String> = seeds.iter().map(|&seed| crate::gen::a1111_parameters(&prompt, &negative, seed, &request_run, &app.model_name)).collect();
+    let infotexts: Vec<String> = seeds.iter().map(|&seed| crate::recipe::a1111_parameters(&recipe_of(seed))).collect();
     let info = json!({
         "infotexts": infotexts,
         "prompt": prompt,
@@ -372,7 +389,7 @@ async fn a1111_generate(State(app): State<Arc<App>>, headers: HeaderMap, body: R
 /// Checks an order off the runtime's threads (decoding reference images and planning take a moment).
 async fn checked(app: &Arc<App>, asked: api::Asked, shape: api::Shape) -> Result<api::Order, ApiError> {
     let app = app.clone();
-    tokio::task::spawn_blocking(move || api::check(asked, shape, &app.pipeline, &app.limits))
+    tokio::task::spawn_blocking(move || api::check(asked, shape, &app.pipeline, &app.limits, &app.recipe))
         .await
         .unwrap_or_else(|e| Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, format!("checking the request failed: {e}"))))
 }
@@ -431,6 +448,27 @@ async fn a1111_interrupt(State(app): State<Arc<App>>) -> Json<serde_json::Value>
 
 async fn a1111_models(State(app): State<Arc<App>>) -> Json<serde_json::Value> {
     Json(json!([{ "title": app.model_name, "model_name": app.model_name, "filename": app.model_name }]))
+}
+
+/// `POST /sdapi/v1/png-info` `{"image": base64}`: the settings a PNG
+/// carries, as A1111 answers: `info` (its `parameters` text), `items` (its
+/// other text chunks, our `flux-lite` recipe among them) and `parameters`
+/// (the infotext's fields by key).
+async fn a1111_png_info(body: Result<Bytes, BytesRejection>) -> Result<Json<serde_json::Value>, ApiError> {
+    #[derive(serde::Deserialize)]
+    struct Asked {
+        image: String,
+    }
+    let asked: Asked = parse(body)?;
+    let bytes = api::decode_base64("image", &asked.image)?;
+    let chunks = flux_lite_platform::pipeline::output::png_text_chunks(&bytes).map_err(|e| ApiError::bad(format!("image: {e}")))?;
+    let info = chunks.iter().find(|(k, _)| k == crate::recipe::A1111_CHUNK).map(|(_, v)| v.clone()).unwrap_or_default();
+    let items: serde_json::Map<String, serde_json::Value> = chunks.into_iter().filter(|(k, _)| k != crate::recipe::A1111_CHUNK).map(|(k, v)| (k, v.into())).collect();
+    let parameters = match info.is_empty() {
+        true => json!({}),
+        false => crate::recipe::Infotext::parse(&info).to_json(),
+    };
+    Ok(Json(json!({ "info": info, "items": items, "parameters": parameters })))
 }
 
 async fn a1111_options(State(app): State<Arc<App>>) -> Json<serde_json::Value> {

@@ -7,6 +7,7 @@ mod llama_names;
 pub mod compress;
 pub mod config_json;
 pub mod df11;
+pub mod fingerprint;
 pub mod gguf;
 pub mod lora;
 pub mod quantize;
