@@ -5,13 +5,14 @@
 //! and `serve` write both; `gen --from`, `info IMAGE` and serve's
 //! `/sdapi/v1/png-info` read them.
 
+use flux_lite_platform::pipeline::image_file;
 use flux_lite_platform::pipeline::{KvPrecision, Prompt, Request};
 use serde::{Deserialize, Serialize};
 
 /// The text chunk holding a [`Recipe`] as JSON.
-pub const CHUNK: &str = "flux-lite";
+pub const CHUNK: &str = image_file::RECIPE;
 /// The text chunk holding the settings in A1111's wording.
-pub const A1111_CHUNK: &str = "parameters";
+pub const A1111_CHUNK: &str = image_file::PARAMETERS;
 
 /// One image's request, whole: with the same adapter and tier, running it
 /// again makes the same bytes.
@@ -178,7 +179,7 @@ impl Recipe {
             ("size", format!("{}x{}", self.width, self.height)),
             ("guidance", self.guidance.to_string()),
             ("model", self.model.folder.clone()),
-            ("software", self.software.clone()),
+            (image_file::SOFTWARE, self.software.clone()),
         ]);
         text.extend(self.lora.iter().map(|l| ("lora", format!("{}:{}", l.file, l.scale))));
         text.extend(self.embeddings.iter().map(|e| ("embeddings", e.clone())));
@@ -341,11 +342,11 @@ pub fn carried(name: &str, chunks: &[(String, String)]) -> Result<Option<Carried
     Ok(chunk(A1111_CHUNK).map(|text| Carried::Infotext(Infotext::parse(text))))
 }
 
-/// The settings an image file carries, or an error naming the file.
+/// The settings an image file (PNG, JPEG or WebP) carries, or an error naming the file.
 pub fn read_image_file(path: &std::path::Path) -> Result<Carried, String> {
     let name = path.display().to_string();
     let bytes = std::fs::read(path).map_err(|e| format!("{name}: {e}"))?;
-    let chunks = flux_lite_platform::pipeline::output::png_text_chunks(&bytes).map_err(|e| format!("{name}: {e}"))?;
+    let chunks = image_file::image_text(&bytes).map_err(|e| format!("{name}: {e}"))?;
     carried(&name, &chunks)?.ok_or_else(|| format!("{name}: carries no settings (no `{CHUNK}` or `{A1111_CHUNK}` text)"))
 }
 

@@ -207,6 +207,16 @@ fn bad_flags() {
     let model = broken_copy("flags");
     expect_one_error(&model, &["--width", "30"], &[], &["--width 30"]);
     expect_one_error(&model, &["--steps", "0"], &[], &["--steps 0"]);
+    for (extra, needles) in [
+        (&["--output-name", "x.gif"][..], &["--output", "x.gif", ".gif is not written"][..]),
+        (&["--output-name", "x.png", "--quality", "80"][..], &["--output", "only JPEG has a quality"][..]),
+        (&["--output-name", "x.jpg", "--quality", "101"][..], &["--output", "quality 101", "1 to 100"][..]),
+    ] {
+        let out = model.parent().unwrap().join(extra[1]);
+        let line = the_error_line(&gen(&model, &out, &extra[2..], &[]));
+        assert!(needles.iter().all(|n| line.contains(n)), "{line}");
+        assert!(!out.exists());
+    }
     expect_one_error(&model, &["--negative-prompt", "blur", "--embeddings", "e.safetensors"], &[], &["--negative-prompt", "--embeddings", "holds the negative"]);
     expect_one_error(&model, &["--steps", "1000000"], &[], &["--steps 1000000"]);
     expect_one_error(&model, &["--memory-budget", "3GB"], &[], &["--memory-budget"]);

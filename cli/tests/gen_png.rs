@@ -551,3 +551,53 @@ fn from_a_file_without_settings_is_one_error_naming_it() {
     assert!(line.contains("notes.txt") && line.contains("not a PNG"), "{line}");
     assert!(!out.exists());
 }
+
+#[test]
+fn jpeg_and_webp_by_extension_carry_their_settings_and_make_the_image_again() {
+    let dir = scratch_dir("png-formats");
+    let png = dir.join("fox.png");
+    let base: Vec<String> = case_args("tiny-a/four-step-wide", &png);
+    let with_output = |out: &Path, extra: &[&str]| -> Vec<String> {
+        let mut args: Vec<String> = base.iter().map(|a| if *a == png.to_string_lossy() { out.to_string_lossy().into_owned() } else { a.clone() }).collect();
+        args.extend(["--precision", "f32"].iter().chain(extra).map(|s| s.to_string()));
+        args
+    };
+    let run = |args: &[String]| {
+        let run = gen(&args.iter().map(String::as_str).collect::<Vec<_>>());
+        assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    };
+    run(&with_output(&png, &[]));
+    let reference = read_png(&png);
+    let (webp, jpeg, small) = (dir.join("fox.webp"), dir.join("fox.jpg"), dir.join("fox-q40.jpeg"));
+    run(&with_output(&webp, &[]));
+    run(&with_output(&jpeg, &[]));
+    run(&with_output(&small, &["--quality", "40"]));
+    // WebP is lossless: the PNG's pixels. JPEG is near them, and smaller at a lower quality.
+    let decoded = |p: &Path| image::open(p).unwrap().to_rgb8().into_raw();
+    assert!(decoded(&webp) == reference.rgb, "the WebP's pixels differ from the PNG's");
+    let off = |p: &Path| decoded(p).iter().zip(&reference.rgb).map(|(a, b)| a.abs_diff(*b) as f64).sum::<f64>() / reference.rgb.len() as f64;
+    // PIL (libjpeg) at quality 90 with full-resolution chroma gives this image back within mean
+    // |Δ| 6.27 (18.4 with 4:2:0 chroma): JPEG's own loss on a noisy tiny-model image.
+    assert!(off(&jpeg) <= 6.5, "JPEG at the default quality: mean |Δ| {} (PIL's at the same quality: 6.27)", off(&jpeg));
+    assert!(std::fs::metadata(&small).unwrap().len() < std::fs::metadata(&jpeg).unwrap().len());
+    for file in [&webp, &jpeg] {
+        // The settings travel in EXIF (and XMP for WebP): info reads them, --from makes the PNG again.
+        let info = Command::new(env!("CARGO_BIN_EXE_flux-lite")).args(["info", file.to_str().unwrap()]).output().unwrap();
+        let stdout = String::from_utf8_lossy(&info.stdout);
+        assert!(stdout.contains("seed: 7") && stdout.contains("prompt: Ünïcödé café 東京 🦊 at night"), "{}: {stdout}", file.display());
+        let again = dir.join("again.png");
+        let _ = std::fs::remove_file(&again);
+        made(&["--from", file.to_str().unwrap(), "--output", again.to_str().unwrap()], &again);
+        assert!(read_png(&again).rgb == reference.rgb, "{}: made again, other pixels", file.display());
+        // A1111 reads a JPEG's or WebP's settings from EXIF's UserComment, as A1111 writes them.
+        let bytes = std::fs::read(file).unwrap();
+        let exif = exif::Reader::new().read_from_container(&mut std::io::Cursor::new(&bytes)).unwrap();
+        let comment = exif.get_field(exif::Tag::UserComment, exif::In::PRIMARY).unwrap();
+        let exif::Value::Undefined(raw, _) = &comment.value else { panic!("UserComment is not UNDEFINED") };
+        assert_eq!(&raw[..8], b"UNICODE\0");
+        let units: Vec<u16> = raw[8..].chunks_exact(2).map(|p| u16::from_be_bytes([p[0], p[1]])).collect();
+        let (prompt, _, fields) = a1111_fields(&String::from_utf16(&units).unwrap());
+        assert_eq!(prompt, "Ünïcödé café 東京 🦊 at night");
+        assert!(fields.contains(&("Seed".to_string(), "7".to_string())), "{fields:?}");
+    }
+}

@@ -64,8 +64,8 @@ fn bad_init_images_masks_and_strengths_are_one_error_line_and_no_file() {
     std::fs::write(&not_an_image, "not an image").unwrap();
     let text = not_an_image.to_str().unwrap();
     let (black, small) = (dir.join("black.png"), dir.join("small.png"));
-    std::fs::write(&black, flux_lite_platform::pipeline::output::encode_png(66, 50, &[0; 66 * 50 * 3], &[]).unwrap()).unwrap();
-    std::fs::write(&small, flux_lite_platform::pipeline::output::encode_png(32, 32, &[255; 32 * 32 * 3], &[]).unwrap()).unwrap();
+    std::fs::write(&black, flux_lite_platform::pipeline::image_file::encode_png(66, 50, &[0; 66 * 50 * 3], &[]).unwrap()).unwrap();
+    std::fs::write(&small, flux_lite_platform::pipeline::image_file::encode_png(32, 32, &[255; 32 * 32 * 3], &[]).unwrap()).unwrap();
     let (black, small) = (black.to_str().unwrap(), small.to_str().unwrap());
     let cases: Vec<(Vec<&str>, &str)> = vec![
         (vec!["--mask", mask], "--mask needs --init-image"),

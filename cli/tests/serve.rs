@@ -135,6 +135,28 @@ fn both_apis_return_the_golden_image_with_the_pixels_gen_makes() {
     flux_lite_tests::tolerance::assert_png_close("OpenAI API against diffusers", &png.rgb, &golden.rgb);
     assert!(png.rgb == gen_png(&dir, &prompt, (w, h), steps, seed).rgb, "the OpenAI API's pixels differ from gen's");
     assert_eq!(reply["data"][0]["seed"], seed);
+    // output_format: WebP is lossless (the PNG's pixels), JPEG at output_compression's quality.
+    for (format, compression, status) in [("webp", None, 200), ("jpeg", Some(80), 200), ("gif", None, 400), ("webp", Some(50), 400), ("png", Some(80), 400)] {
+        let mut body = body.clone();
+        body["output_format"] = format.into();
+        if let Some(c) = compression {
+            body["output_compression"] = c.into();
+        }
+        let (got, text) = post(&server, "/v1/images/generations", &body.to_string());
+        assert_eq!(got, status, "{format} {compression:?}: {text}");
+        if status != 200 {
+            assert!(text.contains("output_"), "{text}");
+            continue;
+        }
+        let reply = json(&text);
+        assert_eq!(reply["output_format"], format);
+        let bytes = base64::engine::general_purpose::STANDARD.decode(reply["data"][0]["b64_json"].as_str().unwrap()).unwrap();
+        let decoded = image::load_from_memory(&bytes).unwrap().to_rgb8().into_raw();
+        match format {
+            "webp" => assert!(decoded == png.rgb, "the WebP's pixels differ from the PNG's"),
+            _ => assert_eq!(decoded.len(), png.rgb.len()),
+        }
+    }
 
     // AUTOMATIC1111: the one-step case.
     let (prompt, seed, steps, (w, h), golden) = golden_case("tiny-a/one-step");
@@ -190,7 +212,7 @@ fn a_negative_prompt_steers_both_apis_as_the_diffusers_golden() {
     assert_eq!((recipe["seed"].as_u64(), recipe["negative_prompt"].as_str(), recipe["precision"].as_str()), (Some(seed), Some(negative.as_str()), Some("f32")));
     assert!(recipe["model"]["weights"].as_str().unwrap().starts_with("sha256:"), "{recipe}");
     let (status, text) = post(&server, "/sdapi/v1/png-info", r#"{"image": "aGk="}"#);
-    assert!(status == 400 && text.contains("image: not a PNG file"), "{status} {text}");
+    assert!(status == 400 && text.contains("image: not a PNG, JPEG or WebP file"), "{status} {text}");
 }
 
 #[test]

@@ -39,7 +39,7 @@ fn main() -> Result<(), String> {
     pipeline
         .run(&job, &mut Steps, &mut |made| {
             let image = made.image.ok_or_else(|| flux_lite_platform::RunError::Internal("no image".into()))?;
-            let png = output::encode_png(image.width as u32, image.height as u32, &image.rgb, &[("seed", made.seed.to_string())]).map_err(flux_lite_platform::RunError::Output)?;
+            let png = flux_lite_platform::pipeline::image_file::encode_png(image.width as u32, image.height as u32, &image.rgb, &[("seed", made.seed.to_string())]).map_err(flux_lite_platform::RunError::Output)?;
             let path = PathBuf::from(format!("{stem}-{}.png", made.seed));
             output::write_atomically(&path, &png).map_err(flux_lite_platform::RunError::Output)?;
             eprintln!("wrote {}", path.display());

@@ -34,9 +34,12 @@ pub struct GenArgs {
     /// with guidance (a base model, --guidance above 1), what to steer away from, for every prompt (default: the empty prompt, as diffusers); a guidance-distilled model has no use for it and warns
     #[argh(option)]
     negative_prompt: Option<String>,
-    /// where to write the PNG: a file (written whole or not at all; a symbolic link is written through), a named pipe or device (written into), or - for standard output
+    /// where to write the image: a file (written whole or not at all; a symbolic link is written through), a named pipe or device (written into), or - for standard output; .png (the default), .jpg/.jpeg or .webp (lossless) by its extension, each carrying the settings it was made with
     #[argh(option)]
     output: Option<PathBuf>,
+    /// JPEG quality, 1 to 100 (default 90); for --output FILE.jpg
+    #[argh(option)]
+    quality: Option<u8>,
     /// a reference image (PNG or JPEG) to edit or take elements from; repeat for up to 16. Each is scaled to about 1 megapixel when larger and centre-cropped to multiples of 16
     #[argh(option)]
     image: Vec<PathBuf>,
@@ -127,7 +130,7 @@ pub fn run(args: &GenArgs) -> Result<(), String> {
     let args = &args;
     let model_dir = args.model.as_deref().ok_or("give --model DIR (or --from IMAGE.png, made by flux-lite)")?;
     let host_peak = args.verbose.then(flux_lite_platform::host_memory::AnonymousPeak::start).flatten();
-    outputs::check_flags(&args.output, &args.output_latents, &args.preview, args.preview_every)?;
+    let format = outputs::check_flags(&args.output, &args.output_latents, &args.preview, args.preview_every, args.quality)?;
     let interrupt = crate::interrupt::flag();
     let mut model = pipeline::open_model(model_dir, args.transformer.as_deref(), args.text_encoder.as_deref()).map_err(|e| e.to_string())?;
     if let Some(file) = &args.preview_decoder {
@@ -164,9 +167,9 @@ pub fn run(args: &GenArgs) -> Result<(), String> {
         }
     }
     eprintln!("seed: {}", job.request().seed);
-    let outputs = outputs::Outputs::new(&args.output, &args.output_latents, job.images())?;
+    let outputs = outputs::Outputs::new(&args.output, format, &args.output_latents, job.images())?;
     let in_channels = model.transformer.in_channels;
-    let gpu_options = GpuOptions { interrupt: Some(interrupt), precision: args.precision.unwrap_or_default(), ..crate::env_gpu_options()? };
+    let gpu_options = GpuOptions { interrupt: Some(interrupt), precision: args.precision.unwrap_or(flux_lite_platform::Precision::Auto), ..crate::env_gpu_options()? };
     let pipeline = Pipeline::with_model(model, &gpu_options).map_err(|e| e.to_string())?.scratch_dir(crate::scratch_dir());
     crate::tier::print_notice(pipeline.gpu());
     if !args.quiet {

@@ -1,11 +1,13 @@
 //! Where `gen`'s images go.
 
+use flux_lite_platform::pipeline::image_file::{encode_image, ImageFormat};
 use flux_lite_platform::pipeline::{output, Made};
 use std::path::PathBuf;
 
 /// The output flags checked before any work: a file, a pipe or `-`, at most
-/// one of them standard output; a preview only to a file.
-pub fn check_flags(output: &Option<PathBuf>, latents: &Option<PathBuf>, preview: &Option<PathBuf>, preview_every: usize) -> Result<(), String> {
+/// one of them standard output; a preview only to a file; the image's
+/// format by its extension, `--quality` only for JPEG. Returns that format.
+pub fn check_flags(output: &Option<PathBuf>, latents: &Option<PathBuf>, preview: &Option<PathBuf>, preview_every: usize, quality: Option<u8>) -> Result<ImageFormat, String> {
     if output.is_none() && latents.is_none() {
         return Err("give --output FILE.png (or --output-latents FILE)".into());
     }
@@ -24,18 +26,26 @@ pub fn check_flags(output: &Option<PathBuf>, latents: &Option<PathBuf>, preview:
     if preview_every == 0 {
         return Err("--preview-every 0: give a number of steps, 1 or more".into());
     }
-    Ok(())
+    if let Some(path) = preview {
+        ImageFormat::for_path(path, None).map_err(|e| format!("--preview {e}"))?;
+    }
+    match output {
+        Some(path) => ImageFormat::for_path(path, quality).map_err(|e| format!("--output {e}")),
+        None if quality.is_some() => Err("--quality is the JPEG's: give --output FILE.jpg".into()),
+        None => Ok(ImageFormat::Png),
+    }
 }
 
 /// Where each image of the run goes: the paths the flags give for one
 /// image; `NAME-0001.png`, … for several, none of which may exist.
 pub struct Outputs {
-    png: Option<Vec<PathBuf>>,
+    images: Option<Vec<PathBuf>>,
+    format: ImageFormat,
     latents: Option<Vec<PathBuf>>,
 }
 
 impl Outputs {
-    pub fn new(png: &Option<PathBuf>, latents: &Option<PathBuf>, images: usize) -> Result<Self, String> {
+    pub fn new(images_to: &Option<PathBuf>, format: ImageFormat, latents: &Option<PathBuf>, images: usize) -> Result<Self, String> {
         let name = |flag: &str, path: &Option<PathBuf>| -> Result<Option<Vec<PathBuf>>, String> {
             let Some(path) = path else { return Ok(None) };
             if images == 1 {
@@ -50,24 +60,24 @@ impl Outputs {
             }
             Ok(Some(paths))
         };
-        Ok(Self { png: name("--output", png)?, latents: name("--output-latents", latents)? })
+        Ok(Self { images: name("--output", images_to)?, format, latents: name("--output-latents", latents)? })
     }
 
-    /// Writes image `index`'s latents and PNG; an error is one line naming the file.
+    /// Writes image `index`'s latents and image file; an error is one line naming the file.
     pub fn write(&self, made: &Made, in_channels: usize, text: &[(&str, String)]) -> Result<(), String> {
-        let several = self.png.as_ref().or(self.latents.as_ref()).is_some_and(|p| p.len() > 1);
+        let several = self.images.as_ref().or(self.latents.as_ref()).is_some_and(|p| p.len() > 1);
         if let Some(path) = self.latents.as_ref().map(|p| &p[made.index]) {
             if several && path.symlink_metadata().is_ok() {
                 return Err(format!("--output-latents: {} appeared during the run; a batch never overwrites a file", path.display()));
             }
             output::write_f32_tensors(path, &[("latents", &made.latents)], in_channels, text)?;
         }
-        if let (Some(path), Some(image)) = (self.png.as_ref().map(|p| &p[made.index]), &made.image) {
+        if let (Some(path), Some(image)) = (self.images.as_ref().map(|p| &p[made.index]), &made.image) {
             if several && path.symlink_metadata().is_ok() {
                 return Err(format!("--output: {} appeared during the run; a batch never overwrites a file", path.display()));
             }
-            let png = output::encode_png(image.width as u32, image.height as u32, &image.rgb, text)?;
-            output::write_atomically(path, &png)?;
+            let bytes = encode_image(self.format, image.width as u32, image.height as u32, &image.rgb, text)?;
+            output::write_atomically(path, &bytes)?;
             eprintln!("wrote {}", output::shown(path));
         }
         Ok(())

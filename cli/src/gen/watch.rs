@@ -3,6 +3,7 @@
 
 use crate::progress::Bar;
 use flux_lite_platform::host_memory::AnonymousPeak;
+use flux_lite_platform::pipeline::image_file::{encode_image, ImageFormat};
 use flux_lite_platform::pipeline::output;
 use flux_lite_platform::{Observer, Phase, Preview, Progress};
 use std::path::Path;
@@ -67,7 +68,9 @@ impl Observer for Watch<'_> {
     fn preview(&mut self, p: &Preview<'_>) {
         let Some((path, _)) = self.preview else { return };
         let text = [("Preview", format!("step {} of {}", p.step, p.steps))];
-        let written = output::encode_png(p.width as u32, p.height as u32, p.rgb, &text).and_then(|png| output::write_atomically(path, &png));
+        // The format its name asks for (checked before the run).
+        let format = ImageFormat::for_path(path, None).unwrap_or(ImageFormat::Png);
+        let written = encode_image(format, p.width as u32, p.height as u32, p.rgb, &text).and_then(|bytes| output::write_atomically(path, &bytes));
         if let Err(e) = written {
             self.bar.warning(&format!("warning: --preview {}: {e}", path.display()));
         }

@@ -10,6 +10,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use base64::Engine;
 use flux_lite_platform::pipeline::reference_image::{self, Fit, MAX_REFERENCES};
+use flux_lite_platform::pipeline::image_file::ImageFormat;
 use flux_lite_platform::pipeline::{inpaint, mask_crop, InitImage, Prompt};
 use flux_lite_platform::{Job, Pipeline, RequestError, Resolved, Setting};
 use serde::Deserialize;
@@ -67,6 +68,8 @@ pub struct Limits {
 #[derive(Debug)]
 pub struct Order {
     pub job: Resolved,
+    /// The file format its images are sent in.
+    pub format: ImageFormat,
     /// What its images carry of how they were made.
     pub run: crate::recipe::Run,
 }
@@ -79,7 +82,7 @@ impl Order {
 }
 
 /// What both shapes ask for, before it is checked.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Asked {
     pub prompt: String,
     /// What to steer away from under guidance; empty: the empty prompt, as diffusers.
@@ -94,6 +97,8 @@ pub struct Asked {
     pub images: Vec<(String, Vec<u8>)>,
     /// Image-to-image or inpainting.
     pub init: Option<AskedInit>,
+    /// The images' file format (OpenAI's `output_format`; A1111's answers are PNG).
+    pub format: ImageFormat,
 }
 
 /// The picture to change, its mask and the strength, before they are checked.
@@ -128,6 +133,12 @@ pub struct OpenAiRequest {
     pub size: Option<String>,
     #[serde(default)]
     pub response_format: Option<String>,
+    /// `png` (the default), `jpeg` or `webp` (lossless), and the JPEG's
+    /// quality as OpenAI's compression level (0 to 100, default 100).
+    #[serde(default)]
+    pub output_format: Option<String>,
+    #[serde(default)]
+    pub output_compression: Option<u8>,
     /// Extensions: the seed of the first image, the steps, the guidance
     /// scale, the negative prompt.
     #[serde(default)]
@@ -227,7 +238,9 @@ impl OpenAiRequest {
             }
         };
         let count = self.n.unwrap_or(1);
-        Ok(Asked { prompt: self.prompt, negative_prompt: self.negative_prompt, width, height, steps: self.steps, seed: self.seed, guidance: self.guidance, count, images, init })
+        let format = openai_format(self.output_format.as_deref(), self.output_compression)?;
+        let (prompt, negative_prompt, steps, seed, guidance) = (self.prompt, self.negative_prompt, self.steps, self.seed, self.guidance);
+        Ok(Asked { prompt, negative_prompt, width, height, steps, seed, guidance, count, images, init, format })
     }
 }
 
@@ -327,7 +340,21 @@ impl A1111Request {
             false => Some(AskedInit { image: images.remove(0), mask, strength: self.denoising_strength.unwrap_or(A1111_STRENGTH), crop }),
         };
         let (width, height, steps) = (self.width, self.height, self.steps);
-        Ok(Asked { prompt: self.prompt, negative_prompt: self.negative_prompt, width, height, steps, seed, guidance, count, images, init })
+        Ok(Asked { prompt: self.prompt, negative_prompt: self.negative_prompt, width, height, steps, seed, guidance, count, images, init, format: ImageFormat::Png })
+    }
+}
+
+/// OpenAI's `output_format` and `output_compression`: JPEG's quality is the
+/// compression level (100, the default, the best); WebP is written lossless,
+/// so only 100 matches it; PNG takes none.
+fn openai_format(format: Option<&str>, compression: Option<u8>) -> Result<ImageFormat, ApiError> {
+    let name = format.unwrap_or("png");
+    let named = ImageFormat::named(name, None).map_err(|e| ApiError::bad(format!("output_format {e}")))?;
+    match (named, compression) {
+        (ImageFormat::Jpeg { .. }, c) => ImageFormat::named(name, Some(c.unwrap_or(100).max(1))).map_err(|e| ApiError::bad(format!("output_compression: {e}"))),
+        (ImageFormat::Webp, None | Some(100)) | (ImageFormat::Png, None) => Ok(named),
+        (ImageFormat::Webp, Some(c)) => Err(ApiError::bad(format!("output_compression {c}: webp is written lossless; leave it out or give 100"))),
+        (ImageFormat::Png, Some(c)) => Err(ApiError::bad(format!("output_compression {c}: only jpeg and webp take it"))),
     }
 }
 
@@ -380,7 +407,7 @@ pub fn check(asked: Asked, shape: Shape, pipeline: &Pipeline, limits: &Limits, s
         init: asked.init.as_ref().map(|i| (sent(&i.image.0), i.mask.as_ref().map(|m| sent(&m.name)), i.crop)),
         ..server.clone()
     };
-    Ok(Order { job, run })
+    Ok(Order { job, format: asked.format, run })
 }
 
 /// The picture to change, prepared as `gen --init-image` prepares it, and its mask.

@@ -4,7 +4,7 @@
 
 use super::api::{ApiError, Order};
 use axum::http::StatusCode;
-use flux_lite_platform::pipeline::{output, Made, Observer, Pipeline, Progress};
+use flux_lite_platform::pipeline::{image_file, Made, Observer, Pipeline, Progress};
 use flux_lite_platform::{GpuError, RunError};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -16,11 +16,11 @@ use tokio::sync::oneshot;
 /// Finished jobs the poll endpoints still show.
 const FINISHED_KEPT: usize = 32;
 
-/// One image a job made: its seed and its PNG file.
+/// One image a job made: its seed and its file (in the order's format).
 #[derive(Debug, Clone)]
 pub struct Picture {
     pub seed: u64,
-    pub png: Vec<u8>,
+    pub bytes: Vec<u8>,
 }
 
 /// What a job ends with.
@@ -292,8 +292,8 @@ impl Worker {
         let mut take = |made: Made| {
             let Some(image) = made.image else { return Err(RunError::Internal("no image was decoded".into())) };
             let text = order.run.recipe(order.prompt(), made.seed, request).chunks();
-            let png = output::encode_png(image.width as u32, image.height as u32, &image.rgb, &text).map_err(RunError::Output)?;
-            pictures.push(Picture { seed: made.seed, png });
+            let bytes = image_file::encode_image(order.format, image.width as u32, image.height as u32, &image.rgb, &text).map_err(RunError::Output)?;
+            pictures.push(Picture { seed: made.seed, bytes });
             Ok(())
         };
         let result = self.pipeline.run(&order.job, &mut watch, &mut take);
@@ -365,7 +365,7 @@ impl Observer for Watch<'_> {
 
     fn preview(&mut self, p: &flux_lite_platform::pipeline::Preview<'_>) {
         use base64::Engine;
-        if let Ok(png) = output::encode_png(p.width as u32, p.height as u32, p.rgb, &[]) {
+        if let Ok(png) = image_file::encode_png(p.width as u32, p.height as u32, p.rgb, &[]) {
             *lock(&self.state.preview) = Some(base64::engine::general_purpose::STANDARD.encode(png));
         }
     }

@@ -335,14 +335,15 @@ async fn openai_generations(State(app): State<Arc<App>>, headers: HeaderMap, bod
     let asked = request.asked(pipeline::job::DEFAULT_SIDE)?;
     let prompt = asked.prompt.clone();
     let order = checked(&app, asked, api::Shape::OpenAi).await?;
+    let format = order.format.name();
     if let Some(partials) = stream {
         let size = format!("{}x{}", order.job.request().width, order.job.request().height);
         let (state, outcome) = app.jobs.submit(order, id)?;
-        return Ok(stream::events(app.jobs.clone(), state, outcome, partials, size));
+        return Ok(stream::events(app.jobs.clone(), state, outcome, partials, size, format));
     }
     let (id, pictures) = run_order(&app, order, id).await?;
-    let data: Vec<serde_json::Value> = pictures.iter().map(|p| json!({ "b64_json": b64(&p.png), "revised_prompt": prompt, "seed": p.seed })).collect();
-    Ok(with_job_header(Json(json!({ "created": now(), "data": data })).into_response(), &id))
+    let data: Vec<serde_json::Value> = pictures.iter().map(|p| json!({ "b64_json": b64(&p.bytes), "revised_prompt": prompt, "seed": p.seed })).collect();
+    Ok(with_job_header(Json(json!({ "created": now(), "data": data, "output_format": format })).into_response(), &id))
 }
 
 async fn a1111_generate(State(app): State<Arc<App>>, headers: HeaderMap, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
@@ -382,7 +383,7 @@ async fn a1111_generate(State(app): State<Arc<App>>, headers: HeaderMap, body: R
         // The echo leaves out the images sent: they can be megabytes.
         p.remove("init_images");
     }
-    let body = json!({ "images": pictures.iter().map(|p| b64(&p.png)).collect::<Vec<_>>(), "parameters": parameters, "info": info.to_string() });
+    let body = json!({ "images": pictures.iter().map(|p| b64(&p.bytes)).collect::<Vec<_>>(), "parameters": parameters, "info": info.to_string() });
     Ok(with_job_header(Json(body).into_response(), &id))
 }
 
@@ -461,7 +462,7 @@ async fn a1111_png_info(body: Result<Bytes, BytesRejection>) -> Result<Json<serd
     }
     let asked: Asked = parse(body)?;
     let bytes = api::decode_base64("image", &asked.image)?;
-    let chunks = flux_lite_platform::pipeline::output::png_text_chunks(&bytes).map_err(|e| ApiError::bad(format!("image: {e}")))?;
+    let chunks = flux_lite_platform::pipeline::image_file::image_text(&bytes).map_err(|e| ApiError::bad(format!("image: {e}")))?;
     let info = chunks.iter().find(|(k, _)| k == crate::recipe::A1111_CHUNK).map(|(_, v)| v.clone()).unwrap_or_default();
     let items: serde_json::Map<String, serde_json::Value> = chunks.into_iter().filter(|(k, _)| k != crate::recipe::A1111_CHUNK).map(|(k, v)| (k, v.into())).collect();
     let parameters = match info.is_empty() {

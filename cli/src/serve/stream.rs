@@ -20,10 +20,10 @@ use tokio::sync::{mpsc, oneshot};
 const POLL: Duration = Duration::from_millis(50);
 
 /// The streamed answer to a submitted job.
-pub fn events(jobs: Arc<Jobs>, state: Arc<JobState>, outcome: oneshot::Receiver<Outcome>, partials: usize, size: String) -> Response {
+pub fn events(jobs: Arc<Jobs>, state: Arc<JobState>, outcome: oneshot::Receiver<Outcome>, partials: usize, size: String, format: &'static str) -> Response {
     let (tx, rx) = mpsc::channel::<Bytes>(8);
     let id = state.id.clone();
-    tokio::spawn(feed(jobs, state, outcome, partials, size, tx));
+    tokio::spawn(feed(jobs, state, outcome, (partials, format), size, tx));
     let body = futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|event| (Ok::<_, Infallible>(event), rx)) });
     let response = Response::builder()
         .header(CONTENT_TYPE, "text/event-stream")
@@ -39,7 +39,9 @@ fn event(kind: &str, data: serde_json::Value) -> Bytes {
 }
 
 /// Sends the job's partial images while it runs, then its images.
-async fn feed(jobs: Arc<Jobs>, state: Arc<JobState>, mut outcome: oneshot::Receiver<Outcome>, partials: usize, size: String, tx: mpsc::Sender<Bytes>) {
+/// `asked`: the partial images asked for, and the images' format (the partials are PNG).
+async fn feed(jobs: Arc<Jobs>, state: Arc<JobState>, mut outcome: oneshot::Receiver<Outcome>, asked: (usize, &'static str), size: String, tx: mpsc::Sender<Bytes>) {
+    let (partials, format) = asked;
     let guard = CancelOnDrop { jobs, state: Some(state.clone()) };
     let mut sent = 0;
     let mut last: Option<String> = None;
@@ -83,10 +85,10 @@ async fn feed(jobs: Arc<Jobs>, state: Arc<JobState>, mut outcome: oneshot::Recei
             for picture in pictures {
                 let data = json!({
                     "type": "image_generation.completed",
-                    "b64_json": b64(&picture.png),
+                    "b64_json": b64(&picture.bytes),
                     "created_at": now(),
                     "size": size,
-                    "output_format": "png",
+                    "output_format": format,
                     "seed": picture.seed,
                 });
                 if tx.send(event("image_generation.completed", data)).await.is_err() {

@@ -268,45 +268,6 @@ pub fn write_f32_tensors(path: &Path, tensors: &[(&str, &[f32])], cols: usize, m
     write_tensors(path, entries, metadata)
 }
 
-/// An 8-bit RGB PNG with UTF-8 text chunks (iTXt, so prompts in any script survive).
-pub fn encode_png(width: u32, height: u32, rgb: &[u8], text: &[(&str, String)]) -> Result<Vec<u8>, String> {
-    if rgb.len() != width as usize * height as usize * 3 {
-        return Err(format!("an image of {width}×{height} needs {} RGB bytes, got {}", width as usize * height as usize * 3, rgb.len()));
-    }
-    let mut out = Vec::new();
-    let mut enc = png::Encoder::new(&mut out, width, height);
-    enc.set_color(png::ColorType::Rgb);
-    enc.set_depth(png::BitDepth::Eight);
-    for (key, value) in text {
-        enc.add_itxt_chunk(key.to_string(), value.clone()).map_err(|e| format!("PNG text chunk `{key}`: {e}"))?;
-    }
-    let mut writer = enc.write_header().map_err(|e| format!("PNG header: {e}"))?;
-    writer.write_image_data(rgb).map_err(|e| format!("PNG data: {e}"))?;
-    writer.finish().map_err(|e| format!("PNG: {e}"))?;
-    Ok(out)
-}
-
-/// A PNG's text chunks (tEXt, zTXt and iTXt, before the pixels or after
-/// them), by kind; an error names what is wrong with the file.
-pub fn png_text_chunks(bytes: &[u8]) -> Result<Vec<(String, String)>, String> {
-    let mut decoder = png::Decoder::new(std::io::Cursor::new(bytes));
-    decoder.set_ignore_text_chunk(false);
-    let mut reader = decoder.read_info().map_err(|e| format!("not a PNG file ({e})"))?;
-    // The chunks after the image data are read only once it has been.
-    let mut pixels = vec![0; reader.output_buffer_size().ok_or("a PNG too large to read")?];
-    reader.next_frame(&mut pixels).map_err(|e| format!("a broken PNG ({e})"))?;
-    reader.finish().map_err(|e| format!("a broken PNG ({e})"))?;
-    let info = reader.info();
-    let mut text: Vec<(String, String)> = info.uncompressed_latin1_text.iter().map(|t| (t.keyword.clone(), t.text.clone())).collect();
-    for t in &info.compressed_latin1_text {
-        text.push((t.keyword.clone(), t.get_text().map_err(|e| format!("its `{}` text chunk: {e}", t.keyword))?));
-    }
-    for t in &info.utf8_text {
-        text.push((t.keyword.clone(), t.get_text().map_err(|e| format!("its `{}` text chunk: {e}", t.keyword))?));
-    }
-    Ok(text)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -439,35 +400,6 @@ mod tests {
         let st = safetensors::SafeTensors::read_metadata(&files[0]).unwrap().1;
         assert_eq!(st.metadata().as_ref().map(|m| m.len()), Some(4));
         std::fs::remove_dir_all(&dir).unwrap();
-    }
-
-    #[test]
-    fn png_round_trips_pixels_and_unicode_text() {
-        let rgb: Vec<u8> = (0..4 * 3 * 3).map(|i| (i * 7) as u8).collect();
-        let bytes = encode_png(4, 3, &rgb, &[("prompt", "東京 🦊 café".to_string()), ("seed", "42".into())]).unwrap();
-        let mut reader = png::Decoder::new(std::io::Cursor::new(bytes.as_slice())).read_info().unwrap();
-        let texts: Vec<(String, String)> =
-            reader.info().utf8_text.iter().map(|t| (t.keyword.clone(), t.get_text().unwrap())).collect();
-        assert_eq!(texts, [("prompt".to_string(), "東京 🦊 café".to_string()), ("seed".into(), "42".into())]);
-        let mut buf = vec![0; reader.output_buffer_size().unwrap()];
-        reader.next_frame(&mut buf).unwrap();
-        assert_eq!(buf, rgb);
-        assert_eq!(png_text_chunks(&bytes).unwrap(), texts);
-    }
-
-    #[test]
-    fn text_after_the_pixels_and_latin1_text_are_read_too() {
-        let mut bytes = Vec::new();
-        let mut enc = png::Encoder::new(&mut bytes, 1, 1);
-        enc.set_color(png::ColorType::Rgb);
-        enc.add_text_chunk("parameters".into(), "a fox\nSteps: 4".into()).unwrap();
-        let mut writer = enc.write_header().unwrap();
-        writer.write_image_data(&[1, 2, 3]).unwrap();
-        writer.write_text_chunk(&png::text_metadata::ZTXtChunk::new("comment", "after the pixels")).unwrap();
-        writer.finish().unwrap();
-        let got = png_text_chunks(&bytes).unwrap();
-        assert_eq!(got, [("parameters".to_string(), "a fox\nSteps: 4".to_string()), ("comment".into(), "after the pixels".into())]);
-        assert!(png_text_chunks(b"GIF89a").unwrap_err().starts_with("not a PNG file"));
     }
 
     #[test]
