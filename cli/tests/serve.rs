@@ -474,6 +474,82 @@ fn with_an_api_key_only_health_answers_without_it() {
     assert!(json(&text)["data"][0]["id"].as_str().unwrap().contains("tiny-a"));
 }
 
+/// A request written by hand (a browser's headers, any `Host`): the status and the whole answer.
+fn raw(server: &Server, method: &str, path: &str, headers: &[(&str, &str)]) -> (u16, String) {
+    use std::io::{Read, Write};
+    let address = server.url.trim_start_matches("http://");
+    let mut stream = std::net::TcpStream::connect(address).unwrap();
+    let mut request = format!("{method} {path} HTTP/1.1\r\nConnection: close\r\n");
+    if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
+        request.push_str(&format!("Host: {address}\r\n"));
+    }
+    for (k, v) in headers {
+        request.push_str(&format!("{k}: {v}\r\n"));
+    }
+    request.push_str("Content-Length: 0\r\n\r\n");
+    stream.write_all(request.as_bytes()).unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).unwrap();
+    let status = answer.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("no status in {answer:?}"));
+    (status, answer)
+}
+
+#[test]
+fn pages_of_other_sites_and_foreign_host_names_are_refused() {
+    let server = Server::start(&["--allow-origin", "http://localhost:3000"]);
+    let own = server.url.clone();
+    // The server's own page, and programs that send no Origin, are served.
+    assert_eq!(raw(&server, "GET", "/health", &[("Origin", &own)]).0, 200);
+    assert_eq!(raw(&server, "GET", "/health", &[]).0, 200);
+    // Another site's page is refused, naming the flag that would let it in.
+    let (status, answer) = raw(&server, "POST", "/sdapi/v1/interrupt", &[("Origin", "http://evil.example")]);
+    assert!(status == 403 && answer.contains("--allow-origin http://evil.example"), "{answer}");
+    // A name that only resolves here (DNS rebinding) is not this server's.
+    let (status, answer) = raw(&server, "GET", "/v1/models", &[("Host", "evil.example:7860")]);
+    assert!(status == 421 && answer.contains("--allow-host evil.example"), "{answer}");
+    assert_eq!(raw(&server, "GET", "/health", &[("Host", "localhost")]).0, 200);
+    // An origin allowed: its preflight is answered and its answers carry CORS headers.
+    let (status, answer) = raw(&server, "OPTIONS", "/v1/images/generations", &[("Origin", "http://localhost:3000"), ("Access-Control-Request-Method", "POST")]);
+    let lower = answer.to_ascii_lowercase();
+    assert!(status == 204 && lower.contains("access-control-allow-origin: http://localhost:3000") && lower.contains("access-control-allow-methods"), "{answer}");
+    let (status, answer) = raw(&server, "GET", "/v1/models", &[("Origin", "http://localhost:3000")]);
+    assert!(status == 200 && answer.to_ascii_lowercase().contains("access-control-allow-origin: http://localhost:3000"), "{answer}");
+    // The server went on.
+    assert_eq!(call("GET", &format!("{}/health", server.url), None, &[]).0, 200);
+}
+
+#[test]
+fn metrics_count_jobs_steps_and_memory_for_an_operator() {
+    let server = Server::start(&["--api-key", "s3cret"]);
+    let key = [("Authorization", "Bearer s3cret")];
+    // Behind the key unless --metrics-public.
+    assert_eq!(call("GET", &format!("{}/metrics", server.url), None, &[]).0, 401);
+    let body = serde_json::json!({ "prompt": "a fox", "size": "32x32", "steps": 2, "seed": 1 });
+    let (status, text) = call("POST", &format!("{}/v1/images/generations", server.url), Some(&body.to_string()), &key);
+    assert_eq!(status, 200, "{text}");
+    let (status, text) = call("GET", &format!("{}/metrics", server.url), None, &key);
+    assert_eq!(status, 200, "{text}");
+    let value = |name: &str| -> f64 {
+        let line = text.lines().find(|l| l.starts_with(name) && l[name.len()..].starts_with(' ')).unwrap_or_else(|| panic!("no {name} in\n{text}"));
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    assert_eq!(value("flux_lite_jobs_total{outcome=\"done\"}"), 1.0);
+    assert_eq!(value("flux_lite_jobs_total{outcome=\"failed\"}"), 0.0);
+    assert_eq!(value("flux_lite_step_seconds_count"), 2.0);
+    assert!(value("flux_lite_step_seconds_sum") > 0.0);
+    assert_eq!(value("flux_lite_image_seconds_count"), 1.0);
+    assert!(value("flux_lite_device_memory_planned_bytes") > 0.0 && value("flux_lite_device_memory_high_water_bytes") > 0.0);
+    assert_eq!(value("flux_lite_queue_depth"), 0.0);
+    assert!(text.lines().any(|l| l.starts_with("flux_lite_info{adapter=\"") && l.contains("tier=\"f32\",model=\"tiny-a\"} 1")), "{text}");
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        assert!(line.rsplit(' ').next().unwrap().parse::<f64>().is_ok(), "not a sample: {line}");
+    }
+    drop(server);
+    let open = Server::start(&["--api-key", "s3cret", "--metrics-public"]);
+    assert_eq!(call("GET", &format!("{}/metrics", open.url), None, &[]).0, 200);
+    assert_eq!(call("GET", &format!("{}/v1/models", open.url), None, &[]).0, 401);
+}
+
 #[cfg(unix)]
 #[test]
 fn sigterm_stops_the_running_job_answers_it_and_exits_cleanly() {

@@ -3,6 +3,7 @@
 //! endpoints, and cancellation of a queued or running job.
 
 use super::api::{ApiError, Order};
+use super::metrics::Outcome as MetricOutcome;
 use axum::http::StatusCode;
 use flux_lite_platform::pipeline::{image_file, Made, Observer, Pipeline, Progress};
 use flux_lite_platform::{GpuError, RunError};
@@ -151,13 +152,22 @@ pub struct Jobs {
     /// The GPU's interrupt flag: set, the running job stops at its next block.
     interrupt: Arc<AtomicBool>,
     shutting_down: AtomicBool,
+    /// What `/metrics` reports of the jobs.
+    pub metrics: super::metrics::Metrics,
 }
 
 impl Jobs {
     /// The queue holds `capacity` jobs beside the running one.
     pub fn new(capacity: usize, interrupt: Arc<AtomicBool>) -> (Arc<Self>, Receiver<Job>) {
         let (tx, rx) = std::sync::mpsc::sync_channel(capacity);
-        let jobs = Arc::new(Self { queue: Mutex::new(Some(tx)), known: Mutex::new(VecDeque::new()), next_id: AtomicU64::new(1), interrupt, shutting_down: AtomicBool::new(false) });
+        let jobs = Arc::new(Self {
+            queue: Mutex::new(Some(tx)),
+            known: Mutex::new(VecDeque::new()),
+            next_id: AtomicU64::new(1),
+            interrupt,
+            shutting_down: AtomicBool::new(false),
+            metrics: super::metrics::Metrics::default(),
+        });
         (jobs, rx)
     }
 
@@ -165,6 +175,14 @@ impl Jobs {
     /// or answers at once: 503 when the queue is full or the server stopping,
     /// 409 when the id is taken by a job not yet finished.
     pub fn submit(&self, order: Order, id: Option<String>) -> Result<(Arc<JobState>, oneshot::Receiver<Outcome>), ApiError> {
+        let submitted = self.queue_up(order, id);
+        if submitted.as_ref().is_err_and(|e| e.status == StatusCode::SERVICE_UNAVAILABLE) {
+            self.metrics.count(MetricOutcome::Refused);
+        }
+        submitted
+    }
+
+    fn queue_up(&self, order: Order, id: Option<String>) -> Result<(Arc<JobState>, oneshot::Receiver<Outcome>), ApiError> {
         if self.shutting_down.load(Ordering::SeqCst) {
             return Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the server is shutting down"));
         }
@@ -267,11 +285,13 @@ impl Worker {
             } else {
                 self.run_job(&job)
             };
-            state.set(match &outcome {
-                Ok(_) => Status::Done,
-                Err(e) if e.status == StatusCode::CONFLICT => Status::Cancelled,
-                Err(_) => Status::Failed,
-            });
+            let (status, counted) = match &outcome {
+                Ok(_) => (Status::Done, MetricOutcome::Done),
+                Err(e) if e.status == StatusCode::CONFLICT => (Status::Cancelled, MetricOutcome::Cancelled),
+                Err(_) => (Status::Failed, MetricOutcome::Failed),
+            };
+            state.set(status);
+            self.jobs.metrics.count(counted);
             // The client may have gone: its job's outcome is then dropped.
             let _ = job.reply.send(outcome);
         }
@@ -301,6 +321,8 @@ impl Worker {
         let seconds = started.elapsed().as_secs_f64();
         match result {
             Ok(finished) => {
+                let steps: Vec<f64> = finished.timings.steps.iter().map(|d| d.as_secs_f64()).collect();
+                self.jobs.metrics.record(count, seconds, &steps, finished.plan.device_peak());
                 let reused = if finished.reused.is_empty() { "nothing".to_string() } else { finished.reused.join(", ") };
                 eprintln!(
                     "{}: {} image(s) {}x{}, {} steps, seed {}: {seconds:.2}s{}",

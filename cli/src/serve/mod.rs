@@ -4,7 +4,9 @@
 //! burst beyond the queue is refused at once (503) instead of piling up.
 
 mod api;
+mod guard;
 mod jobs;
+mod metrics;
 mod stream;
 
 use api::{A1111Request, ApiError, Limits, OpenAiRequest};
@@ -83,6 +85,15 @@ pub struct ServeArgs {
     /// draw the previews of running jobs (AUTOMATIC1111's `current_image`, OpenAI's `partial_images`) with this tiny decoder (diffusers' AutoencoderTiny layout or TAESD's, e.g. TAEF2) instead of the VAE's latent-to-RGB map
     #[argh(option)]
     preview_decoder: Option<PathBuf>,
+    /// a web origin (scheme://host:port) whose pages may use this server besides its own, e.g. http://localhost:3000; repeat for several, * for any (default: none: browsers' requests from other sites are refused)
+    #[argh(option)]
+    allow_origin: Vec<String>,
+    /// a host name the server answers to besides localhost and its address (behind a proxy or under a local name); repeat for several. Others are refused, against DNS rebinding
+    #[argh(option)]
+    allow_host: Vec<String>,
+    /// answer GET /metrics without the API key, as /health (default: with a key, /metrics asks for it)
+    #[argh(switch)]
+    metrics_public: bool,
     /// log what each job reused from the one before
     #[argh(switch)]
     verbose: bool,
@@ -99,6 +110,7 @@ struct App {
     /// What every image this server makes carries of the model and device.
     recipe: crate::recipe::Run,
     api_key: Option<String>,
+    metrics_public: bool,
 }
 
 pub fn run(args: &ServeArgs) -> Result<(), String> {
@@ -137,14 +149,15 @@ pub fn run(args: &ServeArgs) -> Result<(), String> {
     let worker = std::thread::Builder::new().name("gpu".into()).spawn(move || worker.run(queue)).map_err(|e| format!("cannot start the GPU worker: {e}"))?;
     let job = flux_lite_platform::Limits { max_images: args.max_images, max_steps: args.max_steps, max_side: args.max_side, ..Default::default() };
     let limits = Limits { job, memory_budget: args.memory_budget, kv_precision: args.kv_precision, lora };
-    let app = Arc::new(App { pipeline, jobs: jobs.clone(), limits, model_name, recipe, api_key });
+    let app = Arc::new(App { pipeline, jobs: jobs.clone(), limits, model_name, recipe, api_key, metrics_public: args.metrics_public });
+    let guard = Arc::new(guard::Guard { bound: args.host, hosts: args.allow_host.clone(), origins: args.allow_origin.clone() });
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().map_err(|e| format!("cannot start the HTTP runtime: {e}"))?;
     let served = runtime.block_on(async {
         let address = SocketAddr::new(args.host, args.port);
         let listener = tokio::net::TcpListener::bind(address).await.map_err(|e| format!("--host {} --port {}: cannot listen: {e}", args.host, args.port))?;
         let bound = listener.local_addr().map_err(|e| e.to_string())?;
         eprintln!("listening on http://{bound}");
-        let router = router(app.clone(), args.max_body_mib << 20);
+        let router = router(app.clone(), args.max_body_mib << 20, guard);
         axum::serve(listener, router).with_graceful_shutdown(stop_signal(jobs.clone())).await.map_err(|e| format!("the server stopped: {e}"))
     });
     // The listener is closed and every request answered; the worker ends once the queue is drained.
@@ -155,9 +168,10 @@ pub fn run(args: &ServeArgs) -> Result<(), String> {
     Ok(())
 }
 
-fn router(app: Arc<App>, max_body: usize) -> Router {
+fn router(app: Arc<App>, max_body: usize, guard: Arc<guard::Guard>) -> Router {
     Router::new()
         .route("/health", get(health))
+        .route("/metrics", get(metrics))
         .route("/v1/models", get(models))
         .route("/v1/images/generations", post(openai_generations))
         .route("/v1/images/edits", post(openai_generations))
@@ -173,6 +187,7 @@ fn router(app: Arc<App>, max_body: usize) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(app.clone(), authorize))
+        .layer(axum::middleware::from_fn_with_state(guard, guard::check))
         .layer(axum::middleware::from_fn_with_state(max_body, refuse_declared_oversize))
         .layer(DefaultBodyLimit::max(max_body))
         .with_state(app)
@@ -207,10 +222,28 @@ fn is_loopback(ip: IpAddr) -> bool {
     ip.is_loopback()
 }
 
-/// With an API key, every request but `/health` carries it as a bearer token.
+/// `GET /metrics`: Prometheus' text format.
+async fn metrics(State(app): State<Arc<App>>) -> Response {
+    let memory = app.pipeline.gpu().memory();
+    let budget = app.limits.memory_budget.or_else(|| app.pipeline.gpu().memory_offered().map(|m| m.default_budget()));
+    let device = metrics::Device {
+        live: memory.live,
+        high_water: memory.high_water,
+        budget,
+        adapter: app.recipe.adapter.clone(),
+        tier: app.recipe.precision.clone(),
+        model: app.recipe.model.name.clone(),
+    };
+    let text = app.jobs.metrics.render(&app.jobs, &device);
+    ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response()
+}
+
+/// With an API key, every request but `/health` (and `/metrics` with
+/// `--metrics-public`) carries it as a bearer token.
 async fn authorize(State(app): State<Arc<App>>, request: HttpRequest, next: Next) -> Response {
     let Some(key) = &app.api_key else { return next.run(request).await };
-    if request.uri().path() == "/health" {
+    let path = request.uri().path();
+    if path == "/health" || (path == "/metrics" && app.metrics_public) {
         return next.run(request).await;
     }
     let given = request.headers().get(axum::http::header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
