@@ -37,10 +37,12 @@ setup() {
         echo "lavapipe-sid: $root ready"
         return
     fi
-    command -v debootstrap >/dev/null || {
+    # One apt at a time: ci/setup-browser.sh may be installing beside this.
+    command -v debootstrap >/dev/null || (
+        flock 8
         as_root apt-get update -q
         DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -q --no-install-recommends debootstrap
-    }
+    ) 8> "${TMPDIR:-/tmp}/flux-lite-apt.lock"
     as_root rm -rf "$root"
     echo "lavapipe-sid: making a sid root in $root"
     as_root debootstrap --variant=minbase --include=mesa-vulkan-drivers,libvulkan1,vulkan-tools sid "$root" "$(mirror)" >/dev/null

@@ -52,6 +52,11 @@ fi
 sid_log="$(mktemp)"
 bash ci/lavapipe-sid.sh setup > "$sid_log" 2>&1 &
 sid_setup=$!
+# Chromium and chromedriver for the page's browser tests, likewise; the
+# tests then must run, not skip (FLUX_LITE_REQUIRE_BROWSER).
+browser_log="$(mktemp)"
+bash ci/setup-browser.sh > "$browser_log" 2>&1 &
+browser_setup=$!
 
 # A check finds what a build would (std used without the feature) without
 # generating code no test runs.
@@ -69,6 +74,9 @@ CUSTOM_LIBFUZZER_PATH="$CARGO_TARGET_DIR/libfuzzer-not-linked.a" \
     cargo check --locked --manifest-path fuzz/Cargo.toml --bins --target-dir "$CARGO_TARGET_DIR"
 
 phase "tests"
+wait "$browser_setup" || { cat "$browser_log"; echo "setting up Chromium failed" >&2; exit 1; }
+cat "$browser_log"
+export FLUX_LITE_REQUIRE_BROWSER=1
 log="$(mktemp)"
 set +e
 cargo test --locked --workspace 2>&1 | tee "$log"

@@ -7,63 +7,14 @@
 
 #![allow(clippy::unwrap_used)]
 
+mod support;
+
 use base64::Engine;
 use flux_lite_tests::{model_dir, read_png, scratch_dir, Goldens};
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::process::Command;
 use std::time::{Duration, Instant};
-
-/// A running server, killed when dropped; its stderr collected.
-struct Server {
-    child: Child,
-    url: String,
-    log: Arc<Mutex<String>>,
-}
-
-impl Server {
-    fn start(extra: &[&str]) -> Self {
-        Self::start_model("tiny-a", extra)
-    }
-
-    fn start_model(model: &str, extra: &[&str]) -> Self {
-        let model = model_dir(model);
-        let mut child = Command::new(env!("CARGO_BIN_EXE_flux-lite"))
-            .args(["serve", "--model", model.to_str().unwrap(), "--port", "0", "--precision", "f32"])
-            .args(extra)
-            .stderr(Stdio::piped())
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap();
-        let log = Arc::new(Mutex::new(String::new()));
-        let (tx, rx) = std::sync::mpsc::channel();
-        let stderr = child.stderr.take().unwrap();
-        let sink = log.clone();
-        // Drained all along: a full pipe would stall the server.
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if let Some(url) = line.strip_prefix("listening on ") {
-                    let _ = tx.send(url.to_string());
-                }
-                sink.lock().unwrap().push_str(&format!("{line}\n"));
-            }
-        });
-        let url = rx.recv_timeout(Duration::from_secs(120)).unwrap_or_else(|_| panic!("the server did not start: {}", log.lock().unwrap()));
-        Self { child, url, log }
-    }
-
-    fn log(&self) -> String {
-        self.log.lock().unwrap().clone()
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+use support::Server;
 
 fn agent() -> ureq::Agent {
     ureq::Agent::config_builder().http_status_as_error(false).build().into()

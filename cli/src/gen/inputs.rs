@@ -27,7 +27,7 @@ pub fn init_image(args: &GenArgs, model: &ModelFolder) -> Result<Option<InitImag
             (None, None) => Ok(None),
         };
     };
-    let strength = args.strength.unwrap_or(DEFAULT_STRENGTH);
+    let strength = args.strength.unwrap_or(flux_lite_platform::pipeline::job::DEFAULT_STRENGTH);
     if let Some(pad) = args.mask_crop {
         let Some(mask_path) = &args.mask else {
             return Err("--mask-crop needs --mask (the region comes from the mask)".into());
@@ -44,9 +44,6 @@ pub fn init_image(args: &GenArgs, model: &ModelFolder) -> Result<Option<InitImag
     };
     Ok(Some(InitImage { image, mask, strength, overlay: None }))
 }
-
-/// `--strength` without a value, as diffusers' `strength` defaults.
-const DEFAULT_STRENGTH: f64 = 0.8;
 
 /// The prompts the flags give: `--prompt`/`--prompt-file`, `--batch-file`'s
 /// lines, or `--embeddings` (read for a model whose joint width is `joint`).

@@ -154,11 +154,14 @@ pub struct Jobs {
     shutting_down: AtomicBool,
     /// What `/metrics` reports of the jobs.
     pub metrics: super::metrics::Metrics,
+    /// The images finished jobs made, for the page.
+    pub gallery: super::gallery::Gallery,
 }
 
 impl Jobs {
-    /// The queue holds `capacity` jobs beside the running one.
-    pub fn new(capacity: usize, interrupt: Arc<AtomicBool>) -> (Arc<Self>, Receiver<Job>) {
+    /// The queue holds `capacity` jobs beside the running one; the gallery
+    /// keeps the last `gallery` images.
+    pub fn new(capacity: usize, gallery: usize, interrupt: Arc<AtomicBool>) -> (Arc<Self>, Receiver<Job>) {
         let (tx, rx) = std::sync::mpsc::sync_channel(capacity);
         let jobs = Arc::new(Self {
             queue: Mutex::new(Some(tx)),
@@ -167,6 +170,7 @@ impl Jobs {
             interrupt,
             shutting_down: AtomicBool::new(false),
             metrics: super::metrics::Metrics::default(),
+            gallery: super::gallery::Gallery::new(gallery),
         });
         (jobs, rx)
     }
@@ -222,6 +226,14 @@ impl Jobs {
     /// Jobs queued or running.
     pub fn waiting(&self) -> usize {
         lock(&self.known).iter().filter(|j| matches!(j.status(), Status::Queued | Status::Running)).count()
+    }
+
+    /// How many queued jobs are ahead of job `id` (0: it runs next);
+    /// `None` unless it is queued.
+    pub fn queue_position(&self, id: &str) -> Option<usize> {
+        let known = lock(&self.known);
+        let queued: Vec<&Arc<JobState>> = known.iter().filter(|j| j.status() == Status::Queued).collect();
+        queued.iter().position(|j| j.id == id)
     }
 
     pub fn running(&self) -> Option<Arc<JobState>> {
@@ -311,8 +323,9 @@ impl Worker {
         let mut pictures = Vec::with_capacity(count);
         let mut take = |made: Made| {
             let Some(image) = made.image else { return Err(RunError::Internal("no image was decoded".into())) };
-            let text = order.run.recipe(order.prompt(), made.seed, request).chunks();
-            let bytes = image_file::encode_image(order.format, image.width as u32, image.height as u32, &image.rgb, &text).map_err(RunError::Output)?;
+            let recipe = order.run.recipe(order.prompt(), made.seed, request);
+            let bytes = image_file::encode_image(order.format, image.width as u32, image.height as u32, &image.rgb, &recipe.chunks()).map_err(RunError::Output)?;
+            self.jobs.gallery.add(&state.id, made.seed, order.format, bytes.clone(), serde_json::to_value(&recipe).unwrap_or_default());
             pictures.push(Picture { seed: made.seed, bytes });
             Ok(())
         };

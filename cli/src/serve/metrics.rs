@@ -118,7 +118,7 @@ mod tests {
         m.count(Outcome::Done);
         m.count(Outcome::Refused);
         m.record(2, 3.0, &[0.5, 0.25, 0.25], 1 << 20);
-        let (jobs, _queue) = Jobs::new(1, std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false)));
+        let (jobs, _queue) = Jobs::new(1, 0, std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false)));
         let device = Device { live: 5, high_water: 7, budget: Some(9), adapter: "GPU \"x\"\\1".into(), tier: "f32".into(), model: "tiny-a".into() };
         let text = m.render(&jobs, &device);
         for line in [

@@ -4,9 +4,11 @@
 //! burst beyond the queue is refused at once (503) instead of piling up.
 
 mod api;
+mod gallery;
 mod guard;
 mod jobs;
 mod metrics;
+mod page;
 mod stream;
 
 use api::{A1111Request, ApiError, Limits, OpenAiRequest};
@@ -91,6 +93,9 @@ pub struct ServeArgs {
     /// a host name the server answers to besides localhost and its address (behind a proxy or under a local name); repeat for several. Others are refused, against DNS rebinding
     #[argh(option)]
     allow_host: Vec<String>,
+    /// the images the page's gallery keeps in memory, newest first (default 32; 0: none)
+    #[argh(option, default = "32")]
+    gallery: usize,
     /// answer GET /metrics without the API key, as /health (default: with a key, /metrics asks for it)
     #[argh(switch)]
     metrics_public: bool,
@@ -111,6 +116,8 @@ struct App {
     recipe: crate::recipe::Run,
     api_key: Option<String>,
     metrics_public: bool,
+    /// Whether running jobs draw previews.
+    previews: bool,
 }
 
 pub fn run(args: &ServeArgs) -> Result<(), String> {
@@ -130,7 +137,7 @@ pub fn run(args: &ServeArgs) -> Result<(), String> {
     let gpu = GpuOptions { interrupt: Some(interrupt.clone()), precision: args.precision, ..crate::env_gpu_options()? };
     let pipeline = Arc::new(Pipeline::with_model(model, &gpu).map_err(|e| e.to_string())?.keep_loaded(true).scratch_dir(crate::scratch_dir()));
     eprintln!("adapter: {}", pipeline.gpu().describe());
-    let (jobs, queue) = Jobs::new(args.queue, interrupt);
+    let (jobs, queue) = Jobs::new(args.queue, args.gallery, interrupt);
     let model_name = args.model.display().to_string();
     // Previews with a tiny decoder, or where the VAE has a latent-to-RGB map: AUTOMATIC1111's progress shows them.
     let previews = pipeline.model().preview_decoder.is_some() || pipeline::preview::latent_rgb(pipeline.model()).is_ok();
@@ -149,7 +156,7 @@ pub fn run(args: &ServeArgs) -> Result<(), String> {
     let worker = std::thread::Builder::new().name("gpu".into()).spawn(move || worker.run(queue)).map_err(|e| format!("cannot start the GPU worker: {e}"))?;
     let job = flux_lite_platform::Limits { max_images: args.max_images, max_steps: args.max_steps, max_side: args.max_side, ..Default::default() };
     let limits = Limits { job, memory_budget: args.memory_budget, kv_precision: args.kv_precision, lora };
-    let app = Arc::new(App { pipeline, jobs: jobs.clone(), limits, model_name, recipe, api_key, metrics_public: args.metrics_public });
+    let app = Arc::new(App { pipeline, jobs: jobs.clone(), limits, model_name, recipe, api_key, metrics_public: args.metrics_public, previews });
     let guard = Arc::new(guard::Guard { bound: args.host, hosts: args.allow_host.clone(), origins: args.allow_origin.clone() });
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().map_err(|e| format!("cannot start the HTTP runtime: {e}"))?;
     let served = runtime.block_on(async {
@@ -170,6 +177,13 @@ pub fn run(args: &ServeArgs) -> Result<(), String> {
 
 fn router(app: Arc<App>, max_body: usize, guard: Arc<guard::Guard>) -> Router {
     Router::new()
+        .route("/", get(page::index))
+        .route("/page.js", get(page::script))
+        .route("/page.css", get(page::style))
+        .route("/v1/config", get(config))
+        .route("/v1/gallery", get(list_gallery))
+        .route("/v1/gallery/{id}", get(gallery_image))
+        .route("/v1/jobs/{id}/preview", get(job_preview))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .route("/v1/models", get(models))
@@ -243,7 +257,7 @@ async fn metrics(State(app): State<Arc<App>>) -> Response {
 async fn authorize(State(app): State<Arc<App>>, request: HttpRequest, next: Next) -> Response {
     let Some(key) = &app.api_key else { return next.run(request).await };
     let path = request.uri().path();
-    if path == "/health" || (path == "/metrics" && app.metrics_public) {
+    if path == "/health" || page::PATHS.contains(&path) || (path == "/metrics" && app.metrics_public) {
         return next.run(request).await;
     }
     let given = request.headers().get(axum::http::header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
@@ -434,7 +448,55 @@ async fn list_jobs(State(app): State<Arc<App>>) -> Json<serde_json::Value> {
 
 async fn show_job(State(app): State<Arc<App>>, UrlPath(id): UrlPath<String>) -> Result<Json<serde_json::Value>, ApiError> {
     let job = app.jobs.find(&id).ok_or_else(|| no_job(&id))?;
-    Ok(Json(job.to_json()))
+    let mut shown = job.to_json();
+    shown["queue_position"] = app.jobs.queue_position(&id).into();
+    Ok(Json(shown))
+}
+
+/// The latest preview of a running job's image, a PNG; 404 before its first step.
+async fn job_preview(State(app): State<Arc<App>>, UrlPath(id): UrlPath<String>) -> Result<Response, ApiError> {
+    let job = app.jobs.find(&id).ok_or_else(|| no_job(&id))?;
+    let preview = job.preview().ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, format!("job {id} has no preview yet")))?;
+    let png = base64::engine::general_purpose::STANDARD.decode(preview).map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+    Ok(([(axum::http::header::CONTENT_TYPE, "image/png"), (axum::http::header::CACHE_CONTROL, "no-store")], png).into_response())
+}
+
+/// What the page needs to know: the model, its defaults and this server's limits.
+async fn config(State(app): State<Arc<App>>) -> Json<serde_json::Value> {
+    let model = app.pipeline.model();
+    let limits = &app.limits.job;
+    Json(json!({
+        "model": app.recipe.model.name,
+        "distilled": model.index.is_distilled,
+        "defaults": {
+            "steps": pipeline::job::default_steps(model),
+            "guidance": pipeline::job::default_guidance(model),
+            "width": pipeline::job::DEFAULT_SIDE,
+            "height": pipeline::job::DEFAULT_SIDE,
+            "strength": pipeline::job::DEFAULT_STRENGTH,
+        },
+        "limits": {
+            "max_side": limits.max_side,
+            "max_steps": limits.max_steps,
+            "max_images": limits.max_images,
+            "size_multiple": model.vae.latent_cell(),
+            "references": pipeline::reference_image::MAX_REFERENCES,
+        },
+        "previews": app.previews,
+        "adapter": app.recipe.adapter,
+        "tier": app.recipe.precision,
+    }))
+}
+
+async fn list_gallery(State(app): State<Arc<App>>) -> Json<serde_json::Value> {
+    Json(json!({ "images": app.jobs.gallery.list().iter().map(|s| s.to_json()).collect::<Vec<_>>() }))
+}
+
+async fn gallery_image(State(app): State<Arc<App>>, UrlPath(id): UrlPath<String>) -> Result<Response, ApiError> {
+    let shot = app.jobs.gallery.find(&id).ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, format!("no image {id} (the gallery keeps the newest --gallery images)")))?;
+    let name = format!("attachment; filename=\"flux-lite-{}-{}.{}\"", shot.job, shot.seed, shot.format.name().replace("jpeg", "jpg"));
+    let headers = [(axum::http::header::CONTENT_TYPE, shot.format.media_type().to_string()), (axum::http::header::CONTENT_DISPOSITION, name)];
+    Ok((headers, shot.bytes.to_vec()).into_response())
 }
 
 async fn cancel_job(State(app): State<Arc<App>>, UrlPath(id): UrlPath<String>) -> Result<Json<serde_json::Value>, ApiError> {

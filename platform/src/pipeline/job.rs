@@ -14,6 +14,8 @@ use std::sync::Arc;
 
 /// The image side without a size or a reference image to take it from.
 pub const DEFAULT_SIDE: usize = 1024;
+/// Image-to-image's strength when none is asked for, as diffusers' `strength` defaults.
+pub const DEFAULT_STRENGTH: f64 = 0.8;
 /// Steps above this are refused as a typo rather than run for hours.
 pub const MAX_STEPS: usize = 1000;
 /// Images one job makes at most.
