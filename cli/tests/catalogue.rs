@@ -99,6 +99,15 @@ fn invalid_json_and_unknown_architecture_values() {
     let model = broken_copy("heads");
     edit_json(&model.join("transformer/config.json"), |v| v["num_attention_heads"] = "four".into());
     expect_one_error(&model, &[], &[], &["transformer/config.json", "num_attention_heads"]);
+
+    // Values the engine cannot run are the config's fault, named by file and field (they were
+    // internal errors from deep in the components before).
+    let model = broken_copy("vae-out");
+    edit_json(&model.join("vae/config.json"), |v| v["out_channels"] = 4.into());
+    expect_one_error(&model, &[], &[], &["vae/config.json", "`out_channels`", "RGB"]);
+    let model = broken_copy("sinusoid");
+    edit_json(&model.join("transformer/config.json"), |v| v["timestep_guidance_channels"] = 2048.into());
+    expect_one_error(&model, &[], &[], &["transformer/config.json", "`timestep_guidance_channels`", "1024"]);
 }
 
 /// Sizes no model has, which the planner would otherwise loop over or multiply past 64 bits.

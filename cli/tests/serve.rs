@@ -162,6 +162,11 @@ fn a_negative_prompt_steers_both_apis_as_the_diffusers_golden() {
     let recipe = json(read["items"]["flux-lite"].as_str().unwrap());
     assert_eq!((recipe["seed"].as_u64(), recipe["negative_prompt"].as_str(), recipe["precision"].as_str()), (Some(seed), Some(negative.as_str()), Some("f32")));
     assert!(recipe["model"]["weights"].as_str().unwrap().starts_with("sha256:"), "{recipe}");
+    // The server's image made again from itself by gen, pixel for pixel.
+    let again = dir.join("again.png");
+    let run = Command::new(env!("CARGO_BIN_EXE_flux-lite")).args(["gen", "--quiet", "--from", dir.join("a1111.png").to_str().unwrap(), "--output", again.to_str().unwrap()]).output().unwrap();
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    assert!(read_png(&again).rgb == png.rgb, "gen --from the server's image made other pixels");
     let (status, text) = post(&server, "/sdapi/v1/png-info", r#"{"image": "aGk="}"#);
     assert!(status == 400 && text.contains("image: not a PNG, JPEG or WebP file"), "{status} {text}");
 }

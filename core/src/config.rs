@@ -16,6 +16,9 @@ pub const MAX_WIDTH: usize = 1 << 20;
 pub const MAX_LAYERS: usize = 1024;
 pub const MAX_VOCAB: usize = 1 << 24;
 
+/// The longest timestep sinusoid (`timestep_guidance_channels`) the transformer takes.
+pub const MAX_TIMESTEP_CHANNELS: usize = 1024;
+
 /// `transformer/config.json` of `Flux2Transformer2DModel`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TransformerConfig {
@@ -74,6 +77,7 @@ impl TransformerConfig {
         check(axes_sum == self.attention_head_dim, "axes_dims_rope", "must sum to attention_head_dim")?;
         check(self.mlp_ratio > 0.0, "mlp_ratio", "must be positive")?;
         check(self.timestep_guidance_channels.is_multiple_of(2), "timestep_guidance_channels", "must be even")?;
+        check(self.timestep_guidance_channels <= MAX_TIMESTEP_CHANNELS, "timestep_guidance_channels", "is above 1024, the longest timestep sinusoid supported")?;
         check(!self.guidance_embeds, "guidance_embeds", "guidance-distilled models are not supported")?;
         Ok(())
     }
@@ -195,6 +199,7 @@ impl VaeConfig {
         )?;
         check(self.patch_size == [2, 2], "patch_size", "only 2x2 patches are supported")?;
         check(self.latent_channels > 0, "latent_channels", "must be positive")?;
+        check(self.out_channels == 3, "out_channels", "must be 3: the decoder makes RGB images")?;
         Ok(())
     }
 }

@@ -23,6 +23,8 @@ pub enum LoadError {
     Tokenizer { path: PathBuf, detail: String },
     /// A LoRA adapter file that cannot adapt this model (its detail names the key).
     Lora { path: PathBuf, detail: String },
+    /// A file the model folder lacks for what was asked; `what` says what to add.
+    Missing { path: PathBuf, what: String },
 }
 
 impl fmt::Display for LoadError {
@@ -38,6 +40,7 @@ impl fmt::Display for LoadError {
             }
             LoadError::Tokenizer { path, detail } => write!(f, "{}: not a tokenizer we can read: {detail}", path.display()),
             LoadError::Lora { path, detail } => write!(f, "LoRA {}: {detail}", path.display()),
+            LoadError::Missing { path, what } => write!(f, "{}: missing: {what}", path.display()),
         }
     }
 }
@@ -58,10 +61,30 @@ pub enum RunError {
     /// Handing a result over failed (writing a file, encoding a PNG); the
     /// message names the file.
     Output(String),
-    /// A component was given arguments it cannot take, or an invariant
-    /// broke: never the caller's mistake when the run came through a
-    /// resolved job, which checks every request first.
+    /// A prompt the model's tokenizer cannot spell.
+    Tokenize(TokenizeError),
+    /// The model's scheduler config gives no schedule of `steps` steps.
+    Schedule { steps: usize, error: flux_lite_core::numerics::schedule::ScheduleError },
+    /// A component cannot be laid out at this size on this adapter (its
+    /// arena or a dispatch would not fit); the memory plan bands what it can.
+    Layout { component: &'static str, detail: String },
+    /// A component was handed inputs that do not fit how it was laid out: a
+    /// library caller's mistake (a resolved job's run never makes one).
+    Input { component: &'static str, detail: String },
+    /// An invariant broke: a bug, never the caller's or the model's doing.
     Internal(String),
+}
+
+impl RunError {
+    /// A [`RunError::Layout`] of `component`, from its layout's error.
+    pub fn layout(component: &'static str) -> impl Fn(&dyn fmt::Display) -> RunError {
+        move |e| RunError::Layout { component, detail: e.to_string() }
+    }
+
+    /// A [`RunError::Input`] of `component`.
+    pub fn input(component: &'static str, detail: impl Into<String>) -> RunError {
+        RunError::Input { component, detail: detail.into() }
+    }
 }
 
 impl fmt::Display for RunError {
@@ -72,6 +95,10 @@ impl fmt::Display for RunError {
             RunError::Plan(e) => e.fmt(f),
             RunError::Request(e) => e.fmt(f),
             RunError::Scratch { dir, detail } => write!(f, "the VAE's scratch file in {}: {detail} (give another scratch folder)", dir.display()),
+            RunError::Tokenize(e) => e.fmt(f),
+            RunError::Schedule { steps, error } => write!(f, "the schedule of {steps} steps: {error}"),
+            RunError::Layout { component, detail } => write!(f, "the {component} cannot be laid out here: {detail}"),
+            RunError::Input { component, detail } => write!(f, "the {component} was given {detail}"),
             RunError::Output(e) | RunError::Internal(e) => f.write_str(e),
         }
     }
@@ -97,6 +124,19 @@ impl From<crate::pipeline::job::RequestError> for RunError {
     }
 }
 
+impl From<TokenizeError> for RunError {
+    fn from(e: TokenizeError) -> Self {
+        RunError::Tokenize(e)
+    }
+}
+
+/// A size off the VAE's grid is the request's fault (a resolved job never has one).
+impl From<flux_lite_core::config::SizeError> for RunError {
+    fn from(e: flux_lite_core::config::SizeError) -> Self {
+        RunError::Request(e.into())
+    }
+}
+
 impl From<GpuError> for RunError {
     fn from(e: GpuError) -> Self {
         RunError::Gpu(e)
@@ -117,6 +157,27 @@ impl fmt::Display for TokenizeError {
 }
 
 impl std::error::Error for TokenizeError {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pipeline::job::{RequestError, Setting};
+
+    #[test]
+    fn conditions_a_caller_or_a_model_causes_keep_their_types() {
+        // A size off the grid is the request's, naming the side.
+        let e: RunError = flux_lite_core::config::SizeError { side: "height", pixels: 30, cell: 16 }.into();
+        assert!(matches!(&e, RunError::Request(r @ RequestError::Size { .. }) if r.setting() == Setting::Height), "{e:?}");
+        let e: RunError = TokenizeError { detail: "no token for \u{1}".into() }.into();
+        assert!(matches!(e, RunError::Tokenize(_)) && e.to_string().starts_with("tokenizing the prompt failed"));
+        let e = RunError::Schedule { steps: 0, error: flux_lite_core::numerics::schedule::ScheduleError::NoSteps };
+        assert_eq!(e.to_string(), "the schedule of 0 steps: the number of steps must be at least 1");
+        let e = RunError::input("transformer", "latents of 3 values; it needs 8");
+        assert_eq!(e.to_string(), "the transformer was given latents of 3 values; it needs 8");
+        let e = LoadError::Missing { path: "m/vae/latent_rgb.json".into(), what: "a map".into() };
+        assert_eq!(e.to_string(), "m/vae/latent_rgb.json: missing: a map");
+    }
+}
 
 /// Writing a compressed model folder failed.
 #[derive(Debug)]

@@ -88,7 +88,7 @@ fn bad_token_ids_and_lengths_are_refused() {
     let mask = vec![1u32; 512];
     ids[7] = folder.text_encoder.vocab_size as u32;
     let err = enc.encode(gpu(), &ids, &mask, &mut |_| {}).unwrap_err();
-    assert!(matches!(&err, RunError::Internal(m) if m.contains("token id 485")), "{err}");
+    assert!(matches!(&err, RunError::Input { component: "text encoder", detail } if detail.contains("token id 485")), "{err}");
     let err = enc.encode(gpu(), &ids[..10], &mask[..10], &mut |_| {}).unwrap_err();
     assert!(err.to_string().contains("512"), "{err}");
 }

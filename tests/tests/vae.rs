@@ -145,12 +145,13 @@ fn banded_decode_matches_the_untiled_decode() {
 }
 
 #[test]
-fn a_tile_too_small_for_one_band_is_an_error_naming_the_setting() {
-    // A 4-pixel tile holds fewer values than one convolution row of a 1024-pixel-wide image.
+fn a_tile_too_small_for_one_band_is_a_layout_error_saying_so() {
+    // A 4-pixel tile holds fewer values than one convolution row of a 1024-pixel-wide image. A
+    // job never gets here: the plan refuses such a forced tile, naming it (PlanError::VaeTileTooSmall).
     let mut vae = decoder("tiny-a", 1024, 16, Some(4));
     let err = vae.decode(gpu(), &random_latents(1024, 16, 9), &mut |_| {}).unwrap_err();
-    assert!(matches!(&err, RunError::Request(e) if e.setting() == flux_lite_platform::Setting::VaeTile), "{err}");
-    assert!(err.to_string().starts_with("VAE tile: it holds"), "{err}");
+    assert!(matches!(&err, RunError::Layout { component: "banded VAE", .. }), "{err}");
+    assert!(err.to_string().contains("too few for one") && err.to_string().contains("larger tile"), "{err}");
 }
 
 #[test]
@@ -159,16 +160,17 @@ fn bad_sizes_and_latents_are_errors() {
     let store = m.weights(Component::Vae).unwrap();
     let new = |w, h, t| VaeDecoder::new(gpu(), &m.vae, &store, w, h, t);
     // tiny-a's scale factor is 2: sizes and tiles must be multiples of 4.
-    // A size the component cannot take is a caller's defect (a job checks sizes first); a tile names its setting.
-    assert!(matches!(new(30, 32, None), Err(RunError::Internal(_))));
-    let tile = |r: Result<VaeDecoder, RunError>| matches!(r, Err(RunError::Request(e)) if e.setting() == flux_lite_platform::Setting::VaeTile);
-    assert!(tile(new(32, 32, Some(6))));
-    assert!(tile(new(32, 32, Some(0))));
-    assert!(matches!(new(0, 32, None), Err(RunError::Internal(_))));
+    // A size or tile the component cannot take is a library caller's mistake (a job checks both
+    // first, naming the setting): the component says what it was given.
+    let given = |r: Result<VaeDecoder, RunError>, what: &str| matches!(r, Err(RunError::Input { component: "VAE", detail }) if detail.contains(what));
+    assert!(given(new(30, 32, None), "30×32"));
+    assert!(given(new(32, 32, Some(6)), "6-pixel tile"));
+    assert!(given(new(32, 32, Some(0)), "0-pixel tile"));
+    assert!(given(new(0, 32, None), "0×32"));
     let mut vae = new(32, 32, None).unwrap();
     let err = vae.decode(gpu(), &[0.0; 10], &mut |_| {}).unwrap_err();
-    assert!(matches!(err, RunError::Internal(_)), "{err}");
-    assert!(matches!(vae.last_latent(gpu()), Err(RunError::Internal(_))));
+    assert!(matches!(&err, RunError::Input { component: "VAE decoder", detail } if detail.starts_with("latents of 10 values")), "{err}");
+    assert!(matches!(vae.last_latent(gpu()), Err(RunError::Input { component: "VAE decoder", .. })));
 }
 
 #[test]

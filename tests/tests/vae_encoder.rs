@@ -94,12 +94,13 @@ fn an_image_no_larger_than_the_tile_is_encoded_whole() {
 }
 
 #[test]
-fn a_tile_too_small_for_one_band_is_an_error_naming_the_setting() {
-    // A 4-pixel tile holds fewer values than one convolution row of a 1024-pixel-wide image.
+fn a_tile_too_small_for_one_band_is_a_layout_error_saying_so() {
+    // A 4-pixel tile holds fewer values than one convolution row of a 1024-pixel-wide image; the
+    // plan refuses such a forced tile before a job gets here (PlanError::VaeTileTooSmall).
     let (_, e) = encoder("tiny-a", 1024, 16, Some(4));
     let err = e.posterior_mean(gpu(), &random_image(1024, 16, 5)).unwrap_err();
-    assert!(matches!(&err, RunError::Request(e) if e.setting() == flux_lite_platform::Setting::VaeTile), "{err}");
-    assert!(err.to_string().starts_with("VAE tile: it holds"), "{err}");
+    assert!(matches!(&err, RunError::Layout { component: "banded VAE", .. }), "{err}");
+    assert!(err.to_string().contains("too few for one") && err.to_string().contains("larger tile"), "{err}");
 }
 
 #[test]
@@ -110,7 +111,7 @@ fn an_image_size_the_latent_cannot_pack_is_refused() {
     let err = VaeEncoder::new(gpu(), &folder.vae, &store, 36, 32, None).unwrap_err().to_string();
     assert!(err.contains("36×32") && err.contains("multiple of 8"), "{err}");
     let err = VaeEncoder::new(gpu(), &folder.vae, &store, 32, 32, Some(12)).unwrap_err().to_string();
-    assert!(err.contains("VAE tile 12") && err.contains("multiple of 8"), "{err}");
+    assert!(err.contains("12-pixel tile") && err.contains("multiple of 8"), "{err}");
 }
 
 #[test]

@@ -3,14 +3,18 @@
 use super::GenArgs;
 use flux_lite_platform::model::ModelFolder;
 use flux_lite_platform::pipeline::embeddings_file::{self, EmbeddingsFile};
-use flux_lite_platform::pipeline::reference_image::{self, Fit};
-use flux_lite_platform::pipeline::{inpaint, mask_crop, InitImage, Prompt};
+use flux_lite_platform::pipeline::init_image::{self, Marks, Source};
+use flux_lite_platform::pipeline::{InitImage, Prompt};
 use flux_lite_platform::{RequestError, RunError};
 
-/// An image file's error named by the flag that gave the file.
-fn named(flag: &str, e: &RunError) -> String {
+/// An image file's error named by the flag that gave the file: `--mask`
+/// for the mask's, `--init-image` for the picture's.
+fn named(e: &RunError, mask: Option<&std::path::Path>) -> String {
     match e {
-        RunError::Request(r @ RequestError::Reference { .. }) => r.line(flag),
+        RunError::Request(r @ RequestError::Reference { name, .. }) => {
+            let from_mask = mask.is_some_and(|m| m.display().to_string() == *name);
+            r.line(if from_mask { "--mask" } else { "--init-image" })
+        }
         e => crate::errors::run_line(e),
     }
 }
@@ -28,21 +32,12 @@ pub fn init_image(args: &GenArgs, model: &ModelFolder) -> Result<Option<InitImag
         };
     };
     let strength = args.strength.unwrap_or(flux_lite_platform::pipeline::job::DEFAULT_STRENGTH);
-    if let Some(pad) = args.mask_crop {
-        let Some(mask_path) = &args.mask else {
-            return Err("--mask-crop needs --mask (the region comes from the mask)".into());
-        };
-        let image = reference_image::decode(path).map_err(|e| named("--init-image", &e))?;
-        let (_, mask) = reference_image::decode(mask_path).map_err(|e| named("--mask", &e))?;
-        let name = mask_path.display().to_string();
-        return mask_crop::prepare(path, image, &name, mask, pad, model.vae.latent_cell(), strength).map(Some).map_err(|e| named("--init-image", &e));
+    if args.mask_crop.is_some() && args.mask.is_none() {
+        return Err("--mask-crop needs --mask (the region comes from the mask)".into());
     }
-    let image = reference_image::load_fitted(path, model.vae.latent_cell(), Fit::Resize).map_err(|e| named("--init-image", &e))?;
-    let mask = match &args.mask {
-        Some(m) => Some(inpaint::load_mask(m, image.width, image.height).map_err(|e| named("--mask", &e))?),
-        None => None,
-    };
-    Ok(Some(InitImage { image, mask, strength, overlay: None }))
+    let mask = args.mask.as_deref().map(|m| (Source::File(m), Marks::White));
+    let prepared = init_image::prepare(Source::File(path), mask, strength, args.mask_crop, model.vae.latent_cell());
+    prepared.map(Some).map_err(|e| named(&e, args.mask.as_deref()))
 }
 
 /// The prompts the flags give: `--prompt`/`--prompt-file`, `--batch-file`'s

@@ -9,9 +9,11 @@
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use base64::Engine;
-use flux_lite_platform::pipeline::reference_image::{self, Fit, MAX_REFERENCES};
 use flux_lite_platform::pipeline::image_file::ImageFormat;
-use flux_lite_platform::pipeline::{inpaint, mask_crop, InitImage, Prompt};
+use flux_lite_platform::pipeline::init_image::{self, Marks, Source};
+use flux_lite_platform::pipeline::job;
+use flux_lite_platform::pipeline::reference_image;
+use flux_lite_platform::pipeline::{InitImage, Prompt};
 use flux_lite_platform::{Job, Pipeline, RequestError, Resolved, Setting};
 use serde::Deserialize;
 
@@ -234,7 +236,7 @@ impl OpenAiRequest {
                     ImageField::Text(t) | ImageField::Url { image_url: t } => t,
                 };
                 let mask = AskedMask { name: "mask".into(), bytes: decode_base64("mask", &text)?, alpha: true, invert: false };
-                Some(AskedInit { image: images.remove(0), mask: Some(mask), strength: strength.unwrap_or(1.0), crop: None })
+                Some(AskedInit { image: images.remove(0), mask: Some(mask), strength: strength.unwrap_or(job::OPENAI_EDIT_STRENGTH), crop: None })
             }
         };
         let count = self.n.unwrap_or(1);
@@ -295,9 +297,6 @@ pub struct A1111Request {
 /// AUTOMATIC1111's `inpaint_full_res_padding` when a request gives none.
 const A1111_FULL_RES_PADDING: usize = 32;
 
-/// AUTOMATIC1111's `denoising_strength` when an img2img request gives none.
-const A1111_STRENGTH: f64 = 0.75;
-
 impl A1111Request {
     pub fn asked(self) -> Result<Asked, ApiError> {
         let guidance = self.cfg_scale;
@@ -337,7 +336,7 @@ impl A1111Request {
         let init = match images.is_empty() {
             true if mask.is_some() => return Err(ApiError::bad("mask needs init_images: the picture to change")),
             true => None,
-            false => Some(AskedInit { image: images.remove(0), mask, strength: self.denoising_strength.unwrap_or(A1111_STRENGTH), crop }),
+            false => Some(AskedInit { image: images.remove(0), mask, strength: self.denoising_strength.unwrap_or(job::A1111_STRENGTH), crop }),
         };
         let (width, height, steps) = (self.width, self.height, self.steps);
         Ok(Asked { prompt: self.prompt, negative_prompt: self.negative_prompt, width, height, steps, seed, guidance, count, images, init, format: ImageFormat::Png })
@@ -372,9 +371,7 @@ pub fn check(asked: Asked, shape: Shape, pipeline: &Pipeline, limits: &Limits, s
     let unit = model.vae.latent_cell();
     // The job's own rule, checked before any image is decoded (a request may carry many).
     let count = asked.images.len() + usize::from(asked.init.is_some());
-    if count > MAX_REFERENCES {
-        return Err(ApiError::bad(request_line(&RequestError::References { count, limit: MAX_REFERENCES }, shape, &asked)));
-    }
+    job::check_reference_count(count).map_err(|e| ApiError::bad(request_line(&e, shape, &asked)))?;
     let references = asked
         .images
         .iter()
@@ -410,32 +407,16 @@ pub fn check(asked: Asked, shape: Shape, pipeline: &Pipeline, limits: &Limits, s
     Ok(Order { job, format: asked.format, run })
 }
 
-/// The picture to change, prepared as `gen --init-image` prepares it, and its mask.
+/// The picture to change and its mask, prepared as `gen --init-image` prepares them.
 fn init_image(init: &AskedInit, unit: usize) -> Result<InitImage, flux_lite_platform::RunError> {
     let (name, bytes) = &init.image;
-    if let (Some(pad), Some(m)) = (init.crop, &init.mask) {
-        let image = reference_image::decode_bytes(name, bytes)?;
-        let (_, mut mask) = reference_image::decode_bytes(&m.name, &m.bytes)?;
-        if m.invert {
-            // ImageOps.invert: every colour channel.
-            let colours = mask.channels - usize::from(mask.channels % 2 == 0);
-            mask.data.chunks_mut(mask.channels).for_each(|px| px[..colours].iter_mut().for_each(|v| *v = 255 - *v));
-        }
-        return mask_crop::prepare(std::path::Path::new(name), image, &m.name, mask, pad, unit, init.strength);
-    }
-    let image = reference_image::from_bytes_fitted(name, bytes, unit, Fit::Resize)?;
-    let mask = match &init.mask {
-        Some(m) if m.alpha => Some(inpaint::mask_from_alpha(&m.name, &m.bytes, image.width, image.height)?),
-        Some(m) => {
-            let mut mask = inpaint::mask_from_bytes(&m.name, &m.bytes, image.width, image.height)?;
-            if m.invert {
-                mask.values.iter_mut().for_each(|v| *v = 1.0 - *v);
-            }
-            Some(mask)
-        }
-        None => None,
+    let marks = |m: &AskedMask| match (m.alpha, m.invert) {
+        (true, _) => Marks::Transparent,
+        (false, true) => Marks::Black,
+        (false, false) => Marks::White,
     };
-    Ok(InitImage { image, mask, strength: init.strength, overlay: None })
+    let mask = init.mask.as_ref().map(|m| (Source::Bytes { name: &m.name, bytes: &m.bytes }, marks(m)));
+    init_image::prepare(Source::Bytes { name, bytes }, mask, init.strength, init.crop, unit)
 }
 
 /// A refused job, named by the shape's fields: OpenAI's `size` holds both sides.

@@ -379,7 +379,7 @@ impl<'g> ShapeBench<'g> {
     /// the activations in a scratch file; each op band by band, the
     /// wall-clock median of the decodes, each band's copies included.
     pub fn vae_decode_banded(&self, cfg: &VaeConfig, size: u64) -> Result<Figure, RunError> {
-        let internal = |e: vae::VaePlanError| RunError::Internal(e.to_string());
+        let internal = |e: vae::VaePlanError| RunError::layout("VAE")(&e);
         let (layout, arena_bytes) = vae_layout(cfg, size)?;
         let program = collect_ops(|emit| vae::decode(&layout, emit));
         let scale = cfg.scale_factor() as u64;
@@ -392,7 +392,7 @@ impl<'g> ShapeBench<'g> {
                 let mut tiles = (1..size / (2 * scale)).rev().map(|n| n * 2 * scale);
                 let (tile, capacity) = tiles
                     .find_map(|t| flux_lite_core::plan::decode_tile_capacity(cfg, t, size, row, limits).map(|c| (t, c)))
-                    .ok_or_else(|| RunError::Internal(format!("no VAE tile holds a row of a {size}-pixel-wide decode on this adapter")))?;
+                    .ok_or_else(|| RunError::Layout { component: "VAE", detail: format!("no tile holds a row of a {size}-pixel-wide decode on this adapter") })?;
                 (format!("a {tile}² tile's arena, activations on the host"), capacity, false)
             }
         };
@@ -418,7 +418,7 @@ impl<'g> ShapeBench<'g> {
     /// (wall clock, each band's upload and readback included).
     pub fn tiny_decode(&self, cfg: &VaeConfig, size: u64) -> Result<Figure, RunError> {
         use flux_lite_core::models::tiny_decoder::{self as tiny, TinyDecoderConfig, TinyDecoderLayout};
-        let internal = |e: tiny::TinyDecoderError| RunError::Internal(e.to_string());
+        let internal = |e: tiny::TinyDecoderError| RunError::layout("preview decoder")(&e);
         let levels = cfg.scale_factor().trailing_zeros() as usize;
         let mut blocks = vec![3u64; levels];
         blocks.push(1);
@@ -436,7 +436,7 @@ impl<'g> ShapeBench<'g> {
             shape.tensors(|t| sink(&t.spec()));
         });
         let placed = weights.place(self.gpu, &program)?;
-        let layouts = flux_lite_core::plan::preview_layouts(&shape, size, size, 0, self.gpu.plan_limits(), None).map_err(|e| RunError::Internal(e.to_string()))?;
+        let layouts = flux_lite_core::plan::preview_layouts(&shape, size, size, 0, self.gpu.plan_limits(), None).map_err(|e| RunError::layout("preview decoder")(&e))?;
         let first = layouts.first().copied().unwrap_or_default();
         let (how, seconds, dispatches) = match first.tile {
             None => {
@@ -538,8 +538,8 @@ impl<'g> ShapeBench<'g> {
     /// Fails if the expansion is not bit-exact.
     pub fn df11(&self, elements: usize) -> Result<Figure, RunError> {
         let weights = super::synthetic_weights(elements, 0);
-        let buf = Df11GroupBuf::encode(&[&weights]).map_err(|e| RunError::Internal(format!("DF11: {e}")))?;
-        let group = buf.group().map_err(|e| RunError::Internal(format!("DF11: {e}")))?;
+        let buf = Df11GroupBuf::encode(&[&weights]).map_err(|e| RunError::layout("DF11 bench group")(&e))?;
+        let group = buf.group().map_err(|e| RunError::layout("DF11 bench group")(&e))?;
         let on_device = Df11DeviceGroup::upload(self.gpu, &group);
         let slot = self.gpu.storage("bench df11 slot", 2 * elements as u64);
         let mut d = Vec::new();
@@ -547,7 +547,7 @@ impl<'g> ShapeBench<'g> {
         let seconds = self.timer.median(&d, self.repeats)?;
         let back = self.gpu.read_bytes(&slot, 0, 2 * elements as u64)?;
         if !back.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]])).eq(weights.iter().copied()) {
-            return Err(RunError::Internal("the GPU DF11 expansion differs from the weights".into()));
+            return Err(RunError::Gpu(flux_lite_kernels::GpuError::WrongResult("the DF11 expansion differs from the weights it was given".into())));
         }
         Ok(Figure {
             what: "DF11 expansion".into(),
@@ -650,7 +650,7 @@ fn linear_shapes(cfg: &TransformerConfig, tokens: u64) -> Result<Vec<LinearShape
 fn vae_layout(cfg: &VaeConfig, size: u64) -> Result<(vae::VaeLayout, u64), RunError> {
     let latent = size / cfg.scale_factor() as u64;
     let mut arena = BumpArena::new(u64::MAX);
-    let layout = vae::VaeLayout::new(cfg, latent, latent, &mut arena).map_err(|e| RunError::Internal(e.to_string()))?;
+    let layout = vae::VaeLayout::new(cfg, latent, latent, &mut arena).map_err(|e| RunError::layout("VAE")(&e))?;
     Ok((layout, arena.high_water()))
 }
 

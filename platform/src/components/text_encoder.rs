@@ -99,11 +99,7 @@ impl TextEncoder {
     ) -> Result<Vec<f32>, RunError> {
         let tokens = self.layout.tokens as usize;
         if input_ids.len() != tokens || attention_mask.len() != tokens {
-            return Err(RunError::Internal(format!(
-                "the text encoder takes {tokens} token ids and mask entries, got {} and {}",
-                input_ids.len(),
-                attention_mask.len()
-            )));
+            return Err(RunError::input("text encoder", format!("{} token ids and {} mask entries; it takes {tokens} of each", input_ids.len(), attention_mask.len())));
         }
         let rows = self.gather_embeddings(input_ids)?;
         self.runner.write(gpu, self.layout.stream, &rows);
@@ -122,10 +118,7 @@ impl TextEncoder {
         for &id in ids {
             let id = id as usize;
             if id >= self.config.vocab_size {
-                return Err(RunError::Internal(format!(
-                    "token id {id} is outside the text encoder's vocabulary of {}",
-                    self.config.vocab_size
-                )));
+                return Err(RunError::input("text encoder", format!("token id {id}, outside its vocabulary of {}", self.config.vocab_size)));
             }
             let row = &table.bytes[id * table.row_bytes..][..table.row_bytes];
             match table.ggml {
@@ -194,7 +187,7 @@ fn embedding_table<'a>(store: &'a WeightStore, config: &Qwen3Config) -> Result<T
 /// run) and the arena bytes of one encode.
 pub(crate) fn programs(config: &Qwen3Config, tokens: usize, picks: [usize; 3]) -> Result<(TextEncoderLayout, Vec<Vec<Op>>, u64), RunError> {
     let mut arena = BumpArena::new(u64::MAX);
-    let layout = TextEncoderLayout::new(config, tokens as u64, picks, &mut arena).map_err(|e| RunError::Internal(e.to_string()))?;
+    let layout = TextEncoderLayout::new(config, tokens as u64, picks, &mut arena).map_err(|e| RunError::layout("text encoder")(&e))?;
     let mut blocks = vec![collect_ops(|emit| program::prologue(&layout, emit))];
     for i in 0..layout.layers_to_run() {
         blocks.push(collect_ops(|emit| program::layer(&layout, i, emit)));

@@ -158,7 +158,7 @@ impl TinyDecoder {
         if banded.is_none() {
             // Checked by the plan's layouts; here for a caller without a plan.
             file.layouts(width, height, 0, gpu.plan_limits(), None)?.first().filter(|l| l.tile.is_none()).ok_or_else(|| {
-                RunError::Internal(format!("the preview decoder cannot decode {width}×{height} in one pass on this adapter; the plan bands it"))
+                RunError::Layout { component: "preview decoder", detail: format!("{width}×{height} in one pass does not fit this adapter; the plan bands it") }
             })?;
         }
         let mut arena = BumpArena::new(u64::MAX);
@@ -226,7 +226,7 @@ impl TinyDecoder {
     pub fn decode(&self, gpu: &Gpu, packed: &[f32], values: bool) -> Result<(Option<Vec<f32>>, Vec<u8>), RunError> {
         let want = self.layout.latent_h * self.layout.latent_w * self.layout.config.latent_channels;
         if packed.len() as u64 != want {
-            return Err(RunError::Internal(format!("the preview decoder takes {want} latent values, not {}", packed.len())));
+            return Err(RunError::input("preview decoder", format!("{} latent values; it takes {want}", packed.len())));
         }
         let n = self.layout.decoded_len();
         let (decoded, levels) = match &self.mode {
@@ -266,5 +266,5 @@ impl TinyDecoder {
 }
 
 fn plan_error(e: program::TinyDecoderError) -> RunError {
-    RunError::Internal(format!("the preview decoder: {e}"))
+    RunError::layout("preview decoder")(&e)
 }

@@ -17,8 +17,8 @@ use flux_lite_core::numerics::rope;
 use flux_lite_core::models::transformer::{self as program, KvMode, KvPass, Tokens, TransformerLayout};
 use flux_lite_core::BumpArena;
 
-/// Longest timestep sinusoid supported without allocating (`timestep_guidance_channels`).
-const MAX_SINUSOID: usize = 1024;
+/// Longest timestep sinusoid supported without allocating (`timestep_guidance_channels`, checked by the config).
+const MAX_SINUSOID: usize = flux_lite_core::config::MAX_TIMESTEP_CHANNELS;
 
 /// The latent grids `(height, width)` in tokens of one pass's image rows:
 /// the noise being denoised, then each reference image's.
@@ -114,12 +114,8 @@ impl Transformer {
         grids: &LatentGrids,
         lora: &LoraSet,
     ) -> Result<Self, RunError> {
-        if config.timestep_guidance_channels > MAX_SINUSOID {
-            return Err(RunError::Internal(format!(
-                "timestep_guidance_channels {} is above the supported {MAX_SINUSOID}",
-                config.timestep_guidance_channels
-            )));
-        }
+        // A config read from a file was validated; one built by hand may not have been.
+        config.validate().map_err(|e| RunError::input("transformer", format!("a config it cannot run: {e}")))?;
         let tokens = Tokens {
             text: text as u64,
             noise: grids.noise_tokens() as u64,
@@ -157,7 +153,7 @@ impl Transformer {
         kernels::elementwise(gpu, &mut euler, Elementwise::Axpy(0.0), mat(layout.velocity), None, mat(layout.latents), [layout.noise, layout.in_channels])?;
         let euler = match <[Dispatch; 1]>::try_from(euler) {
             Ok([d]) => d,
-            Err(_) => return Err(RunError::Internal("the latents are too large for one Euler dispatch".into())),
+            Err(_) => return Err(RunError::Layout { component: "transformer", detail: "the latents are too large for one Euler dispatch".into() }),
         };
         let guidance = Guidance::prepare(gpu, &layout, &runner.arena)?;
         Ok(Self { config: config.clone(), layout, runner, store, weights, blocks, prepared, cached, use_cache: Default::default(), euler, guidance, arena_bytes })
@@ -173,12 +169,8 @@ impl Transformer {
     pub fn set_prompt(&self, gpu: &Gpu, prompt: &[f32]) -> Result<(), RunError> {
         let want = (self.layout.text * self.layout.joint_dim) as usize;
         if prompt.len() != want {
-            return Err(RunError::Internal(format!(
-                "prompt embeddings hold {} values, the transformer needs {} × {} = {want}",
-                prompt.len(),
-                self.layout.text,
-                self.layout.joint_dim
-            )));
+            let (text, joint) = (self.layout.text, self.layout.joint_dim);
+            return Err(RunError::input("transformer", format!("prompt embeddings of {} values; it needs {text} × {joint} = {want}", prompt.len())));
         }
         self.runner.write(gpu, self.layout.prompt, prompt);
         Ok(())
@@ -188,7 +180,7 @@ impl Transformer {
     pub fn set_latents(&self, gpu: &Gpu, latents: &[f32]) -> Result<(), RunError> {
         let want = (self.layout.noise * self.layout.in_channels) as usize;
         if latents.len() != want {
-            return Err(RunError::Internal(format!("latents hold {} values, expected {want}", latents.len())));
+            return Err(RunError::input("transformer", format!("latents of {} values; it needs {want}", latents.len())));
         }
         self.runner.write(gpu, self.layout.latents, latents);
         Ok(())
@@ -200,7 +192,7 @@ impl Transformer {
         let rows = self.layout.image - self.layout.noise;
         let want = (rows * self.layout.in_channels) as usize;
         if tokens.len() != want {
-            return Err(RunError::Internal(format!("reference tokens hold {} values, the transformer was laid out for {rows} × {}", tokens.len(), self.layout.in_channels)));
+            return Err(RunError::input("transformer", format!("reference tokens of {} values; it was laid out for {rows} × {}", tokens.len(), self.layout.in_channels)));
         }
         if rows > 0 {
             self.runner.write(gpu, self.layout.latents.rows_from(self.layout.noise), tokens);

@@ -110,9 +110,8 @@ impl VaeDecoder {
     /// the device, the image's activations take pages of the adapter's
     /// largest buffer, allocated here.
     pub fn laid_out(gpu: &Gpu, config: &VaeConfig, store: &WeightStore, width: usize, height: usize, bands: Bands) -> Result<Self, RunError> {
-        if config.out_channels != 3 {
-            return Err(RunError::Internal(format!("the VAE has {} output channels; images need 3", config.out_channels)));
-        }
+        // A config read from a file was validated (RGB out); one built by hand may not have been.
+        config.validate().map_err(|e| RunError::input("VAE decoder", format!("a config it cannot run: {e}")))?;
         check_image_size(config, width, height)?;
         let scale = config.scale_factor();
         let banded = bands.banded(width.max(height) as u64);
@@ -134,8 +133,8 @@ impl VaeDecoder {
             }
         };
         if arena_bytes > gpu.limits.max_buffer_size {
-            let why = format!("decoding {width}×{height} pixels needs a {arena_bytes}-byte VAE buffer, above the adapter's {} bytes; use a smaller one", gpu.limits.max_buffer_size);
-            return Err(RunError::Request(crate::pipeline::job::RequestError::VaeTile { tile: None, why }));
+            let detail = format!("decoding {width}×{height} pixels needs a {arena_bytes}-byte buffer, above the adapter's {} bytes; decode it by smaller bands", gpu.limits.max_buffer_size);
+            return Err(RunError::Layout { component: "VAE decoder", detail });
         }
         // The activations first: an adapter that cannot hold them fails here, before the upload.
         let runner = arena_runner(gpu, "vae activations", arena_bytes);
@@ -183,8 +182,8 @@ impl VaeDecoder {
         let features = 4 * self.config.latent_channels;
         let tokens = (lat_h * lat_w / 4) as usize;
         if packed.len() != tokens * features {
-            return Err(RunError::Internal(format!(
-                "the latents hold {} values; a {}×{} image needs {tokens} tokens × {features} = {}",
+            return Err(RunError::input("VAE decoder", format!(
+                "latents of {} values; a {}×{} image needs {tokens} tokens × {features} = {}",
                 packed.len(),
                 lat_w as usize * scale,
                 lat_h as usize * scale,
@@ -256,8 +255,8 @@ impl VaeDecoder {
             Mode::Whole { layout, .. } if self.decoded_once => {
                 Ok(self.runner.read(gpu, layout.latent, 1, layout.latent_channels * self.latent_h * self.latent_w)?)
             }
-            Mode::Whole { .. } => Err(RunError::Internal("nothing has been decoded yet".into())),
-            Mode::Banded { .. } => Err(RunError::Internal("a banded decode keeps its latent on the host".into())),
+            Mode::Whole { .. } => Err(RunError::input("VAE decoder", "a request for its latent before anything was decoded")),
+            Mode::Banded { .. } => Err(RunError::input("VAE decoder", "a request for its latent, which a banded decode keeps on the host")),
         }
     }
 
@@ -355,16 +354,18 @@ pub(crate) fn upload_checked(gpu: &Gpu, store: &WeightStore, specs: &[TensorSpec
 
 /// Refuses an image size the VAE cannot take ([`ImageSize`]'s rule).
 pub(crate) fn check_image_size(config: &VaeConfig, width: usize, height: usize) -> Result<(), RunError> {
-    ImageSize::new(config, width as u64, height as u64).map(|_| ()).map_err(|e| RunError::Internal(format!("the image size {width}×{height}: {e}")))
+    // `Job::resolve` refuses such a request: only a library caller laying a component out by hand meets this.
+    ImageSize::new(config, width as u64, height as u64).map_err(|e| RunError::input("VAE", format!("a {width}×{height} image: {e}")))?;
+    Ok(())
 }
 
-/// Refuses a tile size that is not a positive multiple of twice the VAE scale factor.
+/// Refuses a tile size that is not a positive multiple of twice the VAE
+/// scale factor: `Job::resolve` refuses such a request, so only a library
+/// caller laying a component out by hand meets this.
 pub(crate) fn check_tile(config: &VaeConfig, tile_px: Option<usize>) -> Result<(), RunError> {
     let unit = config.latent_cell();
     match tile_px {
-        Some(t) if t == 0 || !t.is_multiple_of(unit) => {
-            Err(RunError::Request(crate::pipeline::job::RequestError::VaeTile { tile: Some(t), why: format!("not a positive multiple of {unit} pixels") }))
-        }
+        Some(t) if t == 0 || !t.is_multiple_of(unit) => Err(RunError::input("VAE", format!("a {t}-pixel tile, not a positive multiple of {unit} pixels"))),
         _ => Ok(()),
     }
 }
@@ -380,5 +381,5 @@ fn interleave_rgb(planar: &[u8], pixels: usize) -> Vec<u8> {
 }
 
 pub(crate) fn plan_error(e: VaePlanError) -> RunError {
-    RunError::Internal(e.to_string())
+    RunError::layout("VAE")(&e)
 }

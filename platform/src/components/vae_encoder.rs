@@ -98,8 +98,8 @@ impl VaeEncoder {
             }
         };
         if arena_bytes > gpu.limits.max_buffer_size {
-            let why = format!("encoding {width}×{height} pixels needs a {arena_bytes}-byte VAE buffer, above the adapter's {} bytes; use a smaller one", gpu.limits.max_buffer_size);
-            return Err(RunError::Request(crate::pipeline::job::RequestError::VaeTile { tile: None, why }));
+            let detail = format!("encoding {width}×{height} pixels needs a {arena_bytes}-byte buffer, above the adapter's {} bytes; encode it by smaller bands", gpu.limits.max_buffer_size);
+            return Err(RunError::Layout { component: "VAE encoder", detail });
         }
         let runner = arena_runner(gpu, "vae encoder activations", arena_bytes);
         let mode = match capacity {
@@ -128,7 +128,7 @@ impl VaeEncoder {
 
     /// The pass of the current size ([`Self::new`] and [`Self::lay_out`] leave one on success).
     fn pass(&self) -> Result<&EncodePass, RunError> {
-        self.pass.as_ref().ok_or_else(|| RunError::Internal("the VAE encoder has no image size laid out".into()))
+        self.pass.as_ref().ok_or_else(|| RunError::input("VAE encoder", "an image before any image size was laid out"))
     }
 
     /// The latent grid (height, width) in cells.
@@ -149,7 +149,7 @@ impl VaeEncoder {
         let l = &pass.layout;
         let want = (l.in_channels * l.height * l.width) as usize;
         if image.len() != want {
-            return Err(RunError::Internal(format!("the image holds {} values; {}×{} needs {want}", image.len(), l.width, l.height)));
+            return Err(RunError::input("VAE encoder", format!("an image of {} values; {}×{} needs {want}", image.len(), l.width, l.height)));
         }
         match &pass.mode {
             Mode::Whole { dispatches } => {

@@ -81,7 +81,7 @@ pub fn denoise(
     // The schedule's shift counts the noise tokens only, as the pipeline does.
     let tokens = transformer.layout.noise as usize;
     let mut sigmas = vec![0f32; steps + 1];
-    schedule::sigmas(scheduler, tokens, steps, &mut sigmas).map_err(|e| RunError::Internal(format!("the schedule of {steps} steps: {e}")))?;
+    schedule::sigmas(scheduler, tokens, steps, &mut sigmas).map_err(|error| RunError::Schedule { steps, error })?;
     let first = init.map_or(0, |i| i.first_step);
     match init {
         Some(i) => transformer.set_latents(gpu, &super::inpaint::noised(sigmas[first], noise, i.image))?,

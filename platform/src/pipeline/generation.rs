@@ -39,13 +39,11 @@ pub struct Batch {
 }
 
 impl Batch {
+    /// What `Job::resolve` makes: at least one item, each naming one of the prompts.
     fn check(&self) -> Result<(), RunError> {
-        if self.items.is_empty() {
-            return Err(RunError::Internal("the batch has no images to make".into()));
-        }
-        match self.items.iter().find(|i| i.prompt >= self.prompts.len()) {
-            Some(i) => Err(RunError::Internal(format!("a batch item names prompt {} of {}", i.prompt, self.prompts.len()))),
-            None => Ok(()),
+        match self.items.is_empty() || self.items.iter().any(|i| i.prompt >= self.prompts.len()) {
+            true => Err(RunError::Internal(format!("a batch of {} items over {} prompts that no resolved job makes", self.items.len(), self.prompts.len()))),
+            false => Ok(()),
         }
     }
 }
@@ -260,7 +258,7 @@ impl Run<'_> {
     fn denoise(&mut self, first: usize, items: &[Item], embeddings: &[Option<Embeddings>], references: &super::References, observer: &mut dyn Observer) -> Result<Vec<Vec<f32>>, RunError> {
         let (pipeline, request) = (self.pipeline, self.request);
         let (gpu, model) = (&pipeline.gpu, &pipeline.model);
-        let (lat_h, lat_w) = denoise::latent_grid(&model.vae, request.width, request.height).map_err(|e| RunError::Internal(e.to_string()))?;
+        let (lat_h, lat_w) = denoise::latent_grid(&model.vae, request.width, request.height)?;
         let started = Instant::now();
         let key = TransformerKey {
             strategy: self.plan.denoise.weights,
@@ -415,7 +413,7 @@ pub(super) fn load_prompt_encoder(pipeline: &Pipeline, strategy: WeightStrategy)
 
 /// One prompt's embedding: prompt `index` of `count`, for the progress.
 pub(super) fn encode_one(pipeline: &Pipeline, e: &PromptEncoder, text: &str, index: usize, count: usize, progress: &mut dyn FnMut(Progress)) -> Result<super::PromptEmbedding, RunError> {
-    let tokens = e.tokenizer.encode_prompt(text, PROMPT_TOKENS).map_err(|e| RunError::Internal(e.to_string()))?;
+    let tokens = e.tokenizer.encode_prompt(text, PROMPT_TOKENS)?;
     let values = e.encoder.encode(&pipeline.gpu, &tokens.input_ids, &tokens.attention_mask, &mut |block| {
         progress(Progress::Encode { prompt: index, prompts: count, block })
     })?;

@@ -16,6 +16,12 @@ use std::sync::Arc;
 pub const DEFAULT_SIDE: usize = 1024;
 /// Image-to-image's strength when none is asked for, as diffusers' `strength` defaults.
 pub const DEFAULT_STRENGTH: f64 = 0.8;
+/// The strength of AUTOMATIC1111's img2img when a request gives no
+/// `denoising_strength` (its API's own default).
+pub const A1111_STRENGTH: f64 = 0.75;
+/// The strength of OpenAI's image edits with a mask: the transparent area
+/// is made anew, as that API defines it.
+pub const OPENAI_EDIT_STRENGTH: f64 = 1.0;
 /// Steps above this are refused as a typo rather than run for hours.
 pub const MAX_STEPS: usize = 1000;
 /// Images one job makes at most.
@@ -145,10 +151,7 @@ impl Job {
         if self.images_per_prompt == 0 || images > limits.max_images {
             return Err(RequestError::Images { per_prompt: self.images_per_prompt, total: images, limit: limits.max_images });
         }
-        let init_count = usize::from(self.init.is_some());
-        if self.references.len() + init_count > MAX_REFERENCES {
-            return Err(RequestError::References { count: self.references.len() + init_count, limit: MAX_REFERENCES });
-        }
+        check_reference_count(self.references.len() + usize::from(self.init.is_some()))?;
         let cell = model.vae.latent_cell();
         for r in self.init.iter().map(|i| &i.image).chain(&self.references) {
             check_reference(r, cell)?;
@@ -178,11 +181,7 @@ impl Job {
                 return Err(RequestError::SideTooLarge { side, pixels, limit: limits.max_side });
             }
         }
-        let (rows, cols) = denoise::latent_grid(&model.vae, width, height).map_err(|e| RequestError::Size {
-            side: if e.side == "width" { Side::Width } else { Side::Height },
-            pixels: e.pixels as usize,
-            cell: e.cell as usize,
-        })?;
+        let (rows, cols) = denoise::latent_grid(&model.vae, width, height)?;
         let steps = self.steps.unwrap_or_else(|| default_steps(model));
         if steps == 0 || steps > limits.max_steps {
             return Err(RequestError::Steps { steps, limit: limits.max_steps });
@@ -353,6 +352,16 @@ fn check_prompt(index: usize, prompt: &Prompt, joint: usize, max_bytes: usize) -
     }
 }
 
+/// The reference images' count (the init image among them) within the
+/// pipeline's limit: `resolve`'s rule, which a caller may check before it
+/// decodes a request's images.
+pub fn check_reference_count(count: usize) -> Result<(), RequestError> {
+    match count > MAX_REFERENCES {
+        true => Err(RequestError::References { count, limit: MAX_REFERENCES }),
+        false => Ok(()),
+    }
+}
+
 /// A reference prepared for another VAE (or built by hand) is refused.
 fn check_reference(r: &ReferenceImage, cell: usize) -> Result<(), RequestError> {
     let name = r.path.display().to_string();
@@ -515,6 +524,13 @@ impl RequestError {
             (false, true) => format!("{name}: {}", self.reason()),
             (false, false) => format!("{name} {value}: {}", self.reason()),
         }
+    }
+}
+
+impl From<flux_lite_core::config::SizeError> for RequestError {
+    fn from(e: flux_lite_core::config::SizeError) -> Self {
+        let side = if e.side == "width" { Side::Width } else { Side::Height };
+        RequestError::Size { side, pixels: e.pixels as usize, cell: e.cell as usize }
     }
 }
 

@@ -7,6 +7,7 @@ pub mod denoise;
 pub mod embeddings_file;
 pub mod generation;
 pub mod image_file;
+pub mod init_image;
 pub mod inpaint;
 pub mod job;
 pub mod kept;

@@ -46,7 +46,7 @@ impl ModelSizes {
     }
 
     fn read(model: &ModelFolder, width: usize, height: usize, estimate_missing: bool) -> Result<Self, RunError> {
-        let (lat_h, lat_w) = denoise::latent_grid(&model.vae, width, height).map_err(|e| RunError::Internal(e.to_string()))?;
+        let (lat_h, lat_w) = denoise::latent_grid(&model.vae, width, height)?;
         let mut estimated = Vec::new();
         let mut from_files = |c: Component| {
             let files = !estimate_missing || model.has_weight_files(c);
@@ -184,7 +184,7 @@ pub fn plan(gpu: &Gpu, model: &ModelFolder, request: &Request) -> Result<Plan, R
 /// reference images of the sizes `(width, height)` in `references`: prompt,
 /// noise and reference tokens.
 pub fn transformer_rows(model: &ModelFolder, width: usize, height: usize, references: &[(usize, usize)]) -> Result<u64, RunError> {
-    let grid = |w: usize, h: usize| denoise::latent_grid(&model.vae, w, h).map(|(lh, lw)| (lh * lw) as u64).map_err(|e| RunError::Internal(e.to_string()));
+    let grid = |w: usize, h: usize| denoise::latent_grid(&model.vae, w, h).map(|(lh, lw)| (lh * lw) as u64).map_err(RunError::from);
     let mut rows = PROMPT_TOKENS as u64 + grid(width, height)?;
     for &(w, h) in references {
         rows += grid(w, h)?;

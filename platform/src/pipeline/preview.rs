@@ -32,9 +32,10 @@ pub fn latent_rgb(model: &ModelFolder) -> Result<LatentRgbMap, RunError> {
     if channels == FLUX2_LATENT_CHANNELS {
         return Ok(LatentRgbMap { factors: preview::FLUX2.factors.to_vec(), bias: preview::FLUX2.bias });
     }
-    Err(RunError::Internal(format!(
-        "previews: no latent-to-RGB map for this VAE ({channels} latent channels; FLUX.2's has 32): add vae/latent_rgb.json to the model folder"
-    )))
+    Err(RunError::Load(LoadError::Missing {
+        path: file,
+        what: format!("no latent-to-RGB map for this VAE ({channels} latent channels; FLUX.2's has 32), which previews need: add the file, or draw previews with a tiny preview decoder"),
+    }))
 }
 
 fn read_map(file: &Path, channels: usize) -> Result<LatentRgbMap, LoadError> {
@@ -97,7 +98,7 @@ impl GpuPreview {
         let small: Vec<u8> = gpu.read_f32(&self.levels, 0, h * w * 3)?.into_iter().map(|v| v as u8).collect();
         let (height, width) = (h * self.enlarge, w * self.enlarge);
         let mut rgb = vec![0u8; width * height * 3];
-        preview::enlarge_into(&small, (h, w), self.enlarge, &mut rgb).map_err(|e| RunError::Internal(format!("preview: {e:?}")))?;
+        preview::enlarge_into(&small, (h, w), self.enlarge, &mut rgb).map_err(drawing_failed)?;
         Ok((width, height, rgb))
     }
 }
@@ -158,7 +159,12 @@ impl LatentRgbMap {
         let (height, width) = (2 * grid_h * enlarge, 2 * grid_w * enlarge);
         let mut rgb = vec![0u8; width * height * 3];
         let map = LatentRgb { factors: &self.factors, bias: self.bias };
-        preview::draw(packed, (grid_h, grid_w), &map, enlarge, &mut rgb).map_err(|e| RunError::Internal(format!("preview: {e:?}")))?;
+        preview::draw(packed, (grid_h, grid_w), &map, enlarge, &mut rgb).map_err(drawing_failed)?;
         Ok((width, height, rgb))
     }
+}
+
+/// A preview drawn into buffers sized here that do not fit: a bug.
+fn drawing_failed(e: preview::PreviewError) -> RunError {
+    RunError::Internal(format!("preview: {e:?}"))
 }

@@ -112,7 +112,7 @@ impl HostTensors {
     fn range(&self, span: Span, len: u64) -> Result<std::ops::Range<usize>, RunError> {
         let (start, end) = (span.offset as usize, (span.offset + len) as usize);
         if end > self.map.len() / 4 {
-            return Err(RunError::Internal(format!("a banded run addressed values {start}..{end} of a {}-value scratch arena", self.map.len() / 4)));
+            return Err(beyond(start as u64, end as u64, (self.map.len() / 4) as u64, "the scratch arena"));
         }
         Ok(start..end)
     }
@@ -214,7 +214,7 @@ impl DeviceTensors {
     /// `[start, start + len)` as `(page, offset in it, length)` pieces, cut at page ends.
     fn locate(&self, start: u64, len: u64) -> Result<Vec<(usize, u64, u64)>, RunError> {
         if start + len > self.len {
-            return Err(RunError::Internal(format!("a banded run addressed values {start}..{} of {} on the device", start + len, self.len)));
+            return Err(beyond(start, start + len, self.len, "the device"));
         }
         let mut pieces = Vec::new();
         let (mut at, end) = (start, start + len);
@@ -374,6 +374,12 @@ impl HeldActivations<'_> {
             Self::Host(host) => host,
         }
     }
+}
+
+/// A band addressed past the image's activations: a bug in the band's
+/// layout, never the request's doing.
+fn beyond(start: u64, end: u64, len: u64, held: &str) -> RunError {
+    RunError::Internal(format!("a banded run addressed values {start}..{end} of the {len} on {held}"))
 }
 
 #[cfg(test)]

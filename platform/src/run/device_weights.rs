@@ -568,7 +568,7 @@ impl DeviceWeights {
             w.bytes += area.size();
             for sg in w.streamed_groups.iter_mut().flatten() {
                 let group = compressed(store, sg.group)?;
-                let runs = AreaRun::cut(&group, &sg.positions, area.size(), area_align(gpu)).map_err(RunError::Internal)?;
+                let runs = AreaRun::cut(&group, &sg.positions, area.size(), area_align(gpu)).map_err(not_as_placed)?;
                 let slot = &w.slots[sg.slot];
                 if let Some(first) = runs.first() {
                     kernels::df11_clear(gpu, &mut sg.clear, first.arrays(&area, &group, &sg.positions), slot, sg.base)?;
@@ -886,9 +886,15 @@ fn group_info(store: &WeightStore, group: usize) -> Result<&crate::model::safete
 }
 
 fn missing_group(group: usize) -> RunError {
-    RunError::Internal(format!("DF11 group {group} is not held compressed by its store"))
+    not_as_placed(format!("DF11 group {group} is not held compressed by its store"))
 }
 
 fn quantized<'s>(store: &'s WeightStore, name: &str) -> Result<QuantizedRef<'s>, RunError> {
-    store.quantized(name).ok_or_else(|| RunError::Internal(format!("`{name}` is not held in GGML blocks by its store")))
+    store.quantized(name).ok_or_else(|| not_as_placed(format!("`{name}` is not held in GGML blocks by its store")))
+}
+
+/// Weights not held as their placement says: a bug in the placement, never
+/// the model's or the request's doing (the store was checked when opened).
+fn not_as_placed(detail: String) -> RunError {
+    RunError::Internal(detail)
 }

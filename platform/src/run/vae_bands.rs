@@ -51,7 +51,7 @@ struct Operands(BumpArena);
 
 impl Operands {
     fn take(&mut self, elements: u64) -> Result<Span, RunError> {
-        let s = self.0.alloc(4 * elements.max(1), ALIGN).map_err(|e| RunError::Internal(format!("banded VAE: {e}")))?;
+        let s = self.0.alloc(4 * elements.max(1), ALIGN).map_err(|e| RunError::layout("banded VAE")(&e))?;
         Ok(Span::new(s.offset / 4, 0))
     }
 }
@@ -81,7 +81,7 @@ impl BandRunner<'_> {
                 self.elementwise(store, src, dst, count, |src, dst, count| Op::ScaleShift { src, dst, count, scale, shift })
             }
             &Op::PixelLevels { src, dst, count } => self.elementwise(store, src, dst, count, |src, dst, count| Op::PixelLevels { src, dst, count }),
-            other => Err(RunError::Internal(format!("the banded VAE cannot run {other:?}"))),
+            other => Err(cannot_band(format!("{other:?}"))),
         }
     }
 
@@ -94,8 +94,8 @@ impl BandRunner<'_> {
     fn band(&self, fixed: u64, per_unit: u64, what: &str) -> Result<u64, RunError> {
         let units = self.capacity.saturating_sub(fixed) / per_unit.max(1);
         if units == 0 {
-            let why = format!("it holds {} values, too few for one {what} of this image ({} needed); use a larger one", self.capacity, fixed + per_unit);
-            return Err(RunError::Request(crate::pipeline::job::RequestError::VaeTile { tile: None, why }));
+            let detail = format!("a band holds {} values, too few for one {what} of this image ({} needed); give it a larger tile", self.capacity, fixed + per_unit);
+            return Err(RunError::Layout { component: "banded VAE", detail });
         }
         Ok(units)
     }
@@ -159,7 +159,7 @@ impl BandRunner<'_> {
     /// downsampling alike. A residual one adds onto its output band's values.
     fn conv(&self, store: &mut dyn Activations, [x, y]: [Span; 2], [w, bias]: [&TensorName; 2], s: ConvShape, [residual, relu]: [bool; 2]) -> Result<(), RunError> {
         if x.offset == y.offset {
-            return Err(RunError::Internal(format!("the banded VAE only runs out-of-place convolutions, not {s:?} in place")));
+            return Err(cannot_band(format!("{s:?} in place (only out-of-place convolutions)")));
         }
         let (cin, cout, h, wd) = (s.in_channels as u64, s.out_channels as u64, s.height as u64, s.width as u64);
         let (out_h, out_w) = (s.out_height as u64, s.out_width as u64);
@@ -208,7 +208,7 @@ impl BandRunner<'_> {
     fn group_norm(&self, store: &mut dyn Activations, src: Span, dst: Span, g: Norm<'_>) -> Result<(), RunError> {
         let (c, p, groups) = (g.channels, g.pixels, g.groups);
         if groups == 0 || !c.is_multiple_of(groups) {
-            return Err(RunError::Internal(format!("group norm: {c} channels in {groups} groups")));
+            return Err(cannot_band(format!("a group norm of {c} channels in {groups} groups")));
         }
         let per = c / groups;
         let mut moments = vec![Moments::default(); groups as usize];
@@ -300,7 +300,7 @@ impl BandRunner<'_> {
     fn linear(&self, store: &mut dyn Activations, x: Span, w: &TensorName, bias: Option<&TensorName>, y: Span, s: Gemm) -> Result<(), RunError> {
         let Gemm { m: rows, n: cols, k: inner } = s;
         if x.stride != inner || y.stride != cols {
-            return Err(RunError::Internal("the banded VAE only runs linears over contiguous rows".into()));
+            return Err(cannot_band("a linear over rows that are not contiguous".into()));
         }
         for (r0, r1) in bands(rows, self.band(0, inner + cols, "linear row")?) {
             let mut arena = self.operands();
@@ -379,6 +379,12 @@ struct Norm<'a> {
     groups: u64,
     eps: f32,
     silu: bool,
+}
+
+/// An op of the VAE's own program the banded run does not take: a bug in
+/// the program or here, never the request's doing.
+fn cannot_band(op: String) -> RunError {
+    RunError::Internal(format!("the banded VAE cannot run {op}"))
 }
 
 #[cfg(test)]
