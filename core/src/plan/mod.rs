@@ -46,143 +46,6 @@ pub const SLOT_ALIGN: u64 = 256;
 /// 70% in the published klein DF11 checkpoints.
 pub const DF11_ESTIMATE_PERCENT: u64 = 71;
 
-/// Weight bytes of one block of a component's program.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct BlockWeights {
-    /// Weights outside DF11 groups, as the device holds them.
-    pub plain: u64,
-    /// DF11 group weights expanded to bf16 (slot bytes, alignment included).
-    pub grouped: u64,
-    /// The same groups compressed, as the device holds them.
-    pub compressed: u64,
-    /// The largest of the block's groups as the streaming area lays it out
-    /// (its compressed arrays, each at a [`SLOT_ALIGN`] offset).
-    pub largest_group: u64,
-    /// Weights in GGML blocks as the device holds them (resident, or
-    /// streamed into the slot like plain ones); each linear expands them a
-    /// few rows at a time into the packed scratch.
-    pub packed: u64,
-    /// The same weights expanded to f32 once at load (resident only).
-    pub packed_expanded: u64,
-}
-
-/// A component's weight bytes, summed and maximised over its blocks.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct WeightSizes {
-    pub blocks: u64,
-    pub plain: u64,
-    pub grouped: u64,
-    pub compressed: u64,
-    /// Largest `plain + grouped` of one block: a streaming slot.
-    pub max_block: u64,
-    /// Largest `grouped` of one block: a DF11 expansion slot.
-    pub max_block_grouped: u64,
-    /// Largest group as the streaming area would hold it whole: streamed DF11
-    /// groups are copied there compressed, one at a time (in runs of blocks
-    /// past [`DF11_STREAM_AREA`]), and expanded into the slot.
-    pub max_group: u64,
-    /// Weights several blocks read, resident under every strategy.
-    pub shared: u64,
-    pub packed: u64,
-    pub packed_expanded: u64,
-    /// Shared weights in GGML blocks: resident in their blocks, or expanded
-    /// to f32 at load when everything is.
-    pub shared_packed: u64,
-    pub shared_packed_expanded: u64,
-    /// Where a linear over weights in GGML blocks expands rows of them
-    /// (0 without such weights); not needed when they are expanded at load.
-    pub packed_scratch: u64,
-    /// The range scales of the linears' weights' rows, which a device that
-    /// rounds products' operands to f16 (the matrix tier) measures once and
-    /// keeps under every strategy; not counted by [`Self::bytes`] until
-    /// [`Self::keep_row_scales`].
-    pub row_scales: u64,
-}
-
-impl WeightSizes {
-    pub fn add_block(&mut self, b: BlockWeights) {
-        self.blocks += 1;
-        self.plain += b.plain;
-        self.grouped += b.grouped;
-        self.compressed += b.compressed;
-        self.packed += b.packed;
-        self.packed_expanded += b.packed_expanded;
-        self.max_block = self.max_block.max(b.plain + b.packed + b.grouped);
-        self.max_block_grouped = self.max_block_grouped.max(b.grouped);
-        self.max_group = self.max_group.max(b.largest_group);
-    }
-
-    /// Counts the weights' row scales as kept (resident, with the shared weights).
-    pub fn keep_row_scales(&mut self) {
-        self.shared += self.row_scales;
-        self.row_scales = 0;
-    }
-
-    /// Whether some weights are held compressed (DF11 groups or GGML
-    /// blocks), so keeping them compressed is a strategy.
-    pub fn has_df11(&self) -> bool {
-        self.compressed > 0 || self.packed > 0
-    }
-
-    /// Device bytes of the weights under `s`.
-    pub fn bytes(&self, s: WeightStrategy) -> u64 {
-        let packed = self.shared_packed + self.packed_scratch;
-        self.shared
-            + match s {
-                WeightStrategy::ResidentBf16 => self.plain + self.grouped + self.packed_expanded + self.shared_packed_expanded,
-                WeightStrategy::ResidentDf11 { slots } => packed + self.plain + self.packed + self.compressed + slots as u64 * self.max_block_grouped,
-                WeightStrategy::Streamed { slots } => {
-                    packed + slots as u64 * self.max_block + self.max_block.min(STREAM_STAGING) + self.max_group.min(DF11_STREAM_AREA)
-                }
-            }
-    }
-
-    /// The strategies that apply, fastest first.
-    pub fn strategies(&self) -> impl Iterator<Item = WeightStrategy> {
-        let df11 = self.has_df11();
-        // GGML blocks need no slot: a second one only serves DF11 groups.
-        [
-            Some(WeightStrategy::ResidentBf16),
-            (self.max_block_grouped > 0).then_some(WeightStrategy::ResidentDf11 { slots: 2 }),
-            df11.then_some(WeightStrategy::ResidentDf11 { slots: 1 }),
-            Some(WeightStrategy::Streamed { slots: 2 }),
-            Some(WeightStrategy::Streamed { slots: 1 }),
-        ]
-        .into_iter()
-        .flatten()
-    }
-}
-
-/// How a component's weights are held on the device while it runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum WeightStrategy {
-    /// Every weight resident as bf16 (DF11 groups expanded once at load;
-    /// GGML blocks once, to f32).
-    ResidentBf16,
-    /// Plain weights and compressed DF11 groups resident; each block's
-    /// groups expanded into bf16 slot `block mod slots` as it starts. GGML
-    /// blocks stay resident in their blocks; each linear expands a few rows
-    /// at a time as it runs.
-    ResidentDf11 { slots: u8 },
-    /// Nothing resident: each block's weights are copied from the mapped
-    /// files into slot `block mod slots` as it starts (DF11 groups
-    /// compressed, expanded on the device).
-    Streamed { slots: u8 },
-}
-
-impl fmt::Display for WeightStrategy {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let plural = |n: u8| if n == 1 { "" } else { "s" };
-        match self {
-            WeightStrategy::ResidentBf16 => f.write_str("weights resident, expanded"),
-            WeightStrategy::ResidentDf11 { slots } => {
-                write!(f, "weights resident compressed (DF11 or GGML blocks), expanded per block into {slots} slot{}", plural(*slots))
-            }
-            WeightStrategy::Streamed { slots } => write!(f, "streamed per block from host memory into {slots} slot{}", plural(*slots)),
-        }
-    }
-}
-
 /// The device and host bytes of one phase.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PhasePlan {
@@ -399,81 +262,6 @@ impl KvPrecision {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PlanError {
-    /// The size cannot be laid out at all (not a multiple of the latent cell, or beyond 64 bits).
-    Size(&'static str),
-    /// A reference image needs a larger buffer or binding than the adapter allows.
-    ReferenceTooLarge { width: u64, height: u64, bytes: u64, limit: u64 },
-    /// One row of the VAE decode's widest convolution exceeds what the adapter can bind, in any tile.
-    VaeTooWide { width: u64, bytes: u64, limit: u64 },
-    /// One row of the preview decoder's widest convolution exceeds what the adapter can bind, in any tile.
-    PreviewTooWide { width: u64, bytes: u64, limit: u64 },
-    /// The transformer's attention keys (all tokens, one binding) exceed the adapter's binding.
-    AttentionTooLarge { tokens: u64, bytes: u64, limit: u64 },
-    /// Every layout of `phase`'s activation arena (one device buffer) is larger
-    /// than the adapter's largest buffer; `bytes`: the smallest of them.
-    ArenaTooLarge { phase: &'static str, bytes: u64, limit: u64 },
-    /// A forced VAE tile that is not a positive multiple of the latent cell (`unit` pixels).
-    VaeTileSize { tile: u64, unit: u64 },
-    /// A forced VAE tile whose band cannot hold one row of `what`'s widest convolution.
-    VaeTileTooSmall { tile: u64, what: &'static str },
-    /// No strategy of `phase` fits the budget; `minimum` is the smallest
-    /// budget that works for the run, `device` and `host` its two sides (in
-    /// the phase that needs it).
-    TooSmall { budget: u64, phase: &'static str, minimum: u64, device: u64, host: u64 },
-}
-
-impl fmt::Display for PlanError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            PlanError::Size(why) => f.write_str(why),
-            PlanError::AttentionTooLarge { tokens, bytes, limit } => write!(
-                f,
-                "the transformer's attention over {tokens} tokens binds {bytes} bytes of keys at once, above the adapter's limit of {limit} bytes; use a smaller size or fewer reference images"
-            ),
-            PlanError::VaeTooWide { width, bytes, limit } => write!(
-                f,
-                "the VAE cannot decode a {width}-pixel-wide image on this adapter: one row of its widest convolution needs {bytes} bytes, above the adapter's binding of {limit} bytes; use a smaller width"
-            ),
-            PlanError::PreviewTooWide { width, bytes, limit } => write!(
-                f,
-                "one row of the preview decoder's widest convolution at {width} pixels wide needs {bytes} bytes, above the adapter's binding of {limit} bytes; preview without a preview decoder, or use a smaller width"
-            ),
-            PlanError::ReferenceTooLarge { width, height, bytes, limit } => write!(
-                f,
-                "encoding a {width}×{height} reference image needs a {bytes}-byte buffer, above the adapter's limit of {limit} bytes"
-            ),
-            PlanError::ArenaTooLarge { phase, bytes, limit } => write!(
-                f,
-                "{phase} needs an activation buffer of at least {bytes} bytes at this size, above the adapter's largest buffer of {limit} bytes; use a smaller size or fewer reference images"
-            ),
-            PlanError::VaeTileSize { tile, unit } => write!(f, "the VAE tile {tile} is not a positive multiple of {unit} pixels"),
-            PlanError::VaeTileTooSmall { tile, what } => write!(
-                f,
-                "a {tile}-pixel VAE tile cannot hold one row of {what}'s widest convolution on this adapter; use a larger tile or none"
-            ),
-            PlanError::TooSmall { budget, phase, minimum, device, host } => write!(
-                f,
-                "a budget of {} is too small ({phase} needs more); the smallest budget that works for this size is {} ({minimum} B): {}",
-                Bytes(*budget),
-                Bytes(*minimum),
-                Sides(*device, *host)
-            ),
-        }
-    }
-}
-
-/// The two sides of a minimum, as the refusal words them.
-#[derive(Debug, Clone, Copy)]
-pub struct Sides(pub u64, pub u64);
-
-impl fmt::Display for Sides {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} on the device and {} on the host", Bytes(self.0), Bytes(self.1))
-    }
-}
-
 /// Plans a run: each phase's fastest strategy within the budget.
 pub fn plan(input: &PlanInput<'_>) -> Result<Plan, PlanError> {
     let encode = encode_input(input)?;
@@ -675,12 +463,16 @@ fn count(program: impl FnOnce(&mut dyn FnMut(Op))) -> u64 {
 }
 
 mod denoise;
+mod error;
+mod weights;
 mod preview;
 mod estimates;
 pub mod host;
 mod vae_layouts;
 
 pub use crate::bytes::Bytes;
+pub use error::{PlanError, Sides};
+pub use weights::{BlockWeights, WeightSizes, WeightStrategy};
 pub use estimates::*;
 pub use preview::{preview_layouts, PreviewLayout, PreviewLayouts, MAX_PREVIEW_LAYOUTS};
 pub use vae_layouts::{decode_device_capacity, decode_options, decode_tile_capacity, reference_options, vae_arena};

@@ -20,6 +20,11 @@ use flux_lite_core::models::{tensors, vae};
 use rayon::prelude::*;
 use std::collections::HashMap;
 
+mod synthetic;
+mod vae_shapes;
+
+use synthetic::*;
+
 /// What the adapter can do at best, measured in this run.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Ceilings {
@@ -344,148 +349,6 @@ impl<'g> ShapeBench<'g> {
         })
     }
 
-    /// Why the untiled VAE decoder cannot run at `size`² on this adapter (its
-    /// arena above the largest buffer, or one activation above the largest
-    /// binding; `gen` decodes such sizes in tiles), or `None` if it can.
-    pub fn vae_unfit(&self, cfg: &VaeConfig, size: u64) -> Option<String> {
-        let latent = size / cfg.scale_factor() as u64;
-        let arena = match vae::arena_bytes(cfg, latent, latent) {
-            Ok(bytes) => bytes,
-            Err(e) => return Some(e.to_string()),
-        };
-        let activation = 4 * vae::largest_activation(cfg, latent * latent);
-        let (buffer, binding) = (self.gpu.limits.max_buffer_size, self.gpu.max_binding());
-        if arena > buffer {
-            Some(format!("its {arena}-byte arena is above the adapter's largest buffer, {buffer} bytes"))
-        } else if activation > binding {
-            Some(format!("an activation of {activation} bytes is above the adapter's largest binding, {binding} bytes"))
-        } else {
-            None
-        }
-    }
-
-    /// The whole VAE decoder for a `size`² image, untiled.
-    pub fn vae_decode(&self, cfg: &VaeConfig, size: u64) -> Result<Figure, RunError> {
-        let (layout, arena_bytes) = vae_layout(cfg, size)?;
-        let program = collect_ops(|emit| vae::decode(&layout, emit));
-        self.vae_program("VAE decode", format!("{size}×{size}"), cfg, &program, arena_bytes)
-    }
-
-    /// The VAE decode of a `size`² image by bands, as `gen` decodes an
-    /// image the adapter cannot hold whole and the budget does not limit: by
-    /// bands of one binding with the activations on the device (the plan's
-    /// first choice then), else in the arena of the largest tile the adapter
-    /// holds whole whose band takes a row of the widest convolution, with
-    /// the activations in a scratch file; each op band by band, the
-    /// wall-clock median of the decodes, each band's copies included.
-    pub fn vae_decode_banded(&self, cfg: &VaeConfig, size: u64) -> Result<Figure, RunError> {
-        let internal = |e: vae::VaePlanError| RunError::layout("VAE")(&e);
-        let (layout, arena_bytes) = vae_layout(cfg, size)?;
-        let program = collect_ops(|emit| vae::decode(&layout, emit));
-        let scale = cfg.scale_factor() as u64;
-        let limits = self.gpu.plan_limits();
-        let row = vae::decode_band_minimum(cfg, size / scale, size / scale).map_err(internal)?;
-        let (how, capacity, on_device) = match flux_lite_core::plan::decode_device_capacity(cfg, size, row, limits) {
-            Some(capacity) => ("bands of a binding, activations on the device".to_string(), capacity, true),
-            None => {
-                // The plan's rule for a tile, the largest below the image first.
-                let mut tiles = (1..size / (2 * scale)).rev().map(|n| n * 2 * scale);
-                let (tile, capacity) = tiles
-                    .find_map(|t| flux_lite_core::plan::decode_tile_capacity(cfg, t, size, row, limits).map(|c| (t, c)))
-                    .ok_or_else(|| RunError::Layout { component: "VAE", detail: format!("no tile holds a row of a {size}-pixel-wide decode on this adapter") })?;
-                (format!("a {tile}² tile's arena, activations on the host"), capacity, false)
-            }
-        };
-        let weights = SyntheticWeights::new(|sink| tensors::vae(cfg, sink));
-        let placed = weights.place(self.gpu, &program)?;
-        Ok(Figure {
-            what: "VAE decode, by bands".into(),
-            shape: format!("{size}×{size}, {how}, wall clock"),
-            seconds: self.banded_median(&program, &placed, capacity, arena_bytes / 4, on_device)?,
-            flops: program.iter().map(Op::flops).sum(),
-            bytes: program.iter().map(conv_bytes).sum(),
-            matrix: false,
-            dispatches: None,
-        })
-    }
-
-    /// A tiny preview decoder of TAEF2's shape (`taesd.py`'s decoder, 64
-    /// channels, global-norm blocks in its first level) for this VAE's
-    /// latents, decoding a `size`² image from packed latents to 8-bit levels,
-    /// as `--preview-decoder` runs it after a step: whole where the adapter
-    /// holds it (the latents' upload and the levels' readback excluded),
-    /// else by bands in the largest tile's arena the plan would take
-    /// (wall clock, each band's upload and readback included).
-    pub fn tiny_decode(&self, cfg: &VaeConfig, size: u64) -> Result<Figure, RunError> {
-        use flux_lite_core::models::tiny_decoder::{self as tiny, TinyDecoderConfig, TinyDecoderLayout};
-        let internal = |e: tiny::TinyDecoderError| RunError::layout("preview decoder")(&e);
-        let levels = cfg.scale_factor().trailing_zeros() as usize;
-        let mut blocks = vec![3u64; levels];
-        blocks.push(1);
-        let shape = TinyDecoderConfig::taesd_shape(cfg.latent_channels as u64, 64, &blocks, true).map_err(internal)?;
-        let latent = size / cfg.scale_factor() as u64;
-        let mut arena = BumpArena::new(u64::MAX);
-        let layout = TinyDecoderLayout::new(&shape, latent, latent, cfg.batch_norm_eps as f32, &mut arena).map_err(internal)?;
-        let program = collect_ops(|emit| tiny::decode(&layout, emit));
-        let weights = SyntheticWeights::new(|sink| {
-            tensors::vae(cfg, &mut |s: &tensors::TensorSpec| {
-                if s.name.starts_with("bn.running_") {
-                    sink(s)
-                }
-            });
-            shape.tensors(|t| sink(&t.spec()));
-        });
-        let placed = weights.place(self.gpu, &program)?;
-        let layouts = flux_lite_core::plan::preview_layouts(&shape, size, size, 0, self.gpu.plan_limits(), None).map_err(|e| RunError::layout("preview decoder")(&e))?;
-        let first = layouts.first().copied().unwrap_or_default();
-        let (how, seconds, dispatches) = match first.tile {
-            None => {
-                let runner = self.runner(arena.high_water(), 0, 0, false);
-                let d = runner.prepare_block(self.gpu, &placed, 0, &program)?;
-                (String::new(), self.timer.median(&d, self.repeats)?, Some(d.len() as u64))
-            }
-            Some(tile) => {
-                let capacity = tiny::band_capacity(&shape, tile / cfg.scale_factor() as u64, self.gpu.max_binding()).map_err(internal)?;
-                let (how, elements) = (if first.on_device { "activations on the device" } else { "activations on the host" }, arena.high_water() / 4);
-                (format!(", by bands in a {tile}² tile's arena, {how}, wall clock"), self.banded_median(&program, &placed, capacity, elements, first.on_device)?, None)
-            }
-        };
-        Ok(Figure {
-            what: "tiny decoder".into(),
-            shape: format!("{size}×{size}, TAEF2's shape{how}"),
-            seconds,
-            flops: program.iter().map(Op::flops).sum(),
-            bytes: program.iter().map(conv_bytes).sum(),
-            matrix: false,
-            dispatches,
-        })
-    }
-
-    /// The wall-clock median of `repeats` runs of `program` op by op over
-    /// bands whose operands take `capacity` f32, with fresh storage for the
-    /// whole image's `elements` f32 of activations each run: on the device
-    /// when `on_device`, else in a scratch file.
-    fn banded_median(&self, program: &[Op], weights: &DeviceWeights, capacity: u64, elements: u64, on_device: bool) -> Result<f64, RunError> {
-        use crate::run::activations::BandActivations;
-        use crate::run::vae_bands::BandRunner;
-        let runner = self.runner(vae::band_arena_bytes(capacity), 0, 0, false);
-        let bands = BandRunner { gpu: self.gpu, runner: &runner, weights, capacity };
-        let mut times = Vec::new();
-        for _ in 0..self.repeats.max(1) {
-            let activations = BandActivations::new(self.gpu, elements, on_device)?;
-            let mut held = activations.hold()?;
-            self.gpu.wait()?;
-            let start = std::time::Instant::now();
-            for op in program {
-                bands.run(held.store(), op)?;
-            }
-            self.gpu.wait()?;
-            times.push(start.elapsed().as_secs_f64());
-        }
-        times.sort_by(f64::total_cmp);
-        Ok(times[times.len() / 2])
-    }
-
     /// Sums measured phases into one end-to-end figure: the text encoder,
     /// `steps` denoising steps and the VAE decode (GPU time of each; loading
     /// and host work excluded).
@@ -505,33 +368,6 @@ impl<'g> ShapeBench<'g> {
                 _ => None,
             },
         }
-    }
-
-    /// The VAE decoder's last up block (the one at full resolution) for a `size`² image.
-    pub fn vae_up_block(&self, cfg: &VaeConfig, size: u64) -> Result<Figure, RunError> {
-        let (layout, arena_bytes) = vae_layout(cfg, size)?;
-        let last = vae::up_block_count(&layout).saturating_sub(1);
-        let block = collect_ops(|emit| vae::up_block(&layout, last, emit));
-        let channels = cfg.decoder_channels().first().copied().unwrap_or(0);
-        self.vae_program("VAE up block", format!("{size}×{size}, {channels} channels"), cfg, &block, arena_bytes)
-    }
-
-    /// Times VAE decoder steps over an arena of `arena_bytes`.
-    fn vae_program(&self, what: &str, shape: String, cfg: &VaeConfig, program: &[Op], arena_bytes: u64) -> Result<Figure, RunError> {
-        let weights = SyntheticWeights::new(|sink| tensors::vae(cfg, sink));
-        let placed = weights.place(self.gpu, program)?;
-        let runner = self.runner(arena_bytes, 0, 0, false);
-        let d = runner.prepare_block(self.gpu, &placed, 0, program)?;
-        Ok(Figure {
-            what: what.into(),
-            shape,
-            seconds: self.timer.median(&d, self.repeats)?,
-            flops: program.iter().map(Op::flops).sum(),
-            // Each convolution's input, output and weights once, at least.
-            bytes: program.iter().map(conv_bytes).sum(),
-            matrix: false,
-            dispatches: Some(d.len() as u64),
-        })
     }
 
     /// DF11 expansion of `elements` bf16 weights into a slot, on the device.
@@ -584,15 +420,15 @@ impl<'g> ShapeBench<'g> {
         })
     }
 
-    /// Token rows per pass when the single blocks' keys, a column window of
-    /// the fused projection, would exceed one storage binding unchunked (as
-    /// the planner decides for `gen`); `None` when they fit.
     /// A pass over `text` prompt and `image` image tokens laid out as this
     /// device's transformer lays it out (f16 products' inputs on the matrix tier).
     fn tokens(&self, text: u64, image: u64) -> Tokens {
         Tokens { half_operands: self.gpu.plan_limits().half_operands, ..Tokens::plain(text, image) }
     }
 
+    /// Token rows per pass when the single blocks' keys, a column window of
+    /// the fused projection, would exceed one storage binding unchunked (as
+    /// the planner decides for `gen`); `None` when they fit.
     fn chunk_for_keys(&self, cfg: &TransformerConfig, tokens: u64) -> Option<usize> {
         let fused = 3 * cfg.inner_dim() as u64 + 2 * cfg.mlp_hidden_dim() as u64;
         // A chunk as large as the pass would lay out the fused rows again.
@@ -647,13 +483,6 @@ fn linear_shapes(cfg: &TransformerConfig, tokens: u64) -> Result<Vec<LinearShape
     Ok(shapes)
 }
 
-fn vae_layout(cfg: &VaeConfig, size: u64) -> Result<(vae::VaeLayout, u64), RunError> {
-    let latent = size / cfg.scale_factor() as u64;
-    let mut arena = BumpArena::new(u64::MAX);
-    let layout = vae::VaeLayout::new(cfg, latent, latent, &mut arena).map_err(|e| RunError::layout("VAE")(&e))?;
-    Ok((layout, arena.high_water()))
-}
-
 /// Token rows per pass of the feed-forward and fused projections when the
 /// keys force chunks (at most half the tokens): large enough that the
 /// products stay efficient.
@@ -663,149 +492,6 @@ fn chunked(chunk: Option<usize>) -> String {
     chunk.map_or(String::new(), |c| format!(", by {c}-token chunks"))
 }
 
-/// Bytes a convolution must at least move: its input, weights (bf16) and output once each.
-fn conv_bytes(op: &Op) -> u64 {
-    match op {
-        Op::Conv2d { shape: c, .. } => {
-            let input = c.in_channels * c.height * c.width;
-            let output = c.out_channels * c.out_height * c.out_width;
-            let weights = c.out_channels * c.in_channels * c.kernel * c.kernel;
-            (4 * (input + output) + 2 * weights) as u64
-        }
-        _ => 0,
-    }
-}
-
 fn span0() -> flux_lite_core::ir::Span {
     flux_lite_core::ir::Span::new(0, 0)
-}
-
-/// A model's tensor shapes, turned into random bf16 device weights on demand.
-/// Every block of a stack shares the first block's tensors.
-struct SyntheticWeights {
-    shapes: HashMap<String, u64>,
-}
-
-impl SyntheticWeights {
-    fn new(specs: impl FnOnce(&mut dyn FnMut(&tensors::TensorSpec))) -> Self {
-        let mut shapes = HashMap::new();
-        specs(&mut |s| {
-            shapes.insert(s.name.to_string(), s.shape.iter().product::<usize>() as u64);
-        });
-        Self { shapes }
-    }
-
-    /// Device weights for every tensor `ops` read, one buffer per tensor of
-    /// the first block of each stack.
-    fn place<'o>(&self, gpu: &Gpu, ops: impl IntoIterator<Item = &'o Op>) -> Result<DeviceWeights, RunError> {
-        let mut made: HashMap<String, DeviceBuffer> = HashMap::new();
-        let mut weights = DeviceWeights::default();
-        let ops: Vec<Op> = ops.into_iter().cloned().collect();
-        // The products' weights' row scales, measured once per tensor as
-        // the engine measures them at load, where the device keeps them.
-        let linears = if gpu.measures_weight_rows() { product_weights(std::slice::from_ref(&ops)) } else { Vec::new() };
-        let mut scales_made: HashMap<String, StoredScales> = HashMap::new();
-        for name in ops.iter().flat_map(Op::weights) {
-            let name = name.to_string();
-            let shared = first_block(&name);
-            let elements = *self
-                .shapes
-                .get(&name)
-                .ok_or_else(|| RunError::Internal(format!("the program reads `{name}`, which the model's tensor list lacks")))?;
-            let buffer = match made.get(&shared) {
-                Some(b) => b.clone(),
-                None => {
-                    let seed = made.len() as u64 + 100;
-                    let b = gpu.upload_bf16(&shared, &random_bf16(elements as usize, seed));
-                    made.insert(shared.clone(), b.clone());
-                    b
-                }
-            };
-            let scales = match linears.iter().find(|(n, ..)| *n == name) {
-                Some(&(_, _, k)) => Some(match scales_made.get(&shared) {
-                    Some(s) => s.clone(),
-                    None => {
-                        let s = StoredScales::measure(gpu, Weight::bf16(&buffer), elements / k, k)?;
-                        scales_made.insert(shared, s.clone());
-                        s
-                    }
-                }),
-                None => None,
-            };
-            weights.insert(&name, DeviceWeight { buffer, offset: 0, dtype: WeightDtype::Bf16, scales });
-        }
-        Ok(weights)
-    }
-
-    /// Bf16 weight bytes one block reads, each tensor once.
-    fn bytes_read(&self, block: &[Op]) -> u64 {
-        let mut names: Vec<String> = block.iter().flat_map(Op::weights).map(|n| n.to_string()).collect();
-        names.sort();
-        names.dedup();
-        names.iter().map(|n| 2 * self.shapes.get(n).copied().unwrap_or(0)).sum()
-    }
-}
-
-/// A stacked block's tensor name split into its stack and the name inside
-/// the block (`transformer_blocks.3.attn.to_q.weight` → `transformer_blocks.`,
-/// `attn.to_q.weight`).
-fn in_stack(name: &str) -> Option<(&'static str, &str)> {
-    ["single_transformer_blocks.", "transformer_blocks.", "model.layers."]
-        .into_iter()
-        .find_map(|stack| name.strip_prefix(stack).and_then(|r| r.split_once('.')).map(|(_, rest)| (stack, rest)))
-}
-
-/// The name of the same tensor in block 0 of its stack.
-fn first_block(name: &str) -> String {
-    in_stack(name).map_or_else(|| name.to_string(), |(stack, rest)| format!("{stack}0.{rest}"))
-}
-
-/// The name inside its block.
-fn block_local(name: &str) -> &str {
-    in_stack(name).map_or(name, |(_, rest)| rest)
-}
-
-/// Value `i` of a reproducible stream in [-1, 1) (splitmix64 of the index).
-fn unit_value(i: u64, seed: u64) -> f32 {
-    let mut z = (i ^ seed.wrapping_mul(0x9e37_79b9_7f4a_7c15)).wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^= z >> 31;
-    (z >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-}
-
-/// `n` values of the stream for `seed`, times `scale`, made on every core.
-fn random_values(n: usize, seed: u64, scale: f32) -> Vec<f32> {
-    let mut v = vec![0f32; n];
-    v.par_chunks_mut(1 << 16).enumerate().for_each(|(c, chunk)| {
-        for (j, x) in chunk.iter_mut().enumerate() {
-            *x = scale * unit_value(((c << 16) + j) as u64, seed);
-        }
-    });
-    v
-}
-
-/// Random bf16 weights of a trained model's scale (|w| < 0.03).
-fn random_bf16(n: usize, seed: u64) -> Vec<u16> {
-    random_values(n, seed, 0.03).par_iter().map(|&x| flux_lite_core::numerics::bf16::from_f32(x)).collect()
-}
-
-/// Random activations in [-1, 1).
-fn random_f32(n: usize, seed: u64) -> Vec<f32> {
-    random_values(n, seed, 1.0)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn stacked_names_map_to_their_first_block() {
-        assert_eq!(first_block("single_transformer_blocks.7.attn.to_out.weight"), "single_transformer_blocks.0.attn.to_out.weight");
-        assert_eq!(first_block("transformer_blocks.12.ff.linear_in.weight"), "transformer_blocks.0.ff.linear_in.weight");
-        assert_eq!(first_block("model.layers.35.mlp.up_proj.weight"), "model.layers.0.mlp.up_proj.weight");
-        assert_eq!(first_block("norm_out.linear.weight"), "norm_out.linear.weight");
-        assert_eq!(block_local("transformer_blocks.3.attn.to_q.weight"), "attn.to_q.weight");
-        assert_eq!(block_local("context_embedder.weight"), "context_embedder.weight");
-    }
 }

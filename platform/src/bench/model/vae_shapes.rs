@@ -1,0 +1,195 @@
+//! The VAE's benchmarks at a model's shapes: the decode whole and by
+//! bands, the tiny preview decoder, one up block.
+
+use super::*;
+
+impl<'g> ShapeBench<'g> {
+    /// Why the untiled VAE decoder cannot run at `size`² on this adapter (its
+    /// arena above the largest buffer, or one activation above the largest
+    /// binding; `gen` decodes such sizes in tiles), or `None` if it can.
+    pub fn vae_unfit(&self, cfg: &VaeConfig, size: u64) -> Option<String> {
+        let latent = size / cfg.scale_factor() as u64;
+        let arena = match vae::arena_bytes(cfg, latent, latent) {
+            Ok(bytes) => bytes,
+            Err(e) => return Some(e.to_string()),
+        };
+        let activation = 4 * vae::largest_activation(cfg, latent * latent);
+        let (buffer, binding) = (self.gpu.limits.max_buffer_size, self.gpu.max_binding());
+        if arena > buffer {
+            Some(format!("its {arena}-byte arena is above the adapter's largest buffer, {buffer} bytes"))
+        } else if activation > binding {
+            Some(format!("an activation of {activation} bytes is above the adapter's largest binding, {binding} bytes"))
+        } else {
+            None
+        }
+    }
+
+    /// The whole VAE decoder for a `size`² image, untiled.
+    pub fn vae_decode(&self, cfg: &VaeConfig, size: u64) -> Result<Figure, RunError> {
+        let (layout, arena_bytes) = vae_layout(cfg, size)?;
+        let program = collect_ops(|emit| vae::decode(&layout, emit));
+        self.vae_program("VAE decode", format!("{size}×{size}"), cfg, &program, arena_bytes)
+    }
+
+    /// The VAE decode of a `size`² image by bands, as `gen` decodes an
+    /// image the adapter cannot hold whole and the budget does not limit: by
+    /// bands of one binding with the activations on the device (the plan's
+    /// first choice then), else in the arena of the largest tile the adapter
+    /// holds whole whose band takes a row of the widest convolution, with
+    /// the activations in a scratch file; each op band by band, the
+    /// wall-clock median of the decodes, each band's copies included.
+    pub fn vae_decode_banded(&self, cfg: &VaeConfig, size: u64) -> Result<Figure, RunError> {
+        let internal = |e: vae::VaePlanError| RunError::layout("VAE")(&e);
+        let (layout, arena_bytes) = vae_layout(cfg, size)?;
+        let program = collect_ops(|emit| vae::decode(&layout, emit));
+        let scale = cfg.scale_factor() as u64;
+        let limits = self.gpu.plan_limits();
+        let row = vae::decode_band_minimum(cfg, size / scale, size / scale).map_err(internal)?;
+        let (how, capacity, on_device) = match flux_lite_core::plan::decode_device_capacity(cfg, size, row, limits) {
+            Some(capacity) => ("bands of a binding, activations on the device".to_string(), capacity, true),
+            None => {
+                // The plan's rule for a tile, the largest below the image first.
+                let mut tiles = (1..size / (2 * scale)).rev().map(|n| n * 2 * scale);
+                let (tile, capacity) = tiles
+                    .find_map(|t| flux_lite_core::plan::decode_tile_capacity(cfg, t, size, row, limits).map(|c| (t, c)))
+                    .ok_or_else(|| RunError::Layout { component: "VAE", detail: format!("no tile holds a row of a {size}-pixel-wide decode on this adapter") })?;
+                (format!("a {tile}² tile's arena, activations on the host"), capacity, false)
+            }
+        };
+        let weights = SyntheticWeights::new(|sink| tensors::vae(cfg, sink));
+        let placed = weights.place(self.gpu, &program)?;
+        Ok(Figure {
+            what: "VAE decode, by bands".into(),
+            shape: format!("{size}×{size}, {how}, wall clock"),
+            seconds: self.banded_median(&program, &placed, capacity, arena_bytes / 4, on_device)?,
+            flops: program.iter().map(Op::flops).sum(),
+            bytes: program.iter().map(conv_bytes).sum(),
+            matrix: false,
+            dispatches: None,
+        })
+    }
+
+    /// A tiny preview decoder of TAEF2's shape (`taesd.py`'s decoder, 64
+    /// channels, global-norm blocks in its first level) for this VAE's
+    /// latents, decoding a `size`² image from packed latents to 8-bit levels,
+    /// as `--preview-decoder` runs it after a step: whole where the adapter
+    /// holds it (the latents' upload and the levels' readback excluded),
+    /// else by bands in the largest tile's arena the plan would take
+    /// (wall clock, each band's upload and readback included).
+    pub fn tiny_decode(&self, cfg: &VaeConfig, size: u64) -> Result<Figure, RunError> {
+        use flux_lite_core::models::tiny_decoder::{self as tiny, TinyDecoderConfig, TinyDecoderLayout};
+        let internal = |e: tiny::TinyDecoderError| RunError::layout("preview decoder")(&e);
+        let levels = cfg.scale_factor().trailing_zeros() as usize;
+        let mut blocks = vec![3u64; levels];
+        blocks.push(1);
+        let shape = TinyDecoderConfig::taesd_shape(cfg.latent_channels as u64, 64, &blocks, true).map_err(internal)?;
+        let latent = size / cfg.scale_factor() as u64;
+        let mut arena = BumpArena::new(u64::MAX);
+        let layout = TinyDecoderLayout::new(&shape, latent, latent, cfg.batch_norm_eps as f32, &mut arena).map_err(internal)?;
+        let program = collect_ops(|emit| tiny::decode(&layout, emit));
+        let weights = SyntheticWeights::new(|sink| {
+            tensors::vae(cfg, &mut |s: &tensors::TensorSpec| {
+                if s.name.starts_with("bn.running_") {
+                    sink(s)
+                }
+            });
+            shape.tensors(|t| sink(&t.spec()));
+        });
+        let placed = weights.place(self.gpu, &program)?;
+        let layouts = flux_lite_core::plan::preview_layouts(&shape, size, size, 0, self.gpu.plan_limits(), None).map_err(|e| RunError::layout("preview decoder")(&e))?;
+        let first = layouts.first().copied().unwrap_or_default();
+        let (how, seconds, dispatches) = match first.tile {
+            None => {
+                let runner = self.runner(arena.high_water(), 0, 0, false);
+                let d = runner.prepare_block(self.gpu, &placed, 0, &program)?;
+                (String::new(), self.timer.median(&d, self.repeats)?, Some(d.len() as u64))
+            }
+            Some(tile) => {
+                let capacity = tiny::band_capacity(&shape, tile / cfg.scale_factor() as u64, self.gpu.max_binding()).map_err(internal)?;
+                let (how, elements) = (if first.on_device { "activations on the device" } else { "activations on the host" }, arena.high_water() / 4);
+                (format!(", by bands in a {tile}² tile's arena, {how}, wall clock"), self.banded_median(&program, &placed, capacity, elements, first.on_device)?, None)
+            }
+        };
+        Ok(Figure {
+            what: "tiny decoder".into(),
+            shape: format!("{size}×{size}, TAEF2's shape{how}"),
+            seconds,
+            flops: program.iter().map(Op::flops).sum(),
+            bytes: program.iter().map(conv_bytes).sum(),
+            matrix: false,
+            dispatches,
+        })
+    }
+
+    /// The wall-clock median of `repeats` runs of `program` op by op over
+    /// bands whose operands take `capacity` f32, with fresh storage for the
+    /// whole image's `elements` f32 of activations each run: on the device
+    /// when `on_device`, else in a scratch file.
+    pub(super) fn banded_median(&self, program: &[Op], weights: &DeviceWeights, capacity: u64, elements: u64, on_device: bool) -> Result<f64, RunError> {
+        use crate::run::activations::BandActivations;
+        use crate::run::vae_bands::BandRunner;
+        let runner = self.runner(vae::band_arena_bytes(capacity), 0, 0, false);
+        let bands = BandRunner { gpu: self.gpu, runner: &runner, weights, capacity };
+        let mut times = Vec::new();
+        for _ in 0..self.repeats.max(1) {
+            let activations = BandActivations::new(self.gpu, elements, on_device)?;
+            let mut held = activations.hold()?;
+            self.gpu.wait()?;
+            let start = std::time::Instant::now();
+            for op in program {
+                bands.run(held.store(), op)?;
+            }
+            self.gpu.wait()?;
+            times.push(start.elapsed().as_secs_f64());
+        }
+        times.sort_by(f64::total_cmp);
+        Ok(times[times.len() / 2])
+    }
+
+    /// The VAE decoder's last up block (the one at full resolution) for a `size`² image.
+    pub fn vae_up_block(&self, cfg: &VaeConfig, size: u64) -> Result<Figure, RunError> {
+        let (layout, arena_bytes) = vae_layout(cfg, size)?;
+        let last = vae::up_block_count(&layout).saturating_sub(1);
+        let block = collect_ops(|emit| vae::up_block(&layout, last, emit));
+        let channels = cfg.decoder_channels().first().copied().unwrap_or(0);
+        self.vae_program("VAE up block", format!("{size}×{size}, {channels} channels"), cfg, &block, arena_bytes)
+    }
+
+    /// Times VAE decoder steps over an arena of `arena_bytes`.
+    pub(super) fn vae_program(&self, what: &str, shape: String, cfg: &VaeConfig, program: &[Op], arena_bytes: u64) -> Result<Figure, RunError> {
+        let weights = SyntheticWeights::new(|sink| tensors::vae(cfg, sink));
+        let placed = weights.place(self.gpu, program)?;
+        let runner = self.runner(arena_bytes, 0, 0, false);
+        let d = runner.prepare_block(self.gpu, &placed, 0, program)?;
+        Ok(Figure {
+            what: what.into(),
+            shape,
+            seconds: self.timer.median(&d, self.repeats)?,
+            flops: program.iter().map(Op::flops).sum(),
+            // Each convolution's input, output and weights once, at least.
+            bytes: program.iter().map(conv_bytes).sum(),
+            matrix: false,
+            dispatches: Some(d.len() as u64),
+        })
+    }
+}
+
+fn vae_layout(cfg: &VaeConfig, size: u64) -> Result<(vae::VaeLayout, u64), RunError> {
+    let latent = size / cfg.scale_factor() as u64;
+    let mut arena = BumpArena::new(u64::MAX);
+    let layout = vae::VaeLayout::new(cfg, latent, latent, &mut arena).map_err(|e| RunError::layout("VAE")(&e))?;
+    Ok((layout, arena.high_water()))
+}
+
+/// Bytes a convolution must at least move: its input, weights (bf16) and output once each.
+fn conv_bytes(op: &Op) -> u64 {
+    match op {
+        Op::Conv2d { shape: c, .. } => {
+            let input = c.in_channels * c.height * c.width;
+            let output = c.out_channels * c.out_height * c.out_width;
+            let weights = c.out_channels * c.in_channels * c.kernel * c.kernel;
+            (4 * (input + output) + 2 * weights) as u64
+        }
+        _ => 0,
+    }
+}

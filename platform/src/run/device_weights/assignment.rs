@@ -1,0 +1,144 @@
+//! Which weights each block reads alone and which several share, and
+//! their bytes as the planner counts them.
+
+use super::*;
+
+/// The weights of one block, or those several blocks share, by how they are held.
+#[derive(Debug, Default, Clone)]
+pub(super) struct Held {
+    /// Plain tensors (bf16, f16, f32).
+    pub(super) plain: Vec<String>,
+    /// DF11 groups.
+    pub(super) groups: Vec<usize>,
+    /// Linears' weights in GGML blocks.
+    pub(super) quantized: Vec<String>,
+}
+
+/// Which weights each block reads alone, and which several blocks share.
+#[derive(Debug, Default)]
+pub(super) struct Assignment {
+    /// Per block: the weights only it reads, in order of first use.
+    pub(super) own: Vec<Held>,
+    pub(super) shared: Held,
+    /// Weights in GGML blocks that other ops than linears read (a norm's,
+    /// say): expanded to f32 once at load under every strategy.
+    pub(super) expanded: Vec<String>,
+}
+
+impl Assignment {
+    pub(super) fn new(store: &WeightStore, blocks: &[Vec<Op>]) -> Self {
+        #[derive(PartialEq, Eq, Hash, Clone)]
+        enum Key {
+            Plain(String),
+            Group(usize),
+            Quantized(String),
+        }
+        let mut readers: Vec<(Key, Vec<usize>)> = Vec::new();
+        let mut index: HashMap<Key, usize> = HashMap::new();
+        // Weights in GGML blocks that something other than a linear's weight reads.
+        let unpackable: std::collections::HashSet<&str> = blocks
+            .iter()
+            .flatten()
+            .flat_map(|op| {
+                let linear = match op {
+                    Op::Linear { w, .. } | Op::LinearSwiGlu { w, .. } => Some(w.as_str()),
+                    _ => None,
+                };
+                op.weights().map(|n| n.as_str()).filter(move |n| Some(*n) != linear)
+            })
+            .collect();
+        for (b, block) in blocks.iter().enumerate() {
+            for name in block.iter().flat_map(|op| op.weights()).map(|n| n.as_str()) {
+                let key = match store.df11_location(name) {
+                    Some((group, _)) => Key::Group(group),
+                    None if store.quantized(name).is_some() => Key::Quantized(name.to_string()),
+                    None => Key::Plain(name.to_string()),
+                };
+                match index.get(&key) {
+                    Some(&i) if readers[i].1.last() != Some(&b) => readers[i].1.push(b),
+                    Some(_) => {}
+                    None => {
+                        index.insert(key.clone(), readers.len());
+                        readers.push((key, vec![b]));
+                    }
+                }
+            }
+        }
+        let mut a = Assignment { own: vec![Held::default(); blocks.len()], ..Default::default() };
+        for (key, bs) in readers {
+            // A tensor that cannot be copied as stored (f16, widened on the
+            // host) is resident under every strategy, as shared ones are.
+            let fixed = matches!(&key, Key::Plain(n) if store.tensor(n).is_ok_and(|t| !streamable(t)));
+            if let Key::Quantized(n) = &key {
+                if unpackable.contains(n.as_str()) {
+                    a.expanded.push(n.clone());
+                    continue;
+                }
+            }
+            let held = match bs.as_slice() {
+                &[b] if !fixed => &mut a.own[b],
+                _ => &mut a.shared,
+            };
+            match key {
+                Key::Plain(n) => held.plain.push(n),
+                Key::Group(g) => held.groups.push(g),
+                Key::Quantized(n) => held.quantized.push(n),
+            }
+        }
+        a
+    }
+}
+
+/// Device bytes of a plain tensor as uploaded (f16 widens to f32).
+pub(super) fn plain_bytes(t: TensorRef<'_>) -> u64 {
+    let bytes = t.bytes.len() as u64;
+    if t.dtype == Dtype::F16 { 2 * bytes } else { bytes }.next_multiple_of(4)
+}
+
+/// Whether a tensor can be copied into a slot as stored (bf16 or f32).
+pub(super) fn streamable(t: TensorRef<'_>) -> bool {
+    matches!(t.dtype, Dtype::BF16 | Dtype::F32)
+}
+
+/// A block's weights summed as the planner counts them. A tensor in GGML
+/// blocks counts as a DF11 group does: its f32 expansion as the grouped
+/// bytes, its blocks as the compressed ones.
+pub(super) fn block_weights(store: &WeightStore, held: &Held) -> Result<BlockWeights, RunError> {
+    let mut b = BlockWeights::default();
+    for name in &held.plain {
+        b.plain += plain_bytes(store.tensor(name)?).next_multiple_of(SLOT_ALIGN);
+    }
+    for &g in &held.groups {
+        // Streamed, each weight of the group takes its own aligned place (at least the group's expanded bytes).
+        let group = compressed(store, g)?;
+        b.grouped += group.weight_ranges().map(|r| (2 * r.len() as u64).next_multiple_of(SLOT_ALIGN)).sum::<u64>();
+        b.compressed += Df11DeviceGroup::device_bytes_of(&group);
+        b.largest_group = b.largest_group.max(area_bytes_of(&group, SLOT_ALIGN));
+    }
+    for name in &held.quantized {
+        let q = quantized(store, name)?;
+        b.packed += (q.bytes() as u64).next_multiple_of(SLOT_ALIGN);
+        b.packed_expanded += expanded_bytes(&q);
+    }
+    Ok(b)
+}
+
+/// The f32 scratch a linear over GGML blocks expands its rows into: the
+/// largest such weight whole, or [`PACKED_SCRATCH`] bytes of whole rows.
+pub(super) fn packed_scratch_bytes(store: &WeightStore, a: &Assignment) -> Result<u64, RunError> {
+    let mut bytes = 0u64;
+    for name in a.own.iter().chain([&a.shared]).flat_map(|h| &h.quantized) {
+        let q = quantized(store, name)?;
+        let row = 4 * q.shape.last().copied().unwrap_or(1) as u64;
+        bytes = bytes.max(expanded_bytes(&q).min(PACKED_SCRATCH.max(row)));
+    }
+    Ok(bytes)
+}
+
+/// The most bytes of f32 rows a linear over GGML blocks expands at once.
+pub const PACKED_SCRATCH: u64 = 64 << 20;
+
+/// Slot bytes of a tensor's f32 expansion.
+pub(super) fn expanded_bytes(q: &QuantizedRef<'_>) -> u64 {
+    (4 * q.elements() as u64).next_multiple_of(SLOT_ALIGN)
+}
