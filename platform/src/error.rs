@@ -55,7 +55,7 @@ pub enum RunError {
     /// The memory planner refused the request (budget, size, forced VAE tile).
     Plan(flux_lite_core::plan::PlanError),
     /// The request itself, naming the setting at fault.
-    Request(crate::pipeline::job::RequestError),
+    Request(crate::request::RequestError),
     /// The banded VAE's scratch file cannot be made in `dir`.
     Scratch { dir: PathBuf, detail: String },
     /// Handing a result over failed (writing a file, encoding a PNG); the
@@ -118,8 +118,8 @@ impl From<flux_lite_core::plan::PlanError> for RunError {
     }
 }
 
-impl From<crate::pipeline::job::RequestError> for RunError {
-    fn from(e: crate::pipeline::job::RequestError) -> Self {
+impl From<crate::request::RequestError> for RunError {
+    fn from(e: crate::request::RequestError) -> Self {
         RunError::Request(e)
     }
 }
@@ -161,7 +161,7 @@ impl std::error::Error for TokenizeError {}
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pipeline::job::{RequestError, Setting};
+    use crate::request::{RequestError, Setting};
 
     #[test]
     fn conditions_a_caller_or_a_model_causes_keep_their_types() {

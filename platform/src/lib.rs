@@ -15,7 +15,9 @@ pub mod components;
 pub mod error;
 pub mod host_memory;
 pub mod model;
+pub mod output;
 pub mod pipeline;
+pub mod request;
 pub mod pipeline_files;
 #[doc(hidden)]
 pub mod run;

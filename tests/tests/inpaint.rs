@@ -58,7 +58,8 @@ fn the_run_starts_from_the_init_latents_noised_to_the_first_step() {
 /// pass first, boxes, BICUBIC), pixel for pixel.
 #[test]
 fn mask_crop_steps_are_diffusers() {
-    use flux_lite_platform::pipeline::mask_crop::{apply_overlay, center_crop, crop_region, resize_and_fill, rgba8, CropBox};
+    use flux_lite_platform::pipeline::mask_crop::{apply_overlay, crop_region, resize_and_fill, rgba8, CropBox};
+    use flux_lite_platform::pipeline::resample::center_crop;
     use flux_lite_platform::pipeline::resample::{resize_box, Filter, Pixels};
     let bytes = std::fs::read(flux_lite_tests::test_vectors().join("goldens/mask_crop/cases.safetensors")).unwrap();
     let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();

@@ -223,6 +223,13 @@ impl Jobs {
         lock(&self.known).iter().find(|j| j.id == id).cloned()
     }
 
+    /// Jobs queued, and running (0 or 1).
+    pub fn counts(&self) -> (usize, usize) {
+        let known = lock(&self.known);
+        let count = |status| known.iter().filter(|j| j.status() == status).count();
+        (count(Status::Queued), count(Status::Running))
+    }
+
     /// Jobs queued or running.
     pub fn waiting(&self) -> usize {
         lock(&self.known).iter().filter(|j| matches!(j.status(), Status::Queued | Status::Running)).count()

@@ -2,7 +2,6 @@
 //! jobs by outcome, the queue, seconds per step and per image, device
 //! memory planned and used, and which adapter, tier and model serve.
 
-use super::jobs::{Jobs, Status};
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -52,20 +51,16 @@ impl Metrics {
     }
 
     /// The exposition: every metric with its HELP and TYPE lines.
-    pub fn render(&self, jobs: &Jobs, device: &Device) -> String {
+    /// `queued` and `running`: the jobs waiting and running now.
+    pub fn render(&self, (queued, running): (usize, usize), device: &Device) -> String {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         let mut out = String::new();
         let plain = |v: u64| vec![(String::new(), v.to_string())];
         let outcomes = [("done", get(&self.done)), ("failed", get(&self.failed)), ("cancelled", get(&self.cancelled)), ("refused", get(&self.refused))];
         let by_outcome: Vec<(String, String)> = outcomes.iter().map(|(o, n)| (format!("{{outcome=\"{o}\"}}"), n.to_string())).collect();
         family(&mut out, "flux_lite_jobs_total", "counter", "Jobs ended, by outcome (refused: the queue was full or the server stopping).", &by_outcome);
-        let (queued, running) = jobs.list().iter().fold((0, 0), |(q, r), j| match j.status() {
-            Status::Queued => (q + 1, r),
-            Status::Running => (q, r + 1),
-            _ => (q, r),
-        });
-        family(&mut out, "flux_lite_queue_depth", "gauge", "Jobs waiting behind the running one.", &plain(queued));
-        family(&mut out, "flux_lite_jobs_running", "gauge", "Jobs running (0 or 1).", &plain(running));
+        family(&mut out, "flux_lite_queue_depth", "gauge", "Jobs waiting behind the running one.", &plain(queued as u64));
+        family(&mut out, "flux_lite_jobs_running", "gauge", "Jobs running (0 or 1).", &plain(running as u64));
         let summary = |micros: u64, count: u64| vec![("_sum".to_string(), format!("{:.6}", micros as f64 / 1e6)), ("_count".to_string(), count.to_string())];
         family(&mut out, "flux_lite_step_seconds", "summary", "Seconds per denoising step.", &summary(get(&self.step_micros), get(&self.steps)));
         let per_image = "Seconds per image, from the job's start to its images (load, encode, steps, decode).";
@@ -118,9 +113,8 @@ mod tests {
         m.count(Outcome::Done);
         m.count(Outcome::Refused);
         m.record(2, 3.0, &[0.5, 0.25, 0.25], 1 << 20);
-        let (jobs, _queue) = Jobs::new(1, 0, std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false)));
         let device = Device { live: 5, high_water: 7, budget: Some(9), adapter: "GPU \"x\"\\1".into(), tier: "f32".into(), model: "tiny-a".into() };
-        let text = m.render(&jobs, &device);
+        let text = m.render((0, 0), &device);
         for line in [
             "flux_lite_jobs_total{outcome=\"done\"} 1",
             "flux_lite_jobs_total{outcome=\"refused\"} 1",

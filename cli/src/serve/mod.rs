@@ -248,7 +248,7 @@ async fn metrics(State(app): State<Arc<App>>) -> Response {
         tier: app.recipe.precision.clone(),
         model: app.recipe.model.name.clone(),
     };
-    let text = app.jobs.metrics.render(&app.jobs, &device);
+    let text = app.jobs.metrics.render(app.jobs.counts(), &device);
     ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response()
 }
 

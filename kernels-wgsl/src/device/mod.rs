@@ -7,6 +7,7 @@ mod buffers;
 mod compiled;
 mod memory;
 mod options;
+mod proof;
 mod tiers;
 
 pub use adapter_memory::{AdapterMemory, MemorySource, DEFAULT_MARGIN_PERCENT};
@@ -179,10 +180,6 @@ impl Drop for Gpu {
 }
 
 impl Gpu {
-    pub fn new(options: &GpuOptions) -> Result<Self, GpuError> {
-        Self::proven(options, crate::probe::known_answer)
-    }
-
     /// The device for `options`, its tier chosen but not yet proven.
     fn unproven(options: &GpuOptions) -> Result<Self, GpuError> {
         let backend = options.backend.unwrap_or_else(Backend::platform_default);

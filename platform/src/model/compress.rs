@@ -11,7 +11,7 @@ use crate::model::config_json::JsonFile;
 use crate::model::df11::{self, Df11Config};
 use crate::error::{CompressError, LoadError};
 use crate::model::{Component, ModelFolder};
-use crate::pipeline::output;
+use crate::output;
 use flux_lite_core::df11::{layout, Df11Field, Df11GroupBuf};
 use rayon::prelude::*;
 use safetensors::tensor::Dtype;

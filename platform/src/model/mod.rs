@@ -12,6 +12,7 @@ pub mod gguf;
 pub mod lora;
 pub mod quantize;
 pub mod safetensors_store;
+pub mod tiny_decoder_file;
 pub mod tokenizer;
 
 
@@ -40,7 +41,7 @@ pub struct ModelFolder {
     text_encoder_file: Option<PathBuf>,
     /// A tiny decoder that draws the previews instead of the VAE's
     /// latent-to-RGB map (`--preview-decoder`), checked against the VAE.
-    pub preview_decoder: Option<std::sync::Arc<crate::components::tiny_decoder::TinyDecoderFile>>,
+    pub preview_decoder: Option<std::sync::Arc<tiny_decoder_file::TinyDecoderFile>>,
 }
 
 impl ModelFolder {
@@ -90,7 +91,7 @@ impl ModelFolder {
     /// `AutoencoderTiny` layout or TAESD's, e.g. TAEF2), which must take
     /// this VAE's latents at its scale.
     pub fn with_preview_decoder(mut self, file: &Path) -> Result<Self, LoadError> {
-        let decoder = crate::components::tiny_decoder::TinyDecoderFile::open(file)?;
+        let decoder = tiny_decoder_file::TinyDecoderFile::open(file)?;
         decoder.check_fits(&self.vae)?;
         self.preview_decoder = Some(std::sync::Arc::new(decoder));
         Ok(self)

@@ -5,6 +5,7 @@
 //! on the host; a large batch runs in several rounds of at most
 //! [`ROUND_HOST_BYTES`] (less when the budget has less room).
 
+use super::job::{Batch, Item};
 use crate::run::activations::Bands;
 use super::kept::{take_matching, Kept, PromptEncoder, Slot, TransformerKey};
 use super::job::{OutputType, Resolved};
@@ -23,30 +24,6 @@ use std::time::Instant;
 /// holds at least one image, whatever its size).
 pub const ROUND_HOST_BYTES: u64 = 256 << 20;
 
-/// One image of a batch: which of the batch's prompts, and its seed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Item {
-    pub prompt: usize,
-    pub seed: u64,
-}
-
-/// Images that share a request's size, steps, guidance and reference images:
-/// distinct prompts, and the images to make from them, in order.
-#[derive(Debug, Clone)]
-pub struct Batch {
-    pub prompts: Vec<Prompt>,
-    pub items: Vec<Item>,
-}
-
-impl Batch {
-    /// What `Job::resolve` makes: at least one item, each naming one of the prompts.
-    fn check(&self) -> Result<(), RunError> {
-        match self.items.is_empty() || self.items.iter().any(|i| i.prompt >= self.prompts.len()) {
-            true => Err(RunError::Internal(format!("a batch of {} items over {} prompts that no resolved job makes", self.items.len(), self.prompts.len()))),
-            false => Ok(()),
-        }
-    }
-}
 
 /// One finished image of a batch, handed over as soon as it is decoded.
 #[derive(Debug, Clone)]

@@ -64,7 +64,8 @@ pub fn prepare(image: Source<'_>, mask: Option<(Source<'_>, Marks)>, strength: f
         let path = image.name();
         let (_, pixels) = mask.decode()?;
         let pixels = marked_white(pixels, marks);
-        return mask_crop::prepare(Path::new(&path), decoded, &mask.name(), pixels, pad, cell, strength);
+        let crop = mask_crop::prepare(Path::new(&path), decoded, &mask.name(), pixels, pad, cell)?;
+        return Ok(InitImage { image: crop.image, mask: Some(crop.mask), strength, overlay: Some(crop.overlay) });
     }
     let picture = match image {
         Source::File(path) => reference_image::load_fitted(path, cell, Fit::Resize)?,

@@ -11,7 +11,7 @@
 use super::reference_image::{self, SourceMode};
 use super::resample::Pixels;
 use crate::error::RunError;
-use crate::pipeline::job::RequestError;
+use crate::request::RequestError;
 use std::path::Path;
 
 /// A mask at the init image's size: 1 where the image is repainted, else 0.

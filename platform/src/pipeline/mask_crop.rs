@@ -9,9 +9,9 @@
 //! diffusers' own functions (`test_vectors/generate_mask_crop.py`).
 
 use super::inpaint;
-use super::job::{InitImage, RequestError};
+use crate::request::RequestError;
 use super::reference_image::{self, SourceMode};
-use super::resample::{lanczos, resize_box, Filter, Pixels};
+use super::resample::{center_crop, lanczos, paste, resize_box, Filter, Pixels};
 use crate::error::RunError;
 use std::path::Path;
 use std::sync::Arc;
@@ -95,24 +95,6 @@ pub fn crop(image: &Pixels, b: CropBox) -> Pixels {
     Pixels::new(b.width(), b.height(), c, data)
 }
 
-/// `res.paste(part, (x, y))` for a part of the same channels, clipped to `res`.
-fn paste(res: &mut Pixels, part: &Pixels, x: i64, y: i64) {
-    let c = res.channels;
-    for py in 0..part.height as i64 {
-        let ty = y + py;
-        if !(0..res.height as i64).contains(&ty) {
-            continue;
-        }
-        for px in 0..part.width as i64 {
-            let tx = x + px;
-            if (0..res.width as i64).contains(&tx) {
-                let (from, to) = (((py as usize) * part.width + px as usize) * c, ((ty as usize) * res.width + tx as usize) * c);
-                res.data[to..to + c].copy_from_slice(&part.data[from..from + c]);
-            }
-        }
-    }
-}
-
 /// `_resize_and_fill(image, width, height)`: scaled (LANCZOS) to fit inside
 /// `width × height` keeping its ratio, centred on black, and the strips it
 /// leaves filled by PIL's resize of the empty box at each edge, with
@@ -142,19 +124,6 @@ pub fn resize_and_fill(image: &Pixels, width: usize, height: usize) -> Pixels {
             paste(&mut res, &resize_box(&resized, Filter::Bicubic, f, height, [rw, 0.0, rw, height as f64]), fill + src_w as i64, 0);
         }
     }
-    res
-}
-
-/// Flux2ImageProcessor's `_resize_and_crop(image, width, height)`, which
-/// despite its name only crops: the centre `width × height` window (left
-/// and top at `(size − side) // 2`, floored), black where the window
-/// reaches past the image.
-pub fn center_crop(image: &Pixels, width: usize, height: usize) -> Pixels {
-    let c = image.channels;
-    let left = (image.width as i64 - width as i64).div_euclid(2);
-    let top = (image.height as i64 - height as i64).div_euclid(2);
-    let mut res = Pixels::new(width, height, c, vec![0; width * height * c]);
-    paste(&mut res, image, -left, -top);
     res
 }
 
@@ -238,6 +207,15 @@ pub fn rgba8(p: &Pixels) -> Pixels {
     Pixels::new(p.width, p.height, 4, data)
 }
 
+/// A masked crop: the region around the mask, its mask, and how the result
+/// goes back over the whole image.
+#[derive(Debug, Clone)]
+pub struct Cropped {
+    pub image: super::reference_image::ReferenceImage,
+    pub mask: inpaint::Mask,
+    pub overlay: Arc<Overlay>,
+}
+
 /// The init image and mask of an inpainting run with `padding_mask_crop =
 /// pad`, as `Flux2KleinInpaintPipeline` prepares them: the image brought
 /// under 1024² pixels as for any init image, the run's size its sides
@@ -246,7 +224,7 @@ pub fn rgba8(p: &Pixels) -> Pixels {
 /// an image with transparency is flattened first, where diffusers resizes
 /// it premultiplied) and the mask's crop brought to the run's size by the
 /// `fill` resize; the decoded image later put back by [`Overlay`].
-pub fn prepare(path: &Path, image: (SourceMode, Pixels), mask_name: &str, mask: Pixels, pad: usize, unit: usize, strength: f64) -> Result<InitImage, RunError> {
+pub fn prepare(path: &Path, image: (SourceMode, Pixels), mask_name: &str, mask: Pixels, pad: usize, unit: usize) -> Result<Cropped, RunError> {
     let (mode, decoded) = image;
     let original = (decoded.width, decoded.height);
     let (sized, width, height) = reference_image::sized_to_cells(&path.display().to_string(), mode, decoded, unit)?;
@@ -262,5 +240,5 @@ pub fn prepare(path: &Path, image: (SourceMode, Pixels), mask_name: &str, mask: 
     let image = reference_image::from_rgb(path, original, &resize_and_fill(&crop(&rgb, region), width, height));
     let mask_sized = resize_and_fill(&crop(&mask, region), width, height);
     let overlay = Overlay { crop: region, original: rgba8(&sized), grey };
-    Ok(InitImage { image, mask: Some(inpaint::binarized(mask_name, &mask_sized)), strength, overlay: Some(Arc::new(overlay)) })
+    Ok(Cropped { image, mask: inpaint::binarized(mask_name, &mask_sized), overlay: Arc::new(overlay) })
 }

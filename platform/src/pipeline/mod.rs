@@ -12,14 +12,16 @@ pub mod inpaint;
 pub mod job;
 pub mod kept;
 pub mod mask_crop;
-pub mod output;
+/// Writing files (moved below the model code, which writes them too; the old path kept).
+pub use crate::output;
 pub mod planning;
 pub mod preview;
 pub mod reference_image;
 pub mod resample;
 
 
-pub use generation::{Batch, Finished, Item, Made};
+pub use generation::{Finished, Made};
+pub use job::{Batch, Item};
 pub use job::{InitImage, Job, Limits, OutputType, RequestError, Resolved, Setting};
 use denoise::StepProgress;
 use crate::error::{LoadError, RunError};
@@ -36,8 +38,7 @@ use flux_lite_core::plan::{Plan, WeightStrategy};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-/// Tokens per prompt: diffusers' `max_sequence_length`, which the transformer attends over in full.
-pub const PROMPT_TOKENS: usize = 512;
+pub use crate::request::PROMPT_TOKENS;
 
 /// Where a run is, for the progress bar.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -75,7 +75,7 @@ impl ModelSizes {
         let vae_row_scales = [
             crate::components::vae::decoder_row_scale_bytes(&model.vae),
             crate::components::vae_encoder::encoder_row_scale_bytes(&model.vae),
-            model.preview_decoder.as_ref().map_or(0, |d| d.row_scale_bytes()),
+            model.preview_decoder.as_ref().map_or(0, |d| crate::components::tiny_decoder::row_scale_bytes(d)),
         ];
         Ok(Self { text_encoder, transformer, vae_decoder, vae_encoder, tokenizer: tokenizer_bytes(model), preview_decoder, estimated, vae_row_scales })
     }

@@ -5,7 +5,7 @@
 //! dropped, grey repeated), then scaled to [-1, 1].
 
 use crate::error::{one_line, RunError};
-use crate::pipeline::job::RequestError;
+use crate::request::RequestError;
 use crate::pipeline::resample::{self, Pixels};
 use std::path::{Path, PathBuf};
 
@@ -89,7 +89,7 @@ fn prepare(label: &str, path: &Path, mode: SourceMode, decoded: Pixels, unit: us
     }
     let (sized, width, height) = sized_to_cells(label, mode, decoded, unit)?;
     let fitted = match fit {
-        Fit::Crop => super::mask_crop::center_crop(&sized, width, height),
+        Fit::Crop => super::resample::center_crop(&sized, width, height),
         // PIL returns the image itself when the size is already the one asked for.
         Fit::Resize if (sized.width, sized.height) == (width, height) => sized,
         Fit::Resize => resize(sized, mode, width, height),

@@ -259,6 +259,37 @@ pub fn unpremultiply(p: &mut Pixels) {
     }
 }
 
+/// Flux2ImageProcessor's `_resize_and_crop(image, width, height)`, which
+/// despite its name only crops: the centre `width × height` window (left
+/// and top at `(size − side) // 2`, floored), black where the window
+/// reaches past the image.
+pub fn center_crop(image: &Pixels, width: usize, height: usize) -> Pixels {
+    let c = image.channels;
+    let left = (image.width as i64 - width as i64).div_euclid(2);
+    let top = (image.height as i64 - height as i64).div_euclid(2);
+    let mut res = Pixels::new(width, height, c, vec![0; width * height * c]);
+    paste(&mut res, image, -left, -top);
+    res
+}
+
+/// `res.paste(part, (x, y))` for a part of the same channels, clipped to `res`.
+pub(crate) fn paste(res: &mut Pixels, part: &Pixels, x: i64, y: i64) {
+    let c = res.channels;
+    for py in 0..part.height as i64 {
+        let ty = y + py;
+        if !(0..res.height as i64).contains(&ty) {
+            continue;
+        }
+        for px in 0..part.width as i64 {
+            let tx = x + px;
+            if (0..res.width as i64).contains(&tx) {
+                let (from, to) = (((py as usize) * part.width + px as usize) * c, ((ty as usize) * res.width + tx as usize) * c);
+                res.data[to..to + c].copy_from_slice(&part.data[from..from + c]);
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -97,7 +97,7 @@ pub fn quantize_transformer(model: &ModelFolder, ggml: GgmlType, output: &Path) 
         }
         Ok(())
     };
-    crate::pipeline::output::write_streamed(output, &mut write)?;
+    crate::output::write_streamed(output, &mut write)?;
     Ok(summary)
 }
 
