@@ -296,10 +296,12 @@ fn tile_layout(tile: Option<u64>) -> String {
 fn print_settings(file: &std::path::Path) -> Result<(), String> {
     use crate::recipe::{Carried, Source};
     let shown = file.display();
-    match crate::recipe::read_image_file(file)? {
+    let from = crate::recipe::read_image_file(file)?;
+    match &from.carried {
         Carried::Recipe(r) => {
             let source = |s: &Source| match s {
                 Source::File(f) => f.clone(),
+                Source::Sent(field) if from.input(field).is_some() => format!("{field} (sent to a server; kept in the image)"),
                 Source::Sent(field) => format!("{field} (sent to a server; not in the image)"),
             };
             say!("{shown}: made by {}", r.software);

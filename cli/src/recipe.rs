@@ -6,6 +6,7 @@
 //! `/sdapi/v1/png-info` read them.
 
 use flux_lite_platform::pipeline::image_file;
+use flux_lite_platform::pipeline::init_image::Marks;
 use flux_lite_platform::pipeline::{KvPrecision, Prompt, Request};
 use serde::{Deserialize, Serialize};
 
@@ -74,7 +75,7 @@ pub struct LoraUse {
 }
 
 /// An input image: the file it was read from (`gen`), or the request field
-/// it was sent in (`serve`), which the image does not carry.
+/// it was sent in (`serve`), whose bytes a PNG keeps ([`INPUT_CHUNK`]).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Source {
@@ -92,6 +93,26 @@ pub struct InitUse {
     /// `--mask-crop`: the padding around the mask.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mask_crop: Option<usize>,
+    /// What in the mask repaints: `white` (the default), `black` or `transparent`.
+    #[serde(default = "white", skip_serializing_if = "is_white")]
+    pub mask_marks: String,
+}
+
+fn white() -> String {
+    Marks::White.name().into()
+}
+
+fn is_white(marks: &str) -> bool {
+    marks == Marks::White.name()
+}
+
+/// Where a run's picture to change and its mask came from.
+#[derive(Debug, Clone)]
+pub struct InitSources {
+    pub image: Source,
+    pub mask: Option<Source>,
+    pub marks: Marks,
+    pub mask_crop: Option<usize>,
 }
 
 /// What every image of one run shares: where its inputs came from and what
@@ -103,7 +124,7 @@ pub struct Run {
     pub text_encoder: Option<String>,
     pub embeddings: Option<String>,
     pub references: Vec<Source>,
-    pub init: Option<(Source, Option<Source>, Option<usize>)>,
+    pub init: Option<InitSources>,
     pub precision: String,
     pub adapter: String,
 }
@@ -128,8 +149,8 @@ impl Run {
             lora: request.lora.adapters.iter().map(|l| LoraUse { file: l.spec.path.display().to_string(), scale: l.spec.scale }).collect(),
             references: self.references.clone(),
             init: match (&self.init, &request.init) {
-                (Some((image, mask, mask_crop)), Some(init)) => {
-                    Some(InitUse { image: image.clone(), mask: mask.clone(), strength: init.strength, mask_crop: *mask_crop })
+                (Some(s), Some(init)) => {
+                    Some(InitUse { image: s.image.clone(), mask: s.mask.clone(), strength: init.strength, mask_crop: s.mask_crop, mask_marks: s.marks.name().into() })
                 }
                 _ => None,
             },
@@ -342,12 +363,47 @@ pub fn carried(name: &str, chunks: &[(String, String)]) -> Result<Option<Carried
     Ok(chunk(A1111_CHUNK).map(|text| Carried::Infotext(Infotext::parse(text))))
 }
 
+/// The start of the PNG chunk that holds an input image a request sent
+/// (`flux-lite-input:init_images[0]`): its file bytes in base64, so that an
+/// image a server made can be made again from itself.
+pub const INPUT_CHUNK: &str = "flux-lite-input:";
+
+/// The chunk of an input image sent as `field`.
+pub fn input_chunk(field: &str, bytes: &[u8]) -> (String, String) {
+    use base64::Engine;
+    (format!("{INPUT_CHUNK}{field}"), base64::engine::general_purpose::STANDARD.encode(bytes))
+}
+
+/// What an image file carries: how it was made, and the input images a
+/// server kept in it, by request field.
+#[derive(Debug)]
+pub struct FromImage {
+    pub carried: Carried,
+    pub inputs: Vec<(String, Vec<u8>)>,
+}
+
+impl FromImage {
+    /// The bytes of the input image sent as `field`, where the image kept them.
+    pub fn input(&self, field: &str) -> Option<&[u8]> {
+        self.inputs.iter().find(|(f, _)| f == field).map(|(_, b)| b.as_slice())
+    }
+}
+
 /// The settings an image file (PNG, JPEG or WebP) carries, or an error naming the file.
-pub fn read_image_file(path: &std::path::Path) -> Result<Carried, String> {
+pub fn read_image_file(path: &std::path::Path) -> Result<FromImage, String> {
+    use base64::Engine;
     let name = path.display().to_string();
     let bytes = std::fs::read(path).map_err(|e| format!("{name}: {e}"))?;
     let chunks = image_file::image_text(&bytes).map_err(|e| format!("{name}: {e}"))?;
-    carried(&name, &chunks)?.ok_or_else(|| format!("{name}: carries no settings (no `{CHUNK}` or `{A1111_CHUNK}` text)"))
+    let carried = carried(&name, &chunks)?.ok_or_else(|| format!("{name}: carries no settings (no `{CHUNK}` or `{A1111_CHUNK}` text)"))?;
+    let mut inputs = Vec::new();
+    for (key, text) in &chunks {
+        if let Some(field) = key.strip_prefix(INPUT_CHUNK) {
+            let decoded = base64::engine::general_purpose::STANDARD.decode(text).map_err(|e| format!("{name}: its input `{field}` is not base64 ({e})"))?;
+            inputs.push((field.to_string(), decoded));
+        }
+    }
+    Ok(FromImage { carried, inputs })
 }
 
 #[cfg(test)]
@@ -370,7 +426,7 @@ mod tests {
             height: 48,
             lora: vec![LoraUse { file: "loras/ink, v2.safetensors".into(), scale: 0.8 }],
             references: vec![Source::File("ref.png".into()), Source::Sent("image[1]".into())],
-            init: Some(InitUse { image: Source::File("room.png".into()), mask: None, strength: 0.6, mask_crop: Some(8) }),
+            init: Some(InitUse { image: Source::File("room.png".into()), mask: None, strength: 0.6, mask_crop: Some(8), mask_marks: "black".into() }),
             precision: "f32".into(),
             adapter: "llvmpipe".into(),
             memory_budget: Some(1 << 30),

@@ -227,6 +227,7 @@ fn bad_flags() {
         assert!(!out.exists());
     }
     expect_one_error(&model, &["--negative-prompt", "blur", "--embeddings", "e.safetensors"], &[], &["--negative-prompt", "--embeddings", "holds the negative"]);
+    expect_one_error(&model, &["--mask-marks", "grey"], &[], &["--mask-marks grey", "white, black or transparent"]);
     expect_one_error(&model, &["--steps", "1000000"], &[], &["--steps 1000000"]);
     expect_one_error(&model, &["--memory-budget", "3GB"], &[], &["--memory-budget"]);
     expect_one_error(&model, &["--memory-budget", "1KiB"], &[], &["--memory-budget", "smallest budget"]);

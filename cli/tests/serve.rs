@@ -253,6 +253,13 @@ fn reference_images_init_images_and_masks_come_as_base64_through_both_apis() {
     let (status, text) = post(&server, "/v1/images/edits", &serde_json::json!({ "prompt": prompt, "image": b64(&files.join("init.png")), "mask": b64(&files.join("mask.png")) }).to_string());
     assert_eq!(status, 400, "{text}");
     assert!(text.contains("no alpha channel"), "{text}");
+    // Each of those images keeps the images its request sent: gen makes it again from it alone.
+    for name in ["edits.png", "img2img.png", "inpaint-a1111.png", "inpaint-openai.png", "inpaint-crop.png"] {
+        let (made, again) = (dir.join(name), dir.join(format!("again-{name}")));
+        let run = Command::new(env!("CARGO_BIN_EXE_flux-lite")).args(["gen", "--quiet", "--from", made.to_str().unwrap(), "--output", again.to_str().unwrap()]).output().unwrap();
+        assert!(run.status.success(), "{name}: {}", String::from_utf8_lossy(&run.stderr));
+        assert!(read_png(&again).rgb == read_png(&made).rgb, "{name}: made again from itself, other pixels");
+    }
 }
 
 #[test]

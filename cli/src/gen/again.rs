@@ -6,25 +6,49 @@ use crate::recipe::{self, Carried, Recipe, Source};
 use flux_lite_platform::model::lora::LoraSpec;
 use std::path::{Path, PathBuf};
 
-/// Fills the flags left out from the settings `args.from` carries; returns
-/// the image's recipe, for [`compare`] once the model is open. An image
-/// another tool made (A1111's `parameters` alone) gives its prompt,
-/// negative, seed, steps, guidance and size; the model is then a flag.
-pub fn fill(args: &mut GenArgs) -> Result<Option<Recipe>, String> {
-    let Some(image) = args.from.clone() else { return Ok(None) };
+/// What `--from` found: the image's recipe, for [`compare`] once the model
+/// is open, and the folder holding the input images it kept (removed when
+/// dropped, after the run).
+#[derive(Debug, Default)]
+pub struct Again {
+    pub recipe: Option<Recipe>,
+    _inputs: Option<tempfile::TempDir>,
+}
+
+/// Fills the flags left out from the settings `args.from` carries. An
+/// image another tool made (A1111's `parameters` alone) gives its prompt,
+/// negative, seed, steps, guidance and size; the model is then a flag. The
+/// input images a server kept in its PNG are written to a temporary folder
+/// and read from there.
+pub fn fill(args: &mut GenArgs) -> Result<Again, String> {
+    let Some(image) = args.from.clone() else { return Ok(Again::default()) };
     let shown = image.display().to_string();
-    let carried = recipe::read_image_file(&image).map_err(|e| format!("--from {e}"))?;
-    let settings = match carried {
-        Carried::Recipe(r) => *r,
+    let from = recipe::read_image_file(&image).map_err(|e| format!("--from {e}"))?;
+    let settings = match &from.carried {
+        Carried::Recipe(r) => (**r).clone(),
         Carried::Infotext(info) => {
-            fill_from_infotext(args, &info, &shown)?;
-            return Ok(None);
+            fill_from_infotext(args, info, &shown)?;
+            return Ok(Again::default());
         }
     };
+    let folder = match from.inputs.is_empty() {
+        true => None,
+        false => Some(tempfile::Builder::new().prefix("flux-lite-from-").tempdir().map_err(|e| format!("--from {shown}: a folder for its input images: {e}"))?),
+    };
     let r = &settings;
-    let file = |s: &Source, what: &str| match s {
-        Source::File(f) => Ok(PathBuf::from(f)),
-        Source::Sent(field) => Err(format!("--from {shown}: its {what} came as `{field}` in a request to a server and is not in the image; give it with {}", flag_for(what))),
+    let file = |s: &Source, what: &str| -> Result<PathBuf, String> {
+        let field = match s {
+            Source::File(f) => return Ok(PathBuf::from(f)),
+            Source::Sent(field) => field,
+        };
+        match (from.input(field), &folder) {
+            (Some(bytes), Some(dir)) => {
+                let path = dir.path().join(field.replace(['/', '\\'], "_"));
+                std::fs::write(&path, bytes).map_err(|e| format!("--from {shown}: writing its {what} `{field}`: {e}"))?;
+                Ok(path)
+            }
+            _ => Err(format!("--from {shown}: its {what} came as `{field}` in a request to a server and is not in the image; give it with {}", flag_for(what))),
+        }
     };
     args.model.get_or_insert_with(|| PathBuf::from(&r.model.folder));
     if args.transformer.is_none() {
@@ -61,6 +85,9 @@ pub fn fill(args: &mut GenArgs) -> Result<Option<Recipe>, String> {
             if args.mask_crop.is_none() {
                 args.mask_crop = init.mask_crop;
             }
+            if args.mask_marks.is_none() && args.mask.is_some() {
+                args.mask_marks = flux_lite_platform::pipeline::init_image::Marks::from_name(&init.mask_marks);
+            }
         }
         // Without an init image the size is the image's own; with one, the init image sets it.
         (None, None) => {
@@ -82,7 +109,7 @@ pub fn fill(args: &mut GenArgs) -> Result<Option<Recipe>, String> {
     if args.precision.is_none() {
         args.precision = flux_lite_platform::Precision::from_name(&r.precision);
     }
-    Ok(Some(settings))
+    Ok(Again { recipe: Some(settings), _inputs: folder })
 }
 
 /// What another tool's infotext gives: the prompts, seed, steps, guidance and size.

@@ -35,7 +35,10 @@ pub fn init_image(args: &GenArgs, model: &ModelFolder) -> Result<Option<InitImag
     if args.mask_crop.is_some() && args.mask.is_none() {
         return Err("--mask-crop needs --mask (the region comes from the mask)".into());
     }
-    let mask = args.mask.as_deref().map(|m| (Source::File(m), Marks::White));
+    if args.mask_marks.is_some() && args.mask.is_none() {
+        return Err("--mask-marks says what in --mask repaints: give --mask FILE too".into());
+    }
+    let mask = args.mask.as_deref().map(|m| (Source::File(m), args.mask_marks.unwrap_or(Marks::White)));
     let prepared = init_image::prepare(Source::File(path), mask, strength, args.mask_crop, model.vae.latent_cell());
     prepared.map(Some).map_err(|e| named(&e, args.mask.as_deref()))
 }

@@ -10,6 +10,7 @@ use crate::progress::Bar;
 use crate::recipe;
 use argh::FromArgs;
 use flux_lite_platform::model::lora::LoraSpec;
+use flux_lite_platform::pipeline::init_image::Marks;
 use flux_lite_platform::pipeline::{self, KvPrecision, Made};
 use flux_lite_platform::{GpuOptions, Job, Limits, OutputType, Pipeline, RunError};
 use std::path::PathBuf;
@@ -49,6 +50,9 @@ pub struct GenArgs {
     /// with --init-image, what to repaint: a PNG or JPEG whose white (grey ≥ 128) parts are repainted and black parts kept; default: all of it
     #[argh(option)]
     mask: Option<PathBuf>,
+    /// with --mask, what in it repaints: white (default: grey ≥ 128, as diffusers), black (inverted, as A1111's inpainting_mask_invert) or transparent (as OpenAI's image edits)
+    #[argh(option, from_str_fn(parse_mask_marks))]
+    mask_marks: Option<Marks>,
     /// with --init-image, how far from it to start, in (0, 1]: 1 repaints from pure noise (default 0.8, as diffusers; steps × strength of the steps run)
     #[argh(option)]
     strength: Option<f64>,
@@ -126,7 +130,7 @@ pub struct GenArgs {
 pub fn run(args: &GenArgs) -> Result<(), String> {
     let started = Instant::now();
     let mut args = args.clone();
-    let from = again::fill(&mut args)?;
+    let again = again::fill(&mut args)?;
     let args = &args;
     let model_dir = args.model.as_deref().ok_or("give --model DIR (or --from IMAGE.png, made by flux-lite)")?;
     let host_peak = args.verbose.then(flux_lite_platform::host_memory::AnonymousPeak::start).flatten();
@@ -193,7 +197,7 @@ pub fn run(args: &GenArgs) -> Result<(), String> {
     let preview = args.preview.as_deref().map(|p| (p, args.preview_every));
     let mut watch = watch::Watch::new(&mut bar, preview, host_peak.as_ref());
     let run = recipe_run(args, model_dir, &pipeline)?;
-    if let (Some(image), Some(made)) = (&args.from, &from) {
+    if let (Some(image), Some(made)) = (&args.from, &again.recipe) {
         again::compare(image, made, &run);
     }
     let mut write = |made: Made| {
@@ -227,7 +231,7 @@ fn recipe_run(args: &GenArgs, model_dir: &std::path::Path, pipeline: &Pipeline) 
         text_encoder: args.text_encoder.as_ref().map(shown),
         embeddings: args.embeddings.as_ref().map(shown),
         references: args.image.iter().map(file).collect(),
-        init: args.init_image.as_ref().map(|i| (file(i), args.mask.as_ref().map(file), args.mask_crop)),
+        init: args.init_image.as_ref().map(|i| recipe::InitSources { image: file(i), mask: args.mask.as_ref().map(file), marks: args.mask_marks.unwrap_or(Marks::White), mask_crop: args.mask_crop }),
         precision: pipeline.gpu().precision().name().into(),
         adapter: pipeline.gpu().info.name.clone(),
     })
@@ -248,6 +252,11 @@ pub(crate) fn parse_kv_precision(value: &str) -> Result<KvPrecision, String> {
         "f16" => Ok(KvPrecision::F16),
         other => Err(format!("--kv-precision {other}: give auto, f32 or f16")),
     }
+}
+
+/// `--mask-marks white|black|transparent`.
+fn parse_mask_marks(value: &str) -> Result<Marks, String> {
+    Marks::from_name(value).ok_or_else(|| format!("--mask-marks {value}: give white, black or transparent"))
 }
 
 /// `--kv-cache auto|on|off`: `None` follows the model's pipeline.

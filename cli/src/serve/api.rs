@@ -74,6 +74,8 @@ pub struct Order {
     pub format: ImageFormat,
     /// What its images carry of how they were made.
     pub run: crate::recipe::Run,
+    /// The input images the request sent, by field, which its PNGs keep.
+    pub inputs: Vec<(String, Vec<u8>)>,
 }
 
 impl Order {
@@ -401,21 +403,36 @@ pub fn check(asked: Asked, shape: Shape, pipeline: &Pipeline, limits: &Limits, s
     let sent = |name: &String| crate::recipe::Source::Sent(name.clone());
     let run = crate::recipe::Run {
         references: asked.images.iter().map(|(name, _)| sent(name)).collect(),
-        init: asked.init.as_ref().map(|i| (sent(&i.image.0), i.mask.as_ref().map(|m| sent(&m.name)), i.crop)),
+        init: asked.init.as_ref().map(|i| crate::recipe::InitSources {
+            image: sent(&i.image.0),
+            mask: i.mask.as_ref().map(|m| sent(&m.name)),
+            marks: i.mask.as_ref().map_or(Marks::White, mask_marks),
+            mask_crop: i.crop,
+        }),
         ..server.clone()
     };
-    Ok(Order { job, format: asked.format, run })
+    let mut inputs: Vec<(String, Vec<u8>)> = Vec::new();
+    if let Some(init) = &asked.init {
+        inputs.push(init.image.clone());
+        inputs.extend(init.mask.as_ref().map(|m| (m.name.clone(), m.bytes.clone())));
+    }
+    inputs.extend(asked.images.iter().cloned());
+    Ok(Order { job, format: asked.format, run, inputs })
+}
+
+/// What in a sent mask repaints.
+fn mask_marks(m: &AskedMask) -> Marks {
+    match (m.alpha, m.invert) {
+        (true, _) => Marks::Transparent,
+        (false, true) => Marks::Black,
+        (false, false) => Marks::White,
+    }
 }
 
 /// The picture to change and its mask, prepared as `gen --init-image` prepares them.
 fn init_image(init: &AskedInit, unit: usize) -> Result<InitImage, flux_lite_platform::RunError> {
     let (name, bytes) = &init.image;
-    let marks = |m: &AskedMask| match (m.alpha, m.invert) {
-        (true, _) => Marks::Transparent,
-        (false, true) => Marks::Black,
-        (false, false) => Marks::White,
-    };
-    let mask = init.mask.as_ref().map(|m| (Source::Bytes { name: &m.name, bytes: &m.bytes }, marks(m)));
+    let mask = init.mask.as_ref().map(|m| (Source::Bytes { name: &m.name, bytes: &m.bytes }, mask_marks(m)));
     init_image::prepare(Source::Bytes { name, bytes }, mask, init.strength, init.crop, unit)
 }
 

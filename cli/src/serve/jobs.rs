@@ -331,7 +331,13 @@ impl Worker {
         let mut take = |made: Made| {
             let Some(image) = made.image else { return Err(RunError::Internal("no image was decoded".into())) };
             let recipe = order.run.recipe(order.prompt(), made.seed, request);
-            let bytes = image_file::encode_image(order.format, image.width as u32, image.height as u32, &image.rgb, &recipe.chunks()).map_err(RunError::Output)?;
+            let mut text: Vec<(String, String)> = recipe.chunks().into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+            // A PNG keeps the images the request sent, so it can be made again from itself.
+            if order.format == image_file::ImageFormat::Png {
+                text.extend(order.inputs.iter().map(|(field, bytes)| crate::recipe::input_chunk(field, bytes)));
+            }
+            let text: Vec<(&str, String)> = text.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+            let bytes = image_file::encode_image(order.format, image.width as u32, image.height as u32, &image.rgb, &text).map_err(RunError::Output)?;
             self.jobs.gallery.add(&state.id, made.seed, order.format, bytes.clone(), serde_json::to_value(&recipe).unwrap_or_default());
             pictures.push(Picture { seed: made.seed, bytes });
             Ok(())

@@ -559,7 +559,15 @@ async fn a1111_png_info(body: Result<Bytes, BytesRejection>) -> Result<Json<serd
     let bytes = api::decode_base64("image", &asked.image)?;
     let chunks = flux_lite_platform::pipeline::image_file::image_text(&bytes).map_err(|e| ApiError::bad(format!("image: {e}")))?;
     let info = chunks.iter().find(|(k, _)| k == crate::recipe::A1111_CHUNK).map(|(_, v)| v.clone()).unwrap_or_default();
-    let items: serde_json::Map<String, serde_json::Value> = chunks.into_iter().filter(|(k, _)| k != crate::recipe::A1111_CHUNK).map(|(k, v)| (k, v.into())).collect();
+    // The input images a PNG keeps are named, not sent back: they can be megabytes.
+    let items: serde_json::Map<String, serde_json::Value> = chunks
+        .into_iter()
+        .filter(|(k, _)| k != crate::recipe::A1111_CHUNK)
+        .map(|(k, v)| match k.starts_with(crate::recipe::INPUT_CHUNK) {
+            true => (k, format!("{} bytes of base64", v.len()).into()),
+            false => (k, v.into()),
+        })
+        .collect();
     let parameters = match info.is_empty() {
         true => json!({}),
         false => crate::recipe::Infotext::parse(&info).to_json(),

@@ -21,6 +21,9 @@ pub const RECIPE: &str = "flux-lite";
 /// The program and version that made the image.
 pub const SOFTWARE: &str = "software";
 
+/// ASCII text longer than this goes into a compressed (zTXt) chunk.
+const COMPRESS_TEXT_ABOVE: usize = 4096;
+
 /// The JPEG quality when none is asked for.
 pub const DEFAULT_JPEG_QUALITY: u8 = 90;
 
@@ -131,7 +134,12 @@ pub fn encode_png(width: u32, height: u32, rgb: &[u8], text: &[(&str, String)]) 
     enc.set_color(png::ColorType::Rgb);
     enc.set_depth(png::BitDepth::Eight);
     for (key, value) in text {
-        enc.add_itxt_chunk(key.to_string(), value.clone()).map_err(|e| format!("PNG text chunk `{key}`: {e}"))?;
+        // Long ASCII text (an input image in base64) compressed; the rest UTF-8 as it is.
+        let added = match value.len() > COMPRESS_TEXT_ABOVE && value.is_ascii() {
+            true => enc.add_ztxt_chunk(key.to_string(), value.clone()),
+            false => enc.add_itxt_chunk(key.to_string(), value.clone()),
+        };
+        added.map_err(|e| format!("PNG text chunk `{key}`: {e}"))?;
     }
     let mut writer = enc.write_header().map_err(|e| format!("PNG header: {e}"))?;
     writer.write_image_data(rgb).map_err(|e| format!("PNG data: {e}"))?;

@@ -54,6 +54,22 @@ pub enum Marks {
     Transparent,
 }
 
+impl Marks {
+    pub const ALL: [Marks; 3] = [Marks::White, Marks::Black, Marks::Transparent];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Marks::White => "white",
+            Marks::Black => "black",
+            Marks::Transparent => "transparent",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|m| m.name() == name)
+    }
+}
+
 /// Image-to-image (no mask) or inpainting: `image` brought to whole latent
 /// cells of `cell` pixels (resized, as the pipeline does), `mask` at its
 /// size; with `crop`, both are the region around the mask grown by that
