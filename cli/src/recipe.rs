@@ -130,6 +130,22 @@ pub struct Run {
 }
 
 impl Run {
+    /// What a pipeline over the model at `folder` puts in every image, before
+    /// any input image: the model, its replaced components, the tier and adapter.
+    pub fn of_pipeline(folder: &std::path::Path, pipeline: &flux_lite_platform::Pipeline, transformer: Option<&std::path::Path>, text_encoder: Option<&std::path::Path>) -> Result<Self, String> {
+        let shown = |p: &std::path::Path| p.display().to_string();
+        Ok(Run {
+            model: crate::gen::model_id(folder, pipeline.model())?,
+            transformer: transformer.map(shown),
+            text_encoder: text_encoder.map(shown),
+            embeddings: None,
+            references: Vec::new(),
+            init: None,
+            precision: pipeline.gpu().precision().name().into(),
+            adapter: pipeline.gpu().info.name.clone(),
+        })
+    }
+
     /// The recipe of the image of `prompt` made with `seed` under `request`.
     pub fn recipe(&self, prompt: &Prompt, seed: u64, request: &Request) -> Recipe {
         let (positive, negative) = texts(prompt);

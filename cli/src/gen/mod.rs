@@ -226,14 +226,10 @@ fn recipe_run(args: &GenArgs, model_dir: &std::path::Path, pipeline: &Pipeline) 
     let shown = |p: &PathBuf| p.display().to_string();
     let file = |p: &PathBuf| recipe::Source::File(shown(p));
     Ok(recipe::Run {
-        model: model_id(model_dir, pipeline.model())?,
-        transformer: args.transformer.as_ref().map(shown),
-        text_encoder: args.text_encoder.as_ref().map(shown),
         embeddings: args.embeddings.as_ref().map(shown),
         references: args.image.iter().map(file).collect(),
         init: args.init_image.as_ref().map(|i| recipe::InitSources { image: file(i), mask: args.mask.as_ref().map(file), marks: args.mask_marks.unwrap_or(Marks::White), mask_crop: args.mask_crop }),
-        precision: pipeline.gpu().precision().name().into(),
-        adapter: pipeline.gpu().info.name.clone(),
+        ..recipe::Run::of_pipeline(model_dir, pipeline, args.transformer.as_deref(), args.text_encoder.as_deref())?
     })
 }
 

@@ -142,17 +142,7 @@ pub fn run(args: &ServeArgs) -> Result<(), String> {
     // Previews with a tiny decoder, or where the VAE has a latent-to-RGB map: AUTOMATIC1111's progress shows them.
     let previews = pipeline.model().preview_decoder.is_some() || pipeline::preview::latent_rgb(pipeline.model()).is_ok();
     let worker = Worker { pipeline: pipeline.clone(), jobs: jobs.clone(), verbose: args.verbose, previews };
-    let shown = |p: &std::path::PathBuf| p.display().to_string();
-    let recipe = crate::recipe::Run {
-        model: crate::gen::model_id(&args.model, pipeline.model())?,
-        transformer: args.transformer.as_ref().map(shown),
-        text_encoder: args.text_encoder.as_ref().map(shown),
-        embeddings: None,
-        references: Vec::new(),
-        init: None,
-        precision: pipeline.gpu().precision().name().into(),
-        adapter: pipeline.gpu().info.name.clone(),
-    };
+    let recipe = crate::recipe::Run::of_pipeline(&args.model, &pipeline, args.transformer.as_deref(), args.text_encoder.as_deref())?;
     let worker = std::thread::Builder::new().name("gpu".into()).spawn(move || worker.run(queue)).map_err(|e| format!("cannot start the GPU worker: {e}"))?;
     let job = flux_lite_platform::Limits { max_images: args.max_images, max_steps: args.max_steps, max_side: args.max_side, ..Default::default() };
     let limits = Limits { job, memory_budget: args.memory_budget, kv_precision: args.kv_precision, lora };
