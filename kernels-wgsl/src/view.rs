@@ -27,11 +27,26 @@ impl<'a> Mat<'a> {
 /// row divided by its range scale (range_rule.wgsl), with the scales beside
 /// them: the matrix tier's products' inputs as their producers write them.
 /// `data` counts words (a row of `k` values is `k/2` of them); `scales`
-/// holds one f32 a row.
+/// holds one f32 a row, or with `piece` one for every `piece` values of a
+/// row (each piece under its own range scale; `scales.stride` apart from
+/// row to row), as producers that each hold part of a row write them.
 #[derive(Debug, Clone, Copy)]
 pub struct HalfMat<'a> {
     pub data: Mat<'a>,
     pub scales: Mat<'a>,
+    pub piece: Option<u64>,
+}
+
+impl<'a> HalfMat<'a> {
+    /// f16 rows under one scale a row.
+    pub fn rows(data: Mat<'a>, scales: Mat<'a>) -> Self {
+        Self { data, scales, piece: None }
+    }
+
+    /// f16 rows under a scale every `piece` values.
+    pub fn pieces(data: Mat<'a>, scales: Mat<'a>, piece: u64) -> Self {
+        Self { data, scales, piece: Some(piece) }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -60,7 +60,7 @@ fn check_layer_norm_half(gpu: &Gpu) {
     let (at, stride) = (6u64, (d / 2 + 3) as u64);
     let out = poisoned(gpu, at as usize + tokens * stride as usize + tokens + 8);
     let (words_at, scales_at) = (at, at + tokens as u64 * stride);
-    let dst = HalfMat { data: Mat { buf: &out, offset: words_at, stride }, scales: Mat { buf: &out, offset: scales_at, stride: 1 } };
+    let dst = HalfMat::rows(Mat { buf: &out, offset: words_at, stride }, Mat { buf: &out, offset: scales_at, stride: 1 });
     let all = run_and_read(gpu, &out, at as usize + tokens * stride as usize + tokens, |enc| {
         layer_norm_modulate_half(gpu, enc, Mat::new(&xb, d as u64), Modulation::of(shift, scale), dst, shape)
     });
@@ -83,17 +83,35 @@ fn layer_norm_modulate_half_writes_the_f32_values_as_the_range_rule_rounds_them(
 /// `y = x·Wᵀ (+ b)` over f16 rows and over the f32 values they stand for,
 /// on the matrix tier: the same bits.
 fn check_linear_over_half_rows(gpu: &Gpu, [m, n, k]: [usize; 3], bf16: bool, with_bias: bool) {
-    let mut rng = Rng::new((m * 131 + n * 7 + k) as u64);
+    check_linear_over_half_pieces(gpu, [m, n, k], k, bf16, with_bias);
+}
+
+/// [`check_linear_over_half_rows`] over rows whose every `piece` values
+/// have their own scale (one a row where `piece` is `k`), the scales a
+/// row 1 apart more than the row's pieces (as a wider tensor's would be).
+fn check_linear_over_half_pieces(gpu: &Gpu, [m, n, k]: [usize; 3], piece: usize, bf16: bool, with_bias: bool) {
+    let mut rng = Rng::new((m * 131 + n * 7 + k + piece) as u64);
     let mut x = rng.normals(m * k, 1.0);
     x[..k].iter_mut().for_each(|v| *v *= 1e5);
     x[(m - 1) * k..].iter_mut().for_each(|v| *v *= 1e-6);
-    let (words, scales) = pack_rows(&x, m, k);
+    // Pieces of one row far apart in range: each its own scale.
+    if piece < k {
+        x[k..k + piece].iter_mut().for_each(|v| *v *= 3e4);
+        x[2 * k + piece..2 * k + 2 * piece].iter_mut().for_each(|v| *v *= 1e-4);
+    }
+    let pieces = k / piece;
+    let (words, piece_scales) = pack_rows(&x, m * pieces, piece);
+    let scale_stride = if piece < k { pieces + 1 } else { 1 };
+    let mut scales = vec![f32::NAN; m * scale_stride];
+    for (i, s) in piece_scales.iter().enumerate() {
+        scales[i / pieces * scale_stride + i % pieces] = *s;
+    }
     // The f32 values the f16 rows stand for.
     let values: Vec<f32> = words
         .iter()
         .enumerate()
         .flat_map(|(i, w)| {
-            let s = scales[i / (k / 2)];
+            let s = piece_scales[i / (piece / 2)];
             [half::f16::from_bits(*w as u16).to_f32() * s, half::f16::from_bits((*w >> 16) as u16).to_f32() * s]
         })
         .collect();
@@ -106,10 +124,13 @@ fn check_linear_over_half_rows(gpu: &Gpu, [m, n, k]: [usize; 3], bf16: bool, wit
     let (hb, sb) = (gpu.upload_u32("x half", &words), gpu.upload_f32("x scales", &scales));
     let (y32, y16) = (poisoned(gpu, m * n), poisoned(gpu, m * n));
     let from_f32 = run_and_read(gpu, &y32, m * n, |enc| linear(gpu, enc, Mat::new(&xb, k as u64), weight(&wb), bias, Mat::new(&y32, n as u64), s));
-    let half_rows = HalfMat { data: Mat::new(&hb, (k / 2) as u64), scales: Mat::new(&sb, 1) };
+    let half_rows = match piece < k {
+        true => HalfMat::pieces(Mat::new(&hb, (k / 2) as u64), Mat::new(&sb, scale_stride as u64), piece as u64),
+        false => HalfMat::rows(Mat::new(&hb, (k / 2) as u64), Mat::new(&sb, 1)),
+    };
     let from_half = run_and_read(gpu, &y16, m * n, |enc| linear_from(gpu, enc, Input::Half(half_rows), weight(&wb), bias, Mat::new(&y16, n as u64), s));
     let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-    assert_eq!(bits(&from_half), bits(&from_f32), "{m}×{k}·{k}×{n}, bf16 W {bf16}, bias {with_bias}");
+    assert_eq!(bits(&from_half), bits(&from_f32), "{m}×{k}·{k}×{n} in pieces of {piece}, bf16 W {bf16}, bias {with_bias}");
     assert!(from_half.iter().all(|v| v.is_finite()));
 }
 
@@ -125,11 +146,22 @@ fn linear_on_matrix_units_over_half_rows_equals_it_over_their_f32_values() {
 }
 
 #[test]
+fn linear_on_matrix_units_over_half_pieces_equals_it_over_their_f32_values() {
+    let Some(gpu) = matrix_gpu() else { return };
+    // Pieces of 64 values as the producers write them, read as vec4s and
+    // element by element; pieces of 12 off the k steps; f32 weights.
+    check_linear_over_half_pieces(&gpu, [70, 131, 256], 64, true, true);
+    with_element_fetch(|| check_linear_over_half_pieces(&gpu, [70, 131, 256], 64, true, false));
+    check_linear_over_half_pieces(&gpu, [33, 40, 96], 12, true, false);
+    check_linear_over_half_pieces(&gpu, [13, 70, 128], 32, false, true);
+}
+
+#[test]
 fn linear_refuses_half_rows_off_the_matrix_tier() {
     let gpu = gpu();
     let (hb, sb, yb) = (gpu.upload_u32("x half", &[0; 8]), gpu.upload_f32("x scales", &[1.0; 2]), gpu.storage("y", 16));
     let wb = gpu.upload_f32("w", &[0.0; 16]);
-    let half_rows = HalfMat { data: Mat::new(&hb, 4), scales: Mat::new(&sb, 1) };
+    let half_rows = HalfMat::rows(Mat::new(&hb, 4), Mat::new(&sb, 1));
     let mut sink = Vec::new();
     let got = linear_from(gpu, &mut sink, Input::Half(half_rows), Weight::f32(&wb), None, Mat::new(&yb, 2), Gemm { m: 2, n: 2, k: 8 });
     assert!(gpu.matrix().is_none() && got.is_err(), "{got:?}");
@@ -158,7 +190,7 @@ fn check_later_modulation(gpu: &Gpu, half: bool) {
                     true => {
                         let data = Mat { buf: &out, offset: (r0 * d / 2) as u64, stride: (d / 2) as u64 };
                         let scales = Mat { buf: &out, offset: (tokens * d / 2 + r0) as u64, stride: 1 };
-                        layer_norm_modulate_half(gpu, enc, src, m, HalfMat { data, scales }, shape)
+                        layer_norm_modulate_half(gpu, enc, src, m, HalfMat::rows(data, scales), shape)
                     }
                     false => layer_norm_modulate(gpu, enc, src, m, Mat { buf: &out, offset: (r0 * d) as u64, stride: d as u64 }, shape),
                 }

@@ -32,7 +32,9 @@ pub struct LinearParams {
     pub gate_offset: u32,
     /// A SwiGLU product's: W's rows from an output's gate row to its up row.
     pub up_row: u32,
-    pub _pad: [u32; 3],
+    /// x's in pieces ([`HalfMat::piece`]): its scales from one row to the next.
+    pub x_scales_stride: u32,
+    pub _pad: [u32; 2],
 }
 
 /// `range_scales.wgsl` — the range rule's scale of each of `rows` rows of `k` values.
@@ -206,14 +208,20 @@ fn product(gpu: &Gpu, sink: &mut dyn Sink, input: Input<'_>, w: Weight<'_>, bias
         return Ok(());
     }
     let matrix = gpu.matrix();
-    // f16 rows: words of two values, x's offset and stride counted in values by the kernel.
-    let (x, half) = match input {
-        Input::F32(x) => (x, None),
+    // f16 rows: words of two values, x's offset and stride counted in values
+    // by the kernel; their scales one a row, or one a piece.
+    let (x, half, piece) = match input {
+        Input::F32(x) => (x, None, None),
         Input::Half(h) => {
             if !matrix.is_some_and(|c| c.operands == MatrixOperands::F16) || !kdim.is_multiple_of(2) {
                 return Err(GpuError::UnsupportedShape(format!("a product over f16 rows of {kdim} values needs the matrix tier's f16 operands and an even k")));
             }
-            (h.data, Some(Rows::mat(h.scales, 1, "linear input scales")))
+            // Pieces of whole vec4s, so a vec4 of x lies in one piece.
+            if h.piece.is_some_and(|p| p == 0 || !p.is_multiple_of(4)) {
+                return Err(GpuError::UnsupportedShape(format!("f16 rows in pieces of {:?} values (whole vec4s)", h.piece)));
+            }
+            let per_row = h.piece.map_or(1, |p| kdim.div_ceil(p));
+            (h.data, Some(Rows::mat(h.scales, per_row, "linear input scales")), h.piece)
         }
     };
     let per_word = if half.is_some() { 2 } else { 1 };
@@ -283,6 +291,7 @@ fn product(gpu: &Gpu, sink: &mut dyn Sink, input: Input<'_>, w: Weight<'_>, bias
                         ("WG", c.subgroup * MATRIX_SUBGROUPS),
                         ("B_PAIRED", matrix_b_paired(c, w.dtype, ww.local, kdim) as u32),
                         ("X_HALF", half.is_some() as u32),
+                        ("X_PIECE", to_u32(piece.unwrap_or(0), "linear input piece")?),
                     ];
                     let kernel = match matrix_vec4s(c, [x_at, x_stride], &ww, w.dtype, terms(gpu, kdim)) {
                         true => *c.pick([&LINEAR_MATRIX_8_VEC4, &LINEAR_MATRIX_16_VEC4, &LINEAR_MATRIX_8_F32_VEC4]),
@@ -345,7 +354,8 @@ fn product(gpu: &Gpu, sink: &mut dyn Sink, input: Input<'_>, w: Weight<'_>, bias
                 w_scales: w_scales_at,
                 gate_offset: gw.local,
                 up_row: if swiglu { to_u32(n, "linear cols")? } else { 0 },
-                _pad: [0; 3],
+                x_scales_stride: to_u32(half.map_or(0, |h| h.stride), "linear input scales' stride")?,
+                _pad: [0; 2],
             };
             let launch = Launch { kernel: &kernel, constants: &constants, params, grid };
             // x at 1 or 6, or f16 rows at 9 and their scales at 10; the

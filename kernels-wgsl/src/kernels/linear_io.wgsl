@@ -31,7 +31,9 @@ struct Params {
     gate_offset: u32,
     // SWIGLU's: W's rows from an output's gate row to its up row.
     up_row: u32,
-    _pad0: u32, _pad1: u32, _pad2: u32,
+    // X_PIECE's: x's scales from one row to the next.
+    x_scales_stride: u32,
+    _pad1: u32, _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;

@@ -19,6 +19,16 @@ override WG: u32 = 32u;
 // the f32 path rounds them (a value times its power-of-two scale, then times
 // the inverse, is the f16 value again), without a pass measuring them.
 override X_HALF: bool = false;
+// f16 rows in pieces (`X_PIECE` > 0): a scale every X_PIECE values of a row,
+// p.x_scales_stride scales from one row to the next, as producers that each
+// hold part of a row write them (attention a head's, the SwiGLU epilogue a
+// block's columns). The row's scale is the largest of its pieces' (all
+// powers of two); a value times its piece's scale, times the inverse of the
+// row's, is the f32 path's rounding wherever that is a normal f16 (below
+// f16's normals, the two roundings may differ in the last subnormal bit).
+override X_PIECE: u32 = 0u;
+// X_PIECE as a divisor (a constant zero one is invalid even where unread).
+override X_PIECE_DIVISOR: u32 = max(X_PIECE, 1u);
 @group(0) @binding(9) var<storage, read_write> x_half: array<u32>;
 @group(0) @binding(10) var<storage, read_write> x_half_scales: array<f32>;
 
@@ -34,7 +44,7 @@ fn a_at(r: u32, t: u32, m0: u32, k0: u32) -> f32 {
     let inside = m0 + r < p.m && k0 + t < p.k;
     let at = select(p.x_offset, p.x_offset + (m0 + r) * p.x_stride + k0 + t, inside);
     if (X_HALF) {
-        return select(0.0, x_half_at(at) * a_scale(m0 + r), inside);
+        return select(0.0, x_half_at(at) * x_half_scale(m0 + r, k0 + t), inside);
     }
     return select(0.0, x[at], inside);
 }
@@ -63,15 +73,32 @@ fn b_pair(c: u32, t: u32, n0: u32, k0: u32) -> u32 {
     return select(0u, word, inside);
 }
 
-// The range rule's scale of x's row (1 past the matrix, or for f32 operands).
+// The range rule's scale of x's row (1 past the matrix, or for f32 operands):
+// in pieces, the largest of the row's pieces' scales.
 fn a_scale(row: u32) -> f32 {
     if (!OPERAND_HALF || row >= p.m) {
         return 1.0;
+    }
+    if (X_HALF && X_PIECE > 0u) {
+        var largest = 0.0;
+        for (var piece = 0u; piece < (p.k + X_PIECE - 1u) / X_PIECE_DIVISOR; piece++) {
+            largest = max(largest, x_half_scales[p.x_scales + row * p.x_scales_stride + piece]);
+        }
+        return largest;
     }
     if (X_HALF) {
         return x_half_scales[p.x_scales + row];
     }
     return scales[p.x_scales + row];
+}
+
+// The scale f16 value t of x's row was written under: its piece's, or the
+// row's (1 past the matrix).
+fn x_half_scale(row: u32, t: u32) -> f32 {
+    if (X_PIECE == 0u || row >= p.m) {
+        return a_scale(row);
+    }
+    return x_half_scales[p.x_scales + row * p.x_scales_stride + t / X_PIECE_DIVISOR];
 }
 
 // The range rule's scale of W's row `col` (B's column).

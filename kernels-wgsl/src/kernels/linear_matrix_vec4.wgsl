@@ -26,14 +26,15 @@ struct Fetched {
 // x[m0 + r, k0 + 4·c4 …] (zero past the matrix: k is whole vec4s, so a vec4
 // is inside or past it whole); the index is selected, not branched around.
 // On the half-precision path (`X_HALF`), the four f16 values in two words of
-// x_half, times their row's scale: the values the f32 path would have read.
+// x_half, times their row's scale (or their piece's, a piece being whole
+// vec4s): the values the f32 path would have read.
 fn a_vec4(r: u32, c4: u32, m0: u32, k0: u32) -> vec4<f32> {
     let inside = m0 + r < p.m && k0 + 4u * c4 < p.k;
     let at = (p.x_offset + (m0 + r) * p.x_stride + k0) / 4u + c4;
     let vec4_at = select(p.x_offset / 4u, at, inside);
     if (X_HALF) {
         let values = vec4<f32>(unpack2x16float(x_half[2u * vec4_at]), unpack2x16float(x_half[2u * vec4_at + 1u]));
-        return select(vec4<f32>(0.0), values * a_scale(m0 + r), inside);
+        return select(vec4<f32>(0.0), values * x_half_scale(m0 + r, k0 + 4u * c4), inside);
     }
     return select(vec4<f32>(0.0), x_vec4[vec4_at], inside);
 }

@@ -21,7 +21,7 @@
 // f16 operands are rounded under range_rule.wgsl's rule: the module's
 // `a_scale(row)` / `b_scale(col)` give the scales of A's rows and B's
 // columns (measured before the product, once per call), which the sum is
-// multiplied by on its way out; their inverses (`a_inverse`, `b_inverse`,
+// multiplied by on its way out; their inverses (`row_inverse`, `b_inverse`,
 // below) scale the operands on their way in.
 // f32 operands (8×8, Apple GPUs) need no rule.
 //
@@ -55,15 +55,13 @@ var<workgroup> a_tiles: array<Operand, 2u * BM * LD>;
 var<workgroup> b_tiles: array<Operand, 2u * BN * LD>;
 // One T×T tile per subgroup on its way out.
 var<workgroup> c_tiles: array<f32, SUBGROUPS * T * T>;
-// The inverses of the block's row and column scales (powers of two).
+// The block's row scales (the module's may be a search over pieces: asked
+// once a row), and the inverses of its row and column scales (powers of two).
+var<workgroup> row_scale: array<f32, BM>;
 var<workgroup> row_inverse: array<f32, BM>;
 var<workgroup> col_inverse: array<f32, BN>;
 
-// The inverses of the module's row and column scales, exact (powers of two).
-fn a_inverse(row: u32) -> f32 {
-    return 1.0 / a_scale(row);
-}
-
+// The inverse of the module's column scale, exact (a power of two).
 fn b_inverse(col: u32) -> f32 {
     return 1.0 / b_scale(col);
 }
@@ -83,8 +81,8 @@ fn tile_out(lane: u32, lanes: u32, sg: u32, ti: u32, tj: u32, row0: u32, col0: u
         for (var i = lane; i < T * T; i += lanes) {
             let r = r0 + i / T;
             let c = c0 + i % T;
-            let gate_sum = c_tiles[sg * T * T + i] * a_scale(row0 + r) * b_scale(col0 + c);
-            let up_sum = c_tiles[(sg + 1u) * T * T + i] * a_scale(row0 + r) * b_scale(col0 + c + R * T);
+            let gate_sum = c_tiles[sg * T * T + i] * row_scale[r] * b_scale(col0 + c);
+            let up_sum = c_tiles[(sg + 1u) * T * T + i] * row_scale[r] * b_scale(col0 + c + R * T);
             block_pair_out(row0 + r, col0 / 2u + c, gate_sum, up_sum);
         }
         return;
@@ -92,7 +90,7 @@ fn tile_out(lane: u32, lanes: u32, sg: u32, ti: u32, tj: u32, row0: u32, col0: u
     for (var i = lane; i < T * T; i += lanes) {
         let r = r0 + i / T;
         let c = c0 + i % T;
-        block_value_out(row0 + r, col0 + c, c_tiles[sg * T * T + i] * a_scale(row0 + r) * b_scale(col0 + c));
+        block_value_out(row0 + r, col0 + c, c_tiles[sg * T * T + i] * row_scale[r] * b_scale(col0 + c));
     }
 }
 
@@ -112,7 +110,9 @@ fn matrix_gemm(li: u32, sg: u32, lane: u32, lanes: u32, row0: u32, col0: u32, k:
         c_tiles[i] = 0.0;
     }
     for (var i = li; i < BM; i += WG) {
-        row_inverse[i] = a_inverse(row0 + i);
+        let scale = a_scale(row0 + i);
+        row_scale[i] = scale;
+        row_inverse[i] = 1.0 / scale;
     }
     for (var i = li; i < BN; i += WG) {
         col_inverse[i] = b_inverse(col0 + i);

@@ -146,8 +146,8 @@ pub fn layer_norm_modulate_half(
     dst: HalfMat<'_>,
     s: RowNorm,
 ) -> Result<(), GpuError> {
-    if s.heads != 1 || !s.d.is_multiple_of(2) {
-        return Err(GpuError::UnsupportedShape(format!("f16 rows of {} heads of {} values (whole rows of an even width)", s.heads, s.d)));
+    if s.heads != 1 || !s.d.is_multiple_of(2) || dst.piece.is_some() {
+        return Err(GpuError::UnsupportedShape(format!("f16 rows of {} heads of {} values (whole rows of an even width, one scale a row)", s.heads, s.d)));
     }
     modulated(gpu, sink, src, modulation, NormOut::Half(dst), s)
 }
