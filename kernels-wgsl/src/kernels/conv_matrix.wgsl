@@ -101,7 +101,19 @@ fn pairs_columns() -> bool {
     return false;
 }
 
-fn block_pair_out(r: u32, c: u32, gate_sum: f32, up_sum: f32) {}
+fn pieces_out() -> bool {
+    return false;
+}
+
+fn paired_value(gate_sum: f32, up_sum: f32) -> f32 {
+    return 0.0;
+}
+
+fn block_pair_out(r: u32, c: u32, value: f32) {}
+
+fn block_half_pair_out(r: u32, c: u32, word: u32) {}
+
+fn block_piece_scale_out(r: u32, piece: u32, scale: f32) {}
 
 @compute @workgroup_size(WG)
 fn conv2d_matrix(

@@ -6,7 +6,7 @@
 //! rounds them, and the product over the f32 values those rows stand for.
 
 use crate::kernels::linear::tests::with_element_fetch;
-use crate::kernels::linear::{linear, linear_from, Gemm, Input};
+use crate::kernels::linear::{linear, linear_from, linear_swiglu, linear_swiglu_half, swiglu_writes_pieces, Gemm, Input};
 use crate::kernels::norm::{layer_norm_modulate, layer_norm_modulate_half, LaterModulation, Modulation, RowNorm};
 use crate::testing::*;
 use crate::view::{HalfMat, Mat, Weight};
@@ -154,6 +154,54 @@ fn linear_on_matrix_units_over_half_pieces_equals_it_over_their_f32_values() {
     with_element_fetch(|| check_linear_over_half_pieces(&gpu, [70, 131, 256], 64, true, false));
     check_linear_over_half_pieces(&gpu, [33, 40, 96], 12, true, false);
     check_linear_over_half_pieces(&gpu, [13, 70, 128], 32, false, true);
+}
+
+/// `silu(x·W_gateᵀ) ⊙ (x·W_upᵀ)` into f16 pieces and into f32 rows: the
+/// pieces are the f32 rows' values, each piece of `piece` divided by its
+/// range scale and rounded to f16; the scales a row 3 apart more than its
+/// pieces, the words in a wider tensor from an even column.
+fn check_swiglu_into_half_pieces(gpu: &Gpu, [m, n, k]: [usize; 3], piece: usize) {
+    let mut rng = Rng::new((m * 17 + n * 5 + k) as u64);
+    let mut x = rng.normals(m * k, 1.0);
+    // Rows whose outputs lie far apart in range, each piece its own scale.
+    x[k..2 * k].iter_mut().for_each(|v| *v *= 3e3);
+    x[3 * k..4 * k].iter_mut().for_each(|v| *v *= 1e-3);
+    // One piece's gate rows far larger than the others'.
+    let mut w = rng.bf16s(piece * k, 5.0);
+    w.extend(rng.bf16s((2 * n - piece) * k, 0.1));
+    let (xb, wb) = (gpu.upload_f32("x", &x), gpu.upload_bf16("w", &w));
+    let s = Gemm { m: m as u64, n: n as u64, k: k as u64 };
+    let yb = poisoned(gpu, m * n);
+    let y = run_and_read(gpu, &yb, m * n, |enc| linear_swiglu(gpu, enc, Input::F32(Mat::new(&xb, k as u64)), Weight::bf16(&wb), Mat::new(&yb, n as u64), s));
+    let pieces = n.div_ceil(piece);
+    let (words_at, word_stride, scales_stride) = (2usize, n / 2 + 3, pieces + 3);
+    let scales_at = words_at + m * word_stride;
+    let len = scales_at + m * scales_stride;
+    let out = poisoned(gpu, len);
+    let dst = HalfMat::pieces(Mat { buf: &out, offset: words_at as u64, stride: word_stride as u64 }, Mat { buf: &out, offset: scales_at as u64, stride: scales_stride as u64 }, piece as u64);
+    let all = run_and_read(gpu, &out, len, |enc| linear_swiglu_half(gpu, enc, Input::F32(Mat::new(&xb, k as u64)), Weight::bf16(&wb), dst, s));
+    for row in 0..m {
+        for p in 0..pieces {
+            let cols = p * piece..((p + 1) * piece).min(n);
+            let (want_words, want_scales) = pack_rows(&y[row * n + cols.start..row * n + cols.end], 1, cols.len());
+            let first = words_at + row * word_stride + cols.start / 2;
+            let got: Vec<u32> = all[first..first + cols.len() / 2].iter().map(|v| v.to_bits()).collect();
+            assert_eq!(got, want_words, "row {row}, piece {p}: f16 values");
+            assert_eq!(all[scales_at + row * scales_stride + p], want_scales[0], "row {row}, piece {p}: scale");
+        }
+    }
+}
+
+#[test]
+fn swiglu_into_half_pieces_writes_the_f32_values_as_the_range_rule_rounds_each_piece() {
+    let Some(gpu) = matrix_gpu() else { return };
+    let config = gpu.matrix().expect("the matrix tier");
+    let piece = config.size as usize * 4;
+    assert!(swiglu_writes_pieces(&gpu, piece as u64), "{config:?} writes pieces of {piece}");
+    // Ragged rows and a ragged last piece; whole blocks.
+    check_swiglu_into_half_pieces(&gpu, [70, 3 * piece / 2 + 2, 96], piece);
+    check_swiglu_into_half_pieces(&gpu, [128, 2 * piece, 128], piece);
+    with_element_fetch(|| check_swiglu_into_half_pieces(&gpu, [70, 3 * piece / 2 + 2, 96], piece));
 }
 
 #[test]

@@ -34,7 +34,10 @@ pub struct LinearParams {
     pub up_row: u32,
     /// x's in pieces ([`HalfMat::piece`]): its scales from one row to the next.
     pub x_scales_stride: u32,
-    pub _pad: [u32; 2],
+    /// A SwiGLU product into f16 pieces ([`linear_swiglu_half`]): where y's
+    /// scales start, and from one row to the next.
+    pub y_scales: u32,
+    pub y_scales_stride: u32,
 }
 
 /// `range_scales.wgsl` — the range rule's scale of each of `rows` rows of `k` values.
@@ -64,7 +67,7 @@ pub const LINEAR_MATRIX_8: Kernel = kernel(
     Module::LinearMatrix8,
     "linear_matrix",
     [0, 1, 1],
-    &[(1, RW), (2, R), (3, R), (4, RW), (5, R), (8, R), (9, RW), (10, RW), (11, RW)],
+    &[(1, RW), (2, R), (3, R), (4, RW), (5, R), (8, R), (9, RW), (10, RW), (11, RW), (12, RW), (13, RW)],
     size_of::<LinearParams>(),
     true,
 );
@@ -76,7 +79,7 @@ pub const LINEAR_MATRIX_8_VEC4: Kernel = kernel(
     Module::LinearMatrix8Vec4,
     "linear_matrix",
     [0, 1, 1],
-    &[(3, R), (4, RW), (5, R), (6, RW), (7, R), (8, R), (9, RW), (10, RW), (11, RW)],
+    &[(3, R), (4, RW), (5, R), (6, RW), (7, R), (8, R), (9, RW), (10, RW), (11, RW), (12, RW), (13, RW)],
     size_of::<LinearParams>(),
     true,
 );
@@ -141,6 +144,8 @@ enum Out<'a> {
     Gated(Mat<'a>),
     /// `y[c] = silu(value of W's row c)·(value of W's row n + c)`.
     SwiGlu,
+    /// The same into f16 rows in pieces: `y` their words, these their scales.
+    SwiGluHalf { scales: Mat<'a>, piece: u64 },
 }
 
 /// `stream[m, n] += gate[n] ⊙ (x[m, k]·W[n, k]ᵀ (+ b[n]))`: a linear whose
@@ -161,6 +166,28 @@ pub fn linear_gated(gpu: &Gpu, sink: &mut dyn Sink, x: Input<'_>, w: Weight<'_>,
 /// in one binding ([`swiglu_fits`]).
 pub fn linear_swiglu(gpu: &Gpu, sink: &mut dyn Sink, x: Input<'_>, w: Weight<'_>, y: Mat<'_>, s: Gemm) -> Result<(), GpuError> {
     product(gpu, sink, x, w, None, y, s, Out::SwiGlu)
+}
+
+/// [`linear_swiglu`] into f16 rows in pieces ([`HalfMat::pieces`]): each
+/// row's outputs in pieces of `piece` values, each piece divided by its
+/// range scale as the next product's operand (the range rule's rounding of
+/// [`linear_swiglu`]'s f32 values), without the f32 values' write and read.
+/// On the matrix tier with f16 operands only, where a workgroup's block holds
+/// one piece of each row (`piece` = 4 × the tile size), the outputs even.
+pub fn linear_swiglu_half(gpu: &Gpu, sink: &mut dyn Sink, x: Input<'_>, w: Weight<'_>, y: HalfMat<'_>, s: Gemm) -> Result<(), GpuError> {
+    let Some(piece) = y.piece else {
+        return Err(GpuError::UnsupportedShape("a SwiGLU product's f16 rows come in pieces".into()));
+    };
+    if !swiglu_writes_pieces(gpu, piece) || !s.n.is_multiple_of(2) {
+        return Err(GpuError::UnsupportedShape(format!("a SwiGLU product into f16 pieces of {piece} needs the matrix tier's f16 operands with a block of one piece, and even outputs ({})", s.n)));
+    }
+    product(gpu, sink, x, w, None, y.data, s, Out::SwiGluHalf { scales: y.scales, piece })
+}
+
+/// Whether [`linear_swiglu_half`] writes pieces of `piece` values on `gpu`:
+/// f16 matrix operands whose block's outputs (4 tiles wide) are one piece.
+pub fn swiglu_writes_pieces(gpu: &Gpu, piece: u64) -> bool {
+    gpu.matrix().is_some_and(|c| c.operands == MatrixOperands::F16 && c.size as u64 * MATRIX_BLOCK_TILES / 2 == piece)
 }
 
 /// Whether [`linear_swiglu`] can run over `w` on `gpu`: its `2n` rows in one
@@ -198,7 +225,13 @@ pub fn linear_add(gpu: &Gpu, sink: &mut dyn Sink, x: Mat<'_>, w: Weight<'_>, y: 
 #[allow(clippy::too_many_arguments)] // linear's operands, and what each output does to y
 fn product(gpu: &Gpu, sink: &mut dyn Sink, input: Input<'_>, w: Weight<'_>, bias: Option<Weight<'_>>, y: Mat<'_>, s: Gemm, out: Out<'_>) -> Result<(), GpuError> {
     let accumulate = matches!(out, Out::Accumulate);
-    let swiglu = matches!(out, Out::SwiGlu);
+    let swiglu = matches!(out, Out::SwiGlu | Out::SwiGluHalf { .. });
+    // y's f16 words and their scales' rows (a scale a piece).
+    let half_out = match out {
+        Out::SwiGluHalf { scales, piece } => Some(Rows::mat(scales, s.n.div_ceil(piece), "linear output scales")),
+        _ => None,
+    };
+    let out_per_word = if half_out.is_some() { 2 } else { 1 };
     let gate = match out {
         Out::Gated(g) => Some(g),
         _ => None,
@@ -244,8 +277,8 @@ fn product(gpu: &Gpu, sink: &mut dyn Sink, input: Input<'_>, w: Weight<'_>, bias
     let spans = if swiglu { 2 } else { 1 };
     let x_rows = Rows::mat(x, kdim / per_word, "linear input");
     let operands: Vec<Rows<'_>> = [x_rows].into_iter().chain(half).collect();
-    let y_rows = Rows::mat(y, n_chunk.min(n), "linear output");
-    let row_operands: Vec<Rows<'_>> = operands.iter().copied().chain([y_rows]).collect();
+    let y_rows = Rows::mat(y, n_chunk.min(n) / out_per_word, "linear output");
+    let row_operands: Vec<Rows<'_>> = operands.iter().copied().chain([y_rows]).chain(half_out).collect();
     for rows in chunks(m, rows_per_chunk(gpu, m, &row_operands, tile_m)?.min(cap)) {
         let xw = x_rows.window(gpu, &rows)?;
         let x_scales = match half {
@@ -292,6 +325,7 @@ fn product(gpu: &Gpu, sink: &mut dyn Sink, input: Input<'_>, w: Weight<'_>, bias
                         ("B_PAIRED", matrix_b_paired(c, w.dtype, ww.local, kdim) as u32),
                         ("X_HALF", half.is_some() as u32),
                         ("X_PIECE", to_u32(piece.unwrap_or(0), "linear input piece")?),
+                        ("Y_HALF", half_out.is_some() as u32),
                     ];
                     let kernel = match matrix_vec4s(c, [x_at, x_stride], &ww, w.dtype, terms(gpu, kdim)) {
                         true => *c.pick([&LINEAR_MATRIX_8_VEC4, &LINEAR_MATRIX_16_VEC4, &LINEAR_MATRIX_8_F32_VEC4]),
@@ -304,7 +338,12 @@ fn product(gpu: &Gpu, sink: &mut dyn Sink, input: Input<'_>, w: Weight<'_>, bias
                 Some(b) => window(gpu, b.buf, eb, b.offset + cols.start..b.offset + cols.end, "linear bias")?,
                 None => placeholder_window(gpu)?,
             };
-            let yw = Rows { offset: y.offset + cols.start, width: cols.end - cols.start, ..y_rows }.window(gpu, &rows)?;
+            let yw = Rows { offset: y.offset + cols.start / out_per_word, width: (cols.end - cols.start) / out_per_word, ..y_rows }.window(gpu, &rows)?;
+            // y's scales (binding 13), or y's window where y is f32.
+            let y_scales = match half_out {
+                Some(h) => h.window(gpu, &rows)?,
+                None => yw.clone(),
+            };
             // f16 operands: x's rows' range scales measured first, and W's
             // where they were not measured when W reached the device.
             let stored = w.scales.filter(|s| s.k == kdim);
@@ -348,14 +387,15 @@ fn product(gpu: &Gpu, sink: &mut dyn Sink, input: Input<'_>, w: Weight<'_>, bias
                 x_stride: to_u32(x_stride, "linear input stride")?,
                 w_offset: ww.local,
                 b_offset: bw.local,
-                y_offset: yw.local,
-                y_stride: to_u32(y.stride, "linear output stride")?,
+                y_offset: yw.local * out_per_word as u32,
+                y_stride: to_u32(y.stride * out_per_word, "linear output stride")?,
                 x_scales: x_scales.as_ref().map_or(sw.local, |w| w.local),
                 w_scales: w_scales_at,
                 gate_offset: gw.local,
                 up_row: if swiglu { to_u32(n, "linear cols")? } else { 0 },
                 x_scales_stride: to_u32(half.map_or(0, |h| h.stride), "linear input scales' stride")?,
-                _pad: [0; 2],
+                y_scales: y_scales.local,
+                y_scales_stride: to_u32(half_out.map_or(0, |h| h.stride), "linear output scales' stride")?,
             };
             let launch = Launch { kernel: &kernel, constants: &constants, params, grid };
             // x at 1 or 6, or f16 rows at 9 and their scales at 10; the
@@ -364,9 +404,9 @@ fn product(gpu: &Gpu, sink: &mut dyn Sink, input: Input<'_>, w: Weight<'_>, bias
             let x_half_scales = x_scales.as_ref().unwrap_or(&xw);
             let (x_f32, x_half) = (&xw, &xw);
             if kernel.module.reads_vec4s() {
-                dispatch(gpu, sink, launch, &[(3, &bw), (4, &yw), (5, &sw), (6, x_f32), (7, &ww), (8, &w_scales), (9, x_half), (10, x_half_scales), (11, &gw)]);
+                dispatch(gpu, sink, launch, &[(3, &bw), (4, &yw), (5, &sw), (6, x_f32), (7, &ww), (8, &w_scales), (9, x_half), (10, x_half_scales), (11, &gw), (12, &yw), (13, &y_scales)]);
             } else if matrix.is_some() {
-                dispatch(gpu, sink, launch, &[(1, x_f32), (2, &ww), (3, &bw), (4, &yw), (5, &sw), (8, &w_scales), (9, x_half), (10, x_half_scales), (11, &gw)]);
+                dispatch(gpu, sink, launch, &[(1, x_f32), (2, &ww), (3, &bw), (4, &yw), (5, &sw), (8, &w_scales), (9, x_half), (10, x_half_scales), (11, &gw), (12, &yw), (13, &y_scales)]);
             } else if lanes.is_some() {
                 dispatch(gpu, sink, launch, &[(3, &bw), (4, &yw), (6, &xw), (7, &ww), (11, &gw)]);
             } else {

@@ -33,7 +33,8 @@ struct Params {
     up_row: u32,
     // X_PIECE's: x's scales from one row to the next.
     x_scales_stride: u32,
-    _pad1: u32, _pad2: u32,
+    // Y_HALF's: where y's piece scales start, and from one row to the next.
+    y_scales: u32, y_scales_stride: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;

@@ -122,10 +122,42 @@ fn pairs_columns() -> bool {
     return SWIGLU;
 }
 
+// silu(gate)·up: the element-wise SwiGLU's arithmetic on the sums it
+// would have read back (linear_io.wgsl's swiglu_out).
+fn paired_value(gate_sum: f32, up_sum: f32) -> f32 {
+    return silu(gate_sum) * up_sum;
+}
+
 // y[r, c] = silu(gate)·up, inside the matrix only.
-fn block_pair_out(r: u32, c: u32, gate_sum: f32, up_sum: f32) {
+fn block_pair_out(r: u32, c: u32, value: f32) {
     if (r < p.m && c < p.n) {
-        swiglu_out(r, c, gate_sum, up_sum);
+        y[p.y_offset + r * p.y_stride + c] = value;
+    }
+}
+
+// The SwiGLU's outputs as the next product's f16 operand (`Y_HALF`): f16
+// pairs at binding 12 (y's offset and stride counting f16 values, both
+// even), each row's block of BN / 2 outputs one piece under its own range
+// scale, the scales at binding 13 from p.y_scales, p.y_scales_stride from
+// one row to the next (matrix_gemm.wgsl's `pieces_out`).
+override Y_HALF: bool = false;
+@group(0) @binding(12) var<storage, read_write> y_half: array<u32>;
+@group(0) @binding(13) var<storage, read_write> y_half_scales: array<f32>;
+
+fn pieces_out() -> bool {
+    return Y_HALF;
+}
+
+// Outputs c and c + 1 of row r as one word, inside the matrix only (n even).
+fn block_half_pair_out(r: u32, c: u32, word: u32) {
+    if (r < p.m && c < p.n) {
+        y_half[(p.y_offset + r * p.y_stride + c) / 2u] = word;
+    }
+}
+
+fn block_piece_scale_out(r: u32, piece: u32, scale: f32) {
+    if (r < p.m) {
+        y_half_scales[p.y_scales + r * p.y_scales_stride + piece] = scale;
     }
 }
 

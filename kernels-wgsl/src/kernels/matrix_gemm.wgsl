@@ -35,7 +35,12 @@
 // scales above and `block_value_out(r, c, value)`, which writes C[r, c] (r, c
 // absolute) if inside the matrix; `pairs_columns()` says whether a block's
 // two subgroup columns are instead the two sums of the same BN / 2 outputs
-// (the linear's SwiGLU), which `block_pair_out(r, c, gate, up)` writes. Accumulators are declared once, outside
+// (the linear's SwiGLU), whose value `paired_value(gate, up)` is and which
+// `block_pair_out(r, c, value)` writes; where `pieces_out()` it writes them
+// as f16 instead, under one range scale per block row (the block's BN / 2
+// outputs being one piece of a row), through `block_half_pair_out(r, c,
+// word)` (c even) and `block_piece_scale_out(r, piece, scale)`, in two passes
+// over the tiles: magnitudes, then values. Accumulators are declared once, outside
 // every loop: a cooperative-matrix `var` declared inside a loop is zeroed only
 // once.
 
@@ -55,6 +60,10 @@ var<workgroup> a_tiles: array<Operand, 2u * BM * LD>;
 var<workgroup> b_tiles: array<Operand, 2u * BN * LD>;
 // One T×T tile per subgroup on its way out.
 var<workgroup> c_tiles: array<f32, SUBGROUPS * T * T>;
+// Where the pairs go out as f16 in pieces (`pieces_out()`): each block row's
+// largest output magnitude, as the bits of a non-negative f32 (which order
+// as their u32s do).
+var<workgroup> piece_largest: array<atomic<u32>, BM>;
 // The block's row scales (the module's may be a search over pieces: asked
 // once a row), and the inverses of its row and column scales (powers of two).
 var<workgroup> row_scale: array<f32, BM>;
@@ -66,11 +75,61 @@ fn b_inverse(col: u32) -> f32 {
     return 1.0 / b_scale(col);
 }
 
+// Output i of the left subgroup's tile at block row r and column c (of
+// the gate's columns) from the gate's and the up's sums, scaled back.
+fn pair_value(sg: u32, i: u32, r: u32, c: u32, col0: u32) -> f32 {
+    let gate_sum = c_tiles[sg * T * T + i] * row_scale[r] * b_scale(col0 + c);
+    let up_sum = c_tiles[(sg + 1u) * T * T + i] * row_scale[r] * b_scale(col0 + c + R * T);
+    return paired_value(gate_sum, up_sum);
+}
+
+// The first of the two passes over the tiles where the pairs go out in
+// f16 pieces: each output's magnitude into its row's largest.
+fn tile_measure(lane: u32, lanes: u32, sg: u32, ti: u32, tj: u32, col0: u32) {
+    if (sg % SG_COLS != 0u) {
+        return;
+    }
+    let r0 = (sg / SG_COLS) * R * T + ti * T;
+    let c0 = tj * T;
+    for (var i = lane; i < T * T; i += lanes) {
+        let r = r0 + i / T;
+        atomicMax(&piece_largest[r], bitcast<u32>(abs(pair_value(sg, i, r, c0 + i % T, col0))));
+    }
+}
+
+// The range rule's exponent for block row r's piece (range_rule.wgsl; kept
+// ≥ −126 so that its scale is a normal f32, as half_pack.wgsl keeps it).
+fn piece_exponent(r: u32) -> i32 {
+    return max(range_exponent(bitcast<f32>(atomicLoad(&piece_largest[r]))), -126);
+}
+
+// The second pass: the subgroup's tile as f16 pairs under their rows' piece
+// exponents, two neighbouring outputs a word.
+fn tile_half_out(lane: u32, lanes: u32, sg: u32, ti: u32, tj: u32, row0: u32, col0: u32) {
+    if (sg % SG_COLS != 0u) {
+        return;
+    }
+    let r0 = (sg / SG_COLS) * R * T + ti * T;
+    let c0 = tj * T;
+    for (var i = lane; i < T * T / 2u; i += lanes) {
+        let r = r0 + i / (T / 2u);
+        let c = c0 + 2u * (i % (T / 2u));
+        let e = i / (T / 2u) * T + 2u * (i % (T / 2u));
+        let exponent = -piece_exponent(r);
+        let pair = vec2<f32>(ldexp(pair_value(sg, e, r, c, col0), exponent), ldexp(pair_value(sg, e + 1u, r, c + 1u, col0), exponent));
+        block_half_pair_out(row0 + r, col0 / 2u + c, pack2x16float(pair));
+    }
+}
+
 // The subgroup's tile (ti, tj), as its slice of c_tiles holds it, scaled back
 // and written out by the subgroup's own invocations.
 fn tile_out(lane: u32, lanes: u32, sg: u32, ti: u32, tj: u32, row0: u32, col0: u32) {
     let r0 = (sg / SG_COLS) * R * T + ti * T;
     let c0 = (sg % SG_COLS) * R * T + tj * T;
+    if (pairs_columns() && pieces_out()) {
+        tile_half_out(lane, lanes, sg, ti, tj, row0, col0);
+        return;
+    }
     if (pairs_columns()) {
         // The left subgroup column's tile is the gate's, its right
         // neighbour's (the same tile of the up's rows) the up's: the left
@@ -81,9 +140,7 @@ fn tile_out(lane: u32, lanes: u32, sg: u32, ti: u32, tj: u32, row0: u32, col0: u
         for (var i = lane; i < T * T; i += lanes) {
             let r = r0 + i / T;
             let c = c0 + i % T;
-            let gate_sum = c_tiles[sg * T * T + i] * row_scale[r] * b_scale(col0 + c);
-            let up_sum = c_tiles[(sg + 1u) * T * T + i] * row_scale[r] * b_scale(col0 + c + R * T);
-            block_pair_out(row0 + r, col0 / 2u + c, gate_sum, up_sum);
+            block_pair_out(row0 + r, col0 / 2u + c, pair_value(sg, i, r, c, col0));
         }
         return;
     }
@@ -113,6 +170,7 @@ fn matrix_gemm(li: u32, sg: u32, lane: u32, lanes: u32, row0: u32, col0: u32, k:
         let scale = a_scale(row0 + i);
         row_scale[i] = scale;
         row_inverse[i] = 1.0 / scale;
+        atomicStore(&piece_largest[i], 0u);
     }
     for (var i = li; i < BN; i += WG) {
         col_inverse[i] = b_inverse(col0 + i);
@@ -185,6 +243,28 @@ fn matrix_gemm(li: u32, sg: u32, lane: u32, lanes: u32, row0: u32, col0: u32, k:
     }
     // Each subgroup stores its tiles one at a time through its own slice.
     let c = &c_tiles[sg * T * T];
+    if (pairs_columns() && pieces_out()) {
+        // Every output's magnitude first, for its row's piece scale.
+        coopStoreT(acc00, c, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 0u, 0u, col0); workgroupBarrier();
+        coopStoreT(acc01, c, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 0u, 1u, col0); workgroupBarrier();
+        coopStoreT(acc02, c, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 0u, 2u, col0); workgroupBarrier();
+        coopStoreT(acc03, c, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 0u, 3u, col0); workgroupBarrier();
+        coopStoreT(acc10, c, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 1u, 0u, col0); workgroupBarrier();
+        coopStoreT(acc11, c, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 1u, 1u, col0); workgroupBarrier();
+        coopStoreT(acc12, c, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 1u, 2u, col0); workgroupBarrier();
+        coopStoreT(acc13, c, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 1u, 3u, col0); workgroupBarrier();
+        coopStoreT(acc20, c, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 2u, 0u, col0); workgroupBarrier();
+        coopStoreT(acc21, c, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 2u, 1u, col0); workgroupBarrier();
+        coopStoreT(acc22, c, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 2u, 2u, col0); workgroupBarrier();
+        coopStoreT(acc23, c, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 2u, 3u, col0); workgroupBarrier();
+        coopStoreT(acc30, c, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 3u, 0u, col0); workgroupBarrier();
+        coopStoreT(acc31, c, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 3u, 1u, col0); workgroupBarrier();
+        coopStoreT(acc32, c, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 3u, 2u, col0); workgroupBarrier();
+        coopStoreT(acc33, c, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 3u, 3u, col0); workgroupBarrier();
+        for (var r = li; r < BM; r += WG) {
+            block_piece_scale_out(row0 + r, col0 / BN, ldexp(1.0, piece_exponent(r)));
+        }
+    }
     coopStoreT(acc00, c, T); workgroupBarrier(); tile_out(lane, lanes, sg, 0u, 0u, row0, col0); workgroupBarrier();
     coopStoreT(acc01, c, T); workgroupBarrier(); tile_out(lane, lanes, sg, 0u, 1u, row0, col0); workgroupBarrier();
     coopStoreT(acc02, c, T); workgroupBarrier(); tile_out(lane, lanes, sg, 0u, 2u, row0, col0); workgroupBarrier();
