@@ -9,7 +9,7 @@ use crate::dispatch::{dispatch, grid64, placeholder_window, row_chunks, to_u32, 
 use crate::error::GpuError;
 use crate::precision::{MatrixConfig, MatrixOperands};
 use crate::kernels::linear::{measure_rows, RangeScalesParams};
-use crate::view::{HeadRows, Mat};
+use crate::view::{HalfMat, HeadRows, Mat};
 use bytemuck::{Pod, Zeroable};
 
 /// `attention.wgsl`.
@@ -41,7 +41,9 @@ pub struct AttentionParams {
     /// Where the keys' and values' range scales start (half-K/V kernels).
     pub k_scale_offset: u32,
     pub v_scale_offset: u32,
-    pub _pad: [u32; 2],
+    /// Where the f16 output's piece scales start, and from one query to the next.
+    pub o_scale_offset: u32,
+    pub o_scale_stride: u32,
 }
 
 pub const ATTENTION: Kernel = kernel(
@@ -54,7 +56,15 @@ pub const ATTENTION: Kernel = kernel(
 );
 /// The matrix tier's attention (`attention_matrix.wgsl`), one module per
 /// tile size; its workgroup is one subgroup, set by the `WG` override.
-pub const ATTENTION_MATRIX_8: Kernel = Kernel { module: Module::AttentionMatrix8, entry: "attention_matrix", workgroup_size: [0, 1, 1], ..ATTENTION };
+/// Bindings 12 and 13 take its f16 output in pieces and their scales
+/// ([`attention_into_half`]).
+pub const ATTENTION_MATRIX_8: Kernel = Kernel {
+    module: Module::AttentionMatrix8,
+    entry: "attention_matrix",
+    workgroup_size: [0, 1, 1],
+    storage: &[(1, RW), (2, RW), (3, RW), (4, R), (5, RW), (6, RW), (12, RW), (13, RW)],
+    ..ATTENTION
+};
 pub const ATTENTION_MATRIX_16: Kernel = Kernel { module: Module::AttentionMatrix16, ..ATTENTION_MATRIX_8 };
 pub const ATTENTION_MATRIX_8_F32: Kernel = Kernel { module: Module::AttentionMatrix8F32, ..ATTENTION_MATRIX_8 };
 /// The widest head the matrix tier's attention takes; wider ones run `attention.wgsl`.
@@ -257,7 +267,28 @@ pub fn attention(
     s: Attention,
 ) -> Result<(), GpuError> {
     let kernel = AttentionKernel::pick(gpu, &s, &qkv, false);
-    attention_with(gpu, sink, kernel, qkv, None, key_keep, o, lse, s)
+    attention_with(gpu, sink, kernel, qkv, None, key_keep, Out::F32(o), lse, s)
+}
+
+/// [`attention`] (no mask, no log-sum-exp) writing `o` as the next
+/// product's operand: f16 rows in pieces ([`HalfMat::pieces`]), each piece
+/// of a query's row divided by its range scale (the range rule's rounding of
+/// [`attention`]'s f32 output, not written). On the matrix tier's attention
+/// with f16 operands, its pieces within a head.
+pub fn attention_into_half(gpu: &Gpu, sink: &mut dyn Sink, qkv: Qkv<'_>, o: HalfMat<'_>, s: Attention) -> Result<(), GpuError> {
+    let matrix = gpu.matrix().filter(|c| c.operands == MatrixOperands::F16 && s.head_dim <= ATTENTION_MATRIX_MAX_HEAD_DIM);
+    let piece = o.piece.unwrap_or(0);
+    let (Some(c), true) = (matrix, piece > 0 && piece.is_multiple_of(2) && s.head_dim.is_multiple_of(piece) && !s.causal) else {
+        return Err(GpuError::UnsupportedShape(format!("attention into f16 pieces of {piece} needs the matrix tier's f16 operands and heads of whole pieces (head dim {})", s.head_dim)));
+    };
+    attention_with(gpu, sink, AttentionKernel::Matrix(c), qkv, None, None, Out::Half(o), None, s)
+}
+
+/// Where attention writes: f32 rows, or f16 rows in pieces.
+#[derive(Clone, Copy)]
+enum Out<'a> {
+    F32(Mat<'a>),
+    Half(HalfMat<'a>),
 }
 
 /// [`attention`] over keys and values in the half-K/V layout (`qkv.k` and
@@ -267,7 +298,7 @@ pub fn attention_half_kv(gpu: &Gpu, sink: &mut dyn Sink, qkv: Qkv<'_>, scales: H
         return Err(GpuError::UnsupportedShape(format!("half-precision keys and values with head dim {} (even, non-causal)", s.head_dim)));
     }
     let kernel = AttentionKernel::pick(gpu, &s, &qkv, true);
-    attention_with(gpu, sink, kernel, qkv, Some(scales), None, o, None, s)
+    attention_with(gpu, sink, kernel, qkv, Some(scales), None, Out::F32(o), None, s)
 }
 
 /// The `[tokens, heads, head_dim]` f32 rows of `src` into the
@@ -315,11 +346,17 @@ fn attention_with(
     qkv: Qkv<'_>,
     half: Option<HalfKvScales<'_>>,
     key_keep: Option<&wgpu::Buffer>,
-    o: Mat<'_>,
+    out: Out<'_>,
     lse: Option<Mat<'_>>,
     s: Attention,
 ) -> Result<(), GpuError> {
     let Qkv { q, k: kmat, v } = qkv;
+    // f16 output: words of two values, the kernel's offset and stride counting values.
+    let (o, o_half) = match out {
+        Out::F32(o) => (o, None),
+        Out::Half(h) => (h.data, Some(h)),
+    };
+    let o_per_word = if o_half.is_some() { 2 } else { 1 };
     if s.head_dim > ATTENTION_MAX_HEAD_DIM as u64 || s.kv_heads == 0 || !s.q_heads.is_multiple_of(s.kv_heads) {
         return Err(GpuError::UnsupportedShape(format!(
             "attention with {} query heads, {} kv heads, head dim {} (max {})",
@@ -354,13 +391,18 @@ fn attention_with(
         None => placeholder_window(gpu)?,
     };
     let q_rows = Rows::mat(q, s.q_heads * s.head_dim, "attention queries");
-    let o_rows = Rows::mat(o, s.q_heads * s.head_dim, "attention output");
+    let o_rows = Rows::mat(o, s.q_heads * s.head_dim / o_per_word, "attention output");
+    let o_scale_rows = o_half.map(|h| Rows::mat(h.scales, s.q_heads * s.head_dim / h.piece.unwrap_or(1), "attention output scales"));
     let lse_rows = lse.map(|l| Rows { buf: l.buf, elem_bytes: 4, offset: l.offset, stride: s.q_heads, width: s.q_heads, what: "attention log-sum-exp" });
     let per_group = kernel.queries_per_group();
-    let operands: Vec<Rows<'_>> = [q_rows, o_rows].into_iter().chain(lse_rows).collect();
+    let operands: Vec<Rows<'_>> = [q_rows, o_rows].into_iter().chain(lse_rows).chain(o_scale_rows).collect();
     for rows in row_chunks(gpu, s.q_len, &operands, per_group)? {
         let qw = q_rows.window(gpu, &rows)?;
         let ow = o_rows.window(gpu, &rows)?;
+        let osw = match &o_scale_rows {
+            Some(r) => Some(r.window(gpu, &rows)?),
+            None => None,
+        };
         // Without a log-sum-exp output the binding takes the output's window, unwritten.
         let lw = match &lse_rows {
             Some(l) => l.window(gpu, &rows)?,
@@ -378,8 +420,8 @@ fn attention_with(
             k_stride: to_u32(kmat.stride * per_word, "attention k stride")?,
             v_offset: vw.local * per_word as u32,
             v_stride: to_u32(v.stride * per_word, "attention v stride")?,
-            o_offset: ow.local,
-            o_stride: to_u32(o.stride, "attention o stride")?,
+            o_offset: ow.local * o_per_word as u32,
+            o_stride: to_u32(o.stride * o_per_word, "attention o stride")?,
             scale: s.scale,
             causal: s.causal as u32,
             use_mask: key_keep.is_some() as u32,
@@ -389,7 +431,8 @@ fn attention_with(
             write_lse: lse_rows.is_some() as u32,
             k_scale_offset: scale_offsets.0,
             v_scale_offset: scale_offsets.1,
-            _pad: [0; 2],
+            o_scale_offset: osw.as_ref().map_or(0, |w| w.local),
+            o_scale_stride: to_u32(o_half.map_or(0, |h| h.scales.stride), "attention output scales' stride")?,
         };
         let grid = [to_u32((rows.end - rows.start).div_ceil(per_group), "attention query blocks")?, s.q_heads as u32, 1];
         let bindings = [(1, &qw), (2, &kw), (3, &vw), (4, &mw), (5, &ow), (6, &lw)];
@@ -417,8 +460,11 @@ fn attention_with(
             }
             AttentionKernel::Matrix(c) => {
                 let kernel = c.pick([&ATTENTION_MATRIX_8, &ATTENTION_MATRIX_16, &ATTENTION_MATRIX_8_F32]);
-                let launch = Launch { kernel, constants: &[("WG", c.subgroup)], params, grid };
-                dispatch(gpu, sink, launch, &bindings);
+                let piece = o_half.and_then(|h| h.piece).unwrap_or(64);
+                let constants = [("WG", c.subgroup), ("O_HALF", o_half.is_some() as u32), ("O_PIECE", to_u32(piece, "attention output piece")?)];
+                let launch = Launch { kernel, constants: &constants, params, grid };
+                // Without f16 output, bindings 12 and 13 take the output's window, unwritten.
+                dispatch(gpu, sink, launch, &[&bindings[..], &[(12, &ow), (13, osw.as_ref().unwrap_or(&ow))]].concat());
             }
             AttentionKernel::Flash(c) => {
                 let kernel = if c.size == 16 { &ATTENTION_FLASH_16 } else { &ATTENTION_FLASH_8 };

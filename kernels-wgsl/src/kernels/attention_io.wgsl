@@ -12,7 +12,10 @@ struct Params {
     o_offset: u32, o_stride: u32,
     scale: f32, causal: u32, use_mask: u32, mask_offset: u32,
     q_position: u32, lse_offset: u32, write_lse: u32,
-    k_scale_offset: u32, v_scale_offset: u32, _pad0: u32, _pad1: u32,
+    k_scale_offset: u32, v_scale_offset: u32,
+    // The matrix kernel's f16 output in pieces: where its scales start, and
+    // from one query to the next.
+    o_scale_offset: u32, o_scale_stride: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;

@@ -16,6 +16,17 @@
 override WG: u32 = 8u;
 const MAX_DIM: u32 = 128u;
 
+// The output as the next product's operand (`O_HALF`): f16 pairs at binding
+// 12 (o's offset and stride counting f16 values), each query's row in
+// pieces of O_PIECE values (a head's dims whole pieces) under their own
+// range scales, at binding 13 from p.o_scale_offset, p.o_scale_stride
+// from one query to the next: the range rule's rounding of the f32 output
+// (kept ≥ 2⁻¹²⁶ as half_pack.wgsl keeps it), without its write and read.
+override O_HALF: bool = false;
+override O_PIECE: u32 = 64u;
+@group(0) @binding(12) var<storage, read_write> o_half: array<u32>;
+@group(0) @binding(13) var<storage, read_write> o_scales: array<f32>;
+
 var<workgroup> a_tile: array<Operand, T * T>;
 var<workgroup> b_tile: array<Operand, T * T>;
 // The scores, then the tile's probabilities (f32, row-major).
@@ -171,7 +182,30 @@ fn attention_matrix(@builtin(local_invocation_index) li: u32, @builtin(workgroup
             workgroupBarrier();
         }
     }
-    for (var i = li; i < T * MAX_DIM; i += WG) {
+    if (O_HALF) {
+        // One (query, piece) an invocation: its largest magnitude, then its values.
+        let pieces = p.head_dim / O_PIECE;
+        for (var i = li; i < T * pieces; i += WG) {
+            let r = i / pieces;
+            let d0 = (i % pieces) * O_PIECE;
+            let qi = q0 + r;
+            if (qi < p.q_len) {
+                let l = row_sum[r];
+                let inverse = select(0.0, 1.0 / l, l > 0.0);
+                var largest = 0.0;
+                for (var d = d0; d < d0 + O_PIECE; d++) {
+                    largest = max(largest, abs(o_acc[r * MAX_DIM + d] * inverse));
+                }
+                let e = max(range_exponent(largest), -126);
+                for (var d = d0; d < d0 + O_PIECE; d += 2u) {
+                    let pair = vec2<f32>(ldexp(o_acc[r * MAX_DIM + d] * inverse, -e), ldexp(o_acc[r * MAX_DIM + d + 1u] * inverse, -e));
+                    o_half[(p.o_offset + qi * p.o_stride + h * p.head_dim + d) / 2u] = pack2x16float(pair);
+                }
+                o_scales[p.o_scale_offset + qi * p.o_scale_stride + (h * p.head_dim + d0) / O_PIECE] = ldexp(1.0, e);
+            }
+        }
+    }
+    for (var i = li; !O_HALF && i < T * MAX_DIM; i += WG) {
         let r = i / MAX_DIM;
         let d = i % MAX_DIM;
         let qi = q0 + r;

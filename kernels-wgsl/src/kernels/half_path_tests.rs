@@ -6,6 +6,7 @@
 //! rounds them, and the product over the f32 values those rows stand for.
 
 use crate::kernels::linear::tests::with_element_fetch;
+use crate::kernels::attention::{attention, attention_into_half, Attention, Qkv};
 use crate::kernels::linear::{linear, linear_from, linear_swiglu, linear_swiglu_half, swiglu_writes_pieces, Gemm, Input};
 use crate::kernels::norm::{layer_norm_modulate, layer_norm_modulate_half, LaterModulation, Modulation, RowNorm};
 use crate::testing::*;
@@ -202,6 +203,49 @@ fn swiglu_into_half_pieces_writes_the_f32_values_as_the_range_rule_rounds_each_p
     check_swiglu_into_half_pieces(&gpu, [70, 3 * piece / 2 + 2, 96], piece);
     check_swiglu_into_half_pieces(&gpu, [128, 2 * piece, 128], piece);
     with_element_fetch(|| check_swiglu_into_half_pieces(&gpu, [70, 3 * piece / 2 + 2, 96], piece));
+}
+
+/// Attention into f16 pieces and into f32 rows on the matrix tier: the
+/// pieces are the f32 output's values, each piece of a query's row divided
+/// by its range scale and rounded to f16; the output a column window of a
+/// wider tensor, its scales a row 1 apart more than its pieces.
+fn check_attention_into_half_pieces(gpu: &Gpu, [len, heads, head_dim]: [usize; 3], piece: usize) {
+    let width = heads * head_dim;
+    let mut rng = Rng::new((len * 3 + heads * 11 + head_dim) as u64);
+    let (q, k) = (rng.normals(len * width, 1.0), rng.normals(len * width, 1.0));
+    let mut v = rng.normals(len * width, 1.0);
+    // A head's values far larger in its first dims: pieces of one row far apart in range.
+    for row in v.chunks_mut(width) {
+        row[..head_dim / 2].iter_mut().for_each(|x| *x *= 4e3);
+    }
+    let (qb, kb, vb) = (gpu.upload_f32("q", &q), gpu.upload_f32("k", &k), gpu.upload_f32("v", &v));
+    let qkv = Qkv { q: Mat::new(&qb, width as u64), k: Mat::new(&kb, width as u64), v: Mat::new(&vb, width as u64) };
+    let s = Attention { q_len: len as u64, kv_len: len as u64, q_heads: heads as u64, kv_heads: heads as u64, head_dim: head_dim as u64, scale: (1.0 / (head_dim as f64).sqrt()) as f32, causal: false };
+    let ob = poisoned(gpu, len * width);
+    let o = run_and_read(gpu, &ob, len * width, |enc| attention(gpu, enc, qkv, None, Mat::new(&ob, width as u64), None, s));
+    let pieces = width / piece;
+    let (words_at, word_stride, scales_stride) = (4usize, width / 2 + 2, pieces + 1);
+    let scales_at = words_at + len * word_stride;
+    let total = scales_at + len * scales_stride;
+    let out = poisoned(gpu, total);
+    let dst = HalfMat::pieces(Mat { buf: &out, offset: words_at as u64, stride: word_stride as u64 }, Mat { buf: &out, offset: scales_at as u64, stride: scales_stride as u64 }, piece as u64);
+    let all = run_and_read(gpu, &out, total, |enc| attention_into_half(gpu, enc, qkv, dst, s));
+    let (want_words, want_scales) = pack_rows(&o, len * pieces, piece);
+    for row in 0..len {
+        let first = words_at + row * word_stride;
+        let got: Vec<u32> = all[first..first + width / 2].iter().map(|v| v.to_bits()).collect();
+        assert_eq!(got, want_words[row * width / 2..(row + 1) * width / 2], "query {row}: f16 values");
+        let got_scales = &all[scales_at + row * scales_stride..scales_at + row * scales_stride + pieces];
+        assert_eq!(got_scales, &want_scales[row * pieces..(row + 1) * pieces], "query {row}: scales");
+    }
+}
+
+#[test]
+fn attention_into_half_pieces_writes_the_f32_output_as_the_range_rule_rounds_each_piece() {
+    let Some(gpu) = matrix_gpu() else { return };
+    check_attention_into_half_pieces(&gpu, [37, 2, 128], 64);
+    check_attention_into_half_pieces(&gpu, [20, 3, 64], 64);
+    check_attention_into_half_pieces(&gpu, [9, 4, 16], 16);
 }
 
 #[test]
