@@ -83,9 +83,10 @@ impl MatrixConfig {
 
     /// Workgroup memory of the matrix linear (matrix_gemm.wgsl): two k steps
     /// of the block's rows of A and columns of B (8T rows of 2T + 8 operands
-    /// each), a T×T f32 tile per subgroup (4), and the block's 16T inverse
-    /// scales: 46080 bytes with 16×16 f16 tiles, 13824 with 8×8 f16 ones,
-    /// 26112 with 8×8 f32 ones.
+    /// each), a T×T f32 tile per subgroup (4), the block's 8T row scales and
+    /// 16T inverse scales, and its rows' largest magnitudes in up to 4
+    /// pieces (8T × 4, for f16 output in pieces): 48640 bytes with 16×16 f16
+    /// tiles, 15104 with 8×8 f16 ones, 27392 with 8×8 f32 ones.
     pub fn linear_workgroup_bytes(&self) -> u32 {
         let t = self.size;
         let operand = match self.operands {
@@ -93,7 +94,7 @@ impl MatrixConfig {
             MatrixOperands::F32 => 4,
         };
         let staged = 2 * 2 * (8 * t) * (2 * t + 8) * operand;
-        staged + 4 * t * t * 4 + 16 * t * 4
+        staged + 4 * t * t * 4 + 24 * t * 4 + 8 * t * 4 * 4
     }
 
     /// Whether the matrix linear's invocations can each hold their share of

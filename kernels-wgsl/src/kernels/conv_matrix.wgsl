@@ -113,7 +113,11 @@ fn block_pair_out(r: u32, c: u32, value: f32) {}
 
 fn block_half_pair_out(r: u32, c: u32, word: u32) {}
 
-fn block_piece_scale_out(r: u32, piece: u32, scale: f32) {}
+fn out_piece() -> u32 {
+    return 1u;
+}
+
+fn block_piece_scale_out(r: u32, c: u32, scale: f32) {}
 
 @compute @workgroup_size(WG)
 fn conv2d_matrix(

@@ -197,12 +197,16 @@ fn check_swiglu_into_half_pieces(gpu: &Gpu, [m, n, k]: [usize; 3], piece: usize)
 fn swiglu_into_half_pieces_writes_the_f32_values_as_the_range_rule_rounds_each_piece() {
     let Some(gpu) = matrix_gpu() else { return };
     let config = gpu.matrix().expect("the matrix tier");
-    let piece = config.size as usize * 4;
-    assert!(swiglu_writes_pieces(&gpu, piece as u64), "{config:?} writes pieces of {piece}");
-    // Ragged rows and a ragged last piece; whole blocks.
-    check_swiglu_into_half_pieces(&gpu, [70, 3 * piece / 2 + 2, 96], piece);
-    check_swiglu_into_half_pieces(&gpu, [128, 2 * piece, 128], piece);
-    with_element_fetch(|| check_swiglu_into_half_pieces(&gpu, [70, 3 * piece / 2 + 2, 96], piece));
+    let block = config.size as usize * 4;
+    // A block's outputs in one, two and four pieces; a piece that is not whole in a block refused.
+    for piece in [block, block / 2, block / 4] {
+        assert!(swiglu_writes_pieces(&gpu, piece as u64), "{config:?} writes pieces of {piece}");
+        // Ragged rows and a ragged last piece; whole blocks.
+        check_swiglu_into_half_pieces(&gpu, [70, 3 * piece / 2 + 2, 96], piece);
+        check_swiglu_into_half_pieces(&gpu, [128, 2 * block, 128], piece);
+    }
+    with_element_fetch(|| check_swiglu_into_half_pieces(&gpu, [70, 3 * block / 2 + 2, 96], block));
+    assert!(!swiglu_writes_pieces(&gpu, (block / 8) as u64) && !swiglu_writes_pieces(&gpu, (3 * block / 4) as u64));
 }
 
 /// Attention into f16 pieces and into f32 rows on the matrix tier: the

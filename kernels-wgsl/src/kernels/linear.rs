@@ -172,8 +172,9 @@ pub fn linear_swiglu(gpu: &Gpu, sink: &mut dyn Sink, x: Input<'_>, w: Weight<'_>
 /// row's outputs in pieces of `piece` values, each piece divided by its
 /// range scale as the next product's operand (the range rule's rounding of
 /// [`linear_swiglu`]'s f32 values), without the f32 values' write and read.
-/// On the matrix tier with f16 operands only, where a workgroup's block holds
-/// one piece of each row (`piece` = 4 × the tile size), the outputs even.
+/// On the matrix tier with f16 operands only, where a workgroup's block of
+/// outputs (4 tiles wide) holds whole pieces, at most 4 ([`swiglu_writes_pieces`]),
+/// the outputs even.
 pub fn linear_swiglu_half(gpu: &Gpu, sink: &mut dyn Sink, x: Input<'_>, w: Weight<'_>, y: HalfMat<'_>, s: Gemm) -> Result<(), GpuError> {
     let Some(piece) = y.piece else {
         return Err(GpuError::UnsupportedShape("a SwiGLU product's f16 rows come in pieces".into()));
@@ -185,9 +186,11 @@ pub fn linear_swiglu_half(gpu: &Gpu, sink: &mut dyn Sink, x: Input<'_>, w: Weigh
 }
 
 /// Whether [`linear_swiglu_half`] writes pieces of `piece` values on `gpu`:
-/// f16 matrix operands whose block's outputs (4 tiles wide) are one piece.
+/// f16 matrix operands whose block's outputs (4 tiles wide) are 1, 2 or 4
+/// whole pieces (matrix_gemm.wgsl's MAX_BLOCK_PIECES) of an even width.
 pub fn swiglu_writes_pieces(gpu: &Gpu, piece: u64) -> bool {
-    gpu.matrix().is_some_and(|c| c.operands == MatrixOperands::F16 && c.size as u64 * MATRIX_BLOCK_TILES / 2 == piece)
+    let fits = |block: u64| piece > 0 && piece.is_multiple_of(2) && block.is_multiple_of(piece) && block / piece <= 4;
+    gpu.matrix().is_some_and(|c| c.operands == MatrixOperands::F16 && fits(c.size as u64 * MATRIX_BLOCK_TILES / 2))
 }
 
 /// Whether [`linear_swiglu`] can run over `w` on `gpu`: its `2n` rows in one
@@ -227,9 +230,9 @@ fn product(gpu: &Gpu, sink: &mut dyn Sink, input: Input<'_>, w: Weight<'_>, bias
     let accumulate = matches!(out, Out::Accumulate);
     let swiglu = matches!(out, Out::SwiGlu | Out::SwiGluHalf { .. });
     // y's f16 words and their scales' rows (a scale a piece).
-    let half_out = match out {
-        Out::SwiGluHalf { scales, piece } => Some(Rows::mat(scales, s.n.div_ceil(piece), "linear output scales")),
-        _ => None,
+    let (half_out, out_piece) = match out {
+        Out::SwiGluHalf { scales, piece } => (Some(Rows::mat(scales, s.n.div_ceil(piece), "linear output scales")), Some(piece)),
+        _ => (None, None),
     };
     let out_per_word = if half_out.is_some() { 2 } else { 1 };
     let gate = match out {
@@ -326,6 +329,7 @@ fn product(gpu: &Gpu, sink: &mut dyn Sink, input: Input<'_>, w: Weight<'_>, bias
                         ("X_HALF", half.is_some() as u32),
                         ("X_PIECE", to_u32(piece.unwrap_or(0), "linear input piece")?),
                         ("Y_HALF", half_out.is_some() as u32),
+                        ("Y_PIECE", to_u32(out_piece.unwrap_or(64), "linear output piece")?),
                     ];
                     let kernel = match matrix_vec4s(c, [x_at, x_stride], &ww, w.dtype, terms(gpu, kdim)) {
                         true => *c.pick([&LINEAR_MATRIX_8_VEC4, &LINEAR_MATRIX_16_VEC4, &LINEAR_MATRIX_8_F32_VEC4]),

@@ -137,10 +137,12 @@ fn block_pair_out(r: u32, c: u32, value: f32) {
 
 // The SwiGLU's outputs as the next product's f16 operand (`Y_HALF`): f16
 // pairs at binding 12 (y's offset and stride counting f16 values, both
-// even), each row's block of BN / 2 outputs one piece under its own range
-// scale, the scales at binding 13 from p.y_scales, p.y_scales_stride from
-// one row to the next (matrix_gemm.wgsl's `pieces_out`).
+// even), each row in pieces of Y_PIECE outputs (whole pieces in a block's
+// BN / 2) under their own range scales, the scales at binding 13 from
+// p.y_scales, p.y_scales_stride from one row to the next
+// (matrix_gemm.wgsl's `pieces_out`).
 override Y_HALF: bool = false;
+override Y_PIECE: u32 = 64u;
 @group(0) @binding(12) var<storage, read_write> y_half: array<u32>;
 @group(0) @binding(13) var<storage, read_write> y_half_scales: array<f32>;
 
@@ -155,9 +157,14 @@ fn block_half_pair_out(r: u32, c: u32, word: u32) {
     }
 }
 
-fn block_piece_scale_out(r: u32, piece: u32, scale: f32) {
-    if (r < p.m) {
-        y_half_scales[p.y_scales + r * p.y_scales_stride + piece] = scale;
+fn out_piece() -> u32 {
+    return Y_PIECE;
+}
+
+// The scale of the piece from output c of row r, inside the matrix only.
+fn block_piece_scale_out(r: u32, c: u32, scale: f32) {
+    if (r < p.m && c < p.n) {
+        y_half_scales[p.y_scales + r * p.y_scales_stride + c / Y_PIECE] = scale;
     }
 }
 

@@ -37,10 +37,11 @@
 // two subgroup columns are instead the two sums of the same BN / 2 outputs
 // (the linear's SwiGLU), whose value `paired_value(gate, up)` is and which
 // `block_pair_out(r, c, value)` writes; where `pieces_out()` it writes them
-// as f16 instead, under one range scale per block row (the block's BN / 2
-// outputs being one piece of a row), through `block_half_pair_out(r, c,
-// word)` (c even) and `block_piece_scale_out(r, piece, scale)`, in two passes
-// over the tiles: magnitudes, then values. Accumulators are declared once, outside
+// as f16 instead, under a range scale for every `out_piece()` outputs of a
+// row (whole pieces in the block's BN / 2 outputs, at most
+// MAX_BLOCK_PIECES), through `block_half_pair_out(r, c, word)` (c even) and
+// `block_piece_scale_out(r, c, scale)` (c a piece's first output), in two
+// passes over the tiles: magnitudes, then values. Accumulators are declared once, outside
 // every loop: a cooperative-matrix `var` declared inside a loop is zeroed only
 // once.
 
@@ -60,10 +61,12 @@ var<workgroup> a_tiles: array<Operand, 2u * BM * LD>;
 var<workgroup> b_tiles: array<Operand, 2u * BN * LD>;
 // One T×T tile per subgroup on its way out.
 var<workgroup> c_tiles: array<f32, SUBGROUPS * T * T>;
-// Where the pairs go out as f16 in pieces (`pieces_out()`): each block row's
-// largest output magnitude, as the bits of a non-negative f32 (which order
-// as their u32s do).
-var<workgroup> piece_largest: array<atomic<u32>, BM>;
+// Where the pairs go out as f16 in pieces (`pieces_out()`): the largest
+// output magnitude of each block row's pieces (at most MAX_BLOCK_PIECES of
+// the module's `out_piece()` columns in a block's R·T outputs), as the bits
+// of a non-negative f32 (which order as their u32s do).
+const MAX_BLOCK_PIECES: u32 = 4u;
+var<workgroup> piece_largest: array<atomic<u32>, BM * MAX_BLOCK_PIECES>;
 // The block's row scales (the module's may be a search over pieces: asked
 // once a row), and the inverses of its row and column scales (powers of two).
 var<workgroup> row_scale: array<f32, BM>;
@@ -93,14 +96,16 @@ fn tile_measure(lane: u32, lanes: u32, sg: u32, ti: u32, tj: u32, col0: u32) {
     let c0 = tj * T;
     for (var i = lane; i < T * T; i += lanes) {
         let r = r0 + i / T;
-        atomicMax(&piece_largest[r], bitcast<u32>(abs(pair_value(sg, i, r, c0 + i % T, col0))));
+        let c = c0 + i % T;
+        atomicMax(&piece_largest[r * MAX_BLOCK_PIECES + c / out_piece()], bitcast<u32>(abs(pair_value(sg, i, r, c, col0))));
     }
 }
 
-// The range rule's exponent for block row r's piece (range_rule.wgsl; kept
-// ≥ −126 so that its scale is a normal f32, as half_pack.wgsl keeps it).
-fn piece_exponent(r: u32) -> i32 {
-    return max(range_exponent(bitcast<f32>(atomicLoad(&piece_largest[r]))), -126);
+// The range rule's exponent for the piece of block row r holding output
+// column c (range_rule.wgsl; kept ≥ −126 so that its scale is a normal f32,
+// as half_pack.wgsl keeps it).
+fn piece_exponent(r: u32, c: u32) -> i32 {
+    return max(range_exponent(bitcast<f32>(atomicLoad(&piece_largest[r * MAX_BLOCK_PIECES + c / out_piece()]))), -126);
 }
 
 // The second pass: the subgroup's tile as f16 pairs under their rows' piece
@@ -115,7 +120,7 @@ fn tile_half_out(lane: u32, lanes: u32, sg: u32, ti: u32, tj: u32, row0: u32, co
         let r = r0 + i / (T / 2u);
         let c = c0 + 2u * (i % (T / 2u));
         let e = i / (T / 2u) * T + 2u * (i % (T / 2u));
-        let exponent = -piece_exponent(r);
+        let exponent = -piece_exponent(r, c);
         let pair = vec2<f32>(ldexp(pair_value(sg, e, r, c, col0), exponent), ldexp(pair_value(sg, e + 1u, r, c + 1u, col0), exponent));
         block_half_pair_out(row0 + r, col0 / 2u + c, pack2x16float(pair));
     }
@@ -170,6 +175,8 @@ fn matrix_gemm(li: u32, sg: u32, lane: u32, lanes: u32, row0: u32, col0: u32, k:
         let scale = a_scale(row0 + i);
         row_scale[i] = scale;
         row_inverse[i] = 1.0 / scale;
+    }
+    for (var i = li; i < BM * MAX_BLOCK_PIECES; i += WG) {
         atomicStore(&piece_largest[i], 0u);
     }
     for (var i = li; i < BN; i += WG) {
@@ -261,8 +268,10 @@ fn matrix_gemm(li: u32, sg: u32, lane: u32, lanes: u32, row0: u32, col0: u32, k:
         coopStoreT(acc31, c, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 3u, 1u, col0); workgroupBarrier();
         coopStoreT(acc32, c, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 3u, 2u, col0); workgroupBarrier();
         coopStoreT(acc33, c, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 3u, 3u, col0); workgroupBarrier();
-        for (var r = li; r < BM; r += WG) {
-            block_piece_scale_out(row0 + r, col0 / BN, ldexp(1.0, piece_exponent(r)));
+        let pieces = R * T / out_piece();
+        for (var i = li; i < BM * pieces; i += WG) {
+            let c = (i % pieces) * out_piece();
+            block_piece_scale_out(row0 + i / pieces, col0 / 2u + c, ldexp(1.0, piece_exponent(i / pieces, c)));
         }
     }
     coopStoreT(acc00, c, T); workgroupBarrier(); tile_out(lane, lanes, sg, 0u, 0u, row0, col0); workgroupBarrier();
