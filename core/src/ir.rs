@@ -53,28 +53,83 @@ impl Span {
 /// divided by its range scale (the power of two bringing its largest
 /// magnitude into [2¹³, 2¹⁴)), the scales f32 `[rows, 1]` at `scales`: the
 /// matrix tier's half-precision data path, the operands its products would
-/// round the f32 values to.
+/// round the f32 values to. With `piece`, each run of `piece` values of a
+/// row has its own scale (`scales` `[rows, w/piece]`), as producers that
+/// each hold part of a row write them (attention a head, a product's
+/// epilogue a block of columns); the product takes the largest of a row's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Operand {
     pub data: Span,
     pub scales: Option<Span>,
+    pub piece: Option<u64>,
 }
+
+/// The widest piece of a row with its own range scale ([`Operand::piece`]):
+/// the outputs of one block of the matrix tier's product with 16×16 tiles.
+pub const MAX_OPERAND_PIECE: u64 = 64;
+/// The narrowest: a block's outputs in at most four pieces.
+pub const MIN_OPERAND_PIECE: u64 = 16;
 
 impl Operand {
     /// f32 rows.
     pub fn f32(data: Span) -> Self {
-        Self { data, scales: None }
+        Self { data, scales: None, piece: None }
+    }
+
+    /// f16 rows (words at `data`) under one range scale a row.
+    pub fn half_rows(data: Span, scales: Span) -> Self {
+        Self { data, scales: Some(scales), piece: None }
+    }
+
+    /// f16 rows (words at `data`) under a range scale every `piece` values.
+    pub fn half_pieces(data: Span, scales: Span, piece: u64) -> Self {
+        Self { data, scales: Some(scales), piece: Some(piece) }
     }
 
     /// The rows starting `rows` rows further down.
     pub fn rows_from(self, rows: u64) -> Self {
-        Self { data: self.data.rows_from(rows), scales: self.scales.map(|s| s.rows_from(rows)) }
+        Self { data: self.data.rows_from(rows), scales: self.scales.map(|s| s.rows_from(rows)), ..self }
+    }
+
+    /// The columns from value `cols` on: of f32 rows, or of f16 rows in
+    /// pieces from a piece's first value.
+    pub fn cols_from(self, cols: u64) -> Self {
+        match (self.scales, self.piece) {
+            (None, _) => Self::f32(self.data.cols_from(cols)),
+            (Some(scales), Some(piece)) if cols.is_multiple_of(piece) => Self::half_pieces(self.data.cols_from(cols / 2), scales.cols_from(cols / piece), piece),
+            _ => panic!("columns from {cols} of f16 rows in pieces of {:?}: the layout puts column slices on whole pieces", self.piece),
+        }
     }
 
     /// Whether the rows are f16 under range scales.
     pub fn is_half(&self) -> bool {
         self.scales.is_some()
     }
+
+    /// The f32 rows, where the layout keeps this operand f32 (a chunked or
+    /// KV-cached pass, whose attention writes f32 rows).
+    pub fn f32_rows(&self) -> Span {
+        assert!(!self.is_half(), "an op that writes f32 rows given f16 ones: the layout keeps this pass's attention output f32");
+        self.data
+    }
+
+    /// Bytes of `rows` rows of `width` values: f32, or f16 with their scales.
+    pub fn bytes(&self, rows: u64, width: u64) -> u64 {
+        match (self.scales, self.piece) {
+            (None, _) => rows * width * F32,
+            (Some(_), None) => rows * (width * 2 + F32),
+            (Some(_), Some(piece)) => rows * (width * 2 + width.div_ceil(piece) * F32),
+        }
+    }
+}
+
+/// The width of the pieces a transformer of `head_dim`-wide heads and
+/// `widths` (its products' outputs) keeps its f16 operands in: the largest
+/// even divisor of the head dimension up to [`MAX_OPERAND_PIECE`] that
+/// divides every width, at least [`MIN_OPERAND_PIECE`]; `None` where there
+/// is none (those operands then stay f32).
+pub fn operand_piece(head_dim: u64, widths: &[u64]) -> Option<u64> {
+    (MIN_OPERAND_PIECE..=MAX_OPERAND_PIECE).rev().step_by(2).find(|p| head_dim.is_multiple_of(*p) && widths.iter().all(|w| w.is_multiple_of(*p)))
 }
 
 impl From<Span> for Operand {
@@ -87,8 +142,8 @@ impl From<Span> for Operand {
 /// (`cols` gate rows, then `cols` up rows) and its SwiGLU into `y`
 /// ([`Op::LinearSwiGlu`]).
 #[allow(clippy::too_many_arguments)] // the product's operands and its scratch
-pub(crate) fn linear_swiglu(x: impl Into<Operand>, w: TensorName, w_row: u64, y: Span, rows: u64, cols: u64, inner: u64, scratch: Span) -> Op {
-    Op::LinearSwiGlu { x: x.into(), w, w_row, y, rows, cols, inner, scratch }
+pub(crate) fn linear_swiglu(x: impl Into<Operand>, w: TensorName, w_row: u64, y: impl Into<Operand>, rows: u64, cols: u64, inner: u64, scratch: Span) -> Op {
+    Op::LinearSwiGlu { x: x.into(), w, w_row, y: y.into(), rows, cols, inner, scratch }
 }
 
 /// The shift and scale rows (broadcast) that a [`Op::LayerNormModulate`]'s
@@ -125,8 +180,10 @@ pub enum Op {
     /// rows) and its SwiGLU in one product, the SwiGLU in the epilogue.
     /// `scratch` `[rows, 2·cols]` is where the two products go first when
     /// the epilogue cannot take them (an adapter adding to them, weights
-    /// expanded in pieces): the product there, then an [`Op::SwiGlu`] into `y`.
-    LinearSwiGlu { x: Operand, w: TensorName, w_row: u64, y: Span, rows: u64, cols: u64, inner: u64, scratch: Span },
+    /// expanded in pieces): the product there, then an [`Op::SwiGlu`] into `y`
+    /// (into the scratch and an [`Op::HalfPack`] into `y` where `y` is f16
+    /// rows in pieces).
+    LinearSwiGlu { x: Operand, w: TensorName, w_row: u64, y: Operand, rows: u64, cols: u64, inner: u64, scratch: Span },
     /// Per-head RMSNorm with weight, in place.
     RmsNormHeads { data: Span, w: TensorName, tokens: u64, heads: u64, head_dim: u64, eps: f32 },
     /// `dst = LN(src)·(1 + scale) + shift` (no affine), shift/scale broadcast
@@ -139,8 +196,9 @@ pub enum Op {
     RmsNormRope { data: Span, w: TensorName, table_row: u64, tokens: u64, heads: u64, head_dim: u64, eps: f32 },
     /// Interleaved-pair RoPE in place; token `t` uses table row `table_row + t`.
     RopeInterleaved { data: Span, table_row: u64, tokens: u64, heads: u64, head_dim: u64 },
-    /// Non-causal attention, `scale = 1/√head_dim`.
-    Attention { q: Span, k: Span, v: Span, o: Span, len: u64, heads: u64, head_dim: u64 },
+    /// Non-causal attention, `scale = 1/√head_dim`; `o` f32 rows, or the
+    /// output projection's f16 rows in pieces within a head.
+    Attention { q: Span, k: Span, v: Span, o: Operand, len: u64, heads: u64, head_dim: u64 },
     /// Non-causal attention of `q_len` query rows over `kv_len` key rows, `scale = 1/√head_dim`.
     CrossAttention { q: Span, k: Span, v: Span, o: Span, q_len: u64, kv_len: u64, heads: u64, head_dim: u64 },
     /// `CrossAttention` over keys and values in the half-K/V layout: `k`
@@ -152,7 +210,8 @@ pub enum Op {
     /// each (token, head) row divided by its range scale (the power of two
     /// that brings its largest magnitude into [2¹³, 2¹⁴)) and rounded to
     /// f16, two a word, into `dst` `[tokens, heads·head_dim/2]`; the scales
-    /// into `scales` `[tokens, heads]`.
+    /// into `scales` `[tokens, heads]` (`scales.stride` apart from token to
+    /// token: also a product's operand in pieces of `head_dim`).
     HalfPack { src: Span, dst: Span, scales: Span, tokens: u64, heads: u64, head_dim: u64 },
     /// Non-causal attention of `q_len` queries over `kv_len` keys that also
     /// writes each row's log-sum-exp of scaled scores into `lse` `[q_len, heads]`,

@@ -166,9 +166,9 @@ fn project_into_stream(l: &TransformerLayout, x: Operand, w: TensorName, inner: 
 
 /// Attention over every row in `q`, `k`, `v` into `o`, as the pass has
 /// it: the cache's copies ([`kv_copies`]), then [`attend`] for every row.
-fn attention(l: &TransformerLayout, block: u64, [q, k, v, o]: [Span; 4], emit: &mut impl FnMut(Op)) {
+fn attention(l: &TransformerLayout, block: u64, [q, k, v]: [Span; 3], o: Operand, emit: &mut impl FnMut(Op)) {
     kv_copies(l, block, k, v, emit);
-    attend(l, [q, k, v, o], 0, l.active_rows(), emit);
+    attend(l, [q, k, v], o, 0, l.active_rows(), emit);
 }
 
 /// The KV pipeline's copies between the reference rows of `k`, `v` and
@@ -190,8 +190,10 @@ fn kv_copies(l: &TransformerLayout, block: u64, k: Span, v: Span, emit: &mut imp
 
 /// Attention of the query rows `first .. first + rows` (`q` and `o` start at
 /// row `first`) over the keys of every row: all rows over all rows;
-/// extracting, the reference rows over the reference rows only.
-fn attend(l: &TransformerLayout, [q, k, v, o]: [Span; 4], first: u64, rows: u64, emit: &mut impl FnMut(Op)) {
+/// extracting, the reference rows over the reference rows only. `o` is f16
+/// rows in pieces only where the layout has pieces: laid out whole, without
+/// the KV cache, where one [`Op::Attention`] takes every row.
+fn attend(l: &TransformerLayout, [q, k, v]: [Span; 3], o: Operand, first: u64, rows: u64, emit: &mut impl FnMut(Op)) {
     let (heads, hd) = (l.heads, l.head_dim);
     let (all, own) = (l.text + l.image, l.text + l.noise);
     // `q_len` queries over the `kv_len` keys from row `kv_first`, f32 or half.
@@ -204,7 +206,9 @@ fn attend(l: &TransformerLayout, [q, k, v, o]: [Span; 4], first: u64, rows: u64,
     };
     match l.kv_pass() {
         None if first == 0 && rows == all && l.kv_scales.is_none() => emit(Op::Attention { q, k, v, o, len: all, heads, head_dim: hd }),
+        _ if o.is_half() => unreachable!("the layout keeps a chunked or cached pass's attention output f32"),
         Some(KvPass::Extract) => {
+            let o = o.f32_rows();
             let end = first + rows;
             if first < own {
                 cross(q, o, end.min(own) - first, 0, all);
@@ -214,7 +218,7 @@ fn attend(l: &TransformerLayout, [q, k, v, o]: [Span; 4], first: u64, rows: u64,
                 cross(q.rows_from(start - first), o.rows_from(start - first), end - start, own, all - own);
             }
         }
-        _ => cross(q, o, rows, 0, all),
+        _ => cross(q, o.f32_rows(), rows, 0, all),
     }
 }
 
@@ -225,7 +229,7 @@ fn attend(l: &TransformerLayout, [q, k, v, o]: [Span; 4], first: u64, rows: u64,
 fn key_value_targets(l: &TransformerLayout, first: u64) -> [Span; 2] {
     match l.kv_scales {
         None => [l.k.rows_from(first), l.v.rows_from(first)],
-        Some(_) => [l.q, l.attn],
+        Some(_) => [l.q, l.attn.f32_rows()],
     }
 }
 
@@ -237,7 +241,7 @@ fn keep_keys_values(l: &TransformerLayout, first: u64, n: u64, emit: &mut impl F
     let (heads, head_dim) = (l.heads, l.head_dim);
     emit(Op::RopeInterleaved { data: l.q, table_row: first, tokens: n, heads, head_dim });
     emit(Op::HalfPack { src: l.q, dst: l.k.rows_from(first), scales: ks.rows_from(first), tokens: n, heads, head_dim });
-    emit(Op::HalfPack { src: l.attn, dst: l.v.rows_from(first), scales: vs.rows_from(first), tokens: n, heads, head_dim });
+    emit(Op::HalfPack { src: l.attn.f32_rows(), dst: l.v.rows_from(first), scales: vs.rows_from(first), tokens: n, heads, head_dim });
 }
 
 /// RoPE on every row's f32 keys, once all are projected (the half-K/V
@@ -323,7 +327,7 @@ pub fn double_block(l: &TransformerLayout, b: usize, mut emit: impl FnMut(Op)) {
                 modulate(l, (g, n, g), s.modulation, [0, 1], &mut emit);
                 emit(linear(l.normed, attn_w(s.q), l.q, n, d, d));
                 emit(Op::RmsNormRope { data: l.q, w: attn_w(s.q_norm), table_row: g, tokens: n, heads, head_dim: hd, eps: l.eps });
-                attend(l, [l.q, l.k, l.v, l.attn], g, n, &mut emit);
+                attend(l, [l.q, l.k, l.v], l.attn, g, n, &mut emit);
                 project_into_stream(l, l.attn.into(), attn_w(s.out), d, (g, n, g), s.modulation, 2, &mut emit);
                 modulate(l, (g, n, g), s.modulation, [3, 4], &mut emit);
                 feed_forward(s, (g, n, g), &mut emit);
@@ -343,7 +347,7 @@ pub fn double_block(l: &TransformerLayout, b: usize, mut emit: impl FnMut(Op)) {
             emit(Op::RmsNormRope { data: rows(dst), w: attn_w(norm), table_row: s.first_row, tokens: s.rows, heads, head_dim: hd, eps: l.eps });
         }
     }
-    attention(l, b as u64, [l.q, l.k, l.v, l.attn], &mut emit);
+    attention(l, b as u64, [l.q, l.k, l.v], l.attn, &mut emit);
     for s in [&txt, &img] {
         project_into_stream(l, l.attn.rows_from(s.first_row).into(), attn_w(s.out), d, (s.first_row, s.rows, 0), s.modulation, 2, &mut emit);
     }
@@ -386,7 +390,7 @@ pub fn single_block(l: &TransformerLayout, b: usize, mut emit: impl FnMut(Op)) {
             modulate(l, (r0, n, r0), m, [0, 1], &mut emit);
             emit(part(l.normed, 0, l.q, n, d));
             emit(Op::RmsNormRope { data: l.q, w: w("norm_q"), table_row: r0, tokens: n, heads, head_dim: hd, eps: l.eps });
-            attend(l, [l.q, l.k, l.v, l.joined], r0, n, &mut emit);
+            attend(l, [l.q, l.k, l.v], l.joined, r0, n, &mut emit);
             emit(linear_swiglu(l.normed, w("to_qkv_mlp_proj"), 3 * d, l.joined.cols_from(d), n, f, d, l.fused));
             project_into_stream(l, l.joined.into(), w("to_out"), d + f, (r0, n, r0), m, 2, &mut emit);
         }
@@ -399,7 +403,7 @@ pub fn single_block(l: &TransformerLayout, b: usize, mut emit: impl FnMut(Op)) {
     let (q, k, v) = (l.fused, l.fused.cols_from(d), l.fused.cols_from(2 * d));
     emit(Op::RmsNormRope { data: q, w: w("norm_q"), table_row: 0, tokens: rows, heads, head_dim: hd, eps: l.eps });
     emit(Op::RmsNormRope { data: k, w: w("norm_k"), table_row: 0, tokens: rows, heads, head_dim: hd, eps: l.eps });
-    attention(l, block, [q, k, v, l.joined], &mut emit);
+    attention(l, block, [q, k, v], l.joined, &mut emit);
     project_into_stream(l, l.joined.into(), w("to_out"), d + f, (0, rows, 0), m, 2, &mut emit);
 }
 

@@ -76,20 +76,25 @@ fn the_kv_cache_is_counted_in_the_denoise_arena() {
 }
 
 /// On a device whose products take f16 inputs (the matrix tier), the
-/// transformer's normalised rows are f16 pairs with a scale a row: its
-/// arena shrinks by half those rows less their scales, and so does the
+/// transformer's products' inputs are f16 pairs with their scales: the
+/// normalised rows with a scale a row, the attention output and the single
+/// blocks' `[attention ; mlp]` with a scale every 64 values (klein's pieces).
+/// The arena shrinks by half those rows less their scales, and so does the
 /// smallest budget of a whole 1024² run.
 #[test]
-fn half_products_inputs_shrink_the_denoise_arena_by_half_the_normalised_rows() {
+fn half_products_inputs_shrink_the_denoise_arena_by_half_the_products_inputs() {
     let model = Model::klein_4b(false);
     let f32 = model.input(1024, None);
     let half = PlanInput { limits: DeviceLimits { half_operands: true, ..LIMITS }, ..f32 };
     let (a, b) = (plan(&f32).unwrap(), plan(&half).unwrap());
     let rows = 512 + 4096;
-    let dim = model.transformer.inner_dim() as u64;
-    // The normalised rows: f32 `[rows, D]`, or f16 `[rows, D/2]` words and `[rows, 1]` scales, each 256-byte aligned.
-    let saved = rows * dim * 4 - rows * dim * 2 - (rows * 4).div_ceil(256) * 256;
-    assert!(a.denoise.arena_bytes - b.denoise.arena_bytes == saved, "{} → {}, expected {saved} less", a.denoise.arena_bytes, b.denoise.arena_bytes);
+    let (dim, mlp) = (model.transformer.inner_dim() as u64, model.transformer.mlp_hidden_dim() as u64);
+    // f32 `[rows, width]`, or f16 `[rows, width/2]` words and `scales` f32 a row, each 256-byte aligned.
+    let saved = |width: u64, scales: u64| rows * width * 4 - rows * width * 2 - (rows * scales * 4).div_ceil(256) * 256;
+    // The normalised rows, the attention output, and `[attention ; mlp]`
+    // (the single blocks' scratch, larger than the double blocks' feed-forward it shares bytes with).
+    let expected = saved(dim, 1) + saved(dim, dim / 64) + saved(dim + mlp, (dim + mlp) / 64);
+    assert!(a.denoise.arena_bytes - b.denoise.arena_bytes == expected, "{} → {}, expected {expected} less", a.denoise.arena_bytes, b.denoise.arena_bytes);
     assert!(minimum_budget(&half).unwrap() < minimum_budget(&f32).unwrap());
 }
 

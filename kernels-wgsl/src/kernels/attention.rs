@@ -142,6 +142,8 @@ pub struct HalfPackParams {
     pub dst_offset: u32,
     pub dst_stride: u32,
     pub scale_offset: u32,
+    pub scale_stride: u32,
+    pub _pad: [u32; 3],
 }
 
 /// f32 rows into the half-K/V layout, one invocation a (token, head) row.
@@ -305,10 +307,11 @@ pub fn attention_half_kv(gpu: &Gpu, sink: &mut dyn Sink, qkv: Qkv<'_>, scales: H
 /// half-K/V layout: `dst` `[rows, heads·head_dim / 2]` words of f16 pairs,
 /// each (row, head) divided by its range scale (the power of two bringing
 /// its largest magnitude into [2¹³, 2¹⁴)), the scales into `scales`
-/// `[rows, heads]` (stride `heads`).
+/// `[rows, heads]` (a row's `scales.stride` ≥ `heads` apart: also a
+/// product's operand in pieces of `head_dim`, [`HalfMat::pieces`]).
 pub fn half_pack(gpu: &Gpu, sink: &mut dyn Sink, src: Mat<'_>, dst: Mat<'_>, scales: Mat<'_>, shape: HeadRows) -> Result<(), GpuError> {
     let HeadRows { tokens: rows, heads, head_dim } = shape;
-    if !head_dim.is_multiple_of(2) || scales.stride != heads {
+    if !head_dim.is_multiple_of(2) || scales.stride < heads {
         return Err(GpuError::UnsupportedShape(format!("half-precision rows of {heads} heads of {head_dim} (even) with scales {} a row", scales.stride)));
     }
     if rows == 0 {
@@ -330,6 +333,8 @@ pub fn half_pack(gpu: &Gpu, sink: &mut dyn Sink, src: Mat<'_>, dst: Mat<'_>, sca
             dst_offset: dw.local,
             dst_stride: to_u32(dst.stride, "half pack output stride")?,
             scale_offset: cw.local,
+            scale_stride: to_u32(scales.stride, "half pack scales' stride")?,
+            _pad: [0; 3],
         };
         let launch = Launch { kernel: &HALF_PACK, constants: &[], params, grid: grid64(n * heads) };
         dispatch(gpu, sink, launch, &[(1, &sw), (2, &dw), (3, &cw)]);

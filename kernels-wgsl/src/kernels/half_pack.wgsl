@@ -3,14 +3,15 @@
 // divided by its range scale (range_rule.wgsl: the power of two that brings
 // its largest magnitude into [2¹³, 2¹⁴), so no value overflows f16 and
 // small rows keep f16's precision), rounded to f16 two a word, and its
-// scale stored as f32. One invocation a row: a row is a few hundred bytes,
+// scale stored as f32 (a token's scales p.scale_stride apart). One invocation a row: a row is a few hundred bytes,
 // and a CPU adapter runs invocations side by side in its SIMD lanes.
 
 struct Params {
     rows: u32, heads: u32, head_dim: u32,
     src_offset: u32, src_stride: u32,
     dst_offset: u32, dst_stride: u32,
-    scale_offset: u32,
+    scale_offset: u32, scale_stride: u32,
+    _pad0: u32, _pad1: u32, _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -39,5 +40,5 @@ fn half_pack(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id
         let pair = vec2<f32>(ldexp(src[s0 + 2u * i], -e), ldexp(src[s0 + 2u * i + 1u], -e));
         dst[d0 + i] = pack2x16float(pair);
     }
-    scales[p.scale_offset + row] = ldexp(1.0, e);
+    scales[p.scale_offset + token * p.scale_stride + head] = ldexp(1.0, e);
 }

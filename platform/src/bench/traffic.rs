@@ -125,11 +125,13 @@ impl DataPath {
         DataPath { activation: 4, weight: 2, scale: 4, matrix: is_matrix(tier) }
     }
 
-    /// Bytes of `width` values of a row of `x`, and of its scale where it has one.
+    /// Bytes of `width` values of a row of `x`, and of its scales where it
+    /// has them (one a row, or one a piece).
     fn row_bytes(&self, x: &Operand, width: u64) -> u64 {
-        match x.scales {
-            Some(_) => width * 2 + self.scale,
-            None => width * self.activation,
+        match (x.scales, x.piece) {
+            (Some(_), Some(piece)) => width * 2 + width.div_ceil(piece) * self.scale,
+            (Some(_), None) => width * 2 + self.scale,
+            (None, _) => width * self.activation,
         }
     }
 }
@@ -206,17 +208,21 @@ pub fn op_traffic(op: &Op, tier: Precision, m: &Machine) -> Traffic {
     match *op {
         Op::Linear { x, y, rows, cols, inner, ref bias, gate, .. } => {
             let out = if gate.is_some() { Out::Gated } else { Out::Set };
-            linear(m, p, (x, y), [rows, cols, inner], bias.is_some(), out)
+            linear(m, p, (x, y.into()), [rows, cols, inner], bias.is_some(), out)
         }
-        Op::LinearSwiGlu { x, y, rows, cols, inner, scratch, .. } => match swiglu_fits(m, p, cols, inner) {
+        Op::LinearSwiGlu { x, y, rows, cols, inner, scratch, .. } => match swiglu_fits(m, p, cols, inner) && (!y.is_half() || writes_pieces(m, y.piece)) {
             true => linear(m, p, (x, y), [rows, cols, inner], false, Out::SwiGlu),
-            // As the runner falls back: both products into the scratch, then the SwiGLU.
+            // As the runner falls back: both products into the scratch, then
+            // the SwiGLU (into the scratch and packed, for f16 pieces).
             false => {
-                let swiglu = Op::SwiGlu { gate: scratch, up: scratch.cols_from(cols), dst: y, rows, cols };
-                linear(m, p, (x, scratch), [rows, 2 * cols, inner], false, Out::Set) + op_traffic(&swiglu, tier, m)
+                let dst = if y.is_half() { scratch } else { y.data };
+                let swiglu = Op::SwiGlu { gate: scratch, up: scratch.cols_from(cols), dst, rows, cols };
+                let pack = y.scales.zip(y.piece).map(|(scales, piece)| Op::HalfPack { src: scratch, dst: y.data, scales, tokens: rows, heads: cols / piece, head_dim: piece });
+                let packed = pack.map_or(Traffic::default(), |op| op_traffic(&op, tier, m));
+                linear(m, p, (x, scratch.into()), [rows, 2 * cols, inner], false, Out::Set) + op_traffic(&swiglu, tier, m) + packed
             }
         },
-        Op::Attention { len, heads, head_dim, .. } => attention(m, p, [len, len, heads, heads, head_dim], AttentionIo::default()),
+        Op::Attention { len, heads, head_dim, o, .. } => attention(m, p, [len, len, heads, heads, head_dim], AttentionIo { o_pieces: o.piece, ..AttentionIo::default() }),
         Op::CrossAttention { q_len, kv_len, heads, head_dim, .. } => attention(m, p, [q_len, kv_len, heads, heads, head_dim], AttentionIo::default()),
         Op::PartialAttention { q_len, kv_len, heads, head_dim, .. } => {
             attention(m, p, [q_len, kv_len, heads, heads, head_dim], AttentionIo { lse: true, ..AttentionIo::default() })
@@ -247,9 +253,9 @@ pub fn op_traffic(op: &Op, tier: Precision, m: &Machine) -> Traffic {
             let w = heads * head_dim;
             by_rows(tokens, &[Rows::of(data, w, a), Rows::packed(head_dim, 4)], &|r| 2 * r * w * a + 2 * r * head_dim * 4)
         }
-        Op::HalfPack { src, tokens, heads, head_dim, .. } => {
+        Op::HalfPack { src, dst, scales, tokens, heads, head_dim } => {
             let w = heads * head_dim;
-            by_rows(tokens, &[Rows::of(src, w, a), Rows::packed(w / 2, 4), Rows::packed(heads, 4)], &|r| r * w * a + r * w * 2 + r * heads * 4)
+            by_rows(tokens, &[Rows::of(src, w, a), Rows::of(dst, w / 2, 4), Rows::of(scales, heads, 4)], &|r| r * w * a + r * w * 2 + r * heads * 4)
         }
         Op::SwiGlu { gate, up, dst, rows, cols } => {
             by_rows(rows, &[Rows::of(gate, cols, a), Rows::of(up, cols, a), Rows::of(dst, cols, a)], &|r| 3 * r * cols * a)
@@ -299,6 +305,14 @@ enum Out {
     SwiGlu,
 }
 
+/// Whether the matrix SwiGLU product's epilogue writes f16 rows in pieces
+/// of `piece` on machine `m`: its block's outputs (half a block's columns)
+/// 1, 2 or 4 whole pieces (the kernels' `swiglu_writes_pieces`).
+fn writes_pieces(m: &Machine, piece: Option<u64>) -> bool {
+    let block = m.product_block / 2;
+    piece.is_some_and(|p| p > 0 && block.is_multiple_of(p) && block / p <= 4)
+}
+
 /// Whether a SwiGLU product runs in one piece of W on machine `m` (else the
 /// runner takes the two products and the SwiGLU apart).
 fn swiglu_fits(m: &Machine, p: DataPath, cols: u64, inner: u64) -> bool {
@@ -311,7 +325,7 @@ fn swiglu_fits(m: &Machine, p: DataPath, cols: u64, inner: u64) -> bool {
 /// where the weights reached the device. A gated product (`Out::Gated`) reads
 /// and writes the stream it adds into, and reads its gate, in its epilogue;
 /// a SwiGLU product reads two rows of W an output, in one piece of W.
-fn linear(m: &Machine, p: DataPath, (x, y): (Operand, Span), [rows, cols, inner]: [u64; 3], bias: bool, out: Out) -> Traffic {
+fn linear(m: &Machine, p: DataPath, (x, y): (Operand, Operand), [rows, cols, inner]: [u64; 3], bias: bool, out: Out) -> Traffic {
     let cap = if p.matrix { RANGE_SCALES_ROWS } else { u64::MAX };
     // W's rows an output reads.
     let spans = if out == Out::SwiGlu { 2 } else { 1 };
@@ -319,19 +333,20 @@ fn linear(m: &Machine, p: DataPath, (x, y): (Operand, Span), [rows, cols, inner]
         Out::SwiGlu => cols,
         _ => rows_per_piece(m, cols, &[Rows::packed(inner, p.weight)], m.product_block).min(cap),
     };
-    let row_piece = rows_per_piece(m, rows, &[operand_rows(&x, inner, p), Rows::of(y, col_piece.min(cols), p.activation)], m.product_block).min(cap);
+    let row_piece = rows_per_piece(m, rows, &[operand_rows(&x, inner, p), operand_rows(&y, col_piece.min(cols), p)], m.product_block).min(cap);
     let mut total = Traffic::default();
     for r in pieces(rows, row_piece) {
         for c in pieces(cols, col_piece) {
-            let scales = if p.matrix { (r + spans * c) * p.scale } else { 0 };
+            // W's scales, and x's where measured first (f16 rows bring theirs).
+            let scales = if p.matrix { (!x.is_half() as u64 * r + spans * c) * p.scale } else { 0 };
             if p.matrix && !x.is_half() {
                 total += pass_on(m, r * inner * p.activation + r * p.scale, 0, false);
             }
-            // x's rows (with their scales where half, counted once below), W, bias, scales, y.
-            let x_bytes = r * p.row_bytes(&x, inner) - if x.is_half() { r * p.scale } else { 0 };
+            // x's rows (with their scales where half), W, bias, scales, y.
+            let x_bytes = r * p.row_bytes(&x, inner);
             let written = match out {
                 Out::Gated => 2 * r * c * p.activation + c * p.activation,
-                Out::Set | Out::SwiGlu => r * c * p.activation,
+                Out::Set | Out::SwiGlu => r * p.row_bytes(&y, c),
             };
             let bytes = x_bytes + spans * c * inner * p.weight + bias as u64 * c * p.weight + scales + written;
             total += pass_on(m, bytes, 2 * spans * r * c * inner, p.matrix);
@@ -356,6 +371,8 @@ struct AttentionIo {
     half_kv: bool,
     /// The key mask read.
     mask: bool,
+    /// The output written as f16 rows in pieces of this many values.
+    o_pieces: Option<u64>,
 }
 
 /// Attention of `q_len` queries over `kv_len` keys, in pieces of queries as
@@ -373,7 +390,11 @@ fn attention(m: &Machine, p: DataPath, [q_len, kv_len, q_heads, kv_heads, head_d
     let piece = rows_per_piece(m, q_len, &[q_rows, q_rows], 1);
     pieces(q_len, piece)
         .map(|r| {
-            let bytes = 2 * r * q_width * a + io.lse as u64 * r * q_heads * 4 + kv_bytes;
+            let written = match io.o_pieces {
+                Some(piece) => r * (q_width * 2 + q_width / piece * 4),
+                None => r * q_width * a,
+            };
+            let bytes = r * q_width * a + written + io.lse as u64 * r * q_heads * 4 + kv_bytes;
             pass_on(m, bytes, 4 * r * kv_len * q_heads * head_dim, matrix)
         })
         .sum()
@@ -516,7 +537,7 @@ mod tests {
     #[test]
     fn a_linear_on_the_matrix_tier_measures_its_input_first() {
         let x = Operand::f32(Span::new(0, 64));
-        let y = Span::new(0, 32);
+        let y = Span::new(0, 32).into();
         let f32 = linear(&H200, DataPath::of(Precision::F32), (x, y), [10, 32, 64], false, Out::Set);
         let matrix = linear(&H200, DataPath::of(Precision::Matrix), (x, y), [10, 32, 64], false, Out::Set);
         assert_eq!((f32.dispatches, matrix.dispatches), (1, 2));
@@ -528,8 +549,8 @@ mod tests {
 
     #[test]
     fn a_linear_over_half_rows_reads_them_and_their_scales_without_measuring() {
-        let x = Operand { data: Span::new(0, 32), scales: Some(Span::new(1000, 1)) };
-        let t = linear(&H200, DataPath::of(Precision::Matrix), (x, Span::new(0, 32)), [10, 32, 64], false, Out::Set);
+        let x = Operand::half_rows(Span::new(0, 32), Span::new(1000, 1));
+        let t = linear(&H200, DataPath::of(Precision::Matrix), (x, Span::new(0, 32).into()), [10, 32, 64], false, Out::Set);
         assert_eq!(t.dispatches, 1);
         // x in f16, W, x's and W's scales, y.
         assert_eq!(t.bytes, 10 * 64 * 2 + 32 * 64 * 2 + (10 + 32) * 4 + 10 * 32 * 4);
@@ -540,13 +561,13 @@ mod tests {
         // 1 MiB bindings: 2048 rows of 256 bf16 weights less the alignment's
         // worth, so 2047, rounded down to 1920 (whole 128-column blocks).
         let m = Machine { max_binding: 1 << 20, ..H200 };
-        let t = linear(&m, DataPath::of(Precision::F32), (Span::new(0, 256).into(), Span::new(0, 4096)), [8, 4096, 256], false, Out::Set);
+        let t = linear(&m, DataPath::of(Precision::F32), (Span::new(0, 256).into(), Span::new(0, 4096).into()), [8, 4096, 256], false, Out::Set);
         assert_eq!(t.dispatches, 3, "4096 columns in pieces of 1920");
     }
 
     #[test]
     fn a_swiglu_product_reads_both_halves_of_w_and_writes_its_outputs_once() {
-        let op = Op::LinearSwiGlu { x: Span::new(0, 64).into(), w: "w".try_into().unwrap(), w_row: 0, y: Span::new(0, 32), rows: 10, cols: 32, inner: 64, scratch: Span::new(0, 64) };
+        let op = Op::LinearSwiGlu { x: Span::new(0, 64).into(), w: "w".try_into().unwrap(), w_row: 0, y: Span::new(0, 32).into(), rows: 10, cols: 32, inner: 64, scratch: Span::new(0, 64) };
         let t = op_traffic(&op, Precision::F32, &H200);
         assert_eq!(t.dispatches, 1);
         assert_eq!(t.bytes, 10 * 64 * 4 + 2 * 32 * 64 * 2 + 10 * 32 * 4);

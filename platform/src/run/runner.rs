@@ -87,10 +87,15 @@ impl Runner {
 
     /// A product's input: f32 rows, or f16 rows and their range scales.
     fn input(&self, x: Operand) -> kernels::Input<'_> {
-        match x.scales {
-            Some(scales) => kernels::Input::Half(HalfMat { data: self.mat(x.data), scales: self.mat(scales) }),
+        match self.half(x) {
+            Some(h) => kernels::Input::Half(h),
             None => kernels::Input::F32(self.mat(x.data)),
         }
+    }
+
+    /// f16 rows and their range scales (one a row, or one a piece), where `x` is half.
+    fn half(&self, x: Operand) -> Option<HalfMat<'_>> {
+        x.scales.map(|scales| HalfMat { data: self.mat(x.data), scales: self.mat(scales), piece: x.piece })
     }
 
     /// Records one program step.
@@ -111,13 +116,30 @@ impl Runner {
                 if self.epilogue_takes(weights, w) {
                     let weight = weights.get(w)?.view().rows_from(*w_row, *inner);
                     if kernels::swiglu_fits(gpu, weight, s) {
-                        return kernels::linear_swiglu(gpu, sink, self.input(*x), weight, self.mat(*y), s);
+                        match (self.half(*y), y.piece) {
+                            (None, _) => return kernels::linear_swiglu(gpu, sink, self.input(*x), weight, self.mat(y.data), s),
+                            (Some(h), Some(piece)) if kernels::swiglu_writes_pieces(gpu, piece) => {
+                                return kernels::linear_swiglu_half(gpu, sink, self.input(*x), weight, h, s);
+                            }
+                            _ => {}
+                        }
                     }
                 }
-                // The two products and the adapter's into the scratch, then the SwiGLU.
+                // The two products and the adapter's into the scratch, then
+                // the SwiGLU: into y, or (y f16 rows in pieces) into the
+                // scratch's gate half and packed into y piece by piece.
                 let product = Op::Linear { x: *x, w: w.clone(), w_row: *w_row, bias: None, y: *scratch, rows: *rows, cols: 2 * cols, inner: *inner, gate: None };
                 self.record(gpu, sink, weights, &product)?;
-                kernels::elementwise(gpu, sink, Elementwise::SwiGlu, self.mat(*scratch), Some(self.mat(scratch.cols_from(*cols))), self.mat(*y), [*rows, *cols])
+                let (gate, up) = (self.mat(*scratch), Some(self.mat(scratch.cols_from(*cols))));
+                match (y.scales, y.piece) {
+                    (None, _) => kernels::elementwise(gpu, sink, Elementwise::SwiGlu, gate, up, self.mat(y.data), [*rows, *cols]),
+                    (Some(scales), Some(piece)) => {
+                        kernels::elementwise(gpu, sink, Elementwise::SwiGlu, gate, up, gate, [*rows, *cols])?;
+                        let pieces = kernels::HeadRows { tokens: *rows, heads: cols / piece, head_dim: piece };
+                        kernels::half_pack(gpu, sink, gate, self.mat(y.data), self.mat(scales), pieces)
+                    }
+                    (Some(_), None) => Err(GpuError::UnsupportedShape("a SwiGLU product into f16 rows under one scale a row".into())),
+                }
             }
             Op::RmsNormHeads { data, w, tokens, heads, head_dim, eps } => {
                 let s = RowNorm { tokens: *tokens, heads: *heads, d: *head_dim, eps: *eps };
@@ -141,7 +163,11 @@ impl Runner {
             Op::RopeInterleaved { data, table_row, tokens, heads, head_dim } => kernels::rope(gpu, sink, RopeStyle::Interleaved, self.mat(*data), kernels::RopeTables { cos: &self.rope_cos, sin: &self.rope_sin, first_row: *table_row }, kernels::HeadRows { tokens: *tokens, heads: *heads, head_dim: *head_dim }),
             Op::Attention { q, k, v, o, len, heads, head_dim } => {
                 let s = non_causal(*len, *len, *heads, *head_dim);
-                kernels::attention(gpu, sink, kernels::Qkv { q: self.mat(*q), k: self.mat(*k), v: self.mat(*v) }, None, self.mat(*o), None, s)
+                let qkv = kernels::Qkv { q: self.mat(*q), k: self.mat(*k), v: self.mat(*v) };
+                match self.half(*o) {
+                    Some(o) => kernels::attention_into_half(gpu, sink, qkv, o, s),
+                    None => kernels::attention(gpu, sink, qkv, None, self.mat(o.data), None, s),
+                }
             }
             Op::CrossAttention { q, k, v, o, q_len, kv_len, heads, head_dim } => {
                 let s = non_causal(*q_len, *kv_len, *heads, *head_dim);

@@ -5,7 +5,7 @@
 
 use crate::arena::{ArenaError, BumpArena};
 use crate::config::TransformerConfig;
-use crate::ir::{Operand, Span, ALIGN, F32};
+use crate::ir::{operand_piece, Operand, Span, ALIGN, F32};
 
 /// Token counts of one forward pass.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -99,18 +99,22 @@ pub struct TransformerLayout {
     /// The half-K/V layout's range scales of the keys and of the values,
     /// `[text + image, heads]` each.
     pub kv_scales: Option<[Span; 2]>,
-    pub attn: Span,
+    /// The attention output: f32, or with [`TransformerLayout::piece`] f16
+    /// rows in pieces (the output projection's operand, written by attention).
+    pub attn: Operand,
     /// A projection's output before its gated residual, `[text + image, D]` (`[chunk, D]` by chunks).
     pub proj: Span,
-    /// Feed-forward input projection `[min(max(text, image), chunk), 2F]` and activation `[.., F]`.
+    /// Feed-forward input projection `[min(max(text, image), chunk), 2F]` and
+    /// activation `[.., F]` (with [`TransformerLayout::piece`] f16 rows in
+    /// pieces, written by the SwiGLU product's epilogue).
     pub ff_in: Span,
-    pub ff_act: Span,
+    pub ff_act: Operand,
     /// Single block: fused projection `[text + image, 3D + 2F]` and
     /// `[attention ; mlp]` `[.., D + F]`; by chunks, the MLP half of the
     /// projection `[chunk, 2F]` and `[attention ; mlp]` `[chunk, D + F]`
     /// (q, k and v then in the double blocks' spans).
     pub fused: Span,
-    pub joined: Span,
+    pub joined: Operand,
     /// The velocity of the noise tokens, `[noise, out]`.
     pub velocity: Span,
     /// Token rows per pass of every per-token stage: `text + image` (one
@@ -118,6 +122,11 @@ pub struct TransformerLayout {
     pub chunk: u64,
     /// The reference KV cache and the pass these programs run, with the KV pipeline.
     pub kv: Option<KvCache>,
+    /// With [`Tokens::half_operands`] in a pass laid out whole without the KV
+    /// cache: the width of the pieces ([`operand_piece`]) in which attention
+    /// and the SwiGLU products write the output projections' inputs as f16
+    /// rows ([`Operand::half_pieces`]), each piece under its own range scale.
+    pub piece: Option<u64>,
 }
 
 /// Bytes of the KV pipeline's cache of `references` reference tokens: every
@@ -188,20 +197,31 @@ impl TransformerLayout {
             let s = arena.alloc(r * width * F32, ALIGN)?;
             Ok(Span::new(s.offset / F32, width))
         };
+        let head_dim = cfg.attention_head_dim as u64;
+        let cached = tokens.kv_cache != KvMode::Off && tokens.references > 0;
+        let piece = (tokens.half_operands && !by_chunks && !cached).then(|| operand_piece(head_dim, &[dim, mlp])).flatten();
+        // An output projection's input: f16 words and a scale a piece, or f32.
+        let operand = |arena: &mut BumpArena, r: u64, width: u64| -> Result<Operand, ArenaError> {
+            Ok(match piece {
+                Some(p) => Operand::half_pieces(take(arena, r, width / 2)?, take(arena, r, width / p)?, p),
+                None => Operand::f32(take(arena, r, width)?),
+            })
+        };
         // The feed-forward scratch of double blocks and the projections of
         // single blocks are never live together: they share bytes.
         let scratch = arena.used();
         let ff_rows = text.max(image).min(chunk);
         let ff_in = take(arena, ff_rows, 2 * mlp)?;
-        let ff_act = take(arena, ff_rows, mlp)?;
+        let ff_act = operand(arena, ff_rows, mlp)?;
         let double_end = arena.used();
         arena.rewind(scratch);
         let (fused, joined) = if by_chunks {
-            (take(arena, chunk, 2 * mlp)?, take(arena, chunk, dim + mlp)?)
+            (take(arena, chunk, 2 * mlp)?, operand(arena, chunk, dim + mlp)?)
         } else {
-            (take(arena, rows, 3 * dim + 2 * mlp)?, take(arena, rows, dim + mlp)?)
+            (take(arena, rows, 3 * dim + 2 * mlp)?, operand(arena, rows, dim + mlp)?)
         };
         arena.reserve_to(double_end)?;
+        let attn = operand(arena, chunk.min(rows), dim)?;
         let mut take = |r: u64, width: u64| take(arena, r, width);
         // By chunks, the per-token scratch holds one chunk; keys, values and the stream stay whole.
         let scratch_rows = chunk.min(rows);
@@ -212,7 +232,7 @@ impl TransformerLayout {
             dim,
             mlp,
             heads: cfg.num_attention_heads as u64,
-            head_dim: cfg.attention_head_dim as u64,
+            head_dim,
             in_channels: cfg.in_channels as u64,
             out_channels: cfg.out_channels as u64,
             joint_dim: cfg.joint_attention_dim as u64,
@@ -232,14 +252,14 @@ impl TransformerLayout {
             stream: take(rows, dim)?,
             // f16 pairs on the half-precision path: half the words, and a scale a row.
             normed: match tokens.half_operands {
-                true => Operand { data: take(scratch_rows, dim / 2)?, scales: Some(take(scratch_rows, 1)?) },
+                true => Operand::half_rows(take(scratch_rows, dim / 2)?, take(scratch_rows, 1)?),
                 false => Operand::f32(take(scratch_rows, dim)?),
             },
             q: take(scratch_rows, dim)?,
             k: take(rows, kv_width)?,
             v: take(rows, kv_width)?,
             kv_scales: None,
-            attn: take(scratch_rows, dim)?,
+            attn,
             proj: take(scratch_rows, dim)?,
             ff_in,
             ff_act,
@@ -248,6 +268,7 @@ impl TransformerLayout {
             velocity: take(noise, cfg.out_channels as u64)?,
             chunk,
             kv: None,
+            piece,
         };
         if half_kv {
             let heads = cfg.num_attention_heads as u64;

@@ -42,7 +42,7 @@ fn layout_fits_the_4b_model_at_1024px() {
     let mut arena = BumpArena::new(u64::MAX / 2);
     let l = TransformerLayout::new(&cfg, 512, 4096, &mut arena).unwrap();
     assert_eq!(l.fused.stride, 3 * 3072 + 2 * 9216);
-    assert_eq!(l.joined.stride, 3072 + 9216);
+    assert_eq!(l.joined.data.stride, 3072 + 9216);
     assert!(l.velocity.offset * 4 + 4096 * 128 * 4 <= arena.used());
     // Double-block feed-forward scratch shares bytes with single-block projections.
     let (rows, d, f) = (4608u64, 3072u64, 9216u64);
