@@ -352,6 +352,8 @@ impl Module {
                     include_str!("kernels/common.wgsl"),
                     "\n",
                     include_str!("kernels/range_rule.wgsl"),
+                    "\n",
+                    include_str!("kernels/matrix_operand.wgsl"),
                     $("\n", include_str!(concat!("kernels/", $file))),+
                 )
             };

@@ -199,7 +199,7 @@ fn attention_matrix(@builtin(local_invocation_index) li: u32, @builtin(workgroup
                 let e = max(range_exponent(largest), -126);
                 for (var d = d0; d < d0 + O_PIECE; d += 2u) {
                     let pair = vec2<f32>(ldexp(o_acc[r * MAX_DIM + d] * inverse, -e), ldexp(o_acc[r * MAX_DIM + d + 1u] * inverse, -e));
-                    o_half[(p.o_offset + qi * p.o_stride + h * p.head_dim + d) / 2u] = pack2x16float(pair);
+                    o_half[(p.o_offset + qi * p.o_stride + h * p.head_dim + d) / 2u] = operand_pair(pair);
                 }
                 o_scales[p.o_scale_offset + qi * p.o_scale_stride + (h * p.head_dim + d0) / O_PIECE] = ldexp(1.0, e);
             }

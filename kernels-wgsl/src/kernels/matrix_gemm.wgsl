@@ -122,7 +122,7 @@ fn tile_half_out(lane: u32, lanes: u32, sg: u32, ti: u32, tj: u32, row0: u32, co
         let e = i / (T / 2u) * T + 2u * (i % (T / 2u));
         let exponent = -piece_exponent(r, c);
         let pair = vec2<f32>(ldexp(pair_value(sg, e, r, c, col0), exponent), ldexp(pair_value(sg, e + 1u, r, c + 1u, col0), exponent));
-        block_half_pair_out(row0 + r, col0 / 2u + c, pack2x16float(pair));
+        block_half_pair_out(row0 + r, col0 / 2u + c, operand_pair(pair));
     }
 }
 
