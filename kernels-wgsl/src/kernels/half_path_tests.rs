@@ -7,7 +7,7 @@
 
 use crate::kernels::linear::tests::with_element_fetch;
 use crate::kernels::attention::{attention, attention_into_half, Attention, Qkv};
-use crate::kernels::linear::{linear, linear_from, linear_swiglu, linear_swiglu_half, swiglu_writes_pieces, Gemm, Input};
+use crate::kernels::linear::{linear, linear_from, linear_into_half, linear_swiglu, linear_swiglu_half, product_writes_pieces, swiglu_writes_pieces, Gemm, Input};
 use crate::kernels::norm::{layer_norm_modulate, layer_norm_modulate_half, LaterModulation, Modulation, RowNorm};
 use crate::testing::*;
 use crate::view::{HalfMat, Mat, Weight};
@@ -191,6 +191,53 @@ fn check_swiglu_into_half_pieces(gpu: &Gpu, [m, n, k]: [usize; 3], piece: usize)
             assert_eq!(all[scales_at + row * scales_stride + p], want_scales[0], "row {row}, piece {p}: scale");
         }
     }
+}
+
+/// `x·Wᵀ` into f16 pieces and into f32 rows: the pieces are the f32 rows'
+/// values, each piece divided by its range scale and rounded to f16; the
+/// words in a wider tensor, the scales a row 2 apart more than its pieces.
+fn check_linear_into_half_pieces(gpu: &Gpu, [m, n, k]: [usize; 3], piece: usize) {
+    let mut rng = Rng::new((m * 29 + n * 3 + k) as u64);
+    let mut x = rng.normals(m * k, 1.0);
+    x[2 * k..3 * k].iter_mut().for_each(|v| *v *= 5e3);
+    // One piece's weight rows far larger than the others'.
+    let mut w = rng.bf16s(piece * k, 4.0);
+    w.extend(rng.bf16s((n - piece) * k, 0.05));
+    let (xb, wb) = (gpu.upload_f32("x", &x), gpu.upload_bf16("w", &w));
+    let s = Gemm { m: m as u64, n: n as u64, k: k as u64 };
+    let yb = poisoned(gpu, m * n);
+    let y = run_and_read(gpu, &yb, m * n, |enc| linear_from(gpu, enc, Input::F32(Mat::new(&xb, k as u64)), Weight::bf16(&wb), None, Mat::new(&yb, n as u64), s));
+    let pieces = n.div_ceil(piece);
+    let (words_at, word_stride, scales_stride) = (6usize, n / 2 + 1, pieces + 2);
+    let scales_at = words_at + m * word_stride;
+    let len = scales_at + m * scales_stride;
+    let out = poisoned(gpu, len);
+    let dst = HalfMat::pieces(Mat { buf: &out, offset: words_at as u64, stride: word_stride as u64 }, Mat { buf: &out, offset: scales_at as u64, stride: scales_stride as u64 }, piece as u64);
+    let all = run_and_read(gpu, &out, len, |enc| linear_into_half(gpu, enc, Input::F32(Mat::new(&xb, k as u64)), Weight::bf16(&wb), dst, s));
+    for row in 0..m {
+        for p in 0..pieces {
+            let cols = p * piece..((p + 1) * piece).min(n);
+            let (want_words, want_scales) = pack_rows(&y[row * n + cols.start..row * n + cols.end], 1, cols.len());
+            let first = words_at + row * word_stride + cols.start / 2;
+            let got: Vec<u32> = all[first..first + cols.len() / 2].iter().map(|v| v.to_bits()).collect();
+            assert_eq!(got, want_words, "row {row}, piece {p}: f16 values");
+            assert_eq!(all[scales_at + row * scales_stride + p], want_scales[0], "row {row}, piece {p}: scale");
+        }
+    }
+}
+
+#[test]
+fn linear_into_half_pieces_writes_the_f32_values_as_the_range_rule_rounds_each_piece() {
+    let Some(gpu) = matrix_gpu() else { return };
+    let block = gpu.matrix().expect("the matrix tier").size as usize * 8;
+    // A block's outputs in two and four pieces (one would be a piece wider than klein's heads' half).
+    for piece in [block / 2, block / 4] {
+        assert!(product_writes_pieces(&gpu, piece as u64, false));
+        check_linear_into_half_pieces(&gpu, [70, 3 * piece + 4, 96], piece);
+        check_linear_into_half_pieces(&gpu, [128, 2 * block, 64], piece);
+    }
+    with_element_fetch(|| check_linear_into_half_pieces(&gpu, [33, 3 * block / 2, 96], block / 2));
+    assert!(!product_writes_pieces(&gpu, (block / 8) as u64, false), "8 pieces a block");
 }
 
 #[test]

@@ -146,6 +146,8 @@ enum Out<'a> {
     SwiGlu,
     /// The same into f16 rows in pieces: `y` their words, these their scales.
     SwiGluHalf { scales: Mat<'a>, piece: u64 },
+    /// `y = value` as f16 rows in pieces: `y` their words, these their scales.
+    SetHalf { scales: Mat<'a>, piece: u64 },
 }
 
 /// `stream[m, n] += gate[n] ⊙ (x[m, k]·W[n, k]ᵀ (+ b[n]))`: a linear whose
@@ -176,21 +178,45 @@ pub fn linear_swiglu(gpu: &Gpu, sink: &mut dyn Sink, x: Input<'_>, w: Weight<'_>
 /// outputs (4 tiles wide) holds whole pieces, at most 4 ([`swiglu_writes_pieces`]),
 /// the outputs even.
 pub fn linear_swiglu_half(gpu: &Gpu, sink: &mut dyn Sink, x: Input<'_>, w: Weight<'_>, y: HalfMat<'_>, s: Gemm) -> Result<(), GpuError> {
-    let Some(piece) = y.piece else {
-        return Err(GpuError::UnsupportedShape("a SwiGLU product's f16 rows come in pieces".into()));
-    };
-    if !swiglu_writes_pieces(gpu, piece) || !s.n.is_multiple_of(2) {
-        return Err(GpuError::UnsupportedShape(format!("a SwiGLU product into f16 pieces of {piece} needs the matrix tier's f16 operands with a block of one piece, and even outputs ({})", s.n)));
-    }
+    let piece = half_out_piece(gpu, y, s, true)?;
     product(gpu, sink, x, w, None, y.data, s, Out::SwiGluHalf { scales: y.scales, piece })
 }
 
-/// Whether [`linear_swiglu_half`] writes pieces of `piece` values on `gpu`:
-/// f16 matrix operands whose block's outputs (4 tiles wide) are 1, 2 or 4
-/// whole pieces (matrix_gemm.wgsl's MAX_BLOCK_PIECES) of an even width.
+/// [`linear_from`] without bias into f16 rows in pieces
+/// ([`HalfMat::pieces`]): each piece of a row divided by its range scale
+/// (the range rule's rounding of [`linear_from`]'s f32 outputs, not
+/// written), as the queries', keys' and values' projections write them for
+/// the ops after. Where [`product_writes_pieces`].
+pub fn linear_into_half(gpu: &Gpu, sink: &mut dyn Sink, x: Input<'_>, w: Weight<'_>, y: HalfMat<'_>, s: Gemm) -> Result<(), GpuError> {
+    let piece = half_out_piece(gpu, y, s, false)?;
+    product(gpu, sink, x, w, None, y.data, s, Out::SetHalf { scales: y.scales, piece })
+}
+
+/// The piece of a product's f16 output in pieces, where `gpu` writes it.
+fn half_out_piece(gpu: &Gpu, y: HalfMat<'_>, s: Gemm, swiglu: bool) -> Result<u64, GpuError> {
+    match y.piece {
+        Some(piece) if product_writes_pieces(gpu, piece, swiglu) && s.n.is_multiple_of(2) => Ok(piece),
+        piece => Err(GpuError::UnsupportedShape(format!(
+            "a product into f16 pieces of {piece:?} needs the matrix tier's f16 operands with a block of whole pieces (at most 4), and even outputs ({})",
+            s.n
+        ))),
+    }
+}
+
+/// Whether [`linear_swiglu_half`] writes pieces of `piece` values on `gpu`
+/// ([`product_writes_pieces`] of a SwiGLU product).
 pub fn swiglu_writes_pieces(gpu: &Gpu, piece: u64) -> bool {
+    product_writes_pieces(gpu, piece, true)
+}
+
+/// Whether a matrix product writes its outputs as f16 rows in pieces of
+/// `piece` values on `gpu`: f16 matrix operands whose block's outputs (8
+/// tiles wide, 4 with SwiGLU's pairs) are 1, 2 or 4 whole pieces
+/// (matrix_gemm.wgsl's MAX_BLOCK_PIECES) of an even width.
+pub fn product_writes_pieces(gpu: &Gpu, piece: u64, swiglu: bool) -> bool {
     let fits = |block: u64| piece > 0 && piece.is_multiple_of(2) && block.is_multiple_of(piece) && block / piece <= 4;
-    gpu.matrix().is_some_and(|c| c.operands == MatrixOperands::F16 && fits(c.size as u64 * MATRIX_BLOCK_TILES / 2))
+    let outputs = |size: u64| size * MATRIX_BLOCK_TILES / if swiglu { 2 } else { 1 };
+    gpu.matrix().is_some_and(|c| c.operands == MatrixOperands::F16 && fits(outputs(c.size as u64)))
 }
 
 /// Whether [`linear_swiglu`] can run over `w` on `gpu`: its `2n` rows in one
@@ -231,7 +257,7 @@ fn product(gpu: &Gpu, sink: &mut dyn Sink, input: Input<'_>, w: Weight<'_>, bias
     let swiglu = matches!(out, Out::SwiGlu | Out::SwiGluHalf { .. });
     // y's f16 words and their scales' rows (a scale a piece).
     let (half_out, out_piece) = match out {
-        Out::SwiGluHalf { scales, piece } => (Some(Rows::mat(scales, s.n.div_ceil(piece), "linear output scales")), Some(piece)),
+        Out::SwiGluHalf { scales, piece } | Out::SetHalf { scales, piece } => (Some(Rows::mat(scales, s.n.div_ceil(piece), "linear output scales")), Some(piece)),
         _ => (None, None),
     };
     let out_per_word = if half_out.is_some() { 2 } else { 1 };
@@ -343,10 +369,11 @@ fn product(gpu: &Gpu, sink: &mut dyn Sink, input: Input<'_>, w: Weight<'_>, bias
                 None => placeholder_window(gpu)?,
             };
             let yw = Rows { offset: y.offset + cols.start / out_per_word, width: (cols.end - cols.start) / out_per_word, ..y_rows }.window(gpu, &rows)?;
-            // y's scales (binding 13), or y's window where y is f32.
-            let y_scales = match half_out {
-                Some(h) => h.window(gpu, &rows)?,
-                None => yw.clone(),
+            // y's scales (binding 13) for this piece's columns (whole pieces:
+            // W splits in whole blocks), or y's window where y is f32.
+            let y_scales = match (half_out, out_piece) {
+                (Some(h), Some(piece)) => Rows { offset: h.offset + cols.start / piece, width: (cols.end - cols.start).div_ceil(piece), ..h }.window(gpu, &rows)?,
+                _ => yw.clone(),
             };
             // f16 operands: x's rows' range scales measured first, and W's
             // where they were not measured when W reached the device.

@@ -135,12 +135,12 @@ fn block_pair_out(r: u32, c: u32, value: f32) {
     }
 }
 
-// The SwiGLU's outputs as the next product's f16 operand (`Y_HALF`): f16
-// pairs at binding 12 (y's offset and stride counting f16 values, both
-// even), each row in pieces of Y_PIECE outputs (whole pieces in a block's
-// BN / 2) under their own range scales, the scales at binding 13 from
-// p.y_scales, p.y_scales_stride from one row to the next
-// (matrix_gemm.wgsl's `pieces_out`).
+// The outputs (SwiGLU's or the products themselves, without bias) as the
+// next op's f16 operand (`Y_HALF`): f16 pairs at binding 12 (y's offset and
+// stride counting f16 values, both even), each row in pieces of Y_PIECE
+// outputs (whole pieces in a block's outputs) under their own range scales,
+// the scales at binding 13 from p.y_scales, p.y_scales_stride from one row
+// to the next (matrix_gemm.wgsl's `pieces_out`).
 override Y_HALF: bool = false;
 override Y_PIECE: u32 = 64u;
 @group(0) @binding(12) var<storage, read_write> y_half: array<u32>;

@@ -36,12 +36,12 @@
 // absolute) if inside the matrix; `pairs_columns()` says whether a block's
 // two subgroup columns are instead the two sums of the same BN / 2 outputs
 // (the linear's SwiGLU), whose value `paired_value(gate, up)` is and which
-// `block_pair_out(r, c, value)` writes; where `pieces_out()` it writes them
-// as f16 instead, under a range scale for every `out_piece()` outputs of a
-// row (whole pieces in the block's BN / 2 outputs, at most
-// MAX_BLOCK_PIECES), through `block_half_pair_out(r, c, word)` (c even) and
-// `block_piece_scale_out(r, c, scale)` (c a piece's first output), in two
-// passes over the tiles: magnitudes, then values. Accumulators are declared once, outside
+// `block_pair_out(r, c, value)` writes. Where `pieces_out()` the outputs
+// (pairs or not) go out as f16 instead, under a range scale for every
+// `out_piece()` outputs of a row (whole pieces in the block's outputs, at
+// most MAX_BLOCK_PIECES), through `block_half_pair_out(r, c, word)` (c even)
+// and `block_piece_scale_out(r, c, scale)` (c a piece's first output), in
+// two passes over the tiles: magnitudes, then values. Accumulators are declared once, outside
 // every loop: a cooperative-matrix `var` declared inside a loop is zeroed only
 // once.
 
@@ -61,10 +61,10 @@ var<workgroup> a_tiles: array<Operand, 2u * BM * LD>;
 var<workgroup> b_tiles: array<Operand, 2u * BN * LD>;
 // One T×T tile per subgroup on its way out.
 var<workgroup> c_tiles: array<f32, SUBGROUPS * T * T>;
-// Where the pairs go out as f16 in pieces (`pieces_out()`): the largest
+// Where the outputs go out as f16 in pieces (`pieces_out()`): the largest
 // output magnitude of each block row's pieces (at most MAX_BLOCK_PIECES of
-// the module's `out_piece()` columns in a block's R·T outputs), as the bits
-// of a non-negative f32 (which order as their u32s do).
+// the module's `out_piece()` outputs in a block's outputs), as the bits of
+// a non-negative f32 (which order as their u32s do).
 const MAX_BLOCK_PIECES: u32 = 4u;
 var<workgroup> piece_largest: array<atomic<u32>, BM * MAX_BLOCK_PIECES>;
 // The block's row scales (the module's may be a search over pieces: asked
@@ -86,18 +86,52 @@ fn pair_value(sg: u32, i: u32, r: u32, c: u32, col0: u32) -> f32 {
     return paired_value(gate_sum, up_sum);
 }
 
-// The first of the two passes over the tiles where the pairs go out in
-// f16 pieces: each output's magnitude into its row's largest.
+// Element i of the subgroup's tile at block row r and block column c, scaled back.
+fn single_value(sg: u32, i: u32, r: u32, c: u32, col0: u32) -> f32 {
+    return c_tiles[sg * T * T + i] * row_scale[r] * b_scale(col0 + c);
+}
+
+// The block's outputs a row and the first one's column: with pairs, the
+// left subgroup column's R·T (each the gate's and the up's sums) from
+// col0 / 2; else BN from col0.
+fn block_outputs() -> u32 {
+    return select(BN, R * T, pairs_columns());
+}
+
+fn first_output(col0: u32) -> u32 {
+    return select(col0, col0 / 2u, pairs_columns());
+}
+
+// Whether subgroup sg writes outputs (with pairs, the left column only),
+// and the block output column of its tile tj's first.
+fn writes_outputs(sg: u32) -> bool {
+    return !pairs_columns() || sg % SG_COLS == 0u;
+}
+
+fn tile_first_output(sg: u32, tj: u32) -> u32 {
+    return select((sg % SG_COLS) * R * T, 0u, pairs_columns()) + tj * T;
+}
+
+// Element i of the subgroup's tile at block row r and output column c.
+fn output_value(sg: u32, i: u32, r: u32, c: u32, col0: u32) -> f32 {
+    if (pairs_columns()) {
+        return pair_value(sg, i, r, c, col0);
+    }
+    return single_value(sg, i, r, c, col0);
+}
+
+// The first of the two passes over the tiles where the outputs go out in
+// f16 pieces: each output's magnitude into its row's piece's largest.
 fn tile_measure(lane: u32, lanes: u32, sg: u32, ti: u32, tj: u32, col0: u32) {
-    if (sg % SG_COLS != 0u) {
+    if (!writes_outputs(sg)) {
         return;
     }
     let r0 = (sg / SG_COLS) * R * T + ti * T;
-    let c0 = tj * T;
+    let c0 = tile_first_output(sg, tj);
     for (var i = lane; i < T * T; i += lanes) {
         let r = r0 + i / T;
         let c = c0 + i % T;
-        atomicMax(&piece_largest[r * MAX_BLOCK_PIECES + c / out_piece()], bitcast<u32>(abs(pair_value(sg, i, r, c, col0))));
+        atomicMax(&piece_largest[r * MAX_BLOCK_PIECES + c / out_piece()], bitcast<u32>(abs(output_value(sg, i, r, c, col0))));
     }
 }
 
@@ -111,18 +145,27 @@ fn piece_exponent(r: u32, c: u32) -> i32 {
 // The second pass: the subgroup's tile as f16 pairs under their rows' piece
 // exponents, two neighbouring outputs a word.
 fn tile_half_out(lane: u32, lanes: u32, sg: u32, ti: u32, tj: u32, row0: u32, col0: u32) {
-    if (sg % SG_COLS != 0u) {
+    if (!writes_outputs(sg)) {
         return;
     }
     let r0 = (sg / SG_COLS) * R * T + ti * T;
-    let c0 = tj * T;
+    let c0 = tile_first_output(sg, tj);
     for (var i = lane; i < T * T / 2u; i += lanes) {
         let r = r0 + i / (T / 2u);
         let c = c0 + 2u * (i % (T / 2u));
         let e = i / (T / 2u) * T + 2u * (i % (T / 2u));
         let exponent = -piece_exponent(r, c);
-        let pair = vec2<f32>(ldexp(pair_value(sg, e, r, c, col0), exponent), ldexp(pair_value(sg, e + 1u, r, c + 1u, col0), exponent));
-        block_half_pair_out(row0 + r, col0 / 2u + c, operand_pair(pair));
+        let pair = vec2<f32>(ldexp(output_value(sg, e, r, c, col0), exponent), ldexp(output_value(sg, e + 1u, r, c + 1u, col0), exponent));
+        block_half_pair_out(row0 + r, first_output(col0) + c, operand_pair(pair));
+    }
+}
+
+// The scales of the block's rows' pieces, once the first pass has measured them.
+fn pieces_scales_out(li: u32, row0: u32, col0: u32) {
+    let pieces = block_outputs() / out_piece();
+    for (var i = li; i < BM * pieces; i += WG) {
+        let c = (i % pieces) * out_piece();
+        block_piece_scale_out(row0 + i / pieces, first_output(col0) + c, ldexp(1.0, piece_exponent(i / pieces, c)));
     }
 }
 
@@ -131,7 +174,7 @@ fn tile_half_out(lane: u32, lanes: u32, sg: u32, ti: u32, tj: u32, row0: u32, co
 fn tile_out(lane: u32, lanes: u32, sg: u32, ti: u32, tj: u32, row0: u32, col0: u32) {
     let r0 = (sg / SG_COLS) * R * T + ti * T;
     let c0 = (sg % SG_COLS) * R * T + tj * T;
-    if (pairs_columns() && pieces_out()) {
+    if (pieces_out()) {
         tile_half_out(lane, lanes, sg, ti, tj, row0, col0);
         return;
     }
@@ -152,7 +195,7 @@ fn tile_out(lane: u32, lanes: u32, sg: u32, ti: u32, tj: u32, row0: u32, col0: u
     for (var i = lane; i < T * T; i += lanes) {
         let r = r0 + i / T;
         let c = c0 + i % T;
-        block_value_out(row0 + r, col0 + c, c_tiles[sg * T * T + i] * row_scale[r] * b_scale(col0 + c));
+        block_value_out(row0 + r, col0 + c, single_value(sg, i, r, c, col0));
     }
 }
 
@@ -250,7 +293,7 @@ fn matrix_gemm(li: u32, sg: u32, lane: u32, lanes: u32, row0: u32, col0: u32, k:
     }
     // Each subgroup stores its tiles one at a time through its own slice.
     let c = &c_tiles[sg * T * T];
-    if (pairs_columns() && pieces_out()) {
+    if (pieces_out()) {
         // Every output's magnitude first, for its row's piece scale.
         coopStoreT(acc00, c, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 0u, 0u, col0); workgroupBarrier();
         coopStoreT(acc01, c, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 0u, 1u, col0); workgroupBarrier();
@@ -268,11 +311,7 @@ fn matrix_gemm(li: u32, sg: u32, lane: u32, lanes: u32, row0: u32, col0: u32, k:
         coopStoreT(acc31, c, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 3u, 1u, col0); workgroupBarrier();
         coopStoreT(acc32, c, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 3u, 2u, col0); workgroupBarrier();
         coopStoreT(acc33, c, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 3u, 3u, col0); workgroupBarrier();
-        let pieces = R * T / out_piece();
-        for (var i = li; i < BM * pieces; i += WG) {
-            let c = (i % pieces) * out_piece();
-            block_piece_scale_out(row0 + i / pieces, col0 / 2u + c, ldexp(1.0, piece_exponent(i / pieces, c)));
-        }
+        pieces_scales_out(li, row0, col0);
     }
     coopStoreT(acc00, c, T); workgroupBarrier(); tile_out(lane, lanes, sg, 0u, 0u, row0, col0); workgroupBarrier();
     coopStoreT(acc01, c, T); workgroupBarrier(); tile_out(lane, lanes, sg, 0u, 1u, row0, col0); workgroupBarrier();
