@@ -8,7 +8,8 @@
 use crate::kernels::linear::tests::with_element_fetch;
 use crate::kernels::attention::{attention, attention_into_half, Attention, Qkv};
 use crate::kernels::linear::{linear, linear_from, linear_into_half, linear_swiglu, linear_swiglu_half, product_writes_pieces, swiglu_writes_pieces, Gemm, Input};
-use crate::kernels::norm::{layer_norm_modulate, layer_norm_modulate_half, LaterModulation, Modulation, RowNorm};
+use crate::kernels::norm::{layer_norm_modulate, layer_norm_modulate_half, rms_norm_rope, rms_norm_rope_half, LaterModulation, Modulation, RowNorm};
+use crate::kernels::rope::RopeTables;
 use crate::testing::*;
 use crate::view::{HalfMat, Mat, Weight};
 use crate::{Gpu, GpuOptions};
@@ -238,6 +239,74 @@ fn linear_into_half_pieces_writes_the_f32_values_as_the_range_rule_rounds_each_p
     }
     with_element_fetch(|| check_linear_into_half_pieces(&gpu, [33, 3 * block / 2, 96], block / 2));
     assert!(!product_writes_pieces(&gpu, (block / 8) as u64, false), "8 pieces a block");
+}
+
+/// The per-head RMSNorm + RoPE in place on f16 rows in pieces, and the f32
+/// one (GPU-shaped, whose sums it shares) over the values those rows stand
+/// for: the f32 result as the range rule rounds each piece. Rows in a
+/// column window of wider words, scales a token 1 apart more than its pieces.
+fn check_rms_norm_rope_half(gpu: &Gpu, f32_gpu: &Gpu, [tokens, heads, d]: [usize; 3], piece: usize) {
+    let width = heads * d;
+    let mut rng = Rng::new((tokens * 7 + heads + d + piece) as u64);
+    let mut x = rng.normals(tokens * width, 1.5);
+    x[3 * width..4 * width].iter_mut().for_each(|v| *v *= 2e3);
+    let pieces = width / piece;
+    let (words, piece_scales) = pack_rows(&x, tokens * pieces, piece);
+    let values: Vec<f32> = words
+        .iter()
+        .enumerate()
+        .flat_map(|(i, w)| {
+            let s = piece_scales[i / (piece / 2)];
+            [half::f16::from_bits(*w as u16).to_f32() * s, half::f16::from_bits((*w >> 16) as u16).to_f32() * s]
+        })
+        .collect();
+    let w = rng.bf16s(d, 1.0);
+    let first_row = 3usize;
+    let angles: Vec<f64> = (0..(first_row + tokens) * d).map(|i| (i as f64 * 0.41).sin() * 2.5).collect();
+    let cos: Vec<f32> = angles.iter().map(|a| a.cos() as f32).collect();
+    let sin: Vec<f32> = angles.iter().map(|a| a.sin() as f32).collect();
+    let shape = RowNorm { tokens: tokens as u64, heads: heads as u64, d: d as u64, eps: 1e-6 };
+    // The f32 pass over the values.
+    let want = {
+        let g = f32_gpu;
+        let (wb, cb, sb) = (g.upload_bf16("w", &w), g.upload_f32("cos", &cos), g.upload_f32("sin", &sin));
+        let tables = RopeTables { cos: &cb, sin: &sb, first_row: first_row as u64 };
+        let xb = g.upload_f32("x", &values);
+        run_and_read(g, &xb, tokens * width, |enc| rms_norm_rope(g, enc, Mat::new(&xb, width as u64), Weight::bf16(&wb), tables, shape))
+    };
+    let (wb, cb, sb) = (gpu.upload_bf16("w", &w), gpu.upload_f32("cos", &cos), gpu.upload_f32("sin", &sin));
+    let tables = RopeTables { cos: &cb, sin: &sb, first_row: first_row as u64 };
+    let (word_stride, from, scales_stride) = (width / 2 + 5, 2usize, pieces + 1);
+    let scales_at = tokens * word_stride;
+    let mut buffer = vec![0u32; scales_at + tokens * scales_stride];
+    for t in 0..tokens {
+        buffer[t * word_stride + from..t * word_stride + from + width / 2].copy_from_slice(&words[t * width / 2..(t + 1) * width / 2]);
+        for p in 0..pieces {
+            buffer[scales_at + t * scales_stride + p] = piece_scales[t * pieces + p].to_bits();
+        }
+    }
+    let out = gpu.upload_u32("rows", &buffer);
+    let data = HalfMat::pieces(Mat { buf: &out, offset: from as u64, stride: word_stride as u64 }, Mat { buf: &out, offset: scales_at as u64, stride: scales_stride as u64 }, piece as u64);
+    let all = run_and_read(gpu, &out, buffer.len(), |enc| rms_norm_rope_half(gpu, enc, data, Weight::bf16(&wb), tables, shape));
+    let (want_words, want_scales) = pack_rows(&want, tokens * pieces, piece);
+    for t in 0..tokens {
+        let got: Vec<u32> = all[t * word_stride + from..t * word_stride + from + width / 2].iter().map(|v| v.to_bits()).collect();
+        assert_eq!(got, want_words[t * width / 2..(t + 1) * width / 2], "token {t}: f16 values");
+        let got_scales = &all[scales_at + t * scales_stride..scales_at + t * scales_stride + pieces];
+        assert_eq!(got_scales, &want_scales[t * pieces..(t + 1) * pieces], "token {t}: scales");
+        // The words before the window are untouched.
+        assert_eq!(all[t * word_stride].to_bits(), 0, "token {t}: outside the window");
+    }
+}
+
+#[test]
+fn rms_norm_rope_on_half_pieces_equals_it_on_their_f32_values_rounded_by_the_range_rule() {
+    let Some(gpu) = matrix_gpu() else { return };
+    let f32_gpu = Gpu::new(&GpuOptions { gpu_shaped_kernels: true, ..options() }).unwrap_or_else(|e| panic!("{e}"));
+    // klein's heads in two pieces; a head one piece; heads in four pieces.
+    check_rms_norm_rope_half(&gpu, &f32_gpu, [37, 3, 128], 64);
+    check_rms_norm_rope_half(&gpu, &f32_gpu, [20, 2, 64], 64);
+    check_rms_norm_rope_half(&gpu, &f32_gpu, [9, 4, 64], 16);
 }
 
 #[test]

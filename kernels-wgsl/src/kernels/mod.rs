@@ -31,7 +31,7 @@ pub use df11::{df11_clear, df11_decode, df11_decode_blocks, Df11Arrays, DF11_BLO
 pub use elementwise::{elementwise, transpose, Elementwise};
 pub use ggml::ggml_expand;
 pub use linear::{linear, linear_add, linear_from, linear_gated, linear_swiglu, linear_swiglu_half, linear_into_half, swiglu_fits, swiglu_writes_pieces, product_writes_pieces, measure_weight_rows, Gemm, Input, GEMM_TILE};
-pub use norm::{group_norm, group_norm_apply, group_stats, layer_norm_modulate, layer_norm_modulate_half, rms_norm_rope, rms_norm, rms_norm_inplace, GroupAffine, Groups, LaterModulation, Modulation, RowNorm};
+pub use norm::{group_norm, group_norm_apply, group_stats, layer_norm_modulate, layer_norm_modulate_half, rms_norm_rope, rms_norm_rope_half, rms_norm, rms_norm_inplace, GroupAffine, Groups, LaterModulation, Modulation, RowNorm};
 pub use rope::{rope, RopeStyle, RopeTables};
 pub use crate::view::HeadRows;
 pub use vae::{denorm_unpatchify, latent_preview, pixel_levels, LatentStats};

@@ -37,7 +37,9 @@ pub struct NormParams {
     pub later_row: u32,
     pub later_shift_offset: u32,
     pub later_scale_offset: u32,
-    pub _pad: [u32; 2],
+    /// The f16 RMSNorm + RoPE's: values a scale covers, and a token's scales' stride.
+    pub piece: u32,
+    pub scales_stride: u32,
 }
 
 pub const RMS_NORM: Kernel =
@@ -70,6 +72,10 @@ const LANE_ROWS: u64 = 64;
 /// (norm.wgsl's `rms_norm_rope`; the tables at bindings 8 and 9).
 pub const RMS_NORM_ROPE: Kernel = kernel(Module::Norm, "rms_norm_rope", [128, 1, 1], &[(2, RW), (3, R), (8, R), (9, R)], size_of::<NormParams>(), true);
 pub const RMS_NORM_ROPE_LANES: Kernel = Kernel { entry: "rms_norm_rope_lanes", workgroup_size: [64, 1, 1], ..RMS_NORM_ROPE };
+/// The same in place on f16 rows in pieces (`norm_half.wgsl`'s
+/// `rms_norm_rope_half`: the words and scales at bindings 6 and 7).
+pub const RMS_NORM_ROPE_HALF: Kernel =
+    kernel(Module::NormHalf, "rms_norm_rope_half", [128, 1, 1], &[(3, R), (6, RW), (7, RW), (8, R), (9, R)], size_of::<NormParams>(), true);
 
 /// The matrix tier's LayerNorm + modulation writing f16 rows under their
 /// range scales (`norm_half.wgsl`) at bindings 6 and 7, and the same for CPU adapters.
@@ -209,6 +215,51 @@ pub fn rms_norm_rope(gpu: &Gpu, sink: &mut dyn Sink, data: Mat<'_>, w: Weight<'_
         let grid = crate::kernel::wrapped_grid(if gpu.cpu_shaped_kernels() { norm_rows.div_ceil(LANE_ROWS) } else { norm_rows });
         let launch = Launch { kernel, constants: &[("WEIGHT_BF16", w.dtype.constant())], params, grid };
         dispatch(gpu, sink, launch, &[(2, &dw), (3, &ww), (8, &cw), (9, &sw)]);
+    }
+    Ok(())
+}
+
+/// [`rms_norm_rope`] in place on f16 rows in pieces ([`HalfMat::pieces`],
+/// the queries' and keys' as their projections wrote them): each value
+/// widened and scaled back, the row normed and rotated as [`rms_norm_rope`]
+/// computes it, and each piece rounded again under its new range scale. A
+/// head's values whole pieces, its pairs at most one a workgroup's invocation.
+pub fn rms_norm_rope_half(gpu: &Gpu, sink: &mut dyn Sink, data: HalfMat<'_>, w: Weight<'_>, tables: RopeTables<'_>, s: RowNorm) -> Result<(), GpuError> {
+    let (tokens, heads, d) = (s.tokens, s.heads, s.d);
+    let piece = data.piece.unwrap_or(0);
+    if piece == 0 || !piece.is_multiple_of(2) || !d.is_multiple_of(piece) || d > 256 {
+        return Err(GpuError::UnsupportedShape(format!("an f16 RMSNorm + RoPE over heads of {d} values in pieces of {piece} (whole even pieces, heads of at most 256)")));
+    }
+    if tokens == 0 {
+        return Ok(());
+    }
+    let data_rows = Rows::mat(data.data, heads * d / 2, "norm output");
+    let scale_rows = Rows::mat(data.scales, heads * d / piece, "norm output scales");
+    let table = |buf| Rows::packed(buf, 4, tables.first_row * d, d, "rope table");
+    let (cos_rows, sin_rows) = (table(tables.cos), table(tables.sin));
+    let ww = window(gpu, w.buf, w.dtype.bytes(), w.offset..w.offset + d, "norm weight")?;
+    for rows in row_chunks(gpu, tokens, &[data_rows, scale_rows, cos_rows, sin_rows], 1)? {
+        let (dw, scw) = (data_rows.window(gpu, &rows)?, scale_rows.window(gpu, &rows)?);
+        let (cw, sw) = (cos_rows.window(gpu, &rows)?, sin_rows.window(gpu, &rows)?);
+        if cw.local != sw.local || !cw.local.is_multiple_of(d as u32) {
+            return Err(GpuError::UnsupportedShape("rope cos and sin tables must be equally aligned on whole rows".into()));
+        }
+        let params = NormParams {
+            rows: to_u32((rows.end - rows.start) * heads, "norm rows")?,
+            d: to_u32(d, "norm width")?,
+            heads: to_u32(heads, "norm heads")?,
+            dst_offset: dw.local,
+            dst_stride: to_u32(data.data.stride, "norm output stride")?,
+            w_offset: ww.local,
+            eps: s.eps,
+            scales_offset: scw.local,
+            table_row: cw.local / d as u32,
+            piece: to_u32(piece, "norm piece")?,
+            scales_stride: to_u32(data.scales.stride, "norm scales' stride")?,
+            ..Default::default()
+        };
+        let launch = Launch { kernel: &RMS_NORM_ROPE_HALF, constants: &[("WEIGHT_BF16", w.dtype.constant())], params, grid: crate::kernel::wrapped_grid((rows.end - rows.start) * heads) };
+        dispatch(gpu, sink, launch, &[(3, &ww), (6, &dw), (7, &scw), (8, &cw), (9, &sw)]);
     }
     Ok(())
 }

@@ -19,7 +19,8 @@ struct Params {
     // The LayerNorm's: rows from `later_row` on take the shift and scale
     // at these offsets instead (a second stream's rows in the same pass).
     later_row: u32, later_shift_offset: u32, later_scale_offset: u32,
-    _pad0: u32, _pad1: u32,
+    // rms_norm_rope_half's: values a scale covers, and a token's scales' stride.
+    piece: u32, scales_stride: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;

@@ -5,6 +5,8 @@
 // operands the matrix linear would round them to itself (x·(1/scale) in f32,
 // then to f16), so the product reads them as they are instead of measuring
 // and rounding them again. Rows are whole (heads = 1) and d is even.
+// Also the per-head RMSNorm + RoPE in place on f16 rows in pieces
+// (`rms_norm_rope_half`: the queries and keys as their projections wrote them).
 
 @group(0) @binding(6) var<storage, read_write> dst_half: array<u32>;
 @group(0) @binding(7) var<storage, read_write> dst_scales: array<f32>;
@@ -74,4 +76,66 @@ fn layer_norm_modulate_half_lanes(@builtin(local_invocation_id) lid: vec3<u32>, 
         write_half_row(row, j, moments, inverse);
     }
     dst_scales[p.scales_offset + row] = scale;
+}
+
+// Value i of (token, head) row `row` of f16 rows in pieces of p.piece values
+// (words from p.dst_offset, p.dst_stride a token; scales from
+// p.scales_offset, p.scales_stride a token), widened and scaled back.
+fn piece_value(row: u32, i: u32) -> f32 {
+    let token = row / p.heads;
+    let head = row % p.heads;
+    let pair = unpack2x16float(dst_half[p.dst_offset + token * p.dst_stride + head * (p.d / 2u) + i / 2u]);
+    let scale = dst_scales[p.scales_offset + token * p.scales_stride + (head * p.d + i) / p.piece];
+    return select(pair.x, pair.y, (i & 1u) == 1u) * scale;
+}
+
+// norm.wgsl's rms_norm_rope on f16 rows in pieces, in place: the row's
+// values widened and scaled back, its inverse RMS summed as
+// inverse_rms_of_dst sums it, each pair normed and rotated as
+// norm_rope_pair does (invocation j the pair (2j, 2j + 1): heads of at most
+// 2·THREADS values), then each piece rounded to f16 under its new range
+// scale (kept ≥ 2⁻¹²⁶, as half_pack.wgsl keeps it). Every value is read
+// before the barriers that precede the first write.
+@compute @workgroup_size(128)
+fn rms_norm_rope_half(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>,
+                      @builtin(num_workgroups) nwg: vec3<u32>) {
+    let row = flat_workgroup(wid, nwg);
+    if (row >= p.rows) { return; }
+    let t = lid.x;
+    var ss = 0.0;
+    for (var i = t; i < p.d; i += THREADS) {
+        let v = piece_value(row, i);
+        ss = fma(v, v, ss);
+    }
+    let inv = inverseSqrt(workgroup_sum(ss, t) / f32(p.d) + p.eps);
+    let pairs = p.d / 2u;
+    var rotated = vec2<f32>(0.0);
+    if (t < pairs) {
+        let i = 2u * t;
+        let a = weight(p.w_offset + i) * (piece_value(row, i) * inv);
+        let b = weight(p.w_offset + i + 1u) * (piece_value(row, i + 1u) * inv);
+        let tab = (p.table_row + row / p.heads) * p.d + i;
+        let cs = cos_table[tab];
+        let sn = sin_table[tab];
+        rotated = vec2<f32>(a * cs - b * sn, b * cs + a * sn);
+    }
+    partial[t] = max(abs(rotated.x), abs(rotated.y));
+    workgroupBarrier();
+    if (t < pairs) {
+        // The pairs of this one's piece: its largest magnitude.
+        let first = (2u * t) / p.piece * (p.piece / 2u);
+        var largest = 0.0;
+        for (var j = first; j < first + p.piece / 2u; j++) {
+            largest = max(largest, partial[j]);
+        }
+        let e = max(range_exponent(largest), -126);
+        let token = row / p.heads;
+        let head = row % p.heads;
+        let lo = f16(ldexp(rotated.x, -e));
+        let hi = f16(ldexp(rotated.y, -e));
+        dst_half[p.dst_offset + token * p.dst_stride + head * pairs + t] = pack2x16float(vec2<f32>(f32(lo), f32(hi)));
+        if (t == first) {
+            dst_scales[p.scales_offset + token * p.scales_stride + (head * p.d) / p.piece + first * 2u / p.piece] = ldexp(1.0, e);
+        }
+    }
 }
