@@ -44,6 +44,14 @@ pub struct AttentionParams {
     /// Where the f16 output's piece scales start, and from one query to the next.
     pub o_scale_offset: u32,
     pub o_scale_stride: u32,
+    /// Where the f16 queries' piece scales start, and the queries', keys'
+    /// and values' from one row to the next; the values a scale covers.
+    pub q_scale_offset: u32,
+    pub q_scale_stride: u32,
+    pub k_scale_stride: u32,
+    pub v_scale_stride: u32,
+    pub qkv_piece: u32,
+    pub _pad: [u32; 3],
 }
 
 pub const ATTENTION: Kernel = kernel(
@@ -57,12 +65,13 @@ pub const ATTENTION: Kernel = kernel(
 /// The matrix tier's attention (`attention_matrix.wgsl`), one module per
 /// tile size; its workgroup is one subgroup, set by the `WG` override.
 /// Bindings 12 and 13 take its f16 output in pieces and their scales
-/// ([`attention_into_half`]).
+/// ([`attention_into_half`]), 14–19 its f16 queries, keys and values in
+/// pieces and their scales ([`attention_half_into_half`]).
 pub const ATTENTION_MATRIX_8: Kernel = Kernel {
     module: Module::AttentionMatrix8,
     entry: "attention_matrix",
     workgroup_size: [0, 1, 1],
-    storage: &[(1, RW), (2, RW), (3, RW), (4, R), (5, RW), (6, RW), (12, RW), (13, RW)],
+    storage: &[(1, RW), (2, RW), (3, RW), (4, R), (5, RW), (6, RW), (12, RW), (13, RW), (14, RW), (15, RW), (16, RW), (17, RW), (18, RW), (19, RW)],
     ..ATTENTION
 };
 pub const ATTENTION_MATRIX_16: Kernel = Kernel { module: Module::AttentionMatrix16, ..ATTENTION_MATRIX_8 };
@@ -269,7 +278,7 @@ pub fn attention(
     s: Attention,
 ) -> Result<(), GpuError> {
     let kernel = AttentionKernel::pick(gpu, &s, &qkv, false);
-    attention_with(gpu, sink, kernel, qkv, None, key_keep, Out::F32(o), lse, s)
+    attention_with(gpu, sink, kernel, qkv, Inputs::F32, None, key_keep, Out::F32(o), lse, s)
 }
 
 /// [`attention`] (no mask, no log-sum-exp) writing `o` as the next
@@ -278,12 +287,49 @@ pub fn attention(
 /// [`attention`]'s f32 output, not written). On the matrix tier's attention
 /// with f16 operands, its pieces within a head.
 pub fn attention_into_half(gpu: &Gpu, sink: &mut dyn Sink, qkv: Qkv<'_>, o: HalfMat<'_>, s: Attention) -> Result<(), GpuError> {
+    let (c, o) = half_output(gpu, o, &s)?;
+    attention_with(gpu, sink, AttentionKernel::Matrix(c), qkv, Inputs::F32, None, None, Out::Half(o), None, s)
+}
+
+/// The matrix configuration an attention into f16 pieces runs on, where it can.
+fn half_output<'a>(gpu: &Gpu, o: HalfMat<'a>, s: &Attention) -> Result<(MatrixConfig, HalfMat<'a>), GpuError> {
     let matrix = gpu.matrix().filter(|c| c.operands == MatrixOperands::F16 && s.head_dim <= ATTENTION_MATRIX_MAX_HEAD_DIM);
     let piece = o.piece.unwrap_or(0);
-    let (Some(c), true) = (matrix, piece > 0 && piece.is_multiple_of(2) && s.head_dim.is_multiple_of(piece) && !s.causal) else {
-        return Err(GpuError::UnsupportedShape(format!("attention into f16 pieces of {piece} needs the matrix tier's f16 operands and heads of whole pieces (head dim {})", s.head_dim)));
-    };
-    attention_with(gpu, sink, AttentionKernel::Matrix(c), qkv, None, None, Out::Half(o), None, s)
+    match (matrix, piece > 0 && piece.is_multiple_of(2) && s.head_dim.is_multiple_of(piece) && !s.causal) {
+        (Some(c), true) => Ok((c, o)),
+        _ => Err(GpuError::UnsupportedShape(format!("attention into f16 pieces of {piece} needs the matrix tier's f16 operands and heads of whole pieces (head dim {})", s.head_dim))),
+    }
+}
+
+/// What attention reads: f32 queries, keys and values (or the half-K/V
+/// layout's, with its [`HalfKvScales`]), or f16 ones in pieces.
+#[derive(Clone, Copy)]
+enum Inputs<'a> {
+    F32,
+    Half(HalfQkv<'a>),
+}
+
+/// f16 queries, keys and values in pieces ([`HalfMat::pieces`], one piece
+/// width), as their projections and the RMSNorm + RoPE write them.
+#[derive(Debug, Clone, Copy)]
+pub struct HalfQkv<'a> {
+    pub q: HalfMat<'a>,
+    pub k: HalfMat<'a>,
+    pub v: HalfMat<'a>,
+}
+
+/// [`attention_into_half`] over f16 queries, keys and values in pieces:
+/// each value widened and scaled back where the kernel reads it, the same
+/// sums as over the f32 values they stand for.
+pub fn attention_half_into_half(gpu: &Gpu, sink: &mut dyn Sink, qkv: HalfQkv<'_>, o: HalfMat<'_>, s: Attention) -> Result<(), GpuError> {
+    let pieces = [qkv.q.piece, qkv.k.piece, qkv.v.piece];
+    let piece = qkv.q.piece.unwrap_or(0);
+    if pieces.iter().any(|p| *p != Some(piece)) || piece == 0 || !s.head_dim.is_multiple_of(piece) {
+        return Err(GpuError::UnsupportedShape(format!("attention over f16 queries, keys and values in pieces {pieces:?} (one width, whole pieces in a head of {})", s.head_dim)));
+    }
+    let (c, o) = half_output(gpu, o, &s)?;
+    let inputs = Qkv { q: qkv.q.data, k: qkv.k.data, v: qkv.v.data };
+    attention_with(gpu, sink, AttentionKernel::Matrix(c), inputs, Inputs::Half(qkv), None, None, Out::Half(o), None, s)
 }
 
 /// Where attention writes: f32 rows, or f16 rows in pieces.
@@ -300,7 +346,7 @@ pub fn attention_half_kv(gpu: &Gpu, sink: &mut dyn Sink, qkv: Qkv<'_>, scales: H
         return Err(GpuError::UnsupportedShape(format!("half-precision keys and values with head dim {} (even, non-causal)", s.head_dim)));
     }
     let kernel = AttentionKernel::pick(gpu, &s, &qkv, true);
-    attention_with(gpu, sink, kernel, qkv, Some(scales), None, Out::F32(o), None, s)
+    attention_with(gpu, sink, kernel, qkv, Inputs::F32, Some(scales), None, Out::F32(o), None, s)
 }
 
 /// The `[tokens, heads, head_dim]` f32 rows of `src` into the
@@ -349,6 +395,7 @@ fn attention_with(
     sink: &mut dyn Sink,
     kernel: AttentionKernel,
     qkv: Qkv<'_>,
+    inputs: Inputs<'_>,
     half: Option<HalfKvScales<'_>>,
     key_keep: Option<&wgpu::Buffer>,
     out: Out<'_>,
@@ -375,8 +422,24 @@ fn attention_with(
         return Ok(());
     }
     // f16 keys and values are two a word: their windows count words, the
-    // kernel's offsets and strides elements.
-    let per_word = if half.is_some() { 2 } else { 1 };
+    // kernel's offsets and strides elements; f16 queries too.
+    let half_inputs = match inputs {
+        Inputs::Half(h) => Some(h),
+        Inputs::F32 => None,
+    };
+    let per_word = if half.is_some() || half_inputs.is_some() { 2 } else { 1 };
+    let q_per_word = if half_inputs.is_some() { 2 } else { 1 };
+    // The f16 keys' and values' scales, whole; the queries', by the rows of each piece.
+    let kv_scale_windows = match half_inputs {
+        Some(h) => {
+            let per_row = s.kv_heads * s.head_dim / h.k.piece.unwrap_or(1);
+            let ks = Rows::mat(h.k.scales, per_row, "attention key scales").window(gpu, &(0..s.kv_len))?;
+            let vs = Rows::mat(h.v.scales, per_row, "attention value scales").window(gpu, &(0..s.kv_len))?;
+            Some((ks, vs))
+        }
+        None => None,
+    };
+    let q_scale_rows = half_inputs.map(|h| Rows::mat(h.q.scales, s.q_heads * s.head_dim / h.q.piece.unwrap_or(1), "attention query scales"));
     let kw = Rows::mat(kmat, s.kv_heads * s.head_dim / per_word, "attention keys").window(gpu, &(0..s.kv_len))?;
     let vw = Rows::mat(v, s.kv_heads * s.head_dim / per_word, "attention values").window(gpu, &(0..s.kv_len))?;
     let scale_windows = match half {
@@ -390,21 +453,25 @@ fn attention_with(
         }
         None => None,
     };
-    let scale_offsets = scale_windows.as_ref().map_or((0, 0), |(k, v)| (k.local, v.local));
+    let scale_offsets = scale_windows.as_ref().or(kv_scale_windows.as_ref()).map_or((0, 0), |(k, v)| (k.local, v.local));
     let mw = match key_keep {
         Some(m) => window(gpu, m, 4, 0..s.kv_len, "attention mask")?,
         None => placeholder_window(gpu)?,
     };
-    let q_rows = Rows::mat(q, s.q_heads * s.head_dim, "attention queries");
+    let q_rows = Rows::mat(q, s.q_heads * s.head_dim / q_per_word, "attention queries");
     let o_rows = Rows::mat(o, s.q_heads * s.head_dim / o_per_word, "attention output");
     let o_scale_rows = o_half.map(|h| Rows::mat(h.scales, s.q_heads * s.head_dim / h.piece.unwrap_or(1), "attention output scales"));
     let lse_rows = lse.map(|l| Rows { buf: l.buf, elem_bytes: 4, offset: l.offset, stride: s.q_heads, width: s.q_heads, what: "attention log-sum-exp" });
     let per_group = kernel.queries_per_group();
-    let operands: Vec<Rows<'_>> = [q_rows, o_rows].into_iter().chain(lse_rows).chain(o_scale_rows).collect();
+    let operands: Vec<Rows<'_>> = [q_rows, o_rows].into_iter().chain(lse_rows).chain(o_scale_rows).chain(q_scale_rows).collect();
     for rows in row_chunks(gpu, s.q_len, &operands, per_group)? {
         let qw = q_rows.window(gpu, &rows)?;
         let ow = o_rows.window(gpu, &rows)?;
         let osw = match &o_scale_rows {
+            Some(r) => Some(r.window(gpu, &rows)?),
+            None => None,
+        };
+        let qsw = match &q_scale_rows {
             Some(r) => Some(r.window(gpu, &rows)?),
             None => None,
         };
@@ -419,8 +486,8 @@ fn attention_with(
             q_heads: to_u32(s.q_heads, "attention heads")?,
             kv_heads: to_u32(s.kv_heads, "attention kv heads")?,
             head_dim: s.head_dim as u32,
-            q_offset: qw.local,
-            q_stride: to_u32(q.stride, "attention q stride")?,
+            q_offset: qw.local * q_per_word as u32,
+            q_stride: to_u32(q.stride * q_per_word, "attention q stride")?,
             k_offset: kw.local * per_word as u32,
             k_stride: to_u32(kmat.stride * per_word, "attention k stride")?,
             v_offset: vw.local * per_word as u32,
@@ -438,6 +505,12 @@ fn attention_with(
             v_scale_offset: scale_offsets.1,
             o_scale_offset: osw.as_ref().map_or(0, |w| w.local),
             o_scale_stride: to_u32(o_half.map_or(0, |h| h.scales.stride), "attention output scales' stride")?,
+            q_scale_offset: qsw.as_ref().map_or(0, |w| w.local),
+            q_scale_stride: to_u32(half_inputs.map_or(0, |h| h.q.scales.stride), "attention query scales' stride")?,
+            k_scale_stride: to_u32(half_inputs.map_or(0, |h| h.k.scales.stride), "attention key scales' stride")?,
+            v_scale_stride: to_u32(half_inputs.map_or(0, |h| h.v.scales.stride), "attention value scales' stride")?,
+            qkv_piece: to_u32(half_inputs.and_then(|h| h.q.piece).unwrap_or(0), "attention input piece")?,
+            _pad: [0; 3],
         };
         let grid = [to_u32((rows.end - rows.start).div_ceil(per_group), "attention query blocks")?, s.q_heads as u32, 1];
         let bindings = [(1, &qw), (2, &kw), (3, &vw), (4, &mw), (5, &ow), (6, &lw)];
@@ -466,10 +539,16 @@ fn attention_with(
             AttentionKernel::Matrix(c) => {
                 let kernel = c.pick([&ATTENTION_MATRIX_8, &ATTENTION_MATRIX_16, &ATTENTION_MATRIX_8_F32]);
                 let piece = o_half.and_then(|h| h.piece).unwrap_or(64);
-                let constants = [("WG", c.subgroup), ("O_HALF", o_half.is_some() as u32), ("O_PIECE", to_u32(piece, "attention output piece")?)];
+                let constants = [("WG", c.subgroup), ("O_HALF", o_half.is_some() as u32), ("O_PIECE", to_u32(piece, "attention output piece")?), ("QKV_HALF", half_inputs.is_some() as u32)];
                 let launch = Launch { kernel, constants: &constants, params, grid };
-                // Without f16 output, bindings 12 and 13 take the output's window, unwritten.
-                dispatch(gpu, sink, launch, &[&bindings[..], &[(12, &ow), (13, osw.as_ref().unwrap_or(&ow))]].concat());
+                // Without f16 output, bindings 12 and 13 take the output's
+                // window, unwritten; without f16 inputs 14–19 the inputs' own, unread.
+                let (ksw, vsw) = match &kv_scale_windows {
+                    Some((k, v)) => (k, v),
+                    None => (&kw, &vw),
+                };
+                let half_bindings = [(14, &qw), (15, &kw), (16, &vw), (17, qsw.as_ref().unwrap_or(&qw)), (18, ksw), (19, vsw)];
+                dispatch(gpu, sink, launch, &[&bindings[..], &[(12, &ow), (13, osw.as_ref().unwrap_or(&ow))], &half_bindings].concat());
             }
             AttentionKernel::Flash(c) => {
                 let kernel = if c.size == 16 { &ATTENTION_FLASH_16 } else { &ATTENTION_FLASH_8 };

@@ -16,6 +16,11 @@ struct Params {
     // The matrix kernel's f16 output in pieces: where its scales start, and
     // from one query to the next.
     o_scale_offset: u32, o_scale_stride: u32,
+    // Its f16 queries, keys and values in pieces of qkv_piece values: where
+    // the queries' scales start, and each one's scales from row to row (the
+    // keys' and values' start at k_scale_offset and v_scale_offset).
+    q_scale_offset: u32, q_scale_stride: u32, k_scale_stride: u32, v_scale_stride: u32,
+    qkv_piece: u32, _pad0: u32, _pad1: u32, _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;

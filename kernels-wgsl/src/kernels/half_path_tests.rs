@@ -6,7 +6,7 @@
 //! rounds them, and the product over the f32 values those rows stand for.
 
 use crate::kernels::linear::tests::with_element_fetch;
-use crate::kernels::attention::{attention, attention_into_half, Attention, Qkv};
+use crate::kernels::attention::{attention, attention_half_into_half, attention_into_half, Attention, HalfQkv, Qkv};
 use crate::kernels::linear::{linear, linear_from, linear_into_half, linear_swiglu, linear_swiglu_half, product_writes_pieces, swiglu_writes_pieces, Gemm, Input};
 use crate::kernels::norm::{layer_norm_modulate, layer_norm_modulate_half, rms_norm_rope, rms_norm_rope_half, LaterModulation, Modulation, RowNorm};
 use crate::kernels::rope::RopeTables;
@@ -330,14 +330,34 @@ fn swiglu_into_half_pieces_writes_the_f32_values_as_the_range_rule_rounds_each_p
 /// by its range scale and rounded to f16; the output a column window of a
 /// wider tensor, its scales a row 1 apart more than its pieces.
 fn check_attention_into_half_pieces(gpu: &Gpu, [len, heads, head_dim]: [usize; 3], piece: usize) {
+    check_attention_of_half_pieces(gpu, [len, heads, head_dim], piece, false);
+}
+
+/// [`check_attention_into_half_pieces`], and with `half_inputs` over
+/// queries, keys and values as f16 rows in pieces too (the f32 attention
+/// then over the values they stand for).
+fn check_attention_of_half_pieces(gpu: &Gpu, [len, heads, head_dim]: [usize; 3], piece: usize, half_inputs: bool) {
     let width = heads * head_dim;
     let mut rng = Rng::new((len * 3 + heads * 11 + head_dim) as u64);
-    let (q, k) = (rng.normals(len * width, 1.0), rng.normals(len * width, 1.0));
+    let (mut q, mut k) = (rng.normals(len * width, 1.0), rng.normals(len * width, 1.0));
     let mut v = rng.normals(len * width, 1.0);
     // A head's values far larger in its first dims: pieces of one row far apart in range.
     for row in v.chunks_mut(width) {
         row[..head_dim / 2].iter_mut().for_each(|x| *x *= 4e3);
     }
+    // Each as f16 pieces: their words and scales, and the values they stand for.
+    let pieces = width / piece;
+    let mut packed = Vec::new();
+    for t in [&mut q, &mut k, &mut v] {
+        let (words, scales) = pack_rows(t, len * pieces, piece);
+        for (i, w) in words.iter().enumerate() {
+            let s = scales[i / (piece / 2)];
+            t[2 * i] = half::f16::from_bits(*w as u16).to_f32() * s;
+            t[2 * i + 1] = half::f16::from_bits((*w >> 16) as u16).to_f32() * s;
+        }
+        packed.push((gpu.upload_u32("words", &words), gpu.upload_f32("scales", &scales)));
+    }
+    let half_of = |i: usize| HalfMat::pieces(Mat::new(&packed[i].0, (width / 2) as u64), Mat::new(&packed[i].1, pieces as u64), piece as u64);
     let (qb, kb, vb) = (gpu.upload_f32("q", &q), gpu.upload_f32("k", &k), gpu.upload_f32("v", &v));
     let qkv = Qkv { q: Mat::new(&qb, width as u64), k: Mat::new(&kb, width as u64), v: Mat::new(&vb, width as u64) };
     let s = Attention { q_len: len as u64, kv_len: len as u64, q_heads: heads as u64, kv_heads: heads as u64, head_dim: head_dim as u64, scale: (1.0 / (head_dim as f64).sqrt()) as f32, causal: false };
@@ -349,7 +369,10 @@ fn check_attention_into_half_pieces(gpu: &Gpu, [len, heads, head_dim]: [usize; 3
     let total = scales_at + len * scales_stride;
     let out = poisoned(gpu, total);
     let dst = HalfMat::pieces(Mat { buf: &out, offset: words_at as u64, stride: word_stride as u64 }, Mat { buf: &out, offset: scales_at as u64, stride: scales_stride as u64 }, piece as u64);
-    let all = run_and_read(gpu, &out, total, |enc| attention_into_half(gpu, enc, qkv, dst, s));
+    let all = run_and_read(gpu, &out, total, |enc| match half_inputs {
+        true => attention_half_into_half(gpu, enc, HalfQkv { q: half_of(0), k: half_of(1), v: half_of(2) }, dst, s),
+        false => attention_into_half(gpu, enc, qkv, dst, s),
+    });
     let (want_words, want_scales) = pack_rows(&o, len * pieces, piece);
     for row in 0..len {
         let first = words_at + row * word_stride;
@@ -366,6 +389,13 @@ fn attention_into_half_pieces_writes_the_f32_output_as_the_range_rule_rounds_eac
     check_attention_into_half_pieces(&gpu, [37, 2, 128], 64);
     check_attention_into_half_pieces(&gpu, [20, 3, 64], 64);
     check_attention_into_half_pieces(&gpu, [9, 4, 16], 16);
+}
+
+#[test]
+fn attention_over_half_pieces_equals_it_over_their_f32_values() {
+    let Some(gpu) = matrix_gpu() else { return };
+    check_attention_of_half_pieces(&gpu, [37, 2, 128], 64, true);
+    check_attention_of_half_pieces(&gpu, [20, 3, 64], 32, true);
 }
 
 #[test]

@@ -24,7 +24,7 @@ mod epilogue_tests;
 mod half_path_tests;
 
 // Each family's launchers and shapes, callable as `kernels::linear(..)`.
-pub use attention::{attention, attention_half_kv, attention_into_half, half_pack, Attention, HalfKvScales, Qkv, ATTENTION_MATRIX_MAX_HEAD_DIM, ATTENTION_MAX_HEAD_DIM, ATTENTION_QUERIES_PER_GROUP};
+pub use attention::{attention, attention_half_into_half, attention_half_kv, attention_into_half, half_pack, HalfQkv, Attention, HalfKvScales, Qkv, ATTENTION_MATRIX_MAX_HEAD_DIM, ATTENTION_MAX_HEAD_DIM, ATTENTION_QUERIES_PER_GROUP};
 pub use bench::{copy_peak, fma_peak, matrix_peak, FMA_PEAK_FMAS_PER_ITERATION, MATRIX_PEAK_CHAINS};
 pub use conv::{conv2d, conv2d_then, upsample_nearest2x, ConvEpilogue};
 pub use df11::{df11_clear, df11_decode, df11_decode_blocks, Df11Arrays, DF11_BLOCK_BYTES};

@@ -65,7 +65,7 @@ fn check_attention_within(gpu: &Gpu, c: AttnCase, seed: u64, scales: [f32; 3], t
         let kw = (c.kv_heads * c.head_dim) as u64;
         let qkv = Qkv { q: Mat::new(&qb, qw), k: Mat::new(&kb, kw), v: Mat::new(&vb, kw) };
         match FLASH.get() {
-            true => attention_with(gpu, enc, AttentionKernel::Flash(gpu.matrix().unwrap()), qkv, None, mask.map(|_| &*mb), Out::F32(Mat::new(&ob, qw)), None, s),
+            true => attention_with(gpu, enc, AttentionKernel::Flash(gpu.matrix().unwrap()), qkv, Inputs::F32, None, mask.map(|_| &*mb), Out::F32(Mat::new(&ob, qw)), None, s),
             false => attention(gpu, enc, qkv, mask.map(|_| &*mb), Mat::new(&ob, qw), None, s),
         }
     });
