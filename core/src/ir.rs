@@ -69,6 +69,10 @@ pub struct Operand {
 pub const MAX_OPERAND_PIECE: u64 = 64;
 /// The narrowest: a block's outputs in at most four pieces.
 pub const MIN_OPERAND_PIECE: u64 = 16;
+/// The narrowest piece a product's own outputs (not SwiGLU's pairs, twice
+/// as many a block) come in: a block of 8 tiles (128 outputs with 16×16
+/// tiles) in at most four pieces.
+pub const MIN_PROJECTION_PIECE: u64 = 32;
 
 impl Operand {
     /// f32 rows.
@@ -184,6 +188,13 @@ pub enum Op {
     /// (into the scratch and an [`Op::HalfPack`] into `y` where `y` is f16
     /// rows in pieces).
     LinearSwiGlu { x: Operand, w: TensorName, w_row: u64, y: Operand, rows: u64, cols: u64, inner: u64, scratch: Span },
+    /// [`Op::Linear`] without bias into f16 rows in pieces (`y`,
+    /// [`Operand::half_pieces`]): the queries', keys' and values'
+    /// projections, each piece of a row rounded under its range scale in
+    /// the epilogue. `scratch` `[rows, cols]` f32 is where the product goes
+    /// first when the epilogue cannot take it (an adapter, weights expanded
+    /// in pieces): the product there, then an [`Op::HalfPack`] into `y`.
+    LinearHalf { x: Operand, w: TensorName, w_row: u64, y: Operand, rows: u64, cols: u64, inner: u64, scratch: Span },
     /// Per-head RMSNorm with weight, in place.
     RmsNormHeads { data: Span, w: TensorName, tokens: u64, heads: u64, head_dim: u64, eps: f32 },
     /// `dst = LN(src)·(1 + scale) + shift` (no affine), shift/scale broadcast
@@ -193,12 +204,14 @@ pub enum Op {
     LayerNormModulate { src: Span, dst: Operand, shift: Span, scale: Span, later: Option<LaterModulation>, tokens: u64, d: u64, eps: f32 },
     /// [`Op::RmsNormHeads`] then [`Op::RopeInterleaved`] on the same rows, in
     /// one pass (the same values): the queries' and keys' norm and rotation.
-    RmsNormRope { data: Span, w: TensorName, table_row: u64, tokens: u64, heads: u64, head_dim: u64, eps: f32 },
+    /// `data` f32 rows, or f16 rows in pieces, rounded again piece by piece.
+    RmsNormRope { data: Operand, w: TensorName, table_row: u64, tokens: u64, heads: u64, head_dim: u64, eps: f32 },
     /// Interleaved-pair RoPE in place; token `t` uses table row `table_row + t`.
     RopeInterleaved { data: Span, table_row: u64, tokens: u64, heads: u64, head_dim: u64 },
     /// Non-causal attention, `scale = 1/√head_dim`; `o` f32 rows, or the
-    /// output projection's f16 rows in pieces within a head.
-    Attention { q: Span, k: Span, v: Span, o: Operand, len: u64, heads: u64, head_dim: u64 },
+    /// output projection's f16 rows in pieces within a head; `q`, `k` and
+    /// `v` f32 rows, or (with such an `o`) f16 rows in pieces too.
+    Attention { q: Operand, k: Operand, v: Operand, o: Operand, len: u64, heads: u64, head_dim: u64 },
     /// Non-causal attention of `q_len` query rows over `kv_len` key rows, `scale = 1/√head_dim`.
     CrossAttention { q: Span, k: Span, v: Span, o: Span, q_len: u64, kv_len: u64, heads: u64, head_dim: u64 },
     /// `CrossAttention` over keys and values in the half-K/V layout: `k`
@@ -286,7 +299,7 @@ impl Op {
     /// bounds them.
     pub fn flops(&self) -> u64 {
         match self {
-            Op::Linear { rows, cols, inner, .. } => 2 * rows * cols * inner,
+            Op::Linear { rows, cols, inner, .. } | Op::LinearHalf { rows, cols, inner, .. } => 2 * rows * cols * inner,
             Op::LinearSwiGlu { rows, cols, inner, .. } => 4 * rows * cols * inner,
             Op::Attention { len, heads, head_dim, .. } => 4 * len * len * heads * head_dim,
             Op::PartialAttention { q_len, kv_len, heads, head_dim, .. }
@@ -307,7 +320,7 @@ impl Op {
     pub fn weights(&self) -> impl Iterator<Item = &TensorName> {
         let (first, second) = match self {
             Op::Linear { w, bias, .. } => (Some(w), bias.as_ref()),
-            Op::LinearSwiGlu { w, .. } => (Some(w), None),
+            Op::LinearSwiGlu { w, .. } | Op::LinearHalf { w, .. } => (Some(w), None),
             Op::RmsNormHeads { w, .. } | Op::RmsNorm { w, .. } | Op::RmsNormRope { w, .. } => (Some(w), None),
             Op::Conv2d { w, bias, .. } => (Some(w), Some(bias)),
             Op::GroupNorm { gamma, beta, .. } | Op::GroupNormApply { gamma, beta, .. } => (Some(gamma), Some(beta)),

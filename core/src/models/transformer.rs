@@ -166,8 +166,10 @@ fn project_into_stream(l: &TransformerLayout, x: Operand, w: TensorName, inner: 
 
 /// Attention over every row in `q`, `k`, `v` into `o`, as the pass has
 /// it: the cache's copies ([`kv_copies`]), then [`attend`] for every row.
-fn attention(l: &TransformerLayout, block: u64, [q, k, v]: [Span; 3], o: Operand, emit: &mut impl FnMut(Op)) {
-    kv_copies(l, block, k, v, emit);
+fn attention(l: &TransformerLayout, block: u64, [q, k, v]: [Operand; 3], o: Operand, emit: &mut impl FnMut(Op)) {
+    if l.kv.is_some() {
+        kv_copies(l, block, k.f32_rows(), v.f32_rows(), emit);
+    }
     attend(l, [q, k, v], o, 0, l.active_rows(), emit);
 }
 
@@ -193,12 +195,12 @@ fn kv_copies(l: &TransformerLayout, block: u64, k: Span, v: Span, emit: &mut imp
 /// extracting, the reference rows over the reference rows only. `o` is f16
 /// rows in pieces only where the layout has pieces: laid out whole, without
 /// the KV cache, where one [`Op::Attention`] takes every row.
-fn attend(l: &TransformerLayout, [q, k, v]: [Span; 3], o: Operand, first: u64, rows: u64, emit: &mut impl FnMut(Op)) {
+fn attend(l: &TransformerLayout, [q, k, v]: [Operand; 3], o: Operand, first: u64, rows: u64, emit: &mut impl FnMut(Op)) {
     let (heads, hd) = (l.heads, l.head_dim);
     let (all, own) = (l.text + l.image, l.text + l.noise);
     // `q_len` queries over the `kv_len` keys from row `kv_first`, f32 or half.
     let mut cross = |q: Span, o: Span, q_len: u64, kv_first: u64, kv_len: u64| {
-        let (k, v) = (k.rows_from(kv_first), v.rows_from(kv_first));
+        let (k, v) = (k.f32_rows().rows_from(kv_first), v.f32_rows().rows_from(kv_first));
         emit(match l.kv_scales {
             None => Op::CrossAttention { q, k, v, o, q_len, kv_len, heads, head_dim: hd },
             Some([ks, vs]) => Op::HalfKvAttention { q, k, v, k_scales: ks.rows_from(kv_first), v_scales: vs.rows_from(kv_first), o, q_len, kv_len, heads, head_dim: hd },
@@ -208,7 +210,7 @@ fn attend(l: &TransformerLayout, [q, k, v]: [Span; 3], o: Operand, first: u64, r
         None if first == 0 && rows == all && l.kv_scales.is_none() => emit(Op::Attention { q, k, v, o, len: all, heads, head_dim: hd }),
         _ if o.is_half() => unreachable!("the layout keeps a chunked or cached pass's attention output f32"),
         Some(KvPass::Extract) => {
-            let o = o.f32_rows();
+            let (q, o) = (q.f32_rows(), o.f32_rows());
             let end = first + rows;
             if first < own {
                 cross(q, o, end.min(own) - first, 0, all);
@@ -218,7 +220,7 @@ fn attend(l: &TransformerLayout, [q, k, v]: [Span; 3], o: Operand, first: u64, r
                 cross(q.rows_from(start - first), o.rows_from(start - first), end - start, own, all - own);
             }
         }
-        _ => cross(q, o.f32_rows(), rows, 0, all),
+        _ => cross(q.f32_rows(), o.f32_rows(), rows, 0, all),
     }
 }
 
@@ -249,6 +251,16 @@ fn keep_keys_values(l: &TransformerLayout, first: u64, n: u64, emit: &mut impl F
 fn rope_keys(l: &TransformerLayout, emit: &mut impl FnMut(Op)) {
     if l.kv_scales.is_none() {
         emit(Op::RopeInterleaved { data: l.k, table_row: 0, tokens: l.active_rows(), heads: l.heads, head_dim: l.head_dim });
+    }
+}
+
+/// A projection without bias of `x` over W's rows `w_row ..` into `y`
+/// (`[rows, cols, inner]`): f32 rows, or f16 rows in pieces through
+/// [`Op::LinearHalf`], whose fallback product goes to `scratch` first.
+fn projection(x: Operand, (w, w_row): (TensorName, u64), y: Operand, [rows, cols, inner]: [u64; 3], scratch: Span) -> Op {
+    match y.is_half() {
+        true => Op::LinearHalf { x, w, w_row, y, rows, cols, inner, scratch },
+        false => Op::Linear { x, w, w_row, bias: None, y: y.data, rows, cols, inner, gate: None },
     }
 }
 
@@ -326,8 +338,8 @@ pub fn double_block(l: &TransformerLayout, b: usize, mut emit: impl FnMut(Op)) {
                 let g = s.first_row + r0;
                 modulate(l, (g, n, g), s.modulation, [0, 1], &mut emit);
                 emit(linear(l.normed, attn_w(s.q), l.q, n, d, d));
-                emit(Op::RmsNormRope { data: l.q, w: attn_w(s.q_norm), table_row: g, tokens: n, heads, head_dim: hd, eps: l.eps });
-                attend(l, [l.q, l.k, l.v], l.attn, g, n, &mut emit);
+                emit(Op::RmsNormRope { data: l.q.into(), w: attn_w(s.q_norm), table_row: g, tokens: n, heads, head_dim: hd, eps: l.eps });
+                attend(l, [l.q, l.k, l.v].map(Operand::f32), l.attn, g, n, &mut emit);
                 project_into_stream(l, l.attn.into(), attn_w(s.out), d, (g, n, g), s.modulation, 2, &mut emit);
                 modulate(l, (g, n, g), s.modulation, [3, 4], &mut emit);
                 feed_forward(s, (g, n, g), &mut emit);
@@ -337,17 +349,18 @@ pub fn double_block(l: &TransformerLayout, b: usize, mut emit: impl FnMut(Op)) {
     }
     // Both streams' rows are normalised in one pass each time, each under its own modulation.
     modulate_streams(l, &[&txt, &img], [0, 1], &mut emit);
+    let [q, k, v] = l.qkv_operands();
     for s in [&txt, &img] {
-        let rows = |span: Span| span.rows_from(s.first_row);
-        for (proj, dst) in [(s.q, l.q), (s.k, l.k), (s.v, l.v)] {
-            emit(linear(l.normed.rows_from(s.first_row), attn_w(proj), rows(dst), s.rows, d, d));
+        let rows = |o: Operand| o.rows_from(s.first_row);
+        for (proj, dst) in [(s.q, q), (s.k, k), (s.v, v)] {
+            emit(projection(l.normed.rows_from(s.first_row), (attn_w(proj), 0), rows(dst), [s.rows, d, d], l.proj.rows_from(s.first_row)));
         }
         // Each stream's rows are rotated by the table rows of their place in the pass.
-        for (norm, dst) in [(s.q_norm, l.q), (s.k_norm, l.k)] {
+        for (norm, dst) in [(s.q_norm, q), (s.k_norm, k)] {
             emit(Op::RmsNormRope { data: rows(dst), w: attn_w(norm), table_row: s.first_row, tokens: s.rows, heads, head_dim: hd, eps: l.eps });
         }
     }
-    attention(l, b as u64, [l.q, l.k, l.v], l.attn, &mut emit);
+    attention(l, b as u64, [q, k, v], l.attn, &mut emit);
     for s in [&txt, &img] {
         project_into_stream(l, l.attn.rows_from(s.first_row).into(), attn_w(s.out), d, (s.first_row, s.rows, 0), s.modulation, 2, &mut emit);
     }
@@ -389,18 +402,20 @@ pub fn single_block(l: &TransformerLayout, b: usize, mut emit: impl FnMut(Op)) {
         for (r0, n) in l.chunks(rows) {
             modulate(l, (r0, n, r0), m, [0, 1], &mut emit);
             emit(part(l.normed, 0, l.q, n, d));
-            emit(Op::RmsNormRope { data: l.q, w: w("norm_q"), table_row: r0, tokens: n, heads, head_dim: hd, eps: l.eps });
-            attend(l, [l.q, l.k, l.v], l.joined, r0, n, &mut emit);
+            emit(Op::RmsNormRope { data: l.q.into(), w: w("norm_q"), table_row: r0, tokens: n, heads, head_dim: hd, eps: l.eps });
+            attend(l, [l.q, l.k, l.v].map(Operand::f32), l.joined, r0, n, &mut emit);
             emit(linear_swiglu(l.normed, w("to_qkv_mlp_proj"), 3 * d, l.joined.cols_from(d), n, f, d, l.fused));
             project_into_stream(l, l.joined.into(), w("to_out"), d + f, (r0, n, r0), m, 2, &mut emit);
         }
         return;
     }
     modulate(l, (0, rows, 0), m, [0, 1], &mut emit);
-    // q, k and v; then the MLP halves' product and SwiGLU into the joined rows.
-    emit(part(l.normed, 0, l.fused, rows, 3 * d));
+    // q, k and v (f32 into the fused rows, or f16 into the layout's `qkv`);
+    // then the MLP halves' product and SwiGLU into the joined rows.
+    let qkv = l.qkv.unwrap_or(Operand::f32(l.fused));
+    emit(projection(l.normed, (w("to_qkv_mlp_proj"), 0), qkv, [rows, 3 * d, d], l.fused));
     emit(linear_swiglu(l.normed, w("to_qkv_mlp_proj"), 3 * d, l.joined.cols_from(d), rows, f, d, l.fused.cols_from(3 * d)));
-    let (q, k, v) = (l.fused, l.fused.cols_from(d), l.fused.cols_from(2 * d));
+    let (q, k, v) = (qkv, qkv.cols_from(d), qkv.cols_from(2 * d));
     emit(Op::RmsNormRope { data: q, w: w("norm_q"), table_row: 0, tokens: rows, heads, head_dim: hd, eps: l.eps });
     emit(Op::RmsNormRope { data: k, w: w("norm_k"), table_row: 0, tokens: rows, heads, head_dim: hd, eps: l.eps });
     attention(l, block, [q, k, v], l.joined, &mut emit);

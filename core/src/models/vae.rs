@@ -333,7 +333,7 @@ pub(crate) fn attention(l: &Stream, p: &str, c: u64, pixels: u64, emit: &mut imp
         });
     }
     let (q, k, v) = (rows(l.q, c), rows(l.k, c), rows(l.v, c));
-    emit(Op::Attention { q, k, v, o: rows(l.b, c).into(), len: pixels, heads: 1, head_dim: c });
+    emit(Op::Attention { q: q.into(), k: k.into(), v: v.into(), o: rows(l.b, c).into(), len: pixels, heads: 1, head_dim: c });
     emit(Op::Linear {
         x: rows(l.b, c).into(),
         w: name(format_args!("{p}.to_out.0.weight")),

@@ -210,7 +210,7 @@ pub fn op_traffic(op: &Op, tier: Precision, m: &Machine) -> Traffic {
             let out = if gate.is_some() { Out::Gated } else { Out::Set };
             linear(m, p, (x, y.into()), [rows, cols, inner], bias.is_some(), out)
         }
-        Op::LinearSwiGlu { x, y, rows, cols, inner, scratch, .. } => match swiglu_fits(m, p, cols, inner) && (!y.is_half() || writes_pieces(m, y.piece)) {
+        Op::LinearSwiGlu { x, y, rows, cols, inner, scratch, .. } => match swiglu_fits(m, p, cols, inner) && (!y.is_half() || writes_pieces(m, y.piece, true)) {
             true => linear(m, p, (x, y), [rows, cols, inner], false, Out::SwiGlu),
             // As the runner falls back: both products into the scratch, then
             // the SwiGLU (into the scratch and packed, for f16 pieces).
@@ -222,7 +222,18 @@ pub fn op_traffic(op: &Op, tier: Precision, m: &Machine) -> Traffic {
                 linear(m, p, (x, scratch.into()), [rows, 2 * cols, inner], false, Out::Set) + op_traffic(&swiglu, tier, m) + packed
             }
         },
-        Op::Attention { len, heads, head_dim, o, .. } => attention(m, p, [len, len, heads, heads, head_dim], AttentionIo { o_pieces: o.piece, ..AttentionIo::default() }),
+        Op::Attention { len, heads, head_dim, q, o, .. } => {
+            attention(m, p, [len, len, heads, heads, head_dim], AttentionIo { o_pieces: o.piece, qkv_pieces: q.piece, ..AttentionIo::default() })
+        }
+        Op::LinearHalf { x, y, rows, cols, inner, scratch, .. } => match writes_pieces(m, y.piece, false) {
+            true => linear(m, p, (x, y), [rows, cols, inner], false, Out::Set),
+            // As the runner falls back: the product into the scratch, then packed.
+            false => {
+                let piece = y.piece.unwrap_or(cols);
+                let pack = Op::HalfPack { src: scratch, dst: y.data, scales: y.scales.unwrap_or(y.data), tokens: rows, heads: cols / piece, head_dim: piece };
+                linear(m, p, (x, scratch.into()), [rows, cols, inner], false, Out::Set) + op_traffic(&pack, tier, m)
+            }
+        },
         Op::CrossAttention { q_len, kv_len, heads, head_dim, .. } => attention(m, p, [q_len, kv_len, heads, heads, head_dim], AttentionIo::default()),
         Op::PartialAttention { q_len, kv_len, heads, head_dim, .. } => {
             attention(m, p, [q_len, kv_len, heads, heads, head_dim], AttentionIo { lse: true, ..AttentionIo::default() })
@@ -244,9 +255,9 @@ pub fn op_traffic(op: &Op, tier: Precision, m: &Machine) -> Traffic {
             by_rows(tokens, &[Rows::of(src, d, a), operand_rows(&dst, d, p)], &|r| r * d * a + r * p.row_bytes(&dst, d) + modulations * 2 * d * a)
         }
         Op::RmsNormRope { data, tokens, heads, head_dim, .. } => {
-            // Data in place, the norm's weight, a cos and a sin table row per token.
+            // Data in place (f32, or f16 with its scales), the norm's weight, a cos and a sin table row per token.
             let w = heads * head_dim;
-            by_rows(tokens, &[Rows::of(data, w, a), Rows::packed(head_dim, 4)], &|r| 2 * r * w * a + head_dim * wb + 2 * r * head_dim * 4)
+            by_rows(tokens, &[operand_rows(&data, w, p), Rows::packed(head_dim, 4)], &|r| 2 * r * p.row_bytes(&data, w) + head_dim * wb + 2 * r * head_dim * 4)
         }
         Op::RopeInterleaved { data, tokens, heads, head_dim, .. } | Op::RopeRotateHalf { data, tokens, heads, head_dim, .. } => {
             // Data in place; a cos and a sin table row (f32) per token.
@@ -305,11 +316,12 @@ enum Out {
     SwiGlu,
 }
 
-/// Whether the matrix SwiGLU product's epilogue writes f16 rows in pieces
-/// of `piece` on machine `m`: its block's outputs (half a block's columns)
-/// 1, 2 or 4 whole pieces (the kernels' `swiglu_writes_pieces`).
-fn writes_pieces(m: &Machine, piece: Option<u64>) -> bool {
-    let block = m.product_block / 2;
+/// Whether a matrix product's epilogue writes f16 rows in pieces of `piece`
+/// on machine `m`: its block's outputs (a block's columns, half of them
+/// with SwiGLU's pairs) 1, 2 or 4 whole pieces (the kernels'
+/// `product_writes_pieces`).
+fn writes_pieces(m: &Machine, piece: Option<u64>, swiglu: bool) -> bool {
+    let block = m.product_block / if swiglu { 2 } else { 1 };
     piece.is_some_and(|p| p > 0 && block.is_multiple_of(p) && block / p <= 4)
 }
 
@@ -373,6 +385,8 @@ struct AttentionIo {
     mask: bool,
     /// The output written as f16 rows in pieces of this many values.
     o_pieces: Option<u64>,
+    /// The queries, keys and values read as f16 rows in pieces of this many values.
+    qkv_pieces: Option<u64>,
 }
 
 /// Attention of `q_len` queries over `kv_len` keys, in pieces of queries as
@@ -381,9 +395,14 @@ struct AttentionIo {
 fn attention(m: &Machine, p: DataPath, [q_len, kv_len, q_heads, kv_heads, head_dim]: [u64; 5], io: AttentionIo) -> Traffic {
     let a = p.activation;
     let (q_width, kv_width) = (q_heads * head_dim, kv_heads * head_dim);
+    // A row of `width` values as stored: f32, or f16 with a scale a piece.
+    let row = |width: u64| match io.qkv_pieces {
+        Some(piece) => width * 2 + width / piece * 4,
+        None => width * a,
+    };
     let kv_bytes = match io.half_kv {
         true => 2 * (kv_len * kv_width * 2 + kv_len * kv_heads * 4),
-        false => 2 * kv_len * kv_width * a,
+        false => 2 * kv_len * row(kv_width),
     } + io.mask as u64 * kv_len * 4;
     let matrix = p.matrix && !io.half_kv && head_dim <= ATTENTION_MATRIX_MAX_HEAD_DIM;
     let q_rows = Rows::packed(q_width, a);
@@ -394,7 +413,7 @@ fn attention(m: &Machine, p: DataPath, [q_len, kv_len, q_heads, kv_heads, head_d
                 Some(piece) => r * (q_width * 2 + q_width / piece * 4),
                 None => r * q_width * a,
             };
-            let bytes = r * q_width * a + written + io.lse as u64 * r * q_heads * 4 + kv_bytes;
+            let bytes = r * row(q_width) + written + io.lse as u64 * r * q_heads * 4 + kv_bytes;
             pass_on(m, bytes, 4 * r * kv_len * q_heads * head_dim, matrix)
         })
         .sum()
@@ -512,7 +531,7 @@ pub fn vae_decode(cfg: &VaeConfig, [width, height]: [u64; 2], tier: Precision, m
 /// The kind of an op, as the traffic table names it.
 pub fn kind(op: &Op) -> &'static str {
     match op {
-        Op::Linear { .. } | Op::LinearSwiGlu { .. } => "linear",
+        Op::Linear { .. } | Op::LinearSwiGlu { .. } | Op::LinearHalf { .. } => "linear",
         Op::Attention { .. } | Op::CrossAttention { .. } | Op::PartialAttention { .. } | Op::HalfKvAttention { .. } | Op::CausalAttention { .. } => "attention",
         Op::RmsNormHeads { .. } | Op::RmsNorm { .. } => "RMS norm",
         Op::RmsNormRope { .. } => "RMS norm + RoPE",

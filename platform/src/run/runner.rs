@@ -111,6 +111,21 @@ impl Runner {
                 kernels::elementwise(gpu, sink, Elementwise::GatedResidual, self.mat(g.scratch), Some(self.mat(g.vector)), self.mat(*y), [*rows, *cols])
             }
             Op::Linear { .. } => self.record_linear(gpu, sink, weights, op, None),
+            Op::LinearHalf { x, w, w_row, y, rows, cols, inner, scratch } => {
+                let s = kernels::Gemm { m: *rows, n: *cols, k: *inner };
+                let (Some(half), Some(piece)) = (self.half(*y), y.piece) else {
+                    return Err(GpuError::UnsupportedShape("a product into f16 rows writes them in pieces".into()));
+                };
+                if self.epilogue_takes(weights, w) && kernels::product_writes_pieces(gpu, piece, false) {
+                    let weight = weights.get(w)?.view().rows_from(*w_row, *inner);
+                    return kernels::linear_into_half(gpu, sink, self.input(*x), weight, half, s);
+                }
+                // The product and its adapter's into the scratch, then packed piece by piece.
+                let product = Op::Linear { x: *x, w: w.clone(), w_row: *w_row, bias: None, y: *scratch, rows: *rows, cols: *cols, inner: *inner, gate: None };
+                self.record(gpu, sink, weights, &product)?;
+                let pieces = kernels::HeadRows { tokens: *rows, heads: cols / piece, head_dim: piece };
+                kernels::half_pack(gpu, sink, self.mat(*scratch), half.data, half.scales, pieces)
+            }
             Op::LinearSwiGlu { x, w, w_row, y, rows, cols, inner, scratch } => {
                 let s = kernels::Gemm { m: *rows, n: *cols, k: *inner };
                 if self.epilogue_takes(weights, w) {
@@ -158,15 +173,20 @@ impl Runner {
             Op::RmsNormRope { data, w, table_row, tokens, heads, head_dim, eps } => {
                 let s = RowNorm { tokens: *tokens, heads: *heads, d: *head_dim, eps: *eps };
                 let tables = kernels::RopeTables { cos: &self.rope_cos, sin: &self.rope_sin, first_row: *table_row };
-                kernels::rms_norm_rope(gpu, sink, self.mat(*data), weights.get(w)?.view(), tables, s)
+                match self.half(*data) {
+                    Some(half) => kernels::rms_norm_rope_half(gpu, sink, half, weights.get(w)?.view(), tables, s),
+                    None => kernels::rms_norm_rope(gpu, sink, self.mat(data.data), weights.get(w)?.view(), tables, s),
+                }
             }
             Op::RopeInterleaved { data, table_row, tokens, heads, head_dim } => kernels::rope(gpu, sink, RopeStyle::Interleaved, self.mat(*data), kernels::RopeTables { cos: &self.rope_cos, sin: &self.rope_sin, first_row: *table_row }, kernels::HeadRows { tokens: *tokens, heads: *heads, head_dim: *head_dim }),
             Op::Attention { q, k, v, o, len, heads, head_dim } => {
                 let s = non_causal(*len, *len, *heads, *head_dim);
-                let qkv = kernels::Qkv { q: self.mat(*q), k: self.mat(*k), v: self.mat(*v) };
-                match self.half(*o) {
-                    Some(o) => kernels::attention_into_half(gpu, sink, qkv, o, s),
-                    None => kernels::attention(gpu, sink, qkv, None, self.mat(o.data), None, s),
+                let qkv = kernels::Qkv { q: self.mat(q.data), k: self.mat(k.data), v: self.mat(v.data) };
+                match (self.half(*q), self.half(*k), self.half(*v), self.half(*o)) {
+                    (Some(q), Some(k), Some(v), Some(o)) => kernels::attention_half_into_half(gpu, sink, kernels::HalfQkv { q, k, v }, o, s),
+                    (None, None, None, Some(o)) => kernels::attention_into_half(gpu, sink, qkv, o, s),
+                    (None, None, None, None) => kernels::attention(gpu, sink, qkv, None, self.mat(o.data), None, s),
+                    _ => Err(GpuError::UnsupportedShape("attention over f16 queries, keys and values writes f16 rows in pieces, and reads all three so".into())),
                 }
             }
             Op::CrossAttention { q, k, v, o, q_len, kv_len, heads, head_dim } => {

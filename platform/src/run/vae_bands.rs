@@ -73,7 +73,7 @@ impl BandRunner<'_> {
             Op::UpsampleNearest2x { x, y, channels, height, width } => self.upsample(store, *x, *y, *channels, *height, *width),
             Op::Transpose { src, dst, rows, cols } => self.transpose(store, *src, *dst, *rows, *cols),
             Op::Linear { x, w, w_row: 0, bias, y, rows, cols, inner, gate: None } if !x.is_half() => self.linear(store, x.data, w, bias.as_ref(), *y, Gemm { m: *rows, n: *cols, k: *inner }),
-            Op::Attention { q, k, v, o, len, heads, head_dim } => self.attention(store, [*q, *k, *v, o.f32_rows()], *len, *heads, *head_dim),
+            Op::Attention { q, k, v, o, len, heads, head_dim } => self.attention(store, [q, k, v, o].map(|x| x.f32_rows()), *len, *heads, *head_dim),
             &Op::Copy { src, dst, rows, cols } => self.copy(store, src, dst, rows, cols),
             &Op::TanhClamp { src, dst, count, limit } => self.elementwise(store, src, dst, count, |src, dst, count| Op::TanhClamp { src, dst, count, limit }),
             &Op::Relu { src, dst, count } => self.elementwise(store, src, dst, count, |src, dst, count| Op::Relu { src, dst, count }),

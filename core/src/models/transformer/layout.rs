@@ -5,7 +5,7 @@
 
 use crate::arena::{ArenaError, BumpArena};
 use crate::config::TransformerConfig;
-use crate::ir::{operand_piece, Operand, Span, ALIGN, F32};
+use crate::ir::{operand_piece, Operand, Span, ALIGN, F32, MIN_PROJECTION_PIECE};
 
 /// Token counts of one forward pass.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -92,10 +92,16 @@ pub struct TransformerLayout {
     /// Double-block attention tensors: queries and attention output
     /// `[text + image, D]` (`[chunk, D]` by chunks), keys and values
     /// `[text + image, D]` always (every query reads every key); in the
-    /// half-K/V layout `[text + image, D/2]` words of f16 pairs.
+    /// half-K/V layout `[text + image, D/2]` words of f16 pairs. No rows where
+    /// `qkv` holds the queries, keys and values.
     pub q: Span,
     pub k: Span,
     pub v: Span,
+    /// With [`TransformerLayout::piece`] of at least [`MIN_PROJECTION_PIECE`]:
+    /// every block's queries, keys and values `[text + image, 3D]` as f16 rows
+    /// in pieces, written by their projections' epilogues, normed and roped in
+    /// place, and read so by attention.
+    pub qkv: Option<Operand>,
     /// The half-K/V layout's range scales of the keys and of the values,
     /// `[text + image, heads]` each.
     pub kv_scales: Option<[Span; 2]>,
@@ -222,9 +228,16 @@ impl TransformerLayout {
         };
         arena.reserve_to(double_end)?;
         let attn = operand(arena, chunk.min(rows), dim)?;
+        let qkv_piece = piece.filter(|p| *p >= MIN_PROJECTION_PIECE);
+        let qkv = match qkv_piece {
+            Some(p) => Some(Operand::half_pieces(take(arena, rows, 3 * dim / 2)?, take(arena, rows, 3 * dim / p)?, p)),
+            None => None,
+        };
         let mut take = |r: u64, width: u64| take(arena, r, width);
         // By chunks, the per-token scratch holds one chunk; keys, values and the stream stay whole.
         let scratch_rows = chunk.min(rows);
+        // Queries, keys and values in `qkv` take no f32 rows.
+        let qkv_rows = |r: u64| if qkv.is_some() { 0 } else { r };
         let mut l = Self {
             text,
             image,
@@ -255,9 +268,10 @@ impl TransformerLayout {
                 true => Operand::half_rows(take(scratch_rows, dim / 2)?, take(scratch_rows, 1)?),
                 false => Operand::f32(take(scratch_rows, dim)?),
             },
-            q: take(scratch_rows, dim)?,
-            k: take(rows, kv_width)?,
-            v: take(rows, kv_width)?,
+            q: take(qkv_rows(scratch_rows), dim)?,
+            k: take(qkv_rows(rows), kv_width)?,
+            v: take(qkv_rows(rows), kv_width)?,
+            qkv,
             kv_scales: None,
             attn,
             proj: take(scratch_rows, dim)?,
@@ -290,6 +304,15 @@ impl TransformerLayout {
             });
         }
         Ok(l)
+    }
+
+    /// Every block's queries, keys and values as attention reads them:
+    /// views of `qkv`, or the f32 rows of `q`, `k` and `v`.
+    pub fn qkv_operands(&self) -> [Operand; 3] {
+        match self.qkv {
+            Some(qkv) => [qkv, qkv.cols_from(self.dim), qkv.cols_from(2 * self.dim)],
+            None => [self.q, self.k, self.v].map(Operand::f32),
+        }
     }
 
     /// The same layout running `pass` of the KV pipeline (unchanged without

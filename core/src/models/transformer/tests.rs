@@ -212,7 +212,7 @@ fn double_block_reads_its_own_weights() {
     let l = TransformerLayout::new(&cfg, 512, 64, &mut arena).unwrap();
     let mut names = heapless::Vec::<crate::models::tensors::TensorName, 32>::new();
     double_block(&l, 3, |op| {
-        if let Op::Linear { w, .. } | Op::LinearSwiGlu { w, .. } | Op::RmsNormHeads { w, .. } | Op::RmsNormRope { w, .. } = op {
+        if let Op::Linear { w, .. } | Op::LinearSwiGlu { w, .. } | Op::LinearHalf { w, .. } | Op::RmsNormHeads { w, .. } | Op::RmsNormRope { w, .. } = op {
             names.push(w).unwrap();
         }
     });

@@ -235,7 +235,7 @@ impl<'g> ShapeBench<'g> {
         let m: Vec<Mat<'_>> = qkv.iter().chain([&o]).map(|b| Mat::new(b, width)).collect();
         let mut d = Vec::new();
         kernels::attention(gpu, &mut d, kernels::Qkv { q: m[0], k: m[1], v: m[2] }, None, m[3], None, s)?;
-        let op = Op::Attention { q: span0(), k: span0(), v: span0(), o: span0().into(), len: tokens, heads, head_dim: hd };
+        let op = Op::Attention { q: span0().into(), k: span0().into(), v: span0().into(), o: span0().into(), len: tokens, heads, head_dim: hd };
         Ok(Figure {
             what: "attention".into(),
             shape: format!("{tokens} tokens, {heads}×{hd}"),
@@ -468,7 +468,7 @@ fn linear_shapes(cfg: &TransformerConfig, tokens: u64) -> Result<Vec<LinearShape
     for op in first_double.into_iter().chain(first_single).flatten() {
         // A SwiGLU product is timed as the product of its gate and up rows.
         let shape = match op {
-            Op::Linear { w, cols, inner, .. } => Some((w, *cols, *inner)),
+            Op::Linear { w, cols, inner, .. } | Op::LinearHalf { w, cols, inner, .. } => Some((w, *cols, *inner)),
             Op::LinearSwiGlu { w, cols, inner, .. } => Some((w, 2 * cols, *inner)),
             _ => None,
         };

@@ -41,7 +41,7 @@ impl Assignment {
             .flatten()
             .flat_map(|op| {
                 let linear = match op {
-                    Op::Linear { w, .. } | Op::LinearSwiGlu { w, .. } => Some(w.as_str()),
+                    Op::Linear { w, .. } | Op::LinearSwiGlu { w, .. } | Op::LinearHalf { w, .. } => Some(w.as_str()),
                     _ => None,
                 };
                 op.weights().map(|n| n.as_str()).filter(move |n| Some(*n) != linear)
