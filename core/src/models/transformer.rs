@@ -314,7 +314,7 @@ pub fn double_block(l: &TransformerLayout, b: usize, mut emit: impl FnMut(Op)) {
     // `base` in the per-token scratch), added into the stream under gate 5.
     let feed_forward = |s: &Stream<'_>, (first, n, base): (u64, u64, u64), emit: &mut dyn FnMut(Op)| {
         emit(linear_swiglu(l.normed.rows_from(first - base), w(&format_str(s.ff, "linear_in")), 0, l.ff_act, n, f, d, l.ff_in));
-        project_into_stream(l, l.ff_act.into(), w(&format_str(s.ff, "linear_out")), f, (first, n, base), s.modulation, 5, &mut { emit });
+        project_into_stream(l, l.ff_act, w(&format_str(s.ff, "linear_out")), f, (first, n, base), s.modulation, 5, &mut { emit });
     };
     if l.by_chunks() {
         // Every row's keys and values first, a chunk at a time; then each
@@ -340,7 +340,7 @@ pub fn double_block(l: &TransformerLayout, b: usize, mut emit: impl FnMut(Op)) {
                 emit(linear(l.normed, attn_w(s.q), l.q, n, d, d));
                 emit(Op::RmsNormRope { data: l.q.into(), w: attn_w(s.q_norm), table_row: g, tokens: n, heads, head_dim: hd, eps: l.eps });
                 attend(l, [l.q, l.k, l.v].map(Operand::f32), l.attn, g, n, &mut emit);
-                project_into_stream(l, l.attn.into(), attn_w(s.out), d, (g, n, g), s.modulation, 2, &mut emit);
+                project_into_stream(l, l.attn, attn_w(s.out), d, (g, n, g), s.modulation, 2, &mut emit);
                 modulate(l, (g, n, g), s.modulation, [3, 4], &mut emit);
                 feed_forward(s, (g, n, g), &mut emit);
             }
@@ -362,7 +362,7 @@ pub fn double_block(l: &TransformerLayout, b: usize, mut emit: impl FnMut(Op)) {
     }
     attention(l, b as u64, [q, k, v], l.attn, &mut emit);
     for s in [&txt, &img] {
-        project_into_stream(l, l.attn.rows_from(s.first_row).into(), attn_w(s.out), d, (s.first_row, s.rows, 0), s.modulation, 2, &mut emit);
+        project_into_stream(l, l.attn.rows_from(s.first_row), attn_w(s.out), d, (s.first_row, s.rows, 0), s.modulation, 2, &mut emit);
     }
     modulate_streams(l, &[&txt, &img], [3, 4], &mut emit);
     for s in [&txt, &img] {
@@ -405,7 +405,7 @@ pub fn single_block(l: &TransformerLayout, b: usize, mut emit: impl FnMut(Op)) {
             emit(Op::RmsNormRope { data: l.q.into(), w: w("norm_q"), table_row: r0, tokens: n, heads, head_dim: hd, eps: l.eps });
             attend(l, [l.q, l.k, l.v].map(Operand::f32), l.joined, r0, n, &mut emit);
             emit(linear_swiglu(l.normed, w("to_qkv_mlp_proj"), 3 * d, l.joined.cols_from(d), n, f, d, l.fused));
-            project_into_stream(l, l.joined.into(), w("to_out"), d + f, (r0, n, r0), m, 2, &mut emit);
+            project_into_stream(l, l.joined, w("to_out"), d + f, (r0, n, r0), m, 2, &mut emit);
         }
         return;
     }
@@ -419,7 +419,7 @@ pub fn single_block(l: &TransformerLayout, b: usize, mut emit: impl FnMut(Op)) {
     emit(Op::RmsNormRope { data: q, w: w("norm_q"), table_row: 0, tokens: rows, heads, head_dim: hd, eps: l.eps });
     emit(Op::RmsNormRope { data: k, w: w("norm_k"), table_row: 0, tokens: rows, heads, head_dim: hd, eps: l.eps });
     attention(l, block, [q, k, v], l.joined, &mut emit);
-    project_into_stream(l, l.joined.into(), w("to_out"), d + f, (0, rows, 0), m, 2, &mut emit);
+    project_into_stream(l, l.joined, w("to_out"), d + f, (0, rows, 0), m, 2, &mut emit);
 }
 
 /// Final AdaLN (scale first, then shift) on the noise rows and the output
