@@ -7,7 +7,7 @@
 
 use super::job::{Batch, Item};
 use crate::run::activations::Bands;
-use super::kept::{take_matching, Kept, PromptEncoder, Slot, TransformerKey};
+use super::kept::{Keepable, Kept, PromptEncoder, TransformerKey};
 use super::job::{OutputType, Resolved};
 use super::{denoise, uses_guidance, Image, Observer, Phase, Pipeline, Progress, Prompt, Request, Timings, PROMPT_TOKENS};
 use crate::components::text_encoder::TextEncoder;
@@ -16,7 +16,6 @@ use crate::error::RunError;
 use crate::model::tokenizer::PromptTokenizer;
 use crate::model::Component;
 use crate::pipeline::denoise::Conditioning;
-use crate::pipeline::reference_image::ReferenceImage;
 use flux_lite_core::plan::{Plan, WeightStrategy};
 use std::time::Instant;
 
@@ -49,71 +48,56 @@ pub struct Finished {
 /// A prompt's positive and (when guided) negative embeddings.
 type Embeddings = (Vec<f32>, Option<Vec<f32>>);
 
-impl Pipeline {
-    /// Makes every image of `job`, handing each to `take` as it is made
-    /// (decoded, unless the job asks for latents only); `take` may write it
-    /// out, and its error stops the job.
-    pub fn run(&self, job: &Resolved, observer: &mut dyn Observer, take: &mut dyn FnMut(Made) -> Result<(), RunError>) -> Result<Finished, RunError> {
-        let request = self.budgeted(&job.request);
-        self.run_batch(&job.batch, &request, &job.references, job.output == OutputType::Image, observer, take)
+/// Makes every image of `job` with `pipeline` ([`Pipeline::run`]) under
+/// `request` (the job's, budgeted), handing each to `take` as it is made.
+pub(super) fn run_job(pipeline: &Pipeline, job: &Resolved, request: &Request, observer: &mut dyn Observer, take: &mut dyn FnMut(Made) -> Result<(), RunError>) -> Result<Finished, RunError> {
+    let (batch, references, decode_image) = (&job.batch, &job.references, job.output == OutputType::Image);
+    batch.check()?;
+    let sizes: Vec<(usize, usize)> = references.iter().map(|r| (r.width, r.height)).collect();
+    if sizes != request.references {
+        return Err(RunError::Internal("the request's reference sizes differ from the reference images given".into()));
     }
-
-    fn run_batch(
-        &self,
-        batch: &Batch,
-        request: &Request,
-        references: &[ReferenceImage],
-        decode_image: bool,
-        observer: &mut dyn Observer,
-        take: &mut dyn FnMut(Made) -> Result<(), RunError>,
-    ) -> Result<Finished, RunError> {
-        batch.check()?;
-        let sizes: Vec<(usize, usize)> = references.iter().map(|r| (r.width, r.height)).collect();
-        if sizes != request.references {
-            return Err(RunError::Internal("the request's reference sizes differ from the reference images given".into()));
-        }
-        let plan = super::planning::plan(&self.gpu, &self.model, request)?;
-        // A VAE in bands on the host keeps the image's activations in a scratch
-        // file: find out now, not after the denoising, if its folder cannot take one.
-        let banded_encode = plan.references.is_some_and(|r| r.tile.is_some());
-        if (decode_image && matches!(Bands::from(plan.decode), Bands::OnHost { .. })) || banded_encode {
-            crate::run::activations::HostTensors::scratch_in(&self.scratch_dir, 1)?;
-        }
-        let mut kept = self.kept.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        match self.keep_loaded {
-            true => kept.make_room(&plan, request.memory_budget),
-            false => *kept = Kept::default(),
-        }
-        let mut run = Run { pipeline: self, plan: &plan, request, kept: &mut kept, count: batch.items.len(), timings: Timings::default(), reused: Vec::new() };
-        let rounds = run.rounds(batch);
-        let mut encoded_references = None;
-        for round in rounds {
-            let round_start = round.start;
-            let items = &batch.items[round];
-            Pipeline::begin(Phase::Encode, observer);
-            let embeddings = run.encode(batch, items, observer)?;
-            let encoded = match &encoded_references {
-                Some(e) => e,
-                None => {
-                    if !references.is_empty() {
-                        Pipeline::begin(Phase::References, observer);
-                    }
-                    let tile = plan.references.and_then(|r| r.tile).map(|t| t as usize);
-                    let e = super::encode_references(&self.gpu, &self.model, references, tile, &self.scratch_dir, &mut run.timings, &mut |p| observer.progress(p))?;
-                    encoded_references.insert(e)
+    let plan = super::planning::plan(&pipeline.gpu, &pipeline.model, request)?;
+    // A VAE in bands on the host keeps the image's activations in a scratch
+    // file: find out now, not after the denoising, if its folder cannot take one.
+    let banded_encode = plan.references.is_some_and(|r| r.tile.is_some());
+    if (decode_image && matches!(Bands::from(plan.decode), Bands::OnHost { .. })) || banded_encode {
+        crate::run::activations::HostTensors::scratch_in(&pipeline.scratch_dir, 1)?;
+    }
+    let mut kept = pipeline.kept.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    match pipeline.keep_loaded {
+        true => kept.make_room(&plan, request.memory_budget),
+        false => *kept = Kept::default(),
+    }
+    let mut run = Run { pipeline, plan: &plan, request, kept: &mut kept, count: batch.items.len(), timings: Timings::default(), reused: Vec::new() };
+    let rounds = run.rounds(batch);
+    let mut encoded_references = None;
+    for round in rounds {
+        let round_start = round.start;
+        let items = &batch.items[round];
+        Pipeline::begin(Phase::Encode, observer);
+        let embeddings = run.encode(batch, items, observer)?;
+        let encoded = match &encoded_references {
+            Some(e) => e,
+            None => {
+                if !references.is_empty() {
+                    Pipeline::begin(Phase::References, observer);
                 }
-            };
-            Pipeline::begin(Phase::Denoise, observer);
-            let latents = run.denoise(round_start, items, &embeddings, encoded, observer)?;
-            drop(embeddings);
-            if decode_image {
-                Pipeline::begin(Phase::Decode, observer);
+                let tile = plan.references.and_then(|r| r.tile).map(|t| t as usize);
+                let e = super::encode_references(&pipeline.gpu, &pipeline.model, references, tile, &pipeline.scratch_dir, &mut run.timings, &mut |p| observer.progress(p))?;
+                encoded_references.insert(e)
             }
-            run.hand_over(round_start, items, latents, decode_image, observer, take)?;
+        };
+        Pipeline::begin(Phase::Denoise, observer);
+        let latents = run.denoise(round_start, items, &embeddings, encoded, observer)?;
+        drop(embeddings);
+        if decode_image {
+            Pipeline::begin(Phase::Decode, observer);
         }
-        let Run { timings, reused, .. } = run;
-        Ok(Finished { plan, timings, reused })
+        run.hand_over(round_start, items, latents, decode_image, observer, take)?;
     }
+    let Run { timings, reused, .. } = run;
+    Ok(Finished { plan, timings, reused })
 }
 
 /// One batch in progress.
@@ -197,37 +181,33 @@ impl Run<'_> {
         if texts.is_empty() {
             return Ok(Vec::new());
         }
-        let strategy = self.plan.encode.weights;
+        let (pipeline, strategy) = (self.pipeline, self.plan.encode.weights);
         let started = Instant::now();
-        let encoder = match take_matching(&mut self.kept.text, &strategy) {
-            Some(e) => {
-                self.reused.push("text encoder");
-                e
-            }
-            None => {
-                let encoder = load_prompt_encoder(self.pipeline, strategy)?;
-                if let Some(warning) = &encoder.unread {
-                    observer.warning(warning);
-                }
-                encoder
-            }
-        };
+        let encoder = self.get_or_load(&strategy, || load_prompt_encoder(pipeline, strategy, observer))?;
         self.timings.load += started.elapsed();
         let started = Instant::now();
-        let mut out = Vec::with_capacity(texts.len());
-        for (i, text) in texts.iter().enumerate() {
-            let e = encode_one(self.pipeline, &encoder, text, i, texts.len(), &mut |p| observer.progress(p))?;
-            if let Some(w) = &e.truncation_warning {
-                observer.warning(w);
-            }
-            out.push(e.values);
-        }
+        let out = encode_texts(pipeline, &encoder, texts, observer)?;
         self.timings.encode += started.elapsed();
-        let cost = self.plan.encode.peak();
-        if self.pipeline.keep_loaded && self.kept.has_room(cost, self.plan, self.request.memory_budget) {
-            self.kept.text = Some(Slot { key: strategy, value: encoder, cost });
-        }
+        self.keep(strategy, encoder, self.plan.encode.peak());
         Ok(out)
+    }
+
+    /// The component laid out for `key`: kept from an earlier generation
+    /// (named among the reused), else `load`'s.
+    fn get_or_load<T: Keepable>(&mut self, key: &T::Key, load: impl FnOnce() -> Result<T, RunError>) -> Result<T, RunError> {
+        let got = self.kept.get_or_load(key, load)?;
+        if got.reused {
+            self.reused.push(T::NAME);
+        }
+        Ok(got.value)
+    }
+
+    /// Keeps `value` for a later generation where the pipeline keeps
+    /// components and it fits beside the plan, charged `cost`.
+    fn keep<T: Keepable>(&mut self, key: T::Key, value: T, cost: u64) {
+        if self.pipeline.keep_loaded {
+            self.kept.keep(key, value, cost, self.plan, self.request.memory_budget);
+        }
     }
 
     /// Denoises each item from its seed's noise and returns its latents; one
@@ -243,19 +223,13 @@ impl Run<'_> {
             grids: LatentGrids { noise: (lat_h, lat_w), references: references.grids.clone(), kv_cache: self.plan.denoise.kv_cache, half_kv: self.plan.denoise.half_kv },
             lora: request.lora.key(),
         };
-        let transformer = match take_matching(&mut self.kept.transformer, &key) {
-            Some(t) => {
-                self.reused.push("transformer");
-                t
+        let transformer = self.get_or_load(&key, || {
+            let store = model.weights(Component::Transformer)?;
+            if let Some(warning) = store.unread_warning() {
+                observer.warning(&warning);
             }
-            None => {
-                let store = model.weights(Component::Transformer)?;
-                if let Some(warning) = store.unread_warning() {
-                    observer.warning(&warning);
-                }
-                Transformer::adapted(gpu, &model.transformer, store, key.strategy, key.chunk, PROMPT_TOKENS, &key.grids, &request.lora)?
-            }
-        };
+            Transformer::adapted(gpu, &model.transformer, store, key.strategy, key.chunk, PROMPT_TOKENS, &key.grids, &request.lora)
+        })?;
         transformer.set_references(gpu, &references.tokens)?;
         self.timings.load += started.elapsed();
         // Image-to-image and inpainting start from the init image: the first reference's tokens.
@@ -310,10 +284,7 @@ impl Run<'_> {
                 },
             )?);
         }
-        let cost = self.plan.denoise.peak();
-        if pipeline.keep_loaded && self.kept.has_room(cost, self.plan, request.memory_budget) {
-            self.kept.transformer = Some(Slot { key, value: transformer, cost });
-        }
+        self.keep(key, transformer, self.plan.denoise.peak());
         Ok(out)
     }
 
@@ -328,17 +299,11 @@ impl Run<'_> {
         take: &mut dyn FnMut(Made) -> Result<(), RunError>,
     ) -> Result<(), RunError> {
         let (pipeline, request) = (self.pipeline, self.request);
+        let key = (request.width, request.height, Bands::from(self.plan.decode));
         let mut vae = None;
         if decode_image {
             let started = Instant::now();
-            let key = (request.width, request.height, Bands::from(self.plan.decode));
-            vae = Some(match take_matching(&mut self.kept.vae, &key) {
-                Some(v) => {
-                    self.reused.push("VAE decoder");
-                    v
-                }
-                None => super::load_vae_decoder(&pipeline.gpu, &pipeline.model, request.width, request.height, key.2, &pipeline.scratch_dir)?,
-            });
+            vae = Some(self.get_or_load(&key, || super::load_vae_decoder(&pipeline.gpu, &pipeline.model, request.width, request.height, key.2, &pipeline.scratch_dir))?);
             self.timings.load += started.elapsed();
         }
         for (n, (item, latents)) in items.iter().zip(latents).enumerate() {
@@ -363,10 +328,7 @@ impl Run<'_> {
             take(Made { index: first + n, seed: item.seed, latents, image })?;
         }
         if let Some(value) = vae {
-            let cost = self.plan.decode.peak();
-            if pipeline.keep_loaded && self.kept.has_room(cost, self.plan, request.memory_budget) {
-                self.kept.vae = Some(Slot { key: (request.width, request.height, Bands::from(self.plan.decode)), value, cost });
-            }
+            self.keep(key, value, self.plan.decode.peak());
         }
         Ok(())
     }
@@ -378,21 +340,46 @@ fn push_once<'t>(texts: &mut Vec<&'t str>, text: &'t str) {
     }
 }
 
-/// Loads the tokenizer and the text encoder with its weights placed as `strategy` says.
-pub(super) fn load_prompt_encoder(pipeline: &Pipeline, strategy: WeightStrategy) -> Result<PromptEncoder, RunError> {
+/// Loads the tokenizer and the text encoder with its weights placed as
+/// `strategy` says, warning of the encoder's unread tensors.
+fn load_prompt_encoder(pipeline: &Pipeline, strategy: WeightStrategy, observer: &mut dyn Observer) -> Result<PromptEncoder, RunError> {
     let model = &pipeline.model;
     let tokenizer = PromptTokenizer::load(&model.component_dir("tokenizer"))?;
     let store = model.weights(Component::TextEncoder)?;
-    let unread = store.unread_warning();
+    if let Some(warning) = store.unread_warning() {
+        observer.warning(&warning);
+    }
     let encoder = TextEncoder::new(&pipeline.gpu, &model.text_encoder, store, strategy, PROMPT_TOKENS, model.text_encoder.output_layers())?;
-    Ok(PromptEncoder { strategy, tokenizer, encoder, unread })
+    Ok(PromptEncoder { strategy, tokenizer, encoder })
 }
 
-/// One prompt's embedding: prompt `index` of `count`, for the progress.
-pub(super) fn encode_one(pipeline: &Pipeline, e: &PromptEncoder, text: &str, index: usize, count: usize, progress: &mut dyn FnMut(Progress)) -> Result<super::PromptEmbedding, RunError> {
-    let tokens = e.tokenizer.encode_prompt(text, PROMPT_TOKENS)?;
-    let values = e.encoder.encode(&pipeline.gpu, &tokens.input_ids, &tokens.attention_mask, &mut |block| {
-        progress(Progress::Encode { prompt: index, prompts: count, block })
-    })?;
-    Ok(super::PromptEmbedding { values, truncation_warning: tokens.truncation_warning() })
+/// The one way prompts are encoded, for a generation and for `flux-lite
+/// encode` alike: each text tokenized and encoded with `e`, its truncation
+/// warned of, progress as prompt `index` of them all.
+fn encode_texts(pipeline: &Pipeline, e: &PromptEncoder, texts: &[&str], observer: &mut dyn Observer) -> Result<Vec<Vec<f32>>, RunError> {
+    let mut out = Vec::with_capacity(texts.len());
+    for (index, text) in texts.iter().enumerate() {
+        let tokens = e.tokenizer.encode_prompt(text, PROMPT_TOKENS)?;
+        let values = e.encoder.encode(&pipeline.gpu, &tokens.input_ids, &tokens.attention_mask, &mut |block| {
+            observer.progress(Progress::Encode { prompt: index, prompts: texts.len(), block })
+        })?;
+        if let Some(w) = tokens.truncation_warning() {
+            observer.warning(&w);
+        }
+        out.push(values);
+    }
+    Ok(out)
+}
+
+/// Encodes prompts alone with a text encoder laid out as `strategy` says,
+/// dropped (its device memory released) before this returns ([`Pipeline::encode`]).
+pub(super) fn encode_alone(pipeline: &Pipeline, strategy: WeightStrategy, texts: &[&str], observer: &mut dyn Observer) -> Result<(Vec<Vec<f32>>, Timings), RunError> {
+    let mut timings = Timings::default();
+    let started = Instant::now();
+    let encoder = load_prompt_encoder(pipeline, strategy, observer)?;
+    timings.load += started.elapsed();
+    let started = Instant::now();
+    let values = encode_texts(pipeline, &encoder, texts, observer)?;
+    timings.encode += started.elapsed();
+    Ok((values, timings))
 }

@@ -9,6 +9,7 @@ use crate::components::text_encoder::TextEncoder;
 use crate::components::transformer::{LatentGrids, Transformer};
 use crate::components::vae::VaeDecoder;
 use crate::model::tokenizer::PromptTokenizer;
+use crate::error::RunError;
 use flux_lite_core::plan::{Plan, WeightStrategy};
 
 /// The text encoder with its tokenizer, as one phase loads them.
@@ -17,8 +18,6 @@ pub struct PromptEncoder {
     pub strategy: WeightStrategy,
     pub tokenizer: PromptTokenizer,
     pub encoder: TextEncoder,
-    /// The warning naming the text encoder's unread tensors, when there are any.
-    pub unread: Option<String>,
 }
 
 /// What a transformer was laid out for: a kept one serves a request with the same.
@@ -45,9 +44,48 @@ pub struct Slot<K, T> {
 /// The components kept between generations; empty unless the pipeline keeps them.
 #[derive(Debug, Default)]
 pub struct Kept {
-    pub text: Option<Slot<WeightStrategy, PromptEncoder>>,
-    pub transformer: Option<Slot<TransformerKey, Transformer>>,
-    pub vae: Option<Slot<VaeKey, VaeDecoder>>,
+    text: Option<Slot<WeightStrategy, PromptEncoder>>,
+    transformer: Option<Slot<TransformerKey, Transformer>>,
+    vae: Option<Slot<VaeKey, VaeDecoder>>,
+}
+
+/// A component the pool keeps: what it is laid out for, its name, its slot.
+pub trait Keepable: Sized {
+    type Key: PartialEq;
+    const NAME: &'static str;
+    fn slot(kept: &mut Kept) -> &mut Option<Slot<Self::Key, Self>>;
+}
+
+impl Keepable for PromptEncoder {
+    type Key = WeightStrategy;
+    const NAME: &'static str = "text encoder";
+    fn slot(kept: &mut Kept) -> &mut Option<Slot<Self::Key, Self>> {
+        &mut kept.text
+    }
+}
+
+impl Keepable for Transformer {
+    type Key = TransformerKey;
+    const NAME: &'static str = "transformer";
+    fn slot(kept: &mut Kept) -> &mut Option<Slot<Self::Key, Self>> {
+        &mut kept.transformer
+    }
+}
+
+impl Keepable for VaeDecoder {
+    type Key = VaeKey;
+    const NAME: &'static str = "VAE decoder";
+    fn slot(kept: &mut Kept) -> &mut Option<Slot<Self::Key, Self>> {
+        &mut kept.vae
+    }
+}
+
+/// A component as [`Kept::get_or_load`] hands it out: kept from an earlier
+/// generation, or loaded now.
+#[derive(Debug)]
+pub struct Got<T> {
+    pub value: T,
+    pub reused: bool,
 }
 
 impl Kept {
@@ -58,17 +96,8 @@ impl Kept {
 
     /// The names of the kept components, for `--verbose` and the server's log.
     pub fn names(&self) -> Vec<&'static str> {
-        let mut out = Vec::new();
-        if self.text.is_some() {
-            out.push("text encoder");
-        }
-        if self.transformer.is_some() {
-            out.push("transformer");
-        }
-        if self.vae.is_some() {
-            out.push("VAE decoder");
-        }
-        out
+        let kept = [(self.text.is_some(), PromptEncoder::NAME), (self.transformer.is_some(), Transformer::NAME), (self.vae.is_some(), VaeDecoder::NAME)];
+        kept.into_iter().filter(|(held, _)| *held).map(|(_, name)| name).collect()
     }
 
     /// Drops everything kept unless it and `plan`'s largest phase fit `budget` together.
@@ -78,14 +107,29 @@ impl Kept {
         }
     }
 
-    /// Whether a component charged `cost` may be kept beside the others.
-    pub fn has_room(&self, cost: u64, plan: &Plan, budget: Option<u64>) -> bool {
-        fits(self.cost() + cost, plan, budget)
+    /// The component laid out for `key`: the kept one where its key is
+    /// `key` (taken out of the pool until [`Kept::keep`] puts it back), else
+    /// `load`'s; a kept one laid out for another key is dropped first, so
+    /// the two are never held together.
+    pub fn get_or_load<T: Keepable>(&mut self, key: &T::Key, load: impl FnOnce() -> Result<T, RunError>) -> Result<Got<T>, RunError> {
+        match take_matching(T::slot(self), key) {
+            Some(value) => Ok(Got { value, reused: true }),
+            None => Ok(Got { value: load()?, reused: false }),
+        }
+    }
+
+    /// Keeps `value` (laid out for `key`, charged `cost`) for a later
+    /// generation where it and everything kept fit beside `plan`'s largest
+    /// phase within `budget`; else drops it.
+    pub fn keep<T: Keepable>(&mut self, key: T::Key, value: T, cost: u64, plan: &Plan, budget: Option<u64>) {
+        if fits(self.cost() + cost, plan, budget) {
+            *T::slot(self) = Some(Slot { key, value, cost });
+        }
     }
 }
 
 /// Takes `slot`'s value when its key is `key`; drops a value laid out for another key.
-pub fn take_matching<K: PartialEq, T>(slot: &mut Option<Slot<K, T>>, key: &K) -> Option<T> {
+fn take_matching<K: PartialEq, T>(slot: &mut Option<Slot<K, T>>, key: &K) -> Option<T> {
     match slot.take() {
         Some(s) if &s.key == key => Some(s.value),
         _ => None,

@@ -34,7 +34,7 @@ use crate::components::vae::VaeDecoder;
 use crate::run::activations::Bands;
 use crate::components::vae_encoder::VaeEncoder;
 pub use flux_lite_core::plan::KvPrecision;
-use flux_lite_core::plan::{Plan, WeightStrategy};
+use flux_lite_core::plan::Plan;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -60,31 +60,6 @@ pub struct Timings {
     pub encode: Duration,
     pub steps: Vec<Duration>,
     pub decode: Duration,
-}
-
-/// One prompt's embedding `[PROMPT_TOKENS, 3·hidden]`, and the warning to print if it was truncated.
-#[derive(Debug, Clone)]
-pub struct PromptEmbedding {
-    pub values: Vec<f32>,
-    pub truncation_warning: Option<String>,
-}
-
-/// Tokenizes and encodes each prompt with one text encoder, which is
-/// dropped (its device memory released) before this returns.
-pub fn encode_prompts(
-    pipeline: &Pipeline,
-    strategy: WeightStrategy,
-    prompts: &[&str],
-    timings: &mut Timings,
-    progress: &mut dyn FnMut(Progress),
-) -> Result<Vec<PromptEmbedding>, RunError> {
-    let started = Instant::now();
-    let encoder = generation::load_prompt_encoder(pipeline, strategy)?;
-    timings.load += started.elapsed();
-    let started = Instant::now();
-    let out = prompts.iter().enumerate().map(|(i, p)| generation::encode_one(pipeline, &encoder, p, i, prompts.len(), progress)).collect();
-    timings.encode += started.elapsed();
-    out
 }
 
 /// What a resolved job runs with ([`Resolved::request`]): every default
@@ -399,22 +374,19 @@ impl Pipeline {
         Request { memory_budget: request.memory_budget.or_else(|| self.default_budget()), ..request.clone() }
     }
 
+    /// Makes every image of `job`, handing each to `take` as it is made
+    /// (decoded, unless the job asks for latents only); `take` may write it
+    /// out, and its error stops the job.
+    pub fn run(&self, job: &Resolved, observer: &mut dyn Observer, take: &mut dyn FnMut(Made) -> Result<(), RunError>) -> Result<Finished, RunError> {
+        generation::run_job(self, job, &self.budgeted(&job.request), observer, take)
+    }
+
     /// Encodes prompts alone within `budget` (`flux-lite encode`).
     pub fn encode(&self, prompts: &[&str], budget: Option<u64>, observer: &mut dyn Observer) -> Result<(Vec<Vec<f32>>, Timings), RunError> {
         let plan = crate::pipeline::planning::plan_encode(&self.model, budget.or_else(|| self.default_budget()), self.gpu.measures_weight_rows())?;
-        let mut timings = Timings::default();
-        let encoded = encode_prompts(self, plan.weights, prompts, &mut timings, &mut |p| observer.progress(p))?;
-        let values = encoded
-            .into_iter()
-            .map(|e| {
-                if let Some(w) = &e.truncation_warning {
-                    observer.warning(w);
-                }
-                e.values
-            })
-            .collect();
+        let encoded = generation::encode_alone(self, plan.weights, prompts, observer)?;
         self.gpu.check_interrupt()?;
-        Ok((values, timings))
+        Ok(encoded)
     }
 
     /// Starts `phase`: the one before has dropped its buffers; the heap
