@@ -175,7 +175,7 @@ fn denoising_with_references_follows_diffusers() {
                 None => Conditioning::Prompt(&positive),
             };
             let steps = json["steps"].as_u64().unwrap() as usize;
-            let got = denoise(gpu(), &t, &model.scheduler, steps, &g.f32("noise").0, None, conditioning, &mut |_| {}, &mut |_, _| Ok(())).unwrap();
+            let got = denoise(gpu(), &t, &model.scheduler, steps, &g.f32("noise").0, None, conditioning, &mut |_| {}).unwrap();
             let want = g.f32(&format!("latents.{}", steps - 1)).0;
             assert_rel_l2(&format!("{case} ({mode:?}, {strategy:?}) final latents"), &got, &want, STEP_TOL);
             eprintln!("{case} ({mode:?}, {strategy:?}): final latents relative L2 {:.2e}", rel_l2(&got, &want).0);

@@ -61,7 +61,7 @@ fn velocities_and_latents_follow_diffusers_step_by_step() {
 
 #[test]
 fn denoising_reproduces_diffusers_latents_with_and_without_guidance() {
-    use flux_lite_platform::pipeline::denoise::{denoise, Conditioning};
+    use flux_lite_platform::pipeline::denoise::{denoise, Conditioning, StepProgress};
     use flux_lite_platform::model::ModelFolder;
     for name in ["tiny-a/four-step-wide", "tiny-b/cfg"] {
         let c = TransformerCase::load(name);
@@ -76,9 +76,9 @@ fn denoising_reproduces_diffusers_latents_with_and_without_guidance() {
             Conditioning::Prompt(&positive)
         };
         let mut blocks_seen = 0;
-        let got = denoise(gpu(), &c.transformer, &model.scheduler, c.steps, &g.f32("noise").0, None, conditioning, &mut |p| {
+        let got = denoise(gpu(), &c.transformer, &model.scheduler, c.steps, &g.f32("noise").0, None, conditioning, &mut |p: StepProgress| {
             blocks_seen = blocks_seen.max(p.block.total);
-        }, &mut |_, _| Ok(()))
+        })
         .unwrap();
         let passes = if c.cfg { 2 } else { 1 };
         assert_eq!(blocks_seen, passes * c.transformer.block_count());

@@ -60,12 +60,31 @@ pub struct Init<'a> {
     pub mask: Option<&'a [f32]>,
 }
 
+/// What a caller sees of a denoising run as it goes.
+pub trait Watch {
+    /// Blocks done in the step in progress.
+    fn progress(&mut self, p: StepProgress);
+
+    /// After each step run (0-based, from the first step run): the
+    /// transformer, its latents updated (previews are drawn from them).
+    fn after_step(&mut self, _step: usize, _transformer: &Transformer) -> Result<(), RunError> {
+        Ok(())
+    }
+}
+
+/// A closure watches the progress alone.
+impl<F: FnMut(StepProgress)> Watch for F {
+    fn progress(&mut self, p: StepProgress) {
+        self(p)
+    }
+}
+
 /// Runs the Euler steps of a `steps`-step schedule (from `init`'s first
 /// step, else all) from `noise` and returns the final packed latents
-/// `[tokens, channels]`; `after_step` sees the transformer after each step
-/// run (0-based), its latents updated. Everything on the device was
-/// allocated before the first step; the latents stay on the device until
-/// the end (an inpainting mask takes them to the host and back each step).
+/// `[tokens, channels]`, `watch` seeing its progress and each step's
+/// result. Everything on the device was allocated before the first step;
+/// the latents stay on the device until the end (an inpainting mask takes
+/// them to the host and back each step).
 #[allow(clippy::too_many_arguments)] // the run's inputs, and what the caller sees of it as it goes
 pub fn denoise(
     gpu: &Gpu,
@@ -75,8 +94,7 @@ pub fn denoise(
     noise: &[f32],
     init: Option<Init<'_>>,
     conditioning: Conditioning<'_>,
-    progress: &mut dyn FnMut(StepProgress),
-    after_step: &mut dyn FnMut(usize, &Transformer) -> Result<(), RunError>,
+    watch: &mut dyn Watch,
 ) -> Result<Vec<f32>, RunError> {
     // The schedule's shift counts the noise tokens only, as the pipeline does.
     let tokens = transformer.layout.noise as usize;
@@ -90,8 +108,8 @@ pub fn denoise(
     let blocks = transformer.block_count();
     let run = steps - first;
     for step in first..steps {
-        let (n, progress) = (step - first, &mut *progress);
-        let progress = &mut |p: StepProgress| progress(StepProgress { step: n, steps: run, ..p });
+        let n = step - first;
+        let progress = &mut |p: StepProgress| watch.progress(StepProgress { step: n, steps: run, ..p });
         let t = schedule::timestep_for(scheduler.num_train_timesteps, sigmas[step]);
         // The KV pipeline extracts the references' keys and values on its first step and reads them after.
         transformer.use_kv_cache(step > first);
@@ -121,7 +139,7 @@ pub fn denoise(
             super::inpaint::keep_unmasked(&mut latents, image, noise, mask, next);
             transformer.set_latents(gpu, &latents)?;
         }
-        after_step(n, transformer)?;
+        watch.after_step(n, transformer)?;
     }
     let latents = transformer.latents(gpu)?;
     plausible_latents(&latents)?;

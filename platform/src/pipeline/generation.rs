@@ -255,34 +255,9 @@ impl Run<'_> {
                 _ => Conditioning::Prompt(positive),
             };
             let noise = denoise::packed_noise(item.seed, channels, lat_h, lat_w);
-            let mut step_started = Instant::now();
-            let steps = &mut self.timings.steps;
-            let watching = std::cell::RefCell::new(&mut *observer);
-            out.push(denoise::denoise(
-                gpu,
-                &transformer,
-                &model.scheduler,
-                request.steps,
-                &noise,
-                init,
-                conditioning,
-                &mut |p| {
-                    watching.borrow_mut().progress(Progress::Denoise(p));
-                    if p.block.done == p.block.total {
-                        steps.push(step_started.elapsed());
-                        step_started = Instant::now();
-                    }
-                },
-                &mut |step, transformer| {
-                    let (Some(every), Some(drawer)) = (every, &drawer) else { return Ok(()) };
-                    if !(step + 1).is_multiple_of(every.max(1)) && step + 1 != total {
-                        return Ok(());
-                    }
-                    let (width, height, rgb) = drawer.draw(gpu, transformer)?;
-                    watching.borrow_mut().preview(&super::Preview { step: step + 1, steps: total, width, height, rgb: &rgb });
-                    Ok(())
-                },
-            )?);
+            let previews = every.zip(drawer.as_ref()).map(|(every, drawer)| Previews { every, total, drawer });
+            let mut watch = ImageWatch { gpu, observer: &mut *observer, steps: &mut self.timings.steps, step_started: Instant::now(), previews };
+            out.push(denoise::denoise(gpu, &transformer, &model.scheduler, request.steps, &noise, init, conditioning, &mut watch)?);
         }
         self.keep(key, transformer, self.plan.denoise.peak());
         Ok(out)
@@ -330,6 +305,44 @@ impl Run<'_> {
         if let Some(value) = vae {
             self.keep(key, value, self.plan.decode.peak());
         }
+        Ok(())
+    }
+}
+
+/// Previews of the steps of an image: every `every` steps and after the
+/// last of `total`, drawn by `drawer`.
+struct Previews<'d> {
+    every: usize,
+    total: usize,
+    drawer: &'d super::preview::Drawer,
+}
+
+/// What the observer sees of one image's denoising: its progress, each
+/// step's time once its last block is done, and its previews.
+struct ImageWatch<'w> {
+    gpu: &'w flux_lite_kernels::Gpu,
+    observer: &'w mut dyn Observer,
+    steps: &'w mut Vec<std::time::Duration>,
+    step_started: Instant,
+    previews: Option<Previews<'w>>,
+}
+
+impl denoise::Watch for ImageWatch<'_> {
+    fn progress(&mut self, p: denoise::StepProgress) {
+        self.observer.progress(Progress::Denoise(p));
+        if p.block.done == p.block.total {
+            self.steps.push(self.step_started.elapsed());
+            self.step_started = Instant::now();
+        }
+    }
+
+    fn after_step(&mut self, step: usize, transformer: &Transformer) -> Result<(), RunError> {
+        let Some(p) = &self.previews else { return Ok(()) };
+        if !(step + 1).is_multiple_of(p.every.max(1)) && step + 1 != p.total {
+            return Ok(());
+        }
+        let (width, height, rgb) = p.drawer.draw(self.gpu, transformer)?;
+        self.observer.preview(&super::Preview { step: step + 1, steps: p.total, width, height, rgb: &rgb });
         Ok(())
     }
 }
