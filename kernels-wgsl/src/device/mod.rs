@@ -1,11 +1,15 @@
 //! The device context: backend and adapter choice, the device with its
-//! limits, a pipeline cache, and upload/readback. The precision tier
-//! chosen and proven for it is in `tiers`, the counted buffers in `memory`.
+//! limits. Its concerns each have a file: the compiled kernels in
+//! `shader_cache` (and the driver's cache between runs in `compiled`), the
+//! buffers, uploads, submissions and readbacks in `buffers`, the counted
+//! memory in `memory`, the precision tier chosen for it in `tiers` (proven
+//! in `proof`).
 
 mod adapter_memory;
 mod buffers;
 mod compiled;
 mod memory;
+mod shader_cache;
 mod options;
 mod proof;
 mod tiers;
@@ -17,12 +21,12 @@ pub use options::{AttentionChoice, Backend, GpuOptions};
 #[cfg(any(test, feature = "test-support"))]
 pub use options::FaultInjection;
 use memory::{CountedBuffer, MemoryCounter};
+use shader_cache::ShaderCache;
 use tiers::choose_tier;
 
 use crate::error::{one_line, GpuError};
-use crate::kernel::{Kernel, Module};
+use crate::kernel::Kernel;
 use crate::precision::{describe, MatrixConfig, Precision};
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use flux_lite_core::plan::UPLOAD_STAGING;
@@ -70,13 +74,6 @@ impl Faults {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-struct PipelineKey {
-    module: Module,
-    entry: &'static str,
-    constants: Vec<(&'static str, u32)>,
-}
-
 /// A device ready to run flux-lite's kernels.
 #[derive(Debug)]
 pub struct Gpu {
@@ -91,8 +88,8 @@ pub struct Gpu {
     /// The subgroup size CPU-shaped kernels share loads across, where they
     /// may ([`Gpu::cpu_lanes`]).
     cpu_lanes: Option<u32>,
-    modules: Mutex<HashMap<Module, wgpu::ShaderModule>>,
-    pipelines: Mutex<HashMap<PipelineKey, Arc<wgpu::ComputePipeline>>>,
+    /// The compiled kernels, and the driver's cache of them between runs.
+    shaders: ShaderCache,
     memory: Arc<MemoryCounter>,
     faults: Arc<Faults>,
     interrupt: Arc<AtomicBool>,
@@ -105,7 +102,6 @@ pub struct Gpu {
     /// The faults the tests inject (`test-support` builds only).
     #[cfg(any(test, feature = "test-support"))]
     injected: FaultInjection,
-    kernel_dir: Option<std::path::PathBuf>,
     precision: Precision,
     /// The configuration the matrix tier runs, when it is the tier.
     matrix: Option<MatrixConfig>,
@@ -116,11 +112,6 @@ pub struct Gpu {
     /// Why `auto` took its tier over a faster-looking one the adapter
     /// offers (on a CPU adapter, f32), when it did.
     auto_reason: Option<String>,
-    /// The pipeline cache, where the backend offers one and a store was given.
-    cache: Option<compiled::Cache>,
-    cache_state: compiled::CacheState,
-    /// Pipelines compiled and the time spent compiling them.
-    compiled: Mutex<(usize, std::time::Duration)>,
     /// What the adapter offers, for a default budget, where it can be known.
     memory_offered: Option<AdapterMemory>,
     /// The range rule's row scales of the matrix tier's products, written by
@@ -168,15 +159,6 @@ fn pick_adapter(instance: &wgpu::Instance, backend: Backend, wanted: &str) -> Re
     let listed = names.iter().enumerate().map(|(i, n)| format!("{i}: {n}")).collect::<Vec<_>>().join(", ");
     let detail = format!("{ADAPTER_VARIABLE}={wanted} names none of the adapters ({listed})");
     index.and_then(|i| adapters.into_iter().nth(i)).ok_or(GpuError::NoAdapter { backend: backend.name(), detail })
-}
-
-impl Drop for Gpu {
-    /// The compiled pipelines go back to the store for the next run.
-    fn drop(&mut self) {
-        if let Some(cache) = &self.cache {
-            cache.save();
-        }
-    }
 }
 
 impl Gpu {
@@ -230,7 +212,7 @@ impl Gpu {
         .map_err(|e| GpuError::RequestDevice(e.to_string()))?;
         let faults = Arc::new(Faults::default());
         faults.watch(&device);
-        let (cache, cache_state) = compiled::Cache::open(&device, &info, options.pipeline_store.as_ref());
+        let shaders = ShaderCache::new(&device, &info, options.pipeline_store.as_ref(), options.kernel_dir.clone());
         let placeholder = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("placeholder"),
             size: 256,
@@ -249,8 +231,7 @@ impl Gpu {
             queue,
             info,
             limits,
-            modules: Mutex::default(),
-            pipelines: Mutex::default(),
+            shaders,
             faults,
             interrupt: options.interrupt.clone().unwrap_or_default(),
             submissions: AtomicU64::new(0),
@@ -259,16 +240,12 @@ impl Gpu {
             attention: options.attention,
             #[cfg(any(test, feature = "test-support"))]
             injected: options.faults,
-            kernel_dir: options.kernel_dir.clone(),
             precision: choice.tier,
             matrix: choice.matrix,
             matrix_offered,
             notice: None,
             auto_reason: choice.reason,
             memory_offered,
-            cache,
-            cache_state,
-            compiled: Mutex::default(),
             range_scales: Mutex::default(),
         };
         Ok(gpu)
@@ -283,8 +260,7 @@ impl Gpu {
 
     /// Pipelines compiled so far, the time they took, and the cache's state.
     pub fn compile_report(&self) -> CompileReport {
-        let (pipelines, time) = *lock(&self.compiled);
-        CompileReport { pipelines, time, cache: self.cache_state }
+        self.shaders.report()
     }
 
     /// Which attention kernel the options force, if any.
@@ -402,48 +378,7 @@ impl Gpu {
 
     /// The compute pipeline for `kernel` with its override constants, built once.
     pub fn pipeline(&self, kernel: &Kernel, constants: &[(&'static str, u32)]) -> Arc<wgpu::ComputePipeline> {
-        let key = PipelineKey { module: kernel.module, entry: kernel.entry, constants: constants.to_vec() };
-        if let Some(p) = lock(&self.pipelines).get(&key) {
-            return p.clone();
-        }
-        let started = std::time::Instant::now();
-        let module = {
-            let mut modules = lock(&self.modules);
-            modules
-                .entry(kernel.module)
-                .or_insert_with(|| {
-                    let source = replaced_source(self.kernel_dir.as_deref(), kernel.module).map_or_else(|| kernel.module.source(), Into::into);
-                    let descriptor = wgpu::ShaderModuleDescriptor { label: Some(kernel.module.name()), source: wgpu::ShaderSource::Wgsl(source) };
-                    if kernel.module.indices_clamped_in_shader() {
-                        // SAFETY: the module reads and writes only at indices
-                        // it clamps or selects into its bindings itself
-                        // (Module::indices_clamped_in_shader), so wgpu's own
-                        // bounds checks, which branch around every access and
-                        // keep the loads from being issued together, add nothing.
-                        unsafe { self.device.create_shader_module_trusted(descriptor, wgpu::ShaderRuntimeChecks::unchecked()) }
-                    } else {
-                        self.device.create_shader_module(descriptor)
-                    }
-                })
-                .clone()
-        };
-        let values: Vec<(&str, f64)> = constants.iter().map(|&(n, v)| (n, v as f64)).collect();
-        let pipeline = Arc::new(self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-            label: Some(kernel.entry),
-            layout: None,
-            module: &module,
-            entry_point: Some(kernel.entry),
-            compilation_options: wgpu::PipelineCompilationOptions {
-                constants: &values,
-                zero_initialize_workgroup_memory: false,
-            },
-            cache: self.cache.as_ref().map(|c| &c.cache),
-        }));
-        let mut compiled = lock(&self.compiled);
-        compiled.0 += 1;
-        compiled.1 += started.elapsed();
-        lock(&self.pipelines).insert(key, pipeline.clone());
-        pipeline
+        self.shaders.pipeline(&self.device, kernel, constants)
     }
 
     /// Device bytes allocated: live in this phase, the high-water mark, the number of buffers.
@@ -467,16 +402,6 @@ impl Gpu {
 
 }
 
-/// The source `FLUX_LITE_KERNEL_DIR` puts in place of `module`'s, if `dir`
-/// holds `<Module:?>.wgsl` ([`GpuOptions::kernel_dir`]); said on standard
-/// error, since the results are then that file's.
-fn replaced_source(dir: Option<&std::path::Path>, module: Module) -> Option<String> {
-    let path = dir?.join(format!("{module:?}.wgsl"));
-    let source = std::fs::read_to_string(&path).ok()?;
-    eprintln!("kernel {}: built from {}", module.name(), path.display());
-    Some(source)
-}
-
 fn storage_usage() -> wgpu::BufferUsages {
     wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST
 }
@@ -490,17 +415,6 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_kernel_folder_replaces_only_the_modules_it_holds() {
-        let dir = std::env::temp_dir().join(format!("flux-lite-kernel-dir-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(dir.join("AttentionFlash16.wgsl"), "// a variant").unwrap();
-        assert_eq!(replaced_source(Some(&dir), Module::AttentionFlash16).as_deref(), Some("// a variant"));
-        assert_eq!(replaced_source(Some(&dir), Module::AttentionFlash8), None);
-        assert_eq!(replaced_source(None, Module::AttentionFlash16), None);
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
 
     #[test]
     fn metal_bindings_stay_within_32_bit_bounds_checks() {
