@@ -108,7 +108,7 @@ fn a_tiny_decoder_draws_the_previews_and_leaves_the_image_alone() {
     let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
     let packed: Vec<f32> = file.tensor("latents").unwrap().data().chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
     let model = ModelFolder::open(&model_dir("tiny-a")).unwrap();
-    let tiny = TinyDecoder::new(flux_lite_tests::gpu(), &TinyDecoderFile::open(&decoder).unwrap(), &model.vae, &model.weights(Component::Vae).unwrap(), 32, 48, flux_lite_platform::run::activations::Bands::Whole).unwrap();
+    let tiny = TinyDecoder::new(flux_lite_tests::gpu(), &TinyDecoderFile::open(&decoder).unwrap(), &model.vae, &model.weights(Component::Vae).unwrap(), 32, 48, flux_lite_platform::exec::activations::Bands::Whole).unwrap();
     let (_, rgb) = tiny.decode(flux_lite_tests::gpu(), &packed, false).unwrap();
     assert_eq!(shown.rgb, rgb, "the last preview is not the tiny decoder's image of the final latents");
     // And not the latent-to-RGB map's.

@@ -20,7 +20,7 @@ pub mod pipeline;
 pub mod request;
 pub mod pipeline_files;
 #[doc(hidden)]
-pub mod run;
+pub mod exec;
 pub mod selftest;
 /// Every tolerance, in core (`flux_lite_core::tolerance`).
 pub use flux_lite_core::tolerance;

@@ -460,7 +460,7 @@ fn weights_are_allocated_before_any_is_written() {
     use flux_lite_kernels::FaultInjection;
     use flux_lite_platform::components::transformer::{LatentGrids, Transformer};
     use flux_lite_platform::model::{Component, ModelFolder};
-    use flux_lite_platform::run::device_weights::DeviceWeights;
+    use flux_lite_platform::exec::device_weights::DeviceWeights;
     use flux_lite_platform::{Gpu, GpuError, GpuOptions, RunError};
     let df11 = ModelFolder::open(&model_dir(MODEL))
         .and_then(|m| m.with_transformer(&df11_dir().join("tiny-b-transformer")))

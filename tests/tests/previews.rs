@@ -113,7 +113,7 @@ fn previews_off_add_no_work_and_on_add_one_readback_each() {
 #[test]
 fn the_tiny_decoders_decode_as_their_references() {
     use flux_lite_platform::components::tiny_decoder::{TinyDecoder, TinyDecoderFile};
-    use flux_lite_platform::run::activations::Bands;
+    use flux_lite_platform::exec::activations::Bands;
     use flux_lite_platform::model::Component;
     let dir = test_vectors().join("goldens/tiny_decoder");
     let bytes = std::fs::read(dir.join("cases.safetensors")).unwrap();

@@ -212,7 +212,7 @@ fn the_planned_tile_is_untiled_when_it_fits_and_bounded_by_the_binding_otherwise
 /// and its 8-bit image differs from theirs by at most one level.
 #[test]
 fn a_decode_with_its_activations_on_the_device_matches_the_untiled_one() {
-    use flux_lite_platform::run::activations::Bands;
+    use flux_lite_platform::exec::activations::Bands;
     use flux_lite_platform::{Gpu, GpuOptions};
     let m = ModelFolder::open(&model_dir("tiny-a")).unwrap();
     let store = m.weights(Component::Vae).unwrap();

@@ -523,7 +523,7 @@ pub fn vae_decode(cfg: &VaeConfig, [width, height]: [u64; 2], tier: Precision, m
     let (latent_h, latent_w) = (height / scale, width / scale);
     let mut arena = BumpArena::new(u64::MAX);
     let layout = vae::VaeLayout::new(cfg, latent_h, latent_w, &mut arena).map_err(|e| RunError::layout("VAE")(&e))?;
-    let program = crate::run::runner::collect_ops(|emit| vae::decode(&layout, emit));
+    let program = crate::exec::runner::collect_ops(|emit| vae::decode(&layout, emit));
     let whole = 4 * vae::largest_activation(cfg, latent_h * latent_w) <= m.max_binding;
     Ok(DecodeTraffic { decode: program_traffic(&program, tier, m), by_kind: by_kind(&program, tier, m), whole })
 }

@@ -10,8 +10,8 @@
 use crate::error::{LoadError, RunError};
 use flux_lite_kernels::Gpu;
 use flux_lite_kernels::Dispatch;
-use crate::run::device_weights::DeviceWeights;
-use crate::run::runner::{self, collect_ops, BlockProgress, Runner};
+use crate::exec::device_weights::DeviceWeights;
+use crate::exec::runner::{self, collect_ops, BlockProgress, Runner};
 use crate::model::safetensors_store::{widen_to_f32, WeightStore};
 use flux_lite_core::config::Qwen3Config;
 use flux_lite_core::plan::{WeightSizes, WeightStrategy};

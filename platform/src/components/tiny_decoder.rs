@@ -5,17 +5,17 @@
 //! run's image size, or, when the plan gives it bands (an image whose
 //! activations the adapter cannot bind, or a budget too tight for them),
 //! the same program run op by op over bands of rows
-//! ([`crate::run::vae_bands`], as the VAE decodes a large image) in an
+//! ([`crate::exec::vae_bands`], as the VAE decodes a large image) in an
 //! arena fixed by the tile, the whole image's activations kept on the
 //! device where the budget holds them, else in a host scratch file.
 
 use crate::components::vae::{arena_runner, upload_checked};
 use crate::error::RunError;
 use crate::model::safetensors_store::{TensorRef, WeightStore};
-use crate::run::device_weights::{DeviceWeight, DeviceWeights};
-use crate::run::runner::{collect_ops, Runner};
-use crate::run::activations::{Activations, BandActivations, Bands};
-use crate::run::vae_bands::BandRunner;
+use crate::exec::device_weights::{DeviceWeight, DeviceWeights};
+use crate::exec::runner::{collect_ops, Runner};
+use crate::exec::activations::{Activations, BandActivations, Bands};
+use crate::exec::vae_bands::BandRunner;
 use flux_lite_core::config::VaeConfig;
 use flux_lite_core::models::tiny_decoder::{self as program, TinyDecoderLayout};
 use flux_lite_core::models::vae::band_arena_bytes;

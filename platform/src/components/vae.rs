@@ -2,17 +2,17 @@
 //! either the whole image decoded in one arena by core's decode program
 //! recorded once, or, when the image is too large for the device memory the
 //! VAE may take, the same program run op by op over bands of rows
-//! ([`crate::run::vae_bands`]) in an arena fixed by the tile size. Both give the
+//! ([`crate::exec::vae_bands`]) in an arena fixed by the tile size. Both give the
 //! same image up to rounding.
 
 use crate::error::{LoadError, RunError};
 use flux_lite_kernels::Gpu;
 use flux_lite_kernels::Dispatch;
-use crate::run::device_weights::{DeviceWeight, DeviceWeights};
-use crate::run::runner::{collect_ops, Runner};
+use crate::exec::device_weights::{DeviceWeight, DeviceWeights};
+use crate::exec::runner::{collect_ops, Runner};
 use crate::model::safetensors_store::WeightStore;
-use crate::run::activations::{Activations, BandActivations, Bands, HeldActivations, HostTensors};
-use crate::run::vae_bands::BandRunner;
+use crate::exec::activations::{Activations, BandActivations, Bands, HeldActivations, HostTensors};
+use crate::exec::vae_bands::BandRunner;
 use flux_lite_core::config::{ImageSize, VaeConfig};
 use flux_lite_core::ir::{Op, Span};
 use flux_lite_core::models::tensors::{self, TensorSpec};

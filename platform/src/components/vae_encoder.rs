@@ -1,18 +1,18 @@
 //! The VAE encoder on the GPU: an image to its posterior mean with core's
 //! encode program, either recorded once over the whole image's arena or,
 //! for an image larger than the tile, run op by op over bands of rows
-//! ([`crate::run::vae_bands`]) in an arena fixed by the tile; then the mean to the
+//! ([`crate::exec::vae_bands`]) in an arena fixed by the tile; then the mean to the
 //! reference tokens the transformer reads.
 
 use crate::error::{LoadError, RunError};
 use flux_lite_kernels::Gpu;
-use crate::run::device_weights::DeviceWeights;
+use crate::exec::device_weights::DeviceWeights;
 use flux_lite_kernels::{Dispatch};
-use crate::run::runner::{collect_ops, Runner};
+use crate::exec::runner::{collect_ops, Runner};
 use crate::model::safetensors_store::{widen_to_f32, WeightStore};
 use crate::components::vae::{arena_runner, check_image_size, check_tile, plan_error, product_rows, row_scale_bytes, upload_checked};
-use crate::run::activations::HostTensors;
-use crate::run::vae_bands::BandRunner;
+use crate::exec::activations::HostTensors;
+use crate::exec::vae_bands::BandRunner;
 use flux_lite_core::config::VaeConfig;
 use flux_lite_core::models::tensors::TensorSpec;
 use flux_lite_core::models::vae_encoder::{self as program, VaeEncoderLayout};

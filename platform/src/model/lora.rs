@@ -17,7 +17,7 @@
 //! user's weight) is folded into its up matrix.
 //!
 //! The engine never merges an adapter into the model's weights: each adapted
-//! linear adds `(x·Aᵀ)·(s·B)ᵀ` to its output (see `run::runner`), as PEFT
+//! linear adds `(x·Aᵀ)·(s·B)ᵀ` to its output (see `exec::runner`), as PEFT
 //! computes it, so the base weights (bf16, DF11 or streamed) stay untouched.
 
 use super::bfl_names::{bfl_targets, kohya_targets};

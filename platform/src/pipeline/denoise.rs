@@ -3,7 +3,7 @@
 
 use flux_lite_kernels::{Gpu, GpuError};
 use crate::error::RunError;
-use crate::run::runner::BlockProgress;
+use crate::exec::runner::BlockProgress;
 use crate::components::transformer::Transformer;
 use flux_lite_core::config::{ImageSize, SchedulerConfig, SizeError, VaeConfig};
 use flux_lite_core::numerics::rng::TorchGenerator;

@@ -6,7 +6,7 @@
 //! [`ROUND_HOST_BYTES`] (less when the budget has less room).
 
 use super::job::{Batch, Item};
-use crate::run::activations::Bands;
+use crate::exec::activations::Bands;
 use super::kept::{Keepable, Kept, PromptEncoder, TransformerKey};
 use super::job::{OutputType, Resolved};
 use super::{denoise, uses_guidance, Image, Observer, Phase, Pipeline, Progress, Prompt, Request, Timings, PROMPT_TOKENS};
@@ -62,14 +62,14 @@ pub(super) fn run_job(pipeline: &Pipeline, job: &Resolved, request: &Request, ob
     // file: find out now, not after the denoising, if its folder cannot take one.
     let banded_encode = plan.references.is_some_and(|r| r.tile.is_some());
     if (decode_image && matches!(Bands::from(plan.decode), Bands::OnHost { .. })) || banded_encode {
-        crate::run::activations::HostTensors::scratch_in(&pipeline.scratch_dir, 1)?;
+        crate::exec::activations::HostTensors::scratch_in(&pipeline.scratch_dir, 1)?;
     }
     let mut kept = pipeline.kept.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     match pipeline.keep_loaded {
         true => kept.make_room(&plan, request.memory_budget),
         false => *kept = Kept::default(),
     }
-    let mut run = Run { pipeline, plan: &plan, request, kept: &mut kept, count: batch.items.len(), timings: Timings::default(), reused: Vec::new() };
+    let mut run = BatchRun { pipeline, plan: &plan, request, kept: &mut kept, count: batch.items.len(), timings: Timings::default(), reused: Vec::new() };
     let rounds = run.rounds(batch);
     let mut encoded_references = None;
     for round in rounds {
@@ -96,12 +96,12 @@ pub(super) fn run_job(pipeline: &Pipeline, job: &Resolved, request: &Request, ob
         }
         run.hand_over(round_start, items, latents, decode_image, observer, take)?;
     }
-    let Run { timings, reused, .. } = run;
+    let BatchRun { timings, reused, .. } = run;
     Ok(Finished { plan, timings, reused })
 }
 
 /// One batch in progress.
-struct Run<'a> {
+struct BatchRun<'a> {
     pipeline: &'a Pipeline,
     plan: &'a Plan,
     request: &'a Request,
@@ -112,7 +112,7 @@ struct Run<'a> {
     reused: Vec<&'static str>,
 }
 
-impl Run<'_> {
+impl BatchRun<'_> {
     /// The batch's items cut into rounds whose embeddings and latents fit
     /// [`ROUND_HOST_BYTES`] and the budget's room beside the plan.
     fn rounds(&self, batch: &Batch) -> Vec<std::ops::Range<usize>> {

@@ -31,7 +31,7 @@ pub struct TransformerKey {
 }
 
 /// What a VAE decoder was laid out for: `(width, height, layout)`.
-pub type VaeKey = (usize, usize, crate::run::activations::Bands);
+pub type VaeKey = (usize, usize, crate::exec::activations::Bands);
 
 /// A kept component, its key and what it is charged.
 #[derive(Debug)]

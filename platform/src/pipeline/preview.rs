@@ -130,7 +130,7 @@ impl Drawer {
             Some(file) => {
                 let vae_store = model.weights(crate::model::Component::Vae)?;
                 use crate::components::tiny_decoder::TinyDecoder;
-                use crate::run::activations::Bands;
+                use crate::exec::activations::Bands;
                 let bands = layout.map_or(Bands::Whole, Bands::from);
                 Ok(Drawer::Decoder(Box::new(TinyDecoder::new(gpu, file, &model.vae, &vae_store, width, height, bands)?.in_scratch(scratch))))
             }

@@ -3,13 +3,13 @@
 //! ceilings measured in the same run: an FMA-bound kernel and a copy.
 
 use super::timer::Timer;
-use crate::run::device_weights::{product_weights, DeviceWeight, DeviceWeights, StoredScales};
+use crate::exec::device_weights::{product_weights, DeviceWeight, DeviceWeights, StoredScales};
 use crate::model::df11::Df11DeviceGroup;
 use crate::error::{GpuError, RunError};
 use flux_lite_kernels::{DeviceBuffer, Gpu};
 use flux_lite_kernels::kernels;
 use flux_lite_kernels::{Dispatch, Mat, Weight, WeightDtype};
-use crate::run::runner::{collect_ops, Runner};
+use crate::exec::runner::{collect_ops, Runner};
 use crate::components::transformer::programs;
 use flux_lite_core::arena::BumpArena;
 use flux_lite_core::config::{Qwen3Config, TransformerConfig, VaeConfig};

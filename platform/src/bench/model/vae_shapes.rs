@@ -126,8 +126,8 @@ impl<'g> ShapeBench<'g> {
     /// whole image's `elements` f32 of activations each run: on the device
     /// when `on_device`, else in a scratch file.
     pub(super) fn banded_median(&self, program: &[Op], weights: &DeviceWeights, capacity: u64, elements: u64, on_device: bool) -> Result<f64, RunError> {
-        use crate::run::activations::BandActivations;
-        use crate::run::vae_bands::BandRunner;
+        use crate::exec::activations::BandActivations;
+        use crate::exec::vae_bands::BandRunner;
         let runner = self.runner(vae::band_arena_bytes(capacity), 0, 0, false);
         let bands = BandRunner { gpu: self.gpu, runner: &runner, weights, capacity };
         let mut times = Vec::new();

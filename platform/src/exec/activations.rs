@@ -1,4 +1,4 @@
-//! Where a banded run ([`crate::run::vae_bands`]) keeps the whole image's
+//! Where a banded run ([`crate::exec::vae_bands`]) keeps the whole image's
 //! activations between its ops, and how a band's operands move between
 //! them and the band arena the kernels bind:
 //!
@@ -13,7 +13,7 @@
 //! Both hold core's full-size layout: every span at its arena offset.
 
 use crate::error::RunError;
-use crate::run::runner::Runner;
+use crate::exec::runner::Runner;
 use flux_lite_core::ir::Span;
 use flux_lite_kernels::{DeviceBuffer, Gpu};
 

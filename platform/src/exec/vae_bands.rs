@@ -19,15 +19,15 @@ use flux_lite_core::bands::{AttentionMerge, Moments};
 use crate::error::RunError;
 use flux_lite_kernels::kernels::Gemm;
 use flux_lite_kernels::Gpu;
-use crate::run::device_weights::DeviceWeights;
-use crate::run::runner::Runner;
+use crate::exec::device_weights::DeviceWeights;
+use crate::exec::runner::Runner;
 use flux_lite_core::ir::{Op, Span};
 use flux_lite_core::oracle::ConvShape;
 use flux_lite_core::models::tensors::TensorName;
 use flux_lite_core::BumpArena;
-use crate::run::activations::{Activations, Window};
+use crate::exec::activations::{Activations, Window};
 #[cfg(doc)]
-use crate::run::activations::{DeviceTensors, HostTensors};
+use crate::exec::activations::{DeviceTensors, HostTensors};
 
 use flux_lite_core::models::vae::{band_arena_bytes, BAND_ALIGN as ALIGN};
 

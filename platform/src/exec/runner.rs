@@ -1,7 +1,7 @@
 //! Runs core's block programs: one f32 activation arena on the device, the
 //! weights the programs name, and the RoPE tables.
 
-use crate::run::device_weights::DeviceWeights;
+use crate::exec::device_weights::DeviceWeights;
 use crate::error::{GpuError, RunError};
 use crate::model::safetensors_store::WeightStore;
 use flux_lite_kernels::{DeviceBuffer, Gpu};
