@@ -214,10 +214,9 @@ impl Module {
 
     /// Whether every storage access of the module stays inside its binding
     /// by the module's own arithmetic, so that it is created without wgpu's
-    /// run-time bounds checks. On an H200 those checks cost the matrix
-    /// linear 3.6× (5.5 against 19.7 TFLOP/s at 4608×3072·3072×3072): each
-    /// access becomes a branch, and the global loads of a k step are then
-    /// waited for one by one. The matrix linear's loads go through
+    /// run-time bounds checks, which make each access a branch, so that the
+    /// global loads of a k step are waited for one by one (what they cost on
+    /// an H200: docs/performance.md). The matrix linear's loads go through
     /// `a_at`/`b_pair` (or, reading vec4s, `a_vec4`/`b_vec8`), which select
     /// an in-binding index; `b_at`, the
     /// scales and the stores are guarded by the matrix's bounds, which the

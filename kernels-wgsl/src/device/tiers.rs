@@ -17,9 +17,8 @@ pub(super) struct TierChoice {
 /// Why `auto` takes f32 on a CPU adapter (a software driver such as
 /// lavapipe), where the half tiers only add work: staging f16 and the range
 /// rule cost more than the narrower operands save, and their results are
-/// less exact. Measured on lavapipe at klein's shapes: 128², 2 steps in
-/// 6.4 s on f16 against 5.6 s on f32; prompt embeddings within 1.8e-4 of
-/// transformers' on f16, 1e-6 on f32. Named, the half tiers still run.
+/// less exact (the figures: docs/kernels.md, "Precision tiers"). Named, the
+/// half tiers still run.
 fn cpu_reason(info: &wgpu::AdapterInfo) -> String {
     format!("{} is a CPU adapter, where the f16 and matrix tiers run slower than f32 and less exactly", info.name)
 }

@@ -43,9 +43,9 @@ pub struct Timer<'g> {
 impl<'g> Timer<'g> {
     pub fn new(gpu: &'g Gpu) -> Self {
         // A software adapter's timestamps are the host's clock anyway, and
-        // lavapipe's (Mesa 22.3) once closed a pass of attention dispatches
-        // 60 µs after opening it while the work took 10–40 ms on the host's
-        // clock around submit and wait: there the host clock times every row.
+        // lavapipe's have closed passes long before their work was done
+        // (docs/performance.md, "How each figure was measured"): there the
+        // host clock around submit and wait times every row.
         let queries = (gpu.has_timestamps() && !gpu.is_software()).then(|| Queries {
             set: gpu.device.create_query_set(&wgpu::QuerySetDescriptor {
                 label: Some("bench timestamps"),
