@@ -383,14 +383,26 @@ pub struct BlockProgress {
     pub total: usize,
 }
 
-/// Dispatches one command buffer holds at most: a block of a large image
-/// runs for seconds on a laptop GPU, and a driver may time out or fail one
-/// long command buffer where shorter ones finish (Metal reports such a
-/// failure nowhere wgpu passes on). A single dispatch is not split.
+/// Dispatches one command buffer holds at most on an integrated or
+/// unknown GPU: a block of a large image runs for seconds on a laptop GPU,
+/// and a driver may time out or fail one long command buffer where shorter
+/// ones finish (Metal reports such a failure nowhere wgpu passes on). A
+/// single dispatch is not split.
 pub const DISPATCHES_PER_SUBMISSION: usize = 8;
 
+/// The dispatches a submission holds on an adapter of `device_type`: a
+/// whole block on a discrete GPU (each submission costs the driver and the
+/// queue a round trip, and a block runs there in milliseconds), else
+/// [`DISPATCHES_PER_SUBMISSION`].
+pub fn dispatches_per_submission(device_type: wgpu::DeviceType) -> usize {
+    match device_type {
+        wgpu::DeviceType::DiscreteGpu => usize::MAX,
+        _ => DISPATCHES_PER_SUBMISSION,
+    }
+}
+
 /// Runs prepared blocks in order, each in submissions of at most
-/// [`DISPATCHES_PER_SUBMISSION`] dispatches. A block whose weights stream
+/// [`dispatches_per_submission`] dispatches. A block whose weights stream
 /// from `store` has them queued first. At most two blocks are queued on the
 /// GPU at once: after submitting block i the host waits for block i − 1 and
 /// reports it done, so progress and step times follow the GPU's completion
@@ -407,7 +419,8 @@ pub fn run_prepared(
     let mut in_flight = None;
     for (i, block) in blocks.iter().enumerate() {
         weights.stream_in(gpu, store, i)?;
-        let pieces: Vec<&[flux_lite_kernels::Dispatch]> = if block.is_empty() { vec![&[]] } else { block.chunks(DISPATCHES_PER_SUBMISSION).collect() };
+        let per_submission = dispatches_per_submission(gpu.info.device_type);
+        let pieces: Vec<&[flux_lite_kernels::Dispatch]> = if block.is_empty() { vec![&[]] } else { block.chunks(per_submission).collect() };
         let mut submitted = None;
         for piece in pieces {
             submitted = Some(gpu.submit_tracked(|enc| {
@@ -433,4 +446,19 @@ pub fn collect_ops(program: impl FnOnce(&mut dyn FnMut(Op))) -> Vec<Op> {
     let mut ops = Vec::new();
     program(&mut |op| ops.push(op));
     ops
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_discrete_gpu_takes_a_block_in_one_submission_and_every_other_adapter_in_eights() {
+        let block = 23usize;
+        let submissions = |t: wgpu::DeviceType| block.div_ceil(dispatches_per_submission(t));
+        assert_eq!(submissions(wgpu::DeviceType::DiscreteGpu), 1);
+        for other in [wgpu::DeviceType::IntegratedGpu, wgpu::DeviceType::VirtualGpu, wgpu::DeviceType::Cpu, wgpu::DeviceType::Other] {
+            assert_eq!(submissions(other), 3, "{other:?}");
+        }
+    }
 }
