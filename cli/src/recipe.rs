@@ -68,6 +68,15 @@ pub struct ModelId {
     pub weights: String,
 }
 
+impl ModelId {
+    /// The model as an image names it: the folder as given, its name, its weights' fingerprint.
+    pub fn of(folder: &std::path::Path, model: &flux_lite_platform::model::ModelFolder) -> Result<Self, String> {
+        let weights = flux_lite_platform::model::fingerprint::fingerprint(model).map_err(|e| format!("{}: reading the weights' fingerprint: {e}", folder.display()))?;
+        let name = folder.file_name().map_or_else(|| folder.display().to_string(), |n| n.to_string_lossy().into_owned());
+        Ok(Self { folder: folder.display().to_string(), name, weights })
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LoraUse {
     pub file: String,
@@ -135,7 +144,7 @@ impl Run {
     pub fn of_pipeline(folder: &std::path::Path, pipeline: &flux_lite_platform::Pipeline, transformer: Option<&std::path::Path>, text_encoder: Option<&std::path::Path>) -> Result<Self, String> {
         let shown = |p: &std::path::Path| p.display().to_string();
         Ok(Run {
-            model: crate::gen::model_id(folder, pipeline.model())?,
+            model: ModelId::of(folder, pipeline.model())?,
             transformer: transformer.map(shown),
             text_encoder: text_encoder.map(shown),
             embeddings: None,

@@ -233,13 +233,6 @@ fn recipe_run(args: &GenArgs, model_dir: &std::path::Path, pipeline: &Pipeline) 
     })
 }
 
-/// The model as an image names it: the folder as given, its name, its weights' fingerprint.
-pub fn model_id(folder: &std::path::Path, model: &flux_lite_platform::model::ModelFolder) -> Result<recipe::ModelId, String> {
-    let weights = flux_lite_platform::model::fingerprint::fingerprint(model).map_err(|e| format!("{}: reading the weights' fingerprint: {e}", folder.display()))?;
-    let name = folder.file_name().map_or_else(|| folder.display().to_string(), |n| n.to_string_lossy().into_owned());
-    Ok(recipe::ModelId { folder: folder.display().to_string(), name, weights })
-}
-
 /// `--kv-precision auto|f32|f16`.
 pub(crate) fn parse_kv_precision(value: &str) -> Result<KvPrecision, String> {
     match value {
