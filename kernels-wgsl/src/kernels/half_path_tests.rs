@@ -160,8 +160,7 @@ fn linear_on_matrix_units_over_half_pieces_equals_it_over_their_f32_values() {
 
 /// `silu(x·W_gateᵀ) ⊙ (x·W_upᵀ)` into f16 pieces and into f32 rows: the
 /// pieces are the f32 rows' values, each piece of `piece` divided by its
-/// range scale and rounded to f16; the scales a row 3 apart more than its
-/// pieces, the words in a wider tensor from an even column.
+/// range scale and rounded to f16 ([`check_written_in_pieces`]).
 fn check_swiglu_into_half_pieces(gpu: &Gpu, [m, n, k]: [usize; 3], piece: usize) {
     let mut rng = Rng::new((m * 17 + n * 5 + k) as u64);
     let mut x = rng.normals(m * k, 1.0);
@@ -175,13 +174,21 @@ fn check_swiglu_into_half_pieces(gpu: &Gpu, [m, n, k]: [usize; 3], piece: usize)
     let s = Gemm { m: m as u64, n: n as u64, k: k as u64 };
     let yb = poisoned(gpu, m * n);
     let y = run_and_read(gpu, &yb, m * n, |enc| linear_swiglu(gpu, enc, Input::F32(Mat::new(&xb, k as u64)), Weight::bf16(&wb), Mat::new(&yb, n as u64), s));
+    check_written_in_pieces(gpu, &y, [m, n], piece, |enc, dst| linear_swiglu_half(gpu, enc, Input::F32(Mat::new(&xb, k as u64)), Weight::bf16(&wb), dst, s));
+}
+
+/// What `write` writes as f16 rows in pieces of `piece` (into words in a
+/// wider tensor from an even column, the scales a row 3 apart more than its
+/// pieces) is `y` `[m, n]`, each piece divided by its range scale and
+/// rounded to f16, with those scales.
+fn check_written_in_pieces(gpu: &Gpu, y: &[f32], [m, n]: [usize; 2], piece: usize, write: impl FnOnce(&mut dyn crate::dispatch::Sink, HalfMat<'_>) -> Result<(), crate::GpuError>) {
     let pieces = n.div_ceil(piece);
     let (words_at, word_stride, scales_stride) = (2usize, n / 2 + 3, pieces + 3);
     let scales_at = words_at + m * word_stride;
     let len = scales_at + m * scales_stride;
     let out = poisoned(gpu, len);
     let dst = HalfMat::pieces(Mat { buf: &out, offset: words_at as u64, stride: word_stride as u64 }, Mat { buf: &out, offset: scales_at as u64, stride: scales_stride as u64 }, piece as u64);
-    let all = run_and_read(gpu, &out, len, |enc| linear_swiglu_half(gpu, enc, Input::F32(Mat::new(&xb, k as u64)), Weight::bf16(&wb), dst, s));
+    let all = run_and_read(gpu, &out, len, |enc| write(enc, dst));
     for row in 0..m {
         for p in 0..pieces {
             let cols = p * piece..((p + 1) * piece).min(n);
@@ -195,8 +202,8 @@ fn check_swiglu_into_half_pieces(gpu: &Gpu, [m, n, k]: [usize; 3], piece: usize)
 }
 
 /// `x·Wᵀ` into f16 pieces and into f32 rows: the pieces are the f32 rows'
-/// values, each piece divided by its range scale and rounded to f16; the
-/// words in a wider tensor, the scales a row 2 apart more than its pieces.
+/// values, each piece divided by its range scale and rounded to f16
+/// ([`check_written_in_pieces`]).
 fn check_linear_into_half_pieces(gpu: &Gpu, [m, n, k]: [usize; 3], piece: usize) {
     let mut rng = Rng::new((m * 29 + n * 3 + k) as u64);
     let mut x = rng.normals(m * k, 1.0);
@@ -208,23 +215,7 @@ fn check_linear_into_half_pieces(gpu: &Gpu, [m, n, k]: [usize; 3], piece: usize)
     let s = Gemm { m: m as u64, n: n as u64, k: k as u64 };
     let yb = poisoned(gpu, m * n);
     let y = run_and_read(gpu, &yb, m * n, |enc| linear_from(gpu, enc, Input::F32(Mat::new(&xb, k as u64)), Weight::bf16(&wb), None, Mat::new(&yb, n as u64), s));
-    let pieces = n.div_ceil(piece);
-    let (words_at, word_stride, scales_stride) = (6usize, n / 2 + 1, pieces + 2);
-    let scales_at = words_at + m * word_stride;
-    let len = scales_at + m * scales_stride;
-    let out = poisoned(gpu, len);
-    let dst = HalfMat::pieces(Mat { buf: &out, offset: words_at as u64, stride: word_stride as u64 }, Mat { buf: &out, offset: scales_at as u64, stride: scales_stride as u64 }, piece as u64);
-    let all = run_and_read(gpu, &out, len, |enc| linear_into_half(gpu, enc, Input::F32(Mat::new(&xb, k as u64)), Weight::bf16(&wb), dst, s));
-    for row in 0..m {
-        for p in 0..pieces {
-            let cols = p * piece..((p + 1) * piece).min(n);
-            let (want_words, want_scales) = pack_rows(&y[row * n + cols.start..row * n + cols.end], 1, cols.len());
-            let first = words_at + row * word_stride + cols.start / 2;
-            let got: Vec<u32> = all[first..first + cols.len() / 2].iter().map(|v| v.to_bits()).collect();
-            assert_eq!(got, want_words, "row {row}, piece {p}: f16 values");
-            assert_eq!(all[scales_at + row * scales_stride + p], want_scales[0], "row {row}, piece {p}: scale");
-        }
-    }
+    check_written_in_pieces(gpu, &y, [m, n], piece, |enc, dst| linear_into_half(gpu, enc, Input::F32(Mat::new(&xb, k as u64)), Weight::bf16(&wb), dst, s));
 }
 
 #[test]
