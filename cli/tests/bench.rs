@@ -58,7 +58,9 @@ fn traffic_prints_the_step_its_blocks_and_the_decode_from_the_configs_alone() {
     let vae = matrix.lines().find(|l| l.starts_with("vae decode: ")).unwrap();
     assert!(vae.contains(" GB moved, ") && vae.ends_with(" ms on H200"), "{vae}");
     // The matrix tier measures the f32 inputs of its products in passes of
-    // their own; the LayerNorms write theirs as f16 rows, which need none.
+    // their own (outside the blocks: the timestep's, the embedders' and the
+    // final projection's); inside the blocks every product's input comes as
+    // f16 rows with its scales, which need none.
     let by_op = |s: &str, kind: &str| rows_under(s, "| step, by op |").into_iter().find(|r| r[0] == kind).unwrap_or_else(|| panic!("no {kind} row: {s}"));
     let (m_linear, f_linear) = (by_op(&matrix, "linear")[1].parse::<u64>().unwrap(), by_op(&f32, "linear")[1].parse::<u64>().unwrap());
     assert!(m_linear > f_linear && m_linear < 2 * f_linear, "linear dispatches: matrix {m_linear}, f32 {f_linear}");
@@ -67,9 +69,13 @@ fn traffic_prints_the_step_its_blocks_and_the_decode_from_the_configs_alone() {
     let [m_step, m_double, m_single, m_vae] = traffic_dispatches(&matrix);
     let [f_step, f_double, f_single, f_vae] = traffic_dispatches(&f32);
     assert_eq!(m_step - f_step, m_linear - f_linear, "the tiers differ by the measuring passes: {matrix}{f32}");
-    assert!(m_double > f_double && m_single > f_single && m_vae > f_vae, "{matrix}{f32}");
-    // The matrix tier's passes read x again: more bytes, on f32 activations.
-    assert!(gb_moved(&matrix, "step: ") > gb_moved(&f32, "step: ") && gb_moved(&f32, "vae decode: ") > 0.0, "{matrix}{f32}");
+    assert!(m_double == f_double && m_single == f_single && m_vae > f_vae, "{matrix}{f32}");
+    // f16 operands in pieces: the step moves less than on f32 activations,
+    // and at most 40% of what it moved before the half-precision path
+    // (76.8 GB, docs/performance.md); the VAE, still f32, measures its
+    // convolutions' inputs again and moves more.
+    assert!(gb_moved(&matrix, "step: ") < 0.4 * 76.8 && gb_moved(&matrix, "step: ") < gb_moved(&f32, "step: "), "{matrix}{f32}");
+    assert!(gb_moved(&matrix, "vae decode: ") > gb_moved(&f32, "vae decode: "), "{matrix}{f32}");
     // The table's kinds add up to the step.
     let by_op: u64 = rows_under(&matrix, "| step, by op |").iter().map(|r| r[1].parse::<u64>().unwrap()).sum();
     assert_eq!(by_op, m_step);
