@@ -129,11 +129,31 @@ impl Operand {
 
 /// The width of the pieces a transformer of `head_dim`-wide heads and
 /// `widths` (its products' outputs) keeps its f16 operands in: the largest
-/// even divisor of the head dimension up to [`MAX_OPERAND_PIECE`] that
-/// divides every width, at least [`MIN_OPERAND_PIECE`]; `None` where there
-/// is none (those operands then stay f32).
+/// divisor of the head dimension up to [`MAX_OPERAND_PIECE`] that divides
+/// every width and is whole vec4s (a product reads a vec4 from one piece),
+/// at least [`MIN_OPERAND_PIECE`]; `None` where there is none (those
+/// operands then stay f32).
 pub fn operand_piece(head_dim: u64, widths: &[u64]) -> Option<u64> {
-    (MIN_OPERAND_PIECE..=MAX_OPERAND_PIECE).rev().step_by(2).find(|p| head_dim.is_multiple_of(*p) && widths.iter().all(|w| w.is_multiple_of(*p)))
+    (MIN_OPERAND_PIECE..=MAX_OPERAND_PIECE).rev().step_by(4).find(|p| head_dim.is_multiple_of(*p) && widths.iter().all(|w| w.is_multiple_of(*p)))
+}
+
+#[cfg(test)]
+mod piece_tests {
+    use super::operand_piece;
+
+    #[test]
+    fn a_piece_is_the_widest_whole_vec4_divisor_of_the_head_that_every_width_takes() {
+        // klein (heads of 128, D 3072, F 9216), tiny-q, tiny-a and tiny-b.
+        assert_eq!(operand_piece(128, &[3072, 9216]), Some(64));
+        assert_eq!(operand_piece(64, &[256, 768]), Some(64));
+        assert_eq!(operand_piece(16, &[64, 192]), Some(16));
+        assert_eq!(operand_piece(24, &[48, 144]), Some(24));
+        // Heads of 36 take 36, not 18 (not whole vec4s); of 26, none.
+        assert_eq!(operand_piece(36, &[72, 216]), Some(36));
+        assert_eq!(operand_piece(26, &[52, 156]), None);
+        // A width the head's pieces do not divide.
+        assert_eq!(operand_piece(128, &[3072, 9000]), None);
+    }
 }
 
 impl From<Span> for Operand {
