@@ -68,7 +68,7 @@ pub fn run(args: &InfoArgs) -> Result<(), String> {
     let (width, height) = (job.request().width, job.request().height);
     let references = job.references();
     let reference_sizes: Vec<(u64, u64)> = references.iter().map(|r| (r.width as u64, r.height as u64)).collect();
-    let mut sizes = ModelSizes::from_files_or_configs(&model, width, height).map_err(|e| e.to_string())?;
+    let mut sizes = ModelSizes::from_files_or_configs(&model).map_err(|e| e.to_string())?;
     if !args.lora.is_empty() {
         let lora = crate::lora::open_lora(&args.lora, &model.transformer, false)?;
         let sized: Vec<(usize, usize)> = references.iter().map(|r| (r.width, r.height)).collect();

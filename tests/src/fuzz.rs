@@ -60,12 +60,13 @@ pub fn model_configs(data: &[u8]) -> bool {
         put(&dir.join(file), if i == pick { rest } else { original });
     }
     let Ok(model) = ModelFolder::open(dir) else { return false };
+    let Ok(sizes) = ModelSizes::from_files_or_configs(&model) else { return false };
     let mut accepted = true;
     for (width, height) in [(64, 48), (1024, 1024)] {
-        let Ok(sizes) = ModelSizes::from_files_or_configs(&model, width, height) else {
+        if flux_lite_platform::pipeline::denoise::latent_grid(&model.vae, width, height).is_err() {
             accepted = false;
             continue;
-        };
+        }
         let input = sizes.plan_input(&model, width, height, &[], DeviceLimits::WEBGPU_DEFAULT, None);
         if let Ok(minimum) = planner::minimum_budget(&input) {
             let mut tight = input;

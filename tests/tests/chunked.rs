@@ -119,7 +119,7 @@ fn the_plan_chunks_when_attention_keys_exceed_a_binding() {
     // 32×32 pixels: 512 + 64 tokens. Keys: 576 × 576 × 4 = 1.3 MB unchunked, 576 × 64 × 4 = 147 KB chunked.
     let small = Gpu::new(&GpuOptions { max_storage_binding: Some(512 * 1024), ..Default::default() }).unwrap();
     let request = Request { width: 32, height: 32, steps: 1, seed: 0, guidance: 1.0, vae_tile: None, memory_budget: None, references: Vec::new(), lora: Default::default(), init: None, kv_cache: false, kv_precision: Default::default() };
-    let chunk = planning::plan(&small, &model, &request).unwrap().denoise.chunk.expect("the plan chunks");
+    let chunk = planning::plan(&small, &model, &planning::ModelSizes::from_files(&model).unwrap(), &request).unwrap().denoise.chunk.expect("the plan chunks");
     let on = |gpu: &Gpu, chunk: Option<usize>| {
         let store = model.weights(Component::Transformer).unwrap();
         let t = Transformer::new(gpu, &model.transformer, store, WeightStrategy::ResidentBf16, chunk, 512, &LatentGrids::noise_only(8, 8))?;

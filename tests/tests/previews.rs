@@ -180,17 +180,18 @@ fn a_preview_decoder_beyond_the_adapters_bindings_runs_by_bands_or_is_refused_up
     let decoder = test_vectors().join("goldens/tiny_decoder/taesd.safetensors");
     let model = ModelFolder::open(&model_dir("tiny-a")).unwrap().with_preview_decoder(&decoder).unwrap();
     let request = Request { width: 64, height: 64, steps: 1, seed: 0, guidance: 1.0, vae_tile: None, memory_budget: None, references: Vec::new(), lora: Default::default(), init: None, kv_cache: false, kv_precision: Default::default() };
-    assert_eq!(planning::plan(flux_lite_tests::gpu(), &model, &request).unwrap().preview.map(|p| p.tile), Some(None));
+    let sizes = planning::ModelSizes::from_files(&model).unwrap();
+    assert_eq!(planning::plan(flux_lite_tests::gpu(), &model, &sizes, &request).unwrap().preview.map(|p| p.tile), Some(None));
     // 64×64: 16 channels at full size and the 64-wide pool at 32×32 take 256 KiB an activation.
     let small = Gpu::new(&GpuOptions { max_storage_binding: Some(128 * 1024), ..Default::default() }).unwrap();
-    let banded = planning::plan(&small, &model, &request).unwrap().preview.unwrap();
+    let banded = planning::plan(&small, &model, &sizes, &request).unwrap().preview.unwrap();
     assert_eq!((banded.tile, banded.on_device), (Some(64), true), "{banded:?}");
     // A row of the 16-channel convolutions at 64 wide, with its halo, takes more than 8 KiB.
     let narrow = Gpu::new(&GpuOptions { max_storage_binding: Some(8 * 1024), ..Default::default() }).unwrap();
-    let err = planning::plan(&narrow, &model, &request).unwrap_err().to_string();
+    let err = planning::plan(&narrow, &model, &sizes, &request).unwrap_err().to_string();
     assert!(err.contains("taesd.safetensors: the preview decoder cannot run at 64×64: one row of the preview decoder's widest convolution at 64 pixels wide needs"), "{err}");
     // A forced VAE tile bands the preview too.
-    let forced = planning::plan(flux_lite_tests::gpu(), &model, &Request { vae_tile: Some(32), ..request }).unwrap();
+    let forced = planning::plan(flux_lite_tests::gpu(), &model, &sizes, &Request { vae_tile: Some(32), ..request }).unwrap();
     assert_eq!(forced.preview.map(|p| (p.tile, p.on_device)), Some((Some(32), false)));
 }
 

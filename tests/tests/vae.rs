@@ -179,22 +179,22 @@ fn the_planned_tile_is_untiled_when_it_fits_and_bounded_by_the_binding_otherwise
     use flux_lite_platform::{Gpu, GpuOptions};
     let m = ModelFolder::open(&model_dir("tiny-a")).unwrap();
     let request = Request { width: 64, height: 96, steps: 1, seed: 0, guidance: 1.0, vae_tile: None, memory_budget: None, references: Vec::new(), lora: Default::default(), init: None, kv_cache: false, kv_precision: Default::default() };
-    assert_eq!(planning::plan(gpu(), &m, &request).unwrap().decode.tile, None);
+    assert_eq!(planning::plan(gpu(), &m, &planning::ModelSizes::from_files(&m).unwrap(), &request).unwrap().decode.tile, None);
     // A device whose storage bindings hold 64 KiB: tiny-a's largest activation
     // (64 channels at full resolution) fits 256 pixels, a 16-pixel square tile,
     // whose band holds one row of the 64-pixel-wide image's widest convolution.
     // (The whole run cannot plan there: the transformer's attention keys, 896 × 64 floats, exceed
     // 64 KiB. The decode phase's own options are what this test is about.)
     let small = Gpu::new(&GpuOptions { max_storage_binding: Some(64 * 1024), ..Default::default() }).unwrap();
-    let err = planning::plan(&small, &m, &request).unwrap_err().to_string();
+    let err = planning::plan(&small, &m, &planning::ModelSizes::from_files(&m).unwrap(), &request).unwrap_err().to_string();
     assert!(err.contains("attention over 896 tokens"), "{err}");
-    let sizes = planning::ModelSizes::from_files(&m, 64, 96).unwrap();
+    let sizes = planning::ModelSizes::from_files(&m).unwrap();
     let input = sizes.plan_input(&m, 64, 96, &[], small.plan_limits(), None);
     // The fastest layout keeps the image's activations on the device (next test); the host's largest tile:
     let tile = flux_lite_core::plan::decode_options(&input).unwrap().find(|p| !p.on_device).and_then(|p| p.tile).map(|t| t as usize);
     assert_eq!(tile, Some(16));
     // 96 pixels wide, one convolution row (3 input rows of 64 channels) exceeds any band there: refused, naming the width.
-    let wide_sizes = planning::ModelSizes::from_files(&m, 96, 64).unwrap();
+    let wide_sizes = planning::ModelSizes::from_files(&m).unwrap();
     let wide = wide_sizes.plan_input(&m, 96, 64, &[], small.plan_limits(), None);
     let err = flux_lite_core::plan::decode_options(&wide).map(|o| o.count()).unwrap_err().to_string();
     assert!(err.contains("96-pixel-wide image") && err.contains("binding of 65536 bytes"), "{err}");
@@ -218,7 +218,7 @@ fn a_decode_with_its_activations_on_the_device_matches_the_untiled_one() {
     let store = m.weights(Component::Vae).unwrap();
     let small = Gpu::new(&GpuOptions { max_storage_binding: Some(64 * 1024), ..Default::default() }).unwrap();
     let (width, height) = (64, 96);
-    let sizes = planning::ModelSizes::from_files(&m, width, height).unwrap();
+    let sizes = planning::ModelSizes::from_files(&m).unwrap();
     let input = sizes.plan_input(&m, width, height, &[], small.plan_limits(), None);
     let first = flux_lite_core::plan::decode_options(&input).unwrap().next().unwrap();
     assert_eq!((first.tile, first.on_device), (Some(96), true), "{first:?}");
@@ -260,7 +260,7 @@ fn tiled_decode(size: usize) -> TiledDecode {
     let image = vae.decode(&device, &random_latents(size, size, 11), &mut |_| {}).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(image.rgb.len(), size * size * 3, "{size}²: the image decodes in the tile arena");
     let high_water = device.memory().high_water;
-    let sizes = planning::ModelSizes::from_files(&m, size, size).unwrap();
+    let sizes = planning::ModelSizes::from_files(&m).unwrap();
     let input: PlanInput<'_> = sizes.plan_input(&m, size, size, &[], device.plan_limits(), None);
     let planned = plan::decode_options(&input).unwrap().find(|p| p.tile == Some(16)).unwrap();
     TiledDecode { arena: vae.arena_bytes(), high_water, planned: planned.device() }

@@ -139,7 +139,7 @@ fn encoding_references_stays_within_the_planned_bytes() {
         kv_cache: false,
         kv_precision: Default::default(),
     };
-    let planned = planning::plan(&device, &folder, &request).unwrap().references.expect("a reference phase");
+    let planned = planning::plan(&device, &folder, &planning::ModelSizes::from_files(&folder).unwrap(), &request).unwrap().references.expect("a reference phase");
     let live_before = device.memory().live;
     let encoded = pipeline::encode_references(&device, &folder, &refs, None, &std::env::temp_dir(), &mut Timings::default(), &mut |_| {}).unwrap();
     assert_eq!(encoded.grids, [(16, 16), (17, 20)]);
@@ -171,7 +171,7 @@ fn tiled_encode(size: usize) -> TiledEncode {
     let (h, w) = encoder.latent_size();
     assert_eq!(tokens.len(), 4 * h * w, "{size}²: the image encodes in the tile arena");
     let high_water = device.memory().high_water;
-    let sizes = planning::ModelSizes::from_files(&folder, 32, 32).unwrap();
+    let sizes = planning::ModelSizes::from_files(&folder).unwrap();
     let refs = [(size as u64, size as u64)];
     let input = sizes.plan_input(&folder, 32, 32, &refs, device.plan_limits(), None);
     let planned = plan::reference_options(&input).unwrap().find(|p| p.tile == Some(16)).expect("a 16-pixel tile option");

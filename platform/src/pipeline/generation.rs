@@ -57,7 +57,7 @@ pub(super) fn run_job(pipeline: &Pipeline, job: &Resolved, request: &Request, ob
     if sizes != request.references {
         return Err(RunError::Internal("the request's reference sizes differ from the reference images given".into()));
     }
-    let plan = super::planning::plan(&pipeline.gpu, &pipeline.model, request)?;
+    let plan = super::planning::plan(&pipeline.gpu, &pipeline.model, &pipeline.sizes, request)?;
     // A VAE in bands on the host keeps the image's activations in a scratch
     // file: find out now, not after the denoising, if its folder cannot take one.
     let banded_encode = plan.references.is_some_and(|r| r.tile.is_some());

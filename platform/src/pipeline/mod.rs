@@ -314,6 +314,8 @@ pub struct Pipeline {
     kept: std::sync::Mutex<kept::Kept>,
     /// [`Options::scratch_dir`], resolved.
     scratch_dir: PathBuf,
+    /// Every component's weight sizes, read once from the files: what each plan starts from.
+    sizes: planning::ModelSizes,
 }
 
 impl Pipeline {
@@ -332,7 +334,8 @@ impl Pipeline {
     /// A pipeline over a model folder already opened (a caller that checks its
     /// own inputs against the configs before touching the GPU).
     pub fn with_model(model: ModelFolder, gpu: &GpuOptions) -> Result<Self, RunError> {
-        Ok(Self { gpu: Gpu::new(gpu)?, model, keep_loaded: false, kept: Default::default(), scratch_dir: std::env::temp_dir() })
+        let sizes = planning::ModelSizes::from_files(&model)?;
+        Ok(Self { gpu: Gpu::new(gpu)?, model, keep_loaded: false, kept: Default::default(), scratch_dir: std::env::temp_dir(), sizes })
     }
 
     /// Keeps the VAE's activations by bands on the host in `dir` (see
@@ -359,7 +362,7 @@ impl Pipeline {
     /// The memory plan `job` would run under, or the planner's refusal;
     /// nothing is uploaded.
     pub fn plan(&self, job: &Resolved) -> Result<Plan, RunError> {
-        crate::pipeline::planning::plan(&self.gpu, &self.model, &self.budgeted(&job.request))
+        planning::plan(&self.gpu, &self.model, &self.sizes, &self.budgeted(&job.request))
     }
 
     /// The budget a run takes when its job gives none: the adapter's
@@ -383,7 +386,7 @@ impl Pipeline {
 
     /// Encodes prompts alone within `budget` (`flux-lite encode`).
     pub fn encode(&self, prompts: &[&str], budget: Option<u64>, observer: &mut dyn Observer) -> Result<(Vec<Vec<f32>>, Timings), RunError> {
-        let plan = crate::pipeline::planning::plan_encode(&self.model, budget.or_else(|| self.default_budget()), self.gpu.measures_weight_rows())?;
+        let plan = planning::plan_encode(&self.model, &self.sizes, budget.or_else(|| self.default_budget()), self.gpu.measures_weight_rows())?;
         let encoded = generation::encode_alone(self, plan.weights, prompts, observer)?;
         self.gpu.check_interrupt()?;
         Ok(encoded)

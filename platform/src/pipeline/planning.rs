@@ -1,6 +1,8 @@
 //! Memory plans for a model folder. Each component's weight sizes come from
 //! its files, or, for a folder that holds only configs (`flux-lite info`),
-//! are estimated from its config; the core planner lays out the run.
+//! are estimated from its config: once, where the model is opened
+//! ([`ModelSizes`], the catalogue a `Pipeline` keeps); the core planner lays
+//! out each run from them.
 
 use crate::pipeline::denoise;
 use crate::error::RunError;
@@ -12,7 +14,8 @@ use crate::components::text_encoder::TextEncoder;
 use crate::components::transformer::Transformer;
 use flux_lite_core::plan::{self as planner, DeviceLimits, PhasePlan, Plan, PlanInput, PreviewLayouts, WeightSizes};
 
-/// The weight sizes a plan needs, for one image size.
+/// The weight sizes every plan of a model needs, whatever the image's size:
+/// read once when the model is opened.
 #[derive(Debug, Clone)]
 pub struct ModelSizes {
     pub text_encoder: WeightSizes,
@@ -36,17 +39,16 @@ pub struct ModelSizes {
 
 impl ModelSizes {
     /// From the weight files, which every component must have.
-    pub fn from_files(model: &ModelFolder, width: usize, height: usize) -> Result<Self, RunError> {
-        Self::read(model, width, height, false)
+    pub fn from_files(model: &ModelFolder) -> Result<Self, RunError> {
+        Self::read(model, false)
     }
 
     /// From the files where a component has them, else estimated from its config.
-    pub fn from_files_or_configs(model: &ModelFolder, width: usize, height: usize) -> Result<Self, RunError> {
-        Self::read(model, width, height, true)
+    pub fn from_files_or_configs(model: &ModelFolder) -> Result<Self, RunError> {
+        Self::read(model, true)
     }
 
-    fn read(model: &ModelFolder, width: usize, height: usize, estimate_missing: bool) -> Result<Self, RunError> {
-        let (lat_h, lat_w) = denoise::latent_grid(&model.vae, width, height)?;
+    fn read(model: &ModelFolder, estimate_missing: bool) -> Result<Self, RunError> {
         let mut estimated = Vec::new();
         let mut from_files = |c: Component| {
             let files = !estimate_missing || model.has_weight_files(c);
@@ -61,7 +63,8 @@ impl ModelSizes {
             planner::text_encoder_weights(&model.text_encoder, true)
         };
         let transformer = if from_files(Component::Transformer) {
-            Transformer::weight_sizes(&model.transformer, &model.weights(Component::Transformer)?, PROMPT_TOKENS, lat_h * lat_w)?
+            // Which block reads which weight does not depend on the image's tokens: one will do.
+            Transformer::weight_sizes(&model.transformer, &model.weights(Component::Transformer)?, PROMPT_TOKENS, 1)?
         } else {
             planner::transformer_weights(&model.transformer, true)
         };
@@ -158,11 +161,12 @@ fn text_encoder_sizes(model: &ModelFolder) -> Result<WeightSizes, RunError> {
 }
 
 /// Lays out every device byte of a run (text encoder, transformer, VAE)
-/// for the request's size and budget, from the weight files' real sizes
-/// and the adapter's limits; fails at once, naming the smallest budget that
-/// would work, when nothing fits.
-pub fn plan(gpu: &Gpu, model: &ModelFolder, request: &Request) -> Result<Plan, RunError> {
-    let mut sizes = ModelSizes::from_files(model, request.width, request.height)?;
+/// for the request's size and budget, from the model's weight sizes (read
+/// when it was opened) and the adapter's limits; fails at once, naming the
+/// smallest budget that would work, when nothing fits.
+pub fn plan(gpu: &Gpu, model: &ModelFolder, sizes: &ModelSizes, request: &Request) -> Result<Plan, RunError> {
+    denoise::latent_grid(&model.vae, request.width, request.height)?;
+    let mut sizes = sizes.clone();
     let references: Vec<(u64, u64)> = request.references.iter().map(|&(w, h)| (w as u64, h as u64)).collect();
     sizes.add_lora(&request.lora, transformer_rows(model, request.width, request.height, &request.references)?);
     if gpu.measures_weight_rows() {
@@ -194,8 +198,8 @@ pub fn transformer_rows(model: &ModelFolder, width: usize, height: usize, refere
 
 /// The text encoder's phase alone (for `encode`): its fastest strategy within `budget`.
 /// `row_scales`: the device keeps the weights' row scales (`Gpu::measures_weight_rows`).
-pub fn plan_encode(model: &ModelFolder, budget: Option<u64>, row_scales: bool) -> Result<PhasePlan, RunError> {
-    let mut sizes = text_encoder_sizes(model)?;
+pub fn plan_encode(model: &ModelFolder, sizes: &ModelSizes, budget: Option<u64>, row_scales: bool) -> Result<PhasePlan, RunError> {
+    let mut sizes = sizes.text_encoder;
     if row_scales {
         sizes.keep_row_scales();
     }
