@@ -28,6 +28,7 @@ pub mod error;
 pub mod kernels;
 pub mod precision;
 pub mod probe;
+pub mod probe_flash;
 pub mod selftest;
 pub mod skip;
 #[cfg(any(test, feature = "test-support"))]

@@ -107,7 +107,9 @@ pub struct Gpu {
     matrix: Option<MatrixConfig>,
     /// What the adapter lists, whatever the tier: for `flux-lite gpu`.
     matrix_offered: Vec<wgpu::CooperativeMatrixProperties>,
-    /// Why `auto` stepped down a tier, when it did.
+    /// Whether the matrix tier's flash attention passed its start-up check ([`crate::probe_flash`]).
+    flash: bool,
+    /// Why `auto` stepped down a tier, or the flash attention was left out, when it was.
     notice: Option<String>,
     /// Why `auto` took its tier over a faster-looking one the adapter
     /// offers (on a CPU adapter, f32), when it did.
@@ -165,7 +167,8 @@ impl Gpu {
     /// The device for `options`, its tier chosen but not yet proven.
     fn unproven(options: &GpuOptions) -> Result<Self, GpuError> {
         let backend = options.backend.unwrap_or_else(Backend::platform_default);
-        let mut desc = wgpu::InstanceDescriptor::new_without_display_handle_from_env();
+        // wgpu's own WGPU_* variables are not read either: the library takes its settings as options.
+        let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
         desc.backends = backend.wgpu();
         let instance = wgpu::Instance::new(desc);
         let adapter = match &options.adapter {
@@ -243,6 +246,7 @@ impl Gpu {
             precision: choice.tier,
             matrix: choice.matrix,
             matrix_offered,
+            flash: false,
             notice: None,
             auto_reason: choice.reason,
             memory_offered,
@@ -261,6 +265,12 @@ impl Gpu {
     /// Pipelines compiled so far, the time they took, and the cache's state.
     pub fn compile_report(&self) -> CompileReport {
         self.shaders.report()
+    }
+
+    /// Whether the matrix tier's attention runs `attention_flash.wgsl`: it
+    /// passed its check when the device was made.
+    pub fn flash_attention(&self) -> bool {
+        self.flash
     }
 
     /// Which attention kernel the options force, if any.

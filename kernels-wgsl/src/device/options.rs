@@ -113,8 +113,9 @@ pub enum AttentionChoice {
     Tiled,
     /// `attention_cpu.wgsl`, the CPU-shaped kernel.
     Lanes,
-    /// `attention_flash.wgsl` on the matrix tier's f16 tiles (opt-in until proven on a GPU).
-    Flash,
+    /// `attention_matrix.wgsl` on the matrix tier, where flash would run:
+    /// the fallback, to measure flash against.
+    Matrix,
 }
 
 /// Faults the tests of the error paths inject; all off by default. Built
@@ -140,7 +141,7 @@ pub struct FaultInjection {
 impl GpuOptions {
     /// The defaults with what the named settings `get` gives (the CLI passes
     /// its environment's): `FLUX_LITE_BACKEND`, `FLUX_LITE_ADAPTER`,
-    /// `FLUX_LITE_ATTENTION_KERNEL=tiled|lanes|flash`, `FLUX_LITE_KERNEL_DIR`
+    /// `FLUX_LITE_ATTENTION_KERNEL=tiled|lanes|matrix`, `FLUX_LITE_KERNEL_DIR`
     /// ([`GpuOptions::kernel_dir`]), and in builds with the `test-support`
     /// feature the tests' switches ([`Self::with_test_switches`]). A
     /// library caller sets the fields instead.
@@ -150,7 +151,7 @@ impl GpuOptions {
         let attention = match var("FLUX_LITE_ATTENTION_KERNEL").as_deref() {
             Some("tiled") => AttentionChoice::Tiled,
             Some("lanes") => AttentionChoice::Lanes,
-            Some("flash") => AttentionChoice::Flash,
+            Some("matrix") => AttentionChoice::Matrix,
             _ => AttentionChoice::Launcher,
         };
         let kernel_dir = var("FLUX_LITE_KERNEL_DIR").map(std::path::PathBuf::from);

@@ -6,12 +6,41 @@
 use super::{Gpu, GpuOptions};
 use crate::error::GpuError;
 use crate::precision::Precision;
+use crate::precision::MatrixOperands;
 use crate::probe::{known_answer, ProbeError};
+use crate::probe_flash::flash_known_answer;
 
 impl Gpu {
     /// A device for `options`, its tier proven where `auto` chose it.
+    /// On the matrix tier's f16 tiles, the flash attention is checked too.
     pub fn new(options: &GpuOptions) -> Result<Self, GpuError> {
-        Self::proven(options, known_answer)
+        let mut gpu = Self::proven(options, known_answer)?;
+        gpu.prove_flash(flash_known_answer);
+        Ok(gpu)
+    }
+
+    /// Takes the flash attention where the tier has f16 tiles and `probe`
+    /// passes on this device; otherwise a notice says why not. A check that
+    /// cannot run (the device refuses the module) counts as failed.
+    fn prove_flash(&mut self, probe: impl Fn(&Gpu) -> Result<(), ProbeError>) {
+        if !self.matrix.is_some_and(|c| c.operands == MatrixOperands::F16) {
+            return;
+        }
+        self.flash = match probe(self) {
+            Ok(()) => true,
+            Err(e) => {
+                let why = match e {
+                    ProbeError::Gpu(e) => e.to_string(),
+                    ProbeError::Wrong(why) => why,
+                };
+                let note = format!("the flash attention failed its known-answer check on {} ({why}); attention runs on the matrix tier's one-subgroup kernel", self.info.name);
+                self.notice = Some(match self.notice.take() {
+                    Some(before) => format!("{before}; {note}"),
+                    None => note,
+                });
+                false
+            }
+        };
     }
 
     /// [`Self::new`] with `probe` as `auto`'s known-answer check. A tier
@@ -147,5 +176,22 @@ mod tests {
             let notice = gpu.notice().unwrap_or("");
             assert!(notice.starts_with("the f16 tier failed its known-answer check on ") && notice.ends_with("running the f32 tier"), "{notice}");
         }
+    }
+
+    #[test]
+    fn the_flash_attention_is_taken_where_its_check_passes_and_left_with_a_notice_where_it_fails() {
+        let Some(gpu) = crate::testing::matrix_gpu() else { return };
+        if gpu.matrix().is_none_or(|c| c.operands != MatrixOperands::F16) {
+            assert!(!gpu.flash_attention());
+            crate::skip::skipped(format_args!("{} offers no f16 tiles: no flash attention to check", gpu.describe()));
+            return;
+        }
+        // A device made by `Gpu::new` ran the real check, on this adapter.
+        assert!(gpu.flash_attention(), "the flash attention failed its check on {}: {:?}", gpu.describe(), gpu.notice());
+        let mut failing = Gpu::unproven(&GpuOptions { precision: Precision::Matrix, ..crate::testing::options() }).unwrap_or_else(|e| panic!("{e}"));
+        failing.prove_flash(|_| Err(ProbeError::Wrong("flash attention output 3 is NaN".into())));
+        assert!(!failing.flash_attention());
+        let notice = failing.notice().unwrap_or("");
+        assert!(notice.starts_with("the flash attention failed its known-answer check on ") && notice.contains("output 3 is NaN") && notice.contains("one-subgroup kernel"), "{notice}");
     }
 }

@@ -8,7 +8,6 @@ use crate::device::{AttentionChoice, Gpu};
 use crate::dispatch::{dispatch, grid64, placeholder_window, row_chunks, to_u32, window, Launch, Rows, Sink};
 use crate::error::GpuError;
 use crate::precision::{MatrixConfig, MatrixOperands};
-use crate::kernels::linear::{measure_rows, RangeScalesParams};
 use crate::view::{HalfMat, HeadRows, Mat};
 use bytemuck::{Pod, Zeroable};
 
@@ -78,17 +77,12 @@ pub const ATTENTION_MATRIX_16: Kernel = Kernel { module: Module::AttentionMatrix
 pub const ATTENTION_MATRIX_8_F32: Kernel = Kernel { module: Module::AttentionMatrix8F32, ..ATTENTION_MATRIX_8 };
 /// The widest head the matrix tier's attention takes; wider ones run `attention.wgsl`.
 pub const ATTENTION_MATRIX_MAX_HEAD_DIM: u64 = 128;
-/// The matrix tier's flash attention (`attention_flash.wgsl`, f16 tiles),
-/// taken only under `FLUX_LITE_ATTENTION_KERNEL=flash` until proven on a
-/// GPU; its workgroup is [`flash_subgroups`] subgroups (the `WG` override);
-/// binding 7 holds the value columns' range scales.
-pub const ATTENTION_FLASH_8: Kernel = Kernel {
-    module: Module::AttentionFlash8,
-    entry: "attention_flash",
-    workgroup_size: [0, 1, 1],
-    storage: &[(1, RW), (2, RW), (3, RW), (4, R), (5, RW), (6, RW), (7, R)],
-    ..ATTENTION
-};
+/// The matrix tier's flash attention (`attention_flash.wgsl`, f16 tiles):
+/// its attention wherever the start-up check passed ([`Gpu::flash_attention`])
+/// and the call fits it ([`flash_takes`]); its workgroup is
+/// [`flash_subgroups`] subgroups (the `WG` override). Bindings as
+/// [`ATTENTION_MATRIX_8`]'s.
+pub const ATTENTION_FLASH_8: Kernel = Kernel { module: Module::AttentionFlash8, entry: "attention_flash", ..ATTENTION_MATRIX_8 };
 pub const ATTENTION_FLASH_16: Kernel = Kernel { module: Module::AttentionFlash16, ..ATTENTION_FLASH_8 };
 
 /// Subgroups in one flash-attention workgroup (`SG` in attention_flash.wgsl): 4 with 16×16 tiles, 2 with 8×8.
@@ -100,6 +94,32 @@ fn flash_subgroups(c: MatrixConfig) -> u64 {
 fn flash_output_dims(c: MatrixConfig) -> u64 {
     8 * c.size as u64
 }
+
+/// Output pieces one flash-attention workgroup's dims may hold (`OUT_PIECES`).
+const FLASH_OUT_PIECES: u64 = 8;
+
+/// Whether the flash kernel takes a call on `c`: f16 tiles, a head of at
+/// most [`ATTENTION_MATRIX_MAX_HEAD_DIM`], and for an output in pieces of
+/// `piece`, pieces that no workgroup's dims cut and at most
+/// [`FLASH_OUT_PIECES`] of them in one.
+fn flash_takes(c: MatrixConfig, head_dim: u64, piece: Option<u64>) -> bool {
+    let dims = flash_output_dims(c);
+    let pieces_fit = match piece {
+        None => true,
+        Some(piece) => (head_dim <= dims || dims.is_multiple_of(piece)) && head_dim.min(dims).div_ceil(piece) <= FLASH_OUT_PIECES,
+    };
+    c.operands == MatrixOperands::F16 && head_dim <= ATTENTION_MATRIX_MAX_HEAD_DIM && pieces_fit
+}
+
+/// The matrix tier's kernel for a call on `c`: flash where the device's
+/// check passed and it takes the call, `attention_matrix.wgsl` otherwise.
+fn matrix_kernel(gpu: &Gpu, c: MatrixConfig, head_dim: u64, piece: Option<u64>) -> AttentionKernel {
+    match gpu.flash_attention() && gpu.attention_choice() != AttentionChoice::Matrix && flash_takes(c, head_dim, piece) {
+        true => AttentionKernel::Flash(c),
+        false => AttentionKernel::Matrix(c),
+    }
+}
+
 /// CPU adapters' attention (`attention_cpu.wgsl`): four queries an invocation,
 /// q, k and v read as vec4s (bindings 7–9), no workgroup memory, no barriers.
 pub const ATTENTION_CPU: Kernel = Kernel { entry: "attention_cpu", storage: &[(4, R), (5, RW), (6, RW), (7, RW), (8, RW), (9, RW)], ..ATTENTION };
@@ -221,7 +241,7 @@ enum AttentionKernel {
     Lanes { wide: bool, shared_rows: Option<u32> },
     /// `attention_matrix.wgsl` on the matrix tier, in its configuration.
     Matrix(MatrixConfig),
-    /// `attention_flash.wgsl` on the matrix tier's f16 tiles (asked for).
+    /// `attention_flash.wgsl` on the matrix tier's f16 tiles.
     Flash(MatrixConfig),
 }
 
@@ -237,17 +257,13 @@ impl AttentionKernel {
         let cpu = AttentionKernel::Lanes { wide: s.head_dim > ATTENTION_CPU_MAX_HEAD_DIM, shared_rows: gpu.cpu_lanes() };
         let matrix = gpu.matrix().filter(|_| !half);
         match gpu.attention_choice() {
-            AttentionChoice::Flash => match matrix {
-                Some(c) if c.operands == MatrixOperands::F16 && s.head_dim <= ATTENTION_MATRIX_MAX_HEAD_DIM => return AttentionKernel::Flash(c),
-                _ => {}
-            },
             AttentionChoice::Tiled => return AttentionKernel::Tiled,
             AttentionChoice::Lanes if lanes => return cpu,
             AttentionChoice::Lanes => return AttentionKernel::Tiled,
-            AttentionChoice::Launcher => {}
+            AttentionChoice::Launcher | AttentionChoice::Matrix => {}
         }
         match matrix {
-            Some(c) if s.head_dim <= ATTENTION_MATRIX_MAX_HEAD_DIM => AttentionKernel::Matrix(c),
+            Some(c) if s.head_dim <= ATTENTION_MATRIX_MAX_HEAD_DIM => matrix_kernel(gpu, c, s.head_dim, None),
             _ if lanes && gpu.cpu_shaped_kernels() => cpu,
             _ => AttentionKernel::Tiled,
         }
@@ -288,7 +304,16 @@ pub fn attention(
 /// with f16 operands, its pieces within a head.
 pub fn attention_into_half(gpu: &Gpu, sink: &mut dyn Sink, qkv: Qkv<'_>, o: HalfMat<'_>, s: Attention) -> Result<(), GpuError> {
     let (c, o) = half_output(gpu, o, &s)?;
-    attention_with(gpu, sink, AttentionKernel::Matrix(c), qkv, Inputs::F32, None, None, Out::Half(o), None, s)
+    attention_with(gpu, sink, matrix_kernel(gpu, c, s.head_dim, o.piece), qkv, Inputs::F32, None, None, Out::Half(o), None, s)
+}
+
+/// [`attention`] on the flash kernel whatever the device's check found:
+/// the check itself ([`crate::probe_flash`]). Fails where the tier has no f16 tiles.
+pub(crate) fn flash_attention(gpu: &Gpu, sink: &mut dyn Sink, qkv: Qkv<'_>, o: Mat<'_>, s: Attention) -> Result<(), GpuError> {
+    match gpu.matrix().filter(|c| flash_takes(*c, s.head_dim, None)) {
+        Some(c) => attention_with(gpu, sink, AttentionKernel::Flash(c), qkv, Inputs::F32, None, None, Out::F32(o), None, s),
+        None => Err(GpuError::UnsupportedShape(format!("flash attention needs the matrix tier's f16 tiles and heads of at most {ATTENTION_MATRIX_MAX_HEAD_DIM} (head dim {})", s.head_dim))),
+    }
 }
 
 /// The matrix configuration an attention into f16 pieces runs on, where it can.
@@ -329,7 +354,7 @@ pub fn attention_half_into_half(gpu: &Gpu, sink: &mut dyn Sink, qkv: HalfQkv<'_>
     }
     let (c, o) = half_output(gpu, o, &s)?;
     let inputs = Qkv { q: qkv.q.data, k: qkv.k.data, v: qkv.v.data };
-    attention_with(gpu, sink, AttentionKernel::Matrix(c), inputs, Inputs::Half(qkv), None, None, Out::Half(o), None, s)
+    attention_with(gpu, sink, matrix_kernel(gpu, c, s.head_dim, o.piece), inputs, Inputs::Half(qkv), None, None, Out::Half(o), None, s)
 }
 
 /// Where attention writes: f32 rows, or f16 rows in pieces.
@@ -516,6 +541,21 @@ fn attention_with(
         let bindings = [(1, &qw), (2, &kw), (3, &vw), (4, &mw), (5, &ow), (6, &lw)];
         // Half-precision keys and values: their scales at bindings 10 and 11.
         let scale_bindings: Vec<(u32, &_)> = scale_windows.iter().flat_map(|(ks, vs)| [(10, ks), (11, vs)]).collect();
+        // The matrix tier's kernels share their bindings: without f16 output,
+        // 12 and 13 take the output's window, unwritten; without f16 inputs
+        // 14–19 the inputs' own, unread.
+        let matrix_dispatch = |sink: &mut dyn Sink, kernel: &Kernel, wg: u32, grid: [u32; 3]| -> Result<(), GpuError> {
+            let piece = o_half.and_then(|h| h.piece).unwrap_or(64);
+            let constants = [("WG", wg), ("O_HALF", o_half.is_some() as u32), ("O_PIECE", to_u32(piece, "attention output piece")?), ("QKV_HALF", half_inputs.is_some() as u32)];
+            let launch = Launch { kernel, constants: &constants, params, grid };
+            let (ksw, vsw) = match &kv_scale_windows {
+                Some((k, v)) => (k, v),
+                None => (&kw, &vw),
+            };
+            let half_bindings = [(14, &qw), (15, &kw), (16, &vw), (17, qsw.as_ref().unwrap_or(&qw)), (18, ksw), (19, vsw)];
+            dispatch(gpu, sink, launch, &[&bindings[..], &[(12, &ow), (13, osw.as_ref().unwrap_or(&ow))], &half_bindings].concat());
+            Ok(())
+        };
         match kernel {
             AttentionKernel::Tiled => {
                 let kernel = if half.is_some() { &ATTENTION_HALF_KV } else { &ATTENTION };
@@ -538,37 +578,12 @@ fn attention_with(
             }
             AttentionKernel::Matrix(c) => {
                 let kernel = c.pick([&ATTENTION_MATRIX_8, &ATTENTION_MATRIX_16, &ATTENTION_MATRIX_8_F32]);
-                let piece = o_half.and_then(|h| h.piece).unwrap_or(64);
-                let constants = [("WG", c.subgroup), ("O_HALF", o_half.is_some() as u32), ("O_PIECE", to_u32(piece, "attention output piece")?), ("QKV_HALF", half_inputs.is_some() as u32)];
-                let launch = Launch { kernel, constants: &constants, params, grid };
-                // Without f16 output, bindings 12 and 13 take the output's
-                // window, unwritten; without f16 inputs 14–19 the inputs' own, unread.
-                let (ksw, vsw) = match &kv_scale_windows {
-                    Some((k, v)) => (k, v),
-                    None => (&kw, &vw),
-                };
-                let half_bindings = [(14, &qw), (15, &kw), (16, &vw), (17, qsw.as_ref().unwrap_or(&qw)), (18, ksw), (19, vsw)];
-                dispatch(gpu, sink, launch, &[&bindings[..], &[(12, &ow), (13, osw.as_ref().unwrap_or(&ow))], &half_bindings].concat());
+                matrix_dispatch(sink, kernel, c.subgroup, grid)?;
             }
             AttentionKernel::Flash(c) => {
                 let kernel = if c.size == 16 { &ATTENTION_FLASH_16 } else { &ATTENTION_FLASH_8 };
-                // Each value column's range scale over all keys, measured first.
-                let columns = s.kv_heads * s.head_dim;
-                let scales = gpu.range_scales(columns)?;
-                let measure = RangeScalesParams {
-                    rows: to_u32(columns, "attention value columns")?,
-                    k: to_u32(s.kv_len, "attention keys")?,
-                    src_offset: vw.local,
-                    src_stride: 1,
-                    dst_offset: 0,
-                    t_stride: to_u32(v.stride, "attention v stride")?,
-                    _pad: [0; 2],
-                };
-                measure_rows(gpu, sink, &vw, &scales, measure, false)?;
-                let sw = window(gpu, &scales, 4, 0..columns, "range scales")?;
-                let grid = [grid[0], grid[1], to_u32(s.head_dim.div_ceil(flash_output_dims(c)), "attention output dims")?];
-                let launch = Launch { kernel, constants: &[("WG", c.subgroup * flash_subgroups(c) as u32)], params, grid };
-                dispatch(gpu, sink, launch, &[(1, &qw), (2, &kw), (3, &vw), (4, &mw), (5, &ow), (6, &lw), (7, &sw)]);
+                let z = to_u32(s.head_dim.div_ceil(flash_output_dims(c)), "attention output dims")?;
+                matrix_dispatch(sink, kernel, c.subgroup * flash_subgroups(c) as u32, [grid[0], grid[1], z])?;
             }
         }
     }

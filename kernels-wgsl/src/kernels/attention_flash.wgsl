@@ -1,9 +1,13 @@
 // softmax(q·kᵀ·scale + mask)·v on cooperative-matrix units: the matrix
 // tier's flash attention, with attention.wgsl's masks, grouped heads and
-// log-sum-exp (interface in attention_io.wgsl). Taken only where asked for
-// (FLUX_LITE_ATTENTION_KERNEL=flash) until it is proven on a GPU: on an H200
-// an earlier form returned NaN (docs/performance.md); attention_matrix.wgsl
-// is the matrix tier's default.
+// log-sum-exp (interface in attention_io.wgsl), over f32 queries, keys and
+// values or f16 ones in pieces (attention_qkv.wgsl), writing f32 rows or the
+// next product's f16 operand in pieces (`O_HALF`).
+//
+// No subgroup arithmetic: every reduction goes through workgroup memory.
+// (Modules that combine cooperative matrices with subgroup operations meet
+// a driver fault on some NVIDIA drivers, kvark/blade#333; an earlier form
+// of this kernel that took subgroupMax returned NaN on an H200.)
 //
 // A workgroup of SG subgroups takes QB = SG·T queries of one head and
 // ODIMS = 8T of its output dims (16×16 tiles: 64 queries, all of a 128-wide
@@ -12,23 +16,25 @@
 // tiles held in registers over all keys. Keys stream through in tiles of
 // KB = 2T: the workgroup stages the tile's keys and values in workgroup
 // memory, each subgroup computes its T × KB scores on the matrix units
-// (Q·Kᵀ over the head's dims, Q staged once), its invocations run the
-// online softmax on their rows, and P·V is added into the accumulators.
+// (Q·Kᵀ over the head's dims, Q staged once), the whole workgroup runs the
+// online softmax (each row's KB scores split in segments over the
+// invocations), and each subgroup adds P·V into its accumulators.
 //
 // The softmax subtracts a running maximum that is raised only when a row's
 // scores pass it by more than LAZY (e^8): the probabilities then stay below
 // e^8, and the accumulators are rescaled (through workgroup memory) only on
-// the tiles where some row's maximum moved. Exact either way: softmax does
-// not depend on the constant subtracted.
+// the tiles where something moved. Exact either way: softmax does not
+// depend on the constant subtracted.
 //
-// f16 operands are rounded under range_rule.wgsl's rule: each query and key
-// by its own scale over the head's dims (measured as it is staged, across
-// the subgroup's lanes), each value column by its scale over all keys (the
-// `v_scales` binding, measured once per call by range_scales.wgsl), and the
-// probabilities by P_SHIFT (their largest is below e^8, so P·P_SHIFT stays
-// below f16's 65504 and the smallest that matter stay normal). f32 operands
-// skip the scales. Loads read clamped indices and select zero past the
-// tensors (no branches around them); heads up to MAX_DIM (FLUX's 128).
+// The scales are folded, never measured in a pass of their own. Each query
+// and key is staged divided by its row's power of two (attention_qkv.wgsl's
+// row scales), folded back into its scores. Values are staged divided by
+// one power of two for the workgroup, the largest row scale among the keys
+// seen so far: when a tile raises it, the accumulators are rescaled with the
+// softmax's rescale (a power of two, exact), and it is folded into the
+// output. The probabilities go in as P·P_SHIFT (below e^8·16 < 65504, the
+// smallest that matter still normal). Loads read clamped indices and select
+// zero past the tensors; heads up to MAX_DIM (FLUX's 128).
 
 override WG: u32 = 8u;
 const SG: u32 = select(2u, 4u, T == 16u);
@@ -39,77 +45,51 @@ const OD: u32 = 8u;
 const ODIMS: u32 = OD * T;
 const LDQ: u32 = MAX_DIM;
 const LDK: u32 = MAX_DIM + 8u;
-const LDV: u32 = ODIMS + 8u;
+const LDV: u32 = ODIMS;
 const LAZY: f32 = 8.0;
 const P_SHIFT: f32 = 16.0;
-// The most head dims one lane stages (MAX_DIM over the smallest subgroup, 8).
-const LANE_DIMS: u32 = MAX_DIM / 8u;
+// Segments a row's scores are split in over the invocations, at most.
+const MAX_SEGS: u32 = 2u;
+// Output pieces one workgroup's dims hold, at most (`O_HALF`).
+const OUT_PIECES: u32 = 8u;
 
-@group(0) @binding(7) var<storage, read> v_scales: array<f32>;
+// The output as the next product's operand (`O_HALF`), as attention_matrix.wgsl writes it.
+override O_HALF: bool = false;
+override O_PIECE: u32 = 64u;
+@group(0) @binding(12) var<storage, read_write> o_half: array<u32>;
+@group(0) @binding(13) var<storage, read_write> o_scales: array<f32>;
 
 var<workgroup> q_sh: array<Operand, QB * LDQ>;
 var<workgroup> k_sh: array<Operand, KB * LDK>;
 var<workgroup> v_sh: array<Operand, KB * LDV>;
-// Each subgroup's scores (f32, T × KB), also its staging for one T × T output tile.
-var<workgroup> s_sh: array<f32, SG * T * KB>;
-var<workgroup> p_sh: array<Operand, SG * T * KB>;
+// The scores, row r's at r·KB (a subgroup's T rows together); after the
+// keys, a subgroup's staging for one T × T output tile and its rows' pieces'
+// largest magnitudes.
+var<workgroup> s_sh: array<f32, QB * KB>;
+var<workgroup> p_sh: array<Operand, QB * KB>;
 var<workgroup> zero_sh: array<f32, T * T>;
 var<workgroup> q_scale: array<f32, QB>;
 var<workgroup> k_scale: array<f32, KB>;
+var<workgroup> v_row: array<f32, KB>;
 var<workgroup> row_max: array<f32, QB>;
 var<workgroup> row_sum: array<f32, QB>;
 var<workgroup> row_rescale: array<f32, QB>;
+var<workgroup> seg_max: array<f32, QB * MAX_SEGS>;
+var<workgroup> seg_sum: array<f32, QB * MAX_SEGS>;
 var<workgroup> moved: u32;
 
-// Query qi, key or value kj of head h (kv head kvh) at dim d; zero past the tensors.
-fn q_load(h: u32, qi: u32, d: u32) -> f32 {
-    let inside = qi < p.q_len && d < p.head_dim;
-    return select(0.0, q[select(p.q_offset, p.q_offset + qi * p.q_stride + h * p.head_dim + d, inside)], inside);
-}
-
-fn k_load(kvh: u32, kj: u32, d: u32) -> f32 {
-    let inside = kj < p.kv_len && d < p.head_dim;
-    return select(0.0, k[select(p.k_offset, p.k_offset + kj * p.k_stride + kvh * p.head_dim + d, inside)], inside);
-}
-
-fn v_load(kvh: u32, kj: u32, d: u32) -> f32 {
-    let inside = kj < p.kv_len && d < p.head_dim;
-    return select(0.0, v[select(p.v_offset, p.v_offset + kj * p.v_stride + kvh * p.head_dim + d, inside)], inside);
-}
-
-// The range scale of value column d of kv head kvh (1 past the head, or for f32 operands).
-fn v_scale(kvh: u32, d: u32) -> f32 {
-    if (!OPERAND_HALF || d >= p.head_dim) {
-        return 1.0;
+// The row's running maximum after a tile whose segments' largest scores are
+// in seg_max: raised to the tile's largest only past LAZY (or from none).
+fn next_max(r: u32, segs: u32) -> f32 {
+    let m_old = row_max[r];
+    var tile_max = MASKED;
+    for (var s = 0u; s < segs; s++) {
+        tile_max = max(tile_max, seg_max[r * segs + s]);
     }
-    return v_scales[kvh * p.head_dim + d];
-}
-
-// A query's or a key's values over the head's dims as the subgroup's lanes
-// hold them (`spans` each, lane + i·lanes), and the row's range scale taken
-// across the lanes (1 for f32 operands).
-struct LaneRow {
-    vals: array<f32, LANE_DIMS>,
-    scale: f32,
-}
-
-fn lane_row(of_keys: bool, head: u32, index: u32, lane: u32, lanes: u32, spans: u32) -> LaneRow {
-    var row: LaneRow;
-    var largest = 0.0;
-    for (var i = 0u; i < spans; i++) {
-        let d = lane + i * lanes;
-        if (of_keys) {
-            row.vals[i] = k_load(head, index, d);
-        } else {
-            row.vals[i] = q_load(head, index, d);
-        }
-        largest = max(largest, abs(row.vals[i]));
+    if (tile_max > m_old + LAZY || (m_old == MASKED && tile_max > MASKED)) {
+        return tile_max;
     }
-    row.scale = 1.0;
-    if (OPERAND_HALF) {
-        row.scale = range_scale(subgroupMax(largest));
-    }
-    return row;
+    return m_old;
 }
 
 @compute @workgroup_size(WG)
@@ -124,32 +104,27 @@ fn attention_flash(
     let kvh = h / (p.q_heads / p.kv_heads);
     let q0 = wid.x * QB;
     let d0 = wid.z * ODIMS;
-    // head_dim rounded up to whole tiles (the dims past it are zeros), and
-    // how many of them each lane stages of a query or key.
+    // head_dim rounded up to whole tiles (the dims past it are zeros).
     let dims = (p.head_dim + T - 1u) / T * T;
-    let spans = (dims + lanes - 1u) / lanes;
+    let segs = clamp(WG / QB, 1u, MAX_SEGS);
+    let seg_len = KB / segs;
     for (var i = li; i < T * T; i += WG) {
         zero_sh[i] = 0.0;
     }
     for (var r = li; r < QB; r += WG) {
         row_max[r] = MASKED;
         row_sum[r] = 0.0;
+        q_scale[r] = q_row_scale(h, q0 + r);
     }
     if (li == 0u) {
         moved = 0u;
     }
-    // Q, once: each subgroup stages rows sg, sg + SG, …, lanes across the dims.
-    for (var r = sg; r < QB; r += SG) {
-        let row = lane_row(false, h, q0 + r, lane, lanes, spans);
-        for (var i = 0u; i < spans; i++) {
-            let d = lane + i * lanes;
-            if (d < MAX_DIM) {
-                q_sh[r * LDQ + d] = Operand(row.vals[i] / row.scale);
-            }
-        }
-        if (lane == 0u) {
-            q_scale[r] = row.scale;
-        }
+    workgroupBarrier();
+    // Q, once.
+    for (var i = li; i < QB * dims; i += WG) {
+        let r = i / dims;
+        let d = i % dims;
+        q_sh[r * LDQ + d] = Operand(q_at(h, q0, r, d) / q_scale[r]);
     }
     var k_end = p.kv_len;
     if (p.causal != 0u) {
@@ -159,8 +134,7 @@ fn attention_flash(
     // Every invocation's zeros are in place before any subgroup loads them.
     workgroupBarrier();
     // Each accumulator loaded from the zeros: no cooperative matrix is ever
-    // copied from another (a copy is what the earlier form did that the
-    // working kernels do not).
+    // copied from another.
     var o0 = coopLoadT<MatC>(&zero_sh[0], T);
     var o1 = coopLoadT<MatC>(&zero_sh[0], T);
     var o2 = coopLoadT<MatC>(&zero_sh[0], T);
@@ -171,22 +145,35 @@ fn attention_flash(
     var o7 = coopLoadT<MatC>(&zero_sh[0], T);
     var s0 = coopLoadT<MatC>(&zero_sh[0], T);
     var s1 = coopLoadT<MatC>(&zero_sh[0], T);
+    // What every staged value is divided by: the same in every invocation
+    // (each computes it from the same workgroup memory).
+    var v_ref = 0.0;
     for (var k0 = 0u; k0 < k_end; k0 += KB) {
-        // The tile's keys (each its own scale) and this workgroup's value dims.
-        for (var j = sg; j < KB; j += SG) {
-            let row = lane_row(true, kvh, k0 + j, lane, lanes, spans);
-            for (var i = 0u; i < spans; i++) {
-                let d = lane + i * lanes;
-                if (d < MAX_DIM) {
-                    k_sh[j * LDK + d] = Operand(row.vals[i] / row.scale);
-                }
-            }
-            if (lane == 0u) {
-                k_scale[j] = row.scale;
-            }
-            for (var d = lane; d < ODIMS; d += lanes) {
-                v_sh[j * LDV + d] = Operand(v_load(kvh, k0 + j, d0 + d) / v_scale(kvh, d0 + d));
-            }
+        for (var j = li; j < KB; j += WG) {
+            k_scale[j] = k_row_scale(kvh, k0 + j);
+            v_row[j] = v_row_scale(kvh, k0 + j, d0, d0 + ODIMS);
+        }
+        workgroupBarrier();
+        var tile_v = 0.0;
+        for (var j = 0u; j < KB; j++) {
+            tile_v = max(tile_v, v_row[j]);
+        }
+        let v_new = max(v_ref, tile_v);
+        let v_factor = select(1.0, v_ref / v_new, v_ref > 0.0 && v_new > v_ref);
+        if (li == 0u && v_factor != 1.0) {
+            moved = 1u;
+        }
+        v_ref = v_new;
+        let v_div = select(v_new, 1.0, v_new == 0.0);
+        for (var i = li; i < KB * dims; i += WG) {
+            let j = i / dims;
+            let d = i % dims;
+            k_sh[j * LDK + d] = Operand(k_at(kvh, k0, j, d) / k_scale[j]);
+        }
+        for (var i = li; i < KB * ODIMS; i += WG) {
+            let j = i / ODIMS;
+            let c = i % ODIMS;
+            v_sh[j * LDV + c] = Operand(v_at(kvh, k0, j, d0 + c) / v_div);
         }
         workgroupBarrier();
         // S = Q·Kᵀ for this subgroup's T queries and the tile's 2T keys.
@@ -200,41 +187,59 @@ fn attention_flash(
         coopStoreT(s0, &s_sh[mine], KB);
         coopStoreT(s1, &s_sh[mine + T], KB);
         workgroupBarrier();
-        // The online softmax, one query row per invocation of the subgroup.
-        if (lane < T) {
-            let row = sg * T + lane;
-            let qi = q0 + row;
-            let m_old = row_max[row];
-            var tile_max = MASKED;
-            for (var j = 0u; j < KB; j++) {
+        // The online softmax on every invocation. First each (row, segment):
+        // its scores scaled back and masked, and their largest.
+        for (var i = li; i < QB * segs; i += WG) {
+            let r = i / segs;
+            let start = (i % segs) * seg_len;
+            var largest = MASKED;
+            for (var j = start; j < start + seg_len; j++) {
                 var s = MASKED;
-                if (visible(qi, k0 + j)) {
-                    s = s_sh[mine + lane * KB + j] * q_scale[row] * k_scale[j] * p.scale;
+                if (visible(q0 + r, k0 + j)) {
+                    s = s_sh[r * KB + j] * q_scale[r] * k_scale[j] * p.scale;
                 }
-                s_sh[mine + lane * KB + j] = s;
-                tile_max = max(tile_max, s);
+                s_sh[r * KB + j] = s;
+                largest = max(largest, s);
             }
-            var m_new = m_old;
-            if (tile_max > m_old + LAZY || (m_old == MASKED && tile_max > MASKED)) {
-                m_new = tile_max;
-                moved = 1u;
-            }
-            var tile_sum = 0.0;
-            for (var j = 0u; j < KB; j++) {
-                let s = s_sh[mine + lane * KB + j];
+            seg_max[i] = largest;
+        }
+        workgroupBarrier();
+        // Then each (row, segment)'s probabilities under the row's new maximum, and their sum.
+        for (var i = li; i < QB * segs; i += WG) {
+            let r = i / segs;
+            let start = (i % segs) * seg_len;
+            let m_new = next_max(r, segs);
+            var sum = 0.0;
+            for (var j = start; j < start + seg_len; j++) {
+                let s = s_sh[r * KB + j];
                 var pr = 0.0;
                 if (s > MASKED) {
                     pr = exp(s - m_new);
                 }
-                tile_sum += pr;
-                p_sh[mine + lane * KB + j] = Operand(pr * P_SHIFT);
+                sum += pr;
+                p_sh[r * KB + j] = Operand(pr * P_SHIFT);
             }
-            let rescale = select(1.0, exp(m_old - m_new), m_new != m_old);
-            row_rescale[row] = rescale;
-            row_sum[row] = row_sum[row] * rescale + tile_sum;
-            row_max[row] = m_new;
+            seg_sum[i] = sum;
         }
-        // Rescales the accumulators where some row's maximum moved.
+        workgroupBarrier();
+        // Then each row's running sum, and its accumulators' rescale with the values' folded in.
+        for (var r = li; r < QB; r += WG) {
+            let m_old = row_max[r];
+            let m_new = next_max(r, segs);
+            var sum = 0.0;
+            for (var s = 0u; s < segs; s++) {
+                sum += seg_sum[r * segs + s];
+            }
+            // A row that saw no key before has zero accumulators: nothing to rescale.
+            let rescale = select(1.0, exp(m_old - m_new), m_new != m_old && m_old != MASKED);
+            if (rescale != 1.0) {
+                moved = 1u;
+            }
+            row_rescale[r] = rescale * v_factor;
+            row_sum[r] = row_sum[r] * rescale + sum;
+            row_max[r] = m_new;
+        }
+        // Rescales the accumulators where something moved.
         if (workgroupUniformLoad(&moved) != 0u) {
             coopStoreT(o0, &s_sh[mine], T); workgroupBarrier(); rescale_tile(mine, sg, lane, lanes); workgroupBarrier(); o0 = coopLoadT<MatC>(&s_sh[mine], T); workgroupBarrier();
             coopStoreT(o1, &s_sh[mine], T); workgroupBarrier(); rescale_tile(mine, sg, lane, lanes); workgroupBarrier(); o1 = coopLoadT<MatC>(&s_sh[mine], T); workgroupBarrier();
@@ -262,14 +267,42 @@ fn attention_flash(
         }
     }
     workgroupBarrier();
-    coopStoreT(o0, &s_sh[mine], T); workgroupBarrier(); write_tile(mine, sg, lane, lanes, h, kvh, q0, d0 + 0u * T); workgroupBarrier();
-    coopStoreT(o1, &s_sh[mine], T); workgroupBarrier(); write_tile(mine, sg, lane, lanes, h, kvh, q0, d0 + 1u * T); workgroupBarrier();
-    coopStoreT(o2, &s_sh[mine], T); workgroupBarrier(); write_tile(mine, sg, lane, lanes, h, kvh, q0, d0 + 2u * T); workgroupBarrier();
-    coopStoreT(o3, &s_sh[mine], T); workgroupBarrier(); write_tile(mine, sg, lane, lanes, h, kvh, q0, d0 + 3u * T); workgroupBarrier();
-    coopStoreT(o4, &s_sh[mine], T); workgroupBarrier(); write_tile(mine, sg, lane, lanes, h, kvh, q0, d0 + 4u * T); workgroupBarrier();
-    coopStoreT(o5, &s_sh[mine], T); workgroupBarrier(); write_tile(mine, sg, lane, lanes, h, kvh, q0, d0 + 5u * T); workgroupBarrier();
-    coopStoreT(o6, &s_sh[mine], T); workgroupBarrier(); write_tile(mine, sg, lane, lanes, h, kvh, q0, d0 + 6u * T); workgroupBarrier();
-    coopStoreT(o7, &s_sh[mine], T); workgroupBarrier(); write_tile(mine, sg, lane, lanes, h, kvh, q0, d0 + 7u * T); workgroupBarrier();
+    // An accumulator's value times this is the output before the row's sum divides it.
+    let unit = select(v_ref, 1.0, v_ref == 0.0) / P_SHIFT;
+    if (O_HALF) {
+        // Each row's pieces' largest magnitudes over the 8 tiles, then the
+        // tiles again, written under them.
+        for (var i = lane; i < T * OUT_PIECES; i += lanes) {
+            s_sh[mine + T * T + i] = 0.0;
+        }
+        workgroupBarrier();
+        coopStoreT(o0, &s_sh[mine], T); workgroupBarrier(); piece_largest(mine, sg, lane, lanes, q0, d0, 0u * T, unit); workgroupBarrier();
+        coopStoreT(o1, &s_sh[mine], T); workgroupBarrier(); piece_largest(mine, sg, lane, lanes, q0, d0, 1u * T, unit); workgroupBarrier();
+        coopStoreT(o2, &s_sh[mine], T); workgroupBarrier(); piece_largest(mine, sg, lane, lanes, q0, d0, 2u * T, unit); workgroupBarrier();
+        coopStoreT(o3, &s_sh[mine], T); workgroupBarrier(); piece_largest(mine, sg, lane, lanes, q0, d0, 3u * T, unit); workgroupBarrier();
+        coopStoreT(o4, &s_sh[mine], T); workgroupBarrier(); piece_largest(mine, sg, lane, lanes, q0, d0, 4u * T, unit); workgroupBarrier();
+        coopStoreT(o5, &s_sh[mine], T); workgroupBarrier(); piece_largest(mine, sg, lane, lanes, q0, d0, 5u * T, unit); workgroupBarrier();
+        coopStoreT(o6, &s_sh[mine], T); workgroupBarrier(); piece_largest(mine, sg, lane, lanes, q0, d0, 6u * T, unit); workgroupBarrier();
+        coopStoreT(o7, &s_sh[mine], T); workgroupBarrier(); piece_largest(mine, sg, lane, lanes, q0, d0, 7u * T, unit); workgroupBarrier();
+        coopStoreT(o0, &s_sh[mine], T); workgroupBarrier(); write_half_tile(mine, sg, lane, lanes, h, q0, d0, 0u * T, unit); workgroupBarrier();
+        coopStoreT(o1, &s_sh[mine], T); workgroupBarrier(); write_half_tile(mine, sg, lane, lanes, h, q0, d0, 1u * T, unit); workgroupBarrier();
+        coopStoreT(o2, &s_sh[mine], T); workgroupBarrier(); write_half_tile(mine, sg, lane, lanes, h, q0, d0, 2u * T, unit); workgroupBarrier();
+        coopStoreT(o3, &s_sh[mine], T); workgroupBarrier(); write_half_tile(mine, sg, lane, lanes, h, q0, d0, 3u * T, unit); workgroupBarrier();
+        coopStoreT(o4, &s_sh[mine], T); workgroupBarrier(); write_half_tile(mine, sg, lane, lanes, h, q0, d0, 4u * T, unit); workgroupBarrier();
+        coopStoreT(o5, &s_sh[mine], T); workgroupBarrier(); write_half_tile(mine, sg, lane, lanes, h, q0, d0, 5u * T, unit); workgroupBarrier();
+        coopStoreT(o6, &s_sh[mine], T); workgroupBarrier(); write_half_tile(mine, sg, lane, lanes, h, q0, d0, 6u * T, unit); workgroupBarrier();
+        coopStoreT(o7, &s_sh[mine], T); workgroupBarrier(); write_half_tile(mine, sg, lane, lanes, h, q0, d0, 7u * T, unit); workgroupBarrier();
+        write_piece_scales(mine, sg, lane, lanes, h, q0, d0);
+    } else {
+        coopStoreT(o0, &s_sh[mine], T); workgroupBarrier(); write_tile(mine, sg, lane, lanes, h, q0, d0 + 0u * T, unit); workgroupBarrier();
+        coopStoreT(o1, &s_sh[mine], T); workgroupBarrier(); write_tile(mine, sg, lane, lanes, h, q0, d0 + 1u * T, unit); workgroupBarrier();
+        coopStoreT(o2, &s_sh[mine], T); workgroupBarrier(); write_tile(mine, sg, lane, lanes, h, q0, d0 + 2u * T, unit); workgroupBarrier();
+        coopStoreT(o3, &s_sh[mine], T); workgroupBarrier(); write_tile(mine, sg, lane, lanes, h, q0, d0 + 3u * T, unit); workgroupBarrier();
+        coopStoreT(o4, &s_sh[mine], T); workgroupBarrier(); write_tile(mine, sg, lane, lanes, h, q0, d0 + 4u * T, unit); workgroupBarrier();
+        coopStoreT(o5, &s_sh[mine], T); workgroupBarrier(); write_tile(mine, sg, lane, lanes, h, q0, d0 + 5u * T, unit); workgroupBarrier();
+        coopStoreT(o6, &s_sh[mine], T); workgroupBarrier(); write_tile(mine, sg, lane, lanes, h, q0, d0 + 6u * T, unit); workgroupBarrier();
+        coopStoreT(o7, &s_sh[mine], T); workgroupBarrier(); write_tile(mine, sg, lane, lanes, h, q0, d0 + 7u * T, unit); workgroupBarrier();
+    }
     if (p.write_lse != 0u && wid.z == 0u) {
         for (var r = li; r < QB; r += WG) {
             if (q0 + r < p.q_len) {
@@ -286,17 +319,68 @@ fn rescale_tile(mine: u32, sg: u32, lane: u32, lanes: u32) {
     }
 }
 
-// The subgroup's staged output tile (its T queries, dims dt … dt + T) written
-// out: divided by the row's sum and P_SHIFT, times the value column's scale.
-fn write_tile(mine: u32, sg: u32, lane: u32, lanes: u32, h: u32, kvh: u32, q0: u32, dt: u32) {
+// What the row's output is multiplied by: `unit` over its sum (0 for a row that saw no key).
+fn row_factor(row: u32, unit: f32) -> f32 {
+    let l = row_sum[row];
+    return select(0.0, unit / l, l > 0.0);
+}
+
+// The subgroup's staged output tile (its T queries, dims dt … dt + T) written out as f32.
+fn write_tile(mine: u32, sg: u32, lane: u32, lanes: u32, h: u32, q0: u32, dt: u32, unit: f32) {
     for (var i = lane; i < T * T; i += lanes) {
         let row = sg * T + i / T;
         let qi = q0 + row;
         let d = dt + i % T;
         if (qi < p.q_len && d < p.head_dim) {
-            let l = row_sum[row];
-            let value = s_sh[mine + i] * v_scale(kvh, d) * select(0.0, 1.0 / (l * P_SHIFT), l > 0.0);
-            o[p.o_offset + qi * p.o_stride + h * p.head_dim + d] = value;
+            o[p.o_offset + qi * p.o_stride + h * p.head_dim + d] = s_sh[mine + i] * row_factor(row, unit);
+        }
+    }
+}
+
+// The staged tile's (dims d0 + dt …) largest magnitude per row and output
+// piece, kept after the subgroup's scores (one lane a row: no races).
+fn piece_largest(mine: u32, sg: u32, lane: u32, lanes: u32, q0: u32, d0: u32, dt: u32, unit: f32) {
+    for (var r = lane; r < T; r += lanes) {
+        let factor = row_factor(sg * T + r, unit);
+        for (var c = 0u; c < T; c++) {
+            let d = d0 + dt + c;
+            if (d < p.head_dim) {
+                let at = mine + T * T + r * OUT_PIECES + (dt + c) / O_PIECE;
+                s_sh[at] = max(s_sh[at], abs(s_sh[mine + r * T + c] * factor));
+            }
+        }
+    }
+}
+
+// The range rule's exponent for the output piece holding dim d0 + local of row r (kept ≥ -126 as half_pack.wgsl keeps it).
+fn piece_exponent(mine: u32, r: u32, local: u32) -> i32 {
+    return max(range_exponent(s_sh[mine + T * T + r * OUT_PIECES + local / O_PIECE]), -126);
+}
+
+// The staged tile written as f16 pairs, each divided by its piece's power of two.
+fn write_half_tile(mine: u32, sg: u32, lane: u32, lanes: u32, h: u32, q0: u32, d0: u32, dt: u32, unit: f32) {
+    for (var i = lane; i < T * T / 2u; i += lanes) {
+        let r = i / (T / 2u);
+        let c = (i % (T / 2u)) * 2u;
+        let qi = q0 + sg * T + r;
+        let d = d0 + dt + c;
+        if (qi < p.q_len && d < p.head_dim) {
+            let factor = row_factor(sg * T + r, unit);
+            let e = piece_exponent(mine, r, dt + c);
+            let pair = vec2<f32>(ldexp(s_sh[mine + r * T + c] * factor, -e), ldexp(s_sh[mine + r * T + c + 1u] * factor, -e));
+            o_half[(p.o_offset + qi * p.o_stride + h * p.head_dim + d) / 2u] = operand_pair(pair);
+        }
+    }
+}
+
+// Each of the subgroup's rows' pieces' scales.
+fn write_piece_scales(mine: u32, sg: u32, lane: u32, lanes: u32, h: u32, q0: u32, d0: u32) {
+    for (var i = lane; i < T * OUT_PIECES; i += lanes) {
+        let r = i / OUT_PIECES;
+        let local = (i % OUT_PIECES) * O_PIECE;
+        let qi = q0 + sg * T + r;
+        if (qi < p.q_len && local < ODIMS && d0 + local < p.head_dim) {
+            o_scales[p.o_scale_offset + qi * p.o_scale_stride + (h * p.head_dim + d0 + local) / O_PIECE] = ldexp(1.0, piece_exponent(mine, r, local));
         }
     }
 }

@@ -44,59 +44,6 @@ var<workgroup> row_max: array<f32, T>;
 var<workgroup> row_sum: array<f32, T>;
 var<workgroup> row_rescale: array<f32, T>;
 
-// Queries, keys and values as f16 rows in pieces (`QKV_HALF`), as their
-// projections and the RMSNorm + RoPE wrote them: f16 pairs at bindings 14–16
-// (offsets and strides counting f16 values), a scale every p.qkv_piece
-// values at bindings 17–19. Each value is widened and scaled back: the
-// values the f32 path reads, up to their rounding to f16 in pieces.
-override QKV_HALF: bool = false;
-@group(0) @binding(14) var<storage, read_write> q_half: array<u32>;
-@group(0) @binding(15) var<storage, read_write> k_half: array<u32>;
-@group(0) @binding(16) var<storage, read_write> v_half: array<u32>;
-@group(0) @binding(17) var<storage, read_write> q_scales: array<f32>;
-@group(0) @binding(18) var<storage, read_write> k_scales: array<f32>;
-@group(0) @binding(19) var<storage, read_write> v_scales: array<f32>;
-
-// The f16 value at element e of a tensor's words, widened (exactly).
-fn half_at(word: u32, e: u32) -> f32 {
-    let pair = unpack2x16float(word);
-    return select(pair.x, pair.y, (e & 1u) == 1u);
-}
-
-// Query q0 + r, key or value k0 + j of head h (kv head kvh) at dim d; zero past the tensors.
-fn q_at(h: u32, q0: u32, r: u32, d: u32) -> f32 {
-    if (q0 + r < p.q_len && d < p.head_dim) {
-        let e = p.q_offset + (q0 + r) * p.q_stride + h * p.head_dim + d;
-        if (QKV_HALF) {
-            return half_at(q_half[e / 2u], e) * q_scales[p.q_scale_offset + (q0 + r) * p.q_scale_stride + (h * p.head_dim + d) / p.qkv_piece];
-        }
-        return q[e];
-    }
-    return 0.0;
-}
-
-fn k_at(kvh: u32, k0: u32, j: u32, d: u32) -> f32 {
-    if (k0 + j < p.kv_len && d < p.head_dim) {
-        let e = p.k_offset + (k0 + j) * p.k_stride + kvh * p.head_dim + d;
-        if (QKV_HALF) {
-            return half_at(k_half[e / 2u], e) * k_scales[p.k_scale_offset + (k0 + j) * p.k_scale_stride + (kvh * p.head_dim + d) / p.qkv_piece];
-        }
-        return k[e];
-    }
-    return 0.0;
-}
-
-fn v_at(kvh: u32, k0: u32, j: u32, d: u32) -> f32 {
-    if (k0 + j < p.kv_len && d < p.head_dim) {
-        let e = p.v_offset + (k0 + j) * p.v_stride + kvh * p.head_dim + d;
-        if (QKV_HALF) {
-            return half_at(v_half[e / 2u], e) * v_scales[p.v_scale_offset + (k0 + j) * p.v_scale_stride + (kvh * p.head_dim + d) / p.qkv_piece];
-        }
-        return v[e];
-    }
-    return 0.0;
-}
-
 // The product of the staged a_tile and b_tile, started from zero.
 fn staged_product() -> MatC {
     return coopMultiplyAdd(coopLoadT<MatA>(&a_tile[0], T), coopLoadT<MatB>(&b_tile[0], T), coopLoadT<MatC>(&zero_tile[0], T));

@@ -1,0 +1,82 @@
+//! The flash attention's start-up check: on a device whose tier is the
+//! matrix tier's f16 tiles, `attention_flash.wgsl` runs one small attention
+//! (every tile edge cut, grouped heads, a causal mask, values far from 1)
+//! against the exact f64 attention, before any run takes it. A driver that
+//! computes it wrongly (an H200 returned NaN for an earlier form) leaves
+//! the matrix tier on `attention_matrix.wgsl`, with a notice saying why.
+
+use crate::device::Gpu;
+use crate::kernels::attention::{flash_attention, Attention, Qkv};
+use crate::probe::ProbeError;
+use crate::view::Mat;
+use flux_lite_core::oracle::{self, AttentionShape};
+use flux_lite_core::tolerance::kernels::MATRIX_ATTENTION;
+
+const Q_LEN: usize = 45;
+const KV_LEN: usize = 77;
+const Q_HEADS: usize = 4;
+const KV_HEADS: usize = 2;
+const HEAD_DIM: usize = 40;
+
+/// Deterministic values in [-1, 1) times `scale`: no random source needed at start-up.
+fn values(count: usize, mul: usize, scale: f32) -> Vec<f32> {
+    (0..count).map(|i| (((i * mul + i / 5) % 97) as f32 / 48.5 - 1.0) * scale).collect()
+}
+
+fn shape() -> AttentionShape {
+    let scale = 1.0 / (HEAD_DIM as f32).sqrt();
+    AttentionShape { q_len: Q_LEN, kv_len: KV_LEN, q_heads: Q_HEADS, kv_heads: KV_HEADS, head_dim: HEAD_DIM, scale: scale as f64, causal: true }
+}
+
+/// The probe's queries, keys and values; values above f16's range, so
+/// the range rule's scales are exercised too.
+fn inputs() -> [Vec<f32>; 3] {
+    [values(Q_LEN * Q_HEADS * HEAD_DIM, 7, 2.0), values(KV_LEN * KV_HEADS * HEAD_DIM, 11, 2.0), values(KV_LEN * KV_HEADS * HEAD_DIM, 13, 3.0e5)]
+}
+
+/// Runs `attention_flash.wgsl` on `gpu` (a matrix-tier device with f16 tiles) against the exact answer.
+pub fn flash_known_answer(gpu: &Gpu) -> Result<(), ProbeError> {
+    let [q, k, v] = inputs();
+    let s = shape();
+    let mut want = vec![0.0; q.len()];
+    oracle::attention(&q, &k, &v, None, s, &mut vec![0.0; KV_LEN], &mut want);
+    let (qb, kb, vb, ob) = (gpu.upload_f32("flash probe q", &q), gpu.upload_f32("flash probe k", &k), gpu.upload_f32("flash probe v", &v), gpu.storage("flash probe o", (q.len() * 4) as u64));
+    let (qw, kw) = ((Q_HEADS * HEAD_DIM) as u64, (KV_HEADS * HEAD_DIM) as u64);
+    let qkv = Qkv { q: Mat::new(&qb, qw), k: Mat::new(&kb, kw), v: Mat::new(&vb, kw) };
+    let call = Attention { q_len: Q_LEN as u64, kv_len: KV_LEN as u64, q_heads: Q_HEADS as u64, kv_heads: KV_HEADS as u64, head_dim: HEAD_DIM as u64, scale: s.scale as f32, causal: true };
+    gpu.submit(|enc| flash_attention(gpu, enc, qkv, Mat::new(&ob, qw), call)).map_err(ProbeError::Gpu)?;
+    let got = gpu.read_f32(&ob, 0, q.len()).map_err(ProbeError::Gpu)?;
+    check(&got, &want)
+}
+
+/// Every value finite, and the relative L2 error within the matrix tier's attention bound.
+fn check(got: &[f32], want: &[f64]) -> Result<(), ProbeError> {
+    if let Some(i) = got.iter().position(|g| !g.is_finite()) {
+        return Err(ProbeError::Wrong(format!("flash attention output {i} is {}", got[i])));
+    }
+    let err: f64 = got.iter().zip(want).map(|(g, w)| (*g as f64 - w).powi(2)).sum::<f64>().sqrt();
+    let norm: f64 = want.iter().map(|w| w * w).sum::<f64>().sqrt();
+    match err <= MATRIX_ATTENTION * norm {
+        true => Ok(()),
+        false => Err(ProbeError::Wrong(format!("flash attention is {:.2e} from the exact answer (relative L2; the bound is {MATRIX_ATTENTION:.0e})", err / norm))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_check_refuses_nan_and_far_answers_and_takes_close_ones() {
+        let want = [1.0, -2.0, 3.0];
+        assert!(check(&[1.0, -2.0, 3.0], &want).is_ok());
+        assert!(matches!(check(&[1.0, f32::NAN, 3.0], &want), Err(ProbeError::Wrong(w)) if w.contains("output 1 is NaN")));
+        assert!(matches!(check(&[1.5, -2.0, 3.0], &want), Err(ProbeError::Wrong(w)) if w.contains("from the exact answer")));
+    }
+
+    #[test]
+    fn the_values_pass_f16s_range() {
+        let [_, _, v] = inputs();
+        assert!(v.iter().any(|x| x.abs() > 65504.0));
+    }
+}
