@@ -148,7 +148,10 @@ fn gpu() -> Result<(), String> {
     // Each tier as it would run here, or why it cannot; then what auto takes.
     for tier in [Precision::F16, Precision::Matrix] {
         let line = match Gpu::new(&GpuOptions { precision: tier, ..crate::env_gpu_options()? }) {
-            Ok(g) => crate::tier::describe(&g),
+            Ok(g) => match g.notice() {
+                Some(notice) => format!("{} (notice: {notice})", crate::tier::describe(&g)),
+                None => crate::tier::describe(&g),
+            },
             Err(e) => format!("unavailable ({e})"),
         };
         say!("{} tier: {line}", tier.name());

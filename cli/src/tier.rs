@@ -30,9 +30,12 @@ pub fn print_software_warning(gpu: &Gpu) {
     }
 }
 
-/// The tier a device runs, in words: `matrix (8×8 f16 tiles into f32, subgroup 8)`.
+/// The tier a device runs, in words: `matrix (8×8 f16 tiles into f32,
+/// subgroup 8; flash attention)`, the last where the flash attention passed
+/// its start-up check (where it failed, the device's notice says why).
 pub fn describe(gpu: &Gpu) -> String {
     match (gpu.precision(), gpu.matrix()) {
+        (Precision::Matrix, Some(c)) if gpu.flash_attention() => format!("matrix ({}; flash attention)", c.describe()),
         (Precision::Matrix, Some(c)) => format!("matrix ({})", c.describe()),
         (Precision::F16, _) => "f16 (f16-staged tiles, f32 sums)".into(),
         (tier, _) => tier.name().into(),

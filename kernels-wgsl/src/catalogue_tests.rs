@@ -304,3 +304,18 @@ fn the_matrix_linears_workgroup_memory_is_what_the_tier_checks() {
         assert!(bytes(module) < bytes(square), "{}", module.name());
     }
 }
+
+/// The flash attention's workgroup memory fits the 48 KiB every Vulkan
+/// device of the matrix tier's GPUs offers (NVIDIA's
+/// `maxComputeSharedMemorySize` is 49,152 bytes), at both tile sizes.
+#[test]
+fn the_flash_attentions_workgroup_memory_fits_48_kib() {
+    for module in [Module::AttentionFlash8, Module::AttentionFlash16] {
+        let m = parse(module);
+        let mut layouter = naga::proc::Layouter::default();
+        layouter.update(m.to_ctx()).unwrap();
+        let declared: u32 = m.global_variables.iter().filter(|(_, v)| v.space == naga::AddressSpace::WorkGroup).map(|(_, v)| layouter[v.ty].size).sum();
+        println!("{}: {declared} bytes of workgroup memory", module.name());
+        assert!(declared <= 48 * 1024, "{}: {declared} bytes", module.name());
+    }
+}
