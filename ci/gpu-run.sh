@@ -53,21 +53,7 @@ if [ "${FLUX_LITE_GPU_RUN_QUICK:-}" = 1 ]; then
 fi
 : > "$report"
 
-say() { echo "$*" | tee -a "$report"; }
-
-# Runs a step under a time limit, its output into the report.
-step() {
-    local limit="$1" title="$2"
-    shift 2
-    say ""
-    say "== $title: $*"
-    timeout "$limit" "$@" 2>&1 | tee -a "$report"
-    local status=${PIPESTATUS[0]}
-    if [ "$status" -eq 124 ]; then say "(stopped after ${limit}s)"; fi
-    if [ "$status" -ne 0 ]; then failed=$((failed + 1)); fi
-    return 0
-}
-failed=0
+source ci/gpu-steps.sh
 
 if [ ! -x "$binary" ]; then
     echo "error: no flux-lite binary at $binary (build it with cargo build --release -p flux-lite-cli and carry it)" >&2

@@ -2,7 +2,9 @@
 the same run (ci/gpu-run.sh): the same matrix products in bf16 and f32, and
 one FLUX.2-klein transformer step with diffusers' Flux2Transformer2DModel
 built from the model's config with random weights (no download), with its
-first double and first single block timed inside the step.
+first double and first single block timed inside the step; and the VAE
+(diffusers' AutoencoderKLFlux2 from its config, random weights) decoding
+and encoding one image in bf16.
 
 Prints one `skipped:` line and exits 0 where PyTorch, diffusers or a CUDA
 device is missing, so the GPU script goes on.
@@ -118,11 +120,39 @@ def step(torch, device, config_path, size, repeats):
             print(f"peer {name} bf16: {statistics.median(blocks[name][1:] or blocks[name]) * 1e3:.2f} ms")
 
 
+def vae(torch, device, config_path, size, repeats):
+    try:
+        from diffusers import AutoencoderKLFlux2
+    except ImportError as e:
+        print(f"peer vae: skipped: diffusers has no AutoencoderKLFlux2 here ({e})")
+        return
+    with open(config_path) as f:
+        config = {k: v for k, v in json.load(f).items() if not k.startswith("_")}
+    model = AutoencoderKLFlux2.from_config(config).to(device=device, dtype=torch.bfloat16).eval()
+    # The latents' grid: 2^(levels - 1) downsamplings.
+    factor = 2 ** (len(config["block_out_channels"]) - 1)
+    latents = torch.randn(1, config["latent_channels"], size // factor, size // factor, device=device, dtype=torch.bfloat16)
+    image = torch.rand(1, config["in_channels"], size, size, device=device, dtype=torch.bfloat16) * 2 - 1
+
+    def decode():
+        with torch.no_grad():
+            model.decode(latents, return_dict=False)
+
+    def encode():
+        with torch.no_grad():
+            model.encode(image, return_dict=False)
+
+    measure = timer(torch, device)
+    print(f"peer vae decode {size}² bf16: {measure(decode, repeats) * 1e3:.2f} ms")
+    print(f"peer vae encode {size}² bf16: {measure(encode, repeats) * 1e3:.2f} ms")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--bench", help="a file holding `flux-lite bench kernels` output: its linear shapes are timed")
     p.add_argument("--config", help="the transformer's config.json for the step")
-    p.add_argument("--size", type=int, default=1024, help="image side of the step, pixels")
+    p.add_argument("--vae-config", help="the VAE's config.json: its decode and encode are timed")
+    p.add_argument("--size", type=int, default=1024, help="image side of the step and the VAE, pixels")
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--device", default="cuda", help="cuda (skipped without one) or cpu (to check this script)")
     args = p.parse_args()
@@ -142,6 +172,8 @@ def main():
             products(torch, device, parse_shapes(f.read()), args.repeats)
     if args.config:
         step(torch, device, args.config, args.size, args.repeats)
+    if args.vae_config:
+        vae(torch, device, args.vae_config, args.size, args.repeats)
     return 0
 
 

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# The one prepared run that settles the half-precision data path on a GPU
+# machine (an NVIDIA H100 or H200): at most 9 minutes, each stage under its
+# own limit, everything appended to the report as it goes, so a run cut
+# short still leaves what it had.
+#
+#   bash ci/gpu-decisive.sh [BINARY] [REPORT]
+#
+# BINARY: flux-lite built with `cargo build --release -p flux-lite-cli`
+# (default target/release/flux-lite). REPORT: default gpu-decisive.txt, or
+# $OUT/gpu-decisive.txt when OUT is set. In order:
+#   1. the adapter: its tiers, and whether the flash attention passed its
+#      start-up check (`flux-lite gpu`). Not yet here: each matrix
+#      pipeline's registers, spills and workgroup memory through
+#      VK_KHR_pipeline_executable_properties (which Mesa's lavapipe does
+#      not offer, so nothing here could test it);
+#   2. `flux-lite selftest` on every tier;
+#   3. the linears on every tier side by side, the matrix tier's at the
+#      4B's shapes beside the ceiling our own WGSL reaches;
+#   4. attention at 4608 tokens: flash, then the fallback kernel;
+#   5. the 4B 1024² step and the 1024² VAE decode (with the tiny preview
+#      decoder's share), then PyTorch / diffusers bf16 on the same card:
+#      the same step, the VAE decode and encode (ci/gpu_peer.py; skipped
+#      with a line without PyTorch, diffusers or CUDA).
+# FLUX_LITE_GPU_RUN_QUICK=1 runs a small version (64 tokens, a 256² step and
+# VAE) to try the script on a software driver.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+binary="${1:-target/release/flux-lite}"
+report="${2:-${OUT:+$OUT/}gpu-decisive.txt}"
+tokens=4608
+size=1024
+repeats=()
+if [ "${FLUX_LITE_GPU_RUN_QUICK:-}" = 1 ]; then
+    tokens=64
+    size=256
+    repeats=(--repeats 1)
+fi
+: > "$report"
+source ci/gpu-steps.sh
+
+if [ ! -x "$binary" ]; then
+    echo "error: no flux-lite binary at $binary (build it with cargo build --release -p flux-lite-cli and carry it)" >&2
+    exit 1
+fi
+source ci/gpu-loader.sh
+say "flux-lite decisive GPU run, $(date -u +%Y-%m-%dT%H:%M:%SZ), $(uname -srm)"
+if command -v nvidia-smi >/dev/null; then
+    step 15 "GPU" nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
+fi
+
+# The limits add up to 520 s: 9 minutes with room for the loader.
+step 60 "1. adapter and tiers" "$binary" gpu
+step 90 "2. selftest, every tier" "$binary" selftest
+step 60 "3. linears on every tier (4B shapes)" "$binary" bench kernels --model klein-4b --tokens "$tokens" --only linear,tiers "${repeats[@]}"
+step 45 "4. attention at $tokens tokens, flash" "$binary" bench kernels --model klein-4b --tokens "$tokens" --only attention "${repeats[@]}"
+step 45 "4. attention at $tokens tokens, the fallback" env FLUX_LITE_ATTENTION_KERNEL=matrix "$binary" bench kernels --model klein-4b --tokens "$tokens" --only attention "${repeats[@]}"
+step 90 "5. the 4B ${size}² step and the ${size}² VAE decode" "$binary" bench kernels --model klein-4b --tokens "$tokens" --only step,vae --step-sizes "$size" --vae-size "$size" "${repeats[@]}"
+if command -v python3 >/dev/null; then
+    step 120 "5. PyTorch / diffusers bf16, same card" python3 ci/gpu_peer.py \
+        --config test_vectors/configs/klein-4b/transformer/config.json \
+        --vae-config test_vectors/configs/klein-4b/vae/config.json --size "$size" --repeats 5
+else
+    say "peer: skipped: no python3"
+fi
+
+say ""
+say "gpu-decisive: done in ${SECONDS}s, $failed stage(s) failed; report in $report"
+[ "$failed" -eq 0 ]
