@@ -29,6 +29,7 @@ pub mod kernels;
 pub mod precision;
 pub mod probe;
 pub mod probe_flash;
+pub mod range_rule;
 pub mod selftest;
 pub mod skip;
 #[cfg(any(test, feature = "test-support"))]

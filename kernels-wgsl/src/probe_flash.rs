@@ -1,14 +1,17 @@
 //! The flash attention's start-up check: on a device whose tier is the
-//! matrix tier's f16 tiles, `attention_flash.wgsl` runs one small attention
-//! (every tile edge cut, grouped heads, a causal mask, values far from 1)
-//! against the exact f64 attention, before any run takes it. A driver that
+//! matrix tier's f16 tiles, `attention_flash.wgsl` runs two small attentions
+//! against the exact f64 attention before any run takes it: over f32 rows
+//! (every tile edge cut, grouped heads, a causal mask, values far from 1),
+//! and the transformer's path, f16 queries, keys and values in pieces into
+//! f16 pieces. A driver that
 //! computes it wrongly (an H200 returned NaN for an earlier form) leaves
 //! the matrix tier on `attention_matrix.wgsl`, with a notice saying why.
 
 use crate::device::Gpu;
-use crate::kernels::attention::{flash_attention, Attention, Qkv};
+use crate::kernels::attention::{flash_attention, flash_attention_half, Attention, HalfQkv, Qkv};
 use crate::probe::ProbeError;
-use crate::view::Mat;
+use crate::range_rule::{pack_rows, unpack_rows};
+use crate::view::{HalfMat, Mat};
 use flux_lite_core::oracle::{self, AttentionShape};
 use flux_lite_core::tolerance::kernels::MATRIX_ATTENTION;
 
@@ -17,6 +20,8 @@ const KV_LEN: usize = 77;
 const Q_HEADS: usize = 4;
 const KV_HEADS: usize = 2;
 const HEAD_DIM: usize = 40;
+/// The f16 path's pieces: two a head.
+const PIECE: usize = 20;
 
 /// Deterministic values in [-1, 1) times `scale`: no random source needed at start-up.
 fn values(count: usize, mul: usize, scale: f32) -> Vec<f32> {
@@ -46,7 +51,34 @@ pub fn flash_known_answer(gpu: &Gpu) -> Result<(), ProbeError> {
     let call = Attention { q_len: Q_LEN as u64, kv_len: KV_LEN as u64, q_heads: Q_HEADS as u64, kv_heads: KV_HEADS as u64, head_dim: HEAD_DIM as u64, scale: s.scale as f32, causal: true };
     gpu.submit(|enc| flash_attention(gpu, enc, qkv, Mat::new(&ob, qw), call)).map_err(ProbeError::Gpu)?;
     let got = gpu.read_f32(&ob, 0, q.len()).map_err(ProbeError::Gpu)?;
-    check(&got, &want)
+    check(&got, &want)?;
+    half_known_answer(gpu)
+}
+
+/// The transformer's path: the same queries, keys and values as f16 rows in
+/// pieces (no causal mask, one kv head a query head), the output into f16
+/// pieces; against the exact attention over the values the pieces stand for.
+fn half_known_answer(gpu: &Gpu) -> Result<(), ProbeError> {
+    let [q, k, v] = inputs();
+    let width = Q_HEADS * HEAD_DIM;
+    // Keys and values as wide as the queries: each kv head's rows twice.
+    let widen = |x: &[f32]| -> Vec<f32> { x.chunks(KV_HEADS * HEAD_DIM).take(Q_LEN).flat_map(|row| [row, row].concat()).collect() };
+    let (k, v) = (widen(&k), widen(&v));
+    let packed: Vec<(Vec<u32>, Vec<f32>)> = [&q, &k, &v].iter().map(|x| pack_rows(x, x.len() / PIECE, PIECE)).collect();
+    let stands_for: Vec<Vec<f32>> = packed.iter().map(|(w, s)| unpack_rows(w, s, PIECE)).collect();
+    let s = AttentionShape { kv_len: Q_LEN, kv_heads: Q_HEADS, causal: false, ..shape() };
+    let mut want = vec![0.0; q.len()];
+    oracle::attention(&stands_for[0], &stands_for[1], &stands_for[2], None, s, &mut vec![0.0; Q_LEN], &mut want);
+    let buffers: Vec<_> = packed.iter().map(|(w, sc)| (gpu.upload_u32("flash probe f16 rows", w), gpu.upload_f32("flash probe scales", sc))).collect();
+    let pieces = (width / PIECE) as u64;
+    let of = |i: usize| HalfMat::pieces(Mat::new(&buffers[i].0, (width / 2) as u64), Mat::new(&buffers[i].1, pieces), PIECE as u64);
+    let (ow, os) = (gpu.storage("flash probe o", (q.len() * 2) as u64), gpu.storage("flash probe o scales", Q_LEN as u64 * pieces * 4));
+    let out = HalfMat::pieces(Mat::new(&ow, (width / 2) as u64), Mat::new(&os, pieces), PIECE as u64);
+    let call = Attention { q_len: Q_LEN as u64, kv_len: Q_LEN as u64, q_heads: Q_HEADS as u64, kv_heads: Q_HEADS as u64, head_dim: HEAD_DIM as u64, scale: s.scale as f32, causal: false };
+    gpu.submit(|enc| flash_attention_half(gpu, enc, HalfQkv { q: of(0), k: of(1), v: of(2) }, out, call)).map_err(ProbeError::Gpu)?;
+    let words: Vec<u32> = gpu.read_f32(&ow, 0, q.len() / 2).map_err(ProbeError::Gpu)?.iter().map(|w| w.to_bits()).collect();
+    let scales = gpu.read_f32(&os, 0, Q_LEN * pieces as usize).map_err(ProbeError::Gpu)?;
+    check(&unpack_rows(&words, &scales, PIECE), &want)
 }
 
 /// Every value finite, and the relative L2 error within the matrix tier's attention bound.

@@ -316,6 +316,17 @@ pub(crate) fn flash_attention(gpu: &Gpu, sink: &mut dyn Sink, qkv: Qkv<'_>, o: M
     }
 }
 
+/// [`attention_half_into_half`] on the flash kernel whatever the device's
+/// check found: the check of the transformer's path ([`crate::probe_flash`]).
+pub(crate) fn flash_attention_half(gpu: &Gpu, sink: &mut dyn Sink, qkv: HalfQkv<'_>, o: HalfMat<'_>, s: Attention) -> Result<(), GpuError> {
+    let (c, o) = half_output(gpu, o, &s)?;
+    if !flash_takes(c, s.head_dim, o.piece) || [qkv.q.piece, qkv.k.piece, qkv.v.piece] != [o.piece; 3] {
+        return Err(GpuError::UnsupportedShape(format!("flash attention over f16 pieces {:?} into pieces {:?}, head dim {}", qkv.q.piece, o.piece, s.head_dim)));
+    }
+    let inputs = Qkv { q: qkv.q.data, k: qkv.k.data, v: qkv.v.data };
+    attention_with(gpu, sink, AttentionKernel::Flash(c), inputs, Inputs::Half(qkv), None, None, Out::Half(o), None, s)
+}
+
 /// The matrix configuration an attention into f16 pieces runs on, where it can.
 fn half_output<'a>(gpu: &Gpu, o: HalfMat<'a>, s: &Attention) -> Result<(MatrixConfig, HalfMat<'a>), GpuError> {
     let matrix = gpu.matrix().filter(|c| c.operands == MatrixOperands::F16 && s.head_dim <= ATTENTION_MATRIX_MAX_HEAD_DIM);

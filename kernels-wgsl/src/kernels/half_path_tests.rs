@@ -11,35 +11,9 @@ use crate::kernels::linear::{linear, linear_from, linear_into_half, linear_swigl
 use crate::kernels::norm::{layer_norm_modulate, layer_norm_modulate_half, rms_norm_rope, rms_norm_rope_half, LaterModulation, Modulation, RowNorm};
 use crate::kernels::rope::RopeTables;
 use crate::testing::*;
+use crate::range_rule::pack_rows;
 use crate::view::{HalfMat, Mat, Weight};
 use crate::{Gpu, GpuOptions};
-
-/// The range rule's scale of a row whose largest magnitude is `largest`
-/// (range_rule.wgsl: the power of two bringing it into [2¹³, 2¹⁴); 1 for 0).
-fn range_scale(largest: f32) -> f32 {
-    if largest == 0.0 {
-        return 1.0;
-    }
-    // frexp's exponent: largest = m·2^e with m in [0.5, 1).
-    let e = largest.log2().floor() as i32 + 1;
-    2f32.powi(e - 14)
-}
-
-/// `rows` rows of `k` values as the matrix tier's f16 rows: each value times
-/// the inverse of its row's range scale, rounded to f16 (ties to even), two a
-/// word; and the scales.
-fn pack_rows(x: &[f32], rows: usize, k: usize) -> (Vec<u32>, Vec<f32>) {
-    let mut words = Vec::with_capacity(rows * k / 2);
-    let mut scales = Vec::with_capacity(rows);
-    for row in x.chunks(k).take(rows) {
-        let scale = range_scale(row.iter().fold(0f32, |m, v| m.max(v.abs())));
-        let inverse = 1.0 / scale;
-        let half = |v: f32| half::f16::from_f32(v * inverse).to_bits() as u32;
-        words.extend(row.chunks(2).map(|p| half(p[0]) | half(p[1]) << 16));
-        scales.push(scale);
-    }
-    (words, scales)
-}
 
 /// The f32 LayerNorm + modulation and the f16-output one over the same rows
 /// of `gpu` (either kernel shape): the second's words and scales are the
