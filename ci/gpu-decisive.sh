@@ -39,11 +39,6 @@ if [ "${FLUX_LITE_GPU_RUN_QUICK:-}" = 1 ]; then
 fi
 : > "$report"
 source ci/gpu-steps.sh
-
-if [ ! -x "$binary" ]; then
-    echo "error: no flux-lite binary at $binary (build it with cargo build --release -p flux-lite-cli and carry it)" >&2
-    exit 1
-fi
 source ci/gpu-loader.sh
 say "flux-lite decisive GPU run, $(date -u +%Y-%m-%dT%H:%M:%SZ), $(uname -srm)"
 if command -v nvidia-smi >/dev/null; then

@@ -55,11 +55,6 @@ fi
 
 source ci/gpu-steps.sh
 
-if [ ! -x "$binary" ]; then
-    echo "error: no flux-lite binary at $binary (build it with cargo build --release -p flux-lite-cli and carry it)" >&2
-    exit 1
-fi
-
 # 1. The Vulkan loader, where the machine has a driver but no loader.
 source ci/gpu-loader.sh
 

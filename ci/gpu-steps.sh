@@ -1,7 +1,13 @@
-# Sourced by ci/gpu-run.sh and ci/gpu-decisive.sh (which set `report`): a
-# line into the report (`say`), and a command run under its own time limit
-# with its output appended to the report as it goes (`step LIMIT TITLE
-# CMD...`, counting failures in `failed`).
+# Sourced by ci/gpu-run.sh and ci/gpu-decisive.sh (which set `binary` and
+# `report`): the run stops at once without the binary; a line into the
+# report (`say`), and a command run under its own time limit with its output
+# appended to the report as it goes (`step LIMIT TITLE CMD...`, counting
+# failures in `failed`).
+if [ ! -x "$binary" ]; then
+    echo "error: no flux-lite binary at $binary (build it with cargo build --release -p flux-lite-cli and carry it)" >&2
+    exit 1
+fi
+
 say() { echo "$*" | tee -a "$report"; }
 
 step() {

@@ -60,14 +60,19 @@ def products(torch, device, shapes, repeats):
             print(f"peer linear {m}×{k} · {k}×{n} {name}: {seconds * 1e3:.3f} ms, {2 * m * k * n / seconds / 1e12:.1f} TFLOP/s")
 
 
+def load_config(path):
+    """A diffusers config.json without its `_` entries: what `from_config` takes."""
+    with open(path) as f:
+        return {k: v for k, v in json.load(f).items() if not k.startswith("_")}
+
+
 def step(torch, device, config_path, size, repeats):
     try:
         from diffusers import Flux2Transformer2DModel
     except ImportError as e:
         print(f"peer step: skipped: diffusers has no Flux2Transformer2DModel here ({e})")
         return
-    with open(config_path) as f:
-        config = {k: v for k, v in json.load(f).items() if not k.startswith("_")}
+    config = load_config(config_path)
     # Built on the device in bf16: random initialisation of 4 billion
     # parameters on the host in f32 would take minutes and 16 GB.
     default = torch.get_default_dtype()
@@ -126,8 +131,7 @@ def vae(torch, device, config_path, size, repeats):
     except ImportError as e:
         print(f"peer vae: skipped: diffusers has no AutoencoderKLFlux2 here ({e})")
         return
-    with open(config_path) as f:
-        config = {k: v for k, v in json.load(f).items() if not k.startswith("_")}
+    config = load_config(config_path)
     model = AutoencoderKLFlux2.from_config(config).to(device=device, dtype=torch.bfloat16).eval()
     # The latents' grid: 2^(levels - 1) downsamplings.
     factor = 2 ** (len(config["block_out_channels"]) - 1)

@@ -53,12 +53,6 @@ const MAX_SEGS: u32 = 2u;
 // Output pieces one workgroup's dims hold, at most (`O_HALF`).
 const OUT_PIECES: u32 = 8u;
 
-// The output as the next product's operand (`O_HALF`), as attention_matrix.wgsl writes it.
-override O_HALF: bool = false;
-override O_PIECE: u32 = 64u;
-@group(0) @binding(12) var<storage, read_write> o_half: array<u32>;
-@group(0) @binding(13) var<storage, read_write> o_scales: array<f32>;
-
 var<workgroup> q_sh: array<Operand, QB * LDQ>;
 var<workgroup> k_sh: array<Operand, KB * LDK>;
 var<workgroup> v_sh: array<Operand, KB * LDV>;
@@ -114,7 +108,7 @@ fn attention_flash(
     for (var r = li; r < QB; r += WG) {
         row_max[r] = MASKED;
         row_sum[r] = 0.0;
-        q_scale[r] = q_row_scale(h, q0 + r);
+        q_scale[r] = qk_row_scale(false, h, q0 + r);
     }
     if (li == 0u) {
         moved = 0u;
@@ -150,7 +144,7 @@ fn attention_flash(
     var v_ref = 0.0;
     for (var k0 = 0u; k0 < k_end; k0 += KB) {
         for (var j = li; j < KB; j += WG) {
-            k_scale[j] = k_row_scale(kvh, k0 + j);
+            k_scale[j] = qk_row_scale(true, kvh, k0 + j);
             v_row[j] = v_row_scale(kvh, k0 + j, d0, d0 + ODIMS);
         }
         workgroupBarrier();

@@ -16,17 +16,6 @@
 override WG: u32 = 8u;
 const MAX_DIM: u32 = 128u;
 
-// The output as the next product's operand (`O_HALF`): f16 pairs at binding
-// 12 (o's offset and stride counting f16 values), each query's row in
-// pieces of O_PIECE values (a head's dims whole pieces) under their own
-// range scales, at binding 13 from p.o_scale_offset, p.o_scale_stride
-// from one query to the next: the range rule's rounding of the f32 output
-// (kept ≥ 2⁻¹²⁶ as half_pack.wgsl keeps it), without its write and read.
-override O_HALF: bool = false;
-override O_PIECE: u32 = 64u;
-@group(0) @binding(12) var<storage, read_write> o_half: array<u32>;
-@group(0) @binding(13) var<storage, read_write> o_scales: array<f32>;
-
 var<workgroup> a_tile: array<Operand, T * T>;
 var<workgroup> b_tile: array<Operand, T * T>;
 // The scores, then the tile's probabilities (f32, row-major).

@@ -1,6 +1,18 @@
-// The matrix tier's attention inputs, shared by attention_matrix.wgsl and
-// attention_flash.wgsl: each query, key and value read as f32, from the f32
-// rows (attention_kv_f32.wgsl's bindings) or from f16 rows in pieces.
+// The matrix tier's attention inputs and outputs, shared by
+// attention_matrix.wgsl and attention_flash.wgsl: each query, key and value
+// read as f32, from the f32 rows (attention_kv_f32.wgsl's bindings) or from
+// f16 rows in pieces; the output's f16 pieces.
+
+// The output as the next product's operand (`O_HALF`): f16 pairs at binding
+// 12 (o's offset and stride counting f16 values), each query's row in
+// pieces of O_PIECE values (a head's dims whole pieces) under their own
+// range scales, at binding 13 from p.o_scale_offset, p.o_scale_stride
+// from one query to the next: the range rule's rounding of the f32 output
+// (kept ≥ 2⁻¹²⁶ as half_pack.wgsl keeps it), without its write and read.
+override O_HALF: bool = false;
+override O_PIECE: u32 = 64u;
+@group(0) @binding(12) var<storage, read_write> o_half: array<u32>;
+@group(0) @binding(13) var<storage, read_write> o_scales: array<f32>;
 
 // Queries, keys and values as f16 rows in pieces (`QKV_HALF`), as their
 // projections and the RMSNorm + RoPE wrote them: f16 pairs at bindings 14–16
@@ -61,36 +73,29 @@ fn v_at(kvh: u32, k0: u32, j: u32, d: u32) -> f32 {
 // in f16 pieces, the largest of its pieces' scales (each piece then shifted
 // by a power of two, exactly); in f32, the range rule's scale of its largest
 // magnitude; 1 past the tensors or for f32 operands.
-fn q_row_scale(h: u32, qi: u32) -> f32 {
-    if (!OPERAND_HALF || qi >= p.q_len) {
+// A query's (`of_keys` false) or a key's row scale over the whole head.
+fn qk_row_scale(of_keys: bool, head: u32, index: u32) -> f32 {
+    if (!OPERAND_HALF || index >= select(p.q_len, p.kv_len, of_keys)) {
         return 1.0;
     }
     var largest = 0.0;
     if (QKV_HALF) {
         for (var d = 0u; d < p.head_dim; d += p.qkv_piece) {
-            largest = max(largest, q_scales[p.q_scale_offset + qi * p.q_scale_stride + (h * p.head_dim + d) / p.qkv_piece]);
+            let piece = (head * p.head_dim + d) / p.qkv_piece;
+            if (of_keys) {
+                largest = max(largest, k_scales[p.k_scale_offset + index * p.k_scale_stride + piece]);
+            } else {
+                largest = max(largest, q_scales[p.q_scale_offset + index * p.q_scale_stride + piece]);
+            }
         }
         return largest;
     }
     for (var d = 0u; d < p.head_dim; d++) {
-        largest = max(largest, abs(q[p.q_offset + qi * p.q_stride + h * p.head_dim + d]));
-    }
-    return range_scale(largest);
-}
-
-fn k_row_scale(kvh: u32, kj: u32) -> f32 {
-    if (!OPERAND_HALF || kj >= p.kv_len) {
-        return 1.0;
-    }
-    var largest = 0.0;
-    if (QKV_HALF) {
-        for (var d = 0u; d < p.head_dim; d += p.qkv_piece) {
-            largest = max(largest, k_scales[p.k_scale_offset + kj * p.k_scale_stride + (kvh * p.head_dim + d) / p.qkv_piece]);
+        if (of_keys) {
+            largest = max(largest, abs(k[p.k_offset + index * p.k_stride + head * p.head_dim + d]));
+        } else {
+            largest = max(largest, abs(q[p.q_offset + index * p.q_stride + head * p.head_dim + d]));
         }
-        return largest;
-    }
-    for (var d = 0u; d < p.head_dim; d++) {
-        largest = max(largest, abs(k[p.k_offset + kj * p.k_stride + kvh * p.head_dim + d]));
     }
     return range_scale(largest);
 }
