@@ -8,39 +8,66 @@ use crate::error::GpuError;
 use crate::precision::Precision;
 use crate::precision::MatrixOperands;
 use crate::probe::{known_answer, ProbeError};
+use crate::kernels::attention::flash_workgroup_bytes;
 use crate::probe_flash::flash_known_answer;
+
+/// What the flash attention's start-up check found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FlashCheck {
+    /// The tier has no f16 tiles: no flash attention to check.
+    NotTried,
+    Passed,
+    /// It ran and was wrong, or the adapter cannot hold it.
+    Failed,
+    /// It could not run: the device keeps the fault.
+    Faulted,
+}
 
 impl Gpu {
     /// A device for `options`, its tier proven where `auto` chose it.
     /// On the matrix tier's f16 tiles, the flash attention is checked too.
     pub fn new(options: &GpuOptions) -> Result<Self, GpuError> {
-        let mut gpu = Self::proven(options, known_answer)?;
-        gpu.prove_flash(flash_known_answer);
+        Self::flash_checked(Self::proven(options, known_answer)?, options, flash_known_answer)
+    }
+
+    /// `gpu` (made for `options`) with the flash attention checked by
+    /// `probe`; where the check could not run, a fresh device on the same
+    /// tier without it.
+    fn flash_checked(mut gpu: Gpu, options: &GpuOptions, probe: impl Fn(&Gpu) -> Result<(), ProbeError>) -> Result<Self, GpuError> {
+        if gpu.prove_flash(probe) == FlashCheck::Faulted {
+            // The device keeps the fault: a fresh one on the proven tier, without flash.
+            let (tier, notice, reason) = (gpu.precision, gpu.notice.take(), gpu.auto_reason.take());
+            drop(gpu);
+            gpu = Self::unproven(&GpuOptions { precision: tier, ..options.clone() })?;
+            (gpu.notice, gpu.auto_reason) = (notice, reason);
+        }
         Ok(gpu)
     }
 
-    /// Takes the flash attention where the tier has f16 tiles and `probe`
-    /// passes on this device; otherwise a notice says why not. A check that
-    /// cannot run (the device refuses the module) counts as failed.
-    fn prove_flash(&mut self, probe: impl Fn(&Gpu) -> Result<(), ProbeError>) {
-        if !self.matrix.is_some_and(|c| c.operands == MatrixOperands::F16) {
-            return;
-        }
-        self.flash = match probe(self) {
-            Ok(()) => true,
-            Err(e) => {
-                let why = match e {
-                    ProbeError::Gpu(e) => e.to_string(),
-                    ProbeError::Wrong(why) => why,
-                };
-                let note = format!("the flash attention failed its known-answer check on {} ({why}); attention runs on the matrix tier's one-subgroup kernel", self.info.name);
-                self.notice = Some(match self.notice.take() {
-                    Some(before) => format!("{before}; {note}"),
-                    None => note,
-                });
-                false
+    /// Takes the flash attention where the tier has f16 tiles, the adapter
+    /// holds its workgroup memory and `probe` passes on this device;
+    /// otherwise a notice says why not.
+    fn prove_flash(&mut self, probe: impl Fn(&Gpu) -> Result<(), ProbeError>) -> FlashCheck {
+        let Some(config) = self.matrix.filter(|c| c.operands == MatrixOperands::F16) else { return FlashCheck::NotTried };
+        let (need, have) = (flash_workgroup_bytes(config), self.limits.max_compute_workgroup_storage_size);
+        let (why, outcome) = if need > have {
+            (format!("it needs {need} bytes of workgroup memory, the adapter offers {have}"), FlashCheck::Failed)
+        } else {
+            match probe(self) {
+                Ok(()) => {
+                    self.flash = true;
+                    return FlashCheck::Passed;
+                }
+                Err(ProbeError::Gpu(e)) => (e.to_string(), FlashCheck::Faulted),
+                Err(ProbeError::Wrong(why)) => (why, FlashCheck::Failed),
             }
         };
+        let note = format!("the flash attention failed its known-answer check on {} ({why}); attention runs on the matrix tier's one-subgroup kernel", self.info.name);
+        self.notice = Some(match self.notice.take() {
+            Some(before) => format!("{before}; {note}"),
+            None => note,
+        });
+        outcome
     }
 
     /// [`Self::new`] with `probe` as `auto`'s known-answer check. A tier
@@ -189,9 +216,27 @@ mod tests {
         // A device made by `Gpu::new` ran the real check, on this adapter.
         assert!(gpu.flash_attention(), "the flash attention failed its check on {}: {:?}", gpu.describe(), gpu.notice());
         let mut failing = Gpu::unproven(&GpuOptions { precision: Precision::Matrix, ..crate::testing::options() }).unwrap_or_else(|e| panic!("{e}"));
-        failing.prove_flash(|_| Err(ProbeError::Wrong("flash attention output 3 is NaN".into())));
+        assert_eq!(failing.prove_flash(|_| Err(ProbeError::Wrong("flash attention output 3 is NaN".into()))), FlashCheck::Failed);
         assert!(!failing.flash_attention());
         let notice = failing.notice().unwrap_or("");
         assert!(notice.starts_with("the flash attention failed its known-answer check on ") && notice.contains("output 3 is NaN") && notice.contains("one-subgroup kernel"), "{notice}");
+    }
+
+    #[test]
+    fn a_flash_check_that_cannot_run_leaves_a_fresh_device_without_it() {
+        let Some(gpu) = crate::testing::matrix_gpu() else { return };
+        if gpu.matrix().is_none_or(|c| c.operands != MatrixOperands::F16) {
+            crate::skip::skipped(format_args!("{} offers no f16 tiles: no flash attention to check", gpu.describe()));
+            return;
+        }
+        let options = GpuOptions { precision: Precision::Matrix, ..crate::testing::options() };
+        let device = Gpu::unproven(&options).unwrap_or_else(|e| panic!("{e}"));
+        let gpu = Gpu::flash_checked(device, &options, |_| Err(ProbeError::Gpu(GpuError::Device("made to fail".into())))).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!((gpu.precision(), gpu.flash_attention()), (Precision::Matrix, false));
+        let notice = gpu.notice().unwrap_or("");
+        assert!(notice.contains("the flash attention failed its known-answer check") && notice.contains("made to fail"), "{notice}");
+        // A device that was never faulted runs work.
+        let buf = gpu.upload_f32("after", &[1.0, 2.0]);
+        assert_eq!(gpu.read_f32(&buf, 0, 2).unwrap(), [1.0, 2.0]);
     }
 }
