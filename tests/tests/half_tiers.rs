@@ -78,7 +78,7 @@ fn vae_decode_on_the_half_tiers() {
             assert_eq!(vae.weight_bytes(), vae::decoder_weight_bytes(&m.vae, &store).unwrap() + scales, "{tier} {case}: the decoder's weight bytes");
             assert_eq!(scales > 0, tier == "matrix", "{tier}: row scales kept on the matrix tier only");
             let latents = g.f32(&format!("latents.{}", size("steps") - 1)).0;
-            let out = vae.decode(&gpu, &latents, &mut |_| {}).unwrap();
+            let out = vae.decode(&gpu, &latents, true, &mut |_| {}).unwrap();
             check(&format!("{tier} {case} decoded"), out.decoded(), &g.f32("decoded").0, other_tiers::VAE_DECODED);
         }
     }

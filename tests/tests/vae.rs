@@ -46,7 +46,7 @@ fn decodes_every_golden_case_like_diffusers() {
         let (model, width, height, latents) = case_inputs(&g);
         let mut vae = decoder(&model, width, height, None);
         let mut ticks = Vec::new();
-        let out = vae.decode(gpu(), &latents, &mut |p| ticks.push(p)).unwrap_or_else(|e| panic!("{case}: {e}"));
+        let out = vae.decode(gpu(), &latents, true, &mut |p| ticks.push(p)).unwrap_or_else(|e| panic!("{case}: {e}"));
         assert_eq!(ticks, [TileProgress { done: 1, total: 1 }], "{case}: one untiled pass");
 
         let (want, _) = g.f32("denorm_latent");
@@ -68,6 +68,9 @@ fn decodes_every_golden_case_like_diffusers() {
 
         let (w, h, png) = png_rgb(&g);
         assert_eq!((out.width, out.height), (w, h), "{case}: image size");
+        // Without the raw values kept, the same image from the one readback of its levels.
+        let levels_only = vae.decode(gpu(), &latents, false, &mut |_| {}).unwrap_or_else(|e| panic!("{case}: {e}"));
+        assert!(levels_only.decoded().is_empty() && levels_only.rgb == out.rgb, "{case}: the image without the raw values");
         let (max, count) = byte_diff(&out.rgb, &png);
         println!("{case}: image vs image.png: max |Δ| {max}, {count} of {} bytes differ", png.len());
         assert!(max <= 1, "{case}: image differs from image.png by up to {max} levels ({count} bytes differ)");
@@ -91,7 +94,7 @@ fn levels_of_the_golden_decoded_output_reproduce_image_png_bit_for_bit() {
 
 fn decode(vae: &mut VaeDecoder, latents: &[f32]) -> (DecodedImage, Vec<TileProgress>) {
     let mut ticks = Vec::new();
-    let out = vae.decode(gpu(), latents, &mut |p| ticks.push(p)).unwrap_or_else(|e| panic!("{e}"));
+    let out = vae.decode(gpu(), latents, true, &mut |p| ticks.push(p)).unwrap_or_else(|e| panic!("{e}"));
     (out, ticks)
 }
 
@@ -149,7 +152,7 @@ fn a_tile_too_small_for_one_band_is_a_layout_error_saying_so() {
     // A 4-pixel tile holds fewer values than one convolution row of a 1024-pixel-wide image. A
     // job never gets here: the plan refuses such a forced tile, naming it (PlanError::VaeTileTooSmall).
     let mut vae = decoder("tiny-a", 1024, 16, Some(4));
-    let err = vae.decode(gpu(), &random_latents(1024, 16, 9), &mut |_| {}).unwrap_err();
+    let err = vae.decode(gpu(), &random_latents(1024, 16, 9), false, &mut |_| {}).unwrap_err();
     assert!(matches!(&err, RunError::Layout { component: "banded VAE", .. }), "{err}");
     assert!(err.to_string().contains("too few for one") && err.to_string().contains("larger tile"), "{err}");
 }
@@ -168,7 +171,7 @@ fn bad_sizes_and_latents_are_errors() {
     assert!(given(new(32, 32, Some(0)), "0-pixel tile"));
     assert!(given(new(0, 32, None), "0×32"));
     let mut vae = new(32, 32, None).unwrap();
-    let err = vae.decode(gpu(), &[0.0; 10], &mut |_| {}).unwrap_err();
+    let err = vae.decode(gpu(), &[0.0; 10], false, &mut |_| {}).unwrap_err();
     assert!(matches!(&err, RunError::Input { component: "VAE decoder", detail } if detail.starts_with("latents of 10 values")), "{err}");
     assert!(matches!(vae.last_latent(gpu()), Err(RunError::Input { component: "VAE decoder", .. })));
 }
@@ -201,7 +204,7 @@ fn the_planned_tile_is_untiled_when_it_fits_and_bounded_by_the_binding_otherwise
     let store = m.weights(Component::Vae).unwrap();
     let mut vae = VaeDecoder::new(&small, &m.vae, &store, 64, 96, tile).unwrap();
     assert!(vae.is_banded());
-    let image = vae.decode(&small, &random_latents(64, 96, 10), &mut |_| {}).unwrap();
+    let image = vae.decode(&small, &random_latents(64, 96, 10), false, &mut |_| {}).unwrap();
     assert_eq!(image.rgb.len(), 64 * 96 * 3);
 }
 
@@ -227,10 +230,10 @@ fn a_decode_with_its_activations_on_the_device_matches_the_untiled_one() {
     let mut on_device = VaeDecoder::laid_out(&small, &m.vae, &store, width, height, Bands::from(first)).unwrap_or_else(|e| panic!("{e}"));
     assert!(on_device.is_banded());
     let mut ticks = 0;
-    let device_image = on_device.decode(&small, &latents, &mut |_| ticks += 1).unwrap_or_else(|e| panic!("{e}"));
+    let device_image = on_device.decode(&small, &latents, true, &mut |_| ticks += 1).unwrap_or_else(|e| panic!("{e}"));
     assert!(ticks > 1, "one progress tick an op of the program");
-    let host_image = VaeDecoder::new(&small, &m.vae, &store, width, height, Some(16)).unwrap().decode(&small, &latents, &mut |_| {}).unwrap();
-    let whole_image = decoder("tiny-a", width, height, None).decode(gpu(), &latents, &mut |_| {}).unwrap();
+    let host_image = VaeDecoder::new(&small, &m.vae, &store, width, height, Some(16)).unwrap().decode(&small, &latents, true, &mut |_| {}).unwrap();
+    let whole_image = decoder("tiny-a", width, height, None).decode(gpu(), &latents, true, &mut |_| {}).unwrap();
     for (name, image) in [("on the device", &device_image), ("on the host", &host_image)] {
         let (err, at) = rel_l2(image.decoded(), whole_image.decoded());
         println!("bands {name}: relative L2 {err:.2e} against the untiled decode (worst element {at})");
@@ -257,7 +260,7 @@ fn tiled_decode(size: usize) -> TiledDecode {
     let device = Gpu::new(&GpuOptions::default()).unwrap();
     let mut vae = VaeDecoder::new(&device, &m.vae, &store, size, size, Some(16)).unwrap();
     assert!(vae.is_banded());
-    let image = vae.decode(&device, &random_latents(size, size, 11), &mut |_| {}).unwrap_or_else(|e| panic!("{e}"));
+    let image = vae.decode(&device, &random_latents(size, size, 11), false, &mut |_| {}).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(image.rgb.len(), size * size * 3, "{size}²: the image decodes in the tile arena");
     let high_water = device.memory().high_water;
     let sizes = planning::ModelSizes::from_files(&m).unwrap();
@@ -302,9 +305,9 @@ fn each_decoder_keeps_its_scratch_file_in_its_own_folder() {
     let mut lost = banded(&missing);
     let mut found = banded(&std::env::temp_dir());
     assert!(lost.is_banded() && found.is_banded());
-    match lost.decode(gpu(), &latents, &mut |_| {}) {
+    match lost.decode(gpu(), &latents, false, &mut |_| {}) {
         Err(RunError::Scratch { dir, .. }) => assert_eq!(dir, missing),
         other => panic!("a missing scratch folder gave {:?}", other.map(|i| i.rgb.len())),
     }
-    assert_eq!(found.decode(gpu(), &latents, &mut |_| {}).unwrap().rgb.len(), width * height * 3);
+    assert_eq!(found.decode(gpu(), &latents, false, &mut |_| {}).unwrap().rgb.len(), width * height * 3);
 }

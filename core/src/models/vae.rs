@@ -406,6 +406,13 @@ pub fn decode(l: &VaeLayout, mut emit: impl FnMut(Op)) {
     output(l, &mut emit);
 }
 
+/// [`decode`], then the output's 8-bit levels into `levels`: the image as
+/// one readback takes it, when the whole image is laid out at once.
+pub fn decode_to_levels(l: &VaeLayout, mut emit: impl FnMut(Op)) {
+    decode(l, &mut emit);
+    emit(Op::PixelLevels { src: l.decoded, dst: l.levels, count: l.decoded_len() });
+}
+
 /// Test helper for a VAE program (decode or encode): it must read every
 /// tensor of the model that `wanted` selects, and nothing else.
 #[cfg(test)]

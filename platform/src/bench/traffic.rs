@@ -516,14 +516,15 @@ pub struct DecodeTraffic {
     pub whole: bool,
 }
 
-/// The VAE decode of a `width × height` image laid out whole, by kind of
-/// op, and whether the machine's bindings hold its largest activation.
+/// The VAE decode of a `width × height` image laid out whole (to its 8-bit
+/// levels, as `gen` runs it), by kind of op, and whether the machine's
+/// bindings hold its largest activation.
 pub fn vae_decode(cfg: &VaeConfig, [width, height]: [u64; 2], tier: Precision, m: &Machine) -> Result<DecodeTraffic, RunError> {
     let scale = cfg.scale_factor() as u64;
     let (latent_h, latent_w) = (height / scale, width / scale);
     let mut arena = BumpArena::new(u64::MAX);
     let layout = vae::VaeLayout::new(cfg, latent_h, latent_w, &mut arena).map_err(|e| RunError::layout("VAE")(&e))?;
-    let program = crate::exec::runner::collect_ops(|emit| vae::decode(&layout, emit));
+    let program = crate::exec::runner::collect_ops(|emit| vae::decode_to_levels(&layout, emit));
     let whole = 4 * vae::largest_activation(cfg, latent_h * latent_w) <= m.max_binding;
     Ok(DecodeTraffic { decode: program_traffic(&program, tier, m), by_kind: by_kind(&program, tier, m), whole })
 }

@@ -31,7 +31,8 @@ pub struct TileProgress {
 pub struct DecodedImage {
     pub width: usize,
     pub height: usize,
-    decoded: Decoded,
+    /// The raw output, where [`VaeDecoder::decode`] was asked to keep it.
+    decoded: Option<Decoded>,
     /// 8-bit RGB, row-major, 3 bytes per pixel (what goes into the PNG).
     pub rgb: Vec<u8>,
 }
@@ -46,9 +47,16 @@ enum Decoded {
 }
 
 impl DecodedImage {
-    /// The decoder's raw output `[3, height, width]`, before the clamp.
+    /// The decoder's raw output `[3, height, width]`, before the clamp,
+    /// where the decode kept it (empty otherwise).
     pub fn decoded(&self) -> &[f32] {
-        match &self.decoded {
+        self.decoded.as_ref().map_or(&[], Decoded::values)
+    }
+}
+
+impl Decoded {
+    fn values(&self) -> &[f32] {
+        match self {
             Decoded::Read(values) => values,
             // The span was read once when the decode finished, so it is in the arena.
             Decoded::Scratch { host, span, len } => host.get(*span, *len).unwrap_or_default(),
@@ -143,7 +151,8 @@ impl VaeDecoder {
         weights.keep_row_scales(gpu, &product_rows(&decoder_specs(config)))?;
         let mode = match layout {
             Some(layout) => {
-                let ops = collect_ops(|emit| program::decode(&layout, emit));
+                // The 8-bit levels in the same pass: one readback gives the image.
+                let ops = collect_ops(|emit| program::decode_to_levels(&layout, emit));
                 let mut dispatches = Vec::new();
                 for op in &ops {
                     runner.record(gpu, &mut dispatches, &weights, op)?;
@@ -175,8 +184,10 @@ impl VaeDecoder {
     }
 
     /// Decodes packed latents `[tokens, 4·latent_channels]` (token = y·(W/2s) + x,
-    /// as the transformer leaves them) into the image, reporting progress.
-    pub fn decode(&mut self, gpu: &Gpu, packed: &[f32], progress: &mut dyn FnMut(TileProgress)) -> Result<DecodedImage, RunError> {
+    /// as the transformer leaves them) into the image, reporting progress;
+    /// keeps the raw output too when `values` ([`DecodedImage::decoded`]).
+    /// Untiled, the image is read back once, as its 8-bit levels.
+    pub fn decode(&mut self, gpu: &Gpu, packed: &[f32], values: bool, progress: &mut dyn FnMut(TileProgress)) -> Result<DecodedImage, RunError> {
         let (lat_h, lat_w) = (self.latent_h, self.latent_w);
         let scale = self.config.scale_factor();
         let features = 4 * self.config.latent_channels;
@@ -190,7 +201,8 @@ impl VaeDecoder {
                 tokens * features
             )));
         }
-        let decoded = match &self.mode {
+        let (height, width) = (lat_h as usize * scale, lat_w as usize * scale);
+        let (decoded, levels) = match &self.mode {
             Mode::Whole { layout, dispatches } => {
                 self.runner.write(gpu, layout.packed, packed);
                 gpu.submit(|enc| {
@@ -198,13 +210,19 @@ impl VaeDecoder {
                     Ok(())
                 })?;
                 progress(TileProgress { done: 1, total: 1 });
-                Decoded::Read(self.runner.read(gpu, layout.decoded, 1, layout.decoded_len())?)
+                let decoded = match values {
+                    true => Some(Decoded::Read(self.runner.read(gpu, layout.decoded, 1, layout.decoded_len())?)),
+                    false => None,
+                };
+                let levels = self.runner.read(gpu, layout.levels, 1, layout.decoded_len())?;
+                // The levels are whole numbers in [0, 255]; the cast only changes the type.
+                (decoded, levels.iter().map(|&v| v as u8).collect())
             }
             Mode::Banded { capacity, activations } => {
                 let full = VaeLayout::new(&self.config, self.latent_h, self.latent_w, &mut BumpArena::new(u64::MAX)).map_err(plan_error)?;
                 let mut held = activations.hold()?;
                 self.decode_banded(gpu, *capacity, &full, packed, held.store(), progress)?;
-                match held {
+                let decoded = match held {
                     // Read back as an untiled decode's values are.
                     HeldActivations::Device(pages) => Decoded::Read(pages.read(gpu, full.decoded, full.decoded_len())?),
                     // Left in the scratch file, its span read once into the arena.
@@ -212,15 +230,13 @@ impl VaeDecoder {
                         host.get(full.decoded, full.decoded_len())?;
                         Decoded::Scratch { host, span: full.decoded, len: full.decoded_len() }
                     }
-                }
+                };
+                let levels = self.pixel_levels(gpu, decoded.values())?;
+                (values.then_some(decoded), levels)
             }
         };
         self.decoded_once = true;
-        let (height, width) = (lat_h as usize * scale, lat_w as usize * scale);
-        let mut image = DecodedImage { width, height, rgb: Vec::new(), decoded };
-        let levels = self.pixel_levels(gpu, image.decoded())?;
-        image.rgb = interleave_rgb(&levels, height * width);
-        Ok(image)
+        Ok(DecodedImage { width, height, rgb: interleave_rgb(&levels, height * width), decoded })
     }
 
     /// The 8-bit levels of decoded values (`round(clamp(x/2 + 1/2, 0, 1)·255)`),

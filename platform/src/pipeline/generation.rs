@@ -286,7 +286,7 @@ impl BatchRun<'_> {
                 Some(vae) => {
                     observer.image(first + n, self.count);
                     let started = Instant::now();
-                    let image = vae.decode(&pipeline.gpu, &latents, &mut |t| observer.progress(Progress::Decode { done: t.done, total: t.total }))?;
+                    let image = vae.decode(&pipeline.gpu, &latents, false, &mut |t| observer.progress(Progress::Decode { done: t.done, total: t.total }))?;
                     self.timings.decode += started.elapsed();
                     match request.init.as_ref().and_then(|i| i.overlay.as_ref()) {
                         Some(o) => {
