@@ -79,16 +79,16 @@ pub(super) fn references(input: &PlanInput<'_>, band: Option<u64>) -> u64 {
     embeddings(input) + reference_token_bytes(input).unwrap_or(0) + reference_pixels(input) + bands
 }
 
-/// The VAE decode's phase. Untiled: the latents, the decoded f32 image read
-/// back, each value's level (read as f32), the planar levels and the
-/// interleaved RGB, 30 bytes a pixel. In bands (`band`: the arena): the
+/// The VAE decode's phase. Untiled: the latents, the levels computed on the
+/// device read back once (as f32), the planar levels and the interleaved
+/// RGB, 18 bytes a pixel. In bands (`band`: the arena): the
 /// decoded values stay in the scratch file; the host copies one band's
 /// operands and result (together at most the arena; later a chunk of
 /// levels, half of it), and holds the planar and RGB bytes.
 pub(super) fn decode(input: &PlanInput<'_>, band: Option<u64>) -> u64 {
     let pixels = input.width.saturating_mul(input.height);
     decode_image(input, match band {
-        None => (4 * 3 + 4 * 3 + 3 + 3) * pixels,
+        None => (4 * 3 + 3 + 3) * pixels,
         Some(arena) => arena + (3 + 3) * pixels,
     })
 }
