@@ -11,6 +11,7 @@ use crate::device::Gpu;
 use crate::kernels::attention::{flash_attention, flash_attention_half, Attention, HalfQkv, Qkv};
 use crate::probe::ProbeError;
 use crate::range_rule::{pack_rows, unpack_rows};
+use crate::selftest::rel_l2;
 use crate::view::{HalfMat, Mat};
 use flux_lite_core::oracle::{self, AttentionShape};
 use flux_lite_core::tolerance::kernels::MATRIX_ATTENTION;
@@ -86,11 +87,10 @@ fn check(got: &[f32], want: &[f64]) -> Result<(), ProbeError> {
     if let Some(i) = got.iter().position(|g| !g.is_finite()) {
         return Err(ProbeError::Wrong(format!("flash attention output {i} is {}", got[i])));
     }
-    let err: f64 = got.iter().zip(want).map(|(g, w)| (*g as f64 - w).powi(2)).sum::<f64>().sqrt();
-    let norm: f64 = want.iter().map(|w| w * w).sum::<f64>().sqrt();
-    match err <= MATRIX_ATTENTION * norm {
+    let err = rel_l2(got, want);
+    match err <= MATRIX_ATTENTION {
         true => Ok(()),
-        false => Err(ProbeError::Wrong(format!("flash attention is {:.2e} from the exact answer (relative L2; the bound is {MATRIX_ATTENTION:.0e})", err / norm))),
+        false => Err(ProbeError::Wrong(format!("flash attention is {err:.2e} from the exact answer (relative L2; the bound is {MATRIX_ATTENTION:.0e})"))),
     }
 }
 

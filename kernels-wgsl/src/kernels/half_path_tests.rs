@@ -11,7 +11,7 @@ use crate::kernels::linear::{linear, linear_from, linear_into_half, linear_swigl
 use crate::kernels::norm::{layer_norm_modulate, layer_norm_modulate_half, rms_norm_rope, rms_norm_rope_half, LaterModulation, Modulation, RowNorm};
 use crate::kernels::rope::RopeTables;
 use crate::testing::*;
-use crate::range_rule::pack_rows;
+use crate::range_rule::{pack_rows, unpack_rows};
 use crate::view::{HalfMat, Mat, Weight};
 use crate::{Gpu, GpuOptions};
 
@@ -83,14 +83,7 @@ fn check_linear_over_half_pieces(gpu: &Gpu, [m, n, k]: [usize; 3], piece: usize,
         scales[i / pieces * scale_stride + i % pieces] = *s;
     }
     // The f32 values the f16 rows stand for.
-    let values: Vec<f32> = words
-        .iter()
-        .enumerate()
-        .flat_map(|(i, w)| {
-            let s = piece_scales[i / (piece / 2)];
-            [half::f16::from_bits(*w as u16).to_f32() * s, half::f16::from_bits((*w >> 16) as u16).to_f32() * s]
-        })
-        .collect();
+    let values = unpack_rows(&words, &piece_scales, piece);
     let wb = if bf16 { gpu.upload_bf16("w", &rng.bf16s(n * k, 0.1)) } else { gpu.upload_f32("w", &rng.normals(n * k, 0.1)) };
     let bb = gpu.upload_bf16("b", &rng.bf16s(n, 1.0));
     let weight = |b| if bf16 { Weight::bf16(b) } else { Weight::f32(b) };
@@ -217,14 +210,7 @@ fn check_rms_norm_rope_half(gpu: &Gpu, f32_gpu: &Gpu, [tokens, heads, d]: [usize
     x[3 * width..4 * width].iter_mut().for_each(|v| *v *= 2e3);
     let pieces = width / piece;
     let (words, piece_scales) = pack_rows(&x, tokens * pieces, piece);
-    let values: Vec<f32> = words
-        .iter()
-        .enumerate()
-        .flat_map(|(i, w)| {
-            let s = piece_scales[i / (piece / 2)];
-            [half::f16::from_bits(*w as u16).to_f32() * s, half::f16::from_bits((*w >> 16) as u16).to_f32() * s]
-        })
-        .collect();
+    let values = unpack_rows(&words, &piece_scales, piece);
     let w = rng.bf16s(d, 1.0);
     let first_row = 3usize;
     let angles: Vec<f64> = (0..(first_row + tokens) * d).map(|i| (i as f64 * 0.41).sin() * 2.5).collect();
@@ -315,11 +301,7 @@ fn check_attention_of_half_pieces(gpu: &Gpu, [len, heads, head_dim]: [usize; 3],
     let mut packed = Vec::new();
     for t in [&mut q, &mut k, &mut v] {
         let (words, scales) = pack_rows(t, len * pieces, piece);
-        for (i, w) in words.iter().enumerate() {
-            let s = scales[i / (piece / 2)];
-            t[2 * i] = half::f16::from_bits(*w as u16).to_f32() * s;
-            t[2 * i + 1] = half::f16::from_bits((*w >> 16) as u16).to_f32() * s;
-        }
+        *t = unpack_rows(&words, &scales, piece);
         packed.push((gpu.upload_u32("words", &words), gpu.upload_f32("scales", &scales)));
     }
     let half_of = |i: usize| HalfMat::pieces(Mat::new(&packed[i].0, (width / 2) as u64), Mat::new(&packed[i].1, pieces as u64), piece as u64);
