@@ -67,13 +67,11 @@ fn v_at(kvh: u32, k0: u32, j: u32, d: u32) -> f32 {
     return 0.0;
 }
 
-
-// The power of two a row of queries, keys or values (dims [first, past) of
-// head h) is staged under, so that its largest magnitude stays below 2¹⁴:
-// in f16 pieces, the largest of its pieces' scales (each piece then shifted
-// by a power of two, exactly); in f32, the range rule's scale of its largest
+// The power of two a query's (`of_keys` false) or a key's row over the whole
+// head is staged under, so that its largest magnitude stays below 2¹⁴: in f16
+// pieces, the largest of its pieces' scales (each piece then shifted by a
+// power of two, exactly); in f32, the range rule's scale of its largest
 // magnitude; 1 past the tensors or for f32 operands.
-// A query's (`of_keys` false) or a key's row scale over the whole head.
 fn qk_row_scale(of_keys: bool, head: u32, index: u32) -> f32 {
     if (!OPERAND_HALF || index >= select(p.q_len, p.kv_len, of_keys)) {
         return 1.0;
@@ -100,8 +98,9 @@ fn qk_row_scale(of_keys: bool, head: u32, index: u32) -> f32 {
     return range_scale(largest);
 }
 
-// Values: over dims [first, past) of the head only (a workgroup's share of them).
-// Past the keys 0: a tile's padding must not raise the scale its values share.
+// The same for a value's row, over dims [first, past) of the head only (a
+// workgroup's share of them); 0 past the keys: a tile's padding must not
+// raise the scale its values share.
 fn v_row_scale(kvh: u32, kj: u32, first: u32, past: u32) -> f32 {
     if (!OPERAND_HALF) {
         return 1.0;
