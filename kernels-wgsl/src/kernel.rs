@@ -18,6 +18,8 @@ pub enum Module {
     AttentionHalfKv,
     /// f32 rows into that layout.
     HalfPack,
+    /// A SwiGLU written as the next product's f16 rows in pieces.
+    SwigluHalf,
     /// CPU adapters' attention with each key and value row read by a
     /// subgroup of `lanes` together and broadcast, over f32 keys and values
     /// or (`half_kv`) the half-K/V layout: `attention_lanes.rs` writes its
@@ -84,7 +86,7 @@ pub enum Module {
 }
 
 impl Module {
-    pub const ALL: [Module; 55] = [
+    pub const ALL: [Module; 56] = [
         Module::Linear,
         Module::RangeScales,
         Module::Norm,
@@ -93,6 +95,7 @@ impl Module {
         Module::Attention,
         Module::AttentionHalfKv,
         Module::HalfPack,
+        Module::SwigluHalf,
         Module::AttentionLanes { lanes: 4, half_kv: false, head_vec4: 32 },
         Module::AttentionLanes { lanes: 8, half_kv: false, head_vec4: 32 },
         Module::AttentionLanes { lanes: 16, half_kv: false, head_vec4: 32 },
@@ -152,6 +155,7 @@ impl Module {
             Module::Attention => "attention",
             Module::AttentionHalfKv => "attention (f16 keys and values)",
             Module::HalfPack => "half_pack",
+            Module::SwigluHalf => "half_pack (SwiGLU, f16)",
             Module::AttentionLanes { half_kv: false, .. } => "attention_lanes",
             Module::AttentionLanes { half_kv: true, .. } => "attention_lanes (f16 keys and values)",
             Module::LinearLanes { .. } => "linear_lanes",
@@ -193,7 +197,7 @@ impl Module {
     /// cooperative matrices for the matrix tier.
     pub fn features(self) -> wgpu::Features {
         let features = match self {
-            Module::LinearHalf | Module::ConvHalf | Module::ConvHalfWide | Module::NormHalf => wgpu::Features::SHADER_F16,
+            Module::LinearHalf | Module::ConvHalf | Module::ConvHalfWide | Module::NormHalf | Module::SwigluHalf => wgpu::Features::SHADER_F16,
             Module::LinearMatrix8F32 | Module::LinearMatrix8F32Vec4 | Module::ConvMatrix8F32 | Module::ConvMatrix8F32Narrow | Module::AttentionMatrix8F32 | Module::BenchMatrix8F32 => {
                 wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX
             }
@@ -384,6 +388,7 @@ impl Module {
             Module::Attention => with_common!("attention_io.wgsl", "attention_kv_f32.wgsl", "attention.wgsl", "attention_cpu.wgsl"),
             Module::AttentionHalfKv => with_common!("attention_io.wgsl", "attention_kv_half.wgsl", "attention.wgsl", "attention_cpu.wgsl"),
             Module::HalfPack => with_common!("range_rule.wgsl", "half_pack.wgsl"),
+            Module::SwigluHalf => concat!("enable f16;\n", with_common!("range_rule.wgsl", "half_pack.wgsl", "swiglu_half.wgsl")),
             Module::Elementwise => with_common!("elementwise.wgsl"),
             Module::Conv => with_gemm!(f32, "product_io.wgsl", "conv_io.wgsl", "conv.wgsl"),
             Module::ConvWide => with_gemm!(f32, wide, "product_io.wgsl", "conv_io.wgsl", "conv.wgsl"),

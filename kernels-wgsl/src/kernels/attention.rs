@@ -5,7 +5,7 @@
 
 use crate::kernel::{kernel, Access::{Read as R, ReadWrite as RW}, Kernel, Module};
 use crate::device::{AttentionChoice, Gpu};
-use crate::dispatch::{dispatch, grid64, placeholder_window, row_chunks, to_u32, window, Launch, Rows, Sink};
+use crate::dispatch::{dispatch, grid64, placeholder_window, row_chunks, to_u32, window, Launch, Rows, Sink, Window};
 use crate::error::GpuError;
 use crate::precision::{MatrixConfig, MatrixOperands};
 use crate::view::{HalfMat, HeadRows, Mat};
@@ -186,11 +186,17 @@ pub struct HalfPackParams {
     pub dst_stride: u32,
     pub scale_offset: u32,
     pub scale_stride: u32,
-    pub _pad: [u32; 3],
+    /// `swiglu_half.wgsl`'s: the up rows (the gate rows are the source's).
+    pub up_offset: u32,
+    pub up_stride: u32,
+    pub _pad: u32,
 }
 
 /// f32 rows into the half-K/V layout, one invocation a (token, head) row.
 pub const HALF_PACK: Kernel = kernel(Module::HalfPack, "half_pack", [64, 1, 1], &[(1, RW), (2, RW), (3, RW)], size_of::<HalfPackParams>(), false);
+/// A SwiGLU (gate rows at binding 1, up rows at 4) packed the same way.
+pub const SWIGLU_HALF_PACK: Kernel =
+    kernel(Module::SwigluHalf, "swiglu_half_pack", [64, 1, 1], &[(1, RW), (2, RW), (3, RW), (4, RW)], size_of::<HalfPackParams>(), false);
 
 /// Queries per CPU-adapter workgroup and the widest head it takes (4·`CPU_MAX_VEC4`).
 const ATTENTION_CPU_QUERIES_PER_GROUP: u64 = 256;
@@ -311,14 +317,14 @@ pub fn attention(
     attention_with(gpu, sink, kernel, qkv, Inputs::F32, None, key_keep, Out::F32(o), lse, s)
 }
 
-/// [`attention`] (no mask, no log-sum-exp) writing `o` as the next
-/// product's operand: f16 rows in pieces ([`HalfMat::pieces`]), each piece
-/// of a query's row divided by its range scale (the range rule's rounding of
+/// [`attention`] (no log-sum-exp) writing `o` as the next product's
+/// operand: f16 rows in pieces ([`HalfMat::pieces`]), each piece of a
+/// query's row divided by its range scale (the range rule's rounding of
 /// [`attention`]'s f32 output, not written). On the matrix tier's attention
 /// with f16 operands, its pieces within a head.
-pub fn attention_into_half(gpu: &Gpu, sink: &mut dyn Sink, qkv: Qkv<'_>, o: HalfMat<'_>, s: Attention) -> Result<(), GpuError> {
+pub fn attention_into_half(gpu: &Gpu, sink: &mut dyn Sink, qkv: Qkv<'_>, key_keep: Option<&wgpu::Buffer>, o: HalfMat<'_>, s: Attention) -> Result<(), GpuError> {
     let (c, o) = half_output(gpu, o, &s)?;
-    attention_with(gpu, sink, matrix_kernel(gpu, c, s.head_dim, o.piece), qkv, Inputs::F32, None, None, Out::Half(o), None, s)
+    attention_with(gpu, sink, matrix_kernel(gpu, c, s.head_dim, o.piece), qkv, Inputs::F32, None, key_keep, Out::Half(o), None, s)
 }
 
 /// [`attention`] on the flash kernel whatever the device's check found:
@@ -345,7 +351,7 @@ pub(crate) fn flash_attention_half(gpu: &Gpu, sink: &mut dyn Sink, qkv: HalfQkv<
 fn half_output<'a>(gpu: &Gpu, o: HalfMat<'a>, s: &Attention) -> Result<(MatrixConfig, HalfMat<'a>), GpuError> {
     let matrix = gpu.matrix().filter(|c| c.operands == MatrixOperands::F16 && s.head_dim <= ATTENTION_MATRIX_MAX_HEAD_DIM);
     let piece = o.piece.unwrap_or(0);
-    match (matrix, piece > 0 && piece.is_multiple_of(2) && s.head_dim.is_multiple_of(piece) && !s.causal) {
+    match (matrix, piece > 0 && piece.is_multiple_of(2) && s.head_dim.is_multiple_of(piece)) {
         (Some(c), true) => Ok((c, o)),
         _ => Err(GpuError::UnsupportedShape(format!("attention into f16 pieces of {piece} needs the matrix tier's f16 operands and heads of whole pieces (head dim {})", s.head_dim))),
     }
@@ -371,7 +377,7 @@ pub struct HalfQkv<'a> {
 /// [`attention_into_half`] over f16 queries, keys and values in pieces:
 /// each value widened and scaled back where the kernel reads it, the same
 /// sums as over the f32 values they stand for.
-pub fn attention_half_into_half(gpu: &Gpu, sink: &mut dyn Sink, qkv: HalfQkv<'_>, o: HalfMat<'_>, s: Attention) -> Result<(), GpuError> {
+pub fn attention_half_into_half(gpu: &Gpu, sink: &mut dyn Sink, qkv: HalfQkv<'_>, key_keep: Option<&wgpu::Buffer>, o: HalfMat<'_>, s: Attention) -> Result<(), GpuError> {
     let pieces = [qkv.q.piece, qkv.k.piece, qkv.v.piece];
     let piece = qkv.q.piece.unwrap_or(0);
     if pieces.iter().any(|p| *p != Some(piece)) || piece == 0 || !s.head_dim.is_multiple_of(piece) {
@@ -379,7 +385,7 @@ pub fn attention_half_into_half(gpu: &Gpu, sink: &mut dyn Sink, qkv: HalfQkv<'_>
     }
     let (c, o) = half_output(gpu, o, &s)?;
     let inputs = Qkv { q: qkv.q.data, k: qkv.k.data, v: qkv.v.data };
-    attention_with(gpu, sink, matrix_kernel(gpu, c, s.head_dim, o.piece), inputs, Inputs::Half(qkv), None, None, Out::Half(o), None, s)
+    attention_with(gpu, sink, matrix_kernel(gpu, c, s.head_dim, o.piece), inputs, Inputs::Half(qkv), None, key_keep, Out::Half(o), None, s)
 }
 
 /// Where attention writes: f32 rows, or f16 rows in pieces.
@@ -406,6 +412,19 @@ pub fn attention_half_kv(gpu: &Gpu, sink: &mut dyn Sink, qkv: Qkv<'_>, scales: H
 /// `[rows, heads]` (a row's `scales.stride` ≥ `heads` apart: also a
 /// product's operand in pieces of `head_dim`, [`HalfMat::pieces`]).
 pub fn half_pack(gpu: &Gpu, sink: &mut dyn Sink, src: Mat<'_>, dst: Mat<'_>, scales: Mat<'_>, shape: HeadRows) -> Result<(), GpuError> {
+    pack_rows(gpu, sink, src, None, dst, scales, shape)
+}
+
+/// `silu(gate)·up` (as [`crate::kernels::Elementwise::SwiGlu`] computes it)
+/// written as the next product's f16 operand in pieces: `dst` `[tokens,
+/// pieces·piece/2]` words, each piece of a row rounded under its range
+/// scale, the scales into `scales` `[tokens, pieces]`, one pass.
+pub fn swiglu_half_pack(gpu: &Gpu, sink: &mut dyn Sink, gate: Mat<'_>, up: Mat<'_>, dst: Mat<'_>, scales: Mat<'_>, shape: HeadRows) -> Result<(), GpuError> {
+    pack_rows(gpu, sink, gate, Some(up), dst, scales, shape)
+}
+
+/// [`half_pack`] of `src`, or with `up` of [`swiglu_half_pack`]'s SwiGLU of `src` and `up`.
+fn pack_rows(gpu: &Gpu, sink: &mut dyn Sink, src: Mat<'_>, up: Option<Mat<'_>>, dst: Mat<'_>, scales: Mat<'_>, shape: HeadRows) -> Result<(), GpuError> {
     let HeadRows { tokens: rows, heads, head_dim } = shape;
     if !head_dim.is_multiple_of(2) || scales.stride < heads {
         return Err(GpuError::UnsupportedShape(format!("half-precision rows of {heads} heads of {head_dim} (even) with scales {} a row", scales.stride)));
@@ -414,11 +433,16 @@ pub fn half_pack(gpu: &Gpu, sink: &mut dyn Sink, src: Mat<'_>, dst: Mat<'_>, sca
         return Ok(());
     }
     let src_rows = Rows::mat(src, heads * head_dim, "half pack input");
+    let up_rows = up.map(|u| Rows::mat(u, heads * head_dim, "half pack up rows"));
     let dst_rows = Rows::mat(dst, heads * head_dim / 2, "half pack output");
     let scale_rows = Rows::mat(scales, heads, "half pack scales");
-    let operands = [src_rows, dst_rows, scale_rows];
+    let operands: Vec<Rows<'_>> = [src_rows, dst_rows, scale_rows].into_iter().chain(up_rows).collect();
     for chunk in row_chunks(gpu, rows, &operands, 1)? {
         let (sw, dw, cw) = (src_rows.window(gpu, &chunk)?, dst_rows.window(gpu, &chunk)?, scale_rows.window(gpu, &chunk)?);
+        let uw = match up_rows {
+            Some(r) => Some(r.window(gpu, &chunk)?),
+            None => None,
+        };
         let n = chunk.end - chunk.start;
         let params = HalfPackParams {
             rows: to_u32(n, "half pack rows")?,
@@ -430,10 +454,14 @@ pub fn half_pack(gpu: &Gpu, sink: &mut dyn Sink, src: Mat<'_>, dst: Mat<'_>, sca
             dst_stride: to_u32(dst.stride, "half pack output stride")?,
             scale_offset: cw.local,
             scale_stride: to_u32(scales.stride, "half pack scales' stride")?,
-            _pad: [0; 3],
+            up_offset: uw.as_ref().map_or(0, |w| w.local),
+            up_stride: to_u32(up.map_or(0, |u| u.stride), "half pack up stride")?,
+            _pad: 0,
         };
-        let launch = Launch { kernel: &HALF_PACK, constants: &[], params, grid: grid64(n * heads) };
-        dispatch(gpu, sink, launch, &[(1, &sw), (2, &dw), (3, &cw)]);
+        let kernel = if up.is_some() { &SWIGLU_HALF_PACK } else { &HALF_PACK };
+        let launch = Launch { kernel, constants: &[], params, grid: grid64(n * heads) };
+        let bindings: Vec<(u32, &Window<'_>)> = [(1, &sw), (2, &dw), (3, &cw)].into_iter().chain(uw.as_ref().map(|w| (4, w))).collect();
+        dispatch(gpu, sink, launch, &bindings);
     }
     Ok(())
 }

@@ -11,7 +11,8 @@ struct Params {
     src_offset: u32, src_stride: u32,
     dst_offset: u32, dst_stride: u32,
     scale_offset: u32, scale_stride: u32,
-    _pad0: u32, _pad1: u32, _pad2: u32,
+    // swiglu_half_pack's: the up rows (the gate rows are `src`'s).
+    up_offset: u32, up_stride: u32, _pad: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;

@@ -8,8 +8,11 @@
 use crate::kernels::linear::tests::with_element_fetch;
 use crate::kernels::attention::{attention, attention_half_into_half, attention_into_half, Attention, HalfQkv, Qkv};
 use crate::kernels::linear::{linear, linear_from, linear_into_half, linear_swiglu, linear_swiglu_half, product_writes_pieces, swiglu_writes_pieces, Gemm, Input};
-use crate::kernels::norm::{layer_norm_modulate, layer_norm_modulate_half, rms_norm_rope, rms_norm_rope_half, LaterModulation, Modulation, RowNorm};
-use crate::kernels::rope::RopeTables;
+use crate::kernels::attention::swiglu_half_pack;
+use crate::kernels::elementwise::{elementwise, Elementwise};
+use crate::kernels::norm::{layer_norm_modulate, layer_norm_modulate_half, rms_norm, rms_norm_half, rms_norm_inplace, rms_norm_rope, rms_norm_rope_half, LaterModulation, Modulation, RowNorm};
+use crate::kernels::rope::{rope, RopeStyle, RopeTables};
+use crate::view::HeadRows;
 use crate::testing::*;
 use crate::range_rule::{pack_rows, unpack_rows};
 use crate::view::{HalfMat, Mat, Weight};
@@ -54,6 +57,67 @@ fn layer_norm_modulate_half_writes_the_f32_values_as_the_range_rule_rounds_them(
     // The module needs shader f16, which the f16 tier's device has.
     let Some(gpu) = half_gpu() else { return };
     each_kernel_shape(&gpu, GpuOptions { precision: crate::Precision::F16, ..options() }, check_layer_norm_half);
+}
+
+/// The f32 RMSNorm and the f16-output one over the same rows of `gpu`
+/// (either kernel shape): the second's words and scales are the first's
+/// values packed by the range rule.
+fn check_rms_norm_half(gpu: &Gpu) {
+    let (tokens, d) = (29usize, 136usize);
+    let mut rng = Rng::new(8);
+    let mut x = rng.normals(tokens * d, 1.0);
+    x[2 * d..3 * d].iter_mut().for_each(|v| *v *= 5e5);
+    let mut w = rng.bf16s(d, 1.0);
+    // Weights that carry the normalised values past f16's range and below its normals.
+    w[..4].iter_mut().for_each(|v| *v = half::bf16::from_f32(9e5).to_bits());
+    w[4..8].iter_mut().for_each(|v| *v = half::bf16::from_f32(1e-9).to_bits());
+    let (xb, wb) = (gpu.upload_f32("x", &x), gpu.upload_bf16("w", &w));
+    let shape = RowNorm { tokens: tokens as u64, heads: 1, d: d as u64, eps: 1e-6 };
+    let yb = poisoned(gpu, tokens * d);
+    let y = run_and_read(gpu, &yb, tokens * d, |enc| rms_norm(gpu, enc, Mat::new(&xb, d as u64), Weight::bf16(&wb), Mat::new(&yb, d as u64), shape));
+    let (at, stride) = (3u64, (d / 2 + 1) as u64);
+    let len = at as usize + tokens * stride as usize + tokens;
+    let out = poisoned(gpu, len);
+    let (words_at, scales_at) = (at, at + tokens as u64 * stride);
+    let dst = HalfMat::rows(Mat { buf: &out, offset: words_at, stride }, Mat { buf: &out, offset: scales_at, stride: 1 });
+    let all = run_and_read(gpu, &out, len, |enc| rms_norm_half(gpu, enc, Mat::new(&xb, d as u64), Weight::bf16(&wb), dst, shape));
+    let (want_words, want_scales) = pack_rows(&y, tokens, d);
+    for row in 0..tokens {
+        let first = (words_at + row as u64 * stride) as usize;
+        let got: Vec<u32> = all[first..first + d / 2].iter().map(|v| v.to_bits()).collect();
+        assert_eq!(got, want_words[row * d / 2..(row + 1) * d / 2], "row {row}'s f16 values");
+        assert_eq!(all[scales_at as usize + row], want_scales[row], "row {row}'s scale");
+    }
+}
+
+#[test]
+fn rms_norm_half_writes_the_f32_values_as_the_range_rule_rounds_them() {
+    let Some(gpu) = half_gpu() else { return };
+    each_kernel_shape(&gpu, GpuOptions { precision: crate::Precision::F16, ..options() }, check_rms_norm_half);
+}
+
+/// The SwiGLU of f32 gate and up rows written as f16 pieces in one pass:
+/// the element-wise SwiGLU's values, each piece rounded by the range rule.
+fn check_swiglu_half_pack(gpu: &Gpu, [m, n]: [usize; 2], piece: usize) {
+    let mut rng = Rng::new((m * 3 + n) as u64);
+    // Gate and up side by side in one row, as a feed-forward's products write them.
+    let mut gate_up = rng.normals(m * 2 * n, 2.0);
+    gate_up[2 * n..3 * n].iter_mut().for_each(|v| *v *= 4e3);
+    gate_up[5 * n..5 * n + piece].iter_mut().for_each(|v| *v *= 1e-5);
+    let xb = gpu.upload_f32("gate and up", &gate_up);
+    let (gate, up) = (Mat::new(&xb, 2 * n as u64), Mat { buf: &xb, offset: n as u64, stride: 2 * n as u64 });
+    let yb = poisoned(gpu, m * n);
+    let y = run_and_read(gpu, &yb, m * n, |enc| elementwise(gpu, enc, Elementwise::SwiGlu, gate, Some(up), Mat::new(&yb, n as u64), [m as u64, n as u64]));
+    let shape = HeadRows { tokens: m as u64, heads: (n / piece) as u64, head_dim: piece as u64 };
+    check_written_in_pieces(gpu, &y, [m, n], piece, |enc, dst| swiglu_half_pack(gpu, enc, gate, up, dst.data, dst.scales, shape));
+}
+
+#[test]
+fn swiglu_half_pack_writes_the_element_wise_swiglu_as_the_range_rule_rounds_each_piece() {
+    let Some(gpu) = half_gpu() else { return };
+    check_swiglu_half_pack(&gpu, [13, 192], 64);
+    check_swiglu_half_pack(&gpu, [70, 80], 40);
+    check_swiglu_half_pack(&gpu, [8, 64], 16);
 }
 
 /// `y = x·Wᵀ (+ b)` over f16 rows and over the f32 values they stand for,
@@ -203,7 +267,7 @@ fn linear_into_half_pieces_writes_the_f32_values_as_the_range_rule_rounds_each_p
 /// one (GPU-shaped, whose sums it shares) over the values those rows stand
 /// for: the f32 result as the range rule rounds each piece. Rows in a
 /// column window of wider words, scales a token 1 apart more than its pieces.
-fn check_rms_norm_rope_half(gpu: &Gpu, f32_gpu: &Gpu, [tokens, heads, d]: [usize; 3], piece: usize) {
+fn check_rms_norm_rope_half(gpu: &Gpu, f32_gpu: &Gpu, [tokens, heads, d]: [usize; 3], piece: usize, style: RopeStyle) {
     let width = heads * d;
     let mut rng = Rng::new((tokens * 7 + heads + d + piece) as u64);
     let mut x = rng.normals(tokens * width, 1.5);
@@ -223,7 +287,15 @@ fn check_rms_norm_rope_half(gpu: &Gpu, f32_gpu: &Gpu, [tokens, heads, d]: [usize
         let (wb, cb, sb) = (g.upload_bf16("w", &w), g.upload_f32("cos", &cos), g.upload_f32("sin", &sin));
         let tables = RopeTables { cos: &cb, sin: &sb, first_row: first_row as u64 };
         let xb = g.upload_f32("x", &values);
-        run_and_read(g, &xb, tokens * width, |enc| rms_norm_rope(g, enc, Mat::new(&xb, width as u64), Weight::bf16(&wb), tables, shape))
+        let rows = Mat::new(&xb, width as u64);
+        run_and_read(g, &xb, tokens * width, |enc| match style {
+            RopeStyle::Interleaved => rms_norm_rope(g, enc, rows, Weight::bf16(&wb), tables, shape),
+            // Qwen3's: the per-head norm, then the rotate-half RoPE.
+            RopeStyle::RotateHalf => {
+                rms_norm_inplace(g, enc, rows, Weight::bf16(&wb), shape)?;
+                rope(g, enc, style, rows, tables, HeadRows { tokens: tokens as u64, heads: heads as u64, head_dim: d as u64 })
+            }
+        })
     };
     let (wb, cb, sb) = (gpu.upload_bf16("w", &w), gpu.upload_f32("cos", &cos), gpu.upload_f32("sin", &sin));
     let tables = RopeTables { cos: &cb, sin: &sb, first_row: first_row as u64 };
@@ -238,7 +310,7 @@ fn check_rms_norm_rope_half(gpu: &Gpu, f32_gpu: &Gpu, [tokens, heads, d]: [usize
     }
     let out = gpu.upload_u32("rows", &buffer);
     let data = HalfMat::pieces(Mat { buf: &out, offset: from as u64, stride: word_stride as u64 }, Mat { buf: &out, offset: scales_at as u64, stride: scales_stride as u64 }, piece as u64);
-    let all = run_and_read(gpu, &out, buffer.len(), |enc| rms_norm_rope_half(gpu, enc, data, Weight::bf16(&wb), tables, shape));
+    let all = run_and_read(gpu, &out, buffer.len(), |enc| rms_norm_rope_half(gpu, enc, data, Weight::bf16(&wb), tables, style, shape));
     let (want_words, want_scales) = pack_rows(&want, tokens * pieces, piece);
     for t in 0..tokens {
         let got: Vec<u32> = all[t * word_stride + from..t * word_stride + from + width / 2].iter().map(|v| v.to_bits()).collect();
@@ -255,9 +327,19 @@ fn rms_norm_rope_on_half_pieces_equals_it_on_their_f32_values_rounded_by_the_ran
     let Some(gpu) = matrix_gpu() else { return };
     let f32_gpu = Gpu::new(&GpuOptions { gpu_shaped_kernels: true, ..options() }).unwrap_or_else(|e| panic!("{e}"));
     // klein's heads in two pieces; a head one piece; heads in four pieces.
-    check_rms_norm_rope_half(&gpu, &f32_gpu, [37, 3, 128], 64);
-    check_rms_norm_rope_half(&gpu, &f32_gpu, [20, 2, 64], 64);
-    check_rms_norm_rope_half(&gpu, &f32_gpu, [9, 4, 64], 16);
+    check_rms_norm_rope_half(&gpu, &f32_gpu, [37, 3, 128], 64, RopeStyle::Interleaved);
+    check_rms_norm_rope_half(&gpu, &f32_gpu, [20, 2, 64], 64, RopeStyle::Interleaved);
+    check_rms_norm_rope_half(&gpu, &f32_gpu, [9, 4, 64], 16, RopeStyle::Interleaved);
+}
+
+#[test]
+fn rotate_half_rms_norm_rope_on_half_pieces_equals_the_norm_then_rope_on_their_f32_values_rounded_by_the_range_rule() {
+    let Some(gpu) = matrix_gpu() else { return };
+    let f32_gpu = Gpu::new(&GpuOptions { gpu_shaped_kernels: true, ..options() }).unwrap_or_else(|e| panic!("{e}"));
+    // Qwen3-4B's heads in two pieces (a pair's values in different pieces); in four; one piece.
+    check_rms_norm_rope_half(&gpu, &f32_gpu, [37, 3, 128], 64, RopeStyle::RotateHalf);
+    check_rms_norm_rope_half(&gpu, &f32_gpu, [9, 4, 64], 16, RopeStyle::RotateHalf);
+    check_rms_norm_rope_half(&gpu, &f32_gpu, [11, 2, 32], 32, RopeStyle::RotateHalf);
 }
 
 #[test]
@@ -284,32 +366,64 @@ fn check_attention_into_half_pieces(gpu: &Gpu, [len, heads, head_dim]: [usize; 3
     check_attention_of_half_pieces(gpu, [len, heads, head_dim], piece, false);
 }
 
+/// How an attention of f16 pieces is asked: query heads to a key head, and
+/// whether it is causal over keys whose last `padding` are masked (a
+/// right-padded prompt's, as the text encoder attends).
+#[derive(Clone, Copy)]
+struct Masking {
+    group: usize,
+    causal: bool,
+    padding: usize,
+}
+
+const UNMASKED: Masking = Masking { group: 1, causal: false, padding: 0 };
+
 /// [`check_attention_into_half_pieces`], and with `half_inputs` over
 /// queries, keys and values as f16 rows in pieces too (the f32 attention
 /// then over the values they stand for).
-fn check_attention_of_half_pieces(gpu: &Gpu, [len, heads, head_dim]: [usize; 3], piece: usize, half_inputs: bool) {
+fn check_attention_of_half_pieces(gpu: &Gpu, shape: [usize; 3], piece: usize, half_inputs: bool) {
+    check_masked_attention_of_half_pieces(gpu, shape, piece, half_inputs, UNMASKED);
+}
+
+/// [`check_attention_of_half_pieces`] with grouped heads, causal and a key mask.
+fn check_masked_attention_of_half_pieces(gpu: &Gpu, [len, heads, head_dim]: [usize; 3], piece: usize, half_inputs: bool, masking: Masking) {
     let width = heads * head_dim;
+    let kv_heads = heads / masking.group;
+    let kv_width = kv_heads * head_dim;
     let mut rng = Rng::new((len * 3 + heads * 11 + head_dim) as u64);
-    let (mut q, mut k) = (rng.normals(len * width, 1.0), rng.normals(len * width, 1.0));
-    let mut v = rng.normals(len * width, 1.0);
+    let (mut q, mut k) = (rng.normals(len * width, 1.0), rng.normals(len * kv_width, 1.0));
+    let mut v = rng.normals(len * kv_width, 1.0);
     // A head's values far larger in its first dims: pieces of one row far apart in range.
-    for row in v.chunks_mut(width) {
+    for row in v.chunks_mut(kv_width) {
         row[..head_dim / 2].iter_mut().for_each(|x| *x *= 4e3);
     }
     // Each as f16 pieces: their words and scales, and the values they stand for.
-    let pieces = width / piece;
     let mut packed = Vec::new();
-    for t in [&mut q, &mut k, &mut v] {
-        let (words, scales) = pack_rows(t, len * pieces, piece);
+    for (t, w) in [(&mut q, width), (&mut k, kv_width), (&mut v, kv_width)] {
+        let (words, scales) = pack_rows(t, len * w / piece, piece);
         *t = unpack_rows(&words, &scales, piece);
-        packed.push((gpu.upload_u32("words", &words), gpu.upload_f32("scales", &scales)));
+        packed.push((gpu.upload_u32("words", &words), gpu.upload_f32("scales", &scales), w));
     }
-    let half_of = |i: usize| HalfMat::pieces(Mat::new(&packed[i].0, (width / 2) as u64), Mat::new(&packed[i].1, pieces as u64), piece as u64);
+    let half_of = |i: usize| {
+        let w = packed[i].2;
+        HalfMat::pieces(Mat::new(&packed[i].0, (w / 2) as u64), Mat::new(&packed[i].1, (w / piece) as u64), piece as u64)
+    };
     let (qb, kb, vb) = (gpu.upload_f32("q", &q), gpu.upload_f32("k", &k), gpu.upload_f32("v", &v));
-    let qkv = Qkv { q: Mat::new(&qb, width as u64), k: Mat::new(&kb, width as u64), v: Mat::new(&vb, width as u64) };
-    let s = Attention { q_len: len as u64, kv_len: len as u64, q_heads: heads as u64, kv_heads: heads as u64, head_dim: head_dim as u64, scale: (1.0 / (head_dim as f64).sqrt()) as f32, causal: false };
+    let qkv = Qkv { q: Mat::new(&qb, width as u64), k: Mat::new(&kb, kv_width as u64), v: Mat::new(&vb, kv_width as u64) };
+    let keep: Vec<u32> = (0..len).map(|j| u32::from(j + masking.padding < len)).collect();
+    let mask = gpu.upload_u32("key mask", &keep);
+    let key_keep = (masking.padding > 0).then_some(&*mask);
+    let s = Attention {
+        q_len: len as u64,
+        kv_len: len as u64,
+        q_heads: heads as u64,
+        kv_heads: kv_heads as u64,
+        head_dim: head_dim as u64,
+        scale: (1.0 / (head_dim as f64).sqrt()) as f32,
+        causal: masking.causal,
+    };
     let ob = poisoned(gpu, len * width);
-    let o = run_and_read(gpu, &ob, len * width, |enc| attention(gpu, enc, qkv, None, Mat::new(&ob, width as u64), None, s));
+    let o = run_and_read(gpu, &ob, len * width, |enc| attention(gpu, enc, qkv, key_keep, Mat::new(&ob, width as u64), None, s));
     let pieces = width / piece;
     let (words_at, word_stride, scales_stride) = (4usize, width / 2 + 2, pieces + 1);
     let scales_at = words_at + len * word_stride;
@@ -317,8 +431,8 @@ fn check_attention_of_half_pieces(gpu: &Gpu, [len, heads, head_dim]: [usize; 3],
     let out = poisoned(gpu, total);
     let dst = HalfMat::pieces(Mat { buf: &out, offset: words_at as u64, stride: word_stride as u64 }, Mat { buf: &out, offset: scales_at as u64, stride: scales_stride as u64 }, piece as u64);
     let all = run_and_read(gpu, &out, total, |enc| match half_inputs {
-        true => attention_half_into_half(gpu, enc, HalfQkv { q: half_of(0), k: half_of(1), v: half_of(2) }, dst, s),
-        false => attention_into_half(gpu, enc, qkv, dst, s),
+        true => attention_half_into_half(gpu, enc, HalfQkv { q: half_of(0), k: half_of(1), v: half_of(2) }, key_keep, dst, s),
+        false => attention_into_half(gpu, enc, qkv, key_keep, dst, s),
     });
     let (want_words, want_scales) = pack_rows(&o, len * pieces, piece);
     for row in 0..len {
@@ -343,6 +457,16 @@ fn attention_over_half_pieces_equals_it_over_their_f32_values() {
     let Some(gpu) = matrix_gpu() else { return };
     check_attention_of_half_pieces(&gpu, [37, 2, 128], 64, true);
     check_attention_of_half_pieces(&gpu, [20, 3, 64], 32, true);
+}
+
+#[test]
+fn causal_grouped_masked_attention_of_half_pieces_equals_it_over_their_f32_values() {
+    let Some(gpu) = matrix_gpu() else { return };
+    // Qwen3's attention: four query heads a key head, causal, a right-padded prompt's keys masked.
+    let qwen = Masking { group: 4, causal: true, padding: 9 };
+    check_masked_attention_of_half_pieces(&gpu, [45, 8, 128], 64, true, qwen);
+    check_masked_attention_of_half_pieces(&gpu, [45, 8, 128], 64, false, qwen);
+    check_masked_attention_of_half_pieces(&gpu, [21, 4, 32], 32, true, Masking { group: 2, ..qwen });
 }
 
 #[test]

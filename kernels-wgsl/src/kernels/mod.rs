@@ -24,14 +24,14 @@ mod epilogue_tests;
 mod half_path_tests;
 
 // Each family's launchers and shapes, callable as `kernels::linear(..)`.
-pub use attention::{attention, attention_half_into_half, attention_half_kv, attention_into_half, half_pack, HalfQkv, Attention, HalfKvScales, Qkv, ATTENTION_MATRIX_MAX_HEAD_DIM, ATTENTION_MAX_HEAD_DIM, ATTENTION_QUERIES_PER_GROUP};
+pub use attention::{attention, attention_half_into_half, attention_half_kv, attention_into_half, half_pack, swiglu_half_pack, HalfQkv, Attention, HalfKvScales, Qkv, ATTENTION_MATRIX_MAX_HEAD_DIM, ATTENTION_MAX_HEAD_DIM, ATTENTION_QUERIES_PER_GROUP};
 pub use bench::{copy_peak, fma_peak, matrix_peak, FMA_PEAK_FMAS_PER_ITERATION, MATRIX_PEAK_CHAINS};
 pub use conv::{conv2d, conv2d_then, upsample_nearest2x, ConvEpilogue};
 pub use df11::{df11_clear, df11_decode, df11_decode_blocks, Df11Arrays, DF11_BLOCK_BYTES};
 pub use elementwise::{elementwise, transpose, Elementwise};
 pub use ggml::ggml_expand;
 pub use linear::{linear, linear_add, linear_from, linear_gated, linear_swiglu, linear_swiglu_half, linear_into_half, swiglu_fits, swiglu_writes_pieces, product_writes_pieces, measure_weight_rows, Gemm, Input, GEMM_TILE};
-pub use norm::{group_norm, group_norm_apply, group_stats, layer_norm_modulate, layer_norm_modulate_half, rms_norm_rope, rms_norm_rope_half, rms_norm, rms_norm_inplace, GroupAffine, Groups, LaterModulation, Modulation, RowNorm};
+pub use norm::{group_norm, group_norm_apply, group_stats, layer_norm_modulate, layer_norm_modulate_half, rms_norm_rope, rms_norm_rope_half, rms_norm, rms_norm_half, rms_norm_inplace, GroupAffine, Groups, LaterModulation, Modulation, RowNorm};
 pub use rope::{rope, RopeStyle, RopeTables};
 pub use crate::view::HeadRows;
 pub use vae::{denorm_unpatchify, latent_preview, pixel_levels, LatentStats};

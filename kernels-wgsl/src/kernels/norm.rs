@@ -7,7 +7,7 @@ use crate::device::Gpu;
 use crate::dispatch::{dispatch, row_chunks, to_u32, window, Launch, Rows, Sink, Window};
 use crate::error::GpuError;
 use crate::view::{HalfMat, Mat, Weight};
-use crate::kernels::rope::RopeTables;
+use crate::kernels::rope::{RopeStyle, RopeTables};
 use bytemuck::{Pod, Zeroable};
 
 /// `norm.wgsl` — every normalisation. Rows are (token, head) pairs for
@@ -77,12 +77,29 @@ pub const RMS_NORM_ROPE_LANES: Kernel = Kernel { entry: "rms_norm_rope_lanes", w
 pub const RMS_NORM_ROPE_HALF: Kernel =
     kernel(Module::NormHalf, "rms_norm_rope_half", [128, 1, 1], &[(3, R), (6, RW), (7, RW), (8, R), (9, R)], size_of::<NormParams>(), true);
 
+/// The matrix tier's RMSNorm writing f16 rows under their range scales
+/// (`norm_half.wgsl`) at bindings 6 and 7, and the same for CPU adapters.
+pub const RMS_NORM_HALF: Kernel =
+    kernel(Module::NormHalf, "rms_norm_half", [128, 1, 1], &[(1, RW), (3, R), (6, RW), (7, RW)], size_of::<NormParams>(), true);
+pub const RMS_NORM_HALF_LANES: Kernel = Kernel { entry: "rms_norm_half_lanes", workgroup_size: [64, 1, 1], ..RMS_NORM_HALF };
+
 /// The matrix tier's LayerNorm + modulation writing f16 rows under their
 /// range scales (`norm_half.wgsl`) at bindings 6 and 7, and the same for CPU adapters.
 pub const LAYER_NORM_MODULATE_HALF: Kernel =
     kernel(Module::NormHalf, "layer_norm_modulate_half", [128, 1, 1], &[(1, RW), (5, RW), (6, RW), (7, RW)], size_of::<NormParams>(), false);
 pub const LAYER_NORM_MODULATE_HALF_LANES: Kernel =
     Kernel { entry: "layer_norm_modulate_half_lanes", workgroup_size: [64, 1, 1], ..LAYER_NORM_MODULATE_HALF };
+
+/// [`rms_norm`] writing f16 rows under their range scales into `dst`
+/// ([`HalfMat`], one scale a row): the input of a product on the matrix
+/// tier, as the product would round [`rms_norm`]'s output. Whole rows
+/// (`s.heads` 1) of an even width.
+pub fn rms_norm_half(gpu: &Gpu, sink: &mut dyn Sink, src: Mat<'_>, w: Weight<'_>, dst: HalfMat<'_>, s: RowNorm) -> Result<(), GpuError> {
+    if s.heads != 1 || !s.d.is_multiple_of(2) || dst.piece.is_some() {
+        return Err(GpuError::UnsupportedShape(format!("f16 rows of {} heads of {} values (whole rows of an even width, one scale a row)", s.heads, s.d)));
+    }
+    row_norm(gpu, sink, [&RMS_NORM_HALF, &RMS_NORM_HALF_LANES], Some(src), NormOut::Half(dst), NormExtra::Weight(w), s)
+}
 
 /// Shape of a row normalisation over `[tokens, heads·d]` views.
 #[derive(Debug, Clone, Copy)]
@@ -222,9 +239,11 @@ pub fn rms_norm_rope(gpu: &Gpu, sink: &mut dyn Sink, data: Mat<'_>, w: Weight<'_
 /// [`rms_norm_rope`] in place on f16 rows in pieces ([`HalfMat::pieces`],
 /// the queries' and keys' as their projections wrote them): each value
 /// widened and scaled back, the row normed and rotated as [`rms_norm_rope`]
-/// computes it, and each piece rounded again under its new range scale. A
-/// head's values whole pieces, its pairs at most one a workgroup's invocation.
-pub fn rms_norm_rope_half(gpu: &Gpu, sink: &mut dyn Sink, data: HalfMat<'_>, w: Weight<'_>, tables: RopeTables<'_>, s: RowNorm) -> Result<(), GpuError> {
+/// computes it (or, `RopeStyle::RotateHalf`, as [`rms_norm_inplace`] then
+/// [`crate::kernels::rope`]'s rotate-half pairs compute it), and each piece
+/// rounded again under its new range scale. A head's values whole pieces,
+/// its pairs at most one a workgroup's invocation.
+pub fn rms_norm_rope_half(gpu: &Gpu, sink: &mut dyn Sink, data: HalfMat<'_>, w: Weight<'_>, tables: RopeTables<'_>, style: RopeStyle, s: RowNorm) -> Result<(), GpuError> {
     let (tokens, heads, d) = (s.tokens, s.heads, s.d);
     let piece = data.piece.unwrap_or(0);
     if piece == 0 || !piece.is_multiple_of(2) || !d.is_multiple_of(piece) || d > 256 {
@@ -258,7 +277,8 @@ pub fn rms_norm_rope_half(gpu: &Gpu, sink: &mut dyn Sink, data: HalfMat<'_>, w: 
             scales_stride: to_u32(data.scales.stride, "norm scales' stride")?,
             ..Default::default()
         };
-        let launch = Launch { kernel: &RMS_NORM_ROPE_HALF, constants: &[("WEIGHT_BF16", w.dtype.constant())], params, grid: crate::kernel::wrapped_grid((rows.end - rows.start) * heads) };
+        let constants = [("WEIGHT_BF16", w.dtype.constant()), ("ROTATE_HALF", (style == RopeStyle::RotateHalf) as u32)];
+        let launch = Launch { kernel: &RMS_NORM_ROPE_HALF, constants: &constants, params, grid: crate::kernel::wrapped_grid((rows.end - rows.start) * heads) };
         dispatch(gpu, sink, launch, &[(3, &ww), (6, &dw), (7, &scw), (8, &cw), (9, &sw)]);
     }
     Ok(())

@@ -92,10 +92,15 @@ fn piece_value(row: u32, i: u32) -> f32 {
 // norm.wgsl's rms_norm_rope on f16 rows in pieces, in place: the row's
 // values widened and scaled back, its inverse RMS summed as
 // inverse_rms_of_dst sums it, each pair normed and rotated as
-// norm_rope_pair does (invocation j the pair (2j, 2j + 1): heads of at most
-// 2·THREADS values), then each piece rounded to f16 under its new range
+// norm_rope_pair (FLUX.2's interleaved pairs) or rope.wgsl's rope_half
+// (Qwen3's pairs (i, i + d/2), `ROTATE_HALF`) compute it (invocation t the
+// pair t: heads of at most 2·THREADS values), the rotated values gathered
+// in workgroup memory, then each piece rounded to f16 under its new range
 // scale (kept ≥ 2⁻¹²⁶, as half_pack.wgsl keeps it). Every value is read
 // before the barriers that precede the first write.
+override ROTATE_HALF: bool = false;
+var<workgroup> rotated: array<f32, 256>;
+
 @compute @workgroup_size(128)
 fn rms_norm_rope_half(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>,
                       @builtin(num_workgroups) nwg: vec3<u32>) {
@@ -109,33 +114,98 @@ fn rms_norm_rope_half(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(wor
     }
     let inv = inverseSqrt(workgroup_sum(ss, t) / f32(p.d) + p.eps);
     let pairs = p.d / 2u;
-    var rotated = vec2<f32>(0.0);
     if (t < pairs) {
-        let i = 2u * t;
+        let i = select(2u * t, t, ROTATE_HALF);
+        let j = select(2u * t + 1u, t + pairs, ROTATE_HALF);
         let a = weight(p.w_offset + i) * (piece_value(row, i) * inv);
-        let b = weight(p.w_offset + i + 1u) * (piece_value(row, i + 1u) * inv);
-        let tab = (p.table_row + row / p.heads) * p.d + i;
-        let cs = cos_table[tab];
-        let sn = sin_table[tab];
-        rotated = vec2<f32>(a * cs - b * sn, b * cs + a * sn);
+        let b = weight(p.w_offset + j) * (piece_value(row, j) * inv);
+        let tab = (p.table_row + row / p.heads) * p.d;
+        // Interleaved pairs share the angle of their first value; rotate-half
+        // tables hold each half's own (equal) entries.
+        let j_tab = select(i, j, ROTATE_HALF);
+        rotated[i] = a * cos_table[tab + i] - b * sin_table[tab + i];
+        rotated[j] = b * cos_table[tab + j_tab] + a * sin_table[tab + j_tab];
     }
-    partial[t] = max(abs(rotated.x), abs(rotated.y));
     workgroupBarrier();
     if (t < pairs) {
-        // The pairs of this one's piece: its largest magnitude.
-        let first = (2u * t) / p.piece * (p.piece / 2u);
+        // Word t holds values 2t and 2t + 1; their piece's largest magnitude.
+        let first = (2u * t) / p.piece * p.piece;
         var largest = 0.0;
-        for (var j = first; j < first + p.piece / 2u; j++) {
-            largest = max(largest, partial[j]);
+        for (var v = first; v < first + p.piece; v++) {
+            largest = max(largest, abs(rotated[v]));
         }
         let e = max(range_exponent(largest), -126);
         let token = row / p.heads;
         let head = row % p.heads;
-        let lo = f16(ldexp(rotated.x, -e));
-        let hi = f16(ldexp(rotated.y, -e));
+        let lo = f16(ldexp(rotated[2u * t], -e));
+        let hi = f16(ldexp(rotated[2u * t + 1u], -e));
         dst_half[p.dst_offset + token * p.dst_stride + head * pairs + t] = pack2x16float(vec2<f32>(f32(lo), f32(hi)));
-        if (t == first) {
-            dst_scales[p.scales_offset + token * p.scales_stride + (head * p.d) / p.piece + first * 2u / p.piece] = ldexp(1.0, e);
+        if (2u * t == first) {
+            dst_scales[p.scales_offset + token * p.scales_stride + (head * p.d + first) / p.piece] = ldexp(1.0, e);
         }
     }
+}
+
+// norm.wgsl's rms_norm (whole rows) into f16 rows under their range scales,
+// as layer_norm_modulate_half writes the LayerNorm's: value i is rms_norm's
+// expression, the row's largest magnitude gives the scale, and each value
+// is rounded as the products' tiles round it.
+fn rms_value(row: u32, i: u32, inv: f32) -> f32 {
+    return weight(p.w_offset + i) * (src[src_index(row, i)] * inv);
+}
+
+fn write_rms_half_row(row: u32, j: u32, inv: f32, inverse: f32) {
+    let lo = f16(rms_value(row, 2u * j, inv) * inverse);
+    let hi = f16(rms_value(row, 2u * j + 1u, inv) * inverse);
+    dst_half[p.dst_offset + row * p.dst_stride + j] = pack2x16float(vec2<f32>(f32(lo), f32(hi)));
+}
+
+@compute @workgroup_size(128)
+fn rms_norm_half(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>,
+                 @builtin(num_workgroups) nwg: vec3<u32>) {
+    let row = flat_workgroup(wid, nwg);
+    if (row >= p.rows) { return; }
+    let t = lid.x;
+    var ss = 0.0;
+    for (var i = t; i < p.d; i += THREADS) {
+        let v = src[src_index(row, i)];
+        ss = fma(v, v, ss);
+    }
+    let inv = inverseSqrt(workgroup_sum(ss, t) / f32(p.d) + p.eps);
+    var m = 0.0;
+    for (var i = t; i < p.d; i += THREADS) {
+        m = max(m, abs(rms_value(row, i, inv)));
+    }
+    let scale = range_scale(workgroup_max(m, t));
+    let inverse = 1.0 / scale;
+    for (var j = t; j < p.d / 2u; j += THREADS) {
+        write_rms_half_row(row, j, inv, inverse);
+    }
+    if (t == 0u) {
+        dst_scales[p.scales_offset + row] = scale;
+    }
+}
+
+// The same by one invocation a row (CPU adapters), summed as rms_norm_lanes sums.
+@compute @workgroup_size(64)
+fn rms_norm_half_lanes(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>,
+                       @builtin(num_workgroups) nwg: vec3<u32>) {
+    let row = lane_row(lid, wid, nwg);
+    if (row >= p.rows) { return; }
+    var ss = 0.0;
+    for (var i = 0u; i < p.d; i++) {
+        let v = src[src_index(row, i)];
+        ss = fma(v, v, ss);
+    }
+    let inv = inverseSqrt(ss / f32(p.d) + p.eps);
+    var m = 0.0;
+    for (var i = 0u; i < p.d; i++) {
+        m = max(m, abs(rms_value(row, i, inv)));
+    }
+    let scale = range_scale(m);
+    let inverse = 1.0 / scale;
+    for (var j = 0u; j < p.d / 2u; j++) {
+        write_rms_half_row(row, j, inv, inverse);
+    }
+    dst_scales[p.scales_offset + row] = scale;
 }
