@@ -8,6 +8,7 @@ set -euo pipefail
 export TAESD_PY
 cd "$(dirname "$0")/.."
 python3 test_vectors/generate.py
+python3 test_vectors/generate_wide_heads.py
 python3 test_vectors/generate_numerics.py
 python3 test_vectors/generate_negative.py
 python3 test_vectors/generate_df11.py

@@ -170,6 +170,14 @@ pub(crate) fn linear_swiglu(x: impl Into<Operand>, w: TensorName, w_row: u64, y:
     Op::LinearSwiGlu { x: x.into(), w, w_row, y: y.into(), rows, cols, inner, scratch }
 }
 
+/// Which values a RoPE rotates together: FLUX.2's neighbours `(2i, 2i + 1)`,
+/// or Qwen3's halves `(i, i + d/2)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RopePairs {
+    Interleaved,
+    RotateHalf,
+}
+
 /// The shift and scale rows (broadcast) that a [`Op::LayerNormModulate`]'s
 /// rows from `row` on (counted from its first) take instead of its own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -222,10 +230,12 @@ pub enum Op {
     /// With `later`, the rows from its row on take its shift and scale (two
     /// streams' rows, each under its own modulation, in one pass).
     LayerNormModulate { src: Span, dst: Operand, shift: Span, scale: Span, later: Option<LaterModulation>, tokens: u64, d: u64, eps: f32 },
-    /// [`Op::RmsNormHeads`] then [`Op::RopeInterleaved`] on the same rows, in
-    /// one pass (the same values): the queries' and keys' norm and rotation.
-    /// `data` f32 rows, or f16 rows in pieces, rounded again piece by piece.
-    RmsNormRope { data: Operand, w: TensorName, table_row: u64, tokens: u64, heads: u64, head_dim: u64, eps: f32 },
+    /// [`Op::RmsNormHeads`] then [`Op::RopeInterleaved`] (or, with
+    /// [`RopePairs::RotateHalf`], [`Op::RopeRotateHalf`]) on the same rows,
+    /// in one pass (the same values): the queries' and keys' norm and
+    /// rotation. `data` f32 rows, or f16 rows in pieces, rounded again piece
+    /// by piece (rotate-half pairs: f16 rows in pieces only).
+    RmsNormRope { data: Operand, w: TensorName, table_row: u64, tokens: u64, heads: u64, head_dim: u64, eps: f32, pairs: RopePairs },
     /// Interleaved-pair RoPE in place; token `t` uses table row `table_row + t`.
     RopeInterleaved { data: Span, table_row: u64, tokens: u64, heads: u64, head_dim: u64 },
     /// Non-causal attention, `scale = 1/√head_dim`; `o` f32 rows, or the
@@ -250,19 +260,23 @@ pub enum Op {
     /// writes each row's log-sum-exp of scaled scores into `lse` `[q_len, heads]`,
     /// so attention over separate key chunks can be combined.
     PartialAttention { q: Span, k: Span, v: Span, o: Span, lse: Span, q_len: u64, kv_len: u64, heads: u64, head_dim: u64 },
-    /// `dst = silu(gate)·up`
-    SwiGlu { gate: Span, up: Span, dst: Span, rows: u64, cols: u64 },
+    /// `dst = silu(gate)·up`; `dst` f32 rows, or the next product's f16 rows
+    /// in pieces ([`Operand::half_pieces`]), each piece rounded under its range scale.
+    SwiGlu { gate: Span, up: Span, dst: Operand, rows: u64, cols: u64 },
     /// `dst += gate ⊙ y`, gate one broadcast row.
     GatedResidual { dst: Span, gate: Span, y: Span, rows: u64, cols: u64 },
     /// `dst = silu(src)`
     Silu { src: Span, dst: Span, rows: u64, cols: u64 },
-    /// Whole-row RMSNorm with weight: `dst = w · src / rms(src)`.
-    RmsNorm { src: Span, dst: Span, w: TensorName, tokens: u64, d: u64, eps: f32 },
+    /// Whole-row RMSNorm with weight: `dst = w · src / rms(src)`; `dst` f32
+    /// rows, or f16 rows under one range scale a row for a product.
+    RmsNorm { src: Span, dst: Operand, w: TensorName, tokens: u64, d: u64, eps: f32 },
     /// Rotate-half RoPE in place (table halves share an angle); token `t` uses table row `table_row + t`.
     RopeRotateHalf { data: Span, table_row: u64, tokens: u64, heads: u64, head_dim: u64 },
     /// Causal self-attention with grouped-query heads and the runner's key
-    /// padding mask, `scale = 1/√head_dim`.
-    CausalAttention { q: Span, k: Span, v: Span, o: Span, len: u64, q_heads: u64, kv_heads: u64, head_dim: u64 },
+    /// padding mask, `scale = 1/√head_dim`; `o` f32 rows or the output
+    /// projection's f16 rows in pieces within a head, `q`, `k` and `v` f32
+    /// rows or (with such an `o`) f16 rows in pieces too, as in [`Op::Attention`].
+    CausalAttention { q: Operand, k: Operand, v: Operand, o: Operand, len: u64, q_heads: u64, kv_heads: u64, head_dim: u64 },
     /// `dst += y`
     Residual { dst: Span, y: Span, rows: u64, cols: u64 },
     /// `dst = src`

@@ -296,3 +296,24 @@ impl TransformerCase {
         Self { name, goldens, transformer, steps, cfg }
     }
 }
+
+/// The text encoder whose heads split into f16 pieces
+/// (`test_vectors/generate_wide_heads.py`) on `gpu`, over the 512 tokens its
+/// goldens hold, and those goldens (`input_ids`, `attention_mask`, `prompt_embeds`).
+pub fn wide_heads_text_encoder(gpu: &Gpu) -> (flux_lite_platform::components::text_encoder::TextEncoder, Goldens) {
+    use flux_lite_platform::model::config_json::{qwen3, JsonFile};
+    use flux_lite_platform::model::safetensors_store::WeightStore;
+    let dir = model_dir("wide-heads").join("text_encoder");
+    let config = qwen3(&JsonFile::read(&dir.join("config.json")).unwrap_or_else(|e| panic!("{e}"))).unwrap_or_else(|e| panic!("{e}"));
+    let store = WeightStore::open(&dir, "text_encoder").unwrap_or_else(|e| panic!("{e}"));
+    let picks = config.output_layers();
+    let encoder = flux_lite_platform::components::text_encoder::TextEncoder::new(gpu, &config, store, WeightStrategy::ResidentBf16, 512, picks)
+        .unwrap_or_else(|e| panic!("{e}"));
+    (encoder, Goldens::load("wide-heads"))
+}
+
+/// The prompt embedding `encoder` makes of `goldens`' tokens.
+pub fn encode_goldens(gpu: &Gpu, encoder: &flux_lite_platform::components::text_encoder::TextEncoder, goldens: &Goldens) -> Vec<f32> {
+    let ids = |name: &str| -> Vec<u32> { goldens.i64(name).0.iter().map(|&v| u32::try_from(v).unwrap_or(u32::MAX)).collect() };
+    encoder.encode(gpu, &ids("input_ids"), &ids("attention_mask"), &mut |_| {}).unwrap_or_else(|e| panic!("{e}"))
+}

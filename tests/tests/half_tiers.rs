@@ -5,6 +5,7 @@
 
 #![allow(clippy::unwrap_used)]
 
+use flux_lite_core::ir::{Op, RopePairs};
 use flux_lite_platform::components::text_encoder::TextEncoder;
 use flux_lite_platform::components::vae::{self, VaeDecoder};
 use flux_lite_platform::model::{Component, ModelFolder};
@@ -38,6 +39,35 @@ fn text_encoder_on_the_half_tiers() {
             let got = enc.encode(&gpu, &ids("input_ids"), &ids("attention_mask"), &mut |_| {}).unwrap();
             check(&format!("{tier} {case} prompt_embeds"), &got, &g.f32("prompt_embeds").0, other_tiers::TEXT_ENCODER);
         }
+    }
+}
+
+/// On the matrix tier the text encoder's products read f16 operands: its
+/// norms and SwiGLU write them, and where heads split into pieces (the
+/// wide-heads encoder's 32; the tiny models' 8 stay f32) so do the
+/// projections, the norm + RoPE and attention.
+#[test]
+fn the_text_encoder_runs_the_half_precision_data_path_on_the_matrix_tier() {
+    let Some(gpu) = tier_gpu(Precision::Matrix) else { return };
+    let (enc, g) = flux_lite_tests::wide_heads_text_encoder(&gpu);
+    let ops: Vec<&Op> = enc.blocks().iter().flatten().collect();
+    let half_norms = ops.iter().filter(|op| matches!(op, Op::RmsNorm { dst, .. } if dst.is_half())).count();
+    let half_swiglus = ops.iter().filter(|op| matches!(op, Op::SwiGlu { dst, .. } if dst.is_half())).count();
+    let projections = ops.iter().filter(|op| matches!(op, Op::LinearHalf { .. })).count();
+    let rotations = ops.iter().filter(|op| matches!(op, Op::RmsNormRope { data, pairs: RopePairs::RotateHalf, .. } if data.is_half())).count();
+    let attentions = ops.iter().filter(|op| matches!(op, Op::CausalAttention { q, o, .. } if q.is_half() && o.is_half())).count();
+    // Three layers: two norms, one SwiGLU, three projections, two rotations and one attention each.
+    assert_eq!([half_norms, half_swiglus, projections, rotations, attentions], [6, 3, 9, 6, 3]);
+    let got = flux_lite_tests::encode_goldens(&gpu, &enc, &g);
+    check("matrix wide-heads prompt_embeds", &got, &g.f32("prompt_embeds").0, other_tiers::TEXT_ENCODER);
+}
+
+#[test]
+fn a_text_encoder_with_heads_of_32_on_the_half_tiers() {
+    for gpu in half_tiers() {
+        let (enc, g) = flux_lite_tests::wide_heads_text_encoder(&gpu);
+        let got = flux_lite_tests::encode_goldens(&gpu, &enc, &g);
+        check(&format!("{} wide-heads prompt_embeds", gpu.precision().name()), &got, &g.f32("prompt_embeds").0, other_tiers::TEXT_ENCODER);
     }
 }
 

@@ -92,3 +92,12 @@ fn bad_token_ids_and_lengths_are_refused() {
     let err = enc.encode(gpu(), &ids[..10], &mask[..10], &mut |_| {}).unwrap_err();
     assert!(err.to_string().contains("512"), "{err}");
 }
+
+#[test]
+fn a_text_encoder_with_heads_of_32_matches_transformers() {
+    let (enc, g) = flux_lite_tests::wide_heads_text_encoder(gpu());
+    let got = flux_lite_tests::encode_goldens(gpu(), &enc, &g);
+    let (err, worst) = rel_l2(&got, &g.f32("prompt_embeds").0);
+    eprintln!("wide-heads prompt_embeds: relative L2 {err:.2e}, worst element {worst}");
+    assert!(err <= TOL, "wide-heads prompt_embeds: relative L2 {err:.3e} > {TOL:.0e}");
+}

@@ -6,10 +6,18 @@
 //! norm applied) and concatenates them along features, slot-major. The
 //! program copies each picked state into its slot of `embeds` as soon as it
 //! exists and runs no layer past the last pick.
+//!
+//! On the matrix tier's half-precision data path (`half_operands`) the ops
+//! that feed a product write its input as f16 rows under range scales
+//! ([`Operand`]): the two RMSNorms (a scale a row), the SwiGLU (a scale a
+//! piece), and, where the heads split into pieces a product's block writes
+//! whole, the query, key and value projections (normed and rotated in
+//! place as f16) and attention. The residual stream and the picked hidden
+//! states stay f32.
 
 use crate::arena::{ArenaError, BumpArena};
 use crate::config::Qwen3Config;
-use crate::ir::{linear, name, Op, Span, ALIGN, F32};
+use crate::ir::{linear, name, operand_piece, Op, Operand, RopePairs, Span, ALIGN, F32, MIN_PROJECTION_PIECE};
 
 /// Where each activation lives (element offsets into the f32 arena) for a
 /// prompt of `tokens` tokens.
@@ -28,16 +36,24 @@ pub struct TextEncoderLayout {
     pub layers: usize,
     /// The residual stream `[tokens, hidden]`; the host writes the embedding rows here.
     pub stream: Span,
-    pub normed: Span,
-    pub q: Span,
-    pub k: Span,
-    pub v: Span,
-    pub attn: Span,
+    /// The RMSNorm's output: f32, or on the half path f16 rows under a scale a row.
+    pub normed: Operand,
+    /// The queries, keys and values: f32, or on the half path (heads in
+    /// pieces of at least [`MIN_PROJECTION_PIECE`]) f16 rows in pieces.
+    pub q: Operand,
+    pub k: Operand,
+    pub v: Operand,
+    /// Where a projection into f16 pieces puts its f32 product first when
+    /// its epilogue cannot take it (weights in GGML blocks): the gate's rows.
+    pub qkv_scratch: Span,
+    /// The attention output: f32, or on the half path f16 rows in pieces of a head.
+    pub attn: Operand,
     /// A projection's output before it is added to the stream.
     pub proj: Span,
     pub gate: Span,
     pub up: Span,
-    pub act: Span,
+    /// The SwiGLU's output: f32, or on the half path f16 rows in pieces.
+    pub act: Operand,
     /// The prompt embedding `[tokens, 3·hidden]`, feature = slot·hidden + d.
     pub embeds: Span,
 }
@@ -68,8 +84,10 @@ impl From<ArenaError> for PickError {
 }
 
 impl TextEncoderLayout {
-    /// Lays out one forward pass over `tokens` tokens that yields `hidden_states[k]` for each k in `picks`.
-    pub fn new(cfg: &Qwen3Config, tokens: u64, picks: [usize; 3], arena: &mut BumpArena) -> Result<Self, PickError> {
+    /// Lays out one forward pass over `tokens` tokens that yields
+    /// `hidden_states[k]` for each k in `picks`, on the half-precision data
+    /// path where `half_operands`.
+    pub fn new(cfg: &Qwen3Config, tokens: u64, picks: [usize; 3], half_operands: bool, arena: &mut BumpArena) -> Result<Self, PickError> {
         let layers = cfg.num_hidden_layers;
         if let Some(&pick) = picks.iter().find(|&&p| p > layers) {
             return Err(PickError::OutOfRange { pick, layers });
@@ -83,6 +101,38 @@ impl TextEncoderLayout {
             let s = arena.alloc(tokens * width * F32, ALIGN)?;
             Ok(Span::new(s.offset / F32, width))
         };
+        // The half path's widths of pieces: attention's output a head's
+        // (whole vec4s), the projections' only where a block writes them
+        // whole, the SwiGLU's a divisor of its width.
+        let attn_piece = operand_piece(head_dim, &[q_dim]).filter(|_| half_operands);
+        let qkv_piece = attn_piece.filter(|p| *p >= MIN_PROJECTION_PIECE);
+        let act_piece = operand_piece(inter, &[inter]).filter(|_| half_operands);
+        let mut operand = |width: u64, piece: Option<u64>| -> Result<Operand, ArenaError> {
+            Ok(match piece {
+                Some(p) => Operand::half_pieces(take(width / 2)?, take(width / p)?, p),
+                None => Operand::f32(take(width)?),
+            })
+        };
+        let stream = operand(hidden, None)?.data;
+        let normed = match half_operands && hidden.is_multiple_of(2) {
+            true => {
+                let words = operand(hidden / 2, None)?.data;
+                Operand::half_rows(words, operand(1, None)?.data)
+            }
+            false => operand(hidden, None)?,
+        };
+        let (q, k, v) = (operand(q_dim, qkv_piece)?, operand(kv_dim, qkv_piece)?, operand(kv_dim, qkv_piece)?);
+        let attn = operand(q_dim, attn_piece)?;
+        let proj = operand(hidden, None)?.data;
+        let gate = operand(inter, None)?.data;
+        let up = operand(inter, None)?.data;
+        let act = operand(inter, act_piece)?;
+        // The gate's rows hold a projection's product where they are as wide; else its own.
+        let qkv_scratch = match (qkv_piece, inter >= q_dim) {
+            (Some(_), false) => operand(q_dim, None)?.data,
+            _ => gate,
+        };
+        let embeds = operand(3 * hidden, None)?.data;
         Ok(Self {
             tokens,
             hidden,
@@ -93,17 +143,18 @@ impl TextEncoderLayout {
             eps: cfg.rms_norm_eps as f32,
             picks,
             layers,
-            stream: take(hidden)?,
-            normed: take(hidden)?,
-            q: take(q_dim)?,
-            k: take(kv_dim)?,
-            v: take(kv_dim)?,
-            attn: take(q_dim)?,
-            proj: take(hidden)?,
-            gate: take(inter)?,
-            up: take(inter)?,
-            act: take(inter)?,
-            embeds: take(3 * hidden)?,
+            stream,
+            normed,
+            q,
+            k,
+            v,
+            qkv_scratch,
+            attn,
+            proj,
+            gate,
+            up,
+            act,
+            embeds,
         })
     }
 
@@ -123,7 +174,7 @@ impl TextEncoderLayout {
             let (rows, cols) = (self.tokens, self.hidden);
             if state == self.layers {
                 let w = name(format_args!("model.norm.weight"));
-                emit(Op::RmsNorm { src: self.stream, dst: self.slot(i), w, tokens: rows, d: cols, eps: self.eps });
+                emit(Op::RmsNorm { src: self.stream, dst: self.slot(i).into(), w, tokens: rows, d: cols, eps: self.eps });
             } else {
                 emit(Op::Copy { src: self.stream, dst: self.slot(i), rows, cols });
             }
@@ -145,13 +196,24 @@ pub fn layer(l: &TextEncoderLayout, i: usize, mut emit: impl FnMut(Op)) {
     let (q_dim, kv_dim) = (l.heads * hd, l.kv_heads * hd);
     let w = |part: &str| name(format_args!("model.layers.{i}.{part}.weight"));
     emit(Op::RmsNorm { src: l.stream, dst: l.normed, w: w("input_layernorm"), tokens: t, d: h, eps: l.eps });
-    emit(linear(l.normed, w("self_attn.q_proj"), l.q, t, q_dim, h));
-    emit(linear(l.normed, w("self_attn.k_proj"), l.k, t, kv_dim, h));
-    emit(linear(l.normed, w("self_attn.v_proj"), l.v, t, kv_dim, h));
-    emit(Op::RmsNormHeads { data: l.q, w: w("self_attn.q_norm"), tokens: t, heads: l.heads, head_dim: hd, eps: l.eps });
-    emit(Op::RmsNormHeads { data: l.k, w: w("self_attn.k_norm"), tokens: t, heads: l.kv_heads, head_dim: hd, eps: l.eps });
-    emit(Op::RopeRotateHalf { data: l.q, table_row: 0, tokens: t, heads: l.heads, head_dim: hd });
-    emit(Op::RopeRotateHalf { data: l.k, table_row: 0, tokens: t, heads: l.kv_heads, head_dim: hd });
+    if l.q.is_half() {
+        // Projected into f16 pieces, then normed and rotated in place, a pass each.
+        for (part, y, cols) in [("self_attn.q_proj", l.q, q_dim), ("self_attn.k_proj", l.k, kv_dim), ("self_attn.v_proj", l.v, kv_dim)] {
+            emit(Op::LinearHalf { x: l.normed, w: w(part), w_row: 0, y, rows: t, cols, inner: h, scratch: l.qkv_scratch });
+        }
+        for (part, data, heads) in [("self_attn.q_norm", l.q, l.heads), ("self_attn.k_norm", l.k, l.kv_heads)] {
+            emit(Op::RmsNormRope { data, w: w(part), table_row: 0, tokens: t, heads, head_dim: hd, eps: l.eps, pairs: RopePairs::RotateHalf });
+        }
+    } else {
+        let (q, k, v) = (l.q.f32_rows(), l.k.f32_rows(), l.v.f32_rows());
+        emit(linear(l.normed, w("self_attn.q_proj"), q, t, q_dim, h));
+        emit(linear(l.normed, w("self_attn.k_proj"), k, t, kv_dim, h));
+        emit(linear(l.normed, w("self_attn.v_proj"), v, t, kv_dim, h));
+        emit(Op::RmsNormHeads { data: q, w: w("self_attn.q_norm"), tokens: t, heads: l.heads, head_dim: hd, eps: l.eps });
+        emit(Op::RmsNormHeads { data: k, w: w("self_attn.k_norm"), tokens: t, heads: l.kv_heads, head_dim: hd, eps: l.eps });
+        emit(Op::RopeRotateHalf { data: q, table_row: 0, tokens: t, heads: l.heads, head_dim: hd });
+        emit(Op::RopeRotateHalf { data: k, table_row: 0, tokens: t, heads: l.kv_heads, head_dim: hd });
+    }
     emit(Op::CausalAttention { q: l.q, k: l.k, v: l.v, o: l.attn, len: t, q_heads: l.heads, kv_heads: l.kv_heads, head_dim: hd });
     emit(linear(l.attn, w("self_attn.o_proj"), l.proj, t, h, q_dim));
     emit(Op::Residual { dst: l.stream, y: l.proj, rows: t, cols: h });
@@ -171,7 +233,7 @@ mod tests {
 
     fn layout(picks: [usize; 3]) -> Result<TextEncoderLayout, PickError> {
         let mut arena = BumpArena::new(u64::MAX / 2);
-        TextEncoderLayout::new(&klein_4b::text_encoder(), 512, picks, &mut arena)
+        TextEncoderLayout::new(&klein_4b::text_encoder(), 512, picks, false, &mut arena)
     }
 
     #[test]
@@ -202,6 +264,23 @@ mod tests {
         let mut last = None;
         layer(&l, 35, |op| last = Some(op));
         assert!(matches!(last, Some(Op::RmsNorm { w, .. }) if w.as_str() == "model.norm.weight"));
+    }
+
+    #[test]
+    fn the_half_path_keeps_qwen3_4b_products_inputs_in_f16_pieces_of_64() {
+        let cfg = klein_4b::text_encoder();
+        let (mut f32_arena, mut half_arena) = (BumpArena::new(u64::MAX / 2), BumpArena::new(u64::MAX / 2));
+        TextEncoderLayout::new(&cfg, 512, cfg.output_layers(), false, &mut f32_arena).unwrap();
+        let l = TextEncoderLayout::new(&cfg, 512, cfg.output_layers(), true, &mut half_arena).unwrap();
+        assert!(l.normed.is_half() && l.normed.piece.is_none());
+        for operand in [l.q, l.k, l.v, l.attn, l.act] {
+            assert_eq!((operand.is_half(), operand.piece), (true, Some(64)));
+        }
+        // The projections' fallback product lands in the gate's rows (9728 ≥ 4096).
+        assert_eq!(l.qkv_scratch, l.gate);
+        // 43,833 of 54,784 f32 a token (the stream, gate, up and embedding stay f32).
+        assert_eq!(f32_arena.high_water() / 512, 4 * 54_784);
+        assert!(half_arena.high_water() <= 512 * 4 * 43_833 + 16 * 256, "{}", half_arena.high_water());
     }
 
     #[test]

@@ -313,9 +313,9 @@ pub fn largest_binding(input: &PlanInput<'_>, plan: &Plan) -> Result<u64, PlanEr
 
 /// Plans the text encoder's phase alone (`flux-lite encode`): its fastest
 /// strategy within `budget` for `prompt_tokens` tokens, one prompt's
-/// embedding held at a time.
-pub fn plan_encode(c: &Qwen3Config, prompt_tokens: u64, weights: WeightSizes, tokenizer_bytes: u64, budget: Option<u64>) -> Result<PhasePlan, PlanError> {
-    let options = encode_phase(c, prompt_tokens, weights, host::text_encoder(c, prompt_tokens, tokenizer_bytes, 1))?;
+/// embedding held at a time (on the half-precision data path where `half_operands`).
+pub fn plan_encode(c: &Qwen3Config, prompt_tokens: u64, half_operands: bool, weights: WeightSizes, tokenizer_bytes: u64, budget: Option<u64>) -> Result<PhasePlan, PlanError> {
+    let options = encode_phase(c, prompt_tokens, half_operands, weights, host::text_encoder(c, prompt_tokens, tokenizer_bytes, 1))?;
     let budget = budget.unwrap_or(u64::MAX);
     let need = options.smallest();
     options.fastest_within(budget).ok_or(PlanError::TooSmall { budget, phase: "the text encoder", minimum: need.total(), device: need.device, host: need.host })
@@ -417,14 +417,15 @@ pub(crate) fn overhead(steps: u64) -> u64 {
 
 /// The text encoder's options for a run.
 fn encode_input(input: &PlanInput<'_>) -> Result<PhaseOptions, PlanError> {
-    encode_phase(input.text_encoder, input.prompt_tokens, input.text_encoder_weights, host::encode(input))
+    encode_phase(input.text_encoder, input.prompt_tokens, input.limits.half_operands, input.text_encoder_weights, host::encode(input))
 }
 
-/// The text encoder's options; its other bytes are the RoPE tables, the key
+/// The text encoder's options (its activations on the half-precision data
+/// path where `half_operands`); its other bytes are the RoPE tables, the key
 /// mask and the readback of the embedding; `host`: its host bytes.
-fn encode_phase(c: &Qwen3Config, tokens: u64, weights: WeightSizes, host: u64) -> Result<PhaseOptions, PlanError> {
+fn encode_phase(c: &Qwen3Config, tokens: u64, half_operands: bool, weights: WeightSizes, host: u64) -> Result<PhaseOptions, PlanError> {
     let mut arena = BumpArena::new(u64::MAX);
-    let l = text_encoder::TextEncoderLayout::new(c, tokens, c.output_layers(), &mut arena)
+    let l = text_encoder::TextEncoderLayout::new(c, tokens, c.output_layers(), half_operands, &mut arena)
         .map_err(|_| PlanError::Size("the text encoder's picked layers do not exist"))?;
     let mut steps = count(|emit| text_encoder::prologue(&l, emit));
     for i in 0..l.layers_to_run() {

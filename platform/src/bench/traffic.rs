@@ -216,7 +216,7 @@ pub fn op_traffic(op: &Op, tier: Precision, m: &Machine) -> Traffic {
             // the SwiGLU (into the scratch and packed, for f16 pieces).
             false => {
                 let dst = if y.is_half() { scratch } else { y.data };
-                let swiglu = Op::SwiGlu { gate: scratch, up: scratch.cols_from(cols), dst, rows, cols };
+                let swiglu = Op::SwiGlu { gate: scratch, up: scratch.cols_from(cols), dst: dst.into(), rows, cols };
                 let pack = y.scales.zip(y.piece).map(|(scales, piece)| Op::HalfPack { src: scratch, dst: y.data, scales, tokens: rows, heads: cols / piece, head_dim: piece });
                 let packed = pack.map_or(Traffic::default(), |op| op_traffic(&op, tier, m));
                 linear(m, p, (x, scratch.into()), [rows, 2 * cols, inner], false, Out::Set) + op_traffic(&swiglu, tier, m) + packed
@@ -241,14 +241,16 @@ pub fn op_traffic(op: &Op, tier: Precision, m: &Machine) -> Traffic {
         Op::HalfKvAttention { q_len, kv_len, heads, head_dim, .. } => {
             attention(m, p, [q_len, kv_len, heads, heads, head_dim], AttentionIo { half_kv: true, ..AttentionIo::default() })
         }
-        Op::CausalAttention { len, q_heads, kv_heads, head_dim, .. } => {
-            attention(m, p, [len, len, q_heads, kv_heads, head_dim], AttentionIo { mask: true, ..AttentionIo::default() })
+        Op::CausalAttention { len, q_heads, kv_heads, head_dim, q, o, .. } => {
+            attention(m, p, [len, len, q_heads, kv_heads, head_dim], AttentionIo { mask: true, o_pieces: o.piece, qkv_pieces: q.piece, ..AttentionIo::default() })
         }
         Op::RmsNormHeads { data, tokens, heads, head_dim, .. } => {
             let w = heads * head_dim;
             by_rows(tokens, &[Rows::of(data, w, a)], &|r| 2 * r * w * a + head_dim * wb)
         }
-        Op::RmsNorm { src, dst, tokens, d, .. } => by_rows(tokens, &[Rows::of(src, d, a), Rows::of(dst, d, a)], &|r| 2 * r * d * a + d * wb),
+        Op::RmsNorm { src, dst, tokens, d, .. } => {
+            by_rows(tokens, &[Rows::of(src, d, a), operand_rows(&dst, d, p)], &|r| r * d * a + r * p.row_bytes(&dst, d) + d * wb)
+        }
         Op::LayerNormModulate { src, dst, later, tokens, d, .. } => {
             // Rows in and out, and one or two shift and scale rows.
             let modulations = 1 + later.is_some() as u64;
@@ -269,7 +271,7 @@ pub fn op_traffic(op: &Op, tier: Precision, m: &Machine) -> Traffic {
             by_rows(tokens, &[Rows::of(src, w, a), Rows::of(dst, w / 2, 4), Rows::of(scales, heads, 4)], &|r| r * w * a + r * w * 2 + r * heads * 4)
         }
         Op::SwiGlu { gate, up, dst, rows, cols } => {
-            by_rows(rows, &[Rows::of(gate, cols, a), Rows::of(up, cols, a), Rows::of(dst, cols, a)], &|r| 3 * r * cols * a)
+            by_rows(rows, &[Rows::of(gate, cols, a), Rows::of(up, cols, a), operand_rows(&dst, cols, p)], &|r| 2 * r * cols * a + r * p.row_bytes(&dst, cols))
         }
         Op::GatedResidual { dst, y, rows, cols, .. } => {
             by_rows(rows, &[Rows::of(y, cols, a), Rows::of(dst, cols, a)], &|r| 3 * r * cols * a + cols * a)

@@ -40,7 +40,8 @@ impl TextEncoder {
     /// Places the layers needed for the `picks` hidden states as `strategy`
     /// says, lays out the activations for `tokens` tokens and builds the RoPE
     /// tables (positions 0..tokens). A compressed embedding table is expanded
-    /// on the host, where its rows are gathered.
+    /// on the host, where its rows are gathered. On the matrix tier's f16
+    /// tiles the layers run the half-precision data path.
     pub fn new(
         gpu: &Gpu,
         config: &Qwen3Config,
@@ -49,7 +50,7 @@ impl TextEncoder {
         tokens: usize,
         picks: [usize; 3],
     ) -> Result<Self, RunError> {
-        let (layout, blocks, arena_bytes) = programs(config, tokens, picks)?;
+        let (layout, blocks, arena_bytes) = programs(config, tokens, picks, gpu.plan_limits().half_operands)?;
         store.expand_df11_holding(EMBEDDING)?;
         // The activations first: an adapter that cannot hold them fails here, before any upload.
         let arena = gpu.storage("text encoder activations", arena_bytes);
@@ -74,7 +75,8 @@ impl TextEncoder {
 
     /// The weight bytes of each block for the planner, as [`Self::new`] would place them.
     pub fn weight_sizes(config: &Qwen3Config, store: &WeightStore, tokens: usize, picks: [usize; 3]) -> Result<WeightSizes, RunError> {
-        let (_, blocks, _) = programs(config, tokens, picks)?;
+        // The same weights on either data path.
+        let (_, blocks, _) = programs(config, tokens, picks, false)?;
         DeviceWeights::sizes(store, &blocks)
     }
 
@@ -184,10 +186,11 @@ fn embedding_table<'a>(store: &'a WeightStore, config: &Qwen3Config) -> Result<T
 }
 
 /// The activation layout, the block programs (prologue, then one per layer
-/// run) and the arena bytes of one encode.
-pub(crate) fn programs(config: &Qwen3Config, tokens: usize, picks: [usize; 3]) -> Result<(TextEncoderLayout, Vec<Vec<Op>>, u64), RunError> {
+/// run) and the arena bytes of one encode, on the half-precision data path
+/// where `half_operands`.
+pub(crate) fn programs(config: &Qwen3Config, tokens: usize, picks: [usize; 3], half_operands: bool) -> Result<(TextEncoderLayout, Vec<Vec<Op>>, u64), RunError> {
     let mut arena = BumpArena::new(u64::MAX);
-    let layout = TextEncoderLayout::new(config, tokens as u64, picks, &mut arena).map_err(|e| RunError::layout("text encoder")(&e))?;
+    let layout = TextEncoderLayout::new(config, tokens as u64, picks, half_operands, &mut arena).map_err(|e| RunError::layout("text encoder")(&e))?;
     let mut blocks = vec![collect_ops(|emit| program::prologue(&layout, emit))];
     for i in 0..layout.layers_to_run() {
         blocks.push(collect_ops(|emit| program::layer(&layout, i, emit)));

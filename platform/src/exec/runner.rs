@@ -9,7 +9,7 @@ use flux_lite_kernels::kernels::{self, Attention, Elementwise, RopeStyle, RowNor
 use flux_lite_kernels::{HalfMat, Mat, Weight};
 use crate::model::lora::LoraSet;
 use std::collections::HashMap;
-use flux_lite_core::ir::{Op, Operand, Span};
+use flux_lite_core::ir::{Op, Operand, RopePairs, Span};
 
 /// The activation arena and the tables a program reads.
 #[derive(Debug)]
@@ -170,25 +170,25 @@ impl Runner {
                     kernels::Input::F32(dst) => kernels::layer_norm_modulate(gpu, sink, src, modulation, dst, s),
                 }
             }
-            Op::RmsNormRope { data, w, table_row, tokens, heads, head_dim, eps } => {
+            Op::RmsNormRope { data, w, table_row, tokens, heads, head_dim, eps, pairs } => {
                 let s = RowNorm { tokens: *tokens, heads: *heads, d: *head_dim, eps: *eps };
                 let tables = kernels::RopeTables { cos: &self.rope_cos, sin: &self.rope_sin, first_row: *table_row };
-                match self.half(*data) {
-                    Some(half) => kernels::rms_norm_rope_half(gpu, sink, half, weights.get(w)?.view(), tables, s),
-                    None => kernels::rms_norm_rope(gpu, sink, self.mat(data.data), weights.get(w)?.view(), tables, s),
+                let style = match pairs {
+                    RopePairs::Interleaved => RopeStyle::Interleaved,
+                    RopePairs::RotateHalf => RopeStyle::RotateHalf,
+                };
+                match (self.half(*data), style) {
+                    (Some(half), _) => kernels::rms_norm_rope_half(gpu, sink, half, weights.get(w)?.view(), tables, style, s),
+                    (None, RopeStyle::Interleaved) => kernels::rms_norm_rope(gpu, sink, self.mat(data.data), weights.get(w)?.view(), tables, s),
+                    // f32 rows with rotate-half pairs: the norm, then the RoPE.
+                    (None, RopeStyle::RotateHalf) => {
+                        kernels::rms_norm_inplace(gpu, sink, self.mat(data.data), weights.get(w)?.view(), s)?;
+                        kernels::rope(gpu, sink, style, self.mat(data.data), tables, kernels::HeadRows { tokens: *tokens, heads: *heads, head_dim: *head_dim })
+                    }
                 }
             }
             Op::RopeInterleaved { data, table_row, tokens, heads, head_dim } => kernels::rope(gpu, sink, RopeStyle::Interleaved, self.mat(*data), kernels::RopeTables { cos: &self.rope_cos, sin: &self.rope_sin, first_row: *table_row }, kernels::HeadRows { tokens: *tokens, heads: *heads, head_dim: *head_dim }),
-            Op::Attention { q, k, v, o, len, heads, head_dim } => {
-                let s = non_causal(*len, *len, *heads, *head_dim);
-                let qkv = kernels::Qkv { q: self.mat(q.data), k: self.mat(k.data), v: self.mat(v.data) };
-                match (self.half(*q), self.half(*k), self.half(*v), self.half(*o)) {
-                    (Some(q), Some(k), Some(v), Some(o)) => kernels::attention_half_into_half(gpu, sink, kernels::HalfQkv { q, k, v }, o, s),
-                    (None, None, None, Some(o)) => kernels::attention_into_half(gpu, sink, qkv, o, s),
-                    (None, None, None, None) => kernels::attention(gpu, sink, qkv, None, self.mat(o.data), None, s),
-                    _ => Err(GpuError::UnsupportedShape("attention over f16 queries, keys and values writes f16 rows in pieces, and reads all three so".into())),
-                }
-            }
+            Op::Attention { q, k, v, o, len, heads, head_dim } => self.attend(gpu, sink, [*q, *k, *v, *o], None, non_causal(*len, *len, *heads, *head_dim)),
             Op::CrossAttention { q, k, v, o, q_len, kv_len, heads, head_dim } => {
                 let s = non_causal(*q_len, *kv_len, *heads, *head_dim);
                 kernels::attention(gpu, sink, kernels::Qkv { q: self.mat(*q), k: self.mat(*k), v: self.mat(*v) }, None, self.mat(*o), None, s)
@@ -204,16 +204,24 @@ impl Runner {
                 let (q, k, v, o, lse) = (self.mat(*q), self.mat(*k), self.mat(*v), self.mat(*o), self.mat(*lse));
                 kernels::attention(gpu, sink, kernels::Qkv { q, k, v }, None, o, Some(lse), s)
             }
-            Op::SwiGlu { gate, up, dst, rows, cols } => {
-                kernels::elementwise(gpu, sink, Elementwise::SwiGlu, self.mat(*gate), Some(self.mat(*up)), self.mat(*dst), [*rows, *cols])
-            }
+            Op::SwiGlu { gate, up, dst, rows, cols } => match self.half(*dst).map(|h| (h, dst.piece)) {
+                None => kernels::elementwise(gpu, sink, Elementwise::SwiGlu, self.mat(*gate), Some(self.mat(*up)), self.mat(dst.data), [*rows, *cols]),
+                Some((half, Some(piece))) => {
+                    let pieces = kernels::HeadRows { tokens: *rows, heads: cols / piece, head_dim: piece };
+                    kernels::swiglu_half_pack(gpu, sink, self.mat(*gate), self.mat(*up), half.data, half.scales, pieces)
+                }
+                Some((_, None)) => Err(GpuError::UnsupportedShape("a SwiGLU into f16 rows under one scale a row".into())),
+            },
             Op::GatedResidual { dst, gate, y, rows, cols } => kernels::elementwise(gpu, sink, Elementwise::GatedResidual, self.mat(*y), Some(self.mat(*gate)), self.mat(*dst), [*rows, *cols]),
             Op::Silu { src, dst, rows, cols } => {
                 kernels::elementwise(gpu, sink, Elementwise::Silu, self.mat(*src), None, self.mat(*dst), [*rows, *cols])
             }
             Op::RmsNorm { src, dst, w, tokens, d, eps } => {
                 let s = RowNorm { tokens: *tokens, heads: 1, d: *d, eps: *eps };
-                kernels::rms_norm(gpu, sink, self.mat(*src), weights.get(w)?.view(), self.mat(*dst), s)
+                match self.half(*dst) {
+                    Some(half) => kernels::rms_norm_half(gpu, sink, self.mat(*src), weights.get(w)?.view(), half, s),
+                    None => kernels::rms_norm(gpu, sink, self.mat(*src), weights.get(w)?.view(), self.mat(dst.data), s),
+                }
             }
             Op::RopeRotateHalf { data, table_row, tokens, heads, head_dim } => kernels::rope(gpu, sink, RopeStyle::RotateHalf, self.mat(*data), kernels::RopeTables { cos: &self.rope_cos, sin: &self.rope_sin, first_row: *table_row }, kernels::HeadRows { tokens: *tokens, heads: *heads, head_dim: *head_dim }),
             Op::CausalAttention { q, k, v, o, len, q_heads, kv_heads, head_dim } => {
@@ -226,8 +234,7 @@ impl Runner {
                     scale: (1.0 / (*head_dim as f64).sqrt()) as f32,
                     causal: true,
                 };
-                let (q, k, v, o) = (self.mat(*q), self.mat(*k), self.mat(*v), self.mat(*o));
-                kernels::attention(gpu, sink, kernels::Qkv { q, k, v }, self.key_keep.as_deref(), o, None, s)
+                self.attend(gpu, sink, [*q, *k, *v, *o], self.key_keep.as_deref(), s)
             }
             Op::Residual { dst, y, rows, cols } => {
                 kernels::elementwise(gpu, sink, Elementwise::AddInPlace, self.mat(*y), None, self.mat(*dst), [*rows, *cols])
@@ -270,6 +277,18 @@ impl Runner {
             Op::Relu { src, dst, count } => self.contiguous(gpu, sink, Elementwise::Relu, *src, *dst, *count),
             Op::TanhClamp { src, dst, count, limit } => self.contiguous(gpu, sink, Elementwise::TanhClamp(*limit), *src, *dst, *count),
             Op::ScaleShift { src, dst, count, scale, shift } => self.contiguous(gpu, sink, Elementwise::ScaleShift(*scale, *shift), *src, *dst, *count),
+        }
+    }
+
+    /// Attention `s` of `q`, `k` and `v` into `o` (each f32 rows, or f16
+    /// rows in pieces: all four, or `o` alone), keys masked by `key_keep`.
+    fn attend(&self, gpu: &Gpu, sink: &mut dyn flux_lite_kernels::Sink, [q, k, v, o]: [Operand; 4], key_keep: Option<&wgpu::Buffer>, s: Attention) -> Result<(), GpuError> {
+        let qkv = kernels::Qkv { q: self.mat(q.data), k: self.mat(k.data), v: self.mat(v.data) };
+        match (self.half(q), self.half(k), self.half(v), self.half(o)) {
+            (Some(q), Some(k), Some(v), Some(o)) => kernels::attention_half_into_half(gpu, sink, kernels::HalfQkv { q, k, v }, key_keep, o, s),
+            (None, None, None, Some(o)) => kernels::attention_into_half(gpu, sink, qkv, key_keep, o, s),
+            (None, None, None, None) => kernels::attention(gpu, sink, qkv, key_keep, self.mat(o.data), None, s),
+            _ => Err(GpuError::UnsupportedShape("attention over f16 queries, keys and values writes f16 rows in pieces, and reads all three so".into())),
         }
     }
 

@@ -333,7 +333,7 @@ impl<'g> ShapeBench<'g> {
     /// layer. The layers share the first layer's weights.
     pub fn text_encoder(&self, cfg: &Qwen3Config) -> Result<Figure, RunError> {
         let tokens = 512u64;
-        let (_, blocks, arena_bytes) = crate::components::text_encoder::programs(cfg, tokens as usize, cfg.output_layers())?;
+        let (_, blocks, arena_bytes) = crate::components::text_encoder::programs(cfg, tokens as usize, cfg.output_layers(), self.gpu.plan_limits().half_operands)?;
         let runner = self.runner(arena_bytes, tokens, cfg.head_dim as u64, true);
         let weights = SyntheticWeights::new(|sink| tensors::text_encoder(cfg, sink));
         let placed = weights.place(self.gpu, blocks.iter().flatten())?;
