@@ -43,12 +43,18 @@ fn check_layer_norm_half(gpu: &Gpu) {
     let all = run_and_read(gpu, &out, at as usize + tokens * stride as usize + tokens, |enc| {
         layer_norm_modulate_half(gpu, enc, Mat::new(&xb, d as u64), Modulation::of(shift, scale), dst, shape)
     });
-    let (want_words, want_scales) = pack_rows(&y, tokens, d);
+    assert_rows_packed(&all, [words_at as usize, stride as usize, scales_at as usize], &y, [tokens, d]);
+}
+
+/// `all` holds `y` `[tokens, d]` as f16 rows under one range scale a row:
+/// the words from `words_at`, `stride` a row, the scales from `scales_at`.
+fn assert_rows_packed(all: &[f32], [words_at, stride, scales_at]: [usize; 3], y: &[f32], [tokens, d]: [usize; 2]) {
+    let (want_words, want_scales) = pack_rows(y, tokens, d);
     for row in 0..tokens {
-        let first = (words_at + row as u64 * stride) as usize;
+        let first = words_at + row * stride;
         let got: Vec<u32> = all[first..first + d / 2].iter().map(|v| v.to_bits()).collect();
         assert_eq!(got, want_words[row * d / 2..(row + 1) * d / 2], "row {row}'s f16 values");
-        assert_eq!(all[scales_at as usize + row], want_scales[row], "row {row}'s scale");
+        assert_eq!(all[scales_at + row], want_scales[row], "row {row}'s scale");
     }
 }
 
@@ -81,13 +87,7 @@ fn check_rms_norm_half(gpu: &Gpu) {
     let (words_at, scales_at) = (at, at + tokens as u64 * stride);
     let dst = HalfMat::rows(Mat { buf: &out, offset: words_at, stride }, Mat { buf: &out, offset: scales_at, stride: 1 });
     let all = run_and_read(gpu, &out, len, |enc| rms_norm_half(gpu, enc, Mat::new(&xb, d as u64), Weight::bf16(&wb), dst, shape));
-    let (want_words, want_scales) = pack_rows(&y, tokens, d);
-    for row in 0..tokens {
-        let first = (words_at + row as u64 * stride) as usize;
-        let got: Vec<u32> = all[first..first + d / 2].iter().map(|v| v.to_bits()).collect();
-        assert_eq!(got, want_words[row * d / 2..(row + 1) * d / 2], "row {row}'s f16 values");
-        assert_eq!(all[scales_at as usize + row], want_scales[row], "row {row}'s scale");
-    }
+    assert_rows_packed(&all, [words_at as usize, stride as usize, scales_at as usize], &y, [tokens, d]);
 }
 
 #[test]

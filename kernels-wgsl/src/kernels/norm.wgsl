@@ -74,15 +74,20 @@ fn rms_norm(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id)
     let row = flat_workgroup(wid, nwg);
     if (row >= p.rows) { return; }
     let t = lid.x;
+    let inv = inverse_rms_of_src(row, t);
+    for (var i = t; i < p.d; i += THREADS) {
+        dst[dst_index(row, i)] = weight(p.w_offset + i) * (src[src_index(row, i)] * inv);
+    }
+}
+
+// 1/√(mean(src²) + eps) of src's `row`, invocation `t` of THREADS.
+fn inverse_rms_of_src(row: u32, t: u32) -> f32 {
     var ss = 0.0;
     for (var i = t; i < p.d; i += THREADS) {
         let v = src[src_index(row, i)];
         ss = fma(v, v, ss);
     }
-    let inv = inverseSqrt(workgroup_sum(ss, t) / f32(p.d) + p.eps);
-    for (var i = t; i < p.d; i += THREADS) {
-        dst[dst_index(row, i)] = weight(p.w_offset + i) * (src[src_index(row, i)] * inv);
-    }
+    return inverseSqrt(workgroup_sum(ss, t) / f32(p.d) + p.eps);
 }
 
 // 1/√(mean(dst²) + eps) of dst's `row`, invocation `t` of THREADS; the
@@ -261,15 +266,20 @@ fn rms_norm_lanes(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgro
                   @builtin(num_workgroups) nwg: vec3<u32>) {
     let row = lane_row(lid, wid, nwg);
     if (row >= p.rows) { return; }
+    let inv = inverse_rms_of_src_lane(row);
+    for (var i = 0u; i < p.d; i++) {
+        dst[dst_index(row, i)] = weight(p.w_offset + i) * (src[src_index(row, i)] * inv);
+    }
+}
+
+// `inverse_rms_of_src` by one invocation.
+fn inverse_rms_of_src_lane(row: u32) -> f32 {
     var ss = 0.0;
     for (var i = 0u; i < p.d; i++) {
         let v = src[src_index(row, i)];
         ss = fma(v, v, ss);
     }
-    let inv = inverseSqrt(ss / f32(p.d) + p.eps);
-    for (var i = 0u; i < p.d; i++) {
-        dst[dst_index(row, i)] = weight(p.w_offset + i) * (src[src_index(row, i)] * inv);
-    }
+    return inverseSqrt(ss / f32(p.d) + p.eps);
 }
 
 // `inverse_rms_of_dst` by one invocation.

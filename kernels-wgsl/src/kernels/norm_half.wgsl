@@ -166,12 +166,7 @@ fn rms_norm_half(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgrou
     let row = flat_workgroup(wid, nwg);
     if (row >= p.rows) { return; }
     let t = lid.x;
-    var ss = 0.0;
-    for (var i = t; i < p.d; i += THREADS) {
-        let v = src[src_index(row, i)];
-        ss = fma(v, v, ss);
-    }
-    let inv = inverseSqrt(workgroup_sum(ss, t) / f32(p.d) + p.eps);
+    let inv = inverse_rms_of_src(row, t);
     var m = 0.0;
     for (var i = t; i < p.d; i += THREADS) {
         m = max(m, abs(rms_value(row, i, inv)));
@@ -192,12 +187,7 @@ fn rms_norm_half_lanes(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(wo
                        @builtin(num_workgroups) nwg: vec3<u32>) {
     let row = lane_row(lid, wid, nwg);
     if (row >= p.rows) { return; }
-    var ss = 0.0;
-    for (var i = 0u; i < p.d; i++) {
-        let v = src[src_index(row, i)];
-        ss = fma(v, v, ss);
-    }
-    let inv = inverseSqrt(ss / f32(p.d) + p.eps);
+    let inv = inverse_rms_of_src_lane(row);
     var m = 0.0;
     for (var i = 0u; i < p.d; i++) {
         m = max(m, abs(rms_value(row, i, inv)));
