@@ -83,10 +83,13 @@ pub enum Module {
     ConvMatrix8Narrow,
     ConvMatrix16Narrow,
     ConvMatrix8F32Narrow,
+    /// The matrix tier's convolution over channels-last f16 activations.
+    ConvMatrixNhwc8,
+    ConvMatrixNhwc16,
 }
 
 impl Module {
-    pub const ALL: [Module; 56] = [
+    pub const ALL: [Module; 58] = [
         Module::Linear,
         Module::RangeScales,
         Module::Norm,
@@ -143,6 +146,8 @@ impl Module {
         Module::ConvMatrix8Narrow,
         Module::ConvMatrix16Narrow,
         Module::ConvMatrix8F32Narrow,
+        Module::ConvMatrixNhwc8,
+        Module::ConvMatrixNhwc16,
     ];
 
     pub fn name(self) -> &'static str {
@@ -186,6 +191,8 @@ impl Module {
             Module::ConvMatrix8Narrow => "conv_matrix (8×8 tiles, narrow blocks)",
             Module::ConvMatrix16Narrow => "conv_matrix (16×16 tiles, narrow blocks)",
             Module::ConvMatrix8F32Narrow => "conv_matrix (8×8 f32 tiles, narrow blocks)",
+            Module::ConvMatrixNhwc8 => "conv_matrix_nhwc (8×8 tiles)",
+            Module::ConvMatrixNhwc16 => "conv_matrix_nhwc (16×16 tiles)",
             Module::AttentionMatrix8F32 => "attention_matrix (8×8 f32 tiles)",
             Module::BenchMatrix8F32 => "bench_matrix (8×8 f32 tiles)",
             Module::BenchMatrix8 => "bench_matrix (8×8 tiles)",
@@ -253,6 +260,8 @@ impl Module {
                 | Module::ConvMatrix8Narrow
                 | Module::ConvMatrix16Narrow
                 | Module::ConvMatrix8F32Narrow
+                | Module::ConvMatrixNhwc8
+                | Module::ConvMatrixNhwc16
         )
     }
 
@@ -418,6 +427,8 @@ impl Module {
             Module::ConvMatrix8Narrow => with_matrix!("8", f16, narrow, "product_io.wgsl", "conv_io.wgsl", "conv_matrix.wgsl", "matrix_gemm.wgsl", "matrix_fetch.wgsl"),
             Module::ConvMatrix16Narrow => with_matrix!("16", f16, narrow, "product_io.wgsl", "conv_io.wgsl", "conv_matrix.wgsl", "matrix_gemm.wgsl", "matrix_fetch.wgsl"),
             Module::ConvMatrix8F32Narrow => with_matrix!("8", f32, narrow, "product_io.wgsl", "conv_io.wgsl", "conv_matrix.wgsl", "matrix_gemm.wgsl", "matrix_fetch.wgsl"),
+            Module::ConvMatrixNhwc8 => with_matrix!("8", f16, "product_io.wgsl", "conv_io.wgsl", "conv_matrix_nhwc.wgsl", "matrix_gemm.wgsl", "matrix_fetch.wgsl"),
+            Module::ConvMatrixNhwc16 => with_matrix!("16", f16, "product_io.wgsl", "conv_io.wgsl", "conv_matrix_nhwc.wgsl", "matrix_gemm.wgsl", "matrix_fetch.wgsl"),
         };
         fixed.into()
     }

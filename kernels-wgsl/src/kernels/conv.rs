@@ -41,12 +41,15 @@ pub struct ConvParams {
     pub px_count: u32,
     pub x_scales: u32,
     pub w_scales: u32,
+    /// The channels-last kernel's: the input pixel its window starts at.
+    pub x_first: u32,
+    pub _pad: u32,
 }
 
 impl ConvParams {
     /// `s` over `out_channels` output channels, with x, W, bias and y at
     /// these offsets in their windows; every output pixel, no scales.
-    fn of(s: &ConvShape, out_channels: u64, [x_offset, w_offset, b_offset, y_offset]: [u32; 4]) -> Self {
+    pub(crate) fn of(s: &ConvShape, out_channels: u64, [x_offset, w_offset, b_offset, y_offset]: [u32; 4]) -> Self {
         ConvParams {
             in_channels: s.in_channels as u32,
             height: s.height as u32,
@@ -66,6 +69,8 @@ impl ConvParams {
             px_count: (s.out_height * s.out_width) as u32,
             x_scales: 0,
             w_scales: 0,
+            x_first: 0,
+            _pad: 0,
         }
     }
 }
@@ -213,7 +218,7 @@ pub struct ConvEpilogue {
 
 impl ConvEpilogue {
     /// The kernels' override constants for it.
-    fn constants(self) -> [(&'static str, u32); 2] {
+    pub(crate) fn constants(self) -> [(&'static str, u32); 2] {
         [("RESIDUAL", self.residual as u32), ("RELU", self.relu as u32)]
     }
 }

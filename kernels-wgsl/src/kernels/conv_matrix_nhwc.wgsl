@@ -1,0 +1,172 @@
+// 2-D convolution (stride 1, cross-correlation with bias) over channels-last
+// f16 activations on cooperative-matrix units: the VAE's data path on the
+// matrix tier. The input is `[pixels, C]` f16 rows, two a word, each pixel's
+// row divided by its range scale (range_rule.wgsl) with the scale beside it
+// as f32, as the op before writes it (a GroupNorm + SiLU, the latent's
+// de-normalisation); the output `[pixels, out channels]` f32 rows (the
+// residual stream, which stays f32, y's own values added where RESIDUAL).
+//
+// On matrix_gemm.wgsl's core (the linear's) as the product of A = the input
+// gathered per output pixel [pixels, taps] and B = Wᵀ [taps, out channels],
+// one BM × BN block per workgroup, as conv_matrix.wgsl; but the taps run in
+// (ky, kx, ci) order, so a k step reads one neighbour's channels, neighbours
+// in memory, and W's rows are in that order (`[co, ky, kx, ci]`: the
+// launcher's caller permutes PyTorch's `[co, ci, ky, kx]` once).
+//
+// A's row scale (an output pixel's) is the largest of its in-image
+// neighbours' scales, so every tap's value is its f16 value times a power
+// of two of at most 1 (exact, unless it falls below f16's normals: the
+// range rule's flush). No pass measures A. With `UPSAMPLE` the input is
+// read through a nearest-neighbour ×2 upsampling (neighbour (uy, ux) of the
+// upsampled image is input pixel (uy/2, ux/2)): the upsampling pass and its
+// 4× tensor are gone. Interface in conv_io.wgsl; `p.height`/`p.width` are
+// the input's (before upsampling), `p.x_offset` and `p.x_scales` the window's
+// words and scales of input pixel `p.x_first`.
+
+// Invocations per workgroup: SUBGROUPS subgroups of the adapter's size.
+override WG: u32 = 32u;
+// The kernel's size, the input's channels and the output's width, fixed
+// when the pipeline is made (a tap's neighbour and channel, a pixel's row
+// and column come of divisions by constants).
+override KERNEL: u32 = 3u;
+override IN_CHANNELS: u32 = 2u;
+override OUT_WIDTH: u32 = 1u;
+override UPSAMPLE: bool = false;
+
+@group(0) @binding(8) var<storage, read_write> w_scales: array<f32>;
+@group(0) @binding(9) var<storage, read> x_half: array<u32>;
+@group(0) @binding(10) var<storage, read> x_pixel_scales: array<f32>;
+
+// Input height and width as the taps see them (upsampled where UPSAMPLE).
+fn seen_height() -> u32 {
+    return select(p.height, 2u * p.height, UPSAMPLE);
+}
+
+fn seen_width() -> u32 {
+    return select(p.width, 2u * p.width, UPSAMPLE);
+}
+
+// The input pixel under neighbour `nb` (ky·KERNEL + kx) of output pixel
+// `pixel`, and whether it lies inside the image. Unsigned wrap-around makes
+// neighbours above or left of the image fail the bound check.
+fn neighbour(pixel: u32, nb: u32) -> vec2<u32> {
+    let uy = pixel / OUT_WIDTH + nb / KERNEL - p.pad_top;
+    let ux = pixel % OUT_WIDTH + nb % KERNEL - p.pad_left;
+    let inside = uy < seen_height() && ux < seen_width();
+    let shift = select(0u, 1u, UPSAMPLE);
+    return vec2<u32>((uy >> shift) * p.width + (ux >> shift), u32(inside));
+}
+
+// Input pixel `src`'s range scale (its window's).
+fn pixel_scale(src: u32) -> f32 {
+    return x_pixel_scales[p.x_scales + src - p.x_first];
+}
+
+// A: input channel ci of neighbour nb of output pixel m0 + r, for tap
+// k0 + t = nb·C + ci (zero in the padding and past the call's pixels or
+// the taps). Out-of-range reads go to the window's first word and are
+// selected away.
+fn a_at(r: u32, t: u32, m0: u32, k0: u32) -> f32 {
+    let row = m0 + r;
+    let tap = k0 + t;
+    let at = neighbour(p.px_first + row, tap / IN_CHANNELS);
+    let ci = tap % IN_CHANNELS;
+    let inside = row < p.px_count && tap < taps() && at.y == 1u;
+    let word = x_half[select(p.x_offset, p.x_offset + (at.x - p.x_first) * (IN_CHANNELS / 2u) + ci / 2u, inside)];
+    let pair = unpack2x16float(word);
+    let v = select(pair.x, pair.y, (ci & 1u) == 1u) * pixel_scale(select(p.x_first, at.x, inside));
+    return select(0.0, v, inside);
+}
+
+// Element i of a k step's A: (row, term), terms fastest: a row's taps of
+// one neighbour are neighbouring channels, neighbouring f16 in memory.
+fn a_element(i: u32) -> vec2<u32> {
+    return vec2<u32>(i / KT, i % KT);
+}
+
+// B = Wᵀ: W[n0 + c, k0 + t], W's rows [out channels, taps] in (ky, kx, ci) order.
+fn b_at(t: u32, c: u32, n0: u32, k0: u32) -> f32 {
+    if (k0 + t < taps() && n0 + c < p.out_channels) {
+        let e = p.w_offset + (n0 + c) * taps() + k0 + t;
+        return weight_value(w[weight_word(e, WEIGHT_BF16)], e, WEIGHT_BF16);
+    }
+    return 0.0;
+}
+
+// W's rows start on even elements and the taps are even: B's columns load as bf16 pairs.
+override B_PAIRED: bool = false;
+
+// The u32 holding W[n0 + c, k0 + t] and W[n0 + c, k0 + t + 1] (t even; zero past W).
+fn b_pair(c: u32, t: u32, n0: u32, k0: u32) -> u32 {
+    let inside = k0 + t < taps() && n0 + c < p.out_channels;
+    let word = w[select(p.w_offset, p.w_offset + (n0 + c) * taps() + k0 + t, inside) >> 1u];
+    return select(0u, word, inside);
+}
+
+// The range rule's scale of A's row: the largest of the output pixel's
+// in-image neighbours' (1 past the call's pixels).
+fn a_scale(row: u32) -> f32 {
+    if (row >= p.px_count) {
+        return 1.0;
+    }
+    var largest = 0.0;
+    for (var nb = 0u; nb < KERNEL * KERNEL; nb++) {
+        let at = neighbour(p.px_first + row, nb);
+        if (at.y == 1u) {
+            largest = max(largest, pixel_scale(at.x));
+        }
+    }
+    return select(largest, 1.0, largest == 0.0);
+}
+
+// The range rule's scale of W's row `col` (B's column).
+fn b_scale(col: u32) -> f32 {
+    if (col >= p.out_channels) {
+        return 1.0;
+    }
+    return w_scales[p.w_scales + col];
+}
+
+// y[pixel r, channel c] (the call's r: y's window starts at its first
+// pixel) = value + b[c], y's value added where RESIDUAL, ReLU'd where RELU,
+// inside the call's pixels and channels only.
+fn block_value_out(r: u32, c: u32, value: f32) {
+    if (r < p.px_count && c < p.out_channels) {
+        store_output(p.y_offset + r * p.out_channels + c, value + bias(p.b_offset + c));
+    }
+}
+
+// A convolution's block columns are all its own (matrix_gemm.wgsl's pairing is the linear's).
+fn pairs_columns() -> bool {
+    return false;
+}
+
+fn pieces_out() -> bool {
+    return false;
+}
+
+fn paired_value(gate_sum: f32, up_sum: f32) -> f32 {
+    return 0.0;
+}
+
+fn block_pair_out(r: u32, c: u32, value: f32) {}
+
+fn block_half_pair_out(r: u32, c: u32, word: u32) {}
+
+fn out_piece() -> u32 {
+    return 1u;
+}
+
+fn block_piece_scale_out(r: u32, c: u32, scale: f32) {}
+
+@compute @workgroup_size(WG)
+fn conv2d_matrix_nhwc(
+    @builtin(local_invocation_index) li: u32,
+    @builtin(subgroup_id) sg: u32,
+    @builtin(subgroup_invocation_id) lane: u32,
+    @builtin(subgroup_size) lanes: u32,
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+) {
+    matrix_gemm_block(li, sg, lane, lanes, flat_workgroup(wid, nwg), p.out_channels, taps());
+}

@@ -1,0 +1,138 @@
+//! The matrix tier's convolution over channels-last f16 activations
+//! (`conv_matrix_nhwc.wgsl` on `matrix_gemm.wgsl`): the VAE's data path on
+//! cooperative-matrix units, where each op writes the next convolution's
+//! input as f16 rows, a pixel a row, under the pixel's range scale.
+
+use crate::device::Gpu;
+use crate::dispatch::{chunks, dispatch, rows_per_chunk, to_u32, window, Launch, Rows, Sink};
+use crate::error::GpuError;
+use crate::kernel::{kernel, wrapped_grid, Access::{Read as R, ReadWrite as RW}, Kernel, Module};
+use crate::precision::MatrixOperands;
+use crate::view::{HalfMat, Mat, Weight};
+use flux_lite_core::oracle::ConvShape;
+use super::conv::{ConvEpilogue, ConvParams};
+use super::linear::{kept_scales_window, matrix_b_paired, measure_rows, RangeScalesParams, MATRIX_BLOCK_TILES, MATRIX_SUBGROUPS};
+
+/// `conv_matrix_nhwc.wgsl`, one module per tile size; its workgroup is
+/// [`MATRIX_SUBGROUPS`] subgroups (the `WG` override).
+pub const CONV2D_MATRIX_NHWC_8: Kernel =
+    kernel(Module::ConvMatrixNhwc8, "conv2d_matrix_nhwc", [0, 1, 1], &[(2, R), (3, R), (4, RW), (8, RW), (9, R), (10, R)], size_of::<ConvParams>(), true);
+pub const CONV2D_MATRIX_NHWC_16: Kernel = Kernel { module: Module::ConvMatrixNhwc16, ..CONV2D_MATRIX_NHWC_8 };
+
+/// How a channels-last convolution reads its input.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum NhwcInput {
+    /// As stored.
+    #[default]
+    Plain,
+    /// Through a nearest-neighbour ×2 upsampling (the VAE's up blocks):
+    /// the shape's `height × width` is the stored input's, its output twice
+    /// each.
+    Upsampled,
+}
+
+/// A stride-1 convolution of `s` over `x`, `[height·width, in_channels]` f16
+/// rows under one range scale a pixel ([`HalfMat::rows`]; `x.data.stride`
+/// words a pixel), into `y`, `[out_height·out_width, out_channels]` f32 rows
+/// (`y.stride` = `out_channels`), with `then`'s residual and ReLU. W is
+/// `[out_channels, kernel, kernel, in_channels]` (taps in (ky, kx, ci)
+/// order) with its rows' range scales kept ([`Weight::scales`]) or measured
+/// here. Runs in pieces of output pixels, each binding its own window of
+/// the input rows. Needs the matrix tier's f16 operands, an even channel
+/// count, and W and the bias in one binding.
+#[allow(clippy::too_many_arguments)] // a convolution's operands, its input's reading and its epilogue
+pub fn conv2d_matrix_nhwc(gpu: &Gpu, sink: &mut dyn Sink, x: HalfMat<'_>, w: Weight<'_>, bias: Weight<'_>, y: Mat<'_>, s: ConvShape, input: NhwcInput, then: ConvEpilogue) -> Result<(), GpuError> {
+    let Some(c) = gpu.matrix().filter(|c| c.operands == MatrixOperands::F16) else {
+        return Err(GpuError::UnsupportedShape("a channels-last f16 convolution needs the matrix tier's f16 operands".into()));
+    };
+    let up = if input == NhwcInput::Upsampled { 2 } else { 1 };
+    let (seen_h, seen_w) = (s.height * up, s.width * up);
+    let same_size = s.out_height + s.kernel - 1 == seen_h + 2 * s.pad_top && s.out_width + s.kernel - 1 == seen_w + 2 * s.pad_left;
+    if s.stride != 1 || !s.in_channels.is_multiple_of(2) || x.piece.is_some() || !same_size || w.dtype != bias.dtype {
+        return Err(GpuError::UnsupportedShape(format!("a channels-last convolution {s:?} ({input:?}; stride 1, \"same\" size, even input channels, one scale a pixel)")));
+    }
+    if y.stride != s.out_channels as u64 || x.data.stride != (s.in_channels / 2) as u64 {
+        return Err(GpuError::UnsupportedShape("channels-last rows are whole pixels: x a pixel's words apart, y a pixel's channels".into()));
+    }
+    let (plane, taps) = ((s.out_height * s.out_width) as u64, (s.in_channels * s.kernel * s.kernel) as u64);
+    let out_channels = s.out_channels as u64;
+    let ww = window(gpu, w.buf, w.dtype.bytes(), w.offset..w.offset + out_channels * taps, "conv weight")?;
+    let bw = window(gpu, bias.buf, bias.dtype.bytes(), bias.offset..bias.offset + out_channels, "conv bias")?;
+    // W's row scales: as kept, or measured now into the range scales.
+    let kept = w.scales.filter(|r| r.k == taps);
+    let measured = match kept {
+        Some(_) => None,
+        None => Some(gpu.range_scales(out_channels)?),
+    };
+    let stored = match (kept, &measured) {
+        (Some(kept), _) => kept_scales_window(gpu, kept, &(0..out_channels))?,
+        (None, buffer) => {
+            let buffer = buffer.as_ref().ok_or_else(|| GpuError::UnsupportedShape("W's row scales neither kept nor measured".into()))?;
+            let measure = RangeScalesParams { rows: to_u32(out_channels, "conv output channels")?, k: to_u32(taps, "conv taps")?, src_offset: ww.local, src_stride: to_u32(taps, "conv taps")?, dst_offset: 0, t_stride: 1, _pad: [0; 2] };
+            measure_rows(gpu, sink, &ww, buffer, measure, w.dtype.constant() == 1)?;
+            window(gpu, buffer, 4, 0..out_channels, "range scales")?
+        }
+    };
+    let block = c.size as u64 * MATRIX_BLOCK_TILES;
+    let y_rows = Rows::mat(y, out_channels, "conv output");
+    let x_rows = Rows::mat(x.data, (s.in_channels / 2) as u64, "conv input");
+    let x_scale_rows = Rows::mat(x.scales, 1, "conv input scales");
+    // Pieces of whole blocks of output pixels whose output rows, and the
+    // input rows under them, each fit one binding.
+    let mut piece = rows_per_chunk(gpu, plane, &[y_rows], block)?;
+    while piece > block && !input_fits(gpu, &s, up, piece, &[x_rows, x_scale_rows]) {
+        piece = (piece / 2).div_ceil(block) * block;
+    }
+    let paired = matrix_b_paired(c, w.dtype, ww.local, taps);
+    let [residual, relu] = then.constants();
+    let kernel = if c.size == 16 { CONV2D_MATRIX_NHWC_16 } else { CONV2D_MATRIX_NHWC_8 };
+    let constants = [
+        ("WEIGHT_BF16", w.dtype.constant()),
+        ("WG", c.subgroup * MATRIX_SUBGROUPS),
+        ("B_PAIRED", paired as u32),
+        ("KERNEL", to_u32(s.kernel as u64, "conv kernel")?),
+        ("IN_CHANNELS", to_u32(s.in_channels as u64, "conv input channels")?),
+        ("OUT_WIDTH", to_u32(s.out_width as u64, "conv output width")?),
+        ("UPSAMPLE", (up == 2) as u32),
+        residual,
+        relu,
+    ];
+    for px in chunks(plane, piece) {
+        let source = input_pixels(&s, up, &px);
+        let (xw, xsw, yw) = (x_rows.window(gpu, &source)?, x_scale_rows.window(gpu, &source)?, y_rows.window(gpu, &px)?);
+        let params = ConvParams {
+            px_first: to_u32(px.start, "conv output pixels")?,
+            px_count: to_u32(px.end - px.start, "conv output pixels")?,
+            x_scales: xsw.local,
+            w_scales: stored.local,
+            x_first: to_u32(source.start, "conv input pixels")?,
+            ..ConvParams::of(&s, out_channels, [xw.local, ww.local, bw.local, yw.local])
+        };
+        let grid = wrapped_grid((px.end - px.start).div_ceil(block) * out_channels.div_ceil(block));
+        let launch = Launch { kernel: &kernel, constants: &constants, params, grid };
+        dispatch(gpu, sink, launch, &[(2, &ww), (3, &bw), (4, &yw), (8, &stored), (9, &xw), (10, &xsw)]);
+    }
+    Ok(())
+}
+
+/// The stored input pixels the output pixels `px` read: whole input rows
+/// from the one under their first row's top tap to the one under their
+/// last row's bottom tap, inside the image.
+fn input_pixels(s: &ConvShape, up: usize, px: &std::ops::Range<u64>) -> std::ops::Range<u64> {
+    let (out_w, k, pad) = (s.out_width as u64, s.kernel as u64, s.pad_top as u64);
+    let first_row = (px.start / out_w).saturating_sub(pad) / up as u64;
+    let last_row = (((px.end - 1) / out_w + k - 1).saturating_sub(pad) / up as u64).min(s.height as u64 - 1);
+    first_row * s.width as u64..(last_row + 1) * s.width as u64
+}
+
+/// Whether a piece of `piece` output pixels' input rows fit every operand's binding.
+fn input_fits(gpu: &Gpu, s: &ConvShape, up: usize, piece: u64, operands: &[Rows<'_>]) -> bool {
+    // The widest input a piece of this size can read: its output rows plus the kernel's.
+    let rows = (piece.div_ceil(s.out_width as u64) + 1 + s.kernel as u64).div_ceil(up as u64) + 1;
+    let pixels = rows * s.width as u64;
+    operands.iter().all(|o| rows_per_chunk(gpu, pixels, &[*o], 1).is_ok_and(|n| n >= pixels))
+}
+
+#[cfg(test)]
+#[path = "conv_nhwc_tests.rs"]
+mod tests;
