@@ -7,7 +7,7 @@
 use crate::kernel::Kernel;
 #[cfg(test)]
 use crate::kernel::{wrapped_grid, Access, Module, MAX_GRID_DIM};
-use crate::kernels::{attention, bench, conv, conv_nhwc, df11, elementwise, ggml, linear, norm, rope, vae};
+use crate::kernels::{attention, bench, conv, conv_nhwc, df11, group_norm_nhwc, elementwise, ggml, linear, norm, rope, vae};
 
 /// Every kernel, for validation and pipeline warm-up.
 pub const ALL_KERNELS: &[Kernel] = &[
@@ -90,6 +90,8 @@ pub const ALL_KERNELS: &[Kernel] = &[
     conv::CONV_RUN_SCALES_16,
     conv_nhwc::CONV2D_MATRIX_NHWC_8,
     conv_nhwc::CONV2D_MATRIX_NHWC_16,
+    group_norm_nhwc::GROUP_STATS_NHWC,
+    group_norm_nhwc::GROUP_NORM_NHWC_HALF,
     linear::LINEAR_MATRIX_8_VEC4,
     linear::LINEAR_MATRIX_16_VEC4,
     linear::LINEAR_MATRIX_8_F32_VEC4,

@@ -392,7 +392,7 @@ impl Module {
             Module::LinearHalf => with_gemm!(f16, "product_io.wgsl", "linear_io.wgsl", "linear.wgsl"),
             Module::RangeScales => with_common!("range_rule.wgsl", "range_scales.wgsl"),
             Module::Norm => with_common!("norm.wgsl"),
-            Module::NormHalf => concat!("enable f16;\n", with_common!("range_rule.wgsl", "norm.wgsl", "norm_half.wgsl")),
+            Module::NormHalf => concat!("enable f16;\n", with_common!("range_rule.wgsl", "norm.wgsl", "norm_half.wgsl", "group_norm_nhwc.wgsl")),
             Module::Rope => with_common!("rope.wgsl"),
             Module::Attention => with_common!("attention_io.wgsl", "attention_kv_f32.wgsl", "attention.wgsl", "attention_cpu.wgsl"),
             Module::AttentionHalfKv => with_common!("attention_io.wgsl", "attention_kv_half.wgsl", "attention.wgsl", "attention_cpu.wgsl"),

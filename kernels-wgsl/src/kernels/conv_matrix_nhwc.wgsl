@@ -10,8 +10,9 @@
 // gathered per output pixel [pixels, taps] and B = Wᵀ [taps, out channels],
 // one BM × BN block per workgroup, as conv_matrix.wgsl; but the taps run in
 // (ky, kx, ci) order, so a k step reads one neighbour's channels, neighbours
-// in memory, and W's rows are in that order (`[co, ky, kx, ci]`: the
-// launcher's caller permutes PyTorch's `[co, ci, ky, kx]` once).
+// in memory. W's rows are in that order (`[co, ky, kx, ci]`, `W_TAPS_LAST`:
+// B's columns load as bf16 pairs) or PyTorch's `[co, ci, ky, kx]`, each
+// value then read on its own.
 //
 // A's row scale (an output pixel's) is the largest of its in-image
 // neighbours' scales, so every tap's value is its f16 value times a power
@@ -84,16 +85,26 @@ fn a_element(i: u32) -> vec2<u32> {
     return vec2<u32>(i / KT, i % KT);
 }
 
-// B = Wᵀ: W[n0 + c, k0 + t], W's rows [out channels, taps] in (ky, kx, ci) order.
+// Whether W's rows hold their taps in (ky, kx, ci) order, as A's run.
+override W_TAPS_LAST: bool = true;
+
+// Where tap `tap` (neighbour·C + channel) lies in a row of W.
+fn w_term(tap: u32) -> u32 {
+    let torch = (tap % IN_CHANNELS) * KERNEL * KERNEL + tap / IN_CHANNELS;
+    return select(torch, tap, W_TAPS_LAST);
+}
+
+// B = Wᵀ: W[n0 + c, tap k0 + t], W's rows [out channels, taps].
 fn b_at(t: u32, c: u32, n0: u32, k0: u32) -> f32 {
     if (k0 + t < taps() && n0 + c < p.out_channels) {
-        let e = p.w_offset + (n0 + c) * taps() + k0 + t;
+        let e = p.w_offset + (n0 + c) * taps() + w_term(k0 + t);
         return weight_value(w[weight_word(e, WEIGHT_BF16)], e, WEIGHT_BF16);
     }
     return 0.0;
 }
 
-// W's rows start on even elements and the taps are even: B's columns load as bf16 pairs.
+// W's rows start on even elements, the taps are even and in A's order:
+// B's columns load as bf16 pairs.
 override B_PAIRED: bool = false;
 
 // The u32 holding W[n0 + c, k0 + t] and W[n0 + c, k0 + t + 1] (t even; zero past W).

@@ -31,17 +31,35 @@ pub enum NhwcInput {
     Upsampled,
 }
 
+/// The order of the taps in each row of a channels-last convolution's W.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum TapOrder {
+    /// `[co, ky, kx, ci]`, A's order: B's columns load as bf16 pairs.
+    #[default]
+    ChannelsLast,
+    /// PyTorch's `[co, ci, ky, kx]`, as the model's files hold it: each value read on its own.
+    Torch,
+}
+
+/// A channels-last convolution's W and bias, and how W's taps are ordered.
+#[derive(Debug, Clone, Copy)]
+pub struct NhwcWeights<'a> {
+    pub w: Weight<'a>,
+    pub bias: Weight<'a>,
+    pub order: TapOrder,
+}
+
 /// A stride-1 convolution of `s` over `x`, `[height·width, in_channels]` f16
 /// rows under one range scale a pixel ([`HalfMat::rows`]; `x.data.stride`
 /// words a pixel), into `y`, `[out_height·out_width, out_channels]` f32 rows
-/// (`y.stride` = `out_channels`), with `then`'s residual and ReLU. W is
-/// `[out_channels, kernel, kernel, in_channels]` (taps in (ky, kx, ci)
-/// order) with its rows' range scales kept ([`Weight::scales`]) or measured
-/// here. Runs in pieces of output pixels, each binding its own window of
+/// (`y.stride` = `out_channels`), with `then`'s residual and ReLU. W's
+/// taps in `weights.order`, its rows' range scales kept ([`Weight::scales`])
+/// or measured here. Runs in pieces of output pixels, each binding its own window of
 /// the input rows. Needs the matrix tier's f16 operands, an even channel
 /// count, and W and the bias in one binding.
 #[allow(clippy::too_many_arguments)] // a convolution's operands, its input's reading and its epilogue
-pub fn conv2d_matrix_nhwc(gpu: &Gpu, sink: &mut dyn Sink, x: HalfMat<'_>, w: Weight<'_>, bias: Weight<'_>, y: Mat<'_>, s: ConvShape, input: NhwcInput, then: ConvEpilogue) -> Result<(), GpuError> {
+pub fn conv2d_matrix_nhwc(gpu: &Gpu, sink: &mut dyn Sink, x: HalfMat<'_>, weights: NhwcWeights<'_>, y: Mat<'_>, s: ConvShape, input: NhwcInput, then: ConvEpilogue) -> Result<(), GpuError> {
+    let NhwcWeights { w, bias, order } = weights;
     let Some(c) = gpu.matrix().filter(|c| c.operands == MatrixOperands::F16) else {
         return Err(GpuError::UnsupportedShape("a channels-last f16 convolution needs the matrix tier's f16 operands".into()));
     };
@@ -83,7 +101,8 @@ pub fn conv2d_matrix_nhwc(gpu: &Gpu, sink: &mut dyn Sink, x: HalfMat<'_>, w: Wei
     while piece > block && !input_fits(gpu, &s, up, piece, &[x_rows, x_scale_rows]) {
         piece = (piece / 2).div_ceil(block) * block;
     }
-    let paired = matrix_b_paired(c, w.dtype, ww.local, taps);
+    let taps_last = order == TapOrder::ChannelsLast || s.kernel == 1;
+    let paired = taps_last && matrix_b_paired(c, w.dtype, ww.local, taps);
     let [residual, relu] = then.constants();
     let kernel = if c.size == 16 { CONV2D_MATRIX_NHWC_16 } else { CONV2D_MATRIX_NHWC_8 };
     let constants = [
@@ -94,6 +113,7 @@ pub fn conv2d_matrix_nhwc(gpu: &Gpu, sink: &mut dyn Sink, x: HalfMat<'_>, w: Wei
         ("IN_CHANNELS", to_u32(s.in_channels as u64, "conv input channels")?),
         ("OUT_WIDTH", to_u32(s.out_width as u64, "conv output width")?),
         ("UPSAMPLE", (up == 2) as u32),
+        ("W_TAPS_LAST", taps_last as u32),
         residual,
         relu,
     ];

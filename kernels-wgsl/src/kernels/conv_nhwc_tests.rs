@@ -32,6 +32,11 @@ fn taps_channels_last(w: &[u16], s: &ConvShape) -> Vec<u16> {
 /// sums: the f32 kernels' bound) and on the exact ones (the half tiers'
 /// product bound); with `residual`, onto seeded values already in y.
 fn check_nhwc_conv(gpu: &Gpu, s: ConvShape, input: NhwcInput, residual: bool, seed: u64) {
+    check_nhwc_conv_ordered(gpu, s, input, residual, seed, TapOrder::ChannelsLast);
+}
+
+/// [`check_nhwc_conv`] with W's taps in `order`.
+fn check_nhwc_conv_ordered(gpu: &Gpu, s: ConvShape, input: NhwcInput, residual: bool, seed: u64, order: TapOrder) {
     let up = if input == NhwcInput::Upsampled { 2 } else { 1 };
     let (pixels, out_pixels) = (s.height * s.width, s.out_height * s.out_width);
     let mut rng = Rng::new(seed);
@@ -68,15 +73,20 @@ fn check_nhwc_conv(gpu: &Gpu, s: ConvShape, input: NhwcInput, residual: bool, se
     let (rounded, exact) = (oracle(&x16, &w16), oracle(&x, &wf));
     let xb = gpu.upload_u32("x", &words);
     let xs = gpu.upload_f32("x scales", &scales);
-    let (wb, bb) = (gpu.upload_bf16("w", &taps_channels_last(&w, &s)), gpu.upload_bf16("b", &b));
+    let stored_w = match order {
+        TapOrder::ChannelsLast => taps_channels_last(&w, &s),
+        TapOrder::Torch => w.clone(),
+    };
+    let (wb, bb) = (gpu.upload_bf16("w", &stored_w), gpu.upload_bf16("b", &b));
     let yb = if residual { gpu.upload_f32("y", &to_nhwc(&before, s.out_channels, out_pixels)) } else { poisoned(gpu, s.out_channels * out_pixels) };
     let xh = HalfMat::rows(Mat::new(&xb, (s.in_channels / 2) as u64), Mat::new(&xs, 1));
     let then = ConvEpilogue { residual, relu: false };
     let got = run_and_read(gpu, &yb, s.out_channels * out_pixels, |enc| {
-        conv2d_matrix_nhwc(gpu, enc, xh, Weight::bf16(&wb), Weight::bf16(&bb), Mat::new(&yb, s.out_channels as u64), s, input, then)
+        let weights = NhwcWeights { w: Weight::bf16(&wb), bias: Weight::bf16(&bb), order };
+        conv2d_matrix_nhwc(gpu, enc, xh, weights, Mat::new(&yb, s.out_channels as u64), s, input, then)
     });
     let got = to_nchw(&got, s.out_channels, out_pixels);
-    let what = format!("channels-last conv {s:?} {input:?}, residual {residual}");
+    let what = format!("channels-last conv {s:?} {input:?}, W {order:?}, residual {residual}");
     assert_close(&format!("{what}, vs the operands as the tier rounds them"), &got, &rounded, F32_TOL);
     println!("{what}: relative L2 {:.2e} against the exact operands", rel_l2(&got, &exact));
     assert_close(&format!("{what}, vs exact operands"), &got, &exact, crate::selftest::HALF_PRODUCT);
@@ -92,6 +102,9 @@ fn the_channels_last_conv_on_matrix_units_matches_the_oracle() {
     // Through the ×2 upsampling: a 5×7 input convolved at 10×14.
     let upsampled = ConvShape { out_height: 10, out_width: 14, ..ConvShape::same(12, 9, 5, 7, 3) };
     check_nhwc_conv(&gpu, upsampled, NhwcInput::Upsampled, false, 63);
+    // W as the model's files hold it.
+    check_nhwc_conv_ordered(&gpu, ConvShape::same(6, 10, 13, 9, 3), NhwcInput::Plain, true, 66, TapOrder::Torch);
+    check_nhwc_conv_ordered(&gpu, upsampled, NhwcInput::Upsampled, false, 67, TapOrder::Torch);
 }
 
 #[test]
@@ -108,7 +121,8 @@ fn the_channels_last_conv_in_pieces_of_pixels_matches_the_oracle() {
     let (w, b) = (small.storage("w", 2 * 24 * 144 + 4), small.storage("b", 64));
     let mut recorded = Vec::new();
     let xh = HalfMat::rows(Mat::new(&x, 8), Mat { buf: &x, offset: 920 * 8, stride: 1 });
-    conv2d_matrix_nhwc(&small, &mut recorded, xh, Weight::bf16(&w), Weight::bf16(&b), Mat::new(&y, 24), s, NhwcInput::Plain, ConvEpilogue::default()).unwrap_or_else(|e| panic!("{e}"));
+    let weights = NhwcWeights { w: Weight::bf16(&w), bias: Weight::bf16(&b), order: TapOrder::ChannelsLast };
+    conv2d_matrix_nhwc(&small, &mut recorded, xh, weights, Mat::new(&y, 24), s, NhwcInput::Plain, ConvEpilogue::default()).unwrap_or_else(|e| panic!("{e}"));
     assert!(recorded.len() >= 7, "{} dispatches", recorded.len());
     check_nhwc_conv(&small, s, NhwcInput::Plain, true, 64);
     let upsampled = ConvShape { out_height: 36, out_width: 22, ..ConvShape::same(16, 12, 18, 11, 3) };
@@ -121,10 +135,11 @@ fn the_channels_last_conv_refuses_what_it_cannot_take() {
     let buf = gpu.upload_f32("any", &[0.0; 64]);
     let xh = HalfMat::rows(Mat::new(&buf, 2), Mat::new(&buf, 1));
     let mut sink = Vec::new();
+    let weights = NhwcWeights { w: Weight::f32(&buf), bias: Weight::f32(&buf), order: TapOrder::Torch };
     // Odd input channels; a stride of 2.
     let odd = ConvShape::same(3, 4, 4, 4, 3);
-    assert!(conv2d_matrix_nhwc(&gpu, &mut sink, xh, Weight::f32(&buf), Weight::f32(&buf), Mat::new(&buf, 4), odd, NhwcInput::Plain, ConvEpilogue::default()).is_err());
+    assert!(conv2d_matrix_nhwc(&gpu, &mut sink, xh, weights, Mat::new(&buf, 4), odd, NhwcInput::Plain, ConvEpilogue::default()).is_err());
     let strided = ConvShape { stride: 2, out_height: 2, out_width: 2, ..ConvShape::same(4, 4, 4, 4, 3) };
-    assert!(conv2d_matrix_nhwc(&gpu, &mut sink, xh, Weight::f32(&buf), Weight::f32(&buf), Mat::new(&buf, 4), strided, NhwcInput::Plain, ConvEpilogue::default()).is_err());
+    assert!(conv2d_matrix_nhwc(&gpu, &mut sink, xh, weights, Mat::new(&buf, 4), strided, NhwcInput::Plain, ConvEpilogue::default()).is_err());
     assert!(sink.is_empty(), "nothing recorded for a refused convolution");
 }

@@ -1,0 +1,134 @@
+//! GroupNorm (+ SiLU) over channels-last f32 rows, written as the next
+//! convolution's f16 input under a range scale a pixel
+//! (`group_norm_nhwc.wgsl`, in the f16-output norms' module): the VAE's
+//! data path on the matrix tier.
+
+use crate::device::Gpu;
+use crate::dispatch::{dispatch, row_chunks, to_u32, window, Launch, Rows, Sink};
+use crate::error::GpuError;
+use crate::kernel::{kernel, wrapped_grid, Access::{Read as R, ReadWrite as RW}, Kernel, Module};
+use crate::view::{HalfMat, Mat};
+use super::norm::{GroupAffine, Groups, NormParams};
+
+/// Each group's statistics over channels-last rows, one workgroup a group.
+pub const GROUP_STATS_NHWC: Kernel = kernel(Module::NormHalf, "group_stats_nhwc", [128, 1, 1], &[(1, RW), (5, RW)], size_of::<NormParams>(), false);
+/// The normalised rows as f16 under a range scale each, one workgroup a pixel.
+pub const GROUP_NORM_NHWC_HALF: Kernel =
+    kernel(Module::NormHalf, "group_norm_nhwc_half", [128, 1, 1], &[(1, RW), (3, R), (4, R), (5, RW), (6, RW), (7, RW)], size_of::<NormParams>(), true);
+
+/// GroupNorm of `src`, `[pixels, channels]` f32 rows (`src.stride` =
+/// `channels`), with `affine` (SiLU after where it says), into `dst`: f16
+/// rows under one range scale a pixel ([`HalfMat::rows`], a pixel's words
+/// `channels / 2` apart). Each group's `(mean, 1/√(var + eps))` goes to
+/// `stats` `[groups, 2]` first. Two dispatches: the statistics (the whole
+/// input in one binding), then the rows, in pieces of pixels.
+pub fn group_norm_nhwc_half(gpu: &Gpu, sink: &mut dyn Sink, src: Mat<'_>, stats: Mat<'_>, affine: GroupAffine<'_>, dst: HalfMat<'_>, g: Groups, eps: f32) -> Result<(), GpuError> {
+    let Groups { channels, pixels, groups } = g;
+    if groups == 0 || !channels.is_multiple_of(groups) || !channels.is_multiple_of(2) || dst.piece.is_some() {
+        return Err(GpuError::UnsupportedShape(format!("a channels-last group norm of {channels} channels in {groups} groups into f16 rows (even channels, one scale a pixel)")));
+    }
+    if src.stride != channels || dst.data.stride != channels / 2 {
+        return Err(GpuError::UnsupportedShape("channels-last rows are whole pixels".into()));
+    }
+    if pixels == 0 {
+        return Ok(());
+    }
+    if affine.gamma.dtype != affine.beta.dtype {
+        return Err(GpuError::UnsupportedShape("group norm weight and bias must share a dtype".into()));
+    }
+    let whole = window(gpu, src.buf, 4, src.offset..src.offset + pixels * channels, "group norm input")?;
+    let tw = window(gpu, stats.buf, 4, stats.offset..stats.offset + 2 * groups, "group norm statistics")?;
+    let gw = window(gpu, affine.gamma.buf, affine.gamma.dtype.bytes(), affine.gamma.offset..affine.gamma.offset + channels, "group norm weight")?;
+    let bw = window(gpu, affine.beta.buf, affine.beta.dtype.bytes(), affine.beta.offset..affine.beta.offset + channels, "group norm bias")?;
+    if gw.local != bw.local {
+        return Err(GpuError::UnsupportedShape("group norm weight and bias must be equally aligned".into()));
+    }
+    let shape = NormParams {
+        rows: to_u32(pixels, "group norm pixels")?,
+        d: to_u32(channels, "group norm channels")?,
+        heads: 1,
+        src_stride: to_u32(channels, "group norm channels")?,
+        groups: to_u32(groups, "groups")?,
+        eps,
+        silu: affine.silu as u32,
+        w_offset: gw.local,
+        shift_offset: tw.local,
+        ..Default::default()
+    };
+    let stats_params = NormParams { src_offset: whole.local, ..shape };
+    dispatch(gpu, sink, Launch { kernel: &GROUP_STATS_NHWC, constants: &[], params: stats_params, grid: [shape.groups, 1, 1] }, &[(1, &whole), (5, &tw)]);
+    let src_rows = Rows::mat(src, channels, "group norm input");
+    let dst_rows = Rows::mat(dst.data, channels / 2, "group norm output");
+    let scale_rows = Rows::mat(dst.scales, 1, "group norm output scales");
+    let constants = [("WEIGHT_BF16", affine.gamma.dtype.constant())];
+    for rows in row_chunks(gpu, pixels, &[src_rows, dst_rows, scale_rows], 1)? {
+        let (sw, dw, cw) = (src_rows.window(gpu, &rows)?, dst_rows.window(gpu, &rows)?, scale_rows.window(gpu, &rows)?);
+        let params = NormParams {
+            rows: to_u32(rows.end - rows.start, "group norm pixels")?,
+            src_offset: sw.local,
+            dst_offset: dw.local,
+            dst_stride: to_u32(dst.data.stride, "group norm output stride")?,
+            scales_offset: cw.local,
+            ..shape
+        };
+        let launch = Launch { kernel: &GROUP_NORM_NHWC_HALF, constants: &constants, params, grid: wrapped_grid(rows.end - rows.start) };
+        dispatch(gpu, sink, launch, &[(1, &sw), (3, &gw), (4, &bw), (5, &tw), (6, &dw), (7, &cw)]);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::range_rule::unpack_rows;
+    use crate::testing::*;
+    use crate::view::Weight;
+    use flux_lite_core::oracle::{self as r, Weights};
+
+    /// GroupNorm (+ SiLU) of seeded channels-last rows against the f64
+    /// oracle: each value within its f16 rounding under its pixel's scale
+    /// (half an f16 step, 2⁻¹¹ of the value, or 2⁻²⁵ of the scale below
+    /// f16's normals) plus the f32 arithmetic's 1e-5 of the row's largest
+    /// magnitude (2¹⁴ scales at most: a value near 0 is a difference of
+    /// terms as large as the row's).
+    fn check_group_norm_nhwc(gpu: &Gpu, [channels, pixels, groups]: [usize; 3], silu: bool, seed: u64) {
+        let mut rng = Rng::new(seed);
+        let mut x = rng.normals(channels * pixels, 2.0);
+        // A group far off zero (a large mean), and one pixel far larger than the rest.
+        x[..channels / groups * pixels].iter_mut().for_each(|v| *v += 50.0);
+        x.iter_mut().skip(pixels / 2).step_by(pixels).for_each(|v| *v *= 30.0);
+        let (gamma, beta) = (rng.bf16s(channels, 1.0), rng.bf16s(channels, 0.5));
+        let widen = |v: &[u16]| -> Vec<f32> { v.iter().map(|&h| flux_lite_core::numerics::bf16::to_f32(h)).collect() };
+        let mut want = vec![0.0; channels * pixels];
+        r::group_norm(&x, Weights::F32(&widen(&gamma)), Weights::F32(&widen(&beta)), [channels, pixels, groups], 1e-6, silu, &mut want);
+        let nhwc: Vec<f32> = (0..pixels * channels).map(|i| x[(i % channels) * pixels + i / channels]).collect();
+        let xb = gpu.upload_f32("x", &nhwc);
+        let (gb, bb) = (gpu.upload_bf16("gamma", &gamma), gpu.upload_bf16("beta", &beta));
+        let (words_len, len) = (pixels * channels / 2, pixels * channels / 2 + pixels + 2 * groups);
+        let out = poisoned(gpu, len);
+        let dst = HalfMat::rows(Mat::new(&out, (channels / 2) as u64), Mat { buf: &out, offset: words_len as u64, stride: 1 });
+        let stats = Mat { buf: &out, offset: (words_len + pixels) as u64, stride: 0 };
+        let affine = GroupAffine { gamma: Weight::bf16(&gb), beta: Weight::bf16(&bb), silu };
+        let g = Groups { channels: channels as u64, pixels: pixels as u64, groups: groups as u64 };
+        let all = run_and_read(gpu, &out, len, |enc| group_norm_nhwc_half(gpu, enc, Mat::new(&xb, channels as u64), stats, affine, dst, g, 1e-6));
+        let words: Vec<u32> = all[..words_len].iter().map(|v| v.to_bits()).collect();
+        let scales = &all[words_len..words_len + pixels];
+        let got = unpack_rows(&words, scales, channels);
+        for (i, got) in got.iter().enumerate() {
+            let (pixel, c) = (i / channels, i % channels);
+            let w = want[c * pixels + pixel];
+            let scale = f64::from(scales[pixel]);
+            let bound = w.abs() * 2f64.powi(-11) + scale * 2f64.powi(-25) + 1e-5 * scale * 2f64.powi(14);
+            assert!((f64::from(*got) - w).abs() <= bound, "pixel {pixel}, channel {c}: {got} vs {w} (bound {bound:.2e}), silu {silu}");
+        }
+    }
+
+    #[test]
+    fn the_channels_last_group_norm_writes_f16_rows_within_their_rounding_of_the_oracle() {
+        let Some(gpu) = matrix_gpu() else { return };
+        check_group_norm_nhwc(&gpu, [64, 37, 8], true, 70);
+        check_group_norm_nhwc(&gpu, [96, 150, 32], false, 71);
+        // More channels than the workgroup's invocations (the VAE's 512).
+        check_group_norm_nhwc(&gpu, [512, 9, 32], true, 72);
+    }
+}

@@ -1,0 +1,72 @@
+// GroupNorm over channels-last f32 rows (`[pixels, channels]`, a pixel's
+// row `p.src_stride` apart), written as the next convolution's f16 input: a
+// pixel's row divided by its range scale, two values a word, the scale
+// beside it (after norm_half.wgsl, whose outputs these are). The VAE's data
+// path on the matrix tier. `p.rows` counts pixels, `p.d` channels.
+
+// A group's channels' value of pixel row i / per, channel g·per + i % per.
+fn nhwc_group_value(g: u32, i: u32) -> f32 {
+    let per = p.d / p.groups;
+    return src[p.src_offset + (i / per) * p.src_stride + g * per + i % per];
+}
+
+// Each group's mean and 1/√(var + eps) over every pixel, one workgroup a
+// group, the variance in a second pass about the mean (as group_moments),
+// into modulation[shift_offset + 2g ..].
+@compute @workgroup_size(128)
+fn group_stats_nhwc(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+    let g = wid.x;
+    let t = lid.x;
+    let count = (p.d / p.groups) * p.rows;
+    var s = 0.0;
+    for (var i = t; i < count; i += THREADS) {
+        s += nhwc_group_value(g, i);
+    }
+    let mean = workgroup_sum(s, t) / f32(count);
+    var sq = 0.0;
+    for (var i = t; i < count; i += THREADS) {
+        let c = nhwc_group_value(g, i) - mean;
+        sq = fma(c, c, sq);
+    }
+    let m2 = workgroup_sum(sq, t);
+    if (t == 0u) {
+        modulation[p.shift_offset + 2u * g] = mean;
+        modulation[p.shift_offset + 2u * g + 1u] = inverseSqrt(m2 / f32(count) + p.eps);
+    }
+}
+
+// Channel `ch` of pixel row `row` normalised with its group's statistics,
+// times gamma plus beta (norm.wgsl's group_write expression), SiLU'd where p.silu.
+fn nhwc_normed(row: u32, ch: u32) -> f32 {
+    let g = ch / (p.d / p.groups);
+    let x = src[p.src_offset + row * p.src_stride + ch];
+    var v = fma((x - modulation[p.shift_offset + 2u * g]) * modulation[p.shift_offset + 2u * g + 1u], weight(p.w_offset + ch), weight2(p.w_offset + ch));
+    if (p.silu != 0u) {
+        v = silu(v);
+    }
+    return v;
+}
+
+// One workgroup a pixel row: its normalised values' largest magnitude gives
+// the row's range scale, then each pair is rounded under it.
+@compute @workgroup_size(128)
+fn group_norm_nhwc_half(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>,
+                        @builtin(num_workgroups) nwg: vec3<u32>) {
+    let row = flat_workgroup(wid, nwg);
+    if (row >= p.rows) { return; }
+    let t = lid.x;
+    var m = 0.0;
+    for (var ch = t; ch < p.d; ch += THREADS) {
+        m = max(m, abs(nhwc_normed(row, ch)));
+    }
+    let scale = range_scale(workgroup_max(m, t));
+    let inverse = 1.0 / scale;
+    for (var j = t; j < p.d / 2u; j += THREADS) {
+        let lo = f16(nhwc_normed(row, 2u * j) * inverse);
+        let hi = f16(nhwc_normed(row, 2u * j + 1u) * inverse);
+        dst_half[p.dst_offset + row * p.dst_stride + j] = pack2x16float(vec2<f32>(f32(lo), f32(hi)));
+    }
+    if (t == 0u) {
+        dst_scales[p.scales_offset + row] = scale;
+    }
+}
