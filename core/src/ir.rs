@@ -286,6 +286,18 @@ pub enum Op {
     /// bias (a residual block's sum: the bits of an `Add` after it, one pass
     /// fewer); ReLU last when `relu` (the same values as a `Relu` step after).
     Conv2d { x: Span, w: TensorName, bias: TensorName, y: Span, shape: ConvShape, residual: bool, relu: bool },
+    /// A stride-1 "same" convolution over channels-last f16 rows `x`
+    /// (`[pixels, in_channels]`, one range scale a pixel: an
+    /// [`Operand::half_rows`]) into channels-last f32 rows `y` (`[pixels,
+    /// out_channels]`), y's own values added where `residual`; with
+    /// `upsample` the input (of `shape`'s height and width) is read through a
+    /// nearest-neighbour ×2 upsampling. W as the model's files hold it.
+    ConvNhwc { x: Operand, w: TensorName, bias: TensorName, y: Span, shape: ConvShape, upsample: bool, residual: bool },
+    /// GroupNorm with affine (SiLU after when `silu`) over channels-last f32
+    /// rows `src` (`[pixels, channels]`) into f16 rows under one range scale
+    /// a pixel (`dst`, the next product's input); each group's statistics
+    /// go through `stats` (`[groups, 2]`).
+    GroupNormNhwc { src: Span, stats: Span, dst: Operand, gamma: TensorName, beta: TensorName, channels: u64, pixels: u64, groups: u64, eps: f32, silu: bool },
     /// GroupNorm with affine over contiguous `[channels, pixels]`, SiLU after when `silu`.
     GroupNorm {
         src: Span,
@@ -342,7 +354,7 @@ impl Op {
                 4 * q_len * kv_len * heads * head_dim
             }
             Op::CausalAttention { len, q_heads, head_dim, .. } => 4 * len * len * q_heads * head_dim,
-            Op::Conv2d { shape: c, .. } => {
+            Op::Conv2d { shape: c, .. } | Op::ConvNhwc { shape: c, .. } => {
                 let taps = (c.in_channels * c.kernel * c.kernel) as u64;
                 2 * taps * (c.out_channels * c.out_height * c.out_width) as u64
             }
@@ -356,8 +368,8 @@ impl Op {
             Op::Linear { w, bias, .. } => (Some(w), bias.as_ref()),
             Op::LinearSwiGlu { w, .. } | Op::LinearHalf { w, .. } => (Some(w), None),
             Op::RmsNormHeads { w, .. } | Op::RmsNorm { w, .. } | Op::RmsNormRope { w, .. } => (Some(w), None),
-            Op::Conv2d { w, bias, .. } => (Some(w), Some(bias)),
-            Op::GroupNorm { gamma, beta, .. } | Op::GroupNormApply { gamma, beta, .. } => (Some(gamma), Some(beta)),
+            Op::Conv2d { w, bias, .. } | Op::ConvNhwc { w, bias, .. } => (Some(w), Some(bias)),
+            Op::GroupNorm { gamma, beta, .. } | Op::GroupNormApply { gamma, beta, .. } | Op::GroupNormNhwc { gamma, beta, .. } => (Some(gamma), Some(beta)),
             Op::DenormUnpatchify { mean, var, .. } => (Some(mean), Some(var)),
             _ => (None, None),
         };

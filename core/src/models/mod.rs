@@ -7,3 +7,4 @@ pub mod tiny_decoder;
 pub mod transformer;
 pub mod vae;
 pub mod vae_encoder;
+pub mod vae_nhwc;

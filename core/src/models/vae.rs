@@ -136,7 +136,7 @@ impl VaeLayout {
         self.out_channels * h * w
     }
 
-    fn top(&self) -> u64 {
+    pub(crate) fn top(&self) -> u64 {
         self.channels[self.channels.len() - 1]
     }
 }

@@ -35,8 +35,9 @@ override OUT_WIDTH: u32 = 1u;
 override UPSAMPLE: bool = false;
 
 @group(0) @binding(8) var<storage, read_write> w_scales: array<f32>;
-@group(0) @binding(9) var<storage, read> x_half: array<u32>;
-@group(0) @binding(10) var<storage, read> x_pixel_scales: array<f32>;
+// read_write: the input shares its buffer (the activation arena) with y.
+@group(0) @binding(9) var<storage, read_write> x_half: array<u32>;
+@group(0) @binding(10) var<storage, read_write> x_pixel_scales: array<f32>;
 
 // Input height and width as the taps see them (upsampled where UPSAMPLE).
 fn seen_height() -> u32 {

@@ -16,7 +16,7 @@ use super::linear::{kept_scales_window, matrix_b_paired, measure_rows, RangeScal
 /// `conv_matrix_nhwc.wgsl`, one module per tile size; its workgroup is
 /// [`MATRIX_SUBGROUPS`] subgroups (the `WG` override).
 pub const CONV2D_MATRIX_NHWC_8: Kernel =
-    kernel(Module::ConvMatrixNhwc8, "conv2d_matrix_nhwc", [0, 1, 1], &[(2, R), (3, R), (4, RW), (8, RW), (9, R), (10, R)], size_of::<ConvParams>(), true);
+    kernel(Module::ConvMatrixNhwc8, "conv2d_matrix_nhwc", [0, 1, 1], &[(2, R), (3, R), (4, RW), (8, RW), (9, RW), (10, RW)], size_of::<ConvParams>(), true);
 pub const CONV2D_MATRIX_NHWC_16: Kernel = Kernel { module: Module::ConvMatrixNhwc16, ..CONV2D_MATRIX_NHWC_8 };
 
 /// How a channels-last convolution reads its input.

@@ -292,6 +292,14 @@ pub fn op_traffic(op: &Op, tier: Precision, m: &Machine) -> Traffic {
         }
         Op::Transpose { rows, cols, .. } => pass(2 * rows * cols * a, 0, false),
         Op::Conv2d { shape: s, residual, .. } => conv(m, p, s, residual),
+        Op::ConvNhwc { shape: s, residual, .. } => conv_nhwc(m, p, s, residual),
+        Op::GroupNormNhwc { channels, pixels, groups, .. } => {
+            // The statistics over the whole input, then the rows into f16 (words and a scale a pixel).
+            let stats = pass(channels * pixels * 4 + 2 * groups * 4, 0, false);
+            let half_row = channels * 2 + 4;
+            let rows = by_rows(pixels, &[Rows::packed(channels, 4), Rows::packed(channels / 2, 4)], &|r| r * channels * 4 + r * half_row + 2 * channels * wb + 2 * groups * 4);
+            stats + rows
+        }
         Op::GroupNorm { channels, pixels, .. } => pass(2 * channels * pixels * a + 2 * channels * wb, 0, false),
         Op::GroupStats { channels, pixels, groups, .. } => pass(channels * pixels * a + 2 * groups * 4, 0, false),
         Op::GroupNormApply { channels, pixels, groups, .. } => pass(2 * channels * pixels * a + 2 * groups * 4 + 2 * channels * wb, 0, false),
@@ -449,6 +457,23 @@ fn conv(m: &Machine, p: DataPath, s: flux_lite_core::oracle::ConvShape, residual
     total
 }
 
+/// A channels-last convolution over f16 rows (a scale a pixel) into f32
+/// rows, in pieces of output pixels as their rows fit one binding, each
+/// reading its window of input rows (the stored rows: an upsampled read
+/// moves no more); W's scales kept since load.
+fn conv_nhwc(m: &Machine, p: DataPath, s: flux_lite_core::oracle::ConvShape, residual: bool) -> Traffic {
+    let (pixels, plane) = ((s.height * s.width) as u64, (s.out_height * s.out_width) as u64);
+    let (cin, cout, taps) = (s.in_channels as u64, s.out_channels as u64, (s.in_channels * s.kernel * s.kernel) as u64);
+    let weights = cout * taps * p.weight + cout * p.weight + cout * 4;
+    let piece = rows_per_piece(m, plane, &[Rows::packed(cout, 4)], m.product_block);
+    pieces(plane, piece)
+        .map(|px| {
+            let input = pixels * px / plane * (2 * cin + 4);
+            pass_on(m, input + weights + px * cout * 4 * (1 + residual as u64), 2 * taps * cout * px, true)
+        })
+        .sum()
+}
+
 /// A program's traffic.
 pub fn program_traffic<'o>(ops: impl IntoIterator<Item = &'o Op>, tier: Precision, m: &Machine) -> Traffic {
     ops.into_iter().map(|op| op_traffic(op, tier, m)).sum()
@@ -526,7 +551,7 @@ pub fn vae_decode(cfg: &VaeConfig, [width, height]: [u64; 2], tier: Precision, m
     let (latent_h, latent_w) = (height / scale, width / scale);
     let mut arena = BumpArena::new(u64::MAX);
     let layout = vae::VaeLayout::new(cfg, latent_h, latent_w, &mut arena).map_err(|e| RunError::layout("VAE")(&e))?;
-    let program = crate::exec::runner::collect_ops(|emit| vae::decode_to_levels(&layout, emit));
+    let program = crate::exec::runner::collect_ops(|emit| flux_lite_core::models::vae_nhwc::decode_whole(&layout, is_matrix(tier), emit));
     let whole = 4 * vae::largest_activation(cfg, latent_h * latent_w) <= m.max_binding;
     Ok(DecodeTraffic { decode: program_traffic(&program, tier, m), by_kind: by_kind(&program, tier, m), whole })
 }
@@ -543,8 +568,8 @@ pub fn kind(op: &Op) -> &'static str {
         Op::HalfPack { .. } => "half pack",
         Op::SwiGlu { .. } => "SwiGLU",
         Op::GatedResidual { .. } | Op::Residual { .. } => "residual",
-        Op::Conv2d { .. } => "convolution",
-        Op::GroupNorm { .. } | Op::GroupStats { .. } | Op::GroupNormApply { .. } => "group norm",
+        Op::Conv2d { .. } | Op::ConvNhwc { .. } => "convolution",
+        Op::GroupNorm { .. } | Op::GroupStats { .. } | Op::GroupNormApply { .. } | Op::GroupNormNhwc { .. } => "group norm",
         Op::UpsampleNearest2x { .. } => "upsampling",
         Op::Transpose { .. } => "transpose",
         _ => "element-wise",

@@ -17,6 +17,7 @@ use flux_lite_core::config::{ImageSize, VaeConfig};
 use flux_lite_core::ir::{Op, Span};
 use flux_lite_core::models::tensors::{self, TensorSpec};
 use flux_lite_core::models::vae::{self as program, VaeLayout, VaePlanError};
+use flux_lite_core::models::vae_nhwc;
 use flux_lite_core::BumpArena;
 
 /// Steps of one [`VaeDecoder::decode`] done: one when untiled, one per op of the decode program when banded.
@@ -67,8 +68,11 @@ impl Decoded {
 /// How the image is decoded.
 #[derive(Debug)]
 enum Mode {
-    /// In one pass, the program recorded once over the whole image's layout.
-    Whole { layout: Box<VaeLayout>, dispatches: Vec<Dispatch> },
+    /// In one pass, the program recorded once over the whole image's layout:
+    /// channels-last where the device's products take f16 inputs (the
+    /// matrix tier's half-precision path; its output and levels then come
+    /// pixel by pixel), else channel-major.
+    Whole { layout: Box<VaeLayout>, dispatches: Vec<Dispatch>, channels_last: bool },
     /// Op by op over bands whose operands take at most `capacity` f32, the
     /// image's activations in `activations` between bands.
     Banded { capacity: u64, activations: BandActivations },
@@ -152,12 +156,13 @@ impl VaeDecoder {
         let mode = match layout {
             Some(layout) => {
                 // The 8-bit levels in the same pass: one readback gives the image.
-                let ops = collect_ops(|emit| program::decode_to_levels(&layout, emit));
+                let channels_last = gpu.plan_limits().half_operands;
+                let ops = collect_ops(|emit| vae_nhwc::decode_whole(&layout, channels_last, emit));
                 let mut dispatches = Vec::new();
                 for op in &ops {
                     runner.record(gpu, &mut dispatches, &weights, op)?;
                 }
-                Mode::Whole { layout: Box::new(layout), dispatches }
+                Mode::Whole { layout: Box::new(layout), dispatches, channels_last }
             }
             None => {
                 let on_device = banded.is_some_and(|(_, on_device)| on_device);
@@ -202,21 +207,26 @@ impl VaeDecoder {
             )));
         }
         let (height, width) = (lat_h as usize * scale, lat_w as usize * scale);
-        let (decoded, levels) = match &self.mode {
-            Mode::Whole { layout, dispatches } => {
+        let (decoded, rgb) = match &self.mode {
+            Mode::Whole { layout, dispatches, channels_last } => {
                 self.runner.write(gpu, layout.packed, packed);
                 gpu.submit(|enc| {
                     flux_lite_kernels::encode(enc, dispatches);
                     Ok(())
                 })?;
                 progress(TileProgress { done: 1, total: 1 });
+                let pixels = height * width;
                 let decoded = match values {
-                    true => Some(Decoded::Read(self.runner.read(gpu, layout.decoded, 1, layout.decoded_len())?)),
+                    true => {
+                        let read = self.runner.read(gpu, layout.decoded, 1, layout.decoded_len())?;
+                        Some(Decoded::Read(if *channels_last { planar(&read, pixels) } else { read }))
+                    }
                     false => None,
                 };
                 let levels = self.runner.read(gpu, layout.levels, 1, layout.decoded_len())?;
                 // The levels are whole numbers in [0, 255]; the cast only changes the type.
-                (decoded, levels.iter().map(|&v| v as u8).collect())
+                let levels: Vec<u8> = levels.iter().map(|&v| v as u8).collect();
+                (decoded, if *channels_last { levels } else { interleave_rgb(&levels, pixels) })
             }
             Mode::Banded { capacity, activations } => {
                 let full = VaeLayout::new(&self.config, self.latent_h, self.latent_w, &mut BumpArena::new(u64::MAX)).map_err(plan_error)?;
@@ -232,11 +242,11 @@ impl VaeDecoder {
                     }
                 };
                 let levels = self.pixel_levels(gpu, decoded.values())?;
-                (values.then_some(decoded), levels)
+                (values.then_some(decoded), interleave_rgb(&levels, height * width))
             }
         };
         self.decoded_once = true;
-        Ok(DecodedImage { width, height, rgb: interleave_rgb(&levels, height * width), decoded })
+        Ok(DecodedImage { width, height, rgb, decoded })
     }
 
     /// The 8-bit levels of decoded values (`round(clamp(x/2 + 1/2, 0, 1)·255)`),
@@ -389,6 +399,11 @@ pub(crate) fn check_tile(config: &VaeConfig, tile_px: Option<usize>) -> Result<(
 /// A runner over a VAE activation arena of `bytes` (the VAE reads no RoPE tables).
 pub(crate) fn arena_runner(gpu: &Gpu, label: &str, bytes: u64) -> Runner {
     Runner { arena: gpu.storage(label, bytes), rope_cos: gpu.storage("unused", 4), rope_sin: gpu.storage("unused", 4), key_keep: None, lora: None }
+}
+
+/// Channels-last `[pixels, 3]` values to planar `[3, pixels]`.
+fn planar(interleaved: &[f32], pixels: usize) -> Vec<f32> {
+    (0..3).flat_map(|c| (0..pixels).map(move |i| interleaved[3 * i + c])).collect()
 }
 
 /// Planar `[3, pixels]` levels to interleaved RGB.

@@ -247,6 +247,23 @@ impl Runner {
                 let then = kernels::ConvEpilogue { residual: *residual, relu: *relu };
                 kernels::conv2d_then(gpu, sink, self.mat(*x), w, bias, self.mat(*y), *shape, then)
             }
+            Op::ConvNhwc { x, w, bias, y, shape, upsample, residual } => {
+                let Some(x) = self.half(*x) else {
+                    return Err(GpuError::UnsupportedShape("a channels-last convolution reads f16 rows".into()));
+                };
+                let weights = kernels::NhwcWeights { w: weights.get(w)?.view(), bias: weights.get(bias)?.view(), order: kernels::TapOrder::Torch };
+                let input = if *upsample { kernels::NhwcInput::Upsampled } else { kernels::NhwcInput::Plain };
+                let then = kernels::ConvEpilogue { residual: *residual, relu: false };
+                kernels::conv2d_matrix_nhwc(gpu, sink, x, weights, self.mat(*y), *shape, input, then)
+            }
+            Op::GroupNormNhwc { src, stats, dst, gamma, beta, channels, pixels, groups, eps, silu } => {
+                let Some(dst) = self.half(*dst) else {
+                    return Err(GpuError::UnsupportedShape("a channels-last group norm writes f16 rows".into()));
+                };
+                let g = kernels::Groups { channels: *channels, pixels: *pixels, groups: *groups };
+                let affine = kernels::GroupAffine { gamma: weights.get(gamma)?.view(), beta: weights.get(beta)?.view(), silu: *silu };
+                kernels::group_norm_nhwc_half(gpu, sink, self.mat(*src), self.mat(*stats), affine, dst, g, *eps)
+            }
             Op::GroupNorm { src, dst, gamma, beta, channels, pixels, groups, eps, silu } => {
                 let g = kernels::Groups { channels: *channels, pixels: *pixels, groups: *groups };
                 let (gamma, beta) = (weights.get(gamma)?.view(), weights.get(beta)?.view());

@@ -27,7 +27,8 @@ impl<'g> ShapeBench<'g> {
     /// The whole VAE decoder for a `size`² image, untiled, to its 8-bit levels as `gen` runs it.
     pub fn vae_decode(&self, cfg: &VaeConfig, size: u64) -> Result<Figure, RunError> {
         let (layout, arena_bytes) = vae_layout(cfg, size)?;
-        let program = collect_ops(|emit| vae::decode_to_levels(&layout, emit));
+        let channels_last = self.gpu.plan_limits().half_operands;
+        let program = collect_ops(|emit| flux_lite_core::models::vae_nhwc::decode_whole(&layout, channels_last, emit));
         self.vae_program("VAE decode", format!("{size}×{size}"), cfg, &program, arena_bytes)
     }
 

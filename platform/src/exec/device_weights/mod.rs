@@ -522,7 +522,7 @@ pub fn product_weights(blocks: &[Vec<Op>]) -> Vec<(String, u64, u64)> {
         let (w, last_row, terms) = match op {
             Op::Linear { w, w_row, cols, inner, .. } | Op::LinearHalf { w, w_row, cols, inner, .. } => (w, w_row + cols, *inner),
             Op::LinearSwiGlu { w, w_row, cols, inner, .. } => (w, w_row + 2 * cols, *inner),
-            Op::Conv2d { w, shape, .. } => (w, shape.out_channels as u64, (shape.in_channels * shape.kernel * shape.kernel) as u64),
+            Op::Conv2d { w, shape, .. } | Op::ConvNhwc { w, shape, .. } => (w, shape.out_channels as u64, (shape.in_channels * shape.kernel * shape.kernel) as u64),
             _ => continue,
         };
         match found.iter_mut().find(|(name, ..)| name == w.as_str()) {
