@@ -22,6 +22,7 @@ pub const GROUP_NORM_NHWC_HALF: Kernel =
 /// `channels / 2` apart). Each group's `(mean, 1/√(var + eps))` goes to
 /// `stats` `[groups, 2]` first. Two dispatches: the statistics (the whole
 /// input in one binding), then the rows, in pieces of pixels.
+#[allow(clippy::too_many_arguments)] // a group norm's operands, its statistics' place and epsilon
 pub fn group_norm_nhwc_half(gpu: &Gpu, sink: &mut dyn Sink, src: Mat<'_>, stats: Mat<'_>, affine: GroupAffine<'_>, dst: HalfMat<'_>, g: Groups, eps: f32) -> Result<(), GpuError> {
     let Groups { channels, pixels, groups } = g;
     if groups == 0 || !channels.is_multiple_of(groups) || !channels.is_multiple_of(2) || dst.piece.is_some() {
