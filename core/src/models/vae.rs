@@ -9,7 +9,7 @@
 
 use crate::arena::{ArenaError, BumpArena};
 use crate::config::{VaeConfig, MAX_LIST};
-use crate::ir::{name, Op, Span, ALIGN, F32};
+use crate::ir::{name, Op, Operand, Span, ALIGN, F32};
 use crate::oracle::ConvShape;
 use core::fmt::{self, Write};
 
@@ -320,33 +320,20 @@ pub(crate) fn attention(l: &Stream, p: &str, c: u64, pixels: u64, emit: &mut imp
     // Tokens `[pixels, C]` in `c` for the projections.
     emit(Op::Transpose { src: rows(l.b, pixels), dst: rows(l.c, c), rows: c, cols: pixels });
     for (proj, dst) in [("to_q", l.q), ("to_k", l.k), ("to_v", l.v)] {
-        emit(Op::Linear {
-            x: rows(l.c, c).into(),
-            w: name(format_args!("{p}.{proj}.weight")),
-            w_row: 0,
-            bias: Some(name(format_args!("{p}.{proj}.bias"))),
-            y: rows(dst, c),
-            rows: pixels,
-            cols: c,
-            inner: c,
-            gate: None,
-        });
+        emit(attention_projection(rows(l.c, c).into(), p, proj, dst, pixels, c));
     }
     let (q, k, v) = (rows(l.q, c), rows(l.k, c), rows(l.v, c));
     emit(Op::Attention { q: q.into(), k: k.into(), v: v.into(), o: rows(l.b, c).into(), len: pixels, heads: 1, head_dim: c });
-    emit(Op::Linear {
-        x: rows(l.b, c).into(),
-        w: name(format_args!("{p}.to_out.0.weight")),
-        w_row: 0,
-        bias: Some(name(format_args!("{p}.to_out.0.bias"))),
-        y: rows(l.c, c),
-        rows: pixels,
-        cols: c,
-        inner: c,
-        gate: None,
-    });
+    emit(attention_projection(rows(l.b, c).into(), p, "to_out.0", l.c, pixels, c));
     emit(Op::Transpose { src: rows(l.c, c), dst: rows(l.b, pixels), rows: pixels, cols: c });
     emit(Op::Add { a: rows(l.a, pixels), b: rows(l.b, pixels), dst: rows(l.a, pixels), rows: c, cols: pixels, relu: false });
+}
+
+/// The mid-block attention `p`'s projection `proj` (its weight and bias)
+/// of `pixels` token rows `x` of `c` channels into `y`.
+pub(crate) fn attention_projection(x: Operand, p: &str, proj: &str, y: Span, pixels: u64, c: u64) -> Op {
+    let (w, bias) = (name(format_args!("{p}.{proj}.weight")), Some(name(format_args!("{p}.{proj}.bias"))));
+    Op::Linear { x, w, w_row: 0, bias, y: rows(y, c), rows: pixels, cols: c, inner: c, gate: None }
 }
 
 /// `decoder.mid_block`: resnet, attention (when the model has it), resnet.

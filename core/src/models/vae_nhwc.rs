@@ -14,7 +14,7 @@
 //! 8-bit levels interleaved RGB in `levels`.
 
 use crate::ir::{name, Op, Operand, Span};
-use crate::models::vae::{denorm_unpatchify, prefix, rows, same, Stream, VaeLayout, NORM_EPS};
+use crate::models::vae::{attention_projection, denorm_unpatchify, prefix, rows, same, Stream, VaeLayout, NORM_EPS};
 use crate::oracle::ConvShape;
 
 /// `buf` holding `pixels` f16 rows of `channels` (words, then the scales).
@@ -101,31 +101,11 @@ fn attention(l: &VaeLayout, p: &str, c: u64, pixels: u64, emit: &mut impl FnMut(
     let s: &Stream = &l.stream;
     emit(group_norm(l, s.a, &prefix(format_args!("{p}.group_norm")), c, pixels, false));
     for (proj, dst) in [("to_q", s.q), ("to_k", s.k), ("to_v", s.v)] {
-        emit(Op::Linear {
-            x: half_rows(s.b, pixels, c),
-            w: name(format_args!("{p}.{proj}.weight")),
-            w_row: 0,
-            bias: Some(name(format_args!("{p}.{proj}.bias"))),
-            y: rows(dst, c),
-            rows: pixels,
-            cols: c,
-            inner: c,
-            gate: None,
-        });
+        emit(attention_projection(half_rows(s.b, pixels, c), p, proj, dst, pixels, c));
     }
     let (q, k, v) = (rows(s.q, c), rows(s.k, c), rows(s.v, c));
     emit(Op::Attention { q: q.into(), k: k.into(), v: v.into(), o: rows(s.c, c).into(), len: pixels, heads: 1, head_dim: c });
-    emit(Op::Linear {
-        x: rows(s.c, c).into(),
-        w: name(format_args!("{p}.to_out.0.weight")),
-        w_row: 0,
-        bias: Some(name(format_args!("{p}.to_out.0.bias"))),
-        y: rows(s.b, c),
-        rows: pixels,
-        cols: c,
-        inner: c,
-        gate: None,
-    });
+    emit(attention_projection(rows(s.c, c).into(), p, "to_out.0", s.b, pixels, c));
     emit(Op::Residual { dst: rows(s.a, c), y: rows(s.b, c), rows: pixels, cols: c });
 }
 

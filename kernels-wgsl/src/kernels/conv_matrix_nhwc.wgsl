@@ -148,29 +148,6 @@ fn block_value_out(r: u32, c: u32, value: f32) {
     }
 }
 
-// A convolution's block columns are all its own (matrix_gemm.wgsl's pairing is the linear's).
-fn pairs_columns() -> bool {
-    return false;
-}
-
-fn pieces_out() -> bool {
-    return false;
-}
-
-fn paired_value(gate_sum: f32, up_sum: f32) -> f32 {
-    return 0.0;
-}
-
-fn block_pair_out(r: u32, c: u32, value: f32) {}
-
-fn block_half_pair_out(r: u32, c: u32, word: u32) {}
-
-fn out_piece() -> u32 {
-    return 1u;
-}
-
-fn block_piece_scale_out(r: u32, c: u32, scale: f32) {}
-
 @compute @workgroup_size(WG)
 fn conv2d_matrix_nhwc(
     @builtin(local_invocation_index) li: u32,
