@@ -17,7 +17,8 @@
 
 use crate::arena::{ArenaError, BumpArena};
 use crate::config::Qwen3Config;
-use crate::ir::{linear, name, operand_piece, Op, Operand, RopePairs, Span, ALIGN, F32, MIN_PROJECTION_PIECE};
+use crate::ir::{linear, name, operand_piece, Gate, Op, Operand, RopePairs, Span, ALIGN, F32, MIN_PROJECTION_PIECE};
+use crate::models::tensors::TensorName;
 
 /// Where each activation lives (element offsets into the f32 arena) for a
 /// prompt of `tokens` tokens.
@@ -56,6 +57,10 @@ pub struct TextEncoderLayout {
     pub act: Operand,
     /// The prompt embedding `[tokens, 3·hidden]`, feature = slot·hidden + d.
     pub embeds: Span,
+    /// One broadcast row of `hidden` ones the host writes: the gate under
+    /// which the output and down projections add onto the stream in their
+    /// epilogue (`y += 1·(x·Wᵀ)`, rounded once: the bits of the add after them).
+    pub ones: Span,
 }
 
 
@@ -133,6 +138,7 @@ impl TextEncoderLayout {
             _ => gate,
         };
         let embeds = operand(3 * hidden, None)?.data;
+        let ones = Span::new(arena.alloc(hidden * F32, ALIGN)?.offset / F32, 0);
         Ok(Self {
             tokens,
             hidden,
@@ -155,6 +161,7 @@ impl TextEncoderLayout {
             up,
             act,
             embeds,
+            ones,
         })
     }
 
@@ -215,15 +222,21 @@ pub fn layer(l: &TextEncoderLayout, i: usize, mut emit: impl FnMut(Op)) {
         emit(Op::RopeRotateHalf { data: k, table_row: 0, tokens: t, heads: l.kv_heads, head_dim: hd });
     }
     emit(Op::CausalAttention { q: l.q, k: l.k, v: l.v, o: l.attn, len: t, q_heads: l.heads, kv_heads: l.kv_heads, head_dim: hd });
-    emit(linear(l.attn, w("self_attn.o_proj"), l.proj, t, h, q_dim));
-    emit(Op::Residual { dst: l.stream, y: l.proj, rows: t, cols: h });
+    emit(onto_stream(l, l.attn, w("self_attn.o_proj"), q_dim));
     emit(Op::RmsNorm { src: l.stream, dst: l.normed, w: w("post_attention_layernorm"), tokens: t, d: h, eps: l.eps });
     emit(linear(l.normed, w("mlp.gate_proj"), l.gate, t, inter, h));
     emit(linear(l.normed, w("mlp.up_proj"), l.up, t, inter, h));
     emit(Op::SwiGlu { gate: l.gate, up: l.up, dst: l.act, rows: t, cols: inter });
-    emit(linear(l.act, w("mlp.down_proj"), l.proj, t, h, inter));
-    emit(Op::Residual { dst: l.stream, y: l.proj, rows: t, cols: h });
+    emit(onto_stream(l, l.act, w("mlp.down_proj"), inter));
     l.store_picks(i + 1, emit);
+}
+
+/// `stream += x·Wᵀ`: a projection added onto the residual stream in its
+/// epilogue, under the gate of ones (through `proj` where the epilogue
+/// cannot take it).
+fn onto_stream(l: &TextEncoderLayout, x: Operand, w: TensorName, inner: u64) -> Op {
+    let gate = Some(Gate { vector: l.ones, scratch: l.proj });
+    Op::Linear { x, w, w_row: 0, bias: None, y: l.stream, rows: l.tokens, cols: l.hidden, inner, gate }
 }
 
 #[cfg(test)]
@@ -278,9 +291,11 @@ mod tests {
         }
         // The projections' fallback product lands in the gate's rows (9728 ≥ 4096).
         assert_eq!(l.qkv_scratch, l.gate);
-        // 43,833 of 54,784 f32 a token (the stream, gate, up and embedding stay f32).
-        assert_eq!(f32_arena.high_water() / 512, 4 * 54_784);
-        assert!(half_arena.high_water() <= 512 * 4 * 43_833 + 16 * 256, "{}", half_arena.high_water());
+        // 43,833 of 54,784 f32 a token (the stream, gate, up and embedding
+        // stay f32), and the row of ones.
+        let ones = 4 * 2560;
+        assert_eq!(f32_arena.high_water() - ones, 512 * 4 * 54_784);
+        assert!(half_arena.high_water() - ones <= 512 * 4 * 43_833 + 16 * 256, "{}", half_arena.high_water());
     }
 
     #[test]

@@ -333,8 +333,9 @@ impl<'g> ShapeBench<'g> {
     /// layer. The layers share the first layer's weights.
     pub fn text_encoder(&self, cfg: &Qwen3Config) -> Result<Figure, RunError> {
         let tokens = 512u64;
-        let (_, blocks, arena_bytes) = crate::components::text_encoder::programs(cfg, tokens as usize, cfg.output_layers(), self.gpu.plan_limits().half_operands)?;
+        let (layout, blocks, arena_bytes) = crate::components::text_encoder::programs(cfg, tokens as usize, cfg.output_layers(), self.gpu.plan_limits().half_operands)?;
         let runner = self.runner(arena_bytes, tokens, cfg.head_dim as u64, true);
+        runner.write(self.gpu, layout.ones, &vec![1.0; cfg.hidden_size]);
         let weights = SyntheticWeights::new(|sink| tensors::text_encoder(cfg, sink));
         let placed = weights.place(self.gpu, blocks.iter().flatten())?;
         let d = self.prepare_all(&runner, &placed, &blocks)?;
