@@ -136,9 +136,24 @@ impl VaeLayout {
         self.out_channels * h * w
     }
 
+    /// `decoder.up_blocks.{i}`'s input and output channels and its size in pixels (before its upsampling).
+    pub(crate) fn up_block(&self, i: usize) -> UpBlock {
+        let levels = self.channels.len();
+        let cin = if i == 0 { self.top() } else { self.channels[levels - i] };
+        UpBlock { cin, cout: self.channels[levels - 1 - i], h: self.latent_h << i, w: self.latent_w << i }
+    }
+
     pub(crate) fn top(&self) -> u64 {
         self.channels[self.channels.len() - 1]
     }
+}
+
+/// One up block's shape ([`VaeLayout::up_block`]).
+pub(crate) struct UpBlock {
+    pub cin: u64,
+    pub cout: u64,
+    pub h: u64,
+    pub w: u64,
 }
 
 /// Whether a latent of `h × w` cells is a whole, non-empty grid of 2×2-cell packed tokens.
@@ -358,15 +373,12 @@ pub fn up_block_count(l: &VaeLayout) -> usize {
 /// `decoder.up_blocks.{i}`: `layers_per_block + 1` resnets, then nearest ×2
 /// and a 3×3 convolution on every block but the last.
 pub fn up_block(l: &VaeLayout, i: usize, mut emit: impl FnMut(Op)) {
-    let levels = l.channels.len();
-    let cout = l.channels[levels - 1 - i];
-    let cin = if i == 0 { l.top() } else { l.channels[levels - i] };
-    let (h, w) = (l.latent_h << i, l.latent_w << i);
+    let UpBlock { cin, cout, h, w } = l.up_block(i);
     for j in 0..=l.layers_per_block {
         let p = prefix(format_args!("decoder.up_blocks.{i}.resnets.{j}"));
         resnet(&l.stream, &p, if j == 0 { cin } else { cout }, cout, h, w, &mut emit);
     }
-    if i + 1 < levels {
+    if i + 1 < l.channels.len() {
         let s = &l.stream;
         emit(Op::UpsampleNearest2x { x: s.a, y: s.b, channels: cout, height: h, width: w });
         let p = prefix(format_args!("decoder.up_blocks.{i}.upsamplers.0.conv"));

@@ -14,7 +14,7 @@
 //! 8-bit levels interleaved RGB in `levels`.
 
 use crate::ir::{name, Op, Operand, Span};
-use crate::models::vae::{attention_projection, denorm_unpatchify, prefix, rows, same, Stream, VaeLayout, NORM_EPS};
+use crate::models::vae::{attention_projection, denorm_unpatchify, prefix, rows, same, Stream, UpBlock, VaeLayout, NORM_EPS};
 use crate::oracle::ConvShape;
 
 /// `buf` holding `pixels` f16 rows of `channels` (words, then the scales).
@@ -123,15 +123,12 @@ pub fn mid_block(l: &VaeLayout, mut emit: impl FnMut(Op)) {
 /// block but the last) the stream packed at its own size and convolved 3×3
 /// through the ×2 upsampling.
 pub fn up_block(l: &VaeLayout, i: usize, mut emit: impl FnMut(Op)) {
-    let levels = l.channels.len();
-    let cout = l.channels[levels - 1 - i];
-    let cin = if i == 0 { l.top() } else { l.channels[levels - i] };
-    let (h, w) = (l.latent_h << i, l.latent_w << i);
+    let UpBlock { cin, cout, h, w } = l.up_block(i);
     for j in 0..=l.layers_per_block {
         let p = prefix(format_args!("decoder.up_blocks.{i}.resnets.{j}"));
         resnet(l, &p, if j == 0 { cin } else { cout }, cout, h, w, &mut emit);
     }
-    if i + 1 < levels {
+    if i + 1 < l.channels.len() {
         let s = &l.stream;
         let x = half_rows(s.b, h * w, cout);
         emit(pack(s.a, x, h * w, cout));

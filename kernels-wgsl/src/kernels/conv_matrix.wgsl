@@ -25,8 +25,6 @@ override KERNEL: u32 = 3u;
 override OUT_WIDTH: u32 = 1u;
 
 @group(0) @binding(5) var<storage, read_write> scales: array<f32>;
-// read_write as binding 5: W's scales may be measured into the same buffer.
-@group(0) @binding(8) var<storage, read_write> w_scales: array<f32>;
 
 // A: the input under tap k0 + t of output pixel m0 + r (zero in the padding
 // and past the call's pixels or the taps). Out-of-range reads go to x's
@@ -54,23 +52,9 @@ fn a_element(i: u32) -> vec2<u32> {
     return vec2<u32>(i % BM, i / BM);
 }
 
-// B = Wᵀ: W[n0 + c, k0 + t], W's rows [out channels, taps].
-fn b_at(t: u32, c: u32, n0: u32, k0: u32) -> f32 {
-    if (k0 + t < taps() && n0 + c < p.out_channels) {
-        let e = p.w_offset + (n0 + c) * taps() + k0 + t;
-        return weight_value(w[weight_word(e, WEIGHT_BF16)], e, WEIGHT_BF16);
-    }
-    return 0.0;
-}
-
-// W's rows start on even elements and the taps are even: B's columns load as bf16 pairs.
-override B_PAIRED: bool = false;
-
-// The u32 holding W[n0 + c, k0 + t] and W[n0 + c, k0 + t + 1] (t even; zero past W).
-fn b_pair(c: u32, t: u32, n0: u32, k0: u32) -> u32 {
-    let inside = k0 + t < taps() && n0 + c < p.out_channels;
-    let word = w[select(p.w_offset, p.w_offset + (n0 + c) * taps() + k0 + t, inside) >> 1u];
-    return select(0u, word, inside);
+// W's rows hold their taps in A's order, (ci, ky, kx): tap `tap` is term `tap`.
+fn w_term(tap: u32) -> u32 {
+    return tap;
 }
 
 // The range rule's scale of A's row (its run's; 1 past the call's pixels, or for f32 operands).
@@ -81,13 +65,6 @@ fn a_scale(row: u32) -> f32 {
     return scales[p.x_scales + row / BM];
 }
 
-// The range rule's scale of W's row `col` (B's column).
-fn b_scale(col: u32) -> f32 {
-    if (!OPERAND_HALF || col >= p.out_channels) {
-        return 1.0;
-    }
-    return w_scales[p.w_scales + col];
-}
 
 // y[channel c, pixel r] = value + b[c] (y's value added where RESIDUAL, ReLU'd where RELU), inside the call's pixels and channels only.
 fn block_value_out(r: u32, c: u32, value: f32) {

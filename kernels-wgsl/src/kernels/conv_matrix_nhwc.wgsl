@@ -34,7 +34,6 @@ override IN_CHANNELS: u32 = 2u;
 override OUT_WIDTH: u32 = 1u;
 override UPSAMPLE: bool = false;
 
-@group(0) @binding(8) var<storage, read_write> w_scales: array<f32>;
 // read_write: the input shares its buffer (the activation arena) with y.
 @group(0) @binding(9) var<storage, read_write> x_half: array<u32>;
 @group(0) @binding(10) var<storage, read_write> x_pixel_scales: array<f32>;
@@ -89,31 +88,13 @@ fn a_element(i: u32) -> vec2<u32> {
 // Whether W's rows hold their taps in (ky, kx, ci) order, as A's run.
 override W_TAPS_LAST: bool = true;
 
-// Where tap `tap` (neighbour·C + channel) lies in a row of W.
+// Where tap `tap` (neighbour·C + channel) lies in a row of W (B_PAIRED
+// only where it is `tap` itself).
 fn w_term(tap: u32) -> u32 {
     let torch = (tap % IN_CHANNELS) * KERNEL * KERNEL + tap / IN_CHANNELS;
     return select(torch, tap, W_TAPS_LAST);
 }
 
-// B = Wᵀ: W[n0 + c, tap k0 + t], W's rows [out channels, taps].
-fn b_at(t: u32, c: u32, n0: u32, k0: u32) -> f32 {
-    if (k0 + t < taps() && n0 + c < p.out_channels) {
-        let e = p.w_offset + (n0 + c) * taps() + w_term(k0 + t);
-        return weight_value(w[weight_word(e, WEIGHT_BF16)], e, WEIGHT_BF16);
-    }
-    return 0.0;
-}
-
-// W's rows start on even elements, the taps are even and in A's order:
-// B's columns load as bf16 pairs.
-override B_PAIRED: bool = false;
-
-// The u32 holding W[n0 + c, k0 + t] and W[n0 + c, k0 + t + 1] (t even; zero past W).
-fn b_pair(c: u32, t: u32, n0: u32, k0: u32) -> u32 {
-    let inside = k0 + t < taps() && n0 + c < p.out_channels;
-    let word = w[select(p.w_offset, p.w_offset + (n0 + c) * taps() + k0 + t, inside) >> 1u];
-    return select(0u, word, inside);
-}
 
 // The range rule's scale of A's row: the largest of the output pixel's
 // in-image neighbours' (1 past the call's pixels).
@@ -131,13 +112,6 @@ fn a_scale(row: u32) -> f32 {
     return select(largest, 1.0, largest == 0.0);
 }
 
-// The range rule's scale of W's row `col` (B's column).
-fn b_scale(col: u32) -> f32 {
-    if (col >= p.out_channels) {
-        return 1.0;
-    }
-    return w_scales[p.w_scales + col];
-}
 
 // y[pixel r, channel c] (the call's r: y's window starts at its first
 // pixel) = value + b[c], y's value added where RESIDUAL, ReLU'd where RELU,
