@@ -173,7 +173,7 @@ pub(crate) fn linear_swiglu(x: impl Into<Operand>, w: TensorName, w_row: u64, y:
 /// Which values a RoPE rotates together: FLUX.2's neighbours `(2i, 2i + 1)`,
 /// or Qwen3's halves `(i, i + d/2)`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RopePairs {
+pub enum RopeStyle {
     Interleaved,
     RotateHalf,
 }
@@ -231,11 +231,11 @@ pub enum Op {
     /// streams' rows, each under its own modulation, in one pass).
     LayerNormModulate { src: Span, dst: Operand, shift: Span, scale: Span, later: Option<LaterModulation>, tokens: u64, d: u64, eps: f32 },
     /// [`Op::RmsNormHeads`] then [`Op::RopeInterleaved`] (or, with
-    /// [`RopePairs::RotateHalf`], [`Op::RopeRotateHalf`]) on the same rows,
+    /// [`RopeStyle::RotateHalf`], [`Op::RopeRotateHalf`]) on the same rows,
     /// in one pass (the same values): the queries' and keys' norm and
     /// rotation. `data` f32 rows, or f16 rows in pieces, rounded again piece
     /// by piece (rotate-half pairs: f16 rows in pieces only).
-    RmsNormRope { data: Operand, w: TensorName, table_row: u64, tokens: u64, heads: u64, head_dim: u64, eps: f32, pairs: RopePairs },
+    RmsNormRope { data: Operand, w: TensorName, table_row: u64, tokens: u64, heads: u64, head_dim: u64, eps: f32, pairs: RopeStyle },
     /// Interleaved-pair RoPE in place; token `t` uses table row `table_row + t`.
     RopeInterleaved { data: Span, table_row: u64, tokens: u64, heads: u64, head_dim: u64 },
     /// Non-causal attention, `scale = 1/√head_dim`; `o` f32 rows, or the

@@ -5,7 +5,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-use flux_lite_core::ir::{Op, RopePairs};
+use flux_lite_core::ir::{Op, RopeStyle};
 use flux_lite_platform::components::text_encoder::TextEncoder;
 use flux_lite_platform::components::vae::{self, VaeDecoder};
 use flux_lite_platform::model::{Component, ModelFolder};
@@ -54,7 +54,7 @@ fn the_text_encoder_runs_the_half_precision_data_path_on_the_matrix_tier() {
     let half_norms = ops.iter().filter(|op| matches!(op, Op::RmsNorm { dst, .. } if dst.is_half())).count();
     let half_swiglus = ops.iter().filter(|op| matches!(op, Op::SwiGlu { dst, .. } if dst.is_half())).count();
     let projections = ops.iter().filter(|op| matches!(op, Op::LinearHalf { .. })).count();
-    let rotations = ops.iter().filter(|op| matches!(op, Op::RmsNormRope { data, pairs: RopePairs::RotateHalf, .. } if data.is_half())).count();
+    let rotations = ops.iter().filter(|op| matches!(op, Op::RmsNormRope { data, pairs: RopeStyle::RotateHalf, .. } if data.is_half())).count();
     let attentions = ops.iter().filter(|op| matches!(op, Op::CausalAttention { q, o, .. } if q.is_half() && o.is_half())).count();
     // Three layers: two norms, one SwiGLU, three projections, two rotations and one attention each.
     assert_eq!([half_norms, half_swiglus, projections, rotations, attentions], [6, 3, 9, 6, 3]);

@@ -17,7 +17,7 @@
 
 use crate::arena::{ArenaError, BumpArena};
 use crate::config::Qwen3Config;
-use crate::ir::{linear, name, operand_piece, Gate, Op, Operand, RopePairs, Span, ALIGN, F32, MIN_PROJECTION_PIECE};
+use crate::ir::{linear, name, operand_piece, Gate, Op, Operand, RopeStyle, Span, ALIGN, F32, MIN_PROJECTION_PIECE};
 use crate::models::tensors::TensorName;
 
 /// Where each activation lives (element offsets into the f32 arena) for a
@@ -209,7 +209,7 @@ pub fn layer(l: &TextEncoderLayout, i: usize, mut emit: impl FnMut(Op)) {
             emit(Op::LinearHalf { x: l.normed, w: w(part), w_row: 0, y, rows: t, cols, inner: h, scratch: l.qkv_scratch });
         }
         for (part, data, heads) in [("self_attn.q_norm", l.q, l.heads), ("self_attn.k_norm", l.k, l.kv_heads)] {
-            emit(Op::RmsNormRope { data, w: w(part), table_row: 0, tokens: t, heads, head_dim: hd, eps: l.eps, pairs: RopePairs::RotateHalf });
+            emit(Op::RmsNormRope { data, w: w(part), table_row: 0, tokens: t, heads, head_dim: hd, eps: l.eps, pairs: RopeStyle::RotateHalf });
         }
     } else {
         let (q, k, v) = (l.q.f32_rows(), l.k.f32_rows(), l.v.f32_rows());

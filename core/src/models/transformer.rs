@@ -34,7 +34,7 @@
 //! there; attention does not depend on the order of its keys, so the rows
 //! keep this layout's `[text, noise, references]`.
 
-use crate::ir::{linear, linear_swiglu, name, Gate, LaterModulation, Op, Operand, RopePairs, Span};
+use crate::ir::{linear, linear_swiglu, name, Gate, LaterModulation, Op, Operand, RopeStyle, Span};
 use crate::models::tensors::TensorName;
 use core::fmt::Write;
 
@@ -338,7 +338,7 @@ pub fn double_block(l: &TransformerLayout, b: usize, mut emit: impl FnMut(Op)) {
                 let g = s.first_row + r0;
                 modulate(l, (g, n, g), s.modulation, [0, 1], &mut emit);
                 emit(linear(l.normed, attn_w(s.q), l.q, n, d, d));
-                emit(Op::RmsNormRope { data: l.q.into(), w: attn_w(s.q_norm), table_row: g, tokens: n, heads, head_dim: hd, eps: l.eps, pairs: RopePairs::Interleaved });
+                emit(Op::RmsNormRope { data: l.q.into(), w: attn_w(s.q_norm), table_row: g, tokens: n, heads, head_dim: hd, eps: l.eps, pairs: RopeStyle::Interleaved });
                 attend(l, [l.q, l.k, l.v].map(Operand::f32), l.attn, g, n, &mut emit);
                 project_into_stream(l, l.attn, attn_w(s.out), d, (g, n, g), s.modulation, 2, &mut emit);
                 modulate(l, (g, n, g), s.modulation, [3, 4], &mut emit);
@@ -357,7 +357,7 @@ pub fn double_block(l: &TransformerLayout, b: usize, mut emit: impl FnMut(Op)) {
         }
         // Each stream's rows are rotated by the table rows of their place in the pass.
         for (norm, dst) in [(s.q_norm, q), (s.k_norm, k)] {
-            emit(Op::RmsNormRope { data: rows(dst), w: attn_w(norm), table_row: s.first_row, tokens: s.rows, heads, head_dim: hd, eps: l.eps, pairs: RopePairs::Interleaved });
+            emit(Op::RmsNormRope { data: rows(dst), w: attn_w(norm), table_row: s.first_row, tokens: s.rows, heads, head_dim: hd, eps: l.eps, pairs: RopeStyle::Interleaved });
         }
     }
     attention(l, b as u64, [q, k, v], l.attn, &mut emit);
@@ -402,7 +402,7 @@ pub fn single_block(l: &TransformerLayout, b: usize, mut emit: impl FnMut(Op)) {
         for (r0, n) in l.chunks(rows) {
             modulate(l, (r0, n, r0), m, [0, 1], &mut emit);
             emit(part(l.normed, 0, l.q, n, d));
-            emit(Op::RmsNormRope { data: l.q.into(), w: w("norm_q"), table_row: r0, tokens: n, heads, head_dim: hd, eps: l.eps, pairs: RopePairs::Interleaved });
+            emit(Op::RmsNormRope { data: l.q.into(), w: w("norm_q"), table_row: r0, tokens: n, heads, head_dim: hd, eps: l.eps, pairs: RopeStyle::Interleaved });
             attend(l, [l.q, l.k, l.v].map(Operand::f32), l.joined, r0, n, &mut emit);
             emit(linear_swiglu(l.normed, w("to_qkv_mlp_proj"), 3 * d, l.joined.cols_from(d), n, f, d, l.fused));
             project_into_stream(l, l.joined, w("to_out"), d + f, (r0, n, r0), m, 2, &mut emit);
@@ -416,8 +416,8 @@ pub fn single_block(l: &TransformerLayout, b: usize, mut emit: impl FnMut(Op)) {
     emit(projection(l.normed, (w("to_qkv_mlp_proj"), 0), qkv, [rows, 3 * d, d], l.fused));
     emit(linear_swiglu(l.normed, w("to_qkv_mlp_proj"), 3 * d, l.joined.cols_from(d), rows, f, d, l.fused.cols_from(3 * d)));
     let (q, k, v) = (qkv, qkv.cols_from(d), qkv.cols_from(2 * d));
-    emit(Op::RmsNormRope { data: q, w: w("norm_q"), table_row: 0, tokens: rows, heads, head_dim: hd, eps: l.eps, pairs: RopePairs::Interleaved });
-    emit(Op::RmsNormRope { data: k, w: w("norm_k"), table_row: 0, tokens: rows, heads, head_dim: hd, eps: l.eps, pairs: RopePairs::Interleaved });
+    emit(Op::RmsNormRope { data: q, w: w("norm_q"), table_row: 0, tokens: rows, heads, head_dim: hd, eps: l.eps, pairs: RopeStyle::Interleaved });
+    emit(Op::RmsNormRope { data: k, w: w("norm_k"), table_row: 0, tokens: rows, heads, head_dim: hd, eps: l.eps, pairs: RopeStyle::Interleaved });
     attention(l, block, [q, k, v], l.joined, &mut emit);
     project_into_stream(l, l.joined, w("to_out"), d + f, (0, rows, 0), m, 2, &mut emit);
 }

@@ -27,13 +27,7 @@ pub const ROPE_INTERLEAVED: Kernel =
 pub const ROPE_HALF: Kernel =
     kernel(Module::Rope, "rope_half", [64, 1, 1], &[(1, RW), (2, R), (3, R)], size_of::<RopeParams>(), false);
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RopeStyle {
-    /// FLUX.2: pairs (x[2i], x[2i+1]).
-    Interleaved,
-    /// Qwen3: pairs (x[i], x[i + d/2]).
-    RotateHalf,
-}
+pub use flux_lite_core::ir::RopeStyle;
 
 /// The cos/sin tables `[rows, head_dim]` a RoPE reads, from row `first_row` on.
 #[derive(Debug, Clone, Copy)]

@@ -9,7 +9,7 @@ use flux_lite_kernels::kernels::{self, Attention, Elementwise, RopeStyle, RowNor
 use flux_lite_kernels::{HalfMat, Mat, Weight};
 use crate::model::lora::LoraSet;
 use std::collections::HashMap;
-use flux_lite_core::ir::{Op, Operand, RopePairs, Span};
+use flux_lite_core::ir::{Op, Operand, Span};
 
 /// The activation arena and the tables a program reads.
 #[derive(Debug)]
@@ -173,18 +173,10 @@ impl Runner {
             Op::RmsNormRope { data, w, table_row, tokens, heads, head_dim, eps, pairs } => {
                 let s = RowNorm { tokens: *tokens, heads: *heads, d: *head_dim, eps: *eps };
                 let tables = kernels::RopeTables { cos: &self.rope_cos, sin: &self.rope_sin, first_row: *table_row };
-                let style = match pairs {
-                    RopePairs::Interleaved => RopeStyle::Interleaved,
-                    RopePairs::RotateHalf => RopeStyle::RotateHalf,
-                };
-                match (self.half(*data), style) {
-                    (Some(half), _) => kernels::rms_norm_rope_half(gpu, sink, half, weights.get(w)?.view(), tables, style, s),
+                match (self.half(*data), pairs) {
+                    (Some(half), _) => kernels::rms_norm_rope_half(gpu, sink, half, weights.get(w)?.view(), tables, *pairs, s),
                     (None, RopeStyle::Interleaved) => kernels::rms_norm_rope(gpu, sink, self.mat(data.data), weights.get(w)?.view(), tables, s),
-                    // f32 rows with rotate-half pairs: the norm, then the RoPE.
-                    (None, RopeStyle::RotateHalf) => {
-                        kernels::rms_norm_inplace(gpu, sink, self.mat(data.data), weights.get(w)?.view(), s)?;
-                        kernels::rope(gpu, sink, style, self.mat(data.data), tables, kernels::HeadRows { tokens: *tokens, heads: *heads, head_dim: *head_dim })
-                    }
+                    (None, RopeStyle::RotateHalf) => Err(GpuError::UnsupportedShape("an RMSNorm + rotate-half RoPE in one pass over f32 rows".into())),
                 }
             }
             Op::RopeInterleaved { data, table_row, tokens, heads, head_dim } => kernels::rope(gpu, sink, RopeStyle::Interleaved, self.mat(*data), kernels::RopeTables { cos: &self.rope_cos, sin: &self.rope_sin, first_row: *table_row }, kernels::HeadRows { tokens: *tokens, heads: *heads, head_dim: *head_dim }),
