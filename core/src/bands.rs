@@ -1,35 +1,8 @@
 //! Results computed band by band, combined on the host as if computed whole:
-//! GroupNorm statistics (count, mean, Σ(x − mean)²) and attention outputs
-//! over key chunks (by their log-sum-exp). The banded VAE uses both.
+//! attention outputs over key chunks (by their log-sum-exp), for the banded VAE.
 
 use alloc::vec;
 use alloc::vec::Vec;
-
-/// Count, mean and Σ(x − mean)² of a set of values, merged band by band (Chan et al.).
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct Moments {
-    pub count: f64,
-    pub mean: f64,
-    pub m2: f64,
-}
-
-impl Moments {
-    pub fn merge(&mut self, other: Moments) {
-        let total = self.count + other.count;
-        if total == 0.0 {
-            return;
-        }
-        let delta = other.mean - self.mean;
-        self.mean += delta * other.count / total;
-        self.m2 += other.m2 + delta * delta * self.count * other.count / total;
-        self.count = total;
-    }
-
-    /// The population variance (what GroupNorm divides by).
-    pub fn variance(&self) -> f64 {
-        self.m2 / self.count
-    }
-}
 
 /// Attention outputs of one query band over several key chunks, merged as
 /// `Σ exp(lse_j − m)·o_j / Σ exp(lse_j − m)` per row and head, in f64.
@@ -74,22 +47,6 @@ impl AttentionMerge {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn moments_merge_to_the_whole_sets_moments() {
-        let xs = [3.0f64, -1.0, 4.5, 2.0, 9.0, -7.25, 0.5];
-        let of = |s: &[f64]| {
-            let mean = s.iter().sum::<f64>() / s.len() as f64;
-            Moments { count: s.len() as f64, mean, m2: s.iter().map(|x| (x - mean) * (x - mean)).sum() }
-        };
-        let mut m = Moments::default();
-        for part in [&xs[..2], &xs[2..3], &xs[3..]] {
-            m.merge(of(part));
-        }
-        let whole = of(&xs);
-        assert!((m.mean - whole.mean).abs() < 1e-12 && (m.m2 - whole.m2).abs() < 1e-9, "{m:?} vs {whole:?}");
-        assert_eq!(m.count, 7.0);
-    }
 
     #[test]
     fn merged_attention_chunks_equal_one_softmax() {

@@ -187,6 +187,51 @@ pub struct LaterModulation {
     pub scale: Span,
 }
 
+/// The tensor a GroupNorm normalises: `channels × pixels` values,
+/// channel-major (`[channels, pixels]`) or channels-last (`[pixels,
+/// channels]`), its pixels image rows of `width`. The statistics are taken a
+/// row at a time and merged in one fixed order, so a band of whole rows
+/// computes the very moments the whole image's run does for those rows, and
+/// every row is one workgroup's work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GroupShape {
+    pub channels: u64,
+    pub pixels: u64,
+    pub width: u64,
+    pub groups: u64,
+    pub channels_last: bool,
+}
+
+impl GroupShape {
+    /// Rows of pixels.
+    pub fn rows(&self) -> u64 {
+        self.pixels / self.width.max(1)
+    }
+
+    /// Values of one group in one row.
+    pub fn per_row(&self) -> u64 {
+        self.channels / self.groups.max(1) * self.width
+    }
+
+    /// This shape over `rows` of its rows (a band).
+    pub fn band(self, rows: u64) -> Self {
+        Self { pixels: rows * self.width, ..self }
+    }
+
+    /// What its rows' moments are.
+    pub fn moments(&self) -> RowMoments {
+        RowMoments { rows: self.rows(), groups: self.groups, per_row: self.per_row() }
+    }
+}
+
+/// A GroupNorm's rows' moments, `[rows, groups, 2]`, each over `per_row` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RowMoments {
+    pub rows: u64,
+    pub groups: u64,
+    pub per_row: u64,
+}
+
 /// A product's output added into the residual stream under a gate, in the
 /// product's epilogue: `y += vector ⊙ (x·Wᵀ)`, `vector` one broadcast row
 /// (the gated residual after a projection). `scratch` `[rows, cols]` is
@@ -293,29 +338,16 @@ pub enum Op {
     /// `upsample` the input (of `shape`'s height and width) is read through a
     /// nearest-neighbour ×2 upsampling. W as the model's files hold it.
     ConvNhwc { x: Operand, w: TensorName, bias: TensorName, y: Span, shape: ConvShape, upsample: bool, residual: bool },
-    /// GroupNorm with affine (SiLU after when `silu`) over channels-last f32
-    /// rows `src` (`[pixels, channels]`) into f16 rows under one range scale
-    /// a pixel (`dst`, the next product's input); each group's statistics
-    /// go through `stats` (`[groups, 2]`).
-    GroupNormNhwc { src: Span, stats: Span, dst: Operand, gamma: TensorName, beta: TensorName, channels: u64, pixels: u64, groups: u64, eps: f32, silu: bool },
-    /// GroupNorm with affine over contiguous `[channels, pixels]`, SiLU after when `silu`.
-    GroupNorm {
-        src: Span,
-        dst: Span,
-        gamma: TensorName,
-        beta: TensorName,
-        channels: u64,
-        pixels: u64,
-        groups: u64,
-        eps: f32,
-        silu: bool,
-    },
-    /// One band's share of a GroupNorm's statistics: each group's
-    /// `(mean, Σ(x − mean)²)` over contiguous `[channels, pixels]` into `stats` `[groups, 2]`.
-    GroupStats { src: Span, stats: Span, channels: u64, pixels: u64, groups: u64 },
-    /// GroupNorm with the whole tensor's statistics given: `stats` `[groups, 2]`
-    /// holds `(mean, 1/√(var + eps))`; affine, SiLU after when `silu`.
-    GroupNormApply { src: Span, stats: Span, dst: Span, gamma: TensorName, beta: TensorName, channels: u64, pixels: u64, groups: u64, silu: bool },
+    /// A GroupNorm's first step: each group's `(mean, Σ(x − mean)²)` over
+    /// each row of pixels of `src`, into `moments` `[rows, groups, 2]`.
+    GroupMoments { src: Span, moments: Span, shape: GroupShape },
+    /// Its second: the rows' moments merged in one fixed order into each
+    /// group's `(mean, 1/√(var + eps))`, `stats` `[groups, 2]`.
+    GroupMerge { moments: Span, stats: Span, of: RowMoments, eps: f32 },
+    /// Its last: `src` normalised with `stats`, times gamma plus beta, SiLU
+    /// after when `silu`, into `dst`: f32 channel-major, or channels-last f16
+    /// rows under one range scale a pixel (the next convolution's input).
+    GroupNormApply { src: Span, stats: Span, dst: Operand, gamma: TensorName, beta: TensorName, shape: GroupShape, silu: bool },
     /// Nearest-neighbour ×2 upsampling of contiguous `[channels, height, width]`.
     UpsampleNearest2x { x: Span, y: Span, channels: u64, height: u64, width: u64 },
     /// `dst[c, r] = src[r, c]` for a `[rows, cols]` source.
@@ -369,7 +401,7 @@ impl Op {
             Op::LinearSwiGlu { w, .. } | Op::LinearHalf { w, .. } => (Some(w), None),
             Op::RmsNormHeads { w, .. } | Op::RmsNorm { w, .. } | Op::RmsNormRope { w, .. } => (Some(w), None),
             Op::Conv2d { w, bias, .. } | Op::ConvNhwc { w, bias, .. } => (Some(w), Some(bias)),
-            Op::GroupNorm { gamma, beta, .. } | Op::GroupNormApply { gamma, beta, .. } | Op::GroupNormNhwc { gamma, beta, .. } => (Some(gamma), Some(beta)),
+            Op::GroupNormApply { gamma, beta, .. } => (Some(gamma), Some(beta)),
             Op::DenormUnpatchify { mean, var, .. } => (Some(mean), Some(var)),
             _ => (None, None),
         };

@@ -7,7 +7,7 @@
 use crate::kernel::Kernel;
 #[cfg(test)]
 use crate::kernel::{wrapped_grid, Access, Module, MAX_GRID_DIM};
-use crate::kernels::{attention, bench, conv, conv_nhwc, df11, group_norm_nhwc, elementwise, ggml, linear, norm, rope, vae};
+use crate::kernels::{attention, bench, conv, conv_nhwc, df11, group_norm, group_norm_nhwc, elementwise, ggml, linear, norm, rope, vae};
 
 /// Every kernel, for validation and pipeline warm-up.
 pub const ALL_KERNELS: &[Kernel] = &[
@@ -27,9 +27,9 @@ pub const ALL_KERNELS: &[Kernel] = &[
     norm::RMS_NORM_HALF,
     norm::RMS_NORM_HALF_LANES,
     norm::RMS_NORM_ROPE_HALF,
-    norm::GROUP_NORM,
-    norm::GROUP_STATS,
-    norm::GROUP_NORM_APPLY,
+    group_norm::GROUP_MOMENTS,
+    group_norm::GROUP_MERGE,
+    group_norm::GROUP_NORM_APPLY,
     rope::ROPE_INTERLEAVED,
     rope::ROPE_HALF,
     attention::ATTENTION,
@@ -90,7 +90,6 @@ pub const ALL_KERNELS: &[Kernel] = &[
     conv::CONV_RUN_SCALES_16,
     conv_nhwc::CONV2D_MATRIX_NHWC_8,
     conv_nhwc::CONV2D_MATRIX_NHWC_16,
-    group_norm_nhwc::GROUP_STATS_NHWC,
     group_norm_nhwc::GROUP_NORM_NHWC_HALF,
     linear::LINEAR_MATRIX_8_VEC4,
     linear::LINEAR_MATRIX_16_VEC4,

@@ -11,7 +11,8 @@ use crate::kernels::conv::{conv2d, upsample_nearest2x};
 use crate::kernels::elementwise::{elementwise, transpose, Elementwise};
 use crate::kernels::vae::{denorm_unpatchify, pixel_levels, LatentStats};
 use crate::kernels::linear::{linear, linear_add, Gemm};
-use crate::kernels::norm::{group_norm, group_norm_apply, group_stats, layer_norm_modulate, rms_norm, rms_norm_inplace, GroupAffine, Groups, RowNorm};
+use crate::kernels::group_norm::{group_merge, group_moments, group_norm, group_norm_apply, GroupAffine, GroupShape, GroupStats};
+use crate::kernels::norm::{layer_norm_modulate, rms_norm, rms_norm_inplace, RowNorm};
 use crate::kernels::rope::{rope, RopeStyle, RopeTables};
 use crate::view::HeadRows;
 use crate::{DeviceBuffer, Gpu, GpuError, Mat, Precision, Weight};
@@ -154,7 +155,7 @@ pub fn shared_checks(gpu: &Gpu) -> Vec<Check> {
         outcome("rms_norm per head in place, 19 tokens, 3 heads × 24 inside a fused row", check_rms_norm_per_head_in_place(gpu)),
         outcome("layer_norm_modulate 41 rows × 333, offset 20", check_layer_norm(gpu, 41, 333, 8)),
         outcome("group_norm + SiLU, 24 channels in 8 groups, 13×11", check_group_norm(gpu, true, 10)),
-        outcome("group_stats and group_norm_apply over 3 pixel bands (the banded VAE)", check_group_norm_by_bands(gpu)),
+        outcome("group_moments, group_merge and group_norm_apply over 3 bands of rows (the banded VAE)", check_group_norm_by_bands(gpu)),
         outcome("rope interleaved (FLUX.2), 23 tokens, 3 heads × 16", check_rope(gpu, RopeStyle::Interleaved, [23, 3, 16], 10)),
         outcome("rope rotate-half (Qwen3), 17 tokens, 4 heads × 8", check_rope(gpu, RopeStyle::RotateHalf, [17, 4, 8], 11)),
         outcome("element-wise SiLU, SwiGLU, gated residual, add, scale, axpy, copy, ReLU, tanh clamp, scale-shift; 13×77 strided", check_elementwise_ops(gpu)),
@@ -335,52 +336,51 @@ pub fn check_rms_norm_per_head_in_place(gpu: &Gpu) -> Result<f64, GpuError> {
     Ok(rel_l2(&window, &want))
 }
 
-/// GroupNorm split over three pixel bands as the banded VAE runs it: each
-/// band's moments from `group_stats` against f64, merged on the host, then
-/// `group_norm_apply` (with SiLU) on every band against the reference
-/// GroupNorm of the whole tensor. The worst of all those.
+/// GroupNorm by three bands of rows as the banded VAE runs it: each band's
+/// moments from `group_moments` (against f64) into its rows of the whole
+/// moments, `group_merge`, then `group_norm_apply` (with SiLU) on every band
+/// against the reference GroupNorm of the whole tensor. The worst of all those.
 pub fn check_group_norm_by_bands(gpu: &Gpu) -> Result<f64, GpuError> {
-    use flux_lite_core::bands::Moments;
-    let (channels, groups, pixels) = (12usize, 4usize, 37usize);
-    let per = channels / groups;
+    let (channels, groups, width, rows) = (12usize, 4usize, 5usize, 8usize);
+    let (per, pixels) = (channels / groups, width * rows);
     let mut rng = Rng::new(70);
     let x: Vec<f32> = rng.normals(channels * pixels, 1.5).into_iter().map(|v| v + 2.0).collect();
     let (gamma, beta) = (rng.bf16s(channels, 1.0), rng.bf16s(channels, 1.0));
     let eps = 1e-6;
     let mut want = vec![0.0; channels * pixels];
     r::group_norm(&x, Weights::Bf16(&gamma), Weights::Bf16(&beta), [channels, pixels, groups], eps, true, &mut want);
-    let band = |p0: usize, p1: usize| -> Vec<f32> { (0..channels).flat_map(|c| x[c * pixels + p0..c * pixels + p1].to_vec()).collect() };
-    let bands = [(0, 10), (10, 25), (25, 37)];
-    let g = |n: usize| Groups { channels: channels as u64, pixels: n as u64, groups: groups as u64 };
+    let shape = GroupShape { channels: channels as u64, pixels: pixels as u64, width: width as u64, groups: groups as u64, channels_last: false };
+    let band = |r0: usize, r1: usize| -> Vec<f32> { (0..channels).flat_map(|c| x[c * pixels + r0 * width..c * pixels + r1 * width].to_vec()).collect() };
+    let bands = [(0, 2), (2, 7), (7, 8)];
     let mut worst = 0f64;
-    let mut moments = vec![Moments::default(); groups];
-    for &(p0, p1) in &bands {
-        let xs = band(p0, p1);
+    let (mb, sb) = (poisoned(gpu, 2 * groups * rows), poisoned(gpu, 2 * groups));
+    for &(r0, r1) in &bands {
+        let xs = band(r0, r1);
         let xb = gpu.upload_f32("x", &xs);
-        let sb = poisoned(gpu, 2 * groups);
-        let got = run_and_read(gpu, &sb, 2 * groups, |enc| group_stats(gpu, enc, Mat::new(&xb, 0), Mat::new(&sb, 0), g(p1 - p0)))?;
-        let n = per * (p1 - p0);
-        let exact: Vec<f64> = xs
-            .chunks(n)
-            .flat_map(|grp| {
-                let mean = grp.iter().map(|&v| v as f64).sum::<f64>() / n as f64;
-                [mean, grp.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>()]
+        let at = Mat { buf: &mb, offset: (2 * groups * r0) as u64, stride: 0 };
+        gpu.submit(|enc| group_moments(gpu, enc, Mat::new(&xb, 0), at, shape.band((r1 - r0) as u64)))?;
+        let got = gpu.read_f32(&mb, (2 * groups * r0) as u64, 2 * groups * (r1 - r0))?;
+        let n = per * width;
+        let exact: Vec<f64> = (r0..r1)
+            .flat_map(|r| (0..groups).map(move |g| (r, g)))
+            .flat_map(|(r, g)| {
+                let values: Vec<f64> = (g * per..(g + 1) * per).flat_map(|c| x[c * pixels + r * width..c * pixels + (r + 1) * width].iter().map(|&v| v as f64)).collect();
+                let mean = values.iter().sum::<f64>() / n as f64;
+                [mean, values.iter().map(|v| (v - mean).powi(2)).sum::<f64>()]
             })
             .collect();
         worst = worst.max(rel_l2(&got, &exact));
-        for (m, s) in moments.iter_mut().zip(got.chunks(2)) {
-            m.merge(Moments { count: n as f64, mean: s[0] as f64, m2: s[1] as f64 });
-        }
     }
-    let stats: Vec<f32> = moments.iter().flat_map(|m| [m.mean as f32, (1.0 / (m.variance() + eps).sqrt()) as f32]).collect();
-    let (gb, bb, sb) = (gpu.upload_bf16("gamma", &gamma), gpu.upload_bf16("beta", &beta), gpu.upload_f32("stats", &stats));
-    for &(p0, p1) in &bands {
-        let xb = gpu.upload_f32("x", &band(p0, p1));
-        let n = channels * (p1 - p0);
+    let stats = GroupStats { moments: Mat::new(&mb, 0), stats: Mat::new(&sb, 0), eps: eps as f32 };
+    gpu.submit(|enc| group_merge(gpu, enc, stats, shape.moments()))?;
+    let (gb, bb) = (gpu.upload_bf16("gamma", &gamma), gpu.upload_bf16("beta", &beta));
+    for &(r0, r1) in &bands {
+        let xb = gpu.upload_f32("x", &band(r0, r1));
+        let n = channels * (r1 - r0) * width;
         let yb = poisoned(gpu, n);
         let affine = GroupAffine { gamma: Weight::bf16(&gb), beta: Weight::bf16(&bb), silu: true };
-        let got = run_and_read(gpu, &yb, n, |enc| group_norm_apply(gpu, enc, Mat::new(&xb, 0), Mat::new(&sb, 0), affine, Mat::new(&yb, 0), g(p1 - p0)))?;
-        let want_band: Vec<f64> = (0..channels).flat_map(|c| want[c * pixels + p0..c * pixels + p1].to_vec()).collect();
+        let got = run_and_read(gpu, &yb, n, |enc| group_norm_apply(gpu, enc, Mat::new(&xb, 0), Mat::new(&sb, 0), affine, Mat::new(&yb, 0), shape.band((r1 - r0) as u64)))?;
+        let want_band: Vec<f64> = (0..channels).flat_map(|c| want[c * pixels + r0 * width..c * pixels + r1 * width].to_vec()).collect();
         worst = worst.max(rel_l2(&got, &want_band));
     }
     Ok(worst)
@@ -415,9 +415,11 @@ pub fn check_group_norm(gpu: &Gpu, silu: bool, seed: u64) -> Result<f64, GpuErro
     r::group_norm(&x, Weights::Bf16(&gamma), Weights::Bf16(&beta), [channels, pixels, groups], 1e-6, silu, &mut want);
     let (xb, gb, bb) = (gpu.upload_f32("x", &x), gpu.upload_bf16("gamma", &gamma), gpu.upload_bf16("beta", &beta));
     let yb = poisoned(gpu, channels * pixels);
+    let scratch = poisoned(gpu, 2 * groups + 2 * groups * 11);
     let got = run_and_read(gpu, &yb, channels * pixels, |enc| {
-        let g = Groups { channels: channels as u64, pixels: pixels as u64, groups: groups as u64 };
-        group_norm(gpu, enc, Mat::new(&xb, 0), GroupAffine { gamma: Weight::bf16(&gb), beta: Weight::bf16(&bb), silu }, Mat::new(&yb, 0), g, 1e-6)
+        let shape = GroupShape { channels: channels as u64, pixels: pixels as u64, width: 13, groups: groups as u64, channels_last: false };
+        let stats = GroupStats { moments: Mat { buf: &scratch, offset: 2 * groups as u64, stride: 0 }, stats: Mat::new(&scratch, 0), eps: 1e-6 };
+        group_norm(gpu, enc, Mat::new(&xb, 0), stats, GroupAffine { gamma: Weight::bf16(&gb), beta: Weight::bf16(&bb), silu }, Mat::new(&yb, 0), shape)
     })?;
     Ok(rel_l2(&got, &want))
 }

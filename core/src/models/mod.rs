@@ -1,6 +1,7 @@
 //! Each model as an Op program over arena slices: what its blocks compute,
 //! in order, with the tensors they read (`tensors`: the official names).
 
+pub mod group_norm;
 pub mod tensors;
 pub mod text_encoder;
 pub mod tiny_decoder;

@@ -18,9 +18,10 @@
 //! buffers, as in the VAE decoder.
 
 use crate::arena::{ArenaError, BumpArena};
-use crate::ir::{name, Op, Span, ALIGN, F32};
+use crate::ir::{name, GroupShape, Op, Span, ALIGN, F32};
+use crate::models::group_norm::{group_norm, NormScratch};
 use crate::models::tensors::TensorName;
-use crate::models::vae::{denorm_unpatchify, rows, same, whole_tokens};
+use crate::models::vae::{denorm_unpatchify, prefix, rows, same, whole_tokens};
 use core::fmt;
 
 /// Modules a decoder's `nn.Sequential` may number (TAESD's largest has 26).
@@ -389,6 +390,8 @@ pub struct TinyDecoderLayout {
     pub x: Span,
     pub t1: Span,
     pub t2: Span,
+    /// The GroupNorms' statistics.
+    pub norm: NormScratch,
 }
 
 impl TinyDecoderLayout {
@@ -408,7 +411,8 @@ impl TinyDecoderLayout {
         let packed = take(p0 * lc)?;
         let latent = take(p0 * lc)?;
         let (x, t1, t2) = (take(largest)?, take(largest)?, take(largest)?);
-        Ok(Self { config: config.clone(), latent_h, latent_w, bn_eps, packed: Span::new(packed.offset, 4 * lc), latent, x, t1, t2 })
+        let norm = NormScratch::at(take(NormScratch::elements(POOL_GROUPS, latent_h * config.scale()))?, POOL_GROUPS);
+        Ok(Self { config: config.clone(), latent_h, latent_w, bn_eps, packed: Span::new(packed.offset, 4 * lc), latent, x, t1, t2, norm })
     }
 
     /// Output size in pixels (height, width).
@@ -489,17 +493,8 @@ pub fn decode(l: &TinyDecoderLayout, mut emit: impl FnMut(Op)) {
             Stage::Block { module: m, channels_in: i, out: o, skip, pool } => {
                 if let Some(pc) = pool {
                     emit(conv(x, name(format_args!("{p}{m}.pool.0.weight")), name(format_args!("{p}{m}.pool.0.bias")), t1, same(i, pc, h, w, 1)));
-                    emit(Op::GroupNorm {
-                        src: t1,
-                        dst: t2,
-                        gamma: name(format_args!("{p}{m}.pool.1.weight")),
-                        beta: name(format_args!("{p}{m}.pool.1.bias")),
-                        channels: pc,
-                        pixels,
-                        groups: POOL_GROUPS,
-                        eps: POOL_EPS,
-                        silu: false,
-                    });
+                    let shape = GroupShape { channels: pc, pixels, width: w, groups: POOL_GROUPS, channels_last: false };
+                    group_norm(l.norm, (t1, t2.into()), &prefix(format_args!("{p}{m}.pool.1")), shape, POOL_EPS, false, &mut emit);
                     emit(Op::Relu { src: t2, dst: t2, count: pc * pixels });
                     emit(conv(t2, name(format_args!("{p}{m}.pool.3.weight")), name(format_args!("{p}{m}.pool.3.bias")), t1, same(pc, i, h, w, 1)));
                     emit(Op::Add { a: rows(x, pixels), b: rows(t1, pixels), dst: rows(x, pixels), rows: i, cols: pixels, relu: false });

@@ -9,7 +9,8 @@
 
 use crate::arena::{ArenaError, BumpArena};
 use crate::config::{VaeConfig, MAX_LIST};
-use crate::ir::{name, Op, Operand, Span, ALIGN, F32};
+use crate::ir::{name, GroupShape, Op, Operand, Span, ALIGN, F32};
+use crate::models::group_norm::{self, NormScratch};
 use crate::oracle::ConvShape;
 use core::fmt::{self, Write};
 
@@ -97,6 +98,8 @@ impl VaeLayout {
         } else {
             (a, a, a)
         };
+        let groups = cfg.norm_num_groups as u64;
+        let norm = NormScratch::at(take(NormScratch::elements(groups, latent_h << (channels.len() - 1)))?, groups);
         Ok(Self {
             latent_h,
             latent_w,
@@ -111,7 +114,7 @@ impl VaeLayout {
             decoded: c,
             levels: b,
             channels,
-            stream: Stream { a, b, c, q, k, v, groups: cfg.norm_num_groups as u64 },
+            stream: Stream { a, b, c, q, k, v, groups, norm },
         })
     }
 
@@ -259,20 +262,20 @@ pub struct Stream {
     pub k: Span,
     pub v: Span,
     pub groups: u64,
+    /// The GroupNorms' statistics.
+    pub norm: NormScratch,
 }
 
-pub(crate) fn group_norm(l: &Stream, src: Span, dst: Span, prefix: &str, channels: u64, pixels: u64, silu: bool) -> Op {
-    Op::GroupNorm {
-        src,
-        dst,
-        gamma: name(format_args!("{prefix}.weight")),
-        beta: name(format_args!("{prefix}.bias")),
-        channels,
-        pixels,
-        groups: l.groups,
-        eps: NORM_EPS,
-        silu,
+impl Stream {
+    /// `channels` at `h × w`, channel-major, as its GroupNorm takes it.
+    pub(crate) fn norm_shape(&self, channels: u64, h: u64, w: u64) -> GroupShape {
+        GroupShape { channels, pixels: h * w, width: w, groups: self.groups, channels_last: false }
     }
+}
+
+/// GroupNorm `prefix` of the channel-major `src` into `dst`, SiLU after where `silu`.
+pub(crate) fn group_norm(l: &Stream, [src, dst]: [Span; 2], prefix: &str, shape: GroupShape, silu: bool, emit: &mut impl FnMut(Op)) {
+    group_norm::group_norm(l.norm, (src, dst.into()), prefix, shape, NORM_EPS, silu, emit);
 }
 
 pub(crate) type Prefix = heapless::String<96>;
@@ -316,9 +319,9 @@ pub fn input(l: &VaeLayout, mut emit: impl FnMut(Op)) {
 /// Without a shortcut convolution, conv2 adds onto `a` in its epilogue.
 pub(crate) fn resnet(l: &Stream, p: &str, cin: u64, cout: u64, h: u64, w: u64, emit: &mut impl FnMut(Op)) {
     let pixels = h * w;
-    emit(group_norm(l, l.a, l.b, &prefix(format_args!("{p}.norm1")), cin, pixels, true));
+    group_norm(l, [l.a, l.b], &prefix(format_args!("{p}.norm1")), l.norm_shape(cin, h, w), true, emit);
     emit(conv(l.b, &prefix(format_args!("{p}.conv1")), l.c, same(cin, cout, h, w, 3)));
-    emit(group_norm(l, l.c, l.b, &prefix(format_args!("{p}.norm2")), cout, pixels, true));
+    group_norm(l, [l.c, l.b], &prefix(format_args!("{p}.norm2")), l.norm_shape(cout, h, w), true, emit);
     if cin == cout {
         emit(conv_onto(l.b, &prefix(format_args!("{p}.conv2")), l.a, same(cout, cout, h, w, 3)));
         return;
@@ -330,8 +333,9 @@ pub(crate) fn resnet(l: &Stream, p: &str, cin: u64, cout: u64, h: u64, w: u64, e
 
 /// The mid-block attention `p` on the stream in `a`: one head as wide as
 /// the `c` channels over every one of `pixels`, with its own GroupNorm and a residual.
-pub(crate) fn attention(l: &Stream, p: &str, c: u64, pixels: u64, emit: &mut impl FnMut(Op)) {
-    emit(group_norm(l, l.a, l.b, &prefix(format_args!("{p}.group_norm")), c, pixels, false));
+pub(crate) fn attention(l: &Stream, p: &str, c: u64, (h, w): (u64, u64), emit: &mut impl FnMut(Op)) {
+    let pixels = h * w;
+    group_norm(l, [l.a, l.b], &prefix(format_args!("{p}.group_norm")), l.norm_shape(c, h, w), false, emit);
     // Tokens `[pixels, C]` in `c` for the projections.
     emit(Op::Transpose { src: rows(l.b, pixels), dst: rows(l.c, c), rows: c, cols: pixels });
     for (proj, dst) in [("to_q", l.q), ("to_k", l.k), ("to_v", l.v)] {
@@ -360,7 +364,7 @@ pub fn mid_block(l: &VaeLayout, mut emit: impl FnMut(Op)) {
 pub(crate) fn mid(s: &Stream, side: &str, attend: bool, c: u64, h: u64, w: u64, emit: &mut impl FnMut(Op)) {
     resnet(s, &prefix(format_args!("{side}.mid_block.resnets.0")), c, c, h, w, emit);
     if attend {
-        attention(s, &prefix(format_args!("{side}.mid_block.attentions.0")), c, h * w, emit);
+        attention(s, &prefix(format_args!("{side}.mid_block.attentions.0")), c, (h, w), emit);
     }
     resnet(s, &prefix(format_args!("{side}.mid_block.resnets.1")), c, c, h, w, emit);
 }
@@ -391,7 +395,7 @@ pub fn output(l: &VaeLayout, mut emit: impl FnMut(Op)) {
     let (h, w) = l.image_size();
     let c0 = l.channels[0];
     let s = &l.stream;
-    emit(group_norm(s, s.a, s.b, "decoder.conv_norm_out", c0, h * w, true));
+    group_norm(s, [s.a, s.b], "decoder.conv_norm_out", s.norm_shape(c0, h, w), true, &mut emit);
     emit(conv(s.b, "decoder.conv_out", l.decoded, same(c0, l.out_channels, h, w, 3)));
 }
 

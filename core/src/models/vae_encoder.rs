@@ -8,6 +8,7 @@ use crate::arena::{ArenaError, BumpArena};
 use crate::config::{VaeConfig, MAX_LIST};
 use crate::ir::{Op, Span, ALIGN, F32};
 use crate::oracle::ConvShape;
+use crate::models::group_norm::NormScratch;
 use crate::models::vae::{conv, group_norm, mid, prefix, resnet, same, Stream, VaePlanError};
 
 /// Name prefixes of the tensors encoding reads.
@@ -66,6 +67,8 @@ impl VaeEncoderLayout {
             (a, a, a)
         };
         let moments = take(2 * lc * latent_pixels)?;
+        let groups = cfg.norm_num_groups as u64;
+        let norm = NormScratch::at(take(NormScratch::elements(groups, height))?, groups);
         Ok(Self {
             height,
             width,
@@ -76,7 +79,7 @@ impl VaeEncoderLayout {
             attention: cfg.mid_block_add_attention,
             quant_conv: cfg.use_quant_conv,
             image,
-            stream: Stream { a, b, c, q, k, v, groups: cfg.norm_num_groups as u64 },
+            stream: Stream { a, b, c, q, k, v, groups, norm },
             moments,
         })
     }
@@ -168,7 +171,7 @@ pub fn encode(l: &VaeEncoderLayout, mut emit: impl FnMut(Op)) {
     }
     let top = l.channels[l.channels.len() - 1];
     mid(s, "encoder", l.attention, top, h, w, &mut emit);
-    emit(group_norm(s, s.a, s.b, "encoder.conv_norm_out", top, h * w, true));
+    group_norm(s, [s.a, s.b], "encoder.conv_norm_out", s.norm_shape(top, h, w), true, &mut emit);
     let moments = 2 * l.latent_channels;
     if l.quant_conv {
         emit(conv(s.b, "encoder.conv_out", s.c, same(top, moments, h, w, 3)));

@@ -9,11 +9,11 @@
 //! Laid out in [`VaeLayout`]'s buffers: the stream in `a`, the next
 //! convolution's f16 input (words, then a scale a pixel) in `b`, a block's
 //! f32 intermediate in `c`, the attention's projections in `q`, `k`, `v`,
-//! and each GroupNorm's statistics in `packed` once the latent has been
-//! de-normalised. The decoded image lands channels-last in `decoded`, its
+//! and the GroupNorms' statistics in the stream's `norm`. The decoded image lands channels-last in `decoded`, its
 //! 8-bit levels interleaved RGB in `levels`.
 
-use crate::ir::{name, Op, Operand, Span};
+use crate::ir::{name, GroupShape, Op, Operand, Span};
+use crate::models::group_norm;
 use crate::models::vae::{attention_projection, denorm_unpatchify, prefix, rows, same, Stream, UpBlock, VaeLayout, NORM_EPS};
 use crate::oracle::ConvShape;
 
@@ -37,25 +37,12 @@ fn pack(src: Span, dst: Operand, pixels: u64, channels: u64) -> Op {
     Op::HalfPack { src: rows(src, channels), dst: dst.data, scales, tokens: pixels, heads: 1, head_dim: channels }
 }
 
-/// Where each GroupNorm keeps its statistics.
-fn stats(l: &VaeLayout) -> Span {
-    l.packed
-}
-
-fn group_norm(l: &VaeLayout, src: Span, p: &str, channels: u64, pixels: u64, silu: bool) -> Op {
+/// GroupNorm `p` of the stream's rows `src` (`channels` at `h × w`) into
+/// the next convolution's f16 input in `b`, SiLU after where `silu`.
+fn group_norm(l: &VaeLayout, src: Span, p: &str, channels: u64, (h, w): (u64, u64), silu: bool, emit: &mut impl FnMut(Op)) {
     let s = &l.stream;
-    Op::GroupNormNhwc {
-        src: rows(src, channels),
-        stats: stats(l),
-        dst: half_rows(s.b, pixels, channels),
-        gamma: name(format_args!("{p}.weight")),
-        beta: name(format_args!("{p}.bias")),
-        channels,
-        pixels,
-        groups: s.groups,
-        eps: NORM_EPS,
-        silu,
-    }
+    let shape = GroupShape { channels, pixels: h * w, width: w, groups: s.groups, channels_last: true };
+    group_norm::group_norm(s.norm, (rows(src, channels), half_rows(s.b, h * w, channels)), p, shape, NORM_EPS, silu, emit);
 }
 
 /// Packed latents to the decoder's first activation (in `a`): de-normalise
@@ -81,9 +68,9 @@ pub fn input(l: &VaeLayout, mut emit: impl FnMut(Op)) {
 fn resnet(l: &VaeLayout, p: &str, cin: u64, cout: u64, h: u64, w: u64, emit: &mut impl FnMut(Op)) {
     let (s, pixels) = (&l.stream, h * w);
     let x = |c| half_rows(s.b, pixels, c);
-    emit(group_norm(l, s.a, &prefix(format_args!("{p}.norm1")), cin, pixels, true));
+    group_norm(l, s.a, &prefix(format_args!("{p}.norm1")), cin, (h, w), true, emit);
     emit(conv(x(cin), &prefix(format_args!("{p}.conv1")), rows(s.c, cout), same(cin, cout, h, w, 3), false));
-    emit(group_norm(l, s.c, &prefix(format_args!("{p}.norm2")), cout, pixels, true));
+    group_norm(l, s.c, &prefix(format_args!("{p}.norm2")), cout, (h, w), true, emit);
     if cin == cout {
         emit(conv(x(cout), &prefix(format_args!("{p}.conv2")), rows(s.a, cout), same(cout, cout, h, w, 3), true));
         return;
@@ -97,9 +84,9 @@ fn resnet(l: &VaeLayout, p: &str, cin: u64, cout: u64, h: u64, w: u64, emit: &mu
 /// The mid-block attention `p` on the stream in `a`: one head as wide as
 /// the `c` channels over every pixel, its tokens the stream's rows; the
 /// projections read the GroupNorm's f16 rows.
-fn attention(l: &VaeLayout, p: &str, c: u64, pixels: u64, emit: &mut impl FnMut(Op)) {
-    let s: &Stream = &l.stream;
-    emit(group_norm(l, s.a, &prefix(format_args!("{p}.group_norm")), c, pixels, false));
+fn attention(l: &VaeLayout, p: &str, c: u64, (h, w): (u64, u64), emit: &mut impl FnMut(Op)) {
+    let (s, pixels): (&Stream, u64) = (&l.stream, h * w);
+    group_norm(l, s.a, &prefix(format_args!("{p}.group_norm")), c, (h, w), false, emit);
     for (proj, dst) in [("to_q", s.q), ("to_k", s.k), ("to_v", s.v)] {
         emit(attention_projection(half_rows(s.b, pixels, c), p, proj, dst, pixels, c));
     }
@@ -114,7 +101,7 @@ pub fn mid_block(l: &VaeLayout, mut emit: impl FnMut(Op)) {
     let (c, h, w) = (l.top(), l.latent_h, l.latent_w);
     resnet(l, "decoder.mid_block.resnets.0", c, c, h, w, &mut emit);
     if l.attention {
-        attention(l, "decoder.mid_block.attentions.0", c, h * w, &mut emit);
+        attention(l, "decoder.mid_block.attentions.0", c, (h, w), &mut emit);
     }
     resnet(l, "decoder.mid_block.resnets.1", c, c, h, w, &mut emit);
 }
@@ -142,7 +129,7 @@ pub fn up_block(l: &VaeLayout, i: usize, mut emit: impl FnMut(Op)) {
 pub fn output(l: &VaeLayout, mut emit: impl FnMut(Op)) {
     let (h, w) = l.image_size();
     let c0 = l.channels[0];
-    emit(group_norm(l, l.stream.a, "decoder.conv_norm_out", c0, h * w, true));
+    group_norm(l, l.stream.a, "decoder.conv_norm_out", c0, (h, w), true, &mut emit);
     emit(conv(half_rows(l.stream.b, h * w, c0), "decoder.conv_out", rows(l.decoded, l.out_channels), same(c0, l.out_channels, h, w, 3), false));
 }
 
@@ -200,16 +187,13 @@ mod tests {
         let (mut transposes, mut nchw) = (0, 0);
         decode_to_levels(&l, |op| {
             transposes += matches!(op, Op::Transpose { .. }) as u32;
-            nchw += matches!(op, Op::Conv2d { .. } | Op::GroupNorm { .. } | Op::UpsampleNearest2x { .. }) as u32;
+            nchw += matches!(op, Op::Conv2d { .. } | Op::UpsampleNearest2x { .. }) as u32;
+            nchw += matches!(op, Op::GroupMoments { shape, .. } | Op::GroupNormApply { shape, .. } if !shape.channels_last) as u32;
             if let Op::ConvNhwc { x, shape, .. } = op {
                 // Words and a scale a pixel, within `b`.
                 let pixels = (shape.height * shape.width) as u64;
                 let scales = x.scales.unwrap();
                 assert!(scales.offset + pixels <= l.stream.b.offset + buffer, "{shape:?}");
-            }
-            if let Op::GroupNormNhwc { stats, groups, .. } = op {
-                assert!(2 * groups <= l.packed.stride * l.tokens());
-                assert_eq!(stats, l.packed);
             }
         });
         // The latent's rows are the one transpose; no channel-major op is left.

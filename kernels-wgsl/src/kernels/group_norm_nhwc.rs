@@ -1,4 +1,4 @@
-//! GroupNorm (+ SiLU) over channels-last f32 rows, written as the next
+//! The last step of a GroupNorm (+ SiLU) over channels-last f32 rows, written as the next
 //! convolution's f16 input under a range scale a pixel
 //! (`group_norm_nhwc.wgsl`, in the f16-output norms' module): the VAE's
 //! data path on the matrix tier.
@@ -8,24 +8,23 @@ use crate::dispatch::{dispatch, row_chunks, to_u32, window, Launch, Rows, Sink};
 use crate::error::GpuError;
 use crate::kernel::{kernel, wrapped_grid, Access::{Read as R, ReadWrite as RW}, Kernel, Module};
 use crate::view::{HalfMat, Mat};
-use super::norm::{GroupAffine, Groups, NormParams};
+use super::group_norm::{affine_windows, GroupAffine, GroupShape};
+use super::norm::NormParams;
 
-/// Each group's statistics over channels-last rows, one workgroup a group.
-pub const GROUP_STATS_NHWC: Kernel = kernel(Module::NormHalf, "group_stats_nhwc", [128, 1, 1], &[(1, RW), (5, RW)], size_of::<NormParams>(), false);
 /// The normalised rows as f16 under a range scale each, one workgroup a pixel.
 pub const GROUP_NORM_NHWC_HALF: Kernel =
     kernel(Module::NormHalf, "group_norm_nhwc_half", [128, 1, 1], &[(1, RW), (3, R), (4, R), (5, RW), (6, RW), (7, RW)], size_of::<NormParams>(), true);
 
-/// GroupNorm of `src`, `[pixels, channels]` f32 rows (`src.stride` =
-/// `channels`), with `affine` (SiLU after where it says), into `dst`: f16
-/// rows under one range scale a pixel ([`HalfMat::rows`], a pixel's words
-/// `channels / 2` apart). Each group's `(mean, 1/√(var + eps))` goes to
-/// `stats` `[groups, 2]` first. Two dispatches: the statistics (the whole
-/// input in one binding), then the rows, in pieces of pixels.
-#[allow(clippy::too_many_arguments)] // a group norm's operands, its statistics' place and epsilon
-pub fn group_norm_nhwc_half(gpu: &Gpu, sink: &mut dyn Sink, src: Mat<'_>, stats: Mat<'_>, affine: GroupAffine<'_>, dst: HalfMat<'_>, g: Groups, eps: f32) -> Result<(), GpuError> {
-    let Groups { channels, pixels, groups } = g;
-    if groups == 0 || !channels.is_multiple_of(groups) || !channels.is_multiple_of(2) || dst.piece.is_some() {
+/// The last step of a GroupNorm of `src`, channels-last `[pixels, channels]`
+/// f32 rows (`src.stride` = `channels`): normalised with `stats` `[groups,
+/// 2]` (each group's `(mean, 1/√(var + eps))`, from
+/// [`group_merge`](super::group_norm::group_merge)), times gamma plus beta,
+/// SiLU after where `affine.silu`, into `dst`: f16 rows under one range
+/// scale a pixel ([`HalfMat::rows`], a pixel's words `channels / 2` apart),
+/// in pieces of pixels.
+pub fn group_norm_nhwc_half(gpu: &Gpu, sink: &mut dyn Sink, src: Mat<'_>, stats: Mat<'_>, affine: GroupAffine<'_>, dst: HalfMat<'_>, shape: GroupShape) -> Result<(), GpuError> {
+    let GroupShape { channels, pixels, groups, .. } = shape;
+    if !shape.channels_last || groups == 0 || !channels.is_multiple_of(groups) || !channels.is_multiple_of(2) || dst.piece.is_some() {
         return Err(GpuError::UnsupportedShape(format!("a channels-last group norm of {channels} channels in {groups} groups into f16 rows (even channels, one scale a pixel)")));
     }
     if src.stride != channels || dst.data.stride != channels / 2 {
@@ -34,30 +33,18 @@ pub fn group_norm_nhwc_half(gpu: &Gpu, sink: &mut dyn Sink, src: Mat<'_>, stats:
     if pixels == 0 {
         return Ok(());
     }
-    if affine.gamma.dtype != affine.beta.dtype {
-        return Err(GpuError::UnsupportedShape("group norm weight and bias must share a dtype".into()));
-    }
-    let whole = window(gpu, src.buf, 4, src.offset..src.offset + pixels * channels, "group norm input")?;
     let tw = window(gpu, stats.buf, 4, stats.offset..stats.offset + 2 * groups, "group norm statistics")?;
-    let gw = window(gpu, affine.gamma.buf, affine.gamma.dtype.bytes(), affine.gamma.offset..affine.gamma.offset + channels, "group norm weight")?;
-    let bw = window(gpu, affine.beta.buf, affine.beta.dtype.bytes(), affine.beta.offset..affine.beta.offset + channels, "group norm bias")?;
-    if gw.local != bw.local {
-        return Err(GpuError::UnsupportedShape("group norm weight and bias must be equally aligned".into()));
-    }
+    let (gw, bw) = affine_windows(gpu, affine, channels)?;
     let shape = NormParams {
-        rows: to_u32(pixels, "group norm pixels")?,
         d: to_u32(channels, "group norm channels")?,
         heads: 1,
         src_stride: to_u32(channels, "group norm channels")?,
         groups: to_u32(groups, "groups")?,
-        eps,
         silu: affine.silu as u32,
         w_offset: gw.local,
         shift_offset: tw.local,
         ..Default::default()
     };
-    let stats_params = NormParams { src_offset: whole.local, ..shape };
-    dispatch(gpu, sink, Launch { kernel: &GROUP_STATS_NHWC, constants: &[], params: stats_params, grid: [shape.groups, 1, 1] }, &[(1, &whole), (5, &tw)]);
     let src_rows = Rows::mat(src, channels, "group norm input");
     let dst_rows = Rows::mat(dst.data, channels / 2, "group norm output");
     let scale_rows = Rows::mat(dst.scales, 1, "group norm output scales");
@@ -81,6 +68,7 @@ pub fn group_norm_nhwc_half(gpu: &Gpu, sink: &mut dyn Sink, src: Mat<'_>, stats:
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernels::group_norm::{group_merge, group_moments, GroupStats};
     use crate::range_rule::unpack_rows;
     use crate::testing::*;
     use crate::view::Weight;
@@ -92,7 +80,8 @@ mod tests {
     /// f16's normals) plus the f32 arithmetic's 1e-5 of the row's largest
     /// magnitude (2¹⁴ scales at most: a value near 0 is a difference of
     /// terms as large as the row's).
-    fn check_group_norm_nhwc(gpu: &Gpu, [channels, pixels, groups]: [usize; 3], silu: bool, seed: u64) {
+    fn check_group_norm_nhwc(gpu: &Gpu, [channels, width, rows, groups]: [usize; 4], silu: bool, seed: u64) {
+        let pixels = width * rows;
         let mut rng = Rng::new(seed);
         let mut x = rng.normals(channels * pixels, 2.0);
         // A group far off zero (a large mean), and one pixel far larger than the rest.
@@ -105,13 +94,19 @@ mod tests {
         let nhwc: Vec<f32> = (0..pixels * channels).map(|i| x[(i % channels) * pixels + i / channels]).collect();
         let xb = gpu.upload_f32("x", &nhwc);
         let (gb, bb) = (gpu.upload_bf16("gamma", &gamma), gpu.upload_bf16("beta", &beta));
-        let (words_len, len) = (pixels * channels / 2, pixels * channels / 2 + pixels + 2 * groups);
+        let (words_len, len) = (pixels * channels / 2, pixels * channels / 2 + pixels + 2 * groups + 2 * groups * rows);
         let out = poisoned(gpu, len);
         let dst = HalfMat::rows(Mat::new(&out, (channels / 2) as u64), Mat { buf: &out, offset: words_len as u64, stride: 1 });
         let stats = Mat { buf: &out, offset: (words_len + pixels) as u64, stride: 0 };
         let affine = GroupAffine { gamma: Weight::bf16(&gb), beta: Weight::bf16(&bb), silu };
-        let g = Groups { channels: channels as u64, pixels: pixels as u64, groups: groups as u64 };
-        let all = run_and_read(gpu, &out, len, |enc| group_norm_nhwc_half(gpu, enc, Mat::new(&xb, channels as u64), stats, affine, dst, g, 1e-6));
+        let moments = Mat { buf: &out, offset: (words_len + pixels + 2 * groups) as u64, stride: 0 };
+        let shape = GroupShape { channels: channels as u64, pixels: pixels as u64, width: width as u64, groups: groups as u64, channels_last: true };
+        let src = Mat::new(&xb, channels as u64);
+        let all = run_and_read(gpu, &out, len, |enc| {
+            group_moments(gpu, enc, src, moments, shape)?;
+            group_merge(gpu, enc, GroupStats { moments, stats, eps: 1e-6 }, shape.moments())?;
+            group_norm_nhwc_half(gpu, enc, src, stats, affine, dst, shape)
+        });
         let words: Vec<u32> = all[..words_len].iter().map(|v| v.to_bits()).collect();
         let scales = &all[words_len..words_len + pixels];
         let got = unpack_rows(&words, scales, channels);
@@ -127,9 +122,9 @@ mod tests {
     #[test]
     fn the_channels_last_group_norm_writes_f16_rows_within_their_rounding_of_the_oracle() {
         let Some(gpu) = matrix_gpu() else { return };
-        check_group_norm_nhwc(&gpu, [64, 37, 8], true, 70);
-        check_group_norm_nhwc(&gpu, [96, 150, 32], false, 71);
+        check_group_norm_nhwc(&gpu, [64, 37, 1, 8], true, 70);
+        check_group_norm_nhwc(&gpu, [96, 15, 10, 32], false, 71);
         // More channels than the workgroup's invocations (the VAE's 512).
-        check_group_norm_nhwc(&gpu, [512, 9, 32], true, 72);
+        check_group_norm_nhwc(&gpu, [512, 3, 3, 32], true, 72);
     }
 }

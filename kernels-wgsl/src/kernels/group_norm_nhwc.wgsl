@@ -1,42 +1,12 @@
-// GroupNorm over channels-last f32 rows (`[pixels, channels]`, a pixel's
-// row `p.src_stride` apart), written as the next convolution's f16 input: a
+// The last step of a GroupNorm over channels-last f32 rows (`[pixels,
+// channels]`, a pixel's row `p.src_stride` apart; its statistics from
+// norm.wgsl's group_moments and group_merge), written as the next convolution's f16 input: a
 // pixel's row divided by its range scale, two values a word, the scale
 // beside it (after norm_half.wgsl, whose outputs these are). The VAE's data
 // path on the matrix tier. `p.rows` counts pixels, `p.d` channels.
 
-// A group's channels' value of pixel row i / per, channel g·per + i % per.
-fn nhwc_group_value(g: u32, i: u32) -> f32 {
-    let per = p.d / p.groups;
-    return src[p.src_offset + (i / per) * p.src_stride + g * per + i % per];
-}
-
-// Each group's mean and 1/√(var + eps) over every pixel, one workgroup a
-// group, the variance in a second pass about the mean (as group_moments),
-// into modulation[shift_offset + 2g ..].
-@compute @workgroup_size(128)
-fn group_stats_nhwc(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
-    let g = wid.x;
-    let t = lid.x;
-    let count = (p.d / p.groups) * p.rows;
-    var s = 0.0;
-    for (var i = t; i < count; i += THREADS) {
-        s += nhwc_group_value(g, i);
-    }
-    let mean = workgroup_sum(s, t) / f32(count);
-    var sq = 0.0;
-    for (var i = t; i < count; i += THREADS) {
-        let c = nhwc_group_value(g, i) - mean;
-        sq = fma(c, c, sq);
-    }
-    let m2 = workgroup_sum(sq, t);
-    if (t == 0u) {
-        modulation[p.shift_offset + 2u * g] = mean;
-        modulation[p.shift_offset + 2u * g + 1u] = inverseSqrt(m2 / f32(count) + p.eps);
-    }
-}
-
 // Channel `ch` of pixel row `row` normalised with its group's statistics,
-// times gamma plus beta (norm.wgsl's group_write expression), SiLU'd where p.silu.
+// times gamma plus beta (norm.wgsl's group_norm_apply expression), SiLU'd where p.silu.
 fn nhwc_normed(row: u32, ch: u32) -> f32 {
     let g = ch / (p.d / p.groups);
     let x = src[p.src_offset + row * p.src_stride + ch];

@@ -1,5 +1,5 @@
 //! Normalisations: RMSNorm (whole rows and per head), LayerNorm with
-//! modulation, and GroupNorm (whole, or by bands through its statistics).
+//! modulation (GroupNorm's launchers: `group_norm.rs`).
 //! Shader: `norm.wgsl` beside this file.
 
 use crate::kernel::{kernel, Access::{Read as R, ReadWrite as RW}, Kernel, Module};
@@ -40,6 +40,9 @@ pub struct NormParams {
     /// The f16 RMSNorm + RoPE's: values a scale covers, and a token's scales' stride.
     pub piece: u32,
     pub scales_stride: u32,
+    /// The GroupNorm's: pixels an image row (the merge's: values a row's moments cover).
+    pub width: u32,
+    pub _pad: [u32; 3],
 }
 
 pub const RMS_NORM: Kernel =
@@ -48,19 +51,6 @@ pub const RMS_NORM_INPLACE: Kernel =
     kernel(Module::Norm, "rms_norm_inplace", [128, 1, 1], &[(2, RW), (3, R)], size_of::<NormParams>(), true);
 pub const LAYER_NORM_MODULATE: Kernel =
     kernel(Module::Norm, "layer_norm_modulate", [128, 1, 1], &[(1, RW), (2, RW), (5, RW)], size_of::<NormParams>(), false);
-pub const GROUP_NORM: Kernel =
-    kernel(Module::Norm, "group_norm", [128, 1, 1], &[(1, RW), (2, RW), (3, R), (4, R)], size_of::<NormParams>(), true);
-pub const GROUP_STATS: Kernel =
-    kernel(Module::Norm, "group_stats", [128, 1, 1], &[(1, RW), (5, RW)], size_of::<NormParams>(), false);
-pub const GROUP_NORM_APPLY: Kernel = kernel(
-    Module::Norm,
-    "group_norm_apply",
-    [128, 1, 1],
-    &[(1, RW), (2, RW), (3, R), (4, R), (5, RW)],
-    size_of::<NormParams>(),
-    true,
-);
-
 /// The row norms for CPU adapters (`*_lanes` in norm.wgsl): one row per
 /// invocation, [`LANE_ROWS`] rows a workgroup, no barriers.
 pub const RMS_NORM_LANES: Kernel = Kernel { entry: "rms_norm_lanes", workgroup_size: [64, 1, 1], ..RMS_NORM };
@@ -378,108 +368,6 @@ fn row_norm(
     Ok(())
 }
 
-/// The GroupNorm of a contiguous `[channels, pixels]` tensor.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Groups {
-    pub channels: u64,
-    pub pixels: u64,
-    pub groups: u64,
-}
-
-impl Groups {
-    /// The parameters every GroupNorm kernel shares.
-    fn params(self, src: &Window<'_>, dst: u32) -> Result<NormParams, GpuError> {
-        if self.groups == 0 || !self.channels.is_multiple_of(self.groups) {
-            return Err(GpuError::UnsupportedShape(format!("group norm: {} channels in {} groups", self.channels, self.groups)));
-        }
-        Ok(NormParams {
-            rows: to_u32(self.channels, "group norm channels")?,
-            d: to_u32(self.pixels, "group norm pixels")?,
-            heads: 1,
-            src_offset: src.local,
-            dst_offset: dst,
-            groups: to_u32(self.groups, "groups")?,
-            ..Default::default()
-        })
-    }
-
-    fn input<'a>(self, gpu: &Gpu, src: Mat<'a>) -> Result<Window<'a>, GpuError> {
-        window(gpu, src.buf, 4, src.offset..src.offset + self.channels * self.pixels, "group norm input")
-    }
-
-    fn output<'a>(self, gpu: &Gpu, dst: Mat<'a>) -> Result<Window<'a>, GpuError> {
-        window(gpu, dst.buf, 4, dst.offset..dst.offset + self.channels * self.pixels, "group norm output")
-    }
-
-    /// Each group's two statistics `[groups, 2]`.
-    fn stats<'a>(self, gpu: &Gpu, stats: Mat<'a>) -> Result<Window<'a>, GpuError> {
-        window(gpu, stats.buf, 4, stats.offset..stats.offset + 2 * self.groups, "group norm statistics")
-    }
-
-    /// Windows of the affine weight and bias; the kernels index both with one offset.
-    fn affine<'a>(self, gpu: &Gpu, gamma: Weight<'a>, beta: Weight<'a>) -> Result<(Window<'a>, Window<'a>), GpuError> {
-        if gamma.dtype != beta.dtype {
-            return Err(GpuError::UnsupportedShape("group norm weight and bias must share a dtype".into()));
-        }
-        let c = self.channels;
-        let gw = window(gpu, gamma.buf, gamma.dtype.bytes(), gamma.offset..gamma.offset + c, "group norm weight")?;
-        let bw = window(gpu, beta.buf, beta.dtype.bytes(), beta.offset..beta.offset + c, "group norm bias")?;
-        if gw.local != bw.local {
-            return Err(GpuError::UnsupportedShape("group norm weight and bias must be equally aligned".into()));
-        }
-        Ok((gw, bw))
-    }
-}
-
-/// A GroupNorm's affine weight and bias, and whether SiLU follows.
-#[derive(Debug, Clone, Copy)]
-pub struct GroupAffine<'a> {
-    pub gamma: Weight<'a>,
-    pub beta: Weight<'a>,
-    pub silu: bool,
-}
-
-/// GroupNorm with affine, SiLU after when `affine.silu`.
-pub fn group_norm(gpu: &Gpu, sink: &mut dyn Sink, src: Mat<'_>, affine: GroupAffine<'_>, dst: Mat<'_>, g: Groups, eps: f32) -> Result<(), GpuError> {
-    let (sw, dw) = (g.input(gpu, src)?, g.output(gpu, dst)?);
-    let (gw, bw) = g.affine(gpu, affine.gamma, affine.beta)?;
-    let params = NormParams { w_offset: gw.local, eps, silu: affine.silu as u32, ..g.params(&sw, dw.local)? };
-    let constants = [("WEIGHT_BF16", affine.gamma.dtype.constant())];
-    let launch = Launch { kernel: &GROUP_NORM, constants: &constants, params, grid: [g.groups as u32, 1, 1] };
-    dispatch(gpu, sink, launch, &[(1, &sw), (2, &dw), (3, &gw), (4, &bw)]);
-    Ok(())
-}
-
-/// Per group of a band: `(mean, Σ(x − mean)²)` into `stats` `[groups, 2]`,
-/// the part of a GroupNorm's statistics that one band of a larger image contributes.
-pub fn group_stats(gpu: &Gpu, sink: &mut dyn Sink, src: Mat<'_>, stats: Mat<'_>, g: Groups) -> Result<(), GpuError> {
-    let (sw, tw) = (g.input(gpu, src)?, g.stats(gpu, stats)?);
-    let params = NormParams { shift_offset: tw.local, ..g.params(&sw, 0)? };
-    let launch = Launch { kernel: &GROUP_STATS, constants: &[], params, grid: [g.groups as u32, 1, 1] };
-    dispatch(gpu, sink, launch, &[(1, &sw), (5, &tw)]);
-    Ok(())
-}
-
-/// GroupNorm with given statistics: `stats` `[groups, 2]` holds each group's
-/// `(mean, 1/√(var + eps))`; affine, SiLU after when `affine.silu`.
-pub fn group_norm_apply(
-    gpu: &Gpu,
-    sink: &mut dyn Sink,
-    src: Mat<'_>,
-    stats: Mat<'_>,
-    affine: GroupAffine<'_>,
-    dst: Mat<'_>,
-    g: Groups,
-) -> Result<(), GpuError> {
-    let (sw, dw, tw) = (g.input(gpu, src)?, g.output(gpu, dst)?, g.stats(gpu, stats)?);
-    let (gw, bw) = g.affine(gpu, affine.gamma, affine.beta)?;
-    let params = NormParams { w_offset: gw.local, silu: affine.silu as u32, shift_offset: tw.local, ..g.params(&sw, dw.local)? };
-    let constants = [("WEIGHT_BF16", affine.gamma.dtype.constant())];
-    let launch = Launch { kernel: &GROUP_NORM_APPLY, constants: &constants, params, grid: [g.groups as u32, 1, 1] };
-    dispatch(gpu, sink, launch, &[(1, &sw), (2, &dw), (3, &gw), (4, &bw), (5, &tw)]);
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use crate::testing::*;
@@ -543,27 +431,5 @@ mod tests {
     fn layer_norm_with_modulation() {
         both_shapes(|g| held("layer_norm_modulate", crate::selftest::check_layer_norm(g, 41, 333, 8)));
         both_shapes(|g| held("layer_norm_modulate, 130 rows", crate::selftest::check_layer_norm(g, 130, 24, 9)));
-    }
-
-    fn check_group_norm(silu: bool) {
-        held(&format!("group_norm silu={silu}"), crate::selftest::check_group_norm(gpu(), silu, 9 + silu as u64));
-    }
-
-    #[test]
-    fn group_norm_affine() {
-        check_group_norm(false);
-    }
-
-    #[test]
-    fn group_norm_then_silu() {
-        check_group_norm(true);
-    }
-
-    /// GroupNorm split over pixel bands: each band's moments from `group_stats`
-    /// against f64, merged on the host, then `group_norm_apply` on every band
-    /// against the reference GroupNorm of the whole tensor.
-    #[test]
-    fn group_norm_over_pixel_bands_matches_the_whole() {
-        held("group_norm over pixel bands", crate::selftest::check_group_norm_by_bands(gpu()));
     }
 }

@@ -21,6 +21,8 @@ struct Params {
     later_row: u32, later_shift_offset: u32, later_scale_offset: u32,
     // rms_norm_rope_half's: values a scale covers, and a token's scales' stride.
     piece: u32, scales_stride: u32,
+    // The GroupNorm's: pixels an image row.
+    width: u32, _pad0: u32, _pad1: u32, _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -185,69 +187,116 @@ fn layer_norm_modulate(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(wo
     }
 }
 
-// GroupNorm over [channels, pixels] (channels = rows, pixels = d): one
-// workgroup per group of rows/groups channels; affine gamma (w), beta (w2);
-// SiLU after when p.silu != 0. A group's elements are contiguous.
+// GroupNorm in three steps (core's GroupShape): each image row's moments,
+// their merge in one fixed order, the normalisation. The tensor holds
+// `p.rows` channels of `p.d` pixels, channel-major, or channels-last where
+// CHANNELS_LAST (a pixel's channels side by side); its pixels are image rows
+// of `p.width`; `p.groups` groups of `p.rows / p.groups` channels. Every
+// (group, row) is one workgroup's work, and a band of whole rows computes the
+// very moments the whole image's run does.
+override CHANNELS_LAST: bool = false;
 
-// (mean, Σ(x − mean)²) of `count` contiguous values from `base` of src.
-fn group_moments(base: u32, count: u32, t: u32) -> vec2<f32> {
+// Value i (< channels a group · width) of group g's share of image row r.
+fn group_row_value(g: u32, r: u32, i: u32) -> f32 {
+    let per = p.rows / p.groups;
+    if (CHANNELS_LAST) {
+        let pixel = r * p.width + i / per;
+        return src[p.src_offset + pixel * p.rows + g * per + i % per];
+    }
+    let ch = g * per + i / p.width;
+    return src[p.src_offset + ch * p.d + r * p.width + i % p.width];
+}
+
+// Group wid.x's (mean, Σ(x − mean)²) over image row wid.y, the variance in a
+// second pass about the mean, into modulation[shift_offset + 2(row·groups + g) ..].
+@compute @workgroup_size(128)
+fn group_moments(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+    let g = wid.x;
+    let r = wid.y;
+    let t = lid.x;
+    let count = (p.rows / p.groups) * p.width;
     var s = 0.0;
     for (var i = t; i < count; i += THREADS) {
-        s += src[base + i];
+        s += group_row_value(g, r, i);
     }
     let mean = workgroup_sum(s, t) / f32(count);
     var sq = 0.0;
     for (var i = t; i < count; i += THREADS) {
-        let c = src[base + i] - mean;
+        let c = group_row_value(g, r, i) - mean;
         sq = fma(c, c, sq);
     }
-    return vec2<f32>(mean, workgroup_sum(sq, t));
+    let m2 = workgroup_sum(sq, t);
+    if (t == 0u) {
+        let at = p.shift_offset + 2u * (r * p.groups + g);
+        modulation[at] = mean;
+        modulation[at + 1u] = m2;
+    }
 }
 
-// dst = (src − mean)·inv·gamma + beta (then SiLU) over group g.
-fn group_write(g: u32, t: u32, mean: f32, inv: f32) {
-    let per = p.rows / p.groups;
-    let count = per * p.d;
-    let base_src = p.src_offset + g * count;
-    let base_dst = p.dst_offset + g * count;
-    for (var i = t; i < count; i += THREADS) {
-        let ch = g * per + i / p.d;
-        var v = fma((src[base_src + i] - mean) * inv, weight(p.w_offset + ch), weight2(p.w_offset + ch));
-        if (p.silu != 0u) {
-            v = silu(v);
+var<workgroup> merge_sets: array<vec3<f32>, 128>;
+
+// Two sets' (count, mean, Σ(x − mean)²) as one (Chan, Golub and LeVeque).
+fn merged_moments(a: vec3<f32>, b: vec3<f32>) -> vec3<f32> {
+    if (b.x == 0.0) {
+        return a;
+    }
+    if (a.x == 0.0) {
+        return b;
+    }
+    let n = a.x + b.x;
+    let delta = b.y - a.y;
+    return vec3<f32>(n, a.y + delta * (b.x / n), a.z + b.z + delta * delta * (a.x * b.x / n));
+}
+
+// One workgroup a group: the `p.rows` rows' moments at
+// modulation[shift_offset ..] (`p.groups` a row, each over `p.width` values)
+// folded in one fixed order (invocation t takes rows t, t + 128, … in turn,
+// then the 128 sets merge pairwise, halving) into the group's
+// (mean, 1/√(var + eps)) at dst[dst_offset + 2g ..].
+@compute @workgroup_size(128)
+fn group_merge(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+    let g = wid.x;
+    let t = lid.x;
+    var acc = vec3<f32>(0.0);
+    for (var r = t; r < p.rows; r += THREADS) {
+        let at = p.shift_offset + 2u * (r * p.groups + g);
+        acc = merged_moments(acc, vec3<f32>(f32(p.width), modulation[at], modulation[at + 1u]));
+    }
+    merge_sets[t] = acc;
+    workgroupBarrier();
+    for (var s = THREADS / 2u; s > 0u; s >>= 1u) {
+        if (t < s) {
+            merge_sets[t] = merged_moments(merge_sets[t], merge_sets[t + s]);
         }
-        dst[base_dst + i] = v;
+        workgroupBarrier();
+    }
+    if (t == 0u) {
+        let m = merge_sets[0];
+        dst[p.dst_offset + 2u * g] = m.y;
+        dst[p.dst_offset + 2u * g + 1u] = inverseSqrt(m.z / m.x + p.eps);
     }
 }
 
-@compute @workgroup_size(128)
-fn group_norm(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
-    let g = wid.x;
-    let count = (p.rows / p.groups) * p.d;
-    let m = group_moments(p.src_offset + g * count, count, lid.x);
-    group_write(g, lid.x, m.x, inverseSqrt(m.y / f32(count) + p.eps));
-}
-
-// The first half of a GroupNorm split over pixel bands: each group's
-// (mean, Σ(x − mean)²) over this band, into modulation[shift_offset + 2g ..].
-// The host combines the bands and hands back (mean, 1/√(var + eps)).
-@compute @workgroup_size(128)
-fn group_stats(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
-    let g = wid.x;
-    let count = (p.rows / p.groups) * p.d;
-    let m = group_moments(p.src_offset + g * count, count, lid.x);
-    if (lid.x == 0u) {
-        modulation[p.shift_offset + 2u * g] = m.x;
-        modulation[p.shift_offset + 2u * g + 1u] = m.y;
-    }
-}
-
-// The second half: normalise with the whole image's (mean, inv) per group
-// from modulation[shift_offset + 2g ..].
+// Channel-major: group wid.x's share of image row wid.y normalised with the
+// group's (mean, inv) at modulation[shift_offset + 2g ..]: (x − mean)·inv·gamma
+// + beta (gamma w, beta w2), SiLU after where p.silu.
 @compute @workgroup_size(128)
 fn group_norm_apply(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
     let g = wid.x;
-    group_write(g, lid.x, modulation[p.shift_offset + 2u * g], modulation[p.shift_offset + 2u * g + 1u]);
+    let r = wid.y;
+    let per = p.rows / p.groups;
+    let count = per * p.width;
+    let mean = modulation[p.shift_offset + 2u * g];
+    let inv = modulation[p.shift_offset + 2u * g + 1u];
+    for (var i = lid.x; i < count; i += THREADS) {
+        let ch = g * per + i / p.width;
+        let at = ch * p.d + r * p.width + i % p.width;
+        var v = fma((src[p.src_offset + at] - mean) * inv, weight(p.w_offset + ch), weight2(p.w_offset + ch));
+        if (p.silu != 0u) {
+            v = silu(v);
+        }
+        dst[p.dst_offset + at] = v;
+    }
 }
 
 // The row norms for CPU adapters, which run invocations side by side in

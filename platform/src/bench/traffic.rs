@@ -293,16 +293,14 @@ pub fn op_traffic(op: &Op, tier: Precision, m: &Machine) -> Traffic {
         Op::Transpose { rows, cols, .. } => pass(2 * rows * cols * a, 0, false),
         Op::Conv2d { shape: s, residual, .. } => conv(m, p, s, residual),
         Op::ConvNhwc { shape: s, residual, .. } => conv_nhwc(m, p, s, residual),
-        Op::GroupNormNhwc { channels, pixels, groups, .. } => {
-            // The statistics over the whole input, then the rows into f16 (words and a scale a pixel).
-            let stats = pass(channels * pixels * 4 + 2 * groups * 4, 0, false);
-            let half_row = channels * 2 + 4;
-            let rows = by_rows(pixels, &[Rows::packed(channels, 4), Rows::packed(channels / 2, 4)], &|r| r * channels * 4 + r * half_row + 2 * channels * wb + 2 * groups * 4);
-            stats + rows
+        Op::GroupMoments { shape: g, .. } => pass(g.channels * g.pixels * a + 2 * g.groups * g.rows() * 4, 0, false),
+        Op::GroupMerge { of, .. } => pass(2 * of.groups * of.rows * 4 + 2 * of.groups * 4, 0, false),
+        Op::GroupNormApply { shape: g, dst, .. } if dst.is_half() => {
+            // The rows into f16 (words and a scale a pixel), in pieces of pixels.
+            let (channels, half_row) = (g.channels, g.channels * 2 + 4);
+            by_rows(g.pixels, &[Rows::packed(channels, 4), Rows::packed(channels / 2, 4)], &|r| r * channels * 4 + r * half_row + 2 * channels * wb + 2 * g.groups * 4)
         }
-        Op::GroupNorm { channels, pixels, .. } => pass(2 * channels * pixels * a + 2 * channels * wb, 0, false),
-        Op::GroupStats { channels, pixels, groups, .. } => pass(channels * pixels * a + 2 * groups * 4, 0, false),
-        Op::GroupNormApply { channels, pixels, groups, .. } => pass(2 * channels * pixels * a + 2 * groups * 4 + 2 * channels * wb, 0, false),
+        Op::GroupNormApply { shape: g, .. } => pass(2 * g.channels * g.pixels * a + 2 * g.groups * 4 + 2 * g.channels * wb, 0, false),
         Op::UpsampleNearest2x { channels, height, width, .. } => {
             let plane = height * width;
             by_rows(channels, &[Rows::packed(plane, a), Rows::packed(4 * plane, a)], &|r| 5 * r * plane * a)
@@ -569,7 +567,7 @@ pub fn kind(op: &Op) -> &'static str {
         Op::SwiGlu { .. } => "SwiGLU",
         Op::GatedResidual { .. } | Op::Residual { .. } => "residual",
         Op::Conv2d { .. } | Op::ConvNhwc { .. } => "convolution",
-        Op::GroupNorm { .. } | Op::GroupStats { .. } | Op::GroupNormApply { .. } | Op::GroupNormNhwc { .. } => "group norm",
+        Op::GroupMoments { .. } | Op::GroupMerge { .. } | Op::GroupNormApply { .. } => "group norm",
         Op::UpsampleNearest2x { .. } => "upsampling",
         Op::Transpose { .. } => "transpose",
         _ => "element-wise",

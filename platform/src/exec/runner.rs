@@ -248,27 +248,16 @@ impl Runner {
                 let then = kernels::ConvEpilogue { residual: *residual, relu: false };
                 kernels::conv2d_matrix_nhwc(gpu, sink, x, weights, self.mat(*y), *shape, input, then)
             }
-            Op::GroupNormNhwc { src, stats, dst, gamma, beta, channels, pixels, groups, eps, silu } => {
-                let Some(dst) = self.half(*dst) else {
-                    return Err(GpuError::UnsupportedShape("a channels-last group norm writes f16 rows".into()));
-                };
-                let g = kernels::Groups { channels: *channels, pixels: *pixels, groups: *groups };
+            Op::GroupMoments { src, moments, shape } => kernels::group_moments(gpu, sink, self.mat(*src), self.mat(*moments), *shape),
+            Op::GroupMerge { moments, stats, of, eps } => {
+                kernels::group_merge(gpu, sink, kernels::GroupStats { moments: self.mat(*moments), stats: self.mat(*stats), eps: *eps }, *of)
+            }
+            Op::GroupNormApply { src, stats, dst, gamma, beta, shape, silu } => {
                 let affine = kernels::GroupAffine { gamma: weights.get(gamma)?.view(), beta: weights.get(beta)?.view(), silu: *silu };
-                kernels::group_norm_nhwc_half(gpu, sink, self.mat(*src), self.mat(*stats), affine, dst, g, *eps)
-            }
-            Op::GroupNorm { src, dst, gamma, beta, channels, pixels, groups, eps, silu } => {
-                let g = kernels::Groups { channels: *channels, pixels: *pixels, groups: *groups };
-                let (gamma, beta) = (weights.get(gamma)?.view(), weights.get(beta)?.view());
-                kernels::group_norm(gpu, sink, self.mat(*src), kernels::GroupAffine { gamma, beta, silu: *silu }, self.mat(*dst), g, *eps)
-            }
-            Op::GroupStats { src, stats, channels, pixels, groups } => {
-                let g = kernels::Groups { channels: *channels, pixels: *pixels, groups: *groups };
-                kernels::group_stats(gpu, sink, self.mat(*src), self.mat(*stats), g)
-            }
-            Op::GroupNormApply { src, stats, dst, gamma, beta, channels, pixels, groups, silu } => {
-                let g = kernels::Groups { channels: *channels, pixels: *pixels, groups: *groups };
-                let (gamma, beta) = (weights.get(gamma)?.view(), weights.get(beta)?.view());
-                kernels::group_norm_apply(gpu, sink, self.mat(*src), self.mat(*stats), kernels::GroupAffine { gamma, beta, silu: *silu }, self.mat(*dst), g)
+                match self.half(*dst) {
+                    Some(half) => kernels::group_norm_nhwc_half(gpu, sink, self.mat(*src), self.mat(*stats), affine, half, *shape),
+                    None => kernels::group_norm_apply(gpu, sink, self.mat(*src), self.mat(*stats), affine, self.mat(dst.data), *shape),
+                }
             }
             Op::UpsampleNearest2x { x, y, channels, height, width } => {
                 kernels::upsample_nearest2x(gpu, sink, self.mat(*x), self.mat(*y), *channels, *height, *width)

@@ -9,19 +9,19 @@
 //!
 //! Each op sees what it would see untiled: a 3×3 convolution gets a row of
 //! halo from the neighbouring bands, a GroupNorm takes its statistics over
-//! the whole image (each band's moments combined on the host), and the
+//! the whole image (each band's rows' moments, merged as the whole run merges them), and the
 //! mid-block attention sees every token (key chunks combined by their
 //! log-sum-exp). The result therefore equals the untiled run up to
 //! rounding, while the device holds one band's operands: a fixed number of
 //! elements whatever the image size.
 
-use flux_lite_core::bands::{AttentionMerge, Moments};
+use flux_lite_core::bands::AttentionMerge;
 use crate::error::RunError;
 use flux_lite_kernels::kernels::Gemm;
 use flux_lite_kernels::Gpu;
 use crate::exec::device_weights::DeviceWeights;
 use crate::exec::runner::Runner;
-use flux_lite_core::ir::{Op, Span};
+use flux_lite_core::ir::{GroupShape, Op, RowMoments, Span};
 use flux_lite_core::oracle::ConvShape;
 use flux_lite_core::models::tensors::TensorName;
 use flux_lite_core::BumpArena;
@@ -65,9 +65,11 @@ impl BandRunner<'_> {
                 self.denorm_unpatchify(store, *packed, *latent, stats, [*channels, *height, *width])
             }
             &Op::Conv2d { x, ref w, ref bias, y, shape, residual, relu } => self.conv(store, [x, y], [w, bias], shape, [residual, relu]),
-            Op::GroupNorm { src, dst, gamma, beta, channels, pixels, groups, eps, silu } => {
-                let g = Norm { gamma, beta, channels: *channels, pixels: *pixels, groups: *groups, eps: *eps, silu: *silu };
-                self.group_norm(store, *src, *dst, g)
+            &Op::GroupMoments { src, moments, shape } => self.group_moments(store, src, moments, shape),
+            &Op::GroupMerge { moments, stats, of, eps } => self.group_merge(store, [moments, stats], of, eps),
+            Op::GroupNormApply { src, stats, dst, gamma, beta, shape, silu } if !dst.is_half() => {
+                let g = Norm { gamma, beta, shape: *shape, silu: *silu };
+                self.group_norm_apply(store, [*src, *stats, dst.data], g)
             }
             Op::Add { a, b, dst, rows, cols, relu } => self.add(store, *a, *b, *dst, [*rows, *cols], *relu),
             Op::UpsampleNearest2x { x, y, channels, height, width } => self.upsample(store, *x, *y, *channels, *height, *width),
@@ -113,10 +115,6 @@ impl BandRunner<'_> {
     /// The band at `from` into `window` of the tensor at `dst`.
     fn put(&self, store: &mut dyn Activations, from: Span, dst: Span, window: Window) -> Result<(), RunError> {
         store.put(self.gpu, self.runner, from, dst, window)
-    }
-
-    fn upload(&self, span: Span, data: &[f32]) {
-        self.runner.write(self.gpu, span, data);
     }
 
     fn download(&self, span: Span, len: u64) -> Result<Vec<f32>, RunError> {
@@ -202,38 +200,46 @@ impl BandRunner<'_> {
         Ok(())
     }
 
-    /// GroupNorm in two passes over pixel bands: each band's per-group
-    /// moments, merged on the host, then every band normalised with the whole
-    /// image's mean and 1/√(var + eps).
-    fn group_norm(&self, store: &mut dyn Activations, src: Span, dst: Span, g: Norm<'_>) -> Result<(), RunError> {
-        let (c, p, groups) = (g.channels, g.pixels, g.groups);
-        if groups == 0 || !c.is_multiple_of(groups) {
-            return Err(cannot_band(format!("a group norm of {c} channels in {groups} groups")));
-        }
-        let per = c / groups;
-        let mut moments = vec![Moments::default(); groups as usize];
-        for (p0, p1) in bands(p, self.band(2 * groups, c, "GroupNorm pixel")?) {
-            let input = Window::columns(c, p, p0, p1);
+    /// A GroupNorm's rows' moments by bands of whole rows, each band's into
+    /// its rows of `moments`: the values the whole image's run computes.
+    fn group_moments(&self, store: &mut dyn Activations, src: Span, moments: Span, shape: GroupShape) -> Result<(), RunError> {
+        let per_moments = 2 * shape.groups;
+        let band = self.band(0, shape.channels * shape.width + per_moments, "GroupNorm row")?;
+        for (r0, r1) in bands(shape.rows(), band) {
+            let input = rows_window(shape, r0, r1);
             let mut arena = self.operands();
-            let (xs, ss) = (arena.take(input.values())?, arena.take(2 * groups)?);
+            let (xs, ms) = (arena.take(input.values())?, arena.take(per_moments * (r1 - r0))?);
             self.fetch(store, src, input, xs)?;
-            self.exec(Op::GroupStats { src: xs, stats: ss, channels: c, pixels: p1 - p0, groups })?;
-            let stats = self.download(ss, 2 * groups)?;
-            for (m, s) in moments.iter_mut().zip(stats.chunks_exact(2)) {
-                m.merge(Moments { count: (per * (p1 - p0)) as f64, mean: s[0] as f64, m2: s[1] as f64 });
-            }
+            self.exec(Op::GroupMoments { src: xs, moments: ms, shape: shape.band(r1 - r0) })?;
+            self.put(store, ms, moments, Window::run(per_moments * r0, per_moments * r1))?;
         }
-        let stats: Vec<f32> = moments.iter().flat_map(|m| [m.mean as f32, (1.0 / (m.variance() + g.eps as f64).sqrt()) as f32]).collect();
-        for (p0, p1) in bands(p, self.band(2 * groups, 2 * c, "GroupNorm pixel")?) {
-            let window = Window::columns(c, p, p0, p1);
+        Ok(())
+    }
+
+    /// The rows' moments merged into the statistics, whole (a few values a row).
+    fn group_merge(&self, store: &mut dyn Activations, [moments, stats]: [Span; 2], of: RowMoments, eps: f32) -> Result<(), RunError> {
+        let (n, out) = (2 * of.groups * of.rows, 2 * of.groups);
+        self.band(n + out, 1, "GroupNorm's moments")?;
+        let mut arena = self.operands();
+        let (ms, ss) = (arena.take(n)?, arena.take(out)?);
+        self.fetch(store, moments, Window::run(0, n), ms)?;
+        self.exec(Op::GroupMerge { moments: ms, stats: ss, of, eps })?;
+        self.put(store, ss, stats, Window::run(0, out))
+    }
+
+    /// A channel-major GroupNorm's normalisation by bands of rows, each with the whole image's statistics.
+    fn group_norm_apply(&self, store: &mut dyn Activations, [src, stats, dst]: [Span; 3], g: Norm<'_>) -> Result<(), RunError> {
+        let shape = g.shape;
+        let fixed = 2 * shape.groups;
+        for (r0, r1) in bands(shape.rows(), self.band(fixed, 2 * shape.channels * shape.width, "GroupNorm row")?) {
+            let window = rows_window(shape, r0, r1);
             let mut arena = self.operands();
             let n = window.values();
-            let (xs, ss, ys) = (arena.take(n)?, arena.take(2 * groups)?, arena.take(n)?);
+            let (xs, ss, ys) = (arena.take(n)?, arena.take(fixed)?, arena.take(n)?);
             self.fetch(store, src, window, xs)?;
-            self.upload(ss, &stats);
+            self.fetch(store, stats, Window::run(0, fixed), ss)?;
             let (gamma, beta) = (g.gamma.clone(), g.beta.clone());
-            let pixels = p1 - p0;
-            self.exec(Op::GroupNormApply { src: xs, stats: ss, dst: ys, gamma, beta, channels: c, pixels, groups, silu: g.silu })?;
+            self.exec(Op::GroupNormApply { src: xs, stats: ss, dst: ys.into(), gamma, beta, shape: shape.band(r1 - r0), silu: g.silu })?;
             self.put(store, ys, dst, window)?;
         }
         Ok(())
@@ -374,11 +380,17 @@ struct LatentStats<'a> {
 struct Norm<'a> {
     gamma: &'a TensorName,
     beta: &'a TensorName,
-    channels: u64,
-    pixels: u64,
-    groups: u64,
-    eps: f32,
+    shape: GroupShape,
     silu: bool,
+}
+
+/// Rows `[r0, r1)` of a GroupNorm's tensor.
+fn rows_window(shape: GroupShape, r0: u64, r1: u64) -> Window {
+    let row = shape.width;
+    match shape.channels_last {
+        true => Window::run(r0 * row * shape.channels, r1 * row * shape.channels),
+        false => Window::columns(shape.channels, shape.pixels, r0 * row, r1 * row),
+    }
 }
 
 /// An op of the VAE's own program the banded run does not take: a bug in

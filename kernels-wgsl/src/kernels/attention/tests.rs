@@ -4,7 +4,7 @@ use super::*;
 use crate::testing::*;
 use crate::kernels::elementwise::{elementwise, transpose, Elementwise};
 use crate::kernels::linear::{linear, Gemm};
-use crate::kernels::norm::{group_norm, GroupAffine, Groups};
+use crate::kernels::group_norm::{group_norm, GroupAffine, GroupShape, GroupStats};
 use crate::view::Weight;
 use flux_lite_core::oracle::{self as r, Weights};
 
@@ -350,7 +350,9 @@ fn vae_mid_block_attention_through_the_attention_kernel() {
     let result = poisoned(gpu, c * p);
     let got = run_and_read(gpu, &xb, c * p, |enc| {
         let (cu, pu) = (c as u64, p as u64);
-        group_norm(gpu, enc, Mat::new(&xb, 0), GroupAffine { gamma: Weight::bf16(&gb), beta: Weight::bf16(&bb), silu: false }, Mat::new(gnb, 0), Groups { channels: cu, pixels: pu, groups: groups as u64 }, 1e-6)?;
+        let shape = GroupShape { channels: cu, pixels: pu, width: ww as u64, groups: groups as u64, channels_last: false };
+        let stats = GroupStats { moments: Mat::new(ab, 0), stats: Mat::new(ob, 0), eps: 1e-6 };
+        group_norm(gpu, enc, Mat::new(&xb, 0), stats, GroupAffine { gamma: Weight::bf16(&gb), beta: Weight::bf16(&bb), silu: false }, Mat::new(gnb, 0), shape)?;
         transpose(gpu, enc, Mat::new(gnb, pu), Mat::new(tok, cu), cu, pu)?;
         for (i, dst) in [qb, kb, vb].into_iter().enumerate() {
             linear(gpu, enc, Mat::new(tok, cu), Weight::bf16(&lb[i].0), Some(Weight::bf16(&lb[i].1)), Mat::new(dst, cu), Gemm { m: pu, n: cu, k: cu })?;
