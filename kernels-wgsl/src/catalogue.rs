@@ -7,7 +7,7 @@
 use crate::kernel::Kernel;
 #[cfg(test)]
 use crate::kernel::{wrapped_grid, Access, Module, MAX_GRID_DIM};
-use crate::kernels::{attention, bench, conv, conv_nhwc, df11, group_norm, group_norm_nhwc, elementwise, ggml, linear, norm, rope, vae};
+use crate::kernels::{attention, bench, conv, conv_nhwc, df11, group_norm, group_norm_nhwc, half_pack, elementwise, ggml, linear, norm, rope, vae};
 
 /// Every kernel, for validation and pipeline warm-up.
 pub const ALL_KERNELS: &[Kernel] = &[
@@ -40,8 +40,8 @@ pub const ALL_KERNELS: &[Kernel] = &[
     attention::ATTENTION_CPU_WIDE_HALF_KV,
     attention::ATTENTION_LANES,
     attention::ATTENTION_LANES_HALF_KV,
-    attention::HALF_PACK,
-    attention::SWIGLU_HALF_PACK,
+    half_pack::HALF_PACK,
+    half_pack::SWIGLU_HALF_PACK,
     elementwise::SILU,
     elementwise::SWIGLU,
     elementwise::GATED_RESIDUAL,

@@ -5,10 +5,10 @@
 
 use crate::kernel::{kernel, Access::{Read as R, ReadWrite as RW}, Kernel, Module};
 use crate::device::{AttentionChoice, Gpu};
-use crate::dispatch::{dispatch, grid64, placeholder_window, row_chunks, to_u32, window, Launch, Rows, Sink, Window};
+use crate::dispatch::{dispatch, placeholder_window, row_chunks, to_u32, window, Launch, Rows, Sink};
 use crate::error::GpuError;
 use crate::precision::{MatrixConfig, MatrixOperands};
-use crate::view::{HalfMat, HeadRows, Mat};
+use crate::view::{HalfMat, Mat};
 use bytemuck::{Pod, Zeroable};
 
 /// `attention.wgsl`.
@@ -172,31 +172,6 @@ fn lanes_kernel(lanes: u32, half_kv: bool, head_dim: u64) -> Kernel {
     let module = Module::AttentionLanes { lanes: lanes as u8, half_kv, head_vec4: (head_dim / 4) as u8 };
     Kernel { module, ..if half_kv { ATTENTION_LANES_HALF_KV } else { ATTENTION_LANES } }
 }
-
-/// `half_pack.wgsl`.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Default, PartialEq, Pod, Zeroable)]
-pub struct HalfPackParams {
-    pub rows: u32,
-    pub heads: u32,
-    pub head_dim: u32,
-    pub src_offset: u32,
-    pub src_stride: u32,
-    pub dst_offset: u32,
-    pub dst_stride: u32,
-    pub scale_offset: u32,
-    pub scale_stride: u32,
-    /// `swiglu_half.wgsl`'s: the up rows (the gate rows are the source's).
-    pub up_offset: u32,
-    pub up_stride: u32,
-    pub _pad: u32,
-}
-
-/// f32 rows into the half-K/V layout, one invocation a (token, head) row.
-pub const HALF_PACK: Kernel = kernel(Module::HalfPack, "half_pack", [64, 1, 1], &[(1, RW), (2, RW), (3, RW)], size_of::<HalfPackParams>(), false);
-/// A SwiGLU (gate rows at binding 1, up rows at 4) packed the same way.
-pub const SWIGLU_HALF_PACK: Kernel =
-    kernel(Module::SwigluHalf, "swiglu_half_pack", [64, 1, 1], &[(1, RW), (2, RW), (3, RW), (4, RW)], size_of::<HalfPackParams>(), false);
 
 /// Queries per CPU-adapter workgroup and the widest head it takes (4·`CPU_MAX_VEC4`).
 const ATTENTION_CPU_QUERIES_PER_GROUP: u64 = 256;
@@ -403,67 +378,6 @@ pub fn attention_half_kv(gpu: &Gpu, sink: &mut dyn Sink, qkv: Qkv<'_>, scales: H
     }
     let kernel = AttentionKernel::pick(gpu, &s, &qkv, true);
     attention_with(gpu, sink, kernel, qkv, Inputs::F32, Some(scales), None, Out::F32(o), None, s)
-}
-
-/// The `[tokens, heads, head_dim]` f32 rows of `src` into the
-/// half-K/V layout: `dst` `[rows, heads·head_dim / 2]` words of f16 pairs,
-/// each (row, head) divided by its range scale (the power of two bringing
-/// its largest magnitude into [2¹³, 2¹⁴)), the scales into `scales`
-/// `[rows, heads]` (a row's `scales.stride` ≥ `heads` apart: also a
-/// product's operand in pieces of `head_dim`, [`HalfMat::pieces`]).
-pub fn half_pack(gpu: &Gpu, sink: &mut dyn Sink, src: Mat<'_>, dst: Mat<'_>, scales: Mat<'_>, shape: HeadRows) -> Result<(), GpuError> {
-    pack_rows(gpu, sink, src, None, dst, scales, shape)
-}
-
-/// `silu(gate)·up` (as [`crate::kernels::Elementwise::SwiGlu`] computes it)
-/// written as the next product's f16 operand in pieces: `dst` `[tokens,
-/// pieces·piece/2]` words, each piece of a row rounded under its range
-/// scale, the scales into `scales` `[tokens, pieces]`, one pass.
-pub fn swiglu_half_pack(gpu: &Gpu, sink: &mut dyn Sink, gate: Mat<'_>, up: Mat<'_>, dst: Mat<'_>, scales: Mat<'_>, shape: HeadRows) -> Result<(), GpuError> {
-    pack_rows(gpu, sink, gate, Some(up), dst, scales, shape)
-}
-
-/// [`half_pack`] of `src`, or with `up` of [`swiglu_half_pack`]'s SwiGLU of `src` and `up`.
-fn pack_rows(gpu: &Gpu, sink: &mut dyn Sink, src: Mat<'_>, up: Option<Mat<'_>>, dst: Mat<'_>, scales: Mat<'_>, shape: HeadRows) -> Result<(), GpuError> {
-    let HeadRows { tokens: rows, heads, head_dim } = shape;
-    if !head_dim.is_multiple_of(2) || scales.stride < heads {
-        return Err(GpuError::UnsupportedShape(format!("half-precision rows of {heads} heads of {head_dim} (even) with scales {} a row", scales.stride)));
-    }
-    if rows == 0 {
-        return Ok(());
-    }
-    let src_rows = Rows::mat(src, heads * head_dim, "half pack input");
-    let up_rows = up.map(|u| Rows::mat(u, heads * head_dim, "half pack up rows"));
-    let dst_rows = Rows::mat(dst, heads * head_dim / 2, "half pack output");
-    let scale_rows = Rows::mat(scales, heads, "half pack scales");
-    let operands: Vec<Rows<'_>> = [src_rows, dst_rows, scale_rows].into_iter().chain(up_rows).collect();
-    for chunk in row_chunks(gpu, rows, &operands, 1)? {
-        let (sw, dw, cw) = (src_rows.window(gpu, &chunk)?, dst_rows.window(gpu, &chunk)?, scale_rows.window(gpu, &chunk)?);
-        let uw = match up_rows {
-            Some(r) => Some(r.window(gpu, &chunk)?),
-            None => None,
-        };
-        let n = chunk.end - chunk.start;
-        let params = HalfPackParams {
-            rows: to_u32(n, "half pack rows")?,
-            heads: to_u32(heads, "half pack heads")?,
-            head_dim: to_u32(head_dim, "half pack head dim")?,
-            src_offset: sw.local,
-            src_stride: to_u32(src.stride, "half pack input stride")?,
-            dst_offset: dw.local,
-            dst_stride: to_u32(dst.stride, "half pack output stride")?,
-            scale_offset: cw.local,
-            scale_stride: to_u32(scales.stride, "half pack scales' stride")?,
-            up_offset: uw.as_ref().map_or(0, |w| w.local),
-            up_stride: to_u32(up.map_or(0, |u| u.stride), "half pack up stride")?,
-            _pad: 0,
-        };
-        let kernel = if up.is_some() { &SWIGLU_HALF_PACK } else { &HALF_PACK };
-        let launch = Launch { kernel, constants: &[], params, grid: grid64(n * heads) };
-        let bindings: Vec<(u32, &Window<'_>)> = [(1, &sw), (2, &dw), (3, &cw)].into_iter().chain(uw.as_ref().map(|w| (4, w))).collect();
-        dispatch(gpu, sink, launch, &bindings);
-    }
-    Ok(())
 }
 
 /// [`attention`] on the given kernel.

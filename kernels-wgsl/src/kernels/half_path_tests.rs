@@ -8,7 +8,7 @@
 use crate::kernels::linear::tests::with_element_fetch;
 use crate::kernels::attention::{attention, attention_half_into_half, attention_into_half, Attention, HalfQkv, Qkv};
 use crate::kernels::linear::{linear, linear_from, linear_into_half, linear_swiglu, linear_swiglu_half, product_writes_pieces, swiglu_writes_pieces, Gemm, Input};
-use crate::kernels::attention::swiglu_half_pack;
+use crate::kernels::half_pack::swiglu_half_pack;
 use crate::kernels::elementwise::{elementwise, Elementwise};
 use crate::kernels::norm::{layer_norm_modulate, layer_norm_modulate_half, rms_norm, rms_norm_half, rms_norm_inplace, rms_norm_rope, rms_norm_rope_half, LaterModulation, Modulation, RowNorm};
 use crate::kernels::rope::{rope, RopeStyle, RopeTables};

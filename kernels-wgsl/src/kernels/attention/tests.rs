@@ -3,6 +3,7 @@
 use super::*;
 use crate::testing::*;
 use crate::kernels::elementwise::{elementwise, transpose, Elementwise};
+use crate::kernels::half_pack::half_pack;
 use crate::kernels::linear::{linear, Gemm};
 use crate::kernels::group_norm::{group_norm, GroupAffine, GroupShape, GroupStats};
 use crate::view::Weight;
