@@ -6,7 +6,7 @@ use crate::kernels::elementwise::{elementwise, transpose, Elementwise};
 use crate::kernels::half_pack::half_pack;
 use crate::kernels::linear::{linear, Gemm};
 use crate::kernels::group_norm::{group_norm, GroupAffine, GroupShape, GroupStats};
-use crate::view::Weight;
+use crate::view::{HeadRows, Weight};
 use flux_lite_core::oracle::{self as r, Weights};
 
 struct AttnCase {
