@@ -187,6 +187,17 @@ pub struct LaterModulation {
     pub scale: Span,
 }
 
+/// A [`Op::CarriedAttention`]'s part of one over more keys: whether it
+/// continues an earlier part's online softmax and whether it leaves its own
+/// for a later one, each (query, head) row's running max and sum in `state`
+/// (`[q_len, heads, 2]`), the output unnormalised in `o` meanwhile.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AttentionCarry {
+    pub state: Span,
+    pub from_state: bool,
+    pub keep_state: bool,
+}
+
 /// The tensor a GroupNorm normalises: `channels × pixels` values,
 /// channel-major (`[channels, pixels]`) or channels-last (`[pixels,
 /// channels]`), its pixels image rows of `width`. The statistics are taken a
@@ -301,10 +312,11 @@ pub enum Op {
     /// into `scales` `[tokens, heads]` (`scales.stride` apart from token to
     /// token: also a product's operand in pieces of `head_dim`).
     HalfPack { src: Span, dst: Span, scales: Span, tokens: u64, heads: u64, head_dim: u64 },
-    /// Non-causal attention of `q_len` queries over `kv_len` keys that also
-    /// writes each row's log-sum-exp of scaled scores into `lse` `[q_len, heads]`,
-    /// so attention over separate key chunks can be combined.
-    PartialAttention { q: Span, k: Span, v: Span, o: Span, lse: Span, q_len: u64, kv_len: u64, heads: u64, head_dim: u64 },
+    /// Non-causal attention of `q_len` queries over `kv_len` keys on one
+    /// kernel whatever the device (the VAE's mid-block), so that a run split
+    /// into bands of queries and chunks of keys carrying its online softmax
+    /// (`carry`) gives the bits of the whole call.
+    CarriedAttention { q: Span, k: Span, v: Span, o: Span, q_len: u64, kv_len: u64, heads: u64, head_dim: u64, carry: Option<AttentionCarry> },
     /// `dst = silu(gate)·up`; `dst` f32 rows, or the next product's f16 rows
     /// in pieces ([`Operand::half_pieces`]), each piece rounded under its range scale.
     SwiGlu { gate: Span, up: Span, dst: Operand, rows: u64, cols: u64 },
@@ -380,7 +392,7 @@ impl Op {
             Op::Linear { rows, cols, inner, .. } | Op::LinearHalf { rows, cols, inner, .. } => 2 * rows * cols * inner,
             Op::LinearSwiGlu { rows, cols, inner, .. } => 4 * rows * cols * inner,
             Op::Attention { len, heads, head_dim, .. } => 4 * len * len * heads * head_dim,
-            Op::PartialAttention { q_len, kv_len, heads, head_dim, .. }
+            Op::CarriedAttention { q_len, kv_len, heads, head_dim, .. }
             | Op::CrossAttention { q_len, kv_len, heads, head_dim, .. }
             | Op::HalfKvAttention { q_len, kv_len, heads, head_dim, .. } => {
                 4 * q_len * kv_len * heads * head_dim

@@ -6,18 +6,16 @@
 //! - `numerics`: bf16, torch's generator, the schedule, RoPE tables.
 //! - `oracle`: the scalar f64 reference every GPU kernel is tested against.
 //! - `df11`: the DFloat11 codec; `ggml`: GGUF tensor types and their block
-//!   sizes; `bands`: merging results computed by bands.
+//!   sizes.
 //!
 //! No I/O, no threads, no wgpu; `no_std` without the `std` feature (the DF11
-//! encoder and `bands` need `alloc`).
+//! encoder needs `alloc`).
 #![cfg_attr(not(feature = "std"), no_std)]
 
 #[cfg(feature = "alloc")]
 extern crate alloc;
 
 pub mod arena;
-#[cfg(feature = "alloc")]
-pub mod bands;
 pub mod bytes;
 pub mod config;
 pub mod df11;

@@ -48,9 +48,6 @@ pub mod f32 {
     /// The reference tokens (patchified, BatchNorm-normalised mean) vs
     /// diffusers: measured 5.0e-7 – 5.5e-7 (2026-11-25).
     pub const REFERENCE_TOKENS: f64 = 1.5e-6;
-    /// A banded encode or decode vs the untiled one on the same input:
-    /// measured 9.1e-7 (posterior mean), 1.35e-6 (decoded) (2026-11-25).
-    pub const BANDED_VS_UNTILED: f64 = 4e-6;
     /// The VAE decoder's output vs diffusers before 8-bit levels: measured
     /// 1.29e-6 – 1.35e-6 (2026-11-25).
     pub const VAE_DECODED: f64 = 4e-6;

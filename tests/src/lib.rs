@@ -250,6 +250,16 @@ pub fn assert_rel_l2(what: &str, got: &[f32], want: &[f32], tol: f64) {
     );
 }
 
+/// Fails unless `got` holds `want`'s bits, naming how many values differ and the first.
+pub fn assert_same_bits(what: &str, got: &[f32], want: &[f32]) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths differ");
+    let differing: Vec<usize> = (0..got.len()).filter(|&i| got[i].to_bits() != want[i].to_bits()).collect();
+    println!("{what}: {} of {} values differ", differing.len(), got.len());
+    if let Some(&i) = differing.first() {
+        panic!("{what}: {} of {} values differ from the bits wanted; the first, {i}: got {} want {}", differing.len(), got.len(), got[i], want[i]);
+    }
+}
+
 /// The devices the tests run on (one per test binary, a tier's, the
 /// missing-tier rule): the kernels' test support, shared by every crate.
 pub use flux_lite_kernels::test_devices::{gpu, tier_gpu};

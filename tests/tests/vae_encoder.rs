@@ -8,9 +8,9 @@
 use flux_lite_platform::model::{Component, ModelFolder};
 use flux_lite_platform::components::vae_encoder::VaeEncoder;
 use flux_lite_platform::RunError;
-use flux_lite_tests::{assert_rel_l2, gpu, model_dir, rel_l2, Goldens};
+use flux_lite_tests::{assert_rel_l2, assert_same_bits, gpu, model_dir, rel_l2, Goldens};
 
-use flux_lite_tests::tolerance::f32::{BANDED_VS_UNTILED, REFERENCE_TOKENS, VAE_ENCODER_MEAN as MEAN_TOL};
+use flux_lite_tests::tolerance::f32::{REFERENCE_TOKENS, VAE_ENCODER_MEAN as MEAN_TOL};
 
 fn encoder(model: &str, width: usize, height: usize, tile_px: Option<usize>) -> (ModelFolder, VaeEncoder) {
     let folder = ModelFolder::open(&model_dir(model)).unwrap();
@@ -83,8 +83,7 @@ fn a_banded_encode_matches_the_untiled_encode() {
     let (_, whole) = encoder("tiny-a", width, height, None);
     assert!(banded.is_banded() && !whole.is_banded());
     let (tiled, untiled) = (banded.posterior_mean(gpu(), &image).unwrap(), whole.posterior_mean(gpu(), &image).unwrap());
-    println!("banded (16-px tiles) vs untiled 64×96 posterior mean: relative L2 {:.2e}", rel_l2(&tiled, &untiled).0);
-    assert_rel_l2("banded vs untiled posterior mean", &tiled, &untiled, BANDED_VS_UNTILED);
+    assert_same_bits("banded (16-px tiles) vs untiled 64×96 posterior mean", &tiled, &untiled);
 }
 
 #[test]
@@ -182,8 +181,10 @@ fn tiled_encode(size: usize) -> TiledEncode {
 /// `the_encoder_phase_high_water_does_not_grow_with_the_image_when_tiled`,
 /// which encoded the same 128² image in 16-pixel tiles: the tile arena is
 /// the same at 64² and 128² (and smaller than the untiled 64² one), the
-/// 128² image encodes in it, and the phase's measured high-water is the same
-/// at both sizes, within the plan, which does not depend on the size either.
+/// 128² image encodes in it, and the phase's measured high-water is within
+/// the plan at both sizes, a plan which does not depend on the size. (The
+/// high-water itself moves by a band row's readback either way: a band holds
+/// as many whole rows as fit, 17 of 64 pixels or 8 of 128 here.)
 #[test]
 fn the_encoder_tile_arena_and_phase_high_water_do_not_grow_with_the_image() {
     let (small, large) = (tiled_encode(64), tiled_encode(128));
@@ -193,7 +194,8 @@ fn the_encoder_tile_arena_and_phase_high_water_do_not_grow_with_the_image() {
     assert!(small.arena < whole.arena_bytes());
     let (small, small_planned, large, large_planned) = (small.high_water, small.planned, large.high_water, large.planned);
     println!("tiled VAE encode high-water: {small} B at 64², {large} B at 128² (planned {small_planned} and {large_planned} B)");
-    assert_eq!(small, large, "4× the pixels in the same tile");
     assert_eq!(small_planned, large_planned, "the plan of a tiled encode does not depend on the image size");
-    assert!(large <= large_planned, "measured {large} B above the planned {large_planned} B");
+    for (size, measured) in [(64, small), (128, large)] {
+        assert!(measured <= large_planned, "{size}²: measured {measured} B above the planned {large_planned} B");
+    }
 }

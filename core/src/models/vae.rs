@@ -342,10 +342,15 @@ pub(crate) fn attention(l: &Stream, p: &str, c: u64, (h, w): (u64, u64), emit: &
         emit(attention_projection(rows(l.c, c).into(), p, proj, dst, pixels, c));
     }
     let (q, k, v) = (rows(l.q, c), rows(l.k, c), rows(l.v, c));
-    emit(Op::Attention { q: q.into(), k: k.into(), v: v.into(), o: rows(l.b, c).into(), len: pixels, heads: 1, head_dim: c });
+    emit(carried_attention([q, k, v, rows(l.b, c)], pixels, c));
     emit(attention_projection(rows(l.b, c).into(), p, "to_out.0", l.c, pixels, c));
     emit(Op::Transpose { src: rows(l.c, c), dst: rows(l.b, pixels), rows: pixels, cols: c });
     emit(Op::Add { a: rows(l.a, pixels), b: rows(l.b, pixels), dst: rows(l.a, pixels), rows: c, cols: pixels, relu: false });
+}
+
+/// The mid-block's attention core over `pixels` tokens of one `c`-wide head (rows `[pixels, c]`).
+pub(crate) fn carried_attention([q, k, v, o]: [Span; 4], pixels: u64, c: u64) -> Op {
+    Op::CarriedAttention { q, k, v, o, q_len: pixels, kv_len: pixels, heads: 1, head_dim: c, carry: None }
 }
 
 /// The mid-block attention `p`'s projection `proj` (its weight and bias)

@@ -14,7 +14,7 @@
 
 use crate::ir::{name, GroupShape, Op, Operand, Span};
 use crate::models::group_norm;
-use crate::models::vae::{attention_projection, denorm_unpatchify, prefix, rows, same, Stream, UpBlock, VaeLayout, NORM_EPS};
+use crate::models::vae::{attention_projection, carried_attention, denorm_unpatchify, prefix, rows, same, Stream, UpBlock, VaeLayout, NORM_EPS};
 use crate::oracle::ConvShape;
 
 /// `buf` holding `pixels` f16 rows of `channels` (words, then the scales).
@@ -91,7 +91,7 @@ fn attention(l: &VaeLayout, p: &str, c: u64, (h, w): (u64, u64), emit: &mut impl
         emit(attention_projection(half_rows(s.b, pixels, c), p, proj, dst, pixels, c));
     }
     let (q, k, v) = (rows(s.q, c), rows(s.k, c), rows(s.v, c));
-    emit(Op::Attention { q: q.into(), k: k.into(), v: v.into(), o: rows(s.c, c).into(), len: pixels, heads: 1, head_dim: c });
+    emit(carried_attention([q, k, v, rows(s.c, c)], pixels, c));
     emit(attention_projection(rows(s.c, c).into(), p, "to_out.0", s.b, pixels, c));
     emit(Op::Residual { dst: rows(s.a, c), y: rows(s.b, c), rows: pixels, cols: c });
 }

@@ -1,6 +1,6 @@
 //! Attention with an online softmax: 16 queries per workgroup, keys and
 //! values streamed through workgroup memory; grouped-query heads, causal and
-//! padding masks, and an optional log-sum-exp output for merging key chunks.
+//! padding masks, and (the tiled kernel) an online softmax carried across calls over chunks of the keys.
 //! Shader: `attention.wgsl` beside this file.
 
 use crate::kernel::{kernel, Access::{Read as R, ReadWrite as RW}, Kernel, Module};
@@ -34,9 +34,10 @@ pub struct AttentionParams {
     pub mask_offset: u32,
     /// Position of local query 0 (causal masking of a window of queries).
     pub q_position: u32,
-    /// Where each row's log-sum-exp goes when `write_lse` is 1.
-    pub lse_offset: u32,
-    pub write_lse: u32,
+    /// The tiled kernel's online softmax carried between calls
+    /// ([`attention_carried`]): where its state lies, and `CARRY_*` bits.
+    pub state_offset: u32,
+    pub carry: u32,
     /// Where the keys' and values' range scales start (half-K/V kernels).
     pub k_scale_offset: u32,
     pub v_scale_offset: u32,
@@ -70,7 +71,7 @@ pub const ATTENTION_MATRIX_8: Kernel = Kernel {
     module: Module::AttentionMatrix8,
     entry: "attention_matrix",
     workgroup_size: [0, 1, 1],
-    storage: &[(1, RW), (2, RW), (3, RW), (4, R), (5, RW), (6, RW), (12, RW), (13, RW), (14, RW), (15, RW), (16, RW), (17, RW), (18, RW), (19, RW)],
+    storage: &[(1, RW), (2, RW), (3, RW), (4, R), (5, RW), (12, RW), (13, RW), (14, RW), (15, RW), (16, RW), (17, RW), (18, RW), (19, RW)],
     ..ATTENTION
 };
 pub const ATTENTION_MATRIX_16: Kernel = Kernel { module: Module::AttentionMatrix16, ..ATTENTION_MATRIX_8 };
@@ -136,7 +137,7 @@ fn matrix_kernel(gpu: &Gpu, c: MatrixConfig, head_dim: u64, piece: Option<u64>) 
 
 /// CPU adapters' attention (`attention_cpu.wgsl`): four queries an invocation,
 /// q, k and v read as vec4s (bindings 7–9), no workgroup memory, no barriers.
-pub const ATTENTION_CPU: Kernel = Kernel { entry: "attention_cpu", storage: &[(4, R), (5, RW), (6, RW), (7, RW), (8, RW), (9, RW)], ..ATTENTION };
+pub const ATTENTION_CPU: Kernel = Kernel { entry: "attention_cpu", storage: &[(4, R), (5, RW), (7, RW), (8, RW), (9, RW)], ..ATTENTION };
 /// Heads wider than [`ATTENTION_CPU_MAX_HEAD_DIM`] on CPU adapters: one query an invocation.
 pub const ATTENTION_CPU_WIDE: Kernel = Kernel { entry: "attention_cpu_wide", ..ATTENTION_CPU };
 /// Attention over keys and values in the half-K/V layout
@@ -149,7 +150,7 @@ pub const ATTENTION_HALF_KV: Kernel = Kernel {
 };
 pub const ATTENTION_CPU_HALF_KV: Kernel = Kernel {
     module: Module::AttentionHalfKv,
-    storage: &[(4, R), (5, RW), (6, RW), (7, RW), (8, RW), (9, RW), (10, RW), (11, RW)],
+    storage: &[(4, R), (5, RW), (7, RW), (8, RW), (9, RW), (10, RW), (11, RW)],
     ..ATTENTION_CPU
 };
 pub const ATTENTION_CPU_WIDE_HALF_KV: Kernel = Kernel { entry: "attention_cpu_wide", ..ATTENTION_CPU_HALF_KV };
@@ -276,20 +277,46 @@ impl AttentionKernel {
     }
 }
 
-/// `o = softmax(q·kᵀ·scale + mask)·v`; `key_keep[j] == 0` masks key `j`;
-/// with `lse`, each (query, head) row's log-sum-exp is written there too.
+/// `o = softmax(q·kᵀ·scale + mask)·v`; `key_keep[j] == 0` masks key `j`.
 /// The kernel is [`AttentionKernel::pick`]'s.
-pub fn attention(
-    gpu: &Gpu,
-    sink: &mut dyn Sink,
-    qkv: Qkv<'_>,
-    key_keep: Option<&wgpu::Buffer>,
-    o: Mat<'_>,
-    lse: Option<Mat<'_>>,
-    s: Attention,
-) -> Result<(), GpuError> {
+pub fn attention(gpu: &Gpu, sink: &mut dyn Sink, qkv: Qkv<'_>, key_keep: Option<&wgpu::Buffer>, o: Mat<'_>, s: Attention) -> Result<(), GpuError> {
     let kernel = AttentionKernel::pick(gpu, &s, &qkv, false);
-    attention_with(gpu, sink, kernel, qkv, Inputs::F32, None, key_keep, Out::F32(o), lse, s)
+    attention_with(gpu, sink, kernel, qkv, Inputs::F32, None, key_keep, Out::F32(o), None, s)
+}
+
+/// Keys a chunk of a carried attention is a multiple of (but the last): the tiled kernel's key tile.
+pub const ATTENTION_KEY_TILE: u64 = 16;
+
+/// An attention call's part of one over more keys ([`attention_carried`]):
+/// whether it continues an earlier call's online softmax and whether it
+/// leaves its own for a later one, each (query, head) row's running max and
+/// sum in `state` (`[q_len, q_heads, 2]`), the unnormalised output in `o`.
+#[derive(Debug, Clone, Copy)]
+pub struct Carry<'a> {
+    pub state: Mat<'a>,
+    pub from_state: bool,
+    pub keep_state: bool,
+}
+
+impl Carry<'_> {
+    fn bits(&self) -> u32 {
+        self.from_state as u32 | (self.keep_state as u32) << 1
+    }
+}
+
+/// Non-causal, unmasked attention on the tiled kernel whatever the device,
+/// carrying its online softmax across calls where `carry` says: calls over
+/// consecutive chunks of the keys (each a multiple of
+/// [`ATTENTION_KEY_TILE`] but the last; the first not from the state, the
+/// last not keeping it) give the bits of one call over all of them, and
+/// each query's row the bits it has whatever other queries share the call.
+/// The banded VAE's mid-block attention, and the whole decode's, so that
+/// the two agree.
+pub fn attention_carried(gpu: &Gpu, sink: &mut dyn Sink, qkv: Qkv<'_>, o: Mat<'_>, carry: Option<Carry<'_>>, s: Attention) -> Result<(), GpuError> {
+    if s.causal {
+        return Err(GpuError::UnsupportedShape("a carried attention is non-causal".into()));
+    }
+    attention_with(gpu, sink, AttentionKernel::Tiled, qkv, Inputs::F32, None, None, Out::F32(o), carry, s)
 }
 
 /// [`attention`] (no log-sum-exp) writing `o` as the next product's
@@ -391,7 +418,7 @@ fn attention_with(
     half: Option<HalfKvScales<'_>>,
     key_keep: Option<&wgpu::Buffer>,
     out: Out<'_>,
-    lse: Option<Mat<'_>>,
+    carry: Option<Carry<'_>>,
     s: Attention,
 ) -> Result<(), GpuError> {
     let Qkv { q, k: kmat, v } = qkv;
@@ -453,9 +480,9 @@ fn attention_with(
     let q_rows = Rows::mat(q, s.q_heads * s.head_dim / q_per_word, "attention queries");
     let o_rows = Rows::mat(o, s.q_heads * s.head_dim / o_per_word, "attention output");
     let o_scale_rows = o_half.map(|h| Rows::mat(h.scales, s.q_heads * s.head_dim / h.piece.unwrap_or(1), "attention output scales"));
-    let lse_rows = lse.map(|l| Rows { buf: l.buf, elem_bytes: 4, offset: l.offset, stride: s.q_heads, width: s.q_heads, what: "attention log-sum-exp" });
+    let state_rows = carry.map(|c| Rows { buf: c.state.buf, elem_bytes: 4, offset: c.state.offset, stride: 2 * s.q_heads, width: 2 * s.q_heads, what: "attention state" });
     let per_group = kernel.queries_per_group();
-    let operands: Vec<Rows<'_>> = [q_rows, o_rows].into_iter().chain(lse_rows).chain(o_scale_rows).chain(q_scale_rows).collect();
+    let operands: Vec<Rows<'_>> = [q_rows, o_rows].into_iter().chain(state_rows).chain(o_scale_rows).chain(q_scale_rows).collect();
     for rows in row_chunks(gpu, s.q_len, &operands, per_group)? {
         let qw = q_rows.window(gpu, &rows)?;
         let ow = o_rows.window(gpu, &rows)?;
@@ -467,8 +494,8 @@ fn attention_with(
             Some(r) => Some(r.window(gpu, &rows)?),
             None => None,
         };
-        // Without a log-sum-exp output the binding takes the output's window, unwritten.
-        let lw = match &lse_rows {
+        // Without a carried state the binding takes the output's window, unused.
+        let lw = match &state_rows {
             Some(l) => l.window(gpu, &rows)?,
             None => o_rows.window(gpu, &rows)?,
         };
@@ -491,8 +518,8 @@ fn attention_with(
             use_mask: key_keep.is_some() as u32,
             mask_offset: mw.local,
             q_position: to_u32(rows.start, "attention query position")?,
-            lse_offset: lw.local,
-            write_lse: lse_rows.is_some() as u32,
+            state_offset: lw.local,
+            carry: carry.map_or(0, |c| c.bits()),
             k_scale_offset: scale_offsets.0,
             v_scale_offset: scale_offsets.1,
             o_scale_offset: osw.as_ref().map_or(0, |w| w.local),
@@ -505,7 +532,7 @@ fn attention_with(
             _pad: [0; 3],
         };
         let grid = [to_u32((rows.end - rows.start).div_ceil(per_group), "attention query blocks")?, s.q_heads as u32, 1];
-        let bindings = [(1, &qw), (2, &kw), (3, &vw), (4, &mw), (5, &ow), (6, &lw)];
+        let bindings = [(1, &qw), (2, &kw), (3, &vw), (4, &mw), (5, &ow)];
         // Half-precision keys and values: their scales at bindings 10 and 11.
         let scale_bindings: Vec<(u32, &_)> = scale_windows.iter().flat_map(|(ks, vs)| [(10, ks), (11, vs)]).collect();
         // The matrix tier's kernels share their bindings: without f16 output,
@@ -527,7 +554,7 @@ fn attention_with(
             AttentionKernel::Tiled => {
                 let kernel = if half.is_some() { &ATTENTION_HALF_KV } else { &ATTENTION };
                 let launch = Launch { kernel, constants: &[("SLOTS", s.head_dim.div_ceil(64).max(1) as u32)], params, grid };
-                dispatch(gpu, sink, launch, &[&bindings[..], &scale_bindings].concat());
+                dispatch(gpu, sink, launch, &[&bindings[..], &[(6, &lw)], &scale_bindings].concat());
             }
             AttentionKernel::Lanes { wide, shared_rows } => {
                 // q, k and v bound again at 7–9, as the vec4 views the kernel reads.
@@ -541,7 +568,7 @@ fn attention_with(
                     (None, true, true) => ATTENTION_CPU_WIDE_HALF_KV,
                 };
                 let launch = Launch { kernel, constants: &[("HEAD_VEC4", (s.head_dim / 4) as u32)], params, grid };
-                dispatch(gpu, sink, launch, &[&[(4, &mw), (5, &ow), (6, &lw), (7, &qw), (8, &kw), (9, &vw)][..], &scale_bindings].concat());
+                dispatch(gpu, sink, launch, &[&[(4, &mw), (5, &ow), (7, &qw), (8, &kw), (9, &vw)][..], &scale_bindings].concat());
             }
             AttentionKernel::Matrix(c) => {
                 let kernel = c.pick([&ATTENTION_MATRIX_8, &ATTENTION_MATRIX_16, &ATTENTION_MATRIX_8_F32]);

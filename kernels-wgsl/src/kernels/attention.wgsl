@@ -8,9 +8,13 @@
 // t, t+64, … (SLOTS of them, head_dim ≤ 512) for all BQ rows.
 // Grouped-query heads: query head h reads kv head h / (q_heads / kv_heads).
 // Causal: local query i sits at position q_position + i (so queries can be
-// split into windows) and sees keys 0..=that position. With write_lse, each
-// row's log Σ exp(score) lands in lse[lse_offset + row·q_heads + head], so a
-// caller can combine attention over separate key chunks. Interface in
+// split into windows) and sees keys 0..=that position. Carried (p.carry), a
+// call continues the online softmax of an earlier call over the keys before
+// its own (CARRY_FROM: each row's running max and sum from
+// state[state_offset + 2(row·q_heads + head) ..], its unnormalised output
+// from o) and/or leaves its own for the next (CARRY_KEEP: written there
+// instead of the normalised output): split at multiples of BK, the calls
+// run the very arithmetic of one call over all the keys. Interface in
 // attention_io.wgsl; keys and values read through attention_kv_f32.wgsl or
 // attention_kv_half.wgsl (their range scales applied to the scores and to
 // the value rows).
@@ -33,6 +37,14 @@ var<workgroup> row_max: array<f32, 16>;
 var<workgroup> row_sum: array<f32, 16>;
 var<workgroup> row_rescale: array<f32, 16>;
 
+const CARRY_FROM: u32 = 1u;
+const CARRY_KEEP: u32 = 2u;
+
+// Where query row qi's carried (max, sum) of head h lie.
+fn state_at(qi: u32, h: u32) -> u32 {
+    return p.state_offset + 2u * (qi * p.q_heads + h);
+}
+
 @compute @workgroup_size(64)
 fn attention(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
     let t = lid.x;
@@ -46,6 +58,23 @@ fn attention(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id
     if (t < BQ) {
         row_max[t] = MASKED;
         row_sum[t] = 0.0;
+        if ((p.carry & CARRY_FROM) != 0u && q0 + t < p.q_len) {
+            row_max[t] = state[state_at(q0 + t, h)];
+            row_sum[t] = state[state_at(q0 + t, h) + 1u];
+        }
+    }
+    if ((p.carry & CARRY_FROM) != 0u) {
+        for (var r = 0u; r < BQ; r++) {
+            if (q0 + r < p.q_len) {
+                let ob = p.o_offset + (q0 + r) * p.o_stride + h * p.head_dim;
+                for (var sl = 0u; sl < SLOTS; sl++) {
+                    let c = t + sl * THREADS;
+                    if (c < p.head_dim) {
+                        acc[r][sl] = o[ob + c];
+                    }
+                }
+            }
+        }
     }
     var k_end = p.kv_len;
     if (p.causal != 0u) {
@@ -145,9 +174,13 @@ fn attention(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id
         let qi = q0 + r;
         if (qi < p.q_len) {
             let l = row_sum[r];
-            let inv = select(0.0, 1.0 / l, l > 0.0);
-            if (p.write_lse != 0u && t == 0u) {
-                lse[p.lse_offset + qi * p.q_heads + h] = row_max[r] + log(l);
+            var inv = select(0.0, 1.0 / l, l > 0.0);
+            if ((p.carry & CARRY_KEEP) != 0u) {
+                if (t == 0u) {
+                    state[state_at(qi, h)] = row_max[r];
+                    state[state_at(qi, h) + 1u] = l;
+                }
+                inv = 1.0;
             }
             let ob = p.o_offset + qi * p.o_stride + h * p.head_dim;
             for (var sl = 0u; sl < SLOTS; sl++) {

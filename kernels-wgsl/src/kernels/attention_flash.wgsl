@@ -297,13 +297,6 @@ fn attention_flash(
         coopStoreT(o6, &s_sh[mine], T); workgroupBarrier(); write_tile(mine, sg, lane, lanes, h, q0, d0 + 6u * T, unit); workgroupBarrier();
         coopStoreT(o7, &s_sh[mine], T); workgroupBarrier(); write_tile(mine, sg, lane, lanes, h, q0, d0 + 7u * T, unit); workgroupBarrier();
     }
-    if (p.write_lse != 0u && wid.z == 0u) {
-        for (var r = li; r < QB; r += WG) {
-            if (q0 + r < p.q_len) {
-                lse[p.lse_offset + (q0 + r) * p.q_heads + h] = row_max[r] + log(row_sum[r]);
-            }
-        }
-    }
 }
 
 // The subgroup's staged T × T accumulator tile, each row times its rescale.

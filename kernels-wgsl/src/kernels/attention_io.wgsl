@@ -11,7 +11,10 @@ struct Params {
     v_offset: u32, v_stride: u32,
     o_offset: u32, o_stride: u32,
     scale: f32, causal: u32, use_mask: u32, mask_offset: u32,
-    q_position: u32, lse_offset: u32, write_lse: u32,
+    q_position: u32,
+    // attention.wgsl's online softmax carried between calls over chunks of
+    // the keys: its state at state_offset, what `carry` says (CARRY_FROM, CARRY_KEEP).
+    state_offset: u32, carry: u32,
     k_scale_offset: u32, v_scale_offset: u32,
     // The matrix kernel's f16 output in pieces: where its scales start, and
     // from one query to the next.
@@ -27,7 +30,7 @@ struct Params {
 @group(0) @binding(1) var<storage, read_write> q: array<f32>;
 @group(0) @binding(4) var<storage, read> key_keep: array<u32>;
 @group(0) @binding(5) var<storage, read_write> o: array<f32>;
-@group(0) @binding(6) var<storage, read_write> lse: array<f32>;
+@group(0) @binding(6) var<storage, read_write> state: array<f32>;
 
 // Marks a masked score; every real score is larger.
 const MASKED: f32 = -3.0e38;

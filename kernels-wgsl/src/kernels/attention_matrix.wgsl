@@ -181,11 +181,4 @@ fn attention_matrix(@builtin(local_invocation_index) li: u32, @builtin(workgroup
             o[p.o_offset + qi * p.o_stride + h * p.head_dim + d] = o_acc[i] * select(0.0, 1.0 / l, l > 0.0);
         }
     }
-    if (p.write_lse != 0u) {
-        for (var r = li; r < T; r += WG) {
-            if (q0 + r < p.q_len) {
-                lse[p.lse_offset + (q0 + r) * p.q_heads + h] = row_max[r] + log(row_sum[r]);
-            }
-        }
-    }
 }

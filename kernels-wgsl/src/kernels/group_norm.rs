@@ -10,7 +10,7 @@
 use crate::device::Gpu;
 use crate::dispatch::{dispatch, to_u32, window, Launch, Sink, Window};
 use crate::error::GpuError;
-use crate::kernel::{kernel, Access::{Read as R, ReadWrite as RW}, Kernel, Module};
+use crate::kernel::{kernel, wrapped_grid, Access::{Read as R, ReadWrite as RW}, Kernel, Module};
 use crate::view::{Mat, Weight};
 use super::norm::NormParams;
 
@@ -20,7 +20,7 @@ pub use flux_lite_core::ir::{GroupShape, RowMoments};
 pub const GROUP_MOMENTS: Kernel = kernel(Module::Norm, "group_moments", [128, 1, 1], &[(1, RW), (5, RW)], size_of::<NormParams>(), false);
 /// One workgroup a group: the rows' moments merged into the statistics.
 pub const GROUP_MERGE: Kernel = kernel(Module::Norm, "group_merge", [128, 1, 1], &[(2, RW), (5, RW)], size_of::<NormParams>(), false);
-/// One workgroup a (group, row): the row normalised, channel-major f32.
+/// One workgroup a group's share of 256 pixels: normalised, channel-major f32.
 pub const GROUP_NORM_APPLY: Kernel =
     kernel(Module::Norm, "group_norm_apply", [128, 1, 1], &[(1, RW), (2, RW), (3, R), (4, R), (5, RW)], size_of::<NormParams>(), true);
 
@@ -41,10 +41,11 @@ pub struct GroupStats<'a> {
     pub eps: f32,
 }
 
-/// `shape`'s channels, groups and rows, or why no kernel takes it.
-fn checked(shape: GroupShape) -> Result<NormParams, GpuError> {
+/// `shape`'s channels, groups and rows, or why no kernel takes it; `rows`
+/// whether the kernel reads its pixels by image rows.
+fn checked(shape: GroupShape, rows: bool) -> Result<NormParams, GpuError> {
     let GroupShape { channels, pixels, width, groups, .. } = shape;
-    if groups == 0 || !channels.is_multiple_of(groups) || width == 0 || !pixels.is_multiple_of(width) {
+    if groups == 0 || !channels.is_multiple_of(groups) || width == 0 || (rows && !pixels.is_multiple_of(width)) {
         return Err(GpuError::UnsupportedShape(format!("a group norm of {channels} channels in {groups} groups over {pixels} pixels in rows of {width}")));
     }
     Ok(NormParams {
@@ -73,7 +74,7 @@ fn grid(p: &NormParams, shape: GroupShape) -> Result<[u32; 3], GpuError> {
 /// Each group's `(mean, Σ(x − mean)²)` over each image row of `src` into
 /// `moments` `[rows, groups, 2]`.
 pub fn group_moments(gpu: &Gpu, sink: &mut dyn Sink, src: Mat<'_>, moments: Mat<'_>, shape: GroupShape) -> Result<(), GpuError> {
-    let p = checked(shape)?;
+    let p = checked(shape, true)?;
     if shape.pixels == 0 {
         return Ok(());
     }
@@ -122,11 +123,15 @@ pub(crate) fn affine_windows<'a>(gpu: &Gpu, affine: GroupAffine<'a>, channels: u
     Ok((gw, bw))
 }
 
+/// Pixels one workgroup of `group_norm_apply` takes (`APPLY_PIXELS` in norm.wgsl).
+const APPLY_PIXELS: u64 = 256;
+
 /// Channel-major `src` normalised with `stats` `[groups, 2]` (each group's
 /// `(mean, 1/√(var + eps))`), times gamma plus beta, SiLU after where
-/// `affine.silu`, into `dst`.
+/// `affine.silu`, into `dst`: each value alone, so `shape`'s pixels may be
+/// any run of the image's (a band need not be whole rows).
 pub fn group_norm_apply(gpu: &Gpu, sink: &mut dyn Sink, src: Mat<'_>, stats: Mat<'_>, affine: GroupAffine<'_>, dst: Mat<'_>, shape: GroupShape) -> Result<(), GpuError> {
-    let p = checked(shape)?;
+    let p = checked(shape, false)?;
     if shape.channels_last {
         return Err(GpuError::UnsupportedShape("a channels-last group norm writes f16 rows (group_norm_nhwc)".into()));
     }
@@ -138,7 +143,7 @@ pub fn group_norm_apply(gpu: &Gpu, sink: &mut dyn Sink, src: Mat<'_>, stats: Mat
     let (gw, bw) = affine_windows(gpu, affine, shape.channels)?;
     let params = NormParams { src_offset: sw.local, dst_offset: dw.local, shift_offset: tw.local, w_offset: gw.local, silu: affine.silu as u32, ..p };
     let constants = [("WEIGHT_BF16", affine.gamma.dtype.constant())];
-    let launch = Launch { kernel: &GROUP_NORM_APPLY, constants: &constants, params, grid: grid(&p, shape)? };
+    let launch = Launch { kernel: &GROUP_NORM_APPLY, constants: &constants, params, grid: wrapped_grid(shape.groups * shape.pixels.div_ceil(APPLY_PIXELS)) };
     dispatch(gpu, sink, launch, &[(1, &sw), (2, &dw), (3, &gw), (4, &bw), (5, &tw)]);
     Ok(())
 }

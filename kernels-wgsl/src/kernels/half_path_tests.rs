@@ -423,7 +423,7 @@ fn check_masked_attention_of_half_pieces(gpu: &Gpu, [len, heads, head_dim]: [usi
         causal: masking.causal,
     };
     let ob = poisoned(gpu, len * width);
-    let o = run_and_read(gpu, &ob, len * width, |enc| attention(gpu, enc, qkv, key_keep, Mat::new(&ob, width as u64), None, s));
+    let o = run_and_read(gpu, &ob, len * width, |enc| attention(gpu, enc, qkv, key_keep, Mat::new(&ob, width as u64), s));
     let pieces = width / piece;
     let (words_at, word_stride, scales_stride) = (4usize, width / 2 + 2, pieces + 1);
     let scales_at = words_at + len * word_stride;

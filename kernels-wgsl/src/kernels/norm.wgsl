@@ -277,20 +277,29 @@ fn group_merge(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_
     }
 }
 
-// Channel-major: group wid.x's share of image row wid.y normalised with the
-// group's (mean, inv) at modulation[shift_offset + 2g ..]: (x − mean)·inv·gamma
-// + beta (gamma w, beta w2), SiLU after where p.silu.
+// Pixels a workgroup of group_norm_apply takes.
+const APPLY_PIXELS: u32 = 256u;
+
+// Channel-major: group g's share of pixels [j·APPLY_PIXELS, …) normalised
+// with the group's (mean, inv) at modulation[shift_offset + 2g ..]:
+// (x − mean)·inv·gamma + beta (gamma w, beta w2), SiLU after where p.silu.
+// Workgroup g + groups·j; each value alone, so any split of the pixels
+// gives the same values.
 @compute @workgroup_size(128)
-fn group_norm_apply(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
-    let g = wid.x;
-    let r = wid.y;
+fn group_norm_apply(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>,
+                    @builtin(num_workgroups) nwg: vec3<u32>) {
+    let flat = flat_workgroup(wid, nwg);
+    let g = flat % p.groups;
+    let first = (flat / p.groups) * APPLY_PIXELS;
+    if (first >= p.d) { return; }
+    let pixels = min(APPLY_PIXELS, p.d - first);
     let per = p.rows / p.groups;
-    let count = per * p.width;
+    let count = per * pixels;
     let mean = modulation[p.shift_offset + 2u * g];
     let inv = modulation[p.shift_offset + 2u * g + 1u];
     for (var i = lid.x; i < count; i += THREADS) {
-        let ch = g * per + i / p.width;
-        let at = ch * p.d + r * p.width + i % p.width;
+        let ch = g * per + i / pixels;
+        let at = ch * p.d + first + i % pixels;
         var v = fma((src[p.src_offset + at] - mean) * inv, weight(p.w_offset + ch), weight2(p.w_offset + ch));
         if (p.silu != 0u) {
             v = silu(v);

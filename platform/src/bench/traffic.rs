@@ -235,8 +235,8 @@ pub fn op_traffic(op: &Op, tier: Precision, m: &Machine) -> Traffic {
             }
         },
         Op::CrossAttention { q_len, kv_len, heads, head_dim, .. } => attention(m, p, [q_len, kv_len, heads, heads, head_dim], AttentionIo::default()),
-        Op::PartialAttention { q_len, kv_len, heads, head_dim, .. } => {
-            attention(m, p, [q_len, kv_len, heads, heads, head_dim], AttentionIo { lse: true, ..AttentionIo::default() })
+        Op::CarriedAttention { q_len, kv_len, heads, head_dim, carry, .. } => {
+            attention(m, p, [q_len, kv_len, heads, heads, head_dim], AttentionIo { tiled: true, carried: carry.is_some(), ..AttentionIo::default() })
         }
         Op::HalfKvAttention { q_len, kv_len, heads, head_dim, .. } => {
             attention(m, p, [q_len, kv_len, heads, heads, head_dim], AttentionIo { half_kv: true, ..AttentionIo::default() })
@@ -385,8 +385,10 @@ fn pass_on(m: &Machine, bytes: u64, flops: u64, matrix: bool) -> Traffic {
 /// What an attention reads and writes beyond q, k, v and o.
 #[derive(Debug, Clone, Copy, Default)]
 struct AttentionIo {
-    /// Each (query, head) row's log-sum-exp written.
-    lse: bool,
+    /// On the tiled f32 kernel whatever the tier (the carried attention).
+    tiled: bool,
+    /// Its online softmax's state read and written, and its output read.
+    carried: bool,
     /// Keys and values as f16 pairs with a range scale per (key, head).
     half_kv: bool,
     /// The key mask read.
@@ -412,7 +414,7 @@ fn attention(m: &Machine, p: DataPath, [q_len, kv_len, q_heads, kv_heads, head_d
         true => 2 * (kv_len * kv_width * 2 + kv_len * kv_heads * 4),
         false => 2 * kv_len * row(kv_width),
     } + io.mask as u64 * kv_len * 4;
-    let matrix = p.matrix && !io.half_kv && head_dim <= ATTENTION_MATRIX_MAX_HEAD_DIM;
+    let matrix = p.matrix && !io.half_kv && !io.tiled && head_dim <= ATTENTION_MATRIX_MAX_HEAD_DIM;
     let q_rows = Rows::packed(q_width, a);
     let piece = rows_per_piece(m, q_len, &[q_rows, q_rows], 1);
     pieces(q_len, piece)
@@ -421,7 +423,7 @@ fn attention(m: &Machine, p: DataPath, [q_len, kv_len, q_heads, kv_heads, head_d
                 Some(piece) => r * (q_width * 2 + q_width / piece * 4),
                 None => r * q_width * a,
             };
-            let bytes = r * row(q_width) + written + io.lse as u64 * r * q_heads * 4 + kv_bytes;
+            let bytes = r * row(q_width) + written + io.carried as u64 * (written + 4 * r * q_heads * 4) + kv_bytes;
             pass_on(m, bytes, 4 * r * kv_len * q_heads * head_dim, matrix)
         })
         .sum()
@@ -558,7 +560,7 @@ pub fn vae_decode(cfg: &VaeConfig, [width, height]: [u64; 2], tier: Precision, m
 pub fn kind(op: &Op) -> &'static str {
     match op {
         Op::Linear { .. } | Op::LinearSwiGlu { .. } | Op::LinearHalf { .. } => "linear",
-        Op::Attention { .. } | Op::CrossAttention { .. } | Op::PartialAttention { .. } | Op::HalfKvAttention { .. } | Op::CausalAttention { .. } => "attention",
+        Op::Attention { .. } | Op::CrossAttention { .. } | Op::CarriedAttention { .. } | Op::HalfKvAttention { .. } | Op::CausalAttention { .. } => "attention",
         Op::RmsNormHeads { .. } | Op::RmsNorm { .. } => "RMS norm",
         Op::RmsNormRope { .. } => "RMS norm + RoPE",
         Op::LayerNormModulate { .. } => "layer norm + modulation",

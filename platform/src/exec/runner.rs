@@ -183,7 +183,7 @@ impl Runner {
             Op::Attention { q, k, v, o, len, heads, head_dim } => self.attend(gpu, sink, [*q, *k, *v, *o], None, non_causal(*len, *len, *heads, *head_dim)),
             Op::CrossAttention { q, k, v, o, q_len, kv_len, heads, head_dim } => {
                 let s = non_causal(*q_len, *kv_len, *heads, *head_dim);
-                kernels::attention(gpu, sink, kernels::Qkv { q: self.mat(*q), k: self.mat(*k), v: self.mat(*v) }, None, self.mat(*o), None, s)
+                kernels::attention(gpu, sink, kernels::Qkv { q: self.mat(*q), k: self.mat(*k), v: self.mat(*v) }, None, self.mat(*o), s)
             }
             Op::HalfKvAttention { q, k, v, k_scales, v_scales, o, q_len, kv_len, heads, head_dim } => {
                 let s = non_causal(*q_len, *kv_len, *heads, *head_dim);
@@ -191,10 +191,10 @@ impl Runner {
                 kernels::attention_half_kv(gpu, sink, kernels::Qkv { q: self.mat(*q), k: self.mat(*k), v: self.mat(*v) }, scales, self.mat(*o), s)
             }
             Op::HalfPack { src, dst, scales, tokens, heads, head_dim } => kernels::half_pack(gpu, sink, self.mat(*src), self.mat(*dst), self.mat(*scales), kernels::HeadRows { tokens: *tokens, heads: *heads, head_dim: *head_dim }),
-            Op::PartialAttention { q, k, v, o, lse, q_len, kv_len, heads, head_dim } => {
+            Op::CarriedAttention { q, k, v, o, q_len, kv_len, heads, head_dim, carry } => {
                 let s = non_causal(*q_len, *kv_len, *heads, *head_dim);
-                let (q, k, v, o, lse) = (self.mat(*q), self.mat(*k), self.mat(*v), self.mat(*o), self.mat(*lse));
-                kernels::attention(gpu, sink, kernels::Qkv { q, k, v }, None, o, Some(lse), s)
+                let carry = carry.map(|c| kernels::Carry { state: self.mat(c.state), from_state: c.from_state, keep_state: c.keep_state });
+                kernels::attention_carried(gpu, sink, kernels::Qkv { q: self.mat(*q), k: self.mat(*k), v: self.mat(*v) }, self.mat(*o), carry, s)
             }
             Op::SwiGlu { gate, up, dst, rows, cols } => match self.half(*dst).map(|h| (h, dst.piece)) {
                 None => kernels::elementwise(gpu, sink, Elementwise::SwiGlu, self.mat(*gate), Some(self.mat(*up)), self.mat(dst.data), [*rows, *cols]),
@@ -285,7 +285,7 @@ impl Runner {
         match (self.half(q), self.half(k), self.half(v), self.half(o)) {
             (Some(q), Some(k), Some(v), Some(o)) => kernels::attention_half_into_half(gpu, sink, kernels::HalfQkv { q, k, v }, key_keep, o, s),
             (None, None, None, Some(o)) => kernels::attention_into_half(gpu, sink, qkv, key_keep, o, s),
-            (None, None, None, None) => kernels::attention(gpu, sink, qkv, key_keep, self.mat(o.data), None, s),
+            (None, None, None, None) => kernels::attention(gpu, sink, qkv, key_keep, self.mat(o.data), s),
             _ => Err(GpuError::UnsupportedShape("attention over f16 queries, keys and values writes f16 rows in pieces, and reads all three so".into())),
         }
     }

@@ -10,18 +10,18 @@
 //! Each op sees what it would see untiled: a 3×3 convolution gets a row of
 //! halo from the neighbouring bands, a GroupNorm takes its statistics over
 //! the whole image (each band's rows' moments, merged as the whole run merges them), and the
-//! mid-block attention sees every token (key chunks combined by their
-//! log-sum-exp). The result therefore equals the untiled run up to
-//! rounding, while the device holds one band's operands: a fixed number of
-//! elements whatever the image size.
+//! mid-block attention sees every token (chunks of keys carrying its online
+//! softmax). Every op computes each of its values as the whole image's run
+//! does, so the banded decode is the untiled one bit for bit, while the
+//! device holds one band's operands: a fixed number of elements whatever
+//! the image size.
 
-use flux_lite_core::bands::AttentionMerge;
 use crate::error::RunError;
-use flux_lite_kernels::kernels::Gemm;
+use flux_lite_kernels::kernels::{Gemm, ATTENTION_KEY_TILE};
 use flux_lite_kernels::Gpu;
 use crate::exec::device_weights::DeviceWeights;
 use crate::exec::runner::Runner;
-use flux_lite_core::ir::{GroupShape, Op, RowMoments, Span};
+use flux_lite_core::ir::{AttentionCarry, GroupShape, Op, RowMoments, Span};
 use flux_lite_core::oracle::ConvShape;
 use flux_lite_core::models::tensors::TensorName;
 use flux_lite_core::BumpArena;
@@ -75,7 +75,7 @@ impl BandRunner<'_> {
             Op::UpsampleNearest2x { x, y, channels, height, width } => self.upsample(store, *x, *y, *channels, *height, *width),
             Op::Transpose { src, dst, rows, cols } => self.transpose(store, *src, *dst, *rows, *cols),
             Op::Linear { x, w, w_row: 0, bias, y, rows, cols, inner, gate: None } if !x.is_half() => self.linear(store, x.data, w, bias.as_ref(), *y, Gemm { m: *rows, n: *cols, k: *inner }),
-            Op::Attention { q, k, v, o, len, heads, head_dim } => self.attention(store, [q, k, v, o].map(|x| x.f32_rows()), *len, *heads, *head_dim),
+            &Op::CarriedAttention { q, k, v, o, q_len, kv_len, heads, head_dim, carry: None } => self.attention(store, [q, k, v, o], [q_len, kv_len], heads, head_dim),
             &Op::Copy { src, dst, rows, cols } => self.copy(store, src, dst, rows, cols),
             &Op::TanhClamp { src, dst, count, limit } => self.elementwise(store, src, dst, count, |src, dst, count| Op::TanhClamp { src, dst, count, limit }),
             &Op::Relu { src, dst, count } => self.elementwise(store, src, dst, count, |src, dst, count| Op::Relu { src, dst, count }),
@@ -115,10 +115,6 @@ impl BandRunner<'_> {
     /// The band at `from` into `window` of the tensor at `dst`.
     fn put(&self, store: &mut dyn Activations, from: Span, dst: Span, window: Window) -> Result<(), RunError> {
         store.put(self.gpu, self.runner, from, dst, window)
-    }
-
-    fn download(&self, span: Span, len: u64) -> Result<Vec<f32>, RunError> {
-        Ok(self.runner.read(self.gpu, span, 1, len)?)
     }
 
     /// An op on each of `count` values alone (`make` builds it over a
@@ -227,19 +223,20 @@ impl BandRunner<'_> {
         self.put(store, ss, stats, Window::run(0, out))
     }
 
-    /// A channel-major GroupNorm's normalisation by bands of rows, each with the whole image's statistics.
+    /// A channel-major GroupNorm's normalisation by bands of pixels, each with the whole image's statistics.
     fn group_norm_apply(&self, store: &mut dyn Activations, [src, stats, dst]: [Span; 3], g: Norm<'_>) -> Result<(), RunError> {
         let shape = g.shape;
         let fixed = 2 * shape.groups;
-        for (r0, r1) in bands(shape.rows(), self.band(fixed, 2 * shape.channels * shape.width, "GroupNorm row")?) {
-            let window = rows_window(shape, r0, r1);
+        for (p0, p1) in bands(shape.pixels, self.band(fixed, 2 * shape.channels, "GroupNorm pixel")?) {
+            let window = Window::columns(shape.channels, shape.pixels, p0, p1);
             let mut arena = self.operands();
             let n = window.values();
             let (xs, ss, ys) = (arena.take(n)?, arena.take(fixed)?, arena.take(n)?);
             self.fetch(store, src, window, xs)?;
             self.fetch(store, stats, Window::run(0, fixed), ss)?;
             let (gamma, beta) = (g.gamma.clone(), g.beta.clone());
-            self.exec(Op::GroupNormApply { src: xs, stats: ss, dst: ys.into(), gamma, beta, shape: shape.band(r1 - r0), silu: g.silu })?;
+            let band = GroupShape { pixels: p1 - p0, ..shape };
+            self.exec(Op::GroupNormApply { src: xs, stats: ss, dst: ys.into(), gamma, beta, shape: band, silu: g.silu })?;
             self.put(store, ys, dst, window)?;
         }
         Ok(())
@@ -330,38 +327,38 @@ impl BandRunner<'_> {
         Ok(())
     }
 
-    /// Non-causal attention over `len` tokens `[len, heads·head_dim]`, by
-    /// bands of queries and chunks of keys. Each chunk's output and
-    /// log-sum-exp are merged on the host (in f64); a single chunk is taken as it is.
-    fn attention(&self, store: &mut dyn Activations, [q, k, v, o]: [Span; 4], len: u64, heads: u64, head_dim: u64) -> Result<(), RunError> {
+    /// The carried attention of `q_len` queries over `kv_len` keys (rows
+    /// `[n, heads·head_dim]`) by bands of queries, each over chunks of the
+    /// keys (a multiple of the kernel's key tile) carrying its online
+    /// softmax from chunk to chunk: the bits of the whole call.
+    fn attention(&self, store: &mut dyn Activations, [q, k, v, o]: [Span; 4], [q_len, kv_len]: [u64; 2], heads: u64, head_dim: u64) -> Result<(), RunError> {
         let width = heads * head_dim;
-        let band = self.band(0, 4 * width + heads, "attention token")?;
-        let chunks: Vec<(u64, u64)> = bands(len, band).collect();
-        for &(q0, q1) in &chunks {
+        let tile = ATTENTION_KEY_TILE;
+        // Keys and values take half the band, in whole tiles, the queries the
+        // other half: the bands' sizes do not grow with the image.
+        let most_keys = self.capacity / 2 / (2 * width) / tile * tile;
+        if most_keys == 0 {
+            return Err(RunError::Layout { component: "banded VAE", detail: format!("a band holds {} values, too few for one chunk of {tile} attention keys; give it a larger tile", self.capacity) });
+        }
+        let key_chunk = kv_len.next_multiple_of(tile).min(most_keys);
+        let band = self.band(2 * most_keys * width, 2 * width + 2 * heads, "attention query")?;
+        let chunks: Vec<(u64, u64)> = bands(kv_len, key_chunk).collect();
+        for (q0, q1) in bands(q_len, band) {
             let rows = q1 - q0;
             let queries = Window::run(q0 * width, q1 * width);
-            let mut merged = AttentionMerge::new(rows, heads, head_dim);
-            for &(k0, k1) in &chunks {
+            let mut arena = self.operands();
+            let (qs, os, ss) = (arena.take(rows * width)?, arena.take(rows * width)?, arena.take(2 * rows * heads)?);
+            let (ks, vs) = (arena.take(key_chunk * width)?, arena.take(key_chunk * width)?);
+            self.fetch(store, q, queries, qs)?;
+            for (i, &(k0, k1)) in chunks.iter().enumerate() {
                 let keys = Window::run(k0 * width, k1 * width);
-                let mut arena = self.operands();
-                let (qs, ks, vs) = (arena.take(rows * width)?, arena.take((k1 - k0) * width)?, arena.take((k1 - k0) * width)?);
-                let (os, ls) = (arena.take(rows * width)?, arena.take(rows * heads)?);
-                self.fetch(store, q, queries, qs)?;
                 self.fetch(store, k, keys, ks)?;
                 self.fetch(store, v, keys, vs)?;
+                let carry = (chunks.len() > 1).then_some(AttentionCarry { state: ss, from_state: i > 0, keep_state: i + 1 < chunks.len() });
                 let view = |s: Span| Span::new(s.offset, width);
-                let lse = Span::new(ls.offset, heads);
-                let (q_len, kv_len) = (rows, k1 - k0);
-                self.exec(Op::PartialAttention { q: view(qs), k: view(ks), v: view(vs), o: view(os), lse, q_len, kv_len, heads, head_dim })?;
-                if chunks.len() == 1 {
-                    self.put(store, os, o, queries)?;
-                    continue;
-                }
-                merged.add(&self.download(os, rows * width)?, &self.download(ls, rows * heads)?);
+                self.exec(Op::CarriedAttention { q: view(qs), k: view(ks), v: view(vs), o: view(os), q_len: rows, kv_len: k1 - k0, heads, head_dim, carry })?;
             }
-            if chunks.len() > 1 {
-                store.write(self.gpu, o.cols_from(q0 * width), &merged.finish())?;
-            }
+            self.put(store, os, o, queries)?;
         }
         Ok(())
     }

@@ -67,7 +67,7 @@ fn check_attention_within(gpu: &Gpu, c: AttnCase, seed: u64, scales: [f32; 3], t
         let qkv = Qkv { q: Mat::new(&qb, qw), k: Mat::new(&kb, kw), v: Mat::new(&vb, kw) };
         match FALLBACK.get() {
             true => attention_with(gpu, enc, AttentionKernel::Matrix(gpu.matrix().unwrap()), qkv, Inputs::F32, None, mask.map(|_| &*mb), Out::F32(Mat::new(&ob, qw)), None, s),
-            false => attention(gpu, enc, qkv, mask.map(|_| &*mb), Mat::new(&ob, qw), None, s),
+            false => attention(gpu, enc, qkv, mask.map(|_| &*mb), Mat::new(&ob, qw), s),
         }
     });
     let shape = if gpu.cpu_shaped_kernels() { "CPU-shaped" } else { "GPU-shaped" };
@@ -198,17 +198,40 @@ fn attention_splits_queries_and_keeps_causality() {
     });
 }
 
-/// Attention over two key chunks, each with its log-sum-exp, merged on the
-/// host: equals attention over all keys; each chunk's log-sum-exp equals f64.
+/// Attention carried over three chunks of the keys equals f64 attention over all of them.
 #[test]
-fn attention_over_key_chunks_merges_by_log_sum_exp() {
-    both_shapes(|g| held_within("attention over key chunks", crate::selftest::check_attention_key_chunks(g), F32_TOL));
+fn attention_carried_over_key_chunks_matches_the_reference() {
+    held_within("attention over key chunks", crate::selftest::check_attention_key_chunks(gpu()), F32_TOL);
 }
 
+/// The carried attention over chunks of the keys, for bands of queries,
+/// gives the bits of one call over every query and key: what makes the
+/// banded VAE's mid-block attention its whole decode's.
 #[test]
-fn attention_on_matrix_units_over_key_chunks_merges_by_log_sum_exp() {
-    let Some(gpu) = matrix_gpu() else { return };
-    held_within("matrix attention over key chunks", crate::selftest::check_attention_key_chunks(&gpu), MATRIX_ATTENTION_TOL);
+fn attention_carried_over_key_chunks_and_query_bands_equals_one_call_bit_for_bit() {
+    let gpu = gpu();
+    let (q_len, kv_len, d) = (45usize, 70usize, 40usize);
+    let mut rng = Rng::new(72);
+    let (q, k, v) = (rng.normals(q_len * d, 2.0), rng.normals(kv_len * d, 2.0), rng.normals(kv_len * d, 1.0));
+    let (qb, kb, vb) = (gpu.upload_f32("q", &q), gpu.upload_f32("k", &k), gpu.upload_f32("v", &v));
+    let w = d as u64;
+    let call = |q_rows: (usize, usize), keys: (usize, usize)| Attention { q_len: (q_rows.1 - q_rows.0) as u64, kv_len: (keys.1 - keys.0) as u64, q_heads: 1, kv_heads: 1, head_dim: w, scale: 0.2, causal: false };
+    fn rows_of(b: &crate::DeviceBuffer, r0: usize, d: usize) -> Mat<'_> {
+        Mat { buf: b, offset: (r0 * d) as u64, stride: d as u64 }
+    }
+    let whole = poisoned(gpu, q_len * d);
+    gpu.submit(|enc| attention_carried(gpu, enc, Qkv { q: rows_of(&qb, 0, d), k: rows_of(&kb, 0, d), v: rows_of(&vb, 0, d) }, rows_of(&whole, 0, d), None, call((0, q_len), (0, kv_len)))).unwrap();
+    let (banded, state) = (poisoned(gpu, q_len * d), poisoned(gpu, 2 * q_len));
+    let chunks = [(0usize, 32usize), (32, 48), (48, 70)];
+    for (q0, q1) in [(0usize, 7usize), (7, 30), (30, 45)] {
+        for (i, &(k0, k1)) in chunks.iter().enumerate() {
+            let carry = Carry { state: Mat { buf: &state, offset: (2 * q0) as u64, stride: 2 }, from_state: i > 0, keep_state: i + 1 < chunks.len() };
+            let qkv = Qkv { q: rows_of(&qb, q0, d), k: rows_of(&kb, k0, d), v: rows_of(&vb, k0, d) };
+            gpu.submit(|enc| attention_carried(gpu, enc, qkv, rows_of(&banded, q0, d), Some(carry), call((q0, q1), (k0, k1)))).unwrap();
+        }
+    }
+    let bits = |b: &crate::DeviceBuffer| gpu.read_f32(b, 0, q_len * d).unwrap().iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&banded), bits(&whole));
 }
 
 /// `x` (`rows` rows of `heads · head_dim`) through [`half_pack`] on
@@ -359,7 +382,7 @@ fn vae_mid_block_attention_through_the_attention_kernel() {
             linear(gpu, enc, Mat::new(tok, cu), Weight::bf16(&lb[i].0), Some(Weight::bf16(&lb[i].1)), Mat::new(dst, cu), Gemm { m: pu, n: cu, k: cu })?;
         }
         let s = Attention { q_len: pu, kv_len: pu, q_heads: 1, kv_heads: 1, head_dim: cu, scale, causal: false };
-        attention(gpu, enc, Qkv { q: Mat::new(qb, cu), k: Mat::new(kb, cu), v: Mat::new(vb, cu) }, None, Mat::new(ab, cu), None, s)?;
+        attention(gpu, enc, Qkv { q: Mat::new(qb, cu), k: Mat::new(kb, cu), v: Mat::new(vb, cu) }, None, Mat::new(ab, cu), s)?;
         linear(gpu, enc, Mat::new(ab, cu), Weight::bf16(&lb[3].0), Some(Weight::bf16(&lb[3].1)), Mat::new(ob, cu), Gemm { m: pu, n: cu, k: cu })?;
         transpose(gpu, enc, Mat::new(ob, cu), Mat::new(&result, pu), pu, cu)?;
         elementwise(gpu, enc, Elementwise::AddInPlace, Mat::new(&result, pu), None, Mat::new(&xb, pu), [cu, pu])

@@ -234,7 +234,7 @@ impl<'g> ShapeBench<'g> {
         };
         let m: Vec<Mat<'_>> = qkv.iter().chain([&o]).map(|b| Mat::new(b, width)).collect();
         let mut d = Vec::new();
-        kernels::attention(gpu, &mut d, kernels::Qkv { q: m[0], k: m[1], v: m[2] }, None, m[3], None, s)?;
+        kernels::attention(gpu, &mut d, kernels::Qkv { q: m[0], k: m[1], v: m[2] }, None, m[3], s)?;
         let op = Op::Attention { q: span0().into(), k: span0().into(), v: span0().into(), o: span0().into(), len: tokens, heads, head_dim: hd };
         Ok(Figure {
             what: "attention".into(),
