@@ -232,17 +232,21 @@ impl VaeDecoder {
                 let full = VaeLayout::new(&self.config, self.latent_h, self.latent_w, &mut BumpArena::new(u64::MAX)).map_err(plan_error)?;
                 let mut held = activations.hold()?;
                 self.decode_banded(gpu, *capacity, &full, packed, held.store(), progress)?;
-                let decoded = match held {
-                    // Read back as an untiled decode's values are.
-                    HeldActivations::Device(pages) => Decoded::Read(pages.read(gpu, full.decoded, full.decoded_len())?),
+                // The levels made by bands where the activations are: one
+                // readback of the image where they are on the device.
+                let levels = held.store().read(gpu, full.levels, full.decoded_len())?;
+                // The levels are whole numbers in [0, 255]; the cast only changes the type.
+                let levels: Vec<u8> = levels.iter().map(|&v| v as u8).collect();
+                let decoded = match (values, held) {
+                    (false, _) => None,
+                    (true, HeldActivations::Device(pages)) => Some(Decoded::Read(pages.read(gpu, full.decoded, full.decoded_len())?)),
                     // Left in the scratch file, its span read once into the arena.
-                    HeldActivations::Host(host) => {
+                    (true, HeldActivations::Host(host)) => {
                         host.get(full.decoded, full.decoded_len())?;
-                        Decoded::Scratch { host, span: full.decoded, len: full.decoded_len() }
+                        Some(Decoded::Scratch { host, span: full.decoded, len: full.decoded_len() })
                     }
                 };
-                let levels = self.pixel_levels(gpu, decoded.values())?;
-                (values.then_some(decoded), interleave_rgb(&levels, height * width))
+                (decoded, interleave_rgb(&levels, height * width))
             }
         };
         self.decoded_once = true;
@@ -290,7 +294,7 @@ impl VaeDecoder {
     /// run by bands with the activations in `store`.
     #[allow(clippy::too_many_arguments)] // the decode's layout, its input, the store and the progress
     fn decode_banded(&self, gpu: &Gpu, capacity: u64, full: &VaeLayout, packed: &[f32], store: &mut dyn Activations, progress: &mut dyn FnMut(TileProgress)) -> Result<(), RunError> {
-        let ops = collect_ops(|emit| program::decode(full, emit));
+        let ops = collect_ops(|emit| program::decode_to_levels(full, emit));
         store.write(gpu, full.packed, packed)?;
         let bands = BandRunner { gpu, runner: &self.runner, weights: &self.weights, capacity };
         for (i, op) in ops.iter().enumerate() {
