@@ -18,8 +18,8 @@
 #   3. the linears on every tier side by side, the matrix tier's at the
 #      4B's shapes beside the ceiling our own WGSL reaches;
 #   4. attention at 4608 tokens: flash, then the fallback kernel;
-#   5. the 4B 1024² step and the 1024² VAE decode (with the tiny preview
-#      decoder's share), then PyTorch / diffusers bf16 on the same card:
+#   5. the 4B 1024² step, the 1024² VAE decode (with the tiny preview
+#      decoder's share) and encode, then PyTorch / diffusers bf16 on the same card:
 #      the same step, the VAE decode and encode (ci/gpu_peer.py; skipped
 #      with a line without PyTorch, diffusers or CUDA).
 # FLUX_LITE_GPU_RUN_QUICK=1 runs a small version (64 tokens, a 256² step and
@@ -51,7 +51,7 @@ step 90 "2. selftest, every tier" "$binary" selftest
 step 60 "3. linears on every tier (4B shapes)" "$binary" bench kernels --model klein-4b --tokens "$tokens" --only linear,tiers "${repeats[@]}"
 step 45 "4. attention at $tokens tokens, flash" "$binary" bench kernels --model klein-4b --tokens "$tokens" --only attention "${repeats[@]}"
 step 45 "4. attention at $tokens tokens, the fallback" env FLUX_LITE_ATTENTION_KERNEL=matrix "$binary" bench kernels --model klein-4b --tokens "$tokens" --only attention "${repeats[@]}"
-step 90 "5. the 4B ${size}² step and the ${size}² VAE decode" "$binary" bench kernels --model klein-4b --tokens "$tokens" --only step,vae --step-sizes "$size" --vae-size "$size" "${repeats[@]}"
+step 90 "5. the 4B ${size}² step and the ${size}² VAE decode and encode" "$binary" bench kernels --model klein-4b --tokens "$tokens" --only step,vae --step-sizes "$size" --vae-size "$size" "${repeats[@]}"
 if command -v python3 >/dev/null; then
     step 120 "5. PyTorch / diffusers bf16, same card" python3 ci/gpu_peer.py \
         --config test_vectors/configs/klein-4b/transformer/config.json \

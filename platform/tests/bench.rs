@@ -45,6 +45,24 @@ fn an_untiled_vae_above_the_bindings_is_reported_not_run() {
     assert!(why.contains("above the adapter's largest binding, 1048576 bytes"), "{why}");
     let device = gpu();
     assert_eq!(ShapeBench::new(device, 1).vae_unfit(&model.vae, 128), None);
+    // The encoder's row likewise: its 128² image and first activations take 32 × 128² × 4 bytes too.
+    let why = ShapeBench::new(&small, 1).vae_encode_unfit(&model.vae, 128).expect("refused");
+    assert!(why.contains("above the adapter's largest binding, 1048576 bytes"), "{why}");
+    assert_eq!(ShapeBench::new(device, 1).vae_encode_unfit(&model.vae, 128), None);
+}
+
+/// The encoder's row times the encode program `gen` runs on a reference:
+/// all of its operations, as many dispatches as the runner prepares.
+#[test]
+fn the_vae_encode_row_runs_the_whole_encoder() {
+    use flux_lite_core::models::vae_encoder;
+    let model = ModelFolder::open(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../test_vectors/models/tiny-a")).unwrap();
+    let encode = ShapeBench::new(gpu(), 1).vae_encode(&model.vae, 32).unwrap_or_else(|e| panic!("{e}"));
+    let layout = vae_encoder::VaeEncoderLayout::new(&model.vae, 32, 32, &mut flux_lite_core::arena::BumpArena::new(u64::MAX)).unwrap();
+    let mut flops = 0;
+    vae_encoder::encode(&layout, |op| flops += op.flops());
+    assert_eq!((encode.what.as_str(), encode.shape.as_str(), encode.flops), ("VAE encode", "32×32", flops));
+    assert!(encode.seconds > 0.0 && encode.dispatches.is_some_and(|d| d > 0), "{encode:?}");
 }
 
 /// Where the adapter cannot hold the decodes whole, the VAE's and the

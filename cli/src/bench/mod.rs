@@ -202,7 +202,7 @@ fn kernels(args: &KernelsArgs) -> Result<(), String> {
         }
         None => true,
     };
-    let mut tiny_line = None;
+    let (mut tiny_line, mut encode_skipped) = (None, None);
     if vae_size > 0 && want("vae") {
         // The whole decode where the adapter holds it, else by bands as `gen` runs it.
         let decode = if vae_fits("VAE up block", vae_size) {
@@ -212,6 +212,11 @@ fn kernels(args: &KernelsArgs) -> Result<(), String> {
             bench.vae_decode_banded(&vae, vae_size).map_err(err)?
         };
         row(&decode, &ceilings);
+        // The encoder (init images, references) where the adapter holds it whole.
+        match bench.vae_encode_unfit(&vae, vae_size) {
+            None => row(&bench.vae_encode(&vae, vae_size).map_err(err)?, &ceilings),
+            Some(why) => encode_skipped = Some(format!("VAE encode at {vae_size}×{vae_size} skipped: {why} (gen encodes it by bands)")),
+        }
         // The preview decoder beside the whole decode it stands in for, each laid out as `gen` lays it out.
         let tiny = bench.tiny_decode(&vae, vae_size).map_err(err)?;
         row(&tiny, &ceilings);
@@ -256,6 +261,7 @@ fn kernels(args: &KernelsArgs) -> Result<(), String> {
     if want("tiers") {
         tiers_side_by_side(&transformer, &tokens, args.repeats)?;
     }
+    skipped.extend(encode_skipped);
     if !skipped.is_empty() {
         say!();
     }

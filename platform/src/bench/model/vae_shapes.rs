@@ -2,6 +2,7 @@
 //! bands, the tiny preview decoder, one up block.
 
 use super::*;
+use flux_lite_core::models::vae_encoder;
 
 impl<'g> ShapeBench<'g> {
     /// Why the untiled VAE decoder cannot run at `size`² on this adapter (its
@@ -30,6 +31,34 @@ impl<'g> ShapeBench<'g> {
         let channels_last = self.gpu.plan_limits().half_operands;
         let program = collect_ops(|emit| flux_lite_core::models::vae_nhwc::decode_whole(&layout, channels_last, emit));
         self.vae_program("VAE decode", format!("{size}×{size}"), cfg, &program, arena_bytes)
+    }
+
+    /// Why the untiled VAE encoder cannot take a `size`² image on this
+    /// adapter (its arena above the largest buffer, or one tensor above the
+    /// largest binding; `gen` encodes such images by bands), or `None` if it can.
+    pub fn vae_encode_unfit(&self, cfg: &VaeConfig, size: u64) -> Option<String> {
+        let arena = match vae_encoder::arena_bytes(cfg, size, size) {
+            Ok(bytes) => bytes,
+            Err(e) => return Some(e.to_string()),
+        };
+        let tensor = vae_encoder::largest_binding(cfg, size, size);
+        let (buffer, binding) = (self.gpu.limits.max_buffer_size, self.gpu.max_binding());
+        if arena > buffer {
+            Some(format!("its {arena}-byte arena is above the adapter's largest buffer, {buffer} bytes"))
+        } else if tensor > binding {
+            Some(format!("a tensor of {tensor} bytes is above the adapter's largest binding, {binding} bytes"))
+        } else {
+            None
+        }
+    }
+
+    /// The whole VAE encoder over a `size`² image, untiled, to its posterior
+    /// mean, as `gen` encodes an init image or a reference the adapter holds whole.
+    pub fn vae_encode(&self, cfg: &VaeConfig, size: u64) -> Result<Figure, RunError> {
+        let mut arena = BumpArena::new(u64::MAX);
+        let layout = vae_encoder::VaeEncoderLayout::new(cfg, size, size, &mut arena).map_err(|e| RunError::layout("VAE encoder")(&e))?;
+        let program = collect_ops(|emit| vae_encoder::encode(&layout, emit));
+        self.vae_program("VAE encode", format!("{size}×{size}"), cfg, &program, arena.high_water())
     }
 
     /// The VAE decode of a `size`² image by bands, as `gen` decodes an
@@ -182,15 +211,15 @@ fn vae_layout(cfg: &VaeConfig, size: u64) -> Result<(vae::VaeLayout, u64), RunEr
     Ok((layout, arena.high_water()))
 }
 
-/// Bytes a convolution must at least move: its input, weights (bf16) and output once each.
+/// Bytes a convolution must at least move: its input (f32, or f16 with a
+/// scale a pixel channels-last), weights (bf16) and output (f32) once each.
 fn conv_bytes(op: &Op) -> u64 {
-    match op {
-        Op::Conv2d { shape: c, .. } => {
-            let input = c.in_channels * c.height * c.width;
-            let output = c.out_channels * c.out_height * c.out_width;
-            let weights = c.out_channels * c.in_channels * c.kernel * c.kernel;
-            (4 * (input + output) + 2 * weights) as u64
-        }
-        _ => 0,
-    }
+    let (c, input_bytes) = match op {
+        Op::Conv2d { shape, .. } => (shape, 4 * shape.in_channels * shape.height * shape.width),
+        Op::ConvNhwc { shape, .. } => (shape, (2 * shape.in_channels + 4) * shape.height * shape.width),
+        _ => return 0,
+    };
+    let output = c.out_channels * c.out_height * c.out_width;
+    let weights = c.out_channels * c.in_channels * c.kernel * c.kernel;
+    (input_bytes + 4 * output + 2 * weights) as u64
 }
