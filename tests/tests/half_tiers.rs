@@ -114,6 +114,39 @@ fn vae_decode_on_the_half_tiers() {
     }
 }
 
+/// A decode by bands equals the whole one bit for bit on each half tier
+/// (the same program by bands: the convolutions' halos, the GroupNorms' row
+/// moments, the attention carried over chunks of keys; on the matrix tier
+/// channels-last, the upsampled convolutions' bands starting on odd rows):
+/// a 64×96 image in 16-pixel tiles, its activations on the host, and the
+/// golden cases' latents in 8-pixel tiles.
+#[test]
+fn a_decode_by_bands_equals_the_whole_decode_on_the_half_tiers() {
+    let m = ModelFolder::open(&model_dir("tiny-a")).unwrap();
+    let store = m.weights(Component::Vae).unwrap();
+    let mut latents = vec![0f32; 16 * 24 * 16];
+    flux_lite_core::numerics::rng::TorchGenerator::new(13).fill_randn_f32(&mut latents);
+    for gpu in half_tiers() {
+        let tier = gpu.precision().name();
+        let decode = |tile: Option<usize>, latents: &[f32], (width, height): (usize, usize)| {
+            let mut vae = VaeDecoder::new(&gpu, &m.vae, &store, width, height, tile).unwrap();
+            assert_eq!(vae.is_banded(), tile.is_some());
+            vae.decode(&gpu, latents, true, &mut |_| {}).unwrap_or_else(|e| panic!("{tier}: {e}"))
+        };
+        let (banded, whole) = (decode(Some(16), &latents, (64, 96)), decode(None, &latents, (64, 96)));
+        flux_lite_tests::assert_same_bits(&format!("{tier}: 64×96 in 16-pixel tiles vs whole"), banded.decoded(), whole.decoded());
+        assert_eq!(banded.rgb, whole.rgb, "{tier}: the 8-bit image");
+        for case in CASES.iter().filter(|c| c.starts_with("tiny-a")) {
+            let g = Goldens::load(case);
+            let json = g.case_json();
+            let size = (json["width"].as_u64().unwrap() as usize, json["height"].as_u64().unwrap() as usize);
+            let latents = g.f32(&format!("latents.{}", json["steps"].as_u64().unwrap() - 1)).0;
+            let (banded, whole) = (decode(Some(8), &latents, size), decode(None, &latents, size));
+            assert_eq!(banded.rgb, whole.rgb, "{tier} {case}: in 8-pixel tiles vs whole");
+        }
+    }
+}
+
 /// The range rule on a whole model: the tiny transformer's prompt rows
 /// scaled to 1e5 and to 1e-6 (far above f16's 65504, far below its smallest
 /// normal) and noise with outliers of 1e5. Where the f32 tier's velocity is

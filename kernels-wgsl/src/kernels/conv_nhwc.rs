@@ -65,7 +65,13 @@ pub fn conv2d_matrix_nhwc(gpu: &Gpu, sink: &mut dyn Sink, x: HalfMat<'_>, weight
     };
     let up = if input == NhwcInput::Upsampled { 2 } else { 1 };
     let (seen_h, seen_w) = (s.height * up, s.width * up);
-    let same_size = s.out_height + s.kernel - 1 == seen_h + 2 * s.pad_top && s.out_width + s.kernel - 1 == seen_w + 2 * s.pad_left;
+    // "Same" across; down, the input may be a band of the image's rows (its
+    // halo included): the taps of the output's rows reach pad_top rows of
+    // zeros above the input, at most kernel / 2 below it (the image's
+    // bottom), and, upsampled, may stop one row short of its end.
+    let reach = s.out_height + s.kernel - 1;
+    let rows_fit = s.pad_top <= s.kernel / 2 && reach <= seen_h + s.pad_top + s.kernel / 2 && reach + up > seen_h + s.pad_top;
+    let same_size = rows_fit && s.out_width + s.kernel - 1 == seen_w + 2 * s.pad_left;
     if s.stride != 1 || !s.in_channels.is_multiple_of(2) || x.piece.is_some() || !same_size || w.dtype != bias.dtype {
         return Err(GpuError::UnsupportedShape(format!("a channels-last convolution {s:?} ({input:?}; stride 1, \"same\" size, even input channels, one scale a pixel)")));
     }

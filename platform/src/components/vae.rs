@@ -74,8 +74,9 @@ enum Mode {
     /// pixel by pixel), else channel-major.
     Whole { layout: Box<VaeLayout>, dispatches: Vec<Dispatch>, channels_last: bool },
     /// Op by op over bands whose operands take at most `capacity` f32, the
-    /// image's activations in `activations` between bands.
-    Banded { capacity: u64, activations: BandActivations },
+    /// image's activations in `activations` between bands; the same program
+    /// as the whole decode's (channels-last or not), so the same bits.
+    Banded { capacity: u64, activations: BandActivations, channels_last: bool },
 }
 
 #[derive(Debug)]
@@ -153,10 +154,10 @@ impl VaeDecoder {
         gpu.check_faults()?;
         let mut weights = upload_decoder(gpu, config, store)?;
         weights.keep_row_scales(gpu, &product_rows(&decoder_specs(config)))?;
+        let channels_last = gpu.plan_limits().half_operands;
         let mode = match layout {
             Some(layout) => {
                 // The 8-bit levels in the same pass: one readback gives the image.
-                let channels_last = gpu.plan_limits().half_operands;
                 let ops = collect_ops(|emit| vae_nhwc::decode_whole(&layout, channels_last, emit));
                 let mut dispatches = Vec::new();
                 for op in &ops {
@@ -167,7 +168,7 @@ impl VaeDecoder {
             None => {
                 let on_device = banded.is_some_and(|(_, on_device)| on_device);
                 let elements = program::arena_bytes(config, latent_h, latent_w).map_err(plan_error)? / 4;
-                Mode::Banded { capacity, activations: BandActivations::new(gpu, elements, on_device)? }
+                Mode::Banded { capacity, activations: BandActivations::new(gpu, elements, on_device)?, channels_last }
             }
         };
         Ok(Self { config: config.clone(), latent_h, latent_w, mode, runner, weights, arena_bytes, decoded_once: false })
@@ -228,25 +229,31 @@ impl VaeDecoder {
                 let levels: Vec<u8> = levels.iter().map(|&v| v as u8).collect();
                 (decoded, if *channels_last { levels } else { interleave_rgb(&levels, pixels) })
             }
-            Mode::Banded { capacity, activations } => {
+            Mode::Banded { capacity, activations, channels_last } => {
                 let full = VaeLayout::new(&self.config, self.latent_h, self.latent_w, &mut BumpArena::new(u64::MAX)).map_err(plan_error)?;
                 let mut held = activations.hold()?;
-                self.decode_banded(gpu, *capacity, &full, packed, held.store(), progress)?;
+                self.decode_banded(gpu, (*capacity, *channels_last), &full, packed, held.store(), progress)?;
                 // The levels made by bands where the activations are: one
                 // readback of the image where they are on the device.
                 let levels = held.store().read(gpu, full.levels, full.decoded_len())?;
                 // The levels are whole numbers in [0, 255]; the cast only changes the type.
                 let levels: Vec<u8> = levels.iter().map(|&v| v as u8).collect();
+                let pixels = height * width;
                 let decoded = match (values, held) {
                     (false, _) => None,
-                    (true, HeldActivations::Device(pages)) => Some(Decoded::Read(pages.read(gpu, full.decoded, full.decoded_len())?)),
+                    (true, HeldActivations::Device(pages)) => {
+                        let read = pages.read(gpu, full.decoded, full.decoded_len())?;
+                        Some(Decoded::Read(if *channels_last { planar(&read, pixels) } else { read }))
+                    }
+                    // Channels-last, its values planar, as an untiled decode gives them.
+                    (true, HeldActivations::Host(host)) if *channels_last => Some(Decoded::Read(planar(host.get(full.decoded, full.decoded_len())?, pixels))),
                     // Left in the scratch file, its span read once into the arena.
                     (true, HeldActivations::Host(host)) => {
                         host.get(full.decoded, full.decoded_len())?;
                         Some(Decoded::Scratch { host, span: full.decoded, len: full.decoded_len() })
                     }
                 };
-                (decoded, interleave_rgb(&levels, height * width))
+                (decoded, if *channels_last { levels } else { interleave_rgb(&levels, pixels) })
             }
         };
         self.decoded_once = true;
@@ -293,8 +300,8 @@ impl VaeDecoder {
     /// Core's decode program over the whole image's layout `full`, each op
     /// run by bands with the activations in `store`.
     #[allow(clippy::too_many_arguments)] // the decode's layout, its input, the store and the progress
-    fn decode_banded(&self, gpu: &Gpu, capacity: u64, full: &VaeLayout, packed: &[f32], store: &mut dyn Activations, progress: &mut dyn FnMut(TileProgress)) -> Result<(), RunError> {
-        let ops = collect_ops(|emit| program::decode_to_levels(full, emit));
+    fn decode_banded(&self, gpu: &Gpu, (capacity, channels_last): (u64, bool), full: &VaeLayout, packed: &[f32], store: &mut dyn Activations, progress: &mut dyn FnMut(TileProgress)) -> Result<(), RunError> {
+        let ops = collect_ops(|emit| vae_nhwc::decode_whole(full, channels_last, emit));
         store.write(gpu, full.packed, packed)?;
         let bands = BandRunner { gpu, runner: &self.runner, weights: &self.weights, capacity };
         for (i, op) in ops.iter().enumerate() {

@@ -21,7 +21,7 @@ use flux_lite_kernels::kernels::{Gemm, ATTENTION_KEY_TILE};
 use flux_lite_kernels::Gpu;
 use crate::exec::device_weights::DeviceWeights;
 use crate::exec::runner::Runner;
-use flux_lite_core::ir::{AttentionCarry, GroupShape, Op, RowMoments, Span};
+use flux_lite_core::ir::{AttentionCarry, GroupShape, Op, Operand, RowMoments, Span};
 use flux_lite_core::oracle::ConvShape;
 use flux_lite_core::models::tensors::TensorName;
 use flux_lite_core::BumpArena;
@@ -67,9 +67,15 @@ impl BandRunner<'_> {
             &Op::Conv2d { x, ref w, ref bias, y, shape, residual, relu } => self.conv(store, [x, y], [w, bias], shape, [residual, relu]),
             &Op::GroupMoments { src, moments, shape } => self.group_moments(store, src, moments, shape),
             &Op::GroupMerge { moments, stats, of, eps } => self.group_merge(store, [moments, stats], of, eps),
-            Op::GroupNormApply { src, stats, dst, gamma, beta, shape, silu } if !dst.is_half() => {
+            Op::GroupNormApply { src, stats, dst, gamma, beta, shape, silu } => {
                 let g = Norm { gamma, beta, shape: *shape, silu: *silu };
-                self.group_norm_apply(store, [*src, *stats, dst.data], g)
+                self.group_norm_apply(store, [*src, *stats], *dst, g)
+            }
+            Op::ConvNhwc { x, w, bias, y, shape, upsample, residual } => self.conv_nhwc(store, (*x, *y), [w, bias], *shape, [*upsample, *residual]),
+            &Op::HalfPack { src, dst, scales, tokens, heads, head_dim } => self.half_pack(store, [src, dst, scales], tokens, heads * head_dim),
+            &Op::Residual { dst, y, rows, cols } => self.residual(store, [dst, y], rows, cols),
+            Op::Linear { x, w, w_row: 0, bias, y, rows, cols, inner, gate: None } if x.is_half() => {
+                self.linear_over_half_rows(store, *x, w, bias.as_ref(), *y, Gemm { m: *rows, n: *cols, k: *inner })
             }
             Op::Add { a, b, dst, rows, cols, relu } => self.add(store, *a, *b, *dst, [*rows, *cols], *relu),
             Op::UpsampleNearest2x { x, y, channels, height, width } => self.upsample(store, *x, *y, *channels, *height, *width),
@@ -223,21 +229,147 @@ impl BandRunner<'_> {
         self.put(store, ss, stats, Window::run(0, out))
     }
 
-    /// A channel-major GroupNorm's normalisation by bands of pixels, each with the whole image's statistics.
-    fn group_norm_apply(&self, store: &mut dyn Activations, [src, stats, dst]: [Span; 3], g: Norm<'_>) -> Result<(), RunError> {
+    /// A GroupNorm's normalisation by bands of pixels, each with the whole
+    /// image's statistics: channel-major f32, or channels-last into f16 rows
+    /// under a scale a pixel.
+    fn group_norm_apply(&self, store: &mut dyn Activations, [src, stats]: [Span; 2], dst: Operand, g: Norm<'_>) -> Result<(), RunError> {
         let shape = g.shape;
-        let fixed = 2 * shape.groups;
-        for (p0, p1) in bands(shape.pixels, self.band(fixed, 2 * shape.channels, "GroupNorm pixel")?) {
-            let window = Window::columns(shape.channels, shape.pixels, p0, p1);
+        let (c, fixed) = (shape.channels, 2 * shape.groups);
+        if shape.channels_last != dst.is_half() {
+            return Err(cannot_band(format!("a group norm of {shape:?} into {dst:?}")));
+        }
+        for (p0, p1) in bands(shape.pixels, self.band(fixed, 2 * c + 1, "GroupNorm pixel")?) {
+            let n = p1 - p0;
+            let input = match shape.channels_last {
+                true => Window::run(p0 * c, p1 * c),
+                false => Window::columns(c, shape.pixels, p0, p1),
+            };
             let mut arena = self.operands();
-            let n = window.values();
-            let (xs, ss, ys) = (arena.take(n)?, arena.take(fixed)?, arena.take(n)?);
-            self.fetch(store, src, window, xs)?;
+            let (xs, ss, ys) = (arena.take(n * c)?, arena.take(fixed)?, arena.take(n * c)?);
+            self.fetch(store, src, input, xs)?;
             self.fetch(store, stats, Window::run(0, fixed), ss)?;
             let (gamma, beta) = (g.gamma.clone(), g.beta.clone());
-            let band = GroupShape { pixels: p1 - p0, ..shape };
-            self.exec(Op::GroupNormApply { src: xs, stats: ss, dst: ys.into(), gamma, beta, shape: band, silu: g.silu })?;
-            self.put(store, ys, dst, window)?;
+            let band = GroupShape { pixels: n, ..shape };
+            let out = match dst.is_half() {
+                true => half_rows_at(ys, n, c),
+                false => ys.into(),
+            };
+            // Channels-last rows are whole pixels.
+            let rows = Span::new(xs.offset, if shape.channels_last { c } else { 0 });
+            self.exec(Op::GroupNormApply { src: rows, stats: ss, dst: out, gamma, beta, shape: band, silu: g.silu })?;
+            match dst.is_half() {
+                true => self.put_half_rows(store, out, dst, [p0, p1], c)?,
+                false => self.put(store, ys, dst.data, input)?,
+            }
+        }
+        Ok(())
+    }
+
+    /// Rows `[r0, r1)` of channels-last f16 rows `half` (words, then a scale
+    /// a row, as [`half_rows_at`] lays them) into the band at `to`.
+    fn fetch_half_rows(&self, store: &mut dyn Activations, half: Operand, [r0, r1]: [u64; 2], width: u64, to: Operand) -> Result<(), RunError> {
+        let scales = half.scales.ok_or_else(|| cannot_band("f16 rows without their scales".into()))?;
+        self.fetch(store, half.data, Window::run(r0 * width / 2, r1 * width / 2), to.data)?;
+        self.fetch(store, scales, Window::run(r0, r1), to.scales.unwrap_or(to.data))
+    }
+
+    /// The band's f16 rows `from` into rows `[r0, r1)` of `half`.
+    fn put_half_rows(&self, store: &mut dyn Activations, from: Operand, half: Operand, [r0, r1]: [u64; 2], width: u64) -> Result<(), RunError> {
+        let scales = half.scales.ok_or_else(|| cannot_band("f16 rows without their scales".into()))?;
+        self.put(store, from.data, half.data, Window::run(r0 * width / 2, r1 * width / 2))?;
+        self.put(store, from.scales.unwrap_or(from.data), scales, Window::run(r0, r1))
+    }
+
+    /// A channels-last convolution by bands of output rows, each reading the
+    /// input rows its taps reach (a halo from the neighbouring bands; zeros
+    /// only at the image's border), through the ×2 upsampling where
+    /// `upsample`: there every band but the first starts on an odd output
+    /// row, whose taps begin on an input row's second upsampled copy, so
+    /// that a band's input is whole input rows with no zeros above.
+    fn conv_nhwc(&self, store: &mut dyn Activations, (x, y): (Operand, Span), [w, bias]: [&TensorName; 2], s: ConvShape, [upsample, residual]: [bool; 2]) -> Result<(), RunError> {
+        let (cin, cout, h, wd) = (s.in_channels as u64, s.out_channels as u64, s.height as u64, s.width as u64);
+        let (out_h, out_w) = (s.out_height as u64, s.out_width as u64);
+        if s.kernel > 3 || (upsample && s.kernel != 3) || x.piece.is_some() {
+            return Err(cannot_band(format!("a channels-last convolution {s:?}")));
+        }
+        // An input row's words and scales; the rows the taps reach beyond a band's own.
+        let input_row = wd * (cin / 2 + 1);
+        let band = self.band(2 * input_row, input_row + out_w * cout, "convolution row")?;
+        for (y0, y1) in conv_bands(out_h, band, upsample)? {
+            let (g0, g1, pad_top) = match upsample {
+                // Output row y reads upsampled rows y − 1 ..= y + 1, input rows (y − 1)/2 ..= (y + 1)/2.
+                true => (y0.saturating_sub(1) / 2, (y1 / 2 + 1).min(h), (y0 == 0) as usize),
+                false => {
+                    let (g0, g1, pad) = s.input_rows(y0 as usize, y1 as usize);
+                    (g0 as u64, g1 as u64, pad)
+                }
+            };
+            let (rows_in, rows_out) = (g1 - g0, y1 - y0);
+            let mut arena = self.operands();
+            let (words, scales) = (arena.take(rows_in * wd * cin / 2)?, arena.take(rows_in * wd)?);
+            let ys = arena.take(rows_out * out_w * cout)?;
+            let xs = Operand::half_rows(Span::new(words.offset, cin / 2), Span::new(scales.offset, 1));
+            self.fetch_half_rows(store, x, [g0 * wd, g1 * wd], cin, xs)?;
+            let output = Window::run(y0 * out_w * cout, y1 * out_w * cout);
+            if residual {
+                self.fetch(store, y, output, ys)?;
+            }
+            let shape = ConvShape { height: rows_in as usize, pad_top, out_height: rows_out as usize, ..s };
+            self.exec(Op::ConvNhwc { x: xs, w: w.clone(), bias: bias.clone(), y: Span::new(ys.offset, cout), shape, upsample, residual })?;
+            self.put(store, ys, y, output)?;
+        }
+        Ok(())
+    }
+
+    /// f32 rows of `width` packed as f16 rows (a scale a row of each head) by bands of rows.
+    fn half_pack(&self, store: &mut dyn Activations, [src, dst, scales]: [Span; 3], rows: u64, width: u64) -> Result<(), RunError> {
+        if src.stride.max(width) != width || dst.stride.max(width / 2) != width / 2 || scales.stride > 1 {
+            return Err(cannot_band("a pack of rows that are not contiguous".into()));
+        }
+        for (r0, r1) in bands(rows, self.band(0, width + width / 2 + 1, "packed row")?) {
+            let n = r1 - r0;
+            let mut arena = self.operands();
+            let (xs, ws, ss) = (arena.take(n * width)?, arena.take(n * width / 2)?, arena.take(n)?);
+            self.fetch(store, src, Window::run(r0 * width, r1 * width), xs)?;
+            self.exec(Op::HalfPack { src: Span::new(xs.offset, width), dst: Span::new(ws.offset, width / 2), scales: Span::new(ss.offset, 1), tokens: n, heads: 1, head_dim: width })?;
+            self.put(store, ws, dst, Window::run(r0 * width / 2, r1 * width / 2))?;
+            self.put(store, ss, scales, Window::run(r0, r1))?;
+        }
+        Ok(())
+    }
+
+    /// `dst += y` over contiguous rows, by bands of rows.
+    fn residual(&self, store: &mut dyn Activations, [dst, y]: [Span; 2], rows: u64, cols: u64) -> Result<(), RunError> {
+        if dst.stride.max(cols) != cols || y.stride.max(cols) != cols {
+            return Err(cannot_band("a residual over rows that are not contiguous".into()));
+        }
+        for (r0, r1) in bands(rows, self.band(0, 2 * cols, "residual row")?) {
+            let window = Window::run(r0 * cols, r1 * cols);
+            let mut arena = self.operands();
+            let (ds, ys) = (arena.take(window.values())?, arena.take(window.values())?);
+            self.fetch(store, dst, window, ds)?;
+            self.fetch(store, y, window, ys)?;
+            self.exec(Op::Residual { dst: Span::new(ds.offset, cols), y: Span::new(ys.offset, cols), rows: r1 - r0, cols })?;
+            self.put(store, ds, dst, window)?;
+        }
+        Ok(())
+    }
+
+    /// `y = x·Wᵀ + b` over f16 rows `x` (one scale a row), by bands of rows.
+    fn linear_over_half_rows(&self, store: &mut dyn Activations, x: Operand, w: &TensorName, bias: Option<&TensorName>, y: Span, s: Gemm) -> Result<(), RunError> {
+        let Gemm { m: rows, n: cols, k: inner } = s;
+        if x.piece.is_some() || x.data.stride != inner / 2 || y.stride != cols {
+            return Err(cannot_band("a linear over f16 rows in pieces or not contiguous".into()));
+        }
+        for (r0, r1) in bands(rows, self.band(0, inner / 2 + 1 + cols, "linear row")?) {
+            let n = r1 - r0;
+            let mut arena = self.operands();
+            let (ws, ss, ys) = (arena.take(n * inner / 2)?, arena.take(n)?, arena.take(n * cols)?);
+            let xs = Operand::half_rows(Span::new(ws.offset, inner / 2), Span::new(ss.offset, 1));
+            self.fetch_half_rows(store, x, [r0, r1], inner, xs)?;
+            let y_band = Span::new(ys.offset, cols);
+            self.exec(Op::Linear { x: xs, w: w.clone(), w_row: 0, bias: bias.cloned(), y: y_band, rows: n, cols, inner, gate: None })?;
+            self.put(store, ys, y, Window::run(r0 * cols, r1 * cols))?;
         }
         Ok(())
     }
@@ -379,6 +511,31 @@ struct Norm<'a> {
     beta: &'a TensorName,
     shape: GroupShape,
     silu: bool,
+}
+
+/// `pixels` f16 rows of `width` in a band's operand at `at`: the words, then a scale a row.
+fn half_rows_at(at: Span, pixels: u64, width: u64) -> Operand {
+    Operand::half_rows(Span::new(at.offset, width / 2), Span::new(at.offset + pixels * width / 2, 1))
+}
+
+/// Bands of a convolution's `rows` output rows, at most `band` each; where
+/// the input is read through the ×2 upsampling, every band after the first
+/// starts on an odd row (the first is odd-long, the rest even-long).
+fn conv_bands(rows: u64, band: u64, upsample: bool) -> Result<Vec<(u64, u64)>, RunError> {
+    if !upsample {
+        return Ok(bands(rows, band).collect());
+    }
+    if band < 2 {
+        return Err(RunError::Layout { component: "banded VAE", detail: "a band holds too few rows of an upsampled convolution; give it a larger tile".into() });
+    }
+    let mut out = Vec::new();
+    let mut y0 = 0;
+    while y0 < rows {
+        let take = if y0 == 0 { band - (1 - band % 2) } else { band - band % 2 };
+        out.push((y0, (y0 + take).min(rows)));
+        y0 += take;
+    }
+    Ok(out)
 }
 
 /// Rows `[r0, r1)` of a GroupNorm's tensor.

@@ -71,7 +71,9 @@ impl<'g> ShapeBench<'g> {
     pub fn vae_decode_banded(&self, cfg: &VaeConfig, size: u64) -> Result<Figure, RunError> {
         let internal = |e: vae::VaePlanError| RunError::layout("VAE")(&e);
         let (layout, arena_bytes) = vae_layout(cfg, size)?;
-        let program = collect_ops(|emit| vae::decode(&layout, emit));
+        // The program `gen` runs by bands: the whole decode's, levels included.
+        let channels_last = self.gpu.plan_limits().half_operands;
+        let program = collect_ops(|emit| flux_lite_core::models::vae_nhwc::decode_whole(&layout, channels_last, emit));
         let scale = cfg.scale_factor() as u64;
         let limits = self.gpu.plan_limits();
         let row = vae::decode_band_minimum(cfg, size / scale, size / scale).map_err(internal)?;
