@@ -164,13 +164,13 @@ fn kernels_bench_prints_every_row_beside_the_ceilings_of_the_same_run() {
     let rows = table_rows(&stdout);
     // tiny-a's blocks have five distinct linear shapes; per token count: those,
     // a LoRA side product on each, attention, a double and a single block;
-    // then the VAE's up block, its whole decode and the tiny preview decoder
-    // beside it, DF11, the text encoder, and per image size a step, a decode and the sum.
+    // then the VAE's up block, its whole decode and encode and the tiny preview
+    // decoder beside them, DF11, the text encoder, and per image size a step, a decode and the sum.
     let per_tokens = ["linear"; 5].into_iter().chain(["LoRA"; 5]).chain(["attention", "double block", "single block"]);
     // DF11's expansion, then each quantized GGUF type's.
     let expansions = std::iter::once("DF11 expansion").chain(["GGUF"; 10]);
     let expected: Vec<&str> =
-        per_tokens.clone().chain(per_tokens).chain(["VAE up block", "VAE decode", "tiny decoder"]).chain(expansions).chain(["text encoder", "denoising step", "VAE decode", "end to end"]).collect();
+        per_tokens.clone().chain(per_tokens).chain(["VAE up block", "VAE decode", "VAE encode", "tiny decoder"]).chain(expansions).chain(["text encoder", "denoising step", "VAE decode", "end to end"]).collect();
     let whats: Vec<&str> = rows.iter().map(|r| r[0].split(' ').next().unwrap_or("")).collect();
     let expected_first: Vec<&str> = expected.iter().map(|w| w.split(' ').next().unwrap()).collect();
     assert_eq!(whats, expected_first, "{stdout}");
