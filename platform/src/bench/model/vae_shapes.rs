@@ -10,16 +10,22 @@ impl<'g> ShapeBench<'g> {
     /// binding; `gen` decodes such sizes in tiles), or `None` if it can.
     pub fn vae_unfit(&self, cfg: &VaeConfig, size: u64) -> Option<String> {
         let latent = size / cfg.scale_factor() as u64;
-        let arena = match vae::arena_bytes(cfg, latent, latent) {
+        let tensor = 4 * vae::largest_activation(cfg, latent * latent);
+        self.unfit(vae::arena_bytes(cfg, latent, latent).map_err(|e| e.to_string()), tensor)
+    }
+
+    /// Why an arena of `arena` bytes with a largest tensor of `tensor` bytes
+    /// does not fit this adapter's buffers and bindings, or `None`.
+    fn unfit(&self, arena: Result<u64, String>, tensor: u64) -> Option<String> {
+        let arena = match arena {
             Ok(bytes) => bytes,
-            Err(e) => return Some(e.to_string()),
+            Err(e) => return Some(e),
         };
-        let activation = 4 * vae::largest_activation(cfg, latent * latent);
         let (buffer, binding) = (self.gpu.limits.max_buffer_size, self.gpu.max_binding());
         if arena > buffer {
             Some(format!("its {arena}-byte arena is above the adapter's largest buffer, {buffer} bytes"))
-        } else if activation > binding {
-            Some(format!("an activation of {activation} bytes is above the adapter's largest binding, {binding} bytes"))
+        } else if tensor > binding {
+            Some(format!("a tensor of {tensor} bytes is above the adapter's largest binding, {binding} bytes"))
         } else {
             None
         }
@@ -37,19 +43,7 @@ impl<'g> ShapeBench<'g> {
     /// adapter (its arena above the largest buffer, or one tensor above the
     /// largest binding; `gen` encodes such images by bands), or `None` if it can.
     pub fn vae_encode_unfit(&self, cfg: &VaeConfig, size: u64) -> Option<String> {
-        let arena = match vae_encoder::arena_bytes(cfg, size, size) {
-            Ok(bytes) => bytes,
-            Err(e) => return Some(e.to_string()),
-        };
-        let tensor = vae_encoder::largest_binding(cfg, size, size);
-        let (buffer, binding) = (self.gpu.limits.max_buffer_size, self.gpu.max_binding());
-        if arena > buffer {
-            Some(format!("its {arena}-byte arena is above the adapter's largest buffer, {buffer} bytes"))
-        } else if tensor > binding {
-            Some(format!("a tensor of {tensor} bytes is above the adapter's largest binding, {binding} bytes"))
-        } else {
-            None
-        }
+        self.unfit(vae_encoder::arena_bytes(cfg, size, size).map_err(|e| e.to_string()), vae_encoder::largest_binding(cfg, size, size))
     }
 
     /// The whole VAE encoder over a `size`² image, untiled, to its posterior
