@@ -113,8 +113,8 @@ fn product_bound(gpu: &Gpu) -> f64 {
 
 /// The product kernels on `gpu`'s tier: linear (bf16 weights with bias),
 /// a 3×3 convolution and the VAE encoder's stride-2 one, and attention (the
-/// transformer's, the text encoder's causal grouped-query one, and over key
-/// chunks merged by log-sum-exp as the VAE's banded attention runs it), each
+/// transformer's, the text encoder's causal grouped-query one, and the VAE's
+/// carried over chunks of keys as its banded attention runs it), each
 /// at sizes off every tile edge.
 pub fn product_checks(gpu: &Gpu) -> Vec<Check> {
     let tier = gpu.precision().name();

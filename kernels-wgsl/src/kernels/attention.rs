@@ -319,7 +319,7 @@ pub fn attention_carried(gpu: &Gpu, sink: &mut dyn Sink, qkv: Qkv<'_>, o: Mat<'_
     attention_with(gpu, sink, AttentionKernel::Tiled, qkv, Inputs::F32, None, None, Out::F32(o), carry, s)
 }
 
-/// [`attention`] (no log-sum-exp) writing `o` as the next product's
+/// [`attention`] writing `o` as the next product's
 /// operand: f16 rows in pieces ([`HalfMat::pieces`]), each piece of a
 /// query's row divided by its range scale (the range rule's rounding of
 /// [`attention`]'s f32 output, not written). On the matrix tier's attention
@@ -495,7 +495,7 @@ fn attention_with(
             None => None,
         };
         // Without a carried state the binding takes the output's window, unused.
-        let lw = match &state_rows {
+        let state_w = match &state_rows {
             Some(l) => l.window(gpu, &rows)?,
             None => o_rows.window(gpu, &rows)?,
         };
@@ -518,7 +518,7 @@ fn attention_with(
             use_mask: key_keep.is_some() as u32,
             mask_offset: mw.local,
             q_position: to_u32(rows.start, "attention query position")?,
-            state_offset: lw.local,
+            state_offset: state_w.local,
             carry: carry.map_or(0, |c| c.bits()),
             k_scale_offset: scale_offsets.0,
             v_scale_offset: scale_offsets.1,
@@ -554,7 +554,7 @@ fn attention_with(
             AttentionKernel::Tiled => {
                 let kernel = if half.is_some() { &ATTENTION_HALF_KV } else { &ATTENTION };
                 let launch = Launch { kernel, constants: &[("SLOTS", s.head_dim.div_ceil(64).max(1) as u32)], params, grid };
-                dispatch(gpu, sink, launch, &[&bindings[..], &[(6, &lw)], &scale_bindings].concat());
+                dispatch(gpu, sink, launch, &[&bindings[..], &[(6, &state_w)], &scale_bindings].concat());
             }
             AttentionKernel::Lanes { wide, shared_rows } => {
                 // q, k and v bound again at 7–9, as the vec4 views the kernel reads.

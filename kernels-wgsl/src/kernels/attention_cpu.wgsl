@@ -13,7 +13,7 @@
 // that one read of q serves every key), the online softmax's new maximum,
 // one rescale of the output, then the weighted values (one read of the
 // output accumulator serves every key). Same interface, masks, causality,
-// grouped-query heads and log-sum-exp output as `attention.wgsl`; head_dim
+// grouped-query heads as `attention.wgsl`; head_dim
 // a multiple of 4, at most 4·CPU_MAX_VEC4.
 
 // Invocations a workgroup, and queries a workgroup (four an invocation).
@@ -52,8 +52,8 @@ fn softmax_block(dots: ptr<function, array<f32, CPU_KEYS>>, m: ptr<function, f32
     return rescale;
 }
 
-// The factor that normalises query `qi`'s output row (both entry points' rows end here).
-fn finish_row(m: f32, l: f32, qi: u32, h: u32) -> f32 {
+// The factor that normalises an output row whose weights sum to `l` (both entry points' rows end here).
+fn finish_row(l: f32) -> f32 {
     return select(0.0, 1.0 / l, l > 0.0);
 }
 
@@ -65,12 +65,12 @@ fn store_out(qi: u32, h: u32, c: u32, out: vec4<f32>) {
     }
 }
 
-// Query `qi`'s output row, normalised, and its log-sum-exp where asked for.
-fn write_row(acc: ptr<function, array<vec4<f32>, CPU_MAX_VEC4>>, m: f32, l: f32, qi: u32, h: u32) {
+// Query `qi`'s output row, normalised.
+fn write_row(acc: ptr<function, array<vec4<f32>, CPU_MAX_VEC4>>, l: f32, qi: u32, h: u32) {
     if (qi >= p.q_len) {
         return;
     }
-    let inv = finish_row(m, l, qi, h);
+    let inv = finish_row(l);
     for (var c = 0u; c < HEAD_VEC4; c++) {
         store_out(qi, h, c, (*acc)[c] * inv);
     }
@@ -176,10 +176,10 @@ fn attention_cpu(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgrou
             acc_d[c] = f;
         }
     }
-    write_row(&acc_a, m_a, l_a, qi_a, h);
-    write_row(&acc_b, m_b, l_b, qi_b, h);
-    write_row(&acc_c, m_c, l_c, qi_c, h);
-    write_row(&acc_d, m_d, l_d, qi_d, h);
+    write_row(&acc_a, l_a, qi_a, h);
+    write_row(&acc_b, l_b, qi_b, h);
+    write_row(&acc_c, l_c, qi_c, h);
+    write_row(&acc_d, l_d, qi_d, h);
 }
 
 // Heads wider than 4·CPU_MAX_VEC4 (the VAE's mid-block attention: one head
@@ -191,11 +191,11 @@ const CPU_WIDE_VEC4: u32 = 128u;
 const CPU_WIDE_QUERIES: u32 = 64u;
 
 // [`write_row`] for the wide kernel's row (WGSL cannot take either array size).
-fn write_wide_row(acc: ptr<function, array<vec4<f32>, CPU_WIDE_VEC4>>, m: f32, l: f32, qi: u32, h: u32) {
+fn write_wide_row(acc: ptr<function, array<vec4<f32>, CPU_WIDE_VEC4>>, l: f32, qi: u32, h: u32) {
     if (qi >= p.q_len) {
         return;
     }
-    let inv = finish_row(m, l, qi, h);
+    let inv = finish_row(l);
     for (var c = 0u; c < HEAD_VEC4; c++) {
         store_out(qi, h, c, (*acc)[c] * inv);
     }
@@ -251,5 +251,5 @@ fn attention_cpu_wide(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(wor
             acc[c] = a;
         }
     }
-    write_wide_row(&acc, m, l, qi, h);
+    write_wide_row(&acc, l, qi, h);
 }

@@ -1,6 +1,6 @@
 // softmax(q·kᵀ·scale + mask)·v on cooperative-matrix units: the matrix
-// tier's flash attention, with attention.wgsl's masks, grouped heads and
-// log-sum-exp (interface in attention_io.wgsl), over f32 queries, keys and
+// tier's flash attention, with attention.wgsl's masks and grouped heads
+// (interface in attention_io.wgsl), over f32 queries, keys and
 // values or f16 ones in pieces (attention_qkv.wgsl), writing f32 rows or the
 // next product's f16 operand in pieces (`O_HALF`).
 //

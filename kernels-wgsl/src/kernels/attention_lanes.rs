@@ -18,7 +18,7 @@
 //! and the keys are taken two at a time, the running maximum raised by a
 //! subgroup-uniform branch ([`PRELUDE`]), in place of `attention_cpu`'s
 //! blocks of eight. The
-//! interface, masks, causality, grouped heads, log-sum-exp output and the
+//! interface, masks, causality, grouped heads and the
 //! half-K/V accessors are `attention_cpu.wgsl`'s and `attention_io.wgsl`'s.
 
 use super::lanes::{emit, LANE_COUNTS};
@@ -192,11 +192,11 @@ fn entry(s: &mut String, lanes: u32, max: u32) {
         emit!(s, "{ind}}}");
     }
     emit!(s, "    }}");
-    // Each query's row, normalised, and its log-sum-exp where asked for.
+    // Each query's row, normalised.
     let ind = "    ";
     for q in qs {
         emit!(s, "{ind}if (qi{q} < p.q_len) {{");
-        emit!(s, "{ind}    let inv{q} = finish_row(m{q}, l{q}, qi{q}, h);");
+        emit!(s, "{ind}    let inv{q} = finish_row(l{q});");
         each_vec4(s, max, &format!("{ind}    "), |c| format!("store_out(qi{q}, h, {c}u, acc{q}_{c} * inv{q});"));
         emit!(s, "{ind}}}");
     }

@@ -1,6 +1,6 @@
 // softmax(q·kᵀ·scale + mask)·v on cooperative-matrix units: the matrix
-// tier's attention, with attention.wgsl's online softmax, masks, grouped
-// heads and log-sum-exp (interface in attention_io.wgsl).
+// tier's attention, with attention.wgsl's online softmax, masks and grouped
+// heads (interface in attention_io.wgsl).
 //
 // One workgroup, which is one subgroup of WG invocations, handles T queries
 // of one head; keys stream through in tiles of T. Both products run on T×T
