@@ -18,7 +18,7 @@ use crate::models::vae::{attention_projection, carried_attention, denorm_unpatch
 use crate::oracle::ConvShape;
 
 /// `buf` holding `pixels` f16 rows of `channels` (words, then the scales).
-fn half_rows(buf: Span, pixels: u64, channels: u64) -> Operand {
+pub fn half_rows(buf: Span, pixels: u64, channels: u64) -> Operand {
     Operand::half_rows(Span::new(buf.offset, channels / 2), Span::new(buf.offset + pixels * channels / 2, 1))
 }
 

@@ -24,6 +24,7 @@ use crate::exec::runner::Runner;
 use flux_lite_core::ir::{AttentionCarry, GroupShape, Op, Operand, RowMoments, Span};
 use flux_lite_core::oracle::ConvShape;
 use flux_lite_core::models::tensors::TensorName;
+use flux_lite_core::models::vae_nhwc::half_rows;
 use flux_lite_core::BumpArena;
 use crate::exec::activations::{Activations, Window};
 #[cfg(doc)]
@@ -208,7 +209,7 @@ impl BandRunner<'_> {
         let per_moments = 2 * shape.groups;
         let band = self.band(0, shape.channels * shape.width + per_moments, "GroupNorm row")?;
         for (r0, r1) in bands(shape.rows(), band) {
-            let input = rows_window(shape, r0, r1);
+            let input = pixels_window(shape, r0 * shape.width, r1 * shape.width);
             let mut arena = self.operands();
             let (xs, ms) = (arena.take(input.values())?, arena.take(per_moments * (r1 - r0))?);
             self.fetch(store, src, input, xs)?;
@@ -240,10 +241,7 @@ impl BandRunner<'_> {
         }
         for (p0, p1) in bands(shape.pixels, self.band(fixed, 2 * c + 1, "GroupNorm pixel")?) {
             let n = p1 - p0;
-            let input = match shape.channels_last {
-                true => Window::run(p0 * c, p1 * c),
-                false => Window::columns(c, shape.pixels, p0, p1),
-            };
+            let input = pixels_window(shape, p0, p1);
             let mut arena = self.operands();
             let (xs, ss, ys) = (arena.take(n * c)?, arena.take(fixed)?, arena.take(n * c)?);
             self.fetch(store, src, input, xs)?;
@@ -251,7 +249,7 @@ impl BandRunner<'_> {
             let (gamma, beta) = (g.gamma.clone(), g.beta.clone());
             let band = GroupShape { pixels: n, ..shape };
             let out = match dst.is_half() {
-                true => half_rows_at(ys, n, c),
+                true => half_rows(ys, n, c),
                 false => ys.into(),
             };
             // Channels-last rows are whole pixels.
@@ -266,7 +264,7 @@ impl BandRunner<'_> {
     }
 
     /// Rows `[r0, r1)` of channels-last f16 rows `half` (words, then a scale
-    /// a row, as [`half_rows_at`] lays them) into the band at `to`.
+    /// a row, as [`half_rows`] lays them) into the band at `to`.
     fn fetch_half_rows(&self, store: &mut dyn Activations, half: Operand, [r0, r1]: [u64; 2], width: u64, to: Operand) -> Result<(), RunError> {
         let scales = half.scales.ok_or_else(|| cannot_band("f16 rows without their scales".into()))?;
         self.fetch(store, half.data, Window::run(r0 * width / 2, r1 * width / 2), to.data)?;
@@ -306,9 +304,8 @@ impl BandRunner<'_> {
             };
             let (rows_in, rows_out) = (g1 - g0, y1 - y0);
             let mut arena = self.operands();
-            let (words, scales) = (arena.take(rows_in * wd * cin / 2)?, arena.take(rows_in * wd)?);
+            let xs = half_rows(arena.take(rows_in * input_row)?, rows_in * wd, cin);
             let ys = arena.take(rows_out * out_w * cout)?;
-            let xs = Operand::half_rows(Span::new(words.offset, cin / 2), Span::new(scales.offset, 1));
             self.fetch_half_rows(store, x, [g0 * wd, g1 * wd], cin, xs)?;
             let output = Window::run(y0 * out_w * cout, y1 * out_w * cout);
             if residual {
@@ -364,8 +361,7 @@ impl BandRunner<'_> {
         for (r0, r1) in bands(rows, self.band(0, inner / 2 + 1 + cols, "linear row")?) {
             let n = r1 - r0;
             let mut arena = self.operands();
-            let (ws, ss, ys) = (arena.take(n * inner / 2)?, arena.take(n)?, arena.take(n * cols)?);
-            let xs = Operand::half_rows(Span::new(ws.offset, inner / 2), Span::new(ss.offset, 1));
+            let (xs, ys) = (half_rows(arena.take(n * (inner / 2 + 1))?, n, inner), arena.take(n * cols)?);
             self.fetch_half_rows(store, x, [r0, r1], inner, xs)?;
             let y_band = Span::new(ys.offset, cols);
             self.exec(Op::Linear { x: xs, w: w.clone(), w_row: 0, bias: bias.cloned(), y: y_band, rows: n, cols, inner, gate: None })?;
@@ -513,11 +509,6 @@ struct Norm<'a> {
     silu: bool,
 }
 
-/// `pixels` f16 rows of `width` in a band's operand at `at`: the words, then a scale a row.
-fn half_rows_at(at: Span, pixels: u64, width: u64) -> Operand {
-    Operand::half_rows(Span::new(at.offset, width / 2), Span::new(at.offset + pixels * width / 2, 1))
-}
-
 /// Bands of a convolution's `rows` output rows, at most `band` each; where
 /// the input is read through the ×2 upsampling, every band after the first
 /// starts on an odd row (the first is odd-long, the rest even-long).
@@ -538,12 +529,11 @@ fn conv_bands(rows: u64, band: u64, upsample: bool) -> Result<Vec<(u64, u64)>, R
     Ok(out)
 }
 
-/// Rows `[r0, r1)` of a GroupNorm's tensor.
-fn rows_window(shape: GroupShape, r0: u64, r1: u64) -> Window {
-    let row = shape.width;
+/// Pixels `[p0, p1)` of a GroupNorm's tensor.
+fn pixels_window(shape: GroupShape, p0: u64, p1: u64) -> Window {
     match shape.channels_last {
-        true => Window::run(r0 * row * shape.channels, r1 * row * shape.channels),
-        false => Window::columns(shape.channels, shape.pixels, r0 * row, r1 * row),
+        true => Window::run(p0 * shape.channels, p1 * shape.channels),
+        false => Window::columns(shape.channels, shape.pixels, p0, p1),
     }
 }
 
