@@ -69,18 +69,20 @@ fn traffic_prints_the_step_its_blocks_and_the_decode_from_the_configs_alone() {
     let [m_step, m_double, m_single, m_vae] = traffic_dispatches(&matrix);
     let [f_step, f_double, f_single, f_vae] = traffic_dispatches(&f32);
     assert_eq!(m_step - f_step, m_linear - f_linear, "the tiers differ by the measuring passes: {matrix}{f32}");
-    assert!(m_double == f_double && m_single == f_single && m_vae > f_vae, "{matrix}{f32}");
+    // The matrix decode's stream is f16 as its convolutions write it: no packs, no copies.
+    assert!(m_double == f_double && m_single == f_single && m_vae < f_vae, "{matrix}{f32}");
     // f16 operands in pieces: the step moves less than on f32 activations,
     // and at most 40% of what it moved before the half-precision path
     // (76.8 GB, docs/performance.md). The channels-last VAE decode reads
     // its convolutions' inputs as f16 written by the op before (no
-    // measuring pass: as many convolution dispatches as on f32) and moves
-    // less than the f32 decode, and less than the channel-major matrix
-    // decode before it (52.3 GB).
+    // measuring pass: as many convolution dispatches as on f32, and the
+    // attention's output projection as a 1×1 convolution onto the stream)
+    // and moves less than the f32 decode, and less than the channel-major
+    // matrix decode before it (52.3 GB).
     assert!(gb_moved(&matrix, "step: ") < 0.4 * 76.8 && gb_moved(&matrix, "step: ") < gb_moved(&f32, "step: "), "{matrix}{f32}");
     assert!(gb_moved(&matrix, "vae decode: ") < gb_moved(&f32, "vae decode: ") && gb_moved(&matrix, "vae decode: ") < 0.8 * 52.3, "{matrix}{f32}");
     let conv_dispatches = |s: &str| rows_under(s, "| vae decode, by op |").into_iter().find(|r| r[0] == "convolution").unwrap()[1].parse::<u64>().unwrap();
-    assert_eq!(conv_dispatches(&matrix), conv_dispatches(&f32), "{matrix}{f32}");
+    assert_eq!(conv_dispatches(&matrix), conv_dispatches(&f32) + 1, "{matrix}{f32}");
     // The table's kinds add up to the step.
     let by_op: u64 = rows_under(&matrix, "| step, by op |").iter().map(|r| r[1].parse::<u64>().unwrap()).sum();
     assert_eq!(by_op, m_step);

@@ -344,22 +344,26 @@ pub enum Op {
     /// fewer); ReLU last when `relu` (the same values as a `Relu` step after).
     Conv2d { x: Span, w: TensorName, bias: TensorName, y: Span, shape: ConvShape, residual: bool, relu: bool },
     /// A stride-1 "same" convolution over channels-last f16 rows `x`
-    /// (`[pixels, in_channels]`, one range scale a pixel: an
-    /// [`Operand::half_rows`]) into channels-last f32 rows `y` (`[pixels,
-    /// out_channels]`), y's own values added where `residual`; with
-    /// `upsample` the input (of `shape`'s height and width) is read through a
-    /// nearest-neighbour ×2 upsampling. W as the model's files hold it.
-    ConvNhwc { x: Operand, w: TensorName, bias: TensorName, y: Span, shape: ConvShape, upsample: bool, residual: bool },
+    /// (`[pixels, in_channels]`, one range scale a pixel, or one a piece:
+    /// the stream as a convolution wrote it) into channels-last rows `y`
+    /// (`[pixels, out_channels]`): f32, `residual` then `y` itself (its
+    /// values added), or f16 in pieces (the VAE's stream on the matrix tier),
+    /// `residual` then another tensor's f16 rows in the same pieces. With
+    /// `upsample` the input (of `shape`'s height and width) is read through
+    /// a nearest-neighbour ×2 upsampling. W as the model's files hold it.
+    ConvNhwc { x: Operand, w: TensorName, bias: TensorName, y: Operand, shape: ConvShape, upsample: bool, residual: Option<Operand> },
     /// A GroupNorm's first step: each group's `(mean, Σ(x − mean)²)` over
-    /// each row of pixels of `src`, into `moments` `[rows, groups, 2]`.
-    GroupMoments { src: Span, moments: Span, shape: GroupShape },
+    /// each row of pixels of `src` (f32, or channels-last f16 rows in
+    /// pieces), into `moments` `[rows, groups, 2]`.
+    GroupMoments { src: Operand, moments: Span, shape: GroupShape },
     /// Its second: the rows' moments merged in one fixed order into each
     /// group's `(mean, 1/√(var + eps))`, `stats` `[groups, 2]`.
     GroupMerge { moments: Span, stats: Span, of: RowMoments, eps: f32 },
-    /// Its last: `src` normalised with `stats`, times gamma plus beta, SiLU
-    /// after when `silu`, into `dst`: f32 channel-major, or channels-last f16
-    /// rows under one range scale a pixel (the next convolution's input).
-    GroupNormApply { src: Span, stats: Span, dst: Operand, gamma: TensorName, beta: TensorName, shape: GroupShape, silu: bool },
+    /// Its last: `src` (as the first step reads it) normalised with
+    /// `stats`, times gamma plus beta, SiLU after when `silu`, into `dst`:
+    /// f32 channel-major, or channels-last f16 rows under one range scale a
+    /// pixel (the next convolution's input).
+    GroupNormApply { src: Operand, stats: Span, dst: Operand, gamma: TensorName, beta: TensorName, shape: GroupShape, silu: bool },
     /// Nearest-neighbour ×2 upsampling of contiguous `[channels, height, width]`.
     UpsampleNearest2x { x: Span, y: Span, channels: u64, height: u64, width: u64 },
     /// `dst[c, r] = src[r, c]` for a `[rows, cols]` source.

@@ -358,7 +358,7 @@ pub fn check_group_norm_by_bands(gpu: &Gpu) -> Result<f64, GpuError> {
         let xs = band(r0, r1);
         let xb = gpu.upload_f32("x", &xs);
         let at = Mat { buf: &mb, offset: (2 * groups * r0) as u64, stride: 0 };
-        gpu.submit(|enc| group_moments(gpu, enc, Mat::new(&xb, 0), at, shape.band((r1 - r0) as u64)))?;
+        gpu.submit(|enc| group_moments(gpu, enc, crate::kernels::Input::F32(Mat::new(&xb, 0)), at, shape.band((r1 - r0) as u64)))?;
         let got = gpu.read_f32(&mb, (2 * groups * r0) as u64, 2 * groups * (r1 - r0))?;
         let n = per * width;
         let exact: Vec<f64> = (r0..r1)

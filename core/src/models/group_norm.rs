@@ -30,7 +30,7 @@ impl NormScratch {
 
 /// GroupNorm `p` (its `weight` and `bias`) of `src` into `dst`, SiLU after
 /// where `silu`: the three ops.
-pub(crate) fn group_norm(scratch: NormScratch, (src, dst): (Span, Operand), p: &str, shape: GroupShape, eps: f32, silu: bool, emit: &mut impl FnMut(Op)) {
+pub(crate) fn group_norm(scratch: NormScratch, (src, dst): (Operand, Operand), p: &str, shape: GroupShape, eps: f32, silu: bool, emit: &mut impl FnMut(Op)) {
     let NormScratch { stats, moments } = scratch;
     emit(Op::GroupMoments { src, moments, shape });
     emit(Op::GroupMerge { moments, stats, of: shape.moments(), eps });

@@ -494,7 +494,7 @@ pub fn decode(l: &TinyDecoderLayout, mut emit: impl FnMut(Op)) {
                 if let Some(pc) = pool {
                     emit(conv(x, name(format_args!("{p}{m}.pool.0.weight")), name(format_args!("{p}{m}.pool.0.bias")), t1, same(i, pc, h, w, 1)));
                     let shape = GroupShape { channels: pc, pixels, width: w, groups: POOL_GROUPS, channels_last: false };
-                    group_norm(l.norm, (t1, t2.into()), &prefix(format_args!("{p}{m}.pool.1")), shape, POOL_EPS, false, &mut emit);
+                    group_norm(l.norm, (t1.into(), t2.into()), &prefix(format_args!("{p}{m}.pool.1")), shape, POOL_EPS, false, &mut emit);
                     emit(Op::Relu { src: t2, dst: t2, count: pc * pixels });
                     emit(conv(t2, name(format_args!("{p}{m}.pool.3.weight")), name(format_args!("{p}{m}.pool.3.bias")), t1, same(pc, i, h, w, 1)));
                     emit(Op::Add { a: rows(x, pixels), b: rows(t1, pixels), dst: rows(x, pixels), rows: i, cols: pixels, relu: false });

@@ -275,7 +275,7 @@ impl Stream {
 
 /// GroupNorm `prefix` of the channel-major `src` into `dst`, SiLU after where `silu`.
 pub(crate) fn group_norm(l: &Stream, [src, dst]: [Span; 2], prefix: &str, shape: GroupShape, silu: bool, emit: &mut impl FnMut(Op)) {
-    group_norm::group_norm(l.norm, (src, dst.into()), prefix, shape, NORM_EPS, silu, emit);
+    group_norm::group_norm(l.norm, (src.into(), dst.into()), prefix, shape, NORM_EPS, silu, emit);
 }
 
 pub(crate) type Prefix = heapless::String<96>;

@@ -1,54 +1,95 @@
 //! The VAE decoder on the matrix tier's half-precision data path: activations
-//! channels-last (`[pixels, channels]` rows, a pixel's channels side by side),
-//! the residual stream f32, and every convolution's input f16 rows under one
-//! range scale a pixel, written by the op before it (a GroupNorm + SiLU, or a
-//! pack of the stream), so no pass measures a convolution's input. The ×2
-//! upsampling is read through by the convolution after it, and the mid-block
-//! attention's tokens are the stream's rows (no transposes).
+//! channels-last (`[pixels, channels]` rows, a pixel's channels side by side)
+//! and f16 under the range rule's power-of-two scales. The stream (each
+//! block's output, what the next block reads and adds onto) is f16 rows in
+//! pieces of [`STREAM_PIECE`] channels, each under its own scale, as the
+//! convolution that writes it holds them (its epilogue adds the bias and the
+//! residual and rounds); a convolution's input is either the stream itself
+//! or f16 rows under one scale a pixel, written by the GroupNorm + SiLU
+//! before it. No pass measures a convolution's input, none packs the
+//! stream, and the ×2 upsampling is read through by the convolution after
+//! it. The mid-block attention's tokens are pixels (no transposes); its
+//! projections and softmax stay f32 (the carried attention that keeps bands
+//! exact), its output projection a 1×1 convolution onto the stream.
 //!
-//! Laid out in [`VaeLayout`]'s buffers: the stream in `a`, the next
-//! convolution's f16 input (words, then a scale a pixel) in `b`, a block's
-//! f32 intermediate in `c`, the attention's projections in `q`, `k`, `v`,
-//! and the GroupNorms' statistics in the stream's `norm`. The decoded image lands channels-last in `decoded`, its
+//! Laid out in [`VaeLayout`]'s buffers: the stream moves between `a` and
+//! `c` (each convolution that ends a block writes it to the buffer the block
+//! no longer reads), `b` holds a convolution's f16 input, `q`, `k`, `v` the
+//! attention's projections, the stream's `norm` the GroupNorms'
+//! statistics. The decoded image lands channels-last in `decoded`, its
 //! 8-bit levels interleaved RGB in `levels`.
 
 use crate::ir::{name, GroupShape, Op, Operand, Span};
 use crate::models::group_norm;
-use crate::models::vae::{attention_projection, carried_attention, denorm_unpatchify, prefix, rows, same, Stream, UpBlock, VaeLayout, NORM_EPS};
+use crate::models::vae::{attention_projection, carried_attention, denorm_unpatchify, prefix, rows, same, UpBlock, VaeLayout, NORM_EPS};
 use crate::oracle::ConvShape;
+
+/// Channels of the stream under one range scale: a block of a
+/// convolution's output channels holds whole pieces (at most four).
+pub const STREAM_PIECE: u64 = 32;
+
+/// The stream's piece for `channels`: [`STREAM_PIECE`], or a whole pixel
+/// where the channels are fewer or not a multiple of it (small models).
+pub fn stream_piece(channels: u64) -> u64 {
+    if channels.is_multiple_of(STREAM_PIECE) { STREAM_PIECE } else { channels }
+}
 
 /// `buf` holding `pixels` f16 rows of `channels` (words, then the scales).
 pub fn half_rows(buf: Span, pixels: u64, channels: u64) -> Operand {
     Operand::half_rows(Span::new(buf.offset, channels / 2), Span::new(buf.offset + pixels * channels / 2, 1))
 }
 
-fn conv(x: Operand, p: &str, y: Span, shape: ConvShape, residual: bool) -> Op {
-    conv_read(x, p, y, shape, false, residual)
+/// `buf` holding the stream: `pixels` f16 rows of `channels` in pieces
+/// (words, then each pixel's pieces' scales).
+pub fn stream_rows(buf: Span, pixels: u64, channels: u64) -> Operand {
+    let piece = stream_piece(channels);
+    Operand::half_pieces(Span::new(buf.offset, channels / 2), Span::new(buf.offset + pixels * channels / 2, channels / piece), piece)
 }
 
-/// [`conv`] with its input read through the ×2 upsampling where `upsample`.
-fn conv_read(x: Operand, p: &str, y: Span, shape: ConvShape, upsample: bool, residual: bool) -> Op {
-    Op::ConvNhwc { x, w: name(format_args!("{p}.weight")), bias: name(format_args!("{p}.bias")), y, shape, upsample, residual }
+/// Elements (f32 words) of `pixels` rows of `channels` as the stream holds
+/// them, or as a convolution's f16 input: the larger.
+pub fn half_elements(pixels: u64, channels: u64) -> u64 {
+    pixels * (channels / 2 + (channels / stream_piece(channels)).max(1))
 }
 
-/// The f32 rows of `src` packed as the next convolution's f16 input in `b`.
+/// Convolution `p` (its `weight` and `bias`) of `x` into `y`, the residual
+/// `onto` added, the input read through the ×2 upsampling where `upsample`.
+fn conv(x: Operand, p: &str, y: Operand, shape: ConvShape, upsample: bool, onto: Option<Operand>) -> Op {
+    Op::ConvNhwc { x, w: name(format_args!("{p}.weight")), bias: name(format_args!("{p}.bias")), y, shape, upsample, residual: onto }
+}
+
+/// The f32 rows of `src` packed as a convolution's f16 input `dst`.
 fn pack(src: Span, dst: Operand, pixels: u64, channels: u64) -> Op {
     let scales = dst.scales.unwrap_or(dst.data);
     Op::HalfPack { src: rows(src, channels), dst: dst.data, scales, tokens: pixels, heads: 1, head_dim: channels }
 }
 
-/// GroupNorm `p` of the stream's rows `src` (`channels` at `h × w`) into
-/// the next convolution's f16 input in `b`, SiLU after where `silu`.
-fn group_norm(l: &VaeLayout, src: Span, p: &str, channels: u64, (h, w): (u64, u64), silu: bool, emit: &mut impl FnMut(Op)) {
-    let s = &l.stream;
-    let shape = GroupShape { channels, pixels: h * w, width: w, groups: s.groups, channels_last: true };
-    group_norm::group_norm(s.norm, (rows(src, channels), half_rows(s.b, h * w, channels)), p, shape, NORM_EPS, silu, emit);
+/// Where the stream is, and the other buffer it moves to.
+#[derive(Debug, Clone, Copy)]
+struct Stream {
+    at: Span,
+    free: Span,
 }
 
-/// Packed latents to the decoder's first activation (in `a`): de-normalise
-/// and unpatchify, the latent's rows channels-last and packed as f16,
-/// `post_quant_conv` when the model has it, `conv_in`.
-pub fn input(l: &VaeLayout, mut emit: impl FnMut(Op)) {
+impl Stream {
+    /// The stream moved into the free buffer.
+    fn moved(self) -> Self {
+        Self { at: self.free, free: self.at }
+    }
+}
+
+/// GroupNorm `p` of `src` (`channels` at `h × w`) into `dst` as a
+/// convolution's f16 input, SiLU after where `silu`.
+fn group_norm(l: &VaeLayout, (src, dst): (Operand, Span), p: &str, channels: u64, (h, w): (u64, u64), silu: bool, emit: &mut impl FnMut(Op)) {
+    let s = &l.stream;
+    let shape = GroupShape { channels, pixels: h * w, width: w, groups: s.groups, channels_last: true };
+    group_norm::group_norm(s.norm, (src, half_rows(dst, h * w, channels)), p, shape, NORM_EPS, silu, emit);
+}
+
+/// Packed latents to the decoder's first activation, the stream in `a`:
+/// de-normalise and unpatchify, the latent's rows channels-last and packed
+/// as f16, `post_quant_conv` when the model has it, `conv_in`.
+fn input(l: &VaeLayout, emit: &mut impl FnMut(Op)) -> Stream {
     let (h, w, lc) = (l.latent_h, l.latent_w, l.latent_channels);
     let (s, pixels) = (&l.stream, h * w);
     emit(denorm_unpatchify(l.packed, l.latent, lc, (h, w), l.bn_eps));
@@ -56,91 +97,97 @@ pub fn input(l: &VaeLayout, mut emit: impl FnMut(Op)) {
     let x = half_rows(s.b, pixels, lc);
     emit(pack(s.c, x, pixels, lc));
     if l.post_quant_conv {
-        emit(conv(x, "post_quant_conv", rows(s.c, lc), same(lc, lc, h, w, 1), false));
+        emit(conv(x, "post_quant_conv", rows(s.c, lc).into(), same(lc, lc, h, w, 1), false, None));
         emit(pack(s.c, x, pixels, lc));
     }
-    emit(conv(x, "decoder.conv_in", rows(s.a, l.top()), same(lc, l.top(), h, w, 3), false));
+    emit(conv(x, "decoder.conv_in", stream_rows(s.a, pixels, l.top()), same(lc, l.top(), h, w, 3), false, None));
+    Stream { at: s.a, free: s.c }
 }
 
-/// `ResnetBlock2D` on the stream in `a`. Without a shortcut convolution,
-/// conv2 adds onto `a`; with one, conv2 goes to `c`, the shortcut (over the
-/// stream packed as f16) adds onto it, and the sum becomes the stream.
-fn resnet(l: &VaeLayout, p: &str, cin: u64, cout: u64, h: u64, w: u64, emit: &mut impl FnMut(Op)) {
+/// `ResnetBlock2D` on the stream; its sum becomes the stream in the other
+/// buffer. Without a shortcut convolution conv2 adds the stream; with one,
+/// the shortcut (over the stream) goes to `b` while the stream's buffer
+/// takes the second GroupNorm's output, and conv2 adds it.
+fn resnet(l: &VaeLayout, p: &str, (cin, cout): (u64, u64), (h, w): (u64, u64), x: Stream, emit: &mut impl FnMut(Op)) -> Stream {
+    let (b, pixels) = (l.stream.b, h * w);
+    let stream = |at: Span, c: u64| stream_rows(at, pixels, c);
+    group_norm(l, (stream(x.at, cin), b), &prefix(format_args!("{p}.norm1")), cin, (h, w), true, emit);
+    emit(conv(half_rows(b, pixels, cin), &prefix(format_args!("{p}.conv1")), stream(x.free, cout), same(cin, cout, h, w, 3), false, None));
+    let (normed, onto) = if cin == cout {
+        group_norm(l, (stream(x.free, cout), b), &prefix(format_args!("{p}.norm2")), cout, (h, w), true, emit);
+        (b, stream(x.at, cout))
+    } else {
+        emit(conv(stream(x.at, cin), &prefix(format_args!("{p}.conv_shortcut")), stream(b, cout), same(cin, cout, h, w, 1), false, None));
+        group_norm(l, (stream(x.free, cout), x.at), &prefix(format_args!("{p}.norm2")), cout, (h, w), true, emit);
+        (x.at, stream(b, cout))
+    };
+    emit(conv(half_rows(normed, pixels, cout), &prefix(format_args!("{p}.conv2")), stream(x.free, cout), same(cout, cout, h, w, 3), false, Some(onto)));
+    x.moved()
+}
+
+/// The mid-block attention `p` on the stream: one head as wide as the `c`
+/// channels over every pixel, its tokens the pixels; the projections read
+/// the GroupNorm's f16 rows, the output projection (a 1×1 convolution over
+/// the attention's output packed as f16) adds the stream into the other buffer.
+fn attention(l: &VaeLayout, p: &str, c: u64, (h, w): (u64, u64), x: Stream, emit: &mut impl FnMut(Op)) -> Stream {
     let (s, pixels) = (&l.stream, h * w);
-    let x = |c| half_rows(s.b, pixels, c);
-    group_norm(l, s.a, &prefix(format_args!("{p}.norm1")), cin, (h, w), true, emit);
-    emit(conv(x(cin), &prefix(format_args!("{p}.conv1")), rows(s.c, cout), same(cin, cout, h, w, 3), false));
-    group_norm(l, s.c, &prefix(format_args!("{p}.norm2")), cout, (h, w), true, emit);
-    if cin == cout {
-        emit(conv(x(cout), &prefix(format_args!("{p}.conv2")), rows(s.a, cout), same(cout, cout, h, w, 3), true));
-        return;
-    }
-    emit(conv(x(cout), &prefix(format_args!("{p}.conv2")), rows(s.c, cout), same(cout, cout, h, w, 3), false));
-    emit(pack(s.a, x(cin), pixels, cin));
-    emit(conv(x(cin), &prefix(format_args!("{p}.conv_shortcut")), rows(s.c, cout), same(cin, cout, h, w, 1), true));
-    emit(Op::Copy { src: rows(s.c, cout), dst: rows(s.a, cout), rows: pixels, cols: cout });
-}
-
-/// The mid-block attention `p` on the stream in `a`: one head as wide as
-/// the `c` channels over every pixel, its tokens the stream's rows; the
-/// projections read the GroupNorm's f16 rows.
-fn attention(l: &VaeLayout, p: &str, c: u64, (h, w): (u64, u64), emit: &mut impl FnMut(Op)) {
-    let (s, pixels): (&Stream, u64) = (&l.stream, h * w);
-    group_norm(l, s.a, &prefix(format_args!("{p}.group_norm")), c, (h, w), false, emit);
+    let stream = |at: Span| stream_rows(at, pixels, c);
+    group_norm(l, (stream(x.at), s.b), &prefix(format_args!("{p}.group_norm")), c, (h, w), false, emit);
     for (proj, dst) in [("to_q", s.q), ("to_k", s.k), ("to_v", s.v)] {
         emit(attention_projection(half_rows(s.b, pixels, c), p, proj, dst, pixels, c));
     }
     let (q, k, v) = (rows(s.q, c), rows(s.k, c), rows(s.v, c));
-    emit(carried_attention([q, k, v, rows(s.c, c)], pixels, c));
-    emit(attention_projection(rows(s.c, c).into(), p, "to_out.0", s.b, pixels, c));
-    emit(Op::Residual { dst: rows(s.a, c), y: rows(s.b, c), rows: pixels, cols: c });
+    emit(carried_attention([q, k, v, rows(x.free, c)], pixels, c));
+    emit(pack(x.free, half_rows(s.b, pixels, c), pixels, c));
+    let to_out = prefix(format_args!("{p}.to_out.0"));
+    emit(conv(half_rows(s.b, pixels, c), &to_out, stream(x.free), same(c, c, h, w, 1), false, Some(stream(x.at))));
+    x.moved()
 }
 
 /// `decoder.mid_block`: resnet, attention (when the model has it), resnet.
-pub fn mid_block(l: &VaeLayout, mut emit: impl FnMut(Op)) {
-    let (c, h, w) = (l.top(), l.latent_h, l.latent_w);
-    resnet(l, "decoder.mid_block.resnets.0", c, c, h, w, &mut emit);
+fn mid_block(l: &VaeLayout, x: Stream, emit: &mut impl FnMut(Op)) -> Stream {
+    let (c, hw) = (l.top(), (l.latent_h, l.latent_w));
+    let mut x = resnet(l, "decoder.mid_block.resnets.0", (c, c), hw, x, emit);
     if l.attention {
-        attention(l, "decoder.mid_block.attentions.0", c, (h, w), &mut emit);
+        x = attention(l, "decoder.mid_block.attentions.0", c, hw, x, emit);
     }
-    resnet(l, "decoder.mid_block.resnets.1", c, c, h, w, &mut emit);
+    resnet(l, "decoder.mid_block.resnets.1", (c, c), hw, x, emit)
 }
 
 /// `decoder.up_blocks.{i}`: `layers_per_block + 1` resnets, then (on every
-/// block but the last) the stream packed at its own size and convolved 3×3
-/// through the ×2 upsampling.
-pub fn up_block(l: &VaeLayout, i: usize, mut emit: impl FnMut(Op)) {
+/// block but the last) the stream convolved 3×3 through the ×2 upsampling.
+fn up_block(l: &VaeLayout, i: usize, mut x: Stream, emit: &mut impl FnMut(Op)) -> Stream {
     let UpBlock { cin, cout, h, w } = l.up_block(i);
     for j in 0..=l.layers_per_block {
         let p = prefix(format_args!("decoder.up_blocks.{i}.resnets.{j}"));
-        resnet(l, &p, if j == 0 { cin } else { cout }, cout, h, w, &mut emit);
+        x = resnet(l, &p, (if j == 0 { cin } else { cout }, cout), (h, w), x, emit);
     }
     if i + 1 < l.channels.len() {
-        let s = &l.stream;
-        let x = half_rows(s.b, h * w, cout);
-        emit(pack(s.a, x, h * w, cout));
         let p = prefix(format_args!("decoder.up_blocks.{i}.upsamplers.0.conv"));
         let shape = ConvShape { out_height: 2 * h as usize, out_width: 2 * w as usize, ..same(cout, cout, h, w, 3) };
-        emit(conv_read(x, &p, rows(s.a, cout), shape, true, false));
+        emit(conv(stream_rows(x.at, h * w, cout), &p, stream_rows(x.free, 4 * h * w, cout), shape, true, None));
+        x = x.moved();
     }
+    x
 }
 
-/// `conv_norm_out` → SiLU → `conv_out`, into `decoded` (channels-last).
-pub fn output(l: &VaeLayout, mut emit: impl FnMut(Op)) {
+/// `conv_norm_out` → SiLU → `conv_out`, into `decoded` (channels-last f32).
+fn output(l: &VaeLayout, x: Stream, emit: &mut impl FnMut(Op)) {
     let (h, w) = l.image_size();
     let c0 = l.channels[0];
-    group_norm(l, l.stream.a, "decoder.conv_norm_out", c0, (h, w), true, &mut emit);
-    emit(conv(half_rows(l.stream.b, h * w, c0), "decoder.conv_out", rows(l.decoded, l.out_channels), same(c0, l.out_channels, h, w, 3), false));
+    group_norm(l, (stream_rows(x.at, h * w, c0), l.stream.b), "decoder.conv_norm_out", c0, (h, w), true, emit);
+    let out = same(c0, l.out_channels, h, w, 3);
+    emit(conv(half_rows(l.stream.b, h * w, c0), "decoder.conv_out", rows(l.decoded, l.out_channels).into(), out, false, None));
 }
 
 /// The whole decode, then the output's 8-bit levels into `levels`, interleaved RGB.
 pub fn decode_to_levels(l: &VaeLayout, mut emit: impl FnMut(Op)) {
-    input(l, &mut emit);
-    mid_block(l, &mut emit);
+    let mut x = input(l, &mut emit);
+    x = mid_block(l, x, &mut emit);
     for i in 0..l.channels.len() {
-        up_block(l, i, &mut emit);
+        x = up_block(l, i, x, &mut emit);
     }
-    output(l, &mut emit);
+    output(l, x, &mut emit);
     emit(Op::PixelLevels { src: l.decoded, dst: l.levels, count: l.decoded_len() });
 }
 
@@ -189,11 +236,16 @@ mod tests {
             transposes += matches!(op, Op::Transpose { .. }) as u32;
             nchw += matches!(op, Op::Conv2d { .. } | Op::UpsampleNearest2x { .. }) as u32;
             nchw += matches!(op, Op::GroupMoments { shape, .. } | Op::GroupNormApply { shape, .. } if !shape.channels_last) as u32;
-            if let Op::ConvNhwc { x, shape, .. } = op {
-                // Words and a scale a pixel, within `b`.
-                let pixels = (shape.height * shape.width) as u64;
-                let scales = x.scales.unwrap();
-                assert!(scales.offset + pixels <= l.stream.b.offset + buffer, "{shape:?}");
+            if let Op::ConvNhwc { x, y, residual, shape, .. } = op {
+                // Words, then a scale a pixel or a piece, within the buffer the words start in.
+                let (pixels, out) = ((shape.height * shape.width) as u64, (shape.out_height * shape.out_width) as u64);
+                let operands = [(x, pixels, shape.in_channels as u64), (y, out, shape.out_channels as u64)].into_iter().chain(residual.map(|r| (r, out, shape.out_channels as u64)));
+                for (o, rows, width) in operands {
+                    let Some(scales) = o.scales else { continue };
+                    let end = scales.offset + rows * o.piece.map_or(1, |p| width / p);
+                    let start = [l.stream.a, l.stream.b, l.stream.c].into_iter().map(|s| s.offset).filter(|&s| s <= o.data.offset).max().unwrap();
+                    assert!(o.data.offset + rows * width / 2 <= scales.offset && end <= start + buffer, "{shape:?}: {o:?}");
+                }
             }
         });
         // The latent's rows are the one transpose; no channel-major op is left.

@@ -41,9 +41,14 @@ pub struct ConvParams {
     pub px_count: u32,
     pub x_scales: u32,
     pub w_scales: u32,
-    /// The channels-last kernel's: the input pixel its window starts at.
+    /// The channels-last kernel's: the input pixel its window starts at,
+    /// and where its f16 output's scales and its residual's words and
+    /// scales start in their windows.
     pub x_first: u32,
-    pub _pad: u32,
+    pub y_scales: u32,
+    pub r_offset: u32,
+    pub r_scales: u32,
+    pub _pad: [u32; 2],
 }
 
 impl ConvParams {
@@ -70,7 +75,10 @@ impl ConvParams {
             x_scales: 0,
             w_scales: 0,
             x_first: 0,
-            _pad: 0,
+            y_scales: 0,
+            r_offset: 0,
+            r_scales: 0,
+            _pad: [0; 2],
         }
     }
 }

@@ -12,8 +12,9 @@ struct Params {
     // The matrix tier's: the output pixels this call takes, and where the
     // scales of A's runs of pixels and of W's rows start in its scales.
     px_first: u32, px_count: u32, x_scales: u32, w_scales: u32,
-    // conv_matrix_nhwc.wgsl's: the input pixel its window starts at.
-    x_first: u32, _pad: u32,
+    // conv_matrix_nhwc.wgsl's: the input pixel its window starts at, and
+    // where its f16 output's scales and its residual's words and scales start.
+    x_first: u32, y_scales: u32, r_offset: u32, r_scales: u32, _pad0: u32, _pad1: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;

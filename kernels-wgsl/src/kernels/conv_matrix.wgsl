@@ -110,3 +110,20 @@ fn conv_run_scales(@builtin(local_invocation_index) li: u32, @builtin(workgroup_
         scales[p.x_scales + run] = range_scale(m);
     }
 }
+
+// The channel-major convolution's outputs go out f32, one by one.
+fn pieces_out() -> bool {
+    return false;
+}
+
+fn block_half_pair_out(r: u32, c: u32, word: u32) {}
+
+fn out_piece() -> u32 {
+    return 1u;
+}
+
+fn block_piece_scale_out(r: u32, c: u32, scale: f32) {}
+
+fn piece_value(r: u32, c: u32, value: f32) -> f32 {
+    return value;
+}

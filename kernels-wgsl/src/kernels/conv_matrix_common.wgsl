@@ -2,8 +2,8 @@
 // (conv_matrix.wgsl, conv_matrix_nhwc.wgsl): B = Wᵀ, W's rows [out channels,
 // taps] with tap t at the module's `w_term(t)`, and their range scales; and
 // the outputs: a convolution's block columns are all its own (the pairing
-// is the linear's SwiGLU), going out one by one through the module's
-// `block_value_out`, never as f16 pieces.
+// is the linear's SwiGLU); each module says how they go out (f32 through
+// its `block_value_out`, or as f16 pieces).
 
 // read_write as binding 5: W's scales may be measured into the same buffer.
 @group(0) @binding(8) var<storage, read_write> w_scales: array<f32>;
@@ -40,20 +40,8 @@ fn pairs_columns() -> bool {
     return false;
 }
 
-fn pieces_out() -> bool {
-    return false;
-}
-
 fn paired_value(gate_sum: f32, up_sum: f32) -> f32 {
     return 0.0;
 }
 
 fn block_pair_out(r: u32, c: u32, value: f32) {}
-
-fn block_half_pair_out(r: u32, c: u32, word: u32) {}
-
-fn out_piece() -> u32 {
-    return 1u;
-}
-
-fn block_piece_scale_out(r: u32, c: u32, scale: f32) {}

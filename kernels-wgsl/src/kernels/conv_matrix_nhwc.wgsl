@@ -3,8 +3,12 @@
 // matrix tier. The input is `[pixels, C]` f16 rows, two a word, each pixel's
 // row divided by its range scale (range_rule.wgsl) with the scale beside it
 // as f32, as the op before writes it (a GroupNorm + SiLU, the latent's
-// de-normalisation); the output `[pixels, out channels]` f32 rows (the
-// residual stream, which stays f32, y's own values added where RESIDUAL).
+// de-normalisation), or in pieces of X_PIECE channels each under its own
+// scale (the stream, as a convolution before wrote it); the output
+// `[pixels, out channels]` f32 rows (y's own values added where RESIDUAL),
+// or with Y_HALF f16 rows in pieces of Y_PIECE channels (the next ops'
+// input and the stream), a residual's f16 rows in the same pieces added
+// where RESIDUAL_HALF.
 //
 // On matrix_gemm.wgsl's core (the linear's) as the product of A = the input
 // gathered per output pixel [pixels, taps] and B = Wᵀ [taps, out channels],
@@ -58,9 +62,18 @@ fn neighbour(pixel: u32, nb: u32) -> vec2<u32> {
     return vec2<u32>((uy >> shift) * p.width + (ux >> shift), u32(inside));
 }
 
-// Input pixel `src`'s range scale (its window's).
-fn pixel_scale(src: u32) -> f32 {
-    return x_pixel_scales[p.x_scales + src - p.x_first];
+// The input in pieces of X_PIECE channels (0: one scale a pixel).
+override X_PIECE: u32 = 0u;
+override X_PIECE_DIVISOR: u32 = max(X_PIECE, 1u);
+
+// Scales a pixel of the input.
+fn input_pieces() -> u32 {
+    return select(1u, IN_CHANNELS / X_PIECE_DIVISOR, X_PIECE > 0u);
+}
+
+// The range scale of channel ci of input pixel `src` (its window's).
+fn input_scale(src: u32, ci: u32) -> f32 {
+    return x_pixel_scales[p.x_scales + (src - p.x_first) * input_pieces() + ci / select(IN_CHANNELS, X_PIECE_DIVISOR, X_PIECE > 0u)];
 }
 
 // A: input channel ci of neighbour nb of output pixel m0 + r, for tap
@@ -75,7 +88,7 @@ fn a_at(r: u32, t: u32, m0: u32, k0: u32) -> f32 {
     let inside = row < p.px_count && tap < taps() && at.y == 1u;
     let word = x_half[select(p.x_offset, p.x_offset + (at.x - p.x_first) * (IN_CHANNELS / 2u) + ci / 2u, inside)];
     let pair = unpack2x16float(word);
-    let v = select(pair.x, pair.y, (ci & 1u) == 1u) * pixel_scale(select(p.x_first, at.x, inside));
+    let v = select(pair.x, pair.y, (ci & 1u) == 1u) * input_scale(select(p.x_first, at.x, inside), select(0u, ci, inside));
     return select(0.0, v, inside);
 }
 
@@ -97,7 +110,7 @@ fn w_term(tap: u32) -> u32 {
 
 
 // The range rule's scale of A's row: the largest of the output pixel's
-// in-image neighbours' (1 past the call's pixels).
+// in-image neighbours' (of each one's pieces; 1 past the call's pixels).
 fn a_scale(row: u32) -> f32 {
     if (row >= p.px_count) {
         return 1.0;
@@ -106,7 +119,9 @@ fn a_scale(row: u32) -> f32 {
     for (var nb = 0u; nb < KERNEL * KERNEL; nb++) {
         let at = neighbour(p.px_first + row, nb);
         if (at.y == 1u) {
-            largest = max(largest, pixel_scale(at.x));
+            for (var j = 0u; j < input_pieces(); j++) {
+                largest = max(largest, x_pixel_scales[p.x_scales + (at.x - p.x_first) * input_pieces() + j]);
+            }
         }
     }
     return select(largest, 1.0, largest == 0.0);
@@ -119,6 +134,60 @@ fn a_scale(row: u32) -> f32 {
 fn block_value_out(r: u32, c: u32, value: f32) {
     if (r < p.px_count && c < p.out_channels) {
         store_output(p.y_offset + r * p.out_channels + c, value + bias(p.b_offset + c));
+    }
+}
+
+// The outputs as f16 rows in pieces of Y_PIECE channels (Y_HALF): words
+// at binding 12 from p.y_offset, a pixel's out_channels / 2 apart, the
+// pieces' scales at binding 13 from p.y_scales; with RESIDUAL_HALF the
+// residual's rows (another tensor, in the same pieces) at 14 and 15, from
+// p.r_offset and p.r_scales.
+override Y_HALF: bool = false;
+override Y_PIECE: u32 = 32u;
+override RESIDUAL_HALF: bool = false;
+@group(0) @binding(12) var<storage, read_write> y_half: array<u32>;
+@group(0) @binding(13) var<storage, read_write> y_half_scales: array<f32>;
+@group(0) @binding(14) var<storage, read_write> r_half: array<u32>;
+@group(0) @binding(15) var<storage, read_write> r_half_scales: array<f32>;
+
+fn pieces_out() -> bool {
+    return Y_HALF;
+}
+
+fn out_piece() -> u32 {
+    return Y_PIECE;
+}
+
+// Pieces a pixel of the output.
+fn output_pieces() -> u32 {
+    return p.out_channels / Y_PIECE;
+}
+
+// The sum with its bias, the residual's value added where RESIDUAL_HALF
+// (zero outside the call's pixels and channels).
+fn piece_value(r: u32, c: u32, value: f32) -> f32 {
+    if (r >= p.px_count || c >= p.out_channels) {
+        return 0.0;
+    }
+    var v = value + bias(p.b_offset + c);
+    if (RESIDUAL_HALF) {
+        let pair = unpack2x16float(r_half[p.r_offset + (r * p.out_channels + c) / 2u]);
+        v = v + select(pair.x, pair.y, (c & 1u) == 1u) * r_half_scales[p.r_scales + r * output_pieces() + c / Y_PIECE];
+    }
+    return v;
+}
+
+// Outputs c and c + 1 of pixel r as one word, inside the call only.
+fn block_half_pair_out(r: u32, c: u32, word: u32) {
+    if (r < p.px_count && c < p.out_channels) {
+        y_half[p.y_offset + (r * p.out_channels + c) / 2u] = word;
+    }
+}
+
+// The scale of the piece from output c of pixel r, inside the call only.
+fn block_piece_scale_out(r: u32, c: u32, scale: f32) {
+    if (r < p.px_count && c < p.out_channels) {
+        y_half_scales[p.y_scales + r * output_pieces() + c / Y_PIECE] = scale;
     }
 }
 

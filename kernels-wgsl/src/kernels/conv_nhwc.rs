@@ -4,19 +4,25 @@
 //! input as f16 rows, a pixel a row, under the pixel's range scale.
 
 use crate::device::Gpu;
-use crate::dispatch::{chunks, dispatch, rows_per_chunk, to_u32, window, Launch, Rows, Sink};
+use crate::dispatch::{chunks, dispatch, rows_per_chunk, to_u32, window, Launch, Rows, Sink, Window};
 use crate::error::GpuError;
 use crate::kernel::{kernel, wrapped_grid, Access::{Read as R, ReadWrite as RW}, Kernel, Module};
 use crate::precision::MatrixOperands;
 use crate::view::{HalfMat, Mat, Weight};
 use flux_lite_core::oracle::ConvShape;
-use super::conv::{ConvEpilogue, ConvParams};
+use super::conv::ConvParams;
 use super::linear::{kept_scales_window, matrix_b_paired, measure_rows, RangeScalesParams, MATRIX_BLOCK_TILES, MATRIX_SUBGROUPS};
 
 /// `conv_matrix_nhwc.wgsl`, one module per tile size; its workgroup is
 /// [`MATRIX_SUBGROUPS`] subgroups (the `WG` override).
-pub const CONV2D_MATRIX_NHWC_8: Kernel =
-    kernel(Module::ConvMatrixNhwc8, "conv2d_matrix_nhwc", [0, 1, 1], &[(2, R), (3, R), (4, RW), (8, RW), (9, RW), (10, RW)], size_of::<ConvParams>(), true);
+pub const CONV2D_MATRIX_NHWC_8: Kernel = kernel(
+    Module::ConvMatrixNhwc8,
+    "conv2d_matrix_nhwc",
+    [0, 1, 1],
+    &[(2, R), (3, R), (4, RW), (8, RW), (9, RW), (10, RW), (12, RW), (13, RW), (14, RW), (15, RW)],
+    size_of::<ConvParams>(),
+    true,
+);
 pub const CONV2D_MATRIX_NHWC_16: Kernel = Kernel { module: Module::ConvMatrixNhwc16, ..CONV2D_MATRIX_NHWC_8 };
 
 /// How a channels-last convolution reads its input.
@@ -41,6 +47,18 @@ pub enum TapOrder {
     Torch,
 }
 
+/// Where a channels-last convolution's outputs go, `[out pixels, out
+/// channels]` rows.
+#[derive(Debug, Clone, Copy)]
+pub enum NhwcOutput<'a> {
+    /// f32 rows (`y.stride` = out channels), y's own values added where `residual`.
+    F32 { y: Mat<'a>, residual: bool },
+    /// f16 rows in pieces ([`HalfMat::pieces`]: the next ops' input, the
+    /// VAE's stream), the values of `residual` (f16 rows in the same
+    /// pieces, another tensor) added where given.
+    Half { y: HalfMat<'a>, residual: Option<HalfMat<'a>> },
+}
+
 /// A channels-last convolution's W and bias, and how W's taps are ordered.
 #[derive(Debug, Clone, Copy)]
 pub struct NhwcWeights<'a> {
@@ -50,15 +68,14 @@ pub struct NhwcWeights<'a> {
 }
 
 /// A stride-1 convolution of `s` over `x`, `[height·width, in_channels]` f16
-/// rows under one range scale a pixel ([`HalfMat::rows`]; `x.data.stride`
-/// words a pixel), into `y`, `[out_height·out_width, out_channels]` f32 rows
-/// (`y.stride` = `out_channels`), with `then`'s residual and ReLU. W's
-/// taps in `weights.order`, its rows' range scales kept ([`Weight::scales`])
-/// or measured here. Runs in pieces of output pixels, each binding its own window of
-/// the input rows. Needs the matrix tier's f16 operands, an even channel
-/// count, and W and the bias in one binding.
-#[allow(clippy::too_many_arguments)] // a convolution's operands, its input's reading and its epilogue
-pub fn conv2d_matrix_nhwc(gpu: &Gpu, sink: &mut dyn Sink, x: HalfMat<'_>, weights: NhwcWeights<'_>, y: Mat<'_>, s: ConvShape, input: NhwcInput, then: ConvEpilogue) -> Result<(), GpuError> {
+/// rows under one range scale a pixel ([`HalfMat::rows`]) or in pieces
+/// (`x.data.stride` words a pixel), into `out`. W's taps in
+/// `weights.order`, its rows' range scales kept ([`Weight::scales`]) or
+/// measured here. Runs in chunks of output pixels, each binding its own
+/// window of the input rows. Needs the matrix tier's f16 operands, an even
+/// channel count, and W and the bias in one binding; f16 outputs, pieces
+/// that divide the output channels, at most four a block of them.
+pub fn conv2d_matrix_nhwc(gpu: &Gpu, sink: &mut dyn Sink, x: HalfMat<'_>, weights: NhwcWeights<'_>, out: NhwcOutput<'_>, s: ConvShape, input: NhwcInput) -> Result<(), GpuError> {
     let NhwcWeights { w, bias, order } = weights;
     let Some(c) = gpu.matrix().filter(|c| c.operands == MatrixOperands::F16) else {
         return Err(GpuError::UnsupportedShape("a channels-last f16 convolution needs the matrix tier's f16 operands".into()));
@@ -72,14 +89,21 @@ pub fn conv2d_matrix_nhwc(gpu: &Gpu, sink: &mut dyn Sink, x: HalfMat<'_>, weight
     let reach = s.out_height + s.kernel - 1;
     let rows_fit = s.pad_top <= s.kernel / 2 && reach <= seen_h + s.pad_top + s.kernel / 2 && reach + up > seen_h + s.pad_top;
     let same_size = rows_fit && s.out_width + s.kernel - 1 == seen_w + 2 * s.pad_left;
-    if s.stride != 1 || !s.in_channels.is_multiple_of(2) || x.piece.is_some() || !same_size || w.dtype != bias.dtype {
-        return Err(GpuError::UnsupportedShape(format!("a channels-last convolution {s:?} ({input:?}; stride 1, \"same\" size, even input channels, one scale a pixel)")));
+    let (cin, out_channels) = (s.in_channels as u64, s.out_channels as u64);
+    let x_pieces = match x.piece {
+        None => 1,
+        Some(piece) if piece > 0 && cin.is_multiple_of(piece) && x.scales.stride == cin / piece => cin / piece,
+        Some(piece) => return Err(GpuError::UnsupportedShape(format!("a channels-last convolution's input in pieces of {piece} of {cin} channels"))),
+    };
+    if s.stride != 1 || !cin.is_multiple_of(2) || !same_size || w.dtype != bias.dtype {
+        return Err(GpuError::UnsupportedShape(format!("a channels-last convolution {s:?} ({input:?}; stride 1, \"same\" size, even input channels)")));
     }
-    if y.stride != s.out_channels as u64 || x.data.stride != (s.in_channels / 2) as u64 {
-        return Err(GpuError::UnsupportedShape("channels-last rows are whole pixels: x a pixel's words apart, y a pixel's channels".into()));
+    let block = c.size as u64 * MATRIX_BLOCK_TILES;
+    let rows = OutputRows::of(out, out_channels, block)?;
+    if x.data.stride != cin / 2 {
+        return Err(GpuError::UnsupportedShape("channels-last rows are whole pixels: x a pixel's words apart".into()));
     }
-    let (plane, taps) = ((s.out_height * s.out_width) as u64, (s.in_channels * s.kernel * s.kernel) as u64);
-    let out_channels = s.out_channels as u64;
+    let (plane, taps) = ((s.out_height * s.out_width) as u64, cin * (s.kernel * s.kernel) as u64);
     let ww = window(gpu, w.buf, w.dtype.bytes(), w.offset..w.offset + out_channels * taps, "conv weight")?;
     let bw = window(gpu, bias.buf, bias.dtype.bytes(), bias.offset..bias.offset + out_channels, "conv bias")?;
     // W's row scales: as kept, or measured now into the range scales.
@@ -97,19 +121,16 @@ pub fn conv2d_matrix_nhwc(gpu: &Gpu, sink: &mut dyn Sink, x: HalfMat<'_>, weight
             window(gpu, buffer, 4, 0..out_channels, "range scales")?
         }
     };
-    let block = c.size as u64 * MATRIX_BLOCK_TILES;
-    let y_rows = Rows::mat(y, out_channels, "conv output");
-    let x_rows = Rows::mat(x.data, (s.in_channels / 2) as u64, "conv input");
-    let x_scale_rows = Rows::mat(x.scales, 1, "conv input scales");
-    // Pieces of whole blocks of output pixels whose output rows, and the
+    let x_rows = Rows::mat(x.data, cin / 2, "conv input");
+    let x_scale_rows = Rows::mat(x.scales, x_pieces, "conv input scales");
+    // Chunks of whole blocks of output pixels whose output rows, and the
     // input rows under them, each fit one binding.
-    let mut piece = rows_per_chunk(gpu, plane, &[y_rows], block)?;
+    let mut piece = rows_per_chunk(gpu, plane, &rows.all(), block)?;
     while piece > block && !input_fits(gpu, &s, up, piece, &[x_rows, x_scale_rows]) {
         piece = (piece / 2).div_ceil(block) * block;
     }
     let taps_last = order == TapOrder::ChannelsLast || s.kernel == 1;
     let paired = taps_last && matrix_b_paired(c, w.dtype, ww.local, taps);
-    let [residual, relu] = then.constants();
     let kernel = if c.size == 16 { CONV2D_MATRIX_NHWC_16 } else { CONV2D_MATRIX_NHWC_8 };
     let constants = [
         ("WEIGHT_BF16", w.dtype.constant()),
@@ -120,26 +141,99 @@ pub fn conv2d_matrix_nhwc(gpu: &Gpu, sink: &mut dyn Sink, x: HalfMat<'_>, weight
         ("OUT_WIDTH", to_u32(s.out_width as u64, "conv output width")?),
         ("UPSAMPLE", (up == 2) as u32),
         ("W_TAPS_LAST", taps_last as u32),
-        residual,
-        relu,
+        ("X_PIECE", to_u32(x.piece.unwrap_or(0), "conv input piece")?),
+        ("RESIDUAL", rows.f32_residual as u32),
+        ("RELU", 0),
+        ("Y_HALF", rows.half as u32),
+        ("Y_PIECE", to_u32(rows.piece, "conv output piece")?),
+        ("RESIDUAL_HALF", rows.residual.is_some() as u32),
     ];
     for px in chunks(plane, piece) {
         let source = input_pixels(&s, up, &px);
-        let (xw, xsw, yw) = (x_rows.window(gpu, &source)?, x_scale_rows.window(gpu, &source)?, y_rows.window(gpu, &px)?);
+        let (xw, xsw) = (x_rows.window(gpu, &source)?, x_scale_rows.window(gpu, &source)?);
+        let yw = rows.y.window(gpu, &px)?;
+        // The f16 output's scales and the residual's rows, or y's window where there are none.
+        let [ysw, rw, rsw] = [rows.y_scales, rows.residual.map(|r| r[0]), rows.residual.map(|r| r[1])].map(|r| window_or(gpu, r, &px, &yw));
+        let (ysw, rw, rsw) = (ysw?, rw?, rsw?);
         let params = ConvParams {
             px_first: to_u32(px.start, "conv output pixels")?,
             px_count: to_u32(px.end - px.start, "conv output pixels")?,
             x_scales: xsw.local,
             w_scales: stored.local,
             x_first: to_u32(source.start, "conv input pixels")?,
+            y_scales: ysw.local,
+            r_offset: rw.local,
+            r_scales: rsw.local,
             ..ConvParams::of(&s, out_channels, [xw.local, ww.local, bw.local, yw.local])
         };
         let grid = wrapped_grid((px.end - px.start).div_ceil(block) * out_channels.div_ceil(block));
         let launch = Launch { kernel: &kernel, constants: &constants, params, grid };
-        dispatch(gpu, sink, launch, &[(2, &ww), (3, &bw), (4, &yw), (8, &stored), (9, &xw), (10, &xsw)]);
+        let bindings = [(2, &ww), (3, &bw), (4, &yw), (8, &stored), (9, &xw), (10, &xsw), (12, &yw), (13, &ysw), (14, &rw), (15, &rsw)];
+        dispatch(gpu, sink, launch, &bindings);
     }
     Ok(())
 }
+
+/// `rows`' window over `px`, or `or` where there are none.
+fn window_or<'b>(gpu: &Gpu, rows: Option<Rows<'b>>, px: &std::ops::Range<u64>, or: &Window<'b>) -> Result<Window<'b>, GpuError> {
+    match rows {
+        Some(r) => r.window(gpu, px),
+        None => Ok(or.clone()),
+    }
+}
+
+/// A channels-last convolution's output operands as rows of output pixels.
+struct OutputRows<'a> {
+    /// f32 values, or f16 words.
+    y: Rows<'a>,
+    y_scales: Option<Rows<'a>>,
+    /// The residual's words and scales (f16 outputs).
+    residual: Option<[Rows<'a>; 2]>,
+    f32_residual: bool,
+    half: bool,
+    /// Output channels a scale (f16 outputs).
+    piece: u64,
+}
+
+impl<'a> OutputRows<'a> {
+    /// `out`'s rows of `channels`, checked: whole pixels a row, f16 pieces
+    /// that divide the channels, at most [`MAX_BLOCK_PIECES`] in a block of
+    /// `block` outputs, the residual in y's pieces.
+    fn of(out: NhwcOutput<'a>, channels: u64, block: u64) -> Result<Self, GpuError> {
+        match out {
+            NhwcOutput::F32 { y, residual } => {
+                if y.stride != channels {
+                    return Err(GpuError::UnsupportedShape("channels-last rows are whole pixels: y a pixel's channels apart".into()));
+                }
+                Ok(Self { y: Rows::mat(y, channels, "conv output"), y_scales: None, residual: None, f32_residual: residual, half: false, piece: 1 })
+            }
+            NhwcOutput::Half { y, residual } => {
+                let piece = y.piece.unwrap_or(channels);
+                // A block's columns start on a piece, and hold at most four.
+                let pieces_fit = piece > 0 && channels.is_multiple_of(piece) && piece.is_multiple_of(2) && (channels <= block || block.is_multiple_of(piece)) && block.min(channels) / piece <= MAX_BLOCK_PIECES;
+                let whole_pixels = |h: &HalfMat<'_>| h.data.stride == channels / 2 && h.scales.stride.max(1) == channels / piece && h.piece.unwrap_or(channels) == piece;
+                if !pieces_fit || !whole_pixels(&y) || residual.as_ref().is_some_and(|r| !whole_pixels(r)) {
+                    return Err(GpuError::UnsupportedShape(format!("a channels-last convolution's f16 output of {channels} channels in pieces of {piece} (whole pixels a row, the residual in the same pieces, at most {MAX_BLOCK_PIECES} a block of {block})")));
+                }
+                let rows = |h: HalfMat<'a>| [Rows::mat(h.data, channels / 2, "conv f16 output"), Rows::mat(h.scales, channels / piece, "conv output scales")];
+                let [yr, ys] = rows(y);
+                Ok(Self { y: yr, y_scales: Some(ys), residual: residual.map(rows), f32_residual: false, half: true, piece })
+            }
+        }
+    }
+
+    /// Every operand's rows, for the chunks' binding limits.
+    fn all(&self) -> Vec<Rows<'a>> {
+        let mut all = vec![self.y];
+        all.extend(self.y_scales);
+        all.extend(self.residual.into_iter().flatten());
+        all
+    }
+}
+
+/// The most f16 pieces a block of a product's outputs may write
+/// (`matrix_gemm.wgsl`'s `MAX_BLOCK_PIECES`).
+const MAX_BLOCK_PIECES: u64 = 4;
 
 /// The stored input pixels the output pixels `px` read: whole input rows
 /// from the one under their first row's top tap to the one under their

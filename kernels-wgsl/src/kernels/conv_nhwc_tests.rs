@@ -37,6 +37,21 @@ fn check_nhwc_conv(gpu: &Gpu, s: ConvShape, input: NhwcInput, residual: bool, se
 
 /// [`check_nhwc_conv`] with W's taps in `order`.
 fn check_nhwc_conv_ordered(gpu: &Gpu, s: ConvShape, input: NhwcInput, residual: bool, seed: u64, order: TapOrder) {
+    check_nhwc_conv_from(gpu, s, input, residual, seed, order, None);
+}
+
+/// A pixel's `channels` values packed as f16 under a scale every `piece`
+/// of them (one a pixel without), and the values they stand for.
+fn pack_pixels(x: &[f32], pixels: usize, channels: usize, piece: Option<usize>) -> (Vec<u32>, Vec<f32>, Vec<f32>) {
+    let piece = piece.unwrap_or(channels);
+    let (words, scales) = pack_rows(x, pixels * channels / piece, piece);
+    let values = unpack_rows(&words, &scales, piece);
+    (words, scales, values)
+}
+
+/// [`check_nhwc_conv_ordered`] over an input in pieces of `x_piece` channels
+/// (a scale a pixel without), as the VAE's stream is written.
+fn check_nhwc_conv_from(gpu: &Gpu, s: ConvShape, input: NhwcInput, residual: bool, seed: u64, order: TapOrder, x_piece: Option<usize>) {
     let up = if input == NhwcInput::Upsampled { 2 } else { 1 };
     let (pixels, out_pixels) = (s.height * s.width, s.out_height * s.out_width);
     let mut rng = Rng::new(seed);
@@ -46,8 +61,8 @@ fn check_nhwc_conv_ordered(gpu: &Gpu, s: ConvShape, input: NhwcInput, residual: 
         x[c * pixels + pixels / 2] *= 100.0;
         x[c * pixels + pixels / 3] *= 1e-3;
     }
-    let (words, scales) = pack_rows(&to_nhwc(&x, s.in_channels, pixels), pixels, s.in_channels);
-    let x16 = to_nchw(&unpack_rows(&words, &scales, s.in_channels), s.in_channels, pixels);
+    let (words, scales, x16) = pack_pixels(&to_nhwc(&x, s.in_channels, pixels), pixels, s.in_channels, x_piece);
+    let x16 = to_nchw(&x16, s.in_channels, pixels);
     let w = rng.bf16s(s.out_channels * s.in_channels * s.kernel * s.kernel, 0.3);
     let b = rng.bf16s(s.out_channels, 1.0);
     let widen = |v: &[u16]| -> Vec<f32> { v.iter().map(|&h| flux_lite_core::numerics::bf16::to_f32(h)).collect() };
@@ -79,17 +94,87 @@ fn check_nhwc_conv_ordered(gpu: &Gpu, s: ConvShape, input: NhwcInput, residual: 
     };
     let (wb, bb) = (gpu.upload_bf16("w", &stored_w), gpu.upload_bf16("b", &b));
     let yb = if residual { gpu.upload_f32("y", &to_nhwc(&before, s.out_channels, out_pixels)) } else { poisoned(gpu, s.out_channels * out_pixels) };
-    let xh = HalfMat::rows(Mat::new(&xb, (s.in_channels / 2) as u64), Mat::new(&xs, 1));
-    let then = ConvEpilogue { residual, relu: false };
+    let xh = input_rows(&xb, &xs, s.in_channels, x_piece);
     let got = run_and_read(gpu, &yb, s.out_channels * out_pixels, |enc| {
         let weights = NhwcWeights { w: Weight::bf16(&wb), bias: Weight::bf16(&bb), order };
-        conv2d_matrix_nhwc(gpu, enc, xh, weights, Mat::new(&yb, s.out_channels as u64), s, input, then)
+        conv2d_matrix_nhwc(gpu, enc, xh, weights, NhwcOutput::F32 { y: Mat::new(&yb, s.out_channels as u64), residual }, s, input)
     });
     let got = to_nchw(&got, s.out_channels, out_pixels);
-    let what = format!("channels-last conv {s:?} {input:?}, W {order:?}, residual {residual}");
+    let what = format!("channels-last conv {s:?} {input:?}, W {order:?}, residual {residual}, input pieces {x_piece:?}");
     assert_close(&format!("{what}, vs the operands as the tier rounds them"), &got, &rounded, F32_TOL);
     println!("{what}: relative L2 {:.2e} against the exact operands", rel_l2(&got, &exact));
     assert_close(&format!("{what}, vs exact operands"), &got, &exact, crate::selftest::HALF_PRODUCT);
+}
+
+/// f16 rows of `channels` in `buf` and their scales in `scales`: one a pixel, or one every `piece`.
+fn input_rows<'a>(buf: &'a wgpu::Buffer, scales: &'a wgpu::Buffer, channels: usize, piece: Option<usize>) -> HalfMat<'a> {
+    let data = Mat::new(buf, (channels / 2) as u64);
+    match piece {
+        None => HalfMat::rows(data, Mat::new(scales, 1)),
+        Some(p) => HalfMat::pieces(data, Mat::new(scales, (channels / p) as u64), p as u64),
+    }
+}
+
+/// The convolution's f16 output in pieces of `y_piece` (with a residual's
+/// f16 rows in the same pieces where `residual`) is its f32 output (onto
+/// the residual's values), rounded under the range rule a piece: the same
+/// words and scales as the host's packing of the f32 kernel's values, bit
+/// for bit (the f32 output is held to the oracle above).
+fn check_half_output(gpu: &Gpu, s: ConvShape, input: NhwcInput, [x_piece, y_piece]: [Option<usize>; 2], residual: bool, seed: u64) {
+    let (pixels, out_pixels, cout) = (s.height * s.width, s.out_height * s.out_width, s.out_channels);
+    let mut rng = Rng::new(seed);
+    let mut x = rng.normals(s.in_channels * pixels, 1.0);
+    x.iter_mut().skip(pixels / 2).step_by(pixels).for_each(|v| *v *= 100.0);
+    let (words, scales, _) = pack_pixels(&x, pixels, s.in_channels, x_piece);
+    let (xb, xs) = (gpu.upload_u32("x", &words), gpu.upload_f32("x scales", &scales));
+    let xh = input_rows(&xb, &xs, s.in_channels, x_piece);
+    let (w, b) = (rng.bf16s(cout * s.in_channels * s.kernel * s.kernel, 0.3), rng.bf16s(cout, 1.0));
+    let (wb, bb) = (gpu.upload_bf16("w", &w), gpu.upload_bf16("b", &b));
+    let weights = NhwcWeights { w: Weight::bf16(&wb), bias: Weight::bf16(&bb), order: TapOrder::Torch };
+    let y_piece = y_piece.unwrap_or(cout);
+    // The residual: f16 rows in the output's pieces, a few pixels far larger than the rest.
+    let mut before = rng.normals(cout * out_pixels, 2.0);
+    before.iter_mut().step_by(7 * cout).for_each(|v| *v *= 300.0);
+    let (r_words, r_scales, r_values) = pack_pixels(&before, out_pixels, cout, Some(y_piece));
+    // The f32 kernel's values, onto the residual's where there is one.
+    let yb = if residual { gpu.upload_f32("y", &r_values) } else { poisoned(gpu, cout * out_pixels) };
+    let f32_out = run_and_read(gpu, &yb, cout * out_pixels, |enc| conv2d_matrix_nhwc(gpu, enc, xh, weights, NhwcOutput::F32 { y: Mat::new(&yb, cout as u64), residual }, s, input));
+    let (want_words, want_scales, _) = pack_pixels(&f32_out, out_pixels, cout, Some(y_piece));
+    // The f16 kernel: words, then scales, in one poisoned buffer; the residual in its own.
+    let (words_len, scales_len) = (out_pixels * cout / 2, out_pixels * cout / y_piece);
+    let out = poisoned(gpu, words_len + scales_len);
+    let (rb, rs) = (gpu.upload_u32("residual", &r_words), gpu.upload_f32("residual scales", &r_scales));
+    let y = HalfMat::pieces(Mat::new(&out, (cout / 2) as u64), Mat { buf: &out, offset: words_len as u64, stride: (cout / y_piece) as u64 }, y_piece as u64);
+    let r = residual.then(|| HalfMat::pieces(Mat::new(&rb, (cout / 2) as u64), Mat::new(&rs, (cout / y_piece) as u64), y_piece as u64));
+    let all = run_and_read(gpu, &out, words_len + scales_len, |enc| conv2d_matrix_nhwc(gpu, enc, xh, weights, NhwcOutput::Half { y, residual: r }, s, input));
+    let got_words: Vec<u32> = all[..words_len].iter().map(|v| v.to_bits()).collect();
+    let what = format!("{s:?} {input:?}, input pieces {x_piece:?}, output pieces of {y_piece}, residual {residual}");
+    assert_eq!(&all[words_len..], &want_scales[..], "{what}: piece scales");
+    let differ = got_words.iter().zip(&want_words).filter(|(a, b)| a != b).count();
+    assert_eq!(differ, 0, "{what}: {differ} of {words_len} words differ from the f32 output's packing");
+}
+
+#[test]
+fn the_channels_last_conv_writes_f16_pieces_as_the_range_rule_packs_its_f32_output() {
+    let Some(gpu) = matrix_gpu() else { return };
+    // Pieces of 32 and 16 (whole blocks, several a block), over more than one block of channels and pixels.
+    check_half_output(&gpu, ConvShape::same(32, 96, 11, 9, 3), NhwcInput::Plain, [Some(16), Some(32)], true, 80);
+    check_half_output(&gpu, ConvShape::same(16, 64, 13, 7, 3), NhwcInput::Plain, [None, Some(16)], false, 81);
+    check_half_output(&gpu, ConvShape::same(64, 32, 6, 10, 1), NhwcInput::Plain, [Some(32), Some(32)], true, 82);
+    // One piece a pixel narrower than a block; the upsampled read.
+    check_half_output(&gpu, ConvShape::same(16, 16, 9, 9, 3), NhwcInput::Plain, [Some(16), None], true, 83);
+    let upsampled = ConvShape { out_height: 10, out_width: 14, ..ConvShape::same(32, 32, 5, 7, 3) };
+    check_half_output(&gpu, upsampled, NhwcInput::Upsampled, [Some(32), Some(32)], false, 84);
+}
+
+#[test]
+fn the_channels_last_conv_reads_its_input_in_pieces() {
+    let Some(gpu) = matrix_gpu() else { return };
+    // Pieces of 16 and 32; a pixel a hundred times larger than the rest, so that A's row scale comes of one piece.
+    check_nhwc_conv_from(&gpu, ConvShape::same(64, 40, 9, 11, 3), NhwcInput::Plain, true, 85, TapOrder::Torch, Some(16));
+    check_nhwc_conv_from(&gpu, ConvShape::same(96, 24, 7, 5, 1), NhwcInput::Plain, false, 86, TapOrder::Torch, Some(32));
+    let upsampled = ConvShape { out_height: 10, out_width: 14, ..ConvShape::same(32, 16, 5, 7, 3) };
+    check_nhwc_conv_from(&gpu, upsampled, NhwcInput::Upsampled, false, 87, TapOrder::Torch, Some(16));
 }
 
 #[test]
@@ -122,7 +207,8 @@ fn the_channels_last_conv_in_pieces_of_pixels_matches_the_oracle() {
     let mut recorded = Vec::new();
     let xh = HalfMat::rows(Mat::new(&x, 8), Mat { buf: &x, offset: 920 * 8, stride: 1 });
     let weights = NhwcWeights { w: Weight::bf16(&w), bias: Weight::bf16(&b), order: TapOrder::ChannelsLast };
-    conv2d_matrix_nhwc(&small, &mut recorded, xh, weights, Mat::new(&y, 24), s, NhwcInput::Plain, ConvEpilogue::default()).unwrap_or_else(|e| panic!("{e}"));
+    let out = NhwcOutput::F32 { y: Mat::new(&y, 24), residual: false };
+    conv2d_matrix_nhwc(&small, &mut recorded, xh, weights, out, s, NhwcInput::Plain).unwrap_or_else(|e| panic!("{e}"));
     assert!(recorded.len() >= 7, "{} dispatches", recorded.len());
     check_nhwc_conv(&small, s, NhwcInput::Plain, true, 64);
     let upsampled = ConvShape { out_height: 36, out_width: 22, ..ConvShape::same(16, 12, 18, 11, 3) };
@@ -137,9 +223,15 @@ fn the_channels_last_conv_refuses_what_it_cannot_take() {
     let mut sink = Vec::new();
     let weights = NhwcWeights { w: Weight::f32(&buf), bias: Weight::f32(&buf), order: TapOrder::Torch };
     // Odd input channels; a stride of 2.
+    let out = NhwcOutput::F32 { y: Mat::new(&buf, 4), residual: false };
     let odd = ConvShape::same(3, 4, 4, 4, 3);
-    assert!(conv2d_matrix_nhwc(&gpu, &mut sink, xh, weights, Mat::new(&buf, 4), odd, NhwcInput::Plain, ConvEpilogue::default()).is_err());
+    assert!(conv2d_matrix_nhwc(&gpu, &mut sink, xh, weights, out, odd, NhwcInput::Plain).is_err());
     let strided = ConvShape { stride: 2, out_height: 2, out_width: 2, ..ConvShape::same(4, 4, 4, 4, 3) };
-    assert!(conv2d_matrix_nhwc(&gpu, &mut sink, xh, weights, Mat::new(&buf, 4), strided, NhwcInput::Plain, ConvEpilogue::default()).is_err());
+    assert!(conv2d_matrix_nhwc(&gpu, &mut sink, xh, weights, out, strided, NhwcInput::Plain).is_err());
+    // f16 outputs in pieces that do not divide the channels, or more than four a block.
+    let half = |piece: u64| NhwcOutput::Half { y: HalfMat::pieces(Mat::new(&buf, 2), Mat::new(&buf, 4 / piece), piece), residual: None };
+    assert!(conv2d_matrix_nhwc(&gpu, &mut sink, xh, weights, half(3), ConvShape::same(4, 4, 4, 4, 3), NhwcInput::Plain).is_err());
+    let wide = |piece: u64| NhwcOutput::Half { y: HalfMat::pieces(Mat::new(&buf, 64), Mat::new(&buf, 128 / piece), piece), residual: None };
+    assert!(conv2d_matrix_nhwc(&gpu, &mut sink, xh, weights, wide(2), ConvShape::same(4, 128, 4, 4, 3), NhwcInput::Plain).is_err());
     assert!(sink.is_empty(), "nothing recorded for a refused convolution");
 }

@@ -12,12 +12,13 @@ use crate::dispatch::{dispatch, to_u32, window, Launch, Sink, Window};
 use crate::error::GpuError;
 use crate::kernel::{kernel, wrapped_grid, Access::{Read as R, ReadWrite as RW}, Kernel, Module};
 use crate::view::{Mat, Weight};
+use super::linear::Input;
 use super::norm::NormParams;
 
 pub use flux_lite_core::ir::{GroupShape, RowMoments};
 
 /// One workgroup a (group, row): the row's moments.
-pub const GROUP_MOMENTS: Kernel = kernel(Module::Norm, "group_moments", [128, 1, 1], &[(1, RW), (5, RW)], size_of::<NormParams>(), false);
+pub const GROUP_MOMENTS: Kernel = kernel(Module::Norm, "group_moments", [128, 1, 1], &[(1, RW), (5, RW), (10, RW), (11, RW)], size_of::<NormParams>(), false);
 /// One workgroup a group: the rows' moments merged into the statistics.
 pub const GROUP_MERGE: Kernel = kernel(Module::Norm, "group_merge", [128, 1, 1], &[(2, RW), (5, RW)], size_of::<NormParams>(), false);
 /// One workgroup a group's share of 256 pixels: normalised, channel-major f32.
@@ -71,17 +72,55 @@ fn grid(p: &NormParams, shape: GroupShape) -> Result<[u32; 3], GpuError> {
     Ok([p.groups, to_u32(shape.rows(), "group norm rows")?, 1])
 }
 
+/// A GroupNorm's source: f32 values, or channels-last f16 rows in pieces
+/// (the VAE's stream on the matrix tier): its words' and scales' windows,
+/// and the piece (0 for f32).
+pub(crate) struct Source<'a> {
+    pub values: Window<'a>,
+    pub scales: Window<'a>,
+    pub piece: u64,
+}
+
+impl<'a> Source<'a> {
+    /// `src`'s windows over `shape`'s pixels: f32 in either layout, f16
+    /// channels-last in pieces that divide the channels, whole pixels a row.
+    pub(crate) fn of(gpu: &Gpu, src: Input<'a>, shape: GroupShape) -> Result<Self, GpuError> {
+        match src {
+            Input::F32(m) => {
+                let values = tensor(gpu, m, shape, "group norm input")?;
+                Ok(Self { scales: values.clone(), values, piece: 0 })
+            }
+            Input::Half(h) => {
+                let (c, pixels) = (shape.channels, shape.pixels);
+                let piece = h.piece.unwrap_or(c);
+                if !shape.channels_last || piece == 0 || !c.is_multiple_of(piece) || h.data.stride != c / 2 || h.scales.stride.max(1) != c / piece {
+                    return Err(GpuError::UnsupportedShape(format!("a group norm over f16 rows of {c} channels in pieces of {piece} (channels-last, whole pixels a row)")));
+                }
+                let values = window(gpu, h.data.buf, 4, h.data.offset..h.data.offset + pixels * c / 2, "group norm f16 input")?;
+                let scales = window(gpu, h.scales.buf, 4, h.scales.offset..h.scales.offset + pixels * (c / piece), "group norm input scales")?;
+                Ok(Self { values, scales, piece })
+            }
+        }
+    }
+
+    /// The kernels' override constant for it.
+    pub(crate) fn constant(&self) -> Result<(&'static str, u32), GpuError> {
+        Ok(("SRC_PIECE", to_u32(self.piece, "group norm input piece")?))
+    }
+}
+
 /// Each group's `(mean, Σ(x − mean)²)` over each image row of `src` into
 /// `moments` `[rows, groups, 2]`.
-pub fn group_moments(gpu: &Gpu, sink: &mut dyn Sink, src: Mat<'_>, moments: Mat<'_>, shape: GroupShape) -> Result<(), GpuError> {
+pub fn group_moments(gpu: &Gpu, sink: &mut dyn Sink, src: Input<'_>, moments: Mat<'_>, shape: GroupShape) -> Result<(), GpuError> {
     let p = checked(shape, true)?;
     if shape.pixels == 0 {
         return Ok(());
     }
-    let (sw, mw) = (tensor(gpu, src, shape, "group norm input")?, moments_window(gpu, moments, shape.rows(), shape.groups)?);
-    let params = NormParams { src_offset: sw.local, shift_offset: mw.local, ..p };
-    let constants = [("CHANNELS_LAST", shape.channels_last as u32)];
-    dispatch(gpu, sink, Launch { kernel: &GROUP_MOMENTS, constants: &constants, params, grid: grid(&p, shape)? }, &[(1, &sw), (5, &mw)]);
+    let (source, mw) = (Source::of(gpu, src, shape)?, moments_window(gpu, moments, shape.rows(), shape.groups)?);
+    let params = NormParams { src_offset: source.values.local, src_scales: source.scales.local, shift_offset: mw.local, ..p };
+    let constants = [("CHANNELS_LAST", shape.channels_last as u32), source.constant()?];
+    let launch = Launch { kernel: &GROUP_MOMENTS, constants: &constants, params, grid: grid(&p, shape)? };
+    dispatch(gpu, sink, launch, &[(1, &source.values), (5, &mw), (10, &source.values), (11, &source.scales)]);
     Ok(())
 }
 
@@ -150,7 +189,7 @@ pub fn group_norm_apply(gpu: &Gpu, sink: &mut dyn Sink, src: Mat<'_>, stats: Mat
 
 /// The whole channel-major GroupNorm: the three dispatches.
 pub fn group_norm(gpu: &Gpu, sink: &mut dyn Sink, src: Mat<'_>, stats: GroupStats<'_>, affine: GroupAffine<'_>, dst: Mat<'_>, shape: GroupShape) -> Result<(), GpuError> {
-    group_moments(gpu, sink, src, stats.moments, shape)?;
+    group_moments(gpu, sink, Input::F32(src), stats.moments, shape)?;
     group_merge(gpu, sink, stats, shape.moments())?;
     group_norm_apply(gpu, sink, src, stats.stats, affine, dst, shape)
 }
@@ -196,7 +235,7 @@ mod tests {
             let shape = GroupShape { channels: channels as u64, pixels: pixels as u64, width: width as u64, groups: groups as u64, channels_last };
             let whole = {
                 let (xb, mb) = (gpu.upload_f32("x", &x), poisoned(gpu, 2 * groups * rows));
-                run_and_read(gpu, &mb, 2 * groups * rows, |enc| group_moments(gpu, enc, Mat::new(&xb, 0), Mat::new(&mb, 0), shape))
+                run_and_read(gpu, &mb, 2 * groups * rows, |enc| group_moments(gpu, enc, Input::F32(Mat::new(&xb, 0)), Mat::new(&mb, 0), shape))
             };
             let mb = poisoned(gpu, 2 * groups * rows);
             for (r0, r1) in [(0usize, 2usize), (2, 6), (6, 9)] {
@@ -206,7 +245,7 @@ mod tests {
                 };
                 let xb = gpu.upload_f32("band", &band);
                 let at = Mat { buf: &mb, offset: (2 * groups * r0) as u64, stride: 0 };
-                gpu.submit(|enc| group_moments(gpu, enc, Mat::new(&xb, 0), at, shape.band((r1 - r0) as u64))).unwrap();
+                gpu.submit(|enc| group_moments(gpu, enc, Input::F32(Mat::new(&xb, 0)), at, shape.band((r1 - r0) as u64))).unwrap();
             }
             let banded = gpu.read_f32(&mb, 0, 2 * groups * rows).unwrap();
             let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();

@@ -1,5 +1,5 @@
-// The last step of a GroupNorm over channels-last f32 rows (`[pixels,
-// channels]`, a pixel's row `p.src_stride` apart; its statistics from
+// The last step of a GroupNorm over channels-last rows (`[pixels,
+// channels]`, f32 or f16 in pieces: norm.wgsl's `channels_last_value`; its statistics from
 // norm.wgsl's group_moments and group_merge), written as the next convolution's f16 input: a
 // pixel's row divided by its range scale, two values a word, the scale
 // beside it (after norm_half.wgsl, whose outputs these are). The VAE's data
@@ -9,7 +9,7 @@
 // times gamma plus beta (norm.wgsl's group_norm_apply expression), SiLU'd where p.silu.
 fn nhwc_normed(row: u32, ch: u32) -> f32 {
     let g = ch / (p.d / p.groups);
-    let x = src[p.src_offset + row * p.src_stride + ch];
+    let x = channels_last_value(row, ch, p.d);
     var v = fma((x - modulation[p.shift_offset + 2u * g]) * modulation[p.shift_offset + 2u * g + 1u], weight(p.w_offset + ch), weight2(p.w_offset + ch));
     if (p.silu != 0u) {
         v = silu(v);

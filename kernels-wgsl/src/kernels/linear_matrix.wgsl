@@ -161,6 +161,11 @@ fn out_piece() -> u32 {
     return Y_PIECE;
 }
 
+// The products go out as they are (no bias: matrix_gemm.wgsl's `piece_value`).
+fn piece_value(r: u32, c: u32, value: f32) -> f32 {
+    return value;
+}
+
 // The scale of the piece from output c of row r, inside the matrix only.
 fn block_piece_scale_out(r: u32, c: u32, scale: f32) {
     if (r < p.m && c < p.n) {

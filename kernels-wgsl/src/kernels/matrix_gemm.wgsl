@@ -41,7 +41,10 @@
 // `out_piece()` outputs of a row (whole pieces in the block's outputs, at
 // most MAX_BLOCK_PIECES), through `block_half_pair_out(r, c, word)` (c even)
 // and `block_piece_scale_out(r, c, scale)` (c a piece's first output), in
-// two passes over the tiles: magnitudes, then values. Accumulators are declared once, outside
+// two passes over the tiles: magnitudes, then values; each value first
+// through the module's `piece_value(r, c, value)` (r, c absolute: the
+// convolution's bias and residual; zero outside the matrix, so that a
+// block's columns past it leave its pieces' magnitudes as they are). Accumulators are declared once, outside
 // every loop: a cooperative-matrix `var` declared inside a loop is zeroed only
 // once.
 
@@ -120,9 +123,14 @@ fn output_value(sg: u32, i: u32, r: u32, c: u32, col0: u32) -> f32 {
     return single_value(sg, i, r, c, col0);
 }
 
+// An output as it goes out in f16: the module's `piece_value` of it.
+fn half_output(sg: u32, i: u32, r: u32, c: u32, row0: u32, col0: u32) -> f32 {
+    return piece_value(row0 + r, first_output(col0) + c, output_value(sg, i, r, c, col0));
+}
+
 // The first of the two passes over the tiles where the outputs go out in
 // f16 pieces: each output's magnitude into its row's piece's largest.
-fn tile_measure(lane: u32, lanes: u32, sg: u32, ti: u32, tj: u32, col0: u32) {
+fn tile_measure(lane: u32, lanes: u32, sg: u32, ti: u32, tj: u32, row0: u32, col0: u32) {
     if (!writes_outputs(sg)) {
         return;
     }
@@ -131,7 +139,7 @@ fn tile_measure(lane: u32, lanes: u32, sg: u32, ti: u32, tj: u32, col0: u32) {
     for (var i = lane; i < T * T; i += lanes) {
         let r = r0 + i / T;
         let c = c0 + i % T;
-        atomicMax(&piece_largest[r * MAX_BLOCK_PIECES + c / out_piece()], bitcast<u32>(abs(output_value(sg, i, r, c, col0))));
+        atomicMax(&piece_largest[r * MAX_BLOCK_PIECES + c / out_piece()], bitcast<u32>(abs(half_output(sg, i, r, c, row0, col0))));
     }
 }
 
@@ -155,7 +163,7 @@ fn tile_half_out(lane: u32, lanes: u32, sg: u32, ti: u32, tj: u32, row0: u32, co
         let c = c0 + 2u * (i % (T / 2u));
         let e = i / (T / 2u) * T + 2u * (i % (T / 2u));
         let exponent = -piece_exponent(r, c);
-        let pair = vec2<f32>(ldexp(output_value(sg, e, r, c, col0), exponent), ldexp(output_value(sg, e + 1u, r, c + 1u, col0), exponent));
+        let pair = vec2<f32>(ldexp(half_output(sg, e, r, c, row0, col0), exponent), ldexp(half_output(sg, e + 1u, r, c + 1u, row0, col0), exponent));
         block_half_pair_out(row0 + r, first_output(col0) + c, operand_pair(pair));
     }
 }
@@ -295,22 +303,22 @@ fn matrix_gemm(li: u32, sg: u32, lane: u32, lanes: u32, row0: u32, col0: u32, k:
     let c = &c_tiles[sg * T * T];
     if (pieces_out()) {
         // Every output's magnitude first, for its row's piece scale.
-        coopStoreT(acc00, c, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 0u, 0u, col0); workgroupBarrier();
-        coopStoreT(acc01, c, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 0u, 1u, col0); workgroupBarrier();
-        coopStoreT(acc02, c, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 0u, 2u, col0); workgroupBarrier();
-        coopStoreT(acc03, c, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 0u, 3u, col0); workgroupBarrier();
-        coopStoreT(acc10, c, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 1u, 0u, col0); workgroupBarrier();
-        coopStoreT(acc11, c, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 1u, 1u, col0); workgroupBarrier();
-        coopStoreT(acc12, c, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 1u, 2u, col0); workgroupBarrier();
-        coopStoreT(acc13, c, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 1u, 3u, col0); workgroupBarrier();
-        coopStoreT(acc20, c, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 2u, 0u, col0); workgroupBarrier();
-        coopStoreT(acc21, c, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 2u, 1u, col0); workgroupBarrier();
-        coopStoreT(acc22, c, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 2u, 2u, col0); workgroupBarrier();
-        coopStoreT(acc23, c, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 2u, 3u, col0); workgroupBarrier();
-        coopStoreT(acc30, c, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 3u, 0u, col0); workgroupBarrier();
-        coopStoreT(acc31, c, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 3u, 1u, col0); workgroupBarrier();
-        coopStoreT(acc32, c, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 3u, 2u, col0); workgroupBarrier();
-        coopStoreT(acc33, c, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 3u, 3u, col0); workgroupBarrier();
+        coopStoreT(acc00, c, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 0u, 0u, row0, col0); workgroupBarrier();
+        coopStoreT(acc01, c, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 0u, 1u, row0, col0); workgroupBarrier();
+        coopStoreT(acc02, c, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 0u, 2u, row0, col0); workgroupBarrier();
+        coopStoreT(acc03, c, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 0u, 3u, row0, col0); workgroupBarrier();
+        coopStoreT(acc10, c, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 1u, 0u, row0, col0); workgroupBarrier();
+        coopStoreT(acc11, c, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 1u, 1u, row0, col0); workgroupBarrier();
+        coopStoreT(acc12, c, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 1u, 2u, row0, col0); workgroupBarrier();
+        coopStoreT(acc13, c, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 1u, 3u, row0, col0); workgroupBarrier();
+        coopStoreT(acc20, c, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 2u, 0u, row0, col0); workgroupBarrier();
+        coopStoreT(acc21, c, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 2u, 1u, row0, col0); workgroupBarrier();
+        coopStoreT(acc22, c, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 2u, 2u, row0, col0); workgroupBarrier();
+        coopStoreT(acc23, c, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 2u, 3u, row0, col0); workgroupBarrier();
+        coopStoreT(acc30, c, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 3u, 0u, row0, col0); workgroupBarrier();
+        coopStoreT(acc31, c, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 3u, 1u, row0, col0); workgroupBarrier();
+        coopStoreT(acc32, c, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 3u, 2u, row0, col0); workgroupBarrier();
+        coopStoreT(acc33, c, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 3u, 3u, row0, col0); workgroupBarrier();
         pieces_scales_out(li, row0, col0);
     }
     coopStoreT(acc00, c, T); workgroupBarrier(); tile_out(lane, lanes, sg, 0u, 0u, row0, col0); workgroupBarrier();

@@ -42,7 +42,9 @@ pub struct NormParams {
     pub scales_stride: u32,
     /// The GroupNorm's: pixels an image row (the merge's: values a row's moments cover).
     pub width: u32,
-    pub _pad: [u32; 3],
+    /// Where an f16 source's piece scales start (the GroupNorm's).
+    pub src_scales: u32,
+    pub _pad: [u32; 2],
 }
 
 pub const RMS_NORM: Kernel =

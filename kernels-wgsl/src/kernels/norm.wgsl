@@ -21,8 +21,9 @@ struct Params {
     later_row: u32, later_shift_offset: u32, later_scale_offset: u32,
     // rms_norm_rope_half's: values a scale covers, and a token's scales' stride.
     piece: u32, scales_stride: u32,
-    // The GroupNorm's: pixels an image row.
-    width: u32, _pad0: u32, _pad1: u32, _pad2: u32,
+    // The GroupNorm's: pixels an image row, and where an f16 source's
+    // piece scales start.
+    width: u32, src_scales: u32, _pad1: u32, _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -196,12 +197,30 @@ fn layer_norm_modulate(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(wo
 // very moments the whole image's run does.
 override CHANNELS_LAST: bool = false;
 
+// A channels-last source as f16 rows in pieces of SRC_PIECE channels (the
+// VAE's stream on the matrix tier; 0: f32 rows at binding 1): words at
+// binding 10 from p.src_offset, the pieces' scales at binding 11 from
+// p.src_scales.
+override SRC_PIECE: u32 = 0u;
+override SRC_PIECE_DIVISOR: u32 = max(SRC_PIECE, 1u);
+@group(0) @binding(10) var<storage, read_write> src_half: array<u32>;
+@group(0) @binding(11) var<storage, read_write> src_half_scales: array<f32>;
+
+// Channel ch of pixel `pixel` of a channels-last source of `channels`.
+fn channels_last_value(pixel: u32, ch: u32, channels: u32) -> f32 {
+    let e = pixel * channels + ch;
+    if (SRC_PIECE == 0u) {
+        return src[p.src_offset + e];
+    }
+    let pair = unpack2x16float(src_half[p.src_offset + e / 2u]);
+    return select(pair.x, pair.y, (e & 1u) == 1u) * src_half_scales[p.src_scales + pixel * (channels / SRC_PIECE_DIVISOR) + ch / SRC_PIECE_DIVISOR];
+}
+
 // Value i (< channels a group · width) of group g's share of image row r.
 fn group_row_value(g: u32, r: u32, i: u32) -> f32 {
     let per = p.rows / p.groups;
     if (CHANNELS_LAST) {
-        let pixel = r * p.width + i / per;
-        return src[p.src_offset + pixel * p.rows + g * per + i % per];
+        return channels_last_value(r * p.width + i / per, g * per + i % per, p.rows);
     }
     let ch = g * per + i / p.width;
     return src[p.src_offset + ch * p.d + r * p.width + i % p.width];

@@ -292,13 +292,14 @@ pub fn op_traffic(op: &Op, tier: Precision, m: &Machine) -> Traffic {
         }
         Op::Transpose { rows, cols, .. } => pass(2 * rows * cols * a, 0, false),
         Op::Conv2d { shape: s, residual, .. } => conv(m, p, s, residual),
-        Op::ConvNhwc { shape: s, residual, .. } => conv_nhwc(m, p, s, residual),
-        Op::GroupMoments { shape: g, .. } => pass(g.channels * g.pixels * a + 2 * g.groups * g.rows() * 4, 0, false),
+        Op::ConvNhwc { x, y, shape: s, residual, .. } => conv_nhwc(m, p, s, [x, y], residual),
+        Op::GroupMoments { src, shape: g, .. } => pass(g.pixels * p.row_bytes(&src, g.channels) + 2 * g.groups * g.rows() * 4, 0, false),
         Op::GroupMerge { of, .. } => pass(2 * of.groups * of.rows * 4 + 2 * of.groups * 4, 0, false),
-        Op::GroupNormApply { shape: g, dst, .. } if dst.is_half() => {
-            // The rows into f16 (words and a scale a pixel), in pieces of pixels.
+        Op::GroupNormApply { src, shape: g, dst, .. } if dst.is_half() => {
+            // The rows (f32, or f16 in pieces) into f16 (words and a scale a pixel), in pieces of pixels.
             let (channels, half_row) = (g.channels, g.channels * 2 + 4);
-            by_rows(g.pixels, &[Rows::packed(channels, 4), Rows::packed(channels / 2, 4)], &|r| r * channels * 4 + r * half_row + 2 * channels * wb + 2 * g.groups * 4)
+            let src_row = p.row_bytes(&src, channels);
+            by_rows(g.pixels, &[Rows::packed(channels, 4), Rows::packed(channels / 2, 4)], &|r| r * src_row + r * half_row + 2 * channels * wb + 2 * g.groups * 4)
         }
         Op::GroupNormApply { shape: g, .. } => pass(2 * g.channels * g.pixels * a + 2 * g.groups * 4 + 2 * g.channels * wb, 0, false),
         Op::UpsampleNearest2x { channels, height, width, .. } => {
@@ -461,15 +462,17 @@ fn conv(m: &Machine, p: DataPath, s: flux_lite_core::oracle::ConvShape, residual
 /// rows, in pieces of output pixels as their rows fit one binding, each
 /// reading its window of input rows (the stored rows: an upsampled read
 /// moves no more); W's scales kept since load.
-fn conv_nhwc(m: &Machine, p: DataPath, s: flux_lite_core::oracle::ConvShape, residual: bool) -> Traffic {
+fn conv_nhwc(m: &Machine, p: DataPath, s: flux_lite_core::oracle::ConvShape, [x, y]: [Operand; 2], residual: Option<Operand>) -> Traffic {
     let (pixels, plane) = ((s.height * s.width) as u64, (s.out_height * s.out_width) as u64);
     let (cin, cout, taps) = (s.in_channels as u64, s.out_channels as u64, (s.in_channels * s.kernel * s.kernel) as u64);
     let weights = cout * taps * p.weight + cout * p.weight + cout * 4;
+    // Each output pixel's row written, and the residual's read (y's own, or another tensor's).
+    let output_row = p.row_bytes(&y, cout) + residual.map_or(0, |r| p.row_bytes(&r, cout));
     let piece = rows_per_piece(m, plane, &[Rows::packed(cout, 4)], m.product_block);
     pieces(plane, piece)
         .map(|px| {
-            let input = pixels * px / plane * (2 * cin + 4);
-            pass_on(m, input + weights + px * cout * 4 * (1 + residual as u64), 2 * taps * cout * px, true)
+            let input = pixels * px / plane * p.row_bytes(&x, cin);
+            pass_on(m, input + weights + px * output_row, 2 * taps * cout * px, true)
         })
         .sum()
 }

@@ -245,18 +245,27 @@ impl Runner {
                 };
                 let weights = kernels::NhwcWeights { w: weights.get(w)?.view(), bias: weights.get(bias)?.view(), order: kernels::TapOrder::Torch };
                 let input = if *upsample { kernels::NhwcInput::Upsampled } else { kernels::NhwcInput::Plain };
-                let then = kernels::ConvEpilogue { residual: *residual, relu: false };
-                kernels::conv2d_matrix_nhwc(gpu, sink, x, weights, self.mat(*y), *shape, input, then)
+                let out = match (self.half(*y), residual) {
+                    (Some(y), residual) => kernels::NhwcOutput::Half { y, residual: residual.and_then(|r| self.half(r)) },
+                    (None, None) => kernels::NhwcOutput::F32 { y: self.mat(y.data), residual: false },
+                    (None, Some(r)) if r == y => kernels::NhwcOutput::F32 { y: self.mat(y.data), residual: true },
+                    (None, Some(_)) => return Err(GpuError::UnsupportedShape("a channels-last convolution into f32 rows adds only onto them".into())),
+                };
+                if residual.is_some_and(|r| y.is_half() && !r.is_half()) {
+                    return Err(GpuError::UnsupportedShape("a channels-last convolution into f16 rows adds f16 rows".into()));
+                }
+                kernels::conv2d_matrix_nhwc(gpu, sink, x, weights, out, *shape, input)
             }
-            Op::GroupMoments { src, moments, shape } => kernels::group_moments(gpu, sink, self.mat(*src), self.mat(*moments), *shape),
+            Op::GroupMoments { src, moments, shape } => kernels::group_moments(gpu, sink, self.input(*src), self.mat(*moments), *shape),
             Op::GroupMerge { moments, stats, of, eps } => {
                 kernels::group_merge(gpu, sink, kernels::GroupStats { moments: self.mat(*moments), stats: self.mat(*stats), eps: *eps }, *of)
             }
             Op::GroupNormApply { src, stats, dst, gamma, beta, shape, silu } => {
                 let affine = kernels::GroupAffine { gamma: weights.get(gamma)?.view(), beta: weights.get(beta)?.view(), silu: *silu };
                 match self.half(*dst) {
-                    Some(half) => kernels::group_norm_nhwc_half(gpu, sink, self.mat(*src), self.mat(*stats), affine, half, *shape),
-                    None => kernels::group_norm_apply(gpu, sink, self.mat(*src), self.mat(*stats), affine, self.mat(dst.data), *shape),
+                    Some(half) => kernels::group_norm_nhwc_half(gpu, sink, self.input(*src), self.mat(*stats), affine, half, *shape),
+                    None if src.is_half() => Err(GpuError::UnsupportedShape("a channel-major group norm reads f32 rows".into())),
+                    None => kernels::group_norm_apply(gpu, sink, self.mat(src.data), self.mat(*stats), affine, self.mat(dst.data), *shape),
                 }
             }
             Op::UpsampleNearest2x { x, y, channels, height, width } => {

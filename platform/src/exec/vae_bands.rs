@@ -70,9 +70,9 @@ impl BandRunner<'_> {
             &Op::GroupMerge { moments, stats, of, eps } => self.group_merge(store, [moments, stats], of, eps),
             Op::GroupNormApply { src, stats, dst, gamma, beta, shape, silu } => {
                 let g = Norm { gamma, beta, shape: *shape, silu: *silu };
-                self.group_norm_apply(store, [*src, *stats], *dst, g)
+                self.group_norm_apply(store, [*src, (*stats).into()], *dst, g)
             }
-            Op::ConvNhwc { x, w, bias, y, shape, upsample, residual } => self.conv_nhwc(store, (*x, *y), [w, bias], *shape, [*upsample, *residual]),
+            Op::ConvNhwc { x, w, bias, y, shape, upsample, residual } => self.conv_nhwc(store, [*x, *y], *residual, [w, bias], *shape, *upsample),
             &Op::HalfPack { src, dst, scales, tokens, heads, head_dim } => self.half_pack(store, [src, dst, scales], tokens, heads * head_dim),
             &Op::Residual { dst, y, rows, cols } => self.residual(store, [dst, y], rows, cols),
             Op::Linear { x, w, w_row: 0, bias, y, rows, cols, inner, gate: None } if x.is_half() => {
@@ -205,14 +205,13 @@ impl BandRunner<'_> {
 
     /// A GroupNorm's rows' moments by bands of whole rows, each band's into
     /// its rows of `moments`: the values the whole image's run computes.
-    fn group_moments(&self, store: &mut dyn Activations, src: Span, moments: Span, shape: GroupShape) -> Result<(), RunError> {
-        let per_moments = 2 * shape.groups;
-        let band = self.band(0, shape.channels * shape.width + per_moments, "GroupNorm row")?;
+    fn group_moments(&self, store: &mut dyn Activations, src: Operand, moments: Span, shape: GroupShape) -> Result<(), RunError> {
+        let (per_moments, w) = (2 * shape.groups, shape.width);
+        let band = self.band(0, w * pixel_elements(src, shape.channels) + per_moments, "GroupNorm row")?;
         for (r0, r1) in bands(shape.rows(), band) {
-            let input = pixels_window(shape, r0 * shape.width, r1 * shape.width);
             let mut arena = self.operands();
-            let (xs, ms) = (arena.take(input.values())?, arena.take(per_moments * (r1 - r0))?);
-            self.fetch(store, src, input, xs)?;
+            let xs = self.fetch_pixels(store, &mut arena, src, shape, [r0 * w, r1 * w])?;
+            let ms = arena.take(per_moments * (r1 - r0))?;
             self.exec(Op::GroupMoments { src: xs, moments: ms, shape: shape.band(r1 - r0) })?;
             self.put(store, ms, moments, Window::run(per_moments * r0, per_moments * r1))?;
         }
@@ -233,49 +232,63 @@ impl BandRunner<'_> {
     /// A GroupNorm's normalisation by bands of pixels, each with the whole
     /// image's statistics: channel-major f32, or channels-last into f16 rows
     /// under a scale a pixel.
-    fn group_norm_apply(&self, store: &mut dyn Activations, [src, stats]: [Span; 2], dst: Operand, g: Norm<'_>) -> Result<(), RunError> {
+    fn group_norm_apply(&self, store: &mut dyn Activations, [src, stats]: [Operand; 2], dst: Operand, g: Norm<'_>) -> Result<(), RunError> {
         let shape = g.shape;
         let (c, fixed) = (shape.channels, 2 * shape.groups);
-        if shape.channels_last != dst.is_half() {
+        if shape.channels_last != dst.is_half() || stats.is_half() {
             return Err(cannot_band(format!("a group norm of {shape:?} into {dst:?}")));
         }
-        for (p0, p1) in bands(shape.pixels, self.band(fixed, 2 * c + 1, "GroupNorm pixel")?) {
+        for (p0, p1) in bands(shape.pixels, self.band(fixed, pixel_elements(src, c) + c, "GroupNorm pixel")?) {
             let n = p1 - p0;
-            let input = pixels_window(shape, p0, p1);
             let mut arena = self.operands();
-            let (xs, ss, ys) = (arena.take(n * c)?, arena.take(fixed)?, arena.take(n * c)?);
-            self.fetch(store, src, input, xs)?;
-            self.fetch(store, stats, Window::run(0, fixed), ss)?;
+            let xs = self.fetch_pixels(store, &mut arena, src, shape, [p0, p1])?;
+            let (ss, ys) = (arena.take(fixed)?, arena.take(n * c)?);
+            self.fetch(store, stats.data, Window::run(0, fixed), ss)?;
             let (gamma, beta) = (g.gamma.clone(), g.beta.clone());
             let band = GroupShape { pixels: n, ..shape };
             let out = match dst.is_half() {
-                true => half_rows(ys, n, c),
+                true => half_like(ys, n, c, dst),
                 false => ys.into(),
             };
-            // Channels-last rows are whole pixels.
-            let rows = Span::new(xs.offset, if shape.channels_last { c } else { 0 });
-            self.exec(Op::GroupNormApply { src: rows, stats: ss, dst: out, gamma, beta, shape: band, silu: g.silu })?;
+            self.exec(Op::GroupNormApply { src: xs, stats: ss, dst: out, gamma, beta, shape: band, silu: g.silu })?;
             match dst.is_half() {
                 true => self.put_half_rows(store, out, dst, [p0, p1], c)?,
-                false => self.put(store, ys, dst.data, input)?,
+                false => self.put(store, ys, dst.data, pixels_window(shape, p0, p1))?,
             }
         }
         Ok(())
     }
 
-    /// Rows `[r0, r1)` of channels-last f16 rows `half` (words, then a scale
-    /// a row, as [`half_rows`] lays them) into the band at `to`.
+    /// Pixels `[p0, p1)` of a GroupNorm's source `src` into the band: f32
+    /// (channel-major or channels-last rows), or f16 rows as they are laid out.
+    fn fetch_pixels(&self, store: &mut dyn Activations, arena: &mut Operands, src: Operand, shape: GroupShape, [p0, p1]: [u64; 2]) -> Result<Operand, RunError> {
+        let (n, c) = (p1 - p0, shape.channels);
+        if src.is_half() {
+            let xs = half_like(arena.take(n * pixel_elements(src, c))?, n, c, src);
+            self.fetch_half_rows(store, src, [p0, p1], c, xs)?;
+            return Ok(xs);
+        }
+        let xs = arena.take(n * c)?;
+        self.fetch(store, src.data, pixels_window(shape, p0, p1), xs)?;
+        // Channels-last rows are whole pixels.
+        Ok(Span::new(xs.offset, if shape.channels_last { c } else { 0 }).into())
+    }
+
+    /// Rows `[r0, r1)` of channels-last f16 rows `half` of `width` values
+    /// (words, then a row's scales: one, or one a piece) into the band at `to`.
     fn fetch_half_rows(&self, store: &mut dyn Activations, half: Operand, [r0, r1]: [u64; 2], width: u64, to: Operand) -> Result<(), RunError> {
         let scales = half.scales.ok_or_else(|| cannot_band("f16 rows without their scales".into()))?;
+        let per_row = scales_per_row(half, width);
         self.fetch(store, half.data, Window::run(r0 * width / 2, r1 * width / 2), to.data)?;
-        self.fetch(store, scales, Window::run(r0, r1), to.scales.unwrap_or(to.data))
+        self.fetch(store, scales, Window::run(r0 * per_row, r1 * per_row), to.scales.unwrap_or(to.data))
     }
 
     /// The band's f16 rows `from` into rows `[r0, r1)` of `half`.
     fn put_half_rows(&self, store: &mut dyn Activations, from: Operand, half: Operand, [r0, r1]: [u64; 2], width: u64) -> Result<(), RunError> {
         let scales = half.scales.ok_or_else(|| cannot_band("f16 rows without their scales".into()))?;
+        let per_row = scales_per_row(half, width);
         self.put(store, from.data, half.data, Window::run(r0 * width / 2, r1 * width / 2))?;
-        self.put(store, from.scales.unwrap_or(from.data), scales, Window::run(r0, r1))
+        self.put(store, from.scales.unwrap_or(from.data), scales, Window::run(r0 * per_row, r1 * per_row))
     }
 
     /// A channels-last convolution by bands of output rows, each reading the
@@ -283,16 +296,20 @@ impl BandRunner<'_> {
     /// only at the image's border), through the ×2 upsampling where
     /// `upsample`: there every band but the first starts on an odd output
     /// row, whose taps begin on an input row's second upsampled copy, so
-    /// that a band's input is whole input rows with no zeros above.
-    fn conv_nhwc(&self, store: &mut dyn Activations, (x, y): (Operand, Span), [w, bias]: [&TensorName; 2], s: ConvShape, [upsample, residual]: [bool; 2]) -> Result<(), RunError> {
+    /// that a band's input is whole input rows with no zeros above. Into f32
+    /// rows (onto their own values where there is a residual) or f16 rows
+    /// in pieces (onto the residual's).
+    fn conv_nhwc(&self, store: &mut dyn Activations, [x, y]: [Operand; 2], residual: Option<Operand>, [w, bias]: [&TensorName; 2], s: ConvShape, upsample: bool) -> Result<(), RunError> {
         let (cin, cout, h, wd) = (s.in_channels as u64, s.out_channels as u64, s.height as u64, s.width as u64);
         let (out_h, out_w) = (s.out_height as u64, s.out_width as u64);
-        if s.kernel > 3 || (upsample && s.kernel != 3) || x.piece.is_some() {
-            return Err(cannot_band(format!("a channels-last convolution {s:?}")));
+        let in_place = residual.is_some_and(|r| r == y);
+        if s.kernel > 3 || (upsample && s.kernel != 3) || !x.is_half() || (residual.is_some() && y.is_half() == in_place) {
+            return Err(cannot_band(format!("a channels-last convolution {s:?} from {x:?} into {y:?} onto {residual:?}")));
         }
         // An input row's words and scales; the rows the taps reach beyond a band's own.
-        let input_row = wd * (cin / 2 + 1);
-        let band = self.band(2 * input_row, input_row + out_w * cout, "convolution row")?;
+        let input_row = wd * pixel_elements(x, cin);
+        let output_row = out_w * pixel_elements(y, cout) * if residual.is_some() && !in_place { 2 } else { 1 };
+        let band = self.band(2 * input_row, input_row + output_row, "convolution row")?;
         for (y0, y1) in conv_bands(out_h, band, upsample)? {
             let (g0, g1, pad_top) = match upsample {
                 // Output row y reads upsampled rows y − 1 ..= y + 1, input rows (y − 1)/2 ..= (y + 1)/2.
@@ -302,18 +319,34 @@ impl BandRunner<'_> {
                     (g0 as u64, g1 as u64, pad)
                 }
             };
-            let (rows_in, rows_out) = (g1 - g0, y1 - y0);
+            let (rows_in, px_out) = (g1 - g0, (y1 - y0) * out_w);
             let mut arena = self.operands();
-            let xs = half_rows(arena.take(rows_in * input_row)?, rows_in * wd, cin);
-            let ys = arena.take(rows_out * out_w * cout)?;
+            let xs = half_like(arena.take(rows_in * input_row)?, rows_in * wd, cin, x);
             self.fetch_half_rows(store, x, [g0 * wd, g1 * wd], cin, xs)?;
-            let output = Window::run(y0 * out_w * cout, y1 * out_w * cout);
-            if residual {
-                self.fetch(store, y, output, ys)?;
+            let out = [y0 * out_w, y1 * out_w];
+            let shape = ConvShape { height: rows_in as usize, pad_top, out_height: (y1 - y0) as usize, ..s };
+            let op = |y: Operand, residual: Option<Operand>| Op::ConvNhwc { x: xs, w: w.clone(), bias: bias.clone(), y, shape, upsample, residual };
+            if y.is_half() {
+                let ys = half_like(arena.take(px_out * pixel_elements(y, cout))?, px_out, cout, y);
+                let rs = match residual {
+                    Some(r) => {
+                        let rs = half_like(arena.take(px_out * pixel_elements(r, cout))?, px_out, cout, r);
+                        self.fetch_half_rows(store, r, out, cout, rs)?;
+                        Some(rs)
+                    }
+                    None => None,
+                };
+                self.exec(op(ys, rs))?;
+                self.put_half_rows(store, ys, y, out, cout)?;
+            } else {
+                let ys = Span::new(arena.take(px_out * cout)?.offset, cout);
+                let output = Window::run(out[0] * cout, out[1] * cout);
+                if in_place {
+                    self.fetch(store, y.data, output, ys)?;
+                }
+                self.exec(op(ys.into(), in_place.then_some(ys.into())))?;
+                self.put(store, ys, y.data, output)?;
             }
-            let shape = ConvShape { height: rows_in as usize, pad_top, out_height: rows_out as usize, ..s };
-            self.exec(Op::ConvNhwc { x: xs, w: w.clone(), bias: bias.clone(), y: Span::new(ys.offset, cout), shape, upsample, residual })?;
-            self.put(store, ys, y, output)?;
         }
         Ok(())
     }
@@ -527,6 +560,30 @@ fn conv_bands(rows: u64, band: u64, upsample: bool) -> Result<Vec<(u64, u64)>, R
         y0 += take;
     }
     Ok(out)
+}
+
+/// Scales a row of `width` f16 values of `half` holds: one, or one a piece.
+fn scales_per_row(half: Operand, width: u64) -> u64 {
+    half.piece.map_or(1, |piece| width / piece)
+}
+
+/// Elements a pixel of `channels` takes as `x` holds them: f32 values, or
+/// f16 words and their scales.
+fn pixel_elements(x: Operand, channels: u64) -> u64 {
+    match x.is_half() {
+        true => channels / 2 + scales_per_row(x, channels),
+        false => channels,
+    }
+}
+
+/// `rows` f16 rows of `width` at `at`, laid out as `like` is: words, then
+/// a scale a row or a piece.
+fn half_like(at: Span, rows: u64, width: u64, like: Operand) -> Operand {
+    let words = Span::new(at.offset, width / 2);
+    match like.piece {
+        None => half_rows(at, rows, width),
+        Some(piece) => Operand::half_pieces(words, Span::new(at.offset + rows * width / 2, width / piece), piece),
+    }
 }
 
 /// Pixels `[p0, p1)` of a GroupNorm's tensor.
