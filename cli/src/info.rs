@@ -48,6 +48,9 @@ pub struct InfoArgs {
     /// the device limits to plan under: adapter (this machine's, the default), webgpu (WebGPU's defaults, which every adapter grants), or BUFFER/BINDING such as 4GiB/4GiB
     #[argh(option, from_str_fn(crate::budget::parse_limits))]
     limits: Option<Option<DeviceLimits>>,
+    /// the precision tier to plan for: f32, f16 or matrix (whose half-precision data path lays out smaller activations); default: the adapter's, or f32 with --limits
+    #[argh(option, from_str_fn(crate::tier::parse_precision))]
+    precision: Option<flux_lite_platform::Precision>,
 }
 
 pub fn run(args: &InfoArgs) -> Result<(), String> {
@@ -90,6 +93,11 @@ pub fn run(args: &InfoArgs) -> Result<(), String> {
         Some(l) if l == DeviceLimits::WEBGPU_DEFAULT => (l, "WebGPU's default limits (--limits webgpu)".to_string(), None),
         Some(l) => (l, "the limits given (--limits)".to_string(), None),
         None => adapter_limits(),
+    };
+    // A tier asked for: the matrix tier's products take f16 inputs (auto keeps what the limits say).
+    let limits = match args.precision {
+        Some(flux_lite_platform::Precision::Auto) | None => limits,
+        Some(p) => DeviceLimits { half_operands: p == flux_lite_platform::Precision::Matrix, ..limits },
     };
     let input = sizes.plan_input(&model, width, height, &reference_sizes, limits, args.memory_budget);
     say!();

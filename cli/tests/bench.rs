@@ -74,13 +74,12 @@ fn traffic_prints_the_step_its_blocks_and_the_decode_from_the_configs_alone() {
     // f16 operands in pieces: the step moves less than on f32 activations,
     // and at most 40% of what it moved before the half-precision path
     // (76.8 GB, docs/performance.md). The channels-last VAE decode reads
-    // its convolutions' inputs as f16 written by the op before (no
+    // its convolutions' inputs as f16 as the ops before wrote them (no
     // measuring pass: as many convolution dispatches as on f32, and the
-    // attention's output projection as a 1×1 convolution onto the stream)
-    // and moves less than the f32 decode, and less than the channel-major
-    // matrix decode before it (52.3 GB).
+    // attention's output projection as a 1×1 convolution onto the stream),
+    // normalised as it reads them, and moves at most 40% of the f32 decode.
     assert!(gb_moved(&matrix, "step: ") < 0.4 * 76.8 && gb_moved(&matrix, "step: ") < gb_moved(&f32, "step: "), "{matrix}{f32}");
-    assert!(gb_moved(&matrix, "vae decode: ") < gb_moved(&f32, "vae decode: ") && gb_moved(&matrix, "vae decode: ") < 0.8 * 52.3, "{matrix}{f32}");
+    assert!(gb_moved(&matrix, "vae decode: ") <= 0.4 * gb_moved(&f32, "vae decode: "), "{matrix}{f32}");
     let conv_dispatches = |s: &str| rows_under(s, "| vae decode, by op |").into_iter().find(|r| r[0] == "convolution").unwrap()[1].parse::<u64>().unwrap();
     assert_eq!(conv_dispatches(&matrix), conv_dispatches(&f32) + 1, "{matrix}{f32}");
     // The table's kinds add up to the step.

@@ -199,3 +199,26 @@ fn reference_images_add_the_encoder_to_the_plan() {
     let line = the_error_line(&info(&model_dir("tiny-a"), &["--image", missing.to_str().unwrap()]));
     assert!(line.contains("missing.png"), "{line}");
 }
+
+/// The `activations X` figure of an option line, in GiB.
+fn activations_gib(line: &str) -> f64 {
+    let figure = line.split("activations ").nth(1).unwrap().split(',').next().unwrap();
+    let (value, unit) = figure.split_once(' ').unwrap();
+    value.parse::<f64>().unwrap() / if unit == "MiB" { 1024.0 } else { 1.0 }
+}
+
+#[test]
+fn the_matrix_tier_plans_the_vae_decode_in_about_half_the_activations() {
+    // The 4B's untiled 1024² decode: f16 activations channels-last, a scale every 32 channels.
+    let folder = test_vectors().join("configs/klein-4b");
+    let plan = |tier: &str| stdout_of(&info(&folder, &["--limits", "16GiB/4GiB", "--precision", tier]));
+    let (f32, matrix) = (plan("f32"), plan("matrix"));
+    let untiled = |s: &str| activations_gib(section(s, "vae decoder").into_iter().find(|l| l.starts_with("untiled: ")).unwrap_or_else(|| panic!("{s}")));
+    let (a, b) = (untiled(&f32), untiled(&matrix));
+    println!("untiled 1024² decode's activations: f32 {a:.2} GiB, matrix {b:.2} GiB");
+    assert!(b <= 0.56 * a && b >= 0.5 * a, "{f32}{matrix}");
+    // Asked for a tier that does not exist: one error line naming the flag.
+    let out = info(&folder, &["--precision", "f8"]);
+    assert!(!out.status.success());
+    assert!(the_error_line(&out).contains("--precision"), "{}", String::from_utf8_lossy(&out.stderr));
+}

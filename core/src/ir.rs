@@ -117,6 +117,16 @@ impl Operand {
         self.data
     }
 
+    /// f32 elements (or words) a row of `width` values takes: f32 values, or
+    /// f16 words and their scales.
+    pub fn elements(&self, width: u64) -> u64 {
+        match (self.scales, self.piece) {
+            (None, _) => width,
+            (Some(_), None) => width.div_ceil(2) + 1,
+            (Some(_), Some(piece)) => width.div_ceil(2) + width.div_ceil(piece),
+        }
+    }
+
     /// Bytes of `rows` rows of `width` values: f32, or f16 with their scales.
     pub fn bytes(&self, rows: u64, width: u64) -> u64 {
         match (self.scales, self.piece) {
@@ -196,6 +206,19 @@ pub struct AttentionCarry {
     pub state: Span,
     pub from_state: bool,
     pub keep_state: bool,
+}
+
+/// A GroupNorm (+ SiLU) a channels-last convolution applies to its input as
+/// it reads it, in place of the pass that would write the normalised rows:
+/// the statistics (`[groups, 2]`, from [`Op::GroupMerge`]), the affine
+/// weight and bias.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InputNorm {
+    pub stats: Span,
+    pub gamma: TensorName,
+    pub beta: TensorName,
+    pub groups: u64,
+    pub silu: bool,
 }
 
 /// The tensor a GroupNorm normalises: `channels × pixels` values,
@@ -350,8 +373,9 @@ pub enum Op {
     /// values added), or f16 in pieces (the VAE's stream on the matrix tier),
     /// `residual` then another tensor's f16 rows in the same pieces. With
     /// `upsample` the input (of `shape`'s height and width) is read through
-    /// a nearest-neighbour ×2 upsampling. W as the model's files hold it.
-    ConvNhwc { x: Operand, w: TensorName, bias: TensorName, y: Operand, shape: ConvShape, upsample: bool, residual: Option<Operand> },
+    /// a nearest-neighbour ×2 upsampling, and normalised as read where
+    /// `norm` says so. W as the model's files hold it.
+    ConvNhwc { x: Operand, w: TensorName, bias: TensorName, y: Operand, shape: ConvShape, upsample: bool, residual: Option<Operand>, norm: Option<InputNorm> },
     /// A GroupNorm's first step: each group's `(mean, Σ(x − mean)²)` over
     /// each row of pixels of `src` (f32, or channels-last f16 rows in
     /// pieces), into `moments` `[rows, groups, 2]`.
@@ -412,6 +436,11 @@ impl Op {
 
     /// The weight tensors this step reads, by name.
     pub fn weights(&self) -> impl Iterator<Item = &TensorName> {
+        // A convolution normalising its input reads the GroupNorm's weights too.
+        let norm = match self {
+            Op::ConvNhwc { norm: Some(n), .. } => [Some(&n.gamma), Some(&n.beta)],
+            _ => [None, None],
+        };
         let (first, second) = match self {
             Op::Linear { w, bias, .. } => (Some(w), bias.as_ref()),
             Op::LinearSwiGlu { w, .. } | Op::LinearHalf { w, .. } => (Some(w), None),
@@ -421,6 +450,6 @@ impl Op {
             Op::DenormUnpatchify { mean, var, .. } => (Some(mean), Some(var)),
             _ => (None, None),
         };
-        first.into_iter().chain(second)
+        first.into_iter().chain(second).chain(norm.into_iter().flatten())
     }
 }

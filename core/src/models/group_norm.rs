@@ -2,7 +2,7 @@
 //! normalisation ([`GroupShape`] says why in three steps), and the scratch
 //! the steps share.
 
-use crate::ir::{name, GroupShape, Op, Operand, Span};
+use crate::ir::{name, GroupShape, InputNorm, Op, Operand, Span};
 
 /// Elements before the moments, so that they start on a binding's alignment.
 const STATS_ELEMENTS: u64 = 64;
@@ -31,9 +31,22 @@ impl NormScratch {
 /// GroupNorm `p` (its `weight` and `bias`) of `src` into `dst`, SiLU after
 /// where `silu`: the three ops.
 pub(crate) fn group_norm(scratch: NormScratch, (src, dst): (Operand, Operand), p: &str, shape: GroupShape, eps: f32, silu: bool, emit: &mut impl FnMut(Op)) {
+    let stats = group_stats(scratch, src, shape, eps, emit);
+    let (gamma, beta) = (name(format_args!("{p}.weight")), name(format_args!("{p}.bias")));
+    emit(Op::GroupNormApply { src, stats, dst, gamma, beta, shape, silu });
+}
+
+/// GroupNorm `p`'s statistics of `src` (its first two ops), for a
+/// convolution that normalises its input as it reads it.
+pub(crate) fn group_norm_read(scratch: NormScratch, src: Operand, p: &str, shape: GroupShape, eps: f32, silu: bool, emit: &mut impl FnMut(Op)) -> InputNorm {
+    let stats = group_stats(scratch, src, shape, eps, emit);
+    InputNorm { stats, gamma: name(format_args!("{p}.weight")), beta: name(format_args!("{p}.bias")), groups: shape.groups, silu }
+}
+
+/// The rows' moments and their merge into each group's statistics (in `scratch.stats`).
+fn group_stats(scratch: NormScratch, src: Operand, shape: GroupShape, eps: f32, emit: &mut impl FnMut(Op)) -> Span {
     let NormScratch { stats, moments } = scratch;
     emit(Op::GroupMoments { src, moments, shape });
     emit(Op::GroupMerge { moments, stats, of: shape.moments(), eps });
-    let (gamma, beta) = (name(format_args!("{p}.weight")), name(format_args!("{p}.bias")));
-    emit(Op::GroupNormApply { src, stats, dst, gamma, beta, shape, silu });
+    stats
 }

@@ -70,8 +70,11 @@ pub struct VaeLayout {
 }
 
 impl VaeLayout {
-    /// Lays out the decode of a `latent_h × latent_w` latent in `arena`.
-    pub fn new(cfg: &VaeConfig, latent_h: u64, latent_w: u64, arena: &mut BumpArena) -> Result<Self, VaePlanError> {
+    /// Lays out the decode of a `latent_h × latent_w` latent in `arena`,
+    /// channel-major f32, or for the channels-last program where
+    /// `channels_last` ([`crate::models::vae_nhwc`]: f16 activations, the
+    /// buffers half the size, the decoded image in its own span).
+    pub fn new(cfg: &VaeConfig, latent_h: u64, latent_w: u64, channels_last: bool, arena: &mut BumpArena) -> Result<Self, VaePlanError> {
         if !whole_tokens(latent_h, latent_w) {
             return Err(VaePlanError::Size("the latent must have an even, non-zero height and width"));
         }
@@ -82,7 +85,7 @@ impl VaeLayout {
         let top = *channels.last().ok_or(VaePlanError::Size("the VAE has no levels"))?;
         let p0 = latent_h * latent_w;
         let lc = cfg.latent_channels as u64;
-        let largest = largest_activation(cfg, p0);
+        let largest = if channels_last { largest_channels_last(cfg, p0) } else { largest_activation(cfg, p0) };
         // Spans of channel-major tensors carry no row width: each op views them
         // with its own (`rows`), since one buffer holds tensors of many widths.
         let mut take = |elems: u64| -> Result<Span, ArenaError> {
@@ -100,6 +103,9 @@ impl VaeLayout {
         };
         let groups = cfg.norm_num_groups as u64;
         let norm = NormScratch::at(take(NormScratch::elements(groups, latent_h << (channels.len() - 1)))?, groups);
+        // Channels-last, the stream may end in any of the three buffers.
+        let scale = 1 << (channels.len() - 1);
+        let decoded = if channels_last { take(cfg.out_channels as u64 * p0 * scale * scale)? } else { c };
         Ok(Self {
             latent_h,
             latent_w,
@@ -111,7 +117,7 @@ impl VaeLayout {
             bn_eps: cfg.batch_norm_eps as f32,
             packed: Span::new(packed.offset, 4 * lc),
             latent,
-            decoded: c,
+            decoded,
             levels: b,
             channels,
             stream: Stream { a, b, c, q, k, v, groups, norm },
@@ -164,11 +170,17 @@ pub(crate) fn whole_tokens(h: u64, w: u64) -> bool {
     h > 0 && w > 0 && h.is_multiple_of(2) && w.is_multiple_of(2)
 }
 
-/// Bytes of the arena that decodes a `latent_h × latent_w` latent in one pass.
-pub fn arena_bytes(cfg: &VaeConfig, latent_h: u64, latent_w: u64) -> Result<u64, VaePlanError> {
+/// Bytes of the arena that decodes a `latent_h × latent_w` latent in one
+/// pass (channels-last where `channels_last`).
+pub fn arena_bytes(cfg: &VaeConfig, latent_h: u64, latent_w: u64, channels_last: bool) -> Result<u64, VaePlanError> {
     let mut arena = BumpArena::new(u64::MAX);
-    VaeLayout::new(cfg, latent_h, latent_w, &mut arena)?;
+    VaeLayout::new(cfg, latent_h, latent_w, channels_last, &mut arena)?;
     Ok(arena.high_water())
+}
+
+/// Bytes of the largest binding of that decode: one activation buffer.
+pub fn largest_binding(cfg: &VaeConfig, p0: u64, channels_last: bool) -> u64 {
+    F32 * if channels_last { largest_channels_last(cfg, p0) } else { largest_activation(cfg, p0) }
 }
 
 /// Device operands one op of a banded decode uses at most (attention: q, k, v, o, lse).
@@ -178,8 +190,8 @@ pub const BAND_ALIGN: u64 = 256;
 
 /// f32 elements of band operands when the VAE has the device memory of an
 /// untiled `tile × tile`-cell latent, within one binding of `max_binding` bytes.
-pub fn band_capacity(cfg: &VaeConfig, tile: u64, max_binding: u64) -> Result<u64, VaePlanError> {
-    Ok(arena_bytes(cfg, tile, tile)?.min(max_binding) / 4)
+pub fn band_capacity(cfg: &VaeConfig, tile: u64, max_binding: u64, channels_last: bool) -> Result<u64, VaePlanError> {
+    Ok(arena_bytes(cfg, tile, tile, channels_last)?.min(max_binding) / 4)
 }
 
 /// Bytes of the device arena of a banded decode whose operands take `capacity` f32.
@@ -193,18 +205,30 @@ pub fn band_arena_bytes(capacity: u64) -> u64 {
 pub fn band_minimum(program: impl FnOnce(&mut dyn FnMut(Op))) -> u64 {
     let mut most = 0;
     program(&mut |op| {
-        if let Op::Conv2d { shape, .. } = op {
-            let (fixed, per_row) = shape.band_elements();
-            most = most.max(fixed + per_row);
-        }
+        let (fixed, per_row) = match op {
+            Op::Conv2d { shape, .. } => shape.band_elements(),
+            Op::ConvNhwc { x, y, shape, residual, norm, .. } => nhwc_band_elements(shape, [x, y], residual, norm.as_ref().map_or(0, |n| 2 * n.groups)),
+            _ => return,
+        };
+        most = most.max(fixed + per_row);
     });
     most
 }
 
-/// [`band_minimum`] of the decode of a `latent_h × latent_w`-cell latent.
-pub fn decode_band_minimum(cfg: &VaeConfig, latent_h: u64, latent_w: u64) -> Result<u64, VaePlanError> {
-    let layout = VaeLayout::new(cfg, latent_h, latent_w, &mut BumpArena::new(u64::MAX))?;
-    Ok(band_minimum(|emit| decode(&layout, emit)))
+/// A channels-last convolution's band: the elements fixed whatever its
+/// rows (two rows of input halo and the statistics it normalises with) and
+/// each output row's (its input row, its output row and the residual's
+/// where that is another tensor), as the banded run takes them.
+pub fn nhwc_band_elements(s: ConvShape, [x, y]: [Operand; 2], residual: Option<Operand>, stats: u64) -> (u64, u64) {
+    let input_row = s.width as u64 * x.elements(s.in_channels as u64);
+    let output_row = s.out_width as u64 * y.elements(s.out_channels as u64) * if residual.is_some_and(|r| r != y) { 2 } else { 1 };
+    (2 * input_row + stats, input_row + output_row)
+}
+
+/// [`band_minimum`] of the decode of a `latent_h × latent_w`-cell latent on a data path.
+pub fn decode_band_minimum(cfg: &VaeConfig, latent_h: u64, latent_w: u64, channels_last: bool) -> Result<u64, VaePlanError> {
+    let layout = VaeLayout::new(cfg, latent_h, latent_w, channels_last, &mut BumpArena::new(u64::MAX))?;
+    Ok(band_minimum(|emit| crate::models::vae_nhwc::decode_whole(&layout, channels_last, emit)))
 }
 
 /// The most elements any `[C, pixels]` activation of the decode holds,
@@ -225,6 +249,28 @@ pub fn largest_activation(cfg: &VaeConfig, p0: u64) -> u64 {
         cin = cout;
     }
     most.max(cfg.out_channels as u64 * pixels)
+}
+
+/// The most elements any activation of the channels-last decode holds for
+/// a latent of `p0` cells: a level's stream or f16 rows (words and
+/// scales), the attention's f32 output, the latent's f32 rows.
+pub fn largest_channels_last(cfg: &VaeConfig, p0: u64) -> u64 {
+    use crate::models::vae_nhwc::half_elements;
+    let dec = cfg.decoder_channels();
+    let levels = dec.len();
+    let top = dec[levels - 1] as u64;
+    let mut most = (top * p0).max(cfg.latent_channels as u64 * p0);
+    let (mut cin, mut pixels) = (top, p0);
+    for i in 0..levels {
+        let cout = dec[levels - 1 - i] as u64;
+        most = most.max(half_elements(pixels, cin)).max(half_elements(pixels, cout));
+        if i + 1 < levels {
+            pixels *= 4;
+            most = most.max(half_elements(pixels, cout));
+        }
+        cin = cout;
+    }
+    most
 }
 
 /// A contiguous `[rows, cols]` view of a span.
@@ -454,7 +500,7 @@ mod tests {
     use crate::config::klein_4b;
 
     fn assert_same_names(cfg: &VaeConfig) {
-        let l = VaeLayout::new(cfg, 8, 6, &mut BumpArena::new(u64::MAX / 2)).unwrap();
+        let l = VaeLayout::new(cfg, 8, 6, false, &mut BumpArena::new(u64::MAX / 2)).unwrap();
         let model_has = |n: &str| n.starts_with("decoder.") || n.starts_with("post_quant_conv.") || n.starts_with("bn.running_");
         assert_program_reads_exactly(cfg, |emit| decode(&l, emit), model_has);
     }
@@ -475,7 +521,7 @@ mod tests {
     fn the_4b_layout_holds_three_full_resolution_activations() {
         let cfg = klein_4b::vae();
         let mut arena = BumpArena::new(u64::MAX / 2);
-        let l = VaeLayout::new(&cfg, 16, 12, &mut arena).unwrap();
+        let l = VaeLayout::new(&cfg, 16, 12, false, &mut arena).unwrap();
         // The largest activation: the third up block's output, 256 channels
         // upsampled to full resolution (128 × 96 pixels).
         let full = 256 * (16 * 8) * (12 * 8);
@@ -483,6 +529,20 @@ mod tests {
         assert_eq!(l.image_size(), (128, 96));
         assert_eq!(l.decoded_len(), 3 * 128 * 96);
         assert!(l.stream.v.offset * 4 + 16 * 12 * 512 * 4 <= arena.used());
-        assert!(VaeLayout::new(&cfg, 15, 12, &mut arena).is_err());
+        assert!(VaeLayout::new(&cfg, 15, 12, false, &mut arena).is_err());
+    }
+
+    #[test]
+    fn the_channels_last_layout_takes_about_half_the_f32_one() {
+        // The 4B at 1024²: each buffer holds the largest activation as f16
+        // words and a scale every 32 channels (256 channels at full
+        // resolution: 136 words a pixel against 256 values).
+        let cfg = klein_4b::vae();
+        let (f32, half) = (arena_bytes(&cfg, 128, 128, false).unwrap(), arena_bytes(&cfg, 128, 128, true).unwrap());
+        let l = VaeLayout::new(&cfg, 128, 128, true, &mut BumpArena::new(u64::MAX / 2)).unwrap();
+        assert_eq!(l.stream.b.offset - l.stream.a.offset, 1024 * 1024 * (128 + 8));
+        assert!(half * 100 <= 56 * f32 && half * 100 >= 50 * f32, "{half} against {f32} bytes");
+        // The decoded image has its own span: the stream may end in any buffer.
+        assert!([l.stream.a, l.stream.b, l.stream.c].iter().all(|s| s.offset != l.decoded.offset));
     }
 }

@@ -4,22 +4,22 @@
 //! block's output, what the next block reads and adds onto) is f16 rows in
 //! pieces of [`STREAM_PIECE`] channels, each under its own scale, as the
 //! convolution that writes it holds them (its epilogue adds the bias and the
-//! residual and rounds); a convolution's input is either the stream itself
-//! or f16 rows under one scale a pixel, written by the GroupNorm + SiLU
-//! before it. No pass measures a convolution's input, none packs the
+//! residual and rounds). A convolution after a GroupNorm (+ SiLU) reads the
+//! stream and normalises it as it reads: the GroupNorm is its statistics
+//! alone (each image row's moments, their merge), and no pass writes the
+//! normalised tensor. No pass measures a convolution's input or packs the
 //! stream, and the ×2 upsampling is read through by the convolution after
 //! it. The mid-block attention's tokens are pixels (no transposes); its
 //! projections and softmax stay f32 (the carried attention that keeps bands
 //! exact), its output projection a 1×1 convolution onto the stream.
 //!
-//! Laid out in [`VaeLayout`]'s buffers: the stream moves between `a` and
-//! `c` (each convolution that ends a block writes it to the buffer the block
-//! no longer reads), `b` holds a convolution's f16 input, `q`, `k`, `v` the
-//! attention's projections, the stream's `norm` the GroupNorms'
-//! statistics. The decoded image lands channels-last in `decoded`, its
-//! 8-bit levels interleaved RGB in `levels`.
+//! Laid out in [`VaeLayout`]'s buffers `a`, `b`, `c`, which the stream and
+//! a block's intermediates take in turn (a convolution never writes what it
+//! reads), `q`, `k`, `v` the attention's projections, the stream's `norm`
+//! the GroupNorms' statistics. The decoded image lands channels-last in
+//! `decoded`, its 8-bit levels interleaved RGB in `levels`.
 
-use crate::ir::{name, GroupShape, Op, Operand, Span};
+use crate::ir::{name, GroupShape, InputNorm, Op, Operand, Span};
 use crate::models::group_norm;
 use crate::models::vae::{attention_projection, carried_attention, denorm_unpatchify, prefix, rows, same, UpBlock, VaeLayout, NORM_EPS};
 use crate::oracle::ConvShape;
@@ -47,15 +47,16 @@ pub fn stream_rows(buf: Span, pixels: u64, channels: u64) -> Operand {
 }
 
 /// Elements (f32 words) of `pixels` rows of `channels` as the stream holds
-/// them, or as a convolution's f16 input: the larger.
+/// them, or as f16 rows under a scale a pixel: the larger.
 pub fn half_elements(pixels: u64, channels: u64) -> u64 {
     pixels * (channels / 2 + (channels / stream_piece(channels)).max(1))
 }
 
-/// Convolution `p` (its `weight` and `bias`) of `x` into `y`, the residual
-/// `onto` added, the input read through the ×2 upsampling where `upsample`.
-fn conv(x: Operand, p: &str, y: Operand, shape: ConvShape, upsample: bool, onto: Option<Operand>) -> Op {
-    Op::ConvNhwc { x, w: name(format_args!("{p}.weight")), bias: name(format_args!("{p}.bias")), y, shape, upsample, residual: onto }
+/// Convolution `p` (its `weight` and `bias`) of `x` into `y`, normalised as
+/// read by `norm`, the residual `onto` added, the input read through the
+/// ×2 upsampling where `upsample`.
+fn conv((x, norm): (Operand, Option<InputNorm>), p: &str, y: Operand, shape: ConvShape, upsample: bool, onto: Option<Operand>) -> Op {
+    Op::ConvNhwc { x, w: name(format_args!("{p}.weight")), bias: name(format_args!("{p}.bias")), y, shape, upsample, residual: onto, norm }
 }
 
 /// The f32 rows of `src` packed as a convolution's f16 input `dst`.
@@ -64,26 +65,23 @@ fn pack(src: Span, dst: Operand, pixels: u64, channels: u64) -> Op {
     Op::HalfPack { src: rows(src, channels), dst: dst.data, scales, tokens: pixels, heads: 1, head_dim: channels }
 }
 
-/// Where the stream is, and the other buffer it moves to.
+/// Where the stream is, and the two buffers free for a block's intermediates.
 #[derive(Debug, Clone, Copy)]
 struct Stream {
     at: Span,
-    free: Span,
+    free: [Span; 2],
 }
 
-impl Stream {
-    /// The stream moved into the free buffer.
-    fn moved(self) -> Self {
-        Self { at: self.free, free: self.at }
-    }
+/// `channels` at `h × w`, channels-last, as its GroupNorm takes it.
+fn norm_shape(l: &VaeLayout, channels: u64, (h, w): (u64, u64)) -> GroupShape {
+    GroupShape { channels, pixels: h * w, width: w, groups: l.stream.groups, channels_last: true }
 }
 
-/// GroupNorm `p` of `src` (`channels` at `h × w`) into `dst` as a
-/// convolution's f16 input, SiLU after where `silu`.
-fn group_norm(l: &VaeLayout, (src, dst): (Operand, Span), p: &str, channels: u64, (h, w): (u64, u64), silu: bool, emit: &mut impl FnMut(Op)) {
-    let s = &l.stream;
-    let shape = GroupShape { channels, pixels: h * w, width: w, groups: s.groups, channels_last: true };
-    group_norm::group_norm(s.norm, (src, half_rows(dst, h * w, channels)), p, shape, NORM_EPS, silu, emit);
+/// GroupNorm `p` of the stream `src` (`channels` at `h × w`) for the
+/// convolution that reads it: its statistics, SiLU after where `silu`.
+fn norm_read(l: &VaeLayout, src: Operand, p: &str, channels: u64, hw: (u64, u64), silu: bool, emit: &mut impl FnMut(Op)) -> (Operand, Option<InputNorm>) {
+    let norm = group_norm::group_norm_read(l.stream.norm, src, p, norm_shape(l, channels, hw), NORM_EPS, silu, emit);
+    (src, Some(norm))
 }
 
 /// Packed latents to the decoder's first activation, the stream in `a`:
@@ -97,51 +95,53 @@ fn input(l: &VaeLayout, emit: &mut impl FnMut(Op)) -> Stream {
     let x = half_rows(s.b, pixels, lc);
     emit(pack(s.c, x, pixels, lc));
     if l.post_quant_conv {
-        emit(conv(x, "post_quant_conv", rows(s.c, lc).into(), same(lc, lc, h, w, 1), false, None));
+        emit(conv((x, None), "post_quant_conv", rows(s.c, lc).into(), same(lc, lc, h, w, 1), false, None));
         emit(pack(s.c, x, pixels, lc));
     }
-    emit(conv(x, "decoder.conv_in", stream_rows(s.a, pixels, l.top()), same(lc, l.top(), h, w, 3), false, None));
-    Stream { at: s.a, free: s.c }
+    emit(conv((x, None), "decoder.conv_in", stream_rows(s.a, pixels, l.top()), same(lc, l.top(), h, w, 3), false, None));
+    Stream { at: s.a, free: [s.b, s.c] }
 }
 
-/// `ResnetBlock2D` on the stream; its sum becomes the stream in the other
-/// buffer. Without a shortcut convolution conv2 adds the stream; with one,
-/// the shortcut (over the stream) goes to `b` while the stream's buffer
-/// takes the second GroupNorm's output, and conv2 adds it.
-fn resnet(l: &VaeLayout, p: &str, (cin, cout): (u64, u64), (h, w): (u64, u64), x: Stream, emit: &mut impl FnMut(Op)) -> Stream {
-    let (b, pixels) = (l.stream.b, h * w);
-    let stream = |at: Span, c: u64| stream_rows(at, pixels, c);
-    group_norm(l, (stream(x.at, cin), b), &prefix(format_args!("{p}.norm1")), cin, (h, w), true, emit);
-    emit(conv(half_rows(b, pixels, cin), &prefix(format_args!("{p}.conv1")), stream(x.free, cout), same(cin, cout, h, w, 3), false, None));
-    let (normed, onto) = if cin == cout {
-        group_norm(l, (stream(x.free, cout), b), &prefix(format_args!("{p}.norm2")), cout, (h, w), true, emit);
-        (b, stream(x.at, cout))
+/// `ResnetBlock2D` on the stream `x`: conv1 over norm1 of it, conv2 over
+/// norm2 of that, onto the stream (or, with a shortcut convolution, onto
+/// the shortcut's output over the stream). Each convolution writes a buffer
+/// no op after it reads before its output is used.
+fn resnet(l: &VaeLayout, p: &str, (cin, cout): (u64, u64), hw: (u64, u64), x: Stream, emit: &mut impl FnMut(Op)) -> Stream {
+    let (h, w) = hw;
+    let stream = |at: Span, c: u64| stream_rows(at, h * w, c);
+    let [y, z] = x.free;
+    let normed = norm_read(l, stream(x.at, cin), &prefix(format_args!("{p}.norm1")), cin, hw, true, emit);
+    emit(conv(normed, &prefix(format_args!("{p}.conv1")), stream(y, cout), same(cin, cout, h, w, 3), false, None));
+    // conv2's output and what it adds onto: the stream, or the shortcut's output.
+    let (out, onto, free) = if cin == cout {
+        (z, stream(x.at, cout), [x.at, y])
     } else {
-        emit(conv(stream(x.at, cin), &prefix(format_args!("{p}.conv_shortcut")), stream(b, cout), same(cin, cout, h, w, 1), false, None));
-        group_norm(l, (stream(x.free, cout), x.at), &prefix(format_args!("{p}.norm2")), cout, (h, w), true, emit);
-        (x.at, stream(b, cout))
+        emit(conv((stream(x.at, cin), None), &prefix(format_args!("{p}.conv_shortcut")), stream(z, cout), same(cin, cout, h, w, 1), false, None));
+        (x.at, stream(z, cout), [y, z])
     };
-    emit(conv(half_rows(normed, pixels, cout), &prefix(format_args!("{p}.conv2")), stream(x.free, cout), same(cout, cout, h, w, 3), false, Some(onto)));
-    x.moved()
+    let normed = norm_read(l, stream(y, cout), &prefix(format_args!("{p}.norm2")), cout, hw, true, emit);
+    emit(conv(normed, &prefix(format_args!("{p}.conv2")), stream(out, cout), same(cout, cout, h, w, 3), false, Some(onto)));
+    Stream { at: out, free }
 }
 
 /// The mid-block attention `p` on the stream: one head as wide as the `c`
 /// channels over every pixel, its tokens the pixels; the projections read
 /// the GroupNorm's f16 rows, the output projection (a 1×1 convolution over
-/// the attention's output packed as f16) adds the stream into the other buffer.
+/// the attention's output packed as f16) adds the stream.
 fn attention(l: &VaeLayout, p: &str, c: u64, (h, w): (u64, u64), x: Stream, emit: &mut impl FnMut(Op)) -> Stream {
     let (s, pixels) = (&l.stream, h * w);
-    let stream = |at: Span| stream_rows(at, pixels, c);
-    group_norm(l, (stream(x.at), s.b), &prefix(format_args!("{p}.group_norm")), c, (h, w), false, emit);
+    let [y, z] = x.free;
+    let normed = half_rows(y, pixels, c);
+    group_norm::group_norm(s.norm, (stream_rows(x.at, pixels, c), normed), &prefix(format_args!("{p}.group_norm")), norm_shape(l, c, (h, w)), NORM_EPS, false, emit);
     for (proj, dst) in [("to_q", s.q), ("to_k", s.k), ("to_v", s.v)] {
-        emit(attention_projection(half_rows(s.b, pixels, c), p, proj, dst, pixels, c));
+        emit(attention_projection(normed, p, proj, dst, pixels, c));
     }
     let (q, k, v) = (rows(s.q, c), rows(s.k, c), rows(s.v, c));
-    emit(carried_attention([q, k, v, rows(x.free, c)], pixels, c));
-    emit(pack(x.free, half_rows(s.b, pixels, c), pixels, c));
+    emit(carried_attention([q, k, v, rows(z, c)], pixels, c));
+    emit(pack(z, normed, pixels, c));
     let to_out = prefix(format_args!("{p}.to_out.0"));
-    emit(conv(half_rows(s.b, pixels, c), &to_out, stream(x.free), same(c, c, h, w, 1), false, Some(stream(x.at))));
-    x.moved()
+    emit(conv((normed, None), &to_out, stream_rows(z, pixels, c), same(c, c, h, w, 1), false, Some(stream_rows(x.at, pixels, c))));
+    Stream { at: z, free: [x.at, y] }
 }
 
 /// `decoder.mid_block`: resnet, attention (when the model has it), resnet.
@@ -165,19 +165,19 @@ fn up_block(l: &VaeLayout, i: usize, mut x: Stream, emit: &mut impl FnMut(Op)) -
     if i + 1 < l.channels.len() {
         let p = prefix(format_args!("decoder.up_blocks.{i}.upsamplers.0.conv"));
         let shape = ConvShape { out_height: 2 * h as usize, out_width: 2 * w as usize, ..same(cout, cout, h, w, 3) };
-        emit(conv(stream_rows(x.at, h * w, cout), &p, stream_rows(x.free, 4 * h * w, cout), shape, true, None));
-        x = x.moved();
+        let [y, z] = x.free;
+        emit(conv((stream_rows(x.at, h * w, cout), None), &p, stream_rows(y, 4 * h * w, cout), shape, true, None));
+        x = Stream { at: y, free: [x.at, z] };
     }
     x
 }
 
-/// `conv_norm_out` → SiLU → `conv_out`, into `decoded` (channels-last f32).
+/// `conv_norm_out` → SiLU → `conv_out` over the stream, into `decoded` (channels-last f32).
 fn output(l: &VaeLayout, x: Stream, emit: &mut impl FnMut(Op)) {
     let (h, w) = l.image_size();
     let c0 = l.channels[0];
-    group_norm(l, (stream_rows(x.at, h * w, c0), l.stream.b), "decoder.conv_norm_out", c0, (h, w), true, emit);
-    let out = same(c0, l.out_channels, h, w, 3);
-    emit(conv(half_rows(l.stream.b, h * w, c0), "decoder.conv_out", rows(l.decoded, l.out_channels).into(), out, false, None));
+    let normed = norm_read(l, stream_rows(x.at, h * w, c0), "decoder.conv_norm_out", c0, (h, w), true, emit);
+    emit(conv(normed, "decoder.conv_out", rows(l.decoded, l.out_channels).into(), same(c0, l.out_channels, h, w, 3), false, None));
 }
 
 /// The whole decode, then the output's 8-bit levels into `levels`, interleaved RGB.
@@ -220,7 +220,7 @@ mod tests {
             small.use_post_quant_conv = false;
             small
         }] {
-            let l = VaeLayout::new(&cfg, 8, 6, &mut BumpArena::new(u64::MAX / 2)).unwrap();
+            let l = VaeLayout::new(&cfg, 8, 6, true, &mut BumpArena::new(u64::MAX / 2)).unwrap();
             let model_has = |n: &str| n.starts_with("decoder.") || n.starts_with("post_quant_conv.") || n.starts_with("bn.running_");
             assert_program_reads_exactly(&cfg, |emit| decode_to_levels(&l, emit), model_has);
         }
@@ -229,7 +229,7 @@ mod tests {
     #[test]
     fn every_operand_fits_the_buffer_it_is_laid_out_in() {
         let cfg = klein_4b::vae();
-        let l = VaeLayout::new(&cfg, 16, 12, &mut BumpArena::new(u64::MAX / 2)).unwrap();
+        let l = VaeLayout::new(&cfg, 16, 12, true, &mut BumpArena::new(u64::MAX / 2)).unwrap();
         let buffer = l.stream.b.offset - l.stream.a.offset;
         let (mut transposes, mut nchw) = (0, 0);
         decode_to_levels(&l, |op| {

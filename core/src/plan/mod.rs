@@ -301,8 +301,8 @@ pub fn largest_binding(input: &PlanInput<'_>, plan: &Plan) -> Result<u64, PlanEr
     };
     let decode = match plan.decode.on_device {
         // Bands of one binding: their operands take at most the band's capacity.
-        true => 4 * crate::models::vae::band_capacity(cfg, lat_h, input.limits.max_binding).map_err(|_| PlanError::Size("the VAE decode's bands"))?,
-        false => 4 * crate::models::vae::largest_activation(cfg, lat_h * lat_w),
+        true => 4 * crate::models::vae::band_capacity(cfg, lat_h, input.limits.max_binding, input.limits.half_operands).map_err(|_| PlanError::Size("the VAE decode's bands"))?,
+        false => crate::models::vae::largest_binding(cfg, lat_h * lat_w, input.limits.half_operands),
     };
     let encode_tile = plan.references.and_then(|r| r.tile);
     let whole = |&&(w, h): &&(u64, u64)| encode_tile.is_none_or(|t| w.max(h) <= t);

@@ -403,8 +403,8 @@ fn phase_options_run_fastest_first_and_end_at_the_phase_minimum() {
     assert!(tiles.windows(2).all(|w| w[1] + 16 == w[0]));
     // The smallest tile is the smallest whose band holds one convolution row
     // of the 1024-pixel-wide image (128 channels in and out at full resolution).
-    let row = vae::decode_band_minimum(&model.vae, 128, 128).unwrap();
-    let capacity = |t: u64| vae::band_capacity(&model.vae, t / 8, LIMITS.max_binding).unwrap();
+    let row = vae::decode_band_minimum(&model.vae, 128, 128, false).unwrap();
+    let capacity = |t: u64| vae::band_capacity(&model.vae, t / 8, LIMITS.max_binding, false).unwrap();
     let smallest = *tiles.last().unwrap();
     assert!(capacity(smallest) >= row && capacity(smallest - 16) < row, "smallest tile {smallest}: a row needs {row} values");
     let smallest = [encode.iter().map(|p| p.peak()).min(), denoise_options(&input).unwrap().map(|p| p.peak()).min(), decode.iter().map(|p| p.peak()).min()];
@@ -628,7 +628,7 @@ fn a_decode_the_adapter_cannot_bind_keeps_its_activations_on_the_device_where_th
     let options: Vec<VaePlan> = decode_options(&input).unwrap().collect();
     let first = options[0];
     assert_eq!((first.tile, first.on_device), (Some(1024), true), "{options:?}");
-    let activations = vae::arena_bytes(&model.vae, 128, 128).unwrap();
+    let activations = vae::arena_bytes(&model.vae, 128, 128, false).unwrap();
     assert!(first.other_bytes > activations && first.arena_bytes <= lavapipe.max_buffer, "the activations in pages, the band arena one buffer: {first:?}");
     assert!(options[1..].iter().all(|p| !p.on_device && p.tile.is_some_and(|t| t < 1024)) && options.len() > 2, "{options:?}");
     // It costs the image's activations more than the host's largest tile: a budget chooses.

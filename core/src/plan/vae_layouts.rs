@@ -5,7 +5,7 @@
 use super::{host, Need, count, latent_grid, overhead, PlanError, PlanInput, VaePlan, DeviceLimits, REFERENCE_SIZE};
 use crate::arena::BumpArena;
 use crate::config::VaeConfig;
-use crate::models::{vae, vae_encoder};
+use crate::models::{vae, vae_encoder, vae_nhwc};
 
 /// Every layout of the reference images' encode, fastest first (empty
 /// without references): untiled when the adapter can bind every reference,
@@ -127,16 +127,17 @@ pub fn decode_options<'a>(input: &'a PlanInput<'a>) -> Result<impl Iterator<Item
     }
     if options.peek().is_none() {
         let scale = input.vae.scale_factor() as u64;
-        let row = vae::decode_band_minimum(input.vae, input.height / scale, input.width / scale).unwrap_or(u64::MAX);
+        let row = vae::decode_band_minimum(input.vae, input.height / scale, input.width / scale, input.limits.half_operands).unwrap_or(u64::MAX);
         return Err(PlanError::VaeTooWide { width: input.width, bytes: row.saturating_mul(4), limit: input.limits.max_binding });
     }
     Ok(options)
 }
 
-/// Arena bytes of an untiled decode of a `lat_h × lat_w`-cell latent, if the adapter can bind it.
+/// Arena bytes of an untiled decode of a `lat_h × lat_w`-cell latent, if
+/// the adapter can bind it (channels-last where its products take f16 inputs).
 pub fn vae_arena(cfg: &VaeConfig, lat_h: u64, lat_w: u64, limits: DeviceLimits) -> Option<u64> {
-    let bytes = vae::arena_bytes(cfg, lat_h, lat_w).ok().filter(|&b| b <= limits.max_buffer)?;
-    (4 * vae::largest_activation(cfg, lat_h * lat_w) <= limits.max_binding).then_some(bytes)
+    let bytes = vae::arena_bytes(cfg, lat_h, lat_w, limits.half_operands).ok().filter(|&b| b <= limits.max_buffer)?;
+    (vae::largest_binding(cfg, lat_h * lat_w, limits.half_operands) <= limits.max_binding).then_some(bytes)
 }
 
 /// The decode layout with the smallest peak (both sides at `u64::MAX / 2` when none fits).
@@ -151,7 +152,7 @@ pub(super) fn smallest_decode(input: &PlanInput<'_>) -> Need {
 pub fn decode_tile_capacity(cfg: &VaeConfig, tile: u64, side: u64, row: u64, limits: DeviceLimits) -> Option<u64> {
     let scale = cfg.scale_factor() as u64;
     vae_arena(cfg, tile / scale, tile / scale, limits)?;
-    let capacity = vae::band_capacity(cfg, tile / scale, limits.max_binding).ok()?;
+    let capacity = vae::band_capacity(cfg, tile / scale, limits.max_binding, limits.half_operands).ok()?;
     (capacity >= row || tile >= side).then_some(capacity)
 }
 
@@ -160,7 +161,7 @@ pub fn decode_tile_capacity(cfg: &VaeConfig, tile: u64, side: u64, row: u64, lim
 /// device, if such a band holds `row` elements (one row of the image's
 /// widest convolution, [`vae::decode_band_minimum`]) and its arena fits one buffer.
 pub fn decode_device_capacity(cfg: &VaeConfig, side: u64, row: u64, limits: DeviceLimits) -> Option<u64> {
-    let capacity = vae::band_capacity(cfg, side / cfg.scale_factor() as u64, limits.max_binding).ok().filter(|&c| c >= row)?;
+    let capacity = vae::band_capacity(cfg, side / cfg.scale_factor() as u64, limits.max_binding, limits.half_operands).ok().filter(|&c| c >= row)?;
     (vae::band_arena_bytes(capacity) <= limits.max_buffer).then_some(capacity)
 }
 
@@ -172,7 +173,7 @@ fn decode_candidates<'a>(input: &'a PlanInput<'a>) -> impl Iterator<Item = VaePl
     let weights = input.vae_weight_bytes;
     let steps = {
         let mut arena = BumpArena::new(u64::MAX);
-        vae::VaeLayout::new(cfg, 2, 2, &mut arena).map_or(0, |l| count(|emit| vae::decode(&l, emit)))
+        vae::VaeLayout::new(cfg, 2, 2, input.limits.half_operands, &mut arena).map_or(0, |l| count(|emit| vae_nhwc::decode_whole(&l, input.limits.half_operands, emit)))
     };
     // Untiled, the image's 8-bit levels come back through one staging buffer.
     let levels = 4 * 3 * w * h;
@@ -181,7 +182,7 @@ fn decode_candidates<'a>(input: &'a PlanInput<'a>) -> impl Iterator<Item = VaePl
     let unit = 2 * scale;
     let largest = w.max(h) / unit;
     // A band must hold one row of the image's widest convolution.
-    let row = vae::decode_band_minimum(cfg, h / scale, w / scale).unwrap_or(u64::MAX);
+    let row = vae::decode_band_minimum(cfg, h / scale, w / scale, input.limits.half_operands).unwrap_or(u64::MAX);
     // A forced tile is the only layout: untiled when it covers the image.
     let forced = input.vae_tile;
     let covers = forced.is_some_and(|t| t >= w.max(h));
@@ -191,7 +192,7 @@ fn decode_candidates<'a>(input: &'a PlanInput<'a>) -> impl Iterator<Item = VaePl
     // largest buffer), bands of one binding between them and the band
     // arena; the decoded values come back as an untiled decode's do.
     let on_device = match (&whole, forced) {
-        (None, None) => vae::arena_bytes(cfg, h / scale, w / scale).ok().zip(decode_device_capacity(cfg, w.max(h), row, input.limits)).map(|(activations, capacity)| {
+        (None, None) => vae::arena_bytes(cfg, h / scale, w / scale, input.limits.half_operands).ok().zip(decode_device_capacity(cfg, w.max(h), row, input.limits)).map(|(activations, capacity)| {
             let arena = vae::band_arena_bytes(capacity);
             let host_bytes = host::decode_device_bands(input, arena);
             // The activations' pages are other device bytes: no kernel binds them.

@@ -48,6 +48,10 @@ pub struct ConvParams {
     pub y_scales: u32,
     pub r_offset: u32,
     pub r_scales: u32,
+    /// Its input normalised as read: where the GroupNorm's statistics, and
+    /// its gamma and beta, start in their windows.
+    pub n_stats: u32,
+    pub n_affine: u32,
     pub _pad: [u32; 2],
 }
 
@@ -78,6 +82,8 @@ impl ConvParams {
             y_scales: 0,
             r_offset: 0,
             r_scales: 0,
+            n_stats: 0,
+            n_affine: 0,
             _pad: [0; 2],
         }
     }

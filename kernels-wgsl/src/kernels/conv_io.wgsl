@@ -14,7 +14,9 @@ struct Params {
     px_first: u32, px_count: u32, x_scales: u32, w_scales: u32,
     // conv_matrix_nhwc.wgsl's: the input pixel its window starts at, and
     // where its f16 output's scales and its residual's words and scales start.
-    x_first: u32, y_scales: u32, r_offset: u32, r_scales: u32, _pad0: u32, _pad1: u32,
+    x_first: u32, y_scales: u32, r_offset: u32, r_scales: u32,
+    // Its input normalised as read: where the statistics, gamma and beta start.
+    n_stats: u32, n_affine: u32, _pad0: u32, _pad1: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;

@@ -76,6 +76,59 @@ fn input_scale(src: u32, ci: u32) -> f32 {
     return x_pixel_scales[p.x_scales + (src - p.x_first) * input_pieces() + ci / select(IN_CHANNELS, X_PIECE_DIVISOR, X_PIECE > 0u)];
 }
 
+// The input normalised as it is read (NORM_IN: the GroupNorm, SiLU'd where
+// NORM_SILU, that the op before would have written as this convolution's
+// input): each group's (mean, 1/√(var + eps)) at binding 16 from p.n_stats,
+// NORM_GROUPS groups of the input channels; gamma and beta at 17 and 18
+// from p.n_affine, as W's dtype. The expression is norm.wgsl's
+// GroupNorm's, so each value is the one that pass would have rounded.
+override NORM_IN: bool = false;
+override NORM_SILU: bool = false;
+override NORM_GROUPS: u32 = 1u;
+@group(0) @binding(16) var<storage, read_write> norm_stats: array<f32>;
+@group(0) @binding(17) var<storage, read> norm_gamma: array<u32>;
+@group(0) @binding(18) var<storage, read> norm_beta: array<u32>;
+
+fn norm_gamma_at(ci: u32) -> f32 {
+    let i = p.n_affine + ci;
+    return weight_value(norm_gamma[weight_word(i, WEIGHT_BF16)], i, WEIGHT_BF16);
+}
+
+fn norm_beta_at(ci: u32) -> f32 {
+    let i = p.n_affine + ci;
+    return weight_value(norm_beta[weight_word(i, WEIGHT_BF16)], i, WEIGHT_BF16);
+}
+
+// Input value `v` of channel ci, normalised (where NORM_IN).
+fn normed_input(v: f32, ci: u32) -> f32 {
+    if (!NORM_IN) {
+        return v;
+    }
+    let g = p.n_stats + 2u * (ci / (IN_CHANNELS / NORM_GROUPS));
+    let n = fma((v - norm_stats[g]) * norm_stats[g + 1u], norm_gamma_at(ci), norm_beta_at(ci));
+    return select(n, silu(n), NORM_SILU);
+}
+
+// What any normalised input value's magnitude stays under, for stored
+// values under `largest` in magnitude: |γ|·(largest + |mean|)·(1/σ) + |β|
+// at the largest of each over the channels and groups (SiLU never grows a
+// magnitude beyond max(|v|, 0.28)).
+fn normed_bound(largest: f32) -> f32 {
+    var mean = 0.0;
+    var inverse = 0.0;
+    for (var g = 0u; g < NORM_GROUPS; g++) {
+        mean = max(mean, abs(norm_stats[p.n_stats + 2u * g]));
+        inverse = max(inverse, norm_stats[p.n_stats + 2u * g + 1u]);
+    }
+    var gamma = 0.0;
+    var beta = 0.0;
+    for (var ci = 0u; ci < IN_CHANNELS; ci++) {
+        gamma = max(gamma, abs(norm_gamma_at(ci)));
+        beta = max(beta, abs(norm_beta_at(ci)));
+    }
+    return max(gamma * (largest + mean) * inverse + beta, 0.28);
+}
+
 // A: input channel ci of neighbour nb of output pixel m0 + r, for tap
 // k0 + t = nb·C + ci (zero in the padding and past the call's pixels or
 // the taps). Out-of-range reads go to the window's first word and are
@@ -89,7 +142,7 @@ fn a_at(r: u32, t: u32, m0: u32, k0: u32) -> f32 {
     let word = x_half[select(p.x_offset, p.x_offset + (at.x - p.x_first) * (IN_CHANNELS / 2u) + ci / 2u, inside)];
     let pair = unpack2x16float(word);
     let v = select(pair.x, pair.y, (ci & 1u) == 1u) * input_scale(select(p.x_first, at.x, inside), select(0u, ci, inside));
-    return select(0.0, v, inside);
+    return select(0.0, normed_input(v, ci), inside);
 }
 
 // Element i of a k step's A: (row, term), terms fastest: a row's taps of
@@ -111,6 +164,8 @@ fn w_term(tap: u32) -> u32 {
 
 // The range rule's scale of A's row: the largest of the output pixel's
 // in-image neighbours' (of each one's pieces; 1 past the call's pixels).
+// Normalised as read, the scale of the bound on its values: a stored
+// value is under 2¹⁴ times its scale (range_rule.wgsl).
 fn a_scale(row: u32) -> f32 {
     if (row >= p.px_count) {
         return 1.0;
@@ -123,6 +178,9 @@ fn a_scale(row: u32) -> f32 {
                 largest = max(largest, x_pixel_scales[p.x_scales + (at.x - p.x_first) * input_pieces() + j]);
             }
         }
+    }
+    if (NORM_IN) {
+        return range_scale(normed_bound(largest * 16384.0));
     }
     return select(largest, 1.0, largest == 0.0);
 }

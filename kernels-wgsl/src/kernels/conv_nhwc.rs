@@ -19,7 +19,7 @@ pub const CONV2D_MATRIX_NHWC_8: Kernel = kernel(
     Module::ConvMatrixNhwc8,
     "conv2d_matrix_nhwc",
     [0, 1, 1],
-    &[(2, R), (3, R), (4, RW), (8, RW), (9, RW), (10, RW), (12, RW), (13, RW), (14, RW), (15, RW)],
+    &[(2, R), (3, R), (4, RW), (8, RW), (9, RW), (10, RW), (12, RW), (13, RW), (14, RW), (15, RW), (16, RW), (17, R), (18, R)],
     size_of::<ConvParams>(),
     true,
 );
@@ -47,6 +47,34 @@ pub enum TapOrder {
     Torch,
 }
 
+/// A GroupNorm (+ SiLU) a channels-last convolution applies to its input
+/// as it reads it, in place of a pass writing the normalised rows: each
+/// group's `(mean, 1/√(var + eps))` in `stats` (`[groups, 2]`, from
+/// [`group_merge`](super::group_norm::group_merge)), the affine weight and
+/// bias (W's dtype).
+#[derive(Debug, Clone, Copy)]
+pub struct NhwcNorm<'a> {
+    pub stats: Mat<'a>,
+    pub gamma: Weight<'a>,
+    pub beta: Weight<'a>,
+    pub groups: u64,
+    pub silu: bool,
+}
+
+/// A channels-last convolution's input: f16 rows (a scale a pixel, or one
+/// a piece), normalised as read where `norm` says so.
+#[derive(Debug, Clone, Copy)]
+pub struct NhwcSource<'a> {
+    pub rows: HalfMat<'a>,
+    pub norm: Option<NhwcNorm<'a>>,
+}
+
+impl<'a> From<HalfMat<'a>> for NhwcSource<'a> {
+    fn from(rows: HalfMat<'a>) -> Self {
+        Self { rows, norm: None }
+    }
+}
+
 /// Where a channels-last convolution's outputs go, `[out pixels, out
 /// channels]` rows.
 #[derive(Debug, Clone, Copy)]
@@ -69,14 +97,16 @@ pub struct NhwcWeights<'a> {
 
 /// A stride-1 convolution of `s` over `x`, `[height·width, in_channels]` f16
 /// rows under one range scale a pixel ([`HalfMat::rows`]) or in pieces
-/// (`x.data.stride` words a pixel), into `out`. W's taps in
+/// (`x.rows.data.stride` words a pixel), normalised as read where
+/// `x.norm` says so, into `out`. W's taps in
 /// `weights.order`, its rows' range scales kept ([`Weight::scales`]) or
 /// measured here. Runs in chunks of output pixels, each binding its own
 /// window of the input rows. Needs the matrix tier's f16 operands, an even
 /// channel count, and W and the bias in one binding; f16 outputs, pieces
 /// that divide the output channels, at most four a block of them.
-pub fn conv2d_matrix_nhwc(gpu: &Gpu, sink: &mut dyn Sink, x: HalfMat<'_>, weights: NhwcWeights<'_>, out: NhwcOutput<'_>, s: ConvShape, input: NhwcInput) -> Result<(), GpuError> {
+pub fn conv2d_matrix_nhwc(gpu: &Gpu, sink: &mut dyn Sink, source: NhwcSource<'_>, weights: NhwcWeights<'_>, out: NhwcOutput<'_>, s: ConvShape, input: NhwcInput) -> Result<(), GpuError> {
     let NhwcWeights { w, bias, order } = weights;
+    let NhwcSource { rows: x, norm } = source;
     let Some(c) = gpu.matrix().filter(|c| c.operands == MatrixOperands::F16) else {
         return Err(GpuError::UnsupportedShape("a channels-last f16 convolution needs the matrix tier's f16 operands".into()));
     };
@@ -100,6 +130,7 @@ pub fn conv2d_matrix_nhwc(gpu: &Gpu, sink: &mut dyn Sink, x: HalfMat<'_>, weight
     }
     let block = c.size as u64 * MATRIX_BLOCK_TILES;
     let rows = OutputRows::of(out, out_channels, block)?;
+    let norm = norm.map(|n| NormWindows::of(gpu, n, cin, w.dtype)).transpose()?;
     if x.data.stride != cin / 2 {
         return Err(GpuError::UnsupportedShape("channels-last rows are whole pixels: x a pixel's words apart".into()));
     }
@@ -147,6 +178,9 @@ pub fn conv2d_matrix_nhwc(gpu: &Gpu, sink: &mut dyn Sink, x: HalfMat<'_>, weight
         ("Y_HALF", rows.half as u32),
         ("Y_PIECE", to_u32(rows.piece, "conv output piece")?),
         ("RESIDUAL_HALF", rows.residual.is_some() as u32),
+        ("NORM_IN", norm.is_some() as u32),
+        ("NORM_SILU", norm.as_ref().is_some_and(|n| n.silu) as u32),
+        ("NORM_GROUPS", to_u32(norm.as_ref().map_or(1, |n| n.groups), "group norm groups")?),
     ];
     for px in chunks(plane, piece) {
         let source = input_pixels(&s, up, &px);
@@ -164,14 +198,42 @@ pub fn conv2d_matrix_nhwc(gpu: &Gpu, sink: &mut dyn Sink, x: HalfMat<'_>, weight
             y_scales: ysw.local,
             r_offset: rw.local,
             r_scales: rsw.local,
+            n_stats: norm.as_ref().map_or(0, |n| n.stats.local),
+            n_affine: norm.as_ref().map_or(0, |n| n.gamma.local),
             ..ConvParams::of(&s, out_channels, [xw.local, ww.local, bw.local, yw.local])
         };
         let grid = wrapped_grid((px.end - px.start).div_ceil(block) * out_channels.div_ceil(block));
         let launch = Launch { kernel: &kernel, constants: &constants, params, grid };
-        let bindings = [(2, &ww), (3, &bw), (4, &yw), (8, &stored), (9, &xw), (10, &xsw), (12, &yw), (13, &ysw), (14, &rw), (15, &rsw)];
+        // Without a norm its bindings take y's window, and W's for the read-only ones.
+        let (nsw, ngw, nbw) = match &norm {
+            Some(n) => (&n.stats, &n.gamma, &n.beta),
+            None => (&yw, &ww, &ww),
+        };
+        let bindings = [(2, &ww), (3, &bw), (4, &yw), (8, &stored), (9, &xw), (10, &xsw), (12, &yw), (13, &ysw), (14, &rw), (15, &rsw), (16, nsw), (17, ngw), (18, nbw)];
         dispatch(gpu, sink, launch, &bindings);
     }
     Ok(())
+}
+
+/// The windows of an [`NhwcNorm`] over `channels` input channels.
+struct NormWindows<'a> {
+    stats: Window<'a>,
+    gamma: Window<'a>,
+    beta: Window<'a>,
+    groups: u64,
+    silu: bool,
+}
+
+impl<'a> NormWindows<'a> {
+    /// Checked: groups that divide the channels, gamma and beta in W's dtype, equally aligned.
+    fn of(gpu: &Gpu, n: NhwcNorm<'a>, channels: u64, dtype: crate::view::WeightDtype) -> Result<Self, GpuError> {
+        if n.groups == 0 || !channels.is_multiple_of(n.groups) || n.gamma.dtype != dtype || n.beta.dtype != dtype {
+            return Err(GpuError::UnsupportedShape(format!("a convolution's input normalised in {} groups of {channels} channels (gamma and beta in W's dtype)", n.groups)));
+        }
+        let stats = window(gpu, n.stats.buf, 4, n.stats.offset..n.stats.offset + 2 * n.groups, "group norm statistics")?;
+        let (gamma, beta) = super::group_norm::affine_windows(gpu, super::group_norm::GroupAffine { gamma: n.gamma, beta: n.beta, silu: n.silu }, channels)?;
+        Ok(Self { stats, gamma, beta, groups: n.groups, silu: n.silu })
+    }
 }
 
 /// `rows`' window over `px`, or `or` where there are none.

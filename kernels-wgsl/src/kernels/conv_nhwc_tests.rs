@@ -97,7 +97,7 @@ fn check_nhwc_conv_from(gpu: &Gpu, s: ConvShape, input: NhwcInput, residual: boo
     let xh = input_rows(&xb, &xs, s.in_channels, x_piece);
     let got = run_and_read(gpu, &yb, s.out_channels * out_pixels, |enc| {
         let weights = NhwcWeights { w: Weight::bf16(&wb), bias: Weight::bf16(&bb), order };
-        conv2d_matrix_nhwc(gpu, enc, xh, weights, NhwcOutput::F32 { y: Mat::new(&yb, s.out_channels as u64), residual }, s, input)
+        conv2d_matrix_nhwc(gpu, enc, xh.into(), weights, NhwcOutput::F32 { y: Mat::new(&yb, s.out_channels as u64), residual }, s, input)
     });
     let got = to_nchw(&got, s.out_channels, out_pixels);
     let what = format!("channels-last conv {s:?} {input:?}, W {order:?}, residual {residual}, input pieces {x_piece:?}");
@@ -138,7 +138,7 @@ fn check_half_output(gpu: &Gpu, s: ConvShape, input: NhwcInput, [x_piece, y_piec
     let (r_words, r_scales, r_values) = pack_pixels(&before, out_pixels, cout, Some(y_piece));
     // The f32 kernel's values, onto the residual's where there is one.
     let yb = if residual { gpu.upload_f32("y", &r_values) } else { poisoned(gpu, cout * out_pixels) };
-    let f32_out = run_and_read(gpu, &yb, cout * out_pixels, |enc| conv2d_matrix_nhwc(gpu, enc, xh, weights, NhwcOutput::F32 { y: Mat::new(&yb, cout as u64), residual }, s, input));
+    let f32_out = run_and_read(gpu, &yb, cout * out_pixels, |enc| conv2d_matrix_nhwc(gpu, enc, xh.into(), weights, NhwcOutput::F32 { y: Mat::new(&yb, cout as u64), residual }, s, input));
     let (want_words, want_scales, _) = pack_pixels(&f32_out, out_pixels, cout, Some(y_piece));
     // The f16 kernel: words, then scales, in one poisoned buffer; the residual in its own.
     let (words_len, scales_len) = (out_pixels * cout / 2, out_pixels * cout / y_piece);
@@ -146,7 +146,7 @@ fn check_half_output(gpu: &Gpu, s: ConvShape, input: NhwcInput, [x_piece, y_piec
     let (rb, rs) = (gpu.upload_u32("residual", &r_words), gpu.upload_f32("residual scales", &r_scales));
     let y = HalfMat::pieces(Mat::new(&out, (cout / 2) as u64), Mat { buf: &out, offset: words_len as u64, stride: (cout / y_piece) as u64 }, y_piece as u64);
     let r = residual.then(|| HalfMat::pieces(Mat::new(&rb, (cout / 2) as u64), Mat::new(&rs, (cout / y_piece) as u64), y_piece as u64));
-    let all = run_and_read(gpu, &out, words_len + scales_len, |enc| conv2d_matrix_nhwc(gpu, enc, xh, weights, NhwcOutput::Half { y, residual: r }, s, input));
+    let all = run_and_read(gpu, &out, words_len + scales_len, |enc| conv2d_matrix_nhwc(gpu, enc, xh.into(), weights, NhwcOutput::Half { y, residual: r }, s, input));
     let got_words: Vec<u32> = all[..words_len].iter().map(|v| v.to_bits()).collect();
     let what = format!("{s:?} {input:?}, input pieces {x_piece:?}, output pieces of {y_piece}, residual {residual}");
     assert_eq!(&all[words_len..], &want_scales[..], "{what}: piece scales");
@@ -175,6 +175,63 @@ fn the_channels_last_conv_reads_its_input_in_pieces() {
     check_nhwc_conv_from(&gpu, ConvShape::same(96, 24, 7, 5, 1), NhwcInput::Plain, false, 86, TapOrder::Torch, Some(32));
     let upsampled = ConvShape { out_height: 10, out_width: 14, ..ConvShape::same(32, 16, 5, 7, 3) };
     check_nhwc_conv_from(&gpu, upsampled, NhwcInput::Upsampled, false, 87, TapOrder::Torch, Some(16));
+}
+
+/// The convolution normalising its input as it reads it (a GroupNorm, SiLU
+/// after where `silu`, of the stream's f16 pieces) gives the sums it gives
+/// over the rows the GroupNorm pass writes (held to the oracle by its own
+/// test): the same f16 operands wherever they are normal f16 under either
+/// scale, so the same bits but for values the looser bound's scale takes
+/// below f16's normals.
+fn check_normalised_input(gpu: &Gpu, s: ConvShape, input: NhwcInput, groups: usize, silu: bool, seed: u64) {
+    use crate::kernels::group_norm::{group_merge, group_moments, GroupAffine, GroupShape, GroupStats};
+    use crate::kernels::group_norm_nhwc::group_norm_nhwc_half;
+    use crate::kernels::Input;
+    let (cin, cout, pixels, out_pixels) = (s.in_channels, s.out_channels, s.height * s.width, s.out_height * s.out_width);
+    let mut rng = Rng::new(seed);
+    let mut x = rng.normals(cin * pixels, 2.0);
+    // A group far off zero, and one pixel far larger than the rest.
+    x[..cin / groups].iter_mut().for_each(|v| *v += 40.0);
+    x.iter_mut().skip(pixels / 3 * cin).take(cin).for_each(|v| *v *= 50.0);
+    let (words, scales, _) = pack_pixels(&x, pixels, cin, Some(16));
+    let (xb, xs) = (gpu.upload_u32("stream", &words), gpu.upload_f32("stream scales", &scales));
+    let stream = input_rows(&xb, &xs, cin, Some(16));
+    let (gamma, beta) = (rng.bf16s(cin, 1.0), rng.bf16s(cin, 0.5));
+    let (gb, bb) = (gpu.upload_bf16("gamma", &gamma), gpu.upload_bf16("beta", &beta));
+    let (w, b) = (rng.bf16s(cout * cin * s.kernel * s.kernel, 0.3), rng.bf16s(cout, 1.0));
+    let (wb, bias) = (gpu.upload_bf16("w", &w), gpu.upload_bf16("b", &b));
+    let weights = NhwcWeights { w: Weight::bf16(&wb), bias: Weight::bf16(&bias), order: TapOrder::Torch };
+    let shape = GroupShape { channels: cin as u64, pixels: pixels as u64, width: s.width as u64, groups: groups as u64, channels_last: true };
+    let affine = GroupAffine { gamma: Weight::bf16(&gb), beta: Weight::bf16(&bb), silu };
+    // The statistics, then the normalised rows as the GroupNorm pass writes them.
+    let scratch = gpu.storage("scratch", 4 * (2 * groups * s.height + 2 * groups + pixels * (cin / 2 + 1)) as u64);
+    let moments = Mat { buf: &scratch, offset: 0, stride: 0 };
+    let stats = Mat { buf: &scratch, offset: (2 * groups * s.height) as u64, stride: 0 };
+    let normed_at = (2 * groups * s.height + 2 * groups) as u64;
+    let normed = HalfMat::rows(Mat { buf: &scratch, offset: normed_at, stride: (cin / 2) as u64 }, Mat { buf: &scratch, offset: normed_at + (pixels * cin / 2) as u64, stride: 1 });
+    let (two_pass, fused) = (poisoned(gpu, cout * out_pixels), poisoned(gpu, cout * out_pixels));
+    let want = run_and_read(gpu, &two_pass, cout * out_pixels, |enc| {
+        group_moments(gpu, enc, Input::Half(stream), moments, shape)?;
+        group_merge(gpu, enc, GroupStats { moments, stats, eps: 1e-6 }, shape.moments())?;
+        group_norm_nhwc_half(gpu, enc, Input::Half(stream), stats, affine, normed, shape)?;
+        conv2d_matrix_nhwc(gpu, enc, normed.into(), weights, NhwcOutput::F32 { y: Mat::new(&two_pass, cout as u64), residual: false }, s, input)
+    });
+    let norm = NhwcNorm { stats, gamma: Weight::bf16(&gb), beta: Weight::bf16(&bb), groups: groups as u64, silu };
+    let got = run_and_read(gpu, &fused, cout * out_pixels, |enc| conv2d_matrix_nhwc(gpu, enc, NhwcSource { rows: stream, norm: Some(norm) }, weights, NhwcOutput::F32 { y: Mat::new(&fused, cout as u64), residual: false }, s, input));
+    let largest = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let differ = got.iter().zip(&want).filter(|(a, b)| a != b).count();
+    let worst = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+    println!("{s:?} {input:?}, {groups} groups, silu {silu}: {differ} of {} outputs differ from the two passes', at most {worst:.2e} (largest {largest:.2e})", want.len());
+    assert!(worst <= largest * 2f32.powi(-20), "{s:?}: fused {worst:.3e} off the two passes' (largest {largest:.3e})");
+}
+
+#[test]
+fn the_channels_last_conv_normalises_its_input_as_the_group_norm_pass_would() {
+    let Some(gpu) = matrix_gpu() else { return };
+    check_normalised_input(&gpu, ConvShape::same(64, 32, 9, 11, 3), NhwcInput::Plain, 8, true, 90);
+    check_normalised_input(&gpu, ConvShape::same(32, 48, 7, 6, 3), NhwcInput::Plain, 4, false, 91);
+    let upsampled = ConvShape { out_height: 10, out_width: 12, ..ConvShape::same(32, 16, 5, 6, 3) };
+    check_normalised_input(&gpu, upsampled, NhwcInput::Upsampled, 2, true, 92);
 }
 
 #[test]
@@ -208,7 +265,7 @@ fn the_channels_last_conv_in_pieces_of_pixels_matches_the_oracle() {
     let xh = HalfMat::rows(Mat::new(&x, 8), Mat { buf: &x, offset: 920 * 8, stride: 1 });
     let weights = NhwcWeights { w: Weight::bf16(&w), bias: Weight::bf16(&b), order: TapOrder::ChannelsLast };
     let out = NhwcOutput::F32 { y: Mat::new(&y, 24), residual: false };
-    conv2d_matrix_nhwc(&small, &mut recorded, xh, weights, out, s, NhwcInput::Plain).unwrap_or_else(|e| panic!("{e}"));
+    conv2d_matrix_nhwc(&small, &mut recorded, xh.into(), weights, out, s, NhwcInput::Plain).unwrap_or_else(|e| panic!("{e}"));
     assert!(recorded.len() >= 7, "{} dispatches", recorded.len());
     check_nhwc_conv(&small, s, NhwcInput::Plain, true, 64);
     let upsampled = ConvShape { out_height: 36, out_width: 22, ..ConvShape::same(16, 12, 18, 11, 3) };
@@ -225,13 +282,13 @@ fn the_channels_last_conv_refuses_what_it_cannot_take() {
     // Odd input channels; a stride of 2.
     let out = NhwcOutput::F32 { y: Mat::new(&buf, 4), residual: false };
     let odd = ConvShape::same(3, 4, 4, 4, 3);
-    assert!(conv2d_matrix_nhwc(&gpu, &mut sink, xh, weights, out, odd, NhwcInput::Plain).is_err());
+    assert!(conv2d_matrix_nhwc(&gpu, &mut sink, xh.into(), weights, out, odd, NhwcInput::Plain).is_err());
     let strided = ConvShape { stride: 2, out_height: 2, out_width: 2, ..ConvShape::same(4, 4, 4, 4, 3) };
-    assert!(conv2d_matrix_nhwc(&gpu, &mut sink, xh, weights, out, strided, NhwcInput::Plain).is_err());
+    assert!(conv2d_matrix_nhwc(&gpu, &mut sink, xh.into(), weights, out, strided, NhwcInput::Plain).is_err());
     // f16 outputs in pieces that do not divide the channels, or more than four a block.
     let half = |piece: u64| NhwcOutput::Half { y: HalfMat::pieces(Mat::new(&buf, 2), Mat::new(&buf, 4 / piece), piece), residual: None };
-    assert!(conv2d_matrix_nhwc(&gpu, &mut sink, xh, weights, half(3), ConvShape::same(4, 4, 4, 4, 3), NhwcInput::Plain).is_err());
+    assert!(conv2d_matrix_nhwc(&gpu, &mut sink, xh.into(), weights, half(3), ConvShape::same(4, 4, 4, 4, 3), NhwcInput::Plain).is_err());
     let wide = |piece: u64| NhwcOutput::Half { y: HalfMat::pieces(Mat::new(&buf, 64), Mat::new(&buf, 128 / piece), piece), residual: None };
-    assert!(conv2d_matrix_nhwc(&gpu, &mut sink, xh, weights, wide(2), ConvShape::same(4, 128, 4, 4, 3), NhwcInput::Plain).is_err());
+    assert!(conv2d_matrix_nhwc(&gpu, &mut sink, xh.into(), weights, wide(2), ConvShape::same(4, 128, 4, 4, 3), NhwcInput::Plain).is_err());
     assert!(sink.is_empty(), "nothing recorded for a refused convolution");
 }

@@ -292,7 +292,11 @@ pub fn op_traffic(op: &Op, tier: Precision, m: &Machine) -> Traffic {
         }
         Op::Transpose { rows, cols, .. } => pass(2 * rows * cols * a, 0, false),
         Op::Conv2d { shape: s, residual, .. } => conv(m, p, s, residual),
-        Op::ConvNhwc { x, y, shape: s, residual, .. } => conv_nhwc(m, p, s, [x, y], residual),
+        Op::ConvNhwc { x, y, shape: s, residual, ref norm, .. } => {
+            // A norm read with the input: its statistics, gamma and beta, once a call.
+            let norm_bytes = norm.as_ref().map_or(0, |n| 2 * n.groups * 4 + 2 * s.in_channels as u64 * wb);
+            conv_nhwc(m, p, s, [x, y], residual, norm_bytes)
+        }
         Op::GroupMoments { src, shape: g, .. } => pass(g.pixels * p.row_bytes(&src, g.channels) + 2 * g.groups * g.rows() * 4, 0, false),
         Op::GroupMerge { of, .. } => pass(2 * of.groups * of.rows * 4 + 2 * of.groups * 4, 0, false),
         Op::GroupNormApply { src, shape: g, dst, .. } if dst.is_half() => {
@@ -462,10 +466,10 @@ fn conv(m: &Machine, p: DataPath, s: flux_lite_core::oracle::ConvShape, residual
 /// rows, in pieces of output pixels as their rows fit one binding, each
 /// reading its window of input rows (the stored rows: an upsampled read
 /// moves no more); W's scales kept since load.
-fn conv_nhwc(m: &Machine, p: DataPath, s: flux_lite_core::oracle::ConvShape, [x, y]: [Operand; 2], residual: Option<Operand>) -> Traffic {
+fn conv_nhwc(m: &Machine, p: DataPath, s: flux_lite_core::oracle::ConvShape, [x, y]: [Operand; 2], residual: Option<Operand>, norm_bytes: u64) -> Traffic {
     let (pixels, plane) = ((s.height * s.width) as u64, (s.out_height * s.out_width) as u64);
     let (cin, cout, taps) = (s.in_channels as u64, s.out_channels as u64, (s.in_channels * s.kernel * s.kernel) as u64);
-    let weights = cout * taps * p.weight + cout * p.weight + cout * 4;
+    let weights = cout * taps * p.weight + cout * p.weight + cout * 4 + norm_bytes;
     // Each output pixel's row written, and the residual's read (y's own, or another tensor's).
     let output_row = p.row_bytes(&y, cout) + residual.map_or(0, |r| p.row_bytes(&r, cout));
     let piece = rows_per_piece(m, plane, &[Rows::packed(cout, 4)], m.product_block);
@@ -553,9 +557,10 @@ pub fn vae_decode(cfg: &VaeConfig, [width, height]: [u64; 2], tier: Precision, m
     let scale = cfg.scale_factor() as u64;
     let (latent_h, latent_w) = (height / scale, width / scale);
     let mut arena = BumpArena::new(u64::MAX);
-    let layout = vae::VaeLayout::new(cfg, latent_h, latent_w, &mut arena).map_err(|e| RunError::layout("VAE")(&e))?;
-    let program = crate::exec::runner::collect_ops(|emit| flux_lite_core::models::vae_nhwc::decode_whole(&layout, is_matrix(tier), emit));
-    let whole = 4 * vae::largest_activation(cfg, latent_h * latent_w) <= m.max_binding;
+    let channels_last = is_matrix(tier);
+    let layout = vae::VaeLayout::new(cfg, latent_h, latent_w, channels_last, &mut arena).map_err(|e| RunError::layout("VAE")(&e))?;
+    let program = crate::exec::runner::collect_ops(|emit| flux_lite_core::models::vae_nhwc::decode_whole(&layout, channels_last, emit));
+    let whole = vae::largest_binding(cfg, latent_h * latent_w, channels_last) <= m.max_binding;
     Ok(DecodeTraffic { decode: program_traffic(&program, tier, m), by_kind: by_kind(&program, tier, m), whole })
 }
 

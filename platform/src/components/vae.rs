@@ -132,16 +132,17 @@ impl VaeDecoder {
             check_tile(config, Some(tile as usize))?;
         }
         let (latent_h, latent_w) = ((height / scale) as u64, (width / scale) as u64);
+        let channels_last = gpu.plan_limits().half_operands;
         // The whole image's layout, or the elements a band's operands may take.
         let (layout, capacity, arena_bytes) = match banded {
             None => {
                 let mut arena = BumpArena::new(u64::MAX);
-                let layout = VaeLayout::new(config, latent_h, latent_w, &mut arena).map_err(plan_error)?;
+                let layout = VaeLayout::new(config, latent_h, latent_w, channels_last, &mut arena).map_err(plan_error)?;
                 (Some(layout), 0, arena.high_water())
             }
             Some((t, _)) => {
                 let side = t / scale as u64;
-                let capacity = program::band_capacity(config, side, gpu.max_binding()).map_err(plan_error)?;
+                let capacity = program::band_capacity(config, side, gpu.max_binding(), channels_last).map_err(plan_error)?;
                 (None, capacity, program::band_arena_bytes(capacity))
             }
         };
@@ -154,7 +155,6 @@ impl VaeDecoder {
         gpu.check_faults()?;
         let mut weights = upload_decoder(gpu, config, store)?;
         weights.keep_row_scales(gpu, &product_rows(&decoder_specs(config)))?;
-        let channels_last = gpu.plan_limits().half_operands;
         let mode = match layout {
             Some(layout) => {
                 // The 8-bit levels in the same pass: one readback gives the image.
@@ -167,7 +167,7 @@ impl VaeDecoder {
             }
             None => {
                 let on_device = banded.is_some_and(|(_, on_device)| on_device);
-                let elements = program::arena_bytes(config, latent_h, latent_w).map_err(plan_error)? / 4;
+                let elements = program::arena_bytes(config, latent_h, latent_w, channels_last).map_err(plan_error)? / 4;
                 Mode::Banded { capacity, activations: BandActivations::new(gpu, elements, on_device)?, channels_last }
             }
         };
@@ -230,7 +230,7 @@ impl VaeDecoder {
                 (decoded, if *channels_last { levels } else { interleave_rgb(&levels, pixels) })
             }
             Mode::Banded { capacity, activations, channels_last } => {
-                let full = VaeLayout::new(&self.config, self.latent_h, self.latent_w, &mut BumpArena::new(u64::MAX)).map_err(plan_error)?;
+                let full = VaeLayout::new(&self.config, self.latent_h, self.latent_w, *channels_last, &mut BumpArena::new(u64::MAX)).map_err(plan_error)?;
                 let mut held = activations.hold()?;
                 self.decode_banded(gpu, (*capacity, *channels_last), &full, packed, held.store(), progress)?;
                 // The levels made by bands where the activations are: one

@@ -239,9 +239,13 @@ impl Runner {
                 let then = kernels::ConvEpilogue { residual: *residual, relu: *relu };
                 kernels::conv2d_then(gpu, sink, self.mat(*x), w, bias, self.mat(*y), *shape, then)
             }
-            Op::ConvNhwc { x, w, bias, y, shape, upsample, residual } => {
-                let Some(x) = self.half(*x) else {
+            Op::ConvNhwc { x, w, bias, y, shape, upsample, residual, norm } => {
+                let Some(rows) = self.half(*x) else {
                     return Err(GpuError::UnsupportedShape("a channels-last convolution reads f16 rows".into()));
+                };
+                let norm = match norm {
+                    Some(n) => Some(kernels::NhwcNorm { stats: self.mat(n.stats), gamma: weights.get(&n.gamma)?.view(), beta: weights.get(&n.beta)?.view(), groups: n.groups, silu: n.silu }),
+                    None => None,
                 };
                 let weights = kernels::NhwcWeights { w: weights.get(w)?.view(), bias: weights.get(bias)?.view(), order: kernels::TapOrder::Torch };
                 let input = if *upsample { kernels::NhwcInput::Upsampled } else { kernels::NhwcInput::Plain };
@@ -254,7 +258,7 @@ impl Runner {
                 if residual.is_some_and(|r| y.is_half() && !r.is_half()) {
                     return Err(GpuError::UnsupportedShape("a channels-last convolution into f16 rows adds f16 rows".into()));
                 }
-                kernels::conv2d_matrix_nhwc(gpu, sink, x, weights, out, *shape, input)
+                kernels::conv2d_matrix_nhwc(gpu, sink, kernels::NhwcSource { rows, norm }, weights, out, *shape, input)
             }
             Op::GroupMoments { src, moments, shape } => kernels::group_moments(gpu, sink, self.input(*src), self.mat(*moments), *shape),
             Op::GroupMerge { moments, stats, of, eps } => {

@@ -21,7 +21,7 @@ use flux_lite_kernels::kernels::{Gemm, ATTENTION_KEY_TILE};
 use flux_lite_kernels::Gpu;
 use crate::exec::device_weights::DeviceWeights;
 use crate::exec::runner::Runner;
-use flux_lite_core::ir::{AttentionCarry, GroupShape, Op, Operand, RowMoments, Span};
+use flux_lite_core::ir::{AttentionCarry, GroupShape, InputNorm, Op, Operand, RowMoments, Span};
 use flux_lite_core::oracle::ConvShape;
 use flux_lite_core::models::tensors::TensorName;
 use flux_lite_core::models::vae_nhwc::half_rows;
@@ -30,7 +30,7 @@ use crate::exec::activations::{Activations, Window};
 #[cfg(doc)]
 use crate::exec::activations::{DeviceTensors, HostTensors};
 
-use flux_lite_core::models::vae::{band_arena_bytes, BAND_ALIGN as ALIGN};
+use flux_lite_core::models::vae::{band_arena_bytes, nhwc_band_elements, BAND_ALIGN as ALIGN};
 
 /// `[lo, hi)` steps of `band` over `0..n`.
 fn bands(n: u64, band: u64) -> impl Iterator<Item = (u64, u64)> {
@@ -72,7 +72,7 @@ impl BandRunner<'_> {
                 let g = Norm { gamma, beta, shape: *shape, silu: *silu };
                 self.group_norm_apply(store, [*src, (*stats).into()], *dst, g)
             }
-            Op::ConvNhwc { x, w, bias, y, shape, upsample, residual } => self.conv_nhwc(store, [*x, *y], *residual, [w, bias], *shape, *upsample),
+            Op::ConvNhwc { x, w, bias, y, shape, upsample, residual, norm } => self.conv_nhwc(store, [*x, *y], *residual, [w, bias], (*shape, norm.as_ref()), *upsample),
             &Op::HalfPack { src, dst, scales, tokens, heads, head_dim } => self.half_pack(store, [src, dst, scales], tokens, heads * head_dim),
             &Op::Residual { dst, y, rows, cols } => self.residual(store, [dst, y], rows, cols),
             Op::Linear { x, w, w_row: 0, bias, y, rows, cols, inner, gate: None } if x.is_half() => {
@@ -298,18 +298,21 @@ impl BandRunner<'_> {
     /// row, whose taps begin on an input row's second upsampled copy, so
     /// that a band's input is whole input rows with no zeros above. Into f32
     /// rows (onto their own values where there is a residual) or f16 rows
-    /// in pieces (onto the residual's).
-    fn conv_nhwc(&self, store: &mut dyn Activations, [x, y]: [Operand; 2], residual: Option<Operand>, [w, bias]: [&TensorName; 2], s: ConvShape, upsample: bool) -> Result<(), RunError> {
+    /// in pieces (onto the residual's); its input normalised as read with
+    /// the whole image's statistics where `norm` says so.
+    fn conv_nhwc(&self, store: &mut dyn Activations, [x, y]: [Operand; 2], residual: Option<Operand>, [w, bias]: [&TensorName; 2], (s, norm): (ConvShape, Option<&InputNorm>), upsample: bool) -> Result<(), RunError> {
         let (cin, cout, h, wd) = (s.in_channels as u64, s.out_channels as u64, s.height as u64, s.width as u64);
         let (out_h, out_w) = (s.out_height as u64, s.out_width as u64);
         let in_place = residual.is_some_and(|r| r == y);
         if s.kernel > 3 || (upsample && s.kernel != 3) || !x.is_half() || (residual.is_some() && y.is_half() == in_place) {
             return Err(cannot_band(format!("a channels-last convolution {s:?} from {x:?} into {y:?} onto {residual:?}")));
         }
-        // An input row's words and scales; the rows the taps reach beyond a band's own.
+        // An input row's words and scales; the rows the taps reach beyond a
+        // band's own, and the statistics (core's `nhwc_band_elements`).
         let input_row = wd * pixel_elements(x, cin);
-        let output_row = out_w * pixel_elements(y, cout) * if residual.is_some() && !in_place { 2 } else { 1 };
-        let band = self.band(2 * input_row, input_row + output_row, "convolution row")?;
+        let stats = norm.map_or(0, |n| 2 * n.groups);
+        let (fixed, per_row) = nhwc_band_elements(s, [x, y], residual, stats);
+        let band = self.band(fixed, per_row, "convolution row")?;
         for (y0, y1) in conv_bands(out_h, band, upsample)? {
             let (g0, g1, pad_top) = match upsample {
                 // Output row y reads upsampled rows y − 1 ..= y + 1, input rows (y − 1)/2 ..= (y + 1)/2.
@@ -323,9 +326,17 @@ impl BandRunner<'_> {
             let mut arena = self.operands();
             let xs = half_like(arena.take(rows_in * input_row)?, rows_in * wd, cin, x);
             self.fetch_half_rows(store, x, [g0 * wd, g1 * wd], cin, xs)?;
+            let norm = match norm {
+                Some(n) => {
+                    let ns = arena.take(stats)?;
+                    self.fetch(store, n.stats, Window::run(0, stats), ns)?;
+                    Some(InputNorm { stats: ns, ..n.clone() })
+                }
+                None => None,
+            };
             let out = [y0 * out_w, y1 * out_w];
             let shape = ConvShape { height: rows_in as usize, pad_top, out_height: (y1 - y0) as usize, ..s };
-            let op = |y: Operand, residual: Option<Operand>| Op::ConvNhwc { x: xs, w: w.clone(), bias: bias.clone(), y, shape, upsample, residual };
+            let op = |y: Operand, residual: Option<Operand>| Op::ConvNhwc { x: xs, w: w.clone(), bias: bias.clone(), y, shape, upsample, residual, norm: norm.clone() };
             if y.is_half() {
                 let ys = half_like(arena.take(px_out * pixel_elements(y, cout))?, px_out, cout, y);
                 let rs = match residual {

@@ -10,8 +10,9 @@ impl<'g> ShapeBench<'g> {
     /// binding; `gen` decodes such sizes in tiles), or `None` if it can.
     pub fn vae_unfit(&self, cfg: &VaeConfig, size: u64) -> Option<String> {
         let latent = size / cfg.scale_factor() as u64;
-        let tensor = 4 * vae::largest_activation(cfg, latent * latent);
-        self.unfit(vae::arena_bytes(cfg, latent, latent).map_err(|e| e.to_string()), tensor)
+        let channels_last = self.gpu.plan_limits().half_operands;
+        let tensor = vae::largest_binding(cfg, latent * latent, channels_last);
+        self.unfit(vae::arena_bytes(cfg, latent, latent, channels_last).map_err(|e| e.to_string()), tensor)
     }
 
     /// Why an arena of `arena` bytes with a largest tensor of `tensor` bytes
@@ -33,8 +34,8 @@ impl<'g> ShapeBench<'g> {
 
     /// The whole VAE decoder for a `size`² image, untiled, to its 8-bit levels as `gen` runs it.
     pub fn vae_decode(&self, cfg: &VaeConfig, size: u64) -> Result<Figure, RunError> {
-        let (layout, arena_bytes) = vae_layout(cfg, size)?;
         let channels_last = self.gpu.plan_limits().half_operands;
+        let (layout, arena_bytes) = vae_layout(cfg, size, channels_last)?;
         let program = collect_ops(|emit| flux_lite_core::models::vae_nhwc::decode_whole(&layout, channels_last, emit));
         self.vae_program("VAE decode", format!("{size}×{size}"), cfg, &program, arena_bytes)
     }
@@ -64,13 +65,13 @@ impl<'g> ShapeBench<'g> {
     /// wall-clock median of the decodes, each band's copies included.
     pub fn vae_decode_banded(&self, cfg: &VaeConfig, size: u64) -> Result<Figure, RunError> {
         let internal = |e: vae::VaePlanError| RunError::layout("VAE")(&e);
-        let (layout, arena_bytes) = vae_layout(cfg, size)?;
         // The program `gen` runs by bands: the whole decode's, levels included.
         let channels_last = self.gpu.plan_limits().half_operands;
+        let (layout, arena_bytes) = vae_layout(cfg, size, channels_last)?;
         let program = collect_ops(|emit| flux_lite_core::models::vae_nhwc::decode_whole(&layout, channels_last, emit));
         let scale = cfg.scale_factor() as u64;
         let limits = self.gpu.plan_limits();
-        let row = vae::decode_band_minimum(cfg, size / scale, size / scale).map_err(internal)?;
+        let row = vae::decode_band_minimum(cfg, size / scale, size / scale, channels_last).map_err(internal)?;
         let (how, capacity, on_device) = match flux_lite_core::plan::decode_device_capacity(cfg, size, row, limits) {
             Some(capacity) => ("bands of a binding, activations on the device".to_string(), capacity, true),
             None => {
@@ -174,7 +175,8 @@ impl<'g> ShapeBench<'g> {
 
     /// The VAE decoder's last up block (the one at full resolution) for a `size`² image.
     pub fn vae_up_block(&self, cfg: &VaeConfig, size: u64) -> Result<Figure, RunError> {
-        let (layout, arena_bytes) = vae_layout(cfg, size)?;
+        // The channel-major program's block.
+        let (layout, arena_bytes) = vae_layout(cfg, size, false)?;
         let last = vae::up_block_count(&layout).saturating_sub(1);
         let block = collect_ops(|emit| vae::up_block(&layout, last, emit));
         let channels = cfg.decoder_channels().first().copied().unwrap_or(0);
@@ -200,10 +202,10 @@ impl<'g> ShapeBench<'g> {
     }
 }
 
-fn vae_layout(cfg: &VaeConfig, size: u64) -> Result<(vae::VaeLayout, u64), RunError> {
+fn vae_layout(cfg: &VaeConfig, size: u64, channels_last: bool) -> Result<(vae::VaeLayout, u64), RunError> {
     let latent = size / cfg.scale_factor() as u64;
     let mut arena = BumpArena::new(u64::MAX);
-    let layout = vae::VaeLayout::new(cfg, latent, latent, &mut arena).map_err(|e| RunError::layout("VAE")(&e))?;
+    let layout = vae::VaeLayout::new(cfg, latent, latent, channels_last, &mut arena).map_err(|e| RunError::layout("VAE")(&e))?;
     Ok((layout, arena.high_water()))
 }
 
