@@ -77,6 +77,8 @@ pub const ALL_KERNELS: &[Kernel] = &[
     conv::CONV2D_MATRIX_16,
     attention::ATTENTION_MATRIX_8,
     attention::ATTENTION_MATRIX_16,
+    attention::ATTENTION_MATRIX_WIDE_8,
+    attention::ATTENTION_MATRIX_WIDE_16,
     attention::ATTENTION_FLASH_8,
     attention::ATTENTION_FLASH_16,
     bench::MATRIX_PEAK_8,

@@ -59,6 +59,9 @@ pub enum Module {
     AttentionMatrix8,
     /// The matrix tier's attention with 16×16 cooperative-matrix tiles.
     AttentionMatrix16,
+    /// The same for heads up to 512 wide (the VAE's mid-block), f16 tiles.
+    AttentionMatrixWide8,
+    AttentionMatrixWide16,
     /// The matrix tier's flash attention (opt-in), 8×8 and 16×16 f16 tiles.
     AttentionFlash8,
     AttentionFlash16,
@@ -89,7 +92,7 @@ pub enum Module {
 }
 
 impl Module {
-    pub const ALL: [Module; 58] = [
+    pub const ALL: [Module; 60] = [
         Module::Linear,
         Module::RangeScales,
         Module::Norm,
@@ -132,6 +135,8 @@ impl Module {
         Module::ConvMatrix16,
         Module::AttentionMatrix8,
         Module::AttentionMatrix16,
+        Module::AttentionMatrixWide8,
+        Module::AttentionMatrixWide16,
         Module::AttentionFlash8,
         Module::AttentionFlash16,
         Module::LinearMatrix8F32,
@@ -181,6 +186,8 @@ impl Module {
             Module::ConvMatrix16 => "conv_matrix (16×16 tiles)",
             Module::AttentionMatrix8 => "attention_matrix (8×8 tiles)",
             Module::AttentionMatrix16 => "attention_matrix (16×16 tiles)",
+            Module::AttentionMatrixWide8 => "attention_matrix (8×8 tiles, heads up to 512)",
+            Module::AttentionMatrixWide16 => "attention_matrix (16×16 tiles, heads up to 512)",
             Module::AttentionFlash8 => "attention_flash (8×8 tiles)",
             Module::AttentionFlash16 => "attention_flash (16×16 tiles)",
             Module::LinearMatrix8F32 => "linear_matrix (8×8 f32 tiles)",
@@ -282,7 +289,14 @@ impl Module {
             || self.is_flash()
             || matches!(
                 self,
-                Module::AttentionMatrix8 | Module::AttentionMatrix16 | Module::AttentionMatrix8F32 | Module::BenchMatrix8 | Module::BenchMatrix16 | Module::BenchMatrix8F32
+                Module::AttentionMatrix8
+                    | Module::AttentionMatrix16
+                    | Module::AttentionMatrixWide8
+                    | Module::AttentionMatrixWide16
+                    | Module::AttentionMatrix8F32
+                    | Module::BenchMatrix8
+                    | Module::BenchMatrix16
+                    | Module::BenchMatrix8F32
             )
     }
 
@@ -411,8 +425,10 @@ impl Module {
             Module::LinearMatrix16 => with_matrix!("16", f16, "product_io.wgsl", "linear_io.wgsl", "linear_matrix.wgsl", "matrix_gemm.wgsl", "matrix_fetch.wgsl"),
             Module::ConvMatrix8 => with_matrix!("8", f16, "product_io.wgsl", "conv_io.wgsl", "conv_matrix.wgsl", "conv_matrix_common.wgsl", "matrix_gemm.wgsl", "matrix_fetch.wgsl"),
             Module::ConvMatrix16 => with_matrix!("16", f16, "product_io.wgsl", "conv_io.wgsl", "conv_matrix.wgsl", "conv_matrix_common.wgsl", "matrix_gemm.wgsl", "matrix_fetch.wgsl"),
-            Module::AttentionMatrix8 => with_matrix!("8", f16, "attention_io.wgsl", "attention_kv_f32.wgsl", "attention_qkv.wgsl", "attention_matrix.wgsl"),
-            Module::AttentionMatrix16 => with_matrix!("16", f16, "attention_io.wgsl", "attention_kv_f32.wgsl", "attention_qkv.wgsl", "attention_matrix.wgsl"),
+            Module::AttentionMatrix8 => with_matrix!("8", f16, "attention_io.wgsl", "attention_kv_f32.wgsl", "attention_qkv.wgsl", "attention_head_128.wgsl", "attention_matrix.wgsl"),
+            Module::AttentionMatrix16 => with_matrix!("16", f16, "attention_io.wgsl", "attention_kv_f32.wgsl", "attention_qkv.wgsl", "attention_head_128.wgsl", "attention_matrix.wgsl"),
+            Module::AttentionMatrixWide8 => with_matrix!("8", f16, "attention_io.wgsl", "attention_kv_f32.wgsl", "attention_qkv.wgsl", "attention_head_512.wgsl", "attention_matrix.wgsl"),
+            Module::AttentionMatrixWide16 => with_matrix!("16", f16, "attention_io.wgsl", "attention_kv_f32.wgsl", "attention_qkv.wgsl", "attention_head_512.wgsl", "attention_matrix.wgsl"),
             Module::AttentionFlash8 => with_matrix!("8", f16, "attention_io.wgsl", "attention_kv_f32.wgsl", "attention_qkv.wgsl", "attention_flash.wgsl"),
             Module::AttentionFlash16 => with_matrix!("16", f16, "attention_io.wgsl", "attention_kv_f32.wgsl", "attention_qkv.wgsl", "attention_flash.wgsl"),
             Module::BenchMatrix8 => with_matrix!("8", f16, "bench_io.wgsl", "bench_matrix.wgsl"),
@@ -421,7 +437,7 @@ impl Module {
             Module::LinearMatrix16Vec4 => with_matrix!("16", f16, "product_io.wgsl", "linear_io.wgsl", "linear_matrix.wgsl", "matrix_gemm.wgsl", "linear_matrix_vec4.wgsl"),
             Module::LinearMatrix8F32Vec4 => with_matrix!("8", f32, "product_io.wgsl", "linear_io.wgsl", "linear_matrix.wgsl", "matrix_gemm.wgsl", "linear_matrix_vec4.wgsl"),
             Module::ConvMatrix8F32 => with_matrix!("8", f32, "product_io.wgsl", "conv_io.wgsl", "conv_matrix.wgsl", "conv_matrix_common.wgsl", "matrix_gemm.wgsl", "matrix_fetch.wgsl"),
-            Module::AttentionMatrix8F32 => with_matrix!("8", f32, "attention_io.wgsl", "attention_kv_f32.wgsl", "attention_qkv.wgsl", "attention_matrix.wgsl"),
+            Module::AttentionMatrix8F32 => with_matrix!("8", f32, "attention_io.wgsl", "attention_kv_f32.wgsl", "attention_qkv.wgsl", "attention_head_128.wgsl", "attention_matrix.wgsl"),
             Module::BenchMatrix8F32 => with_matrix!("8", f32, "bench_io.wgsl", "bench_matrix.wgsl"),
             Module::BenchMatrix16 => with_matrix!("16", f16, "bench_io.wgsl", "bench_matrix.wgsl"),
             Module::ConvMatrix8Narrow => with_matrix!("8", f16, narrow, "product_io.wgsl", "conv_io.wgsl", "conv_matrix.wgsl", "conv_matrix_common.wgsl", "matrix_gemm.wgsl", "matrix_fetch.wgsl"),

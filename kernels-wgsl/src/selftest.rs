@@ -130,6 +130,8 @@ pub fn product_checks(gpu: &Gpu) -> Vec<Check> {
     // FLUX's own head width, where a kernel's output tiles span the whole head.
     let wide = Attention { q_len: 70, kv_len: 70, q_heads: 2, kv_heads: 2, head_dim: 128, scale: 1.0 / 128f32.sqrt(), causal: false };
     let attention_bound = if gpu.matrix().is_some() { MATRIX_ATTENTION } else { F32_KERNEL };
+    // The carried attention runs on matrix units where the tier's tiles are f16.
+    let carried_bound = if gpu.matrix().is_some_and(|c| c.operands == crate::precision::MatrixOperands::F16) { MATRIX_ATTENTION } else { F32_KERNEL };
     vec![
         outcome(format!("{tier} linear {m}×{n}×{k}, bf16 weights and bias"), product_bound(gpu), check_linear(gpu, m, n, k, 1)),
         outcome(format!("{tier} linear adding onto its output (LoRA), 45×70×12 in a wider row, f32 weights"), product_bound(gpu), check_linear_add(gpu, 45, 70, 12, 9)),
@@ -138,7 +140,8 @@ pub fn product_checks(gpu: &Gpu) -> Vec<Check> {
         outcome(format!("{tier} attention causal, 29 tokens, 4 query / 2 kv heads × 16"), attention_bound, check_attention(gpu, causal, 4)),
         outcome(format!("{tier} attention 70 tokens, 2 heads × 128"), attention_bound, check_attention(gpu, wide, 5)),
         outcome(format!("{tier} conv2d 3×3 stride 2, padded right and below, 4→3 channels, 9×8"), product_bound(gpu), check_conv(gpu, downsampler(4, 3, 9, 8), 42)),
-        outcome(format!("{tier} attention carried over 3 key chunks (the VAE's, f32 on every tier), 21 queries, 40 keys"), F32_KERNEL, check_attention_key_chunks(gpu)),
+        outcome(format!("{tier} attention carried over 3 key chunks (the VAE's), 21 queries, 40 keys, 2 heads × 24"), carried_bound, check_attention_key_chunks(gpu, 2, 24)),
+        outcome(format!("{tier} attention carried over 3 key chunks, one head × 512 (the VAE mid-block's width)"), carried_bound, check_attention_key_chunks(gpu, 1, 512)),
     ]
 }
 
@@ -541,9 +544,10 @@ pub fn downsampler(in_channels: usize, out_channels: usize, height: usize, width
 }
 
 /// Attention carried over three chunks of the keys (16, 16 and 8), as the
-/// banded VAE's mid-block attention runs, against f64 attention over all keys.
-pub fn check_attention_key_chunks(gpu: &Gpu) -> Result<f64, GpuError> {
-    let (q_len, kv_len, heads, d) = (21usize, 40usize, 2usize, 24usize);
+/// banded VAE's mid-block attention runs, against f64 attention over all
+/// keys, with `heads` heads of `d`.
+pub fn check_attention_key_chunks(gpu: &Gpu, heads: usize, d: usize) -> Result<f64, GpuError> {
+    let (q_len, kv_len) = (21usize, 40usize);
     let mut rng = Rng::new(71);
     let (q, k, v) = (rng.normals(q_len * heads * d, 1.0), rng.normals(kv_len * heads * d, 1.0), rng.normals(kv_len * heads * d, 1.0));
     let scale = (1.0 / (d as f64).sqrt()) as f32;

@@ -71,19 +71,30 @@ pub const ATTENTION_MATRIX_8: Kernel = Kernel {
     module: Module::AttentionMatrix8,
     entry: "attention_matrix",
     workgroup_size: [0, 1, 1],
-    storage: &[(1, RW), (2, RW), (3, RW), (4, R), (5, RW), (12, RW), (13, RW), (14, RW), (15, RW), (16, RW), (17, RW), (18, RW), (19, RW)],
+    storage: &[(1, RW), (2, RW), (3, RW), (4, R), (5, RW), (6, RW), (12, RW), (13, RW), (14, RW), (15, RW), (16, RW), (17, RW), (18, RW), (19, RW)],
     ..ATTENTION
 };
 pub const ATTENTION_MATRIX_16: Kernel = Kernel { module: Module::AttentionMatrix16, ..ATTENTION_MATRIX_8 };
 pub const ATTENTION_MATRIX_8_F32: Kernel = Kernel { module: Module::AttentionMatrix8F32, ..ATTENTION_MATRIX_8 };
+/// The matrix tier's attention for heads up to [`ATTENTION_MATRIX_WIDE_MAX_HEAD_DIM`]
+/// (f16 tiles): the VAE mid-block's, carried over chunks of keys by bands.
+pub const ATTENTION_MATRIX_WIDE_8: Kernel = Kernel { module: Module::AttentionMatrixWide8, ..ATTENTION_MATRIX_8 };
+pub const ATTENTION_MATRIX_WIDE_16: Kernel = Kernel { module: Module::AttentionMatrixWide16, ..ATTENTION_MATRIX_8 };
 /// The widest head the matrix tier's attention takes; wider ones run `attention.wgsl`.
 pub const ATTENTION_MATRIX_MAX_HEAD_DIM: u64 = 128;
+/// The widest head its wide modules take (`attention_head_512.wgsl`).
+pub const ATTENTION_MATRIX_WIDE_MAX_HEAD_DIM: u64 = 512;
 /// The matrix tier's flash attention (`attention_flash.wgsl`, f16 tiles):
 /// its attention wherever the start-up check passed ([`Gpu::flash_attention`])
 /// and the call fits it ([`flash_takes`]); its workgroup is
 /// [`flash_subgroups`] subgroups (the `WG` override). Bindings as
-/// [`ATTENTION_MATRIX_8`]'s.
-pub const ATTENTION_FLASH_8: Kernel = Kernel { module: Module::AttentionFlash8, entry: "attention_flash", ..ATTENTION_MATRIX_8 };
+/// [`ATTENTION_MATRIX_8`]'s but the carried state's.
+pub const ATTENTION_FLASH_8: Kernel = Kernel {
+    module: Module::AttentionFlash8,
+    entry: "attention_flash",
+    storage: &[(1, RW), (2, RW), (3, RW), (4, R), (5, RW), (12, RW), (13, RW), (14, RW), (15, RW), (16, RW), (17, RW), (18, RW), (19, RW)],
+    ..ATTENTION_MATRIX_8
+};
 pub const ATTENTION_FLASH_16: Kernel = Kernel { module: Module::AttentionFlash16, ..ATTENTION_FLASH_8 };
 
 /// Subgroups in one flash-attention workgroup (`SG` in attention_flash.wgsl): 4 with 16×16 tiles, 2 with 8×8.
@@ -284,7 +295,8 @@ pub fn attention(gpu: &Gpu, sink: &mut dyn Sink, qkv: Qkv<'_>, key_keep: Option<
     attention_with(gpu, sink, kernel, qkv, Inputs::F32, None, key_keep, Out::F32(o), None, s)
 }
 
-/// Keys a chunk of a carried attention is a multiple of (but the last): the tiled kernel's key tile.
+/// Keys a chunk of a carried attention is a multiple of (but the last): the
+/// tiled kernel's key tile, a multiple of the matrix kernel's (8 or 16).
 pub const ATTENTION_KEY_TILE: u64 = 16;
 
 /// An attention call's part of one over more keys ([`attention_carried`]):
@@ -316,7 +328,19 @@ pub fn attention_carried(gpu: &Gpu, sink: &mut dyn Sink, qkv: Qkv<'_>, o: Mat<'_
     if s.causal {
         return Err(GpuError::UnsupportedShape("a carried attention is non-causal".into()));
     }
-    attention_with(gpu, sink, AttentionKernel::Tiled, qkv, Inputs::F32, None, None, Out::F32(o), carry, s)
+    attention_with(gpu, sink, carried_kernel(gpu, s.head_dim), qkv, Inputs::F32, None, None, Out::F32(o), carry, s)
+}
+
+/// The kernel a carried attention runs on: the matrix tier's (its wide
+/// modules past 128 dims) where the tier has f16 tiles and the head fits,
+/// else the tiled one. Either one's key tiles divide
+/// [`ATTENTION_KEY_TILE`], so chunks of whole tiles give one call's bits.
+fn carried_kernel(gpu: &Gpu, head_dim: u64) -> AttentionKernel {
+    let matrix = gpu.matrix().filter(|c| c.operands == MatrixOperands::F16 && head_dim <= ATTENTION_MATRIX_WIDE_MAX_HEAD_DIM);
+    match (gpu.attention_choice(), matrix) {
+        (AttentionChoice::Launcher | AttentionChoice::Matrix, Some(c)) => AttentionKernel::Matrix(c),
+        _ => AttentionKernel::Tiled,
+    }
 }
 
 /// [`attention`] writing `o` as the next product's
@@ -538,7 +562,7 @@ fn attention_with(
         // The matrix tier's kernels share their bindings: without f16 output,
         // 12 and 13 take the output's window, unwritten; without f16 inputs
         // 14–19 the inputs' own, unread.
-        let matrix_dispatch = |sink: &mut dyn Sink, kernel: &Kernel, wg: u32, grid: [u32; 3]| -> Result<(), GpuError> {
+        let matrix_dispatch = |sink: &mut dyn Sink, kernel: &Kernel, wg: u32, grid: [u32; 3], state: &[(u32, &_)]| -> Result<(), GpuError> {
             let piece = o_half.and_then(|h| h.piece).unwrap_or(64);
             let constants = [("WG", wg), ("O_HALF", o_half.is_some() as u32), ("O_PIECE", to_u32(piece, "attention output piece")?), ("QKV_HALF", half_inputs.is_some() as u32)];
             let launch = Launch { kernel, constants: &constants, params, grid };
@@ -547,7 +571,7 @@ fn attention_with(
                 None => (&kw, &vw),
             };
             let half_bindings = [(14, &qw), (15, &kw), (16, &vw), (17, qsw.as_ref().unwrap_or(&qw)), (18, ksw), (19, vsw)];
-            dispatch(gpu, sink, launch, &[&bindings[..], &[(12, &ow), (13, osw.as_ref().unwrap_or(&ow))], &half_bindings].concat());
+            dispatch(gpu, sink, launch, &[&bindings[..], state, &[(12, &ow), (13, osw.as_ref().unwrap_or(&ow))], &half_bindings].concat());
             Ok(())
         };
         match kernel {
@@ -571,13 +595,17 @@ fn attention_with(
                 dispatch(gpu, sink, launch, &[&[(4, &mw), (5, &ow), (7, &qw), (8, &kw), (9, &vw)][..], &scale_bindings].concat());
             }
             AttentionKernel::Matrix(c) => {
-                let kernel = c.pick([&ATTENTION_MATRIX_8, &ATTENTION_MATRIX_16, &ATTENTION_MATRIX_8_F32]);
-                matrix_dispatch(sink, kernel, c.subgroup, grid)?;
+                let kernel = match s.head_dim > ATTENTION_MATRIX_MAX_HEAD_DIM {
+                    true if c.size == 16 => &ATTENTION_MATRIX_WIDE_16,
+                    true => &ATTENTION_MATRIX_WIDE_8,
+                    false => c.pick([&ATTENTION_MATRIX_8, &ATTENTION_MATRIX_16, &ATTENTION_MATRIX_8_F32]),
+                };
+                matrix_dispatch(sink, kernel, c.subgroup, grid, &[(6, &state_w)])?;
             }
             AttentionKernel::Flash(c) => {
                 let kernel = if c.size == 16 { &ATTENTION_FLASH_16 } else { &ATTENTION_FLASH_8 };
                 let z = to_u32(s.head_dim.div_ceil(flash_output_dims(c)), "attention output dims")?;
-                matrix_dispatch(sink, kernel, c.subgroup * flash_subgroups(c) as u32, [grid[0], grid[1], z])?;
+                matrix_dispatch(sink, kernel, c.subgroup * flash_subgroups(c) as u32, [grid[0], grid[1], z], &[])?;
             }
         }
     }

@@ -10,11 +10,21 @@
 // rule: per query and per key over the whole head_dim, per row of
 // probabilities and per value column within a key tile (f32 ones skip the
 // measuring; their scales stay 1). The softmax and the running output stay f32 in workgroup
-// memory. Head dims up to MAX_DIM (FLUX's 128); the launcher sends wider
-// heads (the VAE's single 512-wide head) to attention.wgsl.
+// memory. Head dims up to MAX_DIM, which the module sets (attention_head_128.wgsl
+// for FLUX's heads, attention_head_512.wgsl for the VAE's single 512-wide one).
+//
+// As attention.wgsl, a call over a chunk of the keys continues an earlier
+// chunk's online softmax (CARRY_FROM: each row's running max and sum from
+// the state, its unnormalised output from o) and/or leaves its own
+// (CARRY_KEEP), so calls over chunks of whole key tiles give the bits of one.
 
 override WG: u32 = 8u;
-const MAX_DIM: u32 = 128u;
+const CARRY_FROM: u32 = 1u;
+const CARRY_KEEP: u32 = 2u;
+
+fn state_at(qi: u32, h: u32) -> u32 {
+    return p.state_offset + 2u * (qi * p.q_heads + h);
+}
 
 var<workgroup> a_tile: array<Operand, T * T>;
 var<workgroup> b_tile: array<Operand, T * T>;
@@ -46,7 +56,13 @@ fn attention_matrix(@builtin(local_invocation_index) li: u32, @builtin(workgroup
     // head_dim rounded up to whole tiles (the dims past it are zeros).
     let dims = (p.head_dim + T - 1u) / T * T;
     for (var i = li; i < T * MAX_DIM; i += WG) {
-        o_acc[i] = 0.0;
+        let r = i / MAX_DIM;
+        let d = i % MAX_DIM;
+        var carried = 0.0;
+        if ((p.carry & CARRY_FROM) != 0u && q0 + r < p.q_len && d < p.head_dim) {
+            carried = o[p.o_offset + (q0 + r) * p.o_stride + h * p.head_dim + d];
+        }
+        o_acc[i] = carried;
     }
     for (var i = li; i < T * T; i += WG) {
         zero_tile[i] = 0.0;
@@ -59,6 +75,10 @@ fn attention_matrix(@builtin(local_invocation_index) li: u32, @builtin(workgroup
         q_scale[r] = range_scale(largest);
         row_max[r] = MASKED;
         row_sum[r] = 0.0;
+        if ((p.carry & CARRY_FROM) != 0u && q0 + r < p.q_len) {
+            row_max[r] = state[state_at(q0 + r, h)];
+            row_sum[r] = state[state_at(q0 + r, h) + 1u];
+        }
     }
     var k_end = p.kv_len;
     if (p.causal != 0u) {
@@ -172,13 +192,21 @@ fn attention_matrix(@builtin(local_invocation_index) li: u32, @builtin(workgroup
             }
         }
     }
+    // Kept for the next chunk: the state, and the output unnormalised.
+    let keep = (p.carry & CARRY_KEEP) != 0u;
+    for (var r = li; keep && r < T; r += WG) {
+        if (q0 + r < p.q_len) {
+            state[state_at(q0 + r, h)] = row_max[r];
+            state[state_at(q0 + r, h) + 1u] = row_sum[r];
+        }
+    }
     for (var i = li; !O_HALF && i < T * MAX_DIM; i += WG) {
         let r = i / MAX_DIM;
         let d = i % MAX_DIM;
         let qi = q0 + r;
         if (qi < p.q_len && d < p.head_dim) {
             let l = row_sum[r];
-            o[p.o_offset + qi * p.o_stride + h * p.head_dim + d] = o_acc[i] * select(0.0, 1.0 / l, l > 0.0);
+            o[p.o_offset + qi * p.o_stride + h * p.head_dim + d] = o_acc[i] * select(select(0.0, 1.0 / l, l > 0.0), 1.0, keep);
         }
     }
 }

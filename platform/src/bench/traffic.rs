@@ -26,7 +26,7 @@ use flux_lite_core::config::{TransformerConfig, VaeConfig};
 use flux_lite_core::ir::{Op, Operand, Span};
 use flux_lite_core::models::transformer::Tokens;
 use flux_lite_core::models::vae;
-use flux_lite_kernels::kernels::ATTENTION_MATRIX_MAX_HEAD_DIM;
+use flux_lite_kernels::kernels::{ATTENTION_MATRIX_MAX_HEAD_DIM, ATTENTION_MATRIX_WIDE_MAX_HEAD_DIM};
 use flux_lite_kernels::Precision;
 use std::iter::Sum;
 use std::ops::{Add, AddAssign};
@@ -236,7 +236,7 @@ pub fn op_traffic(op: &Op, tier: Precision, m: &Machine) -> Traffic {
         },
         Op::CrossAttention { q_len, kv_len, heads, head_dim, .. } => attention(m, p, [q_len, kv_len, heads, heads, head_dim], AttentionIo::default()),
         Op::CarriedAttention { q_len, kv_len, heads, head_dim, carry, .. } => {
-            attention(m, p, [q_len, kv_len, heads, heads, head_dim], AttentionIo { tiled: true, carried: carry.is_some(), ..AttentionIo::default() })
+            attention(m, p, [q_len, kv_len, heads, heads, head_dim], AttentionIo { wide: true, carried: carry.is_some(), ..AttentionIo::default() })
         }
         Op::HalfKvAttention { q_len, kv_len, heads, head_dim, .. } => {
             attention(m, p, [q_len, kv_len, heads, heads, head_dim], AttentionIo { half_kv: true, ..AttentionIo::default() })
@@ -390,8 +390,9 @@ fn pass_on(m: &Machine, bytes: u64, flops: u64, matrix: bool) -> Traffic {
 /// What an attention reads and writes beyond q, k, v and o.
 #[derive(Debug, Clone, Copy, Default)]
 struct AttentionIo {
-    /// On the tiled f32 kernel whatever the tier (the carried attention).
-    tiled: bool,
+    /// On the matrix units for heads up to the wide modules' 512 dims (the
+    /// carried attention), else up to 128.
+    wide: bool,
     /// Its online softmax's state read and written, and its output read.
     carried: bool,
     /// Keys and values as f16 pairs with a range scale per (key, head).
@@ -419,7 +420,8 @@ fn attention(m: &Machine, p: DataPath, [q_len, kv_len, q_heads, kv_heads, head_d
         true => 2 * (kv_len * kv_width * 2 + kv_len * kv_heads * 4),
         false => 2 * kv_len * row(kv_width),
     } + io.mask as u64 * kv_len * 4;
-    let matrix = p.matrix && !io.half_kv && !io.tiled && head_dim <= ATTENTION_MATRIX_MAX_HEAD_DIM;
+    let widest = if io.wide { ATTENTION_MATRIX_WIDE_MAX_HEAD_DIM } else { ATTENTION_MATRIX_MAX_HEAD_DIM };
+    let matrix = p.matrix && !io.half_kv && head_dim <= widest;
     let q_rows = Rows::packed(q_width, a);
     let piece = rows_per_piece(m, q_len, &[q_rows, q_rows], 1);
     pieces(q_len, piece)

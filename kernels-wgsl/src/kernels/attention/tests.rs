@@ -201,7 +201,8 @@ fn attention_splits_queries_and_keeps_causality() {
 /// Attention carried over three chunks of the keys equals f64 attention over all of them.
 #[test]
 fn attention_carried_over_key_chunks_matches_the_reference() {
-    held_within("attention over key chunks", crate::selftest::check_attention_key_chunks(gpu()), F32_TOL);
+    held_within("attention over key chunks", crate::selftest::check_attention_key_chunks(gpu(), 2, 24), F32_TOL);
+    held_within("attention over key chunks, a 512-wide head", crate::selftest::check_attention_key_chunks(gpu(), 1, 512), F32_TOL);
 }
 
 /// The carried attention over chunks of the keys, for bands of queries,
@@ -209,8 +210,27 @@ fn attention_carried_over_key_chunks_matches_the_reference() {
 /// banded VAE's mid-block attention its whole decode's.
 #[test]
 fn attention_carried_over_key_chunks_and_query_bands_equals_one_call_bit_for_bit() {
-    let gpu = gpu();
-    let (q_len, kv_len, d) = (45usize, 70usize, 40usize);
+    carried_bands_equal_one_call(gpu(), 40);
+}
+
+/// On the matrix tier's units, for FLUX's head widths and the VAE's 512,
+/// against f64 attention and bit for bit by bands.
+#[test]
+fn the_matrix_tiers_carried_attention_matches_the_reference_and_equals_one_call_by_bands() {
+    let Some(gpu) = matrix_gpu() else { return };
+    for (heads, d) in [(2, 24), (1, 512)] {
+        let got = crate::selftest::check_attention_key_chunks(&gpu, heads, d).unwrap_or_else(|e| panic!("{e}"));
+        println!("carried attention, {heads} heads × {d}: relative L2 {got:.2e}");
+        assert!(got <= crate::selftest::MATRIX_ATTENTION, "{heads} × {d}: {got:e}");
+    }
+    carried_bands_equal_one_call(&gpu, 40);
+    carried_bands_equal_one_call(&gpu, 512);
+}
+
+/// The carried attention of `d`-wide rows over chunks of keys and bands of
+/// queries against one call over all of them, bit for bit.
+fn carried_bands_equal_one_call(gpu: &Gpu, d: usize) {
+    let (q_len, kv_len) = (45usize, 70usize);
     let mut rng = Rng::new(72);
     let (q, k, v) = (rng.normals(q_len * d, 2.0), rng.normals(kv_len * d, 2.0), rng.normals(kv_len * d, 1.0));
     let (qb, kb, vb) = (gpu.upload_f32("q", &q), gpu.upload_f32("k", &k), gpu.upload_f32("v", &v));
