@@ -153,7 +153,7 @@ impl VaeDecoder {
         // The activations first: an adapter that cannot hold them fails here, before the upload.
         let runner = arena_runner(gpu, "vae activations", arena_bytes);
         gpu.check_faults()?;
-        let mut weights = upload_decoder(gpu, config, store)?;
+        let mut weights = upload_decoder(gpu, config, store, channels_last)?;
         weights.keep_row_scales(gpu, &product_rows(&decoder_specs(config)))?;
         let mode = match layout {
             Some(layout) => {
@@ -367,12 +367,20 @@ pub(crate) fn weight_bytes(store: &WeightStore, specs: &[TensorSpec]) -> Result<
 }
 
 /// Uploads what decoding reads, each checked against the config's shape.
-fn upload_decoder(gpu: &Gpu, config: &VaeConfig, store: &WeightStore) -> Result<DeviceWeights, LoadError> {
-    upload_checked(gpu, store, &decoder_specs(config))
+/// The decoder's tensors; on the channels-last data path each
+/// convolution's W with its taps in the order the convolution runs them.
+fn upload_decoder(gpu: &Gpu, config: &VaeConfig, store: &WeightStore, channels_last: bool) -> Result<DeviceWeights, LoadError> {
+    let upload = if channels_last { DeviceWeight::upload_taps_last } else { DeviceWeight::upload };
+    upload_checked_with(gpu, store, &decoder_specs(config), upload)
 }
 
 /// Uploads the tensors `specs` name, each checked against its shape.
 pub(crate) fn upload_checked(gpu: &Gpu, store: &WeightStore, specs: &[TensorSpec]) -> Result<DeviceWeights, LoadError> {
+    upload_checked_with(gpu, store, specs, DeviceWeight::upload)
+}
+
+/// [`upload_checked`], each tensor uploaded by `upload`.
+fn upload_checked_with(gpu: &Gpu, store: &WeightStore, specs: &[TensorSpec], upload: UploadFn) -> Result<DeviceWeights, LoadError> {
     let mut weights = DeviceWeights::default();
     for spec in specs {
         let t = store.tensor(&spec.name)?;
@@ -384,10 +392,13 @@ pub(crate) fn upload_checked(gpu: &Gpu, store: &WeightStore, specs: &[TensorSpec
                 found: format!("shape {:?}", t.shape),
             });
         }
-        weights.insert(&spec.name, DeviceWeight::upload(gpu, &store.component, &spec.name, t)?);
+        weights.insert(&spec.name, upload(gpu, &store.component, &spec.name, t)?);
     }
     Ok(weights)
 }
+
+/// How a tensor reaches the device.
+type UploadFn = fn(&Gpu, &str, &str, crate::model::safetensors_store::TensorRef<'_>) -> Result<DeviceWeight, LoadError>;
 
 /// Refuses an image size the VAE cannot take ([`ImageSize`]'s rule).
 pub(crate) fn check_image_size(config: &VaeConfig, width: usize, height: usize) -> Result<(), RunError> {

@@ -247,7 +247,9 @@ impl Runner {
                     Some(n) => Some(kernels::NhwcNorm { stats: self.mat(n.stats), gamma: weights.get(&n.gamma)?.view(), beta: weights.get(&n.beta)?.view(), groups: n.groups, silu: n.silu }),
                     None => None,
                 };
-                let weights = kernels::NhwcWeights { w: weights.get(w)?.view(), bias: weights.get(bias)?.view(), order: kernels::TapOrder::Torch };
+                let w = weights.get(w)?;
+                let order = if w.taps_last { kernels::TapOrder::ChannelsLast } else { kernels::TapOrder::Torch };
+                let weights = kernels::NhwcWeights { w: w.view(), bias: weights.get(bias)?.view(), order };
                 let input = if *upsample { kernels::NhwcInput::Upsampled } else { kernels::NhwcInput::Plain };
                 let out = match (self.half(*y), residual) {
                     (Some(y), residual) => kernels::NhwcOutput::Half { y, residual: residual.and_then(|r| self.half(r)) },

@@ -56,7 +56,7 @@ impl SyntheticWeights {
                 }),
                 None => None,
             };
-            weights.insert(&name, DeviceWeight { buffer, offset: 0, dtype: WeightDtype::Bf16, scales });
+            weights.insert(&name, DeviceWeight { buffer, offset: 0, dtype: WeightDtype::Bf16, scales, taps_last: false });
         }
         Ok(weights)
     }

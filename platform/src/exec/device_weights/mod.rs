@@ -285,7 +285,7 @@ impl DeviceWeights {
         }
         let slotted: std::collections::HashSet<String> = in_slots.iter().map(|(name, ..)| name.clone()).collect();
         for (name, slot, offset, dtype) in in_slots {
-            w.map.insert(name, DeviceWeight { buffer: w.slots[slot].clone(), offset, dtype, scales: None });
+            w.map.insert(name, DeviceWeight { buffer: w.slots[slot].clone(), offset, dtype, scales: None, taps_last: false });
         }
         for (name, slot, at, ggml, scale, width) in packed_in_slots {
             w.packed.insert(name, Packed { buffer: w.slots[slot].clone(), at, ggml, scale, width });
@@ -386,7 +386,7 @@ impl DeviceWeights {
         let q = quantized(store, name)?;
         let buffer = gpu.storage(name, 4 * q.elements() as u64);
         self.bytes += buffer.size();
-        self.map.insert(name.to_string(), DeviceWeight { buffer: buffer.clone(), offset: 0, dtype: WeightDtype::F32, scales: None });
+        self.map.insert(name.to_string(), DeviceWeight { buffer: buffer.clone(), offset: 0, dtype: WeightDtype::F32, scales: None, taps_last: false });
         pending.quantized_expansions.push((name.to_string(), buffer));
         Ok(())
     }
@@ -399,7 +399,7 @@ impl DeviceWeights {
         let buffer = gpu.storage(&info.module, 2 * (g.n_elements() as u64).next_multiple_of(2));
         self.bytes += buffer.size();
         for (name, elements) in info.weights.iter().zip(g.weight_ranges()) {
-            let w = DeviceWeight { buffer: buffer.clone(), offset: elements.start as u64, dtype: WeightDtype::Bf16, scales: None };
+            let w = DeviceWeight { buffer: buffer.clone(), offset: elements.start as u64, dtype: WeightDtype::Bf16, scales: None, taps_last: false };
             self.map.insert(name.clone(), w);
         }
         pending.expansions.push((group, buffer));

@@ -10,6 +10,10 @@ pub struct DeviceWeight {
     pub offset: u64,
     pub dtype: WeightDtype,
     pub scales: Option<StoredScales>,
+    /// A convolution's W with each row's taps in (ky, kx, ci) order, as a
+    /// channels-last convolution runs them ([`DeviceWeight::upload_taps_last`]);
+    /// else as the model's files hold it.
+    pub taps_last: bool,
 }
 
 /// The matrix tier's range scales of a product's weight (a linear's or a
@@ -56,7 +60,23 @@ impl DeviceWeight {
                 })
             }
         };
-        Ok(Self { buffer: gpu.storage(name, plain_bytes(t)), offset: 0, dtype, scales: None })
+        Ok(Self { buffer: gpu.storage(name, plain_bytes(t)), offset: 0, dtype, scales: None, taps_last: false })
+    }
+
+    /// Uploads a convolution's W `[co, ci, ky, kx]` with each row's taps
+    /// permuted into `[ky, kx, ci]` order, the order a channels-last
+    /// convolution's A runs in (its B columns then load as bf16 pairs, not
+    /// value by value; the same values, so the same sums). Other tensors
+    /// (and 1×1 kernels, whose orders agree) as stored.
+    pub fn upload_taps_last(gpu: &Gpu, component: &str, name: &str, t: TensorRef<'_>) -> Result<Self, LoadError> {
+        let &[co, ci, ky, kx] = t.shape else { return Self::upload(gpu, component, name, t) };
+        if ky * kx == 1 || t.dtype == Dtype::F16 {
+            return Self::upload(gpu, component, name, t);
+        }
+        let mut weight = Self::allocate(gpu, component, name, t)?;
+        gpu.write(&weight.buffer, 0, &taps_last(t.bytes, [co, ci, ky * kx]));
+        weight.taps_last = true;
+        Ok(weight)
     }
 
     /// Writes the tensor into the buffer [`Self::allocate`] made for it.
@@ -84,5 +104,33 @@ impl DeviceWeight {
             }
             None => Ok(()),
         }
+    }
+}
+
+/// The bytes of W `[co, ci, taps]` (values of equal size) as `[co, taps, ci]`.
+fn taps_last(bytes: &[u8], [co, ci, taps]: [usize; 3]) -> Vec<u8> {
+    let (row, size) = (ci * taps, bytes.len() / (co * ci * taps).max(1));
+    let mut out = vec![0u8; bytes.len()];
+    for o in 0..co * row {
+        // Output (c, tap, i) takes input (c, i, tap).
+        let (c, tap, i) = (o / row, (o % row) / ci, o % ci);
+        let from = c * row + i * taps + tap;
+        out[o * size..(o + 1) * size].copy_from_slice(&bytes[from * size..(from + 1) * size]);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::taps_last;
+
+    #[test]
+    fn a_convolutions_taps_go_last_value_by_value() {
+        // W [2, 3, 4]: value (c, i, tap) = 100c + 10i + tap, two bytes each.
+        let w: Vec<u16> = (0..2 * 3 * 4).map(|e| (100 * (e / 12) + 10 * ((e % 12) / 4) + e % 4) as u16).collect();
+        let permuted = taps_last(bytemuck::cast_slice(&w), [2, 3, 4]);
+        let got: &[u16] = bytemuck::cast_slice(&permuted);
+        let want: Vec<u16> = (0..24).map(|o| (100 * (o / 12) + 10 * (o % 3) + (o % 12) / 3) as u16).collect();
+        assert_eq!(got, &want[..]);
     }
 }
