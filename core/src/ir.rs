@@ -280,6 +280,9 @@ pub struct Gate {
 
 /// One kernel step of a block program. Weights are named as in the model's
 /// files; the runner resolves names to device buffers.
+// A program is a few hundred ops, made once a layout: a convolution that
+// names its GroupNorm's weights beside its own costs nothing worth a box.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq)]
 pub enum Op {
     /// `y[rows, cols] = x[rows, inner]·W[w_row .. w_row + cols]ᵀ (+ b[w_row ..])`:

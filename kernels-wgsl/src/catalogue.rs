@@ -42,6 +42,7 @@ pub const ALL_KERNELS: &[Kernel] = &[
     attention::ATTENTION_LANES_HALF_KV,
     half_pack::HALF_PACK,
     half_pack::SWIGLU_HALF_PACK,
+    half_pack::PACK_WEIGHT_HALF,
     elementwise::SILU,
     elementwise::SWIGLU,
     elementwise::GATED_RESIDUAL,

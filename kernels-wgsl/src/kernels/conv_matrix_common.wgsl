@@ -12,6 +12,11 @@
 fn b_at(t: u32, c: u32, n0: u32, k0: u32) -> f32 {
     if (k0 + t < taps() && n0 + c < p.out_channels) {
         let e = p.w_offset + (n0 + c) * taps() + w_term(k0 + t);
+        if (W_HALF) {
+            // Packed under the column's scale: its value, the scale undone (exact).
+            let pair = unpack2x16float(w[e >> 1u]);
+            return select(pair.x, pair.y, (e & 1u) == 1u) * b_scale(n0 + c);
+        }
         return weight_value(w[weight_word(e, WEIGHT_BF16)], e, WEIGHT_BF16);
     }
     return 0.0;

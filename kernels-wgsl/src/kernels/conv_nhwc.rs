@@ -87,12 +87,15 @@ pub enum NhwcOutput<'a> {
     Half { y: HalfMat<'a>, residual: Option<HalfMat<'a>> },
 }
 
-/// A channels-last convolution's W and bias, and how W's taps are ordered.
+/// A channels-last convolution's W and bias, how W's taps are ordered, and
+/// whether W is packed as f16 under its rows' kept range scales
+/// ([`pack_weight_half`](super::half_pack::pack_weight_half)).
 #[derive(Debug, Clone, Copy)]
 pub struct NhwcWeights<'a> {
     pub w: Weight<'a>,
     pub bias: Weight<'a>,
     pub order: TapOrder,
+    pub packed: bool,
 }
 
 /// A stride-1 convolution of `s` over `x`, `[height·width, in_channels]` f16
@@ -105,7 +108,7 @@ pub struct NhwcWeights<'a> {
 /// channel count, and W and the bias in one binding; f16 outputs, pieces
 /// that divide the output channels, at most four a block of them.
 pub fn conv2d_matrix_nhwc(gpu: &Gpu, sink: &mut dyn Sink, source: NhwcSource<'_>, weights: NhwcWeights<'_>, out: NhwcOutput<'_>, s: ConvShape, input: NhwcInput) -> Result<(), GpuError> {
-    let NhwcWeights { w, bias, order } = weights;
+    let NhwcWeights { w, bias, order, packed } = weights;
     let NhwcSource { rows: x, norm } = source;
     let Some(c) = gpu.matrix().filter(|c| c.operands == MatrixOperands::F16) else {
         return Err(GpuError::UnsupportedShape("a channels-last f16 convolution needs the matrix tier's f16 operands".into()));
@@ -137,8 +140,12 @@ pub fn conv2d_matrix_nhwc(gpu: &Gpu, sink: &mut dyn Sink, source: NhwcSource<'_>
     let (plane, taps) = ((s.out_height * s.out_width) as u64, cin * (s.kernel * s.kernel) as u64);
     let ww = window(gpu, w.buf, w.dtype.bytes(), w.offset..w.offset + out_channels * taps, "conv weight")?;
     let bw = window(gpu, bias.buf, bias.dtype.bytes(), bias.offset..bias.offset + out_channels, "conv bias")?;
-    // W's row scales: as kept, or measured now into the range scales.
+    // W's row scales: as kept, or measured now into the range scales (a
+    // packed W's are kept: its words are no longer bf16).
     let kept = w.scales.filter(|r| r.k == taps);
+    if packed && kept.is_none() {
+        return Err(GpuError::UnsupportedShape("a convolution's packed W comes with its kept row scales".into()));
+    }
     let measured = match kept {
         Some(_) => None,
         None => Some(gpu.range_scales(out_channels)?),
@@ -172,6 +179,7 @@ pub fn conv2d_matrix_nhwc(gpu: &Gpu, sink: &mut dyn Sink, source: NhwcSource<'_>
         ("OUT_WIDTH", to_u32(s.out_width as u64, "conv output width")?),
         ("UPSAMPLE", (up == 2) as u32),
         ("W_TAPS_LAST", taps_last as u32),
+        ("W_HALF", packed as u32),
         ("X_PIECE", to_u32(x.piece.unwrap_or(0), "conv input piece")?),
         ("RESIDUAL", rows.f32_residual as u32),
         ("RELU", 0),

@@ -96,7 +96,7 @@ fn check_nhwc_conv_from(gpu: &Gpu, s: ConvShape, input: NhwcInput, residual: boo
     let yb = if residual { gpu.upload_f32("y", &to_nhwc(&before, s.out_channels, out_pixels)) } else { poisoned(gpu, s.out_channels * out_pixels) };
     let xh = input_rows(&xb, &xs, s.in_channels, x_piece);
     let got = run_and_read(gpu, &yb, s.out_channels * out_pixels, |enc| {
-        let weights = NhwcWeights { w: Weight::bf16(&wb), bias: Weight::bf16(&bb), order };
+        let weights = NhwcWeights { w: Weight::bf16(&wb), bias: Weight::bf16(&bb), order, packed: false };
         conv2d_matrix_nhwc(gpu, enc, xh.into(), weights, NhwcOutput::F32 { y: Mat::new(&yb, s.out_channels as u64), residual }, s, input)
     });
     let got = to_nchw(&got, s.out_channels, out_pixels);
@@ -130,7 +130,7 @@ fn check_half_output(gpu: &Gpu, s: ConvShape, input: NhwcInput, [x_piece, y_piec
     let xh = input_rows(&xb, &xs, s.in_channels, x_piece);
     let (w, b) = (rng.bf16s(cout * s.in_channels * s.kernel * s.kernel, 0.3), rng.bf16s(cout, 1.0));
     let (wb, bb) = (gpu.upload_bf16("w", &w), gpu.upload_bf16("b", &b));
-    let weights = NhwcWeights { w: Weight::bf16(&wb), bias: Weight::bf16(&bb), order: TapOrder::Torch };
+    let weights = NhwcWeights { w: Weight::bf16(&wb), bias: Weight::bf16(&bb), order: TapOrder::Torch, packed: false };
     let y_piece = y_piece.unwrap_or(cout);
     // The residual: f16 rows in the output's pieces, a few pixels far larger than the rest.
     let mut before = rng.normals(cout * out_pixels, 2.0);
@@ -200,7 +200,7 @@ fn check_normalised_input(gpu: &Gpu, s: ConvShape, input: NhwcInput, groups: usi
     let (gb, bb) = (gpu.upload_bf16("gamma", &gamma), gpu.upload_bf16("beta", &beta));
     let (w, b) = (rng.bf16s(cout * cin * s.kernel * s.kernel, 0.3), rng.bf16s(cout, 1.0));
     let (wb, bias) = (gpu.upload_bf16("w", &w), gpu.upload_bf16("b", &b));
-    let weights = NhwcWeights { w: Weight::bf16(&wb), bias: Weight::bf16(&bias), order: TapOrder::Torch };
+    let weights = NhwcWeights { w: Weight::bf16(&wb), bias: Weight::bf16(&bias), order: TapOrder::Torch, packed: false };
     let shape = GroupShape { channels: cin as u64, pixels: pixels as u64, width: s.width as u64, groups: groups as u64, channels_last: true };
     let affine = GroupAffine { gamma: Weight::bf16(&gb), beta: Weight::bf16(&bb), silu };
     // The statistics, then the normalised rows as the GroupNorm pass writes them.
@@ -234,6 +234,45 @@ fn the_channels_last_conv_normalises_its_input_as_the_group_norm_pass_would() {
     check_normalised_input(&gpu, upsampled, NhwcInput::Upsampled, 2, true, 92);
 }
 
+/// A W packed into f16 under its rows' kept range scales where it reaches
+/// the device gives the bits of the bf16 W rounded in every tile: staged
+/// as bf16 pairs (taps last) and value by value (PyTorch's order).
+#[test]
+fn a_packed_w_gives_the_bits_of_the_bf16_one() {
+    use crate::kernels::half_pack::pack_weight_half;
+    use crate::kernels::linear::measure_weight_rows;
+    let Some(gpu) = matrix_gpu() else { return };
+    for (order, s) in [(TapOrder::ChannelsLast, ConvShape::same(32, 40, 9, 7, 3)), (TapOrder::Torch, ConvShape::same(16, 24, 6, 5, 3)), (TapOrder::Torch, ConvShape::same(64, 32, 5, 6, 1))] {
+        let (pixels, cout, taps) = (s.height * s.width, s.out_channels, s.in_channels * s.kernel * s.kernel);
+        let mut rng = Rng::new(95);
+        let x = rng.normals(s.in_channels * pixels, 1.0);
+        let (words, scales, _) = pack_pixels(&x, pixels, s.in_channels, None);
+        let (xb, xs) = (gpu.upload_u32("x", &words), gpu.upload_f32("x scales", &scales));
+        let xh = input_rows(&xb, &xs, s.in_channels, None);
+        // A row far larger than the rest, one far smaller.
+        let mut w = rng.bf16s(cout * taps, 0.3);
+        w[..taps].iter_mut().for_each(|v| *v = flux_lite_core::numerics::bf16::from_f32(flux_lite_core::numerics::bf16::to_f32(*v) * 512.0));
+        w[taps..2 * taps].iter_mut().for_each(|v| *v = flux_lite_core::numerics::bf16::from_f32(flux_lite_core::numerics::bf16::to_f32(*v) / 4096.0));
+        let b = rng.bf16s(cout, 1.0);
+        let run = |packed: bool| -> Vec<u32> {
+            let (wb, bb) = (gpu.upload_bf16("w", &w), gpu.upload_bf16("b", &b));
+            let row_scales = gpu.storage("w row scales", 4 * cout as u64);
+            gpu.submit(|enc| measure_weight_rows(&gpu, enc, Weight::bf16(&wb), cout as u64, taps as u64, &row_scales, 0)).unwrap();
+            if packed {
+                gpu.submit(|enc| pack_weight_half(&gpu, enc, Weight::bf16(&wb), Mat::new(&row_scales, 1), [cout as u64, taps as u64])).unwrap();
+            }
+            let kept = crate::RowScales { buf: &row_scales, offset: 0, k: taps as u64 };
+            let weights = NhwcWeights { w: Weight { scales: Some(kept), ..Weight::bf16(&wb) }, bias: Weight::bf16(&bb), order, packed };
+            let y = poisoned(&gpu, cout * pixels);
+            let out = run_and_read(&gpu, &y, cout * pixels, |enc| conv2d_matrix_nhwc(&gpu, enc, xh.into(), weights, NhwcOutput::F32 { y: Mat::new(&y, cout as u64), residual: false }, s, NhwcInput::Plain));
+            out.iter().map(|v| v.to_bits()).collect()
+        };
+        let (bf16, packed) = (run(false), run(true));
+        let differ = bf16.iter().zip(&packed).filter(|(a, b)| a != b).count();
+        assert_eq!(differ, 0, "{order:?} {s:?}: {differ} of {} outputs differ", bf16.len());
+    }
+}
+
 #[test]
 fn the_channels_last_conv_on_matrix_units_matches_the_oracle() {
     let Some(gpu) = matrix_gpu() else { return };
@@ -263,7 +302,7 @@ fn the_channels_last_conv_in_pieces_of_pixels_matches_the_oracle() {
     let (w, b) = (small.storage("w", 2 * 24 * 144 + 4), small.storage("b", 64));
     let mut recorded = Vec::new();
     let xh = HalfMat::rows(Mat::new(&x, 8), Mat { buf: &x, offset: 920 * 8, stride: 1 });
-    let weights = NhwcWeights { w: Weight::bf16(&w), bias: Weight::bf16(&b), order: TapOrder::ChannelsLast };
+    let weights = NhwcWeights { w: Weight::bf16(&w), bias: Weight::bf16(&b), order: TapOrder::ChannelsLast, packed: false };
     let out = NhwcOutput::F32 { y: Mat::new(&y, 24), residual: false };
     conv2d_matrix_nhwc(&small, &mut recorded, xh.into(), weights, out, s, NhwcInput::Plain).unwrap_or_else(|e| panic!("{e}"));
     assert!(recorded.len() >= 7, "{} dispatches", recorded.len());
@@ -278,7 +317,7 @@ fn the_channels_last_conv_refuses_what_it_cannot_take() {
     let buf = gpu.upload_f32("any", &[0.0; 64]);
     let xh = HalfMat::rows(Mat::new(&buf, 2), Mat::new(&buf, 1));
     let mut sink = Vec::new();
-    let weights = NhwcWeights { w: Weight::f32(&buf), bias: Weight::f32(&buf), order: TapOrder::Torch };
+    let weights = NhwcWeights { w: Weight::f32(&buf), bias: Weight::f32(&buf), order: TapOrder::Torch, packed: false };
     // Odd input channels; a stride of 2.
     let out = NhwcOutput::F32 { y: Mat::new(&buf, 4), residual: false };
     let odd = ConvShape::same(3, 4, 4, 4, 3);

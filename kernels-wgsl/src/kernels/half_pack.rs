@@ -4,10 +4,10 @@
 //! encoder's feed-forward input, the VAE's convolution inputs on the matrix tier.
 
 use crate::device::Gpu;
-use crate::dispatch::{dispatch, grid64, row_chunks, to_u32, Launch, Rows, Sink, Window};
+use crate::dispatch::{dispatch, grid64, row_chunks, to_u32, window, Launch, Rows, Sink, Window};
 use crate::error::GpuError;
 use crate::kernel::{kernel, Access::ReadWrite as RW, Kernel, Module};
-use crate::view::{HeadRows, Mat};
+use crate::view::{HeadRows, Mat, Weight, WeightDtype};
 use bytemuck::{Pod, Zeroable};
 
 /// `half_pack.wgsl`.
@@ -31,6 +31,8 @@ pub struct HalfPackParams {
 
 /// f32 rows into the half-K/V layout, one invocation a (token, head) row.
 pub const HALF_PACK: Kernel = kernel(Module::HalfPack, "half_pack", [64, 1, 1], &[(1, RW), (2, RW), (3, RW)], size_of::<HalfPackParams>(), false);
+/// A bf16 weight's rows packed in place into f16 under their kept range scales.
+pub const PACK_WEIGHT_HALF: Kernel = kernel(Module::HalfPack, "pack_weight_half", [64, 1, 1], &[(2, RW), (3, RW)], size_of::<HalfPackParams>(), false);
 /// A SwiGLU (gate rows at binding 1, up rows at 4) packed the same way.
 pub const SWIGLU_HALF_PACK: Kernel =
     kernel(Module::SwigluHalf, "swiglu_half_pack", [64, 1, 1], &[(1, RW), (2, RW), (3, RW), (4, RW)], size_of::<HalfPackParams>(), false);
@@ -94,5 +96,25 @@ fn pack_rows(gpu: &Gpu, sink: &mut dyn Sink, src: Mat<'_>, up: Option<Mat<'_>>, 
         let bindings: Vec<(u32, &Window<'_>)> = [(1, &sw), (2, &dw), (3, &cw)].into_iter().chain(uw.as_ref().map(|w| (4, w))).collect();
         dispatch(gpu, sink, launch, &bindings);
     }
+    Ok(())
+}
+
+/// A bf16 weight `w` of `rows` rows of `k` values packed in place into the
+/// matrix tier's f16 operand under its rows' range scales `scales` (one a
+/// row, as [`measure_weight_rows`](super::linear::measure_weight_rows)
+/// keeps them): each value divided by its row's scale and rounded to f16,
+/// two a word. A product then stages its words as they are.
+pub fn pack_weight_half(gpu: &Gpu, sink: &mut dyn Sink, w: Weight<'_>, scales: Mat<'_>, [rows, k]: [u64; 2]) -> Result<(), GpuError> {
+    if !k.is_multiple_of(2) || !w.offset.is_multiple_of(2) || w.dtype != WeightDtype::Bf16 {
+        return Err(GpuError::UnsupportedShape(format!("a weight packed as f16 pairs is bf16 from an even element, its rows of an even length ({k}; {:?} from {})", w.dtype, w.offset)));
+    }
+    let words = rows * k / 2;
+    if words == 0 {
+        return Ok(());
+    }
+    let ww = window(gpu, w.buf, 4, w.offset / 2..w.offset / 2 + words, "packed weight")?;
+    let sw = window(gpu, scales.buf, 4, scales.offset..scales.offset + rows, "weight row scales")?;
+    let params = HalfPackParams { rows: to_u32(words, "weight words")?, head_dim: to_u32(k, "weight row")?, dst_offset: ww.local, scale_offset: sw.local, ..Default::default() };
+    dispatch(gpu, sink, Launch { kernel: &PACK_WEIGHT_HALF, constants: &[], params, grid: grid64(words) }, &[(2, &ww), (3, &sw)]);
     Ok(())
 }

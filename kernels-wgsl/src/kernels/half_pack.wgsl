@@ -43,3 +43,21 @@ fn half_pack(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id
     }
     scales[p.scale_offset + token * p.scale_stride + head] = ldexp(1.0, e);
 }
+
+// A bf16 weight `[rows, p.head_dim]` packed in place into the matrix tier's
+// f16 operand, once where it reaches the device: each value divided by its
+// row's range scale (kept beside it, at binding 3 from p.scale_offset) and
+// rounded to f16, two a word, as a product's staging would round it every
+// tile. One invocation a word (a row's values are even in number, so a
+// word never straddles two rows); p.rows counts the words, from
+// p.dst_offset.
+@compute @workgroup_size(64)
+fn pack_weight_half(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = flat_workgroup(wid, nwg) * 64u + lid.x;
+    if (i >= p.rows) {
+        return;
+    }
+    let word = dst[p.dst_offset + i];
+    let inverse = 1.0 / scales[p.scale_offset + 2u * i / p.head_dim];
+    dst[p.dst_offset + i] = pack2x16float(vec2<f32>(bitcast<f32>(word << 16u) * inverse, bitcast<f32>(word & 0xffff0000u) * inverse));
+}

@@ -5,6 +5,20 @@
 // where neighbouring rows are (the conv's pixels), so that consecutive
 // invocations read neighbouring addresses.
 
+// B's words hold f16 pairs already divided by their column's range scale
+// (a weight packed where it reached the device, half_pack.wgsl's
+// pack_weight_half), staged as they are; else bf16 pairs, each value
+// divided by the scale and rounded here, every tile.
+override W_HALF: bool = false;
+
+// The two operands a word of B's column c holds.
+fn b_word_operands(word: u32, c: u32) -> vec2<f32> {
+    if (W_HALF) {
+        return unpack2x16float(word);
+    }
+    return vec2<f32>(bitcast<f32>(word << 16u), bitcast<f32>(word & 0xffff0000u)) * col_inverse[c];
+}
+
 // Whether the next k step is fetched into registers during the products
 // (B's columns as bf16 pairs), or staged element by element before them.
 fn prefetching() -> bool {
@@ -52,9 +66,9 @@ fn put(li: u32, half: u32, f: ptr<function, Fetched>) {
         let i = li + j * WG;
         let c = i / (KT / 2u);
         let at = half * BN * LD + c * LD + 2u * (i % (KT / 2u));
-        let word = (*f).b[j];
-        b_tiles[at] = Operand(bitcast<f32>(word << 16u) * col_inverse[c]);
-        b_tiles[at + 1u] = Operand(bitcast<f32>(word & 0xffff0000u) * col_inverse[c]);
+        let pair = b_word_operands((*f).b[j], c);
+        b_tiles[at] = Operand(pair.x);
+        b_tiles[at + 1u] = Operand(pair.y);
     }
 }
 

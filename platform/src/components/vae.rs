@@ -155,6 +155,11 @@ impl VaeDecoder {
         gpu.check_faults()?;
         let mut weights = upload_decoder(gpu, config, store, channels_last)?;
         weights.keep_row_scales(gpu, &product_rows(&decoder_specs(config)))?;
+        if channels_last {
+            // Every convolution's W as f16 under its rows' scales, staged as it is.
+            let names = convolution_weights(config);
+            weights.pack_half(gpu, &names.iter().map(String::as_str).collect::<Vec<_>>())?;
+        }
         let mode = match layout {
             Some(layout) => {
                 // The 8-bit levels in the same pass: one readback gives the image.
@@ -367,6 +372,12 @@ pub(crate) fn weight_bytes(store: &WeightStore, specs: &[TensorSpec]) -> Result<
 }
 
 /// Uploads what decoding reads, each checked against the config's shape.
+/// The decoder's convolutions' weights (4-D): those only its channels-last
+/// convolutions read.
+fn convolution_weights(config: &VaeConfig) -> Vec<String> {
+    decoder_specs(config).into_iter().filter(|s| s.shape.len() == 4).map(|s| s.name.to_string()).collect()
+}
+
 /// The decoder's tensors; on the channels-last data path each
 /// convolution's W with its taps in the order the convolution runs them.
 fn upload_decoder(gpu: &Gpu, config: &VaeConfig, store: &WeightStore, channels_last: bool) -> Result<DeviceWeights, LoadError> {

@@ -170,7 +170,7 @@ impl<'g> ShapeBench<'g> {
             let y = gpu.storage("bench y", 4 * tokens * n);
             // W's row scales measured once, as the engine measures them where W reaches the device.
             let scales = if gpu.measures_weight_rows() { Some(StoredScales::measure(gpu, Weight::bf16(&w), n, k)?) } else { None };
-            let weight = DeviceWeight { buffer: w, offset: 0, dtype: WeightDtype::Bf16, scales, taps_last: false };
+            let weight = DeviceWeight { buffer: w, offset: 0, dtype: WeightDtype::Bf16, scales, taps_last: false, half_packed: false };
             let mut d = Vec::new();
             kernels::linear(gpu, &mut d, Mat::new(&x, k), weight.view(), None, Mat::new(&y, n), kernels::Gemm { m: tokens, n, k })?;
             let many = if count > 1 { format!(" (×{count} per block)") } else { String::new() };

@@ -29,6 +29,14 @@ impl SyntheticWeights {
         // the engine measures them at load, where the device keeps them.
         let linears = if gpu.measures_weight_rows() { product_weights(std::slice::from_ref(&ops)) } else { Vec::new() };
         let mut scales_made: HashMap<String, StoredScales> = HashMap::new();
+        // A channels-last convolution's W as the VAE decoder lays it out on
+        // the matrix tier: taps last (random values: any order is theirs)
+        // and packed as f16 under its row scales, once a buffer.
+        let convolutions: Vec<String> = ops.iter().filter_map(|op| match op {
+            Op::ConvNhwc { w, shape, .. } if shape.kernel > 1 => Some(w.to_string()),
+            _ => None,
+        }).collect();
+        let mut packed: Vec<String> = Vec::new();
         for name in ops.iter().flat_map(Op::weights) {
             let name = name.to_string();
             let shared = first_block(&name);
@@ -50,13 +58,24 @@ impl SyntheticWeights {
                     Some(s) => s.clone(),
                     None => {
                         let s = StoredScales::measure(gpu, Weight::bf16(&buffer), elements / k, k)?;
-                        scales_made.insert(shared, s.clone());
+                        scales_made.insert(shared.clone(), s.clone());
                         s
                     }
                 }),
                 None => None,
             };
-            weights.insert(&name, DeviceWeight { buffer, offset: 0, dtype: WeightDtype::Bf16, scales, taps_last: false });
+            let convolution = convolutions.contains(&name);
+            let mut weight = DeviceWeight { buffer, offset: 0, dtype: WeightDtype::Bf16, scales, taps_last: convolution, half_packed: false };
+            if convolution && gpu.plan_limits().half_operands {
+                match packed.contains(&shared) {
+                    true => weight.half_packed = weight.scales.is_some(),
+                    false => {
+                        weight.pack_half(gpu)?;
+                        packed.push(shared.clone());
+                    }
+                }
+            }
+            weights.insert(&name, weight);
         }
         Ok(weights)
     }

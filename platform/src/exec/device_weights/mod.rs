@@ -285,7 +285,7 @@ impl DeviceWeights {
         }
         let slotted: std::collections::HashSet<String> = in_slots.iter().map(|(name, ..)| name.clone()).collect();
         for (name, slot, offset, dtype) in in_slots {
-            w.map.insert(name, DeviceWeight { buffer: w.slots[slot].clone(), offset, dtype, scales: None, taps_last: false });
+            w.map.insert(name, DeviceWeight { buffer: w.slots[slot].clone(), offset, dtype, scales: None, taps_last: false, half_packed: false });
         }
         for (name, slot, at, ggml, scale, width) in packed_in_slots {
             w.packed.insert(name, Packed { buffer: w.slots[slot].clone(), at, ggml, scale, width });
@@ -348,6 +348,17 @@ impl DeviceWeights {
         self.measure_scales(gpu, &names)
     }
 
+    /// Packs the weights `names` (those with kept row scales) into the
+    /// matrix tier's f16 operand, for products that stage them as they are.
+    pub fn pack_half(&mut self, gpu: &Gpu, names: &[&str]) -> Result<(), GpuError> {
+        for name in names {
+            if let Some(w) = self.map.get_mut(*name) {
+                w.pack_half(gpu)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Allocates a resident tensor's buffer; its bytes are written later.
     fn allocate(&mut self, gpu: &Gpu, store: &WeightStore, name: &str, pending: &mut Pending) -> Result<(), RunError> {
         if !self.map.contains_key(name) {
@@ -386,7 +397,7 @@ impl DeviceWeights {
         let q = quantized(store, name)?;
         let buffer = gpu.storage(name, 4 * q.elements() as u64);
         self.bytes += buffer.size();
-        self.map.insert(name.to_string(), DeviceWeight { buffer: buffer.clone(), offset: 0, dtype: WeightDtype::F32, scales: None, taps_last: false });
+        self.map.insert(name.to_string(), DeviceWeight { buffer: buffer.clone(), offset: 0, dtype: WeightDtype::F32, scales: None, taps_last: false, half_packed: false });
         pending.quantized_expansions.push((name.to_string(), buffer));
         Ok(())
     }
@@ -399,7 +410,7 @@ impl DeviceWeights {
         let buffer = gpu.storage(&info.module, 2 * (g.n_elements() as u64).next_multiple_of(2));
         self.bytes += buffer.size();
         for (name, elements) in info.weights.iter().zip(g.weight_ranges()) {
-            let w = DeviceWeight { buffer: buffer.clone(), offset: elements.start as u64, dtype: WeightDtype::Bf16, scales: None, taps_last: false };
+            let w = DeviceWeight { buffer: buffer.clone(), offset: elements.start as u64, dtype: WeightDtype::Bf16, scales: None, taps_last: false, half_packed: false };
             self.map.insert(name.clone(), w);
         }
         pending.expansions.push((group, buffer));

@@ -14,6 +14,10 @@ pub struct DeviceWeight {
     /// channels-last convolution runs them ([`DeviceWeight::upload_taps_last`]);
     /// else as the model's files hold it.
     pub taps_last: bool,
+    /// Its values packed as f16 under its rows' kept range scales
+    /// ([`DeviceWeight::pack_half`]): what a channels-last convolution
+    /// stages as it is.
+    pub half_packed: bool,
 }
 
 /// The matrix tier's range scales of a product's weight (a linear's or a
@@ -60,7 +64,7 @@ impl DeviceWeight {
                 })
             }
         };
-        Ok(Self { buffer: gpu.storage(name, plain_bytes(t)), offset: 0, dtype, scales: None, taps_last: false })
+        Ok(Self { buffer: gpu.storage(name, plain_bytes(t)), offset: 0, dtype, scales: None, taps_last: false, half_packed: false })
     }
 
     /// Uploads a convolution's W `[co, ci, ky, kx]` with each row's taps
@@ -93,6 +97,17 @@ impl DeviceWeight {
     pub fn view(&self) -> Weight<'_> {
         let scales = self.scales.as_ref().map(|s| flux_lite_kernels::RowScales { buf: &s.buffer, offset: s.offset, k: s.k });
         Weight { buf: &self.buffer, offset: self.offset, dtype: self.dtype, scales }
+    }
+
+    /// Packs the weight in place into the matrix tier's f16 operand under
+    /// its rows' kept range scales (measured first, on the bf16 values); a
+    /// weight without kept scales, or not bf16, stays as it is.
+    pub fn pack_half(&mut self, gpu: &Gpu) -> Result<(), GpuError> {
+        let Some(scales) = self.scales.as_ref().filter(|_| self.dtype == WeightDtype::Bf16 && !self.half_packed) else { return Ok(()) };
+        let rows = flux_lite_kernels::Mat { buf: &scales.buffer, offset: scales.offset, stride: 1 };
+        gpu.submit(|enc| kernels::pack_weight_half(gpu, enc, self.view(), rows, [scales.rows, scales.k]))?;
+        self.half_packed = true;
+        Ok(())
     }
 
     /// Records the measure of the weight's rows' range scales into their place.
