@@ -231,45 +231,47 @@ pub fn decode_band_minimum(cfg: &VaeConfig, latent_h: u64, latent_w: u64, channe
     Ok(band_minimum(|emit| crate::models::vae_nhwc::decode_whole(&layout, channels_last, emit)))
 }
 
-/// The most elements any `[C, pixels]` activation of the decode holds,
-/// for a latent of `p0` latent cells.
-pub fn largest_activation(cfg: &VaeConfig, p0: u64) -> u64 {
+/// Each `(pixels, channels)` tensor the decoder's levels make, for a latent
+/// of `p0` cells: every level's input and output, every upsampled output.
+fn each_activation(cfg: &VaeConfig, p0: u64, mut f: impl FnMut(u64, u64)) {
     let dec = cfg.decoder_channels();
     let levels = dec.len();
-    let top = dec[levels - 1] as u64;
-    let mut most = (top * p0).max(cfg.latent_channels as u64 * p0);
-    let (mut cin, mut pixels) = (top, p0);
+    let (mut cin, mut pixels) = (dec[levels - 1] as u64, p0);
     for i in 0..levels {
         let cout = dec[levels - 1 - i] as u64;
-        most = most.max(cin.max(cout) * pixels);
+        f(pixels, cin);
+        f(pixels, cout);
         if i + 1 < levels {
             pixels *= 4;
-            most = most.max(cout * pixels);
+            f(pixels, cout);
         }
         cin = cout;
     }
-    most.max(cfg.out_channels as u64 * pixels)
+}
+
+/// The most elements of the f32 tensors beside the levels' activations:
+/// the top level's and the latent's rows at the latent's size, and the
+/// decoded image.
+fn largest_f32_beside(cfg: &VaeConfig, p0: u64) -> u64 {
+    let top = cfg.decoder_channels()[cfg.decoder_channels().len() - 1] as u64;
+    let image = p0 << (2 * (cfg.decoder_channels().len() - 1));
+    (top * p0).max(cfg.latent_channels as u64 * p0).max(cfg.out_channels as u64 * image)
+}
+
+/// The most elements any `[C, pixels]` activation of the decode holds,
+/// for a latent of `p0` latent cells.
+pub fn largest_activation(cfg: &VaeConfig, p0: u64) -> u64 {
+    let mut most = largest_f32_beside(cfg, p0);
+    each_activation(cfg, p0, |pixels, channels| most = most.max(pixels * channels));
+    most
 }
 
 /// The most elements any activation of the channels-last decode holds for
 /// a latent of `p0` cells: a level's stream or f16 rows (words and
 /// scales), the attention's f32 output, the latent's f32 rows.
 pub fn largest_channels_last(cfg: &VaeConfig, p0: u64) -> u64 {
-    use crate::models::vae_nhwc::half_elements;
-    let dec = cfg.decoder_channels();
-    let levels = dec.len();
-    let top = dec[levels - 1] as u64;
-    let mut most = (top * p0).max(cfg.latent_channels as u64 * p0);
-    let (mut cin, mut pixels) = (top, p0);
-    for i in 0..levels {
-        let cout = dec[levels - 1 - i] as u64;
-        most = most.max(half_elements(pixels, cin)).max(half_elements(pixels, cout));
-        if i + 1 < levels {
-            pixels *= 4;
-            most = most.max(half_elements(pixels, cout));
-        }
-        cin = cout;
-    }
+    let mut most = largest_f32_beside(cfg, p0);
+    each_activation(cfg, p0, |pixels, channels| most = most.max(crate::models::vae_nhwc::half_elements(pixels, channels)));
     most
 }
 
