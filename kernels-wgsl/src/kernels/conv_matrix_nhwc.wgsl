@@ -15,8 +15,9 @@
 // one BM × BN block per workgroup, as conv_matrix.wgsl; but the taps run in
 // (ky, kx, ci) order, so a k step reads one neighbour's channels, neighbours
 // in memory. W's rows are in that order (`[co, ky, kx, ci]`, `W_TAPS_LAST`:
-// B's columns load as bf16 pairs) or PyTorch's `[co, ci, ky, kx]`, each
-// value then read on its own.
+// B's columns load as pairs) or PyTorch's `[co, ci, ky, kx]`, each value
+// then read on its own; bf16, or packed at load as f16 under its rows'
+// scales (matrix_fetch.wgsl's `W_HALF`).
 //
 // A's row scale (an output pixel's) is the largest of its in-image
 // neighbours' scales, so every tap's value is its f16 value times a power

@@ -1,7 +1,9 @@
 //! The matrix tier's convolution over channels-last f16 activations
 //! (`conv_matrix_nhwc.wgsl` on `matrix_gemm.wgsl`): the VAE's data path on
-//! cooperative-matrix units, where each op writes the next convolution's
-//! input as f16 rows, a pixel a row, under the pixel's range scale.
+//! cooperative-matrix units, where every activation is f16 rows, a pixel a
+//! row, under a range scale a pixel or a piece of its channels; the
+//! convolution may normalise its input as it reads it and writes the stream
+//! in f16 pieces.
 
 use crate::device::Gpu;
 use crate::dispatch::{chunks, dispatch, rows_per_chunk, to_u32, window, Launch, Rows, Sink, Window};
