@@ -26,10 +26,12 @@ use flux_lite_core::config::{TransformerConfig, VaeConfig};
 use flux_lite_core::ir::{Op, Operand, Span};
 use flux_lite_core::models::transformer::Tokens;
 use flux_lite_core::models::vae;
-use flux_lite_kernels::kernels::{ATTENTION_MATRIX_MAX_HEAD_DIM, ATTENTION_MATRIX_WIDE_MAX_HEAD_DIM};
 use flux_lite_kernels::Precision;
 use std::iter::Sum;
 use std::ops::{Add, AddAssign};
+
+mod products;
+use products::{attention, conv, conv_nhwc, linear, pass_on, swiglu_fits, writes_pieces, AttentionIo, Out};
 
 /// The ceilings and limits a roofline is drawn against.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -316,171 +318,6 @@ pub fn op_traffic(op: &Op, tier: Precision, m: &Machine) -> Traffic {
         }
         Op::PixelLevels { count, .. } => pass(count * a + count * 4, 0, false),
     }
-}
-
-/// What a linear does with its products.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Out {
-    /// Writes them.
-    Set,
-    /// Adds them into the stream under a gate row (read beside the stream).
-    Gated,
-    /// Pairs each output's gate and up rows of W (two products an output) into one value.
-    SwiGlu,
-}
-
-/// Whether a matrix product's epilogue writes f16 rows in pieces of `piece`
-/// on machine `m`: its block's outputs (a block's columns, half of them
-/// with SwiGLU's pairs) 1, 2 or 4 whole pieces (the kernels'
-/// `product_writes_pieces`).
-fn writes_pieces(m: &Machine, piece: Option<u64>, swiglu: bool) -> bool {
-    let block = m.product_block / if swiglu { 2 } else { 1 };
-    piece.is_some_and(|p| p > 0 && block.is_multiple_of(p) && block / p <= 4)
-}
-
-/// Whether a SwiGLU product runs in one piece of W on machine `m` (else the
-/// runner takes the two products and the SwiGLU apart).
-fn swiglu_fits(m: &Machine, p: DataPath, cols: u64, inner: u64) -> bool {
-    rows_per_piece(m, 2 * cols, &[Rows::packed(inner, p.weight)], 1) >= 2 * cols && (!p.matrix || 2 * cols <= RANGE_SCALES_ROWS)
-}
-
-/// `y[rows, cols] = x[rows, inner]·Wᵀ (+ b)` in pieces of rows and of
-/// columns (the launcher's loops); on the matrix tier each piece's f32 input
-/// measured first (f16 rows come with their scales); W's scales are kept
-/// where the weights reached the device. A gated product (`Out::Gated`) reads
-/// and writes the stream it adds into, and reads its gate, in its epilogue;
-/// a SwiGLU product reads two rows of W an output, in one piece of W.
-fn linear(m: &Machine, p: DataPath, (x, y): (Operand, Operand), [rows, cols, inner]: [u64; 3], bias: bool, out: Out) -> Traffic {
-    let cap = if p.matrix { RANGE_SCALES_ROWS } else { u64::MAX };
-    // W's rows an output reads.
-    let spans = if out == Out::SwiGlu { 2 } else { 1 };
-    let col_piece = match out {
-        Out::SwiGlu => cols,
-        _ => rows_per_piece(m, cols, &[Rows::packed(inner, p.weight)], m.product_block).min(cap),
-    };
-    let row_piece = rows_per_piece(m, rows, &[operand_rows(&x, inner, p), operand_rows(&y, col_piece.min(cols), p)], m.product_block).min(cap);
-    let mut total = Traffic::default();
-    for r in pieces(rows, row_piece) {
-        for c in pieces(cols, col_piece) {
-            // W's scales, and x's where measured first (f16 rows bring theirs).
-            let scales = if p.matrix { (!x.is_half() as u64 * r + spans * c) * p.scale } else { 0 };
-            if p.matrix && !x.is_half() {
-                total += pass_on(m, r * inner * p.activation + r * p.scale, 0, false);
-            }
-            // x's rows (with their scales where half), W, bias, scales, y.
-            let x_bytes = r * p.row_bytes(&x, inner);
-            let written = match out {
-                Out::Gated => 2 * r * c * p.activation + c * p.activation,
-                Out::Set | Out::SwiGlu => r * p.row_bytes(&y, c),
-            };
-            let bytes = x_bytes + spans * c * inner * p.weight + bias as u64 * c * p.weight + scales + written;
-            total += pass_on(m, bytes, 2 * spans * r * c * inner, p.matrix);
-        }
-    }
-    total
-}
-
-/// One dispatch on machine `m` moving `bytes` and computing `flops` on the
-/// matrix units (`matrix`) or in FMAs.
-fn pass_on(m: &Machine, bytes: u64, flops: u64, matrix: bool) -> Traffic {
-    let peak = if matrix { m.matrix_flops } else { m.fma_flops };
-    Traffic { dispatches: 1, bytes, flops, seconds: (flops as f64 / peak).max(bytes as f64 / m.bytes_per_second) }
-}
-
-/// What an attention reads and writes beyond q, k, v and o.
-#[derive(Debug, Clone, Copy, Default)]
-struct AttentionIo {
-    /// On the matrix units for heads up to the wide modules' 512 dims (the
-    /// carried attention), else up to 128.
-    wide: bool,
-    /// Its online softmax's state read and written, and its output read.
-    carried: bool,
-    /// Keys and values as f16 pairs with a range scale per (key, head).
-    half_kv: bool,
-    /// The key mask read.
-    mask: bool,
-    /// The output written as f16 rows in pieces of this many values.
-    o_pieces: Option<u64>,
-    /// The queries, keys and values read as f16 rows in pieces of this many values.
-    qkv_pieces: Option<u64>,
-}
-
-/// Attention of `q_len` queries over `kv_len` keys, in pieces of queries as
-/// the bindings allow; on the matrix units on the matrix tier (not over
-/// half-precision keys, which take the tiled kernel).
-fn attention(m: &Machine, p: DataPath, [q_len, kv_len, q_heads, kv_heads, head_dim]: [u64; 5], io: AttentionIo) -> Traffic {
-    let a = p.activation;
-    let (q_width, kv_width) = (q_heads * head_dim, kv_heads * head_dim);
-    // A row of `width` values as stored: f32, or f16 with a scale a piece.
-    let row = |width: u64| match io.qkv_pieces {
-        Some(piece) => width * 2 + width / piece * 4,
-        None => width * a,
-    };
-    let kv_bytes = match io.half_kv {
-        true => 2 * (kv_len * kv_width * 2 + kv_len * kv_heads * 4),
-        false => 2 * kv_len * row(kv_width),
-    } + io.mask as u64 * kv_len * 4;
-    let widest = if io.wide { ATTENTION_MATRIX_WIDE_MAX_HEAD_DIM } else { ATTENTION_MATRIX_MAX_HEAD_DIM };
-    let matrix = p.matrix && !io.half_kv && head_dim <= widest;
-    let q_rows = Rows::packed(q_width, a);
-    let piece = rows_per_piece(m, q_len, &[q_rows, q_rows], 1);
-    pieces(q_len, piece)
-        .map(|r| {
-            let written = match io.o_pieces {
-                Some(piece) => r * (q_width * 2 + q_width / piece * 4),
-                None => r * q_width * a,
-            };
-            let bytes = r * row(q_width) + written + io.carried as u64 * (written + 4 * r * q_heads * 4) + kv_bytes;
-            pass_on(m, bytes, 4 * r * kv_len * q_heads * head_dim, matrix)
-        })
-        .sum()
-}
-
-/// A convolution in pieces of output channels (one binding of outputs and
-/// weights), each over its pieces of pixels; on the matrix tier each piece
-/// of pixels' run scales measured first (W's kept since load).
-fn conv(m: &Machine, p: DataPath, s: flux_lite_core::oracle::ConvShape, residual: bool) -> Traffic {
-    let a = p.activation;
-    let (plane, taps) = ((s.out_height * s.out_width) as u64, (s.in_channels * s.kernel * s.kernel) as u64);
-    let input = (s.in_channels * s.height * s.width) as u64 * a;
-    let cap = if p.matrix { RANGE_SCALES_ROWS } else { u64::MAX };
-    let channel_piece = rows_per_piece(m, s.out_channels as u64, &[Rows::packed(plane, a), Rows::packed(taps, p.weight)], 1).min(cap);
-    let mut total = Traffic::default();
-    for c in pieces(s.out_channels as u64, channel_piece) {
-        let out = c * plane * a * (1 + residual as u64);
-        let weights = c * taps * p.weight + c * p.weight;
-        if !p.matrix {
-            total += pass_on(m, input + weights + out, 2 * taps * c * plane, false);
-            continue;
-        }
-        for px in pieces(plane, RANGE_SCALES_ROWS * m.product_block) {
-            let runs = px.div_ceil(m.product_block);
-            let share = input * px / plane;
-            total += pass_on(m, share + runs * p.scale, 0, false);
-            let out = c * px * a * (1 + residual as u64);
-            total += pass_on(m, share + weights + (c + runs) * p.scale + out, 2 * taps * c * px, true);
-        }
-    }
-    total
-}
-
-/// A channels-last convolution over f16 rows (a scale a pixel) into f32
-/// rows, in pieces of output pixels as their rows fit one binding, each
-/// reading its window of input rows (the stored rows: an upsampled read
-/// moves no more); W's scales kept since load.
-fn conv_nhwc(m: &Machine, p: DataPath, s: flux_lite_core::oracle::ConvShape, [x, y]: [Operand; 2], residual: Option<Operand>, norm_bytes: u64) -> Traffic {
-    let (pixels, plane) = ((s.height * s.width) as u64, (s.out_height * s.out_width) as u64);
-    let (cin, cout, taps) = (s.in_channels as u64, s.out_channels as u64, (s.in_channels * s.kernel * s.kernel) as u64);
-    let weights = cout * taps * p.weight + cout * p.weight + cout * 4 + norm_bytes;
-    // Each output pixel's row written, and the residual's read (y's own, or another tensor's).
-    let output_row = p.row_bytes(&y, cout) + residual.map_or(0, |r| p.row_bytes(&r, cout));
-    let piece = rows_per_piece(m, plane, &[Rows::packed(cout, 4)], m.product_block);
-    pieces(plane, piece)
-        .map(|px| {
-            let input = pixels * px / plane * p.row_bytes(&x, cin);
-            pass_on(m, input + weights + px * output_row, 2 * taps * cout * px, true)
-        })
-        .sum()
 }
 
 /// A program's traffic.
