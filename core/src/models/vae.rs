@@ -225,11 +225,6 @@ pub fn nhwc_band_elements(s: ConvShape, [x, y]: [Operand; 2], residual: Option<O
     (2 * input_row + stats, input_row + output_row)
 }
 
-/// [`band_minimum`] of the decode of a `latent_h × latent_w`-cell latent on a data path.
-pub fn decode_band_minimum(cfg: &VaeConfig, latent_h: u64, latent_w: u64, channels_last: bool) -> Result<u64, VaePlanError> {
-    let layout = VaeLayout::new(cfg, latent_h, latent_w, channels_last, &mut BumpArena::new(u64::MAX))?;
-    Ok(band_minimum(|emit| crate::models::vae_nhwc::decode_whole(&layout, channels_last, emit)))
-}
 
 /// Each `(pixels, channels)` tensor the decoder's levels make, for a latent
 /// of `p0` cells: every level's input and output, every upsampled output.
@@ -271,8 +266,24 @@ pub fn largest_activation(cfg: &VaeConfig, p0: u64) -> u64 {
 /// scales), the attention's f32 output, the latent's f32 rows.
 pub fn largest_channels_last(cfg: &VaeConfig, p0: u64) -> u64 {
     let mut most = largest_f32_beside(cfg, p0);
-    each_activation(cfg, p0, |pixels, channels| most = most.max(crate::models::vae_nhwc::half_elements(pixels, channels)));
+    each_activation(cfg, p0, |pixels, channels| most = most.max(half_elements(pixels, channels)));
     most
+}
+
+/// Channels of the stream under one range scale: a block of a
+/// convolution's output channels holds whole pieces (at most four).
+pub const STREAM_PIECE: u64 = 32;
+
+/// The stream's piece for `channels`: [`STREAM_PIECE`], or a whole pixel
+/// where the channels are fewer or not a multiple of it (small models).
+pub fn stream_piece(channels: u64) -> u64 {
+    if channels.is_multiple_of(STREAM_PIECE) { STREAM_PIECE } else { channels }
+}
+
+/// Elements (f32 words) of `pixels` rows of `channels` as the stream holds
+/// them, or as f16 rows under a scale a pixel: the larger.
+pub fn half_elements(pixels: u64, channels: u64) -> u64 {
+    pixels * (channels / 2 + (channels / stream_piece(channels)).max(1))
 }
 
 /// A contiguous `[rows, cols]` view of a span.

@@ -21,18 +21,10 @@
 
 use crate::ir::{name, GroupShape, InputNorm, Op, Operand, Span};
 use crate::models::group_norm;
-use crate::models::vae::{attention_projection, carried_attention, denorm_unpatchify, prefix, rows, same, UpBlock, VaeLayout, NORM_EPS};
+use crate::models::vae::{attention_projection, band_minimum, carried_attention, denorm_unpatchify, prefix, rows, same, stream_piece, UpBlock, VaePlanError, VaeLayout, NORM_EPS};
+use crate::arena::BumpArena;
+use crate::config::VaeConfig;
 use crate::oracle::ConvShape;
-
-/// Channels of the stream under one range scale: a block of a
-/// convolution's output channels holds whole pieces (at most four).
-pub const STREAM_PIECE: u64 = 32;
-
-/// The stream's piece for `channels`: [`STREAM_PIECE`], or a whole pixel
-/// where the channels are fewer or not a multiple of it (small models).
-pub fn stream_piece(channels: u64) -> u64 {
-    if channels.is_multiple_of(STREAM_PIECE) { STREAM_PIECE } else { channels }
-}
 
 /// `buf` holding `pixels` f16 rows of `channels` (words, then the scales).
 pub fn half_rows(buf: Span, pixels: u64, channels: u64) -> Operand {
@@ -44,12 +36,6 @@ pub fn half_rows(buf: Span, pixels: u64, channels: u64) -> Operand {
 pub fn stream_rows(buf: Span, pixels: u64, channels: u64) -> Operand {
     let piece = stream_piece(channels);
     Operand::half_pieces(Span::new(buf.offset, channels / 2), Span::new(buf.offset + pixels * channels / 2, channels / piece), piece)
-}
-
-/// Elements (f32 words) of `pixels` rows of `channels` as the stream holds
-/// them, or as f16 rows under a scale a pixel: the larger.
-pub fn half_elements(pixels: u64, channels: u64) -> u64 {
-    pixels * (channels / 2 + (channels / stream_piece(channels)).max(1))
 }
 
 /// Convolution `p` (its `weight` and `bias`) of `x` into `y`, normalised as
@@ -200,6 +186,12 @@ pub fn decode_whole(l: &VaeLayout, channels_last: bool, emit: impl FnMut(Op)) {
         true => decode_to_levels(l, emit),
         false => crate::models::vae::decode_to_levels(l, emit),
     }
+}
+
+/// [`band_minimum`] of the decode of a `latent_h × latent_w`-cell latent on a data path.
+pub fn decode_band_minimum(cfg: &VaeConfig, latent_h: u64, latent_w: u64, channels_last: bool) -> Result<u64, VaePlanError> {
+    let layout = VaeLayout::new(cfg, latent_h, latent_w, channels_last, &mut BumpArena::new(u64::MAX))?;
+    Ok(band_minimum(|emit| decode_whole(&layout, channels_last, emit)))
 }
 
 #[cfg(test)]

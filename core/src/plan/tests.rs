@@ -1,7 +1,7 @@
 use super::*;
 use crate::config::{klein_4b, klein_9b};
 use crate::models::transformer::KvMode;
-use crate::models::{vae, vae_encoder};
+use crate::models::{vae, vae_encoder, vae_nhwc};
 
 const GIB: u64 = 1 << 30;
 /// An adapter with large buffers (Metal on a Mac with 32 GB or more reports
@@ -403,7 +403,7 @@ fn phase_options_run_fastest_first_and_end_at_the_phase_minimum() {
     assert!(tiles.windows(2).all(|w| w[1] + 16 == w[0]));
     // The smallest tile is the smallest whose band holds one convolution row
     // of the 1024-pixel-wide image (128 channels in and out at full resolution).
-    let row = vae::decode_band_minimum(&model.vae, 128, 128, false).unwrap();
+    let row = vae_nhwc::decode_band_minimum(&model.vae, 128, 128, false).unwrap();
     let capacity = |t: u64| vae::band_capacity(&model.vae, t / 8, LIMITS.max_binding, false).unwrap();
     let smallest = *tiles.last().unwrap();
     assert!(capacity(smallest) >= row && capacity(smallest - 16) < row, "smallest tile {smallest}: a row needs {row} values");

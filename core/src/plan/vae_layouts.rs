@@ -127,7 +127,7 @@ pub fn decode_options<'a>(input: &'a PlanInput<'a>) -> Result<impl Iterator<Item
     }
     if options.peek().is_none() {
         let scale = input.vae.scale_factor() as u64;
-        let row = vae::decode_band_minimum(input.vae, input.height / scale, input.width / scale, input.limits.half_operands).unwrap_or(u64::MAX);
+        let row = vae_nhwc::decode_band_minimum(input.vae, input.height / scale, input.width / scale, input.limits.half_operands).unwrap_or(u64::MAX);
         return Err(PlanError::VaeTooWide { width: input.width, bytes: row.saturating_mul(4), limit: input.limits.max_binding });
     }
     Ok(options)
@@ -148,7 +148,7 @@ pub(super) fn smallest_decode(input: &PlanInput<'_>) -> Need {
 /// The elements a band of a `tile`-pixel VAE tile holds in a decode whose
 /// longer side is `side` pixels, if the adapter holds the tile untiled and,
 /// when the tile is smaller than the image, its band holds `row` elements
-/// (one row of the image's widest convolution, [`vae::decode_band_minimum`]).
+/// (one row of the image's widest convolution, [`vae_nhwc::decode_band_minimum`]).
 pub fn decode_tile_capacity(cfg: &VaeConfig, tile: u64, side: u64, row: u64, limits: DeviceLimits) -> Option<u64> {
     let scale = cfg.scale_factor() as u64;
     vae_arena(cfg, tile / scale, tile / scale, limits)?;
@@ -159,7 +159,7 @@ pub fn decode_tile_capacity(cfg: &VaeConfig, tile: u64, side: u64, row: u64, lim
 /// The elements a band holds when a decode whose longer side is `side`
 /// pixels runs by bands of one binding with the image's activations on the
 /// device, if such a band holds `row` elements (one row of the image's
-/// widest convolution, [`vae::decode_band_minimum`]) and its arena fits one buffer.
+/// widest convolution, [`vae_nhwc::decode_band_minimum`]) and its arena fits one buffer.
 pub fn decode_device_capacity(cfg: &VaeConfig, side: u64, row: u64, limits: DeviceLimits) -> Option<u64> {
     let capacity = vae::band_capacity(cfg, side / cfg.scale_factor() as u64, limits.max_binding, limits.half_operands).ok().filter(|&c| c >= row)?;
     (vae::band_arena_bytes(capacity) <= limits.max_buffer).then_some(capacity)
@@ -182,7 +182,7 @@ fn decode_candidates<'a>(input: &'a PlanInput<'a>) -> impl Iterator<Item = VaePl
     let unit = 2 * scale;
     let largest = w.max(h) / unit;
     // A band must hold one row of the image's widest convolution.
-    let row = vae::decode_band_minimum(cfg, h / scale, w / scale, input.limits.half_operands).unwrap_or(u64::MAX);
+    let row = vae_nhwc::decode_band_minimum(cfg, h / scale, w / scale, input.limits.half_operands).unwrap_or(u64::MAX);
     // A forced tile is the only layout: untiled when it covers the image.
     let forced = input.vae_tile;
     let covers = forced.is_some_and(|t| t >= w.max(h));

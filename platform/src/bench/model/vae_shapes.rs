@@ -71,7 +71,7 @@ impl<'g> ShapeBench<'g> {
         let program = collect_ops(|emit| flux_lite_core::models::vae_nhwc::decode_whole(&layout, channels_last, emit));
         let scale = cfg.scale_factor() as u64;
         let limits = self.gpu.plan_limits();
-        let row = vae::decode_band_minimum(cfg, size / scale, size / scale, channels_last).map_err(internal)?;
+        let row = flux_lite_core::models::vae_nhwc::decode_band_minimum(cfg, size / scale, size / scale, channels_last).map_err(internal)?;
         let (how, capacity, on_device) = match flux_lite_core::plan::decode_device_capacity(cfg, size, row, limits) {
             Some(capacity) => ("bands of a binding, activations on the device".to_string(), capacity, true),
             None => {

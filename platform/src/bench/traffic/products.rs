@@ -2,7 +2,7 @@
 //! lowered as its launcher lowers it: pieces where a binding cannot hold an
 //! operand, the matrix tier's measuring passes and f16 pieces.
 
-use super::{operand_rows, pieces, rows_per_piece, DataPath, Machine, Rows, Traffic, RANGE_SCALES_ROWS};
+use super::machine::{operand_rows, pieces, rows_per_piece, DataPath, Machine, Rows, Traffic, RANGE_SCALES_ROWS};
 use flux_lite_core::ir::Operand;
 use flux_lite_kernels::kernels::{ATTENTION_MATRIX_MAX_HEAD_DIM, ATTENTION_MATRIX_WIDE_MAX_HEAD_DIM};
 
