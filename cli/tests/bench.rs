@@ -29,9 +29,9 @@ fn figure_after(stdout: &str, prefix: &str, until: &str) -> String {
     line[prefix.len()..].split(until).next().unwrap().to_string()
 }
 
-/// `bench traffic`'s dispatch counts: step, double block, single block, VAE decode.
-fn traffic_dispatches(stdout: &str) -> [u64; 4] {
-    ["step: ", "double block: ", "single block: ", "vae decode: "].map(|p| figure_after(stdout, p, " dispatches").parse().unwrap())
+/// `bench traffic`'s dispatch counts: step, double block, single block, VAE decode, VAE encode.
+fn traffic_dispatches(stdout: &str) -> [u64; 5] {
+    ["step: ", "double block: ", "single block: ", "vae decode: ", "vae encode: "].map(|p| figure_after(stdout, p, " dispatches").parse().unwrap())
 }
 
 /// The `X` of `… N dispatches, X GB moved …` on the line starting `prefix`.
@@ -66,8 +66,8 @@ fn traffic_prints_the_step_its_blocks_and_the_decode_from_the_configs_alone() {
     assert!(m_linear > f_linear && m_linear < 2 * f_linear, "linear dispatches: matrix {m_linear}, f32 {f_linear}");
     let ln_gb = |s: &str| by_op(s, "layer norm + modulation")[2].parse::<f64>().unwrap();
     assert!(ln_gb(&matrix) < ln_gb(&f32), "{matrix}{f32}");
-    let [m_step, m_double, m_single, m_vae] = traffic_dispatches(&matrix);
-    let [f_step, f_double, f_single, f_vae] = traffic_dispatches(&f32);
+    let [m_step, m_double, m_single, m_vae, _] = traffic_dispatches(&matrix);
+    let [f_step, f_double, f_single, f_vae, _] = traffic_dispatches(&f32);
     assert_eq!(m_step - f_step, m_linear - f_linear, "the tiers differ by the measuring passes: {matrix}{f32}");
     // The matrix decode's stream is f16 as its convolutions write it: no packs, no copies.
     assert!(m_double == f_double && m_single == f_single && m_vae < f_vae, "{matrix}{f32}");
@@ -82,6 +82,13 @@ fn traffic_prints_the_step_its_blocks_and_the_decode_from_the_configs_alone() {
     assert!(gb_moved(&matrix, "vae decode: ") <= 0.4 * gb_moved(&f32, "vae decode: "), "{matrix}{f32}");
     let conv_dispatches = |s: &str| rows_under(s, "| vae decode, by op |").into_iter().find(|r| r[0] == "convolution").unwrap()[1].parse::<u64>().unwrap();
     assert_eq!(conv_dispatches(&matrix), conv_dispatches(&f32) + 1, "{matrix}{f32}");
+    // The encoder alike (channels-last, f16, its downsamplers strided
+    // convolutions of the stream): at most 40% of the f32 encode's bytes,
+    // in fewer dispatches (no copies after the downsamplers, no separate
+    // GroupNorm passes).
+    assert!(gb_moved(&matrix, "vae encode: ") <= 0.4 * gb_moved(&f32, "vae encode: "), "{matrix}{f32}");
+    let encode_dispatches = |s: &str| figure_after(s, "vae encode: ", " dispatches").parse::<u64>().unwrap();
+    assert!(encode_dispatches(&matrix) < encode_dispatches(&f32), "{matrix}{f32}");
     // The table's kinds add up to the step.
     let by_op: u64 = rows_under(&matrix, "| step, by op |").iter().map(|r| r[1].parse::<u64>().unwrap()).sum();
     assert_eq!(by_op, m_step);
@@ -101,20 +108,20 @@ fn traffic_refuses_a_size_the_vae_cannot_take() {
 fn traffic_counts_what_bench_prepares(tier: &str) {
     let flux_lite = env!("CARGO_BIN_EXE_flux-lite");
     let model = concat!(env!("CARGO_MANIFEST_DIR"), "/../test_vectors/models/tiny-a");
-    let args = ["bench", "kernels", "--model", model, "--only", "blocks,step", "--tokens", "40", "--step-sizes", "32", "--repeats", "1", "--precision", tier];
+    let args = ["bench", "kernels", "--model", model, "--only", "blocks,step,vae", "--tokens", "40", "--step-sizes", "32", "--vae-size", "32", "--repeats", "1", "--precision", tier];
     let out = Command::new(flux_lite).args(args).output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
     let rows = table_rows(&stdout);
     let prepared = |what: &str| rows.iter().find(|r| r[0] == what).unwrap_or_else(|| panic!("no {what} row: {stdout}"))[7].parse::<u64>().unwrap();
     let counted = bench_traffic(&["--model", model, "--width", "32", "--height", "32", "--precision", tier]);
-    let [step, double, single, vae] = traffic_dispatches(&counted);
+    let [step, double, single, vae, encode] = traffic_dispatches(&counted);
     assert_eq!(
-        [prepared("denoising step"), prepared("double block"), prepared("single block"), prepared("VAE decode")],
-        [step, double, single, vae],
+        [prepared("denoising step"), prepared("double block"), prepared("single block"), prepared("VAE decode"), prepared("VAE encode")],
+        [step, double, single, vae, encode],
         "{tier}: prepared (bench kernels) against counted (bench traffic):\n{stdout}{counted}"
     );
-    println!("{tier}: step {step}, double block {double}, single block {single}, VAE decode {vae} dispatches, prepared and counted alike");
+    println!("{tier}: step {step}, double block {double}, single block {single}, VAE decode {vae}, VAE encode {encode} dispatches, prepared and counted alike");
 }
 
 #[test]

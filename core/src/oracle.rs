@@ -244,6 +244,20 @@ impl ConvShape {
         (first, end.max(first), first + self.pad_top - top)
     }
 
+    /// Whether every output pixel's taps stay within the input (read
+    /// upsampled ×`up`) and at most `kernel / 2` zeros past each side of
+    /// it, and reach its last column and (but for one of an upsampled
+    /// pair) its last row: a "same" or strided convolution, or a band of
+    /// one's rows as [`Self::input_rows`] cuts them.
+    pub fn taps_fit(&self, up: usize) -> bool {
+        let (seen_h, seen_w, half) = (self.height * up, self.width * up, self.kernel / 2);
+        let reach = |out: usize| out.saturating_sub(1) * self.stride + self.kernel;
+        let (down, across) = (reach(self.out_height), reach(self.out_width));
+        let rows = self.pad_top <= half && down <= seen_h + self.pad_top + half && down + up > seen_h + self.pad_top;
+        let cols = self.pad_left <= half && across <= seen_w + self.pad_left + half && across >= seen_w + self.pad_left;
+        self.out_height > 0 && self.out_width > 0 && rows && cols
+    }
+
     /// Elements the operands of a band of output rows take, as
     /// `(fixed, per output row)`: every input channel of the rows it reads
     /// (`(rows − 1)·stride + kernel` of them at most) and every output channel
@@ -358,6 +372,7 @@ mod tests {
                     let rows: alloc::vec::Vec<f32> =
                         (0..cin).flat_map(|c| x[(c * h + first) * w..(c * h + end) * w].iter().copied()).collect();
                     let shape = ConvShape { height: end - first, pad_top: pad, out_height: y1 - y0, ..s };
+                    assert!(s.taps_fit(1) && shape.taps_fit(1), "{shape:?}: a band the channels-last convolution takes");
                     let (fixed, per_row) = s.band_elements();
                     assert!((rows.len() + cout * (y1 - y0) * s.out_width) as u64 <= fixed + per_row * (y1 - y0) as u64, "{s:?}");
                     let mut part = alloc::vec![0.0; cout * (y1 - y0) * s.out_width];
@@ -371,6 +386,19 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// What the channels-last convolution refuses: taps past `kernel / 2`
+    /// zeros, an output wider than its taps make, rows the taps never reach.
+    #[test]
+    fn taps_that_leave_the_input_or_miss_its_end_do_not_fit() {
+        let same = ConvShape::same(4, 4, 8, 8, 3);
+        let upsampled = ConvShape { out_height: 16, out_width: 16, ..same };
+        assert!(same.taps_fit(1) && upsampled.taps_fit(2) && !upsampled.taps_fit(1));
+        assert!(!ConvShape { pad_top: 2, pad_left: 2, out_height: 10, out_width: 10, ..same }.taps_fit(1));
+        assert!(!ConvShape { out_width: 9, ..same }.taps_fit(1));
+        assert!(!ConvShape { out_height: 6, ..same }.taps_fit(1));
+        assert!(!ConvShape { stride: 2, out_height: 8, out_width: 8, ..same }.taps_fit(1));
     }
 
     #[test]

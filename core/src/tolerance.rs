@@ -80,8 +80,15 @@ pub mod other_tiers {
     /// Each step's velocity vs diffusers, from diffusers' latents: measured
     /// 3.8e-4 – 6.6e-4 (the same runs).
     pub const VELOCITY: f64 = 1.5e-3;
-    /// The VAE decoder's output vs diffusers: measured 6.7e-4 – 8.9e-4 (the same runs).
+    /// The VAE decoder's output vs diffusers: measured 6.7e-4 – 8.9e-4 (the
+    /// same runs); 1.1e-3 – 1.44e-3 on the matrix tier since its stream is
+    /// f16 between blocks (2026-12-02).
     pub const VAE_DECODED: f64 = 2e-3;
+    /// The VAE encoder's posterior mean and reference tokens vs diffusers,
+    /// whole and by bands: measured 5.4e-4 – 7.4e-4 (mean) and 2.5e-4 –
+    /// 3.4e-4 (tokens) on f16 (Mesa 26), 8.7e-4 – 1.1e-3 and 4.0e-4 –
+    /// 5.1e-4 on the matrix tier's channels-last encoder (2026-12-02).
+    pub const VAE_ENCODER_MEAN: f64 = 2e-3;
 }
 
 /// The half-K/V layout (the transformer's keys and values kept in f16

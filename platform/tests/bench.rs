@@ -58,9 +58,10 @@ fn the_vae_encode_row_runs_the_whole_encoder() {
     use flux_lite_core::models::vae_encoder;
     let model = ModelFolder::open(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../test_vectors/models/tiny-a")).unwrap();
     let encode = ShapeBench::new(gpu(), 1).vae_encode(&model.vae, 32).unwrap_or_else(|e| panic!("{e}"));
-    let layout = vae_encoder::VaeEncoderLayout::new(&model.vae, 32, 32, &mut flux_lite_core::arena::BumpArena::new(u64::MAX)).unwrap();
+    let channels_last = gpu().plan_limits().half_operands;
+    let layout = vae_encoder::VaeEncoderLayout::new(&model.vae, 32, 32, channels_last, &mut flux_lite_core::arena::BumpArena::new(u64::MAX)).unwrap();
     let mut flops = 0;
-    vae_encoder::encode(&layout, |op| flops += op.flops());
+    flux_lite_core::models::vae_encoder_nhwc::encode_whole(&layout, |op| flops += op.flops());
     assert_eq!((encode.what.as_str(), encode.shape.as_str(), encode.flops), ("VAE encode", "32×32", flops));
     assert!(encode.seconds > 0.0 && encode.dispatches.is_some_and(|d| d > 0), "{encode:?}");
 }

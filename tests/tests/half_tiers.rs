@@ -1,13 +1,14 @@
 //! The stages on the half tiers (f16 and, where the adapter offers it,
 //! matrix) against the same diffusers/transformers goldens as the f32 path,
 //! each within the bound `tolerance::other_tiers` states for it: the text
-//! encoder's embedding, every step's velocity, and the VAE's decode.
+//! encoder's embedding, every step's velocity, and the VAE's decode and encode.
 
 #![allow(clippy::unwrap_used)]
 
 use flux_lite_core::ir::{Op, RopeStyle};
 use flux_lite_platform::components::text_encoder::TextEncoder;
 use flux_lite_platform::components::vae::{self, VaeDecoder};
+use flux_lite_platform::components::vae_encoder::VaeEncoder;
 use flux_lite_platform::model::{Component, ModelFolder};
 use flux_lite_platform::{Gpu, Precision};
 use flux_lite_tests::tolerance::other_tiers;
@@ -144,6 +145,54 @@ fn a_decode_by_bands_equals_the_whole_decode_on_the_half_tiers() {
             let (banded, whole) = (decode(Some(8), &latents, size), decode(None, &latents, size));
             assert_eq!(banded.rgb, whole.rgb, "{tier} {case}: in 8-pixel tiles vs whole");
         }
+    }
+}
+
+/// The encoder's posterior mean and the reference tokens made of it against
+/// diffusers on each half tier, whole and in 8-pixel tiles; on the matrix
+/// tier the channels-last program (f16 activations, the downsamplers
+/// strided convolutions of the stream).
+#[test]
+fn vae_encode_on_the_half_tiers() {
+    for gpu in half_tiers() {
+        let tier = gpu.precision().name();
+        for model in ["tiny-a", "tiny-b"] {
+            let g = Goldens::load(&format!("{model}/vae-encode"));
+            let json = g.case_json();
+            let size = |k: &str| json[k].as_u64().unwrap() as usize;
+            let m = ModelFolder::open(&model_dir(model)).unwrap();
+            let store = m.weights(Component::Vae).unwrap();
+            let image = g.f32("image").0;
+            for tile in [None, Some(8)] {
+                let encoder = VaeEncoder::new(&gpu, &m.vae, &store, size("width"), size("height"), tile).unwrap_or_else(|e| panic!("{tier}: {e}"));
+                assert_eq!(encoder.is_channels_last(), tier == "matrix", "{tier}: the channels-last encoder on the matrix tier only");
+                let what = format!("{tier} {model} ({})", tile.map_or("whole".into(), |t| format!("{t}-px tiles")));
+                check(&format!("{what} posterior mean"), &encoder.posterior_mean(&gpu, &image).unwrap(), &g.f32("posterior_mean").0, other_tiers::VAE_ENCODER_MEAN);
+                check(&format!("{what} reference tokens"), &encoder.reference_tokens(&gpu, &image).unwrap(), &g.f32("image_latents").0, other_tiers::VAE_ENCODER_MEAN);
+            }
+        }
+    }
+}
+
+/// An encode by bands equals the whole one bit for bit on each half tier
+/// (on the matrix tier channels-last: the strided downsamplers' bands, the
+/// GroupNorms' row moments, the attention carried over chunks of keys): a
+/// 64×96 image in 16-pixel tiles.
+#[test]
+fn an_encode_by_bands_equals_the_whole_encode_on_the_half_tiers() {
+    let m = ModelFolder::open(&model_dir("tiny-a")).unwrap();
+    let store = m.weights(Component::Vae).unwrap();
+    let mut image = vec![0f32; 3 * 64 * 96];
+    flux_lite_core::numerics::rng::TorchGenerator::new(17).fill_randn_f32(&mut image);
+    image.iter_mut().for_each(|v| *v = v.clamp(-1.0, 1.0));
+    for gpu in half_tiers() {
+        let tier = gpu.precision().name();
+        let encode = |tile: Option<usize>| {
+            let encoder = VaeEncoder::new(&gpu, &m.vae, &store, 64, 96, tile).unwrap();
+            assert_eq!(encoder.is_banded(), tile.is_some());
+            encoder.posterior_mean(&gpu, &image).unwrap_or_else(|e| panic!("{tier}: {e}"))
+        };
+        flux_lite_tests::assert_same_bits(&format!("{tier}: 64×96 posterior mean in 16-pixel tiles vs whole"), &encode(Some(16)), &encode(None));
     }
 }
 

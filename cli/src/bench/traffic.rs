@@ -1,4 +1,4 @@
-//! `flux-lite bench traffic`: what a denoising step and a VAE decode move,
+//! `flux-lite bench traffic`: what a denoising step, a VAE decode and encode move,
 //! and in how many dispatches, on a tier's data path, from the config files
 //! alone; beside the roofline those figures allow on an H200.
 
@@ -21,8 +21,8 @@ pub fn run(model: &str, [width, height]: [u64; 2], tier: Precision) -> Result<()
     let tier_name = if tier == Precision::Auto { Precision::Matrix.name() } else { tier.name() };
     let m = H200;
     let step = traffic::step(&transformer, [width, height], vae.latent_cell() as u64, PROMPT_TOKENS, tier, &m).map_err(|e| e.to_string())?;
-    let vae_traffic = traffic::vae_decode(&vae, [width, height], tier, &m).map_err(|e| e.to_string())?;
-    let (decode, whole) = (vae_traffic.decode, vae_traffic.whole);
+    let decode = traffic::vae_decode(&vae, [width, height], tier, &m).map_err(|e| e.to_string())?;
+    let encode = traffic::vae_encode(&vae, [width, height], tier, &m).map_err(|e| e.to_string())?;
     say!("model shapes: {name}; {width}×{height}: {PROMPT_TOKENS} prompt + {} image tokens; the {tier_name} tier's data path; bf16 weights", step.image_tokens);
     say!("counted from the programs, no GPU: each dispatch's inputs and outputs once, at the width the tier stores them in (re-reads served by caches not counted)");
     say!(
@@ -40,12 +40,16 @@ pub fn run(model: &str, [width, height]: [u64; 2], tier: Precision) -> Result<()
     if let Some(t) = step.single_block {
         say!("single block: {} dispatches (budget {}), {} GB moved", t.dispatches, traffic::SINGLE_BLOCK_DISPATCHES, gb(t.bytes));
     }
-    let how = if whole { "" } else { " (laid out whole; at this size gen decodes by bands, whose copies are not counted)" };
-    say!("vae decode: {}{how}", line(&decode, m.name));
+    for (what, t) in [("decode", &decode), ("encode", &encode)] {
+        let how = if t.whole { String::new() } else { format!(" (laid out whole; at this size gen {what}s by bands, whose copies are not counted)") };
+        say!("vae {what}: {}{how}", line(&t.total, m.name));
+    }
     say!();
     by_kind_table("step", &step.by_kind);
     say!();
-    by_kind_table("vae decode", &vae_traffic.by_kind);
+    by_kind_table("vae decode", &decode.by_kind);
+    say!();
+    by_kind_table("vae encode", &encode.by_kind);
     Ok(())
 }
 

@@ -8,4 +8,5 @@ pub mod tiny_decoder;
 pub mod transformer;
 pub mod vae;
 pub mod vae_encoder;
+pub mod vae_encoder_nhwc;
 pub mod vae_nhwc;

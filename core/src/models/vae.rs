@@ -217,12 +217,12 @@ pub fn band_minimum(program: impl FnOnce(&mut dyn FnMut(Op))) -> u64 {
 
 /// A channels-last convolution's band: the elements fixed whatever its
 /// rows (two rows of input halo and the statistics it normalises with) and
-/// each output row's (its input row, its output row and the residual's
-/// where that is another tensor), as the banded run takes them.
+/// each output row's (its input rows, one a stride, its output row and the
+/// residual's where that is another tensor), as the banded run takes them.
 pub fn nhwc_band_elements(s: ConvShape, [x, y]: [Operand; 2], residual: Option<Operand>, stats: u64) -> (u64, u64) {
     let input_row = s.width as u64 * x.elements(s.in_channels as u64);
     let output_row = s.out_width as u64 * y.elements(s.out_channels as u64) * if residual.is_some_and(|r| r != y) { 2 } else { 1 };
-    (2 * input_row + stats, input_row + output_row)
+    (2 * input_row + stats, s.stride as u64 * input_row + output_row)
 }
 
 
@@ -281,9 +281,10 @@ pub fn stream_piece(channels: u64) -> u64 {
 }
 
 /// Elements (f32 words) of `pixels` rows of `channels` as the stream holds
-/// them, or as f16 rows under a scale a pixel: the larger.
+/// them, or as f16 rows under a scale a pixel (an odd count's rows whole
+/// words): the larger.
 pub fn half_elements(pixels: u64, channels: u64) -> u64 {
-    pixels * (channels / 2 + (channels / stream_piece(channels)).max(1))
+    pixels * (channels.div_ceil(2) + (channels / stream_piece(channels)).max(1))
 }
 
 /// A contiguous `[rows, cols]` view of a span.

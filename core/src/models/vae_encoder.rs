@@ -1,15 +1,17 @@
 //! `AutoencoderKLFlux2`'s encoder as one program over an activation arena:
 //! an image `[3, H, W]` in [-1, 1] to the posterior mean `[latent_channels,
 //! H/s, W/s]`, the mirror of the decoder (`vae.rs`), whose block helpers it
-//! shares. Then, on the host, the reference tokens the transformer reads:
-//! the mean patchified 2×2, BatchNorm-normalised and packed `[tokens, 4·C]`.
+//! shares; channels-last on the matrix tier's f16 data path
+//! ([`crate::models::vae_encoder_nhwc`], laid out here alike). Then, on the
+//! host, the reference tokens the transformer reads: the mean patchified
+//! 2×2, BatchNorm-normalised and packed `[tokens, 4·C]`.
 
 use crate::arena::{ArenaError, BumpArena};
 use crate::config::{VaeConfig, MAX_LIST};
 use crate::ir::{Op, Span, ALIGN, F32};
 use crate::oracle::ConvShape;
 use crate::models::group_norm::NormScratch;
-use crate::models::vae::{conv, group_norm, mid, prefix, resnet, same, Stream, VaePlanError};
+use crate::models::vae::{conv, group_norm, half_elements, mid, prefix, resnet, same, Stream, VaePlanError};
 
 /// Name prefixes of the tensors encoding reads.
 pub const WEIGHTS: [&str; 2] = ["encoder.", "quant_conv."];
@@ -29,7 +31,11 @@ pub struct VaeEncoderLayout {
     pub layers_per_block: u64,
     pub attention: bool,
     pub quant_conv: bool,
-    /// Input written by the host: the image `[in_channels, H·W]`.
+    /// The channels-last program's layout ([`Self::image_row`]; f16
+    /// activations in the buffers).
+    pub channels_last: bool,
+    /// Input written by the host: the image `[in_channels, H·W]`, or
+    /// channels-last `[H·W, image_row]`.
     pub image: Span,
     /// The three activation buffers, each holding the largest `[C, pixels]`
     /// of the encode, and the mid-block attention's projections `[latent pixels, C_top]`.
@@ -40,8 +46,10 @@ pub struct VaeEncoderLayout {
 }
 
 impl VaeEncoderLayout {
-    /// Lays out the encode of a `height × width` image in `arena`.
-    pub fn new(cfg: &VaeConfig, height: u64, width: u64, arena: &mut BumpArena) -> Result<Self, VaePlanError> {
+    /// Lays out the encode of a `height × width` image in `arena`,
+    /// channel-major f32, or for the channels-last program where
+    /// `channels_last` (f16 activations: the buffers about half the size).
+    pub fn new(cfg: &VaeConfig, height: u64, width: u64, channels_last: bool, arena: &mut BumpArena) -> Result<Self, VaePlanError> {
         let mut channels = heapless::Vec::new();
         for &c in cfg.block_out_channels.iter() {
             channels.push(c as u64).map_err(|_| VaePlanError::Size("too many VAE levels"))?;
@@ -54,12 +62,15 @@ impl VaeEncoderLayout {
         let levels = channels.len() as u32;
         let latent_pixels = (height >> (levels - 1)) * (width >> (levels - 1));
         let lc = cfg.latent_channels as u64;
-        let largest = largest_activation(&channels, height * width);
+        let largest = match channels_last {
+            true => largest_channels_last(&channels, height * width, latent_pixels * top.max(2 * lc)),
+            false => largest_activation(&channels, height * width),
+        };
         let mut take = |elems: u64| -> Result<Span, ArenaError> {
             let s = arena.alloc(elems * F32, ALIGN)?;
             Ok(Span::new(s.offset / F32, 0))
         };
-        let image = take(cfg.in_channels as u64 * height * width)?;
+        let image = take(image_row(cfg.in_channels as u64, channels_last) * height * width)?;
         let (a, b, c) = (take(largest)?, take(largest)?, take(largest)?);
         let (q, k, v) = if cfg.mid_block_add_attention {
             (take(latent_pixels * top)?, take(latent_pixels * top)?, take(latent_pixels * top)?)
@@ -78,10 +89,17 @@ impl VaeEncoderLayout {
             layers_per_block: cfg.layers_per_block as u64,
             attention: cfg.mid_block_add_attention,
             quant_conv: cfg.use_quant_conv,
+            channels_last,
             image,
             stream: Stream { a, b, c, q, k, v, groups, norm },
             moments,
         })
+    }
+
+    /// Values of a pixel of the image as the host writes it: its channels,
+    /// channels-last as many as make whole f16 words (the last zero).
+    pub fn image_row(&self) -> u64 {
+        image_row(self.in_channels, self.channels_last)
     }
 
     /// Pixels per latent cell.
@@ -101,24 +119,44 @@ impl VaeEncoderLayout {
     }
 }
 
-/// The most elements any `[C, pixels]` activation of the encode holds, for
-/// an image of `pixels` pixels: each level's widest resnet at its resolution.
-fn largest_activation(channels: &[u64], pixels: u64) -> u64 {
-    let mut most = 0;
+/// A pixel's values of the image as the host writes it ([`VaeEncoderLayout::image_row`]).
+pub fn image_row(in_channels: u64, channels_last: bool) -> u64 {
+    if channels_last { in_channels.next_multiple_of(2) } else { in_channels }
+}
+
+/// Each level's widest activation `(pixels, channels)` for an image of
+/// `pixels` pixels: its widest resnet at its resolution.
+fn each_level(channels: &[u64], pixels: u64, mut f: impl FnMut(u64, u64)) {
     let (mut cin, mut level_pixels) = (channels[0], pixels);
     for (i, &cout) in channels.iter().enumerate() {
-        most = most.max(cin.max(cout) * level_pixels);
+        f(level_pixels, cin.max(cout));
         if i + 1 < channels.len() {
             level_pixels /= 4;
         }
         cin = cout;
     }
+}
+
+/// The most elements any `[C, pixels]` activation of the encode holds, for
+/// an image of `pixels` pixels.
+fn largest_activation(channels: &[u64], pixels: u64) -> u64 {
+    let mut most = 0;
+    each_level(channels, pixels, |p, c| most = most.max(p * c));
+    most
+}
+
+/// The most elements any activation of the channels-last encode holds: a
+/// level's f16 rows (words and scales) at its resolution, and beside them,
+/// `f32_beside` (the attention's output and the moments' f32 rows).
+fn largest_channels_last(channels: &[u64], pixels: u64, f32_beside: u64) -> u64 {
+    let mut most = f32_beside;
+    each_level(channels, pixels, |p, c| most = most.max(half_elements(p, c)));
     most
 }
 
 /// Bytes of the largest single tensor of the encode of a `height × width`
-/// image (what one storage binding must hold).
-pub fn largest_binding(cfg: &VaeConfig, height: u64, width: u64) -> u64 {
+/// image (what one storage binding must hold), channels-last where `channels_last`.
+pub fn largest_binding(cfg: &VaeConfig, height: u64, width: u64, channels_last: bool) -> u64 {
     let channels: heapless::Vec<u64, MAX_LIST> = cfg.block_out_channels.iter().map(|&c| c as u64).collect();
     if channels.is_empty() {
         return 0;
@@ -126,31 +164,29 @@ pub fn largest_binding(cfg: &VaeConfig, height: u64, width: u64) -> u64 {
     let scale = 1u64 << (channels.len() - 1);
     let latent_pixels = (height / scale) * (width / scale);
     let top = channels[channels.len() - 1];
-    let image = cfg.in_channels as u64 * height * width;
-    F32 * largest_activation(&channels, height * width).max(image).max(latent_pixels * top)
+    let image = image_row(cfg.in_channels as u64, channels_last) * height * width;
+    let activations = match channels_last {
+        true => largest_channels_last(&channels, height * width, latent_pixels * top.max(2 * cfg.latent_channels as u64)),
+        false => largest_activation(&channels, height * width),
+    };
+    F32 * activations.max(image).max(latent_pixels * top)
 }
 
-/// Bytes of the arena that encodes a `height × width` image in one pass.
-pub fn arena_bytes(cfg: &VaeConfig, height: u64, width: u64) -> Result<u64, VaePlanError> {
+/// Bytes of the arena that encodes a `height × width` image in one pass
+/// (channels-last where `channels_last`).
+pub fn arena_bytes(cfg: &VaeConfig, height: u64, width: u64, channels_last: bool) -> Result<u64, VaePlanError> {
     let mut arena = BumpArena::new(u64::MAX);
-    VaeEncoderLayout::new(cfg, height, width, &mut arena)?;
+    VaeEncoderLayout::new(cfg, height, width, channels_last, &mut arena)?;
     Ok(arena.high_water())
 }
 
 /// f32 elements of band operands when the encoder has the device memory of
 /// an untiled `tile × tile`-pixel image, within one binding of `max_binding` bytes.
-pub fn band_capacity(cfg: &VaeConfig, tile: u64, max_binding: u64) -> Result<u64, VaePlanError> {
-    Ok(arena_bytes(cfg, tile, tile)?.min(max_binding) / 4)
+pub fn band_capacity(cfg: &VaeConfig, tile: u64, max_binding: u64, channels_last: bool) -> Result<u64, VaePlanError> {
+    Ok(arena_bytes(cfg, tile, tile, channels_last)?.min(max_binding) / 4)
 }
 
-/// The fewest f32 elements a band of a banded encode of a `height × width`
-/// image must hold ([`crate::models::vae::band_minimum`]).
-pub fn band_minimum(cfg: &VaeConfig, height: u64, width: u64) -> Result<u64, VaePlanError> {
-    let layout = VaeEncoderLayout::new(cfg, height, width, &mut BumpArena::new(u64::MAX))?;
-    Ok(crate::models::vae::band_minimum(|emit| encode(&layout, emit)))
-}
-
-/// The whole encode: the image in `image` to the posterior's moments in `moments`.
+/// The whole encode, channel-major: the image in `image` to the posterior's moments in `moments`.
 pub fn encode(l: &VaeEncoderLayout, mut emit: impl FnMut(Op)) {
     let s = &l.stream;
     let (mut h, mut w) = (l.height, l.width);
@@ -183,7 +219,7 @@ pub fn encode(l: &VaeEncoderLayout, mut emit: impl FnMut(Op)) {
 
 /// `Downsample2D` with `padding=0`: zero-pad one row below and one column
 /// right, then a 3×3 convolution of stride 2, halving an even `h × w`.
-fn downsample(channels: u64, h: u64, w: u64) -> ConvShape {
+pub(crate) fn downsample(channels: u64, h: u64, w: u64) -> ConvShape {
     ConvShape {
         in_channels: channels as usize,
         out_channels: channels as usize,
@@ -229,7 +265,7 @@ mod tests {
 
     fn assert_reads_every_encoder_tensor(cfg: &VaeConfig) {
         let unit = 2 << (cfg.block_out_channels.len() - 1);
-        let l = VaeEncoderLayout::new(cfg, 2 * unit, 3 * unit, &mut BumpArena::new(u64::MAX / 2)).unwrap();
+        let l = VaeEncoderLayout::new(cfg, 2 * unit, 3 * unit, false, &mut BumpArena::new(u64::MAX / 2)).unwrap();
         let model_has = |n: &str| n.starts_with("encoder.") || n.starts_with("quant_conv.");
         crate::models::vae::assert_program_reads_exactly(cfg, |emit| encode(&l, emit), model_has);
     }
@@ -250,16 +286,16 @@ mod tests {
     fn sizes_that_do_not_pack_into_tokens_are_refused() {
         let cfg = klein_4b::vae();
         for (h, w) in [(0, 16), (16, 8), (24, 16), (16, 1000)] {
-            assert!(VaeEncoderLayout::new(&cfg, h, w, &mut BumpArena::new(u64::MAX / 2)).is_err(), "{h}×{w}");
+            assert!(VaeEncoderLayout::new(&cfg, h, w, false, &mut BumpArena::new(u64::MAX / 2)).is_err(), "{h}×{w}");
         }
-        assert!(VaeEncoderLayout::new(&cfg, 16, 32, &mut BumpArena::new(u64::MAX / 2)).is_ok());
+        assert!(VaeEncoderLayout::new(&cfg, 16, 32, false, &mut BumpArena::new(u64::MAX / 2)).is_ok());
     }
 
     #[test]
     fn the_arena_holds_three_of_the_largest_activation_and_grows_with_the_image() {
         let cfg = klein_4b::vae();
-        let small = arena_bytes(&cfg, 64, 64).unwrap();
-        let large = arena_bytes(&cfg, 128, 128).unwrap();
+        let small = arena_bytes(&cfg, 64, 64, false).unwrap();
+        let large = arena_bytes(&cfg, 128, 128, false).unwrap();
         // conv_in's 128 channels at full resolution dominate: 3 × 128 × pixels f32, plus the image.
         assert!(small >= 3 * 128 * 64 * 64 * 4 + 3 * 64 * 64 * 4);
         assert!(large > 3 * small, "{large} vs {small}");

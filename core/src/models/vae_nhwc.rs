@@ -20,15 +20,18 @@
 //! `decoded`, its 8-bit levels interleaved RGB in `levels`.
 
 use crate::ir::{name, GroupShape, InputNorm, Op, Operand, Span};
+use crate::models::tensors::TensorName;
 use crate::models::group_norm;
-use crate::models::vae::{attention_projection, band_minimum, carried_attention, denorm_unpatchify, prefix, rows, same, stream_piece, UpBlock, VaePlanError, VaeLayout, NORM_EPS};
+use crate::models::vae::{attention_projection, band_minimum, carried_attention, denorm_unpatchify, prefix, rows, same, stream_piece, Stream as Buffers, UpBlock, VaePlanError, VaeLayout, NORM_EPS};
 use crate::arena::BumpArena;
 use crate::config::VaeConfig;
 use crate::oracle::ConvShape;
 
-/// `buf` holding `pixels` f16 rows of `channels` (words, then the scales).
+/// `buf` holding `pixels` f16 rows of `channels` (words, then the scales;
+/// an odd count's row whole words, its last half zero).
 pub fn half_rows(buf: Span, pixels: u64, channels: u64) -> Operand {
-    Operand::half_rows(Span::new(buf.offset, channels / 2), Span::new(buf.offset + pixels * channels / 2, 1))
+    let words = channels.div_ceil(2);
+    Operand::half_rows(Span::new(buf.offset, words), Span::new(buf.offset + pixels * words, 1))
 }
 
 /// `buf` holding the stream: `pixels` f16 rows of `channels` in pieces
@@ -41,32 +44,32 @@ pub fn stream_rows(buf: Span, pixels: u64, channels: u64) -> Operand {
 /// Convolution `p` (its `weight` and `bias`) of `x` into `y`, normalised as
 /// read by `norm`, the residual `onto` added, the input read through the
 /// ×2 upsampling where `upsample`.
-fn conv((x, norm): (Operand, Option<InputNorm>), p: &str, y: Operand, shape: ConvShape, upsample: bool, onto: Option<Operand>) -> Op {
+pub(crate) fn conv((x, norm): (Operand, Option<InputNorm>), p: &str, y: Operand, shape: ConvShape, upsample: bool, onto: Option<Operand>) -> Op {
     Op::ConvNhwc { x, w: name(format_args!("{p}.weight")), bias: name(format_args!("{p}.bias")), y, shape, upsample, residual: onto, norm }
 }
 
 /// The f32 rows of `src` packed as a convolution's f16 input `dst`.
-fn pack(src: Span, dst: Operand, pixels: u64, channels: u64) -> Op {
+pub(crate) fn pack(src: Span, dst: Operand, pixels: u64, channels: u64) -> Op {
     let scales = dst.scales.unwrap_or(dst.data);
     Op::HalfPack { src: rows(src, channels), dst: dst.data, scales, tokens: pixels, heads: 1, head_dim: channels }
 }
 
 /// Where the stream is, and the two buffers free for a block's intermediates.
 #[derive(Debug, Clone, Copy)]
-struct Stream {
-    at: Span,
-    free: [Span; 2],
+pub(crate) struct Stream {
+    pub at: Span,
+    pub free: [Span; 2],
 }
 
 /// `channels` at `h × w`, channels-last, as its GroupNorm takes it.
-fn norm_shape(l: &VaeLayout, channels: u64, (h, w): (u64, u64)) -> GroupShape {
-    GroupShape { channels, pixels: h * w, width: w, groups: l.stream.groups, channels_last: true }
+fn norm_shape(b: &Buffers, channels: u64, (h, w): (u64, u64)) -> GroupShape {
+    GroupShape { channels, pixels: h * w, width: w, groups: b.groups, channels_last: true }
 }
 
 /// GroupNorm `p` of the stream `src` (`channels` at `h × w`) for the
 /// convolution that reads it: its statistics, SiLU after where `silu`.
-fn norm_read(l: &VaeLayout, src: Operand, p: &str, channels: u64, hw: (u64, u64), silu: bool, emit: &mut impl FnMut(Op)) -> (Operand, Option<InputNorm>) {
-    let norm = group_norm::group_norm_read(l.stream.norm, src, p, norm_shape(l, channels, hw), NORM_EPS, silu, emit);
+pub(crate) fn norm_read(b: &Buffers, src: Operand, p: &str, channels: u64, hw: (u64, u64), silu: bool, emit: &mut impl FnMut(Op)) -> (Operand, Option<InputNorm>) {
+    let norm = group_norm::group_norm_read(b.norm, src, p, norm_shape(b, channels, hw), NORM_EPS, silu, emit);
     (src, Some(norm))
 }
 
@@ -92,11 +95,11 @@ fn input(l: &VaeLayout, emit: &mut impl FnMut(Op)) -> Stream {
 /// norm2 of that, onto the stream (or, with a shortcut convolution, onto
 /// the shortcut's output over the stream). Each convolution writes a buffer
 /// no op after it reads before its output is used.
-fn resnet(l: &VaeLayout, p: &str, (cin, cout): (u64, u64), hw: (u64, u64), x: Stream, emit: &mut impl FnMut(Op)) -> Stream {
+pub(crate) fn resnet(b: &Buffers, p: &str, (cin, cout): (u64, u64), hw: (u64, u64), x: Stream, emit: &mut impl FnMut(Op)) -> Stream {
     let (h, w) = hw;
     let stream = |at: Span, c: u64| stream_rows(at, h * w, c);
     let [y, z] = x.free;
-    let normed = norm_read(l, stream(x.at, cin), &prefix(format_args!("{p}.norm1")), cin, hw, true, emit);
+    let normed = norm_read(b, stream(x.at, cin), &prefix(format_args!("{p}.norm1")), cin, hw, true, emit);
     emit(conv(normed, &prefix(format_args!("{p}.conv1")), stream(y, cout), same(cin, cout, h, w, 3), false, None));
     // conv2's output and what it adds onto: the stream, or the shortcut's output.
     let (out, onto, free) = if cin == cout {
@@ -105,7 +108,7 @@ fn resnet(l: &VaeLayout, p: &str, (cin, cout): (u64, u64), hw: (u64, u64), x: St
         emit(conv((stream(x.at, cin), None), &prefix(format_args!("{p}.conv_shortcut")), stream(z, cout), same(cin, cout, h, w, 1), false, None));
         (x.at, stream(z, cout), [y, z])
     };
-    let normed = norm_read(l, stream(y, cout), &prefix(format_args!("{p}.norm2")), cout, hw, true, emit);
+    let normed = norm_read(b, stream(y, cout), &prefix(format_args!("{p}.norm2")), cout, hw, true, emit);
     emit(conv(normed, &prefix(format_args!("{p}.conv2")), stream(out, cout), same(cout, cout, h, w, 3), false, Some(onto)));
     Stream { at: out, free }
 }
@@ -114,11 +117,11 @@ fn resnet(l: &VaeLayout, p: &str, (cin, cout): (u64, u64), hw: (u64, u64), x: St
 /// channels over every pixel, its tokens the pixels; the projections read
 /// the GroupNorm's f16 rows, the output projection (a 1×1 convolution over
 /// the attention's output packed as f16) adds the stream.
-fn attention(l: &VaeLayout, p: &str, c: u64, (h, w): (u64, u64), x: Stream, emit: &mut impl FnMut(Op)) -> Stream {
-    let (s, pixels) = (&l.stream, h * w);
+fn attention(s: &Buffers, p: &str, c: u64, (h, w): (u64, u64), x: Stream, emit: &mut impl FnMut(Op)) -> Stream {
+    let pixels = h * w;
     let [y, z] = x.free;
     let normed = half_rows(y, pixels, c);
-    group_norm::group_norm(s.norm, (stream_rows(x.at, pixels, c), normed), &prefix(format_args!("{p}.group_norm")), norm_shape(l, c, (h, w)), NORM_EPS, false, emit);
+    group_norm::group_norm(s.norm, (stream_rows(x.at, pixels, c), normed), &prefix(format_args!("{p}.group_norm")), norm_shape(s, c, (h, w)), NORM_EPS, false, emit);
     for (proj, dst) in [("to_q", s.q), ("to_k", s.k), ("to_v", s.v)] {
         emit(attention_projection(normed, p, proj, dst, pixels, c));
     }
@@ -130,14 +133,14 @@ fn attention(l: &VaeLayout, p: &str, c: u64, (h, w): (u64, u64), x: Stream, emit
     Stream { at: z, free: [x.at, y] }
 }
 
-/// `decoder.mid_block`: resnet, attention (when the model has it), resnet.
-fn mid_block(l: &VaeLayout, x: Stream, emit: &mut impl FnMut(Op)) -> Stream {
-    let (c, hw) = (l.top(), (l.latent_h, l.latent_w));
-    let mut x = resnet(l, "decoder.mid_block.resnets.0", (c, c), hw, x, emit);
-    if l.attention {
-        x = attention(l, "decoder.mid_block.attentions.0", c, hw, x, emit);
+/// `{coder}.mid_block` over `c` channels at `hw`: resnet, attention (where
+/// `attend`: the model has it), resnet.
+pub(crate) fn mid_block(b: &Buffers, coder: &str, (c, hw): (u64, (u64, u64)), attend: bool, x: Stream, emit: &mut impl FnMut(Op)) -> Stream {
+    let mut x = resnet(b, &prefix(format_args!("{coder}.mid_block.resnets.0")), (c, c), hw, x, emit);
+    if attend {
+        x = attention(b, &prefix(format_args!("{coder}.mid_block.attentions.0")), c, hw, x, emit);
     }
-    resnet(l, "decoder.mid_block.resnets.1", (c, c), hw, x, emit)
+    resnet(b, &prefix(format_args!("{coder}.mid_block.resnets.1")), (c, c), hw, x, emit)
 }
 
 /// `decoder.up_blocks.{i}`: `layers_per_block + 1` resnets, then (on every
@@ -146,7 +149,7 @@ fn up_block(l: &VaeLayout, i: usize, mut x: Stream, emit: &mut impl FnMut(Op)) -
     let UpBlock { cin, cout, h, w } = l.up_block(i);
     for j in 0..=l.layers_per_block {
         let p = prefix(format_args!("decoder.up_blocks.{i}.resnets.{j}"));
-        x = resnet(l, &p, (if j == 0 { cin } else { cout }, cout), (h, w), x, emit);
+        x = resnet(&l.stream, &p, (if j == 0 { cin } else { cout }, cout), (h, w), x, emit);
     }
     if i + 1 < l.channels.len() {
         let p = prefix(format_args!("decoder.up_blocks.{i}.upsamplers.0.conv"));
@@ -162,14 +165,14 @@ fn up_block(l: &VaeLayout, i: usize, mut x: Stream, emit: &mut impl FnMut(Op)) -
 fn output(l: &VaeLayout, x: Stream, emit: &mut impl FnMut(Op)) {
     let (h, w) = l.image_size();
     let c0 = l.channels[0];
-    let normed = norm_read(l, stream_rows(x.at, h * w, c0), "decoder.conv_norm_out", c0, (h, w), true, emit);
+    let normed = norm_read(&l.stream, stream_rows(x.at, h * w, c0), "decoder.conv_norm_out", c0, (h, w), true, emit);
     emit(conv(normed, "decoder.conv_out", rows(l.decoded, l.out_channels).into(), same(c0, l.out_channels, h, w, 3), false, None));
 }
 
 /// The whole decode, then the output's 8-bit levels into `levels`, interleaved RGB.
 pub fn decode_to_levels(l: &VaeLayout, mut emit: impl FnMut(Op)) {
     let mut x = input(l, &mut emit);
-    x = mid_block(l, x, &mut emit);
+    x = mid_block(&l.stream, "decoder", (l.top(), (l.latent_h, l.latent_w)), l.attention, x, &mut emit);
     for i in 0..l.channels.len() {
         x = up_block(l, i, x, &mut emit);
     }
@@ -185,6 +188,17 @@ pub fn decode_whole(l: &VaeLayout, channels_last: bool, emit: impl FnMut(Op)) {
     match channels_last {
         true => decode_to_levels(l, emit),
         false => crate::models::vae::decode_to_levels(l, emit),
+    }
+}
+
+/// The weight `op` of a channels-last program reads as f16 pairs packed
+/// under its rows' scales, its taps last: a convolution's W whose rows
+/// (`in_channels · kernel²` taps) are whole words, every one but a W over
+/// an odd channel count (the encoder's first, over the image).
+pub fn packed_weight(op: &Op) -> Option<&TensorName> {
+    match op {
+        Op::ConvNhwc { w, shape, .. } if (shape.in_channels * shape.kernel * shape.kernel).is_multiple_of(2) => Some(w),
+        _ => None,
     }
 }
 

@@ -307,7 +307,7 @@ pub fn largest_binding(input: &PlanInput<'_>, plan: &Plan) -> Result<u64, PlanEr
     let encode_tile = plan.references.and_then(|r| r.tile);
     let whole = |&&(w, h): &&(u64, u64)| encode_tile.is_none_or(|t| w.max(h) <= t);
     let encoded = input.references.iter().filter(whole).copied().chain(encode_tile.map(|t| (t, t)));
-    let references = encoded.map(|(w, h)| crate::models::vae_encoder::largest_binding(cfg, h, w));
+    let references = encoded.map(|(w, h)| crate::models::vae_encoder::largest_binding(cfg, h, w, input.limits.half_operands));
     Ok(references.fold(attention.max(decode), u64::max))
 }
 

@@ -367,8 +367,8 @@ fn figures_for_the_4b_at_1024px() {
         let last = options[options.len() - 1];
         // The smallest tile is the smallest whose band holds one convolution row of the reference.
         let smallest = last.tile.unwrap();
-        let row = vae_encoder::band_minimum(&model.vae, 1024, 1024).unwrap();
-        let capacity = |t| vae_encoder::band_capacity(&model.vae, t, limits.max_binding).unwrap();
+        let row = crate::models::vae_encoder_nhwc::encode_band_minimum(&model.vae, 1024, 1024, limits.half_operands).unwrap();
+        let capacity = |t| vae_encoder::band_capacity(&model.vae, t, limits.max_binding, limits.half_operands).unwrap();
         assert!(capacity(smallest) >= row && capacity(smallest - 16) < row, "{smallest}: {row}");
         let tile = first.tile.map_or("untiled".to_string(), |t| format!("{t}-px tiles"));
         println!(
@@ -509,7 +509,7 @@ fn reference_images_add_their_tokens_and_an_encoder_phase() {
     let r = p.references.expect("an encoder phase");
     // The arena is the largest reference's: 3 activations of 128 channels at full resolution, at least.
     assert!(r.arena_bytes >= 3 * 128 * 1024 * 1024 * 4, "{}", r.arena_bytes);
-    assert_eq!(r.arena_bytes, vae_encoder::arena_bytes(&model.vae, 1024, 1024).unwrap());
+    assert_eq!(r.arena_bytes, vae_encoder::arena_bytes(&model.vae, 1024, 1024, with.limits.half_operands).unwrap());
     assert_eq!(r.weight_bytes, vae_encoder_weights(&model.vae));
     // 4096 + 3072 more image tokens in every activation of the transformer.
     assert!(p.denoise.arena_bytes > plain.denoise.arena_bytes * 2, "{} vs {}", p.denoise.arena_bytes, plain.denoise.arena_bytes);

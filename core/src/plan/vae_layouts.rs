@@ -5,7 +5,7 @@
 use super::{host, Need, count, latent_grid, overhead, PlanError, PlanInput, VaePlan, DeviceLimits, REFERENCE_SIZE};
 use crate::arena::BumpArena;
 use crate::config::VaeConfig;
-use crate::models::{vae, vae_encoder, vae_nhwc};
+use crate::models::{vae, vae_encoder, vae_encoder_nhwc, vae_nhwc};
 
 /// Every layout of the reference images' encode, fastest first (empty
 /// without references): untiled when the adapter can bind every reference,
@@ -14,7 +14,7 @@ use crate::models::{vae, vae_encoder, vae_nhwc};
 /// reference. Each costs the encoder's weights and, for its costliest
 /// reference, the arena and what goes through staging buffers.
 pub fn reference_options<'a>(input: &'a PlanInput<'a>) -> Result<impl Iterator<Item = VaePlan> + 'a, PlanError> {
-    let steps = encoder_steps(input.vae);
+    let steps = encoder_steps(input.vae, input.limits.half_operands);
     let forced = forced_tile(input)?;
     let mut untiled = Ok(None);
     // A forced tile is the only layout (references it covers go in one pass).
@@ -62,11 +62,11 @@ fn costlier(a: Option<(u64, u64)>, b: (u64, u64)) -> Option<(u64, u64)> {
     Some(a.filter(|a| a.0 + a.1 >= b.0 + b.1).unwrap_or(b))
 }
 
-/// The VAE encoder's program steps (its parameter bytes depend on them).
-fn encoder_steps(cfg: &VaeConfig) -> u64 {
+/// The VAE encoder's program steps on a data path (its parameter bytes depend on them).
+fn encoder_steps(cfg: &VaeConfig, channels_last: bool) -> u64 {
     let mut arena = BumpArena::new(u64::MAX);
     let unit = cfg.latent_cell() as u64;
-    vae_encoder::VaeEncoderLayout::new(cfg, unit, unit, &mut arena).map_or(0, |l| count(|emit| vae_encoder::encode(&l, emit)))
+    vae_encoder::VaeEncoderLayout::new(cfg, unit, unit, channels_last, &mut arena).map_or(0, |l| count(|emit| vae_encoder_nhwc::encode_whole(&l, emit)))
 }
 
 /// A reference encoded in one pass: `Ok(Ok((arena, other)))`, with its
@@ -75,8 +75,9 @@ fn encoder_steps(cfg: &VaeConfig) -> u64 {
 /// hold it in one pass.
 fn encode_whole(input: &PlanInput<'_>, width: u64, height: u64, steps: u64) -> Result<Result<(u64, u64), PlanError>, PlanError> {
     let cfg = input.vae;
-    let arena = vae_encoder::arena_bytes(cfg, height, width).map_err(|_| PlanError::Size(REFERENCE_SIZE))?;
-    let binding = vae_encoder::largest_binding(cfg, height, width);
+    let channels_last = input.limits.half_operands;
+    let arena = vae_encoder::arena_bytes(cfg, height, width, channels_last).map_err(|_| PlanError::Size(REFERENCE_SIZE))?;
+    let binding = vae_encoder::largest_binding(cfg, height, width, channels_last);
     for (bytes, limit) in [(arena, input.limits.max_buffer), (binding, input.limits.max_binding)] {
         if bytes > limit {
             return Ok(Err(PlanError::ReferenceTooLarge { width, height, bytes, limit }));
@@ -84,7 +85,7 @@ fn encode_whole(input: &PlanInput<'_>, width: u64, height: u64, steps: u64) -> R
     }
     let scale = cfg.scale_factor() as u64;
     let mean = 4 * cfg.latent_channels as u64 * (width / scale) * (height / scale);
-    let io = 4 * cfg.in_channels as u64 * width * height + mean;
+    let io = 4 * vae_encoder::image_row(cfg.in_channels as u64, channels_last) * width * height + mean;
     Ok(Ok((arena, io + overhead(steps))))
 }
 
@@ -94,7 +95,7 @@ fn encode_whole(input: &PlanInput<'_>, width: u64, height: u64, steps: u64) -> R
 fn encode_tiled(input: &PlanInput<'_>, tile: u64, steps: u64) -> Option<(u64, u64)> {
     let cfg = input.vae;
     encode_whole(input, tile, tile, steps).ok()?.ok()?;
-    let capacity = vae_encoder::band_capacity(cfg, tile, input.limits.max_binding).ok()?;
+    let capacity = vae_encoder::band_capacity(cfg, tile, input.limits.max_binding, input.limits.half_operands).ok()?;
     let band_arena = vae::band_arena_bytes(capacity);
     if band_arena > input.limits.max_buffer {
         return None;
@@ -103,7 +104,7 @@ fn encode_tiled(input: &PlanInput<'_>, tile: u64, steps: u64) -> Option<(u64, u6
     for &(width, height) in input.references {
         let cost = if width.max(height) <= tile {
             encode_whole(input, width, height, steps).ok()?.ok()?
-        } else if vae_encoder::band_minimum(cfg, height, width).ok()? <= capacity {
+        } else if vae_encoder_nhwc::encode_band_minimum(cfg, height, width, input.limits.half_operands).ok()? <= capacity {
             // Each band's operands and results go through a staging buffer of at most the arena.
             (band_arena, band_arena + overhead(steps))
         } else {

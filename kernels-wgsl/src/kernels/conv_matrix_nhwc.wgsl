@@ -1,4 +1,4 @@
-// 2-D convolution (stride 1, cross-correlation with bias) over channels-last
+// 2-D convolution (cross-correlation with bias) over channels-last
 // f16 activations on cooperative-matrix units: the VAE's data path on the
 // matrix tier. The input is `[pixels, C]` f16 rows, two a word, each pixel's
 // row divided by its range scale (range_rule.wgsl) with the scale beside it
@@ -27,7 +27,10 @@
 // upsampled image is input pixel (uy/2, ux/2)): the upsampling pass and its
 // 4× tensor are gone. Interface in conv_io.wgsl; `p.height`/`p.width` are
 // the input's (before upsampling), `p.x_offset` and `p.x_scales` the window's
-// words and scales of input pixel `p.x_first`.
+// words and scales of input pixel `p.x_first`. A stride (`p.stride`: the
+// encoder's downsamplers, padded below and right only) steps the taps'
+// window by that many input pixels an output pixel. A pixel's row of an odd
+// channel count (the image's three) takes whole words, the last half zero.
 
 // Invocations per workgroup: SUBGROUPS subgroups of the adapter's size.
 override WG: u32 = 32u;
@@ -38,6 +41,8 @@ override KERNEL: u32 = 3u;
 override IN_CHANNELS: u32 = 2u;
 override OUT_WIDTH: u32 = 1u;
 override UPSAMPLE: bool = false;
+// Words a pixel's input row takes.
+override X_WORDS: u32 = (IN_CHANNELS + 1u) / 2u;
 
 // read_write: the input shares its buffer (the activation arena) with y.
 @group(0) @binding(9) var<storage, read_write> x_half: array<u32>;
@@ -56,8 +61,8 @@ fn seen_width() -> u32 {
 // `pixel`, and whether it lies inside the image. Unsigned wrap-around makes
 // neighbours above or left of the image fail the bound check.
 fn neighbour(pixel: u32, nb: u32) -> vec2<u32> {
-    let uy = pixel / OUT_WIDTH + nb / KERNEL - p.pad_top;
-    let ux = pixel % OUT_WIDTH + nb % KERNEL - p.pad_left;
+    let uy = pixel / OUT_WIDTH * p.stride + nb / KERNEL - p.pad_top;
+    let ux = pixel % OUT_WIDTH * p.stride + nb % KERNEL - p.pad_left;
     let inside = uy < seen_height() && ux < seen_width();
     let shift = select(0u, 1u, UPSAMPLE);
     return vec2<u32>((uy >> shift) * p.width + (ux >> shift), u32(inside));
@@ -140,7 +145,7 @@ fn a_at(r: u32, t: u32, m0: u32, k0: u32) -> f32 {
     let at = neighbour(p.px_first + row, tap / IN_CHANNELS);
     let ci = tap % IN_CHANNELS;
     let inside = row < p.px_count && tap < taps() && at.y == 1u;
-    let word = x_half[select(p.x_offset, p.x_offset + (at.x - p.x_first) * (IN_CHANNELS / 2u) + ci / 2u, inside)];
+    let word = x_half[select(p.x_offset, p.x_offset + (at.x - p.x_first) * X_WORDS + ci / 2u, inside)];
     let pair = unpack2x16float(word);
     let v = select(pair.x, pair.y, (ci & 1u) == 1u) * input_scale(select(p.x_first, at.x, inside), select(0u, ci, inside));
     return select(0.0, normed_input(v, ci), inside);

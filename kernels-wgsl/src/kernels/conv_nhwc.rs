@@ -100,15 +100,18 @@ pub struct NhwcWeights<'a> {
     pub packed: bool,
 }
 
-/// A stride-1 convolution of `s` over `x`, `[height·width, in_channels]` f16
-/// rows under one range scale a pixel ([`HalfMat::rows`]) or in pieces
+/// A convolution of `s` over `x`, `[height·width, in_channels]` f16 rows
+/// (a pixel's row whole words: an odd count's last half zero) under one
+/// range scale a pixel ([`HalfMat::rows`]) or in pieces
 /// (`x.rows.data.stride` words a pixel), normalised as read where
 /// `x.norm` says so, into `out`. W's taps in
 /// `weights.order`, its rows' range scales kept ([`Weight::scales`]) or
 /// measured here. Runs in chunks of output pixels, each binding its own
-/// window of the input rows. Needs the matrix tier's f16 operands, an even
-/// channel count, and W and the bias in one binding; f16 outputs, pieces
-/// that divide the output channels, at most four a block of them.
+/// window of the input rows. Needs the matrix tier's f16 operands, taps
+/// that reach at most `kernel / 2` zeros past each side of the input (a
+/// stride only where the input is read as stored), and W and the bias in
+/// one binding; f16 outputs, pieces that divide the output channels, at
+/// most four a block of them.
 pub fn conv2d_matrix_nhwc(gpu: &Gpu, sink: &mut dyn Sink, source: NhwcSource<'_>, weights: NhwcWeights<'_>, out: NhwcOutput<'_>, s: ConvShape, input: NhwcInput) -> Result<(), GpuError> {
     let NhwcWeights { w, bias, order, packed } = weights;
     let NhwcSource { rows: x, norm } = source;
@@ -116,27 +119,19 @@ pub fn conv2d_matrix_nhwc(gpu: &Gpu, sink: &mut dyn Sink, source: NhwcSource<'_>
         return Err(GpuError::UnsupportedShape("a channels-last f16 convolution needs the matrix tier's f16 operands".into()));
     };
     let up = if input == NhwcInput::Upsampled { 2 } else { 1 };
-    let (seen_h, seen_w) = (s.height * up, s.width * up);
-    // "Same" across; down, the input may be a band of the image's rows (its
-    // halo included): the taps of the output's rows reach pad_top rows of
-    // zeros above the input, at most kernel / 2 below it (the image's
-    // bottom), and, upsampled, may stop one row short of its end.
-    let reach = s.out_height + s.kernel - 1;
-    let rows_fit = s.pad_top <= s.kernel / 2 && reach <= seen_h + s.pad_top + s.kernel / 2 && reach + up > seen_h + s.pad_top;
-    let same_size = rows_fit && s.out_width + s.kernel - 1 == seen_w + 2 * s.pad_left;
     let (cin, out_channels) = (s.in_channels as u64, s.out_channels as u64);
     let x_pieces = match x.piece {
         None => 1,
-        Some(piece) if piece > 0 && cin.is_multiple_of(piece) && x.scales.stride == cin / piece => cin / piece,
+        Some(piece) if piece > 0 && piece.is_multiple_of(2) && cin.is_multiple_of(piece) && x.scales.stride == cin / piece => cin / piece,
         Some(piece) => return Err(GpuError::UnsupportedShape(format!("a channels-last convolution's input in pieces of {piece} of {cin} channels"))),
     };
-    if s.stride != 1 || !cin.is_multiple_of(2) || !same_size || w.dtype != bias.dtype {
-        return Err(GpuError::UnsupportedShape(format!("a channels-last convolution {s:?} ({input:?}; stride 1, \"same\" size, even input channels)")));
+    if !s.taps_fit(up) || s.stride == 0 || (up == 2 && s.stride != 1) || w.dtype != bias.dtype {
+        return Err(GpuError::UnsupportedShape(format!("a channels-last convolution {s:?} ({input:?}; its taps within the input and at most kernel / 2 zeros each side, no stride upsampled)")));
     }
     let block = c.size as u64 * MATRIX_BLOCK_TILES;
     let rows = OutputRows::of(out, out_channels, block)?;
     let norm = norm.map(|n| NormWindows::of(gpu, n, cin, w.dtype)).transpose()?;
-    if x.data.stride != cin / 2 {
+    if x.data.stride != cin.div_ceil(2) {
         return Err(GpuError::UnsupportedShape("channels-last rows are whole pixels: x a pixel's words apart".into()));
     }
     let (plane, taps) = ((s.out_height * s.out_width) as u64, cin * (s.kernel * s.kernel) as u64);
@@ -161,7 +156,7 @@ pub fn conv2d_matrix_nhwc(gpu: &Gpu, sink: &mut dyn Sink, source: NhwcSource<'_>
             window(gpu, buffer, 4, 0..out_channels, "range scales")?
         }
     };
-    let x_rows = Rows::mat(x.data, cin / 2, "conv input");
+    let x_rows = Rows::mat(x.data, cin.div_ceil(2), "conv input");
     let x_scale_rows = Rows::mat(x.scales, x_pieces, "conv input scales");
     // Chunks of whole blocks of output pixels whose output rows, and the
     // input rows under them, each fit one binding.
@@ -311,16 +306,16 @@ const MAX_BLOCK_PIECES: u64 = 4;
 /// from the one under their first row's top tap to the one under their
 /// last row's bottom tap, inside the image.
 fn input_pixels(s: &ConvShape, up: usize, px: &std::ops::Range<u64>) -> std::ops::Range<u64> {
-    let (out_w, k, pad) = (s.out_width as u64, s.kernel as u64, s.pad_top as u64);
-    let first_row = (px.start / out_w).saturating_sub(pad) / up as u64;
-    let last_row = (((px.end - 1) / out_w + k - 1).saturating_sub(pad) / up as u64).min(s.height as u64 - 1);
+    let (out_w, k, pad, stride) = (s.out_width as u64, s.kernel as u64, s.pad_top as u64, s.stride as u64);
+    let first_row = (px.start / out_w * stride).saturating_sub(pad) / up as u64;
+    let last_row = (((px.end - 1) / out_w * stride + k - 1).saturating_sub(pad) / up as u64).min(s.height as u64 - 1);
     first_row * s.width as u64..(last_row + 1) * s.width as u64
 }
 
 /// Whether a piece of `piece` output pixels' input rows fit every operand's binding.
 fn input_fits(gpu: &Gpu, s: &ConvShape, up: usize, piece: u64, operands: &[Rows<'_>]) -> bool {
     // The widest input a piece of this size can read: its output rows plus the kernel's.
-    let rows = (piece.div_ceil(s.out_width as u64) + 1 + s.kernel as u64).div_ceil(up as u64) + 1;
+    let rows = ((piece.div_ceil(s.out_width as u64) + 1) * s.stride as u64 + s.kernel as u64).div_ceil(up as u64) + 1;
     let pixels = rows * s.width as u64;
     operands.iter().all(|o| rows_per_chunk(gpu, pixels, &[*o], 1).is_ok_and(|n| n >= pixels))
 }

@@ -42,7 +42,13 @@ fn check_nhwc_conv_ordered(gpu: &Gpu, s: ConvShape, input: NhwcInput, residual: 
 
 /// A pixel's `channels` values packed as f16 under a scale every `piece`
 /// of them (one a pixel without), and the values they stand for.
+/// An odd channel count's row takes whole words, its last half zero.
 fn pack_pixels(x: &[f32], pixels: usize, channels: usize, piece: Option<usize>) -> (Vec<u32>, Vec<f32>, Vec<f32>) {
+    if channels % 2 == 1 && piece.is_none() {
+        let padded: Vec<f32> = x.chunks(channels).flat_map(|px| px.iter().copied().chain([0.0])).collect();
+        let (words, scales, values) = pack_pixels(&padded, pixels, channels + 1, None);
+        return (words, scales, values.chunks(channels + 1).flat_map(|px| px[..channels].to_vec()).collect());
+    }
     let piece = piece.unwrap_or(channels);
     let (words, scales) = pack_rows(x, pixels * channels / piece, piece);
     let values = unpack_rows(&words, &scales, piece);
@@ -108,7 +114,7 @@ fn check_nhwc_conv_from(gpu: &Gpu, s: ConvShape, input: NhwcInput, residual: boo
 
 /// f16 rows of `channels` in `buf` and their scales in `scales`: one a pixel, or one every `piece`.
 fn input_rows<'a>(buf: &'a wgpu::Buffer, scales: &'a wgpu::Buffer, channels: usize, piece: Option<usize>) -> HalfMat<'a> {
-    let data = Mat::new(buf, (channels / 2) as u64);
+    let data = Mat::new(buf, channels.div_ceil(2) as u64);
     match piece {
         None => HalfMat::rows(data, Mat::new(scales, 1)),
         Some(p) => HalfMat::pieces(data, Mat::new(scales, (channels / p) as u64), p as u64),
@@ -286,6 +292,17 @@ fn the_channels_last_conv_on_matrix_units_matches_the_oracle() {
     // W as the model's files hold it.
     check_nhwc_conv_ordered(&gpu, ConvShape::same(6, 10, 13, 9, 3), NhwcInput::Plain, true, 66, TapOrder::Torch);
     check_nhwc_conv_ordered(&gpu, upsampled, NhwcInput::Upsampled, false, 67, TapOrder::Torch);
+    // The encoder's: an image's three channels (a pixel two words); a
+    // downsampler (stride 2, one row and column of zeros below and right).
+    check_nhwc_conv(&gpu, ConvShape::same(3, 12, 11, 10, 3), NhwcInput::Plain, false, 68);
+    check_nhwc_conv_ordered(&gpu, ConvShape::same(3, 12, 11, 10, 3), NhwcInput::Plain, false, 69, TapOrder::Torch);
+    check_nhwc_conv(&gpu, downsampler(10, 14, 12), NhwcInput::Plain, true, 70);
+}
+
+/// `Downsample2D`'s convolution of `channels` at `h × w` (even): 3×3,
+/// stride 2, no padding above or left, to `h/2 × w/2`.
+fn downsampler(channels: usize, h: usize, w: usize) -> ConvShape {
+    ConvShape { stride: 2, pad_top: 0, pad_left: 0, out_height: h / 2, out_width: w / 2, ..ConvShape::same(channels, channels, h, w, 3) }
 }
 
 #[test]
@@ -309,6 +326,7 @@ fn the_channels_last_conv_in_pieces_of_pixels_matches_the_oracle() {
     check_nhwc_conv(&small, s, NhwcInput::Plain, true, 64);
     let upsampled = ConvShape { out_height: 36, out_width: 22, ..ConvShape::same(16, 12, 18, 11, 3) };
     check_nhwc_conv(&small, upsampled, NhwcInput::Upsampled, false, 65);
+    check_nhwc_conv(&small, downsampler(16, 40, 46), NhwcInput::Plain, false, 71);
 }
 
 #[test]
@@ -318,12 +336,18 @@ fn the_channels_last_conv_refuses_what_it_cannot_take() {
     let xh = HalfMat::rows(Mat::new(&buf, 2), Mat::new(&buf, 1));
     let mut sink = Vec::new();
     let weights = NhwcWeights { w: Weight::f32(&buf), bias: Weight::f32(&buf), order: TapOrder::Torch, packed: false };
-    // Odd input channels; a stride of 2.
+    // Taps past two zeros of padding; an output the taps of the input cannot make; a stride through the upsampling.
     let out = NhwcOutput::F32 { y: Mat::new(&buf, 4), residual: false };
-    let odd = ConvShape::same(3, 4, 4, 4, 3);
-    assert!(conv2d_matrix_nhwc(&gpu, &mut sink, xh.into(), weights, out, odd, NhwcInput::Plain).is_err());
-    let strided = ConvShape { stride: 2, out_height: 2, out_width: 2, ..ConvShape::same(4, 4, 4, 4, 3) };
+    let padded = ConvShape { pad_top: 2, pad_left: 2, out_height: 6, out_width: 6, ..ConvShape::same(4, 4, 4, 4, 3) };
+    assert!(conv2d_matrix_nhwc(&gpu, &mut sink, xh.into(), weights, out, padded, NhwcInput::Plain).is_err());
+    let strided = ConvShape { stride: 2, out_height: 4, out_width: 4, ..ConvShape::same(4, 4, 4, 4, 3) };
     assert!(conv2d_matrix_nhwc(&gpu, &mut sink, xh.into(), weights, out, strided, NhwcInput::Plain).is_err());
+    let up_strided = ConvShape { stride: 2, out_height: 4, out_width: 4, ..ConvShape::same(4, 4, 4, 4, 3) };
+    assert!(conv2d_matrix_nhwc(&gpu, &mut sink, xh.into(), weights, out, up_strided, NhwcInput::Upsampled).is_err());
+    // An odd channel count's rows given half-word apart.
+    let odd = ConvShape::same(3, 4, 4, 4, 3);
+    let tight = HalfMat::rows(Mat::new(&buf, 1), Mat::new(&buf, 1));
+    assert!(conv2d_matrix_nhwc(&gpu, &mut sink, tight.into(), weights, out, odd, NhwcInput::Plain).is_err());
     // f16 outputs in pieces that do not divide the channels, or more than four a block.
     let half = |piece: u64| NhwcOutput::Half { y: HalfMat::pieces(Mat::new(&buf, 2), Mat::new(&buf, 4 / piece), piece), residual: None };
     assert!(conv2d_matrix_nhwc(&gpu, &mut sink, xh.into(), weights, half(3), ConvShape::same(4, 4, 4, 4, 3), NhwcInput::Plain).is_err());

@@ -153,12 +153,12 @@ impl VaeDecoder {
         // The activations first: an adapter that cannot hold them fails here, before the upload.
         let runner = arena_runner(gpu, "vae activations", arena_bytes);
         gpu.check_faults()?;
-        let mut weights = upload_decoder(gpu, config, store, channels_last)?;
+        let mut weights = upload_on_path(gpu, store, &decoder_specs(config), channels_last)?;
         weights.keep_row_scales(gpu, &product_rows(&decoder_specs(config)))?;
         if channels_last {
-            // Every convolution's W as f16 under its rows' scales, staged as it is.
-            let names = convolution_weights(config);
-            weights.pack_half(gpu, &names.iter().map(String::as_str).collect::<Vec<_>>())?;
+            // The weights are the same at every size: the program of the smallest latent names them.
+            let unit = VaeLayout::new(config, 2, 2, true, &mut BumpArena::new(u64::MAX)).map_err(plan_error)?;
+            pack_convolutions(gpu, &mut weights, &collect_ops(|emit| vae_nhwc::decode_to_levels(&unit, emit)))?;
         }
         let mode = match layout {
             Some(layout) => {
@@ -371,18 +371,19 @@ pub(crate) fn weight_bytes(store: &WeightStore, specs: &[TensorSpec]) -> Result<
     Ok(bytes)
 }
 
-/// Uploads what decoding reads, each checked against the config's shape.
-/// The decoder's convolutions' weights (4-D): those only its channels-last
-/// convolutions read.
-fn convolution_weights(config: &VaeConfig) -> Vec<String> {
-    decoder_specs(config).into_iter().filter(|s| s.shape.len() == 4).map(|s| s.name.to_string()).collect()
+/// The tensors `specs` names, each checked against its shape; on the
+/// channels-last data path each convolution's W with its taps in the order
+/// the convolution runs them.
+pub(crate) fn upload_on_path(gpu: &Gpu, store: &WeightStore, specs: &[TensorSpec], channels_last: bool) -> Result<DeviceWeights, LoadError> {
+    let upload = if channels_last { DeviceWeight::upload_taps_last } else { DeviceWeight::upload };
+    upload_checked_with(gpu, store, specs, upload)
 }
 
-/// The decoder's tensors; on the channels-last data path each
-/// convolution's W with its taps in the order the convolution runs them.
-fn upload_decoder(gpu: &Gpu, config: &VaeConfig, store: &WeightStore, channels_last: bool) -> Result<DeviceWeights, LoadError> {
-    let upload = if channels_last { DeviceWeight::upload_taps_last } else { DeviceWeight::upload };
-    upload_checked_with(gpu, store, &decoder_specs(config), upload)
+/// Packs in place, as f16 under its rows' kept scales, each W the
+/// channels-last `program` reads so ([`vae_nhwc::packed_weight`]): its
+/// convolutions then stage W's words as they are.
+pub(crate) fn pack_convolutions(gpu: &Gpu, weights: &mut DeviceWeights, program: &[Op]) -> Result<(), RunError> {
+    Ok(weights.pack_half(gpu, program.iter().filter_map(vae_nhwc::packed_weight))?)
 }
 
 /// Uploads the tensors `specs` name, each checked against its shape.

@@ -1,5 +1,6 @@
 //! The VAE encoder on the GPU: an image to its posterior mean with core's
-//! encode program, either recorded once over the whole image's arena or,
+//! encode program (channels-last with f16 activations where the device's
+//! products take f16 operands), either recorded once over the whole image's arena or,
 //! for an image larger than the tile, run op by op over bands of rows
 //! ([`crate::exec::vae_bands`]) in an arena fixed by the tile; then the mean to the
 //! reference tokens the transformer reads.
@@ -10,12 +11,13 @@ use crate::exec::device_weights::DeviceWeights;
 use flux_lite_kernels::{Dispatch};
 use crate::exec::runner::{collect_ops, Runner};
 use crate::model::safetensors_store::{widen_to_f32, WeightStore};
-use crate::components::vae::{arena_runner, check_image_size, check_tile, plan_error, product_rows, row_scale_bytes, upload_checked};
+use crate::components::vae::{arena_runner, check_image_size, check_tile, pack_convolutions, plan_error, product_rows, row_scale_bytes, upload_on_path};
 use crate::exec::activations::HostTensors;
 use crate::exec::vae_bands::BandRunner;
 use flux_lite_core::config::VaeConfig;
 use flux_lite_core::models::tensors::TensorSpec;
 use flux_lite_core::models::vae_encoder::{self as program, VaeEncoderLayout};
+use flux_lite_core::models::vae_encoder_nhwc;
 use flux_lite_core::models::vae::band_arena_bytes;
 use flux_lite_core::BumpArena;
 
@@ -33,6 +35,8 @@ pub struct VaeEncoder {
     bn_var: Vec<f32>,
     /// Where an encode by bands keeps the image's activations (a scratch file).
     scratch_dir: std::path::PathBuf,
+    /// The channels-last program on f16 activations (the device's products take f16 operands).
+    channels_last: bool,
 }
 
 #[derive(Debug)]
@@ -68,12 +72,19 @@ impl VaeEncoder {
     pub fn new(gpu: &Gpu, config: &VaeConfig, store: &WeightStore, width: usize, height: usize, tile_px: Option<usize>) -> Result<Self, RunError> {
         check_image_size(config, width, height)?;
         check_tile(config, tile_px)?;
-        let mut weights = upload_checked(gpu, store, &encoder_specs(config))?;
+        let channels_last = gpu.plan_limits().half_operands;
+        let mut weights = upload_on_path(gpu, store, &encoder_specs(config), channels_last)?;
         weights.keep_row_scales(gpu, &product_rows(&encoder_specs(config)))?;
+        if channels_last {
+            // The weights are the same at every size: the program of the smallest image names them.
+            let unit = config.latent_cell() as u64;
+            let layout = VaeEncoderLayout::new(config, unit, unit, true, &mut BumpArena::new(u64::MAX)).map_err(plan_error)?;
+            pack_convolutions(gpu, &mut weights, &collect_ops(|emit| vae_encoder_nhwc::encode(&layout, emit)))?;
+        }
         let features = 4 * config.latent_channels;
         let bn_mean = bn_stat(store, "bn.running_mean", features)?;
         let bn_var = bn_stat(store, "bn.running_var", features)?;
-        let mut encoder = Self { config: config.clone(), tile: tile_px, pass: None, weights, bn_mean, bn_var, scratch_dir: std::env::temp_dir() };
+        let mut encoder = Self { config: config.clone(), tile: tile_px, pass: None, weights, bn_mean, bn_var, scratch_dir: std::env::temp_dir(), channels_last };
         encoder.lay_out(gpu, width, height)?;
         Ok(encoder)
     }
@@ -88,12 +99,12 @@ impl VaeEncoder {
         self.pass = None;
         check_image_size(&self.config, width, height)?;
         let mut arena = BumpArena::new(u64::MAX);
-        let layout = VaeEncoderLayout::new(&self.config, height as u64, width as u64, &mut arena).map_err(plan_error)?;
+        let layout = VaeEncoderLayout::new(&self.config, height as u64, width as u64, self.channels_last, &mut arena).map_err(plan_error)?;
         let banded = self.tile.filter(|&t| t < width.max(height));
         let (arena_bytes, capacity) = match banded {
             None => (arena.high_water(), None),
             Some(t) => {
-                let capacity = program::band_capacity(&self.config, t as u64, gpu.max_binding()).map_err(plan_error)?;
+                let capacity = program::band_capacity(&self.config, t as u64, gpu.max_binding(), self.channels_last).map_err(plan_error)?;
                 (band_arena_bytes(capacity), Some(capacity))
             }
         };
@@ -106,7 +117,7 @@ impl VaeEncoder {
             Some(capacity) => Mode::Banded { capacity },
             None => {
                 let mut dispatches = Vec::new();
-                for op in &collect_ops(|emit| program::encode(&layout, emit)) {
+                for op in &collect_ops(|emit| vae_encoder_nhwc::encode_whole(&layout, emit)) {
                     runner.record(gpu, &mut dispatches, &self.weights, op)?;
                 }
                 Mode::Whole { dispatches }
@@ -119,6 +130,11 @@ impl VaeEncoder {
     /// Bytes of the current size's activation arena (fixed by the tile when banded).
     pub fn arena_bytes(&self) -> u64 {
         self.pass.as_ref().map_or(0, |p| p.arena_bytes)
+    }
+
+    /// Whether it runs the channels-last program on f16 activations.
+    pub fn is_channels_last(&self) -> bool {
+        self.channels_last
     }
 
     /// Whether the current size is encoded by bands.
@@ -151,9 +167,10 @@ impl VaeEncoder {
         if image.len() != want {
             return Err(RunError::input("VAE encoder", format!("an image of {} values; {}×{} needs {want}", image.len(), l.width, l.height)));
         }
+        let image = image_as_laid_out(l, image);
         match &pass.mode {
             Mode::Whole { dispatches } => {
-                pass.runner.write(gpu, l.image, image);
+                pass.runner.write(gpu, l.image, &image);
                 gpu.submit(|enc| {
                     flux_lite_kernels::encode(enc, dispatches);
                     Ok(())
@@ -161,11 +178,11 @@ impl VaeEncoder {
                 Ok(pass.runner.read(gpu, l.moments, 1, l.mean_len())?)
             }
             Mode::Banded { capacity } => {
-                let full = flux_lite_core::models::vae_encoder::arena_bytes(&self.config, l.height, l.width).map_err(plan_error)?;
+                let full = program::arena_bytes(&self.config, l.height, l.width, l.channels_last).map_err(plan_error)?;
                 let mut host = HostTensors::scratch_in(&self.scratch_dir, full / 4)?;
-                host.insert(l.image, image)?;
+                host.insert(l.image, &image)?;
                 let bands = BandRunner { gpu, runner: &pass.runner, weights: &self.weights, capacity: *capacity };
-                for op in &collect_ops(|emit| program::encode(l, emit)) {
+                for op in &collect_ops(|emit| vae_encoder_nhwc::encode_whole(l, emit)) {
                     bands.run(&mut host, op)?;
                 }
                 Ok(host.get(l.moments, l.mean_len())?.to_vec())
@@ -199,6 +216,22 @@ pub fn encoder_row_scale_bytes(config: &VaeConfig) -> u64 {
 
 fn encoder_specs(config: &VaeConfig) -> Vec<TensorSpec> {
     crate::components::vae::specs_under(config, &program::WEIGHTS)
+}
+
+/// The image `[channels, pixels]` as the layout takes it: as it is, or
+/// channels-last, each pixel's channels then zeros to [`VaeEncoderLayout::image_row`].
+fn image_as_laid_out<'a>(l: &VaeEncoderLayout, image: &'a [f32]) -> std::borrow::Cow<'a, [f32]> {
+    if !l.channels_last {
+        return image.into();
+    }
+    let (channels, row, pixels) = (l.in_channels as usize, l.image_row() as usize, (l.height * l.width) as usize);
+    let mut rows = vec![0.0; row * pixels];
+    for (c, plane) in image.chunks_exact(pixels).take(channels).enumerate() {
+        for (i, &v) in plane.iter().enumerate() {
+            rows[i * row + c] = v;
+        }
+    }
+    rows.into()
 }
 
 /// One BatchNorm statistic as f32, checked to hold `features` values.

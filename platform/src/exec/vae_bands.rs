@@ -279,7 +279,8 @@ impl BandRunner<'_> {
     fn fetch_half_rows(&self, store: &mut dyn Activations, half: Operand, [r0, r1]: [u64; 2], width: u64, to: Operand) -> Result<(), RunError> {
         let scales = half.scales.ok_or_else(|| cannot_band("f16 rows without their scales".into()))?;
         let per_row = scales_per_row(half, width);
-        self.fetch(store, half.data, Window::run(r0 * width / 2, r1 * width / 2), to.data)?;
+        let words = width.div_ceil(2);
+        self.fetch(store, half.data, Window::run(r0 * words, r1 * words), to.data)?;
         self.fetch(store, scales, Window::run(r0 * per_row, r1 * per_row), to.scales.unwrap_or(to.data))
     }
 
@@ -287,7 +288,8 @@ impl BandRunner<'_> {
     fn put_half_rows(&self, store: &mut dyn Activations, from: Operand, half: Operand, [r0, r1]: [u64; 2], width: u64) -> Result<(), RunError> {
         let scales = half.scales.ok_or_else(|| cannot_band("f16 rows without their scales".into()))?;
         let per_row = scales_per_row(half, width);
-        self.put(store, from.data, half.data, Window::run(r0 * width / 2, r1 * width / 2))?;
+        let words = width.div_ceil(2);
+        self.put(store, from.data, half.data, Window::run(r0 * words, r1 * words))?;
         self.put(store, from.scales.unwrap_or(from.data), scales, Window::run(r0 * per_row, r1 * per_row))
     }
 
@@ -581,19 +583,16 @@ fn scales_per_row(half: Operand, width: u64) -> u64 {
 /// Elements a pixel of `channels` takes as `x` holds them: f32 values, or
 /// f16 words and their scales.
 fn pixel_elements(x: Operand, channels: u64) -> u64 {
-    match x.is_half() {
-        true => channels / 2 + scales_per_row(x, channels),
-        false => channels,
-    }
+    x.elements(channels)
 }
 
 /// `rows` f16 rows of `width` at `at`, laid out as `like` is: words, then
 /// a scale a row or a piece.
 fn half_like(at: Span, rows: u64, width: u64, like: Operand) -> Operand {
-    let words = Span::new(at.offset, width / 2);
+    let words = Span::new(at.offset, width.div_ceil(2));
     match like.piece {
         None => half_rows(at, rows, width),
-        Some(piece) => Operand::half_pieces(words, Span::new(at.offset + rows * width / 2, width / piece), piece),
+        Some(piece) => Operand::half_pieces(words, Span::new(at.offset + rows * words.stride, width / piece), piece),
     }
 }
 

@@ -29,13 +29,11 @@ impl SyntheticWeights {
         // the engine measures them at load, where the device keeps them.
         let linears = if gpu.measures_weight_rows() { product_weights(std::slice::from_ref(&ops)) } else { Vec::new() };
         let mut scales_made: HashMap<String, StoredScales> = HashMap::new();
-        // A channels-last convolution's W as the VAE decoder lays it out on
-        // the matrix tier: taps last (random values: any order is theirs)
-        // and packed as f16 under its row scales, once a buffer.
-        let convolutions: Vec<String> = ops.iter().filter_map(|op| match op {
-            Op::ConvNhwc { w, shape, .. } if shape.kernel > 1 => Some(w.to_string()),
-            _ => None,
-        }).collect();
+        // A channels-last convolution's W as the VAE lays it out on the
+        // matrix tier: taps last (random values: any order is theirs) and,
+        // where the program reads it so, packed as f16 under its row
+        // scales, once a buffer.
+        let convolutions: Vec<String> = ops.iter().filter_map(flux_lite_core::models::vae_nhwc::packed_weight).map(|w| w.to_string()).collect();
         let mut packed: Vec<String> = Vec::new();
         for name in ops.iter().flat_map(Op::weights) {
             let name = name.to_string();

@@ -44,15 +44,17 @@ impl<'g> ShapeBench<'g> {
     /// adapter (its arena above the largest buffer, or one tensor above the
     /// largest binding; `gen` encodes such images by bands), or `None` if it can.
     pub fn vae_encode_unfit(&self, cfg: &VaeConfig, size: u64) -> Option<String> {
-        self.unfit(vae_encoder::arena_bytes(cfg, size, size).map_err(|e| e.to_string()), vae_encoder::largest_binding(cfg, size, size))
+        let channels_last = self.gpu.plan_limits().half_operands;
+        self.unfit(vae_encoder::arena_bytes(cfg, size, size, channels_last).map_err(|e| e.to_string()), vae_encoder::largest_binding(cfg, size, size, channels_last))
     }
 
     /// The whole VAE encoder over a `size`² image, untiled, to its posterior
     /// mean, as `gen` encodes an init image or a reference the adapter holds whole.
     pub fn vae_encode(&self, cfg: &VaeConfig, size: u64) -> Result<Figure, RunError> {
         let mut arena = BumpArena::new(u64::MAX);
-        let layout = vae_encoder::VaeEncoderLayout::new(cfg, size, size, &mut arena).map_err(|e| RunError::layout("VAE encoder")(&e))?;
-        let program = collect_ops(|emit| vae_encoder::encode(&layout, emit));
+        let channels_last = self.gpu.plan_limits().half_operands;
+        let layout = vae_encoder::VaeEncoderLayout::new(cfg, size, size, channels_last, &mut arena).map_err(|e| RunError::layout("VAE encoder")(&e))?;
+        let program = collect_ops(|emit| flux_lite_core::models::vae_encoder_nhwc::encode_whole(&layout, emit));
         self.vae_program("VAE encode", format!("{size}×{size}"), cfg, &program, arena.high_water())
     }
 

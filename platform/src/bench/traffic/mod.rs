@@ -214,29 +214,44 @@ fn by_kind<'o>(ops: impl IntoIterator<Item = &'o Op>, tier: Precision, m: &Machi
     sums
 }
 
-/// The VAE decode's traffic ([`vae_decode`]).
+/// A VAE program's traffic ([`vae_decode`], [`vae_encode`]).
 #[derive(Debug, Clone, PartialEq)]
-pub struct DecodeTraffic {
-    pub decode: Traffic,
+pub struct VaeTraffic {
+    pub total: Traffic,
     /// `(kind, traffic)` in the order kinds first appear.
     pub by_kind: Vec<(&'static str, Traffic)>,
     /// Whether the machine's bindings hold its largest activation (else
-    /// `gen` decodes by bands, whose copies are not counted).
+    /// `gen` runs it by bands, whose copies are not counted).
     pub whole: bool,
+}
+
+impl VaeTraffic {
+    fn of(program: &[Op], tier: Precision, m: &Machine, largest_binding: u64) -> Self {
+        Self { total: program_traffic(program, tier, m), by_kind: by_kind(program, tier, m), whole: largest_binding <= m.max_binding }
+    }
 }
 
 /// The VAE decode of a `width × height` image laid out whole (to its 8-bit
 /// levels, as `gen` runs it), by kind of op, and whether the machine's
 /// bindings hold its largest activation.
-pub fn vae_decode(cfg: &VaeConfig, [width, height]: [u64; 2], tier: Precision, m: &Machine) -> Result<DecodeTraffic, RunError> {
+pub fn vae_decode(cfg: &VaeConfig, [width, height]: [u64; 2], tier: Precision, m: &Machine) -> Result<VaeTraffic, RunError> {
     let scale = cfg.scale_factor() as u64;
     let (latent_h, latent_w) = (height / scale, width / scale);
     let mut arena = BumpArena::new(u64::MAX);
     let channels_last = is_matrix(tier);
     let layout = vae::VaeLayout::new(cfg, latent_h, latent_w, channels_last, &mut arena).map_err(|e| RunError::layout("VAE")(&e))?;
     let program = crate::exec::runner::collect_ops(|emit| flux_lite_core::models::vae_nhwc::decode_whole(&layout, channels_last, emit));
-    let whole = vae::largest_binding(cfg, latent_h * latent_w, channels_last) <= m.max_binding;
-    Ok(DecodeTraffic { decode: program_traffic(&program, tier, m), by_kind: by_kind(&program, tier, m), whole })
+    Ok(VaeTraffic::of(&program, tier, m, vae::largest_binding(cfg, latent_h * latent_w, channels_last)))
+}
+
+/// The VAE encode of a `width × height` image (an init image or a
+/// reference) laid out whole, to its posterior's moments, as [`vae_decode`].
+pub fn vae_encode(cfg: &VaeConfig, [width, height]: [u64; 2], tier: Precision, m: &Machine) -> Result<VaeTraffic, RunError> {
+    use flux_lite_core::models::{vae_encoder, vae_encoder_nhwc};
+    let channels_last = is_matrix(tier);
+    let layout = vae_encoder::VaeEncoderLayout::new(cfg, height, width, channels_last, &mut BumpArena::new(u64::MAX)).map_err(|e| RunError::layout("VAE encoder")(&e))?;
+    let program = crate::exec::runner::collect_ops(|emit| vae_encoder_nhwc::encode_whole(&layout, emit));
+    Ok(VaeTraffic::of(&program, tier, m, vae_encoder::largest_binding(cfg, height, width, channels_last)))
 }
 
 /// The kind of an op, as the traffic table names it.

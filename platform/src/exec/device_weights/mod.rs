@@ -350,9 +350,9 @@ impl DeviceWeights {
 
     /// Packs the weights `names` (those with kept row scales) into the
     /// matrix tier's f16 operand, for products that stage them as they are.
-    pub fn pack_half(&mut self, gpu: &Gpu, names: &[&str]) -> Result<(), GpuError> {
+    pub fn pack_half(&mut self, gpu: &Gpu, names: impl IntoIterator<Item = impl AsRef<str>>) -> Result<(), GpuError> {
         for name in names {
-            if let Some(w) = self.map.get_mut(*name) {
+            if let Some(w) = self.map.get_mut(name.as_ref()) {
                 w.pack_half(gpu)?;
             }
         }
