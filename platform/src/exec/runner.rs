@@ -251,15 +251,14 @@ impl Runner {
                 let order = if w.taps_last { kernels::TapOrder::ChannelsLast } else { kernels::TapOrder::Torch };
                 let weights = kernels::NhwcWeights { w: w.view(), bias: weights.get(bias)?.view(), order, packed: w.half_packed };
                 let input = if *upsample { kernels::NhwcInput::Upsampled } else { kernels::NhwcInput::Plain };
-                let out = match (self.half(*y), residual) {
-                    (Some(y), residual) => kernels::NhwcOutput::Half { y, residual: residual.and_then(|r| self.half(r)) },
+                let out = match (self.half(*y), residual.map(|r| (r, self.half(r)))) {
+                    (Some(y), None) => kernels::NhwcOutput::Half { y, residual: None },
+                    (Some(y), Some((_, Some(r)))) => kernels::NhwcOutput::Half { y, residual: Some(r) },
+                    (Some(_), Some((_, None))) => return Err(GpuError::UnsupportedShape("a channels-last convolution into f16 rows adds f16 rows".into())),
                     (None, None) => kernels::NhwcOutput::F32 { y: self.mat(y.data), residual: false },
-                    (None, Some(r)) if r == y => kernels::NhwcOutput::F32 { y: self.mat(y.data), residual: true },
+                    (None, Some((r, _))) if r == *y => kernels::NhwcOutput::F32 { y: self.mat(y.data), residual: true },
                     (None, Some(_)) => return Err(GpuError::UnsupportedShape("a channels-last convolution into f32 rows adds only onto them".into())),
                 };
-                if residual.is_some_and(|r| y.is_half() && !r.is_half()) {
-                    return Err(GpuError::UnsupportedShape("a channels-last convolution into f16 rows adds f16 rows".into()));
-                }
                 kernels::conv2d_matrix_nhwc(gpu, sink, kernels::NhwcSource { rows, norm }, weights, out, *shape, input)
             }
             Op::GroupMoments { src, moments, shape } => kernels::group_moments(gpu, sink, self.input(*src), self.mat(*moments), *shape),
