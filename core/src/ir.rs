@@ -438,6 +438,20 @@ impl Op {
     }
 
     /// The weight tensors this step reads, by name.
+    /// The weight this op's product reads as f16 pairs packed under its
+    /// rows' scales where the data path is half precision and the weight
+    /// keeps its row scales: a linear's W, and a channels-last
+    /// convolution's W (taps last) whose rows (`in_channels · kernel²` taps)
+    /// are whole words, every one but over an odd channel count (the VAE
+    /// encoder's first, over the image).
+    pub fn packed_weight(&self) -> Option<&TensorName> {
+        match self {
+            Op::Linear { w, .. } | Op::LinearSwiGlu { w, .. } | Op::LinearHalf { w, .. } => Some(w),
+            Op::ConvNhwc { w, shape, .. } if (shape.in_channels * shape.kernel * shape.kernel).is_multiple_of(2) => Some(w),
+            _ => None,
+        }
+    }
+
     pub fn weights(&self) -> impl Iterator<Item = &TensorName> {
         // A convolution normalising its input reads the GroupNorm's weights too.
         let norm = match self {

@@ -82,12 +82,15 @@ pub struct Weight<'a> {
 /// The matrix tier's range scales of a weight's rows, measured once
 /// (`measure_weight_rows`) and read by every product over the weight: the
 /// scale of the weight's row `r` is f32 element `offset + r` of `buf`, each
-/// measured over the `k` values of its row.
+/// measured over the `k` values of its row. Where `packed`, the weight's
+/// words are f16 pairs under these scales (`pack_weight_half`), which its
+/// products stage as they are.
 #[derive(Debug, Clone, Copy)]
 pub struct RowScales<'a> {
     pub buf: &'a wgpu::Buffer,
     pub offset: u64,
     pub k: u64,
+    pub packed: bool,
 }
 
 impl<'a> Weight<'a> {

@@ -20,7 +20,6 @@
 //! `decoded`, its 8-bit levels interleaved RGB in `levels`.
 
 use crate::ir::{name, GroupShape, InputNorm, Op, Operand, Span};
-use crate::models::tensors::TensorName;
 use crate::models::group_norm;
 use crate::models::vae::{attention_projection, band_minimum, carried_attention, denorm_unpatchify, prefix, rows, same, stream_piece, Stream as Buffers, UpBlock, VaePlanError, VaeLayout, NORM_EPS};
 use crate::arena::BumpArena;
@@ -188,17 +187,6 @@ pub fn decode_whole(l: &VaeLayout, channels_last: bool, emit: impl FnMut(Op)) {
     match channels_last {
         true => decode_to_levels(l, emit),
         false => crate::models::vae::decode_to_levels(l, emit),
-    }
-}
-
-/// The weight `op` of a channels-last program reads as f16 pairs packed
-/// under its rows' scales, its taps last: a convolution's W whose rows
-/// (`in_channels · kernel²` taps) are whole words, every one but a W over
-/// an odd channel count (the encoder's first, over the image).
-pub fn packed_weight(op: &Op) -> Option<&TensorName> {
-    match op {
-        Op::ConvNhwc { w, shape, .. } if (shape.in_channels * shape.kernel * shape.kernel).is_multiple_of(2) => Some(w),
-        _ => None,
     }
 }
 

@@ -89,15 +89,14 @@ pub enum NhwcOutput<'a> {
     Half { y: HalfMat<'a>, residual: Option<HalfMat<'a>> },
 }
 
-/// A channels-last convolution's W and bias, how W's taps are ordered, and
-/// whether W is packed as f16 under its rows' kept range scales
-/// ([`pack_weight_half`](super::half_pack::pack_weight_half)).
+/// A channels-last convolution's W (packed as f16 under its rows' kept
+/// range scales where they say so: [`crate::RowScales::packed`]) and bias,
+/// and how W's taps are ordered.
 #[derive(Debug, Clone, Copy)]
 pub struct NhwcWeights<'a> {
     pub w: Weight<'a>,
     pub bias: Weight<'a>,
     pub order: TapOrder,
-    pub packed: bool,
 }
 
 /// A convolution of `s` over `x`, `[height·width, in_channels]` f16 rows
@@ -113,7 +112,7 @@ pub struct NhwcWeights<'a> {
 /// one binding; f16 outputs, pieces that divide the output channels, at
 /// most four a block of them.
 pub fn conv2d_matrix_nhwc(gpu: &Gpu, sink: &mut dyn Sink, source: NhwcSource<'_>, weights: NhwcWeights<'_>, out: NhwcOutput<'_>, s: ConvShape, input: NhwcInput) -> Result<(), GpuError> {
-    let NhwcWeights { w, bias, order, packed } = weights;
+    let NhwcWeights { w, bias, order } = weights;
     let NhwcSource { rows: x, norm } = source;
     let Some(c) = gpu.matrix().filter(|c| c.operands == MatrixOperands::F16) else {
         return Err(GpuError::UnsupportedShape("a channels-last f16 convolution needs the matrix tier's f16 operands".into()));
@@ -140,6 +139,7 @@ pub fn conv2d_matrix_nhwc(gpu: &Gpu, sink: &mut dyn Sink, source: NhwcSource<'_>
     // W's row scales: as kept, or measured now into the range scales (a
     // packed W's are kept: its words are no longer bf16).
     let kept = w.scales.filter(|r| r.k == taps);
+    let packed = w.scales.is_some_and(|r| r.packed);
     if packed && kept.is_none() {
         return Err(GpuError::UnsupportedShape("a convolution's packed W comes with its kept row scales".into()));
     }

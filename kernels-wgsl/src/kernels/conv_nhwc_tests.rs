@@ -102,7 +102,7 @@ fn check_nhwc_conv_from(gpu: &Gpu, s: ConvShape, input: NhwcInput, residual: boo
     let yb = if residual { gpu.upload_f32("y", &to_nhwc(&before, s.out_channels, out_pixels)) } else { poisoned(gpu, s.out_channels * out_pixels) };
     let xh = input_rows(&xb, &xs, s.in_channels, x_piece);
     let got = run_and_read(gpu, &yb, s.out_channels * out_pixels, |enc| {
-        let weights = NhwcWeights { w: Weight::bf16(&wb), bias: Weight::bf16(&bb), order, packed: false };
+        let weights = NhwcWeights { w: Weight::bf16(&wb), bias: Weight::bf16(&bb), order };
         conv2d_matrix_nhwc(gpu, enc, xh.into(), weights, NhwcOutput::F32 { y: Mat::new(&yb, s.out_channels as u64), residual }, s, input)
     });
     let got = to_nchw(&got, s.out_channels, out_pixels);
@@ -136,7 +136,7 @@ fn check_half_output(gpu: &Gpu, s: ConvShape, input: NhwcInput, [x_piece, y_piec
     let xh = input_rows(&xb, &xs, s.in_channels, x_piece);
     let (w, b) = (rng.bf16s(cout * s.in_channels * s.kernel * s.kernel, 0.3), rng.bf16s(cout, 1.0));
     let (wb, bb) = (gpu.upload_bf16("w", &w), gpu.upload_bf16("b", &b));
-    let weights = NhwcWeights { w: Weight::bf16(&wb), bias: Weight::bf16(&bb), order: TapOrder::Torch, packed: false };
+    let weights = NhwcWeights { w: Weight::bf16(&wb), bias: Weight::bf16(&bb), order: TapOrder::Torch };
     let y_piece = y_piece.unwrap_or(cout);
     // The residual: f16 rows in the output's pieces, a few pixels far larger than the rest.
     let mut before = rng.normals(cout * out_pixels, 2.0);
@@ -206,7 +206,7 @@ fn check_normalised_input(gpu: &Gpu, s: ConvShape, input: NhwcInput, groups: usi
     let (gb, bb) = (gpu.upload_bf16("gamma", &gamma), gpu.upload_bf16("beta", &beta));
     let (w, b) = (rng.bf16s(cout * cin * s.kernel * s.kernel, 0.3), rng.bf16s(cout, 1.0));
     let (wb, bias) = (gpu.upload_bf16("w", &w), gpu.upload_bf16("b", &b));
-    let weights = NhwcWeights { w: Weight::bf16(&wb), bias: Weight::bf16(&bias), order: TapOrder::Torch, packed: false };
+    let weights = NhwcWeights { w: Weight::bf16(&wb), bias: Weight::bf16(&bias), order: TapOrder::Torch };
     let shape = GroupShape { channels: cin as u64, pixels: pixels as u64, width: s.width as u64, groups: groups as u64, channels_last: true };
     let affine = GroupAffine { gamma: Weight::bf16(&gb), beta: Weight::bf16(&bb), silu };
     // The statistics, then the normalised rows as the GroupNorm pass writes them.
@@ -267,8 +267,8 @@ fn a_packed_w_gives_the_bits_of_the_bf16_one() {
             if packed {
                 gpu.submit(|enc| pack_weight_half(&gpu, enc, Weight::bf16(&wb), Mat::new(&row_scales, 1), [cout as u64, taps as u64])).unwrap();
             }
-            let kept = crate::RowScales { buf: &row_scales, offset: 0, k: taps as u64 };
-            let weights = NhwcWeights { w: Weight { scales: Some(kept), ..Weight::bf16(&wb) }, bias: Weight::bf16(&bb), order, packed };
+            let kept = crate::RowScales { buf: &row_scales, offset: 0, k: taps as u64, packed };
+            let weights = NhwcWeights { w: Weight { scales: Some(kept), ..Weight::bf16(&wb) }, bias: Weight::bf16(&bb), order };
             let y = poisoned(&gpu, cout * pixels);
             let out = run_and_read(&gpu, &y, cout * pixels, |enc| conv2d_matrix_nhwc(&gpu, enc, xh.into(), weights, NhwcOutput::F32 { y: Mat::new(&y, cout as u64), residual: false }, s, NhwcInput::Plain));
             out.iter().map(|v| v.to_bits()).collect()
@@ -319,7 +319,7 @@ fn the_channels_last_conv_in_pieces_of_pixels_matches_the_oracle() {
     let (w, b) = (small.storage("w", 2 * 24 * 144 + 4), small.storage("b", 64));
     let mut recorded = Vec::new();
     let xh = HalfMat::rows(Mat::new(&x, 8), Mat { buf: &x, offset: 920 * 8, stride: 1 });
-    let weights = NhwcWeights { w: Weight::bf16(&w), bias: Weight::bf16(&b), order: TapOrder::ChannelsLast, packed: false };
+    let weights = NhwcWeights { w: Weight::bf16(&w), bias: Weight::bf16(&b), order: TapOrder::ChannelsLast };
     let out = NhwcOutput::F32 { y: Mat::new(&y, 24), residual: false };
     conv2d_matrix_nhwc(&small, &mut recorded, xh.into(), weights, out, s, NhwcInput::Plain).unwrap_or_else(|e| panic!("{e}"));
     assert!(recorded.len() >= 7, "{} dispatches", recorded.len());
@@ -335,7 +335,7 @@ fn the_channels_last_conv_refuses_what_it_cannot_take() {
     let buf = gpu.upload_f32("any", &[0.0; 64]);
     let xh = HalfMat::rows(Mat::new(&buf, 2), Mat::new(&buf, 1));
     let mut sink = Vec::new();
-    let weights = NhwcWeights { w: Weight::f32(&buf), bias: Weight::f32(&buf), order: TapOrder::Torch, packed: false };
+    let weights = NhwcWeights { w: Weight::f32(&buf), bias: Weight::f32(&buf), order: TapOrder::Torch };
     // Taps past two zeros of padding; an output the taps of the input cannot make; a stride through the upsampling.
     let out = NhwcOutput::F32 { y: Mat::new(&buf, 4), residual: false };
     let padded = ConvShape { pad_top: 2, pad_left: 2, out_height: 6, out_width: 6, ..ConvShape::same(4, 4, 4, 4, 3) };

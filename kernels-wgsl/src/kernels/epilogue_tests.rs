@@ -86,7 +86,7 @@ fn check_swiglu(gpu: &Gpu, [m, n, k]: [usize; 3], kept: bool) {
         .unwrap();
     }
     let weight = match kept {
-        true => Weight { scales: Some(crate::RowScales { buf: &scales, offset: 0, k: k as u64 }), ..Weight::bf16(&wb) },
+        true => Weight { scales: Some(crate::RowScales { buf: &scales, offset: 0, k: k as u64, packed: false }), ..Weight::bf16(&wb) },
         false => Weight::bf16(&wb),
     }
     .rows_from(first as u64, k as u64);

@@ -352,6 +352,7 @@ fn product(gpu: &Gpu, sink: &mut dyn Sink, input: Input<'_>, w: Weight<'_>, bias
                         ("SWIGLU", swiglu as u32),
                         ("WG", c.subgroup * MATRIX_SUBGROUPS),
                         ("B_PAIRED", matrix_b_paired(c, w.dtype, ww.local, kdim) as u32),
+                        ("W_HALF", w.scales.is_some_and(|s| s.packed) as u32),
                         ("X_HALF", half.is_some() as u32),
                         ("X_PIECE", to_u32(piece.unwrap_or(0), "linear input piece")?),
                         ("Y_HALF", half_out.is_some() as u32),
@@ -378,6 +379,9 @@ fn product(gpu: &Gpu, sink: &mut dyn Sink, input: Input<'_>, w: Weight<'_>, bias
             // f16 operands: x's rows' range scales measured first, and W's
             // where they were not measured when W reached the device.
             let stored = w.scales.filter(|s| s.k == kdim);
+            if w.scales.is_some_and(|s| s.packed) && stored.is_none() {
+                return Err(GpuError::UnsupportedShape(format!("a product of k {kdim} over a W packed as f16 under scales of rows of {:?}", w.scales.map(|s| s.k))));
+            }
             let scales = match matrix {
                 Some(c) if c.operands == MatrixOperands::F16 => {
                     let scales = gpu.range_scales(rows_n + w_read)?;

@@ -58,6 +58,11 @@ fn a_element(i: u32) -> vec2<u32> {
 fn b_at(t: u32, c: u32, n0: u32, k0: u32) -> f32 {
     if (k0 + t < p.k && column_inside(n0 + c, BN)) {
         let e = p.w_offset + paired_w_row(n0 + c, BN) * p.k + k0 + t;
+        if (W_HALF) {
+            // Packed under the column's scale: its value, the scale undone (exact).
+            let pair = unpack2x16float(w[e >> 1u]);
+            return select(pair.x, pair.y, (e & 1u) == 1u) * b_scale(n0 + c);
+        }
         return weight_value(w[weight_word(e, WEIGHT_BF16)], e, WEIGHT_BF16);
     }
     return 0.0;

@@ -1,7 +1,7 @@
 // The linear's fetching of matrix_gemm.wgsl's k steps as vec4s (in place of
 // matrix_fetch.wgsl): x's rows four f32 at a time and W's rows eight bf16
-// at a time (a vec4 of u32 pairs), the same values as the element path and
-// so the same sums. The launcher takes it where x's window, its row stride
+// (or packed f16, `W_HALF`) at a time (a vec4 of u32 pairs), the same
+// values as the element path and so the same sums. The launcher takes it where x's window, its row stride
 // and k are whole vec4s, W is bf16 on whole vec4s, and each invocation's
 // share of a step is whole vec4s (`MatrixConfig::fetches_vec4_steps`): a
 // step's loads are a quarter (x) and an eighth (W) as many instructions,
@@ -78,15 +78,11 @@ fn put(li: u32, half: u32, f: ptr<function, Fetched>) {
         let c = i / (KT / 8u);
         let at = half * BN * LD + c * LD + 8u * (i % (KT / 8u));
         let q = (*f).b[j];
-        let inverse = col_inverse[c];
-        b_tiles[at] = Operand(bitcast<f32>(q.x << 16u) * inverse);
-        b_tiles[at + 1u] = Operand(bitcast<f32>(q.x & 0xffff0000u) * inverse);
-        b_tiles[at + 2u] = Operand(bitcast<f32>(q.y << 16u) * inverse);
-        b_tiles[at + 3u] = Operand(bitcast<f32>(q.y & 0xffff0000u) * inverse);
-        b_tiles[at + 4u] = Operand(bitcast<f32>(q.z << 16u) * inverse);
-        b_tiles[at + 5u] = Operand(bitcast<f32>(q.z & 0xffff0000u) * inverse);
-        b_tiles[at + 6u] = Operand(bitcast<f32>(q.w << 16u) * inverse);
-        b_tiles[at + 7u] = Operand(bitcast<f32>(q.w & 0xffff0000u) * inverse);
+        let pairs = array<vec2<f32>, 4>(b_word_operands(q.x, c), b_word_operands(q.y, c), b_word_operands(q.z, c), b_word_operands(q.w, c));
+        for (var i = 0u; i < 4u; i++) {
+            b_tiles[at + 2u * i] = Operand(pairs[i].x);
+            b_tiles[at + 2u * i + 1u] = Operand(pairs[i].y);
+        }
     }
 }
 

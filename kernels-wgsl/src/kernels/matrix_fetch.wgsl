@@ -5,20 +5,6 @@
 // where neighbouring rows are (the conv's pixels), so that consecutive
 // invocations read neighbouring addresses.
 
-// B's words hold f16 pairs already divided by their column's range scale
-// (a weight packed where it reached the device, half_pack.wgsl's
-// pack_weight_half), staged as they are; else bf16 pairs, each value
-// divided by the scale and rounded here, every tile.
-override W_HALF: bool = false;
-
-// The two operands a word of B's column c holds.
-fn b_word_operands(word: u32, c: u32) -> vec2<f32> {
-    if (W_HALF) {
-        return unpack2x16float(word);
-    }
-    return vec2<f32>(bitcast<f32>(word << 16u), bitcast<f32>(word & 0xffff0000u)) * col_inverse[c];
-}
-
 // Whether the next k step is fetched into registers during the products
 // (B's columns as bf16 pairs), or staged element by element before them.
 fn prefetching() -> bool {

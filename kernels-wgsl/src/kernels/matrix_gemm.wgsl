@@ -76,6 +76,20 @@ var<workgroup> row_scale: array<f32, BM>;
 var<workgroup> row_inverse: array<f32, BM>;
 var<workgroup> col_inverse: array<f32, BN>;
 
+// B's words hold f16 pairs already divided by their column's range scale
+// (a weight packed where it reached the device, half_pack.wgsl's
+// pack_weight_half), staged as they are; else bf16 pairs, each value
+// divided by the scale and rounded here, every tile.
+override W_HALF: bool = false;
+
+// The two operands a word of B's column c holds.
+fn b_word_operands(word: u32, c: u32) -> vec2<f32> {
+    if (W_HALF) {
+        return unpack2x16float(word);
+    }
+    return vec2<f32>(bitcast<f32>(word << 16u), bitcast<f32>(word & 0xffff0000u)) * col_inverse[c];
+}
+
 // The inverse of the module's column scale, exact (a power of two).
 fn b_inverse(col: u32) -> f32 {
     return 1.0 / b_scale(col);

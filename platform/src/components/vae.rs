@@ -158,7 +158,7 @@ impl VaeDecoder {
         if channels_last {
             // The weights are the same at every size: the program of the smallest latent names them.
             let unit = VaeLayout::new(config, 2, 2, true, &mut BumpArena::new(u64::MAX)).map_err(plan_error)?;
-            pack_convolutions(gpu, &mut weights, &collect_ops(|emit| vae_nhwc::decode_to_levels(&unit, emit)))?;
+            pack_products(gpu, &mut weights, &collect_ops(|emit| vae_nhwc::decode_to_levels(&unit, emit)))?;
         }
         let mode = match layout {
             Some(layout) => {
@@ -380,10 +380,11 @@ pub(crate) fn upload_on_path(gpu: &Gpu, store: &WeightStore, specs: &[TensorSpec
 }
 
 /// Packs in place, as f16 under its rows' kept scales, each W the
-/// channels-last `program` reads so ([`vae_nhwc::packed_weight`]): its
-/// convolutions then stage W's words as they are.
-pub(crate) fn pack_convolutions(gpu: &Gpu, weights: &mut DeviceWeights, program: &[Op]) -> Result<(), RunError> {
-    Ok(weights.pack_half(gpu, program.iter().filter_map(vae_nhwc::packed_weight))?)
+/// channels-last `program` reads so ([`Op::packed_weight`]: its
+/// convolutions' and its attention's projections'): its products then stage
+/// W's words as they are.
+pub(crate) fn pack_products(gpu: &Gpu, weights: &mut DeviceWeights, program: &[Op]) -> Result<(), RunError> {
+    Ok(weights.pack_half(gpu, program.iter().filter_map(Op::packed_weight))?)
 }
 
 /// Uploads the tensors `specs` name, each checked against its shape.

@@ -11,7 +11,7 @@ use crate::exec::device_weights::DeviceWeights;
 use flux_lite_kernels::{Dispatch};
 use crate::exec::runner::{collect_ops, Runner};
 use crate::model::safetensors_store::{widen_to_f32, WeightStore};
-use crate::components::vae::{arena_runner, check_image_size, check_tile, pack_convolutions, plan_error, product_rows, row_scale_bytes, upload_on_path};
+use crate::components::vae::{arena_runner, check_image_size, check_tile, pack_products, plan_error, product_rows, row_scale_bytes, upload_on_path};
 use crate::exec::activations::HostTensors;
 use crate::exec::vae_bands::BandRunner;
 use flux_lite_core::config::VaeConfig;
@@ -79,7 +79,7 @@ impl VaeEncoder {
             // The weights are the same at every size: the program of the smallest image names them.
             let unit = config.latent_cell() as u64;
             let layout = VaeEncoderLayout::new(config, unit, unit, true, &mut BumpArena::new(u64::MAX)).map_err(plan_error)?;
-            pack_convolutions(gpu, &mut weights, &collect_ops(|emit| vae_encoder_nhwc::encode(&layout, emit)))?;
+            pack_products(gpu, &mut weights, &collect_ops(|emit| vae_encoder_nhwc::encode(&layout, emit)))?;
         }
         let features = 4 * config.latent_channels;
         let bn_mean = bn_stat(store, "bn.running_mean", features)?;

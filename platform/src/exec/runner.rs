@@ -249,7 +249,7 @@ impl Runner {
                 };
                 let w = weights.get(w)?;
                 let order = if w.taps_last { kernels::TapOrder::ChannelsLast } else { kernels::TapOrder::Torch };
-                let weights = kernels::NhwcWeights { w: w.view(), bias: weights.get(bias)?.view(), order, packed: w.half_packed };
+                let weights = kernels::NhwcWeights { w: w.view(), bias: weights.get(bias)?.view(), order };
                 let input = if *upsample { kernels::NhwcInput::Upsampled } else { kernels::NhwcInput::Plain };
                 let out = match (self.half(*y), residual.map(|r| (r, self.half(r)))) {
                     (Some(y), None) => kernels::NhwcOutput::Half { y, residual: None },

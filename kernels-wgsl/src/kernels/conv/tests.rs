@@ -253,7 +253,7 @@ fn the_matrix_conv_reads_a_weights_stored_scales_with_the_bits_it_would_measure(
         Ok(())
     })
     .unwrap();
-    let stored = Weight { scales: Some(crate::RowScales { buf: &scales, offset: 3, k: taps }), ..Weight::bf16(&wb) };
+    let stored = Weight { scales: Some(crate::RowScales { buf: &scales, offset: 3, k: taps, packed: false }), ..Weight::bf16(&wb) };
     let n_out = s.out_channels * s.out_height * s.out_width;
     let run = |weight: Weight<'_>, cap: u64| {
         let yb = poisoned(&gpu, n_out);

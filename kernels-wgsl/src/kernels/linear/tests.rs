@@ -337,6 +337,44 @@ fn the_matrix_linears_vec4_fetching_gives_the_element_fetchings_bits() {
 /// weight's rows, in pieces (bindings of 64 KiB) and whole, read as
 /// vec4s (k = 136) and element by element (k = 131); and it records
 /// one pass fewer: no measure of W.
+/// A W packed in place as f16 under its rows' kept scales (rows far above
+/// and far below f16's range among them) gives the bits of the bf16 W under
+/// the same scales: read as vec4s (k a multiple of 8) or as pairs, and
+/// element by element.
+#[test]
+fn the_matrix_linear_over_a_packed_w_gives_the_bits_of_the_bf16_one() {
+    let Some(gpu) = tier_gpu_with(GpuOptions { precision: Precision::Matrix, ..crate::testing::options() }) else { return };
+    for (seed, [m, n, k]) in [(72u64, [70usize, 90usize, 136usize]), (73, [33, 40, 138])] {
+        let mut rng = Rng::new(seed);
+        let x = rng.normals(m * k, 1.0);
+        let mut w = rng.bf16s(n * k, 0.1);
+        let scaled = |v: u16, by: f32| half::bf16::from_f32(half::bf16::from_bits(v).to_f32() * by).to_bits();
+        w[3 * k..4 * k].iter_mut().for_each(|v| *v = scaled(*v, 1e6));
+        w[5 * k..6 * k].iter_mut().for_each(|v| *v = scaled(*v, 1e-6));
+        let b = rng.bf16s(n, 1.0);
+        let s = Gemm { m: m as u64, n: n as u64, k: k as u64 };
+        let run = |packed: bool, element: bool| -> Vec<u32> {
+            let (xb, wb, bb) = (gpu.upload_f32("x", &x), gpu.upload_bf16("w", &w), gpu.upload_bf16("b", &b));
+            let scales = gpu.storage("weight row scales", 4 * n as u64);
+            gpu.submit(|enc| measure_weight_rows(&gpu, enc, Weight::bf16(&wb), n as u64, k as u64, &scales, 0)).unwrap();
+            if packed {
+                gpu.submit(|enc| crate::kernels::pack_weight_half(&gpu, enc, Weight::bf16(&wb), Mat::new(&scales, 1), [n as u64, k as u64])).unwrap();
+            }
+            let weight = Weight { scales: Some(crate::RowScales { buf: &scales, offset: 0, k: k as u64, packed }), ..Weight::bf16(&wb) };
+            let product = || {
+                let yb = poisoned(&gpu, m * n);
+                run_and_read(&gpu, &yb, m * n, |enc| linear(&gpu, enc, Mat::new(&xb, k as u64), weight, Some(Weight::bf16(&bb)), Mat::new(&yb, n as u64), s))
+            };
+            bits(&if element { with_element_fetch(product) } else { product() })
+        };
+        for element in [false, true] {
+            let (bf16, packed) = (run(false, element), run(true, element));
+            let differ = bf16.iter().zip(&packed).filter(|(a, b)| a != b).count();
+            assert_eq!(differ, 0, "{m}×{n}×{k}, element by element {element}: {differ} of {} outputs differ", bf16.len());
+        }
+    }
+}
+
 #[test]
 fn the_matrix_linear_reads_a_weights_stored_scales_with_the_bits_it_would_measure() {
     for limit in [Some(64u64 << 10), None] {
@@ -359,7 +397,7 @@ fn the_matrix_linear_reads_a_weights_stored_scales_with_the_bits_it_would_measur
                 Ok(())
             })
             .unwrap();
-            let stored = Weight { scales: Some(crate::RowScales { buf: &scales, offset: 5, k: k as u64 }), ..Weight::bf16(&wb) };
+            let stored = Weight { scales: Some(crate::RowScales { buf: &scales, offset: 5, k: k as u64, packed: false }), ..Weight::bf16(&wb) };
             let run = |weight: Weight<'_>| {
                 let yb = poisoned(&gpu, m * n);
                 let mut recorded: Vec<crate::Dispatch> = Vec::new();

@@ -29,12 +29,16 @@ impl SyntheticWeights {
         // the engine measures them at load, where the device keeps them.
         let linears = if gpu.measures_weight_rows() { product_weights(std::slice::from_ref(&ops)) } else { Vec::new() };
         let mut scales_made: HashMap<String, StoredScales> = HashMap::new();
-        // A channels-last convolution's W as the VAE lays it out on the
-        // matrix tier: taps last (random values: any order is theirs) and,
-        // where the program reads it so, packed as f16 under its row
-        // scales, once a buffer.
-        let convolutions: Vec<String> = ops.iter().filter_map(flux_lite_core::models::vae_nhwc::packed_weight).map(|w| w.to_string()).collect();
-        let mut packed: Vec<String> = Vec::new();
+        // On the half-precision data path each product's W as the engine
+        // lays it out: packed as f16 under its row scales where the program
+        // reads it so, once a buffer (`Op::packed_weight`), a channels-last
+        // convolution's taps last (random values: any order is theirs).
+        let packed_weights: Vec<String> = ops.iter().filter_map(Op::packed_weight).map(|w| w.to_string()).collect();
+        let convolutions: Vec<String> = ops.iter().filter_map(|op| match op {
+            Op::ConvNhwc { w, .. } => Some(w.to_string()),
+            _ => None,
+        }).collect();
+        let mut packed: HashMap<String, bool> = HashMap::new();
         for name in ops.iter().flat_map(Op::weights) {
             let name = name.to_string();
             let shared = first_block(&name);
@@ -64,12 +68,13 @@ impl SyntheticWeights {
             };
             let convolution = convolutions.contains(&name);
             let mut weight = DeviceWeight { buffer, offset: 0, dtype: WeightDtype::Bf16, scales, taps_last: convolution, half_packed: false };
-            if convolution && gpu.plan_limits().half_operands {
-                match packed.contains(&shared) {
-                    true => weight.half_packed = weight.scales.is_some(),
-                    false => {
+            if packed_weights.contains(&name) && gpu.plan_limits().half_operands {
+                // A buffer packed once: the weights sharing it read it as its first packing left it.
+                match packed.get(&shared) {
+                    Some(&was) => weight.half_packed = was,
+                    None => {
                         weight.pack_half(gpu)?;
-                        packed.push(shared.clone());
+                        packed.insert(shared.clone(), weight.half_packed);
                     }
                 }
             }

@@ -300,8 +300,14 @@ impl DeviceWeights {
         gpu.check_faults()?;
         w.write(gpu, store, pending)?;
         let in_slots: std::collections::HashSet<&String> = w.slot_scales.iter().flatten().collect();
-        let resident: Vec<&str> = w.map.iter().filter(|(name, weight)| weight.scales.is_some() && !in_slots.contains(name)).map(|(name, _)| name.as_str()).collect();
-        w.measure_scales(gpu, &resident)?;
+        let resident: Vec<String> = w.map.iter().filter(|(name, weight)| weight.scales.is_some() && !in_slots.contains(name)).map(|(name, _)| name.clone()).collect();
+        w.measure_scales(gpu, &resident.iter().map(String::as_str).collect::<Vec<_>>())?;
+        if gpu.plan_limits().half_operands {
+            // The resident products' W packed as f16 under their kept
+            // scales: each product stages W's words as they are. A slot's
+            // weights stay bf16, measured each time a block refills it.
+            w.pack_half(gpu, &resident)?;
+        }
         Ok(w)
     }
 
@@ -350,10 +356,26 @@ impl DeviceWeights {
 
     /// Packs the weights `names` (those with kept row scales) into the
     /// matrix tier's f16 operand, for products that stage them as they are.
+    /// One submission for all of them.
     pub fn pack_half(&mut self, gpu: &Gpu, names: impl IntoIterator<Item = impl AsRef<str>>) -> Result<(), GpuError> {
+        let (mut packs, mut packed) = (Vec::new(), Vec::new());
         for name in names {
-            if let Some(w) = self.map.get_mut(name.as_ref()) {
-                w.pack_half(gpu)?;
+            if let Some(w) = self.map.get(name.as_ref()) {
+                if w.record_pack(gpu, &mut packs)? {
+                    packed.push(name.as_ref().to_string());
+                }
+            }
+        }
+        if packed.is_empty() {
+            return Ok(());
+        }
+        gpu.submit(|enc| {
+            flux_lite_kernels::encode(enc, &packs);
+            Ok(())
+        })?;
+        for name in packed {
+            if let Some(w) = self.map.get_mut(&name) {
+                w.half_packed = true;
             }
         }
         Ok(())

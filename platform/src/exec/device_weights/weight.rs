@@ -95,19 +95,35 @@ impl DeviceWeight {
     }
 
     pub fn view(&self) -> Weight<'_> {
-        let scales = self.scales.as_ref().map(|s| flux_lite_kernels::RowScales { buf: &s.buffer, offset: s.offset, k: s.k });
+        let scales = self.scales.as_ref().map(|s| flux_lite_kernels::RowScales { buf: &s.buffer, offset: s.offset, k: s.k, packed: self.half_packed });
         Weight { buf: &self.buffer, offset: self.offset, dtype: self.dtype, scales }
     }
 
     /// Packs the weight in place into the matrix tier's f16 operand under
     /// its rows' kept range scales (measured first, on the bf16 values); a
-    /// weight without kept scales, or not bf16, stays as it is.
+    /// weight that cannot be ([`Self::record_pack`]) stays as it is.
     pub fn pack_half(&mut self, gpu: &Gpu) -> Result<(), GpuError> {
-        let Some(scales) = self.scales.as_ref().filter(|_| self.dtype == WeightDtype::Bf16 && !self.half_packed) else { return Ok(()) };
-        let rows = flux_lite_kernels::Mat { buf: &scales.buffer, offset: scales.offset, stride: 1 };
-        gpu.submit(|enc| kernels::pack_weight_half(gpu, enc, self.view(), rows, [scales.rows, scales.k]))?;
-        self.half_packed = true;
+        let mut packs = Vec::new();
+        if self.record_pack(gpu, &mut packs)? {
+            gpu.submit(|enc| {
+                flux_lite_kernels::encode(enc, &packs);
+                Ok(())
+            })?;
+            self.half_packed = true;
+        }
         Ok(())
+    }
+
+    /// Records the pack of [`Self::pack_half`] where the weight takes one
+    /// (bf16, not yet packed, with kept row scales, its rows whole f16
+    /// pairs from an even element), saying whether it did; the caller marks
+    /// it packed once the pack has run.
+    pub(super) fn record_pack(&self, gpu: &Gpu, sink: &mut dyn flux_lite_kernels::Sink) -> Result<bool, GpuError> {
+        let packable = |s: &&StoredScales| self.dtype == WeightDtype::Bf16 && !self.half_packed && s.k.is_multiple_of(2) && self.offset.is_multiple_of(2);
+        let Some(scales) = self.scales.as_ref().filter(packable) else { return Ok(false) };
+        let rows = flux_lite_kernels::Mat { buf: &scales.buffer, offset: scales.offset, stride: 1 };
+        kernels::pack_weight_half(gpu, sink, self.view(), rows, [scales.rows, scales.k])?;
+        Ok(true)
     }
 
     /// Records the measure of the weight's rows' range scales into their place.
