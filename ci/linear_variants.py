@@ -64,22 +64,13 @@ def no_fetch(source):
 
 
 def no_rounding(source):
-    """A rows not scaled; W's u32s taken as f16 pairs (no bf16 unpack, no
-    scale), as W kept in f16 under its range scale since upload would be read
-    (naga's bitcast keeps the component count, so unpack2x16float)."""
+    """A rows not scaled; W's u32s taken as f16 pairs with no scale, as a W
+    packed at load (`W_HALF`) is read: what staging costs without rounding."""
     old = function(source, "put")
-    if not old or "* row_inverse[r]" not in old:
+    if not old or "* row_inverse[r]" not in old or "b_word_operands(q.x, c)" not in old:
         return None
     new = old.replace("(*f).a[j] * row_inverse[r]", "(*f).a[j]")
-    b_lines = [m.group(0) for m in re.finditer(r"\n\s*b_tiles\[at(?: \+ \du)?\] = Operand\(bitcast<f32>\(q\.[xyzw][^\n]*", new)]
-    if len(b_lines) != 8:
-        return None
-    for line in b_lines[1:]:
-        new = new.replace(line, "", 1)
-    pairs = "".join(
-        f"\n        let h{c} = unpack2x16float(q.{c});\n        b_tiles[at + {2 * i}u] = Operand(h{c}.x);\n        b_tiles[at + {2 * i + 1}u] = Operand(h{c}.y);"
-        for i, c in enumerate("xyzw"))
-    new = new.replace(b_lines[0], pairs, 1)
+    new = re.sub(r"b_word_operands\(q\.([xyzw]), c\)", r"unpack2x16float(q.\1)", new)
     return source.replace(old, new, 1)
 
 
@@ -88,7 +79,7 @@ VARIANTS = [
     ("no_mma", "the multiply-adds (what is left: fetching, rounding, staging, barriers, the epilogue)", no_mma),
     ("no_put", "rounding and storing each step into workgroup memory (the global loads stay)", no_put),
     ("no_fetch", "the global loads (each step stages values made from the invocation index)", no_fetch),
-    ("no_rounding", "the range scales' multiplies and the bf16 unpacking (W's words read as f16 pairs, as W kept scaled in f16 would be)", no_rounding),
+    ("no_rounding", "the range scales' multiplies and the bf16 unpacking (W's words read as f16 pairs, as a W packed at load is)", no_rounding),
 ]
 
 
