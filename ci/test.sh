@@ -151,10 +151,11 @@ rerun FLUX_LITE_BACKEND=gl "$selftest" --test-threads=1
 # The matrix tier needs cooperative matrices, which only Mesa 26's lavapipe
 # (Debian sid) offers: the kernel tests, built above, run again in a sid root
 # (ci/lavapipe-sid.sh, kept under /opt), where a missing tier fails them;
-# with them the golden PNGs (a GGUF model's too) and the stage tests on both half tiers, auto's
+# with them the matrix tier's golden PNGs (the f16 tier's ran on Mesa 22
+# above; a GGUF model's on both), the stage tests on both half tiers, auto's
 # choice and fallback, bench kernels' matrix rows and tier table, and
 # flux-lite selftest on all three tiers.
-phase "on Mesa 26's lavapipe: every kernel test, the golden PNGs, auto and bench kernels on the f16 and matrix tiers"
+phase "on Mesa 26's lavapipe: every kernel test, the matrix tier's golden PNGs, the stages, auto and bench kernels on the f16 and matrix tiers"
 set +e
 wait "$sid_setup"
 sid_status=$?
@@ -170,7 +171,7 @@ cli="$(test_binary flux-lite-cli test cli)"
 stages="$(test_binary flux-lite-tests test half_tiers)"
 quantized="$(test_binary flux-lite-cli test gguf)"
 rerun FLUX_LITE_REQUIRE_MATRIX=1 --sid "$kernels"
-rerun FLUX_LITE_REQUIRE_MATRIX=1 --sid "$pngs" tier_reproduces
+rerun FLUX_LITE_REQUIRE_MATRIX=1 --sid "$pngs" matrix_tier_reproduces
 rerun FLUX_LITE_REQUIRE_MATRIX=1 --sid "$bench" matrix tiers
 rerun FLUX_LITE_REQUIRE_MATRIX=1 --sid "$cli" tier
 rerun FLUX_LITE_REQUIRE_MATRIX=1 --sid "$stages"
