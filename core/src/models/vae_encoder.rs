@@ -62,10 +62,7 @@ impl VaeEncoderLayout {
         let levels = channels.len() as u32;
         let latent_pixels = (height >> (levels - 1)) * (width >> (levels - 1));
         let lc = cfg.latent_channels as u64;
-        let largest = match channels_last {
-            true => largest_channels_last(&channels, height * width, latent_pixels * top.max(2 * lc)),
-            false => largest_activation(&channels, height * width),
-        };
+        let largest = largest_on_path(&channels, [height * width, latent_pixels], lc, channels_last);
         let mut take = |elems: u64| -> Result<Span, ArenaError> {
             let s = arena.alloc(elems * F32, ALIGN)?;
             Ok(Span::new(s.offset / F32, 0))
@@ -154,6 +151,18 @@ fn largest_channels_last(channels: &[u64], pixels: u64, f32_beside: u64) -> u64 
     most
 }
 
+/// The most elements one of the encode's activation buffers holds for an
+/// image of `pixels` pixels and its latent of `latent_pixels`: channel-major
+/// f32, or channels-last where `channels_last` (beside the f16 levels, the
+/// attention's f32 output and the moments' f32 rows at the latent's size).
+fn largest_on_path(channels: &[u64], [pixels, latent_pixels]: [u64; 2], latent_channels: u64, channels_last: bool) -> u64 {
+    let top = channels[channels.len() - 1];
+    match channels_last {
+        true => largest_channels_last(channels, pixels, latent_pixels * top.max(2 * latent_channels)),
+        false => largest_activation(channels, pixels),
+    }
+}
+
 /// Bytes of the largest single tensor of the encode of a `height × width`
 /// image (what one storage binding must hold), channels-last where `channels_last`.
 pub fn largest_binding(cfg: &VaeConfig, height: u64, width: u64, channels_last: bool) -> u64 {
@@ -165,10 +174,7 @@ pub fn largest_binding(cfg: &VaeConfig, height: u64, width: u64, channels_last: 
     let latent_pixels = (height / scale) * (width / scale);
     let top = channels[channels.len() - 1];
     let image = image_row(cfg.in_channels as u64, channels_last) * height * width;
-    let activations = match channels_last {
-        true => largest_channels_last(&channels, height * width, latent_pixels * top.max(2 * cfg.latent_channels as u64)),
-        false => largest_activation(&channels, height * width),
-    };
+    let activations = largest_on_path(&channels, [height * width, latent_pixels], cfg.latent_channels as u64, channels_last);
     F32 * activations.max(image).max(latent_pixels * top)
 }
 

@@ -207,7 +207,7 @@ impl BandRunner<'_> {
     /// its rows of `moments`: the values the whole image's run computes.
     fn group_moments(&self, store: &mut dyn Activations, src: Operand, moments: Span, shape: GroupShape) -> Result<(), RunError> {
         let (per_moments, w) = (2 * shape.groups, shape.width);
-        let band = self.band(0, w * pixel_elements(src, shape.channels) + per_moments, "GroupNorm row")?;
+        let band = self.band(0, w * src.elements(shape.channels) + per_moments, "GroupNorm row")?;
         for (r0, r1) in bands(shape.rows(), band) {
             let mut arena = self.operands();
             let xs = self.fetch_pixels(store, &mut arena, src, shape, [r0 * w, r1 * w])?;
@@ -238,7 +238,7 @@ impl BandRunner<'_> {
         if shape.channels_last != dst.is_half() || stats.is_half() {
             return Err(cannot_band(format!("a group norm of {shape:?} into {dst:?}")));
         }
-        for (p0, p1) in bands(shape.pixels, self.band(fixed, pixel_elements(src, c) + c, "GroupNorm pixel")?) {
+        for (p0, p1) in bands(shape.pixels, self.band(fixed, src.elements(c) + c, "GroupNorm pixel")?) {
             let n = p1 - p0;
             let mut arena = self.operands();
             let xs = self.fetch_pixels(store, &mut arena, src, shape, [p0, p1])?;
@@ -264,7 +264,7 @@ impl BandRunner<'_> {
     fn fetch_pixels(&self, store: &mut dyn Activations, arena: &mut Operands, src: Operand, shape: GroupShape, [p0, p1]: [u64; 2]) -> Result<Operand, RunError> {
         let (n, c) = (p1 - p0, shape.channels);
         if src.is_half() {
-            let xs = half_like(arena.take(n * pixel_elements(src, c))?, n, c, src);
+            let xs = half_like(arena.take(n * src.elements(c))?, n, c, src);
             self.fetch_half_rows(store, src, [p0, p1], c, xs)?;
             return Ok(xs);
         }
@@ -311,7 +311,7 @@ impl BandRunner<'_> {
         }
         // An input row's words and scales; the rows the taps reach beyond a
         // band's own, and the statistics (core's `nhwc_band_elements`).
-        let input_row = wd * pixel_elements(x, cin);
+        let input_row = wd * x.elements(cin);
         let stats = norm.map_or(0, |n| 2 * n.groups);
         let (fixed, per_row) = nhwc_band_elements(s, [x, y], residual, stats);
         let band = self.band(fixed, per_row, "convolution row")?;
@@ -340,10 +340,10 @@ impl BandRunner<'_> {
             let shape = ConvShape { height: rows_in as usize, pad_top, out_height: (y1 - y0) as usize, ..s };
             let op = |y: Operand, residual: Option<Operand>| Op::ConvNhwc { x: xs, w: w.clone(), bias: bias.clone(), y, shape, upsample, residual, norm: norm.clone() };
             if y.is_half() {
-                let ys = half_like(arena.take(px_out * pixel_elements(y, cout))?, px_out, cout, y);
+                let ys = half_like(arena.take(px_out * y.elements(cout))?, px_out, cout, y);
                 let rs = match residual {
                     Some(r) => {
-                        let rs = half_like(arena.take(px_out * pixel_elements(r, cout))?, px_out, cout, r);
+                        let rs = half_like(arena.take(px_out * r.elements(cout))?, px_out, cout, r);
                         self.fetch_half_rows(store, r, out, cout, rs)?;
                         Some(rs)
                     }
@@ -578,12 +578,6 @@ fn conv_bands(rows: u64, band: u64, upsample: bool) -> Result<Vec<(u64, u64)>, R
 /// Scales a row of `width` f16 values of `half` holds: one, or one a piece.
 fn scales_per_row(half: Operand, width: u64) -> u64 {
     half.piece.map_or(1, |piece| width / piece)
-}
-
-/// Elements a pixel of `channels` takes as `x` holds them: f32 values, or
-/// f16 words and their scales.
-fn pixel_elements(x: Operand, channels: u64) -> u64 {
-    x.elements(channels)
 }
 
 /// `rows` f16 rows of `width` at `at`, laid out as `like` is: words, then

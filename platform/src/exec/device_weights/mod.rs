@@ -301,7 +301,7 @@ impl DeviceWeights {
         w.write(gpu, store, pending)?;
         let in_slots: std::collections::HashSet<&String> = w.slot_scales.iter().flatten().collect();
         let resident: Vec<String> = w.map.iter().filter(|(name, weight)| weight.scales.is_some() && !in_slots.contains(name)).map(|(name, _)| name.clone()).collect();
-        w.measure_scales(gpu, &resident.iter().map(String::as_str).collect::<Vec<_>>())?;
+        w.measure_scales(gpu, &resident)?;
         if gpu.plan_limits().half_operands {
             // The resident products' W packed as f16 under their kept
             // scales: each product stages W's words as they are. A slot's
@@ -333,8 +333,8 @@ impl DeviceWeights {
     }
 
     /// Measures the range scales of the weights `names`, in one submission.
-    fn measure_scales(&self, gpu: &Gpu, names: &[&str]) -> Result<(), GpuError> {
-        let weights = names.iter().map(|name| self.get(name)).collect::<Result<Vec<_>, _>>()?;
+    fn measure_scales(&self, gpu: &Gpu, names: impl IntoIterator<Item = impl AsRef<str>>) -> Result<(), GpuError> {
+        let weights = names.into_iter().map(|name| self.get(name.as_ref())).collect::<Result<Vec<_>, _>>()?;
         if weights.is_empty() {
             return Ok(());
         }
