@@ -37,10 +37,17 @@ fn every_module_parses_and_validates() {
 /// `module` validated, with its overrides resolved as a launch sets them
 /// (`wg`: the subgroup size the matrix tier's workgroups take).
 fn resolved(module: Module, wg: f64) -> (naga::Module, naga::valid::ModuleInfo) {
+    resolved_with(module, &[("WG", wg)])
+}
+
+/// `module` validated with `constants` (where it declares them) and bf16
+/// weights with a bias.
+fn resolved_with(module: Module, constants: &[(&str, f64)]) -> (naga::Module, naga::valid::ModuleInfo) {
     let (m, info) = validate(module);
     let declared = |name: &str| m.overrides.iter().any(|(_, o)| o.name.as_deref() == Some(name));
-    let constants: naga::back::PipelineConstants = [("WG", wg), ("WEIGHT_BF16", 1.0), ("HAS_BIAS", 1.0)]
+    let constants: naga::back::PipelineConstants = [("WEIGHT_BF16", 1.0), ("HAS_BIAS", 1.0)]
         .into_iter()
+        .chain(constants.iter().copied())
         .filter(|(name, _)| declared(name))
         .map(|(name, value)| (name.to_string(), value))
         .collect();
@@ -268,40 +275,54 @@ fn wrapped_grid_covers_every_workgroup() {
     assert!(g[0] <= MAX_GRID_DIM && (g[0] as u64 * g[1] as u64) >= 200_000);
 }
 
+/// The workgroup memory `m` declares.
+fn workgroup_bytes(m: &naga::Module) -> u32 {
+    let mut layouter = naga::proc::Layouter::default();
+    layouter.update(m.to_ctx()).unwrap();
+    m.global_variables.iter().filter(|(_, v)| v.space == naga::AddressSpace::WorkGroup).map(|(_, v)| layouter[v.ty].size).sum()
+}
+
+/// The GEMM core's modules on `c`, its staging's overrides set as the
+/// launchers set them.
+fn staged(module: Module, c: MatrixConfig) -> naga::Module {
+    let constants: Vec<(&str, f64)> = c.staging.constants(c.size).into_iter().map(|(name, value)| (name, value as f64)).chain([("WG", 4.0 * c.subgroup as f64)]).collect();
+    resolved_with(module, &constants).0
+}
+
+use crate::precision::{GemmStaging, MatrixConfig, MatrixOperands};
+
+/// The GEMM core's modules at each tile configuration: (module, tile size, operands).
+const GEMM_MODULES: [(Module, u32, MatrixOperands); 12] = [
+    (Module::LinearMatrix8, 8, MatrixOperands::F16),
+    (Module::LinearMatrix16, 16, MatrixOperands::F16),
+    (Module::LinearMatrix8F32, 8, MatrixOperands::F32),
+    (Module::ConvMatrix8, 8, MatrixOperands::F16),
+    (Module::ConvMatrix16, 16, MatrixOperands::F16),
+    (Module::ConvMatrix8F32, 8, MatrixOperands::F32),
+    (Module::LinearMatrix8Vec4, 8, MatrixOperands::F16),
+    (Module::LinearMatrix16Vec4, 16, MatrixOperands::F16),
+    (Module::LinearMatrix8F32Vec4, 8, MatrixOperands::F32),
+    (Module::ConvMatrixNhwc8, 8, MatrixOperands::F16),
+    (Module::ConvMatrixNhwc16, 16, MatrixOperands::F16),
+    (Module::ConvMatrix16Narrow, 16, MatrixOperands::F16),
+];
+
 /// The matrix linear's workgroup memory as the tier's choice counts it
-/// (`MatrixConfig::linear_workgroup_bytes`, checked against the adapter's
-/// limit) is what its shader declares, and the matrix conv's (on the same
-/// core) too.
+/// (`MatrixConfig::linear_workgroup_bytes`, which picks the staging by the
+/// adapter's limit) is what its shader declares under each staging, and the
+/// convolutions' on the same core too (the narrow blocks' less).
 #[test]
 fn the_matrix_linears_workgroup_memory_is_what_the_tier_checks() {
-    use crate::precision::{MatrixConfig, MatrixOperands};
-    for (module, size, operands) in [
-        (Module::LinearMatrix8, 8, MatrixOperands::F16),
-        (Module::LinearMatrix16, 16, MatrixOperands::F16),
-        (Module::LinearMatrix8F32, 8, MatrixOperands::F32),
-        (Module::ConvMatrix8, 8, MatrixOperands::F16),
-        (Module::ConvMatrix16, 16, MatrixOperands::F16),
-        (Module::ConvMatrix8F32, 8, MatrixOperands::F32),
-        (Module::LinearMatrix8Vec4, 8, MatrixOperands::F16),
-        (Module::LinearMatrix16Vec4, 16, MatrixOperands::F16),
-        (Module::LinearMatrix8F32Vec4, 8, MatrixOperands::F32),
-    ] {
-        let m = parse(module);
-        let mut layouter = naga::proc::Layouter::default();
-        layouter.update(m.to_ctx()).unwrap();
-        let declared: u32 = m.global_variables.iter().filter(|(_, v)| v.space == naga::AddressSpace::WorkGroup).map(|(_, v)| layouter[v.ty].size).sum();
-        let config = MatrixConfig { size, subgroup: 32, operands };
-        assert_eq!(declared, config.linear_workgroup_bytes(), "{}", module.name());
-    }
-    // The narrow blocks stage half the columns: less than the checked amount.
-    for (module, square) in [(Module::ConvMatrix8Narrow, Module::ConvMatrix8), (Module::ConvMatrix16Narrow, Module::ConvMatrix16), (Module::ConvMatrix8F32Narrow, Module::ConvMatrix8F32)] {
-        let bytes = |m: Module| {
-            let m = parse(m);
-            let mut layouter = naga::proc::Layouter::default();
-            layouter.update(m.to_ctx()).unwrap();
-            m.global_variables.iter().filter(|(_, v)| v.space == naga::AddressSpace::WorkGroup).map(|(_, v)| layouter[v.ty].size).sum::<u32>()
-        };
-        assert!(bytes(module) < bytes(square), "{}", module.name());
+    for (module, size, operands) in GEMM_MODULES {
+        for staging in GemmStaging::ALL {
+            let config = MatrixConfig { size, subgroup: 32, operands, staging };
+            let declared = workgroup_bytes(&staged(module, config));
+            if module == Module::ConvMatrix16Narrow {
+                assert!(declared < config.linear_workgroup_bytes(), "{} {staging:?}", module.name());
+            } else {
+                assert_eq!(declared, config.linear_workgroup_bytes(), "{} {staging:?}", module.name());
+            }
+        }
     }
 }
 
@@ -311,7 +332,6 @@ fn the_matrix_linears_workgroup_memory_is_what_the_tier_checks() {
 /// both tile sizes.
 #[test]
 fn the_flash_attentions_workgroup_memory_fits_48_kib() {
-    use crate::precision::{MatrixConfig, MatrixOperands};
     for (module, size) in [(Module::AttentionFlash8, 8), (Module::AttentionFlash16, 16)] {
         let m = parse(module);
         let mut layouter = naga::proc::Layouter::default();
@@ -319,7 +339,8 @@ fn the_flash_attentions_workgroup_memory_fits_48_kib() {
         let declared: u32 = m.global_variables.iter().filter(|(_, v)| v.space == naga::AddressSpace::WorkGroup).map(|(_, v)| layouter[v.ty].size).sum();
         println!("{}: {declared} bytes of workgroup memory", module.name());
         assert!(declared <= 48 * 1024, "{}: {declared} bytes", module.name());
-        let config = MatrixConfig { size, subgroup: 32, operands: MatrixOperands::F16 };
+        let config = MatrixConfig { size, subgroup: 32, operands: MatrixOperands::F16, staging: crate::precision::GemmStaging::DEEP };
         assert_eq!(crate::kernels::attention::flash_workgroup_bytes(config), declared, "{}", module.name());
     }
 }
+

@@ -46,5 +46,5 @@ pub use device::FaultInjection;
 pub use device::{AdapterMemory, AttentionChoice, Backend, CacheState, CompileReport, DeviceBuffer, DeviceMemory, Gpu, GpuOptions, MemorySource, PipelineStore, DEFAULT_MARGIN_PERCENT};
 pub use dispatch::{encode, encode_timed, Dispatch, Sink};
 pub use error::GpuError;
-pub use precision::{MatrixConfig, MatrixOperands, Precision};
+pub use precision::{GemmStaging, MatrixConfig, MatrixOperands, Precision};
 pub use view::{HalfMat, Mat, RowScales, Weight, WeightDtype};

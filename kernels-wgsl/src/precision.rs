@@ -54,12 +54,49 @@ impl Precision {
 
 /// The cooperative-matrix configuration the matrix tier runs: square tiles
 /// of `size` (the K of the product too) with `operands` A and B and an f32
-/// C, one subgroup of `subgroup` invocations owning each tile.
+/// C, one subgroup of `subgroup` invocations owning each tile; the GEMM
+/// core's k steps staged as `staging` says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MatrixConfig {
     pub size: u32,
     pub subgroup: u32,
     pub operands: MatrixOperands,
+    pub staging: GemmStaging,
+}
+
+/// How the GEMM core (matrix_gemm.wgsl: the linear's and the convolutions')
+/// stages its k steps in workgroup memory: `step_tiles` tiles of terms a
+/// step (KT = 2T or T), in `buffers` buffers (2: the next step rounded into
+/// the other buffer during the products; 1: after them, behind a second
+/// barrier). Deeper staging hides more of a workgroup's own load latency;
+/// leaner staging lets more workgroups share a compute unit's memory, each
+/// one's products covering the others' loads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GemmStaging {
+    pub step_tiles: u32,
+    pub buffers: u32,
+}
+
+impl GemmStaging {
+    /// Two steps of 2T terms (the core as first written).
+    pub const DEEP: GemmStaging = GemmStaging { step_tiles: 2, buffers: 2 };
+    /// One step of 2T terms.
+    pub const SINGLE: GemmStaging = GemmStaging { step_tiles: 2, buffers: 1 };
+    /// One step of T terms.
+    pub const LEAN: GemmStaging = GemmStaging { step_tiles: 1, buffers: 1 };
+    /// From the deepest to the leanest.
+    pub const ALL: [GemmStaging; 3] = [GemmStaging::DEEP, GemmStaging::SINGLE, GemmStaging::LEAN];
+
+    /// The module's overrides for it (`KT`, `STAGES`) on tiles of `size`.
+    pub fn constants(&self, size: u32) -> [(&'static str, u32); 2] {
+        [("KT", self.step_tiles * size), ("STAGES", self.buffers)]
+    }
+
+    /// In words: `2 buffers of 32 terms`.
+    pub fn describe(&self, size: u32) -> String {
+        let buffers = if self.buffers == 1 { "1 buffer" } else { "2 buffers" };
+        format!("{buffers} of {} terms", self.step_tiles * size)
+    }
 }
 
 /// The type of a matrix tile's A and B.
@@ -81,36 +118,53 @@ impl MatrixConfig {
         }
     }
 
-    /// Workgroup memory of the matrix linear (matrix_gemm.wgsl): two k steps
-    /// of the block's rows of A and columns of B (8T rows of 2T + 8 operands
-    /// each), a T×T f32 tile per subgroup (4), the block's 8T row scales and
-    /// 16T inverse scales, and its rows' largest magnitudes in up to 4
-    /// pieces (8T × 4, for f16 output in pieces): 48640 bytes with 16×16 f16
-    /// tiles, 15104 with 8×8 f16 ones, 27392 with 8×8 f32 ones.
+    /// Workgroup memory of the matrix linear (matrix_gemm.wgsl, square
+    /// blocks): the staging's buffers of the block's rows of A and columns
+    /// of B (8T rows of KT + 8 operands each), a T×T f32 tile per subgroup
+    /// (4), the block's 8T row scales and 16T inverse scales, and its rows'
+    /// largest magnitudes in up to 4 pieces (8T × 4, for f16 output in
+    /// pieces). With 16×16 f16 tiles: 48,640 bytes deep, 28,160 single,
+    /// 19,968 lean; 8×8 f16: 15,104 deep; 8×8 f32: 27,392 deep, 15,104 single.
     pub fn linear_workgroup_bytes(&self) -> u32 {
         let t = self.size;
         let operand = match self.operands {
             MatrixOperands::F16 => 2,
             MatrixOperands::F32 => 4,
         };
-        let staged = 2 * 2 * (8 * t) * (2 * t + 8) * operand;
+        let staged = self.staging.buffers * 2 * (8 * t) * (self.staging.step_tiles * t + 8) * operand;
         staged + 4 * t * t * 4 + 24 * t * 4 + 8 * t * 4 * 4
     }
 
+    /// This configuration with the deepest staging of which two linear
+    /// workgroups fit in `workgroup_memory` bytes, else the leanest if one
+    /// does; `None` where none fits.
+    pub fn staged_for(self, workgroup_memory: u32) -> Option<MatrixConfig> {
+        let with = |staging| MatrixConfig { staging, ..self };
+        let two_fit = GemmStaging::ALL.into_iter().map(with).find(|c| 2 * c.linear_workgroup_bytes() <= workgroup_memory);
+        two_fit.or_else(|| Some(with(GemmStaging::LEAN)).filter(|c| c.linear_workgroup_bytes() <= workgroup_memory))
+    }
+
+    /// Terms a k step of the GEMM core (KT).
+    fn step_terms(&self) -> u32 {
+        self.staging.step_tiles * self.size
+    }
+
     /// Whether the matrix linear's invocations can each hold their share of
-    /// a k step in registers (matrix_gemm.wgsl's `fetch`: BM·KT = 16T²
-    /// values over 4 subgroups, at most 32 each).
+    /// a k step in registers (matrix_gemm.wgsl's `fetch`: BM·KT = 8T·KT
+    /// values over 4 subgroups, whole and at most 32 each).
     pub fn fetches_whole_steps(&self) -> bool {
-        4 * self.subgroup * 32 >= 16 * self.size * self.size
+        let (invocations, values) = (4 * self.subgroup, 8 * self.size * self.step_terms());
+        values.is_multiple_of(invocations) && values / invocations <= 32
     }
 
     /// Whether each invocation's share of a matrix-linear k step is whole
-    /// vec4s within `linear_matrix_vec4.wgsl`'s registers: BM·KT / 4 = 4T²
-    /// vec4s of x (at most 8 each) and 2T² of W (at most 4 each) over 4
+    /// vec4s within `linear_matrix_vec4.wgsl`'s registers: BM·KT / 4 vec4s
+    /// of x (at most 8 each) and BN·KT / 8 of W (at most 4 each) over 4
     /// subgroups.
     pub fn fetches_vec4_steps(&self) -> bool {
-        let (invocations, t2) = (4 * self.subgroup, self.size * self.size);
-        (4 * t2).is_multiple_of(invocations) && 4 * t2 / invocations <= 8 && (2 * t2).is_multiple_of(invocations) && 2 * t2 / invocations <= 4
+        let (invocations, block) = (4 * self.subgroup, 8 * self.size * self.step_terms());
+        let (x, w) = (block / 4, block / 8);
+        x.is_multiple_of(invocations) && x / invocations <= 8 && w.is_multiple_of(invocations) && w / invocations <= 4
     }
 
     /// The configuration in words: `8×8 f16 tiles into f32, subgroup 8`.
@@ -119,7 +173,7 @@ impl MatrixConfig {
             MatrixOperands::F16 => "f16",
             MatrixOperands::F32 => "f32",
         };
-        format!("{0}×{0} {operands} tiles into f32, subgroup {1}", self.size, self.subgroup)
+        format!("{0}×{0} {operands} tiles into f32, subgroup {1}, k staged in {2}", self.size, self.subgroup, self.staging.describe(self.size))
     }
 }
 
@@ -129,8 +183,10 @@ pub const MATRIX_SIZES: [u32; 2] = [8, 16];
 /// The configuration to run from what the adapter lists, or why there is
 /// none: 8×8 f32 × f32 → f32 where offered (exact operands), else square
 /// f16 × f16 → f32 tiles of a size WGSL has (the largest offered); and one
-/// fixed subgroup size (a tile's owner must be a whole workgroup).
-pub fn pick_matrix_config(offered: &[CooperativeMatrixProperties], subgroup: (u32, u32)) -> Result<MatrixConfig, String> {
+/// fixed subgroup size (a tile's owner must be a whole workgroup); staged
+/// as deep as `workgroup_memory` (bytes a workgroup may declare) holds two
+/// workgroups of the linear ([`MatrixConfig::staged_for`]).
+pub fn pick_matrix_config(offered: &[CooperativeMatrixProperties], subgroup: (u32, u32), workgroup_memory: u32) -> Result<MatrixConfig, String> {
     let square = |p: &CooperativeMatrixProperties, size: u32, ab: CooperativeScalarType| {
         p.ab_type == ab && p.cr_type == CooperativeScalarType::F32 && p.m_size == size && p.n_size == size && p.k_size == size
     };
@@ -147,10 +203,14 @@ pub fn pick_matrix_config(offered: &[CooperativeMatrixProperties], subgroup: (u3
             ))
         }
     };
-    match subgroup {
-        (min, max) if min == max && min > 0 => Ok(MatrixConfig { size, subgroup: min, operands }),
-        (min, max) => Err(format!("the adapter's subgroup size varies ({min} to {max}), so no workgroup is exactly one subgroup")),
-    }
+    let subgroup = match subgroup {
+        (min, max) if min == max && min > 0 => min,
+        (min, max) => return Err(format!("the adapter's subgroup size varies ({min} to {max}), so no workgroup is exactly one subgroup")),
+    };
+    let config = MatrixConfig { size, subgroup, operands, staging: GemmStaging::LEAN };
+    config.staged_for(workgroup_memory).ok_or_else(|| {
+        format!("its linear needs {} bytes of workgroup memory and the adapter has {workgroup_memory}", config.linear_workgroup_bytes())
+    })
 }
 
 /// The configurations an adapter lists, as `8×8×8 f16·f16→f32` items.
@@ -181,13 +241,14 @@ mod tests {
     #[test]
     fn the_largest_square_f16_to_f32_tile_is_taken() {
         use CooperativeScalarType::{F16, F32};
-        let f16 = |size, subgroup| Ok(MatrixConfig { size, subgroup, operands: MatrixOperands::F16 });
+        let f16 = |size, subgroup, staging| Ok(MatrixConfig { size, subgroup, operands: MatrixOperands::F16, staging });
         let offered = [offer(8, F16, F16), offer(8, F16, F32), offer(16, F16, F32), offer(32, F16, F32)];
-        assert_eq!(pick_matrix_config(&offered, (32, 32)), f16(16, 32));
-        assert_eq!(pick_matrix_config(&offered[..2], (8, 8)), f16(8, 8));
-        assert!(pick_matrix_config(&offered[..1], (8, 8)).unwrap_err().contains("8×8×8 f16·f16→f16"));
-        assert!(pick_matrix_config(&[], (8, 8)).unwrap_err().contains("no cooperative matrices"));
-        assert!(pick_matrix_config(&offered, (16, 32)).unwrap_err().contains("varies"));
+        assert_eq!(pick_matrix_config(&offered, (32, 32), 48 << 10), f16(16, 32, GemmStaging::LEAN));
+        assert_eq!(pick_matrix_config(&offered[..2], (8, 8), 64 << 10), f16(8, 8, GemmStaging::DEEP));
+        assert!(pick_matrix_config(&offered[..1], (8, 8), 64 << 10).unwrap_err().contains("8×8×8 f16·f16→f16"));
+        assert!(pick_matrix_config(&[], (8, 8), 64 << 10).unwrap_err().contains("no cooperative matrices"));
+        assert!(pick_matrix_config(&offered, (16, 32), 64 << 10).unwrap_err().contains("varies"));
+        assert!(pick_matrix_config(&offered, (32, 32), 16 << 10).unwrap_err().contains("needs 19968 bytes of workgroup memory and the adapter has 16384"));
     }
 
     #[test]
@@ -195,11 +256,36 @@ mod tests {
         use CooperativeScalarType::{F16, F32};
         // What wgpu lists for Metal's simdgroup matrices.
         let apple = [offer(8, F32, F32), offer(8, F16, F16), offer(8, F16, F32)];
-        let config = pick_matrix_config(&apple, (32, 32)).unwrap();
-        assert_eq!(config, MatrixConfig { size: 8, subgroup: 32, operands: MatrixOperands::F32 });
+        // Apple GPUs' 32 KiB of threadgroup memory.
+        let config = pick_matrix_config(&apple, (32, 32), 32 << 10).unwrap();
+        assert_eq!(config, MatrixConfig { size: 8, subgroup: 32, operands: MatrixOperands::F32, staging: GemmStaging::SINGLE });
         assert_eq!(*config.pick([&"8 f16", &"16 f16", &"8 f32"]), "8 f32");
-        assert_eq!(config.describe(), "8×8 f32 tiles into f32, subgroup 32");
+        assert_eq!(config.describe(), "8×8 f32 tiles into f32, subgroup 32, k staged in 1 buffer of 16 terms");
         let nvidia = [offer(16, F16, F16), offer(16, F16, F32)];
-        assert_eq!(*pick_matrix_config(&nvidia, (32, 32)).unwrap().pick([&"8 f16", &"16 f16", &"8 f32"]), "16 f16");
+        assert_eq!(*pick_matrix_config(&nvidia, (32, 32), 48 << 10).unwrap().pick([&"8 f16", &"16 f16", &"8 f32"]), "16 f16");
+    }
+
+    /// The deepest staging of which two linear workgroups fit is taken:
+    /// NVIDIA's Vulkan driver offers 48 KiB a workgroup, AMD's and
+    /// lavapipe's 64 KiB, Apple's 32 KiB; where not even two of the
+    /// leanest fit, one is enough to run.
+    #[test]
+    fn the_staging_is_the_deepest_of_which_two_workgroups_fit() {
+        let at = |size, operands, memory: u32| MatrixConfig { size, subgroup: 32, operands, staging: GemmStaging::DEEP }.staged_for(memory).map(|c| c.staging);
+        let (f16, f32) = (MatrixOperands::F16, MatrixOperands::F32);
+        assert_eq!(at(16, f16, 48 << 10), Some(GemmStaging::LEAN));
+        assert_eq!(at(16, f16, 64 << 10), Some(GemmStaging::SINGLE));
+        assert_eq!(at(16, f16, 96 << 10), Some(GemmStaging::DEEP));
+        assert_eq!(at(16, f16, 24 << 10), Some(GemmStaging::LEAN));
+        assert_eq!(at(16, f16, 19_967), None);
+        assert_eq!(at(8, f16, 32 << 10), Some(GemmStaging::DEEP));
+        assert_eq!(at(8, f32, 32 << 10), Some(GemmStaging::SINGLE));
+        assert_eq!(at(8, f32, 64 << 10), Some(GemmStaging::DEEP));
+        for memory in [24 << 10, 32 << 10, 48 << 10, 64 << 10] {
+            for (size, operands) in [(8, f16), (16, f16), (8, f32)] {
+                let config = MatrixConfig { size, subgroup: 32, operands, staging: GemmStaging::DEEP }.staged_for(memory).unwrap();
+                assert!(2 * config.linear_workgroup_bytes() <= memory || config.staging == GemmStaging::LEAN, "{memory}: {config:?}");
+            }
+        }
     }
 }

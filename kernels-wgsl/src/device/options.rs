@@ -76,6 +76,11 @@ pub struct GpuOptions {
     /// Ask for a device whose largest storage binding is at most this many
     /// bytes (tests use it to force the split paths).
     pub max_storage_binding: Option<u64>,
+    /// Ask for a device whose workgroups declare at most this many bytes:
+    /// the matrix tier stages its products as an adapter with that much
+    /// would (`MatrixConfig::staging`; `bench` compares stagings with it,
+    /// the tests run the leaner ones on lavapipe).
+    pub max_workgroup_memory: Option<u32>,
     /// Set (e.g. by a SIGINT handler) to stop the work: every submission
     /// after it is set fails with [`GpuError::Interrupted`], so a run stops
     /// at its next block.

@@ -28,6 +28,7 @@ fn cpu_reason(info: &wgpu::AdapterInfo) -> String {
 /// named tier cannot run here.
 pub(super) fn choose_tier(
     adapter: &wgpu::Adapter,
+    limits: &wgpu::Limits,
     info: &wgpu::AdapterInfo,
     offered: &[wgpu::CooperativeMatrixProperties],
     asked: Precision,
@@ -51,7 +52,8 @@ pub(super) fn choose_tier(
         if !has(wgpu::Features::SUBGROUP) {
             return Err(unavailable(Precision::Matrix, "the adapter lacks subgroup operations".into()));
         }
-        let config = pick_matrix_config(offered, subgroup_sizes(info.backend, info.subgroup_min_size, info.subgroup_max_size)).map_err(|why| unavailable(Precision::Matrix, why))?;
+        let subgroup = subgroup_sizes(info.backend, info.subgroup_min_size, info.subgroup_max_size);
+        let config = pick_matrix_config(offered, subgroup, limits.max_compute_workgroup_storage_size).map_err(|why| unavailable(Precision::Matrix, why))?;
         let mut features = wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX | wgpu::Features::SUBGROUP;
         // f16 operands need f16 in shaders; f32 ones (8×8, as on Apple GPUs) do not.
         if config.operands == MatrixOperands::F16 {
@@ -59,10 +61,6 @@ pub(super) fn choose_tier(
                 return Err(unavailable(Precision::Matrix, "the adapter lacks f16 in shaders for its f16 cooperative matrices".into()));
             }
             features |= wgpu::Features::SHADER_F16;
-        }
-        let (need, have) = (config.linear_workgroup_bytes(), adapter.limits().max_compute_workgroup_storage_size);
-        if need > have {
-            return Err(unavailable(Precision::Matrix, format!("its linear needs {need} bytes of workgroup memory and the adapter has {have}")));
         }
         Ok(TierChoice { tier: Precision::Matrix, matrix: Some(config), features, reason: None })
     };
@@ -107,8 +105,8 @@ mod tests {
             cr_type: wgpu::CooperativeScalarType::F32,
             saturating_accumulation: false,
         }];
-        let config = crate::precision::pick_matrix_config(&offered, subgroup_sizes(Metal, 4, 64)).unwrap();
+        let config = crate::precision::pick_matrix_config(&offered, subgroup_sizes(Metal, 4, 64), 32 << 10).unwrap();
         assert_eq!((config.size, config.subgroup), (8, 32));
-        assert!(crate::precision::pick_matrix_config(&offered, subgroup_sizes(Vulkan, 4, 64)).is_err());
+        assert!(crate::precision::pick_matrix_config(&offered, subgroup_sizes(Vulkan, 4, 64), 32 << 10).is_err());
     }
 }

@@ -186,6 +186,8 @@ pub fn conv2d_matrix_nhwc(gpu: &Gpu, sink: &mut dyn Sink, source: NhwcSource<'_>
         ("NORM_IN", norm.is_some() as u32),
         ("NORM_SILU", norm.as_ref().is_some_and(|n| n.silu) as u32),
         ("NORM_GROUPS", to_u32(norm.as_ref().map_or(1, |n| n.groups), "group norm groups")?),
+        c.staging.constants(c.size)[0],
+        c.staging.constants(c.size)[1],
     ];
     for px in chunks(plane, piece) {
         let source = input_pixels(&s, up, &px);

@@ -279,9 +279,24 @@ fn a_packed_w_gives_the_bits_of_the_bf16_one() {
     }
 }
 
+/// Every shape under the adapter's own staging of the GEMM core's k
+/// steps; under the leaner stagings the tier may pick (`STAGING_MEMORIES`),
+/// a 3×3 over several blocks with a residual, and a downsampler.
 #[test]
 fn the_channels_last_conv_on_matrix_units_matches_the_oracle() {
-    let Some(gpu) = matrix_gpu() else { return };
+    for (i, memory) in crate::kernels::linear::tests::STAGING_MEMORIES.into_iter().enumerate() {
+        let Some(gpu) = crate::kernels::linear::tests::staged_gpu(memory) else { return };
+        println!("{}", gpu.matrix().unwrap().describe());
+        if i == 0 {
+            check_nhwc_convs(&gpu);
+        } else {
+            check_nhwc_conv(&gpu, ConvShape::same(8, 130, 12, 13, 3), NhwcInput::Plain, true, 62);
+            check_nhwc_conv(&gpu, downsampler(10, 14, 12), NhwcInput::Plain, true, 70);
+        }
+    }
+}
+
+fn check_nhwc_convs(gpu: &Gpu) {
     // 3×3 and 1×1; more than one block of output channels and of pixels; a residual.
     check_nhwc_conv(&gpu, ConvShape::same(6, 10, 13, 9, 3), NhwcInput::Plain, false, 60);
     check_nhwc_conv(&gpu, ConvShape::same(16, 20, 33, 17, 1), NhwcInput::Plain, false, 61);

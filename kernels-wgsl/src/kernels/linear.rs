@@ -344,7 +344,7 @@ fn product(gpu: &Gpu, sink: &mut dyn Sink, input: Input<'_>, w: Weight<'_>, bias
                     (kernel, constants, [(spans * cols_n).div_ceil(tile_n) as u32, rows_n.div_ceil(tile_m) as u32, 1])
                 }
                 (Some(c), _) => {
-                    let constants = vec![
+                    let mut constants = vec![
                         ("WEIGHT_BF16", w.dtype.constant()),
                         ("HAS_BIAS", bias.is_some() as u32),
                         ("ACCUMULATE", accumulate as u32),
@@ -358,6 +358,7 @@ fn product(gpu: &Gpu, sink: &mut dyn Sink, input: Input<'_>, w: Weight<'_>, bias
                         ("Y_HALF", half_out.is_some() as u32),
                         ("Y_PIECE", to_u32(out_piece.unwrap_or(64), "linear output piece")?),
                     ];
+                    constants.extend(c.staging.constants(c.size));
                     let kernel = match matrix_vec4s(c, [x_at, x_stride], &ww, w.dtype, terms(gpu, kdim)) {
                         true => *c.pick([&LINEAR_MATRIX_8_VEC4, &LINEAR_MATRIX_16_VEC4, &LINEAR_MATRIX_8_F32_VEC4]),
                         false => *c.pick([&LINEAR_MATRIX_8, &LINEAR_MATRIX_16, &LINEAR_MATRIX_8_F32]),

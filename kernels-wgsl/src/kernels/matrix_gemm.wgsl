@@ -6,18 +6,25 @@
 // each element staged from global memory serves 2·R·T·SG FLOPs: with 16×16
 // tiles, 2×2 subgroups of 4×4 tiles make 128 × 128 blocks, 2×1 make 128 × 64.
 //
-// k advances KT = 2T at a time through two buffers in workgroup memory, one
-// barrier a step: each invocation issues its loads of the next KT into
-// registers (values of A, bf16 pairs of B), the subgroups
-// multiply the current KT, then the fetched values are rounded into the other
-// buffer, so global latency overlaps the products. Consecutive invocations
+// k advances KT (2T or T) at a time through STAGES buffers in workgroup
+// memory: each invocation issues its loads of the next KT into registers
+// (values of A, bf16 pairs of B), the subgroups multiply the current KT,
+// then the fetched values are rounded into workgroup memory, so global
+// latency overlaps the products. With two buffers the values go into the
+// other one, one barrier a step; with one, after a barrier that the
+// products are done, a second barrier a step. Both come from the adapter
+// (`MatrixConfig::staging`: the deepest staging of which two workgroups
+// fit in its workgroup memory, so that one workgroup's products cover the
+// other's loads). Consecutive invocations
 // read consecutive t of one row of A (x) and one column of B (a row of W), so
 // the global reads are coalesced. Rows in workgroup memory are padded by PAD
-// operands so the subgroups' fragment loads spread over the memory banks.
+// operands so the subgroups' fragment loads spread over the memory banks
+// (rows of 2T + 8 or T + 8 operands: a multiple of 16 bytes, as
+// cooperative loads want, and consecutive rows on different banks).
 // Where B's columns do not come as whole bf16 pairs (`B_PAIRED` false: f32
 // weights, odd k or offsets), the next KT is staged element by element
-// before the products instead.
-//
+// (before the products into the other buffer, or after them into the one).
+
 // f16 operands are rounded under range_rule.wgsl's rule: the module's
 // `a_scale(row)` / `b_scale(col)` give the scales of A's rows and B's
 // columns (measured before the product, once per call), which the sum is
@@ -53,15 +60,20 @@ const R: u32 = 4u;
 // linear and most convolutions, 2 × 1 (BN = 4T) for a convolution of few
 // output channels, whose columns would leave half of a square block idle.
 const SUBGROUPS: u32 = SG_ROWS * SG_COLS;
-const KT: u32 = 2u * T;
 const PAD: u32 = 8u;
-const LD: u32 = KT + PAD;
 const BM: u32 = SG_ROWS * R * T;
 const BN: u32 = SG_COLS * R * T;
+// The staging (MatrixConfig::staging): terms a k step (2T or T) and
+// buffers (2 or 1).
+override KT: u32 = 2u * T;
+override STAGES: u32 = 2u;
+override LD: u32 = KT + PAD;
 
-// Two k steps of A's block rows and B's block columns, each a run of KT.
-var<workgroup> a_tiles: array<Operand, 2u * BM * LD>;
-var<workgroup> b_tiles: array<Operand, 2u * BN * LD>;
+// STAGES k steps of A's block rows and B's block columns, each a run of KT.
+override A_STAGED: u32 = STAGES * BM * LD;
+override B_STAGED: u32 = STAGES * BN * LD;
+var<workgroup> a_tiles: array<Operand, A_STAGED>;
+var<workgroup> b_tiles: array<Operand, B_STAGED>;
 // One T×T tile per subgroup on its way out.
 var<workgroup> c_tiles: array<f32, SUBGROUPS * T * T>;
 // Where the outputs go out as f16 in pieces (`pieces_out()`): the largest
@@ -276,7 +288,7 @@ fn matrix_gemm(li: u32, sg: u32, lane: u32, lanes: u32, row0: u32, col0: u32, k:
         let more = t0 + KT < k;
         if (more && prefetching()) {
             fetched = fetch(li, row0, col0, t0 + KT);
-        } else if (more) {
+        } else if (more && STAGES == 2u) {
             stage(li, 1u - half, row0, col0, t0 + KT);
         }
         let a_base = half * BM * LD + a_rows;
@@ -307,11 +319,21 @@ fn matrix_gemm(li: u32, sg: u32, lane: u32, lanes: u32, row0: u32, col0: u32, k:
             acc32 = coopMultiplyAdd(a3, b2, acc32);
             acc33 = coopMultiplyAdd(a3, b3, acc33);
         }
-        if (more && prefetching()) {
-            put(li, 1u - half, &fetched);
+        if (STAGES == 2u) {
+            if (more && prefetching()) {
+                put(li, 1u - half, &fetched);
+            }
+            half = 1u - half;
+        } else {
+            // One buffer: every subgroup's products read it before it is refilled.
+            workgroupBarrier();
+            if (more && prefetching()) {
+                put(li, 0u, &fetched);
+            } else if (more) {
+                stage(li, 0u, row0, col0, t0 + KT);
+            }
         }
         workgroupBarrier();
-        half = 1u - half;
     }
     // Each subgroup stores its tiles one at a time through its own slice.
     let c = &c_tiles[sg * T * T];

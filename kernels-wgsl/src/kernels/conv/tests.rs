@@ -339,7 +339,7 @@ fn with_square_tiles<T>(run: impl FnOnce() -> T) -> T {
 #[test]
 fn narrow_blocks_take_the_convolutions_square_ones_half_fill() {
     use crate::precision::MatrixConfig;
-    let c16 = MatrixConfig { size: 16, subgroup: 32, operands: MatrixOperands::F16 };
+    let c16 = MatrixConfig { size: 16, subgroup: 32, operands: MatrixOperands::F16, staging: crate::precision::GemmStaging::DEEP };
     let pick = |n| ConvBlock::for_channels(c16, n);
     for n in [3, 16, 64, 129, 192] {
         assert_eq!(pick(n), ConvBlock::Narrow, "{n} output channels with 16×16 tiles");
@@ -377,4 +377,25 @@ fn narrow_matrix_blocks_give_the_square_blocks_bits() {
 fn conv_on_f16_tiles_matches_the_oracle() {
     let Some(gpu) = half_gpu() else { return };
     check_half_tier(&gpu);
+}
+
+/// Every staging of the GEMM core's k steps gives the matrix convolution
+/// the deep staging's bits: bf16 W as pairs, f32 W element by element,
+/// square and narrow blocks, a residual.
+#[test]
+fn every_staging_of_the_matrix_conv_gives_the_same_bits() {
+    use crate::kernels::linear::tests::{staged_gpu, STAGING_MEMORIES};
+    let shapes = [(ConvShape::same(16, 40, 9, 11, 3), true), (ConvShape::same(12, 130, 7, 6, 3), false), (ConvShape::same(24, 24, 10, 9, 1), true)];
+    let mut reference: Option<Vec<Vec<u32>>> = None;
+    for memory in STAGING_MEMORIES {
+        let Some(gpu) = staged_gpu(memory) else { return };
+        let staging = gpu.matrix().unwrap().staging;
+        let mut outputs: Vec<Vec<u32>> = shapes.iter().map(|&(s, bf16)| conv_bits(&gpu, s, 80, bf16)).collect();
+        outputs.push(conv_bits_then(&gpu, shapes[0].0, 81, true, ConvEpilogue { residual: true, ..Default::default() }));
+        assert!(outputs.iter().flatten().all(|&v| f32::from_bits(v).is_finite()), "{staging:?}: values left unwritten");
+        match &reference {
+            None => reference = Some(outputs),
+            Some(first) => assert!(first == &outputs, "{staging:?} differs from the deep staging"),
+        }
+    }
 }

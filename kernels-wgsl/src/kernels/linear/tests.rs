@@ -472,3 +472,54 @@ fn check_range_rule(gpu: &Gpu) {
         assert!(err <= 2.0 * ordinary.max(HALF_TOL / 2.0), "{what}: relative L2 {err:.2e}, ordinary rows {ordinary:.2e}");
     }
 }
+
+/// A matrix device staging its products as an adapter with `memory` bytes
+/// of workgroup memory a workgroup would (`None`: this adapter's own).
+pub(crate) fn staged_gpu(memory: Option<u32>) -> Option<Gpu> {
+    tier_gpu_with(GpuOptions { precision: Precision::Matrix, max_workgroup_memory: memory, ..crate::testing::options() })
+}
+
+/// The workgroup memories that make lavapipe's 8×8 f16 matrix tier stage
+/// deep (its own 64 KiB), single (24 KiB) and lean (16 KiB): each staging
+/// the tier may pick.
+pub(crate) const STAGING_MEMORIES: [Option<u32>; 3] = [None, Some(24 << 10), Some(16 << 10)];
+
+/// Every staging of the GEMM core's k steps gives the deep staging's bits
+/// (the same products, summed in the same order): x and W as vec4s, W's
+/// bf16 pairs and f32 W element by element (staged before the products
+/// into the other buffer, or after them into the one), off every tile
+/// edge, over several k steps.
+#[test]
+fn every_staging_of_the_matrix_linear_gives_the_same_bits() {
+    let mut reference: Option<Vec<Vec<u32>>> = None;
+    let mut stagings = Vec::new();
+    for memory in STAGING_MEMORIES {
+        let Some(gpu) = staged_gpu(memory) else { return };
+        let staging = gpu.matrix().unwrap().staging;
+        println!("workgroup memory {memory:?}: {}", gpu.matrix().unwrap().describe());
+        stagings.push(staging);
+        let mut outputs = Vec::new();
+        for (seed, [m, n, k], bf16, elements) in [(70, [300usize, 260usize, 136usize], true, false), (71, [129, 70, 77], true, false), (72, [65, 33, 48], false, false), (73, [140, 129, 40], true, true)] {
+            let mut rng = Rng::new(seed);
+            let x = rng.normals(m * k, 1.0);
+            let (wbits, wf, b) = (rng.bf16s(n * k, 0.1), rng.normals(n * k, 0.1), rng.bf16s(n, 1.0));
+            let xb = gpu.upload_f32("x", &x);
+            let (wb, bb) = (if bf16 { gpu.upload_bf16("w", &wbits) } else { gpu.upload_f32("w", &wf) }, gpu.upload_bf16("b", &b));
+            let run = || {
+                let yb = poisoned(&gpu, m * n);
+                run_and_read(&gpu, &yb, m * n, |enc| {
+                    let w = if bf16 { Weight::bf16(&wb) } else { Weight::f32(&wb) };
+                    linear(&gpu, enc, Mat::new(&xb, k as u64), w, Some(Weight::bf16(&bb)), Mat::new(&yb, n as u64), Gemm { m: m as u64, n: n as u64, k: k as u64 })
+                })
+            };
+            let y = if elements { with_element_fetch(run) } else { run() };
+            assert!(y.iter().all(|v| v.is_finite()), "{m}×{n}×{k} under {staging:?}: values left unwritten");
+            outputs.push(bits(&y));
+        }
+        match &reference {
+            None => reference = Some(outputs),
+            Some(first) => assert!(first == &outputs, "{staging:?} differs from {:?}", stagings[0]),
+        }
+    }
+    assert_eq!(stagings, [crate::GemmStaging::DEEP, crate::GemmStaging::SINGLE, crate::GemmStaging::LEAN], "lavapipe's tier staged otherwise than this test means to cover");
+}
