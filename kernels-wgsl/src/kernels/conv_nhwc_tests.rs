@@ -298,20 +298,20 @@ fn the_channels_last_conv_on_matrix_units_matches_the_oracle() {
 
 fn check_nhwc_convs(gpu: &Gpu) {
     // 3×3 and 1×1; more than one block of output channels and of pixels; a residual.
-    check_nhwc_conv(&gpu, ConvShape::same(6, 10, 13, 9, 3), NhwcInput::Plain, false, 60);
-    check_nhwc_conv(&gpu, ConvShape::same(16, 20, 33, 17, 1), NhwcInput::Plain, false, 61);
-    check_nhwc_conv(&gpu, ConvShape::same(8, 130, 12, 13, 3), NhwcInput::Plain, true, 62);
+    check_nhwc_conv(gpu, ConvShape::same(6, 10, 13, 9, 3), NhwcInput::Plain, false, 60);
+    check_nhwc_conv(gpu, ConvShape::same(16, 20, 33, 17, 1), NhwcInput::Plain, false, 61);
+    check_nhwc_conv(gpu, ConvShape::same(8, 130, 12, 13, 3), NhwcInput::Plain, true, 62);
     // Through the ×2 upsampling: a 5×7 input convolved at 10×14.
     let upsampled = ConvShape { out_height: 10, out_width: 14, ..ConvShape::same(12, 9, 5, 7, 3) };
-    check_nhwc_conv(&gpu, upsampled, NhwcInput::Upsampled, false, 63);
+    check_nhwc_conv(gpu, upsampled, NhwcInput::Upsampled, false, 63);
     // W as the model's files hold it.
-    check_nhwc_conv_ordered(&gpu, ConvShape::same(6, 10, 13, 9, 3), NhwcInput::Plain, true, 66, TapOrder::Torch);
-    check_nhwc_conv_ordered(&gpu, upsampled, NhwcInput::Upsampled, false, 67, TapOrder::Torch);
+    check_nhwc_conv_ordered(gpu, ConvShape::same(6, 10, 13, 9, 3), NhwcInput::Plain, true, 66, TapOrder::Torch);
+    check_nhwc_conv_ordered(gpu, upsampled, NhwcInput::Upsampled, false, 67, TapOrder::Torch);
     // The encoder's: an image's three channels (a pixel two words); a
     // downsampler (stride 2, one row and column of zeros below and right).
-    check_nhwc_conv(&gpu, ConvShape::same(3, 12, 11, 10, 3), NhwcInput::Plain, false, 68);
-    check_nhwc_conv_ordered(&gpu, ConvShape::same(3, 12, 11, 10, 3), NhwcInput::Plain, false, 69, TapOrder::Torch);
-    check_nhwc_conv(&gpu, downsampler(10, 14, 12), NhwcInput::Plain, true, 70);
+    check_nhwc_conv(gpu, ConvShape::same(3, 12, 11, 10, 3), NhwcInput::Plain, false, 68);
+    check_nhwc_conv_ordered(gpu, ConvShape::same(3, 12, 11, 10, 3), NhwcInput::Plain, false, 69, TapOrder::Torch);
+    check_nhwc_conv(gpu, downsampler(10, 14, 12), NhwcInput::Plain, true, 70);
 }
 
 /// `Downsample2D`'s convolution of `channels` at `h × w` (even): 3×3,
