@@ -256,9 +256,17 @@ fn the_kv_pipeline_caches_the_references_after_the_first_step() {
     assert!(String::from_utf8_lossy(&run.stderr).contains("--kv-precision bf16: give auto, f32 or f16"));
 }
 
-/// Every diffusers PNG through `gen --precision TIER`, within the project's
-/// image bar for tiers other than f32 (max 3 levels, mean 0.2).
-fn every_png_within_the_tier_bar(tier: &str) {
+/// The diffusers PNGs without reference images, and the extra flags each needs.
+const TEXT_TO_IMAGE_CASES: [(&str, &[&str]); 5] =
+    [("tiny-a/one-step", &[]), ("tiny-a/four-step-wide", &[]), ("tiny-b/three-step", &["--guidance", "1"]), ("tiny-b/cfg", &[]), ("tiny-9b/two-step", &[])];
+
+/// The diffusers PNGs with reference images.
+const REFERENCE_CASES: [(&str, &[&str]); 4] =
+    [("tiny-a/reference-one", &[]), ("tiny-a/reference-two", &[]), ("tiny-b/reference-cfg", &[]), ("tiny-9b-kv/reference-kv", &[])];
+
+/// The diffusers PNGs of `cases` through `gen --precision TIER`, within
+/// the project's image bar for tiers other than f32 (max 3 levels, mean 0.2).
+fn pngs_within_the_tier_bar(tier: &str, cases: &[(&str, &[&str])]) {
     if !flux_lite_tests::tier_here(env!("CARGO_BIN_EXE_flux-lite"), tier) {
         return;
     }
@@ -268,31 +276,31 @@ fn every_png_within_the_tier_bar(tier: &str) {
         println!("{what} on the {tier} tier: max |Δ| {max}, mean |Δ| {mean:.4}");
         assert!(max <= other_tiers::PNG_MAX_LEVELS && mean <= other_tiers::PNG_MEAN_LEVELS, "{what} on the {tier} tier: max |Δ| {max}, mean |Δ| {mean:.4}");
     };
-    let cases: [(&str, &[&str]); 9] = [
-        ("tiny-a/one-step", &[]),
-        ("tiny-a/four-step-wide", &[]),
-        ("tiny-b/three-step", &["--guidance", "1"]),
-        ("tiny-b/cfg", &[]),
-        ("tiny-9b/two-step", &[]),
-        ("tiny-a/reference-one", &[]),
-        ("tiny-a/reference-two", &[]),
-        ("tiny-b/reference-cfg", &[]),
-        ("tiny-9b-kv/reference-kv", &[]),
-    ];
     for (case, extra) in cases {
         let extra: Vec<&str> = extra.iter().copied().chain(["--precision", tier]).collect();
         reproduce_within(case, &extra, &within_the_tier_bar);
     }
 }
 
+// Each tier's PNGs in two tests, which the test threads run side by side.
 #[test]
-fn the_matrix_tier_reproduces_every_diffusers_png_within_the_tier_bar() {
-    every_png_within_the_tier_bar("matrix");
+fn the_matrix_tier_reproduces_every_text_to_image_png_within_the_tier_bar() {
+    pngs_within_the_tier_bar("matrix", &TEXT_TO_IMAGE_CASES);
 }
 
 #[test]
-fn the_f16_tier_reproduces_every_diffusers_png_within_the_tier_bar() {
-    every_png_within_the_tier_bar("f16");
+fn the_matrix_tier_reproduces_every_reference_png_within_the_tier_bar() {
+    pngs_within_the_tier_bar("matrix", &REFERENCE_CASES);
+}
+
+#[test]
+fn the_f16_tier_reproduces_every_text_to_image_png_within_the_tier_bar() {
+    pngs_within_the_tier_bar("f16", &TEXT_TO_IMAGE_CASES);
+}
+
+#[test]
+fn the_f16_tier_reproduces_every_reference_png_within_the_tier_bar() {
+    pngs_within_the_tier_bar("f16", &REFERENCE_CASES);
 }
 
 #[test]
