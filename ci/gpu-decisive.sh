@@ -16,7 +16,10 @@
 #      not offer, so nothing here could test it);
 #   2. `flux-lite selftest` on every tier;
 #   3. the linears on every tier side by side, the matrix tier's at the
-#      4B's shapes beside the ceiling our own WGSL reaches;
+#      4B's shapes beside the ceiling our own WGSL reaches; then the matrix
+#      tier's again with its GEMM staged deep (two buffers of 2T terms, one
+#      workgroup a 48 KiB compute unit's memory) against the adapter's choice
+#      (the deepest of which two workgroups fit: lean on a 48 KiB adapter);
 #   4. attention at 4608 tokens: flash, then the fallback kernel;
 #   5. the 4B 1024² step, the 1024² VAE decode (with the tiny preview
 #      decoder's share) and encode, then PyTorch / diffusers bf16 on the same card:
@@ -46,9 +49,10 @@ if command -v nvidia-smi >/dev/null; then
 fi
 
 # The limits add up to 520 s: 9 minutes with room for the loader.
-step 60 "1. adapter and tiers" "$binary" gpu
-step 90 "2. selftest, every tier" "$binary" selftest
+step 40 "1. adapter and tiers" "$binary" gpu
+step 70 "2. selftest, every tier" "$binary" selftest
 step 60 "3. linears on every tier (4B shapes)" "$binary" bench kernels --model klein-4b --tokens "$tokens" --only linear,tiers "${repeats[@]}"
+step 40 "3. linears, the GEMM staged deep" env FLUX_LITE_GEMM_STAGING=deep "$binary" bench kernels --model klein-4b --tokens "$tokens" --only linear "${repeats[@]}"
 step 45 "4. attention at $tokens tokens, flash" "$binary" bench kernels --model klein-4b --tokens "$tokens" --only attention "${repeats[@]}"
 step 45 "4. attention at $tokens tokens, the fallback" env FLUX_LITE_ATTENTION_KERNEL=matrix "$binary" bench kernels --model klein-4b --tokens "$tokens" --only attention "${repeats[@]}"
 step 90 "5. the 4B ${size}² step and the ${size}² VAE decode and encode" "$binary" bench kernels --model klein-4b --tokens "$tokens" --only step,vae --step-sizes "$size" --vae-size "$size" "${repeats[@]}"

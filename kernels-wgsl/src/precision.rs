@@ -87,6 +87,20 @@ impl GemmStaging {
     /// From the deepest to the leanest.
     pub const ALL: [GemmStaging; 3] = [GemmStaging::DEEP, GemmStaging::SINGLE, GemmStaging::LEAN];
 
+    /// Its name (`deep`, `single`, `lean`).
+    pub fn name(&self) -> &'static str {
+        match *self {
+            GemmStaging::DEEP => "deep",
+            GemmStaging::SINGLE => "single",
+            _ => "lean",
+        }
+    }
+
+    /// The staging called `name`.
+    pub fn from_name(name: &str) -> Option<Self> {
+        GemmStaging::ALL.into_iter().find(|s| s.name() == name)
+    }
+
     /// The module's overrides for it (`KT`, `STAGES`) on tiles of `size`.
     pub fn constants(&self, size: u32) -> [(&'static str, u32); 2] {
         [("KT", self.step_tiles * size), ("STAGES", self.buffers)]

@@ -76,11 +76,11 @@ pub struct GpuOptions {
     /// Ask for a device whose largest storage binding is at most this many
     /// bytes (tests use it to force the split paths).
     pub max_storage_binding: Option<u64>,
-    /// Ask for a device whose workgroups declare at most this many bytes:
-    /// the matrix tier stages its products as an adapter with that much
-    /// would (`MatrixConfig::staging`; `bench` compares stagings with it,
-    /// the tests run the leaner ones on lavapipe).
-    pub max_workgroup_memory: Option<u32>,
+    /// A benchmarking aid (`FLUX_LITE_GEMM_STAGING=deep|single|lean`): the
+    /// matrix tier's GEMM core staged so, where one workgroup of it fits,
+    /// instead of the deepest of which two fit (the adapter's choice,
+    /// `MatrixConfig::staging`), so a GPU can time one against another.
+    pub gemm_staging: Option<crate::GemmStaging>,
     /// Set (e.g. by a SIGINT handler) to stop the work: every submission
     /// after it is set fails with [`GpuError::Interrupted`], so a run stops
     /// at its next block.
@@ -147,7 +147,8 @@ impl GpuOptions {
     /// The defaults with what the named settings `get` gives (the CLI passes
     /// its environment's): `FLUX_LITE_BACKEND`, `FLUX_LITE_ADAPTER`,
     /// `FLUX_LITE_ATTENTION_KERNEL=tiled|lanes|matrix`, `FLUX_LITE_KERNEL_DIR`
-    /// ([`GpuOptions::kernel_dir`]), and in builds with the `test-support`
+    /// ([`GpuOptions::kernel_dir`]), `FLUX_LITE_GEMM_STAGING`
+    /// ([`GpuOptions::gemm_staging`]), and in builds with the `test-support`
     /// feature the tests' switches ([`Self::with_test_switches`]). A
     /// library caller sets the fields instead.
     pub fn from_settings(get: &dyn Fn(&str) -> Option<String>) -> Result<Self, GpuError> {
@@ -160,7 +161,11 @@ impl GpuOptions {
             _ => AttentionChoice::Launcher,
         };
         let kernel_dir = var("FLUX_LITE_KERNEL_DIR").map(std::path::PathBuf::from);
-        let options = Self { backend, adapter: var(ADAPTER_VARIABLE), attention, kernel_dir, ..Self::default() };
+        let gemm_staging = match var("FLUX_LITE_GEMM_STAGING") {
+            Some(v) => Some(crate::GemmStaging::from_name(&v).ok_or_else(|| GpuError::Device(format!("FLUX_LITE_GEMM_STAGING={v:?}: give deep, single or lean")))?),
+            None => None,
+        };
+        let options = Self { backend, adapter: var(ADAPTER_VARIABLE), attention, kernel_dir, gemm_staging, ..Self::default() };
         #[cfg(any(test, feature = "test-support"))]
         let options = options.with_test_switches(get)?;
         Ok(options)
@@ -186,5 +191,21 @@ impl GpuOptions {
         };
         let per_lane_reads = var("FLUX_LITE_PER_LANE_READS").is_some_and(|v| v != "0");
         Ok(Self { faults, per_lane_reads, ..self })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `FLUX_LITE_GEMM_STAGING` names a staging, or is refused naming the three.
+    #[test]
+    fn the_gemm_staging_setting_names_one_of_three() {
+        let with = |value: &'static str| GpuOptions::from_settings(&move |name| (name == "FLUX_LITE_GEMM_STAGING").then(|| value.to_string()));
+        assert_eq!(with("lean").unwrap().gemm_staging, Some(crate::GemmStaging::LEAN));
+        assert_eq!(with("deep").unwrap().gemm_staging, Some(crate::GemmStaging::DEEP));
+        assert_eq!(with("").unwrap().gemm_staging, None);
+        let refused = with("shallow").unwrap_err().to_string();
+        assert!(refused.contains("FLUX_LITE_GEMM_STAGING=\"shallow\": give deep, single or lean"), "{refused}");
     }
 }

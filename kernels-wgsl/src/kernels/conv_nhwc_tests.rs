@@ -280,12 +280,12 @@ fn a_packed_w_gives_the_bits_of_the_bf16_one() {
 }
 
 /// Every shape under the adapter's own staging of the GEMM core's k
-/// steps; under the leaner stagings the tier may pick (`STAGING_MEMORIES`),
+/// steps; under the leaner stagings (`STAGINGS`),
 /// a 3×3 over several blocks with a residual, and a downsampler.
 #[test]
 fn the_channels_last_conv_on_matrix_units_matches_the_oracle() {
-    for (i, memory) in crate::kernels::linear::tests::STAGING_MEMORIES.into_iter().enumerate() {
-        let Some(gpu) = crate::kernels::linear::tests::staged_gpu(memory) else { return };
+    for (i, staging) in crate::kernels::linear::tests::STAGINGS.into_iter().enumerate() {
+        let Some(gpu) = crate::kernels::linear::tests::staged_gpu(staging) else { return };
         println!("{}", gpu.matrix().unwrap().describe());
         if i == 0 {
             check_nhwc_convs(&gpu);

@@ -384,11 +384,11 @@ fn conv_on_f16_tiles_matches_the_oracle() {
 /// square and narrow blocks, a residual.
 #[test]
 fn every_staging_of_the_matrix_conv_gives_the_same_bits() {
-    use crate::kernels::linear::tests::{staged_gpu, STAGING_MEMORIES};
+    use crate::kernels::linear::tests::{staged_gpu, STAGINGS};
     let shapes = [(ConvShape::same(16, 40, 9, 11, 3), true), (ConvShape::same(12, 130, 7, 6, 3), false), (ConvShape::same(24, 24, 10, 9, 1), true)];
     let mut reference: Option<Vec<Vec<u32>>> = None;
-    for memory in STAGING_MEMORIES {
-        let Some(gpu) = staged_gpu(memory) else { return };
+    for asked in STAGINGS {
+        let Some(gpu) = staged_gpu(asked) else { return };
         let staging = gpu.matrix().unwrap().staging;
         let mut outputs: Vec<Vec<u32>> = shapes.iter().map(|&(s, bf16)| conv_bits(&gpu, s, 80, bf16)).collect();
         outputs.push(conv_bits_then(&gpu, shapes[0].0, 81, true, ConvEpilogue { residual: true, ..Default::default() }));

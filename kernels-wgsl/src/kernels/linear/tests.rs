@@ -473,16 +473,14 @@ fn check_range_rule(gpu: &Gpu) {
     }
 }
 
-/// A matrix device staging its products as an adapter with `memory` bytes
-/// of workgroup memory a workgroup would (`None`: this adapter's own).
-pub(crate) fn staged_gpu(memory: Option<u32>) -> Option<Gpu> {
-    tier_gpu_with(GpuOptions { precision: Precision::Matrix, max_workgroup_memory: memory, ..crate::testing::options() })
+/// A matrix device staging its products so (`None`: as the adapter chooses).
+pub(crate) fn staged_gpu(staging: Option<crate::GemmStaging>) -> Option<Gpu> {
+    tier_gpu_with(GpuOptions { precision: Precision::Matrix, gemm_staging: staging, ..crate::testing::options() })
 }
 
-/// The workgroup memories that make lavapipe's 8×8 f16 matrix tier stage
-/// deep (its own 64 KiB), single (24 KiB) and lean (16 KiB): each staging
-/// the tier may pick.
-pub(crate) const STAGING_MEMORIES: [Option<u32>; 3] = [None, Some(24 << 10), Some(16 << 10)];
+/// The adapter's own staging (lavapipe's 8×8 f16 tiles in its 64 KiB: deep),
+/// then the two leaner ones.
+pub(crate) const STAGINGS: [Option<crate::GemmStaging>; 3] = [None, Some(crate::GemmStaging::SINGLE), Some(crate::GemmStaging::LEAN)];
 
 /// Every staging of the GEMM core's k steps gives the deep staging's bits
 /// (the same products, summed in the same order): x and W as vec4s, W's
@@ -493,10 +491,10 @@ pub(crate) const STAGING_MEMORIES: [Option<u32>; 3] = [None, Some(24 << 10), Som
 fn every_staging_of_the_matrix_linear_gives_the_same_bits() {
     let mut reference: Option<Vec<Vec<u32>>> = None;
     let mut stagings = Vec::new();
-    for memory in STAGING_MEMORIES {
-        let Some(gpu) = staged_gpu(memory) else { return };
+    for asked in STAGINGS {
+        let Some(gpu) = staged_gpu(asked) else { return };
         let staging = gpu.matrix().unwrap().staging;
-        println!("workgroup memory {memory:?}: {}", gpu.matrix().unwrap().describe());
+        println!("{}", gpu.matrix().unwrap().describe());
         stagings.push(staging);
         let mut outputs = Vec::new();
         for (seed, [m, n, k], bf16, elements) in [(70, [300usize, 260usize, 136usize], true, false), (71, [129, 70, 77], true, false), (72, [65, 33, 48], false, false), (73, [140, 129, 40], true, true)] {
