@@ -108,14 +108,16 @@ fn flash_output_dims(c: MatrixConfig) -> u64 {
 }
 
 /// The workgroup memory `attention_flash.wgsl` declares on `c`, counted as
-/// it lays it out (a test holds the two equal): 48,900 bytes with 16×16
-/// tiles, 12,932 with 8×8.
+/// it lays it out (a test holds the two equal): one key tile's keys (2T
+/// rows of the widest head and 8 more), where its values then go, the
+/// queries' staging before them; the scores and probabilities; the rows'
+/// softmax state. 24,324 bytes with 16×16 tiles, 6,788 with 8×8.
 pub(crate) fn flash_workgroup_bytes(c: MatrixConfig) -> u32 {
     let t = c.size;
     let (sg, max_dim, max_segs) = (flash_subgroups(c) as u32, ATTENTION_MATRIX_MAX_HEAD_DIM as u32, 2);
-    let (qb, kb, odims) = (sg * t, 2 * t, flash_output_dims(c) as u32);
+    let (qb, kb) = (sg * t, 2 * t);
     let (half, float) = (2, 4);
-    let staged = qb * max_dim * half + kb * (max_dim + 8) * half + kb * odims * half;
+    let staged = kb * (max_dim + 8) * half;
     let scores = qb * kb * float + qb * kb * half + t * t * float;
     let rows = qb * float + 2 * kb * float + 3 * qb * float + 2 * qb * max_segs * float;
     staged + scores + rows + float
