@@ -233,7 +233,9 @@ fn the_half_tiers_stay_finite_where_f32_does_on_inputs_outside_f16() {
 /// measured once where it reaches the device: at load for resident weights
 /// (plain, or DF11 groups expanded at load), and as each block fills its
 /// slot for the rest (groups expanded per block, weights streamed plain or
-/// compressed). Every placement gives the velocity bit for bit of the plain
+/// compressed). Each is packed as f16 where it is measured, slots as their
+/// block refills them: every placement reads as many packed weights. Every
+/// placement gives the velocity bit for bit of the plain
 /// model's resident weights, over two passes (the second finding slots
 /// holding the first's weights), within the planned device bytes, which
 /// count the scales.
@@ -247,10 +249,11 @@ fn the_matrix_tier_measures_weights_where_they_reach_the_device_under_every_stra
     let run = |model: &ModelFolder, placement: WeightStrategy| {
         let store = model.weights(Component::Transformer).unwrap();
         let t = Transformer::new(&gpu, &model.transformer, store, placement, None, text, &LatentGrids::noise_only(lat_h, lat_w)).unwrap();
-        (flux_lite_tests::velocity_of_two_passes(&gpu, &t, text), t.weight_bytes())
+        (flux_lite_tests::velocity_of_two_passes(&gpu, &t, text), t.weight_bytes(), t.half_packed_weights())
     };
     let plain = ModelFolder::open(&model_dir("tiny-b")).unwrap();
-    let (want, _) = run(&plain, WeightStrategy::ResidentBf16);
+    let (want, _, packed) = run(&plain, WeightStrategy::ResidentBf16);
+    assert!(packed > 0, "no weight packed as f16 on the matrix tier");
     assert!(want.iter().all(|v| v.is_finite()), "the resident velocity is not finite");
     let df11 = ModelFolder::open(&model_dir("tiny-b"))
         .and_then(|m| m.with_transformer(&flux_lite_tests::test_vectors().join("goldens/df11/tiny-b-transformer")))
@@ -268,11 +271,12 @@ fn the_matrix_tier_measures_weights_where_they_reach_the_device_under_every_stra
         (&df11, WeightStrategy::ResidentDf11 { slots: 2 }),
         (&df11, WeightStrategy::Streamed { slots: 2 }),
     ] {
-        let (got, bytes) = run(model, placement);
+        let (got, bytes, packed_here) = run(model, placement);
         assert!(got.iter().map(|v| v.to_bits()).eq(want.iter().map(|v| v.to_bits())), "{placement:?}: the velocity differs from the resident weights'");
+        assert_eq!(packed_here, packed, "{placement:?}: weights packed as f16");
         if std::ptr::eq(model, &df11) {
             assert!(bytes <= sizes.bytes(placement), "{placement:?}: {bytes} device bytes of weights, planned {}", sizes.bytes(placement));
         }
-        println!("matrix tier, {placement:?}: velocity as resident, {bytes} device bytes of weights");
+        println!("matrix tier, {placement:?}: velocity as resident, {packed_here} weights packed, {bytes} device bytes of weights");
     }
 }

@@ -267,6 +267,12 @@ impl Transformer {
         self.weights.bytes() + self.runner.lora.as_ref().map_or(0, |l| l.bytes())
     }
 
+    /// How many of its weights the products read as packed f16 (the matrix
+    /// tier's half-precision data path; none elsewhere).
+    pub fn half_packed_weights(&self) -> usize {
+        self.weights.half_packed()
+    }
+
     /// Bytes of the bf16 slots DF11 groups are expanded into per block.
     pub fn weight_slot_bytes(&self) -> u64 {
         self.weights.slot_bytes()

@@ -296,6 +296,17 @@ impl DeviceWeights {
                 .iter()
                 .map(|block| product_weights(std::slice::from_ref(block)).into_iter().map(|(name, ..)| name).filter(|name| slotted.contains(name) && w.map.get(name).is_some_and(|w| w.scales.is_some())).collect())
                 .collect();
+            if gpu.plan_limits().half_operands {
+                // A slot's weights belong to one block, whose fills refill
+                // them (stream_in, the DF11 decodes) before every run of its
+                // dispatches: packed there after their measure, so every
+                // product reads them packed.
+                for name in w.slot_scales.iter().flatten() {
+                    if let Some(weight) = w.map.get_mut(name).filter(|weight| weight.packable()) {
+                        weight.half_packed = true;
+                    }
+                }
+            }
         }
         gpu.check_faults()?;
         w.write(gpu, store, pending)?;
@@ -305,7 +316,8 @@ impl DeviceWeights {
         if gpu.plan_limits().half_operands {
             // The resident products' W packed as f16 under their kept
             // scales: each product stages W's words as they are. A slot's
-            // weights stay bf16, measured each time a block refills it.
+            // weights are measured and packed each time its block refills
+            // it (record_fills).
             w.pack_half(gpu, &resident)?;
         }
         Ok(w)
@@ -520,18 +532,30 @@ impl DeviceWeights {
         self.bytes
     }
 
+    /// How many weights the products read as packed f16 (resident ones
+    /// packed at load, and a slot's, packed as its block refills it).
+    pub fn half_packed(&self) -> usize {
+        self.map.values().filter(|w| w.half_packed).count()
+    }
+
     /// Bytes of the bf16 slots that groups are expanded into per block.
     pub fn slot_bytes(&self) -> u64 {
         self.slots.iter().map(|s| s.size()).sum()
     }
 
-    /// Records the expansions block `block` needs before its own dispatches.
+    /// Records the expansions block `block` needs before its own dispatches,
+    /// then the range scales of its slot's weights and, on the half-precision
+    /// data path, their packs.
     pub fn record_fills(&self, gpu: &Gpu, block: usize, sink: &mut dyn flux_lite_kernels::Sink) -> Result<(), GpuError> {
         for fill in self.fills.get(block).into_iter().flatten() {
             self.groups[fill.group].record_decode(gpu, sink, &self.slots[fill.slot], fill.base)?;
         }
         for name in self.slot_scales.get(block).into_iter().flatten() {
-            self.get(name)?.record_scales(gpu, sink)?;
+            let weight = self.get(name)?;
+            weight.record_scales(gpu, sink)?;
+            if weight.half_packed {
+                weight.record_pack_words(gpu, sink)?;
+            }
         }
         Ok(())
     }

@@ -115,15 +115,29 @@ impl DeviceWeight {
     }
 
     /// Records the pack of [`Self::pack_half`] where the weight takes one
-    /// (bf16, not yet packed, with kept row scales, its rows whole f16
-    /// pairs from an even element), saying whether it did; the caller marks
-    /// it packed once the pack has run.
+    /// ([`Self::packable`], not yet packed), saying whether it did; the
+    /// caller marks it packed once the pack has run.
     pub(super) fn record_pack(&self, gpu: &Gpu, sink: &mut dyn flux_lite_kernels::Sink) -> Result<bool, GpuError> {
-        let packable = |s: &&StoredScales| self.dtype == WeightDtype::Bf16 && !self.half_packed && s.k.is_multiple_of(2) && self.offset.is_multiple_of(2);
-        let Some(scales) = self.scales.as_ref().filter(packable) else { return Ok(false) };
-        let rows = flux_lite_kernels::Mat { buf: &scales.buffer, offset: scales.offset, stride: 1 };
-        kernels::pack_weight_half(gpu, sink, self.view(), rows, [scales.rows, scales.k])?;
+        if self.half_packed || !self.packable() {
+            return Ok(false);
+        }
+        self.record_pack_words(gpu, sink)?;
         Ok(true)
+    }
+
+    /// Whether the weight can be packed into f16 pairs under its kept row
+    /// scales: bf16, its rows whole pairs from an even element.
+    pub(super) fn packable(&self) -> bool {
+        self.dtype == WeightDtype::Bf16 && self.offset.is_multiple_of(2) && self.scales.as_ref().is_some_and(|s| s.k.is_multiple_of(2))
+    }
+
+    /// Records the pack of the weight's bf16 words under its kept scales,
+    /// whatever it is marked: a slot's weight, marked packed for good,
+    /// packed again after each refill.
+    pub(super) fn record_pack_words(&self, gpu: &Gpu, sink: &mut dyn flux_lite_kernels::Sink) -> Result<(), GpuError> {
+        let Some(scales) = &self.scales else { return Ok(()) };
+        let rows = flux_lite_kernels::Mat { buf: &scales.buffer, offset: scales.offset, stride: 1 };
+        kernels::pack_weight_half(gpu, sink, self.view(), rows, [scales.rows, scales.k])
     }
 
     /// Records the measure of the weight's rows' range scales into their place.
