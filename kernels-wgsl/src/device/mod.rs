@@ -185,6 +185,9 @@ impl Gpu {
         if let Some(cap) = options.max_storage_binding {
             limits.max_storage_buffer_binding_size = limits.max_storage_buffer_binding_size.min(cap);
         }
+        if let Some(cap) = options.max_workgroup_memory {
+            limits.max_compute_workgroup_storage_size = limits.max_compute_workgroup_storage_size.min(cap);
+        }
         let memory_offered = adapter_memory::query(&adapter, &info);
         let matrix_offered = adapter.cooperative_matrix_properties();
         // Timestamps where the adapter has them: `bench` times passes on the GPU's own clock.

@@ -76,6 +76,11 @@ pub struct GpuOptions {
     /// Ask for a device whose largest storage binding is at most this many
     /// bytes (tests use it to force the split paths).
     pub max_storage_binding: Option<u64>,
+    /// Ask for a device whose workgroups declare at most this many bytes:
+    /// the kernels then choose what they would on an adapter that offers
+    /// that much (the GEMM core's staging, the wide attention's dims a
+    /// workgroup); the tests take lavapipe's kernels down those paths.
+    pub max_workgroup_memory: Option<u32>,
     /// A benchmarking aid (`FLUX_LITE_GEMM_STAGING=deep|single|lean`): the
     /// matrix tier's GEMM core staged so, where one workgroup of it fits,
     /// instead of the deepest of which two fit (the adapter's choice,

@@ -123,6 +123,32 @@ pub(crate) fn flash_workgroup_bytes(c: MatrixConfig) -> u32 {
     staged + scores + rows + float
 }
 
+/// The workgroup memory `attention_matrix.wgsl` declares on `c` for heads
+/// up to `max_dim` with `o_dims` output dims a workgroup, counted as it
+/// lays it out (a test holds the two equal): a T×T tile of each operand,
+/// three f32 tiles (scores, P·V, zeros), T rows of `o_dims` f32 outputs and
+/// seven f32 values a row. 37,312 bytes for the 512-wide head in 16×16
+/// tiles, 20,928 at 256 dims a workgroup.
+pub fn matrix_attention_workgroup_bytes(c: MatrixConfig, o_dims: u32) -> u32 {
+    let t = c.size;
+    let operand = if c.operands == MatrixOperands::F16 { 2 } else { 4 };
+    2 * t * t * operand + 3 * t * t * 4 + t * o_dims * 4 + 7 * t * 4
+}
+
+/// Output dims one workgroup of the matrix attention takes (`O_DIMS`), of
+/// a module whose widest head is `max_dim`: all of them, or the most of a
+/// half and a quarter of which two workgroups fit in `workgroup_memory`
+/// (each then computing the scores over the whole head: a 512-wide head
+/// in 16×16 tiles is 37,312 bytes whole, 20,928 in halves), the quarter
+/// where none does. An output in f16 pieces of `piece` is cut only at
+/// whole pieces.
+pub fn matrix_attention_output_dims(c: MatrixConfig, max_dim: u32, workgroup_memory: u32, piece: Option<u32>) -> u32 {
+    let candidates = [max_dim, max_dim / 2, max_dim / 4];
+    let whole = |o: &u32| o.is_multiple_of(c.size) && piece.is_none_or(|p| o.is_multiple_of(p));
+    let fitting = candidates.into_iter().filter(whole).find(|&o| 2 * matrix_attention_workgroup_bytes(c, o) <= workgroup_memory);
+    fitting.unwrap_or_else(|| candidates.into_iter().rev().find(whole).unwrap_or(max_dim))
+}
+
 /// Output pieces one flash-attention workgroup's dims may hold (`OUT_PIECES`).
 const FLASH_OUT_PIECES: u64 = 8;
 
@@ -564,9 +590,12 @@ fn attention_with(
         // The matrix tier's kernels share their bindings: without f16 output,
         // 12 and 13 take the output's window, unwritten; without f16 inputs
         // 14–19 the inputs' own, unread.
-        let matrix_dispatch = |sink: &mut dyn Sink, kernel: &Kernel, wg: u32, grid: [u32; 3], state: &[(u32, &_)]| -> Result<(), GpuError> {
-            let piece = o_half.and_then(|h| h.piece).unwrap_or(64);
-            let constants = [("WG", wg), ("O_HALF", o_half.is_some() as u32), ("O_PIECE", to_u32(piece, "attention output piece")?), ("QKV_HALF", half_inputs.is_some() as u32)];
+        let out_piece = match o_half {
+            Some(h) => Some(to_u32(h.piece.unwrap_or(64), "attention output piece")?),
+            None => None,
+        };
+        let matrix_dispatch = |sink: &mut dyn Sink, kernel: &Kernel, wg: u32, grid: [u32; 3], state: &[(u32, &_)], more: &[(&'static str, u32)]| -> Result<(), GpuError> {
+            let constants = [&[("WG", wg), ("O_HALF", o_half.is_some() as u32), ("O_PIECE", out_piece.unwrap_or(64)), ("QKV_HALF", half_inputs.is_some() as u32)][..], more].concat();
             let launch = Launch { kernel, constants: &constants, params, grid };
             let (ksw, vsw) = match &kv_scale_windows {
                 Some((k, v)) => (k, v),
@@ -597,17 +626,28 @@ fn attention_with(
                 dispatch(gpu, sink, launch, &[&[(4, &mw), (5, &ow), (7, &qw), (8, &kw), (9, &vw)][..], &scale_bindings].concat());
             }
             AttentionKernel::Matrix(c) => {
-                let kernel = match s.head_dim > ATTENTION_MATRIX_MAX_HEAD_DIM {
+                let wide = s.head_dim > ATTENTION_MATRIX_MAX_HEAD_DIM;
+                let kernel = match wide {
                     true if c.size == 16 => &ATTENTION_MATRIX_WIDE_16,
                     true => &ATTENTION_MATRIX_WIDE_8,
                     false => c.pick([&ATTENTION_MATRIX_8, &ATTENTION_MATRIX_16, &ATTENTION_MATRIX_8_F32]),
                 };
-                matrix_dispatch(sink, kernel, c.subgroup, grid, &[(6, &state_w)])?;
+                let max_dim = if wide { ATTENTION_MATRIX_WIDE_MAX_HEAD_DIM } else { ATTENTION_MATRIX_MAX_HEAD_DIM } as u32;
+                // A call that both reads and keeps the carried state runs
+                // whole: split, one workgroup would write the state that
+                // another of the same queries reads.
+                let carried_through = carry.is_some_and(|c| c.from_state && c.keep_state);
+                let o_dims = match carried_through {
+                    true => max_dim,
+                    false => matrix_attention_output_dims(c, max_dim, gpu.limits.max_compute_workgroup_storage_size, out_piece),
+                };
+                let z = to_u32(s.head_dim.div_ceil(o_dims as u64), "attention output dims")?;
+                matrix_dispatch(sink, kernel, c.subgroup, [grid[0], grid[1], z], &[(6, &state_w)], &[("O_DIMS", o_dims)])?;
             }
             AttentionKernel::Flash(c) => {
                 let kernel = if c.size == 16 { &ATTENTION_FLASH_16 } else { &ATTENTION_FLASH_8 };
                 let z = to_u32(s.head_dim.div_ceil(flash_output_dims(c)), "attention output dims")?;
-                matrix_dispatch(sink, kernel, c.subgroup * flash_subgroups(c) as u32, [grid[0], grid[1], z], &[])?;
+                matrix_dispatch(sink, kernel, c.subgroup * flash_subgroups(c) as u32, [grid[0], grid[1], z], &[], &[])?;
             }
         }
     }

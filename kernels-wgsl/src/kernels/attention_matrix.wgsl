@@ -13,12 +13,20 @@
 // memory. Head dims up to MAX_DIM, which the module sets (attention_head_128.wgsl
 // for FLUX's heads, attention_head_512.wgsl for the VAE's single 512-wide one).
 //
+// A workgroup writes O_DIMS of the head's output dims (dims wid.z·O_DIMS
+// on; the launcher's choice: all of them, or for the 512-wide head on an
+// adapter short of workgroup memory a half or a quarter, each workgroup
+// computing the scores over the whole head), so its running output is T
+// rows of O_DIMS.
+//
 // As attention.wgsl, a call over a chunk of the keys continues an earlier
 // chunk's online softmax (CARRY_FROM: each row's running max and sum from
 // the state, its unnormalised output from o) and/or leaves its own
 // (CARRY_KEEP), so calls over chunks of whole key tiles give the bits of one.
 
 override WG: u32 = 8u;
+override O_DIMS: u32 = MAX_DIM;
+override O_ACC: u32 = T * O_DIMS;
 const CARRY_FROM: u32 = 1u;
 const CARRY_KEEP: u32 = 2u;
 
@@ -33,8 +41,8 @@ var<workgroup> s_tile: array<f32, T * T>;
 // One chunk of P·V, and zeros to start each product's accumulator from.
 var<workgroup> pv_tile: array<f32, T * T>;
 var<workgroup> zero_tile: array<f32, T * T>;
-// The running output, [T][MAX_DIM].
-var<workgroup> o_acc: array<f32, T * MAX_DIM>;
+// The running output of the workgroup's dims, [T][O_DIMS].
+var<workgroup> o_acc: array<f32, O_ACC>;
 var<workgroup> q_scale: array<f32, T>;
 var<workgroup> k_scale: array<f32, T>;
 var<workgroup> p_scale: array<f32, T>;
@@ -55,9 +63,12 @@ fn attention_matrix(@builtin(local_invocation_index) li: u32, @builtin(workgroup
     let q0 = wid.x * T;
     // head_dim rounded up to whole tiles (the dims past it are zeros).
     let dims = (p.head_dim + T - 1u) / T * T;
-    for (var i = li; i < T * MAX_DIM; i += WG) {
-        let r = i / MAX_DIM;
-        let d = i % MAX_DIM;
+    // The workgroup's output dims: dz … d_end.
+    let dz = wid.z * O_DIMS;
+    let d_end = min(dims, dz + O_DIMS);
+    for (var i = li; i < T * O_DIMS; i += WG) {
+        let r = i / O_DIMS;
+        let d = dz + i % O_DIMS;
         var carried = 0.0;
         if ((p.carry & CARRY_FROM) != 0u && q0 + r < p.q_len && d < p.head_dim) {
             carried = o[p.o_offset + (q0 + r) * p.o_stride + h * p.head_dim + d];
@@ -143,7 +154,7 @@ fn attention_matrix(@builtin(local_invocation_index) li: u32, @builtin(workgroup
         }
         workgroupBarrier();
         // O = O·rescale + P·V, T output dims at a time: A = P, B[j, c] = V[k0 + j, d0 + c].
-        for (var d0 = 0u; d0 < dims; d0 += T) {
+        for (var d0 = dz; d0 < d_end; d0 += T) {
             for (var c = li; c < T; c += WG) {
                 var largest = 0.0;
                 for (var j = 0u; OPERAND_HALF && j < T; j++) {
@@ -163,7 +174,7 @@ fn attention_matrix(@builtin(local_invocation_index) li: u32, @builtin(workgroup
             workgroupBarrier();
             for (var i = li; i < T * T; i += WG) {
                 let r = i / T;
-                let at = r * MAX_DIM + d0 + i % T;
+                let at = r * O_DIMS + d0 - dz + i % T;
                 o_acc[at] = o_acc[at] * row_rescale[r] + pv_tile[i] * p_scale[r] * v_scale[i % T];
             }
             workgroupBarrier();
@@ -171,38 +182,39 @@ fn attention_matrix(@builtin(local_invocation_index) li: u32, @builtin(workgroup
     }
     if (O_HALF) {
         // One (query, piece) an invocation: its largest magnitude, then its values.
-        let pieces = p.head_dim / O_PIECE;
+        let pieces = (min(p.head_dim, dz + O_DIMS) - dz) / O_PIECE;
         for (var i = li; i < T * pieces; i += WG) {
             let r = i / pieces;
-            let d0 = (i % pieces) * O_PIECE;
+            let d0 = dz + (i % pieces) * O_PIECE;
             let qi = q0 + r;
             if (qi < p.q_len) {
                 let l = row_sum[r];
                 let inverse = select(0.0, 1.0 / l, l > 0.0);
                 var largest = 0.0;
                 for (var d = d0; d < d0 + O_PIECE; d++) {
-                    largest = max(largest, abs(o_acc[r * MAX_DIM + d] * inverse));
+                    largest = max(largest, abs(o_acc[r * O_DIMS + d - dz] * inverse));
                 }
                 let e = max(range_exponent(largest), -126);
                 for (var d = d0; d < d0 + O_PIECE; d += 2u) {
-                    let pair = vec2<f32>(ldexp(o_acc[r * MAX_DIM + d] * inverse, -e), ldexp(o_acc[r * MAX_DIM + d + 1u] * inverse, -e));
+                    let pair = vec2<f32>(ldexp(o_acc[r * O_DIMS + d - dz] * inverse, -e), ldexp(o_acc[r * O_DIMS + d - dz + 1u] * inverse, -e));
                     o_half[(p.o_offset + qi * p.o_stride + h * p.head_dim + d) / 2u] = operand_pair(pair);
                 }
                 o_scales[p.o_scale_offset + qi * p.o_scale_stride + (h * p.head_dim + d0) / O_PIECE] = ldexp(1.0, e);
             }
         }
     }
-    // Kept for the next chunk: the state, and the output unnormalised.
+    // Kept for the next chunk: the state (every workgroup of the queries
+    // has the same; the first writes it), and the output unnormalised.
     let keep = (p.carry & CARRY_KEEP) != 0u;
-    for (var r = li; keep && r < T; r += WG) {
+    for (var r = li; keep && wid.z == 0u && r < T; r += WG) {
         if (q0 + r < p.q_len) {
             state[state_at(q0 + r, h)] = row_max[r];
             state[state_at(q0 + r, h) + 1u] = row_sum[r];
         }
     }
-    for (var i = li; !O_HALF && i < T * MAX_DIM; i += WG) {
-        let r = i / MAX_DIM;
-        let d = i % MAX_DIM;
+    for (var i = li; !O_HALF && i < T * O_DIMS; i += WG) {
+        let r = i / O_DIMS;
+        let d = dz + i % O_DIMS;
         let qi = q0 + r;
         if (qi < p.q_len && d < p.head_dim) {
             let l = row_sum[r];

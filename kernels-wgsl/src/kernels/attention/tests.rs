@@ -227,6 +227,45 @@ fn the_matrix_tiers_carried_attention_matches_the_reference_and_equals_one_call_
     carried_bands_equal_one_call(&gpu, 512);
 }
 
+/// The 512-wide head's matrix attention gives the same bits whole and split
+/// over its output dims (each workgroup computing the same scores and
+/// softmax): in halves (lavapipe's own 32 KiB a workgroup, with its 8×8
+/// tiles) and in quarters (16 KiB asked for) one call gives the same
+/// bits; by chunks of keys and bands of queries, whose middle chunks (which
+/// read and keep the carried state) run the whole head in one workgroup,
+/// the bits of one call; and within the bound against f64.
+#[test]
+fn the_wide_matrix_attention_gives_the_same_bits_whole_and_split_over_its_dims() {
+    let (d, q_len, kv_len) = (512usize, 45usize, 70usize);
+    let mut rng = Rng::new(73);
+    let (q, k, v) = (rng.normals(q_len * d, 2.0), rng.normals(kv_len * d, 2.0), rng.normals(kv_len * d, 1.0));
+    let call = Attention { q_len: q_len as u64, kv_len: kv_len as u64, q_heads: 1, kv_heads: 1, head_dim: d as u64, scale: 0.2, causal: false };
+    let run = |gpu: &Gpu| {
+        let (qb, kb, vb) = (gpu.upload_f32("q", &q), gpu.upload_f32("k", &k), gpu.upload_f32("v", &v));
+        let out = poisoned(gpu, q_len * d);
+        let m = |b| Mat::new(b, d as u64);
+        gpu.submit(|enc| attention_carried(gpu, enc, Qkv { q: m(&qb), k: m(&kb), v: m(&vb) }, m(&out), None, call)).unwrap();
+        gpu.read_f32(&out, 0, q_len * d).unwrap().iter().map(|f| f.to_bits()).collect::<Vec<_>>()
+    };
+    let mut first: Option<Vec<u32>> = None;
+    let mut splits = Vec::new();
+    for memory in [None, Some(16u32 << 10)] {
+        let Some(gpu) = tier_gpu_with(crate::GpuOptions { precision: crate::Precision::Matrix, max_workgroup_memory: memory, ..crate::testing::options() }) else { return };
+        let o_dims = matrix_attention_output_dims(gpu.matrix().unwrap(), 512, gpu.limits.max_compute_workgroup_storage_size, None);
+        println!("{} bytes a workgroup: {o_dims} output dims a workgroup", gpu.limits.max_compute_workgroup_storage_size);
+        splits.push(o_dims);
+        let bits = run(&gpu);
+        match &first {
+            None => first = Some(bits),
+            Some(first) => assert_eq!(&bits, first, "{o_dims} dims a workgroup against {}", splits[0]),
+        }
+        let got = crate::selftest::check_attention_key_chunks(&gpu, 1, d).unwrap_or_else(|e| panic!("{e}"));
+        assert!(got <= crate::selftest::MATRIX_ATTENTION, "{o_dims} dims a workgroup: {got:e} against f64");
+        carried_bands_equal_one_call(&gpu, d);
+    }
+    assert!(splits[1] < splits[0] && splits[0] < 512, "the test means to cover two splits: {splits:?}");
+}
+
 /// The carried attention of `d`-wide rows over chunks of keys and bands of
 /// queries against one call over all of them, bit for bit.
 fn carried_bands_equal_one_call(gpu: &Gpu, d: usize) {
