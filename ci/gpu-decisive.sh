@@ -52,7 +52,7 @@ fi
 step 40 "1. adapter and tiers" "$binary" gpu
 step 70 "2. selftest, every tier" "$binary" selftest
 step 60 "3. linears on every tier (4B shapes)" "$binary" bench kernels --model klein-4b --tokens "$tokens" --only linear,tiers "${repeats[@]}"
-step 40 "3. linears, the GEMM staged deep" env FLUX_LITE_GEMM_STAGING=deep "$binary" bench kernels --model klein-4b --tokens "$tokens" --only linear "${repeats[@]}"
+step 40 "3. linears, the GEMM staged deep" env FLUX_LITE_GEMM_STAGING=deep "$binary" bench kernels --model klein-4b --tokens "$tokens" --only linear --precision matrix "${repeats[@]}"
 step 45 "4. attention at $tokens tokens, flash" "$binary" bench kernels --model klein-4b --tokens "$tokens" --only attention "${repeats[@]}"
 step 45 "4. attention at $tokens tokens, the fallback" env FLUX_LITE_ATTENTION_KERNEL=matrix "$binary" bench kernels --model klein-4b --tokens "$tokens" --only attention "${repeats[@]}"
 step 90 "5. the 4B ${size}² step and the ${size}² VAE decode and encode" "$binary" bench kernels --model klein-4b --tokens "$tokens" --only step,vae --step-sizes "$size" --vae-size "$size" "${repeats[@]}"
