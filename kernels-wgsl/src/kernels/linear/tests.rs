@@ -521,3 +521,15 @@ fn every_staging_of_the_matrix_linear_gives_the_same_bits() {
     }
     assert_eq!(stagings, [crate::GemmStaging::DEEP, crate::GemmStaging::SINGLE, crate::GemmStaging::LEAN], "lavapipe's tier staged otherwise than this test means to cover");
 }
+
+/// A staging asked for that does not fit the device's workgroup memory
+/// once is refused when the device is made, naming the bytes.
+#[test]
+fn a_forced_staging_that_does_not_fit_is_refused_naming_the_bytes() {
+    let options = GpuOptions { precision: Precision::Matrix, max_workgroup_memory: Some(10 << 10), gemm_staging: Some(crate::GemmStaging::DEEP), ..crate::testing::options() };
+    if staged_gpu(None).is_none() {
+        return;
+    }
+    let refused = Gpu::new(&options).err().expect("a deep staging in 10 KiB of workgroup memory").to_string();
+    assert!(refused.contains("needs") && refused.contains("bytes of workgroup memory and the adapter has 10240"), "{refused}");
+}
