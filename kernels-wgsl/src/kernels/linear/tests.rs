@@ -530,6 +530,7 @@ fn a_forced_staging_that_does_not_fit_is_refused_naming_the_bytes() {
     if staged_gpu(None).is_none() {
         return;
     }
-    let refused = Gpu::new(&options).err().expect("a deep staging in 10 KiB of workgroup memory").to_string();
+    let Err(refused) = Gpu::new(&options) else { panic!("a deep staging in 10 KiB of workgroup memory was taken") };
+    let refused = refused.to_string();
     assert!(refused.contains("needs") && refused.contains("bytes of workgroup memory and the adapter has 10240"), "{refused}");
 }
