@@ -382,13 +382,10 @@ fn the_matrix_attentions_workgroup_memory_is_what_its_split_counts() {
 #[test]
 fn the_flash_attentions_workgroup_memory_fits_48_kib() {
     for (module, size) in [(Module::AttentionFlash8, 8), (Module::AttentionFlash16, 16)] {
-        let m = parse(module);
-        let mut layouter = naga::proc::Layouter::default();
-        layouter.update(m.to_ctx()).unwrap();
-        let declared: u32 = m.global_variables.iter().filter(|(_, v)| v.space == naga::AddressSpace::WorkGroup).map(|(_, v)| layouter[v.ty].size).sum();
+        let declared = workgroup_bytes(&parse(module));
         println!("{}: {declared} bytes of workgroup memory", module.name());
         assert!(declared <= 48 * 1024, "{}: {declared} bytes", module.name());
-        let config = MatrixConfig { size, subgroup: 32, operands: MatrixOperands::F16, staging: crate::precision::GemmStaging::DEEP };
+        let config = MatrixConfig { size, subgroup: 32, operands: MatrixOperands::F16, staging: GemmStaging::DEEP };
         assert_eq!(crate::kernels::attention::flash_workgroup_bytes(config), declared, "{}", module.name());
     }
 }

@@ -101,15 +101,20 @@ impl GemmStaging {
         GemmStaging::ALL.into_iter().find(|s| s.name() == name)
     }
 
+    /// Terms a k step (KT) on tiles of `size`.
+    pub fn terms(&self, size: u32) -> u32 {
+        self.step_tiles * size
+    }
+
     /// The module's overrides for it (`KT`, `STAGES`) on tiles of `size`.
     pub fn constants(&self, size: u32) -> [(&'static str, u32); 2] {
-        [("KT", self.step_tiles * size), ("STAGES", self.buffers)]
+        [("KT", self.terms(size)), ("STAGES", self.buffers)]
     }
 
     /// In words: `2 buffers of 32 terms`.
     pub fn describe(&self, size: u32) -> String {
         let buffers = if self.buffers == 1 { "1 buffer" } else { "2 buffers" };
-        format!("{buffers} of {} terms", self.step_tiles * size)
+        format!("{buffers} of {} terms", self.terms(size))
     }
 }
 
@@ -145,7 +150,7 @@ impl MatrixConfig {
             MatrixOperands::F16 => 2,
             MatrixOperands::F32 => 4,
         };
-        let staged = self.staging.buffers * 2 * (8 * t) * (self.staging.step_tiles * t + 8) * operand;
+        let staged = self.staging.buffers * 2 * (8 * t) * (self.staging.terms(t) + 8) * operand;
         staged + 4 * t * t * 4 + 24 * t * 4 + 8 * t * 4 * 4
     }
 
@@ -155,12 +160,22 @@ impl MatrixConfig {
     pub fn staged_for(self, workgroup_memory: u32) -> Option<MatrixConfig> {
         let with = |staging| MatrixConfig { staging, ..self };
         let two_fit = GemmStaging::ALL.into_iter().map(with).find(|c| 2 * c.linear_workgroup_bytes() <= workgroup_memory);
-        two_fit.or_else(|| Some(with(GemmStaging::LEAN)).filter(|c| c.linear_workgroup_bytes() <= workgroup_memory))
+        two_fit.or_else(|| with(GemmStaging::LEAN).fitting(workgroup_memory).ok())
+    }
+
+    /// This configuration where one linear workgroup of it fits in
+    /// `workgroup_memory` bytes, or why not.
+    fn fitting(self, workgroup_memory: u32) -> Result<MatrixConfig, String> {
+        let need = self.linear_workgroup_bytes();
+        if need > workgroup_memory {
+            return Err(format!("its linear staged in {} needs {need} bytes of workgroup memory and the adapter has {workgroup_memory}", self.staging.describe(self.size)));
+        }
+        Ok(self)
     }
 
     /// Terms a k step of the GEMM core (KT).
     fn step_terms(&self) -> u32 {
-        self.staging.step_tiles * self.size
+        self.staging.terms(self.size)
     }
 
     /// Whether the matrix linear's invocations can each hold their share of
@@ -199,8 +214,9 @@ pub const MATRIX_SIZES: [u32; 2] = [8, 16];
 /// f16 × f16 → f32 tiles of a size WGSL has (the largest offered); and one
 /// fixed subgroup size (a tile's owner must be a whole workgroup); staged
 /// as deep as `workgroup_memory` (bytes a workgroup may declare) holds two
-/// workgroups of the linear ([`MatrixConfig::staged_for`]).
-pub fn pick_matrix_config(offered: &[CooperativeMatrixProperties], subgroup: (u32, u32), workgroup_memory: u32) -> Result<MatrixConfig, String> {
+/// workgroups of the linear ([`MatrixConfig::staged_for`]), or as `forced`
+/// says where one workgroup of that fits.
+pub fn pick_matrix_config(offered: &[CooperativeMatrixProperties], subgroup: (u32, u32), workgroup_memory: u32, forced: Option<GemmStaging>) -> Result<MatrixConfig, String> {
     let square = |p: &CooperativeMatrixProperties, size: u32, ab: CooperativeScalarType| {
         p.ab_type == ab && p.cr_type == CooperativeScalarType::F32 && p.m_size == size && p.n_size == size && p.k_size == size
     };
@@ -221,10 +237,11 @@ pub fn pick_matrix_config(offered: &[CooperativeMatrixProperties], subgroup: (u3
         (min, max) if min == max && min > 0 => min,
         (min, max) => return Err(format!("the adapter's subgroup size varies ({min} to {max}), so no workgroup is exactly one subgroup")),
     };
-    let config = MatrixConfig { size, subgroup, operands, staging: GemmStaging::LEAN };
-    config.staged_for(workgroup_memory).ok_or_else(|| {
-        format!("its linear needs {} bytes of workgroup memory and the adapter has {workgroup_memory}", config.linear_workgroup_bytes())
-    })
+    let config = MatrixConfig { size, subgroup, operands, staging: forced.unwrap_or(GemmStaging::LEAN) };
+    match forced {
+        Some(_) => config.fitting(workgroup_memory),
+        None => config.staged_for(workgroup_memory).map_or_else(|| config.fitting(workgroup_memory), Ok),
+    }
 }
 
 /// The configurations an adapter lists, as `8×8×8 f16·f16→f32` items.
@@ -257,12 +274,16 @@ mod tests {
         use CooperativeScalarType::{F16, F32};
         let f16 = |size, subgroup, staging| Ok(MatrixConfig { size, subgroup, operands: MatrixOperands::F16, staging });
         let offered = [offer(8, F16, F16), offer(8, F16, F32), offer(16, F16, F32), offer(32, F16, F32)];
-        assert_eq!(pick_matrix_config(&offered, (32, 32), 48 << 10), f16(16, 32, GemmStaging::LEAN));
-        assert_eq!(pick_matrix_config(&offered[..2], (8, 8), 64 << 10), f16(8, 8, GemmStaging::DEEP));
-        assert!(pick_matrix_config(&offered[..1], (8, 8), 64 << 10).unwrap_err().contains("8×8×8 f16·f16→f16"));
-        assert!(pick_matrix_config(&[], (8, 8), 64 << 10).unwrap_err().contains("no cooperative matrices"));
-        assert!(pick_matrix_config(&offered, (16, 32), 64 << 10).unwrap_err().contains("varies"));
-        assert!(pick_matrix_config(&offered, (32, 32), 16 << 10).unwrap_err().contains("needs 19968 bytes of workgroup memory and the adapter has 16384"));
+        assert_eq!(pick_matrix_config(&offered, (32, 32), 48 << 10, None), f16(16, 32, GemmStaging::LEAN));
+        assert_eq!(pick_matrix_config(&offered[..2], (8, 8), 64 << 10, None), f16(8, 8, GemmStaging::DEEP));
+        assert!(pick_matrix_config(&offered[..1], (8, 8), 64 << 10, None).unwrap_err().contains("8×8×8 f16·f16→f16"));
+        assert!(pick_matrix_config(&[], (8, 8), 64 << 10, None).unwrap_err().contains("no cooperative matrices"));
+        assert!(pick_matrix_config(&offered, (16, 32), 64 << 10, None).unwrap_err().contains("varies"));
+        assert!(pick_matrix_config(&offered, (32, 32), 16 << 10, None).unwrap_err().contains("needs 19968 bytes of workgroup memory and the adapter has 16384"));
+        // A staging asked for: taken where one workgroup of it fits, refused naming the bytes where not.
+        assert_eq!(pick_matrix_config(&offered, (32, 32), 48 << 10, Some(GemmStaging::DEEP)), f16(16, 32, GemmStaging::DEEP));
+        let refused = pick_matrix_config(&offered, (32, 32), 32 << 10, Some(GemmStaging::DEEP)).unwrap_err();
+        assert_eq!(refused, "its linear staged in 2 buffers of 32 terms needs 48640 bytes of workgroup memory and the adapter has 32768");
     }
 
     #[test]
@@ -271,17 +292,17 @@ mod tests {
         // What wgpu lists for Metal's simdgroup matrices.
         let apple = [offer(8, F32, F32), offer(8, F16, F16), offer(8, F16, F32)];
         // Apple GPUs' 32 KiB of threadgroup memory.
-        let config = pick_matrix_config(&apple, (32, 32), 32 << 10).unwrap();
+        let config = pick_matrix_config(&apple, (32, 32), 32 << 10, None).unwrap();
         assert_eq!(config, MatrixConfig { size: 8, subgroup: 32, operands: MatrixOperands::F32, staging: GemmStaging::SINGLE });
         assert_eq!(*config.pick([&"8 f16", &"16 f16", &"8 f32"]), "8 f32");
         assert_eq!(config.describe(), "8×8 f32 tiles into f32, subgroup 32, k staged in 1 buffer of 16 terms");
         let nvidia = [offer(16, F16, F16), offer(16, F16, F32)];
-        assert_eq!(*pick_matrix_config(&nvidia, (32, 32), 48 << 10).unwrap().pick([&"8 f16", &"16 f16", &"8 f32"]), "16 f16");
+        assert_eq!(*pick_matrix_config(&nvidia, (32, 32), 48 << 10, None).unwrap().pick([&"8 f16", &"16 f16", &"8 f32"]), "16 f16");
     }
 
     /// The deepest staging of which two linear workgroups fit is taken:
-    /// NVIDIA's Vulkan driver offers 48 KiB a workgroup, AMD's and
-    /// lavapipe's 64 KiB, Apple's 32 KiB; where not even two of the
+    /// NVIDIA's Vulkan driver offers 48 KiB a workgroup, AMD's 64 KiB,
+    /// Apple's and lavapipe's 32 KiB; where not even two of the
     /// leanest fit, one is enough to run.
     #[test]
     fn the_staging_is_the_deepest_of_which_two_workgroups_fit() {

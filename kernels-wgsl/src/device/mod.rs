@@ -192,15 +192,7 @@ impl Gpu {
         let matrix_offered = adapter.cooperative_matrix_properties();
         // Timestamps where the adapter has them: `bench` times passes on the GPU's own clock.
         let mut features = adapter.features() & (wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::PIPELINE_CACHE);
-        let mut choice = choose_tier(&adapter, &limits, &info, &matrix_offered, options.precision, options.gpu_shaped_kernels)?;
-        if let (Some(staging), Some(config)) = (options.gemm_staging, choice.matrix.as_mut()) {
-            config.staging = staging;
-            let (need, have) = (config.linear_workgroup_bytes(), limits.max_compute_workgroup_storage_size);
-            if need > have {
-                let why = format!("its linear staged in {} needs {need} bytes of workgroup memory and the adapter has {have}", staging.describe(config.size));
-                return Err(GpuError::TierUnavailable { tier: Precision::Matrix.name(), adapter: info.name.clone(), why });
-            }
-        }
+        let choice = choose_tier(&adapter, &limits, &info, &matrix_offered, options.precision, options.gemm_staging, options.gpu_shaped_kernels)?;
         features |= choice.features;
         let cpu_shaped = info.device_type == wgpu::DeviceType::Cpu && !options.gpu_shaped_kernels;
         let cpu_lanes = cpu_lanes(cpu_shaped && !options.per_lane_reads, adapter.features(), &info);

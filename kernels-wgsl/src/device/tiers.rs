@@ -32,6 +32,7 @@ pub(super) fn choose_tier(
     info: &wgpu::AdapterInfo,
     offered: &[wgpu::CooperativeMatrixProperties],
     asked: Precision,
+    staging: Option<crate::GemmStaging>,
     as_on_a_gpu: bool,
 ) -> Result<TierChoice, GpuError> {
     let has = |f: wgpu::Features| adapter.features().contains(f);
@@ -53,7 +54,7 @@ pub(super) fn choose_tier(
             return Err(unavailable(Precision::Matrix, "the adapter lacks subgroup operations".into()));
         }
         let subgroup = subgroup_sizes(info.backend, info.subgroup_min_size, info.subgroup_max_size);
-        let config = pick_matrix_config(offered, subgroup, limits.max_compute_workgroup_storage_size).map_err(|why| unavailable(Precision::Matrix, why))?;
+        let config = pick_matrix_config(offered, subgroup, limits.max_compute_workgroup_storage_size, staging).map_err(|why| unavailable(Precision::Matrix, why))?;
         let mut features = wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX | wgpu::Features::SUBGROUP;
         // f16 operands need f16 in shaders; f32 ones (8×8, as on Apple GPUs) do not.
         if config.operands == MatrixOperands::F16 {
@@ -105,8 +106,8 @@ mod tests {
             cr_type: wgpu::CooperativeScalarType::F32,
             saturating_accumulation: false,
         }];
-        let config = crate::precision::pick_matrix_config(&offered, subgroup_sizes(Metal, 4, 64), 32 << 10).unwrap();
+        let config = crate::precision::pick_matrix_config(&offered, subgroup_sizes(Metal, 4, 64), 32 << 10, None).unwrap();
         assert_eq!((config.size, config.subgroup), (8, 32));
-        assert!(crate::precision::pick_matrix_config(&offered, subgroup_sizes(Vulkan, 4, 64), 32 << 10).is_err());
+        assert!(crate::precision::pick_matrix_config(&offered, subgroup_sizes(Vulkan, 4, 64), 32 << 10, None).is_err());
     }
 }

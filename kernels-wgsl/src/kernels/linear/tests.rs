@@ -331,12 +331,6 @@ fn the_matrix_linears_vec4_fetching_gives_the_element_fetchings_bits() {
 }
 
 
-/// A matrix linear over a weight whose rows' scales were measured once
-/// (`measure_weight_rows`, as a weight reaching the device has them)
-/// gives the bits of one that measures W itself, over a part of the
-/// weight's rows, in pieces (bindings of 64 KiB) and whole, read as
-/// vec4s (k = 136) and element by element (k = 131); and it records
-/// one pass fewer: no measure of W.
 /// A W packed in place as f16 under its rows' kept scales (rows far above
 /// and far below f16's range among them) gives the bits of the bf16 W under
 /// the same scales: read as vec4s (k a multiple of 8) or as pairs, and
@@ -375,6 +369,12 @@ fn the_matrix_linear_over_a_packed_w_gives_the_bits_of_the_bf16_one() {
     }
 }
 
+/// A matrix linear over a weight whose rows' scales were measured once
+/// (`measure_weight_rows`, as a weight reaching the device has them)
+/// gives the bits of one that measures W itself, over a part of the
+/// weight's rows, in pieces (bindings of 64 KiB) and whole, read as
+/// vec4s (k = 136) and element by element (k = 131); and it records
+/// one pass fewer: no measure of W.
 #[test]
 fn the_matrix_linear_reads_a_weights_stored_scales_with_the_bits_it_would_measure() {
     for limit in [Some(64u64 << 10), None] {
@@ -478,7 +478,7 @@ pub(crate) fn staged_gpu(staging: Option<crate::GemmStaging>) -> Option<Gpu> {
     tier_gpu_with(GpuOptions { precision: Precision::Matrix, gemm_staging: staging, ..crate::testing::options() })
 }
 
-/// The adapter's own staging (lavapipe's 8×8 f16 tiles in its 64 KiB: deep),
+/// The adapter's own staging (lavapipe's 8×8 f16 tiles in its 32 KiB: deep),
 /// then the two leaner ones.
 pub(crate) const STAGINGS: [Option<crate::GemmStaging>; 3] = [None, Some(crate::GemmStaging::SINGLE), Some(crate::GemmStaging::LEAN)];
 
