@@ -316,12 +316,13 @@ const GEMM_MODULES: [(Module, u32, MatrixOperands); 14] = [
 
 /// The matrix linear's workgroup memory as the tier's choice counts it
 /// (`MatrixConfig::linear_workgroup_bytes`, which picks the staging by the
-/// adapter's limit) is what its shader declares under each staging, and the
+/// adapter's limit) is what its shader declares under each staging (with
+/// two out-slots a subgroup and with one), and the
 /// convolutions' on the same core too (the narrow blocks' less).
 #[test]
 fn the_matrix_linears_workgroup_memory_is_what_the_tier_checks() {
     for (module, size, operands) in GEMM_MODULES {
-        for staging in GemmStaging::ALL {
+        for staging in GemmStaging::ALL.into_iter().flat_map(|s| [s, s.one_out_slot()]) {
             let config = MatrixConfig { size, subgroup: 32, operands, staging };
             let declared = workgroup_bytes(&staged(module, config));
             if matches!(module, Module::ConvMatrix8Narrow | Module::ConvMatrix16Narrow | Module::ConvMatrix8F32Narrow) {

@@ -70,28 +70,30 @@ pub struct MatrixConfig {
 /// the other buffer during the products; 1: after them, behind a second
 /// barrier). Deeper staging hides more of a workgroup's own load latency;
 /// leaner staging lets more workgroups share a compute unit's memory, each
-/// one's products covering the others' loads.
+/// one's products covering the others' loads. Its tiles go out through
+/// `out_slots` T×T slots a subgroup (2: one barrier a tile; 1: two).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GemmStaging {
     pub step_tiles: u32,
     pub buffers: u32,
+    pub out_slots: u32,
 }
 
 impl GemmStaging {
     /// Two steps of 2T terms (the core as first written).
-    pub const DEEP: GemmStaging = GemmStaging { step_tiles: 2, buffers: 2 };
+    pub const DEEP: GemmStaging = GemmStaging { step_tiles: 2, buffers: 2, out_slots: 2 };
     /// One step of 2T terms.
-    pub const SINGLE: GemmStaging = GemmStaging { step_tiles: 2, buffers: 1 };
+    pub const SINGLE: GemmStaging = GemmStaging { step_tiles: 2, buffers: 1, out_slots: 2 };
     /// One step of T terms.
-    pub const LEAN: GemmStaging = GemmStaging { step_tiles: 1, buffers: 1 };
+    pub const LEAN: GemmStaging = GemmStaging { step_tiles: 1, buffers: 1, out_slots: 2 };
     /// From the deepest to the leanest.
     pub const ALL: [GemmStaging; 3] = [GemmStaging::DEEP, GemmStaging::SINGLE, GemmStaging::LEAN];
 
-    /// Its name (`deep`, `single`, `lean`).
+    /// Its name (`deep`, `single`, `lean`), whatever its out-slots.
     pub fn name(&self) -> &'static str {
-        match *self {
-            GemmStaging::DEEP => "deep",
-            GemmStaging::SINGLE => "single",
+        match (self.step_tiles, self.buffers) {
+            (2, 2) => "deep",
+            (2, 1) => "single",
             _ => "lean",
         }
     }
@@ -106,15 +108,21 @@ impl GemmStaging {
         self.step_tiles * size
     }
 
-    /// The module's overrides for it (`KT`, `STAGES`) on tiles of `size`.
-    pub fn constants(&self, size: u32) -> [(&'static str, u32); 2] {
-        [("KT", self.terms(size)), ("STAGES", self.buffers)]
+    /// The same with one out-slot a subgroup (T·T f32 fewer a subgroup).
+    pub fn one_out_slot(self) -> Self {
+        GemmStaging { out_slots: 1, ..self }
     }
 
-    /// In words: `2 buffers of 32 terms`.
+    /// The module's overrides for it (`KT`, `STAGES`, `OUT_SLOTS`) on tiles of `size`.
+    pub fn constants(&self, size: u32) -> [(&'static str, u32); 3] {
+        [("KT", self.terms(size)), ("STAGES", self.buffers), ("OUT_SLOTS", self.out_slots)]
+    }
+
+    /// In words: `2 buffers of 32 terms` (`, 1 out-slot` where it has one).
     pub fn describe(&self, size: u32) -> String {
         let buffers = if self.buffers == 1 { "1 buffer" } else { "2 buffers" };
-        format!("{buffers} of {} terms", self.terms(size))
+        let slots = if self.out_slots == 1 { ", 1 out-slot" } else { "" };
+        format!("{buffers} of {} terms{slots}", self.terms(size))
     }
 }
 
@@ -139,11 +147,12 @@ impl MatrixConfig {
 
     /// Workgroup memory of the matrix linear (matrix_gemm.wgsl, square
     /// blocks): the staging's buffers of the block's rows of A and columns
-    /// of B (8T rows of KT + 8 operands each), a T×T f32 tile per subgroup
-    /// (4), the block's 8T row scales and 16T inverse scales, and its rows'
-    /// largest magnitudes in up to 4 pieces (8T × 4, for f16 output in
-    /// pieces). With 16×16 f16 tiles: 48,640 bytes deep, 28,160 single,
-    /// 19,968 lean; 8×8 f16: 15,104 deep; 8×8 f32: 27,392 deep, 15,104 single.
+    /// of B (8T rows of KT + 8 operands each), its out-slots' T×T f32 tiles
+    /// per subgroup (4; two in every staging but a forced one's fallback), the block's 8T row scales and 16T
+    /// inverse scales, and its rows' largest magnitudes in up to 4 pieces
+    /// (8T × 4, for f16 output in pieces). With 16×16 f16 tiles: 52,736
+    /// bytes deep, 32,256 single, 24,064 lean; 8×8 f16: 16,128 deep; 8×8
+    /// f32: 28,416 deep, 16,128 single; 16×16 deep with one out-slot: 48,640.
     pub fn linear_workgroup_bytes(&self) -> u32 {
         let t = self.size;
         let operand = match self.operands {
@@ -151,7 +160,7 @@ impl MatrixConfig {
             MatrixOperands::F32 => 4,
         };
         let staged = self.staging.buffers * 2 * (8 * t) * (self.staging.terms(t) + 8) * operand;
-        staged + 4 * t * t * 4 + 24 * t * 4 + 8 * t * 4 * 4
+        staged + self.staging.out_slots * 4 * t * t * 4 + 24 * t * 4 + 8 * t * 4 * 4
     }
 
     /// This configuration with the deepest staging of which two linear
@@ -164,8 +173,13 @@ impl MatrixConfig {
     }
 
     /// This configuration where one linear workgroup of it fits in
-    /// `workgroup_memory` bytes, or why not.
+    /// `workgroup_memory` bytes, else with one out-slot where that fits, or
+    /// why not.
     fn fitting(self, workgroup_memory: u32) -> Result<MatrixConfig, String> {
+        let lean_out = MatrixConfig { staging: self.staging.one_out_slot(), ..self };
+        if self.linear_workgroup_bytes() > workgroup_memory && lean_out.linear_workgroup_bytes() <= workgroup_memory {
+            return Ok(lean_out);
+        }
         let need = self.linear_workgroup_bytes();
         if need > workgroup_memory {
             return Err(format!("its linear staged in {} needs {need} bytes of workgroup memory and the adapter has {workgroup_memory}", self.staging.describe(self.size)));
@@ -279,11 +293,13 @@ mod tests {
         assert!(pick_matrix_config(&offered[..1], (8, 8), 64 << 10, None).unwrap_err().contains("8×8×8 f16·f16→f16"));
         assert!(pick_matrix_config(&[], (8, 8), 64 << 10, None).unwrap_err().contains("no cooperative matrices"));
         assert!(pick_matrix_config(&offered, (16, 32), 64 << 10, None).unwrap_err().contains("varies"));
-        assert!(pick_matrix_config(&offered, (32, 32), 16 << 10, None).unwrap_err().contains("needs 19968 bytes of workgroup memory and the adapter has 16384"));
+        assert!(pick_matrix_config(&offered, (32, 32), 16 << 10, None).unwrap_err().contains("needs 24064 bytes of workgroup memory and the adapter has 16384"));
         // A staging asked for: taken where one workgroup of it fits, refused naming the bytes where not.
-        assert_eq!(pick_matrix_config(&offered, (32, 32), 48 << 10, Some(GemmStaging::DEEP)), f16(16, 32, GemmStaging::DEEP));
+        // Deep on 48 KiB: with one out-slot (48,640 bytes; two take 52,736).
+        assert_eq!(pick_matrix_config(&offered, (32, 32), 48 << 10, Some(GemmStaging::DEEP)), f16(16, 32, GemmStaging::DEEP.one_out_slot()));
+        assert_eq!(pick_matrix_config(&offered, (32, 32), 52 << 10, Some(GemmStaging::DEEP)), f16(16, 32, GemmStaging::DEEP));
         let refused = pick_matrix_config(&offered, (32, 32), 32 << 10, Some(GemmStaging::DEEP)).unwrap_err();
-        assert_eq!(refused, "its linear staged in 2 buffers of 32 terms needs 48640 bytes of workgroup memory and the adapter has 32768");
+        assert_eq!(refused, "its linear staged in 2 buffers of 32 terms needs 52736 bytes of workgroup memory and the adapter has 32768");
     }
 
     #[test]
@@ -310,8 +326,11 @@ mod tests {
         let (f16, f32) = (MatrixOperands::F16, MatrixOperands::F32);
         assert_eq!(at(16, f16, 48 << 10), Some(GemmStaging::LEAN));
         assert_eq!(at(16, f16, 64 << 10), Some(GemmStaging::SINGLE));
-        assert_eq!(at(16, f16, 96 << 10), Some(GemmStaging::DEEP));
+        assert_eq!(at(16, f16, 96 << 10), Some(GemmStaging::SINGLE));
+        assert_eq!(at(16, f16, 104 << 10), Some(GemmStaging::DEEP));
         assert_eq!(at(16, f16, 24 << 10), Some(GemmStaging::LEAN));
+        // One workgroup where only one fits, with one out-slot where two do not.
+        assert_eq!(at(16, f16, 24_063), Some(GemmStaging::LEAN.one_out_slot()));
         assert_eq!(at(16, f16, 19_967), None);
         assert_eq!(at(8, f16, 32 << 10), Some(GemmStaging::DEEP));
         assert_eq!(at(8, f32, 32 << 10), Some(GemmStaging::SINGLE));

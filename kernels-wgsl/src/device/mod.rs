@@ -83,6 +83,8 @@ pub struct Gpu {
     pub limits: wgpu::Limits,
     /// A small buffer bound where a kernel's optional input is absent.
     placeholder: wgpu::Buffer,
+    /// Another, bound where a writable binding goes unused.
+    unused_writable: wgpu::Buffer,
     /// Whether launchers take their CPU-shaped kernels (a CPU adapter, not overridden).
     cpu_shaped: bool,
     /// The subgroup size CPU-shaped kernels share loads across, where they
@@ -225,12 +227,20 @@ impl Gpu {
             usage: storage_usage(),
             mapped_at_creation: false,
         });
+        let unused_writable = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("unused writable binding"),
+            size: 256,
+            usage: storage_usage(),
+            mapped_at_creation: false,
+        });
         let memory = Arc::new(MemoryCounter::default());
-        memory.live.store(placeholder.size(), Ordering::Relaxed);
-        memory.high_water.store(placeholder.size(), Ordering::Relaxed);
+        let made = placeholder.size() + unused_writable.size();
+        memory.live.store(made, Ordering::Relaxed);
+        memory.high_water.store(made, Ordering::Relaxed);
         let gpu = Self {
             memory,
             placeholder,
+            unused_writable,
             cpu_shaped,
             cpu_lanes,
             device,
@@ -363,6 +373,14 @@ impl Gpu {
     /// Bound in place of an absent optional input (bias, mask); never read.
     pub fn placeholder(&self) -> &wgpu::Buffer {
         &self.placeholder
+    }
+
+    /// Bound where a kernel's writable binding goes unused in a dispatch (a
+    /// vector view of an output it writes element by element there); never
+    /// read or written, and apart from the placeholder, which read-only
+    /// bindings may hold in the same dispatch.
+    pub fn unused_writable(&self) -> &wgpu::Buffer {
+        &self.unused_writable
     }
 
     /// The buffer the range rule's row scales go to, shared by every product

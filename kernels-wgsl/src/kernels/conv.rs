@@ -324,8 +324,8 @@ fn conv2d_matrix(gpu: &Gpu, sink: &mut dyn Sink, xw: &Window<'_>, w: Weight<'_>,
         let kernel = shape.kernel(c);
         let paired = matrix_b_paired(c, w.dtype, ww.local, taps);
         let [residual, relu] = then.constants();
-        let [kt, stages] = c.staging.constants(c.size);
-        let constants = [("WEIGHT_BF16", w.dtype.constant()), ("WG", c.subgroup * shape.subgroups()), ("B_PAIRED", paired as u32), ("KERNEL", kernel_size), ("OUT_WIDTH", out_width), residual, relu, kt, stages];
+        let [kt, stages, out_slots] = c.staging.constants(c.size);
+        let constants = [("WEIGHT_BF16", w.dtype.constant()), ("WG", c.subgroup * shape.subgroups()), ("B_PAIRED", paired as u32), ("KERNEL", kernel_size), ("OUT_WIDTH", out_width), residual, relu, kt, stages, out_slots];
         let most_runs = plane.div_ceil(block).min(runs_cap);
         let scales = gpu.range_scales(out_channels + most_runs)?;
         let stored = w.scales.filter(|s| s.k == taps);

@@ -66,10 +66,14 @@ fn a_scale(row: u32) -> f32 {
 }
 
 
-// y[channel c, pixel r] = value + b[c] (y's value added where RESIDUAL, ReLU'd where RELU), inside the call's pixels and channels only.
-fn block_value_out(r: u32, c: u32, value: f32) {
-    if (r < p.px_count && c < p.out_channels) {
-        store_output(p.y_offset + c * p.out_height * p.out_width + p.px_first + r, value + bias(p.b_offset + c));
+// y[channel c + j, pixel r] = values[j] + b[c + j] (y's value added where
+// RESIDUAL, ReLU'd where RELU), inside the call's pixels and channels only:
+// one by one, the four being a plane apart.
+fn block_quad_out(r: u32, c: u32, values: vec4<f32>) {
+    for (var j = 0u; j < 4u; j++) {
+        if (r < p.px_count && c + j < p.out_channels) {
+            store_output(p.y_offset + (c + j) * p.out_height * p.out_width + p.px_first + r, values[j] + bias(p.b_offset + c + j));
+        }
     }
 }
 
@@ -116,7 +120,7 @@ fn pieces_out() -> bool {
     return false;
 }
 
-fn block_half_pair_out(r: u32, c: u32, word: u32) {}
+fn block_half_quad_out(r: u32, c: u32, words: vec2<u32>) {}
 
 fn out_piece() -> u32 {
     return 1u;

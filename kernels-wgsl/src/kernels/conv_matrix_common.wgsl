@@ -3,7 +3,7 @@
 // taps] with tap t at the module's `w_term(t)`, and their range scales; and
 // the outputs: a convolution's block columns are all its own (the pairing
 // is the linear's SwiGLU); each module says how they go out (f32 through
-// its `block_value_out`, or as f16 pieces).
+// its `block_quad_out`, or as f16 pieces).
 
 // read_write as binding 5: W's scales may be measured into the same buffer.
 @group(0) @binding(8) var<storage, read_write> w_scales: array<f32>;
@@ -48,5 +48,3 @@ fn pairs_columns() -> bool {
 fn paired_value(gate_sum: f32, up_sum: f32) -> f32 {
     return 0.0;
 }
-
-fn block_pair_out(r: u32, c: u32, value: f32) {}

@@ -192,12 +192,14 @@ fn a_scale(row: u32) -> f32 {
 }
 
 
-// y[pixel r, channel c] (the call's r: y's window starts at its first
-// pixel) = value + b[c], y's value added where RESIDUAL, ReLU'd where RELU,
-// inside the call's pixels and channels only.
-fn block_value_out(r: u32, c: u32, value: f32) {
-    if (r < p.px_count && c < p.out_channels) {
-        store_output(p.y_offset + r * p.out_channels + c, value + bias(p.b_offset + c));
+// y[pixel r, channel c + j] (the call's r: y's window starts at its first
+// pixel) = values[j] + b[c + j], y's value added where RESIDUAL, ReLU'd
+// where RELU, inside the call's pixels and channels only.
+fn block_quad_out(r: u32, c: u32, values: vec4<f32>) {
+    for (var j = 0u; j < 4u; j++) {
+        if (r < p.px_count && c + j < p.out_channels) {
+            store_output(p.y_offset + r * p.out_channels + c + j, values[j] + bias(p.b_offset + c + j));
+        }
     }
 }
 
@@ -241,10 +243,13 @@ fn piece_value(r: u32, c: u32, value: f32) -> f32 {
     return v;
 }
 
-// Outputs c and c + 1 of pixel r as one word, inside the call only.
-fn block_half_pair_out(r: u32, c: u32, word: u32) {
+// Outputs c … c + 3 of pixel r as two words, inside the call only.
+fn block_half_quad_out(r: u32, c: u32, words: vec2<u32>) {
     if (r < p.px_count && c < p.out_channels) {
-        y_half[p.y_offset + (r * p.out_channels + c) / 2u] = word;
+        y_half[p.y_offset + (r * p.out_channels + c) / 2u] = words.x;
+    }
+    if (r < p.px_count && c + 2u < p.out_channels) {
+        y_half[p.y_offset + (r * p.out_channels + c) / 2u + 1u] = words.y;
     }
 }
 

@@ -167,7 +167,7 @@ pub fn conv2d_matrix_nhwc(gpu: &Gpu, sink: &mut dyn Sink, source: NhwcSource<'_>
     let taps_last = order == TapOrder::ChannelsLast || s.kernel == 1;
     let paired = taps_last && matrix_b_paired(c, w.dtype, ww.local, taps);
     let kernel = if c.size == 16 { CONV2D_MATRIX_NHWC_16 } else { CONV2D_MATRIX_NHWC_8 };
-    let [kt, stages] = c.staging.constants(c.size);
+    let [kt, stages, out_slots] = c.staging.constants(c.size);
     let constants = [
         ("WEIGHT_BF16", w.dtype.constant()),
         ("WG", c.subgroup * MATRIX_SUBGROUPS),
@@ -189,6 +189,7 @@ pub fn conv2d_matrix_nhwc(gpu: &Gpu, sink: &mut dyn Sink, source: NhwcSource<'_>
         ("NORM_GROUPS", to_u32(norm.as_ref().map_or(1, |n| n.groups), "group norm groups")?),
         kt,
         stages,
+        out_slots,
     ];
     for px in chunks(plane, piece) {
         let source = input_pixels(&s, up, &px);

@@ -5,7 +5,7 @@
 //! element-wise SwiGLU), on every tier and kernel shape the adapter has.
 
 use crate::kernels::elementwise::{elementwise, Elementwise};
-use crate::kernels::linear::{linear_from, linear_gated, linear_swiglu, measure_weight_rows, Gemm, Input};
+use crate::kernels::linear::{linear_add, linear_from, linear_gated, linear_swiglu, measure_weight_rows, stores_vec4s, Gemm, Input};
 use crate::testing::*;
 use crate::view::{Mat, Weight};
 use crate::{Gpu, GpuOptions, Precision};
@@ -138,4 +138,45 @@ fn the_swiglu_epilogue_equals_the_product_then_the_swiglu_on_matrix_units() {
         check_swiglu(&gpu, [13, 70, 36], kept);
     }
     crate::kernels::linear::tests::with_element_fetch(|| check_swiglu(&gpu, [70, 131, 64], true));
+}
+
+/// The matrix linear's outputs written four at a time (y's window and rows
+/// whole vec4s: `stores_vec4s`) and one at a time (neither): the same bits,
+/// with a bias, added onto y, gated onto it, and as SwiGLU's.
+fn check_vector_stores(gpu: &Gpu, [m, n, k]: [usize; 3]) {
+    let mut rng = Rng::new((m * 13 + n * 7 + k) as u64);
+    let x = rng.normals(m * k, 1.0);
+    let old = rng.normals(m * n, 2.0);
+    let (xb, wb, bb, gb) = (gpu.upload_f32("x", &x), gpu.upload_bf16("w", &rng.bf16s(2 * n * k, 0.1)), gpu.upload_bf16("b", &rng.bf16s(n, 1.0)), gpu.upload_f32("gate", &rng.normals(n, 1.0)));
+    let s = Gemm { m: m as u64, n: n as u64, k: k as u64 };
+    let x_rows = Mat::new(&xb, k as u64);
+    let gate_row = Mat { buf: &gb, offset: 0, stride: 0 };
+    let vec4_stride = n.next_multiple_of(4) + 4;
+    // y from output `at` of rows `stride` apart, holding `old` first.
+    let run = |epilogue: &str, at: usize, stride: usize| -> Vec<u32> {
+        let mut before = vec![f32::NAN; at + m * stride];
+        (0..m).for_each(|r| before[at + r * stride..at + r * stride + n].copy_from_slice(&old[r * n..(r + 1) * n]));
+        let yb = gpu.upload_f32("y", &before);
+        let y = Mat { buf: &yb, offset: at as u64, stride: stride as u64 };
+        let all = run_and_read(gpu, &yb, before.len(), |enc| match epilogue {
+            "bias" => linear_from(gpu, enc, Input::F32(x_rows), Weight::bf16(&wb), Some(Weight::bf16(&bb)), y, s),
+            "accumulate" => linear_add(gpu, enc, x_rows, Weight::bf16(&wb), y, s),
+            "gated" => linear_gated(gpu, enc, Input::F32(x_rows), Weight::bf16(&wb), Some(Weight::bf16(&bb)), y, gate_row, s),
+            _ => linear_swiglu(gpu, enc, Input::F32(x_rows), Weight::bf16(&wb), y, s),
+        });
+        (0..m).flat_map(|r| (0..n).map(move |c| (r, c))).map(|(r, c)| all[at + r * stride + c].to_bits()).collect()
+    };
+    assert!(stores_vec4s(4, vec4_stride as u64, n as u64) && !stores_vec4s(3, vec4_stride as u64 + 1, n as u64));
+    for epilogue in ["bias", "accumulate", "gated", "swiglu"] {
+        let (quads, singles) = (run(epilogue, 4, vec4_stride), run(epilogue, 3, vec4_stride + 1));
+        assert_eq!(quads, singles, "{epilogue}: {m}×{k}·{k}×{n} four outputs a store and one");
+        assert!(quads.iter().all(|b| f32::from_bits(*b).is_finite()), "{epilogue}: every output written");
+    }
+}
+
+#[test]
+fn the_matrix_linears_vector_stores_give_its_element_stores_bits() {
+    let Some(gpu) = tier_gpu_with(GpuOptions { precision: Precision::Matrix, ..options() }) else { return };
+    // Rows past a block, whole column blocks and a last quad partly past the matrix.
+    check_vector_stores(&gpu, [70, 70, 64]);
 }

@@ -209,12 +209,20 @@ fn check_swiglu_into_half_pieces(gpu: &Gpu, [m, n, k]: [usize; 3], piece: usize)
 }
 
 /// What `write` writes as f16 rows in pieces of `piece` (into words in a
-/// wider tensor from an even column, the scales a row 3 apart more than its
-/// pieces) is `y` `[m, n]`, each piece divided by its range scale and
-/// rounded to f16, with those scales.
-fn check_written_in_pieces(gpu: &Gpu, y: &[f32], [m, n]: [usize; 2], piece: usize, write: impl FnOnce(&mut dyn crate::dispatch::Sink, HalfMat<'_>) -> Result<(), crate::GpuError>) {
+/// wider tensor from an even column, rows whole vec4s apart or not, the
+/// scales a row 3 apart more than its pieces) is `y` `[m, n]`, each piece
+/// divided by its range scale and rounded to f16, with those scales.
+fn check_written_in_pieces(gpu: &Gpu, y: &[f32], [m, n]: [usize; 2], piece: usize, write: impl Fn(&mut dyn crate::dispatch::Sink, HalfMat<'_>) -> Result<(), crate::GpuError>) {
+    // Rows of n / 2 + 2 words hold whole vec4s of f16 where n does
+    // (linear_matrix.wgsl's Y_VEC4: four outputs a store), of n / 2 + 3 never.
+    for pad in [2, 3] {
+        check_written_in_rows_of(gpu, y, [m, n], piece, n / 2 + pad, &write);
+    }
+}
+
+fn check_written_in_rows_of(gpu: &Gpu, y: &[f32], [m, n]: [usize; 2], piece: usize, word_stride: usize, write: impl Fn(&mut dyn crate::dispatch::Sink, HalfMat<'_>) -> Result<(), crate::GpuError>) {
     let pieces = n.div_ceil(piece);
-    let (words_at, word_stride, scales_stride) = (2usize, n / 2 + 3, pieces + 3);
+    let (words_at, scales_stride) = (2usize, pieces + 3);
     let scales_at = words_at + m * word_stride;
     let len = scales_at + m * scales_stride;
     let out = poisoned(gpu, len);
@@ -226,8 +234,8 @@ fn check_written_in_pieces(gpu: &Gpu, y: &[f32], [m, n]: [usize; 2], piece: usiz
             let (want_words, want_scales) = pack_rows(&y[row * n + cols.start..row * n + cols.end], 1, cols.len());
             let first = words_at + row * word_stride + cols.start / 2;
             let got: Vec<u32> = all[first..first + cols.len() / 2].iter().map(|v| v.to_bits()).collect();
-            assert_eq!(got, want_words, "row {row}, piece {p}: f16 values");
-            assert_eq!(all[scales_at + row * scales_stride + p], want_scales[0], "row {row}, piece {p}: scale");
+            assert_eq!(got, want_words, "row {row}, piece {p}: f16 values, rows {word_stride} words apart");
+            assert_eq!(all[scales_at + row * scales_stride + p], want_scales[0], "row {row}, piece {p}: scale, rows {word_stride} words apart");
         }
     }
 }

@@ -59,15 +59,16 @@ pub const GEMM_TILE: [u32; 2] = [128, 128];
 
 pub const LINEAR: Kernel =
     kernel(Module::Linear, "linear", [16, 16, 1], &[(1, RW), (2, R), (3, R), (4, RW), (11, RW)], size_of::<LinearParams>(), true);
-/// The matrix tier's linear (`linear_matrix.wgsl`), one module per tile size;
-/// its workgroup is one subgroup, set by the `WG` override (hence size 0 here).
 /// The f16 tier's linear: `linear.wgsl` on f16-staged tiles.
 pub const LINEAR_HALF: Kernel = Kernel { module: Module::LinearHalf, ..LINEAR };
+/// The matrix tier's linear (`linear_matrix.wgsl`), one module per tile size;
+/// its workgroup is four subgroups, set by the `WG` override (hence size 0
+/// here). y at 4 and 12 (f32 or f16) and again as vec4s at 14 and 15.
 pub const LINEAR_MATRIX_8: Kernel = kernel(
     Module::LinearMatrix8,
     "linear_matrix",
     [0, 1, 1],
-    &[(1, RW), (2, R), (3, R), (4, RW), (5, R), (8, R), (9, RW), (10, RW), (11, RW), (12, RW), (13, RW)],
+    &[(1, RW), (2, R), (3, R), (4, RW), (5, R), (8, R), (9, RW), (10, RW), (11, RW), (12, RW), (13, RW), (14, RW), (15, RW)],
     size_of::<LinearParams>(),
     true,
 );
@@ -79,7 +80,7 @@ pub const LINEAR_MATRIX_8_VEC4: Kernel = kernel(
     Module::LinearMatrix8Vec4,
     "linear_matrix",
     [0, 1, 1],
-    &[(3, R), (4, RW), (5, R), (6, RW), (7, R), (8, R), (9, RW), (10, RW), (11, RW), (12, RW), (13, RW)],
+    &[(3, R), (4, RW), (5, R), (6, RW), (7, R), (8, R), (9, RW), (10, RW), (11, RW), (12, RW), (13, RW), (14, RW), (15, RW)],
     size_of::<LinearParams>(),
     true,
 );
@@ -325,6 +326,12 @@ fn product(gpu: &Gpu, sink: &mut dyn Sink, input: Input<'_>, w: Weight<'_>, bias
             let paired = ww.local.is_multiple_of(2) && kdim.is_multiple_of(2);
             let (rows_n, cols_n) = (rows.end - rows.start, cols.end - cols.start);
             let w_read = w_rows_read.end - w_rows_read.start;
+            let yw = Rows { offset: y.offset + cols.start / out_per_word, width: (cols.end - cols.start) / out_per_word, ..y_rows }.window(gpu, &rows)?;
+            // y's rows as vec4s of outputs (the matrix kernel's bindings 14
+            // and 15): its window and row stride whole vec4s, a row at least
+            // one; else an unused buffer there.
+            let y_vec4 = stores_vec4s(yw.local as u64 * out_per_word, y.stride * out_per_word, cols_n);
+            let yw_vec4 = if y_vec4 { yw.clone() } else { window(gpu, gpu.unused_writable(), 4, 0..4, "unused output")? };
             // On a CPU adapter whose subgroups can share x's rows, where the
             // operands' rows start on whole vec4s: the lanes kernel.
             let vec4s = |elems: u64| (xw.local as u64).is_multiple_of(4) && x.stride.is_multiple_of(4) && (ww.local as u64).is_multiple_of(elems) && kdim.is_multiple_of(8);
@@ -357,6 +364,7 @@ fn product(gpu: &Gpu, sink: &mut dyn Sink, input: Input<'_>, w: Weight<'_>, bias
                         ("X_PIECE", to_u32(piece.unwrap_or(0), "linear input piece")?),
                         ("Y_HALF", half_out.is_some() as u32),
                         ("Y_PIECE", to_u32(out_piece.unwrap_or(64), "linear output piece")?),
+                        ("Y_VEC4", y_vec4 as u32),
                     ];
                     constants.extend(c.staging.constants(c.size));
                     let kernel = match matrix_vec4s(c, [x_at, x_stride], &ww, w.dtype, terms(gpu, kdim)) {
@@ -370,7 +378,6 @@ fn product(gpu: &Gpu, sink: &mut dyn Sink, input: Input<'_>, w: Weight<'_>, bias
                 Some(b) => window(gpu, b.buf, eb, b.offset + cols.start..b.offset + cols.end, "linear bias")?,
                 None => placeholder_window(gpu)?,
             };
-            let yw = Rows { offset: y.offset + cols.start / out_per_word, width: (cols.end - cols.start) / out_per_word, ..y_rows }.window(gpu, &rows)?;
             // y's scales (binding 13) for this piece's columns (whole pieces:
             // W splits in whole blocks), or y's window where y is f32.
             let y_scales = match (half_out, out_piece) {
@@ -440,9 +447,9 @@ fn product(gpu: &Gpu, sink: &mut dyn Sink, input: Input<'_>, w: Weight<'_>, bias
             let x_half_scales = x_scales.as_ref().unwrap_or(&xw);
             let (x_f32, x_half) = (&xw, &xw);
             if kernel.module.reads_vec4s() {
-                dispatch(gpu, sink, launch, &[(3, &bw), (4, &yw), (5, &sw), (6, x_f32), (7, &ww), (8, &w_scales), (9, x_half), (10, x_half_scales), (11, &gw), (12, &yw), (13, &y_scales)]);
+                dispatch(gpu, sink, launch, &[(3, &bw), (4, &yw), (5, &sw), (6, x_f32), (7, &ww), (8, &w_scales), (9, x_half), (10, x_half_scales), (11, &gw), (12, &yw), (13, &y_scales), (14, &yw_vec4), (15, &yw_vec4)]);
             } else if matrix.is_some() {
-                dispatch(gpu, sink, launch, &[(1, x_f32), (2, &ww), (3, &bw), (4, &yw), (5, &sw), (8, &w_scales), (9, x_half), (10, x_half_scales), (11, &gw), (12, &yw), (13, &y_scales)]);
+                dispatch(gpu, sink, launch, &[(1, x_f32), (2, &ww), (3, &bw), (4, &yw), (5, &sw), (8, &w_scales), (9, x_half), (10, x_half_scales), (11, &gw), (12, &yw), (13, &y_scales), (14, &yw_vec4), (15, &yw_vec4)]);
             } else if lanes.is_some() {
                 dispatch(gpu, sink, launch, &[(3, &bw), (4, &yw), (6, &xw), (7, &ww), (11, &gw)]);
             } else {
@@ -451,6 +458,14 @@ fn product(gpu: &Gpu, sink: &mut dyn Sink, input: Input<'_>, w: Weight<'_>, bias
         }
     }
     Ok(())
+}
+
+/// Whether the matrix linear writes its outputs four at a time
+/// (`linear_matrix.wgsl`'s `Y_VEC4`): y's window from output `first` of its
+/// binding, rows `stride` outputs apart (f32 or f16 values), both whole
+/// vec4s, and rows of at least one vec4 of `cols` outputs.
+pub(crate) fn stores_vec4s(first: u64, stride: u64, cols: u64) -> bool {
+    first.is_multiple_of(4) && stride.is_multiple_of(4) && cols >= 4
 }
 
 /// `matrix_fetch.wgsl`'s `B_PAIRED` for a matrix product (linear or conv)

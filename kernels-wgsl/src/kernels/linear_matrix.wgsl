@@ -114,13 +114,6 @@ fn b_scale(col: u32) -> f32 {
     return w_scales[p.w_scales + paired_w_row(col, BN)];
 }
 
-// y[r, c] = value (+ bias, + y's old value), inside the matrix only.
-fn block_value_out(r: u32, c: u32, value: f32) {
-    if (r < p.m && c < p.n) {
-        linear_out(r, c, value);
-    }
-}
-
 // SWIGLU: a block's two subgroup columns hold the gate's and the up's sums
 // of the same outputs (matrix_gemm.wgsl's tile_out pairs them).
 fn pairs_columns() -> bool {
@@ -133,11 +126,44 @@ fn paired_value(gate_sum: f32, up_sum: f32) -> f32 {
     return silu(gate_sum) * up_sum;
 }
 
-// y[r, c] = silu(gate)·up, inside the matrix only.
-fn block_pair_out(r: u32, c: u32, value: f32) {
-    if (r < p.m && c < p.n) {
-        y[p.y_offset + r * p.y_stride + c] = value;
+// y's rows as vec4s (`Y_VEC4`: y's offset and row stride whole vec4s, of
+// f32 values or, with Y_HALF, of f16 ones), at bindings 14 (f32) and 15
+// (f16, two words a vector), the same buffers as bindings 4 and 12: four
+// neighbouring outputs of a row go out in one store.
+override Y_VEC4: bool = false;
+@group(0) @binding(14) var<storage, read_write> y_vec4: array<vec4<f32>>;
+@group(0) @binding(15) var<storage, read_write> y_half_quads: array<vec2<u32>>;
+
+// y[r, c … c + 3] = values (+ bias, + y's old value, or gated onto it:
+// linear_out's arithmetic, each output's the same), inside the matrix only;
+// a SwiGLU product's outputs have none of them.
+fn block_quad_out(r: u32, c: u32, values: vec4<f32>) {
+    if (r >= p.m) {
+        return;
     }
+    if (!Y_VEC4 || c + 3u >= p.n) {
+        for (var j = 0u; j < 4u; j++) {
+            if (c + j < p.n) {
+                linear_out(r, c + j, values[j]);
+            }
+        }
+        return;
+    }
+    var out = values;
+    if (HAS_BIAS) {
+        let at = p.b_offset + c;
+        out += vec4<f32>(bias(at), bias(at + 1u), bias(at + 2u), bias(at + 3u));
+    }
+    let at = (p.y_offset + r * p.y_stride + c) / 4u;
+    if (GATED) {
+        let g = p.gate_offset + c;
+        y_vec4[at] = fma(vec4<f32>(gate[g], gate[g + 1u], gate[g + 2u], gate[g + 3u]), out, y_vec4[at]);
+        return;
+    }
+    if (ACCUMULATE) {
+        out += y_vec4[at];
+    }
+    y_vec4[at] = out;
 }
 
 // The outputs (SwiGLU's or the products themselves, without bias) as the
@@ -155,10 +181,20 @@ fn pieces_out() -> bool {
     return Y_HALF;
 }
 
-// Outputs c and c + 1 of row r as one word, inside the matrix only (n even).
-fn block_half_pair_out(r: u32, c: u32, word: u32) {
-    if (r < p.m && c < p.n) {
-        y_half[(p.y_offset + r * p.y_stride + c) / 2u] = word;
+// Outputs c … c + 3 of row r as two words (each two f16 values), inside
+// the matrix only (n even): one store where y's rows are whole vec4s.
+fn block_half_quad_out(r: u32, c: u32, words: vec2<u32>) {
+    if (r >= p.m || c >= p.n) {
+        return;
+    }
+    let at = p.y_offset + r * p.y_stride + c;
+    if (Y_VEC4 && c + 3u < p.n) {
+        y_half_quads[at / 4u] = words;
+        return;
+    }
+    y_half[at / 2u] = words.x;
+    if (c + 2u < p.n) {
+        y_half[at / 2u + 1u] = words.y;
     }
 }
 

@@ -39,19 +39,22 @@
 // t0)`, the u32 holding B[t0 + t, col0 + c] and B[t0 + t + 1, col0 + c] as
 // bf16) or `linear_matrix_vec4.wgsl` (the linear's x and W as vec4s). Each
 // gives `prefetching()`, `fetch`, `put` and `stage`. The module gives the
-// scales above and `block_value_out(r, c, value)`, which writes C[r, c] (r, c
-// absolute) if inside the matrix; `pairs_columns()` says whether a block's
-// two subgroup columns are instead the two sums of the same BN / 2 outputs
-// (the linear's SwiGLU), whose value `paired_value(gate, up)` is and which
-// `block_pair_out(r, c, value)` writes. Where `pieces_out()` the outputs
-// (pairs or not) go out as f16 instead, under a range scale for every
-// `out_piece()` outputs of a row (whole pieces in the block's outputs, at
-// most MAX_BLOCK_PIECES), through `block_half_pair_out(r, c, word)` (c even)
-// and `block_piece_scale_out(r, c, scale)` (c a piece's first output), in
-// two passes over the tiles: magnitudes, then values; each value first
-// through the module's `piece_value(r, c, value)` (r, c absolute: the
-// convolution's bias and residual; zero outside the matrix, so that a
-// block's columns past it leave its pieces' magnitudes as they are). Accumulators are declared once, outside
+// scales above and `block_quad_out(r, c, values)`, which writes outputs
+// C[r, c … c + 3] (r, c absolute, c a multiple of 4) where inside the
+// matrix, as one vector store where its rows allow; `pairs_columns()` says
+// whether a block's two subgroup columns are instead the two sums of the
+// same BN / 2 outputs (the linear's SwiGLU), whose value `paired_value(gate,
+// up)` is, written through the same `block_quad_out` from column col0 / 2.
+// Where `pieces_out()` the outputs (pairs or not) go out as f16 instead,
+// under a range scale for every `out_piece()` outputs of a row (whole pairs,
+// and whole pieces in the block's outputs, at most MAX_BLOCK_PIECES),
+// through `block_half_quad_out(r, c, words)` (the f16 pairs of outputs c …
+// c + 3) and `block_piece_scale_out(r, c, scale)` (c a piece's first
+// output), in two passes over the tiles: magnitudes, then values; each
+// value first through the module's `piece_value(r, c, value)` (r, c
+// absolute: the convolution's bias and residual; zero outside the matrix,
+// so that a block's columns past it leave its pieces' magnitudes as they
+// are). Accumulators are declared once, outside
 // every loop: a cooperative-matrix `var` declared inside a loop is zeroed only
 // once.
 
@@ -74,8 +77,14 @@ override A_STAGED: u32 = STAGES * BM * LD;
 override B_STAGED: u32 = STAGES * BN * LD;
 var<workgroup> a_tiles: array<Operand, A_STAGED>;
 var<workgroup> b_tiles: array<Operand, B_STAGED>;
-// One T×T tile per subgroup on its way out.
-var<workgroup> c_tiles: array<f32, SUBGROUPS * T * T>;
+// OUT_SLOTS (2, or 1 where workgroup memory is short: the staging's
+// `out_slots`) T×T tiles per subgroup on their way out, taken in turn: with
+// two, a subgroup stores its next tile into one slot while the other may
+// still be read, so one barrier a tile keeps stores and reads apart; with
+// one, a second barrier a tile waits until it is read.
+override OUT_SLOTS: u32 = 2u;
+override C_STAGED: u32 = OUT_SLOTS * SUBGROUPS * T * T;
+var<workgroup> c_tiles: array<f32, C_STAGED>;
 // Where the outputs go out as f16 in pieces (`pieces_out()`): the largest
 // output magnitude of each block row's pieces (at most MAX_BLOCK_PIECES of
 // the module's `out_piece()` outputs in a block's outputs), as the bits of
@@ -107,17 +116,31 @@ fn b_inverse(col: u32) -> f32 {
     return 1.0 / b_scale(col);
 }
 
+// Where subgroup sg's tile in out-slot `slot` (0 or 1: the same with one
+// slot) starts in c_tiles.
+fn slot_base(sg: u32, slot: u32) -> u32 {
+    return (OUT_SLOTS * sg + min(slot, OUT_SLOTS - 1u)) * T * T;
+}
+
+// With one out-slot, every subgroup is done reading it before the next
+// tile goes in.
+fn slot_read() {
+    if (OUT_SLOTS == 1u) {
+        workgroupBarrier();
+    }
+}
+
 // Output i of the left subgroup's tile at block row r and column c (of
 // the gate's columns) from the gate's and the up's sums, scaled back.
-fn pair_value(sg: u32, i: u32, r: u32, c: u32, col0: u32) -> f32 {
-    let gate_sum = c_tiles[sg * T * T + i] * row_scale[r] * b_scale(col0 + c);
-    let up_sum = c_tiles[(sg + 1u) * T * T + i] * row_scale[r] * b_scale(col0 + c + R * T);
+fn pair_value(sg: u32, slot: u32, i: u32, r: u32, c: u32, col0: u32) -> f32 {
+    let gate_sum = c_tiles[slot_base(sg, slot) + i] * row_scale[r] * b_scale(col0 + c);
+    let up_sum = c_tiles[slot_base(sg + 1u, slot) + i] * row_scale[r] * b_scale(col0 + c + R * T);
     return paired_value(gate_sum, up_sum);
 }
 
 // Element i of the subgroup's tile at block row r and block column c, scaled back.
-fn single_value(sg: u32, i: u32, r: u32, c: u32, col0: u32) -> f32 {
-    return c_tiles[sg * T * T + i] * row_scale[r] * b_scale(col0 + c);
+fn single_value(sg: u32, slot: u32, i: u32, r: u32, c: u32, col0: u32) -> f32 {
+    return c_tiles[slot_base(sg, slot) + i] * row_scale[r] * b_scale(col0 + c);
 }
 
 // The block's outputs a row and the first one's column: with pairs, the
@@ -142,30 +165,50 @@ fn tile_first_output(sg: u32, tj: u32) -> u32 {
 }
 
 // Element i of the subgroup's tile at block row r and output column c.
-fn output_value(sg: u32, i: u32, r: u32, c: u32, col0: u32) -> f32 {
+fn output_value(sg: u32, slot: u32, i: u32, r: u32, c: u32, col0: u32) -> f32 {
     if (pairs_columns()) {
-        return pair_value(sg, i, r, c, col0);
+        return pair_value(sg, slot, i, r, c, col0);
     }
-    return single_value(sg, i, r, c, col0);
+    return single_value(sg, slot, i, r, c, col0);
 }
 
-// An output as it goes out in f16: the module's `piece_value` of it.
-fn half_output(sg: u32, i: u32, r: u32, c: u32, row0: u32, col0: u32) -> f32 {
-    return piece_value(row0 + r, first_output(col0) + c, output_value(sg, i, r, c, col0));
+// Elements i … i + 3 of the tile (four neighbouring outputs of block row
+// r, from output column c).
+fn output_quad(sg: u32, slot: u32, i: u32, r: u32, c: u32, col0: u32) -> vec4<f32> {
+    return vec4<f32>(output_value(sg, slot, i, r, c, col0), output_value(sg, slot, i + 1u, r, c + 1u, col0), output_value(sg, slot, i + 2u, r, c + 2u, col0), output_value(sg, slot, i + 3u, r, c + 3u, col0));
+}
+
+// The quad as it goes out in f16: the module's `piece_value` of each.
+fn half_quad(sg: u32, slot: u32, i: u32, r: u32, c: u32, row0: u32, col0: u32) -> vec4<f32> {
+    let values = output_quad(sg, slot, i, r, c, col0);
+    let at = first_output(col0) + c;
+    return vec4<f32>(piece_value(row0 + r, at, values.x), piece_value(row0 + r, at + 1u, values.y), piece_value(row0 + r, at + 2u, values.z), piece_value(row0 + r, at + 3u, values.w));
+}
+
+// The tile's quads a lane takes: T·T / 4, row by row (element i = 4q).
+// Each lane's outputs go out as a vector, four neighbouring outputs (or
+// their f16 pairs) in one store where the module's rows allow it.
+fn quad_row(sg: u32, ti: u32, q: u32) -> u32 {
+    return (sg / SG_COLS) * R * T + ti * T + q / (T / 4u);
+}
+
+fn quad_column(sg: u32, tj: u32, q: u32) -> u32 {
+    return tile_first_output(sg, tj) + 4u * (q % (T / 4u));
 }
 
 // The first of the two passes over the tiles where the outputs go out in
-// f16 pieces: each output's magnitude into its row's piece's largest.
-fn tile_measure(lane: u32, lanes: u32, sg: u32, ti: u32, tj: u32, row0: u32, col0: u32) {
+// f16 pieces: each output's magnitude into its row's piece's largest, a
+// pair at a time (pieces are whole pairs).
+fn tile_measure(lane: u32, lanes: u32, sg: u32, slot: u32, ti: u32, tj: u32, row0: u32, col0: u32) {
     if (!writes_outputs(sg)) {
         return;
     }
-    let r0 = (sg / SG_COLS) * R * T + ti * T;
-    let c0 = tile_first_output(sg, tj);
-    for (var i = lane; i < T * T; i += lanes) {
-        let r = r0 + i / T;
-        let c = c0 + i % T;
-        atomicMax(&piece_largest[r * MAX_BLOCK_PIECES + c / out_piece()], bitcast<u32>(abs(half_output(sg, i, r, c, row0, col0))));
+    for (var q = lane; q < T * T / 4u; q += lanes) {
+        let r = quad_row(sg, ti, q);
+        let c = quad_column(sg, tj, q);
+        let m = abs(half_quad(sg, slot, 4u * q, r, c, row0, col0));
+        atomicMax(&piece_largest[r * MAX_BLOCK_PIECES + c / out_piece()], bitcast<u32>(max(m.x, m.y)));
+        atomicMax(&piece_largest[r * MAX_BLOCK_PIECES + (c + 2u) / out_piece()], bitcast<u32>(max(m.z, m.w)));
     }
 }
 
@@ -177,20 +220,19 @@ fn piece_exponent(r: u32, c: u32) -> i32 {
 }
 
 // The second pass: the subgroup's tile as f16 pairs under their rows' piece
-// exponents, two neighbouring outputs a word.
-fn tile_half_out(lane: u32, lanes: u32, sg: u32, ti: u32, tj: u32, row0: u32, col0: u32) {
+// exponents, four neighbouring outputs (two words) a store.
+fn tile_half_out(lane: u32, lanes: u32, sg: u32, slot: u32, ti: u32, tj: u32, row0: u32, col0: u32) {
     if (!writes_outputs(sg)) {
         return;
     }
-    let r0 = (sg / SG_COLS) * R * T + ti * T;
-    let c0 = tile_first_output(sg, tj);
-    for (var i = lane; i < T * T / 2u; i += lanes) {
-        let r = r0 + i / (T / 2u);
-        let c = c0 + 2u * (i % (T / 2u));
-        let e = i / (T / 2u) * T + 2u * (i % (T / 2u));
-        let exponent = -piece_exponent(r, c);
-        let pair = vec2<f32>(ldexp(half_output(sg, e, r, c, row0, col0), exponent), ldexp(half_output(sg, e + 1u, r, c + 1u, row0, col0), exponent));
-        block_half_pair_out(row0 + r, first_output(col0) + c, operand_pair(pair));
+    for (var q = lane; q < T * T / 4u; q += lanes) {
+        let r = quad_row(sg, ti, q);
+        let c = quad_column(sg, tj, q);
+        let v = half_quad(sg, slot, 4u * q, r, c, row0, col0);
+        let low = -piece_exponent(r, c);
+        let high = -piece_exponent(r, c + 2u);
+        let words = vec2<u32>(operand_pair(vec2<f32>(ldexp(v.x, low), ldexp(v.y, low))), operand_pair(vec2<f32>(ldexp(v.z, high), ldexp(v.w, high))));
+        block_half_quad_out(row0 + r, first_output(col0) + c, words);
     }
 }
 
@@ -203,33 +245,23 @@ fn pieces_scales_out(li: u32, row0: u32, col0: u32) {
     }
 }
 
-// The subgroup's tile (ti, tj), as its slice of c_tiles holds it, scaled back
-// and written out by the subgroup's own invocations.
-fn tile_out(lane: u32, lanes: u32, sg: u32, ti: u32, tj: u32, row0: u32, col0: u32) {
-    let r0 = (sg / SG_COLS) * R * T + ti * T;
-    let c0 = (sg % SG_COLS) * R * T + tj * T;
+// The subgroup's tile (ti, tj), as its out-slot of c_tiles holds it, scaled
+// back and written out by the subgroup's own invocations, four neighbouring
+// outputs a store (with pairs, the left subgroup column's tile is the
+// gate's and its right neighbour's, the same tile of the up's rows, the
+// up's: the left one writes the outputs, from column col0 / 2).
+fn tile_out(lane: u32, lanes: u32, sg: u32, slot: u32, ti: u32, tj: u32, row0: u32, col0: u32) {
     if (pieces_out()) {
-        tile_half_out(lane, lanes, sg, ti, tj, row0, col0);
+        tile_half_out(lane, lanes, sg, slot, ti, tj, row0, col0);
         return;
     }
-    if (pairs_columns()) {
-        // The left subgroup column's tile is the gate's, its right
-        // neighbour's (the same tile of the up's rows) the up's: the left
-        // one writes the outputs, at column c0 of the block's BN / 2.
-        if (sg % SG_COLS != 0u) {
-            return;
-        }
-        for (var i = lane; i < T * T; i += lanes) {
-            let r = r0 + i / T;
-            let c = c0 + i % T;
-            block_pair_out(row0 + r, col0 / 2u + c, pair_value(sg, i, r, c, col0));
-        }
+    if (!writes_outputs(sg)) {
         return;
     }
-    for (var i = lane; i < T * T; i += lanes) {
-        let r = r0 + i / T;
-        let c = c0 + i % T;
-        block_value_out(row0 + r, col0 + c, single_value(sg, i, r, c, col0));
+    for (var q = lane; q < T * T / 4u; q += lanes) {
+        let r = quad_row(sg, ti, q);
+        let c = quad_column(sg, tj, q);
+        block_quad_out(row0 + r, first_output(col0) + c, output_quad(sg, slot, 4u * q, r, c, col0));
     }
 }
 
@@ -242,10 +274,10 @@ fn matrix_gemm_block(li: u32, sg: u32, lane: u32, lanes: u32, block: u32, n: u32
 }
 
 // The block at (row0, col0) over k terms, written out through
-// `block_value_out`. Blocks past the matrix run on zeros: cooperative
+// `block_quad_out`. Blocks past the matrix run on zeros: cooperative
 // operations need uniform control flow, which an early return would break.
 fn matrix_gemm(li: u32, sg: u32, lane: u32, lanes: u32, row0: u32, col0: u32, k: u32) {
-    for (var i = li; i < SUBGROUPS * T * T; i += WG) {
+    for (var i = li; i < C_STAGED; i += WG) {
         c_tiles[i] = 0.0;
     }
     for (var i = li; i < BM; i += WG) {
@@ -264,7 +296,7 @@ fn matrix_gemm(li: u32, sg: u32, lane: u32, lanes: u32, row0: u32, col0: u32, k:
     // This subgroup's R·T rows of A and columns of B within the block.
     let a_rows = (sg / SG_COLS) * R * T * LD;
     let b_cols = (sg % SG_COLS) * R * T * LD;
-    let zero = &c_tiles[sg * T * T];
+    let zero = &c_tiles[slot_base(sg, 0u)];
     var acc00 = coopLoadT<MatC>(zero, T);
     var acc01 = coopLoadT<MatC>(zero, T);
     var acc02 = coopLoadT<MatC>(zero, T);
@@ -335,42 +367,46 @@ fn matrix_gemm(li: u32, sg: u32, lane: u32, lanes: u32, row0: u32, col0: u32, k:
         }
         workgroupBarrier();
     }
-    // Each subgroup stores its tiles one at a time through its own slice.
-    let c = &c_tiles[sg * T * T];
+    // Each subgroup stores its tiles one at a time, into its out-slots in
+    // turn: with two, tile j's store follows the barrier after which every
+    // lane is done with tile j − 2, which used the same slot.
+    let c0 = &c_tiles[slot_base(sg, 0u)];
+    let c1 = &c_tiles[slot_base(sg, 1u)];
     if (pieces_out()) {
         // Every output's magnitude first, for its row's piece scale.
-        coopStoreT(acc00, c, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 0u, 0u, row0, col0); workgroupBarrier();
-        coopStoreT(acc01, c, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 0u, 1u, row0, col0); workgroupBarrier();
-        coopStoreT(acc02, c, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 0u, 2u, row0, col0); workgroupBarrier();
-        coopStoreT(acc03, c, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 0u, 3u, row0, col0); workgroupBarrier();
-        coopStoreT(acc10, c, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 1u, 0u, row0, col0); workgroupBarrier();
-        coopStoreT(acc11, c, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 1u, 1u, row0, col0); workgroupBarrier();
-        coopStoreT(acc12, c, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 1u, 2u, row0, col0); workgroupBarrier();
-        coopStoreT(acc13, c, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 1u, 3u, row0, col0); workgroupBarrier();
-        coopStoreT(acc20, c, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 2u, 0u, row0, col0); workgroupBarrier();
-        coopStoreT(acc21, c, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 2u, 1u, row0, col0); workgroupBarrier();
-        coopStoreT(acc22, c, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 2u, 2u, row0, col0); workgroupBarrier();
-        coopStoreT(acc23, c, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 2u, 3u, row0, col0); workgroupBarrier();
-        coopStoreT(acc30, c, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 3u, 0u, row0, col0); workgroupBarrier();
-        coopStoreT(acc31, c, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 3u, 1u, row0, col0); workgroupBarrier();
-        coopStoreT(acc32, c, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 3u, 2u, row0, col0); workgroupBarrier();
-        coopStoreT(acc33, c, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 3u, 3u, row0, col0); workgroupBarrier();
+        coopStoreT(acc00, c0, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 0u, 0u, 0u, row0, col0); slot_read();
+        coopStoreT(acc01, c1, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 1u, 0u, 1u, row0, col0); slot_read();
+        coopStoreT(acc02, c0, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 0u, 0u, 2u, row0, col0); slot_read();
+        coopStoreT(acc03, c1, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 1u, 0u, 3u, row0, col0); slot_read();
+        coopStoreT(acc10, c0, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 0u, 1u, 0u, row0, col0); slot_read();
+        coopStoreT(acc11, c1, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 1u, 1u, 1u, row0, col0); slot_read();
+        coopStoreT(acc12, c0, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 0u, 1u, 2u, row0, col0); slot_read();
+        coopStoreT(acc13, c1, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 1u, 1u, 3u, row0, col0); slot_read();
+        coopStoreT(acc20, c0, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 0u, 2u, 0u, row0, col0); slot_read();
+        coopStoreT(acc21, c1, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 1u, 2u, 1u, row0, col0); slot_read();
+        coopStoreT(acc22, c0, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 0u, 2u, 2u, row0, col0); slot_read();
+        coopStoreT(acc23, c1, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 1u, 2u, 3u, row0, col0); slot_read();
+        coopStoreT(acc30, c0, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 0u, 3u, 0u, row0, col0); slot_read();
+        coopStoreT(acc31, c1, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 1u, 3u, 1u, row0, col0); slot_read();
+        coopStoreT(acc32, c0, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 0u, 3u, 2u, row0, col0); slot_read();
+        coopStoreT(acc33, c1, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 1u, 3u, 3u, row0, col0); slot_read();
+        workgroupBarrier();
         pieces_scales_out(li, row0, col0);
     }
-    coopStoreT(acc00, c, T); workgroupBarrier(); tile_out(lane, lanes, sg, 0u, 0u, row0, col0); workgroupBarrier();
-    coopStoreT(acc01, c, T); workgroupBarrier(); tile_out(lane, lanes, sg, 0u, 1u, row0, col0); workgroupBarrier();
-    coopStoreT(acc02, c, T); workgroupBarrier(); tile_out(lane, lanes, sg, 0u, 2u, row0, col0); workgroupBarrier();
-    coopStoreT(acc03, c, T); workgroupBarrier(); tile_out(lane, lanes, sg, 0u, 3u, row0, col0); workgroupBarrier();
-    coopStoreT(acc10, c, T); workgroupBarrier(); tile_out(lane, lanes, sg, 1u, 0u, row0, col0); workgroupBarrier();
-    coopStoreT(acc11, c, T); workgroupBarrier(); tile_out(lane, lanes, sg, 1u, 1u, row0, col0); workgroupBarrier();
-    coopStoreT(acc12, c, T); workgroupBarrier(); tile_out(lane, lanes, sg, 1u, 2u, row0, col0); workgroupBarrier();
-    coopStoreT(acc13, c, T); workgroupBarrier(); tile_out(lane, lanes, sg, 1u, 3u, row0, col0); workgroupBarrier();
-    coopStoreT(acc20, c, T); workgroupBarrier(); tile_out(lane, lanes, sg, 2u, 0u, row0, col0); workgroupBarrier();
-    coopStoreT(acc21, c, T); workgroupBarrier(); tile_out(lane, lanes, sg, 2u, 1u, row0, col0); workgroupBarrier();
-    coopStoreT(acc22, c, T); workgroupBarrier(); tile_out(lane, lanes, sg, 2u, 2u, row0, col0); workgroupBarrier();
-    coopStoreT(acc23, c, T); workgroupBarrier(); tile_out(lane, lanes, sg, 2u, 3u, row0, col0); workgroupBarrier();
-    coopStoreT(acc30, c, T); workgroupBarrier(); tile_out(lane, lanes, sg, 3u, 0u, row0, col0); workgroupBarrier();
-    coopStoreT(acc31, c, T); workgroupBarrier(); tile_out(lane, lanes, sg, 3u, 1u, row0, col0); workgroupBarrier();
-    coopStoreT(acc32, c, T); workgroupBarrier(); tile_out(lane, lanes, sg, 3u, 2u, row0, col0); workgroupBarrier();
-    coopStoreT(acc33, c, T); workgroupBarrier(); tile_out(lane, lanes, sg, 3u, 3u, row0, col0); workgroupBarrier();
+    coopStoreT(acc00, c0, T); workgroupBarrier(); tile_out(lane, lanes, sg, 0u, 0u, 0u, row0, col0); slot_read();
+    coopStoreT(acc01, c1, T); workgroupBarrier(); tile_out(lane, lanes, sg, 1u, 0u, 1u, row0, col0); slot_read();
+    coopStoreT(acc02, c0, T); workgroupBarrier(); tile_out(lane, lanes, sg, 0u, 0u, 2u, row0, col0); slot_read();
+    coopStoreT(acc03, c1, T); workgroupBarrier(); tile_out(lane, lanes, sg, 1u, 0u, 3u, row0, col0); slot_read();
+    coopStoreT(acc10, c0, T); workgroupBarrier(); tile_out(lane, lanes, sg, 0u, 1u, 0u, row0, col0); slot_read();
+    coopStoreT(acc11, c1, T); workgroupBarrier(); tile_out(lane, lanes, sg, 1u, 1u, 1u, row0, col0); slot_read();
+    coopStoreT(acc12, c0, T); workgroupBarrier(); tile_out(lane, lanes, sg, 0u, 1u, 2u, row0, col0); slot_read();
+    coopStoreT(acc13, c1, T); workgroupBarrier(); tile_out(lane, lanes, sg, 1u, 1u, 3u, row0, col0); slot_read();
+    coopStoreT(acc20, c0, T); workgroupBarrier(); tile_out(lane, lanes, sg, 0u, 2u, 0u, row0, col0); slot_read();
+    coopStoreT(acc21, c1, T); workgroupBarrier(); tile_out(lane, lanes, sg, 1u, 2u, 1u, row0, col0); slot_read();
+    coopStoreT(acc22, c0, T); workgroupBarrier(); tile_out(lane, lanes, sg, 0u, 2u, 2u, row0, col0); slot_read();
+    coopStoreT(acc23, c1, T); workgroupBarrier(); tile_out(lane, lanes, sg, 1u, 2u, 3u, row0, col0); slot_read();
+    coopStoreT(acc30, c0, T); workgroupBarrier(); tile_out(lane, lanes, sg, 0u, 3u, 0u, row0, col0); slot_read();
+    coopStoreT(acc31, c1, T); workgroupBarrier(); tile_out(lane, lanes, sg, 1u, 3u, 1u, row0, col0); slot_read();
+    coopStoreT(acc32, c0, T); workgroupBarrier(); tile_out(lane, lanes, sg, 0u, 3u, 2u, row0, col0); slot_read();
+    coopStoreT(acc33, c1, T); workgroupBarrier(); tile_out(lane, lanes, sg, 1u, 3u, 3u, row0, col0); slot_read();
 }
