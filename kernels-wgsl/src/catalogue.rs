@@ -67,6 +67,7 @@ pub const ALL_KERNELS: &[Kernel] = &[
     df11::DF11_DECODE,
     df11::DF11_CLEAR,
     ggml::GGML_EXPAND,
+    ggml::GGML_EXPAND_HALF,
     bench::FMA_PEAK,
     bench::COPY_PEAK,
     linear::LINEAR_HALF,

@@ -419,7 +419,7 @@ impl Module {
             Module::ConvHalfWide => with_gemm!(f16, wide, "product_io.wgsl", "conv_io.wgsl", "conv.wgsl"),
             Module::Vae => with_common!("vae.wgsl"),
             Module::Df11 => with_common!("df11.wgsl"),
-            Module::Ggml => with_common!("ggml.wgsl"),
+            Module::Ggml => with_common!("range_rule.wgsl", "ggml.wgsl", "ggml_half.wgsl"),
             Module::Bench => with_common!("bench_io.wgsl", "bench.wgsl"),
             Module::LinearMatrix8 => with_matrix!("8", f16, "product_io.wgsl", "linear_io.wgsl", "linear_matrix.wgsl", "matrix_gemm.wgsl", "matrix_fetch.wgsl"),
             Module::LinearMatrix16 => with_matrix!("16", f16, "product_io.wgsl", "linear_io.wgsl", "linear_matrix.wgsl", "matrix_gemm.wgsl", "matrix_fetch.wgsl"),

@@ -78,6 +78,66 @@ fn every_type_expands_on_the_device_bit_for_bit_as_gguf_py() {
     }
 }
 
+/// Each quantized tensor's rows expanded straight into the matrix tier's
+/// f16 operand (`ggml_expand_half`), from a source offset that is not a
+/// binding boundary, on the default device and on one whose 2 KiB bindings
+/// take a row a dispatch: gguf-py's values packed under the range rule
+/// (`range_rule::pack_rows`), words and scales, and nothing around them written.
+#[test]
+fn every_type_expands_into_f16_rows_as_the_range_rule_packs_gguf_pys_values() {
+    let small = Gpu::new(&GpuOptions { max_storage_binding: Some(2048), ..Default::default() }).unwrap();
+    for gpu in [flux_lite_tests::gpu(), &small] {
+        for Golden { tensor: t, blocks, want } in goldens() {
+            let (rows, k) = (t.shape[0], t.shape[1]);
+            assert!(kernels::expands_half(t.ggml, k as u64), "{}", t.name);
+            let values: Vec<f32> = want.iter().map(|&b| f32::from_bits(b)).collect();
+            let (want_words, want_scales) = flux_lite_kernels::range_rule::pack_rows(&values, rows, k);
+            let lead = 8usize;
+            let mut src = vec![0xabu8; lead];
+            src.extend(&blocks);
+            let src = gpu.upload_bytes("blocks", &src);
+            let (words_at, scales_at, poison) = (64usize, 8usize, 0x7fc0_beefu32);
+            let words = gpu.upload_u32("words", &vec![poison; words_at + rows * k / 2 + 64]);
+            let scales = gpu.upload_u32("scales", &vec![poison; scales_at + rows + 8]);
+            gpu.submit(|enc| kernels::ggml_expand_half(gpu, enc, t.ggml, 1.0, &src, lead as u64, [rows as u64, k as u64], &words, words_at as u64, (&scales, scales_at as u64))).unwrap();
+            let read = |b: &flux_lite_kernels::DeviceBuffer| -> Vec<u32> { gpu.read_bytes(b, 0, b.size()).unwrap().chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect() };
+            let (got_words, got_scales) = (read(&words), read(&scales));
+            let on = gpu.describe();
+            assert_eq!(&got_words[words_at..words_at + rows * k / 2], &want_words[..], "{} on {on}: f16 words", t.name);
+            let scales_bits: Vec<u32> = want_scales.iter().map(|s| s.to_bits()).collect();
+            assert_eq!(&got_scales[scales_at..scales_at + rows], &scales_bits[..], "{} on {on}: row scales", t.name);
+            let outside = got_words[..words_at].iter().chain(&got_words[words_at + rows * k / 2..]).chain(&got_scales[..scales_at]).chain(&got_scales[scales_at + rows..]);
+            assert!(outside.into_iter().all(|&w| w == poison), "{} on {on}: words outside its place written", t.name);
+        }
+    }
+}
+
+/// On the matrix tier, tiny-q's transformer kept in GGML blocks, whose
+/// linears expand their rows straight into f16 (in one pass, and on 128 KiB
+/// bindings in many), gives the bits of its weights expanded to f32 once at
+/// load, whose rows the products measure and round every tile.
+#[test]
+fn a_gguf_transformer_in_blocks_on_the_matrix_tier_gives_the_expanded_ones_bits() {
+    use flux_lite_core::plan::WeightStrategy;
+    use flux_lite_platform::components::transformer::{LatentGrids, Transformer};
+    use flux_lite_platform::model::{Component, ModelFolder};
+    let (text, lat_h, lat_w) = (8, 2, 3);
+    let model = ModelFolder::open(&flux_lite_tests::model_dir("tiny-q")).unwrap();
+    let run = |binding: Option<u64>, strategy| {
+        let options = GpuOptions { precision: flux_lite_platform::Precision::Matrix, max_storage_binding: binding, ..flux_lite_kernels::test_devices::options() };
+        let gpu = flux_lite_kernels::test_devices::tier_gpu_with(options)?;
+        let store = model.weights(Component::Transformer).unwrap();
+        let t = Transformer::new(&gpu, &model.transformer, store, strategy, None, text, &LatentGrids::noise_only(lat_h, lat_w)).unwrap();
+        Some(flux_lite_tests::velocity_of_two_passes(&gpu, &t, text))
+    };
+    let Some(expanded) = run(None, WeightStrategy::ResidentBf16) else { return };
+    assert!(expanded.iter().all(|v| v.is_finite()));
+    for binding in [None, Some(128 << 10)] {
+        let got = run(binding, WeightStrategy::ResidentDf11 { slots: 1 }).unwrap();
+        assert!(got.iter().map(|v| v.to_bits()).eq(expanded.iter().map(|v| v.to_bits())), "in blocks, bindings {binding:?}: the velocity differs from the expanded weights'");
+    }
+}
+
 /// The file gguf-py wrote reads with the shapes and types it was given.
 #[test]
 fn gguf_py_files_parse_with_their_shapes_and_types() {

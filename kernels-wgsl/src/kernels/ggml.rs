@@ -25,10 +25,15 @@ pub struct GgmlParams {
     pub scale: f32,
     /// Elements the dispatch writes.
     pub count: u32,
-    pub _pad: [u32; 2],
+    /// [`ggml_expand_half`]'s: elements a row, and the element of the bound
+    /// scales where the dispatch's first row's scale lands.
+    pub row_elements: u32,
+    pub scales_shift: u32,
 }
 
 pub const GGML_EXPAND: Kernel = kernel(Module::Ggml, "ggml_expand", [64, 1, 1], &[(1, R), (2, RW)], size_of::<GgmlParams>(), false);
+/// The same rows into the matrix tier's f16 operand (`ggml_half.wgsl`).
+pub const GGML_EXPAND_HALF: Kernel = kernel(Module::Ggml, "ggml_expand_half", [64, 1, 1], &[(1, R), (3, RW), (4, RW)], size_of::<GgmlParams>(), false);
 
 /// Elements one invocation writes.
 const RUN: u64 = 32;
@@ -73,10 +78,68 @@ pub fn ggml_expand(
             out_shift: ow.local,
             scale,
             count: to_u32(count, "GGML elements")?,
-            _pad: [0; 2],
+            row_elements: 0,
+            scales_shift: 0,
         };
         dispatch(gpu, sink, Launch { kernel: &GGML_EXPAND, constants: &[], params, grid: wrapped_grid(runs.div_ceil(64)) }, &[(1, &sw), (2, &ow)]);
         b0 = b1;
+    }
+    Ok(())
+}
+
+/// Whether rows of `k` elements in blocks of type `ggml` expand straight
+/// into f16 ([`ggml_expand_half`]): whole blocks and runs of 32 a row.
+pub fn expands_half(ggml: GgmlType, k: u64) -> bool {
+    ggml.is_quantized() && k.is_multiple_of(RUN) && k.is_multiple_of(ggml.block_elements() as u64)
+}
+
+/// Expands `rows` rows of `k` elements, in GGML blocks of type `ggml` from
+/// byte `src_at` of `src`, straight into the matrix tier's f16 operand: each
+/// row divided by its range scale (that of its largest magnitude) and
+/// rounded to f16, two a word, into `words` from word `words_at`, the
+/// scales into `scales` (f32) from `scales_at`: the words and scales
+/// [`pack_weight_half`](super::pack_weight_half) makes of a weight, so a
+/// product reads them as a packed weight (`W_HALF`) whose rows are the f32
+/// expansion's ([`ggml_expand`]) as its staging would round them.
+#[allow(clippy::too_many_arguments)] // the source, the two destinations, and what lies between
+pub fn ggml_expand_half(
+    gpu: &Gpu,
+    sink: &mut dyn Sink,
+    ggml: GgmlType,
+    scale: f32,
+    src: &wgpu::Buffer,
+    src_at: u64,
+    [rows, k]: [u64; 2],
+    words: &wgpu::Buffer,
+    words_at: u64,
+    scales: (&wgpu::Buffer, u64),
+) -> Result<(), GpuError> {
+    if !expands_half(ggml, k) {
+        return Err(GpuError::UnsupportedShape(format!("f16 expansion of {} rows of {k} elements (whole blocks and runs of {RUN} a row)", ggml.name())));
+    }
+    let (scales, scales_at) = scales;
+    let row_bytes = k / ggml.block_elements() as u64 * ggml.block_bytes() as u64;
+    let budget = gpu.max_binding().saturating_sub(gpu.binding_alignment());
+    let per = (budget / row_bytes).min(budget / (2 * k)).max(1);
+    let mut r0 = 0;
+    while r0 < rows {
+        let r1 = (r0 + per).min(rows);
+        let sw = window(gpu, src, 1, src_at + r0 * row_bytes..src_at + r1 * row_bytes, "GGML blocks")?;
+        let ww = window(gpu, words, 4, words_at + r0 * k / 2..words_at + r1 * k / 2, "GGML f16 rows")?;
+        let scw = window(gpu, scales, 4, scales_at + r0..scales_at + r1, "GGML rows' scales")?;
+        let runs = (r1 - r0) * k / RUN;
+        let params = GgmlParams {
+            kind: ggml.id(),
+            runs: to_u32(runs, "GGML runs")?,
+            src_shift: sw.local,
+            out_shift: ww.local,
+            scale,
+            count: to_u32((r1 - r0) * k, "GGML elements")?,
+            row_elements: to_u32(k, "GGML row")?,
+            scales_shift: scw.local,
+        };
+        dispatch(gpu, sink, Launch { kernel: &GGML_EXPAND_HALF, constants: &[], params, grid: wrapped_grid(r1 - r0) }, &[(1, &sw), (3, &ww), (4, &scw)]);
+        r0 = r1;
     }
     Ok(())
 }

@@ -2,7 +2,7 @@
 // bit for bit as gguf-py's `dequantize` computes them in float32. Every
 // product there is exact in f32 (an f16 scale's 11 bits times integers of
 // at most 12 bits), so only a final `+ m` or `- dmin·m` rounds, once: an
-// fma a compiler may form rounds the same. Each invocation writes one
+// fma a compiler may form rounds the same. Each invocation expands one
 // run of 32 consecutive elements (a whole Q4_0…Q8_0 block, an eighth of a
 // K-quant super-block). Blocks are byte arrays of odd lengths (18, 22, 34,
 // 110, 210 bytes), so the source is read a byte at a time from u32 words.
@@ -20,8 +20,10 @@ struct Params {
     scale: f32,
     // Elements this dispatch writes (FP8's last run may be short).
     count: u32,
-    _pad1: u32,
-    _pad2: u32,
+    // ggml_expand_half's: elements a row (whole runs), and the element of
+    // its bound scales where the dispatch's first row's scale lands.
+    row_elements: u32,
+    scales_shift: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -72,13 +74,9 @@ fn k3_scale(at: u32, i: u32) -> i32 {
     return i32(low | (high << 4u)) - 32;
 }
 
-@compute @workgroup_size(64)
-fn ggml_expand(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
-    let run = gid.x + gid.y * groups.x * 64u;
-    if run >= p.runs {
-        return;
-    }
-    let o = p.out_shift + run * 32u;
+// The 32 elements of run `run` of the bound source (FP8's past p.count zero).
+fn run_values(run: u32) -> array<f32, 32> {
+    var v: array<f32, 32>;
     switch p.kind {
         case 2u, 3u, 6u, 7u, 8u: {
             // 32-element blocks: d (and m) as halves, then the values.
@@ -87,9 +85,9 @@ fn ggml_expand(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workg
             let d = half_at(b);
             if p.kind == 8u {
                 for (var l = 0u; l < 32u; l++) {
-                    out[o + l] = f32(signed_byte(byte_at(b + 2u + l))) * d;
+                    v[l] = f32(signed_byte(byte_at(b + 2u + l))) * d;
                 }
-                return;
+                return v;
             }
             let with_min = p.kind == 3u || p.kind == 7u;
             let m = select(0.0, half_at(b + 2u), with_min);
@@ -103,9 +101,9 @@ fn ggml_expand(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workg
                     q |= ((qh >> l) & 1u) << 4u;
                 }
                 if with_min {
-                    out[o + l] = d * f32(q) + m;
+                    v[l] = d * f32(q) + m;
                 } else {
-                    out[o + l] = d * f32(i32(q) - select(8, 16, fifth));
+                    v[l] = d * f32(i32(q) - select(8, 16, fifth));
                 }
             }
         }
@@ -124,7 +122,7 @@ fn ggml_expand(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workg
                 for (var l = 0u; l < 16u; l++) {
                     let k = half * 16u + l;
                     let q = (byte_at(qs + k) >> shift) & 3u;
-                    out[o + k] = dl * f32(q) - ml;
+                    v[k] = dl * f32(q) - ml;
                 }
             }
         }
@@ -142,7 +140,7 @@ fn ggml_expand(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workg
                     let low = (byte_at(qs + k) >> shift) & 3u;
                     // A clear mask bit subtracts 4.
                     let high = ((byte_at(b + k) >> r) & 1u) ^ 1u;
-                    out[o + k] = dl * f32(i32(low) - i32(high << 2u));
+                    v[k] = dl * f32(i32(low) - i32(high << 2u));
                 }
             }
         }
@@ -160,7 +158,7 @@ fn ggml_expand(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workg
                 if five {
                     q |= ((byte_at(b + 16u + l) >> r) & 1u) << 4u;
                 }
-                out[o + l] = d * f32(q) - dm;
+                v[l] = d * f32(q) - dm;
             }
         }
         case 14u: {
@@ -178,7 +176,7 @@ fn ggml_expand(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workg
                 for (var l = 0u; l < 16u; l++) {
                     let k = half * 16u + l;
                     let q = ((byte_at(ql + k) >> low_shift) & 0x0fu) | (((byte_at(qh + k) >> high_shift) & 3u) << 4u);
-                    out[o + k] = dl * f32(i32(q) - 32);
+                    v[k] = dl * f32(i32(q) - 32);
                 }
             }
         }
@@ -187,12 +185,27 @@ fn ggml_expand(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workg
             for (var l = 0u; l < 32u; l++) {
                 let i = run * 32u + l;
                 if i >= p.count {
-                    return;
+                    return v;
                 }
-                out[o + l] = f8_e4m3(byte_at(i)) * p.scale;
+                v[l] = f8_e4m3(byte_at(i)) * p.scale;
             }
         }
         default: {}
+    }
+    return v;
+}
+
+@compute @workgroup_size(64)
+fn ggml_expand(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
+    let run = gid.x + gid.y * groups.x * 64u;
+    if run >= p.runs {
+        return;
+    }
+    let v = run_values(run);
+    let o = p.out_shift + run * 32u;
+    // GGML's runs are whole; FP8's last may be short.
+    for (var l = 0u; l < min(32u, p.count - run * 32u); l++) {
+        out[o + l] = v[l];
     }
 }
 

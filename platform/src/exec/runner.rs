@@ -348,7 +348,10 @@ impl Runner {
 
     /// A linear whose weight is held in GGML blocks: its rows expanded into
     /// the scratch as many as it holds at a time, each run of rows making
-    /// its own columns of the output.
+    /// its own columns of the output. On the matrix tier's f16 operands the
+    /// rows expand straight into f16 under their range scales (the scales
+    /// after the words in the scratch): twice the rows a pass, and the
+    /// product stages them as they are, with no pass measuring them.
     fn record_packed_linear(&self, gpu: &Gpu, sink: &mut dyn flux_lite_kernels::Sink, weights: &DeviceWeights, op: &Op) -> Result<(), GpuError> {
         let Op::Linear { x, w, w_row, bias, y, rows, cols, inner, .. } = op else { return Ok(()) };
         let (Some(p), Some(scratch)) = (weights.packed(w), weights.packed_scratch()) else {
@@ -359,19 +362,32 @@ impl Runner {
         }
         let (block_bytes, block_elements) = (p.ggml.block_bytes() as u64, p.ggml.block_elements() as u64);
         let row_bytes = p.width / block_elements * block_bytes;
-        let per_pass = (scratch.size() / (4 * p.width)).max(1);
+        let half = gpu.plan_limits().half_operands && kernels::expands_half(p.ggml, p.width);
+        // A row's bytes in the scratch: f32 values, or f16 pairs and a scale.
+        let per_pass = (scratch.size() / if half { 2 * p.width + 4 } else { 4 * p.width }).max(1);
         let mut done = 0;
         while done < *cols {
             let n = per_pass.min(cols - done);
             let first_row = w_row + done;
-            let blocks = n * p.width / block_elements;
-            kernels::ggml_expand(gpu, sink, p.ggml, p.scale, &p.buffer, p.at + first_row * row_bytes, blocks, scratch, 0)?;
+            let weight = match half {
+                true => {
+                    // The words from the scratch's start, the scales after the pass's rows.
+                    let scales_at = per_pass * p.width / 2;
+                    kernels::ggml_expand_half(gpu, sink, p.ggml, p.scale, &p.buffer, p.at + first_row * row_bytes, [n, p.width], scratch, 0, (scratch, scales_at))?;
+                    let scales = flux_lite_kernels::RowScales { buf: scratch, offset: scales_at, k: p.width, packed: true };
+                    Weight { scales: Some(scales), ..Weight::bf16(scratch) }
+                }
+                false => {
+                    kernels::ggml_expand(gpu, sink, p.ggml, p.scale, &p.buffer, p.at + first_row * row_bytes, n * p.width / block_elements, scratch, 0)?;
+                    Weight::f32(scratch)
+                }
+            };
             let bias = match bias {
                 Some(b) => Some(weights.get(b)?.view().rows_from(first_row, 1)),
                 None => None,
             };
             let out = Mat { buf: &self.arena, offset: y.offset + done, stride: y.stride };
-            kernels::linear_from(gpu, sink, self.input(*x), Weight::f32(scratch), bias, out, kernels::Gemm { m: *rows, n, k: *inner })?;
+            kernels::linear_from(gpu, sink, self.input(*x), weight, bias, out, kernels::Gemm { m: *rows, n, k: *inner })?;
             done += n;
         }
         Ok(())
