@@ -79,7 +79,10 @@ cat "$browser_log"
 export FLUX_LITE_REQUIRE_BROWSER=1
 log="$(mktemp)"
 set +e
-cargo test --locked --workspace 2>&1 | tee "$log"
+# Three tests at a time on the two cores: a test waits on a child process,
+# a shader compile's one thread or the disk often enough that two leave a
+# core idle about a fifth of the run.
+RUST_TEST_THREADS=3 cargo test --locked --workspace 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 set -e
 
@@ -132,20 +135,22 @@ rerun() {
 }
 
 # A second shader translation: wgpu's GL backend (GLSL) over Mesa's
-# llvmpipe through EGL, headless. Every kernel test, the f32 golden PNGs
-# (GL has no f16, so the tier ones are skipped) and the selftest. The
-# command-line tests of gen_png that check files and settings, not pixels
-# (a killed or failing run, standard output, settings read back, JPEG and
-# WebP, warnings), ran on Vulkan above: the backend changes none of what
-# they check, and they took 40 of the rerun's 100 s.
-phase "on wgpu's GL backend (GLSL, llvmpipe through EGL): every kernel test, the f32 golden PNGs, the selftest"
+# llvmpipe through EGL, headless. Every kernel test, the selftest, and the
+# f32 golden PNGs of each distinct pipeline (text to image, guidance, a
+# reference through the encoder, the 9B's structure, the references' KV
+# cache, the tiled decoder; GL has no f16, so the tier ones are skipped):
+# the other PNGs, and the command-line tests of gen_png that check files
+# and settings, not pixels, ran on Vulkan above through the same kernels,
+# whose GLSL the kernel tests check one by one.
+phase "on wgpu's GL backend (GLSL, llvmpipe through EGL): every kernel test, the f32 golden PNGs of each pipeline, the selftest"
 # One test at a time: wgpu's GL backend lets one thread hold the EGL
 # context, and a test waiting over 6 s for it (a cold shader compile of a
 # large kernel on a loaded machine) panics with "Could not lock adapter
 # context".
 rerun FLUX_LITE_BACKEND=gl "$kernels" --test-threads=1
-rerun FLUX_LITE_BACKEND=gl "$pngs" --skip tier --skip killed --skip failing_run --skip standard_output --skip again \
-    --skip jpeg_and_webp --skip info_prints --skip another_tools --skip from_a_file --skip warns --test-threads=1
+rerun FLUX_LITE_BACKEND=gl "$pngs" --exact one_step_distilled base_model_with_guidance_by_default a_reference_image_under_guidance \
+    the_9b_structure_at_a_tiny_scale the_kv_pipeline_caches_the_references_after_the_first_step vae_tiles_much_smaller_than_the_image_keep_the_image \
+    --test-threads=1
 rerun FLUX_LITE_BACKEND=gl "$selftest" --test-threads=1
 
 # The matrix tier needs cooperative matrices, which only Mesa 26's lavapipe
@@ -175,7 +180,7 @@ rerun FLUX_LITE_REQUIRE_MATRIX=1 --sid "$pngs" matrix_tier_reproduces
 rerun FLUX_LITE_REQUIRE_MATRIX=1 --sid "$bench" matrix tiers
 rerun FLUX_LITE_REQUIRE_MATRIX=1 --sid "$cli" tier
 rerun FLUX_LITE_REQUIRE_MATRIX=1 --sid "$stages"
-rerun FLUX_LITE_REQUIRE_MATRIX=1 --sid "$quantized" half_tiers
+rerun FLUX_LITE_REQUIRE_MATRIX=1 --sid "$quantized" half_tiers matrix_tier
 rerun FLUX_LITE_REQUIRE_MATRIX=1 --sid "$selftest"
 
 # The tests' switches and fault injections exist only where the tests
