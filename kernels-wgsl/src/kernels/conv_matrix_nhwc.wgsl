@@ -192,13 +192,35 @@ fn a_scale(row: u32) -> f32 {
 }
 
 
+// y's pixels as vectors (`Y_VEC4`: whole vec4s of outputs a pixel, y's
+// window from a whole one), at bindings 19 (f32) and 20 (f16 pairs, two
+// words a vector), the same buffers as bindings 4 and 12: four
+// neighbouring channels of a pixel go out in one store.
+override Y_VEC4: bool = false;
+@group(0) @binding(19) var<storage, read_write> y_vec4: array<vec4<f32>>;
+@group(0) @binding(20) var<storage, read_write> y_half_quads: array<vec2<u32>>;
+
 // y[pixel r, channel c + j] (the call's r: y's window starts at its first
 // pixel) = values[j] + b[c + j], y's value added where RESIDUAL, ReLU'd
-// where RELU, inside the call's pixels and channels only.
+// where RELU (store_output's arithmetic, each output's the same), inside
+// the call's pixels and channels only.
 fn block_quad_out(r: u32, c: u32, values: vec4<f32>) {
+    if (r >= p.px_count) {
+        return;
+    }
+    let at = p.y_offset + r * p.out_channels + c;
+    if (Y_VEC4 && c + 3u < p.out_channels) {
+        let b = p.b_offset + c;
+        var v = values + vec4<f32>(bias(b), bias(b + 1u), bias(b + 2u), bias(b + 3u));
+        if (RESIDUAL) {
+            v = v + y_vec4[at / 4u];
+        }
+        y_vec4[at / 4u] = select(v, max(v, vec4<f32>(0.0)), RELU);
+        return;
+    }
     for (var j = 0u; j < 4u; j++) {
-        if (r < p.px_count && c + j < p.out_channels) {
-            store_output(p.y_offset + r * p.out_channels + c + j, values[j] + bias(p.b_offset + c + j));
+        if (c + j < p.out_channels) {
+            store_output(at + j, values[j] + bias(p.b_offset + c + j));
         }
     }
 }
@@ -243,13 +265,20 @@ fn piece_value(r: u32, c: u32, value: f32) -> f32 {
     return v;
 }
 
-// Outputs c … c + 3 of pixel r as two words, inside the call only.
+// Outputs c … c + 3 of pixel r as two words, inside the call only: one
+// store where y's pixels are whole vectors.
 fn block_half_quad_out(r: u32, c: u32, words: vec2<u32>) {
-    if (r < p.px_count && c < p.out_channels) {
-        y_half[p.y_offset + (r * p.out_channels + c) / 2u] = words.x;
+    if (r >= p.px_count || c >= p.out_channels) {
+        return;
     }
-    if (r < p.px_count && c + 2u < p.out_channels) {
-        y_half[p.y_offset + (r * p.out_channels + c) / 2u + 1u] = words.y;
+    let at = p.y_offset + (r * p.out_channels + c) / 2u;
+    if (Y_VEC4 && c + 3u < p.out_channels) {
+        y_half_quads[at / 2u] = words;
+        return;
+    }
+    y_half[at] = words.x;
+    if (c + 2u < p.out_channels) {
+        y_half[at + 1u] = words.y;
     }
 }
 

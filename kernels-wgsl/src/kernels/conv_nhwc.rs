@@ -13,7 +13,7 @@ use crate::precision::MatrixOperands;
 use crate::view::{HalfMat, Mat, Weight};
 use flux_lite_core::oracle::ConvShape;
 use super::conv::ConvParams;
-use super::linear::{kept_scales_window, matrix_b_paired, measure_rows, RangeScalesParams, MATRIX_BLOCK_TILES, MATRIX_SUBGROUPS};
+use super::linear::{kept_scales_window, matrix_b_paired, measure_rows, stores_vec4s, RangeScalesParams, MATRIX_BLOCK_TILES, MATRIX_SUBGROUPS};
 
 /// `conv_matrix_nhwc.wgsl`, one module per tile size; its workgroup is
 /// [`MATRIX_SUBGROUPS`] subgroups (the `WG` override).
@@ -21,7 +21,7 @@ pub const CONV2D_MATRIX_NHWC_8: Kernel = kernel(
     Module::ConvMatrixNhwc8,
     "conv2d_matrix_nhwc",
     [0, 1, 1],
-    &[(2, R), (3, R), (4, RW), (8, RW), (9, RW), (10, RW), (12, RW), (13, RW), (14, RW), (15, RW), (16, RW), (17, R), (18, R)],
+    &[(2, R), (3, R), (4, RW), (8, RW), (9, RW), (10, RW), (12, RW), (13, RW), (14, RW), (15, RW), (16, RW), (17, R), (18, R), (19, RW), (20, RW)],
     size_of::<ConvParams>(),
     true,
 );
@@ -168,6 +168,11 @@ pub fn conv2d_matrix_nhwc(gpu: &Gpu, sink: &mut dyn Sink, source: NhwcSource<'_>
     let paired = taps_last && matrix_b_paired(c, w.dtype, ww.local, taps);
     let kernel = if c.size == 16 { CONV2D_MATRIX_NHWC_16 } else { CONV2D_MATRIX_NHWC_8 };
     let [kt, stages, out_slots] = c.staging.constants(c.size);
+    // y's pixels as vec4s of outputs (bindings 19 and 20; values counted as
+    // f32 or f16): every chunk's window keeps y's offset within a vec4, its
+    // pixels being whole ones.
+    let per_word = if rows.half { 2 } else { 1 };
+    let y_vec4 = stores_vec4s(rows.y.offset * per_word, rows.y.stride * per_word, out_channels);
     let constants = [
         ("WEIGHT_BF16", w.dtype.constant()),
         ("WG", c.subgroup * MATRIX_SUBGROUPS),
@@ -187,6 +192,7 @@ pub fn conv2d_matrix_nhwc(gpu: &Gpu, sink: &mut dyn Sink, source: NhwcSource<'_>
         ("NORM_IN", norm.is_some() as u32),
         ("NORM_SILU", norm.as_ref().is_some_and(|n| n.silu) as u32),
         ("NORM_GROUPS", to_u32(norm.as_ref().map_or(1, |n| n.groups), "group norm groups")?),
+        ("Y_VEC4", y_vec4 as u32),
         kt,
         stages,
         out_slots,
@@ -195,6 +201,7 @@ pub fn conv2d_matrix_nhwc(gpu: &Gpu, sink: &mut dyn Sink, source: NhwcSource<'_>
         let source = input_pixels(&s, up, &px);
         let (xw, xsw) = (x_rows.window(gpu, &source)?, x_scale_rows.window(gpu, &source)?);
         let yw = rows.y.window(gpu, &px)?;
+        let y_vec4 = if y_vec4 { yw.clone() } else { window(gpu, gpu.unused_writable(), 4, 0..4, "unused output")? };
         // The f16 output's scales and the residual's rows, or y's window where there are none.
         let [ysw, rw, rsw] = [rows.y_scales, rows.residual.map(|r| r[0]), rows.residual.map(|r| r[1])].map(|r| window_or(gpu, r, &px, &yw));
         let (ysw, rw, rsw) = (ysw?, rw?, rsw?);
@@ -218,7 +225,7 @@ pub fn conv2d_matrix_nhwc(gpu: &Gpu, sink: &mut dyn Sink, source: NhwcSource<'_>
             Some(n) => (&n.stats, &n.gamma, &n.beta),
             None => (&yw, &ww, &ww),
         };
-        let bindings = [(2, &ww), (3, &bw), (4, &yw), (8, &stored), (9, &xw), (10, &xsw), (12, &yw), (13, &ysw), (14, &rw), (15, &rsw), (16, nsw), (17, ngw), (18, nbw)];
+        let bindings = [(2, &ww), (3, &bw), (4, &yw), (8, &stored), (9, &xw), (10, &xsw), (12, &yw), (13, &ysw), (14, &rw), (15, &rsw), (16, nsw), (17, ngw), (18, nbw), (19, &y_vec4), (20, &y_vec4)];
         dispatch(gpu, sink, launch, &bindings);
     }
     Ok(())

@@ -146,18 +146,52 @@ fn check_half_output(gpu: &Gpu, s: ConvShape, input: NhwcInput, [x_piece, y_piec
     let yb = if residual { gpu.upload_f32("y", &r_values) } else { poisoned(gpu, cout * out_pixels) };
     let f32_out = run_and_read(gpu, &yb, cout * out_pixels, |enc| conv2d_matrix_nhwc(gpu, enc, xh.into(), weights, NhwcOutput::F32 { y: Mat::new(&yb, cout as u64), residual }, s, input));
     let (want_words, want_scales, _) = pack_pixels(&f32_out, out_pixels, cout, Some(y_piece));
-    // The f16 kernel: words, then scales, in one poisoned buffer; the residual in its own.
+    // The f16 kernel: words from word `lead` (0: a pixel's four outputs a
+    // store where the channels allow; 1: one word at a time), then scales,
+    // in one poisoned buffer; the residual in its own.
     let (words_len, scales_len) = (out_pixels * cout / 2, out_pixels * cout / y_piece);
-    let out = poisoned(gpu, words_len + scales_len);
     let (rb, rs) = (gpu.upload_u32("residual", &r_words), gpu.upload_f32("residual scales", &r_scales));
-    let y = HalfMat::pieces(Mat::new(&out, (cout / 2) as u64), Mat { buf: &out, offset: words_len as u64, stride: (cout / y_piece) as u64 }, y_piece as u64);
-    let r = residual.then(|| HalfMat::pieces(Mat::new(&rb, (cout / 2) as u64), Mat::new(&rs, (cout / y_piece) as u64), y_piece as u64));
-    let all = run_and_read(gpu, &out, words_len + scales_len, |enc| conv2d_matrix_nhwc(gpu, enc, xh.into(), weights, NhwcOutput::Half { y, residual: r }, s, input));
-    let got_words: Vec<u32> = all[..words_len].iter().map(|v| v.to_bits()).collect();
-    let what = format!("{s:?} {input:?}, input pieces {x_piece:?}, output pieces of {y_piece}, residual {residual}");
-    assert_eq!(&all[words_len..], &want_scales[..], "{what}: piece scales");
-    let differ = got_words.iter().zip(&want_words).filter(|(a, b)| a != b).count();
-    assert_eq!(differ, 0, "{what}: {differ} of {words_len} words differ from the f32 output's packing");
+    for lead in [0usize, 1] {
+        let out = poisoned(gpu, lead + words_len + scales_len);
+        let y = HalfMat::pieces(Mat { buf: &out, offset: lead as u64, stride: (cout / 2) as u64 }, Mat { buf: &out, offset: (lead + words_len) as u64, stride: (cout / y_piece) as u64 }, y_piece as u64);
+        let r = residual.then(|| HalfMat::pieces(Mat::new(&rb, (cout / 2) as u64), Mat::new(&rs, (cout / y_piece) as u64), y_piece as u64));
+        let all = run_and_read(gpu, &out, lead + words_len + scales_len, |enc| conv2d_matrix_nhwc(gpu, enc, xh.into(), weights, NhwcOutput::Half { y, residual: r }, s, input));
+        let got_words: Vec<u32> = all[lead..lead + words_len].iter().map(|v| v.to_bits()).collect();
+        let what = format!("{s:?} {input:?}, input pieces {x_piece:?}, output pieces of {y_piece}, residual {residual}, from word {lead}");
+        assert_eq!(&all[lead + words_len..], &want_scales[..], "{what}: piece scales");
+        let differ = got_words.iter().zip(&want_words).filter(|(a, b)| a != b).count();
+        assert_eq!(differ, 0, "{what}: {differ} of {words_len} words differ from the f32 output's packing");
+    }
+}
+
+/// The f32 output (onto y's values) written four channels of a pixel at a
+/// time (y from a whole vec4) and one at a time (from element 1): the
+/// same bits.
+fn check_vector_stores(gpu: &Gpu, s: ConvShape, seed: u64) {
+    let (pixels, out_pixels, cout) = (s.height * s.width, s.out_height * s.out_width, s.out_channels);
+    let mut rng = Rng::new(seed);
+    let (words, scales, _) = pack_pixels(&rng.normals(s.in_channels * pixels, 1.0), pixels, s.in_channels, None);
+    let (xb, xs) = (gpu.upload_u32("x", &words), gpu.upload_f32("x scales", &scales));
+    let (wb, bb) = (gpu.upload_bf16("w", &rng.bf16s(cout * s.in_channels * s.kernel * s.kernel, 0.3)), gpu.upload_bf16("b", &rng.bf16s(cout, 1.0)));
+    let weights = NhwcWeights { w: Weight::bf16(&wb), bias: Weight::bf16(&bb), order: TapOrder::Torch };
+    let before = rng.normals(cout * out_pixels, 1.0);
+    let run = |lead: usize| -> Vec<u32> {
+        let yb = gpu.upload_f32("y", &[vec![f32::NAN; lead], before.clone()].concat());
+        let y = Mat { buf: &yb, offset: lead as u64, stride: cout as u64 };
+        let all = run_and_read(gpu, &yb, lead + before.len(), |enc| conv2d_matrix_nhwc(gpu, enc, input_rows(&xb, &xs, s.in_channels, None).into(), weights, NhwcOutput::F32 { y, residual: true }, s, NhwcInput::Plain));
+        all[lead..].iter().map(|v| v.to_bits()).collect()
+    };
+    let (quads, singles) = (run(0), run(1));
+    assert_eq!(quads, singles, "{s:?}: four outputs a store and one");
+    assert!(quads.iter().all(|&b| f32::from_bits(b).is_finite()), "{s:?}: every output written");
+}
+
+#[test]
+fn the_channels_last_convs_vector_stores_give_its_element_stores_bits() {
+    let Some(gpu) = matrix_gpu() else { return };
+    // Channels past one block and a last quad partly past them (70), and whole blocks (64).
+    check_vector_stores(&gpu, ConvShape::same(12, 70, 9, 7, 3), 90);
+    check_vector_stores(&gpu, ConvShape::same(16, 64, 6, 5, 1), 91);
 }
 
 #[test]
