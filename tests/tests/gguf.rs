@@ -60,7 +60,7 @@ fn every_type_expands_on_the_device_bit_for_bit_as_gguf_py() {
             let poison = 0x7fc0_beefu32;
             let out = gpu.upload_u32("expanded", &vec![poison; base + want.len() + 64]);
             let n_blocks = (t.elements() / t.ggml.block_elements()) as u64;
-            gpu.submit(|enc| kernels::ggml_expand(gpu, enc, t.ggml, 1.0, &src, lead as u64, n_blocks, &out, base as u64)).unwrap();
+            gpu.submit(|enc| kernels::ggml_expand(gpu, enc, kernels::GgmlBlocks { ggml: t.ggml, scale: 1.0, buf: &src, at: lead as u64 }, n_blocks, &out, base as u64)).unwrap();
             let got: Vec<u32> = gpu.read_bytes(&out, 0, out.size()).unwrap().chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
             if let Some(k) = (0..want.len()).find(|&k| got[base + k] != want[k]) {
                 panic!(
@@ -99,7 +99,7 @@ fn every_type_expands_into_f16_rows_as_the_range_rule_packs_gguf_pys_values() {
             let (words_at, scales_at, poison) = (64usize, 8usize, 0x7fc0_beefu32);
             let words = gpu.upload_u32("words", &vec![poison; words_at + rows * k / 2 + 64]);
             let scales = gpu.upload_u32("scales", &vec![poison; scales_at + rows + 8]);
-            gpu.submit(|enc| kernels::ggml_expand_half(gpu, enc, t.ggml, 1.0, &src, lead as u64, [rows as u64, k as u64], &words, words_at as u64, (&scales, scales_at as u64))).unwrap();
+            gpu.submit(|enc| kernels::ggml_expand_half(gpu, enc, kernels::GgmlBlocks { ggml: t.ggml, scale: 1.0, buf: &src, at: lead as u64 }, [rows as u64, k as u64], (&words, words_at as u64), (&scales, scales_at as u64))).unwrap();
             let read = |b: &flux_lite_kernels::DeviceBuffer| -> Vec<u32> { gpu.read_bytes(b, 0, b.size()).unwrap().chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect() };
             let (got_words, got_scales) = (read(&words), read(&scales));
             let on = gpu.describe();

@@ -38,23 +38,22 @@ pub const GGML_EXPAND_HALF: Kernel = kernel(Module::Ggml, "ggml_expand_half", [6
 /// Elements one invocation writes.
 const RUN: u64 = 32;
 
-/// Expands `blocks` GGML blocks of type `ggml` that start at byte `src_at`
-/// of `src` (any byte: blocks of odd sizes follow each other) into f32
-/// elements `[out_base, out_base + blocks·block_elements)` of `out`, in as
-/// many dispatches as the binding limit asks for. `scale` multiplies FP8
-/// (a block of one weight); GGML's blocks carry their own.
-#[allow(clippy::too_many_arguments)] // the source, the destination, and what lies between
-pub fn ggml_expand(
-    gpu: &Gpu,
-    sink: &mut dyn Sink,
-    ggml: GgmlType,
-    scale: f32,
-    src: &wgpu::Buffer,
-    src_at: u64,
-    blocks: u64,
-    out: &wgpu::Buffer,
-    out_base: u64,
-) -> Result<(), GpuError> {
+/// Blocks of one GGML type (or FP8 bytes) on the device: from byte `at` of
+/// `buf` (any byte: blocks of odd sizes follow each other); `scale`
+/// multiplies FP8 (a block of one weight), GGML's blocks carry their own.
+#[derive(Debug, Clone, Copy)]
+pub struct GgmlBlocks<'a> {
+    pub ggml: GgmlType,
+    pub scale: f32,
+    pub buf: &'a wgpu::Buffer,
+    pub at: u64,
+}
+
+/// Expands `blocks` of `src`'s blocks into f32 elements `[out_base,
+/// out_base + blocks·block_elements)` of `out`, in as many dispatches as the
+/// binding limit asks for.
+pub fn ggml_expand(gpu: &Gpu, sink: &mut dyn Sink, src: GgmlBlocks<'_>, blocks: u64, out: &wgpu::Buffer, out_base: u64) -> Result<(), GpuError> {
+    let GgmlBlocks { ggml, scale, buf: src, at: src_at } = src;
     if !ggml.is_quantized() {
         return Err(GpuError::UnsupportedShape(format!("GGML expansion of {}, which is not in blocks", ggml.name())));
     }
@@ -93,27 +92,17 @@ pub fn expands_half(ggml: GgmlType, k: u64) -> bool {
     ggml.is_quantized() && k.is_multiple_of(RUN) && k.is_multiple_of(ggml.block_elements() as u64)
 }
 
-/// Expands `rows` rows of `k` elements, in GGML blocks of type `ggml` from
-/// byte `src_at` of `src`, straight into the matrix tier's f16 operand: each
-/// row divided by its range scale (that of its largest magnitude) and
-/// rounded to f16, two a word, into `words` from word `words_at`, the
-/// scales into `scales` (f32) from `scales_at`: the words and scales
-/// [`pack_weight_half`](super::pack_weight_half) makes of a weight, so a
-/// product reads them as a packed weight (`W_HALF`) whose rows are the f32
-/// expansion's ([`ggml_expand`]) as its staging would round them.
-#[allow(clippy::too_many_arguments)] // the source, the two destinations, and what lies between
-pub fn ggml_expand_half(
-    gpu: &Gpu,
-    sink: &mut dyn Sink,
-    ggml: GgmlType,
-    scale: f32,
-    src: &wgpu::Buffer,
-    src_at: u64,
-    [rows, k]: [u64; 2],
-    words: &wgpu::Buffer,
-    words_at: u64,
-    scales: (&wgpu::Buffer, u64),
-) -> Result<(), GpuError> {
+/// Expands `rows` rows of `k` elements of `src`'s blocks straight into the
+/// matrix tier's f16 operand: each row divided by its range scale (that of
+/// its largest magnitude) and rounded to f16, two a word, into `words` from
+/// word `words_at`, the scales into `scales` (f32) from its element given
+/// beside it: the words and scales [`pack_weight_half`](super::pack_weight_half)
+/// makes of a weight, so a product reads them as a packed weight (`W_HALF`)
+/// whose rows are the f32 expansion's ([`ggml_expand`]) as its staging
+/// would round them.
+pub fn ggml_expand_half(gpu: &Gpu, sink: &mut dyn Sink, src: GgmlBlocks<'_>, [rows, k]: [u64; 2], words: (&wgpu::Buffer, u64), scales: (&wgpu::Buffer, u64)) -> Result<(), GpuError> {
+    let GgmlBlocks { ggml, scale, buf: src, at: src_at } = src;
+    let (words, words_at) = words;
     if !expands_half(ggml, k) {
         return Err(GpuError::UnsupportedShape(format!("f16 expansion of {} rows of {k} elements (whole blocks and runs of {RUN} a row)", ggml.name())));
     }

@@ -34,7 +34,7 @@ pub use conv::{conv2d, conv2d_then, upsample_nearest2x, ConvEpilogue};
 pub use conv_nhwc::{conv2d_matrix_nhwc, NhwcInput, NhwcNorm, NhwcOutput, NhwcSource, NhwcWeights, TapOrder};
 pub use df11::{df11_clear, df11_decode, df11_decode_blocks, Df11Arrays, DF11_BLOCK_BYTES};
 pub use elementwise::{elementwise, transpose, Elementwise};
-pub use ggml::{expands_half, ggml_expand, ggml_expand_half};
+pub use ggml::{expands_half, ggml_expand, ggml_expand_half, GgmlBlocks};
 pub use group_norm_nhwc::group_norm_nhwc_half;
 pub use linear::{linear, linear_add, linear_from, linear_gated, linear_swiglu, linear_swiglu_half, linear_into_half, swiglu_fits, swiglu_writes_pieces, product_writes_pieces, measure_weight_rows, Gemm, Input, GEMM_TILE};
 pub use half_pack::{half_pack, pack_weight_half, swiglu_half_pack};

@@ -369,16 +369,17 @@ impl Runner {
         while done < *cols {
             let n = per_pass.min(cols - done);
             let first_row = w_row + done;
+            let blocks = kernels::GgmlBlocks { ggml: p.ggml, scale: p.scale, buf: &p.buffer, at: p.at + first_row * row_bytes };
             let weight = match half {
                 true => {
                     // The words from the scratch's start, the scales after the pass's rows.
                     let scales_at = per_pass * p.width / 2;
-                    kernels::ggml_expand_half(gpu, sink, p.ggml, p.scale, &p.buffer, p.at + first_row * row_bytes, [n, p.width], scratch, 0, (scratch, scales_at))?;
+                    kernels::ggml_expand_half(gpu, sink, blocks, [n, p.width], (scratch, 0), (scratch, scales_at))?;
                     let scales = flux_lite_kernels::RowScales { buf: scratch, offset: scales_at, k: p.width, packed: true };
                     Weight { scales: Some(scales), ..Weight::bf16(scratch) }
                 }
                 false => {
-                    kernels::ggml_expand(gpu, sink, p.ggml, p.scale, &p.buffer, p.at + first_row * row_bytes, n * p.width / block_elements, scratch, 0)?;
+                    kernels::ggml_expand(gpu, sink, blocks, n * p.width / block_elements, scratch, 0)?;
                     Weight::f32(scratch)
                 }
             };

@@ -408,7 +408,7 @@ impl<'g> ShapeBench<'g> {
         let raw = self.gpu.upload_f32("bench ggml blocks", &bytes);
         let slot = self.gpu.storage("bench ggml slot", 4 * elements as u64);
         let mut d = Vec::new();
-        flux_lite_kernels::kernels::ggml_expand(self.gpu, &mut d, ggml, 1.0, &raw, 0, blocks as u64, &slot, 0)?;
+        flux_lite_kernels::kernels::ggml_expand(self.gpu, &mut d, flux_lite_kernels::kernels::GgmlBlocks { ggml, scale: 1.0, buf: &raw, at: 0 }, blocks as u64, &slot, 0)?;
         let seconds = self.timer.median(&d, self.repeats)?;
         Ok(Figure {
             what: format!("GGUF {} expansion", ggml.name()),

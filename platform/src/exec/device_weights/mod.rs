@@ -472,7 +472,7 @@ impl DeviceWeights {
             let q = quantized(store, name)?;
             let raw = gpu.upload_bytes(name, &q.joined());
             let blocks = (q.elements() / q.ggml.block_elements()) as u64;
-            gpu.submit(|enc| kernels::ggml_expand(gpu, enc, q.ggml, q.scale, &raw, 0, blocks, buffer, 0))?;
+            gpu.submit(|enc| kernels::ggml_expand(gpu, enc, kernels::GgmlBlocks { ggml: q.ggml, scale: q.scale, buf: &raw, at: 0 }, blocks, buffer, 0))?;
         }
         Ok(())
     }
