@@ -369,44 +369,61 @@ fn matrix_gemm(li: u32, sg: u32, lane: u32, lanes: u32, row0: u32, col0: u32, k:
     }
     // Each subgroup stores its tiles one at a time, into its out-slots in
     // turn: with two, tile j's store follows the barrier after which every
-    // lane is done with tile j − 2, which used the same slot.
-    let c0 = &c_tiles[slot_base(sg, 0u)];
-    let c1 = &c_tiles[slot_base(sg, 1u)];
+    // lane is done with tile j − 2, which used the same slot. A loop over
+    // the tiles, not sixteen copies of the epilogue: a driver compiles its
+    // body once (the accumulators, distinct variables, are picked by a
+    // switch on the uniform tile index).
     if (pieces_out()) {
         // Every output's magnitude first, for its row's piece scale.
-        coopStoreT(acc00, c0, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 0u, 0u, 0u, row0, col0); slot_read();
-        coopStoreT(acc01, c1, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 1u, 0u, 1u, row0, col0); slot_read();
-        coopStoreT(acc02, c0, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 0u, 0u, 2u, row0, col0); slot_read();
-        coopStoreT(acc03, c1, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 1u, 0u, 3u, row0, col0); slot_read();
-        coopStoreT(acc10, c0, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 0u, 1u, 0u, row0, col0); slot_read();
-        coopStoreT(acc11, c1, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 1u, 1u, 1u, row0, col0); slot_read();
-        coopStoreT(acc12, c0, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 0u, 1u, 2u, row0, col0); slot_read();
-        coopStoreT(acc13, c1, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 1u, 1u, 3u, row0, col0); slot_read();
-        coopStoreT(acc20, c0, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 0u, 2u, 0u, row0, col0); slot_read();
-        coopStoreT(acc21, c1, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 1u, 2u, 1u, row0, col0); slot_read();
-        coopStoreT(acc22, c0, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 0u, 2u, 2u, row0, col0); slot_read();
-        coopStoreT(acc23, c1, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 1u, 2u, 3u, row0, col0); slot_read();
-        coopStoreT(acc30, c0, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 0u, 3u, 0u, row0, col0); slot_read();
-        coopStoreT(acc31, c1, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 1u, 3u, 1u, row0, col0); slot_read();
-        coopStoreT(acc32, c0, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 0u, 3u, 2u, row0, col0); slot_read();
-        coopStoreT(acc33, c1, T); workgroupBarrier(); tile_measure(lane, lanes, sg, 1u, 3u, 3u, row0, col0); slot_read();
+        for (var j = 0u; j < R * R; j++) {
+            let c = &c_tiles[slot_base(sg, j % 2u)];
+            switch j {
+                case 0u: { coopStoreT(acc00, c, T); }
+                case 1u: { coopStoreT(acc01, c, T); }
+                case 2u: { coopStoreT(acc02, c, T); }
+                case 3u: { coopStoreT(acc03, c, T); }
+                case 4u: { coopStoreT(acc10, c, T); }
+                case 5u: { coopStoreT(acc11, c, T); }
+                case 6u: { coopStoreT(acc12, c, T); }
+                case 7u: { coopStoreT(acc13, c, T); }
+                case 8u: { coopStoreT(acc20, c, T); }
+                case 9u: { coopStoreT(acc21, c, T); }
+                case 10u: { coopStoreT(acc22, c, T); }
+                case 11u: { coopStoreT(acc23, c, T); }
+                case 12u: { coopStoreT(acc30, c, T); }
+                case 13u: { coopStoreT(acc31, c, T); }
+                case 14u: { coopStoreT(acc32, c, T); }
+                default: { coopStoreT(acc33, c, T); }
+            }
+            workgroupBarrier();
+            tile_measure(lane, lanes, sg, j % 2u, j / R, j % R, row0, col0);
+            slot_read();
+        }
         workgroupBarrier();
         pieces_scales_out(li, row0, col0);
     }
-    coopStoreT(acc00, c0, T); workgroupBarrier(); tile_out(lane, lanes, sg, 0u, 0u, 0u, row0, col0); slot_read();
-    coopStoreT(acc01, c1, T); workgroupBarrier(); tile_out(lane, lanes, sg, 1u, 0u, 1u, row0, col0); slot_read();
-    coopStoreT(acc02, c0, T); workgroupBarrier(); tile_out(lane, lanes, sg, 0u, 0u, 2u, row0, col0); slot_read();
-    coopStoreT(acc03, c1, T); workgroupBarrier(); tile_out(lane, lanes, sg, 1u, 0u, 3u, row0, col0); slot_read();
-    coopStoreT(acc10, c0, T); workgroupBarrier(); tile_out(lane, lanes, sg, 0u, 1u, 0u, row0, col0); slot_read();
-    coopStoreT(acc11, c1, T); workgroupBarrier(); tile_out(lane, lanes, sg, 1u, 1u, 1u, row0, col0); slot_read();
-    coopStoreT(acc12, c0, T); workgroupBarrier(); tile_out(lane, lanes, sg, 0u, 1u, 2u, row0, col0); slot_read();
-    coopStoreT(acc13, c1, T); workgroupBarrier(); tile_out(lane, lanes, sg, 1u, 1u, 3u, row0, col0); slot_read();
-    coopStoreT(acc20, c0, T); workgroupBarrier(); tile_out(lane, lanes, sg, 0u, 2u, 0u, row0, col0); slot_read();
-    coopStoreT(acc21, c1, T); workgroupBarrier(); tile_out(lane, lanes, sg, 1u, 2u, 1u, row0, col0); slot_read();
-    coopStoreT(acc22, c0, T); workgroupBarrier(); tile_out(lane, lanes, sg, 0u, 2u, 2u, row0, col0); slot_read();
-    coopStoreT(acc23, c1, T); workgroupBarrier(); tile_out(lane, lanes, sg, 1u, 2u, 3u, row0, col0); slot_read();
-    coopStoreT(acc30, c0, T); workgroupBarrier(); tile_out(lane, lanes, sg, 0u, 3u, 0u, row0, col0); slot_read();
-    coopStoreT(acc31, c1, T); workgroupBarrier(); tile_out(lane, lanes, sg, 1u, 3u, 1u, row0, col0); slot_read();
-    coopStoreT(acc32, c0, T); workgroupBarrier(); tile_out(lane, lanes, sg, 0u, 3u, 2u, row0, col0); slot_read();
-    coopStoreT(acc33, c1, T); workgroupBarrier(); tile_out(lane, lanes, sg, 1u, 3u, 3u, row0, col0); slot_read();
+    for (var j = 0u; j < R * R; j++) {
+        let c = &c_tiles[slot_base(sg, j % 2u)];
+        switch j {
+            case 0u: { coopStoreT(acc00, c, T); }
+            case 1u: { coopStoreT(acc01, c, T); }
+            case 2u: { coopStoreT(acc02, c, T); }
+            case 3u: { coopStoreT(acc03, c, T); }
+            case 4u: { coopStoreT(acc10, c, T); }
+            case 5u: { coopStoreT(acc11, c, T); }
+            case 6u: { coopStoreT(acc12, c, T); }
+            case 7u: { coopStoreT(acc13, c, T); }
+            case 8u: { coopStoreT(acc20, c, T); }
+            case 9u: { coopStoreT(acc21, c, T); }
+            case 10u: { coopStoreT(acc22, c, T); }
+            case 11u: { coopStoreT(acc23, c, T); }
+            case 12u: { coopStoreT(acc30, c, T); }
+            case 13u: { coopStoreT(acc31, c, T); }
+            case 14u: { coopStoreT(acc32, c, T); }
+            default: { coopStoreT(acc33, c, T); }
+        }
+        workgroupBarrier();
+        tile_out(lane, lanes, sg, j % 2u, j / R, j % R, row0, col0);
+        slot_read();
+    }
 }
