@@ -159,7 +159,8 @@ rerun FLUX_LITE_BACKEND=gl "$selftest" --test-threads=1
 # (Debian sid) offers: the kernel tests that need it, built above, run again in a sid root
 # (ci/lavapipe-sid.sh, kept under /opt), where a missing tier fails them;
 # with them the matrix tier's golden PNGs (the f16 tier's ran on Mesa 22
-# above; a GGUF model's on both), the stage tests on both half tiers, auto's
+# above; a GGUF model's on both, and its transformer in blocks against its
+# weights expanded at load), the stage tests on both half tiers, auto's
 # choice and fallback, bench kernels' matrix rows and tier table, and
 # flux-lite selftest on all three tiers.
 phase "on Mesa 26's lavapipe: the kernel tests Mesa 22 skipped, the matrix tier's golden PNGs, the stages, auto and bench kernels on the f16 and matrix tiers"
@@ -177,6 +178,7 @@ bench="$(test_binary flux-lite-cli test bench)"
 cli="$(test_binary flux-lite-cli test cli)"
 stages="$(test_binary flux-lite-tests test half_tiers)"
 quantized="$(test_binary flux-lite-cli test gguf)"
+quantized_stages="$(test_binary flux-lite-tests test gguf)"
 # The kernel tests the run above skipped (a `skipped:` line: the matrix
 # tier, spirv-val's cooperative matrices), by name: the others ran on
 # Mesa 22 and on GL already.
@@ -194,7 +196,8 @@ rerun FLUX_LITE_REQUIRE_MATRIX=1 --sid "$pngs" matrix_tier_reproduces
 rerun FLUX_LITE_REQUIRE_MATRIX=1 --sid "$bench" matrix tiers
 rerun FLUX_LITE_REQUIRE_MATRIX=1 --sid "$cli" tier
 rerun FLUX_LITE_REQUIRE_MATRIX=1 --sid "$stages"
-rerun FLUX_LITE_REQUIRE_MATRIX=1 --sid "$quantized" half_tiers matrix_tier
+rerun FLUX_LITE_REQUIRE_MATRIX=1 --sid "$quantized" half_tiers
+rerun FLUX_LITE_REQUIRE_MATRIX=1 --sid "$quantized_stages" matrix_tier
 rerun FLUX_LITE_REQUIRE_MATRIX=1 --sid "$selftest"
 
 # The tests' switches and fault injections exist only where the tests
