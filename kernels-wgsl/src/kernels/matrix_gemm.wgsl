@@ -369,42 +369,16 @@ fn matrix_gemm(li: u32, sg: u32, lane: u32, lanes: u32, row0: u32, col0: u32, k:
     }
     // Each subgroup stores its tiles one at a time, into its out-slots in
     // turn: with two, tile j's store follows the barrier after which every
-    // lane is done with tile j − 2, which used the same slot. A loop over
-    // the tiles, not sixteen copies of the epilogue: a driver compiles its
-    // body once (the accumulators, distinct variables, are picked by a
-    // switch on the uniform tile index).
-    if (pieces_out()) {
-        // Every output's magnitude first, for its row's piece scale.
-        for (var j = 0u; j < R * R; j++) {
-            let c = &c_tiles[slot_base(sg, j % 2u)];
-            switch j {
-                case 0u: { coopStoreT(acc00, c, T); }
-                case 1u: { coopStoreT(acc01, c, T); }
-                case 2u: { coopStoreT(acc02, c, T); }
-                case 3u: { coopStoreT(acc03, c, T); }
-                case 4u: { coopStoreT(acc10, c, T); }
-                case 5u: { coopStoreT(acc11, c, T); }
-                case 6u: { coopStoreT(acc12, c, T); }
-                case 7u: { coopStoreT(acc13, c, T); }
-                case 8u: { coopStoreT(acc20, c, T); }
-                case 9u: { coopStoreT(acc21, c, T); }
-                case 10u: { coopStoreT(acc22, c, T); }
-                case 11u: { coopStoreT(acc23, c, T); }
-                case 12u: { coopStoreT(acc30, c, T); }
-                case 13u: { coopStoreT(acc31, c, T); }
-                case 14u: { coopStoreT(acc32, c, T); }
-                default: { coopStoreT(acc33, c, T); }
-            }
-            workgroupBarrier();
-            tile_measure(lane, lanes, sg, j % 2u, j / R, j % R, row0, col0);
-            slot_read();
-        }
-        workgroupBarrier();
-        pieces_scales_out(li, row0, col0);
-    }
-    for (var j = 0u; j < R * R; j++) {
-        let c = &c_tiles[slot_base(sg, j % 2u)];
-        switch j {
+    // lane is done with tile j − 2, which used the same slot. Where the
+    // outputs go out as f16 pieces, two passes over the tiles (every
+    // output's magnitude first, for its row's piece scale, then the
+    // values); else the second only. One loop, not a copy of the epilogue
+    // a tile: a driver compiles its body once (the accumulators, distinct
+    // variables, are picked by a switch on the uniform tile index).
+    for (var j = select(R * R, 0u, pieces_out()); j < 2u * R * R; j++) {
+        let tile = j % (R * R);
+        let c = &c_tiles[slot_base(sg, tile % 2u)];
+        switch tile {
             case 0u: { coopStoreT(acc00, c, T); }
             case 1u: { coopStoreT(acc01, c, T); }
             case 2u: { coopStoreT(acc02, c, T); }
@@ -423,7 +397,16 @@ fn matrix_gemm(li: u32, sg: u32, lane: u32, lanes: u32, row0: u32, col0: u32, k:
             default: { coopStoreT(acc33, c, T); }
         }
         workgroupBarrier();
-        tile_out(lane, lanes, sg, j % 2u, j / R, j % R, row0, col0);
+        if (j < R * R) {
+            tile_measure(lane, lanes, sg, tile % 2u, tile / R, tile % R, row0, col0);
+        } else {
+            tile_out(lane, lanes, sg, tile % 2u, tile / R, tile % R, row0, col0);
+        }
         slot_read();
+        if (j + 1u == R * R) {
+            // Every magnitude measured: the pieces' scales.
+            workgroupBarrier();
+            pieces_scales_out(li, row0, col0);
+        }
     }
 }
