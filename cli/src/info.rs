@@ -99,6 +99,12 @@ pub fn run(args: &InfoArgs) -> Result<(), String> {
         Some(flux_lite_platform::Precision::Auto) | None => limits,
         Some(p) => DeviceLimits { half_operands: p == flux_lite_platform::Precision::Matrix, ..limits },
     };
+    if limits.half_operands {
+        // The matrix tier keeps its weights' row scales, and expands GGML
+        // blocks at load into f16 rows.
+        sizes.keep_row_scales();
+        sizes.expand_half();
+    }
     let input = sizes.plan_input(&model, width, height, &reference_sizes, limits, args.memory_budget);
     say!();
     let with_references = match reference_sizes.as_slice() {

@@ -61,19 +61,27 @@ fn a_gguf_transformer_makes_the_diffusers_png() {
 /// heads of 64 take the half-precision path's every epilogue: queries,
 /// keys and values, attention and SwiGLU written as f16 pieces), makes the
 /// diffusers PNG within the image bar of tiers other than f32 (max 3
-/// levels, mean 0.2).
+/// levels, mean 0.2). So does the text encoder from llama.cpp's GGUF,
+/// expanded at load (on the matrix tier into f16 rows), against its own
+/// diffusers PNG.
 #[test]
 fn the_gguf_png_on_the_half_tiers_within_the_tier_bar() {
     use flux_lite_tests::tolerance::{other_tiers, png_gap};
     let dir = scratch_dir("gguf-tiers");
-    let want = read_png(&Goldens::dir("tiny-q").join("gguf.png"));
+    let text_encoder = Goldens::dir("tiny-q").join("text-encoder.gguf");
+    let cases = [
+        ("transformer in blocks", vec!["--memory-budget", "40MiB"], "gguf.png"),
+        ("transformer expanded", vec![], "gguf.png"),
+        ("text encoder expanded", vec!["--text-encoder", text_encoder.to_str().unwrap()], "gguf-text-encoder.png"),
+    ];
     for tier in ["f16", "matrix"] {
         if !flux_lite_tests::tier_here(env!("CARGO_BIN_EXE_flux-lite"), tier) {
             continue;
         }
-        for (kept, budget) in [("in blocks", &["--memory-budget", "40MiB"][..]), ("expanded", &[][..])] {
-            let out = dir.join(format!("{tier}-{}.png", budget.len()));
-            let run = gen_case_on(tier, "tiny-q", budget, &out);
+        for (i, (kept, args, golden)) in cases.iter().enumerate() {
+            let want = read_png(&Goldens::dir("tiny-q").join(golden));
+            let out = dir.join(format!("{tier}-{i}.png"));
+            let run = gen_case_on(tier, "tiny-q", args, &out);
             assert!(run.status.success(), "{tier}: {}", String::from_utf8_lossy(&run.stderr));
             let (max, mean) = png_gap(&read_png(&out).rgb, &want.rgb);
             println!("tiny-q gguf {kept} on the {tier} tier: max |Δ| {max}, mean |Δ| {mean:.4}");

@@ -112,12 +112,18 @@ fn every_type_expands_into_f16_rows_as_the_range_rule_packs_gguf_pys_values() {
     }
 }
 
-/// On the matrix tier, tiny-q's transformer kept in GGML blocks, whose
-/// linears expand their rows straight into f16 (in one pass, and on 128 KiB
-/// bindings in many), gives the bits of its weights expanded to f32 once at
-/// load, whose rows the products measure and round every tile.
+/// On the matrix tier, tiny-q's transformer expanded once at load takes
+/// each linear's weight in GGML blocks straight into f16 rows under their
+/// range scales, as the products read a packed weight: every weight the
+/// store holds in blocks (the file's 14 quantized tensors of
+/// generate_gguf_model.py's `QUANTIZED`, its two fused QKV ones split into
+/// three: each a linear's weight read in whole rows), none left in f32. Its velocity is
+/// bit for bit that of the weights kept in their blocks, whose linears
+/// expand their rows into f16 as they run (in one pass, and on 128 KiB
+/// bindings in many). Its device bytes are within the planner's count for
+/// this data path, and under that of f32 expansions.
 #[test]
-fn a_gguf_transformer_in_blocks_on_the_matrix_tier_gives_the_expanded_ones_bits() {
+fn a_gguf_transformer_on_the_matrix_tier_expands_into_f16_at_load_with_the_bits_of_its_blocks() {
     use flux_lite_core::plan::WeightStrategy;
     use flux_lite_platform::components::transformer::{LatentGrids, Transformer};
     use flux_lite_platform::model::{Component, ModelFolder};
@@ -128,12 +134,24 @@ fn a_gguf_transformer_in_blocks_on_the_matrix_tier_gives_the_expanded_ones_bits(
         let gpu = flux_lite_kernels::test_devices::tier_gpu_with(options)?;
         let store = model.weights(Component::Transformer).unwrap();
         let t = Transformer::new(&gpu, &model.transformer, store, strategy, None, text, &LatentGrids::noise_only(lat_h, lat_w)).unwrap();
-        Some(flux_lite_tests::velocity_of_two_passes(&gpu, &t, text))
+        Some((flux_lite_tests::velocity_of_two_passes(&gpu, &t, text), t.half_packed_weights(), t.weight_bytes()))
     };
-    let Some(expanded) = run(None, WeightStrategy::ResidentBf16) else { return };
+    let Some((expanded, packed, bytes)) = run(None, WeightStrategy::ResidentBf16) else { return };
     assert!(expanded.iter().all(|v| v.is_finite()));
+    let store = model.weights(Component::Transformer).unwrap();
+    let in_ggml_blocks = store.names().filter(|name| store.quantized(name).is_some()).count();
+    assert!(in_ggml_blocks >= 14, "{in_ggml_blocks} weights in GGML blocks");
+    let mut sizes = Transformer::weight_sizes(&model.transformer, &store, text, lat_h * lat_w).unwrap();
+    sizes.keep_row_scales();
+    let as_f32 = sizes.bytes(WeightStrategy::ResidentBf16);
+    sizes.expand_half();
+    let planned = sizes.bytes(WeightStrategy::ResidentBf16);
+    println!("tiny-q expanded at load on the matrix tier: {packed} weights packed ({in_ggml_blocks} from GGML blocks), {bytes} device bytes of weights, planned {planned} (f32 expansions: {as_f32})");
+    assert!(bytes <= planned, "{bytes} device bytes of weights, planned {planned}");
+    assert!(planned < as_f32, "f16 rows ({planned} B) should take less than f32 ones ({as_f32} B)");
     for binding in [None, Some(128 << 10)] {
-        let got = run(binding, WeightStrategy::ResidentDf11 { slots: 1 }).unwrap();
+        let (got, in_blocks, _) = run(binding, WeightStrategy::ResidentDf11 { slots: 1 }).unwrap();
+        assert_eq!(packed, in_blocks + in_ggml_blocks, "bindings {binding:?}: the weights in GGML blocks expanded into f16 at load");
         assert!(got.iter().map(|v| v.to_bits()).eq(expanded.iter().map(|v| v.to_bits())), "in blocks, bindings {binding:?}: the velocity differs from the expanded weights'");
     }
 }

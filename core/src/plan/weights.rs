@@ -21,6 +21,10 @@ pub struct BlockWeights {
     pub packed: u64,
     /// The same weights expanded to f32 once at load (resident only).
     pub packed_expanded: u64,
+    /// The same weights expanded once at load on the half-precision data
+    /// path: f16 rows with their range scales where a linear reads them
+    /// whole (else f32, as above).
+    pub packed_expanded_half: u64,
 }
 
 /// A component's weight bytes, summed and maximised over its blocks.
@@ -42,10 +46,12 @@ pub struct WeightSizes {
     pub shared: u64,
     pub packed: u64,
     pub packed_expanded: u64,
+    pub packed_expanded_half: u64,
     /// Shared weights in GGML blocks: resident in their blocks, or expanded
     /// to f32 at load when everything is.
     pub shared_packed: u64,
     pub shared_packed_expanded: u64,
+    pub shared_packed_expanded_half: u64,
     /// Where a linear over weights in GGML blocks expands rows of them
     /// (0 without such weights); not needed when they are expanded at load.
     pub packed_scratch: u64,
@@ -64,6 +70,7 @@ impl WeightSizes {
         self.compressed += b.compressed;
         self.packed += b.packed;
         self.packed_expanded += b.packed_expanded;
+        self.packed_expanded_half += b.packed_expanded_half;
         self.max_block = self.max_block.max(b.plain + b.packed + b.grouped);
         self.max_block_grouped = self.max_block_grouped.max(b.grouped);
         self.max_group = self.max_group.max(b.largest_group);
@@ -73,6 +80,13 @@ impl WeightSizes {
     pub fn keep_row_scales(&mut self) {
         self.shared += self.row_scales;
         self.row_scales = 0;
+    }
+
+    /// Counts the weights in GGML blocks that are expanded once at load as
+    /// the half-precision data path expands them: f16 rows and their scales.
+    pub fn expand_half(&mut self) {
+        self.packed_expanded = self.packed_expanded_half;
+        self.shared_packed_expanded = self.shared_packed_expanded_half;
     }
 
     /// Whether some weights are held compressed (DF11 groups or GGML
@@ -114,7 +128,8 @@ impl WeightSizes {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WeightStrategy {
     /// Every weight resident as bf16 (DF11 groups expanded once at load;
-    /// GGML blocks once, to f32).
+    /// GGML blocks once, to f32, or to f16 rows on the half-precision data
+    /// path).
     ResidentBf16,
     /// Plain weights and compressed DF11 groups resident; each block's
     /// groups expanded into bf16 slot `block mod slots` as it starts. GGML

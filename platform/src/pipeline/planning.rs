@@ -94,6 +94,13 @@ impl ModelSizes {
         self.preview_decoder += preview;
     }
 
+    /// Counts the weights in GGML blocks that are expanded at load as the
+    /// half-precision data path expands them (f16 rows and their scales).
+    pub fn expand_half(&mut self) {
+        self.text_encoder.expand_half();
+        self.transformer.expand_half();
+    }
+
     /// Counts `lora` for a transformer over `rows` token rows: its matrices
     /// and scratch on the device, resident under every strategy. On the host
     /// it holds only its mapped files (and one module's matrices while they
@@ -172,6 +179,9 @@ pub fn plan(gpu: &Gpu, model: &ModelFolder, sizes: &ModelSizes, request: &Reques
     if gpu.measures_weight_rows() {
         sizes.keep_row_scales();
     }
+    if gpu.plan_limits().half_operands {
+        sizes.expand_half();
+    }
     let forced = request.vae_tile.map(|t| t as u64);
     let previews = sizes.preview_layouts(model, request.width, request.height, gpu.plan_limits(), forced)?;
     let input = PlanInput {
@@ -203,6 +213,9 @@ pub fn plan_encode(model: &ModelFolder, sizes: &ModelSizes, budget: Option<u64>,
     let mut sizes = sizes.text_encoder;
     if row_scales {
         sizes.keep_row_scales();
+    }
+    if half_operands {
+        sizes.expand_half();
     }
     Ok(planner::plan_encode(&model.text_encoder, PROMPT_TOKENS as u64, half_operands, sizes, tokenizer_bytes(model), budget)?)
 }

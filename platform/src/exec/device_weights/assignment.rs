@@ -101,9 +101,10 @@ pub(super) fn streamable(t: TensorRef<'_>) -> bool {
 }
 
 /// A block's weights summed as the planner counts them. A tensor in GGML
-/// blocks counts as a DF11 group does: its f32 expansion as the grouped
-/// bytes, its blocks as the compressed ones.
-pub(super) fn block_weights(store: &WeightStore, held: &Held) -> Result<BlockWeights, RunError> {
+/// blocks counts as a DF11 group does: its expansion (f32, or f16 rows on
+/// the half-precision data path) as the grouped bytes, its blocks as the
+/// compressed ones.
+pub(super) fn block_weights(store: &WeightStore, held: &Held, products: &ProductShapes) -> Result<BlockWeights, RunError> {
     let mut b = BlockWeights::default();
     for name in &held.plain {
         b.plain += plain_bytes(store.tensor(name)?).next_multiple_of(SLOT_ALIGN);
@@ -119,6 +120,10 @@ pub(super) fn block_weights(store: &WeightStore, held: &Held) -> Result<BlockWei
         let q = quantized(store, name)?;
         b.packed += (q.bytes() as u64).next_multiple_of(SLOT_ALIGN);
         b.packed_expanded += expanded_bytes(&q);
+        b.packed_expanded_half += match half_expansion(&q, name, products) {
+            Some(rows) => rows.bytes(),
+            None => expanded_bytes(&q),
+        };
     }
     Ok(b)
 }
@@ -141,4 +146,42 @@ pub const PACKED_SCRATCH: u64 = 64 << 20;
 /// Slot bytes of a tensor's f32 expansion.
 pub(super) fn expanded_bytes(q: &QuantizedRef<'_>) -> u64 {
     (4 * q.elements() as u64).next_multiple_of(SLOT_ALIGN)
+}
+
+/// The rows each product's weight is read in, by name ([`product_weights`]):
+/// (rows, terms a row).
+pub(super) type ProductShapes = HashMap<String, (u64, u64)>;
+
+pub(super) fn product_shapes(blocks: &[Vec<Op>]) -> ProductShapes {
+    product_weights(blocks).into_iter().map(|(name, rows, terms)| (name, (rows, terms))).collect()
+}
+
+/// A linear's weight in GGML blocks expanded once at load as the
+/// half-precision data path expands it: `rows` rows of `k` f16 values (two
+/// a word), then the rows' range scales (an f32 each), in one buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct HalfRows {
+    pub(super) rows: u64,
+    pub(super) k: u64,
+}
+
+impl HalfRows {
+    /// The element (f32) at which the scales follow the words.
+    pub(super) fn scales_at(self) -> u64 {
+        self.rows * self.k / 2
+    }
+
+    pub(super) fn bytes(self) -> u64 {
+        4 * (self.scales_at() + self.rows)
+    }
+}
+
+/// How the half-precision data path expands `name` (in GGML blocks) once
+/// at load: straight into f16 rows (`kernels::ggml_expand_half`) where its
+/// products read it in rows of its whole width, each whole blocks and runs
+/// of the expansion; `None` where it goes to f32 as elsewhere.
+pub(super) fn half_expansion(q: &QuantizedRef<'_>, name: &str, products: &ProductShapes) -> Option<HalfRows> {
+    let k = q.shape.last().copied().unwrap_or(1) as u64;
+    let &(_, terms) = products.get(name)?;
+    (terms == k && kernels::expands_half(q.ggml, k)).then(|| HalfRows { rows: q.elements() as u64 / k, k })
 }

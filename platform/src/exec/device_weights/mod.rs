@@ -30,7 +30,7 @@ mod assignment;
 mod staging;
 mod weight;
 
-use assignment::{block_weights, expanded_bytes, packed_scratch_bytes, plain_bytes, streamable, Assignment};
+use assignment::{block_weights, expanded_bytes, half_expansion, packed_scratch_bytes, plain_bytes, product_shapes, streamable, Assignment, HalfRows};
 pub use assignment::PACKED_SCRATCH;
 use staging::{area_align, area_piece, Piece, Staging};
 pub use weight::{DeviceWeight, StoredScales};
@@ -94,8 +94,9 @@ struct Pending {
     expansions: Vec<(usize, DeviceBuffer)>,
     /// Tensors kept resident in GGML blocks.
     packed: Vec<String>,
-    /// Tensors in GGML blocks expanded once at load, and their f32 buffers.
-    quantized_expansions: Vec<(String, DeviceBuffer)>,
+    /// Tensors in GGML blocks expanded once at load, their buffers, and
+    /// their f16 rows where they expand into those (else f32).
+    quantized_expansions: Vec<(String, DeviceBuffer, Option<HalfRows>)>,
 }
 
 /// The zero word after a streamed group's gaps, which the last thread's two-byte read may touch.
@@ -134,14 +135,16 @@ impl DeviceWeights {
     /// as [`Self::for_blocks`] lays them out, for the planner.
     pub fn sizes(store: &WeightStore, blocks: &[Vec<Op>]) -> Result<WeightSizes, RunError> {
         let a = Assignment::new(store, blocks);
+        let products = product_shapes(blocks);
         let mut sizes = WeightSizes::default();
         for held in &a.own {
-            sizes.add_block(block_weights(store, held)?);
+            sizes.add_block(block_weights(store, held, &products)?);
         }
-        let shared = block_weights(store, &a.shared)?;
+        let shared = block_weights(store, &a.shared, &products)?;
         sizes.shared = shared.plain + shared.grouped;
         sizes.shared_packed = shared.packed;
         sizes.shared_packed_expanded = shared.packed_expanded;
+        sizes.shared_packed_expanded_half = shared.packed_expanded_half;
         sizes.packed_scratch = packed_scratch_bytes(store, &a)?;
         for name in &a.expanded {
             sizes.shared += expanded_bytes(&quantized(store, name)?);
@@ -175,8 +178,16 @@ impl DeviceWeights {
             w.allocate_expansion(gpu, store, g, &mut pending)?;
         }
         let expand_all = strategy == WeightStrategy::ResidentBf16;
-        for name in a.expanded.iter().chain(a.shared.quantized.iter().filter(|_| expand_all)) {
-            w.allocate_quantized_expansion(gpu, store, name, &mut pending)?;
+        // On the half-precision data path a linear's weight in GGML blocks
+        // expanded at load goes straight into f16 rows where it can.
+        let half_rows = gpu.plan_limits().half_operands.then(|| product_shapes(blocks));
+        for name in &a.expanded {
+            w.allocate_quantized_expansion(gpu, store, name, None, &mut pending)?;
+        }
+        if expand_all {
+            for name in &a.shared.quantized {
+                w.allocate_quantized_expansion(gpu, store, name, half_rows.as_ref(), &mut pending)?;
+            }
         }
         if !expand_all {
             for name in &a.shared.quantized {
@@ -237,7 +248,7 @@ impl DeviceWeights {
             }
             for name in &held.quantized {
                 match strategy {
-                    WeightStrategy::ResidentBf16 => w.allocate_quantized_expansion(gpu, store, name, &mut pending)?,
+                    WeightStrategy::ResidentBf16 => w.allocate_quantized_expansion(gpu, store, name, half_rows.as_ref(), &mut pending)?,
                     WeightStrategy::ResidentDf11 { .. } => w.allocate_packed(gpu, store, name, &mut pending)?,
                     WeightStrategy::Streamed { .. } => {
                         // Copied into the slot as stored, like a plain tensor.
@@ -311,7 +322,9 @@ impl DeviceWeights {
         gpu.check_faults()?;
         w.write(gpu, store, pending)?;
         let in_slots: std::collections::HashSet<&String> = w.slot_scales.iter().flatten().collect();
-        let resident: Vec<String> = w.map.iter().filter(|(name, weight)| weight.scales.is_some() && !in_slots.contains(name)).map(|(name, _)| name.clone()).collect();
+        // Those expanded from GGML blocks into f16 rows have their scales already.
+        let resident: Vec<String> =
+            w.map.iter().filter(|(name, weight)| weight.scales.is_some() && !weight.half_packed && !in_slots.contains(name)).map(|(name, _)| name.clone()).collect();
         w.measure_scales(gpu, &resident)?;
         if gpu.plan_limits().half_operands {
             // The resident products' W packed as f16 under their kept
@@ -425,14 +438,26 @@ impl DeviceWeights {
         self.packed_scratch.as_ref()
     }
 
-    /// Allocates the f32 buffer a tensor in GGML blocks is expanded into
-    /// once, and maps it there; the expansion comes later.
-    fn allocate_quantized_expansion(&mut self, gpu: &Gpu, store: &WeightStore, name: &str, pending: &mut Pending) -> Result<(), RunError> {
+    /// Allocates the buffer a tensor in GGML blocks is expanded into once,
+    /// and maps it there; the expansion comes later. Where `products` (the
+    /// half-precision data path's) read it as [`half_expansion`] says, its
+    /// rows go into f16 words under their range scales, which follow them
+    /// in the buffer: a packed weight with its scales kept, as a product
+    /// reads a resident bf16 one packed at load. Else they go into f32.
+    fn allocate_quantized_expansion(&mut self, gpu: &Gpu, store: &WeightStore, name: &str, products: Option<&assignment::ProductShapes>, pending: &mut Pending) -> Result<(), RunError> {
         let q = quantized(store, name)?;
-        let buffer = gpu.storage(name, 4 * q.elements() as u64);
+        let half = products.and_then(|p| half_expansion(&q, name, p));
+        let buffer = gpu.storage(name, half.map_or(expanded_bytes(&q), HalfRows::bytes));
         self.bytes += buffer.size();
-        self.map.insert(name.to_string(), DeviceWeight { buffer: buffer.clone(), offset: 0, dtype: WeightDtype::F32, scales: None, taps_last: false, half_packed: false });
-        pending.quantized_expansions.push((name.to_string(), buffer));
+        let weight = match half {
+            Some(h) => {
+                let scales = StoredScales { buffer: buffer.clone(), offset: h.scales_at(), rows: h.rows, k: h.k };
+                DeviceWeight { buffer: buffer.clone(), offset: 0, dtype: WeightDtype::Bf16, scales: Some(scales), taps_last: false, half_packed: true }
+            }
+            None => DeviceWeight { buffer: buffer.clone(), offset: 0, dtype: WeightDtype::F32, scales: None, taps_last: false, half_packed: false },
+        };
+        self.map.insert(name.to_string(), weight);
+        pending.quantized_expansions.push((name.to_string(), buffer, half));
         Ok(())
     }
 
@@ -468,11 +493,17 @@ impl DeviceWeights {
         for name in &pending.packed {
             gpu.write(&self.packed[name].buffer, 0, &quantized(store, name)?.joined());
         }
-        for (name, buffer) in &pending.quantized_expansions {
+        for (name, buffer, half) in &pending.quantized_expansions {
             let q = quantized(store, name)?;
             let raw = gpu.upload_bytes(name, &q.joined());
-            let blocks = (q.elements() / q.ggml.block_elements()) as u64;
-            gpu.submit(|enc| kernels::ggml_expand(gpu, enc, kernels::GgmlBlocks { ggml: q.ggml, scale: q.scale, buf: &raw, at: 0 }, blocks, buffer, 0))?;
+            let src = || kernels::GgmlBlocks { ggml: q.ggml, scale: q.scale, buf: &raw, at: 0 };
+            match half {
+                Some(h) => gpu.submit(|enc| kernels::ggml_expand_half(gpu, enc, src(), [h.rows, h.k], (buffer, 0), (buffer, h.scales_at())))?,
+                None => {
+                    let blocks = (q.elements() / q.ggml.block_elements()) as u64;
+                    gpu.submit(|enc| kernels::ggml_expand(gpu, enc, src(), blocks, buffer, 0))?
+                }
+            }
         }
         Ok(())
     }
