@@ -10,10 +10,11 @@
 # (default target/release/flux-lite). REPORT: default gpu-decisive.txt, or
 # $OUT/gpu-decisive.txt when OUT is set. In order:
 #   1. the adapter: its tiers, and whether the flash attention passed its
-#      start-up check (`flux-lite gpu`). Not yet here: each matrix
-#      pipeline's registers, spills and workgroup memory through
-#      VK_KHR_pipeline_executable_properties (which Mesa's lavapipe does
-#      not offer, so nothing here could test it);
+#      start-up check (`flux-lite gpu`). Each matrix pipeline's registers,
+#      spills and workgroup memory (what the driver reports through
+#      VK_KHR_pipeline_executable_properties) follow the rows of stages 3, 4
+#      and 5 (`bench kernels --pipeline-statistics`): the pipelines each
+#      built, so that a stage cut short still leaves those of the earlier ones;
 #   2. `flux-lite selftest` on every tier;
 #   3. the linears on every tier side by side, the matrix tier's at the
 #      4B's shapes beside the ceiling our own WGSL reaches; then the matrix
@@ -51,11 +52,11 @@ fi
 # The limits add up to 520 s: 9 minutes with room for the loader.
 step 40 "1. adapter and tiers" "$binary" gpu
 step 70 "2. selftest, every tier" "$binary" selftest
-step 60 "3. linears on every tier (4B shapes)" "$binary" bench kernels --model klein-4b --tokens "$tokens" --only linear,tiers "${repeats[@]}"
+step 60 "3. linears on every tier (4B shapes)" "$binary" bench kernels --model klein-4b --tokens "$tokens" --only linear,tiers --pipeline-statistics "${repeats[@]}"
 step 40 "3. linears, the GEMM staged deep" env FLUX_LITE_GEMM_STAGING=deep "$binary" bench kernels --model klein-4b --tokens "$tokens" --only linear --precision matrix "${repeats[@]}"
-step 45 "4. attention at $tokens tokens, flash" "$binary" bench kernels --model klein-4b --tokens "$tokens" --only attention "${repeats[@]}"
+step 45 "4. attention at $tokens tokens, flash" "$binary" bench kernels --model klein-4b --tokens "$tokens" --only attention --pipeline-statistics "${repeats[@]}"
 step 45 "4. attention at $tokens tokens, the fallback" env FLUX_LITE_ATTENTION_KERNEL=matrix "$binary" bench kernels --model klein-4b --tokens "$tokens" --only attention "${repeats[@]}"
-step 90 "5. the 4B ${size}² step and the ${size}² VAE decode and encode" "$binary" bench kernels --model klein-4b --tokens "$tokens" --only step,vae --step-sizes "$size" --vae-size "$size" "${repeats[@]}"
+step 90 "5. the 4B ${size}² step and the ${size}² VAE decode and encode" "$binary" bench kernels --model klein-4b --tokens "$tokens" --only step,vae --step-sizes "$size" --vae-size "$size" --pipeline-statistics "${repeats[@]}"
 if command -v python3 >/dev/null; then
     step 120 "5. PyTorch / diffusers bf16, same card" python3 ci/gpu_peer.py \
         --config test_vectors/configs/klein-4b/transformer/config.json \

@@ -5,23 +5,9 @@ fn parse(module: Module) -> naga::Module {
         .unwrap_or_else(|e| panic!("{}.wgsl: {}", module.name(), e.emit_to_string(&module.source())))
 }
 
-/// What naga must allow for a module: the device features it needs.
-fn capabilities(module: Module) -> naga::valid::Capabilities {
-    use naga::valid::Capabilities as C;
-    let features = module.features();
-    let mut caps = C::empty();
-    caps.set(C::SHADER_FLOAT16, features.contains(wgpu::Features::SHADER_F16));
-    caps.set(C::COOPERATIVE_MATRIX, features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX));
-    caps.set(C::SUBGROUP, features.contains(wgpu::Features::SUBGROUP));
-    // pack2x16float/unpack2x16float (the half-K/V layout): a downlevel
-    // capability that Vulkan, Metal and DX12 always have.
-    caps.set(C::SHADER_FLOAT16_IN_FLOAT32, true);
-    caps
-}
-
 fn validate(module: Module) -> (naga::Module, naga::valid::ModuleInfo) {
     let m = parse(module);
-    let info = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), capabilities(module))
+    let info = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), module.naga_capabilities())
         .validate(&m)
         .unwrap_or_else(|e| panic!("{}: {}", module.name(), e.emit_to_string(&module.source())));
     (m, info)

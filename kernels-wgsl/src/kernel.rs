@@ -3,7 +3,7 @@
 //! and the grid a dispatch of many workgroups takes.
 
 /// A WGSL source file (with the shared helpers prepended).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Module {
     Linear,
     /// The range rule's row scales, measured before a matrix-tier product.
@@ -230,6 +230,21 @@ impl Module {
         }
     }
 
+    /// What naga must allow the module (its [`Self::features`] as naga's
+    /// capabilities), to validate it as wgpu does.
+    pub fn naga_capabilities(self) -> naga::valid::Capabilities {
+        use naga::valid::Capabilities as C;
+        let features = self.features();
+        let mut caps = C::empty();
+        caps.set(C::SHADER_FLOAT16, features.contains(wgpu::Features::SHADER_F16));
+        caps.set(C::COOPERATIVE_MATRIX, features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX));
+        caps.set(C::SUBGROUP, features.contains(wgpu::Features::SUBGROUP));
+        // pack2x16float/unpack2x16float (the half-K/V layout): a downlevel
+        // capability that Vulkan, Metal and DX12 always have.
+        caps.set(C::SHADER_FLOAT16_IN_FLOAT32, true);
+        caps
+    }
+
     /// Whether every storage access of the module stays inside its binding
     /// by the module's own arithmetic, so that it is created without wgpu's
     /// run-time bounds checks, which make each access a branch, so that the
@@ -273,7 +288,7 @@ impl Module {
     }
 
     /// The matrix tier's flash attention.
-    fn is_flash(self) -> bool {
+    pub(crate) fn is_flash(self) -> bool {
         matches!(self, Module::AttentionFlash8 | Module::AttentionFlash16)
     }
 

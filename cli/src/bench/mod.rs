@@ -8,6 +8,7 @@ use flux_lite_platform::model::ModelFolder;
 use flux_lite_platform::{Gpu, GpuOptions, Precision};
 use std::path::Path;
 
+mod pipelines;
 mod traffic;
 
 /// Measure throughput against the physical ceiling of the same run.
@@ -54,6 +55,9 @@ struct KernelsArgs {
     /// precision tier: auto (default: on a CPU adapter f32, the fastest there; elsewhere matrix units where the adapter has them and they pass a known-answer check, else f16, else f32), f32 (the reference), f16 (f16-staged GEMM tiles, f32 sums) or matrix (cooperative-matrix units, f16 operands, f32 sums); f16 and matrix apply a range rule (docs/kernels.md), and a tier the adapter lacks is an error
     #[argh(option, default = "flux_lite_platform::Precision::Auto", from_str_fn(crate::tier::parse_precision))]
     precision: flux_lite_platform::Precision,
+    /// after the rows, what the driver made of every matrix pipeline the run built: registers, spills, workgroup memory and the rest of what it reports (Vulkan drivers with VK_KHR_pipeline_executable_properties)
+    #[argh(switch)]
+    pipeline_statistics: bool,
 }
 
 const ROWS: [&str; 8] = ["linear", "lora", "attention", "blocks", "vae", "df11", "step", "tiers"];
@@ -271,6 +275,10 @@ fn kernels(args: &KernelsArgs) -> Result<(), String> {
     if step_sizes.is_empty() && args.step_sizes.is_none() && want("step") {
         say!();
         say!("whole denoising steps skipped on a software adapter (ask for them with --step-sizes)");
+    }
+    if args.pipeline_statistics {
+        say!();
+        pipelines::print_statistics(&gpu);
     }
     Ok(())
 }

@@ -11,6 +11,8 @@ mod compiled;
 mod memory;
 mod shader_cache;
 mod options;
+#[cfg(not(any(target_arch = "wasm32", target_vendor = "apple")))]
+mod pipeline_statistics;
 mod proof;
 mod tiers;
 
@@ -18,6 +20,9 @@ pub use adapter_memory::{AdapterMemory, MemorySource, DEFAULT_MARGIN_PERCENT};
 pub use compiled::{CacheState, CompileReport, PipelineStore};
 pub use memory::{DeviceBuffer, DeviceMemory};
 pub use options::{AttentionChoice, Backend, GpuOptions};
+#[cfg(not(any(target_arch = "wasm32", target_vendor = "apple")))]
+pub use pipeline_statistics::{pipeline_name, Executable, PipelineStatistics, StatisticsError};
+pub use shader_cache::PipelineKey;
 #[cfg(any(test, feature = "test-support"))]
 pub use options::FaultInjection;
 use memory::{CountedBuffer, MemoryCounter};

@@ -9,11 +9,12 @@ use crate::kernel::{Kernel, Module};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-struct PipelineKey {
-    module: Module,
-    entry: &'static str,
-    constants: Vec<(&'static str, u32)>,
+/// A pipeline: an entry point of a module with its override constants.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PipelineKey {
+    pub module: Module,
+    pub entry: &'static str,
+    pub constants: Vec<(&'static str, u32)>,
 }
 
 /// The compiled kernels of one device.
@@ -41,6 +42,18 @@ impl ShaderCache {
     pub(super) fn report(&self) -> CompileReport {
         let (pipelines, time) = *lock(&self.compiled);
         CompileReport { pipelines, time, cache: self.cache_state }
+    }
+
+    /// The pipelines built so far, in order of module, entry point and constants.
+    pub(super) fn created(&self) -> Vec<PipelineKey> {
+        let mut keys: Vec<PipelineKey> = lock(&self.pipelines).keys().cloned().collect();
+        keys.sort();
+        keys
+    }
+
+    /// The source `module` is built from here.
+    pub(super) fn source(&self, module: Module) -> std::borrow::Cow<'static, str> {
+        replaced_source(self.kernel_dir.as_deref(), module).map_or_else(|| module.source(), Into::into)
     }
 
     /// The compute pipeline for `kernel` with its override constants on `device`, built once.
@@ -72,7 +85,7 @@ impl ShaderCache {
 
     /// `module` built from its source (or the kernel folder's replacement).
     fn module(&self, device: &wgpu::Device, module: Module) -> wgpu::ShaderModule {
-        let source = replaced_source(self.kernel_dir.as_deref(), module).map_or_else(|| module.source(), Into::into);
+        let source = self.source(module);
         let descriptor = wgpu::ShaderModuleDescriptor { label: Some(module.name()), source: wgpu::ShaderSource::Wgsl(source) };
         if module.indices_clamped_in_shader() {
             // SAFETY: the module reads and writes only at indices it clamps
