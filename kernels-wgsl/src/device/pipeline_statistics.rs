@@ -209,6 +209,7 @@ impl<'i> SecondDevice<'i> {
             // The pipelines are created with `zero_initialize_workgroup_memory: false`.
             zero_initialize_workgroup_memory: naga::back::spv::ZeroInitializeWorkgroupMemoryMode::None,
             force_loop_bounding: checked,
+            emit_int_div_checks: checked,
             ..Default::default()
         }
     }
