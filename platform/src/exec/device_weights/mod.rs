@@ -30,7 +30,8 @@ mod assignment;
 mod staging;
 mod weight;
 
-use assignment::{block_weights, expanded_bytes, half_expansion, packed_scratch_bytes, plain_bytes, product_shapes, streamable, Assignment, HalfRows};
+use assignment::{block_weights, expanded_bytes, half_expansion, packed_scratch_bytes, plain_bytes, product_shapes, scaled_products, streamable, Assignment, HalfRows};
+pub use assignment::product_weights;
 pub use assignment::PACKED_SCRATCH;
 use staging::{area_align, area_piece, Piece, Staging};
 pub use weight::{DeviceWeight, StoredScales};
@@ -596,40 +597,6 @@ impl DeviceWeights {
             .get(name)
             .ok_or_else(|| GpuError::UnsupportedShape(format!("the program names weight `{name}`, which was not loaded")))
     }
-}
-
-/// The weights the products of `blocks` read (`Op::Linear`s' and
-/// `Op::Conv2d`s'), once each in order of first use, with the rows they read
-/// (from row 0 to the last any reads) and the terms of those rows (a
-/// convolution's taps); a weight read with two different row widths is left
-/// out (its products measure it themselves).
-pub fn product_weights(blocks: &[Vec<Op>]) -> Vec<(String, u64, u64)> {
-    let mut found: Vec<(String, u64, u64)> = Vec::new();
-    let mut mixed = std::collections::HashSet::new();
-    for op in blocks.iter().flatten() {
-        let (w, last_row, terms) = match op {
-            Op::Linear { w, w_row, cols, inner, .. } | Op::LinearHalf { w, w_row, cols, inner, .. } => (w, w_row + cols, *inner),
-            Op::LinearSwiGlu { w, w_row, cols, inner, .. } => (w, w_row + 2 * cols, *inner),
-            Op::Conv2d { w, shape, .. } | Op::ConvNhwc { w, shape, .. } => (w, shape.out_channels as u64, (shape.in_channels * shape.kernel * shape.kernel) as u64),
-            _ => continue,
-        };
-        match found.iter_mut().find(|(name, ..)| name == w.as_str()) {
-            Some((_, rows, k)) if *k == terms => *rows = (*rows).max(last_row),
-            Some(_) => {
-                mixed.insert(w.to_string());
-            }
-            None => found.push((w.to_string(), last_row, terms)),
-        }
-    }
-    found.retain(|(name, ..)| !mixed.contains(name));
-    found
-}
-
-/// The products' weights that keep their rows' range scales on a device
-/// that measures them: all but those in GGML blocks (a linear over those
-/// expands rows into a scratch, f32, and measures them there).
-fn scaled_products(store: &WeightStore, blocks: &[Vec<Op>]) -> Vec<(String, u64, u64)> {
-    product_weights(blocks).into_iter().filter(|(name, ..)| store.quantized(name).is_none()).collect()
 }
 
 /// Places a group's bf16 expansion in `slot` at the next aligned byte of
