@@ -81,7 +81,7 @@ impl Gpu {
     /// statistics where `capture` (which needs the extension); without,
     /// each executable list is empty: the build alone, which any Vulkan
     /// driver with the modules' features can check.
-    pub fn rebuild_pipelines(&self, pipelines: &[PipelineKey], capture: bool) -> Result<Vec<PipelineStatistics>, StatisticsError> {
+    pub(crate) fn rebuild_pipelines(&self, pipelines: &[PipelineKey], capture: bool) -> Result<Vec<PipelineStatistics>, StatisticsError> {
         // SAFETY: the hal device is only read (its instance and physical
         // device handles), and outlives `hal`'s use below.
         let hal = unsafe { self.device.as_hal::<wgpu::hal::api::Vulkan>() }.ok_or(StatisticsError::NotVulkan)?;
