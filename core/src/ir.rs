@@ -278,6 +278,41 @@ pub struct Gate {
     pub scratch: Span,
 }
 
+/// The queries' and keys' per-head RMSNorm + interleaved RoPE a projection
+/// into f16 pieces applies to its outputs before rounding them
+/// ([`Op::LinearHalf`]): outputs `[0, first_cols)` normed by `first`'s
+/// weight, `[first_cols, cols)` by `second`'s (the same name where the
+/// projection is of one kind), the rest (values) as they are; heads of
+/// `head_dim` with `eps`, output row `t` rotated by table row `table_row + t`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HeadNorm {
+    pub first: TensorName,
+    pub second: TensorName,
+    pub first_cols: u64,
+    pub cols: u64,
+    pub head_dim: u64,
+    pub eps: f32,
+    pub table_row: u64,
+}
+
+impl HeadNorm {
+    /// The same as the [`Op::RmsNormRope`] passes over the projection's
+    /// output `y` (`rows` rows) after it, where its epilogue cannot norm.
+    pub fn passes(&self, y: Operand, rows: u64) -> impl Iterator<Item = Op> + '_ {
+        let parts = [(&self.first, 0, self.first_cols), (&self.second, self.first_cols, self.cols)];
+        parts.into_iter().filter(|(_, from, to)| to > from).map(move |(w, from, to)| Op::RmsNormRope {
+            data: y.cols_from(from),
+            w: w.clone(),
+            table_row: self.table_row,
+            tokens: rows,
+            heads: (to - from) / self.head_dim,
+            head_dim: self.head_dim,
+            eps: self.eps,
+            pairs: RopeStyle::Interleaved,
+        })
+    }
+}
+
 /// One kernel step of a block program. Weights are named as in the model's
 /// files; the runner resolves names to device buffers.
 // A program is a few hundred ops, made once a layout: a convolution that
@@ -304,7 +339,9 @@ pub enum Op {
     /// the epilogue. `scratch` `[rows, cols]` f32 is where the product goes
     /// first when the epilogue cannot take it (an adapter, weights expanded
     /// in pieces): the product there, then an [`Op::HalfPack`] into `y`.
-    LinearHalf { x: Operand, w: TensorName, w_row: u64, y: Operand, rows: u64, cols: u64, inner: u64, scratch: Span },
+    /// With `head_norm`, the queries' and keys' per-head RMSNorm + RoPE
+    /// too, in the epilogue where it can take them, else as passes after it.
+    LinearHalf { x: Operand, w: TensorName, w_row: u64, y: Operand, rows: u64, cols: u64, inner: u64, scratch: Span, head_norm: Option<HeadNorm> },
     /// Per-head RMSNorm with weight, in place.
     RmsNormHeads { data: Span, w: TensorName, tokens: u64, heads: u64, head_dim: u64, eps: f32 },
     /// `dst = LN(src)·(1 + scale) + shift` (no affine), shift/scale broadcast
@@ -453,9 +490,12 @@ impl Op {
     }
 
     pub fn weights(&self) -> impl Iterator<Item = &TensorName> {
-        // A convolution normalising its input reads the GroupNorm's weights too.
+        // A convolution normalising its input reads the GroupNorm's weights
+        // too, a projection norming its heads their norms' (one where both
+        // are the same).
         let norm = match self {
             Op::ConvNhwc { norm: Some(n), .. } => [Some(&n.gamma), Some(&n.beta)],
+            Op::LinearHalf { head_norm: Some(n), .. } => [Some(&n.first), Some(&n.second).filter(|s| **s != n.first)],
             _ => [None, None],
         };
         let (first, second) = match self {

@@ -206,7 +206,7 @@ pub fn layer(l: &TextEncoderLayout, i: usize, mut emit: impl FnMut(Op)) {
     if l.q.is_half() {
         // Projected into f16 pieces, then normed and rotated in place, a pass each.
         for (part, y, cols) in [("self_attn.q_proj", l.q, q_dim), ("self_attn.k_proj", l.k, kv_dim), ("self_attn.v_proj", l.v, kv_dim)] {
-            emit(Op::LinearHalf { x: l.normed, w: w(part), w_row: 0, y, rows: t, cols, inner: h, scratch: l.qkv_scratch });
+            emit(Op::LinearHalf { x: l.normed, w: w(part), w_row: 0, y, rows: t, cols, inner: h, scratch: l.qkv_scratch, head_norm: None });
         }
         for (part, data, heads) in [("self_attn.q_norm", l.q, l.heads), ("self_attn.k_norm", l.k, l.kv_heads)] {
             emit(Op::RmsNormRope { data, w: w(part), table_row: 0, tokens: t, heads, head_dim: hd, eps: l.eps, pairs: RopeStyle::RotateHalf });

@@ -34,7 +34,7 @@
 //! there; attention does not depend on the order of its keys, so the rows
 //! keep this layout's `[text, noise, references]`.
 
-use crate::ir::{linear, linear_swiglu, name, Gate, LaterModulation, Op, Operand, RopeStyle, Span};
+use crate::ir::{linear, linear_swiglu, name, Gate, HeadNorm, LaterModulation, Op, Operand, RopeStyle, Span};
 use crate::models::tensors::TensorName;
 use core::fmt::Write;
 
@@ -256,11 +256,16 @@ fn rope_keys(l: &TransformerLayout, emit: &mut impl FnMut(Op)) {
 
 /// A projection without bias of `x` over W's rows `w_row ..` into `y`
 /// (`[rows, cols, inner]`): f32 rows, or f16 rows in pieces through
-/// [`Op::LinearHalf`], whose fallback product goes to `scratch` first.
-fn projection(x: Operand, (w, w_row): (TensorName, u64), y: Operand, [rows, cols, inner]: [u64; 3], scratch: Span) -> Op {
-    match y.is_half() {
-        true => Op::LinearHalf { x, w, w_row, y, rows, cols, inner, scratch },
-        false => Op::Linear { x, w, w_row, bias: None, y: y.data, rows, cols, inner, gate: None },
+/// [`Op::LinearHalf`], whose fallback product goes to `scratch` first; with
+/// `head_norm`, the queries' and keys' RMSNorm + RoPE with it (in f16 rows,
+/// in its epilogue where it can), or as passes after it.
+fn projection(x: Operand, (w, w_row): (TensorName, u64), y: Operand, [rows, cols, inner]: [u64; 3], scratch: Span, head_norm: Option<HeadNorm>, emit: &mut dyn FnMut(Op)) {
+    if y.is_half() {
+        return emit(Op::LinearHalf { x, w, w_row, y, rows, cols, inner, scratch, head_norm });
+    }
+    emit(Op::Linear { x, w, w_row, bias: None, y: y.data, rows, cols, inner, gate: None });
+    for op in head_norm.iter().flat_map(|n| n.passes(y, rows)) {
+        emit(op);
     }
 }
 
@@ -352,12 +357,11 @@ pub fn double_block(l: &TransformerLayout, b: usize, mut emit: impl FnMut(Op)) {
     let [q, k, v] = l.qkv_operands();
     for s in [&txt, &img] {
         let rows = |o: Operand| o.rows_from(s.first_row);
-        for (proj, dst) in [(s.q, q), (s.k, k), (s.v, v)] {
-            emit(projection(l.normed.rows_from(s.first_row), (attn_w(proj), 0), rows(dst), [s.rows, d, d], l.proj.rows_from(s.first_row)));
-        }
-        // Each stream's rows are rotated by the table rows of their place in the pass.
-        for (norm, dst) in [(s.q_norm, q), (s.k_norm, k)] {
-            emit(Op::RmsNormRope { data: rows(dst), w: attn_w(norm), table_row: s.first_row, tokens: s.rows, heads, head_dim: hd, eps: l.eps, pairs: RopeStyle::Interleaved });
+        // The queries and keys normed and rotated, each stream's rows by the
+        // table rows of their place in the pass.
+        let norm = |w: &str| HeadNorm { first: attn_w(w), second: attn_w(w), first_cols: d, cols: d, head_dim: hd, eps: l.eps, table_row: s.first_row };
+        for (proj, dst, head_norm) in [(s.q, q, Some(norm(s.q_norm))), (s.k, k, Some(norm(s.k_norm))), (s.v, v, None)] {
+            projection(l.normed.rows_from(s.first_row), (attn_w(proj), 0), rows(dst), [s.rows, d, d], l.proj.rows_from(s.first_row), head_norm, &mut emit);
         }
     }
     attention(l, b as u64, [q, k, v], l.attn, &mut emit);
@@ -413,11 +417,11 @@ pub fn single_block(l: &TransformerLayout, b: usize, mut emit: impl FnMut(Op)) {
     // q, k and v (f32 into the fused rows, or f16 into the layout's `qkv`);
     // then the MLP halves' product and SwiGLU into the joined rows.
     let qkv = l.qkv.unwrap_or(Operand::f32(l.fused));
-    emit(projection(l.normed, (w("to_qkv_mlp_proj"), 0), qkv, [rows, 3 * d, d], l.fused));
+    // The queries and keys normed and rotated with their product.
+    let head_norm = HeadNorm { first: w("norm_q"), second: w("norm_k"), first_cols: d, cols: 2 * d, head_dim: hd, eps: l.eps, table_row: 0 };
+    projection(l.normed, (w("to_qkv_mlp_proj"), 0), qkv, [rows, 3 * d, d], l.fused, Some(head_norm), &mut emit);
     emit(linear_swiglu(l.normed, w("to_qkv_mlp_proj"), 3 * d, l.joined.cols_from(d), rows, f, d, l.fused.cols_from(3 * d)));
     let (q, k, v) = (qkv, qkv.cols_from(d), qkv.cols_from(2 * d));
-    emit(Op::RmsNormRope { data: q, w: w("norm_q"), table_row: 0, tokens: rows, heads, head_dim: hd, eps: l.eps, pairs: RopeStyle::Interleaved });
-    emit(Op::RmsNormRope { data: k, w: w("norm_k"), table_row: 0, tokens: rows, heads, head_dim: hd, eps: l.eps, pairs: RopeStyle::Interleaved });
     attention(l, block, [q, k, v], l.joined, &mut emit);
     project_into_stream(l, l.joined, w("to_out"), d + f, (0, rows, 0), m, 2, &mut emit);
 }

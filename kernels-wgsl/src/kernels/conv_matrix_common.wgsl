@@ -48,3 +48,16 @@ fn pairs_columns() -> bool {
 fn paired_value(gate_sum: f32, up_sum: f32) -> f32 {
     return 0.0;
 }
+
+// A convolution norms no heads (the linear's queries and keys do).
+fn head_norm() -> u32 {
+    return 0u;
+}
+
+fn head_norm_eps() -> f32 {
+    return 0.0;
+}
+
+fn head_norm_quad(r: u32, c: u32, values: vec4<f32>, inv: f32) -> vec4<f32> {
+    return values;
+}

@@ -38,6 +38,17 @@ pub struct LinearParams {
     /// scales start, and from one row to the next.
     pub y_scales: u32,
     pub y_scales_stride: u32,
+    /// A product norming heads in its epilogue ([`HeadNorm`]): this call's
+    /// first output column of the product, the columns each norm weight
+    /// norms, where the weights and the RoPE tables' rows start, and ε.
+    pub head_col0: u32,
+    pub head_first: u32,
+    pub head_cols: u32,
+    pub norm_first: u32,
+    pub norm_second: u32,
+    pub table_offset: u32,
+    pub head_eps: f32,
+    pub _pad: u32,
 }
 
 /// `range_scales.wgsl` — the range rule's scale of each of `rows` rows of `k` values.
@@ -63,12 +74,13 @@ pub const LINEAR: Kernel =
 pub const LINEAR_HALF: Kernel = Kernel { module: Module::LinearHalf, ..LINEAR };
 /// The matrix tier's linear (`linear_matrix.wgsl`), one module per tile size;
 /// its workgroup is four subgroups, set by the `WG` override (hence size 0
-/// here). y at 4 and 12 (f32 or f16) and again as vec4s at 14 and 15.
+/// here). y at 4 and 12 (f32 or f16) and again as vec4s at 14 and 15; a
+/// [`HeadNorm`]'s weights at 16 and 17 and RoPE tables at 18 and 19.
 pub const LINEAR_MATRIX_8: Kernel = kernel(
     Module::LinearMatrix8,
     "linear_matrix",
     [0, 1, 1],
-    &[(1, RW), (2, R), (3, R), (4, RW), (5, R), (8, R), (9, RW), (10, RW), (11, RW), (12, RW), (13, RW), (14, RW), (15, RW)],
+    &[(1, RW), (2, R), (3, R), (4, RW), (5, R), (8, R), (9, RW), (10, RW), (11, RW), (12, RW), (13, RW), (14, RW), (15, RW), (16, R), (17, R), (18, R), (19, R)],
     size_of::<LinearParams>(),
     true,
 );
@@ -80,7 +92,7 @@ pub const LINEAR_MATRIX_8_VEC4: Kernel = kernel(
     Module::LinearMatrix8Vec4,
     "linear_matrix",
     [0, 1, 1],
-    &[(3, R), (4, RW), (5, R), (6, RW), (7, R), (8, R), (9, RW), (10, RW), (11, RW), (12, RW), (13, RW), (14, RW), (15, RW)],
+    &[(3, R), (4, RW), (5, R), (6, RW), (7, R), (8, R), (9, RW), (10, RW), (11, RW), (12, RW), (13, RW), (14, RW), (15, RW), (16, R), (17, R), (18, R), (19, R)],
     size_of::<LinearParams>(),
     true,
 );
@@ -147,8 +159,9 @@ enum Out<'a> {
     SwiGlu,
     /// The same into f16 rows in pieces: `y` their words, these their scales.
     SwiGluHalf { scales: Mat<'a>, piece: u64 },
-    /// `y = value` as f16 rows in pieces: `y` their words, these their scales.
-    SetHalf { scales: Mat<'a>, piece: u64 },
+    /// `y = value` as f16 rows in pieces: `y` their words, these their
+    /// scales; with a [`HeadNorm`], its columns normed and rotated first.
+    SetHalf { scales: Mat<'a>, piece: u64, norm: Option<HeadNorm<'a>> },
 }
 
 /// `stream[m, n] += gate[n] ⊙ (x[m, k]·W[n, k]ᵀ (+ b[n]))`: a linear whose
@@ -190,7 +203,17 @@ pub fn linear_swiglu_half(gpu: &Gpu, sink: &mut dyn Sink, x: Input<'_>, w: Weigh
 /// the ops after. Where [`product_writes_pieces`].
 pub fn linear_into_half(gpu: &Gpu, sink: &mut dyn Sink, x: Input<'_>, w: Weight<'_>, y: HalfMat<'_>, s: Gemm) -> Result<(), GpuError> {
     let piece = half_out_piece(gpu, y, s, false)?;
-    product(gpu, sink, x, w, None, y.data, s, Out::SetHalf { scales: y.scales, piece })
+    product(gpu, sink, x, w, None, y.data, s, Out::SetHalf { scales: y.scales, piece, norm: None })
+}
+
+/// [`linear_into_half`] with the queries' and keys' per-head RMSNorm and
+/// interleaved RoPE in its epilogue ([`HeadNorm`]): each head's outputs
+/// normed and rotated before they are rounded to f16 in pieces, without the
+/// norm's pass over them. Where [`product_norms_heads`].
+pub fn linear_into_half_normed(gpu: &Gpu, sink: &mut dyn Sink, x: Input<'_>, w: Weight<'_>, y: HalfMat<'_>, norm: HeadNorm<'_>, s: Gemm) -> Result<(), GpuError> {
+    let piece = half_out_piece(gpu, y, s, false)?;
+    norm.check(gpu, piece, s)?;
+    product(gpu, sink, x, w, None, y.data, s, Out::SetHalf { scales: y.scales, piece, norm: Some(norm) })
 }
 
 /// The piece of a product's f16 output in pieces, where `gpu` writes it.
@@ -258,12 +281,16 @@ fn product(gpu: &Gpu, sink: &mut dyn Sink, input: Input<'_>, w: Weight<'_>, bias
     let swiglu = matches!(out, Out::SwiGlu | Out::SwiGluHalf { .. });
     // y's f16 words and their scales' rows (a scale a piece).
     let (half_out, out_piece) = match out {
-        Out::SwiGluHalf { scales, piece } | Out::SetHalf { scales, piece } => (Some(Rows::mat(scales, s.n.div_ceil(piece), "linear output scales")), Some(piece)),
+        Out::SwiGluHalf { scales, piece } | Out::SetHalf { scales, piece, .. } => (Some(Rows::mat(scales, s.n.div_ceil(piece), "linear output scales")), Some(piece)),
         _ => (None, None),
     };
     let out_per_word = if half_out.is_some() { 2 } else { 1 };
     let gate = match out {
         Out::Gated(g) => Some(g),
+        _ => None,
+    };
+    let norm = match out {
+        Out::SetHalf { norm, .. } => norm,
         _ => None,
     };
     let Gemm { m, n, k: kdim } = s;
@@ -308,7 +335,8 @@ fn product(gpu: &Gpu, sink: &mut dyn Sink, input: Input<'_>, w: Weight<'_>, bias
     let x_rows = Rows::mat(x, kdim / per_word, "linear input");
     let operands: Vec<Rows<'_>> = [x_rows].into_iter().chain(half).collect();
     let y_rows = Rows::mat(y, n_chunk.min(n) / out_per_word, "linear output");
-    let row_operands: Vec<Rows<'_>> = operands.iter().copied().chain([y_rows]).chain(half_out).collect();
+    let tables = norm.map(|n| n.table_rows());
+    let row_operands: Vec<Rows<'_>> = operands.iter().copied().chain([y_rows]).chain(half_out).chain(tables.into_iter().flatten()).collect();
     for rows in chunks(m, rows_per_chunk(gpu, m, &row_operands, tile_m)?.min(cap)) {
         let xw = x_rows.window(gpu, &rows)?;
         let x_scales = match half {
@@ -365,6 +393,8 @@ fn product(gpu: &Gpu, sink: &mut dyn Sink, input: Input<'_>, w: Weight<'_>, bias
                         ("Y_HALF", half_out.is_some() as u32),
                         ("Y_PIECE", to_u32(out_piece.unwrap_or(64), "linear output piece")?),
                         ("Y_VEC4", y_vec4 as u32),
+                        ("HEAD_NORM", to_u32(norm.map_or(0, |n| n.head_dim), "normed head")?),
+                        ("NORM_W_BF16", norm.map_or(1, |n| n.first.dtype.constant())),
                     ];
                     constants.extend(c.staging.constants(c.size));
                     let kernel = match matrix_vec4s(c, [x_at, x_stride], &ww, w.dtype, terms(gpu, kdim)) {
@@ -439,6 +469,13 @@ fn product(gpu: &Gpu, sink: &mut dyn Sink, input: Input<'_>, w: Weight<'_>, bias
                 x_scales_stride: to_u32(half.map_or(0, |h| h.stride), "linear input scales' stride")?,
                 y_scales: y_scales.local,
                 y_scales_stride: to_u32(half_out.map_or(0, |h| h.stride), "linear output scales' stride")?,
+                ..Default::default()
+            };
+            // A head norm's weights and the RoPE tables' rows of these rows
+            // (bindings 16–19), else unused read-only windows there.
+            let (params, norm_windows) = match norm {
+                Some(n) => n.bind(gpu, params, &rows, &cols)?,
+                None => (params, (0..4).map(|_| placeholder_window(gpu)).collect::<Result<Vec<_>, _>>()?),
             };
             let launch = Launch { kernel: &kernel, constants: &constants, params, grid };
             // x at 1 or 6, or f16 rows at 9 and their scales at 10; the
@@ -447,9 +484,11 @@ fn product(gpu: &Gpu, sink: &mut dyn Sink, input: Input<'_>, w: Weight<'_>, bias
             let x_half_scales = x_scales.as_ref().unwrap_or(&xw);
             let (x_f32, x_half) = (&xw, &xw);
             if kernel.module.reads_vec4s() {
-                dispatch(gpu, sink, launch, &[(3, &bw), (4, &yw), (5, &sw), (6, x_f32), (7, &ww), (8, &w_scales), (9, x_half), (10, x_half_scales), (11, &gw), (12, &yw), (13, &y_scales), (14, &yw_vec4), (15, &yw_vec4)]);
+                let [nw1, nw2, cos, sin] = [&norm_windows[0], &norm_windows[1], &norm_windows[2], &norm_windows[3]];
+                dispatch(gpu, sink, launch, &[(3, &bw), (4, &yw), (5, &sw), (6, x_f32), (7, &ww), (8, &w_scales), (9, x_half), (10, x_half_scales), (11, &gw), (12, &yw), (13, &y_scales), (14, &yw_vec4), (15, &yw_vec4), (16, nw1), (17, nw2), (18, cos), (19, sin)]);
             } else if matrix.is_some() {
-                dispatch(gpu, sink, launch, &[(1, x_f32), (2, &ww), (3, &bw), (4, &yw), (5, &sw), (8, &w_scales), (9, x_half), (10, x_half_scales), (11, &gw), (12, &yw), (13, &y_scales), (14, &yw_vec4), (15, &yw_vec4)]);
+                let [nw1, nw2, cos, sin] = [&norm_windows[0], &norm_windows[1], &norm_windows[2], &norm_windows[3]];
+                dispatch(gpu, sink, launch, &[(1, x_f32), (2, &ww), (3, &bw), (4, &yw), (5, &sw), (8, &w_scales), (9, x_half), (10, x_half_scales), (11, &gw), (12, &yw), (13, &y_scales), (14, &yw_vec4), (15, &yw_vec4), (16, nw1), (17, nw2), (18, cos), (19, sin)]);
             } else if lanes.is_some() {
                 dispatch(gpu, sink, launch, &[(3, &bw), (4, &yw), (6, &xw), (7, &ww), (11, &gw)]);
             } else {
@@ -515,6 +554,9 @@ pub(crate) fn measure_rows(gpu: &Gpu, sink: &mut dyn Sink, src: &Window<'_>, sca
     dispatch(gpu, sink, launch, &[(1, src), (2, &dst)]);
     Ok(())
 }
+
+mod head_norm;
+pub use head_norm::{product_norms_heads, HeadNorm};
 
 #[cfg(test)]
 pub(crate) mod tests;

@@ -35,6 +35,12 @@ struct Params {
     x_scales_stride: u32,
     // Y_HALF's: where y's piece scales start, and from one row to the next.
     y_scales: u32, y_scales_stride: u32,
+    // HEAD_NORM's (linear_head_norm.wgsl): this call's first output column
+    // of the product, the columns the first and both norm weights norm,
+    // where each weight starts, the RoPE tables' first element, and ε.
+    head_col0: u32, head_first: u32, head_cols: u32,
+    norm_first: u32, norm_second: u32,
+    table_offset: u32, head_eps: f32, _pad: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;

@@ -67,7 +67,7 @@ fn put(li: u32, half: u32, f: ptr<function, Fetched>) {
         let i = li + j * WG;
         let r = i / (KT / 4u);
         let at = half * BM * LD + r * LD + 4u * (i % (KT / 4u));
-        let v = (*f).a[j] * row_inverse[r];
+        let v = (*f).a[j] * row_inverse(r);
         a_tiles[at] = Operand(v.x);
         a_tiles[at + 1u] = Operand(v.y);
         a_tiles[at + 2u] = Operand(v.z);

@@ -92,10 +92,21 @@ var<workgroup> c_tiles: array<f32, C_STAGED>;
 const MAX_BLOCK_PIECES: u32 = 4u;
 var<workgroup> piece_largest: array<atomic<u32>, BM * MAX_BLOCK_PIECES>;
 // The block's row scales (the module's may be a search over pieces: asked
-// once a row), and the inverses of its row and column scales (powers of two).
+// once a row), and the inverses of its row and column scales (powers of
+// two: `row_inverse`, `col_inverse`), which only the k steps read; after
+// them, where the module norms heads (`head_norm()`), the same memory holds
+// each block row's two halves' sums of squares, then the inverse RMS of
+// their heads (`head_sums`, 2·BM values: BN = BM wherever heads are normed).
 var<workgroup> row_scale: array<f32, BM>;
-var<workgroup> row_inverse: array<f32, BM>;
-var<workgroup> col_inverse: array<f32, BN>;
+var<workgroup> inverses: array<f32, BM + BN>;
+
+fn row_inverse(r: u32) -> f32 {
+    return inverses[r];
+}
+
+fn col_inverse(c: u32) -> f32 {
+    return inverses[BM + c];
+}
 
 // B's words hold f16 pairs already divided by their column's range scale
 // (a weight packed where it reached the device, half_pack.wgsl's
@@ -108,7 +119,7 @@ fn b_word_operands(word: u32, c: u32) -> vec2<f32> {
     if (W_HALF) {
         return unpack2x16float(word);
     }
-    return vec2<f32>(bitcast<f32>(word << 16u), bitcast<f32>(word & 0xffff0000u)) * col_inverse[c];
+    return vec2<f32>(bitcast<f32>(word << 16u), bitcast<f32>(word & 0xffff0000u)) * col_inverse(c);
 }
 
 // The inverse of the module's column scale, exact (a power of two).
@@ -179,10 +190,51 @@ fn output_quad(sg: u32, slot: u32, i: u32, r: u32, c: u32, col0: u32) -> vec4<f3
 }
 
 // The quad as it goes out in f16: the module's `piece_value` of each.
+// Where the module norms heads, each value normed and rotated by the
+// module's `head_norm_quad` under its head's inverse RMS.
 fn half_quad(sg: u32, slot: u32, i: u32, r: u32, c: u32, row0: u32, col0: u32) -> vec4<f32> {
     let values = output_quad(sg, slot, i, r, c, col0);
     let at = first_output(col0) + c;
-    return vec4<f32>(piece_value(row0 + r, at, values.x), piece_value(row0 + r, at + 1u, values.y), piece_value(row0 + r, at + 2u, values.z), piece_value(row0 + r, at + 3u, values.w));
+    let out = vec4<f32>(piece_value(row0 + r, at, values.x), piece_value(row0 + r, at + 1u, values.y), piece_value(row0 + r, at + 2u, values.z), piece_value(row0 + r, at + 3u, values.w));
+    if (head_norm() > 0u) {
+        return head_norm_quad(row0 + r, at, out, head_sums_at(r, c));
+    }
+    return out;
+}
+
+// The per-head RMSNorm's sums (`head_norm()` outputs a head: BN, a block
+// row's whole outputs, or BN / 2, a subgroup column's), before the values
+// go out: each block row's sum of squares over each subgroup column's R·T
+// outputs, summed by one invocation a tile row in column order and tile
+// after tile, so the same outputs always sum alike.
+fn head_sums_at(r: u32, c: u32) -> f32 {
+    return inverses[2u * r + c / (R * T)];
+}
+
+fn tile_square_sums(lane: u32, lanes: u32, sg: u32, slot: u32, ti: u32, tj: u32, col0: u32) {
+    for (var tr = lane; tr < T; tr += lanes) {
+        let r = (sg / SG_COLS) * R * T + ti * T + tr;
+        let c = tile_first_output(sg, tj);
+        var sum = inverses[2u * r + sg % SG_COLS];
+        for (var tc = 0u; tc < T; tc++) {
+            let v = single_value(sg, slot, tr * T + tc, r, c + tc, col0);
+            sum = fma(v, v, sum);
+        }
+        inverses[2u * r + sg % SG_COLS] = sum;
+    }
+}
+
+// Each block row's heads' sums into their inverse RMS (inverseSqrt(mean
+// square + ε), as norm.wgsl's rms_norm_rope computes it): a head of BN
+// outputs takes both halves' sums, one of BN / 2 its own.
+fn head_inverse_rms(li: u32) {
+    for (var r = li; r < BM; r += WG) {
+        let halves = vec2<f32>(inverses[2u * r], inverses[2u * r + 1u]);
+        let sums = select(halves, vec2<f32>(halves.x + halves.y), head_norm() == BN);
+        let inv = inverseSqrt(sums / f32(head_norm()) + head_norm_eps());
+        inverses[2u * r] = inv.x;
+        inverses[2u * r + 1u] = inv.y;
+    }
 }
 
 // The tile's quads a lane takes: T·T / 4, row by row (element i = 4q).
@@ -283,13 +335,13 @@ fn matrix_gemm(li: u32, sg: u32, lane: u32, lanes: u32, row0: u32, col0: u32, k:
     for (var i = li; i < BM; i += WG) {
         let scale = a_scale(row0 + i);
         row_scale[i] = scale;
-        row_inverse[i] = 1.0 / scale;
+        inverses[i] = 1.0 / scale;
     }
     for (var i = li; i < BM * MAX_BLOCK_PIECES; i += WG) {
         atomicStore(&piece_largest[i], 0u);
     }
     for (var i = li; i < BN; i += WG) {
-        col_inverse[i] = b_inverse(col0 + i);
+        inverses[BM + i] = b_inverse(col0 + i);
     }
     workgroupBarrier();
     stage(li, 0u, row0, col0, 0u);
@@ -369,13 +421,22 @@ fn matrix_gemm(li: u32, sg: u32, lane: u32, lanes: u32, row0: u32, col0: u32, k:
     }
     // Each subgroup stores its tiles one at a time, into its out-slots in
     // turn: with two, tile j's store follows the barrier after which every
-    // lane is done with tile j − 2, which used the same slot. Where the
-    // outputs go out as f16 pieces, two passes over the tiles (every
-    // output's magnitude first, for its row's piece scale, then the
-    // values); else the second only. One loop, not a copy of the epilogue
-    // a tile: a driver compiles its body once (the accumulators, distinct
-    // variables, are picked by a switch on the uniform tile index).
-    for (var j = select(R * R, 0u, pieces_out()); j < 2u * R * R; j++) {
+    // lane is done with tile j − 2, which used the same slot. Up to three
+    // passes over the tiles: where heads are normed, every row's sums of
+    // squares; where the outputs go out as f16 pieces, every output's
+    // magnitude, for its row's piece scale; then the values. One loop, not
+    // a copy of the epilogue a tile: a driver compiles its body once (the
+    // accumulators, distinct variables, are picked by a switch on the
+    // uniform tile index).
+    let first_pass = select(select(2u, 1u, pieces_out()), 0u, head_norm() > 0u);
+    if (head_norm() > 0u) {
+        // The k steps are done with the inverses: the sums start at zero.
+        for (var i = li; i < 2u * BM; i += WG) {
+            inverses[i] = 0.0;
+        }
+        workgroupBarrier();
+    }
+    for (var j = first_pass * R * R; j < 3u * R * R; j++) {
         let tile = j % (R * R);
         let c = &c_tiles[slot_base(sg, tile % 2u)];
         switch tile {
@@ -397,13 +458,22 @@ fn matrix_gemm(li: u32, sg: u32, lane: u32, lanes: u32, row0: u32, col0: u32, k:
             default: { coopStoreT(acc33, c, T); }
         }
         workgroupBarrier();
-        if (j < R * R) {
+        let sweep = j / (R * R);
+        if (sweep == 0u) {
+            tile_square_sums(lane, lanes, sg, tile % 2u, tile / R, tile % R, col0);
+        } else if (sweep == 1u) {
             tile_measure(lane, lanes, sg, tile % 2u, tile / R, tile % R, row0, col0);
         } else {
             tile_out(lane, lanes, sg, tile % 2u, tile / R, tile % R, row0, col0);
         }
         slot_read();
         if (j + 1u == R * R) {
+            // Every sum of squares taken: the heads' inverse RMS.
+            workgroupBarrier();
+            head_inverse_rms(li);
+            workgroupBarrier();
+        }
+        if (j + 1u == 2u * R * R) {
             // Every magnitude measured: the pieces' scales.
             workgroupBarrier();
             pieces_scales_out(li, row0, col0);

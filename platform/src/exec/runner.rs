@@ -9,7 +9,7 @@ use flux_lite_kernels::kernels::{self, Attention, Elementwise, RopeStyle, RowNor
 use flux_lite_kernels::{HalfMat, Mat, Weight};
 use crate::model::lora::LoraSet;
 use std::collections::HashMap;
-use flux_lite_core::ir::{Op, Operand, Span};
+use flux_lite_core::ir::{HeadNorm, Op, Operand, Span};
 
 /// The activation arena and the tables a program reads.
 #[derive(Debug)]
@@ -111,20 +111,29 @@ impl Runner {
                 kernels::elementwise(gpu, sink, Elementwise::GatedResidual, self.mat(g.scratch), Some(self.mat(g.vector)), self.mat(*y), [*rows, *cols])
             }
             Op::Linear { .. } => self.record_linear(gpu, sink, weights, op, None),
-            Op::LinearHalf { x, w, w_row, y, rows, cols, inner, scratch } => {
+            Op::LinearHalf { x, w, w_row, y, rows, cols, inner, scratch, head_norm } => {
                 let s = kernels::Gemm { m: *rows, n: *cols, k: *inner };
                 let (Some(half), Some(piece)) = (self.half(*y), y.piece) else {
                     return Err(GpuError::UnsupportedShape("a product into f16 rows writes them in pieces".into()));
                 };
                 if self.epilogue_takes(weights, w) && kernels::product_writes_pieces(gpu, piece, false) {
                     let weight = weights.get(w)?.view().rows_from(*w_row, *inner);
-                    return kernels::linear_into_half(gpu, sink, self.input(*x), weight, half, s);
+                    if let Some(norm) = self.epilogue_head_norm(gpu, weights, head_norm.as_ref(), piece)? {
+                        return kernels::linear_into_half_normed(gpu, sink, self.input(*x), weight, half, norm, s);
+                    }
+                    kernels::linear_into_half(gpu, sink, self.input(*x), weight, half, s)?;
+                } else {
+                    // The product and its adapter's into the scratch, then packed piece by piece.
+                    let product = Op::Linear { x: *x, w: w.clone(), w_row: *w_row, bias: None, y: *scratch, rows: *rows, cols: *cols, inner: *inner, gate: None };
+                    self.record(gpu, sink, weights, &product)?;
+                    let pieces = kernels::HeadRows { tokens: *rows, heads: cols / piece, head_dim: piece };
+                    kernels::half_pack(gpu, sink, self.mat(*scratch), half.data, half.scales, pieces)?;
                 }
-                // The product and its adapter's into the scratch, then packed piece by piece.
-                let product = Op::Linear { x: *x, w: w.clone(), w_row: *w_row, bias: None, y: *scratch, rows: *rows, cols: *cols, inner: *inner, gate: None };
-                self.record(gpu, sink, weights, &product)?;
-                let pieces = kernels::HeadRows { tokens: *rows, heads: cols / piece, head_dim: piece };
-                kernels::half_pack(gpu, sink, self.mat(*scratch), half.data, half.scales, pieces)
+                // The heads' norms the epilogue did not take, as passes.
+                for op in head_norm.iter().flat_map(|n| n.passes(*y, *rows)) {
+                    self.record(gpu, sink, weights, &op)?;
+                }
+                Ok(())
             }
             Op::LinearSwiGlu { x, w, w_row, y, rows, cols, inner, scratch } => {
                 let s = kernels::Gemm { m: *rows, n: *cols, k: *inner };
@@ -309,6 +318,19 @@ impl Runner {
     /// expanded from GGML blocks in pieces.
     fn epilogue_takes(&self, weights: &DeviceWeights, w: &str) -> bool {
         !self.lora.as_ref().is_some_and(|l| l.adapts(w)) && weights.packed(w).is_none()
+    }
+
+    /// The head norm a projection into f16 pieces of `piece` takes in its
+    /// epilogue on `gpu`, or `None` where it leaves it to the passes: heads
+    /// the kernel's blocks do not hold, or norm weights of two types.
+    fn epilogue_head_norm<'w>(&'w self, gpu: &Gpu, weights: &'w DeviceWeights, norm: Option<&HeadNorm>, piece: u64) -> Result<Option<kernels::HeadNorm<'w>>, GpuError> {
+        let Some(n) = norm.filter(|n| kernels::product_norms_heads(gpu, piece, n.head_dim)) else { return Ok(None) };
+        let (first, second) = (weights.get(&n.first)?.view(), weights.get(&n.second)?.view());
+        if first.dtype != second.dtype {
+            return Ok(None);
+        }
+        let tables = kernels::RopeTables { cos: &self.rope_cos, sin: &self.rope_sin, first_row: n.table_row };
+        Ok(Some(kernels::HeadNorm { first, second, first_cols: n.first_cols, cols: n.cols, head_dim: n.head_dim, eps: n.eps, tables }))
     }
 
     /// A linear (`op`, ungated or taken gated by `gate`), its weight resident

@@ -221,3 +221,46 @@ fn double_block_reads_its_own_weights() {
     assert!(names.iter().all(|n| n.starts_with("transformer_blocks.3.")));
     assert!(names.iter().any(|n| n.as_str() == "transformer_blocks.3.ff_context.linear_out.weight"));
 }
+
+/// Where the queries, keys and values are f16 rows in pieces, their
+/// projections carry the per-head RMSNorm + RoPE (the runner puts it in
+/// their epilogue, or runs it as passes after them) and the programs hold
+/// no norm pass of their own; on f32 rows the same norms run as passes.
+#[test]
+fn half_queries_and_keys_are_normed_with_their_projections() {
+    let cfg = klein_4b::transformer();
+    let programs = |half_operands: bool| {
+        let mut arena = BumpArena::new(u64::MAX / 2);
+        let tokens = Tokens { half_operands, ..Tokens::plain(512, 1024) };
+        let l = TransformerLayout::chunked(&cfg, tokens, 1536, &mut arena).unwrap();
+        let (mut double, mut single) = (Vec::new(), Vec::new());
+        double_block(&l, 2, |op| double.push(op));
+        single_block(&l, 4, |op| single.push(op));
+        (double, single)
+    };
+    let norms = |ops: &[Op]| ops.iter().filter(|op| matches!(op, Op::RmsNormRope { .. })).count();
+    let (double, single) = programs(false);
+    assert_eq!((norms(&double), norms(&single)), (4, 2));
+    let (double, single) = programs(true);
+    assert_eq!((norms(&double), norms(&single)), (0, 0));
+    let carried = |ops: &[Op]| -> Vec<(String, String, u64, u64, u64)> {
+        ops.iter()
+            .filter_map(|op| match op {
+                Op::LinearHalf { head_norm: Some(n), .. } => Some((n.first.to_string(), n.second.to_string(), n.first_cols, n.cols, n.table_row)),
+                _ => None,
+            })
+            .collect()
+    };
+    let name = |s: &str| s.to_string();
+    let stream = |q: &str, k: &str, row: u64| {
+        [(name(q), name(q), 3072, 3072, row), (name(k), name(k), 3072, 3072, row)]
+    };
+    let mut want = stream("transformer_blocks.2.attn.norm_added_q.weight", "transformer_blocks.2.attn.norm_added_k.weight", 0).to_vec();
+    want.extend(stream("transformer_blocks.2.attn.norm_q.weight", "transformer_blocks.2.attn.norm_k.weight", 512));
+    assert_eq!(carried(&double), want);
+    let fused = (name("single_transformer_blocks.4.attn.norm_q.weight"), name("single_transformer_blocks.4.attn.norm_k.weight"), 3072, 6144, 0);
+    assert_eq!(carried(&single), vec![fused]);
+    // The weights an op reads name its norms, once each.
+    let single_weights: Vec<&str> = single.iter().find(|op| matches!(op, Op::LinearHalf { .. })).unwrap().weights().map(|n| n.as_str()).collect();
+    assert_eq!(single_weights, ["single_transformer_blocks.4.attn.to_qkv_mlp_proj.weight", "single_transformer_blocks.4.attn.norm_q.weight", "single_transformer_blocks.4.attn.norm_k.weight"]);
+}

@@ -31,7 +31,7 @@ mod machine;
 mod products;
 pub use machine::{Machine, Traffic, H200};
 use machine::{is_matrix, operand_rows, pieces, rows_per_piece, DataPath, Rows, CONTIGUOUS_ROW};
-use products::{attention, conv, conv_nhwc, linear, pass_on, swiglu_fits, writes_pieces, AttentionIo, Out};
+use products::{attention, conv, conv_nhwc, linear, norms_heads, pass_on, swiglu_fits, writes_pieces, AttentionIo, Out};
 
 /// The traffic of one program step on `tier` on machine `m`.
 pub fn op_traffic(op: &Op, tier: Precision, m: &Machine) -> Traffic {
@@ -63,15 +63,22 @@ pub fn op_traffic(op: &Op, tier: Precision, m: &Machine) -> Traffic {
         Op::Attention { len, heads, head_dim, q, o, .. } => {
             attention(m, p, [len, len, heads, heads, head_dim], AttentionIo { o_pieces: o.piece, qkv_pieces: q.piece, ..AttentionIo::default() })
         }
-        Op::LinearHalf { x, y, rows, cols, inner, scratch, .. } => match writes_pieces(m, y.piece, false) {
-            true => linear(m, p, (x, y), [rows, cols, inner], false, Out::Set),
-            // As the runner falls back: the product into the scratch, then packed.
-            false => {
-                let piece = y.piece.unwrap_or(cols);
-                let pack = Op::HalfPack { src: scratch, dst: y.data, scales: y.scales.unwrap_or(y.data), tokens: rows, heads: cols / piece, head_dim: piece };
-                linear(m, p, (x, scratch.into()), [rows, cols, inner], false, Out::Set) + op_traffic(&pack, tier, m)
+        Op::LinearHalf { x, y, rows, cols, inner, scratch, ref head_norm, .. } => {
+            if let Some(n) = head_norm.as_ref().filter(|n| norms_heads(m, y.piece, n.head_dim)) {
+                return linear(m, p, (x, y), [rows, cols, inner], false, Out::HeadNormed(n.head_dim));
             }
-        },
+            let product = match writes_pieces(m, y.piece, false) {
+                true => linear(m, p, (x, y), [rows, cols, inner], false, Out::Set),
+                // As the runner falls back: the product into the scratch, then packed.
+                false => {
+                    let piece = y.piece.unwrap_or(cols);
+                    let pack = Op::HalfPack { src: scratch, dst: y.data, scales: y.scales.unwrap_or(y.data), tokens: rows, heads: cols / piece, head_dim: piece };
+                    linear(m, p, (x, scratch.into()), [rows, cols, inner], false, Out::Set) + op_traffic(&pack, tier, m)
+                }
+            };
+            // The norms the epilogue leaves, as passes.
+            product + program_traffic(&head_norm.iter().flat_map(|n| n.passes(y, rows)).collect::<Vec<_>>(), tier, m)
+        }
         Op::CrossAttention { q_len, kv_len, heads, head_dim, .. } => attention(m, p, [q_len, kv_len, heads, heads, head_dim], AttentionIo::default()),
         Op::CarriedAttention { q_len, kv_len, heads, head_dim, carry, .. } => {
             attention(m, p, [q_len, kv_len, heads, heads, head_dim], AttentionIo { wide: true, carried: carry.is_some(), ..AttentionIo::default() })
@@ -323,6 +330,27 @@ mod tests {
         let apart = op_traffic(&op, Precision::F32, &small);
         assert_eq!(apart.dispatches, 3, "two pieces of W's 64 rows, then the SwiGLU");
         assert_eq!(apart.flops, t.flops);
+    }
+
+    #[test]
+    fn a_projection_norms_its_heads_in_its_epilogue_where_a_block_holds_them_else_in_passes() {
+        use flux_lite_core::ir::HeadNorm;
+        // The single block's fused projection of 2 heads of 128 a kind: queries, keys, values.
+        let y = Operand::half_pieces(Span::new(0, 384), Span::new(100_000, 12), 64);
+        let norm = HeadNorm { first: "norm_q".try_into().unwrap(), second: "norm_k".try_into().unwrap(), first_cols: 256, cols: 512, head_dim: 128, eps: 1e-6, table_row: 0 };
+        let x = Operand::half_rows(Span::new(0, 128), Span::new(1000, 1));
+        let op = |head_norm| Op::LinearHalf { x, w: "w".try_into().unwrap(), w_row: 0, y, rows: 10, cols: 768, inner: 256, scratch: Span::new(0, 768), head_norm };
+        let plain = op_traffic(&op(None), Precision::Matrix, &H200);
+        let fused = op_traffic(&op(Some(norm.clone())), Precision::Matrix, &H200);
+        assert_eq!((plain.dispatches, fused.dispatches), (1, 1));
+        // The two weights' heads (bf16) and a cos and a sin row of 128 f32 a row.
+        assert_eq!(fused.bytes, plain.bytes + 2 * 128 * 2 + 2 * 10 * 128 * 4);
+        // Blocks of 64 outputs (8×8 tiles) hold half a head: the two norms run as passes.
+        let lavapipe = Machine { product_block: 64, ..H200 };
+        let apart = op_traffic(&op(Some(norm.clone())), Precision::Matrix, &lavapipe);
+        let passes: Traffic = norm.passes(y, 10).map(|p| op_traffic(&p, Precision::Matrix, &lavapipe)).sum();
+        assert_eq!(passes.dispatches, 2);
+        assert_eq!(apart, op_traffic(&op(None), Precision::Matrix, &lavapipe) + passes);
     }
 
     #[test]

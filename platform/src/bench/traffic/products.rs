@@ -15,6 +15,9 @@ pub(super) enum Out {
     Gated,
     /// Pairs each output's gate and up rows of W (two products an output) into one value.
     SwiGlu,
+    /// Writes them with the queries' and keys' heads of this width normed
+    /// and rotated (their norm weights and a cos and a sin row a row read).
+    HeadNormed(u64),
 }
 
 /// Whether a matrix product's epilogue writes f16 rows in pieces of `piece`
@@ -24,6 +27,12 @@ pub(super) enum Out {
 pub(super) fn writes_pieces(m: &Machine, piece: Option<u64>, swiglu: bool) -> bool {
     let block = m.product_block / if swiglu { 2 } else { 1 };
     piece.is_some_and(|p| p > 0 && block.is_multiple_of(p) && block / p <= 4)
+}
+
+/// Whether such a product also norms heads of `head_dim` in its epilogue
+/// on machine `m` (`product_norms_heads`: a block's outputs a row or half).
+pub(super) fn norms_heads(m: &Machine, piece: Option<u64>, head_dim: u64) -> bool {
+    writes_pieces(m, piece, false) && (head_dim == m.product_block || 2 * head_dim == m.product_block)
 }
 
 /// Whether a SwiGLU product runs in one piece of W on machine `m` (else the
@@ -60,6 +69,7 @@ pub(super) fn linear(m: &Machine, p: DataPath, (x, y): (Operand, Operand), [rows
             let written = match out {
                 Out::Gated => 2 * r * c * p.activation + c * p.activation,
                 Out::Set | Out::SwiGlu => r * p.row_bytes(&y, c),
+                Out::HeadNormed(head_dim) => r * p.row_bytes(&y, c) + 2 * head_dim * p.weight + 2 * r * head_dim * 4,
             };
             let bytes = x_bytes + spans * c * inner * p.weight + bias as u64 * c * p.weight + scales + written;
             total += pass_on(m, bytes, 2 * spans * r * c * inner, p.matrix);
