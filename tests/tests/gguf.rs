@@ -129,15 +129,26 @@ fn a_gguf_transformer_on_the_matrix_tier_expands_into_f16_at_load_with_the_bits_
     use flux_lite_platform::model::{Component, ModelFolder};
     let (text, lat_h, lat_w) = (8, 2, 3);
     let model = ModelFolder::open(&flux_lite_tests::model_dir("tiny-q")).unwrap();
-    let run = |binding: Option<u64>, strategy| {
-        let options = GpuOptions { precision: flux_lite_platform::Precision::Matrix, max_storage_binding: binding, ..flux_lite_kernels::test_devices::options() };
+    // The queries' and keys' norms as passes: the in-blocks products cannot
+    // take them in their epilogue, whose sums of squares run in another order.
+    let run_normed = |binding: Option<u64>, strategy, head_norm_passes: bool| {
+        let mut options = GpuOptions { precision: flux_lite_platform::Precision::Matrix, max_storage_binding: binding, ..flux_lite_kernels::test_devices::options() };
+        options.faults.head_norm_passes = head_norm_passes;
         let gpu = flux_lite_kernels::test_devices::tier_gpu_with(options)?;
         let store = model.weights(Component::Transformer).unwrap();
         let t = Transformer::new(&gpu, &model.transformer, store, strategy, None, text, &LatentGrids::noise_only(lat_h, lat_w)).unwrap();
         Some((flux_lite_tests::velocity_of_two_passes(&gpu, &t, text), t.half_packed_weights(), t.weight_bytes()))
     };
+    let run = |binding, strategy| run_normed(binding, strategy, true);
     let Some((expanded, packed, bytes)) = run(None, WeightStrategy::ResidentBf16) else { return };
     assert!(expanded.iter().all(|v| v.is_finite()));
+    // With the norms in the projections' epilogue: the same velocity up to
+    // the norms' rounding, once where the passes rounded twice.
+    let (fused, _, _) = run_normed(None, WeightStrategy::ResidentBf16, false).unwrap();
+    let largest = expanded.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let moved = fused.iter().zip(&expanded).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    println!("tiny-q velocity with the head norms in the epilogue: max |Δ| {moved} against the passes' (largest |v| {largest})");
+    assert!(fused.iter().all(|v| v.is_finite()) && moved > 0.0, "the epilogue's norms round once");
     let store = model.weights(Component::Transformer).unwrap();
     let in_ggml_blocks = store.names().filter(|name| store.quantized(name).is_some()).count();
     assert!(in_ggml_blocks >= 14, "{in_ggml_blocks} weights in GGML blocks");

@@ -146,6 +146,10 @@ pub struct FaultInjection {
     /// be live, as a card whose memory is smaller than the budget would
     /// (`FLUX_LITE_DEVICE_MEMORY=BYTES`).
     pub memory_limit: Option<u64>,
+    /// The queries' and keys' per-head norms run as passes even where a
+    /// projection's epilogue could take them, so that a path which cannot
+    /// (weights kept in GGML blocks) compares bit for bit with one that can.
+    pub head_norm_passes: bool,
 }
 
 impl GpuOptions {
@@ -193,6 +197,7 @@ impl GpuOptions {
             short_linear: var("FLUX_LITE_BREAK_KERNEL").as_deref() == Some("linear"),
             failing_probe: var("FLUX_LITE_FAIL_TIER_PROBE").and_then(|t| Precision::from_name(&t)),
             memory_limit: var("FLUX_LITE_DEVICE_MEMORY").and_then(|v| v.parse().ok()),
+            head_norm_passes: false,
         };
         let per_lane_reads = var("FLUX_LITE_PER_LANE_READS").is_some_and(|v| v != "0");
         Ok(Self { faults, per_lane_reads, ..self })
