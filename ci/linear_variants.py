@@ -67,9 +67,9 @@ def no_rounding(source):
     """A rows not scaled; W's u32s taken as f16 pairs with no scale, as a W
     packed at load (`W_HALF`) is read: what staging costs without rounding."""
     old = function(source, "put")
-    if not old or "* row_inverse[r]" not in old or "b_word_operands(q.x, c)" not in old:
+    if not old or "* row_inverse(r)" not in old or "b_word_operands(q.x, c)" not in old:
         return None
-    new = old.replace("(*f).a[j] * row_inverse[r]", "(*f).a[j]")
+    new = old.replace("(*f).a[j] * row_inverse(r)", "(*f).a[j]")
     new = re.sub(r"b_word_operands\(q\.([xyzw]), c\)", r"unpack2x16float(q.\1)", new)
     return source.replace(old, new, 1)
 

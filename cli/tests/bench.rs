@@ -29,9 +29,14 @@ fn figure_after(stdout: &str, prefix: &str, until: &str) -> String {
     line[prefix.len()..].split(until).next().unwrap().to_string()
 }
 
-/// `bench traffic`'s dispatch counts: step, double block, single block, VAE decode, VAE encode.
-fn traffic_dispatches(stdout: &str) -> [u64; 5] {
-    ["step: ", "double block: ", "single block: ", "vae decode: ", "vae encode: "].map(|p| figure_after(stdout, p, " dispatches").parse().unwrap())
+/// `bench traffic`'s dispatch counts: step, double block, single block, VAE
+/// decode, VAE encode, text encoder, end to end.
+fn traffic_dispatches(stdout: &str) -> [u64; 7] {
+    ["step: ", "double block: ", "single block: ", "vae decode: ", "vae encode: ", "text encoder: ", "end to end ("].map(|p| {
+        let line = stdout.lines().find(|l| l.starts_with(p)).unwrap_or_else(|| panic!("no line {p:?} in {stdout}"));
+        let (_, rest) = line.split_once(": ").unwrap();
+        rest.split(" dispatches").next().unwrap().parse().unwrap()
+    })
 }
 
 /// The `X` of `… N dispatches, X GB moved …` on the line starting `prefix`.
@@ -66,8 +71,8 @@ fn traffic_prints_the_step_its_blocks_and_the_decode_from_the_configs_alone() {
     assert!(m_linear > f_linear && m_linear < 2 * f_linear, "linear dispatches: matrix {m_linear}, f32 {f_linear}");
     let ln_gb = |s: &str| by_op(s, "layer norm + modulation")[2].parse::<f64>().unwrap();
     assert!(ln_gb(&matrix) < ln_gb(&f32), "{matrix}{f32}");
-    let [m_step, m_double, m_single, m_vae, _] = traffic_dispatches(&matrix);
-    let [f_step, f_double, f_single, f_vae, _] = traffic_dispatches(&f32);
+    let [m_step, m_double, m_single, m_vae, _, m_text, m_e2e] = traffic_dispatches(&matrix);
+    let [f_step, f_double, f_single, f_vae, _, f_text, _] = traffic_dispatches(&f32);
     // The tiers differ by the measuring passes the matrix tier adds and by
     // the queries' and keys' RMSNorm + RoPE passes it folds into their
     // projections: four a double block (image and text, queries and keys),
@@ -99,6 +104,20 @@ fn traffic_prints_the_step_its_blocks_and_the_decode_from_the_configs_alone() {
     // The table's kinds add up to the step.
     let by_op: u64 = rows_under(&matrix, "| step, by op |").iter().map(|r| r[1].parse::<u64>().unwrap()).sum();
     assert_eq!(by_op, m_step);
+    // The prompt's encode: klein-4B's Qwen3-4B up to its deepest picked
+    // layer; on the matrix tier in f16 pieces, its q/k norms and RoPE one
+    // pass each (not two), its linears' inputs without measuring passes.
+    assert!(matrix.lines().any(|l| l.starts_with("text encoder: ") && l.ends_with(" on H200 (512 tokens, 27 of 36 layers)")), "{matrix}");
+    assert_eq!(f_text - m_text, 2 * 27, "{matrix}{f32}");
+    assert!(gb_moved(&matrix, "text encoder: ") < gb_moved(&f32, "text encoder: "), "{matrix}{f32}");
+    let text_by_op: u64 = rows_under(&matrix, "| text encoder, by op |").iter().map(|r| r[1].parse::<u64>().unwrap()).sum();
+    assert_eq!(text_by_op, m_text);
+    // End to end as `gen` runs klein (distilled): the prompt's encode, 4 steps, the decode.
+    assert!(matrix.contains("\nend to end (the prompt's encode, 4 steps, the decode): "), "{matrix}");
+    assert_eq!(m_e2e, m_text + 4 * m_step + m_vae);
+    let roofline_ms = |s: &str, prefix: &str| figure_after(s, prefix, " ms on H200").rsplit("roofline ").next().unwrap().parse::<f64>().unwrap();
+    let parts = roofline_ms(&matrix, "text encoder: ") + 4.0 * roofline_ms(&matrix, "step: ") + roofline_ms(&matrix, "vae decode: ");
+    assert!((roofline_ms(&matrix, "end to end (") - parts).abs() < 0.01, "{matrix}");
 }
 
 #[test]
@@ -122,13 +141,13 @@ fn traffic_counts_what_bench_prepares(tier: &str) {
     let rows = table_rows(&stdout);
     let prepared = |what: &str| rows.iter().find(|r| r[0] == what).unwrap_or_else(|| panic!("no {what} row: {stdout}"))[7].parse::<u64>().unwrap();
     let counted = bench_traffic(&["--model", model, "--width", "32", "--height", "32", "--precision", tier]);
-    let [step, double, single, vae, encode] = traffic_dispatches(&counted);
+    let [step, double, single, vae, encode, text, e2e] = traffic_dispatches(&counted);
     assert_eq!(
-        [prepared("denoising step"), prepared("double block"), prepared("single block"), prepared("VAE decode"), prepared("VAE encode")],
-        [step, double, single, vae, encode],
+        [prepared("denoising step"), prepared("double block"), prepared("single block"), prepared("VAE decode"), prepared("VAE encode"), prepared("text encoder"), prepared("end to end")],
+        [step, double, single, vae, encode, text, e2e],
         "{tier}: prepared (bench kernels) against counted (bench traffic):\n{stdout}{counted}"
     );
-    println!("{tier}: step {step}, double block {double}, single block {single}, VAE decode {vae}, VAE encode {encode} dispatches, prepared and counted alike");
+    println!("{tier}: step {step}, double block {double}, single block {single}, VAE decode {vae}, VAE encode {encode}, text encoder {text}, end to end {e2e} dispatches, prepared and counted alike");
 }
 
 #[test]

@@ -81,7 +81,7 @@ fn parse_list(text: &str) -> Result<Vec<u64>, String> {
     }
 }
 
-/// What a denoising step and a VAE decode move and how many dispatches they take on a tier, computed from the programs and the config files alone (no GPU), with the roofline on an H200.
+/// What the prompt's encode, a denoising step, the VAE decode and encode and a whole generation move and how many dispatches they take on a tier, computed from the programs and the config files alone (no GPU), with the roofline on an H200.
 #[derive(FromArgs, Debug)]
 #[argh(subcommand, name = "traffic")]
 struct TrafficArgs {
@@ -240,7 +240,7 @@ fn kernels(args: &KernelsArgs) -> Result<(), String> {
     if want("step") && !step_sizes.is_empty() {
         let encode = bench.text_encoder(&text_encoder).map_err(err)?;
         row(&encode, &ceilings);
-        let steps = if distilled { 4 } else { 50 };
+        let steps = flux_lite_platform::pipeline::job::default_steps_for(distilled) as u64;
         let mut previews = Vec::new();
         for &size in &step_sizes {
             let step = bench.step(&transformer, size, vae.latent_cell() as u64).map_err(err)?;

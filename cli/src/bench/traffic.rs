@@ -1,17 +1,19 @@
-//! `flux-lite bench traffic`: what a denoising step, a VAE decode and encode move,
-//! and in how many dispatches, on a tier's data path, from the config files
-//! alone; beside the roofline those figures allow on an H200.
+//! `flux-lite bench traffic`: what the prompt's encoding, a denoising step,
+//! a VAE decode and encode and a whole generation move, and in how many
+//! dispatches, on a tier's data path, from the config files alone; beside
+//! the roofline those figures allow on an H200.
 
 use super::{shapes, Shapes};
 use crate::stdout::say;
 use flux_lite_platform::bench::traffic::{self, Traffic, H200};
+use flux_lite_platform::pipeline::job::default_steps_for;
 use flux_lite_platform::Precision;
 
 /// Prompt tokens of the step counted: the tokenizer's fixed 512.
 const PROMPT_TOKENS: u64 = 512;
 
 pub fn run(model: &str, [width, height]: [u64; 2], tier: Precision) -> Result<(), String> {
-    let Shapes { name, transformer, vae, .. } = shapes(model)?;
+    let Shapes { name, transformer, text_encoder, vae, distilled } = shapes(model)?;
     let multiple = 2 * vae.scale_factor() as u64;
     for (flag, side) in [("--width", width), ("--height", height)] {
         if side == 0 || !side.is_multiple_of(multiple) {
@@ -23,6 +25,10 @@ pub fn run(model: &str, [width, height]: [u64; 2], tier: Precision) -> Result<()
     let step = traffic::step(&transformer, [width, height], vae.latent_cell() as u64, PROMPT_TOKENS, tier, &m).map_err(|e| e.to_string())?;
     let decode = traffic::vae_decode(&vae, [width, height], tier, &m).map_err(|e| e.to_string())?;
     let encode = traffic::vae_encode(&vae, [width, height], tier, &m).map_err(|e| e.to_string())?;
+    let prompt = traffic::text_encoder(&text_encoder, PROMPT_TOKENS, tier, &m).map_err(|e| e.to_string())?;
+    // As `gen` runs the model by default: its steps, guided unless distilled.
+    let steps = default_steps_for(distilled) as u64;
+    let generation = traffic::end_to_end(&prompt.total, &step.step, steps, !distilled, &decode.total);
     say!("model shapes: {name}; {width}×{height}: {PROMPT_TOKENS} prompt + {} image tokens; the {tier_name} tier's data path; bf16 weights", step.image_tokens);
     say!("counted from the programs, no GPU: each dispatch's inputs and outputs once, at the width the tier stores them in (re-reads served by caches not counted)");
     say!(
@@ -33,6 +39,9 @@ pub fn run(model: &str, [width, height]: [u64; 2], tier: Precision) -> Result<()
         m.bytes_per_second / 1e12
     );
     say!();
+    let run = text_encoder.output_layers().into_iter().max().unwrap_or(0);
+    let layers = format!("{run} of {} layers", text_encoder.num_hidden_layers);
+    say!("text encoder: {} ({PROMPT_TOKENS} tokens, {layers})", line(&prompt.total, m.name));
     say!("step: {}", line(&step.step, m.name));
     if let Some(t) = step.double_block {
         say!("double block: {} dispatches (budget {}), {} GB moved", t.dispatches, traffic::DOUBLE_BLOCK_DISPATCHES, gb(t.bytes));
@@ -44,6 +53,14 @@ pub fn run(model: &str, [width, height]: [u64; 2], tier: Precision) -> Result<()
         let how = if t.whole { String::new() } else { format!(" (laid out whole; at this size gen {what}s by bands, whose copies are not counted)") };
         say!("vae {what}: {}{how}", line(&t.total, m.name));
     }
+    let passes = traffic::generation_passes(steps, !distilled);
+    let how = match distilled {
+        true => format!("the prompt's encode, {steps} steps"),
+        false => format!("{} encodes (the prompt's and the negative's), {steps} guided steps ({} passes)", passes.encodes, passes.transformer),
+    };
+    say!("end to end ({how}, the decode): {}", line(&generation, m.name));
+    say!();
+    by_kind_table("text encoder", &prompt.by_kind);
     say!();
     by_kind_table("step", &step.by_kind);
     say!();

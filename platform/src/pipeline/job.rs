@@ -326,7 +326,12 @@ impl Resolved {
 /// Denoising steps when none are asked for, as diffusers' model cards use:
 /// 4 for guidance-distilled models, 50 otherwise.
 pub fn default_steps(model: &ModelFolder) -> usize {
-    if model.index.is_distilled { 4 } else { 50 }
+    default_steps_for(model.index.is_distilled)
+}
+
+/// [`default_steps`] for a model that is guidance-distilled or not.
+pub fn default_steps_for(distilled: bool) -> usize {
+    if distilled { 4 } else { 50 }
 }
 
 /// The guidance scale when none is asked for: 1.0 (none) for distilled models, 4.0 otherwise.

@@ -352,20 +352,21 @@ impl<'g> ShapeBench<'g> {
 
     /// Sums measured phases into one end-to-end figure: the text encoder,
     /// `steps` denoising steps and the VAE decode (GPU time of each; loading
-    /// and host work excluded).
-    /// A guided step is two transformer passes.
+    /// and host work excluded). A guided generation encodes the negative
+    /// prompt too and runs two transformer passes a step.
     pub fn end_to_end(encode: &Figure, step: &Figure, steps: u64, guided: bool, decode: &Figure, size: u64) -> Figure {
-        let passes = if guided { 2 * steps } else { steps };
-        let how = if guided { format!("{steps} guided steps ({passes} passes)") } else { format!("{steps} steps") };
+        let p = crate::bench::traffic::generation_passes(steps, guided);
+        let how = if guided { format!("2 encodes + {steps} guided steps ({} passes)", p.transformer) } else { format!("encode + {steps} steps") };
+        let (encodes, passes) = (p.encodes, p.transformer);
         Figure {
             what: "end to end".into(),
-            shape: format!("{size}×{size}: encode + {how} + decode"),
-            seconds: encode.seconds + passes as f64 * step.seconds + decode.seconds,
-            flops: encode.flops + passes * step.flops + decode.flops,
-            bytes: encode.bytes + passes * step.bytes + decode.bytes,
+            shape: format!("{size}×{size}: {how} + decode"),
+            seconds: encodes as f64 * encode.seconds + passes as f64 * step.seconds + decode.seconds,
+            flops: encodes * encode.flops + passes * step.flops + decode.flops,
+            bytes: encodes * encode.bytes + passes * step.bytes + decode.bytes,
             matrix: false,
             dispatches: match (encode.dispatches, step.dispatches, decode.dispatches) {
-                (Some(e), Some(s), Some(d)) => Some(e + passes * s + d),
+                (Some(e), Some(s), Some(d)) => Some(encodes * e + passes * s + d),
                 _ => None,
             },
         }

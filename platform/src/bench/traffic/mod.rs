@@ -22,7 +22,7 @@
 use crate::components::transformer::programs;
 use crate::error::RunError;
 use flux_lite_core::arena::BumpArena;
-use flux_lite_core::config::{TransformerConfig, VaeConfig};
+use flux_lite_core::config::{Qwen3Config, TransformerConfig, VaeConfig};
 use flux_lite_core::ir::Op;
 use flux_lite_core::models::transformer::Tokens;
 use flux_lite_core::models::vae;
@@ -221,44 +221,76 @@ fn by_kind<'o>(ops: impl IntoIterator<Item = &'o Op>, tier: Precision, m: &Machi
     sums
 }
 
-/// A VAE program's traffic ([`vae_decode`], [`vae_encode`]).
+/// A whole program's traffic ([`text_encoder`], [`vae_decode`],
+/// [`vae_encode`]).
 #[derive(Debug, Clone, PartialEq)]
-pub struct VaeTraffic {
+pub struct ProgramTraffic {
     pub total: Traffic,
     /// `(kind, traffic)` in the order kinds first appear.
     pub by_kind: Vec<(&'static str, Traffic)>,
     /// Whether the machine's bindings hold its largest activation (else
-    /// `gen` runs it by bands, whose copies are not counted).
+    /// `gen` runs the VAE by bands, whose copies are not counted).
     pub whole: bool,
 }
 
-impl VaeTraffic {
-    fn of(program: &[Op], tier: Precision, m: &Machine, largest_binding: u64) -> Self {
-        Self { total: program_traffic(program, tier, m), by_kind: by_kind(program, tier, m), whole: largest_binding <= m.max_binding }
+impl ProgramTraffic {
+    fn of<'o>(program: impl IntoIterator<Item = &'o Op> + Clone, tier: Precision, m: &Machine, largest_binding: u64) -> Self {
+        Self { total: program_traffic(program.clone(), tier, m), by_kind: by_kind(program, tier, m), whole: largest_binding <= m.max_binding }
     }
+}
+
+/// The text encoder over `tokens` prompt tokens, up to its deepest picked
+/// layer, as `gen` runs it on `tier` (the matrix tier's half-precision data
+/// path included), by kind of op.
+pub fn text_encoder(cfg: &Qwen3Config, tokens: u64, tier: Precision, m: &Machine) -> Result<ProgramTraffic, RunError> {
+    let (_, blocks, _) = crate::components::text_encoder::programs(cfg, tokens as usize, cfg.output_layers(), is_matrix(tier))?;
+    Ok(ProgramTraffic::of(blocks.iter().flatten(), tier, m, 0))
+}
+
+/// A generation's encodes of the text encoder and passes of the
+/// transformer over `steps` denoising steps: under classifier-free guidance
+/// the negative prompt's too, so two of each a step.
+pub fn generation_passes(steps: u64, guided: bool) -> GenerationPasses {
+    let per = if guided { 2 } else { 1 };
+    GenerationPasses { encodes: per, transformer: per * steps }
+}
+
+/// What [`generation_passes`] counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GenerationPasses {
+    pub encodes: u64,
+    pub transformer: u64,
+}
+
+/// A whole generation from its phases' traffic: the prompts' encodes, the
+/// transformer passes of `steps` steps and the VAE decode.
+pub fn end_to_end(encode: &Traffic, step: &Traffic, steps: u64, guided: bool, decode: &Traffic) -> Traffic {
+    let p = generation_passes(steps, guided);
+    let times = |t: &Traffic, n: u64| (0..n).map(|_| *t).sum::<Traffic>();
+    times(encode, p.encodes) + times(step, p.transformer) + *decode
 }
 
 /// The VAE decode of a `width × height` image laid out whole (to its 8-bit
 /// levels, as `gen` runs it), by kind of op, and whether the machine's
 /// bindings hold its largest activation.
-pub fn vae_decode(cfg: &VaeConfig, [width, height]: [u64; 2], tier: Precision, m: &Machine) -> Result<VaeTraffic, RunError> {
+pub fn vae_decode(cfg: &VaeConfig, [width, height]: [u64; 2], tier: Precision, m: &Machine) -> Result<ProgramTraffic, RunError> {
     let scale = cfg.scale_factor() as u64;
     let (latent_h, latent_w) = (height / scale, width / scale);
     let mut arena = BumpArena::new(u64::MAX);
     let channels_last = is_matrix(tier);
     let layout = vae::VaeLayout::new(cfg, latent_h, latent_w, channels_last, &mut arena).map_err(|e| RunError::layout("VAE")(&e))?;
     let program = crate::exec::runner::collect_ops(|emit| flux_lite_core::models::vae_nhwc::decode_whole(&layout, channels_last, emit));
-    Ok(VaeTraffic::of(&program, tier, m, vae::largest_binding(cfg, latent_h * latent_w, channels_last)))
+    Ok(ProgramTraffic::of(&program, tier, m, vae::largest_binding(cfg, latent_h * latent_w, channels_last)))
 }
 
 /// The VAE encode of a `width × height` image (an init image or a
 /// reference) laid out whole, to its posterior's moments, as [`vae_decode`].
-pub fn vae_encode(cfg: &VaeConfig, [width, height]: [u64; 2], tier: Precision, m: &Machine) -> Result<VaeTraffic, RunError> {
+pub fn vae_encode(cfg: &VaeConfig, [width, height]: [u64; 2], tier: Precision, m: &Machine) -> Result<ProgramTraffic, RunError> {
     use flux_lite_core::models::{vae_encoder, vae_encoder_nhwc};
     let channels_last = is_matrix(tier);
     let layout = vae_encoder::VaeEncoderLayout::new(cfg, height, width, channels_last, &mut BumpArena::new(u64::MAX)).map_err(|e| RunError::layout("VAE encoder")(&e))?;
     let program = crate::exec::runner::collect_ops(|emit| vae_encoder_nhwc::encode_whole(&layout, emit));
-    Ok(VaeTraffic::of(&program, tier, m, vae_encoder::largest_binding(cfg, height, width, channels_last)))
+    Ok(ProgramTraffic::of(&program, tier, m, vae_encoder::largest_binding(cfg, height, width, channels_last)))
 }
 
 /// The kind of an op, as the traffic table names it.
@@ -351,6 +383,27 @@ mod tests {
         let passes: Traffic = norm.passes(y, 10).map(|p| op_traffic(&p, Precision::Matrix, &lavapipe)).sum();
         assert_eq!(passes.dispatches, 2);
         assert_eq!(apart, op_traffic(&op(None), Precision::Matrix, &lavapipe) + passes);
+    }
+
+    #[test]
+    fn a_guided_generation_encodes_the_negative_prompt_too_and_runs_two_passes_a_step() {
+        assert_eq!(generation_passes(4, false), GenerationPasses { encodes: 1, transformer: 4 });
+        assert_eq!(generation_passes(50, true), GenerationPasses { encodes: 2, transformer: 100 });
+        let t = |dispatches: u64| Traffic { dispatches, bytes: 10 * dispatches, flops: 0, seconds: dispatches as f64 };
+        let e2e = end_to_end(&t(3), &t(5), 4, true, &t(7));
+        assert_eq!((e2e.dispatches, e2e.bytes, e2e.seconds), (2 * 3 + 8 * 5 + 7, 10 * (2 * 3 + 8 * 5 + 7), 53.0));
+    }
+
+    #[test]
+    fn klein_4b_text_encoder_runs_27_layers_and_its_half_path_moves_less() {
+        use flux_lite_core::config::klein_4b;
+        let [f32, matrix] = [Precision::F32, Precision::Matrix].map(|tier| text_encoder(&klein_4b::text_encoder(), 512, tier, &H200).unwrap());
+        // 27 layers of 7 products; on f32 the norms and the RoPE a pass each
+        // for the queries and for the keys, on the matrix tier one each.
+        let count = |t: &ProgramTraffic, kind: &str| t.by_kind.iter().find(|(k, _)| *k == kind).map_or(0, |(_, t)| t.dispatches);
+        assert_eq!([count(&f32, "linear"), count(&matrix, "linear")], [27 * 7; 2]);
+        assert_eq!([count(&f32, "RoPE"), count(&matrix, "RMS norm + RoPE")], [27 * 2; 2]);
+        assert!(matrix.total.bytes < f32.total.bytes && matrix.total.flops == f32.total.flops);
     }
 
     #[test]
