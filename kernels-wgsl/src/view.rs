@@ -47,6 +47,13 @@ impl<'a> HalfMat<'a> {
     pub fn pieces(data: Mat<'a>, scales: Mat<'a>, piece: u64) -> Self {
         Self { data, scales, piece: Some(piece) }
     }
+
+    /// The same rows from value `cols` on: whole pieces (rows under one
+    /// scale a row have no columns to start from).
+    pub fn cols_from(self, cols: u64) -> Option<Self> {
+        let piece = self.piece.filter(|&p| cols.is_multiple_of(p) && p.is_multiple_of(2))?;
+        Some(Self { data: self.data.cols_from(cols / 2), scales: self.scales.cols_from(cols / piece), ..self })
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -137,18 +137,20 @@ fn a_gguf_transformer_on_the_matrix_tier_expands_into_f16_at_load_with_the_bits_
         let gpu = flux_lite_kernels::test_devices::tier_gpu_with(options)?;
         let store = model.weights(Component::Transformer).unwrap();
         let t = Transformer::new(&gpu, &model.transformer, store, strategy, None, text, &LatentGrids::noise_only(lat_h, lat_w)).unwrap();
-        Some((flux_lite_tests::velocity_of_two_passes(&gpu, &t, text), t.half_packed_weights(), t.weight_bytes()))
+        let expansions = expansions(&gpu, t.blocks(), &model.weights(Component::Transformer).unwrap());
+        Some((flux_lite_tests::velocity_of_two_passes(&gpu, &t, text), t.half_packed_weights(), t.weight_bytes(), t.dispatches(), expansions))
     };
-    let run = |binding, strategy| run_normed(binding, strategy, true);
-    let Some((expanded, packed, bytes)) = run(None, WeightStrategy::ResidentBf16) else { return };
+    let run = |binding, strategy| run_normed(binding, strategy, false);
+    let Some((expanded, packed, bytes, expanded_dispatches, _)) = run(None, WeightStrategy::ResidentBf16) else { return };
     assert!(expanded.iter().all(|v| v.is_finite()));
-    // With the norms in the projections' epilogue: the same velocity up to
-    // the norms' rounding, once where the passes rounded twice.
-    let (fused, _, _) = run_normed(None, WeightStrategy::ResidentBf16, false).unwrap();
+    // With the queries' and keys' norms as passes after their projections:
+    // the same velocity up to the norms' rounding, which the epilogue does
+    // once where the passes round twice.
+    let (passes, _, _, _, _) = run_normed(None, WeightStrategy::ResidentBf16, true).unwrap();
     let largest = expanded.iter().fold(0f32, |m, v| m.max(v.abs()));
-    let moved = fused.iter().zip(&expanded).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    let moved = passes.iter().zip(&expanded).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
     println!("tiny-q velocity with the head norms in the epilogue: max |Δ| {moved} against the passes' (largest |v| {largest})");
-    assert!(fused.iter().all(|v| v.is_finite()) && moved > 0.0, "the epilogue's norms round once");
+    assert!(passes.iter().all(|v| v.is_finite()) && moved > 0.0, "the epilogue's norms round once");
     let store = model.weights(Component::Transformer).unwrap();
     let in_ggml_blocks = store.names().filter(|name| store.quantized(name).is_some()).count();
     assert!(in_ggml_blocks >= 14, "{in_ggml_blocks} weights in GGML blocks");
@@ -160,11 +162,39 @@ fn a_gguf_transformer_on_the_matrix_tier_expands_into_f16_at_load_with_the_bits_
     println!("tiny-q expanded at load on the matrix tier: {packed} weights packed ({in_ggml_blocks} from GGML blocks), {bytes} device bytes of weights, planned {planned} (f32 expansions: {as_f32})");
     assert!(bytes <= planned, "{bytes} device bytes of weights, planned {planned}");
     assert!(planned < as_f32, "f16 rows ({planned} B) should take less than f32 ones ({as_f32} B)");
+    // Kept in blocks, a product expands its rows into f16 as it runs and
+    // takes the expanded weight's epilogue (f16 pieces, heads normed, the
+    // gated residual, SwiGLU): its expansions are its only extra dispatches.
     for binding in [None, Some(128 << 10)] {
-        let (got, in_blocks, _) = run(binding, WeightStrategy::ResidentDf11 { slots: 1 }).unwrap();
+        let (got, in_blocks, _, dispatches, expansions) = run(binding, WeightStrategy::ResidentDf11 { slots: 1 }).unwrap();
+        println!("tiny-q kept in GGML blocks, bindings {binding:?}: {dispatches} dispatches a pass ({expansions} expansions in one run each), expanded at load {expanded_dispatches}");
         assert_eq!(packed, in_blocks + in_ggml_blocks, "bindings {binding:?}: the weights in GGML blocks expanded into f16 at load");
         assert!(got.iter().map(|v| v.to_bits()).eq(expanded.iter().map(|v| v.to_bits())), "in blocks, bindings {binding:?}: the velocity differs from the expanded weights'");
+        if binding.is_none() {
+            assert_eq!(dispatches, expanded_dispatches + expansions, "one expansion a product's weight rows, nothing else added");
+        }
     }
+}
+
+/// The expansions of a forward pass of `blocks` on `gpu` whose weights in
+/// GGML blocks (`store`'s) stay so, every product's rows in one run: one for
+/// each product over such a weight, two for a SwiGLU product that takes its
+/// epilogue (its gate rows, then its up rows; one where it cannot write its
+/// f16 pieces and runs as a product of both halves and passes).
+fn expansions(gpu: &flux_lite_platform::Gpu, blocks: &[Vec<flux_lite_core::ir::Op>], store: &flux_lite_platform::model::safetensors_store::WeightStore) -> usize {
+    use flux_lite_core::ir::Op;
+    blocks
+        .iter()
+        .flatten()
+        .map(|op| match op {
+            Op::Linear { w, .. } | Op::LinearHalf { w, .. } if store.quantized(w).is_some() => 1,
+            Op::LinearSwiGlu { w, y, .. } if store.quantized(w).is_some() => match y.piece {
+                Some(piece) if !flux_lite_kernels::kernels::swiglu_writes_pieces(gpu, piece) => 1,
+                _ => 2,
+            },
+            _ => 0,
+        })
+        .sum()
 }
 
 /// The file gguf-py wrote reads with the shapes and types it was given.
@@ -202,6 +232,7 @@ fn a_gguf_transformer_runs_the_same_under_every_strategy() {
     let sizes = Transformer::weight_sizes(&model.transformer, &store, text, lat_h * lat_w).unwrap();
     assert!(sizes.has_df11(), "blocks kept quantized are a strategy");
     let mut want = None;
+    let mut expanded_dispatches = 0;
     for strategy in [
         WeightStrategy::ResidentBf16,
         WeightStrategy::ResidentDf11 { slots: 1 },
@@ -213,6 +244,16 @@ fn a_gguf_transformer_runs_the_same_under_every_strategy() {
         let t = Transformer::new(gpu, &model.transformer, store, strategy, None, text, &LatentGrids::noise_only(lat_h, lat_w)).unwrap();
         let got = flux_lite_tests::velocity_of_two_passes(gpu, &t, text);
         assert!(t.weight_bytes() <= sizes.bytes(strategy), "{strategy:?}: {} device bytes, planned {}", t.weight_bytes(), sizes.bytes(strategy));
+        // Kept in blocks, a product takes the expanded weight's epilogue (the
+        // gated residual, SwiGLU): its expansions are its only extra dispatches.
+        match strategy {
+            WeightStrategy::ResidentBf16 => expanded_dispatches = t.dispatches(),
+            WeightStrategy::ResidentDf11 { .. } => {
+                let expansions = expansions(gpu, t.blocks(), &model.weights(Component::Transformer).unwrap());
+                assert_eq!(t.dispatches(), expanded_dispatches + expansions, "{strategy:?}");
+            }
+            _ => {}
+        }
         assert!(got.iter().all(|v| v.is_finite()));
         match &want {
             None => want = Some(got),

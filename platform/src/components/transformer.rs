@@ -273,6 +273,12 @@ impl Transformer {
         self.weights.half_packed()
     }
 
+    /// The dispatches of a forward pass as prepared (the extracting pass's,
+    /// with the KV cache).
+    pub fn dispatches(&self) -> usize {
+        self.prepared.iter().map(Vec::len).sum()
+    }
+
     /// Bytes of the bf16 slots DF11 groups are expanded into per block.
     pub fn weight_slot_bytes(&self) -> u64 {
         self.weights.slot_bytes()

@@ -9,6 +9,8 @@ use flux_lite_kernels::kernels::{self, Attention, Elementwise, RopeStyle, RowNor
 use flux_lite_kernels::{HalfMat, Mat, Weight};
 use crate::model::lora::LoraSet;
 use std::collections::HashMap;
+mod products;
+use products::{Epilogue, Product};
 use flux_lite_core::ir::{HeadNorm, Op, Operand, Span};
 
 /// The activation arena and the tables a program reads.
@@ -102,26 +104,31 @@ impl Runner {
     pub fn record(&self, gpu: &Gpu, sink: &mut dyn flux_lite_kernels::Sink, weights: &DeviceWeights, op: &Op) -> Result<(), GpuError> {
         match op {
             Op::Linear { x, w, w_row, bias, y, rows, cols, inner, gate: Some(g) } => {
-                if self.epilogue_takes(weights, w) {
-                    return self.record_linear(gpu, sink, weights, op, Some(self.mat(g.vector)));
+                let p = Product { w, w_row: *w_row, bias: bias.as_ref(), s: kernels::Gemm { m: *rows, n: *cols, k: *inner } };
+                let gated = Epilogue::Gated { stream: self.mat(*y), gate: self.mat(g.vector) };
+                if self.takes_epilogue(gpu, weights, w, p.s, &gated) {
+                    return self.record_product(gpu, sink, weights, self.input(*x), p, gated);
                 }
                 // The product and its adapter into the scratch, then the gated residual.
                 let product = Op::Linear { x: *x, w: w.clone(), w_row: *w_row, bias: bias.clone(), y: g.scratch, rows: *rows, cols: *cols, inner: *inner, gate: None };
                 self.record(gpu, sink, weights, &product)?;
                 kernels::elementwise(gpu, sink, Elementwise::GatedResidual, self.mat(g.scratch), Some(self.mat(g.vector)), self.mat(*y), [*rows, *cols])
             }
-            Op::Linear { .. } => self.record_linear(gpu, sink, weights, op, None),
+            Op::Linear { .. } => self.record_linear(gpu, sink, weights, op),
             Op::LinearHalf { x, w, w_row, y, rows, cols, inner, scratch, head_norm } => {
-                let s = kernels::Gemm { m: *rows, n: *cols, k: *inner };
+                let p = Product { w, w_row: *w_row, bias: None, s: kernels::Gemm { m: *rows, n: *cols, k: *inner } };
                 let (Some(half), Some(piece)) = (self.half(*y), y.piece) else {
                     return Err(GpuError::UnsupportedShape("a product into f16 rows writes them in pieces".into()));
                 };
-                if self.epilogue_takes(weights, w) && kernels::product_writes_pieces(gpu, piece, false) {
-                    let weight = weights.get(w)?.view().rows_from(*w_row, *inner);
-                    if let Some(norm) = self.epilogue_head_norm(gpu, weights, head_norm.as_ref(), piece)? {
-                        return kernels::linear_into_half_normed(gpu, sink, self.input(*x), weight, half, norm, s);
+                // The heads' norms in the epilogue where it can take them, else after it as passes.
+                let normed = Epilogue::Half { y: half, piece, norm: self.epilogue_head_norm(gpu, weights, head_norm.as_ref(), piece)? };
+                let plain = Epilogue::Half { y: half, piece, norm: None };
+                let out = [normed, plain].into_iter().find(|out| self.takes_epilogue(gpu, weights, w, p.s, out));
+                if let Some(out) = out.filter(|_| kernels::product_writes_pieces(gpu, piece, false)) {
+                    self.record_product(gpu, sink, weights, self.input(*x), p, out)?;
+                    if matches!(out, Epilogue::Half { norm: Some(_), .. }) {
+                        return Ok(());
                     }
-                    kernels::linear_into_half(gpu, sink, self.input(*x), weight, half, s)?;
                 } else {
                     // The product and its adapter's into the scratch, then packed piece by piece.
                     let product = Op::Linear { x: *x, w: w.clone(), w_row: *w_row, bias: None, y: *scratch, rows: *rows, cols: *cols, inner: *inner, gate: None };
@@ -136,18 +143,16 @@ impl Runner {
                 Ok(())
             }
             Op::LinearSwiGlu { x, w, w_row, y, rows, cols, inner, scratch } => {
-                let s = kernels::Gemm { m: *rows, n: *cols, k: *inner };
-                if self.epilogue_takes(weights, w) {
-                    let weight = weights.get(w)?.view().rows_from(*w_row, *inner);
-                    if kernels::swiglu_fits(gpu, weight, s) {
-                        match (self.half(*y), y.piece) {
-                            (None, _) => return kernels::linear_swiglu(gpu, sink, self.input(*x), weight, self.mat(y.data), s),
-                            (Some(h), Some(piece)) if kernels::swiglu_writes_pieces(gpu, piece) => {
-                                return kernels::linear_swiglu_half(gpu, sink, self.input(*x), weight, h, s);
-                            }
-                            _ => {}
-                        }
-                    }
+                let p = Product { w, w_row: *w_row, bias: None, s: kernels::Gemm { m: *rows, n: *cols, k: *inner } };
+                let out = match (self.half(*y), y.piece) {
+                    (None, _) => Some(Epilogue::SwiGlu(self.mat(y.data))),
+                    (Some(y), Some(piece)) if kernels::swiglu_writes_pieces(gpu, piece) => Some(Epilogue::SwiGluHalf { y, piece }),
+                    _ => None,
+                };
+                // A resident W's gate and up rows in one binding; runs of GGML blocks hold both by construction.
+                let fits = || weights.packed(w).is_some() || weights.get(w).is_ok_and(|r| kernels::swiglu_fits(gpu, r.view().rows_from(*w_row, *inner), p.s));
+                if let Some(out) = out.filter(|out| self.takes_epilogue(gpu, weights, w, p.s, out) && fits()) {
+                    return self.record_product(gpu, sink, weights, self.input(*x), p, out);
                 }
                 // The two products and the adapter's into the scratch, then
                 // the SwiGLU: into y, or (y f16 rows in pieces) into the
@@ -313,13 +318,6 @@ impl Runner {
         }
     }
 
-    /// Whether a product over weight `w` can take its epilogue (a gated
-    /// residual, SwiGLU): no adapter adds to it and its weight is not
-    /// expanded from GGML blocks in pieces.
-    fn epilogue_takes(&self, weights: &DeviceWeights, w: &str) -> bool {
-        !self.lora.as_ref().is_some_and(|l| l.adapts(w)) && weights.packed(w).is_none()
-    }
-
     /// The head norm a projection into f16 pieces of `piece` takes in its
     /// epilogue on `gpu`, or `None` where it leaves it to the passes: heads
     /// the kernel's blocks do not hold, or norm weights of two types.
@@ -333,26 +331,14 @@ impl Runner {
         Ok(Some(kernels::HeadNorm { first, second, first_cols: n.first_cols, cols: n.cols, head_dim: n.head_dim, eps: n.eps, tables }))
     }
 
-    /// A linear (`op`, ungated or taken gated by `gate`), its weight resident
-    /// or in GGML blocks, and its adapter's side product where one adapts it.
-    fn record_linear(&self, gpu: &Gpu, sink: &mut dyn flux_lite_kernels::Sink, weights: &DeviceWeights, op: &Op, gate: Option<Mat<'_>>) -> Result<(), GpuError> {
+    /// A linear (`op`, ungated), its weight resident or in GGML blocks, and
+    /// its adapter's side product where one adapts it.
+    fn record_linear(&self, gpu: &Gpu, sink: &mut dyn flux_lite_kernels::Sink, weights: &DeviceWeights, op: &Op) -> Result<(), GpuError> {
         let Op::Linear { x, w, w_row, bias, y, rows, cols, inner, .. } = op else { return Ok(()) };
-        let s = kernels::Gemm { m: *rows, n: *cols, k: *inner };
-        if weights.packed(w).is_some() {
-            self.record_packed_linear(gpu, sink, weights, op)?;
-        } else {
-            let bias = match bias {
-                Some(b) => Some(weights.get(b)?.view().rows_from(*w_row, 1)),
-                None => None,
-            };
-            let weight = weights.get(w)?.view().rows_from(*w_row, *inner);
-            match gate {
-                Some(g) => kernels::linear_gated(gpu, sink, self.input(*x), weight, bias, self.mat(*y), g, s)?,
-                None => kernels::linear_from(gpu, sink, self.input(*x), weight, bias, self.mat(*y), s)?,
-            }
-        }
+        let p = Product { w, w_row: *w_row, bias: bias.as_ref(), s: kernels::Gemm { m: *rows, n: *cols, k: *inner } };
+        self.record_product(gpu, sink, weights, self.input(*x), p, Epilogue::Set(self.mat(*y)))?;
         match &self.lora {
-            Some(lora) => lora.record(gpu, sink, w, self.input(*x), self.mat(*y), *w_row, s),
+            Some(lora) => lora.record(gpu, sink, w, self.input(*x), self.mat(*y), *w_row, p.s),
             None => Ok(()),
         }
     }
@@ -366,54 +352,6 @@ impl Runner {
         kernels::elementwise(gpu, sink, op, row_view(src), None, row_view(dst), [rows, ROW])?;
         let tail = |s: Span| Mat { buf: &self.arena, offset: s.offset + rows * ROW, stride: last };
         kernels::elementwise(gpu, sink, op, tail(src), None, tail(dst), [1, last])
-    }
-
-    /// A linear whose weight is held in GGML blocks: its rows expanded into
-    /// the scratch as many as it holds at a time, each run of rows making
-    /// its own columns of the output. On the matrix tier's f16 operands the
-    /// rows expand straight into f16 under their range scales (the scales
-    /// after the words in the scratch): twice the rows a pass, and the
-    /// product stages them as they are, with no pass measuring them.
-    fn record_packed_linear(&self, gpu: &Gpu, sink: &mut dyn flux_lite_kernels::Sink, weights: &DeviceWeights, op: &Op) -> Result<(), GpuError> {
-        let Op::Linear { x, w, w_row, bias, y, rows, cols, inner, .. } = op else { return Ok(()) };
-        let (Some(p), Some(scratch)) = (weights.packed(w), weights.packed_scratch()) else {
-            return Err(GpuError::UnsupportedShape(format!("`{w}` is held in GGML blocks without a scratch to expand them into")));
-        };
-        if p.width != *inner {
-            return Err(GpuError::UnsupportedShape(format!("`{w}`: rows of {} elements, the linear sums over {inner}", p.width)));
-        }
-        let (block_bytes, block_elements) = (p.ggml.block_bytes() as u64, p.ggml.block_elements() as u64);
-        let row_bytes = p.width / block_elements * block_bytes;
-        let half = gpu.plan_limits().half_operands && kernels::expands_half(p.ggml, p.width);
-        // A row's bytes in the scratch: f32 values, or f16 pairs and a scale.
-        let per_pass = (scratch.size() / if half { 2 * p.width + 4 } else { 4 * p.width }).max(1);
-        let mut done = 0;
-        while done < *cols {
-            let n = per_pass.min(cols - done);
-            let first_row = w_row + done;
-            let blocks = kernels::GgmlBlocks { ggml: p.ggml, scale: p.scale, buf: &p.buffer, at: p.at + first_row * row_bytes };
-            let weight = match half {
-                true => {
-                    // The words from the scratch's start, the scales after the pass's rows.
-                    let scales_at = per_pass * p.width / 2;
-                    kernels::ggml_expand_half(gpu, sink, blocks, [n, p.width], (scratch, 0), (scratch, scales_at))?;
-                    let scales = flux_lite_kernels::RowScales { buf: scratch, offset: scales_at, k: p.width, packed: true };
-                    Weight { scales: Some(scales), ..Weight::bf16(scratch) }
-                }
-                false => {
-                    kernels::ggml_expand(gpu, sink, blocks, n * p.width / block_elements, scratch, 0)?;
-                    Weight::f32(scratch)
-                }
-            };
-            let bias = match bias {
-                Some(b) => Some(weights.get(b)?.view().rows_from(first_row, 1)),
-                None => None,
-            };
-            let out = Mat { buf: &self.arena, offset: y.offset + done, stride: y.stride };
-            kernels::linear_from(gpu, sink, self.input(*x), weight, bias, out, kernels::Gemm { m: *rows, n, k: *inner })?;
-            done += n;
-        }
-        Ok(())
     }
 
     /// Builds the dispatches of each block once (pipelines, bindings,
