@@ -9,6 +9,8 @@
 # BINARY: flux-lite built with `cargo build --release -p flux-lite-cli`
 # (default target/release/flux-lite). REPORT: default gpu-decisive.txt, or
 # $OUT/gpu-decisive.txt when OUT is set. In order:
+#   0. `bench traffic` at the same size (computed, no GPU): the dispatches,
+#      bytes and roofline on an H200 of the measured rows below;
 #   1. the adapter: its tiers, and whether the flash attention passed its
 #      start-up check (`flux-lite gpu`). Each matrix pipeline's registers,
 #      spills and workgroup memory (what the driver reports through
@@ -49,7 +51,8 @@ if command -v nvidia-smi >/dev/null; then
     step 15 "GPU" nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
 fi
 
-# The limits add up to 520 s: 9 minutes with room for the loader.
+# The limits add up to 530 s: 9 minutes with room for the loader.
+step 5 "0. the roofline: what the matrix tier's encode, step, decode and whole run move (no GPU)" "$binary" bench traffic --model klein-4b --width "$size" --height "$size" --precision matrix
 step 40 "1. adapter and tiers" "$binary" gpu
 step 70 "2. selftest, every tier" "$binary" selftest
 step 60 "3. linears on every tier (4B shapes)" "$binary" bench kernels --model klein-4b --tokens "$tokens" --only linear,tiers --pipeline-statistics "${repeats[@]}"
