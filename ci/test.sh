@@ -83,8 +83,9 @@ set +e
 # process, a shader compile's one thread or the disk often enough that two
 # left a core idle (this run took 553 s of tests with three, 614 s with
 # two). Not in the reruns on Mesa 26, whose matrix-tier tests keep both
-# cores busy: three at a time made them 1.5–2.3 times slower.
-RUST_TEST_THREADS=3 cargo test --locked --workspace 2>&1 | tee "$log"
+# cores busy: three at a time made them 1.5–2.3 times slower. Every test
+# binary runs even after one fails, so a failing run lists every failure.
+RUST_TEST_THREADS=3 cargo test --locked --workspace --no-fail-fast 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 set -e
 
