@@ -6,7 +6,7 @@
 use super::{shapes, Shapes};
 use crate::stdout::say;
 use flux_lite_platform::bench::traffic::{self, Traffic, H200};
-use flux_lite_platform::pipeline::job::default_steps_for;
+use flux_lite_platform::pipeline::job::{default_steps_for, generation_passes};
 use flux_lite_platform::Precision;
 
 /// Prompt tokens of the step counted: the tokenizer's fixed 512.
@@ -53,7 +53,7 @@ pub fn run(model: &str, [width, height]: [u64; 2], tier: Precision) -> Result<()
         let how = if t.whole { String::new() } else { format!(" (laid out whole; at this size gen {what}s by bands, whose copies are not counted)") };
         say!("vae {what}: {}{how}", line(&t.total, m.name));
     }
-    let passes = traffic::generation_passes(steps, !distilled);
+    let passes = generation_passes(steps, !distilled);
     let how = match distilled {
         true => format!("the prompt's encode, {steps} steps"),
         false => format!("{} encodes (the prompt's and the negative's), {steps} guided steps ({} passes)", passes.encodes, passes.transformer),

@@ -334,6 +334,21 @@ pub fn default_steps_for(distilled: bool) -> usize {
     if distilled { 4 } else { 50 }
 }
 
+/// A generation's encodes of the text encoder and passes of the
+/// transformer over `steps` denoising steps: under classifier-free guidance
+/// the negative prompt's too, so two of each a step.
+pub fn generation_passes(steps: u64, guided: bool) -> GenerationPasses {
+    let per = if guided { 2 } else { 1 };
+    GenerationPasses { encodes: per, transformer: per * steps }
+}
+
+/// What [`generation_passes`] counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GenerationPasses {
+    pub encodes: u64,
+    pub transformer: u64,
+}
+
 /// The guidance scale when none is asked for: 1.0 (none) for distilled models, 4.0 otherwise.
 pub fn default_guidance(model: &ModelFolder) -> f32 {
     if model.index.is_distilled { 1.0 } else { 4.0 }

@@ -355,7 +355,7 @@ impl<'g> ShapeBench<'g> {
     /// and host work excluded). A guided generation encodes the negative
     /// prompt too and runs two transformer passes a step.
     pub fn end_to_end(encode: &Figure, step: &Figure, steps: u64, guided: bool, decode: &Figure, size: u64) -> Figure {
-        let p = crate::bench::traffic::generation_passes(steps, guided);
+        let p = crate::pipeline::job::generation_passes(steps, guided);
         let how = if guided { format!("2 encodes + {steps} guided steps ({} passes)", p.transformer) } else { format!("encode + {steps} steps") };
         let (encodes, passes) = (p.encodes, p.transformer);
         Figure {

@@ -20,6 +20,7 @@
 //! the data path stores and the passes it makes.
 
 use crate::components::transformer::programs;
+use crate::pipeline::job::generation_passes;
 use crate::error::RunError;
 use flux_lite_core::arena::BumpArena;
 use flux_lite_core::config::{Qwen3Config, TransformerConfig, VaeConfig};
@@ -247,21 +248,6 @@ pub fn text_encoder(cfg: &Qwen3Config, tokens: u64, tier: Precision, m: &Machine
     Ok(ProgramTraffic::of(blocks.iter().flatten(), tier, m, 0))
 }
 
-/// A generation's encodes of the text encoder and passes of the
-/// transformer over `steps` denoising steps: under classifier-free guidance
-/// the negative prompt's too, so two of each a step.
-pub fn generation_passes(steps: u64, guided: bool) -> GenerationPasses {
-    let per = if guided { 2 } else { 1 };
-    GenerationPasses { encodes: per, transformer: per * steps }
-}
-
-/// What [`generation_passes`] counts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct GenerationPasses {
-    pub encodes: u64,
-    pub transformer: u64,
-}
-
 /// A whole generation from its phases' traffic: the prompts' encodes, the
 /// transformer passes of `steps` steps and the VAE decode.
 pub fn end_to_end(encode: &Traffic, step: &Traffic, steps: u64, guided: bool, decode: &Traffic) -> Traffic {
@@ -316,6 +302,7 @@ pub fn kind(op: &Op) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pipeline::job::GenerationPasses;
     use flux_lite_core::ir::{Operand, Span};
     use flux_lite_core::config::klein_4b;
 
