@@ -336,7 +336,7 @@ pub fn default_steps_for(distilled: bool) -> usize {
 
 /// A generation's encodes of the text encoder and passes of the
 /// transformer over `steps` denoising steps: under classifier-free guidance
-/// the negative prompt's too, so two of each a step.
+/// the negative prompt is encoded too and each step runs two passes.
 pub fn generation_passes(steps: u64, guided: bool) -> GenerationPasses {
     let per = if guided { 2 } else { 1 };
     GenerationPasses { encodes: per, transformer: per * steps }

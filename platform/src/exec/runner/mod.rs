@@ -106,7 +106,7 @@ impl Runner {
             Op::Linear { x, w, w_row, bias, y, rows, cols, inner, gate: Some(g) } => {
                 let p = Product { w, w_row: *w_row, bias: bias.as_ref(), s: kernels::Gemm { m: *rows, n: *cols, k: *inner } };
                 let gated = Epilogue::Gated { stream: self.mat(*y), gate: self.mat(g.vector) };
-                if self.takes_epilogue(gpu, weights, w, p.s, &gated) {
+                if self.takes_epilogue(gpu, weights, p, &gated) {
                     return self.record_product(gpu, sink, weights, self.input(*x), p, gated);
                 }
                 // The product and its adapter into the scratch, then the gated residual.
@@ -123,8 +123,7 @@ impl Runner {
                 // The heads' norms in the epilogue where it can take them, else after it as passes.
                 let normed = Epilogue::Half { y: half, piece, norm: self.epilogue_head_norm(gpu, weights, head_norm.as_ref(), piece)? };
                 let plain = Epilogue::Half { y: half, piece, norm: None };
-                let out = [normed, plain].into_iter().find(|out| self.takes_epilogue(gpu, weights, w, p.s, out));
-                if let Some(out) = out.filter(|_| kernels::product_writes_pieces(gpu, piece, false)) {
+                if let Some(out) = [normed, plain].into_iter().find(|out| self.takes_epilogue(gpu, weights, p, out)) {
                     self.record_product(gpu, sink, weights, self.input(*x), p, out)?;
                     if matches!(out, Epilogue::Half { norm: Some(_), .. }) {
                         return Ok(());
@@ -146,12 +145,10 @@ impl Runner {
                 let p = Product { w, w_row: *w_row, bias: None, s: kernels::Gemm { m: *rows, n: *cols, k: *inner } };
                 let out = match (self.half(*y), y.piece) {
                     (None, _) => Some(Epilogue::SwiGlu(self.mat(y.data))),
-                    (Some(y), Some(piece)) if kernels::swiglu_writes_pieces(gpu, piece) => Some(Epilogue::SwiGluHalf { y, piece }),
-                    _ => None,
+                    (Some(y), Some(piece)) => Some(Epilogue::SwiGluHalf { y, piece }),
+                    (Some(_), None) => None,
                 };
-                // A resident W's gate and up rows in one binding; runs of GGML blocks hold both by construction.
-                let fits = || weights.packed(w).is_some() || weights.get(w).is_ok_and(|r| kernels::swiglu_fits(gpu, r.view().rows_from(*w_row, *inner), p.s));
-                if let Some(out) = out.filter(|out| self.takes_epilogue(gpu, weights, w, p.s, out) && fits()) {
+                if let Some(out) = out.filter(|out| self.takes_epilogue(gpu, weights, p, out)) {
                     return self.record_product(gpu, sink, weights, self.input(*x), p, out);
                 }
                 // The two products and the adapter's into the scratch, then

@@ -113,12 +113,22 @@ impl Runner {
         out.record(gpu, sink, x, weights.get(p.w)?.view().rows_from(p.w_row, p.s.k), bias, p.s)
     }
 
-    /// Whether the product over `w` can take epilogue `out`: no adapter
-    /// adds to it, and where `w` is held in GGML blocks the scratch holds a
-    /// run of whole units.
-    pub(super) fn takes_epilogue(&self, gpu: &Gpu, weights: &DeviceWeights, w: &str, s: Gemm, out: &Epilogue<'_>) -> bool {
-        let adapted = self.lora.as_ref().is_some_and(|l| l.adapts(w));
-        !adapted && (weights.packed(w).is_none() || self.run_outputs(gpu, weights, w, s, out).is_some())
+    /// Whether product `p` can take epilogue `out`: the kernel writes its
+    /// f16 pieces where it has them, no adapter adds to the product, and the
+    /// weight's rows fit one call: a resident SwiGLU weight's gate and up
+    /// rows in one binding, or the GGML scratch a run of whole units.
+    pub(super) fn takes_epilogue(&self, gpu: &Gpu, weights: &DeviceWeights, p: Product<'_>, out: &Epilogue<'_>) -> bool {
+        let writes = match out {
+            Epilogue::Half { piece, .. } => kernels::product_writes_pieces(gpu, *piece, false),
+            Epilogue::SwiGluHalf { piece, .. } => kernels::swiglu_writes_pieces(gpu, *piece),
+            _ => true,
+        };
+        let adapted = self.lora.as_ref().is_some_and(|l| l.adapts(p.w));
+        let fits = || match weights.packed(p.w) {
+            Some(_) => self.run_outputs(gpu, weights, p.w, p.s, out).is_some(),
+            None => !out.swiglu() || weights.get(p.w).is_ok_and(|r| kernels::swiglu_fits(gpu, r.view().rows_from(p.w_row, p.s.k), p.s)),
+        };
+        writes && !adapted && fits()
     }
 
     /// The outputs a run of a product over `w`'s GGML blocks makes: as many
@@ -162,6 +172,7 @@ impl Runner {
         let row_bytes = packed.width / packed.ggml.block_elements() as u64 * packed.ggml.block_bytes() as u64;
         let half = expands_half(gpu, packed.ggml, width);
         let scales_at = scales_at(gpu, packed.ggml, width, scratch);
+        let weight = scratch_weight(gpu, packed.ggml, width, scratch);
         let mut done = 0;
         while done < s.n {
             let n = run.min(s.n - done);
@@ -174,7 +185,6 @@ impl Runner {
                     false => kernels::ggml_expand(gpu, sink, blocks, n * width / packed.ggml.block_elements() as u64, scratch, at * width)?,
                 }
             }
-            let weight = scratch_weight(gpu, packed.ggml, width, scratch);
             let bias = match bias {
                 Some(b) => Some(weights.get(b)?.view().rows_from(w_row + done, 1)),
                 None => None,
