@@ -270,8 +270,8 @@ pub struct RowMoments {
 /// product's epilogue: `y += vector ⊙ (x·Wᵀ)`, `vector` one broadcast row
 /// (the gated residual after a projection). `scratch` `[rows, cols]` is
 /// where the product goes first when the epilogue cannot take it (an
-/// adapter adding to the product, or weights expanded in pieces): the
-/// product there, then an [`Op::GatedResidual`] of it into `y`.
+/// adapter adding to the product, or a GGML scratch too small for one
+/// run of its weight's rows): the product there, then an [`Op::GatedResidual`] of it into `y`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Gate {
     pub vector: Span,
@@ -328,8 +328,8 @@ pub enum Op {
     /// a feed-forward's gate and up projections (W's gate rows, then its up
     /// rows) and its SwiGLU in one product, the SwiGLU in the epilogue.
     /// `scratch` `[rows, 2·cols]` is where the two products go first when
-    /// the epilogue cannot take them (an adapter adding to them, weights
-    /// expanded in pieces): the product there, then an [`Op::SwiGlu`] into `y`
+    /// the epilogue cannot take them (an adapter adding to them, W's gate
+    /// and up rows beyond one binding or the GGML scratch): the product there, then an [`Op::SwiGlu`] into `y`
     /// (into the scratch and an [`Op::HalfPack`] into `y` where `y` is f16
     /// rows in pieces).
     LinearSwiGlu { x: Operand, w: TensorName, w_row: u64, y: Operand, rows: u64, cols: u64, inner: u64, scratch: Span },
@@ -337,8 +337,9 @@ pub enum Op {
     /// [`Operand::half_pieces`]): the queries', keys' and values'
     /// projections, each piece of a row rounded under its range scale in
     /// the epilogue. `scratch` `[rows, cols]` f32 is where the product goes
-    /// first when the epilogue cannot take it (an adapter, weights expanded
-    /// in pieces): the product there, then an [`Op::HalfPack`] into `y`.
+    /// first when the epilogue cannot take it (an adapter, a block of
+    /// outputs not whole pieces, a GGML scratch too small for one run of
+    /// whole pieces): the product there, then an [`Op::HalfPack`] into `y`.
     /// With `head_norm`, the queries' and keys' per-head RMSNorm + RoPE
     /// too, in the epilogue where it can take them, else as passes after it.
     LinearHalf { x: Operand, w: TensorName, w_row: u64, y: Operand, rows: u64, cols: u64, inner: u64, scratch: Span, head_norm: Option<HeadNorm> },
