@@ -203,6 +203,11 @@ fn the_channels_last_conv_writes_f16_pieces_as_the_range_rule_packs_its_f32_outp
     check_half_output(&gpu, ConvShape::same(64, 32, 6, 10, 1), NhwcInput::Plain, [Some(32), Some(32)], true, 82);
     // One piece a pixel narrower than a block; the upsampled read.
     check_half_output(&gpu, ConvShape::same(16, 16, 9, 9, 3), NhwcInput::Plain, [Some(16), None], true, 83);
+    // Fewer channels than a block, in pieces narrower than a quarter of it
+    // (8 × 8 tiles: 32 of 64 columns in pieces of 8; the block's columns
+    // past them share the last piece's slot: matrix_gemm.wgsl's piece_slot).
+    let quarter = gpu.matrix().map(|c| c.size as usize).expect("a matrix device");
+    check_half_output(&gpu, ConvShape::same(16, 4 * quarter, 9, 7, 3), NhwcInput::Plain, [Some(16), Some(quarter)], true, 85);
     let upsampled = ConvShape { out_height: 10, out_width: 14, ..ConvShape::same(32, 32, 5, 7, 3) };
     check_half_output(&gpu, upsampled, NhwcInput::Upsampled, [Some(32), Some(32)], false, 84);
 }

@@ -248,6 +248,15 @@ fn quad_column(sg: u32, tj: u32, q: u32) -> u32 {
     return tile_first_output(sg, tj) + 4u * (q % (T / 4u));
 }
 
+// The slot of piece_largest holding block row r's piece of output column c.
+// A block wider than its call's outputs (a convolution of fewer channels
+// than BN, in pieces narrower than a quarter of BN) has columns past the
+// last piece: their values are zero (piece_value), and they take the row's
+// last slot rather than the next row's, or past the array's end.
+fn piece_slot(r: u32, c: u32) -> u32 {
+    return r * MAX_BLOCK_PIECES + min(c / out_piece(), MAX_BLOCK_PIECES - 1u);
+}
+
 // The first of the two passes over the tiles where the outputs go out in
 // f16 pieces: each output's magnitude into its row's piece's largest, a
 // pair at a time (pieces are whole pairs).
@@ -259,8 +268,8 @@ fn tile_measure(lane: u32, lanes: u32, sg: u32, slot: u32, ti: u32, tj: u32, row
         let r = quad_row(sg, ti, q);
         let c = quad_column(sg, tj, q);
         let m = abs(half_quad(sg, slot, 4u * q, r, c, row0, col0));
-        atomicMax(&piece_largest[r * MAX_BLOCK_PIECES + c / out_piece()], bitcast<u32>(max(m.x, m.y)));
-        atomicMax(&piece_largest[r * MAX_BLOCK_PIECES + (c + 2u) / out_piece()], bitcast<u32>(max(m.z, m.w)));
+        atomicMax(&piece_largest[piece_slot(r, c)], bitcast<u32>(max(m.x, m.y)));
+        atomicMax(&piece_largest[piece_slot(r, c + 2u)], bitcast<u32>(max(m.z, m.w)));
     }
 }
 
@@ -268,7 +277,7 @@ fn tile_measure(lane: u32, lanes: u32, sg: u32, slot: u32, ti: u32, tj: u32, row
 // column c (range_rule.wgsl; kept ≥ −126 so that its scale is a normal f32,
 // as half_pack.wgsl keeps it).
 fn piece_exponent(r: u32, c: u32) -> i32 {
-    return max(range_exponent(bitcast<f32>(atomicLoad(&piece_largest[r * MAX_BLOCK_PIECES + c / out_piece()]))), -126);
+    return max(range_exponent(bitcast<f32>(atomicLoad(&piece_largest[piece_slot(r, c)]))), -126);
 }
 
 // The second pass: the subgroup's tile as f16 pairs under their rows' piece

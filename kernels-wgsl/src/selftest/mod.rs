@@ -18,6 +18,11 @@ use crate::view::HeadRows;
 use crate::{DeviceBuffer, Gpu, GpuError, Mat, Precision, Weight};
 use flux_lite_core::oracle::{self as r, ConvShape, Weights};
 
+mod channels_last;
+mod half_path;
+pub use channels_last::channels_last_checks;
+pub use half_path::half_path_checks;
+
 /// One check's outcome: its worst error against its tolerance.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Check {
@@ -92,6 +97,18 @@ pub fn rel_l2(got: &[f32], want: &[f64]) -> f64 {
     (diff2 / ref2.max(f64::MIN_POSITIVE)).sqrt()
 }
 
+/// What [`worst_rel_l2`] measures.
+pub const WORST_ROW: &str = "relative L2, worst row";
+
+/// The largest [`rel_l2`] of `got`'s rows of `width` against `want`'s:
+/// rows far apart in range each held to the bound, not the largest alone.
+pub fn worst_rel_l2(got: &[f32], want: &[f64], width: usize) -> f64 {
+    if got.len() != want.len() || width == 0 || !got.len().is_multiple_of(width) {
+        return f64::NAN;
+    }
+    got.chunks(width).zip(want.chunks(width)).map(|(g, w)| rel_l2(g, w)).fold(0.0, |worst, e| if e.is_nan() || worst.is_nan() { f64::NAN } else { worst.max(e) })
+}
+
 /// A fresh output buffer of NaN.
 pub fn poisoned(gpu: &Gpu, n: usize) -> DeviceBuffer {
     gpu.upload_f32("poisoned", &vec![f32::NAN; n])
@@ -115,7 +132,9 @@ fn product_bound(gpu: &Gpu) -> f64 {
 /// a 3×3 convolution and the VAE encoder's stride-2 one, and attention (the
 /// transformer's, the text encoder's causal grouped-query one, and the VAE's
 /// carried over chunks of keys as its banded attention runs it), each
-/// at sizes off every tile edge.
+/// at sizes off every tile edge; on the matrix tier's f16 tiles, the
+/// half-precision data path's fused products and attention too
+/// ([`half_path_checks`], [`channels_last_checks`]).
 pub fn product_checks(gpu: &Gpu) -> Vec<Check> {
     let tier = gpu.precision().name();
     let outcome = |name: String, tolerance: f64, got: Result<f64, GpuError>| match got {
@@ -143,6 +162,10 @@ pub fn product_checks(gpu: &Gpu) -> Vec<Check> {
         outcome(format!("{tier} attention carried over 3 key chunks (the VAE's), 21 queries, 40 keys, 2 heads × 24"), carried_bound, check_attention_key_chunks(gpu, 2, 24)),
         outcome(format!("{tier} attention carried over 3 key chunks, one head × 512 (the VAE mid-block's width)"), carried_bound, check_attention_key_chunks(gpu, 1, 512)),
     ]
+    .into_iter()
+    .chain(half_path_checks(gpu))
+    .chain(channels_last_checks(gpu))
+    .collect()
 }
 
 /// The kernels every tier shares (f32 on all of them): RMSNorm, the
@@ -592,4 +615,20 @@ pub fn check_attention(gpu: &Gpu, s: Attention, seed: u64) -> Result<f64, GpuErr
         attention(gpu, enc, qkv, None, Mat::new(&ob, qw as u64), s)
     })?;
     Ok(rel_l2(&got, &want))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{rel_l2, worst_rel_l2};
+
+    #[test]
+    fn the_worst_row_is_measured_on_its_own_scale() {
+        // A small row wholly wrong hides under a large one in the whole
+        // tensor's relative L2, not in its own.
+        let (got, want) = ([1e4f32, 1e4, 1.0, -1.0], [1e4f64, 1e4, 1.0, 1.0]);
+        assert!(rel_l2(&got, &want) < 2e-4);
+        assert!((worst_rel_l2(&got, &want, 2) - 2f64.sqrt()).abs() < 1e-12);
+        assert!(worst_rel_l2(&[f32::NAN, 1.0], &[1.0, 1.0], 1).is_nan());
+        assert!(worst_rel_l2(&got, &want, 3).is_nan(), "rows of 3 do not tile 4 values");
+    }
 }
