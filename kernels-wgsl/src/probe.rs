@@ -5,7 +5,8 @@
 //!
 //! The product is `linear` on small integers, with one row of x scaled far
 //! above f16's range and one far below its normal range (both by powers of
-//! two), at sizes off every tile edge: every operand and every partial sum
+//! two), at sizes off every tile edge and past a GEMM block in both
+//! dimensions (a block is 128 × 128 with 16×16 tiles): every operand and every partial sum
 //! is exact in f16 and f32 under the range rule, so the answer is known to
 //! the last bit and any difference is the driver's.
 
@@ -23,8 +24,11 @@ pub enum ProbeError {
     Wrong(String),
 }
 
-const M: usize = 19;
-const N: usize = 21;
+/// More rows and columns than a block of 16×16 tiles holds (two blocks
+/// each way, the second ragged; three with 8×8 tiles), so a driver wrong
+/// past the first workgroup fails here, not only in `selftest`.
+const M: usize = 141;
+const N: usize = 150;
 const K: usize = 40;
 /// Row 1 of x is scaled by 2²⁰ (past f16's 65504), row 2 by 2⁻²⁰ (below its smallest normal).
 const ROW_SCALES: [(usize, f32); 2] = [(1, 1048576.0), (2, 1.0 / 1048576.0)];

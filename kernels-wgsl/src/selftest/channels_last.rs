@@ -177,12 +177,7 @@ mod tests {
     #[test]
     fn the_channels_last_checks_pass_on_matrix_units_at_the_adapters_block() {
         let Some(gpu) = matrix_gpu() else { return };
-        let checks = channels_last_checks(&gpu);
-        for c in &checks {
-            eprintln!("{}: {:.2e} (tolerance {:.0e})", c.name, c.worst, c.tolerance);
-        }
-        assert_eq!(checks.len(), 2, "{checks:?}");
-        assert!(checks.iter().all(Check::passed), "{checks:?}");
+        super::super::assert_checks_pass(&channels_last_checks(&gpu), 2);
     }
 
     #[test]

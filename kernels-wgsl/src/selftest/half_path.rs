@@ -234,12 +234,7 @@ mod tests {
     #[test]
     fn the_half_paths_checks_pass_on_matrix_units_at_the_adapters_block() {
         let Some(gpu) = matrix_gpu() else { return };
-        let checks = half_path_checks(&gpu);
-        for c in &checks {
-            eprintln!("{}: {:.2e} (tolerance {:.0e})", c.name, c.worst, c.tolerance);
-        }
         // Every kind: into pieces, gated, SwiGLU, both head widths normed, attention.
-        assert_eq!(checks.len(), 6, "{checks:?}");
-        assert!(checks.iter().all(Check::passed), "{checks:?}");
+        super::super::assert_checks_pass(&half_path_checks(&gpu), 6);
     }
 }

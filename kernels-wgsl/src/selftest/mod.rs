@@ -617,6 +617,17 @@ pub fn check_attention(gpu: &Gpu, s: Attention, seed: u64) -> Result<f64, GpuErr
     Ok(rel_l2(&got, &want))
 }
 
+/// Prints `checks` and holds that there are `count` of them, all passing
+/// (the tests of the tier-specific checks, on the adapter at hand).
+#[cfg(test)]
+fn assert_checks_pass(checks: &[Check], count: usize) {
+    for c in checks {
+        eprintln!("{}: {:.2e} (tolerance {:.0e})", c.name, c.worst, c.tolerance);
+    }
+    assert_eq!(checks.len(), count, "{checks:?}");
+    assert!(checks.iter().all(Check::passed), "{checks:?}");
+}
+
 #[cfg(test)]
 mod tests {
     use super::{rel_l2, worst_rel_l2};
