@@ -73,17 +73,6 @@ phase "fuzz targets (their own workspace; compiled, not run: ci/fuzz.sh runs the
 CUSTOM_LIBFUZZER_PATH="$CARGO_TARGET_DIR/libfuzzer-not-linked.a" \
     cargo check --locked --manifest-path fuzz/Cargo.toml --bins --target-dir "$CARGO_TARGET_DIR"
 
-# The release binary for the closing check (no test hooks shipped), built
-# on one core at the lowest priority from here on: it takes the cycles the
-# tests leave idle (a test waiting on a child process, a shader compile's
-# one thread) instead of competing with the reruns on Mesa 26, which keep
-# both cores busy (a run that rebuilt the engine's crates took 18 min 42 s
-# with the build behind those reruns). Its own folder (target/release) has
-# its own lock, so it and the test build run side by side.
-release_log="$(mktemp)"
-nice -n 19 cargo build --locked --release -p flux-lite-cli -j 1 > "$release_log" 2>&1 &
-release_build=$!
-
 phase "tests"
 wait "$browser_setup" || { cat "$browser_log"; echo "setting up Chromium failed" >&2; exit 1; }
 cat "$browser_log"
@@ -114,6 +103,13 @@ test_binary() {
 }
 kernels="$(test_binary flux-lite-kernels lib flux_lite_kernels)"
 
+# The release binary for the closing check (no test hooks shipped), built
+# on one core while the reruns below run their tests (the GL ones one at a
+# time): cargo is done with the build folder until then, and the build
+# hides behind them instead of adding a minute and more at the end.
+release_log="$(mktemp)"
+cargo build --locked --release -p flux-lite-cli -j 1 > "$release_log" 2>&1 &
+release_build=$!
 pngs="$(test_binary flux-lite-cli test gen_png)"
 selftest="$(test_binary flux-lite-cli test selftest)"
 
