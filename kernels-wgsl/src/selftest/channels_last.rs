@@ -10,6 +10,7 @@
 //! or of each normalised operand): each pixel's relative L2 within
 //! [`HALF_PRODUCT`] (pixels lie orders of magnitude apart in range).
 
+use super::half_path::written_in_pieces;
 use super::{poisoned, run_and_read, worst_rel_l2, Check, Rng, HALF_PRODUCT, WORST_ROW};
 use crate::kernels::conv_nhwc::{conv2d_matrix_nhwc, NhwcInput, NhwcNorm, NhwcOutput, NhwcSource, NhwcWeights, TapOrder};
 use crate::kernels::linear::{product_writes_pieces, MATRIX_BLOCK_TILES};
@@ -47,12 +48,11 @@ pub fn channels_last_checks(gpu: &Gpu) -> Vec<Check> {
     ]
 }
 
-/// `[pixels, channels]` values as f16 pieces of [`PIECE`] channels: the
-/// words, the scales, and the values they stand for.
-fn pack(x: &[f32], channels: usize) -> (Vec<u32>, Vec<f32>, Vec<f32>) {
+/// Channels-last values as f16 pieces of [`PIECE`] channels: the words,
+/// the scales, and the values they stand for.
+fn pack(x: &[f32]) -> (Vec<u32>, Vec<f32>, Vec<f32>) {
     let (words, scales) = pack_rows(x, x.len() / PIECE, PIECE);
     let values = unpack_rows(&words, &scales, PIECE);
-    debug_assert_eq!(x.len() % channels, 0);
     (words, scales, values)
 }
 
@@ -60,7 +60,8 @@ fn pieces<'a>(words: &'a wgpu::Buffer, scales: &'a wgpu::Buffer, channels: usize
     HalfMat::pieces(Mat::new(words, (channels / 2) as u64), Mat::new(scales, (channels / PIECE) as u64), PIECE as u64)
 }
 
-/// Channels-last `[pixels, channels]` as PyTorch's `[channels, pixels]`, and back.
+/// `[rows, cols]` values as `[cols, rows]`: channels-last `[pixels, channels]`
+/// as PyTorch's `[channels, pixels]`.
 fn transposed(x: &[f32], rows: usize, cols: usize) -> Vec<f32> {
     (0..rows * cols).map(|i| x[(i % rows) * cols + i / rows]).collect()
 }
@@ -109,8 +110,8 @@ fn check_upsampled_onto_residual(gpu: &Gpu, s: ConvShape) -> Result<f64, GpuErro
     // A pixel far larger than the rest, and one far smaller.
     x[3 * cin..4 * cin].iter_mut().for_each(|v| *v *= 300.0);
     x[5 * cin..6 * cin].iter_mut().for_each(|v| *v *= 1e-3);
-    let (x_words, x_scales, x_values) = pack(&x, cin);
-    let (r_words, r_scales, r_values) = pack(&rng.normals(out_pixels * cout, 2.0), cout);
+    let (x_words, x_scales, x_values) = pack(&x);
+    let (r_words, r_scales, r_values) = pack(&rng.normals(out_pixels * cout, 2.0));
     let weights = ConvWeights::new(gpu, &mut rng, s);
     // What the kernel reads: each stored pixel twice in each direction.
     let upsampled: Vec<f32> = (0..s.height * s.width).flat_map(|p| {
@@ -120,16 +121,12 @@ fn check_upsampled_onto_residual(gpu: &Gpu, s: ConvShape) -> Result<f64, GpuErro
     let want: Vec<f64> = weights.reference(&upsampled, s).iter().zip(&r_values).map(|(y, r)| y + f64::from(*r)).collect();
     let (xw, xs) = (gpu.upload_u32("x", &x_words), gpu.upload_f32("x scales", &x_scales));
     let (rw, rs) = (gpu.upload_u32("residual", &r_words), gpu.upload_f32("residual scales", &r_scales));
-    let words_len = out_pixels * cout / 2;
-    let out = poisoned(gpu, words_len + out_pixels * cout / PIECE);
-    let y = HalfMat::pieces(Mat::new(&out, (cout / 2) as u64), Mat { buf: &out, offset: words_len as u64, stride: (cout / PIECE) as u64 }, PIECE as u64);
     let stored_shape = ConvShape { height: s.height / 2, width: s.width / 2, ..s };
-    let all = run_and_read(gpu, &out, words_len + out_pixels * cout / PIECE, |enc| {
+    let got = written_in_pieces(gpu, [out_pixels, cout], PIECE, |enc, y| {
         let output = NhwcOutput::Half { y, residual: Some(pieces(&rw, &rs, cout)) };
         conv2d_matrix_nhwc(gpu, enc, pieces(&xw, &xs, cin).into(), weights.nhwc(), output, stored_shape, NhwcInput::Upsampled)
     })?;
-    let words: Vec<u32> = all[..words_len].iter().map(|w| w.to_bits()).collect();
-    Ok(worst_rel_l2(&unpack_rows(&words, &all[words_len..], PIECE), &want, cout))
+    Ok(worst_rel_l2(&got, &want, cout))
 }
 
 fn check_normalised_input(gpu: &Gpu, s: ConvShape) -> Result<f64, GpuError> {
@@ -139,7 +136,7 @@ fn check_normalised_input(gpu: &Gpu, s: ConvShape) -> Result<f64, GpuError> {
     // Groups off zero, and a pixel far larger than the rest.
     x.iter_mut().enumerate().for_each(|(i, v)| *v += (i % cin / (cin / GROUPS)) as f32 * 0.5);
     x[4 * cin..5 * cin].iter_mut().for_each(|v| *v *= 50.0);
-    let (x_words, x_scales, x_values) = pack(&x, cin);
+    let (x_words, x_scales, x_values) = pack(&x);
     let (gamma, beta) = (rng.bf16s(cin, 1.0), rng.bf16s(cin, 0.5));
     let weights = ConvWeights::new(gpu, &mut rng, s);
     // Each group's mean and 1/√(var + ε) over the values the rows stand for.

@@ -109,7 +109,7 @@ impl Pieces {
 
 /// An output of `[rows, cols]` f16 pieces of `piece`: written by `write`,
 /// then read back as the values its words and scales stand for.
-fn written_in_pieces(gpu: &Gpu, [rows, cols]: [usize; 2], piece: usize, write: impl FnOnce(&mut wgpu::CommandEncoder, HalfMat<'_>) -> Result<(), GpuError>) -> Result<Vec<f32>, GpuError> {
+pub(super) fn written_in_pieces(gpu: &Gpu, [rows, cols]: [usize; 2], piece: usize, write: impl FnOnce(&mut wgpu::CommandEncoder, HalfMat<'_>) -> Result<(), GpuError>) -> Result<Vec<f32>, GpuError> {
     let pieces = cols / piece;
     let scales_at = rows * cols / 2;
     let out = poisoned(gpu, scales_at + rows * pieces);
