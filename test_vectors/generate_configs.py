@@ -17,7 +17,8 @@ import torch
 from diffusers import AutoencoderKLFlux2, FlowMatchEulerDiscreteScheduler, Flux2Transformer2DModel
 from transformers import Qwen3Config
 
-from generate import SCHEDULER_CONFIG
+from tiny_models import SCHEDULER_CONFIG
+
 
 ROOT = Path(__file__).resolve().parent / "configs"
 

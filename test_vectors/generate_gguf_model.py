@@ -31,14 +31,17 @@ from gguf import GGMLQuantizationType as T, GGUFReader, GGUFWriter, quants
 from safetensors.torch import save_file
 
 import generate as g
+import tiny_models as m
+from diffusers import Flux2Transformer2DModel
+from tiny_tokenizer import MAX_SEQ
 from diffusers.loaders.single_file_utils import convert_flux2_transformer_checkpoint_to_diffusers
 
 NAME = "tiny-q"
-MODEL = g.MODELS_DIR / NAME
+MODEL = m.MODELS_DIR / NAME
 GOLDENS = g.GOLDENS_DIR / NAME
 CASE = dict(prompt="a red fox in the snow", seed=7, width=64, height=48, steps=2, guidance=1.0)
 
-TRANSFORMER = dict(g.TINY_A.transformer, num_layers=1, num_single_layers=1, attention_head_dim=64, num_attention_heads=4,
+TRANSFORMER = dict(m.TINY_A.transformer, num_layers=1, num_single_layers=1, attention_head_dim=64, num_attention_heads=4,
                    axes_dims_rope=(16, 16, 16, 16))
 
 # The quantized tensors, each given its own type so that one file holds them all.
@@ -308,22 +311,22 @@ def expanded_bfl(path) -> dict[str, torch.Tensor]:
 
 @torch.no_grad()
 def main() -> None:
-    tiny_a = g.MODELS_DIR / "tiny-a"
+    tiny_a = m.MODELS_DIR / "tiny-a"
     if MODEL.exists():
         shutil.rmtree(MODEL)
     shutil.copytree(tiny_a, MODEL, ignore=shutil.ignore_patterns("transformer"))
     (MODEL / "transformer").mkdir()
     torch.manual_seed(97)
     gen = torch.Generator().manual_seed(98)
-    spec = g.ModelSpec(name=NAME, seed=97, is_distilled=True, transformer=TRANSFORMER, qwen=g.TINY_A.qwen, vae=g.TINY_A.vae, out_layers=g.TINY_A.out_layers)
-    transformer = g.build_transformer(spec, gen)
+    spec = m.ModelSpec(name=NAME, seed=97, is_distilled=True, transformer=TRANSFORMER, qwen=m.TINY_A.qwen, vae=m.TINY_A.vae, out_layers=m.TINY_A.out_layers)
+    transformer = m.build_transformer(spec, gen)
     transformer.save_config(MODEL / "transformer")
     gguf_path = MODEL / "transformer" / f"{NAME}.gguf"
     write_gguf(to_bfl(transformer.state_dict()), gguf_path)
 
     weights = convert_flux2_transformer_checkpoint_to_diffusers(expanded_bfl(gguf_path))
-    pipe = g.load_float32_pipeline(tiny_a)
-    model = g.Flux2Transformer2DModel(**TRANSFORMER).eval()
+    pipe = m.load_float32_pipeline(tiny_a)
+    model = Flux2Transformer2DModel(**TRANSFORMER).eval()
     model.load_state_dict(weights, strict=True)
     pipe.transformer = model.to(torch.float32)
     case = g.Case(spec, "gguf", CASE["prompt"], CASE["seed"], CASE["width"], CASE["height"], CASE["steps"], CASE["guidance"])
@@ -337,7 +340,7 @@ def main() -> None:
     def run():
         return pipe(prompt=case.prompt, height=case.height, width=case.width, num_inference_steps=case.steps,
                     guidance_scale=case.guidance, latents=noise.to(torch.float32), output_type="pil",
-                    max_sequence_length=g.MAX_SEQ, text_encoder_out_layers=spec.out_layers,
+                    max_sequence_length=MAX_SEQ, text_encoder_out_layers=spec.out_layers,
                     callback_on_step_end=keep, callback_on_step_end_tensor_inputs=["latents"]).images[0]
 
     image = run()
@@ -369,7 +372,7 @@ def main() -> None:
 
     # BFL's scaled FP8 as a single file, against the same pipeline on torch's expansion of it.
     fp8 = write_fp8(to_bfl(transformer.state_dict()), GOLDENS / "transformer-fp8.safetensors")
-    model8 = g.Flux2Transformer2DModel(**TRANSFORMER).eval()
+    model8 = Flux2Transformer2DModel(**TRANSFORMER).eval()
     model8.load_state_dict(convert_flux2_transformer_checkpoint_to_diffusers(fp8), strict=True)
     pipe.transformer = model8.to(torch.float32)
     run().save(GOLDENS / "fp8.png")
@@ -378,7 +381,7 @@ def main() -> None:
     # For the record: diffusers' own GGUF loader, whose float16 scale arithmetic moves the weights.
     try:
         from diffusers import GGUFQuantizationConfig
-        own = g.Flux2Transformer2DModel.from_single_file(
+        own = Flux2Transformer2DModel.from_single_file(
             str(gguf_path), quantization_config=GGUFQuantizationConfig(compute_dtype=torch.float32),
             config=str(MODEL), subfolder="transformer", torch_dtype=torch.float32)
         pipe.transformer = own

@@ -21,7 +21,8 @@ from safetensors.torch import save_file
 
 import diffusers.pipelines.flux2.pipeline_flux2_klein_inpaint as inpaint_module
 from diffusers import Flux2KleinInpaintPipeline
-from generate import MAX_SEQ, MODEL_SPECS
+from tiny_models import MODEL_SPECS
+from tiny_tokenizer import MAX_SEQ
 from generate_references import pattern
 
 ROOT = Path(__file__).resolve().parent

@@ -29,7 +29,8 @@ from peft.utils import get_peft_model_state_dict
 from safetensors.torch import save_file
 
 from diffusers import Flux2KleinPipeline
-from generate import MAX_SEQ, MODEL_SPECS, load_float32_pipeline
+from tiny_models import MODEL_SPECS, load_float32_pipeline
+from tiny_tokenizer import MAX_SEQ
 
 ROOT = Path(__file__).resolve().parent
 OUT = ROOT / "goldens" / "lora"

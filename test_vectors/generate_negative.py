@@ -19,7 +19,9 @@ import torch
 from safetensors.torch import save_file
 
 from diffusers import Flux2KleinPipeline
-from generate import MAX_SEQ, TINY_B, make_noise, Case
+from generate import Case, make_noise
+from tiny_models import TINY_B
+from tiny_tokenizer import MAX_SEQ
 
 ROOT = Path(__file__).resolve().parent
 CASE = Case(TINY_B, "cfg-negative", "blue bird", 5, 32, 48, 2, 4.0)

@@ -28,6 +28,9 @@ import torch
 from safetensors.torch import save_file
 
 import generate as g
+import tiny_models as m
+from diffusers import FlowMatchEulerDiscreteScheduler, Flux2KleinPipeline
+from tiny_tokenizer import MAX_SEQ, build_tokenizer
 
 CONFIGS = g.ROOT / "configs" / "klein-4b"
 VOCAB = 151_936
@@ -39,7 +42,7 @@ def config(component: str) -> dict:
     return {k: v for k, v in cfg.items() if not k.startswith("_")}
 
 
-def spec() -> g.ModelSpec:
+def spec() -> m.ModelSpec:
     transformer = config("transformer")
     transformer.update(num_layers=1, num_single_layers=2, axes_dims_rope=tuple(transformer["axes_dims_rope"]))
     te = config("text_encoder")
@@ -49,17 +52,17 @@ def spec() -> g.ModelSpec:
                 "latent_channels", "norm_num_groups", "sample_size", "use_quant_conv", "use_post_quant_conv", "mid_block_add_attention")
     vae_cfg = config("vae")
     vae = {k: tuple(vae_cfg[k]) if isinstance(vae_cfg[k], list) else vae_cfg[k] for k in vae_keys}
-    return g.ModelSpec(name="real-width", seed=4242, is_distilled=True, transformer=transformer, qwen=qwen, vae=vae, out_layers=(1, 2, 3))
+    return m.ModelSpec(name="real-width", seed=4242, is_distilled=True, transformer=transformer, qwen=qwen, vae=vae, out_layers=(1, 2, 3))
 
 
-def build(spec: g.ModelSpec, tokenizer):
+def build(spec: m.ModelSpec, tokenizer):
     torch.manual_seed(spec.seed)
     gen = torch.Generator().manual_seed(spec.seed + 1)
-    text_encoder = g.build_text_encoder(spec, VOCAB, gen)
-    transformer = g.build_transformer(spec, gen)
-    vae = g.build_vae(spec, gen)
-    pipe = g.Flux2KleinPipeline(
-        scheduler=g.FlowMatchEulerDiscreteScheduler(**g.SCHEDULER_CONFIG),
+    text_encoder = m.build_text_encoder(spec, VOCAB, gen)
+    transformer = m.build_transformer(spec, gen)
+    vae = m.build_vae(spec, gen)
+    pipe = Flux2KleinPipeline(
+        scheduler=FlowMatchEulerDiscreteScheduler(**m.SCHEDULER_CONFIG),
         vae=vae,
         text_encoder=text_encoder,
         tokenizer=tokenizer,
@@ -75,12 +78,12 @@ def main() -> None:
     out = Path(sys.argv[1]).resolve()
     out.mkdir(parents=True, exist_ok=True)
     model = out / "model"
-    tokenizer = g.build_tokenizer()
+    tokenizer = build_tokenizer()
     s = spec()
     pipe16 = build(s, tokenizer)
     pipe16.save_pretrained(model, safe_serialization=True)
     del pipe16
-    pipe = g.load_float32_pipeline(model)
+    pipe = m.load_float32_pipeline(model)
     case = g.Case(s, "real-width", CASE["prompt"], CASE["seed"], CASE["width"], CASE["height"], CASE["steps"], CASE["guidance"])
     noise = g.make_noise(pipe, case)
     final = {}
@@ -97,7 +100,7 @@ def main() -> None:
         guidance_scale=case.guidance,
         latents=noise.to(torch.float32),
         output_type="pil",
-        max_sequence_length=g.MAX_SEQ,
+        max_sequence_length=MAX_SEQ,
         text_encoder_out_layers=s.out_layers,
         callback_on_step_end=keep,
         callback_on_step_end_tensor_inputs=["latents"],

@@ -25,7 +25,8 @@ from safetensors.torch import save_file
 
 from diffusers import Flux2KleinKVPipeline
 
-from generate import MAX_SEQ, MODEL_SPECS, load_float32_pipeline
+from tiny_models import MODEL_SPECS, load_float32_pipeline
+from tiny_tokenizer import MAX_SEQ
 
 ROOT = Path(__file__).resolve().parent
 GOLDENS = ROOT / "goldens"

@@ -30,7 +30,9 @@ from safetensors.torch import save_file
 from transformers import Qwen3ForCausalLM
 from diffusers.pipelines.flux2.pipeline_flux2_klein import Flux2KleinPipeline
 
-import generate as g
+import tiny_models as m
+from tiny_tokenizer import build_tokenizer
+
 
 NAME = "wide-heads"
 SEED = 2468
@@ -43,11 +45,11 @@ LAYERS = (1, 2, 3)
 def main() -> None:
     torch.manual_seed(SEED)
     gen = torch.Generator().manual_seed(SEED)
-    tokenizer = g.build_tokenizer()
-    model = g.build_text_encoder(SimpleNamespace(qwen=QWEN), len(tokenizer), gen)
+    tokenizer = build_tokenizer()
+    model = m.build_text_encoder(SimpleNamespace(qwen=QWEN), len(tokenizer), gen)
     # Saved as bf16, run in float32 on the bf16-rounded weights.
     model = model.to(torch.bfloat16)
-    out = g.MODELS_DIR / NAME / "text_encoder"
+    out = m.MODELS_DIR / NAME / "text_encoder"
     if out.parent.exists():
         shutil.rmtree(out.parent)
     model.save_pretrained(out, safe_serialization=True)
@@ -57,7 +59,7 @@ def main() -> None:
     embeds = Flux2KleinPipeline._get_qwen3_prompt_embeds(model, tokenizer, PROMPT, dtype=torch.float32, hidden_states_layers=LAYERS)
     text = tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}], tokenize=False, add_generation_prompt=True, enable_thinking=False)
     inputs = tokenizer(text, return_tensors="pt", padding="max_length", truncation=True, max_length=512)
-    goldens = g.ROOT / "goldens" / NAME
+    goldens = m.ROOT / "goldens" / NAME
     goldens.mkdir(parents=True, exist_ok=True)
     tensors = {
         "input_ids": inputs["input_ids"][0].to(torch.int64).contiguous(),
