@@ -53,7 +53,9 @@ setup() {
 # Runs "$@" inside the root with /proc, /dev, the work tree and the build
 # folder (CARGO_TARGET_DIR, where it is outside the work tree: the test
 # binaries and the flux-lite binary they run) mounted at their own paths, in
-# a private mount namespace so nothing stays mounted after it.
+# a private mount namespace so nothing stays mounted after it. Mesa's shader
+# cache is /tmp/.cache there (the root's HOME) unless MESA_SHADER_CACHE_DIR (passed in)
+# names another.
 inside() {
     local here repo target=""
     here="$(pwd -P)"
@@ -77,6 +79,7 @@ inside() {
         exec chroot "$root" env -i PATH=/usr/bin:/bin HOME=/tmp XDG_RUNTIME_DIR=/tmp \
             ${FLUX_LITE_BACKEND:+FLUX_LITE_BACKEND=$FLUX_LITE_BACKEND} \
             ${FLUX_LITE_REQUIRE_MATRIX:+FLUX_LITE_REQUIRE_MATRIX=$FLUX_LITE_REQUIRE_MATRIX} \
+            ${MESA_SHADER_CACHE_DIR:+MESA_SHADER_CACHE_DIR=$MESA_SHADER_CACHE_DIR} \
             bash -c "cd \"\$0\" && exec \"\$@\"" "$here" "$@"
     ' inside "$root" "$repo" "$here" "$target" "$@"
 }
