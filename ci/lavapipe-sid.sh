@@ -54,34 +54,40 @@ setup() {
 # folder (CARGO_TARGET_DIR, where it is outside the work tree: the test
 # binaries and the flux-lite binary they run) mounted at their own paths, in
 # a private mount namespace so nothing stays mounted after it. Mesa's shader
-# cache is /tmp/.cache there (the root's HOME) unless MESA_SHADER_CACHE_DIR (passed in)
-# names another.
+# cache is /tmp/.cache there (the root's HOME), or the folder
+# MESA_SHADER_CACHE_DIR names, mounted at its own path.
 inside() {
-    local here repo target=""
+    local here repo target="" shader_cache=""
     here="$(pwd -P)"
     repo="$(cd "$(dirname "$0")/.." && pwd -P)"
     if [ -n "${CARGO_TARGET_DIR:-}" ] && [ -d "$CARGO_TARGET_DIR" ]; then
         target="$(cd "$CARGO_TARGET_DIR" && pwd -P)"
         case "$target/" in "$repo"/*) target="" ;; esac
     fi
+    if [ -n "${MESA_SHADER_CACHE_DIR:-}" ]; then
+        mkdir -p "$MESA_SHADER_CACHE_DIR"
+        shader_cache="$(cd "$MESA_SHADER_CACHE_DIR" && pwd -P)"
+    fi
     as_root unshare --mount --propagation private bash -c '
         set -e
-        root="$1"; repo="$2"; here="$3"; target="$4"; shift 4
+        root="$1"; repo="$2"; here="$3"; target="$4"; shader_cache="$5"; shift 5
         mount --bind /proc "$root/proc"
         mount --bind /dev "$root/dev"
         mkdir -p "$root$repo" "$root/tmp"
         mount --bind "$repo" "$root$repo"
-        if [ -n "$target" ]; then
-            mkdir -p "$root$target"
-            mount --bind "$target" "$root$target"
-        fi
+        for dir in "$target" "$shader_cache"; do
+            if [ -n "$dir" ]; then
+                mkdir -p "$root$dir"
+                mount --bind "$dir" "$root$dir"
+            fi
+        done
         mount --bind /tmp "$root/tmp"
         exec chroot "$root" env -i PATH=/usr/bin:/bin HOME=/tmp XDG_RUNTIME_DIR=/tmp \
             ${FLUX_LITE_BACKEND:+FLUX_LITE_BACKEND=$FLUX_LITE_BACKEND} \
             ${FLUX_LITE_REQUIRE_MATRIX:+FLUX_LITE_REQUIRE_MATRIX=$FLUX_LITE_REQUIRE_MATRIX} \
-            ${MESA_SHADER_CACHE_DIR:+MESA_SHADER_CACHE_DIR=$MESA_SHADER_CACHE_DIR} \
+            ${shader_cache:+MESA_SHADER_CACHE_DIR=$shader_cache} \
             bash -c "cd \"\$0\" && exec \"\$@\"" "$here" "$@"
-    ' inside "$root" "$repo" "$here" "$target" "$@"
+    ' inside "$root" "$repo" "$here" "$target" "$shader_cache" "$@"
 }
 
 info() {

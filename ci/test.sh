@@ -47,13 +47,15 @@ if [ -z "${XDG_RUNTIME_DIR:-}" ] || [ ! -d "${XDG_RUNTIME_DIR}" ]; then
     mkdir -p "$XDG_RUNTIME_DIR" && chmod 700 "$XDG_RUNTIME_DIR"
 fi
 
-# lavapipe's and llvmpipe's compiled kernels, kept with the build: a kernel
-# compiled once is read back in every later test process and run. With
-# this cache empty, the kernel tests took 657 s on Mesa 22 and the Mesa 26
-# kernel reruns 284 s; with it filled, 40 s and 44 s. Mesa keys each entry by
-# its own build and the kernel's code, so Mesa 22, its GL driver and Mesa 26
-# (ci/lavapipe-sid.sh passes the variable into its root) share the folder.
-export MESA_SHADER_CACHE_DIR="$CARGO_TARGET_DIR/mesa-shader-cache"
+# lavapipe's and llvmpipe's compiled kernels, kept between runs beside the
+# build folders (and across them: a new Cargo.lock starts a new build folder,
+# not a new cache): a kernel compiled once is read back in every later test
+# process and run. With this cache empty, the kernel tests took 657 s on
+# Mesa 22 and the Mesa 26 kernel reruns 284 s; with it filled, 40 s and 44 s.
+# Mesa keys each entry by its own build and the kernel's code, so Mesa 22,
+# its GL driver and Mesa 26 (ci/lavapipe-sid.sh mounts the folder into its
+# root) share it. A MESA_SHADER_CACHE_DIR already set is used as it is.
+export MESA_SHADER_CACHE_DIR="${MESA_SHADER_CACHE_DIR:-${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/flux-lite-ci/mesa-shader-cache}"
 mkdir -p "$MESA_SHADER_CACHE_DIR"
 
 # Mesa 26's root (debootstrap: mostly downloads and unpacking) is made in
