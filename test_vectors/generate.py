@@ -23,10 +23,9 @@ from transformers import Qwen2TokenizerFast
 
 from dit_reference import check_dit_chain, check_dit_reference
 from pipeline_recorder import Recorder
-from tiny_models import MODEL_SPECS, TINY_9B, TINY_A, TINY_B, ModelSpec, build_pipeline, check_weights_match, load_float32_pipeline, save_pipeline
+from tiny_models import MODEL_SPECS, ROOT, TINY_9B, TINY_A, TINY_B, ModelSpec, build_pipeline, check_weights_match, load_float32_pipeline, save_pipeline
 from tiny_tokenizer import MAX_SEQ, build_tokenizer, check_tokenizer, dump_tokenizer_cases, tokenizer_cases
 
-ROOT = Path(__file__).resolve().parent
 GOLDENS_DIR = ROOT / "goldens"
 CLAMP_LIMIT = 0.30  # max fraction of decoded pixels allowed to sit at 0 or 1
 

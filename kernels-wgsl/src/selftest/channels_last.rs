@@ -61,8 +61,8 @@ fn pieces<'a>(words: &'a wgpu::Buffer, scales: &'a wgpu::Buffer, channels: usize
 }
 
 /// `[rows, cols]` values as `[cols, rows]`: channels-last `[pixels, channels]`
-/// as PyTorch's `[channels, pixels]`.
-fn transposed(x: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+/// as PyTorch's `[channels, pixels]`, and PyTorch's back.
+fn transposed<T: Copy>(x: &[T], rows: usize, cols: usize) -> Vec<T> {
     (0..rows * cols).map(|i| x[(i % rows) * cols + i / rows]).collect()
 }
 
@@ -97,7 +97,7 @@ impl ConvWeights {
         let (pixels, out_pixels) = (s.height * s.width, s.out_height * s.out_width);
         let mut y = vec![0.0; s.out_channels * out_pixels];
         r::conv2d(&transposed(x, pixels, s.in_channels), Weights::Bf16(&self.w), Weights::Bf16(&self.b), s, &mut y);
-        (0..y.len()).map(|i| y[(i % s.out_channels) * out_pixels + i / s.out_channels]).collect()
+        transposed(&y, s.out_channels, out_pixels)
     }
 }
 
