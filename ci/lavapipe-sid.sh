@@ -85,6 +85,7 @@ inside() {
         exec chroot "$root" env -i PATH=/usr/bin:/bin HOME=/tmp XDG_RUNTIME_DIR=/tmp \
             ${FLUX_LITE_BACKEND:+FLUX_LITE_BACKEND=$FLUX_LITE_BACKEND} \
             ${FLUX_LITE_REQUIRE_MATRIX:+FLUX_LITE_REQUIRE_MATRIX=$FLUX_LITE_REQUIRE_MATRIX} \
+            ${FLUX_LITE_EMULATE_MATRIX:+FLUX_LITE_EMULATE_MATRIX=$FLUX_LITE_EMULATE_MATRIX} \
             ${shader_cache:+MESA_SHADER_CACHE_DIR=$shader_cache} \
             bash -c "cd \"\$0\" && exec \"\$@\"" "$here" "$@"
     ' inside "$root" "$repo" "$here" "$target" "$shader_cache" "$@"

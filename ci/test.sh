@@ -211,12 +211,30 @@ rerun FLUX_LITE_REQUIRE_MATRIX=1 --sid "$stages"
 rerun FLUX_LITE_REQUIRE_MATRIX=1 --sid "$quantized" half_tiers
 rerun FLUX_LITE_REQUIRE_MATRIX=1 --sid "$quantized_stages" matrix_tier
 rerun FLUX_LITE_REQUIRE_MATRIX=1 --sid "$selftest"
+# The matrix kernels on 16×16 tiles in subgroups of 32, as NVIDIA's cards
+# run them and no software driver offers them: their cooperative matrices
+# emulated in plain WGSL (kernels-wgsl/src/emulated_matrix.rs; Mesa 26, since
+# Mesa 22.3's lavapipe gives wrong products with it). The checks that hold
+# the fused half-precision path, attention and the convolutions to the
+# oracle; docs/testing.md says what else was run so and what it found.
+emulated_tests=(
+    selftest::half_path::tests::the_half_paths_checks_pass_on_matrix_units_at_the_adapters_block
+    selftest::channels_last::tests::the_channels_last_checks_pass_on_matrix_units_at_the_adapters_block
+    kernels::linear::tests::linear_on_matrix_units_matches_the_oracle
+    kernels::epilogue_tests::the_swiglu_epilogue_equals_the_product_then_the_swiglu_on_matrix_units
+    kernels::epilogue_tests::the_gated_epilogue_equals_the_product_then_the_gated_residual_on_matrix_units
+    kernels::attention::tests::attention_on_matrix_units_matches_the_oracle
+    kernels::attention::tests::the_matrix_tiers_fallback_attention_matches_the_oracle
+    kernels::conv_nhwc::tests::the_channels_last_conv_on_matrix_units_matches_the_oracle
+    device::proof::tests::the_flash_attention_is_taken_where_its_check_passes_and_left_with_a_notice_where_it_fails
+)
+rerun FLUX_LITE_REQUIRE_MATRIX=1 FLUX_LITE_EMULATE_MATRIX=16 --sid "$kernels" --exact "${emulated_tests[@]}"
 
 # The tests' switches and fault injections exist only where the tests
 # enable the `test-support` feature: the binary the tests ran has them, a
 # release build none of their names.
 phase "a release build carries no test hook"
-hook_names='FLUX_LITE_(LOSE_DEVICE_AFTER|BREAK_KERNEL|FAIL_TIER_PROBE|DEVICE_MEMORY|PAUSE_MID_WRITE|PER_LANE_READS)'
+hook_names='FLUX_LITE_(LOSE_DEVICE_AFTER|BREAK_KERNEL|FAIL_TIER_PROBE|DEVICE_MEMORY|PAUSE_MID_WRITE|PER_LANE_READS|EMULATE_MATRIX)'
 release_status=0
 wait "$release_build" || release_status=$?
 cat "$release_log"

@@ -199,6 +199,12 @@ pub(crate) fn dispatch<P: Pod>(gpu: &Gpu, sink: &mut dyn Sink, launch: Launch<'_
             .iter()
             .map(|(slot, w)| wgpu::BindGroupEntry { binding: *slot, resource: wgpu::BindingResource::Buffer(w.binding.clone()) }),
     );
+    #[cfg(any(test, feature = "test-support"))]
+    let emulated = gpu.emulated_tiles(kernel.module, grid);
+    #[cfg(any(test, feature = "test-support"))]
+    if let Some(tiles) = &emulated {
+        entries.push(wgpu::BindGroupEntry { binding: crate::emulated_matrix::EMULATED_BINDING, resource: tiles.as_entire_binding() });
+    }
     let bind_group = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
         label: Some(kernel.entry),
         layout: &pipeline.get_bind_group_layout(0),

@@ -24,6 +24,8 @@ pub mod catalogue;
 pub mod kernel;
 pub mod device;
 pub mod dispatch;
+#[cfg(any(test, feature = "test-support"))]
+pub mod emulated_matrix;
 pub mod error;
 pub mod kernels;
 pub mod precision;

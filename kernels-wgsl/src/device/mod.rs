@@ -205,7 +205,7 @@ impl Gpu {
         let matrix_offered = adapter.cooperative_matrix_properties();
         // Timestamps where the adapter has them: `bench` times passes on the GPU's own clock.
         let mut features = adapter.features() & (wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::PIPELINE_CACHE);
-        let choice = choose_tier(&adapter, &limits, &info, &matrix_offered, options.precision, options.gemm_staging, options.gpu_shaped_kernels)?;
+        let choice = choose_tier(&adapter, &limits, &info, &matrix_offered, options)?;
         features |= choice.features;
         let cpu_shaped = info.device_type == wgpu::DeviceType::Cpu && !options.gpu_shaped_kernels;
         let cpu_lanes = cpu_lanes(cpu_shaped && !options.per_lane_reads, adapter.features(), &info);
@@ -220,10 +220,18 @@ impl Gpu {
             // known-answer probe on this device before the tier is taken.
             experimental = unsafe { wgpu::ExperimentalFeatures::enabled() };
         }
+        #[allow(unused_mut)] // raised only where the tests emulate cooperative matrices
+        let mut device_limits = limits.clone();
+        // The emulated tiles' buffer is bound whole: the device takes the
+        // adapter's binding size, the kernels still split by the cap.
+        #[cfg(any(test, feature = "test-support"))]
+        if options.emulated_matrix.is_some() && choice.tier == crate::Precision::Matrix {
+            device_limits.max_storage_buffer_binding_size = binding_limit(info.backend, adapter.limits().max_storage_buffer_binding_size);
+        }
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("flux-lite"),
             required_features: features,
-            required_limits: limits.clone(),
+            required_limits: device_limits,
             experimental_features: experimental,
             memory_hints: wgpu::MemoryHints::Performance,
             trace: wgpu::Trace::Off,
@@ -231,7 +239,12 @@ impl Gpu {
         .map_err(|e| GpuError::RequestDevice(e.to_string()))?;
         let faults = Arc::new(Faults::default());
         faults.watch(&device);
-        let shaders = ShaderCache::new(&device, &info, options.pipeline_store.as_ref(), options.kernel_dir.clone());
+        #[allow(unused_mut)] // changed only where the tests emulate cooperative matrices
+        let mut shaders = ShaderCache::new(&device, &info, options.pipeline_store.as_ref(), options.kernel_dir.clone());
+        #[cfg(any(test, feature = "test-support"))]
+        if choice.tier == crate::Precision::Matrix {
+            shaders.emulated_subgroup = options.emulated_matrix.map(|e| e.subgroup);
+        }
         let placeholder = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("placeholder"),
             size: 256,
@@ -289,6 +302,18 @@ impl Gpu {
     /// Pipelines compiled so far, the time they took, and the cache's state.
     pub fn compile_report(&self) -> CompileReport {
         self.shaders.report()
+    }
+
+    /// Where the matrix tier's cooperative matrices are emulated (the
+    /// tests' [`GpuOptions::emulated_matrix`]), the buffer of tiles a
+    /// dispatch of `module` over `grid` binds at
+    /// [`crate::emulated_matrix::EMULATED_BINDING`] (its pipeline built first).
+    #[cfg(any(test, feature = "test-support"))]
+    pub(crate) fn emulated_tiles(&self, module: crate::Module, grid: [u32; 3]) -> Option<wgpu::Buffer> {
+        let slots = self.shaders.emulated_slots(module)?;
+        let workgroups = grid.iter().map(|&g| g as u64).product();
+        let size = crate::emulated_matrix::tile_bytes(workgroups, slots, self.matrix?.size);
+        Some(self.device.create_buffer(&wgpu::BufferDescriptor { label: Some("emulated tiles"), size, usage: wgpu::BufferUsages::STORAGE, mapped_at_creation: false }))
     }
 
     /// Whether the matrix tier's attention runs `attention_flash.wgsl`: it

@@ -73,6 +73,12 @@ pub struct GpuOptions {
     /// with the `test-support` feature, which only the tests enable.
     #[cfg(any(test, feature = "test-support"))]
     pub faults: FaultInjection,
+    /// The matrix tier on cooperative matrices emulated in plain WGSL
+    /// (`FLUX_LITE_EMULATE_MATRIX=16`: an NVIDIA card's 16×16 tiles in
+    /// subgroups of 32), so the tests run those kernels on lavapipe: only in
+    /// builds with the `test-support` feature.
+    #[cfg(any(test, feature = "test-support"))]
+    pub emulated_matrix: Option<crate::emulated_matrix::EmulatedMatrix>,
     /// Ask for a device whose largest storage binding is at most this many
     /// bytes (tests use it to force the split paths).
     pub max_storage_binding: Option<u64>,
@@ -182,8 +188,9 @@ impl GpuOptions {
 
     /// The tests' switches from the environment: the fault injections
     /// (`FLUX_LITE_LOSE_DEVICE_AFTER`, `FLUX_LITE_BREAK_KERNEL`,
-    /// `FLUX_LITE_FAIL_TIER_PROBE`, `FLUX_LITE_DEVICE_MEMORY`) and
-    /// `FLUX_LITE_PER_LANE_READS=1` ([`GpuOptions::per_lane_reads`]). Only
+    /// `FLUX_LITE_FAIL_TIER_PROBE`, `FLUX_LITE_DEVICE_MEMORY`),
+    /// `FLUX_LITE_PER_LANE_READS=1` ([`GpuOptions::per_lane_reads`]) and
+    /// `FLUX_LITE_EMULATE_MATRIX` ([`GpuOptions::emulated_matrix`]). Only
     /// in builds with the `test-support` feature, which only the tests enable.
     #[cfg(any(test, feature = "test-support"))]
     fn with_test_switches(self, get: &dyn Fn(&str) -> Option<String>) -> Result<Self, GpuError> {
@@ -200,7 +207,8 @@ impl GpuOptions {
             head_norm_passes: false,
         };
         let per_lane_reads = var("FLUX_LITE_PER_LANE_READS").is_some_and(|v| v != "0");
-        Ok(Self { faults, per_lane_reads, ..self })
+        let emulated_matrix = var("FLUX_LITE_EMULATE_MATRIX").map(|v| crate::emulated_matrix::EmulatedMatrix::from_setting(&v)).transpose().map_err(GpuError::Device)?;
+        Ok(Self { faults, per_lane_reads, emulated_matrix, ..self })
     }
 }
 

@@ -29,13 +29,31 @@ pub(super) struct ShaderCache {
     compiled: Mutex<(usize, std::time::Duration)>,
     /// A folder whose `<Module:?>.wgsl` replace the built-in sources ([`crate::GpuOptions::kernel_dir`]).
     kernel_dir: Option<std::path::PathBuf>,
+    /// The matrix modules' cooperative matrices emulated in subgroups of
+    /// this many invocations ([`crate::emulated_matrix`]): only in the tests.
+    #[cfg(any(test, feature = "test-support"))]
+    pub(super) emulated_subgroup: Option<u32>,
+    /// The tile slots each emulated module's subgroups use.
+    #[cfg(any(test, feature = "test-support"))]
+    emulated_slots: Mutex<HashMap<Module, u32>>,
 }
 
 impl ShaderCache {
     /// The cache of `device`, its driver's cache loaded from `store`.
     pub(super) fn new(device: &wgpu::Device, info: &wgpu::AdapterInfo, store: Option<&Arc<dyn PipelineStore>>, kernel_dir: Option<std::path::PathBuf>) -> Self {
         let (cache, cache_state) = Cache::open(device, info, store);
-        Self { modules: Mutex::default(), pipelines: Mutex::default(), cache, cache_state, compiled: Mutex::default(), kernel_dir }
+        Self {
+            modules: Mutex::default(),
+            pipelines: Mutex::default(),
+            cache,
+            cache_state,
+            compiled: Mutex::default(),
+            kernel_dir,
+            #[cfg(any(test, feature = "test-support"))]
+            emulated_subgroup: None,
+            #[cfg(any(test, feature = "test-support"))]
+            emulated_slots: Mutex::default(),
+        }
     }
 
     /// Pipelines compiled so far, the time they took, and the driver cache's state.
@@ -53,7 +71,21 @@ impl ShaderCache {
 
     /// The source `module` is built from here.
     pub(super) fn source(&self, module: Module) -> std::borrow::Cow<'static, str> {
-        replaced_source(self.kernel_dir.as_deref(), module).map_or_else(|| module.source(), Into::into)
+        let source = replaced_source(self.kernel_dir.as_deref(), module).map_or_else(|| module.source(), Into::into);
+        #[cfg(any(test, feature = "test-support"))]
+        if let Some(subgroup) = self.emulated_subgroup.filter(|_| module.is_matrix()) {
+            let emulated = crate::emulated_matrix::emulate(&source, subgroup).unwrap_or_else(|why| panic!("{}: emulating its cooperative matrices: {why}", module.name()));
+            lock(&self.emulated_slots).insert(module, emulated.slots);
+            return emulated.source.into();
+        }
+        source
+    }
+
+    /// Where `module`'s cooperative matrices are emulated, the tile slots
+    /// its subgroups use (its pipeline built first).
+    #[cfg(any(test, feature = "test-support"))]
+    pub(super) fn emulated_slots(&self, module: Module) -> Option<u32> {
+        lock(&self.emulated_slots).get(&module).copied()
     }
 
     /// The compute pipeline for `kernel` with its override constants on `device`, built once.

@@ -31,10 +31,9 @@ pub(super) fn choose_tier(
     limits: &wgpu::Limits,
     info: &wgpu::AdapterInfo,
     offered: &[wgpu::CooperativeMatrixProperties],
-    asked: Precision,
-    staging: Option<crate::GemmStaging>,
-    as_on_a_gpu: bool,
+    options: &super::GpuOptions,
 ) -> Result<TierChoice, GpuError> {
+    let (asked, staging, as_on_a_gpu) = (options.precision, options.gemm_staging, options.gpu_shaped_kernels);
     let has = |f: wgpu::Features| adapter.features().contains(f);
     let unavailable = |tier: Precision, why: String| GpuError::TierUnavailable { tier: tier.name(), adapter: info.name.clone(), why };
     let half = || {
@@ -45,6 +44,10 @@ pub(super) fn choose_tier(
         }
     };
     let matrix = || {
+        #[cfg(any(test, feature = "test-support"))]
+        if let Some(emulated) = options.emulated_matrix {
+            return emulated_tier(emulated, has(wgpu::Features::SHADER_F16), limits, staging).map_err(|why| unavailable(Precision::Matrix, why));
+        }
         if !has(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX) {
             return Err(unavailable(Precision::Matrix, "the adapter lacks cooperative matrices".into()));
         }
@@ -73,6 +76,19 @@ pub(super) fn choose_tier(
         Precision::Auto if info.device_type == wgpu::DeviceType::Cpu && !as_on_a_gpu => Ok(TierChoice { reason: Some(cpu_reason(info)), ..reference }),
         Precision::Auto => Ok(matrix().or_else(|_| half()).unwrap_or(reference)),
     }
+}
+
+/// The matrix tier with its cooperative matrices emulated
+/// ([`crate::emulated_matrix`]): the configuration an adapter listing
+/// `emulated`'s tiles and subgroups would get, on f16 alone.
+#[cfg(any(test, feature = "test-support"))]
+fn emulated_tier(emulated: crate::emulated_matrix::EmulatedMatrix, f16: bool, limits: &wgpu::Limits, staging: Option<crate::GemmStaging>) -> Result<TierChoice, String> {
+    if !f16 {
+        return Err("the adapter lacks f16 in shaders, which the emulated cooperative matrices need".into());
+    }
+    let subgroup = (emulated.subgroup, emulated.subgroup);
+    let config = pick_matrix_config(&[emulated.offered()], subgroup, limits.max_compute_workgroup_storage_size, staging)?;
+    Ok(TierChoice { tier: Precision::Matrix, matrix: Some(config), features: wgpu::Features::SHADER_F16, reason: None })
 }
 
 /// The adapter's subgroup sizes as the matrix tier may rely on them. Metal

@@ -1,0 +1,643 @@
+//! The matrix tier's kernels with their cooperative matrices emulated in
+//! plain WGSL, for the tests: so that the 16×16 tiles in subgroups of 32
+//! that NVIDIA's cards run (and which no software driver offers) run on
+//! lavapipe, through the kernels' own code, and are checked against the f64
+//! oracle and the goldens like the 8×8 tiles Mesa 26 runs natively.
+//!
+//! Each matrix value becomes a slot of T×T f32 values in a storage
+//! buffer the tests bind at [`EMULATED_BINDING`], one set of slots for each
+//! subgroup of each workgroup, and each tile variable a slot number. Loads,
+//! multiply-adds and stores run on the subgroup's first invocation alone,
+//! summing each output over its T products in f32 (f16 operands multiply
+//! exactly in f32). That is sound because a cooperative matrix is only
+//! seen through memory: the kernels read what a store wrote, and write
+//! what a load reads, on the far side of a workgroup barrier, as the
+//! hardware needs too. A subgroup is `subgroup` consecutive invocations of
+//! the workgroup (`subgroup_id`, `subgroup_invocation_id` and
+//! `subgroup_size` taken from the local index): the layout the kernels
+//! assume and NVIDIA's drivers give. No kernel uses subgroup arithmetic, so
+//! nothing else depends on the hardware's subgroups.
+//!
+//! The tiles live in memory, not in variables: Mesa's compiler turns each
+//! dynamically indexed element of a variable into a branch over the whole
+//! array, and copies of whole tiles into one access an element, which took
+//! minutes a kernel.
+//!
+//! Built only with the `test-support` feature: the shipped binary has none
+//! of it.
+
+use std::collections::BTreeMap;
+
+/// The binding of the emulated tiles' storage buffer.
+pub const EMULATED_BINDING: u32 = 63;
+
+/// The most subgroups a matrix kernel's workgroup holds.
+pub const MAX_SUBGROUPS: u32 = 4;
+use std::fmt::Write as _;
+
+/// An adapter's matrix tier as the emulation presents it: `size`×`size` f16
+/// tiles into f32 in subgroups of `subgroup` (16 and 32: an NVIDIA card's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EmulatedMatrix {
+    pub size: u32,
+    pub subgroup: u32,
+}
+
+impl EmulatedMatrix {
+    /// An NVIDIA card's: 16×16 f16 tiles into f32, subgroups of 32.
+    pub const NVIDIA: EmulatedMatrix = EmulatedMatrix { size: 16, subgroup: 32 };
+
+    /// The setting `FLUX_LITE_EMULATE_MATRIX=16` (16×16 tiles, subgroups of
+    /// 32) or `8` (8×8, subgroups of 8), or why it names neither.
+    pub fn from_setting(value: &str) -> Result<Self, String> {
+        match value {
+            "16" => Ok(Self::NVIDIA),
+            "8" => Ok(EmulatedMatrix { size: 8, subgroup: 8 }),
+            _ => Err(format!("FLUX_LITE_EMULATE_MATRIX={value:?}: give 16 (16×16 tiles, subgroups of 32) or 8")),
+        }
+    }
+
+    /// What the adapter would list for this: one square f16 × f16 → f32 shape.
+    pub fn offered(self) -> wgpu::CooperativeMatrixProperties {
+        wgpu::CooperativeMatrixProperties {
+            m_size: self.size,
+            n_size: self.size,
+            k_size: self.size,
+            ab_type: wgpu::CooperativeScalarType::F16,
+            cr_type: wgpu::CooperativeScalarType::F32,
+            saturating_accumulation: false,
+        }
+    }
+}
+
+/// `source` (a matrix module as [`crate::Module::source`] assembles it) with
+/// its cooperative matrices emulated in subgroups of `subgroup`
+/// invocations, or which construct the rewriting does not know.
+pub fn emulate(source: &str, subgroup: u32) -> Result<Emulated, String> {
+    // Without comments (WGSL has no strings, so `//` always starts one): the
+    // rewriting then sees only code.
+    let code: String = source.lines().map(|line| line.split("//").next().unwrap_or_default()).collect::<Vec<_>>().join("\n");
+    let mut text = code.replace("enable wgpu_cooperative_matrix;\n", "");
+    text = replace_matrix_aliases(&text)?;
+    let pointers = take_pointer_lets(&mut text)?;
+    let mut helpers = Helpers::new(declared_elements(&text));
+    let mut slots = rewrite_calls(&mut text, &pointers, &mut helpers)?;
+    copy_tiles_by_name(&mut text, &mut slots);
+    text = subgroups_from_local_index(&text)?;
+    if text.contains("coop_mat") || first_call(&text).is_some() {
+        return Err("a cooperative-matrix construct is left after the rewriting".into());
+    }
+    let mut out = String::new();
+    let _ = writeln!(out, "{}", text);
+    let _ = writeln!(out, "const EMULATED_SUBGROUP: u32 = {subgroup}u;");
+    let _ = writeln!(out, "const EMULATED_SLOTS: u32 = {}u;", slots.total());
+    let _ = writeln!(out, "const EMULATED_TEMPS_AT: u32 = {}u;", slots.named);
+    let _ = writeln!(out, "const EMULATED_MAX_SUBGROUPS: u32 = {MAX_SUBGROUPS}u;");
+    let _ = writeln!(out, "@group(0) @binding({EMULATED_BINDING}) var<storage, read_write> emulated_tiles: array<f32>;");
+    out.push_str(TILE);
+    for helper in helpers.written.values() {
+        out.push_str(helper);
+    }
+    Ok(Emulated { source: out, slots: slots.total() })
+}
+
+/// A module with its cooperative matrices emulated.
+#[derive(Debug)]
+pub struct Emulated {
+    pub source: String,
+    /// Tile slots a subgroup uses.
+    pub slots: u32,
+}
+
+/// Bytes of the tiles' buffer for a dispatch of `workgroups` workgroups of
+/// a module using `slots` slots of `size`×`size` tiles.
+pub fn tile_bytes(workgroups: u64, slots: u32, size: u32) -> u64 {
+    (workgroups * MAX_SUBGROUPS as u64 * slots as u64 * (size * size) as u64 * 4).max(16)
+}
+
+/// Slots given out: one per tile variable, then those a statement's
+/// intermediate values take (reused by the next statement).
+#[derive(Default)]
+struct Slots {
+    named: u32,
+    temps: u32,
+}
+
+impl Slots {
+    fn total(&self) -> u32 {
+        self.named + self.temps
+    }
+}
+
+/// The slots' addressing and the multiply-add. `emulated_t` is T on a
+/// subgroup's first invocation and 0 on the others, so that only the first
+/// runs the tile loops (and every entry point binds the tiles, as the
+/// dispatches give them), and a value the compiler cannot see, so that they
+/// stay loops (unrolled, a k step's multiply-adds of T³ terms each make one
+/// basic block that LLVM's scheduler takes minutes over).
+const TILE: &str = "
+var<private> emulated_lane: u32;
+var<private> emulated_base: u32;
+var<private> emulated_t: u32;
+
+fn emulated_slot(slot: u32) -> u32 {
+    return emulated_base + slot * T * T;
+}
+
+// d += a·b.
+fn emulated_multiply_add(a: u32, b: u32, d: u32) {
+    let pa = emulated_slot(a);
+    let pb = emulated_slot(b);
+    let pd = emulated_slot(d);
+    for (var row = 0u; row < emulated_t; row++) {
+        for (var col = 0u; col < emulated_t; col++) {
+            var s = emulated_tiles[pd + row * T + col];
+            for (var k = 0u; k < emulated_t; k++) {
+                s += emulated_tiles[pa + row * T + k] * emulated_tiles[pb + k * T + col];
+            }
+            emulated_tiles[pd + row * T + col] = s;
+        }
+    }
+}
+
+fn emulated_copy(slot_from: u32, slot_to: u32) {
+    for (var i = 0u; i < emulated_t * emulated_t; i++) {
+        emulated_tiles[emulated_slot(slot_to) + i] = emulated_tiles[emulated_slot(slot_from) + i];
+    }
+}
+";
+
+/// `alias MatA = coop_mat16x16<f16, A>;` (and MatB, MatC) as the tile.
+fn replace_matrix_aliases(text: &str) -> Result<String, String> {
+    let mut out = String::with_capacity(text.len());
+    let mut aliases = 0;
+    for line in text.split_inclusive('\n') {
+        let trimmed = line.trim_start();
+        if trimmed.starts_with("alias Mat") && trimmed.contains("coop_mat") {
+            let name = trimmed["alias ".len()..].split([' ', '=']).next().unwrap_or_default();
+            let _ = writeln!(out, "alias {name} = u32;");
+            aliases += 1;
+        } else {
+            out.push_str(line);
+        }
+    }
+    if aliases == 0 {
+        return Err("no `alias Mat… = coop_mat…` to emulate".into());
+    }
+    Ok(out)
+}
+
+/// Each module-scope array's element type: `var<workgroup> NAME: array<TYPE, …>`.
+fn declared_elements(text: &str) -> BTreeMap<String, String> {
+    let mut elements = BTreeMap::new();
+    for line in text.lines() {
+        let Some(rest) = line.trim_start().strip_prefix("var<") else { continue };
+        let Some((_, declared)) = rest.split_once('>') else { continue };
+        let Some((name, ty)) = declared.split_once(':') else { continue };
+        let Some(element) = ty.trim().strip_prefix("array<") else { continue };
+        let element = element.split([',', '>']).next().unwrap_or_default().trim();
+        elements.insert(name.trim().to_string(), element.to_string());
+    }
+    elements
+}
+
+/// `let NAME = &ARRAY[INDEX];` becomes `let NAME = INDEX;`, and the calls
+/// that take NAME as their pointer are rewritten to ARRAY at that index.
+fn take_pointer_lets(text: &mut String) -> Result<BTreeMap<String, String>, String> {
+    let mut pointers = BTreeMap::new();
+    let mut from = 0;
+    while let Some(found) = text[from..].find("let ") {
+        let start = from + found;
+        from = start + 4;
+        let rest = &text[start + 4..];
+        let Some((name, after)) = rest.split_once(" = &") else { continue };
+        if !is_identifier(name) {
+            continue;
+        }
+        let Some(open) = after.find('[') else { continue };
+        let array = &after[..open];
+        if !is_identifier(array) {
+            continue;
+        }
+        let index_start = start + 4 + name.len() + 4 + open + 1;
+        let close = matching(text, index_start - 1, '[', ']')?;
+        if !text[close + 1..].starts_with(';') {
+            return Err(format!("`let {name} = &{array}[…]` is not a whole statement"));
+        }
+        let index = text[index_start..close].to_string();
+        pointers.insert(name.to_string(), array.to_string());
+        text.replace_range(start..close + 1, &format!("let {name} = {index}"));
+    }
+    Ok(pointers)
+}
+
+/// The helpers a module needs: each array's load and store, written once.
+struct Helpers {
+    elements: BTreeMap<String, String>,
+    written: BTreeMap<String, String>,
+}
+
+impl Helpers {
+    fn new(elements: BTreeMap<String, String>) -> Self {
+        Self { elements, written: BTreeMap::new() }
+    }
+
+    /// `emulated_load_ARRAY(tile, at, stride, row_major)`, written if new.
+    fn load(&mut self, array: &str) -> Result<String, String> {
+        let name = format!("emulated_load_{array}");
+        if !self.elements.contains_key(array) {
+            return Err(format!("a cooperative load from `{array}`, which is not a module-scope array"));
+        }
+        self.written.entry(name.clone()).or_insert_with(|| {
+            format!(
+                "
+fn {name}(m: u32, at: u32, stride: u32, row_major: bool) {{
+    let base = emulated_slot(m);
+    for (var row = 0u; row < emulated_t; row++) {{
+        for (var col = 0u; col < emulated_t; col++) {{
+            emulated_tiles[base + row * T + col] = f32({array}[at + select(col * stride + row, row * stride + col, row_major)]);
+        }}
+    }}
+}}
+"
+            )
+        });
+        Ok(name)
+    }
+
+    /// `emulated_store_ARRAY(tile, at, stride, row_major)`, written if new.
+    fn store(&mut self, array: &str) -> Result<String, String> {
+        let name = format!("emulated_store_{array}");
+        let element = self.elements.get(array).ok_or_else(|| format!("a cooperative store into `{array}`, which is not a module-scope array"))?.clone();
+        self.written.entry(name.clone()).or_insert_with(|| {
+            format!(
+                "
+fn {name}(m: u32, at: u32, stride: u32, row_major: bool) {{
+    let base = emulated_slot(m);
+    for (var row = 0u; row < emulated_t; row++) {{
+        for (var col = 0u; col < emulated_t; col++) {{
+            {array}[at + select(col * stride + row, row * stride + col, row_major)] = {element}(emulated_tiles[base + row * T + col]);
+        }}
+    }}
+}}
+"
+            )
+        });
+        Ok(name)
+    }
+}
+
+const CALLS: [&str; 5] = ["coopMultiplyAdd", "coopLoadT", "coopLoad", "coopStoreT", "coopStore"];
+
+/// Every statement holding a cooperative call rewritten into statements
+/// over slots (each tile variable a slot number): `let|var NAME = EXPR;`, `NAME = EXPR;`,
+/// `coopStore…(VALUE, POINTER, STRIDE);` and `return EXPR;`, EXPR a load, a
+/// multiply-add (of loads, names and multiply-adds) or a call returning a tile.
+fn rewrite_calls(text: &mut String, pointers: &BTreeMap<String, String>, helpers: &mut Helpers) -> Result<Slots, String> {
+    let mut slots = Slots::default();
+    while let Some((call, _)) = first_call(text) {
+        let start = text[..call].rfind([';', '{', '}']).map_or(0, |i| i + 1);
+        let end = statement_end(text, call)?;
+        let statement = text[start..end].trim().to_string();
+        let indent = "\n    ";
+        let mut lowered = Lowering { out: String::new(), temps: 0, pointers, helpers };
+        if let Some(rest) = statement.strip_prefix("coopStore") {
+            let row_major = rest.starts_with('T');
+            let open = statement.find('(').ok_or("a store without arguments")?;
+            let close = matching(&statement, open, '(', ')')?;
+            let [value, pointer, stride]: [String; 3] = split_arguments(&statement[open + 1..close]).try_into().map_err(|_| format!("`{statement}`: a store takes three arguments"))?;
+            let tile = lowered.operand(&value)?;
+            let (array, at) = pointed(&pointer, pointers)?;
+            let store = lowered.helpers.store(&array)?;
+            let _ = write!(lowered.out, "{store}({tile}, {at}, {stride}, {row_major});");
+        } else if let Some(expr) = statement.strip_prefix("return ") {
+            let result = lowered.temp();
+            lowered.evaluate(&result, expr)?;
+            let _ = write!(lowered.out, " return {result};");
+        } else {
+            let (declared, name, expr) = assignment(&statement)?;
+            if declared {
+                let _ = write!(lowered.out, "let {name} = {}u;", slots.named);
+                slots.named += 1;
+            }
+            lowered.evaluate(name, expr)?;
+        }
+        slots.temps = slots.temps.max(lowered.temps);
+        let replacement = format!("{indent}{}", lowered.out.trim());
+        text.replace_range(start..end + 1, &replacement);
+    }
+    Ok(slots)
+}
+
+/// A tile variable set from another by name (`var c1 = c0;`, `c1 = c0;`)
+/// copies its slot: the names are slot numbers now. Function by function,
+/// since a name that is a tile in one may be a number in another.
+fn copy_tiles_by_name(text: &mut String, slots: &mut Slots) {
+    let mut from = 0;
+    while let Some(found) = find_whole(&text[from..], "fn") {
+        let at = from + found;
+        let Some(body) = text[at..].find('{').map(|i| at + i) else { break };
+        let Ok(end) = matching(text, body, '{', '}') else { break };
+        let mut function = text[body..=end].to_string();
+        let mut tiles: Vec<String> = Vec::new();
+        loop {
+            // The tiles so far: `let NAME = Nu;` as the rewriting declares them.
+            for statement in function.split([';', '{', '}']) {
+                let statement = statement.trim();
+                if let Some((name, value)) = statement.strip_prefix("let ").and_then(|s| s.split_once(" = ")) {
+                    if value.ends_with('u') && value[..value.len() - 1].chars().all(|c| c.is_ascii_digit()) && !tiles.iter().any(|t| t == name) {
+                        tiles.push(name.to_string());
+                    }
+                }
+            }
+            let copy = function.split_inclusive(';').find_map(|piece| {
+                let statement = piece.rsplit(['{', '}', ';']).nth(1).unwrap_or(piece).trim();
+                let statement = statement.strip_suffix(';').unwrap_or(statement);
+                let (declared, name, value) = assignment(statement).ok()?;
+                let known = |n: &str| tiles.iter().any(|t| t == n);
+                (known(value) && (declared || known(name)) && name != value).then(|| (statement.to_string(), declared, name.to_string(), value.to_string()))
+            });
+            let Some((statement, declared, name, value)) = copy else { break };
+            let replacement = if declared {
+                let slot = slots.named;
+                slots.named += 1;
+                format!("let {name} = {slot}u; emulated_copy({value}, {name})")
+            } else {
+                format!("emulated_copy({value}, {name})")
+            };
+            function = function.replacen(&statement, &replacement, 1);
+        }
+        text.replace_range(body..=end, &function);
+        from = body + function.len();
+    }
+}
+
+/// `let NAME = EXPR` or `var NAME = EXPR` (declared) or `NAME = EXPR`.
+fn assignment(statement: &str) -> Result<(bool, &str, &str), String> {
+    let (declared, rest) = match statement.strip_prefix("let ").or_else(|| statement.strip_prefix("var ")) {
+        Some(rest) => (true, rest),
+        None => (false, statement),
+    };
+    let (name, expr) = rest.split_once('=').ok_or_else(|| format!("`{statement}`: a cooperative call outside an assignment, a store or a return"))?;
+    let name = name.trim();
+    if !is_identifier(name) {
+        return Err(format!("`{statement}`: a tile assigned to `{name}`, not a name"));
+    }
+    Ok((declared, name, expr.trim()))
+}
+
+/// Statements evaluating tile expressions into slots.
+struct Lowering<'a> {
+    out: String,
+    temps: u32,
+    pointers: &'a BTreeMap<String, String>,
+    helpers: &'a mut Helpers,
+}
+
+impl Lowering<'_> {
+    /// `expr`'s value into the slot `dest` (a variable's, or an intermediate one).
+    fn evaluate(&mut self, dest: &str, expr: &str) -> Result<(), String> {
+        let expr = expr.trim();
+        if is_identifier(expr) {
+            if expr != dest {
+                let _ = write!(self.out, " emulated_copy({expr}, {dest});");
+            }
+            return Ok(());
+        }
+        let open = expr.find('(').ok_or_else(|| format!("`{expr}`: not a tile expression"))?;
+        let close = matching(expr, open, '(', ')')?;
+        if close + 1 != expr.len() {
+            return Err(format!("`{expr}`: more than one call"));
+        }
+        let callee = &expr[..open];
+        let args = split_arguments(&expr[open + 1..close]);
+        let callee_name = callee.split('<').next().unwrap_or_default();
+        match (callee_name, args.as_slice()) {
+            ("coopMultiplyAdd", [a, b, c]) => {
+                // The sum starts from C in `dest`, then grows in place.
+                self.evaluate(dest, c)?;
+                let a = self.operand(a)?;
+                let b = self.operand(b)?;
+                let _ = write!(self.out, " emulated_multiply_add({a}, {b}, {dest});");
+            }
+            ("coopLoad" | "coopLoadT", [pointer, stride]) => {
+                let (array, at) = pointed(pointer, self.pointers)?;
+                let load = self.helpers.load(&array)?;
+                let _ = write!(self.out, " {load}({dest}, {at}, {stride}, {});", callee_name == "coopLoadT");
+            }
+            (_, []) if is_identifier(callee) => {
+                let _ = write!(self.out, " emulated_copy({expr}, {dest});");
+            }
+            _ => return Err(format!("`{expr}`: not a tile expression")),
+        }
+        Ok(())
+    }
+
+    /// A slot holding `expr`: the variable's where it is a name, else a new one.
+    fn operand(&mut self, expr: &str) -> Result<String, String> {
+        let expr = expr.trim();
+        if is_identifier(expr) {
+            return Ok(expr.to_string());
+        }
+        let temp = self.temp();
+        self.evaluate(&temp, expr)?;
+        Ok(temp)
+    }
+
+    /// A slot for an intermediate value of this statement.
+    fn temp(&mut self) -> String {
+        self.temps += 1;
+        format!("(EMULATED_TEMPS_AT + {}u)", self.temps - 1)
+    }
+}
+
+/// The `;` ending the statement that holds the call at `at`.
+fn statement_end(text: &str, at: usize) -> Result<usize, String> {
+    let mut depth = 0i32;
+    for (i, c) in text[at..].char_indices() {
+        match c {
+            '(' | '[' => depth += 1,
+            ')' | ']' => depth -= 1,
+            ';' if depth == 0 => return Ok(at + i),
+            _ => {}
+        }
+    }
+    Err("a cooperative call in an unfinished statement".into())
+}
+
+/// The first cooperative call in `text`.
+fn first_call(text: &str) -> Option<(usize, &'static str)> {
+    CALLS.iter().filter_map(|call| find_whole(text, call).map(|at| (at, *call))).min_by_key(|(at, _)| *at)
+}
+
+/// Where `word` first stands alone in `text`.
+fn find_whole(text: &str, word: &str) -> Option<usize> {
+    let mut from = 0;
+    while let Some(i) = text[from..].find(word) {
+        let at = from + i;
+        from = at + word.len();
+        let alone = !text[..at].ends_with(|c: char| c.is_alphanumeric() || c == '_') && !text[from..].starts_with(|c: char| c.is_alphanumeric() || c == '_');
+        if alone {
+            return Some(at);
+        }
+    }
+    None
+}
+
+/// The array and index a pointer argument names: `&ARRAY[INDEX]`, or a
+/// name bound by a pointer `let`.
+fn pointed(pointer: &str, pointers: &BTreeMap<String, String>) -> Result<(String, String), String> {
+    let pointer = pointer.trim();
+    if let Some(array) = pointers.get(pointer) {
+        return Ok((array.clone(), pointer.to_string()));
+    }
+    let inner = pointer.strip_prefix('&').ok_or_else(|| format!("a cooperative pointer `{pointer}` that is not `&array[index]`"))?;
+    let open = inner.find('[').ok_or_else(|| format!("a cooperative pointer `{pointer}` without an index"))?;
+    let close = matching(inner, open, '[', ']')?;
+    if close + 1 != inner.len() {
+        return Err(format!("a cooperative pointer `{pointer}` into more than an array element"));
+    }
+    Ok((inner[..open].trim().to_string(), inner[open + 1..close].to_string()))
+}
+
+/// The index of the bracket closing the one at `open`.
+fn matching(text: &str, open: usize, opening: char, closing: char) -> Result<usize, String> {
+    let mut depth = 0usize;
+    for (i, c) in text[open..].char_indices() {
+        if c == opening {
+            depth += 1;
+        } else if c == closing {
+            depth -= 1;
+            if depth == 0 {
+                return Ok(open + i);
+            }
+        }
+    }
+    Err(format!("an unclosed `{opening}`"))
+}
+
+/// A call's arguments, split at the commas outside any bracket.
+fn split_arguments(args: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut depth = 0i32;
+    let mut current = String::new();
+    for c in args.chars() {
+        match c {
+            '(' | '[' => depth += 1,
+            ')' | ']' => depth -= 1,
+            ',' if depth == 0 => {
+                out.push(current.trim().to_string());
+                current.clear();
+                continue;
+            }
+            _ => {}
+        }
+        current.push(c);
+    }
+    if !current.trim().is_empty() {
+        out.push(current.trim().to_string());
+    }
+    out
+}
+
+fn is_identifier(s: &str) -> bool {
+    !s.is_empty() && s.chars().all(|c| c.is_alphanumeric() || c == '_') && !s.starts_with(|c: char| c.is_ascii_digit())
+}
+
+/// Each entry point's subgroup builtins replaced by values from its local
+/// index (`subgroup_id` = index / EMULATED_SUBGROUP, and so on), and its
+/// subgroup's slots found from its workgroup's place in the grid.
+fn subgroups_from_local_index(text: &str) -> Result<String, String> {
+    const BUILTINS: [(&str, &str); 3] = [
+        ("subgroup_id", "{li} / EMULATED_SUBGROUP"),
+        ("subgroup_invocation_id", "{li} % EMULATED_SUBGROUP"),
+        ("subgroup_size", "EMULATED_SUBGROUP"),
+    ];
+    let mut out = text.to_string();
+    let mut from = 0;
+    while let Some(found) = out[from..].find("@compute") {
+        let at = from + found;
+        // Past `@workgroup_size(…)`: the parameters are the list after `fn NAME`.
+        let fn_at = out[at..].find("fn ").map(|i| at + i).ok_or("an entry point without `fn`")?;
+        let open = out[fn_at..].find('(').map(|i| fn_at + i).ok_or("an entry point without parameters")?;
+        let close = matching(&out, open, '(', ')')?;
+        let mut params = split_arguments(&out[open + 1..close]);
+        // The builtins the slots' addressing needs, added where missing.
+        let mut builtin = |name: &str| {
+            let found = params.iter().find_map(|p| p.strip_prefix(&format!("@builtin({name})")).map(|rest| rest.split(':').next().unwrap_or_default().trim().to_string()));
+            found.unwrap_or_else(|| {
+                let ty = if name == "local_invocation_index" { "u32" } else { "vec3<u32>" };
+                params.push(format!("@builtin({name}) emulated_{name}: {ty}"));
+                format!("emulated_{name}")
+            })
+        };
+        let li = builtin("local_invocation_index");
+        let wid = builtin("workgroup_id");
+        let nwg = builtin("num_workgroups");
+        let mut kept = Vec::new();
+        let mut lets = String::new();
+        for param in &params {
+            match BUILTINS.iter().find(|(name, _)| param.starts_with(&format!("@builtin({name})"))) {
+                Some((name, value)) => {
+                    let var = param[format!("@builtin({name})").len()..].split(':').next().unwrap_or_default().trim();
+                    let _ = write!(lets, "\n    let {var} = {};", value.replace("{li}", &li));
+                }
+                None => kept.push(param.clone()),
+            }
+        }
+        let _ = write!(
+            lets,
+            "\n    emulated_lane = {li} % EMULATED_SUBGROUP;\
+             \n    emulated_t = select(0u, T, emulated_lane == 0u && arrayLength(&emulated_tiles) > 0u);\
+             \n    let emulated_group = {wid}.x + {nwg}.x * ({wid}.y + {nwg}.y * {wid}.z);\
+             \n    emulated_base = (emulated_group * EMULATED_MAX_SUBGROUPS + {li} / EMULATED_SUBGROUP) * EMULATED_SLOTS * T * T;"
+        );
+        let body = out[close..].find('{').map(|i| close + i).ok_or("an entry point without a body")?;
+        let rewritten = format!("({}){}{{{lets}", kept.join(", "), &out[close + 1..body]);
+        out.replace_range(open..body + 1, &rewritten);
+        from = open + rewritten.len();
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Module;
+
+    /// Every matrix module, emulated, is WGSL that naga accepts without
+    /// cooperative matrices or subgroups: none of them is left.
+    #[test]
+    fn every_matrix_module_emulated_validates_without_cooperative_matrices() {
+        let mut emulated = 0;
+        for module in Module::ALL.into_iter().filter(|m| m.is_matrix()) {
+            let source = emulate(&module.source(), 32).unwrap_or_else(|e| panic!("{}: {e}", module.name())).source;
+            let parsed = naga::front::wgsl::parse_str(&source).unwrap_or_else(|e| panic!("{}: {}", module.name(), e.emit_to_string(&source)));
+            use naga::valid::Capabilities as C;
+            let caps = module.naga_capabilities() - C::COOPERATIVE_MATRIX - C::SUBGROUP;
+            naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps)
+                .validate(&parsed)
+                .unwrap_or_else(|e| panic!("{}: {}", module.name(), e.emit_to_string(&source)));
+            assert!(!source.contains("subgroup_id") && !source.contains("coop"), "{}: {source}", module.name());
+            emulated += 1;
+        }
+        assert!(emulated >= 20, "only {emulated} matrix modules");
+    }
+
+    #[test]
+    fn a_pointer_let_and_a_nested_load_are_rewritten_to_the_array() {
+        let source = "enable f16;\nenable wgpu_cooperative_matrix;\nconst T: u32 = 8u;\nalias MatA = coop_mat8x8<f16, A>;\nalias MatC = coop_mat8x8<f32, C>;\n\
+            var<workgroup> a: array<f16, 64>;\nvar<workgroup> c: array<f32, 64>;\n\
+            @compute @workgroup_size(16)\nfn main(@builtin(local_invocation_index) li: u32, @builtin(subgroup_id) sg: u32) {\n\
+            let z = &c[sg * 0u];\n    let m = coopMultiplyAdd(coopLoadT<MatA>(&a[0], T), coopLoad<MatA>(&a[0], T), coopLoadT<MatC>(z, T));\n    coopStoreT(m, &c[(li / 64u) * 8u], T);\n}\n";
+        let out = emulate(source, 8).unwrap().source;
+        assert!(out.contains("let sg = li / EMULATED_SUBGROUP;"), "{out}");
+        assert!(out.contains("let z = sg * 0u;"), "{out}");
+        assert!(out.contains("let m = 0u; emulated_load_c(m, z, T, true); emulated_load_a((EMULATED_TEMPS_AT + 0u), 0, T, true); emulated_load_a((EMULATED_TEMPS_AT + 1u), 0, T, false); emulated_multiply_add((EMULATED_TEMPS_AT + 0u), (EMULATED_TEMPS_AT + 1u), m);"), "{out}");
+        assert!(out.contains("emulated_store_c(m, (li / 64u) * 8u, T, true);"), "{out}");
+        assert!(out.contains("= f32(emulated_tiles[base + row * T + col]);"), "{out}");
+        assert!(out.contains("const EMULATED_SLOTS: u32 = 3u;"), "{out}");
+        let parsed = naga::front::wgsl::parse_str(&out).unwrap_or_else(|e| panic!("{}", e.emit_to_string(&out)));
+        naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::SHADER_FLOAT16).validate(&parsed).unwrap();
+    }
+}
