@@ -21,19 +21,20 @@
 //! The tiles live in memory, not in variables: Mesa's compiler turns each
 //! dynamically indexed element of a variable into a branch over the whole
 //! array, and copies of whole tiles into one access an element, which took
-//! minutes a kernel.
+//! minutes a kernel. The modules run right on Mesa 26's lavapipe; Mesa
+//! 22.3's gives wrong products with them.
 //!
 //! Built only with the `test-support` feature: the shipped binary has none
 //! of it.
 
 use std::collections::BTreeMap;
+use std::fmt::Write as _;
 
 /// The binding of the emulated tiles' storage buffer.
 pub const EMULATED_BINDING: u32 = 63;
 
 /// The most subgroups a matrix kernel's workgroup holds.
 pub const MAX_SUBGROUPS: u32 = 4;
-use std::fmt::Write as _;
 
 /// An adapter's matrix tier as the emulation presents it: `size`×`size` f16
 /// tiles into f32 in subgroups of `subgroup` (16 and 32: an NVIDIA card's).
@@ -244,48 +245,45 @@ impl Helpers {
 
     /// `emulated_load_ARRAY(tile, at, stride, row_major)`, written if new.
     fn load(&mut self, array: &str) -> Result<String, String> {
-        let name = format!("emulated_load_{array}");
         if !self.elements.contains_key(array) {
             return Err(format!("a cooperative load from `{array}`, which is not a module-scope array"));
         }
-        self.written.entry(name.clone()).or_insert_with(|| {
-            format!(
-                "
-fn {name}(m: u32, at: u32, stride: u32, row_major: bool) {{
-    let base = emulated_slot(m);
-    for (var row = 0u; row < emulated_t; row++) {{
-        for (var col = 0u; col < emulated_t; col++) {{
-            emulated_tiles[base + row * T + col] = f32({array}[at + select(col * stride + row, row * stride + col, row_major)]);
-        }}
-    }}
-}}
-"
-            )
-        });
-        Ok(name)
+        Ok(self.helper(&format!("emulated_load_{array}"), &format!("{SLOT} = f32({array}[{MEMORY}]);")))
     }
 
     /// `emulated_store_ARRAY(tile, at, stride, row_major)`, written if new.
     fn store(&mut self, array: &str) -> Result<String, String> {
-        let name = format!("emulated_store_{array}");
-        let element = self.elements.get(array).ok_or_else(|| format!("a cooperative store into `{array}`, which is not a module-scope array"))?.clone();
-        self.written.entry(name.clone()).or_insert_with(|| {
+        let element = self.elements.get(array).ok_or_else(|| format!("a cooperative store into `{array}`, which is not a module-scope array"))?;
+        let statement = format!("{array}[{MEMORY}] = {element}({SLOT});");
+        Ok(self.helper(&format!("emulated_store_{array}"), &statement))
+    }
+
+    /// `fn NAME(m, at, stride, row_major)` running `statement` for each
+    /// element of slot m's tile and its place in memory from `at`, written
+    /// once.
+    fn helper(&mut self, name: &str, statement: &str) -> String {
+        self.written.entry(name.to_string()).or_insert_with(|| {
             format!(
                 "
 fn {name}(m: u32, at: u32, stride: u32, row_major: bool) {{
     let base = emulated_slot(m);
     for (var row = 0u; row < emulated_t; row++) {{
         for (var col = 0u; col < emulated_t; col++) {{
-            {array}[at + select(col * stride + row, row * stride + col, row_major)] = {element}(emulated_tiles[base + row * T + col]);
+            {statement}
         }}
     }}
 }}
 "
             )
         });
-        Ok(name)
+        name.to_string()
     }
 }
+
+/// An element of a slot's tile, and its place in memory (row-major or
+/// column-major from `at`), in a helper's loop.
+const SLOT: &str = "emulated_tiles[base + row * T + col]";
+const MEMORY: &str = "at + select(col * stride + row, row * stride + col, row_major)";
 
 const CALLS: [&str; 5] = ["coopMultiplyAdd", "coopLoadT", "coopLoad", "coopStoreT", "coopStore"];
 
