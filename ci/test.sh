@@ -213,7 +213,7 @@ rerun FLUX_LITE_REQUIRE_MATRIX=1 --sid "$quantized_stages" matrix_tier
 rerun FLUX_LITE_REQUIRE_MATRIX=1 --sid "$selftest"
 # The matrix kernels on 16×16 tiles in subgroups of 32, as NVIDIA's cards
 # run them and no software driver offers them: their cooperative matrices
-# emulated in plain WGSL (kernels-wgsl/src/emulated_matrix.rs; Mesa 26, since
+# emulated in plain WGSL (kernels-wgsl/src/emulated_matrix/; Mesa 26, since
 # Mesa 22.3's lavapipe gives wrong products with it). The checks that hold
 # the fused half-precision path, attention and the convolutions to the
 # oracle; docs/testing.md says what else was run so and what it found.

@@ -220,12 +220,15 @@ impl Gpu {
             // known-answer probe on this device before the tier is taken.
             experimental = unsafe { wgpu::ExperimentalFeatures::enabled() };
         }
+        // The tests' emulated cooperative matrices, where the tier is the matrix one.
+        #[cfg(any(test, feature = "test-support"))]
+        let emulated = options.emulated_matrix.filter(|_| choice.tier == crate::Precision::Matrix);
         #[allow(unused_mut)] // raised only where the tests emulate cooperative matrices
         let mut device_limits = limits.clone();
         // The emulated tiles' buffer is bound whole: the device takes the
         // adapter's binding size, the kernels still split by the cap.
         #[cfg(any(test, feature = "test-support"))]
-        if options.emulated_matrix.is_some() && choice.tier == crate::Precision::Matrix {
+        if emulated.is_some() {
             device_limits.max_storage_buffer_binding_size = binding_limit(info.backend, adapter.limits().max_storage_buffer_binding_size);
         }
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
@@ -242,8 +245,8 @@ impl Gpu {
         #[allow(unused_mut)] // changed only where the tests emulate cooperative matrices
         let mut shaders = ShaderCache::new(&device, &info, options.pipeline_store.as_ref(), options.kernel_dir.clone());
         #[cfg(any(test, feature = "test-support"))]
-        if choice.tier == crate::Precision::Matrix {
-            shaders.emulated_subgroup = options.emulated_matrix.map(|e| e.subgroup);
+        {
+            shaders.emulated_subgroup = emulated.map(|e| e.subgroup);
         }
         let placeholder = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("placeholder"),

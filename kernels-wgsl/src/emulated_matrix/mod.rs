@@ -30,6 +30,9 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
+/// The type of a tile variable the rewriting declares: a slot number.
+const TILE_SLOT: &str = "EmulatedSlot";
+
 /// The binding of the emulated tiles' storage buffer.
 pub const EMULATED_BINDING: u32 = 63;
 
@@ -94,6 +97,7 @@ pub fn emulate(source: &str, subgroup: u32) -> Result<Emulated, String> {
     let _ = writeln!(out, "const EMULATED_SLOTS: u32 = {}u;", slots.total());
     let _ = writeln!(out, "const EMULATED_TEMPS_AT: u32 = {}u;", slots.named);
     let _ = writeln!(out, "const EMULATED_MAX_SUBGROUPS: u32 = {MAX_SUBGROUPS}u;");
+    let _ = writeln!(out, "alias {TILE_SLOT} = u32;");
     let _ = writeln!(out, "@group(0) @binding({EMULATED_BINDING}) var<storage, read_write> emulated_tiles: array<f32>;");
     out.push_str(TILE);
     for helper in helpers.written.values() {
@@ -226,7 +230,9 @@ fn take_pointer_lets(text: &mut String) -> Result<BTreeMap<String, String>, Stri
             return Err(format!("`let {name} = &{array}[…]` is not a whole statement"));
         }
         let index = text[index_start..close].to_string();
-        pointers.insert(name.to_string(), array.to_string());
+        if let Some(other) = pointers.insert(name.to_string(), array.to_string()).filter(|other| other != array) {
+            return Err(format!("`{name}` points into `{other}` in one place and `{array}` in another"));
+        }
         text.replace_range(start..close + 1, &format!("let {name} = {index}"));
     }
     Ok(pointers)
@@ -315,7 +321,7 @@ fn rewrite_calls(text: &mut String, pointers: &BTreeMap<String, String>, helpers
         } else {
             let (declared, name, expr) = assignment(&statement)?;
             if declared {
-                let _ = write!(lowered.out, "let {name} = {}u;", slots.named);
+                let _ = write!(lowered.out, "let {name}: {TILE_SLOT} = {}u;", slots.named);
                 slots.named += 1;
             }
             lowered.evaluate(name, expr)?;
@@ -339,11 +345,11 @@ fn copy_tiles_by_name(text: &mut String, slots: &mut Slots) {
         let mut function = text[body..=end].to_string();
         let mut tiles: Vec<String> = Vec::new();
         loop {
-            // The tiles so far: `let NAME = Nu;` as the rewriting declares them.
+            // The tiles so far: `let NAME: EmulatedSlot = …;`, as only the rewriting declares them.
             for statement in function.split([';', '{', '}']) {
-                let statement = statement.trim();
-                if let Some((name, value)) = statement.strip_prefix("let ").and_then(|s| s.split_once(" = ")) {
-                    if value.ends_with('u') && value[..value.len() - 1].chars().all(|c| c.is_ascii_digit()) && !tiles.iter().any(|t| t == name) {
+                let declared = statement.trim().strip_prefix("let ").and_then(|s| s.split_once(": "));
+                if let Some((name, _)) = declared.filter(|(_, rest)| rest.starts_with(TILE_SLOT)) {
+                    if !tiles.iter().any(|t| t == name) {
                         tiles.push(name.to_string());
                     }
                 }
@@ -359,7 +365,7 @@ fn copy_tiles_by_name(text: &mut String, slots: &mut Slots) {
             let replacement = if declared {
                 let slot = slots.named;
                 slots.named += 1;
-                format!("let {name} = {slot}u; emulated_copy({value}, {name})")
+                format!("let {name}: {TILE_SLOT} = {slot}u; emulated_copy({value}, {name})")
             } else {
                 format!("emulated_copy({value}, {name})")
             };
@@ -599,43 +605,4 @@ fn subgroups_from_local_index(text: &str) -> Result<String, String> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::Module;
-
-    /// Every matrix module, emulated, is WGSL that naga accepts without
-    /// cooperative matrices or subgroups: none of them is left.
-    #[test]
-    fn every_matrix_module_emulated_validates_without_cooperative_matrices() {
-        let mut emulated = 0;
-        for module in Module::ALL.into_iter().filter(|m| m.is_matrix()) {
-            let source = emulate(&module.source(), 32).unwrap_or_else(|e| panic!("{}: {e}", module.name())).source;
-            let parsed = naga::front::wgsl::parse_str(&source).unwrap_or_else(|e| panic!("{}: {}", module.name(), e.emit_to_string(&source)));
-            use naga::valid::Capabilities as C;
-            let caps = module.naga_capabilities() - C::COOPERATIVE_MATRIX - C::SUBGROUP;
-            naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps)
-                .validate(&parsed)
-                .unwrap_or_else(|e| panic!("{}: {}", module.name(), e.emit_to_string(&source)));
-            assert!(!source.contains("subgroup_id") && !source.contains("coop"), "{}: {source}", module.name());
-            emulated += 1;
-        }
-        assert!(emulated >= 20, "only {emulated} matrix modules");
-    }
-
-    #[test]
-    fn a_pointer_let_and_a_nested_load_are_rewritten_to_the_array() {
-        let source = "enable f16;\nenable wgpu_cooperative_matrix;\nconst T: u32 = 8u;\nalias MatA = coop_mat8x8<f16, A>;\nalias MatC = coop_mat8x8<f32, C>;\n\
-            var<workgroup> a: array<f16, 64>;\nvar<workgroup> c: array<f32, 64>;\n\
-            @compute @workgroup_size(16)\nfn main(@builtin(local_invocation_index) li: u32, @builtin(subgroup_id) sg: u32) {\n\
-            let z = &c[sg * 0u];\n    let m = coopMultiplyAdd(coopLoadT<MatA>(&a[0], T), coopLoad<MatA>(&a[0], T), coopLoadT<MatC>(z, T));\n    coopStoreT(m, &c[(li / 64u) * 8u], T);\n}\n";
-        let out = emulate(source, 8).unwrap().source;
-        assert!(out.contains("let sg = li / EMULATED_SUBGROUP;"), "{out}");
-        assert!(out.contains("let z = sg * 0u;"), "{out}");
-        assert!(out.contains("let m = 0u; emulated_load_c(m, z, T, true); emulated_load_a((EMULATED_TEMPS_AT + 0u), 0, T, true); emulated_load_a((EMULATED_TEMPS_AT + 1u), 0, T, false); emulated_multiply_add((EMULATED_TEMPS_AT + 0u), (EMULATED_TEMPS_AT + 1u), m);"), "{out}");
-        assert!(out.contains("emulated_store_c(m, (li / 64u) * 8u, T, true);"), "{out}");
-        assert!(out.contains("= f32(emulated_tiles[base + row * T + col]);"), "{out}");
-        assert!(out.contains("const EMULATED_SLOTS: u32 = 3u;"), "{out}");
-        let parsed = naga::front::wgsl::parse_str(&out).unwrap_or_else(|e| panic!("{}", e.emit_to_string(&out)));
-        naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::SHADER_FLOAT16).validate(&parsed).unwrap();
-    }
-}
+mod tests;
