@@ -211,12 +211,15 @@ rerun FLUX_LITE_REQUIRE_MATRIX=1 --sid "$stages"
 rerun FLUX_LITE_REQUIRE_MATRIX=1 --sid "$quantized" half_tiers
 rerun FLUX_LITE_REQUIRE_MATRIX=1 --sid "$quantized_stages" matrix_tier
 rerun FLUX_LITE_REQUIRE_MATRIX=1 --sid "$selftest"
-# The matrix kernels on 16×16 tiles in subgroups of 32, as NVIDIA's cards
-# run them and no software driver offers them: their cooperative matrices
-# emulated in plain WGSL (kernels-wgsl/src/emulated_matrix/; Mesa 26, since
-# Mesa 22.3's lavapipe gives wrong products with it). The checks that hold
-# the fused half-precision path, attention and the convolutions to the
-# oracle; docs/testing.md says what else was run so and what it found.
+# The matrix kernels on 16×16 tiles in subgroups of 32, planned for 48 KiB
+# of workgroup memory, as NVIDIA's cards run them and no software driver
+# offers them: their cooperative matrices emulated in plain WGSL
+# (kernels-wgsl/src/emulated_matrix/; Mesa 26, since Mesa 22.3's lavapipe
+# gives wrong products with it). The checks that hold the fused
+# half-precision path, attention and the convolutions to the oracle, and
+# the GEMM's stagings, the wide head's splits and the convolution's pieces
+# to each other's bits; docs/testing.md says what else was run so and what
+# it found.
 emulated_tests=(
     selftest::half_path::tests::the_half_paths_checks_pass_on_matrix_units_at_the_adapters_block
     selftest::channels_last::tests::the_channels_last_checks_pass_on_matrix_units_at_the_adapters_block
@@ -226,6 +229,9 @@ emulated_tests=(
     kernels::attention::tests::attention_on_matrix_units_matches_the_oracle
     kernels::attention::tests::the_matrix_tiers_fallback_attention_matches_the_oracle
     kernels::conv_nhwc::tests::the_channels_last_conv_on_matrix_units_matches_the_oracle
+    kernels::conv_nhwc::tests::the_channels_last_conv_in_pieces_of_pixels_matches_the_oracle
+    kernels::linear::tests::every_staging_of_the_matrix_linear_gives_the_same_bits
+    kernels::attention::tests::the_wide_matrix_attention_gives_the_same_bits_whole_and_split_over_its_dims
     device::proof::tests::the_flash_attention_is_taken_where_its_check_passes_and_left_with_a_notice_where_it_fails
 )
 rerun FLUX_LITE_REQUIRE_MATRIX=1 FLUX_LITE_EMULATE_MATRIX=16 --sid "$kernels" --exact "${emulated_tests[@]}"

@@ -198,6 +198,13 @@ impl Gpu {
         if let Some(cap) = options.max_storage_binding {
             limits.max_storage_buffer_binding_size = limits.max_storage_buffer_binding_size.min(cap);
         }
+        // The emulated adapter's workgroup memory, where the tests emulate
+        // the matrix tier: the kernels are planned for it (a test's cap
+        // still lowers it), the device keeps the adapter's own.
+        #[cfg(any(test, feature = "test-support"))]
+        if let Some(memory) = options.emulated_matrix.and_then(|e| e.workgroup_memory).filter(|_| options.precision == crate::Precision::Matrix) {
+            limits.max_compute_workgroup_storage_size = memory;
+        }
         if let Some(cap) = options.max_workgroup_memory {
             limits.max_compute_workgroup_storage_size = limits.max_compute_workgroup_storage_size.min(cap);
         }
@@ -223,13 +230,16 @@ impl Gpu {
         // The tests' emulated cooperative matrices, where the tier is the matrix one.
         #[cfg(any(test, feature = "test-support"))]
         let emulated = options.emulated_matrix.filter(|_| choice.tier == crate::Precision::Matrix);
-        #[allow(unused_mut)] // raised only where the tests emulate cooperative matrices
+        #[allow(unused_mut)] // changed only where the tests emulate cooperative matrices
         let mut device_limits = limits.clone();
         // The emulated tiles' buffer is bound whole: the device takes the
-        // adapter's binding size, the kernels still split by the cap.
+        // adapter's binding size, the kernels still split by the cap; and
+        // it asks for no more workgroup memory than the adapter lists.
         #[cfg(any(test, feature = "test-support"))]
         if emulated.is_some() {
             device_limits.max_storage_buffer_binding_size = binding_limit(info.backend, adapter.limits().max_storage_buffer_binding_size);
+            let adapters = adapter.limits().max_compute_workgroup_storage_size;
+            device_limits.max_compute_workgroup_storage_size = device_limits.max_compute_workgroup_storage_size.min(adapters);
         }
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("flux-lite"),

@@ -40,23 +40,31 @@ pub const EMULATED_BINDING: u32 = 63;
 pub const MAX_SUBGROUPS: u32 = 4;
 
 /// An adapter's matrix tier as the emulation presents it: `size`×`size` f16
-/// tiles into f32 in subgroups of `subgroup` (16 and 32: an NVIDIA card's).
+/// tiles into f32 in subgroups of `subgroup`, and where set, the workgroup
+/// memory the kernels are planned for in place of the adapter's (16, 32 and
+/// 49,152 bytes: an NVIDIA card's).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EmulatedMatrix {
     pub size: u32,
     pub subgroup: u32,
+    pub workgroup_memory: Option<u32>,
 }
 
 impl EmulatedMatrix {
-    /// An NVIDIA card's: 16×16 f16 tiles into f32, subgroups of 32.
-    pub const NVIDIA: EmulatedMatrix = EmulatedMatrix { size: 16, subgroup: 32 };
+    /// An NVIDIA card's: 16×16 f16 tiles into f32, subgroups of 32, and the
+    /// 48 KiB of workgroup memory its Vulkan driver lists (the H200's, in
+    /// docs/performance.md), which decides the GEMM's staging and how the
+    /// VAE's 512-wide head splits its output dims. lavapipe lists 32 KiB but
+    /// allocates what each module declares, so its workgroups take the
+    /// blocks planned for 48 KiB.
+    pub const NVIDIA: EmulatedMatrix = EmulatedMatrix { size: 16, subgroup: 32, workgroup_memory: Some(48 << 10) };
 
     /// The setting `FLUX_LITE_EMULATE_MATRIX=16` (16×16 tiles, subgroups of
     /// 32) or `8` (8×8, subgroups of 8), or why it names neither.
     pub fn from_setting(value: &str) -> Result<Self, String> {
         match value {
             "16" => Ok(Self::NVIDIA),
-            "8" => Ok(EmulatedMatrix { size: 8, subgroup: 8 }),
+            "8" => Ok(EmulatedMatrix { size: 8, subgroup: 8, workgroup_memory: None }),
             _ => Err(format!("FLUX_LITE_EMULATE_MATRIX={value:?}: give 16 (16×16 tiles, subgroups of 32) or 8")),
         }
     }

@@ -362,17 +362,18 @@ fn downsampler(channels: usize, h: usize, w: usize) -> ConvShape {
 #[test]
 fn the_channels_last_conv_in_pieces_of_pixels_matches_the_oracle() {
     // The tier checked first: where it is missing the test says so.
-    if matrix_gpu().is_none() {
-        return;
-    }
-    // Bindings of 16 KiB: the output in pieces of a few blocks of pixels, each with its window of input rows.
-    let small = Gpu::new(&GpuOptions { max_storage_binding: Some(16 << 10), precision: crate::Precision::Matrix, ..options() }).unwrap_or_else(|e| panic!("{e}"));
-    let s = ConvShape::same(16, 24, 40, 23, 3);
-    // 920 output pixels of 96 bytes: at least six pieces, and W's scales measured once.
-    let (x, y) = (small.storage("x", 4 * 920 * 9), small.storage("y", 4 * 920 * 24));
+    let Some(tiles) = matrix_gpu().map(|gpu| gpu.matrix().unwrap().size as usize / 8) else { return };
+    // Bindings of 16 KiB with 8×8 tiles, 32 KiB with 16×16 (a block's input
+    // window is then 19,136 bytes): the output in pieces of a few blocks of
+    // pixels, each with its window of input rows.
+    let small = Gpu::new(&GpuOptions { max_storage_binding: Some((16 << 10) * tiles as u64), precision: crate::Precision::Matrix, ..options() }).unwrap_or_else(|e| panic!("{e}"));
+    let s = ConvShape::same(16, 24, 40 * tiles, 23, 3);
+    let pixels = 920 * tiles;
+    // 920 output pixels of 96 bytes (1,840 with 16×16 tiles): at least six pieces, and W's scales measured once.
+    let (x, y) = (small.storage("x", 4 * pixels as u64 * 9), small.storage("y", 4 * pixels as u64 * 24));
     let (w, b) = (small.storage("w", 2 * 24 * 144 + 4), small.storage("b", 64));
     let mut recorded = Vec::new();
-    let xh = HalfMat::rows(Mat::new(&x, 8), Mat { buf: &x, offset: 920 * 8, stride: 1 });
+    let xh = HalfMat::rows(Mat::new(&x, 8), Mat { buf: &x, offset: pixels as u64 * 8, stride: 1 });
     let weights = NhwcWeights { w: Weight::bf16(&w), bias: Weight::bf16(&b), order: TapOrder::ChannelsLast };
     let out = NhwcOutput::F32 { y: Mat::new(&y, 24), residual: false };
     conv2d_matrix_nhwc(&small, &mut recorded, xh.into(), weights, out, s, NhwcInput::Plain).unwrap_or_else(|e| panic!("{e}"));
