@@ -234,7 +234,7 @@ emulated_tests=(
     kernels::attention::tests::the_wide_matrix_attention_gives_the_same_bits_whole_and_split_over_its_dims
     device::proof::tests::the_flash_attention_is_taken_where_its_check_passes_and_left_with_a_notice_where_it_fails
 )
-rerun FLUX_LITE_REQUIRE_MATRIX=1 FLUX_LITE_EMULATE_MATRIX=16 --sid "$kernels" --exact "${emulated_tests[@]}"
+rerun FLUX_LITE_REQUIRE_MATRIX=1 FLUX_LITE_EMULATE_MATRIX=nvidia --sid "$kernels" --exact "${emulated_tests[@]}"
 
 # The tests' switches and fault injections exist only where the tests
 # enable the `test-support` feature: the binary the tests ran has them, a

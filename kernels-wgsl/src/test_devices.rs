@@ -44,6 +44,24 @@ pub fn tier_gpu_with(options: GpuOptions) -> Option<Gpu> {
     }
 }
 
+/// `gpu` (a matrix-tier device) where its tiles are f16, else `None` after
+/// a `skipped:` line: what only f16 tiles run (the half-precision data
+/// path, the channels-last VAE, weights packed into f16) an adapter with
+/// f32 tiles (Apple's, emulated on lavapipe) never takes.
+pub fn with_f16_tiles(gpu: Gpu) -> Option<Gpu> {
+    let config = gpu.matrix().expect("a matrix-tier device");
+    if config.operands == crate::MatrixOperands::F32 {
+        crate::skip::skipped(format_args!("the matrix tier here runs f32 tiles ({}), and this checks what only f16 tiles run", config.describe()));
+        return None;
+    }
+    Some(gpu)
+}
+
+/// Whether `gpu` runs the matrix tier on f16 tiles.
+pub fn has_f16_tiles(gpu: &Gpu) -> bool {
+    gpu.matrix().is_some_and(|c| c.operands == crate::MatrixOperands::F16)
+}
+
 /// A test cannot run a tier here: it says why on a `skipped:` line, unless
 /// `FLUX_LITE_REQUIRE_MATRIX` is set, where every tier must be present and
 /// this fails the test.

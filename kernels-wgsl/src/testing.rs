@@ -2,7 +2,7 @@
 //! random inputs, and the comparison every kernel test uses.
 
 use crate::{Gpu, GpuError, GpuOptions};
-pub use crate::test_devices::{gpu, options, small_binding_gpu, tier_gpu, tier_gpu_with};
+pub use crate::test_devices::{gpu, options, small_binding_gpu, tier_gpu, tier_gpu_with, with_f16_tiles};
 
 /// `check` on `gpu`, and where that device runs the kernels shaped for CPU
 /// adapters, again on a device made with `options` (those `gpu` was made
@@ -53,6 +53,15 @@ pub fn with_switch<T>(switch: &'static std::thread::LocalKey<std::cell::Cell<boo
 /// cooperative matrices and f16) a missing tier fails instead.
 pub fn matrix_gpu() -> Option<Gpu> {
     tier_gpu(crate::Precision::Matrix)
+}
+
+/// A device on the matrix tier with f16 tiles, for what only they run (the
+/// half-precision data path, the channels-last convolutions, weights
+/// packed into f16), or `None` after printing why: as [`matrix_gpu`], and
+/// on an adapter whose tiles are f32 (Apple's, emulated on lavapipe), a
+/// `skipped:` line, since that tier takes none of it.
+pub fn f16_matrix_gpu() -> Option<Gpu> {
+    matrix_gpu().and_then(with_f16_tiles)
 }
 
 /// A device on the f16 tier, or `None` after printing why (as [`matrix_gpu`]).

@@ -262,7 +262,7 @@ pub fn assert_same_bits(what: &str, got: &[f32], want: &[f32]) {
 
 /// The devices the tests run on (one per test binary, a tier's, the
 /// missing-tier rule): the kernels' test support, shared by every crate.
-pub use flux_lite_kernels::test_devices::{gpu, tier_gpu};
+pub use flux_lite_kernels::test_devices::{gpu, has_f16_tiles, tier_gpu, with_f16_tiles};
 
 /// A golden case with its model's transformer on the test device, laid out
 /// for the case's image size.

@@ -12,7 +12,7 @@ use flux_lite_platform::components::vae_encoder::VaeEncoder;
 use flux_lite_platform::model::{Component, ModelFolder};
 use flux_lite_platform::{Gpu, Precision};
 use flux_lite_tests::tolerance::other_tiers;
-use flux_lite_tests::{model_dir, rel_l2, tier_gpu, Goldens, TransformerCase, CASES};
+use flux_lite_tests::{has_f16_tiles, model_dir, rel_l2, tier_gpu, with_f16_tiles, Goldens, TransformerCase, CASES};
 
 /// Each half tier this adapter runs.
 fn half_tiers() -> Vec<Gpu> {
@@ -49,7 +49,7 @@ fn text_encoder_on_the_half_tiers() {
 /// projections, the norm + RoPE and attention.
 #[test]
 fn the_text_encoder_runs_the_half_precision_data_path_on_the_matrix_tier() {
-    let Some(gpu) = tier_gpu(Precision::Matrix) else { return };
+    let Some(gpu) = tier_gpu(Precision::Matrix).and_then(with_f16_tiles) else { return };
     let (enc, g) = flux_lite_tests::wide_heads_text_encoder(&gpu);
     let ops: Vec<&Op> = enc.blocks().iter().flatten().collect();
     let half_norms = ops.iter().filter(|op| matches!(op, Op::RmsNorm { dst, .. } if dst.is_half())).count();
@@ -107,7 +107,7 @@ fn vae_decode_on_the_half_tiers() {
             // The matrix tier keeps each product weight's row scales beside it, as planned.
             let scales = if gpu.measures_weight_rows() { vae::decoder_row_scale_bytes(&m.vae) } else { 0 };
             assert_eq!(vae.weight_bytes(), vae::decoder_weight_bytes(&m.vae, &store).unwrap() + scales, "{tier} {case}: the decoder's weight bytes");
-            assert_eq!(scales > 0, tier == "matrix", "{tier}: row scales kept on the matrix tier only");
+            assert_eq!(scales > 0, has_f16_tiles(&gpu), "{tier}: row scales kept on the matrix tier's f16 tiles only");
             let latents = g.f32(&format!("latents.{}", size("steps") - 1)).0;
             let out = vae.decode(&gpu, &latents, true, &mut |_| {}).unwrap();
             check(&format!("{tier} {case} decoded"), out.decoded(), &g.f32("decoded").0, other_tiers::VAE_DECODED);
@@ -165,7 +165,7 @@ fn vae_encode_on_the_half_tiers() {
             let image = g.f32("image").0;
             for tile in [None, Some(8)] {
                 let encoder = VaeEncoder::new(&gpu, &m.vae, &store, size("width"), size("height"), tile).unwrap_or_else(|e| panic!("{tier}: {e}"));
-                assert_eq!(encoder.is_channels_last(), tier == "matrix", "{tier}: the channels-last encoder on the matrix tier only");
+                assert_eq!(encoder.is_channels_last(), has_f16_tiles(&gpu), "{tier}: the channels-last encoder on the matrix tier's f16 tiles only");
                 let what = format!("{tier} {model} ({})", tile.map_or("whole".into(), |t| format!("{t}-px tiles")));
                 check(&format!("{what} posterior mean"), &encoder.posterior_mean(&gpu, &image).unwrap(), &g.f32("posterior_mean").0, other_tiers::VAE_ENCODER_MEAN);
                 check(&format!("{what} reference tokens"), &encoder.reference_tokens(&gpu, &image).unwrap(), &g.f32("image_latents").0, other_tiers::VAE_ENCODER_MEAN);
@@ -243,7 +243,7 @@ fn the_half_tiers_stay_finite_where_f32_does_on_inputs_outside_f16() {
 fn the_matrix_tier_measures_weights_where_they_reach_the_device_under_every_strategy() {
     use flux_lite_core::plan::WeightStrategy;
     use flux_lite_platform::components::transformer::{LatentGrids, Transformer};
-    let Some(gpu) = tier_gpu(Precision::Matrix) else { return };
+    let Some(gpu) = tier_gpu(Precision::Matrix).and_then(with_f16_tiles) else { return };
     assert!(gpu.measures_weight_rows(), "the matrix tier here rounds operands to f16 and should keep weights' row scales");
     let (text, lat_h, lat_w) = (8, 2, 3);
     let run = |model: &ModelFolder, placement: WeightStrategy| {

@@ -74,9 +74,10 @@ pub struct GpuOptions {
     #[cfg(any(test, feature = "test-support"))]
     pub faults: FaultInjection,
     /// The matrix tier on cooperative matrices emulated in plain WGSL
-    /// (`FLUX_LITE_EMULATE_MATRIX=16`: an NVIDIA card's 16×16 tiles in
-    /// subgroups of 32), so the tests run those kernels on lavapipe: only in
-    /// builds with the `test-support` feature.
+    /// (`FLUX_LITE_EMULATE_MATRIX=nvidia`: an NVIDIA card's 16×16 f16 tiles
+    /// in subgroups of 32; `apple`: an Apple GPU's 8×8 f32 tiles in
+    /// simdgroups of 32), so the tests run those kernels on lavapipe: only
+    /// in builds with the `test-support` feature.
     #[cfg(any(test, feature = "test-support"))]
     pub emulated_matrix: Option<crate::emulated_matrix::EmulatedMatrix>,
     /// Ask for a device whose largest storage binding is at most this many

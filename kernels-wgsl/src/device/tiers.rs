@@ -80,14 +80,18 @@ pub(super) fn choose_tier(
 
 /// The matrix tier with its cooperative matrices emulated
 /// ([`crate::emulated_matrix`]): the configuration an adapter listing
-/// `emulated`'s tiles and subgroups would get, on f16 alone.
+/// `emulated`'s tiles and subgroups would get, with f16 in shaders where
+/// its operands are f16.
 #[cfg(any(test, feature = "test-support"))]
 fn emulated_tier(emulated: crate::emulated_matrix::EmulatedMatrix, f16: bool, limits: &wgpu::Limits, staging: Option<crate::GemmStaging>) -> Result<TierChoice, String> {
-    if !f16 {
-        return Err("the adapter lacks f16 in shaders, which the emulated cooperative matrices need".into());
-    }
     let subgroup = (emulated.subgroup, emulated.subgroup);
-    let config = pick_matrix_config(&[emulated.offered()], subgroup, limits.max_compute_workgroup_storage_size, staging)?;
+    let config = pick_matrix_config(&emulated.offered(), subgroup, limits.max_compute_workgroup_storage_size, staging)?;
+    if config.operands == MatrixOperands::F32 {
+        return Ok(TierChoice { tier: Precision::Matrix, matrix: Some(config), features: wgpu::Features::empty(), reason: None });
+    }
+    if !f16 {
+        return Err("the adapter lacks f16 in shaders, which the emulated cooperative matrices' f16 operands need".into());
+    }
     Ok(TierChoice { tier: Precision::Matrix, matrix: Some(config), features: wgpu::Features::SHADER_F16, reason: None })
 }
 

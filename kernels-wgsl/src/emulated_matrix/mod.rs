@@ -1,15 +1,17 @@
 //! The matrix tier's kernels with their cooperative matrices emulated in
-//! plain WGSL, for the tests: so that the 16×16 tiles in subgroups of 32
-//! that NVIDIA's cards run (and which no software driver offers) run on
+//! plain WGSL, for the tests: so that the 16×16 f16 tiles in subgroups of
+//! 32 that NVIDIA's cards run, and the 8×8 f32 tiles in simdgroups of 32
+//! that Apple's GPUs run (neither offered by a software driver), run on
 //! lavapipe, through the kernels' own code, and are checked against the f64
-//! oracle and the goldens like the 8×8 tiles Mesa 26 runs natively.
+//! oracle and the goldens like the 8×8 f16 tiles Mesa 26 runs natively.
 //!
 //! Each matrix value becomes a slot of T×T f32 values in a storage
 //! buffer the tests bind at [`EMULATED_BINDING`], one set of slots for each
 //! subgroup of each workgroup, and each tile variable a slot number. Loads,
 //! multiply-adds and stores run on the subgroup's first invocation alone,
 //! summing each output over its T products in f32 (f16 operands multiply
-//! exactly in f32). That is sound because a cooperative matrix is only
+//! exactly in f32; f32 ones as any f32 multiply-add does). That is sound
+//! because a cooperative matrix is only
 //! seen through memory: the kernels read what a store wrote, and write
 //! what a load reads, on the far side of a workgroup barrier, as the
 //! hardware needs too. A subgroup is `subgroup` consecutive invocations of
@@ -39,46 +41,62 @@ pub const EMULATED_BINDING: u32 = 63;
 /// The most subgroups a matrix kernel's workgroup holds.
 pub const MAX_SUBGROUPS: u32 = 4;
 
-/// An adapter's matrix tier as the emulation presents it: `size`×`size` f16
-/// tiles into f32 in subgroups of `subgroup`, and where set, the workgroup
-/// memory the kernels are planned for in place of the adapter's (16, 32 and
-/// 49,152 bytes: an NVIDIA card's).
+/// An adapter's matrix tier as the emulation presents it: the tiles it
+/// lists, its subgroups of `subgroup`, and where set, the workgroup memory
+/// the kernels are planned for in place of the adapter's. lavapipe lists 32
+/// KiB but allocates what each module declares, so its workgroups take the
+/// blocks planned for more.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EmulatedMatrix {
+    /// Square tiles of this size, the tier's pick of `lists`.
     pub size: u32,
     pub subgroup: u32,
     pub workgroup_memory: Option<u32>,
+    /// What the adapter lists, as (size, A and B's type, C's type).
+    lists: &'static [(u32, wgpu::CooperativeScalarType, wgpu::CooperativeScalarType)],
 }
+
+use wgpu::CooperativeScalarType::{F16, F32};
 
 impl EmulatedMatrix {
     /// An NVIDIA card's: 16×16 f16 tiles into f32, subgroups of 32, and the
     /// 48 KiB of workgroup memory its Vulkan driver lists (the H200's, in
     /// docs/performance.md), which decides the GEMM's staging and how the
-    /// VAE's 512-wide head splits its output dims. lavapipe lists 32 KiB but
-    /// allocates what each module declares, so its workgroups take the
-    /// blocks planned for 48 KiB.
-    pub const NVIDIA: EmulatedMatrix = EmulatedMatrix { size: 16, subgroup: 32, workgroup_memory: Some(48 << 10) };
+    /// VAE's 512-wide head splits its output dims.
+    pub const NVIDIA: EmulatedMatrix = EmulatedMatrix { size: 16, subgroup: 32, workgroup_memory: Some(48 << 10), lists: &[(16, F16, F32)] };
 
-    /// The setting `FLUX_LITE_EMULATE_MATRIX=16` (16×16 tiles, subgroups of
-    /// 32) or `8` (8×8, subgroups of 8), or why it names neither.
+    /// An Apple GPU's, as wgpu's Metal backend lists its simdgroup matrices
+    /// (8×8 f32·f32→f32, f16·f16→f16 and f16·f16→f32), of which the tier
+    /// takes the f32 operands; simdgroups of 32; 32 KiB of threadgroup
+    /// memory.
+    pub const APPLE: EmulatedMatrix = EmulatedMatrix { size: 8, subgroup: 32, workgroup_memory: Some(32 << 10), lists: &[(8, F32, F32), (8, F16, F16), (8, F16, F32)] };
+
+    /// Mesa 26's lavapipe's own: 8×8 f16 tiles into f32 in subgroups of 8,
+    /// to hold the emulation to the driver's cooperative matrices.
+    pub const LAVAPIPE: EmulatedMatrix = EmulatedMatrix { size: 8, subgroup: 8, workgroup_memory: None, lists: &[(8, F16, F32)] };
+
+    /// The setting `FLUX_LITE_EMULATE_MATRIX=nvidia`, `apple` or
+    /// `lavapipe`, or why it names none of them.
     pub fn from_setting(value: &str) -> Result<Self, String> {
         match value {
-            "16" => Ok(Self::NVIDIA),
-            "8" => Ok(EmulatedMatrix { size: 8, subgroup: 8, workgroup_memory: None }),
-            _ => Err(format!("FLUX_LITE_EMULATE_MATRIX={value:?}: give 16 (16×16 tiles, subgroups of 32) or 8")),
+            "nvidia" => Ok(Self::NVIDIA),
+            "apple" => Ok(Self::APPLE),
+            "lavapipe" => Ok(Self::LAVAPIPE),
+            _ => Err(format!("FLUX_LITE_EMULATE_MATRIX={value:?}: give nvidia (16×16 f16 tiles, subgroups of 32), apple (8×8 f32 tiles, subgroups of 32) or lavapipe (8×8 f16 tiles, subgroups of 8)")),
         }
     }
 
-    /// What the adapter would list for this: one square f16 × f16 → f32 shape.
-    pub fn offered(self) -> wgpu::CooperativeMatrixProperties {
-        wgpu::CooperativeMatrixProperties {
-            m_size: self.size,
-            n_size: self.size,
-            k_size: self.size,
-            ab_type: wgpu::CooperativeScalarType::F16,
-            cr_type: wgpu::CooperativeScalarType::F32,
+    /// What the adapter would list for this.
+    pub fn offered(self) -> Vec<wgpu::CooperativeMatrixProperties> {
+        let shape = |&(size, ab_type, cr_type): &(u32, wgpu::CooperativeScalarType, wgpu::CooperativeScalarType)| wgpu::CooperativeMatrixProperties {
+            m_size: size,
+            n_size: size,
+            k_size: size,
+            ab_type,
+            cr_type,
             saturating_accumulation: false,
-        }
+        };
+        self.lists.iter().map(shape).collect()
     }
 }
 

@@ -188,7 +188,7 @@ fn check_vector_stores(gpu: &Gpu, s: ConvShape, seed: u64) {
 
 #[test]
 fn the_channels_last_convs_vector_stores_give_its_element_stores_bits() {
-    let Some(gpu) = matrix_gpu() else { return };
+    let Some(gpu) = f16_matrix_gpu() else { return };
     // Channels past one block and a last quad partly past them (70), and whole blocks (64).
     check_vector_stores(&gpu, ConvShape::same(12, 70, 9, 7, 3), 90);
     check_vector_stores(&gpu, ConvShape::same(16, 64, 6, 5, 1), 91);
@@ -196,7 +196,7 @@ fn the_channels_last_convs_vector_stores_give_its_element_stores_bits() {
 
 #[test]
 fn the_channels_last_conv_writes_f16_pieces_as_the_range_rule_packs_its_f32_output() {
-    let Some(gpu) = matrix_gpu() else { return };
+    let Some(gpu) = f16_matrix_gpu() else { return };
     // Pieces of 32 and 16 (whole blocks, several a block), over more than one block of channels and pixels.
     check_half_output(&gpu, ConvShape::same(32, 96, 11, 9, 3), NhwcInput::Plain, [Some(16), Some(32)], true, 80);
     check_half_output(&gpu, ConvShape::same(16, 64, 13, 7, 3), NhwcInput::Plain, [None, Some(16)], false, 81);
@@ -214,7 +214,7 @@ fn the_channels_last_conv_writes_f16_pieces_as_the_range_rule_packs_its_f32_outp
 
 #[test]
 fn the_channels_last_conv_reads_its_input_in_pieces() {
-    let Some(gpu) = matrix_gpu() else { return };
+    let Some(gpu) = f16_matrix_gpu() else { return };
     // Pieces of 16 and 32; a pixel a hundred times larger than the rest, so that A's row scale comes of one piece.
     check_nhwc_conv_from(&gpu, ConvShape::same(64, 40, 9, 11, 3), NhwcInput::Plain, true, 85, TapOrder::Torch, Some(16));
     check_nhwc_conv_from(&gpu, ConvShape::same(96, 24, 7, 5, 1), NhwcInput::Plain, false, 86, TapOrder::Torch, Some(32));
@@ -272,7 +272,7 @@ fn check_normalised_input(gpu: &Gpu, s: ConvShape, input: NhwcInput, groups: usi
 
 #[test]
 fn the_channels_last_conv_normalises_its_input_as_the_group_norm_pass_would() {
-    let Some(gpu) = matrix_gpu() else { return };
+    let Some(gpu) = f16_matrix_gpu() else { return };
     check_normalised_input(&gpu, ConvShape::same(64, 32, 9, 11, 3), NhwcInput::Plain, 8, true, 90);
     check_normalised_input(&gpu, ConvShape::same(32, 48, 7, 6, 3), NhwcInput::Plain, 4, false, 91);
     let upsampled = ConvShape { out_height: 10, out_width: 12, ..ConvShape::same(32, 16, 5, 6, 3) };
@@ -286,7 +286,7 @@ fn the_channels_last_conv_normalises_its_input_as_the_group_norm_pass_would() {
 fn a_packed_w_gives_the_bits_of_the_bf16_one() {
     use crate::kernels::half_pack::pack_weight_half;
     use crate::kernels::linear::measure_weight_rows;
-    let Some(gpu) = matrix_gpu() else { return };
+    let Some(gpu) = f16_matrix_gpu() else { return };
     for (order, s) in [(TapOrder::ChannelsLast, ConvShape::same(32, 40, 9, 7, 3)), (TapOrder::Torch, ConvShape::same(16, 24, 6, 5, 3)), (TapOrder::Torch, ConvShape::same(64, 32, 5, 6, 1))] {
         let (pixels, cout, taps) = (s.height * s.width, s.out_channels, s.in_channels * s.kernel * s.kernel);
         let mut rng = Rng::new(95);
@@ -324,7 +324,7 @@ fn a_packed_w_gives_the_bits_of_the_bf16_one() {
 #[test]
 fn the_channels_last_conv_on_matrix_units_matches_the_oracle() {
     for (i, staging) in crate::kernels::linear::tests::STAGINGS.into_iter().enumerate() {
-        let Some(gpu) = crate::kernels::linear::tests::staged_gpu(staging) else { return };
+        let Some(gpu) = crate::kernels::linear::tests::staged_gpu(staging).and_then(with_f16_tiles) else { return };
         println!("{}", gpu.matrix().unwrap().describe());
         if i == 0 {
             check_nhwc_convs(&gpu);
@@ -362,7 +362,7 @@ fn downsampler(channels: usize, h: usize, w: usize) -> ConvShape {
 #[test]
 fn the_channels_last_conv_in_pieces_of_pixels_matches_the_oracle() {
     // The tier checked first: where it is missing the test says so.
-    let Some(tiles) = matrix_gpu().map(|gpu| gpu.matrix().unwrap().size as usize / 8) else { return };
+    let Some(tiles) = f16_matrix_gpu().map(|gpu| gpu.matrix().unwrap().size as usize / 8) else { return };
     // Bindings of 16 KiB with 8×8 tiles, 32 KiB with 16×16 (a block's input
     // window is then 19,136 bytes): the output in pieces of a few blocks of
     // pixels, each with its window of input rows.
@@ -386,7 +386,7 @@ fn the_channels_last_conv_in_pieces_of_pixels_matches_the_oracle() {
 
 #[test]
 fn the_channels_last_conv_refuses_what_it_cannot_take() {
-    let Some(gpu) = matrix_gpu() else { return };
+    let Some(gpu) = f16_matrix_gpu() else { return };
     let buf = gpu.upload_f32("any", &[0.0; 64]);
     let xh = HalfMat::rows(Mat::new(&buf, 2), Mat::new(&buf, 1));
     let mut sink = Vec::new();

@@ -152,7 +152,7 @@ mod tests {
 
     #[test]
     fn the_channels_last_group_norm_writes_f16_rows_within_their_rounding_of_the_oracle() {
-        let Some(gpu) = matrix_gpu() else { return };
+        let Some(gpu) = f16_matrix_gpu() else { return };
         check_group_norm_nhwc(&gpu, [64, 37, 1, 8], true, 70, None);
         check_group_norm_nhwc(&gpu, [96, 15, 10, 32], false, 71, None);
         // More channels than the workgroup's invocations (the VAE's 512).
@@ -161,7 +161,7 @@ mod tests {
 
     #[test]
     fn the_channels_last_group_norm_reads_the_stream_as_f16_pieces() {
-        let Some(gpu) = matrix_gpu() else { return };
+        let Some(gpu) = f16_matrix_gpu() else { return };
         // Pieces of 32 and 16 channels (a group within a piece, and a piece within a group).
         check_group_norm_nhwc(&gpu, [128, 19, 3, 32], true, 73, Some(32));
         check_group_norm_nhwc(&gpu, [64, 11, 5, 2], false, 74, Some(16));

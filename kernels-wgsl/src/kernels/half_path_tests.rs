@@ -169,7 +169,7 @@ fn check_linear_over_half_pieces(gpu: &Gpu, [m, n, k]: [usize; 3], piece: usize,
 
 #[test]
 fn linear_on_matrix_units_over_half_rows_equals_it_over_their_f32_values() {
-    let Some(gpu) = matrix_gpu() else { return };
+    let Some(gpu) = f16_matrix_gpu() else { return };
     // Ragged blocks with bias; whole vec4s (read as vec4s, then element by
     // element); f32 weights (a LoRA's), whose columns are staged one by one.
     check_linear_over_half_rows(&gpu, [70, 131, 78], true, true);
@@ -180,7 +180,7 @@ fn linear_on_matrix_units_over_half_rows_equals_it_over_their_f32_values() {
 
 #[test]
 fn linear_on_matrix_units_over_half_pieces_equals_it_over_their_f32_values() {
-    let Some(gpu) = matrix_gpu() else { return };
+    let Some(gpu) = f16_matrix_gpu() else { return };
     // Pieces of 64 values as the producers write them, read as vec4s and
     // element by element; pieces of 12 off the k steps; f32 weights.
     check_linear_over_half_pieces(&gpu, [70, 131, 256], 64, true, true);
@@ -259,7 +259,7 @@ fn check_linear_into_half_pieces(gpu: &Gpu, [m, n, k]: [usize; 3], piece: usize)
 
 #[test]
 fn linear_into_half_pieces_writes_the_f32_values_as_the_range_rule_rounds_each_piece() {
-    let Some(gpu) = matrix_gpu() else { return };
+    let Some(gpu) = f16_matrix_gpu() else { return };
     let block = gpu.matrix().expect("the matrix tier").size as usize * 8;
     // A block's outputs in two and four pieces (one would be a piece wider than klein's heads' half).
     for piece in [block / 2, block / 4] {
@@ -332,7 +332,7 @@ fn check_rms_norm_rope_half(gpu: &Gpu, f32_gpu: &Gpu, [tokens, heads, d]: [usize
 
 #[test]
 fn rms_norm_rope_on_half_pieces_equals_it_on_their_f32_values_rounded_by_the_range_rule() {
-    let Some(gpu) = matrix_gpu() else { return };
+    let Some(gpu) = f16_matrix_gpu() else { return };
     let f32_gpu = Gpu::new(&GpuOptions { gpu_shaped_kernels: true, ..options() }).unwrap_or_else(|e| panic!("{e}"));
     // klein's heads in two pieces; a head one piece; heads in four pieces.
     check_rms_norm_rope_half(&gpu, &f32_gpu, [37, 3, 128], 64, RopeStyle::Interleaved);
@@ -342,7 +342,7 @@ fn rms_norm_rope_on_half_pieces_equals_it_on_their_f32_values_rounded_by_the_ran
 
 #[test]
 fn rotate_half_rms_norm_rope_on_half_pieces_equals_the_norm_then_rope_on_their_f32_values_rounded_by_the_range_rule() {
-    let Some(gpu) = matrix_gpu() else { return };
+    let Some(gpu) = f16_matrix_gpu() else { return };
     let f32_gpu = Gpu::new(&GpuOptions { gpu_shaped_kernels: true, ..options() }).unwrap_or_else(|e| panic!("{e}"));
     // Qwen3-4B's heads in two pieces (a pair's values in different pieces); in four; one piece.
     check_rms_norm_rope_half(&gpu, &f32_gpu, [37, 3, 128], 64, RopeStyle::RotateHalf);
@@ -352,7 +352,7 @@ fn rotate_half_rms_norm_rope_on_half_pieces_equals_the_norm_then_rope_on_their_f
 
 #[test]
 fn swiglu_into_half_pieces_writes_the_f32_values_as_the_range_rule_rounds_each_piece() {
-    let Some(gpu) = matrix_gpu() else { return };
+    let Some(gpu) = f16_matrix_gpu() else { return };
     let config = gpu.matrix().expect("the matrix tier");
     let block = config.size as usize * 4;
     // A block's outputs in one, two and four pieces; a piece that is not whole in a block refused.
@@ -454,7 +454,7 @@ fn check_masked_attention_of_half_pieces(gpu: &Gpu, [len, heads, head_dim]: [usi
 
 #[test]
 fn attention_into_half_pieces_writes_the_f32_output_as_the_range_rule_rounds_each_piece() {
-    let Some(gpu) = matrix_gpu() else { return };
+    let Some(gpu) = f16_matrix_gpu() else { return };
     check_attention_into_half_pieces(&gpu, [37, 2, 128], 64);
     check_attention_into_half_pieces(&gpu, [20, 3, 64], 64);
     check_attention_into_half_pieces(&gpu, [9, 4, 16], 16);
@@ -462,14 +462,14 @@ fn attention_into_half_pieces_writes_the_f32_output_as_the_range_rule_rounds_eac
 
 #[test]
 fn attention_over_half_pieces_equals_it_over_their_f32_values() {
-    let Some(gpu) = matrix_gpu() else { return };
+    let Some(gpu) = f16_matrix_gpu() else { return };
     check_attention_of_half_pieces(&gpu, [37, 2, 128], 64, true);
     check_attention_of_half_pieces(&gpu, [20, 3, 64], 32, true);
 }
 
 #[test]
 fn causal_grouped_masked_attention_of_half_pieces_equals_it_over_their_f32_values() {
-    let Some(gpu) = matrix_gpu() else { return };
+    let Some(gpu) = f16_matrix_gpu() else { return };
     // Qwen3's attention: four query heads a key head, causal, a right-padded prompt's keys masked.
     let qwen = Masking { group: 4, causal: true, padding: 9 };
     check_masked_attention_of_half_pieces(&gpu, [45, 8, 128], 64, true, qwen);

@@ -169,11 +169,11 @@ fn check_normalised_input(gpu: &Gpu, s: ConvShape) -> Result<f64, GpuError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::matrix_gpu;
+    use crate::testing::f16_matrix_gpu;
 
     #[test]
     fn the_channels_last_checks_pass_on_matrix_units_at_the_adapters_block() {
-        let Some(gpu) = matrix_gpu() else { return };
+        let Some(gpu) = f16_matrix_gpu() else { return };
         super::super::assert_checks_pass(&channels_last_checks(&gpu), 2);
     }
 

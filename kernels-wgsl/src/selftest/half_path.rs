@@ -229,11 +229,11 @@ fn check_attention_of_pieces(gpu: &Gpu, [len, heads, head_dim]: [usize; 3], piec
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::matrix_gpu;
+    use crate::testing::f16_matrix_gpu;
 
     #[test]
     fn the_half_paths_checks_pass_on_matrix_units_at_the_adapters_block() {
-        let Some(gpu) = matrix_gpu() else { return };
+        let Some(gpu) = f16_matrix_gpu() else { return };
         // Every kind: into pieces, gated, SwiGLU, both head widths normed, attention.
         super::super::assert_checks_pass(&half_path_checks(&gpu), 6);
     }

@@ -233,7 +233,7 @@ fn the_matrix_conv_in_pieces_of_pixels_gives_one_calls_bits() {
 /// pieces of pixels too; and it records one pass fewer.
 #[test]
 fn the_matrix_conv_reads_a_weights_stored_scales_with_the_bits_it_would_measure() {
-    let Some(gpu) = matrix_gpu() else { return };
+    let Some(gpu) = f16_matrix_gpu() else { return };
     let c = gpu.matrix().unwrap_or_else(|| panic!("a matrix-tier device without its matrix configuration"));
     let s = ConvShape::same(6, 20, 17, 17, 3);
     let taps = (s.in_channels * 9) as u64;

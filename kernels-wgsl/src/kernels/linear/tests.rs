@@ -337,7 +337,7 @@ fn the_matrix_linears_vec4_fetching_gives_the_element_fetchings_bits() {
 /// element by element.
 #[test]
 fn the_matrix_linear_over_a_packed_w_gives_the_bits_of_the_bf16_one() {
-    let Some(gpu) = tier_gpu_with(GpuOptions { precision: Precision::Matrix, ..crate::testing::options() }) else { return };
+    let Some(gpu) = tier_gpu_with(GpuOptions { precision: Precision::Matrix, ..crate::testing::options() }).and_then(with_f16_tiles) else { return };
     for (seed, [m, n, k]) in [(72u64, [70usize, 90usize, 136usize]), (73, [33, 40, 138])] {
         let mut rng = Rng::new(seed);
         let x = rng.normals(m * k, 1.0);
@@ -378,7 +378,7 @@ fn the_matrix_linear_over_a_packed_w_gives_the_bits_of_the_bf16_one() {
 #[test]
 fn the_matrix_linear_reads_a_weights_stored_scales_with_the_bits_it_would_measure() {
     for limit in [Some(64u64 << 10), None] {
-        let Some(gpu) = tier_gpu_with(GpuOptions { precision: Precision::Matrix, max_storage_binding: limit, ..crate::testing::options() }) else { return };
+        let Some(gpu) = tier_gpu_with(GpuOptions { precision: Precision::Matrix, max_storage_binding: limit, ..crate::testing::options() }).and_then(with_f16_tiles) else { return };
         for (seed, [m, n, k]) in [(70u64, [180usize, 250usize, 136usize]), (71, [33, 70, 131])] {
             let (first, rows) = (40usize, n + 45);
             let mut rng = Rng::new(seed);

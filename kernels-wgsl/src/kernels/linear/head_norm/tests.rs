@@ -137,7 +137,7 @@ fn check_normed_projection(gpu: &Gpu, f32_gpu: &Gpu, p: Projection, piece: usize
 
 #[test]
 fn a_projection_norming_its_heads_in_its_epilogue_gives_the_norm_passes_values_rounded_once() {
-    let Some(gpu) = matrix_gpu() else { return };
+    let Some(gpu) = f16_matrix_gpu() else { return };
     let f32_gpu = Gpu::new(&GpuOptions { gpu_shaped_kernels: true, ..options() }).unwrap_or_else(|e| panic!("{e}"));
     let block = gpu.matrix().map(|c| c.size as usize * 8).expect("a matrix device");
     let mut moved = 0;
@@ -153,7 +153,7 @@ fn a_projection_norming_its_heads_in_its_epilogue_gives_the_norm_passes_values_r
 
 #[test]
 fn heads_other_than_a_block_or_half_of_one_are_left_to_the_norm_pass() {
-    let Some(gpu) = matrix_gpu() else { return };
+    let Some(gpu) = f16_matrix_gpu() else { return };
     let block = gpu.matrix().map(|c| c.size as u64 * 8).expect("a matrix device");
     assert!(product_norms_heads(&gpu, block / 2, block));
     assert!(product_norms_heads(&gpu, block / 2, block / 2));
