@@ -235,6 +235,12 @@ emulated_tests=(
     device::proof::tests::the_flash_attention_is_taken_where_its_check_passes_and_left_with_a_notice_where_it_fails
 )
 rerun FLUX_LITE_REQUIRE_MATRIX=1 FLUX_LITE_EMULATE_MATRIX=nvidia --sid "$kernels" --exact "${emulated_tests[@]}"
+# Every matrix kernel test on an Apple GPU's tiles, 8×8 f32 in simdgroups
+# of 32, emulated the same way: what runs on f32 tiles against the oracle,
+# the f16-only checks saying they are skipped.
+if [ "${#matrix_kernel_tests[@]}" -gt 0 ]; then
+    rerun FLUX_LITE_REQUIRE_MATRIX=1 FLUX_LITE_EMULATE_MATRIX=apple --sid "$kernels" --exact "${matrix_kernel_tests[@]}"
+fi
 
 # The tests' switches and fault injections exist only where the tests
 # enable the `test-support` feature: the binary the tests ran has them, a
