@@ -48,8 +48,6 @@ pub const MAX_SUBGROUPS: u32 = 4;
 /// blocks planned for more.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EmulatedMatrix {
-    /// Square tiles of this size, the tier's pick of `lists`.
-    pub size: u32,
     pub subgroup: u32,
     pub workgroup_memory: Option<u32>,
     /// What the adapter lists, as (size, A and B's type, C's type).
@@ -63,17 +61,17 @@ impl EmulatedMatrix {
     /// 48 KiB of workgroup memory its Vulkan driver lists (the H200's, in
     /// docs/performance.md), which decides the GEMM's staging and how the
     /// VAE's 512-wide head splits its output dims.
-    pub const NVIDIA: EmulatedMatrix = EmulatedMatrix { size: 16, subgroup: 32, workgroup_memory: Some(48 << 10), lists: &[(16, F16, F32)] };
+    pub const NVIDIA: EmulatedMatrix = EmulatedMatrix { subgroup: 32, workgroup_memory: Some(48 << 10), lists: &[(16, F16, F32)] };
 
     /// An Apple GPU's, as wgpu's Metal backend lists its simdgroup matrices
     /// (8×8 f32·f32→f32, f16·f16→f16 and f16·f16→f32), of which the tier
     /// takes the f32 operands; simdgroups of 32; 32 KiB of threadgroup
     /// memory.
-    pub const APPLE: EmulatedMatrix = EmulatedMatrix { size: 8, subgroup: 32, workgroup_memory: Some(32 << 10), lists: &[(8, F32, F32), (8, F16, F16), (8, F16, F32)] };
+    pub const APPLE: EmulatedMatrix = EmulatedMatrix { subgroup: 32, workgroup_memory: Some(32 << 10), lists: &[(8, F32, F32), (8, F16, F16), (8, F16, F32)] };
 
     /// Mesa 26's lavapipe's own: 8×8 f16 tiles into f32 in subgroups of 8,
     /// to hold the emulation to the driver's cooperative matrices.
-    pub const LAVAPIPE: EmulatedMatrix = EmulatedMatrix { size: 8, subgroup: 8, workgroup_memory: None, lists: &[(8, F16, F32)] };
+    pub const LAVAPIPE: EmulatedMatrix = EmulatedMatrix { subgroup: 8, workgroup_memory: None, lists: &[(8, F16, F32)] };
 
     /// The setting `FLUX_LITE_EMULATE_MATRIX=nvidia`, `apple` or
     /// `lavapipe`, or why it names none of them.

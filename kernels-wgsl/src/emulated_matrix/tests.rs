@@ -5,6 +5,27 @@ use crate::Module;
 
 /// Every matrix module, emulated, is WGSL that naga accepts without
 /// cooperative matrices or subgroups: none of them is left.
+/// Each named adapter's tier is configured as that adapter's would be,
+/// from what it lists: NVIDIA's 16×16 f16 tiles staged lean in 48 KiB,
+/// Apple's 8×8 f32 tiles (taken over its f16 ones) staged single in 32 KiB,
+/// lavapipe's 8×8 f16 tiles in subgroups of 8.
+#[test]
+fn each_emulated_adapter_gets_the_configuration_its_listing_gives() {
+    use crate::precision::{pick_matrix_config, MatrixOperands};
+    use crate::GemmStaging;
+    let config = |e: EmulatedMatrix| pick_matrix_config(&e.offered(), (e.subgroup, e.subgroup), e.workgroup_memory.unwrap_or(32 << 10), None).unwrap();
+    let nvidia = config(EmulatedMatrix::NVIDIA);
+    assert_eq!((nvidia.size, nvidia.subgroup, nvidia.operands, nvidia.staging), (16, 32, MatrixOperands::F16, GemmStaging::LEAN));
+    let apple = config(EmulatedMatrix::APPLE);
+    assert_eq!((apple.size, apple.subgroup, apple.operands, apple.staging), (8, 32, MatrixOperands::F32, GemmStaging::SINGLE));
+    let lavapipe = config(EmulatedMatrix::LAVAPIPE);
+    assert_eq!((lavapipe.size, lavapipe.subgroup, lavapipe.operands), (8, 8, MatrixOperands::F16));
+    for (name, e) in [("nvidia", EmulatedMatrix::NVIDIA), ("apple", EmulatedMatrix::APPLE), ("lavapipe", EmulatedMatrix::LAVAPIPE)] {
+        assert_eq!(EmulatedMatrix::from_setting(name), Ok(e));
+    }
+    assert!(EmulatedMatrix::from_setting("16").unwrap_err().contains("give nvidia"));
+}
+
 #[test]
 fn every_matrix_module_emulated_validates_without_cooperative_matrices() {
     let mut emulated = 0;

@@ -231,9 +231,10 @@ fn the_matrix_tiers_carried_attention_matches_the_reference_and_equals_one_call_
 /// over its output dims (each workgroup computing the same scores and
 /// softmax): in halves (the adapter's own workgroup memory: lavapipe's 32
 /// KiB with its 8×8 tiles, NVIDIA's 48 KiB with 16×16) and in quarters
-/// (half of it asked for) one call gives the same bits; by chunks of keys and bands of queries, whose middle chunks (which
-/// read and keep the carried state) run the whole head in one workgroup,
-/// the bits of one call; and within the bound against f64.
+/// (half of it asked for) one call gives the same bits; by chunks of keys
+/// and bands of queries, whose middle chunks (which read and keep the
+/// carried state) run the whole head in one workgroup, the bits of one
+/// call; and within the bound against f64.
 #[test]
 fn the_wide_matrix_attention_gives_the_same_bits_whole_and_split_over_its_dims() {
     let (d, q_len, kv_len) = (512usize, 45usize, 70usize);

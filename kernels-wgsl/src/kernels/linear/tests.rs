@@ -499,8 +499,9 @@ fn one_out_slot(config: crate::MatrixConfig) -> Staged {
 /// vec4s, W's bf16 pairs and f32 W element by element (staged before the
 /// products into the other buffer, or after them into the one), off every
 /// tile edge, over several k steps; and the deep staging with one
-/// out-slot. On 8×8 tiles in 32 KiB: deep, single, lean; on 16×16 in 48
-/// KiB, where the deep staging's two out-slots never fit: lean, single.
+/// out-slot. On 8×8 f16 tiles in 32 KiB: deep, single, lean; on 16×16 in
+/// 48 KiB, where the deep staging's two out-slots never fit: lean, single;
+/// on 8×8 f32 tiles in 32 KiB: single, lean.
 #[test]
 fn every_staging_of_the_matrix_linear_gives_the_same_bits() {
     let Some(adapters) = staged_gpu((None, None)) else { return };
