@@ -49,8 +49,8 @@ pub fn tier_gpu_with(options: GpuOptions) -> Option<Gpu> {
 /// path, the channels-last VAE, weights packed into f16) an adapter with
 /// f32 tiles (Apple's, emulated on lavapipe) never takes.
 pub fn with_f16_tiles(gpu: Gpu) -> Option<Gpu> {
-    let config = gpu.matrix().expect("a matrix-tier device");
-    if config.operands == crate::MatrixOperands::F32 {
+    if !has_f16_tiles(&gpu) {
+        let config = gpu.matrix().expect("a matrix-tier device");
         crate::skip::skipped(format_args!("the matrix tier here runs f32 tiles ({}), and this checks what only f16 tiles run", config.describe()));
         return None;
     }

@@ -23,8 +23,7 @@ fn every_matrix_pipeline_built_here_builds_again_for_its_statistics() {
     gpu.submit(|enc| crate::kernels::linear(&gpu, enc, crate::Mat::new(&x, k), crate::Weight::bf16(&w), Some(crate::Weight::bf16(&b)), crate::Mat::new(&y, n), gemm)).unwrap();
     let matrix: Vec<PipelineKey> = gpu.created_pipelines().into_iter().filter(|k| k.module.is_matrix()).collect();
     // The flash attention runs on f16 tiles only.
-    let f16_tiles = gpu.matrix().is_some_and(|c| c.operands == crate::MatrixOperands::F16);
-    assert_eq!(matrix.iter().any(|k| k.module.is_flash()), f16_tiles, "the start-up check builds the flash attention on f16 tiles: {matrix:?}");
+    assert_eq!(matrix.iter().any(|k| k.module.is_flash()), crate::test_devices::has_f16_tiles(&gpu), "the start-up check builds the flash attention on f16 tiles: {matrix:?}");
     assert!(matrix.iter().any(|k| !k.module.is_flash()), "and a matrix linear: {matrix:?}");
     let built = gpu.rebuild_pipelines(&matrix, false).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(built.len(), matrix.len());
