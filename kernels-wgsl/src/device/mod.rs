@@ -198,13 +198,6 @@ impl Gpu {
         if let Some(cap) = options.max_storage_binding {
             limits.max_storage_buffer_binding_size = limits.max_storage_buffer_binding_size.min(cap);
         }
-        // The emulated adapter's workgroup memory, where the tests emulate
-        // the matrix tier: the kernels are planned for it (a test's cap
-        // still lowers it), the device keeps the adapter's own.
-        #[cfg(any(test, feature = "test-support"))]
-        if let Some(memory) = options.emulated_matrix.and_then(|e| e.workgroup_memory).filter(|_| options.precision == crate::Precision::Matrix) {
-            limits.max_compute_workgroup_storage_size = memory;
-        }
         if let Some(cap) = options.max_workgroup_memory {
             limits.max_compute_workgroup_storage_size = limits.max_compute_workgroup_storage_size.min(cap);
         }
@@ -213,6 +206,16 @@ impl Gpu {
         // Timestamps where the adapter has them: `bench` times passes on the GPU's own clock.
         let mut features = adapter.features() & (wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::PIPELINE_CACHE);
         let choice = choose_tier(&adapter, &limits, &info, &matrix_offered, options)?;
+        // The tests' emulated cooperative matrices, where the tier is the
+        // matrix one: its kernels are planned for the emulated adapter's
+        // workgroup memory, as the tier's configuration was; the device
+        // keeps the adapter's own (below).
+        #[cfg(any(test, feature = "test-support"))]
+        let emulated = options.emulated_matrix.filter(|_| choice.tier == crate::Precision::Matrix);
+        #[cfg(any(test, feature = "test-support"))]
+        if let Some(emulated) = emulated {
+            limits.max_compute_workgroup_storage_size = emulated.planned_memory(adapter.limits().max_compute_workgroup_storage_size, options.max_workgroup_memory);
+        }
         features |= choice.features;
         let cpu_shaped = info.device_type == wgpu::DeviceType::Cpu && !options.gpu_shaped_kernels;
         let cpu_lanes = cpu_lanes(cpu_shaped && !options.per_lane_reads, adapter.features(), &info);
@@ -227,9 +230,6 @@ impl Gpu {
             // known-answer probe on this device before the tier is taken.
             experimental = unsafe { wgpu::ExperimentalFeatures::enabled() };
         }
-        // The tests' emulated cooperative matrices, where the tier is the matrix one.
-        #[cfg(any(test, feature = "test-support"))]
-        let emulated = options.emulated_matrix.filter(|_| choice.tier == crate::Precision::Matrix);
         #[allow(unused_mut)] // changed only where the tests emulate cooperative matrices
         let mut device_limits = limits.clone();
         // The emulated tiles' buffer is bound whole: the device takes the
@@ -503,5 +503,24 @@ mod tests {
         assert_eq!(binding_limit(wgpu::Backend::Metal, 1 << 30), 1 << 30);
         assert_eq!(binding_limit(wgpu::Backend::Vulkan, (1 << 31) - 1), (1 << 31) - 1);
         assert_eq!(binding_limit(wgpu::Backend::Vulkan, 4 << 30), 4 << 30);
+    }
+
+    /// The emulated NVIDIA adapter's matrix tier is planned for its 48 KiB
+    /// of workgroup memory whether `matrix` is named or `auto` takes it
+    /// (on lavapipe only with the GPU-shaped kernels): the plan follows the
+    /// tier chosen, as the tier's configuration does. The device is taken
+    /// before `auto`'s proof, which checks products (Mesa 22's lavapipe
+    /// gets the emulated tiles' wrong; Mesa 26's right): this holds the
+    /// planning alone.
+    #[test]
+    fn an_emulated_matrix_tier_is_planned_alike_named_and_under_auto() {
+        let emulated = GpuOptions { emulated_matrix: Some(crate::emulated_matrix::EmulatedMatrix::NVIDIA), gpu_shaped_kernels: true, ..crate::testing::options() };
+        let Some(named) = crate::testing::tier_gpu_with(GpuOptions { precision: Precision::Matrix, ..emulated.clone() }) else { return };
+        let auto = Gpu::unproven(&GpuOptions { precision: Precision::Auto, ..emulated }).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(auto.precision(), Precision::Matrix, "auto took {}", auto.precision().name());
+        for gpu in [&named, &auto] {
+            assert_eq!(gpu.limits.max_compute_workgroup_storage_size, 48 << 10);
+        }
+        assert_eq!(auto.matrix(), named.matrix());
     }
 }

@@ -46,7 +46,8 @@ pub(super) fn choose_tier(
     let matrix = || {
         #[cfg(any(test, feature = "test-support"))]
         if let Some(emulated) = options.emulated_matrix {
-            return emulated_tier(emulated, has(wgpu::Features::SHADER_F16), limits, staging).map_err(|why| unavailable(Precision::Matrix, why));
+            let memory = emulated.planned_memory(adapter.limits().max_compute_workgroup_storage_size, options.max_workgroup_memory);
+            return emulated_tier(emulated, has(wgpu::Features::SHADER_F16), memory, staging).map_err(|why| unavailable(Precision::Matrix, why));
         }
         if !has(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX) {
             return Err(unavailable(Precision::Matrix, "the adapter lacks cooperative matrices".into()));
@@ -80,12 +81,12 @@ pub(super) fn choose_tier(
 
 /// The matrix tier with its cooperative matrices emulated
 /// ([`crate::emulated_matrix`]): the configuration an adapter listing
-/// `emulated`'s tiles and subgroups would get, with f16 in shaders where
-/// its operands are f16.
+/// `emulated`'s tiles and subgroups and `memory` of workgroup memory would
+/// get, with f16 in shaders where its operands are f16.
 #[cfg(any(test, feature = "test-support"))]
-fn emulated_tier(emulated: crate::emulated_matrix::EmulatedMatrix, f16: bool, limits: &wgpu::Limits, staging: Option<crate::GemmStaging>) -> Result<TierChoice, String> {
+fn emulated_tier(emulated: crate::emulated_matrix::EmulatedMatrix, f16: bool, memory: u32, staging: Option<crate::GemmStaging>) -> Result<TierChoice, String> {
     let subgroup = (emulated.subgroup, emulated.subgroup);
-    let config = pick_matrix_config(&emulated.offered(), subgroup, limits.max_compute_workgroup_storage_size, staging)?;
+    let config = pick_matrix_config(&emulated.offered(), subgroup, memory, staging)?;
     if config.operands == MatrixOperands::F32 {
         return Ok(TierChoice { tier: Precision::Matrix, matrix: Some(config), features: wgpu::Features::empty(), reason: None });
     }

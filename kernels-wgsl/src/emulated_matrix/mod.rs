@@ -84,6 +84,14 @@ impl EmulatedMatrix {
         }
     }
 
+    /// The workgroup memory the matrix tier's kernels are planned for: the
+    /// emulated adapter's where it sets one, else the real adapter's
+    /// `listed`, lowered to a test's `cap`.
+    pub fn planned_memory(self, listed: u32, cap: Option<u32>) -> u32 {
+        let memory = self.workgroup_memory.unwrap_or(listed);
+        cap.map_or(memory, |cap| memory.min(cap))
+    }
+
     /// What the adapter would list for this.
     pub fn offered(self) -> Vec<wgpu::CooperativeMatrixProperties> {
         let shape = |&(size, ab_type, cr_type): &(u32, wgpu::CooperativeScalarType, wgpu::CooperativeScalarType)| wgpu::CooperativeMatrixProperties {

@@ -13,13 +13,16 @@ use crate::Module;
 fn each_emulated_adapter_gets_the_configuration_its_listing_gives() {
     use crate::precision::{pick_matrix_config, MatrixOperands};
     use crate::GemmStaging;
-    let config = |e: EmulatedMatrix| pick_matrix_config(&e.offered(), (e.subgroup, e.subgroup), e.workgroup_memory.unwrap_or(32 << 10), None).unwrap();
+    let config = |e: EmulatedMatrix| pick_matrix_config(&e.offered(), (e.subgroup, e.subgroup), e.planned_memory(32 << 10, None), None).unwrap();
     let nvidia = config(EmulatedMatrix::NVIDIA);
     assert_eq!((nvidia.size, nvidia.subgroup, nvidia.operands, nvidia.staging), (16, 32, MatrixOperands::F16, GemmStaging::LEAN));
     let apple = config(EmulatedMatrix::APPLE);
     assert_eq!((apple.size, apple.subgroup, apple.operands, apple.staging), (8, 32, MatrixOperands::F32, GemmStaging::SINGLE));
     let lavapipe = config(EmulatedMatrix::LAVAPIPE);
     assert_eq!((lavapipe.size, lavapipe.subgroup, lavapipe.operands), (8, 8, MatrixOperands::F16));
+    // A test's cap lowers the emulated adapter's memory; lavapipe plans for what the driver lists.
+    assert_eq!(EmulatedMatrix::NVIDIA.planned_memory(32 << 10, Some(24 << 10)), 24 << 10);
+    assert_eq!(EmulatedMatrix::LAVAPIPE.planned_memory(32 << 10, None), 32 << 10);
     for (name, e) in [("nvidia", EmulatedMatrix::NVIDIA), ("apple", EmulatedMatrix::APPLE), ("lavapipe", EmulatedMatrix::LAVAPIPE)] {
         assert_eq!(EmulatedMatrix::from_setting(name), Ok(e));
     }
