@@ -17,60 +17,37 @@ import torch
 from diffusers import AutoencoderKLFlux2, FlowMatchEulerDiscreteScheduler, Flux2Transformer2DModel
 from transformers import Qwen3Config
 
-from tiny_models import SCHEDULER_CONFIG
+from tiny_models import QWEN3_FIXED, SCHEDULER_CONFIG, transformer_config, vae_config
 
 
 ROOT = Path(__file__).resolve().parent / "configs"
 
-TRANSFORMER_4B = dict(
-    patch_size=1,
+TRANSFORMER_4B = transformer_config(
     in_channels=128,
-    out_channels=None,
     num_layers=5,
     num_single_layers=20,
     attention_head_dim=128,
     num_attention_heads=24,
     joint_attention_dim=7680,
-    timestep_guidance_channels=256,
-    mlp_ratio=3.0,
     axes_dims_rope=(32, 32, 32, 32),
-    rope_theta=2000,
-    eps=1e-6,
-    guidance_embeds=False,
 )
 TRANSFORMER_9B = dict(TRANSFORMER_4B, num_layers=8, num_single_layers=24, num_attention_heads=32, joint_attention_dim=12288)
 
 QWEN3_COMMON = dict(
+    QWEN3_FIXED,
     vocab_size=151936,
     num_hidden_layers=36,
     num_attention_heads=32,
     num_key_value_heads=8,
     head_dim=128,
     max_position_embeddings=40960,
-    rms_norm_eps=1e-6,
-    hidden_act="silu",
-    attention_bias=False,
-    rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0},
     bos_token_id=151643,
     eos_token_id=151645,
 )
 QWEN3_4B = dict(QWEN3_COMMON, hidden_size=2560, intermediate_size=9728, tie_word_embeddings=True)
 QWEN3_8B = dict(QWEN3_COMMON, hidden_size=4096, intermediate_size=12288, tie_word_embeddings=False)
 
-VAE = dict(
-    in_channels=3,
-    out_channels=3,
-    down_block_types=("DownEncoderBlock2D",) * 4,
-    up_block_types=("UpDecoderBlock2D",) * 4,
-    block_out_channels=(128, 256, 512, 512),
-    layers_per_block=2,
-    latent_channels=32,
-    norm_num_groups=32,
-    sample_size=1024,
-    use_quant_conv=True,
-    use_post_quant_conv=True,
-    mid_block_add_attention=True,
-)
+VAE = vae_config((128, 256, 512, 512), layers_per_block=2, latent_channels=32, norm_num_groups=32, sample_size=1024)
 
 
 def write(name: str, transformer: dict, qwen: dict, is_distilled: bool) -> None:

@@ -63,37 +63,69 @@ SCHEDULER_CONFIG = dict(
     time_shift_type="exponential",
 )
 
-QWEN_COMMON = dict(
+# The fields every Qwen3 text encoder of FLUX.2-klein shares, published and tiny alike.
+QWEN3_FIXED = dict(
     rms_norm_eps=1e-6,
-    tie_word_embeddings=True,
-    max_position_embeddings=1024,
     attention_bias=False,
     hidden_act="silu",
     rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0},
+)
+
+# The tiny text encoders' fields beside their specs' widths.
+QWEN_COMMON = dict(
+    QWEN3_FIXED,
+    tie_word_embeddings=True,
+    max_position_embeddings=1024,
     bos_token_id=None,
     eos_token_id=None,
     pad_token_id=None,
 )
 
+
+def transformer_config(**fields) -> dict:
+    """A FLUX.2 transformer's config: the fields every klein transformer shares
+    (published and tiny alike), then its own `fields`."""
+    fixed = dict(
+        patch_size=1,
+        out_channels=None,
+        timestep_guidance_channels=256,
+        mlp_ratio=3.0,
+        rope_theta=2000,
+        eps=1e-6,
+        guidance_embeds=False,
+    )
+    return dict(fixed, **fields)
+
+
+def vae_config(block_out_channels: tuple[int, ...], **fields) -> dict:
+    """A FLUX.2 VAE's config: RGB in and out, one encoder and one decoder block
+    per entry of `block_out_channels`, the quant convs and the mid-block
+    attention, then its own `fields`."""
+    blocks = len(block_out_channels)
+    return dict(
+        in_channels=3,
+        out_channels=3,
+        down_block_types=("DownEncoderBlock2D",) * blocks,
+        up_block_types=("UpDecoderBlock2D",) * blocks,
+        block_out_channels=block_out_channels,
+        use_quant_conv=True,
+        use_post_quant_conv=True,
+        mid_block_add_attention=True,
+        **fields,
+    )
+
 TINY_A = ModelSpec(
     name="tiny-a",
     seed=1234,
     is_distilled=True,
-    transformer=dict(
-        patch_size=1,
+    transformer=transformer_config(
         in_channels=16,
-        out_channels=None,
         num_layers=2,
         num_single_layers=2,
         attention_head_dim=16,
         num_attention_heads=4,
         joint_attention_dim=96,
-        timestep_guidance_channels=256,
-        mlp_ratio=3.0,
         axes_dims_rope=(4, 4, 4, 4),
-        rope_theta=2000,
-        eps=1e-6,
-        guidance_embeds=False,
     ),
     qwen=dict(
         hidden_size=32,
@@ -103,20 +135,7 @@ TINY_A = ModelSpec(
         num_key_value_heads=2,
         head_dim=8,
     ),
-    vae=dict(
-        in_channels=3,
-        out_channels=3,
-        down_block_types=("DownEncoderBlock2D", "DownEncoderBlock2D"),
-        up_block_types=("UpDecoderBlock2D", "UpDecoderBlock2D"),
-        block_out_channels=(32, 64),
-        layers_per_block=1,
-        latent_channels=4,
-        norm_num_groups=8,
-        sample_size=64,
-        use_quant_conv=True,
-        use_post_quant_conv=True,
-        mid_block_add_attention=True,
-    ),
+    vae=vae_config((32, 64), layers_per_block=1, latent_channels=4, norm_num_groups=8, sample_size=64),
     out_layers=(1, 2, 3),
 )
 
@@ -124,21 +143,14 @@ TINY_B = ModelSpec(
     name="tiny-b",
     seed=5678,
     is_distilled=False,
-    transformer=dict(
-        patch_size=1,
+    transformer=transformer_config(
         in_channels=32,
-        out_channels=None,
         num_layers=1,
         num_single_layers=3,
         attention_head_dim=24,
         num_attention_heads=2,
         joint_attention_dim=144,
-        timestep_guidance_channels=256,
-        mlp_ratio=3.0,
         axes_dims_rope=(4, 4, 8, 8),
-        rope_theta=2000,
-        eps=1e-6,
-        guidance_embeds=False,
     ),
     qwen=dict(
         hidden_size=48,
@@ -148,20 +160,7 @@ TINY_B = ModelSpec(
         num_key_value_heads=2,
         head_dim=8,
     ),
-    vae=dict(
-        in_channels=3,
-        out_channels=3,
-        down_block_types=("DownEncoderBlock2D",) * 3,
-        up_block_types=("UpDecoderBlock2D",) * 3,
-        block_out_channels=(16, 32, 32),
-        layers_per_block=1,
-        latent_channels=8,
-        norm_num_groups=8,
-        sample_size=64,
-        use_quant_conv=True,
-        use_post_quant_conv=True,
-        mid_block_add_attention=True,
-    ),
+    vae=vae_config((16, 32, 32), layers_per_block=1, latent_channels=8, norm_num_groups=8, sample_size=64),
     out_layers=(2, 4, 6),
     sharded={"text_encoder": "100KB", "transformer": "300KB"},
     legacy_rope_theta=True,
