@@ -4,7 +4,7 @@
 //! encoder's feed-forward input, the VAE's convolution inputs on the matrix tier.
 
 use crate::device::Gpu;
-use crate::dispatch::{dispatch, grid64, row_chunks, to_u32, window, Launch, Rows, Sink, Window};
+use crate::dispatch::{dispatch, grid64, row_chunks, to_u32, Launch, Rows, Sink, Window};
 use crate::error::GpuError;
 use crate::kernel::{kernel, Access::ReadWrite as RW, Kernel, Module};
 use crate::view::{HeadRows, Mat, Weight, WeightDtype};
@@ -103,18 +103,24 @@ fn pack_rows(gpu: &Gpu, sink: &mut dyn Sink, src: Mat<'_>, up: Option<Mat<'_>>, 
 /// matrix tier's f16 operand under its rows' range scales `scales` (one a
 /// row, as [`measure_weight_rows`](super::linear::measure_weight_rows)
 /// keeps them): each value divided by its row's scale and rounded to f16,
-/// two a word. A product then stages its words as they are.
+/// two a word. A product then stages its words as they are. Split over
+/// rows where one binding cannot hold the weight (a product splits over
+/// W's rows the same way).
 pub fn pack_weight_half(gpu: &Gpu, sink: &mut dyn Sink, w: Weight<'_>, scales: Mat<'_>, [rows, k]: [u64; 2]) -> Result<(), GpuError> {
     if !k.is_multiple_of(2) || !w.offset.is_multiple_of(2) || w.dtype != WeightDtype::Bf16 {
         return Err(GpuError::UnsupportedShape(format!("a weight packed as f16 pairs is bf16 from an even element, its rows of an even length ({k}; {:?} from {})", w.dtype, w.offset)));
     }
-    let words = rows * k / 2;
-    if words == 0 {
+    if rows * k == 0 {
         return Ok(());
     }
-    let ww = window(gpu, w.buf, 4, w.offset / 2..w.offset / 2 + words, "packed weight")?;
-    let sw = window(gpu, scales.buf, 4, scales.offset..scales.offset + rows, "weight row scales")?;
-    let params = HalfPackParams { rows: to_u32(words, "weight words")?, head_dim: to_u32(k, "weight row")?, dst_offset: ww.local, scale_offset: sw.local, ..Default::default() };
-    dispatch(gpu, sink, Launch { kernel: &PACK_WEIGHT_HALF, constants: &[], params, grid: grid64(words) }, &[(2, &ww), (3, &sw)]);
+    // Each row is k/2 words, two bf16 values a word.
+    let word_rows = Rows::packed(w.buf, 4, w.offset / 2, k / 2, "packed weight");
+    let scale_rows = Rows::packed(scales.buf, 4, scales.offset, 1, "weight row scales");
+    for chunk in row_chunks(gpu, rows, &[word_rows, scale_rows], 1)? {
+        let (ww, sw) = (word_rows.window(gpu, &chunk)?, scale_rows.window(gpu, &chunk)?);
+        let words = (chunk.end - chunk.start) * k / 2;
+        let params = HalfPackParams { rows: to_u32(words, "weight words")?, head_dim: to_u32(k, "weight row")?, dst_offset: ww.local, scale_offset: sw.local, ..Default::default() };
+        dispatch(gpu, sink, Launch { kernel: &PACK_WEIGHT_HALF, constants: &[], params, grid: grid64(words) }, &[(2, &ww), (3, &sw)]);
+    }
     Ok(())
 }

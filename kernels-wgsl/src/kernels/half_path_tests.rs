@@ -543,3 +543,33 @@ fn a_later_modulation_gives_the_bits_of_two_passes_into_f16_rows() {
     let Some(gpu) = half_gpu() else { return };
     each_kernel_shape(&gpu, GpuOptions { precision: crate::Precision::F16, ..options() }, |g| check_later_modulation(g, true));
 }
+
+/// A bf16 weight packed in place into f16 under its rows' measured scales
+/// gives the range rule's words for its values (`range_rule::pack_rows`),
+/// whole and split over rows where a binding holds only part of it
+/// (bindings of 4 KiB against 12 KiB of words; before the split, such a
+/// weight was refused).
+#[test]
+fn a_weight_packed_into_f16_gives_the_range_rules_words_whole_and_split_over_rows() {
+    use crate::kernels::{measure_weight_rows, pack_weight_half};
+    let (n, k) = (48usize, 128usize);
+    let mut rng = Rng::new(81);
+    let mut w = rng.bf16s(n * k, 0.1);
+    // Rows far above and far below f16's range take their own scales.
+    let scaled = |v: u16, by: f32| half::bf16::from_f32(half::bf16::from_bits(v).to_f32() * by).to_bits();
+    w[3 * k..4 * k].iter_mut().for_each(|v| *v = scaled(*v, 1e6));
+    w[40 * k..41 * k].iter_mut().for_each(|v| *v = scaled(*v, 1e-6));
+    let values: Vec<f32> = w.iter().map(|v| half::bf16::from_bits(*v).to_f32()).collect();
+    let (expected, _) = pack_rows(&values, n, k);
+    let small = small_binding_gpu(4 << 10);
+    for (what, gpu) in [("whole", gpu()), ("split over rows", &small)] {
+        let wb = gpu.upload_bf16("w", &w);
+        let scales = gpu.storage("weight row scales", 4 * n as u64);
+        gpu.submit(|enc| measure_weight_rows(gpu, enc, Weight::bf16(&wb), n as u64, k as u64, &scales, 0)).unwrap();
+        gpu.submit(|enc| pack_weight_half(gpu, enc, Weight::bf16(&wb), Mat::new(&scales, 1), [n as u64, k as u64])).unwrap_or_else(|e| panic!("{what}: {e}"));
+        let bytes = gpu.read_bytes(&wb, 0, 2 * (n * k) as u64).unwrap();
+        let words: Vec<u32> = bytemuck::pod_collect_to_vec(&bytes);
+        let differ = words.iter().zip(&expected).filter(|(a, b)| a != b).count();
+        assert_eq!(differ, 0, "{what}: {differ} of {} words differ from the range rule's", expected.len());
+    }
+}
