@@ -23,7 +23,11 @@
 #      tier's again with its GEMM staged deep (two buffers of 2T terms, one
 #      workgroup a 48 KiB compute unit's memory) against the adapter's choice
 #      (the deepest of which two workgroups fit: lean on a 48 KiB adapter);
-#   4. attention at 4608 tokens: flash, then the fallback kernel;
+#   4. attention at 4608 tokens: flash, then the fallback kernel; then the
+#      double and the single block at 4608 tokens whole and op by op (each
+#      op timed alone as the step records it: the products over f16 operands
+#      in memory with their epilogues, the flash attention over f16 pieces),
+#      so that what bounds a block has its own row;
 #   5. the 4B 1024² step, the 1024² VAE decode (with the tiny preview
 #      decoder's share) and encode, then PyTorch / diffusers bf16 on the same card:
 #      the same step, the VAE decode and encode (ci/gpu_peer.py; skipped
@@ -48,20 +52,21 @@ source ci/gpu-steps.sh
 source ci/gpu-loader.sh
 say "flux-lite decisive GPU run, $(date -u +%Y-%m-%dT%H:%M:%SZ), $(uname -srm)"
 if command -v nvidia-smi >/dev/null; then
-    step 15 "GPU" nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
+    step 10 "GPU" nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
 fi
 
 # The limits add up to 530 s: 9 minutes with room for the loader.
 step 5 "0. the roofline: what the matrix tier's encode, step, decode and whole run move (no GPU)" "$binary" bench traffic --model klein-4b --width "$size" --height "$size" --precision matrix
 step 40 "1. adapter and tiers" "$binary" gpu
-step 70 "2. selftest, every tier" "$binary" selftest
+step 60 "2. selftest, every tier" "$binary" selftest
 step 60 "3. linears on every tier (4B shapes)" "$binary" bench kernels --model klein-4b --tokens "$tokens" --only linear,tiers --pipeline-statistics "${repeats[@]}"
 step 40 "3. linears, the GEMM staged deep" env FLUX_LITE_GEMM_STAGING=deep "$binary" bench kernels --model klein-4b --tokens "$tokens" --only linear --precision matrix "${repeats[@]}"
 step 45 "4. attention at $tokens tokens, flash" "$binary" bench kernels --model klein-4b --tokens "$tokens" --only attention --pipeline-statistics "${repeats[@]}"
-step 45 "4. attention at $tokens tokens, the fallback" env FLUX_LITE_ATTENTION_KERNEL=matrix "$binary" bench kernels --model klein-4b --tokens "$tokens" --only attention "${repeats[@]}"
+step 35 "4. attention at $tokens tokens, the fallback" env FLUX_LITE_ATTENTION_KERNEL=matrix "$binary" bench kernels --model klein-4b --tokens "$tokens" --only attention "${repeats[@]}"
+step 30 "4. the double and single block at $tokens tokens, whole and op by op" "$binary" bench kernels --model klein-4b --tokens "$tokens" --only blocks,ops "${repeats[@]}"
 step 90 "5. the 4B ${size}² step and the ${size}² VAE decode and encode" "$binary" bench kernels --model klein-4b --tokens "$tokens" --only step,vae --step-sizes "$size" --vae-size "$size" --pipeline-statistics "${repeats[@]}"
 if command -v python3 >/dev/null; then
-    step 120 "5. PyTorch / diffusers bf16, same card" python3 ci/gpu_peer.py \
+    step 115 "5. PyTorch / diffusers bf16, same card" python3 ci/gpu_peer.py \
         --config test_vectors/configs/klein-4b/transformer/config.json \
         --vae-config test_vectors/configs/klein-4b/vae/config.json --size "$size" --repeats 5
 else

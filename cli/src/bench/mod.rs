@@ -46,7 +46,7 @@ struct KernelsArgs {
     /// bf16 weights in the DF11 expansion, 0 to skip (default 16777216; 1048576 on a software adapter)
     #[argh(option)]
     df11_elements: Option<usize>,
-    /// run only these rows, comma-separated: linear, lora (a rank-16 LoRA side product on each linear shape), attention, blocks, vae, df11 (and the GGUF types' expansion), step, tiers (the linears on every tier side by side) (default all)
+    /// run only these rows, comma-separated: linear, lora (a rank-16 LoRA side product on each linear shape), attention, blocks, vae, df11 (and the GGUF types' expansion), step, tiers (the linears on every tier side by side), ops (each op of the first double and single block timed alone, as the step records it, and their sums; only where asked) (default all but ops)
     #[argh(option, from_str_fn(parse_rows))]
     only: Option<Vec<String>>,
     /// timed runs of each row after a warm-up; the median is reported (default 5)
@@ -60,7 +60,10 @@ struct KernelsArgs {
     pipeline_statistics: bool,
 }
 
-const ROWS: [&str; 8] = ["linear", "lora", "attention", "blocks", "vae", "df11", "step", "tiers"];
+const ROWS: [&str; 9] = ["linear", "lora", "attention", "blocks", "ops", "vae", "df11", "step", "tiers"];
+
+/// The rows run only where `--only` names them.
+const ASKED_ONLY: [&str; 1] = ["ops"];
 
 /// The rank of the LoRA side products `bench kernels` times.
 const LORA_RANK: u64 = 16;
@@ -158,7 +161,10 @@ fn kernels(args: &KernelsArgs) -> Result<(), String> {
     if let Some(s) = step_sizes.iter().find(|&&s| !s.is_multiple_of(scale)) {
         return Err(format!("--step-sizes: {s} is not a multiple of {scale}"));
     }
-    let want = |row: &str| args.only.as_ref().is_none_or(|only| only.iter().any(|r| r == row));
+    let want = |row: &str| match &args.only {
+        Some(only) => only.iter().any(|r| r == row),
+        None => !ASKED_ONLY.contains(&row),
+    };
     let bench = ShapeBench::new(&gpu, args.repeats);
     let err = |e: flux_lite_platform::RunError| e.to_string();
     let ceilings = bench.ceilings().map_err(|e| e.to_string())?;
@@ -192,6 +198,11 @@ fn kernels(args: &KernelsArgs) -> Result<(), String> {
         }
         if want("blocks") {
             for f in bench.blocks(&transformer, t).map_err(err)? {
+                row(&f, &ceilings);
+            }
+        }
+        if want("ops") {
+            for f in bench.block_ops(&transformer, t).map_err(err)? {
                 row(&f, &ceilings);
             }
         }

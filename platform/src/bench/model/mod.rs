@@ -20,6 +20,7 @@ use flux_lite_core::models::{tensors, vae};
 use rayon::prelude::*;
 use std::collections::HashMap;
 
+mod block_ops;
 mod synthetic;
 mod vae_shapes;
 
