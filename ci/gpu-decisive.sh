@@ -30,8 +30,9 @@
 #      so that what bounds a block has its own row;
 #   5. the 4B 1024² step, the 1024² VAE decode (with the tiny preview
 #      decoder's share) and encode, then PyTorch / diffusers bf16 on the same card:
-#      the same step, the VAE decode and encode (ci/gpu_peer.py; skipped
-#      with a line without PyTorch, diffusers or CUDA).
+#      every product shape the report's rows timed (bf16 and f32), the same
+#      step, the VAE decode and encode (ci/gpu_peer.py; skipped with a line
+#      without PyTorch, diffusers or CUDA).
 # FLUX_LITE_GPU_RUN_QUICK=1 runs a small version (64 tokens, a 256² step and
 # VAE) to try the script on a software driver.
 set -uo pipefail
@@ -66,7 +67,7 @@ step 35 "4. attention at $tokens tokens, the fallback" env FLUX_LITE_ATTENTION_K
 step 30 "4. the double and single block at $tokens tokens, whole and op by op" "$binary" bench kernels --model klein-4b --tokens "$tokens" --only blocks,ops "${repeats[@]}"
 step 90 "5. the 4B ${size}² step and the ${size}² VAE decode and encode" "$binary" bench kernels --model klein-4b --tokens "$tokens" --only step,vae --step-sizes "$size" --vae-size "$size" --pipeline-statistics "${repeats[@]}"
 if command -v python3 >/dev/null; then
-    step 115 "5. PyTorch / diffusers bf16, same card" python3 ci/gpu_peer.py \
+    step 115 "5. PyTorch / diffusers bf16, same card" python3 ci/gpu_peer.py --bench "$report" \
         --config test_vectors/configs/klein-4b/transformer/config.json \
         --vae-config test_vectors/configs/klein-4b/vae/config.json --size "$size" --repeats 5
 else
