@@ -510,8 +510,8 @@ mod tests {
     /// (on lavapipe only with the GPU-shaped kernels): the plan follows the
     /// tier chosen, as the tier's configuration does. The device is taken
     /// before `auto`'s proof, which checks products (Mesa 22's lavapipe
-    /// gets the emulated tiles' wrong; Mesa 26's right): this holds the
-    /// planning alone.
+    /// gets the emulated tiles' products wrong, Mesa 26's right): this holds
+    /// the planning alone.
     #[test]
     fn an_emulated_matrix_tier_is_planned_alike_named_and_under_auto() {
         let emulated = GpuOptions { emulated_matrix: Some(crate::emulated_matrix::EmulatedMatrix::NVIDIA), gpu_shaped_kernels: true, ..crate::testing::options() };
