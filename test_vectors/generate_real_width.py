@@ -9,13 +9,15 @@ random (seeded), in the official diffusers layout, saved as bf16 like the real c
 tokenizer is the tiny byte-level BPE of generate.py (its ids all fall inside the vocabulary).
 
 Then diffusers 0.42.1 runs the bf16 weights in float32, as every golden here: one step at
-256x256, and writes the PNG and the final packed latents.
+256x256, and writes the PNG and the final packed latents; then the same with that PNG as the
+reference image (the VAE encoder and the reference tokens at the real widths).
 
     python3 test_vectors/generate_real_width.py OUT_DIR
 
 writes OUT_DIR/model/ (about 3.3 GB), OUT_DIR/want.png, OUT_DIR/want-latents.safetensors
-(`latents` [tokens, 128] float32) and OUT_DIR/case.json. ci/real-width.sh runs flux-lite on the
-same folder and compares. Needs about 12 GB of memory and a few minutes on two cores.
+(`latents` [tokens, 128] float32), OUT_DIR/want-ref.png and OUT_DIR/want-ref-latents.safetensors
+(the reference case) and OUT_DIR/case.json. ci/real-width.sh runs flux-lite on the same folder
+and compares. Needs about 12 GB of memory and a few minutes on two cores.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import json
 import sys
 from pathlib import Path
 
+import PIL.Image
 import torch
 from safetensors.torch import save_file
 
@@ -34,7 +37,7 @@ from tiny_tokenizer import MAX_SEQ, build_tokenizer
 
 CONFIGS = g.ROOT / "configs" / "klein-4b"
 VOCAB = 151_936
-CASE = dict(prompt="a red fox in the snow", seed=42, width=256, height=256, steps=1, guidance=1.0)
+CASE = dict(prompt="a red fox in the snow", seed=42, width=256, height=256, steps=1, guidance=1.0, reference="want.png")
 
 
 def config(component: str) -> dict:
@@ -92,23 +95,28 @@ def main() -> None:
         final["latents"] = kwargs["latents"]
         return kwargs
 
-    result = pipe(
-        prompt=case.prompt,
-        height=case.height,
-        width=case.width,
-        num_inference_steps=case.steps,
-        guidance_scale=case.guidance,
-        latents=noise.to(torch.float32),
-        output_type="pil",
-        max_sequence_length=MAX_SEQ,
-        text_encoder_out_layers=s.out_layers,
-        callback_on_step_end=keep,
-        callback_on_step_end_tensor_inputs=["latents"],
-    )
-    result.images[0].save(out / "want.png")
-    save_file({"latents": g.f32(final["latents"][0])}, out / "want-latents.safetensors")
+    def run(name: str, **reference) -> None:
+        result = pipe(
+            prompt=case.prompt,
+            height=case.height,
+            width=case.width,
+            num_inference_steps=case.steps,
+            guidance_scale=case.guidance,
+            latents=noise.to(torch.float32),
+            output_type="pil",
+            max_sequence_length=MAX_SEQ,
+            text_encoder_out_layers=s.out_layers,
+            callback_on_step_end=keep,
+            callback_on_step_end_tensor_inputs=["latents"],
+            **reference,
+        )
+        result.images[0].save(out / f"{name}.png")
+        save_file({"latents": g.f32(final["latents"][0])}, out / f"{name}-latents.safetensors")
+
+    run("want")
+    run("want-ref", image=PIL.Image.open(out / CASE["reference"]))
     (out / "case.json").write_text(json.dumps(CASE, indent=2) + "\n")
-    print(f"wrote {model} and diffusers' {case.width}x{case.height} image of it in {out}")
+    print(f"wrote {model} and diffusers' {case.width}x{case.height} images of it (without and with a reference) in {out}")
 
 
 if __name__ == "__main__":
