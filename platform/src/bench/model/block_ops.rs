@@ -6,14 +6,12 @@
 //! rows are the half-precision data path's: f16 inputs in memory, W packed
 //! into f16 at load, the epilogues writing the next op's operand.
 
-use super::synthetic::{block_local, SyntheticWeights};
-use super::{chunked, Figure, ShapeBench};
+use super::synthetic::block_local;
+use super::{Figure, ShapeBench};
 use crate::bench::traffic::{kind, op_traffic, Machine, H200};
-use crate::components::transformer::programs;
 use crate::error::RunError;
 use flux_lite_core::config::TransformerConfig;
 use flux_lite_core::ir::Op;
-use flux_lite_core::models::tensors;
 
 impl ShapeBench<'_> {
     /// Every op of the first double and the first single block over
@@ -22,24 +20,15 @@ impl ShapeBench<'_> {
     /// program's order, and one a block.
     pub fn block_ops(&self, cfg: &TransformerConfig, tokens: u64) -> Result<Vec<Figure>, RunError> {
         let gpu = self.gpu;
-        let text = if tokens >= 1024 { 512 } else { tokens / 2 };
-        let chunk = self.chunk_for_keys(cfg, tokens);
-        let (layout, blocks, arena_bytes) = programs(cfg, self.tokens(text, tokens - text), chunk)?;
-        let runner = self.runner(arena_bytes, tokens, cfg.attention_head_dim as u64, false);
-        let weights = SyntheticWeights::new(|sink| tensors::transformer(cfg, sink));
+        let first = self.first_blocks(cfg, tokens)?;
         // Bytes as `bench traffic` counts them, split as this adapter's bindings split them.
         let machine = Machine { max_binding: gpu.max_binding(), ..H200 };
         let mut figures = Vec::new();
-        let picks = [("double block", 1, cfg.num_layers > 0), ("single block", 1 + cfg.num_layers, cfg.num_single_layers > 0)];
-        for (what, index, present) in picks {
-            if !present {
-                continue;
-            }
-            let block = &blocks[index];
-            let placed = weights.place(gpu, block)?;
+        for (what, block) in &first.blocks {
+            let placed = first.weights.place(gpu, block)?;
             let mut sum = Figure {
                 what: format!("{what}, the sum of its ops timed alone"),
-                shape: format!("{text} text + {} image tokens, D {}{}", layout.image, layout.dim, chunked(chunk)),
+                shape: first.shape.clone(),
                 seconds: 0.0,
                 flops: 0,
                 bytes: 0,
@@ -47,7 +36,7 @@ impl ShapeBench<'_> {
                 dispatches: Some(0),
             };
             for op in block {
-                let d = runner.prepare_block(gpu, &placed, 0, std::slice::from_ref(op))?;
+                let d = first.runner.prepare_block(gpu, &placed, 0, std::slice::from_ref(op))?;
                 if d.is_empty() {
                     continue;
                 }

@@ -254,31 +254,38 @@ impl<'g> ShapeBench<'g> {
     /// The first double and the first single block over `tokens` tokens
     /// (512 of them text, or half when there are fewer than 1024).
     pub fn blocks(&self, cfg: &TransformerConfig, tokens: u64) -> Result<Vec<Figure>, RunError> {
-        let text = if tokens >= 1024 { 512 } else { tokens / 2 };
-        let chunk = self.chunk_for_keys(cfg, tokens);
-        let (layout, blocks, arena_bytes) = programs(cfg, self.tokens(text, tokens - text), chunk)?;
-        let runner = self.runner(arena_bytes, tokens, cfg.attention_head_dim as u64, false);
-        let weights = SyntheticWeights::new(|sink| tensors::transformer(cfg, sink));
+        let first = self.first_blocks(cfg, tokens)?;
         let mut figures = Vec::new();
-        let picks = [("double block", 1, cfg.num_layers > 0), ("single block", 1 + cfg.num_layers, cfg.num_single_layers > 0)];
-        for (what, index, present) in picks {
-            if !present {
-                continue;
-            }
-            let block = &blocks[index];
-            let placed = weights.place(self.gpu, block)?;
-            let d = runner.prepare_block(self.gpu, &placed, 0, block)?;
+        for (what, block) in &first.blocks {
+            let placed = first.weights.place(self.gpu, block)?;
+            let d = first.runner.prepare_block(self.gpu, &placed, 0, block)?;
             figures.push(Figure {
-                what: what.into(),
-                shape: format!("{text} text + {} image tokens, D {}{}", layout.image, layout.dim, chunked(chunk)),
+                what: what.to_string(),
+                shape: first.shape.clone(),
                 seconds: self.timer.median(&d, self.repeats)?,
                 flops: block.iter().map(Op::flops).sum(),
-                bytes: weights.bytes_read(block),
+                bytes: first.weights.bytes_read(block),
                 matrix: false,
                 dispatches: Some(d.len() as u64),
             });
         }
         Ok(figures)
+    }
+
+    /// The model's first double and single block (those it has) over
+    /// `tokens` tokens, as this device's step lays them out, with what runs
+    /// them: the layout [`Self::blocks`] and [`Self::block_ops`] time.
+    fn first_blocks(&self, cfg: &TransformerConfig, tokens: u64) -> Result<FirstBlocks, RunError> {
+        let text = if tokens >= 1024 { 512 } else { tokens / 2 };
+        let chunk = self.chunk_for_keys(cfg, tokens);
+        let (layout, mut blocks, arena_bytes) = programs(cfg, self.tokens(text, tokens - text), chunk)?;
+        let picks = [("double block", 1, cfg.num_layers > 0), ("single block", 1 + cfg.num_layers, cfg.num_single_layers > 0)];
+        Ok(FirstBlocks {
+            shape: format!("{text} text + {} image tokens, D {}{}", layout.image, layout.dim, chunked(chunk)),
+            runner: self.runner(arena_bytes, tokens, cfg.attention_head_dim as u64, false),
+            weights: SyntheticWeights::new(|sink| tensors::transformer(cfg, sink)),
+            blocks: picks.into_iter().filter(|(_, _, present)| *present).map(|(what, index, _)| (what, std::mem::take(&mut blocks[index]))).collect(),
+        })
     }
 
     /// One whole denoising step (every block, prologue and epilogue) at a
@@ -455,6 +462,15 @@ impl<'g> ShapeBench<'g> {
     fn prepare_all(&self, runner: &Runner, weights: &DeviceWeights, blocks: &[Vec<Op>]) -> Result<Vec<Dispatch>, GpuError> {
         Ok(runner.prepare(self.gpu, weights, blocks)?.into_iter().flatten().collect())
     }
+}
+
+/// [`ShapeBench::first_blocks`]: each block's name and program, their
+/// tokens' description, the arena they run in and their weights.
+struct FirstBlocks {
+    shape: String,
+    runner: Runner,
+    weights: SyntheticWeights,
+    blocks: Vec<(&'static str, Vec<Op>)>,
 }
 
 /// The untiled decode's layout for a `size`² image and its arena bytes.
