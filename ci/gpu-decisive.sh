@@ -29,7 +29,8 @@
 #      in memory with their epilogues, the flash attention over f16 pieces),
 #      so that what bounds a block has its own row;
 #   5. the 4B 1024² step, then the 1024² VAE decode (with the tiny preview
-#      decoder's share) and encode, then PyTorch / diffusers bf16 on the same card:
+#      decoder's share) and encode, and the decode op by op (each op timed
+#      alone, summed by kind), then PyTorch / diffusers bf16 on the same card:
 #      every product shape the report's rows timed (bf16 and f32), the same
 #      step, the VAE decode and encode (ci/gpu_peer.py; skipped with a line
 #      without PyTorch, diffusers or CUDA).
@@ -68,9 +69,9 @@ step 30 "4. the double and single block at $tokens tokens, whole and op by op" "
 # The step first, in a stage of its own: its row prints before the decode
 # that the end-to-end row needs, so a slow VAE cannot cut it off.
 step 50 "5. the 4B ${size}² step (the text encoder before it, the decode and the end-to-end sum after)" "$binary" bench kernels --model klein-4b --only step --step-sizes "$size" --pipeline-statistics "${repeats[@]}"
-step 40 "5. the ${size}² VAE decode (the tiny preview decoder's share) and encode" "$binary" bench kernels --model klein-4b --only vae --vae-size "$size" "${repeats[@]}"
+step 50 "5. the ${size}² VAE decode (the tiny preview decoder's share) and encode, then the decode op by op" "$binary" bench kernels --model klein-4b --only vae,vae-ops --vae-size "$size" "${repeats[@]}"
 if command -v python3 >/dev/null; then
-    step 115 "5. PyTorch / diffusers bf16, same card" python3 ci/gpu_peer.py --bench "$report" \
+    step 105 "5. PyTorch / diffusers bf16, same card" python3 ci/gpu_peer.py --bench "$report" \
         --config test_vectors/configs/klein-4b/transformer/config.json \
         --vae-config test_vectors/configs/klein-4b/vae/config.json --size "$size" --repeats 5
 else

@@ -235,7 +235,7 @@ fn kernels_bench_prints_every_row_beside_the_ceilings_of_the_same_run() {
 fn kernels_bench_refuses_bad_lists_and_sizes() {
     for (args, message) in [
         (&["--tokens", "12,x"][..], "\"12,x\": expected numbers separated by commas, e.g. 768,1536"),
-        (&["--only", "linear,gemm"][..], "--only \"gemm\": expected some of linear, lora, attention, blocks, ops, vae, df11, step, tiers"),
+        (&["--only", "linear,gemm"][..], "--only \"gemm\": expected some of linear, lora, attention, blocks, ops, vae, vae-ops, df11, step, tiers"),
         (&["--vae-size", "40"][..], "--vae-size 40 is not a multiple of 16"),
         (&["--model", "/nonexistent/model"][..], "/nonexistent/model"),
     ] {
@@ -297,45 +297,47 @@ fn kernels_bench_sets_the_tiers_side_by_side() {
     }
 }
 
-/// `--only ops`: every op of tiny-a's first double and single block timed
-/// alone on `tier`, as the step records it: the ops together prepare the
-/// dispatches the whole block prepares, each block's sum row says so, and
-/// the products say what they read (f16 in memory on the half-precision
-/// data path, f32 elsewhere).
-fn block_ops_prepare_what_their_block_prepares(tier: &str, half_path: bool) {
+/// `--only ops` and `--only vae-ops`: every op of tiny-a's first double and
+/// single block, and of its VAE decode, timed alone on `tier`, as the step
+/// and the decode record them: the ops together prepare the dispatches the
+/// whole block (the whole decode) prepares, each sum row says so, and the
+/// products say what they read (f16 in memory on the half-precision data
+/// path, f32 elsewhere).
+fn ops_prepare_what_their_whole_prepares(tier: &str, half_path: bool) {
     let model = concat!(env!("CARGO_MANIFEST_DIR"), "/../test_vectors/models/tiny-a");
-    let args = ["bench", "kernels", "--model", model, "--only", "blocks,ops", "--tokens", "40", "--repeats", "1", "--precision", tier];
+    let args = ["bench", "kernels", "--model", model, "--only", "blocks,ops,vae,vae-ops", "--tokens", "40", "--vae-size", "32", "--repeats", "1", "--precision", tier];
     let out = Command::new(env!("CARGO_BIN_EXE_flux-lite")).args(args).output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
     print!("{stdout}");
     let rows = table_rows(&stdout);
     let dispatches = |r: &Vec<String>| r[7].parse::<u64>().unwrap();
-    for block in ["double block", "single block"] {
-        let whole = rows.iter().find(|r| r[0] == block).unwrap_or_else(|| panic!("no {block} row: {stdout}"));
-        let sum = rows.iter().find(|r| r[0] == format!("{block}, the sum of its ops timed alone")).unwrap_or_else(|| panic!("no sum of the {block}'s ops: {stdout}"));
-        let ops: Vec<&Vec<String>> = rows.iter().filter(|r| r[0].starts_with(&format!("{block}: "))).collect();
-        assert_eq!(dispatches(sum), dispatches(whole), "{tier}: {stdout}");
-        assert_eq!(ops.iter().map(|r| dispatches(r)).sum::<u64>(), dispatches(whole), "{tier}: {stdout}");
-        let products: Vec<&&Vec<String>> = ops.iter().filter(|r| r[0].contains(": linear ")).collect();
-        assert!(!products.is_empty(), "{stdout}");
-        let read = if half_path { "(f16 " } else { "(f32 in" };
-        assert!(products.iter().all(|r| r[0].contains(read)), "{tier}: every product reads {read}: {stdout}");
+    for whole in ["double block", "single block", "VAE decode"] {
+        let row = rows.iter().find(|r| r[0] == whole).unwrap_or_else(|| panic!("no {whole} row: {stdout}"));
+        let sum = rows.iter().find(|r| r[0] == format!("{whole}, the sum of its ops timed alone")).unwrap_or_else(|| panic!("no sum of the {whole}'s ops: {stdout}"));
+        let parts: Vec<&Vec<String>> = rows.iter().filter(|r| r[0].starts_with(&format!("{whole}: "))).collect();
+        assert_eq!(dispatches(sum), dispatches(row), "{tier}: {stdout}");
+        assert_eq!(parts.iter().map(|r| dispatches(r)).sum::<u64>(), dispatches(row), "{tier}: {stdout}");
     }
+    let products: Vec<&Vec<String>> = rows.iter().filter(|r| r[0].contains(" block: linear ")).collect();
+    assert!(!products.is_empty(), "{stdout}");
+    let read = if half_path { "(f16 " } else { "(f32 in" };
+    assert!(products.iter().all(|r| r[0].contains(read)), "{tier}: every product reads {read}: {stdout}");
+    assert!(rows.iter().any(|r| r[0].starts_with("VAE decode: convolution (")), "{stdout}");
 }
 
 #[test]
-fn block_ops_prepare_what_their_block_prepares_on_f32() {
-    block_ops_prepare_what_their_block_prepares("f32", false);
+fn ops_prepare_what_their_whole_prepares_on_f32() {
+    ops_prepare_what_their_whole_prepares("f32", false);
 }
 
 /// Run again on Mesa 26, where the matrix tier is (CI's filter `matrix`):
 /// its f16 tiles take the half-precision data path.
 #[test]
-fn block_ops_prepare_what_their_block_prepares_on_the_matrix_tier() {
+fn ops_prepare_what_their_whole_prepares_on_the_matrix_tier() {
     let flux_lite = env!("CARGO_BIN_EXE_flux-lite");
     if flux_lite_tests::tier_here(flux_lite, "matrix") {
         let f16_tiles = flux_lite_tests::tier_line(flux_lite, "matrix").contains(" f16 tiles");
-        block_ops_prepare_what_their_block_prepares("matrix", f16_tiles);
+        ops_prepare_what_their_whole_prepares("matrix", f16_tiles);
     }
 }

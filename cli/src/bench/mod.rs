@@ -46,7 +46,7 @@ struct KernelsArgs {
     /// bf16 weights in the DF11 expansion, 0 to skip (default 16777216; 1048576 on a software adapter)
     #[argh(option)]
     df11_elements: Option<usize>,
-    /// run only these rows, comma-separated: linear, lora (a rank-16 LoRA side product on each linear shape), attention, blocks, vae, df11 (and the GGUF types' expansion), step, tiers (the linears on every tier side by side), ops (each op of the first double and single block timed alone, as the step records it, and their sums; only where asked) (default all but ops)
+    /// run only these rows, comma-separated: linear, lora (a rank-16 LoRA side product on each linear shape), attention, blocks, vae, df11 (and the GGUF types' expansion), step, tiers (the linears on every tier side by side), ops (each op of the first double and single block timed alone, as the step records it, and their sums), vae-ops (the untiled VAE decode's ops each timed alone, summed by kind) (default all but ops and vae-ops)
     #[argh(option, from_str_fn(parse_rows))]
     only: Option<Vec<String>>,
     /// timed runs of each row after a warm-up; the median is reported (default 5)
@@ -60,10 +60,10 @@ struct KernelsArgs {
     pipeline_statistics: bool,
 }
 
-const ROWS: [&str; 9] = ["linear", "lora", "attention", "blocks", "ops", "vae", "df11", "step", "tiers"];
+const ROWS: [&str; 10] = ["linear", "lora", "attention", "blocks", "ops", "vae", "vae-ops", "df11", "step", "tiers"];
 
 /// The rows run only where `--only` names them.
-const ASKED_ONLY: [&str; 1] = ["ops"];
+const ASKED_ONLY: [&str; 2] = ["ops", "vae-ops"];
 
 /// The rank of the LoRA side products `bench kernels` times.
 const LORA_RANK: u64 = 16;
@@ -241,6 +241,11 @@ fn kernels(args: &KernelsArgs) -> Result<(), String> {
             100.0 * tiny.seconds / decode.seconds,
             100.0 * tiny.flops as f64 / decode.flops as f64
         ));
+    }
+    if vae_size > 0 && want("vae-ops") && vae_fits("VAE decode op by op", vae_size) {
+        for f in bench.vae_decode_ops(&vae, vae_size).map_err(err)? {
+            row(&f, &ceilings);
+        }
     }
     if df11_elements > 0 && want("df11") {
         row(&bench.df11(df11_elements).map_err(err)?, &ceilings);

@@ -8,6 +8,8 @@
 
 use super::synthetic::block_local;
 use super::{Figure, ShapeBench};
+use crate::exec::device_weights::DeviceWeights;
+use crate::exec::runner::Runner;
 use crate::bench::traffic::{kind, op_traffic, Machine, H200};
 use crate::error::RunError;
 use flux_lite_core::config::TransformerConfig;
@@ -19,47 +21,62 @@ impl ShapeBench<'_> {
     /// each timed alone, then each block's sum: one figure an op, in the
     /// program's order, and one a block.
     pub fn block_ops(&self, cfg: &TransformerConfig, tokens: u64) -> Result<Vec<Figure>, RunError> {
-        let gpu = self.gpu;
         let first = self.first_blocks(cfg, tokens)?;
-        // Bytes as `bench traffic` counts them, split as this adapter's bindings split them.
-        let machine = Machine { max_binding: gpu.max_binding(), ..H200 };
         let mut figures = Vec::new();
         for (what, block) in &first.blocks {
-            let placed = first.weights.place(gpu, block)?;
-            let mut sum = Figure {
-                what: format!("{what}, the sum of its ops timed alone"),
-                shape: first.shape.clone(),
-                seconds: 0.0,
-                flops: 0,
-                bytes: 0,
-                matrix: false,
-                dispatches: Some(0),
-            };
-            for op in block {
-                let d = first.runner.prepare_block(gpu, &placed, 0, std::slice::from_ref(op))?;
-                if d.is_empty() {
-                    continue;
-                }
-                let traffic = op_traffic(op, gpu.precision(), &machine);
-                let figure = Figure {
-                    what: format!("{what}: {}", describe(op)),
-                    shape: shape(op),
-                    seconds: self.timer.median(&d, self.repeats)?,
-                    flops: op.flops(),
-                    bytes: traffic.bytes,
-                    matrix: gpu.matrix().is_some() && matches!(kind(op), "linear" | "attention"),
-                    dispatches: Some(d.len() as u64),
-                };
-                sum.seconds += figure.seconds;
-                sum.flops += figure.flops;
-                sum.bytes += figure.bytes;
-                sum.dispatches = sum.dispatches.zip(figure.dispatches).map(|(a, b)| a + b);
-                figures.push(figure);
+            let placed = first.weights.place(self.gpu, block)?;
+            let timed = self.each_op(block, &first.runner, &placed)?;
+            for (_, figure) in &timed {
+                figures.push(Figure { what: format!("{what}: {}", figure.what), ..figure.clone() });
             }
+            let sum = summed(format!("{what}, the sum of its ops timed alone"), first.shape.clone(), timed.iter().map(|(_, f)| f));
             figures.push(sum);
         }
         Ok(figures)
     }
+
+    /// Each op of `ops` that prepares dispatches, timed alone in
+    /// `runner`'s arena over `placed` weights, with its kind: named as
+    /// [`describe`] names it, its bytes as `bench traffic` counts them
+    /// (split as this adapter's bindings split them), its share of the
+    /// matrix units' ceiling where a product, an attention or a
+    /// convolution runs on them.
+    pub(super) fn each_op(&self, ops: &[Op], runner: &Runner, placed: &DeviceWeights) -> Result<Vec<(&'static str, Figure)>, RunError> {
+        let gpu = self.gpu;
+        let machine = Machine { max_binding: gpu.max_binding(), ..H200 };
+        let mut timed = Vec::new();
+        for op in ops {
+            let d = runner.prepare_block(gpu, placed, 0, std::slice::from_ref(op))?;
+            if d.is_empty() {
+                continue;
+            }
+            let figure = Figure {
+                what: describe(op),
+                shape: shape(op),
+                seconds: self.timer.median(&d, self.repeats)?,
+                flops: op.flops(),
+                bytes: op_traffic(op, gpu.precision(), &machine).bytes,
+                matrix: gpu.matrix().is_some() && matches!(kind(op), "linear" | "attention" | "convolution"),
+                dispatches: Some(d.len() as u64),
+            };
+            timed.push((kind(op), figure));
+        }
+        Ok(timed)
+    }
+}
+
+/// One figure for `figures` together: their times, FLOPs, bytes and
+/// dispatches summed; on matrix units where all of them are.
+pub(super) fn summed<'f>(what: String, shape: String, figures: impl Iterator<Item = &'f Figure>) -> Figure {
+    let mut sum = Figure { what, shape, seconds: 0.0, flops: 0, bytes: 0, matrix: true, dispatches: Some(0) };
+    for f in figures {
+        sum.seconds += f.seconds;
+        sum.flops += f.flops;
+        sum.bytes += f.bytes;
+        sum.matrix &= f.matrix;
+        sum.dispatches = sum.dispatches.zip(f.dispatches).map(|(a, b)| a + b);
+    }
+    sum
 }
 
 /// The op's kind and, where it reads a weight, that weight's name inside

@@ -40,6 +40,36 @@ impl<'g> ShapeBench<'g> {
         self.vae_program("VAE decode", format!("{size}×{size}"), cfg, &program, arena_bytes)
     }
 
+    /// The untiled decode of a `size`² image op by op, each op timed
+    /// alone (as [`ShapeBench::block_ops`] times a block's), summed by kind
+    /// in the order each kind first runs, then the sum of them all: where
+    /// a decode's time goes.
+    pub fn vae_decode_ops(&self, cfg: &VaeConfig, size: u64) -> Result<Vec<Figure>, RunError> {
+        let channels_last = self.gpu.plan_limits().half_operands;
+        let (layout, arena_bytes) = vae_layout(cfg, size, channels_last)?;
+        let program = collect_ops(|emit| flux_lite_core::models::vae_nhwc::decode_whole(&layout, channels_last, emit));
+        let weights = SyntheticWeights::new(|sink| tensors::vae(cfg, sink));
+        let placed = weights.place(self.gpu, &program)?;
+        let timed = self.each_op(&program, &self.runner(arena_bytes, 0, 0, false), &placed)?;
+        let mut kinds: Vec<&str> = Vec::new();
+        for (kind, _) in &timed {
+            if !kinds.contains(kind) {
+                kinds.push(kind);
+            }
+        }
+        let shape = format!("{size}×{size}");
+        let mut figures: Vec<Figure> = kinds
+            .iter()
+            .map(|k| {
+                let of_kind: Vec<&Figure> = timed.iter().filter(|(kind, _)| kind == k).map(|(_, f)| f).collect();
+                let count = if of_kind.len() == 1 { "1 op".to_string() } else { format!("{} ops", of_kind.len()) };
+                block_ops::summed(format!("VAE decode: {k} ({count})"), shape.clone(), of_kind.into_iter())
+            })
+            .collect();
+        figures.push(block_ops::summed("VAE decode, the sum of its ops timed alone".into(), shape, timed.iter().map(|(_, f)| f)));
+        Ok(figures)
+    }
+
     /// Why the untiled VAE encoder cannot take a `size`² image on this
     /// adapter (its arena above the largest buffer, or one tensor above the
     /// largest binding; `gen` encodes such images by bands), or `None` if it can.
