@@ -473,7 +473,6 @@ struct FirstBlocks {
     blocks: Vec<(&'static str, Vec<Op>)>,
 }
 
-/// The untiled decode's layout for a `size`² image and its arena bytes.
 /// A linear shape of the blocks: `(cols, inner)`, the first weight of that
 /// shape, and how many a block has.
 type LinearShape = ((u64, u64), String, usize);

@@ -34,9 +34,7 @@ impl<'g> ShapeBench<'g> {
 
     /// The whole VAE decoder for a `size`² image, untiled, to its 8-bit levels as `gen` runs it.
     pub fn vae_decode(&self, cfg: &VaeConfig, size: u64) -> Result<Figure, RunError> {
-        let channels_last = self.gpu.plan_limits().half_operands;
-        let (layout, arena_bytes) = vae_layout(cfg, size, channels_last)?;
-        let program = collect_ops(|emit| flux_lite_core::models::vae_nhwc::decode_whole(&layout, channels_last, emit));
+        let (program, arena_bytes) = self.whole_decode(cfg, size)?;
         self.vae_program("VAE decode", format!("{size}×{size}"), cfg, &program, arena_bytes)
     }
 
@@ -45,12 +43,9 @@ impl<'g> ShapeBench<'g> {
     /// in the order each kind first runs, then the sum of them all: where
     /// a decode's time goes.
     pub fn vae_decode_ops(&self, cfg: &VaeConfig, size: u64) -> Result<Vec<Figure>, RunError> {
-        let channels_last = self.gpu.plan_limits().half_operands;
-        let (layout, arena_bytes) = vae_layout(cfg, size, channels_last)?;
-        let program = collect_ops(|emit| flux_lite_core::models::vae_nhwc::decode_whole(&layout, channels_last, emit));
-        let weights = SyntheticWeights::new(|sink| tensors::vae(cfg, sink));
-        let placed = weights.place(self.gpu, &program)?;
-        let timed = self.each_op(&program, &self.runner(arena_bytes, 0, 0, false), &placed)?;
+        let (program, arena_bytes) = self.whole_decode(cfg, size)?;
+        let (placed, runner) = self.vae_placed(cfg, &program, arena_bytes)?;
+        let timed = self.each_op(&program, &runner, &placed)?;
         let mut kinds: Vec<&str> = Vec::new();
         for (kind, _) in &timed {
             if !kinds.contains(kind) {
@@ -98,9 +93,8 @@ impl<'g> ShapeBench<'g> {
     pub fn vae_decode_banded(&self, cfg: &VaeConfig, size: u64) -> Result<Figure, RunError> {
         let internal = |e: vae::VaePlanError| RunError::layout("VAE")(&e);
         // The program `gen` runs by bands: the whole decode's, levels included.
+        let (program, arena_bytes) = self.whole_decode(cfg, size)?;
         let channels_last = self.gpu.plan_limits().half_operands;
-        let (layout, arena_bytes) = vae_layout(cfg, size, channels_last)?;
-        let program = collect_ops(|emit| flux_lite_core::models::vae_nhwc::decode_whole(&layout, channels_last, emit));
         let scale = cfg.scale_factor() as u64;
         let limits = self.gpu.plan_limits();
         let row = flux_lite_core::models::vae_nhwc::decode_band_minimum(cfg, size / scale, size / scale, channels_last).map_err(internal)?;
@@ -217,9 +211,7 @@ impl<'g> ShapeBench<'g> {
 
     /// Times VAE decoder steps over an arena of `arena_bytes`.
     pub(super) fn vae_program(&self, what: &str, shape: String, cfg: &VaeConfig, program: &[Op], arena_bytes: u64) -> Result<Figure, RunError> {
-        let weights = SyntheticWeights::new(|sink| tensors::vae(cfg, sink));
-        let placed = weights.place(self.gpu, program)?;
-        let runner = self.runner(arena_bytes, 0, 0, false);
+        let (placed, runner) = self.vae_placed(cfg, program, arena_bytes)?;
         let d = runner.prepare_block(self.gpu, &placed, 0, program)?;
         Ok(Figure {
             what: what.into(),
@@ -232,8 +224,25 @@ impl<'g> ShapeBench<'g> {
             dispatches: Some(d.len() as u64),
         })
     }
+
+    /// The untiled decoder's program for a `size`² image, to its 8-bit
+    /// levels, as this device lays it out (channels-last on f16 tiles), and
+    /// its arena bytes.
+    fn whole_decode(&self, cfg: &VaeConfig, size: u64) -> Result<(Vec<Op>, u64), RunError> {
+        let channels_last = self.gpu.plan_limits().half_operands;
+        let (layout, arena_bytes) = vae_layout(cfg, size, channels_last)?;
+        Ok((collect_ops(|emit| flux_lite_core::models::vae_nhwc::decode_whole(&layout, channels_last, emit)), arena_bytes))
+    }
+
+    /// Synthetic VAE weights placed for `program`, and an arena of
+    /// `arena_bytes` to run it in.
+    fn vae_placed(&self, cfg: &VaeConfig, program: &[Op], arena_bytes: u64) -> Result<(DeviceWeights, Runner), RunError> {
+        let weights = SyntheticWeights::new(|sink| tensors::vae(cfg, sink));
+        Ok((weights.place(self.gpu, program)?, self.runner(arena_bytes, 0, 0, false)))
+    }
 }
 
+/// The untiled decode's layout for a `size`² image and its arena bytes.
 fn vae_layout(cfg: &VaeConfig, size: u64, channels_last: bool) -> Result<(vae::VaeLayout, u64), RunError> {
     let latent = size / cfg.scale_factor() as u64;
     let mut arena = BumpArena::new(u64::MAX);
