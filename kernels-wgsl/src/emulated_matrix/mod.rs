@@ -197,6 +197,12 @@ fn emulated_multiply_add(a: u32, b: u32, d: u32) {
     }
 }
 
+// The operand a helper loop's (row, col) reads or writes in an array of
+// vectors `width` wide, counted in operands (`at` and `stride` in vectors).
+fn emulated_operand(at: u32, stride: u32, row: u32, col: u32, row_major: bool, width: u32) -> u32 {
+    return at * width + select(col * stride * width + row, row * stride * width + col, row_major);
+}
+
 fn emulated_copy(slot_from: u32, slot_to: u32) {
     for (var i = 0u; i < emulated_t * emulated_t; i++) {
         emulated_tiles[emulated_slot(slot_to) + i] = emulated_tiles[emulated_slot(slot_from) + i];
@@ -224,18 +230,48 @@ fn replace_matrix_aliases(text: &str) -> Result<String, String> {
     Ok(out)
 }
 
-/// Each module-scope array's element type: `var<workgroup> NAME: array<TYPE, …>`.
-fn declared_elements(text: &str) -> BTreeMap<String, String> {
+/// Each module-scope array's element: `var<workgroup> NAME: array<TYPE, …>`,
+/// TYPE a scalar or a vector of them (`vec4<f16>`).
+fn declared_elements(text: &str) -> BTreeMap<String, Element> {
     let mut elements = BTreeMap::new();
     for line in text.lines() {
         let Some(rest) = line.trim_start().strip_prefix("var<") else { continue };
         let Some((_, declared)) = rest.split_once('>') else { continue };
         let Some((name, ty)) = declared.split_once(':') else { continue };
         let Some(element) = ty.trim().strip_prefix("array<") else { continue };
-        let element = element.split([',', '>']).next().unwrap_or_default().trim();
-        elements.insert(name.trim().to_string(), element.to_string());
+        elements.insert(name.trim().to_string(), Element::parse(element));
     }
     elements
+}
+
+/// An array's element: its scalar type, and how many of them it holds (1,
+/// or a vector's width).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Element {
+    scalar: String,
+    width: u32,
+}
+
+impl Element {
+    /// From the text after `array<`: `f32, 64>`, `vec4<f16>, N>`.
+    fn parse(declared: &str) -> Self {
+        let vector = ["vec2<", "vec3<", "vec4<"].iter().find(|v| declared.starts_with(*v));
+        match vector {
+            Some(v) => Self { scalar: declared[v.len()..].split('>').next().unwrap_or_default().trim().to_string(), width: v.as_bytes()[3] as u32 - b'0' as u32 },
+            None => Self { scalar: declared.split([',', '>']).next().unwrap_or_default().trim().to_string(), width: 1 },
+        }
+    }
+
+    /// The statement(s) that take the array's operand at a helper loop's
+    /// (row, col) as `emulated_e`, then that operand: `at` and `stride`
+    /// count elements, as a cooperative load's pointer and stride do, and a
+    /// vector's components are consecutive operands.
+    fn place(&self, array: &str) -> (String, String) {
+        match self.width {
+            1 => (String::new(), format!("{array}[{MEMORY}]")),
+            w => (format!("let emulated_e = emulated_operand(at, stride, row, col, row_major, {w}u); "), format!("{array}[emulated_e / {w}u][emulated_e % {w}u]")),
+        }
+    }
 }
 
 /// `let NAME = &ARRAY[INDEX];` becomes `let NAME = INDEX;`, and the calls
@@ -272,27 +308,28 @@ fn take_pointer_lets(text: &mut String) -> Result<BTreeMap<String, String>, Stri
 
 /// The helpers a module needs: each array's load and store, written once.
 struct Helpers {
-    elements: BTreeMap<String, String>,
+    elements: BTreeMap<String, Element>,
     written: BTreeMap<String, String>,
 }
 
 impl Helpers {
-    fn new(elements: BTreeMap<String, String>) -> Self {
+    fn new(elements: BTreeMap<String, Element>) -> Self {
         Self { elements, written: BTreeMap::new() }
     }
 
     /// `emulated_load_ARRAY(tile, at, stride, row_major)`, written if new.
     fn load(&mut self, array: &str) -> Result<String, String> {
-        if !self.elements.contains_key(array) {
-            return Err(format!("a cooperative load from `{array}`, which is not a module-scope array"));
-        }
-        Ok(self.helper(&format!("emulated_load_{array}"), &format!("{SLOT} = f32({array}[{MEMORY}]);")))
+        let element = self.elements.get(array).ok_or_else(|| format!("a cooperative load from `{array}`, which is not a module-scope array"))?;
+        let (find, place) = element.place(array);
+        let statement = format!("{find}{SLOT} = f32({place});");
+        Ok(self.helper(&format!("emulated_load_{array}"), &statement))
     }
 
     /// `emulated_store_ARRAY(tile, at, stride, row_major)`, written if new.
     fn store(&mut self, array: &str) -> Result<String, String> {
         let element = self.elements.get(array).ok_or_else(|| format!("a cooperative store into `{array}`, which is not a module-scope array"))?;
-        let statement = format!("{array}[{MEMORY}] = {element}({SLOT});");
+        let (find, place) = element.place(array);
+        let statement = format!("{find}{place} = {}({SLOT});", element.scalar);
         Ok(self.helper(&format!("emulated_store_{array}"), &statement))
     }
 

@@ -77,3 +77,22 @@ fn a_number_set_from_a_number_stays_as_it_is_and_a_pointer_name_into_two_arrays_
     let refused = emulate(&two, 8).unwrap_err();
     assert!(refused.contains("`p` points into `d` in one place and `c` in another"), "{refused}");
 }
+
+/// A load from an array of vec4s counts its pointer and stride in vec4s and
+/// reads the components as consecutive operands, as SPIR-V's cooperative
+/// loads do: (row, col) of a row-major tile at vec4 `at` with a stride of
+/// `stride` vec4s is operand 4·at + 4·stride·row + col.
+#[test]
+fn a_load_from_vec4s_reads_their_components_as_consecutive_operands() {
+    assert_eq!(Element::parse("vec4<f16>, A_VEC4S>"), Element { scalar: "f16".into(), width: 4 });
+    assert_eq!(Element::parse("f32, 64>"), Element { scalar: "f32".into(), width: 1 });
+    let source = "enable f16;\nenable wgpu_cooperative_matrix;\nconst T: u32 = 8u;\nalias MatA = coop_mat8x8<f16, A>;\nalias MatC = coop_mat8x8<f32, C>;\n\
+        var<workgroup> a: array<vec4<f16>, 32>;\nvar<workgroup> c: array<f32, 64>;\n\
+        @compute @workgroup_size(8)\nfn main(@builtin(local_invocation_index) li: u32) {\n\
+        let m = coopMultiplyAdd(coopLoadT<MatA>(&a[2], 4u), coopLoad<MatA>(&a[0], 4u), coopLoadT<MatC>(&c[0], T));\n    coopStoreT(m, &c[0], T);\n}\n";
+    let out = emulate(source, 8).unwrap().source;
+    assert!(out.contains("let emulated_e = emulated_operand(at, stride, row, col, row_major, 4u); emulated_tiles[base + row * T + col] = f32(a[emulated_e / 4u][emulated_e % 4u]);"), "{out}");
+    assert!(out.contains("return at * width + select(col * stride * width + row, row * stride * width + col, row_major);"), "{out}");
+    let parsed = naga::front::wgsl::parse_str(&out).unwrap_or_else(|e| panic!("{}", e.emit_to_string(&out)));
+    naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::SHADER_FLOAT16).validate(&parsed).unwrap();
+}

@@ -61,27 +61,24 @@ fn fetch(li: u32, row0: u32, col0: u32, t0: u32) -> Fetched {
 }
 
 // Rounds fetched values into buffer `half`, each row of A and column of B
-// under its range scale.
+// under its range scale, four terms a store; W's words packed into f16
+// (`W_HALF`) go in as they are, eight terms in two stores.
 fn put(li: u32, half: u32, f: ptr<function, Fetched>) {
     for (var j = 0u; j < BM * KT / 4u / WG; j++) {
         let i = li + j * WG;
         let r = i / (KT / 4u);
-        let at = half * BM * LD + r * LD + 4u * (i % (KT / 4u));
-        let v = (*f).a[j] * row_inverse(r);
-        a_tiles[at] = Operand(v.x);
-        a_tiles[at + 1u] = Operand(v.y);
-        a_tiles[at + 2u] = Operand(v.z);
-        a_tiles[at + 3u] = Operand(v.w);
+        put_a4(half * BM * LD + r * LD + 4u * (i % (KT / 4u)), (*f).a[j] * row_inverse(r));
     }
     for (var j = 0u; j < BN * KT / 8u / WG; j++) {
         let i = li + j * WG;
         let c = i / (KT / 8u);
         let at = half * BN * LD + c * LD + 8u * (i % (KT / 8u));
         let q = (*f).b[j];
-        let pairs = array<vec2<f32>, 4>(b_word_operands(q.x, c), b_word_operands(q.y, c), b_word_operands(q.z, c), b_word_operands(q.w, c));
-        for (var i = 0u; i < 4u; i++) {
-            b_tiles[at + 2u * i] = Operand(pairs[i].x);
-            b_tiles[at + 2u * i + 1u] = Operand(pairs[i].y);
+        if (W_HALF) {
+            put_b_words(at, q);
+        } else {
+            put_b4(at, vec4<f32>(b_word_operands(q.x, c), b_word_operands(q.y, c)));
+            put_b4(at + 4u, vec4<f32>(b_word_operands(q.z, c), b_word_operands(q.w, c)));
         }
     }
 }

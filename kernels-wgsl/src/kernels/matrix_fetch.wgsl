@@ -46,15 +46,15 @@ fn fetch(li: u32, row0: u32, col0: u32, t0: u32) -> Fetched {
 fn put(li: u32, half: u32, f: ptr<function, Fetched>) {
     for (var j = 0u; j < BM * KT / WG; j++) {
         let rt = a_element(li + j * WG);
-        a_tiles[half * BM * LD + rt.x * LD + rt.y] = Operand((*f).a[j] * row_inverse(rt.x));
+        put_a(half * BM * LD + rt.x * LD + rt.y, (*f).a[j] * row_inverse(rt.x));
     }
     for (var j = 0u; j < BN * KT / 2u / WG; j++) {
         let i = li + j * WG;
         let c = i / (KT / 2u);
         let at = half * BN * LD + c * LD + 2u * (i % (KT / 2u));
         let pair = b_word_operands((*f).b[j], c);
-        b_tiles[at] = Operand(pair.x);
-        b_tiles[at + 1u] = Operand(pair.y);
+        put_b(at, pair.x);
+        put_b(at + 1u, pair.y);
     }
 }
 
@@ -62,11 +62,11 @@ fn put(li: u32, half: u32, f: ptr<function, Fetched>) {
 fn stage(li: u32, half: u32, row0: u32, col0: u32, t0: u32) {
     for (var i = li; i < BM * KT; i += WG) {
         let rt = a_element(i);
-        a_tiles[half * BM * LD + rt.x * LD + rt.y] = Operand(a_at(rt.x, rt.y, row0, t0) * row_inverse(rt.x));
+        put_a(half * BM * LD + rt.x * LD + rt.y, a_at(rt.x, rt.y, row0, t0) * row_inverse(rt.x));
     }
     for (var i = li; i < BN * KT; i += WG) {
         let c = i / KT;
         let t = i % KT;
-        b_tiles[half * BN * LD + c * LD + t] = Operand(b_at(t, c, col0, t0) * col_inverse(c));
+        put_b(half * BN * LD + c * LD + t, b_at(t, c, col0, t0) * col_inverse(c));
     }
 }

@@ -72,11 +72,14 @@ override KT: u32 = 2u * T;
 override STAGES: u32 = 2u;
 override LD: u32 = KT + PAD;
 
-// STAGES k steps of A's block rows and B's block columns, each a run of KT.
+// STAGES k steps of A's block rows and B's block columns, each a run of KT,
+// as operands in `a_tiles` and `b_tiles`: the tiles' file the module
+// includes beside this one declares them, with `put_a`, `put_b`, `put_a4`,
+// `put_b4` and `put_b_words`, and how many operands an element holds
+// (`TILE_VEC`: vec4s of f16, matrix_tiles_vec4.wgsl; f32 one an element,
+// matrix_tiles_scalar.wgsl). Element indices below count operands.
 override A_STAGED: u32 = STAGES * BM * LD;
 override B_STAGED: u32 = STAGES * BN * LD;
-var<workgroup> a_tiles: array<Operand, A_STAGED>;
-var<workgroup> b_tiles: array<Operand, B_STAGED>;
 // OUT_SLOTS (2, or 1 where workgroup memory is short: the staging's
 // `out_slots`) T×T tiles per subgroup on their way out, taken in turn: with
 // two, a subgroup stores its next tile into one slot while the other may
@@ -387,14 +390,14 @@ fn matrix_gemm(li: u32, sg: u32, lane: u32, lanes: u32, row0: u32, col0: u32, k:
         let a_base = half * BM * LD + a_rows;
         let b_base = half * BN * LD + b_cols;
         for (var kk = 0u; kk < KT; kk += T) {
-            let a0 = coopLoadT<MatA>(&a_tiles[a_base + 0u * T * LD + kk], LD);
-            let a1 = coopLoadT<MatA>(&a_tiles[a_base + 1u * T * LD + kk], LD);
-            let a2 = coopLoadT<MatA>(&a_tiles[a_base + 2u * T * LD + kk], LD);
-            let a3 = coopLoadT<MatA>(&a_tiles[a_base + 3u * T * LD + kk], LD);
-            let b0 = coopLoad<MatB>(&b_tiles[b_base + 0u * T * LD + kk], LD);
-            let b1 = coopLoad<MatB>(&b_tiles[b_base + 1u * T * LD + kk], LD);
-            let b2 = coopLoad<MatB>(&b_tiles[b_base + 2u * T * LD + kk], LD);
-            let b3 = coopLoad<MatB>(&b_tiles[b_base + 3u * T * LD + kk], LD);
+            let a0 = coopLoadT<MatA>(&a_tiles[(a_base + 0u * T * LD + kk) / TILE_VEC], LD / TILE_VEC);
+            let a1 = coopLoadT<MatA>(&a_tiles[(a_base + 1u * T * LD + kk) / TILE_VEC], LD / TILE_VEC);
+            let a2 = coopLoadT<MatA>(&a_tiles[(a_base + 2u * T * LD + kk) / TILE_VEC], LD / TILE_VEC);
+            let a3 = coopLoadT<MatA>(&a_tiles[(a_base + 3u * T * LD + kk) / TILE_VEC], LD / TILE_VEC);
+            let b0 = coopLoad<MatB>(&b_tiles[(b_base + 0u * T * LD + kk) / TILE_VEC], LD / TILE_VEC);
+            let b1 = coopLoad<MatB>(&b_tiles[(b_base + 1u * T * LD + kk) / TILE_VEC], LD / TILE_VEC);
+            let b2 = coopLoad<MatB>(&b_tiles[(b_base + 2u * T * LD + kk) / TILE_VEC], LD / TILE_VEC);
+            let b3 = coopLoad<MatB>(&b_tiles[(b_base + 3u * T * LD + kk) / TILE_VEC], LD / TILE_VEC);
             acc00 = coopMultiplyAdd(a0, b0, acc00);
             acc01 = coopMultiplyAdd(a0, b1, acc01);
             acc02 = coopMultiplyAdd(a0, b2, acc02);
