@@ -58,8 +58,10 @@ const MAX_SEGS: u32 = 2u;
 const OUT_PIECES: u32 = 8u;
 
 // A tile's keys (rows of LDK), then its values (rows of LDV); first the
-// queries, Q_CHUNK dims at a time.
-var<workgroup> kv_sh: array<Operand, KB * LDK>;
+// queries, Q_CHUNK dims at a time: vec4s of four neighbouring dims, staged
+// four at a store and read by the cooperative loads as they are (pointers
+// and strides in vec4s; every row length and fragment start is whole vec4s).
+var<workgroup> kv_sh: array<vec4<Operand>, KB * LDK / 4u>;
 // Dims of the queries staged at a time (whole tiles), and the fragments of
 // a subgroup's queries.
 const Q_CHUNK: u32 = min(MAX_DIM, (KB * LDK / QB) / T * T);
@@ -97,10 +99,10 @@ fn next_max(r: u32, segs: u32) -> f32 {
 // Dims c0 … c0 + Q_CHUNK of the workgroup's queries into kv_sh, rows of
 // Q_CHUNK, each divided by its row's scale.
 fn stage_queries(li: u32, h: u32, q0: u32, c0: u32) {
-    for (var i = li; i < QB * Q_CHUNK; i += WG) {
-        let r = i / Q_CHUNK;
-        let d = i % Q_CHUNK;
-        kv_sh[r * Q_CHUNK + d] = Operand(q_at(h, q0, r, c0 + d) / q_scale[r]);
+    for (var i = li; i < QB * Q_CHUNK / 4u; i += WG) {
+        let r = i / (Q_CHUNK / 4u);
+        let d = 4u * (i % (Q_CHUNK / 4u));
+        kv_sh[(r * Q_CHUNK + d) / 4u] = vec4<Operand>(divided_by_power(q_run(h, q0, r, c0 + d), q_scale[r]));
     }
 }
 
@@ -135,62 +137,62 @@ fn attention_flash(
     // Q, once: the subgroup's fragments of its queries' dims, loaded from
     // kv_sh a chunk of dims at a time (fragments past Q_FRAGS are never
     // used; past `dims`, never loaded). Up to 16 (128 dims in 8×8 tiles).
-    var qf0 = coopLoadT<MatA>(&kv_sh[0], T);
-    var qf1 = coopLoadT<MatA>(&kv_sh[0], T);
-    var qf2 = coopLoadT<MatA>(&kv_sh[0], T);
-    var qf3 = coopLoadT<MatA>(&kv_sh[0], T);
-    var qf4 = coopLoadT<MatA>(&kv_sh[0], T);
-    var qf5 = coopLoadT<MatA>(&kv_sh[0], T);
-    var qf6 = coopLoadT<MatA>(&kv_sh[0], T);
-    var qf7 = coopLoadT<MatA>(&kv_sh[0], T);
-    var qf8 = coopLoadT<MatA>(&kv_sh[0], T);
-    var qf9 = coopLoadT<MatA>(&kv_sh[0], T);
-    var qf10 = coopLoadT<MatA>(&kv_sh[0], T);
-    var qf11 = coopLoadT<MatA>(&kv_sh[0], T);
-    var qf12 = coopLoadT<MatA>(&kv_sh[0], T);
-    var qf13 = coopLoadT<MatA>(&kv_sh[0], T);
-    var qf14 = coopLoadT<MatA>(&kv_sh[0], T);
-    var qf15 = coopLoadT<MatA>(&kv_sh[0], T);
+    var qf0 = coopLoadT<MatA>(&kv_sh[(0) / 4u], T / 4u);
+    var qf1 = coopLoadT<MatA>(&kv_sh[(0) / 4u], T / 4u);
+    var qf2 = coopLoadT<MatA>(&kv_sh[(0) / 4u], T / 4u);
+    var qf3 = coopLoadT<MatA>(&kv_sh[(0) / 4u], T / 4u);
+    var qf4 = coopLoadT<MatA>(&kv_sh[(0) / 4u], T / 4u);
+    var qf5 = coopLoadT<MatA>(&kv_sh[(0) / 4u], T / 4u);
+    var qf6 = coopLoadT<MatA>(&kv_sh[(0) / 4u], T / 4u);
+    var qf7 = coopLoadT<MatA>(&kv_sh[(0) / 4u], T / 4u);
+    var qf8 = coopLoadT<MatA>(&kv_sh[(0) / 4u], T / 4u);
+    var qf9 = coopLoadT<MatA>(&kv_sh[(0) / 4u], T / 4u);
+    var qf10 = coopLoadT<MatA>(&kv_sh[(0) / 4u], T / 4u);
+    var qf11 = coopLoadT<MatA>(&kv_sh[(0) / 4u], T / 4u);
+    var qf12 = coopLoadT<MatA>(&kv_sh[(0) / 4u], T / 4u);
+    var qf13 = coopLoadT<MatA>(&kv_sh[(0) / 4u], T / 4u);
+    var qf14 = coopLoadT<MatA>(&kv_sh[(0) / 4u], T / 4u);
+    var qf15 = coopLoadT<MatA>(&kv_sh[(0) / 4u], T / 4u);
     // At most two chunks (Q_CHUNK is at least half of MAX_DIM), unrolled:
     // which fragment a chunk holds is then known to the compiler.
     stage_queries(li, h, q0, 0u);
     workgroupBarrier();
-    if ((0u < Q_FRAGS) & (0u * T >= 0u * Q_CHUNK) & (0u * T < 1u * Q_CHUNK)) { qf0 = coopLoadT<MatA>(&kv_sh[(sg * T) * Q_CHUNK + 0u * T - 0u * Q_CHUNK], Q_CHUNK); }
-    if ((1u < Q_FRAGS) & (1u * T >= 0u * Q_CHUNK) & (1u * T < 1u * Q_CHUNK)) { qf1 = coopLoadT<MatA>(&kv_sh[(sg * T) * Q_CHUNK + 1u * T - 0u * Q_CHUNK], Q_CHUNK); }
-    if ((2u < Q_FRAGS) & (2u * T >= 0u * Q_CHUNK) & (2u * T < 1u * Q_CHUNK)) { qf2 = coopLoadT<MatA>(&kv_sh[(sg * T) * Q_CHUNK + 2u * T - 0u * Q_CHUNK], Q_CHUNK); }
-    if ((3u < Q_FRAGS) & (3u * T >= 0u * Q_CHUNK) & (3u * T < 1u * Q_CHUNK)) { qf3 = coopLoadT<MatA>(&kv_sh[(sg * T) * Q_CHUNK + 3u * T - 0u * Q_CHUNK], Q_CHUNK); }
-    if ((4u < Q_FRAGS) & (4u * T >= 0u * Q_CHUNK) & (4u * T < 1u * Q_CHUNK)) { qf4 = coopLoadT<MatA>(&kv_sh[(sg * T) * Q_CHUNK + 4u * T - 0u * Q_CHUNK], Q_CHUNK); }
-    if ((5u < Q_FRAGS) & (5u * T >= 0u * Q_CHUNK) & (5u * T < 1u * Q_CHUNK)) { qf5 = coopLoadT<MatA>(&kv_sh[(sg * T) * Q_CHUNK + 5u * T - 0u * Q_CHUNK], Q_CHUNK); }
-    if ((6u < Q_FRAGS) & (6u * T >= 0u * Q_CHUNK) & (6u * T < 1u * Q_CHUNK)) { qf6 = coopLoadT<MatA>(&kv_sh[(sg * T) * Q_CHUNK + 6u * T - 0u * Q_CHUNK], Q_CHUNK); }
-    if ((7u < Q_FRAGS) & (7u * T >= 0u * Q_CHUNK) & (7u * T < 1u * Q_CHUNK)) { qf7 = coopLoadT<MatA>(&kv_sh[(sg * T) * Q_CHUNK + 7u * T - 0u * Q_CHUNK], Q_CHUNK); }
-    if ((8u < Q_FRAGS) & (8u * T >= 0u * Q_CHUNK) & (8u * T < 1u * Q_CHUNK)) { qf8 = coopLoadT<MatA>(&kv_sh[(sg * T) * Q_CHUNK + 8u * T - 0u * Q_CHUNK], Q_CHUNK); }
-    if ((9u < Q_FRAGS) & (9u * T >= 0u * Q_CHUNK) & (9u * T < 1u * Q_CHUNK)) { qf9 = coopLoadT<MatA>(&kv_sh[(sg * T) * Q_CHUNK + 9u * T - 0u * Q_CHUNK], Q_CHUNK); }
-    if ((10u < Q_FRAGS) & (10u * T >= 0u * Q_CHUNK) & (10u * T < 1u * Q_CHUNK)) { qf10 = coopLoadT<MatA>(&kv_sh[(sg * T) * Q_CHUNK + 10u * T - 0u * Q_CHUNK], Q_CHUNK); }
-    if ((11u < Q_FRAGS) & (11u * T >= 0u * Q_CHUNK) & (11u * T < 1u * Q_CHUNK)) { qf11 = coopLoadT<MatA>(&kv_sh[(sg * T) * Q_CHUNK + 11u * T - 0u * Q_CHUNK], Q_CHUNK); }
-    if ((12u < Q_FRAGS) & (12u * T >= 0u * Q_CHUNK) & (12u * T < 1u * Q_CHUNK)) { qf12 = coopLoadT<MatA>(&kv_sh[(sg * T) * Q_CHUNK + 12u * T - 0u * Q_CHUNK], Q_CHUNK); }
-    if ((13u < Q_FRAGS) & (13u * T >= 0u * Q_CHUNK) & (13u * T < 1u * Q_CHUNK)) { qf13 = coopLoadT<MatA>(&kv_sh[(sg * T) * Q_CHUNK + 13u * T - 0u * Q_CHUNK], Q_CHUNK); }
-    if ((14u < Q_FRAGS) & (14u * T >= 0u * Q_CHUNK) & (14u * T < 1u * Q_CHUNK)) { qf14 = coopLoadT<MatA>(&kv_sh[(sg * T) * Q_CHUNK + 14u * T - 0u * Q_CHUNK], Q_CHUNK); }
-    if ((15u < Q_FRAGS) & (15u * T >= 0u * Q_CHUNK) & (15u * T < 1u * Q_CHUNK)) { qf15 = coopLoadT<MatA>(&kv_sh[(sg * T) * Q_CHUNK + 15u * T - 0u * Q_CHUNK], Q_CHUNK); }
+    if ((0u < Q_FRAGS) & (0u * T >= 0u * Q_CHUNK) & (0u * T < 1u * Q_CHUNK)) { qf0 = coopLoadT<MatA>(&kv_sh[((sg * T) * Q_CHUNK + 0u * T - 0u * Q_CHUNK) / 4u], Q_CHUNK / 4u); }
+    if ((1u < Q_FRAGS) & (1u * T >= 0u * Q_CHUNK) & (1u * T < 1u * Q_CHUNK)) { qf1 = coopLoadT<MatA>(&kv_sh[((sg * T) * Q_CHUNK + 1u * T - 0u * Q_CHUNK) / 4u], Q_CHUNK / 4u); }
+    if ((2u < Q_FRAGS) & (2u * T >= 0u * Q_CHUNK) & (2u * T < 1u * Q_CHUNK)) { qf2 = coopLoadT<MatA>(&kv_sh[((sg * T) * Q_CHUNK + 2u * T - 0u * Q_CHUNK) / 4u], Q_CHUNK / 4u); }
+    if ((3u < Q_FRAGS) & (3u * T >= 0u * Q_CHUNK) & (3u * T < 1u * Q_CHUNK)) { qf3 = coopLoadT<MatA>(&kv_sh[((sg * T) * Q_CHUNK + 3u * T - 0u * Q_CHUNK) / 4u], Q_CHUNK / 4u); }
+    if ((4u < Q_FRAGS) & (4u * T >= 0u * Q_CHUNK) & (4u * T < 1u * Q_CHUNK)) { qf4 = coopLoadT<MatA>(&kv_sh[((sg * T) * Q_CHUNK + 4u * T - 0u * Q_CHUNK) / 4u], Q_CHUNK / 4u); }
+    if ((5u < Q_FRAGS) & (5u * T >= 0u * Q_CHUNK) & (5u * T < 1u * Q_CHUNK)) { qf5 = coopLoadT<MatA>(&kv_sh[((sg * T) * Q_CHUNK + 5u * T - 0u * Q_CHUNK) / 4u], Q_CHUNK / 4u); }
+    if ((6u < Q_FRAGS) & (6u * T >= 0u * Q_CHUNK) & (6u * T < 1u * Q_CHUNK)) { qf6 = coopLoadT<MatA>(&kv_sh[((sg * T) * Q_CHUNK + 6u * T - 0u * Q_CHUNK) / 4u], Q_CHUNK / 4u); }
+    if ((7u < Q_FRAGS) & (7u * T >= 0u * Q_CHUNK) & (7u * T < 1u * Q_CHUNK)) { qf7 = coopLoadT<MatA>(&kv_sh[((sg * T) * Q_CHUNK + 7u * T - 0u * Q_CHUNK) / 4u], Q_CHUNK / 4u); }
+    if ((8u < Q_FRAGS) & (8u * T >= 0u * Q_CHUNK) & (8u * T < 1u * Q_CHUNK)) { qf8 = coopLoadT<MatA>(&kv_sh[((sg * T) * Q_CHUNK + 8u * T - 0u * Q_CHUNK) / 4u], Q_CHUNK / 4u); }
+    if ((9u < Q_FRAGS) & (9u * T >= 0u * Q_CHUNK) & (9u * T < 1u * Q_CHUNK)) { qf9 = coopLoadT<MatA>(&kv_sh[((sg * T) * Q_CHUNK + 9u * T - 0u * Q_CHUNK) / 4u], Q_CHUNK / 4u); }
+    if ((10u < Q_FRAGS) & (10u * T >= 0u * Q_CHUNK) & (10u * T < 1u * Q_CHUNK)) { qf10 = coopLoadT<MatA>(&kv_sh[((sg * T) * Q_CHUNK + 10u * T - 0u * Q_CHUNK) / 4u], Q_CHUNK / 4u); }
+    if ((11u < Q_FRAGS) & (11u * T >= 0u * Q_CHUNK) & (11u * T < 1u * Q_CHUNK)) { qf11 = coopLoadT<MatA>(&kv_sh[((sg * T) * Q_CHUNK + 11u * T - 0u * Q_CHUNK) / 4u], Q_CHUNK / 4u); }
+    if ((12u < Q_FRAGS) & (12u * T >= 0u * Q_CHUNK) & (12u * T < 1u * Q_CHUNK)) { qf12 = coopLoadT<MatA>(&kv_sh[((sg * T) * Q_CHUNK + 12u * T - 0u * Q_CHUNK) / 4u], Q_CHUNK / 4u); }
+    if ((13u < Q_FRAGS) & (13u * T >= 0u * Q_CHUNK) & (13u * T < 1u * Q_CHUNK)) { qf13 = coopLoadT<MatA>(&kv_sh[((sg * T) * Q_CHUNK + 13u * T - 0u * Q_CHUNK) / 4u], Q_CHUNK / 4u); }
+    if ((14u < Q_FRAGS) & (14u * T >= 0u * Q_CHUNK) & (14u * T < 1u * Q_CHUNK)) { qf14 = coopLoadT<MatA>(&kv_sh[((sg * T) * Q_CHUNK + 14u * T - 0u * Q_CHUNK) / 4u], Q_CHUNK / 4u); }
+    if ((15u < Q_FRAGS) & (15u * T >= 0u * Q_CHUNK) & (15u * T < 1u * Q_CHUNK)) { qf15 = coopLoadT<MatA>(&kv_sh[((sg * T) * Q_CHUNK + 15u * T - 0u * Q_CHUNK) / 4u], Q_CHUNK / 4u); }
     workgroupBarrier();
     if (Q_CHUNK < dims) {
         stage_queries(li, h, q0, Q_CHUNK);
         workgroupBarrier();
-        if ((0u < Q_FRAGS) & (0u * T >= 1u * Q_CHUNK) & (0u * T < 2u * Q_CHUNK)) { qf0 = coopLoadT<MatA>(&kv_sh[(sg * T) * Q_CHUNK + 0u * T - 1u * Q_CHUNK], Q_CHUNK); }
-        if ((1u < Q_FRAGS) & (1u * T >= 1u * Q_CHUNK) & (1u * T < 2u * Q_CHUNK)) { qf1 = coopLoadT<MatA>(&kv_sh[(sg * T) * Q_CHUNK + 1u * T - 1u * Q_CHUNK], Q_CHUNK); }
-        if ((2u < Q_FRAGS) & (2u * T >= 1u * Q_CHUNK) & (2u * T < 2u * Q_CHUNK)) { qf2 = coopLoadT<MatA>(&kv_sh[(sg * T) * Q_CHUNK + 2u * T - 1u * Q_CHUNK], Q_CHUNK); }
-        if ((3u < Q_FRAGS) & (3u * T >= 1u * Q_CHUNK) & (3u * T < 2u * Q_CHUNK)) { qf3 = coopLoadT<MatA>(&kv_sh[(sg * T) * Q_CHUNK + 3u * T - 1u * Q_CHUNK], Q_CHUNK); }
-        if ((4u < Q_FRAGS) & (4u * T >= 1u * Q_CHUNK) & (4u * T < 2u * Q_CHUNK)) { qf4 = coopLoadT<MatA>(&kv_sh[(sg * T) * Q_CHUNK + 4u * T - 1u * Q_CHUNK], Q_CHUNK); }
-        if ((5u < Q_FRAGS) & (5u * T >= 1u * Q_CHUNK) & (5u * T < 2u * Q_CHUNK)) { qf5 = coopLoadT<MatA>(&kv_sh[(sg * T) * Q_CHUNK + 5u * T - 1u * Q_CHUNK], Q_CHUNK); }
-        if ((6u < Q_FRAGS) & (6u * T >= 1u * Q_CHUNK) & (6u * T < 2u * Q_CHUNK)) { qf6 = coopLoadT<MatA>(&kv_sh[(sg * T) * Q_CHUNK + 6u * T - 1u * Q_CHUNK], Q_CHUNK); }
-        if ((7u < Q_FRAGS) & (7u * T >= 1u * Q_CHUNK) & (7u * T < 2u * Q_CHUNK)) { qf7 = coopLoadT<MatA>(&kv_sh[(sg * T) * Q_CHUNK + 7u * T - 1u * Q_CHUNK], Q_CHUNK); }
-        if ((8u < Q_FRAGS) & (8u * T >= 1u * Q_CHUNK) & (8u * T < 2u * Q_CHUNK)) { qf8 = coopLoadT<MatA>(&kv_sh[(sg * T) * Q_CHUNK + 8u * T - 1u * Q_CHUNK], Q_CHUNK); }
-        if ((9u < Q_FRAGS) & (9u * T >= 1u * Q_CHUNK) & (9u * T < 2u * Q_CHUNK)) { qf9 = coopLoadT<MatA>(&kv_sh[(sg * T) * Q_CHUNK + 9u * T - 1u * Q_CHUNK], Q_CHUNK); }
-        if ((10u < Q_FRAGS) & (10u * T >= 1u * Q_CHUNK) & (10u * T < 2u * Q_CHUNK)) { qf10 = coopLoadT<MatA>(&kv_sh[(sg * T) * Q_CHUNK + 10u * T - 1u * Q_CHUNK], Q_CHUNK); }
-        if ((11u < Q_FRAGS) & (11u * T >= 1u * Q_CHUNK) & (11u * T < 2u * Q_CHUNK)) { qf11 = coopLoadT<MatA>(&kv_sh[(sg * T) * Q_CHUNK + 11u * T - 1u * Q_CHUNK], Q_CHUNK); }
-        if ((12u < Q_FRAGS) & (12u * T >= 1u * Q_CHUNK) & (12u * T < 2u * Q_CHUNK)) { qf12 = coopLoadT<MatA>(&kv_sh[(sg * T) * Q_CHUNK + 12u * T - 1u * Q_CHUNK], Q_CHUNK); }
-        if ((13u < Q_FRAGS) & (13u * T >= 1u * Q_CHUNK) & (13u * T < 2u * Q_CHUNK)) { qf13 = coopLoadT<MatA>(&kv_sh[(sg * T) * Q_CHUNK + 13u * T - 1u * Q_CHUNK], Q_CHUNK); }
-        if ((14u < Q_FRAGS) & (14u * T >= 1u * Q_CHUNK) & (14u * T < 2u * Q_CHUNK)) { qf14 = coopLoadT<MatA>(&kv_sh[(sg * T) * Q_CHUNK + 14u * T - 1u * Q_CHUNK], Q_CHUNK); }
-        if ((15u < Q_FRAGS) & (15u * T >= 1u * Q_CHUNK) & (15u * T < 2u * Q_CHUNK)) { qf15 = coopLoadT<MatA>(&kv_sh[(sg * T) * Q_CHUNK + 15u * T - 1u * Q_CHUNK], Q_CHUNK); }
+        if ((0u < Q_FRAGS) & (0u * T >= 1u * Q_CHUNK) & (0u * T < 2u * Q_CHUNK)) { qf0 = coopLoadT<MatA>(&kv_sh[((sg * T) * Q_CHUNK + 0u * T - 1u * Q_CHUNK) / 4u], Q_CHUNK / 4u); }
+        if ((1u < Q_FRAGS) & (1u * T >= 1u * Q_CHUNK) & (1u * T < 2u * Q_CHUNK)) { qf1 = coopLoadT<MatA>(&kv_sh[((sg * T) * Q_CHUNK + 1u * T - 1u * Q_CHUNK) / 4u], Q_CHUNK / 4u); }
+        if ((2u < Q_FRAGS) & (2u * T >= 1u * Q_CHUNK) & (2u * T < 2u * Q_CHUNK)) { qf2 = coopLoadT<MatA>(&kv_sh[((sg * T) * Q_CHUNK + 2u * T - 1u * Q_CHUNK) / 4u], Q_CHUNK / 4u); }
+        if ((3u < Q_FRAGS) & (3u * T >= 1u * Q_CHUNK) & (3u * T < 2u * Q_CHUNK)) { qf3 = coopLoadT<MatA>(&kv_sh[((sg * T) * Q_CHUNK + 3u * T - 1u * Q_CHUNK) / 4u], Q_CHUNK / 4u); }
+        if ((4u < Q_FRAGS) & (4u * T >= 1u * Q_CHUNK) & (4u * T < 2u * Q_CHUNK)) { qf4 = coopLoadT<MatA>(&kv_sh[((sg * T) * Q_CHUNK + 4u * T - 1u * Q_CHUNK) / 4u], Q_CHUNK / 4u); }
+        if ((5u < Q_FRAGS) & (5u * T >= 1u * Q_CHUNK) & (5u * T < 2u * Q_CHUNK)) { qf5 = coopLoadT<MatA>(&kv_sh[((sg * T) * Q_CHUNK + 5u * T - 1u * Q_CHUNK) / 4u], Q_CHUNK / 4u); }
+        if ((6u < Q_FRAGS) & (6u * T >= 1u * Q_CHUNK) & (6u * T < 2u * Q_CHUNK)) { qf6 = coopLoadT<MatA>(&kv_sh[((sg * T) * Q_CHUNK + 6u * T - 1u * Q_CHUNK) / 4u], Q_CHUNK / 4u); }
+        if ((7u < Q_FRAGS) & (7u * T >= 1u * Q_CHUNK) & (7u * T < 2u * Q_CHUNK)) { qf7 = coopLoadT<MatA>(&kv_sh[((sg * T) * Q_CHUNK + 7u * T - 1u * Q_CHUNK) / 4u], Q_CHUNK / 4u); }
+        if ((8u < Q_FRAGS) & (8u * T >= 1u * Q_CHUNK) & (8u * T < 2u * Q_CHUNK)) { qf8 = coopLoadT<MatA>(&kv_sh[((sg * T) * Q_CHUNK + 8u * T - 1u * Q_CHUNK) / 4u], Q_CHUNK / 4u); }
+        if ((9u < Q_FRAGS) & (9u * T >= 1u * Q_CHUNK) & (9u * T < 2u * Q_CHUNK)) { qf9 = coopLoadT<MatA>(&kv_sh[((sg * T) * Q_CHUNK + 9u * T - 1u * Q_CHUNK) / 4u], Q_CHUNK / 4u); }
+        if ((10u < Q_FRAGS) & (10u * T >= 1u * Q_CHUNK) & (10u * T < 2u * Q_CHUNK)) { qf10 = coopLoadT<MatA>(&kv_sh[((sg * T) * Q_CHUNK + 10u * T - 1u * Q_CHUNK) / 4u], Q_CHUNK / 4u); }
+        if ((11u < Q_FRAGS) & (11u * T >= 1u * Q_CHUNK) & (11u * T < 2u * Q_CHUNK)) { qf11 = coopLoadT<MatA>(&kv_sh[((sg * T) * Q_CHUNK + 11u * T - 1u * Q_CHUNK) / 4u], Q_CHUNK / 4u); }
+        if ((12u < Q_FRAGS) & (12u * T >= 1u * Q_CHUNK) & (12u * T < 2u * Q_CHUNK)) { qf12 = coopLoadT<MatA>(&kv_sh[((sg * T) * Q_CHUNK + 12u * T - 1u * Q_CHUNK) / 4u], Q_CHUNK / 4u); }
+        if ((13u < Q_FRAGS) & (13u * T >= 1u * Q_CHUNK) & (13u * T < 2u * Q_CHUNK)) { qf13 = coopLoadT<MatA>(&kv_sh[((sg * T) * Q_CHUNK + 13u * T - 1u * Q_CHUNK) / 4u], Q_CHUNK / 4u); }
+        if ((14u < Q_FRAGS) & (14u * T >= 1u * Q_CHUNK) & (14u * T < 2u * Q_CHUNK)) { qf14 = coopLoadT<MatA>(&kv_sh[((sg * T) * Q_CHUNK + 14u * T - 1u * Q_CHUNK) / 4u], Q_CHUNK / 4u); }
+        if ((15u < Q_FRAGS) & (15u * T >= 1u * Q_CHUNK) & (15u * T < 2u * Q_CHUNK)) { qf15 = coopLoadT<MatA>(&kv_sh[((sg * T) * Q_CHUNK + 15u * T - 1u * Q_CHUNK) / 4u], Q_CHUNK / 4u); }
         workgroupBarrier();
     }
     var k_end = p.kv_len;
@@ -232,78 +234,78 @@ fn attention_flash(
         }
         v_ref = v_new;
         let v_div = select(v_new, 1.0, v_new == 0.0);
-        for (var i = li; i < KB * dims; i += WG) {
-            let j = i / dims;
-            let d = i % dims;
-            kv_sh[j * LDK + d] = Operand(k_at(kvh, k0, j, d) / k_scale[j]);
+        for (var i = li; i < KB * dims / 4u; i += WG) {
+            let j = i / (dims / 4u);
+            let d = 4u * (i % (dims / 4u));
+            kv_sh[(j * LDK + d) / 4u] = vec4<Operand>(divided_by_power(k_run(kvh, k0, j, d), k_scale[j]));
         }
         workgroupBarrier();
         // S = Q·Kᵀ for this subgroup's T queries and the tile's 2T keys.
         s0 = coopLoadT<MatC>(&zero_sh[0], T);
         s1 = coopLoadT<MatC>(&zero_sh[0], T);
         if ((0u < Q_FRAGS) & (0u * T < dims)) {
-            s0 = coopMultiplyAdd(qf0, coopLoad<MatB>(&kv_sh[0u * T], LDK), s0);
-            s1 = coopMultiplyAdd(qf0, coopLoad<MatB>(&kv_sh[T * LDK + 0u * T], LDK), s1);
+            s0 = coopMultiplyAdd(qf0, coopLoad<MatB>(&kv_sh[(0u * T) / 4u], LDK / 4u), s0);
+            s1 = coopMultiplyAdd(qf0, coopLoad<MatB>(&kv_sh[(T * LDK + 0u * T) / 4u], LDK / 4u), s1);
         }
         if ((1u < Q_FRAGS) & (1u * T < dims)) {
-            s0 = coopMultiplyAdd(qf1, coopLoad<MatB>(&kv_sh[1u * T], LDK), s0);
-            s1 = coopMultiplyAdd(qf1, coopLoad<MatB>(&kv_sh[T * LDK + 1u * T], LDK), s1);
+            s0 = coopMultiplyAdd(qf1, coopLoad<MatB>(&kv_sh[(1u * T) / 4u], LDK / 4u), s0);
+            s1 = coopMultiplyAdd(qf1, coopLoad<MatB>(&kv_sh[(T * LDK + 1u * T) / 4u], LDK / 4u), s1);
         }
         if ((2u < Q_FRAGS) & (2u * T < dims)) {
-            s0 = coopMultiplyAdd(qf2, coopLoad<MatB>(&kv_sh[2u * T], LDK), s0);
-            s1 = coopMultiplyAdd(qf2, coopLoad<MatB>(&kv_sh[T * LDK + 2u * T], LDK), s1);
+            s0 = coopMultiplyAdd(qf2, coopLoad<MatB>(&kv_sh[(2u * T) / 4u], LDK / 4u), s0);
+            s1 = coopMultiplyAdd(qf2, coopLoad<MatB>(&kv_sh[(T * LDK + 2u * T) / 4u], LDK / 4u), s1);
         }
         if ((3u < Q_FRAGS) & (3u * T < dims)) {
-            s0 = coopMultiplyAdd(qf3, coopLoad<MatB>(&kv_sh[3u * T], LDK), s0);
-            s1 = coopMultiplyAdd(qf3, coopLoad<MatB>(&kv_sh[T * LDK + 3u * T], LDK), s1);
+            s0 = coopMultiplyAdd(qf3, coopLoad<MatB>(&kv_sh[(3u * T) / 4u], LDK / 4u), s0);
+            s1 = coopMultiplyAdd(qf3, coopLoad<MatB>(&kv_sh[(T * LDK + 3u * T) / 4u], LDK / 4u), s1);
         }
         if ((4u < Q_FRAGS) & (4u * T < dims)) {
-            s0 = coopMultiplyAdd(qf4, coopLoad<MatB>(&kv_sh[4u * T], LDK), s0);
-            s1 = coopMultiplyAdd(qf4, coopLoad<MatB>(&kv_sh[T * LDK + 4u * T], LDK), s1);
+            s0 = coopMultiplyAdd(qf4, coopLoad<MatB>(&kv_sh[(4u * T) / 4u], LDK / 4u), s0);
+            s1 = coopMultiplyAdd(qf4, coopLoad<MatB>(&kv_sh[(T * LDK + 4u * T) / 4u], LDK / 4u), s1);
         }
         if ((5u < Q_FRAGS) & (5u * T < dims)) {
-            s0 = coopMultiplyAdd(qf5, coopLoad<MatB>(&kv_sh[5u * T], LDK), s0);
-            s1 = coopMultiplyAdd(qf5, coopLoad<MatB>(&kv_sh[T * LDK + 5u * T], LDK), s1);
+            s0 = coopMultiplyAdd(qf5, coopLoad<MatB>(&kv_sh[(5u * T) / 4u], LDK / 4u), s0);
+            s1 = coopMultiplyAdd(qf5, coopLoad<MatB>(&kv_sh[(T * LDK + 5u * T) / 4u], LDK / 4u), s1);
         }
         if ((6u < Q_FRAGS) & (6u * T < dims)) {
-            s0 = coopMultiplyAdd(qf6, coopLoad<MatB>(&kv_sh[6u * T], LDK), s0);
-            s1 = coopMultiplyAdd(qf6, coopLoad<MatB>(&kv_sh[T * LDK + 6u * T], LDK), s1);
+            s0 = coopMultiplyAdd(qf6, coopLoad<MatB>(&kv_sh[(6u * T) / 4u], LDK / 4u), s0);
+            s1 = coopMultiplyAdd(qf6, coopLoad<MatB>(&kv_sh[(T * LDK + 6u * T) / 4u], LDK / 4u), s1);
         }
         if ((7u < Q_FRAGS) & (7u * T < dims)) {
-            s0 = coopMultiplyAdd(qf7, coopLoad<MatB>(&kv_sh[7u * T], LDK), s0);
-            s1 = coopMultiplyAdd(qf7, coopLoad<MatB>(&kv_sh[T * LDK + 7u * T], LDK), s1);
+            s0 = coopMultiplyAdd(qf7, coopLoad<MatB>(&kv_sh[(7u * T) / 4u], LDK / 4u), s0);
+            s1 = coopMultiplyAdd(qf7, coopLoad<MatB>(&kv_sh[(T * LDK + 7u * T) / 4u], LDK / 4u), s1);
         }
         if ((8u < Q_FRAGS) & (8u * T < dims)) {
-            s0 = coopMultiplyAdd(qf8, coopLoad<MatB>(&kv_sh[8u * T], LDK), s0);
-            s1 = coopMultiplyAdd(qf8, coopLoad<MatB>(&kv_sh[T * LDK + 8u * T], LDK), s1);
+            s0 = coopMultiplyAdd(qf8, coopLoad<MatB>(&kv_sh[(8u * T) / 4u], LDK / 4u), s0);
+            s1 = coopMultiplyAdd(qf8, coopLoad<MatB>(&kv_sh[(T * LDK + 8u * T) / 4u], LDK / 4u), s1);
         }
         if ((9u < Q_FRAGS) & (9u * T < dims)) {
-            s0 = coopMultiplyAdd(qf9, coopLoad<MatB>(&kv_sh[9u * T], LDK), s0);
-            s1 = coopMultiplyAdd(qf9, coopLoad<MatB>(&kv_sh[T * LDK + 9u * T], LDK), s1);
+            s0 = coopMultiplyAdd(qf9, coopLoad<MatB>(&kv_sh[(9u * T) / 4u], LDK / 4u), s0);
+            s1 = coopMultiplyAdd(qf9, coopLoad<MatB>(&kv_sh[(T * LDK + 9u * T) / 4u], LDK / 4u), s1);
         }
         if ((10u < Q_FRAGS) & (10u * T < dims)) {
-            s0 = coopMultiplyAdd(qf10, coopLoad<MatB>(&kv_sh[10u * T], LDK), s0);
-            s1 = coopMultiplyAdd(qf10, coopLoad<MatB>(&kv_sh[T * LDK + 10u * T], LDK), s1);
+            s0 = coopMultiplyAdd(qf10, coopLoad<MatB>(&kv_sh[(10u * T) / 4u], LDK / 4u), s0);
+            s1 = coopMultiplyAdd(qf10, coopLoad<MatB>(&kv_sh[(T * LDK + 10u * T) / 4u], LDK / 4u), s1);
         }
         if ((11u < Q_FRAGS) & (11u * T < dims)) {
-            s0 = coopMultiplyAdd(qf11, coopLoad<MatB>(&kv_sh[11u * T], LDK), s0);
-            s1 = coopMultiplyAdd(qf11, coopLoad<MatB>(&kv_sh[T * LDK + 11u * T], LDK), s1);
+            s0 = coopMultiplyAdd(qf11, coopLoad<MatB>(&kv_sh[(11u * T) / 4u], LDK / 4u), s0);
+            s1 = coopMultiplyAdd(qf11, coopLoad<MatB>(&kv_sh[(T * LDK + 11u * T) / 4u], LDK / 4u), s1);
         }
         if ((12u < Q_FRAGS) & (12u * T < dims)) {
-            s0 = coopMultiplyAdd(qf12, coopLoad<MatB>(&kv_sh[12u * T], LDK), s0);
-            s1 = coopMultiplyAdd(qf12, coopLoad<MatB>(&kv_sh[T * LDK + 12u * T], LDK), s1);
+            s0 = coopMultiplyAdd(qf12, coopLoad<MatB>(&kv_sh[(12u * T) / 4u], LDK / 4u), s0);
+            s1 = coopMultiplyAdd(qf12, coopLoad<MatB>(&kv_sh[(T * LDK + 12u * T) / 4u], LDK / 4u), s1);
         }
         if ((13u < Q_FRAGS) & (13u * T < dims)) {
-            s0 = coopMultiplyAdd(qf13, coopLoad<MatB>(&kv_sh[13u * T], LDK), s0);
-            s1 = coopMultiplyAdd(qf13, coopLoad<MatB>(&kv_sh[T * LDK + 13u * T], LDK), s1);
+            s0 = coopMultiplyAdd(qf13, coopLoad<MatB>(&kv_sh[(13u * T) / 4u], LDK / 4u), s0);
+            s1 = coopMultiplyAdd(qf13, coopLoad<MatB>(&kv_sh[(T * LDK + 13u * T) / 4u], LDK / 4u), s1);
         }
         if ((14u < Q_FRAGS) & (14u * T < dims)) {
-            s0 = coopMultiplyAdd(qf14, coopLoad<MatB>(&kv_sh[14u * T], LDK), s0);
-            s1 = coopMultiplyAdd(qf14, coopLoad<MatB>(&kv_sh[T * LDK + 14u * T], LDK), s1);
+            s0 = coopMultiplyAdd(qf14, coopLoad<MatB>(&kv_sh[(14u * T) / 4u], LDK / 4u), s0);
+            s1 = coopMultiplyAdd(qf14, coopLoad<MatB>(&kv_sh[(T * LDK + 14u * T) / 4u], LDK / 4u), s1);
         }
         if ((15u < Q_FRAGS) & (15u * T < dims)) {
-            s0 = coopMultiplyAdd(qf15, coopLoad<MatB>(&kv_sh[15u * T], LDK), s0);
-            s1 = coopMultiplyAdd(qf15, coopLoad<MatB>(&kv_sh[T * LDK + 15u * T], LDK), s1);
+            s0 = coopMultiplyAdd(qf15, coopLoad<MatB>(&kv_sh[(15u * T) / 4u], LDK / 4u), s0);
+            s1 = coopMultiplyAdd(qf15, coopLoad<MatB>(&kv_sh[(T * LDK + 15u * T) / 4u], LDK / 4u), s1);
         }
         coopStoreT(s0, &s_sh[mine], KB);
         coopStoreT(s1, &s_sh[mine + T], KB);
@@ -325,10 +327,10 @@ fn attention_flash(
             seg_max[i] = largest;
         }
         // Every subgroup's scores are in s_sh: the values take the keys' place.
-        for (var i = li; i < KB * ODIMS; i += WG) {
-            let j = i / ODIMS;
-            let c = i % ODIMS;
-            kv_sh[j * LDV + c] = Operand(v_at(kvh, k0, j, d0 + c) / v_div);
+        for (var i = li; i < KB * ODIMS / 4u; i += WG) {
+            let j = i / (ODIMS / 4u);
+            let c = 4u * (i % (ODIMS / 4u));
+            kv_sh[(j * LDV + c) / 4u] = vec4<Operand>(divided_by_power(v_run(kvh, k0, j, d0 + c), v_div));
         }
         workgroupBarrier();
         // Then each (row, segment)'s probabilities under the row's new maximum, and their sum.
@@ -380,14 +382,14 @@ fn attention_flash(
         // O += P·V: A = P (T × KB), B = V (KB × ODIMS), two keys' tiles at a time.
         let pa0 = coopLoadT<MatA>(&p_sh[mine], KB);
         let pa1 = coopLoadT<MatA>(&p_sh[mine + T], KB);
-        o0 = coopMultiplyAdd(pa1, coopLoadT<MatB>(&kv_sh[T * LDV + 0u * T], LDV), coopMultiplyAdd(pa0, coopLoadT<MatB>(&kv_sh[0u * T], LDV), o0));
-        o1 = coopMultiplyAdd(pa1, coopLoadT<MatB>(&kv_sh[T * LDV + 1u * T], LDV), coopMultiplyAdd(pa0, coopLoadT<MatB>(&kv_sh[1u * T], LDV), o1));
-        o2 = coopMultiplyAdd(pa1, coopLoadT<MatB>(&kv_sh[T * LDV + 2u * T], LDV), coopMultiplyAdd(pa0, coopLoadT<MatB>(&kv_sh[2u * T], LDV), o2));
-        o3 = coopMultiplyAdd(pa1, coopLoadT<MatB>(&kv_sh[T * LDV + 3u * T], LDV), coopMultiplyAdd(pa0, coopLoadT<MatB>(&kv_sh[3u * T], LDV), o3));
-        o4 = coopMultiplyAdd(pa1, coopLoadT<MatB>(&kv_sh[T * LDV + 4u * T], LDV), coopMultiplyAdd(pa0, coopLoadT<MatB>(&kv_sh[4u * T], LDV), o4));
-        o5 = coopMultiplyAdd(pa1, coopLoadT<MatB>(&kv_sh[T * LDV + 5u * T], LDV), coopMultiplyAdd(pa0, coopLoadT<MatB>(&kv_sh[5u * T], LDV), o5));
-        o6 = coopMultiplyAdd(pa1, coopLoadT<MatB>(&kv_sh[T * LDV + 6u * T], LDV), coopMultiplyAdd(pa0, coopLoadT<MatB>(&kv_sh[6u * T], LDV), o6));
-        o7 = coopMultiplyAdd(pa1, coopLoadT<MatB>(&kv_sh[T * LDV + 7u * T], LDV), coopMultiplyAdd(pa0, coopLoadT<MatB>(&kv_sh[7u * T], LDV), o7));
+        o0 = coopMultiplyAdd(pa1, coopLoadT<MatB>(&kv_sh[(T * LDV + 0u * T) / 4u], LDV / 4u), coopMultiplyAdd(pa0, coopLoadT<MatB>(&kv_sh[(0u * T) / 4u], LDV / 4u), o0));
+        o1 = coopMultiplyAdd(pa1, coopLoadT<MatB>(&kv_sh[(T * LDV + 1u * T) / 4u], LDV / 4u), coopMultiplyAdd(pa0, coopLoadT<MatB>(&kv_sh[(1u * T) / 4u], LDV / 4u), o1));
+        o2 = coopMultiplyAdd(pa1, coopLoadT<MatB>(&kv_sh[(T * LDV + 2u * T) / 4u], LDV / 4u), coopMultiplyAdd(pa0, coopLoadT<MatB>(&kv_sh[(2u * T) / 4u], LDV / 4u), o2));
+        o3 = coopMultiplyAdd(pa1, coopLoadT<MatB>(&kv_sh[(T * LDV + 3u * T) / 4u], LDV / 4u), coopMultiplyAdd(pa0, coopLoadT<MatB>(&kv_sh[(3u * T) / 4u], LDV / 4u), o3));
+        o4 = coopMultiplyAdd(pa1, coopLoadT<MatB>(&kv_sh[(T * LDV + 4u * T) / 4u], LDV / 4u), coopMultiplyAdd(pa0, coopLoadT<MatB>(&kv_sh[(4u * T) / 4u], LDV / 4u), o4));
+        o5 = coopMultiplyAdd(pa1, coopLoadT<MatB>(&kv_sh[(T * LDV + 5u * T) / 4u], LDV / 4u), coopMultiplyAdd(pa0, coopLoadT<MatB>(&kv_sh[(5u * T) / 4u], LDV / 4u), o5));
+        o6 = coopMultiplyAdd(pa1, coopLoadT<MatB>(&kv_sh[(T * LDV + 6u * T) / 4u], LDV / 4u), coopMultiplyAdd(pa0, coopLoadT<MatB>(&kv_sh[(6u * T) / 4u], LDV / 4u), o6));
+        o7 = coopMultiplyAdd(pa1, coopLoadT<MatB>(&kv_sh[(T * LDV + 7u * T) / 4u], LDV / 4u), coopMultiplyAdd(pa0, coopLoadT<MatB>(&kv_sh[(7u * T) / 4u], LDV / 4u), o7));
         workgroupBarrier();
         if (li == 0u) {
             moved = 0u;

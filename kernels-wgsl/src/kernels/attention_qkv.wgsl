@@ -67,6 +67,52 @@ fn v_at(kvh: u32, k0: u32, j: u32, d: u32) -> f32 {
     return 0.0;
 }
 
+// Four neighbouring dims d … d + 3 of a query, key or value row (d a
+// multiple of 4), as q_at, k_at and v_at give them. Where the f16 rows come
+// in whole runs (`half_runs`: the head's dims, the pieces and each row's
+// start whole runs of 4 values), the run's two words and its piece's one
+// scale are read once; else value by value.
+fn half_runs(offset: u32, stride: u32) -> bool {
+    return p.head_dim % 4u == 0u && p.qkv_piece % 4u == 0u && offset % 4u == 0u && stride % 4u == 0u;
+}
+
+fn run_of(words: vec2<u32>, scale: f32) -> vec4<f32> {
+    return vec4<f32>(unpack2x16float(words.x), unpack2x16float(words.y)) * scale;
+}
+
+fn q_run(h: u32, q0: u32, r: u32, d: u32) -> vec4<f32> {
+    if (QKV_HALF && half_runs(p.q_offset, p.q_stride)) {
+        if (q0 + r >= p.q_len || d >= p.head_dim) {
+            return vec4<f32>(0.0);
+        }
+        let e = (p.q_offset + (q0 + r) * p.q_stride + h * p.head_dim + d) / 2u;
+        return run_of(vec2<u32>(q_half[e], q_half[e + 1u]), q_scales[p.q_scale_offset + (q0 + r) * p.q_scale_stride + (h * p.head_dim + d) / p.qkv_piece]);
+    }
+    return vec4<f32>(q_at(h, q0, r, d), q_at(h, q0, r, d + 1u), q_at(h, q0, r, d + 2u), q_at(h, q0, r, d + 3u));
+}
+
+fn k_run(kvh: u32, k0: u32, j: u32, d: u32) -> vec4<f32> {
+    if (QKV_HALF && half_runs(p.k_offset, p.k_stride)) {
+        if (k0 + j >= p.kv_len || d >= p.head_dim) {
+            return vec4<f32>(0.0);
+        }
+        let e = (p.k_offset + (k0 + j) * p.k_stride + kvh * p.head_dim + d) / 2u;
+        return run_of(vec2<u32>(k_half[e], k_half[e + 1u]), k_scales[p.k_scale_offset + (k0 + j) * p.k_scale_stride + (kvh * p.head_dim + d) / p.qkv_piece]);
+    }
+    return vec4<f32>(k_at(kvh, k0, j, d), k_at(kvh, k0, j, d + 1u), k_at(kvh, k0, j, d + 2u), k_at(kvh, k0, j, d + 3u));
+}
+
+fn v_run(kvh: u32, k0: u32, j: u32, d: u32) -> vec4<f32> {
+    if (QKV_HALF && half_runs(p.v_offset, p.v_stride)) {
+        if (k0 + j >= p.kv_len || d >= p.head_dim) {
+            return vec4<f32>(0.0);
+        }
+        let e = (p.v_offset + (k0 + j) * p.v_stride + kvh * p.head_dim + d) / 2u;
+        return run_of(vec2<u32>(v_half[e], v_half[e + 1u]), v_scales[p.v_scale_offset + (k0 + j) * p.v_scale_stride + (kvh * p.head_dim + d) / p.qkv_piece]);
+    }
+    return vec4<f32>(v_at(kvh, k0, j, d), v_at(kvh, k0, j, d + 1u), v_at(kvh, k0, j, d + 2u), v_at(kvh, k0, j, d + 3u));
+}
+
 // The power of two a query's (`of_keys` false) or a key's row over the whole
 // head is staged under, so that its largest magnitude stays below 2¹⁴: in f16
 // pieces, the largest of its pieces' scales (each piece then shifted by a

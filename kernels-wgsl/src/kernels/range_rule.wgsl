@@ -22,3 +22,22 @@ fn range_exponent(largest: f32) -> i32 {
 fn range_scale(largest: f32) -> f32 {
     return ldexp(1.0, range_exponent(largest));
 }
+
+// 1 / power for a power of two 2^e, e in [−126, 126] (every range scale a
+// kernel keeps): exact, from the exponent's bits, where a division may be
+// approximate (SPIR-V allows 2.5 ulp) and costs more than a multiply.
+fn exact_inverse(power: f32) -> f32 {
+    return bitcast<f32>(0x7f000000u - bitcast<u32>(power));
+}
+
+// v / power for a power of two: times its exact inverse where both are
+// normal f32s (every range scale of f16 pieces, kept ≥ 2⁻¹²⁶), divided
+// otherwise (a scale measured over f32 values so small that its inverse
+// would overflow). The same values either way.
+fn divided_by_power(v: vec4<f32>, power: f32) -> vec4<f32> {
+    if (power >= 0x1p-126f && power <= 0x1p126f) {
+        return v * exact_inverse(power);
+    }
+    return v / power;
+}
+
