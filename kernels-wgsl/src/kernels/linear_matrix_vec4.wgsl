@@ -1,11 +1,15 @@
 // The linear's fetching of matrix_gemm.wgsl's k steps as vec4s (in place of
-// matrix_fetch.wgsl): x's rows four f32 at a time and W's rows eight bf16
-// (or packed f16, `W_HALF`) at a time (a vec4 of u32 pairs), the same
-// values as the element path and so the same sums. The launcher takes it where x's window, its row stride
-// and k are whole vec4s, W is bf16 on whole vec4s, and each invocation's
-// share of a step is whole vec4s (`MatrixConfig::fetches_vec4_steps`): a
-// step's loads are a quarter (x) and an eighth (W) as many instructions,
-// each invocation's rows and columns fixed over k.
+// matrix_fetch.wgsl): x's rows four f32 at a time and W's rows eight bf16 at
+// a time (a vec4 of u32 pairs), the same values as the element path and so
+// the same sums; f16 operands already under their range scales (W packed,
+// `W_HALF`; x's f16 rows with a scale a row, `stores_x_as_is()`) are copied
+// into the tiles as they are stored, four a load and a store
+// (linear_half_quads.wgsl). The launcher takes it where x's window, its row
+// stride and k are whole vec4s, W is bf16 on whole vec4s, and each
+// invocation's share of a step is whole vec4s
+// (`MatrixConfig::fetches_vec4_steps`): a step's loads are a quarter (x)
+// and an eighth (W) as many instructions, each invocation's rows and
+// columns fixed over k.
 
 // read_write as every product's x: it may share its buffer with y.
 @group(0) @binding(6) var<storage, read_write> x_vec4: array<vec4<f32>>;
@@ -15,35 +19,74 @@ fn prefetching() -> bool {
     return true;
 }
 
-// At most FETCH_A vec4s of x and FETCH_B of W an invocation and step.
+// At most FETCH_A vec4s of x and FETCH_B of W an invocation and step: as
+// f32 values and bf16 pairs, or (`a_stored`, `b_stored`) as stored, two
+// vec4s of f16 for each vec4 of W's words. A module specialised by its
+// constants keeps only the fields its paths read.
 const FETCH_A: u32 = 8u;
 const FETCH_B: u32 = 4u;
 struct Fetched {
     a: array<vec4<f32>, FETCH_A>,
     b: array<vec4<u32>, FETCH_B>,
+    a_stored: array<vec4<Operand>, FETCH_A>,
+    b_stored: array<array<vec4<Operand>, 2>, FETCH_B>,
 }
 
-// x[m0 + r, k0 + 4·c4 …] (zero past the matrix: k is whole vec4s, so a vec4
-// is inside or past it whole); the index is selected, not branched around.
-// On the half-precision path (`X_HALF`), the four f16 values in two words of
-// x_half, times their row's scale (or their piece's, a piece being whole
-// vec4s): the values the f32 path would have read.
-fn a_vec4(r: u32, c4: u32, m0: u32, k0: u32) -> vec4<f32> {
+// x's f16 rows under one scale a row (`X_PIECE` 0) on f16 tiles: the row's
+// scale times its inverse is 1, so the tiles take the values as stored.
+fn stores_x_as_is() -> bool {
+    return X_HALF && X_PIECE == 0u && OPERAND_HALF;
+}
+
+// The vec4 of x holding x[m0 + r, k0 + 4·c4 …] (x's first past the matrix),
+// and whether it is inside: k is whole vec4s, so a vec4 is inside or past
+// it whole; the index is selected, not branched around.
+fn x_vec4_at(r: u32, c4: u32, m0: u32, k0: u32) -> vec2<u32> {
     let inside = m0 + r < p.m && k0 + 4u * c4 < p.k;
     let at = (p.x_offset + (m0 + r) * p.x_stride + k0) / 4u + c4;
-    let vec4_at = select(p.x_offset / 4u, at, inside);
+    return vec2<u32>(select(p.x_offset / 4u, at, inside), u32(inside));
+}
+
+// x[m0 + r, k0 + 4·c4 …] (zero past the matrix). On the half-precision path
+// (`X_HALF`), the four f16 values in two words of x_half, times their row's
+// scale (or their piece's, a piece being whole vec4s): the values the f32
+// path would have read.
+fn a_vec4(r: u32, c4: u32, m0: u32, k0: u32) -> vec4<f32> {
+    let at = x_vec4_at(r, c4, m0, k0);
+    let inside = at.y == 1u;
     if (X_HALF) {
-        let values = vec4<f32>(unpack2x16float(x_half[2u * vec4_at]), unpack2x16float(x_half[2u * vec4_at + 1u]));
+        let values = vec4<f32>(unpack2x16float(x_half[2u * at.x]), unpack2x16float(x_half[2u * at.x + 1u]));
         return select(vec4<f32>(0.0), values * x_half_scale(m0 + r, k0 + 4u * c4), inside);
     }
-    return select(vec4<f32>(0.0), x_vec4[vec4_at], inside);
+    return select(vec4<f32>(0.0), x_vec4[at.x], inside);
+}
+
+// The same four values of x's f16 rows as stored (`stores_x_as_is()`).
+fn a_quad(r: u32, c4: u32, m0: u32, k0: u32) -> vec4<Operand> {
+    let at = x_vec4_at(r, c4, m0, k0);
+    return select(vec4<Operand>(), x_half_quad(at.x), at.y == 1u);
+}
+
+// The vec4 of W's words holding W[n0 + c, k0 + 8·q …] (W's first past it),
+// and whether it is inside.
+fn w_vec8_at(c: u32, q: u32, n0: u32, k0: u32) -> vec2<u32> {
+    let inside = column_inside(n0 + c, BN) && k0 + 8u * q < p.k;
+    let at = (p.w_offset + paired_w_row(n0 + c, BN) * p.k + k0) / 8u + q;
+    return vec2<u32>(select(p.w_offset / 8u, at, inside), u32(inside));
 }
 
 // W[n0 + c, k0 + 8·q …] as four bf16 pairs (zero past W).
 fn b_vec8(c: u32, q: u32, n0: u32, k0: u32) -> vec4<u32> {
-    let inside = column_inside(n0 + c, BN) && k0 + 8u * q < p.k;
-    let at = (p.w_offset + paired_w_row(n0 + c, BN) * p.k + k0) / 8u + q;
-    return select(vec4<u32>(0u), w_vec4[select(p.w_offset / 8u, at, inside)], inside);
+    let at = w_vec8_at(c, q, n0, k0);
+    return select(vec4<u32>(0u), w_vec4[at.x], at.y == 1u);
+}
+
+// The same eight values of W packed as f16 (`W_HALF`), as stored.
+fn b_octet(c: u32, q: u32, n0: u32, k0: u32) -> array<vec4<Operand>, 2> {
+    let at = w_vec8_at(c, q, n0, k0);
+    let octet = w_half_octet(at.x);
+    let inside = at.y == 1u;
+    return array<vec4<Operand>, 2>(select(vec4<Operand>(), octet[0], inside), select(vec4<Operand>(), octet[1], inside));
 }
 
 // Issues the global loads of KT terms from t0 on.
@@ -51,39 +94,52 @@ fn fetch(li: u32, row0: u32, col0: u32, t0: u32) -> Fetched {
     var f: Fetched;
     for (var j = 0u; j < BM * KT / 4u / WG; j++) {
         let i = li + j * WG;
-        f.a[j] = a_vec4(i / (KT / 4u), i % (KT / 4u), row0, t0);
+        if (stores_x_as_is()) {
+            f.a_stored[j] = a_quad(i / (KT / 4u), i % (KT / 4u), row0, t0);
+        } else {
+            f.a[j] = a_vec4(i / (KT / 4u), i % (KT / 4u), row0, t0);
+        }
     }
     for (var j = 0u; j < BN * KT / 8u / WG; j++) {
         let i = li + j * WG;
-        f.b[j] = b_vec8(i / (KT / 8u), i % (KT / 8u), col0, t0);
+        if (W_HALF) {
+            f.b_stored[j] = b_octet(i / (KT / 8u), i % (KT / 8u), col0, t0);
+        } else {
+            f.b[j] = b_vec8(i / (KT / 8u), i % (KT / 8u), col0, t0);
+        }
     }
     return f;
 }
 
-// Rounds fetched values into buffer `half`, each row of A and column of B
-// under its range scale, four terms a store; W's words packed into f16
-// (`W_HALF`) go in as they are, eight terms in two stores.
+// Puts fetched values into buffer `half`, four terms a store: as stored, or
+// rounded under each row of A's and column of B's range scale.
 fn put(li: u32, half: u32, f: ptr<function, Fetched>) {
     for (var j = 0u; j < BM * KT / 4u / WG; j++) {
         let i = li + j * WG;
         let r = i / (KT / 4u);
-        put_a4(half * BM * LD + r * LD + 4u * (i % (KT / 4u)), (*f).a[j] * row_inverse(r));
+        let at = half * BM * LD + r * LD + 4u * (i % (KT / 4u));
+        if (stores_x_as_is()) {
+            put_a_quad(at, (*f).a_stored[j]);
+        } else {
+            put_a4(at, (*f).a[j] * row_inverse(r));
+        }
     }
     for (var j = 0u; j < BN * KT / 8u / WG; j++) {
         let i = li + j * WG;
         let c = i / (KT / 8u);
         let at = half * BN * LD + c * LD + 8u * (i % (KT / 8u));
-        let q = (*f).b[j];
         if (W_HALF) {
-            put_b_words(at, q);
+            put_b_quad(at, (*f).b_stored[j][0]);
+            put_b_quad(at + 4u, (*f).b_stored[j][1]);
         } else {
+            let q = (*f).b[j];
             put_b4(at, vec4<f32>(b_word_operands(q.x, c), b_word_operands(q.y, c)));
             put_b4(at + 4u, vec4<f32>(b_word_operands(q.z, c), b_word_operands(q.w, c)));
         }
     }
 }
 
-// The first step, fetched and rounded before the products.
+// The first step, fetched and put before the products.
 fn stage(li: u32, half: u32, row0: u32, col0: u32, t0: u32) {
     var f = fetch(li, row0, col0, t0);
     put(li, half, &f);

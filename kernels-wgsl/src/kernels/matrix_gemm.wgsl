@@ -75,7 +75,7 @@ override LD: u32 = KT + PAD;
 // STAGES k steps of A's block rows and B's block columns, each a run of KT,
 // as operands in `a_tiles` and `b_tiles`: the tiles' file the module
 // includes beside this one declares them, with `put_a`, `put_b`, `put_a4`,
-// `put_b4` and `put_b_words`, and how many operands an element holds
+// `put_b4`, `put_a_quad` and `put_b_quad`, and how many operands an element holds
 // (`TILE_VEC`: vec4s of f16, matrix_tiles_vec4.wgsl; f32 one an element,
 // matrix_tiles_scalar.wgsl). Element indices below count operands.
 override A_STAGED: u32 = STAGES * BM * LD;

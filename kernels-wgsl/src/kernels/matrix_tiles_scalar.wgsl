@@ -26,9 +26,14 @@ fn put_b4(at: u32, v: vec4<f32>) {
     }
 }
 
-// W's words are packed into f16 only where the operands are f16; the words
-// widened, for the same interface.
-fn put_b_words(at: u32, words: vec4<u32>) {
-    put_b4(at, vec4<f32>(unpack2x16float(words.x), unpack2x16float(words.y)));
-    put_b4(at + 4u, vec4<f32>(unpack2x16float(words.z), unpack2x16float(words.w)));
+fn put_a_quad(at: u32, q: vec4<Operand>) {
+    for (var i = 0u; i < 4u; i++) {
+        a_tiles[at + i] = q[i];
+    }
+}
+
+fn put_b_quad(at: u32, q: vec4<Operand>) {
+    for (var i = 0u; i < 4u; i++) {
+        b_tiles[at + i] = q[i];
+    }
 }

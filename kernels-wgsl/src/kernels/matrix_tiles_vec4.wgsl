@@ -1,9 +1,9 @@
 // matrix_gemm.wgsl's k steps in workgroup memory where the operands are
 // f16: vec4s of four consecutive terms of a row of A (of a column of B), so
-// that a step's values go in four at a store, W's packed words eight at two
-// stores as they are, and the cooperative loads read the vec4s (a load's
-// pointer at a vec4, its stride in vec4s: LD and each tile's first term are
-// whole vec4s, T being 8 or 16).
+// that a step's values go in four at a store (f16 ones as they are), and
+// the cooperative loads read the vec4s (a load's pointer at a vec4, its
+// stride in vec4s: LD and each tile's first term are whole vec4s, T being 8
+// or 16).
 const TILE_VEC: u32 = 4u;
 override A_VEC4S: u32 = A_STAGED / 4u;
 override B_VEC4S: u32 = B_STAGED / 4u;
@@ -28,11 +28,12 @@ fn put_b4(at: u32, v: vec4<f32>) {
     b_tiles[at / 4u] = vec4<Operand>(v);
 }
 
-// Eight consecutive terms of a column of B from element `at` (a multiple of
-// 8), from four words of f16 pairs already under the column's range scale
-// (`W_HALF`): the same f16 values (widened exactly and narrowed back, as
-// naga has no bitcast from u32 to vec2<f16>).
-fn put_b_words(at: u32, words: vec4<u32>) {
-    b_tiles[at / 4u] = vec4<Operand>(vec4<f32>(unpack2x16float(words.x), unpack2x16float(words.y)));
-    b_tiles[at / 4u + 1u] = vec4<Operand>(vec4<f32>(unpack2x16float(words.z), unpack2x16float(words.w)));
+// Four consecutive terms from element `at` (a multiple of 4) as they are
+// stored: f16 values already under their row's (column's) range scale.
+fn put_a_quad(at: u32, q: vec4<Operand>) {
+    a_tiles[at / 4u] = q;
+}
+
+fn put_b_quad(at: u32, q: vec4<Operand>) {
+    b_tiles[at / 4u] = q;
 }
