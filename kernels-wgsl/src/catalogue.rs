@@ -94,6 +94,8 @@ pub const ALL_KERNELS: &[Kernel] = &[
     conv::CONV_RUN_SCALES_16,
     conv_nhwc::CONV2D_MATRIX_NHWC_8,
     conv_nhwc::CONV2D_MATRIX_NHWC_16,
+    conv_nhwc::CONV2D_MATRIX_NHWC_8_VEC4,
+    conv_nhwc::CONV2D_MATRIX_NHWC_16_VEC4,
     group_norm_nhwc::GROUP_NORM_NHWC_HALF,
     linear::LINEAR_MATRIX_8_VEC4,
     linear::LINEAR_MATRIX_16_VEC4,

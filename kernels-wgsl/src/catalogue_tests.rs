@@ -283,7 +283,7 @@ fn staged_with(module: Module, c: MatrixConfig, more: &[(&'static str, u32)]) ->
 use crate::precision::{GemmStaging, MatrixConfig, MatrixOperands};
 
 /// The GEMM core's modules at each tile configuration: (module, tile size, operands).
-const GEMM_MODULES: [(Module, u32, MatrixOperands); 14] = [
+const GEMM_MODULES: [(Module, u32, MatrixOperands); 16] = [
     (Module::LinearMatrix8, 8, MatrixOperands::F16),
     (Module::LinearMatrix16, 16, MatrixOperands::F16),
     (Module::LinearMatrix8F32, 8, MatrixOperands::F32),
@@ -295,6 +295,8 @@ const GEMM_MODULES: [(Module, u32, MatrixOperands); 14] = [
     (Module::LinearMatrix8F32Vec4, 8, MatrixOperands::F32),
     (Module::ConvMatrixNhwc8, 8, MatrixOperands::F16),
     (Module::ConvMatrixNhwc16, 16, MatrixOperands::F16),
+    (Module::ConvMatrixNhwc8Vec4, 8, MatrixOperands::F16),
+    (Module::ConvMatrixNhwc16Vec4, 16, MatrixOperands::F16),
     (Module::ConvMatrix8Narrow, 8, MatrixOperands::F16),
     (Module::ConvMatrix16Narrow, 16, MatrixOperands::F16),
     (Module::ConvMatrix8F32Narrow, 8, MatrixOperands::F32),

@@ -89,10 +89,13 @@ pub enum Module {
     /// The matrix tier's convolution over channels-last f16 activations.
     ConvMatrixNhwc8,
     ConvMatrixNhwc16,
+    /// The same fetching four taps at a time (`conv_nhwc_vec4.wgsl`).
+    ConvMatrixNhwc8Vec4,
+    ConvMatrixNhwc16Vec4,
 }
 
 impl Module {
-    pub const ALL: [Module; 60] = [
+    pub const ALL: [Module; 62] = [
         Module::Linear,
         Module::RangeScales,
         Module::Norm,
@@ -153,6 +156,8 @@ impl Module {
         Module::ConvMatrix8F32Narrow,
         Module::ConvMatrixNhwc8,
         Module::ConvMatrixNhwc16,
+        Module::ConvMatrixNhwc8Vec4,
+        Module::ConvMatrixNhwc16Vec4,
     ];
 
     pub fn name(self) -> &'static str {
@@ -200,6 +205,8 @@ impl Module {
             Module::ConvMatrix8F32Narrow => "conv_matrix (8×8 f32 tiles, narrow blocks)",
             Module::ConvMatrixNhwc8 => "conv_matrix_nhwc (8×8 tiles)",
             Module::ConvMatrixNhwc16 => "conv_matrix_nhwc (16×16 tiles)",
+            Module::ConvMatrixNhwc8Vec4 => "conv_matrix_nhwc (8×8 tiles, vec4 loads)",
+            Module::ConvMatrixNhwc16Vec4 => "conv_matrix_nhwc (16×16 tiles, vec4 loads)",
             Module::AttentionMatrix8F32 => "attention_matrix (8×8 f32 tiles)",
             Module::BenchMatrix8F32 => "bench_matrix (8×8 f32 tiles)",
             Module::BenchMatrix8 => "bench_matrix (8×8 tiles)",
@@ -284,6 +291,8 @@ impl Module {
                 | Module::ConvMatrix8F32Narrow
                 | Module::ConvMatrixNhwc8
                 | Module::ConvMatrixNhwc16
+                | Module::ConvMatrixNhwc8Vec4
+                | Module::ConvMatrixNhwc16Vec4
         )
     }
 
@@ -460,6 +469,8 @@ impl Module {
             Module::ConvMatrix8F32Narrow => with_matrix!("8", f32, narrow, "product_io.wgsl", "conv_io.wgsl", "conv_matrix.wgsl", "conv_matrix_common.wgsl", "matrix_gemm.wgsl", "matrix_tiles_scalar.wgsl", "matrix_fetch.wgsl"),
             Module::ConvMatrixNhwc8 => with_matrix!("8", f16, "product_io.wgsl", "conv_io.wgsl", "conv_matrix_nhwc.wgsl", "conv_matrix_common.wgsl", "matrix_gemm.wgsl", "matrix_tiles_vec4.wgsl", "matrix_fetch.wgsl"),
             Module::ConvMatrixNhwc16 => with_matrix!("16", f16, "product_io.wgsl", "conv_io.wgsl", "conv_matrix_nhwc.wgsl", "conv_matrix_common.wgsl", "matrix_gemm.wgsl", "matrix_tiles_vec4.wgsl", "matrix_fetch.wgsl"),
+            Module::ConvMatrixNhwc8Vec4 => with_matrix!("8", f16, "product_io.wgsl", "conv_io.wgsl", "conv_matrix_nhwc.wgsl", "conv_matrix_common.wgsl", "matrix_gemm.wgsl", "matrix_tiles_vec4.wgsl", "conv_nhwc_vec4.wgsl"),
+            Module::ConvMatrixNhwc16Vec4 => with_matrix!("16", f16, "product_io.wgsl", "conv_io.wgsl", "conv_matrix_nhwc.wgsl", "conv_matrix_common.wgsl", "matrix_gemm.wgsl", "matrix_tiles_vec4.wgsl", "conv_nhwc_vec4.wgsl"),
         };
         fixed.into()
     }

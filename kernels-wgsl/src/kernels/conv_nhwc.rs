@@ -9,8 +9,8 @@ use crate::device::Gpu;
 use crate::dispatch::{chunks, dispatch, rows_per_chunk, to_u32, window, Launch, Rows, Sink, Window};
 use crate::error::GpuError;
 use crate::kernel::{kernel, wrapped_grid, Access::{Read as R, ReadWrite as RW}, Kernel, Module};
-use crate::precision::MatrixOperands;
-use crate::view::{HalfMat, Mat, Weight};
+use crate::precision::{MatrixConfig, MatrixOperands};
+use crate::view::{HalfMat, Mat, Weight, WeightDtype};
 use flux_lite_core::oracle::ConvShape;
 use super::conv::ConvParams;
 use super::linear::{kept_scales_window, matrix_b_paired, measure_rows, stores_vec4s, RangeScalesParams, MATRIX_BLOCK_TILES, MATRIX_SUBGROUPS};
@@ -26,6 +26,17 @@ pub const CONV2D_MATRIX_NHWC_8: Kernel = kernel(
     true,
 );
 pub const CONV2D_MATRIX_NHWC_16: Kernel = Kernel { module: Module::ConvMatrixNhwc16, ..CONV2D_MATRIX_NHWC_8 };
+/// The same fetching its k steps four taps at a time, W read at bindings
+/// 21 (as f16s) and 22 (as bf16 pairs) in place of 2 (`conv_nhwc_vec4.wgsl`).
+pub const CONV2D_MATRIX_NHWC_8_VEC4: Kernel = kernel(
+    Module::ConvMatrixNhwc8Vec4,
+    "conv2d_matrix_nhwc",
+    [0, 1, 1],
+    &[(3, R), (4, RW), (8, RW), (9, RW), (10, RW), (12, RW), (13, RW), (14, RW), (15, RW), (16, RW), (17, R), (18, R), (19, RW), (20, RW), (21, R), (22, R)],
+    size_of::<ConvParams>(),
+    true,
+);
+pub const CONV2D_MATRIX_NHWC_16_VEC4: Kernel = Kernel { module: Module::ConvMatrixNhwc16Vec4, ..CONV2D_MATRIX_NHWC_8_VEC4 };
 
 /// How a channels-last convolution reads its input.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -166,7 +177,13 @@ pub fn conv2d_matrix_nhwc(gpu: &Gpu, sink: &mut dyn Sink, source: NhwcSource<'_>
     }
     let taps_last = order == TapOrder::ChannelsLast || s.kernel == 1;
     let paired = taps_last && matrix_b_paired(c, w.dtype, ww.local, taps);
-    let kernel = if c.size == 16 { CONV2D_MATRIX_NHWC_16 } else { CONV2D_MATRIX_NHWC_8 };
+    let quads = fetches_quads(c, &s, taps_last, ww.local, w.dtype, x.piece, norm.as_ref().map(|n| n.groups));
+    let kernel = match (quads, c.size == 16) {
+        (true, true) => CONV2D_MATRIX_NHWC_16_VEC4,
+        (true, false) => CONV2D_MATRIX_NHWC_8_VEC4,
+        (false, true) => CONV2D_MATRIX_NHWC_16,
+        (false, false) => CONV2D_MATRIX_NHWC_8,
+    };
     let [kt, stages, out_slots] = c.staging.constants(c.size);
     // y's pixels as vec4s of outputs (bindings 19 and 20; values counted as
     // f32 or f16): every chunk's window keeps y's offset within a vec4, its
@@ -225,10 +242,33 @@ pub fn conv2d_matrix_nhwc(gpu: &Gpu, sink: &mut dyn Sink, source: NhwcSource<'_>
             Some(n) => (&n.stats, &n.gamma, &n.beta),
             None => (&yw, &ww, &ww),
         };
-        let bindings = [(2, &ww), (3, &bw), (4, &yw), (8, &stored), (9, &xw), (10, &xsw), (12, &yw), (13, &ysw), (14, &rw), (15, &rsw), (16, nsw), (17, ngw), (18, nbw), (19, &y_vec4), (20, &y_vec4)];
+        let shared = [(3, &bw), (4, &yw), (8, &stored), (9, &xw), (10, &xsw), (12, &yw), (13, &ysw), (14, &rw), (15, &rsw), (16, nsw), (17, ngw), (18, nbw), (19, &y_vec4), (20, &y_vec4)];
+        let w_bindings = if quads { vec![(21, &ww), (22, &ww)] } else { vec![(2, &ww)] };
+        let bindings = [&shared[..], &w_bindings].concat();
         dispatch(gpu, sink, launch, &bindings);
     }
     Ok(())
+}
+
+/// Whether the channels-last convolution fetches its k steps four taps at
+/// a time (`conv_nhwc_vec4.wgsl`): W bf16 (or packed f16) with its taps
+/// last, its window (from element `w_local`) and the taps whole runs of 8;
+/// the input's channels, its pieces and a norm group's channels whole runs
+/// of 4; and each invocation's share of a step whole vec4s.
+fn fetches_quads(c: MatrixConfig, s: &ConvShape, taps_last: bool, w_local: u32, dtype: WeightDtype, x_piece: Option<u64>, norm_groups: Option<u64>) -> bool {
+    #[cfg(test)]
+    if tests::ELEMENT_FETCH.get() {
+        return false;
+    }
+    let (cin, taps) = (s.in_channels as u64, (s.in_channels * s.kernel * s.kernel) as u64);
+    dtype == WeightDtype::Bf16
+        && taps_last
+        && c.fetches_vec4_steps()
+        && w_local.is_multiple_of(8)
+        && taps.is_multiple_of(8)
+        && cin.is_multiple_of(4)
+        && x_piece.is_none_or(|p| p.is_multiple_of(4))
+        && norm_groups.is_none_or(|g| (cin / g).is_multiple_of(4))
 }
 
 /// The windows of an [`NhwcNorm`] over `channels` input channels.

@@ -410,3 +410,80 @@ fn the_channels_last_conv_refuses_what_it_cannot_take() {
     assert!(conv2d_matrix_nhwc(&gpu, &mut sink, xh.into(), weights, wide(2), ConvShape::same(4, 128, 4, 4, 3), NhwcInput::Plain).is_err());
     assert!(sink.is_empty(), "nothing recorded for a refused convolution");
 }
+
+thread_local! {
+    /// Set by [`with_element_fetch`]: the channels-last convolution fetches element by element.
+    pub(crate) static ELEMENT_FETCH: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// `run` with the channels-last convolution fetching element by element where it would fetch four taps at a time.
+fn with_element_fetch<T>(run: impl FnOnce() -> T) -> T {
+    with_switch(&ELEMENT_FETCH, run)
+}
+
+/// What a case of [`check_quad_fetch`] reads: the input in pieces, a
+/// GroupNorm (groups, SiLU) applied as read, W packed into f16.
+#[derive(Clone, Copy, Default)]
+struct QuadCase {
+    x_piece: Option<usize>,
+    norm: Option<(usize, bool)>,
+    packed: bool,
+}
+
+/// The convolution of `s` fetching its k steps four taps at a time gives
+/// the bits of fetching them element by element (the same operands
+/// rounded the same way, the same products in the same order); the case
+/// is one the launcher takes the quads for.
+fn check_quad_fetch(gpu: &Gpu, s: ConvShape, input: NhwcInput, case: QuadCase, seed: u64) {
+    use crate::kernels::half_pack::pack_weight_half;
+    use crate::kernels::linear::measure_weight_rows;
+    let c = gpu.matrix().expect("a matrix device");
+    let what = format!("{s:?} {input:?}, input pieces {:?}, norm {:?}, packed W {}", case.x_piece, case.norm, case.packed);
+    assert!(fetches_quads(c, &s, true, 0, WeightDtype::Bf16, case.x_piece.map(|p| p as u64), case.norm.map(|n| n.0 as u64)), "{what}: not a case for the quads");
+    let (pixels, out_pixels, cout, taps) = (s.height * s.width, s.out_height * s.out_width, s.out_channels, s.in_channels * s.kernel * s.kernel);
+    let mut rng = Rng::new(seed);
+    let mut x = rng.normals(s.in_channels * pixels, 1.0);
+    x.iter_mut().skip(pixels / 2 * s.in_channels).take(s.in_channels).for_each(|v| *v *= 100.0);
+    let (words, scales, _) = pack_pixels(&x, pixels, s.in_channels, case.x_piece);
+    let (xb, xs) = (gpu.upload_u32("x", &words), gpu.upload_f32("x scales", &scales));
+    let rows = input_rows(&xb, &xs, s.in_channels, case.x_piece);
+    let (w, b) = (rng.bf16s(cout * taps, 0.3), rng.bf16s(cout, 1.0));
+    let (wb, bb) = (gpu.upload_bf16("w", &w), gpu.upload_bf16("b", &b));
+    let row_scales = gpu.storage("w row scales", 4 * cout as u64);
+    gpu.submit(|enc| measure_weight_rows(gpu, enc, Weight::bf16(&wb), cout as u64, taps as u64, &row_scales, 0)).unwrap();
+    if case.packed {
+        gpu.submit(|enc| pack_weight_half(gpu, enc, Weight::bf16(&wb), Mat::new(&row_scales, 1), [cout as u64, taps as u64])).unwrap();
+    }
+    let kept = crate::RowScales { buf: &row_scales, offset: 0, k: taps as u64, packed: case.packed };
+    let weights = NhwcWeights { w: Weight { scales: Some(kept), ..Weight::bf16(&wb) }, bias: Weight::bf16(&bb), order: TapOrder::ChannelsLast };
+    // A group's (mean, 1/σ), one group far off zero, and gamma and beta.
+    let groups = case.norm.map_or(1, |n| n.0);
+    let stats: Vec<f32> = (0..groups).flat_map(|g| [if g == 0 { 30.0 } else { 0.1 * g as f32 }, 0.5 + 0.25 * g as f32]).collect();
+    let (sb, gb, nb) = (gpu.upload_f32("stats", &stats), gpu.upload_bf16("gamma", &rng.bf16s(s.in_channels, 1.0)), gpu.upload_bf16("beta", &rng.bf16s(s.in_channels, 0.5)));
+    let norm = case.norm.map(|(groups, silu)| NhwcNorm { stats: Mat::new(&sb, 0), gamma: Weight::bf16(&gb), beta: Weight::bf16(&nb), groups: groups as u64, silu });
+    let run = || -> Vec<u32> {
+        let y = poisoned(gpu, cout * out_pixels);
+        let out = run_and_read(gpu, &y, cout * out_pixels, |enc| conv2d_matrix_nhwc(gpu, enc, NhwcSource { rows, norm }, weights, NhwcOutput::F32 { y: Mat::new(&y, cout as u64), residual: false }, s, input));
+        out.iter().map(|v| v.to_bits()).collect()
+    };
+    let (quads, elements) = (run(), with_element_fetch(run));
+    let differ = quads.iter().zip(&elements).filter(|(a, b)| a != b).count();
+    assert_eq!(differ, 0, "{what}: {differ} of {} outputs differ", quads.len());
+    assert!(quads.iter().all(|&b| f32::from_bits(b).is_finite()), "{what}: every output written");
+}
+
+#[test]
+fn the_channels_last_conv_fetching_four_taps_at_a_time_gives_the_element_fetchs_bits() {
+    let Some(gpu) = f16_matrix_gpu() else { return };
+    let plain = QuadCase::default();
+    // 3×3 over more than one block of channels and pixels; 1×1 in pieces; through the upsampling; a downsampler.
+    check_quad_fetch(&gpu, ConvShape::same(16, 72, 11, 9, 3), NhwcInput::Plain, plain, 100);
+    check_quad_fetch(&gpu, ConvShape::same(32, 40, 6, 5, 1), NhwcInput::Plain, QuadCase { x_piece: Some(16), ..plain }, 101);
+    let upsampled = ConvShape { out_height: 10, out_width: 14, ..ConvShape::same(16, 12, 5, 7, 3) };
+    check_quad_fetch(&gpu, upsampled, NhwcInput::Upsampled, QuadCase { x_piece: Some(8), ..plain }, 102);
+    check_quad_fetch(&gpu, downsampler(16, 12, 10), NhwcInput::Plain, plain, 103);
+    // Normalised as read (groups of 4 channels, SiLU after; groups of 8), and over a packed W.
+    check_quad_fetch(&gpu, ConvShape::same(32, 24, 7, 6, 3), NhwcInput::Plain, QuadCase { x_piece: Some(16), norm: Some((8, true)), ..plain }, 104);
+    check_quad_fetch(&gpu, ConvShape::same(16, 20, 6, 5, 3), NhwcInput::Plain, QuadCase { norm: Some((2, false)), packed: true, ..plain }, 105);
+    check_quad_fetch(&gpu, ConvShape::same(16, 24, 9, 7, 3), NhwcInput::Plain, QuadCase { packed: true, ..plain }, 106);
+}
