@@ -2,9 +2,9 @@
 // matrix_fetch.wgsl): x's rows four f32 at a time and W's rows eight bf16 at
 // a time (a vec4 of u32 pairs), the same values as the element path and so
 // the same sums; f16 operands already under their range scales (W packed,
-// `W_HALF`; x's f16 rows with a scale a row, `stores_x_as_is()`) are copied
-// into the tiles as they are stored, four a load and a store
-// (linear_half_quads.wgsl). The launcher takes it where x's window, its row
+// `W_HALF`; x's f16 rows, `stages_x_half()`) are copied into the tiles as
+// they are stored, four a load and a store (linear_half_quads.wgsl), x's
+// pieces each shifted by a power of two in f16. The launcher takes it where x's window, its row
 // stride and k are whole vec4s, W is bf16 on whole vec4s, and each
 // invocation's share of a step is whole vec4s
 // (`MatrixConfig::fetches_vec4_steps`): a step's loads are a quarter (x)
@@ -32,10 +32,10 @@ struct Fetched {
     b_stored: array<array<vec4<Operand>, 2>, FETCH_B>,
 }
 
-// x's f16 rows under one scale a row (`X_PIECE` 0) on f16 tiles: the row's
-// scale times its inverse is 1, so the tiles take the values as stored.
-fn stores_x_as_is() -> bool {
-    return X_HALF && X_PIECE == 0u && OPERAND_HALF;
+// x's f16 rows on f16 tiles: staged from their f16 values with no
+// conversion (`a_quad`).
+fn stages_x_half() -> bool {
+    return X_HALF && OPERAND_HALF;
 }
 
 // The vec4 of x holding x[m0 + r, k0 + 4·c4 …] (x's first past the matrix),
@@ -61,11 +61,27 @@ fn a_vec4(r: u32, c4: u32, m0: u32, k0: u32) -> vec4<f32> {
     return select(vec4<f32>(0.0), x_vec4[at.x], inside);
 }
 
-// The same four values of x's f16 rows as stored (`stores_x_as_is()`).
+// The same four values of x's f16 rows as the tiles take them
+// (`stages_x_half()`), under the row's range scale: as stored under one
+// scale a row (the scale times its inverse is 1); in pieces, times the
+// power of two from the piece's scale to the row's, in f16 where that is a
+// normal f16 (the product exact, or rounded once as the f32 path rounds
+// it), else in f32 as the f32 path does.
 fn a_quad(r: u32, c4: u32, m0: u32, k0: u32) -> vec4<Operand> {
     let at = x_vec4_at(r, c4, m0, k0);
-    return select(vec4<Operand>(), x_half_quad(at.x), at.y == 1u);
+    let stored = select(vec4<Operand>(), x_half_quad(at.x), at.y == 1u);
+    if (X_PIECE == 0u) {
+        return stored;
+    }
+    let shift = x_half_scale(m0 + r, k0 + 4u * c4) * row_inverse(r);
+    if (shift >= F16_SMALLEST_NORMAL) {
+        return stored * Operand(shift);
+    }
+    return vec4<Operand>(vec4<f32>(stored) * shift);
 }
+
+// 2⁻¹⁴.
+const F16_SMALLEST_NORMAL: f32 = 6.103515625e-5;
 
 // The vec4 of W's words holding W[n0 + c, k0 + 8·q …] (W's first past it),
 // and whether it is inside.
@@ -94,7 +110,7 @@ fn fetch(li: u32, row0: u32, col0: u32, t0: u32) -> Fetched {
     var f: Fetched;
     for (var j = 0u; j < BM * KT / 4u / WG; j++) {
         let i = li + j * WG;
-        if (stores_x_as_is()) {
+        if (stages_x_half()) {
             f.a_stored[j] = a_quad(i / (KT / 4u), i % (KT / 4u), row0, t0);
         } else {
             f.a[j] = a_vec4(i / (KT / 4u), i % (KT / 4u), row0, t0);
@@ -118,7 +134,7 @@ fn put(li: u32, half: u32, f: ptr<function, Fetched>) {
         let i = li + j * WG;
         let r = i / (KT / 4u);
         let at = half * BM * LD + r * LD + 4u * (i % (KT / 4u));
-        if (stores_x_as_is()) {
+        if (stages_x_half()) {
             put_a_quad(at, (*f).a_stored[j]);
         } else {
             put_a4(at, (*f).a[j] * row_inverse(r));
