@@ -457,9 +457,9 @@ impl Module {
             Module::AttentionFlash16 => with_matrix!("16", f16, "attention_io.wgsl", "attention_kv_f32.wgsl", "attention_qkv.wgsl", "attention_flash.wgsl"),
             Module::BenchMatrix8 => with_matrix!("8", f16, "bench_io.wgsl", "bench_matrix.wgsl"),
             Module::LinearMatrix8F32 => with_matrix!("8", f32, "product_io.wgsl", "linear_io.wgsl", "linear_matrix.wgsl", "linear_head_norm.wgsl", "matrix_gemm.wgsl", "matrix_tiles_scalar.wgsl", "matrix_fetch.wgsl"),
-            Module::LinearMatrix8Vec4 => with_matrix!("8", f16, "product_io.wgsl", "linear_io.wgsl", "linear_matrix.wgsl", "linear_head_norm.wgsl", "matrix_gemm.wgsl", "matrix_tiles_vec4.wgsl", "linear_matrix_vec4.wgsl", "linear_half_quads.wgsl"),
-            Module::LinearMatrix16Vec4 => with_matrix!("16", f16, "product_io.wgsl", "linear_io.wgsl", "linear_matrix.wgsl", "linear_head_norm.wgsl", "matrix_gemm.wgsl", "matrix_tiles_vec4.wgsl", "linear_matrix_vec4.wgsl", "linear_half_quads.wgsl"),
-            Module::LinearMatrix8F32Vec4 => with_matrix!("8", f32, "product_io.wgsl", "linear_io.wgsl", "linear_matrix.wgsl", "linear_head_norm.wgsl", "matrix_gemm.wgsl", "matrix_tiles_scalar.wgsl", "linear_matrix_vec4.wgsl", "linear_half_quads_widened.wgsl"),
+            Module::LinearMatrix8Vec4 => with_matrix!("8", f16, "product_io.wgsl", "linear_io.wgsl", "linear_matrix.wgsl", "linear_head_norm.wgsl", "matrix_gemm.wgsl", "matrix_tiles_vec4.wgsl", "linear_matrix_vec4.wgsl", "matrix_fetch_vec4.wgsl", "linear_half_quads.wgsl", "half_octets.wgsl"),
+            Module::LinearMatrix16Vec4 => with_matrix!("16", f16, "product_io.wgsl", "linear_io.wgsl", "linear_matrix.wgsl", "linear_head_norm.wgsl", "matrix_gemm.wgsl", "matrix_tiles_vec4.wgsl", "linear_matrix_vec4.wgsl", "matrix_fetch_vec4.wgsl", "linear_half_quads.wgsl", "half_octets.wgsl"),
+            Module::LinearMatrix8F32Vec4 => with_matrix!("8", f32, "product_io.wgsl", "linear_io.wgsl", "linear_matrix.wgsl", "linear_head_norm.wgsl", "matrix_gemm.wgsl", "matrix_tiles_scalar.wgsl", "linear_matrix_vec4.wgsl", "matrix_fetch_vec4.wgsl", "linear_half_quads_widened.wgsl"),
             Module::ConvMatrix8F32 => with_matrix!("8", f32, "product_io.wgsl", "conv_io.wgsl", "conv_matrix.wgsl", "conv_matrix_common.wgsl", "matrix_gemm.wgsl", "matrix_tiles_scalar.wgsl", "matrix_fetch.wgsl"),
             Module::AttentionMatrix8F32 => with_matrix!("8", f32, "attention_io.wgsl", "attention_kv_f32.wgsl", "attention_qkv.wgsl", "attention_head_128.wgsl", "attention_matrix.wgsl"),
             Module::BenchMatrix8F32 => with_matrix!("8", f32, "bench_io.wgsl", "bench_matrix.wgsl"),
@@ -469,8 +469,8 @@ impl Module {
             Module::ConvMatrix8F32Narrow => with_matrix!("8", f32, narrow, "product_io.wgsl", "conv_io.wgsl", "conv_matrix.wgsl", "conv_matrix_common.wgsl", "matrix_gemm.wgsl", "matrix_tiles_scalar.wgsl", "matrix_fetch.wgsl"),
             Module::ConvMatrixNhwc8 => with_matrix!("8", f16, "product_io.wgsl", "conv_io.wgsl", "conv_matrix_nhwc.wgsl", "conv_matrix_common.wgsl", "matrix_gemm.wgsl", "matrix_tiles_vec4.wgsl", "matrix_fetch.wgsl"),
             Module::ConvMatrixNhwc16 => with_matrix!("16", f16, "product_io.wgsl", "conv_io.wgsl", "conv_matrix_nhwc.wgsl", "conv_matrix_common.wgsl", "matrix_gemm.wgsl", "matrix_tiles_vec4.wgsl", "matrix_fetch.wgsl"),
-            Module::ConvMatrixNhwc8Vec4 => with_matrix!("8", f16, "product_io.wgsl", "conv_io.wgsl", "conv_matrix_nhwc.wgsl", "conv_matrix_common.wgsl", "matrix_gemm.wgsl", "matrix_tiles_vec4.wgsl", "conv_nhwc_vec4.wgsl"),
-            Module::ConvMatrixNhwc16Vec4 => with_matrix!("16", f16, "product_io.wgsl", "conv_io.wgsl", "conv_matrix_nhwc.wgsl", "conv_matrix_common.wgsl", "matrix_gemm.wgsl", "matrix_tiles_vec4.wgsl", "conv_nhwc_vec4.wgsl"),
+            Module::ConvMatrixNhwc8Vec4 => with_matrix!("8", f16, "product_io.wgsl", "conv_io.wgsl", "conv_matrix_nhwc.wgsl", "conv_matrix_common.wgsl", "matrix_gemm.wgsl", "matrix_tiles_vec4.wgsl", "conv_nhwc_vec4.wgsl", "matrix_fetch_vec4.wgsl", "half_octets.wgsl"),
+            Module::ConvMatrixNhwc16Vec4 => with_matrix!("16", f16, "product_io.wgsl", "conv_io.wgsl", "conv_matrix_nhwc.wgsl", "conv_matrix_common.wgsl", "matrix_gemm.wgsl", "matrix_tiles_vec4.wgsl", "conv_nhwc_vec4.wgsl", "matrix_fetch_vec4.wgsl", "half_octets.wgsl"),
         };
         fixed.into()
     }

@@ -27,12 +27,12 @@ pub const CONV2D_MATRIX_NHWC_8: Kernel = kernel(
 );
 pub const CONV2D_MATRIX_NHWC_16: Kernel = Kernel { module: Module::ConvMatrixNhwc16, ..CONV2D_MATRIX_NHWC_8 };
 /// The same fetching its k steps four taps at a time, W read at bindings
-/// 21 (as f16s) and 22 (as bf16 pairs) in place of 2 (`conv_nhwc_vec4.wgsl`).
+/// 7 (as bf16 pairs) and 21 (as f16s) in place of 2 (`conv_nhwc_vec4.wgsl`).
 pub const CONV2D_MATRIX_NHWC_8_VEC4: Kernel = kernel(
     Module::ConvMatrixNhwc8Vec4,
     "conv2d_matrix_nhwc",
     [0, 1, 1],
-    &[(3, R), (4, RW), (8, RW), (9, RW), (10, RW), (12, RW), (13, RW), (14, RW), (15, RW), (16, RW), (17, R), (18, R), (19, RW), (20, RW), (21, R), (22, R)],
+    &[(3, R), (4, RW), (7, R), (8, RW), (9, RW), (10, RW), (12, RW), (13, RW), (14, RW), (15, RW), (16, RW), (17, R), (18, R), (19, RW), (20, RW), (21, R)],
     size_of::<ConvParams>(),
     true,
 );
@@ -243,7 +243,7 @@ pub fn conv2d_matrix_nhwc(gpu: &Gpu, sink: &mut dyn Sink, source: NhwcSource<'_>
             None => (&yw, &ww, &ww),
         };
         let shared = [(3, &bw), (4, &yw), (8, &stored), (9, &xw), (10, &xsw), (12, &yw), (13, &ysw), (14, &rw), (15, &rsw), (16, nsw), (17, ngw), (18, nbw), (19, &y_vec4), (20, &y_vec4)];
-        let w_bindings = if quads { vec![(21, &ww), (22, &ww)] } else { vec![(2, &ww)] };
+        let w_bindings = if quads { vec![(7, &ww), (21, &ww)] } else { vec![(2, &ww)] };
         let bindings = [&shared[..], &w_bindings].concat();
         dispatch(gpu, sink, launch, &bindings);
     }

@@ -9,23 +9,12 @@
 // last with its window and the taps whole runs of 8, and each invocation's
 // share of a step is whole vec4s (`MatrixConfig::fetches_vec4_steps`).
 
-// W's window again (binding 2's buffer): as vec4s of f16, and as bf16 pairs.
-@group(0) @binding(21) var<storage, read> w_octets: array<array<vec4<f16>, 2>>;
-@group(0) @binding(22) var<storage, read> w_vec4: array<vec4<u32>>;
-
-fn prefetching() -> bool {
-    return true;
-}
-
-// At most FETCH_A vec4s of A and FETCH_B octets of W an invocation and
-// step: W as bf16 pairs or (`b_stored`) as stored. A module specialised by
-// its constants keeps only the fields its paths read.
+// At most FETCH_A vec4s of A an invocation and step; and W's
+// (matrix_fetch_vec4.wgsl).
 const FETCH_A: u32 = 8u;
-const FETCH_B: u32 = 4u;
 struct Fetched {
     a: array<vec4<f32>, FETCH_A>,
-    b: array<vec4<u32>, FETCH_B>,
-    b_stored: array<array<vec4<Operand>, 2>, FETCH_B>,
+    w: FetchedW,
 }
 
 // A's taps k0 + 4·c4 … of output pixel m0 + r: channels ci … ci + 3 of one
@@ -52,20 +41,6 @@ fn w_octet_at(c: u32, q: u32, n0: u32, k0: u32) -> vec2<u32> {
     return vec2<u32>(select(p.w_offset / 8u, at, inside), u32(inside));
 }
 
-// Those eight terms as bf16 pairs (zero past W).
-fn b_vec8(c: u32, q: u32, n0: u32, k0: u32) -> vec4<u32> {
-    let at = w_octet_at(c, q, n0, k0);
-    return select(vec4<u32>(0u), w_vec4[at.x], at.y == 1u);
-}
-
-// Those eight terms packed as f16 (`W_HALF`), as stored.
-fn b_octet(c: u32, q: u32, n0: u32, k0: u32) -> array<vec4<Operand>, 2> {
-    let at = w_octet_at(c, q, n0, k0);
-    let octet = w_octets[at.x];
-    let inside = at.y == 1u;
-    return array<vec4<Operand>, 2>(select(vec4<Operand>(), octet[0], inside), select(vec4<Operand>(), octet[1], inside));
-}
-
 // Issues the global loads of KT terms from t0 on.
 fn fetch(li: u32, row0: u32, col0: u32, t0: u32) -> Fetched {
     var f: Fetched;
@@ -73,42 +48,17 @@ fn fetch(li: u32, row0: u32, col0: u32, t0: u32) -> Fetched {
         let i = li + j * WG;
         f.a[j] = a_quad(i / (KT / 4u), i % (KT / 4u), row0, t0);
     }
-    for (var j = 0u; j < BN * KT / 8u / WG; j++) {
-        let i = li + j * WG;
-        if (W_HALF) {
-            f.b_stored[j] = b_octet(i / (KT / 8u), i % (KT / 8u), col0, t0);
-        } else {
-            f.b[j] = b_vec8(i / (KT / 8u), i % (KT / 8u), col0, t0);
-        }
-    }
+    f.w = fetch_w(li, col0, t0);
     return f;
 }
 
 // Puts fetched values into buffer `half`, four terms a store: A rounded
-// under its rows' range scales, W as stored or rounded under its columns'.
+// under its rows' range scales, W as matrix_fetch_vec4.wgsl puts it.
 fn put(li: u32, half: u32, f: ptr<function, Fetched>) {
     for (var j = 0u; j < BM * KT / 4u / WG; j++) {
         let i = li + j * WG;
         let r = i / (KT / 4u);
         put_a4(half * BM * LD + r * LD + 4u * (i % (KT / 4u)), (*f).a[j] * row_inverse(r));
     }
-    for (var j = 0u; j < BN * KT / 8u / WG; j++) {
-        let i = li + j * WG;
-        let c = i / (KT / 8u);
-        let at = half * BN * LD + c * LD + 8u * (i % (KT / 8u));
-        if (W_HALF) {
-            put_b_quad(at, (*f).b_stored[j][0]);
-            put_b_quad(at + 4u, (*f).b_stored[j][1]);
-        } else {
-            let q = (*f).b[j];
-            put_b4(at, vec4<f32>(b_word_operands(q.x, c), b_word_operands(q.y, c)));
-            put_b4(at + 4u, vec4<f32>(b_word_operands(q.z, c), b_word_operands(q.w, c)));
-        }
-    }
-}
-
-// The first step, fetched and put before the products.
-fn stage(li: u32, half: u32, row0: u32, col0: u32, t0: u32) {
-    var f = fetch(li, row0, col0, t0);
-    put(li, half, &f);
+    put_w(li, half, (*f).w);
 }

@@ -1,6 +1,6 @@
-// linear_half_quads.wgsl's interface where the operands are f32 (a module
-// without f16): the same buffers at bindings 20 and 21 read as words of f16
-// pairs, each value widened exactly.
+// linear_half_quads.wgsl's and half_octets.wgsl's interface where the
+// operands are f32 (a module without f16): the same buffers at bindings 20
+// and 21 read as words of f16 pairs, each value widened exactly.
 @group(0) @binding(20) var<storage, read_write> x_quads: array<vec2<u32>>;
 @group(0) @binding(21) var<storage, read> w_octets: array<vec4<u32>>;
 

@@ -13,23 +13,14 @@
 
 // read_write as every product's x: it may share its buffer with y.
 @group(0) @binding(6) var<storage, read_write> x_vec4: array<vec4<f32>>;
-@group(0) @binding(7) var<storage, read> w_vec4: array<vec4<u32>>;
 
-fn prefetching() -> bool {
-    return true;
-}
-
-// At most FETCH_A vec4s of x and FETCH_B of W an invocation and step: as
-// f32 values and bf16 pairs, or (`a_stored`, `b_stored`) as stored, two
-// vec4s of f16 for each vec4 of W's words. A module specialised by its
-// constants keeps only the fields its paths read.
+// At most FETCH_A vec4s of x an invocation and step: as f32 values, or
+// (`a_stored`) as the tiles take them; and W's (matrix_fetch_vec4.wgsl).
 const FETCH_A: u32 = 8u;
-const FETCH_B: u32 = 4u;
 struct Fetched {
     a: array<vec4<f32>, FETCH_A>,
-    b: array<vec4<u32>, FETCH_B>,
     a_stored: array<vec4<Operand>, FETCH_A>,
-    b_stored: array<array<vec4<Operand>, 2>, FETCH_B>,
+    w: FetchedW,
 }
 
 // x's f16 rows on f16 tiles: staged from their f16 values with no
@@ -83,26 +74,12 @@ fn a_quad(r: u32, c4: u32, m0: u32, k0: u32) -> vec4<Operand> {
 // 2⁻¹⁴.
 const F16_SMALLEST_NORMAL: f32 = 6.103515625e-5;
 
-// The vec4 of W's words holding W[n0 + c, k0 + 8·q …] (W's first past it),
-// and whether it is inside.
-fn w_vec8_at(c: u32, q: u32, n0: u32, k0: u32) -> vec2<u32> {
+// The octet of W's words holding W[n0 + c, k0 + 8·q …] (W's first past
+// it), and whether it is inside (matrix_fetch_vec4.wgsl's).
+fn w_octet_at(c: u32, q: u32, n0: u32, k0: u32) -> vec2<u32> {
     let inside = column_inside(n0 + c, BN) && k0 + 8u * q < p.k;
     let at = (p.w_offset + paired_w_row(n0 + c, BN) * p.k + k0) / 8u + q;
     return vec2<u32>(select(p.w_offset / 8u, at, inside), u32(inside));
-}
-
-// W[n0 + c, k0 + 8·q …] as four bf16 pairs (zero past W).
-fn b_vec8(c: u32, q: u32, n0: u32, k0: u32) -> vec4<u32> {
-    let at = w_vec8_at(c, q, n0, k0);
-    return select(vec4<u32>(0u), w_vec4[at.x], at.y == 1u);
-}
-
-// The same eight values of W packed as f16 (`W_HALF`), as stored.
-fn b_octet(c: u32, q: u32, n0: u32, k0: u32) -> array<vec4<Operand>, 2> {
-    let at = w_vec8_at(c, q, n0, k0);
-    let octet = w_half_octet(at.x);
-    let inside = at.y == 1u;
-    return array<vec4<Operand>, 2>(select(vec4<Operand>(), octet[0], inside), select(vec4<Operand>(), octet[1], inside));
 }
 
 // Issues the global loads of KT terms from t0 on.
@@ -116,19 +93,13 @@ fn fetch(li: u32, row0: u32, col0: u32, t0: u32) -> Fetched {
             f.a[j] = a_vec4(i / (KT / 4u), i % (KT / 4u), row0, t0);
         }
     }
-    for (var j = 0u; j < BN * KT / 8u / WG; j++) {
-        let i = li + j * WG;
-        if (W_HALF) {
-            f.b_stored[j] = b_octet(i / (KT / 8u), i % (KT / 8u), col0, t0);
-        } else {
-            f.b[j] = b_vec8(i / (KT / 8u), i % (KT / 8u), col0, t0);
-        }
-    }
+    f.w = fetch_w(li, col0, t0);
     return f;
 }
 
-// Puts fetched values into buffer `half`, four terms a store: as stored, or
-// rounded under each row of A's and column of B's range scale.
+// Puts fetched values into buffer `half`, four terms a store: x as the
+// tiles take it, or rounded under each row's range scale; W as
+// matrix_fetch_vec4.wgsl puts it.
 fn put(li: u32, half: u32, f: ptr<function, Fetched>) {
     for (var j = 0u; j < BM * KT / 4u / WG; j++) {
         let i = li + j * WG;
@@ -140,23 +111,5 @@ fn put(li: u32, half: u32, f: ptr<function, Fetched>) {
             put_a4(at, (*f).a[j] * row_inverse(r));
         }
     }
-    for (var j = 0u; j < BN * KT / 8u / WG; j++) {
-        let i = li + j * WG;
-        let c = i / (KT / 8u);
-        let at = half * BN * LD + c * LD + 8u * (i % (KT / 8u));
-        if (W_HALF) {
-            put_b_quad(at, (*f).b_stored[j][0]);
-            put_b_quad(at + 4u, (*f).b_stored[j][1]);
-        } else {
-            let q = (*f).b[j];
-            put_b4(at, vec4<f32>(b_word_operands(q.x, c), b_word_operands(q.y, c)));
-            put_b4(at + 4u, vec4<f32>(b_word_operands(q.z, c), b_word_operands(q.w, c)));
-        }
-    }
-}
-
-// The first step, fetched and put before the products.
-fn stage(li: u32, half: u32, row0: u32, col0: u32, t0: u32) {
-    var f = fetch(li, row0, col0, t0);
-    put(li, half, &f);
+    put_w(li, half, (*f).w);
 }
