@@ -18,16 +18,17 @@ import sys
 MODULES = ("LinearMatrix8Vec4", "LinearMatrix16Vec4")
 
 # put() replaced by a sum of what was fetched into one element: the global
-# loads stay (their values are used), the rounding and the stores go.
+# loads stay (their values are used), the rounding and the stores go (W's
+# too: put() no longer calls put_w()).
 NO_PUT = """fn put(li: u32, half: u32, f: ptr<function, Fetched>) {
     var s = 0.0;
     for (var j = 0u; j < FETCH_A; j++) {
         s += dot((*f).a[j], vec4<f32>(1.0));
     }
     for (var j = 0u; j < FETCH_B; j++) {
-        s += f32((*f).b[j].x ^ (*f).b[j].w);
+        s += f32((*f).w.pairs[j].x ^ (*f).w.pairs[j].w);
     }
-    a_tiles[half * BM * LD + li] = Operand(s);
+    put_a(half * BM * LD + li, s);
 }
 """
 
@@ -52,26 +53,29 @@ def no_put(source):
 
 
 def no_fetch(source):
-    old = function(source, "fetch")
-    if not old or "a_vec4(" not in old or "b_vec8(" not in old:
+    """x's loads in fetch() and W's in fetch_w() (matrix_fetch_vec4.wgsl)."""
+    fetch, fetch_w = function(source, "fetch"), function(source, "fetch_w")
+    if not fetch or not fetch_w or "a_vec4(" not in fetch or "b_vec8(" not in fetch_w:
         return None
     # One load of each operand a call, outside the loops, so that the
     # bindings stay in the module's interface (the pipeline's layout).
-    new = re.sub(r"a_vec4\([^;]*\);", "vec4<f32>(f32(i)) + keep_a * 0.0;", old)
-    new = re.sub(r"b_vec8\([^;]*\);", "vec4<u32>(i) | (keep_b & vec4<u32>(0u));", new)
-    new = new.replace("    var f: Fetched;\n", "    var f: Fetched;\n    let keep_a = x_vec4[p.x_offset / 4u];\n    let keep_b = w_vec4[p.w_offset / 8u];\n", 1)
-    return source.replace(old, new, 1) if "keep_a = " in new else None
+    new_fetch = re.sub(r"a_vec4\([^;]*\);", "vec4<f32>(f32(i)) + keep_a * 0.0;", fetch)
+    new_fetch = new_fetch.replace("    var f: Fetched;\n", "    var f: Fetched;\n    let keep_a = x_vec4[p.x_offset / 4u];\n", 1)
+    new_fetch_w = re.sub(r"b_vec8\([^;]*\);", "vec4<u32>(i) | (keep_b & vec4<u32>(0u));", fetch_w)
+    new_fetch_w = new_fetch_w.replace("    var f: FetchedW;\n", "    var f: FetchedW;\n    let keep_b = w_vec4[p.w_offset / 8u];\n", 1)
+    if "keep_a = " not in new_fetch or "keep_b = " not in new_fetch_w:
+        return None
+    return source.replace(fetch, new_fetch, 1).replace(fetch_w, new_fetch_w, 1)
 
 
 def no_rounding(source):
     """A rows not scaled; W's u32s taken as f16 pairs with no scale, as a W
     packed at load (`W_HALF`) is read: what staging costs without rounding."""
-    old = function(source, "put")
-    if not old or "* row_inverse(r)" not in old or "b_word_operands(q.x, c)" not in old:
+    put, put_w = function(source, "put"), function(source, "put_w")
+    if not put or not put_w or "(*f).a[j] * row_inverse(r)" not in put or "b_word_operands(q.x, c)" not in put_w:
         return None
-    new = old.replace("(*f).a[j] * row_inverse(r)", "(*f).a[j]")
-    new = re.sub(r"b_word_operands\(q\.([xyzw]), c\)", r"unpack2x16float(q.\1)", new)
-    return source.replace(old, new, 1)
+    new_put_w = re.sub(r"b_word_operands\(q\.([xyzw]), c\)", r"unpack2x16float(q.\1)", put_w)
+    return source.replace(put, put.replace("(*f).a[j] * row_inverse(r)", "(*f).a[j]"), 1).replace(put_w, new_put_w, 1)
 
 
 VARIANTS = [
