@@ -57,10 +57,11 @@ def no_fetch(source):
     fetch, fetch_w = function(source, "fetch"), function(source, "fetch_w")
     if not fetch or not fetch_w or "a_vec4(" not in fetch or "b_vec8(" not in fetch_w:
         return None
-    # One load of each operand a call, outside the loops, so that the
-    # bindings stay in the module's interface (the pipeline's layout).
+    # One load of each operand a call (x's f32 and f16 bindings alike),
+    # outside the loops, so that the bindings stay in the module's
+    # interface (the pipeline's layout).
     new_fetch = re.sub(r"a_vec4\([^;]*\);", "vec4<f32>(f32(i)) + keep_a * 0.0;", fetch)
-    new_fetch = new_fetch.replace("    var f: Fetched;\n", "    var f: Fetched;\n    let keep_a = x_vec4[p.x_offset / 4u];\n", 1)
+    new_fetch = new_fetch.replace("    var f: Fetched;\n", "    var f: Fetched;\n    let keep_a = x_vec4[p.x_offset / 4u] + vec4<f32>(f32(x_half[0u] & 0u));\n", 1)
     new_fetch_w = re.sub(r"b_vec8\([^;]*\);", "vec4<u32>(i) | (keep_b & vec4<u32>(0u));", fetch_w)
     new_fetch_w = new_fetch_w.replace("    var f: FetchedW;\n", "    var f: FetchedW;\n    let keep_b = w_vec4[p.w_offset / 8u];\n", 1)
     if "keep_a = " not in new_fetch or "keep_b = " not in new_fetch_w:
