@@ -88,13 +88,13 @@ pub const LINEAR_MATRIX_16: Kernel = Kernel { module: Module::LinearMatrix16, ..
 pub const LINEAR_MATRIX_8_F32: Kernel = Kernel { module: Module::LinearMatrix8F32, ..LINEAR_MATRIX_8 };
 /// The same reading x and bf16 W as vec4s at bindings 6 and 7
 /// (`linear_matrix_vec4.wgsl`), where their windows are whole vec4s, and
-/// x's f16 rows and W's packed words again as vec4s of f16 at 20 and 21
-/// (`linear_half_quads.wgsl`).
+/// x's f16 rows and W's packed words as vec4s of f16 at 20 and 21
+/// (`linear_half_quads.wgsl`; W's words also at 7).
 pub const LINEAR_MATRIX_8_VEC4: Kernel = kernel(
     Module::LinearMatrix8Vec4,
     "linear_matrix",
     [0, 1, 1],
-    &[(3, R), (4, RW), (5, R), (6, RW), (7, R), (8, R), (9, RW), (10, RW), (11, RW), (12, RW), (13, RW), (14, RW), (15, RW), (16, R), (17, R), (18, R), (19, R), (20, RW), (21, R)],
+    &[(3, R), (4, RW), (5, R), (6, RW), (7, R), (8, R), (10, RW), (11, RW), (12, RW), (13, RW), (14, RW), (15, RW), (16, R), (17, R), (18, R), (19, R), (20, RW), (21, R)],
     size_of::<LinearParams>(),
     true,
 );
@@ -480,14 +480,14 @@ fn product(gpu: &Gpu, sink: &mut dyn Sink, input: Input<'_>, w: Weight<'_>, bias
                 None => (params, (0..4).map(|_| placeholder_window(gpu)).collect::<Result<Vec<_>, _>>()?),
             };
             let launch = Launch { kernel: &kernel, constants: &constants, params, grid };
-            // x at 1 or 6, or f16 rows at 9 (and 20, as f16s) and their scales at 10; the
+            // x at 1 or 6, or f16 rows at 9 (20 for the vec4 modules, as f16s) and their scales at 10; the
             // bindings the kernel does not read take x's window too, whose
             // writable use a second buffer there could conflict with.
             let x_half_scales = x_scales.as_ref().unwrap_or(&xw);
             let (x_f32, x_half) = (&xw, &xw);
             if kernel.module.reads_vec4s() {
                 let [nw1, nw2, cos, sin] = [&norm_windows[0], &norm_windows[1], &norm_windows[2], &norm_windows[3]];
-                dispatch(gpu, sink, launch, &[(3, &bw), (4, &yw), (5, &sw), (6, x_f32), (7, &ww), (8, &w_scales), (9, x_half), (10, x_half_scales), (11, &gw), (12, &yw), (13, &y_scales), (14, &yw_vec4), (15, &yw_vec4), (16, nw1), (17, nw2), (18, cos), (19, sin), (20, x_half), (21, &ww)]);
+                dispatch(gpu, sink, launch, &[(3, &bw), (4, &yw), (5, &sw), (6, x_f32), (7, &ww), (8, &w_scales), (10, x_half_scales), (11, &gw), (12, &yw), (13, &y_scales), (14, &yw_vec4), (15, &yw_vec4), (16, nw1), (17, nw2), (18, cos), (19, sin), (20, x_half), (21, &ww)]);
             } else if matrix.is_some() {
                 let [nw1, nw2, cos, sin] = [&norm_windows[0], &norm_windows[1], &norm_windows[2], &norm_windows[3]];
                 dispatch(gpu, sink, launch, &[(1, x_f32), (2, &ww), (3, &bw), (4, &yw), (5, &sw), (8, &w_scales), (9, x_half), (10, x_half_scales), (11, &gw), (12, &yw), (13, &y_scales), (14, &yw_vec4), (15, &yw_vec4), (16, nw1), (17, nw2), (18, cos), (19, sin)]);

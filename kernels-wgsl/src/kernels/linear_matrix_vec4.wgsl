@@ -23,10 +23,11 @@ struct Fetched {
     w: FetchedW,
 }
 
-// x's f16 rows on f16 tiles: staged from their f16 values with no
-// conversion (`a_quad`).
+// x's f16 rows: staged from their f16 values with no conversion
+// (`a_quad`). The launcher takes f16 rows only onto f16 tiles; the f32
+// operands' module widens the same words (linear_half_quads_widened.wgsl).
 fn stages_x_half() -> bool {
-    return X_HALF && OPERAND_HALF;
+    return X_HALF;
 }
 
 // The vec4 of x holding x[m0 + r, k0 + 4·c4 …] (x's first past the matrix),
@@ -38,18 +39,10 @@ fn x_vec4_at(r: u32, c4: u32, m0: u32, k0: u32) -> vec2<u32> {
     return vec2<u32>(select(p.x_offset / 4u, at, inside), u32(inside));
 }
 
-// x[m0 + r, k0 + 4·c4 …] (zero past the matrix). On the half-precision path
-// (`X_HALF`), the four f16 values in two words of x_half, times their row's
-// scale (or their piece's, a piece being whole vec4s): the values the f32
-// path would have read.
+// x[m0 + r, k0 + 4·c4 …] of x's f32 rows (zero past the matrix).
 fn a_vec4(r: u32, c4: u32, m0: u32, k0: u32) -> vec4<f32> {
     let at = x_vec4_at(r, c4, m0, k0);
-    let inside = at.y == 1u;
-    if (X_HALF) {
-        let values = vec4<f32>(unpack2x16float(x_half[2u * at.x]), unpack2x16float(x_half[2u * at.x + 1u]));
-        return select(vec4<f32>(0.0), values * x_half_scale(m0 + r, k0 + 4u * c4), inside);
-    }
-    return select(vec4<f32>(0.0), x_vec4[at.x], inside);
+    return select(vec4<f32>(0.0), x_vec4[at.x], at.y == 1u);
 }
 
 // The same four values of x's f16 rows as the tiles take them
