@@ -3,7 +3,9 @@
 operands), one folder each, for FLUX_LITE_KERNEL_DIR: where a k step's time
 goes on a GPU. Each variant takes one part of the step away, so its results
 are wrong by design: they are for `bench kernels --only linear`, never for
-an image.
+an image. That bench times each shape twice on f16 operands: over f32 x and
+bf16 W, converted as staged, and over the f16 operands the engine keeps in
+memory, staged as stored; no_rounding changes only the first.
 
     python3 ci/linear_variants.py SOURCES OUT
 
@@ -19,14 +21,17 @@ MODULES = ("LinearMatrix8Vec4", "LinearMatrix16Vec4")
 
 # put() replaced by a sum of what was fetched into one element: the global
 # loads stay (their values are used), the rounding and the stores go (W's
-# too: put() no longer calls put_w()).
+# too: put() no longer calls put_w()). Both operand forms are summed: f32 x
+# and bf16 W, converted as staged, and the f16 operands kept in memory,
+# staged as stored.
 NO_PUT = """fn put(li: u32, half: u32, f: ptr<function, Fetched>) {
     var s = 0.0;
     for (var j = 0u; j < FETCH_A; j++) {
-        s += dot((*f).a[j], vec4<f32>(1.0));
+        s += dot((*f).a[j], vec4<f32>(1.0)) + dot(vec4<f32>((*f).a_stored[j]), vec4<f32>(1.0));
     }
     for (var j = 0u; j < FETCH_B; j++) {
         s += f32((*f).w.pairs[j].x ^ (*f).w.pairs[j].w);
+        s += dot(vec4<f32>((*f).w.stored[j][0]) + vec4<f32>((*f).w.stored[j][1]), vec4<f32>(1.0));
     }
     put_a(half * BM * LD + li, s);
 }
@@ -53,18 +58,33 @@ def no_put(source):
 
 
 def no_fetch(source):
-    """x's loads in fetch() and W's in fetch_w() (matrix_fetch_vec4.wgsl)."""
+    """x's loads in fetch() and W's in fetch_w() (matrix_fetch_vec4.wgsl),
+    over f32 x and bf16 W and over the f16 operands kept in memory alike."""
     fetch, fetch_w = function(source, "fetch"), function(source, "fetch_w")
-    if not fetch or not fetch_w or "a_vec4(" not in fetch or "b_vec8(" not in fetch_w:
+    if not fetch or not fetch_w or "a_vec4(" not in fetch or "a_quad(" not in fetch or "b_vec8(" not in fetch_w or "b_octet(" not in fetch_w:
         return None
-    # One load of each operand a call (x's f32 and f16 bindings alike),
-    # outside the loops, so that the bindings stay in the module's
-    # interface (the pipeline's layout).
+    # One load from each operand's binding a call, outside the loops, so
+    # that every binding stays in the module's interface (the pipeline's
+    # layout): x's f32 vec4s and f16 quads, W's bf16 octets and f16 ones.
     new_fetch = re.sub(r"a_vec4\([^;]*\);", "vec4<f32>(f32(i)) + keep_a * 0.0;", fetch)
-    new_fetch = new_fetch.replace("    var f: Fetched;\n", "    var f: Fetched;\n    let keep_a = x_vec4[p.x_offset / 4u] + vec4<f32>(f32(x_half[0u] & 0u));\n", 1)
+    new_fetch = re.sub(r"a_quad\([^;]*\);", "vec4<Operand>(vec4<f32>(f32(i))) + keep_q * Operand(0.0);", new_fetch)
+    new_fetch = new_fetch.replace(
+        "    var f: Fetched;\n",
+        "    var f: Fetched;\n    let keep_a = x_vec4[p.x_offset / 4u];\n    let keep_q = x_half_quad(p.x_offset / 4u);\n",
+        1,
+    )
     new_fetch_w = re.sub(r"b_vec8\([^;]*\);", "vec4<u32>(i) | (keep_b & vec4<u32>(0u));", fetch_w)
-    new_fetch_w = new_fetch_w.replace("    var f: FetchedW;\n", "    var f: FetchedW;\n    let keep_b = w_vec4[p.w_offset / 8u];\n", 1)
-    if "keep_a = " not in new_fetch or "keep_b = " not in new_fetch_w:
+    new_fetch_w = re.sub(
+        r"b_octet\([^;]*\);",
+        "array<vec4<Operand>, 2>(vec4<Operand>(vec4<f32>(f32(i))) + keep_o[0] * Operand(0.0), keep_o[1] * Operand(0.0));",
+        new_fetch_w,
+    )
+    new_fetch_w = new_fetch_w.replace(
+        "    var f: FetchedW;\n",
+        "    var f: FetchedW;\n    let keep_b = w_vec4[p.w_offset / 8u];\n    let keep_o = w_half_octet(p.w_offset / 8u);\n",
+        1,
+    )
+    if "keep_q = " not in new_fetch or "keep_o = " not in new_fetch_w or "a_quad(" in new_fetch or "b_octet(" in new_fetch_w:
         return None
     return source.replace(fetch, new_fetch, 1).replace(fetch_w, new_fetch_w, 1)
 
@@ -83,8 +103,8 @@ VARIANTS = [
     ("base", "nothing (the kernel as built, timed in the same run)", lambda s: s),
     ("no_mma", "the multiply-adds (what is left: fetching, rounding, staging, barriers, the epilogue)", no_mma),
     ("no_put", "rounding and storing each step into workgroup memory (the global loads stay)", no_put),
-    ("no_fetch", "the global loads (each step stages values made from the invocation index)", no_fetch),
-    ("no_rounding", "the range scales' multiplies and the bf16 unpacking (W's words read as f16 pairs, as a W packed at load is)", no_rounding),
+    ("no_fetch", "the global loads of either operand form (each step stages values made from the invocation index)", no_fetch),
+    ("no_rounding", "the range scales' multiplies and the bf16 unpacking of the rows over f32 x and bf16 W (W's words read as f16 pairs, as a W packed at load is; the rows over f16 operands in memory have no conversion to leave out)", no_rounding),
 ]
 
 

@@ -3,7 +3,7 @@
 use crate::stdout::say;
 use argh::FromArgs;
 use flux_lite_core::config::{self, Qwen3Config, TransformerConfig, VaeConfig};
-use flux_lite_platform::bench::{self, Ceilings, Figure, ShapeBench};
+use flux_lite_platform::bench::{self, Ceilings, Figure, LinearOperands, ShapeBench};
 use flux_lite_platform::model::ModelFolder;
 use flux_lite_platform::{Gpu, GpuOptions, Precision};
 use std::path::Path;
@@ -184,8 +184,15 @@ fn kernels(args: &KernelsArgs) -> Result<(), String> {
     say!("|---|---|---|---|---|---|---|---|");
     for &t in &tokens {
         if want("linear") {
-            for f in bench.linears(&transformer, t).map_err(err)? {
-                row(&f, &ceilings);
+            // On f16 operands each shape again over the operands the engine
+            // keeps in memory there, beside its converted row.
+            let converted = bench.linears(&transformer, t, LinearOperands::Converted).map_err(err)?;
+            let in_memory = if gpu.measures_weight_rows() { bench.linears(&transformer, t, LinearOperands::HalfInMemory).map_err(err)? } else { Vec::new() };
+            for (i, f) in converted.iter().enumerate() {
+                row(f, &ceilings);
+                if let Some(f) = in_memory.get(i) {
+                    row(f, &ceilings);
+                }
             }
         }
         if want("lora") {
@@ -313,16 +320,23 @@ fn tiers_side_by_side(transformer: &TransformerConfig, tokens: &[u64], repeats: 
             Err(e) => missing.push(format!("{} tier not shown: {e}", tier.name())),
         }
     }
-    // Per tier: its name, its ceilings, its figures for every token count.
+    // Per tier: its name, its ceilings, its figures for every token count;
+    // on f16 operands a second column over the operands kept in memory.
     let mut measured: Vec<(&str, Ceilings, Vec<Figure>)> = Vec::new();
     for gpu in &gpus {
         let bench = ShapeBench::new(gpu, repeats);
         let ceilings = bench.ceilings().map_err(|e| e.to_string())?;
-        let mut figures = Vec::new();
-        for &t in tokens {
-            figures.extend(bench.linears(transformer, t).map_err(|e| e.to_string())?);
+        let mut columns = vec![(gpu.precision().name(), LinearOperands::Converted)];
+        if gpu.measures_weight_rows() {
+            columns.push(("matrix, f16 x and W in memory", LinearOperands::HalfInMemory));
         }
-        measured.push((gpu.precision().name(), ceilings, figures));
+        for (name, operands) in columns {
+            let mut figures = Vec::new();
+            for &t in tokens {
+                figures.extend(bench.linears(transformer, t, operands).map_err(|e| e.to_string())?);
+            }
+            measured.push((name, ceilings, figures));
+        }
     }
     say!();
     say!("linears by tier (each tier's ceilings measured in this run):");

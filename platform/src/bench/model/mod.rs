@@ -37,6 +37,17 @@ pub struct Ceilings {
     pub matrix_flops: Option<f64>,
 }
 
+/// The operands of [`ShapeBench::linears`]' products.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LinearOperands {
+    /// f32 x and bf16 W, converted to the tiles' operands as staged (every
+    /// tier takes these).
+    Converted,
+    /// What the matrix tier's f16 operands keep in memory: x's f16 rows
+    /// under their range scales, W packed as f16 at load, staged as stored.
+    HalfInMemory,
+}
+
 /// One timed row: what ran, its median time, and the work it did.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Figure {
@@ -161,8 +172,9 @@ impl<'g> ShapeBench<'g> {
         Ok(Some(flops as f64 / t))
     }
 
-    /// Each distinct linear shape of the transformer's blocks, over `tokens` rows.
-    pub fn linears(&self, cfg: &TransformerConfig, tokens: u64) -> Result<Vec<Figure>, RunError> {
+    /// Each distinct linear shape of the transformer's blocks, over `tokens`
+    /// rows, over `operands`.
+    pub fn linears(&self, cfg: &TransformerConfig, tokens: u64, operands: LinearOperands) -> Result<Vec<Figure>, RunError> {
         let gpu = self.gpu;
         let mut figures = Vec::new();
         for ((n, k), name, count) in linear_shapes(cfg, tokens)? {
@@ -171,21 +183,52 @@ impl<'g> ShapeBench<'g> {
             let y = gpu.storage("bench y", 4 * tokens * n);
             // W's row scales measured once, as the engine measures them where W reaches the device.
             let scales = if gpu.measures_weight_rows() { Some(StoredScales::measure(gpu, Weight::bf16(&w), n, k)?) } else { None };
-            let weight = DeviceWeight { buffer: w, offset: 0, dtype: WeightDtype::Bf16, scales, taps_last: false, half_packed: false };
-            let mut d = Vec::new();
-            kernels::linear(gpu, &mut d, Mat::new(&x, k), weight.view(), None, Mat::new(&y, n), kernels::Gemm { m: tokens, n, k })?;
+            let mut weight = DeviceWeight { buffer: w, offset: 0, dtype: WeightDtype::Bf16, scales, taps_last: false, half_packed: false };
+            let gemm = kernels::Gemm { m: tokens, n, k };
+            let (d, x_bytes, says) = match operands {
+                LinearOperands::Converted => {
+                    let mut d = Vec::new();
+                    kernels::linear(gpu, &mut d, Mat::new(&x, k), weight.view(), None, Mat::new(&y, n), gemm)?;
+                    (d, 4, "")
+                }
+                LinearOperands::HalfInMemory => (self.linear_over_half_operands(&x, &mut weight, &y, gemm)?, 2, ", f16 x and W in memory"),
+            };
             let many = if count > 1 { format!(" (×{count} per block)") } else { String::new() };
             figures.push(Figure {
-                what: format!("linear {}{many}", block_local(&name).trim_end_matches(".weight")),
+                what: format!("linear {}{many}{says}", block_local(&name).trim_end_matches(".weight")),
                 shape: format!("{tokens}×{k} · {k}×{n}"),
                 seconds: self.timer.median(&d, self.repeats)?,
                 flops: 2 * tokens * n * k,
-                bytes: 4 * tokens * k + 2 * n * k + 4 * tokens * n,
+                bytes: x_bytes * tokens * k + 2 * n * k + 4 * tokens * n,
                 matrix: gpu.matrix().is_some(),
                 dispatches: Some(d.len() as u64),
             });
         }
         Ok(figures)
+    }
+
+    /// [`LinearOperands::HalfInMemory`]'s product, prepared: x packed once
+    /// into f16 rows under one range scale a row (as a norm or modulation
+    /// writes a linear's input on the matrix tier) and W packed in place
+    /// under its kept scales (as at load); neither pack is timed.
+    fn linear_over_half_operands(&self, x: &DeviceBuffer, weight: &mut DeviceWeight, y: &DeviceBuffer, gemm: kernels::Gemm) -> Result<Vec<Dispatch>, GpuError> {
+        let gpu = self.gpu;
+        let kernels::Gemm { m: tokens, n, k } = gemm;
+        if !gpu.measures_weight_rows() || !k.is_multiple_of(2) {
+            return Err(GpuError::UnsupportedShape(format!("f16 operands in memory (the matrix tier's f16 operands, an even k: {k})")));
+        }
+        let rows = gpu.storage("bench x f16", 2 * tokens * k);
+        let row_scales = gpu.storage("bench x scales", 4 * tokens);
+        let shape = kernels::HeadRows { tokens, heads: 1, head_dim: k };
+        gpu.submit(|enc| kernels::half_pack(gpu, enc, Mat::new(x, k), Mat::new(&rows, k / 2), Mat::new(&row_scales, 1), shape))?;
+        weight.pack_half(gpu)?;
+        if !weight.half_packed {
+            return Err(GpuError::UnsupportedShape(format!("a bench weight of rows of {k} that cannot be packed as f16")));
+        }
+        let half = kernels::Input::Half(flux_lite_kernels::HalfMat::rows(Mat::new(&rows, k / 2), Mat::new(&row_scales, 1)));
+        let mut d = Vec::new();
+        kernels::linear_from(gpu, &mut d, half, weight.view(), None, Mat::new(y, n), gemm)?;
+        Ok(d)
     }
 
     /// A rank-`rank` LoRA side product on each distinct linear shape of the
