@@ -19,7 +19,9 @@
 #      built, so that a stage cut short still leaves those of the earlier ones;
 #   2. `flux-lite selftest` on every tier;
 #   3. the linears on every tier side by side, the matrix tier's at the
-#      4B's shapes beside the ceiling our own WGSL reaches; then the matrix
+#      4B's shapes beside the ceiling our own WGSL reaches, each shape over
+#      f32 x and bf16 W converted in every tile (the old path) and over the
+#      f16 operands kept in memory (the new); then the matrix
 #      tier's again with its GEMM staged deep (two buffers of 2T terms, one
 #      workgroup a 48 KiB compute unit's memory) against the adapter's choice
 #      (the deepest of which two workgroups fit: lean on a 48 KiB adapter);

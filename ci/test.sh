@@ -206,7 +206,7 @@ else
 fi
 rerun FLUX_LITE_REQUIRE_MATRIX=1 --sid "$pngs" matrix_tier_reproduces
 rerun FLUX_LITE_REQUIRE_MATRIX=1 --sid "$bench" matrix tiers
-rerun FLUX_LITE_REQUIRE_MATRIX=1 --sid "$cli" tier
+rerun FLUX_LITE_REQUIRE_MATRIX=1 --sid "$cli" tier the_gpu_variant_scripts
 rerun FLUX_LITE_REQUIRE_MATRIX=1 --sid "$stages"
 rerun FLUX_LITE_REQUIRE_MATRIX=1 --sid "$quantized" half_tiers
 rerun FLUX_LITE_REQUIRE_MATRIX=1 --sid "$quantized_stages" matrix_tier

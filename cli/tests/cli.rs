@@ -171,11 +171,30 @@ fn kernel_sources_are_written_and_read_back_in_place_of_the_built_in_ones() {
     assert!(stderr.contains(&format!("kernel bench: built from {}", dir.join("Bench.wgsl").display())), "{stderr}");
 }
 
+/// A kernel folder whose replacement the launchers could not bind (here an
+/// entry point renamed) is refused before the device is made: one error
+/// line naming the file and why.
+#[test]
+fn a_kernel_folder_variant_that_cannot_be_bound_is_refused_with_one_line() {
+    let dir = flux_lite_tests::scratch_dir("cli-kernel-folder-refused");
+    let file = dir.join("RangeScales.wgsl");
+    std::fs::write(&file, flux_lite_kernels::Module::RangeScales.source().replace("fn range_scales(", "fn measured(")).unwrap();
+    let out = flux_lite(&["gpu"], &[("FLUX_LITE_KERNEL_DIR", &dir.display().to_string())]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.starts_with(&format!("error: {}: no entry point range_scales", file.display())), "{stderr}");
+}
+
 /// The GPU machine's diagnosis scripts still find what they change in the
 /// kernels as built (a kernel edited since would otherwise cost a device
 /// session its variants): `ci/flash_variants.py` and `ci/linear_variants.py`
 /// over `gpu --kernel-sources`, each variant written and changed from the
-/// built source (but `linear_variants`' `base`, the kernel as built).
+/// built source (but `linear_variants`' `base`, the kernel as built), and
+/// each one a folder the engine takes: every entry point there, using the
+/// storage bindings its launchers bind (checked from the sources when the
+/// device is made, so on any adapter); on the matrix tier each flash variant
+/// passes the start-up check (the linear's are wrong by design).
 #[test]
 fn the_gpu_variant_scripts_apply_to_the_kernels_as_built() {
     let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
@@ -199,6 +218,16 @@ fn the_gpu_variant_scripts_apply_to_the_kernels_as_built() {
                 let built = std::fs::read_to_string(sources.join(format!("{module}.wgsl"))).unwrap();
                 let variant = std::fs::read_to_string(variants.join(name).join(format!("{module}.wgsl"))).unwrap_or_else(|e| panic!("{script} {name} {module}: {e}"));
                 assert_eq!(variant == built, name == "base", "{script}: variant {name} of {module} {}", if name == "base" { "differs from the kernel as built" } else { "is the kernel as built" });
+            }
+            let folder = variants.join(name).display().to_string();
+            let taken = flux_lite(&["gpu"], &[("FLUX_LITE_KERNEL_DIR", &folder)]);
+            let said = String::from_utf8_lossy(&taken.stdout);
+            assert!(taken.status.success(), "{script}: variant {name}: {}", String::from_utf8_lossy(&taken.stderr));
+            // The flash variants each compute the kernel's answer: where the
+            // matrix tier runs (CI's rerun on Mesa 26), each passes the
+            // flash attention's start-up check.
+            if script == "flash_variants.py" && said.contains("matrix tier: matrix (") {
+                assert!(said.contains("; flash attention)"), "{script}: variant {name}: {said}");
             }
         }
     }

@@ -1,4 +1,5 @@
 use super::*;
+use crate::interface::uses_global;
 
 fn parse(module: Module) -> naga::Module {
     naga::front::wgsl::parse_str(&module.source())
@@ -206,51 +207,6 @@ fn catalog_matches_the_shaders() {
             );
         }
     }
-}
-
-/// Whether `function` or any function it calls (however deeply) reads or
-/// writes the global variable `name`: bindings used only inside helpers
-/// (`load_a`/`load_b` of the GEMM tiling) count as used by the entry point.
-fn uses_global(m: &naga::Module, function: &naga::Function, name: Option<&str>) -> bool {
-    let direct = function
-        .expressions
-        .iter()
-        .any(|(_, e)| matches!(e, naga::Expression::GlobalVariable(g) if m.global_variables[*g].name.as_deref() == name));
-    let mut callees = Vec::new();
-    calls_in(&function.body, &mut callees);
-    direct || callees.into_iter().any(|f| uses_global(m, &m.functions[f], name))
-}
-
-/// Every function a block calls, nested blocks included.
-fn calls_in(block: &naga::Block, out: &mut Vec<naga::Handle<naga::Function>>) {
-    for statement in block.iter() {
-        match statement {
-            naga::Statement::Call { function, .. } => out.push(*function),
-            naga::Statement::Block(b) => calls_in(b, out),
-            naga::Statement::If { accept, reject, .. } => {
-                calls_in(accept, out);
-                calls_in(reject, out);
-            }
-            naga::Statement::Loop { body, continuing, .. } => {
-                calls_in(body, out);
-                calls_in(continuing, out);
-            }
-            naga::Statement::Switch { cases, .. } => cases.iter().for_each(|c| calls_in(&c.body, out)),
-            _ => {}
-        }
-    }
-}
-
-#[test]
-fn the_binding_check_follows_calls_into_helpers() {
-    // `helper` alone touches `hidden`: the entry point uses it through the call.
-    let source = "@group(0) @binding(1) var<storage, read_write> hidden: array<f32>;
-        fn helper() { hidden[0] = 1.0; }
-        @compute @workgroup_size(1) fn main() { helper(); }";
-    let m = naga::front::wgsl::parse_str(source).unwrap();
-    let ep = &m.entry_points[0];
-    assert!(uses_global(&m, &ep.function, Some("hidden")));
-    assert!(!uses_global(&m, &ep.function, Some("absent")));
 }
 
 #[test]

@@ -36,6 +36,9 @@ pub enum GpuError {
     WrongResult(String),
     /// The precision tier asked for cannot run on this adapter.
     TierUnavailable { tier: &'static str, adapter: String, why: String },
+    /// A kernel folder's replacement source (`FLUX_LITE_KERNEL_DIR`) that
+    /// cannot be built and bound as the module it replaces.
+    KernelSource { path: String, why: String },
 }
 
 impl fmt::Display for GpuError {
@@ -65,6 +68,9 @@ impl fmt::Display for GpuError {
             }
             GpuError::Interrupted => f.write_str("interrupted; stopped at the end of a block, nothing was written"),
             GpuError::TierUnavailable { tier, adapter, why } => write!(f, "the {tier} precision tier cannot run on {adapter}: {why}"),
+            GpuError::KernelSource { path, why } => {
+                write!(f, "{path}: {why} (a kernel folder's replacement must keep each entry point and the storage bindings its launchers bind)")
+            }
         }
     }
 }

@@ -27,6 +27,7 @@ pub mod dispatch;
 #[cfg(any(test, feature = "test-support"))]
 pub mod emulated_matrix;
 pub mod error;
+mod interface;
 pub mod kernels;
 pub mod precision;
 pub mod probe;
