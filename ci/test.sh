@@ -218,7 +218,7 @@ rerun FLUX_LITE_REQUIRE_MATRIX=1 --sid "$selftest"
 # gives wrong products with it). The checks that hold the fused
 # half-precision path, attention and the convolutions to the oracle, and
 # the GEMM's stagings, the wide head's splits, the convolution's pieces
-# and four-tap fetching, and the linear over f16 pieces to each other's bits; docs/testing.md says what else was run so and what
+# and four-tap fetching, the linear and the flash attention over f16 pieces to each other's bits; docs/testing.md says what else was run so and what
 # it found.
 emulated_tests=(
     selftest::half_path::tests::the_half_paths_checks_pass_on_matrix_units_at_the_adapters_block
@@ -235,6 +235,7 @@ emulated_tests=(
     kernels::linear::tests::every_staging_of_the_matrix_linear_gives_the_same_bits
     kernels::attention::tests::the_wide_matrix_attention_gives_the_same_bits_whole_and_split_over_its_dims
     device::proof::tests::the_flash_attention_is_taken_where_its_check_passes_and_left_with_a_notice_where_it_fails
+    kernels::half_path_tests::the_flash_kernel_over_half_pieces_copies_them_as_stored_with_the_bits_of_it_over_their_values
 )
 rerun FLUX_LITE_REQUIRE_MATRIX=1 FLUX_LITE_EMULATE_MATRIX=nvidia --sid "$kernels" --exact "${emulated_tests[@]}"
 # Every matrix kernel test on an Apple GPU's tiles, 8×8 f32 in simdgroups

@@ -93,11 +93,13 @@ pub const ATTENTION_MATRIX_WIDE_MAX_HEAD_DIM: u64 = 512;
 /// its attention wherever the start-up check passed ([`Gpu::flash_attention`])
 /// and the call fits it ([`flash_takes`]); its workgroup is
 /// [`flash_subgroups`] subgroups (the `WG` override). Bindings as
-/// [`ATTENTION_MATRIX_8`]'s but the carried state's.
+/// [`ATTENTION_MATRIX_8`]'s but the carried state's, and the f16 queries',
+/// keys' and values' words again at 20–22 as vec4s of f16
+/// (`attention_qkv_quads.wgsl`).
 pub const ATTENTION_FLASH_8: Kernel = Kernel {
     module: Module::AttentionFlash8,
     entry: "attention_flash",
-    storage: &[(1, RW), (2, RW), (3, RW), (4, R), (5, RW), (12, RW), (13, RW), (14, RW), (15, RW), (16, RW), (17, RW), (18, RW), (19, RW)],
+    storage: &[(1, RW), (2, RW), (3, RW), (4, R), (5, RW), (12, RW), (13, RW), (14, RW), (15, RW), (16, RW), (17, RW), (18, RW), (19, RW), (20, RW), (21, RW), (22, RW)],
     ..ATTENTION_MATRIX_8
 };
 pub const ATTENTION_FLASH_16: Kernel = Kernel { module: Module::AttentionFlash16, ..ATTENTION_FLASH_8 };
@@ -584,7 +586,7 @@ fn attention_with(
             AttentionKernel::Flash(c) => {
                 let kernel = if c.size == 16 { &ATTENTION_FLASH_16 } else { &ATTENTION_FLASH_8 };
                 let z = to_u32(s.head_dim.div_ceil(flash_output_dims(c)), "attention output dims")?;
-                matrix_dispatch(sink, kernel, c.subgroup * flash_subgroups(c) as u32, [grid[0], grid[1], z], &[], &[])?;
+                matrix_dispatch(sink, kernel, c.subgroup * flash_subgroups(c) as u32, [grid[0], grid[1], z], &[(20, &qw), (21, &kw), (22, &vw)], &[])?;
             }
         }
     }

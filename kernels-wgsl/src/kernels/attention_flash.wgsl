@@ -102,7 +102,11 @@ fn stage_queries(li: u32, h: u32, q0: u32, c0: u32) {
     for (var i = li; i < QB * Q_CHUNK / 4u; i += WG) {
         let r = i / (Q_CHUNK / 4u);
         let d = 4u * (i % (Q_CHUNK / 4u));
-        kv_sh[(r * Q_CHUNK + d) / 4u] = vec4<Operand>(divided_by_power(q_run(h, q0, r, c0 + d), q_scale[r]));
+        if (quads_at(p.q_offset, p.q_stride)) {
+            kv_sh[(r * Q_CHUNK + d) / 4u] = q_quad(h, q0, r, c0 + d, q_scale[r]);
+        } else {
+            kv_sh[(r * Q_CHUNK + d) / 4u] = vec4<Operand>(divided_by_power(q_run(h, q0, r, c0 + d), q_scale[r]));
+        }
     }
 }
 
@@ -237,7 +241,11 @@ fn attention_flash(
         for (var i = li; i < KB * dims / 4u; i += WG) {
             let j = i / (dims / 4u);
             let d = 4u * (i % (dims / 4u));
-            kv_sh[(j * LDK + d) / 4u] = vec4<Operand>(divided_by_power(k_run(kvh, k0, j, d), k_scale[j]));
+            if (quads_at(p.k_offset, p.k_stride)) {
+                kv_sh[(j * LDK + d) / 4u] = k_quad(kvh, k0, j, d, k_scale[j]);
+            } else {
+                kv_sh[(j * LDK + d) / 4u] = vec4<Operand>(divided_by_power(k_run(kvh, k0, j, d), k_scale[j]));
+            }
         }
         workgroupBarrier();
         // S = Q·Kᵀ for this subgroup's T queries and the tile's 2T keys.
@@ -330,7 +338,11 @@ fn attention_flash(
         for (var i = li; i < KB * ODIMS / 4u; i += WG) {
             let j = i / (ODIMS / 4u);
             let c = 4u * (i % (ODIMS / 4u));
-            kv_sh[(j * LDV + c) / 4u] = vec4<Operand>(divided_by_power(v_run(kvh, k0, j, d0 + c), v_div));
+            if (quads_at(p.v_offset, p.v_stride)) {
+                kv_sh[(j * LDV + c) / 4u] = v_quad(kvh, k0, j, d0 + c, v_div);
+            } else {
+                kv_sh[(j * LDV + c) / 4u] = vec4<Operand>(divided_by_power(v_run(kvh, k0, j, d0 + c), v_div));
+            }
         }
         workgroupBarrier();
         // Then each (row, segment)'s probabilities under the row's new maximum, and their sum.

@@ -573,3 +573,61 @@ fn a_weight_packed_into_f16_gives_the_range_rules_words_whole_and_split_over_row
         assert_eq!(differ, 0, "{what}: {differ} of {} words differ from the range rule's", expected.len());
     }
 }
+
+/// The flash kernel (forced, whatever the device's start-up check found)
+/// over f16 pieces copies each run of four dims as stored, shifted from its
+/// piece's scale to its row's (or the tile's values') by one f16 multiply,
+/// or in f32 where that shift is below f16's normals: the bits of the same
+/// kernel over the f32 values those pieces stand for, which it widens,
+/// scales and rounds value by value.
+#[test]
+fn the_flash_kernel_over_half_pieces_copies_them_as_stored_with_the_bits_of_it_over_their_values() {
+    use crate::kernels::attention::{flash_attention, flash_attention_half};
+    let Some(gpu) = f16_matrix_gpu() else { return };
+    for ([len, heads, head_dim], piece) in [([37usize, 2usize, 128usize], 64usize), ([20, 3, 64], 32)] {
+        let width = heads * head_dim;
+        let mut rng = Rng::new((len + head_dim) as u64);
+        let mut qkv: Vec<Vec<f32>> = (0..3).map(|_| rng.normals(len * width, 1.0)).collect();
+        for (i, row) in qkv[0].chunks_mut(width).enumerate() {
+            // A query's first piece 10⁵ times its others' range: those shift by
+            // less than f16's smallest normal, in f32.
+            if i % 3 == 0 {
+                row[..piece].iter_mut().for_each(|x| *x *= 1e5);
+            }
+        }
+        for (i, row) in qkv[1].chunks_mut(width).enumerate() {
+            // A key's later pieces tiny beside its first: the same in f32; others 8 times apart, in f16.
+            let factor = if i % 2 == 0 { 1e-6 } else { 0.125 };
+            row[piece..].iter_mut().for_each(|x| *x *= factor);
+        }
+        // The values' first dims far larger, 10⁵ or 4·10³ times, in turn:
+        // the tile's shared scale is theirs, and the output's dims of the
+        // values' small pieces are made of those pieces alone, so their
+        // shifts (in f32 below f16's normals, else in f16) show in its bits.
+        for (i, row) in qkv[2].chunks_mut(width).enumerate() {
+            let factor = if i % 2 == 0 { 1e5 } else { 4e3 };
+            row[..head_dim / 2].iter_mut().for_each(|x| *x *= factor);
+        }
+        let mut packed = Vec::new();
+        for t in qkv.iter_mut() {
+            let (words, scales) = pack_rows(t, len * width / piece, piece);
+            *t = unpack_rows(&words, &scales, piece);
+            packed.push((gpu.upload_u32("words", &words), gpu.upload_f32("scales", &scales)));
+        }
+        let half_of = |i: usize| HalfMat::pieces(Mat::new(&packed[i].0, (width / 2) as u64), Mat::new(&packed[i].1, (width / piece) as u64), piece as u64);
+        let values: Vec<_> = qkv.iter().map(|t| gpu.upload_f32("values", t)).collect();
+        let s = Attention { q_len: len as u64, kv_len: len as u64, q_heads: heads as u64, kv_heads: heads as u64, head_dim: head_dim as u64, scale: (1.0 / (head_dim as f64).sqrt()) as f32, causal: false };
+        let ob = poisoned(&gpu, len * width);
+        let of_values = Qkv { q: Mat::new(&values[0], width as u64), k: Mat::new(&values[1], width as u64), v: Mat::new(&values[2], width as u64) };
+        let o = run_and_read(&gpu, &ob, len * width, |enc| flash_attention(&gpu, enc, of_values, Mat::new(&ob, width as u64), s));
+        let pieces = width / piece;
+        let out = poisoned(&gpu, len * (width / 2 + pieces));
+        let words_end = (len * width / 2) as u64;
+        let dst = HalfMat::pieces(Mat::new(&out, (width / 2) as u64), Mat { buf: &out, offset: words_end, stride: pieces as u64 }, piece as u64);
+        let all = run_and_read(&gpu, &out, len * (width / 2 + pieces), |enc| flash_attention_half(&gpu, enc, HalfQkv { q: half_of(0), k: half_of(1), v: half_of(2) }, dst, s));
+        let (want_words, want_scales) = pack_rows(&o, len * pieces, piece);
+        let got_words: Vec<u32> = all[..len * width / 2].iter().map(|v| v.to_bits()).collect();
+        assert_eq!(got_words, want_words, "{len} queries, {heads} heads of {head_dim}, pieces of {piece}: f16 values");
+        assert_eq!(&all[len * width / 2..], &want_scales[..], "{len} queries, {heads} heads of {head_dim}, pieces of {piece}: scales");
+    }
+}
