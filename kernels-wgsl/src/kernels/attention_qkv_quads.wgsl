@@ -31,32 +31,36 @@ fn quads_at(offset: u32, stride: u32) -> bool {
     return QKV_HALF && half_runs(offset, stride);
 }
 
-// Dims d … d + 3 of query q0 + r of head h, key or value k0 + j of kv head
-// kvh, under `staged` as the tiles take them (zero past the tensors); rows
-// where `quads_at` holds.
-fn q_quad(h: u32, q0: u32, r: u32, d: u32, staged: f32) -> vec4<f16> {
-    if (q0 + r >= p.q_len || d >= p.head_dim) {
-        return vec4<f16>();
-    }
-    let e = p.q_offset + (q0 + r) * p.q_stride + h * p.head_dim + d;
-    let piece = q_scales[p.q_scale_offset + (q0 + r) * p.q_scale_stride + (h * p.head_dim + d) / p.qkv_piece];
-    return shifted_quad(q_quads[e / 4u], piece, staged);
-}
+// Which of the three a run is of.
+const QUERIES: u32 = 0u;
+const KEYS: u32 = 1u;
+const VALUES: u32 = 2u;
 
-fn k_quad(kvh: u32, k0: u32, j: u32, d: u32, staged: f32) -> vec4<f16> {
-    if (k0 + j >= p.kv_len || d >= p.head_dim) {
+// Dims d … d + 3 of row `row` (a query, or a key or value) of head `head`
+// (a kv head for keys and values) of tensor `tensor`, under `staged` as
+// the tiles take them (zero past the tensor); rows where `quads_at` holds.
+// `tensor` is a constant at each call.
+fn quad_of(tensor: u32, head: u32, row: u32, d: u32, staged: f32) -> vec4<f16> {
+    let len = select(p.kv_len, p.q_len, tensor == QUERIES);
+    if (row >= len || d >= p.head_dim) {
         return vec4<f16>();
     }
-    let e = p.k_offset + (k0 + j) * p.k_stride + kvh * p.head_dim + d;
-    let piece = k_scales[p.k_scale_offset + (k0 + j) * p.k_scale_stride + (kvh * p.head_dim + d) / p.qkv_piece];
-    return shifted_quad(k_quads[e / 4u], piece, staged);
-}
-
-fn v_quad(kvh: u32, k0: u32, j: u32, d: u32, staged: f32) -> vec4<f16> {
-    if (k0 + j >= p.kv_len || d >= p.head_dim) {
-        return vec4<f16>();
+    let dim = head * p.head_dim + d;
+    var stored: vec4<f16>;
+    var piece: f32;
+    switch tensor {
+        case QUERIES: {
+            stored = q_quads[(p.q_offset + row * p.q_stride + dim) / 4u];
+            piece = q_scales[p.q_scale_offset + row * p.q_scale_stride + dim / p.qkv_piece];
+        }
+        case KEYS: {
+            stored = k_quads[(p.k_offset + row * p.k_stride + dim) / 4u];
+            piece = k_scales[p.k_scale_offset + row * p.k_scale_stride + dim / p.qkv_piece];
+        }
+        default: {
+            stored = v_quads[(p.v_offset + row * p.v_stride + dim) / 4u];
+            piece = v_scales[p.v_scale_offset + row * p.v_scale_stride + dim / p.qkv_piece];
+        }
     }
-    let e = p.v_offset + (k0 + j) * p.v_stride + kvh * p.head_dim + d;
-    let piece = v_scales[p.v_scale_offset + (k0 + j) * p.v_scale_stride + (kvh * p.head_dim + d) / p.qkv_piece];
-    return shifted_quad(v_quads[e / 4u], piece, staged);
+    return shifted_quad(stored, piece, staged);
 }
