@@ -17,7 +17,11 @@ step() {
     say "== $title: $*"
     timeout "$limit" "$@" 2>&1 | tee -a "$report"
     local status=${PIPESTATUS[0]}
-    if [ "$status" -eq 124 ]; then say "(stopped after ${limit}s)"; fi
+    if [ "$status" -eq 124 ]; then
+        say "(stopped after ${limit}s)"
+    elif [ "$status" -ne 0 ]; then
+        say "(failed: exit status $status)"
+    fi
     if [ "$status" -ne 0 ]; then failed=$((failed + 1)); fi
     return 0
 }

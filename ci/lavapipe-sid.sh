@@ -15,7 +15,7 @@ set -euo pipefail
 root="${FLUX_LITE_SID_ROOT:-/opt/flux-lite-sid}"
 # The packages the root holds (python3 for the tests that run ci/*.py);
 # the stamp names them, so a root made with fewer is made again.
-packages="mesa-vulkan-drivers,libvulkan1,vulkan-tools,python3-minimal"
+packages="mesa-vulkan-drivers,libvulkan1,vulkan-tools,python3"
 stamp="$root/.flux-lite-ready-$(echo "$packages" | sha256sum | cut -c 1-8)"
 
 # The Debian mirror this machine's apt uses (no host is named here).
