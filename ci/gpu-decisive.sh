@@ -25,7 +25,8 @@
 #      tier's again with its GEMM staged deep (two buffers of 2T terms, one
 #      workgroup a 48 KiB compute unit's memory) against the adapter's choice
 #      (the deepest of which two workgroups fit: lean on a 48 KiB adapter);
-#   4. attention at 4608 tokens: flash, then the fallback kernel; then the
+#   4. attention at 4608 tokens: flash, then the fallback kernel, each over
+#      f32 queries, keys and values and over f16 pieces in memory; then the
 #      double and the single block at 4608 tokens whole and op by op (each
 #      op timed alone as the step records it: the products over f16 operands
 #      in memory with their epilogues, the flash attention over f16 pieces),

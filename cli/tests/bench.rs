@@ -248,7 +248,7 @@ fn kernels_bench_refuses_bad_lists_and_sizes() {
 }
 
 #[test]
-fn kernels_bench_on_the_matrix_tier_bounds_the_linears_by_the_matrix_units() {
+fn kernels_bench_on_the_matrix_tier_bounds_the_linears_and_attention_by_the_matrix_units() {
     let tier = flux_lite_tests::tier_line(env!("CARGO_BIN_EXE_flux-lite"), "matrix");
     let model = concat!(env!("CARGO_MANIFEST_DIR"), "/../test_vectors/models/tiny-a");
     let args = ["bench", "kernels", "--model", model, "--only", "linear", "--tokens", "40", "--repeats", "1", "--precision", "matrix"];
@@ -276,6 +276,18 @@ fn kernels_bench_on_the_matrix_tier_bounds_the_linears_by_the_matrix_units() {
         assert_eq!(in_memory[1], converted[1], "{pair:?}");
         assert_eq!([&converted[7], &in_memory[7]], ["2", "1"], "{pair:?}");
     }
+    // Attention likewise: over f32 queries, keys and values, then over f16
+    // pieces in memory (the blocks' operands there), both on matrix units.
+    let args = ["bench", "kernels", "--model", model, "--only", "attention", "--tokens", "40", "--repeats", "1", "--precision", "matrix"];
+    let out = Command::new(env!("CARGO_BIN_EXE_flux-lite")).args(args).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    let rows = table_rows(&stdout);
+    let names: Vec<&str> = rows.iter().map(|r| r[0].as_str()).collect();
+    assert_eq!(names.len(), 2, "{rows:?}");
+    assert_eq!(names[0], "attention", "{rows:?}");
+    assert!(names[1].starts_with("attention, f16 pieces of ") && names[1].ends_with(" in memory in and out"), "{rows:?}");
+    assert!(rows.iter().all(|r| r[5] == "matrix" && r[7] == "1"), "{rows:?}");
 }
 
 #[test]

@@ -201,7 +201,9 @@ fn kernels(args: &KernelsArgs) -> Result<(), String> {
             }
         }
         if want("attention") {
-            row(&bench.attention(&transformer, t).map_err(err)?, &ceilings);
+            for f in bench.attention(&transformer, t).map_err(err)? {
+                row(&f, &ceilings);
+            }
         }
         if want("blocks") {
             for f in bench.blocks(&transformer, t).map_err(err)? {

@@ -260,8 +260,11 @@ impl<'g> ShapeBench<'g> {
         Ok(figures)
     }
 
-    /// Joint attention over `tokens` tokens with the transformer's heads.
-    pub fn attention(&self, cfg: &TransformerConfig, tokens: u64) -> Result<Figure, RunError> {
+    /// Joint attention over `tokens` tokens with the transformer's heads:
+    /// over f32 queries, keys and values (each row's scales measured from
+    /// them on the matrix tier), and on f16 operands again over f16 pieces
+    /// in memory into f16 pieces, as the blocks' attention runs there.
+    pub fn attention(&self, cfg: &TransformerConfig, tokens: u64) -> Result<Vec<Figure>, RunError> {
         let gpu = self.gpu;
         let (heads, hd) = (cfg.num_attention_heads as u64, cfg.attention_head_dim as u64);
         let width = heads * hd;
@@ -280,18 +283,45 @@ impl<'g> ShapeBench<'g> {
         let mut d = Vec::new();
         kernels::attention(gpu, &mut d, kernels::Qkv { q: m[0], k: m[1], v: m[2] }, None, m[3], s)?;
         let op = Op::Attention { q: span0().into(), k: span0().into(), v: span0().into(), o: span0().into(), len: tokens, heads, head_dim: hd };
-        Ok(Figure {
-            what: "attention".into(),
-            shape: format!("{tokens} tokens, {heads}×{hd}"),
-            seconds: self.timer.median(&d, self.repeats)?,
-            flops: op.flops(),
-            bytes: 4 * 4 * tokens * width,
-            // On matrix units unless a kernel of the f32 tier is forced (FLUX_LITE_ATTENTION_KERNEL).
-            matrix: gpu.matrix().is_some()
-                && hd <= kernels::ATTENTION_MATRIX_MAX_HEAD_DIM
-                && !matches!(gpu.attention_choice(), flux_lite_kernels::AttentionChoice::Tiled | flux_lite_kernels::AttentionChoice::Lanes),
-            dispatches: Some(d.len() as u64),
-        })
+        // On matrix units unless a kernel of the f32 tier is forced (FLUX_LITE_ATTENTION_KERNEL).
+        let matrix = gpu.matrix().is_some()
+            && hd <= kernels::ATTENTION_MATRIX_MAX_HEAD_DIM
+            && !matches!(gpu.attention_choice(), flux_lite_kernels::AttentionChoice::Tiled | flux_lite_kernels::AttentionChoice::Lanes);
+        let figure = |what: &str, d: &[Dispatch], value_bytes: u64| -> Result<Figure, RunError> {
+            Ok(Figure {
+                what: what.into(),
+                shape: format!("{tokens} tokens, {heads}×{hd}"),
+                seconds: self.timer.median(d, self.repeats)?,
+                flops: op.flops(),
+                bytes: value_bytes * 4 * tokens * width,
+                matrix,
+                dispatches: Some(d.len() as u64),
+            })
+        };
+        let mut figures = vec![figure("attention", &d, 4)?];
+        let piece = flux_lite_core::ir::MAX_OPERAND_PIECE.min(hd);
+        if matrix && gpu.measures_weight_rows() && hd.is_multiple_of(piece) {
+            let d = self.attention_over_half_pieces(&qkv, s, piece)?;
+            figures.push(figure(&format!("attention, f16 pieces of {piece} in memory in and out"), &d, 2)?);
+        }
+        Ok(figures)
+    }
+
+    /// The second row of [`Self::attention`], prepared: f32 `qkv` packed
+    /// once into f16 pieces under their range scales (as the projections'
+    /// epilogues write them; not timed), the output into f16 pieces.
+    fn attention_over_half_pieces(&self, qkv: &[DeviceBuffer], s: kernels::Attention, piece: u64) -> Result<Vec<Dispatch>, GpuError> {
+        let gpu = self.gpu;
+        let (tokens, width) = (s.q_len, s.q_heads * s.head_dim);
+        let pieces = width / piece;
+        let words: Vec<DeviceBuffer> = (0..4).map(|_| gpu.storage("bench attention f16", 2 * tokens * width)).collect();
+        let scales: Vec<DeviceBuffer> = (0..4).map(|_| gpu.storage("bench attention scales", 4 * tokens * pieces)).collect();
+        let shape = kernels::HeadRows { tokens, heads: pieces, head_dim: piece };
+        gpu.submit(|enc| (0..3).try_for_each(|i| kernels::half_pack(gpu, enc, Mat::new(&qkv[i], width), Mat::new(&words[i], width / 2), Mat::new(&scales[i], pieces), shape)))?;
+        let half = |i: usize| flux_lite_kernels::HalfMat::pieces(Mat::new(&words[i], width / 2), Mat::new(&scales[i], pieces), piece);
+        let mut d = Vec::new();
+        kernels::attention_half_into_half(gpu, &mut d, kernels::HalfQkv { q: half(0), k: half(1), v: half(2) }, None, half(3), s)?;
+        Ok(d)
     }
 
     /// The first double and the first single block over `tokens` tokens
