@@ -103,9 +103,9 @@ fn stage_queries(li: u32, h: u32, q0: u32, c0: u32) {
         let r = i / (Q_CHUNK / 4u);
         let d = 4u * (i % (Q_CHUNK / 4u));
         if (quads_at(p.q_offset, p.q_stride)) {
-            kv_sh[(r * Q_CHUNK + d) / 4u] = quad_of(QUERIES, h, q0 + r, c0 + d, q_scale[r]);
+            kv_sh[(r * Q_CHUNK + d) / 4u] = tensor_quad(QUERIES, h, q0 + r, c0 + d, q_scale[r]);
         } else {
-            kv_sh[(r * Q_CHUNK + d) / 4u] = vec4<Operand>(divided_by_power(q_run(h, q0, r, c0 + d), q_scale[r]));
+            kv_sh[(r * Q_CHUNK + d) / 4u] = vec4<Operand>(divided_by_power(tensor_run(QUERIES, h, q0 + r, c0 + d), q_scale[r]));
         }
     }
 }
@@ -242,9 +242,9 @@ fn attention_flash(
             let j = i / (dims / 4u);
             let d = 4u * (i % (dims / 4u));
             if (quads_at(p.k_offset, p.k_stride)) {
-                kv_sh[(j * LDK + d) / 4u] = quad_of(KEYS, kvh, k0 + j, d, k_scale[j]);
+                kv_sh[(j * LDK + d) / 4u] = tensor_quad(KEYS, kvh, k0 + j, d, k_scale[j]);
             } else {
-                kv_sh[(j * LDK + d) / 4u] = vec4<Operand>(divided_by_power(k_run(kvh, k0, j, d), k_scale[j]));
+                kv_sh[(j * LDK + d) / 4u] = vec4<Operand>(divided_by_power(tensor_run(KEYS, kvh, k0 + j, d), k_scale[j]));
             }
         }
         workgroupBarrier();
@@ -339,9 +339,9 @@ fn attention_flash(
             let j = i / (ODIMS / 4u);
             let c = 4u * (i % (ODIMS / 4u));
             if (quads_at(p.v_offset, p.v_stride)) {
-                kv_sh[(j * LDV + c) / 4u] = quad_of(VALUES, kvh, k0 + j, d0 + c, v_div);
+                kv_sh[(j * LDV + c) / 4u] = tensor_quad(VALUES, kvh, k0 + j, d0 + c, v_div);
             } else {
-                kv_sh[(j * LDV + c) / 4u] = vec4<Operand>(divided_by_power(v_run(kvh, k0, j, d0 + c), v_div));
+                kv_sh[(j * LDV + c) / 4u] = vec4<Operand>(divided_by_power(tensor_run(VALUES, kvh, k0 + j, d0 + c), v_div));
             }
         }
         workgroupBarrier();

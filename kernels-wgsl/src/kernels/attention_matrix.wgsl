@@ -81,7 +81,7 @@ fn attention_matrix(@builtin(local_invocation_index) li: u32, @builtin(workgroup
     for (var r = li; r < T; r += WG) {
         var largest = 0.0;
         for (var d = 0u; OPERAND_HALF && d < p.head_dim; d++) {
-            largest = max(largest, abs(q_at(h, q0, r, d)));
+            largest = max(largest, abs(tensor_at(QUERIES, h, q0 + r, d)));
         }
         q_scale[r] = range_scale(largest);
         row_max[r] = MASKED;
@@ -100,7 +100,7 @@ fn attention_matrix(@builtin(local_invocation_index) li: u32, @builtin(workgroup
         for (var j = li; j < T; j += WG) {
             var largest = 0.0;
             for (var d = 0u; OPERAND_HALF && d < p.head_dim; d++) {
-                largest = max(largest, abs(k_at(kvh, k0, j, d)));
+                largest = max(largest, abs(tensor_at(KEYS, kvh, k0 + j, d)));
             }
             k_scale[j] = range_scale(largest);
         }
@@ -111,8 +111,8 @@ fn attention_matrix(@builtin(local_invocation_index) li: u32, @builtin(workgroup
             for (var i = li; i < T * T; i += WG) {
                 let r = i / T;
                 let c = i % T;
-                a_tile[i] = Operand(q_at(h, q0, r, d0 + c) / q_scale[r]);
-                b_tile[i] = Operand(k_at(kvh, k0, c, d0 + r) / k_scale[c]);
+                a_tile[i] = Operand(tensor_at(QUERIES, h, q0 + r, d0 + c) / q_scale[r]);
+                b_tile[i] = Operand(tensor_at(KEYS, kvh, k0 + c, d0 + r) / k_scale[c]);
             }
             workgroupBarrier();
             scores = coopMultiplyAdd(coopLoadT<MatA>(&a_tile[0], T), coopLoadT<MatB>(&b_tile[0], T), scores);
@@ -158,7 +158,7 @@ fn attention_matrix(@builtin(local_invocation_index) li: u32, @builtin(workgroup
             for (var c = li; c < T; c += WG) {
                 var largest = 0.0;
                 for (var j = 0u; OPERAND_HALF && j < T; j++) {
-                    largest = max(largest, abs(v_at(kvh, k0, j, d0 + c)));
+                    largest = max(largest, abs(tensor_at(VALUES, kvh, k0 + j, d0 + c)));
                 }
                 v_scale[c] = range_scale(largest);
             }
@@ -167,7 +167,7 @@ fn attention_matrix(@builtin(local_invocation_index) li: u32, @builtin(workgroup
                 let r = i / T;
                 let c = i % T;
                 a_tile[i] = Operand(s_tile[i] / p_scale[r]);
-                b_tile[i] = Operand(v_at(kvh, k0, r, d0 + c) / v_scale[c]);
+                b_tile[i] = Operand(tensor_at(VALUES, kvh, k0 + r, d0 + c) / v_scale[c]);
             }
             workgroupBarrier();
             coopStoreT(staged_product(), &pv_tile[0], T);

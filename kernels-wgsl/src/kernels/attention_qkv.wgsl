@@ -33,45 +33,107 @@ fn half_at(word: u32, e: u32) -> f32 {
     return select(pair.x, pair.y, (e & 1u) == 1u);
 }
 
-// Query q0 + r, key or value k0 + j of head h (kv head kvh) at dim d; zero past the tensors.
-fn q_at(h: u32, q0: u32, r: u32, d: u32) -> f32 {
-    if (q0 + r < p.q_len && d < p.head_dim) {
-        let e = p.q_offset + (q0 + r) * p.q_stride + h * p.head_dim + d;
-        if (QKV_HALF) {
-            return half_at(q_half[e / 2u], e) * q_scales[p.q_scale_offset + (q0 + r) * p.q_scale_stride + (h * p.head_dim + d) / p.qkv_piece];
+// Which of the three a read is of; a constant at each call, so the
+// switches below fold away.
+const QUERIES: u32 = 0u;
+const KEYS: u32 = 1u;
+const VALUES: u32 = 2u;
+
+// A tensor's rows: how many, where the first starts and from one to the
+// next (in values), and its f16 pieces' scales likewise.
+struct TensorRows {
+    len: u32,
+    offset: u32,
+    stride: u32,
+    scale_offset: u32,
+    scale_stride: u32,
+}
+
+fn rows_of(tensor: u32) -> TensorRows {
+    switch tensor {
+        case QUERIES: {
+            return TensorRows(p.q_len, p.q_offset, p.q_stride, p.q_scale_offset, p.q_scale_stride);
         }
-        return q[e];
+        case KEYS: {
+            return TensorRows(p.kv_len, p.k_offset, p.k_stride, p.k_scale_offset, p.k_scale_stride);
+        }
+        default: {
+            return TensorRows(p.kv_len, p.v_offset, p.v_stride, p.v_scale_offset, p.v_scale_stride);
+        }
+    }
+}
+
+// Element e of a tensor's f32 rows, word w of its f16 rows, scale s of its pieces.
+fn f32_of(tensor: u32, e: u32) -> f32 {
+    switch tensor {
+        case QUERIES: {
+            return q[e];
+        }
+        case KEYS: {
+            return k[e];
+        }
+        default: {
+            return v[e];
+        }
+    }
+}
+
+fn half_word_of(tensor: u32, w: u32) -> u32 {
+    switch tensor {
+        case QUERIES: {
+            return q_half[w];
+        }
+        case KEYS: {
+            return k_half[w];
+        }
+        default: {
+            return v_half[w];
+        }
+    }
+}
+
+fn piece_scale_of(tensor: u32, s: u32) -> f32 {
+    switch tensor {
+        case QUERIES: {
+            return q_scales[s];
+        }
+        case KEYS: {
+            return k_scales[s];
+        }
+        default: {
+            return v_scales[s];
+        }
+    }
+}
+
+// Where dim d of row `row` of head `head` lies in a tensor's values, and
+// where its piece's scale lies.
+fn element_of(t: TensorRows, head: u32, row: u32, d: u32) -> u32 {
+    return t.offset + row * t.stride + head * p.head_dim + d;
+}
+
+fn piece_of(t: TensorRows, head: u32, row: u32, d: u32) -> u32 {
+    return t.scale_offset + row * t.scale_stride + (head * p.head_dim + d) / p.qkv_piece;
+}
+
+// Dim d of row `row` (a query; or a key or value) of head `head` (a kv head
+// for keys and values) of `tensor`, as f32; zero past the tensor.
+fn tensor_at(tensor: u32, head: u32, row: u32, d: u32) -> f32 {
+    let t = rows_of(tensor);
+    if (row < t.len && d < p.head_dim) {
+        let e = element_of(t, head, row, d);
+        if (QKV_HALF) {
+            return half_at(half_word_of(tensor, e / 2u), e) * piece_scale_of(tensor, piece_of(t, head, row, d));
+        }
+        return f32_of(tensor, e);
     }
     return 0.0;
 }
 
-fn k_at(kvh: u32, k0: u32, j: u32, d: u32) -> f32 {
-    if (k0 + j < p.kv_len && d < p.head_dim) {
-        let e = p.k_offset + (k0 + j) * p.k_stride + kvh * p.head_dim + d;
-        if (QKV_HALF) {
-            return half_at(k_half[e / 2u], e) * k_scales[p.k_scale_offset + (k0 + j) * p.k_scale_stride + (kvh * p.head_dim + d) / p.qkv_piece];
-        }
-        return k[e];
-    }
-    return 0.0;
-}
-
-fn v_at(kvh: u32, k0: u32, j: u32, d: u32) -> f32 {
-    if (k0 + j < p.kv_len && d < p.head_dim) {
-        let e = p.v_offset + (k0 + j) * p.v_stride + kvh * p.head_dim + d;
-        if (QKV_HALF) {
-            return half_at(v_half[e / 2u], e) * v_scales[p.v_scale_offset + (k0 + j) * p.v_scale_stride + (kvh * p.head_dim + d) / p.qkv_piece];
-        }
-        return v[e];
-    }
-    return 0.0;
-}
-
-// Four neighbouring dims d … d + 3 of a query, key or value row (d a
-// multiple of 4), as q_at, k_at and v_at give them. Where the f16 rows come
-// in whole runs (`half_runs`: the head's dims, the pieces and each row's
-// start whole runs of 4 values), the run's two words and its piece's one
-// scale are read once; else value by value.
+// Four neighbouring dims d … d + 3 (d a multiple of 4) as tensor_at gives
+// them. Where the f16 rows come in whole runs (`half_runs`: the head's
+// dims, the pieces and each row's start whole runs of 4 values), the run's
+// two words and its piece's one scale are read once; else value by value.
 fn half_runs(offset: u32, stride: u32) -> bool {
     return p.head_dim % 4u == 0u && p.qkv_piece % 4u == 0u && offset % 4u == 0u && stride % 4u == 0u;
 }
@@ -80,37 +142,16 @@ fn run_of(words: vec2<u32>, scale: f32) -> vec4<f32> {
     return vec4<f32>(unpack2x16float(words.x), unpack2x16float(words.y)) * scale;
 }
 
-fn q_run(h: u32, q0: u32, r: u32, d: u32) -> vec4<f32> {
-    if (QKV_HALF && half_runs(p.q_offset, p.q_stride)) {
-        if (q0 + r >= p.q_len || d >= p.head_dim) {
+fn tensor_run(tensor: u32, head: u32, row: u32, d: u32) -> vec4<f32> {
+    let t = rows_of(tensor);
+    if (QKV_HALF && half_runs(t.offset, t.stride)) {
+        if (row >= t.len || d >= p.head_dim) {
             return vec4<f32>(0.0);
         }
-        let e = (p.q_offset + (q0 + r) * p.q_stride + h * p.head_dim + d) / 2u;
-        return run_of(vec2<u32>(q_half[e], q_half[e + 1u]), q_scales[p.q_scale_offset + (q0 + r) * p.q_scale_stride + (h * p.head_dim + d) / p.qkv_piece]);
+        let w = element_of(t, head, row, d) / 2u;
+        return run_of(vec2<u32>(half_word_of(tensor, w), half_word_of(tensor, w + 1u)), piece_scale_of(tensor, piece_of(t, head, row, d)));
     }
-    return vec4<f32>(q_at(h, q0, r, d), q_at(h, q0, r, d + 1u), q_at(h, q0, r, d + 2u), q_at(h, q0, r, d + 3u));
-}
-
-fn k_run(kvh: u32, k0: u32, j: u32, d: u32) -> vec4<f32> {
-    if (QKV_HALF && half_runs(p.k_offset, p.k_stride)) {
-        if (k0 + j >= p.kv_len || d >= p.head_dim) {
-            return vec4<f32>(0.0);
-        }
-        let e = (p.k_offset + (k0 + j) * p.k_stride + kvh * p.head_dim + d) / 2u;
-        return run_of(vec2<u32>(k_half[e], k_half[e + 1u]), k_scales[p.k_scale_offset + (k0 + j) * p.k_scale_stride + (kvh * p.head_dim + d) / p.qkv_piece]);
-    }
-    return vec4<f32>(k_at(kvh, k0, j, d), k_at(kvh, k0, j, d + 1u), k_at(kvh, k0, j, d + 2u), k_at(kvh, k0, j, d + 3u));
-}
-
-fn v_run(kvh: u32, k0: u32, j: u32, d: u32) -> vec4<f32> {
-    if (QKV_HALF && half_runs(p.v_offset, p.v_stride)) {
-        if (k0 + j >= p.kv_len || d >= p.head_dim) {
-            return vec4<f32>(0.0);
-        }
-        let e = (p.v_offset + (k0 + j) * p.v_stride + kvh * p.head_dim + d) / 2u;
-        return run_of(vec2<u32>(v_half[e], v_half[e + 1u]), v_scales[p.v_scale_offset + (k0 + j) * p.v_scale_stride + (kvh * p.head_dim + d) / p.qkv_piece]);
-    }
-    return vec4<f32>(v_at(kvh, k0, j, d), v_at(kvh, k0, j, d + 1u), v_at(kvh, k0, j, d + 2u), v_at(kvh, k0, j, d + 3u));
+    return vec4<f32>(tensor_at(tensor, head, row, d), tensor_at(tensor, head, row, d + 1u), tensor_at(tensor, head, row, d + 2u), tensor_at(tensor, head, row, d + 3u));
 }
 
 // The power of two a query's (`of_keys` false) or a key's row over the whole

@@ -31,36 +31,26 @@ fn quads_at(offset: u32, stride: u32) -> bool {
     return QKV_HALF && half_runs(offset, stride);
 }
 
-// Which of the three a run is of.
-const QUERIES: u32 = 0u;
-const KEYS: u32 = 1u;
-const VALUES: u32 = 2u;
-
-// Dims d … d + 3 of row `row` (a query, or a key or value) of head `head`
-// (a kv head for keys and values) of tensor `tensor`, under `staged` as
-// the tiles take them (zero past the tensor); rows where `quads_at` holds.
-// `tensor` is a constant at each call.
-fn quad_of(tensor: u32, head: u32, row: u32, d: u32, staged: f32) -> vec4<f16> {
-    let len = select(p.kv_len, p.q_len, tensor == QUERIES);
-    if (row >= len || d >= p.head_dim) {
+// Dims d … d + 3 of row `row` of head `head` of `tensor` (as
+// attention_qkv.wgsl's tensor_run), under `staged` as the tiles take them
+// (zero past the tensor); rows where `quads_at` holds.
+fn tensor_quad(tensor: u32, head: u32, row: u32, d: u32, staged: f32) -> vec4<f16> {
+    let t = rows_of(tensor);
+    if (row >= t.len || d >= p.head_dim) {
         return vec4<f16>();
     }
-    let dim = head * p.head_dim + d;
+    let at = element_of(t, head, row, d) / 4u;
     var stored: vec4<f16>;
-    var piece: f32;
     switch tensor {
         case QUERIES: {
-            stored = q_quads[(p.q_offset + row * p.q_stride + dim) / 4u];
-            piece = q_scales[p.q_scale_offset + row * p.q_scale_stride + dim / p.qkv_piece];
+            stored = q_quads[at];
         }
         case KEYS: {
-            stored = k_quads[(p.k_offset + row * p.k_stride + dim) / 4u];
-            piece = k_scales[p.k_scale_offset + row * p.k_scale_stride + dim / p.qkv_piece];
+            stored = k_quads[at];
         }
         default: {
-            stored = v_quads[(p.v_offset + row * p.v_stride + dim) / 4u];
-            piece = v_scales[p.v_scale_offset + row * p.v_scale_stride + dim / p.qkv_piece];
+            stored = v_quads[at];
         }
     }
-    return shifted_quad(stored, piece, staged);
+    return shifted_quad(stored, piece_scale_of(tensor, piece_of(t, head, row, d)), staged);
 }
