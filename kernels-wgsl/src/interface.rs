@@ -11,7 +11,7 @@ use std::collections::BTreeSet;
 /// Whether `function` or any function it calls (however deeply) reads or
 /// writes the global variable `name`: bindings used only inside helpers
 /// (`load_a`/`load_b` of the GEMM tiling) count as used by the entry point.
-pub(crate) fn uses_global(m: &naga::Module, function: &naga::Function, name: Option<&str>) -> bool {
+fn uses_global(m: &naga::Module, function: &naga::Function, name: Option<&str>) -> bool {
     let direct = function
         .expressions
         .iter()

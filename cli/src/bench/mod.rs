@@ -3,7 +3,7 @@
 use crate::stdout::say;
 use argh::FromArgs;
 use flux_lite_core::config::{self, Qwen3Config, TransformerConfig, VaeConfig};
-use flux_lite_platform::bench::{self, Ceilings, Figure, LinearOperands, ShapeBench};
+use flux_lite_platform::bench::{self, Ceilings, Figure, ShapeBench};
 use flux_lite_platform::model::ModelFolder;
 use flux_lite_platform::{Gpu, GpuOptions, Precision};
 use std::path::Path;
@@ -186,12 +186,10 @@ fn kernels(args: &KernelsArgs) -> Result<(), String> {
         if want("linear") {
             // On f16 operands each shape again over the operands the engine
             // keeps in memory there, beside its converted row.
-            let converted = bench.linears(&transformer, t, LinearOperands::Converted).map_err(err)?;
-            let in_memory = if gpu.measures_weight_rows() { bench.linears(&transformer, t, LinearOperands::HalfInMemory).map_err(err)? } else { Vec::new() };
-            for (i, f) in converted.iter().enumerate() {
-                row(f, &ceilings);
-                if let Some(f) = in_memory.get(i) {
-                    row(f, &ceilings);
+            for f in bench.linears(&transformer, t).map_err(err)? {
+                row(&f.converted, &ceilings);
+                if let Some(in_memory) = &f.in_memory {
+                    row(in_memory, &ceilings);
                 }
             }
         }
@@ -328,16 +326,13 @@ fn tiers_side_by_side(transformer: &TransformerConfig, tokens: &[u64], repeats: 
     for gpu in &gpus {
         let bench = ShapeBench::new(gpu, repeats);
         let ceilings = bench.ceilings().map_err(|e| e.to_string())?;
-        let mut columns = vec![(gpu.precision().name(), LinearOperands::Converted)];
-        if gpu.measures_weight_rows() {
-            columns.push(("matrix, f16 x and W in memory", LinearOperands::HalfInMemory));
+        let mut linears = Vec::new();
+        for &t in tokens {
+            linears.extend(bench.linears(transformer, t).map_err(|e| e.to_string())?);
         }
-        for (name, operands) in columns {
-            let mut figures = Vec::new();
-            for &t in tokens {
-                figures.extend(bench.linears(transformer, t, operands).map_err(|e| e.to_string())?);
-            }
-            measured.push((name, ceilings, figures));
+        measured.push((gpu.precision().name(), ceilings, linears.iter().map(|f| f.converted.clone()).collect()));
+        if let Some(in_memory) = linears.iter().map(|f| f.in_memory.clone()).collect::<Option<Vec<Figure>>>().filter(|f| !f.is_empty()) {
+            measured.push(("matrix, f16 x and W in memory", ceilings, in_memory));
         }
     }
     say!();

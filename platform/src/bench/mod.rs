@@ -13,7 +13,7 @@ pub mod model;
 pub mod timer;
 pub mod traffic;
 
-pub use model::{Ceilings, Figure, LinearOperands, ShapeBench};
+pub use model::{Ceilings, Figure, LinearFigures, ShapeBench};
 pub use timer::{Clock, Timer};
 
 /// What [`df11`] measured. Rates are bytes of bf16 output per second.

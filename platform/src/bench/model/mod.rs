@@ -37,15 +37,16 @@ pub struct Ceilings {
     pub matrix_flops: Option<f64>,
 }
 
-/// The operands of [`ShapeBench::linears`]' products.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LinearOperands {
-    /// f32 x and bf16 W, converted to the tiles' operands as staged (every
-    /// tier takes these).
-    Converted,
-    /// What the matrix tier's f16 operands keep in memory: x's f16 rows
-    /// under their range scales, W packed as f16 at load, staged as stored.
-    HalfInMemory,
+/// One linear shape's rows ([`ShapeBench::linears`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct LinearFigures {
+    /// Over f32 x and bf16 W, converted to the tiles' operands as staged
+    /// (every tier takes these).
+    pub converted: Figure,
+    /// On the matrix tier's f16 operands, over what they keep in memory:
+    /// x's f16 rows under their range scales, W packed as f16 at load,
+    /// staged as stored.
+    pub in_memory: Option<Figure>,
 }
 
 /// One timed row: what ran, its median time, and the work it did.
@@ -173,8 +174,10 @@ impl<'g> ShapeBench<'g> {
     }
 
     /// Each distinct linear shape of the transformer's blocks, over `tokens`
-    /// rows, over `operands`.
-    pub fn linears(&self, cfg: &TransformerConfig, tokens: u64, operands: LinearOperands) -> Result<Vec<Figure>, RunError> {
+    /// rows: over f32 x and bf16 W, converted to the tiles' operands as
+    /// staged (every tier), and on the matrix tier's f16 operands again over
+    /// the operands the engine keeps in memory there, from the same upload.
+    pub fn linears(&self, cfg: &TransformerConfig, tokens: u64) -> Result<Vec<LinearFigures>, RunError> {
         let gpu = self.gpu;
         let mut figures = Vec::new();
         for ((n, k), name, count) in linear_shapes(cfg, tokens)? {
@@ -185,29 +188,33 @@ impl<'g> ShapeBench<'g> {
             let scales = if gpu.measures_weight_rows() { Some(StoredScales::measure(gpu, Weight::bf16(&w), n, k)?) } else { None };
             let mut weight = DeviceWeight { buffer: w, offset: 0, dtype: WeightDtype::Bf16, scales, taps_last: false, half_packed: false };
             let gemm = kernels::Gemm { m: tokens, n, k };
-            let (d, x_bytes, says) = match operands {
-                LinearOperands::Converted => {
-                    let mut d = Vec::new();
-                    kernels::linear(gpu, &mut d, Mat::new(&x, k), weight.view(), None, Mat::new(&y, n), gemm)?;
-                    (d, 4, "")
-                }
-                LinearOperands::HalfInMemory => (self.linear_over_half_operands(&x, &mut weight, &y, gemm)?, 2, ", f16 x and W in memory"),
-            };
             let many = if count > 1 { format!(" (×{count} per block)") } else { String::new() };
-            figures.push(Figure {
-                what: format!("linear {}{many}{says}", block_local(&name).trim_end_matches(".weight")),
-                shape: format!("{tokens}×{k} · {k}×{n}"),
-                seconds: self.timer.median(&d, self.repeats)?,
-                flops: 2 * tokens * n * k,
-                bytes: x_bytes * tokens * k + 2 * n * k + 4 * tokens * n,
-                matrix: gpu.matrix().is_some(),
-                dispatches: Some(d.len() as u64),
-            });
+            let what = format!("linear {}{many}", block_local(&name).trim_end_matches(".weight"));
+            let figure = |what: String, d: &[Dispatch], x_bytes: u64| -> Result<Figure, RunError> {
+                Ok(Figure {
+                    what,
+                    shape: format!("{tokens}×{k} · {k}×{n}"),
+                    seconds: self.timer.median(d, self.repeats)?,
+                    flops: 2 * tokens * n * k,
+                    bytes: x_bytes * tokens * k + 2 * n * k + 4 * tokens * n,
+                    matrix: gpu.matrix().is_some(),
+                    dispatches: Some(d.len() as u64),
+                })
+            };
+            let mut d = Vec::new();
+            kernels::linear(gpu, &mut d, Mat::new(&x, k), weight.view(), None, Mat::new(&y, n), gemm)?;
+            let converted = figure(what.clone(), &d, 4)?;
+            // W is packed in place after the converted row's timing.
+            let in_memory = match gpu.measures_weight_rows() {
+                true => Some(figure(format!("{what}, f16 x and W in memory"), &self.linear_over_half_operands(&x, &mut weight, &y, gemm)?, 2)?),
+                false => None,
+            };
+            figures.push(LinearFigures { converted, in_memory });
         }
         Ok(figures)
     }
 
-    /// [`LinearOperands::HalfInMemory`]'s product, prepared: x packed once
+    /// [`LinearFigures::in_memory`]'s product, prepared: x packed once
     /// into f16 rows under one range scale a row (as a norm or modulation
     /// writes a linear's input on the matrix tier) and W packed in place
     /// under its kept scales (as at load); neither pack is timed.
