@@ -117,12 +117,12 @@ fn parse_args() -> Result<Cli, ExitCode> {
     })
 }
 
-/// Each fixed kernel module's source as `<Module:?>.wgsl` in `dir`, the
-/// names `FLUX_LITE_KERNEL_DIR` looks for.
+/// Each fixed kernel module's source in `dir` under the name
+/// `FLUX_LITE_KERNEL_DIR` looks for (`Module::file_name`).
 fn write_kernel_sources(dir: &std::path::Path) -> Result<(), String> {
     std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     for module in flux_lite_platform::Module::ALL {
-        let path = dir.join(format!("{module:?}.wgsl"));
+        let path = dir.join(module.file_name());
         std::fs::write(&path, module.source().as_ref()).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
     }
     say!("{} kernel sources written to {}", flux_lite_platform::Module::ALL.len(), dir.display());
@@ -170,6 +170,11 @@ fn gpu() -> Result<(), String> {
 /// tests': `GpuOptions::from_settings`); each command adds its flags.
 pub fn env_gpu_options() -> Result<GpuOptions, String> {
     let options = GpuOptions::from_settings(&|name| std::env::var(name).ok()).map_err(|e| e.to_string())?;
+    // A kernel folder's replacements, held to what their launchers bind
+    // before any device is made from them.
+    if let Some(dir) = &options.kernel_dir {
+        flux_lite_platform::check_kernel_dir(dir).map_err(|e| e.to_string())?;
+    }
     let store = cache_dir().map(|dir| Arc::new(PipelineFiles::new(dir.join("pipelines"))) as Arc<dyn PipelineStore>);
     Ok(GpuOptions { pipeline_store: store, ..options })
 }

@@ -5,6 +5,7 @@
 //! held to before anything is built from it.
 
 use crate::catalogue::ALL_KERNELS;
+use crate::error::GpuError;
 use crate::kernel::Module;
 use std::collections::BTreeSet;
 
@@ -73,6 +74,21 @@ pub(crate) fn check_replacement(module: Module, source: &str) -> Result<(), Stri
     Ok(())
 }
 
+/// Every replacement in kernel folder `dir` (`FLUX_LITE_KERNEL_DIR`, see
+/// [`crate::GpuOptions::kernel_dir`]) held to what its launchers bind
+/// ([`check_replacement`]): for the caller to run before it makes a device
+/// with that folder, so a variant that cannot run is refused with its
+/// reason, not at its first dispatch. (Here, above the catalogue, not in
+/// the device, which the catalogue's launchers depend on.)
+pub fn check_kernel_dir(dir: &std::path::Path) -> Result<(), GpuError> {
+    for module in Module::ALL {
+        let path = dir.join(module.file_name());
+        let Ok(source) = std::fs::read_to_string(&path) else { continue };
+        check_replacement(module, &source).map_err(|why| GpuError::KernelSource { path: path.display().to_string(), why })?;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -110,5 +126,17 @@ mod tests {
         assert_eq!(check_replacement(Module::RangeScales, &renamed), Err("no entry point range_scales".to_string()));
         let unparsable = format!("{source}\nfn broken( {{");
         assert!(check_replacement(Module::RangeScales, &unparsable).is_err_and(|why| !why.contains('\n')));
+    }
+
+    #[test]
+    fn a_kernel_folder_is_refused_where_a_replacement_cannot_be_bound() {
+        let dir = std::env::temp_dir().join(format!("flux-lite-kernel-check-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("RangeScales.wgsl"), Module::RangeScales.source().as_ref()).unwrap();
+        assert!(check_kernel_dir(&dir).is_ok());
+        std::fs::write(dir.join("RangeScales.wgsl"), Module::RangeScales.source().replace("fn range_scales(", "fn measured(")).unwrap();
+        let refused = check_kernel_dir(&dir).unwrap_err().to_string();
+        assert_eq!(refused, format!("{}: no entry point range_scales (a kernel folder's replacement must keep each entry point and the storage bindings its launchers bind)", dir.join("RangeScales.wgsl").display()));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

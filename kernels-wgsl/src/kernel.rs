@@ -160,6 +160,12 @@ impl Module {
         Module::ConvMatrixNhwc16Vec4,
     ];
 
+    /// The file a kernel folder holds this module's source in: what
+    /// `FLUX_LITE_KERNEL_DIR` looks for and `gpu --kernel-sources` writes.
+    pub fn file_name(self) -> String {
+        format!("{self:?}.wgsl")
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Module::Linear => "linear",

@@ -28,6 +28,7 @@ pub mod dispatch;
 pub mod emulated_matrix;
 pub mod error;
 mod interface;
+pub use interface::check_kernel_dir;
 pub mod kernels;
 pub mod precision;
 pub mod probe;

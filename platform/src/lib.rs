@@ -27,7 +27,7 @@ pub use flux_lite_core::tolerance;
 
 pub use error::{CompressError, GpuError, LoadError, RunError, TokenizeError};
 // The device types the engine's API takes, from the GPU layer.
-pub use flux_lite_kernels::{AdapterMemory, Backend, CacheState, CompileReport, DeviceBuffer, DeviceMemory, Gpu, GpuOptions, MemorySource, Module, PipelineStore, Precision, DEFAULT_MARGIN_PERCENT};
+pub use flux_lite_kernels::{check_kernel_dir, AdapterMemory, Backend, CacheState, CompileReport, DeviceBuffer, DeviceMemory, Gpu, GpuOptions, MemorySource, Module, PipelineStore, Precision, DEFAULT_MARGIN_PERCENT};
 #[cfg(not(any(target_arch = "wasm32", target_vendor = "apple")))]
 pub use flux_lite_kernels::{pipeline_name, PipelineStatistics, StatisticsError};
 // The front door.

@@ -173,9 +173,6 @@ fn pick_adapter(instance: &wgpu::Instance, backend: Backend, wanted: &str) -> Re
 impl Gpu {
     /// The device for `options`, its tier chosen but not yet proven.
     fn unproven(options: &GpuOptions) -> Result<Self, GpuError> {
-        if let Some(dir) = &options.kernel_dir {
-            shader_cache::check_kernel_dir(dir)?;
-        }
         let backend = options.backend.unwrap_or_else(Backend::platform_default);
         // wgpu's own WGPU_* variables are not read either: the library takes its settings as options.
         let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
