@@ -208,17 +208,27 @@ pub struct AttentionCarry {
     pub keep_state: bool,
 }
 
-/// A GroupNorm (+ SiLU) a channels-last convolution applies to its input as
-/// it reads it, in place of the pass that would write the normalised rows:
-/// the statistics (`[groups, 2]`, from [`Op::GroupMerge`]), the affine
-/// weight and bias.
+/// A GroupNorm (+ SiLU or ReLU) a channels-last convolution applies to its
+/// input as it reads it, in place of the pass that would write the
+/// normalised rows: the statistics (`[groups, 2]`, from
+/// [`Op::GroupMerge`]), the affine weight and bias.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InputNorm {
     pub stats: Span,
     pub gamma: TensorName,
     pub beta: TensorName,
     pub groups: u64,
-    pub silu: bool,
+    pub activation: NormActivation,
+}
+
+/// What follows a GroupNorm read as a convolution's input: nothing, SiLU
+/// (the VAE's resnets) or ReLU (a tiny decoder's global-norm blocks).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum NormActivation {
+    #[default]
+    None,
+    Silu,
+    Relu,
 }
 
 /// The tensor a GroupNorm normalises: `channels × pixels` values,
@@ -415,8 +425,9 @@ pub enum Op {
     /// `residual` then another tensor's f16 rows in the same pieces. With
     /// `upsample` the input (of `shape`'s height and width) is read through
     /// a nearest-neighbour ×2 upsampling, and normalised as read where
-    /// `norm` says so. W as the model's files hold it.
-    ConvNhwc { x: Operand, w: TensorName, bias: TensorName, y: Operand, shape: ConvShape, upsample: bool, residual: Option<Operand>, norm: Option<InputNorm> },
+    /// `norm` says so; each output ReLU'd (after the bias and the residual)
+    /// where `relu`. W as the model's files hold it.
+    ConvNhwc { x: Operand, w: TensorName, bias: TensorName, y: Operand, shape: ConvShape, upsample: bool, residual: Option<Operand>, norm: Option<InputNorm>, relu: bool },
     /// A GroupNorm's first step: each group's `(mean, Σ(x − mean)²)` over
     /// each row of pixels of `src` (f32, or channels-last f16 rows in
     /// pieces), into `moments` `[rows, groups, 2]`.

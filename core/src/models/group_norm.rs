@@ -2,7 +2,7 @@
 //! normalisation ([`GroupShape`] says why in three steps), and the scratch
 //! the steps share.
 
-use crate::ir::{name, GroupShape, InputNorm, Op, Operand, Span};
+use crate::ir::{name, GroupShape, InputNorm, NormActivation, Op, Operand, Span};
 
 /// Elements before the moments, so that they start on a binding's alignment.
 const STATS_ELEMENTS: u64 = 64;
@@ -37,10 +37,10 @@ pub(crate) fn group_norm(scratch: NormScratch, (src, dst): (Operand, Operand), p
 }
 
 /// GroupNorm `p`'s statistics of `src` (its first two ops), for a
-/// convolution that normalises its input as it reads it.
-pub(crate) fn group_norm_read(scratch: NormScratch, src: Operand, p: &str, shape: GroupShape, eps: f32, silu: bool, emit: &mut impl FnMut(Op)) -> InputNorm {
+/// convolution that normalises its input as it reads it, `activation` after.
+pub(crate) fn group_norm_read(scratch: NormScratch, src: Operand, p: &str, shape: GroupShape, eps: f32, activation: NormActivation, emit: &mut impl FnMut(Op)) -> InputNorm {
     let stats = group_stats(scratch, src, shape, eps, emit);
-    InputNorm { stats, gamma: name(format_args!("{p}.weight")), beta: name(format_args!("{p}.bias")), groups: shape.groups, silu }
+    InputNorm { stats, gamma: name(format_args!("{p}.weight")), beta: name(format_args!("{p}.bias")), groups: shape.groups, activation }
 }
 
 /// The rows' moments and their merge into each group's statistics (in `scratch.stats`).

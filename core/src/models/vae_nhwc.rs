@@ -19,7 +19,7 @@
 //! the GroupNorms' statistics. The decoded image lands channels-last in
 //! `decoded`, its 8-bit levels interleaved RGB in `levels`.
 
-use crate::ir::{name, GroupShape, InputNorm, Op, Operand, Span};
+use crate::ir::{name, GroupShape, InputNorm, NormActivation, Op, Operand, Span};
 use crate::models::group_norm;
 use crate::models::vae::{attention_projection, band_minimum, carried_attention, denorm_unpatchify, prefix, rows, same, stream_piece, Stream as Buffers, UpBlock, VaePlanError, VaeLayout, NORM_EPS};
 use crate::arena::BumpArena;
@@ -44,7 +44,7 @@ pub fn stream_rows(buf: Span, pixels: u64, channels: u64) -> Operand {
 /// read by `norm`, the residual `onto` added, the input read through the
 /// ×2 upsampling where `upsample`.
 pub(crate) fn conv((x, norm): (Operand, Option<InputNorm>), p: &str, y: Operand, shape: ConvShape, upsample: bool, onto: Option<Operand>) -> Op {
-    Op::ConvNhwc { x, w: name(format_args!("{p}.weight")), bias: name(format_args!("{p}.bias")), y, shape, upsample, residual: onto, norm }
+    Op::ConvNhwc { x, w: name(format_args!("{p}.weight")), bias: name(format_args!("{p}.bias")), y, shape, upsample, residual: onto, norm, relu: false }
 }
 
 /// The f32 rows of `src` packed as a convolution's f16 input `dst`.
@@ -68,7 +68,8 @@ fn norm_shape(b: &Buffers, channels: u64, (h, w): (u64, u64)) -> GroupShape {
 /// GroupNorm `p` of the stream `src` (`channels` at `h × w`) for the
 /// convolution that reads it: its statistics, SiLU after where `silu`.
 pub(crate) fn norm_read(b: &Buffers, src: Operand, p: &str, channels: u64, hw: (u64, u64), silu: bool, emit: &mut impl FnMut(Op)) -> (Operand, Option<InputNorm>) {
-    let norm = group_norm::group_norm_read(b.norm, src, p, norm_shape(b, channels, hw), NORM_EPS, silu, emit);
+    let activation = if silu { NormActivation::Silu } else { NormActivation::None };
+    let norm = group_norm::group_norm_read(b.norm, src, p, norm_shape(b, channels, hw), NORM_EPS, activation, emit);
     (src, Some(norm))
 }
 

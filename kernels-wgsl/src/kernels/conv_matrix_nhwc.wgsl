@@ -82,14 +82,14 @@ fn input_scale(src: u32, ci: u32) -> f32 {
     return x_pixel_scales[p.x_scales + (src - p.x_first) * input_pieces() + ci / select(IN_CHANNELS, X_PIECE_DIVISOR, X_PIECE > 0u)];
 }
 
-// The input normalised as it is read (NORM_IN: the GroupNorm, SiLU'd where
-// NORM_SILU, that the op before would have written as this convolution's
-// input): each group's (mean, 1/√(var + eps)) at binding 16 from p.n_stats,
+// The input normalised as it is read (NORM_IN: the GroupNorm, then SiLU
+// where NORM_ACT is 1 or ReLU where it is 2, that the op before would have
+// written as this convolution's input): each group's (mean, 1/√(var + eps)) at binding 16 from p.n_stats,
 // NORM_GROUPS groups of the input channels; gamma and beta at 17 and 18
 // from p.n_affine, as W's dtype. The expression is norm.wgsl's
 // GroupNorm's, so each value is the one that pass would have rounded.
 override NORM_IN: bool = false;
-override NORM_SILU: bool = false;
+override NORM_ACT: u32 = 0u;
 override NORM_GROUPS: u32 = 1u;
 @group(0) @binding(16) var<storage, read_write> norm_stats: array<f32>;
 @group(0) @binding(17) var<storage, read> norm_gamma: array<u32>;
@@ -112,13 +112,16 @@ fn normed_input(v: f32, ci: u32) -> f32 {
     }
     let g = p.n_stats + 2u * (ci / (IN_CHANNELS / NORM_GROUPS));
     let n = fma((v - norm_stats[g]) * norm_stats[g + 1u], norm_gamma_at(ci), norm_beta_at(ci));
-    return select(n, silu(n), NORM_SILU);
+    if (NORM_ACT == 1u) {
+        return silu(n);
+    }
+    return select(n, max(n, 0.0), NORM_ACT == 2u);
 }
 
 // What any normalised input value's magnitude stays under, for stored
 // values under `largest` in magnitude: |γ|·(largest + |mean|)·(1/σ) + |β|
 // at the largest of each over the channels and groups (SiLU never grows a
-// magnitude beyond max(|v|, 0.28)).
+// magnitude beyond max(|v|, 0.28), ReLU never beyond |v|).
 fn normed_bound(largest: f32) -> f32 {
     var mean = 0.0;
     var inverse = 0.0;
@@ -251,8 +254,8 @@ fn output_pieces() -> u32 {
     return p.out_channels / Y_PIECE;
 }
 
-// The sum with its bias, the residual's value added where RESIDUAL_HALF
-// (zero outside the call's pixels and channels).
+// The sum with its bias, the residual's value added where RESIDUAL_HALF,
+// ReLU'd where RELU (zero outside the call's pixels and channels).
 fn piece_value(r: u32, c: u32, value: f32) -> f32 {
     if (r >= p.px_count || c >= p.out_channels) {
         return 0.0;
@@ -262,7 +265,7 @@ fn piece_value(r: u32, c: u32, value: f32) -> f32 {
         let pair = unpack2x16float(r_half[p.r_offset + (r * p.out_channels + c) / 2u]);
         v = v + select(pair.x, pair.y, (c & 1u) == 1u) * r_half_scales[p.r_scales + r * output_pieces() + c / Y_PIECE];
     }
-    return v;
+    return select(v, max(v, 0.0), RELU);
 }
 
 // Outputs c … c + 3 of pixel r as two words, inside the call only: one

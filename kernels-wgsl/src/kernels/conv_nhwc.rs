@@ -11,6 +11,7 @@ use crate::error::GpuError;
 use crate::kernel::{kernel, wrapped_grid, Access::{Read as R, ReadWrite as RW}, Kernel, Module};
 use crate::precision::{MatrixConfig, MatrixOperands};
 use crate::view::{HalfMat, Mat, Weight, WeightDtype};
+pub use flux_lite_core::ir::NormActivation;
 use flux_lite_core::oracle::ConvShape;
 use super::conv::ConvParams;
 use super::linear::{kept_scales_window, matrix_b_paired, measure_rows, stores_vec4s, RangeScalesParams, MATRIX_BLOCK_TILES, MATRIX_SUBGROUPS};
@@ -60,9 +61,9 @@ pub enum TapOrder {
     Torch,
 }
 
-/// A GroupNorm (+ SiLU) a channels-last convolution applies to its input
-/// as it reads it, in place of a pass writing the normalised rows: each
-/// group's `(mean, 1/√(var + eps))` in `stats` (`[groups, 2]`, from
+/// A GroupNorm (+ SiLU or ReLU) a channels-last convolution applies to its
+/// input as it reads it, in place of a pass writing the normalised rows:
+/// each group's `(mean, 1/√(var + eps))` in `stats` (`[groups, 2]`, from
 /// [`group_merge`](super::group_norm::group_merge)), the affine weight and
 /// bias (W's dtype).
 #[derive(Debug, Clone, Copy)]
@@ -71,7 +72,7 @@ pub struct NhwcNorm<'a> {
     pub gamma: Weight<'a>,
     pub beta: Weight<'a>,
     pub groups: u64,
-    pub silu: bool,
+    pub activation: NormActivation,
 }
 
 /// A channels-last convolution's input: f16 rows (a scale a pixel, or one
@@ -89,15 +90,15 @@ impl<'a> From<HalfMat<'a>> for NhwcSource<'a> {
 }
 
 /// Where a channels-last convolution's outputs go, `[out pixels, out
-/// channels]` rows.
+/// channels]` rows, each ReLU'd after its bias and residual where `relu`.
 #[derive(Debug, Clone, Copy)]
 pub enum NhwcOutput<'a> {
     /// f32 rows (`y.stride` = out channels), y's own values added where `residual`.
-    F32 { y: Mat<'a>, residual: bool },
+    F32 { y: Mat<'a>, residual: bool, relu: bool },
     /// f16 rows in pieces ([`HalfMat::pieces`]: the next ops' input, the
     /// VAE's stream), the values of `residual` (f16 rows in the same
     /// pieces, another tensor) added where given.
-    Half { y: HalfMat<'a>, residual: Option<HalfMat<'a>> },
+    Half { y: HalfMat<'a>, residual: Option<HalfMat<'a>>, relu: bool },
 }
 
 /// A channels-last convolution's W (packed as f16 under its rows' kept
@@ -202,12 +203,12 @@ pub fn conv2d_matrix_nhwc(gpu: &Gpu, sink: &mut dyn Sink, source: NhwcSource<'_>
         ("W_HALF", packed as u32),
         ("X_PIECE", to_u32(x.piece.unwrap_or(0), "conv input piece")?),
         ("RESIDUAL", rows.f32_residual as u32),
-        ("RELU", 0),
+        ("RELU", rows.relu as u32),
         ("Y_HALF", rows.half as u32),
         ("Y_PIECE", to_u32(rows.piece, "conv output piece")?),
         ("RESIDUAL_HALF", rows.residual.is_some() as u32),
         ("NORM_IN", norm.is_some() as u32),
-        ("NORM_SILU", norm.as_ref().is_some_and(|n| n.silu) as u32),
+        ("NORM_ACT", norm.as_ref().map_or(0, |n| activation_constant(n.activation))),
         ("NORM_GROUPS", to_u32(norm.as_ref().map_or(1, |n| n.groups), "group norm groups")?),
         ("Y_VEC4", y_vec4 as u32),
         kt,
@@ -271,13 +272,22 @@ fn fetches_quads(c: MatrixConfig, s: &ConvShape, taps_last: bool, w_local: u32, 
         && norm_groups.is_none_or(|g| (cin / g).is_multiple_of(4))
 }
 
+/// `conv_matrix_nhwc.wgsl`'s `NORM_ACT` for an activation.
+fn activation_constant(a: NormActivation) -> u32 {
+    match a {
+        NormActivation::None => 0,
+        NormActivation::Silu => 1,
+        NormActivation::Relu => 2,
+    }
+}
+
 /// The windows of an [`NhwcNorm`] over `channels` input channels.
 struct NormWindows<'a> {
     stats: Window<'a>,
     gamma: Window<'a>,
     beta: Window<'a>,
     groups: u64,
-    silu: bool,
+    activation: NormActivation,
 }
 
 impl<'a> NormWindows<'a> {
@@ -287,8 +297,8 @@ impl<'a> NormWindows<'a> {
             return Err(GpuError::UnsupportedShape(format!("a convolution's input normalised in {} groups of {channels} channels (gamma and beta in W's dtype)", n.groups)));
         }
         let stats = window(gpu, n.stats.buf, 4, n.stats.offset..n.stats.offset + 2 * n.groups, "group norm statistics")?;
-        let (gamma, beta) = super::group_norm::affine_windows(gpu, super::group_norm::GroupAffine { gamma: n.gamma, beta: n.beta, silu: n.silu }, channels)?;
-        Ok(Self { stats, gamma, beta, groups: n.groups, silu: n.silu })
+        let (gamma, beta) = super::group_norm::affine_windows(gpu, super::group_norm::GroupAffine { gamma: n.gamma, beta: n.beta, silu: n.activation == NormActivation::Silu }, channels)?;
+        Ok(Self { stats, gamma, beta, groups: n.groups, activation: n.activation })
     }
 }
 
@@ -309,6 +319,7 @@ struct OutputRows<'a> {
     residual: Option<[Rows<'a>; 2]>,
     f32_residual: bool,
     half: bool,
+    relu: bool,
     /// Output channels a scale (f16 outputs).
     piece: u64,
 }
@@ -319,13 +330,13 @@ impl<'a> OutputRows<'a> {
     /// `block` outputs, the residual in y's pieces.
     fn of(out: NhwcOutput<'a>, channels: u64, block: u64) -> Result<Self, GpuError> {
         match out {
-            NhwcOutput::F32 { y, residual } => {
+            NhwcOutput::F32 { y, residual, relu } => {
                 if y.stride != channels {
                     return Err(GpuError::UnsupportedShape("channels-last rows are whole pixels: y a pixel's channels apart".into()));
                 }
-                Ok(Self { y: Rows::mat(y, channels, "conv output"), y_scales: None, residual: None, f32_residual: residual, half: false, piece: 1 })
+                Ok(Self { y: Rows::mat(y, channels, "conv output"), y_scales: None, residual: None, f32_residual: residual, half: false, relu, piece: 1 })
             }
-            NhwcOutput::Half { y, residual } => {
+            NhwcOutput::Half { y, residual, relu } => {
                 let piece = y.piece.unwrap_or(channels);
                 // A block's columns start on a piece, and hold at most four.
                 let pieces_fit = piece > 0 && channels.is_multiple_of(piece) && piece.is_multiple_of(2) && (channels <= block || block.is_multiple_of(piece)) && block.min(channels) / piece <= MAX_BLOCK_PIECES;
@@ -335,7 +346,7 @@ impl<'a> OutputRows<'a> {
                 }
                 let rows = |h: HalfMat<'a>| [Rows::mat(h.data, channels / 2, "conv f16 output"), Rows::mat(h.scales, channels / piece, "conv output scales")];
                 let [yr, ys] = rows(y);
-                Ok(Self { y: yr, y_scales: Some(ys), residual: residual.map(rows), f32_residual: false, half: true, piece })
+                Ok(Self { y: yr, y_scales: Some(ys), residual: residual.map(rows), f32_residual: false, half: true, relu, piece })
             }
         }
     }

@@ -103,7 +103,7 @@ fn check_nhwc_conv_from(gpu: &Gpu, s: ConvShape, input: NhwcInput, residual: boo
     let xh = input_rows(&xb, &xs, s.in_channels, x_piece);
     let got = run_and_read(gpu, &yb, s.out_channels * out_pixels, |enc| {
         let weights = NhwcWeights { w: Weight::bf16(&wb), bias: Weight::bf16(&bb), order };
-        conv2d_matrix_nhwc(gpu, enc, xh.into(), weights, NhwcOutput::F32 { y: Mat::new(&yb, s.out_channels as u64), residual }, s, input)
+        conv2d_matrix_nhwc(gpu, enc, xh.into(), weights, NhwcOutput::F32 { y: Mat::new(&yb, s.out_channels as u64), residual, relu: false }, s, input)
     });
     let got = to_nchw(&got, s.out_channels, out_pixels);
     let what = format!("channels-last conv {s:?} {input:?}, W {order:?}, residual {residual}, input pieces {x_piece:?}");
@@ -126,7 +126,7 @@ fn input_rows<'a>(buf: &'a wgpu::Buffer, scales: &'a wgpu::Buffer, channels: usi
 /// the residual's values), rounded under the range rule a piece: the same
 /// words and scales as the host's packing of the f32 kernel's values, bit
 /// for bit (the f32 output is held to the oracle above).
-fn check_half_output(gpu: &Gpu, s: ConvShape, input: NhwcInput, [x_piece, y_piece]: [Option<usize>; 2], residual: bool, seed: u64) {
+fn check_half_output(gpu: &Gpu, s: ConvShape, input: NhwcInput, [x_piece, y_piece]: [Option<usize>; 2], residual: bool, relu: bool, seed: u64) {
     let (pixels, out_pixels, cout) = (s.height * s.width, s.out_height * s.out_width, s.out_channels);
     let mut rng = Rng::new(seed);
     let mut x = rng.normals(s.in_channels * pixels, 1.0);
@@ -144,7 +144,7 @@ fn check_half_output(gpu: &Gpu, s: ConvShape, input: NhwcInput, [x_piece, y_piec
     let (r_words, r_scales, r_values) = pack_pixels(&before, out_pixels, cout, Some(y_piece));
     // The f32 kernel's values, onto the residual's where there is one.
     let yb = if residual { gpu.upload_f32("y", &r_values) } else { poisoned(gpu, cout * out_pixels) };
-    let f32_out = run_and_read(gpu, &yb, cout * out_pixels, |enc| conv2d_matrix_nhwc(gpu, enc, xh.into(), weights, NhwcOutput::F32 { y: Mat::new(&yb, cout as u64), residual }, s, input));
+    let f32_out = run_and_read(gpu, &yb, cout * out_pixels, |enc| conv2d_matrix_nhwc(gpu, enc, xh.into(), weights, NhwcOutput::F32 { y: Mat::new(&yb, cout as u64), residual, relu }, s, input));
     let (want_words, want_scales, _) = pack_pixels(&f32_out, out_pixels, cout, Some(y_piece));
     // The f16 kernel: words from word `lead` (0: a pixel's four outputs a
     // store where the channels allow; 1: one word at a time), then scales,
@@ -155,9 +155,9 @@ fn check_half_output(gpu: &Gpu, s: ConvShape, input: NhwcInput, [x_piece, y_piec
         let out = poisoned(gpu, lead + words_len + scales_len);
         let y = HalfMat::pieces(Mat { buf: &out, offset: lead as u64, stride: (cout / 2) as u64 }, Mat { buf: &out, offset: (lead + words_len) as u64, stride: (cout / y_piece) as u64 }, y_piece as u64);
         let r = residual.then(|| HalfMat::pieces(Mat::new(&rb, (cout / 2) as u64), Mat::new(&rs, (cout / y_piece) as u64), y_piece as u64));
-        let all = run_and_read(gpu, &out, lead + words_len + scales_len, |enc| conv2d_matrix_nhwc(gpu, enc, xh.into(), weights, NhwcOutput::Half { y, residual: r }, s, input));
+        let all = run_and_read(gpu, &out, lead + words_len + scales_len, |enc| conv2d_matrix_nhwc(gpu, enc, xh.into(), weights, NhwcOutput::Half { y, residual: r, relu }, s, input));
         let got_words: Vec<u32> = all[lead..lead + words_len].iter().map(|v| v.to_bits()).collect();
-        let what = format!("{s:?} {input:?}, input pieces {x_piece:?}, output pieces of {y_piece}, residual {residual}, from word {lead}");
+        let what = format!("{s:?} {input:?}, input pieces {x_piece:?}, output pieces of {y_piece}, residual {residual}, relu {relu}, from word {lead}");
         assert_eq!(&all[lead + words_len..], &want_scales[..], "{what}: piece scales");
         let differ = got_words.iter().zip(&want_words).filter(|(a, b)| a != b).count();
         assert_eq!(differ, 0, "{what}: {differ} of {words_len} words differ from the f32 output's packing");
@@ -178,12 +178,53 @@ fn check_vector_stores(gpu: &Gpu, s: ConvShape, seed: u64) {
     let run = |lead: usize| -> Vec<u32> {
         let yb = gpu.upload_f32("y", &[vec![f32::NAN; lead], before.clone()].concat());
         let y = Mat { buf: &yb, offset: lead as u64, stride: cout as u64 };
-        let all = run_and_read(gpu, &yb, lead + before.len(), |enc| conv2d_matrix_nhwc(gpu, enc, input_rows(&xb, &xs, s.in_channels, None).into(), weights, NhwcOutput::F32 { y, residual: true }, s, NhwcInput::Plain));
+        let all = run_and_read(gpu, &yb, lead + before.len(), |enc| conv2d_matrix_nhwc(gpu, enc, input_rows(&xb, &xs, s.in_channels, None).into(), weights, NhwcOutput::F32 { y, residual: true, relu: false }, s, NhwcInput::Plain));
         all[lead..].iter().map(|v| v.to_bits()).collect()
     };
     let (quads, singles) = (run(0), run(1));
     assert_eq!(quads, singles, "{s:?}: four outputs a store and one");
     assert!(quads.iter().all(|&b| f32::from_bits(b).is_finite()), "{s:?}: every output written");
+}
+
+/// The f32 rows ReLU'd after the bias and y's values (a tiny decoder's
+/// blocks) are the plain rows (held to the oracle above) with every
+/// negative output zeroed, bit for bit: four outputs a store (y from a
+/// whole vec4) and one at a time (from element 1).
+fn check_relu_rows(gpu: &Gpu, s: ConvShape, seed: u64) {
+    let (pixels, out_pixels, cout) = (s.height * s.width, s.out_height * s.out_width, s.out_channels);
+    let mut rng = Rng::new(seed);
+    let (words, scales, _) = pack_pixels(&rng.normals(s.in_channels * pixels, 1.0), pixels, s.in_channels, None);
+    let (xb, xs) = (gpu.upload_u32("x", &words), gpu.upload_f32("x scales", &scales));
+    let (wb, bb) = (gpu.upload_bf16("w", &rng.bf16s(cout * s.in_channels * s.kernel * s.kernel, 0.3)), gpu.upload_bf16("b", &rng.bf16s(cout, 1.0)));
+    let weights = NhwcWeights { w: Weight::bf16(&wb), bias: Weight::bf16(&bb), order: TapOrder::Torch };
+    let before = rng.normals(cout * out_pixels, 1.0);
+    let run = |lead: usize, relu: bool| -> Vec<f32> {
+        let yb = gpu.upload_f32("y", &[vec![f32::NAN; lead], before.clone()].concat());
+        let y = Mat { buf: &yb, offset: lead as u64, stride: cout as u64 };
+        let all = run_and_read(gpu, &yb, lead + before.len(), |enc| conv2d_matrix_nhwc(gpu, enc, input_rows(&xb, &xs, s.in_channels, None).into(), weights, NhwcOutput::F32 { y, residual: true, relu }, s, NhwcInput::Plain));
+        all[lead..].to_vec()
+    };
+    let plain = run(0, false);
+    let negative = plain.iter().filter(|v| **v < 0.0).count();
+    assert!(negative > 0 && negative < plain.len(), "{s:?}: outputs of both signs ({negative} of {} negative)", plain.len());
+    let want: Vec<u32> = plain.iter().map(|v| v.max(0.0).to_bits()).collect();
+    for lead in [0, 1] {
+        let got: Vec<u32> = run(lead, true).iter().map(|v| v.to_bits()).collect();
+        let differ = got.iter().zip(&want).filter(|(a, b)| a != b).count();
+        assert_eq!(differ, 0, "{s:?}, from element {lead}: {differ} of {} outputs differ from the plain ones ReLU'd", want.len());
+    }
+}
+
+#[test]
+fn the_channels_last_conv_relus_its_outputs_after_the_bias_and_the_residual() {
+    let Some(gpu) = f16_matrix_gpu() else { return };
+    // Channels past one block and a last quad partly past them (70), and whole blocks (64).
+    check_relu_rows(&gpu, ConvShape::same(12, 70, 9, 7, 3), 93);
+    check_relu_rows(&gpu, ConvShape::same(16, 64, 6, 5, 1), 94);
+    // f16 pieces: the ReLU'd f32 rows packed, onto a residual and without, upsampled.
+    check_half_output(&gpu, ConvShape::same(32, 64, 9, 7, 3), NhwcInput::Plain, [Some(32), Some(32)], true, true, 95);
+    let upsampled = ConvShape { out_height: 10, out_width: 14, ..ConvShape::same(16, 16, 5, 7, 3) };
+    check_half_output(&gpu, upsampled, NhwcInput::Upsampled, [Some(16), Some(16)], false, true, 96);
 }
 
 #[test]
@@ -198,18 +239,18 @@ fn the_channels_last_convs_vector_stores_give_its_element_stores_bits() {
 fn the_channels_last_conv_writes_f16_pieces_as_the_range_rule_packs_its_f32_output() {
     let Some(gpu) = f16_matrix_gpu() else { return };
     // Pieces of 32 and 16 (whole blocks, several a block), over more than one block of channels and pixels.
-    check_half_output(&gpu, ConvShape::same(32, 96, 11, 9, 3), NhwcInput::Plain, [Some(16), Some(32)], true, 80);
-    check_half_output(&gpu, ConvShape::same(16, 64, 13, 7, 3), NhwcInput::Plain, [None, Some(16)], false, 81);
-    check_half_output(&gpu, ConvShape::same(64, 32, 6, 10, 1), NhwcInput::Plain, [Some(32), Some(32)], true, 82);
+    check_half_output(&gpu, ConvShape::same(32, 96, 11, 9, 3), NhwcInput::Plain, [Some(16), Some(32)], true, false, 80);
+    check_half_output(&gpu, ConvShape::same(16, 64, 13, 7, 3), NhwcInput::Plain, [None, Some(16)], false, false, 81);
+    check_half_output(&gpu, ConvShape::same(64, 32, 6, 10, 1), NhwcInput::Plain, [Some(32), Some(32)], true, false, 82);
     // One piece a pixel narrower than a block; the upsampled read.
-    check_half_output(&gpu, ConvShape::same(16, 16, 9, 9, 3), NhwcInput::Plain, [Some(16), None], true, 83);
+    check_half_output(&gpu, ConvShape::same(16, 16, 9, 9, 3), NhwcInput::Plain, [Some(16), None], true, false, 83);
     // Fewer channels than a block, in pieces narrower than a quarter of it
     // (8 × 8 tiles: 32 of 64 columns in pieces of 8; the block's columns
     // past them share the last piece's slot: matrix_gemm.wgsl's piece_slot).
     let quarter = gpu.matrix().map(|c| c.size as usize).expect("a matrix device");
-    check_half_output(&gpu, ConvShape::same(16, 4 * quarter, 9, 7, 3), NhwcInput::Plain, [Some(16), Some(quarter)], true, 85);
+    check_half_output(&gpu, ConvShape::same(16, 4 * quarter, 9, 7, 3), NhwcInput::Plain, [Some(16), Some(quarter)], true, false, 85);
     let upsampled = ConvShape { out_height: 10, out_width: 14, ..ConvShape::same(32, 32, 5, 7, 3) };
-    check_half_output(&gpu, upsampled, NhwcInput::Upsampled, [Some(32), Some(32)], false, 84);
+    check_half_output(&gpu, upsampled, NhwcInput::Upsampled, [Some(32), Some(32)], false, false, 84);
 }
 
 #[test]
@@ -222,13 +263,14 @@ fn the_channels_last_conv_reads_its_input_in_pieces() {
     check_nhwc_conv_from(&gpu, upsampled, NhwcInput::Upsampled, false, 87, TapOrder::Torch, Some(16));
 }
 
-/// The convolution normalising its input as it reads it (a GroupNorm, SiLU
-/// after where `silu`, of the stream's f16 pieces) gives the sums it gives
-/// over the rows the GroupNorm pass writes (held to the oracle by its own
-/// test): the same f16 operands wherever they are normal f16 under either
-/// scale, so the same bits but for values the looser bound's scale takes
-/// below f16's normals.
-fn check_normalised_input(gpu: &Gpu, s: ConvShape, input: NhwcInput, groups: usize, silu: bool, seed: u64) {
+/// The convolution normalising its input as it reads it (a GroupNorm, then
+/// `activation`, of the stream's f16 pieces) gives the sums it gives over
+/// the rows the GroupNorm pass writes (held to the oracle by its own test;
+/// for ReLU, those rows with every negative value zeroed: rounding keeps a
+/// sign, so that is the rounding of the ReLU'd values): the same f16
+/// operands wherever they are normal f16 under either scale, so the same
+/// bits but for values the looser bound's scale takes below f16's normals.
+fn check_normalised_input(gpu: &Gpu, s: ConvShape, input: NhwcInput, groups: usize, activation: NormActivation, seed: u64) {
     use crate::kernels::group_norm::{group_merge, group_moments, GroupAffine, GroupShape, GroupStats};
     use crate::kernels::group_norm_nhwc::group_norm_nhwc_half;
     use crate::kernels::Input;
@@ -247,36 +289,51 @@ fn check_normalised_input(gpu: &Gpu, s: ConvShape, input: NhwcInput, groups: usi
     let (wb, bias) = (gpu.upload_bf16("w", &w), gpu.upload_bf16("b", &b));
     let weights = NhwcWeights { w: Weight::bf16(&wb), bias: Weight::bf16(&bias), order: TapOrder::Torch };
     let shape = GroupShape { channels: cin as u64, pixels: pixels as u64, width: s.width as u64, groups: groups as u64, channels_last: true };
-    let affine = GroupAffine { gamma: Weight::bf16(&gb), beta: Weight::bf16(&bb), silu };
+    let affine = GroupAffine { gamma: Weight::bf16(&gb), beta: Weight::bf16(&bb), silu: activation == NormActivation::Silu };
     // The statistics, then the normalised rows as the GroupNorm pass writes them.
-    let scratch = gpu.storage("scratch", 4 * (2 * groups * s.height + 2 * groups + pixels * (cin / 2 + 1)) as u64);
+    let elements = 2 * groups * s.height + 2 * groups + pixels * (cin / 2 + 1);
+    let scratch = gpu.storage("scratch", 4 * elements as u64);
     let moments = Mat { buf: &scratch, offset: 0, stride: 0 };
     let stats = Mat { buf: &scratch, offset: (2 * groups * s.height) as u64, stride: 0 };
-    let normed_at = (2 * groups * s.height + 2 * groups) as u64;
-    let normed = HalfMat::rows(Mat { buf: &scratch, offset: normed_at, stride: (cin / 2) as u64 }, Mat { buf: &scratch, offset: normed_at + (pixels * cin / 2) as u64, stride: 1 });
-    let (two_pass, fused) = (poisoned(gpu, cout * out_pixels), poisoned(gpu, cout * out_pixels));
-    let want = run_and_read(gpu, &two_pass, cout * out_pixels, |enc| {
+    let normed_at = 2 * groups * s.height + 2 * groups;
+    let normed = |buf| HalfMat::rows(Mat { buf, offset: normed_at as u64, stride: (cin / 2) as u64 }, Mat { buf, offset: (normed_at + pixels * cin / 2) as u64, stride: 1 });
+    let mut passes = run_and_read(gpu, &scratch, elements, |enc| {
         group_moments(gpu, enc, Input::Half(stream), moments, shape)?;
         group_merge(gpu, enc, GroupStats { moments, stats, eps: 1e-6 }, shape.moments())?;
-        group_norm_nhwc_half(gpu, enc, Input::Half(stream), stats, affine, normed, shape)?;
-        conv2d_matrix_nhwc(gpu, enc, normed.into(), weights, NhwcOutput::F32 { y: Mat::new(&two_pass, cout as u64), residual: false }, s, input)
+        group_norm_nhwc_half(gpu, enc, Input::Half(stream), stats, affine, normed(&scratch), shape)
     });
-    let norm = NhwcNorm { stats, gamma: Weight::bf16(&gb), beta: Weight::bf16(&bb), groups: groups as u64, silu };
-    let got = run_and_read(gpu, &fused, cout * out_pixels, |enc| conv2d_matrix_nhwc(gpu, enc, NhwcSource { rows: stream, norm: Some(norm) }, weights, NhwcOutput::F32 { y: Mat::new(&fused, cout as u64), residual: false }, s, input));
+    if activation == NormActivation::Relu {
+        // Each f16 half with its sign bit set becomes zero.
+        for word in &mut passes[normed_at..normed_at + pixels * cin / 2] {
+            let bits = word.to_bits();
+            let keep = |half: u32| if half & 0x8000 != 0 { 0 } else { half };
+            *word = f32::from_bits(keep(bits & 0xffff) | keep(bits >> 16) << 16);
+        }
+    }
+    let passed = gpu.upload_f32("normalised rows", &passes);
+    let (two_pass, fused) = (poisoned(gpu, cout * out_pixels), poisoned(gpu, cout * out_pixels));
+    let want = run_and_read(gpu, &two_pass, cout * out_pixels, |enc| {
+        conv2d_matrix_nhwc(gpu, enc, normed(&passed).into(), weights, NhwcOutput::F32 { y: Mat::new(&two_pass, cout as u64), residual: false, relu: false }, s, input)
+    });
+    let norm = NhwcNorm { stats, gamma: Weight::bf16(&gb), beta: Weight::bf16(&bb), groups: groups as u64, activation };
+    let got = run_and_read(gpu, &fused, cout * out_pixels, |enc| conv2d_matrix_nhwc(gpu, enc, NhwcSource { rows: stream, norm: Some(norm) }, weights, NhwcOutput::F32 { y: Mat::new(&fused, cout as u64), residual: false, relu: false }, s, input));
     let largest = want.iter().fold(0f32, |m, v| m.max(v.abs()));
     let differ = got.iter().zip(&want).filter(|(a, b)| a != b).count();
     let worst = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
-    println!("{s:?} {input:?}, {groups} groups, silu {silu}: {differ} of {} outputs differ from the two passes', at most {worst:.2e} (largest {largest:.2e})", want.len());
-    assert!(worst <= largest * 2f32.powi(-20), "{s:?}: fused {worst:.3e} off the two passes' (largest {largest:.3e})");
+    println!("{s:?} {input:?}, {groups} groups, {activation:?}: {differ} of {} outputs differ from the passes', at most {worst:.2e} (largest {largest:.2e})", want.len());
+    assert!(worst <= largest * 2f32.powi(-20), "{s:?}, {activation:?}: fused {worst:.3e} off the passes' (largest {largest:.3e})");
 }
 
 #[test]
 fn the_channels_last_conv_normalises_its_input_as_the_group_norm_pass_would() {
     let Some(gpu) = f16_matrix_gpu() else { return };
-    check_normalised_input(&gpu, ConvShape::same(64, 32, 9, 11, 3), NhwcInput::Plain, 8, true, 90);
-    check_normalised_input(&gpu, ConvShape::same(32, 48, 7, 6, 3), NhwcInput::Plain, 4, false, 91);
+    check_normalised_input(&gpu, ConvShape::same(64, 32, 9, 11, 3), NhwcInput::Plain, 8, NormActivation::Silu, 90);
+    check_normalised_input(&gpu, ConvShape::same(32, 48, 7, 6, 3), NhwcInput::Plain, 4, NormActivation::None, 91);
     let upsampled = ConvShape { out_height: 10, out_width: 12, ..ConvShape::same(32, 16, 5, 6, 3) };
-    check_normalised_input(&gpu, upsampled, NhwcInput::Upsampled, 2, true, 92);
+    check_normalised_input(&gpu, upsampled, NhwcInput::Upsampled, 2, NormActivation::Silu, 92);
+    // A tiny decoder's global norm: 4 groups, ReLU after, into a 1×1 convolution.
+    check_normalised_input(&gpu, ConvShape::same(64, 16, 9, 7, 1), NhwcInput::Plain, 4, NormActivation::Relu, 97);
+    check_normalised_input(&gpu, ConvShape::same(32, 24, 6, 5, 3), NhwcInput::Plain, 4, NormActivation::Relu, 98);
 }
 
 /// A W packed into f16 under its rows' kept range scales where it reaches
@@ -309,7 +366,7 @@ fn a_packed_w_gives_the_bits_of_the_bf16_one() {
             let kept = crate::RowScales { buf: &row_scales, offset: 0, k: taps as u64, packed };
             let weights = NhwcWeights { w: Weight { scales: Some(kept), ..Weight::bf16(&wb) }, bias: Weight::bf16(&bb), order };
             let y = poisoned(&gpu, cout * pixels);
-            let out = run_and_read(&gpu, &y, cout * pixels, |enc| conv2d_matrix_nhwc(&gpu, enc, xh.into(), weights, NhwcOutput::F32 { y: Mat::new(&y, cout as u64), residual: false }, s, NhwcInput::Plain));
+            let out = run_and_read(&gpu, &y, cout * pixels, |enc| conv2d_matrix_nhwc(&gpu, enc, xh.into(), weights, NhwcOutput::F32 { y: Mat::new(&y, cout as u64), residual: false, relu: false }, s, NhwcInput::Plain));
             out.iter().map(|v| v.to_bits()).collect()
         };
         let (bf16, packed) = (run(false), run(true));
@@ -375,7 +432,7 @@ fn the_channels_last_conv_in_pieces_of_pixels_matches_the_oracle() {
     let mut recorded = Vec::new();
     let xh = HalfMat::rows(Mat::new(&x, 8), Mat { buf: &x, offset: pixels as u64 * 8, stride: 1 });
     let weights = NhwcWeights { w: Weight::bf16(&w), bias: Weight::bf16(&b), order: TapOrder::ChannelsLast };
-    let out = NhwcOutput::F32 { y: Mat::new(&y, 24), residual: false };
+    let out = NhwcOutput::F32 { y: Mat::new(&y, 24), residual: false, relu: false };
     conv2d_matrix_nhwc(&small, &mut recorded, xh.into(), weights, out, s, NhwcInput::Plain).unwrap_or_else(|e| panic!("{e}"));
     assert!(recorded.len() >= 7, "{} dispatches", recorded.len());
     check_nhwc_conv(&small, s, NhwcInput::Plain, true, 64);
@@ -392,7 +449,7 @@ fn the_channels_last_conv_refuses_what_it_cannot_take() {
     let mut sink = Vec::new();
     let weights = NhwcWeights { w: Weight::f32(&buf), bias: Weight::f32(&buf), order: TapOrder::Torch };
     // Taps past two zeros of padding; an output the taps of the input cannot make; a stride through the upsampling.
-    let out = NhwcOutput::F32 { y: Mat::new(&buf, 4), residual: false };
+    let out = NhwcOutput::F32 { y: Mat::new(&buf, 4), residual: false, relu: false };
     let padded = ConvShape { pad_top: 2, pad_left: 2, out_height: 6, out_width: 6, ..ConvShape::same(4, 4, 4, 4, 3) };
     assert!(conv2d_matrix_nhwc(&gpu, &mut sink, xh.into(), weights, out, padded, NhwcInput::Plain).is_err());
     let strided = ConvShape { stride: 2, out_height: 4, out_width: 4, ..ConvShape::same(4, 4, 4, 4, 3) };
@@ -404,9 +461,9 @@ fn the_channels_last_conv_refuses_what_it_cannot_take() {
     let tight = HalfMat::rows(Mat::new(&buf, 1), Mat::new(&buf, 1));
     assert!(conv2d_matrix_nhwc(&gpu, &mut sink, tight.into(), weights, out, odd, NhwcInput::Plain).is_err());
     // f16 outputs in pieces that do not divide the channels, or more than four a block.
-    let half = |piece: u64| NhwcOutput::Half { y: HalfMat::pieces(Mat::new(&buf, 2), Mat::new(&buf, 4 / piece), piece), residual: None };
+    let half = |piece: u64| NhwcOutput::Half { y: HalfMat::pieces(Mat::new(&buf, 2), Mat::new(&buf, 4 / piece), piece), residual: None, relu: false };
     assert!(conv2d_matrix_nhwc(&gpu, &mut sink, xh.into(), weights, half(3), ConvShape::same(4, 4, 4, 4, 3), NhwcInput::Plain).is_err());
-    let wide = |piece: u64| NhwcOutput::Half { y: HalfMat::pieces(Mat::new(&buf, 64), Mat::new(&buf, 128 / piece), piece), residual: None };
+    let wide = |piece: u64| NhwcOutput::Half { y: HalfMat::pieces(Mat::new(&buf, 64), Mat::new(&buf, 128 / piece), piece), residual: None, relu: false };
     assert!(conv2d_matrix_nhwc(&gpu, &mut sink, xh.into(), weights, wide(2), ConvShape::same(4, 128, 4, 4, 3), NhwcInput::Plain).is_err());
     assert!(sink.is_empty(), "nothing recorded for a refused convolution");
 }
@@ -460,10 +517,10 @@ fn check_quad_fetch(gpu: &Gpu, s: ConvShape, input: NhwcInput, case: QuadCase, s
     let groups = case.norm.map_or(1, |n| n.0);
     let stats: Vec<f32> = (0..groups).flat_map(|g| [if g == 0 { 30.0 } else { 0.1 * g as f32 }, 0.5 + 0.25 * g as f32]).collect();
     let (sb, gb, nb) = (gpu.upload_f32("stats", &stats), gpu.upload_bf16("gamma", &rng.bf16s(s.in_channels, 1.0)), gpu.upload_bf16("beta", &rng.bf16s(s.in_channels, 0.5)));
-    let norm = case.norm.map(|(groups, silu)| NhwcNorm { stats: Mat::new(&sb, 0), gamma: Weight::bf16(&gb), beta: Weight::bf16(&nb), groups: groups as u64, silu });
+    let norm = case.norm.map(|(groups, silu)| NhwcNorm { stats: Mat::new(&sb, 0), gamma: Weight::bf16(&gb), beta: Weight::bf16(&nb), groups: groups as u64, activation: if silu { NormActivation::Silu } else { NormActivation::None } });
     let run = || -> Vec<u32> {
         let y = poisoned(gpu, cout * out_pixels);
-        let out = run_and_read(gpu, &y, cout * out_pixels, |enc| conv2d_matrix_nhwc(gpu, enc, NhwcSource { rows, norm }, weights, NhwcOutput::F32 { y: Mat::new(&y, cout as u64), residual: false }, s, input));
+        let out = run_and_read(gpu, &y, cout * out_pixels, |enc| conv2d_matrix_nhwc(gpu, enc, NhwcSource { rows, norm }, weights, NhwcOutput::F32 { y: Mat::new(&y, cout as u64), residual: false, relu: false }, s, input));
         out.iter().map(|v| v.to_bits()).collect()
     };
     let (quads, elements) = (run(), with_element_fetch(run));

@@ -12,7 +12,7 @@
 
 use super::half_path::written_in_pieces;
 use super::{poisoned, run_and_read, worst_rel_l2, Check, Rng, HALF_PRODUCT, WORST_ROW};
-use crate::kernels::conv_nhwc::{conv2d_matrix_nhwc, NhwcInput, NhwcNorm, NhwcOutput, NhwcSource, NhwcWeights, TapOrder};
+use crate::kernels::conv_nhwc::{conv2d_matrix_nhwc, NhwcInput, NhwcNorm, NhwcOutput, NhwcSource, NhwcWeights, NormActivation, TapOrder};
 use crate::kernels::linear::{product_writes_pieces, MATRIX_BLOCK_TILES};
 use crate::range_rule::{pack_rows, unpack_rows};
 use crate::view::{HalfMat, Mat, Weight};
@@ -123,7 +123,7 @@ fn check_upsampled_onto_residual(gpu: &Gpu, s: ConvShape) -> Result<f64, GpuErro
     let (rw, rs) = (gpu.upload_u32("residual", &r_words), gpu.upload_f32("residual scales", &r_scales));
     let stored_shape = ConvShape { height: s.height / 2, width: s.width / 2, ..s };
     let got = written_in_pieces(gpu, [out_pixels, cout], PIECE, |enc, y| {
-        let output = NhwcOutput::Half { y, residual: Some(pieces(&rw, &rs, cout)) };
+        let output = NhwcOutput::Half { y, residual: Some(pieces(&rw, &rs, cout)), relu: false };
         conv2d_matrix_nhwc(gpu, enc, pieces(&xw, &xs, cin).into(), weights.nhwc(), output, stored_shape, NhwcInput::Upsampled)
     })?;
     Ok(worst_rel_l2(&got, &want, cout))
@@ -157,11 +157,11 @@ fn check_normalised_input(gpu: &Gpu, s: ConvShape) -> Result<f64, GpuError> {
     let want = weights.reference(&normalised, s);
     let (xw, xs) = (gpu.upload_u32("x", &x_words), gpu.upload_f32("x scales", &x_scales));
     let (sb, gb, bb) = (gpu.upload_f32("group stats", &stats), gpu.upload_bf16("gamma", &gamma), gpu.upload_bf16("beta", &beta));
-    let norm = NhwcNorm { stats: Mat { buf: &sb, offset: 0, stride: 0 }, gamma: Weight::bf16(&gb), beta: Weight::bf16(&bb), groups: GROUPS as u64, silu: true };
+    let norm = NhwcNorm { stats: Mat { buf: &sb, offset: 0, stride: 0 }, gamma: Weight::bf16(&gb), beta: Weight::bf16(&bb), groups: GROUPS as u64, activation: NormActivation::Silu };
     let yb = poisoned(gpu, pixels * cout);
     let got = run_and_read(gpu, &yb, pixels * cout, |enc| {
         let source = NhwcSource { rows: pieces(&xw, &xs, cin), norm: Some(norm) };
-        conv2d_matrix_nhwc(gpu, enc, source, weights.nhwc(), NhwcOutput::F32 { y: Mat::new(&yb, cout as u64), residual: false }, s, NhwcInput::Plain)
+        conv2d_matrix_nhwc(gpu, enc, source, weights.nhwc(), NhwcOutput::F32 { y: Mat::new(&yb, cout as u64), residual: false, relu: false }, s, NhwcInput::Plain)
     })?;
     Ok(worst_rel_l2(&got, &want, cout))
 }

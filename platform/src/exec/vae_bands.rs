@@ -72,7 +72,7 @@ impl BandRunner<'_> {
                 let g = Norm { gamma, beta, shape: *shape, silu: *silu };
                 self.group_norm_apply(store, [*src, (*stats).into()], *dst, g)
             }
-            Op::ConvNhwc { x, w, bias, y, shape, upsample, residual, norm } => self.conv_nhwc(store, [*x, *y], *residual, [w, bias], (*shape, norm.as_ref()), *upsample),
+            Op::ConvNhwc { x, w, bias, y, shape, upsample, residual, norm, relu } => self.conv_nhwc(store, [*x, *y], *residual, [w, bias], (*shape, norm.as_ref()), (*upsample, *relu)),
             &Op::HalfPack { src, dst, scales, tokens, heads, head_dim } => self.half_pack(store, [src, dst, scales], tokens, heads * head_dim),
             &Op::Residual { dst, y, rows, cols } => self.residual(store, [dst, y], rows, cols),
             Op::Linear { x, w, w_row: 0, bias, y, rows, cols, inner, gate: None } if x.is_half() => {
@@ -301,8 +301,8 @@ impl BandRunner<'_> {
     /// that a band's input is whole input rows with no zeros above. Into f32
     /// rows (onto their own values where there is a residual) or f16 rows
     /// in pieces (onto the residual's); its input normalised as read with
-    /// the whole image's statistics where `norm` says so.
-    fn conv_nhwc(&self, store: &mut dyn Activations, [x, y]: [Operand; 2], residual: Option<Operand>, [w, bias]: [&TensorName; 2], (s, norm): (ConvShape, Option<&InputNorm>), upsample: bool) -> Result<(), RunError> {
+    /// the whole image's statistics where `norm` says so; ReLU'd where `relu`.
+    fn conv_nhwc(&self, store: &mut dyn Activations, [x, y]: [Operand; 2], residual: Option<Operand>, [w, bias]: [&TensorName; 2], (s, norm): (ConvShape, Option<&InputNorm>), (upsample, relu): (bool, bool)) -> Result<(), RunError> {
         let (cin, cout, h, wd) = (s.in_channels as u64, s.out_channels as u64, s.height as u64, s.width as u64);
         let (out_h, out_w) = (s.out_height as u64, s.out_width as u64);
         let in_place = residual.is_some_and(|r| r == y);
@@ -338,7 +338,7 @@ impl BandRunner<'_> {
             };
             let out = [y0 * out_w, y1 * out_w];
             let shape = ConvShape { height: rows_in as usize, pad_top, out_height: (y1 - y0) as usize, ..s };
-            let op = |y: Operand, residual: Option<Operand>| Op::ConvNhwc { x: xs, w: w.clone(), bias: bias.clone(), y, shape, upsample, residual, norm: norm.clone() };
+            let op = |y: Operand, residual: Option<Operand>| Op::ConvNhwc { x: xs, w: w.clone(), bias: bias.clone(), y, shape, upsample, residual, norm: norm.clone(), relu };
             if y.is_half() {
                 let ys = half_like(arena.take(px_out * y.elements(cout))?, px_out, cout, y);
                 let rs = match residual {

@@ -250,12 +250,12 @@ impl Runner {
                 let then = kernels::ConvEpilogue { residual: *residual, relu: *relu };
                 kernels::conv2d_then(gpu, sink, self.mat(*x), w, bias, self.mat(*y), *shape, then)
             }
-            Op::ConvNhwc { x, w, bias, y, shape, upsample, residual, norm } => {
+            Op::ConvNhwc { x, w, bias, y, shape, upsample, residual, norm, relu } => {
                 let Some(rows) = self.half(*x) else {
                     return Err(GpuError::UnsupportedShape("a channels-last convolution reads f16 rows".into()));
                 };
                 let norm = match norm {
-                    Some(n) => Some(kernels::NhwcNorm { stats: self.mat(n.stats), gamma: weights.get(&n.gamma)?.view(), beta: weights.get(&n.beta)?.view(), groups: n.groups, silu: n.silu }),
+                    Some(n) => Some(kernels::NhwcNorm { stats: self.mat(n.stats), gamma: weights.get(&n.gamma)?.view(), beta: weights.get(&n.beta)?.view(), groups: n.groups, activation: n.activation }),
                     None => None,
                 };
                 let w = weights.get(w)?;
@@ -263,11 +263,11 @@ impl Runner {
                 let weights = kernels::NhwcWeights { w: w.view(), bias: weights.get(bias)?.view(), order };
                 let input = if *upsample { kernels::NhwcInput::Upsampled } else { kernels::NhwcInput::Plain };
                 let out = match (self.half(*y), residual.map(|r| (r, self.half(r)))) {
-                    (Some(y), None) => kernels::NhwcOutput::Half { y, residual: None },
-                    (Some(y), Some((_, Some(r)))) => kernels::NhwcOutput::Half { y, residual: Some(r) },
+                    (Some(y), None) => kernels::NhwcOutput::Half { y, residual: None, relu: *relu },
+                    (Some(y), Some((_, Some(r)))) => kernels::NhwcOutput::Half { y, residual: Some(r), relu: *relu },
                     (Some(_), Some((_, None))) => return Err(GpuError::UnsupportedShape("a channels-last convolution into f16 rows adds f16 rows".into())),
-                    (None, None) => kernels::NhwcOutput::F32 { y: self.mat(y.data), residual: false },
-                    (None, Some((r, _))) if r == *y => kernels::NhwcOutput::F32 { y: self.mat(y.data), residual: true },
+                    (None, None) => kernels::NhwcOutput::F32 { y: self.mat(y.data), residual: false, relu: *relu },
+                    (None, Some((r, _))) if r == *y => kernels::NhwcOutput::F32 { y: self.mat(y.data), residual: true, relu: *relu },
                     (None, Some(_)) => return Err(GpuError::UnsupportedShape("a channels-last convolution into f32 rows adds only onto them".into())),
                 };
                 kernels::conv2d_matrix_nhwc(gpu, sink, kernels::NhwcSource { rows, norm }, weights, out, *shape, input)
