@@ -172,7 +172,8 @@ rerun FLUX_LITE_BACKEND=gl "$selftest" --test-threads=1
 # (ci/lavapipe-sid.sh, kept under /opt), where a missing tier fails them;
 # with them the matrix tier's golden PNGs (the f16 tier's ran on Mesa 22
 # above; a GGUF model's on both, and its transformer in blocks against its
-# weights expanded at load), the stage tests on both half tiers, auto's
+# weights expanded at load), the stage tests and the tiny preview decoders
+# on both half tiers, auto's
 # choice and fallback, bench kernels' matrix rows and tier table, and
 # flux-lite selftest on all three tiers.
 phase "on Mesa 26's lavapipe: the kernel tests Mesa 22 skipped, the matrix tier's golden PNGs, the stages, auto and bench kernels on the f16 and matrix tiers"
@@ -189,6 +190,7 @@ fi
 bench="$(test_binary flux-lite-cli test bench)"
 cli="$(test_binary flux-lite-cli test cli)"
 stages="$(test_binary flux-lite-tests test half_tiers)"
+previews="$(test_binary flux-lite-tests test previews)"
 quantized="$(test_binary flux-lite-cli test gguf)"
 quantized_stages="$(test_binary flux-lite-tests test gguf)"
 # The kernel tests the run above skipped (a `skipped:` line: the matrix
@@ -208,6 +210,7 @@ rerun FLUX_LITE_REQUIRE_MATRIX=1 --sid "$pngs" matrix_tier_reproduces
 rerun FLUX_LITE_REQUIRE_MATRIX=1 --sid "$bench" matrix tiers
 rerun FLUX_LITE_REQUIRE_MATRIX=1 --sid "$cli" tier the_gpu_variant_scripts
 rerun FLUX_LITE_REQUIRE_MATRIX=1 --sid "$stages"
+rerun FLUX_LITE_REQUIRE_MATRIX=1 --sid "$previews" half_tiers
 rerun FLUX_LITE_REQUIRE_MATRIX=1 --sid "$quantized" half_tiers
 rerun FLUX_LITE_REQUIRE_MATRIX=1 --sid "$quantized_stages" matrix_tier
 rerun FLUX_LITE_REQUIRE_MATRIX=1 --sid "$selftest"

@@ -89,6 +89,14 @@ pub mod other_tiers {
     /// 3.4e-4 (tokens) on f16 (Mesa 26), 8.7e-4 – 1.1e-3 and 4.0e-4 –
     /// 5.1e-4 on the matrix tier's channels-last encoder (2026-12-02).
     pub const VAE_ENCODER_MEAN: f64 = 2e-3;
+    /// A tiny preview decoder's output vs diffusers' `AutoencoderTiny` and
+    /// `taesd.py`'s modules, whole and by bands: measured 1.34e-4 – 1.53e-4
+    /// on f16 and 1.52e-4 – 1.95e-4 on the matrix tier's channels-last
+    /// decoder (Mesa 26.2.6, 2026-12-04).
+    pub const TINY_DECODED: f64 = 5e-4;
+    /// Its 8-bit levels against the reference's rounded: measured at most 1
+    /// off on both (the same runs), as the f32 tier's test holds them.
+    pub const TINY_LEVELS: u8 = 1;
 }
 
 /// The half-K/V layout (the transformer's keys and values kept in f16

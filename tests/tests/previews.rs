@@ -112,6 +112,26 @@ fn previews_off_add_no_work_and_on_add_one_readback_each() {
 /// scratch file or on the device, within the same bounds.
 #[test]
 fn the_tiny_decoders_decode_as_their_references() {
+    tiny_decodes(flux_lite_tests::gpu(), flux_lite_tests::tolerance::f32::TINY_DECODED, 1);
+}
+
+/// The same on the half tiers (on the matrix tier's f16 tiles, the
+/// channels-last program: f16 activations, every ReLU in a convolution's
+/// epilogue, the global norm read by its convolution), within the bound
+/// `other_tiers` states; by bands bit for bit what the whole decode gives.
+#[test]
+fn the_tiny_decoders_decode_as_their_references_on_the_half_tiers() {
+    use flux_lite_platform::Precision;
+    use flux_lite_tests::tolerance::other_tiers;
+    for gpu in [Precision::F16, Precision::Matrix].into_iter().filter_map(flux_lite_tests::tier_gpu) {
+        tiny_decodes(&gpu, other_tiers::TINY_DECODED, other_tiers::TINY_LEVELS);
+    }
+}
+
+/// Each golden tiny decoder's decode on `gpu`, whole and by bands, within
+/// `bound` (relative L2 of the values) and `levels` of the reference's
+/// 8-bit levels; a banded decode gives the whole one's values bit for bit.
+fn tiny_decodes(gpu: &flux_lite_platform::Gpu, bound: f64, levels: u8) {
     use flux_lite_platform::components::tiny_decoder::{TinyDecoder, TinyDecoderFile};
     use flux_lite_platform::exec::activations::Bands;
     use flux_lite_platform::model::Component;
@@ -123,22 +143,30 @@ fn the_tiny_decoders_decode_as_their_references() {
     let vae_store = model.weights(Component::Vae).unwrap();
     let latents = f32s("latents");
     let (width, height) = (20, 12);
-    let layouts = [Bands::Whole, Bands::OnHost { tile: 8 }, Bands::OnDevice { tile: 8 }];
-    for ((case, file), bands) in [("diffusers", "diffusers.safetensors"), ("taesd", "taesd.safetensors")].into_iter().flat_map(|c| layouts.map(|t| (c, t))) {
+    let tier = gpu.precision().name();
+    for (case, file) in [("diffusers", "diffusers.safetensors"), ("taesd", "taesd.safetensors")] {
         let decoder = TinyDecoderFile::open(&dir.join(file)).unwrap_or_else(|e| panic!("{case}: {e}"));
-        let tiny = TinyDecoder::new(flux_lite_tests::gpu(), &decoder, &model.vae, &vae_store, width, height, bands).unwrap_or_else(|e| panic!("{case}: {e}"));
-        assert_eq!((tiny.size(), tiny.is_banded()), ((width, height), bands != Bands::Whole));
-        let label = format!("{case}, {bands:?}");
-        let (decoded, rgb) = tiny.decode(flux_lite_tests::gpu(), &latents, true).unwrap();
-        let (decoded, want) = (decoded.unwrap(), f32s(case));
-        let (err, at) = flux_lite_tests::rel_l2(&decoded, &want);
-        println!("{label}: decoded relative L2 {err:.2e}, worst element {at}: got {} want {}", decoded[at], want[at]);
-        assert!(err <= flux_lite_tests::tolerance::f32::TINY_DECODED, "{label}: relative L2 {err:.3e}");
-        // The levels as diffusers' post-processing rounds the reference's values.
-        let pixels = width * height;
-        let level = |v: f32| ((v as f64 * 0.5 + 0.5).clamp(0.0, 1.0) * 255.0).round() as u8;
-        let worst = (0..pixels).flat_map(|i| (0..3).map(move |c| (i, c))).map(|(i, c)| rgb[3 * i + c].abs_diff(level(want[c * pixels + i]))).max().unwrap();
-        assert!(worst <= 1, "{label}: a level {worst} off");
+        let mut whole: Option<Vec<f32>> = None;
+        for bands in [Bands::Whole, Bands::OnHost { tile: 8 }, Bands::OnDevice { tile: 8 }] {
+            let tiny = TinyDecoder::new(gpu, &decoder, &model.vae, &vae_store, width, height, bands).unwrap_or_else(|e| panic!("{case}: {e}"));
+            assert_eq!((tiny.size(), tiny.is_banded()), ((width, height), bands != Bands::Whole));
+            assert_eq!(tiny.is_channels_last(), flux_lite_tests::has_f16_tiles(gpu), "{tier}: channels-last on the matrix tier's f16 tiles only");
+            let label = format!("{tier}, {case}, {bands:?}");
+            let (decoded, rgb) = tiny.decode(gpu, &latents, true).unwrap();
+            let (decoded, want) = (decoded.unwrap(), f32s(case));
+            let (err, at) = flux_lite_tests::rel_l2(&decoded, &want);
+            // The levels as diffusers' post-processing rounds the reference's values.
+            let pixels = width * height;
+            let level = |v: f32| ((v as f64 * 0.5 + 0.5).clamp(0.0, 1.0) * 255.0).round() as u8;
+            let worst = (0..pixels).flat_map(|i| (0..3).map(move |c| (i, c))).map(|(i, c)| rgb[3 * i + c].abs_diff(level(want[c * pixels + i]))).max().unwrap();
+            println!("{label}: decoded relative L2 {err:.2e}, worst element {at}: got {} want {}; levels at most {worst} off", decoded[at], want[at]);
+            assert!(err <= bound, "{label}: relative L2 {err:.3e}");
+            assert!(worst <= levels, "{label}: a level {worst} off");
+            match &whole {
+                None => whole = Some(decoded),
+                Some(w) => flux_lite_tests::assert_same_bits(&format!("{label} vs whole"), &decoded, w),
+            }
+        }
     }
 }
 

@@ -5,6 +5,7 @@ pub mod group_norm;
 pub mod tensors;
 pub mod text_encoder;
 pub mod tiny_decoder;
+pub mod tiny_decoder_nhwc;
 pub mod transformer;
 pub mod vae;
 pub mod vae_encoder;

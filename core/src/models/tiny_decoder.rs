@@ -21,7 +21,7 @@ use crate::arena::{ArenaError, BumpArena};
 use crate::ir::{name, GroupShape, Op, Span, ALIGN, F32};
 use crate::models::group_norm::{group_norm, NormScratch};
 use crate::models::tensors::TensorName;
-use crate::models::vae::{denorm_unpatchify, prefix, rows, same, whole_tokens};
+use crate::models::vae::{denorm_unpatchify, half_elements, prefix, rows, same, whole_tokens};
 use core::fmt;
 
 /// Modules a decoder's `nn.Sequential` may number (TAESD's largest has 26).
@@ -282,6 +282,16 @@ impl TinyDecoderConfig {
         Ok(Self { layout: KeyLayout::Taesd, latent_channels, stages })
     }
 
+    /// TAEF2's shape for a VAE of `latent_channels` and `scale` pixels a
+    /// latent cell (a power of two): three blocks a level and one at full
+    /// size, 64 channels, global norms in the first level (`taesd.py`'s
+    /// decoder; FLUX.2's VAE: 32 channels at 8×).
+    pub fn taef2_shape(latent_channels: u64, scale: u64) -> Result<Self, TinyDecoderError> {
+        let mut blocks: heapless::Vec<u64, 16> = core::iter::repeat_n(3, scale.trailing_zeros().min(15) as usize).collect();
+        let _ = blocks.push(1);
+        Self::taesd_shape(latent_channels, 64, &blocks, true)
+    }
+
     /// Pixels per latent cell: 2 to the number of upsamplings.
     pub fn scale(&self) -> u64 {
         1 << self.stages.iter().filter(|s| matches!(s, Stage::Upsample { .. })).count()
@@ -337,8 +347,27 @@ impl TinyDecoderConfig {
     /// latent of `p0` cells holds (the latent, every stage's output and
     /// intermediates, the RGB output).
     pub fn largest_activation(&self, p0: u64) -> u64 {
-        let mut pixels = p0;
         let mut most = self.latent_channels * p0;
+        self.each_activation(p0, |pixels, channels| most = most.max(channels * pixels));
+        most
+    }
+
+    /// The same on the channels-last path ([`super::tiny_decoder_nhwc`]):
+    /// the latent's f32 rows, or an activation's f16 rows with their scales.
+    pub fn largest_channels_last(&self, p0: u64) -> u64 {
+        let mut most = (self.latent_channels * p0).max(half_elements(p0, self.latent_channels));
+        self.each_activation(p0, |pixels, channels| most = most.max(half_elements(pixels, channels)));
+        most
+    }
+
+    /// Bytes of the largest binding of a decode of `p0` latent cells: one activation buffer.
+    pub fn largest_binding(&self, p0: u64, channels_last: bool) -> u64 {
+        F32 * if channels_last { self.largest_channels_last(p0) } else { self.largest_activation(p0) }
+    }
+
+    /// Each activation's pixels and its widest channels, stage by stage.
+    fn each_activation(&self, p0: u64, mut visit: impl FnMut(u64, u64)) {
+        let mut pixels = p0;
         for stage in &self.stages {
             let widest = match *stage {
                 Stage::ConvIn { out, .. } => out,
@@ -349,9 +378,8 @@ impl TinyDecoderConfig {
                 }
                 Stage::ConvOut { channels_in, .. } => channels_in.max(3),
             };
-            most = most.max(widest * pixels);
+            visit(pixels, widest);
         }
-        most
     }
 }
 
@@ -382,6 +410,9 @@ pub struct TinyDecoderLayout {
     pub latent_h: u64,
     pub latent_w: u64,
     pub bn_eps: f32,
+    /// Activations channels-last and f16 ([`super::tiny_decoder_nhwc`]: the
+    /// matrix tier's data path), else channel-major f32 ([`decode`]).
+    pub channels_last: bool,
     /// Input written by the host: packed latents `[tokens, 4·latent_channels]`.
     pub packed: Span,
     /// The de-normalised, unpatchified latent `[latent_channels, h·w]`.
@@ -392,17 +423,20 @@ pub struct TinyDecoderLayout {
     pub t2: Span,
     /// The GroupNorms' statistics.
     pub norm: NormScratch,
+    /// The decoded image and its levels (channel-major: `t1` and `t2`).
+    out: [Span; 2],
 }
 
 impl TinyDecoderLayout {
-    /// Lays out the decode of a `latent_h × latent_w` latent in `arena`;
-    /// `bn_eps` is the VAE's BatchNorm epsilon (its statistics de-normalise the latents).
-    pub fn new(config: &TinyDecoderConfig, latent_h: u64, latent_w: u64, bn_eps: f32, arena: &mut BumpArena) -> Result<Self, TinyDecoderError> {
+    /// Lays out the decode of a `latent_h × latent_w` latent in `arena`,
+    /// channels-last where `channels_last`; `bn_eps` is the VAE's BatchNorm
+    /// epsilon (its statistics de-normalise the latents).
+    pub fn new(config: &TinyDecoderConfig, latent_h: u64, latent_w: u64, bn_eps: f32, channels_last: bool, arena: &mut BumpArena) -> Result<Self, TinyDecoderError> {
         if !whole_tokens(latent_h, latent_w) {
             return Err(TinyDecoderError::Size("the latent must have an even, non-zero height and width"));
         }
         let p0 = latent_h.checked_mul(latent_w).ok_or(TinyDecoderError::Size("the latent is too large"))?;
-        let largest = config.largest_activation(p0);
+        let largest = config.largest_binding(p0, channels_last) / F32;
         let mut take = |elems: u64| -> Result<Span, TinyDecoderError> {
             let bytes = elems.checked_mul(F32).ok_or(TinyDecoderError::Size("the image is too large"))?;
             Ok(Span::new(arena.alloc(bytes, ALIGN)?.offset / F32, 0))
@@ -412,7 +446,10 @@ impl TinyDecoderLayout {
         let latent = take(p0 * lc)?;
         let (x, t1, t2) = (take(largest)?, take(largest)?, take(largest)?);
         let norm = NormScratch::at(take(NormScratch::elements(POOL_GROUPS, latent_h * config.scale()))?, POOL_GROUPS);
-        Ok(Self { config: config.clone(), latent_h, latent_w, bn_eps, packed: Span::new(packed.offset, 4 * lc), latent, x, t1, t2, norm })
+        // Channels-last, the stream ends where its last stage leaves it: the image and its levels take their own.
+        let image = 3 * p0 * config.scale() * config.scale();
+        let out = if channels_last { [take(image)?, take(image)?] } else { [t1, t2] };
+        Ok(Self { config: config.clone(), latent_h, latent_w, bn_eps, channels_last, packed: Span::new(packed.offset, 4 * lc), latent, x, t1, t2, norm, out })
     }
 
     /// Output size in pixels (height, width).
@@ -421,13 +458,15 @@ impl TinyDecoderLayout {
         (self.latent_h * s, self.latent_w * s)
     }
 
-    /// Where the decoded image `[3, H·W]` (in [-1, 1], as the VAE's) lands, and its 8-bit levels.
+    /// Where the decoded image (in [-1, 1], as the VAE's) lands: `[3, H·W]`,
+    /// or `[H·W, 3]` rows channels-last.
     pub fn decoded(&self) -> Span {
-        self.t1
+        self.out[0]
     }
 
+    /// Its 8-bit levels: planar, or interleaved RGB channels-last.
     pub fn levels(&self) -> Span {
-        self.t2
+        self.out[1]
     }
 
     /// Elements of the decoded image.
@@ -437,18 +476,19 @@ impl TinyDecoderLayout {
     }
 }
 
-/// Bytes of the arena that decodes a `latent_h × latent_w` latent in one pass.
-pub fn arena_bytes(config: &TinyDecoderConfig, latent_h: u64, latent_w: u64) -> Result<u64, TinyDecoderError> {
+/// Bytes of the arena that decodes a `latent_h × latent_w` latent in one
+/// pass (channels-last where `channels_last`).
+pub fn arena_bytes(config: &TinyDecoderConfig, latent_h: u64, latent_w: u64, channels_last: bool) -> Result<u64, TinyDecoderError> {
     let mut arena = BumpArena::new(u64::MAX);
-    TinyDecoderLayout::new(config, latent_h, latent_w, 0.0, &mut arena)?;
+    TinyDecoderLayout::new(config, latent_h, latent_w, 0.0, channels_last, &mut arena)?;
     Ok(arena.high_water())
 }
 
 /// Steps of the decode program (the same at every size).
-pub fn steps(config: &TinyDecoderConfig) -> u64 {
+pub fn steps(config: &TinyDecoderConfig, channels_last: bool) -> u64 {
     let mut steps = 0;
-    if let Ok(layout) = TinyDecoderLayout::new(config, 2, 2, 0.0, &mut BumpArena::new(u64::MAX)) {
-        decode(&layout, |_| steps += 1);
+    if let Ok(layout) = TinyDecoderLayout::new(config, 2, 2, 0.0, channels_last, &mut BumpArena::new(u64::MAX)) {
+        super::tiny_decoder_nhwc::decode_whole(&layout, |_| steps += 1);
     }
     steps
 }
@@ -456,18 +496,18 @@ pub fn steps(config: &TinyDecoderConfig) -> u64 {
 /// f32 elements of band operands when the decoder has the device memory
 /// of a one-pass decode of a `tile × tile`-cell latent, within one binding
 /// of `max_binding` bytes (as the VAE's bands, [`crate::models::vae::band_capacity`]).
-pub fn band_capacity(config: &TinyDecoderConfig, tile: u64, max_binding: u64) -> Result<u64, TinyDecoderError> {
-    Ok(arena_bytes(config, tile, tile)?.min(max_binding) / 4)
+pub fn band_capacity(config: &TinyDecoderConfig, tile: u64, max_binding: u64, channels_last: bool) -> Result<u64, TinyDecoderError> {
+    Ok(arena_bytes(config, tile, tile, channels_last)?.min(max_binding) / 4)
 }
 
 /// The fewest f32 elements a band must hold for a banded decode of a
 /// `latent_h × latent_w` latent: one output row of its widest convolution.
-pub fn band_minimum(config: &TinyDecoderConfig, latent_h: u64, latent_w: u64) -> Result<u64, TinyDecoderError> {
-    let layout = TinyDecoderLayout::new(config, latent_h, latent_w, 0.0, &mut BumpArena::new(u64::MAX))?;
-    Ok(crate::models::vae::band_minimum(|emit| decode(&layout, emit)))
+pub fn band_minimum(config: &TinyDecoderConfig, latent_h: u64, latent_w: u64, channels_last: bool) -> Result<u64, TinyDecoderError> {
+    let layout = TinyDecoderLayout::new(config, latent_h, latent_w, 0.0, channels_last, &mut BumpArena::new(u64::MAX))?;
+    Ok(crate::models::vae::band_minimum(|emit| super::tiny_decoder_nhwc::decode_whole(&layout, emit)))
 }
 
-/// The decode: packed latents to the image's 8-bit levels, as the VAE's
+/// The channel-major decode: packed latents to the image's 8-bit levels, as the VAE's
 /// decode ends. The BatchNorm statistics are named as the VAE's
 /// (`bn.running_mean`, `bn.running_var`): the runner supplies them.
 pub fn decode(l: &TinyDecoderLayout, mut emit: impl FnMut(Op)) {
@@ -526,84 +566,5 @@ pub fn decode(l: &TinyDecoderLayout, mut emit: impl FnMut(Op)) {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// diffusers' `AutoencoderTiny` decoder tensors with 2 latent channels,
-    /// widths (8, 8), blocks (2, 1): conv, ReLU, 2 blocks, upsample, conv, 1 block, conv out
-    /// (modules 0 to 7).
-    fn diffusers_names() -> heapless::Vec<(heapless::String<64>, heapless::Vec<usize, 4>), 64> {
-        let mut v = heapless::Vec::new();
-        let mut add = |n: &str, s: &[usize]| {
-            let _ = v.push((heapless::String::try_from(n).unwrap_or_default(), heapless::Vec::from_slice(s).unwrap_or_default()));
-        };
-        add("decoder.layers.0.weight", &[8, 2, 3, 3]);
-        add("decoder.layers.0.bias", &[8]);
-        for m in [2, 3, 6] {
-            for k in [0, 2, 4] {
-                add(&format_name(m, k, "weight"), &[8, 8, 3, 3]);
-                add(&format_name(m, k, "bias"), &[8]);
-            }
-        }
-        add("decoder.layers.5.weight", &[8, 8, 3, 3]);
-        add("decoder.layers.7.weight", &[3, 8, 3, 3]);
-        add("decoder.layers.7.bias", &[3]);
-        add("encoder.layers.0.weight", &[8, 3, 3, 3]);
-        v
-    }
-
-    fn format_name(m: u32, k: u32, what: &str) -> heapless::String<64> {
-        let mut s = heapless::String::new();
-        let _ = fmt::Write::write_fmt(&mut s, format_args!("decoder.layers.{m}.conv.{k}.{what}"));
-        s
-    }
-
-    fn parse(names: &[(heapless::String<64>, heapless::Vec<usize, 4>)]) -> Result<TinyDecoderConfig, TinyDecoderError> {
-        TinyDecoderConfig::from_tensors(names.iter().map(|(n, s)| (n.as_str(), s.as_slice())))
-    }
-
-    #[test]
-    fn the_structure_comes_from_the_names() {
-        let cfg = parse(&diffusers_names()).unwrap();
-        assert_eq!(cfg.layout, KeyLayout::Diffusers);
-        assert_eq!(cfg.latent_channels, 2);
-        assert_eq!(cfg.scale(), 2);
-        let kinds: heapless::Vec<u16, 8> = cfg.stages.iter().map(|s| match s {
-            Stage::ConvIn { module, .. } | Stage::Block { module, .. } | Stage::Upsample { module, .. } | Stage::ConvOut { module, .. } => *module,
-        }).collect();
-        assert_eq!(kinds.as_slice(), &[0, 2, 3, 5, 6, 7]);
-        assert!(matches!(cfg.stages[3], Stage::Upsample { channels_in: 8, out: 8, .. }));
-        // At a 4×6 latent: 8 channels at 8×12 is the widest.
-        assert_eq!(cfg.largest_activation(24), 8 * 96);
-    }
-
-    #[test]
-    fn a_missing_upsampling_gap_or_a_wrong_bias_is_named() {
-        let mut names = diffusers_names();
-        // The bias of the upsampling convolution makes it a convolution to RGB in the middle.
-        let _ = names.push((heapless::String::try_from("decoder.layers.5.bias").unwrap_or_default(), heapless::Vec::from_slice(&[8]).unwrap_or_default()));
-        let err = parse(&names).unwrap_err();
-        assert_eq!(err, TinyDecoderError::Structure(5, "the last convolution should follow a block directly and give 3 channels"));
-        let mut names = diffusers_names();
-        let at = names.iter().position(|(n, _)| n.as_str() == "decoder.layers.7.bias").unwrap();
-        names[at].1 = heapless::Vec::from_slice(&[4]).unwrap_or_default();
-        let err = parse(&names).unwrap_err();
-        assert!(matches!(err, TinyDecoderError::Shape(ref n, _) if n.as_str() == "decoder.layers.7.bias"), "{err:?}");
-        assert_eq!(parse(&[]).unwrap_err(), TinyDecoderError::NoDecoder);
-    }
-
-    #[test]
-    fn the_program_ends_in_levels_of_the_image_size() {
-        let cfg = parse(&diffusers_names()).unwrap();
-        let l = TinyDecoderLayout::new(&cfg, 4, 6, 1e-4, &mut BumpArena::new(u64::MAX)).unwrap();
-        assert_eq!(l.image_size(), (8, 12));
-        let mut last = None;
-        let mut convs = 0;
-        decode(&l, |op| {
-            convs += matches!(op, Op::Conv2d { .. }) as u32;
-            last = Some(op);
-        });
-        assert_eq!(convs, 1 + 3 * 3 + 1 + 1);
-        assert_eq!(last, Some(Op::PixelLevels { src: l.decoded(), dst: l.levels(), count: 3 * 8 * 12 }));
-    }
-}
+#[path = "tiny_decoder_tests.rs"]
+mod tests;

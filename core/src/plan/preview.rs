@@ -36,7 +36,8 @@ pub const MAX_PREVIEW_LAYOUTS: usize = 64;
 /// Preview layouts, fastest first.
 pub type PreviewLayouts = heapless::Vec<PreviewLayout, MAX_PREVIEW_LAYOUTS>;
 
-/// Every layout of a `width × height` preview decode, fastest first:
+/// Every layout of a `width × height` preview decode (channels-last where
+/// the device's products take f16 inputs), fastest first:
 /// whole when the adapter can bind it (and no tile is forced, or the
 /// forced one covers the image); else by bands of the largest binding with
 /// the activations on the device (no tile forced); then with them on the
@@ -56,22 +57,23 @@ pub fn preview_layouts(cfg: &TinyDecoderConfig, width: u64, height: u64, weights
     }
     let (lat_h, lat_w) = (height / scale, width / scale);
     let pixels = width * height;
-    let steps = tiny::steps(cfg);
+    let nhwc = limits.half_operands;
+    let steps = tiny::steps(cfg, nhwc);
     let mut layouts = PreviewLayouts::new();
     let covers = forced.is_none_or(|t| t >= width.max(height));
-    let whole_arena = tiny::arena_bytes(cfg, lat_h, lat_w).map_err(|_| too_large)?;
-    let binding = 4 * cfg.largest_activation(lat_h * lat_w);
+    let whole_arena = tiny::arena_bytes(cfg, lat_h, lat_w, nhwc).map_err(|_| too_large)?;
+    let binding = cfg.largest_binding(lat_h * lat_w, nhwc);
     if covers && whole_arena <= limits.max_buffer && binding <= limits.max_binding {
         // The levels come back as f32 through a staging buffer, then become RGB on the host.
         let levels = 4 * 3 * pixels;
         let _ = layouts.push(PreviewLayout { tile: None, on_device: true, device: weights + whole_arena + levels + overhead(steps), host: levels + 3 * pixels });
     }
-    let row = tiny::band_minimum(cfg, lat_h, lat_w).map_err(|_| too_large)?;
+    let row = tiny::band_minimum(cfg, lat_h, lat_w, nhwc).map_err(|_| too_large)?;
     if layouts.is_empty() && forced.is_none() {
         // The image's activations in buffers no kernel binds, bands of the
         // binding's size between them; the levels come back as whole ones do.
         let side = width.max(height);
-        let capacity = tiny::band_capacity(cfg, side / scale, limits.max_binding).map_err(|_| too_large)?;
+        let capacity = tiny::band_capacity(cfg, side / scale, limits.max_binding, nhwc).map_err(|_| too_large)?;
         let arena = band_arena_bytes(capacity);
         if capacity >= row && arena <= limits.max_buffer {
             let levels = 4 * 3 * pixels;
@@ -87,7 +89,7 @@ pub fn preview_layouts(cfg: &TinyDecoderConfig, width: u64, height: u64, weights
     };
     let mut smallest_band = None;
     for tile in tiles {
-        let Ok(capacity) = tiny::band_capacity(cfg, tile / scale, limits.max_binding) else { continue };
+        let Ok(capacity) = tiny::band_capacity(cfg, tile / scale, limits.max_binding, nhwc) else { continue };
         smallest_band = Some(capacity);
         let arena = band_arena_bytes(capacity);
         // Each band's operands and results go through a staging buffer of at

@@ -7,9 +7,11 @@
 //! the same program run op by op over bands of rows
 //! ([`crate::exec::vae_bands`], as the VAE decodes a large image) in an
 //! arena fixed by the tile, the whole image's activations kept on the
-//! device where the budget holds them, else in a host scratch file.
+//! device where the budget holds them, else in a host scratch file. Where
+//! the device's products take f16 inputs (the matrix tier) the program is
+//! the channels-last one (`tiny_decoder_nhwc`), as the VAE's decode there.
 
-use crate::components::vae::{arena_runner, upload_checked};
+use crate::components::vae::{arena_runner, pack_products, planar, upload_checked};
 use crate::error::RunError;
 use crate::model::safetensors_store::{TensorRef, WeightStore};
 use crate::exec::device_weights::{DeviceWeight, DeviceWeights};
@@ -18,6 +20,7 @@ use crate::exec::activations::{Activations, BandActivations, Bands};
 use crate::exec::vae_bands::BandRunner;
 use flux_lite_core::config::VaeConfig;
 use flux_lite_core::models::tiny_decoder::{self as program, TinyDecoderLayout};
+use flux_lite_core::models::tiny_decoder_nhwc::decode_whole;
 use flux_lite_core::models::vae::band_arena_bytes;
 use flux_lite_core::BumpArena;
 use flux_lite_kernels::{Dispatch, Gpu};
@@ -72,6 +75,7 @@ impl TinyDecoder {
         let (lat_h, lat_w) = file.latent(vae, width, height);
         let side = width.max(height) as u64;
         let banded = bands.banded(side);
+        let channels_last = gpu.plan_limits().half_operands;
         if banded.is_none() {
             // Checked by the plan's layouts; here for a caller without a plan.
             file.layouts(width, height, 0, gpu.plan_limits(), None)?.first().filter(|l| l.tile.is_none()).ok_or_else(|| {
@@ -79,17 +83,19 @@ impl TinyDecoder {
             })?;
         }
         let mut arena = BumpArena::new(u64::MAX);
-        let layout = TinyDecoderLayout::new(&file.config, lat_h, lat_w, vae.batch_norm_eps as f32, &mut arena).map_err(plan_error)?;
+        let layout = TinyDecoderLayout::new(&file.config, lat_h, lat_w, vae.batch_norm_eps as f32, channels_last, &mut arena).map_err(plan_error)?;
         let (bytes, capacity) = match banded {
             None => (arena.high_water(), 0),
             Some((t, _)) => {
-                let capacity = program::band_capacity(&file.config, t / file.config.scale(), gpu.max_binding()).map_err(plan_error)?;
+                let capacity = program::band_capacity(&file.config, t / file.config.scale(), gpu.max_binding(), channels_last).map_err(plan_error)?;
                 (band_arena_bytes(capacity), capacity)
             }
         };
         let runner = arena_runner(gpu, "preview decoder activations", bytes);
         gpu.check_faults()?;
         let mut weights = upload_checked(gpu, vae_store, &crate::components::vae::specs_under(vae, &["bn.running_"]))?;
+        // Channels-last, each 3×3 W's taps in the order A runs in (`DeviceWeight::upload_taps_last`).
+        let upload = if channels_last { DeviceWeight::upload_taps_last } else { DeviceWeight::upload };
         let mut missing = None;
         file.config.tensors(|t| {
             if missing.is_some() {
@@ -100,7 +106,7 @@ impl TinyDecoder {
                 let shape = [zeros.len() / 4];
                 DeviceWeight::upload(gpu, "preview decoder", &t.name, TensorRef { dtype: safetensors::Dtype::F32, shape: &shape, bytes: &zeros })
             } else {
-                file.store.tensor(&t.name).and_then(|r| DeviceWeight::upload(gpu, "preview decoder", &t.name, r))
+                file.store.tensor(&t.name).and_then(|r| upload(gpu, "preview decoder", &t.name, r))
             };
             match uploaded {
                 Ok(w) => weights.insert(&t.name, w),
@@ -111,16 +117,19 @@ impl TinyDecoder {
             return Err(e.into());
         }
         weights.keep_row_scales(gpu, &file.product_rows())?;
+        if channels_last {
+            pack_products(gpu, &mut weights, &collect_ops(|emit| decode_whole(&layout, emit)))?;
+        }
         let mode = match banded {
             None => {
                 let mut dispatches = Vec::new();
-                for op in collect_ops(|emit| program::decode(&layout, emit)) {
+                for op in collect_ops(|emit| decode_whole(&layout, emit)) {
                     runner.record(gpu, &mut dispatches, &weights, &op)?;
                 }
                 Mode::Whole { dispatches }
             }
             Some((_, on_device)) => {
-                let elements = program::arena_bytes(&file.config, lat_h, lat_w).map_err(plan_error)? / 4;
+                let elements = program::arena_bytes(&file.config, lat_h, lat_w, channels_last).map_err(plan_error)? / 4;
                 Mode::Banded { capacity, activations: BandActivations::new(gpu, elements, on_device)? }
             }
         };
@@ -132,6 +141,12 @@ impl TinyDecoder {
         matches!(self.mode, Mode::Banded { .. })
     }
 
+    /// Whether it runs the channels-last program (f16 activations: the
+    /// matrix tier's half-precision data path).
+    pub fn is_channels_last(&self) -> bool {
+        self.layout.channels_last
+    }
+
     /// The image's size in pixels `(width, height)`.
     pub fn size(&self) -> (usize, usize) {
         let (h, w) = self.layout.image_size();
@@ -139,7 +154,8 @@ impl TinyDecoder {
     }
 
     /// Decodes packed latents `[tokens, 4·latent_channels]`; the decoded
-    /// values `[3, H·W]` (in [-1, 1], as the VAE's) when `values`, and the 8-bit RGB, interleaved.
+    /// values `[3, H·W]` (in [-1, 1], as the VAE's) when `values`, and the
+    /// 8-bit RGB, interleaved (as the channels-last program leaves its levels).
     pub fn decode(&self, gpu: &Gpu, packed: &[f32], values: bool) -> Result<(Option<Vec<f32>>, Vec<u8>), RunError> {
         let want = self.layout.latent_h * self.layout.latent_w * self.layout.config.latent_channels;
         if packed.len() as u64 != want {
@@ -166,7 +182,11 @@ impl TinyDecoder {
         };
         let pixels = (n / 3) as usize;
         // The levels are whole numbers in [0, 255]; the cast only changes the type.
-        let rgb = (0..pixels).flat_map(|i| [levels[i], levels[pixels + i], levels[2 * pixels + i]].map(|v| v as u8)).collect();
+        let rgb = match self.layout.channels_last {
+            true => levels.iter().map(|&v| v as u8).collect(),
+            false => (0..pixels).flat_map(|i| [levels[i], levels[pixels + i], levels[2 * pixels + i]].map(|v| v as u8)).collect(),
+        };
+        let decoded = decoded.map(|d| if self.layout.channels_last { planar(&d, pixels) } else { d });
         Ok((decoded, rgb))
     }
 
@@ -175,7 +195,7 @@ impl TinyDecoder {
     fn decode_banded(&self, gpu: &Gpu, capacity: u64, packed: &[f32], store: &mut dyn Activations) -> Result<(), RunError> {
         store.write(gpu, self.layout.packed, packed)?;
         let bands = BandRunner { gpu, runner: &self.runner, weights: &self.weights, capacity };
-        for op in collect_ops(|emit| program::decode(&self.layout, emit)) {
+        for op in collect_ops(|emit| decode_whole(&self.layout, emit)) {
             bands.run(store, &op)?;
         }
         Ok(())

@@ -437,7 +437,7 @@ pub(crate) fn arena_runner(gpu: &Gpu, label: &str, bytes: u64) -> Runner {
 }
 
 /// Channels-last `[pixels, 3]` values to planar `[3, pixels]`.
-fn planar(interleaved: &[f32], pixels: usize) -> Vec<f32> {
+pub(crate) fn planar(interleaved: &[f32], pixels: usize) -> Vec<f32> {
     (0..3).flat_map(|c| (0..pixels).map(move |i| interleaved[3 * i + c])).collect()
 }
 

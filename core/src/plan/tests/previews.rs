@@ -24,7 +24,7 @@ fn the_preview_decoder_is_counted_in_the_denoise_phase() {
 
 /// TAEF2's shape (`taesd.py`'s decoder for FLUX.2's 32 latent channels).
 fn taef2() -> crate::models::tiny_decoder::TinyDecoderConfig {
-    crate::models::tiny_decoder::TinyDecoderConfig::taesd_shape(32, 64, &[3, 3, 3, 1], true).unwrap()
+    crate::models::tiny_decoder::TinyDecoderConfig::taef2_shape(32, 8).unwrap()
 }
 
 /// The preview decoder runs whole where the adapter binds its activations,
@@ -44,7 +44,7 @@ fn the_preview_decoder_runs_by_bands_when_its_activations_exceed_a_binding() {
     let large = at(4096);
     assert!(large.iter().all(|l| l.tile.is_some()), "{large:?}");
     // On the device: every activation (three of 4 GiB), bands of a binding between them.
-    let whole = crate::models::tiny_decoder::arena_bytes(&taef2(), 512, 512).unwrap();
+    let whole = crate::models::tiny_decoder::arena_bytes(&taef2(), 512, 512, false).unwrap();
     assert!(whole > 3 * (4 << 30), "{whole}");
     assert_eq!((large[0].tile, large[0].on_device), (Some(4096), true));
     assert!(large[0].device > weights + whole + (4 << 30) - 4 && large[0].device < weights + whole + (4 << 30) + (256 << 20), "{large:?}");
@@ -69,6 +69,29 @@ fn the_preview_decoder_runs_by_bands_when_its_activations_exceed_a_binding() {
     assert!(matches!(err, PlanError::PreviewTooWide { width: 4096, limit: 1048576, .. }), "{err}");
 }
 
+/// Where the device's products take f16 inputs the preview decoder runs
+/// channels-last with f16 activations (`tiny_decoder_nhwc`): 136 bytes a
+/// pixel of 64 channels in each of its three buffers where f32 took 256,
+/// and the image's f32 values and levels apart. At 1024² its arena falls
+/// from 772 MiB to 436 MiB, and the device memory of its fastest layout with it.
+#[test]
+fn the_channels_last_preview_decoder_holds_about_half_the_bytes() {
+    use crate::models::tiny_decoder::arena_bytes;
+    let [f32, half] = [false, true].map(|nhwc| arena_bytes(&taef2(), 128, 128, nhwc).unwrap());
+    println!("TAEF2 at 1024²: arena {f32} bytes channel-major f32, {half} channels-last f16");
+    // The packed and the unpatchified latent, three buffers, the norms' statistics (and the image apart), each aligned.
+    let norms = 4 * crate::models::group_norm::NormScratch::elements(4, 1024);
+    let near = |got: u64, want: u64| got >= want && got < want + 8 * crate::ir::ALIGN;
+    assert!(near(f32, (2 * 32 * 128 * 128 + 3 * 64 * 1024 * 1024) * 4 + norms), "{f32}");
+    assert!(near(half, (2 * 32 * 128 * 128 + 3 * 34 * 1024 * 1024 + 2 * 3 * 1024 * 1024) * 4 + norms), "{half}");
+    let weights = 4 << 20;
+    let [a, b] = [false, true].map(|half_operands| preview_layouts(&taef2(), 1024, 1024, weights, DeviceLimits { half_operands, ..LIMITS }, None).unwrap()[0]);
+    assert_eq!((a.tile, b.tile), (None, None));
+    // The arenas' difference, give or take the dispatches' parameters (the programs' steps differ).
+    let fell = a.device - b.device;
+    assert!(fell.abs_diff(f32 - half) < 64 << 10, "{a:?} {b:?}");
+}
+
 /// On an adapter of 128 MiB bindings and 2 GiB buffers (a CPU adapter's),
 /// TAEF2 at 1024² (activations of 256 MiB, 805 MB in all) runs by bands of
 /// a binding with its activations on the device, before any host layout.
@@ -76,7 +99,7 @@ fn the_preview_decoder_runs_by_bands_when_its_activations_exceed_a_binding() {
 fn a_preview_beyond_a_binding_keeps_its_activations_on_the_device_first() {
     let cpu = DeviceLimits { max_buffer: (2 * GIB) - 1, max_binding: 128 << 20, half_operands: false };
     let layouts = preview_layouts(&taef2(), 1024, 1024, 4 << 20, cpu, None).unwrap();
-    let whole = crate::models::tiny_decoder::arena_bytes(&taef2(), 128, 128).unwrap();
+    let whole = crate::models::tiny_decoder::arena_bytes(&taef2(), 128, 128, false).unwrap();
     assert!(whole > 800_000_000 && whole < 2 * GIB, "{whole}");
     assert_eq!((layouts[0].tile, layouts[0].on_device), (Some(1024), true), "{layouts:?}");
     assert!(layouts[0].device > (4 << 20) + whole + (128 << 20) && layouts[0].device < (4 << 20) + whole + (192 << 20), "{layouts:?}");

@@ -125,21 +125,20 @@ impl<'g> ShapeBench<'g> {
     /// A tiny preview decoder of TAEF2's shape (`taesd.py`'s decoder, 64
     /// channels, global-norm blocks in its first level) for this VAE's
     /// latents, decoding a `size`² image from packed latents to 8-bit levels,
-    /// as `--preview-decoder` runs it after a step: whole where the adapter
+    /// as `--preview-decoder` runs it after a step (channels-last on the
+    /// matrix tier's f16 data path): whole where the adapter
     /// holds it (the latents' upload and the levels' readback excluded),
     /// else by bands in the largest tile's arena the plan would take
     /// (wall clock, each band's upload and readback included).
     pub fn tiny_decode(&self, cfg: &VaeConfig, size: u64) -> Result<Figure, RunError> {
         use flux_lite_core::models::tiny_decoder::{self as tiny, TinyDecoderConfig, TinyDecoderLayout};
         let internal = |e: tiny::TinyDecoderError| RunError::layout("preview decoder")(&e);
-        let levels = cfg.scale_factor().trailing_zeros() as usize;
-        let mut blocks = vec![3u64; levels];
-        blocks.push(1);
-        let shape = TinyDecoderConfig::taesd_shape(cfg.latent_channels as u64, 64, &blocks, true).map_err(internal)?;
+        let shape = TinyDecoderConfig::taef2_shape(cfg.latent_channels as u64, cfg.scale_factor() as u64).map_err(internal)?;
         let latent = size / cfg.scale_factor() as u64;
         let mut arena = BumpArena::new(u64::MAX);
-        let layout = TinyDecoderLayout::new(&shape, latent, latent, cfg.batch_norm_eps as f32, &mut arena).map_err(internal)?;
-        let program = collect_ops(|emit| tiny::decode(&layout, emit));
+        let channels_last = self.gpu.plan_limits().half_operands;
+        let layout = TinyDecoderLayout::new(&shape, latent, latent, cfg.batch_norm_eps as f32, channels_last, &mut arena).map_err(internal)?;
+        let program = collect_ops(|emit| flux_lite_core::models::tiny_decoder_nhwc::decode_whole(&layout, emit));
         let weights = SyntheticWeights::new(|sink| {
             tensors::vae(cfg, &mut |s: &tensors::TensorSpec| {
                 if s.name.starts_with("bn.running_") {
@@ -158,7 +157,7 @@ impl<'g> ShapeBench<'g> {
                 (String::new(), self.timer.median(&d, self.repeats)?, Some(d.len() as u64))
             }
             Some(tile) => {
-                let capacity = tiny::band_capacity(&shape, tile / cfg.scale_factor() as u64, self.gpu.max_binding()).map_err(internal)?;
+                let capacity = tiny::band_capacity(&shape, tile / cfg.scale_factor() as u64, self.gpu.max_binding(), channels_last).map_err(internal)?;
                 let (how, elements) = (if first.on_device { "activations on the device" } else { "activations on the host" }, arena.high_water() / 4);
                 (format!(", by bands in a {tile}² tile's arena, {how}, wall clock"), self.banded_median(&program, &placed, capacity, elements, first.on_device)?, None)
             }
