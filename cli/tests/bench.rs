@@ -30,9 +30,9 @@ fn figure_after(stdout: &str, prefix: &str, until: &str) -> String {
 }
 
 /// `bench traffic`'s dispatch counts: step, double block, single block, VAE
-/// decode, VAE encode, text encoder, end to end.
-fn traffic_dispatches(stdout: &str) -> [u64; 7] {
-    ["step: ", "double block: ", "single block: ", "vae decode: ", "vae encode: ", "text encoder: ", "end to end ("].map(|p| {
+/// decode, VAE encode, text encoder, end to end, preview decode.
+fn traffic_dispatches(stdout: &str) -> [u64; 8] {
+    ["step: ", "double block: ", "single block: ", "vae decode: ", "vae encode: ", "text encoder: ", "end to end (", "preview decode ("].map(|p| {
         let line = stdout.lines().find(|l| l.starts_with(p)).unwrap_or_else(|| panic!("no line {p:?} in {stdout}"));
         let (_, rest) = line.split_once(": ").unwrap();
         rest.split(" dispatches").next().unwrap().parse().unwrap()
@@ -71,8 +71,8 @@ fn traffic_prints_the_step_its_blocks_and_the_decode_from_the_configs_alone() {
     assert!(m_linear > f_linear && m_linear < 2 * f_linear, "linear dispatches: matrix {m_linear}, f32 {f_linear}");
     let ln_gb = |s: &str| by_op(s, "layer norm + modulation")[2].parse::<f64>().unwrap();
     assert!(ln_gb(&matrix) < ln_gb(&f32), "{matrix}{f32}");
-    let [m_step, m_double, m_single, m_vae, _, m_text, m_e2e] = traffic_dispatches(&matrix);
-    let [f_step, f_double, f_single, f_vae, _, f_text, _] = traffic_dispatches(&f32);
+    let [m_step, m_double, m_single, m_vae, _, m_text, m_e2e, m_preview] = traffic_dispatches(&matrix);
+    let [f_step, f_double, f_single, f_vae, _, f_text, _, f_preview] = traffic_dispatches(&f32);
     // The tiers differ by the measuring passes the matrix tier adds and by
     // the queries' and keys' RMSNorm + RoPE passes it folds into their
     // projections: four a double block (image and text, queries and keys),
@@ -101,6 +101,13 @@ fn traffic_prints_the_step_its_blocks_and_the_decode_from_the_configs_alone() {
     assert!(gb_moved(&matrix, "vae encode: ") <= 0.4 * gb_moved(&f32, "vae encode: "), "{matrix}{f32}");
     let encode_dispatches = |s: &str| figure_after(s, "vae encode: ", " dispatches").parse::<u64>().unwrap();
     assert!(encode_dispatches(&matrix) < encode_dispatches(&f32), "{matrix}{f32}");
+    // A preview's tiny decode (TAEF2's shape) channels-last: one dispatch a
+    // convolution (41: no measuring pass, no ReLU, add or upsampling pass),
+    // at most half the f32 decode's bytes.
+    let preview_convs = |s: &str| rows_under(s, "| preview decode, by op |").into_iter().find(|r| r[0] == "convolution").unwrap()[1].parse::<u64>().unwrap();
+    assert_eq!(preview_convs(&matrix), 41, "{matrix}");
+    assert!(m_preview < f_preview && gb_moved(&matrix, "preview decode (") <= 0.5 * gb_moved(&f32, "preview decode ("), "{matrix}{f32}");
+    assert!(matrix.lines().any(|l| l.starts_with("preview decode (") && l.ends_with("% of the VAE decode's roofline")), "{matrix}");
     // The table's kinds add up to the step.
     let by_op: u64 = rows_under(&matrix, "| step, by op |").iter().map(|r| r[1].parse::<u64>().unwrap()).sum();
     assert_eq!(by_op, m_step);
@@ -141,13 +148,13 @@ fn traffic_counts_what_bench_prepares(tier: &str) {
     let rows = table_rows(&stdout);
     let prepared = |what: &str| rows.iter().find(|r| r[0] == what).unwrap_or_else(|| panic!("no {what} row: {stdout}"))[7].parse::<u64>().unwrap();
     let counted = bench_traffic(&["--model", model, "--width", "32", "--height", "32", "--precision", tier]);
-    let [step, double, single, vae, encode, text, e2e] = traffic_dispatches(&counted);
+    let [step, double, single, vae, encode, text, e2e, preview] = traffic_dispatches(&counted);
     assert_eq!(
-        [prepared("denoising step"), prepared("double block"), prepared("single block"), prepared("VAE decode"), prepared("VAE encode"), prepared("text encoder"), prepared("end to end")],
-        [step, double, single, vae, encode, text, e2e],
+        [prepared("denoising step"), prepared("double block"), prepared("single block"), prepared("VAE decode"), prepared("VAE encode"), prepared("text encoder"), prepared("end to end"), prepared("tiny decoder")],
+        [step, double, single, vae, encode, text, e2e, preview],
         "{tier}: prepared (bench kernels) against counted (bench traffic):\n{stdout}{counted}"
     );
-    println!("{tier}: step {step}, double block {double}, single block {single}, VAE decode {vae}, VAE encode {encode}, text encoder {text}, end to end {e2e} dispatches, prepared and counted alike");
+    println!("{tier}: step {step}, double block {double}, single block {single}, VAE decode {vae}, VAE encode {encode}, text encoder {text}, end to end {e2e}, preview decode {preview} dispatches, prepared and counted alike");
 }
 
 #[test]

@@ -1,5 +1,5 @@
 //! `flux-lite bench traffic`: what the prompt's encoding, a denoising step,
-//! a VAE decode and encode and a whole generation move, and in how many
+//! a VAE decode and encode, a preview's tiny decode and a whole generation move, and in how many
 //! dispatches, on a tier's data path, from the config files alone; beside
 //! the roofline those figures allow on an H200.
 
@@ -25,6 +25,7 @@ pub fn run(model: &str, [width, height]: [u64; 2], tier: Precision) -> Result<()
     let step = traffic::step(&transformer, [width, height], vae.latent_cell() as u64, PROMPT_TOKENS, tier, &m).map_err(|e| e.to_string())?;
     let decode = traffic::vae_decode(&vae, [width, height], tier, &m).map_err(|e| e.to_string())?;
     let encode = traffic::vae_encode(&vae, [width, height], tier, &m).map_err(|e| e.to_string())?;
+    let preview = traffic::preview_decode(&vae, [width, height], tier, &m).map_err(|e| e.to_string())?;
     let prompt = traffic::text_encoder(&text_encoder, PROMPT_TOKENS, tier, &m).map_err(|e| e.to_string())?;
     // As `gen` runs the model by default: its steps, guided unless distilled.
     let steps = default_steps_for(distilled) as u64;
@@ -53,6 +54,8 @@ pub fn run(model: &str, [width, height]: [u64; 2], tier: Precision) -> Result<()
         let how = if t.whole { String::new() } else { format!(" (laid out whole; at this size gen {what}s by bands, whose copies are not counted)") };
         say!("vae {what}: {}{how}", line(&t.total, m.name));
     }
+    let share = 100.0 * preview.total.seconds / decode.total.seconds;
+    say!("preview decode (a tiny decoder of TAEF2's shape, after a step): {}, {share:.1}% of the VAE decode's roofline", line(&preview.total, m.name));
     let passes = generation_passes(steps, !distilled);
     let how = match distilled {
         true => format!("the prompt's encode, {steps} steps"),
@@ -67,6 +70,8 @@ pub fn run(model: &str, [width, height]: [u64; 2], tier: Precision) -> Result<()
     by_kind_table("vae decode", &decode.by_kind);
     say!();
     by_kind_table("vae encode", &encode.by_kind);
+    say!();
+    by_kind_table("preview decode", &preview.by_kind);
     Ok(())
 }
 
