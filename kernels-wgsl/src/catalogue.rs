@@ -43,6 +43,7 @@ pub const ALL_KERNELS: &[Kernel] = &[
     half_pack::HALF_PACK,
     half_pack::SWIGLU_HALF_PACK,
     half_pack::PACK_WEIGHT_HALF,
+    half_pack::PACK_WEIGHT_HALF_F32,
     elementwise::SILU,
     elementwise::SWIGLU,
     elementwise::GATED_RESIDUAL,

@@ -86,7 +86,7 @@ fn input_scale(src: u32, ci: u32) -> f32 {
 // where NORM_ACT is 1 or ReLU where it is 2, that the op before would have
 // written as this convolution's input): each group's (mean, 1/√(var + eps)) at binding 16 from p.n_stats,
 // NORM_GROUPS groups of the input channels; gamma and beta at 17 and 18
-// from p.n_affine, as W's dtype. The expression is norm.wgsl's
+// from p.n_affine, as the bias (WEIGHT_BF16). The expression is norm.wgsl's
 // GroupNorm's, so each value is the one that pass would have rounded.
 override NORM_IN: bool = false;
 override NORM_ACT: u32 = 0u;

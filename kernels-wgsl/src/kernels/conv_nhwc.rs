@@ -136,12 +136,18 @@ pub fn conv2d_matrix_nhwc(gpu: &Gpu, sink: &mut dyn Sink, source: NhwcSource<'_>
         Some(piece) if piece > 0 && piece.is_multiple_of(2) && cin.is_multiple_of(piece) && x.scales.stride == cin / piece => cin / piece,
         Some(piece) => return Err(GpuError::UnsupportedShape(format!("a channels-last convolution's input in pieces of {piece} of {cin} channels"))),
     };
-    if !s.taps_fit(up) || s.stride == 0 || (up == 2 && s.stride != 1) || w.dtype != bias.dtype {
+    if !s.taps_fit(up) || s.stride == 0 || (up == 2 && s.stride != 1) {
         return Err(GpuError::UnsupportedShape(format!("a channels-last convolution {s:?} ({input:?}; its taps within the input and at most kernel / 2 zeros each side, no stride upsampled)")));
+    }
+    // The bias and a norm's gamma and beta are read as `WEIGHT_BF16` says;
+    // W too, unless it is packed (its words f16, whatever it was before).
+    let packed = w.scales.is_some_and(|r| r.packed);
+    if !packed && w.dtype != bias.dtype {
+        return Err(GpuError::UnsupportedShape(format!("a convolution's W ({:?}) and bias ({:?}) share a dtype unless W is packed", w.dtype, bias.dtype)));
     }
     let block = c.size as u64 * MATRIX_BLOCK_TILES;
     let rows = OutputRows::of(out, out_channels, block)?;
-    let norm = norm.map(|n| NormWindows::of(gpu, n, cin, w.dtype)).transpose()?;
+    let norm = norm.map(|n| NormWindows::of(gpu, n, cin, bias.dtype)).transpose()?;
     if x.data.stride != cin.div_ceil(2) {
         return Err(GpuError::UnsupportedShape("channels-last rows are whole pixels: x a pixel's words apart".into()));
     }
@@ -151,7 +157,6 @@ pub fn conv2d_matrix_nhwc(gpu: &Gpu, sink: &mut dyn Sink, source: NhwcSource<'_>
     // W's row scales: as kept, or measured now into the range scales (a
     // packed W's are kept: its words are no longer bf16).
     let kept = w.scales.filter(|r| r.k == taps);
-    let packed = w.scales.is_some_and(|r| r.packed);
     if packed && kept.is_none() {
         return Err(GpuError::UnsupportedShape("a convolution's packed W comes with its kept row scales".into()));
     }
@@ -192,7 +197,7 @@ pub fn conv2d_matrix_nhwc(gpu: &Gpu, sink: &mut dyn Sink, source: NhwcSource<'_>
     let per_word = if rows.half { 2 } else { 1 };
     let y_vec4 = stores_vec4s(rows.y.offset * per_word, rows.y.stride * per_word, out_channels);
     let constants = [
-        ("WEIGHT_BF16", w.dtype.constant()),
+        ("WEIGHT_BF16", bias.dtype.constant()),
         ("WG", c.subgroup * MATRIX_SUBGROUPS),
         ("B_PAIRED", paired as u32),
         ("KERNEL", to_u32(s.kernel as u64, "conv kernel")?),
@@ -291,7 +296,7 @@ struct NormWindows<'a> {
 }
 
 impl<'a> NormWindows<'a> {
-    /// Checked: groups that divide the channels, gamma and beta in W's dtype, equally aligned.
+    /// Checked: groups that divide the channels, gamma and beta in the bias's dtype, equally aligned.
     fn of(gpu: &Gpu, n: NhwcNorm<'a>, channels: u64, dtype: crate::view::WeightDtype) -> Result<Self, GpuError> {
         if n.groups == 0 || !channels.is_multiple_of(n.groups) || n.gamma.dtype != dtype || n.beta.dtype != dtype {
             return Err(GpuError::UnsupportedShape(format!("a convolution's input normalised in {} groups of {channels} channels (gamma and beta in W's dtype)", n.groups)));

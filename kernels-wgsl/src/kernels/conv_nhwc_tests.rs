@@ -186,6 +186,43 @@ fn check_vector_stores(gpu: &Gpu, s: ConvShape, seed: u64) {
     assert!(quads.iter().all(|&b| f32::from_bits(b).is_finite()), "{s:?}: every output written");
 }
 
+/// An f32 W (a tiny decoder's file) packed into f16 under its rows' kept
+/// range scales, into a buffer of its own, gives the bits of the f32 W
+/// rounded in every tile; its bias (and a norm's gamma and beta) stay f32.
+#[test]
+fn a_packed_f32_w_gives_the_bits_of_the_f32_one() {
+    use crate::kernels::half_pack::pack_weight_half_f32;
+    use crate::kernels::linear::measure_weight_rows;
+    let Some(gpu) = f16_matrix_gpu() else { return };
+    for (order, s) in [(TapOrder::ChannelsLast, ConvShape::same(32, 40, 9, 7, 3)), (TapOrder::Torch, ConvShape::same(64, 32, 5, 6, 1))] {
+        let (pixels, cout, taps) = (s.height * s.width, s.out_channels, s.in_channels * s.kernel * s.kernel);
+        let mut rng = Rng::new(99);
+        let (words, scales, _) = pack_pixels(&rng.normals(s.in_channels * pixels, 1.0), pixels, s.in_channels, None);
+        let (xb, xs) = (gpu.upload_u32("x", &words), gpu.upload_f32("x scales", &scales));
+        let xh = input_rows(&xb, &xs, s.in_channels, None);
+        // Full f32 significands; a row far larger than the rest, one far smaller.
+        let mut w = rng.normals(cout * taps, 0.3);
+        w[..taps].iter_mut().for_each(|v| *v *= 512.0);
+        w[taps..2 * taps].iter_mut().for_each(|v| *v /= 4096.0);
+        let (wb, bb) = (gpu.upload_f32("w", &w), gpu.upload_f32("b", &rng.normals(cout, 1.0)));
+        let row_scales = gpu.storage("w row scales", 4 * cout as u64);
+        gpu.submit(|enc| measure_weight_rows(&gpu, enc, Weight::f32(&wb), cout as u64, taps as u64, &row_scales, 0)).unwrap();
+        let halves = gpu.storage("packed w", 2 * (cout * taps) as u64);
+        gpu.submit(|enc| pack_weight_half_f32(&gpu, enc, Weight::f32(&wb), &halves, Mat::new(&row_scales, 1), [cout as u64, taps as u64])).unwrap();
+        let run = |w: Weight<'_>| -> Vec<u32> {
+            let weights = NhwcWeights { w, bias: Weight::f32(&bb), order };
+            let y = poisoned(&gpu, cout * pixels);
+            let out = run_and_read(&gpu, &y, cout * pixels, |enc| conv2d_matrix_nhwc(&gpu, enc, xh.into(), weights, NhwcOutput::F32 { y: Mat::new(&y, cout as u64), residual: false, relu: false }, s, NhwcInput::Plain));
+            out.iter().map(|v| v.to_bits()).collect()
+        };
+        let kept = |packed| Some(crate::RowScales { buf: &row_scales, offset: 0, k: taps as u64, packed });
+        let f32 = run(Weight { scales: kept(false), ..Weight::f32(&wb) });
+        let packed = run(Weight { scales: kept(true), ..Weight::bf16(&halves) });
+        let differ = f32.iter().zip(&packed).filter(|(a, b)| a != b).count();
+        assert_eq!(differ, 0, "{order:?} {s:?}: {differ} of {} outputs differ", f32.len());
+    }
+}
+
 /// The f32 rows ReLU'd after the bias and y's values (a tiny decoder's
 /// blocks) are the plain rows (held to the oracle above) with every
 /// negative output zeroed, bit for bit: four outputs a store (y from a

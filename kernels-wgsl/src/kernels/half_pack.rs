@@ -33,6 +33,8 @@ pub struct HalfPackParams {
 pub const HALF_PACK: Kernel = kernel(Module::HalfPack, "half_pack", [64, 1, 1], &[(1, RW), (2, RW), (3, RW)], size_of::<HalfPackParams>(), false);
 /// A bf16 weight's rows packed in place into f16 under their kept range scales.
 pub const PACK_WEIGHT_HALF: Kernel = kernel(Module::HalfPack, "pack_weight_half", [64, 1, 1], &[(2, RW), (3, RW)], size_of::<HalfPackParams>(), false);
+/// An f32 weight's rows (binding 1) packed the same way into a buffer of their own (2).
+pub const PACK_WEIGHT_HALF_F32: Kernel = kernel(Module::HalfPack, "pack_weight_half_f32", [64, 1, 1], &[(1, RW), (2, RW), (3, RW)], size_of::<HalfPackParams>(), false);
 /// A SwiGLU (gate rows at binding 1, up rows at 4) packed the same way.
 pub const SWIGLU_HALF_PACK: Kernel =
     kernel(Module::SwigluHalf, "swiglu_half_pack", [64, 1, 1], &[(1, RW), (2, RW), (3, RW), (4, RW)], size_of::<HalfPackParams>(), false);
@@ -121,6 +123,31 @@ pub fn pack_weight_half(gpu: &Gpu, sink: &mut dyn Sink, w: Weight<'_>, scales: M
         let words = (chunk.end - chunk.start) * k / 2;
         let params = HalfPackParams { rows: to_u32(words, "weight words")?, head_dim: to_u32(k, "weight row")?, dst_offset: ww.local, scale_offset: sw.local, ..Default::default() };
         dispatch(gpu, sink, Launch { kernel: &PACK_WEIGHT_HALF, constants: &[], params, grid: grid64(words) }, &[(2, &ww), (3, &sw)]);
+    }
+    Ok(())
+}
+
+/// An f32 weight `[rows, k]` (`w`, k even) packed as [`pack_weight_half`]
+/// packs a bf16 one, into `dst` (f16 pairs, `rows · k / 2` words from word
+/// 0, half its bytes) rather than in place: each value divided by its row's
+/// kept range scale (`scales`, one f32 a row) and rounded to f16, as a
+/// product's staging rounds it every tile. Split over rows where one
+/// binding cannot hold the weight.
+pub fn pack_weight_half_f32(gpu: &Gpu, sink: &mut dyn Sink, w: Weight<'_>, dst: &wgpu::Buffer, scales: Mat<'_>, [rows, k]: [u64; 2]) -> Result<(), GpuError> {
+    if !k.is_multiple_of(2) || w.dtype != WeightDtype::F32 {
+        return Err(GpuError::UnsupportedShape(format!("an f32 weight packed as f16 pairs has rows of an even length ({k}; {:?})", w.dtype)));
+    }
+    if rows * k == 0 {
+        return Ok(());
+    }
+    let value_rows = Rows::packed(w.buf, 4, w.offset, k, "f32 weight");
+    let word_rows = Rows::packed(dst, 4, 0, k / 2, "packed weight");
+    let scale_rows = Rows::packed(scales.buf, 4, scales.offset, 1, "weight row scales");
+    for chunk in row_chunks(gpu, rows, &[value_rows, word_rows, scale_rows], 1)? {
+        let (vw, ww, sw) = (value_rows.window(gpu, &chunk)?, word_rows.window(gpu, &chunk)?, scale_rows.window(gpu, &chunk)?);
+        let words = (chunk.end - chunk.start) * k / 2;
+        let params = HalfPackParams { rows: to_u32(words, "weight words")?, head_dim: to_u32(k, "weight row")?, src_offset: vw.local, dst_offset: ww.local, scale_offset: sw.local, ..Default::default() };
+        dispatch(gpu, sink, Launch { kernel: &PACK_WEIGHT_HALF_F32, constants: &[], params, grid: grid64(words) }, &[(1, &vw), (2, &ww), (3, &sw)]);
     }
     Ok(())
 }

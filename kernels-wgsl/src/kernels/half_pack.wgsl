@@ -61,3 +61,19 @@ fn pack_weight_half(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workg
     let inverse = 1.0 / scales[p.scale_offset + 2u * i / p.head_dim];
     dst[p.dst_offset + i] = pack2x16float(vec2<f32>(bitcast<f32>(word << 16u) * inverse, bitcast<f32>(word & 0xffff0000u) * inverse));
 }
+
+// An f32 weight `[rows, p.head_dim]` (binding 1 from p.src_offset) packed
+// the same way into a buffer of its own (binding 2 from p.dst_offset, half
+// its bytes): each value divided by its row's kept range scale and rounded
+// to f16, two a word, as a product's staging would round it every tile.
+// One invocation a word; p.rows counts the words.
+@compute @workgroup_size(64)
+fn pack_weight_half_f32(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = flat_workgroup(wid, nwg) * 64u + lid.x;
+    if (i >= p.rows) {
+        return;
+    }
+    let inverse = 1.0 / scales[p.scale_offset + 2u * i / p.head_dim];
+    let at = p.src_offset + 2u * i;
+    dst[p.dst_offset + i] = pack2x16float(vec2<f32>(src[at] * inverse, src[at + 1u] * inverse));
+}

@@ -147,6 +147,12 @@ impl TinyDecoder {
         self.layout.channels_last
     }
 
+    /// How many of its weights its products read packed as f16 (on the
+    /// matrix tier's f16 tiles, every convolution's W).
+    pub fn packed_weights(&self) -> usize {
+        self.weights.half_packed()
+    }
+
     /// The image's size in pixels `(width, height)`.
     pub fn size(&self) -> (usize, usize) {
         let (h, w) = self.layout.image_size();

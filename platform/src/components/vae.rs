@@ -379,12 +379,15 @@ pub(crate) fn upload_on_path(gpu: &Gpu, store: &WeightStore, specs: &[TensorSpec
     upload_checked_with(gpu, store, specs, upload)
 }
 
-/// Packs in place, as f16 under its rows' kept scales, each W the
-/// channels-last `program` reads so ([`Op::packed_weight`]: its
-/// convolutions' and its attention's projections'): its products then stage
-/// W's words as they are.
+/// Packs, as f16 under its rows' kept scales, each W the channels-last
+/// `program` reads so ([`Op::packed_weight`]: its convolutions' and its
+/// attention's projections'): its products then stage W's words as they
+/// are. A bf16 W in place; a convolution's f32 W (a tiny decoder's file)
+/// into a buffer of half its bytes.
 pub(crate) fn pack_products(gpu: &Gpu, weights: &mut DeviceWeights, program: &[Op]) -> Result<(), RunError> {
-    Ok(weights.pack_half(gpu, program.iter().filter_map(Op::packed_weight))?)
+    weights.pack_half(gpu, program.iter().filter_map(Op::packed_weight))?;
+    let convolutions = program.iter().filter(|op| matches!(op, Op::ConvNhwc { .. })).filter_map(Op::packed_weight);
+    Ok(weights.pack_half_f32(gpu, convolutions)?)
 }
 
 /// Uploads the tensors `specs` name, each checked against its shape.

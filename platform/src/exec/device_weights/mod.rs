@@ -407,6 +407,20 @@ impl DeviceWeights {
         Ok(())
     }
 
+    /// [`DeviceWeight::pack_half_f32`] for each f32 convolution W `names`
+    /// names (its device bytes counted as they fall).
+    pub fn pack_half_f32(&mut self, gpu: &Gpu, names: impl IntoIterator<Item = impl AsRef<str>>) -> Result<(), GpuError> {
+        for name in names {
+            if let Some(w) = self.map.get_mut(name.as_ref()) {
+                let before = w.buffer.size();
+                if w.pack_half_f32(gpu)? {
+                    self.bytes = self.bytes - before + w.buffer.size();
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Allocates a resident tensor's buffer; its bytes are written later.
     fn allocate(&mut self, gpu: &Gpu, store: &WeightStore, name: &str, pending: &mut Pending) -> Result<(), RunError> {
         if !self.map.contains_key(name) {

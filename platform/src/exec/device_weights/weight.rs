@@ -74,11 +74,14 @@ impl DeviceWeight {
     /// (and 1×1 kernels, whose orders agree) as stored.
     pub fn upload_taps_last(gpu: &Gpu, component: &str, name: &str, t: TensorRef<'_>) -> Result<Self, LoadError> {
         let &[co, ci, ky, kx] = t.shape else { return Self::upload(gpu, component, name, t) };
-        if ky * kx == 1 || t.dtype == Dtype::F16 {
+        if ky * kx == 1 {
             return Self::upload(gpu, component, name, t);
         }
         let mut weight = Self::allocate(gpu, component, name, t)?;
-        gpu.write(&weight.buffer, 0, &taps_last(t.bytes, [co, ci, ky * kx]));
+        // f16 is widened first, as `fill` writes it.
+        let mut wide = Vec::new();
+        let stored = if t.dtype == Dtype::F16 && widen_to_f32(t.dtype, t.bytes, &mut wide) { bytemuck::cast_slice(&wide) } else { t.bytes };
+        gpu.write(&weight.buffer, 0, &taps_last(stored, [co, ci, ky * kx]));
         weight.taps_last = true;
         Ok(weight)
     }
@@ -112,6 +115,25 @@ impl DeviceWeight {
             self.half_packed = true;
         }
         Ok(())
+    }
+
+    /// An f32 weight with kept row scales of an even length packed into f16
+    /// under them, into a buffer of its own (half its bytes) that takes the
+    /// f32 one's place: the weight then reads as a packed bf16 one (two
+    /// bytes an element, its words f16). Says whether it did; others stay
+    /// as they are. Only for a convolution's W: a channels-last convolution
+    /// reads its bias in the bias's own dtype, where a linear reads its bias
+    /// as wide as W's elements.
+    pub fn pack_half_f32(&mut self, gpu: &Gpu) -> Result<bool, GpuError> {
+        let Some(scales) = self.scales.as_ref().filter(|s| self.dtype == WeightDtype::F32 && !self.half_packed && s.k.is_multiple_of(2)) else {
+            return Ok(false);
+        };
+        let words = scales.rows * scales.k / 2;
+        let packed = gpu.storage("packed weight", 4 * words.max(1));
+        let rows = flux_lite_kernels::Mat { buf: &scales.buffer, offset: scales.offset, stride: 1 };
+        gpu.submit(|enc| kernels::pack_weight_half_f32(gpu, enc, self.view(), &packed, rows, [scales.rows, scales.k]))?;
+        (self.buffer, self.offset, self.dtype, self.half_packed) = (packed, 0, WeightDtype::Bf16, true);
+        Ok(true)
     }
 
     /// Records the pack of [`Self::pack_half`] where the weight takes one
@@ -167,7 +189,28 @@ fn taps_last(bytes: &[u8], [co, ci, taps]: [usize; 3]) -> Vec<u8> {
 
 #[cfg(test)]
 mod tests {
-    use super::taps_last;
+    use super::{taps_last, DeviceWeight, TensorRef};
+    use safetensors::Dtype;
+
+    /// A 3×3 W in f16 or f32 goes up widened to f32 with its taps last,
+    /// the same values in the same places.
+    #[test]
+    fn a_convolutions_w_goes_up_taps_last_from_f16_as_from_f32() {
+        let gpu = flux_lite_kernels::test_devices::gpu();
+        // W [2, 3, 3, 3]: small whole numbers, exact in f16.
+        let values: Vec<f32> = (0..54).map(|e| e as f32).collect();
+        let halves: Vec<u8> = values.iter().flat_map(|v| half::f16::from_f32(*v).to_le_bytes()).collect();
+        let singles: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let shape = [2, 3, 3, 3];
+        let read = |dtype, bytes: &[u8]| {
+            let w = DeviceWeight::upload_taps_last(gpu, "test", "w", TensorRef { dtype, shape: &shape, bytes }).unwrap();
+            assert!(w.taps_last, "{dtype:?}");
+            gpu.read_f32(&w.buffer, 0, 54).unwrap()
+        };
+        let want: Vec<f32> = bytemuck::cast_slice::<u8, f32>(&taps_last(&singles, [2, 3, 9])).to_vec();
+        assert_eq!(read(Dtype::F32, &singles), want);
+        assert_eq!(read(Dtype::F16, &halves), want);
+    }
 
     #[test]
     fn a_convolutions_taps_go_last_value_by_value() {
