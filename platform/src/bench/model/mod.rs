@@ -331,6 +331,13 @@ impl<'g> ShapeBench<'g> {
         Ok(d)
     }
 
+    /// Whether a whole program's products (its FLOPs, all but a few) run on
+    /// matrix units here: on the matrix tier, its rows' share is of their
+    /// ceiling.
+    pub(super) fn products_on_matrix_units(&self) -> bool {
+        self.gpu.matrix().is_some()
+    }
+
     /// The first double and the first single block over `tokens` tokens
     /// (512 of them text, or half when there are fewer than 1024).
     pub fn blocks(&self, cfg: &TransformerConfig, tokens: u64) -> Result<Vec<Figure>, RunError> {
@@ -345,7 +352,7 @@ impl<'g> ShapeBench<'g> {
                 seconds: self.timer.median(&d, self.repeats)?,
                 flops: block.iter().map(Op::flops).sum(),
                 bytes: first.weights.bytes_read(block),
-                matrix: false,
+                matrix: self.products_on_matrix_units(),
                 dispatches: Some(d.len() as u64),
             });
         }
@@ -388,7 +395,7 @@ impl<'g> ShapeBench<'g> {
             seconds: self.timer.median(&d, self.repeats)?,
             flops: blocks.iter().flatten().map(Op::flops).sum(),
             bytes: per_block,
-            matrix: false,
+            matrix: self.products_on_matrix_units(),
             dispatches: Some(d.len() as u64),
         })
     }
@@ -433,7 +440,7 @@ impl<'g> ShapeBench<'g> {
             seconds: self.timer.median(&d, self.repeats)?,
             flops: blocks.iter().flatten().map(Op::flops).sum(),
             bytes: blocks.iter().map(|b| weights.bytes_read(b)).sum(),
-            matrix: false,
+            matrix: self.products_on_matrix_units(),
             dispatches: Some(d.len() as u64),
         })
     }
@@ -452,7 +459,7 @@ impl<'g> ShapeBench<'g> {
             seconds: encodes as f64 * encode.seconds + passes as f64 * step.seconds + decode.seconds,
             flops: encodes * encode.flops + passes * step.flops + decode.flops,
             bytes: encodes * encode.bytes + passes * step.bytes + decode.bytes,
-            matrix: false,
+            matrix: step.matrix,
             dispatches: match (encode.dispatches, step.dispatches, decode.dispatches) {
                 (Some(e), Some(s), Some(d)) => Some(encodes * e + passes * s + d),
                 _ => None,

@@ -117,7 +117,7 @@ impl<'g> ShapeBench<'g> {
             seconds: self.banded_median(&program, &placed, capacity, arena_bytes / 4, on_device)?,
             flops: program.iter().map(Op::flops).sum(),
             bytes: program.iter().map(conv_bytes).sum(),
-            matrix: false,
+            matrix: self.products_on_matrix_units(),
             dispatches: None,
         })
     }
@@ -168,7 +168,7 @@ impl<'g> ShapeBench<'g> {
             seconds,
             flops: program.iter().map(Op::flops).sum(),
             bytes: program.iter().map(conv_bytes).sum(),
-            matrix: false,
+            matrix: self.products_on_matrix_units(),
             dispatches,
         })
     }
@@ -219,7 +219,7 @@ impl<'g> ShapeBench<'g> {
             flops: program.iter().map(Op::flops).sum(),
             // Each convolution's input, output and weights once, at least.
             bytes: program.iter().map(conv_bytes).sum(),
-            matrix: false,
+            matrix: self.products_on_matrix_units(),
             dispatches: Some(d.len() as u64),
         })
     }
