@@ -21,7 +21,7 @@
 use crate::ir::{name, GroupShape, NormActivation, Op, Operand, Span};
 use crate::models::group_norm::group_norm_read;
 use crate::models::tiny_decoder::{decode as decode_channel_major, Stage, TinyDecoderLayout, LATENT_CLAMP, POOL_EPS, POOL_GROUPS};
-use crate::models::vae::{denorm_unpatchify, rows, same};
+use crate::models::vae::{denorm_unpatchify, prefix, rows, same, Prefix};
 use crate::models::vae_nhwc::{half_rows, pack, stream_rows};
 use crate::oracle::ConvShape;
 
@@ -61,7 +61,7 @@ impl Conv<'_> {
 /// The channels-last decode: packed latents to the image's levels.
 pub fn decode(l: &TinyDecoderLayout, mut emit: impl FnMut(Op)) {
     let cfg = &l.config;
-    let prefix = cfg.layout.prefix();
+    let pre = cfg.layout.prefix();
     let (mut h, mut w) = (l.latent_h, l.latent_w);
     let lc = cfg.latent_channels;
     // The latent as the channel-major program takes it, then its rows packed as f16.
@@ -76,23 +76,23 @@ pub fn decode(l: &TinyDecoderLayout, mut emit: impl FnMut(Op)) {
         let pixels = h * w;
         match *stage {
             Stage::ConvIn { module: m, out } => {
-                let p = format!("{prefix}{m}");
+                let p = prefix(format_args!("{pre}{m}"));
                 emit(Conv { p: &p, shape: same(lc, out, h, w, 3), upsample: false, relu: true }.op(latent, stream(l.x, out, pixels), None, None));
             }
             Stage::Block { module: m, channels_in: i, out: o, skip, pool } => {
                 if let Some(pc) = pool {
-                    x = global_norm(l, &format!("{prefix}{m}.pool"), (i, pc), (h, w), x, &mut emit);
+                    x = global_norm(l, &prefix(format_args!("{pre}{m}.pool")), (i, pc), (h, w), x, &mut emit);
                 }
                 let [a, b] = x.free;
-                let conv = |k: u32, cin: u64, relu: bool| (format!("{prefix}{m}.conv.{k}"), same(cin, o, h, w, 3), relu);
-                let run = |(p, shape, relu): (String, ConvShape, bool), from: Operand, to: Operand, onto: Option<Operand>, emit: &mut dyn FnMut(Op)| {
+                let conv = |k: u32, cin: u64, relu: bool| (prefix(format_args!("{pre}{m}.conv.{k}")), same(cin, o, h, w, 3), relu);
+                let run = |(p, shape, relu): (Prefix, ConvShape, bool), from: Operand, to: Operand, onto: Option<Operand>, emit: &mut dyn FnMut(Op)| {
                     emit(Conv { p: &p, shape, upsample: false, relu }.op(from, to, onto, None));
                 };
                 run(conv(0, i, true), stream(x.at, i, pixels), stream(a, o, pixels), None, &mut emit);
                 run(conv(2, o, true), stream(a, o, pixels), stream(b, o, pixels), None, &mut emit);
                 // relu(conv(…) + skip(x)): the last convolution adds the stream, or the skip convolution's output, and ReLUs the sum.
                 x = if skip {
-                    let p = format!("{prefix}{m}.skip");
+                    let p = prefix(format_args!("{pre}{m}.skip"));
                     emit(Conv { p: &p, shape: same(i, o, h, w, 1), upsample: false, relu: false }.op(stream(x.at, i, pixels), stream(a, o, pixels), None, None));
                     run(conv(4, o, true), stream(b, o, pixels), stream(x.at, o, pixels), Some(stream(a, o, pixels)), &mut emit);
                     Stream { at: x.at, free: [a, b] }
@@ -102,7 +102,7 @@ pub fn decode(l: &TinyDecoderLayout, mut emit: impl FnMut(Op)) {
                 };
             }
             Stage::Upsample { module: m, channels_in: i, out: o } => {
-                let p = format!("{prefix}{m}");
+                let p = prefix(format_args!("{pre}{m}"));
                 let shape = ConvShape { out_height: 2 * h as usize, out_width: 2 * w as usize, ..same(i, o, h, w, 3) };
                 let [a, b] = x.free;
                 emit(Conv { p: &p, shape, upsample: true, relu: false }.op(stream(x.at, i, pixels), stream(a, o, 4 * pixels), None, None));
@@ -110,7 +110,7 @@ pub fn decode(l: &TinyDecoderLayout, mut emit: impl FnMut(Op)) {
                 x = Stream { at: a, free: [x.at, b] };
             }
             Stage::ConvOut { module: m, channels_in: i } => {
-                let p = format!("{prefix}{m}");
+                let p = prefix(format_args!("{pre}{m}"));
                 let decoded = l.decoded();
                 emit(Conv { p: &p, shape: same(i, 3, h, w, 3), upsample: false, relu: false }.op(stream(x.at, i, pixels), rows(decoded, 3).into(), None, None));
                 // The decoder's [0, 1] to the VAE's [-1, 1], as `DecoderTiny` returns `x.mul(2).sub(1)`.
@@ -129,10 +129,10 @@ fn global_norm(l: &TinyDecoderLayout, p: &str, (channels, pool): (u64, u64), (h,
     let pixels = h * w;
     let [a, b] = x.free;
     let (stream, pooled) = (stream_rows(x.at, pixels, channels), stream_rows(a, pixels, pool));
-    let (first, last) = (format!("{p}.0"), format!("{p}.3"));
+    let (first, last) = (prefix(format_args!("{p}.0")), prefix(format_args!("{p}.3")));
     emit(Conv { p: &first, shape: same(channels, pool, h, w, 1), upsample: false, relu: false }.op(stream, pooled, None, None));
     let shape = GroupShape { channels: pool, pixels, width: w, groups: POOL_GROUPS, channels_last: true };
-    let norm = group_norm_read(l.norm, pooled, &format!("{p}.1"), shape, POOL_EPS, NormActivation::Relu, emit);
+    let norm = group_norm_read(l.norm, pooled, &prefix(format_args!("{p}.1")), shape, POOL_EPS, NormActivation::Relu, emit);
     emit(Conv { p: &last, shape: same(pool, channels, h, w, 1), upsample: false, relu: false }.op(pooled, stream_rows(b, pixels, channels), Some(stream), Some(norm)));
     Stream { at: b, free: [x.at, a] }
 }
