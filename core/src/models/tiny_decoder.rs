@@ -484,27 +484,11 @@ pub fn arena_bytes(config: &TinyDecoderConfig, latent_h: u64, latent_w: u64, cha
     Ok(arena.high_water())
 }
 
-/// Steps of the decode program (the same at every size).
-pub fn steps(config: &TinyDecoderConfig, channels_last: bool) -> u64 {
-    let mut steps = 0;
-    if let Ok(layout) = TinyDecoderLayout::new(config, 2, 2, 0.0, channels_last, &mut BumpArena::new(u64::MAX)) {
-        super::tiny_decoder_nhwc::decode_whole(&layout, |_| steps += 1);
-    }
-    steps
-}
-
 /// f32 elements of band operands when the decoder has the device memory
 /// of a one-pass decode of a `tile × tile`-cell latent, within one binding
 /// of `max_binding` bytes (as the VAE's bands, [`crate::models::vae::band_capacity`]).
 pub fn band_capacity(config: &TinyDecoderConfig, tile: u64, max_binding: u64, channels_last: bool) -> Result<u64, TinyDecoderError> {
     Ok(arena_bytes(config, tile, tile, channels_last)?.min(max_binding) / 4)
-}
-
-/// The fewest f32 elements a band must hold for a banded decode of a
-/// `latent_h × latent_w` latent: one output row of its widest convolution.
-pub fn band_minimum(config: &TinyDecoderConfig, latent_h: u64, latent_w: u64, channels_last: bool) -> Result<u64, TinyDecoderError> {
-    let layout = TinyDecoderLayout::new(config, latent_h, latent_w, 0.0, channels_last, &mut BumpArena::new(u64::MAX))?;
-    Ok(crate::models::vae::band_minimum(|emit| super::tiny_decoder_nhwc::decode_whole(&layout, emit)))
 }
 
 /// The channel-major decode: packed latents to the image's 8-bit levels, as the VAE's

@@ -20,7 +20,8 @@
 
 use crate::ir::{name, GroupShape, NormActivation, Op, Operand, Span};
 use crate::models::group_norm::group_norm_read;
-use crate::models::tiny_decoder::{decode as decode_channel_major, Stage, TinyDecoderLayout, LATENT_CLAMP, POOL_EPS, POOL_GROUPS};
+use crate::arena::BumpArena;
+use crate::models::tiny_decoder::{decode as decode_channel_major, Stage, TinyDecoderConfig, TinyDecoderError, TinyDecoderLayout, LATENT_CLAMP, POOL_EPS, POOL_GROUPS};
 use crate::models::vae::{denorm_unpatchify, prefix, rows, same, Prefix};
 use crate::models::vae_nhwc::{half_rows, pack, stream_rows};
 use crate::oracle::ConvShape;
@@ -33,6 +34,22 @@ pub fn decode_whole(l: &TinyDecoderLayout, emit: impl FnMut(Op)) {
         true => decode(l, emit),
         false => decode_channel_major(l, emit),
     }
+}
+
+/// Steps of the decode program on a data path (the same at every size).
+pub fn steps(config: &TinyDecoderConfig, channels_last: bool) -> u64 {
+    let mut steps = 0;
+    if let Ok(layout) = TinyDecoderLayout::new(config, 2, 2, 0.0, channels_last, &mut BumpArena::new(u64::MAX)) {
+        decode_whole(&layout, |_| steps += 1);
+    }
+    steps
+}
+
+/// The fewest f32 elements a band must hold for a banded decode of a
+/// `latent_h × latent_w` latent on a data path: one output row of its widest convolution.
+pub fn band_minimum(config: &TinyDecoderConfig, latent_h: u64, latent_w: u64, channels_last: bool) -> Result<u64, TinyDecoderError> {
+    let layout = TinyDecoderLayout::new(config, latent_h, latent_w, 0.0, channels_last, &mut BumpArena::new(u64::MAX))?;
+    Ok(crate::models::vae::band_minimum(|emit| decode_whole(&layout, emit)))
 }
 
 /// Where the stream is, and the two buffers free for a block's intermediates.
@@ -140,8 +157,6 @@ fn global_norm(l: &TinyDecoderLayout, p: &str, (channels, pool): (u64, u64), (h,
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::arena::BumpArena;
-    use crate::models::tiny_decoder::TinyDecoderConfig;
 
     /// TAEF2's shape (`taesd.py`'s decoder for FLUX.2's 32 latent channels).
     fn taef2() -> TinyDecoderConfig {

@@ -58,7 +58,7 @@ pub fn preview_layouts(cfg: &TinyDecoderConfig, width: u64, height: u64, weights
     let (lat_h, lat_w) = (height / scale, width / scale);
     let pixels = width * height;
     let nhwc = limits.half_operands;
-    let steps = tiny::steps(cfg, nhwc);
+    let steps = crate::models::tiny_decoder_nhwc::steps(cfg, nhwc);
     let mut layouts = PreviewLayouts::new();
     let covers = forced.is_none_or(|t| t >= width.max(height));
     let whole_arena = tiny::arena_bytes(cfg, lat_h, lat_w, nhwc).map_err(|_| too_large)?;
@@ -68,7 +68,7 @@ pub fn preview_layouts(cfg: &TinyDecoderConfig, width: u64, height: u64, weights
         let levels = 4 * 3 * pixels;
         let _ = layouts.push(PreviewLayout { tile: None, on_device: true, device: weights + whole_arena + levels + overhead(steps), host: levels + 3 * pixels });
     }
-    let row = tiny::band_minimum(cfg, lat_h, lat_w, nhwc).map_err(|_| too_large)?;
+    let row = crate::models::tiny_decoder_nhwc::band_minimum(cfg, lat_h, lat_w, nhwc).map_err(|_| too_large)?;
     if layouts.is_empty() && forced.is_none() {
         // The image's activations in buffers no kernel binds, bands of the
         // binding's size between them; the levels come back as whole ones do.
