@@ -491,6 +491,15 @@ pub fn band_capacity(config: &TinyDecoderConfig, tile: u64, max_binding: u64, ch
     Ok(arena_bytes(config, tile, tile, channels_last)?.min(max_binding) / 4)
 }
 
+/// The latent the decoder takes into `l.latent` (`[latent_channels, h·w]`):
+/// the packed latents de-normalised and unpatchified as for the VAE, then
+/// soft-clamped (`tanh(x/3)·3`).
+pub(crate) fn latent_in(l: &TinyDecoderLayout, emit: &mut impl FnMut(Op)) {
+    let lc = l.config.latent_channels;
+    emit(denorm_unpatchify(l.packed, l.latent, lc, (l.latent_h, l.latent_w), l.bn_eps));
+    emit(Op::TanhClamp { src: l.latent, dst: l.latent, count: lc * l.latent_h * l.latent_w, limit: LATENT_CLAMP });
+}
+
 /// The channel-major decode: packed latents to the image's 8-bit levels, as the VAE's
 /// decode ends. The BatchNorm statistics are named as the VAE's
 /// (`bn.running_mean`, `bn.running_var`): the runner supplies them.
@@ -499,8 +508,7 @@ pub fn decode(l: &TinyDecoderLayout, mut emit: impl FnMut(Op)) {
     let p = cfg.layout.prefix();
     let (mut h, mut w) = (l.latent_h, l.latent_w);
     let lc = cfg.latent_channels;
-    emit(denorm_unpatchify(l.packed, l.latent, lc, (h, w), l.bn_eps));
-    emit(Op::TanhClamp { src: l.latent, dst: l.latent, count: lc * h * w, limit: LATENT_CLAMP });
+    latent_in(l, &mut emit);
     // The ReLU after a convolution runs in its epilogue, and the one after a
     // block's sum in the sum's: the same values, three passes fewer a block.
     let conv = |x: Span, weight: TensorName, bias: TensorName, y: Span, shape| Op::Conv2d { x, w: weight, bias, y, shape, residual: false, relu: false };

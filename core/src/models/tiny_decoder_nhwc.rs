@@ -21,8 +21,8 @@
 use crate::ir::{name, GroupShape, NormActivation, Op, Operand, Span};
 use crate::models::group_norm::group_norm_read;
 use crate::arena::BumpArena;
-use crate::models::tiny_decoder::{decode as decode_channel_major, Stage, TinyDecoderConfig, TinyDecoderError, TinyDecoderLayout, LATENT_CLAMP, POOL_EPS, POOL_GROUPS};
-use crate::models::vae::{denorm_unpatchify, prefix, rows, same, Prefix};
+use crate::models::tiny_decoder::{decode as decode_channel_major, latent_in, Stage, TinyDecoderConfig, TinyDecoderError, TinyDecoderLayout, POOL_EPS, POOL_GROUPS};
+use crate::models::vae::{prefix, rows, same, Prefix};
 use crate::models::vae_nhwc::{half_rows, pack, stream_rows};
 use crate::oracle::ConvShape;
 
@@ -82,8 +82,7 @@ pub fn decode(l: &TinyDecoderLayout, mut emit: impl FnMut(Op)) {
     let (mut h, mut w) = (l.latent_h, l.latent_w);
     let lc = cfg.latent_channels;
     // The latent as the channel-major program takes it, then its rows packed as f16.
-    emit(denorm_unpatchify(l.packed, l.latent, lc, (h, w), l.bn_eps));
-    emit(Op::TanhClamp { src: l.latent, dst: l.latent, count: lc * h * w, limit: LATENT_CLAMP });
+    latent_in(l, &mut emit);
     emit(Op::Transpose { src: rows(l.latent, h * w), dst: rows(l.t2, lc), rows: lc, cols: h * w });
     let latent = half_rows(l.t1, h * w, lc);
     emit(pack(l.t2, latent, h * w, lc));

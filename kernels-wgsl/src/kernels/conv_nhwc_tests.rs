@@ -166,7 +166,9 @@ fn check_half_output(gpu: &Gpu, s: ConvShape, input: NhwcInput, [x_piece, y_piec
 
 /// The f32 output (onto y's values) written four channels of a pixel at a
 /// time (y from a whole vec4) and one at a time (from element 1): the
-/// same bits.
+/// same bits; ReLU'd after the bias and y's values (a tiny decoder's
+/// blocks), the plain rows (held to the oracle above) with every negative
+/// output zeroed, bit for bit, both ways.
 fn check_vector_stores(gpu: &Gpu, s: ConvShape, seed: u64) {
     let (pixels, out_pixels, cout) = (s.height * s.width, s.out_height * s.out_width, s.out_channels);
     let mut rng = Rng::new(seed);
@@ -175,15 +177,23 @@ fn check_vector_stores(gpu: &Gpu, s: ConvShape, seed: u64) {
     let (wb, bb) = (gpu.upload_bf16("w", &rng.bf16s(cout * s.in_channels * s.kernel * s.kernel, 0.3)), gpu.upload_bf16("b", &rng.bf16s(cout, 1.0)));
     let weights = NhwcWeights { w: Weight::bf16(&wb), bias: Weight::bf16(&bb), order: TapOrder::Torch };
     let before = rng.normals(cout * out_pixels, 1.0);
-    let run = |lead: usize| -> Vec<u32> {
+    let run = |lead: usize, relu: bool| -> Vec<u32> {
         let yb = gpu.upload_f32("y", &[vec![f32::NAN; lead], before.clone()].concat());
         let y = Mat { buf: &yb, offset: lead as u64, stride: cout as u64 };
-        let all = run_and_read(gpu, &yb, lead + before.len(), |enc| conv2d_matrix_nhwc(gpu, enc, input_rows(&xb, &xs, s.in_channels, None).into(), weights, NhwcOutput::F32 { y, residual: true, relu: false }, s, NhwcInput::Plain));
+        let all = run_and_read(gpu, &yb, lead + before.len(), |enc| conv2d_matrix_nhwc(gpu, enc, input_rows(&xb, &xs, s.in_channels, None).into(), weights, NhwcOutput::F32 { y, residual: true, relu }, s, NhwcInput::Plain));
         all[lead..].iter().map(|v| v.to_bits()).collect()
     };
-    let (quads, singles) = (run(0), run(1));
+    let (quads, singles) = (run(0, false), run(1, false));
     assert_eq!(quads, singles, "{s:?}: four outputs a store and one");
     assert!(quads.iter().all(|&b| f32::from_bits(b).is_finite()), "{s:?}: every output written");
+    let negative = quads.iter().filter(|&&b| f32::from_bits(b) < 0.0).count();
+    assert!(negative > 0 && negative < quads.len(), "{s:?}: outputs of both signs ({negative} of {} negative)", quads.len());
+    let zeroed: Vec<u32> = quads.iter().map(|&b| f32::from_bits(b).max(0.0).to_bits()).collect();
+    for lead in [0, 1] {
+        let relu = run(lead, true);
+        let differ = relu.iter().zip(&zeroed).filter(|(a, b)| a != b).count();
+        assert_eq!(differ, 0, "{s:?}, ReLU'd from element {lead}: {differ} of {} outputs differ from the plain ones zeroed", zeroed.len());
+    }
 }
 
 /// An f32 W (a tiny decoder's file) packed into f16 under its rows' kept
@@ -223,42 +233,10 @@ fn a_packed_f32_w_gives_the_bits_of_the_f32_one() {
     }
 }
 
-/// The f32 rows ReLU'd after the bias and y's values (a tiny decoder's
-/// blocks) are the plain rows (held to the oracle above) with every
-/// negative output zeroed, bit for bit: four outputs a store (y from a
-/// whole vec4) and one at a time (from element 1).
-fn check_relu_rows(gpu: &Gpu, s: ConvShape, seed: u64) {
-    let (pixels, out_pixels, cout) = (s.height * s.width, s.out_height * s.out_width, s.out_channels);
-    let mut rng = Rng::new(seed);
-    let (words, scales, _) = pack_pixels(&rng.normals(s.in_channels * pixels, 1.0), pixels, s.in_channels, None);
-    let (xb, xs) = (gpu.upload_u32("x", &words), gpu.upload_f32("x scales", &scales));
-    let (wb, bb) = (gpu.upload_bf16("w", &rng.bf16s(cout * s.in_channels * s.kernel * s.kernel, 0.3)), gpu.upload_bf16("b", &rng.bf16s(cout, 1.0)));
-    let weights = NhwcWeights { w: Weight::bf16(&wb), bias: Weight::bf16(&bb), order: TapOrder::Torch };
-    let before = rng.normals(cout * out_pixels, 1.0);
-    let run = |lead: usize, relu: bool| -> Vec<f32> {
-        let yb = gpu.upload_f32("y", &[vec![f32::NAN; lead], before.clone()].concat());
-        let y = Mat { buf: &yb, offset: lead as u64, stride: cout as u64 };
-        let all = run_and_read(gpu, &yb, lead + before.len(), |enc| conv2d_matrix_nhwc(gpu, enc, input_rows(&xb, &xs, s.in_channels, None).into(), weights, NhwcOutput::F32 { y, residual: true, relu }, s, NhwcInput::Plain));
-        all[lead..].to_vec()
-    };
-    let plain = run(0, false);
-    let negative = plain.iter().filter(|v| **v < 0.0).count();
-    assert!(negative > 0 && negative < plain.len(), "{s:?}: outputs of both signs ({negative} of {} negative)", plain.len());
-    let want: Vec<u32> = plain.iter().map(|v| v.max(0.0).to_bits()).collect();
-    for lead in [0, 1] {
-        let got: Vec<u32> = run(lead, true).iter().map(|v| v.to_bits()).collect();
-        let differ = got.iter().zip(&want).filter(|(a, b)| a != b).count();
-        assert_eq!(differ, 0, "{s:?}, from element {lead}: {differ} of {} outputs differ from the plain ones ReLU'd", want.len());
-    }
-}
-
 #[test]
 fn the_channels_last_conv_relus_its_outputs_after_the_bias_and_the_residual() {
     let Some(gpu) = f16_matrix_gpu() else { return };
-    // Channels past one block and a last quad partly past them (70), and whole blocks (64).
-    check_relu_rows(&gpu, ConvShape::same(12, 70, 9, 7, 3), 93);
-    check_relu_rows(&gpu, ConvShape::same(16, 64, 6, 5, 1), 94);
-    // f16 pieces: the ReLU'd f32 rows packed, onto a residual and without, upsampled.
+    // The f32 rows ReLU'd: check_vector_stores. f16 pieces: those rows packed, onto a residual and without, upsampled.
     check_half_output(&gpu, ConvShape::same(32, 64, 9, 7, 3), NhwcInput::Plain, [Some(32), Some(32)], true, true, 95);
     let upsampled = ConvShape { out_height: 10, out_width: 14, ..ConvShape::same(16, 16, 5, 7, 3) };
     check_half_output(&gpu, upsampled, NhwcInput::Upsampled, [Some(16), Some(16)], false, true, 96);
