@@ -241,6 +241,9 @@ emulated_tests=(
     kernels::half_path_tests::the_flash_kernel_over_half_pieces_copies_them_as_stored_with_the_bits_of_it_over_their_values
 )
 rerun FLUX_LITE_REQUIRE_MATRIX=1 FLUX_LITE_EMULATE_MATRIX=nvidia --sid "$kernels" --exact "${emulated_tests[@]}"
+# A whole component so: the tiny preview decoders' channels-last decode
+# (pieces, ReLU epilogues, a global norm read, packed f32 W, bands).
+rerun FLUX_LITE_REQUIRE_MATRIX=1 FLUX_LITE_EMULATE_MATRIX=nvidia --sid "$previews" half_tiers
 # Every matrix kernel test on an Apple GPU's tiles, 8×8 f32 in simdgroups
 # of 32, emulated the same way: what runs on f32 tiles against the oracle,
 # the f16-only checks saying they are skipped.
