@@ -224,7 +224,7 @@ fn staged_with(module: Module, c: MatrixConfig, more: &[(&'static str, u32)]) ->
 use crate::precision::{GemmStaging, MatrixConfig, MatrixOperands};
 
 /// The GEMM core's modules at each tile configuration: (module, tile size, operands).
-const GEMM_MODULES: [(Module, u32, MatrixOperands); 16] = [
+const GEMM_MODULES: [(Module, u32, MatrixOperands); 20] = [
     (Module::LinearMatrix8, 8, MatrixOperands::F16),
     (Module::LinearMatrix16, 16, MatrixOperands::F16),
     (Module::LinearMatrix8F32, 8, MatrixOperands::F32),
@@ -241,6 +241,10 @@ const GEMM_MODULES: [(Module, u32, MatrixOperands); 16] = [
     (Module::ConvMatrix8Narrow, 8, MatrixOperands::F16),
     (Module::ConvMatrix16Narrow, 16, MatrixOperands::F16),
     (Module::ConvMatrix8F32Narrow, 8, MatrixOperands::F32),
+    (Module::ConvMatrixNhwc8Narrow, 8, MatrixOperands::F16),
+    (Module::ConvMatrixNhwc16Narrow, 16, MatrixOperands::F16),
+    (Module::ConvMatrixNhwc8Vec4Narrow, 8, MatrixOperands::F16),
+    (Module::ConvMatrixNhwc16Vec4Narrow, 16, MatrixOperands::F16),
 ];
 
 /// The matrix linear's workgroup memory as the tier's choice counts it
@@ -254,7 +258,7 @@ fn the_matrix_linears_workgroup_memory_is_what_the_tier_checks() {
         for staging in GemmStaging::ALL.into_iter().flat_map(|s| [s, s.one_out_slot()]) {
             let config = MatrixConfig { size, subgroup: 32, operands, staging };
             let declared = workgroup_bytes(&staged(module, config));
-            if matches!(module, Module::ConvMatrix8Narrow | Module::ConvMatrix16Narrow | Module::ConvMatrix8F32Narrow) {
+            if module.has_narrow_blocks() {
                 assert!(declared < config.linear_workgroup_bytes(), "{} {staging:?}", module.name());
             } else {
                 assert_eq!(declared, config.linear_workgroup_bytes(), "{} {staging:?}", module.name());

@@ -92,10 +92,16 @@ pub enum Module {
     /// The same fetching four taps at a time (`conv_nhwc_vec4.wgsl`).
     ConvMatrixNhwc8Vec4,
     ConvMatrixNhwc16Vec4,
+    /// Both in narrow blocks (8T pixels × 4T output channels), as the
+    /// channel-major conv2d's (a tiny decoder's 64 channels on 16×16 tiles).
+    ConvMatrixNhwc8Narrow,
+    ConvMatrixNhwc16Narrow,
+    ConvMatrixNhwc8Vec4Narrow,
+    ConvMatrixNhwc16Vec4Narrow,
 }
 
 impl Module {
-    pub const ALL: [Module; 62] = [
+    pub const ALL: [Module; 66] = [
         Module::Linear,
         Module::RangeScales,
         Module::Norm,
@@ -158,6 +164,10 @@ impl Module {
         Module::ConvMatrixNhwc16,
         Module::ConvMatrixNhwc8Vec4,
         Module::ConvMatrixNhwc16Vec4,
+        Module::ConvMatrixNhwc8Narrow,
+        Module::ConvMatrixNhwc16Narrow,
+        Module::ConvMatrixNhwc8Vec4Narrow,
+        Module::ConvMatrixNhwc16Vec4Narrow,
     ];
 
     /// The file a kernel folder holds this module's source in: what
@@ -213,6 +223,10 @@ impl Module {
             Module::ConvMatrixNhwc16 => "conv_matrix_nhwc (16×16 tiles)",
             Module::ConvMatrixNhwc8Vec4 => "conv_matrix_nhwc (8×8 tiles, vec4 loads)",
             Module::ConvMatrixNhwc16Vec4 => "conv_matrix_nhwc (16×16 tiles, vec4 loads)",
+            Module::ConvMatrixNhwc8Narrow => "conv_matrix_nhwc (8×8 tiles, narrow blocks)",
+            Module::ConvMatrixNhwc16Narrow => "conv_matrix_nhwc (16×16 tiles, narrow blocks)",
+            Module::ConvMatrixNhwc8Vec4Narrow => "conv_matrix_nhwc (8×8 tiles, vec4 loads, narrow blocks)",
+            Module::ConvMatrixNhwc16Vec4Narrow => "conv_matrix_nhwc (16×16 tiles, vec4 loads, narrow blocks)",
             Module::AttentionMatrix8F32 => "attention_matrix (8×8 f32 tiles)",
             Module::BenchMatrix8F32 => "bench_matrix (8×8 f32 tiles)",
             Module::BenchMatrix8 => "bench_matrix (8×8 tiles)",
@@ -299,6 +313,24 @@ impl Module {
                 | Module::ConvMatrixNhwc16
                 | Module::ConvMatrixNhwc8Vec4
                 | Module::ConvMatrixNhwc16Vec4
+                | Module::ConvMatrixNhwc8Narrow
+                | Module::ConvMatrixNhwc16Narrow
+                | Module::ConvMatrixNhwc8Vec4Narrow
+                | Module::ConvMatrixNhwc16Vec4Narrow
+        )
+    }
+
+    /// The GEMM core's modules in narrow blocks (8T × 4T on two subgroups).
+    pub fn has_narrow_blocks(self) -> bool {
+        matches!(
+            self,
+            Module::ConvMatrix8Narrow
+                | Module::ConvMatrix16Narrow
+                | Module::ConvMatrix8F32Narrow
+                | Module::ConvMatrixNhwc8Narrow
+                | Module::ConvMatrixNhwc16Narrow
+                | Module::ConvMatrixNhwc8Vec4Narrow
+                | Module::ConvMatrixNhwc16Vec4Narrow
         )
     }
 
@@ -477,6 +509,10 @@ impl Module {
             Module::ConvMatrixNhwc16 => with_matrix!("16", f16, "product_io.wgsl", "conv_io.wgsl", "conv_matrix_nhwc.wgsl", "conv_matrix_common.wgsl", "matrix_gemm.wgsl", "matrix_tiles_vec4.wgsl", "matrix_fetch.wgsl"),
             Module::ConvMatrixNhwc8Vec4 => with_matrix!("8", f16, "product_io.wgsl", "conv_io.wgsl", "conv_matrix_nhwc.wgsl", "conv_matrix_common.wgsl", "matrix_gemm.wgsl", "matrix_tiles_vec4.wgsl", "conv_nhwc_vec4.wgsl", "matrix_fetch_vec4.wgsl", "half_octets.wgsl"),
             Module::ConvMatrixNhwc16Vec4 => with_matrix!("16", f16, "product_io.wgsl", "conv_io.wgsl", "conv_matrix_nhwc.wgsl", "conv_matrix_common.wgsl", "matrix_gemm.wgsl", "matrix_tiles_vec4.wgsl", "conv_nhwc_vec4.wgsl", "matrix_fetch_vec4.wgsl", "half_octets.wgsl"),
+            Module::ConvMatrixNhwc8Narrow => with_matrix!("8", f16, narrow, "product_io.wgsl", "conv_io.wgsl", "conv_matrix_nhwc.wgsl", "conv_matrix_common.wgsl", "matrix_gemm.wgsl", "matrix_tiles_vec4.wgsl", "matrix_fetch.wgsl"),
+            Module::ConvMatrixNhwc16Narrow => with_matrix!("16", f16, narrow, "product_io.wgsl", "conv_io.wgsl", "conv_matrix_nhwc.wgsl", "conv_matrix_common.wgsl", "matrix_gemm.wgsl", "matrix_tiles_vec4.wgsl", "matrix_fetch.wgsl"),
+            Module::ConvMatrixNhwc8Vec4Narrow => with_matrix!("8", f16, narrow, "product_io.wgsl", "conv_io.wgsl", "conv_matrix_nhwc.wgsl", "conv_matrix_common.wgsl", "matrix_gemm.wgsl", "matrix_tiles_vec4.wgsl", "conv_nhwc_vec4.wgsl", "matrix_fetch_vec4.wgsl", "half_octets.wgsl"),
+            Module::ConvMatrixNhwc16Vec4Narrow => with_matrix!("16", f16, narrow, "product_io.wgsl", "conv_io.wgsl", "conv_matrix_nhwc.wgsl", "conv_matrix_common.wgsl", "matrix_gemm.wgsl", "matrix_tiles_vec4.wgsl", "conv_nhwc_vec4.wgsl", "matrix_fetch_vec4.wgsl", "half_octets.wgsl"),
         };
         fixed.into()
     }

@@ -391,4 +391,4 @@ pub fn upsample_nearest2x(
 
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

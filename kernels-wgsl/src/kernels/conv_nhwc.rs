@@ -13,11 +13,11 @@ use crate::precision::{MatrixConfig, MatrixOperands};
 use crate::view::{HalfMat, Mat, Weight, WeightDtype};
 pub use flux_lite_core::ir::NormActivation;
 use flux_lite_core::oracle::ConvShape;
-use super::conv::ConvParams;
-use super::linear::{kept_scales_window, matrix_b_paired, measure_rows, stores_vec4s, RangeScalesParams, MATRIX_BLOCK_TILES, MATRIX_SUBGROUPS};
+use super::conv::{ConvBlock, ConvParams};
+use super::linear::{kept_scales_window, matrix_b_paired, measure_rows, stores_vec4s, RangeScalesParams, MATRIX_BLOCK_TILES};
 
 /// `conv_matrix_nhwc.wgsl`, one module per tile size; its workgroup is
-/// [`MATRIX_SUBGROUPS`] subgroups (the `WG` override).
+/// [`super::linear::MATRIX_SUBGROUPS`] subgroups (the `WG` override), two in narrow blocks.
 pub const CONV2D_MATRIX_NHWC_8: Kernel = kernel(
     Module::ConvMatrixNhwc8,
     "conv2d_matrix_nhwc",
@@ -38,6 +38,12 @@ pub const CONV2D_MATRIX_NHWC_8_VEC4: Kernel = kernel(
     true,
 );
 pub const CONV2D_MATRIX_NHWC_16_VEC4: Kernel = Kernel { module: Module::ConvMatrixNhwc16Vec4, ..CONV2D_MATRIX_NHWC_8_VEC4 };
+/// All four in narrow blocks ([`ConvBlock::Narrow`]: 8T pixels × 4T output
+/// channels on two subgroups), where a square block would pad more output channels.
+pub const CONV2D_MATRIX_NHWC_8_NARROW: Kernel = Kernel { module: Module::ConvMatrixNhwc8Narrow, ..CONV2D_MATRIX_NHWC_8 };
+pub const CONV2D_MATRIX_NHWC_16_NARROW: Kernel = Kernel { module: Module::ConvMatrixNhwc16Narrow, ..CONV2D_MATRIX_NHWC_8 };
+pub const CONV2D_MATRIX_NHWC_8_VEC4_NARROW: Kernel = Kernel { module: Module::ConvMatrixNhwc8Vec4Narrow, ..CONV2D_MATRIX_NHWC_8_VEC4 };
+pub const CONV2D_MATRIX_NHWC_16_VEC4_NARROW: Kernel = Kernel { module: Module::ConvMatrixNhwc16Vec4Narrow, ..CONV2D_MATRIX_NHWC_8_VEC4 };
 
 /// How a channels-last convolution reads its input.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -145,8 +151,9 @@ pub fn conv2d_matrix_nhwc(gpu: &Gpu, sink: &mut dyn Sink, source: NhwcSource<'_>
     if !packed && w.dtype != bias.dtype {
         return Err(GpuError::UnsupportedShape(format!("a convolution's W ({:?}) and bias ({:?}) share a dtype unless W is packed", w.dtype, bias.dtype)));
     }
-    let block = c.size as u64 * MATRIX_BLOCK_TILES;
-    let rows = OutputRows::of(out, out_channels, block)?;
+    // A block of 8T output pixels (BM) × `shape`'s columns of output channels (BN).
+    let (block, shape) = (c.size as u64 * MATRIX_BLOCK_TILES, ConvBlock::for_channels(c, out_channels));
+    let rows = OutputRows::of(out, out_channels, shape.columns(c))?;
     let norm = norm.map(|n| NormWindows::of(gpu, n, cin, bias.dtype)).transpose()?;
     if x.data.stride != cin.div_ceil(2) {
         return Err(GpuError::UnsupportedShape("channels-last rows are whole pixels: x a pixel's words apart".into()));
@@ -183,12 +190,17 @@ pub fn conv2d_matrix_nhwc(gpu: &Gpu, sink: &mut dyn Sink, source: NhwcSource<'_>
     }
     let taps_last = order == TapOrder::ChannelsLast || s.kernel == 1;
     let paired = taps_last && matrix_b_paired(c, w.dtype, ww.local, taps);
-    let quads = fetches_quads(c, &s, taps_last, ww.local, w.dtype, x.piece, norm.as_ref().map(|n| n.groups));
-    let kernel = match (quads, c.size == 16) {
-        (true, true) => CONV2D_MATRIX_NHWC_16_VEC4,
-        (true, false) => CONV2D_MATRIX_NHWC_8_VEC4,
-        (false, true) => CONV2D_MATRIX_NHWC_16,
-        (false, false) => CONV2D_MATRIX_NHWC_8,
+    let quads = fetches_quads(c, shape, &s, taps_last, ww.local, w.dtype, x.piece, norm.as_ref().map(|n| n.groups));
+    let narrow = shape == ConvBlock::Narrow;
+    let kernel = match (quads, c.size == 16, narrow) {
+        (true, true, false) => CONV2D_MATRIX_NHWC_16_VEC4,
+        (true, false, false) => CONV2D_MATRIX_NHWC_8_VEC4,
+        (false, true, false) => CONV2D_MATRIX_NHWC_16,
+        (false, false, false) => CONV2D_MATRIX_NHWC_8,
+        (true, true, true) => CONV2D_MATRIX_NHWC_16_VEC4_NARROW,
+        (true, false, true) => CONV2D_MATRIX_NHWC_8_VEC4_NARROW,
+        (false, true, true) => CONV2D_MATRIX_NHWC_16_NARROW,
+        (false, false, true) => CONV2D_MATRIX_NHWC_8_NARROW,
     };
     let [kt, stages, out_slots] = c.staging.constants(c.size);
     // y's pixels as vec4s of outputs (bindings 19 and 20; values counted as
@@ -198,7 +210,7 @@ pub fn conv2d_matrix_nhwc(gpu: &Gpu, sink: &mut dyn Sink, source: NhwcSource<'_>
     let y_vec4 = stores_vec4s(rows.y.offset * per_word, rows.y.stride * per_word, out_channels);
     let constants = [
         ("WEIGHT_BF16", bias.dtype.constant()),
-        ("WG", c.subgroup * MATRIX_SUBGROUPS),
+        ("WG", c.subgroup * shape.subgroups()),
         ("B_PAIRED", paired as u32),
         ("KERNEL", to_u32(s.kernel as u64, "conv kernel")?),
         ("IN_CHANNELS", to_u32(s.in_channels as u64, "conv input channels")?),
@@ -241,7 +253,7 @@ pub fn conv2d_matrix_nhwc(gpu: &Gpu, sink: &mut dyn Sink, source: NhwcSource<'_>
             n_affine: norm.as_ref().map_or(0, |n| n.gamma.local),
             ..ConvParams::of(&s, out_channels, [xw.local, ww.local, bw.local, yw.local])
         };
-        let grid = wrapped_grid((px.end - px.start).div_ceil(block) * out_channels.div_ceil(block));
+        let grid = wrapped_grid((px.end - px.start).div_ceil(block) * out_channels.div_ceil(shape.columns(c)));
         let launch = Launch { kernel: &kernel, constants: &constants, params, grid };
         // Without a norm its bindings take y's window, and W's for the read-only ones.
         let (nsw, ngw, nbw) = match &norm {
@@ -261,7 +273,8 @@ pub fn conv2d_matrix_nhwc(gpu: &Gpu, sink: &mut dyn Sink, source: NhwcSource<'_>
 /// last, its window (from element `w_local`) and the taps whole runs of 8;
 /// the input's channels, its pieces and a norm group's channels whole runs
 /// of 4; and each invocation's share of a step whole vec4s.
-fn fetches_quads(c: MatrixConfig, s: &ConvShape, taps_last: bool, w_local: u32, dtype: WeightDtype, x_piece: Option<u64>, norm_groups: Option<u64>) -> bool {
+#[allow(clippy::too_many_arguments)] // the tiles and block, the shape, and what A and W are
+fn fetches_quads(c: MatrixConfig, block: ConvBlock, s: &ConvShape, taps_last: bool, w_local: u32, dtype: WeightDtype, x_piece: Option<u64>, norm_groups: Option<u64>) -> bool {
     #[cfg(test)]
     if tests::ELEMENT_FETCH.get() {
         return false;
@@ -269,7 +282,7 @@ fn fetches_quads(c: MatrixConfig, s: &ConvShape, taps_last: bool, w_local: u32, 
     let (cin, taps) = (s.in_channels as u64, (s.in_channels * s.kernel * s.kernel) as u64);
     dtype == WeightDtype::Bf16
         && taps_last
-        && c.fetches_vec4_steps()
+        && c.fetches_vec4_steps_on(block.subgroups())
         && w_local.is_multiple_of(8)
         && taps.is_multiple_of(8)
         && cin.is_multiple_of(4)

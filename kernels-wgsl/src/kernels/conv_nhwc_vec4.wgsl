@@ -9,9 +9,10 @@
 // last with its window and the taps whole runs of 8, and each invocation's
 // share of a step is whole vec4s (`MatrixConfig::fetches_vec4_steps`).
 
-// At most FETCH_A vec4s of A an invocation and step; and W's
-// (matrix_fetch_vec4.wgsl).
-const FETCH_A: u32 = 8u;
+// At most FETCH_A vec4s of A an invocation and step (8 on a square
+// block's four subgroups, 16 on a narrow one's two: the same 8T rows of A
+// over half the invocations); and W's (matrix_fetch_vec4.wgsl).
+const FETCH_A: u32 = 32u / SUBGROUPS;
 struct Fetched {
     a: array<vec4<f32>, FETCH_A>,
     w: FetchedW,

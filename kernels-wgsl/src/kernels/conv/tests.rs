@@ -326,11 +326,11 @@ thread_local! {
     /// Set by [`with_square_tiles`]: the tiled conv2d takes 128×128 tiles
     /// and the matrix one square blocks, where they would take wide tiles
     /// or narrow blocks.
-    pub(super) static SQUARE_TILES: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    pub(crate) static SQUARE_TILES: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 /// `run` with the convolutions on square tiles and blocks only.
-fn with_square_tiles<T>(run: impl FnOnce() -> T) -> T {
+pub(crate) fn with_square_tiles<T>(run: impl FnOnce() -> T) -> T {
     with_switch(&SQUARE_TILES, run)
 }
 
