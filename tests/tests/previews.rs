@@ -170,60 +170,68 @@ fn tiny_decodes(gpu: &flux_lite_platform::Gpu, bound: f64, levels: u8) {
     }
 }
 
-/// A tiny decoder's file in f16 (as published decoders may come) decodes
-/// as one in f32 holding the same values, bit for bit, on every tier here;
-/// on the matrix tier's f16 tiles both have every convolution's W packed
-/// as f16 at load.
+/// A tiny decoder's file in f16 or bf16 (as published or converted
+/// decoders may come) decodes as one in f32 holding the same values, bit
+/// for bit, on every tier here (its convolutions without a bias given zero
+/// ones in their W's dtype); on the matrix tier's f16 tiles every
+/// convolution's W is packed as f16 at load.
 #[test]
-fn an_f16_tiny_decoder_decodes_as_the_f32_file_of_its_values() {
+fn a_half_precision_tiny_decoder_decodes_as_the_f32_file_of_its_values() {
     use flux_lite_platform::components::tiny_decoder::{TinyDecoder, TinyDecoderFile};
     use flux_lite_platform::exec::activations::Bands;
     use flux_lite_platform::model::Component;
     use flux_lite_platform::Precision;
+    use safetensors::Dtype;
     let dir = test_vectors().join("goldens/tiny_decoder");
     let bytes = std::fs::read(dir.join("taesd.safetensors")).unwrap();
     let file = SafeTensors::deserialize(&bytes).unwrap();
-    // Each value rounded to f16, stored as f16 and as f32.
-    let halves: Vec<(String, Vec<usize>, Vec<half::f16>)> = file
-        .tensors()
-        .into_iter()
-        .map(|(name, t)| (name, t.shape().to_vec(), t.data().chunks_exact(4).map(|c| half::f16::from_f32(f32::from_le_bytes(c.try_into().unwrap()))).collect()))
-        .collect();
-    let write = |path: &std::path::Path, f16: bool| {
-        let data: Vec<(String, Vec<usize>, Vec<u8>)> = halves
-            .iter()
-            .map(|(n, shape, v)| (n.clone(), shape.clone(), if f16 { v.iter().flat_map(|h| h.to_le_bytes()).collect() } else { v.iter().flat_map(|h| h.to_f32().to_le_bytes()).collect() }))
-            .collect();
-        let dtype = if f16 { safetensors::Dtype::F16 } else { safetensors::Dtype::F32 };
-        let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = data.iter().map(|(n, shape, b)| (n.clone(), safetensors::tensor::TensorView::new(dtype, shape.clone(), b).unwrap())).collect();
+    let tensors: Vec<(String, Vec<usize>, Vec<f32>)> =
+        file.tensors().into_iter().map(|(name, t)| (name, t.shape().to_vec(), t.data().chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect())).collect();
+    // The tensors with each value rounded to `dtype`, stored as it and as f32.
+    let write = |path: &std::path::Path, dtype: Dtype, stored: Dtype| {
+        let encode = |v: f32| -> Vec<u8> {
+            let rounded = match dtype {
+                Dtype::F16 => half::f16::from_f32(v).to_f32(),
+                _ => half::bf16::from_f32(v).to_f32(),
+            };
+            match stored {
+                Dtype::F16 => half::f16::from_f32(rounded).to_le_bytes().to_vec(),
+                Dtype::BF16 => half::bf16::from_f32(rounded).to_le_bytes().to_vec(),
+                _ => rounded.to_le_bytes().to_vec(),
+            }
+        };
+        let data: Vec<(String, Vec<usize>, Vec<u8>)> = tensors.iter().map(|(n, shape, v)| (n.clone(), shape.clone(), v.iter().flat_map(|&x| encode(x)).collect())).collect();
+        let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = data.iter().map(|(n, shape, b)| (n.clone(), safetensors::tensor::TensorView::new(stored, shape.clone(), b).unwrap())).collect();
         safetensors::serialize_to_file(views, None, path).unwrap();
     };
     let scratch = tempfile::tempdir().unwrap();
-    let (f16_path, f32_path) = (scratch.path().join("f16.safetensors"), scratch.path().join("f32.safetensors"));
-    write(&f16_path, true);
-    write(&f32_path, false);
     let model = ModelFolder::open(&model_dir("tiny-a")).unwrap();
     let vae_store = model.weights(Component::Vae).unwrap();
     let latents: Vec<f32> = {
         let cases = std::fs::read(dir.join("cases.safetensors")).unwrap();
         SafeTensors::deserialize(&cases).unwrap().tensor("latents").unwrap().data().chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()
     };
-    let convolutions = TinyDecoderFile::open(&f32_path).map(|f| {
-        let mut n = 0;
-        f.config.tensors(|t| n += (t.shape.len() == 4) as usize);
-        n
-    }).unwrap();
-    let tiers = [Precision::F32, Precision::F16, Precision::Matrix].into_iter().filter_map(flux_lite_tests::tier_gpu);
-    for gpu in tiers {
-        let tier = gpu.precision().name();
-        let [f16, f32] = [&f16_path, &f32_path].map(|path| {
-            let decoder = TinyDecoderFile::open(path).unwrap();
-            let tiny = TinyDecoder::new(&gpu, &decoder, &model.vae, &vae_store, 20, 12, Bands::Whole).unwrap();
-            let packed = if flux_lite_tests::has_f16_tiles(&gpu) { convolutions } else { 0 };
-            assert_eq!(tiny.packed_weights(), packed, "{tier}: {}", path.display());
-            tiny.decode(&gpu, &latents, true).unwrap().0.unwrap()
-        });
-        flux_lite_tests::assert_same_bits(&format!("{tier}: the f16 file against the f32 one"), &f16, &f32);
+    let tiers: Vec<_> = [Precision::F32, Precision::F16, Precision::Matrix].into_iter().filter_map(flux_lite_tests::tier_gpu).collect();
+    for dtype in [Dtype::F16, Dtype::BF16] {
+        let (half_path, f32_path) = (scratch.path().join(format!("{dtype:?}.safetensors")), scratch.path().join(format!("{dtype:?} as f32.safetensors")));
+        write(&half_path, dtype, dtype);
+        write(&f32_path, dtype, Dtype::F32);
+        let convolutions = TinyDecoderFile::open(&f32_path).map(|f| {
+            let mut n = 0;
+            f.config.tensors(|t| n += (t.shape.len() == 4) as usize);
+            n
+        }).unwrap();
+        for gpu in &tiers {
+            let tier = gpu.precision().name();
+            let [half, f32] = [&half_path, &f32_path].map(|path| {
+                let decoder = TinyDecoderFile::open(path).unwrap();
+                let tiny = TinyDecoder::new(gpu, &decoder, &model.vae, &vae_store, 20, 12, Bands::Whole).unwrap_or_else(|e| panic!("{tier}: {}: {e}", path.display()));
+                let packed = if flux_lite_tests::has_f16_tiles(gpu) { convolutions } else { 0 };
+                assert_eq!(tiny.packed_weights(), packed, "{tier}: {}", path.display());
+                tiny.decode(gpu, &latents, true).unwrap().0.unwrap()
+            });
+            flux_lite_tests::assert_same_bits(&format!("{tier}: the {dtype:?} file against the f32 one"), &half, &f32);
+        }
     }
 }
 

@@ -102,9 +102,13 @@ impl TinyDecoder {
                 return;
             }
             let uploaded = if t.zero {
-                let zeros = vec![0u8; 4 * t.shape.iter().product::<u64>() as usize];
-                let shape = [zeros.len() / 4];
-                DeviceWeight::upload(gpu, "preview decoder", &t.name, TensorRef { dtype: safetensors::Dtype::F32, shape: &shape, bytes: &zeros })
+                // In its W's dtype as uploaded (bf16 stays bf16, f16 and f32 become f32): a convolution reads both alike.
+                let weight = t.name.as_str().strip_suffix(".bias").map(|m| format!("{m}.weight"));
+                let bf16 = weight.and_then(|w| file.store.tensor(&w).ok()).is_some_and(|w| w.dtype == safetensors::Dtype::BF16);
+                let (dtype, width) = if bf16 { (safetensors::Dtype::BF16, 2) } else { (safetensors::Dtype::F32, 4) };
+                let count = t.shape.iter().product::<u64>() as usize;
+                let zeros = vec![0u8; width * count];
+                DeviceWeight::upload(gpu, "preview decoder", &t.name, TensorRef { dtype, shape: &[count], bytes: &zeros })
             } else {
                 file.store.tensor(&t.name).and_then(|r| upload(gpu, "preview decoder", &t.name, r))
             };
