@@ -27,6 +27,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 mod assignment;
+mod packing;
 mod staging;
 mod weight;
 
@@ -378,47 +379,6 @@ impl DeviceWeights {
         self.place_scales(gpu, weights.to_vec());
         let names: Vec<&str> = weights.iter().map(|(name, ..)| name.as_str()).filter(|name| self.map.get(*name).is_some_and(|w| w.scales.is_some())).collect();
         self.measure_scales(gpu, &names)
-    }
-
-    /// Packs the weights `names` (those with kept row scales) into the
-    /// matrix tier's f16 operand, for products that stage them as they are.
-    /// One submission for all of them.
-    pub fn pack_half(&mut self, gpu: &Gpu, names: impl IntoIterator<Item = impl AsRef<str>>) -> Result<(), GpuError> {
-        let (mut packs, mut packed) = (Vec::new(), Vec::new());
-        for name in names {
-            if let Some(w) = self.map.get(name.as_ref()) {
-                if w.record_pack(gpu, &mut packs)? {
-                    packed.push(name.as_ref().to_string());
-                }
-            }
-        }
-        if packed.is_empty() {
-            return Ok(());
-        }
-        gpu.submit(|enc| {
-            flux_lite_kernels::encode(enc, &packs);
-            Ok(())
-        })?;
-        for name in packed {
-            if let Some(w) = self.map.get_mut(&name) {
-                w.half_packed = true;
-            }
-        }
-        Ok(())
-    }
-
-    /// [`DeviceWeight::pack_half_f32`] for each f32 convolution W `names`
-    /// names (its device bytes counted as they fall).
-    pub fn pack_half_f32(&mut self, gpu: &Gpu, names: impl IntoIterator<Item = impl AsRef<str>>) -> Result<(), GpuError> {
-        for name in names {
-            if let Some(w) = self.map.get_mut(name.as_ref()) {
-                let before = w.buffer.size();
-                if w.pack_half_f32(gpu)? {
-                    self.bytes = self.bytes - before + w.buffer.size();
-                }
-            }
-        }
-        Ok(())
     }
 
     /// Allocates a resident tensor's buffer; its bytes are written later.
