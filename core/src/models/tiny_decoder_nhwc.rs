@@ -22,8 +22,8 @@ use crate::ir::{name, GroupShape, NormActivation, Op, Operand, Span};
 use crate::models::group_norm::group_norm_read;
 use crate::arena::BumpArena;
 use crate::models::tiny_decoder::{decode as decode_channel_major, latent_in, Stage, TinyDecoderConfig, TinyDecoderError, TinyDecoderLayout, POOL_EPS, POOL_GROUPS};
-use crate::models::vae::{prefix, rows, same, Prefix};
-use crate::models::vae_nhwc::{half_rows, pack, stream_rows};
+use crate::models::vae::{prefix, rows, same};
+use crate::models::vae_nhwc::{half_rows, pack, stream_rows, Stream};
 use crate::oracle::ConvShape;
 
 /// The decode of a whole image to its 8-bit levels on the layout's data
@@ -50,13 +50,6 @@ pub fn steps(config: &TinyDecoderConfig, channels_last: bool) -> u64 {
 pub fn band_minimum(config: &TinyDecoderConfig, latent_h: u64, latent_w: u64, channels_last: bool) -> Result<u64, TinyDecoderError> {
     let layout = TinyDecoderLayout::new(config, latent_h, latent_w, 0.0, channels_last, &mut BumpArena::new(u64::MAX))?;
     Ok(crate::models::vae::band_minimum(|emit| decode_whole(&layout, emit)))
-}
-
-/// Where the stream is, and the two buffers free for a block's intermediates.
-#[derive(Debug, Clone, Copy)]
-struct Stream {
-    at: Span,
-    free: [Span; 2],
 }
 
 /// A convolution over channels-last f16 rows: module tensors `{p}.weight`
@@ -88,32 +81,33 @@ pub fn decode(l: &TinyDecoderLayout, mut emit: impl FnMut(Op)) {
     emit(pack(l.t2, latent, h * w, lc));
     let mut x = Stream { at: l.x, free: [l.t1, l.t2] };
     for stage in &cfg.stages {
-        let stream = |at: Span, channels: u64, pixels: u64| stream_rows(at, pixels, channels);
         let pixels = h * w;
         match *stage {
             Stage::ConvIn { module: m, out } => {
                 let p = prefix(format_args!("{pre}{m}"));
-                emit(Conv { p: &p, shape: same(lc, out, h, w, 3), upsample: false, relu: true }.op(latent, stream(l.x, out, pixels), None, None));
+                emit(Conv { p: &p, shape: same(lc, out, h, w, 3), upsample: false, relu: true }.op(latent, stream_rows(l.x, pixels, out), None, None));
             }
             Stage::Block { module: m, channels_in: i, out: o, skip, pool } => {
                 if let Some(pc) = pool {
                     x = global_norm(l, &prefix(format_args!("{pre}{m}.pool")), (i, pc), (h, w), x, &mut emit);
                 }
                 let [a, b] = x.free;
-                let conv = |k: u32, cin: u64, relu: bool| (prefix(format_args!("{pre}{m}.conv.{k}")), same(cin, o, h, w, 3), relu);
-                let run = |(p, shape, relu): (Prefix, ConvShape, bool), from: Operand, to: Operand, onto: Option<Operand>, emit: &mut dyn FnMut(Op)| {
-                    emit(Conv { p: &p, shape, upsample: false, relu }.op(from, to, onto, None));
+                let rows_of = |at: Span, channels: u64| stream_rows(at, pixels, channels);
+                // Its three 3×3 convolutions, each ReLU'd.
+                let conv = |k: u32, cin: u64, from: Span, to: Span, onto: Option<Span>| {
+                    let p = prefix(format_args!("{pre}{m}.conv.{k}"));
+                    Conv { p: &p, shape: same(cin, o, h, w, 3), upsample: false, relu: true }.op(rows_of(from, cin), rows_of(to, o), onto.map(|r| rows_of(r, o)), None)
                 };
-                run(conv(0, i, true), stream(x.at, i, pixels), stream(a, o, pixels), None, &mut emit);
-                run(conv(2, o, true), stream(a, o, pixels), stream(b, o, pixels), None, &mut emit);
+                emit(conv(0, i, x.at, a, None));
+                emit(conv(2, o, a, b, None));
                 // relu(conv(…) + skip(x)): the last convolution adds the stream, or the skip convolution's output, and ReLUs the sum.
                 x = if skip {
                     let p = prefix(format_args!("{pre}{m}.skip"));
-                    emit(Conv { p: &p, shape: same(i, o, h, w, 1), upsample: false, relu: false }.op(stream(x.at, i, pixels), stream(a, o, pixels), None, None));
-                    run(conv(4, o, true), stream(b, o, pixels), stream(x.at, o, pixels), Some(stream(a, o, pixels)), &mut emit);
+                    emit(Conv { p: &p, shape: same(i, o, h, w, 1), upsample: false, relu: false }.op(rows_of(x.at, i), rows_of(a, o), None, None));
+                    emit(conv(4, o, b, x.at, Some(a)));
                     Stream { at: x.at, free: [a, b] }
                 } else {
-                    run(conv(4, o, true), stream(b, o, pixels), stream(a, o, pixels), Some(stream(x.at, o, pixels)), &mut emit);
+                    emit(conv(4, o, b, a, Some(x.at)));
                     Stream { at: a, free: [x.at, b] }
                 };
             }
@@ -121,14 +115,14 @@ pub fn decode(l: &TinyDecoderLayout, mut emit: impl FnMut(Op)) {
                 let p = prefix(format_args!("{pre}{m}"));
                 let shape = ConvShape { out_height: 2 * h as usize, out_width: 2 * w as usize, ..same(i, o, h, w, 3) };
                 let [a, b] = x.free;
-                emit(Conv { p: &p, shape, upsample: true, relu: false }.op(stream(x.at, i, pixels), stream(a, o, 4 * pixels), None, None));
+                emit(Conv { p: &p, shape, upsample: true, relu: false }.op(stream_rows(x.at, pixels, i), stream_rows(a, 4 * pixels, o), None, None));
                 (h, w) = (2 * h, 2 * w);
                 x = Stream { at: a, free: [x.at, b] };
             }
             Stage::ConvOut { module: m, channels_in: i } => {
                 let p = prefix(format_args!("{pre}{m}"));
                 let decoded = l.decoded();
-                emit(Conv { p: &p, shape: same(i, 3, h, w, 3), upsample: false, relu: false }.op(stream(x.at, i, pixels), rows(decoded, 3).into(), None, None));
+                emit(Conv { p: &p, shape: same(i, 3, h, w, 3), upsample: false, relu: false }.op(stream_rows(x.at, pixels, i), rows(decoded, 3).into(), None, None));
                 // The decoder's [0, 1] to the VAE's [-1, 1], as `DecoderTiny` returns `x.mul(2).sub(1)`.
                 emit(Op::ScaleShift { src: decoded, dst: decoded, count: 3 * pixels, scale: 2.0, shift: -1.0 });
                 emit(Op::PixelLevels { src: decoded, dst: l.levels(), count: 3 * pixels });
