@@ -117,23 +117,28 @@ impl DeviceWeight {
         Ok(())
     }
 
-    /// An f32 weight with kept row scales of an even length packed into f16
-    /// under them, into a buffer of its own (half its bytes) that takes the
-    /// f32 one's place: the weight then reads as a packed bf16 one (two
-    /// bytes an element, its words f16). Says whether it did; others stay
-    /// as they are. Only for a convolution's W: a channels-last convolution
-    /// reads its bias in the bias's own dtype, where a linear reads its bias
-    /// as wide as W's elements.
-    pub fn pack_half_f32(&mut self, gpu: &Gpu) -> Result<bool, GpuError> {
+    /// Records the pack of an f32 weight with kept row scales of an even
+    /// length into f16 under them, into a buffer of its own (half its
+    /// bytes), and gives that buffer; `None` (nothing recorded) for any
+    /// other weight. Once the pack has run, [`Self::take_packed`] puts the
+    /// buffer in the f32 one's place. Only for a convolution's W: a
+    /// channels-last convolution reads its bias in the bias's own dtype,
+    /// where a linear reads its bias as wide as W's elements.
+    pub(super) fn record_pack_f32(&self, gpu: &Gpu, sink: &mut dyn flux_lite_kernels::Sink) -> Result<Option<DeviceBuffer>, GpuError> {
         let Some(scales) = self.scales.as_ref().filter(|s| self.dtype == WeightDtype::F32 && !self.half_packed && s.k.is_multiple_of(2)) else {
-            return Ok(false);
+            return Ok(None);
         };
-        let words = scales.rows * scales.k / 2;
-        let packed = gpu.storage("packed weight", 4 * words.max(1));
+        let packed = gpu.storage("packed weight", 4 * (scales.rows * scales.k / 2).max(1));
         let rows = flux_lite_kernels::Mat { buf: &scales.buffer, offset: scales.offset, stride: 1 };
-        gpu.submit(|enc| kernels::pack_weight_half_f32(gpu, enc, self.view(), &packed, rows, [scales.rows, scales.k]))?;
+        kernels::pack_weight_half_f32(gpu, sink, self.view(), &packed, rows, [scales.rows, scales.k])?;
+        Ok(Some(packed))
+    }
+
+    /// The f16 words [`Self::record_pack_f32`] packed take the f32 values'
+    /// place: the weight then reads as a packed bf16 one (two bytes an
+    /// element, its words f16).
+    pub(super) fn take_packed(&mut self, packed: DeviceBuffer) {
         (self.buffer, self.offset, self.dtype, self.half_packed) = (packed, 0, WeightDtype::Bf16, true);
-        Ok(true)
     }
 
     /// Records the pack of [`Self::pack_half`] where the weight takes one
