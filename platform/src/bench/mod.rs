@@ -16,6 +16,29 @@ pub mod traffic;
 pub use model::{Ceilings, Figure, LinearFigures, ShapeBench};
 pub use timer::{Clock, Timer};
 
+/// A tiny preview decoder of TAEF2's shape for the VAE `cfg`, decoding a
+/// `width × height` image from packed latents to its 8-bit levels laid out
+/// whole, as `--preview-decoder` runs it after a step (channels-last where
+/// `channels_last`): what `bench kernels` times and `bench traffic` counts.
+pub(crate) struct TinyDecode {
+    pub shape: flux_lite_core::models::tiny_decoder::TinyDecoderConfig,
+    pub program: Vec<flux_lite_core::ir::Op>,
+    pub arena_bytes: u64,
+}
+
+impl TinyDecode {
+    pub(crate) fn taef2(cfg: &flux_lite_core::config::VaeConfig, [width, height]: [u64; 2], channels_last: bool) -> Result<Self, crate::error::RunError> {
+        use flux_lite_core::models::tiny_decoder::{TinyDecoderConfig, TinyDecoderError, TinyDecoderLayout};
+        let internal = |e: TinyDecoderError| crate::error::RunError::layout("preview decoder")(&e);
+        let shape = TinyDecoderConfig::taef2_shape(cfg.latent_channels as u64, cfg.scale_factor() as u64).map_err(internal)?;
+        let scale = cfg.scale_factor() as u64;
+        let mut arena = flux_lite_core::BumpArena::new(u64::MAX);
+        let layout = TinyDecoderLayout::new(&shape, height / scale, width / scale, cfg.batch_norm_eps as f32, channels_last, &mut arena).map_err(internal)?;
+        let program = crate::exec::runner::collect_ops(|emit| flux_lite_core::models::tiny_decoder_nhwc::decode_whole(&layout, emit));
+        Ok(Self { shape, program, arena_bytes: arena.high_water() })
+    }
+}
+
 /// What [`df11`] measured. Rates are bytes of bf16 output per second.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Df11Bench {

@@ -131,14 +131,10 @@ impl<'g> ShapeBench<'g> {
     /// else by bands in the largest tile's arena the plan would take
     /// (wall clock, each band's upload and readback included).
     pub fn tiny_decode(&self, cfg: &VaeConfig, size: u64) -> Result<Figure, RunError> {
-        use flux_lite_core::models::tiny_decoder::{self as tiny, TinyDecoderConfig, TinyDecoderLayout};
+        use flux_lite_core::models::tiny_decoder as tiny;
         let internal = |e: tiny::TinyDecoderError| RunError::layout("preview decoder")(&e);
-        let shape = TinyDecoderConfig::taef2_shape(cfg.latent_channels as u64, cfg.scale_factor() as u64).map_err(internal)?;
-        let latent = size / cfg.scale_factor() as u64;
-        let mut arena = BumpArena::new(u64::MAX);
         let channels_last = self.gpu.plan_limits().half_operands;
-        let layout = TinyDecoderLayout::new(&shape, latent, latent, cfg.batch_norm_eps as f32, channels_last, &mut arena).map_err(internal)?;
-        let program = collect_ops(|emit| flux_lite_core::models::tiny_decoder_nhwc::decode_whole(&layout, emit));
+        let crate::bench::TinyDecode { shape, program, arena_bytes } = crate::bench::TinyDecode::taef2(cfg, [size, size], channels_last)?;
         let weights = SyntheticWeights::new(|sink| {
             tensors::vae(cfg, &mut |s: &tensors::TensorSpec| {
                 if s.name.starts_with("bn.running_") {
@@ -152,13 +148,13 @@ impl<'g> ShapeBench<'g> {
         let first = layouts.first().copied().unwrap_or_default();
         let (how, seconds, dispatches) = match first.tile {
             None => {
-                let runner = self.runner(arena.high_water(), 0, 0, false);
+                let runner = self.runner(arena_bytes, 0, 0, false);
                 let d = runner.prepare_block(self.gpu, &placed, 0, &program)?;
                 (String::new(), self.timer.median(&d, self.repeats)?, Some(d.len() as u64))
             }
             Some(tile) => {
                 let capacity = tiny::band_capacity(&shape, tile / cfg.scale_factor() as u64, self.gpu.max_binding(), channels_last).map_err(internal)?;
-                let (how, elements) = (if first.on_device { "activations on the device" } else { "activations on the host" }, arena.high_water() / 4);
+                let (how, elements) = (if first.on_device { "activations on the device" } else { "activations on the host" }, arena_bytes / 4);
                 (format!(", by bands in a {tile}² tile's arena, {how}, wall clock"), self.banded_median(&program, &placed, capacity, elements, first.on_device)?, None)
             }
         };

@@ -284,14 +284,10 @@ pub fn vae_encode(cfg: &VaeConfig, [width, height]: [u64; 2], tier: Precision, m
 /// whole, as `--preview-decoder` runs it after a step (channels-last on the
 /// matrix tier), by kind of op.
 pub fn preview_decode(cfg: &VaeConfig, [width, height]: [u64; 2], tier: Precision, m: &Machine) -> Result<ProgramTraffic, RunError> {
-    use flux_lite_core::models::{tiny_decoder, tiny_decoder_nhwc};
-    let internal = |e: tiny_decoder::TinyDecoderError| RunError::layout("preview decoder")(&e);
-    let shape = tiny_decoder::TinyDecoderConfig::taef2_shape(cfg.latent_channels as u64, cfg.scale_factor() as u64).map_err(internal)?;
-    let scale = cfg.scale_factor() as u64;
     let channels_last = is_matrix(tier);
-    let layout = tiny_decoder::TinyDecoderLayout::new(&shape, height / scale, width / scale, 0.0, channels_last, &mut BumpArena::new(u64::MAX)).map_err(internal)?;
-    let program = crate::exec::runner::collect_ops(|emit| tiny_decoder_nhwc::decode_whole(&layout, emit));
-    Ok(ProgramTraffic::of(&program, tier, m, shape.largest_binding((height / scale) * (width / scale), channels_last)))
+    let tiny = super::TinyDecode::taef2(cfg, [width, height], channels_last)?;
+    let scale = cfg.scale_factor() as u64;
+    Ok(ProgramTraffic::of(&tiny.program, tier, m, tiny.shape.largest_binding((height / scale) * (width / scale), channels_last)))
 }
 
 /// The kind of an op, as the traffic table names it.
