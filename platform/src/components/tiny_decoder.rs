@@ -121,14 +121,15 @@ impl TinyDecoder {
             return Err(e.into());
         }
         weights.keep_row_scales(gpu, &file.product_rows())?;
+        let program = collect_ops(|emit| decode_whole(&layout, emit));
         if channels_last {
-            pack_products(gpu, &mut weights, &collect_ops(|emit| decode_whole(&layout, emit)))?;
+            pack_products(gpu, &mut weights, &program)?;
         }
         let mode = match banded {
             None => {
                 let mut dispatches = Vec::new();
-                for op in collect_ops(|emit| decode_whole(&layout, emit)) {
-                    runner.record(gpu, &mut dispatches, &weights, &op)?;
+                for op in &program {
+                    runner.record(gpu, &mut dispatches, &weights, op)?;
                 }
                 Mode::Whole { dispatches }
             }
