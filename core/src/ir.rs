@@ -47,6 +47,11 @@ impl Span {
     }
 }
 
+/// Words holding `values` 8-bit levels, four to a word ([`Op::PixelLevels`]).
+pub const fn level_words(values: u64) -> u64 {
+    values.div_ceil(4)
+}
+
 /// Rows a product reads, as the op before it writes them: f32 values at
 /// `data`; or, with `scales`, f16 values two a 4-byte word (`data`'s stride
 /// and offsets count words: a row of `w` values is `w/2` of them), each row
@@ -451,7 +456,11 @@ pub enum Op {
     /// `x·√(var + eps) + mean` per patchified channel, then unpatchify
     /// (channel `c·4 + py·2 + px` of token `(y, x)` lands at `(2y + py, 2x + px)`).
     DenormUnpatchify { packed: Span, latent: Span, mean: TensorName, var: TensorName, channels: u64, height: u64, width: u64, eps: f32 },
-    /// `dst = round(clamp(src/2 + 1/2, 0, 1)·255)` over `count` contiguous values: 8-bit levels as f32.
+    /// The 8-bit levels `round(clamp(src/2 + 1/2, 0, 1)·255)` of `count`
+    /// contiguous values, as bytes four to a word at `dst` ([`level_words`]
+    /// words: value `i` in bits `8·(i mod 4)` of word `i/4`, a little-endian
+    /// u32, so that the image's bytes lie in memory in order; the last word's
+    /// unused bytes zero).
     PixelLevels { src: Span, dst: Span, count: u64 },
     /// `dst = max(src, 0)` over `count` contiguous values.
     Relu { src: Span, dst: Span, count: u64 },

@@ -18,7 +18,7 @@
 //! buffers, as in the VAE decoder.
 
 use crate::arena::{ArenaError, BumpArena};
-use crate::ir::{name, GroupShape, Op, Span, ALIGN, F32};
+use crate::ir::{level_words, name, GroupShape, Op, Span, ALIGN, F32};
 use crate::models::group_norm::{group_norm, NormScratch};
 use crate::models::tensors::TensorName;
 use crate::models::vae::{denorm_unpatchify, half_elements, prefix, rows, same, whole_tokens};
@@ -448,7 +448,7 @@ impl TinyDecoderLayout {
         let norm = NormScratch::at(take(NormScratch::elements(POOL_GROUPS, latent_h * config.scale()))?, POOL_GROUPS);
         // Channels-last, the stream ends where its last stage leaves it: the image and its levels take their own.
         let image = 3 * p0 * config.scale() * config.scale();
-        let out = if channels_last { [take(image)?, take(image)?] } else { [t1, t2] };
+        let out = if channels_last { [take(image)?, take(level_words(image))?] } else { [t1, t2] };
         Ok(Self { config: config.clone(), latent_h, latent_w, bn_eps, channels_last, packed: Span::new(packed.offset, 4 * lc), latent, x, t1, t2, norm, out })
     }
 
@@ -464,7 +464,8 @@ impl TinyDecoderLayout {
         self.out[0]
     }
 
-    /// Its 8-bit levels: planar, or interleaved RGB channels-last.
+    /// Its 8-bit levels, four to a word ([`Op::PixelLevels`]): planar, or
+    /// interleaved RGB channels-last.
     pub fn levels(&self) -> Span {
         self.out[1]
     }

@@ -80,24 +80,24 @@ pub(super) fn references(input: &PlanInput<'_>, band: Option<u64>) -> u64 {
 }
 
 /// The VAE decode's phase. Untiled: the latents, the levels computed on the
-/// device read back once (as f32), the planar levels and the interleaved
-/// RGB, 18 bytes a pixel. In bands (`band`: the arena): the
-/// decoded values stay in the scratch file; the host copies one band's
-/// operands and result (together at most the arena; later a chunk of
-/// levels, half of it), and holds the planar and RGB bytes.
+/// device read back once (a byte a value), and the interleaved RGB, 6 bytes
+/// a pixel. In bands (`band`: the arena): the decoded values stay in the
+/// scratch file; the host copies one band's operands and result (together
+/// at most the arena), then reads the levels out of it and holds them and
+/// the RGB bytes.
 pub(super) fn decode(input: &PlanInput<'_>, band: Option<u64>) -> u64 {
     let pixels = input.width.saturating_mul(input.height);
     decode_image(input, match band {
-        None => (4 * 3 + 3 + 3) * pixels,
+        None => (3 + 3) * pixels,
         Some(arena) => arena + (3 + 3) * pixels,
     })
 }
 
-/// The same by bands with the activations on the device: the decoded values
-/// read back as untiled (12 bytes a pixel), the levels in chunks of half the
-/// band arena (`arena`), the planar and RGB bytes.
-pub(super) fn decode_device_bands(input: &PlanInput<'_>, arena: u64) -> u64 {
-    decode_image(input, arena / 2 + (4 * 3 + 3 + 3) * input.width.saturating_mul(input.height))
+/// The same by bands with the activations on the device: the levels read
+/// back (3 bytes a pixel) with one page's read of them in flight (at most 3
+/// more), and the RGB bytes. A run asks for no decoded values.
+pub(super) fn decode_device_bands(input: &PlanInput<'_>) -> u64 {
+    decode_image(input, (3 + 3 + 3) * input.width.saturating_mul(input.height))
 }
 
 /// The decode's host bytes around `image`: the latents and the reference pixels.

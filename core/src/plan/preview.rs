@@ -10,6 +10,7 @@
 use super::{overhead, DeviceLimits, PlanError};
 use crate::models::tiny_decoder::{self as tiny, TinyDecoderConfig};
 use crate::models::vae::band_arena_bytes;
+use crate::ir::level_words;
 
 /// One way to run the preview decoder, and what it holds while the transformer runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -64,8 +65,8 @@ pub fn preview_layouts(cfg: &TinyDecoderConfig, width: u64, height: u64, weights
     let whole_arena = tiny::arena_bytes(cfg, lat_h, lat_w, nhwc).map_err(|_| too_large)?;
     let binding = cfg.largest_binding(lat_h * lat_w, nhwc);
     if covers && whole_arena <= limits.max_buffer && binding <= limits.max_binding {
-        // The levels come back as f32 through a staging buffer, then become RGB on the host.
-        let levels = 4 * 3 * pixels;
+        // The levels come back (a byte each) through a staging buffer, then become RGB on the host.
+        let levels = 4 * level_words(3 * pixels);
         let _ = layouts.push(PreviewLayout { tile: None, on_device: true, device: weights + whole_arena + levels + overhead(steps), host: levels + 3 * pixels });
     }
     let row = crate::models::tiny_decoder_nhwc::band_minimum(cfg, lat_h, lat_w, nhwc).map_err(|_| too_large)?;
@@ -76,7 +77,7 @@ pub fn preview_layouts(cfg: &TinyDecoderConfig, width: u64, height: u64, weights
         let capacity = tiny::band_capacity(cfg, side / scale, limits.max_binding, nhwc).map_err(|_| too_large)?;
         let arena = band_arena_bytes(capacity);
         if capacity >= row && arena <= limits.max_buffer {
-            let levels = 4 * 3 * pixels;
+            let levels = 4 * level_words(3 * pixels);
             let device = weights + whole_arena + arena + levels + overhead(steps);
             let _ = layouts.push(PreviewLayout { tile: Some(side), on_device: true, device, host: levels + 3 * pixels });
         }

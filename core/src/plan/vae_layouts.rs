@@ -4,6 +4,7 @@
 
 use super::{host, Need, count, latent_grid, overhead, PlanError, PlanInput, VaePlan, DeviceLimits, REFERENCE_SIZE};
 use crate::arena::BumpArena;
+use crate::ir::level_words;
 use crate::config::VaeConfig;
 use crate::models::{vae, vae_encoder, vae_encoder_nhwc, vae_nhwc};
 
@@ -176,8 +177,8 @@ fn decode_candidates<'a>(input: &'a PlanInput<'a>) -> impl Iterator<Item = VaePl
         let mut arena = BumpArena::new(u64::MAX);
         vae::VaeLayout::new(cfg, 2, 2, input.limits.half_operands, &mut arena).map_or(0, |l| count(|emit| vae_nhwc::decode_whole(&l, input.limits.half_operands, emit)))
     };
-    // Untiled, the image's 8-bit levels come back through one staging buffer.
-    let levels = 4 * 3 * w * h;
+    // Untiled, the image's 8-bit levels (a byte each) come back through one staging buffer.
+    let levels = 4 * level_words(3 * w * h);
     let whole = vae_arena(cfg, h / scale, w / scale, input.limits)
         .map(|arena| VaePlan { tile: None, on_device: false, weight_bytes: weights, arena_bytes: arena, other_bytes: levels + overhead(steps), host_bytes: host::decode(input, None) }.with_staging());
     let unit = 2 * scale;
@@ -195,7 +196,7 @@ fn decode_candidates<'a>(input: &'a PlanInput<'a>) -> impl Iterator<Item = VaePl
     let on_device = match (&whole, forced) {
         (None, None) => vae::arena_bytes(cfg, h / scale, w / scale, input.limits.half_operands).ok().zip(decode_device_capacity(cfg, w.max(h), row, input.limits)).map(|(activations, capacity)| {
             let arena = vae::band_arena_bytes(capacity);
-            let host_bytes = host::decode_device_bands(input, arena);
+            let host_bytes = host::decode_device_bands(input);
             // The activations' pages are other device bytes: no kernel binds them.
             VaePlan { tile: Some(w.max(h)), on_device: true, weight_bytes: weights, arena_bytes: arena, other_bytes: activations + levels + overhead(steps), host_bytes }.with_staging()
         }),

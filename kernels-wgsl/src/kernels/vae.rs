@@ -9,6 +9,7 @@ use crate::dispatch::{dispatch, grid64, to_u32, window, Launch, Sink};
 use crate::error::GpuError;
 use crate::view::{Mat, Weight};
 use bytemuck::{Pod, Zeroable};
+use flux_lite_core::ir::level_words;
 
 /// `vae.wgsl` — the decoder's input (de-normalise, unpatchify) and output (8-bit levels).
 #[repr(C)]
@@ -30,10 +31,10 @@ pub struct VaeParams {
 pub const DENORM_UNPATCHIFY: Kernel =
     kernel(Module::Vae, "denorm_unpatchify", [64, 1, 1], &[(1, RW), (2, R), (3, R), (4, RW)], size_of::<VaeParams>(), true);
 pub const PIXEL_LEVELS: Kernel =
-    kernel(Module::Vae, "pixel_levels", [64, 1, 1], &[(1, RW), (4, RW)], size_of::<VaeParams>(), false);
+    kernel(Module::Vae, "pixel_levels", [64, 1, 1], &[(1, RW), (5, RW)], size_of::<VaeParams>(), false);
 
 pub const LATENT_PREVIEW: Kernel =
-    kernel(Module::Vae, "latent_preview", [64, 1, 1], &[(1, RW), (2, R), (4, RW)], size_of::<VaeParams>(), true);
+    kernel(Module::Vae, "latent_preview", [64, 1, 1], &[(1, RW), (2, R), (5, RW)], size_of::<VaeParams>(), true);
 
 /// The BatchNorm statistics of the patchified latent (`bn.running_mean`, `bn.running_var`).
 #[derive(Debug, Clone, Copy)]
@@ -87,26 +88,29 @@ pub fn denorm_unpatchify(
     Ok(())
 }
 
-/// `dst = round(clamp(src/2 + 1/2, 0, 1)·255)` over `count` contiguous values.
+/// The 8-bit levels `round(clamp(src/2 + 1/2, 0, 1)·255)` of `count`
+/// contiguous values, as bytes four to a word into `dst` (`level_words(count)`
+/// words; [`flux_lite_core::ir::Op::PixelLevels`]).
 pub fn pixel_levels(gpu: &Gpu, sink: &mut dyn Sink, src: Mat<'_>, dst: Mat<'_>, count: u64) -> Result<(), GpuError> {
     if count == 0 {
         return Ok(());
     }
+    let words = level_words(count);
     let sw = window(gpu, src.buf, 4, src.offset..src.offset + count, "decoded image")?;
-    let dw = window(gpu, dst.buf, 4, dst.offset..dst.offset + count, "pixel levels")?;
+    let dw = window(gpu, dst.buf, 4, dst.offset..dst.offset + words, "pixel levels")?;
     let params = VaeParams {
         src_offset: sw.local,
         dst_offset: dw.local,
         count: to_u32(count, "pixel values")?,
         ..Default::default()
     };
-    dispatch(gpu, sink, Launch { kernel: &PIXEL_LEVELS, constants: &[], params, grid: grid64(count) }, &[(1, &sw), (4, &dw)]);
+    dispatch(gpu, sink, Launch { kernel: &PIXEL_LEVELS, constants: &[], params, grid: grid64(words) }, &[(1, &sw), (5, &dw)]);
     Ok(())
 }
 
 /// The preview of packed latents `[grid_h·grid_w, 4·channels]` as RGB
-/// levels (f32 integers 0–255) at the latent's resolution into `dst`
-/// (`2·grid_h × 2·grid_w × 3`, interleaved): `map` holds `channels` rows of
+/// levels at the latent's resolution into `dst` (`2·grid_h × 2·grid_w × 3`
+/// bytes, interleaved, four to a word as [`pixel_levels`] leaves them): `map` holds `channels` rows of
 /// `[r, g, b]` factors then the bias, f32 (`flux_lite_core::preview::levels_into`
 /// on the host computes the same).
 pub fn latent_preview(gpu: &Gpu, sink: &mut dyn Sink, packed: Mat<'_>, map: Weight<'_>, dst: Mat<'_>, [channels, grid_h, grid_w]: [u64; 3]) -> Result<(), GpuError> {
@@ -119,7 +123,8 @@ pub fn latent_preview(gpu: &Gpu, sink: &mut dyn Sink, packed: Mat<'_>, map: Weig
     }
     let sw = window(gpu, packed.buf, 4, packed.offset..packed.offset + pixels * channels, "packed latents")?;
     let mw = window(gpu, map.buf, 4, map.offset..map.offset + 3 * channels + 3, "latent-to-RGB map")?;
-    let dw = window(gpu, dst.buf, 4, dst.offset..dst.offset + 3 * pixels, "preview levels")?;
+    let words = level_words(3 * pixels);
+    let dw = window(gpu, dst.buf, 4, dst.offset..dst.offset + words, "preview levels")?;
     let params = VaeParams {
         channels: to_u32(channels, "latent channels")?,
         height: to_u32(grid_h, "latent token rows")?,
@@ -130,7 +135,7 @@ pub fn latent_preview(gpu: &Gpu, sink: &mut dyn Sink, packed: Mat<'_>, map: Weig
         ..Default::default()
     };
     let constants = [("WEIGHT_BF16", 0)];
-    dispatch(gpu, sink, Launch { kernel: &LATENT_PREVIEW, constants: &constants, params, grid: grid64(pixels) }, &[(1, &sw), (2, &mw), (4, &dw)]);
+    dispatch(gpu, sink, Launch { kernel: &LATENT_PREVIEW, constants: &constants, params, grid: grid64(words) }, &[(1, &sw), (2, &mw), (5, &dw)]);
     Ok(())
 }
 
@@ -172,7 +177,9 @@ mod tests {
             flux_lite_core::preview::levels_into(&packed, (grid_h, grid_w), &map, &mut want).unwrap();
             let words: Vec<f32> = factors.iter().flatten().copied().chain(bias).collect();
             let (src, map_buf) = (gpu.upload_f32("packed", &packed), gpu.upload_f32("map", &words));
-            let dst = gpu.storage("levels", (want.len() * 4) as u64);
+            // A word more than the levels take, poisoned: the kernel writes none of it.
+            let words = flux_lite_core::ir::level_words(want.len() as u64) as usize;
+            let dst = gpu.upload_f32("levels", &vec![f32::NAN; words + 1]);
             let mut ds = Vec::new();
             let weight = Weight::f32(&map_buf);
             super::latent_preview(gpu, &mut ds, Mat { buf: &src, offset: 0, stride: 0 }, weight, Mat { buf: &dst, offset: 0, stride: 0 }, [channels as u64, grid_h as u64, grid_w as u64]).unwrap();
@@ -181,11 +188,13 @@ mod tests {
                 Ok(())
             })
             .unwrap();
-            let got = gpu.read_f32(&dst, 0, want.len()).unwrap();
-            let worst = got.iter().zip(&want).map(|(g, &w)| (g - w as f32).abs()).fold(0f32, f32::max);
-            let off = got.iter().zip(&want).filter(|(g, &w)| **g != w as f32).count();
-            assert!(worst <= 1.0 && off * 50 <= want.len(), "{channels} channels: {off} of {} levels differ, by up to {worst}", want.len());
-            assert!(got.iter().all(|v| v.fract() == 0.0 && (0.0..=255.0).contains(v)));
+            let bytes = gpu.read_bytes(&dst, 0, 4 * (words as u64 + 1)).unwrap();
+            let (got, rest) = bytes.split_at(want.len());
+            let worst = got.iter().zip(&want).map(|(&g, &w)| g.abs_diff(w)).max().unwrap_or(0);
+            let off = got.iter().zip(&want).filter(|(g, w)| g != w).count();
+            assert!(worst <= 1 && off * 50 <= want.len(), "{channels} channels: {off} of {} levels differ, by up to {worst}", want.len());
+            let (tail, after) = rest.split_at(rest.len() - 4);
+            assert!(tail.iter().all(|&b| b == 0) && after == f32::NAN.to_le_bytes(), "{channels} channels: bytes past the levels {tail:?}, the word after {after:?}");
         }
     }
 

@@ -1,6 +1,9 @@
 // The VAE decoder's two ends: packed latents to the decoder's input
 // (BatchNorm de-normalisation and unpatchify in one pass), and decoded
-// values to 8-bit levels. One invocation per output element.
+// values to 8-bit levels; and the latent preview's levels. Levels are bytes,
+// four to a word (value i in bits 8·(i mod 4) of word i/4: a little-endian
+// u32, so the host reads the image's bytes as they lie), the last word's
+// unused bytes zero. One invocation per output element or word.
 
 override WEIGHT_BF16: bool = true;
 
@@ -15,6 +18,13 @@ struct Params {
 @group(0) @binding(2) var<storage, read> mean: array<u32>;
 @group(0) @binding(3) var<storage, read> variance: array<u32>;
 @group(0) @binding(4) var<storage, read_write> dst: array<f32>;
+@group(0) @binding(5) var<storage, read_write> levels: array<u32>;
+
+// Four levels (whole numbers in [0, 255], as f32) in one word, the first in its low byte.
+fn level_word(l: vec4<f32>) -> u32 {
+    let b = vec4<u32>(l);
+    return b.x | (b.y << 8u) | (b.z << 16u) | (b.w << 24u);
+}
 
 fn mean_at(i: u32) -> f32 {
     return weight_value(mean[weight_word(i, WEIGHT_BF16)], i, WEIGHT_BF16);
@@ -44,29 +54,35 @@ fn denorm_unpatchify(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num
     dst[p.dst_offset + flat] = scaled + mean_at(s);
 }
 
-// dst = round(clamp(src·0.5 + 0.5, 0, 1)·255): diffusers' post-processing to
-// 8-bit levels, kept as f32. WGSL's round sends ties to even, as numpy's does;
-// src·0.5 is exact, so a fused multiply-add cannot change the result.
+// levels = round(clamp(src·0.5 + 0.5, 0, 1)·255): diffusers' post-processing
+// to 8-bit levels. WGSL's round sends ties to even, as numpy's does; src·0.5
+// is exact, so a fused multiply-add cannot change the result. `count`
+// values; one invocation a word, values past `count` level 0.
 @compute @workgroup_size(64)
 fn pixel_levels(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let flat = gid.x + gid.y * nwg.x * 64u;
-    if (flat >= p.count) { return; }
-    let unit = clamp(src[p.src_offset + flat] * 0.5 + 0.5, 0.0, 1.0);
-    dst[p.dst_offset + flat] = round(unit * 255.0);
+    let word = gid.x + gid.y * nwg.x * 64u;
+    let first = 4u * word;
+    if (first >= p.count) { return; }
+    var l = vec4<f32>(0.0);
+    for (var j = 0u; j < 4u; j = j + 1u) {
+        if (first + j < p.count) {
+            let unit = clamp(src[p.src_offset + first + j] * 0.5 + 0.5, 0.0, 1.0);
+            l[j] = round(unit * 255.0);
+        }
+    }
+    levels[p.dst_offset + word] = level_word(l);
 }
 
 // A latent preview: packed latents [height·width tokens, 4·channels] to RGB
 // levels at the latent's resolution (2·height × 2·width, interleaved), by a
 // latent-to-RGB map read from `mean` as f32 words: `channels` rows of
 // [r, g, b], then the bias. Level = floor(clamp((v + 1)/2, 0, 1)·255 + 1/2),
-// as the host's preview rounds. One invocation per latent pixel.
-@compute @workgroup_size(64)
-fn latent_preview(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let flat = gid.x + gid.y * nwg.x * 64u;
+// as the host's preview rounds. One invocation per word of levels: its four
+// values come of at most two latent pixels.
+fn preview_rgb(pixel: u32) -> vec3<f32> {
     let ow = 2u * p.width;
-    if (flat >= 4u * p.height * p.width) { return; }
-    let oy = flat / ow;
-    let ox = flat % ow;
+    let oy = pixel / ow;
+    let ox = pixel % ow;
     let token = (oy / 2u) * p.width + ox / 2u;
     let corner = (oy % 2u) * 2u + ox % 2u;
     let m = p.stats_offset;
@@ -77,9 +93,29 @@ fn latent_preview(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_wo
         rgb = rgb + vec3<f32>(mean_at(m + 3u * c), mean_at(m + 3u * c + 1u), mean_at(m + 3u * c + 2u)) * z;
     }
     let unit = clamp((rgb + vec3<f32>(1.0)) * 0.5, vec3<f32>(0.0), vec3<f32>(1.0));
-    let level = floor(unit * 255.0 + vec3<f32>(0.5));
-    let out = p.dst_offset + 3u * flat;
-    dst[out] = level.x;
-    dst[out + 1u] = level.y;
-    dst[out + 2u] = level.z;
+    return floor(unit * 255.0 + vec3<f32>(0.5));
+}
+
+@compute @workgroup_size(64)
+fn latent_preview(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let word = gid.x + gid.y * nwg.x * 64u;
+    let count = 12u * p.height * p.width;
+    let first = 4u * word;
+    if (first >= count) { return; }
+    let pixel = first / 3u;
+    let here = preview_rgb(pixel);
+    // The word's last value may be the next pixel's.
+    var next = here;
+    if (first + 3u < count && (first + 3u) / 3u != pixel) {
+        next = preview_rgb(pixel + 1u);
+    }
+    var l = vec4<f32>(0.0);
+    for (var j = 0u; j < 4u; j = j + 1u) {
+        let v = first + j;
+        if (v < count) {
+            let rgb = select(here, next, v / 3u != pixel);
+            l[j] = rgb[v % 3u];
+        }
+    }
+    levels[p.dst_offset + word] = level_word(l);
 }

@@ -16,6 +16,7 @@ use crate::kernels::norm::{layer_norm_modulate, rms_norm, rms_norm_inplace, RowN
 use crate::kernels::rope::{rope, RopeStyle, RopeTables};
 use crate::view::HeadRows;
 use crate::{DeviceBuffer, Gpu, GpuError, Mat, Precision, Weight};
+use flux_lite_core::ir::level_words;
 use flux_lite_core::oracle::{self as r, ConvShape, Weights};
 
 mod channels_last;
@@ -242,14 +243,22 @@ pub fn check_denorm_unpatchify(gpu: &Gpu, [channels, height, width]: [usize; 3],
 
 /// The 8-bit levels `round(clamp(x/2 + 1/2, 0, 1)·255)` of random values,
 /// values beyond both ends, and values whose level lands on a half (ties to
-/// even), exact.
+/// even), exact: bytes four to a word, written a few words into the buffer,
+/// the last word's unused bytes zero and the word after it untouched (the
+/// relative L2 of every byte from the first level's word to that one).
 pub fn check_pixel_levels(gpu: &Gpu) -> Result<f64, GpuError> {
     let mut x = Rng::new(62).normals(1001, 0.8);
-    x.extend([-3.0, 3.0, -1.0, 1.0, 0.0, -0.494_117_65, -0.486_274_5]);
-    let want: Vec<f64> = x.iter().map(|&v| r::pixel_level(v)).collect();
-    let n = x.len();
-    let (xb, out) = (gpu.upload_f32("decoded", &x), poisoned(gpu, n));
-    let got = run_and_read(gpu, &out, n, |enc| pixel_levels(gpu, enc, Mat::new(&xb, 0), Mat::new(&out, 0), n as u64))?;
+    x.extend([-3.0, 3.0, -1.0, 1.0, 0.0, -0.494_117_65, -0.486_274_5, 0.25]);
+    let (n, at) = (x.len(), 3);
+    let words = level_words(n as u64) as usize;
+    let poison = poisoned(gpu, at + words + 1);
+    // The levels, the last word's unused bytes, then the poison's bytes.
+    let mut want: Vec<f64> = x.iter().map(|&v| r::pixel_level(v)).collect();
+    want.resize(4 * words, 0.0);
+    want.extend(f32::NAN.to_le_bytes().map(f64::from));
+    let xb = gpu.upload_f32("decoded", &x);
+    gpu.submit(|enc| pixel_levels(gpu, enc, Mat::new(&xb, 0), Mat { buf: &poison, offset: at as u64, stride: 0 }, n as u64))?;
+    let got: Vec<f32> = gpu.read_bytes(&poison, 4 * at as u64, 4 * (words as u64 + 1))?.into_iter().map(f32::from).collect();
     Ok(rel_l2(&got, &want))
 }
 

@@ -11,7 +11,7 @@
 //! the device's products take f16 inputs (the matrix tier) the program is
 //! the channels-last one (`tiny_decoder_nhwc`), as the VAE's decode there.
 
-use crate::components::vae::{arena_runner, pack_products, planar, upload_checked};
+use crate::components::vae::{arena_runner, interleave_rgb, pack_products, planar, upload_checked};
 use crate::error::RunError;
 use crate::model::safetensors_store::{TensorRef, WeightStore};
 use crate::exec::device_weights::{DeviceWeight, DeviceWeights};
@@ -181,21 +181,20 @@ impl TinyDecoder {
                     Ok(())
                 })?;
                 let decoded = if values { Some(self.runner.read(gpu, self.layout.decoded(), 1, n)?) } else { None };
-                (decoded, self.runner.read(gpu, self.layout.levels(), 1, n)?)
+                (decoded, self.runner.read_levels(gpu, self.layout.levels(), n)?)
             }
             Mode::Banded { capacity, activations } => {
                 let mut held = activations.hold()?;
                 let store = held.store();
                 self.decode_banded(gpu, *capacity, packed, store)?;
                 let decoded = if values { Some(store.read(gpu, self.layout.decoded(), n)?) } else { None };
-                (decoded, store.read(gpu, self.layout.levels(), n)?)
+                (decoded, store.read_levels(gpu, self.layout.levels(), n)?)
             }
         };
         let pixels = (n / 3) as usize;
-        // The levels are whole numbers in [0, 255]; the cast only changes the type.
         let rgb = match self.layout.channels_last {
-            true => levels.iter().map(|&v| v as u8).collect(),
-            false => (0..pixels).flat_map(|i| [levels[i], levels[pixels + i], levels[2 * pixels + i]].map(|v| v as u8)).collect(),
+            true => levels,
+            false => interleave_rgb(&levels, pixels),
         };
         let decoded = decoded.map(|d| if self.layout.channels_last { planar(&d, pixels) } else { d });
         Ok((decoded, rgb))

@@ -229,9 +229,7 @@ impl VaeDecoder {
                     }
                     false => None,
                 };
-                let levels = self.runner.read(gpu, layout.levels, 1, layout.decoded_len())?;
-                // The levels are whole numbers in [0, 255]; the cast only changes the type.
-                let levels: Vec<u8> = levels.iter().map(|&v| v as u8).collect();
+                let levels = self.runner.read_levels(gpu, layout.levels, layout.decoded_len())?;
                 (decoded, if *channels_last { levels } else { interleave_rgb(&levels, pixels) })
             }
             Mode::Banded { capacity, activations, channels_last } => {
@@ -240,9 +238,7 @@ impl VaeDecoder {
                 self.decode_banded(gpu, (*capacity, *channels_last), &full, packed, held.store(), progress)?;
                 // The levels made by bands where the activations are: one
                 // readback of the image where they are on the device.
-                let levels = held.store().read(gpu, full.levels, full.decoded_len())?;
-                // The levels are whole numbers in [0, 255]; the cast only changes the type.
-                let levels: Vec<u8> = levels.iter().map(|&v| v as u8).collect();
+                let levels = held.store().read_levels(gpu, full.levels, full.decoded_len())?;
                 let pixels = height * width;
                 let decoded = match (values, held) {
                     (false, _) => None,
@@ -283,9 +279,7 @@ impl VaeDecoder {
             self.runner.write(gpu, src, part);
             let op = Op::PixelLevels { src, dst, count: part.len() as u64 };
             gpu.submit(|enc| self.runner.record(gpu, enc, &self.weights, &op))?;
-            let levels = self.runner.read(gpu, dst, 1, part.len() as u64)?;
-            // The values are whole numbers in [0, 255]; the cast only changes the type.
-            out.extend(levels.iter().map(|&v| v as u8));
+            out.extend(self.runner.read_levels(gpu, dst, part.len() as u64)?);
         }
         Ok(out)
     }
@@ -445,7 +439,7 @@ pub(crate) fn planar(interleaved: &[f32], pixels: usize) -> Vec<f32> {
 }
 
 /// Planar `[3, pixels]` levels to interleaved RGB.
-fn interleave_rgb(planar: &[u8], pixels: usize) -> Vec<u8> {
+pub(crate) fn interleave_rgb(planar: &[u8], pixels: usize) -> Vec<u8> {
     (0..pixels).flat_map(|i| [planar[i], planar[pixels + i], planar[2 * pixels + i]]).collect()
 }
 

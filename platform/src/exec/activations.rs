@@ -14,7 +14,7 @@
 
 use crate::error::RunError;
 use crate::exec::runner::Runner;
-use flux_lite_core::ir::Span;
+use flux_lite_core::ir::{level_words, Span};
 use flux_lite_kernels::{DeviceBuffer, Gpu};
 
 /// A band's window on a row-major `[rows, cols]` tensor: columns `[c0, c1)` of each row.
@@ -69,6 +69,10 @@ pub trait Activations {
 
     /// The first `len` values at `span`, read back.
     fn read(&self, gpu: &Gpu, span: Span, len: u64) -> Result<Vec<f32>, RunError>;
+
+    /// The first `count` 8-bit levels at `span` (four to a word, as
+    /// [`flux_lite_core::ir::Op::PixelLevels`] writes them), read back.
+    fn read_levels(&self, gpu: &Gpu, span: Span, count: u64) -> Result<Vec<u8>, RunError>;
 
     /// The scratch file, where the activations are on the host (a copy
     /// between two of them is then a move inside it).
@@ -184,6 +188,11 @@ impl Activations for HostTensors {
         Ok(self.get(span, len)?.to_vec())
     }
 
+    fn read_levels(&self, _gpu: &Gpu, span: Span, count: u64) -> Result<Vec<u8>, RunError> {
+        let words = self.get(span, level_words(count))?;
+        Ok(bytemuck::cast_slice::<f32, u8>(words)[..count as usize].to_vec())
+    }
+
     fn on_host(&mut self) -> Option<&mut HostTensors> {
         Some(self)
     }
@@ -276,6 +285,15 @@ impl Activations for DeviceTensors {
             values.extend(gpu.read_f32(&self.pages[page], offset, take as usize)?);
         }
         Ok(values)
+    }
+
+    fn read_levels(&self, gpu: &Gpu, span: Span, count: u64) -> Result<Vec<u8>, RunError> {
+        let mut levels = Vec::with_capacity(count as usize);
+        for (page, offset, take) in self.locate(span.offset, level_words(count))? {
+            levels.extend(gpu.read_bytes(&self.pages[page], 4 * offset, 4 * take)?);
+        }
+        levels.truncate(count as usize);
+        Ok(levels)
     }
 }
 

@@ -21,7 +21,7 @@ use flux_lite_kernels::kernels::{Gemm, ATTENTION_KEY_TILE};
 use flux_lite_kernels::Gpu;
 use crate::exec::device_weights::DeviceWeights;
 use crate::exec::runner::Runner;
-use flux_lite_core::ir::{AttentionCarry, GroupShape, InputNorm, Op, Operand, RowMoments, Span};
+use flux_lite_core::ir::{level_words, AttentionCarry, GroupShape, InputNorm, Op, Operand, RowMoments, Span};
 use flux_lite_core::oracle::ConvShape;
 use flux_lite_core::models::tensors::TensorName;
 use flux_lite_core::models::vae_nhwc::half_rows;
@@ -89,9 +89,25 @@ impl BandRunner<'_> {
             &Op::ScaleShift { src, dst, count, scale, shift } => {
                 self.elementwise(store, src, dst, count, |src, dst, count| Op::ScaleShift { src, dst, count, scale, shift })
             }
-            &Op::PixelLevels { src, dst, count } => self.elementwise(store, src, dst, count, |src, dst, count| Op::PixelLevels { src, dst, count }),
+            &Op::PixelLevels { src, dst, count } => self.pixel_levels(store, src, dst, count),
             other => Err(cannot_band(format!("{other:?}"))),
         }
+    }
+
+    /// The 8-bit levels of `count` values by runs of whole words (four
+    /// values each; the last run may end inside one).
+    fn pixel_levels(&self, store: &mut dyn Activations, src: Span, dst: Span, count: u64) -> Result<(), RunError> {
+        // Each value's operands take two elements, as `elementwise`'s do.
+        let band = 4 * self.band(0, 8, "word of levels")?;
+        for (v0, v1) in bands(count, band) {
+            let mut arena = self.operands();
+            let words = level_words(v1 - v0);
+            let (xs, ys) = (arena.take(v1 - v0)?, arena.take(words)?);
+            self.fetch(store, src, Window::run(v0, v1), xs)?;
+            self.exec(Op::PixelLevels { src: xs, dst: ys, count: v1 - v0 })?;
+            self.put(store, ys, dst, Window::run(v0 / 4, v0 / 4 + words))?;
+        }
+        Ok(())
     }
 
     fn operands(&self) -> Operands {

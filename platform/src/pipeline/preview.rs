@@ -8,6 +8,7 @@ use crate::components::transformer::Transformer;
 use crate::error::{LoadError, RunError};
 use crate::model::ModelFolder;
 use flux_lite_core::config::VaeConfig;
+use flux_lite_core::ir::level_words;
 use flux_lite_core::preview::{self, LatentRgb};
 use std::path::Path;
 
@@ -78,7 +79,7 @@ impl GpuPreview {
         let words: Vec<f32> = map.factors.iter().flatten().copied().chain(map.bias).collect();
         let map_buf = gpu.upload_f32("latent-to-RGB map", &words);
         let small = (2 * grid_h, 2 * grid_w);
-        let levels = gpu.storage("preview levels", (small.0 * small.1 * 3 * 4) as u64);
+        let levels = gpu.storage("preview levels", 4 * level_words((small.0 * small.1 * 3) as u64));
         let weight = flux_lite_kernels::Weight::f32(&map_buf);
         let out = flux_lite_kernels::Mat { buf: &levels, offset: 0, stride: 0 };
         let mut dispatches = Vec::new();
@@ -95,7 +96,7 @@ impl GpuPreview {
             Ok(())
         })?;
         let (h, w) = self.small;
-        let small: Vec<u8> = gpu.read_f32(&self.levels, 0, h * w * 3)?.into_iter().map(|v| v as u8).collect();
+        let small = gpu.read_bytes(&self.levels, 0, (h * w * 3) as u64)?;
         let (height, width) = (h * self.enlarge, w * self.enlarge);
         let mut rgb = vec![0u8; width * height * 3];
         preview::enlarge_into(&small, (h, w), self.enlarge, &mut rgb).map_err(drawing_failed)?;

@@ -24,7 +24,7 @@ use crate::pipeline::job::generation_passes;
 use crate::error::RunError;
 use flux_lite_core::arena::BumpArena;
 use flux_lite_core::config::{Qwen3Config, TransformerConfig, VaeConfig};
-use flux_lite_core::ir::Op;
+use flux_lite_core::ir::{level_words, Op};
 use flux_lite_core::models::transformer::Tokens;
 use flux_lite_core::models::vae;
 use flux_lite_kernels::Precision;
@@ -160,7 +160,7 @@ pub fn op_traffic(op: &Op, tier: Precision, m: &Machine) -> Traffic {
             let values = 4 * channels * height * width;
             pass(2 * values * a + 2 * 4 * channels * wb, 0, false)
         }
-        Op::PixelLevels { count, .. } => pass(count * a + count * 4, 0, false),
+        Op::PixelLevels { count, .. } => pass(count * a + 4 * level_words(count), 0, false),
     }
 }
 

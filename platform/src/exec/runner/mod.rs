@@ -372,6 +372,12 @@ impl Runner {
         gpu.queue.write_buffer(&self.arena, span.offset * 4, bytemuck::cast_slice(data));
     }
 
+    /// Reads the first `count` 8-bit levels of a span back (four to a word,
+    /// as [`Op::PixelLevels`] writes them).
+    pub fn read_levels(&self, gpu: &Gpu, span: Span, count: u64) -> Result<Vec<u8>, GpuError> {
+        gpu.read_bytes(&self.arena, 4 * span.offset, count)
+    }
+
     /// Reads `rows × cols` values of a span back (rows `stride` apart).
     pub fn read(&self, gpu: &Gpu, span: Span, rows: u64, cols: u64) -> Result<Vec<f32>, GpuError> {
         let stride = span.stride.max(cols);
