@@ -315,7 +315,7 @@ impl<'a> NormWindows<'a> {
             return Err(GpuError::UnsupportedShape(format!("a convolution's input normalised in {} groups of {channels} channels (gamma and beta in W's dtype)", n.groups)));
         }
         let stats = window(gpu, n.stats.buf, 4, n.stats.offset..n.stats.offset + 2 * n.groups, "group norm statistics")?;
-        let (gamma, beta) = super::group_norm::affine_windows(gpu, super::group_norm::GroupAffine { gamma: n.gamma, beta: n.beta, silu: n.activation == NormActivation::Silu }, channels)?;
+        let (gamma, beta) = super::group_norm::affine_windows(gpu, [n.gamma, n.beta], channels)?;
         Ok(Self { stats, gamma, beta, groups: n.groups, activation: n.activation })
     }
 }

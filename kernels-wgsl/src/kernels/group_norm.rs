@@ -148,9 +148,9 @@ pub fn group_merge(gpu: &Gpu, sink: &mut dyn Sink, stats: GroupStats<'_>, of: Ro
     Ok(())
 }
 
-/// Windows of the affine weight and bias, which the kernels index with one offset.
-pub(crate) fn affine_windows<'a>(gpu: &Gpu, affine: GroupAffine<'a>, channels: u64) -> Result<(Window<'a>, Window<'a>), GpuError> {
-    let (gamma, beta) = (affine.gamma, affine.beta);
+/// Windows of a norm's affine weight and bias over `channels`, which the
+/// kernels index with one offset.
+pub(crate) fn affine_windows<'a>(gpu: &Gpu, [gamma, beta]: [Weight<'a>; 2], channels: u64) -> Result<(Window<'a>, Window<'a>), GpuError> {
     if gamma.dtype != beta.dtype {
         return Err(GpuError::UnsupportedShape("group norm weight and bias must share a dtype".into()));
     }
@@ -179,7 +179,7 @@ pub fn group_norm_apply(gpu: &Gpu, sink: &mut dyn Sink, src: Mat<'_>, stats: Mat
     }
     let (sw, dw) = (tensor(gpu, src, shape, "group norm input")?, tensor(gpu, dst, shape, "group norm output")?);
     let tw = window(gpu, stats.buf, 4, stats.offset..stats.offset + 2 * shape.groups, "group norm statistics")?;
-    let (gw, bw) = affine_windows(gpu, affine, shape.channels)?;
+    let (gw, bw) = affine_windows(gpu, [affine.gamma, affine.beta], shape.channels)?;
     let params = NormParams { src_offset: sw.local, dst_offset: dw.local, shift_offset: tw.local, w_offset: gw.local, silu: affine.silu as u32, ..p };
     let constants = [("WEIGHT_BF16", affine.gamma.dtype.constant())];
     let launch = Launch { kernel: &GROUP_NORM_APPLY, constants: &constants, params, grid: wrapped_grid(shape.groups * shape.pixels.div_ceil(APPLY_PIXELS)) };

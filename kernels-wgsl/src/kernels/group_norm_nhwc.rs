@@ -47,7 +47,7 @@ pub fn group_norm_nhwc_half(gpu: &Gpu, sink: &mut dyn Sink, src: Input<'_>, stat
         return Ok(());
     }
     let tw = window(gpu, stats.buf, 4, stats.offset..stats.offset + 2 * groups, "group norm statistics")?;
-    let (gw, bw) = affine_windows(gpu, affine, channels)?;
+    let (gw, bw) = affine_windows(gpu, [affine.gamma, affine.beta], channels)?;
     let shape = NormParams {
         d: to_u32(channels, "group norm channels")?,
         heads: 1,
