@@ -221,7 +221,7 @@ rerun FLUX_LITE_REQUIRE_MATRIX=1 --sid "$selftest"
 # gives wrong products with it). The checks that hold the fused
 # half-precision path, attention and the convolutions to the oracle, and
 # the GEMM's stagings, the wide head's splits, the convolution's pieces
-# and four-tap fetching, the linear and the flash attention over f16 pieces to each other's bits; docs/testing.md says what else was run so and what
+# and four-tap fetching, its narrow and thin blocks, the linear and the flash attention over f16 pieces to each other's bits; docs/testing.md says what else was run so and what
 # it found.
 emulated_tests=(
     selftest::half_path::tests::the_half_paths_checks_pass_on_matrix_units_at_the_adapters_block
@@ -234,7 +234,8 @@ emulated_tests=(
     kernels::conv_nhwc::tests::the_channels_last_conv_on_matrix_units_matches_the_oracle
     kernels::conv_nhwc::tests::the_channels_last_conv_in_pieces_of_pixels_matches_the_oracle
     kernels::conv_nhwc::tests::the_channels_last_conv_fetching_four_taps_at_a_time_gives_the_element_fetchs_bits
-    kernels::conv_nhwc::tests::the_channels_last_convs_narrow_blocks_give_the_square_ones_bits
+    kernels::conv_nhwc::tests::blocks::the_channels_last_convs_narrow_blocks_give_the_square_ones_bits
+    kernels::conv_nhwc::tests::blocks::the_channels_last_convs_thin_blocks_give_the_square_ones_bits
     kernels::half_path_tests::linear_on_matrix_units_over_half_pieces_equals_it_over_their_f32_values
     kernels::linear::tests::every_staging_of_the_matrix_linear_gives_the_same_bits
     kernels::attention::tests::the_wide_matrix_attention_gives_the_same_bits_whole_and_split_over_its_dims

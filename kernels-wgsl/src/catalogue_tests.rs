@@ -224,7 +224,7 @@ fn staged_with(module: Module, c: MatrixConfig, more: &[(&'static str, u32)]) ->
 use crate::precision::{GemmStaging, MatrixConfig, MatrixOperands};
 
 /// The GEMM core's modules at each tile configuration: (module, tile size, operands).
-const GEMM_MODULES: [(Module, u32, MatrixOperands); 20] = [
+const GEMM_MODULES: [(Module, u32, MatrixOperands); 24] = [
     (Module::LinearMatrix8, 8, MatrixOperands::F16),
     (Module::LinearMatrix16, 16, MatrixOperands::F16),
     (Module::LinearMatrix8F32, 8, MatrixOperands::F32),
@@ -245,13 +245,17 @@ const GEMM_MODULES: [(Module, u32, MatrixOperands); 20] = [
     (Module::ConvMatrixNhwc16Narrow, 16, MatrixOperands::F16),
     (Module::ConvMatrixNhwc8Vec4Narrow, 8, MatrixOperands::F16),
     (Module::ConvMatrixNhwc16Vec4Narrow, 16, MatrixOperands::F16),
+    (Module::ConvMatrixNhwc8Thin, 8, MatrixOperands::F16),
+    (Module::ConvMatrixNhwc16Thin, 16, MatrixOperands::F16),
+    (Module::ConvMatrixNhwc8Vec4Thin, 8, MatrixOperands::F16),
+    (Module::ConvMatrixNhwc16Vec4Thin, 16, MatrixOperands::F16),
 ];
 
 /// The matrix linear's workgroup memory as the tier's choice counts it
 /// (`MatrixConfig::linear_workgroup_bytes`, which picks the staging by the
 /// adapter's limit) is what its shader declares under each staging (with
 /// two out-slots a subgroup and with one), and the
-/// convolutions' on the same core too (the narrow blocks' less).
+/// convolutions' on the same core too (the narrow and thin blocks' less).
 #[test]
 fn the_matrix_linears_workgroup_memory_is_what_the_tier_checks() {
     for (module, size, operands) in GEMM_MODULES {

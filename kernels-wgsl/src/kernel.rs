@@ -98,10 +98,14 @@ pub enum Module {
     ConvMatrixNhwc16Narrow,
     ConvMatrixNhwc8Vec4Narrow,
     ConvMatrixNhwc16Vec4Narrow,
+    ConvMatrixNhwc8Thin,
+    ConvMatrixNhwc16Thin,
+    ConvMatrixNhwc8Vec4Thin,
+    ConvMatrixNhwc16Vec4Thin,
 }
 
 impl Module {
-    pub const ALL: [Module; 66] = [
+    pub const ALL: [Module; 70] = [
         Module::Linear,
         Module::RangeScales,
         Module::Norm,
@@ -168,6 +172,10 @@ impl Module {
         Module::ConvMatrixNhwc16Narrow,
         Module::ConvMatrixNhwc8Vec4Narrow,
         Module::ConvMatrixNhwc16Vec4Narrow,
+        Module::ConvMatrixNhwc8Thin,
+        Module::ConvMatrixNhwc16Thin,
+        Module::ConvMatrixNhwc8Vec4Thin,
+        Module::ConvMatrixNhwc16Vec4Thin,
     ];
 
     /// The file a kernel folder holds this module's source in: what
@@ -227,6 +235,10 @@ impl Module {
             Module::ConvMatrixNhwc16Narrow => "conv_matrix_nhwc (16×16 tiles, narrow blocks)",
             Module::ConvMatrixNhwc8Vec4Narrow => "conv_matrix_nhwc (8×8 tiles, vec4 loads, narrow blocks)",
             Module::ConvMatrixNhwc16Vec4Narrow => "conv_matrix_nhwc (16×16 tiles, vec4 loads, narrow blocks)",
+            Module::ConvMatrixNhwc8Thin => "conv_matrix_nhwc (8×8 tiles, thin blocks)",
+            Module::ConvMatrixNhwc16Thin => "conv_matrix_nhwc (16×16 tiles, thin blocks)",
+            Module::ConvMatrixNhwc8Vec4Thin => "conv_matrix_nhwc (8×8 tiles, vec4 loads, thin blocks)",
+            Module::ConvMatrixNhwc16Vec4Thin => "conv_matrix_nhwc (16×16 tiles, vec4 loads, thin blocks)",
             Module::AttentionMatrix8F32 => "attention_matrix (8×8 f32 tiles)",
             Module::BenchMatrix8F32 => "bench_matrix (8×8 f32 tiles)",
             Module::BenchMatrix8 => "bench_matrix (8×8 tiles)",
@@ -317,10 +329,15 @@ impl Module {
                 | Module::ConvMatrixNhwc16Narrow
                 | Module::ConvMatrixNhwc8Vec4Narrow
                 | Module::ConvMatrixNhwc16Vec4Narrow
+                | Module::ConvMatrixNhwc8Thin
+                | Module::ConvMatrixNhwc16Thin
+                | Module::ConvMatrixNhwc8Vec4Thin
+                | Module::ConvMatrixNhwc16Vec4Thin
         )
     }
 
-    /// The GEMM core's modules in narrow blocks (8T × 4T on two subgroups).
+    /// The GEMM core's modules in blocks narrower than square (8T × 4T or
+    /// 8T × T, on two subgroups).
     pub fn has_narrow_blocks(self) -> bool {
         matches!(
             self,
@@ -331,6 +348,10 @@ impl Module {
                 | Module::ConvMatrixNhwc16Narrow
                 | Module::ConvMatrixNhwc8Vec4Narrow
                 | Module::ConvMatrixNhwc16Vec4Narrow
+                | Module::ConvMatrixNhwc8Thin
+                | Module::ConvMatrixNhwc16Thin
+                | Module::ConvMatrixNhwc8Vec4Thin
+                | Module::ConvMatrixNhwc16Vec4Thin
         )
     }
 
@@ -415,14 +436,18 @@ impl Module {
                 "enable wgpu_cooperative_matrix;\nalias Operand = f32;\nconst OPERAND_HALF: bool = false;\n"
             };
         }
-        // matrix_gemm.wgsl's subgroups a workgroup, rows × columns of them:
-        // square blocks (8T × 8T), or narrow ones (8T pixels × 4T channels).
+        // matrix_gemm.wgsl's subgroups a workgroup, rows × columns of them,
+        // and each one's tile columns: square blocks (8T × 8T), narrow ones
+        // (8T pixels × 4T channels), or thin ones (8T pixels × T channels).
         macro_rules! block {
             (square) => {
-                "const SG_ROWS: u32 = 2u;\nconst SG_COLS: u32 = 2u;\n"
+                "const SG_ROWS: u32 = 2u;\nconst SG_COLS: u32 = 2u;\nconst RC: u32 = 4u;\n"
             };
             (narrow) => {
-                "const SG_ROWS: u32 = 2u;\nconst SG_COLS: u32 = 1u;\n"
+                "const SG_ROWS: u32 = 2u;\nconst SG_COLS: u32 = 1u;\nconst RC: u32 = 4u;\n"
+            };
+            (thin) => {
+                "const SG_ROWS: u32 = 2u;\nconst SG_COLS: u32 = 1u;\nconst RC: u32 = 1u;\n"
             };
         }
         macro_rules! with_matrix {
@@ -513,6 +538,10 @@ impl Module {
             Module::ConvMatrixNhwc16Narrow => with_matrix!("16", f16, narrow, "product_io.wgsl", "conv_io.wgsl", "conv_matrix_nhwc.wgsl", "conv_matrix_common.wgsl", "matrix_gemm.wgsl", "matrix_tiles_vec4.wgsl", "matrix_fetch.wgsl"),
             Module::ConvMatrixNhwc8Vec4Narrow => with_matrix!("8", f16, narrow, "product_io.wgsl", "conv_io.wgsl", "conv_matrix_nhwc.wgsl", "conv_matrix_common.wgsl", "matrix_gemm.wgsl", "matrix_tiles_vec4.wgsl", "conv_nhwc_vec4.wgsl", "matrix_fetch_vec4.wgsl", "half_octets.wgsl"),
             Module::ConvMatrixNhwc16Vec4Narrow => with_matrix!("16", f16, narrow, "product_io.wgsl", "conv_io.wgsl", "conv_matrix_nhwc.wgsl", "conv_matrix_common.wgsl", "matrix_gemm.wgsl", "matrix_tiles_vec4.wgsl", "conv_nhwc_vec4.wgsl", "matrix_fetch_vec4.wgsl", "half_octets.wgsl"),
+            Module::ConvMatrixNhwc8Thin => with_matrix!("8", f16, thin, "product_io.wgsl", "conv_io.wgsl", "conv_matrix_nhwc.wgsl", "conv_matrix_common.wgsl", "matrix_gemm.wgsl", "matrix_tiles_vec4.wgsl", "matrix_fetch.wgsl"),
+            Module::ConvMatrixNhwc16Thin => with_matrix!("16", f16, thin, "product_io.wgsl", "conv_io.wgsl", "conv_matrix_nhwc.wgsl", "conv_matrix_common.wgsl", "matrix_gemm.wgsl", "matrix_tiles_vec4.wgsl", "matrix_fetch.wgsl"),
+            Module::ConvMatrixNhwc8Vec4Thin => with_matrix!("8", f16, thin, "product_io.wgsl", "conv_io.wgsl", "conv_matrix_nhwc.wgsl", "conv_matrix_common.wgsl", "matrix_gemm.wgsl", "matrix_tiles_vec4.wgsl", "conv_nhwc_vec4.wgsl", "matrix_fetch_vec4.wgsl", "half_octets.wgsl"),
+            Module::ConvMatrixNhwc16Vec4Thin => with_matrix!("16", f16, thin, "product_io.wgsl", "conv_io.wgsl", "conv_matrix_nhwc.wgsl", "conv_matrix_common.wgsl", "matrix_gemm.wgsl", "matrix_tiles_vec4.wgsl", "conv_nhwc_vec4.wgsl", "matrix_fetch_vec4.wgsl", "half_octets.wgsl"),
         };
         fixed.into()
     }

@@ -205,18 +205,21 @@ impl MatrixConfig {
     /// of x (at most 8 each) and BN·KT / 8 of W (at most 4 each) over 4
     /// subgroups.
     pub fn fetches_vec4_steps(&self) -> bool {
-        self.fetches_vec4_steps_on(4)
+        self.fetches_vec4_steps_on(4, 8 * self.size as u64)
     }
 
-    /// The same for a block on `subgroups` subgroups (4: the square block,
-    /// 8T rows × 8T columns; 2: the convolutions' narrow one, 8T × 4T):
-    /// BM·KT / 4 vec4s of A (at most 32 / subgroups each: 8, or 16 on the
-    /// narrow block, `conv_nhwc_vec4.wgsl`'s `FETCH_A`) and
-    /// (2T·subgroups)·KT / 8 octets of W (at most 4 each).
-    pub fn fetches_vec4_steps_on(&self, subgroups: u32) -> bool {
-        let (invocations, terms) = (subgroups * self.subgroup, self.step_terms());
-        let (x, w) = (8 * self.size * terms / 4, 2 * self.size * subgroups * terms / 8);
-        x.is_multiple_of(invocations) && x / invocations <= 32 / subgroups && w.is_multiple_of(invocations) && w / invocations <= 4
+    /// The same for a block of `columns` on `subgroups` subgroups (4: the
+    /// square block, 8T rows × 8T columns; 2: the convolutions' narrow one,
+    /// 8T × 4T, and thin one, 8T × T): BM·KT / 4 vec4s of A (at most
+    /// 32 / subgroups each: 8, or 16 on two subgroups, `conv_nhwc_vec4.wgsl`'s
+    /// `FETCH_A`) and columns·KT / 8 octets of W in rounds of the
+    /// invocations (at most 4; a thin block's last round, or only one, may
+    /// leave some invocations without one: `matrix_fetch_vec4.wgsl`'s
+    /// `takes_octet`).
+    pub fn fetches_vec4_steps_on(&self, subgroups: u32, columns: u64) -> bool {
+        let (invocations, terms) = ((subgroups * self.subgroup) as u64, self.step_terms() as u64);
+        let (x, w) = (8 * self.size as u64 * terms / 4, columns * terms / 8);
+        x.is_multiple_of(invocations) && x / invocations <= 32 / subgroups as u64 && w > 0 && w.div_ceil(invocations) <= 4
     }
 
     /// The configuration in words: `8×8 f16 tiles into f32, subgroup 8`.

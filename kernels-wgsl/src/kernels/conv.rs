@@ -128,11 +128,16 @@ fn square_tiles_only() -> bool {
 /// channels (at most 4T, a 64-channel convolution with 16×16 tiles, or just
 /// past a multiple of 8T): a square block over 64 channels would multiply
 /// zeros in half its columns. Its rows, and so the runs the range rule
-/// scales, are the same 8T pixels: both give the same bits.
+/// scales, are the same 8T pixels: both give the same bits. The
+/// channels-last convolution has a thin one too, 8T × T on two subgroups
+/// of 4 × 1 tiles, for at most T output channels (an RGB output, whose 3
+/// channels would leave 61 of a narrow block's 64 columns idle on 16×16
+/// tiles), with the same rows and bits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ConvBlock {
     Square,
     Narrow,
+    Thin,
 }
 
 impl ConvBlock {
@@ -145,11 +150,22 @@ impl ConvBlock {
         if padded(ConvBlock::Narrow.columns(c)) < padded(ConvBlock::Square.columns(c)) { ConvBlock::Narrow } else { ConvBlock::Square }
     }
 
+    /// The channels-last convolution's block: [`ConvBlock::for_channels`]'s,
+    /// or thin for at most T output channels (one block's columns: a thin
+    /// block over more would stage the pixels again for each).
+    pub fn for_channels_last(c: MatrixConfig, out_channels: u64) -> Self {
+        match ConvBlock::for_channels(c, out_channels) {
+            ConvBlock::Narrow if out_channels <= ConvBlock::Thin.columns(c) => ConvBlock::Thin,
+            block => block,
+        }
+    }
+
     /// Output channels a block takes (BN).
     pub fn columns(self, c: MatrixConfig) -> u64 {
         let tiles = match self {
             ConvBlock::Square => MATRIX_BLOCK_TILES,
             ConvBlock::Narrow => MATRIX_BLOCK_TILES / 2,
+            ConvBlock::Thin => 1,
         };
         c.size as u64 * tiles
     }
@@ -158,14 +174,15 @@ impl ConvBlock {
     pub fn subgroups(self) -> u32 {
         match self {
             ConvBlock::Square => MATRIX_SUBGROUPS,
-            ConvBlock::Narrow => MATRIX_SUBGROUPS / 2,
+            ConvBlock::Narrow | ConvBlock::Thin => MATRIX_SUBGROUPS / 2,
         }
     }
 
-    fn kernel(self, c: MatrixConfig) -> Kernel {
+    fn kernel(self, c: MatrixConfig) -> Result<Kernel, GpuError> {
         match self {
-            ConvBlock::Square => *c.pick([&CONV2D_MATRIX_8, &CONV2D_MATRIX_16, &CONV2D_MATRIX_8_F32]),
-            ConvBlock::Narrow => *c.pick([&CONV2D_MATRIX_8_NARROW, &CONV2D_MATRIX_16_NARROW, &CONV2D_MATRIX_8_F32_NARROW]),
+            ConvBlock::Square => Ok(*c.pick([&CONV2D_MATRIX_8, &CONV2D_MATRIX_16, &CONV2D_MATRIX_8_F32])),
+            ConvBlock::Narrow => Ok(*c.pick([&CONV2D_MATRIX_8_NARROW, &CONV2D_MATRIX_16_NARROW, &CONV2D_MATRIX_8_F32_NARROW])),
+            ConvBlock::Thin => Err(GpuError::UnsupportedShape("a channel-major convolution in thin blocks".into())),
         }
     }
 }
@@ -321,7 +338,7 @@ fn conv2d_matrix(gpu: &Gpu, sink: &mut dyn Sink, xw: &Window<'_>, w: Weight<'_>,
         let (yw, ww, bw) = (y_rows.window(gpu, &rows)?, w_rows.window(gpu, &rows)?, b_rows.window(gpu, &rows)?);
         let out_channels = rows.end - rows.start;
         let shape = ConvBlock::for_channels(c, out_channels);
-        let kernel = shape.kernel(c);
+        let kernel = shape.kernel(c)?;
         let paired = matrix_b_paired(c, w.dtype, ww.local, taps);
         let [residual, relu] = then.constants();
         let [kt, stages, out_slots] = c.staging.constants(c.size);

@@ -44,6 +44,12 @@ pub const CONV2D_MATRIX_NHWC_8_NARROW: Kernel = Kernel { module: Module::ConvMat
 pub const CONV2D_MATRIX_NHWC_16_NARROW: Kernel = Kernel { module: Module::ConvMatrixNhwc16Narrow, ..CONV2D_MATRIX_NHWC_8 };
 pub const CONV2D_MATRIX_NHWC_8_VEC4_NARROW: Kernel = Kernel { module: Module::ConvMatrixNhwc8Vec4Narrow, ..CONV2D_MATRIX_NHWC_8_VEC4 };
 pub const CONV2D_MATRIX_NHWC_16_VEC4_NARROW: Kernel = Kernel { module: Module::ConvMatrixNhwc16Vec4Narrow, ..CONV2D_MATRIX_NHWC_8_VEC4 };
+/// All four in thin blocks ([`ConvBlock::Thin`]: 8T pixels × T output
+/// channels on two subgroups of 4 × 1 tiles), for an RGB output.
+pub const CONV2D_MATRIX_NHWC_8_THIN: Kernel = Kernel { module: Module::ConvMatrixNhwc8Thin, ..CONV2D_MATRIX_NHWC_8 };
+pub const CONV2D_MATRIX_NHWC_16_THIN: Kernel = Kernel { module: Module::ConvMatrixNhwc16Thin, ..CONV2D_MATRIX_NHWC_8 };
+pub const CONV2D_MATRIX_NHWC_8_VEC4_THIN: Kernel = Kernel { module: Module::ConvMatrixNhwc8Vec4Thin, ..CONV2D_MATRIX_NHWC_8_VEC4 };
+pub const CONV2D_MATRIX_NHWC_16_VEC4_THIN: Kernel = Kernel { module: Module::ConvMatrixNhwc16Vec4Thin, ..CONV2D_MATRIX_NHWC_8_VEC4 };
 
 /// How a channels-last convolution reads its input.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -152,7 +158,7 @@ pub fn conv2d_matrix_nhwc(gpu: &Gpu, sink: &mut dyn Sink, source: NhwcSource<'_>
         return Err(GpuError::UnsupportedShape(format!("a convolution's W ({:?}) and bias ({:?}) share a dtype unless W is packed", w.dtype, bias.dtype)));
     }
     // A block of 8T output pixels (BM) × `shape`'s columns of output channels (BN).
-    let (block, shape) = (c.size as u64 * MATRIX_BLOCK_TILES, ConvBlock::for_channels(c, out_channels));
+    let (block, shape) = (c.size as u64 * MATRIX_BLOCK_TILES, ConvBlock::for_channels_last(c, out_channels));
     let rows = OutputRows::of(out, out_channels, shape.columns(c))?;
     let norm = norm.map(|n| NormWindows::of(gpu, n, cin, bias.dtype)).transpose()?;
     if x.data.stride != cin.div_ceil(2) {
@@ -191,16 +197,19 @@ pub fn conv2d_matrix_nhwc(gpu: &Gpu, sink: &mut dyn Sink, source: NhwcSource<'_>
     let taps_last = order == TapOrder::ChannelsLast || s.kernel == 1;
     let paired = taps_last && matrix_b_paired(c, w.dtype, ww.local, taps);
     let quads = fetches_quads(c, shape, &s, taps_last, ww.local, w.dtype, x.piece, norm.as_ref().map(|n| n.groups));
-    let narrow = shape == ConvBlock::Narrow;
-    let kernel = match (quads, c.size == 16, narrow) {
-        (true, true, false) => CONV2D_MATRIX_NHWC_16_VEC4,
-        (true, false, false) => CONV2D_MATRIX_NHWC_8_VEC4,
-        (false, true, false) => CONV2D_MATRIX_NHWC_16,
-        (false, false, false) => CONV2D_MATRIX_NHWC_8,
-        (true, true, true) => CONV2D_MATRIX_NHWC_16_VEC4_NARROW,
-        (true, false, true) => CONV2D_MATRIX_NHWC_8_VEC4_NARROW,
-        (false, true, true) => CONV2D_MATRIX_NHWC_16_NARROW,
-        (false, false, true) => CONV2D_MATRIX_NHWC_8_NARROW,
+    let kernel = match (quads, c.size == 16, shape) {
+        (true, true, ConvBlock::Square) => CONV2D_MATRIX_NHWC_16_VEC4,
+        (true, false, ConvBlock::Square) => CONV2D_MATRIX_NHWC_8_VEC4,
+        (false, true, ConvBlock::Square) => CONV2D_MATRIX_NHWC_16,
+        (false, false, ConvBlock::Square) => CONV2D_MATRIX_NHWC_8,
+        (true, true, ConvBlock::Narrow) => CONV2D_MATRIX_NHWC_16_VEC4_NARROW,
+        (true, false, ConvBlock::Narrow) => CONV2D_MATRIX_NHWC_8_VEC4_NARROW,
+        (false, true, ConvBlock::Narrow) => CONV2D_MATRIX_NHWC_16_NARROW,
+        (false, false, ConvBlock::Narrow) => CONV2D_MATRIX_NHWC_8_NARROW,
+        (true, true, ConvBlock::Thin) => CONV2D_MATRIX_NHWC_16_VEC4_THIN,
+        (true, false, ConvBlock::Thin) => CONV2D_MATRIX_NHWC_8_VEC4_THIN,
+        (false, true, ConvBlock::Thin) => CONV2D_MATRIX_NHWC_16_THIN,
+        (false, false, ConvBlock::Thin) => CONV2D_MATRIX_NHWC_8_THIN,
     };
     let [kt, stages, out_slots] = c.staging.constants(c.size);
     // y's pixels as vec4s of outputs (bindings 19 and 20; values counted as
@@ -282,7 +291,7 @@ fn fetches_quads(c: MatrixConfig, block: ConvBlock, s: &ConvShape, taps_last: bo
     let (cin, taps) = (s.in_channels as u64, (s.in_channels * s.kernel * s.kernel) as u64);
     dtype == WeightDtype::Bf16
         && taps_last
-        && c.fetches_vec4_steps_on(block.subgroups())
+        && c.fetches_vec4_steps_on(block.subgroups(), block.columns(c))
         && w_local.is_multiple_of(8)
         && taps.is_multiple_of(8)
         && cin.is_multiple_of(4)

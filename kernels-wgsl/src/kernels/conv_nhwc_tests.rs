@@ -7,6 +7,9 @@ use crate::testing::*;
 use crate::GpuOptions;
 use flux_lite_core::oracle::{self as r, Weights};
 
+#[path = "conv_nhwc_block_tests.rs"]
+mod blocks;
+
 /// `[channels, pixels]` values as `[pixels, channels]` rows, and back.
 fn to_nhwc(x: &[f32], channels: usize, pixels: usize) -> Vec<f32> {
     (0..pixels * channels).map(|i| x[(i % channels) * pixels + i / channels]).collect()
@@ -240,52 +243,6 @@ fn the_channels_last_conv_relus_its_outputs_after_the_bias_and_the_residual() {
     check_half_output(&gpu, ConvShape::same(32, 64, 9, 7, 3), NhwcInput::Plain, [Some(32), Some(32)], true, true, 95);
     let upsampled = ConvShape { out_height: 10, out_width: 14, ..ConvShape::same(16, 16, 5, 7, 3) };
     check_half_output(&gpu, upsampled, NhwcInput::Upsampled, [Some(16), Some(16)], false, true, 96);
-}
-
-/// A convolution whose output channels a square block would pad (4T of
-/// them: a tiny decoder's 64 on 16×16 tiles) runs in narrow blocks, 8T
-/// pixels × 4T channels on two subgroups, and gives the square blocks'
-/// bits: into f32 rows, and into f16 pieces onto a residual, ReLU'd;
-/// fetching four taps at a time and element by element.
-#[test]
-fn the_channels_last_convs_narrow_blocks_give_the_square_ones_bits() {
-    use super::super::conv::{tests::with_square_tiles, ConvBlock};
-    let Some(gpu) = f16_matrix_gpu() else { return };
-    let c = gpu.matrix().expect("a matrix device");
-    let t = c.size as usize;
-    // 4T channels (one narrow block's columns), and 12T (three, where square blocks would pad to 16T).
-    let cases = [(ConvShape::same(32, 4 * t, 11, 9, 3), true), (ConvShape::same(12, 4 * t, 7, 6, 3), false), (ConvShape::same(16, 12 * t, 6, 7, 3), true)];
-    let piece = 2 * t;
-    for (s, quads) in cases {
-        let cout = s.out_channels;
-        assert_eq!(ConvBlock::for_channels(c, cout as u64), ConvBlock::Narrow, "{s:?}");
-        assert_eq!(fetches_quads(c, ConvBlock::Narrow, &s, true, 0, WeightDtype::Bf16, None, None), quads, "{s:?}");
-        let (pixels, out_pixels, taps) = (s.height * s.width, s.out_height * s.out_width, s.in_channels * s.kernel * s.kernel);
-        let mut rng = Rng::new(101);
-        let (words, scales, _) = pack_pixels(&rng.normals(s.in_channels * pixels, 1.0), pixels, s.in_channels, None);
-        let (xb, xs) = (gpu.upload_u32("x", &words), gpu.upload_f32("x scales", &scales));
-        let xh = input_rows(&xb, &xs, s.in_channels, None);
-        let (wb, bb) = (gpu.upload_bf16("w", &taps_channels_last(&rng.bf16s(cout * taps, 0.3), &s)), gpu.upload_bf16("b", &rng.bf16s(cout, 1.0)));
-        let weights = NhwcWeights { w: Weight::bf16(&wb), bias: Weight::bf16(&bb), order: TapOrder::ChannelsLast };
-        let (r_words, r_scales, _) = pack_pixels(&rng.normals(cout * out_pixels, 2.0), out_pixels, cout, Some(piece));
-        let (rb, rs) = (gpu.upload_u32("residual", &r_words), gpu.upload_f32("residual scales", &r_scales));
-        let run = || -> [Vec<u32>; 2] {
-            let y = poisoned(&gpu, cout * out_pixels);
-            let f32_rows = run_and_read(&gpu, &y, cout * out_pixels, |enc| conv2d_matrix_nhwc(&gpu, enc, xh.into(), weights, NhwcOutput::F32 { y: Mat::new(&y, cout as u64), residual: false, relu: false }, s, NhwcInput::Plain));
-            let (words_len, scales_len) = (out_pixels * cout / 2, out_pixels * cout / piece);
-            let out = poisoned(&gpu, words_len + scales_len);
-            let y = HalfMat::pieces(Mat { buf: &out, offset: 0, stride: (cout / 2) as u64 }, Mat { buf: &out, offset: words_len as u64, stride: (cout / piece) as u64 }, piece as u64);
-            let r = HalfMat::pieces(Mat::new(&rb, (cout / 2) as u64), Mat::new(&rs, (cout / piece) as u64), piece as u64);
-            let pieces = run_and_read(&gpu, &out, words_len + scales_len, |enc| conv2d_matrix_nhwc(&gpu, enc, xh.into(), weights, NhwcOutput::Half { y, residual: Some(r), relu: true }, s, NhwcInput::Plain));
-            [f32_rows, pieces].map(|v| v.iter().map(|x| x.to_bits()).collect())
-        };
-        let (narrow, square) = (run(), with_square_tiles(run));
-        for (what, n, q) in [("f32 rows", &narrow[0], &square[0]), ("f16 pieces", &narrow[1], &square[1])] {
-            let differ = n.iter().zip(q).filter(|(a, b)| a != b).count();
-            assert_eq!(differ, 0, "{s:?} {what}: {differ} of {} differ between narrow and square blocks", n.len());
-        }
-        assert!(narrow[0].iter().all(|&b| f32::from_bits(b).is_finite()), "{s:?}: every output written");
-    }
 }
 
 #[test]

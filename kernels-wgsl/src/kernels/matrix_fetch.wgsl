@@ -26,6 +26,16 @@ struct Fetched {
     b: array<u32, FETCH>,
 }
 
+// B's pairs a k step, and the rounds of WG invocations taking them: a thin
+// block's may not divide (then the last round's later invocations take
+// none; the check folds away where they divide).
+override B_PAIRS: u32 = BN * KT / 2u;
+override B_ROUNDS: u32 = (B_PAIRS + WG - 1u) / WG;
+
+fn takes_pair(i: u32) -> bool {
+    return B_PAIRS % WG == 0u || i < B_PAIRS;
+}
+
 // Issues the global loads of KT terms from t0 on.
 fn fetch(li: u32, row0: u32, col0: u32, t0: u32) -> Fetched {
     var f: Fetched;
@@ -34,9 +44,11 @@ fn fetch(li: u32, row0: u32, col0: u32, t0: u32) -> Fetched {
         let rt = a_element(i);
         f.a[j] = a_at(rt.x, rt.y, row0, t0);
     }
-    for (var j = 0u; j < BN * KT / 2u / WG; j++) {
+    for (var j = 0u; j < B_ROUNDS; j++) {
         let i = li + j * WG;
-        f.b[j] = b_pair(i / (KT / 2u), 2u * (i % (KT / 2u)), col0, t0);
+        if (takes_pair(i)) {
+            f.b[j] = b_pair(i / (KT / 2u), 2u * (i % (KT / 2u)), col0, t0);
+        }
     }
     return f;
 }
@@ -48,8 +60,11 @@ fn put(li: u32, half: u32, f: ptr<function, Fetched>) {
         let rt = a_element(li + j * WG);
         put_a(half * BM * LD + rt.x * LD + rt.y, (*f).a[j] * row_inverse(rt.x));
     }
-    for (var j = 0u; j < BN * KT / 2u / WG; j++) {
+    for (var j = 0u; j < B_ROUNDS; j++) {
         let i = li + j * WG;
+        if (!takes_pair(i)) {
+            continue;
+        }
         let c = i / (KT / 2u);
         let at = half * BN * LD + c * LD + 2u * (i % (KT / 2u));
         let pair = b_word_operands((*f).b[j], c);

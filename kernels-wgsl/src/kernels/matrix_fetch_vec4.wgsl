@@ -35,11 +35,24 @@ fn b_octet(c: u32, q: u32, n0: u32, k0: u32) -> array<vec4<Operand>, 2> {
     return array<vec4<Operand>, 2>(select(vec4<Operand>(), octet[0], inside), select(vec4<Operand>(), octet[1], inside));
 }
 
+// W's octets a k step, and the rounds of WG invocations taking them: a
+// thin block's may be fewer than WG (then some invocations take none; the
+// check folds away where they divide).
+override W_OCTETS: u32 = BN * KT / 8u;
+override W_ROUNDS: u32 = (W_OCTETS + WG - 1u) / WG;
+
+fn takes_octet(i: u32) -> bool {
+    return W_OCTETS % WG == 0u || i < W_OCTETS;
+}
+
 // Issues the global loads of W's KT terms from t0 on.
 fn fetch_w(li: u32, col0: u32, t0: u32) -> FetchedW {
     var f: FetchedW;
-    for (var j = 0u; j < BN * KT / 8u / WG; j++) {
+    for (var j = 0u; j < W_ROUNDS; j++) {
         let i = li + j * WG;
+        if (!takes_octet(i)) {
+            continue;
+        }
         if (W_HALF) {
             f.stored[j] = b_octet(i / (KT / 8u), i % (KT / 8u), col0, t0);
         } else {
@@ -52,8 +65,11 @@ fn fetch_w(li: u32, col0: u32, t0: u32) -> FetchedW {
 // Puts fetched W into buffer `half`, four terms a store: as stored, or
 // rounded under each column's range scale.
 fn put_w(li: u32, half: u32, w: FetchedW) {
-    for (var j = 0u; j < BN * KT / 8u / WG; j++) {
+    for (var j = 0u; j < W_ROUNDS; j++) {
         let i = li + j * WG;
+        if (!takes_octet(i)) {
+            continue;
+        }
         let c = i / (KT / 8u);
         let at = half * BN * LD + c * LD + 8u * (i % (KT / 8u));
         if (W_HALF) {

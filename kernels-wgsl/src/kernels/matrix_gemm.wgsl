@@ -1,10 +1,11 @@
 // The throughput core of the matrix tier's linear: C[row, col] =
 // Σ_t A[row, t]·B[t, col] on cooperative-matrix units, one workgroup of
 // SG_ROWS × SG_COLS subgroups per BM × BN block of C, each subgroup owning
-// R × R tiles of T × T (a R·T × R·T block) in accumulators held for the whole
-// of k. A T×T fragment of A read from workgroup memory serves R products, and
+// R × RC tiles of T × T (a R·T × RC·T block; RC is R but in a thin block)
+// in accumulators held for the whole of k. A T×T fragment of A read from workgroup memory serves R products, and
 // each element staged from global memory serves 2·R·T·SG FLOPs: with 16×16
-// tiles, 2×2 subgroups of 4×4 tiles make 128 × 128 blocks, 2×1 make 128 × 64.
+// tiles, 2×2 subgroups of 4×4 tiles make 128 × 128 blocks, 2×1 make 128 × 64,
+// and 2×1 of 4×1 tiles 128 × 16 (a thin block, for an RGB output).
 //
 // k advances KT (2T or T) at a time through STAGES buffers in workgroup
 // memory: each invocation issues its loads of the next KT into registers
@@ -59,13 +60,18 @@
 // once.
 
 const R: u32 = 4u;
-// SG_ROWS and SG_COLS come with the module (kernel.rs): 2 × 2 for the
-// linear and most convolutions, 2 × 1 (BN = 4T) for a convolution of few
-// output channels, whose columns would leave half of a square block idle.
+// SG_ROWS, SG_COLS and RC (a subgroup's tile columns) come with the module
+// (kernel.rs): 2 × 2 subgroups of R × R tiles for the linear and most
+// convolutions, 2 × 1 (BN = 4T) for a convolution of few output channels,
+// whose columns would leave half of a square block idle, and 2 × 1 of
+// R × 1 tiles (BN = T) for one of at most T (an RGB output, which would
+// leave all but 3 of 4T columns idle).
 const SUBGROUPS: u32 = SG_ROWS * SG_COLS;
 const PAD: u32 = 8u;
 const BM: u32 = SG_ROWS * R * T;
-const BN: u32 = SG_COLS * R * T;
+const BN: u32 = SG_COLS * RC * T;
+// A subgroup's tiles.
+const TILES: u32 = R * RC;
 // The staging (MatrixConfig::staging): terms a k step (2T or T) and
 // buffers (2 or 1).
 override KT: u32 = 2u * T;
@@ -148,7 +154,7 @@ fn slot_read() {
 // the gate's columns) from the gate's and the up's sums, scaled back.
 fn pair_value(sg: u32, slot: u32, i: u32, r: u32, c: u32, col0: u32) -> f32 {
     let gate_sum = c_tiles[slot_base(sg, slot) + i] * row_scale[r] * b_scale(col0 + c);
-    let up_sum = c_tiles[slot_base(sg + 1u, slot) + i] * row_scale[r] * b_scale(col0 + c + R * T);
+    let up_sum = c_tiles[slot_base(sg + 1u, slot) + i] * row_scale[r] * b_scale(col0 + c + RC * T);
     return paired_value(gate_sum, up_sum);
 }
 
@@ -161,7 +167,7 @@ fn single_value(sg: u32, slot: u32, i: u32, r: u32, c: u32, col0: u32) -> f32 {
 // left subgroup column's R·T (each the gate's and the up's sums) from
 // col0 / 2; else BN from col0.
 fn block_outputs() -> u32 {
-    return select(BN, R * T, pairs_columns());
+    return select(BN, RC * T, pairs_columns());
 }
 
 fn first_output(col0: u32) -> u32 {
@@ -175,7 +181,7 @@ fn writes_outputs(sg: u32) -> bool {
 }
 
 fn tile_first_output(sg: u32, tj: u32) -> u32 {
-    return select((sg % SG_COLS) * R * T, 0u, pairs_columns()) + tj * T;
+    return select((sg % SG_COLS) * RC * T, 0u, pairs_columns()) + tj * T;
 }
 
 // Element i of the subgroup's tile at block row r and output column c.
@@ -211,7 +217,7 @@ fn half_quad(sg: u32, slot: u32, i: u32, r: u32, c: u32, row0: u32, col0: u32) -
 // outputs, summed by one invocation a tile row in column order and tile
 // after tile, so the same outputs always sum alike.
 fn head_sums_at(r: u32, c: u32) -> f32 {
-    return inverses[2u * r + c / (R * T)];
+    return inverses[2u * r + c / (RC * T)];
 }
 
 fn tile_square_sums(lane: u32, lanes: u32, sg: u32, slot: u32, ti: u32, tj: u32, col0: u32) {
@@ -359,7 +365,7 @@ fn matrix_gemm(li: u32, sg: u32, lane: u32, lanes: u32, row0: u32, col0: u32, k:
     stage(li, 0u, row0, col0, 0u);
     // This subgroup's R·T rows of A and columns of B within the block.
     let a_rows = (sg / SG_COLS) * R * T * LD;
-    let b_cols = (sg % SG_COLS) * R * T * LD;
+    let b_cols = (sg % SG_COLS) * RC * T * LD;
     let zero = &c_tiles[slot_base(sg, 0u)];
     var acc00 = coopLoadT<MatC>(zero, T);
     var acc01 = coopLoadT<MatC>(zero, T);
@@ -394,26 +400,29 @@ fn matrix_gemm(li: u32, sg: u32, lane: u32, lanes: u32, row0: u32, col0: u32, k:
             let a1 = coopLoadT<MatA>(&a_tiles[(a_base + 1u * T * LD + kk) / TILE_VEC], LD / TILE_VEC);
             let a2 = coopLoadT<MatA>(&a_tiles[(a_base + 2u * T * LD + kk) / TILE_VEC], LD / TILE_VEC);
             let a3 = coopLoadT<MatA>(&a_tiles[(a_base + 3u * T * LD + kk) / TILE_VEC], LD / TILE_VEC);
-            let b0 = coopLoad<MatB>(&b_tiles[(b_base + 0u * T * LD + kk) / TILE_VEC], LD / TILE_VEC);
-            let b1 = coopLoad<MatB>(&b_tiles[(b_base + 1u * T * LD + kk) / TILE_VEC], LD / TILE_VEC);
-            let b2 = coopLoad<MatB>(&b_tiles[(b_base + 2u * T * LD + kk) / TILE_VEC], LD / TILE_VEC);
-            let b3 = coopLoad<MatB>(&b_tiles[(b_base + 3u * T * LD + kk) / TILE_VEC], LD / TILE_VEC);
+            let b0 = coopLoad<MatB>(&b_tiles[(b_base + kk) / TILE_VEC], LD / TILE_VEC);
             acc00 = coopMultiplyAdd(a0, b0, acc00);
-            acc01 = coopMultiplyAdd(a0, b1, acc01);
-            acc02 = coopMultiplyAdd(a0, b2, acc02);
-            acc03 = coopMultiplyAdd(a0, b3, acc03);
             acc10 = coopMultiplyAdd(a1, b0, acc10);
-            acc11 = coopMultiplyAdd(a1, b1, acc11);
-            acc12 = coopMultiplyAdd(a1, b2, acc12);
-            acc13 = coopMultiplyAdd(a1, b3, acc13);
             acc20 = coopMultiplyAdd(a2, b0, acc20);
-            acc21 = coopMultiplyAdd(a2, b1, acc21);
-            acc22 = coopMultiplyAdd(a2, b2, acc22);
-            acc23 = coopMultiplyAdd(a2, b3, acc23);
             acc30 = coopMultiplyAdd(a3, b0, acc30);
-            acc31 = coopMultiplyAdd(a3, b1, acc31);
-            acc32 = coopMultiplyAdd(a3, b2, acc32);
-            acc33 = coopMultiplyAdd(a3, b3, acc33);
+            // A thin block's subgroups own one column of tiles (RC a constant: uniform).
+            if (RC == R) {
+                let b1 = coopLoad<MatB>(&b_tiles[(b_base + 1u * T * LD + kk) / TILE_VEC], LD / TILE_VEC);
+                let b2 = coopLoad<MatB>(&b_tiles[(b_base + 2u * T * LD + kk) / TILE_VEC], LD / TILE_VEC);
+                let b3 = coopLoad<MatB>(&b_tiles[(b_base + 3u * T * LD + kk) / TILE_VEC], LD / TILE_VEC);
+                acc01 = coopMultiplyAdd(a0, b1, acc01);
+                acc02 = coopMultiplyAdd(a0, b2, acc02);
+                acc03 = coopMultiplyAdd(a0, b3, acc03);
+                acc11 = coopMultiplyAdd(a1, b1, acc11);
+                acc12 = coopMultiplyAdd(a1, b2, acc12);
+                acc13 = coopMultiplyAdd(a1, b3, acc13);
+                acc21 = coopMultiplyAdd(a2, b1, acc21);
+                acc22 = coopMultiplyAdd(a2, b2, acc22);
+                acc23 = coopMultiplyAdd(a2, b3, acc23);
+                acc31 = coopMultiplyAdd(a3, b1, acc31);
+                acc32 = coopMultiplyAdd(a3, b2, acc32);
+                acc33 = coopMultiplyAdd(a3, b3, acc33);
+            }
         }
         if (STAGES == 2u) {
             if (more && prefetching()) {
@@ -448,10 +457,11 @@ fn matrix_gemm(li: u32, sg: u32, lane: u32, lanes: u32, row0: u32, col0: u32, k:
         }
         workgroupBarrier();
     }
-    for (var j = first_pass * R * R; j < 3u * R * R; j++) {
-        let tile = j % (R * R);
+    for (var j = first_pass * TILES; j < 3u * TILES; j++) {
+        let tile = j % TILES;
         let c = &c_tiles[slot_base(sg, tile % 2u)];
-        switch tile {
+        // Tile (ti, tj) is accumulator acc{ti}{tj}: case R·ti + tj.
+        switch (tile / RC) * R + tile % RC {
             case 0u: { coopStoreT(acc00, c, T); }
             case 1u: { coopStoreT(acc01, c, T); }
             case 2u: { coopStoreT(acc02, c, T); }
@@ -470,22 +480,22 @@ fn matrix_gemm(li: u32, sg: u32, lane: u32, lanes: u32, row0: u32, col0: u32, k:
             default: { coopStoreT(acc33, c, T); }
         }
         workgroupBarrier();
-        let sweep = j / (R * R);
+        let sweep = j / TILES;
         if (sweep == 0u) {
-            tile_square_sums(lane, lanes, sg, tile % 2u, tile / R, tile % R, col0);
+            tile_square_sums(lane, lanes, sg, tile % 2u, tile / RC, tile % RC, col0);
         } else if (sweep == 1u) {
-            tile_measure(lane, lanes, sg, tile % 2u, tile / R, tile % R, row0, col0);
+            tile_measure(lane, lanes, sg, tile % 2u, tile / RC, tile % RC, row0, col0);
         } else {
-            tile_out(lane, lanes, sg, tile % 2u, tile / R, tile % R, row0, col0);
+            tile_out(lane, lanes, sg, tile % 2u, tile / RC, tile % RC, row0, col0);
         }
         slot_read();
-        if (j + 1u == R * R) {
+        if (j + 1u == TILES) {
             // Every sum of squares taken: the heads' inverse RMS.
             workgroupBarrier();
             head_inverse_rms(li);
             workgroupBarrier();
         }
-        if (j + 1u == 2u * R * R) {
+        if (j + 1u == 2u * TILES) {
             // Every magnitude measured: the pieces' scales.
             workgroupBarrier();
             pieces_scales_out(li, row0, col0);
