@@ -460,24 +460,35 @@ fn matrix_gemm(li: u32, sg: u32, lane: u32, lanes: u32, row0: u32, col0: u32, k:
     for (var j = first_pass * TILES; j < 3u * TILES; j++) {
         let tile = j % TILES;
         let c = &c_tiles[slot_base(sg, tile % 2u)];
-        // Tile (ti, tj) is accumulator acc{ti}{tj}: case R·ti + tj.
-        switch (tile / RC) * R + tile % RC {
-            case 0u: { coopStoreT(acc00, c, T); }
-            case 1u: { coopStoreT(acc01, c, T); }
-            case 2u: { coopStoreT(acc02, c, T); }
-            case 3u: { coopStoreT(acc03, c, T); }
-            case 4u: { coopStoreT(acc10, c, T); }
-            case 5u: { coopStoreT(acc11, c, T); }
-            case 6u: { coopStoreT(acc12, c, T); }
-            case 7u: { coopStoreT(acc13, c, T); }
-            case 8u: { coopStoreT(acc20, c, T); }
-            case 9u: { coopStoreT(acc21, c, T); }
-            case 10u: { coopStoreT(acc22, c, T); }
-            case 11u: { coopStoreT(acc23, c, T); }
-            case 12u: { coopStoreT(acc30, c, T); }
-            case 13u: { coopStoreT(acc31, c, T); }
-            case 14u: { coopStoreT(acc32, c, T); }
-            default: { coopStoreT(acc33, c, T); }
+        // Tile (ti, tj) is accumulator acc{ti}{tj}. A thin block's switch
+        // names only its own four, so that the others (never multiplied
+        // there) are dead and take no registers.
+        if (RC == R) {
+            switch tile {
+                case 0u: { coopStoreT(acc00, c, T); }
+                case 1u: { coopStoreT(acc01, c, T); }
+                case 2u: { coopStoreT(acc02, c, T); }
+                case 3u: { coopStoreT(acc03, c, T); }
+                case 4u: { coopStoreT(acc10, c, T); }
+                case 5u: { coopStoreT(acc11, c, T); }
+                case 6u: { coopStoreT(acc12, c, T); }
+                case 7u: { coopStoreT(acc13, c, T); }
+                case 8u: { coopStoreT(acc20, c, T); }
+                case 9u: { coopStoreT(acc21, c, T); }
+                case 10u: { coopStoreT(acc22, c, T); }
+                case 11u: { coopStoreT(acc23, c, T); }
+                case 12u: { coopStoreT(acc30, c, T); }
+                case 13u: { coopStoreT(acc31, c, T); }
+                case 14u: { coopStoreT(acc32, c, T); }
+                default: { coopStoreT(acc33, c, T); }
+            }
+        } else {
+            switch tile {
+                case 0u: { coopStoreT(acc00, c, T); }
+                case 1u: { coopStoreT(acc10, c, T); }
+                case 2u: { coopStoreT(acc20, c, T); }
+                default: { coopStoreT(acc30, c, T); }
+            }
         }
         workgroupBarrier();
         let sweep = j / TILES;
