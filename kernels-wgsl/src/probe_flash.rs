@@ -56,7 +56,7 @@ pub fn flash_known_answer(gpu: &Gpu) -> Result<(), ProbeError> {
     let call = Attention { q_len: Q_LEN as u64, kv_len: KV_LEN as u64, q_heads: Q_HEADS as u64, kv_heads: KV_HEADS as u64, head_dim: HEAD_DIM as u64, scale: s.scale as f32, causal: true };
     gpu.submit(|enc| flash_attention(gpu, enc, qkv, Mat::new(&ob, qw), call)).map_err(ProbeError::Gpu)?;
     let got = gpu.read_f32(&ob, 0, q.len()).map_err(ProbeError::Gpu)?;
-    check(&got, &want)?;
+    check(&got, &want, Layout { what: "over f32 rows", heads: Q_HEADS, head_dim: HEAD_DIM })?;
     half_known_answer(gpu)
 }
 
@@ -83,18 +83,45 @@ fn half_known_answer(gpu: &Gpu) -> Result<(), ProbeError> {
     gpu.submit(|enc| flash_attention_half(gpu, enc, HalfQkv { q: of(0), k: of(1), v: of(2) }, out, call)).map_err(ProbeError::Gpu)?;
     let words: Vec<u32> = gpu.read_f32(&ow, 0, q.len() / 2).map_err(ProbeError::Gpu)?.iter().map(|w| w.to_bits()).collect();
     let scales = gpu.read_f32(&os, 0, Q_LEN * pieces as usize).map_err(ProbeError::Gpu)?;
-    check(&unpack_rows(&words, &scales, PIECE), &want)
+    check(&unpack_rows(&words, &scales, PIECE), &want, Layout { what: "over f16 pieces", heads: Q_HEADS, head_dim: HALF_HEAD_DIM })
 }
 
-/// Every value finite, and the relative L2 error within the matrix tier's attention bound.
-fn check(got: &[f32], want: &[f64]) -> Result<(), ProbeError> {
+/// Which of the two attentions an output belongs to, and its rows' layout
+/// (`heads` of `head_dim` a query row), to say where a wrong one lies.
+#[derive(Debug, Clone, Copy)]
+struct Layout {
+    what: &'static str,
+    heads: usize,
+    head_dim: usize,
+}
+
+impl Layout {
+    /// Output `i` as (query row, head, dim).
+    fn place(&self, i: usize) -> (usize, usize, usize) {
+        let width = self.heads * self.head_dim;
+        (i / width, i % width / self.head_dim, i % self.head_dim)
+    }
+}
+
+/// Every value finite, and the relative L2 error within the matrix tier's
+/// attention bound. A refusal says where: the first wrong output's query
+/// row, head and dim, and how many outputs and query rows are not finite.
+fn check(got: &[f32], want: &[f64], layout: Layout) -> Result<(), ProbeError> {
     if let Some(i) = got.iter().position(|g| !g.is_finite()) {
-        return Err(ProbeError::Wrong(format!("flash attention output {i} is {}", got[i])));
+        let (row, head, dim) = layout.place(i);
+        let bad: Vec<usize> = (0..got.len()).filter(|&j| !got[j].is_finite()).collect();
+        let mut rows: Vec<usize> = bad.iter().map(|&j| layout.place(j).0).collect();
+        rows.dedup();
+        let mut heads: Vec<usize> = bad.iter().map(|&j| layout.place(j).1).collect();
+        heads.sort_unstable();
+        heads.dedup();
+        let detail = format!("{} of {} outputs not finite, in {} query rows ({}–{}), heads {heads:?}", bad.len(), got.len(), rows.len(), rows[0], rows[rows.len() - 1]);
+        return Err(ProbeError::Wrong(format!("flash attention {}: output {i} (query row {row}, head {head}, dim {dim}) is {}; {detail}", layout.what, got[i])));
     }
     let err = rel_l2(got, want);
     match err <= MATRIX_ATTENTION {
         true => Ok(()),
-        false => Err(ProbeError::Wrong(format!("flash attention is {err:.2e} from the exact answer (relative L2; the bound is {MATRIX_ATTENTION:.0e})"))),
+        false => Err(ProbeError::Wrong(format!("flash attention {} is {err:.2e} from the exact answer (relative L2; the bound is {MATRIX_ATTENTION:.0e})", layout.what))),
     }
 }
 
@@ -105,9 +132,10 @@ mod tests {
     #[test]
     fn the_check_refuses_nan_and_far_answers_and_takes_close_ones() {
         let want = [1.0, -2.0, 3.0];
-        assert!(check(&[1.0, -2.0, 3.0], &want).is_ok());
-        assert!(matches!(check(&[1.0, f32::NAN, 3.0], &want), Err(ProbeError::Wrong(w)) if w.contains("output 1 is NaN")));
-        assert!(matches!(check(&[1.5, -2.0, 3.0], &want), Err(ProbeError::Wrong(w)) if w.contains("from the exact answer")));
+        let layout = Layout { what: "over f32 rows", heads: 1, head_dim: 3 };
+        assert!(check(&[1.0, -2.0, 3.0], &want, layout).is_ok());
+        assert!(matches!(check(&[1.0, f32::NAN, 3.0], &want, layout), Err(ProbeError::Wrong(w)) if w.contains("over f32 rows: output 1 (query row 0, head 0, dim 1) is NaN; 1 of 3 outputs not finite, in 1 query rows (0–0), heads [0]")));
+        assert!(matches!(check(&[1.5, -2.0, 3.0], &want, layout), Err(ProbeError::Wrong(w)) if w.contains("from the exact answer")));
     }
 
     #[test]
