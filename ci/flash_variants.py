@@ -1,21 +1,24 @@
 #!/usr/bin/env python3
 """Variants of the matrix tier's flash attention, one folder each, for
-FLUX_LITE_KERNEL_DIR: which change makes `selftest` pass where the kernel as
-built returns NaN (an NVIDIA H200, 16×16 tiles in subgroups of 32).
+FLUX_LITE_KERNEL_DIR: which change makes the start-up check pass where the
+kernel as built fails it (an NVIDIA H200, 16×16 tiles in subgroups of 32:
+NaN, then -inf in a few outputs), and what the kernel holds on the way.
 
     python3 ci/flash_variants.py SOURCES OUT
 
 SOURCES: what `flux-lite gpu --kernel-sources SOURCES` wrote. OUT/<variant>/
-gets AttentionFlash8.wgsl and AttentionFlash16.wgsl, each changed in one way
-(and `all`, every change at once); the names are printed one a line. Every
-variant computes the kernel's answer (each passes the start-up check on
-Mesa 26's lavapipe), and the engine refuses a folder whose sources its
-launchers could not bind.
+gets AttentionFlash8.wgsl and AttentionFlash16.wgsl, each changed in one
+way; printed one a line as `name<TAB>kind<TAB>what it tells`. Two kinds:
+- `fix`: computes the kernel's answer another way (each passes the
+  start-up check on Mesa 26's lavapipe); `all` is every fix at once;
+- `probe`: writes one of the kernel's intermediates in place of each f32
+  output (so it fails the check by design); `flux-lite gpu --flash-report
+  DIR` with it, then `python3 ci/flash_analyse.py DIR` reads what it held.
+The engine refuses a folder whose sources its launchers could not bind.
 """
 import pathlib
 import sys
 
-# Each variant: (name, what it rules out, [(text, replacement)]).
 ZERO_FILL = """    for (var i = li; i < KB * LDK / 4u; i += WG) { kv_sh[i] = vec4<Operand>(); }
     for (var i = li; i < QB * KB; i += WG) { s_sh[i] = 0.0; p_sh[i] = Operand(0.0); }
     for (var i = li; i < KB; i += WG) { k_scale[i] = 1.0; v_row[i] = 0.0; }
@@ -24,14 +27,35 @@ ZERO_FILL = """    for (var i = li; i < KB * LDK / 4u; i += WG) { kv_sh[i] = vec
     workgroupBarrier();
 """
 ZERO_ANCHOR = "    for (var i = li; i < T * T; i += WG) {\n        zero_sh[i] = 0.0;"
+OUTPUT = "= s_sh[mine + i] * row_factor(row, unit);"
+V_STAGED = "kv_sh[(j * LDV + c) / 4u] = vec4<Operand>(divided_by_power(tensor_run(VALUES, kvh, k0 + j, d0 + c), v_div));"
+P_STAGED = "p_sh[r * KB + j] = Operand(pr * P_SHIFT);"
+
+# Each variant: (name, kind, what it tells, [(text, replacement)]).
 VARIANTS = [
-    ("zero", "a read of workgroup memory never written (pipelines skip its zeroing)",
+    ("zero", "fix", "a read of workgroup memory never written (pipelines skip its zeroing)",
      [(ZERO_ANCHOR, ZERO_FILL + ZERO_ANCHOR)]),
-    ("always", "the accumulators reassigned under a branch (rescaled on every key tile)",
+    ("always", "fix", "the accumulators reassigned under a branch (rescaled on every key tile)",
      [("if (workgroupUniformLoad(&moved) != 0u) {", "workgroupBarrier();\n        if (true) {")]),
-    ("sgli", "the subgroup_id builtin (subgroup taken as local index / subgroup size)",
+    ("sgli", "fix", "the subgroup_id builtin (subgroup taken as local index / subgroup size)",
      [("@builtin(subgroup_id) sg: u32,", "@builtin(subgroup_id) sg_unused: u32,"),
       ("    let h = wid.y;", "    let sg = li / lanes;\n    let h = wid.y;")]),
+    ("oneseg", "fix", "a row's softmax split over two invocations (one each: MAX_SEGS 1)",
+     [("const MAX_SEGS: u32 = 2u;", "const MAX_SEGS: u32 = 1u;")]),
+    ("lazy0", "fix", "the lazy maximum (raised on every key tile that passes it: LAZY 0)",
+     [("const LAZY: f32 = 8.0;", "const LAZY: f32 = 0.0;")]),
+    ("pshift1", "fix", "the probabilities' ×16 shift into f16 (P_SHIFT 1)",
+     [("const P_SHIFT: f32 = 16.0;", "const P_SHIFT: f32 = 1.0;")]),
+    ("clamp", "fix", "an f16 overflow where values and probabilities are staged (each clamped to ±65504 first)",
+     [(V_STAGED, V_STAGED.replace("vec4<Operand>(divided_by_power(tensor_run(VALUES, kvh, k0 + j, d0 + c), v_div))",
+                                  "vec4<Operand>(clamp(divided_by_power(tensor_run(VALUES, kvh, k0 + j, d0 + c), v_div), vec4<f32>(-65504.0), vec4<f32>(65504.0)))")),
+      (P_STAGED, "p_sh[r * KB + j] = Operand(min(pr * P_SHIFT, 65504.0));")]),
+    ("unnormalised", "probe", "each output before its row's sum divides it (the accumulator times the values' scale over P_SHIFT)",
+     [(OUTPUT, "= s_sh[mine + i] * unit;")]),
+    ("rowsums", "probe", "each row's softmax sum, in every dim of the row",
+     [(OUTPUT, "= row_sum[row];")]),
+    ("rowmax", "probe", "each row's running maximum at the end, in every dim of the row",
+     [(OUTPUT, "= row_max[row];")]),
 ]
 
 
@@ -47,16 +71,16 @@ def main():
     if len(sys.argv) != 3:
         sys.exit(__doc__)
     sources, out = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
-    every = [edit for _, _, edits in VARIANTS for edit in edits]
+    fixes = [edit for _, kind, _, edits in VARIANTS if kind == "fix" for edit in edits]
+    listed = VARIANTS + [("all", "fix", "every fix above at once", fixes)]
     for module in ("AttentionFlash8", "AttentionFlash16"):
         base = (sources / f"{module}.wgsl").read_text()
-        for name, _, edits in VARIANTS + [("all", "", every)]:
+        for name, _, _, edits in listed:
             folder = out / name
             folder.mkdir(parents=True, exist_ok=True)
             (folder / f"{module}.wgsl").write_text(changed(base, edits, name))
-    for name, rules_out, _ in VARIANTS:
-        print(f"{name}\t{rules_out}")
-    print("all\tevery change above at once")
+    for name, kind, tells, _ in listed:
+        print(f"{name}\t{kind}\t{tells}")
 
 
 if __name__ == "__main__":

@@ -208,7 +208,7 @@ else
 fi
 rerun FLUX_LITE_REQUIRE_MATRIX=1 --sid "$pngs" matrix_tier_reproduces
 rerun FLUX_LITE_REQUIRE_MATRIX=1 --sid "$bench" matrix tiers
-rerun FLUX_LITE_REQUIRE_MATRIX=1 --sid "$cli" tier the_gpu_variant_scripts
+rerun FLUX_LITE_REQUIRE_MATRIX=1 --sid "$cli" tier the_gpu_variant_scripts the_flash_report
 rerun FLUX_LITE_REQUIRE_MATRIX=1 --sid "$stages"
 rerun FLUX_LITE_REQUIRE_MATRIX=1 --sid "$previews" half
 rerun FLUX_LITE_REQUIRE_MATRIX=1 --sid "$quantized" half_tiers
@@ -221,7 +221,7 @@ rerun FLUX_LITE_REQUIRE_MATRIX=1 --sid "$selftest"
 # gives wrong products with it). The checks that hold the fused
 # half-precision path, attention and the convolutions to the oracle, and
 # the GEMM's stagings, the wide head's splits, the convolution's pieces
-# and four-tap fetching, its narrow and thin blocks, the linear and the flash attention over f16 pieces to each other's bits; docs/testing.md says what else was run so and what
+# and four-tap fetching, its narrow and thin blocks, the linear and the flash attention over f16 pieces to each other's bits, the flash attention's start-up check and its variations; docs/testing.md says what else was run so and what
 # it found.
 emulated_tests=(
     selftest::half_path::tests::the_half_paths_checks_pass_on_matrix_units_at_the_adapters_block
@@ -241,6 +241,7 @@ emulated_tests=(
     kernels::attention::tests::the_wide_matrix_attention_gives_the_same_bits_whole_and_split_over_its_dims
     device::proof::tests::the_flash_attention_is_taken_where_its_check_passes_and_left_with_a_notice_where_it_fails
     kernels::half_path_tests::the_flash_kernel_over_half_pieces_copies_them_as_stored_with_the_bits_of_it_over_their_values
+    probe_flash::cases::tests::every_variation_passes_on_the_test_device_and_repeats
 )
 rerun FLUX_LITE_REQUIRE_MATRIX=1 FLUX_LITE_EMULATE_MATRIX=nvidia --sid "$kernels" --exact "${emulated_tests[@]}"
 # A whole component so: the tiny preview decoders' channels-last decode

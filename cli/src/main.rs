@@ -16,6 +16,7 @@ mod quantize;
 mod recipe;
 mod encode;
 mod errors;
+mod flash_report;
 mod gen;
 mod info;
 mod interrupt;
@@ -59,6 +60,11 @@ struct GpuArgs {
     /// FLUX_LITE_KERNEL_DIR reads it back (a kernel-development aid), and exit
     #[argh(option)]
     kernel_sources: Option<std::path::PathBuf>,
+    /// run the matrix tier's flash attention on its start-up check and the
+    /// check's variations, print what each gives, and write the outputs and
+    /// exact answers into this folder (a kernel-development aid), then exit
+    #[argh(option)]
+    flash_report: Option<std::path::PathBuf>,
 }
 
 fn main() -> ExitCode {
@@ -73,9 +79,11 @@ fn main() -> ExitCode {
         Command::Compress(args) => compress::run(&args),
         Command::Quantize(args) => quantize::run(&args),
         Command::Info(args) => info::run(&args),
-        Command::Gpu(args) => match args.kernel_sources {
-            Some(dir) => write_kernel_sources(&dir),
-            None => gpu(),
+        Command::Gpu(args) => match (args.kernel_sources, args.flash_report) {
+            (Some(_), Some(_)) => Err("gpu takes --kernel-sources or --flash-report, not both".into()),
+            (Some(dir), None) => write_kernel_sources(&dir),
+            (None, Some(dir)) => flash_report::run(&dir),
+            (None, None) => gpu(),
         },
         Command::Bench(args) => bench::run(&args),
         Command::Selftest(args) => selftest::run(&args),

@@ -194,7 +194,8 @@ fn a_kernel_folder_variant_that_cannot_be_bound_is_refused_with_one_line() {
 /// each one a folder the engine takes: every entry point there, using the
 /// storage bindings its launchers bind (checked from the sources when the
 /// device is made, so on any adapter); on the matrix tier each flash variant
-/// passes the start-up check (the linear's are wrong by design).
+/// that fixes passes the start-up check and each that probes fails it (the
+/// linear's are wrong by design).
 #[test]
 fn the_gpu_variant_scripts_apply_to_the_kernels_as_built() {
     let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
@@ -210,10 +211,12 @@ fn the_gpu_variant_scripts_apply_to_the_kernels_as_built() {
             return;
         };
         assert!(run.status.success(), "{script}: {}", String::from_utf8_lossy(&run.stderr));
-        let names = String::from_utf8_lossy(&run.stdout).to_string();
-        let names: Vec<&str> = names.lines().filter_map(|l| l.split('\t').next()).collect();
+        let listed = String::from_utf8_lossy(&run.stdout).to_string();
+        let names: Vec<&str> = listed.lines().filter_map(|l| l.split('\t').next()).collect();
         assert!(names.len() >= 2, "{script}: variants {names:?}");
-        for name in names {
+        for line in listed.lines() {
+            let name = line.split('\t').next().unwrap_or_default();
+            let probe = line.split('\t').nth(1) == Some("probe");
             for module in modules {
                 let built = std::fs::read_to_string(sources.join(format!("{module}.wgsl"))).unwrap();
                 let variant = std::fs::read_to_string(variants.join(name).join(format!("{module}.wgsl"))).unwrap_or_else(|e| panic!("{script} {name} {module}: {e}"));
@@ -223,12 +226,48 @@ fn the_gpu_variant_scripts_apply_to_the_kernels_as_built() {
             let taken = flux_lite(&["gpu"], &[("FLUX_LITE_KERNEL_DIR", &folder)]);
             let said = String::from_utf8_lossy(&taken.stdout);
             assert!(taken.status.success(), "{script}: variant {name}: {}", String::from_utf8_lossy(&taken.stderr));
-            // The flash variants each compute the kernel's answer: where the
-            // matrix tier runs (CI's rerun on Mesa 26), each passes the
-            // flash attention's start-up check.
+            // The flash variants that fix compute the kernel's answer: where
+            // the matrix tier runs (CI's rerun on Mesa 26), each passes the
+            // flash attention's start-up check; a probe writes something else,
+            // and fails it.
             if script == "flash_variants.py" && said.contains("matrix tier: matrix (") {
-                assert!(said.contains("; flash attention)"), "{script}: variant {name}: {said}");
+                assert_eq!(said.contains("; flash attention)"), !probe, "{script}: variant {name}: {said}");
             }
         }
     }
+}
+
+/// `gpu --flash-report DIR` where the matrix tier runs (CI's rerun on Mesa
+/// 26): a line a case, each case's outputs and exact answers in DIR with
+/// `cases.tsv` listing them, which `ci/flash_analyse.py` reads. Where it
+/// cannot (Mesa 22: no cooperative matrices), one `error:` line saying why.
+#[test]
+fn the_flash_report_writes_every_cases_outputs_or_says_why_it_cannot() {
+    let dir = flux_lite_tests::scratch_dir("cli-flash-report");
+    let out = flux_lite(&["gpu", "--flash-report", &dir.display().to_string()], &[]);
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    if !out.status.success() {
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+        assert!(stderr.starts_with("error: the matrix precision tier cannot run on"), "{stderr}");
+        assert!(std::env::var_os("FLUX_LITE_REQUIRE_MATRIX").is_none(), "the matrix tier was required: {stderr}");
+        flux_lite_tests::skipped("no matrix tier here for gpu --flash-report to run on");
+        return;
+    }
+    let cases = flux_lite_platform::flash_cases::VARIATIONS;
+    let index = std::fs::read_to_string(dir.join("cases.tsv")).unwrap();
+    assert_eq!(index.lines().count(), cases.len() + 1, "{index}");
+    for case in cases {
+        let outputs = case.q_len * case.q_heads * case.head_dim;
+        assert!(stdout.lines().any(|l| l.starts_with(&format!("{}: all {outputs} finite; ", case.name)) && l.contains("repeats bit for bit: yes")), "{}: {stdout}", case.name);
+        assert_eq!(std::fs::metadata(dir.join(format!("{}.got.f32", case.name))).unwrap().len(), outputs as u64 * 4, "{}", case.name);
+        assert_eq!(std::fs::metadata(dir.join(format!("{}.want.f64", case.name))).unwrap().len(), outputs as u64 * 8, "{}", case.name);
+    }
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let Ok(analysed) = Command::new("python3").arg(repo.join("ci/flash_analyse.py")).arg(&dir).output() else {
+        flux_lite_tests::skipped("no python3 to run ci/flash_analyse.py");
+        return;
+    };
+    let said = String::from_utf8_lossy(&analysed.stdout);
+    assert!(analysed.status.success(), "{}", String::from_utf8_lossy(&analysed.stderr));
+    assert_eq!(said.matches("  not finite: 0 of ").count(), cases.len(), "{said}");
 }

@@ -24,6 +24,15 @@ pub enum ProbeError {
     Wrong(String),
 }
 
+impl std::fmt::Display for ProbeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ProbeError::Gpu(e) => write!(f, "it could not run: {e}"),
+            ProbeError::Wrong(why) => f.write_str(why),
+        }
+    }
+}
+
 /// More rows and columns than a block of 16×16 tiles holds (two blocks
 /// each way, the second ragged; three with 8×8 tiles), so a driver wrong
 /// past the first workgroup fails here, not only in `selftest`.

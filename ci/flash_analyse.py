@@ -1,0 +1,115 @@
+#!/usr/bin/env python3
+"""What `flux-lite gpu --flash-report DIR` wrote, looked at closely: for
+each case, where its outputs are not finite or far from the exact answer,
+with each output's place in the kernel's tiles (query row and dim modulo
+the tile size, the query's subgroup), so that a fault that follows a tile
+position, a row, a dim or the data shows as such.
+
+    python3 ci/flash_analyse.py DIR [--tile 16] [--probe NAME]
+
+--probe NAME reads DIR as written with ci/flash_variants.py's probe NAME
+(its outputs are an intermediate, not the attention): `unnormalised`
+(each row's outputs over their answers, where the answers are not near
+zero, should be one number: the row's sum), `rowsums` or `rowmax` (one number a row).
+"""
+import argparse
+import collections
+import math
+import pathlib
+import struct
+
+
+def floats(path, fmt, size):
+    data = path.read_bytes()
+    return list(struct.unpack(f"<{len(data) // size}{fmt}", data))
+
+
+def cases(folder):
+    lines = (folder / "cases.tsv").read_text().splitlines()
+    head = lines[0].split("\t")
+    for line in lines[1:]:
+        row = dict(zip(head, line.split("\t")))
+        for key in ("q_len", "kv_len", "q_heads", "kv_heads", "head_dim", "causal", "pieces", "non_finite", "repeats"):
+            row[key] = int(row[key])
+        yield row
+
+
+def place(case, i, tile):
+    width = case["q_heads"] * case["head_dim"]
+    row, head, dim = i // width, i % width // case["head_dim"], i % case["head_dim"]
+    return row, head, dim, row % tile, dim % tile
+
+
+def tally(title, values):
+    counts = collections.Counter(values)
+    return f"{title}: " + ", ".join(f"{k}×{n}" for k, n in sorted(counts.items()))
+
+
+def attention(case, got, want, tile):
+    bad = [i for i, g in enumerate(got) if not math.isfinite(g)]
+    print(f"  not finite: {len(bad)} of {len(got)}")
+    if bad:
+        places = [place(case, i, tile) for i in bad]
+        print("  " + tally("by query row", [p[0] for p in places]))
+        print("  " + tally("by head", [p[1] for p in places]))
+        print("  " + tally("by dim", [p[2] for p in places]))
+        print("  " + tally(f"by (row mod {tile}, dim mod {tile})", [(p[3], p[4]) for p in places]))
+        print("  " + tally("by sign of the answer", ["-" if want[i] < 0 else "+" for i in bad]))
+        print("  " + tally("by value", [str(got[i]) for i in bad]))
+        for i in bad[:12]:
+            row, head, dim, _, _ = place(case, i, tile)
+            print(f"    output {i}: row {row} head {head} dim {dim}: {got[i]} (want {want[i]:.6g})")
+    scale = max((abs(w) for w in want), default=1.0) or 1.0
+    far = sorted((abs(g - w) / scale, i) for i, (g, w) in enumerate(zip(got, want)) if math.isfinite(g))[::-1]
+    wrong = [i for e, i in far if e > 1e-2]
+    print(f"  finite outputs more than 1% of the largest answer away: {len(wrong)}")
+    if wrong:
+        places = [place(case, i, tile) for i in wrong]
+        print("  " + tally("by query row", [p[0] for p in places][:200]))
+        for e, i in far[:8]:
+            row, head, dim, _, _ = place(case, i, tile)
+            print(f"    output {i}: row {row} head {head} dim {dim}: {got[i]:.6g} (want {want[i]:.6g})")
+
+
+def per_row(case, got, want, probe):
+    width = case["q_heads"] * case["head_dim"]
+    print(f"  {probe}: one number a row and head expected")
+    for row in range(case["q_len"]):
+        for head in range(case["q_heads"]):
+            dims = range(row * width + head * case["head_dim"], row * width + (head + 1) * case["head_dim"])
+            if probe == "unnormalised":
+                # Over the row's larger answers: near zero, rounding swamps the ratio.
+                largest = max(abs(want[i]) for i in dims)
+                ratios = [got[i] / want[i] for i in dims if abs(want[i]) >= 0.1 * largest and want[i] != 0.0]
+                finite = [r for r in ratios if math.isfinite(r)]
+                spread = (max(finite) - min(finite)) / abs(min(finite)) if finite and min(finite) != 0 else float("nan")
+                note = "" if len(finite) == len(ratios) and spread < 2e-2 else "  <-"
+                if note or row % 16 == 15:
+                    print(f"    row {row} head {head}: output over answer {min(finite, default=float('nan')):.6g} … {max(finite, default=float('nan')):.6g} ({len(ratios) - len(finite)} not finite){note}")
+            else:
+                seen = sorted({got[i] for i in dims}, key=lambda v: (math.isnan(v), v))
+                note = "" if len(seen) == 1 and math.isfinite(seen[0]) else "  <-"
+                if note or row % 16 == 15:
+                    print(f"    row {row} head {head}: {seen[:4]}{note}")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("folder", type=pathlib.Path)
+    parser.add_argument("--tile", type=int, default=16)
+    parser.add_argument("--probe", choices=["unnormalised", "rowsums", "rowmax"])
+    args = parser.parse_args()
+    for case in cases(args.folder):
+        got = floats(args.folder / f"{case['name']}.got.f32", "f", 4)
+        want = floats(args.folder / f"{case['name']}.want.f64", "d", 8)
+        print(f"{case['name']}: {case['q_len']} queries, {case['kv_len']} keys, {case['q_heads']}/{case['kv_heads']} heads of {case['head_dim']}, "
+              f"{'causal' if case['causal'] else 'no mask'}, values to {case['v_scale']}, {'f16 pieces' if case['pieces'] else 'f32 rows'}; "
+              f"finite rel L2 {case['finite_rel_l2']}; repeats bit for bit: {'yes' if case['repeats'] else 'no'}")
+        if args.probe and not case["pieces"]:
+            per_row(case, got, want, args.probe)
+        else:
+            attention(case, got, want, args.tile)
+
+
+if __name__ == "__main__":
+    main()
