@@ -31,6 +31,30 @@ OUTPUT = "= s_sh[mine + i] * row_factor(row, unit);"
 V_STAGED = "kv_sh[(j * LDV + c) / 4u] = vec4<Operand>(divided_by_power(tensor_run(VALUES, kvh, k0 + j, d0 + c), v_div));"
 P_STAGED = "p_sh[r * KB + j] = Operand(pr * P_SHIFT);"
 
+# The queries in workgroup memory for the whole run (16 KiB more with 16×16
+# tiles: 40 KiB a workgroup), each score's fragment loaded from there on
+# every key tile, where the kernel holds them in registers across the loop.
+Q_SHARED = [
+    ("var<workgroup> moved: u32;", "var<workgroup> moved: u32;\nvar<workgroup> q_sh: array<vec4<Operand>, QB * MAX_DIM / 4u>;"),
+    ("    var k_end = p.kv_len;", """    for (var i = li; i < QB * MAX_DIM / 4u; i += WG) {
+        let r = i / (MAX_DIM / 4u);
+        let d = 4u * (i % (MAX_DIM / 4u));
+        if (quads_at(p.q_offset, p.q_stride)) {
+            q_sh[i] = tensor_quad(QUERIES, h, q0 + r, d, q_scale[r]);
+        } else {
+            q_sh[i] = vec4<Operand>(divided_by_power(tensor_run(QUERIES, h, q0 + r, d), q_scale[r]));
+        }
+    }
+    var k_end = p.kv_len;"""),
+] + [(f"coopMultiplyAdd(qf{n}, ", f"coopMultiplyAdd(coopLoadT<MatA>(&q_sh[((sg * T) * MAX_DIM + {n}u * T) / 4u], MAX_DIM / 4u), ")
+     for n in range(16) for _ in range(2)]
+# Each P·V product in two statements, where the kernel nests one in the other.
+PV_SPLIT = [(f"o{n} = coopMultiplyAdd(pa1, coopLoadT<MatB>(&kv_sh[(T * LDV + {n}u * T) / 4u], LDV / 4u), "
+             f"coopMultiplyAdd(pa0, coopLoadT<MatB>(&kv_sh[({n}u * T) / 4u], LDV / 4u), o{n}));",
+             f"o{n} = coopMultiplyAdd(pa0, coopLoadT<MatB>(&kv_sh[({n}u * T) / 4u], LDV / 4u), o{n});\n"
+             f"        o{n} = coopMultiplyAdd(pa1, coopLoadT<MatB>(&kv_sh[(T * LDV + {n}u * T) / 4u], LDV / 4u), o{n});")
+            for n in range(8)]
+
 # Each variant: (name, kind, what it tells, [(text, replacement)]).
 VARIANTS = [
     ("zero", "fix", "a read of workgroup memory never written (pipelines skip its zeroing)",
@@ -50,6 +74,9 @@ VARIANTS = [
      [(V_STAGED, V_STAGED.replace("vec4<Operand>(divided_by_power(tensor_run(VALUES, kvh, k0 + j, d0 + c), v_div))",
                                   "vec4<Operand>(clamp(divided_by_power(tensor_run(VALUES, kvh, k0 + j, d0 + c), v_div), vec4<f32>(-65504.0), vec4<f32>(65504.0)))")),
       (P_STAGED, "p_sh[r * KB + j] = Operand(min(pr * P_SHIFT, 65504.0));")]),
+    ("qshared", "fix", "the query fragments held in registers across the key loop (loaded from workgroup memory for each key tile)",
+     Q_SHARED),
+    ("pvsplit", "fix", "a P·V product nested in another (two statements)", PV_SPLIT),
     ("unnormalised", "probe", "each output before its row's sum divides it (the accumulator times the values' scale over P_SHIFT)",
      [(OUTPUT, "= s_sh[mine + i] * unit;")]),
     ("rowsums", "probe", "each row's softmax sum, in every dim of the row",
