@@ -10,7 +10,8 @@ position, a row, a dim or the data shows as such.
 --probe NAME reads DIR as written with ci/flash_variants.py's probe NAME
 (its outputs are an intermediate, not the attention): `unnormalised`
 (each row's outputs over their answers, where the answers are not near
-zero, should be one number: the row's sum), `rowsums` or `rowmax` (one number a row).
+zero, should be one number: the row's sum), `rowsums` or `rowmax` (one number a row), `unwritten` (outputs of
+exactly 7777 are elements an accumulator's store left unwritten).
 """
 import argparse
 import collections
@@ -93,11 +94,22 @@ def per_row(case, got, want, probe):
                     print(f"    row {row} head {head}: {seen[:4]}{note}")
 
 
+def unwritten(case, got, tile):
+    missed = [i for i, g in enumerate(got) if g == 7777.0]
+    print(f"  unwritten: {len(missed)} of {len(got)} outputs are the 7777 the store should have covered")
+    if missed:
+        places = [place(case, i, tile) for i in missed]
+        print("  " + tally(f"by (row mod {tile}, dim mod {tile})", [(p[3], p[4]) for p in places]))
+        print("  " + tally("by query row", [p[0] for p in places]))
+    bad = [i for i, g in enumerate(got) if not math.isfinite(g)]
+    print(f"  not finite: {len(bad)}")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("folder", type=pathlib.Path)
     parser.add_argument("--tile", type=int, default=16)
-    parser.add_argument("--probe", choices=["unnormalised", "rowsums", "rowmax"])
+    parser.add_argument("--probe", choices=["unnormalised", "rowsums", "rowmax", "unwritten"])
     args = parser.parse_args()
     for case in cases(args.folder):
         got = floats(args.folder / f"{case['name']}.got.f32", "f", 4)
@@ -105,7 +117,9 @@ def main():
         print(f"{case['name']}: {case['q_len']} queries, {case['kv_len']} keys, {case['q_heads']}/{case['kv_heads']} heads of {case['head_dim']}, "
               f"{'causal' if case['causal'] else 'no mask'}, values to {case['v_scale']}, {'f16 pieces' if case['pieces'] else 'f32 rows'}; "
               f"finite rel L2 {case['finite_rel_l2']}; repeats bit for bit: {'yes' if case['repeats'] else 'no'}")
-        if args.probe and not case["pieces"]:
+        if args.probe == "unwritten" and not case["pieces"]:
+            unwritten(case, got, args.tile)
+        elif args.probe and not case["pieces"]:
             per_row(case, got, want, args.probe)
         else:
             attention(case, got, want, args.tile)

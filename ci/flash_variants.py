@@ -55,6 +55,24 @@ PV_SPLIT = [(f"o{n} = coopMultiplyAdd(pa1, coopLoadT<MatB>(&kv_sh[(T * LDV + {n}
              f"        o{n} = coopMultiplyAdd(pa1, coopLoadT<MatB>(&kv_sh[(T * LDV + {n}u * T) / 4u], LDV / 4u), o{n});")
             for n in range(8)]
 
+# The accumulators staged through a workgroup array of their own (as the
+# GEMM's are), for their rescale and the f32 output, where the kernel stages
+# them over its scores (4 KiB more with 16×16 tiles).
+RESCALED = "coopStoreT(o{n}, &s_sh[mine], T); workgroupBarrier(); rescale_tile(mine, sg, lane, lanes); workgroupBarrier(); o{n} = coopLoadT<MatC>(&s_sh[mine], T);"
+WRITTEN = "coopStoreT(o{n}, &s_sh[mine], T); workgroupBarrier(); write_tile(mine, sg, lane, lanes, h, q0, d0 + {n}u * T, unit);"
+O_STAGE = [
+    ("var<workgroup> moved: u32;", "var<workgroup> moved: u32;\nvar<workgroup> o_stage: array<f32, SG * T * T>;"),
+    ("        s_sh[mine + i] *= row_rescale[sg * T + i / T];", "        o_stage[sg * T * T + i] *= row_rescale[sg * T + i / T];"),
+    (OUTPUT, "= o_stage[sg * T * T + i] * row_factor(row, unit);"),
+] + [(RESCALED.format(n=n), RESCALED.format(n=n).replace("&s_sh[mine]", "&o_stage[sg * T * T]")) for n in range(8)] \
+  + [(WRITTEN.format(n=n), WRITTEN.format(n=n).replace("&s_sh[mine]", "&o_stage[sg * T * T]")) for n in range(8)]
+# Each f32 output tile's staging filled with 7777 before the accumulator is
+# stored over it, and written out as staged: an output of 7777 is an
+# element the store did not write.
+UNWRITTEN = [(OUTPUT, "= s_sh[mine + i];")] + [
+    (WRITTEN.format(n=n), "for (var i = lane; i < T * T; i += lanes) { s_sh[mine + i] = 7777.0; } workgroupBarrier(); " + WRITTEN.format(n=n))
+    for n in range(8)]
+
 # Each variant: (name, kind, what it tells, [(text, replacement)]).
 VARIANTS = [
     ("zero", "fix", "a read of workgroup memory never written (pipelines skip its zeroing)",
@@ -77,6 +95,8 @@ VARIANTS = [
     ("qshared", "fix", "the query fragments held in registers across the key loop (loaded from workgroup memory for each key tile)",
      Q_SHARED),
     ("pvsplit", "fix", "a P·V product nested in another (two statements)", PV_SPLIT),
+    ("ostage", "fix", "the accumulators staged over the scores for their rescale and the output (an array of their own)", O_STAGE),
+    ("unwritten", "probe", "each f32 output tile's staging as the accumulator's store left it over 7777s (7777: not written)", UNWRITTEN),
     ("unnormalised", "probe", "each output before its row's sum divides it (the accumulator times the values' scale over P_SHIFT)",
      [(OUTPUT, "= s_sh[mine + i] * unit;")]),
     ("rowsums", "probe", "each row's softmax sum, in every dim of the row",
