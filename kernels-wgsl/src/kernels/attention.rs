@@ -185,6 +185,23 @@ pub struct Attention {
     pub causal: bool,
 }
 
+/// The oracle's shape ([`flux_lite_core::oracle::AttentionShape`]) as a
+/// call, its scale the f32 the kernels take; and back, for the oracle to
+/// check a call against.
+impl From<flux_lite_core::oracle::AttentionShape> for Attention {
+    fn from(s: flux_lite_core::oracle::AttentionShape) -> Self {
+        let long = |n: usize| n as u64;
+        Attention { q_len: long(s.q_len), kv_len: long(s.kv_len), q_heads: long(s.q_heads), kv_heads: long(s.kv_heads), head_dim: long(s.head_dim), scale: s.scale as f32, causal: s.causal }
+    }
+}
+
+impl From<Attention> for flux_lite_core::oracle::AttentionShape {
+    fn from(s: Attention) -> Self {
+        let size = |n: u64| n as usize;
+        Self { q_len: size(s.q_len), kv_len: size(s.kv_len), q_heads: size(s.q_heads), kv_heads: size(s.kv_heads), head_dim: size(s.head_dim), scale: f64::from(s.scale), causal: s.causal }
+    }
+}
+
 /// The query, key and value rows of one attention call.
 #[derive(Debug, Clone, Copy)]
 pub struct Qkv<'a> {

@@ -172,16 +172,7 @@ impl Case {
     }
 
     fn call(&self) -> Attention {
-        let s = self.shape();
-        Attention {
-            q_len: s.q_len as u64,
-            kv_len: s.kv_len as u64,
-            q_heads: s.q_heads as u64,
-            kv_heads: s.kv_heads as u64,
-            head_dim: s.head_dim as u64,
-            scale: s.scale as f32,
-            causal: s.causal,
-        }
+        Attention::from(self.shape())
     }
 
     /// Its queries, keys and values as f32 rows.

@@ -557,15 +557,7 @@ pub fn check_attention(gpu: &Gpu, s: Attention, seed: u64) -> Result<f64, GpuErr
     let q = rng.normals(s.q_len as usize * qw, 1.0);
     let k = rng.normals(s.kv_len as usize * kw, 1.0);
     let v = rng.normals(s.kv_len as usize * kw, 1.0);
-    let shape = r::AttentionShape {
-        q_len: s.q_len as usize,
-        kv_len: s.kv_len as usize,
-        q_heads: s.q_heads as usize,
-        kv_heads: s.kv_heads as usize,
-        head_dim: s.head_dim as usize,
-        scale: s.scale as f64,
-        causal: s.causal,
-    };
+    let shape = r::AttentionShape::from(s);
     let mut want = vec![0.0; q.len()];
     let mut scratch = vec![0.0; s.kv_len as usize];
     r::attention(&q, &k, &v, None, shape, &mut scratch, &mut want);

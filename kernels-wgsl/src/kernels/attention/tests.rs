@@ -52,15 +52,7 @@ fn check_attention_within(gpu: &Gpu, c: AttnCase, seed: u64, scales: [f32; 3], t
     r::attention(&q, &k, &v, mask, shape, &mut scratch, &mut want);
     let (qb, kb, vb, mb) = (gpu.upload_f32("q", &q), gpu.upload_f32("k", &k), gpu.upload_f32("v", &v), gpu.upload_u32("keep", &keep));
     let ob = poisoned(gpu, q.len());
-    let s = Attention {
-        q_len: c.q_len as u64,
-        kv_len: c.kv_len as u64,
-        q_heads: c.q_heads as u64,
-        kv_heads: c.kv_heads as u64,
-        head_dim: c.head_dim as u64,
-        scale: scale as f32,
-        causal: c.causal,
-    };
+    let s = Attention::from(shape);
     let got = run_and_read(gpu, &ob, q.len(), |enc| {
         let qw = (c.q_heads * c.head_dim) as u64;
         let kw = (c.kv_heads * c.head_dim) as u64;
