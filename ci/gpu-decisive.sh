@@ -60,21 +60,40 @@ if command -v nvidia-smi >/dev/null; then
     step 10 "GPU" nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
 fi
 
-# The limits add up to 530 s: 9 minutes with room for the loader.
+# The limits add up to 510 s (575 s where the flash attention failed its
+# check: the step and the VAE get longer, the fallback's stage goes): under
+# 10 minutes with room for the loader.
 step 5 "0. the roofline: what the matrix tier's encode, step, decode and whole run move (no GPU)" "$binary" bench traffic --model klein-4b --width "$size" --height "$size" --precision matrix
 step 40 "1. adapter and tiers" "$binary" gpu
+# Where the flash attention failed its check, attention runs on the fallback
+# (589 ms a block on the H200): the step and the VAE then run once each
+# under longer limits (they stopped at 50 s with two runs), and the
+# fallback's own attention stage, the same kernel, is left out.
+step_runs=("${repeats[@]}")
+step_limit=50
+vae_limit=50
+fallback_only=0
+if grep -q "flash attention failed its known-answer check" "$report"; then
+    fallback_only=1
+    step_runs=(--repeats 1)
+    step_limit=120
+    vae_limit=80
+    say "(the flash attention failed its check: the step and the VAE run once, under ${step_limit} s and ${vae_limit} s)"
+fi
 step 60 "2. selftest, every tier" "$binary" selftest
 step 60 "3. linears on every tier (4B shapes)" "$binary" bench kernels --model klein-4b --tokens "$tokens" --only linear,tiers --pipeline-statistics "${repeats[@]}"
 step 40 "3. linears, the GEMM staged deep" env FLUX_LITE_GEMM_STAGING=deep "$binary" bench kernels --model klein-4b --tokens "$tokens" --only linear --precision matrix "${repeats[@]}"
 step 45 "4. attention at $tokens tokens, flash" "$binary" bench kernels --model klein-4b --tokens "$tokens" --only attention --pipeline-statistics "${repeats[@]}"
-step 35 "4. attention at $tokens tokens, the fallback" env FLUX_LITE_ATTENTION_KERNEL=matrix "$binary" bench kernels --model klein-4b --tokens "$tokens" --only attention "${repeats[@]}"
+if [ "$fallback_only" = 0 ]; then
+    step 35 "4. attention at $tokens tokens, the fallback" env FLUX_LITE_ATTENTION_KERNEL=matrix "$binary" bench kernels --model klein-4b --tokens "$tokens" --only attention "${repeats[@]}"
+fi
 step 30 "4. the double and single block at $tokens tokens, whole and op by op" "$binary" bench kernels --model klein-4b --tokens "$tokens" --only blocks,ops "${repeats[@]}"
 # The step first, in a stage of its own: its row prints before the decode
 # that the end-to-end row needs, so a slow VAE cannot cut it off.
-step 50 "5. the 4B ${size}² step (the text encoder before it, the decode and the end-to-end sum after)" "$binary" bench kernels --model klein-4b --only step --step-sizes "$size" --pipeline-statistics "${repeats[@]}"
-step 50 "5. the ${size}² VAE decode (the tiny preview decoder's share) and encode, then the decode op by op" "$binary" bench kernels --model klein-4b --only vae,vae-ops --vae-size "$size" "${repeats[@]}"
+step "$step_limit" "5. the 4B ${size}² step (the text encoder before it, the decode and the end-to-end sum after)" "$binary" bench kernels --model klein-4b --only step --step-sizes "$size" --pipeline-statistics "${step_runs[@]}"
+step "$vae_limit" "5. the ${size}² VAE decode (the tiny preview decoder's share) and encode, then the decode op by op" "$binary" bench kernels --model klein-4b --only vae,vae-ops --vae-size "$size" "${step_runs[@]}"
 if command -v python3 >/dev/null; then
-    step 105 "5. PyTorch / diffusers bf16, same card" python3 ci/gpu_peer.py --bench "$report" \
+    step 85 "5. PyTorch / diffusers bf16, same card" python3 ci/gpu_peer.py --bench "$report" \
         --config test_vectors/configs/klein-4b/transformer/config.json \
         --vae-config test_vectors/configs/klein-4b/vae/config.json --size "$size" --repeats 5
 else
