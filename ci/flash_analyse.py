@@ -5,7 +5,10 @@ with each output's place in the kernel's tiles (query row and dim modulo
 the tile size, the query's subgroup), so that a fault that follows a tile
 position, a row, a dim or the data shows as such.
 
-    python3 ci/flash_analyse.py DIR [--tile 16] [--probe NAME]
+    python3 ci/flash_analyse.py DIR [--tile 16] [--probe NAME] [--answers DIR2]
+
+--answers DIR2 reads the exact answers from DIR2 (the same cases: the
+kernel as built's folder, where ci/gpu-flash.sh keeps them once).
 
 --probe NAME reads DIR as written with ci/flash_variants.py's probe NAME
 (its outputs are an intermediate, not the attention): `unnormalised`
@@ -109,11 +112,12 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("folder", type=pathlib.Path)
     parser.add_argument("--tile", type=int, default=16)
+    parser.add_argument("--answers", type=pathlib.Path)
     parser.add_argument("--probe", choices=["unnormalised", "rowsums", "rowmax", "unwritten"])
     args = parser.parse_args()
     for case in cases(args.folder):
         got = floats(args.folder / f"{case['name']}.got.f32", "f", 4)
-        want = floats(args.folder / f"{case['name']}.want.f64", "d", 8)
+        want = floats((args.answers or args.folder) / f"{case['name']}.want.f64", "d", 8)
         print(f"{case['name']}: {case['q_len']} queries, {case['kv_len']} keys, {case['q_heads']}/{case['kv_heads']} heads of {case['head_dim']}, "
               f"{'causal' if case['causal'] else 'no mask'}, values to {case['v_scale']}, {'f16 pieces' if case['pieces'] else 'f32 rows'}; "
               f"finite rel L2 {case['finite_rel_l2']}; repeats bit for bit: {'yes' if case['repeats'] else 'no'}")

@@ -13,7 +13,10 @@
 #      passes says what the fault needed; a probe writes an intermediate
 #      (the output before its row's sum, the sums, the maxima), analysed as
 #      such.
-# Every case's outputs stay under $OUT/flash/<variant>/ for analysis here.
+# Every case's outputs come back in one archive for analysis here (a call
+# returns at most 8 files): gpu-flash-outputs.tar.xz beside the report,
+# flash/<variant>/<case>.got.f32, the exact answers once, in flash/built/
+# (`python3 ci/flash_analyse.py flash/<variant> --answers flash/built`).
 #
 #   bash ci/gpu-flash.sh [BINARY] [REPORT]
 #
@@ -24,7 +27,7 @@ cd "$(dirname "$0")/.."
 
 binary="${1:-target/release/flux-lite}"
 report="${2:-${OUT:+$OUT/}gpu-flash.txt}"
-outputs="${OUT:-gpu-flash}/flash"
+archive="$(dirname "$report")/gpu-flash-outputs.tar.xz"
 : > "$report"
 source ci/gpu-steps.sh
 source ci/gpu-loader.sh
@@ -33,6 +36,7 @@ step 40 "adapter and tiers" "$binary" gpu
 
 variants="$(mktemp -d)"
 trap 'rm -rf "$variants"' EXIT
+outputs="$variants/flash"
 "$binary" gpu --kernel-sources "$variants/sources" >/dev/null || say "error: the kernel sources could not be written"
 python3 ci/flash_variants.py "$variants/sources" "$variants" > "$variants/names" || say "error: ci/flash_variants.py made no variants"
 
@@ -43,9 +47,13 @@ while IFS=$'\t' read -r name kind tells; do
     probe=()
     if [ "$kind" = probe ]; then probe=(--probe "$name"); fi
     step 30 "variant $name ($kind: $tells)" env FLUX_LITE_KERNEL_DIR="$variants/$name" "$binary" gpu --flash-report "$outputs/$name"
-    step 10 "variant $name, analysed" python3 ci/flash_analyse.py "$outputs/$name" "${probe[@]}"
+    step 10 "variant $name, analysed" python3 ci/flash_analyse.py "$outputs/$name" --answers "$outputs/built" "${probe[@]}"
+    rm -f "$outputs/$name"/*.want.f64
 done < "$variants/names"
+# (Python's tarfile: the machine may have no xz.)
+python3 -c "import sys, tarfile; t = tarfile.open(sys.argv[1], 'w:xz'); t.add(sys.argv[2], arcname='flash'); t.close()" \
+    "$archive" "$outputs" || say "error: the outputs could not be archived"
 
 say ""
-say "gpu-flash: done in ${SECONDS}s, $failed stage(s) failed; report in $report, outputs in $outputs"
+say "gpu-flash: done in ${SECONDS}s, $failed stage(s) failed; report in $report, outputs in $archive"
 [ "$failed" -eq 0 ]
