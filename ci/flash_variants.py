@@ -28,7 +28,6 @@ ZERO_FILL = """    for (var i = li; i < KB * LDK / 4u; i += WG) { kv_sh[i] = vec
 """
 ZERO_ANCHOR = "    for (var i = li; i < T * T; i += WG) {\n        zero_sh[i] = 0.0;"
 OUTPUT = "= s_sh[mine + i] * row_factor(row, unit);"
-V_STAGED = "kv_sh[(j * LDV + c) / 4u] = vec4<Operand>(divided_by_power(tensor_run(VALUES, kvh, k0 + j, d0 + c), v_div));"
 P_STAGED = "p_sh[r * KB + j] = Operand(pr * P_SHIFT);"
 
 # The queries in workgroup memory for the whole run (16 KiB more with 16×16
@@ -73,6 +72,22 @@ UNWRITTEN = [(OUTPUT, "= s_sh[mine + i];")] + [
     (WRITTEN.format(n=n), "for (var i = lane; i < T * T; i += lanes) { s_sh[mine + i] = 7777.0; } workgroupBarrier(); " + WRITTEN.format(n=n))
     for n in range(8)]
 
+# The values staged dim by dim (a tile's column of KB keys for each dim) and
+# loaded column-major, as the GEMM loads its B, where the kernel stages them
+# key by key and loads them row-major (the one load of that kind among the
+# matrix kernels).
+V_COLUMNS = [
+    ("            if (quads_at(p.v_offset, p.v_stride)) {", "            var quad: vec4<Operand>;\n            if (quads_at(p.v_offset, p.v_stride)) {"),
+    ("kv_sh[(j * LDV + c) / 4u] = tensor_quad(VALUES", "quad = tensor_quad(VALUES"),
+    ("kv_sh[(j * LDV + c) / 4u] = vec4<Operand>(", "quad = vec4<Operand>("),
+    ("            }\n        }\n        workgroupBarrier();\n        // Then each (row, segment)'s probabilities",
+     "            }\n            for (var e = 0u; e < 4u; e++) { let at = (c + e) * KB + j; kv_sh[at / 4u][at % 4u] = quad[e]; }"
+     "\n        }\n        workgroupBarrier();\n        // Then each (row, segment)'s probabilities"),
+] + [(f"coopLoadT<MatB>(&kv_sh[(T * LDV + {n}u * T) / 4u], LDV / 4u)", f"coopLoad<MatB>(&kv_sh[({n}u * T * KB + T) / 4u], KB / 4u)")
+     for n in range(8)] \
+  + [(f"coopLoadT<MatB>(&kv_sh[({n}u * T) / 4u], LDV / 4u)", f"coopLoad<MatB>(&kv_sh[({n}u * T * KB) / 4u], KB / 4u)")
+     for n in range(8)]
+
 # Each variant: (name, kind, what it tells, [(text, replacement)]).
 VARIANTS = [
     ("zero", "fix", "a read of workgroup memory never written (pipelines skip its zeroing)",
@@ -89,13 +104,14 @@ VARIANTS = [
     ("pshift1", "fix", "the probabilities' ×16 shift into f16 (P_SHIFT 1)",
      [("const P_SHIFT: f32 = 16.0;", "const P_SHIFT: f32 = 1.0;")]),
     ("clamp", "fix", "an f16 overflow where values and probabilities are staged (each clamped to ±65504 first)",
-     [(V_STAGED, V_STAGED.replace("vec4<Operand>(divided_by_power(tensor_run(VALUES, kvh, k0 + j, d0 + c), v_div))",
-                                  "vec4<Operand>(clamp(divided_by_power(tensor_run(VALUES, kvh, k0 + j, d0 + c), v_div), vec4<f32>(-65504.0), vec4<f32>(65504.0)))")),
+     [("vec4<Operand>(divided_by_power(tensor_run(VALUES, kvh, k0 + j, d0 + c), v_div))",
+       "vec4<Operand>(clamp(divided_by_power(tensor_run(VALUES, kvh, k0 + j, d0 + c), v_div), vec4<f32>(-65504.0), vec4<f32>(65504.0)))"),
       (P_STAGED, "p_sh[r * KB + j] = Operand(min(pr * P_SHIFT, 65504.0));")]),
     ("qshared", "fix", "the query fragments held in registers across the key loop (loaded from workgroup memory for each key tile)",
      Q_SHARED),
     ("pvsplit", "fix", "a P·V product nested in another (two statements)", PV_SPLIT),
     ("ostage", "fix", "the accumulators staged over the scores for their rescale and the output (an array of their own)", O_STAGE),
+    ("vcolumns", "fix", "the values loaded row-major as the right operand (staged by dims and loaded column-major, as the GEMM's)", V_COLUMNS),
     ("unwritten", "probe", "each f32 output tile's staging as the accumulator's store left it over 7777s (7777: not written)", UNWRITTEN),
     ("unnormalised", "probe", "each output before its row's sum divides it (the accumulator times the values' scale over P_SHIFT)",
      [(OUTPUT, "= s_sh[mine + i] * unit;")]),
