@@ -30,6 +30,8 @@ pub use error::{CompressError, GpuError, LoadError, RunError, TokenizeError};
 pub use flux_lite_kernels::{check_kernel_dir, AdapterMemory, Backend, CacheState, CompileReport, DeviceBuffer, DeviceMemory, Gpu, GpuOptions, MemorySource, Module, PipelineStore, Precision, DEFAULT_MARGIN_PERCENT};
 #[cfg(not(any(target_arch = "wasm32", target_vendor = "apple")))]
 pub use flux_lite_kernels::{pipeline_name, PipelineStatistics, StatisticsError};
+/// Which kernel runs the VAE's attention (`bench kernels` names it).
+pub use flux_lite_kernels::kernels::carried_attention_module;
 /// The flash attention's known-answer cases (`flux-lite gpu --flash-report`).
 pub use flux_lite_kernels::probe_flash::cases as flash_cases;
 // The front door.

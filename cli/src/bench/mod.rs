@@ -285,6 +285,12 @@ fn kernels(args: &KernelsArgs) -> Result<(), String> {
         say!();
         say!("{line}");
     }
+    if vae_size > 0 && (want("vae") || want("vae-ops")) && vae.mid_block_add_attention {
+        // What the VAE's attention rows timed: not the flash kernel, whatever its check found.
+        let width = vae.decoder_channels().last().copied().unwrap_or_default() as u64;
+        let module = flux_lite_platform::carried_attention_module(&gpu, width);
+        say!("the VAE's mid-block attention (one head of {width}, carried across key chunks as the bands run it): {}", module.name());
+    }
     if want("tiers") {
         tiers_side_by_side(&transformer, &tokens, args.repeats)?;
     }

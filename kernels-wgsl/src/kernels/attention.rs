@@ -327,6 +327,26 @@ fn carried_kernel(gpu: &Gpu, head_dim: u64) -> AttentionKernel {
     }
 }
 
+/// The one-subgroup matrix attention's kernel for heads of `head_dim` on `c`:
+/// its wide module past 128 dims.
+fn matrix_attention_kernel(c: MatrixConfig, head_dim: u64) -> &'static Kernel {
+    match head_dim > ATTENTION_MATRIX_MAX_HEAD_DIM {
+        true if c.size == 16 => &ATTENTION_MATRIX_WIDE_16,
+        true => &ATTENTION_MATRIX_WIDE_8,
+        false => c.pick([&ATTENTION_MATRIX_8, &ATTENTION_MATRIX_16, &ATTENTION_MATRIX_8_F32]),
+    }
+}
+
+/// The module a carried attention (the VAE's mid-block, a chunk of its
+/// keys at a time where it runs by bands) over heads of `head_dim` runs on
+/// `gpu`: for reports, which name what an attention row timed.
+pub fn carried_attention_module(gpu: &Gpu, head_dim: u64) -> Module {
+    match carried_kernel(gpu, head_dim) {
+        AttentionKernel::Matrix(c) => matrix_attention_kernel(c, head_dim).module,
+        _ => ATTENTION.module,
+    }
+}
+
 /// [`attention`] writing `o` as the next product's
 /// operand: f16 rows in pieces ([`HalfMat::pieces`]), each piece of a
 /// query's row divided by its range scale (the range rule's rounding of
@@ -583,11 +603,7 @@ fn attention_with(
             }
             AttentionKernel::Matrix(c) => {
                 let wide = s.head_dim > ATTENTION_MATRIX_MAX_HEAD_DIM;
-                let kernel = match wide {
-                    true if c.size == 16 => &ATTENTION_MATRIX_WIDE_16,
-                    true => &ATTENTION_MATRIX_WIDE_8,
-                    false => c.pick([&ATTENTION_MATRIX_8, &ATTENTION_MATRIX_16, &ATTENTION_MATRIX_8_F32]),
-                };
+                let kernel = matrix_attention_kernel(c, s.head_dim);
                 let max_dim = if wide { ATTENTION_MATRIX_WIDE_MAX_HEAD_DIM } else { ATTENTION_MATRIX_MAX_HEAD_DIM } as u32;
                 // A call that both reads and keeps the carried state runs
                 // whole: split, one workgroup would write the state that
