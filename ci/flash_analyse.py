@@ -75,8 +75,67 @@ def attention(case, got, want, tile):
             print(f"    output {i}: row {row} head {head} dim {dim}: {got[i]:.6g} (want {want[i]:.6g})")
 
 
-def per_row(case, got, want, probe):
+def inputs(case):
+    """The case's queries, keys and values as kernels-wgsl/src/probe_flash/cases.rs makes them."""
+    def values(count, mul, scale):
+        f32 = lambda x: struct.unpack("<f", struct.pack("<f", x))[0]
+        return [f32(f32(f32(((i * mul + i // 5) % 97) / 48.5) - 1.0) * scale) for i in range(count)]
+    kv = case["kv_len"] * case["kv_heads"] * case["head_dim"]
+    return values(case["q_len"] * case["q_heads"] * case["head_dim"], 7, 2.0), values(kv, 11, 2.0)
+
+
+def kernel_softmax_state(case, tile):
+    """Each (row, head)'s running maximum and sum at the end as the flash
+    kernel keeps them over f32 rows: queries and keys rounded to f16 under
+    their rows' range scales, keys in tiles of 2T, a workgroup's keys up to
+    its last query (causal), the maximum raised only past 8 (LAZY)."""
+    q, k = inputs(case)
+    d, qh, kh = case["head_dim"], case["q_heads"], case["kv_heads"]
+    half = lambda x: struct.unpack("<e", struct.pack("<e", x))[0]
+    scaled = lambda row: (lambda s: ([half(x / s) for x in row], s))(2.0 ** (math.frexp(max(map(abs, row)) or 1.0)[1] - 14))
+    qb, kb = (4 if tile == 16 else 2) * tile, 2 * tile
+    keys = {(j, h): scaled(k[(j * kh + h) * d:(j * kh + h + 1) * d]) for j in range(case["kv_len"]) for h in range(kh)}
+    state = {}
+    for r in range(case["q_len"]):
+        for h in range(qh):
+            qr, qs = scaled(q[(r * qh + h) * d:(r * qh + h + 1) * d])
+            end = min(case["kv_len"], r // qb * qb + qb) if case["causal"] else case["kv_len"]
+            m, l = None, 0.0
+            for k0 in range(0, end, kb):
+                scores = []
+                for j in range(k0, min(k0 + kb, case["kv_len"])):
+                    if case["causal"] and j > r:
+                        continue
+                    kr, ks = keys[(j, h // (qh // kh))]
+                    scores.append(sum(a * b for a, b in zip(qr, kr)) * qs * ks / math.sqrt(d))
+                if not scores:
+                    continue
+                top = max(scores)
+                new = top if m is None or top > m + 8.0 else m
+                l = (l * math.exp(m - new) if m is not None else 0.0) + sum(math.exp(x - new) for x in scores)
+                m = new
+            state[(r, h)] = (m, l)
+    return state
+
+
+def per_row(case, got, want, probe, tile):
     width = case["q_heads"] * case["head_dim"]
+    modelled = kernel_softmax_state(case, tile) if not case["pieces"] else None
+    if modelled:
+        def held(r, h):
+            at = r * width + h * case["head_dim"]
+            if probe != "unnormalised":
+                return got[at]
+            # The output before its sum divides it, over the answer: the row's sum.
+            dims = range(at, at + case["head_dim"])
+            largest = max(abs(want[i]) for i in dims)
+            ratios = sorted(got[i] / want[i] for i in dims if want[i] != 0.0 and abs(want[i]) >= 0.1 * largest)
+            return ratios[len(ratios) // 2] if ratios else float("nan")
+        pick = 0 if probe == "rowmax" else 1
+        off = [(abs(held(r, h) - m[pick]) / max(abs(m[pick]), 1e-30), r, h) for (r, h), m in modelled.items()]
+        worst = max(off, key=lambda e: (not e[0] <= 1e-2, e[0] if e[0] == e[0] else math.inf))
+        print(f"  {probe} against the kernel's arithmetic modelled here: {sum(1 for e in off if not e[0] <= 1e-2)} of {len(off)} "
+              f"(row, head) more than 1% off (not finite counted off); the farthest {worst[0]:.2e} at row {worst[1]} head {worst[2]}")
     print(f"  {probe}: one number a row and head expected")
     for row in range(case["q_len"]):
         for head in range(case["q_heads"]):
@@ -124,7 +183,7 @@ def main():
         if args.probe == "unwritten" and not case["pieces"]:
             unwritten(case, got, args.tile)
         elif args.probe and not case["pieces"]:
-            per_row(case, got, want, args.probe)
+            per_row(case, got, want, args.probe, args.tile)
         else:
             attention(case, got, want, args.tile)
 

@@ -270,4 +270,19 @@ fn the_flash_report_writes_every_cases_outputs_or_says_why_it_cannot() {
     let said = String::from_utf8_lossy(&analysed.stdout);
     assert!(analysed.status.success(), "{}", String::from_utf8_lossy(&analysed.stderr));
     assert_eq!(said.matches("  not finite: 0 of ").count(), cases.len(), "{said}");
+    // The analysis models the kernel's softmax state (its tiles, its lazy
+    // maximum): the `rowsums` probe's sums match it on every f32 case.
+    let tile = if stdout.contains("16×16 f16 tiles") { "16" } else { "8" };
+    let sources = dir.join("sources");
+    assert!(flux_lite(&["gpu", "--kernel-sources", &sources.display().to_string()], &[]).status.success());
+    let variants = dir.join("variants");
+    let made = Command::new("python3").arg(repo.join("ci/flash_variants.py")).arg(&sources).arg(&variants).output().unwrap();
+    assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
+    let probed = dir.join("rowsums");
+    let out = flux_lite(&["gpu", "--flash-report", &probed.display().to_string()], &[("FLUX_LITE_KERNEL_DIR", &variants.join("rowsums").display().to_string())]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let analysed = Command::new("python3").arg(repo.join("ci/flash_analyse.py")).arg(&probed).args(["--probe", "rowsums", "--tile", tile]).output().unwrap();
+    let said = String::from_utf8_lossy(&analysed.stdout);
+    let f32_cases = cases.iter().filter(|c| !c.pieces).count();
+    assert_eq!(said.matches("rowsums against the kernel's arithmetic modelled here: 0 of ").count(), f32_cases, "{said}");
 }
