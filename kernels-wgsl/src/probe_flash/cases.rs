@@ -87,88 +87,33 @@ const WHOLE_TILES: Case = Case {
 /// The checks, then one change at a time.
 pub const VARIATIONS: [Case; 11] = [
     CHECK_ROWS,
-    Case {
-        name: "small-values",
-        what: "values within f16's range (to 3)",
-        v_scale: 3.0,
-        ..CHECK_ROWS
-    },
-    Case {
-        name: "no-mask",
-        what: "no causal mask",
-        causal: false,
-        ..CHECK_ROWS
-    },
-    Case {
-        name: "one-head",
-        what: "one query head on one kv head",
-        q_heads: 1,
-        kv_heads: 1,
-        ..CHECK_ROWS
-    },
-    Case {
-        name: "head-64",
-        what: "heads of 64 (the queries staged in one chunk)",
-        head_dim: 64,
-        ..CHECK_ROWS
-    },
-    Case {
-        name: "head-128",
-        what: "heads of 128",
-        head_dim: 128,
-        ..CHECK_ROWS
-    },
+    Case { name: "small-values", what: "values within f16's range (to 3)", v_scale: 3.0, ..CHECK_ROWS },
+    Case { name: "no-mask", what: "no causal mask", causal: false, ..CHECK_ROWS },
+    Case { name: "one-head", what: "one query head on one kv head", q_heads: 1, kv_heads: 1, ..CHECK_ROWS },
+    Case { name: "head-64", what: "heads of 64 (the queries staged in one chunk)", head_dim: 64, ..CHECK_ROWS },
+    Case { name: "head-128", what: "heads of 128", head_dim: 128, ..CHECK_ROWS },
     WHOLE_TILES,
-    Case {
-        name: "one-key-tile",
-        what: "as whole-tiles with 16 keys (one key tile on any tiles)",
-        kv_len: 16,
-        ..WHOLE_TILES
-    },
-    Case {
-        name: "many-keys",
-        what: "as whole-tiles with 520 keys, two heads, values to 3e5",
-        kv_len: 520,
-        q_heads: 2,
-        kv_heads: 2,
-        v_scale: 3.0e5,
-        ..WHOLE_TILES
-    },
+    Case { name: "one-key-tile", what: "as whole-tiles with 16 keys (one key tile on any tiles)", kv_len: 16, ..WHOLE_TILES },
+    Case { name: "many-keys", what: "as whole-tiles with 520 keys, two heads, values to 3e5", kv_len: 520, q_heads: 2, kv_heads: 2, v_scale: 3.0e5, ..WHOLE_TILES },
     CHECK_PIECES,
-    Case {
-        name: "pieces-small",
-        what: "f16 pieces with values within f16's range (to 3)",
-        v_scale: 3.0,
-        ..CHECK_PIECES
-    },
+    Case { name: "pieces-small", what: "f16 pieces with values within f16's range (to 3)", v_scale: 3.0, ..CHECK_PIECES },
 ];
 
 /// Whether `gpu` runs the flash attention at all: its tier is the matrix
 /// tier's f16 tiles (whether it passed its check or not).
 pub fn runs_on(gpu: &Gpu) -> bool {
-    gpu.matrix()
-        .is_some_and(|c| c.operands == MatrixOperands::F16)
+    gpu.matrix().is_some_and(|c| c.operands == MatrixOperands::F16)
 }
 
 /// Deterministic values in [-1, 1) times `scale`: no random source needed at start-up.
 fn values(count: usize, mul: usize, scale: f32) -> Vec<f32> {
-    (0..count)
-        .map(|i| (((i * mul + i / 5) % 97) as f32 / 48.5 - 1.0) * scale)
-        .collect()
+    (0..count).map(|i| (((i * mul + i / 5) % 97) as f32 / 48.5 - 1.0) * scale).collect()
 }
 
 impl Case {
     fn shape(&self) -> AttentionShape {
         let scale = 1.0 / (self.head_dim as f32).sqrt();
-        AttentionShape {
-            q_len: self.q_len,
-            kv_len: self.kv_len,
-            q_heads: self.q_heads,
-            kv_heads: self.kv_heads,
-            head_dim: self.head_dim,
-            scale: scale as f64,
-            causal: self.causal,
-        }
+        AttentionShape { q_len: self.q_len, kv_len: self.kv_len, q_heads: self.q_heads, kv_heads: self.kv_heads, head_dim: self.head_dim, scale: scale as f64, causal: self.causal }
     }
 
     fn call(&self) -> Attention {
@@ -178,19 +123,12 @@ impl Case {
     /// Its queries, keys and values as f32 rows.
     pub fn inputs(&self) -> [Vec<f32>; 3] {
         let kv = self.kv_len * self.kv_heads * self.head_dim;
-        [
-            values(self.q_len * self.q_heads * self.head_dim, 7, 2.0),
-            values(kv, 11, 2.0),
-            values(kv, 13, self.v_scale),
-        ]
+        [values(self.q_len * self.q_heads * self.head_dim, 7, 2.0), values(kv, 11, 2.0), values(kv, 13, self.v_scale)]
     }
 
     /// Where output `i` lies.
     pub fn layout(&self) -> Layout {
-        Layout {
-            heads: self.q_heads,
-            head_dim: self.head_dim,
-        }
+        Layout { heads: self.q_heads, head_dim: self.head_dim }
     }
 }
 
@@ -213,23 +151,11 @@ pub fn run(gpu: &Gpu, case: &Case) -> Result<Outcome, ProbeError> {
     }
     let mut want = vec![0.0; q.len()];
     oracle::attention(&q, &k, &v, None, s, &mut vec![0.0; case.kv_len], &mut want);
-    let (qb, kb, vb, ob) = (
-        gpu.upload_f32("flash probe q", &q),
-        gpu.upload_f32("flash probe k", &k),
-        gpu.upload_f32("flash probe v", &v),
-        gpu.storage("flash probe o", (q.len() * 4) as u64),
-    );
-    let (qw, kw) = (
-        (case.q_heads * case.head_dim) as u64,
-        (case.kv_heads * case.head_dim) as u64,
-    );
-    let qkv = Qkv {
-        q: Mat::new(&qb, qw),
-        k: Mat::new(&kb, kw),
-        v: Mat::new(&vb, kw),
-    };
-    gpu.submit(|enc| flash_attention(gpu, enc, qkv, Mat::new(&ob, qw), case.call()))
-        .map_err(ProbeError::Gpu)?;
+    let (qb, kb, vb, ob) =
+        (gpu.upload_f32("flash probe q", &q), gpu.upload_f32("flash probe k", &k), gpu.upload_f32("flash probe v", &v), gpu.storage("flash probe o", (q.len() * 4) as u64));
+    let (qw, kw) = ((case.q_heads * case.head_dim) as u64, (case.kv_heads * case.head_dim) as u64);
+    let qkv = Qkv { q: Mat::new(&qb, qw), k: Mat::new(&kb, kw), v: Mat::new(&vb, kw) };
+    gpu.submit(|enc| flash_attention(gpu, enc, qkv, Mat::new(&ob, qw), case.call())).map_err(ProbeError::Gpu)?;
     let got = gpu.read_f32(&ob, 0, q.len()).map_err(ProbeError::Gpu)?;
     Ok(Outcome { got, want })
 }
@@ -237,82 +163,20 @@ pub fn run(gpu: &Gpu, case: &Case) -> Result<Outcome, ProbeError> {
 /// [`run`] on the transformer's path: each tensor packed into f16 pieces,
 /// the output read back from its pieces.
 fn run_pieces(gpu: &Gpu, case: &Case, [q, k, v]: [Vec<f32>; 3]) -> Result<Outcome, ProbeError> {
-    let widths = [
-        case.q_heads * case.head_dim,
-        case.kv_heads * case.head_dim,
-        case.kv_heads * case.head_dim,
-    ];
-    let packed: Vec<(Vec<u32>, Vec<f32>)> = [&q, &k, &v]
-        .iter()
-        .map(|x| pack_rows(x, x.len() / PIECE, PIECE))
-        .collect();
-    let stands_for: Vec<Vec<f32>> = packed
-        .iter()
-        .map(|(w, s)| unpack_rows(w, s, PIECE))
-        .collect();
+    let widths = [case.q_heads * case.head_dim, case.kv_heads * case.head_dim, case.kv_heads * case.head_dim];
+    let packed: Vec<(Vec<u32>, Vec<f32>)> = [&q, &k, &v].iter().map(|x| pack_rows(x, x.len() / PIECE, PIECE)).collect();
+    let stands_for: Vec<Vec<f32>> = packed.iter().map(|(w, s)| unpack_rows(w, s, PIECE)).collect();
     let mut want = vec![0.0; q.len()];
-    oracle::attention(
-        &stands_for[0],
-        &stands_for[1],
-        &stands_for[2],
-        None,
-        case.shape(),
-        &mut vec![0.0; case.kv_len],
-        &mut want,
-    );
-    let buffers: Vec<_> = packed
-        .iter()
-        .map(|(w, sc)| {
-            (
-                gpu.upload_u32("flash probe f16 rows", w),
-                gpu.upload_f32("flash probe scales", sc),
-            )
-        })
-        .collect();
-    let of = |i: usize| {
-        HalfMat::pieces(
-            Mat::new(&buffers[i].0, (widths[i] / 2) as u64),
-            Mat::new(&buffers[i].1, (widths[i] / PIECE) as u64),
-            PIECE as u64,
-        )
-    };
+    oracle::attention(&stands_for[0], &stands_for[1], &stands_for[2], None, case.shape(), &mut vec![0.0; case.kv_len], &mut want);
+    let buffers: Vec<_> = packed.iter().map(|(w, sc)| (gpu.upload_u32("flash probe f16 rows", w), gpu.upload_f32("flash probe scales", sc))).collect();
+    let of = |i: usize| HalfMat::pieces(Mat::new(&buffers[i].0, (widths[i] / 2) as u64), Mat::new(&buffers[i].1, (widths[i] / PIECE) as u64), PIECE as u64);
     let pieces = (widths[0] / PIECE) as u64;
-    let (ow, os) = (
-        gpu.storage("flash probe o", (q.len() * 2) as u64),
-        gpu.storage("flash probe o scales", case.q_len as u64 * pieces * 4),
-    );
-    let out = HalfMat::pieces(
-        Mat::new(&ow, (widths[0] / 2) as u64),
-        Mat::new(&os, pieces),
-        PIECE as u64,
-    );
-    gpu.submit(|enc| {
-        flash_attention_half(
-            gpu,
-            enc,
-            HalfQkv {
-                q: of(0),
-                k: of(1),
-                v: of(2),
-            },
-            out,
-            case.call(),
-        )
-    })
-    .map_err(ProbeError::Gpu)?;
-    let words: Vec<u32> = gpu
-        .read_f32(&ow, 0, q.len() / 2)
-        .map_err(ProbeError::Gpu)?
-        .iter()
-        .map(|w| w.to_bits())
-        .collect();
-    let scales = gpu
-        .read_f32(&os, 0, case.q_len * pieces as usize)
-        .map_err(ProbeError::Gpu)?;
-    Ok(Outcome {
-        got: unpack_rows(&words, &scales, PIECE),
-        want,
-    })
+    let (ow, os) = (gpu.storage("flash probe o", (q.len() * 2) as u64), gpu.storage("flash probe o scales", case.q_len as u64 * pieces * 4));
+    let out = HalfMat::pieces(Mat::new(&ow, (widths[0] / 2) as u64), Mat::new(&os, pieces), PIECE as u64);
+    gpu.submit(|enc| flash_attention_half(gpu, enc, HalfQkv { q: of(0), k: of(1), v: of(2) }, out, case.call())).map_err(ProbeError::Gpu)?;
+    let words: Vec<u32> = gpu.read_f32(&ow, 0, q.len() / 2).map_err(ProbeError::Gpu)?.iter().map(|w| w.to_bits()).collect();
+    let scales = gpu.read_f32(&os, 0, case.q_len * pieces as usize).map_err(ProbeError::Gpu)?;
+    Ok(Outcome { got: unpack_rows(&words, &scales, PIECE), want })
 }
 
 /// An output's place in its case's rows (`heads` of `head_dim` a query row).
@@ -358,36 +222,21 @@ impl Outcome {
     pub fn finding(&self, layout: Layout) -> Finding {
         let output = |i: usize| {
             let (row, head, dim) = layout.place(i);
-            Output {
-                index: i,
-                row,
-                head,
-                dim,
-                got: self.got[i],
-                want: self.want[i],
-            }
+            Output { index: i, row, head, dim, got: self.got[i], want: self.want[i] }
         };
-        let bad: Vec<usize> = (0..self.got.len())
-            .filter(|&i| !self.got[i].is_finite())
-            .collect();
+        let bad: Vec<usize> = (0..self.got.len()).filter(|&i| !self.got[i].is_finite()).collect();
         let mut rows: Vec<usize> = bad.iter().map(|&i| layout.place(i).0).collect();
         rows.dedup();
         let mut heads: Vec<usize> = bad.iter().map(|&i| layout.place(i).1).collect();
         heads.sort_unstable();
         heads.dedup();
-        let finite: Vec<usize> = (0..self.got.len())
-            .filter(|&i| self.got[i].is_finite())
-            .collect();
+        let finite: Vec<usize> = (0..self.got.len()).filter(|&i| self.got[i].is_finite()).collect();
         let (mut diff2, mut ref2) = (0.0, 0.0);
         for &i in &finite {
             diff2 += (self.got[i] as f64 - self.want[i]).powi(2);
             ref2 += self.want[i].powi(2);
         }
-        let farthest = finite.iter().copied().max_by(|&a, &b| {
-            (self.got[a] as f64 - self.want[a])
-                .abs()
-                .total_cmp(&(self.got[b] as f64 - self.want[b]).abs())
-        });
+        let farthest = finite.iter().copied().max_by(|&a, &b| (self.got[a] as f64 - self.want[a]).abs().total_cmp(&(self.got[b] as f64 - self.want[b]).abs()));
         Finding {
             non_finite: bad.len(),
             non_finite_rows: rows,
@@ -430,52 +279,20 @@ mod tests {
             let first = run(&gpu, &case).unwrap_or_else(|e| panic!("{}: {e}", case.name));
             let f = first.finding(case.layout());
             assert_eq!(f.non_finite, 0, "{}: {f:?}", case.name);
-            assert!(
-                f.finite_rel_l2 <= flux_lite_core::tolerance::kernels::MATRIX_ATTENTION,
-                "{}: {f:?}",
-                case.name
-            );
+            assert!(f.finite_rel_l2 <= flux_lite_core::tolerance::kernels::MATRIX_ATTENTION, "{}: {f:?}", case.name);
             let again = run(&gpu, &case).unwrap_or_else(|e| panic!("{}: {e}", case.name));
-            assert!(
-                first
-                    .got
-                    .iter()
-                    .zip(&again.got)
-                    .all(|(a, b)| a.to_bits() == b.to_bits()),
-                "{}",
-                case.name
-            );
+            assert!(first.got.iter().zip(&again.got).all(|(a, b)| a.to_bits() == b.to_bits()), "{}", case.name);
         }
     }
 
     #[test]
     fn a_finding_places_the_outputs_not_finite_and_measures_the_rest() {
-        let outcome = Outcome {
-            got: vec![1.0, f32::NEG_INFINITY, 3.0, 4.5, f32::NAN, 6.0],
-            want: vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0],
-        };
-        let f = outcome.finding(Layout {
-            heads: 1,
-            head_dim: 3,
-        });
-        assert_eq!(
-            (
-                f.non_finite,
-                f.non_finite_rows.clone(),
-                f.non_finite_heads.clone()
-            ),
-            (2, vec![0, 1], vec![0])
-        );
-        assert_eq!(
-            f.first_non_finite.map(|o| (o.index, o.row, o.head, o.dim)),
-            Some((1, 0, 0, 1))
-        );
+        let outcome = Outcome { got: vec![1.0, f32::NEG_INFINITY, 3.0, 4.5, f32::NAN, 6.0], want: vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0] };
+        let f = outcome.finding(Layout { heads: 1, head_dim: 3 });
+        assert_eq!((f.non_finite, f.non_finite_rows.clone(), f.non_finite_heads.clone()), (2, vec![0, 1], vec![0]));
+        assert_eq!(f.first_non_finite.map(|o| (o.index, o.row, o.head, o.dim)), Some((1, 0, 0, 1)));
         let want = (0.25f64 / (1.0 + 9.0 + 16.0 + 36.0)).sqrt();
-        assert!(
-            (f.finite_rel_l2 - want).abs() < 1e-12,
-            "{}",
-            f.finite_rel_l2
-        );
+        assert!((f.finite_rel_l2 - want).abs() < 1e-12, "{}", f.finite_rel_l2);
         assert_eq!(f.farthest.map(|o| (o.index, o.row, o.dim)), Some((3, 1, 0)));
     }
 }

@@ -29,11 +29,7 @@ pub fn flash_known_answer(gpu: &Gpu) -> Result<(), ProbeError> {
 /// attention bound. A refusal says where: the first output not finite, its
 /// query row, head and dim, and how many outputs and query rows are not finite.
 fn check(case: &Case, f: &Finding) -> Result<(), ProbeError> {
-    let what = if case.pieces {
-        "over f16 pieces"
-    } else {
-        "over f32 rows"
-    };
+    let what = if case.pieces { "over f16 pieces" } else { "over f32 rows" };
     if let Some(o) = f.first_non_finite {
         let rows = &f.non_finite_rows;
         let detail = format!(
@@ -45,10 +41,7 @@ fn check(case: &Case, f: &Finding) -> Result<(), ProbeError> {
             rows[rows.len() - 1],
             f.non_finite_heads
         );
-        return Err(ProbeError::Wrong(format!(
-            "flash attention {what}: output {} (query row {}, head {}, dim {}) is {}; {detail}",
-            o.index, o.row, o.head, o.dim, o.got
-        )));
+        return Err(ProbeError::Wrong(format!("flash attention {what}: output {} (query row {}, head {}, dim {}) is {}; {detail}", o.index, o.row, o.head, o.dim, o.got)));
     }
     match f.finite_rel_l2 <= MATRIX_ATTENTION {
         true => Ok(()),
@@ -62,32 +55,17 @@ mod tests {
     use super::*;
 
     fn finding(got: &[f32]) -> Finding {
-        Outcome {
-            got: got.to_vec(),
-            want: vec![1.0, -2.0, 3.0],
-        }
-        .finding(Layout {
-            heads: 1,
-            head_dim: 3,
-        })
+        Outcome { got: got.to_vec(), want: vec![1.0, -2.0, 3.0] }.finding(Layout { heads: 1, head_dim: 3 })
     }
 
     #[test]
     fn the_check_refuses_nan_and_far_answers_and_takes_close_ones() {
-        let case = Case {
-            q_len: 1,
-            q_heads: 1,
-            kv_heads: 1,
-            head_dim: 3,
-            ..CHECK_ROWS
-        };
+        let case = Case { q_len: 1, q_heads: 1, kv_heads: 1, head_dim: 3, ..CHECK_ROWS };
         assert!(check(&case, &finding(&[1.0, -2.0, 3.0])).is_ok());
         assert!(
             matches!(check(&case, &finding(&[1.0, f32::NAN, 3.0])), Err(ProbeError::Wrong(w)) if w.contains("over f32 rows: output 1 (query row 0, head 0, dim 1) is NaN; 1 of 3 outputs not finite, in 1 query rows (0–0), heads [0]"))
         );
-        assert!(
-            matches!(check(&case, &finding(&[1.5, -2.0, 3.0])), Err(ProbeError::Wrong(w)) if w.contains("from the exact answer"))
-        );
+        assert!(matches!(check(&case, &finding(&[1.5, -2.0, 3.0])), Err(ProbeError::Wrong(w)) if w.contains("from the exact answer")));
     }
 
     #[test]
