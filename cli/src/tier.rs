@@ -31,12 +31,20 @@ pub fn print_software_warning(gpu: &Gpu) {
 }
 
 /// The tier a device runs, in words: `matrix (8×8 f16 tiles into f32,
-/// subgroup 8; flash attention)`, the last where the flash attention passed
-/// its start-up check (where it failed, the device's notice says why).
+/// subgroup 8; flash attention)`, the last where both of the flash
+/// attention's paths passed their start-up checks, or `flash attention over
+/// f16 pieces` (or `over f32 rows`) where only that one did (where one
+/// failed, the device's notice says why).
 pub fn describe(gpu: &Gpu) -> String {
+    let flash = gpu.flash_attention();
+    let paths = match (flash.rows, flash.pieces) {
+        (true, true) => "; flash attention",
+        (false, true) => "; flash attention over f16 pieces",
+        (true, false) => "; flash attention over f32 rows",
+        (false, false) => "",
+    };
     match (gpu.precision(), gpu.matrix()) {
-        (Precision::Matrix, Some(c)) if gpu.flash_attention() => format!("matrix ({}; flash attention)", c.describe()),
-        (Precision::Matrix, Some(c)) => format!("matrix ({})", c.describe()),
+        (Precision::Matrix, Some(c)) => format!("matrix ({}{paths})", c.describe()),
         (Precision::F16, _) => "f16 (f16-staged tiles, f32 sums)".into(),
         (tier, _) => tier.name().into(),
     }

@@ -47,7 +47,7 @@ pub use catalogue::ALL_KERNELS;
 pub use kernel::{wrapped_grid, Access, Kernel, Module, MAX_GRID_DIM};
 #[cfg(any(test, feature = "test-support"))]
 pub use device::FaultInjection;
-pub use device::{AdapterMemory, AttentionChoice, Backend, CacheState, CompileReport, DeviceBuffer, DeviceMemory, Gpu, GpuOptions, MemorySource, PipelineKey, PipelineStore, DEFAULT_MARGIN_PERCENT};
+pub use device::{AdapterMemory, AttentionChoice, FlashPaths, Backend, CacheState, CompileReport, DeviceBuffer, DeviceMemory, Gpu, GpuOptions, MemorySource, PipelineKey, PipelineStore, DEFAULT_MARGIN_PERCENT};
 #[cfg(not(any(target_arch = "wasm32", target_vendor = "apple")))]
 pub use device::{pipeline_name, Executable, PipelineStatistics, StatisticsError};
 pub use dispatch::{encode, encode_timed, Dispatch, Sink};

@@ -79,6 +79,24 @@ impl Faults {
     }
 }
 
+
+/// The flash attention's two paths, each taken where its own start-up
+/// check passed ([`crate::probe_flash`]): over f32 rows (queries, keys and
+/// values as f32, into either output) and over f16 pieces (the
+/// transformer's blocks on the matrix tier's f16 tiles).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FlashPaths {
+    pub rows: bool,
+    pub pieces: bool,
+}
+
+impl FlashPaths {
+    /// Whether the path of these inputs (f16 pieces, or f32 rows) runs the flash kernel.
+    pub fn takes(self, half_inputs: bool) -> bool {
+        if half_inputs { self.pieces } else { self.rows }
+    }
+}
+
 /// A device ready to run flux-lite's kernels.
 #[derive(Debug)]
 pub struct Gpu {
@@ -114,8 +132,8 @@ pub struct Gpu {
     matrix: Option<MatrixConfig>,
     /// What the adapter lists, whatever the tier: for `flux-lite gpu`.
     matrix_offered: Vec<wgpu::CooperativeMatrixProperties>,
-    /// Whether the matrix tier's flash attention passed its start-up check ([`crate::probe_flash`]).
-    flash: bool,
+    /// Which of the matrix tier's flash attention's paths passed their start-up checks ([`crate::probe_flash`]).
+    flash: FlashPaths,
     /// Why `auto` stepped down a tier, or the flash attention was left out, when it was.
     notice: Option<String>,
     /// Why `auto` took its tier over a faster-looking one the adapter
@@ -296,7 +314,7 @@ impl Gpu {
             precision: choice.tier,
             matrix: choice.matrix,
             matrix_offered,
-            flash: false,
+            flash: FlashPaths::default(),
             notice: None,
             auto_reason: choice.reason,
             memory_offered,
@@ -329,9 +347,9 @@ impl Gpu {
         Some(self.device.create_buffer(&wgpu::BufferDescriptor { label: Some("emulated tiles"), size, usage: wgpu::BufferUsages::STORAGE, mapped_at_creation: false }))
     }
 
-    /// Whether the matrix tier's attention runs `attention_flash.wgsl`: it
-    /// passed its check when the device was made.
-    pub fn flash_attention(&self) -> bool {
+    /// Where the matrix tier's attention runs `attention_flash.wgsl`: each
+    /// path whose check passed when the device was made.
+    pub fn flash_attention(&self) -> FlashPaths {
         self.flash
     }
 

@@ -9,7 +9,8 @@ use crate::precision::Precision;
 use crate::precision::MatrixOperands;
 use crate::probe::{known_answer, ProbeError};
 use crate::kernels::attention::flash_workgroup_bytes;
-use crate::probe_flash::flash_known_answer;
+use crate::probe_flash::{cases::Case, flash_known_answer, CHECKS};
+use super::FlashPaths;
 
 /// What the flash attention's start-up check found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,10 +31,10 @@ impl Gpu {
         Self::flash_checked(Self::proven(options, known_answer)?, options, flash_known_answer)
     }
 
-    /// `gpu` (made for `options`) with the flash attention checked by
-    /// `probe`; where the check could not run, a fresh device on the same
-    /// tier without it.
-    fn flash_checked(mut gpu: Gpu, options: &GpuOptions, probe: impl Fn(&Gpu) -> Result<(), ProbeError>) -> Result<Self, GpuError> {
+    /// `gpu` (made for `options`) with the flash attention's paths checked
+    /// by `probe` (each of [`CHECKS`]); where a check could not run, a
+    /// fresh device on the same tier without it.
+    fn flash_checked(mut gpu: Gpu, options: &GpuOptions, probe: impl Fn(&Gpu, &Case) -> Result<(), ProbeError>) -> Result<Self, GpuError> {
         if gpu.prove_flash(probe) == FlashCheck::Faulted {
             // The device keeps the fault: a fresh one on the proven tier, without flash.
             let (tier, notice, reason) = (gpu.precision, gpu.notice.take(), gpu.auto_reason.take());
@@ -44,25 +45,46 @@ impl Gpu {
         Ok(gpu)
     }
 
-    /// Takes the flash attention where the tier has f16 tiles, the adapter
-    /// holds its workgroup memory and `probe` passes on this device;
-    /// otherwise a notice says why not.
-    fn prove_flash(&mut self, probe: impl Fn(&Gpu) -> Result<(), ProbeError>) -> FlashCheck {
+    /// Takes each of the flash attention's paths where the tier has f16
+    /// tiles, the adapter holds its workgroup memory and `probe` passes that
+    /// path's check on this device; otherwise a notice says which path runs
+    /// the fallback and why.
+    fn prove_flash(&mut self, probe: impl Fn(&Gpu, &Case) -> Result<(), ProbeError>) -> FlashCheck {
         let Some(config) = self.matrix.filter(|c| c.operands == MatrixOperands::F16) else { return FlashCheck::NotTried };
         let (need, have) = (flash_workgroup_bytes(config), self.limits.max_compute_workgroup_storage_size);
-        let (why, outcome) = if need > have {
-            (format!("it needs {need} bytes of workgroup memory, the adapter offers {have}"), FlashCheck::Failed)
+        let (mut failed, mut outcome) = (Vec::new(), FlashCheck::Passed);
+        let checks: &[Case] = if need > have {
+            failed.push(format!("it needs {need} bytes of workgroup memory, the adapter offers {have}"));
+            outcome = FlashCheck::Failed;
+            &[]
         } else {
-            match probe(self) {
-                Ok(()) => {
-                    self.flash = true;
-                    return FlashCheck::Passed;
-                }
-                Err(ProbeError::Gpu(e)) => (e.to_string(), FlashCheck::Faulted),
-                Err(ProbeError::Wrong(why)) => (why, FlashCheck::Failed),
-            }
+            &CHECKS
         };
-        let note = format!("the flash attention failed its known-answer check on {} ({why}); attention runs on the matrix tier's one-subgroup kernel", self.info.name);
+        for case in checks {
+            match probe(self, case) {
+                Ok(()) if case.pieces => self.flash.pieces = true,
+                Ok(()) => self.flash.rows = true,
+                Err(ProbeError::Gpu(e)) => {
+                    self.flash = FlashPaths::default();
+                    failed = vec![e.to_string()];
+                    outcome = FlashCheck::Faulted;
+                    break;
+                }
+                Err(ProbeError::Wrong(why)) => {
+                    failed.push(why);
+                    outcome = FlashCheck::Failed;
+                }
+            }
+        }
+        if failed.is_empty() {
+            return outcome;
+        }
+        let runs = match self.flash {
+            FlashPaths { rows: false, pieces: true } => "attention over f32 rows runs on the matrix tier's one-subgroup kernel, over f16 pieces on the flash kernel",
+            FlashPaths { rows: true, pieces: false } => "attention over f16 pieces runs on the matrix tier's one-subgroup kernel, over f32 rows on the flash kernel",
+            _ => "attention runs on the matrix tier's one-subgroup kernel",
+        };
+        let note = format!("the flash attention failed its known-answer check on {} ({}); {runs}", self.info.name, failed.join("; "));
         self.notice = Some(match self.notice.take() {
             Some(before) => format!("{before}; {note}"),
             None => note,
@@ -208,18 +230,33 @@ mod tests {
     #[test]
     fn the_flash_attention_is_taken_where_its_check_passes_and_left_with_a_notice_where_it_fails() {
         let Some(gpu) = crate::testing::matrix_gpu() else { return };
+        let none = FlashPaths::default();
         if gpu.matrix().is_none_or(|c| c.operands != MatrixOperands::F16) {
-            assert!(!gpu.flash_attention());
+            assert_eq!(gpu.flash_attention(), none);
             crate::skip::skipped(format_args!("{} offers no f16 tiles: no flash attention to check", gpu.describe()));
             return;
         }
-        // A device made by `Gpu::new` ran the real check, on this adapter.
-        assert!(gpu.flash_attention(), "the flash attention failed its check on {}: {:?}", gpu.describe(), gpu.notice());
-        let mut failing = Gpu::unproven(&GpuOptions { precision: Precision::Matrix, ..crate::testing::options() }).unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(failing.prove_flash(|_| Err(ProbeError::Wrong("flash attention output 3 is NaN".into()))), FlashCheck::Failed);
-        assert!(!failing.flash_attention());
+        // A device made by `Gpu::new` ran the real checks, on this adapter.
+        assert_eq!(gpu.flash_attention(), FlashPaths { rows: true, pieces: true }, "the flash attention failed a check on {}: {:?}", gpu.describe(), gpu.notice());
+        use crate::kernels::attention::takes_flash;
+        let fresh = || Gpu::unproven(&GpuOptions { precision: Precision::Matrix, ..crate::testing::options() }).unwrap_or_else(|e| panic!("{e}"));
+        let mut failing = fresh();
+        assert_eq!(failing.prove_flash(|_, _| Err(ProbeError::Wrong("flash attention output 3 is NaN".into()))), FlashCheck::Failed);
+        assert_eq!(failing.flash_attention(), none);
         let notice = failing.notice().unwrap_or("");
-        assert!(notice.starts_with("the flash attention failed its known-answer check on ") && notice.contains("output 3 is NaN") && notice.contains("one-subgroup kernel"), "{notice}");
+        assert!(notice.starts_with("the flash attention failed its known-answer check on ") && notice.contains("output 3 is NaN") && notice.ends_with("attention runs on the matrix tier's one-subgroup kernel"), "{notice}");
+        // Each path stands on its own check: one wrong over f32 rows leaves the pieces' path on the flash kernel.
+        let mut rows_wrong = fresh();
+        let rows_only = |_: &Gpu, case: &Case| if case.pieces { Ok(()) } else { Err(ProbeError::Wrong("flash attention over f32 rows: output 6015 is -inf".into())) };
+        assert_eq!(rows_wrong.prove_flash(rows_only), FlashCheck::Failed);
+        assert_eq!(rows_wrong.flash_attention(), FlashPaths { rows: false, pieces: true });
+        assert!(takes_flash(&rows_wrong, 128, true) && !takes_flash(&rows_wrong, 128, false));
+        let notice = rows_wrong.notice().unwrap_or("");
+        assert!(notice.contains("output 6015 is -inf") && notice.ends_with("attention over f32 rows runs on the matrix tier's one-subgroup kernel, over f16 pieces on the flash kernel"), "{notice}");
+        let mut pieces_wrong = fresh();
+        assert_eq!(pieces_wrong.prove_flash(|_, case| if case.pieces { Err(ProbeError::Wrong("over f16 pieces: far".into())) } else { Ok(()) }), FlashCheck::Failed);
+        assert_eq!(pieces_wrong.flash_attention(), FlashPaths { rows: true, pieces: false });
+        assert!(!takes_flash(&pieces_wrong, 128, true) && takes_flash(&pieces_wrong, 128, false));
     }
 
     #[test]
@@ -231,8 +268,8 @@ mod tests {
         }
         let options = GpuOptions { precision: Precision::Matrix, ..crate::testing::options() };
         let device = Gpu::unproven(&options).unwrap_or_else(|e| panic!("{e}"));
-        let gpu = Gpu::flash_checked(device, &options, |_| Err(ProbeError::Gpu(GpuError::Device("made to fail".into())))).unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!((gpu.precision(), gpu.flash_attention()), (Precision::Matrix, false));
+        let gpu = Gpu::flash_checked(device, &options, |_, _| Err(ProbeError::Gpu(GpuError::Device("made to fail".into())))).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!((gpu.precision(), gpu.flash_attention()), (Precision::Matrix, FlashPaths::default()));
         let notice = gpu.notice().unwrap_or("");
         assert!(notice.contains("the flash attention failed its known-answer check") && notice.contains("made to fail"), "{notice}");
         // A device that was never faulted runs work.

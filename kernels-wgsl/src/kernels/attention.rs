@@ -105,12 +105,20 @@ pub const ATTENTION_FLASH_8: Kernel = Kernel {
 pub const ATTENTION_FLASH_16: Kernel = Kernel { module: Module::AttentionFlash16, ..ATTENTION_FLASH_8 };
 
 /// The matrix tier's kernel for a call on `c`: flash where the device's
-/// check passed and it takes the call, `attention_matrix.wgsl` otherwise.
-fn matrix_kernel(gpu: &Gpu, c: MatrixConfig, head_dim: u64, piece: Option<u64>) -> AttentionKernel {
-    match gpu.flash_attention() && gpu.attention_choice() != AttentionChoice::Matrix && flash_takes(c, head_dim, piece) {
+/// check of this call's path (f16 pieces in, `half_inputs`, or f32 rows)
+/// passed and it takes the call, `attention_matrix.wgsl` otherwise.
+fn matrix_kernel(gpu: &Gpu, c: MatrixConfig, head_dim: u64, piece: Option<u64>, half_inputs: bool) -> AttentionKernel {
+    match gpu.flash_attention().takes(half_inputs) && gpu.attention_choice() != AttentionChoice::Matrix && flash_takes(c, head_dim, piece) {
         true => AttentionKernel::Flash(c),
         false => AttentionKernel::Matrix(c),
     }
+}
+
+/// Whether an attention over heads of `head_dim` with f16 pieces of 64 in
+/// and out (`half_inputs`), or f32 rows, runs the flash kernel on `gpu`.
+pub(crate) fn takes_flash(gpu: &Gpu, head_dim: u64, half_inputs: bool) -> bool {
+    let piece = half_inputs.then_some(64);
+    gpu.matrix().is_some_and(|c| matches!(matrix_kernel(gpu, c, head_dim, piece, half_inputs), AttentionKernel::Flash(_)))
 }
 
 /// CPU adapters' attention (`attention_cpu.wgsl`): four queries an invocation,
@@ -254,7 +262,7 @@ impl AttentionKernel {
             AttentionChoice::Launcher | AttentionChoice::Matrix => {}
         }
         match matrix {
-            Some(c) if s.head_dim <= ATTENTION_MATRIX_MAX_HEAD_DIM => matrix_kernel(gpu, c, s.head_dim, None),
+            Some(c) if s.head_dim <= ATTENTION_MATRIX_MAX_HEAD_DIM => matrix_kernel(gpu, c, s.head_dim, None, false),
             _ if lanes && gpu.cpu_shaped_kernels() => cpu,
             _ => AttentionKernel::Tiled,
         }
@@ -354,7 +362,7 @@ pub fn carried_attention_module(gpu: &Gpu, head_dim: u64) -> Module {
 /// with f16 operands, its pieces within a head.
 pub fn attention_into_half(gpu: &Gpu, sink: &mut dyn Sink, qkv: Qkv<'_>, key_keep: Option<&wgpu::Buffer>, o: HalfMat<'_>, s: Attention) -> Result<(), GpuError> {
     let (c, o) = half_output(gpu, o, &s)?;
-    attention_with(gpu, sink, matrix_kernel(gpu, c, s.head_dim, o.piece), qkv, Inputs::F32, None, key_keep, Out::Half(o), None, s)
+    attention_with(gpu, sink, matrix_kernel(gpu, c, s.head_dim, o.piece, false), qkv, Inputs::F32, None, key_keep, Out::Half(o), None, s)
 }
 
 /// [`attention`] on the flash kernel whatever the device's check found:
@@ -415,7 +423,7 @@ pub fn attention_half_into_half(gpu: &Gpu, sink: &mut dyn Sink, qkv: HalfQkv<'_>
     }
     let (c, o) = half_output(gpu, o, &s)?;
     let inputs = Qkv { q: qkv.q.data, k: qkv.k.data, v: qkv.v.data };
-    attention_with(gpu, sink, matrix_kernel(gpu, c, s.head_dim, o.piece), inputs, Inputs::Half(qkv), None, key_keep, Out::Half(o), None, s)
+    attention_with(gpu, sink, matrix_kernel(gpu, c, s.head_dim, o.piece, true), inputs, Inputs::Half(qkv), None, key_keep, Out::Half(o), None, s)
 }
 
 /// Where attention writes: f32 rows, or f16 rows in pieces.

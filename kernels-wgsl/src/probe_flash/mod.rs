@@ -4,9 +4,10 @@
 //! ([`cases::CHECK_ROWS`]: every tile edge cut, grouped heads, a causal
 //! mask, values far from 1) and the transformer's path
 //! ([`cases::CHECK_PIECES`]: f16 queries, keys and values in pieces into f16
-//! pieces). A driver that computes it wrongly (an H200 returned NaN for an
-//! earlier form) leaves the matrix tier on `attention_matrix.wgsl`, with a
-//! notice saying why. `flux-lite gpu --flash-report` runs the checks'
+//! pieces). Each proves its own path: a driver that computes one wrongly (an
+//! H200 returned -inf over f32 rows) leaves that path on
+//! `attention_matrix.wgsl`, with a notice saying why, and the other on the
+//! flash kernel where its check passed. `flux-lite gpu --flash-report` runs the checks'
 //! variations ([`cases::VARIATIONS`]) to say what a failure follows.
 
 pub mod cases;
@@ -16,13 +17,13 @@ use crate::probe::ProbeError;
 use cases::{Case, Finding, CHECK_PIECES, CHECK_ROWS};
 use flux_lite_core::tolerance::kernels::MATRIX_ATTENTION;
 
-/// Runs both checks on `gpu` (a matrix-tier device with f16 tiles).
-pub fn flash_known_answer(gpu: &Gpu) -> Result<(), ProbeError> {
-    for case in [CHECK_ROWS, CHECK_PIECES] {
-        let outcome = cases::run(gpu, &case)?;
-        check(&case, &outcome.finding(case.layout()))?;
-    }
-    Ok(())
+/// The two checks, one a path: over f32 rows, then over f16 pieces.
+pub const CHECKS: [Case; 2] = [CHECK_ROWS, CHECK_PIECES];
+
+/// Runs check `case` on `gpu` (a matrix-tier device with f16 tiles).
+pub fn flash_known_answer(gpu: &Gpu, case: &Case) -> Result<(), ProbeError> {
+    let outcome = cases::run(gpu, case)?;
+    check(case, &outcome.finding(case.layout()))
 }
 
 /// Every output finite, and the relative L2 error within the matrix tier's

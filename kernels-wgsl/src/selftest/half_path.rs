@@ -54,7 +54,7 @@ pub fn half_path_checks(gpu: &Gpu) -> Vec<Check> {
             ));
         }
     }
-    let kernel = if gpu.flash_attention() { "flash" } else { "one-subgroup" };
+    let kernel = if crate::kernels::attention::takes_flash(gpu, 128, true) { "flash" } else { "one-subgroup" };
     checks.push(outcome(format!("{tier} attention ({kernel} kernel) over f16 pieces of 64 into f16 pieces, 150 tokens, 2 heads × 128"), MATRIX_ATTENTION, check_attention_of_pieces(gpu, [150, 2, 128], 64)));
     checks
 }

@@ -113,7 +113,8 @@ std::thread_local! {
 #[test]
 fn the_matrix_tiers_fallback_attention_matches_the_oracle() {
     let Some(gpu) = matrix_gpu() else { return };
-    assert_eq!(gpu.flash_attention(), gpu.matrix().unwrap().operands == MatrixOperands::F16, "{:?}", gpu.notice());
+    let f16 = gpu.matrix().unwrap().operands == MatrixOperands::F16;
+    assert_eq!(gpu.flash_attention(), crate::FlashPaths { rows: f16, pieces: f16 }, "{:?}", gpu.notice());
     FALLBACK.set(true);
     let (tol, one) = (MATRIX_ATTENTION_TOL, [1.0; 3]);
     check_attention_within(&gpu, AttnCase { q_len: 45, kv_len: 45, q_heads: 3, kv_heads: 3, head_dim: 24, causal: false, padded_keys: 0 }, 12, one, tol);
