@@ -228,9 +228,9 @@ fn kernels_bench_prints_every_row_beside_the_ceilings_of_the_same_run() {
     assert!(rows.iter().any(|r| r[1] == "40×64 · 64×64") && rows.iter().any(|r| r[1] == "96×64 · 64×64"), "{stdout}");
     let tiny = stdout.lines().find(|l| l.starts_with("tiny decoder (TAEF2's shape, --preview-decoder) at 32×32: ")).expect("the tiny decoder's share");
     assert!(tiny.contains("% of the VAE decode's time (") && tiny.ends_with("% of its operations)"), "{tiny}");
-    // Which kernel the VAE's attention rows timed: the f32 tier's tiled one here (the matrix tier's wide one on f16 tiles).
+    // Which kernel the VAE's attention rows timed: the f32 tier's tiled one here (the matrix tier's chunked products on f16 tiles).
     let attention = stdout.lines().find(|l| l.starts_with("the VAE's mid-block attention (one head of ")).expect("the VAE attention's kernel");
-    assert!(attention.ends_with(", carried across key chunks as the bands run it): attention") || attention.contains("): attention_matrix ("), "{attention}");
+    assert!(attention.ends_with(", carried across key chunks as the bands run it): attention") || attention.ends_with("the softmax carried between them (attention_chunks)"), "{attention}");
     // tiny-a is distilled: 4 steps of one pass each.
     let e2e = rows.iter().find(|r| r[0] == "end to end").unwrap();
     assert_eq!(e2e[1], "32×32: encode + 4 steps + decode");
@@ -298,14 +298,14 @@ fn kernels_bench_on_the_matrix_tier_bounds_the_linears_and_attention_by_the_matr
     assert_eq!(names[0], "attention", "{rows:?}");
     assert!(names[1].starts_with("attention, f16 pieces of ") && names[1].ends_with(" in memory in and out"), "{rows:?}");
     assert!(rows.iter().all(|r| r[5] == "matrix" && r[7] == "1"), "{rows:?}");
-    // The VAE's attention rows name the kernel they timed: the one-subgroup
-    // matrix attention (carried across key chunks), never the flash kernel.
+    // The VAE's attention rows name what they timed: the chunked attention's
+    // products on the matrix linear, never the flash kernel.
     let args = ["bench", "kernels", "--model", model, "--only", "vae", "--vae-size", "32", "--repeats", "1", "--precision", "matrix"];
     let out = Command::new(env!("CARGO_BIN_EXE_flux-lite")).args(args).output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
     let attention = stdout.lines().find(|l| l.starts_with("the VAE's mid-block attention (one head of ")).expect("the VAE attention's kernel");
-    assert!(attention.contains(", carried across key chunks as the bands run it): attention_matrix ("), "{attention}");
+    assert!(attention.ends_with("over chunks of 512 keys, the softmax carried between them (attention_chunks)"), "{attention}");
 }
 
 #[test]

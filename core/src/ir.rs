@@ -69,6 +69,81 @@ pub struct Operand {
     pub piece: Option<u64>,
 }
 
+/// Keys a [`Op::ChunkedAttention`] takes at a time: the scores' and the
+/// probabilities' row in its scratch, and the depth of its `P·V` product.
+/// Bands of a banded decode take whole chunks, so they meet the whole
+/// decode's chunks where it does.
+pub const ATTENTION_KEY_CHUNK: u64 = 512;
+
+/// f32 elements of a [`Op::ChunkedAttention`]'s scratch for `rows` queries
+/// of `head_dim` ([`ChunkedScratch`]'s parts laid end to end).
+pub const fn chunked_attention_scratch(rows: u64, head_dim: u64) -> u64 {
+    ChunkedScratch::new(rows, head_dim).end
+}
+
+/// `at + elements` on the next 64-element boundary (256 bytes: a storage
+/// binding's offset alignment), where the next part starts.
+const fn after(at: u64, elements: u64) -> u64 {
+    (at + elements).next_multiple_of(64)
+}
+
+/// Where a [`Op::ChunkedAttention`]'s working values lie in its scratch,
+/// in f32 elements from its start, each part on a 64-element boundary:
+/// the queries as f16 rows and their scales, the scores (`[rows,
+/// ATTENTION_KEY_CHUNK]` f32, each row's probabilities written over its
+/// first half as f16 pairs) and the probabilities' scales, and each row's
+/// running maximum and sum where no carry holds them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChunkedScratch {
+    pub queries: u64,
+    pub query_scales: u64,
+    pub scores: u64,
+    pub score_scales: u64,
+    pub state: u64,
+    pub end: u64,
+}
+
+impl ChunkedScratch {
+    pub const fn new(rows: u64, head_dim: u64) -> Self {
+        let query_scales = after(0, rows * head_dim / 2);
+        let scores = after(query_scales, rows);
+        let score_scales = after(scores, rows * ATTENTION_KEY_CHUNK);
+        let state = after(score_scales, rows);
+        let end = after(state, 2 * rows);
+        Self { queries: 0, query_scales, scores, score_scales, state, end }
+    }
+}
+
+/// Where a [`Op::ChunkedAttention`]'s right operands lie, in f32 elements
+/// of a buffer of their own (a product reads its right operand through a
+/// read-only binding, which no writable binding of the same buffer may
+/// share in a dispatch): a chunk's keys as f16 rows and their scales, its
+/// values transposed (`[head_dim, keys]` f16) and their scales.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChunkedOperands {
+    pub keys: u64,
+    pub key_scales: u64,
+    pub values: u64,
+    pub value_scales: u64,
+    pub end: u64,
+}
+
+impl ChunkedOperands {
+    pub const fn new(head_dim: u64) -> Self {
+        let chunk = ATTENTION_KEY_CHUNK;
+        let key_scales = after(0, chunk * head_dim / 2);
+        let values = after(key_scales, chunk);
+        let value_scales = after(values, head_dim * chunk / 2);
+        let end = after(value_scales, head_dim);
+        Self { keys: 0, key_scales, values, value_scales, end }
+    }
+
+    /// Bytes of the buffer.
+    pub const fn bytes(head_dim: u64) -> u64 {
+        F32 * Self::new(head_dim).end
+    }
+}
+
 /// The widest piece of a row with its own range scale ([`Operand::piece`]):
 /// the outputs of one block of the matrix tier's product with 16×16 tiles.
 pub const MAX_OPERAND_PIECE: u64 = 64;
@@ -396,6 +471,16 @@ pub enum Op {
     /// into bands of queries and chunks of keys carrying its online softmax
     /// (`carry`) gives the bits of the whole call.
     CarriedAttention { q: Span, k: Span, v: Span, o: Span, q_len: u64, kv_len: u64, heads: u64, head_dim: u64, carry: Option<AttentionCarry> },
+    /// The matrix tier's [`Op::CarriedAttention`] of one head as products
+    /// on the matrix core (the VAE's mid-block on the channels-last path):
+    /// for each chunk of [`ATTENTION_KEY_CHUNK`] keys counted from the first
+    /// of all (a call's `kv_len` whole chunks, but the last call's), the
+    /// scores `Q·Kᵀ` over f16 rows under their range scales, the online
+    /// softmax into f16 probabilities, and `P·V` onto `o`; the same bits
+    /// for any bands of queries and calls over whole chunks of keys carrying
+    /// the softmax (`carry`). `scratch` holds [`chunked_attention_scratch`]
+    /// elements; the right operands lie in a buffer of the runner's ([`ChunkedOperands`]).
+    ChunkedAttention { q: Span, k: Span, v: Span, o: Span, scratch: Span, q_len: u64, kv_len: u64, head_dim: u64, carry: Option<AttentionCarry> },
     /// `dst = silu(gate)·up`; `dst` f32 rows, or the next product's f16 rows
     /// in pieces ([`Operand::half_pieces`]), each piece rounded under its range scale.
     SwiGlu { gate: Span, up: Span, dst: Operand, rows: u64, cols: u64 },
@@ -481,6 +566,7 @@ impl Op {
             Op::Linear { rows, cols, inner, .. } | Op::LinearHalf { rows, cols, inner, .. } => 2 * rows * cols * inner,
             Op::LinearSwiGlu { rows, cols, inner, .. } => 4 * rows * cols * inner,
             Op::Attention { len, heads, head_dim, .. } => 4 * len * len * heads * head_dim,
+            Op::ChunkedAttention { q_len, kv_len, head_dim, .. } => 4 * q_len * kv_len * head_dim,
             Op::CarriedAttention { q_len, kv_len, heads, head_dim, .. }
             | Op::CrossAttention { q_len, kv_len, heads, head_dim, .. }
             | Op::HalfKvAttention { q_len, kv_len, heads, head_dim, .. } => {

@@ -7,7 +7,7 @@
 use crate::kernel::Kernel;
 #[cfg(test)]
 use crate::kernel::{wrapped_grid, Access, Module, MAX_GRID_DIM};
-use crate::kernels::{attention, bench, conv, conv_nhwc, df11, group_norm, group_norm_nhwc, half_pack, elementwise, ggml, linear, norm, rope, vae};
+use crate::kernels::{attention, attention_chunks, bench, conv, conv_nhwc, df11, group_norm, group_norm_nhwc, half_pack, elementwise, ggml, linear, norm, rope, vae};
 
 /// Every kernel, for validation and pipeline warm-up.
 pub const ALL_KERNELS: &[Kernel] = &[
@@ -44,6 +44,9 @@ pub const ALL_KERNELS: &[Kernel] = &[
     half_pack::SWIGLU_HALF_PACK,
     half_pack::PACK_WEIGHT_HALF,
     half_pack::PACK_WEIGHT_HALF_F32,
+    attention_chunks::CHUNK_SOFTMAX,
+    attention_chunks::PACK_COLUMNS,
+    attention_chunks::NORMALISE_ROWS,
     elementwise::SILU,
     elementwise::SWIGLU,
     elementwise::GATED_RESIDUAL,

@@ -18,6 +18,9 @@ pub enum Module {
     AttentionHalfKv,
     /// f32 rows into that layout.
     HalfPack,
+    /// What lies between the products of the matrix tier's chunked
+    /// attention: its softmax, its values' transposed pack, its normalisation.
+    AttentionChunks,
     /// A SwiGLU written as the next product's f16 rows in pieces.
     SwigluHalf,
     /// CPU adapters' attention with each key and value row read by a
@@ -105,7 +108,7 @@ pub enum Module {
 }
 
 impl Module {
-    pub const ALL: [Module; 70] = [
+    pub const ALL: [Module; 71] = [
         Module::Linear,
         Module::RangeScales,
         Module::Norm,
@@ -114,6 +117,7 @@ impl Module {
         Module::Attention,
         Module::AttentionHalfKv,
         Module::HalfPack,
+        Module::AttentionChunks,
         Module::SwigluHalf,
         Module::AttentionLanes { lanes: 4, half_kv: false, head_vec4: 32 },
         Module::AttentionLanes { lanes: 8, half_kv: false, head_vec4: 32 },
@@ -194,6 +198,7 @@ impl Module {
             Module::Attention => "attention",
             Module::AttentionHalfKv => "attention (f16 keys and values)",
             Module::HalfPack => "half_pack",
+            Module::AttentionChunks => "attention_chunks",
             Module::SwigluHalf => "half_pack (SwiGLU, f16)",
             Module::AttentionLanes { half_kv: false, .. } => "attention_lanes",
             Module::AttentionLanes { half_kv: true, .. } => "attention_lanes (f16 keys and values)",
@@ -498,6 +503,7 @@ impl Module {
             Module::Attention => with_common!("attention_io.wgsl", "attention_kv_f32.wgsl", "attention.wgsl", "attention_cpu.wgsl"),
             Module::AttentionHalfKv => with_common!("attention_io.wgsl", "attention_kv_half.wgsl", "attention.wgsl", "attention_cpu.wgsl"),
             Module::HalfPack => with_common!("range_rule.wgsl", "half_pack.wgsl"),
+            Module::AttentionChunks => with_common!("range_rule.wgsl", "attention_chunks.wgsl"),
             Module::SwigluHalf => concat!("enable f16;\n", with_common!("range_rule.wgsl", "half_pack.wgsl", "swiglu_half.wgsl")),
             Module::Elementwise => with_common!("elementwise.wgsl"),
             Module::Conv => with_gemm!(f32, "product_io.wgsl", "conv_io.wgsl", "conv.wgsl"),

@@ -31,7 +31,7 @@ pub use flux_lite_kernels::{check_kernel_dir, AdapterMemory, Backend, CacheState
 #[cfg(not(any(target_arch = "wasm32", target_vendor = "apple")))]
 pub use flux_lite_kernels::{pipeline_name, PipelineStatistics, StatisticsError};
 /// Which kernel runs the VAE's attention (`bench kernels` names it).
-pub use flux_lite_kernels::kernels::carried_attention_module;
+pub use flux_lite_kernels::kernels::{carried_attention_module, runs_chunked_attention};
 /// The flash attention's known-answer cases (`flux-lite gpu --flash-report`).
 pub use flux_lite_kernels::probe_flash::cases as flash_cases;
 // The front door.

@@ -5,7 +5,7 @@ use argh::FromArgs;
 use flux_lite_core::config::{self, Qwen3Config, TransformerConfig, VaeConfig};
 use flux_lite_platform::bench::{self, Ceilings, Figure, ShapeBench};
 use flux_lite_platform::model::ModelFolder;
-use flux_lite_platform::{Gpu, GpuOptions, Precision};
+use flux_lite_platform::{Gpu, GpuOptions, Module, Precision};
 use std::path::Path;
 
 mod pipelines;
@@ -288,8 +288,10 @@ fn kernels(args: &KernelsArgs) -> Result<(), String> {
     if vae_size > 0 && (want("vae") || want("vae-ops")) && vae.mid_block_add_attention {
         // What the VAE's attention rows timed: not the flash kernel, whatever its check found.
         let width = vae.decoder_channels().last().copied().unwrap_or_default() as u64;
-        let module = flux_lite_platform::carried_attention_module(&gpu, width);
-        say!("the VAE's mid-block attention (one head of {width}, carried across key chunks as the bands run it): {}", module.name());
+        match flux_lite_platform::runs_chunked_attention(&gpu) {
+            true => say!("the VAE's mid-block attention (one head of {width}): Q·Kᵀ and P·V on the matrix linear over chunks of {} keys, the softmax carried between them ({})", flux_lite_core::ir::ATTENTION_KEY_CHUNK, Module::AttentionChunks.name()),
+            false => say!("the VAE's mid-block attention (one head of {width}, carried across key chunks as the bands run it): {}", flux_lite_platform::carried_attention_module(&gpu, width).name()),
+        }
     }
     if want("tiers") {
         tiers_side_by_side(&transformer, &tokens, args.repeats)?;

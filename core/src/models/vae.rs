@@ -9,7 +9,7 @@
 
 use crate::arena::{ArenaError, BumpArena};
 use crate::config::{VaeConfig, MAX_LIST};
-use crate::ir::{name, GroupShape, Op, Operand, Span, ALIGN, F32};
+use crate::ir::{chunked_attention_scratch, name, ChunkedOperands, ATTENTION_KEY_CHUNK, GroupShape, Op, Operand, Span, ALIGN, F32};
 use crate::models::group_norm::{self, NormScratch};
 use crate::oracle::ConvShape;
 use core::fmt::{self, Write};
@@ -95,12 +95,7 @@ impl VaeLayout {
         let packed = take(p0 * lc)?;
         let latent = take(p0 * lc)?;
         let (a, b, c) = (take(largest)?, take(largest)?, take(largest)?);
-        // Without mid-block attention nothing reads q, k, v; they take no space.
-        let (q, k, v) = if cfg.mid_block_add_attention {
-            (take(p0 * top)?, take(p0 * top)?, take(p0 * top)?)
-        } else {
-            (a, a, a)
-        };
+        let (q, k, v, attend) = attention_buffers(&mut take, cfg.mid_block_add_attention.then_some((p0, top)), channels_last, (largest, a))?;
         let groups = cfg.norm_num_groups as u64;
         let norm = NormScratch::at(take(NormScratch::elements(groups, latent_h << (channels.len() - 1)))?, groups);
         // Channels-last, the stream may end in any of the three buffers.
@@ -120,7 +115,7 @@ impl VaeLayout {
             decoded,
             levels: b,
             channels,
-            stream: Stream { a, b, c, q, k, v, groups, norm },
+            stream: Stream { a, b, c, q, k, v, attend, groups, norm },
         })
     }
 
@@ -208,11 +203,41 @@ pub fn band_minimum(program: impl FnOnce(&mut dyn FnMut(Op))) -> u64 {
         let (fixed, per_row) = match op {
             Op::Conv2d { shape, .. } => shape.band_elements(),
             Op::ConvNhwc { x, y, shape, residual, norm, .. } => nhwc_band_elements(shape, [x, y], residual, norm.as_ref().map_or(0, |n| 2 * n.groups)),
+            // One query row, and a chunk of keys and values (or all of
+            // them, where fewer) in half the band.
+            Op::ChunkedAttention { head_dim, kv_len, .. } => {
+                let keys = kv_len.min(ATTENTION_KEY_CHUNK);
+                most = most.max(4 * head_dim * keys);
+                chunked_band_elements(head_dim, keys)
+            }
             _ => return,
         };
         most = most.max(fixed + per_row);
     });
     most
+}
+
+/// A banded [`Op::ChunkedAttention`]'s elements over heads of `head_dim`
+/// with calls over `keys` keys, as the banded run takes them: fixed (the
+/// keys and the values, f32, the alignment of the scratch's five parts and
+/// of the sixth operand) and per query row (its query and output rows, its
+/// carried state, its share of the scratch).
+pub fn chunked_band_elements(head_dim: u64, keys: u64) -> (u64, u64) {
+    let fixed = 2 * keys * head_dim + 6 * 64;
+    let per_query = 2 * head_dim + 2 + head_dim / 2 + ATTENTION_KEY_CHUNK + 4;
+    (fixed, per_query)
+}
+
+/// Device bytes of the chunked attention's right operands that a decode
+/// or an encode of `cfg` on the channels-last path keeps beside its arena
+/// ([`crate::ir::ChunkedOperands`], for the wider of the two mid-blocks);
+/// 0 where it runs none.
+pub fn attention_operand_bytes(cfg: &VaeConfig, channels_last: bool) -> u64 {
+    let top = [cfg.decoder_channels(), &cfg.block_out_channels].iter().filter_map(|c| c.last().copied()).max().unwrap_or(0) as u64;
+    match channels_last && cfg.mid_block_add_attention {
+        true => ChunkedOperands::bytes(top),
+        false => 0,
+    }
 }
 
 /// A channels-last convolution's band: the elements fixed whatever its
@@ -321,9 +346,31 @@ pub struct Stream {
     pub q: Span,
     pub k: Span,
     pub v: Span,
+    /// The channels-last program's chunked attention's scratch where the
+    /// buffer its attention leaves free (one of `a`, `b`, `c`) is too small
+    /// for it; `None` where that buffer holds it (or nothing attends).
+    pub attend: Option<Span>,
     pub groups: u64,
     /// The GroupNorms' statistics.
     pub norm: NormScratch,
+}
+
+/// The mid-block attention's projections `q`, `k`, `v` (`[pixels, top]`
+/// f32 each, where `attention` has its `(pixels, top)`) and on the
+/// channels-last path its chunked attention's scratch ([`Stream::attend`]:
+/// its own span only where the activation buffers, `largest` elements,
+/// cannot hold it). Without attention nothing reads them: `fallback`, no space.
+pub(crate) fn attention_buffers(
+    take: &mut impl FnMut(u64) -> Result<Span, ArenaError>,
+    attention: Option<(u64, u64)>,
+    channels_last: bool,
+    (largest, fallback): (u64, Span),
+) -> Result<(Span, Span, Span, Option<Span>), ArenaError> {
+    let Some((pixels, top)) = attention else { return Ok((fallback, fallback, fallback, None)) };
+    let (q, k, v) = (take(pixels * top)?, take(pixels * top)?, take(pixels * top)?);
+    let scratch = chunked_attention_scratch(pixels, top);
+    let attend = if channels_last && scratch > largest { Some(take(scratch)?) } else { None };
+    Ok((q, k, v, attend))
 }
 
 impl Stream {
@@ -558,5 +605,18 @@ mod tests {
         assert!(half * 100 <= 56 * f32 && half * 100 >= 50 * f32, "{half} against {f32} bytes");
         // The decoded image has its own span: the stream may end in any buffer.
         assert!([l.stream.a, l.stream.b, l.stream.c].iter().all(|s| s.offset != l.decoded.offset));
+    }
+
+    #[test]
+    fn the_chunked_attentions_scratch_fits_where_the_band_counts_it() {
+        // The 4B's free activation buffer holds the whole decode's scratch:
+        // no span of its own at any size.
+        let l = VaeLayout::new(&klein_4b::vae(), 128, 128, true, &mut BumpArena::new(u64::MAX / 2)).unwrap();
+        assert_eq!(l.stream.attend, None);
+        for (rows, d) in [(1, 512), (145, 512), (4000, 512), (37, 32), (1, 2)] {
+            let (fixed, per_query) = chunked_band_elements(d, ATTENTION_KEY_CHUNK);
+            let scratch = chunked_attention_scratch(rows, d);
+            assert!(2 * ATTENTION_KEY_CHUNK * d + scratch + 64 <= fixed + rows * (per_query - 2 * d - 2), "{rows} × {d}: {scratch}");
+        }
     }
 }

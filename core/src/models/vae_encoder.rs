@@ -11,7 +11,7 @@ use crate::config::{VaeConfig, MAX_LIST};
 use crate::ir::{Op, Span, ALIGN, F32};
 use crate::oracle::ConvShape;
 use crate::models::group_norm::NormScratch;
-use crate::models::vae::{conv, group_norm, half_elements, mid, prefix, resnet, same, Stream, VaePlanError};
+use crate::models::vae::{attention_buffers, conv, group_norm, half_elements, mid, prefix, resnet, same, Stream, VaePlanError};
 
 /// Name prefixes of the tensors encoding reads.
 pub const WEIGHTS: [&str; 2] = ["encoder.", "quant_conv."];
@@ -69,11 +69,7 @@ impl VaeEncoderLayout {
         };
         let image = take(image_row(cfg.in_channels as u64, channels_last) * height * width)?;
         let (a, b, c) = (take(largest)?, take(largest)?, take(largest)?);
-        let (q, k, v) = if cfg.mid_block_add_attention {
-            (take(latent_pixels * top)?, take(latent_pixels * top)?, take(latent_pixels * top)?)
-        } else {
-            (a, a, a)
-        };
+        let (q, k, v, attend) = attention_buffers(&mut take, cfg.mid_block_add_attention.then_some((latent_pixels, top)), channels_last, (largest, a))?;
         let moments = take(2 * lc * latent_pixels)?;
         let groups = cfg.norm_num_groups as u64;
         let norm = NormScratch::at(take(NormScratch::elements(groups, height))?, groups);
@@ -88,7 +84,7 @@ impl VaeEncoderLayout {
             quant_conv: cfg.use_quant_conv,
             channels_last,
             image,
-            stream: Stream { a, b, c, q, k, v, groups, norm },
+            stream: Stream { a, b, c, q, k, v, attend, groups, norm },
             moments,
         })
     }

@@ -10,8 +10,10 @@
 //! normalised tensor. No pass measures a convolution's input or packs the
 //! stream, and the ×2 upsampling is read through by the convolution after
 //! it. The mid-block attention's tokens are pixels (no transposes); its
-//! projections and softmax stay f32 (the carried attention that keeps bands
-//! exact), its output projection a 1×1 convolution onto the stream.
+//! projections are f32 rows, its scores and weighted sum products on the
+//! matrix core over fixed chunks of keys with the softmax carried between
+//! them (which keeps bands exact), its output projection a 1×1 convolution
+//! onto the stream.
 //!
 //! Laid out in [`VaeLayout`]'s buffers `a`, `b`, `c`, which the stream and
 //! a block's intermediates take in turn (a convolution never writes what it
@@ -21,7 +23,7 @@
 
 use crate::ir::{name, GroupShape, InputNorm, NormActivation, Op, Operand, Span};
 use crate::models::group_norm;
-use crate::models::vae::{attention_projection, band_minimum, carried_attention, denorm_unpatchify, prefix, rows, same, stream_piece, Stream as Buffers, UpBlock, VaePlanError, VaeLayout, NORM_EPS};
+use crate::models::vae::{attention_projection, band_minimum, denorm_unpatchify, prefix, rows, same, stream_piece, Stream as Buffers, UpBlock, VaePlanError, VaeLayout, NORM_EPS};
 use crate::arena::BumpArena;
 use crate::config::VaeConfig;
 use crate::oracle::ConvShape;
@@ -126,7 +128,9 @@ fn attention(s: &Buffers, p: &str, c: u64, (h, w): (u64, u64), x: Stream, emit: 
         emit(attention_projection(normed, p, proj, dst, pixels, c));
     }
     let (q, k, v) = (rows(s.q, c), rows(s.k, c), rows(s.v, c));
-    emit(carried_attention([q, k, v, rows(z, c)], pixels, c));
+    // The buffer that held the normalised rows is free until the output's pack.
+    let scratch = s.attend.unwrap_or(y);
+    emit(Op::ChunkedAttention { q, k, v, o: rows(z, c), scratch, q_len: pixels, kv_len: pixels, head_dim: c, carry: None });
     emit(pack(z, normed, pixels, c));
     let to_out = prefix(format_args!("{p}.to_out.0"));
     emit(conv((normed, None), &to_out, stream_rows(z, pixels, c), same(c, c, h, w, 1), false, Some(stream_rows(x.at, pixels, c))));

@@ -87,7 +87,7 @@ fn encode_whole(input: &PlanInput<'_>, width: u64, height: u64, steps: u64) -> R
     let scale = cfg.scale_factor() as u64;
     let mean = 4 * cfg.latent_channels as u64 * (width / scale) * (height / scale);
     let io = 4 * vae_encoder::image_row(cfg.in_channels as u64, channels_last) * width * height + mean;
-    Ok(Ok((arena, io + overhead(steps))))
+    Ok(Ok((arena, io + overhead(steps) + vae::attention_operand_bytes(cfg, channels_last))))
 }
 
 /// The costliest reference's `(arena, other)` bytes when each reference
@@ -107,7 +107,7 @@ fn encode_tiled(input: &PlanInput<'_>, tile: u64, steps: u64) -> Option<(u64, u6
             encode_whole(input, width, height, steps).ok()?.ok()?
         } else if vae_encoder_nhwc::encode_band_minimum(cfg, height, width, input.limits.half_operands).ok()? <= capacity {
             // Each band's operands and results go through a staging buffer of at most the arena.
-            (band_arena, band_arena + overhead(steps))
+            (band_arena, band_arena + overhead(steps) + vae::attention_operand_bytes(cfg, input.limits.half_operands))
         } else {
             return None;
         };
@@ -177,10 +177,13 @@ fn decode_candidates<'a>(input: &'a PlanInput<'a>) -> impl Iterator<Item = VaePl
         let mut arena = BumpArena::new(u64::MAX);
         vae::VaeLayout::new(cfg, 2, 2, input.limits.half_operands, &mut arena).map_or(0, |l| count(|emit| vae_nhwc::decode_whole(&l, input.limits.half_operands, emit)))
     };
+    // Beside every layout's arena: the programs' parameters and the chunked
+    // attention's right operands (channels-last).
+    let overhead_bytes = overhead(steps) + vae::attention_operand_bytes(cfg, input.limits.half_operands);
     // Untiled, the image's 8-bit levels (a byte each) come back through one staging buffer.
     let levels = 4 * level_words(3 * w * h);
     let whole = vae_arena(cfg, h / scale, w / scale, input.limits)
-        .map(|arena| VaePlan { tile: None, on_device: false, weight_bytes: weights, arena_bytes: arena, other_bytes: levels + overhead(steps), host_bytes: host::decode(input, None) }.with_staging());
+        .map(|arena| VaePlan { tile: None, on_device: false, weight_bytes: weights, arena_bytes: arena, other_bytes: levels + overhead_bytes, host_bytes: host::decode(input, None) }.with_staging());
     let unit = 2 * scale;
     let largest = w.max(h) / unit;
     // A band must hold one row of the image's widest convolution.
@@ -198,7 +201,7 @@ fn decode_candidates<'a>(input: &'a PlanInput<'a>) -> impl Iterator<Item = VaePl
             let arena = vae::band_arena_bytes(capacity);
             let host_bytes = host::decode_device_bands(input);
             // The activations' pages are other device bytes: no kernel binds them.
-            VaePlan { tile: Some(w.max(h)), on_device: true, weight_bytes: weights, arena_bytes: arena, other_bytes: activations + levels + overhead(steps), host_bytes }.with_staging()
+            VaePlan { tile: Some(w.max(h)), on_device: true, weight_bytes: weights, arena_bytes: arena, other_bytes: activations + levels + overhead_bytes, host_bytes }.with_staging()
         }),
         _ => None,
     };
@@ -216,7 +219,7 @@ fn decode_candidates<'a>(input: &'a PlanInput<'a>) -> impl Iterator<Item = VaePl
         // Each band's result, and each chunk of levels, comes back through a
         // staging buffer of at most the arena: nothing grows with the image.
         let host_bytes = host::decode(input, Some(arena));
-        Some(VaePlan { tile: Some(tile), on_device: false, weight_bytes: weights, arena_bytes: arena, other_bytes: arena + overhead(steps), host_bytes }.with_staging())
+        Some(VaePlan { tile: Some(tile), on_device: false, weight_bytes: weights, arena_bytes: arena, other_bytes: arena + overhead_bytes, host_bytes }.with_staging())
     });
     whole.into_iter().chain(on_device).chain(tiles)
 }

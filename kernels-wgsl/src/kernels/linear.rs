@@ -277,6 +277,13 @@ pub fn linear_add(gpu: &Gpu, sink: &mut dyn Sink, x: Mat<'_>, w: Weight<'_>, y: 
     product(gpu, sink, Input::F32(x), w, None, y, s, Out::Accumulate)
 }
 
+/// [`linear_add`] over an [`Input`]: `y += x·Wᵀ`, x's f16 rows read as
+/// they are (the chunked attention's `P·V` of a later chunk of keys onto
+/// the output so far).
+pub fn linear_add_from(gpu: &Gpu, sink: &mut dyn Sink, x: Input<'_>, w: Weight<'_>, y: Mat<'_>, s: Gemm) -> Result<(), GpuError> {
+    product(gpu, sink, x, w, None, y, s, Out::Accumulate)
+}
+
 #[allow(clippy::too_many_arguments)] // linear's operands, and what each output does to y
 fn product(gpu: &Gpu, sink: &mut dyn Sink, input: Input<'_>, w: Weight<'_>, bias: Option<Weight<'_>>, y: Mat<'_>, s: Gemm, out: Out<'_>) -> Result<(), GpuError> {
     let accumulate = matches!(out, Out::Accumulate);

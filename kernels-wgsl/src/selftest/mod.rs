@@ -18,9 +18,11 @@ use crate::{DeviceBuffer, Gpu, GpuError, Mat, Precision, Weight};
 use flux_lite_core::oracle::{self as r, ConvShape, Weights};
 
 mod channels_last;
+mod chunked_attention;
 mod half_path;
 mod vae_ends;
 pub use channels_last::channels_last_checks;
+pub use chunked_attention::{chunked_attention_checks, OneHead};
 pub use half_path::half_path_checks;
 pub use vae_ends::{check_denorm_unpatchify, check_pixel_levels};
 
@@ -166,6 +168,7 @@ pub fn product_checks(gpu: &Gpu) -> Vec<Check> {
     .into_iter()
     .chain(half_path_checks(gpu))
     .chain(channels_last_checks(gpu))
+    .chain(chunked_attention_checks(gpu))
     .collect()
 }
 

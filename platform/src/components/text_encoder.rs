@@ -68,6 +68,7 @@ impl TextEncoder {
             rope_sin: gpu.upload_f32("qwen rope sin", &sin),
             key_keep: Some(gpu.storage("qwen key mask", 4 * tokens.max(1) as u64)),
             lora: None,
+            operands: None,
         };
         runner.write(gpu, layout.ones, &vec![1.0; config.hidden_size]);
         let prepared = runner.prepare(gpu, &weights, &blocks)?;

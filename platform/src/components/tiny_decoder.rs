@@ -91,7 +91,7 @@ impl TinyDecoder {
                 (band_arena_bytes(capacity), capacity)
             }
         };
-        let runner = arena_runner(gpu, "preview decoder activations", bytes);
+        let runner = arena_runner(gpu, "preview decoder activations", [bytes, 0]);
         gpu.check_faults()?;
         let mut weights = upload_checked(gpu, vae_store, &crate::components::vae::specs_under(vae, &["bn.running_"]))?;
         // Channels-last, each 3×3 W's taps in the order A runs in (`DeviceWeight::upload_taps_last`).

@@ -142,6 +142,7 @@ impl Transformer {
             rope_sin: gpu.upload_f32("rope sin", &sin),
             key_keep: None,
             lora: DeviceLora::upload(gpu, lora, rows as u64),
+            operands: None,
         };
         let prepared = runner.prepare(gpu, &weights, &blocks)?;
         let cached = match layout.kv {

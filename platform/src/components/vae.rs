@@ -151,7 +151,7 @@ impl VaeDecoder {
             return Err(RunError::Layout { component: "VAE decoder", detail });
         }
         // The activations first: an adapter that cannot hold them fails here, before the upload.
-        let runner = arena_runner(gpu, "vae activations", arena_bytes);
+        let runner = arena_runner(gpu, "vae activations", [arena_bytes, program::attention_operand_bytes(config, channels_last)]);
         gpu.check_faults()?;
         let mut weights = upload_on_path(gpu, store, &decoder_specs(config), channels_last)?;
         weights.keep_row_scales(gpu, &product_rows(&decoder_specs(config)))?;
@@ -428,9 +428,12 @@ pub(crate) fn check_tile(config: &VaeConfig, tile_px: Option<usize>) -> Result<(
     }
 }
 
-/// A runner over a VAE activation arena of `bytes` (the VAE reads no RoPE tables).
-pub(crate) fn arena_runner(gpu: &Gpu, label: &str, bytes: u64) -> Runner {
-    Runner { arena: gpu.storage(label, bytes), rope_cos: gpu.storage("unused", 4), rope_sin: gpu.storage("unused", 4), key_keep: None, lora: None }
+/// A runner over a VAE activation arena of `bytes` (the VAE reads no RoPE
+/// tables), with a buffer of `operand_bytes` for its chunked attention's
+/// right operands where it has one.
+pub(crate) fn arena_runner(gpu: &Gpu, label: &str, [bytes, operand_bytes]: [u64; 2]) -> Runner {
+    let operands = (operand_bytes > 0).then(|| gpu.storage("attention operands", operand_bytes));
+    Runner { arena: gpu.storage(label, bytes), rope_cos: gpu.storage("unused", 4), rope_sin: gpu.storage("unused", 4), key_keep: None, lora: None, operands }
 }
 
 /// Channels-last `[pixels, 3]` values to planar `[3, pixels]`.

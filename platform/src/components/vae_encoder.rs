@@ -112,7 +112,7 @@ impl VaeEncoder {
             let detail = format!("encoding {width}×{height} pixels needs a {arena_bytes}-byte buffer, above the adapter's {} bytes; encode it by smaller bands", gpu.limits.max_buffer_size);
             return Err(RunError::Layout { component: "VAE encoder", detail });
         }
-        let runner = arena_runner(gpu, "vae encoder activations", arena_bytes);
+        let runner = arena_runner(gpu, "vae encoder activations", [arena_bytes, flux_lite_core::models::vae::attention_operand_bytes(&self.config, self.channels_last)]);
         let mode = match capacity {
             Some(capacity) => Mode::Banded { capacity },
             None => {

@@ -21,7 +21,7 @@ use flux_lite_kernels::kernels::{Gemm, ATTENTION_KEY_TILE};
 use flux_lite_kernels::Gpu;
 use crate::exec::device_weights::DeviceWeights;
 use crate::exec::runner::Runner;
-use flux_lite_core::ir::{level_words, AttentionCarry, GroupShape, InputNorm, Op, Operand, RowMoments, Span};
+use flux_lite_core::ir::{chunked_attention_scratch, level_words, AttentionCarry, ATTENTION_KEY_CHUNK, GroupShape, InputNorm, Op, Operand, RowMoments, Span};
 use flux_lite_core::oracle::ConvShape;
 use flux_lite_core::models::tensors::TensorName;
 use flux_lite_core::models::vae_nhwc::half_rows;
@@ -30,7 +30,7 @@ use crate::exec::activations::{Activations, Window};
 #[cfg(doc)]
 use crate::exec::activations::{DeviceTensors, HostTensors};
 
-use flux_lite_core::models::vae::{band_arena_bytes, nhwc_band_elements, BAND_ALIGN as ALIGN};
+use flux_lite_core::models::vae::{band_arena_bytes, chunked_band_elements, nhwc_band_elements, BAND_ALIGN as ALIGN};
 
 /// `[lo, hi)` steps of `band` over `0..n`.
 fn bands(n: u64, band: u64) -> impl Iterator<Item = (u64, u64)> {
@@ -82,7 +82,8 @@ impl BandRunner<'_> {
             Op::UpsampleNearest2x { x, y, channels, height, width } => self.upsample(store, *x, *y, *channels, *height, *width),
             Op::Transpose { src, dst, rows, cols } => self.transpose(store, *src, *dst, *rows, *cols),
             Op::Linear { x, w, w_row: 0, bias, y, rows, cols, inner, gate: None } if !x.is_half() => self.linear(store, x.data, w, bias.as_ref(), *y, Gemm { m: *rows, n: *cols, k: *inner }),
-            &Op::CarriedAttention { q, k, v, o, q_len, kv_len, heads, head_dim, carry: None } => self.attention(store, [q, k, v, o], [q_len, kv_len], heads, head_dim),
+            &Op::CarriedAttention { q, k, v, o, q_len, kv_len, heads, head_dim, carry: None } => self.attention(store, [q, k, v, o], [q_len, kv_len], head_dim, Attending::Carried { heads }),
+            &Op::ChunkedAttention { q, k, v, o, q_len, kv_len, head_dim, carry: None, .. } => self.attention(store, [q, k, v, o], [q_len, kv_len], head_dim, Attending::Chunked),
             &Op::Copy { src, dst, rows, cols } => self.copy(store, src, dst, rows, cols),
             &Op::TanhClamp { src, dst, count, limit } => self.elementwise(store, src, dst, count, |src, dst, count| Op::TanhClamp { src, dst, count, limit }),
             &Op::Relu { src, dst, count } => self.elementwise(store, src, dst, count, |src, dst, count| Op::Relu { src, dst, count }),
@@ -517,21 +518,31 @@ impl BandRunner<'_> {
         Ok(())
     }
 
-    /// The carried attention of `q_len` queries over `kv_len` keys (rows
-    /// `[n, heads·head_dim]`) by bands of queries, each over chunks of the
-    /// keys (a multiple of the kernel's key tile) carrying its online
-    /// softmax from chunk to chunk: the bits of the whole call.
-    fn attention(&self, store: &mut dyn Activations, [q, k, v, o]: [Span; 4], [q_len, kv_len]: [u64; 2], heads: u64, head_dim: u64) -> Result<(), RunError> {
+    /// The mid-block attention of `q_len` queries over `kv_len` keys (rows
+    /// `[n, heads·head_dim]`) by bands of queries, each over calls on
+    /// chunks of the keys (a multiple of the kernel's key tile, or of the
+    /// chunked attention's chunk) carrying its online softmax from call to
+    /// call: the calls meet the whole run's tiles or chunks where it does,
+    /// so the bits of the whole call.
+    fn attention(&self, store: &mut dyn Activations, [q, k, v, o]: [Span; 4], [q_len, kv_len]: [u64; 2], head_dim: u64, form: Attending) -> Result<(), RunError> {
+        let (heads, tile) = match form {
+            Attending::Carried { heads } => (heads, ATTENTION_KEY_TILE),
+            Attending::Chunked => (1, ATTENTION_KEY_CHUNK),
+        };
         let width = heads * head_dim;
-        let tile = ATTENTION_KEY_TILE;
-        // Keys and values take half the band, in whole tiles, the queries the
-        // other half: the bands' sizes do not grow with the image.
-        let most_keys = self.capacity / 2 / (2 * width) / tile * tile;
-        if most_keys == 0 {
+        // Keys and values take half the band (all of them, or whole tiles),
+        // the queries the other half: the bands' sizes do not grow with the image.
+        let fits = self.capacity / 2 / (2 * width);
+        let key_chunk = if kv_len <= fits { kv_len } else { fits / tile * tile };
+        if key_chunk == 0 {
             return Err(RunError::Layout { component: "banded VAE", detail: format!("a band holds {} values, too few for one chunk of {tile} attention keys; give it a larger tile", self.capacity) });
         }
-        let key_chunk = kv_len.next_multiple_of(tile).min(most_keys);
-        let band = self.band(2 * most_keys * width, 2 * width + 2 * heads, "attention query")?;
+        // Each query's row, output row and state; the chunked attention's scratch besides.
+        let (fixed, per_query) = match form {
+            Attending::Carried { .. } => (2 * key_chunk * width, 2 * width + 2 * heads),
+            Attending::Chunked => chunked_band_elements(head_dim, key_chunk),
+        };
+        let band = self.band(fixed, per_query, "attention query")?;
         let chunks: Vec<(u64, u64)> = bands(kv_len, key_chunk).collect();
         for (q0, q1) in bands(q_len, band) {
             let rows = q1 - q0;
@@ -539,6 +550,10 @@ impl BandRunner<'_> {
             let mut arena = self.operands();
             let (qs, os, ss) = (arena.take(rows * width)?, arena.take(rows * width)?, arena.take(2 * rows * heads)?);
             let (ks, vs) = (arena.take(key_chunk * width)?, arena.take(key_chunk * width)?);
+            let scratch = match form {
+                Attending::Chunked => arena.take(chunked_attention_scratch(rows, head_dim))?,
+                Attending::Carried { .. } => ss,
+            };
             self.fetch(store, q, queries, qs)?;
             for (i, &(k0, k1)) in chunks.iter().enumerate() {
                 let keys = Window::run(k0 * width, k1 * width);
@@ -546,12 +561,24 @@ impl BandRunner<'_> {
                 self.fetch(store, v, keys, vs)?;
                 let carry = (chunks.len() > 1).then_some(AttentionCarry { state: ss, from_state: i > 0, keep_state: i + 1 < chunks.len() });
                 let view = |s: Span| Span::new(s.offset, width);
-                self.exec(Op::CarriedAttention { q: view(qs), k: view(ks), v: view(vs), o: view(os), q_len: rows, kv_len: k1 - k0, heads, head_dim, carry })?;
+                let [q, k, v, o] = [qs, ks, vs, os].map(view);
+                self.exec(match form {
+                    Attending::Carried { .. } => Op::CarriedAttention { q, k, v, o, q_len: rows, kv_len: k1 - k0, heads, head_dim, carry },
+                    Attending::Chunked => Op::ChunkedAttention { q, k, v, o, scratch, q_len: rows, kv_len: k1 - k0, head_dim, carry },
+                })?;
             }
             self.put(store, os, o, queries)?;
         }
         Ok(())
     }
+}
+
+/// Which kernel a banded attention's calls run: the carried one over
+/// `heads` heads, or the matrix tier's chunked one (one head, a scratch a call).
+#[derive(Debug, Clone, Copy)]
+enum Attending {
+    Carried { heads: u64 },
+    Chunked,
 }
 
 /// The latent BatchNorm statistics a de-normalisation reads.

@@ -542,6 +542,7 @@ impl<'g> ShapeBench<'g> {
             rope_sin: self.gpu.storage("bench rope sin", 4 * table),
             key_keep: masked.then(|| self.gpu.upload_u32("bench key mask", &vec![1; rows.max(1) as usize])),
             lora: None,
+            operands: None,
         }
     }
 

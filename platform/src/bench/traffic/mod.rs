@@ -32,7 +32,7 @@ mod machine;
 mod products;
 pub use machine::{Machine, Traffic, H200};
 use machine::{is_matrix, operand_rows, pieces, rows_per_piece, DataPath, Rows, CONTIGUOUS_ROW};
-use products::{attention, conv, conv_nhwc, linear, norms_heads, pass_on, swiglu_fits, writes_pieces, AttentionIo, Out};
+use products::{attention, chunked_attention, conv, conv_nhwc, linear, norms_heads, pass_on, swiglu_fits, writes_pieces, AttentionIo, Out};
 
 /// The traffic of one program step on `tier` on machine `m`.
 pub fn op_traffic(op: &Op, tier: Precision, m: &Machine) -> Traffic {
@@ -83,6 +83,10 @@ pub fn op_traffic(op: &Op, tier: Precision, m: &Machine) -> Traffic {
         Op::CrossAttention { q_len, kv_len, heads, head_dim, .. } => attention(m, p, [q_len, kv_len, heads, heads, head_dim], AttentionIo::default()),
         Op::CarriedAttention { q_len, kv_len, heads, head_dim, carry, .. } => {
             attention(m, p, [q_len, kv_len, heads, heads, head_dim], AttentionIo { wide: true, carried: carry.is_some(), ..AttentionIo::default() })
+        }
+        Op::ChunkedAttention { q_len, kv_len, head_dim, carry, .. } => {
+            let carried = carry.map_or([false; 2], |c| [c.from_state, c.keep_state]);
+            chunked_attention(m, p, [q_len, kv_len, head_dim], carried)
         }
         Op::HalfKvAttention { q_len, kv_len, heads, head_dim, .. } => {
             attention(m, p, [q_len, kv_len, heads, heads, head_dim], AttentionIo { half_kv: true, ..AttentionIo::default() })
@@ -294,7 +298,7 @@ pub fn preview_decode(cfg: &VaeConfig, [width, height]: [u64; 2], tier: Precisio
 pub fn kind(op: &Op) -> &'static str {
     match op {
         Op::Linear { .. } | Op::LinearSwiGlu { .. } | Op::LinearHalf { .. } => "linear",
-        Op::Attention { .. } | Op::CrossAttention { .. } | Op::CarriedAttention { .. } | Op::HalfKvAttention { .. } | Op::CausalAttention { .. } => "attention",
+        Op::Attention { .. } | Op::CrossAttention { .. } | Op::CarriedAttention { .. } | Op::ChunkedAttention { .. } | Op::HalfKvAttention { .. } | Op::CausalAttention { .. } => "attention",
         Op::RmsNormHeads { .. } | Op::RmsNorm { .. } => "RMS norm",
         Op::RmsNormRope { .. } => "RMS norm + RoPE",
         Op::LayerNormModulate { .. } => "layer norm + modulation",

@@ -23,6 +23,11 @@ pub struct Runner {
     pub key_keep: Option<DeviceBuffer>,
     /// LoRA adapters added to the linears they adapt; `None`: no adapter.
     pub lora: Option<DeviceLora>,
+    /// The chunked attention's right operands (`ChunkedOperands`), a
+    /// buffer apart from the arena: a product reads its right operand
+    /// through a read-only binding, which no writable binding of the same
+    /// buffer may share. `None` where the program has no chunked attention.
+    pub operands: Option<DeviceBuffer>,
 }
 
 /// LoRA adapters on the device: per adapted linear (by its weight's name)
@@ -206,6 +211,13 @@ impl Runner {
                 let s = non_causal(*q_len, *kv_len, *heads, *head_dim);
                 let carry = carry.map(|c| kernels::Carry { state: self.mat(c.state), from_state: c.from_state, keep_state: c.keep_state });
                 kernels::attention_carried(gpu, sink, kernels::Qkv { q: self.mat(*q), k: self.mat(*k), v: self.mat(*v) }, self.mat(*o), carry, s)
+            }
+            Op::ChunkedAttention { q, k, v, o, scratch, q_len, kv_len, head_dim, carry } => {
+                let operands = self.operands.as_ref().ok_or_else(|| GpuError::UnsupportedShape("a chunked attention on a runner without a buffer for its right operands".into()))?;
+                let s = non_causal(*q_len, *kv_len, 1, *head_dim);
+                let carry = carry.map(|c| kernels::Carry { state: self.mat(c.state), from_state: c.from_state, keep_state: c.keep_state });
+                let qkv = kernels::Qkv { q: self.mat(*q), k: self.mat(*k), v: self.mat(*v) };
+                kernels::attention_chunked(gpu, sink, qkv, self.mat(*o), carry, self.mat(*scratch), operands, s)
             }
             Op::SwiGlu { gate, up, dst, rows, cols } => match self.half(*dst).map(|h| (h, dst.piece)) {
                 None => kernels::elementwise(gpu, sink, Elementwise::SwiGlu, self.mat(*gate), Some(self.mat(*up)), self.mat(dst.data), [*rows, *cols]),

@@ -1,0 +1,201 @@
+//! The matrix tier's attention of one wide head as products on the matrix
+//! core (the VAE's mid-block on the channels-last path: one head of 512
+//! dims over every latent pixel). For each chunk of
+//! [`ATTENTION_KEY_CHUNK`] keys: the GEMM core's `Q·Kᵀ` over f16 rows under
+//! their range scales into f32 scores, the online softmax into f16
+//! probabilities (`attention_chunks.wgsl`), and the GEMM core's `P·V` onto
+//! the output; the output divided by each row's sum after the last chunk.
+//! The one-subgroup matrix attention computes a 512-wide head's scores a
+//! subgroup at a time; here both products run on the GEMM core's blocks.
+//!
+//! Every value of a query's row is computed from that row, the keys of its
+//! chunk and the carried state alone, in one fixed order: calls over whole
+//! chunks of the keys carrying the softmax ([`Carry`]), for any bands of
+//! queries, give the bits of one call over all of them.
+
+use crate::device::Gpu;
+use crate::dispatch::{chunks, dispatch, grid64, row_chunks, to_u32, window, Launch, Rows, Sink};
+use crate::error::GpuError;
+use crate::kernel::{kernel, wrapped_grid, Access::ReadWrite as RW, Kernel, Module};
+use crate::kernels::attention::{Attention, Carry, Qkv};
+use crate::kernels::half_pack::half_pack;
+use crate::kernels::linear::{linear_add_from, linear_from, Gemm, Input};
+use crate::precision::MatrixOperands;
+use crate::view::{HalfMat, HeadRows, Mat, RowScales, Weight, WeightDtype};
+use bytemuck::{Pod, Zeroable};
+use flux_lite_core::ir::{ChunkedOperands, ChunkedScratch, ATTENTION_KEY_CHUNK};
+
+/// `attention_chunks.wgsl`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Pod, Zeroable)]
+pub struct ChunkParams {
+    pub rows: u32,
+    pub keys: u32,
+    pub width: u32,
+    pub scores: u32,
+    pub scores_stride: u32,
+    pub score_scales: u32,
+    pub state: u32,
+    pub o: u32,
+    pub o_stride: u32,
+    pub src: u32,
+    pub src_stride: u32,
+    pub dst: u32,
+    pub dst_scales: u32,
+    pub from_state: u32,
+    pub scale: f32,
+    pub _pad: u32,
+}
+
+/// A row's chunk of scores into f16 probabilities, the softmax carried; a workgroup a row.
+pub const CHUNK_SOFTMAX: Kernel = kernel(Module::AttentionChunks, "chunk_softmax", [64, 1, 1], &[(1, RW), (2, RW), (3, RW), (4, RW)], size_of::<ChunkParams>(), false);
+/// A chunk's values transposed into f16 rows under their range scales; a workgroup a column.
+pub const PACK_COLUMNS: Kernel = kernel(Module::AttentionChunks, "pack_columns", [64, 1, 1], &[(1, RW), (2, RW), (5, RW)], size_of::<ChunkParams>(), false);
+/// The output rows divided by their softmax's sums.
+pub const NORMALISE_ROWS: Kernel = kernel(Module::AttentionChunks, "normalise_rows", [64, 1, 1], &[(3, RW), (4, RW)], size_of::<ChunkParams>(), false);
+
+/// Whether `gpu` runs [`attention_chunked`]: the matrix tier with f16 operands.
+pub fn runs_chunked_attention(gpu: &Gpu) -> bool {
+    gpu.matrix().is_some_and(|c| c.operands == MatrixOperands::F16)
+}
+
+/// Non-causal attention of one head on the matrix core over chunks of
+/// [`ATTENTION_KEY_CHUNK`] keys, carrying its online softmax across calls
+/// where `carry` says (each row's running maximum and sum in `carry.state`,
+/// the unnormalised output in `o` meanwhile; calls over whole chunks of
+/// keys but the last): `scratch` is [`ChunkedScratch`]'s working space for
+/// `s.q_len` queries (f32 elements from `scratch.offset`), `operands`
+/// [`ChunkedOperands`]' (a buffer no other operand lies in, of
+/// [`ChunkedOperands::bytes`]), f32 `q`, `k`, `v` and `o` rows of `s.head_dim`.
+#[allow(clippy::too_many_arguments)] // the attention's operands, its carry and its two scratches
+pub fn attention_chunked(gpu: &Gpu, sink: &mut dyn Sink, qkv: Qkv<'_>, o: Mat<'_>, carry: Option<Carry<'_>>, scratch: Mat<'_>, operands: &wgpu::Buffer, s: Attention) -> Result<(), GpuError> {
+    let (rows, d) = (s.q_len, s.head_dim);
+    if !runs_chunked_attention(gpu) || s.causal || s.q_heads != 1 || s.kv_heads != 1 || !d.is_multiple_of(2) || !s.kv_len.is_multiple_of(2) {
+        return Err(GpuError::UnsupportedShape(format!(
+            "chunked attention is the matrix tier's with f16 operands, of one non-causal head of an even width over an even number of keys ({} heads of {d} over {} keys)",
+            s.q_heads, s.kv_len
+        )));
+    }
+    if operands.size() < ChunkedOperands::bytes(d) {
+        return Err(GpuError::UnsupportedShape(format!("a chunked attention over heads of {d} needs {} bytes for its right operands ({} given)", ChunkedOperands::bytes(d), operands.size())));
+    }
+    if rows == 0 || s.kv_len == 0 {
+        return Ok(());
+    }
+    let (part, right) = (ChunkedScratch::new(rows, d), ChunkedOperands::new(d));
+    let at = |offset: u64, stride: u64| Mat { buf: scratch.buf, offset: scratch.offset + offset, stride };
+    let beside = |offset: u64, stride: u64| Mat { buf: operands, offset, stride };
+    let (queries, query_scales) = (at(part.queries, d / 2), at(part.query_scales, 1));
+    half_pack(gpu, sink, qkv.q, queries, query_scales, HeadRows { tokens: rows, heads: 1, head_dim: d })?;
+    let scores = at(part.scores, ATTENTION_KEY_CHUNK);
+    let probabilities = Input::Half(HalfMat::rows(scores, at(part.score_scales, 1)));
+    // Each row's maximum and sum side by side, whatever the carry's stride says (as the carried kernel reads them).
+    let state = carry.map_or(at(part.state, 2), |c| Mat { stride: 2, ..c.state });
+    for (i, keys) in chunks(s.kv_len, ATTENTION_KEY_CHUNK).enumerate() {
+        let n = keys.end - keys.start;
+        let continues = i > 0 || carry.is_some_and(|c| c.from_state);
+        let (key_rows, key_scales) = (beside(right.keys, d / 2), beside(right.key_scales, 1));
+        half_pack(gpu, sink, rows_from(qkv.k, keys.start), key_rows, key_scales, HeadRows { tokens: n, heads: 1, head_dim: d })?;
+        linear_from(gpu, sink, Input::Half(HalfMat::rows(queries, query_scales)), packed(key_rows, key_scales, d), None, scores, Gemm { m: rows, n, k: d })?;
+        chunk_softmax(gpu, sink, [scores, state, o], [rows, n, d], continues, s.scale, part.score_scales + scratch.offset)?;
+        let (value_rows, value_scales) = (beside(right.values, n / 2), beside(right.value_scales, 1));
+        pack_columns(gpu, sink, rows_from(qkv.v, keys.start), [value_rows, value_scales], [n, d])?;
+        let weighted = Gemm { m: rows, n: d, k: n };
+        match continues {
+            true => linear_add_from(gpu, sink, probabilities, packed(value_rows, value_scales, n), o, weighted)?,
+            false => linear_from(gpu, sink, probabilities, packed(value_rows, value_scales, n), None, o, weighted)?,
+        }
+    }
+    match carry.is_some_and(|c| c.keep_state) {
+        true => Ok(()),
+        false => normalise_rows(gpu, sink, o, state, [rows, d]),
+    }
+}
+
+/// f16 rows of `k` values (`words`, contiguous) under their range scales
+/// (`scales`, one a row) as a product's right operand.
+fn packed<'a>(words: Mat<'a>, scales: Mat<'a>, k: u64) -> Weight<'a> {
+    let scales = Some(RowScales { buf: scales.buf, offset: scales.offset, k, packed: true });
+    Weight { buf: words.buf, offset: 2 * words.offset, dtype: WeightDtype::Bf16, scales }
+}
+
+/// `m` from its row `row` on.
+fn rows_from(m: Mat<'_>, row: u64) -> Mat<'_> {
+    Mat { offset: m.offset + row * m.stride, ..m }
+}
+
+/// [`CHUNK_SOFTMAX`] over `rows` rows of `keys` scores (`scores`, their
+/// probabilities' scales from element `score_scales` of its buffer),
+/// continuing the softmax in `state` where `continues` (and rescaling
+/// `o`'s `width` values a row), split over rows where one binding cannot hold them.
+fn chunk_softmax(gpu: &Gpu, sink: &mut dyn Sink, [scores, state, o]: [Mat<'_>; 3], [rows, keys, width]: [u64; 3], continues: bool, scale: f32, score_scales: u64) -> Result<(), GpuError> {
+    let score_rows = Rows::mat(scores, keys, "attention scores");
+    let scale_rows = Rows::packed(scores.buf, 4, score_scales, 1, "attention probabilities' scales");
+    let state_rows = Rows::mat(state, 2, "attention state");
+    let o_rows = Rows::mat(o, width, "attention output");
+    for chunk in row_chunks(gpu, rows, &[score_rows, scale_rows, state_rows, o_rows], 1)? {
+        let [sw, cw, tw, ow] = [score_rows, scale_rows, state_rows, o_rows].map(|r| r.window(gpu, &chunk));
+        let (sw, cw, tw, ow) = (sw?, cw?, tw?, ow?);
+        let n = chunk.end - chunk.start;
+        let params = ChunkParams {
+            rows: to_u32(n, "attention rows")?,
+            keys: to_u32(keys, "attention keys")?,
+            width: to_u32(width, "attention width")?,
+            scores: sw.local,
+            scores_stride: to_u32(scores.stride, "attention scores' stride")?,
+            score_scales: cw.local,
+            state: tw.local,
+            o: ow.local,
+            o_stride: to_u32(o.stride, "attention output stride")?,
+            from_state: continues as u32,
+            scale,
+            ..Default::default()
+        };
+        dispatch(gpu, sink, Launch { kernel: &CHUNK_SOFTMAX, constants: &[], params, grid: wrapped_grid(n) }, &[(1, &sw), (2, &cw), (3, &tw), (4, &ow)]);
+    }
+    Ok(())
+}
+
+/// [`PACK_COLUMNS`]: `keys` f32 rows of `width` values (`values`) into
+/// `width` f16 rows of `keys` values (`packed`, contiguous words) under
+/// each row's range scale (`scales`).
+fn pack_columns(gpu: &Gpu, sink: &mut dyn Sink, values: Mat<'_>, [packed, scales]: [Mat<'_>; 2], [keys, width]: [u64; 2]) -> Result<(), GpuError> {
+    let vw = window(gpu, values.buf, 4, values.offset..values.offset + (keys - 1) * values.stride + width, "attention values")?;
+    let dw = window(gpu, packed.buf, 4, packed.offset..packed.offset + width * keys / 2, "attention values packed")?;
+    let cw = window(gpu, scales.buf, 4, scales.offset..scales.offset + width, "attention values' scales")?;
+    let params = ChunkParams {
+        keys: to_u32(keys, "attention keys")?,
+        width: to_u32(width, "attention width")?,
+        src: vw.local,
+        src_stride: to_u32(values.stride, "attention values' stride")?,
+        dst: dw.local,
+        dst_scales: cw.local,
+        ..Default::default()
+    };
+    dispatch(gpu, sink, Launch { kernel: &PACK_COLUMNS, constants: &[], params, grid: wrapped_grid(width) }, &[(1, &dw), (2, &cw), (5, &vw)]);
+    Ok(())
+}
+
+/// [`NORMALISE_ROWS`]: `o`'s `rows` rows of `width` divided by their sums in `state`.
+fn normalise_rows(gpu: &Gpu, sink: &mut dyn Sink, o: Mat<'_>, state: Mat<'_>, [rows, width]: [u64; 2]) -> Result<(), GpuError> {
+    let o_rows = Rows::mat(o, width, "attention output");
+    let state_rows = Rows::mat(state, 2, "attention state");
+    for chunk in row_chunks(gpu, rows, &[o_rows, state_rows], 1)? {
+        let (ow, tw) = (o_rows.window(gpu, &chunk)?, state_rows.window(gpu, &chunk)?);
+        let n = chunk.end - chunk.start;
+        let params = ChunkParams {
+            rows: to_u32(n, "attention rows")?,
+            width: to_u32(width, "attention width")?,
+            state: tw.local,
+            o: ow.local,
+            o_stride: to_u32(o.stride, "attention output stride")?,
+            ..Default::default()
+        };
+        dispatch(gpu, sink, Launch { kernel: &NORMALISE_ROWS, constants: &[], params, grid: grid64(n * width) }, &[(3, &tw), (4, &ow)]);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+#[path = "attention_chunks_tests.rs"]
+mod tests;

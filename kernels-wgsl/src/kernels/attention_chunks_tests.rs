@@ -1,0 +1,79 @@
+//! Tests of `attention_chunks.rs`: against the f64 attention, bit for bit
+//! by bands of queries and calls over whole chunks of keys, and where the
+//! values reach beyond f16's range.
+
+use super::*;
+use crate::selftest::{OneHead, MATRIX_ATTENTION};
+use crate::testing::*;
+
+/// The VAE mid-block's width and a narrow head, over one part-filled chunk
+/// and over three (the last part-filled), against the f64 attention.
+#[test]
+fn chunked_attention_matches_the_oracle() {
+    let Some(gpu) = f16_matrix_gpu() else { return };
+    for (case, seed) in [([40, 1100, 512], 1), ([33, 300, 64], 2), ([70, 1026, 32], 3)] {
+        let got = OneHead::new(case, [1.0, 1.0, 1.0], seed).error(&gpu).unwrap_or_else(|e| panic!("{e}"));
+        println!("chunked attention {case:?}: relative L2 {got:.2e}");
+        assert!(got <= MATRIX_ATTENTION, "{case:?}: {got:e}");
+    }
+}
+
+/// The range rule across chunks: queries of 1e-6 (near-uniform weights),
+/// keys of 1e3 with queries of 1e-3, values of 1e5 and of 1e-6: finite,
+/// and as close to the f64 attention as ordinary values.
+#[test]
+fn chunked_attention_keeps_values_beyond_f16_finite_and_close() {
+    let Some(gpu) = f16_matrix_gpu() else { return };
+    for (seed, scales) in [(61, [1e-6, 1.0, 1.0]), (62, [1e-3, 1e3, 1.0]), (63, [1.0, 1.0, 1e5]), (64, [1.0, 1.0, 1e-6])] {
+        let head = OneHead::new([19, 1100, 32], scales, seed);
+        let got = head.run(&gpu, &[(0, 19)], &[(0, 1100)]).unwrap_or_else(|e| panic!("{e}"));
+        assert!(got.iter().all(|v| v.is_finite()), "{scales:?}: Inf or NaN");
+        let err = crate::selftest::rel_l2(&got, &head.want);
+        println!("scales {scales:?}: relative L2 {err:.2e}");
+        assert!(err <= MATRIX_ATTENTION, "{scales:?}: {err:e}");
+    }
+}
+
+/// Scores spread over hundreds of units (queries and keys of 6): the
+/// softmax's maximum moves from chunk to chunk and most weights underflow.
+/// f16's rounding of q and k (2⁻¹¹ relative) alone moves such scores by
+/// tenths, so the reference takes q and k as the tier rounds them; the
+/// probabilities' and the values' rounding stay within the bound.
+#[test]
+fn chunked_attention_over_sharp_scores_matches_the_oracle_on_its_rounded_operands() {
+    let Some(gpu) = f16_matrix_gpu() else { return };
+    let mut head = OneHead::new([24, 1100, 64], [6.0, 6.0, 1.0], 4);
+    let round = |x: &[f32]| x.iter().map(|&v| as_f16(v)).collect::<Vec<_>>();
+    head.want = OneHead::reference(&round(&head.q), &round(&head.k), &head.v, [24, 1100, 64]);
+    let got = head.run(&gpu, &[(0, 24)], &[(0, 1100)]).unwrap_or_else(|e| panic!("{e}"));
+    let err = crate::selftest::rel_l2(&got, &head.want);
+    println!("sharp scores: relative L2 {err:.2e} against f64 over q and k rounded to f16");
+    assert!(err <= MATRIX_ATTENTION, "{err:e}");
+}
+
+/// Bands of queries, each over calls on whole chunks of keys (one chunk a
+/// call, or two and the rest) carrying the softmax, give the bits of one
+/// call over every query and key: what makes the banded VAE's mid-block
+/// attention its whole decode's.
+#[test]
+fn chunked_attention_by_query_bands_and_key_calls_equals_one_call_bit_for_bit() {
+    let Some(gpu) = f16_matrix_gpu() else { return };
+    let head = OneHead::new([45, 1100, 64], [2.0, 2.0, 1.0], 5);
+    let bits = |out: Vec<f32>| out.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+    let whole = bits(head.run(&gpu, &[(0, 45)], &[(0, 1100)]).unwrap());
+    let bands = [(0, 7), (7, 30), (30, 45)];
+    for calls in [vec![(0, 512), (512, 1024), (1024, 1100)], vec![(0, 1024), (1024, 1100)]] {
+        assert_eq!(bits(head.run(&gpu, &bands, &calls).unwrap()), whole, "bands {bands:?} over calls {calls:?}");
+    }
+}
+
+/// Off the matrix tier's f16 operands, a chunked attention is refused.
+#[test]
+fn chunked_attention_is_refused_off_the_matrix_tiers_f16_operands() {
+    let gpu = gpu();
+    if runs_chunked_attention(gpu) {
+        return crate::skip::skipped("the default device is on the matrix tier with f16 operands, which runs it");
+    }
+    let err = OneHead::new([4, 8, 8], [1.0; 3], 6).error(gpu).unwrap_err();
+    assert!(err.to_string().contains("chunked attention is the matrix tier's"), "{err}");
+}
