@@ -73,7 +73,7 @@ pub struct Operand {
 /// probabilities' row in its scratch, and the depth of its `P·V` product.
 /// Bands of a banded decode take whole chunks, so they meet the whole
 /// decode's chunks where it does.
-pub const ATTENTION_KEY_CHUNK: u64 = 512;
+pub const ATTENTION_KEY_CHUNK: u64 = 4096;
 
 /// f32 elements of a [`Op::ChunkedAttention`]'s scratch for `rows` queries
 /// of `head_dim` ([`ChunkedScratch`]'s parts laid end to end).
@@ -91,8 +91,9 @@ const fn after(at: u64, elements: u64) -> u64 {
 /// in f32 elements from its start, each part on a 64-element boundary:
 /// the queries as f16 rows and their scales, the scores (`[rows,
 /// ATTENTION_KEY_CHUNK]` f32, each row's probabilities written over its
-/// first half as f16 pairs) and the probabilities' scales, and each row's
-/// running maximum and sum where no carry holds them.
+/// first half as f16 pairs) and the probabilities' scales, each row's
+/// running maximum and sum where no carry holds them, and each row's factor
+/// for the output so far (where the softmax's maximum rose).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ChunkedScratch {
     pub queries: u64,
@@ -100,6 +101,7 @@ pub struct ChunkedScratch {
     pub scores: u64,
     pub score_scales: u64,
     pub state: u64,
+    pub factors: u64,
     pub end: u64,
 }
 
@@ -109,8 +111,9 @@ impl ChunkedScratch {
         let scores = after(query_scales, rows);
         let score_scales = after(scores, rows * ATTENTION_KEY_CHUNK);
         let state = after(score_scales, rows);
-        let end = after(state, 2 * rows);
-        Self { queries: 0, query_scales, scores, score_scales, state, end }
+        let factors = after(state, 2 * rows);
+        let end = after(factors, rows);
+        Self { queries: 0, query_scales, scores, score_scales, state, factors, end }
     }
 }
 

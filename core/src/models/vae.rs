@@ -219,12 +219,12 @@ pub fn band_minimum(program: impl FnOnce(&mut dyn FnMut(Op))) -> u64 {
 
 /// A banded [`Op::ChunkedAttention`]'s elements over heads of `head_dim`
 /// with calls over `keys` keys, as the banded run takes them: fixed (the
-/// keys and the values, f32, the alignment of the scratch's five parts and
+/// keys and the values, f32, the alignment of the scratch's six parts and
 /// of the sixth operand) and per query row (its query and output rows, its
 /// carried state, its share of the scratch).
 pub fn chunked_band_elements(head_dim: u64, keys: u64) -> (u64, u64) {
-    let fixed = 2 * keys * head_dim + 6 * 64;
-    let per_query = 2 * head_dim + 2 + head_dim / 2 + ATTENTION_KEY_CHUNK + 4;
+    let fixed = 2 * keys * head_dim + 7 * 64;
+    let per_query = 2 * head_dim + 2 + head_dim / 2 + ATTENTION_KEY_CHUNK + 5;
     (fixed, per_query)
 }
 

@@ -19,7 +19,7 @@ use crate::error::GpuError;
 use crate::kernel::{kernel, wrapped_grid, Access::ReadWrite as RW, Kernel, Module};
 use crate::kernels::attention::{Attention, Carry, Qkv};
 use crate::kernels::half_pack::half_pack;
-use crate::kernels::linear::{linear_add_from, linear_from, Gemm, Input};
+use crate::kernels::linear::{linear_from, linear_rescaling, Gemm, Input};
 use crate::precision::MatrixOperands;
 use crate::view::{HalfMat, HeadRows, Mat, RowScales, Weight, WeightDtype};
 use bytemuck::{Pod, Zeroable};
@@ -44,13 +44,13 @@ pub struct ChunkParams {
     pub dst_scales: u32,
     pub from_state: u32,
     pub scale: f32,
-    pub _pad: u32,
+    pub factors: u32,
 }
 
 /// A row's chunk of scores into f16 probabilities, the softmax carried; a workgroup a row.
-pub const CHUNK_SOFTMAX: Kernel = kernel(Module::AttentionChunks, "chunk_softmax", [64, 1, 1], &[(1, RW), (2, RW), (3, RW), (4, RW)], size_of::<ChunkParams>(), false);
+pub const CHUNK_SOFTMAX: Kernel = kernel(Module::AttentionChunks, "chunk_softmax", [128, 1, 1], &[(1, RW), (2, RW), (3, RW), (6, RW)], size_of::<ChunkParams>(), false);
 /// A chunk's values transposed into f16 rows under their range scales; a workgroup a column.
-pub const PACK_COLUMNS: Kernel = kernel(Module::AttentionChunks, "pack_columns", [64, 1, 1], &[(1, RW), (2, RW), (5, RW)], size_of::<ChunkParams>(), false);
+pub const PACK_COLUMNS: Kernel = kernel(Module::AttentionChunks, "pack_columns", [128, 1, 1], &[(1, RW), (2, RW), (5, RW)], size_of::<ChunkParams>(), false);
 /// The output rows divided by their softmax's sums.
 pub const NORMALISE_ROWS: Kernel = kernel(Module::AttentionChunks, "normalise_rows", [64, 1, 1], &[(3, RW), (4, RW)], size_of::<ChunkParams>(), false);
 
@@ -97,12 +97,13 @@ pub fn attention_chunked(gpu: &Gpu, sink: &mut dyn Sink, qkv: Qkv<'_>, o: Mat<'_
         let (key_rows, key_scales) = (beside(right.keys, d / 2), beside(right.key_scales, 1));
         half_pack(gpu, sink, rows_from(qkv.k, keys.start), key_rows, key_scales, HeadRows { tokens: n, heads: 1, head_dim: d })?;
         linear_from(gpu, sink, Input::Half(HalfMat::rows(queries, query_scales)), packed(key_rows, key_scales, d), None, scores, Gemm { m: rows, n, k: d })?;
-        chunk_softmax(gpu, sink, [scores, state, o], [rows, n, d], continues, s.scale, part.score_scales + scratch.offset)?;
+        let factors = at(part.factors, 1);
+        chunk_softmax(gpu, sink, [scores, state, factors], [rows, n], continues, s.scale, part.score_scales + scratch.offset)?;
         let (value_rows, value_scales) = (beside(right.values, n / 2), beside(right.value_scales, 1));
         pack_columns(gpu, sink, rows_from(qkv.v, keys.start), [value_rows, value_scales], [n, d])?;
         let weighted = Gemm { m: rows, n: d, k: n };
         match continues {
-            true => linear_add_from(gpu, sink, probabilities, packed(value_rows, value_scales, n), o, weighted)?,
+            true => linear_rescaling(gpu, sink, probabilities, packed(value_rows, value_scales, n), o, factors, weighted)?,
             false => linear_from(gpu, sink, probabilities, packed(value_rows, value_scales, n), None, o, weighted)?,
         }
     }
@@ -126,32 +127,31 @@ fn rows_from(m: Mat<'_>, row: u64) -> Mat<'_> {
 
 /// [`CHUNK_SOFTMAX`] over `rows` rows of `keys` scores (`scores`, their
 /// probabilities' scales from element `score_scales` of its buffer),
-/// continuing the softmax in `state` where `continues` (and rescaling
-/// `o`'s `width` values a row), split over rows where one binding cannot hold them.
-fn chunk_softmax(gpu: &Gpu, sink: &mut dyn Sink, [scores, state, o]: [Mat<'_>; 3], [rows, keys, width]: [u64; 3], continues: bool, scale: f32, score_scales: u64) -> Result<(), GpuError> {
+/// continuing the softmax in `state` where `continues`, each row's factor
+/// for the output so far into `factors`; split over rows where one binding
+/// cannot hold them.
+fn chunk_softmax(gpu: &Gpu, sink: &mut dyn Sink, [scores, state, factors]: [Mat<'_>; 3], [rows, keys]: [u64; 2], continues: bool, scale: f32, score_scales: u64) -> Result<(), GpuError> {
     let score_rows = Rows::mat(scores, keys, "attention scores");
     let scale_rows = Rows::packed(scores.buf, 4, score_scales, 1, "attention probabilities' scales");
     let state_rows = Rows::mat(state, 2, "attention state");
-    let o_rows = Rows::mat(o, width, "attention output");
-    for chunk in row_chunks(gpu, rows, &[score_rows, scale_rows, state_rows, o_rows], 1)? {
-        let [sw, cw, tw, ow] = [score_rows, scale_rows, state_rows, o_rows].map(|r| r.window(gpu, &chunk));
-        let (sw, cw, tw, ow) = (sw?, cw?, tw?, ow?);
+    let factor_rows = Rows::mat(factors, 1, "attention factors");
+    for chunk in row_chunks(gpu, rows, &[score_rows, scale_rows, state_rows, factor_rows], 1)? {
+        let [sw, cw, tw, fw] = [score_rows, scale_rows, state_rows, factor_rows].map(|r| r.window(gpu, &chunk));
+        let (sw, cw, tw, fw) = (sw?, cw?, tw?, fw?);
         let n = chunk.end - chunk.start;
         let params = ChunkParams {
             rows: to_u32(n, "attention rows")?,
             keys: to_u32(keys, "attention keys")?,
-            width: to_u32(width, "attention width")?,
             scores: sw.local,
             scores_stride: to_u32(scores.stride, "attention scores' stride")?,
             score_scales: cw.local,
             state: tw.local,
-            o: ow.local,
-            o_stride: to_u32(o.stride, "attention output stride")?,
             from_state: continues as u32,
             scale,
+            factors: fw.local,
             ..Default::default()
         };
-        dispatch(gpu, sink, Launch { kernel: &CHUNK_SOFTMAX, constants: &[], params, grid: wrapped_grid(n) }, &[(1, &sw), (2, &cw), (3, &tw), (4, &ow)]);
+        dispatch(gpu, sink, Launch { kernel: &CHUNK_SOFTMAX, constants: &[], params, grid: wrapped_grid(n) }, &[(1, &sw), (2, &cw), (3, &tw), (6, &fw)]);
     }
     Ok(())
 }

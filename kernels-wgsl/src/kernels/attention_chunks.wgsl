@@ -15,7 +15,7 @@ struct Params {
     scores: u32, scores_stride: u32, score_scales: u32,
     // Each row's running maximum and sum, two f32 a row.
     state: u32,
-    // The output rows (f32) the softmax rescales and normalise_rows divides.
+    // The output rows (f32) normalise_rows divides.
     o: u32, o_stride: u32,
     // pack_columns: the chunk's values (f32 rows), the packed rows (keys/2
     // words a row) and their scales.
@@ -24,7 +24,8 @@ struct Params {
     from_state: u32,
     // 1/√width, applied to the scores.
     scale: f32,
-    _pad: u32,
+    // chunk_softmax: each row's factor for the output so far.
+    factors: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -33,11 +34,12 @@ struct Params {
 @group(0) @binding(3) var<storage, read_write> state: array<f32>;
 @group(0) @binding(4) var<storage, read_write> o: array<f32>;
 @group(0) @binding(5) var<storage, read_write> src: array<f32>;
+@group(0) @binding(6) var<storage, read_write> factors: array<f32>;
 
-const LANES: u32 = 64u;
-// Key pairs a lane holds: chunks of up to 2·LANES·PAIRS = 512 keys
+const LANES: u32 = 128u;
+// Key pairs a lane holds: chunks of up to 2·LANES·PAIRS = 4096 keys
 // (ATTENTION_KEY_CHUNK).
-const PAIRS: u32 = 4u;
+const PAIRS: u32 = 16u;
 
 var<workgroup> reduced: array<f32, LANES>;
 
@@ -81,9 +83,9 @@ fn workgroup_sum(lane: u32, v: f32) -> f32 {
 // (the largest probability into [2¹³, 2¹⁴)) and written over the row's
 // first keys/2 words, the running sum (the carried one times
 // exp(old maximum − new), plus the f16 values as the product will read
-// them) and maximum kept in `state`, and where the softmax continues, the
-// output so far times the same factor (the product then adds onto it).
-@compute @workgroup_size(64)
+// them) and maximum kept in `state`, and that factor in `factors`, by
+// which the product that adds this chunk's P·V rescales the output so far.
+@compute @workgroup_size(128)
 fn chunk_softmax(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let row = flat_workgroup(wid, nwg);
     if (row >= p.rows) {
@@ -139,12 +141,7 @@ fn chunk_softmax(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgrou
         row_scales[p.score_scales + row] = ldexp(1.0, e);
         state[p.state + 2u * row] = top;
         state[p.state + 2u * row + 1u] = old_sum * carried + total;
-    }
-    if (from_state) {
-        let out = p.o + row * p.o_stride;
-        for (var c = lane; c < p.width; c += LANES) {
-            o[out + c] = o[out + c] * carried;
-        }
+        factors[p.factors + row] = carried;
     }
 }
 
@@ -152,7 +149,7 @@ fn chunk_softmax(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgrou
 // operand: `[width, keys]` f16 pairs, each column of the values (a row
 // here) divided by its range scale over the chunk's keys, the scales
 // beside. A workgroup a column.
-@compute @workgroup_size(64)
+@compute @workgroup_size(128)
 fn pack_columns(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let column = flat_workgroup(wid, nwg);
     if (column >= p.width) {

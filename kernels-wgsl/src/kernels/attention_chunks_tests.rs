@@ -6,12 +6,13 @@ use super::*;
 use crate::selftest::{OneHead, MATRIX_ATTENTION};
 use crate::testing::*;
 
-/// The VAE mid-block's width and a narrow head, over one part-filled chunk
-/// and over three (the last part-filled), against the f64 attention.
+/// The VAE mid-block's width and narrow heads, over one part-filled chunk,
+/// over two (the second holding two keys) and over three (the last
+/// part-filled), against the f64 attention.
 #[test]
 fn chunked_attention_matches_the_oracle() {
     let Some(gpu) = f16_matrix_gpu() else { return };
-    for (case, seed) in [([40, 1100, 512], 1), ([33, 300, 64], 2), ([70, 1026, 32], 3)] {
+    for (case, seed) in [([40, 4200, 512], 1), ([33, 300, 64], 2), ([70, 4098, 32], 3)] {
         let got = OneHead::new(case, [1.0, 1.0, 1.0], seed).error(&gpu).unwrap_or_else(|e| panic!("{e}"));
         println!("chunked attention {case:?}: relative L2 {got:.2e}");
         assert!(got <= MATRIX_ATTENTION, "{case:?}: {got:e}");
@@ -25,8 +26,8 @@ fn chunked_attention_matches_the_oracle() {
 fn chunked_attention_keeps_values_beyond_f16_finite_and_close() {
     let Some(gpu) = f16_matrix_gpu() else { return };
     for (seed, scales) in [(61, [1e-6, 1.0, 1.0]), (62, [1e-3, 1e3, 1.0]), (63, [1.0, 1.0, 1e5]), (64, [1.0, 1.0, 1e-6])] {
-        let head = OneHead::new([19, 1100, 32], scales, seed);
-        let got = head.run(&gpu, &[(0, 19)], &[(0, 1100)]).unwrap_or_else(|e| panic!("{e}"));
+        let head = OneHead::new([19, 4200, 32], scales, seed);
+        let got = head.run(&gpu, &[(0, 19)], &[(0, 4200)]).unwrap_or_else(|e| panic!("{e}"));
         assert!(got.iter().all(|v| v.is_finite()), "{scales:?}: Inf or NaN");
         let err = crate::selftest::rel_l2(&got, &head.want);
         println!("scales {scales:?}: relative L2 {err:.2e}");
@@ -42,10 +43,10 @@ fn chunked_attention_keeps_values_beyond_f16_finite_and_close() {
 #[test]
 fn chunked_attention_over_sharp_scores_matches_the_oracle_on_its_rounded_operands() {
     let Some(gpu) = f16_matrix_gpu() else { return };
-    let mut head = OneHead::new([24, 1100, 64], [6.0, 6.0, 1.0], 4);
+    let mut head = OneHead::new([24, 4200, 64], [6.0, 6.0, 1.0], 4);
     let round = |x: &[f32]| x.iter().map(|&v| as_f16(v)).collect::<Vec<_>>();
-    head.want = OneHead::reference(&round(&head.q), &round(&head.k), &head.v, [24, 1100, 64]);
-    let got = head.run(&gpu, &[(0, 24)], &[(0, 1100)]).unwrap_or_else(|e| panic!("{e}"));
+    head.want = OneHead::reference(&round(&head.q), &round(&head.k), &head.v, [24, 4200, 64]);
+    let got = head.run(&gpu, &[(0, 24)], &[(0, 4200)]).unwrap_or_else(|e| panic!("{e}"));
     let err = crate::selftest::rel_l2(&got, &head.want);
     println!("sharp scores: relative L2 {err:.2e} against f64 over q and k rounded to f16");
     assert!(err <= MATRIX_ATTENTION, "{err:e}");
@@ -58,11 +59,11 @@ fn chunked_attention_over_sharp_scores_matches_the_oracle_on_its_rounded_operand
 #[test]
 fn chunked_attention_by_query_bands_and_key_calls_equals_one_call_bit_for_bit() {
     let Some(gpu) = f16_matrix_gpu() else { return };
-    let head = OneHead::new([45, 1100, 64], [2.0, 2.0, 1.0], 5);
+    let head = OneHead::new([45, 8300, 64], [2.0, 2.0, 1.0], 5);
     let bits = |out: Vec<f32>| out.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-    let whole = bits(head.run(&gpu, &[(0, 45)], &[(0, 1100)]).unwrap());
+    let whole = bits(head.run(&gpu, &[(0, 45)], &[(0, 8300)]).unwrap());
     let bands = [(0, 7), (7, 30), (30, 45)];
-    for calls in [vec![(0, 512), (512, 1024), (1024, 1100)], vec![(0, 1024), (1024, 1100)]] {
+    for calls in [vec![(0, 4096), (4096, 8192), (8192, 8300)], vec![(0, 8192), (8192, 8300)]] {
         assert_eq!(bits(head.run(&gpu, &bands, &calls).unwrap()), whole, "bands {bands:?} over calls {calls:?}");
     }
 }

@@ -157,6 +157,8 @@ enum Out<'a> {
     Accumulate,
     /// `y += gate[c]·value`, the gate one row.
     Gated(Mat<'a>),
+    /// `y = factor[r]·y + value`, a factor a row.
+    RowScaled(Mat<'a>),
     /// `y[c] = silu(value of W's row c)·(value of W's row n + c)`.
     SwiGlu,
     /// The same into f16 rows in pieces: `y` their words, these their scales.
@@ -277,11 +279,12 @@ pub fn linear_add(gpu: &Gpu, sink: &mut dyn Sink, x: Mat<'_>, w: Weight<'_>, y: 
     product(gpu, sink, Input::F32(x), w, None, y, s, Out::Accumulate)
 }
 
-/// [`linear_add`] over an [`Input`]: `y += x·Wᵀ`, x's f16 rows read as
-/// they are (the chunked attention's `P·V` of a later chunk of keys onto
-/// the output so far).
-pub fn linear_add_from(gpu: &Gpu, sink: &mut dyn Sink, x: Input<'_>, w: Weight<'_>, y: Mat<'_>, s: Gemm) -> Result<(), GpuError> {
-    product(gpu, sink, x, w, None, y, s, Out::Accumulate)
+/// `y[m, n] = factor[m]·y + x·Wᵀ` over an [`Input`]: the old output
+/// rescaled by a factor a row (`factors`, one f32 a row) as the product
+/// joins it, one fma an output (the chunked attention's `P·V` of a later
+/// chunk of keys onto the output so far, rescaled by each row's softmax).
+pub fn linear_rescaling(gpu: &Gpu, sink: &mut dyn Sink, x: Input<'_>, w: Weight<'_>, y: Mat<'_>, factors: Mat<'_>, s: Gemm) -> Result<(), GpuError> {
+    product(gpu, sink, x, w, None, y, s, Out::RowScaled(factors))
 }
 
 #[allow(clippy::too_many_arguments)] // linear's operands, and what each output does to y
@@ -296,6 +299,10 @@ fn product(gpu: &Gpu, sink: &mut dyn Sink, input: Input<'_>, w: Weight<'_>, bias
     let out_per_word = if half_out.is_some() { 2 } else { 1 };
     let gate = match out {
         Out::Gated(g) => Some(g),
+        _ => None,
+    };
+    let row_factors = match out {
+        Out::RowScaled(f) => Some(Rows::mat(f, 1, "linear row factors")),
         _ => None,
     };
     let norm = match out {
@@ -345,7 +352,7 @@ fn product(gpu: &Gpu, sink: &mut dyn Sink, input: Input<'_>, w: Weight<'_>, bias
     let operands: Vec<Rows<'_>> = [x_rows].into_iter().chain(half).collect();
     let y_rows = Rows::mat(y, n_chunk.min(n) / out_per_word, "linear output");
     let tables = norm.map(|n| n.table_rows());
-    let row_operands: Vec<Rows<'_>> = operands.iter().copied().chain([y_rows]).chain(half_out).chain(tables.into_iter().flatten()).collect();
+    let row_operands: Vec<Rows<'_>> = operands.iter().copied().chain([y_rows]).chain(half_out).chain(row_factors).chain(tables.into_iter().flatten()).collect();
     for rows in chunks(m, rows_per_chunk(gpu, m, &row_operands, tile_m)?.min(cap)) {
         let xw = x_rows.window(gpu, &rows)?;
         let x_scales = match half {
@@ -378,12 +385,12 @@ fn product(gpu: &Gpu, sink: &mut dyn Sink, input: Input<'_>, w: Weight<'_>, bias
                 .filter(|_| matrix.is_none() && gpu.precision() == Precision::F32 && vec4s(if eb == 2 { 8 } else { 4 }) && row_groups <= MAX_GRID_DIM as u64);
             let (kernel, constants, grid) = match (matrix, lanes) {
                 (None, Some(l)) => {
-                    let constants = vec![("WEIGHT_BF16", w.dtype.constant()), ("HAS_BIAS", bias.is_some() as u32), ("ACCUMULATE", accumulate as u32), ("GATED", gate.is_some() as u32), ("SWIGLU", swiglu as u32)];
+                    let constants = vec![("WEIGHT_BF16", w.dtype.constant()), ("HAS_BIAS", bias.is_some() as u32), ("ACCUMULATE", accumulate as u32), ("GATED", gate.is_some() as u32), ("ROW_SCALED", row_factors.is_some() as u32), ("SWIGLU", swiglu as u32)];
                     let lanes_kernel = Kernel { module: Module::LinearLanes { lanes: l as u8 }, ..LINEAR_LANES };
                     (lanes_kernel, constants, [row_groups as u32, (spans * cols_n).div_ceil(COLS_PER_GROUP as u64) as u32, 1])
                 }
                 (None, None) => {
-                    let constants = vec![("WEIGHT_BF16", w.dtype.constant()), ("HAS_BIAS", bias.is_some() as u32), ("ACCUMULATE", accumulate as u32), ("GATED", gate.is_some() as u32), ("SWIGLU", swiglu as u32), ("W_PAIRED", paired as u32)];
+                    let constants = vec![("WEIGHT_BF16", w.dtype.constant()), ("HAS_BIAS", bias.is_some() as u32), ("ACCUMULATE", accumulate as u32), ("GATED", gate.is_some() as u32), ("ROW_SCALED", row_factors.is_some() as u32), ("SWIGLU", swiglu as u32), ("W_PAIRED", paired as u32)];
                     let kernel = if gpu.precision() == Precision::F16 { LINEAR_HALF } else { LINEAR };
                     (kernel, constants, [(spans * cols_n).div_ceil(tile_n) as u32, rows_n.div_ceil(tile_m) as u32, 1])
                 }
@@ -392,7 +399,7 @@ fn product(gpu: &Gpu, sink: &mut dyn Sink, input: Input<'_>, w: Weight<'_>, bias
                         ("WEIGHT_BF16", w.dtype.constant()),
                         ("HAS_BIAS", bias.is_some() as u32),
                         ("ACCUMULATE", accumulate as u32),
-                        ("GATED", gate.is_some() as u32),
+                        ("GATED", gate.is_some() as u32), ("ROW_SCALED", row_factors.is_some() as u32),
                         ("SWIGLU", swiglu as u32),
                         ("WG", c.subgroup * MATRIX_SUBGROUPS),
                         ("B_PAIRED", matrix_b_paired(c, w.dtype, ww.local, kdim) as u32),
@@ -456,10 +463,11 @@ fn product(gpu: &Gpu, sink: &mut dyn Sink, input: Input<'_>, w: Weight<'_>, bias
                 }
                 None => (sw.clone(), sw.local + to_u32(rows_n, "linear rows")?),
             };
-            // The gate's columns of this piece (binding 11), or y's window where ungated.
-            let gw = match gate {
-                Some(g) => window(gpu, g.buf, 4, g.offset + cols.start..g.offset + cols.end, "linear gate")?,
-                None => yw.clone(),
+            // The gate's columns of this piece (binding 11), or the rows' factors, or y's window where neither.
+            let gw = match (gate, row_factors) {
+                (Some(g), _) => window(gpu, g.buf, 4, g.offset + cols.start..g.offset + cols.end, "linear gate")?,
+                (None, Some(f)) => f.window(gpu, &rows)?,
+                (None, None) => yw.clone(),
             };
             let params = LinearParams {
                 m: to_u32(rows.end - rows.start, "linear rows")?,

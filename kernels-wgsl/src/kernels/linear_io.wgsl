@@ -12,6 +12,11 @@ override ACCUMULATE: bool = false;
 // product's epilogue, y the residual stream, the gate one row at binding 11;
 // the same fma as elementwise.wgsl's gated_residual over the stored product.
 override GATED: bool = false;
+// y = factor[r]·y + x·Wᵀ instead (`ROW_SCALED`): the old output rescaled by
+// a factor a row (binding 11 from p.gate_offset) as the product joins it,
+// one fma: the chunked attention's P·V onto its output so far, each row
+// rescaled by its softmax's factor.
+override ROW_SCALED: bool = false;
 // y = silu(x·W_gateᵀ) ⊙ (x·W_upᵀ) instead (`SWIGLU`): the feed-forward's
 // gate in the product's epilogue. W's rows p.up_row apart are one output's
 // gate and up rows; the kernel's columns come in blocks whose first half are
@@ -27,7 +32,7 @@ struct Params {
     y_offset: u32, y_stride: u32,
     // The matrix tier's: where x's and W's row scales start in its scales.
     x_scales: u32, w_scales: u32,
-    // GATED's: where the gate's first column is.
+    // GATED's: where the gate's first column is (ROW_SCALED's: the first row's factor).
     gate_offset: u32,
     // SWIGLU's: W's rows from an output's gate row to its up row.
     up_row: u32,
@@ -56,6 +61,10 @@ fn linear_out(r: u32, c: u32, value: f32) {
     let at = p.y_offset + r * p.y_stride + c;
     if (GATED) {
         y[at] = fma(gate[p.gate_offset + c], out, y[at]);
+        return;
+    }
+    if (ROW_SCALED) {
+        y[at] = fma(gate[p.gate_offset + r], y[at], out);
         return;
     }
     if (ACCUMULATE) {

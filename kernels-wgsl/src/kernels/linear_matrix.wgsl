@@ -160,6 +160,10 @@ fn block_quad_out(r: u32, c: u32, values: vec4<f32>) {
         y_vec4[at] = fma(vec4<f32>(gate[g], gate[g + 1u], gate[g + 2u], gate[g + 3u]), out, y_vec4[at]);
         return;
     }
+    if (ROW_SCALED) {
+        y_vec4[at] = fma(vec4<f32>(gate[p.gate_offset + r]), y_vec4[at], out);
+        return;
+    }
     if (ACCUMULATE) {
         out += y_vec4[at];
     }

@@ -6,7 +6,7 @@ use super::{poisoned, rel_l2, Check, Rng, MATRIX_ATTENTION};
 use crate::kernels::attention::{Attention, Carry, Qkv};
 use crate::kernels::attention_chunks::{attention_chunked, runs_chunked_attention};
 use crate::{Gpu, GpuError, Mat};
-use flux_lite_core::ir::{chunked_attention_scratch, ChunkedOperands};
+use flux_lite_core::ir::{chunked_attention_scratch, ChunkedOperands, ATTENTION_KEY_CHUNK};
 use flux_lite_core::oracle as r;
 
 /// One head's random queries, keys and values (`q_len`, `kv_len` rows of
@@ -77,8 +77,8 @@ pub fn chunked_attention_checks(gpu: &Gpu) -> Vec<Check> {
     if !runs_chunked_attention(gpu) {
         return Vec::new();
     }
-    let name = format!("{} attention on the GEMM core over chunks of 512 keys, 40 queries, 1100 keys, one head × 512 (the VAE mid-block's)", gpu.precision().name());
-    vec![match OneHead::new([40, 1100, 512], [1.0; 3], 74).error(gpu) {
+    let name = format!("{} attention on the GEMM core over chunks of {ATTENTION_KEY_CHUNK} keys, 40 queries, 4200 keys, one head × 512 (the VAE mid-block's)", gpu.precision().name());
+    vec![match OneHead::new([40, 4200, 512], [1.0; 3], 74).error(gpu) {
         Ok(worst) => Check::measured(name, "relative L2", worst, MATRIX_ATTENTION),
         Err(e) => Check::failed(name, "relative L2", MATRIX_ATTENTION, e.to_string()),
     }]

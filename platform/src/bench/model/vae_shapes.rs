@@ -176,7 +176,8 @@ impl<'g> ShapeBench<'g> {
     pub(super) fn banded_median(&self, program: &[Op], weights: &DeviceWeights, capacity: u64, elements: u64, on_device: bool) -> Result<f64, RunError> {
         use crate::exec::activations::BandActivations;
         use crate::exec::vae_bands::BandRunner;
-        let runner = self.runner(vae::band_arena_bytes(capacity), 0, 0, false);
+        let mut runner = self.runner(vae::band_arena_bytes(capacity), 0, 0, false);
+        runner.operands = crate::exec::runner::chunked_operands(self.gpu, program);
         let bands = BandRunner { gpu: self.gpu, runner: &runner, weights, capacity };
         let mut times = Vec::new();
         for _ in 0..self.repeats.max(1) {
@@ -233,7 +234,9 @@ impl<'g> ShapeBench<'g> {
     /// `arena_bytes` to run it in.
     fn vae_placed(&self, cfg: &VaeConfig, program: &[Op], arena_bytes: u64) -> Result<(DeviceWeights, Runner), RunError> {
         let weights = SyntheticWeights::new(|sink| tensors::vae(cfg, sink));
-        Ok((weights.place(self.gpu, program)?, self.runner(arena_bytes, 0, 0, false)))
+        let mut runner = self.runner(arena_bytes, 0, 0, false);
+        runner.operands = crate::exec::runner::chunked_operands(self.gpu, program);
+        Ok((weights.place(self.gpu, program)?, runner))
     }
 }
 

@@ -184,11 +184,11 @@ pub(super) fn conv_nhwc(m: &Machine, p: DataPath, s: flux_lite_core::oracle::Con
 /// The matrix tier's chunked attention of one head as its launcher lowers
 /// it: the queries packed as f16 rows; for each chunk of
 /// [`ATTENTION_KEY_CHUNK`] keys the keys packed, `Q·Kᵀ` on the GEMM core
-/// into f32 scores, the softmax over them into f16 probabilities (the
-/// output so far rescaled after the first chunk of the softmax), the
-/// values packed transposed, `P·V` onto the output (read back where it
-/// adds on); the output divided by its sums after the last chunk, where no
-/// later call carries the softmax on.
+/// into f32 scores, the softmax over them into f16 probabilities, the
+/// values packed transposed, `P·V` onto the output (after the softmax's
+/// first chunk the output so far read back, rescaled and added onto in the
+/// product's epilogue); the output divided by its sums after the last
+/// chunk, where no later call carries the softmax on.
 pub(super) fn chunked_attention(m: &Machine, p: DataPath, [q_len, kv_len, d]: [u64; 3], [from_state, keep_state]: [bool; 2]) -> Traffic {
     // f32 rows in; f16 rows and a scale a row out.
     let pack = |rows: u64| pass_on(m, rows * d * 4 + rows * (d * 2 + 4), 0, false);
@@ -199,13 +199,12 @@ pub(super) fn chunked_attention(m: &Machine, p: DataPath, [q_len, kv_len, d]: [u
         let continues = i > 0 || from_state;
         total += pack(keys);
         total += linear(m, p, (half(d), rows(keys)), [q_len, keys, d], false, Out::Set);
-        // Scores in, probabilities and their scales out, the state, the output rescaled.
-        let rescaled = continues as u64 * 2 * q_len * d * 4;
-        total += pass_on(m, q_len * keys * 4 + q_len * (keys * 2 + 4) + 4 * q_len * 4 + rescaled, 0, false);
+        // Scores in, probabilities and their scales out, the state read and written, a factor a row.
+        total += pass_on(m, q_len * keys * 4 + q_len * (keys * 2 + 4) + 5 * q_len * 4, 0, false);
         total += pass_on(m, keys * d * 4 + d * (keys * 2 + 4), 0, false);
         total += linear(m, p, (half(keys), rows(d)), [q_len, d, keys], false, Out::Set);
         if continues {
-            let read = q_len * d * 4;
+            let read = q_len * d * 4 + q_len * 4;
             total += Traffic { dispatches: 0, bytes: read, flops: 0, seconds: read as f64 / m.bytes_per_second };
         }
     }

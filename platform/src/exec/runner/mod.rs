@@ -81,6 +81,16 @@ impl DeviceLora {
     }
 }
 
+/// A buffer for the right operands of `program`'s chunked attentions
+/// ([`Runner::operands`]), where it has any.
+pub fn chunked_operands(gpu: &Gpu, program: &[Op]) -> Option<DeviceBuffer> {
+    let widest = program.iter().filter_map(|op| match op {
+        Op::ChunkedAttention { head_dim, .. } => Some(*head_dim),
+        _ => None,
+    });
+    widest.max().map(|d| gpu.storage("attention operands", flux_lite_core::ir::ChunkedOperands::bytes(d)))
+}
+
 /// Attention of `q_len` queries over `kv_len` keys, every head its own
 /// keys, `scale = 1/√head_dim`, no mask.
 fn non_causal(q_len: u64, kv_len: u64, heads: u64, head_dim: u64) -> Attention {
