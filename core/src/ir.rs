@@ -72,8 +72,13 @@ pub struct Operand {
 /// Keys a [`Op::ChunkedAttention`] takes at a time: the scores' and the
 /// probabilities' row in its scratch, and the depth of its `P·V` product.
 /// Bands of a banded decode take whole chunks, so they meet the whole
-/// decode's chunks where it does.
-pub const ATTENTION_KEY_CHUNK: u64 = 4096;
+/// decode's chunks where it does. Each chunk after the first reads and
+/// writes the output again, so the longer the fewer bytes; 4032 (63 × 64)
+/// is the longest whose scratch row (its scores, a 512-wide query as f16,
+/// six words) fits the buffer the VAE encoder's attention leaves free at
+/// the 4B's widths (128 channels, f16, at 64 pixels a latent cell: 4352
+/// words), so that neither coder's attention takes memory of its own.
+pub const ATTENTION_KEY_CHUNK: u64 = 4032;
 
 /// f32 elements of a [`Op::ChunkedAttention`]'s scratch for `rows` queries
 /// of `head_dim` ([`ChunkedScratch`]'s parts laid end to end).

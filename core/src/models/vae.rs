@@ -609,10 +609,12 @@ mod tests {
 
     #[test]
     fn the_chunked_attentions_scratch_fits_where_the_band_counts_it() {
-        // The 4B's free activation buffer holds the whole decode's scratch:
-        // no span of its own at any size.
+        // The 4B's free activation buffer holds the whole decode's and the
+        // whole encode's scratch: no span of its own.
         let l = VaeLayout::new(&klein_4b::vae(), 128, 128, true, &mut BumpArena::new(u64::MAX / 2)).unwrap();
         assert_eq!(l.stream.attend, None);
+        let e = crate::models::vae_encoder::VaeEncoderLayout::new(&klein_4b::vae(), 1024, 1024, true, &mut BumpArena::new(u64::MAX / 2)).unwrap();
+        assert_eq!(e.stream.attend, None);
         for (rows, d) in [(1, 512), (145, 512), (4000, 512), (37, 32), (1, 2)] {
             let (fixed, per_query) = chunked_band_elements(d, ATTENTION_KEY_CHUNK);
             let scratch = chunked_attention_scratch(rows, d);

@@ -38,7 +38,7 @@ struct Params {
 
 const LANES: u32 = 128u;
 // Key pairs a lane holds: chunks of up to 2·LANES·PAIRS = 4096 keys
-// (ATTENTION_KEY_CHUNK).
+// (ATTENTION_KEY_CHUNK's 4032 and fewer).
 const PAIRS: u32 = 16u;
 
 var<workgroup> reduced: array<f32, LANES>;

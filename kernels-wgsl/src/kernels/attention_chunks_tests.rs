@@ -12,7 +12,7 @@ use crate::testing::*;
 #[test]
 fn chunked_attention_matches_the_oracle() {
     let Some(gpu) = f16_matrix_gpu() else { return };
-    for (case, seed) in [([40, 4200, 512], 1), ([33, 300, 64], 2), ([70, 4098, 32], 3)] {
+    for (case, seed) in [([40, 4200, 512], 1), ([33, 300, 64], 2), ([70, 4034, 32], 3)] {
         let got = OneHead::new(case, [1.0, 1.0, 1.0], seed).error(&gpu).unwrap_or_else(|e| panic!("{e}"));
         println!("chunked attention {case:?}: relative L2 {got:.2e}");
         assert!(got <= MATRIX_ATTENTION, "{case:?}: {got:e}");
@@ -63,7 +63,8 @@ fn chunked_attention_by_query_bands_and_key_calls_equals_one_call_bit_for_bit() 
     let bits = |out: Vec<f32>| out.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
     let whole = bits(head.run(&gpu, &[(0, 45)], &[(0, 8300)]).unwrap());
     let bands = [(0, 7), (7, 30), (30, 45)];
-    for calls in [vec![(0, 4096), (4096, 8192), (8192, 8300)], vec![(0, 8192), (8192, 8300)]] {
+    let c = flux_lite_core::ir::ATTENTION_KEY_CHUNK as usize;
+    for calls in [vec![(0, c), (c, 2 * c), (2 * c, 8300)], vec![(0, 2 * c), (2 * c, 8300)]] {
         assert_eq!(bits(head.run(&gpu, &bands, &calls).unwrap()), whole, "bands {bands:?} over calls {calls:?}");
     }
 }
