@@ -17,11 +17,11 @@
 //! the image size.
 
 use crate::error::RunError;
-use flux_lite_kernels::kernels::{Gemm, ATTENTION_KEY_TILE};
+use flux_lite_kernels::kernels::Gemm;
 use flux_lite_kernels::Gpu;
 use crate::exec::device_weights::DeviceWeights;
 use crate::exec::runner::Runner;
-use flux_lite_core::ir::{chunked_attention_scratch, level_words, AttentionCarry, ATTENTION_KEY_CHUNK, GroupShape, InputNorm, Op, Operand, RowMoments, Span};
+use flux_lite_core::ir::{level_words, GroupShape, InputNorm, Op, Operand, RowMoments, Span};
 use flux_lite_core::oracle::ConvShape;
 use flux_lite_core::models::tensors::TensorName;
 use flux_lite_core::models::vae_nhwc::half_rows;
@@ -30,7 +30,10 @@ use crate::exec::activations::{Activations, Window};
 #[cfg(doc)]
 use crate::exec::activations::{DeviceTensors, HostTensors};
 
-use flux_lite_core::models::vae::{band_arena_bytes, chunked_band_elements, nhwc_band_elements, BAND_ALIGN as ALIGN};
+use flux_lite_core::models::vae::{band_arena_bytes, nhwc_band_elements, BAND_ALIGN as ALIGN};
+
+mod attention;
+use attention::Attending;
 
 /// `[lo, hi)` steps of `band` over `0..n`.
 fn bands(n: u64, band: u64) -> impl Iterator<Item = (u64, u64)> {
@@ -517,68 +520,6 @@ impl BandRunner<'_> {
         }
         Ok(())
     }
-
-    /// The mid-block attention of `q_len` queries over `kv_len` keys (rows
-    /// `[n, heads·head_dim]`) by bands of queries, each over calls on
-    /// chunks of the keys (a multiple of the kernel's key tile, or of the
-    /// chunked attention's chunk) carrying its online softmax from call to
-    /// call: the calls meet the whole run's tiles or chunks where it does,
-    /// so the bits of the whole call.
-    fn attention(&self, store: &mut dyn Activations, [q, k, v, o]: [Span; 4], [q_len, kv_len]: [u64; 2], head_dim: u64, form: Attending) -> Result<(), RunError> {
-        let (heads, tile) = match form {
-            Attending::Carried { heads } => (heads, ATTENTION_KEY_TILE),
-            Attending::Chunked => (1, ATTENTION_KEY_CHUNK),
-        };
-        let width = heads * head_dim;
-        // Keys and values take half the band (all of them, or whole tiles),
-        // the queries the other half: the bands' sizes do not grow with the image.
-        let fits = self.capacity / 2 / (2 * width);
-        let key_chunk = if kv_len <= fits { kv_len } else { fits / tile * tile };
-        if key_chunk == 0 {
-            return Err(RunError::Layout { component: "banded VAE", detail: format!("a band holds {} values, too few for one chunk of {tile} attention keys; give it a larger tile", self.capacity) });
-        }
-        // Each query's row, output row and state; the chunked attention's scratch besides.
-        let (fixed, per_query) = match form {
-            Attending::Carried { .. } => (2 * key_chunk * width, 2 * width + 2 * heads),
-            Attending::Chunked => chunked_band_elements(head_dim, key_chunk),
-        };
-        let band = self.band(fixed, per_query, "attention query")?;
-        let chunks: Vec<(u64, u64)> = bands(kv_len, key_chunk).collect();
-        for (q0, q1) in bands(q_len, band) {
-            let rows = q1 - q0;
-            let queries = Window::run(q0 * width, q1 * width);
-            let mut arena = self.operands();
-            let (qs, os, ss) = (arena.take(rows * width)?, arena.take(rows * width)?, arena.take(2 * rows * heads)?);
-            let (ks, vs) = (arena.take(key_chunk * width)?, arena.take(key_chunk * width)?);
-            let scratch = match form {
-                Attending::Chunked => arena.take(chunked_attention_scratch(rows, head_dim))?,
-                Attending::Carried { .. } => ss,
-            };
-            self.fetch(store, q, queries, qs)?;
-            for (i, &(k0, k1)) in chunks.iter().enumerate() {
-                let keys = Window::run(k0 * width, k1 * width);
-                self.fetch(store, k, keys, ks)?;
-                self.fetch(store, v, keys, vs)?;
-                let carry = (chunks.len() > 1).then_some(AttentionCarry { state: ss, from_state: i > 0, keep_state: i + 1 < chunks.len() });
-                let view = |s: Span| Span::new(s.offset, width);
-                let [q, k, v, o] = [qs, ks, vs, os].map(view);
-                self.exec(match form {
-                    Attending::Carried { .. } => Op::CarriedAttention { q, k, v, o, q_len: rows, kv_len: k1 - k0, heads, head_dim, carry },
-                    Attending::Chunked => Op::ChunkedAttention { q, k, v, o, scratch, q_len: rows, kv_len: k1 - k0, head_dim, carry },
-                })?;
-            }
-            self.put(store, os, o, queries)?;
-        }
-        Ok(())
-    }
-}
-
-/// Which kernel a banded attention's calls run: the carried one over
-/// `heads` heads, or the matrix tier's chunked one (one head, a scratch a call).
-#[derive(Debug, Clone, Copy)]
-enum Attending {
-    Carried { heads: u64 },
-    Chunked,
 }
 
 /// The latent BatchNorm statistics a de-normalisation reads.
