@@ -152,6 +152,47 @@ impl ChunkedOperands {
     }
 }
 
+/// Queries an attention of many heads on products takes at a time
+/// ([`HeadsOnProducts`]): what bounds its scores' scratch (a band's rows of
+/// [`ATTENTION_KEY_CHUNK`] f32, 132 MB), whatever the image's size; 1024²'s
+/// 4608 tokens take one band.
+pub const ATTENTION_QUERY_BAND: u64 = 8192;
+
+/// Where an [`Op::Attention`] over f16 pieces that runs as products on the
+/// GEMM core (the matrix tier's attention where its flash kernel is not
+/// proven) keeps its working values, in f32 elements of a buffer of the
+/// runner's: one head at a time, its queries, keys, values and output as
+/// f32 rows of `head_dim`, then a [`ChunkedScratch`] for a band of at most
+/// [`ATTENTION_QUERY_BAND`] queries. Its right operands lie in another
+/// ([`ChunkedOperands`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeadsOnProducts {
+    pub queries: u64,
+    pub keys: u64,
+    pub values: u64,
+    pub output: u64,
+    pub chunked: u64,
+    pub end: u64,
+}
+
+impl HeadsOnProducts {
+    pub const fn new(q_len: u64, kv_len: u64, head_dim: u64) -> Self {
+        let keys = after(0, q_len * head_dim);
+        let values = after(keys, kv_len * head_dim);
+        let output = after(values, kv_len * head_dim);
+        let chunked = after(output, q_len * head_dim);
+        let band = if q_len < ATTENTION_QUERY_BAND { q_len } else { ATTENTION_QUERY_BAND };
+        let end = chunked + ChunkedScratch::new(band, head_dim).end;
+        Self { queries: 0, keys, values, output, chunked, end }
+    }
+
+    /// Device bytes such an attention takes beside the arena: this scratch
+    /// and the right operands' buffer.
+    pub const fn bytes(q_len: u64, kv_len: u64, head_dim: u64) -> u64 {
+        F32 * Self::new(q_len, kv_len, head_dim).end + ChunkedOperands::bytes(head_dim)
+    }
+}
+
 /// The widest piece of a row with its own range scale ([`Operand::piece`]):
 /// the outputs of one block of the matrix tier's product with 16×16 tiles.
 pub const MAX_OPERAND_PIECE: u64 = 64;

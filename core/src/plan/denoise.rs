@@ -208,5 +208,11 @@ pub(super) fn denoise_fixed(input: &PlanInput<'_>, chunk: u64, mode: KvMode, hal
     let tables = 2 * 4 * (text + tokens.image()) * c.attention_head_dim as u64;
     let unconditional = 4 * image * c.out_channels as u64;
     let readback = 4 * image * c.in_channels as u64;
-    Ok((arena.high_water(), tables + unconditional + readback + overhead(steps)))
+    // Attention over every row in one op (unchunked) on products: its scratch beside the arena.
+    let rows = text + tokens.image();
+    let products = match input.limits.attention_products && chunk >= rows {
+        true => crate::ir::HeadsOnProducts::bytes(rows, rows, c.attention_head_dim as u64),
+        false => 0,
+    };
+    Ok((arena.high_water(), tables + unconditional + readback + products + overhead(steps)))
 }

@@ -193,11 +193,16 @@ pub struct DeviceLimits {
     /// (the matrix tier with f16 operands), which halves the bytes of the
     /// transformer's normalised rows ([`crate::models::transformer::Tokens::half_operands`]).
     pub half_operands: bool,
+    /// Whether the transformer's attention over every row (`Op::Attention`)
+    /// runs as products on the GEMM core ([`crate::ir::HeadsOnProducts`]:
+    /// the matrix tier where its flash kernel's check over f16 pieces
+    /// failed), which takes a scratch beside the arena.
+    pub attention_products: bool,
 }
 
 impl DeviceLimits {
     /// WebGPU's default limits, which every adapter grants: 256 MiB buffers, 128 MiB bindings.
-    pub const WEBGPU_DEFAULT: DeviceLimits = DeviceLimits { max_buffer: 256 << 20, max_binding: 128 << 20, half_operands: false };
+    pub const WEBGPU_DEFAULT: DeviceLimits = DeviceLimits { max_buffer: 256 << 20, max_binding: 128 << 20, half_operands: false, attention_products: false };
 }
 
 /// Everything a plan depends on.

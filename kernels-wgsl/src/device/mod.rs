@@ -358,6 +358,20 @@ impl Gpu {
         self.attention
     }
 
+    /// Whether the transformer's attention over f16 pieces runs as products
+    /// on the GEMM core (`kernels::attention_on_products`): the matrix tier
+    /// with f16 operands where the flash kernel's check over f16 pieces
+    /// failed, or where the options ask for it.
+    pub fn attention_on_products(&self) -> bool {
+        let f16_operands = self.matrix().is_some_and(|c| c.operands == crate::MatrixOperands::F16);
+        f16_operands
+            && match self.attention {
+                AttentionChoice::Products => true,
+                AttentionChoice::Launcher => !self.flash.pieces,
+                AttentionChoice::Tiled | AttentionChoice::Lanes | AttentionChoice::Matrix => false,
+            }
+    }
+
     /// The faults the options inject (`test-support` builds only).
     #[cfg(any(test, feature = "test-support"))]
     pub fn faults(&self) -> FaultInjection {
@@ -495,6 +509,7 @@ impl Gpu {
             max_buffer: self.limits.max_buffer_size,
             max_binding: self.max_binding(),
             half_operands: self.matrix().is_some_and(|c| c.operands == crate::MatrixOperands::F16),
+            attention_products: self.attention_on_products(),
         }
     }
 

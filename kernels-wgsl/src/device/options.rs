@@ -133,6 +133,10 @@ pub enum AttentionChoice {
     /// `attention_matrix.wgsl` on the matrix tier, where flash would run:
     /// the fallback, to measure flash against.
     Matrix,
+    /// On the matrix tier with f16 operands, the transformer's attention
+    /// as products on the GEMM core (`attention_on_products`), where flash
+    /// would run: to measure it, and to test it where flash passes.
+    Products,
 }
 
 /// Faults the tests of the error paths inject; all off by default. Built
@@ -162,7 +166,7 @@ pub struct FaultInjection {
 impl GpuOptions {
     /// The defaults with what the named settings `get` gives (the CLI passes
     /// its environment's): `FLUX_LITE_BACKEND`, `FLUX_LITE_ADAPTER`,
-    /// `FLUX_LITE_ATTENTION_KERNEL=tiled|lanes|matrix`, `FLUX_LITE_KERNEL_DIR`
+    /// `FLUX_LITE_ATTENTION_KERNEL=tiled|lanes|matrix|products`, `FLUX_LITE_KERNEL_DIR`
     /// ([`GpuOptions::kernel_dir`]), `FLUX_LITE_GEMM_STAGING`
     /// ([`GpuOptions::gemm_staging`]), and in builds with the `test-support`
     /// feature the tests' switches ([`Self::with_test_switches`]). A
@@ -174,6 +178,7 @@ impl GpuOptions {
             Some("tiled") => AttentionChoice::Tiled,
             Some("lanes") => AttentionChoice::Lanes,
             Some("matrix") => AttentionChoice::Matrix,
+            Some("products") => AttentionChoice::Products,
             _ => AttentionChoice::Launcher,
         };
         let kernel_dir = var("FLUX_LITE_KERNEL_DIR").map(std::path::PathBuf::from);

@@ -259,7 +259,7 @@ impl AttentionKernel {
             AttentionChoice::Tiled => return AttentionKernel::Tiled,
             AttentionChoice::Lanes if lanes => return cpu,
             AttentionChoice::Lanes => return AttentionKernel::Tiled,
-            AttentionChoice::Launcher | AttentionChoice::Matrix => {}
+            AttentionChoice::Launcher | AttentionChoice::Matrix | AttentionChoice::Products => {}
         }
         match matrix {
             Some(c) if s.head_dim <= ATTENTION_MATRIX_MAX_HEAD_DIM => matrix_kernel(gpu, c, s.head_dim, None, false),
@@ -330,7 +330,7 @@ pub fn attention_carried(gpu: &Gpu, sink: &mut dyn Sink, qkv: Qkv<'_>, o: Mat<'_
 fn carried_kernel(gpu: &Gpu, head_dim: u64) -> AttentionKernel {
     let matrix = gpu.matrix().filter(|c| c.operands == MatrixOperands::F16 && head_dim <= ATTENTION_MATRIX_WIDE_MAX_HEAD_DIM);
     match (gpu.attention_choice(), matrix) {
-        (AttentionChoice::Launcher | AttentionChoice::Matrix, Some(c)) => AttentionKernel::Matrix(c),
+        (AttentionChoice::Launcher | AttentionChoice::Matrix | AttentionChoice::Products, Some(c)) => AttentionKernel::Matrix(c),
         _ => AttentionKernel::Tiled,
     }
 }

@@ -17,13 +17,13 @@ use crate::device::Gpu;
 use crate::dispatch::{chunks, dispatch, grid64, row_chunks, to_u32, window, Launch, Rows, Sink};
 use crate::error::GpuError;
 use crate::kernel::{kernel, wrapped_grid, Access::ReadWrite as RW, Kernel, Module};
-use crate::kernels::attention::{Attention, Carry, Qkv};
-use crate::kernels::half_pack::half_pack;
+use crate::kernels::attention::{Attention, Carry, HalfQkv, Qkv};
+use crate::kernels::half_pack::{half_pack, half_widen};
 use crate::kernels::linear::{linear_from, linear_rescaling, Gemm, Input};
 use crate::precision::MatrixOperands;
 use crate::view::{HalfMat, HeadRows, Mat, RowScales, Weight, WeightDtype};
 use bytemuck::{Pod, Zeroable};
-use flux_lite_core::ir::{ChunkedOperands, ChunkedScratch, ATTENTION_KEY_CHUNK};
+use flux_lite_core::ir::{ChunkedOperands, ChunkedScratch, HeadsOnProducts, ATTENTION_KEY_CHUNK, ATTENTION_QUERY_BAND};
 
 /// `attention_chunks.wgsl`.
 #[repr(C)]
@@ -111,6 +111,70 @@ pub fn attention_chunked(gpu: &Gpu, sink: &mut dyn Sink, qkv: Qkv<'_>, o: Mat<'_
         true => Ok(()),
         false => normalise_rows(gpu, sink, o, state, [rows, d]),
     }
+}
+
+/// Non-causal attention over f16 queries, keys and values in pieces into
+/// f16 pieces, as products on the GEMM core: the matrix tier's attention
+/// for the transformer where [`Gpu::attention_on_products`] (its flash
+/// kernel not proven over f16 pieces). For each head: its queries, keys
+/// and values widened to f32 rows in `scratch` (exactly the values they
+/// stand for), [`attention_chunked`] over bands of at most
+/// [`ATTENTION_QUERY_BAND`] queries, and the output packed into `o`'s
+/// pieces under their range scales. `scratch` holds [`HeadsOnProducts`]
+/// (f32 elements from `scratch.offset`), `operands` [`ChunkedOperands`].
+#[allow(clippy::too_many_arguments)] // the attention's operands and its two scratches
+pub fn attention_on_products(gpu: &Gpu, sink: &mut dyn Sink, qkv: HalfQkv<'_>, o: HalfMat<'_>, scratch: Mat<'_>, operands: &wgpu::Buffer, s: Attention) -> Result<(), GpuError> {
+    on_products_in_bands(gpu, sink, qkv, o, [scratch.offset, ATTENTION_QUERY_BAND], scratch.buf, operands, s)
+}
+
+/// [`attention_on_products`] over bands of `band` queries (its scratch
+/// from element `scratch_at` of `scratch`), any band giving the same bits.
+#[allow(clippy::too_many_arguments)] // as attention_on_products, and the band
+pub(crate) fn on_products_in_bands(gpu: &Gpu, sink: &mut dyn Sink, qkv: HalfQkv<'_>, o: HalfMat<'_>, [scratch_at, band]: [u64; 2], scratch: &wgpu::Buffer, operands: &wgpu::Buffer, s: Attention) -> Result<(), GpuError> {
+    let scratch = Mat { buf: scratch, offset: scratch_at, stride: 0 };
+    let d = s.head_dim;
+    let piece = o.piece.unwrap_or(0);
+    let grouped = s.kv_heads > 0 && s.q_heads.is_multiple_of(s.kv_heads);
+    if [qkv.q.piece, qkv.k.piece, qkv.v.piece] != [o.piece; 3] || piece == 0 || !d.is_multiple_of(piece) || !grouped {
+        return Err(GpuError::UnsupportedShape(format!(
+            "attention on products over f16 pieces {:?} into pieces {:?}, {} heads over {} of {d}",
+            [qkv.q.piece, qkv.k.piece, qkv.v.piece],
+            o.piece,
+            s.q_heads,
+            s.kv_heads
+        )));
+    }
+    let part = HeadsOnProducts::new(s.q_len, s.kv_len, d);
+    let band_scratch = ChunkedScratch::new(band.min(s.q_len), d).end;
+    if band == 0 || scratch.buf.size() < 4 * (scratch.offset + part.chunked + band_scratch) {
+        return Err(GpuError::UnsupportedShape(format!("an attention on products over {} queries and {} keys of {d} needs {} bytes of scratch", s.q_len, s.kv_len, 4 * part.end)));
+    }
+    let at = |offset: u64| Mat { buf: scratch.buf, offset: scratch.offset + offset, stride: d };
+    let [queries, keys, values, output] = [part.queries, part.keys, part.values, part.output].map(at);
+    let pieces = |rows: u64| HeadRows { tokens: rows, heads: d / piece, head_dim: piece };
+    let one_head = Attention { q_heads: 1, kv_heads: 1, causal: false, ..s };
+    for h in 0..s.q_heads {
+        half_widen(gpu, sink, head_of(qkv.q, h, d)?, queries, pieces(s.q_len))?;
+        // Grouped heads share their keys and values: widened once a group.
+        let kvh = h / (s.q_heads / s.kv_heads);
+        if h == 0 || kvh != (h - 1) / (s.q_heads / s.kv_heads) {
+            half_widen(gpu, sink, head_of(qkv.k, kvh, d)?, keys, pieces(s.kv_len))?;
+            half_widen(gpu, sink, head_of(qkv.v, kvh, d)?, values, pieces(s.kv_len))?;
+        }
+        for rows in chunks(s.q_len, band) {
+            let band_qkv = Qkv { q: rows_from(queries, rows.start), k: keys, v: values };
+            let band_shape = Attention { q_len: rows.end - rows.start, ..one_head };
+            attention_chunked(gpu, sink, band_qkv, rows_from(output, rows.start), None, at(part.chunked), operands, band_shape)?;
+        }
+        let out = head_of(o, h, d)?;
+        half_pack(gpu, sink, output, out.data, out.scales, pieces(s.q_len))?;
+    }
+    Ok(())
+}
+
+/// Head `h` of `d` values of `m`'s f16 rows in pieces.
+fn head_of(m: HalfMat<'_>, h: u64, d: u64) -> Result<HalfMat<'_>, GpuError> {
+    m.cols_from(h * d).ok_or_else(|| GpuError::UnsupportedShape(format!("head {h} of {d} in f16 pieces of {:?}", m.piece)))
 }
 
 /// f16 rows of `k` values (`words`, contiguous) under their range scales

@@ -16,6 +16,8 @@
 
 use super::{poisoned, run_and_read, worst_rel_l2, Check, Rng, HALF_PRODUCT, MATRIX_ATTENTION, WORST_ROW};
 use crate::kernels::attention::{attention_half_into_half, Attention, HalfQkv};
+use crate::kernels::attention_chunks::on_products_in_bands;
+use flux_lite_core::ir::{ChunkedOperands, ChunkedScratch, HeadsOnProducts};
 use crate::kernels::linear::{linear_gated, linear_into_half, linear_into_half_normed, linear_swiglu_half, product_norms_heads, product_writes_pieces, swiglu_writes_pieces, Gemm, HeadNorm, Input, MATRIX_BLOCK_TILES};
 use crate::kernels::rope::RopeTables;
 use crate::range_rule::{pack_rows, unpack_rows};
@@ -54,8 +56,13 @@ pub fn half_path_checks(gpu: &Gpu) -> Vec<Check> {
             ));
         }
     }
-    let kernel = if crate::kernels::attention::takes_flash(gpu, 128, true) { "flash" } else { "one-subgroup" };
-    checks.push(outcome(format!("{tier} attention ({kernel} kernel) over f16 pieces of 64 into f16 pieces, 150 tokens, 2 heads × 128"), MATRIX_ATTENTION, check_attention_of_pieces(gpu, [150, 2, 128], 64)));
+    let on_products = gpu.attention_on_products();
+    let kernel = match (on_products, crate::kernels::attention::takes_flash(gpu, 128, true)) {
+        (true, _) => "products on the GEMM core",
+        (false, true) => "flash kernel",
+        (false, false) => "one-subgroup kernel",
+    };
+    checks.push(outcome(format!("{tier} attention ({kernel}) over f16 pieces of 64 into f16 pieces, 150 tokens, 2 heads × 128"), MATRIX_ATTENTION, check_attention_of_pieces(gpu, [150, 2, 128], 64, on_products)));
     checks
 }
 
@@ -213,7 +220,16 @@ fn check_normed_projection(gpu: &Gpu, [m, k]: [usize; 2], head_dim: usize, piece
 
 /// Attention over queries, keys and values in f16 pieces (as their
 /// projections write them) into f16 pieces (the output projection's input).
-fn check_attention_of_pieces(gpu: &Gpu, [len, heads, head_dim]: [usize; 3], piece: usize) -> Result<f64, GpuError> {
+fn check_attention_of_pieces(gpu: &Gpu, shape: [usize; 3], piece: usize, on_products: bool) -> Result<f64, GpuError> {
+    let band = on_products.then_some(flux_lite_core::ir::ATTENTION_QUERY_BAND);
+    let (got, want) = attention_of_pieces(gpu, shape, piece, band)?;
+    Ok(worst_rel_l2(&got, &want, shape[2]))
+}
+
+/// The attention over f16 pieces of [`check_attention_of_pieces`]'s
+/// inputs, on products in bands of `band` queries, or (`None`) on the
+/// kernel the device picks; and the f64 attention.
+fn attention_of_pieces(gpu: &Gpu, [len, heads, head_dim]: [usize; 3], piece: usize, band: Option<u64>) -> Result<(Vec<f32>, Vec<f64>), GpuError> {
     let mut rng = Rng::new(74);
     let width = heads * head_dim;
     // Scores of normal queries and keys; values far apart in range.
@@ -222,8 +238,18 @@ fn check_attention_of_pieces(gpu: &Gpu, [len, heads, head_dim]: [usize; 3], piec
     let shape = AttentionShape { q_len: len, kv_len: len, q_heads: heads, kv_heads: heads, head_dim, scale: f64::from(s.scale), causal: false };
     let mut want = vec![0.0; len * width];
     r::attention(&q.values, &k.values, &v.values, None, shape, &mut vec![0.0; len], &mut want);
-    let got = written_in_pieces(gpu, [len, width], piece, |enc, dst| attention_half_into_half(gpu, enc, HalfQkv { q: q.half(), k: k.half(), v: v.half() }, None, dst, s))?;
-    Ok(worst_rel_l2(&got, &want, head_dim))
+    let qkv = HalfQkv { q: q.half(), k: k.half(), v: v.half() };
+    let got = match band {
+        Some(band) => {
+            // Room for bands of every query, whatever `band`.
+            let at = HeadsOnProducts::new(s.q_len, s.kv_len, s.head_dim).chunked;
+            let scratch = poisoned(gpu, (at + ChunkedScratch::new(s.q_len, s.head_dim).end) as usize);
+            let operands = poisoned(gpu, ChunkedOperands::new(s.head_dim).end as usize);
+            written_in_pieces(gpu, [len, width], piece, |enc, dst| on_products_in_bands(gpu, enc, qkv, dst, [0, band], &scratch, &operands, s))?
+        }
+        None => written_in_pieces(gpu, [len, width], piece, |enc, dst| attention_half_into_half(gpu, enc, qkv, None, dst, s))?,
+    };
+    Ok((got, want))
 }
 
 #[cfg(test)]
@@ -236,5 +262,33 @@ mod tests {
         let Some(gpu) = f16_matrix_gpu() else { return };
         // Every kind: into pieces, gated, SwiGLU, both head widths normed, attention.
         super::super::assert_checks_pass(&half_path_checks(&gpu), 6);
+    }
+
+    /// The transformer's attention as products on the GEMM core (where the
+    /// flash kernel is not proven), whichever path the device takes: over
+    /// f16 pieces into f16 pieces, against the f64 attention.
+    #[test]
+    fn attention_on_products_over_pieces_matches_the_oracle() {
+        let Some(gpu) = f16_matrix_gpu() else { return };
+        for (shape, piece) in [([150, 2, 128], 64), ([70, 3, 64], 32)] {
+            let worst = check_attention_of_pieces(&gpu, shape, piece, true).unwrap_or_else(|e| panic!("{e}"));
+            println!("attention on products {shape:?}, pieces of {piece}: worst row's relative L2 {worst:.2e}");
+            assert!(worst <= MATRIX_ATTENTION, "{shape:?}: {worst:e}");
+        }
+    }
+
+    /// Its bands of queries (each over every key) give the bits of one
+    /// band over them all.
+    #[test]
+    fn attention_on_products_by_bands_of_queries_equals_one_band_bit_for_bit() {
+        let Some(gpu) = f16_matrix_gpu() else { return };
+        let bits = |band: u64| {
+            let (got, _) = attention_of_pieces(&gpu, [150, 2, 128], 64, Some(band)).unwrap_or_else(|e| panic!("{e}"));
+            got.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+        };
+        let whole = bits(150);
+        for band in [64, 7] {
+            assert_eq!(bits(band), whole, "bands of {band}");
+        }
     }
 }

@@ -335,7 +335,7 @@ fn a_4096px_image_needs_far_less_by_chunks() {
 fn attention_keys_beyond_one_binding_force_chunks_or_are_refused_up_front() {
     let model = Model::klein_4b(false);
     // lavapipe's limits: WebGPU's 128 MiB bindings, 2 GiB buffers.
-    let lavapipe = DeviceLimits { max_buffer: 2 * GIB, max_binding: 128 << 20, half_operands: false };
+    let lavapipe = DeviceLimits { max_buffer: 2 * GIB, max_binding: 128 << 20, half_operands: false, attention_products: false };
     let webgpu = |size: u64| PlanInput { limits: lavapipe, ..model.input(size, None) };
     // 4608 tokens: the fused projection's key window (27648-wide rows, 510 MB) exceeds 128 MiB;
     // the chunked single blocks keep keys in 3072-wide rows (57 MB).
