@@ -34,7 +34,8 @@ pub fn print_software_warning(gpu: &Gpu) {
 /// subgroup 8; flash attention)`, the last where both of the flash
 /// attention's paths passed their start-up checks, or `flash attention over
 /// f16 pieces` (or `over f32 rows`) where only that one did (where one
-/// failed, the device's notice says why).
+/// failed, the device's notice says why), and `the transformer's attention
+/// as products on the GEMM core` where that runs it.
 pub fn describe(gpu: &Gpu) -> String {
     let flash = gpu.flash_attention();
     let paths = match (flash.rows, flash.pieces) {
@@ -43,8 +44,9 @@ pub fn describe(gpu: &Gpu) -> String {
         (true, false) => "; flash attention over f32 rows",
         (false, false) => "",
     };
+    let products = if gpu.attention_on_products(true) || gpu.attention_on_products(false) { "; the transformer's attention as products on the GEMM core" } else { "" };
     match (gpu.precision(), gpu.matrix()) {
-        (Precision::Matrix, Some(c)) => format!("matrix ({}{paths})", c.describe()),
+        (Precision::Matrix, Some(c)) => format!("matrix ({}{paths}{products})", c.describe()),
         (Precision::F16, _) => "f16 (f16-staged tiles, f32 sums)".into(),
         (tier, _) => tier.name().into(),
     }

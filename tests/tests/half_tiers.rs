@@ -13,8 +13,10 @@ use flux_lite_platform::components::vae::{self, VaeDecoder};
 use flux_lite_platform::components::vae_encoder::VaeEncoder;
 use flux_lite_platform::model::{Component, ModelFolder};
 use flux_lite_platform::{Gpu, Precision};
+use flux_lite_kernels::{AttentionChoice, GpuOptions};
 use flux_lite_tests::tolerance::other_tiers;
 use flux_lite_tests::{has_f16_tiles, model_dir, rel_l2, tier_gpu, with_f16_tiles, Goldens, TransformerCase, CASES};
+use flux_lite_kernels::test_devices::tier_gpu_with;
 
 /// Each half tier this adapter runs.
 fn half_tiers() -> Vec<Gpu> {
@@ -94,22 +96,47 @@ fn a_text_encoder_with_heads_of_32_on_the_half_tiers() {
 #[test]
 fn velocities_on_the_half_tiers() {
     for gpu in half_tiers() {
-        let tier = gpu.precision().name();
-        for name in CASES {
-            let c = TransformerCase::load_on(&gpu, name);
-            let g = &c.goldens;
-            c.transformer.set_prompt(&gpu, &g.f32("prompt_embeds").0).unwrap();
-            let (timesteps, _) = g.f32("timesteps");
-            // Each step from diffusers' own latents, so every step's error is the tier's alone.
-            for (i, &t) in timesteps.iter().enumerate().take(c.steps) {
-                let input = if i == 0 { g.f32("noise").0 } else { g.f32(&format!("latents.{}", i - 1)).0 };
-                c.transformer.set_latents(&gpu, &input).unwrap();
-                c.transformer.forward(&gpu, t, &mut |_| {}).unwrap();
-                let velocity = if c.cfg { format!("velocity_pos.{i}") } else { format!("velocity.{i}") };
-                check(&format!("{tier} {name} {velocity}"), &c.transformer.velocity(&gpu).unwrap(), &g.f32(&velocity).0, other_tiers::VELOCITY);
-            }
+        let on_products = velocities_within_bound(&gpu, gpu.precision().name());
+        // Where the flash kernel passed its check, it runs the attention.
+        assert_eq!(on_products > 0, gpu.plan_limits().attention_products);
+    }
+}
+
+/// The transformer's attention as products on the GEMM core (what runs it
+/// where the flash kernel's check over f16 pieces fails, asked for here
+/// where it passes): every case's every step's velocity within the matrix
+/// tier's bound.
+#[test]
+fn velocities_with_the_transformers_attention_on_products() {
+    let options = GpuOptions { precision: Precision::Matrix, attention: AttentionChoice::Products, ..flux_lite_kernels::test_devices::options() };
+    let Some(gpu) = tier_gpu_with(options).and_then(with_f16_tiles) else { return };
+    assert!(gpu.attention_on_products(true) && gpu.attention_on_products(false) && gpu.plan_limits().attention_products);
+    let on_products = velocities_within_bound(&gpu, "matrix, attention on products,");
+    println!("{on_products} of {} cases' attention on products", CASES.len());
+    assert!(on_products > 0, "no case's attention ran on products");
+}
+
+/// Each case's steps from diffusers' own latents on `gpu` (`tier` names
+/// it), each velocity within the half tiers' bound; the cases whose
+/// attention ran as products on the GEMM core, counted.
+fn velocities_within_bound(gpu: &Gpu, tier: &str) -> usize {
+    let mut on_products = 0;
+    for name in CASES {
+        let c = TransformerCase::load_on(gpu, name);
+        on_products += c.transformer.runner().products_scratch.is_some() as usize;
+        let g = &c.goldens;
+        c.transformer.set_prompt(gpu, &g.f32("prompt_embeds").0).unwrap();
+        let (timesteps, _) = g.f32("timesteps");
+        // Each step from diffusers' own latents, so every step's error is the tier's alone.
+        for (i, &t) in timesteps.iter().enumerate().take(c.steps) {
+            let input = if i == 0 { g.f32("noise").0 } else { g.f32(&format!("latents.{}", i - 1)).0 };
+            c.transformer.set_latents(gpu, &input).unwrap();
+            c.transformer.forward(gpu, t, &mut |_| {}).unwrap();
+            let velocity = if c.cfg { format!("velocity_pos.{i}") } else { format!("velocity.{i}") };
+            check(&format!("{tier} {name} {velocity}"), &c.transformer.velocity(gpu).unwrap(), &g.f32(&velocity).0, other_tiers::VELOCITY);
         }
     }
+    on_products
 }
 
 #[test]

@@ -358,16 +358,17 @@ impl Gpu {
         self.attention
     }
 
-    /// Whether the transformer's attention over f16 pieces runs as products
-    /// on the GEMM core (`kernels::attention_on_products`): the matrix tier
-    /// with f16 operands where the flash kernel's check over f16 pieces
-    /// failed, or where the options ask for it.
-    pub fn attention_on_products(&self) -> bool {
+    /// Whether the transformer's attention into f16 pieces, over f16 pieces
+    /// (`half_inputs`) or f32 rows, runs as products on the GEMM core
+    /// (`kernels::attention_on_products`): the matrix tier with f16 operands
+    /// where the flash kernel's check of that path failed, or where the
+    /// options ask for it.
+    pub fn attention_on_products(&self, half_inputs: bool) -> bool {
         let f16_operands = self.matrix().is_some_and(|c| c.operands == crate::MatrixOperands::F16);
         f16_operands
             && match self.attention {
                 AttentionChoice::Products => true,
-                AttentionChoice::Launcher => !self.flash.pieces,
+                AttentionChoice::Launcher => !self.flash.takes(half_inputs),
                 AttentionChoice::Tiled | AttentionChoice::Lanes | AttentionChoice::Matrix => false,
             }
     }
@@ -509,7 +510,7 @@ impl Gpu {
             max_buffer: self.limits.max_buffer_size,
             max_binding: self.max_binding(),
             half_operands: self.matrix().is_some_and(|c| c.operands == crate::MatrixOperands::F16),
-            attention_products: self.attention_on_products(),
+            attention_products: self.attention_on_products(true) || self.attention_on_products(false),
         }
     }
 

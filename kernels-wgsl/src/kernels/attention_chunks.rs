@@ -113,36 +113,43 @@ pub fn attention_chunked(gpu: &Gpu, sink: &mut dyn Sink, qkv: Qkv<'_>, o: Mat<'_
     }
 }
 
-/// Non-causal attention over f16 queries, keys and values in pieces into
-/// f16 pieces, as products on the GEMM core: the matrix tier's attention
-/// for the transformer where [`Gpu::attention_on_products`] (its flash
-/// kernel not proven over f16 pieces). For each head: its queries, keys
-/// and values widened to f32 rows in `scratch` (exactly the values they
-/// stand for), [`attention_chunked`] over bands of at most
-/// [`ATTENTION_QUERY_BAND`] queries, and the output packed into `o`'s
-/// pieces under their range scales. `scratch` holds [`HeadsOnProducts`]
-/// (f32 elements from `scratch.offset`), `operands` [`ChunkedOperands`].
+/// The queries, keys and values of an [`attention_on_products`]: f32 rows,
+/// or f16 rows in pieces.
+#[derive(Debug, Clone, Copy)]
+pub enum HeadInputs<'a> {
+    Rows(Qkv<'a>),
+    Pieces(HalfQkv<'a>),
+}
+
+/// Non-causal attention over f32 or f16-pieces queries, keys and values
+/// into f16 pieces, as products on the GEMM core: the matrix tier's
+/// attention for the transformer where [`Gpu::attention_on_products`] (its
+/// flash kernel not proven on that path). For each head: its queries, keys
+/// and values in pieces widened to f32 rows in `scratch` (exactly the
+/// values they stand for; f32 rows are read in place), [`attention_chunked`]
+/// over bands of at most [`ATTENTION_QUERY_BAND`] queries, and the output
+/// packed into `o`'s pieces under their range scales. `scratch` holds
+/// [`HeadsOnProducts`] (f32 elements from `scratch.offset`), `operands`
+/// [`ChunkedOperands`].
 #[allow(clippy::too_many_arguments)] // the attention's operands and its two scratches
-pub fn attention_on_products(gpu: &Gpu, sink: &mut dyn Sink, qkv: HalfQkv<'_>, o: HalfMat<'_>, scratch: Mat<'_>, operands: &wgpu::Buffer, s: Attention) -> Result<(), GpuError> {
+pub fn attention_on_products(gpu: &Gpu, sink: &mut dyn Sink, qkv: HeadInputs<'_>, o: HalfMat<'_>, scratch: Mat<'_>, operands: &wgpu::Buffer, s: Attention) -> Result<(), GpuError> {
     on_products_in_bands(gpu, sink, qkv, o, [scratch.offset, ATTENTION_QUERY_BAND], scratch.buf, operands, s)
 }
 
 /// [`attention_on_products`] over bands of `band` queries (its scratch
 /// from element `scratch_at` of `scratch`), any band giving the same bits.
 #[allow(clippy::too_many_arguments)] // as attention_on_products, and the band
-pub(crate) fn on_products_in_bands(gpu: &Gpu, sink: &mut dyn Sink, qkv: HalfQkv<'_>, o: HalfMat<'_>, [scratch_at, band]: [u64; 2], scratch: &wgpu::Buffer, operands: &wgpu::Buffer, s: Attention) -> Result<(), GpuError> {
+pub(crate) fn on_products_in_bands(gpu: &Gpu, sink: &mut dyn Sink, qkv: HeadInputs<'_>, o: HalfMat<'_>, [scratch_at, band]: [u64; 2], scratch: &wgpu::Buffer, operands: &wgpu::Buffer, s: Attention) -> Result<(), GpuError> {
     let scratch = Mat { buf: scratch, offset: scratch_at, stride: 0 };
     let d = s.head_dim;
     let piece = o.piece.unwrap_or(0);
     let grouped = s.kv_heads > 0 && s.q_heads.is_multiple_of(s.kv_heads);
-    if [qkv.q.piece, qkv.k.piece, qkv.v.piece] != [o.piece; 3] || piece == 0 || !d.is_multiple_of(piece) || !grouped {
-        return Err(GpuError::UnsupportedShape(format!(
-            "attention on products over f16 pieces {:?} into pieces {:?}, {} heads over {} of {d}",
-            [qkv.q.piece, qkv.k.piece, qkv.v.piece],
-            o.piece,
-            s.q_heads,
-            s.kv_heads
-        )));
+    let inputs_fit = match qkv {
+        HeadInputs::Pieces(h) => [h.q.piece, h.k.piece, h.v.piece] == [o.piece; 3],
+        HeadInputs::Rows(_) => true,
+    };
+    if !inputs_fit || piece == 0 || !d.is_multiple_of(piece) || !grouped {
+        return Err(GpuError::UnsupportedShape(format!("attention on products over {qkv:?} into f16 pieces {:?}, {} heads over {} of {d}", o.piece, s.q_heads, s.kv_heads)));
     }
     let part = HeadsOnProducts::new(s.q_len, s.kv_len, d);
     let band_scratch = ChunkedScratch::new(band.min(s.q_len), d).end;
@@ -153,16 +160,23 @@ pub(crate) fn on_products_in_bands(gpu: &Gpu, sink: &mut dyn Sink, qkv: HalfQkv<
     let [queries, keys, values, output] = [part.queries, part.keys, part.values, part.output].map(at);
     let pieces = |rows: u64| HeadRows { tokens: rows, heads: d / piece, head_dim: piece };
     let one_head = Attention { q_heads: 1, kv_heads: 1, causal: false, ..s };
+    let group = s.q_heads / s.kv_heads;
     for h in 0..s.q_heads {
-        half_widen(gpu, sink, head_of(qkv.q, h, d)?, queries, pieces(s.q_len))?;
-        // Grouped heads share their keys and values: widened once a group.
-        let kvh = h / (s.q_heads / s.kv_heads);
-        if h == 0 || kvh != (h - 1) / (s.q_heads / s.kv_heads) {
-            half_widen(gpu, sink, head_of(qkv.k, kvh, d)?, keys, pieces(s.kv_len))?;
-            half_widen(gpu, sink, head_of(qkv.v, kvh, d)?, values, pieces(s.kv_len))?;
-        }
+        let kvh = h / group;
+        let head = match qkv {
+            HeadInputs::Rows(r) => Qkv { q: head_rows(r.q, h, d), k: head_rows(r.k, kvh, d), v: head_rows(r.v, kvh, d) },
+            HeadInputs::Pieces(p) => {
+                half_widen(gpu, sink, head_of(p.q, h, d)?, queries, pieces(s.q_len))?;
+                // Grouped heads share their keys and values: widened once a group.
+                if h % group == 0 {
+                    half_widen(gpu, sink, head_of(p.k, kvh, d)?, keys, pieces(s.kv_len))?;
+                    half_widen(gpu, sink, head_of(p.v, kvh, d)?, values, pieces(s.kv_len))?;
+                }
+                Qkv { q: queries, k: keys, v: values }
+            }
+        };
         for rows in chunks(s.q_len, band) {
-            let band_qkv = Qkv { q: rows_from(queries, rows.start), k: keys, v: values };
+            let band_qkv = Qkv { q: rows_from(head.q, rows.start), ..head };
             let band_shape = Attention { q_len: rows.end - rows.start, ..one_head };
             attention_chunked(gpu, sink, band_qkv, rows_from(output, rows.start), None, at(part.chunked), operands, band_shape)?;
         }
@@ -170,6 +184,11 @@ pub(crate) fn on_products_in_bands(gpu: &Gpu, sink: &mut dyn Sink, qkv: HalfQkv<
         half_pack(gpu, sink, output, out.data, out.scales, pieces(s.q_len))?;
     }
     Ok(())
+}
+
+/// Head `h` of `d` values of `m`'s f32 rows.
+fn head_rows(m: Mat<'_>, h: u64, d: u64) -> Mat<'_> {
+    Mat { offset: m.offset + h * d, ..m }
 }
 
 /// Head `h` of `d` values of `m`'s f16 rows in pieces.

@@ -30,7 +30,7 @@ mod half_path_tests;
 
 // Each family's launchers and shapes, callable as `kernels::linear(..)`.
 pub use attention::{attention, attention_carried, carried_attention_module, attention_half_into_half, attention_half_kv, attention_into_half, HalfQkv, Attention, Carry, HalfKvScales, Qkv, ATTENTION_KEY_TILE, ATTENTION_MATRIX_MAX_HEAD_DIM, ATTENTION_MATRIX_WIDE_MAX_HEAD_DIM, ATTENTION_MAX_HEAD_DIM, ATTENTION_QUERIES_PER_GROUP};
-pub use attention_chunks::{attention_chunked, attention_on_products, runs_chunked_attention};
+pub use attention_chunks::{attention_chunked, attention_on_products, runs_chunked_attention, HeadInputs};
 pub use bench::{copy_peak, fma_peak, matrix_peak, FMA_PEAK_FMAS_PER_ITERATION, MATRIX_PEAK_CHAINS};
 pub use conv::{conv2d, conv2d_then, upsample_nearest2x, ConvEpilogue};
 pub use conv_nhwc::{conv2d_matrix_nhwc, NhwcInput, NhwcNorm, NhwcOutput, NhwcSource, NhwcWeights, NormActivation, TapOrder};

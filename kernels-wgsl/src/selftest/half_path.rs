@@ -16,7 +16,7 @@
 
 use super::{poisoned, run_and_read, worst_rel_l2, Check, Rng, HALF_PRODUCT, MATRIX_ATTENTION, WORST_ROW};
 use crate::kernels::attention::{attention_half_into_half, Attention, HalfQkv};
-use crate::kernels::attention_chunks::on_products_in_bands;
+use crate::kernels::attention_chunks::{on_products_in_bands, HeadInputs};
 use flux_lite_core::ir::{ChunkedOperands, ChunkedScratch, HeadsOnProducts};
 use crate::kernels::linear::{linear_gated, linear_into_half, linear_into_half_normed, linear_swiglu_half, product_norms_heads, product_writes_pieces, swiglu_writes_pieces, Gemm, HeadNorm, Input, MATRIX_BLOCK_TILES};
 use crate::kernels::rope::RopeTables;
@@ -56,7 +56,7 @@ pub fn half_path_checks(gpu: &Gpu) -> Vec<Check> {
             ));
         }
     }
-    let on_products = gpu.attention_on_products();
+    let on_products = gpu.attention_on_products(true);
     let kernel = match (on_products, crate::kernels::attention::takes_flash(gpu, 128, true)) {
         (true, _) => "products on the GEMM core",
         (false, true) => "flash kernel",
@@ -245,7 +245,7 @@ fn attention_of_pieces(gpu: &Gpu, [len, heads, head_dim]: [usize; 3], piece: usi
             let at = HeadsOnProducts::new(s.q_len, s.kv_len, s.head_dim).chunked;
             let scratch = poisoned(gpu, (at + ChunkedScratch::new(s.q_len, s.head_dim).end) as usize);
             let operands = poisoned(gpu, ChunkedOperands::new(s.head_dim).end as usize);
-            written_in_pieces(gpu, [len, width], piece, |enc, dst| on_products_in_bands(gpu, enc, qkv, dst, [0, band], &scratch, &operands, s))?
+            written_in_pieces(gpu, [len, width], piece, |enc, dst| on_products_in_bands(gpu, enc, HeadInputs::Pieces(qkv), dst, [0, band], &scratch, &operands, s))?
         }
         None => written_in_pieces(gpu, [len, width], piece, |enc, dst| attention_half_into_half(gpu, enc, qkv, None, dst, s))?,
     };

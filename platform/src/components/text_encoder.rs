@@ -69,6 +69,7 @@ impl TextEncoder {
             key_keep: Some(gpu.storage("qwen key mask", 4 * tokens.max(1) as u64)),
             lora: None,
             operands: None,
+            products_scratch: None,
         };
         runner.write(gpu, layout.ones, &vec![1.0; config.hidden_size]);
         let prepared = runner.prepare(gpu, &weights, &blocks)?;

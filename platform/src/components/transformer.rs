@@ -7,7 +7,7 @@ use flux_lite_kernels::{DeviceBuffer, Gpu};
 use flux_lite_kernels::kernels::{self, Elementwise};
 use flux_lite_kernels::{Dispatch, Mat};
 use crate::exec::device_weights::DeviceWeights;
-use crate::exec::runner::{self, collect_ops, BlockProgress, DeviceLora, Runner};
+use crate::exec::runner::{self, attention_buffers, collect_ops, BlockProgress, DeviceLora, Runner};
 use crate::model::lora::LoraSet;
 use crate::model::safetensors_store::WeightStore;
 use flux_lite_core::config::TransformerConfig;
@@ -136,13 +136,15 @@ impl Transformer {
         for (t, pos) in positions.enumerate() {
             rope::flux_row(pos, &config.axes_dims_rope, config.rope_theta, &mut cos[t * hd..][..hd], &mut sin[t * hd..][..hd]);
         }
+        let (operands, products_scratch) = attention_buffers(gpu, &blocks.concat());
         let runner = Runner {
             arena,
             rope_cos: gpu.upload_f32("rope cos", &cos),
             rope_sin: gpu.upload_f32("rope sin", &sin),
             key_keep: None,
             lora: DeviceLora::upload(gpu, lora, rows as u64),
-            operands: None,
+            operands,
+            products_scratch,
         };
         let prepared = runner.prepare(gpu, &weights, &blocks)?;
         let cached = match layout.kv {

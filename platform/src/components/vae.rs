@@ -433,7 +433,7 @@ pub(crate) fn check_tile(config: &VaeConfig, tile_px: Option<usize>) -> Result<(
 /// right operands where it has one.
 pub(crate) fn arena_runner(gpu: &Gpu, label: &str, [bytes, operand_bytes]: [u64; 2]) -> Runner {
     let operands = (operand_bytes > 0).then(|| gpu.storage("attention operands", operand_bytes));
-    Runner { arena: gpu.storage(label, bytes), rope_cos: gpu.storage("unused", 4), rope_sin: gpu.storage("unused", 4), key_keep: None, lora: None, operands }
+    Runner { arena: gpu.storage(label, bytes), rope_cos: gpu.storage("unused", 4), rope_sin: gpu.storage("unused", 4), key_keep: None, lora: None, operands, products_scratch: None }
 }
 
 /// Channels-last `[pixels, 3]` values to planar `[3, pixels]`.

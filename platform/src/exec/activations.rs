@@ -421,7 +421,7 @@ mod tests {
     #[test]
     fn device_pages_move_bands_as_the_scratch_file_does() {
         let gpu = flux_lite_kernels::test_devices::gpu();
-        let band = Runner { arena: gpu.storage("band", 4 * 512), rope_cos: gpu.storage("c", 4), rope_sin: gpu.storage("s", 4), key_keep: None, lora: None, operands: None };
+        let band = Runner { arena: gpu.storage("band", 4 * 512), rope_cos: gpu.storage("c", 4), rope_sin: gpu.storage("s", 4), key_keep: None, lora: None, operands: None, products_scratch: None };
         let values: Vec<f32> = (0..1000).map(|i| i as f32 * 0.5 - 7.0).collect();
         // Columns 50..110 of a [7, 120] tensor at 5 (the values written from 3 on): every row crosses a page end.
         let window = Window::columns(7, 120, 50, 110);

@@ -55,6 +55,26 @@ fn half_products_inputs_shrink_the_denoise_arena_by_half_the_products_inputs() {
     assert!(least_half < least_f32);
 }
 
+/// Where the transformer's attention runs as products on the GEMM core
+/// (the flash kernel not proven), the unchunked layout counts their
+/// scratch and right operands beside the arena: at 1024², 4608 rows of 128
+/// dims, one band of queries. The smallest budget of a whole run stays
+/// what the VAE or the weights need where that is larger.
+#[test]
+fn attention_on_products_counts_its_scratch_beside_the_unchunked_arena() {
+    let model = Model::klein_4b(false);
+    let flash = PlanInput { limits: DeviceLimits { half_operands: true, ..LIMITS }, ..model.input(1024, None) };
+    let products = PlanInput { limits: DeviceLimits { attention_products: true, ..flash.limits }, ..flash };
+    let (a, b) = (plan(&flash).unwrap(), plan(&products).unwrap());
+    assert_eq!((a.denoise.chunk, b.denoise.chunk), (None, None));
+    let scratch = crate::ir::HeadsOnProducts::bytes(4608, 4608, 128);
+    assert_eq!(b.denoise.other_bytes - a.denoise.other_bytes, scratch);
+    assert_eq!(a.denoise.arena_bytes, b.denoise.arena_bytes);
+    let (least_flash, least_products) = (minimum_budget(&flash).unwrap(), minimum_budget(&products).unwrap());
+    println!("klein-4B 1024²: attention on products takes {scratch} bytes beside the arena; smallest budget {least_flash} → {least_products} bytes");
+    assert!(least_products >= least_flash);
+}
+
 #[test]
 fn weight_sizes_of_the_4b_transformer() {
     let w = transformer_weights(&klein_4b::transformer(), false);

@@ -9,7 +9,7 @@ use crate::error::{GpuError, RunError};
 use flux_lite_kernels::{DeviceBuffer, Gpu};
 use flux_lite_kernels::kernels;
 use flux_lite_kernels::{Dispatch, Mat, Weight, WeightDtype};
-use crate::exec::runner::{collect_ops, Runner};
+use crate::exec::runner::{attention_buffers, collect_ops, Runner};
 use crate::components::transformer::programs;
 use flux_lite_core::arena::BumpArena;
 use flux_lite_core::config::{Qwen3Config, TransformerConfig, VaeConfig};
@@ -367,9 +367,11 @@ impl<'g> ShapeBench<'g> {
         let chunk = self.chunk_for_keys(cfg, tokens);
         let (layout, mut blocks, arena_bytes) = programs(cfg, self.tokens(text, tokens - text), chunk)?;
         let picks = [("double block", 1, cfg.num_layers > 0), ("single block", 1 + cfg.num_layers, cfg.num_single_layers > 0)];
+        let mut runner = self.runner(arena_bytes, tokens, cfg.attention_head_dim as u64, false);
+        (runner.operands, runner.products_scratch) = attention_buffers(self.gpu, &blocks.concat());
         Ok(FirstBlocks {
             shape: format!("{text} text + {} image tokens, D {}{}", layout.image, layout.dim, chunked(chunk)),
-            runner: self.runner(arena_bytes, tokens, cfg.attention_head_dim as u64, false),
+            runner,
             weights: SyntheticWeights::new(|sink| tensors::transformer(cfg, sink)),
             blocks: picks.into_iter().filter(|(_, _, present)| *present).map(|(what, index, _)| (what, std::mem::take(&mut blocks[index]))).collect(),
         })
@@ -384,7 +386,8 @@ impl<'g> ShapeBench<'g> {
         let image = (size / cell) * (size / cell);
         let chunk = self.chunk_for_keys(cfg, 512 + image);
         let (_, blocks, arena_bytes) = programs(cfg, self.tokens(512, image), chunk)?;
-        let runner = self.runner(arena_bytes, 512 + image, cfg.attention_head_dim as u64, false);
+        let mut runner = self.runner(arena_bytes, 512 + image, cfg.attention_head_dim as u64, false);
+        (runner.operands, runner.products_scratch) = attention_buffers(self.gpu, &blocks.concat());
         let weights = SyntheticWeights::new(|sink| tensors::transformer(cfg, sink));
         let placed = weights.place(self.gpu, blocks.iter().flatten())?;
         let d = self.prepare_all(&runner, &placed, &blocks)?;
@@ -543,6 +546,7 @@ impl<'g> ShapeBench<'g> {
             key_keep: masked.then(|| self.gpu.upload_u32("bench key mask", &vec![1; rows.max(1) as usize])),
             lora: None,
             operands: None,
+            products_scratch: None,
         }
     }
 

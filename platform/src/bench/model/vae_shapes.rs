@@ -177,7 +177,7 @@ impl<'g> ShapeBench<'g> {
         use crate::exec::activations::BandActivations;
         use crate::exec::vae_bands::BandRunner;
         let mut runner = self.runner(vae::band_arena_bytes(capacity), 0, 0, false);
-        runner.operands = crate::exec::runner::chunked_operands(self.gpu, program);
+        runner.operands = crate::exec::runner::attention_buffers(self.gpu, program).0;
         let bands = BandRunner { gpu: self.gpu, runner: &runner, weights, capacity };
         let mut times = Vec::new();
         for _ in 0..self.repeats.max(1) {
@@ -235,7 +235,7 @@ impl<'g> ShapeBench<'g> {
     fn vae_placed(&self, cfg: &VaeConfig, program: &[Op], arena_bytes: u64) -> Result<(DeviceWeights, Runner), RunError> {
         let weights = SyntheticWeights::new(|sink| tensors::vae(cfg, sink));
         let mut runner = self.runner(arena_bytes, 0, 0, false);
-        runner.operands = crate::exec::runner::chunked_operands(self.gpu, program);
+        runner.operands = crate::exec::runner::attention_buffers(self.gpu, program).0;
         Ok((weights.place(self.gpu, program)?, runner))
     }
 }

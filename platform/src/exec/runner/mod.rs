@@ -28,6 +28,9 @@ pub struct Runner {
     /// through a read-only binding, which no writable binding of the same
     /// buffer may share. `None` where the program has no chunked attention.
     pub operands: Option<DeviceBuffer>,
+    /// The working values of an attention that runs as products on the
+    /// GEMM core (`HeadsOnProducts`); `None` where none does.
+    pub products_scratch: Option<DeviceBuffer>,
 }
 
 /// LoRA adapters on the device: per adapted linear (by its weight's name)
@@ -81,14 +84,34 @@ impl DeviceLora {
     }
 }
 
-/// A buffer for the right operands of `program`'s chunked attentions
-/// ([`Runner::operands`]), where it has any.
-pub fn chunked_operands(gpu: &Gpu, program: &[Op]) -> Option<DeviceBuffer> {
+/// The buffers `program`'s attentions on products take beside the arena
+/// ([`Runner::operands`], [`Runner::products_scratch`]), where it has any
+/// on `gpu`: the right operands for the widest head (chunked or on
+/// products), the scratch for the longest attention on products.
+pub fn attention_buffers(gpu: &Gpu, program: &[Op]) -> (Option<DeviceBuffer>, Option<DeviceBuffer>) {
     let widest = program.iter().filter_map(|op| match op {
         Op::ChunkedAttention { head_dim, .. } => Some(*head_dim),
-        _ => None,
+        _ => on_products(gpu, op).map(|[_, head_dim]| head_dim),
     });
-    widest.max().map(|d| gpu.storage("attention operands", flux_lite_core::ir::ChunkedOperands::bytes(d)))
+    let operands = widest.max().map(|d| gpu.storage("attention operands", flux_lite_core::ir::ChunkedOperands::bytes(d)));
+    let longest = program.iter().filter_map(|op| on_products(gpu, op)).map(|[len, d]| flux_lite_core::ir::HeadsOnProducts::new(len, len, d).end).max();
+    (operands, longest.map(|elements| gpu.storage("attention on products", 4 * elements)))
+}
+
+/// `[len, head_dim]` of `op` where it is an attention that runs as
+/// products on the GEMM core on `gpu` (`kernels::attention_on_products`):
+/// the transformer's over every row into f16 pieces, over f16 pieces or
+/// f32 rows, where the device takes that path, over an even number of keys
+/// (its probabilities are f16 pairs).
+fn on_products(gpu: &Gpu, op: &Op) -> Option<[u64; 2]> {
+    let Op::Attention { q, k, v, o, len, head_dim, .. } = op else { return None };
+    let pieces = |x: &Operand| x.scales.is_some() && x.piece.is_some();
+    let half_inputs = match [q, k, v].map(pieces) {
+        [true, true, true] => true,
+        _ if [q, k, v].iter().all(|x| x.scales.is_none()) => false,
+        _ => return None,
+    };
+    (pieces(o) && len.is_multiple_of(2) && gpu.attention_on_products(half_inputs)).then_some([*len, *head_dim])
 }
 
 /// Attention of `q_len` queries over `kv_len` keys, every head its own
@@ -206,7 +229,19 @@ impl Runner {
                 }
             }
             Op::RopeInterleaved { data, table_row, tokens, heads, head_dim } => kernels::rope(gpu, sink, RopeStyle::Interleaved, self.mat(*data), kernels::RopeTables { cos: &self.rope_cos, sin: &self.rope_sin, first_row: *table_row }, kernels::HeadRows { tokens: *tokens, heads: *heads, head_dim: *head_dim }),
-            Op::Attention { q, k, v, o, len, heads, head_dim } => self.attend(gpu, sink, [*q, *k, *v, *o], None, non_causal(*len, *len, *heads, *head_dim)),
+            Op::Attention { q, k, v, o, len, heads, head_dim } => match (on_products(gpu, op), self.half(*o)) {
+                (Some(_), Some(out)) => {
+                    let missing = || GpuError::UnsupportedShape("an attention on products on a runner without its buffers".into());
+                    let scratch = self.products_scratch.as_ref().ok_or_else(missing)?;
+                    let operands = self.operands.as_ref().ok_or_else(missing)?;
+                    let inputs = match (self.half(*q), self.half(*k), self.half(*v)) {
+                        (Some(q), Some(k), Some(v)) => kernels::HeadInputs::Pieces(kernels::HalfQkv { q, k, v }),
+                        _ => kernels::HeadInputs::Rows(kernels::Qkv { q: self.mat(q.data), k: self.mat(k.data), v: self.mat(v.data) }),
+                    };
+                    kernels::attention_on_products(gpu, sink, inputs, out, Mat::new(scratch, 0), operands, non_causal(*len, *len, *heads, *head_dim))
+                }
+                _ => self.attend(gpu, sink, [*q, *k, *v, *o], None, non_causal(*len, *len, *heads, *head_dim)),
+            },
             Op::CrossAttention { q, k, v, o, q_len, kv_len, heads, head_dim } => {
                 let s = non_causal(*q_len, *kv_len, *heads, *head_dim);
                 kernels::attention(gpu, sink, kernels::Qkv { q: self.mat(*q), k: self.mat(*k), v: self.mat(*v) }, None, self.mat(*o), s)
