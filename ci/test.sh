@@ -221,7 +221,7 @@ rerun FLUX_LITE_REQUIRE_MATRIX=1 --sid "$selftest"
 # gives wrong products with it). The checks that hold the fused
 # half-precision path, attention and the convolutions to the oracle, and
 # the GEMM's stagings, the wide head's splits, the convolution's pieces
-# and four-tap fetching, its narrow and thin blocks, the linear and the flash attention over f16 pieces to each other's bits, the flash attention's start-up check and its variations, the chunked attention (the VAE's) against the oracle and by bands; docs/testing.md says what else was run so and what
+# and four-tap fetching, its narrow and thin blocks, the linear and the flash attention over f16 pieces to each other's bits, the flash attention's start-up check and its variations, the chunked attention (the VAE's) against the oracle and by bands, the transformer's attention on products against the oracle; docs/testing.md says what else was run so and what
 # it found.
 emulated_tests=(
     selftest::half_path::tests::the_half_paths_checks_pass_on_matrix_units_at_the_adapters_block
@@ -244,6 +244,7 @@ emulated_tests=(
     probe_flash::cases::tests::every_variation_passes_on_the_test_device_and_repeats
     kernels::attention_chunks::tests::chunked_attention_matches_the_oracle
     kernels::attention_chunks::tests::chunked_attention_by_query_bands_and_key_calls_equals_one_call_bit_for_bit
+    selftest::half_path::tests::attention_on_products_over_pieces_matches_the_oracle
 )
 rerun FLUX_LITE_REQUIRE_MATRIX=1 FLUX_LITE_EMULATE_MATRIX=nvidia --sid "$kernels" --exact "${emulated_tests[@]}"
 # A whole component so: the tiny preview decoders' channels-last decode

@@ -282,6 +282,38 @@ fn pngs_within_the_tier_bar(tier: &str, cases: &[(&str, &[&str])]) {
     }
 }
 
+/// The matrix tier with the transformer's attention as products on the
+/// GEMM core (`FLUX_LITE_ATTENTION_KERNEL=products`: what runs it where the
+/// flash kernel's check fails): two of the diffusers PNGs (one guided)
+/// within the tier bar, the tier's line saying so, and the device's
+/// measured peak within the planned bytes, which count the attention's
+/// scratch.
+#[test]
+fn the_matrix_tier_reproduces_pngs_with_the_transformers_attention_on_products() {
+    if !flux_lite_tests::tier_here(env!("CARGO_BIN_EXE_flux-lite"), "matrix") {
+        return;
+    }
+    use flux_lite_tests::tolerance::{other_tiers, png_gap};
+    for case in ["tiny-a/four-step-wide", "tiny-b/cfg"] {
+        let dir = scratch_dir(&format!("png-products-{}", case.replace('/', "-")));
+        let out = dir.join("out.png");
+        let mut args = case_args(case, &out);
+        args.extend(["--precision", "matrix", "--verbose"].map(String::from));
+        let run = Command::new(env!("CARGO_BIN_EXE_flux-lite")).arg("gen").args(&args).arg("--quiet").env("FLUX_LITE_ATTENTION_KERNEL", "products").output().unwrap();
+        let stderr = String::from_utf8_lossy(&run.stderr);
+        assert!(run.status.success(), "{case}: {stderr}");
+        let tier = stderr.lines().find(|l| l.starts_with("precision: ")).unwrap_or_else(|| panic!("{stderr}"));
+        assert!(tier.contains("; the transformer's attention as products on the GEMM core"), "{tier}");
+        let bytes = stderr.lines().find(|l| l.starts_with("device bytes: ")).unwrap_or_else(|| panic!("{stderr}"));
+        let figure = |key: &str| -> u64 { bytes.split(&format!("{key} ")).nth(1).and_then(|a| a.split(',').next()).unwrap().trim().parse().unwrap() };
+        assert!(figure("peak") <= figure("planned"), "{case}: {bytes}");
+        let (got, want) = (read_png(&out), read_png(&Goldens::dir(case).join("image.png")));
+        let (max, mean) = png_gap(&got.rgb, &want.rgb);
+        println!("{case} on the matrix tier, attention on products: max |Δ| {max}, mean |Δ| {mean:.4}; {bytes}");
+        assert!(max <= other_tiers::PNG_MAX_LEVELS && mean <= other_tiers::PNG_MEAN_LEVELS, "{case}: max |Δ| {max}, mean |Δ| {mean:.4}");
+    }
+}
+
 // Each tier's PNGs in two tests, which the test threads run side by side.
 #[test]
 fn the_matrix_tier_reproduces_every_text_to_image_png_within_the_tier_bar() {
