@@ -302,10 +302,14 @@ fn kernels_bench_on_the_matrix_tier_bounds_the_linears_and_attention_by_the_matr
     assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
     let rows = table_rows(&stdout);
     let names: Vec<&str> = rows.iter().map(|r| r[0].as_str()).collect();
-    assert_eq!(names.len(), 2, "{rows:?}");
+    assert_eq!(names.len(), 3, "{rows:?}");
     assert_eq!(names[0], "attention", "{rows:?}");
     assert!(names[1].starts_with("attention, f16 pieces of ") && names[1].ends_with(" in memory in and out"), "{rows:?}");
-    assert!(rows.iter().all(|r| r[5] == "matrix" && r[7] == "1"), "{rows:?}");
+    // And as products on the GEMM core, what runs the blocks' attention where the flash kernel's check fails.
+    assert!(names[2].starts_with("attention as products on the GEMM core, f16 pieces of ") && names[2].ends_with(" in and out"), "{rows:?}");
+    assert!(rows.iter().all(|r| r[5] == "matrix") && rows[..2].iter().all(|r| r[7] == "1"), "{rows:?}");
+    // A head at a time: its queries, keys and values widened, the chunked attention's passes, its output packed.
+    assert!(rows[2][7].parse::<u64>().is_ok_and(|n| n > 10), "{rows:?}");
     // The VAE's attention rows name what they timed: the chunked attention's
     // products on the matrix linear, never the flash kernel.
     let args = ["bench", "kernels", "--model", model, "--only", "vae", "--vae-size", "32", "--repeats", "1", "--precision", "matrix"];

@@ -308,16 +308,22 @@ impl<'g> ShapeBench<'g> {
         let mut figures = vec![figure("attention", &d, 4)?];
         let piece = flux_lite_core::ir::MAX_OPERAND_PIECE.min(hd);
         if matrix && gpu.measures_weight_rows() && hd.is_multiple_of(piece) {
-            let d = self.attention_over_half_pieces(&qkv, s, piece)?;
+            let d = self.attention_over_half_pieces(&qkv, s, piece, false)?;
             figures.push(figure(&format!("attention, f16 pieces of {piece} in memory in and out"), &d, 2)?);
+            // What runs the blocks' attention where the flash kernel's check fails, timed wherever it can run.
+            if kernels::runs_chunked_attention(gpu) && tokens.is_multiple_of(2) {
+                let d = self.attention_over_half_pieces(&qkv, s, piece, true)?;
+                figures.push(figure(&format!("attention as products on the GEMM core, f16 pieces of {piece} in and out"), &d, 2)?);
+            }
         }
         Ok(figures)
     }
 
-    /// The second row of [`Self::attention`], prepared: f32 `qkv` packed
-    /// once into f16 pieces under their range scales (as the projections'
-    /// epilogues write them; not timed), the output into f16 pieces.
-    fn attention_over_half_pieces(&self, qkv: &[DeviceBuffer], s: kernels::Attention, piece: u64) -> Result<Vec<Dispatch>, GpuError> {
+    /// The second row of [`Self::attention`] (the third `on_products`: as
+    /// products on the GEMM core, its scratch allocated here), prepared: f32
+    /// `qkv` packed once into f16 pieces under their range scales (as the
+    /// projections' epilogues write them; not timed), the output into f16 pieces.
+    fn attention_over_half_pieces(&self, qkv: &[DeviceBuffer], s: kernels::Attention, piece: u64, on_products: bool) -> Result<Vec<Dispatch>, GpuError> {
         let gpu = self.gpu;
         let (tokens, width) = (s.q_len, s.q_heads * s.head_dim);
         let pieces = width / piece;
@@ -327,7 +333,15 @@ impl<'g> ShapeBench<'g> {
         gpu.submit(|enc| (0..3).try_for_each(|i| kernels::half_pack(gpu, enc, Mat::new(&qkv[i], width), Mat::new(&words[i], width / 2), Mat::new(&scales[i], pieces), shape)))?;
         let half = |i: usize| flux_lite_kernels::HalfMat::pieces(Mat::new(&words[i], width / 2), Mat::new(&scales[i], pieces), piece);
         let mut d = Vec::new();
-        kernels::attention_half_into_half(gpu, &mut d, kernels::HalfQkv { q: half(0), k: half(1), v: half(2) }, None, half(3), s)?;
+        let inputs = kernels::HalfQkv { q: half(0), k: half(1), v: half(2) };
+        match on_products {
+            true => {
+                let scratch = gpu.storage("bench attention on products", 4 * flux_lite_core::ir::HeadsOnProducts::new(tokens, tokens, s.head_dim).end);
+                let operands = gpu.storage("bench attention operands", flux_lite_core::ir::ChunkedOperands::bytes(s.head_dim));
+                kernels::attention_on_products(gpu, &mut d, kernels::HeadInputs::Pieces(inputs), half(3), Mat::new(&scratch, 0), &operands, s)?;
+            }
+            false => kernels::attention_half_into_half(gpu, &mut d, inputs, None, half(3), s)?,
+        }
         Ok(d)
     }
 
