@@ -50,6 +50,10 @@ pub fn run(model: &str, [width, height]: [u64; 2], tier: Precision) -> Result<()
     if let Some(t) = step.single_block {
         say!("single block: {} dispatches (budget {}), {} GB moved", t.dispatches, traffic::SINGLE_BLOCK_DISPATCHES, gb(t.bytes));
     }
+    if let Some([on_products, attention]) = step.on_products {
+        say!("step, attention as products on the GEMM core (where the flash kernel's check fails): {}", line(&on_products, m.name));
+        say!("  of which attention: {} dispatches, {} GB moved, roofline {:.1} ms", attention.dispatches, gb(attention.bytes), attention.seconds * 1e3);
+    }
     for (what, t) in [("decode", &decode), ("encode", &encode)] {
         let how = if t.whole { String::new() } else { format!(" (laid out whole; at this size gen {what}s by bands, whose copies are not counted)") };
         say!("vae {what}: {}{how}", line(&t.total, m.name));

@@ -32,7 +32,7 @@ mod machine;
 mod products;
 pub use machine::{Machine, Traffic, H200};
 use machine::{is_matrix, operand_rows, pieces, rows_per_piece, DataPath, Rows, CONTIGUOUS_ROW};
-use products::{attention, chunked_attention, conv, conv_nhwc, linear, norms_heads, pass_on, swiglu_fits, writes_pieces, AttentionIo, Out};
+use products::{attention, attention_on_products, chunked_attention, conv, conv_nhwc, linear, norms_heads, pass_on, swiglu_fits, writes_pieces, AttentionIo, Out};
 
 /// The traffic of one program step on `tier` on machine `m`.
 pub fn op_traffic(op: &Op, tier: Precision, m: &Machine) -> Traffic {
@@ -173,6 +173,20 @@ pub fn program_traffic<'o>(ops: impl IntoIterator<Item = &'o Op>, tier: Precisio
     ops.into_iter().map(|op| op_traffic(op, tier, m)).sum()
 }
 
+/// [`op_traffic`] with the transformer's attention over every row into f16
+/// pieces as products on the GEMM core, as the matrix tier runs it where
+/// the flash kernel's check of its path failed (over an even number of
+/// keys; else as [`op_traffic`]).
+fn op_traffic_on_products(op: &Op, tier: Precision, m: &Machine) -> Traffic {
+    match *op {
+        Op::Attention { len, heads, head_dim, q, o, .. } if is_matrix(tier) && len.is_multiple_of(2) && o.is_half() => {
+            let piece = |x: flux_lite_core::ir::Operand| x.piece.filter(|_| x.is_half()).unwrap_or(0);
+            attention_on_products(m, DataPath::of(tier), [len, heads, head_dim], [piece(q), piece(o)])
+        }
+        _ => op_traffic(op, tier, m),
+    }
+}
+
 /// The most dispatches a klein double block may take at 1024² on any tier
 /// (held by `every_tiers_klein_4b_blocks_keep_their_dispatch_budgets`).
 pub const DOUBLE_BLOCK_DISPATCHES: u64 = 24;
@@ -190,6 +204,10 @@ pub struct StepTraffic {
     pub single_block: Option<Traffic>,
     /// `(kind, traffic)` in the order kinds first appear.
     pub by_kind: Vec<(&'static str, Traffic)>,
+    /// The pass with its attention as products on the GEMM core (the
+    /// matrix tier where the flash kernel's check fails), and that
+    /// attention's part of it.
+    pub on_products: Option<[Traffic; 2]>,
 }
 
 /// The transformer pass over `text` prompt tokens and the image tokens of a
@@ -204,7 +222,13 @@ pub fn step(cfg: &TransformerConfig, [width, height]: [u64; 2], cell: u64, text:
     let tokens = Tokens { half_operands: is_matrix(tier), ..Tokens::plain(text, image) };
     let (_, blocks, _) = programs(cfg, tokens, chunk)?;
     let block = |index: usize, present: bool| present.then(|| program_traffic(&blocks[index], tier, m));
+    let attention_ops = || blocks.iter().flatten().filter(|op| matches!(op, Op::Attention { .. }));
+    let on_products = is_matrix(tier).then(|| {
+        let step: Traffic = blocks.iter().flatten().map(|op| op_traffic_on_products(op, tier, m)).sum();
+        [step, attention_ops().map(|op| op_traffic_on_products(op, tier, m)).sum()]
+    });
     Ok(StepTraffic {
+        on_products,
         image_tokens: image,
         step: program_traffic(blocks.iter().flatten(), tier, m),
         double_block: block(1, cfg.num_layers > 0),

@@ -213,3 +213,18 @@ pub(super) fn chunked_attention(m: &Machine, p: DataPath, [q_len, kv_len, d]: [u
     }
     total
 }
+
+/// The transformer's attention as products on the GEMM core (where the
+/// flash kernel is not proven) as its launcher lowers it, a head at a
+/// time: its queries, keys and values in f16 pieces widened to f32 rows
+/// (read in place where they are f32 rows), [`chunked_attention`] over its
+/// queries (bands of [`flux_lite_core::ir::ATTENTION_QUERY_BAND`]), and its
+/// output packed into f16 pieces.
+pub(super) fn attention_on_products(m: &Machine, p: DataPath, [len, heads, d]: [u64; 3], [qkv_piece, o_piece]: [u64; 2]) -> Traffic {
+    // f16 pairs and a scale a piece in, f32 rows out.
+    let widen = |rows: u64| pass_on(m, rows * d * 2 + rows * (d / qkv_piece) * 4 + rows * d * 4, 0, false);
+    let widened = if qkv_piece > 0 { widen(len) + widen(len) + widen(len) } else { Traffic::default() };
+    let bands: Traffic = pieces(len, flux_lite_core::ir::ATTENTION_QUERY_BAND).map(|rows| chunked_attention(m, p, [rows, len, d], [false; 2])).sum();
+    let pack = pass_on(m, len * d * 4 + len * d * 2 + len * (d / o_piece.max(1)) * 4, 0, false);
+    (0..heads).map(|_| widened + bands + pack).sum()
+}
