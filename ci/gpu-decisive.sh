@@ -26,12 +26,15 @@
 #      workgroup a 48 KiB compute unit's memory) against the adapter's choice
 #      (the deepest of which two workgroups fit: lean on a 48 KiB adapter);
 #   4. attention at 4608 tokens: flash, then the fallback kernel, each over
-#      f32 queries, keys and values and over f16 pieces in memory; then the
+#      f32 queries, keys and values and over f16 pieces in memory, and as
+#      products on the GEMM core over f16 pieces (what runs the blocks'
+#      attention where the flash kernel's check fails); then the
 #      double and the single block at 4608 tokens whole and op by op (each
 #      op timed alone as the step records it: the products over f16 operands
 #      in memory with their epilogues, the flash attention over f16 pieces),
 #      so that what bounds a block has its own row;
-#   5. the 4B 1024² step, then the 1024² VAE decode (with the tiny preview
+#   5. the 4B 1024² step (and, where flash runs the blocks' attention,
+#      again with it as products on the GEMM core), then the 1024² VAE decode (with the tiny preview
 #      decoder's share) and encode, and the decode op by op (each op timed
 #      alone, summed by kind), then PyTorch / diffusers bf16 on the same card:
 #      every product shape the report's rows timed (bf16 and f32), the same
@@ -60,22 +63,27 @@ if command -v nvidia-smi >/dev/null; then
     step 10 "GPU" nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
 fi
 
-# The limits add up to 510 s (575 s where the flash attention failed its
-# check: the step and the VAE get longer, the fallback's stage goes): under
-# 10 minutes with room for the loader.
+# The limits add up to 540 s (575 s where the blocks' attention runs on the
+# one-subgroup fallback: the step and the VAE get longer, the fallback's
+# stage goes): under 10 minutes with room for the loader.
 step 5 "0. the roofline: what the matrix tier's encode, step, decode and whole run move (no GPU)" "$binary" bench traffic --model klein-4b --width "$size" --height "$size" --precision matrix
 step 40 "1. adapter and tiers" "$binary" gpu
 # Where the flash attention's check over f16 pieces (the blocks' path)
-# failed, the step's attention runs on the fallback (589 ms a block on the
-# H200): the step and the VAE then run once each under longer limits (they
-# stopped at 50 s with two runs), and the fallback's own attention stage,
-# the same kernel there, is left out.
+# failed, the step's attention runs as products on the GEMM core (the tier's
+# line says so), or where those cannot run on the one-subgroup fallback
+# (589 ms a block on the H200): the step and the VAE then run once each
+# under longer limits (they stopped at 50 s with two runs), and the
+# fallback's own attention stage, the same kernel there, is left out.
 step_runs=("${repeats[@]}")
 step_limit=50
 vae_limit=50
 fallback_only=0
+pieces_flash=0
 matrix_line=$(grep -m1 "^matrix tier: matrix (" "$report" || true)
-if [ -n "$matrix_line" ] && ! echo "$matrix_line" | grep -qE "; flash attention( over f16 pieces)?\)"; then
+if echo "$matrix_line" | grep -qE "; flash attention(\)| over f16 pieces)"; then
+    pieces_flash=1
+fi
+if [ -n "$matrix_line" ] && [ "$pieces_flash" = 0 ] && ! echo "$matrix_line" | grep -q "attention as products on the GEMM core"; then
     fallback_only=1
     step_runs=(--repeats 1)
     step_limit=120
@@ -93,6 +101,11 @@ step 30 "4. the double and single block at $tokens tokens, whole and op by op" "
 # The step first, in a stage of its own: its row prints before the decode
 # that the end-to-end row needs, so a slow VAE cannot cut it off.
 step "$step_limit" "5. the 4B ${size}² step (the text encoder before it, the decode and the end-to-end sum after)" "$binary" bench kernels --model klein-4b --only step --step-sizes "$size" --pipeline-statistics "${step_runs[@]}"
+# Where the flash kernel runs the blocks' attention, the step again with
+# it as products on the GEMM core (what runs it where the check fails).
+if [ "$pieces_flash" = 1 ]; then
+    step 30 "5. the 4B ${size}² step, its attention as products on the GEMM core" env FLUX_LITE_ATTENTION_KERNEL=products "$binary" bench kernels --model klein-4b --only step --step-sizes "$size" "${repeats[@]}"
+fi
 step "$vae_limit" "5. the ${size}² VAE decode (the tiny preview decoder's share) and encode, then the decode op by op" "$binary" bench kernels --model klein-4b --only vae,vae-ops --vae-size "$size" "${step_runs[@]}"
 if command -v python3 >/dev/null; then
     step 85 "5. PyTorch / diffusers bf16, same card" python3 ci/gpu_peer.py --bench "$report" \
