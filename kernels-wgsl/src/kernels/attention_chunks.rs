@@ -70,9 +70,9 @@ pub fn runs_chunked_attention(gpu: &Gpu) -> bool {
 #[allow(clippy::too_many_arguments)] // the attention's operands, its carry and its two scratches
 pub fn attention_chunked(gpu: &Gpu, sink: &mut dyn Sink, qkv: Qkv<'_>, o: Mat<'_>, carry: Option<Carry<'_>>, scratch: Mat<'_>, operands: &wgpu::Buffer, s: Attention) -> Result<(), GpuError> {
     let (rows, d) = (s.q_len, s.head_dim);
-    if !runs_chunked_attention(gpu) || s.causal || s.q_heads != 1 || s.kv_heads != 1 || !d.is_multiple_of(2) || !s.kv_len.is_multiple_of(2) {
+    if !runs_chunked_attention(gpu) || s.causal || s.q_heads != 1 || s.kv_heads != 1 || !d.is_multiple_of(2) {
         return Err(GpuError::UnsupportedShape(format!(
-            "chunked attention is the matrix tier's with f16 operands, of one non-causal head of an even width over an even number of keys ({} heads of {d} over {} keys)",
+            "chunked attention is the matrix tier's with f16 operands, of one non-causal head of an even width ({} heads of {d} over {} keys)",
             s.q_heads, s.kv_len
         )));
     }
@@ -99,12 +99,14 @@ pub fn attention_chunked(gpu: &Gpu, sink: &mut dyn Sink, qkv: Qkv<'_>, o: Mat<'_
         linear_from(gpu, sink, Input::Half(HalfMat::rows(queries, query_scales)), packed(key_rows, key_scales, d), None, scores, Gemm { m: rows, n, k: d })?;
         let factors = at(part.factors, 1);
         chunk_softmax(gpu, sink, [scores, state, factors], [rows, n], continues, s.scale, part.score_scales + scratch.offset)?;
-        let (value_rows, value_scales) = (beside(right.values, n / 2), beside(right.value_scales, 1));
+        // The weighted sum over whole f16 pairs: an odd chunk's probabilities and values padded with a zero.
+        let paired = n.next_multiple_of(2);
+        let (value_rows, value_scales) = (beside(right.values, paired / 2), beside(right.value_scales, 1));
         pack_columns(gpu, sink, rows_from(qkv.v, keys.start), [value_rows, value_scales], [n, d])?;
-        let weighted = Gemm { m: rows, n: d, k: n };
+        let weighted = Gemm { m: rows, n: d, k: paired };
         match continues {
-            true => linear_rescaling(gpu, sink, probabilities, packed(value_rows, value_scales, n), o, factors, weighted)?,
-            false => linear_from(gpu, sink, probabilities, packed(value_rows, value_scales, n), None, o, weighted)?,
+            true => linear_rescaling(gpu, sink, probabilities, packed(value_rows, value_scales, paired), o, factors, weighted)?,
+            false => linear_from(gpu, sink, probabilities, packed(value_rows, value_scales, paired), None, o, weighted)?,
         }
     }
     match carry.is_some_and(|c| c.keep_state) {
@@ -240,11 +242,12 @@ fn chunk_softmax(gpu: &Gpu, sink: &mut dyn Sink, [scores, state, factors]: [Mat<
 }
 
 /// [`PACK_COLUMNS`]: `keys` f32 rows of `width` values (`values`) into
-/// `width` f16 rows of `keys` values (`packed`, contiguous words) under
-/// each row's range scale (`scales`).
+/// `width` f16 rows of `keys` values (`packed`, contiguous words; an odd
+/// `keys` padded with a zero to whole pairs) under each row's range scale
+/// (`scales`).
 fn pack_columns(gpu: &Gpu, sink: &mut dyn Sink, values: Mat<'_>, [packed, scales]: [Mat<'_>; 2], [keys, width]: [u64; 2]) -> Result<(), GpuError> {
     let vw = window(gpu, values.buf, 4, values.offset..values.offset + (keys - 1) * values.stride + width, "attention values")?;
-    let dw = window(gpu, packed.buf, 4, packed.offset..packed.offset + width * keys / 2, "attention values packed")?;
+    let dw = window(gpu, packed.buf, 4, packed.offset..packed.offset + width * keys.div_ceil(2), "attention values packed")?;
     let cw = window(gpu, scales.buf, 4, scales.offset..scales.offset + width, "attention values' scales")?;
     let params = ChunkParams {
         keys: to_u32(keys, "attention keys")?,

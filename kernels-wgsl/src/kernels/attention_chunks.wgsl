@@ -81,7 +81,7 @@ fn workgroup_sum(lane: u32, v: f32) -> f32 {
 // the row's maximum so far (the carried one and this chunk's), each
 // exp(score·scale − maximum) rounded to f16 under the row's range scale
 // (the largest probability into [2¹³, 2¹⁴)) and written over the row's
-// first keys/2 words, the running sum (the carried one times
+// first (keys + 1)/2 words (an odd number of keys padded with a zero), the running sum (the carried one times
 // exp(old maximum − new), plus the f16 values as the product will read
 // them) and maximum kept in `state`, and that factor in `factors`, by
 // which the product that adds this chunk's P·V rescales the output so far.
@@ -148,7 +148,9 @@ fn chunk_softmax(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgrou
 // A chunk's values `[keys, width]` (f32 rows) as the weighted sum's right
 // operand: `[width, keys]` f16 pairs, each column of the values (a row
 // here) divided by its range scale over the chunk's keys, the scales
-// beside. A workgroup a column.
+// beside; an odd number of keys padded with a zero to whole pairs (the
+// probability chunk_softmax writes beside the last key is zero too). A
+// workgroup a column.
 @compute @workgroup_size(128)
 fn pack_columns(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let column = flat_workgroup(wid, nwg);
@@ -172,7 +174,7 @@ fn pack_columns(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup
     }
     // As half_pack.wgsl: ldexp by the exponent, which stays ≥ −126.
     let e = max(range_exponent(workgroup_max(lane, largest)), -126);
-    let out = p.dst + column * (p.keys / 2u);
+    let out = p.dst + column * ((p.keys + 1u) / 2u);
     for (var t = 0u; t < PAIRS; t++) {
         let pair = lane + t * LANES;
         if (2u * pair < p.keys) {

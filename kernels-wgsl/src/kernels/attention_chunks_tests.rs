@@ -8,11 +8,12 @@ use crate::testing::*;
 
 /// The VAE mid-block's width and narrow heads, over one part-filled chunk,
 /// over two (the second holding two keys) and over three (the last
-/// part-filled), against the f64 attention.
+/// part-filled), and over odd numbers of keys (one chunk of 301; a second
+/// of one key), against the f64 attention.
 #[test]
 fn chunked_attention_matches_the_oracle() {
     let Some(gpu) = f16_matrix_gpu() else { return };
-    for (case, seed) in [([40, 4200, 512], 1), ([33, 300, 64], 2), ([70, 4034, 32], 3)] {
+    for (case, seed) in [([40, 4200, 512], 1), ([33, 300, 64], 2), ([70, 4034, 32], 3), ([9, 301, 32], 7), ([21, 4033, 64], 8)] {
         let got = OneHead::new(case, [1.0, 1.0, 1.0], seed).error(&gpu).unwrap_or_else(|e| panic!("{e}"));
         println!("chunked attention {case:?}: relative L2 {got:.2e}");
         assert!(got <= MATRIX_ATTENTION, "{case:?}: {got:e}");
@@ -78,4 +79,30 @@ fn chunked_attention_is_refused_off_the_matrix_tiers_f16_operands() {
     }
     let err = OneHead::new([4, 8, 8], [1.0; 3], 6).error(gpu).unwrap_err();
     assert!(err.to_string().contains("chunked attention is the matrix tier's"), "{err}");
+}
+
+/// A chunk of an odd number of keys packed as the weighted sum's right
+/// operand: each column of the values a row of whole f16 pairs, the last
+/// padded with a zero, rows apart by those whole pairs (a row of
+/// `keys / 2` words would have run each column's last key into the next
+/// column's row), under the range rule's scale of the column, as the
+/// host's side of the rule packs the transposed values.
+#[test]
+fn pack_columns_pads_an_odd_number_of_keys_to_whole_pairs() {
+    let Some(gpu) = f16_matrix_gpu() else { return };
+    let (keys, width) = (5usize, 3usize);
+    let values: Vec<f32> = (0..keys * width).map(|i| (i as f32 - 6.5) * [1.0, 1e4, 1e-3][i % width]).collect();
+    let src = gpu.upload_f32("values", &values);
+    let words = (keys + 1) / 2 * width;
+    let out = crate::selftest::poisoned(&gpu, words + width);
+    let got = run_and_read(&gpu, &out, words + width, |enc| {
+        let (packed, scales) = (Mat::new(&out, 0), Mat { buf: &out, offset: words as u64, stride: 1 });
+        pack_columns(&gpu, enc, Mat::new(&src, width as u64), [packed, scales], [keys as u64, width as u64])
+    });
+    let column = |c: usize| (0..keys + 1).map(|k| if k < keys { values[k * width + c] } else { 0.0 }).collect::<Vec<f32>>();
+    let padded: Vec<f32> = (0..width).flat_map(column).collect();
+    let (want_words, want_scales) = crate::range_rule::pack_rows(&padded, width, keys + 1);
+    let got_words: Vec<u32> = got[..words].iter().map(|w| w.to_bits()).collect();
+    assert_eq!(got_words, want_words);
+    assert_eq!(&got[words..], &want_scales[..]);
 }

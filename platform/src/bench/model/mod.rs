@@ -311,7 +311,7 @@ impl<'g> ShapeBench<'g> {
             let d = self.attention_over_half_pieces(&qkv, s, piece, false)?;
             figures.push(figure(&format!("attention, f16 pieces of {piece} in memory in and out"), &d, 2)?);
             // What runs the blocks' attention where the flash kernel's check fails, timed wherever it can run.
-            if kernels::runs_chunked_attention(gpu) && tokens.is_multiple_of(2) {
+            if kernels::runs_chunked_attention(gpu) {
                 let d = self.attention_over_half_pieces(&qkv, s, piece, true)?;
                 figures.push(figure(&format!("attention as products on the GEMM core, f16 pieces of {piece} in and out"), &d, 2)?);
             }

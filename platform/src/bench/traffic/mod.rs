@@ -175,11 +175,10 @@ pub fn program_traffic<'o>(ops: impl IntoIterator<Item = &'o Op>, tier: Precisio
 
 /// [`op_traffic`] with the transformer's attention over every row into f16
 /// pieces as products on the GEMM core, as the matrix tier runs it where
-/// the flash kernel's check of its path failed (over an even number of
-/// keys; else as [`op_traffic`]).
+/// the flash kernel's check of its path failed.
 fn op_traffic_on_products(op: &Op, tier: Precision, m: &Machine) -> Traffic {
     match *op {
-        Op::Attention { len, heads, head_dim, q, o, .. } if is_matrix(tier) && len.is_multiple_of(2) && o.is_half() => {
+        Op::Attention { len, heads, head_dim, q, o, .. } if is_matrix(tier) && o.is_half() => {
             let piece = |x: flux_lite_core::ir::Operand| x.piece.filter(|_| x.is_half()).unwrap_or(0);
             attention_on_products(m, DataPath::of(tier), [len, heads, head_dim], [piece(q), piece(o)])
         }

@@ -202,7 +202,8 @@ pub(super) fn chunked_attention(m: &Machine, p: DataPath, [q_len, kv_len, d]: [u
         // Scores in, probabilities and their scales out, the state read and written, a factor a row.
         total += pass_on(m, q_len * keys * 4 + q_len * (keys * 2 + 4) + 5 * q_len * 4, 0, false);
         total += pass_on(m, keys * d * 4 + d * (keys * 2 + 4), 0, false);
-        total += linear(m, p, (half(keys), rows(d)), [q_len, d, keys], false, Out::Set);
+        // Over whole f16 pairs: an odd chunk padded with a zero.
+        total += linear(m, p, (half(keys.next_multiple_of(2)), rows(d)), [q_len, d, keys.next_multiple_of(2)], false, Out::Set);
         if continues {
             let read = q_len * d * 4 + q_len * 4;
             total += Traffic { dispatches: 0, bytes: read, flops: 0, seconds: read as f64 / m.bytes_per_second };

@@ -101,8 +101,7 @@ pub fn attention_buffers(gpu: &Gpu, program: &[Op]) -> (Option<DeviceBuffer>, Op
 /// `[len, head_dim]` of `op` where it is an attention that runs as
 /// products on the GEMM core on `gpu` (`kernels::attention_on_products`):
 /// the transformer's over every row into f16 pieces, over f16 pieces or
-/// f32 rows, where the device takes that path, over an even number of keys
-/// (its probabilities are f16 pairs).
+/// f32 rows, where the device takes that path.
 fn on_products(gpu: &Gpu, op: &Op) -> Option<[u64; 2]> {
     let Op::Attention { q, k, v, o, len, head_dim, .. } = op else { return None };
     let pieces = |x: &Operand| x.scales.is_some() && x.piece.is_some();
@@ -111,7 +110,7 @@ fn on_products(gpu: &Gpu, op: &Op) -> Option<[u64; 2]> {
         _ if [q, k, v].iter().all(|x| x.scales.is_none()) => false,
         _ => return None,
     };
-    (pieces(o) && len.is_multiple_of(2) && gpu.attention_on_products(half_inputs)).then_some([*len, *head_dim])
+    (pieces(o) && gpu.attention_on_products(half_inputs)).then_some([*len, *head_dim])
 }
 
 /// Attention of `q_len` queries over `kv_len` keys, every head its own
