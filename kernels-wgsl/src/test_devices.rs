@@ -59,7 +59,7 @@ pub fn with_f16_tiles(gpu: Gpu) -> Option<Gpu> {
 
 /// Whether `gpu` runs the matrix tier on f16 tiles.
 pub fn has_f16_tiles(gpu: &Gpu) -> bool {
-    gpu.matrix().is_some_and(|c| c.operands == crate::MatrixOperands::F16)
+    gpu.f16_operands()
 }
 
 /// A test cannot run a tier here: it says why on a `skipped:` line, unless

@@ -358,14 +358,20 @@ impl Gpu {
         self.attention
     }
 
+    /// Whether the device runs the matrix tier on f16 operands: the
+    /// half-precision data path (f16 activations and weights in memory,
+    /// the channels-last VAE, the chunked attention, the flash kernel).
+    pub fn f16_operands(&self) -> bool {
+        self.matrix().is_some_and(|c| c.operands == crate::MatrixOperands::F16)
+    }
+
     /// Whether the transformer's attention into f16 pieces, over f16 pieces
     /// (`half_inputs`) or f32 rows, runs as products on the GEMM core
     /// (`kernels::attention_on_products`): the matrix tier with f16 operands
     /// where the flash kernel's check of that path failed, or where the
     /// options ask for it.
     pub fn attention_on_products(&self, half_inputs: bool) -> bool {
-        let f16_operands = self.matrix().is_some_and(|c| c.operands == crate::MatrixOperands::F16);
-        f16_operands
+        self.f16_operands()
             && match self.attention {
                 AttentionChoice::Products => true,
                 AttentionChoice::Launcher => !self.flash.takes(half_inputs),
@@ -509,7 +515,7 @@ impl Gpu {
         flux_lite_core::plan::DeviceLimits {
             max_buffer: self.limits.max_buffer_size,
             max_binding: self.max_binding(),
-            half_operands: self.matrix().is_some_and(|c| c.operands == crate::MatrixOperands::F16),
+            half_operands: self.f16_operands(),
             attention_products: self.attention_on_products(true) || self.attention_on_products(false),
         }
     }

@@ -20,7 +20,6 @@ use crate::kernel::{kernel, wrapped_grid, Access::ReadWrite as RW, Kernel, Modul
 use crate::kernels::attention::{Attention, Carry, HalfQkv, Qkv};
 use crate::kernels::half_pack::{half_pack, half_widen};
 use crate::kernels::linear::{linear_from, linear_rescaling, Gemm, Input};
-use crate::precision::MatrixOperands;
 use crate::view::{HalfMat, HeadRows, Mat, RowScales, Weight, WeightDtype};
 use bytemuck::{Pod, Zeroable};
 use flux_lite_core::ir::{ChunkedOperands, ChunkedScratch, HeadsOnProducts, ATTENTION_KEY_CHUNK, ATTENTION_QUERY_BAND};
@@ -56,7 +55,7 @@ pub const NORMALISE_ROWS: Kernel = kernel(Module::AttentionChunks, "normalise_ro
 
 /// Whether `gpu` runs [`attention_chunked`]: the matrix tier with f16 operands.
 pub fn runs_chunked_attention(gpu: &Gpu) -> bool {
-    gpu.matrix().is_some_and(|c| c.operands == MatrixOperands::F16)
+    gpu.f16_operands()
 }
 
 /// Non-causal attention of one head on the matrix core over chunks of

@@ -8,7 +8,6 @@
 
 use crate::device::Gpu;
 use crate::kernels::attention::{flash_attention, flash_attention_half, Attention, HalfQkv, Qkv};
-use crate::precision::MatrixOperands;
 use crate::probe::ProbeError;
 use crate::range_rule::{pack_rows, unpack_rows};
 use crate::view::{HalfMat, Mat};
@@ -102,7 +101,7 @@ pub const VARIATIONS: [Case; 11] = [
 /// Whether `gpu` runs the flash attention at all: its tier is the matrix
 /// tier's f16 tiles (whether it passed its check or not).
 pub fn runs_on(gpu: &Gpu) -> bool {
-    gpu.matrix().is_some_and(|c| c.operands == MatrixOperands::F16)
+    gpu.f16_operands()
 }
 
 /// Deterministic values in [-1, 1) times `scale`: no random source needed at start-up.
