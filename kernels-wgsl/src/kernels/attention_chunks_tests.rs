@@ -93,7 +93,7 @@ fn pack_columns_pads_an_odd_number_of_keys_to_whole_pairs() {
     let (keys, width) = (5usize, 3usize);
     let values: Vec<f32> = (0..keys * width).map(|i| (i as f32 - 6.5) * [1.0, 1e4, 1e-3][i % width]).collect();
     let src = gpu.upload_f32("values", &values);
-    let words = (keys + 1) / 2 * width;
+    let words = keys.div_ceil(2) * width;
     let out = crate::selftest::poisoned(&gpu, words + width);
     let got = run_and_read(&gpu, &out, words + width, |enc| {
         let (packed, scales) = (Mat::new(&out, 0), Mat { buf: &out, offset: words as u64, stride: 1 });
