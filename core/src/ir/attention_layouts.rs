@@ -96,13 +96,13 @@ pub const ATTENTION_QUERY_BAND: u64 = 8192;
 /// Where an [`Op::Attention`](super::Op::Attention) over f16 pieces that runs as products on the
 /// GEMM core (the matrix tier's attention where its flash kernel is not
 /// proven) keeps its working values, in f32 elements of a buffer of the
-/// runner's: one head at a time, its queries, keys, values and output as
-/// f32 rows of `head_dim`, then a [`ChunkedScratch`] for a band of at most
-/// [`ATTENTION_QUERY_BAND`] queries. Its right operands lie in another
-/// ([`ChunkedOperands`]).
+/// runner's: one head at a time, its keys and values (widened from f16
+/// pieces) and its output as f32 rows of `head_dim`, then a
+/// [`ChunkedScratch`] for a band of at most [`ATTENTION_QUERY_BAND`]
+/// queries (its queries are read where they lie). Its right operands lie
+/// in another ([`ChunkedOperands`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HeadsOnProducts {
-    pub queries: u64,
     pub keys: u64,
     pub values: u64,
     pub output: u64,
@@ -112,13 +112,13 @@ pub struct HeadsOnProducts {
 
 impl HeadsOnProducts {
     pub const fn new(q_len: u64, kv_len: u64, head_dim: u64) -> Self {
-        let keys = after(0, q_len * head_dim);
+        let keys = 0;
         let values = after(keys, kv_len * head_dim);
         let output = after(values, kv_len * head_dim);
         let chunked = after(output, q_len * head_dim);
         let band = if q_len < ATTENTION_QUERY_BAND { q_len } else { ATTENTION_QUERY_BAND };
         let end = chunked + ChunkedScratch::new(band, head_dim).end;
-        Self { queries: 0, keys, values, output, chunked, end }
+        Self { keys, values, output, chunked, end }
     }
 
     /// Device bytes such an attention takes beside the arena: this scratch

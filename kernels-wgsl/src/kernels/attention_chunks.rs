@@ -68,6 +68,24 @@ pub fn runs_chunked_attention(gpu: &Gpu) -> bool {
 /// [`ChunkedOperands::bytes`]), f32 `q`, `k`, `v` and `o` rows of `s.head_dim`.
 #[allow(clippy::too_many_arguments)] // the attention's operands, its carry and its two scratches
 pub fn attention_chunked(gpu: &Gpu, sink: &mut dyn Sink, qkv: Qkv<'_>, o: Mat<'_>, carry: Option<Carry<'_>>, scratch: Mat<'_>, operands: &wgpu::Buffer, s: Attention) -> Result<(), GpuError> {
+    chunked_over(gpu, sink, Queries::Rows(qkv.q), [qkv.k, qkv.v], o, carry, [scratch, Mat::new(operands, 0)], s)
+}
+
+/// Where a chunked attention's queries come from: f32 rows, packed into
+/// f16 rows under their range scales first; or f16 rows already (in
+/// pieces: the transformer's), which the scores' product reads as stored.
+#[derive(Debug, Clone, Copy)]
+enum Queries<'a> {
+    Rows(Mat<'a>),
+    Half(HalfMat<'a>),
+}
+
+/// [`attention_chunked`] over `queries` of either kind, the keys and
+/// values f32 rows; `scratch` and `operands` as there (the operands' from
+/// the start of their buffer).
+#[allow(clippy::too_many_arguments)] // as attention_chunked
+fn chunked_over(gpu: &Gpu, sink: &mut dyn Sink, queries: Queries<'_>, [k, v]: [Mat<'_>; 2], o: Mat<'_>, carry: Option<Carry<'_>>, [scratch, operands]: [Mat<'_>; 2], s: Attention) -> Result<(), GpuError> {
+    let operands = operands.buf;
     let (rows, d) = (s.q_len, s.head_dim);
     if !runs_chunked_attention(gpu) || s.causal || s.q_heads != 1 || s.kv_heads != 1 || !d.is_multiple_of(2) {
         return Err(GpuError::UnsupportedShape(format!(
@@ -84,8 +102,14 @@ pub fn attention_chunked(gpu: &Gpu, sink: &mut dyn Sink, qkv: Qkv<'_>, o: Mat<'_
     let (part, right) = (ChunkedScratch::new(rows, d), ChunkedOperands::new(d));
     let at = |offset: u64, stride: u64| Mat { buf: scratch.buf, offset: scratch.offset + offset, stride };
     let beside = |offset: u64, stride: u64| Mat { buf: operands, offset, stride };
-    let (queries, query_scales) = (at(part.queries, d / 2), at(part.query_scales, 1));
-    half_pack(gpu, sink, qkv.q, queries, query_scales, HeadRows { tokens: rows, heads: 1, head_dim: d })?;
+    let queries = match queries {
+        Queries::Rows(q) => {
+            let (words, scales) = (at(part.queries, d / 2), at(part.query_scales, 1));
+            half_pack(gpu, sink, q, words, scales, HeadRows { tokens: rows, heads: 1, head_dim: d })?;
+            HalfMat::rows(words, scales)
+        }
+        Queries::Half(q) => q,
+    };
     let scores = at(part.scores, ATTENTION_KEY_CHUNK);
     let probabilities = Input::Half(HalfMat::rows(scores, at(part.score_scales, 1)));
     // Each row's maximum and sum side by side, whatever the carry's stride says (as the carried kernel reads them).
@@ -94,14 +118,14 @@ pub fn attention_chunked(gpu: &Gpu, sink: &mut dyn Sink, qkv: Qkv<'_>, o: Mat<'_
         let n = keys.end - keys.start;
         let continues = i > 0 || carry.is_some_and(|c| c.from_state);
         let (key_rows, key_scales) = (beside(right.keys, d / 2), beside(right.key_scales, 1));
-        half_pack(gpu, sink, rows_from(qkv.k, keys.start), key_rows, key_scales, HeadRows { tokens: n, heads: 1, head_dim: d })?;
-        linear_from(gpu, sink, Input::Half(HalfMat::rows(queries, query_scales)), packed(key_rows, key_scales, d), None, scores, Gemm { m: rows, n, k: d })?;
+        half_pack(gpu, sink, rows_from(k, keys.start), key_rows, key_scales, HeadRows { tokens: n, heads: 1, head_dim: d })?;
+        linear_from(gpu, sink, Input::Half(queries), packed(key_rows, key_scales, d), None, scores, Gemm { m: rows, n, k: d })?;
         let factors = at(part.factors, 1);
         chunk_softmax(gpu, sink, [scores, state, factors], [rows, n], continues, s.scale, part.score_scales + scratch.offset)?;
         // The weighted sum over whole f16 pairs: an odd chunk's probabilities and values padded with a zero.
         let paired = n.next_multiple_of(2);
         let (value_rows, value_scales) = (beside(right.values, paired / 2), beside(right.value_scales, 1));
-        pack_columns(gpu, sink, rows_from(qkv.v, keys.start), [value_rows, value_scales], [n, d])?;
+        pack_columns(gpu, sink, rows_from(v, keys.start), [value_rows, value_scales], [n, d])?;
         let weighted = Gemm { m: rows, n: d, k: paired };
         match continues {
             true => linear_rescaling(gpu, sink, probabilities, packed(value_rows, value_scales, paired), o, factors, weighted)?,
@@ -125,13 +149,14 @@ pub enum HeadInputs<'a> {
 /// Non-causal attention over f32 or f16-pieces queries, keys and values
 /// into f16 pieces, as products on the GEMM core: the matrix tier's
 /// attention for the transformer where [`Gpu::attention_on_products`] (its
-/// flash kernel not proven on that path). For each head: its queries, keys
-/// and values in pieces widened to f32 rows in `scratch` (exactly the
-/// values they stand for; f32 rows are read in place), [`attention_chunked`]
-/// over bands of at most [`ATTENTION_QUERY_BAND`] queries, and the output
-/// packed into `o`'s pieces under their range scales. `scratch` holds
-/// [`HeadsOnProducts`] (f32 elements from `scratch.offset`), `operands`
-/// [`ChunkedOperands`].
+/// flash kernel not proven on that path). For each head: its keys and
+/// values in pieces widened to f32 rows in `scratch` (exactly the values
+/// they stand for; f32 rows are read in place, and so are the queries, f16
+/// pieces read by the scores' product as stored), [`attention_chunked`]'s
+/// passes over bands of at most [`ATTENTION_QUERY_BAND`] queries, and the
+/// output packed into `o`'s pieces under their range scales. `scratch`
+/// holds [`HeadsOnProducts`] (f32 elements from `scratch.offset`),
+/// `operands` [`ChunkedOperands`].
 #[allow(clippy::too_many_arguments)] // the attention's operands and its two scratches
 pub fn attention_on_products(gpu: &Gpu, sink: &mut dyn Sink, qkv: HeadInputs<'_>, o: HalfMat<'_>, scratch: Mat<'_>, operands: &wgpu::Buffer, s: Attention) -> Result<(), GpuError> {
     on_products_in_bands(gpu, sink, qkv, o, [scratch.offset, ATTENTION_QUERY_BAND], scratch.buf, operands, s)
@@ -158,28 +183,31 @@ pub(crate) fn on_products_in_bands(gpu: &Gpu, sink: &mut dyn Sink, qkv: HeadInpu
         return Err(GpuError::UnsupportedShape(format!("an attention on products over {} queries and {} keys of {d} needs {} bytes of scratch", s.q_len, s.kv_len, 4 * part.end)));
     }
     let at = |offset: u64| Mat { buf: scratch.buf, offset: scratch.offset + offset, stride: d };
-    let [queries, keys, values, output] = [part.queries, part.keys, part.values, part.output].map(at);
+    let [keys, values, output] = [part.keys, part.values, part.output].map(at);
     let pieces = |rows: u64| HeadRows { tokens: rows, heads: d / piece, head_dim: piece };
     let one_head = Attention { q_heads: 1, kv_heads: 1, causal: false, ..s };
     let group = s.q_heads / s.kv_heads;
     for h in 0..s.q_heads {
         let kvh = h / group;
-        let head = match qkv {
-            HeadInputs::Rows(r) => Qkv { q: head_rows(r.q, h, d), k: head_rows(r.k, kvh, d), v: head_rows(r.v, kvh, d) },
+        // The queries as they are (f16 pieces: the scores' product reads them so); keys and values as f32 rows.
+        let (head_queries, kv) = match qkv {
+            HeadInputs::Rows(r) => (Queries::Rows(head_rows(r.q, h, d)), [head_rows(r.k, kvh, d), head_rows(r.v, kvh, d)]),
             HeadInputs::Pieces(p) => {
-                half_widen(gpu, sink, head_of(p.q, h, d)?, queries, pieces(s.q_len))?;
                 // Grouped heads share their keys and values: widened once a group.
                 if h % group == 0 {
                     half_widen(gpu, sink, head_of(p.k, kvh, d)?, keys, pieces(s.kv_len))?;
                     half_widen(gpu, sink, head_of(p.v, kvh, d)?, values, pieces(s.kv_len))?;
                 }
-                Qkv { q: queries, k: keys, v: values }
+                (Queries::Half(head_of(p.q, h, d)?), [keys, values])
             }
         };
         for rows in chunks(s.q_len, band) {
-            let band_qkv = Qkv { q: rows_from(head.q, rows.start), ..head };
+            let band_queries = match head_queries {
+                Queries::Rows(q) => Queries::Rows(rows_from(q, rows.start)),
+                Queries::Half(q) => Queries::Half(HalfMat { data: rows_from(q.data, rows.start), scales: rows_from(q.scales, rows.start), ..q }),
+            };
             let band_shape = Attention { q_len: rows.end - rows.start, ..one_head };
-            attention_chunked(gpu, sink, band_qkv, rows_from(output, rows.start), None, at(part.chunked), operands, band_shape)?;
+            chunked_over(gpu, sink, band_queries, kv, rows_from(output, rows.start), None, [at(part.chunked), Mat::new(operands, 0)], band_shape)?;
         }
         let out = head_of(o, h, d)?;
         half_pack(gpu, sink, output, out.data, out.scales, pieces(s.q_len))?;

@@ -190,11 +190,18 @@ pub(super) fn conv_nhwc(m: &Machine, p: DataPath, s: flux_lite_core::oracle::Con
 /// product's epilogue); the output divided by its sums after the last
 /// chunk, where no later call carries the softmax on.
 pub(super) fn chunked_attention(m: &Machine, p: DataPath, [q_len, kv_len, d]: [u64; 3], [from_state, keep_state]: [bool; 2]) -> Traffic {
+    let pack = |rows: u64| pass_on(m, rows * d * 4 + rows * (d * 2 + 4), 0, false);
+    pack(q_len) + chunked_passes(m, p, [q_len, kv_len, d], [from_state, keep_state])
+}
+
+/// [`chunked_attention`] over queries already f16 rows (the transformer's
+/// pieces, read as stored): its passes but the queries' pack.
+fn chunked_passes(m: &Machine, p: DataPath, [q_len, kv_len, d]: [u64; 3], [from_state, keep_state]: [bool; 2]) -> Traffic {
     // f32 rows in; f16 rows and a scale a row out.
     let pack = |rows: u64| pass_on(m, rows * d * 4 + rows * (d * 2 + 4), 0, false);
     let rows = |elements| Operand::from(flux_lite_core::ir::Span::new(0, elements));
     let half = |width| Operand::half_rows(flux_lite_core::ir::Span::new(0, width / 2), flux_lite_core::ir::Span::new(0, 1));
-    let mut total = pack(q_len);
+    let mut total = Traffic::default();
     for (i, keys) in pieces(kv_len, ATTENTION_KEY_CHUNK).enumerate() {
         let continues = i > 0 || from_state;
         total += pack(keys);
@@ -217,15 +224,20 @@ pub(super) fn chunked_attention(m: &Machine, p: DataPath, [q_len, kv_len, d]: [u
 
 /// The transformer's attention as products on the GEMM core (where the
 /// flash kernel is not proven) as its launcher lowers it, a head at a
-/// time: its queries, keys and values in f16 pieces widened to f32 rows
-/// (read in place where they are f32 rows), [`chunked_attention`] over its
-/// queries (bands of [`flux_lite_core::ir::ATTENTION_QUERY_BAND`]), and its
-/// output packed into f16 pieces.
+/// time: its keys and values in f16 pieces widened to f32 rows (read in
+/// place where they are f32 rows), [`chunked_attention`] over its queries
+/// (bands of [`flux_lite_core::ir::ATTENTION_QUERY_BAND`]; queries in f16
+/// pieces read as stored, f32 ones packed), and its output packed into
+/// f16 pieces.
 pub(super) fn attention_on_products(m: &Machine, p: DataPath, [len, heads, d]: [u64; 3], [qkv_piece, o_piece]: [u64; 2]) -> Traffic {
     // f16 pairs and a scale a piece in, f32 rows out.
-    let widen = |rows: u64| pass_on(m, rows * d * 2 + rows * (d / qkv_piece) * 4 + rows * d * 4, 0, false);
-    let widened = if qkv_piece > 0 { widen(len) + widen(len) + widen(len) } else { Traffic::default() };
-    let bands: Traffic = pieces(len, flux_lite_core::ir::ATTENTION_QUERY_BAND).map(|rows| chunked_attention(m, p, [rows, len, d], [false; 2])).sum();
+    let widen = |rows: u64| pass_on(m, rows * d * 2 + rows * (d / qkv_piece.max(1)) * 4 + rows * d * 4, 0, false);
+    let widened = if qkv_piece > 0 { widen(len) + widen(len) } else { Traffic::default() };
+    let band = |rows: u64| match qkv_piece > 0 {
+        true => chunked_passes(m, p, [rows, len, d], [false; 2]),
+        false => chunked_attention(m, p, [rows, len, d], [false; 2]),
+    };
+    let bands: Traffic = pieces(len, flux_lite_core::ir::ATTENTION_QUERY_BAND).map(band).sum();
     let pack = pass_on(m, len * d * 4 + len * d * 2 + len * (d / o_piece.max(1)) * 4, 0, false);
     (0..heads).map(|_| widened + bands + pack).sum()
 }
