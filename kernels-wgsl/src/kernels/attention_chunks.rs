@@ -170,12 +170,15 @@ pub(crate) fn on_products_in_bands(gpu: &Gpu, sink: &mut dyn Sink, qkv: HeadInpu
     let d = s.head_dim;
     let piece = o.piece.unwrap_or(0);
     let grouped = s.kv_heads > 0 && s.q_heads.is_multiple_of(s.kv_heads);
-    let inputs_fit = match qkv {
-        HeadInputs::Pieces(h) => [h.q.piece, h.k.piece, h.v.piece] == [o.piece; 3],
-        HeadInputs::Rows(_) => true,
+    let input_pieces = match qkv {
+        HeadInputs::Pieces(h) => [h.q.piece, h.k.piece, h.v.piece],
+        HeadInputs::Rows(_) => [o.piece; 3],
     };
-    if !inputs_fit || piece == 0 || !d.is_multiple_of(piece) || !grouped {
-        return Err(GpuError::UnsupportedShape(format!("attention on products over {qkv:?} into f16 pieces {:?}, {} heads over {} of {d}", o.piece, s.q_heads, s.kv_heads)));
+    if input_pieces != [o.piece; 3] || piece == 0 || !d.is_multiple_of(piece) || !grouped {
+        return Err(GpuError::UnsupportedShape(format!(
+            "attention on products over f16 pieces {input_pieces:?} (or f32 rows) into f16 pieces {:?}, {} heads over {} of {d}",
+            o.piece, s.q_heads, s.kv_heads
+        )));
     }
     let part = HeadsOnProducts::new(s.q_len, s.kv_len, d);
     let band_scratch = ChunkedScratch::new(band.min(s.q_len), d).end;
