@@ -68,7 +68,7 @@ pub fn runs_chunked_attention(gpu: &Gpu) -> bool {
 /// [`ChunkedOperands::bytes`]), f32 `q`, `k`, `v` and `o` rows of `s.head_dim`.
 #[allow(clippy::too_many_arguments)] // the attention's operands, its carry and its two scratches
 pub fn attention_chunked(gpu: &Gpu, sink: &mut dyn Sink, qkv: Qkv<'_>, o: Mat<'_>, carry: Option<Carry<'_>>, scratch: Mat<'_>, operands: &wgpu::Buffer, s: Attention) -> Result<(), GpuError> {
-    chunked_over(gpu, sink, Queries::Rows(qkv.q), [qkv.k, qkv.v], o, carry, [scratch, Mat::new(operands, 0)], s)
+    chunked_over(gpu, sink, Queries::Rows(qkv.q), [qkv.k, qkv.v], o, carry, scratch, operands, s)
 }
 
 /// Where a chunked attention's queries come from: f32 rows, packed into
@@ -81,11 +81,9 @@ enum Queries<'a> {
 }
 
 /// [`attention_chunked`] over `queries` of either kind, the keys and
-/// values f32 rows; `scratch` and `operands` as there (the operands' from
-/// the start of their buffer).
+/// values f32 rows; `scratch` and `operands` as there.
 #[allow(clippy::too_many_arguments)] // as attention_chunked
-fn chunked_over(gpu: &Gpu, sink: &mut dyn Sink, queries: Queries<'_>, [k, v]: [Mat<'_>; 2], o: Mat<'_>, carry: Option<Carry<'_>>, [scratch, operands]: [Mat<'_>; 2], s: Attention) -> Result<(), GpuError> {
-    let operands = operands.buf;
+fn chunked_over(gpu: &Gpu, sink: &mut dyn Sink, queries: Queries<'_>, [k, v]: [Mat<'_>; 2], o: Mat<'_>, carry: Option<Carry<'_>>, scratch: Mat<'_>, operands: &wgpu::Buffer, s: Attention) -> Result<(), GpuError> {
     let (rows, d) = (s.q_len, s.head_dim);
     if !runs_chunked_attention(gpu) || s.causal || s.q_heads != 1 || s.kv_heads != 1 || !d.is_multiple_of(2) {
         return Err(GpuError::UnsupportedShape(format!(
@@ -159,14 +157,13 @@ pub enum HeadInputs<'a> {
 /// `operands` [`ChunkedOperands`].
 #[allow(clippy::too_many_arguments)] // the attention's operands and its two scratches
 pub fn attention_on_products(gpu: &Gpu, sink: &mut dyn Sink, qkv: HeadInputs<'_>, o: HalfMat<'_>, scratch: Mat<'_>, operands: &wgpu::Buffer, s: Attention) -> Result<(), GpuError> {
-    on_products_in_bands(gpu, sink, qkv, o, [scratch.offset, ATTENTION_QUERY_BAND], scratch.buf, operands, s)
+    on_products_in_bands(gpu, sink, qkv, o, scratch, operands, s, ATTENTION_QUERY_BAND)
 }
 
-/// [`attention_on_products`] over bands of `band` queries (its scratch
-/// from element `scratch_at` of `scratch`), any band giving the same bits.
+/// [`attention_on_products`] over bands of `band` queries, any band giving
+/// the same bits.
 #[allow(clippy::too_many_arguments)] // as attention_on_products, and the band
-pub(crate) fn on_products_in_bands(gpu: &Gpu, sink: &mut dyn Sink, qkv: HeadInputs<'_>, o: HalfMat<'_>, [scratch_at, band]: [u64; 2], scratch: &wgpu::Buffer, operands: &wgpu::Buffer, s: Attention) -> Result<(), GpuError> {
-    let scratch = Mat { buf: scratch, offset: scratch_at, stride: 0 };
+pub(crate) fn on_products_in_bands(gpu: &Gpu, sink: &mut dyn Sink, qkv: HeadInputs<'_>, o: HalfMat<'_>, scratch: Mat<'_>, operands: &wgpu::Buffer, s: Attention, band: u64) -> Result<(), GpuError> {
     let d = s.head_dim;
     let piece = o.piece.unwrap_or(0);
     let grouped = s.kv_heads > 0 && s.q_heads.is_multiple_of(s.kv_heads);
@@ -210,7 +207,7 @@ pub(crate) fn on_products_in_bands(gpu: &Gpu, sink: &mut dyn Sink, qkv: HeadInpu
                 Queries::Half(q) => Queries::Half(HalfMat { data: rows_from(q.data, rows.start), scales: rows_from(q.scales, rows.start), ..q }),
             };
             let band_shape = Attention { q_len: rows.end - rows.start, ..one_head };
-            chunked_over(gpu, sink, band_queries, kv, rows_from(output, rows.start), None, [at(part.chunked), Mat::new(operands, 0)], band_shape)?;
+            chunked_over(gpu, sink, band_queries, kv, rows_from(output, rows.start), None, at(part.chunked), operands, band_shape)?;
         }
         let out = head_of(o, h, d)?;
         half_pack(gpu, sink, output, out.data, out.scales, pieces(s.q_len))?;

@@ -245,7 +245,7 @@ fn attention_of_pieces(gpu: &Gpu, [len, heads, head_dim]: [usize; 3], piece: usi
             let at = HeadsOnProducts::new(s.q_len, s.kv_len, s.head_dim).chunked;
             let scratch = poisoned(gpu, (at + ChunkedScratch::new(s.q_len, s.head_dim).end) as usize);
             let operands = poisoned(gpu, ChunkedOperands::new(s.head_dim).end as usize);
-            written_in_pieces(gpu, [len, width], piece, |enc, dst| on_products_in_bands(gpu, enc, HeadInputs::Pieces(qkv), dst, [0, band], &scratch, &operands, s))?
+            written_in_pieces(gpu, [len, width], piece, |enc, dst| on_products_in_bands(gpu, enc, HeadInputs::Pieces(qkv), dst, Mat::new(&scratch, 0), &operands, s, band))?
         }
         None => written_in_pieces(gpu, [len, width], piece, |enc, dst| attention_half_into_half(gpu, enc, qkv, None, dst, s))?,
     };

@@ -221,10 +221,16 @@ pub fn step(cfg: &TransformerConfig, [width, height]: [u64; 2], cell: u64, text:
     let tokens = Tokens { half_operands: is_matrix(tier), ..Tokens::plain(text, image) };
     let (_, blocks, _) = programs(cfg, tokens, chunk)?;
     let block = |index: usize, present: bool| present.then(|| program_traffic(&blocks[index], tier, m));
-    let attention_ops = || blocks.iter().flatten().filter(|op| matches!(op, Op::Attention { .. }));
     let on_products = is_matrix(tier).then(|| {
-        let step: Traffic = blocks.iter().flatten().map(|op| op_traffic_on_products(op, tier, m)).sum();
-        [step, attention_ops().map(|op| op_traffic_on_products(op, tier, m)).sum()]
+        let [mut step, mut attention] = [Traffic::default(); 2];
+        for op in blocks.iter().flatten() {
+            let t = op_traffic_on_products(op, tier, m);
+            step += t;
+            if matches!(op, Op::Attention { .. }) {
+                attention += t;
+            }
+        }
+        [step, attention]
     });
     Ok(StepTraffic {
         on_products,

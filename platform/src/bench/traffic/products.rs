@@ -190,21 +190,23 @@ pub(super) fn conv_nhwc(m: &Machine, p: DataPath, s: flux_lite_core::oracle::Con
 /// product's epilogue); the output divided by its sums after the last
 /// chunk, where no later call carries the softmax on.
 pub(super) fn chunked_attention(m: &Machine, p: DataPath, [q_len, kv_len, d]: [u64; 3], [from_state, keep_state]: [bool; 2]) -> Traffic {
-    let pack = |rows: u64| pass_on(m, rows * d * 4 + rows * (d * 2 + 4), 0, false);
-    pack(q_len) + chunked_passes(m, p, [q_len, kv_len, d], [from_state, keep_state])
+    pack_rows(m, q_len, d) + chunked_passes(m, p, [q_len, kv_len, d], [from_state, keep_state])
+}
+
+/// `rows` f32 rows of `d` packed as f16 rows under a scale a row (`half_pack`).
+fn pack_rows(m: &Machine, rows: u64, d: u64) -> Traffic {
+    pass_on(m, rows * d * 4 + rows * (d * 2 + 4), 0, false)
 }
 
 /// [`chunked_attention`] over queries already f16 rows (the transformer's
 /// pieces, read as stored): its passes but the queries' pack.
 fn chunked_passes(m: &Machine, p: DataPath, [q_len, kv_len, d]: [u64; 3], [from_state, keep_state]: [bool; 2]) -> Traffic {
-    // f32 rows in; f16 rows and a scale a row out.
-    let pack = |rows: u64| pass_on(m, rows * d * 4 + rows * (d * 2 + 4), 0, false);
     let rows = |elements| Operand::from(flux_lite_core::ir::Span::new(0, elements));
     let half = |width| Operand::half_rows(flux_lite_core::ir::Span::new(0, width / 2), flux_lite_core::ir::Span::new(0, 1));
     let mut total = Traffic::default();
     for (i, keys) in pieces(kv_len, ATTENTION_KEY_CHUNK).enumerate() {
         let continues = i > 0 || from_state;
-        total += pack(keys);
+        total += pack_rows(m, keys, d);
         total += linear(m, p, (half(d), rows(keys)), [q_len, keys, d], false, Out::Set);
         // Scores in, probabilities and their scales out, the state read and written, a factor a row.
         total += pass_on(m, q_len * keys * 4 + q_len * (keys * 2 + 4) + 5 * q_len * 4, 0, false);

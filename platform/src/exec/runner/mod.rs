@@ -89,13 +89,20 @@ impl DeviceLora {
 /// on `gpu`: the right operands for the widest head (chunked or on
 /// products), the scratch for the longest attention on products.
 pub fn attention_buffers(gpu: &Gpu, program: &[Op]) -> (Option<DeviceBuffer>, Option<DeviceBuffer>) {
-    let widest = program.iter().filter_map(|op| match op {
-        Op::ChunkedAttention { head_dim, .. } => Some(*head_dim),
-        _ => on_products(gpu, op).map(|[_, head_dim]| head_dim),
-    });
-    let operands = widest.max().map(|d| gpu.storage("attention operands", flux_lite_core::ir::ChunkedOperands::bytes(d)));
-    let longest = program.iter().filter_map(|op| on_products(gpu, op)).map(|[len, d]| flux_lite_core::ir::HeadsOnProducts::new(len, len, d).end).max();
-    (operands, longest.map(|elements| gpu.storage("attention on products", 4 * elements)))
+    let (mut widest, mut scratch) = (None::<u64>, None::<u64>);
+    for op in program {
+        let head_dim = match (op, on_products(gpu, op)) {
+            (Op::ChunkedAttention { head_dim, .. }, _) => *head_dim,
+            (_, Some([len, head_dim])) => {
+                scratch = scratch.max(Some(flux_lite_core::ir::HeadsOnProducts::new(len, len, head_dim).end));
+                head_dim
+            }
+            _ => continue,
+        };
+        widest = widest.max(Some(head_dim));
+    }
+    let operands = widest.map(|d| gpu.storage("attention operands", flux_lite_core::ir::ChunkedOperands::bytes(d)));
+    (operands, scratch.map(|elements| gpu.storage("attention on products", 4 * elements)))
 }
 
 /// `[len, head_dim]` of `op` where it is an attention that runs as
@@ -228,19 +235,13 @@ impl Runner {
                 }
             }
             Op::RopeInterleaved { data, table_row, tokens, heads, head_dim } => kernels::rope(gpu, sink, RopeStyle::Interleaved, self.mat(*data), kernels::RopeTables { cos: &self.rope_cos, sin: &self.rope_sin, first_row: *table_row }, kernels::HeadRows { tokens: *tokens, heads: *heads, head_dim: *head_dim }),
-            Op::Attention { q, k, v, o, len, heads, head_dim } => match (on_products(gpu, op), self.half(*o)) {
-                (Some(_), Some(out)) => {
-                    let missing = || GpuError::UnsupportedShape("an attention on products on a runner without its buffers".into());
-                    let scratch = self.products_scratch.as_ref().ok_or_else(missing)?;
-                    let operands = self.operands.as_ref().ok_or_else(missing)?;
-                    let inputs = match (self.half(*q), self.half(*k), self.half(*v)) {
-                        (Some(q), Some(k), Some(v)) => kernels::HeadInputs::Pieces(kernels::HalfQkv { q, k, v }),
-                        _ => kernels::HeadInputs::Rows(kernels::Qkv { q: self.mat(q.data), k: self.mat(k.data), v: self.mat(v.data) }),
-                    };
-                    kernels::attention_on_products(gpu, sink, inputs, out, Mat::new(scratch, 0), operands, non_causal(*len, *len, *heads, *head_dim))
+            Op::Attention { q, k, v, o, len, heads, head_dim } => {
+                let s = non_causal(*len, *len, *heads, *head_dim);
+                match on_products(gpu, op) {
+                    Some(_) => self.attend_on_products(gpu, sink, [*q, *k, *v, *o], s),
+                    None => self.attend(gpu, sink, [*q, *k, *v, *o], None, s),
                 }
-                _ => self.attend(gpu, sink, [*q, *k, *v, *o], None, non_causal(*len, *len, *heads, *head_dim)),
-            },
+            }
             Op::CrossAttention { q, k, v, o, q_len, kv_len, heads, head_dim } => {
                 let s = non_causal(*q_len, *kv_len, *heads, *head_dim);
                 kernels::attention(gpu, sink, kernels::Qkv { q: self.mat(*q), k: self.mat(*k), v: self.mat(*v) }, None, self.mat(*o), s)
@@ -369,6 +370,18 @@ impl Runner {
             (None, None, None, None) => kernels::attention(gpu, sink, qkv, key_keep, self.mat(o.data), s),
             _ => Err(GpuError::UnsupportedShape("attention over f16 queries, keys and values writes f16 rows in pieces, and reads all three so".into())),
         }
+    }
+
+    /// An attention [`on_products`] takes: f16 pieces or f32 rows in, f16
+    /// pieces out, on the runner's buffers for it.
+    fn attend_on_products(&self, gpu: &Gpu, sink: &mut dyn flux_lite_kernels::Sink, [q, k, v, o]: [Operand; 4], s: Attention) -> Result<(), GpuError> {
+        let missing = || GpuError::UnsupportedShape("an attention on products on a runner without its buffers, or not into f16 pieces".into());
+        let (scratch, operands, out) = (self.products_scratch.as_ref().ok_or_else(missing)?, self.operands.as_ref().ok_or_else(missing)?, self.half(o).ok_or_else(missing)?);
+        let inputs = match (self.half(q), self.half(k), self.half(v)) {
+            (Some(q), Some(k), Some(v)) => kernels::HeadInputs::Pieces(kernels::HalfQkv { q, k, v }),
+            _ => kernels::HeadInputs::Rows(kernels::Qkv { q: self.mat(q.data), k: self.mat(k.data), v: self.mat(v.data) }),
+        };
+        kernels::attention_on_products(gpu, sink, inputs, out, Mat::new(scratch, 0), operands, s)
     }
 
     /// The head norm a projection into f16 pieces of `piece` takes in its
