@@ -31,7 +31,7 @@ pub fn parse_limits(text: &str) -> Result<Option<DeviceLimits>, String> {
             let (buffer, binding) = pair
                 .split_once('/')
                 .ok_or_else(|| format!("--limits {text:?}: expected adapter, webgpu, or BUFFER/BINDING such as 4GiB/2GiB"))?;
-            Ok(Some(DeviceLimits { max_buffer: parse_size("--limits", buffer)?, max_binding: parse_size("--limits", binding)?, half_operands: false, attention_products: false }))
+            Ok(Some(DeviceLimits { max_buffer: parse_size("--limits", buffer)?, max_binding: parse_size("--limits", binding)?, half_operands: false, attention_products: flux_lite_core::ir::AttentionProducts::NONE }))
         }
     }
 }
@@ -75,7 +75,7 @@ mod tests {
     fn limits_by_name_or_as_two_sizes() {
         assert_eq!(parse_limits("adapter"), Ok(None));
         assert_eq!(parse_limits("webgpu"), Ok(Some(DeviceLimits::WEBGPU_DEFAULT)));
-        assert_eq!(parse_limits("4GiB/2GiB"), Ok(Some(DeviceLimits { max_buffer: 4 << 30, max_binding: 2 << 30, half_operands: false, attention_products: false })));
+        assert_eq!(parse_limits("4GiB/2GiB"), Ok(Some(DeviceLimits { max_buffer: 4 << 30, max_binding: 2 << 30, half_operands: false, attention_products: flux_lite_core::ir::AttentionProducts::NONE })));
         for bad in ["", "4GiB", "4GiB/", "gpu", "4GB/2GB"] {
             assert!(parse_limits(bad).unwrap_err().starts_with("--limits"), "{bad}");
         }

@@ -44,7 +44,7 @@ pub fn describe(gpu: &Gpu) -> String {
         (true, false) => "; flash attention over f32 rows",
         (false, false) => "",
     };
-    let products = if gpu.attention_on_products(true) || gpu.attention_on_products(false) { "; the transformer's attention as products on the GEMM core" } else { "" };
+    let products = if gpu.attention_on_products(true) || gpu.attention_on_products(false) { "; the transformer's and the text encoder's attention as products on the GEMM core" } else { "" };
     match (gpu.precision(), gpu.matrix()) {
         (Precision::Matrix, Some(c)) => format!("matrix ({}{paths}{products})", c.describe()),
         (Precision::F16, _) => "f16 (f16-staged tiles, f32 sums)".into(),

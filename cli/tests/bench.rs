@@ -64,12 +64,40 @@ fn traffic_prints_the_step_its_blocks_and_the_decode_from_the_configs_alone() {
     assert!(vae.contains(" GB moved, ") && vae.ends_with(" ms on H200"), "{vae}");
     // The step with its attention as products on the GEMM core (the matrix
     // tier where the flash kernel's check fails), on the matrix tier only:
-    // 25 blocks' attention, each 24 heads of 14 dispatches (the keys and
-    // values widened, two chunks of keys of five, the normalisation, the
-    // output packed; the queries' f16 pieces read as stored).
+    // 25 blocks' attention, each 24 heads in stacks of 7, 7, 7 and 3: a
+    // stack of g heads takes its keys and values widened (2), for each of
+    // two chunks of keys each head's keys packed and its scores' product
+    // (2g), the stack's softmax, values' pack and P·V (3), then the
+    // normalisation and each head's output packed (1 + g); the queries' f16
+    // pieces read as stored.
     let products = "step, attention as products on the GEMM core (where the flash kernel's check fails): ";
     assert!(matrix.lines().any(|l| l.starts_with(products) && l.ends_with(" ms on H200")) && !f32.contains(products), "{matrix}{f32}");
-    assert_eq!(figure_after(&matrix, "  of which attention: ", " dispatches"), (25 * 24 * 14).to_string(), "{matrix}");
+    let stack = |g: u64| 2 + 2 * (2 * g + 3) + 1 + g;
+    // The line two below `whole`'s, its attention's.
+    let attention_of = |whole: &str| {
+        let lines: Vec<&str> = matrix.lines().collect();
+        let at = lines.iter().position(|l| l.starts_with(whole)).unwrap_or_else(|| panic!("no {whole:?} line: {matrix}"));
+        figure_after(lines[at + 2], "  of which attention: ", " dispatches")
+    };
+    assert_eq!(attention_of(products), (25 * (3 * stack(7) + stack(3))).to_string(), "{matrix}");
+    // The text encoder's causal attention so too: 27 layers, each its 32
+    // heads (on 8 kv heads) in one stack over one chunk of its 512 keys,
+    // each kv head's keys packed once for its 4 query heads' scores.
+    let encoder = "text encoder, attention as products on the GEMM core (where the flash kernel's check fails): ";
+    assert!(!f32.contains(encoder), "{f32}");
+    assert_eq!(attention_of(encoder), (27 * (2 + (8 + 32 + 3) + 1 + 32)).to_string(), "{matrix}");
+    // Each whole's roofline again with its products' workgroups in whole
+    // waves of the H200's 264 slots: never shorter; the text encoder's
+    // products, 512 rows (4 blocks) tall, more than twice as long so.
+    for (what, tier) in [("text encoder: ", &matrix), ("step: ", &matrix), ("step, attention as products", &matrix), ("vae decode: ", &matrix), ("end to end (", &matrix), ("step: ", &f32)] {
+        let lines: Vec<&str> = tier.lines().collect();
+        let at = lines.iter().position(|l| l.starts_with(what)).unwrap_or_else(|| panic!("no {what:?} line: {tier}"));
+        let roofline: f64 = lines[at].split("roofline ").nth(1).unwrap().split(' ').next().unwrap().parse().unwrap();
+        let filled: f64 = lines[at + 1].strip_prefix("  in whole waves (each product's workgroups 264 at a time, two on each multiprocessor): ").unwrap_or_else(|| panic!("{}", lines[at + 1])).trim_end_matches(" ms").parse().unwrap();
+        assert!(filled >= roofline && (what != "text encoder: " || filled > 2.0 * roofline), "{what}: {roofline} ms, in whole waves {filled} ms");
+    }
+    // Its P·V over a stack of 7 heads fills 252 blocks a product, where one head's fills 36.
+    assert!(matrix.contains("  its P·V in stacks of 7 of 24 heads: 252 blocks of 128 × 128 a product, where one head's alone gives 36 "), "{matrix}");
     // The matrix tier measures the f32 inputs of its products in passes of
     // their own (outside the blocks: the timestep's, the embedders' and the
     // final projection's); inside the blocks every product's input comes as

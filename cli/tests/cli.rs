@@ -234,8 +234,8 @@ fn the_gpu_variant_scripts_apply_to_the_kernels_as_built() {
             if script == "flash_variants.py" && said.contains("matrix tier: matrix (") {
                 assert_eq!(said.contains("; flash attention)"), !probe, "{script}: variant {name}: {said}");
                 if probe {
-                    assert!(said.contains("; flash attention over f16 pieces; the transformer's attention as products on the GEMM core) (notice: the flash attention failed its known-answer check"), "{script}: variant {name}: {said}");
-                    assert!(said.contains("attention over f32 rows runs as products on the GEMM core (the transformer's) or on the matrix tier's one-subgroup kernel, over f16 pieces on the flash kernel"), "{script}: variant {name}: {said}");
+                    assert!(said.contains("; flash attention over f16 pieces; the transformer's and the text encoder's attention as products on the GEMM core) (notice: the flash attention failed its known-answer check"), "{script}: variant {name}: {said}");
+                    assert!(said.contains("attention over f32 rows runs as products on the GEMM core (the transformer's and the text encoder's) or on the matrix tier's one-subgroup kernel, over f16 pieces on the flash kernel"), "{script}: variant {name}: {said}");
                 }
             }
         }

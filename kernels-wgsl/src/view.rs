@@ -21,6 +21,11 @@ impl<'a> Mat<'a> {
     pub fn cols_from(self, cols: u64) -> Self {
         Self { offset: self.offset + cols, ..self }
     }
+
+    /// The rows from row `row` on.
+    pub fn rows_from(self, row: u64) -> Self {
+        Self { offset: self.offset + row * self.stride, ..self }
+    }
 }
 
 /// Rows of f16 values, two a u32 word (the even one in the low half), each
@@ -53,6 +58,11 @@ impl<'a> HalfMat<'a> {
     pub fn cols_from(self, cols: u64) -> Option<Self> {
         let piece = self.piece.filter(|&p| cols.is_multiple_of(p) && p.is_multiple_of(2))?;
         Some(Self { data: self.data.cols_from(cols / 2), scales: self.scales.cols_from(cols / piece), ..self })
+    }
+
+    /// The rows from row `row` on, with their scales.
+    pub fn rows_from(self, row: u64) -> Self {
+        Self { data: self.data.rows_from(row), scales: self.scales.rows_from(row), ..self }
     }
 }
 

@@ -84,6 +84,20 @@ fn the_text_encoder_runs_the_half_precision_data_path_on_the_matrix_tier() {
     check("matrix wide-heads prompt_embeds", &got, &g.f32("prompt_embeds").0, other_tiers::TEXT_ENCODER);
 }
 
+/// The text encoder's causal attention as products on the GEMM core (what
+/// runs it where the flash kernel's check fails, asked for here where it
+/// passes): the wide-heads encoder (4 query heads on 2 kv heads of 32, the
+/// prompt's padding keys hidden) within the half tiers' bound.
+#[test]
+fn the_text_encoders_attention_on_products() {
+    let options = GpuOptions { precision: Precision::Matrix, attention: AttentionChoice::Products, ..flux_lite_kernels::test_devices::options() };
+    let Some(gpu) = tier_gpu_with(options).and_then(with_f16_tiles) else { return };
+    let (enc, g) = flux_lite_tests::wide_heads_text_encoder(&gpu);
+    assert!(enc.runner().products_scratch.is_some(), "the wide-heads encoder's attention is not on products");
+    let got = flux_lite_tests::encode_goldens(&gpu, &enc, &g);
+    check("matrix, attention on products, wide-heads prompt_embeds", &got, &g.f32("prompt_embeds").0, other_tiers::TEXT_ENCODER);
+}
+
 #[test]
 fn a_text_encoder_with_heads_of_32_on_the_half_tiers() {
     for gpu in half_tiers() {
@@ -98,7 +112,7 @@ fn velocities_on_the_half_tiers() {
     for gpu in half_tiers() {
         let on_products = velocities_within_bound(&gpu, gpu.precision().name());
         // Where the flash kernel passed its check, it runs the attention.
-        assert_eq!(on_products > 0, gpu.plan_limits().attention_products);
+        assert_eq!(on_products > 0, gpu.plan_limits().attention_products.any());
     }
 }
 
@@ -110,7 +124,7 @@ fn velocities_on_the_half_tiers() {
 fn velocities_with_the_transformers_attention_on_products() {
     let options = GpuOptions { precision: Precision::Matrix, attention: AttentionChoice::Products, ..flux_lite_kernels::test_devices::options() };
     let Some(gpu) = tier_gpu_with(options).and_then(with_f16_tiles) else { return };
-    assert!(gpu.attention_on_products(true) && gpu.attention_on_products(false) && gpu.plan_limits().attention_products);
+    assert!(gpu.attention_on_products(true) && gpu.attention_on_products(false) && gpu.plan_limits().attention_products.any());
     let on_products = velocities_within_bound(&gpu, "matrix, attention on products,");
     println!("{on_products} of {} cases' attention on products", CASES.len());
     assert!(on_products > 0, "no case's attention ran on products");

@@ -26,7 +26,7 @@ pub fn run(model: &str, [width, height]: [u64; 2], tier: Precision) -> Result<()
     let decode = traffic::vae_decode(&vae, [width, height], tier, &m).map_err(|e| e.to_string())?;
     let encode = traffic::vae_encode(&vae, [width, height], tier, &m).map_err(|e| e.to_string())?;
     let preview = traffic::preview_decode(&vae, [width, height], tier, &m).map_err(|e| e.to_string())?;
-    let prompt = traffic::text_encoder(&text_encoder, PROMPT_TOKENS, tier, &m).map_err(|e| e.to_string())?;
+    let (prompt, prompt_on_products) = traffic::text_encoder(&text_encoder, PROMPT_TOKENS, tier, &m).map_err(|e| e.to_string())?;
     // As `gen` runs the model by default: its steps, guided unless distilled.
     let steps = default_steps_for(distilled) as u64;
     let generation = traffic::end_to_end(&prompt.total, &step.step, steps, !distilled, &decode.total);
@@ -43,7 +43,14 @@ pub fn run(model: &str, [width, height]: [u64; 2], tier: Precision) -> Result<()
     let run = text_encoder.output_layers().into_iter().max().unwrap_or(0);
     let layers = format!("{run} of {} layers", text_encoder.num_hidden_layers);
     say!("text encoder: {} ({PROMPT_TOKENS} tokens, {layers})", line(&prompt.total, m.name));
+    say!("{}", waves(&prompt.total, &m));
+    if let Some([whole, attention]) = prompt_on_products {
+        say!("text encoder, attention as products on the GEMM core (where the flash kernel's check fails): {}", line(&whole, m.name));
+        say!("{}", waves(&whole, &m));
+        say!("  of which attention: {}", attention_line(&attention));
+    }
     say!("step: {}", line(&step.step, m.name));
+    say!("{}", waves(&step.step, &m));
     if let Some(t) = step.double_block {
         say!("double block: {} dispatches (budget {}), {} GB moved", t.dispatches, traffic::DOUBLE_BLOCK_DISPATCHES, gb(t.bytes));
     }
@@ -52,11 +59,14 @@ pub fn run(model: &str, [width, height]: [u64; 2], tier: Precision) -> Result<()
     }
     if let Some([on_products, attention]) = step.on_products {
         say!("step, attention as products on the GEMM core (where the flash kernel's check fails): {}", line(&on_products, m.name));
-        say!("  of which attention: {} dispatches, {} GB moved, roofline {:.1} ms", attention.dispatches, gb(attention.bytes), attention.seconds * 1e3);
+        say!("{}", waves(&on_products, &m));
+        say!("  of which attention: {}", attention_line(&attention));
+        say!("  {}", stacks(&transformer, PROMPT_TOKENS + step.image_tokens, m.max_buffer));
     }
     for (what, t) in [("decode", &decode), ("encode", &encode)] {
         let how = if t.whole { String::new() } else { format!(" (laid out whole; at this size gen {what}s by bands, whose copies are not counted)") };
         say!("vae {what}: {}{how}", line(&t.total, m.name));
+        say!("{}", waves(&t.total, &m));
     }
     let share = 100.0 * preview.total.seconds / decode.total.seconds;
     say!("preview decode (a tiny decoder of TAEF2's shape, after a step): {}, {share:.1}% of the VAE decode's roofline", line(&preview.total, m.name));
@@ -66,6 +76,7 @@ pub fn run(model: &str, [width, height]: [u64; 2], tier: Precision) -> Result<()
         false => format!("{} encodes (the prompt's and the negative's), {steps} guided steps ({} passes)", passes.encodes, passes.transformer),
     };
     say!("end to end ({how}, the decode): {}", line(&generation, m.name));
+    say!("{}", waves(&generation, &m));
     say!();
     by_kind_table("text encoder", &prompt.by_kind);
     say!();
@@ -81,16 +92,26 @@ pub fn run(model: &str, [width, height]: [u64; 2], tier: Precision) -> Result<()
 
 /// `what`'s traffic as a table, a row for each kind of op.
 fn by_kind_table(what: &str, rows: &[(&str, Traffic)]) {
-    say!("| {what}, by op | dispatches | GB moved | TFLOP | roofline ms |");
-    say!("|---|---|---|---|---|");
+    say!("| {what}, by op | dispatches | GB moved | TFLOP | roofline ms | in whole waves ms |");
+    say!("|---|---|---|---|---|---|");
     for (kind, t) in rows {
-        say!("| {kind} | {} | {} | {} | {} |", t.dispatches, gb(t.bytes), significant(t.flops as f64 / 1e12), significant(t.seconds * 1e3));
+        say!("| {kind} | {} | {} | {} | {} | {} |", t.dispatches, gb(t.bytes), significant(t.flops as f64 / 1e12), significant(t.seconds * 1e3), significant(t.filled * 1e3));
     }
 }
 
 /// `N dispatches, X GB moved, Y TFLOP, roofline Z ms on MACHINE`.
 fn line(t: &Traffic, machine: &str) -> String {
     format!("{} dispatches, {} GB moved, {} TFLOP, roofline {} ms on {machine}", t.dispatches, gb(t.bytes), significant(t.flops as f64 / 1e12), significant(t.seconds * 1e3))
+}
+
+/// An attention's share of a whole: `N dispatches, X GB moved, roofline Z ms (W ms in whole waves)`.
+fn attention_line(t: &Traffic) -> String {
+    format!("{} dispatches, {} GB moved, roofline {:.1} ms ({:.1} ms in whole waves)", t.dispatches, gb(t.bytes), t.seconds * 1e3, t.filled * 1e3)
+}
+
+/// The roofline again with each product's workgroups in whole waves of the machine's slots.
+fn waves(t: &Traffic, m: &traffic::Machine) -> String {
+    format!("  in whole waves (each product's workgroups {} at a time, two on each multiprocessor): {} ms", m.workgroup_slots, significant(t.filled * 1e3))
 }
 
 /// Bytes in GB (10⁹), as [`significant`] writes them.
@@ -103,4 +124,19 @@ fn gb(bytes: u64) -> String {
 fn significant(v: f64) -> String {
     let decimals = if v >= 1.0 || v == 0.0 { 3 } else { (2 - v.log10().floor() as i32) as usize };
     format!("{v:.decimals$}")
+}
+
+/// How the attention on products stacks its heads at `tokens` tokens, and
+/// how many blocks of the GEMM core (128 rows and columns on an H200's
+/// 16×16 tiles) its `P·V` gives a dispatch so, against one head alone.
+fn stacks(transformer: &flux_lite_core::config::TransformerConfig, tokens: u64, max_buffer: u64) -> String {
+    use flux_lite_core::ir::{head_blocks, HeadsOnProducts, ATTENTION_FILL_BLOCKS, ATTENTION_QUERY_BAND};
+    let (heads, d) = (transformer.num_attention_heads as u64, transformer.attention_head_dim as u64);
+    let part = HeadsOnProducts::new(tokens, tokens, d, heads, max_buffer);
+    let one = head_blocks(tokens.min(ATTENTION_QUERY_BAND), d);
+    format!(
+        "its P·V in stacks of {} of {heads} heads: {} blocks of 128 × 128 a product, where one head's alone gives {one} ({ATTENTION_FILL_BLOCKS} keep two workgroups on each of an H200's 132 multiprocessors)",
+        part.heads,
+        part.heads * one
+    )
 }

@@ -235,7 +235,7 @@ pub fn chunked_band_elements(head_dim: u64, keys: u64) -> (u64, u64) {
 pub fn attention_operand_bytes(cfg: &VaeConfig, channels_last: bool) -> u64 {
     let top = [cfg.decoder_channels(), &cfg.block_out_channels].iter().filter_map(|c| c.last().copied()).max().unwrap_or(0) as u64;
     match channels_last && cfg.mid_block_add_attention {
-        true => ChunkedOperands::bytes(top),
+        true => ChunkedOperands::bytes(top, 1, ATTENTION_KEY_CHUNK),
         false => 0,
     }
 }

@@ -199,20 +199,19 @@ pub(super) fn denoise_fixed(input: &PlanInput<'_>, chunk: u64, mode: KvMode, hal
         Some(kv) if kv.cache.is_some() => [Some(l.with_pass(transformer::KvPass::Extract)), Some(l.with_pass(transformer::KvPass::Cached))],
         _ => [Some(l.clone()), None],
     };
-    let mut steps = 1;
+    // Where the blocks' attention runs as products on the GEMM core (over every row, unchunked): their buffers.
+    let (mut steps, mut products) = (1, crate::ir::ProductBuffers::default());
     for l in passes.iter().flatten() {
         steps += count(|emit| transformer::prologue(l, emit)) + count(|emit| transformer::epilogue(l, emit));
-        steps += c.num_layers as u64 * count(|emit| transformer::double_block(l, 0, emit));
-        steps += c.num_single_layers as u64 * count(|emit| transformer::single_block(l, 0, emit));
+        if c.num_layers > 0 {
+            steps += c.num_layers as u64 * count_sizing(|emit| transformer::double_block(l, 0, emit), &mut products, &input.limits);
+        }
+        if c.num_single_layers > 0 {
+            steps += c.num_single_layers as u64 * count_sizing(|emit| transformer::single_block(l, 0, emit), &mut products, &input.limits);
+        }
     }
     let tables = 2 * 4 * (text + tokens.image()) * c.attention_head_dim as u64;
     let unconditional = 4 * image * c.out_channels as u64;
     let readback = 4 * image * c.in_channels as u64;
-    // Attention over every row in one op (unchunked) on products: its scratch beside the arena.
-    let rows = text + tokens.image();
-    let products = match input.limits.attention_products && chunk >= rows {
-        true => crate::ir::HeadsOnProducts::bytes(rows, rows, c.attention_head_dim as u64),
-        false => 0,
-    };
-    Ok((arena.high_water(), tables + unconditional + readback + products + overhead(steps)))
+    Ok((arena.high_water(), tables + unconditional + readback + products.bytes() + overhead(steps)))
 }

@@ -193,16 +193,15 @@ pub struct DeviceLimits {
     /// (the matrix tier with f16 operands), which halves the bytes of the
     /// transformer's normalised rows ([`crate::models::transformer::Tokens::half_operands`]).
     pub half_operands: bool,
-    /// Whether the transformer's attention over every row (`Op::Attention`)
-    /// runs as products on the GEMM core ([`crate::ir::HeadsOnProducts`]:
-    /// the matrix tier where its flash kernel's check over f16 pieces
-    /// failed), which takes a scratch beside the arena.
-    pub attention_products: bool,
+    /// Which attentions run as products on the GEMM core
+    /// ([`crate::ir::HeadsOnProducts`]: the matrix tier's, on the paths where
+    /// its flash kernel's check failed), which take a scratch beside the arena.
+    pub attention_products: crate::ir::AttentionProducts,
 }
 
 impl DeviceLimits {
     /// WebGPU's default limits, which every adapter grants: 256 MiB buffers, 128 MiB bindings.
-    pub const WEBGPU_DEFAULT: DeviceLimits = DeviceLimits { max_buffer: 256 << 20, max_binding: 128 << 20, half_operands: false, attention_products: false };
+    pub const WEBGPU_DEFAULT: DeviceLimits = DeviceLimits { max_buffer: 256 << 20, max_binding: 128 << 20, half_operands: false, attention_products: crate::ir::AttentionProducts::NONE };
 }
 
 /// Everything a plan depends on.
@@ -318,9 +317,10 @@ pub fn largest_binding(input: &PlanInput<'_>, plan: &Plan) -> Result<u64, PlanEr
 
 /// Plans the text encoder's phase alone (`flux-lite encode`): its fastest
 /// strategy within `budget` for `prompt_tokens` tokens, one prompt's
-/// embedding held at a time (on the half-precision data path where `half_operands`).
-pub fn plan_encode(c: &Qwen3Config, prompt_tokens: u64, half_operands: bool, weights: WeightSizes, tokenizer_bytes: u64, budget: Option<u64>) -> Result<PhasePlan, PlanError> {
-    let options = encode_phase(c, prompt_tokens, half_operands, weights, host::text_encoder(c, prompt_tokens, tokenizer_bytes, 1))?;
+/// embedding held at a time (on the half-precision data path where the
+/// device's `limits` have f16 operands).
+pub fn plan_encode(c: &Qwen3Config, prompt_tokens: u64, limits: DeviceLimits, weights: WeightSizes, tokenizer_bytes: u64, budget: Option<u64>) -> Result<PhasePlan, PlanError> {
+    let options = encode_phase(c, prompt_tokens, limits, weights, host::text_encoder(c, prompt_tokens, tokenizer_bytes, 1))?;
     let budget = budget.unwrap_or(u64::MAX);
     let need = options.smallest();
     options.fastest_within(budget).ok_or(PlanError::TooSmall { budget, phase: "the text encoder", minimum: need.total(), device: need.device, host: need.host })
@@ -422,23 +422,27 @@ pub(crate) fn overhead(steps: u64) -> u64 {
 
 /// The text encoder's options for a run.
 fn encode_input(input: &PlanInput<'_>) -> Result<PhaseOptions, PlanError> {
-    encode_phase(input.text_encoder, input.prompt_tokens, input.limits.half_operands, input.text_encoder_weights, host::encode(input))
+    encode_phase(input.text_encoder, input.prompt_tokens, input.limits, input.text_encoder_weights, host::encode(input))
 }
 
 /// The text encoder's options (its activations on the half-precision data
-/// path where `half_operands`); its other bytes are the RoPE tables, the key
-/// mask and the readback of the embedding; `host`: its host bytes.
-fn encode_phase(c: &Qwen3Config, tokens: u64, half_operands: bool, weights: WeightSizes, host: u64) -> Result<PhaseOptions, PlanError> {
+/// path where the device has f16 operands); its other bytes are the RoPE
+/// tables, the key mask, the readback of the embedding and, where its
+/// attention runs as products on the GEMM core (into f16 pieces, the flash
+/// kernel not proven), their scratch; `host`: its host bytes.
+fn encode_phase(c: &Qwen3Config, tokens: u64, limits: DeviceLimits, weights: WeightSizes, host: u64) -> Result<PhaseOptions, PlanError> {
     let mut arena = BumpArena::new(u64::MAX);
-    let l = text_encoder::TextEncoderLayout::new(c, tokens, c.output_layers(), half_operands, &mut arena)
+    let l = text_encoder::TextEncoderLayout::new(c, tokens, c.output_layers(), limits.half_operands, &mut arena)
         .map_err(|_| PlanError::Size("the text encoder's picked layers do not exist"))?;
+    // Where its attention runs as products on the GEMM core: their buffers.
+    let mut products = crate::ir::ProductBuffers::default();
     let mut steps = count(|emit| text_encoder::prologue(&l, emit));
     for i in 0..l.layers_to_run() {
-        steps += count(|emit| text_encoder::layer(&l, i, emit));
+        steps += count_sizing(|emit| text_encoder::layer(&l, i, emit), &mut products, &limits);
     }
     let tables = 2 * 4 * tokens * c.head_dim as u64 + 4 * tokens.max(1);
     let readback = 4 * tokens * 3 * c.hidden_size as u64;
-    Ok(PhaseOptions { weights, fixed: (arena.high_water(), tables + readback + overhead(steps)), host })
+    Ok(PhaseOptions { weights, fixed: (arena.high_water(), tables + readback + products.bytes() + overhead(steps)), host })
 }
 
 const REFERENCE_SIZE: &str = "a reference image's size is not a positive multiple of 2 × the VAE scale factor";
@@ -465,6 +469,17 @@ fn latent_grid(input: &PlanInput<'_>) -> Result<(u64, u64), PlanError> {
 fn count(program: impl FnOnce(&mut dyn FnMut(Op))) -> u64 {
     let mut n = 0;
     program(&mut |_| n += 1);
+    n
+}
+
+/// [`count`], each op's buffers for an attention on products on a device
+/// of `limits` gathered into `products` on the way.
+fn count_sizing(program: impl FnOnce(&mut dyn FnMut(Op)), products: &mut crate::ir::ProductBuffers, limits: &DeviceLimits) -> u64 {
+    let mut n = 0;
+    program(&mut |op| {
+        n += 1;
+        products.add(&op, limits.attention_products, limits.max_buffer);
+    });
     n
 }
 

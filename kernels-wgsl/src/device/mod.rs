@@ -516,7 +516,7 @@ impl Gpu {
             max_buffer: self.limits.max_buffer_size,
             max_binding: self.max_binding(),
             half_operands: self.f16_operands(),
-            attention_products: self.attention_on_products(true) || self.attention_on_products(false),
+            attention_products: flux_lite_core::ir::AttentionProducts { over_pieces: self.attention_on_products(true), over_rows: self.attention_on_products(false) },
         }
     }
 

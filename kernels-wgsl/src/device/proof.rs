@@ -79,10 +79,10 @@ impl Gpu {
         if failed.is_empty() {
             return outcome;
         }
-        // What runs a path the flash kernel does not take: the transformer's attention as products on the GEMM core, where the device runs those.
+        // What runs a path the flash kernel does not take: the transformer's and the text encoder's attention as products on the GEMM core, where the device runs those.
         let path = |half_inputs: bool| match (self.flash.takes(half_inputs), self.attention_on_products(half_inputs)) {
             (true, _) => "on the flash kernel",
-            (false, true) => "as products on the GEMM core (the transformer's) or on the matrix tier's one-subgroup kernel",
+            (false, true) => "as products on the GEMM core (the transformer's and the text encoder's) or on the matrix tier's one-subgroup kernel",
             (false, false) => "on the matrix tier's one-subgroup kernel",
         };
         let runs = match self.flash {
@@ -250,8 +250,8 @@ mod tests {
         assert_eq!(failing.prove_flash(|_, _| Err(ProbeError::Wrong("flash attention output 3 is NaN".into()))), FlashCheck::Failed);
         assert_eq!(failing.flash_attention(), none);
         let notice = failing.notice().unwrap_or("");
-        assert!(notice.starts_with("the flash attention failed its known-answer check on ") && notice.contains("output 3 is NaN") && notice.ends_with("attention over f16 pieces runs as products on the GEMM core (the transformer's) or on the matrix tier's one-subgroup kernel, over f32 rows as products on the GEMM core (the transformer's) or on the matrix tier's one-subgroup kernel"), "{notice}");
-        assert!(failing.attention_on_products(true) && failing.attention_on_products(false) && failing.plan_limits().attention_products);
+        assert!(notice.starts_with("the flash attention failed its known-answer check on ") && notice.contains("output 3 is NaN") && notice.ends_with("attention over f16 pieces runs as products on the GEMM core (the transformer's and the text encoder's) or on the matrix tier's one-subgroup kernel, over f32 rows as products on the GEMM core (the transformer's and the text encoder's) or on the matrix tier's one-subgroup kernel"), "{notice}");
+        assert!(failing.attention_on_products(true) && failing.attention_on_products(false) && failing.plan_limits().attention_products == flux_lite_core::ir::AttentionProducts { over_pieces: true, over_rows: true });
         // Each path stands on its own check: one wrong over f32 rows leaves the pieces' path on the flash kernel.
         let mut rows_wrong = fresh();
         let rows_only = |_: &Gpu, case: &Case| if case.pieces { Ok(()) } else { Err(ProbeError::Wrong("flash attention over f32 rows: output 6015 is -inf".into())) };
@@ -259,16 +259,16 @@ mod tests {
         assert_eq!(rows_wrong.flash_attention(), FlashPaths { rows: false, pieces: true });
         assert!(takes_flash(&rows_wrong, 128, true) && !takes_flash(&rows_wrong, 128, false));
         let notice = rows_wrong.notice().unwrap_or("");
-        assert!(notice.contains("output 6015 is -inf") && notice.ends_with("attention over f32 rows runs as products on the GEMM core (the transformer's) or on the matrix tier's one-subgroup kernel, over f16 pieces on the flash kernel"), "{notice}");
+        assert!(notice.contains("output 6015 is -inf") && notice.ends_with("attention over f32 rows runs as products on the GEMM core (the transformer's and the text encoder's) or on the matrix tier's one-subgroup kernel, over f16 pieces on the flash kernel"), "{notice}");
         let mut pieces_wrong = fresh();
         assert_eq!(pieces_wrong.prove_flash(|_, case| if case.pieces { Err(ProbeError::Wrong("over f16 pieces: far".into())) } else { Ok(()) }), FlashCheck::Failed);
         assert_eq!(pieces_wrong.flash_attention(), FlashPaths { rows: true, pieces: false });
         assert!(!takes_flash(&pieces_wrong, 128, true) && takes_flash(&pieces_wrong, 128, false));
         // The transformer's attention over f16 pieces then runs as products on the GEMM core, and the planner counts them.
         let notice = pieces_wrong.notice().unwrap_or("");
-        assert!(notice.ends_with("attention over f16 pieces runs as products on the GEMM core (the transformer's) or on the matrix tier's one-subgroup kernel, over f32 rows on the flash kernel"), "{notice}");
-        assert!(pieces_wrong.attention_on_products(true) && !pieces_wrong.attention_on_products(false) && pieces_wrong.plan_limits().attention_products);
-        assert!(!rows_wrong.attention_on_products(true) && rows_wrong.attention_on_products(false) && rows_wrong.plan_limits().attention_products);
+        assert!(notice.ends_with("attention over f16 pieces runs as products on the GEMM core (the transformer's and the text encoder's) or on the matrix tier's one-subgroup kernel, over f32 rows on the flash kernel"), "{notice}");
+        assert!(pieces_wrong.attention_on_products(true) && !pieces_wrong.attention_on_products(false) && pieces_wrong.plan_limits().attention_products == flux_lite_core::ir::AttentionProducts { over_pieces: true, over_rows: false });
+        assert!(!rows_wrong.attention_on_products(true) && rows_wrong.attention_on_products(false) && rows_wrong.plan_limits().attention_products == flux_lite_core::ir::AttentionProducts { over_pieces: false, over_rows: true });
     }
 
     #[test]

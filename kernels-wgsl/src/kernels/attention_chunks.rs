@@ -19,7 +19,7 @@ use crate::error::GpuError;
 use crate::kernel::{kernel, wrapped_grid, Access::ReadWrite as RW, Kernel, Module};
 use crate::kernels::attention::{Attention, Carry, HalfQkv, Qkv};
 use crate::kernels::half_pack::{half_pack, half_widen};
-use crate::kernels::linear::{linear_from, linear_rescaling, Gemm, Input};
+use crate::kernels::linear::{linear_from, linear_rescaling, linear_stacked, Gemm, Input, Stack};
 use crate::view::{HalfMat, HeadRows, Mat, RowScales, Weight, WeightDtype};
 use bytemuck::{Pod, Zeroable};
 use flux_lite_core::ir::{ChunkedOperands, ChunkedScratch, HeadsOnProducts, ATTENTION_KEY_CHUNK, ATTENTION_QUERY_BAND};
@@ -44,10 +44,32 @@ pub struct ChunkParams {
     pub from_state: u32,
     pub scale: f32,
     pub factors: u32,
+    pub causal: u32,
+    pub q_first: u32,
+    pub pitch: u32,
+    pub k_first: u32,
+    pub masked: u32,
+    pub keep_offset: u32,
+    pub row_first: u32,
+    pub _pad: u32,
+}
+
+/// Which keys a chunk's rows see ([`CHUNK_SOFTMAX`]): with `causal`, query
+/// `q` only keys up to `q`; with `keep`, only keys whose u32 there is not 0.
+/// Row `r` is query `q_first + r % pitch` (heads stacked `pitch` rows
+/// apart; `pitch` 0: query `q_first + r`), and the chunk's keys start at
+/// `k_first`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Visible<'a> {
+    pub causal: bool,
+    pub keep: Option<&'a wgpu::Buffer>,
+    pub q_first: u64,
+    pub pitch: u64,
+    pub k_first: u64,
 }
 
 /// A row's chunk of scores into f16 probabilities, the softmax carried; a workgroup a row.
-pub const CHUNK_SOFTMAX: Kernel = kernel(Module::AttentionChunks, "chunk_softmax", [128, 1, 1], &[(1, RW), (2, RW), (3, RW), (6, RW)], size_of::<ChunkParams>(), false);
+pub const CHUNK_SOFTMAX: Kernel = kernel(Module::AttentionChunks, "chunk_softmax", [128, 1, 1], &[(1, RW), (2, RW), (3, RW), (6, RW), (7, RW)], size_of::<ChunkParams>(), false);
 /// A chunk's values transposed into f16 rows under their range scales; a workgroup a column.
 pub const PACK_COLUMNS: Kernel = kernel(Module::AttentionChunks, "pack_columns", [128, 1, 1], &[(1, RW), (2, RW), (5, RW)], size_of::<ChunkParams>(), false);
 /// The output rows divided by their softmax's sums.
@@ -68,22 +90,7 @@ pub fn runs_chunked_attention(gpu: &Gpu) -> bool {
 /// [`ChunkedOperands::bytes`]), f32 `q`, `k`, `v` and `o` rows of `s.head_dim`.
 #[allow(clippy::too_many_arguments)] // the attention's operands, its carry and its two scratches
 pub fn attention_chunked(gpu: &Gpu, sink: &mut dyn Sink, qkv: Qkv<'_>, o: Mat<'_>, carry: Option<Carry<'_>>, scratch: Mat<'_>, operands: &wgpu::Buffer, s: Attention) -> Result<(), GpuError> {
-    chunked_over(gpu, sink, Queries::Rows(qkv.q), [qkv.k, qkv.v], o, carry, scratch, operands, s)
-}
-
-/// Where a chunked attention's queries come from: f32 rows, packed into
-/// f16 rows under their range scales first; or f16 rows already (in
-/// pieces: the transformer's), which the scores' product reads as stored.
-#[derive(Debug, Clone, Copy)]
-enum Queries<'a> {
-    Rows(Mat<'a>),
-    Half(HalfMat<'a>),
-}
-
-/// [`attention_chunked`] over `queries` of either kind, the keys and
-/// values f32 rows; `scratch` and `operands` as there.
-#[allow(clippy::too_many_arguments)] // as attention_chunked
-fn chunked_over(gpu: &Gpu, sink: &mut dyn Sink, queries: Queries<'_>, [k, v]: [Mat<'_>; 2], o: Mat<'_>, carry: Option<Carry<'_>>, scratch: Mat<'_>, operands: &wgpu::Buffer, s: Attention) -> Result<(), GpuError> {
+    let Qkv { q, k, v } = qkv;
     let (rows, d) = (s.q_len, s.head_dim);
     if !runs_chunked_attention(gpu) || s.causal || s.q_heads != 1 || s.kv_heads != 1 || !d.is_multiple_of(2) {
         return Err(GpuError::UnsupportedShape(format!(
@@ -91,23 +98,19 @@ fn chunked_over(gpu: &Gpu, sink: &mut dyn Sink, queries: Queries<'_>, [k, v]: [M
             s.q_heads, s.kv_len
         )));
     }
-    if operands.size() < ChunkedOperands::bytes(d) {
-        return Err(GpuError::UnsupportedShape(format!("a chunked attention over heads of {d} needs {} bytes for its right operands ({} given)", ChunkedOperands::bytes(d), operands.size())));
+    let right = ChunkedOperands::new(d, 1, ATTENTION_KEY_CHUNK);
+    if operands.size() < 4 * right.end {
+        return Err(GpuError::UnsupportedShape(format!("a chunked attention over heads of {d} needs {} bytes for its right operands ({} given)", 4 * right.end, operands.size())));
     }
     if rows == 0 || s.kv_len == 0 {
         return Ok(());
     }
-    let (part, right) = (ChunkedScratch::new(rows, d), ChunkedOperands::new(d));
+    let part = ChunkedScratch::new(rows, d);
     let at = |offset: u64, stride: u64| Mat { buf: scratch.buf, offset: scratch.offset + offset, stride };
     let beside = |offset: u64, stride: u64| Mat { buf: operands, offset, stride };
-    let queries = match queries {
-        Queries::Rows(q) => {
-            let (words, scales) = (at(part.queries, d / 2), at(part.query_scales, 1));
-            half_pack(gpu, sink, q, words, scales, HeadRows { tokens: rows, heads: 1, head_dim: d })?;
-            HalfMat::rows(words, scales)
-        }
-        Queries::Half(q) => q,
-    };
+    let (words, scales) = (at(part.queries, d / 2), at(part.query_scales, 1));
+    half_pack(gpu, sink, q, words, scales, HeadRows { tokens: rows, heads: 1, head_dim: d })?;
+    let queries = HalfMat::rows(words, scales);
     let scores = at(part.scores, ATTENTION_KEY_CHUNK);
     let probabilities = Input::Half(HalfMat::rows(scores, at(part.score_scales, 1)));
     // Each row's maximum and sum side by side, whatever the carry's stride says (as the carried kernel reads them).
@@ -116,14 +119,14 @@ fn chunked_over(gpu: &Gpu, sink: &mut dyn Sink, queries: Queries<'_>, [k, v]: [M
         let n = keys.end - keys.start;
         let continues = i > 0 || carry.is_some_and(|c| c.from_state);
         let (key_rows, key_scales) = (beside(right.keys, d / 2), beside(right.key_scales, 1));
-        half_pack(gpu, sink, rows_from(k, keys.start), key_rows, key_scales, HeadRows { tokens: n, heads: 1, head_dim: d })?;
+        half_pack(gpu, sink, k.rows_from(keys.start), key_rows, key_scales, HeadRows { tokens: n, heads: 1, head_dim: d })?;
         linear_from(gpu, sink, Input::Half(queries), packed(key_rows, key_scales, d), None, scores, Gemm { m: rows, n, k: d })?;
         let factors = at(part.factors, 1);
-        chunk_softmax(gpu, sink, [scores, state, factors], [rows, n], continues, s.scale, part.score_scales + scratch.offset)?;
+        chunk_softmax(gpu, sink, [scores, state, factors], [rows, n], Visible::default(), continues, s.scale, part.score_scales + scratch.offset)?;
         // The weighted sum over whole f16 pairs: an odd chunk's probabilities and values padded with a zero.
         let paired = n.next_multiple_of(2);
         let (value_rows, value_scales) = (beside(right.values, paired / 2), beside(right.value_scales, 1));
-        pack_columns(gpu, sink, rows_from(v, keys.start), [value_rows, value_scales], [n, d])?;
+        pack_columns(gpu, sink, v.rows_from(keys.start), [value_rows, value_scales], [n, d])?;
         let weighted = Gemm { m: rows, n: d, k: paired };
         match continues {
             true => linear_rescaling(gpu, sink, probabilities, packed(value_rows, value_scales, paired), o, factors, weighted)?,
@@ -144,26 +147,41 @@ pub enum HeadInputs<'a> {
     Pieces(HalfQkv<'a>),
 }
 
-/// Non-causal attention over f32 or f16-pieces queries, keys and values
-/// into f16 pieces, as products on the GEMM core: the matrix tier's
-/// attention for the transformer where [`Gpu::attention_on_products`] (its
-/// flash kernel not proven on that path). For each head: its keys and
-/// values in pieces widened to f32 rows in `scratch` (exactly the values
-/// they stand for; f32 rows are read in place, and so are the queries, f16
-/// pieces read by the scores' product as stored), [`attention_chunked`]'s
-/// passes over bands of at most [`ATTENTION_QUERY_BAND`] queries, and the
-/// output packed into `o`'s pieces under their range scales. `scratch`
-/// holds [`HeadsOnProducts`] (f32 elements from `scratch.offset`),
-/// `operands` [`ChunkedOperands`].
-#[allow(clippy::too_many_arguments)] // the attention's operands and its two scratches
-pub fn attention_on_products(gpu: &Gpu, sink: &mut dyn Sink, qkv: HeadInputs<'_>, o: HalfMat<'_>, scratch: Mat<'_>, operands: &wgpu::Buffer, s: Attention) -> Result<(), GpuError> {
-    on_products_in_bands(gpu, sink, qkv, o, scratch, operands, s, ATTENTION_QUERY_BAND)
+/// Attention over f32 or f16-pieces queries, keys and values into f16
+/// pieces, as products on the GEMM core: the matrix tier's attention for
+/// the transformer and the text encoder (causal, its padding keys hidden by
+/// `key_keep`'s zeros, grouped heads) where [`Gpu::attention_on_products`]
+/// (its flash kernel not proven on that path). Heads go in stacks of
+/// [`HeadsOnProducts`]' `heads` (as many as fill the card with `P·V`), each
+/// head's band of queries `pitch` rows of the stack. For each stack: the
+/// keys and values of its heads in pieces widened to f32 rows in `scratch`
+/// (exactly the values they stand for; f32 rows are read in place); for
+/// each band of at most [`ATTENTION_QUERY_BAND`] queries (their f16 pieces
+/// read by the scores' product as stored; f32 rows packed into f16 rows)
+/// and each chunk of [`ATTENTION_KEY_CHUNK`] keys, every head's keys packed
+/// and its `Q·Kᵀ` into its rows of the stack's scores, then for the whole
+/// stack one softmax (the masks applied), one pack of the values and one
+/// `P·V` ([`linear_stacked`]: each head's rows on its own values, grouped
+/// heads on their shared ones); the stack's rows divided by their sums,
+/// each head's band packed into `o`'s pieces under their range scales.
+/// `scratch` holds [`HeadsOnProducts`] (f32 elements from
+/// `scratch.offset`), `operands` [`ChunkedOperands`] for its heads.
+#[allow(clippy::too_many_arguments)] // the attention's operands, its mask and its two scratches
+pub fn attention_on_products(gpu: &Gpu, sink: &mut dyn Sink, qkv: HeadInputs<'_>, key_keep: Option<&wgpu::Buffer>, o: HalfMat<'_>, scratch: Mat<'_>, operands: &wgpu::Buffer, s: Attention) -> Result<(), GpuError> {
+    // As many heads as the buffers it is given hold (as the runner sized them, for the device's largest buffer).
+    let room = (scratch.buf.size() / 4).saturating_sub(scratch.offset) * 4;
+    let part = HeadsOnProducts::new(s.q_len, s.kv_len, s.head_dim, s.q_heads, room);
+    let mut heads = part.heads;
+    while heads > 1 && 4 * ChunkedOperands::new(s.head_dim, heads, part.chunk).end > operands.size() {
+        heads -= 1;
+    }
+    on_products_in_bands(gpu, sink, qkv, key_keep, o, [scratch, Mat::new(operands, 0)], s, [ATTENTION_QUERY_BAND, heads])
 }
 
-/// [`attention_on_products`] over bands of `band` queries, any band giving
-/// the same bits.
-#[allow(clippy::too_many_arguments)] // as attention_on_products, and the band
-pub(crate) fn on_products_in_bands(gpu: &Gpu, sink: &mut dyn Sink, qkv: HeadInputs<'_>, o: HalfMat<'_>, scratch: Mat<'_>, operands: &wgpu::Buffer, s: Attention, band: u64) -> Result<(), GpuError> {
+/// [`attention_on_products`] over bands of `band` queries, `heads` heads
+/// stacked at a time: any band and any stack give the same bits.
+#[allow(clippy::too_many_arguments)] // as attention_on_products, and the band and stack
+pub(crate) fn on_products_in_bands(gpu: &Gpu, sink: &mut dyn Sink, qkv: HeadInputs<'_>, key_keep: Option<&wgpu::Buffer>, o: HalfMat<'_>, [scratch, operands]: [Mat<'_>; 2], s: Attention, [band, heads]: [u64; 2]) -> Result<(), GpuError> {
     let d = s.head_dim;
     let piece = o.piece.unwrap_or(0);
     let grouped = s.kv_heads > 0 && s.q_heads.is_multiple_of(s.kv_heads);
@@ -171,54 +189,105 @@ pub(crate) fn on_products_in_bands(gpu: &Gpu, sink: &mut dyn Sink, qkv: HeadInpu
         HeadInputs::Pieces(h) => [h.q.piece, h.k.piece, h.v.piece],
         HeadInputs::Rows(_) => [o.piece; 3],
     };
-    if input_pieces != [o.piece; 3] || piece == 0 || !d.is_multiple_of(piece) || !grouped {
+    if input_pieces != [o.piece; 3] || piece == 0 || !d.is_multiple_of(piece) || !d.is_multiple_of(4) || !grouped || (s.causal && s.q_len != s.kv_len) {
         return Err(GpuError::UnsupportedShape(format!(
-            "attention on products over f16 pieces {input_pieces:?} (or f32 rows) into f16 pieces {:?}, {} heads over {} of {d}",
-            o.piece, s.q_heads, s.kv_heads
+            "attention on products over f16 pieces {input_pieces:?} (or f32 rows) into f16 pieces {:?}, {} heads over {} of {d}, {} queries over {} keys{}",
+            o.piece,
+            s.q_heads,
+            s.kv_heads,
+            s.q_len,
+            s.kv_len,
+            if s.causal { ", causal" } else { "" }
         )));
     }
-    let part = HeadsOnProducts::new(s.q_len, s.kv_len, d);
-    let band_scratch = ChunkedScratch::new(band.min(s.q_len), d).end;
-    if band == 0 || scratch.buf.size() < 4 * (scratch.offset + part.chunked + band_scratch) {
-        return Err(GpuError::UnsupportedShape(format!("an attention on products over {} queries and {} keys of {d} needs {} bytes of scratch", s.q_len, s.kv_len, 4 * part.end)));
-    }
-    let at = |offset: u64| Mat { buf: scratch.buf, offset: scratch.offset + offset, stride: d };
-    let [keys, values, output] = [part.keys, part.values, part.output].map(at);
-    let pieces = |rows: u64| HeadRows { tokens: rows, heads: d / piece, head_dim: piece };
-    let one_head = Attention { q_heads: 1, kv_heads: 1, causal: false, ..s };
     let group = s.q_heads / s.kv_heads;
-    for h in 0..s.q_heads {
-        let kvh = h / group;
-        // The queries as they are (f16 pieces: the scores' product reads them so); keys and values as f32 rows.
-        let (head_queries, kv) = match qkv {
-            HeadInputs::Rows(r) => (Queries::Rows(head_rows(r.q, h, d)), [head_rows(r.k, kvh, d), head_rows(r.v, kvh, d)]),
+    let part = HeadsOnProducts::laid_out(s.kv_len, d, band.min(s.q_len), heads);
+    let right = ChunkedOperands::new(d, heads, part.chunk);
+    if band == 0 || heads == 0 || scratch.buf.size() < 4 * (scratch.offset + part.end) || operands.buf.size() < 4 * right.end {
+        return Err(GpuError::UnsupportedShape(format!(
+            "an attention on products over {} queries and {} keys of {d}, {heads} of {} heads at a time, needs {} bytes of scratch and {} of right operands",
+            s.q_len,
+            s.kv_len,
+            s.q_heads,
+            4 * part.end,
+            4 * right.end
+        )));
+    }
+    if s.q_len == 0 || s.kv_len == 0 {
+        return Ok(());
+    }
+    let at = |offset: u64, stride: u64| Mat { buf: scratch.buf, offset: scratch.offset + offset, stride };
+    let beside = |offset: u64, stride: u64| Mat { buf: operands.buf, offset, stride };
+    let (width, pitch) = (heads * d, part.pitch);
+    let stack = part.chunked;
+    let (scores, state, factors, output) = (at(stack.scores, part.chunk), at(stack.state, 2), at(stack.factors, 1), at(part.output, d));
+    let probabilities = Input::Half(HalfMat::rows(scores, at(stack.score_scales, 1)));
+    let (key_rows, key_scales) = (beside(right.keys, d / 2), beside(right.key_scales, 1));
+    let pieces = |rows: u64, heads: u64| HeadRows { tokens: rows, heads: heads * d / piece, head_dim: piece };
+    for first in (0..s.q_heads).step_by(heads as usize) {
+        let stacked = heads.min(s.q_heads - first);
+        // The stack's heads' keys and values as f32 rows (grouped heads share theirs).
+        let kv_first = first / group;
+        let kv_heads = (first + stacked - 1) / group + 1 - kv_first;
+        let [keys, values] = match qkv {
+            HeadInputs::Rows(r) => [r.k.cols_from(kv_first * d), r.v.cols_from(kv_first * d)],
             HeadInputs::Pieces(p) => {
-                // Grouped heads share their keys and values: widened once a group.
-                if h % group == 0 {
-                    half_widen(gpu, sink, head_of(p.k, kvh, d)?, keys, pieces(s.kv_len))?;
-                    half_widen(gpu, sink, head_of(p.v, kvh, d)?, values, pieces(s.kv_len))?;
-                }
-                (Queries::Half(head_of(p.q, h, d)?), [keys, values])
+                let [keys, values] = [at(part.keys, width), at(part.values, width)];
+                half_widen(gpu, sink, head_of(p.k, kv_first, d)?, keys, pieces(s.kv_len, kv_heads))?;
+                half_widen(gpu, sink, head_of(p.v, kv_first, d)?, values, pieces(s.kv_len, kv_heads))?;
+                [keys, values]
             }
         };
         for rows in chunks(s.q_len, band) {
-            let band_queries = match head_queries {
-                Queries::Rows(q) => Queries::Rows(rows_from(q, rows.start)),
-                Queries::Half(q) => Queries::Half(HalfMat { data: rows_from(q.data, rows.start), scales: rows_from(q.scales, rows.start), ..q }),
-            };
-            let band_shape = Attention { q_len: rows.end - rows.start, ..one_head };
-            chunked_over(gpu, sink, band_queries, kv, rows_from(output, rows.start), None, at(part.chunked), operands, band_shape)?;
+            let queries = stack_queries(gpu, sink, qkv, [first, stacked], rows.clone(), [at(stack.queries, width / 2), at(stack.query_scales, heads)], d)?;
+            let (band_rows, stack_rows) = (rows.end - rows.start, stacked * pitch);
+            for (i, keys_in) in chunks(s.kv_len, ATTENTION_KEY_CHUNK).enumerate() {
+                let n = keys_in.end - keys_in.start;
+                for (j, q) in (0..).zip(&queries) {
+                    // Each kv head's keys packed once, for its group's query heads in turn.
+                    let kv = (first + j) / group - kv_first;
+                    if j == 0 || (first + j) % group == 0 {
+                        half_pack(gpu, sink, keys.cols_from(kv * d).rows_from(keys_in.start), key_rows, key_scales, HeadRows { tokens: n, heads: 1, head_dim: d })?;
+                    }
+                    linear_from(gpu, sink, Input::Half(*q), packed(key_rows, key_scales, d), None, scores.rows_from(j * pitch), Gemm { m: band_rows, n, k: d })?;
+                }
+                // Every head's rows of the stack at once (the rows past a head's band are never read out).
+                let visible = Visible { causal: s.causal, keep: key_keep, q_first: rows.start, pitch, k_first: keys_in.start };
+                chunk_softmax(gpu, sink, [scores, state, factors], [stack_rows, n], visible, i > 0, s.scale, stack.score_scales + scratch.offset)?;
+                // The weighted sum over whole f16 pairs: an odd chunk's probabilities and values padded with a zero.
+                let paired = n.next_multiple_of(2);
+                let (value_rows, value_scales) = (beside(right.values, paired / 2), beside(right.value_scales, 1));
+                pack_columns(gpu, sink, values.rows_from(keys_in.start), [value_rows, value_scales], [n, kv_heads * d])?;
+                let weighted = Gemm { m: stack_rows, n: d, k: paired };
+                let heads_on = Stack { rows: pitch, count: stacked, group, skew: first % group };
+                linear_stacked(gpu, sink, probabilities, packed(value_rows, value_scales, paired), output, (i > 0).then_some(factors), weighted, heads_on)?;
+            }
+            normalise_rows(gpu, sink, output, state, [stack_rows, d])?;
+            for j in 0..stacked {
+                let out = head_of(o, first + j, d)?.rows_from(rows.start);
+                half_pack(gpu, sink, output.rows_from(j * pitch), out.data, out.scales, pieces(band_rows, 1))?;
+            }
         }
-        let out = head_of(o, h, d)?;
-        half_pack(gpu, sink, output, out.data, out.scales, pieces(s.q_len))?;
     }
     Ok(())
 }
 
-/// Head `h` of `d` values of `m`'s f32 rows.
-fn head_rows(m: Mat<'_>, h: u64, d: u64) -> Mat<'_> {
-    Mat { offset: m.offset + h * d, ..m }
+/// Each of the stack's heads' queries `rows` (heads `first ..` of
+/// `stacked`) as the scores' product reads them: f16 pieces as stored, or
+/// f32 rows packed into `[words, scales]` (a scale a head's row) first.
+fn stack_queries<'a>(gpu: &Gpu, sink: &mut dyn Sink, qkv: HeadInputs<'a>, [first, stacked]: [u64; 2], rows: std::ops::Range<u64>, [words, scales]: [Mat<'a>; 2], d: u64) -> Result<Vec<HalfMat<'a>>, GpuError> {
+    match qkv {
+        HeadInputs::Pieces(p) => (first..first + stacked)
+            .map(|h| head_of(p.q, h, d).map(|q| q.rows_from(rows.start)))
+            .collect(),
+        HeadInputs::Rows(r) => {
+            let shape = HeadRows { tokens: rows.end - rows.start, heads: stacked, head_dim: d };
+            half_pack(gpu, sink, r.q.cols_from(first * d).rows_from(rows.start), words, scales, shape)?;
+            Ok((0..stacked).map(|j| HalfMat::pieces(words.cols_from(j * d / 2), scales.cols_from(j), d)).collect())
+        }
+    }
 }
+
 
 /// Head `h` of `d` values of `m`'s f16 rows in pieces.
 fn head_of(m: HalfMat<'_>, h: u64, d: u64) -> Result<HalfMat<'_>, GpuError> {
@@ -232,17 +301,18 @@ fn packed<'a>(words: Mat<'a>, scales: Mat<'a>, k: u64) -> Weight<'a> {
     Weight { buf: words.buf, offset: 2 * words.offset, dtype: WeightDtype::Bf16, scales }
 }
 
-/// `m` from its row `row` on.
-fn rows_from(m: Mat<'_>, row: u64) -> Mat<'_> {
-    Mat { offset: m.offset + row * m.stride, ..m }
-}
 
 /// [`CHUNK_SOFTMAX`] over `rows` rows of `keys` scores (`scores`, their
-/// probabilities' scales from element `score_scales` of its buffer),
-/// continuing the softmax in `state` where `continues`, each row's factor
-/// for the output so far into `factors`; split over rows where one binding
-/// cannot hold them.
-fn chunk_softmax(gpu: &Gpu, sink: &mut dyn Sink, [scores, state, factors]: [Mat<'_>; 3], [rows, keys]: [u64; 2], continues: bool, scale: f32, score_scales: u64) -> Result<(), GpuError> {
+/// probabilities' scales from element `score_scales` of its buffer), the
+/// keys each row sees as `visible` says, continuing the softmax in `state`
+/// where `continues`, each row's factor for the output so far into
+/// `factors`; split over rows where one binding cannot hold them.
+#[allow(clippy::too_many_arguments)] // the scores, their sizes, the masks and the softmax's carry
+fn chunk_softmax(gpu: &Gpu, sink: &mut dyn Sink, [scores, state, factors]: [Mat<'_>; 3], [rows, keys]: [u64; 2], visible: Visible<'_>, continues: bool, scale: f32, score_scales: u64) -> Result<(), GpuError> {
+    let kw = match visible.keep {
+        Some(keep) => window(gpu, keep, 4, 0..visible.k_first + keys, "attention key mask")?,
+        None => window(gpu, gpu.unused_writable(), 4, 0..4, "unused key mask")?,
+    };
     let score_rows = Rows::mat(scores, keys, "attention scores");
     let scale_rows = Rows::packed(scores.buf, 4, score_scales, 1, "attention probabilities' scales");
     let state_rows = Rows::mat(state, 2, "attention state");
@@ -261,9 +331,16 @@ fn chunk_softmax(gpu: &Gpu, sink: &mut dyn Sink, [scores, state, factors]: [Mat<
             from_state: continues as u32,
             scale,
             factors: fw.local,
+            causal: visible.causal as u32,
+            q_first: to_u32(visible.q_first, "attention first query")?,
+            pitch: to_u32(visible.pitch, "attention rows a head")?,
+            k_first: to_u32(visible.k_first, "attention first key")?,
+            masked: visible.keep.is_some() as u32,
+            keep_offset: kw.local,
+            row_first: to_u32(chunk.start, "attention first row")?,
             ..Default::default()
         };
-        dispatch(gpu, sink, Launch { kernel: &CHUNK_SOFTMAX, constants: &[], params, grid: wrapped_grid(n) }, &[(1, &sw), (2, &cw), (3, &tw), (6, &fw)]);
+        dispatch(gpu, sink, Launch { kernel: &CHUNK_SOFTMAX, constants: &[], params, grid: wrapped_grid(n) }, &[(1, &sw), (2, &cw), (3, &tw), (6, &fw), (7, &kw)]);
     }
     Ok(())
 }

@@ -26,6 +26,15 @@ struct Params {
     scale: f32,
     // chunk_softmax: each row's factor for the output so far.
     factors: u32,
+    // chunk_softmax's masks: whether query q sees only keys up to q
+    // (`causal`); the query of row 0 and the rows a head's queries take
+    // (rows r and r + pitch are the same query of two heads; 0: one head);
+    // the chunk's first key; whether `keep` (from keep_offset, a u32 a key,
+    // 0 for padding) hides keys.
+    causal: u32, q_first: u32, pitch: u32, k_first: u32,
+    masked: u32, keep_offset: u32,
+    // The first of this dispatch's rows in the rows `pitch` counts.
+    row_first: u32, _pad: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -35,6 +44,7 @@ struct Params {
 @group(0) @binding(4) var<storage, read_write> o: array<f32>;
 @group(0) @binding(5) var<storage, read_write> src: array<f32>;
 @group(0) @binding(6) var<storage, read_write> factors: array<f32>;
+@group(0) @binding(7) var<storage, read_write> keep: array<u32>;
 
 const LANES: u32 = 128u;
 // Key pairs a lane holds: chunks of up to 2·LANES·PAIRS = 4096 keys
@@ -77,6 +87,15 @@ fn workgroup_sum(lane: u32, v: f32) -> f32 {
     return all;
 }
 
+// Whether row `row`'s query sees the chunk's key `key`: past the causal
+// mask's diagonal, or a padding key, it does not.
+fn visible(row: u32, key: u32) -> bool {
+    let r = p.row_first + row;
+    let query = p.q_first + select(r, r % p.pitch, p.pitch > 0u);
+    let k = p.k_first + key;
+    return (p.causal == 0u || k <= query) && (p.masked == 0u || keep[p.keep_offset + k] != 0u);
+}
+
 // One query row's chunk of scores into probabilities, a workgroup a row:
 // the row's maximum so far (the carried one and this chunk's), each
 // exp(score·scale − maximum) rounded to f16 under the row's range scale
@@ -98,10 +117,10 @@ fn chunk_softmax(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgrou
     for (var t = 0u; t < PAIRS; t++) {
         let key = 2u * (lane + t * LANES);
         var v = vec2<f32>(negative_infinity());
-        if (key < p.keys) {
+        if (key < p.keys && visible(row, key)) {
             v.x = bitcast<f32>(words[at + key]) * p.scale;
         }
-        if (key + 1u < p.keys) {
+        if (key + 1u < p.keys && visible(row, key + 1u)) {
             v.y = bitcast<f32>(words[at + key + 1u]) * p.scale;
         }
         x[t] = v;
@@ -116,9 +135,11 @@ fn chunk_softmax(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgrou
         old_sum = state[p.state + 2u * row + 1u];
     }
     let top = max(old_most, chunk_most);
+    // A row that has seen no key yet (every one masked) has no probabilities.
+    let seen = top > negative_infinity();
     var largest = 0.0;
     for (var t = 0u; t < PAIRS; t++) {
-        x[t] = exp(x[t] - top);
+        x[t] = select(vec2<f32>(0.0), exp(x[t] - top), seen);
         largest = max(largest, max(x[t].x, x[t].y));
     }
     let e = max(range_exponent(workgroup_max(lane, largest)), -126);
@@ -136,7 +157,7 @@ fn chunk_softmax(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgrou
         }
     }
     let total = ldexp(workgroup_sum(lane, sum), e);
-    let carried = select(0.0, exp(old_most - top), from_state);
+    let carried = select(0.0, exp(old_most - top), from_state && seen);
     if (lane == 0u) {
         row_scales[p.score_scales + row] = ldexp(1.0, e);
         state[p.state + 2u * row] = top;
@@ -187,7 +208,8 @@ fn pack_columns(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup
 }
 
 // Each output row divided by its softmax's sum (the second of its two
-// state values), once the last chunk has added onto it. An invocation a value.
+// state values), once the last chunk has added onto it; zero where the row
+// saw no key. An invocation a value.
 @compute @workgroup_size(64)
 fn normalise_rows(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = flat_workgroup(wid, nwg) * 64u + lid.x;
@@ -196,5 +218,6 @@ fn normalise_rows(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgro
     }
     let row = i / p.width;
     let at = p.o + row * p.o_stride + i % p.width;
-    o[at] = o[at] / state[p.state + 2u * row + 1u];
+    let sum = state[p.state + 2u * row + 1u];
+    o[at] = select(0.0, o[at] / sum, sum > 0.0);
 }

@@ -48,6 +48,13 @@ pub struct LinearParams {
     pub norm_second: u32,
     pub table_offset: u32,
     pub head_eps: f32,
+    /// A stacked product's ([`linear_stacked`]): x's rows in stacks of
+    /// this many, this call's first row of the whole, the stacks sharing
+    /// one W and the first stack's place among them.
+    pub stack_rows: u32,
+    pub row_base: u32,
+    pub stack_group: u32,
+    pub stack_skew: u32,
     pub _pad: u32,
 }
 
@@ -145,7 +152,7 @@ fn terms(gpu: &Gpu, k: u64) -> u64 {
 /// rows of x and rows of W where one binding cannot hold them. On the matrix
 /// tier it runs on cooperative-matrix tiles ([`LINEAR_MATRIX_8`], [`LINEAR_MATRIX_16`]).
 pub fn linear(gpu: &Gpu, sink: &mut dyn Sink, x: Mat<'_>, w: Weight<'_>, bias: Option<Weight<'_>>, y: Mat<'_>, s: Gemm) -> Result<(), GpuError> {
-    product(gpu, sink, Input::F32(x), w, bias, y, s, Out::Set)
+    product(gpu, sink, Input::F32(x), w, bias, y, s, None, Out::Set)
 }
 
 /// What a product does with each output.
@@ -174,7 +181,7 @@ enum Out<'a> {
 /// the scratch's write and read.
 #[allow(clippy::too_many_arguments)] // the linear's operands, the stream and its gate
 pub fn linear_gated(gpu: &Gpu, sink: &mut dyn Sink, x: Input<'_>, w: Weight<'_>, bias: Option<Weight<'_>>, stream: Mat<'_>, gate: Mat<'_>, s: Gemm) -> Result<(), GpuError> {
-    product(gpu, sink, x, w, bias, stream, s, Out::Gated(gate))
+    product(gpu, sink, x, w, bias, stream, s, None, Out::Gated(gate))
 }
 
 /// `y[m, n] = silu(x·W[0 .. n]ᵀ) ⊙ (x·W[n .. 2n]ᵀ)`, W `[2n, k]`: the
@@ -185,7 +192,7 @@ pub fn linear_gated(gpu: &Gpu, sink: &mut dyn Sink, x: Input<'_>, w: Weight<'_>,
 /// `Elementwise::SwiGlu` after it, without the scratch. Needs W's `2n` rows
 /// in one binding ([`swiglu_fits`]).
 pub fn linear_swiglu(gpu: &Gpu, sink: &mut dyn Sink, x: Input<'_>, w: Weight<'_>, y: Mat<'_>, s: Gemm) -> Result<(), GpuError> {
-    product(gpu, sink, x, w, None, y, s, Out::SwiGlu)
+    product(gpu, sink, x, w, None, y, s, None, Out::SwiGlu)
 }
 
 /// [`linear_swiglu`] into f16 rows in pieces ([`HalfMat::pieces`]): each
@@ -197,7 +204,7 @@ pub fn linear_swiglu(gpu: &Gpu, sink: &mut dyn Sink, x: Input<'_>, w: Weight<'_>
 /// the outputs even.
 pub fn linear_swiglu_half(gpu: &Gpu, sink: &mut dyn Sink, x: Input<'_>, w: Weight<'_>, y: HalfMat<'_>, s: Gemm) -> Result<(), GpuError> {
     let piece = half_out_piece(gpu, y, s, true)?;
-    product(gpu, sink, x, w, None, y.data, s, Out::SwiGluHalf { scales: y.scales, piece })
+    product(gpu, sink, x, w, None, y.data, s, None, Out::SwiGluHalf { scales: y.scales, piece })
 }
 
 /// [`linear_from`] without bias into f16 rows in pieces
@@ -207,7 +214,7 @@ pub fn linear_swiglu_half(gpu: &Gpu, sink: &mut dyn Sink, x: Input<'_>, w: Weigh
 /// the ops after. Where [`product_writes_pieces`].
 pub fn linear_into_half(gpu: &Gpu, sink: &mut dyn Sink, x: Input<'_>, w: Weight<'_>, y: HalfMat<'_>, s: Gemm) -> Result<(), GpuError> {
     let piece = half_out_piece(gpu, y, s, false)?;
-    product(gpu, sink, x, w, None, y.data, s, Out::SetHalf { scales: y.scales, piece, norm: None })
+    product(gpu, sink, x, w, None, y.data, s, None, Out::SetHalf { scales: y.scales, piece, norm: None })
 }
 
 /// [`linear_into_half`] with the queries' and keys' per-head RMSNorm and
@@ -217,7 +224,7 @@ pub fn linear_into_half(gpu: &Gpu, sink: &mut dyn Sink, x: Input<'_>, w: Weight<
 pub fn linear_into_half_normed(gpu: &Gpu, sink: &mut dyn Sink, x: Input<'_>, w: Weight<'_>, y: HalfMat<'_>, norm: HeadNorm<'_>, s: Gemm) -> Result<(), GpuError> {
     let piece = half_out_piece(gpu, y, s, false)?;
     norm.check(gpu, piece, s)?;
-    product(gpu, sink, x, w, None, y.data, s, Out::SetHalf { scales: y.scales, piece, norm: Some(norm) })
+    product(gpu, sink, x, w, None, y.data, s, None, Out::SetHalf { scales: y.scales, piece, norm: Some(norm) })
 }
 
 /// The piece of a product's f16 output in pieces, where `gpu` writes it.
@@ -270,13 +277,13 @@ pub enum Input<'a> {
 /// [`linear`] over the f32 values they stand for, where those would take
 /// those scales.
 pub fn linear_from(gpu: &Gpu, sink: &mut dyn Sink, x: Input<'_>, w: Weight<'_>, bias: Option<Weight<'_>>, y: Mat<'_>, s: Gemm) -> Result<(), GpuError> {
-    product(gpu, sink, x, w, bias, y, s, Out::Set)
+    product(gpu, sink, x, w, bias, y, s, None, Out::Set)
 }
 
 /// `y[m, n] += x[m, k]·W[n, k]ᵀ`: [`linear`] adding onto what `y` holds (a
 /// LoRA adapter's up product onto the base linear's output, as PEFT adds it).
 pub fn linear_add(gpu: &Gpu, sink: &mut dyn Sink, x: Mat<'_>, w: Weight<'_>, y: Mat<'_>, s: Gemm) -> Result<(), GpuError> {
-    product(gpu, sink, Input::F32(x), w, None, y, s, Out::Accumulate)
+    product(gpu, sink, Input::F32(x), w, None, y, s, None, Out::Accumulate)
 }
 
 /// `y[m, n] = factor[m]·y + x·Wᵀ` over an [`Input`]: the old output
@@ -284,11 +291,47 @@ pub fn linear_add(gpu: &Gpu, sink: &mut dyn Sink, x: Mat<'_>, w: Weight<'_>, y: 
 /// joins it, one fma an output (the chunked attention's `P·V` of a later
 /// chunk of keys onto the output so far, rescaled by each row's softmax).
 pub fn linear_rescaling(gpu: &Gpu, sink: &mut dyn Sink, x: Input<'_>, w: Weight<'_>, y: Mat<'_>, factors: Mat<'_>, s: Gemm) -> Result<(), GpuError> {
-    product(gpu, sink, x, w, None, y, s, Out::RowScaled(factors))
+    product(gpu, sink, x, w, None, y, s, None, Out::RowScaled(factors))
 }
 
-#[allow(clippy::too_many_arguments)] // linear's operands, and what each output does to y
-fn product(gpu: &Gpu, sink: &mut dyn Sink, input: Input<'_>, w: Weight<'_>, bias: Option<Weight<'_>>, y: Mat<'_>, s: Gemm, out: Out<'_>) -> Result<(), GpuError> {
+/// x's `m` rows as `count` stacks of `rows` rows, `group` stacks at a time
+/// multiplied by one W of `n` rows (stack `i` by W's rows `w·n … w·n + n −
+/// 1`, `w = (i + skew) / group`: grouped attention heads sharing their
+/// values, the first stack `skew` heads into its group): [`linear_stacked`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stack {
+    pub rows: u64,
+    pub count: u64,
+    pub group: u64,
+    pub skew: u64,
+}
+
+impl Stack {
+    /// Each stack on its own W.
+    pub fn apart(rows: u64, count: u64) -> Self {
+        Stack { rows, count, group: 1, skew: 0 }
+    }
+
+    /// W's rows the stacks read: `n` for each W.
+    fn w_rows(&self, n: u64) -> u64 {
+        ((self.count - 1 + self.skew) / self.group + 1) * n
+    }
+}
+
+/// `y[r] = x[r]·W_iᵀ` for each row `r` of stack `i` ([`Stack`]), onto `y`
+/// rescaled by a factor a row where `factors` gives them (as
+/// [`linear_rescaling`]), in one dispatch on the matrix tier: each stack's
+/// rows the bits [`linear_from`] gives them over that stack's W alone. A
+/// stack is whole blocks of the GEMM core (its rows a multiple of 128).
+/// The attention on products' `P·V` over a stack of heads.
+#[allow(clippy::too_many_arguments)] // the linear's operands, the factors and the stacks
+pub fn linear_stacked(gpu: &Gpu, sink: &mut dyn Sink, x: Input<'_>, w: Weight<'_>, y: Mat<'_>, factors: Option<Mat<'_>>, s: Gemm, stack: Stack) -> Result<(), GpuError> {
+    let out = factors.map_or(Out::Set, Out::RowScaled);
+    product(gpu, sink, x, w, None, y, s, Some(stack), out)
+}
+
+#[allow(clippy::too_many_arguments)] // linear's operands, its stacks, and what each output does to y
+fn product(gpu: &Gpu, sink: &mut dyn Sink, input: Input<'_>, w: Weight<'_>, bias: Option<Weight<'_>>, y: Mat<'_>, s: Gemm, stack: Option<Stack>, out: Out<'_>) -> Result<(), GpuError> {
     let accumulate = matches!(out, Out::Accumulate);
     let swiglu = matches!(out, Out::SwiGlu | Out::SwiGluHalf { .. });
     // y's f16 words and their scales' rows (a scale a piece).
@@ -346,6 +389,13 @@ fn product(gpu: &Gpu, sink: &mut dyn Sink, input: Input<'_>, w: Weight<'_>, bias
         true => return Err(GpuError::UnsupportedShape(format!("a SwiGLU product over {} rows of {kdim} needs them in one binding", 2 * n))),
         false => rows_per_chunk(gpu, n, &[w_rows], tile_n)?.min(cap),
     };
+    // Stacks: on the matrix tier, each whole blocks, every W's rows in one binding.
+    if let Some(st) = stack {
+        let whole = matrix.is_some() && !swiglu && st.rows > 0 && st.rows.is_multiple_of(tile_m) && st.count > 0 && m <= st.rows * st.count && st.group > 0 && st.skew < st.group;
+        if !whole || rows_per_chunk(gpu, st.w_rows(n), &[w_rows], 1)? < st.w_rows(n) || st.w_rows(n) > cap {
+            return Err(GpuError::UnsupportedShape(format!("a product over {m} rows in {} stacks of {} on {} rows of W each", st.count, st.rows, n)));
+        }
+    }
     // The kernel's columns: with SwiGLU each output's gate and up sums.
     let spans = if swiglu { 2 } else { 1 };
     let x_rows = Rows::mat(x, kdim / per_word, "linear input");
@@ -364,7 +414,10 @@ fn product(gpu: &Gpu, sink: &mut dyn Sink, input: Input<'_>, w: Weight<'_>, bias
         for cols in chunks(n, n_chunk) {
             // W's rows the kernel's columns read: with SwiGLU, from the
             // piece's first gate row to its last up row.
-            let w_rows_read = cols.start..cols.end + if swiglu { n } else { 0 };
+            let w_rows_read = match stack {
+                Some(st) => 0..st.w_rows(n),
+                None => cols.start..cols.end + if swiglu { n } else { 0 },
+            };
             let ww = w_rows.window(gpu, &w_rows_read)?;
             // bf16 rows starting on even elements load as whole u32 pairs.
             let paired = ww.local.is_multiple_of(2) && kdim.is_multiple_of(2);
@@ -411,6 +464,7 @@ fn product(gpu: &Gpu, sink: &mut dyn Sink, input: Input<'_>, w: Weight<'_>, bias
                         ("Y_VEC4", y_vec4 as u32),
                         ("HEAD_NORM", to_u32(norm.map_or(0, |n| n.head_dim), "normed head")?),
                         ("NORM_W_BF16", norm.map_or(1, |n| n.first.dtype.constant())),
+                        ("W_STACKED", stack.is_some() as u32),
                     ];
                     constants.extend(c.staging.constants(c.size));
                     let kernel = match matrix_vec4s(c, [x_at, x_stride], &ww, w.dtype, terms(gpu, kdim)) {
@@ -486,6 +540,10 @@ fn product(gpu: &Gpu, sink: &mut dyn Sink, input: Input<'_>, w: Weight<'_>, bias
                 x_scales_stride: to_u32(half.map_or(0, |h| h.stride), "linear input scales' stride")?,
                 y_scales: y_scales.local,
                 y_scales_stride: to_u32(half_out.map_or(0, |h| h.stride), "linear output scales' stride")?,
+                stack_rows: to_u32(stack.map_or(0, |st| st.rows), "linear stack rows")?,
+                row_base: to_u32(rows.start, "linear first row")?,
+                stack_group: to_u32(stack.map_or(1, |st| st.group), "linear stacks a W")?,
+                stack_skew: to_u32(stack.map_or(0, |st| st.skew), "linear first stack's place")?,
                 ..Default::default()
             };
             // A head norm's weights and the RoPE tables' rows of these rows

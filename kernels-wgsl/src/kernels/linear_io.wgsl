@@ -45,7 +45,12 @@ struct Params {
     // where each weight starts, the RoPE tables' first element, and ε.
     head_col0: u32, head_first: u32, head_cols: u32,
     norm_first: u32, norm_second: u32,
-    table_offset: u32, head_eps: f32, _pad: u32,
+    table_offset: u32, head_eps: f32,
+    // W_STACKED's (linear_matrix.wgsl): x's rows in stacks of this many,
+    // the first row of this call's in the whole product, the stacks that
+    // share one W and the first stack's place among them.
+    stack_rows: u32, row_base: u32,
+    stack_group: u32, stack_skew: u32, _pad: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;

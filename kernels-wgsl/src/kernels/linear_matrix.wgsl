@@ -54,10 +54,27 @@ fn a_element(i: u32) -> vec2<u32> {
     return vec2<u32>(i / KT, i % KT);
 }
 
+// x's rows in stacks of p.stack_rows (`W_STACKED`), p.stack_group stacks
+// on each W: the rows of stack s read W's rows w·n … w·n + n − 1 (and
+// their scales), w = (s + p.stack_skew) / p.stack_group, as rows of one W
+// the call binds. The attention on products stacks its heads so: every
+// head's `P·V` in one dispatch, grouped heads on their shared values. A
+// stack is whole blocks, so a workgroup's rows are one stack's.
+override W_STACKED: bool = false;
+var<private> w_stack_row: u32;
+
+// W's row holding the kernel's column `col` of this workgroup's stack.
+fn w_row(col: u32) -> u32 {
+    if (!W_STACKED) {
+        return paired_w_row(col, BN);
+    }
+    return paired_w_row(col, BN) + w_stack_row;
+}
+
 // B = Wᵀ: W[n0 + c, k0 + t].
 fn b_at(t: u32, c: u32, n0: u32, k0: u32) -> f32 {
     if (k0 + t < p.k && column_inside(n0 + c, BN)) {
-        let e = p.w_offset + paired_w_row(n0 + c, BN) * p.k + k0 + t;
+        let e = p.w_offset + w_row(n0 + c) * p.k + k0 + t;
         if (W_HALF) {
             // Packed under the column's scale: its value, the scale undone (exact).
             let pair = unpack2x16float(w[e >> 1u]);
@@ -74,7 +91,7 @@ override B_PAIRED: bool = false;
 // The u32 holding W[n0 + c, k0 + t] and W[n0 + c, k0 + t + 1] (t even; zero past W).
 fn b_pair(c: u32, t: u32, n0: u32, k0: u32) -> u32 {
     let inside = k0 + t < p.k && column_inside(n0 + c, BN);
-    let word = w[select(p.w_offset, p.w_offset + paired_w_row(n0 + c, BN) * p.k + k0 + t, inside) >> 1u];
+    let word = w[select(p.w_offset, p.w_offset + w_row(n0 + c) * p.k + k0 + t, inside) >> 1u];
     return select(0u, word, inside);
 }
 
@@ -111,7 +128,7 @@ fn b_scale(col: u32) -> f32 {
     if (!OPERAND_HALF || !column_inside(col, BN)) {
         return 1.0;
     }
-    return w_scales[p.w_scales + paired_w_row(col, BN)];
+    return w_scales[p.w_scales + w_row(col)];
 }
 
 // SWIGLU: a block's two subgroup columns hold the gate's and the up's sums
@@ -228,5 +245,12 @@ fn linear_matrix(
     @builtin(num_workgroups) nwg: vec3<u32>,
 ) {
     // With SWIGLU the blocks span each output twice (its gate and up rows).
-    matrix_gemm_block(li, sg, lane, lanes, flat_workgroup(wid, nwg), select(p.n, 2u * p.n, SWIGLU), p.k);
+    let n = select(p.n, 2u * p.n, SWIGLU);
+    let block = flat_workgroup(wid, nwg);
+    if (W_STACKED) {
+        // The stack of the block's first row (a block past the matrix takes the last row's).
+        let row = p.row_base + min((block / ((n + BN - 1u) / BN)) * BM, p.m - 1u);
+        w_stack_row = ((row / p.stack_rows + p.stack_skew) / p.stack_group) * p.n;
+    }
+    matrix_gemm_block(li, sg, lane, lanes, block, n, p.k);
 }

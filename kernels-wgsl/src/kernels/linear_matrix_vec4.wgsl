@@ -71,7 +71,7 @@ const F16_SMALLEST_NORMAL: f32 = 6.103515625e-5;
 // it), and whether it is inside (matrix_fetch_vec4.wgsl's).
 fn w_octet_at(c: u32, q: u32, n0: u32, k0: u32) -> vec2<u32> {
     let inside = column_inside(n0 + c, BN) && k0 + 8u * q < p.k;
-    let at = (p.w_offset + paired_w_row(n0 + c, BN) * p.k + k0) / 8u + q;
+    let at = (p.w_offset + w_row(n0 + c) * p.k + k0) / 8u + q;
     return vec2<u32>(select(p.w_offset / 8u, at, inside), u32(inside));
 }
 

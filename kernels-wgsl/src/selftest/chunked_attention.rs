@@ -50,7 +50,7 @@ impl OneHead {
         let (qb, kb, vb) = (gpu.upload_f32("q", &self.q), gpu.upload_f32("k", &self.k), gpu.upload_f32("v", &self.v));
         let (ob, state) = (poisoned(gpu, self.q.len()), poisoned(gpu, 2 * self.q_len));
         let scratch = poisoned(gpu, chunked_attention_scratch(self.q_len as u64, d) as usize);
-        let operands = poisoned(gpu, ChunkedOperands::new(d).end as usize);
+        let operands = poisoned(gpu, ChunkedOperands::new(d, 1, flux_lite_core::ir::ATTENTION_KEY_CHUNK).end as usize);
         let rows = |b, r0: usize| Mat { buf: b, offset: r0 as u64 * d, stride: d };
         for &(q0, q1) in bands {
             for (i, &(k0, k1)) in calls.iter().enumerate() {

@@ -17,7 +17,7 @@
 use super::{poisoned, run_and_read, worst_rel_l2, Check, Rng, HALF_PRODUCT, MATRIX_ATTENTION, WORST_ROW};
 use crate::kernels::attention::{attention_half_into_half, Attention, HalfQkv};
 use crate::kernels::attention_chunks::{on_products_in_bands, HeadInputs};
-use flux_lite_core::ir::{ChunkedOperands, ChunkedScratch, HeadsOnProducts};
+use flux_lite_core::ir::{ChunkedOperands, HeadsOnProducts};
 use crate::kernels::linear::{linear_gated, linear_into_half, linear_into_half_normed, linear_swiglu_half, product_norms_heads, product_writes_pieces, swiglu_writes_pieces, Gemm, HeadNorm, Input, MATRIX_BLOCK_TILES};
 use crate::kernels::rope::RopeTables;
 use crate::range_rule::{pack_rows, unpack_rows};
@@ -63,6 +63,11 @@ pub fn half_path_checks(gpu: &Gpu) -> Vec<Check> {
         (false, false) => "one-subgroup kernel",
     };
     checks.push(outcome(format!("{tier} attention ({kernel}) over f16 pieces of 64 into f16 pieces, 150 tokens, 2 heads × 128"), MATRIX_ATTENTION, check_attention_of_pieces(gpu, [150, 2, 128], 64, on_products)));
+    // The text encoder's: causal, its padding keys hidden, grouped heads.
+    let causal = PiecesCase { len: 150, heads: [4, 2], head_dim: 64, causal: true, padding: 20 };
+    let stack = on_products.then(|| [flux_lite_core::ir::ATTENTION_QUERY_BAND, HeadsOnProducts::new(150, 150, 64, 4, u64::MAX).heads]);
+    let worst = masked_attention_of_pieces(gpu, causal, 32, stack).map(|(got, want)| worst_rel_l2(&got, &want, 64));
+    checks.push(outcome(format!("{tier} causal attention ({kernel}) over f16 pieces of 32, 150 tokens (20 padding), 4 query / 2 kv heads × 64"), MATRIX_ATTENTION, worst));
     checks
 }
 
@@ -221,33 +226,57 @@ fn check_normed_projection(gpu: &Gpu, [m, k]: [usize; 2], head_dim: usize, piece
 /// Attention over queries, keys and values in f16 pieces (as their
 /// projections write them) into f16 pieces (the output projection's input).
 fn check_attention_of_pieces(gpu: &Gpu, shape: [usize; 3], piece: usize, on_products: bool) -> Result<f64, GpuError> {
-    let band = on_products.then_some(flux_lite_core::ir::ATTENTION_QUERY_BAND);
-    let (got, want) = attention_of_pieces(gpu, shape, piece, band)?;
+    let [len, heads, head_dim] = shape.map(|x| x as u64);
+    let stack = on_products.then(|| [flux_lite_core::ir::ATTENTION_QUERY_BAND, HeadsOnProducts::new(len, len, head_dim, heads, u64::MAX).heads]);
+    let (got, want) = attention_of_pieces(gpu, shape, piece, stack)?;
     Ok(worst_rel_l2(&got, &want, shape[2]))
 }
 
 /// The attention over f16 pieces of [`check_attention_of_pieces`]'s
-/// inputs, on products in bands of `band` queries, or (`None`) on the
-/// kernel the device picks; and the f64 attention.
-fn attention_of_pieces(gpu: &Gpu, [len, heads, head_dim]: [usize; 3], piece: usize, band: Option<u64>) -> Result<(Vec<f32>, Vec<f64>), GpuError> {
+/// inputs, on products in bands of `band` queries, `heads` heads stacked
+/// (`Some([band, heads])`), or (`None`) on the kernel the device picks;
+/// and the f64 attention.
+fn attention_of_pieces(gpu: &Gpu, [len, heads, head_dim]: [usize; 3], piece: usize, stack: Option<[u64; 2]>) -> Result<(Vec<f32>, Vec<f64>), GpuError> {
+    masked_attention_of_pieces(gpu, PiecesCase { len, heads: [heads; 2], head_dim, causal: false, padding: 0 }, piece, stack)
+}
+
+/// An attention over f16 pieces: `len` tokens, `[query, kv]` heads of
+/// `head_dim`, causal or not, its last `padding` keys hidden.
+#[derive(Debug, Clone, Copy)]
+struct PiecesCase {
+    len: usize,
+    heads: [usize; 2],
+    head_dim: usize,
+    causal: bool,
+    padding: usize,
+}
+
+/// [`attention_of_pieces`] of `case`.
+fn masked_attention_of_pieces(gpu: &Gpu, case: PiecesCase, piece: usize, stack: Option<[u64; 2]>) -> Result<(Vec<f32>, Vec<f64>), GpuError> {
+    let PiecesCase { len, heads: [heads, kv_heads], head_dim, causal, padding } = case;
     let mut rng = Rng::new(74);
-    let width = heads * head_dim;
+    let (width, kv_width) = (heads * head_dim, kv_heads * head_dim);
     // Scores of normal queries and keys; values far apart in range.
-    let [q, k, v] = [false, false, true].map(|spread| Pieces::spread(gpu, &mut rng, [len, width], piece, spread));
-    let s = Attention { q_len: len as u64, kv_len: len as u64, q_heads: heads as u64, kv_heads: heads as u64, head_dim: head_dim as u64, scale: 1.0 / (head_dim as f32).sqrt(), causal: false };
-    let shape = AttentionShape { q_len: len, kv_len: len, q_heads: heads, kv_heads: heads, head_dim, scale: f64::from(s.scale), causal: false };
+    let q = Pieces::spread(gpu, &mut rng, [len, width], piece, false);
+    let [k, v] = [false, true].map(|spread| Pieces::spread(gpu, &mut rng, [len, kv_width], piece, spread));
+    let s = Attention { q_len: len as u64, kv_len: len as u64, q_heads: heads as u64, kv_heads: kv_heads as u64, head_dim: head_dim as u64, scale: 1.0 / (head_dim as f32).sqrt(), causal };
+    let shape = AttentionShape { q_len: len, kv_len: len, q_heads: heads, kv_heads, head_dim, scale: f64::from(s.scale), causal };
+    let keep: Vec<u32> = (0..len).map(|i| u32::from(i + padding < len)).collect();
+    let key_keep = (padding > 0).then(|| gpu.upload_u32("attention key mask", &keep));
     let mut want = vec![0.0; len * width];
-    r::attention(&q.values, &k.values, &v.values, None, shape, &mut vec![0.0; len], &mut want);
+    r::attention(&q.values, &k.values, &v.values, (padding > 0).then_some(&keep[..]), shape, &mut vec![0.0; len], &mut want);
     let qkv = HalfQkv { q: q.half(), k: k.half(), v: v.half() };
-    let got = match band {
-        Some(band) => {
-            // Room for bands of every query, whatever `band`.
-            let at = HeadsOnProducts::new(s.q_len, s.kv_len, s.head_dim).chunked;
-            let scratch = poisoned(gpu, (at + ChunkedScratch::new(s.q_len, s.head_dim).end) as usize);
-            let operands = poisoned(gpu, ChunkedOperands::new(s.head_dim).end as usize);
-            written_in_pieces(gpu, [len, width], piece, |enc, dst| on_products_in_bands(gpu, enc, HeadInputs::Pieces(qkv), dst, Mat::new(&scratch, 0), &operands, s, band))?
+    let keep = key_keep.as_deref();
+    let got = match stack {
+        Some([band, stacked]) => {
+            // Poison where no value is written: the rows past each head's band in the stack too.
+            let part = HeadsOnProducts::laid_out(s.kv_len, s.head_dim, band.min(s.q_len), stacked);
+            let scratch = poisoned(gpu, part.end as usize);
+            let operands = poisoned(gpu, ChunkedOperands::new(s.head_dim, stacked, part.chunk).end as usize);
+            let buffers = [Mat::new(&scratch, 0), Mat::new(&operands, 0)];
+            written_in_pieces(gpu, [len, width], piece, |enc, dst| on_products_in_bands(gpu, enc, HeadInputs::Pieces(qkv), keep, dst, buffers, s, [band, stacked]))?
         }
-        None => written_in_pieces(gpu, [len, width], piece, |enc, dst| attention_half_into_half(gpu, enc, qkv, None, dst, s))?,
+        None => written_in_pieces(gpu, [len, width], piece, |enc, dst| attention_half_into_half(gpu, enc, qkv, keep, dst, s))?,
     };
     Ok((got, want))
 }
@@ -260,8 +289,8 @@ mod tests {
     #[test]
     fn the_half_paths_checks_pass_on_matrix_units_at_the_adapters_block() {
         let Some(gpu) = f16_matrix_gpu() else { return };
-        // Every kind: into pieces, gated, SwiGLU, both head widths normed, attention.
-        super::super::assert_checks_pass(&half_path_checks(&gpu), 6);
+        // Every kind: into pieces, gated, SwiGLU, both head widths normed, attention, causal attention.
+        super::super::assert_checks_pass(&half_path_checks(&gpu), 7);
     }
 
     /// The transformer's attention as products on the GEMM core (where the
@@ -278,18 +307,39 @@ mod tests {
         }
     }
 
-    /// Its bands of queries (each over every key) give the bits of one
-    /// band over them all.
+    /// The text encoder's attention on products: causal, its padding keys
+    /// hidden, four query heads on two kv heads, against the f64 attention;
+    /// and its stacks (grouped heads on their shared values in one `P·V`,
+    /// a stack starting inside a group) and bands give one stack's bits.
     #[test]
-    fn attention_on_products_by_bands_of_queries_equals_one_band_bit_for_bit() {
+    fn causal_grouped_masked_attention_on_products_matches_the_oracle_in_any_stack() {
         let Some(gpu) = f16_matrix_gpu() else { return };
-        let bits = |band: u64| {
-            let (got, _) = attention_of_pieces(&gpu, [150, 2, 128], 64, Some(band)).unwrap_or_else(|e| panic!("{e}"));
+        let case = PiecesCase { len: 150, heads: [4, 2], head_dim: 64, causal: true, padding: 20 };
+        let run = |stack: [u64; 2]| masked_attention_of_pieces(&gpu, case, 32, Some(stack)).unwrap_or_else(|e| panic!("{e}"));
+        let (whole, want) = run([150, 4]);
+        let worst = worst_rel_l2(&whole, &want, 64);
+        println!("causal attention on products, 150 tokens (20 padding), 4 query / 2 kv heads × 64: worst row's relative L2 {worst:.2e}");
+        assert!(worst <= MATRIX_ATTENTION, "{worst:e}");
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        for stack in [[150, 3], [150, 1], [64, 2], [7, 3]] {
+            assert_eq!(bits(&run(stack).0), bits(&whole), "bands of {}, {} heads a stack", stack[0], stack[1]);
+        }
+    }
+
+    /// Its bands of queries (each over every key) and its stacks of heads
+    /// (each head's `P·V` on its own values in one product) give the bits
+    /// of one band of every query and every head at once.
+    #[test]
+    fn attention_on_products_by_bands_and_stacks_equals_one_band_and_stack_bit_for_bit() {
+        let Some(gpu) = f16_matrix_gpu() else { return };
+        let bits = |stack: [u64; 2]| {
+            let (got, _) = attention_of_pieces(&gpu, [150, 3, 64], 32, Some(stack)).unwrap_or_else(|e| panic!("{e}"));
             got.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
         };
-        let whole = bits(150);
-        for band in [64, 7] {
-            assert_eq!(bits(band), whole, "bands of {band}");
+        let whole = bits([150, 3]);
+        // Stacks of two and one (the last stack short), bands of 64 and 7.
+        for stack in [[150, 2], [150, 1], [64, 2], [7, 1], [64, 3]] {
+            assert_eq!(bits(stack), whole, "bands of {}, {} heads a stack", stack[0], stack[1]);
         }
     }
 }

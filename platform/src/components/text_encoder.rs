@@ -62,14 +62,16 @@ impl TextEncoder {
         for t in 0..tokens {
             rope::qwen_row(t, hd, config.rope_theta, &mut cos[t * hd..][..hd], &mut sin[t * hd..][..hd]);
         }
+        // Where its attention runs as products on the GEMM core (the flash kernel not proven), their buffers.
+        let (operands, products_scratch) = crate::exec::runner::attention_buffers(gpu, &blocks.concat());
         let runner = Runner {
             arena,
             rope_cos: gpu.upload_f32("qwen rope cos", &cos),
             rope_sin: gpu.upload_f32("qwen rope sin", &sin),
             key_keep: Some(gpu.storage("qwen key mask", 4 * tokens.max(1) as u64)),
             lora: None,
-            operands: None,
-            products_scratch: None,
+            operands,
+            products_scratch,
         };
         runner.write(gpu, layout.ones, &vec![1.0; config.hidden_size]);
         let prepared = runner.prepare(gpu, &weights, &blocks)?;
@@ -144,6 +146,12 @@ impl TextEncoder {
     /// The program steps: the prologue, then one block per layer.
     pub fn blocks(&self) -> &[Vec<Op>] {
         &self.blocks
+    }
+
+    /// What runs the program: its arena and buffers (whether it has the
+    /// attention on products' scratch, for one).
+    pub fn runner(&self) -> &crate::exec::runner::Runner {
+        &self.runner
     }
 }
 

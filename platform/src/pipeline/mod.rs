@@ -386,7 +386,7 @@ impl Pipeline {
 
     /// Encodes prompts alone within `budget` (`flux-lite encode`).
     pub fn encode(&self, prompts: &[&str], budget: Option<u64>, observer: &mut dyn Observer) -> Result<(Vec<Vec<f32>>, Timings), RunError> {
-        let plan = planning::plan_encode(&self.model, &self.sizes, budget.or_else(|| self.default_budget()), self.gpu.measures_weight_rows(), self.gpu.plan_limits().half_operands)?;
+        let plan = planning::plan_encode(&self.model, &self.sizes, budget.or_else(|| self.default_budget()), self.gpu.measures_weight_rows(), self.gpu.plan_limits())?;
         let encoded = generation::encode_alone(self, plan.weights, prompts, observer)?;
         self.gpu.check_interrupt()?;
         Ok(encoded)

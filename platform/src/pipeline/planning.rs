@@ -208,14 +208,14 @@ pub fn transformer_rows(model: &ModelFolder, width: usize, height: usize, refere
 
 /// The text encoder's phase alone (for `encode`): its fastest strategy within `budget`.
 /// `row_scales`: the device keeps the weights' row scales (`Gpu::measures_weight_rows`);
-/// `half_operands`: it runs the half-precision data path (`DeviceLimits::half_operands`).
-pub fn plan_encode(model: &ModelFolder, sizes: &ModelSizes, budget: Option<u64>, row_scales: bool, half_operands: bool) -> Result<PhasePlan, RunError> {
+/// `limits`: the device's (its half-precision data path, where its attention runs).
+pub fn plan_encode(model: &ModelFolder, sizes: &ModelSizes, budget: Option<u64>, row_scales: bool, limits: DeviceLimits) -> Result<PhasePlan, RunError> {
     let mut sizes = sizes.text_encoder;
     if row_scales {
         sizes.keep_row_scales();
     }
-    if half_operands {
+    if limits.half_operands {
         sizes.expand_half();
     }
-    Ok(planner::plan_encode(&model.text_encoder, PROMPT_TOKENS as u64, half_operands, sizes, tokenizer_bytes(model), budget)?)
+    Ok(planner::plan_encode(&model.text_encoder, PROMPT_TOKENS as u64, limits, sizes, tokenizer_bytes(model), budget)?)
 }

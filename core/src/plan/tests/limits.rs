@@ -7,9 +7,9 @@ use super::*;
 /// (4 GiB buffers, bindings capped at 2³¹−1), Mesa's AMD and Intel drivers
 /// (2 GiB), Metal with its binding clamped to 2³¹−1, WebGPU's defaults.
 const REAL_LIMITS: [(&str, DeviceLimits); 4] = [
-    ("NVIDIA Vulkan", DeviceLimits { max_buffer: 4 * GIB, max_binding: 2 * GIB - 1, half_operands: false, attention_products: false }),
-    ("Mesa AMD/Intel", DeviceLimits { max_buffer: 2 * GIB, max_binding: 2 * GIB - 1, half_operands: false, attention_products: false }),
-    ("Metal", DeviceLimits { max_buffer: 16 * GIB, max_binding: 2 * GIB - 1, half_operands: false, attention_products: false }),
+    ("NVIDIA Vulkan", DeviceLimits { max_buffer: 4 * GIB, max_binding: 2 * GIB - 1, half_operands: false, attention_products: crate::ir::AttentionProducts::NONE }),
+    ("Mesa AMD/Intel", DeviceLimits { max_buffer: 2 * GIB, max_binding: 2 * GIB - 1, half_operands: false, attention_products: crate::ir::AttentionProducts::NONE }),
+    ("Metal", DeviceLimits { max_buffer: 16 * GIB, max_binding: 2 * GIB - 1, half_operands: false, attention_products: crate::ir::AttentionProducts::NONE }),
     ("WebGPU defaults", DeviceLimits::WEBGPU_DEFAULT),
 ];
 

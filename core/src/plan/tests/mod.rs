@@ -14,7 +14,7 @@ const GIB: u64 = 1 << 30;
 /// a largest buffer of about 16 GiB) and bindings up to 4 GiB − 4: the
 /// tables of docs/memory.md are for it. NVIDIA's Vulkan driver allows 4 GiB buffers,
 /// so there the transformer's arena refuses 4096² (`limits::REAL_LIMITS`).
-const LIMITS: DeviceLimits = DeviceLimits { max_buffer: 16 * GIB, max_binding: 4 * GIB - 4, half_operands: false, attention_products: false };
+const LIMITS: DeviceLimits = DeviceLimits { max_buffer: 16 * GIB, max_binding: 4 * GIB - 4, half_operands: false, attention_products: crate::ir::AttentionProducts::NONE };
 
 struct Model {
     transformer: TransformerConfig,

@@ -64,7 +64,7 @@ fn the_preview_decoder_runs_by_bands_when_its_activations_exceed_a_binding() {
     assert_eq!(preview_layouts(&taef2(), 512, 512, weights, LIMITS, Some(1024)).unwrap().as_slice(), &small[..1]);
     assert_eq!(preview_layouts(&taef2(), 512, 512, weights, LIMITS, Some(24)), Err(PlanError::VaeTileSize { tile: 24, unit: 16 }));
     // A band must hold one row of the widest convolution: 64 channels, 4096 wide.
-    let narrow = DeviceLimits { max_buffer: 256 << 20, max_binding: 1 << 20, half_operands: false, attention_products: false };
+    let narrow = DeviceLimits { max_buffer: 256 << 20, max_binding: 1 << 20, half_operands: false, attention_products: crate::ir::AttentionProducts::NONE };
     let err = preview_layouts(&taef2(), 4096, 4096, weights, narrow, None).unwrap_err();
     assert!(matches!(err, PlanError::PreviewTooWide { width: 4096, limit: 1048576, .. }), "{err}");
 }
@@ -98,7 +98,7 @@ fn the_channels_last_preview_decoder_holds_about_half_the_bytes() {
 /// a binding with its activations on the device, before any host layout.
 #[test]
 fn a_preview_beyond_a_binding_keeps_its_activations_on_the_device_first() {
-    let cpu = DeviceLimits { max_buffer: (2 * GIB) - 1, max_binding: 128 << 20, half_operands: false, attention_products: false };
+    let cpu = DeviceLimits { max_buffer: (2 * GIB) - 1, max_binding: 128 << 20, half_operands: false, attention_products: crate::ir::AttentionProducts::NONE };
     let layouts = preview_layouts(&taef2(), 1024, 1024, 4 << 20, cpu, None).unwrap();
     let whole = crate::models::tiny_decoder::arena_bytes(&taef2(), 128, 128, false).unwrap();
     assert!(whole > 800_000_000 && whole < 2 * GIB, "{whole}");

@@ -88,7 +88,7 @@ fn the_readme_figures_are_the_planners() {
     let smallest = decode[decode.len() - 1];
     quoted(&format!("needs {} in its smallest tile at 1024² ({} pixels", readme(smallest.peak()), smallest.tile.unwrap()));
     quoted(&format!("against {} untiled", readme(decode[0].peak())));
-    let lavapipe = DeviceLimits { max_buffer: 2 * GIB, max_binding: 128 << 20, half_operands: false, attention_products: false };
+    let lavapipe = DeviceLimits { max_buffer: 2 * GIB, max_binding: 128 << 20, half_operands: false, attention_products: crate::ir::AttentionProducts::NONE };
     let bound = PlanInput { limits: lavapipe, ..input };
     let largest = decode_options(&bound).unwrap().find(|p| p.tile.is_some() && !p.on_device).unwrap();
     quoted(&format!("{} in the largest tile lavapipe's 128 MiB bindings allow ({} px)", readme(largest.peak()), largest.tile.unwrap()));

@@ -58,21 +58,48 @@ fn half_products_inputs_shrink_the_denoise_arena_by_half_the_products_inputs() {
 /// Where the transformer's attention runs as products on the GEMM core
 /// (the flash kernel not proven), the unchunked layout counts their
 /// scratch and right operands beside the arena: at 1024², 4608 rows of 128
-/// dims, one band of queries. The smallest budget of a whole run stays
+/// dims, one band of queries, 7 of the 24 heads stacked at a time. The smallest budget of a whole run stays
 /// what the VAE or the weights need where that is larger.
 #[test]
 fn attention_on_products_counts_its_scratch_beside_the_unchunked_arena() {
     let model = Model::klein_4b(false);
     let flash = PlanInput { limits: DeviceLimits { half_operands: true, ..LIMITS }, ..model.input(1024, None) };
-    let products = PlanInput { limits: DeviceLimits { attention_products: true, ..flash.limits }, ..flash };
+    let products = PlanInput { limits: DeviceLimits { attention_products: crate::ir::AttentionProducts { over_pieces: true, over_rows: true }, ..flash.limits }, ..flash };
     let (a, b) = (plan(&flash).unwrap(), plan(&products).unwrap());
     assert_eq!((a.denoise.chunk, b.denoise.chunk), (None, None));
-    let scratch = crate::ir::HeadsOnProducts::bytes(4608, 4608, 128);
+    let scratch = crate::ir::HeadsOnProducts::bytes(4608, 4608, 128, 24, products.limits.max_buffer);
+    // 7 heads stacked: their keys, values and output as f32 rows, and their scores (4608 × 4032 f32 a head).
+    assert_eq!((crate::ir::HeadsOnProducts::new(4608, 4608, 128, 24, u64::MAX).heads, scratch), (7, 586_949_888));
+    // Where a buffer holds less, fewer heads: the scratch in one buffer, at least one head.
+    for (max_buffer, heads) in [(256 << 20, 3), (64 << 20, 1)] {
+        assert_eq!(crate::ir::HeadsOnProducts::new(4608, 4608, 128, 24, max_buffer).heads, heads, "{max_buffer} bytes");
+    }
     assert_eq!(b.denoise.other_bytes - a.denoise.other_bytes, scratch);
     assert_eq!(a.denoise.arena_bytes, b.denoise.arena_bytes);
+    // Where only the path over f32 rows runs as products, the 4B's attention (over f16 pieces) takes none.
+    let rows_only = PlanInput { limits: DeviceLimits { attention_products: crate::ir::AttentionProducts { over_pieces: false, over_rows: true }, ..flash.limits }, ..flash };
+    assert_eq!(plan(&rows_only).unwrap().denoise.other_bytes, a.denoise.other_bytes);
     let (least_flash, least_products) = (minimum_budget(&flash).unwrap(), minimum_budget(&products).unwrap());
     println!("klein-4B 1024²: attention on products takes {scratch} bytes beside the arena; smallest budget {least_flash} → {least_products} bytes");
     assert!(least_products >= least_flash);
+}
+
+/// The text encoder's causal attention on products (the matrix tier where
+/// the flash kernel is not proven) counts its scratch and right operands in
+/// the encode phase: Qwen3-4B's 32 heads (on 8 kv heads) of 128 over the
+/// 512 prompt tokens, stacked at once, a chunk of 512 keys.
+#[test]
+fn the_text_encoders_attention_on_products_counts_its_scratch() {
+    let model = Model::klein_4b(false);
+    let flash = PlanInput { limits: DeviceLimits { half_operands: true, ..LIMITS }, ..model.input(1024, None) };
+    let products = PlanInput { limits: DeviceLimits { attention_products: crate::ir::AttentionProducts { over_pieces: true, over_rows: true }, ..flash.limits }, ..flash };
+    let (a, b) = (plan(&flash).unwrap(), plan(&products).unwrap());
+    let scratch = crate::ir::HeadsOnProducts::bytes(512, 512, 128, 32, LIMITS.max_buffer);
+    assert_eq!((crate::ir::HeadsOnProducts::new(512, 512, 128, 32, LIMITS.max_buffer).heads, scratch), (32, 67_586_048));
+    assert_eq!(b.encode.other_bytes - a.encode.other_bytes, scratch);
+    assert_eq!(a.encode.arena_bytes, b.encode.arena_bytes);
+    let rows_only = PlanInput { limits: DeviceLimits { attention_products: crate::ir::AttentionProducts { over_pieces: false, over_rows: true }, ..flash.limits }, ..flash };
+    assert_eq!(plan(&rows_only).unwrap().encode.other_bytes, a.encode.other_bytes);
 }
 
 #[test]
@@ -355,7 +382,7 @@ fn a_4096px_image_needs_far_less_by_chunks() {
 fn attention_keys_beyond_one_binding_force_chunks_or_are_refused_up_front() {
     let model = Model::klein_4b(false);
     // lavapipe's limits: WebGPU's 128 MiB bindings, 2 GiB buffers.
-    let lavapipe = DeviceLimits { max_buffer: 2 * GIB, max_binding: 128 << 20, half_operands: false, attention_products: false };
+    let lavapipe = DeviceLimits { max_buffer: 2 * GIB, max_binding: 128 << 20, half_operands: false, attention_products: crate::ir::AttentionProducts::NONE };
     let webgpu = |size: u64| PlanInput { limits: lavapipe, ..model.input(size, None) };
     // 4608 tokens: the fused projection's key window (27648-wide rows, 510 MB) exceeds 128 MiB;
     // the chunked single blocks keep keys in 3072-wide rows (57 MB).

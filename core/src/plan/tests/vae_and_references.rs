@@ -90,7 +90,7 @@ fn a_reference_beyond_the_adapters_binding_is_tiled_or_refused_up_front() {
     assert!(r.tile.is_some_and(|t| t < 4096), "{r:?}");
     assert!(reference_options(&input).unwrap().all(|o| o.tile.is_some()));
     // Bindings of 64 KiB hold no band with one 4096-pixel convolution row (131 channels of it).
-    let tiny = DeviceLimits { max_buffer: 1 << 20, max_binding: 64 << 10, half_operands: false, attention_products: false };
+    let tiny = DeviceLimits { max_buffer: 1 << 20, max_binding: 64 << 10, half_operands: false, attention_products: crate::ir::AttentionProducts::NONE };
     match reference_options(&PlanInput { limits: tiny, ..input }).map(|mut o| o.next()) {
         Err(e @ PlanError::ReferenceTooLarge { width: 4096, height: 4096, bytes, limit }) => {
             assert!(bytes > limit);
@@ -109,7 +109,7 @@ fn a_reference_beyond_the_adapters_binding_is_tiled_or_refused_up_front() {
 #[test]
 fn a_decode_the_adapter_cannot_bind_keeps_its_activations_on_the_device_where_the_budget_holds_them() {
     let model = Model::klein_4b(false);
-    let lavapipe = DeviceLimits { max_buffer: 2 * GIB, max_binding: 128 << 20, half_operands: false, attention_products: false };
+    let lavapipe = DeviceLimits { max_buffer: 2 * GIB, max_binding: 128 << 20, half_operands: false, attention_products: crate::ir::AttentionProducts::NONE };
     let input = PlanInput { limits: lavapipe, ..model.input(1024, None) };
     let options: Vec<VaePlan> = decode_options(&input).unwrap().collect();
     let first = options[0];

@@ -555,3 +555,51 @@ fn a_forced_staging_that_does_not_fit_is_refused_naming_the_bytes() {
     let refused = refused.to_string();
     assert!(refused.contains("needs") && refused.contains("bytes of workgroup memory and the adapter has 10240"), "{refused}");
 }
+
+/// A stacked product (`linear_stacked`: each stack of x's rows on its own
+/// rows of W, in one dispatch) gives every stack the bits of its own
+/// product over those rows of W alone: set and rescaling onto its output,
+/// the last stack short, W's scales measured over every stack's rows,
+/// stacks apart and two to a W starting one into a group (grouped heads);
+/// and a stack that is not whole blocks is refused.
+#[test]
+fn a_stacked_product_gives_each_stack_the_bits_of_its_own_product() {
+    let Some(gpu) = f16_matrix_gpu() else { return };
+    let (stack, count, n) = (128usize, 3usize, 40usize);
+    for (seed, k) in [(80u64, 136usize), (81, 130)] {
+        let m = 2 * stack + 70;
+        let mut rng = Rng::new(seed);
+        let (x, w) = (rng.normals(m * k, 1.0), rng.bf16s(count * n * k, 0.1));
+        let (y0, factors) = (rng.normals(m * n, 1.0), rng.normals(m, 1.0));
+        let (xb, wb, fb) = (gpu.upload_f32("x", &x), gpu.upload_bf16("w", &w), gpu.upload_f32("factors", &factors));
+        for (rescaling, [group, skew]) in [(false, [1, 0]), (true, [1, 0]), (true, [2, 1])] {
+            let factors = rescaling.then(|| Mat::new(&fb, 1));
+            let yb = gpu.upload_f32("y", &y0);
+            let stacks = Stack { rows: stack as u64, count: count as u64, group, skew };
+            let s = Gemm { m: m as u64, n: n as u64, k: k as u64 };
+            let stacked = run_and_read(&gpu, &yb, m * n, |enc| linear_stacked(&gpu, enc, Input::F32(Mat::new(&xb, k as u64)), Weight::bf16(&wb), Mat::new(&yb, n as u64), factors, s, stacks));
+            let yb = gpu.upload_f32("y", &y0);
+            let apart = run_and_read(&gpu, &yb, m * n, |enc| {
+                for i in 0..count {
+                    let (first, rows) = ((i * stack) as u64, (stack.min(m - i * stack)) as u64);
+                    let x = Input::F32(Mat { offset: first * k as u64, ..Mat::new(&xb, k as u64) });
+                    let w_first = (i as u64 + skew) / group * n as u64;
+                    let (w, y) = (Weight::bf16(&wb).rows_from(w_first, k as u64), Mat { offset: first * n as u64, ..Mat::new(&yb, n as u64) });
+                    let s = Gemm { m: rows, ..s };
+                    match factors {
+                        Some(f) => linear_rescaling(&gpu, enc, x, w, y, Mat { offset: first, ..f }, s)?,
+                        None => linear_from(&gpu, enc, x, w, None, y, s)?,
+                    }
+                }
+                Ok(())
+            });
+            assert!(stacked.iter().all(|v| v.is_finite()), "k {k}: values not finite");
+            assert_eq!(bits(&stacked), bits(&apart), "k {k}, rescaling {rescaling}, {group} a W from {skew}: a stack's outputs differ from its own product's");
+        }
+        let yb = gpu.storage("y", (4 * m * n) as u64);
+        let mut sink: Vec<crate::Dispatch> = Vec::new();
+        let ragged = Stack::apart(100, 4);
+        let refused = linear_stacked(&gpu, &mut sink, Input::F32(Mat::new(&xb, k as u64)), Weight::bf16(&wb), Mat::new(&yb, n as u64), None, Gemm { m: m as u64, n: n as u64, k: k as u64 }, ragged);
+        assert!(matches!(refused, Err(GpuError::UnsupportedShape(_))), "stacks of 100 rows: {refused:?}");
+    }
+}

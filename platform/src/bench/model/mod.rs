@@ -336,9 +336,10 @@ impl<'g> ShapeBench<'g> {
         let inputs = kernels::HalfQkv { q: half(0), k: half(1), v: half(2) };
         match on_products {
             true => {
-                let scratch = gpu.storage("bench attention on products", 4 * flux_lite_core::ir::HeadsOnProducts::new(tokens, tokens, s.head_dim).end);
-                let operands = gpu.storage("bench attention operands", flux_lite_core::ir::ChunkedOperands::bytes(s.head_dim));
-                kernels::attention_on_products(gpu, &mut d, kernels::HeadInputs::Pieces(inputs), half(3), Mat::new(&scratch, 0), &operands, s)?;
+                let part = flux_lite_core::ir::HeadsOnProducts::new(tokens, tokens, s.head_dim, s.q_heads, gpu.plan_limits().max_buffer);
+                let scratch = gpu.storage("bench attention on products", 4 * part.end);
+                let operands = gpu.storage("bench attention operands", flux_lite_core::ir::ChunkedOperands::bytes(s.head_dim, part.heads, part.chunk));
+                kernels::attention_on_products(gpu, &mut d, kernels::HeadInputs::Pieces(inputs), None, half(3), Mat::new(&scratch, 0), &operands, s)?;
             }
             false => kernels::attention_half_into_half(gpu, &mut d, inputs, None, half(3), s)?,
         }

@@ -19,22 +19,32 @@ pub struct Machine {
     pub bytes_per_second: f64,
     /// Largest byte range one storage binding covers.
     pub max_binding: u64,
+    /// Largest buffer.
+    pub max_buffer: u64,
     /// Output rows (and columns) of one workgroup's block of a product: where
     /// a product splits, its pieces are whole blocks.
     pub product_block: u64,
+    /// Workgroups of a product on matrix units resident at once: a
+    /// dispatch of fewer leaves multiprocessors idle, and one of more runs
+    /// in waves of this many.
+    pub workgroup_slots: u64,
 }
 
 /// NVIDIA H200 through Vulkan, as our own kernels measured it (the ceilings
 /// of docs/performance.md's H200 section: matrix units 575 TFLOP/s, FMA
-/// 60.1 TFLOP/s, copy 3.2 TB/s; 2 GiB storage bindings; 16×16 matrix tiles,
-/// 128-row blocks).
+/// 60.1 TFLOP/s, copy 3.2 TB/s; 2 GiB storage bindings, 4 GiB buffers
+/// (`flux-lite gpu` there); 16×16 matrix tiles,
+/// 128-row blocks; two workgroups of the matrix linear on each of its 132
+/// multiprocessors, as its 197 registers a lane allow).
 pub const H200: Machine = Machine {
     name: "H200",
     matrix_flops: 575e12,
     fma_flops: 60.1e12,
     bytes_per_second: 3.2e12,
     max_binding: 2 << 30,
+    max_buffer: 4 << 30,
     product_block: 128,
+    workgroup_slots: 264,
 };
 
 /// Offsets of a storage binding are aligned to this many bytes (wgpu's
@@ -50,19 +60,23 @@ pub(super) const RANGE_SCALES_ROWS: u64 = flux_lite_core::plan::RANGE_SCALES_BYT
 
 /// Dispatches, bytes and FLOPs of some work, and the shortest time a
 /// machine's ceilings allow for it (each dispatch bounded by the slower of
-/// its compute and its bytes, the dispatches one after another).
+/// its compute and its bytes, the dispatches one after another); and the
+/// same with each product on matrix units running its workgroups in whole
+/// waves of the machine's [`Machine::workgroup_slots`] (`filled`: a
+/// product of fewer workgroups computes at their share of the ceiling).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Traffic {
     pub dispatches: u64,
     pub bytes: u64,
     pub flops: u64,
     pub seconds: f64,
+    pub filled: f64,
 }
 
 impl Add for Traffic {
     type Output = Traffic;
     fn add(self, o: Traffic) -> Traffic {
-        Traffic { dispatches: self.dispatches + o.dispatches, bytes: self.bytes + o.bytes, flops: self.flops + o.flops, seconds: self.seconds + o.seconds }
+        Traffic { dispatches: self.dispatches + o.dispatches, bytes: self.bytes + o.bytes, flops: self.flops + o.flops, seconds: self.seconds + o.seconds, filled: self.filled + o.filled }
     }
 }
 

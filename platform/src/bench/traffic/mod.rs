@@ -173,17 +173,35 @@ pub fn program_traffic<'o>(ops: impl IntoIterator<Item = &'o Op>, tier: Precisio
     ops.into_iter().map(|op| op_traffic(op, tier, m)).sum()
 }
 
-/// [`op_traffic`] with the transformer's attention over every row into f16
-/// pieces as products on the GEMM core, as the matrix tier runs it where
-/// the flash kernel's check of its path failed.
+/// [`op_traffic`] with the transformer's attention over every row and the
+/// text encoder's causal one into f16 pieces as products on the GEMM core,
+/// as the matrix tier runs them where the flash kernel's check of their
+/// path failed.
 fn op_traffic_on_products(op: &Op, tier: Precision, m: &Machine) -> Traffic {
+    let piece = |x: flux_lite_core::ir::Operand| x.piece.filter(|_| x.is_half()).unwrap_or(0);
     match *op {
-        Op::Attention { len, heads, head_dim, q, o, .. } if is_matrix(tier) && o.is_half() => {
-            let piece = |x: flux_lite_core::ir::Operand| x.piece.filter(|_| x.is_half()).unwrap_or(0);
-            attention_on_products(m, DataPath::of(tier), [len, heads, head_dim], [piece(q), piece(o)])
+        Op::Attention { len, heads, head_dim, q, o, .. } if is_matrix(tier) && o.is_half() => attention_on_products(m, DataPath::of(tier), [len, heads, heads, head_dim], [piece(q), piece(o)]),
+        Op::CausalAttention { len, q_heads, kv_heads, head_dim, q, o, .. } if is_matrix(tier) && o.is_half() => {
+            attention_on_products(m, DataPath::of(tier), [len, q_heads, kv_heads, head_dim], [piece(q), piece(o)])
         }
         _ => op_traffic(op, tier, m),
     }
+}
+
+/// `ops` with their attention on products ([`op_traffic_on_products`]), on
+/// the matrix tier: the whole, and its attention.
+fn on_products<'o>(ops: impl IntoIterator<Item = &'o Op>, tier: Precision, m: &Machine) -> Option<[Traffic; 2]> {
+    is_matrix(tier).then(|| {
+        let [mut whole, mut attention] = [Traffic::default(); 2];
+        for op in ops {
+            let t = op_traffic_on_products(op, tier, m);
+            whole += t;
+            if matches!(op, Op::Attention { .. } | Op::CausalAttention { .. }) {
+                attention += t;
+            }
+        }
+        [whole, attention]
+    })
 }
 
 /// The most dispatches a klein double block may take at 1024² on any tier
@@ -221,19 +239,8 @@ pub fn step(cfg: &TransformerConfig, [width, height]: [u64; 2], cell: u64, text:
     let tokens = Tokens { half_operands: is_matrix(tier), ..Tokens::plain(text, image) };
     let (_, blocks, _) = programs(cfg, tokens, chunk)?;
     let block = |index: usize, present: bool| present.then(|| program_traffic(&blocks[index], tier, m));
-    let on_products = is_matrix(tier).then(|| {
-        let [mut step, mut attention] = [Traffic::default(); 2];
-        for op in blocks.iter().flatten() {
-            let t = op_traffic_on_products(op, tier, m);
-            step += t;
-            if matches!(op, Op::Attention { .. }) {
-                attention += t;
-            }
-        }
-        [step, attention]
-    });
     Ok(StepTraffic {
-        on_products,
+        on_products: on_products(blocks.iter().flatten(), tier, m),
         image_tokens: image,
         step: program_traffic(blocks.iter().flatten(), tier, m),
         double_block: block(1, cfg.num_layers > 0),
@@ -275,10 +282,12 @@ impl ProgramTraffic {
 
 /// The text encoder over `tokens` prompt tokens, up to its deepest picked
 /// layer, as `gen` runs it on `tier` (the matrix tier's half-precision data
-/// path included), by kind of op.
-pub fn text_encoder(cfg: &Qwen3Config, tokens: u64, tier: Precision, m: &Machine) -> Result<ProgramTraffic, RunError> {
+/// path included), by kind of op; and on the matrix tier the same with its
+/// attention as products on the GEMM core (where the flash kernel's check
+/// fails): the whole and its attention.
+pub fn text_encoder(cfg: &Qwen3Config, tokens: u64, tier: Precision, m: &Machine) -> Result<(ProgramTraffic, Option<[Traffic; 2]>), RunError> {
     let (_, blocks, _) = crate::components::text_encoder::programs(cfg, tokens as usize, cfg.output_layers(), is_matrix(tier))?;
-    Ok(ProgramTraffic::of(blocks.iter().flatten(), tier, m, 0))
+    Ok((ProgramTraffic::of(blocks.iter().flatten(), tier, m, 0), on_products(blocks.iter().flatten(), tier, m)))
 }
 
 /// A whole generation from its phases' traffic: the prompts' encodes, the
@@ -420,15 +429,33 @@ mod tests {
     fn a_guided_generation_encodes_the_negative_prompt_too_and_runs_two_passes_a_step() {
         assert_eq!(generation_passes(4, false), GenerationPasses { encodes: 1, transformer: 4 });
         assert_eq!(generation_passes(50, true), GenerationPasses { encodes: 2, transformer: 100 });
-        let t = |dispatches: u64| Traffic { dispatches, bytes: 10 * dispatches, flops: 0, seconds: dispatches as f64 };
+        let t = |dispatches: u64| Traffic { dispatches, bytes: 10 * dispatches, flops: 0, seconds: dispatches as f64, filled: 2.0 * dispatches as f64 };
         let e2e = end_to_end(&t(3), &t(5), 4, true, &t(7));
-        assert_eq!((e2e.dispatches, e2e.bytes, e2e.seconds), (2 * 3 + 8 * 5 + 7, 10 * (2 * 3 + 8 * 5 + 7), 53.0));
+        assert_eq!((e2e.dispatches, e2e.bytes, e2e.seconds, e2e.filled), (2 * 3 + 8 * 5 + 7, 10 * (2 * 3 + 8 * 5 + 7), 53.0, 106.0));
+    }
+
+    /// A product on the matrix units in fewer workgroups than the machine
+    /// holds at once computes at their share of the ceiling; in more, in
+    /// whole waves; its bytes bound it as before; and a pass not on the
+    /// matrix units takes its roofline as it is.
+    #[test]
+    fn a_products_workgroups_run_in_whole_waves_of_the_machines_slots() {
+        let m = H200;
+        let flops = 1_000_000_000_000;
+        let at_ceiling = flops as f64 / m.matrix_flops;
+        let filled = |workgroups: u64| products::product_on(&m, 0, flops, true, workgroups).filled / at_ceiling;
+        assert_eq!([filled(264), filled(528)], [1.0, 1.0]);
+        assert!((filled(36) - 264.0 / 36.0).abs() < 1e-9 && (filled(265) - 528.0 / 265.0).abs() < 1e-9);
+        let bound_by_bytes = products::product_on(&m, 64_000_000_000, flops, true, 36);
+        assert_eq!(bound_by_bytes.filled, (64e9 / m.bytes_per_second).max(at_ceiling * 264.0 / 36.0));
+        let fma = products::product_on(&m, 0, flops, false, 36);
+        assert_eq!(fma.filled, fma.seconds);
     }
 
     #[test]
     fn klein_4b_text_encoder_runs_27_layers_and_its_half_path_moves_less() {
         use flux_lite_core::config::klein_4b;
-        let [f32, matrix] = [Precision::F32, Precision::Matrix].map(|tier| text_encoder(&klein_4b::text_encoder(), 512, tier, &H200).unwrap());
+        let [f32, matrix] = [Precision::F32, Precision::Matrix].map(|tier| text_encoder(&klein_4b::text_encoder(), 512, tier, &H200).unwrap().0);
         // 27 layers of 7 products; on f32 the norms and the RoPE a pass each
         // for the queries and for the keys, on the matrix tier one each.
         let count = |t: &ProgramTraffic, kind: &str| t.by_kind.iter().find(|(k, _)| *k == kind).map_or(0, |(_, t)| t.dispatches);

@@ -3,7 +3,7 @@
 //! operand, the matrix tier's measuring passes and f16 pieces.
 
 use super::machine::{operand_rows, pieces, rows_per_piece, DataPath, Machine, Rows, Traffic, RANGE_SCALES_ROWS};
-use flux_lite_core::ir::{Operand, ATTENTION_KEY_CHUNK};
+use flux_lite_core::ir::{HeadsOnProducts, Operand, ATTENTION_KEY_CHUNK};
 use flux_lite_kernels::kernels::{ATTENTION_MATRIX_MAX_HEAD_DIM, ATTENTION_MATRIX_WIDE_MAX_HEAD_DIM};
 
 /// What a linear does with its products.
@@ -72,7 +72,7 @@ pub(super) fn linear(m: &Machine, p: DataPath, (x, y): (Operand, Operand), [rows
                 Out::HeadNormed(head_dim) => r * p.row_bytes(&y, c) + 2 * head_dim * p.weight + 2 * r * head_dim * 4,
             };
             let bytes = x_bytes + spans * c * inner * p.weight + bias as u64 * c * p.weight + scales + written;
-            total += pass_on(m, bytes, 2 * spans * r * c * inner, p.matrix);
+            total += product_on(m, bytes, 2 * spans * r * c * inner, p.matrix, blocks(m, r, spans * c));
         }
     }
     total
@@ -82,7 +82,26 @@ pub(super) fn linear(m: &Machine, p: DataPath, (x, y): (Operand, Operand), [rows
 /// matrix units (`matrix`) or in FMAs.
 pub(super) fn pass_on(m: &Machine, bytes: u64, flops: u64, matrix: bool) -> Traffic {
     let peak = if matrix { m.matrix_flops } else { m.fma_flops };
-    Traffic { dispatches: 1, bytes, flops, seconds: (flops as f64 / peak).max(bytes as f64 / m.bytes_per_second) }
+    let seconds = (flops as f64 / peak).max(bytes as f64 / m.bytes_per_second);
+    Traffic { dispatches: 1, bytes, flops, seconds, filled: seconds }
+}
+
+/// [`pass_on`] for a product on the matrix units in `workgroups`
+/// workgroups (where `matrix`; else in FMAs, as it is): its compute in
+/// whole waves of the machine's slots ([`Traffic::filled`]).
+pub(super) fn product_on(m: &Machine, bytes: u64, flops: u64, matrix: bool, workgroups: u64) -> Traffic {
+    let t = pass_on(m, bytes, flops, matrix);
+    if !matrix || workgroups == 0 {
+        return t;
+    }
+    let waves = workgroups.div_ceil(m.workgroup_slots) * m.workgroup_slots;
+    let compute = flops as f64 / m.matrix_flops * waves as f64 / workgroups as f64;
+    Traffic { filled: compute.max(bytes as f64 / m.bytes_per_second), ..t }
+}
+
+/// Blocks of `rows × cols` outputs on machine `m`'s product blocks.
+fn blocks(m: &Machine, rows: u64, cols: u64) -> u64 {
+    rows.div_ceil(m.product_block) * cols.div_ceil(m.product_block)
 }
 
 /// What an attention reads and writes beyond q, k, v and o.
@@ -129,7 +148,8 @@ pub(super) fn attention(m: &Machine, p: DataPath, [q_len, kv_len, q_heads, kv_he
                 None => r * q_width * a,
             };
             let bytes = r * row(q_width) + written + io.carried as u64 * (written + 4 * r * q_heads * 4) + kv_bytes;
-            pass_on(m, bytes, 4 * r * kv_len * q_heads * head_dim, matrix)
+            // The flash kernel's workgroups: half a block of queries of one head, all its dims.
+            product_on(m, bytes, 4 * r * kv_len * q_heads * head_dim, matrix, r.div_ceil(m.product_block / 2) * q_heads * head_dim.div_ceil(m.product_block))
         })
         .sum()
 }
@@ -156,7 +176,7 @@ pub(super) fn conv(m: &Machine, p: DataPath, s: flux_lite_core::oracle::ConvShap
             let share = input * px / plane;
             total += pass_on(m, share + runs * p.scale, 0, false);
             let out = c * px * a * (1 + residual as u64);
-            total += pass_on(m, share + weights + (c + runs) * p.scale + out, 2 * taps * c * px, true);
+            total += product_on(m, share + weights + (c + runs) * p.scale + out, 2 * taps * c * px, true, blocks(m, px, c));
         }
     }
     total
@@ -176,7 +196,7 @@ pub(super) fn conv_nhwc(m: &Machine, p: DataPath, s: flux_lite_core::oracle::Con
     pieces(plane, piece)
         .map(|px| {
             let input = pixels * px / plane * p.row_bytes(&x, cin);
-            pass_on(m, input + weights + px * output_row, 2 * taps * cout * px, true)
+            product_on(m, input + weights + px * output_row, 2 * taps * cout * px, true, blocks(m, px, cout))
         })
         .sum()
 }
@@ -190,56 +210,103 @@ pub(super) fn conv_nhwc(m: &Machine, p: DataPath, s: flux_lite_core::oracle::Con
 /// product's epilogue); the output divided by its sums after the last
 /// chunk, where no later call carries the softmax on.
 pub(super) fn chunked_attention(m: &Machine, p: DataPath, [q_len, kv_len, d]: [u64; 3], [from_state, keep_state]: [bool; 2]) -> Traffic {
-    pack_rows(m, q_len, d) + chunked_passes(m, p, [q_len, kv_len, d], [from_state, keep_state])
-}
-
-/// `rows` f32 rows of `d` packed as f16 rows under a scale a row (`half_pack`).
-fn pack_rows(m: &Machine, rows: u64, d: u64) -> Traffic {
-    pass_on(m, rows * d * 4 + rows * (d * 2 + 4), 0, false)
-}
-
-/// [`chunked_attention`] over queries already f16 rows (the transformer's
-/// pieces, read as stored): its passes but the queries' pack.
-fn chunked_passes(m: &Machine, p: DataPath, [q_len, kv_len, d]: [u64; 3], [from_state, keep_state]: [bool; 2]) -> Traffic {
-    let rows = |elements| Operand::from(flux_lite_core::ir::Span::new(0, elements));
-    let half = |width| Operand::half_rows(flux_lite_core::ir::Span::new(0, width / 2), flux_lite_core::ir::Span::new(0, 1));
-    let mut total = Traffic::default();
+    let mut total = pack_rows(m, q_len, 1, d);
     for (i, keys) in pieces(kv_len, ATTENTION_KEY_CHUNK).enumerate() {
         let continues = i > 0 || from_state;
-        total += pack_rows(m, keys, d);
-        total += linear(m, p, (half(d), rows(keys)), [q_len, keys, d], false, Out::Set);
-        // Scores in, probabilities and their scales out, the state read and written, a factor a row.
-        total += pass_on(m, q_len * keys * 4 + q_len * (keys * 2 + 4) + 5 * q_len * 4, 0, false);
-        total += pass_on(m, keys * d * 4 + d * (keys * 2 + 4), 0, false);
+        total += pack_rows(m, keys, 1, d) + scores(m, p, [q_len, keys, d]);
+        total += softmax(m, q_len, keys) + pack_columns(m, keys, d);
         // Over whole f16 pairs: an odd chunk padded with a zero.
         total += linear(m, p, (half(keys.next_multiple_of(2)), rows(d)), [q_len, d, keys.next_multiple_of(2)], false, Out::Set);
         if continues {
             let read = q_len * d * 4 + q_len * 4;
-            total += Traffic { dispatches: 0, bytes: read, flops: 0, seconds: read as f64 / m.bytes_per_second };
+            let seconds = read as f64 / m.bytes_per_second;
+            total += Traffic { dispatches: 0, bytes: read, flops: 0, seconds, filled: seconds };
         }
     }
     if !keep_state {
-        total += pass_on(m, 2 * q_len * d * 4 + q_len * 8, 0, false);
+        total += normalise(m, q_len, d);
     }
     total
 }
 
+/// f32 rows of `width` values as a product reads them (a span of its rows).
+fn rows(width: u64) -> Operand {
+    Operand::from(flux_lite_core::ir::Span::new(0, width))
+}
+
+/// f16 rows of `width` values under a scale a row.
+fn half(width: u64) -> Operand {
+    Operand::half_rows(flux_lite_core::ir::Span::new(0, width / 2), flux_lite_core::ir::Span::new(0, 1))
+}
+
+/// `rows` f32 rows of `heads` heads of `d` packed as f16 rows under a scale a head's row (`half_pack`).
+fn pack_rows(m: &Machine, rows: u64, heads: u64, d: u64) -> Traffic {
+    pass_on(m, rows * heads * d * 4 + rows * heads * (d * 2 + 4), 0, false)
+}
+
+/// A head's `Q·Kᵀ` over `q_len` f16 queries and a chunk of `keys` packed keys into f32 scores.
+fn scores(m: &Machine, p: DataPath, [q_len, keys, d]: [u64; 3]) -> Traffic {
+    linear(m, p, (half(d), rows(keys)), [q_len, keys, d], false, Out::Set)
+}
+
+/// The softmax over `rows` rows of a chunk of scores: scores in,
+/// probabilities and their scales out, the state read and written, a factor a row.
+fn softmax(m: &Machine, rows: u64, keys: u64) -> Traffic {
+    pass_on(m, rows * keys * 4 + rows * (keys * 2 + 4) + 5 * rows * 4, 0, false)
+}
+
+/// A chunk's values of `width` columns packed transposed into f16 rows, a scale a row.
+fn pack_columns(m: &Machine, keys: u64, width: u64) -> Traffic {
+    pass_on(m, keys * width * 4 + width * (keys * 2 + 4), 0, false)
+}
+
+/// `rows` output rows of `d` divided by their sums.
+fn normalise(m: &Machine, rows: u64, d: u64) -> Traffic {
+    pass_on(m, 2 * rows * d * 4 + rows * 8, 0, false)
+}
+
 /// The transformer's attention as products on the GEMM core (where the
-/// flash kernel is not proven) as its launcher lowers it, a head at a
-/// time: its keys and values in f16 pieces widened to f32 rows (read in
-/// place where they are f32 rows), [`chunked_attention`] over its queries
-/// (bands of [`flux_lite_core::ir::ATTENTION_QUERY_BAND`]; queries in f16
-/// pieces read as stored, f32 ones packed), and its output packed into
-/// f16 pieces.
-pub(super) fn attention_on_products(m: &Machine, p: DataPath, [len, heads, d]: [u64; 3], [qkv_piece, o_piece]: [u64; 2]) -> Traffic {
+/// flash kernel is not proven) as its launcher lowers it: heads in stacks
+/// of [`HeadsOnProducts`]' `heads`, each head's band `pitch` rows of the
+/// stack. For each stack its keys and values in f16 pieces widened to f32
+/// rows (read in place where they are f32 rows); for each band of
+/// [`flux_lite_core::ir::ATTENTION_QUERY_BAND`] queries (f32 ones packed,
+/// f16 pieces read as stored) and each chunk of keys, each head's keys
+/// packed and its `Q·Kᵀ`, then the stack's softmax, its values' pack and
+/// its `P·V` in one product over every head's values; the stack's output
+/// divided by its sums, each head's band packed into f16 pieces.
+pub(super) fn attention_on_products(m: &Machine, p: DataPath, [len, heads, kv_heads, d]: [u64; 4], [qkv_piece, o_piece]: [u64; 2]) -> Traffic {
+    let part = HeadsOnProducts::new(len, len, d, heads, m.max_buffer);
+    let group = heads / kv_heads.max(1);
     // f16 pairs and a scale a piece in, f32 rows out.
-    let widen = |rows: u64| pass_on(m, rows * d * 2 + rows * (d / qkv_piece.max(1)) * 4 + rows * d * 4, 0, false);
-    let widened = if qkv_piece > 0 { widen(len) + widen(len) } else { Traffic::default() };
-    let band = |rows: u64| match qkv_piece > 0 {
-        true => chunked_passes(m, p, [rows, len, d], [false; 2]),
-        false => chunked_attention(m, p, [rows, len, d], [false; 2]),
-    };
-    let bands: Traffic = pieces(len, flux_lite_core::ir::ATTENTION_QUERY_BAND).map(band).sum();
-    let pack = pass_on(m, len * d * 4 + len * d * 2 + len * (d / o_piece.max(1)) * 4, 0, false);
-    (0..heads).map(|_| widened + bands + pack).sum()
+    let widen = |width: u64| pass_on(m, len * width * 2 + len * (width / qkv_piece.max(1)) * 4 + len * width * 4, 0, false);
+    let mut total = Traffic::default();
+    for (stack, stacked) in pieces(heads, part.heads).enumerate() {
+        // The stack's heads' keys and values (grouped heads share theirs).
+        let first = stack as u64 * part.heads;
+        let kv_stacked = (first + stacked - 1) / group + 1 - first / group;
+        if qkv_piece > 0 {
+            total += widen(kv_stacked * d) + widen(kv_stacked * d);
+        }
+        for band in pieces(len, flux_lite_core::ir::ATTENTION_QUERY_BAND) {
+            let stack_rows = stacked * part.pitch;
+            if qkv_piece == 0 {
+                total += pack_rows(m, band, stacked, d);
+            }
+            for (i, keys) in pieces(len, ATTENTION_KEY_CHUNK).enumerate() {
+                // Each kv head's keys packed once, each query head's scores.
+                total += (0..kv_stacked).map(|_| pack_rows(m, keys, 1, d)).sum::<Traffic>() + (0..stacked).map(|_| scores(m, p, [band, keys, d])).sum();
+                total += softmax(m, stack_rows, keys) + pack_columns(m, keys, kv_stacked * d);
+                // The stack's P·V over whole f16 pairs: its probabilities, every head's
+                // values, the output (read again and rescaled after the first chunk).
+                let paired = keys.next_multiple_of(2);
+                let output = stack_rows * d * 4 * (1 + (i > 0) as u64) + (i > 0) as u64 * stack_rows * 4;
+                let bytes = stack_rows * (paired * 2 + 4) + kv_stacked * d * (paired * 2 + 4) + output;
+                total += product_on(m, bytes, 2 * stack_rows * d * paired, p.matrix, blocks(m, stack_rows, d));
+            }
+            total += normalise(m, stack_rows, d);
+            total += (0..stacked).map(|_| pass_on(m, band * d * 4 + band * d * 2 + band * (d / o_piece.max(1)) * 4, 0, false)).sum();
+        }
+    }
+    total
 }

@@ -86,38 +86,20 @@ impl DeviceLora {
 
 /// The buffers `program`'s attentions on products take beside the arena
 /// ([`Runner::operands`], [`Runner::products_scratch`]), where it has any
-/// on `gpu`: the right operands for the widest head (chunked or on
-/// products), the scratch for the longest attention on products.
+/// on `gpu`: as `ProductBuffers` sizes them, which the planner counts.
 pub fn attention_buffers(gpu: &Gpu, program: &[Op]) -> (Option<DeviceBuffer>, Option<DeviceBuffer>) {
-    let (mut widest, mut scratch) = (None::<u64>, None::<u64>);
-    for op in program {
-        let head_dim = match (op, on_products(gpu, op)) {
-            (Op::ChunkedAttention { head_dim, .. }, _) => *head_dim,
-            (_, Some([len, head_dim])) => {
-                scratch = scratch.max(Some(flux_lite_core::ir::HeadsOnProducts::new(len, len, head_dim).end));
-                head_dim
-            }
-            _ => continue,
-        };
-        widest = widest.max(Some(head_dim));
-    }
-    let operands = widest.map(|d| gpu.storage("attention operands", flux_lite_core::ir::ChunkedOperands::bytes(d)));
-    (operands, scratch.map(|elements| gpu.storage("attention on products", 4 * elements)))
+    let limits = gpu.plan_limits();
+    let mut buffers = flux_lite_core::ir::ProductBuffers::default();
+    program.iter().for_each(|op| buffers.add(op, limits.attention_products, limits.max_buffer));
+    let flux_lite_core::ir::ProductBuffers { operands, scratch } = buffers;
+    (operands.map(|bytes| gpu.storage("attention operands", bytes)), scratch.map(|elements| gpu.storage("attention on products", 4 * elements)))
 }
 
-/// `[len, head_dim]` of `op` where it is an attention that runs as
-/// products on the GEMM core on `gpu` (`kernels::attention_on_products`):
-/// the transformer's over every row into f16 pieces, over f16 pieces or
-/// f32 rows, where the device takes that path.
-fn on_products(gpu: &Gpu, op: &Op) -> Option<[u64; 2]> {
-    let Op::Attention { q, k, v, o, len, head_dim, .. } = op else { return None };
-    let pieces = |x: &Operand| x.scales.is_some() && x.piece.is_some();
-    let half_inputs = match [q, k, v].map(pieces) {
-        [true, true, true] => true,
-        _ if [q, k, v].iter().all(|x| x.scales.is_none()) => false,
-        _ => return None,
-    };
-    (pieces(o) && gpu.attention_on_products(half_inputs)).then_some([*len, *head_dim])
+/// `[len, q_heads, kv_heads, head_dim]` of `op` where it is an attention
+/// that runs as products on the GEMM core on `gpu`
+/// (`kernels::attention_on_products`; `AttentionProducts::shape_of`).
+fn on_products(gpu: &Gpu, op: &Op) -> Option<[u64; 4]> {
+    gpu.plan_limits().attention_products.shape_of(op)
 }
 
 /// Attention of `q_len` queries over `kv_len` keys, every head its own
@@ -238,7 +220,7 @@ impl Runner {
             Op::Attention { q, k, v, o, len, heads, head_dim } => {
                 let s = non_causal(*len, *len, *heads, *head_dim);
                 match on_products(gpu, op) {
-                    Some(_) => self.attend_on_products(gpu, sink, [*q, *k, *v, *o], s),
+                    Some(_) => self.attend_on_products(gpu, sink, [*q, *k, *v, *o], None, s),
                     None => self.attend(gpu, sink, [*q, *k, *v, *o], None, s),
                 }
             }
@@ -294,7 +276,10 @@ impl Runner {
                     scale: (1.0 / (*head_dim as f64).sqrt()) as f32,
                     causal: true,
                 };
-                self.attend(gpu, sink, [*q, *k, *v, *o], self.key_keep.as_deref(), s)
+                match on_products(gpu, op) {
+                    Some(_) => self.attend_on_products(gpu, sink, [*q, *k, *v, *o], self.key_keep.as_deref(), s),
+                    None => self.attend(gpu, sink, [*q, *k, *v, *o], self.key_keep.as_deref(), s),
+                }
             }
             Op::Residual { dst, y, rows, cols } => {
                 kernels::elementwise(gpu, sink, Elementwise::AddInPlace, self.mat(*y), None, self.mat(*dst), [*rows, *cols])
@@ -374,14 +359,14 @@ impl Runner {
 
     /// An attention [`on_products`] takes: f16 pieces or f32 rows in, f16
     /// pieces out, on the runner's buffers for it.
-    fn attend_on_products(&self, gpu: &Gpu, sink: &mut dyn flux_lite_kernels::Sink, [q, k, v, o]: [Operand; 4], s: Attention) -> Result<(), GpuError> {
+    fn attend_on_products(&self, gpu: &Gpu, sink: &mut dyn flux_lite_kernels::Sink, [q, k, v, o]: [Operand; 4], key_keep: Option<&wgpu::Buffer>, s: Attention) -> Result<(), GpuError> {
         let missing = || GpuError::UnsupportedShape("an attention on products on a runner without its buffers, or not into f16 pieces".into());
         let (scratch, operands, out) = (self.products_scratch.as_ref().ok_or_else(missing)?, self.operands.as_ref().ok_or_else(missing)?, self.half(o).ok_or_else(missing)?);
         let inputs = match (self.half(q), self.half(k), self.half(v)) {
             (Some(q), Some(k), Some(v)) => kernels::HeadInputs::Pieces(kernels::HalfQkv { q, k, v }),
             _ => kernels::HeadInputs::Rows(kernels::Qkv { q: self.mat(q.data), k: self.mat(k.data), v: self.mat(v.data) }),
         };
-        kernels::attention_on_products(gpu, sink, inputs, out, Mat::new(scratch, 0), operands, s)
+        kernels::attention_on_products(gpu, sink, inputs, key_keep, out, Mat::new(scratch, 0), operands, s)
     }
 
     /// The head norm a projection into f16 pieces of `piece` takes in its
