@@ -45,7 +45,7 @@ pub const ALL_KERNELS: &[Kernel] = &[
     half_pack::PACK_WEIGHT_HALF,
     half_pack::PACK_WEIGHT_HALF_F32,
     half_pack::HALF_WIDEN,
-    attention_chunks::CHUNK_SOFTMAX,
+    attention_chunks::CHUNK_COMBINE,
     attention_chunks::PACK_COLUMNS,
     attention_chunks::NORMALISE_ROWS,
     elementwise::SILU,

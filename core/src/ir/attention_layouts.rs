@@ -29,17 +29,15 @@ const fn after(at: u64, elements: u64) -> u64 {
 
 /// Where a [`Op::ChunkedAttention`](super::Op::ChunkedAttention)'s working values lie in its scratch,
 /// in f32 elements from its start, each part on a 64-element boundary:
-/// the queries as f16 rows and their scales, the scores (`[rows,
-/// ATTENTION_KEY_CHUNK]` f32, each row's probabilities written over its
-/// first half as f16 pairs) and the probabilities' scales, each row's
-/// running maximum and sum where no carry holds them, and each row's factor
-/// for the output so far (where the softmax's maximum rose).
+/// the queries as f16 rows and their scales, the scores' rows (`[rows,
+/// chunk]` words, each row laid out as [`ProbabilityRow`] says), each
+/// row's running maximum and sum where no carry holds them, and each row's
+/// factor for the output so far (where the softmax's maximum rose).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ChunkedScratch {
     pub queries: u64,
     pub query_scales: u64,
     pub scores: u64,
-    pub score_scales: u64,
     pub state: u64,
     pub factors: u64,
     pub end: u64,
@@ -54,11 +52,37 @@ impl ChunkedScratch {
     pub const fn with_chunk(rows: u64, head_dim: u64, chunk: u64) -> Self {
         let query_scales = after(0, rows * head_dim / 2);
         let scores = after(query_scales, rows);
-        let score_scales = after(scores, rows * chunk);
-        let state = after(score_scales, rows);
+        let state = after(scores, rows * chunk);
         let factors = after(state, 2 * rows);
         let end = after(factors, rows);
-        Self { queries: 0, query_scales, scores, score_scales, state, factors, end }
+        Self { queries: 0, query_scales, scores, state, factors, end }
+    }
+}
+
+/// Keys in a piece of an attention's probabilities: the scores' product
+/// writes each piece under an exponent of its own, with its sum.
+pub const ATTENTION_PROBABILITY_PIECE: u64 = 64;
+
+/// How a row of `chunk` words of an attention's scores' region holds what
+/// the scores' product writes (in words from the row's start): the
+/// probabilities as f16 pairs (an odd chunk's last pair padded with a
+/// zero), then each piece's exponent (the scale the combining pass makes
+/// of it), then each piece's sum. Rows of at least 4 words hold it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProbabilityRow {
+    pub pieces: u64,
+    pub exponents: u64,
+    pub sums: u64,
+}
+
+impl ProbabilityRow {
+    pub const fn of(chunk: u64) -> Option<Self> {
+        let words = chunk.div_ceil(2);
+        let pieces = (2 * words).div_ceil(ATTENTION_PROBABILITY_PIECE);
+        match words + 2 * pieces <= chunk {
+            true => Some(Self { pieces, exponents: words, sums: words + pieces }),
+            false => None,
+        }
     }
 }
 

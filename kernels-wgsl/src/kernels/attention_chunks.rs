@@ -2,9 +2,11 @@
 //! core (the VAE's mid-block on the channels-last path: one head of 512
 //! dims over every latent pixel). For each chunk of
 //! [`ATTENTION_KEY_CHUNK`] keys: the GEMM core's `Q·Kᵀ` over f16 rows under
-//! their range scales into f32 scores, the online softmax into f16
-//! probabilities (`attention_chunks.wgsl`), and the GEMM core's `P·V` onto
-//! the output; the output divided by each row's sum after the last chunk.
+//! their range scales, its scores going out as f16 probabilities in pieces
+//! ([`linear_softmax`]), the pieces brought under each row's one maximum
+//! with the online softmax carried (`attention_chunks.wgsl`), and the GEMM
+//! core's `P·V` onto the output; the output divided by each row's sum
+//! after the last chunk.
 //! The one-subgroup matrix attention computes a 512-wide head's scores a
 //! subgroup at a time; here both products run on the GEMM core's blocks.
 //!
@@ -19,10 +21,10 @@ use crate::error::GpuError;
 use crate::kernel::{kernel, wrapped_grid, Access::ReadWrite as RW, Kernel, Module};
 use crate::kernels::attention::{Attention, Carry, HalfQkv, Qkv};
 use crate::kernels::half_pack::{half_pack, half_widen};
-use crate::kernels::linear::{linear_from, linear_rescaling, linear_stacked, Gemm, Input, Stack};
+use crate::kernels::linear::{linear_from, linear_rescaling, linear_softmax, linear_stacked, Gemm, Input, Probabilities, Scores, Stack, PROBABILITY_PIECE};
 use crate::view::{HalfMat, HeadRows, Mat, RowScales, Weight, WeightDtype};
 use bytemuck::{Pod, Zeroable};
-use flux_lite_core::ir::{ChunkedOperands, ChunkedScratch, HeadsOnProducts, ATTENTION_KEY_CHUNK, ATTENTION_QUERY_BAND};
+use flux_lite_core::ir::{ChunkedOperands, ChunkedScratch, HeadsOnProducts, ProbabilityRow, ATTENTION_KEY_CHUNK, ATTENTION_QUERY_BAND};
 
 /// `attention_chunks.wgsl`.
 #[repr(C)]
@@ -31,9 +33,10 @@ pub struct ChunkParams {
     pub rows: u32,
     pub keys: u32,
     pub width: u32,
-    pub scores: u32,
     pub scores_stride: u32,
-    pub score_scales: u32,
+    pub exponents: u32,
+    pub sums: u32,
+    pub pieces: u32,
     pub state: u32,
     pub o: u32,
     pub o_stride: u32,
@@ -42,34 +45,11 @@ pub struct ChunkParams {
     pub dst: u32,
     pub dst_scales: u32,
     pub from_state: u32,
-    pub scale: f32,
     pub factors: u32,
-    pub causal: u32,
-    pub q_first: u32,
-    pub pitch: u32,
-    pub k_first: u32,
-    pub masked: u32,
-    pub keep_offset: u32,
-    pub row_first: u32,
-    pub _pad: u32,
 }
 
-/// Which keys a chunk's rows see ([`CHUNK_SOFTMAX`]): with `causal`, query
-/// `q` only keys up to `q`; with `keep`, only keys whose u32 there is not 0.
-/// Row `r` is query `q_first + r % pitch` (heads stacked `pitch` rows
-/// apart; `pitch` 0: query `q_first + r`), and the chunk's keys start at
-/// `k_first`.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Visible<'a> {
-    pub causal: bool,
-    pub keep: Option<&'a wgpu::Buffer>,
-    pub q_first: u64,
-    pub pitch: u64,
-    pub k_first: u64,
-}
-
-/// A row's chunk of scores into f16 probabilities, the softmax carried; a workgroup a row.
-pub const CHUNK_SOFTMAX: Kernel = kernel(Module::AttentionChunks, "chunk_softmax", [128, 1, 1], &[(1, RW), (2, RW), (3, RW), (6, RW), (7, RW)], size_of::<ChunkParams>(), false);
+/// A chunk's pieces of probabilities under each row's one maximum, the softmax carried; an invocation a row.
+pub const CHUNK_COMBINE: Kernel = kernel(Module::AttentionChunks, "chunk_combine", [64, 1, 1], &[(2, RW), (3, RW), (6, RW)], size_of::<ChunkParams>(), false);
 /// A chunk's values transposed into f16 rows under their range scales; a workgroup a column.
 pub const PACK_COLUMNS: Kernel = kernel(Module::AttentionChunks, "pack_columns", [128, 1, 1], &[(1, RW), (2, RW), (5, RW)], size_of::<ChunkParams>(), false);
 /// The output rows divided by their softmax's sums.
@@ -111,8 +91,7 @@ pub fn attention_chunked(gpu: &Gpu, sink: &mut dyn Sink, qkv: Qkv<'_>, o: Mat<'_
     let (words, scales) = (at(part.queries, d / 2), at(part.query_scales, 1));
     half_pack(gpu, sink, q, words, scales, HeadRows { tokens: rows, heads: 1, head_dim: d })?;
     let queries = HalfMat::rows(words, scales);
-    let scores = at(part.scores, ATTENTION_KEY_CHUNK);
-    let probabilities = Input::Half(HalfMat::rows(scores, at(part.score_scales, 1)));
+    let (probabilities, row) = probabilities_in(at(part.scores, ATTENTION_KEY_CHUNK))?;
     // Each row's maximum and sum side by side, whatever the carry's stride says (as the carried kernel reads them).
     let state = carry.map_or(at(part.state, 2), |c| Mat { stride: 2, ..c.state });
     for (i, keys) in chunks(s.kv_len, ATTENTION_KEY_CHUNK).enumerate() {
@@ -120,14 +99,16 @@ pub fn attention_chunked(gpu: &Gpu, sink: &mut dyn Sink, qkv: Qkv<'_>, o: Mat<'_
         let continues = i > 0 || carry.is_some_and(|c| c.from_state);
         let (key_rows, key_scales) = (beside(right.keys, d / 2), beside(right.key_scales, 1));
         half_pack(gpu, sink, k.rows_from(keys.start), key_rows, key_scales, HeadRows { tokens: n, heads: 1, head_dim: d })?;
-        linear_from(gpu, sink, Input::Half(queries), packed(key_rows, key_scales, d), None, scores, Gemm { m: rows, n, k: d })?;
+        let counted = Scores { scale: s.scale, k_first: keys.start, ..Scores::default() };
+        linear_softmax(gpu, sink, Input::Half(queries), packed(key_rows, key_scales, d), probabilities, counted, Gemm { m: rows, n, k: d })?;
         let factors = at(part.factors, 1);
-        chunk_softmax(gpu, sink, [scores, state, factors], [rows, n], Visible::default(), continues, s.scale, part.score_scales + scratch.offset)?;
+        chunk_combine(gpu, sink, probabilities, [state, factors], [rows, n.div_ceil(PROBABILITY_PIECE)], row, continues)?;
         // The weighted sum over whole f16 pairs: an odd chunk's probabilities and values padded with a zero.
         let paired = n.next_multiple_of(2);
         let (value_rows, value_scales) = (beside(right.values, paired / 2), beside(right.value_scales, 1));
         pack_columns(gpu, sink, v.rows_from(keys.start), [value_rows, value_scales], [n, d])?;
         let weighted = Gemm { m: rows, n: d, k: paired };
+        let probabilities = Input::Half(probabilities.pieces());
         match continues {
             true => linear_rescaling(gpu, sink, probabilities, packed(value_rows, value_scales, paired), o, factors, weighted)?,
             false => linear_from(gpu, sink, probabilities, packed(value_rows, value_scales, paired), None, o, weighted)?,
@@ -220,8 +201,8 @@ pub(crate) fn on_products_in_bands(gpu: &Gpu, sink: &mut dyn Sink, qkv: HeadInpu
     let beside = |offset: u64, stride: u64| Mat { buf: operands.buf, offset, stride };
     let (width, pitch) = (heads * d, part.pitch);
     let stack = part.chunked;
-    let (scores, state, factors, output) = (at(stack.scores, part.chunk), at(stack.state, 2), at(stack.factors, 1), at(part.output, d));
-    let probabilities = Input::Half(HalfMat::rows(scores, at(stack.score_scales, 1)));
+    let (state, factors, output) = (at(stack.state, 2), at(stack.factors, 1), at(part.output, d));
+    let (probabilities, row) = probabilities_in(at(stack.scores, part.chunk))?;
     let (key_rows, key_scales) = (beside(right.keys, d / 2), beside(right.key_scales, 1));
     let pieces = |rows: u64, heads: u64| HeadRows { tokens: rows, heads: heads * d / piece, head_dim: piece };
     for first in (0..s.q_heads).step_by(heads as usize) {
@@ -249,18 +230,18 @@ pub(crate) fn on_products_in_bands(gpu: &Gpu, sink: &mut dyn Sink, qkv: HeadInpu
                     if j == 0 || (first + j) % group == 0 {
                         half_pack(gpu, sink, keys.cols_from(kv * d).rows_from(keys_in.start), key_rows, key_scales, HeadRows { tokens: n, heads: 1, head_dim: d })?;
                     }
-                    linear_from(gpu, sink, Input::Half(*q), packed(key_rows, key_scales, d), None, scores.rows_from(j * pitch), Gemm { m: band_rows, n, k: d })?;
+                    let counted = Scores { scale: s.scale, causal: s.causal, keep: key_keep, q_first: rows.start, k_first: keys_in.start };
+                    linear_softmax(gpu, sink, Input::Half(*q), packed(key_rows, key_scales, d), probabilities.rows_from(j * pitch), counted, Gemm { m: band_rows, n, k: d })?;
                 }
                 // Every head's rows of the stack at once (the rows past a head's band are never read out).
-                let visible = Visible { causal: s.causal, keep: key_keep, q_first: rows.start, pitch, k_first: keys_in.start };
-                chunk_softmax(gpu, sink, [scores, state, factors], [stack_rows, n], visible, i > 0, s.scale, stack.score_scales + scratch.offset)?;
+                chunk_combine(gpu, sink, probabilities, [state, factors], [stack_rows, n.div_ceil(PROBABILITY_PIECE)], row, i > 0)?;
                 // The weighted sum over whole f16 pairs: an odd chunk's probabilities and values padded with a zero.
                 let paired = n.next_multiple_of(2);
                 let (value_rows, value_scales) = (beside(right.values, paired / 2), beside(right.value_scales, 1));
                 pack_columns(gpu, sink, values.rows_from(keys_in.start), [value_rows, value_scales], [n, kv_heads * d])?;
                 let weighted = Gemm { m: stack_rows, n: d, k: paired };
                 let heads_on = Stack { rows: pitch, count: stacked, group, skew: first % group };
-                linear_stacked(gpu, sink, probabilities, packed(value_rows, value_scales, paired), output, (i > 0).then_some(factors), weighted, heads_on)?;
+                linear_stacked(gpu, sink, Input::Half(probabilities.pieces()), packed(value_rows, value_scales, paired), output, (i > 0).then_some(factors), weighted, heads_on)?;
             }
             normalise_rows(gpu, sink, output, state, [stack_rows, d])?;
             for j in 0..stacked {
@@ -302,45 +283,40 @@ fn packed<'a>(words: Mat<'a>, scales: Mat<'a>, k: u64) -> Weight<'a> {
 }
 
 
-/// [`CHUNK_SOFTMAX`] over `rows` rows of `keys` scores (`scores`, their
-/// probabilities' scales from element `score_scales` of its buffer), the
-/// keys each row sees as `visible` says, continuing the softmax in `state`
-/// where `continues`, each row's factor for the output so far into
-/// `factors`; split over rows where one binding cannot hold them.
-#[allow(clippy::too_many_arguments)] // the scores, their sizes, the masks and the softmax's carry
-fn chunk_softmax(gpu: &Gpu, sink: &mut dyn Sink, [scores, state, factors]: [Mat<'_>; 3], [rows, keys]: [u64; 2], visible: Visible<'_>, continues: bool, scale: f32, score_scales: u64) -> Result<(), GpuError> {
-    let kw = match visible.keep {
-        Some(keep) => window(gpu, keep, 4, 0..visible.k_first + keys, "attention key mask")?,
-        None => window(gpu, gpu.unused_writable(), 4, 0..4, "unused key mask")?,
-    };
-    let score_rows = Rows::mat(scores, keys, "attention scores");
-    let scale_rows = Rows::packed(scores.buf, 4, score_scales, 1, "attention probabilities' scales");
+/// The probabilities a [`linear_softmax`] writes into `scores`' rows (a
+/// row of `scores.stride` words each, laid out as [`ProbabilityRow`] says),
+/// and that layout.
+fn probabilities_in(scores: Mat<'_>) -> Result<(Probabilities<'_>, ProbabilityRow), GpuError> {
+    let row = ProbabilityRow::of(scores.stride).ok_or_else(|| GpuError::UnsupportedShape(format!("attention scores' rows of {} words", scores.stride)))?;
+    let beside = |offset: u64| Mat { offset: scores.offset + offset, ..scores };
+    Ok((Probabilities { words: scores, exponents: beside(row.exponents), sums: beside(row.sums) }, row))
+}
+
+/// [`CHUNK_COMBINE`] over `rows` rows of `pieces` pieces of `probabilities`
+/// (rows laid out as `row`), continuing the softmax in `state` where
+/// `continues`, each row's factor for the output so far into `factors`;
+/// split over rows where one binding cannot hold them.
+fn chunk_combine(gpu: &Gpu, sink: &mut dyn Sink, probabilities: Probabilities<'_>, [state, factors]: [Mat<'_>; 2], [rows, pieces]: [u64; 2], row: ProbabilityRow, continues: bool) -> Result<(), GpuError> {
+    let stride = probabilities.words.stride;
+    let piece_rows = Rows::mat(probabilities.words, stride, "attention probabilities");
     let state_rows = Rows::mat(state, 2, "attention state");
     let factor_rows = Rows::mat(factors, 1, "attention factors");
-    for chunk in row_chunks(gpu, rows, &[score_rows, scale_rows, state_rows, factor_rows], 1)? {
-        let [sw, cw, tw, fw] = [score_rows, scale_rows, state_rows, factor_rows].map(|r| r.window(gpu, &chunk));
-        let (sw, cw, tw, fw) = (sw?, cw?, tw?, fw?);
+    for chunk in row_chunks(gpu, rows, &[piece_rows, state_rows, factor_rows], 1)? {
+        let [pw, tw, fw] = [piece_rows, state_rows, factor_rows].map(|r| r.window(gpu, &chunk));
+        let (pw, tw, fw) = (pw?, tw?, fw?);
         let n = chunk.end - chunk.start;
         let params = ChunkParams {
             rows: to_u32(n, "attention rows")?,
-            keys: to_u32(keys, "attention keys")?,
-            scores: sw.local,
-            scores_stride: to_u32(scores.stride, "attention scores' stride")?,
-            score_scales: cw.local,
+            scores_stride: to_u32(stride, "attention scores' stride")?,
+            exponents: to_u32(pw.local as u64 + row.exponents, "attention probabilities' exponents")?,
+            sums: to_u32(pw.local as u64 + row.sums, "attention probabilities' sums")?,
+            pieces: to_u32(pieces, "attention probabilities' pieces")?,
             state: tw.local,
             from_state: continues as u32,
-            scale,
             factors: fw.local,
-            causal: visible.causal as u32,
-            q_first: to_u32(visible.q_first, "attention first query")?,
-            pitch: to_u32(visible.pitch, "attention rows a head")?,
-            k_first: to_u32(visible.k_first, "attention first key")?,
-            masked: visible.keep.is_some() as u32,
-            keep_offset: kw.local,
-            row_first: to_u32(chunk.start, "attention first row")?,
             ..Default::default()
         };
-        dispatch(gpu, sink, Launch { kernel: &CHUNK_SOFTMAX, constants: &[], params, grid: wrapped_grid(n) }, &[(1, &sw), (2, &cw), (3, &tw), (6, &fw), (7, &kw)]);
+        dispatch(gpu, sink, Launch { kernel: &CHUNK_COMBINE, constants: &[], params, grid: grid64(n) }, &[(2, &pw), (3, &tw), (6, &fw)]);
     }
     Ok(())
 }

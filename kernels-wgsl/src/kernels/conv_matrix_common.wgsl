@@ -49,6 +49,14 @@ fn paired_value(gate_sum: f32, up_sum: f32) -> f32 {
     return 0.0;
 }
 
+// A convolution's outputs are no attention's scores.
+fn softmax_pieces() -> bool {
+    return false;
+}
+
+fn block_piece_sum_out(r: u32, c: u32, sum: f32) {
+}
+
 // A convolution norms no heads (the linear's queries and keys do).
 fn head_norm() -> u32 {
     return 0u;

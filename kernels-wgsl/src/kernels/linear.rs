@@ -55,6 +55,14 @@ pub struct LinearParams {
     pub row_base: u32,
     pub stack_group: u32,
     pub stack_skew: u32,
+    /// A product whose outputs go out as an attention's probabilities
+    /// ([`linear_softmax`]): a score's factor to its base-2 exponent, the
+    /// query of this call's row 0, the key of its column 0, and where the
+    /// key mask starts.
+    pub softmax_scale: f32,
+    pub q_first: u32,
+    pub k_first: u32,
+    pub keep_offset: u32,
     pub _pad: u32,
 }
 
@@ -173,6 +181,9 @@ enum Out<'a> {
     /// `y = value` as f16 rows in pieces: `y` their words, these their
     /// scales; with a [`HeadNorm`], its columns normed and rotated first.
     SetHalf { scales: Mat<'a>, piece: u64, norm: Option<HeadNorm<'a>> },
+    /// An attention's scores as probabilities in f16 pieces ([`linear_softmax`]):
+    /// `y` their words, these each piece's exponent and sum.
+    Softmax { exponents: Mat<'a>, sums: Mat<'a>, scores: Scores<'a> },
 }
 
 /// `stream[m, n] += gate[n] ⊙ (x[m, k]·W[n, k]ᵀ (+ b[n]))`: a linear whose
@@ -337,15 +348,22 @@ fn product(gpu: &Gpu, sink: &mut dyn Sink, input: Input<'_>, w: Weight<'_>, bias
     // y's f16 words and their scales' rows (a scale a piece).
     let (half_out, out_piece) = match out {
         Out::SwiGluHalf { scales, piece } | Out::SetHalf { scales, piece, .. } => (Some(Rows::mat(scales, s.n.div_ceil(piece), "linear output scales")), Some(piece)),
+        Out::Softmax { exponents, .. } => (Some(Rows::mat(exponents, s.n.div_ceil(PROBABILITY_PIECE), "attention probabilities' exponents")), Some(PROBABILITY_PIECE)),
         _ => (None, None),
+    };
+    let scores = match out {
+        Out::Softmax { scores, .. } => Some(scores),
+        _ => None,
     };
     let out_per_word = if half_out.is_some() { 2 } else { 1 };
     let gate = match out {
         Out::Gated(g) => Some(g),
         _ => None,
     };
+    // Rows of one value, or of a value a piece, at binding 11.
     let row_factors = match out {
         Out::RowScaled(f) => Some(Rows::mat(f, 1, "linear row factors")),
+        Out::Softmax { sums, .. } => Some(Rows::mat(sums, s.n.div_ceil(PROBABILITY_PIECE), "attention probabilities' sums")),
         _ => None,
     };
     let norm = match out {
@@ -400,7 +418,7 @@ fn product(gpu: &Gpu, sink: &mut dyn Sink, input: Input<'_>, w: Weight<'_>, bias
     let spans = if swiglu { 2 } else { 1 };
     let x_rows = Rows::mat(x, kdim / per_word, "linear input");
     let operands: Vec<Rows<'_>> = [x_rows].into_iter().chain(half).collect();
-    let y_rows = Rows::mat(y, n_chunk.min(n) / out_per_word, "linear output");
+    let y_rows = Rows::mat(y, n_chunk.min(n).div_ceil(out_per_word), "linear output");
     let tables = norm.map(|n| n.table_rows());
     let row_operands: Vec<Rows<'_>> = operands.iter().copied().chain([y_rows]).chain(half_out).chain(row_factors).chain(tables.into_iter().flatten()).collect();
     for rows in chunks(m, rows_per_chunk(gpu, m, &row_operands, tile_m)?.min(cap)) {
@@ -423,7 +441,7 @@ fn product(gpu: &Gpu, sink: &mut dyn Sink, input: Input<'_>, w: Weight<'_>, bias
             let paired = ww.local.is_multiple_of(2) && kdim.is_multiple_of(2);
             let (rows_n, cols_n) = (rows.end - rows.start, cols.end - cols.start);
             let w_read = w_rows_read.end - w_rows_read.start;
-            let yw = Rows { offset: y.offset + cols.start / out_per_word, width: (cols.end - cols.start) / out_per_word, ..y_rows }.window(gpu, &rows)?;
+            let yw = Rows { offset: y.offset + cols.start / out_per_word, width: (cols.end - cols.start).div_ceil(out_per_word), ..y_rows }.window(gpu, &rows)?;
             // y's rows as vec4s of outputs (the matrix kernel's bindings 14
             // and 15): its window and row stride whole vec4s, a row at least
             // one; else an unused buffer there.
@@ -465,6 +483,9 @@ fn product(gpu: &Gpu, sink: &mut dyn Sink, input: Input<'_>, w: Weight<'_>, bias
                         ("HEAD_NORM", to_u32(norm.map_or(0, |n| n.head_dim), "normed head")?),
                         ("NORM_W_BF16", norm.map_or(1, |n| n.first.dtype.constant())),
                         ("W_STACKED", stack.is_some() as u32),
+                        ("SOFTMAX", scores.is_some() as u32),
+                        ("CAUSAL", scores.is_some_and(|v| v.causal) as u32),
+                        ("KEY_MASK", scores.is_some_and(|v| v.keep.is_some()) as u32),
                     ];
                     constants.extend(c.staging.constants(c.size));
                     let kernel = match matrix_vec4s(c, [x_at, x_stride], &ww, w.dtype, terms(gpu, kdim)) {
@@ -518,10 +539,16 @@ fn product(gpu: &Gpu, sink: &mut dyn Sink, input: Input<'_>, w: Weight<'_>, bias
                 None => (sw.clone(), sw.local + to_u32(rows_n, "linear rows")?),
             };
             // The gate's columns of this piece (binding 11), or the rows' factors, or y's window where neither.
-            let gw = match (gate, row_factors) {
-                (Some(g), _) => window(gpu, g.buf, 4, g.offset + cols.start..g.offset + cols.end, "linear gate")?,
-                (None, Some(f)) => f.window(gpu, &rows)?,
-                (None, None) => yw.clone(),
+            let gw = match (gate, row_factors, out_piece) {
+                (Some(g), _, _) => window(gpu, g.buf, 4, g.offset + cols.start..g.offset + cols.end, "linear gate")?,
+                (None, Some(f), Some(piece)) => Rows { offset: f.offset + cols.start / piece, width: (cols.end - cols.start).div_ceil(piece), ..f }.window(gpu, &rows)?,
+                (None, Some(f), None) => f.window(gpu, &rows)?,
+                (None, None, _) => yw.clone(),
+            };
+            // The scores' key mask in place of x's range scales (binding 5), which f16 rows bring with them.
+            let sw = match scores.and_then(|v| v.keep) {
+                Some(keep) => window(gpu, keep, 4, 0..scores.map_or(0, |v| v.k_first) + cols.end, "attention key mask")?,
+                None => sw,
             };
             let params = LinearParams {
                 m: to_u32(rows.end - rows.start, "linear rows")?,
@@ -544,6 +571,10 @@ fn product(gpu: &Gpu, sink: &mut dyn Sink, input: Input<'_>, w: Weight<'_>, bias
                 row_base: to_u32(rows.start, "linear first row")?,
                 stack_group: to_u32(stack.map_or(1, |st| st.group), "linear stacks a W")?,
                 stack_skew: to_u32(stack.map_or(0, |st| st.skew), "linear first stack's place")?,
+                softmax_scale: scores.map_or(0.0, |v| v.scale * std::f32::consts::LOG2_E),
+                q_first: to_u32(scores.map_or(0, |v| v.q_first + rows.start), "attention first query")?,
+                k_first: to_u32(scores.map_or(0, |v| v.k_first + cols.start), "attention first key")?,
+                keep_offset: sw.local,
                 ..Default::default()
             };
             // A head norm's weights and the RoPE tables' rows of these rows
@@ -632,6 +663,8 @@ pub(crate) fn measure_rows(gpu: &Gpu, sink: &mut dyn Sink, src: &Window<'_>, sca
 
 mod head_norm;
 pub use head_norm::{product_norms_heads, HeadNorm};
+mod softmax;
+pub use softmax::{linear_softmax, Probabilities, Scores, PROBABILITY_PIECE};
 
 #[cfg(test)]
 pub(crate) mod tests;

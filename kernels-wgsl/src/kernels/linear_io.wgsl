@@ -50,7 +50,12 @@ struct Params {
     // the first row of this call's in the whole product, the stacks that
     // share one W and the first stack's place among them.
     stack_rows: u32, row_base: u32,
-    stack_group: u32, stack_skew: u32, _pad: u32,
+    stack_group: u32, stack_skew: u32,
+    // SOFTMAX's (linear_matrix.wgsl): the factor from a score to its
+    // base-2 exponent (the attention's 1/√d times log₂ e), the query of
+    // this call's row 0 and the key of its column 0, and where the key
+    // mask starts.
+    softmax_scale: f32, q_first: u32, k_first: u32, keep_offset: u32, _pad: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;

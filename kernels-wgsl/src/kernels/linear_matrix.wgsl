@@ -223,9 +223,46 @@ fn out_piece() -> u32 {
     return Y_PIECE;
 }
 
-// The products go out as they are (no bias: matrix_gemm.wgsl's `piece_value`).
+// The products go out as they are (no bias: matrix_gemm.wgsl's
+// `piece_value`); with SOFTMAX, as the base-2 exponents of the scores'
+// probabilities.
 fn piece_value(r: u32, c: u32, value: f32) -> f32 {
+    if (SOFTMAX) {
+        return score_exponent(r, c, value);
+    }
     return value;
+}
+
+// SOFTMAX (with Y_HALF, in pieces of 64): the products are a chunk of an
+// attention's scores, q·k for query p.q_first + r and key p.k_first + c,
+// and go out as f16 probabilities, each piece under its own exponent with
+// its sum beside (matrix_gemm.wgsl's `tile_softmax_out`; the sums at
+// binding 11 from p.gate_offset, laid out as the exponents). With CAUSAL a
+// query sees only keys up to its own; with KEY_MASK only keys whose u32 in
+// the key mask (binding 5, from p.keep_offset) is not 0.
+override SOFTMAX: bool = false;
+override CAUSAL: bool = false;
+override KEY_MASK: bool = false;
+
+fn softmax_pieces() -> bool {
+    return SOFTMAX;
+}
+
+// A score's base-2 exponent, or −∞ where its key is hidden from its query
+// or it lies past the matrix.
+fn score_exponent(r: u32, c: u32, score: f32) -> f32 {
+    let key = p.k_first + c;
+    var hidden = r >= p.m || c >= p.n || (CAUSAL && key > p.q_first + r);
+    if (KEY_MASK && !hidden) {
+        hidden = bitcast<u32>(scales[p.keep_offset + key]) == 0u;
+    }
+    return select(score * p.softmax_scale, bitcast<f32>(0xff800000u), hidden);
+}
+
+fn block_piece_sum_out(r: u32, c: u32, sum: f32) {
+    if (r < p.m && c < p.n) {
+        gate[p.gate_offset + r * p.y_scales_stride + c / Y_PIECE] = sum;
+    }
 }
 
 // The scale of the piece from output c of row r, inside the matrix only.

@@ -55,7 +55,10 @@
 // value first through the module's `piece_value(r, c, value)` (r, c
 // absolute: the convolution's bias and residual; zero outside the matrix,
 // so that a block's columns past it leave its pieces' magnitudes as they
-// are). Accumulators are declared once, outside
+// are). Where `softmax_pieces()` (the linear's attention scores) the
+// f16 pieces are probabilities instead (`tile_softmax_out`), each piece's
+// exponent and sum going out through `block_piece_scale_out` and
+// `block_piece_sum_out(r, c, sum)`. Accumulators are declared once, outside
 // every loop: a cooperative-matrix `var` declared inside a loop is zeroed only
 // once.
 
@@ -276,6 +279,11 @@ fn tile_measure(lane: u32, lanes: u32, sg: u32, slot: u32, ti: u32, tj: u32, row
     for (var q = lane; q < T * T / 4u; q += lanes) {
         let r = quad_row(sg, ti, q);
         let c = quad_column(sg, tj, q);
+        if (softmax_pieces()) {
+            let t = half_quad(sg, slot, 4u * q, r, c, row0, col0);
+            atomicMax(&piece_largest[piece_slot(r, c)], ordered_bits(max(max(t.x, t.y), max(t.z, t.w))));
+            continue;
+        }
         let m = abs(half_quad(sg, slot, 4u * q, r, c, row0, col0));
         atomicMax(&piece_largest[piece_slot(r, c)], bitcast<u32>(max(m.x, m.y)));
         atomicMax(&piece_largest[piece_slot(r, c + 2u)], bitcast<u32>(max(m.z, m.w)));
@@ -315,12 +323,120 @@ fn pieces_scales_out(li: u32, row0: u32, col0: u32) {
     }
 }
 
+// Where the outputs are a chunk of an attention's scores
+// (`softmax_pieces()`), each value the module's `piece_value` made the
+// score's base-2 exponent t (−∞ where the key is hidden): each piece's
+// largest t into piece_largest in the first pass (as u32s that order as
+// the f32s do); then its exponent e = ⌈largest⌉ − 14, kept in `inverses`
+// (BM·pieces ≤ BM + BN: the k steps are done with them) and written out;
+// then each probability 2^(t − e), in (2¹³, 2¹⁴] for the piece's largest
+// as the range rule brings values, rounded to f16 once, with each piece's
+// sum of those f16 values in exact integers: values from ½ on in units of
+// 2⁻¹¹ and those below in units of 2⁻²⁴ (every f16 of each range is a
+// whole number of its unit, and a piece of 64 sums below 2³¹), so the
+// sums do not depend on the order the lanes add in. The combining pass
+// (attention_chunks.wgsl) brings the pieces of a row under one maximum.
+
+// An f32's bits as a u32 that orders as the f32s do (−∞ above 0u, which
+// stands for no value yet).
+fn ordered_bits(v: f32) -> u32 {
+    let bits = bitcast<u32>(v);
+    return select(bits | 0x80000000u, ~bits, (bits & 0x80000000u) != 0u);
+}
+
+fn from_ordered_bits(u: u32) -> f32 {
+    if (u == 0u) {
+        return bitcast<f32>(0xff800000u);
+    }
+    return bitcast<f32>(select(~u, u & 0x7fffffffu, (u & 0x80000000u) != 0u));
+}
+
+// The probabilities' exponent of the piece of block row r holding output column c.
+fn softmax_exponent(r: u32, c: u32) -> f32 {
+    return inverses[r * MAX_SOFTMAX_PIECES + min(c / out_piece(), MAX_SOFTMAX_PIECES - 1u)];
+}
+
+// A block row's pieces of probabilities: at most two (BN ≤ 128 outputs in
+// pieces of 64), so that the sums' two words a piece fit its slots.
+const MAX_SOFTMAX_PIECES: u32 = 2u;
+
+fn softmax_exponents_out(li: u32, row0: u32, col0: u32) {
+    let pieces = block_outputs() / out_piece();
+    for (var i = li; i < BM * MAX_SOFTMAX_PIECES; i += WG) {
+        let r = i / MAX_SOFTMAX_PIECES;
+        let c = (i % MAX_SOFTMAX_PIECES) * out_piece();
+        let e = ceil(from_ordered_bits(atomicLoad(&piece_largest[piece_slot(r, c)]))) - 14.0;
+        inverses[i] = e;
+        if (i % MAX_SOFTMAX_PIECES < pieces) {
+            block_piece_scale_out(row0 + r, first_output(col0) + c, e);
+        }
+    }
+    workgroupBarrier();
+    for (var i = li; i < BM * MAX_BLOCK_PIECES; i += WG) {
+        atomicStore(&piece_largest[i], 0u);
+    }
+}
+
+// A piece's sum as two exact integers, in piece_largest's slots of the row
+// (its pieces' maxima done with): from ½ on in units of 2⁻¹¹, below in
+// units of 2⁻²⁴.
+fn softmax_sum_slot(r: u32, c: u32) -> u32 {
+    return r * MAX_BLOCK_PIECES + 2u * min(c / out_piece(), MAX_SOFTMAX_PIECES - 1u);
+}
+
+fn add_to_softmax_sum(r: u32, c: u32, values: vec4<f32>) {
+    var large = 0u;
+    var small = 0u;
+    for (var i = 0u; i < 4u; i++) {
+        if (values[i] >= 0.5) {
+            large += u32(values[i] * 2048.0);
+        } else {
+            small += u32(values[i] * 16777216.0);
+        }
+    }
+    atomicAdd(&piece_largest[softmax_sum_slot(r, c)], large);
+    atomicAdd(&piece_largest[softmax_sum_slot(r, c) + 1u], small);
+}
+
+// 2^(t − e) rounded to f16 (0 where t is −∞: hidden, or past the matrix).
+fn probability_pair(t: vec2<f32>, e: f32) -> u32 {
+    let p = select(vec2<f32>(0.0), exp2(t - e - 14.0) * 16384.0, t > vec2<f32>(bitcast<f32>(0xff800000u)));
+    return pack2x16float(p);
+}
+
+fn tile_softmax_out(lane: u32, lanes: u32, sg: u32, slot: u32, ti: u32, tj: u32, row0: u32, col0: u32) {
+    for (var q = lane; q < T * T / 4u; q += lanes) {
+        let r = quad_row(sg, ti, q);
+        let c = quad_column(sg, tj, q);
+        let t = half_quad(sg, slot, 4u * q, r, c, row0, col0);
+        let e = softmax_exponent(r, c);
+        let words = vec2<u32>(probability_pair(t.xy, e), probability_pair(t.zw, e));
+        add_to_softmax_sum(r, c, vec4<f32>(unpack2x16float(words.x), unpack2x16float(words.y)));
+        block_half_quad_out(row0 + r, first_output(col0) + c, words);
+    }
+}
+
+fn softmax_sums_out(li: u32, row0: u32, col0: u32) {
+    let pieces = block_outputs() / out_piece();
+    for (var i = li; i < BM * pieces; i += WG) {
+        let r = i / pieces;
+        let c = (i % pieces) * out_piece();
+        let slot = softmax_sum_slot(r, c);
+        let sum = f32(atomicLoad(&piece_largest[slot])) / 2048.0 + f32(atomicLoad(&piece_largest[slot + 1u])) / 16777216.0;
+        block_piece_sum_out(row0 + r, first_output(col0) + c, sum);
+    }
+}
+
 // The subgroup's tile (ti, tj), as its out-slot of c_tiles holds it, scaled
 // back and written out by the subgroup's own invocations, four neighbouring
 // outputs a store (with pairs, the left subgroup column's tile is the
 // gate's and its right neighbour's, the same tile of the up's rows, the
 // up's: the left one writes the outputs, from column col0 / 2).
 fn tile_out(lane: u32, lanes: u32, sg: u32, slot: u32, ti: u32, tj: u32, row0: u32, col0: u32) {
+    if (softmax_pieces()) {
+        tile_softmax_out(lane, lanes, sg, slot, ti, tj, row0, col0);
+        return;
+    }
     if (pieces_out()) {
         tile_half_out(lane, lanes, sg, slot, ti, tj, row0, col0);
         return;
@@ -506,10 +622,19 @@ fn matrix_gemm(li: u32, sg: u32, lane: u32, lanes: u32, row0: u32, col0: u32, k:
             head_inverse_rms(li);
             workgroupBarrier();
         }
-        if (j + 1u == 2u * TILES) {
+        if (j + 1u == 2u * TILES && softmax_pieces()) {
+            // Every maximum taken: the pieces' exponents, and the slots
+            // cleared for the sums (the next tile's barrier orders both).
+            workgroupBarrier();
+            softmax_exponents_out(li, row0, col0);
+        } else if (j + 1u == 2u * TILES) {
             // Every magnitude measured: the pieces' scales.
             workgroupBarrier();
             pieces_scales_out(li, row0, col0);
         }
+    }
+    if (softmax_pieces()) {
+        workgroupBarrier();
+        softmax_sums_out(li, row0, col0);
     }
 }

@@ -3,7 +3,7 @@
 //! operand, the matrix tier's measuring passes and f16 pieces.
 
 use super::machine::{operand_rows, pieces, rows_per_piece, DataPath, Machine, Rows, Traffic, RANGE_SCALES_ROWS};
-use flux_lite_core::ir::{HeadsOnProducts, Operand, ATTENTION_KEY_CHUNK};
+use flux_lite_core::ir::{HeadsOnProducts, Operand, ATTENTION_KEY_CHUNK, ATTENTION_PROBABILITY_PIECE as PROBABILITY_PIECE};
 use flux_lite_kernels::kernels::{ATTENTION_MATRIX_MAX_HEAD_DIM, ATTENTION_MATRIX_WIDE_MAX_HEAD_DIM};
 
 /// What a linear does with its products.
@@ -18,6 +18,9 @@ pub(super) enum Out {
     /// Writes them with the queries' and keys' heads of this width normed
     /// and rotated (their norm weights and a cos and a sin row a row read).
     HeadNormed(u64),
+    /// Writes an attention's scores as f16 probabilities, each piece's
+    /// exponent and sum beside them.
+    Probabilities,
 }
 
 /// Whether a matrix product's epilogue writes f16 rows in pieces of `piece`
@@ -70,6 +73,7 @@ pub(super) fn linear(m: &Machine, p: DataPath, (x, y): (Operand, Operand), [rows
                 Out::Gated => 2 * r * c * p.activation + c * p.activation,
                 Out::Set | Out::SwiGlu => r * p.row_bytes(&y, c),
                 Out::HeadNormed(head_dim) => r * p.row_bytes(&y, c) + 2 * head_dim * p.weight + 2 * r * head_dim * 4,
+                Out::Probabilities => r * (c.div_ceil(2) * 4 + 2 * c.div_ceil(PROBABILITY_PIECE) * 4),
             };
             let bytes = x_bytes + spans * c * inner * p.weight + bias as u64 * c * p.weight + scales + written;
             total += product_on(m, bytes, 2 * spans * r * c * inner, p.matrix, blocks(m, r, spans * c));
@@ -204,7 +208,8 @@ pub(super) fn conv_nhwc(m: &Machine, p: DataPath, s: flux_lite_core::oracle::Con
 /// The matrix tier's chunked attention of one head as its launcher lowers
 /// it: the queries packed as f16 rows; for each chunk of
 /// [`ATTENTION_KEY_CHUNK`] keys the keys packed, `Q·Kᵀ` on the GEMM core
-/// into f32 scores, the softmax over them into f16 probabilities, the
+/// into f16 probabilities in pieces with their exponents and sums, the
+/// pieces combined under each row's maximum, the
 /// values packed transposed, `P·V` onto the output (after the softmax's
 /// first chunk the output so far read back, rescaled and added onto in the
 /// product's epilogue); the output divided by its sums after the last
@@ -214,9 +219,9 @@ pub(super) fn chunked_attention(m: &Machine, p: DataPath, [q_len, kv_len, d]: [u
     for (i, keys) in pieces(kv_len, ATTENTION_KEY_CHUNK).enumerate() {
         let continues = i > 0 || from_state;
         total += pack_rows(m, keys, 1, d) + scores(m, p, [q_len, keys, d]);
-        total += softmax(m, q_len, keys) + pack_columns(m, keys, d);
+        total += combine(m, q_len, keys) + pack_columns(m, keys, d);
         // Over whole f16 pairs: an odd chunk padded with a zero.
-        total += linear(m, p, (half(keys.next_multiple_of(2)), rows(d)), [q_len, d, keys.next_multiple_of(2)], false, Out::Set);
+        total += linear(m, p, (probabilities(keys), rows(d)), [q_len, d, keys.next_multiple_of(2)], false, Out::Set);
         if continues {
             let read = q_len * d * 4 + q_len * 4;
             let seconds = read as f64 / m.bytes_per_second;
@@ -244,15 +249,24 @@ fn pack_rows(m: &Machine, rows: u64, heads: u64, d: u64) -> Traffic {
     pass_on(m, rows * heads * d * 4 + rows * heads * (d * 2 + 4), 0, false)
 }
 
-/// A head's `Q·Kᵀ` over `q_len` f16 queries and a chunk of `keys` packed keys into f32 scores.
-fn scores(m: &Machine, p: DataPath, [q_len, keys, d]: [u64; 3]) -> Traffic {
-    linear(m, p, (half(d), rows(keys)), [q_len, keys, d], false, Out::Set)
+/// A row of a chunk of `keys` probabilities: f16 pairs (an odd chunk
+/// padded), and a scale a piece ([`PROBABILITY_PIECE`]) as `P·V` reads them.
+fn probabilities(keys: u64) -> Operand {
+    let pieces = keys.div_ceil(PROBABILITY_PIECE);
+    Operand::half_pieces(flux_lite_core::ir::Span::new(0, keys.div_ceil(2)), flux_lite_core::ir::Span::new(0, pieces), PROBABILITY_PIECE)
 }
 
-/// The softmax over `rows` rows of a chunk of scores: scores in,
-/// probabilities and their scales out, the state read and written, a factor a row.
-fn softmax(m: &Machine, rows: u64, keys: u64) -> Traffic {
-    pass_on(m, rows * keys * 4 + rows * (keys * 2 + 4) + 5 * rows * 4, 0, false)
+/// A head's `Q·Kᵀ` over `q_len` f16 queries and a chunk of `keys` packed
+/// keys into f16 probabilities, each piece's exponent and sum beside them.
+fn scores(m: &Machine, p: DataPath, [q_len, keys, d]: [u64; 3]) -> Traffic {
+    linear(m, p, (half(d), probabilities(keys)), [q_len, keys, d], false, Out::Probabilities)
+}
+
+/// The pieces of `rows` rows of a chunk of `keys` probabilities combined:
+/// each piece's exponent and sum in, its scale out, the state read and
+/// written, a factor a row.
+fn combine(m: &Machine, rows: u64, keys: u64) -> Traffic {
+    pass_on(m, rows * keys.div_ceil(PROBABILITY_PIECE) * 12 + 5 * rows * 4, 0, false)
 }
 
 /// A chunk's values of `width` columns packed transposed into f16 rows, a scale a row.
@@ -272,7 +286,7 @@ fn normalise(m: &Machine, rows: u64, d: u64) -> Traffic {
 /// rows (read in place where they are f32 rows); for each band of
 /// [`flux_lite_core::ir::ATTENTION_QUERY_BAND`] queries (f32 ones packed,
 /// f16 pieces read as stored) and each chunk of keys, each head's keys
-/// packed and its `Q·Kᵀ`, then the stack's softmax, its values' pack and
+/// packed and its `Q·Kᵀ` into probabilities, then the stack's pieces combined, its values' pack and
 /// its `P·V` in one product over every head's values; the stack's output
 /// divided by its sums, each head's band packed into f16 pieces.
 pub(super) fn attention_on_products(m: &Machine, p: DataPath, [len, heads, kv_heads, d]: [u64; 4], [qkv_piece, o_piece]: [u64; 2]) -> Traffic {
@@ -296,12 +310,12 @@ pub(super) fn attention_on_products(m: &Machine, p: DataPath, [len, heads, kv_he
             for (i, keys) in pieces(len, ATTENTION_KEY_CHUNK).enumerate() {
                 // Each kv head's keys packed once, each query head's scores.
                 total += (0..kv_stacked).map(|_| pack_rows(m, keys, 1, d)).sum::<Traffic>() + (0..stacked).map(|_| scores(m, p, [band, keys, d])).sum();
-                total += softmax(m, stack_rows, keys) + pack_columns(m, keys, kv_stacked * d);
+                total += combine(m, stack_rows, keys) + pack_columns(m, keys, kv_stacked * d);
                 // The stack's P·V over whole f16 pairs: its probabilities, every head's
                 // values, the output (read again and rescaled after the first chunk).
                 let paired = keys.next_multiple_of(2);
                 let output = stack_rows * d * 4 * (1 + (i > 0) as u64) + (i > 0) as u64 * stack_rows * 4;
-                let bytes = stack_rows * (paired * 2 + 4) + kv_stacked * d * (paired * 2 + 4) + output;
+                let bytes = stack_rows * (paired * 2 + 4 * keys.div_ceil(PROBABILITY_PIECE)) + kv_stacked * d * (paired * 2 + 4) + output;
                 total += product_on(m, bytes, 2 * stack_rows * d * paired, p.matrix, blocks(m, stack_rows, d));
             }
             total += normalise(m, stack_rows, d);
