@@ -245,6 +245,7 @@ emulated_tests=(
     kernels::attention_chunks::tests::chunked_attention_matches_the_oracle
     kernels::attention_chunks::tests::chunked_attention_by_query_bands_and_key_calls_equals_one_call_bit_for_bit
     selftest::half_path::tests::attention_on_products_over_pieces_matches_the_oracle
+    kernels::linear::softmax::tests::the_scores_product_writes_the_hosts_probabilities_exponents_and_sums
 )
 rerun FLUX_LITE_REQUIRE_MATRIX=1 FLUX_LITE_EMULATE_MATRIX=nvidia --sid "$kernels" --exact "${emulated_tests[@]}"
 # A whole component so: the tiny preview decoders' channels-last decode

@@ -140,8 +140,9 @@ pub enum HeadInputs<'a> {
 /// each band of at most [`ATTENTION_QUERY_BAND`] queries (their f16 pieces
 /// read by the scores' product as stored; f32 rows packed into f16 rows)
 /// and each chunk of [`ATTENTION_KEY_CHUNK`] keys, every head's keys packed
-/// and its `Q·Kᵀ` into its rows of the stack's scores, then for the whole
-/// stack one softmax (the masks applied), one pack of the values and one
+/// and its `Q·Kᵀ` into its rows of the stack's probabilities
+/// ([`linear_softmax`], the masks applied there), then for the whole stack
+/// one combining pass, one pack of the values and one
 /// `P·V` ([`linear_stacked`]: each head's rows on its own values, grouped
 /// heads on their shared ones); the stack's rows divided by their sums,
 /// each head's band packed into `o`'s pieces under their range scales.
