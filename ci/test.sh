@@ -132,13 +132,15 @@ rerun() {
     local envs=() sid=()
     while [[ "$1" == *=* ]]; do envs+=("$1"); shift; done
     if [ "$1" = --sid ]; then sid=(bash ci/lavapipe-sid.sh run); shift; fi
-    local out rc
+    local out rc began=$SECONDS
     out="$(mktemp)"
     echo "--- rerun: $* ${envs[*]}" | tee -a "$log"
     set +e
     env "${envs[@]}" "${sid[@]}" "$@" 2>&1 | tee "$out"
     rc=${PIPESTATUS[0]}
     set -e
+    # What each rerun costs, for keeping the whole run's time in hand.
+    echo "--- rerun took $((SECONDS - began)) s" | tee -a "$out"
     cat "$out" >> "$log"
     if grep -q '^running 0 tests$' "$out"; then
         echo "error: \`$*\` ran no test: its filter matches none" | tee -a "$log" >&2
