@@ -147,9 +147,12 @@ pub const fn head_blocks(band: u64, head_dim: u64) -> u64 {
 }
 
 /// Keys of a chunk of an attention on products over `kv_len` keys: the
-/// length of its scores' rows.
+/// length of its scores' rows, at least the 4 words a [`ProbabilityRow`]
+/// needs.
 pub const fn products_chunk(kv_len: u64) -> u64 {
-    if kv_len < ATTENTION_KEY_CHUNK {
+    if kv_len < 4 {
+        4
+    } else if kv_len < ATTENTION_KEY_CHUNK {
         kv_len
     } else {
         ATTENTION_KEY_CHUNK
@@ -305,5 +308,27 @@ impl ProductBuffers {
     /// Both in bytes, together.
     pub fn bytes(&self) -> u64 {
         self.operands.unwrap_or(0) + F32 * self.scratch.unwrap_or(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every scores' row an attention takes (the chunked attention's, and
+    /// an attention on products' over any number of keys) holds the
+    /// probabilities of its keys, each piece's exponent and sum; a row of
+    /// fewer than 4 words holds none.
+    #[test]
+    fn every_scores_row_holds_its_probabilities() {
+        for kv_len in (1..=2 * ATTENTION_KEY_CHUNK).chain([ATTENTION_KEY_CHUNK * 7 + 5]) {
+            let chunk = products_chunk(kv_len);
+            let row = ProbabilityRow::of(chunk).unwrap_or_else(|| panic!("{kv_len} keys: a row of {chunk} words holds no probabilities"));
+            let keys = kv_len.min(chunk).next_multiple_of(2);
+            assert!(2 * row.exponents >= keys && row.pieces * ATTENTION_PROBABILITY_PIECE >= keys, "{kv_len} keys: {row:?}");
+            assert!(row.sums + row.pieces <= chunk, "{kv_len} keys: {row:?} past a row of {chunk}");
+        }
+        assert!(ProbabilityRow::of(ATTENTION_KEY_CHUNK).is_some());
+        assert_eq!([1, 2, 3].map(ProbabilityRow::of), [None; 3]);
     }
 }
