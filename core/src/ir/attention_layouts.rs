@@ -29,8 +29,8 @@ const fn after(at: u64, elements: u64) -> u64 {
 
 /// Where a [`Op::ChunkedAttention`](super::Op::ChunkedAttention)'s working values lie in its scratch,
 /// in f32 elements from its start, each part on a 64-element boundary:
-/// the queries as f16 rows and their scales, the scores' rows (`[rows,
-/// chunk]` words, each row laid out as [`ProbabilityRow`] says), each
+/// the queries as f16 rows and their scales, the scores' rows (`rows`
+/// rows laid out as [`ProbabilityRow`] says for `chunk` keys), each
 /// row's running maximum and sum where no carry holds them, and each row's
 /// factor for the output so far (where the softmax's maximum rose).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,7 +52,7 @@ impl ChunkedScratch {
     pub const fn with_chunk(rows: u64, head_dim: u64, chunk: u64) -> Self {
         let query_scales = after(0, rows * head_dim / 2);
         let scores = after(query_scales, rows);
-        let state = after(scores, rows * chunk);
+        let state = after(scores, rows * ProbabilityRow::of(chunk).words);
         let factors = after(state, 2 * rows);
         let end = after(factors, rows);
         Self { queries: 0, query_scales, scores, state, factors, end }
@@ -63,26 +63,25 @@ impl ChunkedScratch {
 /// writes each piece under an exponent of its own, with its sum.
 pub const ATTENTION_PROBABILITY_PIECE: u64 = 64;
 
-/// How a row of `chunk` words of an attention's scores' region holds what
-/// the scores' product writes (in words from the row's start): the
-/// probabilities as f16 pairs (an odd chunk's last pair padded with a
-/// zero), then each piece's exponent (the scale the combining pass makes
-/// of it), then each piece's sum. Rows of at least 4 words hold it.
+/// How a row of an attention's scores' region holds what the scores'
+/// product writes for a chunk of `chunk` keys (in words from the row's
+/// start): the probabilities as f16 pairs (an odd chunk's last pair padded
+/// with a zero), then each piece's exponent (the scale the combining pass
+/// makes of it), then each piece's sum; `words` from one row to the next
+/// (whole vec4s, as the products' vector loads and stores take rows).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ProbabilityRow {
     pub pieces: u64,
     pub exponents: u64,
     pub sums: u64,
+    pub words: u64,
 }
 
 impl ProbabilityRow {
-    pub const fn of(chunk: u64) -> Option<Self> {
-        let words = chunk.div_ceil(2);
-        let pieces = (2 * words).div_ceil(ATTENTION_PROBABILITY_PIECE);
-        match words + 2 * pieces <= chunk {
-            true => Some(Self { pieces, exponents: words, sums: words + pieces }),
-            false => None,
-        }
+    pub const fn of(chunk: u64) -> Self {
+        let pairs = chunk.div_ceil(2);
+        let pieces = (2 * pairs).div_ceil(ATTENTION_PROBABILITY_PIECE);
+        Self { pieces, exponents: pairs, sums: pairs + pieces, words: (pairs + 2 * pieces).next_multiple_of(4) }
     }
 }
 
@@ -120,7 +119,7 @@ impl ChunkedOperands {
 
 /// Queries an attention of many heads on products takes at a time
 /// ([`HeadsOnProducts`]): what bounds its scores' scratch (a band's rows of
-/// [`ATTENTION_KEY_CHUNK`] f32, 132 MB), whatever the image's size; 1024²'s
+/// [`ATTENTION_KEY_CHUNK`] keys, 70 MB a head), whatever the image's size; 1024²'s
 /// 4608 tokens take one band.
 pub const ATTENTION_QUERY_BAND: u64 = 8192;
 
@@ -136,8 +135,9 @@ pub const ATTENTION_STACK_PITCH: u64 = 128;
 pub const ATTENTION_FILL_BLOCKS: u64 = 264;
 
 /// The most bytes the stacked heads' scores take (a band's rows of a
-/// chunk's keys, [`ATTENTION_KEY_CHUNK`] or fewer, f32 a head): at 1024² 7 heads (520 MB), at
-/// 2048² 4 (528 MB: bands of 8192 queries).
+/// chunk's keys, [`ATTENTION_KEY_CHUNK`] or fewer, as [`ProbabilityRow`]s a
+/// head): at 1024² and 2048² the heads that fill the card take less (7
+/// heads, 277 MB; 4 in bands of 8192 queries, 281 MB).
 pub const ATTENTION_STACKED_SCORES: u64 = 512 << 20;
 
 /// Blocks of the GEMM core (128 × 128 on 16×16 tiles) one head's `P·V`
@@ -146,13 +146,9 @@ pub const fn head_blocks(band: u64, head_dim: u64) -> u64 {
     band.div_ceil(ATTENTION_STACK_PITCH) * head_dim.div_ceil(ATTENTION_STACK_PITCH)
 }
 
-/// Keys of a chunk of an attention on products over `kv_len` keys: the
-/// length of its scores' rows, at least the 4 words a [`ProbabilityRow`]
-/// needs.
+/// Keys of a chunk of an attention on products over `kv_len` keys.
 pub const fn products_chunk(kv_len: u64) -> u64 {
-    if kv_len < 4 {
-        4
-    } else if kv_len < ATTENTION_KEY_CHUNK {
+    if kv_len < ATTENTION_KEY_CHUNK {
         kv_len
     } else {
         ATTENTION_KEY_CHUNK
@@ -170,8 +166,9 @@ pub const fn heads_at_once(band: u64, kv_len: u64, head_dim: u64, q_heads: u64) 
     }
     let pitch = band.next_multiple_of(ATTENTION_STACK_PITCH);
     let blocks = head_blocks(band, head_dim);
-    let filling = ATTENTION_FILL_BLOCKS.div_ceil(if blocks == 0 { 1 } else { blocks });
-    let fitting = ATTENTION_STACKED_SCORES / (F32 * pitch * products_chunk(kv_len));
+    // Whole heads in one wave of blocks: one more would start a second wave for its few blocks.
+    let filling = ATTENTION_FILL_BLOCKS / if blocks == 0 { 1 } else { blocks };
+    let fitting = ATTENTION_STACKED_SCORES / (F32 * pitch * ProbabilityRow::of(products_chunk(kv_len)).words);
     let heads = if filling < fitting { filling } else { fitting };
     let heads = if heads < q_heads { heads } else { q_heads };
     if heads == 0 {
@@ -317,18 +314,18 @@ mod tests {
 
     /// Every scores' row an attention takes (the chunked attention's, and
     /// an attention on products' over any number of keys) holds the
-    /// probabilities of its keys, each piece's exponent and sum; a row of
-    /// fewer than 4 words holds none.
+    /// probabilities of its keys, each piece's exponent and sum, apart and
+    /// in whole vec4s.
     #[test]
     fn every_scores_row_holds_its_probabilities() {
         for kv_len in (1..=2 * ATTENTION_KEY_CHUNK).chain([ATTENTION_KEY_CHUNK * 7 + 5]) {
             let chunk = products_chunk(kv_len);
-            let row = ProbabilityRow::of(chunk).unwrap_or_else(|| panic!("{kv_len} keys: a row of {chunk} words holds no probabilities"));
+            let row = ProbabilityRow::of(chunk);
             let keys = kv_len.min(chunk).next_multiple_of(2);
             assert!(2 * row.exponents >= keys && row.pieces * ATTENTION_PROBABILITY_PIECE >= keys, "{kv_len} keys: {row:?}");
-            assert!(row.sums + row.pieces <= chunk, "{kv_len} keys: {row:?} past a row of {chunk}");
+            assert!(row.sums == row.exponents + row.pieces && row.sums + row.pieces <= row.words && row.words % 4 == 0, "{kv_len} keys: {row:?}");
         }
-        assert!(ProbabilityRow::of(ATTENTION_KEY_CHUNK).is_some());
-        assert_eq!([1, 2, 3].map(ProbabilityRow::of), [None; 3]);
+        // 4032 keys: 2016 words of probabilities, 63 pieces, 2142 words in 2144.
+        assert_eq!(ProbabilityRow::of(ATTENTION_KEY_CHUNK), ProbabilityRow { pieces: 63, exponents: 2016, sums: 2079, words: 2144 });
     }
 }

@@ -91,7 +91,7 @@ pub fn attention_chunked(gpu: &Gpu, sink: &mut dyn Sink, qkv: Qkv<'_>, o: Mat<'_
     let (words, scales) = (at(part.queries, d / 2), at(part.query_scales, 1));
     half_pack(gpu, sink, q, words, scales, HeadRows { tokens: rows, heads: 1, head_dim: d })?;
     let queries = HalfMat::rows(words, scales);
-    let (probabilities, row) = probabilities_in(at(part.scores, ATTENTION_KEY_CHUNK))?;
+    let (probabilities, row) = probabilities_in(at(part.scores, 1), ATTENTION_KEY_CHUNK);
     // Each row's maximum and sum side by side, whatever the carry's stride says (as the carried kernel reads them).
     let state = carry.map_or(at(part.state, 2), |c| Mat { stride: 2, ..c.state });
     for (i, keys) in chunks(s.kv_len, ATTENTION_KEY_CHUNK).enumerate() {
@@ -203,7 +203,7 @@ pub(crate) fn on_products_in_bands(gpu: &Gpu, sink: &mut dyn Sink, qkv: HeadInpu
     let (width, pitch) = (heads * d, part.pitch);
     let stack = part.chunked;
     let (state, factors, output) = (at(stack.state, 2), at(stack.factors, 1), at(part.output, d));
-    let (probabilities, row) = probabilities_in(at(stack.scores, part.chunk))?;
+    let (probabilities, row) = probabilities_in(at(stack.scores, 1), part.chunk);
     let (key_rows, key_scales) = (beside(right.keys, d / 2), beside(right.key_scales, 1));
     let pieces = |rows: u64, heads: u64| HeadRows { tokens: rows, heads: heads * d / piece, head_dim: piece };
     for first in (0..s.q_heads).step_by(heads as usize) {
@@ -284,13 +284,13 @@ fn packed<'a>(words: Mat<'a>, scales: Mat<'a>, k: u64) -> Weight<'a> {
 }
 
 
-/// The probabilities a [`linear_softmax`] writes into `scores`' rows (a
-/// row of `scores.stride` words each, laid out as [`ProbabilityRow`] says),
-/// and that layout.
-fn probabilities_in(scores: Mat<'_>) -> Result<(Probabilities<'_>, ProbabilityRow), GpuError> {
-    let row = ProbabilityRow::of(scores.stride).ok_or_else(|| GpuError::UnsupportedShape(format!("attention scores' rows of {} words", scores.stride)))?;
-    let beside = |offset: u64| Mat { offset: scores.offset + offset, ..scores };
-    Ok((Probabilities { words: scores, exponents: beside(row.exponents), sums: beside(row.sums) }, row))
+/// The probabilities a [`linear_softmax`] writes for chunks of `chunk`
+/// keys into the scores' rows from `scores`' first element (rows laid out
+/// as [`ProbabilityRow`] says), and that layout.
+fn probabilities_in(scores: Mat<'_>, chunk: u64) -> (Probabilities<'_>, ProbabilityRow) {
+    let row = ProbabilityRow::of(chunk);
+    let at = |offset: u64| Mat { offset: scores.offset + offset, stride: row.words, ..scores };
+    (Probabilities { words: at(0), exponents: at(row.exponents), sums: at(row.sums) }, row)
 }
 
 /// [`CHUNK_COMBINE`] over `rows` rows of `pieces` pieces of `probabilities`
