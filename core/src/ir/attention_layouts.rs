@@ -323,7 +323,7 @@ mod tests {
             let row = ProbabilityRow::of(chunk);
             let keys = kv_len.min(chunk).next_multiple_of(2);
             assert!(2 * row.exponents >= keys && row.pieces * ATTENTION_PROBABILITY_PIECE >= keys, "{kv_len} keys: {row:?}");
-            assert!(row.sums == row.exponents + row.pieces && row.sums + row.pieces <= row.words && row.words % 4 == 0, "{kv_len} keys: {row:?}");
+            assert!(row.sums == row.exponents + row.pieces && row.sums + row.pieces <= row.words && row.words.is_multiple_of(4), "{kv_len} keys: {row:?}");
         }
         // 4032 keys: 2016 words of probabilities, 63 pieces, 2142 words in 2144.
         assert_eq!(ProbabilityRow::of(ATTENTION_KEY_CHUNK), ProbabilityRow { pieces: 63, exponents: 2016, sums: 2079, words: 2144 });
