@@ -46,6 +46,7 @@ pub const ALL_KERNELS: &[Kernel] = &[
     half_pack::PACK_WEIGHT_HALF_F32,
     half_pack::HALF_WIDEN,
     attention_chunks::CHUNK_COMBINE,
+    attention_chunks::NORMALISE_INTO_PIECES,
     attention_chunks::PACK_COLUMNS,
     attention_chunks::NORMALISE_ROWS,
     elementwise::SILU,

@@ -46,6 +46,12 @@ pub struct ChunkParams {
     pub dst_scales: u32,
     pub from_state: u32,
     pub factors: u32,
+    pub pitch: u32,
+    pub band: u32,
+    pub dst_stride: u32,
+    pub dst_scales_stride: u32,
+    pub piece: u32,
+    pub _pad: [u32; 3],
 }
 
 /// A chunk's pieces of probabilities under each row's one maximum, the softmax carried; an invocation a row.
@@ -54,6 +60,8 @@ pub const CHUNK_COMBINE: Kernel = kernel(Module::AttentionChunks, "chunk_combine
 pub const PACK_COLUMNS: Kernel = kernel(Module::AttentionChunks, "pack_columns", [128, 1, 1], &[(1, RW), (2, RW), (5, RW)], size_of::<ChunkParams>(), false);
 /// The output rows divided by their softmax's sums.
 pub const NORMALISE_ROWS: Kernel = kernel(Module::AttentionChunks, "normalise_rows", [64, 1, 1], &[(3, RW), (4, RW)], size_of::<ChunkParams>(), false);
+/// A stack's output rows divided by their sums into the attention's f16 pieces; an invocation a piece.
+pub const NORMALISE_INTO_PIECES: Kernel = kernel(Module::AttentionChunks, "normalise_into_pieces", [64, 1, 1], &[(1, RW), (2, RW), (3, RW), (4, RW)], size_of::<ChunkParams>(), false);
 
 /// Whether `gpu` runs [`attention_chunked`]: the matrix tier with f16 operands.
 pub fn runs_chunked_attention(gpu: &Gpu) -> bool {
@@ -244,11 +252,8 @@ pub(crate) fn on_products_in_bands(gpu: &Gpu, sink: &mut dyn Sink, qkv: HeadInpu
                 let heads_on = Stack { rows: pitch, count: stacked, group, skew: first % group };
                 linear_stacked(gpu, sink, Input::Half(probabilities.pieces()), packed(value_rows, value_scales, paired), output, (i > 0).then_some(factors), weighted, heads_on)?;
             }
-            normalise_rows(gpu, sink, output, state, [stack_rows, d])?;
-            for j in 0..stacked {
-                let out = head_of(o, first + j, d)?.rows_from(rows.start);
-                half_pack(gpu, sink, output.rows_from(j * pitch), out.data, out.scales, pieces(band_rows, 1))?;
-            }
+            let out = head_of(o, first, d)?.rows_from(rows.start);
+            normalise_into_pieces(gpu, sink, [output, state], out, [stacked, pitch, band_rows, d])?;
         }
     }
     Ok(())
@@ -360,6 +365,40 @@ fn normalise_rows(gpu: &Gpu, sink: &mut dyn Sink, o: Mat<'_>, state: Mat<'_>, [r
         };
         dispatch(gpu, sink, Launch { kernel: &NORMALISE_ROWS, constants: &[], params, grid: grid64(n * width) }, &[(3, &tw), (4, &ow)]);
     }
+    Ok(())
+}
+
+/// [`NORMALISE_INTO_PIECES`]: the stack's `output` rows (`heads` heads of
+/// `pitch` rows of `width`, the first `band` of each a query's) divided by
+/// their sums in `state` into `o`'s f16 pieces (`o` from the stack's first
+/// head and the band's first query): the bits of [`normalise_rows`] and a
+/// [`half_pack`] a head.
+fn normalise_into_pieces(gpu: &Gpu, sink: &mut dyn Sink, [output, state]: [Mat<'_>; 2], o: HalfMat<'_>, [heads, pitch, band, width]: [u64; 4]) -> Result<(), GpuError> {
+    let piece = o.piece.filter(|&p| p > 0 && width.is_multiple_of(p) && p.is_multiple_of(2));
+    let Some(piece) = piece else {
+        return Err(GpuError::UnsupportedShape(format!("an attention's output of {width} into f16 pieces of {:?}", o.piece)));
+    };
+    let rows = heads * pitch;
+    let ow = window(gpu, output.buf, 4, output.offset..output.offset + (rows - 1) * output.stride + width, "attention output")?;
+    let tw = window(gpu, state.buf, 4, state.offset..state.offset + 2 * rows, "attention state")?;
+    let dw = window(gpu, o.data.buf, 4, o.data.offset..o.data.offset + (band - 1) * o.data.stride + heads * width / 2, "attention output pieces")?;
+    let cw = window(gpu, o.scales.buf, 4, o.scales.offset..o.scales.offset + (band - 1) * o.scales.stride + heads * width / piece, "attention output pieces' scales")?;
+    let params = ChunkParams {
+        rows: to_u32(rows, "attention rows")?,
+        width: to_u32(width, "attention width")?,
+        state: tw.local,
+        o: ow.local,
+        o_stride: to_u32(output.stride, "attention output stride")?,
+        dst: dw.local,
+        dst_scales: cw.local,
+        pitch: to_u32(pitch, "attention rows a head")?,
+        band: to_u32(band, "attention band")?,
+        dst_stride: to_u32(o.data.stride, "attention output pieces' stride")?,
+        dst_scales_stride: to_u32(o.scales.stride, "attention output scales' stride")?,
+        piece: to_u32(piece, "attention output piece")?,
+        ..Default::default()
+    };
+    dispatch(gpu, sink, Launch { kernel: &NORMALISE_INTO_PIECES, constants: &[], params, grid: grid64(rows * (width / piece)) }, &[(1, &dw), (2, &cw), (3, &tw), (4, &ow)]);
     Ok(())
 }
 

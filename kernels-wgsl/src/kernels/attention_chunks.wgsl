@@ -25,6 +25,12 @@ struct Params {
     from_state: u32,
     // chunk_combine: each row's factor for the output so far.
     factors: u32,
+    // normalise_into_pieces: the rows a head's band takes in the stack and
+    // the band's queries, the f16 rows' words and scales from one row to
+    // the next (`dst`, `dst_scales` their first head's first), and the
+    // pieces' values.
+    pitch: u32, band: u32, dst_stride: u32, dst_scales_stride: u32,
+    piece: u32, _pad0: u32, _pad1: u32, _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -166,4 +172,36 @@ fn normalise_rows(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgro
     let at = p.o + row * p.o_stride + i % p.width;
     let sum = state[p.state + 2u * row + 1u];
     o[at] = select(0.0, o[at] / sum, sum > 0.0);
+}
+
+// The stack's output rows divided by their sums (as normalise_rows divides
+// them) and packed into the attention's output, f16 rows in pieces under
+// their range scales (as half_pack.wgsl packs them), an invocation a piece:
+// stack row r is the band's query r % pitch of the stack's head r / pitch,
+// and rows past the band are left alone. The bits of normalise_rows and a
+// half_pack a head, in one pass that writes no f32 row back.
+@compute @workgroup_size(64)
+fn normalise_into_pieces(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = flat_workgroup(wid, nwg) * 64u + lid.x;
+    let pieces = p.width / p.piece;
+    let row = i / pieces;
+    let piece = i % pieces;
+    if (row >= p.rows || row % p.pitch >= p.band) {
+        return;
+    }
+    let head = row / p.pitch;
+    let query = row % p.pitch;
+    let sum = state[p.state + 2u * row + 1u];
+    let first = p.o + row * p.o_stride + piece * p.piece;
+    var largest = 0.0;
+    for (var k = 0u; k < p.piece; k++) {
+        largest = max(largest, abs(select(0.0, o[first + k] / sum, sum > 0.0)));
+    }
+    let e = max(range_exponent(largest), -126);
+    let to = p.dst + query * p.dst_stride + (head * pieces + piece) * (p.piece / 2u);
+    for (var k = 0u; k < p.piece / 2u; k++) {
+        let pair = select(vec2<f32>(0.0), vec2<f32>(o[first + 2u * k] / sum, o[first + 2u * k + 1u] / sum), sum > 0.0);
+        words[to + k] = pack2x16float(ldexp(pair, vec2<i32>(-e)));
+    }
+    row_scales[p.dst_scales + query * p.dst_scales_stride + head * pieces + piece] = ldexp(1.0, e);
 }

@@ -106,3 +106,48 @@ fn pack_columns_pads_an_odd_number_of_keys_to_whole_pairs() {
     assert_eq!(got_words, want_words);
     assert_eq!(&got[words..], &want_scales[..]);
 }
+
+/// The stack's output divided by its sums straight into the attention's
+/// f16 pieces gives the bits of dividing it in place (`normalise_rows`)
+/// and packing each head's band (`half_pack`): three heads of 64 in pieces
+/// of 32, bands of 100 queries in pitches of 128, into heads 1 … 3 of five
+/// from query 5, a row whose sum is zero, values reaching 1e5; the rows
+/// past a band and the other heads' pieces left as they were.
+#[test]
+fn normalising_into_pieces_gives_the_bits_of_normalising_then_packing() {
+    let gpu = gpu();
+    let (heads, pitch, band, width, piece, all_heads, first_query) = (3u64, 128u64, 100u64, 64u64, 32u64, 5u64, 5u64);
+    let rows = heads * pitch;
+    let mut rng = Rng::new(71);
+    let output: Vec<f32> = rng.normals((rows * width) as usize, 1.0).iter().enumerate().map(|(i, v)| if i % 97 == 0 { v * 1e5 } else { *v }).collect();
+    let mut state = vec![0.0f32; 2 * rows as usize];
+    for (r, sum) in rng.normals(rows as usize, 1.0).into_iter().enumerate() {
+        state[2 * r + 1] = if r == 7 { 0.0 } else { 0.5 + sum.abs() * 40.0 };
+    }
+    let tokens = first_query + band + 3;
+    let (row_words, row_scales) = (all_heads * width / 2, all_heads * width / piece);
+    let run = |fused: bool| {
+        let (outb, stateb) = (gpu.upload_f32("output", &output), gpu.upload_f32("state", &state));
+        let pieces = crate::selftest::poisoned(gpu, (tokens * (row_words + row_scales)) as usize);
+        let (data, scales) = (Mat::new(&pieces, row_words), Mat { buf: &pieces, offset: tokens * row_words, stride: row_scales });
+        let o = HalfMat::pieces(data, scales, piece).cols_from(width).expect("head 1").rows_from(first_query);
+        run_and_read(gpu, &pieces, (tokens * (row_words + row_scales)) as usize, |enc| {
+            let (out, st) = (Mat::new(&outb, width), Mat::new(&stateb, 2));
+            if fused {
+                return normalise_into_pieces(gpu, enc, [out, st], o, [heads, pitch, band, width]);
+            }
+            normalise_rows(gpu, enc, out, st, [rows, width])?;
+            for j in 0..heads {
+                let head = o.cols_from(j * width).expect("a head's pieces");
+                half_pack(gpu, enc, out.rows_from(j * pitch), head.data, head.scales, HeadRows { tokens: band, heads: width / piece, head_dim: piece })?;
+            }
+            Ok(())
+        })
+        .iter()
+        .map(|v| v.to_bits())
+        .collect::<Vec<u32>>()
+    };
+    let (fused, apart) = (run(true), run(false));
+    let differing = fused.iter().zip(&apart).filter(|(a, b)| a != b).count();
+    assert_eq!(differing, 0, "{differing} of {} words differ", fused.len());
+}

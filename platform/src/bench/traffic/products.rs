@@ -288,7 +288,7 @@ fn normalise(m: &Machine, rows: u64, d: u64) -> Traffic {
 /// f16 pieces read as stored) and each chunk of keys, each head's keys
 /// packed and its `Q·Kᵀ` into probabilities, then the stack's pieces combined, its values' pack and
 /// its `P·V` in one product over every head's values; the stack's output
-/// divided by its sums, each head's band packed into f16 pieces.
+/// divided by its sums into each head's f16 pieces in one pass.
 pub(super) fn attention_on_products(m: &Machine, p: DataPath, [len, heads, kv_heads, d]: [u64; 4], [qkv_piece, o_piece]: [u64; 2]) -> Traffic {
     let part = HeadsOnProducts::new(len, len, d, heads, m.max_buffer);
     let group = heads / kv_heads.max(1);
@@ -318,8 +318,8 @@ pub(super) fn attention_on_products(m: &Machine, p: DataPath, [len, heads, kv_he
                 let bytes = stack_rows * (paired * 2 + 4 * keys.div_ceil(PROBABILITY_PIECE)) + kv_stacked * d * (paired * 2 + 4) + output;
                 total += product_on(m, bytes, 2 * stack_rows * d * paired, p.matrix, blocks(m, stack_rows, d));
             }
-            total += normalise(m, stack_rows, d);
-            total += (0..stacked).map(|_| pass_on(m, band * d * 4 + band * d * 2 + band * (d / o_piece.max(1)) * 4, 0, false)).sum();
+            // The stack's band rows divided by their sums into the output's f16 pieces, in one pass.
+            total += pass_on(m, stacked * band * (d * 4 + 8 + d * 2 + (d / o_piece.max(1)) * 4), 0, false);
         }
     }
     total
