@@ -186,18 +186,15 @@ pub const fn heads_at_once(band: u64, kv_len: u64, head_dim: u64, q_heads: u64) 
 /// stack: first a [`ChunkedScratch`] for the stack's rows with scores'
 /// rows of `chunk` keys (its queries' part holds a band's queries packed
 /// where they come as f32 rows, `[pitch, heads·head_dim]`, a scale a
-/// head's row), then the heads' keys and values as f32 rows (`[kv_len,
-/// heads·head_dim]`, widened from f16 pieces; f32 rows are read in place)
-/// and the stack's output (`[heads·pitch, head_dim]` f32). Its right
-/// operands lie in another ([`ChunkedOperands`] of `heads` heads).
+/// head's row), then the stack's output (`[heads·pitch, head_dim]` f32);
+/// its keys and values are read where they lie, f32 rows or f16 pieces.
+/// Its right operands lie in another ([`ChunkedOperands`] of `heads` heads).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HeadsOnProducts {
     pub heads: u64,
     pub pitch: u64,
     pub chunk: u64,
     pub chunked: ChunkedScratch,
-    pub keys: u64,
-    pub values: u64,
     pub output: u64,
     pub end: u64,
 }
@@ -220,13 +217,11 @@ impl HeadsOnProducts {
     /// The layout for bands of `band` queries, `heads` heads at a time.
     pub const fn laid_out(kv_len: u64, head_dim: u64, band: u64, heads: u64) -> Self {
         let (pitch, chunk) = (band.next_multiple_of(ATTENTION_STACK_PITCH), products_chunk(kv_len));
-        let (width, stack) = (heads * head_dim, heads * pitch);
+        let stack = heads * pitch;
         let chunked = ChunkedScratch::with_chunk(stack, head_dim, chunk);
-        let keys = chunked.end;
-        let values = after(keys, kv_len * width);
-        let output = after(values, kv_len * width);
+        let output = chunked.end;
         let end = after(output, stack * head_dim);
-        Self { heads, pitch, chunk, chunked, keys, values, output, end }
+        Self { heads, pitch, chunk, chunked, output, end }
     }
 
     /// Device bytes such an attention takes beside the arena: this scratch

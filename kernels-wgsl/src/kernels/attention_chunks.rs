@@ -16,11 +16,11 @@
 //! queries, give the bits of one call over all of them.
 
 use crate::device::Gpu;
-use crate::dispatch::{chunks, dispatch, grid64, row_chunks, to_u32, window, Launch, Rows, Sink};
+use crate::dispatch::{chunks, dispatch, grid64, row_chunks, to_u32, window, Launch, Rows, Sink, Window};
 use crate::error::GpuError;
 use crate::kernel::{kernel, wrapped_grid, Access::ReadWrite as RW, Kernel, Module};
 use crate::kernels::attention::{Attention, Carry, HalfQkv, Qkv};
-use crate::kernels::half_pack::{half_pack, half_widen};
+use crate::kernels::half_pack::half_pack;
 use crate::kernels::linear::{linear_from, linear_rescaling, linear_softmax, linear_stacked, Gemm, Input, Probabilities, Scores, Stack, PROBABILITY_PIECE};
 use crate::view::{HalfMat, HeadRows, Mat, RowScales, Weight, WeightDtype};
 use bytemuck::{Pod, Zeroable};
@@ -51,13 +51,17 @@ pub struct ChunkParams {
     pub dst_stride: u32,
     pub dst_scales_stride: u32,
     pub piece: u32,
-    pub _pad: [u32; 3],
+    pub src_piece: u32,
+    pub src_scales: u32,
+    pub src_scales_stride: u32,
 }
 
 /// A chunk's pieces of probabilities under each row's one maximum, the softmax carried; an invocation a row.
 pub const CHUNK_COMBINE: Kernel = kernel(Module::AttentionChunks, "chunk_combine", [64, 1, 1], &[(2, RW), (3, RW), (6, RW)], size_of::<ChunkParams>(), false);
 /// A chunk's values transposed into f16 rows under their range scales; a workgroup a column.
-pub const PACK_COLUMNS: Kernel = kernel(Module::AttentionChunks, "pack_columns", [128, 1, 1], &[(1, RW), (2, RW), (5, RW)], size_of::<ChunkParams>(), false);
+pub const PACK_COLUMNS: Kernel = kernel(Module::AttentionChunks, "pack_columns", [128, 1, 1], &[(1, RW), (2, RW), (5, RW), (7, RW), (8, RW)], size_of::<ChunkParams>(), false);
+/// A chunk's keys into f16 rows under their range scales; an invocation a key.
+pub const PACK_KEY_ROWS: Kernel = kernel(Module::AttentionChunks, "pack_key_rows", [64, 1, 1], &[(1, RW), (2, RW), (5, RW), (7, RW), (8, RW)], size_of::<ChunkParams>(), false);
 /// The output rows divided by their softmax's sums.
 pub const NORMALISE_ROWS: Kernel = kernel(Module::AttentionChunks, "normalise_rows", [64, 1, 1], &[(3, RW), (4, RW)], size_of::<ChunkParams>(), false);
 /// A stack's output rows divided by their sums into the attention's f16 pieces; an invocation a piece.
@@ -106,7 +110,7 @@ pub fn attention_chunked(gpu: &Gpu, sink: &mut dyn Sink, qkv: Qkv<'_>, o: Mat<'_
         let n = keys.end - keys.start;
         let continues = i > 0 || carry.is_some_and(|c| c.from_state);
         let (key_rows, key_scales) = (beside(right.keys, d / 2), beside(right.key_scales, 1));
-        half_pack(gpu, sink, k.rows_from(keys.start), key_rows, key_scales, HeadRows { tokens: n, heads: 1, head_dim: d })?;
+        pack_key_rows(gpu, sink, Source::Rows(k.rows_from(keys.start)), [key_rows, key_scales], [n, d])?;
         let counted = Scores { scale: s.scale, k_first: keys.start, ..Scores::default() };
         linear_softmax(gpu, sink, Input::Half(queries), packed(key_rows, key_scales, d), probabilities, counted, Gemm { m: rows, n, k: d })?;
         let factors = at(part.factors, 1);
@@ -114,7 +118,7 @@ pub fn attention_chunked(gpu: &Gpu, sink: &mut dyn Sink, qkv: Qkv<'_>, o: Mat<'_
         // The weighted sum over whole f16 pairs: an odd chunk's probabilities and values padded with a zero.
         let paired = n.next_multiple_of(2);
         let (value_rows, value_scales) = (beside(right.values, paired / 2), beside(right.value_scales, 1));
-        pack_columns(gpu, sink, v.rows_from(keys.start), [value_rows, value_scales], [n, d])?;
+        pack_columns(gpu, sink, Source::Rows(v.rows_from(keys.start)), [value_rows, value_scales], [n, d])?;
         let weighted = Gemm { m: rows, n: d, k: paired };
         let probabilities = Input::Half(probabilities.pieces());
         match continues {
@@ -213,21 +217,18 @@ pub(crate) fn on_products_in_bands(gpu: &Gpu, sink: &mut dyn Sink, qkv: HeadInpu
     let (state, factors, output) = (at(stack.state, 2), at(stack.factors, 1), at(part.output, d));
     let (probabilities, row) = probabilities_in(at(stack.scores, 1), part.chunk);
     let (key_rows, key_scales) = (beside(right.keys, d / 2), beside(right.key_scales, 1));
-    let pieces = |rows: u64, heads: u64| HeadRows { tokens: rows, heads: heads * d / piece, head_dim: piece };
     for first in (0..s.q_heads).step_by(heads as usize) {
         let stacked = heads.min(s.q_heads - first);
         // The stack's heads' keys and values as f32 rows (grouped heads share theirs).
         let kv_first = first / group;
         let kv_heads = (first + stacked - 1) / group + 1 - kv_first;
+        // Read where they lie: f32 rows, or f16 pieces as the values they stand for.
         let [keys, values] = match qkv {
-            HeadInputs::Rows(r) => [r.k.cols_from(kv_first * d), r.v.cols_from(kv_first * d)],
-            HeadInputs::Pieces(p) => {
-                let [keys, values] = [at(part.keys, width), at(part.values, width)];
-                half_widen(gpu, sink, head_of(p.k, kv_first, d)?, keys, pieces(s.kv_len, kv_heads))?;
-                half_widen(gpu, sink, head_of(p.v, kv_first, d)?, values, pieces(s.kv_len, kv_heads))?;
-                [keys, values]
-            }
-        };
+            HeadInputs::Rows(r) => [Source::Rows(r.k), Source::Rows(r.v)],
+            HeadInputs::Pieces(p) => [Source::Pieces(p.k), Source::Pieces(p.v)],
+        }
+        .map(|x| x.cols_from(kv_first * d));
+        let [keys, values] = [keys?, values?];
         for rows in chunks(s.q_len, band) {
             let queries = stack_queries(gpu, sink, qkv, [first, stacked], rows.clone(), [at(stack.queries, width / 2), at(stack.query_scales, heads)], d)?;
             let (band_rows, stack_rows) = (rows.end - rows.start, stacked * pitch);
@@ -237,7 +238,7 @@ pub(crate) fn on_products_in_bands(gpu: &Gpu, sink: &mut dyn Sink, qkv: HeadInpu
                     // Each kv head's keys packed once, for its group's query heads in turn.
                     let kv = (first + j) / group - kv_first;
                     if j == 0 || (first + j) % group == 0 {
-                        half_pack(gpu, sink, keys.cols_from(kv * d).rows_from(keys_in.start), key_rows, key_scales, HeadRows { tokens: n, heads: 1, head_dim: d })?;
+                        pack_key_rows(gpu, sink, keys.cols_from(kv * d)?.rows_from(keys_in.start), [key_rows, key_scales], [n, d])?;
                     }
                     let counted = Scores { scale: s.scale, causal: s.causal, keep: key_keep, q_first: rows.start, k_first: keys_in.start };
                     linear_softmax(gpu, sink, Input::Half(*q), packed(key_rows, key_scales, d), probabilities.rows_from(j * pitch), counted, Gemm { m: band_rows, n, k: d })?;
@@ -327,24 +328,79 @@ fn chunk_combine(gpu: &Gpu, sink: &mut dyn Sink, probabilities: Probabilities<'_
     Ok(())
 }
 
-/// [`PACK_COLUMNS`]: `keys` f32 rows of `width` values (`values`) into
+/// Keys or values as a pack reads them: f32 rows, or f16 pairs in pieces
+/// (each read as the value it stands for, exactly).
+#[derive(Debug, Clone, Copy)]
+enum Source<'a> {
+    Rows(Mat<'a>),
+    Pieces(HalfMat<'a>),
+}
+
+impl<'a> Source<'a> {
+    fn rows_from(self, row: u64) -> Self {
+        match self {
+            Source::Rows(m) => Source::Rows(m.rows_from(row)),
+            Source::Pieces(h) => Source::Pieces(h.rows_from(row)),
+        }
+    }
+
+    /// The same from column `col` on (whole pieces).
+    fn cols_from(self, col: u64) -> Result<Self, GpuError> {
+        match self {
+            Source::Rows(m) => Ok(Source::Rows(m.cols_from(col))),
+            Source::Pieces(h) => h.cols_from(col).map(Source::Pieces).ok_or_else(|| GpuError::UnsupportedShape(format!("keys or values from column {col} of f16 pieces of {:?}", h.piece))),
+        }
+    }
+
+    /// `rows` rows of `width` as a pack reads them: its windows at bindings
+    /// 5 (f32 rows), 7 (f16 pairs) and 8 (their pieces' scales), the ones
+    /// it does not read on the same buffer, and `params` saying where.
+    fn bind(self, gpu: &'a Gpu, [rows, width]: [u64; 2], params: &mut ChunkParams) -> Result<[Window<'a>; 3], GpuError> {
+        match self {
+            Source::Rows(m) => {
+                let w = window(gpu, m.buf, 4, m.offset..m.offset + (rows - 1) * m.stride + width, "attention keys or values")?;
+                (params.src, params.src_stride) = (w.local, to_u32(m.stride, "attention keys' or values' stride")?);
+                Ok([w.clone(), w.clone(), w])
+            }
+            Source::Pieces(h) => {
+                let piece = h.piece.filter(|&p| p > 0 && p.is_multiple_of(2)).ok_or_else(|| GpuError::UnsupportedShape(format!("keys or values in f16 pieces of {:?}", h.piece)))?;
+                let d = h.data;
+                let ww = window(gpu, d.buf, 4, d.offset..d.offset + (rows - 1) * d.stride + width.div_ceil(2), "attention keys' or values' pieces")?;
+                let c = h.scales;
+                let cw = window(gpu, c.buf, 4, c.offset..c.offset + (rows - 1) * c.stride + width.div_ceil(piece), "attention keys' or values' scales")?;
+                params.src = to_u32(2 * ww.local as u64, "attention keys' or values' first value")?;
+                params.src_stride = to_u32(2 * d.stride, "attention keys' or values' stride")?;
+                (params.src_piece, params.src_scales) = (to_u32(piece, "attention keys' or values' piece")?, cw.local);
+                params.src_scales_stride = to_u32(c.stride, "attention keys' or values' scales' stride")?;
+                Ok([ww.clone(), ww, cw])
+            }
+        }
+    }
+}
+
+/// [`PACK_KEY_ROWS`]: `keys` keys of `width` from `source` into f16 rows
+/// (`packed`, `width / 2` words a key) under each key's range scale
+/// (`scales`): [`half_pack`]'s arithmetic over the values the source
+/// stands for.
+fn pack_key_rows(gpu: &Gpu, sink: &mut dyn Sink, source: Source<'_>, [packed, scales]: [Mat<'_>; 2], [keys, width]: [u64; 2]) -> Result<(), GpuError> {
+    let dw = window(gpu, packed.buf, 4, packed.offset..packed.offset + keys * width / 2, "attention keys packed")?;
+    let cw = window(gpu, scales.buf, 4, scales.offset..scales.offset + keys, "attention keys' scales")?;
+    let mut params = ChunkParams { keys: to_u32(keys, "attention keys")?, width: to_u32(width, "attention width")?, dst: dw.local, dst_scales: cw.local, ..Default::default() };
+    let [sw, ww, scw] = source.bind(gpu, [keys, width], &mut params)?;
+    dispatch(gpu, sink, Launch { kernel: &PACK_KEY_ROWS, constants: &[], params, grid: grid64(keys) }, &[(1, &dw), (2, &cw), (5, &sw), (7, &ww), (8, &scw)]);
+    Ok(())
+}
+
+/// [`PACK_COLUMNS`]: `keys` rows of `width` values from `source` into
 /// `width` f16 rows of `keys` values (`packed`, contiguous words; an odd
 /// `keys` padded with a zero to whole pairs) under each row's range scale
 /// (`scales`).
-fn pack_columns(gpu: &Gpu, sink: &mut dyn Sink, values: Mat<'_>, [packed, scales]: [Mat<'_>; 2], [keys, width]: [u64; 2]) -> Result<(), GpuError> {
-    let vw = window(gpu, values.buf, 4, values.offset..values.offset + (keys - 1) * values.stride + width, "attention values")?;
+fn pack_columns(gpu: &Gpu, sink: &mut dyn Sink, source: Source<'_>, [packed, scales]: [Mat<'_>; 2], [keys, width]: [u64; 2]) -> Result<(), GpuError> {
     let dw = window(gpu, packed.buf, 4, packed.offset..packed.offset + width * keys.div_ceil(2), "attention values packed")?;
     let cw = window(gpu, scales.buf, 4, scales.offset..scales.offset + width, "attention values' scales")?;
-    let params = ChunkParams {
-        keys: to_u32(keys, "attention keys")?,
-        width: to_u32(width, "attention width")?,
-        src: vw.local,
-        src_stride: to_u32(values.stride, "attention values' stride")?,
-        dst: dw.local,
-        dst_scales: cw.local,
-        ..Default::default()
-    };
-    dispatch(gpu, sink, Launch { kernel: &PACK_COLUMNS, constants: &[], params, grid: wrapped_grid(width) }, &[(1, &dw), (2, &cw), (5, &vw)]);
+    let mut params = ChunkParams { keys: to_u32(keys, "attention keys")?, width: to_u32(width, "attention width")?, dst: dw.local, dst_scales: cw.local, ..Default::default() };
+    let [sw, ww, scw] = source.bind(gpu, [keys, width], &mut params)?;
+    dispatch(gpu, sink, Launch { kernel: &PACK_COLUMNS, constants: &[], params, grid: wrapped_grid(width) }, &[(1, &dw), (2, &cw), (5, &sw), (7, &ww), (8, &scw)]);
     Ok(())
 }
 

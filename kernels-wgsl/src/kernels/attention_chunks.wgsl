@@ -18,8 +18,8 @@ struct Params {
     state: u32,
     // The output rows (f32) normalise_rows divides.
     o: u32, o_stride: u32,
-    // pack_columns: the chunk's values (f32 rows), the packed rows (keys/2
-    // words a row) and their scales.
+    // pack_columns and pack_key_rows: the chunk's values or keys (f32 rows,
+    // or f16 pairs in pieces: `source_at`), the packed rows and their scales.
     src: u32, src_stride: u32, dst: u32, dst_scales: u32,
     // Whether the softmax continues one carried in `state`.
     from_state: u32,
@@ -30,7 +30,10 @@ struct Params {
     // the next (`dst`, `dst_scales` their first head's first), and the
     // pieces' values.
     pitch: u32, band: u32, dst_stride: u32, dst_scales_stride: u32,
-    piece: u32, _pad0: u32, _pad1: u32, _pad2: u32,
+    piece: u32,
+    // The source's pieces (0: f32 rows), where its pieces' scales start and
+    // from one row to the next.
+    src_piece: u32, src_scales: u32, src_scales_stride: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -40,6 +43,8 @@ struct Params {
 @group(0) @binding(4) var<storage, read_write> o: array<f32>;
 @group(0) @binding(5) var<storage, read_write> src: array<f32>;
 @group(0) @binding(6) var<storage, read_write> factors: array<f32>;
+@group(0) @binding(7) var<storage, read_write> src_words: array<u32>;
+@group(0) @binding(8) var<storage, read_write> src_scales: array<f32>;
 
 const LANES: u32 = 128u;
 // Key pairs a lane holds: chunks of up to 2·LANES·PAIRS = 4096 keys
@@ -118,7 +123,42 @@ fn chunk_combine(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgrou
     factors[p.factors + row] = carried;
 }
 
-// A chunk's values `[keys, width]` (f32 rows) as the weighted sum's right
+// Value (row, column) of the keys or values a pack reads: f32 rows at
+// binding 5, or (`p.src_piece` > 0) f16 pairs in pieces at binding 7 (src
+// and src_stride counting f16 values) under their scales at 8, as the
+// value they stand for, exactly (an f16 times a power of two).
+fn source_at(row: u32, column: u32) -> f32 {
+    if (p.src_piece == 0u) {
+        return src[p.src + row * p.src_stride + column];
+    }
+    let e = p.src + row * p.src_stride + column;
+    let pair = unpack2x16float(src_words[e >> 1u]);
+    return select(pair.x, pair.y, (e & 1u) == 1u) * src_scales[p.src_scales + row * p.src_scales_stride + column / p.src_piece];
+}
+
+// A chunk's keys `[keys, width]` as the scores' product's right operand:
+// each key's row of f16 pairs (width / 2 words, rows apart by them) under
+// its range scale, the scales beside; half_pack.wgsl's arithmetic, over
+// pieces read as the values they stand for. An invocation a key.
+@compute @workgroup_size(64)
+fn pack_key_rows(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let key = flat_workgroup(wid, nwg) * 64u + lid.x;
+    if (key >= p.keys) {
+        return;
+    }
+    var largest = 0.0;
+    for (var c = 0u; c < p.width; c++) {
+        largest = max(largest, abs(source_at(key, c)));
+    }
+    let e = max(range_exponent(largest), -126);
+    let out = p.dst + key * (p.width / 2u);
+    for (var c = 0u; c < p.width / 2u; c++) {
+        words[out + c] = pack2x16float(vec2<f32>(ldexp(source_at(key, 2u * c), -e), ldexp(source_at(key, 2u * c + 1u), -e)));
+    }
+    row_scales[p.dst_scales + key] = ldexp(1.0, e);
+}
+
+// A chunk's values `[keys, width]` (f32 rows or pieces) as the weighted sum's right
 // operand: `[width, keys]` f16 pairs, each column of the values (a row
 // here) divided by its range scale over the chunk's keys, the scales
 // beside; an odd number of keys padded with a zero to whole pairs (the
@@ -137,10 +177,10 @@ fn pack_columns(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup
         let key = 2u * (lane + t * LANES);
         var v = vec2<f32>(0.0);
         if (key < p.keys) {
-            v.x = src[p.src + key * p.src_stride + column];
+            v.x = source_at(key, column);
         }
         if (key + 1u < p.keys) {
-            v.y = src[p.src + (key + 1u) * p.src_stride + column];
+            v.y = source_at(key + 1u, column);
         }
         pairs[t] = v;
         largest = max(largest, max(abs(v.x), abs(v.y)));

@@ -97,7 +97,7 @@ fn pack_columns_pads_an_odd_number_of_keys_to_whole_pairs() {
     let out = crate::selftest::poisoned(&gpu, words + width);
     let got = run_and_read(&gpu, &out, words + width, |enc| {
         let (packed, scales) = (Mat::new(&out, 0), Mat { buf: &out, offset: words as u64, stride: 1 });
-        pack_columns(&gpu, enc, Mat::new(&src, width as u64), [packed, scales], [keys as u64, width as u64])
+        pack_columns(&gpu, enc, Source::Rows(Mat::new(&src, width as u64)), [packed, scales], [keys as u64, width as u64])
     });
     let column = |c: usize| (0..keys + 1).map(|k| if k < keys { values[k * width + c] } else { 0.0 }).collect::<Vec<f32>>();
     let padded: Vec<f32> = (0..width).flat_map(column).collect();
@@ -150,4 +150,59 @@ fn normalising_into_pieces_gives_the_bits_of_normalising_then_packing() {
     let (fused, apart) = (run(true), run(false));
     let differing = fused.iter().zip(&apart).filter(|(a, b)| a != b).count();
     assert_eq!(differing, 0, "{differing} of {} words differ", fused.len());
+}
+
+/// Keys and values read where they lie as f16 pieces give the bits of
+/// widening them to f32 rows first (on the host: each f16 times its
+/// piece's scale) and packing those (the keys by `half_pack`, the values
+/// by `pack_columns`): 37 keys of two heads
+/// of 64 in pieces of 32, the second head's keys from its first column,
+/// pieces whose scales lie 2⁴⁰ apart (a small piece's values go subnormal
+/// under its row's scale).
+#[test]
+fn packing_keys_and_values_from_pieces_gives_the_bits_of_widening_them_first() {
+    let gpu = gpu();
+    let (keys, d, piece, heads) = (37u64, 64u64, 32u64, 2u64);
+    let width = heads * d;
+    let mut rng = Rng::new(73);
+    let values: Vec<f32> = rng.normals((keys * width) as usize, 1.0).iter().enumerate().map(|(i, v)| v * [1.0, 1e-12, 3e4, 1.0][(i as u64 % width / piece) as usize]).collect();
+    let src = gpu.upload_f32("values", &values);
+    let pieces_at = gpu.storage("pieces", 4 * keys * (width / 2 + width / piece));
+    let (data, scales) = (Mat::new(&pieces_at, width / 2), Mat { buf: &pieces_at, offset: keys * width / 2, stride: width / piece });
+    gpu.submit(|enc| half_pack(gpu, enc, Mat::new(&src, width), data, scales, HeadRows { tokens: keys, heads: width / piece, head_dim: piece })).unwrap();
+    let stored = HalfMat::pieces(data, scales, piece).cols_from(d).expect("the second head");
+    // The second head's values as its pieces stand for them.
+    let raw = gpu.read_f32(&pieces_at, 0, (keys * (width / 2 + width / piece)) as usize).unwrap();
+    let widened: Vec<f32> = (0..keys * d)
+        .map(|i| {
+            let (key, c) = (i / d, d + i % d);
+            let word = raw[(key * width / 2 + c / 2) as usize].to_bits();
+            let value = half::f16::from_bits((word >> (16 * (c % 2))) as u16).to_f32();
+            value * raw[(keys * width / 2 + key * width / piece + c / piece) as usize]
+        })
+        .collect();
+    let rows = gpu.upload_f32("widened", &widened);
+    let words = d * keys.div_ceil(2) + d;
+    let run = |widened: bool| {
+        let out = crate::selftest::poisoned(gpu, 2 * words as usize);
+        let got = run_and_read(gpu, &out, 2 * words as usize, |enc| {
+            let at = |offset: u64| Mat { buf: &out, offset, stride: 0 };
+            let source = match widened {
+                true => {
+                    half_pack(gpu, enc, Mat::new(&rows, d), Mat::new(&out, d / 2), Mat::new(&out, 1).rows_from(keys * d / 2), HeadRows { tokens: keys, heads: 1, head_dim: d })?;
+                    Source::Rows(Mat::new(&rows, d))
+                }
+                false => {
+                    pack_key_rows(gpu, enc, Source::Pieces(stored), [at(0), at(keys * d / 2)], [keys, d])?;
+                    Source::Pieces(stored)
+                }
+            };
+            pack_columns(gpu, enc, source, [at(words), at(words + d * keys.div_ceil(2))], [keys, d])
+        });
+        got.iter().map(|v| v.to_bits()).collect::<Vec<u32>>()
+    };
+    let (from_pieces, widened) = (run(false), run(true));
+    let differing = from_pieces.iter().zip(&widened).filter(|(a, b)| a != b).count();
+    assert_eq!(differing, 0, "{differing} of {} words differ", widened.len());
+    assert!(from_pieces.iter().take((keys * d / 2) as usize).any(|&w| w != 0), "the keys were packed");
 }

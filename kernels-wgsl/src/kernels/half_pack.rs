@@ -7,7 +7,7 @@ use crate::device::Gpu;
 use crate::dispatch::{dispatch, grid64, row_chunks, to_u32, Launch, Rows, Sink, Window};
 use crate::error::GpuError;
 use crate::kernel::{kernel, Access::ReadWrite as RW, Kernel, Module};
-use crate::view::{HalfMat, HeadRows, Mat, Weight, WeightDtype};
+use crate::view::{HeadRows, Mat, Weight, WeightDtype};
 use bytemuck::{Pod, Zeroable};
 
 /// `half_pack.wgsl`.
@@ -31,8 +31,6 @@ pub struct HalfPackParams {
 
 /// f32 rows into the half-K/V layout, one invocation a (token, head) row.
 pub const HALF_PACK: Kernel = kernel(Module::HalfPack, "half_pack", [64, 1, 1], &[(1, RW), (2, RW), (3, RW)], size_of::<HalfPackParams>(), false);
-/// f16 pairs in pieces widened to f32 rows (`half_pack`'s inverse), one invocation a word.
-pub const HALF_WIDEN: Kernel = kernel(Module::HalfPack, "half_widen", [64, 1, 1], &[(1, RW), (2, RW), (3, RW)], size_of::<HalfPackParams>(), false);
 /// A bf16 weight's rows packed in place into f16 under their kept range scales.
 pub const PACK_WEIGHT_HALF: Kernel = kernel(Module::HalfPack, "pack_weight_half", [64, 1, 1], &[(2, RW), (3, RW)], size_of::<HalfPackParams>(), false);
 /// An f32 weight's rows (binding 1) packed the same way into a buffer of their own (2).
@@ -47,7 +45,7 @@ pub const SWIGLU_HALF_PACK: Kernel =
 /// each (row, head) divided by its range scale (the power of two bringing
 /// its largest magnitude into [2¹³, 2¹⁴)), the scales into `scales`
 /// `[rows, heads]` (a row's `scales.stride` ≥ `heads` apart: also a
-/// product's operand in pieces of `head_dim`, [`HalfMat::pieces`]).
+/// product's operand in pieces of `head_dim`, [`crate::view::HalfMat::pieces`]).
 pub fn half_pack(gpu: &Gpu, sink: &mut dyn Sink, src: Mat<'_>, dst: Mat<'_>, scales: Mat<'_>, shape: HeadRows) -> Result<(), GpuError> {
     pack_rows(gpu, sink, src, None, dst, scales, shape)
 }
@@ -99,39 +97,6 @@ fn pack_rows(gpu: &Gpu, sink: &mut dyn Sink, src: Mat<'_>, up: Option<Mat<'_>>, 
         let launch = Launch { kernel, constants: &[], params, grid: grid64(n * heads) };
         let bindings: Vec<(u32, &Window<'_>)> = [(1, &sw), (2, &dw), (3, &cw)].into_iter().chain(uw.as_ref().map(|w| (4, w))).collect();
         dispatch(gpu, sink, launch, &bindings);
-    }
-    Ok(())
-}
-
-/// `src`'s `[tokens, heads·head_dim]` values as f16 pairs in pieces of
-/// `head_dim` (`shape.heads` pieces a row, each under its scale) widened
-/// into the f32 rows `dst`: each the value its pair and scale stand for,
-/// exactly. Split over rows where one binding cannot hold them.
-pub fn half_widen(gpu: &Gpu, sink: &mut dyn Sink, src: HalfMat<'_>, dst: Mat<'_>, shape: HeadRows) -> Result<(), GpuError> {
-    let HeadRows { tokens: rows, heads, head_dim } = shape;
-    if !head_dim.is_multiple_of(2) || src.piece != Some(head_dim) || src.scales.stride < heads {
-        return Err(GpuError::UnsupportedShape(format!("f16 pairs in pieces {:?} widened as {heads} pieces of {head_dim} (even), scales {} a row", src.piece, src.scales.stride)));
-    }
-    let width = heads * head_dim;
-    let pair_rows = Rows::mat(src.data, width / 2, "widened pairs");
-    let scale_rows = Rows::mat(src.scales, heads, "widened pairs' scales");
-    let f32_rows = Rows::mat(dst, width, "widened rows");
-    for chunk in row_chunks(gpu, rows, &[pair_rows, scale_rows, f32_rows], 1)? {
-        let (pw, cw, fw) = (pair_rows.window(gpu, &chunk)?, scale_rows.window(gpu, &chunk)?, f32_rows.window(gpu, &chunk)?);
-        let n = chunk.end - chunk.start;
-        let params = HalfPackParams {
-            rows: to_u32(n, "widened rows")?,
-            heads: to_u32(heads, "widened pieces")?,
-            head_dim: to_u32(head_dim, "widened piece")?,
-            src_offset: fw.local,
-            src_stride: to_u32(dst.stride, "widened rows' stride")?,
-            dst_offset: pw.local,
-            dst_stride: to_u32(src.data.stride, "widened pairs' stride")?,
-            scale_offset: cw.local,
-            scale_stride: to_u32(src.scales.stride, "widened pairs' scales' stride")?,
-            ..Default::default()
-        };
-        dispatch(gpu, sink, Launch { kernel: &HALF_WIDEN, constants: &[], params, grid: grid64(n * width / 2) }, &[(1, &fw), (2, &pw), (3, &cw)]);
     }
     Ok(())
 }

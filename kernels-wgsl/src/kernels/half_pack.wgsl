@@ -77,25 +77,3 @@ fn pack_weight_half_f32(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(w
     let at = p.src_offset + 2u * i;
     dst[p.dst_offset + i] = pack2x16float(vec2<f32>(src[at] * inverse, src[at + 1u] * inverse));
 }
-
-// half_pack's inverse: f16 pairs in pieces (binding 2 from p.dst_offset,
-// rows p.dst_stride words apart; each piece of p.head_dim values under its
-// scale at binding 3 from p.scale_offset, rows p.scale_stride apart)
-// widened to f32 rows (binding 1 from p.src_offset, p.src_stride apart),
-// each value times its piece's scale: a power of two, so exactly the value
-// the pair stands for. One invocation a word; p.heads pieces a row.
-@compute @workgroup_size(64)
-fn half_widen(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let i = flat_workgroup(wid, nwg) * 64u + lid.x;
-    let words = p.heads * p.head_dim / 2u;
-    if (i >= p.rows * words) {
-        return;
-    }
-    let row = i / words;
-    let w = i % words;
-    let scale = scales[p.scale_offset + row * p.scale_stride + 2u * w / p.head_dim];
-    let pair = unpack2x16float(dst[p.dst_offset + row * p.dst_stride + w]) * scale;
-    let at = p.src_offset + row * p.src_stride + 2u * w;
-    src[at] = pair.x;
-    src[at + 1u] = pair.y;
-}

@@ -39,7 +39,7 @@ pub use elementwise::{elementwise, transpose, Elementwise};
 pub use ggml::{expands_half, ggml_expand, ggml_expand_half, GgmlBlocks};
 pub use group_norm_nhwc::group_norm_nhwc_half;
 pub use linear::{linear, linear_add, linear_from, linear_gated, linear_swiglu, linear_swiglu_half, linear_into_half, linear_into_half_normed, product_norms_heads, HeadNorm, swiglu_fits, swiglu_writes_pieces, product_writes_pieces, measure_weight_rows, Gemm, Input, GEMM_TILE};
-pub use half_pack::{half_pack, half_widen, pack_weight_half, pack_weight_half_f32, swiglu_half_pack};
+pub use half_pack::{half_pack, pack_weight_half, pack_weight_half_f32, swiglu_half_pack};
 pub use group_norm::{group_merge, group_moments, group_norm, group_norm_apply, GroupAffine, GroupShape, GroupStats, RowMoments};
 pub use norm::{layer_norm_modulate, layer_norm_modulate_half, rms_norm_rope, rms_norm_rope_half, rms_norm, rms_norm_half, rms_norm_inplace, LaterModulation, Modulation, RowNorm};
 pub use rope::{rope, RopeStyle, RopeTables};

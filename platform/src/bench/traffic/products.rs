@@ -282,8 +282,8 @@ fn normalise(m: &Machine, rows: u64, d: u64) -> Traffic {
 /// The transformer's attention as products on the GEMM core (where the
 /// flash kernel is not proven) as its launcher lowers it: heads in stacks
 /// of [`HeadsOnProducts`]' `heads`, each head's band `pitch` rows of the
-/// stack. For each stack its keys and values in f16 pieces widened to f32
-/// rows (read in place where they are f32 rows); for each band of
+/// stack. Its keys and values are read where they lie (f32 rows, or f16
+/// pieces as the values they stand for); for each band of
 /// [`flux_lite_core::ir::ATTENTION_QUERY_BAND`] queries (f32 ones packed,
 /// f16 pieces read as stored) and each chunk of keys, each head's keys
 /// packed and its `Q·Kᵀ` into probabilities, then the stack's pieces combined, its values' pack and
@@ -292,16 +292,15 @@ fn normalise(m: &Machine, rows: u64, d: u64) -> Traffic {
 pub(super) fn attention_on_products(m: &Machine, p: DataPath, [len, heads, kv_heads, d]: [u64; 4], [qkv_piece, o_piece]: [u64; 2]) -> Traffic {
     let part = HeadsOnProducts::new(len, len, d, heads, m.max_buffer);
     let group = heads / kv_heads.max(1);
-    // f16 pairs and a scale a piece in, f32 rows out.
-    let widen = |width: u64| pass_on(m, len * width * 2 + len * (width / qkv_piece.max(1)) * 4 + len * width * 4, 0, false);
+    // A row of `width` keys or values as the packs read it: f16 pairs and a scale a piece, or f32.
+    let source_row = |width: u64| if qkv_piece > 0 { width * 2 + width / qkv_piece * 4 } else { width * 4 };
+    let pack_keys = |keys: u64| pass_on(m, keys * source_row(d) + keys * (d * 2 + 4), 0, false);
+    let pack_values = |keys: u64, width: u64| pass_on(m, keys * source_row(width) + width * (keys * 2 + 4), 0, false);
     let mut total = Traffic::default();
     for (stack, stacked) in pieces(heads, part.heads).enumerate() {
         // The stack's heads' keys and values (grouped heads share theirs).
         let first = stack as u64 * part.heads;
         let kv_stacked = (first + stacked - 1) / group + 1 - first / group;
-        if qkv_piece > 0 {
-            total += widen(kv_stacked * d) + widen(kv_stacked * d);
-        }
         for band in pieces(len, flux_lite_core::ir::ATTENTION_QUERY_BAND) {
             let stack_rows = stacked * part.pitch;
             if qkv_piece == 0 {
@@ -309,8 +308,8 @@ pub(super) fn attention_on_products(m: &Machine, p: DataPath, [len, heads, kv_he
             }
             for (i, keys) in pieces(len, ATTENTION_KEY_CHUNK).enumerate() {
                 // Each kv head's keys packed once, each query head's scores.
-                total += (0..kv_stacked).map(|_| pack_rows(m, keys, 1, d)).sum::<Traffic>() + (0..stacked).map(|_| scores(m, p, [band, keys, d])).sum();
-                total += combine(m, stack_rows, keys) + pack_columns(m, keys, kv_stacked * d);
+                total += (0..kv_stacked).map(|_| pack_keys(keys)).sum::<Traffic>() + (0..stacked).map(|_| scores(m, p, [band, keys, d])).sum();
+                total += combine(m, stack_rows, keys) + pack_values(keys, kv_stacked * d);
                 // The stack's P·V over whole f16 pairs: its probabilities, every head's
                 // values, the output (read again and rescaled after the first chunk).
                 let paired = keys.next_multiple_of(2);
