@@ -293,7 +293,7 @@ pub(super) fn attention_on_products(m: &Machine, p: DataPath, [len, heads, kv_he
     let part = HeadsOnProducts::new(len, len, d, heads, m.max_buffer);
     let group = heads / kv_heads.max(1);
     // A row of `width` keys or values as the packs read it: f16 pairs and a scale a piece, or f32.
-    let source_row = |width: u64| if qkv_piece > 0 { width * 2 + width / qkv_piece * 4 } else { width * 4 };
+    let source_row = |width: u64| width.checked_div(qkv_piece).map_or(width * 4, |pieces| width * 2 + pieces * 4);
     let pack_keys = |keys: u64| pass_on(m, keys * source_row(d) + keys * (d * 2 + 4), 0, false);
     let pack_values = |keys: u64, width: u64| pass_on(m, keys * source_row(width) + width * (keys * 2 + 4), 0, false);
     let mut total = Traffic::default();
