@@ -145,19 +145,18 @@ pub enum HeadInputs<'a> {
 /// the transformer and the text encoder (causal, its padding keys hidden by
 /// `key_keep`'s zeros, grouped heads) where [`Gpu::attention_on_products`]
 /// (its flash kernel not proven on that path). Heads go in stacks of
-/// [`HeadsOnProducts`]' `heads` (as many as fill the card with `P·V`), each
-/// head's band of queries `pitch` rows of the stack. For each stack: the
-/// keys and values of its heads in pieces widened to f32 rows in `scratch`
-/// (exactly the values they stand for; f32 rows are read in place); for
-/// each band of at most [`ATTENTION_QUERY_BAND`] queries (their f16 pieces
+/// [`HeadsOnProducts`]' `heads` (as many as one wave of `P·V` holds), each
+/// head's band of queries `pitch` rows of the stack; keys and values are
+/// read where they lie (f32 rows, or f16 pieces as the values they stand
+/// for). For each stack and each band of at most [`ATTENTION_QUERY_BAND`] queries (their f16 pieces
 /// read by the scores' product as stored; f32 rows packed into f16 rows)
 /// and each chunk of [`ATTENTION_KEY_CHUNK`] keys, every head's keys packed
 /// and its `Q·Kᵀ` into its rows of the stack's probabilities
 /// ([`linear_softmax`], the masks applied there), then for the whole stack
 /// one combining pass, one pack of the values and one
 /// `P·V` ([`linear_stacked`]: each head's rows on its own values, grouped
-/// heads on their shared ones); the stack's rows divided by their sums,
-/// each head's band packed into `o`'s pieces under their range scales.
+/// heads on their shared ones); the stack's rows divided by their sums
+/// into each head's band of `o`'s pieces in one pass.
 /// `scratch` holds [`HeadsOnProducts`] (f32 elements from
 /// `scratch.offset`), `operands` [`ChunkedOperands`] for its heads.
 #[allow(clippy::too_many_arguments)] // the attention's operands, its mask and its two scratches
