@@ -65,14 +65,14 @@ fn traffic_prints_the_step_its_blocks_and_the_decode_from_the_configs_alone() {
     // The step with its attention as products on the GEMM core (the matrix
     // tier where the flash kernel's check fails), on the matrix tier only:
     // 25 blocks' attention, each 24 heads in stacks of 7, 7, 7 and 3: a
-    // stack of g heads takes its keys and values widened (2), for each of
-    // two chunks of keys each head's keys packed and its scores' product
-    // (2g), the stack's softmax, values' pack and P·V (3), then the
-    // normalisation and each head's output packed (1 + g); the queries' f16
-    // pieces read as stored.
+    // stack of g heads takes, for each of two chunks of keys, each head's
+    // keys packed and its scores' product into probabilities (2g), the
+    // stack's combining pass, values' pack and P·V (3), then one pass
+    // dividing its rows by their sums into each head's pieces (1); the
+    // queries', keys' and values' f16 pieces read as stored.
     let products = "step, attention as products on the GEMM core (where the flash kernel's check fails): ";
     assert!(matrix.lines().any(|l| l.starts_with(products) && l.ends_with(" ms on H200")) && !f32.contains(products), "{matrix}{f32}");
-    let stack = |g: u64| 2 + 2 * (2 * g + 3) + 1 + g;
+    let stack = |g: u64| 2 * (2 * g + 3) + 1;
     // The line two below `whole`'s, its attention's.
     let attention_of = |whole: &str| {
         let lines: Vec<&str> = matrix.lines().collect();
@@ -85,7 +85,7 @@ fn traffic_prints_the_step_its_blocks_and_the_decode_from_the_configs_alone() {
     // each kv head's keys packed once for its 4 query heads' scores.
     let encoder = "text encoder, attention as products on the GEMM core (where the flash kernel's check fails): ";
     assert!(!f32.contains(encoder), "{f32}");
-    assert_eq!(attention_of(encoder), (27 * (2 + (8 + 32 + 3) + 1 + 32)).to_string(), "{matrix}");
+    assert_eq!(attention_of(encoder), (27 * ((8 + 32 + 3) + 1)).to_string(), "{matrix}");
     // Each whole's roofline again with its products' workgroups in whole
     // waves of the H200's 264 slots: never shorter; the text encoder's
     // products, 512 rows (4 blocks) tall, more than twice as long so.
